@@ -1,0 +1,301 @@
+"""Dataclass configs, TOML loading, command-line overrides and validation.
+
+A run is described by one :class:`RunConfig` with six sections (data, model, method, optim,
+diagnostics, run). Every field carries its help text, allowed values and range in its
+metadata; :func:`config_from_dict` validates against them and raises a one-line
+:class:`~creditaudit.errors.ConfigError` naming the bad key, what was given and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditaudit.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion-mnist")
+ARCHS = ("resmlp", "vit", "student")
+METHODS = ("bp", "fa", "dfa", "frozen")
+SCHEDULES = ("cosine", "constant")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+
+
+def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
+        max: float | None = None) -> Any:
+    """A dataclass field with help text and validation metadata."""
+    return field(default=default, metadata={"help": help, "choices": choices, "min": min,
+                                            "max": max})
+
+
+@dataclass
+class DataConfig:
+    name: str = opt("synthetic", "dataset", choices=DATASETS)
+    data_dir: str | None = opt(None, "folder holding the dataset files (not for synthetic)")
+    download: bool = opt(False, "download CIFAR if missing (needs internet)")
+    n_train: int = opt(20000, "synthetic: training samples", min=1)
+    n_test: int = opt(5000, "synthetic: test samples", min=1)
+    in_dim: int = opt(256, "synthetic: input dimension", min=1)
+    alpha: float = opt(1.0, "synthetic: teacher nonlinearity φ_α mix (0 linear, 1 tanh)",
+                       min=0.0, max=1.0)
+    teacher_width: int = opt(256, "synthetic: teacher hidden width", min=1)
+    teacher_depth: int = opt(2, "synthetic: teacher hidden layers", min=1)
+    train_subset: int | None = opt(None, "use only the first N training samples", min=1)
+    augment: bool | None = opt(None, "random crop + flip (default: on for CIFAR, off otherwise)")
+    random_targets: bool = opt(False, "control: i.i.d. uniform labels drawn afresh each batch")
+
+
+@dataclass
+class ModelConfig:
+    arch: str = opt("resmlp", "architecture (student = 4-block d=128 ResidualMLP, no out_ln)",
+                    choices=ARCHS)
+    d: int = opt(256, "width", min=1)
+    n_blocks: int = opt(4, "number of residual blocks L", min=1)
+    out_ln: bool = opt(True, "terminal LayerNorm before the head")
+    residual: bool = opt(True, "skip connections (False = no-residual control)")
+    w2_std: float = opt(0.01, "init std of each block's last linear layer", min=0.0)
+    heads: int = opt(4, "ViT: attention heads", min=1)
+    mlp_ratio: int = opt(4, "ViT: MLP hidden width / d", min=1)
+    patch: int = opt(4, "ViT: patch size", min=1)
+
+
+@dataclass
+class MethodConfig:
+    name: str = opt("bp", "credit rule", choices=METHODS)
+    penalty: float = opt(0.0, "residual-branch penalty λ (λ·‖f_l‖² per block)", min=0.0)
+    trainable_blocks: int | None = opt(
+        None, "train only the last k blocks (depth ladder; None = all)", min=0)
+    feedback_seed: int | None = opt(None, "seed of the feedback matrices (None = run seed)")
+    feedback_scale: float = opt(1.0, "FA/DFA feedback entries ~ N(0, scale²/fan_in)", min=0.0)
+
+
+@dataclass
+class OptimConfig:
+    epochs: int = opt(10, "training epochs", min=0)
+    batch_size: int = opt(128, "batch size", min=1)
+    lr: float = opt(1e-3, "AdamW learning rate", min=0.0)
+    weight_decay: float = opt(0.01, "AdamW weight decay", min=0.0)
+    schedule: str = opt("cosine", "learning-rate schedule over all steps", choices=SCHEDULES)
+
+
+@dataclass
+class DiagnosticsConfig:
+    eval_samples: int = opt(1280, "held-out samples for per-epoch diagnostics (10 × 128)",
+                            min=1)
+    every: int = opt(1, "record diagnostics every k epochs", min=1)
+    protocol_every: int = opt(1, "run the four-diagnostic protocol every k epochs (0 = off)",
+                              min=0)
+    stop_on_walkback: bool = opt(False, "stop the run when the protocol verdict turns")
+    end_of_run: bool = opt(True, "credit-quality metrics (ρ, nudging, drift) at the end")
+
+
+@dataclass
+class RunSettings:
+    seed: int = opt(42, "seed of init, data order and feedback")
+    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/")
+    device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES)
+    precision: str = opt("fp32", "training precision; diagnostics always fp32",
+                         choices=PRECISIONS)
+    threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1)
+    tensorboard: str | None = opt(None, "write per-epoch scalars to this TensorBoard folder")
+    progress: bool = opt(True, "show progress bars")
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    run: RunSettings = field(default_factory=RunSettings)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **overrides: Any) -> RunConfig:
+        """A copy with dotted-key overrides, e.g. ``replace(**{"method.name": "dfa"})``."""
+        return apply_overrides(self, overrides)
+
+    @property
+    def run_id(self) -> str:
+        return run_id(self)
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+SECTION_TYPES = {
+    "data": DataConfig, "model": ModelConfig, "method": MethodConfig, "optim": OptimConfig,
+    "diagnostics": DiagnosticsConfig, "run": RunSettings,
+}
+# Fields that change where or how visibly a run is written, never what it computes.
+NON_SEMANTIC = {("run", "out_dir"), ("run", "tensorboard"), ("run", "progress"),
+                ("run", "threads"), ("run", "device")}
+
+
+def _type_name(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base = args[0] if args else tp
+    name = getattr(base, "__name__", str(base))
+    return f"{name} or none" if type(None) in typing.get_args(tp) else name
+
+
+def _coerce(section: str, f: dataclasses.Field, value: Any) -> Any:
+    key = f"{section}.{f.name}"
+    hints = typing.get_type_hints(SECTION_TYPES[section])
+    tp = hints[f.name]
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    if value is None or (optional and isinstance(value, str) and value.lower() == "none"):
+        if optional:
+            return None
+        raise ConfigError(f"{key} must be a {_type_name(tp)}, got none")
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+    elif base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+    elif base is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        value = float(value)
+    elif base is str and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    meta = f.metadata
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of "
+                          f"{', '.join(map(str, meta['choices']))}")
+    if meta.get("min") is not None and value < meta["min"]:
+        raise ConfigError(f"{key}={value!r} is out of range; it must be >= {meta['min']}")
+    if meta.get("max") is not None and value > meta["max"]:
+        raise ConfigError(f"{key}={value!r} is out of range; it must be <= {meta['max']}")
+    return value
+
+
+def config_from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from nested dicts (missing keys take defaults)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a table of sections, got {type(raw).__name__}")
+    unknown = set(raw) - set(SECTION_TYPES)
+    if unknown:
+        raise ConfigError(f"unknown config section {sorted(unknown)[0]!r}; allowed sections: "
+                          f"{', '.join(SECTION_TYPES)}")
+    sections: dict[str, Any] = {}
+    for name, cls in SECTION_TYPES.items():
+        given = raw.get(name, {})
+        if not isinstance(given, dict):
+            raise ConfigError(f"config section {name!r} must be a table, got {given!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        bad = set(given) - set(fields)
+        if bad:
+            raise ConfigError(f"unknown key {name}.{sorted(bad)[0]}; allowed keys in [{name}]: "
+                              f"{', '.join(fields)}")
+        sections[name] = cls(**{k: _coerce(name, fields[k], v) for k, v in given.items()})
+    config = RunConfig(**sections)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: RunConfig) -> None:
+    """Cross-field rules that single-field validation cannot see."""
+    tb = config.method.trainable_blocks
+    if tb is not None and tb > config.model.n_blocks:
+        raise ConfigError(f"method.trainable_blocks={tb} exceeds model.n_blocks="
+                          f"{config.model.n_blocks}; use 0…{config.model.n_blocks}")
+    if config.model.arch == "vit" and config.data.name not in ("cifar10", "cifar100"):
+        raise ConfigError(f"model.arch='vit' needs 32×32×3 images (cifar10 or cifar100), "
+                          f"not data.name={config.data.name!r}")
+    if config.data.name != "synthetic" and config.data.data_dir is None:
+        raise ConfigError(f"data.name={config.data.name!r} needs data.data_dir (--data-dir) "
+                          "pointing at the dataset folder")
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a TOML config file (sections [data], [model], [method], …)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+    return config_from_dict(raw)
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value with TOML syntax (``3``, ``1e-3``, ``true``), else a string."""
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"method.penalty=1e-2"`` → ``("method.penalty", 0.01)``."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. "
+                          "method.penalty=0.01")
+    key, text = item.split("=", 1)
+    return key.strip(), parse_value(text.strip())
+
+
+def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """A validated copy of ``config`` with dotted-key overrides applied."""
+    raw = config.to_dict()
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in raw or not name:
+            raise ConfigError(f"override key {key!r} must be section.key with section one of "
+                              f"{', '.join(SECTION_TYPES)}")
+        if name not in raw[section]:
+            raise ConfigError(f"unknown key {key}; allowed keys in [{section}]: "
+                              f"{', '.join(raw[section])}")
+        raw[section][name] = value
+    return config_from_dict(raw)
+
+
+def run_id(config: RunConfig) -> str:
+    """A stable id from everything that changes what a run computes.
+
+    Same config → same id, so sweeps and experiments can skip finished runs.
+    """
+    raw = config.to_dict()
+    for section, name in NON_SEMANTIC:
+        raw[section].pop(name, None)
+    digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:10]
+    label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
+    return f"{label}-{digest}"
+
+
+def config_help() -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) for every field, for ``--help`` texts and docs."""
+    rows = []
+    for section, cls in SECTION_TYPES.items():
+        for f in dataclasses.fields(cls):
+            choices = f.metadata.get("choices")
+            extra = f" [{'|'.join(choices)}]" if choices else ""
+            rows.append((f"{section}.{f.name}", repr(f.default), f.metadata["help"] + extra))
+    return rows
+
+
+__all__ = [
+    "RunConfig", "DataConfig", "ModelConfig", "MethodConfig", "OptimConfig",
+    "DiagnosticsConfig", "RunSettings", "config_from_dict", "load_config", "apply_overrides",
+    "parse_override", "run_id", "config_help", "types",
+]

@@ -1,0 +1,112 @@
+"""Datasets held in memory, their loaders and the fixed evaluation subset.
+
+Images are kept as uint8 ``(N, C, H, W)`` and normalised (and augmented) per batch;
+feature datasets (synthetic) are float32 ``(N, D)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from creditaudit.config import DataConfig
+from creditaudit.data import transforms
+from creditaudit.data.loader import InMemoryLoader
+from creditaudit.data.synthetic import make_teacher_student
+from creditaudit.errors import DataError
+
+# A fixed permutation seed: every run on a dataset audits the same held-out samples.
+EVAL_SUBSET_SEED = 20240
+
+
+@dataclass
+class Dataset:
+    """Train/test tensors plus what is needed to turn a batch into model inputs."""
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    n_classes: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    augment: bool = False
+
+    @property
+    def is_image(self) -> bool:
+        return self.train_x.dtype == torch.uint8
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    def loader(self, split: str, batch_size: int, *, flatten: bool, shuffle: bool = False,
+               generator: torch.Generator | None = None) -> InMemoryLoader:
+        """Batches of model-ready inputs: normalised, augmented (train only), flattened."""
+        x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
+        return InMemoryLoader(
+            x, y, batch_size, shuffle=shuffle, generator=generator,
+            augment=self.augment and split == "train", mean=self.mean, std=self.std,
+            flatten=flatten,
+        )
+
+    def prepare(self, x: Tensor, *, flatten: bool) -> Tensor:
+        """Model-ready inputs for raw samples (no augmentation)."""
+        if self.is_image:
+            assert self.mean is not None and self.std is not None
+            x = transforms.normalize(x, self.mean, self.std)
+        return torch.flatten(x, 1) if flatten else x
+
+    def eval_subset(self, n: int, *, flatten: bool) -> tuple[Tensor, Tensor]:
+        """The first ``n`` test samples of a fixed permutation (same for every run)."""
+        n = min(n, self.test_x.shape[0])
+        order = torch.randperm(self.test_x.shape[0],
+                               generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:n]
+        return self.prepare(self.test_x[order], flatten=flatten), self.test_y[order]
+
+
+def load_dataset(config: DataConfig, *, seed: int) -> Dataset:
+    """Load (or generate) the configured dataset; the synthetic task is seeded by ``seed``."""
+    if config.name == "synthetic":
+        train_x, train_y, test_x, test_y = make_teacher_student(
+            n_train=config.n_train, n_test=config.n_test, in_dim=config.in_dim,
+            alpha=config.alpha, seed=seed, teacher_width=config.teacher_width,
+            teacher_depth=config.teacher_depth,
+        )
+        dataset = Dataset("synthetic", train_x, train_y, test_x, test_y, n_classes=10,
+                          augment=bool(config.augment))
+    elif config.name in ("cifar10", "cifar100"):
+        from creditaudit.data.cifar import load_cifar
+
+        n_classes = 10 if config.name == "cifar10" else 100
+        arrays = load_cifar(_data_dir(config), n_classes=n_classes, download=config.download)
+        mean, std = ((transforms.CIFAR10_MEAN, transforms.CIFAR10_STD) if n_classes == 10
+                     else (transforms.CIFAR100_MEAN, transforms.CIFAR100_STD))
+        augment = True if config.augment is None else config.augment
+        dataset = Dataset(config.name, *arrays, n_classes=n_classes, mean=mean, std=std,
+                          augment=augment)
+    else:
+        from creditaudit.data.idx import load_idx_dataset
+
+        arrays = load_idx_dataset(_data_dir(config), name=config.name)
+        mean, std = ((transforms.MNIST_MEAN, transforms.MNIST_STD) if config.name == "mnist"
+                     else (transforms.FASHION_MNIST_MEAN, transforms.FASHION_MNIST_STD))
+        dataset = Dataset(config.name, *arrays, n_classes=10, mean=mean, std=std,
+                          augment=bool(config.augment))
+    if config.train_subset is not None:
+        dataset.train_x = dataset.train_x[: config.train_subset]
+        dataset.train_y = dataset.train_y[: config.train_subset]
+    return dataset
+
+
+def _data_dir(config: DataConfig) -> Path:
+    if config.data_dir is None:
+        raise DataError(f"dataset {config.name!r} needs a data folder: pass --data-dir")
+    return Path(config.data_dir).expanduser()
+
+
+__all__ = ["Dataset", "InMemoryLoader", "load_dataset", "make_teacher_student"]

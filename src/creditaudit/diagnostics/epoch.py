@@ -1,0 +1,57 @@
+"""The per-epoch diagnostic record of a training run (SPEC §2, §5, §6)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from creditaudit.diagnostics.alignment import deep_mean, layer_cosines
+from creditaudit.diagnostics.gradients import (
+    StateGradients,
+    max_block_growth,
+    median_norms,
+    state_gradients,
+    zero_gradient_stats,
+)
+from creditaudit.methods.base import CreditRule
+from creditaudit.models.contract import summary_vectors
+
+
+def rule_credits(rule: CreditRule, x: Tensor, y: Tensor, *, chunk: int = 512) -> list[Tensor]:
+    """The rule's per-sample credit summaries ``(N, d)`` per layer, in chunks."""
+    parts = [rule.credits(x[s:s + chunk], y[s:s + chunk]) for s in range(0, x.shape[0], chunk)]
+    return [torch.cat([summary_vectors(p[l]) for p in parts]) for l in range(len(parts[0]))]
+
+
+def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str, object],
+                                                                         StateGradients]:
+    """Norms, per-sample BP gradient norms and per-layer cosines on the evaluation set.
+
+    Runs under a forked RNG so that no random stream used by training advances: weights
+    trained with and without diagnostics are bit-identical. Returns the record fields and
+    the raw :class:`StateGradients` (for the protocol).
+    """
+    model = rule.model
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        sg = state_gradients(model.forward_states, x, y)
+        credits = rule_credits(rule, x, y)
+    hidden = median_norms(sg.states)
+    grads = median_norms(sg.grads)
+    cos = layer_cosines(credits, sg.grads)
+    zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
+    record: dict[str, object] = {
+        "hidden_norms": hidden,
+        "bp_grad_norms_per_sample_med": grads,
+        "h_L_norm": hidden[-1],
+        "g_L_norm": grads[-1],
+        "g_2_norm": grads[2] if len(grads) > 2 else grads[-1],
+        "g_L_zero_fraction": zero_fraction,
+        "g_L_nonzero_median": nonzero_median,
+        "max_block_growth": max_block_growth(hidden),
+        "cos_per_layer": cos,
+        "deep_cos": deep_mean(cos),
+    }
+    if sg.layout == "tokens":
+        record["hidden_norms_cls"] = hidden
+    return record, sg

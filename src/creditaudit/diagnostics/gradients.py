@@ -1,0 +1,104 @@
+"""Exact per-sample states and state gradients in one backward pass.
+
+Scale convention (SPEC §2): per-sample gradients are reported as (1/128)·∂CE_i/∂h_l, the
+gradient of a batch-mean CE over a batch of 128, whatever the evaluation batch size. With a
+sum-reduced loss one backward pass gives every sample's gradient exactly, because no op in
+a contract model mixes samples (LayerNorm and attention act within a sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from creditaudit.models.contract import summary_vectors
+
+REFERENCE_BATCH = 128
+StatesFn = Callable[[Tensor], tuple[list[Tensor], Tensor]]
+
+
+@dataclass
+class StateGradients:
+    """Per-sample summaries of states and their BP gradients on an evaluation set.
+
+    ``states[l]`` and ``grads[l]`` are ``(N, d)`` (CLS token / pooled for other layouts);
+    ``grads`` follow the 1/128 scale convention; ``losses`` is the per-sample CE ``(N,)``;
+    ``logits`` is ``(N, C)``.
+    """
+
+    states: list[Tensor]
+    grads: list[Tensor]
+    logits: Tensor
+    losses: Tensor
+    layout: str = "vectors"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.states)
+
+
+def state_gradients(states_fn: StatesFn, x: Tensor, y: Tensor, *, chunk: int = 512
+                    ) -> StateGradients:
+    """States and exact per-sample gradients ``(1/128)·∂CE_i/∂h_l`` for every layer.
+
+    ``states_fn(x)`` returns ``([h_0 … h_L], logits)`` with states in the autograd graph.
+    Gradients are taken w.r.t. the states only: parameters and their ``.grad`` are untouched.
+    """
+    parts: list[tuple[list[Tensor], list[Tensor], Tensor, Tensor]] = []
+    with torch.enable_grad():
+        for start in range(0, x.shape[0], chunk):
+            xb, yb = x[start:start + chunk], y[start:start + chunk]
+            states, logits = states_fn(xb)
+            losses = F.cross_entropy(logits, yb, reduction="none")
+            grads = torch.autograd.grad(losses.sum(), states, allow_unused=True)
+            grads = [torch.zeros_like(h) if g is None else g for g, h in zip(grads, states)]
+            parts.append((
+                [summary_vectors(h.detach()) for h in states],
+                [summary_vectors(g) / REFERENCE_BATCH for g in grads],
+                logits.detach(), losses.detach(),
+            ))
+    n_layers = len(parts[0][0])
+    layout = {2: "vectors", 3: "tokens", 4: "maps"}[states[0].dim()]
+    return StateGradients(
+        states=[torch.cat([p[0][l] for p in parts]) for l in range(n_layers)],
+        grads=[torch.cat([p[1][l] for p in parts]) for l in range(n_layers)],
+        logits=torch.cat([p[2] for p in parts]),
+        losses=torch.cat([p[3] for p in parts]),
+        layout=layout,
+    )
+
+
+def per_sample_norms(vectors: Tensor) -> Tensor:
+    """L2 norm of each sample's feature vector: ``(N, d)`` → ``(N,)``.
+
+    Always ``dim=-1``: ``x.norm(-1)`` would be the L₋₁ norm of the whole tensor.
+    """
+    return torch.linalg.vector_norm(vectors.double(), ord=2, dim=-1)
+
+
+def median_norms(vectors: list[Tensor]) -> list[float]:
+    """Median over samples of the per-sample L2 norm, one value per layer."""
+    return [float(per_sample_norms(v).median()) for v in vectors]
+
+
+def zero_gradient_stats(grad: Tensor) -> tuple[float, float]:
+    """(fraction of samples whose gradient is exactly 0, median norm over the others).
+
+    Without a terminal LN a saturated softmax makes confidently-correct samples' gradients
+    exactly 0 in fp32; the median over the rest tells that cause from LN cancellation.
+    The median is NaN when every sample is zero.
+    """
+    norms = per_sample_norms(grad)
+    zero = norms == 0
+    rest = norms[~zero]
+    return float(zero.double().mean()), float(rest.median()) if rest.numel() else float("nan")
+
+
+def max_block_growth(norms: list[float]) -> float:
+    """max_l ‖h_{l+1}‖/‖h_l‖ over consecutive median norms (diagnostic (a))."""
+    ratios = [b / a if a > 0 else float("inf") for a, b in zip(norms[:-1], norms[1:])]
+    return max(ratios) if ratios else 1.0

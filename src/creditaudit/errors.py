@@ -1,0 +1,27 @@
+"""Project exceptions: every error a user can cause is one of these.
+
+The CLI prints ``str(error)`` on one line and exits non-zero; library users can catch
+:class:`CreditAuditError` to handle all of them at once.
+"""
+
+from __future__ import annotations
+
+
+class CreditAuditError(Exception):
+    """Base class for errors caused by user input (configs, data, models, run records)."""
+
+
+class ConfigError(CreditAuditError):
+    """A configuration key, type or value is not allowed."""
+
+
+class DataError(CreditAuditError):
+    """A dataset folder or file is missing, corrupt or has the wrong layout."""
+
+
+class ModelContractError(CreditAuditError):
+    """A model does not expose what the credit rules or the protocol need."""
+
+
+class RunRecordError(CreditAuditError):
+    """A run record or checkpoint is missing, malformed, truncated or of another schema."""

@@ -1,0 +1,192 @@
+"""The interface every credit rule implements, and the local surrogate they share.
+
+A rule produces a *credit* a_l for every state h_0 … h_L (its estimate of ∂CE/∂h_l, same
+sign as the gradient) and takes training steps. Local rules train every module with the
+credit of the state it writes (SPEC §4): block l minimises ⟨f_l(h_l), â_{l+1}⟩ with h_l
+detached and â the per-sample RMS-normalised credit; the embedding minimises ⟨h_0, â_0⟩;
+the readout takes its exact local cross-entropy gradient on the detached h_L.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit.config import MethodConfig
+from creditaudit.models.contract import ResidualNet, block_is_trainable
+
+RMS_EPS = 1e-6
+
+
+@dataclass
+class StepResult:
+    """What one training step reports: batch-mean CE, correct count, batch size, finiteness."""
+
+    loss: float
+    correct: int
+    n: int
+    finite: bool
+
+
+@dataclass
+class LocalPass:
+    """One forward pass in which no gradient can flow between blocks.
+
+    ``inputs[l]`` is the detached h_l fed to block l; ``branches[l]`` is f_l(h_l) (with a
+    graph to block l's parameters only); ``h0`` keeps its graph to the embedding;
+    ``states`` are the detached h_0 … h_L; ``logits`` come from the readout on the detached
+    h_L (graph to the readout parameters only).
+    """
+
+    h0: Tensor
+    branches: list[Tensor | None]
+    states: list[Tensor]
+    logits: Tensor
+
+
+def rms_normalise(a: Tensor) -> Tensor:
+    """â = a / (RMS(a) + 1e-6) per sample (RMS over every non-batch entry)."""
+    rms = a.flatten(1).pow(2).mean(dim=1).sqrt()
+    return a / (rms + RMS_EPS).view(-1, *([1] * (a.dim() - 1)))
+
+
+def per_sample_dot(a: Tensor, b: Tensor) -> Tensor:
+    """⟨a_i, b_i⟩ per sample, summed over every non-batch axis (broadcasting b)."""
+    return (a * b).flatten(1).sum(dim=1) if a.shape == b.shape else (
+        (a * b.expand_as(a)).flatten(1).sum(dim=1))
+
+
+def branch_penalty(branches: list[Tensor | None]) -> Tensor | float:
+    """Σ_l batch-mean ‖f_l(h_l)‖² over the branches that have a graph."""
+    total: Tensor | float = 0.0
+    for f in branches:
+        if f is not None:
+            total = total + f.flatten(1).pow(2).sum(dim=1).mean()
+    return total
+
+
+def local_forward(model: ResidualNet, x: Tensor, *, with_readout: bool = True) -> LocalPass:
+    """Forward pass with every block input detached (no input gradients are ever asked for).
+
+    Frozen blocks run without a graph; their ``branches`` entry is None. With
+    ``with_readout=False`` the caller computes ``logits`` itself (FA needs the readout's
+    input gradient).
+    """
+    h0 = model.embed(x)
+    h = h0.detach()
+    states = [h]
+    branches: list[Tensor | None] = []
+    for block in model.blocks:
+        if block_is_trainable(block):
+            f = block(h)
+            branches.append(f)
+            h = model.next_state(h, f.detach())
+        else:
+            with torch.no_grad():
+                h = model.next_state(h, block(h))
+            branches.append(None)
+        states.append(h)
+    logits = model.readout(h) if with_readout else h.new_empty(0)
+    return LocalPass(h0=h0, branches=branches, states=states, logits=logits)
+
+
+def local_objective(model: ResidualNet, local: LocalPass, credits: list[Tensor], y: Tensor,
+                    penalty: float) -> tuple[Tensor, Tensor]:
+    """(objective to backward, batch-mean CE) for the local surrogate of SPEC §4.
+
+    ``credits[l]`` is a_l for state l (detached), shape of h_l or broadcastable to it.
+    One backward of the objective gives every module its local update at once.
+    """
+    ce = F.cross_entropy(local.logits, y)
+    objective = ce
+    if local.h0.requires_grad:
+        objective = objective + per_sample_dot(local.h0, rms_normalise(credits[0])).mean()
+    for index, f in enumerate(local.branches):
+        if f is not None:
+            objective = objective + per_sample_dot(f, rms_normalise(credits[index + 1])).mean()
+    if penalty > 0:
+        objective = objective + penalty * branch_penalty(local.branches)
+    return objective, ce
+
+
+def output_error(logits: Tensor, y: Tensor) -> Tensor:
+    """e = softmax(logits) − onehot(y): (B, C), the per-sample gradient of CE at the logits."""
+    return torch.softmax(logits.detach().float(), dim=1) - F.one_hot(y, logits.shape[1]).float()
+
+
+def state_credit_shape(credit: Tensor, state: Tensor) -> Tensor:
+    """Broadcast a (B, d) credit over the tokens of a (B, T, d) state."""
+    if state.dim() == 3 and credit.dim() == 2:
+        return credit.unsqueeze(1).expand_as(state)
+    return credit
+
+
+class CreditRule:
+    """Base class: one credit rule bound to one model.
+
+    Subclasses implement :meth:`credits` and :meth:`train_step`, and extend
+    :meth:`state_dict` with feedback matrices or auxiliary nets.
+    """
+
+    name: str = "base"
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        self.model = model
+        self.config = config
+        self.n_classes = n_classes
+
+    # --- credit -------------------------------------------------------------------------
+    def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        """The rule's credits [a_0 … a_L] for a batch, each shaped like h_l (detached).
+
+        Must not change parameters, their ``.grad`` or any random stream used by training.
+        """
+        raise NotImplementedError
+
+    # --- training -----------------------------------------------------------------------
+    def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        """One optimiser step on a batch: (B, …) inputs, (B,) int64 labels."""
+        raise NotImplementedError
+
+    def set_precision(self, precision: str, device_type: str) -> None:
+        """Train under bf16 autocast (``precision="bf16"``) or plain fp32."""
+        self.precision, self.device_type = precision, device_type
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The autocast context of training steps (credits for diagnostics stay fp32)."""
+        if getattr(self, "precision", "fp32") == "bf16":
+            return torch.autocast(self.device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Model parameters this rule updates (auxiliary nets have their own optimisers)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
+        """Hook after each epoch; returns extra per-epoch record fields (e.g. bridge errors)."""
+        return {}
+
+    # --- persistence --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        return None
+
+    def to(self, device: torch.device) -> CreditRule:
+        return self
+
+
+def step_result(loss: Tensor, logits: Tensor, y: Tensor, *extra_finite: Tensor) -> StepResult:
+    """Summarise a step; non-finite loss or state marks divergence."""
+    loss_value = float(loss.detach())
+    finite = bool(torch.isfinite(loss.detach())) and all(
+        bool(torch.isfinite(t).all()) for t in extra_finite)
+    correct = int((logits.detach().argmax(dim=1) == y).sum())
+    return StepResult(loss=loss_value, correct=correct, n=int(y.shape[0]), finite=finite)
+

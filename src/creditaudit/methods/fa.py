@@ -1,0 +1,87 @@
+"""Feedback Alignment: exact credit at h_L, then a_l = B_l a_{l+1} with fixed random B_l."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.base import (
+    CreditRule,
+    StepResult,
+    local_forward,
+    local_objective,
+    step_result,
+)
+from creditaudit.methods.dfa import _width, draw_feedback
+from creditaudit.models.contract import ResidualNet
+
+
+def readout_gradient(model: ResidualNet, h_last: Tensor, y: Tensor, *, create_graph: bool = False
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """(a_L = ∂CE/∂h_L through the readout, logits, batch-mean CE) on a detached h_L.
+
+    The readout's own parameter graph is kept (``retain_graph``) so the caller can still
+    backpropagate CE into the readout parameters.
+    """
+    h = h_last.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model.readout(h)
+        ce = F.cross_entropy(logits.float(), y)
+        (grad,) = torch.autograd.grad(ce, h, retain_graph=True, create_graph=create_graph)
+    return grad.detach(), logits, ce
+
+
+class FA(CreditRule):
+    """``feedback[l]`` is a d×d matrix B_l; per sample a_l = a_{l+1} @ B_lᵀ (column form B_l a).
+
+    With B_l set to the transposed Jacobian of block l (e.g. (I + W_l)ᵀ in a linear
+    residual net) the credits are exactly backprop's.
+    """
+
+    name = "fa"
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        super().__init__(model, config, n_classes=n_classes, generator=generator)
+        d = _width(model)
+        self.feedback = draw_feedback([(d, d)] * model.n_blocks, scale=config.feedback_scale,
+                                      generator=generator)
+
+    def propagate(self, top: Tensor) -> list[Tensor]:
+        """[a_0 … a_L] from a_L by the fixed feedback chain."""
+        credits = [top]
+        for b in reversed(self.feedback):
+            credits.append(credits[-1] @ b.to(top.device).T)
+        return credits[::-1]
+
+    @torch.no_grad()
+    def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        states, _ = self.model.forward_states(x)
+        top, _, _ = readout_gradient(self.model, states[-1], y)
+        return self.propagate(top)
+
+    def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            local = local_forward(self.model, x, with_readout=False)
+            top, logits, _ = readout_gradient(self.model, local.states[-1], y)
+            local.logits = logits
+            objective, ce = local_objective(self.model, local, self.propagate(top), y,
+                                            self.config.penalty)
+        result = step_result(ce, logits, y, local.states[-1])
+        if result.finite:
+            objective.backward()
+            optimizer.step()
+        return result
+
+    def state_dict(self) -> dict[str, object]:
+        return {"feedback": [b.clone() for b in self.feedback]}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
+
+    def to(self, device: torch.device) -> FA:
+        self.feedback = [b.to(device) for b in self.feedback]
+        return self

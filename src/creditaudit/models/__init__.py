@@ -1,0 +1,45 @@
+"""Models meeting the credit-rule contract (embed, blocks, readout, states)."""
+
+from __future__ import annotations
+
+from creditaudit.config import ModelConfig
+from creditaudit.errors import ConfigError
+from creditaudit.models.contract import (
+    ResidualNet,
+    check_contract,
+    readout_parameters,
+    set_trainable_blocks,
+    summary_vectors,
+)
+from creditaudit.models.resmlp import MLPBlock, ResidualMLP
+from creditaudit.models.vit import ViTMini
+
+
+def build_model(config: ModelConfig, *, input_shape: tuple[int, ...], n_classes: int
+                ) -> ResidualNet:
+    """Build the configured architecture for inputs of ``input_shape`` (without batch).
+
+    ``student`` is the teacher–student StudentNet: a 4-block d=128 ResidualMLP without a
+    terminal LN (``d``, ``n_blocks`` and ``out_ln`` are fixed by the preset).
+    """
+    if config.arch == "vit":
+        if tuple(input_shape) != (3, 32, 32):
+            raise ConfigError(f"model.arch='vit' needs 3×32×32 images, got inputs of shape "
+                              f"{tuple(input_shape)}")
+        return ViTMini(n_classes=n_classes, d=config.d, n_blocks=config.n_blocks,
+                       heads=config.heads, mlp_ratio=config.mlp_ratio, patch=config.patch,
+                       out_ln=config.out_ln, residual=config.residual, w2_std=config.w2_std)
+    in_dim = 1
+    for size in input_shape:
+        in_dim *= size
+    if config.arch == "student":
+        return ResidualMLP(in_dim, 128, n_classes, 4, out_ln=False, residual=config.residual,
+                           w2_std=config.w2_std)
+    return ResidualMLP(in_dim, config.d, n_classes, config.n_blocks, out_ln=config.out_ln,
+                       residual=config.residual, w2_std=config.w2_std)
+
+
+__all__ = [
+    "ResidualNet", "ResidualMLP", "MLPBlock", "ViTMini", "build_model", "check_contract",
+    "readout_parameters", "set_trainable_blocks", "summary_vectors",
+]

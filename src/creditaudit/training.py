@@ -1,0 +1,320 @@
+"""The training loop: epochs, evaluation, per-epoch diagnostics, checkpoints and resume.
+
+Every run writes ``OUT_DIR/RUN_ID/record.json`` after each epoch (atomically) and a
+checkpoint next to it. A killed run resumes from its last checkpoint to the same final
+record (wall-clock fields aside); a run whose loss or states turn NaN/Inf ends with status
+``diverged`` and keeps every record so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from creditaudit.config import RunConfig
+from creditaudit.data import Dataset, load_dataset
+from creditaudit.diagnostics.drift import feature_drift
+from creditaudit.diagnostics.epoch import epoch_diagnostics
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.methods import CreditRule, build_rule
+from creditaudit.models import ResidualNet, build_model
+from creditaudit.models.contract import parameter_snapshot
+from creditaudit.runs import (
+    CHECKPOINT_FILE,
+    INIT_FILE,
+    RECORD_FILE,
+    atomic_torch_save,
+    load_record,
+    new_record,
+    save_record,
+)
+
+log = logging.getLogger(__name__)
+EVAL_BATCH = 1024
+
+
+@dataclass
+class RunResult:
+    """Where a run lives and its final record."""
+
+    run_dir: Path
+    record: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.record["status"]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device='cuda' but no CUDA device is available; use --device cpu")
+    return torch.device(name)
+
+
+def flatten_inputs(config: RunConfig) -> bool:
+    return config.model.arch != "vit"
+
+
+def cosine_factor(step: int, total: int) -> float:
+    """Cosine decay from 1 to 0 over ``total`` steps."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
+
+
+@torch.no_grad()
+def evaluate(model: ResidualNet, dataset: Dataset, device: torch.device, *, flatten: bool
+             ) -> tuple[float, float]:
+    """(mean test CE, test accuracy) over the whole test split."""
+    loss_sum, correct, n = 0.0, 0, 0
+    for x, y in dataset.loader("test", EVAL_BATCH, flatten=flatten):
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        loss_sum += float(F.cross_entropy(logits.float(), y, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == y).sum())
+        n += int(y.shape[0])
+    return loss_sum / n, correct / n
+
+
+class Trainer:
+    """Owns one run: its model, rule, optimiser, schedule, data streams and record."""
+
+    def __init__(self, config: RunConfig, *, dataset: Dataset | None = None) -> None:
+        self.config = config
+        self.device = resolve_device(config.run.device)
+        if config.run.threads is not None:
+            torch.set_num_threads(config.run.threads)
+        self.run_dir = Path(config.run.out_dir) / config.run_id
+        self.dataset = dataset if dataset is not None else load_dataset(config.data,
+                                                                         seed=config.run.seed)
+        self.flatten = flatten_inputs(config)
+        torch.manual_seed(config.run.seed)
+        self.model = build_model(config.model, input_shape=self.dataset.input_shape,
+                                 n_classes=self.dataset.n_classes).to(self.device)
+        self.rule: CreditRule = build_rule(self.model, config.method,
+                                           n_classes=self.dataset.n_classes,
+                                           seed=config.run.seed).to(self.device)
+        self.rule.set_precision(config.run.precision, self.device.type)
+        self.optimizer = torch.optim.AdamW(self.rule.trainable_parameters(), lr=config.optim.lr,
+                                           weight_decay=config.optim.weight_decay)
+        self.data_generator = torch.Generator().manual_seed(config.run.seed)
+        self.train_loader = self.dataset.loader(
+            "train", config.optim.batch_size, flatten=self.flatten, shuffle=True,
+            generator=self.data_generator)
+        total = config.optim.epochs * len(self.train_loader)
+        schedule = ((lambda step: cosine_factor(step, total)) if config.optim.schedule == "cosine"
+                    else (lambda step: 1.0))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        eval_x, eval_y = self.dataset.eval_subset(config.diagnostics.eval_samples,
+                                                  flatten=self.flatten)
+        self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
+        self.record = new_record(config, device=str(self.device))
+        self.start_epoch = 1
+        self.tensorboard = None
+
+    # --- persistence --------------------------------------------------------------------
+    def checkpoint(self, epoch: int) -> None:
+        atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rule": self.rule.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "data": self.data_generator.get_state()},
+            "record": self.record,
+        })
+
+    def restore(self) -> None:
+        path = self.run_dir / CHECKPOINT_FILE
+        if not path.exists():
+            raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
+                                 "without --resume")
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=False)
+        except Exception as err:  # a truncated or foreign file: say which one
+            raise RunRecordError(f"checkpoint {path} cannot be read ({err}); delete the run "
+                                 "folder and start again") from None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rule.load_state_dict(state["rule"])
+        self.rule.to(self.device)
+        torch.set_rng_state(state["rng"]["torch"])
+        self.data_generator.set_state(state["rng"]["data"])
+        self.record = state["record"]
+        self.record["status"] = "running"
+        self.start_epoch = state["epoch"] + 1
+
+    # --- one epoch ----------------------------------------------------------------------
+    def measure(self, epoch: int) -> dict[str, Any]:
+        """Evaluation and diagnostics for the record of ``epoch`` (never changes training)."""
+        test_loss, test_acc = evaluate(self.model, self.dataset, self.device,
+                                       flatten=self.flatten)
+        entry: dict[str, Any] = {"epoch": epoch, "test_loss": test_loss, "acc_eval": test_acc,
+                                 "test_acc": test_acc}
+        every = self.config.diagnostics.every
+        if epoch % every == 0 or epoch == self.config.optim.epochs:
+            fields, _ = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+            entry.update(fields)
+        return entry
+
+    def train_epoch(self, epoch: int) -> dict[str, Any] | None:
+        """Train one epoch; returns the epoch's training stats, or None on divergence."""
+        from tqdm.auto import tqdm
+
+        self.model.train()
+        loss_sum, correct, n = 0.0, 0, 0
+        random_targets = self.config.data.random_targets
+        bar = tqdm(self.train_loader, desc=f"{self.config.method.name} epoch {epoch}",
+                   leave=False, disable=None if self.config.run.progress else True)
+        for step, (x, y) in enumerate(bar):
+            if random_targets:
+                y = torch.randint(0, self.dataset.n_classes, y.shape, generator=self.data_generator)
+            x, y = x.to(self.device), y.to(self.device)
+            result = self.rule.train_step(x, y, self.optimizer)
+            if not result.finite:
+                self.record["divergence"] = {"epoch": epoch, "step": step,
+                                             "reason": "non-finite loss or state"}
+                return None
+            self.scheduler.step()
+            loss_sum += result.loss * result.n
+            correct += result.correct
+            n += result.n
+            if step % 20 == 0:
+                bar.set_postfix(loss=f"{result.loss:.3f}")
+        extra = self.rule.end_epoch(epoch, self.config.optim.epochs)
+        return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), **extra}
+
+    # --- the run ------------------------------------------------------------------------
+    def run(self, *, resume: bool = False) -> RunResult:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.restore()
+        else:
+            atomic_torch_save(self.run_dir / INIT_FILE, parameter_snapshot(self.model))
+            self.record["log"].append(self._with_lr(self.measure(0), seconds=0.0))
+            self._write()
+            self.checkpoint(0)
+        self._open_tensorboard()
+        try:
+            for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
+                started = time.perf_counter()
+                stats = self.train_epoch(epoch)
+                if stats is None:
+                    self.record["status"] = "diverged"
+                    break
+                entry = {**self.measure(epoch), **stats}
+                self.record["log"].append(self._with_lr(entry,
+                                                        time.perf_counter() - started))
+                self._log_tensorboard(entry)
+                if not _finite_entry(entry):
+                    self.record["status"] = "diverged"
+                    self.record["divergence"] = {"epoch": epoch, "reason":
+                                                 "non-finite evaluation loss or state norms"}
+                    self._write()
+                    break
+                self.checkpoint(epoch)
+                self._write()
+            else:
+                self.record["status"] = "completed"
+            self._finish()
+        except KeyboardInterrupt:
+            self.record["status"] = "interrupted"
+            self._write()
+            raise
+        except Exception as err:
+            self.record["status"] = "failed"
+            self.record["error"] = f"{type(err).__name__}: {err}"
+            self._write()
+            raise
+        finally:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+        return RunResult(self.run_dir, self.record)
+
+    def _finish(self) -> None:
+        """Final results and end-of-run metrics for completed or diverged runs."""
+        last = self.record["log"][-1]
+        initial = torch.load(self.run_dir / INIT_FILE, map_location=self.device)
+        self.record["final"] = {
+            "epochs_completed": last["epoch"],
+            "test_acc": last["acc_eval"],
+            "test_loss": last["test_loss"],
+            "h_L_norm": last.get("h_L_norm"),
+            "g_L_norm": last.get("g_L_norm"),
+            "deep_cos": last.get("deep_cos"),
+        }
+        if self.config.diagnostics.end_of_run:
+            self.record["diagnostics"]["drift"] = feature_drift(initial,
+                                                                 dict(self.model.named_parameters()))
+        self._write()
+
+    def _with_lr(self, entry: dict[str, Any], seconds: float) -> dict[str, Any]:
+        entry["lr"] = self.optimizer.param_groups[0]["lr"]
+        entry["seconds"] = seconds
+        return entry
+
+    def _write(self) -> None:
+        save_record(self.run_dir, self.record)
+
+    def _open_tensorboard(self) -> None:
+        folder = self.config.run.tensorboard
+        if folder is None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("--tensorboard needs the tensorboard package: pip install "
+                              "'creditaudit[tensorboard]'") from None
+        self.tensorboard = SummaryWriter(str(Path(folder) / self.config.run_id))
+
+    def _log_tensorboard(self, entry: dict[str, Any]) -> None:
+        if self.tensorboard is None:
+            return
+        for key, value in entry.items():
+            if isinstance(value, int | float) and key != "epoch":
+                self.tensorboard.add_scalar(key, value, entry["epoch"])
+            elif isinstance(value, list):
+                for index, item in enumerate(value):
+                    self.tensorboard.add_scalar(f"{key}/{index}", item, entry["epoch"])
+        self.tensorboard.flush()
+
+
+def _finite_entry(entry: dict[str, Any]) -> bool:
+    """False when the evaluation loss or any state norm is NaN/Inf."""
+    values = [entry["test_loss"], *entry.get("hidden_norms", [])]
+    return all(math.isfinite(v) for v in values)
+
+
+def train(config: RunConfig, *, resume: bool = False, force: bool = False,
+          dataset: Dataset | None = None) -> RunResult:
+    """Train one run and return its folder and record.
+
+    A completed run with the same config (same run id) is not rerun: its record is returned.
+    An unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
+    (start over).
+    """
+    run_dir = Path(config.run.out_dir) / config.run_id
+    record_path = run_dir / RECORD_FILE
+    if record_path.exists() and not force:
+        existing = load_record(record_path)
+        if existing["status"] in ("completed", "diverged") and not resume:
+            log.info("run %s already %s; not rerun", config.run_id, existing["status"])
+            return RunResult(run_dir, existing)
+        if not resume:
+            raise RunRecordError(f"run {run_dir} exists with status {existing['status']!r}: "
+                                 "pass --resume to continue it or --force to start over")
+    elif resume and not record_path.exists():
+        raise RunRecordError(f"cannot resume: no run at {run_dir}")
+    if force and run_dir.exists():
+        for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+        resume = False
+    return Trainer(config, dataset=dataset).run(resume=resume)

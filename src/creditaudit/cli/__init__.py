@@ -1,0 +1,61 @@
+"""The ``creditaudit`` command: one entry point, one module per subcommand.
+
+Each subcommand module defines ``add_parser(subparsers)`` and ``run(args) -> int``. User
+errors (:class:`~creditaudit.errors.CreditAuditError`) end in one line on stderr and exit
+code 2; an interrupted run exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from creditaudit import __version__
+from creditaudit.errors import CreditAuditError
+
+SUBCOMMANDS = ("demo", "train")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="creditaudit",
+        description="Train local credit-assignment rules (BP, FA, DFA, …) with per-epoch "
+                    "diagnostics, and audit whether their accuracy and alignment numbers "
+                    "can be trusted.",
+    )
+    parser.add_argument("--version", action="version", version=f"creditaudit {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"creditaudit.cli.{name}").add_parser(sub)
+    return parser
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(message)s")
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return int(args.handler(args) or 0)
+    except CreditAuditError as err:
+        print(f"creditaudit: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("creditaudit: interrupted; the last finished epoch is checkpointed, continue "
+              "with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

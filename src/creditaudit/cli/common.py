@@ -1,0 +1,70 @@
+"""Options shared by subcommands that build a run config."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from creditaudit.config import (
+    ARCHS,
+    DATASETS,
+    DEVICES,
+    METHODS,
+    PRECISIONS,
+    RunConfig,
+    apply_overrides,
+    config_help,
+    load_config,
+    parse_override,
+)
+
+# (flag, dotted config key, help) for the most used fields; everything else via --set.
+SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--method", "method.name", {"choices": METHODS, "help": "credit rule"}),
+    ("--arch", "model.arch", {"choices": ARCHS, "help": "architecture"}),
+    ("--dataset", "data.name", {"choices": DATASETS, "help": "dataset"}),
+    ("--data-dir", "data.data_dir", {"help": "dataset folder (CIFAR python batches or IDX files)"}),
+    ("--epochs", "optim.epochs", {"type": int, "help": "training epochs"}),
+    ("--seed", "run.seed", {"type": int, "help": "seed of init, data order and feedback"}),
+    ("--penalty", "method.penalty", {"type": float, "help": "residual-branch penalty λ"}),
+    ("--width", "model.d", {"type": int, "help": "model width d"}),
+    ("--blocks", "model.n_blocks", {"type": int, "help": "number of blocks L"}),
+    ("--out", "run.out_dir", {"help": "results folder (each run gets OUT/RUN_ID/)"}),
+    ("--device", "run.device", {"choices": DEVICES, "help": "device"}),
+    ("--precision", "run.precision", {"choices": PRECISIONS,
+                                      "help": "training precision (diagnostics stay fp32)"}),
+    ("--threads", "run.threads", {"type": int, "help": "torch CPU threads"}),
+    ("--tensorboard", "run.tensorboard", {"metavar": "DIR",
+                                          "help": "write per-epoch scalars to DIR"}),
+]
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config with [data] [model] [method] [optim] [diagnostics] "
+                             "[run] sections; flags and --set override it")
+    for flag, key, kwargs in SHORTCUTS:
+        kwargs = dict(kwargs)
+        kwargs["help"] = f"{kwargs['help']} ({key})"
+        if "choices" not in kwargs:
+            kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
+        parser.add_argument(flag, dest=key, default=None, **kwargs)
+    parser.add_argument("--no-out-ln", dest="model.out_ln", action="store_const", const=False,
+                        default=None, help="drop the terminal LayerNorm (model.out_ln=false)")
+    parser.add_argument("--no-progress", dest="run.progress", action="store_const", const=False,
+                        default=None, help="no progress bars (run.progress=false)")
+    keys = ", ".join(key for key, _, _ in config_help())
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override any config field, e.g. --set method.penalty=0.01 "
+                             f"(keys: {keys}); see docs/configuration.md")
+
+
+def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    config = load_config(args.config) if args.config else (base or RunConfig())
+    overrides = {key: value for _, key, _ in SHORTCUTS
+                 if (value := getattr(args, key, None)) is not None}
+    for key in ("model.out_ln", "run.progress"):
+        if getattr(args, key, None) is not None:
+            overrides[key] = getattr(args, key)
+    overrides.update(parse_override(item) for item in args.set)
+    return apply_overrides(config, overrides)

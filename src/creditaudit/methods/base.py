@@ -113,9 +113,15 @@ def local_objective(model: ResidualNet, local: LocalPass, credits: list[Tensor],
     return objective, ce
 
 
+def loss_precision(logits: Tensor) -> Tensor:
+    """Logits in at least fp32 (bf16 autocast outputs are upcast; float64 stays float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def output_error(logits: Tensor, y: Tensor) -> Tensor:
     """e = softmax(logits) − onehot(y): (B, C), the per-sample gradient of CE at the logits."""
-    return torch.softmax(logits.detach().float(), dim=1) - F.one_hot(y, logits.shape[1]).float()
+    logits = loss_precision(logits.detach())
+    return torch.softmax(logits, dim=1) - F.one_hot(y, logits.shape[1]).to(logits.dtype)
 
 
 def state_credit_shape(credit: Tensor, state: Tensor) -> Tensor:

@@ -6,7 +6,13 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.methods.base import CreditRule, StepResult, branch_penalty, step_result
+from creditaudit.methods.base import (
+    CreditRule,
+    StepResult,
+    branch_penalty,
+    loss_precision,
+    step_result,
+)
 from creditaudit.models.contract import ResidualNet
 
 
@@ -47,7 +53,7 @@ class BP(CreditRule):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             states, branches, logits = forward_with_branches(self.model, x)
-            ce = F.cross_entropy(logits.float(), y)
+            ce = F.cross_entropy(loss_precision(logits), y)
             objective = ce
             if self.config.penalty > 0:
                 trainable = [f if f.requires_grad else None for f in branches]

@@ -43,7 +43,7 @@ class DFA(CreditRule):
                                       scale=config.feedback_scale, generator=generator)
 
     def credits_from_error(self, error: Tensor, states: list[Tensor]) -> list[Tensor]:
-        return [state_credit_shape(error @ b.to(error.device), h)
+        return [state_credit_shape(error @ b.to(device=error.device, dtype=error.dtype), h)
                 for b, h in zip(self.feedback, states)]
 
     @torch.no_grad()

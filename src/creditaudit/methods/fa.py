@@ -12,6 +12,7 @@ from creditaudit.methods.base import (
     StepResult,
     local_forward,
     local_objective,
+    loss_precision,
     step_result,
 )
 from creditaudit.methods.dfa import _width, draw_feedback
@@ -28,7 +29,7 @@ def readout_gradient(model: ResidualNet, h_last: Tensor, y: Tensor, *, create_gr
     h = h_last.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model.readout(h)
-        ce = F.cross_entropy(logits.float(), y)
+        ce = F.cross_entropy(loss_precision(logits), y)
         (grad,) = torch.autograd.grad(ce, h, retain_graph=True, create_graph=create_graph)
     return grad.detach(), logits, ce
 
@@ -53,7 +54,7 @@ class FA(CreditRule):
         """[a_0 … a_L] from a_L by the fixed feedback chain."""
         credits = [top]
         for b in reversed(self.feedback):
-            credits.append(credits[-1] @ b.to(top.device).T)
+            credits.append(credits[-1] @ b.to(device=top.device, dtype=top.dtype).T)
         return credits[::-1]
 
     @torch.no_grad()

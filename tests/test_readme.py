@@ -1,0 +1,28 @@
+"""The README's two commands are the ones users and CI run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    return [block.strip() for block in blocks[:2]]
+
+
+def test_readme_opens_with_setup_demo_and_setup_tests():
+    demo, tests = readme_commands()
+    for command in (demo, tests):
+        assert "\n" not in command
+        assert command.index("pip install torch==2.13.0") < command.index("pip install -e")
+    assert demo.endswith("creditaudit demo")
+    assert "pytest" in tests
+
+
+def test_ci_runs_the_readme_test_command():
+    _, tests = readme_commands()
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in ci_lines

@@ -1,0 +1,444 @@
+"""Training loop, run records, configs and the CLI on tiny synthetic runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit import runs
+from creditaudit.config import (
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    parse_override,
+    run_id,
+)
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.methods.base import StepResult
+from creditaudit.runs import (
+    CHECKPOINT_FILE,
+    INIT_FILE,
+    RECORD_FILE,
+    SCHEMA,
+    atomic_write_json,
+    comparable,
+    load_record,
+)
+from creditaudit.training import Trainer, train
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {
+    "data.n_train": 512, "data.n_test": 256, "data.in_dim": 8, "data.teacher_width": 32,
+    "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+    "diagnostics.eval_samples": 256, "diagnostics.end_of_run": False, "run.progress": False,
+}
+EPOCH_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "acc_eval", "hidden_norms",
+              "bp_grad_norms_per_sample_med", "h_L_norm", "g_2_norm", "cos_per_layer", "lr",
+              "seconds")
+LAYER_KEYS = ("hidden_norms", "bp_grad_norms_per_sample_med", "cos_per_layer")
+
+
+def tiny(out_dir: Path | str, **overrides) -> RunConfig:
+    return RunConfig().replace(**{**TINY, "run.out_dir": str(out_dir), **overrides})
+
+
+def checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+
+
+def assert_state_dicts_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# --- the per-epoch record -----------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["bp", "dfa"])
+def test_record_has_every_epoch_and_key(tmp_path, method):
+    config = tiny(tmp_path, **{"method.name": method, "diagnostics.end_of_run": True})
+    result = train(config)
+    record = result.record
+    assert result.status == record["status"] == "completed"
+    assert result.run_dir == tmp_path / config.run_id
+    log = record["log"]
+    assert [e["epoch"] for e in log] == [0, 1, 2]
+    L = config.model.n_blocks
+    for entry in log:
+        train_keys = ("train_loss", "train_acc")
+        for key in EPOCH_KEYS:
+            if entry["epoch"] == 0 and key in train_keys:
+                continue  # nothing has been trained at initialisation
+            assert key in entry, (entry["epoch"], key)
+        for key in LAYER_KEYS:
+            assert len(entry[key]) == L + 1, key
+        assert entry["h_L_norm"] == entry["hidden_norms"][-1]
+        assert entry["g_2_norm"] == entry["bp_grad_norms_per_sample_med"][2]
+        assert 0.0 <= entry["acc_eval"] <= 1.0 and math.isfinite(entry["test_loss"])
+        assert entry["seconds"] >= 0.0
+    for entry in log[1:]:
+        assert 0.0 <= entry["train_acc"] <= 1.0 and math.isfinite(entry["train_loss"])
+    assert log[0]["lr"] == pytest.approx(1e-3)
+    assert log[-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # cosine schedule ends at 0
+    if method == "bp":
+        for entry in log:
+            for c in entry["cos_per_layer"]:
+                assert c == pytest.approx(1.0, abs=1e-5)
+    else:
+        assert abs(log[-1]["deep_cos"]) < 0.9
+    # the file on disk is the returned record, and it validates
+    on_disk = load_record(result.run_dir)
+    assert comparable(on_disk) == comparable(json.loads(json.dumps(record)))
+    for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE):
+        assert (result.run_dir / name).exists()
+    assert record["final"]["epochs_completed"] == 2
+    assert record["final"]["test_acc"] == log[-1]["acc_eval"]
+    assert set(record["diagnostics"]["drift"]) == set(checkpoint(result.run_dir)["model"])
+
+
+def test_diagnostics_do_not_change_training(tmp_path):
+    base = {"method.name": "dfa", "optim.epochs": 3}
+    every = train(tiny(tmp_path, **base, **{"diagnostics.every": 1,
+                                             "diagnostics.protocol_every": 1}))
+    rarely = train(tiny(tmp_path, **base, **{"diagnostics.every": 100,
+                                              "diagnostics.protocol_every": 0}))
+    assert every.run_dir != rarely.run_dir
+    assert [("hidden_norms" in e) for e in rarely.record["log"]] == [True, False, False, True]
+    assert all("hidden_norms" in e for e in every.record["log"])
+    a, b = checkpoint(every.run_dir), checkpoint(rarely.run_dir)
+    assert_state_dicts_equal(a["model"], b["model"])
+    for fa, fb in zip(a["rule"]["feedback"], b["rule"]["feedback"]):
+        assert torch.equal(fa, fb)
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    for ea, eb in zip(every.record["log"], rarely.record["log"]):
+        assert ea["train_loss" if ea["epoch"] else "test_loss"] == \
+            eb["train_loss" if eb["epoch"] else "test_loss"]
+
+
+def test_same_seed_same_record_different_seed_differs(tmp_path):
+    a = train(tiny(tmp_path / "a", **{"method.name": "dfa"}))
+    b = train(tiny(tmp_path / "b", **{"method.name": "dfa"}))
+    c = train(tiny(tmp_path / "c", **{"method.name": "dfa", "run.seed": 43}))
+    assert comparable(a.record) == comparable(b.record)
+    assert_state_dicts_equal(checkpoint(a.run_dir)["model"], checkpoint(b.run_dir)["model"])
+    assert comparable(a.record)["log"] != comparable(c.record)["log"]
+
+
+def test_comparable_ignores_output_folder(tmp_path):
+    a = train(tiny(tmp_path / "a", **{"optim.epochs": 1}))
+    b = train(tiny(tmp_path / "b", **{"optim.epochs": 1}))
+    assert comparable(a.record) == comparable(b.record)
+
+
+# --- kill and resume ----------------------------------------------------------------------------
+def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
+    options = {"method.name": "dfa", "optim.epochs": 3}
+    straight = train(tiny(tmp_path / "a", **options))
+    config = tiny(tmp_path / "b", **options)
+    original = Trainer.train_epoch
+
+    def killed_at_epoch_2(self, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(config)
+    monkeypatch.setattr(Trainer, "train_epoch", original)
+    run_dir = tmp_path / "b" / config.run_id
+    interrupted = load_record(run_dir)
+    assert interrupted["status"] == "interrupted"
+    assert [e["epoch"] for e in interrupted["log"]] == [0, 1]
+    assert checkpoint(run_dir)["epoch"] == 1
+    with pytest.raises(RunRecordError, match="interrupted"):
+        train(config)  # neither resume nor force
+    resumed = train(config, resume=True)
+    assert resumed.status == "completed"
+    assert comparable(resumed.record) == comparable(straight.record)
+    assert comparable(load_record(run_dir)) == comparable(straight.record)
+    a, b = checkpoint(straight.run_dir), checkpoint(run_dir)
+    assert_state_dicts_equal(a["model"], b["model"])
+    assert a["epoch"] == b["epoch"] == 3
+
+
+def test_resume_without_a_run_raises(tmp_path):
+    with pytest.raises(RunRecordError, match="cannot resume"):
+        train(tiny(tmp_path), resume=True)
+
+
+# --- divergence ---------------------------------------------------------------------------------
+def test_huge_learning_rate_diverges_without_exception(tmp_path):
+    result = train(tiny(tmp_path, **{"method.name": "dfa", "optim.lr": 1e6}))
+    assert result.status == "diverged"
+    record = load_record(result.run_dir)
+    assert record["status"] == "diverged"
+    assert record["log"][0]["epoch"] == 0 and math.isfinite(record["log"][0]["h_L_norm"])
+    assert "divergence" in record
+
+
+def test_non_finite_step_marks_run_diverged_and_keeps_log(tmp_path, monkeypatch):
+    config = tiny(tmp_path, **{"method.name": "bp", "optim.epochs": 3})
+    calls = {"n": 0}
+    steps_per_epoch = 512 // 64
+
+    from creditaudit.methods.bp import BP
+    original = BP.train_step
+
+    def step(self, x, y, optimizer):
+        calls["n"] += 1
+        if calls["n"] == steps_per_epoch + 3:  # third step of epoch 2
+            return StepResult(loss=float("nan"), correct=0, n=int(y.shape[0]), finite=False)
+        return original(self, x, y, optimizer)
+
+    monkeypatch.setattr(BP, "train_step", step)
+    result = train(config)
+    assert result.status == "diverged"
+    record = load_record(result.run_dir)
+    assert [e["epoch"] for e in record["log"]] == [0, 1]
+    assert record["divergence"]["epoch"] == 2 and record["divergence"]["step"] == 2
+    assert record["final"]["epochs_completed"] == 1
+    monkeypatch.setattr(BP, "train_step", original)
+    # a diverged run is finished: asking again returns it
+    again = train(config)
+    assert again.status == "diverged" and comparable(again.record) == comparable(record)
+
+
+# --- existing runs ------------------------------------------------------------------------------
+def test_completed_run_is_not_rerun(tmp_path, monkeypatch):
+    config = tiny(tmp_path, **{"optim.epochs": 1})
+    first = train(config)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a completed run must not be rebuilt")
+
+    monkeypatch.setattr(Trainer, "__init__", refuse)
+    second = train(config)
+    assert second.status == "completed"
+    assert comparable(second.record) == comparable(load_record(first.run_dir))
+
+
+def test_force_reruns(tmp_path):
+    config = tiny(tmp_path, **{"optim.epochs": 1})
+    first = train(config)
+    second = train(config, force=True)
+    assert second.record["created"] >= first.record["created"]
+    assert comparable(second.record)["log"] == comparable(first.record)["log"]
+
+
+# --- run records --------------------------------------------------------------------------------
+def test_atomic_write_keeps_old_file_when_replace_fails(tmp_path, monkeypatch):
+    path = tmp_path / "record.json"
+    atomic_write_json(path, {"version": 1})
+
+    def broken_replace(src, dst):
+        raise OSError("disk pulled")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk pulled"):
+        atomic_write_json(path, {"version": 2, "payload": "x" * 10000})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"version": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+
+
+def valid_record(tmp_path) -> dict:
+    record = runs.new_record(tiny(tmp_path), device="cpu")
+    record["log"].append({"epoch": 0})
+    return record
+
+
+def test_load_record_rejects_bad_files(tmp_path):
+    record = valid_record(tmp_path)
+    good = tmp_path / "good" / RECORD_FILE
+    runs.save_record(good.parent, record)
+    assert load_record(good.parent)["run_id"] == record["run_id"]
+    assert load_record(good)["schema"] == SCHEMA
+
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(good.read_text()[:-40])
+    with pytest.raises(RunRecordError, match="truncated") as err:
+        load_record(truncated)
+    assert str(truncated) in str(err.value)
+
+    foreign = dict(record, schema="someone-else/9")
+    path = tmp_path / "foreign.json"
+    path.write_text(json.dumps(foreign))
+    with pytest.raises(RunRecordError, match="schema") as err:
+        load_record(path)
+    assert str(path) in str(err.value)
+
+    for key in ("log", "config", "status"):
+        broken = {k: v for k, v in record.items() if k != key}
+        path = tmp_path / f"no_{key}.json"
+        path.write_text(json.dumps(broken))
+        with pytest.raises(RunRecordError, match=repr(key)):
+            load_record(path)
+
+    for key, value, match in (("status", "exploded", "status"), ("log", [{"x": 1}], "epoch"),
+                              ("log", {"epoch": 0}, "wrong type")):
+        path = tmp_path / f"bad_{key}.json"
+        path.write_text(json.dumps(dict(record, **{key: value})))
+        with pytest.raises(RunRecordError, match=match):
+            load_record(path)
+
+    bad_config = copy.deepcopy(record)
+    bad_config["config"]["model"]["d"] = -3
+    path = tmp_path / "bad_config.json"
+    path.write_text(json.dumps(bad_config))
+    with pytest.raises(RunRecordError, match="model.d"):
+        load_record(path)
+
+    with pytest.raises(RunRecordError, match="no run record"):
+        load_record(tmp_path / "missing")
+
+
+def test_comparable_drops_wall_clock_fields(tmp_path):
+    record = valid_record(tmp_path)
+    record["log"][0]["seconds"] = 1.5
+    other = copy.deepcopy(record)
+    other["created"], other["environment"] = "yesterday", {"python": "0"}
+    other["log"][0]["seconds"] = 99.0
+    assert comparable(record) == comparable(other)
+    other["log"][0]["acc_eval"] = 0.5
+    assert comparable(record) != comparable(other)
+
+
+# --- configs ------------------------------------------------------------------------------------
+def to_toml(raw: dict) -> str:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+
+    lines = []
+    for section, fields in raw.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {value(v)}" for k, v in fields.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def test_toml_round_trip(tmp_path):
+    config = RunConfig().replace(**{
+        "method.name": "dfa", "method.penalty": 0.01, "method.trainable_blocks": 2,
+        "model.d": 64, "model.out_ln": False, "optim.lr": 3e-4, "data.alpha": 0.25,
+        "run.out_dir": "somewhere", "diagnostics.every": 5, "run.seed": 123,
+    })
+    path = tmp_path / "config.toml"
+    path.write_text(to_toml(config.to_dict()))
+    loaded = load_config(path)
+    assert loaded == config
+    assert loaded.run_id == config.run_id
+    partial = tmp_path / "partial.toml"
+    partial.write_text('[method]\nname = "fa"\n[optim]\nlr = 1\n')
+    loaded = load_config(partial)
+    assert loaded.method.name == "fa" and loaded.optim.lr == 1.0
+    assert isinstance(loaded.optim.lr, float)
+    assert loaded.model == RunConfig().model
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"modle": {"d": 3}}, "modle"),
+    ({"model": {"width": 3}}, "model.width"),
+    ({"model": {"d": "wide"}}, "model.d"),
+    ({"model": {"d": 2.5}}, "model.d"),
+    ({"model": {"out_ln": 1}}, "model.out_ln"),
+    ({"optim": {"lr": "fast"}}, "optim.lr"),
+    ({"data": {"n_train": None}}, "data.n_train"),
+    ({"model": {"d": 0}}, "model.d"),
+    ({"data": {"alpha": 1.5}}, "data.alpha"),
+    ({"optim": {"lr": -1e-3}}, "optim.lr"),
+    ({"method": {"name": "magic"}}, "method.name"),
+    ({"model": {"arch": "cnn"}}, "model.arch"),
+    ({"method": {"trainable_blocks": 5}, "model": {"n_blocks": 4}}, "method.trainable_blocks"),
+    ({"model": "resmlp"}, "model"),
+])
+def test_config_validation_errors_name_the_key(raw, key):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    message = str(err.value)
+    assert key in message
+    assert "\n" not in message
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\nd = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_overrides():
+    assert parse_override("method.penalty=1e-2") == ("method.penalty", 0.01)
+    assert parse_override("model.out_ln=false") == ("model.out_ln", False)
+    assert parse_override("method.name=dfa") == ("method.name", "dfa")
+    assert parse_override("method.trainable_blocks=none") == ("method.trainable_blocks", None)
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("method.penalty")
+    with pytest.raises(ConfigError, match="model.foo"):
+        apply_overrides(RunConfig(), {"model.foo": 1})
+    with pytest.raises(ConfigError, match="nosection"):
+        apply_overrides(RunConfig(), {"nosection.d": 1})
+    with pytest.raises(ConfigError, match="method.trainable_blocks"):
+        RunConfig().replace(**{"model.n_blocks": 2, "method.trainable_blocks": 3})
+
+
+def test_run_id_stable_and_comparable():
+    config = RunConfig()
+    assert run_id(config) == run_id(RunConfig()) == config.run_id
+    assert config.run_id.startswith("bp-resmlp-synthetic-s42-")
+    for key, value in (("run.out_dir", "/elsewhere"), ("run.progress", False),
+                       ("run.threads", 1), ("run.tensorboard", "tb"), ("run.device", "cpu")):
+        assert config.replace(**{key: value}).run_id == config.run_id, key
+    changed = set()
+    for key, value in (("method.penalty", 1e-3), ("run.seed", 1), ("model.d", 32),
+                       ("optim.lr", 2e-3), ("data.alpha", 0.5), ("method.name", "dfa"),
+                       ("diagnostics.every", 2), ("method.feedback_seed", 5)):
+        other = config.replace(**{key: value}).run_id
+        assert other != config.run_id, key
+        changed.add(other)
+    assert len(changed) == 8
+
+
+# --- CLI ----------------------------------------------------------------------------------------
+@pytest.fixture
+def restore_sigterm():
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+def test_cli_bad_key_is_one_line_exit_2(capsys, restore_sigterm):
+    from creditaudit.cli import main
+
+    assert main(["train", "--set", "model.foo=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("creditaudit: error:")
+    assert "model.foo" in err and "Traceback" not in err
+
+
+def test_cli_train_tiny_run(tmp_path, capsys, restore_sigterm):
+    from creditaudit.cli import main
+
+    def text(value):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    sets = [item for key, value in TINY.items() for item in ("--set", f"{key}={text(value)}")]
+    assert main(["train", *sets, "--method", "dfa", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    config = tiny(tmp_path, **{"method.name": "dfa"})
+    record = load_record(tmp_path / config.run_id)
+    assert record["status"] == "completed"
+    assert str(tmp_path / config.run_id / RECORD_FILE) in out

@@ -28,7 +28,7 @@ else:  # pragma: no cover
 
 DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion-mnist")
 ARCHS = ("resmlp", "vit", "student")
-METHODS = ("bp", "fa", "dfa", "frozen")
+METHODS = ("bp", "fa", "dfa", "frozen", "state-bridge", "credit-bridge", "ep")
 SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
@@ -46,8 +46,8 @@ class DataConfig:
     name: str = opt("synthetic", "dataset", choices=DATASETS)
     data_dir: str | None = opt(None, "folder holding the dataset files (not for synthetic)")
     download: bool = opt(False, "download CIFAR if missing (needs internet)")
-    n_train: int = opt(20000, "synthetic: training samples", min=1)
-    n_test: int = opt(5000, "synthetic: test samples", min=1)
+    n_train: int = opt(50000, "synthetic: training samples", min=1)
+    n_test: int = opt(10000, "synthetic: test samples", min=1)
     in_dim: int = opt(256, "synthetic: input dimension", min=1)
     alpha: float = opt(1.0, "synthetic: teacher nonlinearity φ_α mix (0 linear, 1 tanh)",
                        min=0.0, max=1.0)
@@ -80,6 +80,28 @@ class MethodConfig:
         None, "train only the last k blocks (depth ladder; None = all)", min=0)
     feedback_seed: int | None = opt(None, "seed of the feedback matrices (None = run seed)")
     feedback_scale: float = opt(1.0, "FA/DFA feedback entries ~ N(0, scale²/fan_in)", min=0.0)
+    bridge_hidden: int = opt(256, "State/Credit Bridge: hidden width of the auxiliary net",
+                             min=1)
+    bridge_lr: float = opt(1e-3, "State/Credit Bridge: AdamW learning rate of the auxiliary net",
+                           min=0.0)
+    bridge_skip: bool = opt(
+        False, "State Bridge: predict h_L as h_l + RMS(h_l)·MLP(…) (identity at init) instead "
+        "of MLP(…)")
+    warmup_fraction: float = opt(
+        0.2, "Credit Bridge: fraction of epochs trained with DFA credit before ∇V takes over",
+        min=0.0, max=1.0)
+    bridge_noise: float = opt(
+        0.1, "Credit Bridge: noise std of the consistency copies, × per-sample RMS of h_{l+1}",
+        min=0.0)
+    bridge_copies: int = opt(8, "Credit Bridge: noisy copies K in the soft-min target", min=1)
+    bridge_temperature: float = opt(
+        0.1, "Credit Bridge: soft-min temperature τ in nats (→0 hard min, →∞ mean)", min=1e-6)
+    ema_decay: float = opt(0.995, "Credit Bridge: EMA decay of the target value net",
+                           min=0.0, max=1.0)
+    ep_beta: float = opt(0.1, "EP: nudging strength β of the cross-entropy term", min=1e-12)
+    ep_steps: int = opt(20, "EP: gradient-descent steps of the nudged relaxation", min=1)
+    ep_step_size: float = opt(0.25, "EP: state step size of the nudged relaxation "
+                              "(stable while it is < 2/λ_max of the energy Hessian)", min=0.0)
 
 
 @dataclass
@@ -100,6 +122,14 @@ class DiagnosticsConfig:
                               min=0)
     stop_on_walkback: bool = opt(False, "stop the run when the protocol verdict turns")
     end_of_run: bool = opt(True, "credit-quality metrics (ρ, nudging, drift) at the end")
+    frozen_acc: float | None = opt(
+        None, "frozen-blocks test accuracy (fraction in [0, 1], same arch/data/recipe) for "
+        "protocol diagnostic (d); None = (d) not evaluated", min=0.0, max=1.0)
+    rho_samples: int = opt(1024, "end of run: samples for the perturbation correlation ρ",
+                           min=1)
+    rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
+    null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
+                          min=2)
 
 
 @dataclass
@@ -219,6 +249,9 @@ def _check_consistency(config: RunConfig) -> None:
     if config.model.arch == "vit" and config.data.name not in ("cifar10", "cifar100"):
         raise ConfigError(f"model.arch='vit' needs 32×32×3 images (cifar10 or cifar100), "
                           f"not data.name={config.data.name!r}")
+    if config.data.name == "synthetic" and config.data.augment:
+        raise ConfigError("data.augment=true needs an image dataset (random crop and flip); "
+                          "the synthetic task has feature vectors: drop data.augment")
     if config.data.name != "synthetic" and config.data.data_dir is None:
         raise ConfigError(f"data.name={config.data.name!r} needs data.data_dir (--data-dir) "
                           "pointing at the dataset folder")

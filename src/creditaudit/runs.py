@@ -156,8 +156,23 @@ def record_config(record: dict[str, Any]) -> RunConfig:
     return config_from_dict(record["config"])
 
 
+def _nan_safe(value: Any) -> Any:
+    """Replace NaN floats by a marker so equal records compare equal (NaN != NaN)."""
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, dict):
+        return {k: _nan_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_safe(v) for v in value]
+    return value
+
+
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
-    """The record without wall-clock fields: equal for equal computations (tests, resume)."""
+    """The record without wall-clock fields: equal for equal computations (tests, resume).
+
+    NaN values (e.g. an undefined cosine) are replaced by the string "NaN" so that two
+    identical records compare equal.
+    """
     from creditaudit.config import NON_SEMANTIC
 
     out = {k: v for k, v in record.items()
@@ -166,7 +181,7 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
                                if (section, k) not in NON_SEMANTIC}
                      for section, values in record["config"].items()}
     out["log"] = [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in record["log"]]
-    return out
+    return _nan_safe(out)
 
 
 def find_records(root: str | Path) -> list[Path]:

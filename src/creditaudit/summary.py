@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-
-def _fmt(value: Any, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return format(value, spec)
+from creditaudit.report import fmt
 
 
 def format_run_summary(records: list[dict[str, Any]]) -> str:
@@ -22,7 +17,7 @@ def format_run_summary(records: list[dict[str, Any]]) -> str:
         verdict = record.get("protocol", {}).get("verdict", "—")
         lines.append(
             f"{record['config']['method']['name']:<14}{record['status']:<12}"
-            f"{last.get('epoch', 0):>6}{_fmt(last.get('acc_eval'), '.3f'):>10}"
-            f"{_fmt(last.get('h_L_norm'), '.3g'):>11}{_fmt(last.get('g_L_norm'), '.3g'):>11}"
-            f"{_fmt(last.get('deep_cos'), '+.3f'):>10}  {verdict}")
+            f"{last.get('epoch', 0):>6}{fmt(last.get('acc_eval'), '.3f'):>10}"
+            f"{fmt(last.get('h_L_norm'), '.3g'):>11}{fmt(last.get('g_L_norm'), '.3g'):>11}"
+            f"{fmt(last.get('deep_cos'), '+.3f'):>10}  {verdict}")
     return "\n".join(lines)

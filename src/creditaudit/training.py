@@ -22,10 +22,19 @@ from creditaudit.config import RunConfig
 from creditaudit.data import Dataset, load_dataset
 from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.epoch import epoch_diagnostics
+from creditaudit.diagnostics.gradients import StateGradients
+from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
 from creditaudit.models.contract import parameter_snapshot
+from creditaudit.protocol import (
+    DIAGNOSTIC_NAMES,
+    WALK_BACK,
+    config_metadata,
+    evaluate_protocol,
+    labels,
+)
 from creditaudit.runs import (
     CHECKPOINT_FILE,
     INIT_FILE,
@@ -38,6 +47,8 @@ from creditaudit.runs import (
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 1024
+# Step sizes of the end-of-run nudging test (SPEC §6).
+NUDGING_ETAS = (0.01, 0.1)
 
 
 @dataclass
@@ -160,10 +171,47 @@ class Trainer:
         entry: dict[str, Any] = {"epoch": epoch, "test_loss": test_loss, "acc_eval": test_acc,
                                  "test_acc": test_acc}
         every = self.config.diagnostics.every
-        if epoch % every == 0 or epoch == self.config.optim.epochs:
-            fields, _ = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+        protocol_due = self._protocol_due(epoch)
+        if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
+            fields, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
             entry.update(fields)
+            if protocol_due:
+                self._record_protocol(entry, sg)
         return entry
+
+    def _protocol_due(self, epoch: int) -> bool:
+        """Every k-th trained epoch, and the final one (epoch 0 only for 0-epoch runs:
+        before any training (d) would compare an untrained net with a trained baseline)."""
+        k = self.config.diagnostics.protocol_every
+        last = epoch == self.config.optim.epochs
+        return k > 0 and ((epoch >= 1 and epoch % k == 0) or last)
+
+    def _record_protocol(self, entry: dict[str, Any], sg: StateGradients) -> None:
+        """The protocol from the epoch's own gradients (no second backward)."""
+        epoch = entry["epoch"]
+        report = evaluate_protocol(
+            sg, headline_acc=entry["acc_eval"], frozen_acc=self.config.diagnostics.frozen_acc,
+            terminal_ln=getattr(self.model, "out_ln", None) is not None,
+            metadata={**config_metadata(self.config), "epoch": epoch})
+        entry["protocol"] = {r.id: r.status for r in report.diagnostics}
+        entry["verdict"] = report.verdict
+        state = self.record["protocol"]
+        first = state.setdefault("first_fired", dict.fromkeys(DIAGNOSTIC_NAMES))
+        for fired in report.fired:
+            if first.get(fired) is None:
+                first[fired] = epoch
+        state.update({"epoch": epoch, "verdict": report.verdict, "fired": report.fired,
+                      "report": report.to_dict()})
+
+    def _walkback_stop(self, entry: dict[str, Any]) -> bool:
+        """With stop_on_walkback: mark the run stopped once the verdict turns."""
+        if not (self.config.diagnostics.stop_on_walkback and entry.get("verdict") == WALK_BACK):
+            return False
+        fired = [i for i, status in entry["protocol"].items() if status == "fired"]
+        self.record["stopped_early"] = {
+            "epoch": entry["epoch"],
+            "reason": f"protocol verdict needs walk-back: {labels(fired)}"}
+        return True
 
     def train_epoch(self, epoch: int) -> dict[str, Any] | None:
         """Train one epoch; returns the epoch's training stats, or None on divergence."""
@@ -220,8 +268,12 @@ class Trainer:
                                                  "non-finite evaluation loss or state norms"}
                     self._write()
                     break
+                stop = self._walkback_stop(entry)
                 self.checkpoint(epoch)
                 self._write()
+                if stop:
+                    self.record["status"] = "completed"
+                    break
             else:
                 self.record["status"] = "completed"
             self._finish()
@@ -254,7 +306,20 @@ class Trainer:
         if self.config.diagnostics.end_of_run:
             self.record["diagnostics"]["drift"] = feature_drift(initial,
                                                                  dict(self.model.named_parameters()))
+            self.record["diagnostics"].update(self._credit_quality())
         self._write()
+
+    def _credit_quality(self) -> dict[str, Any]:
+        """End-of-run credit metrics; a non-finite (diverged) model records why instead."""
+        settings = self.config.diagnostics
+        try:
+            return credit_quality(self.rule, self.eval_x, self.eval_y,
+                                  rho_samples=settings.rho_samples,
+                                  rho_directions=settings.rho_directions,
+                                  null_draws=settings.null_draws, etas=NUDGING_ETAS,
+                                  seed=self.config.run.seed)
+        except NonFiniteModelError as err:
+            return {"credit_quality_error": str(err)}
 
     def _with_lr(self, entry: dict[str, Any], seconds: float) -> dict[str, Any]:
         entry["lr"] = self.optimizer.param_groups[0]["lr"]

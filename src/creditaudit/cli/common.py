@@ -36,6 +36,17 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--threads", "run.threads", {"type": int, "help": "torch CPU threads"}),
     ("--tensorboard", "run.tensorboard", {"metavar": "DIR",
                                           "help": "write per-epoch scalars to DIR"}),
+    ("--frozen-acc", "diagnostics.frozen_acc", {
+        "type": float, "help": "frozen-blocks test accuracy as a fraction (e.g. 0.349) for "
+                               "protocol diagnostic (d)"}),
+]
+# (flag, dotted config key, help) for on/off switches that store one value when given.
+SWITCHES: list[tuple[str, str, bool, str]] = [
+    ("--no-out-ln", "model.out_ln", False, "drop the terminal LayerNorm (model.out_ln=false)"),
+    ("--no-progress", "run.progress", False, "no progress bars (run.progress=false)"),
+    ("--stop-on-walkback", "diagnostics.stop_on_walkback", True,
+     "end the run (status completed, record['stopped_early']) once the protocol verdict turns "
+     "to needs walk-back (diagnostics.stop_on_walkback=true)"),
 ]
 
 
@@ -49,10 +60,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         if "choices" not in kwargs:
             kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
         parser.add_argument(flag, dest=key, default=None, **kwargs)
-    parser.add_argument("--no-out-ln", dest="model.out_ln", action="store_const", const=False,
-                        default=None, help="drop the terminal LayerNorm (model.out_ln=false)")
-    parser.add_argument("--no-progress", dest="run.progress", action="store_const", const=False,
-                        default=None, help="no progress bars (run.progress=false)")
+    for flag, key, value, help_text in SWITCHES:
+        parser.add_argument(flag, dest=key, action="store_const", const=value, default=None,
+                            help=help_text)
     keys = ", ".join(key for key, _, _ in config_help())
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help=f"override any config field, e.g. --set method.penalty=0.01 "
@@ -63,7 +73,7 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     config = load_config(args.config) if args.config else (base or RunConfig())
     overrides = {key: value for _, key, _ in SHORTCUTS
                  if (value := getattr(args, key, None)) is not None}
-    for key in ("model.out_ln", "run.progress"):
+    for _, key, _, _ in SWITCHES:
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     overrides.update(parse_override(item) for item in args.set)

@@ -20,7 +20,9 @@ class Teacher:
     """A fixed random MLP ``in_dim → width (×depth) → n_classes`` with φ_α hidden units.
 
     Weights are N(0, gain²/fan_in) so pre-activations have variance ≈ gain² for unit-variance
-    inputs: with gain 2 tanh units saturate partly, which makes α matter.
+    inputs. Gain 1 (the default) is the standard fan-in scaling; on this task it puts a
+    d=256 L=4 ResidualMLP trained by BP near SPEC §9's sanity band (≈ 0.71 at epoch 8 with
+    50k samples). Gain 2 saturates the tanh units and makes the task much harder.
     """
 
     def __init__(
@@ -32,7 +34,7 @@ class Teacher:
         depth: int,
         alpha: float,
         generator: torch.Generator,
-        gain: float = 2.0,
+        gain: float = 1.0,
     ) -> None:
         dims = [in_dim] + [width] * depth + [n_classes]
         self.alpha = alpha

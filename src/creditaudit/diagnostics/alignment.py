@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from creditaudit.diagnostics.gradients import median_norms
+
 
 def cosine_per_sample(a: Tensor, g: Tensor) -> Tensor:
     """cos(a_i, g_i) per sample in float64: ``(N, d)``, ``(N, d)`` → ``(N,)``.
@@ -40,3 +42,63 @@ def deep_mean(values: list[float]) -> float:
     """Mean over layers l ≥ 1 (the deep layers), ignoring undefined (NaN) layers."""
     deep = [v for v in values[1:] if not math.isnan(v)]
     return sum(deep) / len(deep) if deep else float("nan")
+
+
+def _nanmean(values: Tensor, dim: int) -> Tensor:
+    """Mean over ``dim`` ignoring NaN entries (NaN where every entry is NaN)."""
+    valid = ~torch.isnan(values)
+    total = torch.where(valid, values, torch.zeros_like(values)).sum(dim=dim)
+    count = valid.sum(dim=dim)
+    return torch.where(count > 0, total / count.clamp_min(1),
+                       torch.full_like(total, float("nan")))
+
+
+def _finite_mean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else float("nan")
+
+
+def gamma_aggregations(credits: list[Tensor], grads: list[Tensor]) -> dict[str, float]:
+    """The aggregate alignment Γ under four aggregations, side by side (SPEC §6).
+
+    ``credits[l]`` and ``grads[l]`` are ``(N, d_l)`` per-sample vectors (any scale: cosines
+    are scale-free). With c_il = cos(a_il, g_il) (NaN where either vector is exactly 0):
+
+    - ``layers_then_samples``: per sample, mean of c_il over its defined layers; then mean
+      over samples.
+    - ``samples_then_layers``: per layer, mean of c_il over samples (the per-layer cosine);
+      then mean over layers.
+    - ``pooled``: per sample, one cosine between the concatenations [a_i0; a_i1; …; a_iL] and
+      [g_i0; …; g_iL] of the raw (un-normalised) vectors, then mean over samples. Layers with
+      large vectors dominate it, exactly as in a cosine of flattened whole-network gradients.
+    - ``deep_only``: ``samples_then_layers`` over layers l ≥ 1 (drops the embedding state).
+
+    NaN entries (undefined cosines) are skipped at every mean.
+    """
+    per_sample = torch.stack([cosine_per_sample(a, g) for a, g in zip(credits, grads)], dim=1)
+    by_layer = layer_cosines(credits, grads)
+    pooled = cosine_per_sample(torch.cat([a.flatten(1) for a in credits], dim=1),
+                               torch.cat([g.flatten(1) for g in grads], dim=1))
+    return {
+        "layers_then_samples": float(_nanmean(_nanmean(per_sample, dim=1), dim=0)),
+        "samples_then_layers": _finite_mean(by_layer),
+        "pooled": float(_nanmean(pooled, dim=0)),
+        "deep_only": deep_mean(by_layer),
+    }
+
+
+def layer_cosine_table(credits: list[Tensor], grads: list[Tensor], floor: float
+                       ) -> list[dict[str, float | int | bool]]:
+    """Per-layer cosine with its reference gradient's validity (SPEC §6).
+
+    ``grads[l]`` are ``(N, d)`` per-sample gradients in the 1/128 scale convention.
+    ``g_norm`` is the median per-sample ‖g_l‖; a layer whose ``g_norm`` is below ``floor``
+    keeps its cosine but is marked ``valid_reference: False`` — the number is then measured
+    against a gradient at the numerical floor and means nothing.
+    """
+    rows = []
+    for layer, (cos, g_norm) in enumerate(zip(layer_cosines(credits, grads),
+                                              median_norms(grads))):
+        rows.append({"layer": layer, "cos": cos, "g_norm": g_norm,
+                     "valid_reference": bool(g_norm >= floor)})
+    return rows

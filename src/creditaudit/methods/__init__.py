@@ -8,11 +8,17 @@ from creditaudit.config import MethodConfig
 from creditaudit.errors import ConfigError
 from creditaudit.methods.base import CreditRule, StepResult, rms_normalise
 from creditaudit.methods.bp import BP, Frozen, bp_state_gradients
+from creditaudit.methods.credit_bridge import CreditBridge
 from creditaudit.methods.dfa import DFA
+from creditaudit.methods.ep import EP
 from creditaudit.methods.fa import FA
+from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models.contract import ResidualNet, set_trainable_blocks
 
-RULES: dict[str, type[CreditRule]] = {"bp": BP, "fa": FA, "dfa": DFA, "frozen": Frozen}
+RULES: dict[str, type[CreditRule]] = {
+    "bp": BP, "fa": FA, "dfa": DFA, "frozen": Frozen, "state-bridge": StateBridge,
+    "credit-bridge": CreditBridge, "ep": EP,
+}
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int
@@ -32,5 +38,5 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     return RULES[config.name](model, config, n_classes=n_classes, generator=generator)
 
 
-__all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "RULES", "build_rule",
-           "bp_state_gradients", "rms_normalise"]
+__all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
+           "CreditBridge", "EP", "RULES", "build_rule", "bp_state_gradients", "rms_normalise"]

@@ -1,0 +1,57 @@
+"""Nudging test: does a step against the credit lower the loss? (SPEC §6)
+
+At each deep state the credit is used as a descent direction: h_l ← h_l − η·â_l with
+â the per-sample RMS-normalised credit (the same normalisation the local updates use), and
+the network is run on from state l. A useful credit lowers the mean loss (negative Δ); a
+random one leaves it unchanged to first order. Computed on a float64 copy of the model by
+default, because on a grown residual stream an η = 0.01 step changes the loss by less than
+fp32 resolves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit.diagnostics.perturbation import model_copy
+from creditaudit.methods.base import rms_normalise
+
+DEFAULT_ETAS = (0.01, 0.1)
+
+
+def eta_key(eta: float) -> str:
+    """The record key of a step size: ``0.01`` → ``"0.01"`` (shortest round-trip repr)."""
+    return repr(float(eta))
+
+
+@torch.no_grad()
+def nudging_deltas(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor],
+                   etas: Sequence[float] = (0.01,), layers: Sequence[int] | None = None, *,
+                   dtype: torch.dtype | None = torch.float64) -> dict[str, list[float]]:
+    """Δ mean CE = CE(h_l − η·â_l) − CE(h_l) per step size and layer.
+
+    ``model`` meets the contract; ``x`` ``(N, …)``, ``y`` ``(N,)``; ``credits[l]`` has the
+    full shape of h_l (any scale: only its direction per sample matters after RMS
+    normalisation). ``layers`` defaults to the deep states 1 … L. The loss is the mean
+    per-sample cross-entropy over the N samples (nats). Returns ``{"0.01": [Δ_l for l in
+    layers], …}``; negative Δ means the credit is a descent direction. ``dtype=None`` runs
+    the caller's model as it is (eval mode assumed); otherwise a copy in ``dtype``.
+    """
+    work = model if dtype is None else model_copy(model, dtype)
+    x_in = x.to(dtype) if dtype is not None and x.is_floating_point() else x
+    states, logits = work.forward_states(x_in)
+    before = F.cross_entropy(logits, y)
+    layers = list(range(1, len(states))) if layers is None else list(layers)
+    out: dict[str, list[float]] = {}
+    for eta in etas:
+        deltas = []
+        for layer in layers:
+            h = states[layer]
+            step = rms_normalise(credits[layer].to(device=h.device, dtype=h.dtype))
+            after = F.cross_entropy(work.forward_from(layer, h - eta * step), y)
+            deltas.append(float(after - before))
+        out[eta_key(eta)] = deltas
+    return out

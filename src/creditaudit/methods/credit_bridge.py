@@ -1,0 +1,284 @@
+"""Credit Bridge: credit as the gradient of a learned value of the state (SPEC §4).
+
+A scalar value net V_φ(h_l, l, e) = MLP([LN(h_l), embed(l), e]) (3 hidden layers ×
+``bridge_hidden`` = 256, GELU; per token and summed over tokens for token states) estimates
+the loss still to come from state l. The credit is its input gradient
+
+    a_l = ∇_{h_l} V_φ(h_l, l, e)        (l = 0 … L; batch-mean scale, i.e. ∇ of mean_i V_i),
+
+taken with respect to the state only (no ``.grad`` reaches φ or the model). Training, on
+detached states, one AdamW step (``bridge_lr``) per batch of
+
+- **bridge consistency** (l < L): V(h_l) ≈ softmin_τ over K = ``bridge_copies`` (8) noisy
+  copies of the EMA target V̄(h_{l+1} + ξ_k, l+1, e), ξ_k ~ N(0, σ_i² I) with
+  σ_i = ``bridge_noise`` (0.1) × RMS(h_{l+1,i}) per sample — the noise is relative to the
+  stream's scale because V reads LN(h), which is blind to absolute scale;
+  softmin_τ(v) = −τ·log((1/K)·Σ_k exp(−v_k/τ)) with τ = ``bridge_temperature`` = 0.1 nats
+  (V is anchored in nats, below): well above fp resolution, yet small against the O(1)
+  spread of losses between samples, so the target leans to the best nearby continuation
+  without collapsing to a hard min over 8 draws (τ → ∞ would give their mean);
+- **terminal gradient matching** (l = L): 1 − cos(∇_{h_L}V, ∂CE_i/∂h_L) per sample, i.e.
+  half the MSE between the unit-normalised vectors (scale-free, unlike an eps-guarded RMS
+  normalisation, so it still works when ‖∂CE/∂h_L‖ shrinks to 1e-9 on an exploded stream;
+  the block updates only ever see the RMS-normalised credit anyway); needs create_graph;
+- **terminal value anchor** (l = L): (V(h_L, L, e) − CE_i)², our addition: without it the
+  level of V is free and the consistency targets have no unit.
+
+The three terms are summed with weight 1. The EMA target (decay ``ema_decay`` = 0.995)
+follows φ after every step. During the first ``warmup_fraction`` (0.2) of the epochs
+(ceil(fraction × epochs), at least one when the fraction is > 0) the blocks are trained with
+DFA credit a_l = B_lᵀ e from the rule's own feedback matrices while V is already fitted. The
+record of epoch k shows the credit the rule uses in epoch k + 1 (``bridge_warmup`` says
+whether epoch k itself was a warm-up epoch). Noise comes from the rule's generator (the
+feedback generator, continued), saved with every checkpoint; torch's global RNG is never
+used.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.base import (
+    CreditRule,
+    StepResult,
+    local_forward,
+    local_objective,
+    output_error,
+    state_credit_shape,
+    step_result,
+)
+from creditaudit.methods.dfa import _width, draw_feedback
+from creditaudit.methods.state_bridge import (
+    AUX_WEIGHT_DECAY,
+    BridgeInput,
+    aux_dtype,
+    mlp,
+    seeded_init,
+    split_rows,
+)
+from creditaudit.models.contract import ResidualNet
+
+VALUE_DEPTH = 3
+
+
+class ValueNet(nn.Module):
+    """V(h, l, e) → (N,) per-sample value; token states are scored per token and summed."""
+
+    def __init__(self, d: int, n_layers: int, n_classes: int, *, hidden: int = 256,
+                 depth: int = VALUE_DEPTH) -> None:
+        super().__init__()
+        self.inputs = BridgeInput(d, n_layers, n_classes)
+        self.net = mlp(self.inputs.out_dim, hidden, depth, 1)
+
+    def forward(self, h: Tensor, layer: int | Tensor, e: Tensor) -> Tensor:
+        v = self.net(self.inputs(h, layer, e)).squeeze(-1)
+        return v.flatten(1).sum(dim=1) if v.dim() > 1 else v
+
+
+def soft_min(values: Tensor, temperature: float, dim: int = 0) -> Tensor:
+    """−τ·log(mean_k exp(−v_k/τ)) along ``dim``: between min (τ→0) and mean (τ→∞)."""
+    k = values.shape[dim]
+    return -temperature * (torch.logsumexp(-values / temperature, dim=dim) - math.log(k))
+
+
+def unit_cosine(a: Tensor, b: Tensor) -> Tensor:
+    """Per-sample cosine of flattened a and b, without an eps floor on small norms."""
+    a, b = a.flatten(1), b.flatten(1)
+    tiny = torch.finfo(a.dtype).tiny
+    return (a * b).sum(dim=1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(tiny)
+
+
+class CreditBridge(CreditRule):
+    """Credit a_l = ∇_{h_l} V_φ(h_l, l, e) after a DFA warm-up; V_φ fitted on the fly."""
+
+    name = "credit-bridge"
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator, value: nn.Module | None = None) -> None:
+        super().__init__(model, config, n_classes=n_classes, generator=generator)
+        self.generator = generator
+        self.dtype = aux_dtype(model)
+        d, n_states = _width(model), model.n_blocks + 1
+        # Not called ``feedback``: after the warm-up the credit no longer depends on these
+        # matrices, so the fresh-B null of FA/DFA does not apply.
+        self.warmup_feedback = draw_feedback([(n_classes, d)] * n_states,
+                                             scale=config.feedback_scale, generator=generator)
+        if value is None:
+            with seeded_init(generator):
+                value = ValueNet(d, n_states, n_classes, hidden=config.bridge_hidden)
+        self.value = value.to(self.dtype)
+        self.target = copy.deepcopy(self.value).requires_grad_(False)
+        self.value_optimizer = torch.optim.AdamW(self.value.parameters(), lr=config.bridge_lr,
+                                                 weight_decay=AUX_WEIGHT_DECAY)
+        self.epochs_done = 0
+        self.n_epochs: int | None = None
+        self.sums = self._empty_sums()
+
+    @staticmethod
+    def _empty_sums() -> dict[str, float]:
+        return {"consistency": 0.0, "anchor": 0.0, "terminal_cos": 0.0, "steps": 0.0,
+                "warmup_steps": 0.0}
+
+    # --- warm-up ------------------------------------------------------------------------
+    def in_warmup(self) -> bool:
+        """Whether the next epoch trains with DFA credit."""
+        fraction = self.config.warmup_fraction
+        if fraction <= 0:
+            return False
+        if self.n_epochs is None:  # ceil(fraction × epochs) ≥ 1 whatever the epoch count
+            return True
+        return self.epochs_done < math.ceil(fraction * self.n_epochs - 1e-9)
+
+    # --- credit -------------------------------------------------------------------------
+    def value_credits(self, states: list[Tensor], e: Tensor) -> list[Tensor]:
+        """[∇_{h_l} mean_i V(h_l,i, l, e_i)] for l = 0 … L, all layers in one batch."""
+        batch = e.shape[0]
+        stacked = torch.cat([h.detach().to(self.dtype) for h in states]).requires_grad_(True)
+        layers = torch.arange(len(states), device=stacked.device).repeat_interleave(batch)
+        e_rows = e.to(device=stacked.device, dtype=self.dtype).repeat(len(states), 1)
+        with torch.enable_grad():
+            v = self.value(stacked, layers, e_rows)
+            (grad,) = torch.autograd.grad(v.sum() / batch, stacked)
+        return split_rows(grad.detach(), batch)
+
+    def dfa_credits(self, states: list[Tensor], e: Tensor) -> list[Tensor]:
+        e = e.to(self.dtype)
+        return [state_credit_shape(e @ b.to(device=e.device, dtype=self.dtype), h)
+                for b, h in zip(self.warmup_feedback, states)]
+
+    def rule_credits(self, states: list[Tensor], e: Tensor) -> list[Tensor]:
+        return self.dfa_credits(states, e) if self.in_warmup() else self.value_credits(states, e)
+
+    @torch.no_grad()
+    def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        states, logits = self.model.forward_states(x)
+        return self.rule_credits(states, output_error(logits, y))
+
+    def step_credits(self, states: list[Tensor], e: Tensor, y: Tensor) -> list[Tensor]:
+        """The credits a training step uses (a seam for zero-leak tests)."""
+        return self.rule_credits(states, e)
+
+    # --- fitting V ----------------------------------------------------------------------
+    def consistency_targets(self, states: list[Tensor], e: Tensor) -> Tensor:
+        """softmin_τ over K noisy copies of V̄(h_{l+1} + ξ, l+1, e), rows layer-major (L·B,)."""
+        batch, n_low, k = e.shape[0], len(states) - 1, self.config.bridge_copies
+        nxt = torch.cat([h.detach().to(self.dtype) for h in states[1:]])
+        rms = nxt.flatten(1).pow(2).mean(dim=1).sqrt()
+        sigma = (self.config.bridge_noise * rms).view(1, -1, *([1] * (nxt.dim() - 1)))
+        noise = torch.randn((k, *nxt.shape), generator=self.generator, dtype=self.dtype)
+        noisy = (nxt.unsqueeze(0) + sigma * noise.to(nxt.device)).flatten(0, 1)
+        layers = torch.arange(1, n_low + 1, device=nxt.device).repeat_interleave(batch)
+        e_rows = e.to(device=nxt.device, dtype=self.dtype).repeat(n_low * k, 1)
+        with torch.no_grad():
+            values = self.target(noisy, layers.repeat(k), e_rows).view(k, n_low * batch)
+        return soft_min(values, self.config.bridge_temperature, dim=0)
+
+    def value_losses(self, states: list[Tensor], e: Tensor, y: Tensor,
+                     logits: Tensor) -> dict[str, Tensor]:
+        """The three terms of V's objective on one batch (see the module docstring)."""
+        batch, n_low = e.shape[0], len(states) - 1
+        top = states[-1].detach().to(self.dtype).requires_grad_(True)
+        with torch.enable_grad():
+            h = top.detach().requires_grad_(True)
+            ce = F.cross_entropy(self.model.readout(h), y, reduction="sum")
+            (g_top,) = torch.autograd.grad(ce, h)
+        ce_rows = F.cross_entropy(logits.detach().to(self.dtype), y, reduction="none")
+        v_top = self.value(top, n_low, e.to(self.dtype))
+        (grad_v,) = torch.autograd.grad(v_top.sum(), top, create_graph=True)
+        cos = unit_cosine(grad_v, g_top.detach())
+        losses = {"anchor": (v_top - ce_rows).pow(2).mean(),
+                  "terminal_cos": cos.detach().mean(),
+                  "match": (1.0 - cos).mean()}
+        if n_low > 0:
+            targets = self.consistency_targets(states, e)
+            low = torch.cat([h.detach().to(self.dtype) for h in states[:-1]])
+            layers = torch.arange(n_low, device=low.device).repeat_interleave(batch)
+            v_low = self.value(low, layers, e.to(self.dtype).repeat(n_low, 1))
+            losses["consistency"] = (v_low - targets).pow(2).mean()
+        else:
+            losses["consistency"] = top.new_zeros(())
+        return losses
+
+    def fit_value(self, states: list[Tensor], e: Tensor, y: Tensor, logits: Tensor) -> None:
+        """One AdamW step of φ, then the EMA update of the target."""
+        with torch.enable_grad():
+            losses = self.value_losses(states, e, y, logits)
+            loss = losses["consistency"] + losses["anchor"] + losses["match"]
+        self.value_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.value_optimizer.step()
+        decay = self.config.ema_decay
+        with torch.no_grad():
+            for p_target, p in zip(self.target.parameters(), self.value.parameters()):
+                p_target.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+        for key in ("consistency", "anchor", "terminal_cos"):
+            self.sums[key] += float(losses[key].detach())
+        self.sums["steps"] += 1
+
+    # --- training -----------------------------------------------------------------------
+    def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            local = local_forward(self.model, x)
+        e = output_error(local.logits, y)
+        warmup = self.in_warmup()
+        credits = self.step_credits(local.states, e, y)
+        with self.autocast():
+            objective, ce = local_objective(self.model, local, credits, y, self.config.penalty)
+        result = step_result(ce, local.logits, y, local.states[-1])
+        if result.finite:
+            self.fit_value(local.states, e, y, local.logits)
+            self.sums["warmup_steps"] += float(warmup)
+            objective.backward()
+            optimizer.step()
+        return result
+
+    def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
+        steps = self.sums["steps"]
+
+        def mean(key: str) -> float:
+            return self.sums[key] / steps if steps else float("nan")
+
+        out = {"bridge_consistency_error": mean("consistency"),
+               "bridge_anchor_error": mean("anchor"),
+               "bridge_terminal_cos": mean("terminal_cos"),
+               "bridge_warmup": 1.0 if steps and self.sums["warmup_steps"] == steps else 0.0}
+        self.epochs_done, self.n_epochs = epoch, n_epochs
+        self.sums = self._empty_sums()
+        return out
+
+    # --- persistence --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "warmup_feedback": [b.clone() for b in self.warmup_feedback],
+            "value": self.value.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.value_optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "epochs_done": self.epochs_done,
+            "n_epochs": self.n_epochs,
+            "sums": dict(self.sums),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.warmup_feedback = [b.clone() for b in state["warmup_feedback"]]
+        self.value.load_state_dict(state["value"])
+        self.target.load_state_dict(state["target"])
+        # a copy: Optimizer.load_state_dict would share a live state's moment tensors
+        self.value_optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.generator.set_state(state["generator"].cpu())
+        self.epochs_done, self.n_epochs = state["epochs_done"], state["n_epochs"]
+        self.sums = dict(state["sums"])
+
+    def to(self, device: torch.device) -> CreditBridge:
+        self.warmup_feedback = [b.to(device) for b in self.warmup_feedback]
+        self.value.to(device)
+        self.target.to(device)
+        return self

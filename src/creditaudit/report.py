@@ -1,0 +1,182 @@
+"""Rendering of protocol reports: plain text, Markdown (SPEC §5 template) and LaTeX.
+
+JSON is :meth:`DiagnosticReport.to_json`; everything here only formats numbers a report
+already holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from creditaudit.protocol import (
+    CREDIT_FORMULAS,
+    HEADLINE_GAMMA,
+    DiagnosticResult,
+    block_growths,
+    labels,
+)
+
+if TYPE_CHECKING:
+    from creditaudit.protocol import DiagnosticReport
+
+
+def fmt(value: Any, spec: str = ".3g") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return format(value, spec)
+
+
+def _threshold_text(result: DiagnosticResult) -> str:
+    op = {"a": ">", "b": "<", "c": ">", "d": "<"}[result.id]
+    unit = {"a": "×", "d": " pp"}.get(result.id, "")
+    return f"{op} {result.threshold:g}{unit}"
+
+
+def _value_text(result: DiagnosticResult) -> str:
+    if result.value is None:
+        return "—"
+    if result.id == "d":
+        return f"{result.value:+.2f} pp"
+    if result.id == "c":
+        return f"{result.value:.3f}"
+    return f"{result.value:.3g}"
+
+
+def _latex_escape(text: str) -> str:
+    for char in ("\\", "&", "%", "_", "#", "$"):
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
+    """Per-layer cells: layer, ‖h_l‖, growth into l, ‖g_l‖, cos, flags."""
+    growths = block_growths(report.hidden_norms)
+    cosines = report.layer_cosines or []
+    rows = []
+    for layer, (h, g) in enumerate(zip(report.hidden_norms, report.grad_norms)):
+        growth = growths[layer - 1] if layer > 0 else None
+        flags = []
+        if growth is not None and growth > report.thresholds.growth:
+            flags.append("growth > threshold")
+        if g < report.thresholds.grad_floor:
+            flags.append("‖g‖ below floor: invalid reference")
+        cos = cosines[layer]["cos"] if layer < len(cosines) else None
+        rows.append((str(layer), fmt(h), fmt(growth, ".3g"), fmt(g), fmt(cos, "+.3f"),
+                     ", ".join(flags)))
+    return rows
+
+def render_text(report: DiagnosticReport) -> str:
+    """A readable plain-text table (what ``str(report)`` prints)."""
+    meta = report.metadata
+    lines = [f"creditaudit protocol — {meta.get('model', 'model')}"
+             f" ({meta.get('method') or 'no credit'}), {meta.get('n_samples', '?')} "
+             "evaluation samples"]
+    header = f"  {'id':<4} {'diagnostic':<32} {'value':>12} {'fires when':>12}  status"
+    lines += [header, "  " + "-" * (len(header) - 2)]
+    for r in report.diagnostics:
+        lines.append(f"  {r.label:<4} {r.name:<32} {_value_text(r):>12} "
+                     f"{_threshold_text(r):>12}  {r.status.upper()}")
+        lines.append(f"       {r.reason}")
+    lines.append(f"verdict: {report.verdict_text}")
+    lines.append("")
+    lines.append(f"  {'layer':>5} {'‖h_l‖':>10} {'growth':>8} {'‖g_l‖':>10} "
+                 f"{'cos':>7}  flags")
+    for row in layer_rows(report):
+        lines.append(f"  {row[0]:>5} {row[1]:>10} {row[2]:>8} {row[3]:>10} {row[4]:>7}  "
+                     f"{row[5]}")
+    if report.gamma is not None:
+        lines.append("Γ: " + ", ".join(f"{k} {fmt(v, '+.3f')}"
+                                        for k, v in report.gamma.items()))
+    lines.extend(metrics_lines(report.metrics))
+    return "\n".join(lines)
+
+def render_markdown(report: DiagnosticReport) -> str:
+    """The SPEC §5 reporting-template row, the diagnostics and a per-layer table."""
+    meta = report.metadata
+    d = report.diagnostic("d")
+    c = report.diagnostic("c")
+    per_layer_gamma = (", ".join(fmt(row["cos"], "+.2f") for row in report.layer_cosines)
+                       if report.layer_cosines else "—")
+    gamma = (f"{fmt(report.headline_gamma, '+.3f')} ({HEADLINE_GAMMA.replace('_', ' ')})"
+             if report.gamma else "—")
+    frozen = meta.get("frozen_acc")
+    frozen_text = ("not given" if frozen is None else
+                   f"{frozen:.3f} ({_value_text(d)})")
+    method = meta.get("method") or "—"
+    row = [method, CREDIT_FORMULAS.get(method, meta.get("credit_formula", "—")),
+           meta.get("arch", meta.get("model", "—")), fmt(meta.get("terminal_ln")),
+           str(meta.get("dataset", "—")), str(meta.get("seeds", "—")),
+           str(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),
+           gamma, per_layer_gamma, _value_text(c), frozen_text, report.verdict_text]
+    out = [
+        "| method | credit | architecture | terminal LN | dataset | seeds | feedback seed "
+        "| test acc | Γ (aggregation) | per-layer Γ | (c) | frozen acc (margin) | verdict |",
+        "|" + "---|" * len(row),
+        "| " + " | ".join(row) + " |",
+        "",
+        "| id | diagnostic | value | fires when | status | reason |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report.diagnostics:
+        out.append(f"| {r.label} | {r.name} | {_value_text(r)} | {_threshold_text(r)} | "
+                   f"{r.status} | {r.reason} |")
+    out += ["", f"**Verdict: {report.verdict_text}**", "",
+            f"Per layer (medians over {meta.get('n_samples', '?')} samples; ‖g_l‖ as "
+            "(1/128)·∂CE_i/∂h_l):", "",
+            "| layer | ‖h_l‖ | growth into l | ‖g_l‖ | cos(a_l, g_l) | flags |",
+            "|---|---|---|---|---|---|"]
+    out += ["| " + " | ".join(row) + " |" for row in layer_rows(report)]
+    if report.gamma is not None:
+        out += ["", "| Γ aggregation | value |", "|---|---|"]
+        out += [f"| {k} | {fmt(v, '+.3f')} |" for k, v in report.gamma.items()]
+    metric_lines = metrics_lines(report.metrics)
+    if metric_lines:
+        out += ["", "```", *metric_lines, "```"]
+    return "\n".join(out)
+
+def render_latex(report: DiagnosticReport) -> str:
+    """One table row: method & arch & acc & Γ & a & b & c & d & verdict \\\\."""
+    meta = report.metadata
+    cells = [_latex_escape(str(meta.get("method") or "—")),
+             _latex_escape(str(meta.get("arch", meta.get("model", "—")))),
+             fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
+    for r in report.diagnostics:
+        text = "n/e" if r.value is None else _latex_escape(_value_text(r))
+        cells.append(f"\\textbf{{{text}}}" if r.fired else text)
+    cells.append(_latex_escape(report.verdict + (f" {labels(report.fired)}"
+                                               if report.fired else "")))
+    return " & ".join(cells) + " \\\\"
+
+
+def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
+    """A few plain lines summarising the credit-quality block, controls beside each metric."""
+    if not metrics:
+        return []
+
+    def row(values: Sequence[float] | None) -> str:
+        return "[" + ", ".join(fmt(v, "+.3f") for v in values or []) + "]"
+
+    lines = ["credit quality (controls: BP positive, random negative):",
+             f"  cos per layer   {row(metrics.get('bp_cosine'))}  random "
+             f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
+    if "perturbation_rho" in metrics:
+        controls = metrics.get("rho_controls", {})
+        lines.append(f"  ρ per layer     {row(metrics['perturbation_rho'])}  BP "
+                     f"{row(controls.get('bp'))}  random {row(controls.get('random'))}")
+        if not all(metrics.get("rho_measurable", [True])):
+            lines.append("  ρ unmeasurable where the BP control < 0.9: "
+                         f"{metrics.get('rho_measurable')}")
+    for eta, deltas in metrics.get("nudging", {}).items():
+        bp = metrics.get("nudging_controls", {}).get("bp", {}).get(eta)
+        lines.append(f"  nudging η={eta}  Δ {[fmt(v, '+.2e') for v in deltas]}  BP "
+                     f"{[fmt(v, '+.2e') for v in bp or []]}")
+    null = metrics.get("fresh_b_null")
+    if null:
+        lines.append(f"  fresh-B null    deep cos {null['training_value']:+.4f} (training B) vs "
+                     f"{null['mean']:+.4f} ± {null['std']:.4f} over {null['n']} draws "
+                     f"(z = {null['z']:.1f})")
+    return lines

@@ -1,0 +1,121 @@
+"""``creditaudit audit``: reports from finished runs, --frozen, formats and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.runs import CHECKPOINT_FILE, RECORD_FILE
+
+TINY = {"data.n_train": 256, "data.n_test": 1024, "data.in_dim": 16, "model.d": 16,
+        "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "diagnostics.rho_samples": 64, "diagnostics.rho_directions": 4,
+        "diagnostics.null_draws": 3, "run.progress": False}
+
+
+def _train(out_dir, **overrides):
+    from creditaudit.training import train
+
+    config = RunConfig().replace(**{**TINY, "run.out_dir": str(out_dir), **overrides})
+    return train(config)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audit_runs")
+    dfa = _train(root, **{"method.name": "dfa"})
+    frozen = _train(root, **{"method.name": "frozen"})
+    other_arch = _train(root, **{"method.name": "frozen", "model.n_blocks": 3})
+    return {"dfa": dfa, "frozen": frozen, "other_arch": other_arch}
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("creditaudit: error:")
+    return err
+
+
+def test_audit_json_has_the_four_diagnostics(runs, capsys):
+    record = runs["dfa"].record
+    assert main(["audit", str(runs["dfa"].run_dir), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["diagnostics"]) == {"a", "b", "c", "d"}
+    assert report["verdict"] in ("trustworthy", "needs walk-back")
+    assert report["diagnostics"]["d"]["status"] == "not evaluated"
+    assert report["metadata"]["headline_acc"] == pytest.approx(record["log"][-1]["acc_eval"])
+    assert report["metadata"]["method"] == "dfa" and report["metadata"]["epoch"] == 1
+    # The live audit sees what training recorded at the same epoch.
+    assert report["hidden_norms"] == pytest.approx(record["log"][-1]["hidden_norms"], rel=1e-5)
+    assert report["metrics"]["fresh_b_null"]["n"] == 3
+    assert len(report["layer_cosines"]) == 3
+
+
+def test_audit_frozen_as_fraction_or_run(runs, capsys):
+    dfa = str(runs["dfa"].run_dir / RECORD_FILE)
+    assert main(["audit", dfa, "--frozen", "0.349", "--format", "json", "--no-metrics"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    headline = report["metadata"]["headline_acc"]
+    assert report["diagnostics"]["d"]["value"] == pytest.approx(100 * (headline - 0.349))
+    assert report["metrics"] is None
+    frozen_run = str(runs["frozen"].run_dir)
+    assert main(["audit", dfa, "--frozen", frozen_run, "--format", "json", "--no-metrics"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["metadata"]["frozen_acc"] == pytest.approx(
+        runs["frozen"].record["final"]["test_acc"])
+
+
+@pytest.mark.parametrize("frozen", ["34.9", "-0.1", "nan"])
+def test_audit_rejects_accuracies_outside_unit_interval(runs, capsys, frozen):
+    assert main(["audit", str(runs["dfa"].run_dir), "--frozen", frozen, "--no-metrics"]) == 2
+    assert "fraction in [0, 1]" in _one_line_error(capsys)
+
+
+def test_audit_rejects_a_frozen_run_of_another_architecture(runs, capsys):
+    code = main(["audit", str(runs["dfa"].run_dir), "--frozen",
+                 str(runs["other_arch"].run_dir), "--no-metrics"])
+    assert code == 2
+    assert "model.n_blocks" in _one_line_error(capsys)
+
+
+def test_audit_formats_and_output_file(runs, capsys, tmp_path):
+    run_dir = str(runs["dfa"].run_dir)
+    assert main(["audit", run_dir, "--format", "latex", "--no-metrics"]) == 0
+    row = capsys.readouterr().out.strip()
+    assert row.endswith(r"\\") and row.startswith("dfa & ")
+    out = tmp_path / "report.md"
+    assert main(["audit", run_dir, "--format", "md", "--no-metrics", "--output", str(out)]) == 0
+    assert "report:" in capsys.readouterr().out
+    text = out.read_text()
+    assert text.startswith("| method |") and "| (d) | depth utility |" in text
+    assert main(["audit", run_dir, "--no-metrics"]) == 0
+    assert "verdict:" in capsys.readouterr().out
+
+
+def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["audit", str(tmp_path / "nope")]) == 2
+    assert "no run record" in _one_line_error(capsys)
+
+
+def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(runs["dfa"].run_dir, copy)
+    (copy / CHECKPOINT_FILE).unlink()
+    assert main(["audit", str(copy)]) == 2
+    assert "no checkpoint" in _one_line_error(capsys)
+    (copy / RECORD_FILE).write_text('{"schema": "creditaudit.run/1", "log": [')
+    assert main(["audit", str(copy)]) == 2
+    assert "truncated or not JSON" in _one_line_error(capsys)
+
+
+def test_audit_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--frozen", "--format", "--output", "--metrics", "--no-metrics", "RUN"):
+        assert option in text

@@ -1,0 +1,293 @@
+"""Equilibrium Propagation: the credit tends to BP's gradient as β → 0, the weight update is
+the contrastive energy difference, block updates are local, and runs resume exactly."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from creditaudit.config import MethodConfig, RunConfig
+from creditaudit.diagnostics.alignment import layer_cosines
+from creditaudit.methods import EP, build_rule
+from creditaudit.methods.bp import bp_state_gradients
+from creditaudit.models import ResidualMLP, ViTMini
+from creditaudit.runs import CHECKPOINT_FILE, comparable, load_record
+from creditaudit.training import Trainer, train
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+F64 = torch.float64
+C = 4
+
+
+def mlp(seed: int = 0, *, w2_std: float = 0.1, d: int = 8, n_blocks: int = 3, **kw
+        ) -> ResidualMLP:
+    torch.manual_seed(seed)
+    return ResidualMLP(in_dim=6, d=d, n_classes=C, n_blocks=n_blocks, w2_std=w2_std,
+                       **kw).double()
+
+
+def batch(n: int = 8, seed: int = 1) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=gen, dtype=F64), torch.randint(0, C, (n,), generator=gen)
+
+
+def ep_rule(model, **kw) -> EP:
+    rule = build_rule(model, MethodConfig(name="ep", **kw), n_classes=C, seed=7)
+    assert isinstance(rule, EP)
+    return rule
+
+
+def mean_cos(a: list[Tensor], g: list[Tensor]) -> float:
+    values = layer_cosines(a, g)
+    return sum(values) / len(values)
+
+
+def grads_after_step(rule, x, y) -> dict[str, Tensor | None]:
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=0.0)
+    assert rule.train_step(x, y, optimizer).finite
+    return {n: None if p.grad is None else p.grad.clone()
+            for n, p in rule.model.named_parameters()}
+
+
+# --- the credit ---------------------------------------------------------------------------
+def test_ep_credit_approaches_bp_gradient_as_beta_shrinks():
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    g = bp_state_gradients(model, x, y)
+    cosines = [mean_cos(rule.credits(x, y, beta=beta, steps=600, step_size=0.2), g)
+               for beta in (1.0, 0.1, 0.01)]
+    assert cosines[0] < cosines[1] < cosines[2], cosines
+    assert cosines[2] > 0.99, cosines
+    assert cosines[0] < 0.9  # β = 1 is visibly biased: the test can tell the regimes apart
+
+
+def test_state_displacement_is_forward_propagated_credit_not_the_gradient():
+    """(h^free − h^nudged)/β = J⁻¹·a: equal to the credit at l = 0 only (module docstring)."""
+    model = mlp(w2_std=0.3)
+    rule = ep_rule(model)
+    x, y = batch()
+    g = bp_state_gradients(model, x, y)
+    kw = {"beta": 1e-4, "steps": 800, "step_size": 0.1}
+    credit = rule.credits(x, y, **kw)
+    shift = rule.displacement_credits(x, y, **kw)  # the same (deterministic) relaxation
+    assert torch.allclose(shift[0], credit[0], rtol=1e-12, atol=0)
+    assert min(layer_cosines(credit, g)) > 0.99
+    assert layer_cosines(shift, g)[-1] < 0.99
+    # J⁻¹ a, computed forwards: s_0 = a_0, s_{l+1} = (I + ∂f_l/∂h_l) s_l + a_{l+1}
+    # (a first-order identity: it holds up to O(β) relative terms)
+    states, _ = model.forward_states(x)
+    s = credit[0]
+    for index, block in enumerate(model.blocks):
+        h = states[index].detach()
+        _, jvp = torch.autograd.functional.jvp(block, h, s)
+        s = s + jvp + credit[index + 1]
+        assert float((shift[index + 1] - s).norm() / s.norm()) < 1e-3, index
+
+
+def test_relaxation_lowers_the_nudged_free_energy_and_keeps_free_states():
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    states, _ = model.forward_states(x)
+    relaxation = rule.relax(states, y)
+    assert relaxation.grad_ratio < 1.0
+    for free, h in zip(relaxation.states, states):
+        assert torch.equal(free, h.detach())
+    # residuals are the displacement-form r_l of the nudged states
+    nudged = [h + d for h, d in zip(relaxation.states, relaxation.deltas)]
+    for index, block in enumerate(model.blocks):
+        literal = nudged[index + 1] - nudged[index] - block(nudged[index])
+        assert torch.allclose(relaxation.residuals[index + 1], literal.detach(), atol=1e-12)
+    assert torch.equal(relaxation.residuals[0], relaxation.deltas[0])
+
+
+def test_credits_leave_parameters_grads_and_rng_alone():
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    credits = rule.credits(x, y)
+    assert [a.shape for a in credits] == [h.shape for h in model.forward_states(x)[0]]
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_exploded_stream_keeps_its_credit_in_fp32():
+    """Displacement form: a nudge 1e-13 × ‖h‖ survives fp32 (module docstring)."""
+    torch.manual_seed(0)
+    model = ResidualMLP(6, 16, C, 3)
+    with torch.no_grad():
+        model.embed.weight.mul_(1e6)
+        model.embed.bias.mul_(1e6)
+    x, y = batch()
+    twin = copy.deepcopy(model).double()
+    g = bp_state_gradients(twin, x, y)
+    assert float(g[-1].norm(dim=1).median()) < 1e-6
+    credits = ep_rule(model).credits(x.float(), y)
+    assert min(layer_cosines(credits, g)) > 0.99
+
+
+def test_backoff_keeps_a_too_large_step_size_stable():
+    model = mlp(w2_std=0.3)
+    rule = ep_rule(model)
+    x, y = batch()
+    states, _ = model.forward_states(x)
+    stiff = rule.relax(states, y, steps=60, step_size=4.0)  # far beyond 2/λ_max
+    assert stiff.final_step_size < 4.0 and stiff.grad_ratio < 1.0
+    assert all(torch.isfinite(r).all() for r in stiff.residuals)
+
+
+# --- the weight update --------------------------------------------------------------------
+def literal_energy(model, x: Tensor, states: list[Tensor]) -> Tensor:
+    """E = ½‖h_0 − embed(x)‖² + ½Σ‖h_{l+1} − h_l − f_l(h_l)‖², summed over the batch."""
+    energy = 0.5 * (states[0] - model.embed(x)).pow(2).sum()
+    for index, block in enumerate(model.blocks):
+        r = states[index + 1] - states[index] - block(states[index])
+        energy = energy + 0.5 * r.pow(2).sum()
+    return energy
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.05])
+def test_weight_update_is_contrastive_energy_difference(penalty):
+    model = mlp(w2_std=0.3)
+    rule = ep_rule(model, penalty=penalty, ep_steps=50)
+    x, y = batch()
+    reference = copy.deepcopy(model)
+    states, _ = reference.forward_states(x)
+    states = [h.detach() for h in states]
+    relaxation = rule.relax(states, y)
+    nudged = [h + d for h, d in zip(relaxation.states, relaxation.deltas)]
+    beta, n = rule.beta, x.shape[0]
+    contrast = (literal_energy(reference, x, nudged) - literal_energy(reference, x, states))
+    objective = contrast / (beta * n)
+    objective = objective + F.cross_entropy(reference.readout(states[-1]), y)
+    for index, block in enumerate(reference.blocks):
+        objective = objective + penalty * block(states[index]).pow(2).sum(1).mean()
+    names = [name for name, _ in reference.named_parameters()]
+    want = dict(zip(names, torch.autograd.grad(objective, list(reference.parameters()))))
+    got = grads_after_step(rule, x, y)
+    for name in names:
+        assert torch.allclose(got[name], want[name], rtol=1e-7, atol=1e-12), name
+
+
+def test_readout_trained_by_exact_local_ce():
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    reference = copy.deepcopy(model)
+    states, _ = reference.forward_states(x)
+    ce = F.cross_entropy(reference.readout(states[-1].detach()), y)
+    want = torch.autograd.grad(ce, [reference.out_head.weight, reference.out_ln.weight])
+    got = grads_after_step(rule, x, y)
+    assert torch.allclose(got["out_head.weight"], want[0], rtol=1e-12)
+    assert torch.allclose(got["out_ln.weight"], want[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_block_update_depends_only_on_its_own_credit(layer):
+    x, y = batch()
+
+    def grads(zero_own: bool, flip_others: bool) -> dict[str, Tensor | None]:
+        rule = ep_rule(mlp())
+        original = rule.credits_from
+
+        def patched(relaxation, batch_size, beta=None):
+            credits = [(-a if flip_others else a) for a in original(relaxation, batch_size, beta)]
+            if zero_own:
+                credits[layer + 1] = torch.zeros_like(credits[layer + 1])
+            elif flip_others:
+                credits[layer + 1] = -credits[layer + 1]  # keep its own credit as it was
+            return credits
+
+        rule.credits_from = patched
+        return grads_after_step(rule, x, y)
+
+    base, zeroed, others = grads(False, False), grads(True, False), grads(False, True)
+    prefix = f"blocks.{layer}."
+    for name, g in zeroed.items():
+        if name.startswith(prefix):
+            assert torch.count_nonzero(g) == 0, name
+            assert torch.equal(others[name], base[name]), name  # others' credits are irrelevant
+        else:
+            assert torch.equal(g, base[name]), name
+
+
+# --- other architectures ------------------------------------------------------------------
+def test_token_states_give_token_credits():
+    torch.manual_seed(0)
+    model = ViTMini(n_classes=C, d=16, n_blocks=1, heads=2, mlp_ratio=2).double()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 32, 32, generator=gen, dtype=F64)
+    y = torch.tensor([0, 3])
+    rule = ep_rule(model)
+    states, _ = model.forward_states(x)
+    # the near-zero CLS token of a fresh ViT makes its energy stiff: relax longer
+    credits = rule.credits(x, y, beta=1e-3, steps=200)
+    assert [a.shape for a in credits] == [h.shape for h in states]
+    g = bp_state_gradients(model, x, y)
+    assert min(layer_cosines([a.flatten(1) for a in credits], [b.flatten(1) for b in g])) > 0.8
+    assert grads_after_step(rule, x, y)["blocks.0.w1.weight"].abs().sum() > 0
+
+
+# --- persistence and resume ---------------------------------------------------------------
+def test_state_dict_round_trip():
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    grads_after_step(rule, x, y)
+    twin = ep_rule(mlp(seed=5))
+    twin.load_state_dict(copy.deepcopy(rule.state_dict()))
+    assert twin.state_dict() == rule.state_dict()
+    assert twin.end_epoch(1, 3) == rule.end_epoch(1, 3)
+
+
+TINY_RUN = {
+    "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "model.d": 16,
+    "model.n_blocks": 2, "optim.epochs": 3, "optim.batch_size": 64,
+    "diagnostics.eval_samples": 128, "run.progress": False, "method.name": "ep",
+}
+
+
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, monkeypatch):
+    def config(out: Path) -> RunConfig:
+        return RunConfig().replace(**{**TINY_RUN, "run.out_dir": str(out)})
+
+    straight = train(config(tmp_path / "a"))
+    original = Trainer.train_epoch
+
+    def killed_at_epoch_2(self, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path / "b"))
+    monkeypatch.setattr(Trainer, "train_epoch", original)
+    run_dir = tmp_path / "b" / straight.record["run_id"]
+    assert load_record(run_dir)["status"] == "interrupted"
+    resumed = train(config(tmp_path / "b"), resume=True).record
+
+    def semantic(record):
+        out = copy.deepcopy(comparable(record))
+        out["config"]["run"].pop("out_dir", None)
+        return out
+
+    assert straight.status == resumed["status"] == "completed"
+    assert semantic(resumed) == semantic(straight.record)
+    assert all("ep_relax_grad_ratio" in e for e in straight.record["log"][1:])
+    a = torch.load(straight.run_dir / CHECKPOINT_FILE, weights_only=False)
+    b = torch.load(run_dir / CHECKPOINT_FILE, weights_only=False)
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["rule"] == b["rule"]

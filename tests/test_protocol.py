@@ -1,0 +1,381 @@
+"""The four-diagnostic protocol: statistics by hand, verdicts, renderers, diagnose(), training."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from creditaudit.config import MethodConfig, RunConfig
+from creditaudit.diagnostics.gradients import StateGradients
+from creditaudit.errors import ConfigError, ModelContractError
+from creditaudit.methods import build_rule
+from creditaudit.models import ResidualMLP
+from creditaudit.protocol import (
+    CAUSE_FLOOR,
+    CAUSE_LN,
+    CAUSE_SATURATION,
+    NO_FROZEN_REASON,
+    DiagnosticReport,
+    cross_batch_stability,
+    diagnose,
+    evaluate_protocol,
+)
+from creditaudit.runs import CHECKPOINT_FILE
+
+
+def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
+            g_norms=(1e-3, 1e-3, 1e-3, 1e-3, 1e-3), common_at: int | None = None,
+            seed: int = 0) -> StateGradients:
+    """States/gradients with every sample's norm set exactly; random directions.
+
+    ``common_at``: give the gradients at that layer a shared direction (fires (c)).
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def rows(norm: float, common: bool = False) -> torch.Tensor:
+        v = torch.randn(n, d, generator=gen, dtype=torch.float64)
+        if common:
+            v = v + 3.0 * torch.ones(d, dtype=torch.float64)
+        return (v / v.norm(dim=1, keepdim=True) * norm).float()
+
+    states = [rows(h) for h in h_norms]
+    grads = [rows(g, common=(layer == common_at)) for layer, g in enumerate(g_norms)]
+    logits = torch.zeros(n, 10)
+    return StateGradients(states=states, grads=grads, logits=logits, losses=torch.zeros(n))
+
+
+# --- the statistics by hand ---------------------------------------------------------------
+def test_growth_and_norms_match_hand_computation():
+    # Sample i at layer l is s_l · k_i · [1, 2, 2, 0]: per-sample norm 3·s_l·k_i.
+    k = torch.tensor([5.0, 1.0, 4.0, 2.0, 3.0])
+    base = torch.tensor([1.0, 2.0, 2.0, 0.0])
+    scales = [1.0, 2.0, 200.0, 300.0]
+    states = [s * k[:, None] * base for s in scales]
+    sg = StateGradients(states=states, grads=[torch.ones(5, 4) * 1e-3] * 4,
+                        logits=torch.zeros(5, 3), losses=torch.zeros(5))
+    report = evaluate_protocol(sg, headline_acc=None, frozen_acc=None)
+    assert report.hidden_norms == pytest.approx([9.0 * s for s in scales])
+    a = report.diagnostic("a")
+    assert a.value == pytest.approx(100.0)  # 2 → 200 is the largest single-block growth
+    assert a.details["block"] == 1
+    assert a.details["block_growth"] == pytest.approx([2.0, 100.0, 1.5])
+    assert a.status == "fired"
+    assert report.grad_norms == pytest.approx([2e-3] * 4)
+
+
+def test_norms_are_per_sample_l2_over_features_not_l_minus_one():
+    # x.norm(-1) would be the L₋₁ norm of the whole tensor: (Σ|x|⁻¹)⁻¹ = 1/(N·d) here.
+    n, d = 9, 16
+    states = [torch.ones(n, d), torch.ones(n, d) * 3.0]
+    grads = [torch.full((n, d), 1e-4), torch.full((n, d), 1e-4)]
+    sg = StateGradients(states=states, grads=grads, logits=torch.zeros(n, 2),
+                        losses=torch.zeros(n))
+    report = evaluate_protocol(sg, headline_acc=None, frozen_acc=None)
+    assert report.hidden_norms == pytest.approx([4.0, 12.0])
+    assert report.grad_norms == pytest.approx([4e-4, 4e-4])
+    assert report.diagnostic("b").value == pytest.approx(4e-4)
+    wrong = float(states[0].norm(-1))
+    assert wrong == pytest.approx(1 / (n * d))
+    assert report.hidden_norms[0] != pytest.approx(wrong)
+
+
+def test_reference_gradient_median_zero_fraction_and_nonzero_median():
+    grad_last = torch.zeros(7, 3)
+    grad_last[4] = torch.tensor([2e-3, 0.0, 0.0])
+    grad_last[5] = torch.tensor([0.0, 1e-3, 0.0])
+    grad_last[6] = torch.tensor([0.0, 0.0, 3e-3])
+    sg = StateGradients(states=[torch.ones(7, 3)] * 2, grads=[torch.ones(7, 3), grad_last],
+                        logits=torch.zeros(7, 2), losses=torch.zeros(7))
+    b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
+                          terminal_ln=True).diagnostic("b")
+    # Sorted norms [0, 0, 0, 0, 1e-3, 2e-3, 3e-3]: median 0, 4/7 zero, median of rest 2e-3.
+    assert b.value == 0.0
+    assert b.details["zero_fraction"] == pytest.approx(4 / 7)
+    assert b.details["nonzero_median"] == pytest.approx(2e-3)
+    assert b.status == "fired"
+    assert b.details["cause"] == CAUSE_SATURATION  # saturation wins even with an LN
+
+
+@pytest.mark.parametrize(("terminal_ln", "h_last", "cause"), [
+    (True, 5.0, CAUSE_LN), (False, 5e4, CAUSE_FLOOR), (None, 5e4, CAUSE_LN),
+    (None, 5.0, CAUSE_FLOOR)])
+def test_reference_cause_without_saturation(terminal_ln, h_last, cause):
+    sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, h_last),
+                 g_norms=(1e-3, 1e-3, 1e-3, 1e-3, 1e-9))
+    b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
+                          terminal_ln=terminal_ln).diagnostic("b")
+    assert b.status == "fired" and b.value == pytest.approx(1e-9)
+    assert b.details["zero_fraction"] == 0.0
+    assert b.details["cause"] == cause
+    assert cause in b.reason
+
+
+def test_stability_is_mean_pairwise_cosine_of_normalised_batch_means_k8():
+    gen = torch.Generator().manual_seed(3)
+    grad = torch.randn(8 * 128, 6, generator=gen, dtype=torch.float64) + 0.15
+    units = []
+    for k in range(8):
+        mean = grad[k * 128:(k + 1) * 128].mean(dim=0)
+        units.append(mean / mean.norm())
+    pairs = [float(units[i] @ units[j]) for i, j in itertools.combinations(range(8), 2)]
+    assert len(pairs) == 28
+    value, k = cross_batch_stability(grad.float(), 128)
+    assert k == 8
+    assert value == pytest.approx(sum(pairs) / 28, abs=1e-6)
+
+
+def test_stability_reads_state_l_half_and_needs_eight_batches():
+    fired = evaluate_protocol(make_sg(common_at=2), headline_acc=None, frozen_acc=None)
+    assert fired.diagnostic("c").details["layer"] == 2
+    assert fired.diagnostic("c").status == "fired" and fired.diagnostic("c").value > 0.9
+    elsewhere = evaluate_protocol(make_sg(common_at=4), headline_acc=None, frozen_acc=None)
+    assert elsewhere.diagnostic("c").status == "passed"
+    short = evaluate_protocol(make_sg(n=7 * 128 + 100), headline_acc=None, frozen_acc=None)
+    c = short.diagnostic("c")
+    assert c.status == "not evaluated" and c.value is None
+    assert "8 full batches" in c.reason and "not evaluated" in short.verdict_text
+
+
+def test_overflowed_states_fire_a_and_leave_b_c_not_evaluated():
+    sg = make_sg()
+    sg.states[3] = torch.full_like(sg.states[3], float("nan"))
+    for index in (2, 4):
+        sg.grads[index] = torch.full_like(sg.grads[index], float("nan"))
+    report = evaluate_protocol(sg, headline_acc=0.5, frozen_acc=0.3)
+    assert report.diagnostic("a").status == "fired" and "overflowed" in report.diagnostic(
+        "a").reason
+    assert report.diagnostic("b").status == "not evaluated"
+    assert report.diagnostic("c").status == "not evaluated"
+    assert report.verdict == "needs walk-back" and report.not_evaluated == ["b", "c"]
+
+
+def test_depth_utility_in_percentage_points():
+    report = evaluate_protocol(make_sg(), headline_acc=0.365, frozen_acc=0.349)
+    d = report.diagnostic("d")
+    assert d.value == pytest.approx(1.6) and d.status == "fired"
+    assert evaluate_protocol(make_sg(), headline_acc=0.40,
+                             frozen_acc=0.349).diagnostic("d").status == "passed"
+    with pytest.raises(ConfigError, match="fraction"):
+        evaluate_protocol(make_sg(), headline_acc=61.5, frozen_acc=0.349)
+
+
+# --- verdicts -----------------------------------------------------------------------------
+HEALTHY = {"headline_acc": 0.60, "frozen_acc": 0.349}
+CASES = {
+    "a": ({"h_norms": (5.0, 5.0, 600.0, 600.0, 600.0)}, HEALTHY),
+    "b": ({"g_norms": (1e-3, 1e-3, 1e-3, 1e-3, 1e-9)}, HEALTHY),
+    "c": ({"common_at": 2}, HEALTHY),
+    "d": ({}, {"headline_acc": 0.355, "frozen_acc": 0.349}),
+}
+
+
+def test_no_flag_is_trustworthy():
+    report = evaluate_protocol(make_sg(), **HEALTHY)
+    assert report.verdict == "trustworthy"
+    assert report.fired == [] and report.not_evaluated == []
+    assert [r.status for r in report.diagnostics] == ["passed"] * 4
+
+
+@pytest.mark.parametrize("flag", ["a", "b", "c", "d"])
+def test_each_flag_alone_walks_back_naming_it(flag):
+    sg_kwargs, accs = CASES[flag]
+    report = evaluate_protocol(make_sg(**sg_kwargs), **accs, terminal_ln=True)
+    assert report.verdict == "needs walk-back"
+    assert report.fired == [flag]
+    assert f"({flag})" in report.verdict_text
+    others = [r.status for r in report.diagnostics if r.id != flag]
+    assert others == ["passed"] * 3
+
+
+def test_missing_frozen_accuracy_is_not_evaluated_everywhere():
+    report = evaluate_protocol(make_sg(), headline_acc=0.6, frozen_acc=None)
+    d = report.diagnostic("d")
+    assert d.status == "not evaluated" and d.reason == NO_FROZEN_REASON
+    assert report.verdict == "trustworthy" and report.not_evaluated == ["d"]
+    assert "not evaluated: (d)" in str(report)
+    assert "not evaluated" in report.to_markdown() and NO_FROZEN_REASON in report.to_markdown()
+    data = json.loads(report.to_json())
+    assert data["diagnostics"]["d"]["status"] == "not evaluated"
+    assert data["not_evaluated"] == ["d"]
+    assert evaluate_protocol(make_sg(), headline_acc=None, frozen_acc=0.3).diagnostic(
+        "d").status == "not evaluated"
+
+
+def test_renderers():
+    report = evaluate_protocol(make_sg(**CASES["a"][0]), **HEALTHY,
+                               metadata={"method": "dfa", "arch": "resmlp_d=256", "seeds": "42"})
+    text = str(report)
+    for label in ("(a)", "(b)", "(c)", "(d)", "needs walk-back (a)", "FIRED"):
+        assert label in text
+    md = report.to_markdown()
+    assert md.splitlines()[0].startswith("| method |") and "| dfa |" in md
+    assert md.count("| (a) |") == 1 and "growth > threshold" in md
+    data = json.loads(report.to_json())
+    assert set(data["diagnostics"]) == {"a", "b", "c", "d"}
+    assert DiagnosticReport.from_dict(data).to_dict() == report.to_dict()
+    row = report.to_latex()
+    assert row.endswith(r"\\") and row.count(" & ") == 8
+    assert "needs walk-back (a)" in row and r"resmlp\_d=256" in row
+    assert r"\textbf{120}" in row  # the fired value is bold
+
+
+# --- diagnose() on live models -------------------------------------------------------------
+def _tiny_resmlp(seed: int = 0) -> ResidualMLP:
+    torch.manual_seed(seed)
+    return ResidualMLP(12, 16, 4, 2)
+
+
+def test_diagnose_leaves_parameters_grads_buffers_and_rng_untouched():
+    model = _tiny_resmlp()
+    rule = build_rule(model, MethodConfig(name="dfa"), n_classes=4, seed=0)
+    x, y = torch.randn(300, 12), torch.randint(0, 4, (300,))
+    for index, p in enumerate(model.parameters()):
+        p.grad = torch.full_like(p, float(index))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+    feedback = [b.clone() for b in rule.feedback]
+    model.train()
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    report = diagnose(model, x, y, credit=rule, headline_acc=0.5, metrics=True,
+                      metric_options={"rho_samples": 64, "rho_directions": 4,
+                                      "null_draws": 3})
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert model.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+    assert all(torch.equal(a, b) for a, b in zip(rule.feedback, feedback))
+    assert report.metrics is not None and report.layer_cosines is not None
+    assert report.metadata["method"] == "dfa" and report.metadata["terminal_ln"] is True
+
+
+class Plain(nn.Module):
+    """A plain MLP with a BatchNorm (whose running stats must not move)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.bn, self.l2, self.head = (nn.Linear(6, 8), nn.BatchNorm1d(8),
+                                                nn.Linear(8, 8), nn.Linear(8, 3))
+
+    def states(self, x):
+        h0 = torch.relu(self.bn(self.l1(x)))
+        h1 = torch.relu(self.l2(h0))
+        return [h0, h1], self.head(h1)
+
+
+def test_diagnose_plain_module_with_states_fn():
+    torch.manual_seed(0)
+    model = Plain()
+    x, y = torch.randn(256, 6), torch.randint(0, 3, (256,))
+    model.train()
+    running = model.bn.running_mean.clone()
+    report = diagnose(model, x, y, states_fn=model.states)
+    assert torch.equal(model.bn.running_mean, running) and model.training
+    model.eval()
+    with torch.no_grad():
+        states, _ = model.states(x)
+    expected = [float(h.double().norm(dim=1).median()) for h in states]
+    assert report.hidden_norms == pytest.approx(expected)
+    assert report.metadata["terminal_ln"] is None and report.metadata["model"] == "Plain"
+    assert report.diagnostic("c").status == "not evaluated"  # 256 samples = 2 batches
+    with pytest.raises(ModelContractError, match="states_fn"):
+        diagnose(model, x, y)
+
+
+def test_diagnose_token_states_read_the_cls_token():
+    torch.manual_seed(0)
+    embed, head = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def states_fn(x):
+        h0 = embed(x)  # (B, T, d) tokens
+        h1 = h0 + torch.tanh(h0)
+        return [h0, h1], head(h1[:, 0])
+
+    x, y = torch.randn(64, 4, 5), torch.randint(0, 3, (64,))
+    report = diagnose(nn.ModuleList([embed, head]), x, y, states_fn=states_fn)
+    with torch.no_grad():
+        states, _ = states_fn(x)
+    assert report.hidden_norms == pytest.approx(
+        [float(h[:, 0].double().norm(dim=1).median()) for h in states])
+    assert report.metadata["layout"] == "tokens"
+
+
+def test_diagnose_metrics_need_a_credit():
+    model = _tiny_resmlp()
+    with pytest.raises(ModelContractError, match="credit"):
+        diagnose(model, torch.randn(8, 12), torch.randint(0, 4, (8,)), metrics=True)
+
+
+# --- training integration ------------------------------------------------------------------
+def tiny_config(tmp_path, **overrides) -> RunConfig:
+    base = {"data.n_train": 256, "data.n_test": 1280, "data.in_dim": 16, "model.d": 16,
+            "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+            "method.name": "dfa", "diagnostics.rho_samples": 64,
+            "diagnostics.rho_directions": 4, "diagnostics.null_draws": 3,
+            "run.out_dir": str(tmp_path), "run.progress": False}
+    base.update(overrides)
+    return RunConfig().replace(**base)
+
+
+def test_training_records_protocol_per_epoch(tmp_path):
+    from creditaudit.training import train
+
+    record = train(tiny_config(tmp_path)).record
+    protocol = record["protocol"]
+    assert set(protocol["first_fired"]) == {"a", "b", "c", "d"}
+    for epoch in protocol["first_fired"].values():
+        assert epoch is None or (isinstance(epoch, int) and epoch >= 1)
+    for entry in record["log"][1:]:
+        assert entry["verdict"] in ("trustworthy", "needs walk-back")
+        assert set(entry["protocol"]) == {"a", "b", "c", "d"}
+        assert entry["protocol"]["d"] == "not evaluated"
+    assert "protocol" not in record["log"][0]  # no protocol before training
+    assert protocol["verdict"] == record["log"][-1]["verdict"]
+    assert protocol["report"]["metadata"]["epoch"] == 2
+    for key in ("drift", "bp_cosine", "gamma", "perturbation_rho", "rho_controls",
+                "rho_measurable", "nudging", "fresh_b_null"):
+        assert key in record["diagnostics"], key
+    assert set(record["diagnostics"]["nudging"]) == {"0.01", "0.1"}
+
+
+def test_stop_on_walkback_ends_after_first_firing_epoch(tmp_path):
+    from creditaudit.training import train
+
+    config = tiny_config(tmp_path, **{"optim.epochs": 3, "diagnostics.frozen_acc": 1.0,
+                                      "diagnostics.stop_on_walkback": True})
+    record = train(config).record
+    assert record["status"] == "completed"
+    assert [e["epoch"] for e in record["log"]] == [0, 1]
+    assert record["stopped_early"]["epoch"] == 1
+    assert "(d)" in record["stopped_early"]["reason"]
+    assert record["protocol"]["first_fired"]["d"] == 1
+
+
+def test_training_is_bit_identical_with_and_without_diagnostics(tmp_path):
+    from creditaudit.training import train
+
+    with_diag = train(tiny_config(tmp_path / "on")).run_dir
+    without = train(tiny_config(tmp_path / "off", **{
+        "diagnostics.protocol_every": 0, "diagnostics.every": 1000,
+        "diagnostics.end_of_run": False})).run_dir
+    a = torch.load(with_diag / CHECKPOINT_FILE, weights_only=False)["model"]
+    b = torch.load(without / CHECKPOINT_FILE, weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_credit_quality_refuses_a_non_finite_model():
+    from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
+
+    model = _tiny_resmlp()
+    rule = build_rule(model, MethodConfig(name="bp"), n_classes=4, seed=0)
+    with torch.no_grad():
+        model.embed.weight[0, 0] = math.inf
+    with pytest.raises(NonFiniteModelError, match="embed.weight"):
+        credit_quality(rule, torch.randn(8, 12), torch.randint(0, 4, (8,)))

@@ -26,3 +26,11 @@ def test_ci_runs_the_readme_test_command():
     _, tests = readme_commands()
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert tests in ci_lines
+
+
+def test_every_config_key_is_documented():
+    from creditaudit.config import config_help
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [key for key, _, _ in config_help() if f"`{key}`" not in text]
+    assert not missing, f"document these keys in docs/configuration.md: {missing}"

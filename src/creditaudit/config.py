@@ -10,6 +10,7 @@ allowed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
@@ -171,7 +172,8 @@ SECTION_TYPES = {
     "diagnostics": DiagnosticsConfig, "run": RunSettings,
 }
 # Fields that change where or how visibly a run is written, never what it computes.
-NON_SEMANTIC = {("run", "out_dir"), ("run", "tensorboard"), ("run", "progress"),
+NON_SEMANTIC = {("data", "data_dir"), ("data", "download"), ("run", "out_dir"),
+                ("run", "tensorboard"), ("run", "progress"),
                 ("run", "threads"), ("run", "device")}
 
 
@@ -182,10 +184,15 @@ def _type_name(tp: Any) -> str:
     return f"{name} or none" if type(None) in typing.get_args(tp) else name
 
 
+@functools.cache
+def _field_types(section: str) -> dict[str, Any]:
+    """Resolved type hints of a section's fields (resolving them is slow; do it once)."""
+    return typing.get_type_hints(SECTION_TYPES[section])
+
+
 def _coerce(section: str, f: dataclasses.Field, value: Any) -> Any:
     key = f"{section}.{f.name}"
-    hints = typing.get_type_hints(SECTION_TYPES[section])
-    tp = hints[f.name]
+    tp = _field_types(section)[f.name]
     args = typing.get_args(tp)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp) if args else tp
@@ -306,11 +313,16 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
 def run_id(config: RunConfig) -> str:
     """A stable id from everything that changes what a run computes.
 
-    Same config → same id, so sweeps and experiments can skip finished runs.
+    Same config → same id, so sweeps and experiments can skip finished runs. Only fields
+    that differ from their defaults enter the hash, so adding a new option (whose default
+    keeps the old behaviour) does not orphan finished runs.
     """
     raw = config.to_dict()
-    for section, name in NON_SEMANTIC:
-        raw[section].pop(name, None)
+    defaults = RunConfig().to_dict()
+    for section, values in raw.items():
+        for name in list(values):
+            if (section, name) in NON_SEMANTIC or values[name] == defaults[section][name]:
+                del values[name]
     digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:10]
     label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
     return f"{label}-{digest}"

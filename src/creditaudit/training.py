@@ -75,6 +75,20 @@ def flatten_inputs(config: RunConfig) -> bool:
     return config.model.arch != "vit"
 
 
+def make_adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float
+               ) -> torch.optim.AdamW:
+    """AdamW with the fused kernel where this torch build has one for the device.
+
+    The fused update is 4–6× faster than the per-tensor loop (the optimiser was 20–40% of a
+    training step; docs/benchmarks.md) and deterministic, though not bit-identical to the
+    unfused one (differences ~1e-7).
+    """
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError):  # e.g. torch < 2.4 has no fused CPU AdamW
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def cosine_factor(step: int, total: int) -> float:
     """Cosine decay from 1 to 0 over ``total`` steps."""
     return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
@@ -113,8 +127,8 @@ class Trainer:
                                            n_classes=self.dataset.n_classes,
                                            seed=config.run.seed).to(self.device)
         self.rule.set_precision(config.run.precision, self.device.type)
-        self.optimizer = torch.optim.AdamW(self.rule.trainable_parameters(), lr=config.optim.lr,
-                                           weight_decay=config.optim.weight_decay)
+        self.optimizer = make_adamw(self.rule.trainable_parameters(), lr=config.optim.lr,
+                                    weight_decay=config.optim.weight_decay)
         self.data_generator = torch.Generator().manual_seed(config.run.seed)
         self.train_loader = self.dataset.loader(
             "train", config.optim.batch_size, flatten=self.flatten, shuffle=True,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from creditaudit import __version__
 from creditaudit.errors import CreditAuditError
 
-SUBCOMMANDS = ("demo", "train", "audit")
+SUBCOMMANDS = ("demo", "train", "audit", "sweep", "experiment", "export", "figures", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,125 @@
+"""``creditaudit experiment``: run a shipped experiment (SPEC §7) and write its summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from creditaudit.config import DATASETS
+from creditaudit.errors import ConfigError
+
+SCALE_HELP = ("smoke: seconds, tiny synthetic runs (tests); cpu: sized for a 2-core machine "
+              "(Fashion-MNIST, 20 epochs, 3 seeds: hours); paper: the published CIFAR-10 "
+              "configuration (100 epochs, 3 seeds; needs --data-dir and a GPU)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "experiment", help="run a shipped experiment (audit table, λ sweep, …)",
+        description="Build an experiment's runs at a scale, train the ones not finished yet "
+                    "(finished runs — also those of other experiments or sweeps with the same "
+                    "settings — are reused), and write OUT/experiments/NAME.json and NAME.md. "
+                    "See docs/experiments.md.")
+    parser.add_argument("name", metavar="NAME", nargs="?",
+                        help="experiment name, or 'all' (see --list)")
+    parser.add_argument("--scale", choices=("smoke", "cpu", "paper"), default=None,
+                        help=SCALE_HELP)
+    parser.add_argument("--dataset", choices=DATASETS, default=None,
+                        help="dataset instead of the scale's default (synthetic, "
+                             "fashion-mnist, cifar10)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="dataset folder (CIFAR python batches or IDX files); "
+                             "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist")
+    parser.add_argument("--out", default="results", metavar="DIR",
+                        help="results folder: runs in OUT/RUN_ID/, summaries in "
+                             "OUT/experiments/ (default: results)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="worker processes, one torch thread each (default: the number of "
+                             "CPUs; 0 = train in this process; smoke scale trains in this "
+                             "process unless N is given)")
+    parser.add_argument("--executor", choices=("local", "inline", "ray"), default="local",
+                        help="local worker processes (default), inline (this process) or one "
+                             "Ray task per run")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="train runs that failed before again (default: skip them)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the experiments and what each answers (with --scale: how "
+                             "many runs each needs and how many are finished in --out)")
+    parser.set_defaults(handler=run)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from creditaudit.experiments import experiment_names, get_experiment
+    from creditaudit.experiments.base import run_state
+
+    for name in experiment_names():
+        experiment = get_experiment(name)
+        print(f"{name}\n    {experiment.question}\n    runs: {experiment.needs}")
+        if args.scale:
+            configs = experiment.configs(args.scale, dataset=args.dataset,
+                                         data_dir=args.data_dir or "DATA_DIR",  # not read
+                                         out_dir=Path(args.out).resolve())
+            done = sum(run_state(c)[0] in ("completed", "diverged") for c in configs)
+            print(f"    {args.scale}: {len(configs)} runs, {done} finished in {args.out}")
+    return 0
+
+
+class _LazyProgress:
+    """The sweep's progress line, opened once the number of runs to train is known."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def __call__(self, state, outcome) -> None:  # noqa: ANN001 — SweepState, outcome dict
+        from creditaudit.cli.sweep import SweepProgress
+
+        if self.bar is None:
+            self.bar = SweepProgress(state.total)
+        self.bar(state, outcome)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from creditaudit.cli.sweep import _duration
+    from creditaudit.experiments import experiment_names, get_experiment, run_experiments
+
+    if args.list:
+        return _list(args)
+    if args.name is None:
+        raise ConfigError("name an experiment (or 'all'); see creditaudit experiment --list")
+    if args.scale is None:
+        raise ConfigError("choose --scale smoke, cpu or paper")
+    names = experiment_names() if args.name == "all" else [get_experiment(args.name).name]
+    progress = _LazyProgress()
+    started = time.perf_counter()
+    try:
+        summaries = run_experiments(names, scale=args.scale, out_dir=args.out,
+                                    dataset=args.dataset, data_dir=args.data_dir,
+                                    workers=args.workers, executor=args.executor,
+                                    on_progress=progress, retry_failed=args.retry_failed)
+    except KeyboardInterrupt:
+        progress.close()
+        print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "
+              "same command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    missing = 0
+    for name, summary in summaries.items():
+        meta = summary["meta"]
+        folder = Path(meta["out_dir"]) / "experiments"
+        print(get_experiment(name).to_markdown(summary))
+        print(f"→ {folder / (name + '.json')} and {name}.md "
+              f"({meta['runs_found']}/{meta['runs_needed']} runs, "
+              f"{meta['execution']['trained']} trained now)\n")
+        missing += len(meta["missing"])
+        for entry in meta["missing"]:
+            print(f"missing: {entry['run_id']} ({entry['status']})"
+                  + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
+    print(f"{len(summaries)} experiment(s) in {_duration(time.perf_counter() - started)}")
+    return 1 if missing else 0

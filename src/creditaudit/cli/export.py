@@ -1,0 +1,36 @@
+"""``creditaudit export``: write run records in the original study's result layout."""
+
+from __future__ import annotations
+
+import argparse
+
+from creditaudit.config import DATASETS
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export", help="write run records in the original study's result-file layout",
+        description="Read every run record below RESULTS_DIR and write the files the original "
+                    "figure scripts read (results/snapshot_evolution_v2/…, "
+                    "results/dfa_residual_penalty/…, results/cifar10/results_cifar10.json, …) "
+                    "under OUT. Only files whose runs exist are written; the list of written "
+                    "and skipped files (with the runs each missing file needs) is printed and "
+                    "saved as OUT/export_manifest.json. See docs/experiments.md.")
+    parser.add_argument("results_dir", metavar="RESULTS_DIR",
+                        help="folder holding run folders (the --out of train/sweep/experiment)")
+    parser.add_argument("out", metavar="OUT", help="folder to write the layout into")
+    parser.add_argument("--layout", choices=("faeval",), default="faeval",
+                        help="faeval: the original study's results/ layout (default)")
+    parser.add_argument("--dataset", choices=DATASETS, default=None,
+                        help="take the ResidualMLP runs from this dataset (default: the most "
+                             "paper-like one present: cifar10, cifar100, fashion-mnist, mnist, "
+                             "synthetic)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from creditaudit.export import export
+
+    result = export(args.results_dir, args.out, layout=args.layout, dataset=args.dataset)
+    print(result.format())
+    return 0

@@ -1,0 +1,256 @@
+"""``creditaudit sweep``: train a grid of runs on local worker processes or a Ray cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from creditaudit.config import DEVICES, PRECISIONS
+from creditaudit.errors import ConfigError, CreditAuditError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "sweep", help="train a grid of runs (local worker processes or Ray)",
+        description="Expand the grid of a sweep file ([base] run config, [grid] of dotted "
+                    "keys → lists, optional [[include]] runs) and train every run not "
+                    "finished yet. Runs are claimed (OUT/RUN_ID/claim.json) so concurrent "
+                    "sweeps on one folder never train a run twice; completed or diverged "
+                    "runs are skipped, interrupted ones resume from their checkpoint. "
+                    "Writes OUT/sweep_summary.json. See docs/sweeps.md.")
+    parser.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep file")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="local: worker processes on this machine (default); ray: one "
+                             "Ray task per run")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="local executor: worker processes (default: number of CPUs; "
+                             "0 = run in this process, one after another)")
+    parser.add_argument("--threads-per-worker", type=int, default=1, metavar="T",
+                        help="torch CPU threads per run (default 1); with --executor ray also "
+                             "the CPUs Ray reserves per run")
+    parser.add_argument("--gpus-per-run", type=float, default=None, metavar="G",
+                        help="ray executor: GPUs reserved per run, fractions allowed (default "
+                             "1 with --device cuda, else 0)")
+    parser.add_argument("--address", default=None, metavar="ADDR",
+                        help="ray executor: cluster address ('auto' = the cluster started by "
+                             "`ray start --head` on this machine; default: a local Ray)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="results folder, overrides run.out_dir of the sweep file")
+    parser.add_argument("--device", choices=DEVICES, default=None,
+                        help="device of every run (run.device; auto = cuda if available)")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="training precision of every run (run.precision); bf16 trains "
+                             "under autocast, diagnostics stay fp32")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the runs and which are done; train nothing")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="run failed runs again (resuming from their checkpoint if any); "
+                             "by default they are skipped")
+    parser.add_argument("--stale-after", type=float, default=None, metavar="SECONDS",
+                        help="break a claim not refreshed for this long (default 900; a "
+                             "claim of a dead process on this host is broken at once)")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="do not wait for runs another process is training; report them "
+                             "as busy")
+    parser.set_defaults(handler=run)
+
+
+# --- progress ------------------------------------------------------------------------------
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+class SweepProgress:
+    """One status line: a tqdm line on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.bar = None
+        if self.stream.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, file=self.stream, desc="sweep", dynamic_ncols=True,
+                            bar_format="{desc} {bar:20} {n_fmt}/{total_fmt}{postfix}")
+
+    @staticmethod
+    def status(state: Any) -> str:
+        return (f"done {state.done}, running {state.running}, failed {state.failed}, "
+                f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
+                + f", ETA {_duration(state.eta_seconds)}")
+
+    def __call__(self, state: Any, outcome: dict[str, Any] | None) -> None:
+        if self.bar is not None:
+            self.bar.n = state.done + state.failed
+            self.bar.set_postfix_str(self.status(state), refresh=True)
+            if outcome is not None and outcome["status"] not in ("completed", "busy"):
+                self.bar.write(self.describe(outcome), file=self.stream)
+            return
+        line = f"sweep: {state.done + state.failed}/{state.total} | {self.status(state)}"
+        if outcome is not None:
+            line += f" | {self.describe(outcome)}"
+        print(line, file=self.stream, flush=True)
+
+    @staticmethod
+    def describe(outcome: dict[str, Any]) -> str:
+        text = f"{outcome['run_id']} {outcome['status']} ({outcome['action']}"
+        if outcome.get("seconds"):
+            text += f", {outcome['seconds']:.1f} s"
+        text += ")"
+        if outcome.get("error"):
+            text += f": {outcome['error']}"
+        return text
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --- tables ------------------------------------------------------------------------------
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """Dotted keys → last segment where unambiguous (``method.penalty`` → ``penalty``)."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
+
+
+def _labels(configs: list[Any], keys: list[str]) -> list[str]:
+    """Each run's values of the sweep keys that vary between runs (``name=bp seed=42``)."""
+    from creditaudit.sweep import config_value
+
+    keys = [key for key in keys
+            if len({repr(config_value(config, key)) for config in configs}) > 1]
+    short = _short_keys(keys)
+    return [" ".join(f"{short[key]}={config_value(config, key)}" for key in keys) or
+            config.run_id for config in configs]
+
+
+def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
+    """format_run_summary of the runs that have a record, each row led by its grid values."""
+    from creditaudit.runs import RECORD_FILE, load_record
+    from creditaudit.summary import format_run_summary
+
+    records, labels = [], []
+    for config, label in zip(configs, _labels(configs, grid_keys)):
+        path = Path(config.run.out_dir) / config.run_id / RECORD_FILE
+        if path.exists():
+            try:
+                records.append(load_record(path))
+            except CreditAuditError:  # an unreadable record is listed below, not fatal
+                continue
+            labels.append(label)
+    if not records:
+        return "no run has a record yet"
+    width = max(len("run"), *(len(label) for label in labels))
+    lines = format_run_summary(records).splitlines()
+    out = [f"{'run':<{width}}  {lines[0]}", "-" * (width + 2 + len(lines[1]))]
+    out += [f"{label:<{width}}  {line}" for label, line in zip(labels, lines[2:])]
+    return "\n".join(out)
+
+
+def _dry_run(configs: list[Any], grid_keys: list[str], args: argparse.Namespace,
+             stale_after: float) -> int:
+    from creditaudit.sweep import plan
+
+    rows = plan(configs, retry_failed=args.retry_failed, stale_after=stale_after)
+    labels = _labels(configs, grid_keys)
+    width = max(len(label) for label in labels)
+    id_width = max(len(row["run_id"]) for row in rows)
+    print(f"{'run':<{width}}  {'run id':<{id_width}}  state")
+    for label, row in zip(labels, rows):
+        status = row["status"]
+        if row["holder"] is not None:
+            holder = row["holder"]
+            state = f"running now (pid {holder.get('pid')} on {holder.get('host')})"
+        elif status in ("completed", "diverged"):
+            state = f"done ({status})"
+        elif status == "failed":
+            state = ("failed, will retry" if args.retry_failed else "failed, skipped (use "
+                     "--retry-failed)") + f": {row['error']}"
+        elif status in ("running", "interrupted"):
+            state = "to resume (interrupted)"
+        elif status == "corrupt":
+            state = f"to restart (unreadable record: {row['error']})"
+        else:
+            state = "to run"
+        print(f"{label:<{width}}  {row['run_id']:<{id_width}}  {state}")
+    n_todo = sum(row["todo"] for row in rows)
+    print(f"\n{len(rows)} runs: {len(rows) - n_todo} done or skipped, {n_todo} to run "
+          f"(results in {Path(configs[0].run.out_dir)})")
+    return 0
+
+
+# --- the command ---------------------------------------------------------------------------
+def build_executor(args: argparse.Namespace) -> Any:
+    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
+
+    if args.threads_per_worker < 1:
+        raise ConfigError(f"--threads-per-worker must be >= 1, got {args.threads_per_worker}")
+    if args.executor == "ray":
+        if args.workers is not None:
+            raise ConfigError("--workers is for --executor local; Ray runs as many runs as "
+                              "the cluster has CPUs (see --threads-per-worker)")
+        gpus = args.gpus_per_run
+        if gpus is None:
+            gpus = 1.0 if args.device == "cuda" else 0.0
+        return RayExecutor(address=args.address, num_cpus_per_run=args.threads_per_worker,
+                           num_gpus_per_run=gpus)
+    if args.address is not None or args.gpus_per_run is not None:
+        raise ConfigError("--address and --gpus-per-run are for --executor ray")
+    if args.workers == 0:
+        return InlineExecutor(threads=args.threads_per_worker)
+    return LocalExecutor(workers=args.workers, threads_per_worker=args.threads_per_worker)
+
+
+def run(args: argparse.Namespace) -> int:
+    from creditaudit.sweep import DEFAULT_STALE_AFTER, load_sweep, prepare_configs, run_sweep
+
+    stale_after = DEFAULT_STALE_AFTER if args.stale_after is None else args.stale_after
+    if stale_after <= 0:
+        raise ConfigError(f"--stale-after must be > 0 seconds, got {stale_after}")
+    sweep = load_sweep(args.sweep_file)
+    overrides = {key: value for key, value in (("run.out_dir", args.out),
+                                               ("run.device", args.device),
+                                               ("run.precision", args.precision))
+                 if value is not None}
+    configs = prepare_configs(sweep.configs(overrides), threads=args.threads_per_worker)
+    grid_keys = sweep.grid_keys
+    if args.dry_run:
+        return _dry_run(configs, grid_keys, args, stale_after)
+    executor = build_executor(args)
+    print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
+          f"({executor.name} executor, {getattr(executor, 'workers', executor.slots)} "
+          f"worker(s) × {args.threads_per_worker} thread(s))", flush=True)
+    progress = SweepProgress(len(configs))
+    started = time.perf_counter()
+    try:
+        result = run_sweep(configs, executor, retry_failed=args.retry_failed,
+                           stale_after=stale_after, wait_for_others=not args.no_wait,
+                           grid_keys=grid_keys, on_progress=progress,
+                           summary_extra={"sweep_file": str(args.sweep_file),
+                                          "executor": executor.name,
+                                          "grid_keys": grid_keys})
+    except KeyboardInterrupt:
+        progress.close()
+        print("creditaudit: sweep interrupted; finished epochs are checkpointed: run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    print()
+    print(format_sweep_table(configs, grid_keys))
+    problems = [run for run in result.summary["runs"]
+                if run["status"] not in ("completed", "diverged")]
+    for entry in problems:
+        print(f"{entry['status']}: {entry['run_id']}"
+              + (f": {entry['error']}" if entry["error"] else ""))
+    counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
+    print(f"\n{len(configs)} runs ({counts}) in {_duration(time.perf_counter() - started)}; "
+          f"summary: {result.summary_path}")
+    return 1 if problems else 0

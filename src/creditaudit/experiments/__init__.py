@@ -1,0 +1,40 @@
+"""The shipped experiments (SPEC §7), one module each, and how to run them.
+
+::
+
+    from creditaudit.experiments import run_experiment, experiment_names
+    summary = run_experiment("audit_table", scale="smoke", out_dir="results")
+
+Every experiment builds its runs from :func:`scales.base_config` (so equal settings give
+equal run ids, shared between experiments and sweeps), trains what is missing through
+:func:`creditaudit.sweep.run_sweep`, and writes ``OUT/experiments/NAME.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+from creditaudit.experiments import (  # noqa: F401  (importing registers each experiment)
+    audit_table,
+    capacity_cost,
+    decision_utility,
+    depth_ladder,
+    fresh_null,
+    penalty_sweep,
+    random_init,
+    temporal,
+    threshold_sensitivity,
+)
+from creditaudit.experiments.aggregate import aggregate, group_records
+from creditaudit.experiments.base import (
+    Experiment,
+    experiment_names,
+    get_experiment,
+    register,
+    run_experiment,
+    run_experiments,
+)
+from creditaudit.experiments.scales import SCALES, base_config
+
+__all__ = [
+    "Experiment", "experiment_names", "get_experiment", "register", "run_experiment",
+    "run_experiments", "aggregate", "group_records", "SCALES", "base_config",
+]

@@ -1,0 +1,130 @@
+"""Decision utility (SPEC §7): how many methods does each reporting strategy walk back?
+
+A strategy is the evidence a reader demands before accepting a method's headline numbers:
+
+- S0: accuracy only — walked back when the test accuracy is not at least the (d) margin
+  (2 pp) above chance 1/C;
+- S1: S0 + Γ > 0 — also walked back when the headline Γ (samples → layers) is ≤ 0;
+- S2 … S5: S1 + one protocol diagnostic, (a), (b), (c) or (d) respectively;
+- S_full: S1 + all four diagnostics (the protocol).
+
+Each seed is judged on its own; a method is walked back by a strategy when at least half
+of its seeds are. The count runs over the five alternative rules (FA, DFA, EP, State
+Bridge, Credit Bridge); BP and DFA + λ=1e-2 are listed but not counted. Uses the audit
+runs; (d) against the frozen baseline as in the audit table. SPEC reference: S1 walks back
+0/5, S_full 3/5.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from creditaudit.experiments.aggregate import group_records
+from creditaudit.experiments.audit_table import _order, audit_configs
+from creditaudit.experiments.base import (
+    DEFAULT_THRESHOLDS,
+    DIAGNOSTIC_IDS,
+    RULES,
+    Experiment,
+    chance,
+    final_acc,
+    frozen_index,
+    headline_gamma,
+    is_frozen,
+    is_plain,
+    md_table,
+    method_label,
+    register,
+    seed_of,
+    verdicts_with_frozen,
+)
+from creditaudit.protocol import FIRED, Thresholds
+
+STRATEGIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("S0", "accuracy only", ()),
+    ("S1", "accuracy + Γ > 0", ()),
+    ("S2", "S1 + (a)", ("a",)),
+    ("S3", "S1 + (b)", ("b",)),
+    ("S4", "S1 + (c)", ("c",)),
+    ("S5", "S1 + (d)", ("d",)),
+    ("S_full", "S1 + (a)(b)(c)(d)", DIAGNOSTIC_IDS),
+)
+
+
+def seed_decisions(record: dict[str, Any], statuses: dict[str, str],
+                   thresholds: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, Any]:
+    """Which strategies walk back one run, and why."""
+    acc, gamma = final_acc(record), headline_gamma(record)
+    above = None if acc is None else 100.0 * (acc - chance(record))
+    acc_fails = above is None or above < thresholds.margin_pp
+    gamma_fails = gamma is not None and not gamma > 0
+    walked = {}
+    for name, _, diagnostics in STRATEGIES:
+        reasons = ["accuracy at chance"] if acc_fails else []
+        if name != "S0" and gamma_fails:
+            reasons.append("Γ ≤ 0")
+        reasons += [f"({i})" for i in diagnostics if statuses.get(i) == FIRED]
+        walked[name] = reasons
+    return {"seed": seed_of(record), "run_id": record["run_id"], "test_acc": acc,
+            "above_chance_pp": above, "headline_gamma": gamma, "statuses": statuses,
+            "walked_back": {k: bool(v) for k, v in walked.items()}, "reasons": walked}
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    verdicts = verdicts_with_frozen(records, frozen_index(records))
+    methods = []
+    for members in group_records(r for r in records if not is_frozen(r)).values():
+        seeds = [seed_decisions(r, verdicts[r["run_id"]]["statuses"]) for r in members]
+        n = len(seeds)
+        label = method_label(members[0])
+        counted = is_plain(members[0]) and members[0]["config"]["method"]["name"] in RULES
+        per_strategy = {}
+        for name, _, _ in STRATEGIES:
+            k = sum(s["walked_back"][name] for s in seeds)
+            per_strategy[name] = {"seeds_walked_back": k, "n_seeds": n,
+                                  "walked_back": 2 * k >= n}
+        methods.append({"label": label, "counted": counted, "strategies": per_strategy,
+                        "seeds": seeds})
+    methods.sort(key=lambda m: _order(m["label"]))
+    rules = [m for m in methods if m["counted"]]
+    strategies = []
+    for name, description, diagnostics in STRATEGIES:
+        walked = [m["label"] for m in rules if m["strategies"][name]["walked_back"]]
+        strategies.append({"name": name, "description": description,
+                           "diagnostics": list(diagnostics), "walked_back": walked,
+                           "count": len(walked), "of": len(rules),
+                           "text": f"{len(walked)}/{len(rules)}"})
+    return {"rules": [m["label"] for m in rules], "strategies": strategies,
+            "methods": methods,
+            "rule": "a method is walked back when at least half of its seeds are; S0 walks "
+                    "back accuracy < chance + 2 pp"}
+
+
+def to_markdown(summary: dict[str, Any]) -> str:
+    rows = [[s["name"], s["description"], s["text"], ", ".join(s["walked_back"]) or "—"]
+            for s in summary["strategies"]]
+    table = md_table(["strategy", "evidence demanded", "rules walked back", "which"], rows)
+    names = [s["name"] for s in summary["strategies"]]
+    detail = []
+    for method in summary["methods"]:
+        cells = [method["label"] + ("" if method["counted"] else " (not counted)")]
+        for name in names:
+            entry = method["strategies"][name]
+            mark = "walk back" if entry["walked_back"] else "accept"
+            cells.append(f"{mark} ({entry['seeds_walked_back']}/{entry['n_seeds']})")
+        detail.append(cells)
+    return (table + "\n\nPer method (seeds walked back):\n\n"
+            + md_table(["method", *names], detail)
+            + f"\n\nRule: {summary['rule']}. SPEC reference (CIFAR-10, paper scale): S1 walks "
+            "back 0/5, S_full 3/5 (DFA, State Bridge, Credit Bridge).\n")
+
+
+EXPERIMENT = register(Experiment(
+    name="decision_utility",
+    question="How many credit rules does each reporting strategy (accuracy, +Γ, +each "
+             "diagnostic, full protocol) walk back?",
+    needs="the audit_table runs (no new training)",
+    build_configs=audit_configs,
+    summarise_fn=summarise,
+    markdown_fn=to_markdown,
+))

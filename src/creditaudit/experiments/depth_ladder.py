@@ -1,0 +1,95 @@
+"""Depth ladder (SPEC §4, §7): train only the last k blocks, k = 0 … L, with BP and DFA.
+
+Does each additional trainable block add accuracy over the frozen-blocks baseline, and does
+a rule's credit reach the deep blocks at all? k = L is the ordinary run with every block
+trainable (``method.trainable_blocks = None``, so it is the audit table's run); k = 0 trains
+only the embedding and readout. Main epochs, every seed, with the frozen baseline for (d).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from creditaudit.config import RunConfig
+from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
+from creditaudit.experiments.base import (
+    Experiment,
+    cfg,
+    final_acc,
+    fmt,
+    frozen_index,
+    group_summary,
+    is_frozen,
+    md_table,
+    method_overrides,
+    register,
+    scale_config,
+    verdicts_with_frozen,
+)
+from creditaudit.experiments.scales import get_scale
+
+METHODS = ("bp", "dfa")
+
+
+def configs(scale: str, *, dataset: str | None, data_dir: str | None,
+            out_dir: str) -> list[RunConfig]:
+    common = {"dataset": dataset, "data_dir": data_dir, "out_dir": out_dir}
+    n_blocks = scale_config(scale, **common).model.n_blocks
+    out = []
+    for method in METHODS:
+        for k in range(n_blocks + 1):
+            ladder = {} if k == n_blocks else {"method__trainable_blocks": k}
+            out += [scale_config(scale, **common, **method_overrides(method), **ladder,
+                                 run__seed=seed) for seed in get_scale(scale).seeds]
+    out += [scale_config(scale, **common, **method_overrides("frozen"), run__seed=seed)
+            for seed in get_scale(scale).seeds]
+    return out
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    verdicts = verdicts_with_frozen(records, frozen_index(records))
+    rows, frozen = [], None
+    for members in group_records(records).values():
+        if is_frozen(members[0]):
+            frozen = aggregate(final_acc(r) for r in members)
+            continue
+        row = group_summary(members, verdicts)
+        k = cfg(members[0], "method.trainable_blocks")
+        row["n_blocks"] = cfg(members[0], "model.n_blocks")
+        row["k"] = row["n_blocks"] if k is None else k
+        rows.append(row)
+    rows.sort(key=lambda r: (r["method"], r["k"]))
+    return {"frozen_acc": frozen, "rows": rows}
+
+
+def to_markdown(summary: dict[str, Any]) -> str:
+    by_key = {(r["method"], r["k"]): r for r in summary["rows"]}
+    ks = sorted({r["k"] for r in summary["rows"]})
+    methods = [m for m in METHODS if any(r["method"] == m for r in summary["rows"])]
+    rows = []
+    for k in ks:
+        row: list[Any] = [k]
+        for method in methods:
+            entry = by_key.get((method, k))
+            row += ([format_aggregate(entry["test_acc"]), fmt(entry["margin_pp"]["mean"], "+.1f"),
+                     entry["verdict"]["text"]] if entry else ["—", "—", "—"])
+        rows.append(row)
+    header = ["trainable blocks k"]
+    for method in methods:
+        header += [f"{method} acc", f"{method} (d) margin pp", f"{method} verdict"]
+    return (md_table(header, rows) + f"\n\nFrozen baseline: "
+            f"{format_aggregate(summary['frozen_acc'])}. k = L is the run with every block "
+            "trainable; k = 0 trains only the embedding and readout (for BP that is the frozen "
+            "baseline's recipe).\n")
+
+
+EXPERIMENT = register(Experiment(
+    name="depth_ladder",
+    question="Does training more of the blocks (k = 0 … L) add accuracy over the frozen "
+             "baseline, for BP and for DFA?",
+    needs="bp and dfa with trainable_blocks k = 0 … L (k = L: all blocks) and frozen × every "
+          "seed, main epochs",
+    build_configs=configs,
+    summarise_fn=summarise,
+    markdown_fn=to_markdown,
+))

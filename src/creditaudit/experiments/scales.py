@@ -1,0 +1,82 @@
+"""Run sizes of the shipped experiments: ``smoke`` (tests), ``cpu`` (a 2-core machine) and
+``paper`` (the published CIFAR-10 configuration, for users with the data and a GPU).
+
+Every experiment builds its runs as ``base_config(scale, dataset) + overrides``, so the
+same experiment at the same scale always produces the same run ids and reuses finished runs
+— also runs started by ``creditaudit sweep`` with the same settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
+
+SCALES = ("smoke", "cpu", "paper")
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What one scale means: epochs (main / control runs), seeds and the default dataset."""
+
+    name: str
+    epochs: int
+    control_epochs: int
+    seeds: tuple[int, ...]
+    dataset: str
+    overrides: tuple[tuple[str, Any], ...]
+
+
+SCALE_TABLE: dict[str, Scale] = {
+    "smoke": Scale(
+        "smoke", epochs=2, control_epochs=2, seeds=(42, 123), dataset="synthetic",
+        overrides=(("data.n_train", 512), ("data.n_test", 256), ("data.in_dim", 16),
+                   ("model.d", 16), ("model.n_blocks", 2), ("optim.batch_size", 64),
+                   ("diagnostics.eval_samples", 256), ("diagnostics.rho_samples", 64),
+                   ("diagnostics.rho_directions", 4), ("diagnostics.null_draws", 3),
+                   ("run.progress", False))),
+    # 20 epochs on 20k training samples: one run takes about a minute per core, so a
+    # 3-seed method × architecture grid fits in tens of minutes on two cores.
+    "cpu": Scale(
+        "cpu", epochs=20, control_epochs=20, seeds=(42, 123, 456), dataset="fashion-mnist",
+        overrides=(("data.n_train", 20000), ("data.train_subset", 20000),
+                   ("run.progress", False))),
+    "paper": Scale(
+        "paper", epochs=100, control_epochs=30, seeds=(42, 123, 456), dataset="cifar10",
+        overrides=()),
+}
+
+
+def get_scale(name: str) -> Scale:
+    if name not in SCALE_TABLE:
+        raise ConfigError(f"scale {name!r} is not one of {', '.join(SCALES)}")
+    return SCALE_TABLE[name]
+
+
+def base_config(scale: str, *, dataset: str | None = None, data_dir: str | None = None,
+                out_dir: str = "results", control: bool = False) -> RunConfig:
+    """The starting config of every run of an experiment at ``scale``.
+
+    ``dataset`` defaults to the scale's (synthetic for smoke, Fashion-MNIST for cpu,
+    CIFAR-10 for paper); ``data_dir`` defaults to /usr/share/datasets/fashion-mnist for
+    Fashion-MNIST. ``control=True`` uses the shorter epoch count of penalty and control
+    runs (SPEC §4: 30 epochs at paper scale).
+    """
+    spec = get_scale(scale)
+    dataset = dataset or spec.dataset
+    overrides: dict[str, Any] = dict(spec.overrides)
+    overrides["data.name"] = dataset
+    if dataset == "fashion-mnist" and data_dir is None:
+        data_dir = FASHION_MNIST_DIR
+    if dataset != "synthetic":
+        overrides["data.data_dir"] = data_dir
+        for key in ("data.n_train", "data.n_test", "data.in_dim"):
+            overrides.pop(key, None)
+    else:
+        overrides.pop("data.train_subset", None)
+    overrides["optim.epochs"] = spec.control_epochs if control else spec.epochs
+    overrides["run.out_dir"] = out_dir
+    return RunConfig().replace(**overrides)

@@ -1,0 +1,361 @@
+"""Export run records to the result layout of the original study (``--layout faeval``).
+
+The original figure scripts (``/work/shared/seeds``) read these files, relative to OUT::
+
+    results/snapshot_evolution_v2/snapshot_evolution_s{seed}.json     bp_log, fa_log, dfa_log
+    results/dfa_residual_penalty/dfa_pen_lam{λ}_s{seed}.json          log
+    results/snapshot_vit_v1/snapshot_vit_s{seed}.json                 bp_log, dfa_log
+    results/snapshot_vit_v1/snapshot_fa_canonical_s{seed}.json        fa_log
+    results/snapshot_no_outln_v1/snapshot_noLN_s{seed}.json           bp_log, dfa_log
+    results/snapshot_no_outln_v1/snapshot_fa_canonical_noln_s{seed}.json   fa_log
+    results/snapshot_synth_v1/snapshot_synth_a{α}_L{L}_s{seed}.json   bp_log, dfa_log
+    results/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json      fa_log (α = 1.0)
+    results/{dataset}/results_{dataset}.json              seed 42     {seed: {method: …}}
+    results/{dataset}_seed{seed}/results_{dataset}.json   other seeds
+
+``*_log`` and ``log`` of the snapshot and penalty files are the run's per-epoch entries
+exactly as recorded (epoch 0 = initialisation included; keys ``epoch``, ``hidden_norms``,
+``bp_grad_norms_per_sample_med``, ``acc_eval``, ``h_L_norm``, ``g_2_norm``, …). The
+``results_{dataset}.json`` files (the original's ``results_cifar10.json``; for other
+datasets the same structure under the dataset's own name) map the seed (a string) to
+``bp``, ``dfa``, ``state_bridge`` and ``credit_bridge``, each with ``log`` (a dict of
+per-epoch lists over the trained epochs 1 … E: ``epoch``, ``train_loss``, ``train_acc``,
+``test_loss``, ``test_acc`` and, for State Bridge, ``state_pred_error``), ``diagnostics``
+(the record's end-of-run block: ``bp_cosine``, ``perturbation_rho``, ``nudging`` {"0.01":
+[…]}, …) and ``drift`` (parameter name → relative change).
+
+Which run fills a file: ResidualMLP runs with terminal LN, no penalty (except the penalty
+files), all blocks trainable, real labels — for the no-LN and ViT files the same on those
+architectures, for the synthetic files StudentNet. When several families of such runs exist
+(same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
+one family fills a whole group of files: the preferred dataset (``dataset`` if given, else
+CIFAR-10, CIFAR-100, Fashion-MNIST, MNIST, synthetic), then the family with the most of the
+needed runs, then the most epochs. Only files for which runs exist are written; a file with
+some of its runs missing is written with the keys it has. ``export_manifest.json`` in OUT
+lists every file written (and the run id behind each key) and every file skipped with the
+runs it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.runs import atomic_write_json, find_records, load_record
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = ("faeval",)
+MANIFEST_FILE = "export_manifest.json"
+FINISHED = ("completed", "diverged")
+DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "synthetic")
+DEFAULT_SEEDS = (42, 123, 456)
+PENALTIES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
+RESULTS_METHODS = {"bp": "bp", "dfa": "dfa", "state_bridge": "state-bridge",
+                   "credit_bridge": "credit-bridge"}
+LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
+MAIN_SEED = 42
+# How to produce the runs a missing file needs.
+HOW = {
+    "resmlp": "creditaudit experiment audit_table",
+    "resmlp-penalty": "creditaudit experiment penalty_sweep",
+    "resmlp-noLN": "creditaudit experiment temporal",
+    "vit": "creditaudit experiment temporal --dataset cifar10 --data-dir DIR",
+    "student": "creditaudit experiment temporal",
+}
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote and skipped (paths relative to OUT)."""
+
+    out: Path
+    written: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    records_read: int = 0
+    unreadable: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
+                "unreadable": self.unreadable, "written": self.written,
+                "skipped": self.skipped}
+
+    def format(self) -> str:
+        lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
+                 f"file(s) under {self.out}"]
+        for entry in self.written:
+            extra = (f" (partial: missing {', '.join(entry['missing'])})"
+                     if entry.get("missing") else "")
+            lines.append(f"  wrote   {entry['path']}{extra}")
+        for entry in self.skipped:
+            lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
+        for path in self.unreadable:
+            lines.append(f"  unreadable record: {path}")
+        return "\n".join(lines)
+
+
+# --- record selection ---------------------------------------------------------------------
+def _variant(record: dict[str, Any]) -> str:
+    model = record["config"]["model"]
+    if model["arch"] == "resmlp" and not model["out_ln"]:
+        return "resmlp-noLN"
+    return model["arch"]
+
+
+def _is_canonical(record: dict[str, Any]) -> bool:
+    """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
+    config = record["config"]
+    return (config["model"]["residual"] and config["method"]["trainable_blocks"] is None
+            and not config["data"]["random_targets"]
+            and config["method"]["feedback_seed"] is None)
+
+
+def _family_key(record: dict[str, Any]) -> str:
+    from creditaudit.experiments.base import baseline_key
+
+    return baseline_key(record["config"])
+
+
+def _seed(record: dict[str, Any]) -> int:
+    return int(record["config"]["run"]["seed"])
+
+
+@dataclass
+class Slot:
+    """One key of one file: the run of ``method`` (λ ``penalty``) at ``seed``."""
+
+    key: str
+    method: str
+    seed: int
+    penalty: float = 0.0
+
+
+def _dataset_rank(dataset: str, wanted: str | None) -> int:
+    if wanted is not None:
+        return 0 if dataset == wanted else 1
+    return (DATASET_PREFERENCE.index(dataset) if dataset in DATASET_PREFERENCE
+            else len(DATASET_PREFERENCE))
+
+
+def choose_family(records: Sequence[dict[str, Any]], slots: Sequence[Slot],
+                  wanted_dataset: str | None) -> dict[tuple[str, int, float], dict[str, Any]]:
+    """The runs of the best family for ``slots``: {(method, seed, penalty): record}."""
+    families: dict[str, dict[tuple[str, int, float], dict[str, Any]]] = {}
+    needed = {(s.method, s.seed, float(s.penalty)) for s in slots}
+    for record in records:
+        method = record["config"]["method"]
+        key = (method["name"], _seed(record), float(method["penalty"]))
+        if key in needed:
+            families.setdefault(_family_key(record), {}).setdefault(key, record)
+    if not families:
+        return {}
+
+    def score(item: tuple[str, dict[Any, dict[str, Any]]]) -> tuple[int, int, int, str]:
+        key, members = item
+        sample = next(iter(members.values()))["config"]
+        return (_dataset_rank(sample["data"]["name"], wanted_dataset), -len(members),
+                -int(sample["optim"]["epochs"]), key)
+
+    return min(families.items(), key=score)[1]
+
+
+# --- file contents ------------------------------------------------------------------------
+def snapshot_log(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-epoch entries as recorded (a copy)."""
+    return [dict(entry) for entry in record["log"]]
+
+
+def results_log(record: dict[str, Any]) -> dict[str, list[Any]]:
+    """Per-epoch lists over the trained epochs (1 … E), the original ``log`` dict."""
+    entries = [e for e in record["log"] if e["epoch"] >= 1]
+    out = {key: [e.get(key) for e in entries] for key in LOG_LIST_KEYS}
+    if any("state_pred_error" in e for e in entries):
+        out["state_pred_error"] = [e.get("state_pred_error") for e in entries]
+    return out
+
+
+def results_entry(record: dict[str, Any]) -> dict[str, Any]:
+    diagnostics = dict(record.get("diagnostics") or {})
+    drift = diagnostics.pop("drift", {})
+    return {"log": results_log(record), "diagnostics": diagnostics, "drift": drift}
+
+
+def _lambda_name(value: float) -> str:
+    """``0.01`` → ``"0.01"`` as the original file names wrote a float."""
+    return str(float(value))
+
+
+def _needs(variant: str, slot: Slot, dataset: str | None, extra: str = "") -> str:
+    """The run a missing key needs, and the command that trains it."""
+    what = slot.method + (f" λ={slot.penalty:g}" if slot.penalty else "")
+    where = {"resmlp": "ResidualMLP with out_ln", "resmlp-noLN": "ResidualMLP without out_ln",
+             "vit": "ViT-Mini on CIFAR", "student": "StudentNet (synthetic)"}[variant]
+    how = HOW["resmlp-penalty" if slot.penalty or slot.key == "log" else variant]
+    if dataset and variant not in ("vit", "student"):
+        where += f", {dataset}"
+        how += f" --dataset {dataset}" + (" --data-dir DIR" if dataset.startswith("cifar")
+                                          else "")
+    return f"{what} on {where}{extra}, seed {slot.seed} ({how})"
+
+
+class _Writer:
+    def __init__(self, out: Path, result: ExportResult) -> None:
+        self.out, self.result = out, result
+
+    def file(self, rel: str, slots: Sequence[Slot], family: dict[Any, dict[str, Any]],
+             build: Callable[[dict[str, dict[str, Any]]], Any], needs: Callable[[Slot], str]
+             ) -> None:
+        found = {s.key: family[(s.method, s.seed, float(s.penalty))] for s in slots
+                 if (s.method, s.seed, float(s.penalty)) in family}
+        missing = [s for s in slots if s.key not in found]
+        if not found:
+            self.result.skipped.append({"path": rel, "needs": "; ".join(needs(s)
+                                                                       for s in missing)})
+            return
+        atomic_write_json(self.out / rel, build(found))
+        entry: dict[str, Any] = {"path": rel,
+                                 "runs": {key: r["run_id"] for key, r in found.items()}}
+        if missing:
+            entry["missing"] = [s.key for s in missing]
+            entry["needs"] = "; ".join(needs(s) for s in missing)
+        self.result.written.append(entry)
+
+
+def _logs(found: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {key: snapshot_log(record) for key, record in found.items()}
+
+
+def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | None = None
+                  ) -> ExportResult:
+    """Write the original study's result files from the run records below ``results_dir``.
+
+    ``dataset`` restricts the ResidualMLP files to runs on that dataset (default: the most
+    paper-like dataset present). Returns what was written and skipped; also writes
+    ``OUT/export_manifest.json``.
+    """
+    results_dir, out = Path(results_dir), Path(out)
+    if not results_dir.is_dir():
+        raise ConfigError(f"results folder {results_dir} does not exist: pass the --out folder "
+                          "of creditaudit train/sweep/experiment")
+    result = ExportResult(out=out)
+    records = []
+    for path in find_records(results_dir):
+        try:
+            record = load_record(path)
+        except CreditAuditError as err:
+            result.unreadable.append(f"{path}: {err}")
+            continue
+        # 0-epoch (random-init) runs have no trajectory to export.
+        if (record["status"] in FINISHED and _is_canonical(record)
+                and record["config"]["optim"]["epochs"] > 0):
+            records.append(record)
+    result.records_read = len(records)
+    seeds = sorted({_seed(r) for r in records}) or list(DEFAULT_SEEDS)
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_variant.setdefault(_variant(record), []).append(record)
+    writer = _Writer(out, result)
+    base = "results"
+
+    def plain(variant: str) -> list[dict[str, Any]]:
+        return [r for r in by_variant.get(variant, [])
+                if r["config"]["method"]["penalty"] == 0]
+
+    # ResidualMLP with out_ln: snapshot evolution.
+    slots = {s: [Slot(f"{m}_log", m, s) for m in ("bp", "dfa", "fa")] for s in seeds}
+    family = choose_family(plain("resmlp"), [x for v in slots.values() for x in v], dataset)
+    for seed in seeds:
+        writer.file(f"{base}/snapshot_evolution_v2/snapshot_evolution_s{seed}.json",
+                    slots[seed], family, _logs, lambda s: _needs("resmlp", s, dataset))
+
+    # DFA residual penalty.
+    penalised = [r for r in by_variant.get("resmlp", [])
+                 if r["config"]["method"]["name"] == "dfa"]
+    lambdas = sorted({*PENALTIES, *(float(r["config"]["method"]["penalty"])
+                                    for r in penalised)})
+    pen_slots = [Slot("log", "dfa", s, lam) for lam in lambdas for s in seeds]
+    family = choose_family(penalised, pen_slots, dataset)
+    for slot in pen_slots:
+        writer.file(f"{base}/dfa_residual_penalty/dfa_pen_lam{_lambda_name(slot.penalty)}"
+                    f"_s{slot.seed}.json", [slot], family,
+                    lambda found: {"log": snapshot_log(found["log"])},
+                    lambda s: _needs("resmlp", s, dataset))
+
+    # ViT-Mini and the no-LN ResidualMLP.
+    for variant, folder, name, fa_name in (
+            ("vit", "snapshot_vit_v1", "snapshot_vit", "snapshot_fa_canonical"),
+            ("resmlp-noLN", "snapshot_no_outln_v1", "snapshot_noLN",
+             "snapshot_fa_canonical_noln")):
+        pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
+        fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
+        family = choose_family(plain(variant), [x for v in (*pairs.values(), *fas.values())
+                                                for x in v], dataset)
+        for seed in seeds:
+            writer.file(f"{base}/{folder}/{name}_s{seed}.json", pairs[seed], family, _logs,
+                        lambda s, v=variant: _needs(v, s, dataset))
+            writer.file(f"{base}/{folder}/{fa_name}_s{seed}.json", fas[seed], family, _logs,
+                        lambda s, v=variant: _needs(v, s, dataset))
+
+    # StudentNet on the teacher–student task, one family per α.
+    students = plain("student")
+    alphas = sorted({float(r["config"]["data"]["alpha"]) for r in students}) or [1.0]
+    for alpha in alphas:
+        members = [r for r in students if float(r["config"]["data"]["alpha"]) == alpha]
+        pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
+        family = choose_family(members, [x for v in pairs.values() for x in v], None)
+        depth = next((len(r["log"][0]["hidden_norms"]) - 1 for r in family.values()
+                      if r["log"] and "hidden_norms" in r["log"][0]), 4)
+        for seed in seeds:
+            writer.file(f"{base}/snapshot_synth_v1/snapshot_synth_a{alpha}_L{depth}_s{seed}.json",
+                        pairs[seed], family, _logs,
+                        lambda s, a=alpha: _needs("student", s, None, f" α={a}"))
+    fa_alpha = 1.0 if 1.0 in alphas else alphas[-1]
+    members = [r for r in students if float(r["config"]["data"]["alpha"]) == fa_alpha]
+    fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
+    family = choose_family(members, [x for v in fas.values() for x in v], None)
+    for seed in seeds:
+        writer.file(f"{base}/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json", fas[seed],
+                    family, _logs, lambda s: _needs("student", s, None, f" α={fa_alpha}"))
+
+    # results_{dataset}.json: one family per dataset, one file per seed.
+    resmlp = plain("resmlp")
+    datasets = sorted({r["config"]["data"]["name"] for r in resmlp} | {"cifar10"},
+                      key=lambda d: _dataset_rank(d, None))
+    if dataset is not None:
+        datasets = [dataset]
+    for name in datasets:
+        members = [r for r in resmlp if r["config"]["data"]["name"] == name]
+        seed_list = sorted({_seed(r) for r in members}) or seeds
+        slots = {s: [Slot(key, method, s) for key, method in RESULTS_METHODS.items()]
+                 for s in seed_list}
+        family = choose_family(members, [x for v in slots.values() for x in v], name)
+        for seed in seed_list:
+            folder = name if seed == MAIN_SEED else f"{name}_seed{seed}"
+            writer.file(f"{base}/{folder}/results_{name}.json", slots[seed], family,
+                        lambda found, s=seed: {str(s): {key: results_entry(record)
+                                                        for key, record in found.items()}},
+                        lambda s, d=name: _needs("resmlp", s, d))
+    atomic_write_json(out / MANIFEST_FILE, result.to_dict())
+    return result
+
+
+def export(results_dir: str | Path, out: str | Path, *, layout: str = "faeval",
+           dataset: str | None = None) -> ExportResult:
+    """Export run records to ``layout`` (only ``faeval``: the original study's files)."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"export layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    return export_faeval(results_dir, out, dataset=dataset)
+
+
+def manifest(out: str | Path) -> dict[str, Any]:
+    """The manifest an export wrote to ``out``."""
+    return json.loads((Path(out) / MANIFEST_FILE).read_text())
+
+
+__all__ = ["export", "export_faeval", "ExportResult", "LAYOUTS", "results_log", "snapshot_log",
+           "manifest"]

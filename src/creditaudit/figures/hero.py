@@ -1,0 +1,139 @@
+"""Figure 1, the audit hero: the standard reporting pair hides what the protocol shows.
+
+(A) final test accuracy against the headline aggregate Γ, with quadrant shading at chance
+(1/C) and Γ = 0; (B) end-of-run per-layer cosine cos(a_l, g_l) per method; (C) per-layer
+median ‖g_l‖ at the last epoch on a log axis with the 1e-7 floor. Every point is the mean
+across seeds (error bars ± std).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from creditaudit.figures.common import (
+    FLOOR,
+    MissingRuns,
+    RunIndex,
+    add_grid,
+    choose_group,
+    describe_recipe,
+    floor_line,
+    layer_mean_std,
+    mean_std,
+    method_color,
+    method_label,
+    method_marker,
+    need_methods,
+    new_figure,
+    save_all,
+    seed_runs,
+    sort_methods,
+)
+from creditaudit.protocol import HEADLINE_GAMMA
+
+NAME = "fig1_hero"
+TITLE = "Figure 1 — audit hero"
+requirements = ("BP, FA and DFA runs without penalty (λ = 0) of one recipe (same data, "
+                "architecture and optimiser), ≥ 1 seed each; preferably ResMLP with terminal "
+                "LN. EP and bridge runs of that recipe are drawn too.")
+REQUIRED = (("bp", 0.0, "BP runs (method bp, λ = 0)"),
+            ("fa", 0.0, "FA runs (method fa, λ = 0)"),
+            ("dfa", 0.0, "DFA runs (method dfa, λ = 0)"))
+
+
+def select(index: RunIndex) -> dict[str, list]:
+    """The runs Figure 1 draws: {method: one run per seed}."""
+    group = choose_group(index, TITLE, lambda g: need_methods(g, REQUIRED),
+                         prefer=lambda g: (g[0].arch_label == "resmlp", g[0].epochs, len(g)))
+    methods = sort_methods(r.method for r in group if r.penalty == 0 and r.method != "frozen")
+    return {m: seed_runs(group, m) for m in methods}
+
+
+def build(index: RunIndex) -> dict[str, Figure]:
+    chosen = select(index)
+    fig, axes = new_figure(1, 3, figsize=(11, 4.0))
+    fig.subplots_adjust(wspace=0.38)
+    first = next(iter(chosen.values()))[0]
+    chance = 1.0 / first.n_classes
+
+    # (A) accuracy vs aggregate Γ
+    ax = axes[0, 0]
+    points = {}
+    for method, runs in chosen.items():
+        gamma = mean_std(r.headline_gamma for r in runs)
+        acc = mean_std(r.final_acc for r in runs)
+        points[method] = (gamma, acc)
+    xs = [p[0][0] for p in points.values() if np.isfinite(p[0][0])]
+    ys = [p[1][0] for p in points.values() if np.isfinite(p[1][0])]
+    x_lo, x_hi = min([-0.22, *(x - 0.1 for x in xs)]), max([1.12, *(x + 0.1 for x in xs)])
+    y_lo, y_hi = -0.02, max([chance * 1.5, *(y + 0.08 for y in ys)])
+    ax.fill_between([0, x_hi], chance, y_hi, color="#c8e6c9", alpha=0.5, zorder=0)
+    ax.fill_between([x_lo, 0], y_lo, chance, color="#ffcdd2", alpha=0.5, zorder=0)
+    ax.fill_between([x_lo, 0], chance, y_hi, color="#f5f5f5", alpha=0.6, zorder=0)
+    ax.fill_between([0, x_hi], y_lo, chance, color="#f5f5f5", alpha=0.6, zorder=0)
+    ax.axvline(0, color="gray", lw=0.6, ls="--", zorder=1)
+    ax.axhline(chance, color="gray", lw=0.6, ls="--", zorder=1, gid="chance",
+               label=f"chance 1/{first.n_classes}")
+    ax.text(x_hi * 0.5, (chance + y_hi) / 2, '"looks like\nlearning"', fontsize=7,
+            color="#388e3c", ha="center", va="center", fontweight="bold")
+    for method, ((g, g_sd), (acc, acc_sd)) in points.items():
+        ax.errorbar([g], [acc], xerr=[g_sd], yerr=[acc_sd], fmt=method_marker(method),
+                    color=method_color(method), mec="k", mew=0.5, ms=8, capsize=2, zorder=5,
+                    label=method_label(method), gid=f"point:{method}")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    ax.set_xlabel(f"aggregate Γ ({HEADLINE_GAMMA.replace('_', ' ')})")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("(A) standard reporting pair", loc="left", fontweight="bold")
+    ax.legend(loc="upper left", fontsize=7)
+
+    # (B) per-layer cosine
+    ax = axes[0, 1]
+    for method, runs in chosen.items():
+        mean, std = layer_mean_std([r.diagnostics.get("bp_cosine") for r in runs])
+        layers = np.arange(len(mean))
+        ax.errorbar(layers, mean, yerr=std, color=method_color(method),
+                    marker=method_marker(method), ms=5, lw=1.8, capsize=2,
+                    label=method_label(method), gid=f"cos:{method}")
+    ax.axhline(0, color="gray", lw=0.5, ls=":")
+    _layer_ticks(ax, len(mean))
+    ax.set_xlabel("state $h_l$")
+    ax.set_ylabel(r"$\cos(a_l, g_l)$")
+    ax.set_title("(B) per-layer cosine", loc="left", fontweight="bold")
+    ax.legend(fontsize=7)
+
+    # (C) per-layer ‖g_l‖
+    ax = axes[0, 2]
+    for method, runs in chosen.items():
+        mean, _ = layer_mean_std([r.last("bp_grad_norms_per_sample_med") for r in runs])
+        ax.semilogy(np.arange(len(mean)), mean, color=method_color(method),
+                    marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),
+                    gid=f"grad:{method}")
+    floor_line(ax)
+    _layer_ticks(ax, len(mean))
+    ax.set_xlabel("state $h_l$")
+    ax.set_ylabel(r"median $\|g_l\|$ (1/128 scale)")
+    ax.set_title(r"(C) per-layer $\|g_l\|$ (BP gradient)", loc="left", fontweight="bold")
+    lo = min([FLOOR, *(v for line in ax.get_lines() for v in np.atleast_1d(line.get_ydata())
+                       if v > 0)])
+    ax.set_ylim(bottom=lo / 10)
+    ax.legend(fontsize=7)
+    for a in axes[0]:
+        add_grid(a, log_scale=a is axes[0, 2])
+    fig.suptitle(f"Audit hero — {describe_recipe(first)}", y=1.02)
+    return {NAME: fig}
+
+
+def _layer_ticks(ax, n: int) -> None:
+    ax.set_xticks(np.arange(n))
+    ax.set_xticklabels([f"$h_{{{layer}}}$" for layer in range(n)])
+
+
+def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
+    return save_all(build(index), out_dir)
+
+
+__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select", "MissingRuns"]

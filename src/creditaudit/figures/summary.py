@@ -1,0 +1,200 @@
+"""Figure 5, the multi-seed summary set (five files).
+
+- ``fig5a_accuracy``: train and test accuracy per epoch, mean ± std across seeds;
+- ``fig5b_per_layer``: end-of-run per-layer cosine cos(a_l, g_l), perturbation correlation
+  ρ_l and nudging Δ loss at the smallest recorded η (deep layers), mean ± std;
+- ``fig5c_drift``: feature drift ‖W_final − W_init‖/‖W_init‖ of ``blocks.{l}.w1.weight``;
+- ``fig5d_bridge``: the State Bridge's state-prediction error per epoch (one line per seed)
+  beside the final accuracy of DFA and the two bridges;
+- ``fig5e_final_accuracy``: final test accuracy per method, mean ± std.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from creditaudit.figures.common import (
+    Run,
+    RunIndex,
+    add_grid,
+    choose_group,
+    describe_recipe,
+    epoch_mean_std,
+    integer_x,
+    layer_mean_std,
+    mean_line,
+    mean_std,
+    method_color,
+    method_label,
+    method_marker,
+    need_methods,
+    new_figure,
+    save_all,
+    seed_runs,
+    sort_methods,
+)
+
+NAME = "fig5_summary"
+NAMES = ("fig5a_accuracy", "fig5b_per_layer", "fig5c_drift", "fig5d_bridge",
+         "fig5e_final_accuracy")
+TITLE = "Figure 5 — multi-seed summary set"
+requirements = ("BP, DFA, State Bridge and Credit Bridge runs without penalty of one recipe "
+                "(--method bp, dfa, state-bridge, credit-bridge), ≥ 1 seed each (3 for "
+                "meaningful error bars). FA, EP and frozen-blocks runs of that recipe are "
+                "drawn too.")
+REQUIRED = (("bp", 0.0, "BP runs (λ = 0)"), ("dfa", 0.0, "DFA runs (λ = 0)"),
+            ("state-bridge", 0.0, "State Bridge runs (method state-bridge, λ = 0)"),
+            ("credit-bridge", 0.0, "Credit Bridge runs (method credit-bridge, λ = 0)"))
+BRIDGE_COMPARISON = ("dfa", "state-bridge", "credit-bridge")
+
+
+def select(index: RunIndex) -> dict[str, list[Run]]:
+    """{method: one run per seed} for every λ = 0 method of the chosen recipe."""
+    group = choose_group(index, TITLE, lambda g: need_methods(g, REQUIRED))
+    methods = sort_methods(r.method for r in group if r.penalty == 0)
+    return {m: seed_runs(group, m) for m in methods}
+
+
+def nudging_eta(runs_by_method: dict[str, list[Run]]) -> str | None:
+    """The smallest nudging step η recorded by any run (the records' key, e.g. "0.01")."""
+    etas = {eta for runs in runs_by_method.values() for r in runs
+            for eta in (r.diagnostics.get("nudging") or {})}
+    return min(etas, key=float) if etas else None
+
+
+def drift_keys(run: Run) -> list[str]:
+    """``blocks.{l}.w1.weight`` for l = 0 … L−1 (those present in the record)."""
+    drift = run.diagnostics.get("drift") or {}
+    return [k for k in (f"blocks.{l}.w1.weight" for l in range(run.config.model.n_blocks))
+            if k in drift]
+
+
+def build(index: RunIndex) -> dict[str, Figure]:
+    chosen = select(index)
+    credited = {m: runs for m, runs in chosen.items() if m != "frozen"}
+    where = describe_recipe(next(iter(chosen.values()))[0])
+    n_seeds = max(len(runs) for runs in chosen.values())
+    figures: dict[str, Figure] = {}
+
+    # 5a accuracy curves
+    fig, axes = new_figure(1, 2, figsize=(12, 4.5))
+    for ax, key, title in ((axes[0, 0], "train_acc", "train accuracy"),
+                           (axes[0, 1], "test_acc", "test accuracy")):
+        for method, runs in chosen.items():
+            epochs, mean, std = epoch_mean_std(runs, key)
+            mean_line(ax, epochs, mean, std, label=method_label(method),
+                      color=method_color(method), gid=f"{key}:{method}")
+        ax.set_xlabel("epoch")
+        integer_x(ax)
+        ax.set_ylabel(title)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        add_grid(ax)
+    fig.suptitle(f"Accuracy, mean ± std over {n_seeds} seed(s) — {where}", y=1.02)
+    figures["fig5a_accuracy"] = fig
+
+    # 5b per-layer cosine, ρ, nudging
+    eta = nudging_eta(credited)
+    fig, axes = new_figure(1, 3, figsize=(16, 4.5))
+    panels = (("bp_cosine", "cosine with BP gradient", "per-layer cosine", 0),
+              ("perturbation_rho", "perturbation correlation ρ", "perturbation correlation",
+               0),
+              ("nudging", "Δ loss (negative = useful)",
+               f"nudging test (η={eta})" if eta else "nudging test (not recorded)", 1))
+    for ax, (key, ylabel, title, first_layer) in zip(axes[0], panels):
+        for method, runs in credited.items():
+            if key == "nudging":
+                rows = [(r.diagnostics.get("nudging") or {}).get(eta) for r in runs]
+            else:
+                rows = [r.diagnostics.get(key) for r in runs]
+            mean, std = layer_mean_std(rows)
+            if mean.size == 0:
+                continue
+            ax.errorbar(np.arange(first_layer, first_layer + mean.size), mean, yerr=std,
+                        color=method_color(method), marker=method_marker(method), ms=4,
+                        capsize=2, label=method_label(method), gid=f"{key}:{method}")
+        ax.axhline(0, color="gray", ls="--", alpha=0.5)
+        ax.set_xlabel("layer $l$")
+        integer_x(ax)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        add_grid(ax)
+    fig.suptitle(f"Per-layer credit diagnostics, end of run — {where}", y=1.02)
+    figures["fig5b_per_layer"] = fig
+
+    # 5c feature drift
+    fig, axes = new_figure(1, 1, figsize=(8, 5))
+    ax = axes[0, 0]
+    for method, runs in chosen.items():
+        keys = drift_keys(runs[0])
+        mean, std = layer_mean_std([[(r.diagnostics.get("drift") or {}).get(k) for k in keys]
+                                    for r in runs])
+        if mean.size == 0:
+            continue
+        ax.errorbar(np.arange(mean.size), mean, yerr=std, color=method_color(method),
+                    marker=method_marker(method), ms=4, capsize=2, label=method_label(method),
+                    gid=f"drift:{method}")
+    ax.set_xlabel("block $l$ (blocks.$l$.w1.weight)")
+    integer_x(ax)
+    ax.set_ylabel(r"$\|W_{final} - W_{init}\| / \|W_{init}\|$")
+    ax.set_title(f"Feature drift per block — {where}")
+    ax.legend(fontsize=8)
+    add_grid(ax)
+    figures["fig5c_drift"] = fig
+
+    # 5d bridge prediction error vs accuracy
+    fig, axes = new_figure(1, 2, figsize=(12, 4.5))
+    ax = axes[0, 0]
+    for run in chosen["state-bridge"]:
+        epochs, values = run.series("state_pred_error")
+        ax.plot(epochs, values, alpha=0.8, label=f"seed {run.seed}",
+                gid=f"state_pred_error:{run.seed}")
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    integer_x(ax)
+    ax.set_ylabel("state prediction error")
+    ax.set_title("State Bridge: prediction error of $h_L$")
+    ax.legend(fontsize=8)
+    add_grid(ax, log_scale=True)
+    ax = axes[0, 1]
+    methods = [m for m in BRIDGE_COMPARISON if m in chosen]
+    stats = [mean_std(r.final_acc for r in chosen[m]) for m in methods]
+    ax.bar(np.arange(len(methods)), [m for m, _ in stats], yerr=[s for _, s in stats],
+           color=[method_color(m) for m in methods], capsize=5, alpha=0.85, gid="bridge_acc")
+    ax.set_xticks(np.arange(len(methods)))
+    ax.set_xticklabels([method_label(m) for m in methods])
+    ax.set_ylabel("test accuracy")
+    ax.set_title("final test accuracy")
+    add_grid(ax)
+    fig.suptitle(f"Bridge prediction quality vs accuracy — {where}", y=1.02)
+    figures["fig5d_bridge"] = fig
+
+    # 5e final accuracy bars
+    fig, axes = new_figure(1, 1, figsize=(9, 5))
+    ax = axes[0, 0]
+    methods = list(chosen)
+    stats = [mean_std(r.final_acc for r in chosen[m]) for m in methods]
+    bars = ax.bar(np.arange(len(methods)), [m for m, _ in stats], 0.6,
+                  yerr=[s for _, s in stats], color=[method_color(m) for m in methods],
+                  capsize=5, alpha=0.85, gid="final_acc")
+    for bar, (mean, std) in zip(bars, stats):
+        ax.text(bar.get_x() + bar.get_width() / 2, mean + std + 0.005, f"{mean:.1%}",
+                ha="center", va="bottom", fontweight="bold")
+    ax.set_xticks(np.arange(len(methods)))
+    ax.set_xticklabels([method_label(m) for m in methods])
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"Final test accuracy ({n_seeds} seed(s)) — {where}")
+    add_grid(ax)
+    figures["fig5e_final_accuracy"] = fig
+    return figures
+
+
+def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
+    return save_all(build(index), out_dir)
+
+
+__all__ = ["NAME", "NAMES", "TITLE", "requirements", "build", "render", "select"]

@@ -1,0 +1,114 @@
+"""Figure 2, the cross-architecture temporal grid.
+
+Rows: the architectures present among ResMLP (terminal LN), ViT-Mini, ResMLP without
+terminal LN and StudentNet; columns: ‖h_L‖ (log), ‖g_L‖ (log, one y range shared by all
+rows, with the 1e-7 floor) and test accuracy per epoch; one line per method (mean across
+seeds, ± std band).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from creditaudit.figures.common import (
+    ARCH_LABELS,
+    ARCH_ROWS,
+    FLOOR,
+    MissingRuns,
+    Run,
+    RunIndex,
+    add_grid,
+    choose_group,
+    epoch_mean_std,
+    floor_line,
+    integer_x,
+    mean_line,
+    method_color,
+    method_label,
+    need_methods,
+    new_figure,
+    positive,
+    save_all,
+    seed_runs,
+    sort_methods,
+)
+
+NAME = "fig2_temporal"
+TITLE = "Figure 2 — cross-architecture temporal grid"
+requirements = ("for at least one architecture among ResMLP, ViT-Mini, ResMLP with "
+                "--no-out-ln and StudentNet (--arch student): BP, FA and DFA runs without "
+                "penalty of one recipe, ≥ 1 seed each. Each architecture that has them "
+                "becomes a row.")
+REQUIRED = (("bp", 0.0, "BP runs (λ = 0)"), ("fa", 0.0, "FA runs (λ = 0)"),
+            ("dfa", 0.0, "DFA runs (λ = 0)"))
+COLUMNS = (("h_L_norm", r"$\|h_L\|$ (residual norm)"),
+           ("g_L_norm", r"$\|g_L\|$ (BP gradient at $h_L$)"),
+           ("acc_eval", "test accuracy"))
+
+
+def select(index: RunIndex) -> dict[str, dict[str, list[Run]]]:
+    """{architecture row: {method: one run per seed}} for every architecture with runs."""
+    rows: dict[str, dict[str, list[Run]]] = {}
+    missing: list[str] = []
+    for label in ARCH_ROWS:
+        runs = index.select(arch_label=label)
+        if not runs:
+            missing.append(f"{ARCH_LABELS[label]}: no runs")
+            continue
+        try:
+            group = choose_group(index, TITLE, lambda g: need_methods(g, REQUIRED), runs=runs)
+        except MissingRuns as err:
+            missing.append(f"{ARCH_LABELS[label]}: " + "; ".join(err.needs))
+            continue
+        methods = sort_methods(r.method for r in group
+                               if r.penalty == 0 and r.method != "frozen")
+        rows[label] = {m: seed_runs(group, m) for m in methods}
+    if not rows:
+        raise MissingRuns(TITLE, ["BP, FA and DFA runs (λ = 0) of one architecture — "
+                                  + " | ".join(missing)])
+    return rows
+
+
+def build(index: RunIndex) -> dict[str, Figure]:
+    rows = select(index)
+    fig, axes = new_figure(len(rows), 3, figsize=(10.5, 2.5 * len(rows) + 0.6))
+    fig.subplots_adjust(wspace=0.35, hspace=0.45)
+    g_values: list[float] = []
+    for row, (label, methods) in enumerate(rows.items()):
+        for col, (key, title) in enumerate(COLUMNS):
+            ax = axes[row, col]
+            for method, runs in methods.items():
+                epochs, mean, std = epoch_mean_std(runs, key)
+                mean_line(ax, epochs, mean, std, label=method_label(method),
+                          color=method_color(method), lw=1.5, gid=f"{label}:{key}:{method}")
+                if key == "g_L_norm":
+                    g_values.extend(positive(mean))
+            if key != "acc_eval":
+                ax.set_yscale("log")
+            if key == "g_L_norm":
+                floor_line(ax)
+            if row == 0:
+                ax.set_title(title)
+            if row == len(rows) - 1:
+                ax.set_xlabel("epoch")
+            integer_x(ax)
+            ax.set_ylabel({"h_L_norm": f"{ARCH_LABELS[label]}\n" + r"$\|h_L\|_2$",
+                           "g_L_norm": r"$\|g_L\|_2$", "acc_eval": "test accuracy"}[key])
+            add_grid(ax, log_scale=key != "acc_eval")
+    axes[0, 0].legend(loc="best", fontsize=7)
+    axes[0, 1].legend(loc="best", fontsize=7)
+    # One ‖g_L‖ range for all rows so the rows compare at a glance.
+    lo = min([FLOOR, *g_values]) / 10
+    hi = max([FLOOR, *g_values]) * 10
+    for row in range(len(rows)):
+        axes[row, 1].set_ylim(lo, hi)
+    return {NAME: fig}
+
+
+def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
+    return save_all(build(index), out_dir)
+
+
+__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select"]

@@ -1,0 +1,446 @@
+"""Reports of a results folder: ``report.md`` and a self-contained ``report.html``.
+
+Everything is read from run records (never a live model): the audit table (one row per
+run, from the run's protocol block), a summary across seeds, the figures the runs support
+(embedded in the HTML as base64 PNG) and the SPEC §5 reporting-template rows of every run.
+
+With ``frozen_from_runs`` (``creditaudit report --frozen-from-runs``), diagnostic (d) of each
+run is re-evaluated against the mean final accuracy of the frozen-blocks runs of the same
+recipe (same data, architecture and optimiser), when there are any; the table marks those
+rows with †.
+
+The HTML is produced by :func:`markdown_to_html`, a converter for exactly the Markdown this
+module and :mod:`creditaudit.report` emit (headings, tables, fenced code, lists, paragraphs,
+images, ``**bold**`` and `` `code` ``) — no dependency beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditaudit.figures.common import (
+    ARCH_LABELS,
+    Run,
+    RunIndex,
+    mean_std,
+    method_label,
+    sort_methods,
+)
+from creditaudit.protocol import (
+    DIAGNOSTIC_NAMES,
+    FIRED,
+    HEADLINE_GAMMA,
+    NOT_EVALUATED,
+    DiagnosticReport,
+    labels,
+)
+from creditaudit.report import fmt
+from creditaudit.runs import atomic_write_bytes
+
+REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
+AUDIT_COLUMNS = ("run", "method", "λ", "arch", "out_ln", "dataset", "seed", "status", "acc",
+                 "deep cos", f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})", "(a)", "(b)", "(c)",
+                 "(d)", "verdict")
+RECOMPUTED_MARK = "†"
+
+
+# --- table rows ---------------------------------------------------------------------------
+def _cell(text: Any) -> str:
+    """Text for a Markdown table cell (pipes escaped, one line)."""
+    return _line(text).replace("|", "\\|")
+
+
+def _line(text: Any) -> str:
+    return str(text).replace("\n", " ")
+
+
+def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
+    """``fired 694``, ``passed 1.01``, ``n/e`` — status and the compared value."""
+    if report is None:
+        return "—"
+    result = report.diagnostic(id_)
+    if result.status == NOT_EVALUATED:
+        return "n/e"
+    if result.value is None:
+        value = ""
+    elif id_ == "d":
+        value = f" {result.value:+.2f} pp"
+    elif id_ == "c":
+        value = f" {result.value:.3f}"
+    else:
+        value = f" {result.value:.3g}"
+    word = "**fired**" if result.status == FIRED else result.status
+    return word + value
+
+
+def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
+    if report is None:
+        if run.status in ("failed", "interrupted", "running"):
+            return f"— (run {run.status})"
+        return "— (no protocol block)"
+    text = report.verdict + (f" {labels(report.fired)}" if report.fired else "")
+    if report.metadata.get("frozen_from_runs"):
+        text += f" {RECOMPUTED_MARK}"
+    return text
+
+
+def arch_text(run: Run) -> str:
+    model = run.config.model
+    name = ARCH_LABELS.get(run.arch_label, run.arch_label)
+    if run.arch == "student":
+        return name
+    return f"{name} d={model.d} L={model.n_blocks}"
+
+
+def audit_row(index: RunIndex, run: Run) -> dict[str, str]:
+    """One audit-table row (cells as Markdown text) for ``run``."""
+    report = index.protocol_report(run)
+    return {
+        "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
+        "arch": arch_text(run),
+        "out_ln": "—" if run.arch == "student" else fmt(run.out_ln),
+        "dataset": run.dataset, "seed": str(run.seed), "status": run.status,
+        "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
+        AUDIT_COLUMNS[10]: fmt(run.headline_gamma, "+.3f"),
+        **{f"({i})": diagnostic_cell(report, i) for i in DIAGNOSTIC_NAMES},
+        "verdict": verdict_cell(report, run),
+    }
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[dict[str, str]]) -> list[str]:
+    out = ["| " + " | ".join(_cell(c) for c in columns) + " |",
+           "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return out
+
+
+@dataclass
+class SummaryGroup:
+    """Runs of one method and λ on one recipe (its seeds)."""
+
+    runs: list[Run] = field(default_factory=list)
+    reports: list[DiagnosticReport | None] = field(default_factory=list)
+
+
+def summary_rows(index: RunIndex) -> list[dict[str, str]]:
+    """Across seeds: one row per dataset × architecture × recipe × method × λ."""
+    groups: dict[tuple, SummaryGroup] = {}
+    for run in index.all_runs:
+        key = (run.dataset, run.recipe, run.method, run.penalty)
+        group = groups.setdefault(key, SummaryGroup())
+        group.runs.append(run)
+        group.reports.append(index.protocol_report(run))
+    rows = []
+    order = {m: i for i, m in enumerate(sort_methods(r.method for r in index.all_runs))}
+    for key in sorted(groups, key=lambda k: (k[0], k[1], order[k[2]], k[3])):
+        group = groups[key]
+        run = group.runs[0]
+
+        def ms(values: Any, spec: str) -> str:
+            mean, std = mean_std(values)
+            return "—" if math.isnan(mean) else f"{mean:{spec}} ± {std:.3f}"
+
+        audited = [r for r in group.reports if r is not None]
+        walked = sum(bool(r.fired) for r in audited)
+        fired: dict[str, int] = {}
+        for report in audited:
+            for id_ in report.fired:
+                fired[id_] = fired.get(id_, 0) + 1
+        rows.append({
+            "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
+            "arch": arch_text(run), "dataset": run.dataset,
+            "epochs": str(run.epochs),
+            "seeds": ", ".join(str(r.seed) for r in group.runs),
+            "test acc": ms((r.final_acc for r in group.runs), ".3f"),
+            "deep cos": ms((r.deep_cos for r in group.runs), "+.3f"),
+            "Γ": ms((r.headline_gamma for r in group.runs), "+.3f"),
+            "walked back": f"{walked}/{len(audited)}" if audited else "—",
+            "fired": " ".join(f"({i})×{n}" for i, n in sorted(fired.items())) or "—",
+        })
+    return rows
+
+
+SUMMARY_COLUMNS = ("method", "λ", "arch", "dataset", "epochs", "seeds", "test acc",
+                   "deep cos", "Γ", "walked back", "fired")
+
+
+# --- the report ---------------------------------------------------------------------------
+def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
+                           missing: Sequence[tuple[Any, Any]] = (),
+                           figures_dir: str = FIGURES_DIR) -> str:
+    """The report as Markdown; figure images are referenced as ``figures_dir/NAME.png``
+    (relative to the report's folder). ``rendered``/``missing``: what
+    :func:`creditaudit.figures.render_all` returned."""
+    runs = index.all_runs
+    lines = ["# creditaudit report", ""]
+    where = f" in `{index.root}`" if index.root is not None else ""
+    statuses: dict[str, int] = {}
+    for run in runs:
+        statuses[run.status] = statuses.get(run.status, 0) + 1
+    status_text = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
+    lines.append("")
+    if index.skipped:
+        lines += ["Records that could not be read (left out):", ""]
+        lines += [f"- `{path}`: {_line(reason)}" for path, reason in index.skipped]
+        lines.append("")
+    lines += ["Every number below is read from the run records. Statuses: **fired**, passed, "
+              "n/e = not evaluated (never counted as passed). Thresholds: (a) growth > 50×, "
+              "(b) ‖g_L‖ < 1e-7, (c) stability > 0.30, (d) margin < 2 pp unless the records "
+              "say otherwise.", ""]
+
+    lines += ["## Audit table", ""]
+    if runs:
+        rows = [audit_row(index, run) for run in runs]
+        lines += markdown_table(AUDIT_COLUMNS, rows)
+        lines.append("")
+        lines += _frozen_notes(index, rows)
+    else:
+        lines += ["No run records found.", ""]
+
+    if runs:
+        lines += ["## Summary across seeds", ""]
+        lines += markdown_table(SUMMARY_COLUMNS, summary_rows(index))
+        lines += ["", "Mean ± std (population) over the seeds of each row; walked back = runs "
+                      "whose verdict needs walk-back / runs with a protocol block.", ""]
+
+    lines += ["## Figures", ""]
+    for figure in rendered:
+        lines += [f"### {figure.title}", ""]
+        for png in figure.pngs:
+            lines += [f"![{png.stem}]({figures_dir}/{png.name})", ""]
+    if not rendered:
+        lines += ["No figure could be drawn from these runs.", ""]
+    if missing:
+        lines += ["Figures the runs do not support yet:", ""]
+        for module, err in missing:
+            lines.append(f"- **{module.TITLE}** — needs: {_line('; '.join(err.needs))}. "
+                         f"Runs it reads: {_line(module.requirements)}")
+        lines.append("")
+
+    lines += ["## Reporting template, per run", ""]
+    any_template = False
+    for run in runs:
+        report = index.protocol_report(run)
+        if report is None:
+            continue
+        any_template = True
+        lines += [f"### {run.run_id}", "", report.to_markdown(), ""]
+    if not any_template:
+        lines += ["No run has a protocol block.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
+    notes = []
+    recomputed = [r for r in rows if r["verdict"].endswith(RECOMPUTED_MARK)]
+    if recomputed:
+        notes.append(f"{RECOMPUTED_MARK} (d) re-evaluated against the mean final accuracy of "
+                     "the frozen-blocks runs of the same recipe (same data, architecture and "
+                     "optimiser; `--frozen-from-runs`), not the record's own (d); the verdict "
+                     f"follows. {len(recomputed)} run(s).")
+    elif not index.frozen_from_runs:
+        could = [run for run in index.all_runs if run.method != "frozen"
+                 and index.frozen_baseline(run) is not None
+                 and (report := index.protocol_report(run)) is not None
+                 and report.diagnostic("d").status == NOT_EVALUATED]
+        if could:
+            notes.append(f"{len(could)} run(s) have (d) not evaluated although frozen-blocks "
+                         "runs of their recipe exist: run `creditaudit report "
+                         "--frozen-from-runs` to evaluate (d) against them.")
+    return [*notes, ""] if notes else []
+
+
+# --- Markdown → HTML ------------------------------------------------------------------------
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
+h1, h2, h3 { border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+h3 { font-size: 1.05em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .85em; display: block;
+        overflow-x: auto; }
+th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical-align: top; }
+th { background: #f2f2f2; }
+tr:nth-child(even) td { background: #fafafa; }
+pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
+code { background: #f6f8fa; padding: 0 .2em; }
+figure { margin: 1em 0; }
+figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #666; font-size: .85em; }
+strong { color: #b2182b; }
+"""
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def _data_uri(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _inline(text: str) -> str:
+    """Escape HTML, then `code` and **bold** (code spans are not formatted further)."""
+    parts = re.split(r"(`[^`]*`)", text)
+    out = []
+    for part in parts:
+        if len(part) >= 2 and part.startswith("`") and part.endswith("`"):
+            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+        else:
+            escaped = html.escape(part)
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped))
+    return "".join(out)
+
+
+def _split_row(line: str) -> list[str]:
+    body = line.strip()
+    body = body[1:] if body.startswith("|") else body
+    body = body[:-1] if body.endswith("|") and not body.endswith("\\|") else body
+    cells = re.split(r"(?<!\\)\|", body)
+    return [c.strip().replace("\\|", "|") for c in cells]
+
+
+def markdown_to_html(text: str, *, base_dir: str | Path = ".", title: str = "creditaudit report"
+                     ) -> str:
+    """A self-contained HTML page for the Markdown subset the reports use.
+
+    Images ``![alt](path.png)`` (on a line of their own) are read relative to ``base_dir``
+    and embedded as base64 data URIs; an image that cannot be read becomes a note.
+    """
+    base = Path(base_dir)
+    lines = text.splitlines()
+    body: list[str] = []
+    paragraph: list[str] = []
+
+    def flush() -> None:
+        if paragraph:
+            body.append("<p>" + " ".join(_inline(p) for p in paragraph) + "</p>")
+            paragraph.clear()
+
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            flush()
+            code = []
+            i += 1
+            while i < len(lines) and not lines[i].strip().startswith("```"):
+                code.append(lines[i])
+                i += 1
+            body.append("<pre><code>" + html.escape("\n".join(code)) + "</code></pre>")
+            i += 1
+            continue
+        if not stripped:
+            flush()
+            i += 1
+            continue
+        heading = re.match(r"^(#{1,6})\s+(.*)$", stripped)
+        if heading:
+            flush()
+            level = len(heading.group(1))
+            body.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
+            i += 1
+            continue
+        if stripped.startswith("|"):
+            flush()
+            rows = []
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                rows.append(_split_row(lines[i]))
+                i += 1
+            body.append(_table_html(rows))
+            continue
+        if stripped.startswith("- "):
+            flush()
+            items = []
+            while i < len(lines) and lines[i].strip().startswith("- "):
+                items.append(f"<li>{_inline(lines[i].strip()[2:])}</li>")
+                i += 1
+            body.append("<ul>" + "".join(items) + "</ul>")
+            continue
+        image = _IMAGE.fullmatch(stripped)
+        if image:
+            flush()
+            alt, src = image.groups()
+            uri = _data_uri(base / src)
+            if uri is None:
+                body.append(f"<p><em>image {html.escape(src)} could not be read</em></p>")
+            else:
+                body.append(f'<figure><img alt="{html.escape(alt)}" src="{uri}">'
+                            f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+            i += 1
+            continue
+        paragraph.append(stripped)
+        i += 1
+    flush()
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(body) + "\n</body>\n</html>\n")
+
+
+def _table_html(rows: list[list[str]]) -> str:
+    if len(rows) >= 2 and all(re.fullmatch(r":?-{3,}:?", c) for c in rows[1] if c):
+        header, data = rows[0], rows[2:]
+    else:
+        header, data = None, rows
+    out = ["<table>"]
+    if header is not None:
+        out.append("<thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header)
+                   + "</tr></thead>")
+    out.append("<tbody>")
+    out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in data]
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+# --- writing ------------------------------------------------------------------------------
+@dataclass
+class ReportFiles:
+    """What :func:`write_report` wrote."""
+
+    markdown: Path
+    html: Path
+    rendered: list[Any]
+    missing: list[tuple[Any, Any]]
+
+
+def write_report(index: RunIndex, out_dir: str | Path, *, rendered: Sequence[Any] | None = None,
+                 missing: Sequence[tuple[Any, Any]] | None = None) -> ReportFiles:
+    """Write ``out_dir/report.md``, ``out_dir/report.html`` and the figures.
+
+    Figures are rendered into ``out_dir/figures`` unless ``rendered`` (and ``missing``) from
+    an earlier :func:`creditaudit.figures.render_all` are passed; their PNGs are then
+    referenced where they are (relative to ``out_dir`` when possible) and embedded in the
+    HTML.
+    """
+    from creditaudit.figures import render_all
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if rendered is None:
+        rendered, missing = render_all(index, out / FIGURES_DIR)
+    rendered, missing = list(rendered), list(missing or [])
+    folders = {p.parent for f in rendered for p in f.pngs}
+    figures_dir = FIGURES_DIR
+    if folders and folders != {out / FIGURES_DIR}:
+        folder = next(iter(folders)).resolve()
+        figures_dir = Path(os.path.relpath(folder, out.resolve())).as_posix()
+    text = render_report_markdown(index, rendered=rendered, missing=missing,
+                                  figures_dir=figures_dir)
+    md_path, html_path = out / REPORT_MD, out / REPORT_HTML
+    atomic_write_bytes(md_path, text.encode())
+    atomic_write_bytes(html_path, markdown_to_html(text, base_dir=out).encode())
+    return ReportFiles(md_path, html_path, rendered, missing)
+
+
+__all__ = ["write_report", "render_report_markdown", "markdown_to_html", "audit_row",
+           "summary_rows", "ReportFiles"]

@@ -1,0 +1,330 @@
+"""Shipped experiments: every one at smoke scale, run sharing and reuse, multi-seed
+aggregation against hand computations, decision utility and threshold sensitivity on
+hand-built records, the ``experiment`` command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
+from creditaudit.experiments import (
+    aggregate,
+    experiment_names,
+    get_experiment,
+    group_records,
+    run_experiment,
+)
+from creditaudit.experiments.base import protocol_verdict
+from creditaudit.experiments.penalty_sweep import LAMBDAS
+from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED
+from creditaudit.runs import RECORD_FILE, load_record, save_record
+
+NAMES = ["audit_table", "random_init", "decision_utility", "threshold_sensitivity",
+         "temporal", "penalty_sweep", "capacity_cost", "fresh_null", "depth_ladder"]
+
+
+def shared_results(tmp_path_factory):
+    """One smoke results folder per test session (test_export.py reuses it too)."""
+    return tmp_path_factory.getbasetemp() / "smoke_results"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, single_thread):
+    folder = shared_results(tmp_path_factory)
+    summaries = run_experiment("all", scale="smoke", out_dir=folder)
+    records = {p.parent.name: load_record(p) for p in folder.glob(f"*/{RECORD_FILE}")}
+    return folder, summaries, records
+
+
+# --- every experiment at smoke scale ------------------------------------------------------
+def test_every_experiment_is_registered():
+    assert experiment_names() == NAMES
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'"):
+        get_experiment("nope")
+
+
+def test_all_experiments_run_and_write_their_summaries(smoke):
+    folder, summaries, _ = smoke
+    assert list(summaries) == NAMES
+    for name, summary in summaries.items():
+        meta = summary["meta"]
+        assert meta["runs_found"] == meta["runs_needed"] > 0 and not meta["missing"], name
+        written = json.loads((folder / "experiments" / f"{name}.json").read_text())
+        assert written["meta"]["run_ids"] == meta["run_ids"]
+        markdown = (folder / "experiments" / f"{name}.md").read_text()
+        assert markdown.startswith(f"# Experiment `{name}`") and "|---|" in markdown
+
+
+def test_experiments_share_runs_where_settings_coincide(smoke):
+    _, summaries, _ = smoke
+    ids = {name: set(s["meta"]["run_ids"]) for name, s in summaries.items()}
+    # Audit DFA (main epochs) is the penalty sweep's λ=0 run at smoke scale (epochs equal).
+    audit_dfa = {i for i in ids["audit_table"] if i.startswith("dfa-")}
+    assert audit_dfa <= ids["penalty_sweep"]
+    # decision_utility and threshold_sensitivity read the audit runs: no new training.
+    assert ids["decision_utility"] == ids["threshold_sensitivity"] == ids["audit_table"]
+    # The ladder's k = L rung is the audit's all-trainable run.
+    assert {i for i in ids["audit_table"] if i.startswith("bp-")} <= ids["depth_ladder"]
+    assert ids["fresh_null"] <= ids["penalty_sweep"] | ids["capacity_cost"] | ids["audit_table"]
+    union = set().union(*ids.values())
+    assert sum(s["meta"]["execution"]["trained"] for s in summaries.values()) >= len(union)
+
+
+def test_second_run_trains_nothing(smoke):
+    folder, _, _ = smoke
+    before = {p: p.stat().st_mtime_ns for p in folder.glob(f"*/{RECORD_FILE}")}
+    again = run_experiment("all", scale="smoke", out_dir=folder)
+    assert all(s["meta"]["execution"]["trained"] == 0 for s in again.values())
+    assert {p: p.stat().st_mtime_ns for p in folder.glob(f"*/{RECORD_FILE}")} == before
+    single = run_experiment("capacity_cost", scale="smoke", out_dir=folder)
+    assert single["meta"]["execution"]["trained"] == 0
+    assert single["effects_pp"] == again["capacity_cost"]["effects_pp"]
+
+
+def test_audit_table_rows_match_records(smoke):
+    _, summaries, records = smoke
+    table = summaries["audit_table"]
+    labels = [row["label"] for row in table["rows"]]
+    assert labels == ["bp", "fa", "dfa", "dfa+λ=1e-2", "state-bridge", "credit-bridge", "ep",
+                      "frozen"]
+    bp = table["rows"][0]
+    assert bp["headline_gamma"]["mean"] == pytest.approx(1.0, abs=1e-6)  # BP credit is g
+    frozen_accs = [records[s["run_id"]]["final"]["test_acc"] for s in table["rows"][-1]["seeds"]]
+    frozen_mean = sum(frozen_accs) / len(frozen_accs)
+    for row in table["rows"][:-1]:
+        accs = [records[s["run_id"]]["final"]["test_acc"] for s in row["seeds"]]
+        assert row["test_acc"]["mean"] == pytest.approx(np.mean(accs))
+        assert row["test_acc"]["std"] == pytest.approx(np.std(accs, ddof=1))
+        for seed in row["seeds"]:
+            margin = 100 * (records[seed["run_id"]]["final"]["test_acc"] - frozen_mean)
+            assert seed["margin_pp"] == pytest.approx(margin)
+            assert seed["statuses"]["d"] == (FIRED if margin < 2.0 else PASSED)
+            recorded = records[seed["run_id"]]["protocol"]["report"]["diagnostics"]
+            assert all(seed["statuses"][i] == recorded[i]["status"] for i in "abc")
+
+
+def test_random_init_runs_are_untrained_and_trustworthy(smoke):
+    _, summaries, records = smoke
+    summary = summaries["random_init"]
+    assert summary["n_runs"] == 18 and summary["all_trustworthy"] and summary["all_at_chance"]
+    assert {r["arch"] for r in summary["rows"]} == {"resmlp", "resmlp-noLN", "student"}
+    for row in summary["rows"]:
+        for seed in row["seeds"]:
+            assert [e["epoch"] for e in records[seed["run_id"]]["log"]] == [0]
+            assert seed["max_block_growth"] < 1.1  # w2 init N(0, 0.01): blocks ≈ identity
+
+
+def test_decision_and_threshold_summaries_are_consistent(smoke):
+    _, summaries, _ = smoke
+    strategies = {s["name"]: s for s in summaries["decision_utility"]["strategies"]}
+    assert all(s["of"] == 5 for s in strategies.values())
+    # Each strategy demands at least the evidence of S1, S_full everything.
+    for name in ("S2", "S3", "S4", "S5", "S_full"):
+        assert set(strategies["S1"]["walked_back"]) <= set(strategies[name]["walked_back"])
+        assert set(strategies[name]["walked_back"]) <= set(strategies["S_full"]["walked_back"])
+    assert set(strategies["S0"]["walked_back"]) <= set(strategies["S1"]["walked_back"])
+    blocks = summaries["threshold_sensitivity"]["diagnostics"]
+    fired = {i: [r["n_fired"] for r in blocks[i]["rows"]] for i in "abd"}
+    assert fired["a"] == sorted(fired["a"], reverse=True)  # fires above: fewer as t grows
+    assert fired["b"] == sorted(fired["b"]) and fired["d"] == sorted(fired["d"])
+
+
+def test_temporal_reads_first_firing_epochs(smoke):
+    _, summaries, records = smoke
+    rows = summaries["temporal"]["rows"]
+    assert {(r["arch"], r["method"]) for r in rows} == {
+        (a, m) for a in ("resmlp", "resmlp-noLN", "student") for m in ("bp", "fa", "dfa")}
+    for row in rows:
+        for seed in row["seeds"]:
+            log = records[seed["run_id"]]["log"]
+            for i in "abc":
+                epochs = [e["epoch"] for e in log if e.get("protocol", {}).get(i) == FIRED]
+                assert seed["first_fired"][i] == (epochs[0] if epochs else None)
+            assert seed["d_evaluated"]
+
+
+def test_penalty_capacity_null_and_ladder(smoke):
+    _, summaries, records = smoke
+    sweep = summaries["penalty_sweep"]
+    assert [r["lambda"] for r in sweep["rows"]] == list(LAMBDAS)
+    assert all(r["epochs"] == 2 for r in sweep["rows"]) and sweep["frozen_acc"]["n"] == 2
+    capacity = summaries["capacity_cost"]
+    table = capacity["table"]
+    assert capacity["effects_pp"]["credit_quality_gap"] == pytest.approx(
+        100 * (table["bp"]["penalty"] - table["dfa"]["penalty"]))
+    for row in summaries["fresh_null"]["rows"]:
+        values = [records[s["run_id"]]["diagnostics"]["fresh_b_null"]["training_value"]
+                  for s in row["seeds"]]
+        assert row["training_deep_cos"]["mean"] == pytest.approx(np.mean(values))
+        assert row["pooled_null"]["n"] == 3 * len(values)  # smoke: 3 fresh draws per run
+        assert row["deep_cos_bp"]["mean"] == pytest.approx(1.0, abs=1e-6)
+    ladder = summaries["depth_ladder"]["rows"]
+    assert [(r["method"], r["k"]) for r in ladder] == [(m, k) for m in ("bp", "dfa")
+                                                       for k in (0, 1, 2)]
+
+
+def test_failed_run_is_reported_missing_not_fatal(smoke, tmp_path):
+    folder, summaries, _ = smoke
+    for run_id in summaries["fresh_null"]["meta"]["run_ids"]:
+        shutil.copytree(folder / run_id, tmp_path / run_id)
+    broken = summaries["fresh_null"]["meta"]["run_ids"][0]
+    record = load_record(tmp_path / broken)
+    record.update(status="failed", error="RuntimeError: boom")
+    save_record(tmp_path / broken, record)
+    summary = run_experiment("fresh_null", scale="smoke", out_dir=tmp_path)
+    assert summary["meta"]["execution"]["trained"] == 0  # failed runs are not retried
+    assert summary["meta"]["missing"] == [{"run_id": broken, "status": "failed",
+                                           "error": "RuntimeError: boom"}]
+    assert summary["meta"]["runs_found"] == summary["meta"]["runs_needed"] - 1
+    assert "Missing runs" in (tmp_path / "experiments" / "fresh_null.md").read_text()
+
+
+# --- aggregation ---------------------------------------------------------------------------
+def test_aggregate_against_hand_computation():
+    agg = aggregate([1.0, 2.0, 3.0, 4.0])
+    assert agg["n"] == 4 and agg["mean"] == 2.5
+    assert agg["std"] == pytest.approx(math.sqrt(5.0 / 3.0))  # ddof=1: Σ(x−2.5)² = 5, /3
+    # The documented bootstrap: Generator(0), 2000 resamples, 2.5/97.5 percentiles.
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    means = x[np.random.default_rng(0).integers(0, 4, size=(2000, 4))].mean(axis=1)
+    assert (agg["ci_low"], agg["ci_high"]) == tuple(np.percentile(means, [2.5, 97.5]))
+    assert 1.0 <= agg["ci_low"] < agg["mean"] < agg["ci_high"] <= 4.0
+    assert aggregate([4.0, 3.0, 2.0, 1.0]) == aggregate([4.0, 3.0, 2.0, 1.0])
+
+
+def test_aggregate_edge_cases():
+    one = aggregate([0.25])
+    assert one["n"] == 1 and one["mean"] == 0.25 and math.isnan(one["std"])
+    assert one["ci_low"] == one["ci_high"] == 0.25
+    dropped = aggregate([1.0, None, float("nan"), float("inf"), 3.0])
+    assert dropped["n"] == 2 and dropped["mean"] == 2.0
+    assert dropped["std"] == pytest.approx(math.sqrt(2.0))
+    empty = aggregate([])
+    assert empty["n"] == 0 and math.isnan(empty["mean"]) and math.isnan(empty["ci_low"])
+
+
+BASE_CONFIG = RunConfig().to_dict()
+
+
+def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e-4,
+                penalty=0.0, out_dir="runs"):
+    """A minimal finished record: one trained epoch with the given headline numbers."""
+    config = copy.deepcopy(BASE_CONFIG)
+    config["method"].update(name=method, penalty=penalty)
+    config["run"].update(seed=seed, out_dir=out_dir)
+    statuses = {i: (FIRED if i in fired else PASSED) for i in "abc"}
+    statuses["d"] = NOT_EVALUATED
+    entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
+             "g_L_norm": g_last, "cos_per_layer": [gamma, gamma], "deep_cos": gamma,
+             "max_block_growth": growth, "protocol": statuses}
+    return {"run_id": f"{method}-{penalty}-s{seed}", "config": config, "status": "completed",
+            "log": [{"epoch": 0, "acc_eval": 0.1}, entry], "final": {"test_acc": acc},
+            "diagnostics": {"gamma": {"samples_then_layers": gamma}}, "protocol": {}}
+
+
+def test_group_records_ignores_seed_and_output_folder():
+    records = [fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.3, out_dir="x"),
+               fake_record("fa", 42, acc=0.4), fake_record("dfa", 42, acc=0.3, penalty=1e-2)]
+    del records[1]["config"]["method"]["bridge_skip"]  # an older record: default assumed
+    groups = list(group_records(records).values())
+    assert [[r["run_id"] for r in g] for g in groups] == [
+        ["dfa-0.0-s42", "dfa-0.0-s123"], ["fa-0.0-s42"], ["dfa-0.01-s42"]]
+
+
+def test_protocol_verdict_recomputes_d_only():
+    record = fake_record("dfa", 42, acc=0.30, fired="ab")
+    verdict = protocol_verdict(record, frozen_acc=0.35)
+    assert verdict["statuses"] == {"a": FIRED, "b": FIRED, "c": PASSED, "d": FIRED}
+    assert verdict["margin_pp"] == pytest.approx(-5.0)
+    assert verdict["verdict_text"] == "needs walk-back (a)(b)(d)"
+    assert protocol_verdict(record, None)["statuses"]["d"] == NOT_EVALUATED
+
+
+DECISION_RECORDS = [
+    # method, seed, acc, Γ, fired
+    ("bp", 1, 0.60, 1.00, ""), ("bp", 2, 0.61, 1.00, ""),
+    ("fa", 1, 0.40, 0.25, ""), ("fa", 2, 0.41, 0.25, ""),
+    ("dfa", 1, 0.30, 0.10, "ab"), ("dfa", 2, 0.31, 0.10, "ab"),
+    ("ep", 1, 0.38, 0.05, ""), ("ep", 2, 0.39, 0.05, "c"),  # (c) in one of two seeds
+    ("state-bridge", 1, 0.20, 0.30, "ab"), ("state-bridge", 2, 0.21, 0.30, "ab"),
+    ("credit-bridge", 1, 0.29, -0.02, "ab"), ("credit-bridge", 2, 0.30, -0.01, "ab"),
+    ("frozen", 1, 0.35, 1.00, ""), ("frozen", 2, 0.35, 1.00, ""),
+]
+
+
+def test_decision_utility_on_hand_built_records():
+    records = [fake_record(m, s, acc=a, gamma=g, fired=f) for m, s, a, g, f in DECISION_RECORDS]
+    summary = get_experiment("decision_utility").summarise(records)
+    got = {s["name"]: sorted(s["walked_back"]) for s in summary["strategies"]}
+    assert got == {
+        "S0": [],
+        "S1": ["credit-bridge"],  # Γ ≤ 0
+        "S2": ["credit-bridge", "dfa", "state-bridge"],  # + (a)
+        "S3": ["credit-bridge", "dfa", "state-bridge"],  # + (b)
+        "S4": ["credit-bridge", "ep"],  # + (c): 1 of 2 ep seeds is half
+        "S5": ["credit-bridge", "dfa", "state-bridge"],  # + (d): below frozen .35 + 2 pp
+        "S_full": ["credit-bridge", "dfa", "ep", "state-bridge"],
+    }
+    assert all(s["of"] == 5 for s in summary["strategies"])
+    bp = next(m for m in summary["methods"] if m["label"] == "bp")
+    assert not bp["counted"] and not any(v["walked_back"] for v in bp["strategies"].values())
+    # Accuracy at chance (0.1 + < 2 pp) is what S0 walks back.
+    at_chance = [fake_record("fa", 1, acc=0.11), fake_record("fa", 2, acc=0.115)]
+    summary = get_experiment("decision_utility").summarise(at_chance)
+    assert summary["strategies"][0]["walked_back"] == ["fa"]
+
+
+def test_threshold_sensitivity_on_hand_built_records():
+    records = [
+        fake_record("bp", 1, acc=0.60, growth=1.2, g_last=4.4e-4),
+        fake_record("fa", 1, acc=0.40, growth=11.0, g_last=1.02e-4),
+        fake_record("dfa", 1, acc=0.30, growth=694.0, g_last=4.18e-9, fired="ab"),
+        fake_record("state-bridge", 1, acc=0.20, growth=4000.0, g_last=1e-10, fired="ab"),
+        fake_record("frozen", 1, acc=0.35),
+    ]
+    summary = get_experiment("threshold_sensitivity").summarise(records)
+    assert summary["n_runs"] == 4  # the frozen baseline is not a row
+
+    def fired(diagnostic):
+        return {r["threshold"]: r["n_fired"] for r in summary["diagnostics"][diagnostic]["rows"]}
+
+    assert fired("a") == {2.0: 3, 5.0: 3, 10.0: 3, 20.0: 2, 50.0: 2, 100.0: 2, 200.0: 2,
+                          500.0: 2, 1000.0: 1, 5000.0: 0}
+    assert fired("b") == {1e-10: 0, 1e-9: 1, 1e-8: 2, 1e-7: 2, 1e-6: 2, 1e-5: 2, 1e-4: 2}
+    d = fired("d")
+    assert (d[0.0], d[2.0], d[10.0]) == (2, 2, 3)  # margins +25, +5, −5, −15 pp
+    band = {i: summary["diagnostics"][i]["stable_band"] for i in "abd"}
+    assert band["a"]["gap"] == pytest.approx(694.0 / 11.0)  # the SPEC's 63× gap
+    assert band["b"]["gap"] == pytest.approx(1.02e-4 / 4.18e-9)  # the SPEC's 24,338×
+    assert band["d"]["gap"] == pytest.approx(10.0)
+    defaults = [r for r in summary["diagnostics"]["a"]["rows"] if r["default"]]
+    assert defaults[0]["threshold"] == 50.0 and defaults[0]["n_walked_back"] == 2
+
+
+# --- the command ------------------------------------------------------------------------
+def test_experiment_command(smoke, capsys):
+    folder, _, _ = smoke
+    assert main(["experiment", "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"{name}\n" in listing for name in NAMES)
+    assert main(["experiment", "--list", "--scale", "smoke", "--out", str(folder)]) == 0
+    assert "smoke: 16 runs, 16 finished" in capsys.readouterr().out
+    assert main(["experiment", "depth_ladder", "--scale", "smoke", "--out", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "# Experiment `depth_ladder`" in out and "0 trained now" in out
+
+
+def test_experiment_command_errors_are_one_line(capsys):
+    assert main(["experiment", "nope", "--scale", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unknown experiment 'nope'" in err
+    assert main(["experiment", "audit_table"]) == 2
+    assert "--scale" in capsys.readouterr().err

@@ -1,0 +1,168 @@
+"""``creditaudit export --layout faeval``: the files the original figure scripts read exist,
+hold the keys those scripts use, and carry the run records' values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.experiments import run_experiments
+from creditaudit.export import MANIFEST_FILE, export
+from creditaudit.runs import RECORD_FILE, load_record
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, single_thread):
+    # The same folder as test_experiments.py: within one session nothing is trained twice.
+    folder = tmp_path_factory.getbasetemp() / "smoke_results"
+    run_experiments(["audit_table", "penalty_sweep", "temporal"], scale="smoke",
+                    out_dir=folder)
+    records = [load_record(p) for p in folder.glob(f"*/{RECORD_FILE}")]
+    return folder, records
+
+
+def find(records, method, *, arch="resmlp", out_ln=True, penalty=0.0, seed=42, epochs=2):
+    """The one record of a run, as the export should have picked it."""
+    hits = [r for r in records
+            if r["config"]["method"]["name"] == method and r["config"]["model"]["arch"] == arch
+            and r["config"]["model"]["out_ln"] == out_ln
+            and r["config"]["method"]["penalty"] == penalty
+            and r["config"]["method"]["trainable_blocks"] is None
+            and r["config"]["run"]["seed"] == seed and r["config"]["optim"]["epochs"] == epochs]
+    assert len(hits) == 1, (method, arch, out_ln, penalty, seed)
+    return hits[0]
+
+
+@pytest.fixture(scope="module")
+def exported(results, tmp_path_factory):
+    folder, _ = results
+    out = tmp_path_factory.mktemp("faeval")
+    return out, export(folder, out, layout="faeval")
+
+
+def load(out, rel):
+    return json.loads((out / "results" / rel).read_text())
+
+
+def test_seed_000_and_001_penalty_rescue_inputs(results, exported):
+    """Seed 000/001: vanilla DFA snapshot and the penalised DFA logs."""
+    _, records = results
+    out, _ = exported
+    snap = load(out, "snapshot_evolution_v2/snapshot_evolution_s42.json")
+    vanilla = find(records, "dfa")["log"]
+    assert [e["epoch"] for e in snap["dfa_log"]] == [e["epoch"] for e in vanilla]
+    for i, entry in enumerate(snap["dfa_log"]):
+        assert entry["hidden_norms"][-1] == vanilla[i]["hidden_norms"][-1]
+        assert entry["bp_grad_norms_per_sample_med"][-1] == \
+            vanilla[i]["bp_grad_norms_per_sample_med"][-1]
+        assert entry["acc_eval"] == vanilla[i]["acc_eval"]
+    for lam in ("0.001", "0.01", "0.1", "0.0001", "0.0"):
+        pen = load(out, f"dfa_residual_penalty/dfa_pen_lam{lam}_s42.json")
+        log = find(records, "dfa", penalty=float(lam))["log"]
+        assert [e["h_L_norm"] for e in pen["log"]] == [e["h_L_norm"] for e in log]
+        assert [e["g_2_norm"] for e in pen["log"]] == [e["g_2_norm"] for e in log]
+        assert [e["acc_eval"] for e in pen["log"]] == [e["acc_eval"] for e in log]
+
+
+def test_seed_003_cross_architecture_inputs(results, exported):
+    """Seed 003 reads bp/dfa/fa logs per architecture through extract_series."""
+    _, records = results
+    out, _ = exported
+
+    def extract_series(log):
+        return ([e["epoch"] for e in log], [e["hidden_norms"][-1] for e in log],
+                [e["bp_grad_norms_per_sample_med"][-1] for e in log],
+                [e["acc_eval"] for e in log])
+
+    files = {
+        "noln": ("snapshot_no_outln_v1/snapshot_noLN_s42.json",
+                 "snapshot_no_outln_v1/snapshot_fa_canonical_noln_s42.json",
+                 {"arch": "resmlp", "out_ln": False}),
+        "synth": ("snapshot_synth_v1/snapshot_synth_a1.0_L4_s42.json",
+                  "snapshot_synth_v1/snapshot_fa_canonical_s42.json",
+                  {"arch": "student"}),
+    }
+    for pair, fa, where in files.values():
+        pair_json, fa_json = load(out, pair), load(out, fa)
+        for key, method in (("bp_log", "bp"), ("dfa_log", "dfa")):
+            assert extract_series(pair_json[key]) == extract_series(
+                find(records, method, **where)["log"])
+        assert extract_series(fa_json["fa_log"]) == extract_series(
+            find(records, "fa", **where)["log"])
+
+
+def test_seed_004_results_file(results, exported):
+    """Seed 004: d[str(seed)][method] with log lists, diagnostics and drift (folder naming:
+    results/{dataset}/ for seed 42, results/{dataset}_seed{seed}/ otherwise)."""
+    _, records = results
+    out, _ = exported
+    for seed, rel in ((42, "synthetic/results_synthetic.json"),
+                      (123, "synthetic_seed123/results_synthetic.json")):
+        d = load(out, rel)
+        assert list(d) == [str(seed)]
+        methods = d[str(seed)]
+        assert set(methods) == {"bp", "dfa", "state_bridge", "credit_bridge"}
+        for key, method in (("bp", "bp"), ("dfa", "dfa"), ("state_bridge", "state-bridge"),
+                            ("credit_bridge", "credit-bridge")):
+            record = find(records, method, seed=seed)
+            trained = [e for e in record["log"] if e["epoch"] >= 1]
+            log = methods[key]["log"]
+            assert log["test_acc"] == [e["test_acc"] for e in trained]
+            assert log["train_acc"] == [e["train_acc"] for e in trained]
+            diag = methods[key]["diagnostics"]
+            assert diag["bp_cosine"] == record["diagnostics"]["bp_cosine"]
+            assert diag["perturbation_rho"] == record["diagnostics"]["perturbation_rho"]
+            assert diag["nudging"]["0.01"] == record["diagnostics"]["nudging"]["0.01"]
+            drift = methods[key]["drift"]
+            assert drift["blocks.0.w1.weight"] == \
+                record["diagnostics"]["drift"]["blocks.0.w1.weight"]
+        state_log = methods["state_bridge"]["log"]
+        assert state_log["state_pred_error"] == [
+            e["state_pred_error"] for e in find(records, "state-bridge", seed=seed)["log"]
+            if e["epoch"] >= 1]
+        assert len(state_log["state_pred_error"]) == len(state_log["train_acc"]) == 2
+
+
+def test_missing_runs_are_skipped_with_what_they_need(exported):
+    out, result = exported
+    written = {e["path"] for e in result.written}
+    skipped = {e["path"]: e["needs"] for e in result.skipped}
+    assert "results/snapshot_vit_v1/snapshot_vit_s42.json" in skipped  # no CIFAR here
+    assert "ViT-Mini" in skipped["results/snapshot_vit_v1/snapshot_vit_s42.json"]
+    assert "results/cifar10/results_cifar10.json" in skipped
+    assert not (out / "results" / "snapshot_vit_v1").exists()
+    assert not (out / "results" / "cifar10").exists()
+    for path in written:
+        assert (out / path).is_file()
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert {e["path"] for e in manifest["written"]} == written
+    assert {e["path"] for e in manifest["skipped"]} == set(skipped)
+
+
+def test_partial_file_lists_its_missing_keys(results, tmp_path):
+    folder, records = results
+    for method in ("bp", "dfa"):
+        run_id = find(records, method)["run_id"]
+        shutil.copytree(folder / run_id, tmp_path / "runs" / run_id)
+    result = export(tmp_path / "runs", tmp_path / "out")
+    entry = next(e for e in result.written
+                 if e["path"].endswith("snapshot_evolution_v2/snapshot_evolution_s42.json"))
+    assert entry["missing"] == ["fa_log"] and "fa on ResidualMLP" in entry["needs"]
+    snap = json.loads((tmp_path / "out" / entry["path"]).read_text())
+    assert set(snap) == {"bp_log", "dfa_log"}
+    assert not (tmp_path / "out" / "results" / "snapshot_evolution_v2" /
+                "snapshot_evolution_s123.json").exists()
+
+
+def test_export_command(results, tmp_path, capsys):
+    folder, _ = results
+    assert main(["export", "--layout", "faeval", str(folder), str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote   results/snapshot_evolution_v2/snapshot_evolution_s42.json" in out
+    assert "skipped results/snapshot_vit_v1/snapshot_vit_s42.json" in out
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not exist" in err

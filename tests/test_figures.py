@@ -1,0 +1,329 @@
+"""Figures read run records only: every plotted number equals the records' values.
+
+One module-scoped set of tiny runs (d=16, L=2, 2 epochs, 1 thread) covers what every figure
+needs; the values each figure draws are read back from the matplotlib artists and compared
+with numbers computed here straight from the record JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.figures import (
+    FIGURES,
+    MissingRuns,
+    RunIndex,
+    audit_panels,
+    hero,
+    lambda_sweep,
+    penalty,
+    render_all,
+    summary,
+    temporal,
+)
+from creditaudit.protocol import WALK_BACK
+from creditaudit.training import train
+
+SEEDS = (42, 123)
+SMOKE = {
+    "data.n_train": 512, "data.n_test": 1024, "data.in_dim": 16, "model.d": 16,
+    "model.n_blocks": 2, "optim.batch_size": 64, "optim.epochs": 2,
+    "diagnostics.eval_samples": 1024, "diagnostics.rho_samples": 64,
+    "diagnostics.rho_directions": 4, "diagnostics.null_draws": 3, "run.progress": False,
+    "run.threads": 1,
+}
+# (method, penalty, arch, seeds): two seeds where a figure draws error bars worth checking.
+RUNS = [(m, 0.0, "resmlp", SEEDS) for m in ("bp", "dfa", "frozen")]
+RUNS += [(m, 0.0, "resmlp", SEEDS[:1]) for m in ("fa", "state-bridge", "credit-bridge")]
+RUNS += [("dfa", 0.01, "resmlp", SEEDS), ("bp", 0.01, "resmlp", SEEDS[:1])]
+RUNS += [(m, 0.0, "student", SEEDS[:1]) for m in ("bp", "fa", "dfa")]
+
+
+def smoke_runs(out: Path, runs=RUNS) -> Path:
+    previous = torch.get_num_threads()
+    try:
+        for method, lam, arch, seeds in runs:
+            for seed in seeds:
+                config = RunConfig().replace(**SMOKE, **{
+                    "method.name": method, "method.penalty": lam, "model.arch": arch,
+                    "run.seed": seed, "run.out_dir": str(out)})
+                train(config)
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    return smoke_runs(tmp_path_factory.mktemp("figure_runs"))
+
+
+@pytest.fixture(scope="module")
+def index(results) -> RunIndex:
+    return RunIndex.from_dir(results)
+
+
+@pytest.fixture(scope="module")
+def records(results) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(results.rglob("record.json"))]
+
+
+def pick(records, method, penalty=0.0, arch="resmlp"):
+    out = [r for r in records if r["config"]["method"]["name"] == method
+           and r["config"]["method"]["penalty"] == penalty
+           and r["config"]["model"]["arch"] == arch]
+    assert out, (method, penalty, arch)
+    return sorted(out, key=lambda r: r["config"]["run"]["seed"])
+
+
+def gid(fig, name):
+    found = fig.findobj(lambda a: a.get_gid() == name)
+    assert found, f"no artist with gid {name!r}"
+    return found
+
+
+def line_y(fig, name):
+    return np.asarray(gid(fig, name)[0].get_ydata(), dtype=float)
+
+
+def line_x(fig, name):
+    return np.asarray(gid(fig, name)[0].get_xdata(), dtype=float)
+
+
+def bar_heights(fig, name):
+    return np.array([patch.get_height() for patch in gid(fig, name)])
+
+
+def final_acc(r):
+    return r["final"]["test_acc"]
+
+
+def mean(values):
+    return np.mean(np.array(values, dtype=float), axis=0)
+
+
+def per_epoch_mean(runs, key):
+    return mean([[e[key] for e in r["log"] if e.get(key) is not None] for r in runs])
+
+
+def deep(values):
+    return float(np.mean(values[1:]))
+
+
+# --- rendering ----------------------------------------------------------------------------
+def test_cli_renders_every_figure_png_and_pdf(results, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("creditaudit.figures.common.PNG_DPI", 60)  # keep the test fast
+    out = tmp_path / "figs"
+    assert main(["figures", str(results), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"{len(FIGURES)} figure(s) drawn, 0 missing" in text
+    names = [hero.NAME, temporal.NAME, penalty.NAME, lambda_sweep.NAME, *summary.NAMES,
+             audit_panels.NAME]
+    for name in names:
+        for ext in ("png", "pdf"):
+            path = out / f"{name}.{ext}"
+            assert path.is_file() and path.stat().st_size > 1000, path
+    assert (out / f"{hero.NAME}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / f"{hero.NAME}.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+# --- plotted values equal the records -----------------------------------------------------
+def test_hero_values_come_from_records(index, records):
+    fig = hero.build(index)[hero.NAME]
+    for method in ("bp", "fa", "dfa", "state-bridge", "credit-bridge"):
+        runs = pick(records, method)
+        gamma = mean([r["diagnostics"]["gamma"]["samples_then_layers"] for r in runs])
+        np.testing.assert_allclose(line_x(fig, f"point:{method}"), [gamma], rtol=1e-12)
+        np.testing.assert_allclose(line_y(fig, f"point:{method}"),
+                                   [mean([final_acc(r) for r in runs])], rtol=1e-12)
+        np.testing.assert_allclose(line_y(fig, f"cos:{method}"),
+                                   mean([r["diagnostics"]["bp_cosine"] for r in runs]),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            line_y(fig, f"grad:{method}"),
+            mean([r["log"][-1]["bp_grad_norms_per_sample_med"] for r in runs]), rtol=1e-12)
+    np.testing.assert_allclose(line_y(fig, "chance"), [0.1, 0.1])  # synthetic: 10 classes
+    np.testing.assert_allclose(line_y(fig, "floor"), [1e-7, 1e-7])
+    # Frozen-blocks runs are a baseline, not a point of the reporting pair.
+    assert not fig.findobj(lambda a: a.get_gid() == "point:frozen")
+
+
+def test_temporal_rows_and_values(index, records):
+    fig = temporal.build(index)[temporal.NAME]
+    assert len(fig.axes) == 2 * 3  # ResMLP and StudentNet rows
+    for arch, row in (("resmlp", "resmlp"), ("student", "student")):
+        for method in ("bp", "fa", "dfa"):
+            runs = pick(records, method, arch=arch)
+            for key in ("h_L_norm", "g_L_norm", "acc_eval"):
+                np.testing.assert_allclose(line_y(fig, f"{row}:{key}:{method}"),
+                                           per_epoch_mean(runs, key), rtol=1e-12)
+            np.testing.assert_allclose(line_x(fig, f"{row}:acc_eval:{method}"),
+                                       [e["epoch"] for e in runs[0]["log"]])
+    g_axes = [fig.axes[1], fig.axes[4]]
+    assert g_axes[0].get_ylim() == g_axes[1].get_ylim()  # shared ‖g_L‖ range
+
+
+def test_penalty_values_come_from_records(index, records):
+    fig = penalty.build(index)[penalty.NAME]
+    vanilla, pen = pick(records, "dfa"), pick(records, "dfa", 0.01)
+    np.testing.assert_allclose(line_y(fig, "a:h_L:vanilla"), per_epoch_mean(vanilla, "h_L_norm"))
+    np.testing.assert_allclose(line_y(fig, "a:g_L:penalised"), per_epoch_mean(pen, "g_L_norm"))
+    assert any(ax.get_yscale() == "log" for ax in fig.axes)
+    draws = [v for r in pen for v in r["diagnostics"]["fresh_b_null"]["values"]]
+    cos = [mean([r["diagnostics"]["deep_cos"] for r in vanilla]),
+           mean([r["diagnostics"]["deep_cos"] for r in pen]),
+           np.mean(draws),
+           mean([deep(r["diagnostics"]["cosine_controls"]["random"]) for r in pen]),
+           mean([deep(r["diagnostics"]["cosine_controls"]["bp"]) for r in pen])]
+    np.testing.assert_allclose(bar_heights(fig, "b:cos"), cos, rtol=1e-12)
+    rho = [mean([deep(r["diagnostics"]["perturbation_rho"]) for r in vanilla]),
+           mean([deep(r["diagnostics"]["perturbation_rho"]) for r in pen]),
+           mean([deep(r["diagnostics"]["rho_controls"]["random"]) for r in pen]),
+           mean([deep(r["diagnostics"]["rho_controls"]["bp"]) for r in pen])]
+    np.testing.assert_allclose(bar_heights(fig, "b:rho"), rho, rtol=1e-12)
+    # The error bars of (b) are the std across seeds.
+    rows = penalty.conditions(penalty.select(index))
+    np.testing.assert_allclose(rows[0]["cos"][1],
+                               np.std([r["diagnostics"]["deep_cos"] for r in vanilla]))
+    plain = [mean([final_acc(r) for r in pick(records, m)]) for m in ("bp", "dfa")]
+    pens = [mean([final_acc(r) for r in pick(records, m, 0.01)]) for m in ("bp", "dfa")]
+    np.testing.assert_allclose(bar_heights(fig, "c:plain"), plain, rtol=1e-12)
+    np.testing.assert_allclose(bar_heights(fig, "c:penalised"), pens, rtol=1e-12)
+    frozen = mean([final_acc(r) for r in pick(records, "frozen")])
+    np.testing.assert_allclose(line_y(fig, "c:frozen"), [frozen, frozen], rtol=1e-12)
+
+
+def test_lambda_sweep_values_come_from_records(index, records):
+    fig = lambda_sweep.build(index)[lambda_sweep.NAME]
+    for lam in (0.0, 0.01):
+        runs = pick(records, "dfa", lam)
+        for key in ("h_L_norm", "g_2_norm", "acc_eval"):
+            np.testing.assert_allclose(line_y(fig, f"{key}:{lam:g}"),
+                                       per_epoch_mean(runs, key), rtol=1e-12)
+    frozen = mean([final_acc(r) for r in pick(records, "frozen")])
+    np.testing.assert_allclose(line_y(fig, "frozen"), [frozen] * 2, rtol=1e-12)
+    np.testing.assert_allclose(line_y(fig, "frozen_margin"), [frozen + 0.02] * 2, rtol=1e-12)
+    np.testing.assert_allclose(line_y(fig, "floor"), [1e-7] * 2)
+
+
+def test_summary_set_values_come_from_records(index, records):
+    figs = summary.build(index)
+    assert list(figs) == list(summary.NAMES)
+    for method in ("bp", "dfa", "state-bridge", "credit-bridge", "frozen"):
+        runs = pick(records, method)
+        np.testing.assert_allclose(line_y(figs["fig5a_accuracy"], f"test_acc:{method}"),
+                                   per_epoch_mean(runs, "test_acc"), rtol=1e-12)
+        np.testing.assert_allclose(line_y(figs["fig5a_accuracy"], f"train_acc:{method}"),
+                                   per_epoch_mean(runs, "train_acc"), rtol=1e-12)
+        drift = [[r["diagnostics"]["drift"][f"blocks.{l}.w1.weight"] for l in range(2)]
+                 for r in runs]
+        np.testing.assert_allclose(line_y(figs["fig5c_drift"], f"drift:{method}"),
+                                   mean(drift), rtol=1e-12)
+    for method in ("bp", "dfa", "state-bridge", "credit-bridge"):
+        runs = pick(records, method)
+        fig = figs["fig5b_per_layer"]
+        for key in ("bp_cosine", "perturbation_rho"):
+            np.testing.assert_allclose(line_y(fig, f"{key}:{method}"),
+                                       mean([r["diagnostics"][key] for r in runs]), rtol=1e-12)
+        np.testing.assert_allclose(line_y(fig, f"nudging:{method}"),
+                                   mean([r["diagnostics"]["nudging"]["0.01"] for r in runs]),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(line_x(fig, f"nudging:{method}"), [1, 2])
+    for r in pick(records, "state-bridge"):
+        seed = r["config"]["run"]["seed"]
+        np.testing.assert_allclose(
+            line_y(figs["fig5d_bridge"], f"state_pred_error:{seed}"),
+            [e["state_pred_error"] for e in r["log"] if "state_pred_error" in e])
+    np.testing.assert_allclose(
+        bar_heights(figs["fig5d_bridge"], "bridge_acc"),
+        [mean([final_acc(r) for r in pick(records, m)])
+         for m in ("dfa", "state-bridge", "credit-bridge")], rtol=1e-12)
+    order = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "frozen")
+    np.testing.assert_allclose(
+        bar_heights(figs["fig5e_final_accuracy"], "final_acc"),
+        [mean([final_acc(r) for r in pick(records, m)]) for m in order], rtol=1e-12)
+
+
+def test_audit_panels_plot_each_runs_protocol_values(index, records):
+    fig = audit_panels.build(index)[audit_panels.NAME]
+    for id_ in "abc":
+        expected = {True: [], False: []}
+        for r in records:
+            value = r["protocol"]["report"]["diagnostics"][id_]["value"]
+            if value is not None and (id_ == "c" or value > 0):
+                expected[r["protocol"]["verdict"] == WALK_BACK].append(value)
+        for walked, name in ((True, "walked_back"), (False, "healthy")):
+            points = gid(fig, f"{id_}:{name}")[0].get_offsets()
+            got = sorted(np.asarray(points)[:, 1]) if len(points) else []
+            np.testing.assert_allclose(got, sorted(expected[walked]), rtol=1e-12)
+        threshold = records[0]["protocol"]["report"]["diagnostics"][id_]["threshold"]
+        np.testing.assert_allclose(line_y(fig, f"{id_}:threshold"), [threshold] * 2)
+    # (d) was not evaluated in the records (no frozen accuracy given): nothing drawn.
+    for name in ("healthy", "walked_back"):
+        assert len(gid(fig, f"d:{name}")[0].get_offsets()) == 0
+
+
+def test_audit_panels_frozen_from_runs_evaluates_d(results, records):
+    index = RunIndex.from_dir(results, frozen_from_runs=True)
+    fig = audit_panels.build(index)[audit_panels.NAME]
+    frozen = {}
+    for r in records:
+        if r["config"]["method"]["name"] == "frozen":
+            frozen.setdefault(r["config"]["model"]["arch"], []).append(final_acc(r))
+    expected = sorted(100 * (final_acc(r) - np.mean(frozen["resmlp"])) for r in records
+                      if r["config"]["model"]["arch"] == "resmlp"
+                      and r["config"]["method"]["name"] != "frozen")
+    got = [y for name in ("healthy", "walked_back")
+           for y in np.asarray(gid(fig, f"d:{name}")[0].get_offsets()).reshape(-1, 2)[:, 1]]
+    np.testing.assert_allclose(sorted(got), expected, rtol=1e-9)
+
+
+# --- missing runs -------------------------------------------------------------------------
+def test_missing_runs_name_what_is_needed(results, index):
+    only_bp = RunIndex([r for r in index.all_runs if r.method == "bp"])
+    with pytest.raises(MissingRuns) as err:
+        hero.build(only_bp)
+    text = str(err.value)
+    assert "FA runs" in text and "DFA runs" in text and "BP runs" not in text
+    with pytest.raises(MissingRuns) as err:
+        penalty.build(only_bp)
+    assert "frozen-blocks runs" in str(err.value) and "DFA runs" in str(err.value)
+    rendered, missing = render_all(only_bp, results / "unused")
+    assert [r.name for r in rendered] == [audit_panels.NAME]
+    assert {m.NAME for m, _ in missing} == {hero.NAME, temporal.NAME, penalty.NAME,
+                                              lambda_sweep.NAME, summary.NAME}
+    assert all(e.needs for _, e in missing)
+    for module in FIGURES:
+        assert isinstance(module.requirements, str) and module.requirements
+
+
+def test_cli_empty_folder_lists_missing_and_exits_0(tmp_path, capsys):
+    assert main(["figures", str(tmp_path), "--out", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out
+    assert "0 figure(s) drawn" in out
+    assert out.count("missing ") == len(FIGURES)
+    assert "runs it reads:" in out
+
+
+def test_cli_missing_folder_is_one_line_error(tmp_path, capsys):
+    assert main(["figures", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not exist" in err
+
+
+def test_run_index_selects_by_config_predicates(index, records):
+    dfa = index.select(method="dfa", penalty=lambda lam: lam > 0)
+    assert {r.run_id for r in dfa} == {r["run_id"] for r in pick(records, "dfa", 0.01)}
+    assert {r.arch for r in index.select(out_ln=True, arch=("resmlp", "student"))} == {
+        "resmlp", "student"}
+    seeds = index.by_seed(method="bp", penalty=0.0, arch="resmlp")
+    assert list(seeds) == list(SEEDS)
+    assert all(len(runs) == 1 and runs[0].seed == s for s, runs in seeds.items())
+    assert index.select(dataset="cifar10") == []

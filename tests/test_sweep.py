@@ -1,0 +1,483 @@
+"""Sweeps: grid expansion, claims, skip/resume, failure isolation, executors, concurrency."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
+from creditaudit.runs import CHECKPOINT_FILE, RECORD_FILE, load_record
+from creditaudit.sweep import (
+    CLAIM_FILE,
+    SUMMARY_FILE,
+    SWEEP_LOG_FILE,
+    InlineExecutor,
+    LocalExecutor,
+    claim_is_stale,
+    expand_grid,
+    load_sweep,
+    prepare_configs,
+    release_claim,
+    run_sweep,
+    try_claim,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+TINY = {
+    "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "model.d": 16,
+    "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+    "diagnostics.eval_samples": 128, "run.progress": False,
+}
+
+TINY_TOML = """
+[base.data]
+n_train = 256
+n_test = 128
+in_dim = 8
+[base.model]
+d = 16
+n_blocks = 2
+[base.optim]
+epochs = {epochs}
+batch_size = 64
+[base.diagnostics]
+eval_samples = 128
+[base.run]
+out_dir = "{out}"
+progress = false
+"""
+
+
+def tiny(out: Path, **overrides: object) -> RunConfig:
+    return RunConfig().replace(**{**TINY, "run.out_dir": str(out), **overrides})
+
+
+def write_sweep(path: Path, out: Path, body: str, epochs: int = 1) -> Path:
+    path.write_text(TINY_TOML.format(out=out, epochs=epochs) + textwrap.dedent(body))
+    return path
+
+
+def events(out: Path, kind: str | None = None) -> list[dict]:
+    path = out / SWEEP_LOG_FILE
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [row for row in rows if kind is None or row["event"] == kind]
+
+
+def sweep(configs: list[RunConfig], executor=None, **kwargs):
+    # One torch thread per run, as the sweep's workers use: tiny runs on a busy machine
+    # spend most of their time in thread hand-offs otherwise.
+    return run_sweep(prepare_configs(configs, threads=1), executor or InlineExecutor(),
+                     **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- grid expansion -------------------------------------------------------------------------
+def test_expand_grid_is_the_cartesian_product_with_overrides_applied(tmp_path):
+    base = tiny(tmp_path)
+    grid = {"method.name": ["bp", "fa", "dfa"], "run.seed": [1, 2], "method.penalty": [0, 1e-2]}
+    configs = expand_grid(base, grid)
+    assert len(configs) == 12
+    assert len({c.run_id for c in configs}) == 12
+    combos = [(c.method.name, c.run.seed, c.method.penalty) for c in configs]
+    assert combos == [(m, s, p) for m in ("bp", "fa", "dfa") for s in (1, 2) for p in (0.0, 0.01)]
+    assert all(isinstance(c.method.penalty, float) for c in configs)  # validated and coerced
+    assert all(c.model.d == 16 and c.data.n_train == 256 for c in configs)  # base kept
+
+
+def test_expand_grid_errors_name_the_key_or_the_combination(tmp_path):
+    base = tiny(tmp_path)
+    with pytest.raises(ConfigError, match=r"method\.name.*'nope'.*bp, fa, dfa"):
+        expand_grid(base, {"method.name": ["bp", "nope"]})
+    with pytest.raises(ConfigError, match=r"'method\.nam'"):
+        expand_grid(base, {"method.nam": ["bp"]})
+    with pytest.raises(ConfigError, match=r"'run\.seed' must map to a non-empty list"):
+        expand_grid(base, {"run.seed": 42})
+    # Valid on their own, invalid together: the message names the combination.
+    with pytest.raises(ConfigError, match=r"grid combination \{model\.n_blocks=1, "
+                                          r"method\.trainable_blocks=2\}.*exceeds"):
+        expand_grid(base, {"model.n_blocks": [2, 1], "method.trainable_blocks": [2]})
+
+
+def test_expand_grid_removes_duplicate_runs_keeping_order(tmp_path):
+    base = tiny(tmp_path)
+    # run.progress does not change what a run computes: same run id, one run.
+    configs = expand_grid(base, {"run.seed": [1, 2], "run.progress": [True, False]},
+                          include=[{"run.seed": 2}, {"run.seed": 3}])
+    assert [c.run.seed for c in configs] == [1, 2, 3]
+
+
+def test_load_sweep_reads_base_grid_and_include(tmp_path):
+    path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+        run.seed = [1, 2, 3]
+
+        [[include]]
+        method.name = "frozen"
+    """)
+    sweep_ = load_sweep(path)
+    configs = sweep_.configs()
+    assert len(configs) == 7
+    assert sweep_.grid_keys == ["method.name", "run.seed"]
+    assert configs[-1].method.name == "frozen" and configs[-1].run.seed == 42
+    assert {c.model.d for c in configs} == {16}
+    (tmp_path / "bad.toml").write_text("[grids]\n")
+    with pytest.raises(ConfigError, match="unknown table 'grids'"):
+        load_sweep(tmp_path / "bad.toml")
+    (tmp_path / "typo.toml").write_text('[base.optim]\nepoch = 3\n[grid]\n"run.seed" = [1]\n')
+    with pytest.raises(ConfigError, match=r"\[base\]: unknown key optim\.epoch"):
+        load_sweep(tmp_path / "typo.toml")
+
+
+def test_base_may_be_completed_by_the_grid(tmp_path):
+    # data.name = "mnist" alone lacks data.data_dir; every combination supplies one.
+    base = {"data": {"name": "mnist"}, "run": {"out_dir": str(tmp_path)}}
+    configs = expand_grid(base, {"data.data_dir": ["/a"], "run.seed": [1, 2]})
+    assert [(c.data.data_dir, c.run.seed) for c in configs] == [("/a", 1), ("/a", 2)]
+
+
+def test_shipped_example_sweep_expands(tmp_path):
+    sweep_ = load_sweep(ROOT / "examples" / "sweeps" / "penalty_grid.toml")
+    configs = sweep_.configs({"run.out_dir": str(tmp_path)})
+    assert len(configs) == 3 * 4 * 3 + 3
+    assert {c.method.name for c in configs} == {"bp", "fa", "dfa", "frozen"}
+
+
+# --- skip, failures, divergence --------------------------------------------------------------
+def test_second_sweep_trains_nothing(tmp_path):
+    out = tmp_path / "out"
+    configs = [tiny(out, **{"method.name": m}) for m in ("bp", "dfa")]
+    first = sweep(configs)
+    assert [o["action"] for o in first.outcomes] == ["trained", "trained"]
+    records = [out / c.run_id / RECORD_FILE for c in configs]
+    mtimes = [p.stat().st_mtime_ns for p in records]
+    second = sweep(configs)
+    assert [o["action"] for o in second.outcomes] == ["skipped", "skipped"]
+    assert [p.stat().st_mtime_ns for p in records] == mtimes
+    assert len(events(out, "start")) == 2
+    assert not list(out.rglob(CLAIM_FILE))
+
+
+def test_failing_and_diverging_runs_do_not_stop_the_sweep(tmp_path):
+    out = tmp_path / "out"
+    missing = tmp_path / "no-mnist-here"
+    configs = [
+        tiny(out, **{"data.name": "mnist", "data.data_dir": str(missing)}),  # DataError
+        tiny(out, **{"optim.lr": 1e8, "optim.schedule": "constant"}),  # diverges
+        tiny(out, **{"method.name": "dfa"}),
+    ]
+    result = sweep(configs, grid_keys=["data.name", "optim.lr"])
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    by_id = {run["run_id"]: run for run in summary["runs"]}
+    failed, diverged, good = (by_id[c.run_id] for c in configs)
+    assert failed["status"] == "failed" and failed["error"].startswith("DataError")
+    assert str(missing) in failed["error"]
+    assert diverged["status"] == "diverged"
+    assert good["status"] == "completed" and good["error"] is None
+    assert good["grid"] == {"data.name": "synthetic", "optim.lr": 0.001}
+    # The divergence is real: the record says where the loss stopped being finite.
+    record = load_record(out / configs[1].run_id)
+    assert record["status"] == "diverged" and record["divergence"]["epoch"] == 1
+    assert load_record(out / configs[0].run_id)["status"] == "failed"
+    assert [o["status"] for o in result.outcomes] == ["failed", "diverged", "completed"]
+    # Failed runs are skipped next time, retried with retry_failed.
+    sweep(configs)
+    assert len(events(out, "start")) == 3
+    sweep(configs, retry_failed=True)
+    assert len(events(out, "start")) == 4
+
+
+def test_worker_with_another_run_id_refuses_the_run(tmp_path):
+    from creditaudit.sweep import run_one
+
+    config = tiny(tmp_path / "out")
+    outcome = run_one(config.to_dict(), run_id="bp-resmlp-synthetic-s42-0000000000")
+    assert outcome["status"] == "failed" and outcome["action"] == "refused"
+    assert "different creditaudit versions" in outcome["error"]
+    assert not (tmp_path / "out").exists()
+
+
+# --- executors --------------------------------------------------------------------------
+def test_local_executor_two_workers(tmp_path):
+    out = tmp_path / "out"
+    configs = [tiny(out, **{"method.name": m, "run.seed": s})
+               for m in ("bp", "dfa") for s in (1, 2)]
+    result = run_sweep(prepare_configs(configs, threads=1),
+                       LocalExecutor(workers=2, threads_per_worker=1))
+    assert [o["status"] for o in result.outcomes] == ["completed"] * 4
+    starts = events(out, "start")
+    assert sorted(e["run_id"] for e in starts) == sorted(c.run_id for c in configs)
+    pids = {e["pid"] for e in starts}
+    assert len(pids) == 2 and os.getpid() not in pids  # two worker processes did the work
+    for config in configs:
+        record = load_record(out / config.run_id)
+        assert record["environment"]["torch_threads"] == 1
+    assert not list(out.rglob(CLAIM_FILE))
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'creditaudit[ray]')")
+def test_ray_executor_on_a_local_instance(tmp_path):
+    import ray
+
+    from creditaudit.sweep import RayExecutor
+
+    out = tmp_path / "out"
+    configs = [tiny(out, **{"method.name": m}) for m in ("bp", "fa")]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run_sweep(prepare_configs(configs, threads=1), RayExecutor(num_cpus_per_run=1))
+    finally:
+        ray.shutdown()
+    assert [o["status"] for o in result.outcomes] == ["completed"] * 2
+    assert os.getpid() not in {e["pid"] for e in events(out, "start")}
+    assert all(load_record(out / c.run_id)["status"] == "completed" for c in configs)
+
+
+def test_ray_executor_without_ray_says_how_to_install(monkeypatch):
+    from creditaudit.sweep import RayExecutor
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray → ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'creditaudit\[ray\]'"):
+        RayExecutor()
+
+
+# --- claims -----------------------------------------------------------------------------------
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def write_claim(run_dir: Path, pid: int, host: str | None = None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CLAIM_FILE
+    path.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(),
+                                "time": "then", "token": "someone-else"}))
+    return path
+
+
+def test_only_one_of_many_racing_claims_wins(tmp_path):
+    results = []
+    barrier = threading.Barrier(8)
+
+    def grab():
+        barrier.wait()
+        results.append(try_claim(tmp_path / "run"))
+
+    threads = [threading.Thread(target=grab) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [claim for claim, _ in results if claim is not None]
+    assert len(winners) == 1
+    # A loser sees the winner's claim, or (None) a claim file the winner is still writing.
+    assert all(holder is None or holder["pid"] == os.getpid()
+               for claim, holder in results if claim is None)
+    release_claim(winners[0])
+    assert not (tmp_path / "run" / CLAIM_FILE).exists()
+    assert try_claim(tmp_path / "run")[0] is not None
+
+
+def test_claim_staleness_rules():
+    host = socket.gethostname()
+    assert claim_is_stale({"pid": dead_pid(), "host": host}, age=0.0, stale_after=900) \
+        == "dead process"
+    assert claim_is_stale({"pid": os.getpid(), "host": host}, age=10.0, stale_after=900) is None
+    assert claim_is_stale({"pid": os.getpid(), "host": host}, age=901.0, stale_after=900) \
+        == "stale"
+    # Another host's pid cannot be checked: only the age counts.
+    assert claim_is_stale({"pid": dead_pid(), "host": "elsewhere"}, age=10, stale_after=900) \
+        is None
+
+
+def test_stale_claim_of_a_dead_process_is_broken(tmp_path):
+    out = tmp_path / "out"
+    config = tiny(out)
+    claim = write_claim(out / config.run_id, dead_pid())
+    result = sweep([config])
+    assert result.outcomes[0]["status"] == "completed"
+    assert not claim.exists()
+    assert [e["reason"] for e in events(out, "break_claim")] == ["dead process"]
+
+
+def test_live_claim_is_respected_and_old_claim_of_another_host_is_broken(tmp_path):
+    out = tmp_path / "out"
+    config = tiny(out)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim = write_claim(out / config.run_id, sleeper.pid)
+        result = sweep([config], wait_for_others=False)
+        assert result.outcomes[0]["status"] == "busy"
+        assert not (out / config.run_id / RECORD_FILE).exists()
+        assert claim.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    claim = write_claim(out / config.run_id, 1, host="elsewhere")
+    old = time.time() - 3600
+    os.utime(claim, (old, old))
+    result = sweep([config], stale_after=60)
+    assert result.outcomes[0]["status"] == "completed"
+    assert [e["reason"] for e in events(out, "break_claim")] == ["stale"]
+
+
+# --- processes: concurrent sweeps, a killed sweep --------------------------------------------
+CLI = [sys.executable, "-c", "import sys; from creditaudit.cli import main; sys.exit(main())"]
+
+
+def test_two_concurrent_sweeps_run_every_run_exactly_once(tmp_path):
+    out = tmp_path / "out"
+    path = write_sweep(tmp_path / "s.toml", out, """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+        "run.seed" = [1, 2]
+    """, epochs=2)
+    command = [*CLI, "sweep", str(path), "--workers", "0"]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    configs = load_sweep(path).configs()
+    starts = events(out, "start")
+    assert sorted(e["run_id"] for e in starts) == sorted(c.run_id for c in configs)
+    assert all(load_record(out / c.run_id)["status"] == "completed" for c in configs)
+    assert not list(out.rglob(CLAIM_FILE)) and not list(out.rglob("*.break"))
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["counts"] == {"completed": 4}
+
+
+def test_killed_sweep_resumes_where_it_stopped(tmp_path):
+    out = tmp_path / "out"
+    path = write_sweep(tmp_path / "s.toml", out, """
+        [grid]
+        "method.name" = ["bp"]
+    """, epochs=30)
+    config = load_sweep(path).configs()[0]
+    record_path = out / config.run_id / RECORD_FILE
+    process = subprocess.Popen([*CLI, "sweep", str(path), "--workers", "0"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.time() + 60
+    try:
+        while time.time() < deadline:
+            if (out / config.run_id / CHECKPOINT_FILE).exists() and record_path.exists() \
+                    and len(load_record(record_path)["log"]) >= 3:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the sweep never checkpointed")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert (out / config.run_id / CLAIM_FILE).exists()  # left behind by the killed process
+    assert load_record(record_path)["status"] == "running"  # killed mid-run
+    result = sweep([config])
+    assert result.outcomes[0]["action"] == "resumed"
+    record = load_record(record_path)
+    assert record["status"] == "completed"
+    assert [e["epoch"] for e in record["log"]] == list(range(31))
+    starts = events(out, "start")
+    assert [e["action"] for e in starts] == ["trained", "resumed"]
+    assert [e["reason"] for e in events(out, "break_claim")] == ["dead process"]
+
+
+# --- CLI ------------------------------------------------------------------------------------
+def test_cli_dry_run_lists_runs_and_which_are_done(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    out = tmp_path / "out"
+    path = write_sweep(tmp_path / "s.toml", out, """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+    """)
+    configs = load_sweep(path).configs()
+    sweep(configs[:1])
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    text = "\n".join(lines)
+    assert [line for line in lines if configs[0].run_id in line][0].endswith("done (completed)")
+    assert [line for line in lines if configs[1].run_id in line][0].endswith("to run")
+    assert "2 runs: 1 done or skipped, 1 to run" in text
+    assert len(events(out, "start")) == 1  # the dry run trained nothing
+
+
+def test_cli_sweep_writes_table_and_summary(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    path = write_sweep(tmp_path / "s.toml", tmp_path / "ignored", """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+    """)
+    out = tmp_path / "elsewhere"
+    assert main(["sweep", str(path), "--workers", "0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "name=bp" in text and "name=dfa" in text and "completed" in text
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert [run["grid"]["method.name"] for run in summary["runs"]] == ["bp", "dfa"]
+    assert not (tmp_path / "ignored").exists()
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    assert main(["sweep", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not exist" in err
+    path = write_sweep(tmp_path / "s.toml", tmp_path, '[grid]\n"method.name" = ["bp", "x"]\n')
+    assert main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "method.name" in err and "'x'" in err
+
+
+# --- precision ----------------------------------------------------------------------------
+def test_fp16_flushes_diagnostic_sized_gradients_bf16_keeps_them():
+    tiny_grad = torch.tensor(1e-9)
+    assert tiny_grad.to(torch.float16).item() == 0.0
+    assert tiny_grad.to(torch.bfloat16).item() == pytest.approx(1e-9, rel=1e-2)
+
+
+@pytest.mark.parametrize("method", ["bp", "fa", "dfa"])
+def test_bf16_training_runs_on_cpu_with_fp32_diagnostics(tmp_path, method):
+    from creditaudit.training import Trainer
+
+    out = tmp_path / "out"
+    configs = [tiny(out, **{"method.name": method, "run.precision": p, "run.device": "cpu"})
+               for p in ("fp32", "bf16")]
+    result = sweep(configs)
+    assert [o["status"] for o in result.outcomes] == ["completed", "completed"]
+    fp32, bf16 = (torch.load(out / c.run_id / CHECKPOINT_FILE, weights_only=False)["model"]
+                  for c in configs)
+    # bf16 autocast really changed the arithmetic of training, not the stored weights' type.
+    assert any(not torch.equal(fp32[k], bf16[k]) for k in fp32)
+    assert all(v.dtype == torch.float32 for v in bf16.values() if v.is_floating_point())
+    # The recorded diagnostics of the bf16 run are the fp32 diagnostics of its weights.
+    trainer = Trainer(prepare_configs([configs[1]], threads=1)[0])
+    trainer.restore()
+    recomputed = trainer.measure(1)
+    recorded = load_record(out / configs[1].run_id)["log"][-1]
+    for key in ("g_L_norm", "h_L_norm", "cos_per_layer", "bp_grad_norms_per_sample_med"):
+        assert recorded[key] == pytest.approx(recomputed[key], rel=1e-5), key

@@ -14,7 +14,10 @@ def format_run_summary(records: list[dict[str, Any]]) -> str:
     lines = [header, "-" * len(header)]
     for record in records:
         last = record["log"][-1] if record["log"] else {}
-        verdict = record.get("protocol", {}).get("verdict", "—")
+        protocol = record.get("protocol", {})
+        verdict = protocol.get("verdict", "—")
+        if protocol.get("fired"):
+            verdict += " " + "".join(f"({i})" for i in protocol["fired"])
         lines.append(
             f"{record['config']['method']['name']:<14}{record['status']:<12}"
             f"{last.get('epoch', 0):>6}{fmt(last.get('acc_eval'), '.3f'):>10}"

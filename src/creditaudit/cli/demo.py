@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 from creditaudit.config import RunConfig
 from creditaudit.summary import format_run_summary
@@ -17,6 +19,7 @@ def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: i
     return RunConfig().replace(**{
         "method.name": method, "optim.epochs": epochs, "data.n_train": n_train,
         "data.n_test": 2000, "run.out_dir": out_dir, "run.seed": seed,
+        "run.progress": False,
     })
 
 
@@ -31,23 +34,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--n-train", type=int, default=20000,
                         help="synthetic training samples (default 20000)")
     parser.add_argument("--seed", type=int, default=42, help="seed (default 42)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="parallel single-thread runs (default: number of cores, at most 4)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.training import train
+    from creditaudit.runs import load_record
+    from creditaudit.sweep import LocalExecutor, run_sweep
 
     started = time.perf_counter()
+    configs = [demo_config(method, epochs=args.epochs, n_train=args.n_train,
+                           out_dir=args.out, seed=args.seed) for method in DEMO_METHODS]
+    # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
+    workers = args.workers or min(len(configs), os.cpu_count() or 1)
+    print(f"training {', '.join(DEMO_METHODS)} ({args.epochs} epochs each, {workers} "
+          f"parallel runs) on the synthetic teacher–student task …", flush=True)
+
+    def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
+        if outcome is not None:
+            print(f"  {outcome['run_id']}: {outcome['status']}", flush=True)
+
+    result = run_sweep(configs, LocalExecutor(workers=workers), on_progress=progress)
     records = []
-    for method in DEMO_METHODS:
-        config = demo_config(method, epochs=args.epochs, n_train=args.n_train,
-                             out_dir=args.out, seed=args.seed)
-        if args.no_progress:
-            config = config.replace(**{"run.progress": False})
-        print(f"training {method} ({args.epochs} epochs) …", flush=True)
-        records.append(train(config).record)
+    for config in configs:
+        path = Path(args.out) / config.run_id
+        if (path / "record.json").exists():
+            records.append(load_record(path))
     print()
     print(format_run_summary(records))
-    print(f"\nrecords: {args.out}/<run id>/record.json  ({time.perf_counter() - started:.0f} s)")
-    return 0
+    failed = [o for o in result.outcomes if o["status"] not in ("completed", "diverged")]
+    for outcome in failed:
+        print(f"{outcome['run_id']} {outcome['status']}: {outcome.get('error')}")
+    print(f"\nrecords: {args.out}/<run id>/record.json  "
+          f"({time.perf_counter() - started:.0f} s); audit one with "
+          f"`creditaudit audit {args.out}/<run id>`")
+    return 1 if failed else 0

@@ -19,6 +19,7 @@ from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
     CAUSE_SATURATION,
+    CAUSE_SATURATION_NO_LN,
     NO_FROZEN_REASON,
     DiagnosticReport,
     cross_batch_stability,
@@ -102,7 +103,7 @@ def test_reference_gradient_median_zero_fraction_and_nonzero_median():
 
 
 @pytest.mark.parametrize(("terminal_ln", "h_last", "cause"), [
-    (True, 5.0, CAUSE_LN), (False, 5e4, CAUSE_FLOOR), (None, 5e4, CAUSE_LN),
+    (True, 5.0, CAUSE_LN), (False, 5e4, CAUSE_SATURATION_NO_LN), (None, 5e4, CAUSE_LN),
     (None, 5.0, CAUSE_FLOOR)])
 def test_reference_cause_without_saturation(terminal_ln, h_last, cause):
     sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, h_last),

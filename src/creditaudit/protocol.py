@@ -58,6 +58,8 @@ DIAGNOSTIC_NAMES = {
 }
 CAUSE_SATURATION = ("saturated softmax (most per-sample gradients are exactly 0; not LN "
                     "cancellation)")
+CAUSE_SATURATION_NO_LN = ("saturated softmax (no terminal LN: g_L is the head's transpose times "
+                          "a vanishing output error on confident samples; not LN cancellation)")
 CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown residual stream)"
 CAUSE_FLOOR = "gradient below floor"
 NO_FROZEN_REASON = "no frozen-blocks accuracy given (pass --frozen RUN_OR_ACC)"
@@ -161,7 +163,7 @@ def reference_diagnostic(grad_last: Tensor, hidden_norms: Sequence[float],
 
     Also reports the fraction of samples whose gradient is exactly 0 and the median over the
     rest, and names the cause when it fires: a saturated softmax (≥ half the samples exactly
-    0), LN cancellation (terminal LN, or — when unknown — a grown stream), or plainly a
+    0, or any tiny median on a model known to have no terminal LN), LN cancellation (terminal LN, or — when unknown — a grown stream), or plainly a
     gradient below the floor.
     """
     floor = thresholds.grad_floor
@@ -181,6 +183,10 @@ def reference_diagnostic(grad_last: Tensor, hidden_norms: Sequence[float],
                        "samples have an exactly-zero gradient", **details)
     if zero_fraction >= 0.5:
         cause = CAUSE_SATURATION
+    elif terminal_ln is False:
+        # Without a terminal LN, g_L = W_headᵀ e / 128: it can only vanish when the output
+        # error e = softmax − onehot does, i.e. the softmax saturates on confident samples.
+        cause = CAUSE_SATURATION_NO_LN
     elif terminal_ln or (terminal_ln is None and grew):
         cause = CAUSE_LN
     else:

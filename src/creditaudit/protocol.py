@@ -163,8 +163,9 @@ def reference_diagnostic(grad_last: Tensor, hidden_norms: Sequence[float],
 
     Also reports the fraction of samples whose gradient is exactly 0 and the median over the
     rest, and names the cause when it fires: a saturated softmax (≥ half the samples exactly
-    0, or any tiny median on a model known to have no terminal LN), LN cancellation (terminal LN, or — when unknown — a grown stream), or plainly a
-    gradient below the floor.
+    0, or any tiny median on a model known to have no terminal LN), LN cancellation
+    (terminal LN, or — when unknown — a grown stream), or plainly a gradient below the
+    floor.
     """
     floor = thresholds.grad_floor
     value = median_norms([grad_last])[0]

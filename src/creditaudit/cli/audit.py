@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from creditaudit.config import DEVICES
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.runs import CHECKPOINT_FILE, RECORD_FILE, atomic_write_bytes, load_record
 
@@ -49,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "aggregations, ρ, nudging, fresh-B null, each with BP and random "
                              "controls); --no-metrics for the four diagnostics only "
                              "(default: on)")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="device the diagnostics run on (default cpu; auto = cuda if "
+                             "available); they always run in fp32")
     parser.set_defaults(handler=run)
 
 
@@ -130,12 +134,16 @@ def load_run(run_path: str) -> tuple[dict[str, Any], Any, Any, Any, dict[str, An
     return record, config, dataset, rule, state
 
 
-def audit_run(run_path: str, *, frozen: str | None = None, metrics: bool = True) -> Any:
+def audit_run(run_path: str, *, frozen: str | None = None, metrics: bool = True,
+              device: str = "cpu") -> Any:
     """The :class:`~creditaudit.protocol.DiagnosticReport` of a run (see ``audit --help``)."""
     from creditaudit.protocol import config_metadata, diagnose
-    from creditaudit.training import flatten_inputs
+    from creditaudit.training import flatten_inputs, resolve_device
 
+    target = resolve_device(device)
     record, config, dataset, rule, state = load_run(run_path)
+    rule.model.to(target)
+    rule.to(target)  # feedback matrices and auxiliary nets
     frozen_acc = (parse_frozen(frozen, config) if frozen is not None
                   else config.diagnostics.frozen_acc)
     epoch = int(state.get("epoch", record["log"][-1]["epoch"] if record["log"] else 0))
@@ -144,6 +152,7 @@ def audit_run(run_path: str, *, frozen: str | None = None, metrics: bool = True)
     headline = entries[-1].get("acc_eval") if entries else None
     eval_x, eval_y = dataset.eval_subset(config.diagnostics.eval_samples,
                                          flatten=flatten_inputs(config))
+    eval_x, eval_y = eval_x.to(target), eval_y.to(target)
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
                "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
@@ -164,7 +173,8 @@ def render(report: Any, fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = audit_run(args.run_path, frozen=args.frozen, metrics=args.metrics)
+    report = audit_run(args.run_path, frozen=args.frozen, metrics=args.metrics,
+                       device=args.device)
     text = render(report, args.format)
     if args.output:
         atomic_write_bytes(Path(args.output), (text + "\n").encode())

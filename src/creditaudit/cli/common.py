@@ -50,6 +50,16 @@ SWITCHES: list[tuple[str, str, bool, str]] = [
 ]
 
 
+def add_device_options(parser: argparse.ArgumentParser, *, precision: bool = True) -> None:
+    """``--device`` (and ``--precision``) for commands that do not take the full config."""
+    parser.add_argument("--device", choices=DEVICES, default=None,
+                        help="device of every run (run.device; auto = cuda if available)")
+    if precision:
+        parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                            help="training precision of every run (run.precision); bf16 "
+                                 "trains under autocast, diagnostics stay fp32")
+
+
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config with [data] [model] [method] [optim] [diagnostics] "

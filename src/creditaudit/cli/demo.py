@@ -7,20 +7,22 @@ import os
 import time
 from pathlib import Path
 
+from creditaudit.cli.common import add_device_options
 from creditaudit.config import RunConfig
 from creditaudit.summary import format_run_summary
 
 DEMO_METHODS = ("bp", "fa", "dfa", "frozen")
 
 
-def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: int
-                ) -> RunConfig:
+def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: int,
+                device: str | None = None, precision: str | None = None) -> RunConfig:
     """The demo's run: a d=256 L=4 terminal-LN ResidualMLP on the teacher–student task."""
-    return RunConfig().replace(**{
-        "method.name": method, "optim.epochs": epochs, "data.n_train": n_train,
-        "data.n_test": 2000, "run.out_dir": out_dir, "run.seed": seed,
-        "run.progress": False,
-    })
+    overrides = {"method.name": method, "optim.epochs": epochs, "data.n_train": n_train,
+                 "data.n_test": 2000, "run.out_dir": out_dir, "run.seed": seed,
+                 "run.progress": False}
+    overrides.update({key: value for key, value in (("run.device", device),
+                                                    ("run.precision", precision)) if value})
+    return RunConfig().replace(**overrides)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=42, help="seed (default 42)")
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most 4)")
+    add_device_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     configs = [demo_config(method, epochs=args.epochs, n_train=args.n_train,
-                           out_dir=args.out, seed=args.seed) for method in DEMO_METHODS]
+                           out_dir=args.out, seed=args.seed, device=args.device,
+                           precision=args.precision) for method in DEMO_METHODS]
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     workers = args.workers or min(len(configs), os.cpu_count() or 1)
     print(f"training {', '.join(DEMO_METHODS)} ({args.epochs} epochs each, {workers} "

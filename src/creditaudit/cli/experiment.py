@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from creditaudit.cli.common import add_device_options
 from creditaudit.config import DATASETS
 from creditaudit.errors import ConfigError
 
@@ -44,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "Ray task per run")
     parser.add_argument("--retry-failed", action="store_true",
                         help="train runs that failed before again (default: skip them)")
+    add_device_options(parser)
     parser.add_argument("--list", action="store_true",
                         help="list the experiments and what each answers (with --scale: how "
                              "many runs each needs and how many are finished in --out)")
@@ -101,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         summaries = run_experiments(names, scale=args.scale, out_dir=args.out,
                                     dataset=args.dataset, data_dir=args.data_dir,
                                     workers=args.workers, executor=args.executor,
-                                    on_progress=progress, retry_failed=args.retry_failed)
+                                    on_progress=progress, retry_failed=args.retry_failed,
+                                    device=args.device, precision=args.precision)
     except KeyboardInterrupt:
         progress.close()
         print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "

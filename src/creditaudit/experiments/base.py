@@ -621,10 +621,13 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
                     dataset: str | None = None, data_dir: str | None = None,
                     workers: int | None = None, executor: str = "local",
                     on_progress: Callable[..., None] | None = None,
-                    retry_failed: bool = False) -> dict[str, dict[str, Any]]:
+                    retry_failed: bool = False, device: str | None = None,
+                    precision: str | None = None) -> dict[str, dict[str, Any]]:
     """Train the runs of several experiments in one sweep, then summarise each.
 
-    Runs shared between experiments train once. Returns ``{name: summary}``.
+    Runs shared between experiments train once. ``device`` (auto/cpu/cuda; not part of the
+    run id, so a run trained on either counts) and ``precision`` (fp32/bf16; part of the run
+    id) override every run's config. Returns ``{name: summary}``.
     """
     import torch
 
@@ -633,8 +636,12 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     get_scale(scale)
     experiments = [get_experiment(name) for name in names]
     out_dir = Path(out_dir).resolve()
-    per_experiment = {e.name: e.configs(scale, dataset=dataset, data_dir=data_dir,
-                                        out_dir=out_dir) for e in experiments}
+    overrides = {key: value for key, value in (("run.device", device),
+                                               ("run.precision", precision)) if value}
+    per_experiment = {e.name: [c.replace(**overrides) if overrides else c
+                               for c in e.configs(scale, dataset=dataset, data_dir=data_dir,
+                                                  out_dir=out_dir)]
+                      for e in experiments}
     everything = dedupe([c for configs in per_experiment.values() for c in configs])
     outcomes: dict[str, dict[str, Any]] = {}
     todo = []
@@ -671,20 +678,23 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
 def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str | None = None,
                    data_dir: str | None = None, workers: int | None = None,
                    executor: str = "local", on_progress: Callable[..., None] | None = None,
-                   retry_failed: bool = False) -> dict[str, Any]:
+                   retry_failed: bool = False, device: str | None = None,
+                   precision: str | None = None) -> dict[str, Any]:
     """Build, train (what is missing), summarise and write one experiment.
 
     ``scale``: smoke, cpu or paper; ``dataset``/``data_dir``: override the scale's dataset;
     ``workers``: worker processes of the local executor, one torch thread each (default:
     the number of cores; 0 — and, by default, smoke scale — trains in this process);
-    ``executor``: ``local``, ``inline`` or ``ray``. ``name="all"`` runs every experiment
+    ``executor``: ``local``, ``inline`` or ``ray``; ``device``/``precision``: see
+    :func:`run_experiments`. ``name="all"`` runs every experiment
     and returns ``{name: summary}``; otherwise the experiment's summary (its ``meta``
     says which runs were found, missing and trained now).
     """
     names = experiment_names() if name == "all" else [get_experiment(name).name]
     summaries = run_experiments(names, scale=scale, out_dir=out_dir, dataset=dataset,
                                 data_dir=data_dir, workers=workers, executor=executor,
-                                on_progress=on_progress, retry_failed=retry_failed)
+                                on_progress=on_progress, retry_failed=retry_failed,
+                                device=device, precision=precision)
     return summaries if name == "all" else summaries[name]
 
 

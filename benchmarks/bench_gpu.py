@@ -1,0 +1,157 @@
+"""GPU cost of the credit rules (fp32 and bf16) and the expected runtime of the paper scale.
+
+1. ms per ``rule.train_step`` (AdamW, batch 128) of every rule on a terminal-LN ResidualMLP
+   with CIFAR-shaped flattened inputs (in_dim 3072, d=256, L=4) and of BP/DFA on ViT-Mini,
+   in fp32 and under bf16 autocast. Each time is the median of ``--repeats`` blocks of
+   ``--steps`` steps, with ``torch.cuda.synchronize()`` around every block.
+2. One real training epoch of the ``paper`` scale (50 000 CIFAR-shaped uint8 images,
+   random crop + flip, per-epoch diagnostics on 1280 samples) through :class:`Trainer`, per
+   method: the record's per-epoch seconds (training + diagnostics) and the end-of-run
+   credit-quality block, turned into the expected wall time of a 100-epoch run. The images
+   are random (CIFAR-10 cannot be downloaded where this was written); the cost of a step does
+   not depend on pixel values.
+
+Usage: python benchmarks/bench_gpu.py [--repeats 5] [--steps 30] [--epoch-methods bp dfa ...]
+       [--skip-epochs] [--out FILE]. Needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from creditaudit.config import MethodConfig
+from creditaudit.data import Dataset
+from creditaudit.data.transforms import CIFAR10_MEAN, CIFAR10_STD
+from creditaudit.experiments.scales import base_config
+from creditaudit.methods import CreditRule, build_rule
+from creditaudit.models import ResidualMLP, ViTMini
+from creditaudit.training import Trainer, make_adamw
+
+IN_DIM, N_CLASSES, BATCH = 3072, 10, 128
+MLP_METHODS = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep")
+VIT_METHODS = ("bp", "dfa")
+PAPER_EPOCHS = 100
+DEVICE = "cuda"  # a module constant so the script can be dry-run on a CPU
+
+
+def make_rule(arch: str, method: str, precision: str) -> tuple[CreditRule, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = (ResidualMLP(IN_DIM, 256, N_CLASSES, 4, out_ln=True) if arch == "resmlp"
+             else ViTMini(n_classes=N_CLASSES)).to(DEVICE)
+    rule = build_rule(model, MethodConfig(name=method), n_classes=N_CLASSES, seed=0)
+    rule.to(torch.device(DEVICE))
+    rule.set_precision(precision, DEVICE)
+    optimizer = make_adamw(rule.trainable_parameters(), lr=1e-3, weight_decay=0.01)
+    return rule, optimizer
+
+
+def synchronize() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_ms(arch: str, method: str, precision: str, repeats: int, steps: int) -> float:
+    """Median over ``repeats`` blocks of the ms per train step (after 5 warm-up steps)."""
+    rule, optimizer = make_rule(arch, method, precision)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    shape = (BATCH, IN_DIM) if arch == "resmlp" else (BATCH, 3, 32, 32)
+    batches = [(torch.randn(shape, device=DEVICE, generator=gen),
+                torch.randint(0, N_CLASSES, (BATCH,), device=DEVICE, generator=gen))
+               for _ in range(8)]
+    for i in range(5):
+        rule.train_step(*batches[i % 8], optimizer)
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        started = time.perf_counter()
+        for i in range(steps):
+            rule.train_step(*batches[i % 8], optimizer)
+        synchronize()
+        times.append((time.perf_counter() - started) / steps * 1e3)
+    return statistics.median(times)
+
+
+def random_cifar(n_train: int = 50_000, n_test: int = 10_000) -> Dataset:
+    """CIFAR-10-shaped uint8 images with random labels, normalised and augmented as CIFAR."""
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n_train + n_test, 3, 32, 32), dtype=torch.uint8,
+                           generator=gen)
+    labels = torch.randint(0, N_CLASSES, (n_train + n_test,), generator=gen)
+    return Dataset(name="cifar10", train_x=images[:n_train], train_y=labels[:n_train],
+                   test_x=images[n_train:], test_y=labels[n_train:], n_classes=N_CLASSES,
+                   mean=CIFAR10_MEAN, std=CIFAR10_STD, augment=True)
+
+
+def paper_epoch(method: str, arch: str, precision: str, dataset: Dataset) -> dict[str, Any]:
+    """Seconds of one paper-scale epoch (train + diagnostics) and of the end-of-run block."""
+    with tempfile.TemporaryDirectory() as out:
+        config = base_config("paper", dataset="cifar10", data_dir=out, out_dir=out).replace(**{
+            "method.name": method, "model.arch": arch, "optim.epochs": 1,
+            "run.device": DEVICE, "run.precision": precision, "run.progress": False})
+        started = time.perf_counter()
+        result = Trainer(config, dataset=dataset).run()
+        total = time.perf_counter() - started
+        record = result.record
+    epoch = [e for e in record["log"] if e["epoch"] == 1][0]
+    end_of_run = total - sum(e["seconds"] for e in record["log"])
+    return {"method": method, "arch": arch, "precision": precision,
+            "status": record["status"], "epoch_s": epoch["seconds"], "run_1_epoch_s": total,
+            "expected_100_epochs_min": (PAPER_EPOCHS * epoch["seconds"] + end_of_run) / 60}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--epoch-methods", nargs="*",
+                        default=["bp", "dfa", "state-bridge", "ep", "vit:bp", "vit:dfa"])
+    parser.add_argument("--skip-epochs", action="store_true")
+    parser.add_argument("--out", default=None, help="also write the results as JSON")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gpu: no CUDA device; run it on a GPU machine", file=sys.stderr)
+        return 1
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"python {platform.python_version()}", flush=True)
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(0),
+                               "torch": torch.__version__, "steps": [], "epochs": []}
+    print(f"\nms per train step, batch {BATCH} (median of {args.repeats}×{args.steps})")
+    print(f"{'arch':8} {'method':14} {'fp32':>8} {'bf16':>8} {'bf16/fp32':>9}")
+    plan = [("resmlp", m) for m in MLP_METHODS] + [("vit", m) for m in VIT_METHODS]
+    for arch, method in plan:
+        fp32 = step_ms(arch, method, "fp32", args.repeats, args.steps)
+        bf16 = step_ms(arch, method, "bf16", args.repeats, args.steps)
+        results["steps"].append({"arch": arch, "method": method, "fp32_ms": fp32,
+                                 "bf16_ms": bf16})
+        print(f"{arch:8} {method:14} {fp32:8.2f} {bf16:8.2f} {bf16 / fp32:9.2f}", flush=True)
+    if not args.skip_epochs:
+        dataset = random_cifar()
+        print("\npaper scale (50k CIFAR-shaped images, batch 128): one epoch through Trainer")
+        print(f"{'arch':8} {'method':14} {'prec':5} {'epoch s':>8} {'1-epoch run s':>13} "
+              f"{'100 epochs (min)':>16}")
+        for item in args.epoch_methods:
+            arch, method = item.split(":") if ":" in item else ("resmlp", item)
+            for precision in ("fp32", "bf16"):
+                row = paper_epoch(method, arch, precision, dataset)
+                results["epochs"].append(row)
+                print(f"{arch:8} {method:14} {precision:5} {row['epoch_s']:8.1f} "
+                      f"{row['run_1_epoch_s']:13.1f} {row['expected_100_epochs_min']:16.1f}"
+                      + ("" if row["status"] == "completed" else f"  ({row['status']})"),
+                      flush=True)
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,6 +26,7 @@ from creditaudit.sweep import (
     SWEEP_LOG_FILE,
     InlineExecutor,
     LocalExecutor,
+    SweepState,
     claim_is_stale,
     expand_grid,
     load_sweep,
@@ -481,3 +482,13 @@ def test_bf16_training_runs_on_cpu_with_fp32_diagnostics(tmp_path, method):
     recorded = load_record(out / configs[1].run_id)["log"][-1]
     for key in ("g_L_norm", "h_L_norm", "cos_per_layer", "bp_grad_norms_per_sample_med"):
         assert recorded[key] == pytest.approx(recomputed[key], rel=1e-5), key
+
+
+def test_progress_counts_interrupted_runs_apart_from_failures():
+    from creditaudit.cli.sweep import SweepProgress
+
+    state = SweepState(total=5)
+    for status in ("completed", "diverged", "failed", "interrupted"):
+        state.count(status)
+    assert (state.done, state.failed, state.interrupted, state.left) == (2, 1, 1, 1)
+    assert "failed 1, interrupted 1, left 1" in SweepProgress.status(state)

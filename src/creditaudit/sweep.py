@@ -723,11 +723,13 @@ Executor = InlineExecutor | LocalExecutor | RayExecutor
 # --- the sweep ---------------------------------------------------------------------------
 @dataclass
 class SweepState:
-    """Counts for the progress line."""
+    """Counts for the progress line: ``done`` (completed or diverged), ``failed``,
+    ``interrupted`` (stopped by a signal; resumable), ``busy`` (claimed by another sweep)."""
 
     total: int
     done: int = 0
     failed: int = 0
+    interrupted: int = 0
     busy: int = 0
     outstanding: int = 0
     slots: int = 1
@@ -739,7 +741,21 @@ class SweepState:
 
     @property
     def left(self) -> int:
-        return self.total - self.done - self.failed
+        return self.total - self.ended
+
+    @property
+    def ended(self) -> int:
+        """Runs this sweep is finished with, whatever their status."""
+        return self.done + self.failed + self.interrupted
+
+    def count(self, status: str) -> None:
+        """Count one run's end status (anything but completed/diverged/interrupted failed)."""
+        if status in FINISHED:
+            self.done += 1
+        elif status == "interrupted":
+            self.interrupted += 1
+        else:
+            self.failed += 1
 
     @property
     def eta_seconds(self) -> float | None:
@@ -826,10 +842,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
             continue
         outcomes[row["run_id"]] = {"run_id": row["run_id"], "status": row["status"],
                                    "action": "skipped", "error": row["error"], "seconds": 0.0}
-        if row["status"] in FINISHED:
-            state.done += 1
-        else:
-            state.failed += 1
+        state.count(row["status"])
     report(None)
     fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after)
     while todo:
@@ -846,10 +859,8 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
             if outcome["status"] == "busy":
                 busy.append(outcome["run_id"])
                 state.busy += 1
-            elif outcome["status"] in FINISHED:
-                state.done += 1
             else:
-                state.failed += 1
+                state.count(outcome["status"])
             if outcome["action"] in ("trained", "resumed", "restarted") \
                     and outcome["status"] in (*FINISHED, "failed"):
                 state.run_seconds.append(outcome["seconds"])

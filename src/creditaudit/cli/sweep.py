@@ -83,17 +83,18 @@ class SweepProgress:
     @staticmethod
     def status(state: Any) -> str:
         return (f"done {state.done}, running {state.running}, failed {state.failed}, "
-                f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
+                + (f"interrupted {state.interrupted}, " if state.interrupted else "")
+                + f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
                 + f", ETA {_duration(state.eta_seconds)}")
 
     def __call__(self, state: Any, outcome: dict[str, Any] | None) -> None:
         if self.bar is not None:
-            self.bar.n = state.done + state.failed
+            self.bar.n = state.ended
             self.bar.set_postfix_str(self.status(state), refresh=True)
             if outcome is not None and outcome["status"] not in ("completed", "busy"):
                 self.bar.write(self.describe(outcome), file=self.stream)
             return
-        line = f"sweep: {state.done + state.failed}/{state.total} | {self.status(state)}"
+        line = f"sweep: {state.ended}/{state.total} | {self.status(state)}"
         if outcome is not None:
             line += f" | {self.describe(outcome)}"
         print(line, file=self.stream, flush=True)

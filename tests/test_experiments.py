@@ -8,6 +8,7 @@ import copy
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,3 +329,27 @@ def test_experiment_command_errors_are_one_line(capsys):
     assert len(err.splitlines()) == 1 and "unknown experiment 'nope'" in err
     assert main(["experiment", "audit_table"]) == 2
     assert "--scale" in capsys.readouterr().err
+
+
+def test_summaries_of_another_dataset_do_not_overwrite_the_scale_default():
+    from creditaudit.experiments.base import summary_stem
+
+    assert summary_stem("audit_table", "cpu", "fashion-mnist") == "audit_table"
+    assert summary_stem("audit_table", "cpu", "synthetic") == "audit_table.synthetic"
+    assert summary_stem("temporal", "smoke", "synthetic") == "temporal"
+
+
+def test_summary_meta_names_the_files_written(smoke):
+    folder, summaries, _ = smoke
+    for name, summary in summaries.items():
+        json_file, md_file = summary["meta"]["files"]
+        assert Path(json_file) == (folder / "experiments" / f"{name}.json").resolve()
+        assert Path(md_file).exists()
+
+
+def test_no_train_summarises_what_is_there(tmp_path, capsys):
+    assert main(["experiment", "capacity_cost", "--scale", "smoke", "--out", str(tmp_path),
+                 "--no-train"]) == 1  # nothing finished yet: every run is missing
+    captured = capsys.readouterr()
+    assert "0 trained now" in captured.out and "missing:" in captured.err
+    assert not [p for p in tmp_path.iterdir() if p.name != "experiments"]

@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--retry-failed", action="store_true",
                         help="train runs that failed before again (default: skip them)")
     add_device_options(parser)
+    parser.add_argument("--no-train", action="store_true",
+                        help="train nothing: summarise the runs already finished in --out "
+                             "(missing ones are listed)")
     parser.add_argument("--list", action="store_true",
                         help="list the experiments and what each answers (with --scale: how "
                              "many runs each needs and how many are finished in --out)")
@@ -104,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
                                     dataset=args.dataset, data_dir=args.data_dir,
                                     workers=args.workers, executor=args.executor,
                                     on_progress=progress, retry_failed=args.retry_failed,
-                                    device=args.device, precision=args.precision)
+                                    device=args.device, precision=args.precision,
+                                    train=not args.no_train)
     except KeyboardInterrupt:
         progress.close()
         print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "
@@ -115,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
     missing = 0
     for name, summary in summaries.items():
         meta = summary["meta"]
-        folder = Path(meta["out_dir"]) / "experiments"
+        json_file, md_file = meta["files"]
         print(get_experiment(name).to_markdown(summary))
-        print(f"→ {folder / (name + '.json')} and {name}.md "
+        print(f"→ {json_file} and {Path(md_file).name} "
               f"({meta['runs_found']}/{meta['runs_needed']} runs, "
               f"{meta['execution']['trained']} trained now)\n")
         missing += len(meta["missing"])

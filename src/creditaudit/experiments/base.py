@@ -161,6 +161,12 @@ def scale_dataset(scale: str, dataset: str | None) -> str:
     return dataset or get_scale(scale).dataset
 
 
+def summary_stem(name: str, scale: str, dataset: str) -> str:
+    """File stem of an experiment's summary in OUT/experiments/: ``NAME`` for the scale's
+    own dataset, ``NAME.DATASET`` for another one (so both can share a results folder)."""
+    return name if dataset == get_scale(scale).dataset else f"{name}.{dataset}"
+
+
 _CONFIG_CACHE: dict[tuple[Any, ...], RunConfig] = {}
 
 
@@ -611,9 +617,10 @@ def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *
         "epoch_seconds": _epoch_seconds(records),
     }
     folder = out_dir / EXPERIMENTS_DIR
-    atomic_write_json(folder / f"{experiment.name}.json", summary)
-    atomic_write_bytes(folder / f"{experiment.name}.md",
-                       experiment.to_markdown(summary).encode())
+    stem = summary_stem(experiment.name, scale, dataset)
+    summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
+    atomic_write_json(folder / f"{stem}.json", summary)
+    atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
     return summary
 
 
@@ -622,10 +629,12 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
                     workers: int | None = None, executor: str = "local",
                     on_progress: Callable[..., None] | None = None,
                     retry_failed: bool = False, device: str | None = None,
-                    precision: str | None = None) -> dict[str, dict[str, Any]]:
+                    precision: str | None = None, train: bool = True
+                    ) -> dict[str, dict[str, Any]]:
     """Train the runs of several experiments in one sweep, then summarise each.
 
-    Runs shared between experiments train once. ``device`` (auto/cpu/cuda; not part of the
+    Runs shared between experiments train once; ``train=False`` only summarises the runs
+    already finished (the others are listed as missing). ``device`` (auto/cpu/cuda; not part of the
     run id, so a run trained on either counts) and ``precision`` (fp32/bf16; part of the run
     id) override every run's config. Returns ``{name: summary}``.
     """
@@ -653,7 +662,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         else:
             todo.append(config)
     started = time.perf_counter()
-    if todo:  # finished runs never reach the sweep (it would reload every record)
+    if todo and train:  # finished runs never reach the sweep (it would reload every record)
         runner = _executor(executor, scale, workers)
         threads = torch.get_num_threads()
         try:
@@ -679,13 +688,13 @@ def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str |
                    data_dir: str | None = None, workers: int | None = None,
                    executor: str = "local", on_progress: Callable[..., None] | None = None,
                    retry_failed: bool = False, device: str | None = None,
-                   precision: str | None = None) -> dict[str, Any]:
+                   precision: str | None = None, train: bool = True) -> dict[str, Any]:
     """Build, train (what is missing), summarise and write one experiment.
 
     ``scale``: smoke, cpu or paper; ``dataset``/``data_dir``: override the scale's dataset;
     ``workers``: worker processes of the local executor, one torch thread each (default:
     the number of cores; 0 — and, by default, smoke scale — trains in this process);
-    ``executor``: ``local``, ``inline`` or ``ray``; ``device``/``precision``: see
+    ``executor``: ``local``, ``inline`` or ``ray``; ``device``, ``precision``, ``train``: see
     :func:`run_experiments`. ``name="all"`` runs every experiment
     and returns ``{name: summary}``; otherwise the experiment's summary (its ``meta``
     says which runs were found, missing and trained now).
@@ -694,7 +703,7 @@ def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str |
     summaries = run_experiments(names, scale=scale, out_dir=out_dir, dataset=dataset,
                                 data_dir=data_dir, workers=workers, executor=executor,
                                 on_progress=on_progress, retry_failed=retry_failed,
-                                device=device, precision=precision)
+                                device=device, precision=precision, train=train)
     return summaries if name == "all" else summaries[name]
 
 

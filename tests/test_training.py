@@ -442,3 +442,10 @@ def test_cli_train_tiny_run(tmp_path, capsys, restore_sigterm):
     record = load_record(tmp_path / config.run_id)
     assert record["status"] == "completed"
     assert str(tmp_path / config.run_id / RECORD_FILE) in out
+
+
+def test_atomic_writes_get_the_permissions_of_a_plain_file(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    atomic_write_json(tmp_path / "atomic.json", {"a": 1})
+    assert (tmp_path / "atomic.json").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777

@@ -33,11 +33,25 @@ REQUIRED_KEYS = {
 TIMING_KEYS = ("seconds",)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's files are 0600
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half."""
+    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
+
+    The file gets the permissions of a plainly created one (0666 minus the umask), so a
+    results folder shared by a group or a cluster stays readable.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -492,3 +492,19 @@ def test_progress_counts_interrupted_runs_apart_from_failures():
         state.count(status)
     assert (state.done, state.failed, state.interrupted, state.left) == (2, 1, 1, 1)
     assert "failed 1, interrupted 1, left 1" in SweepProgress.status(state)
+
+
+@pytest.mark.parametrize("dataset", ["fashion-mnist", "synthetic"])
+def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
+    """examples/sweeps/cpu_*.toml give the run ids the cpu-scale experiments use."""
+    from creditaudit.experiments import get_experiment
+
+    name = "fashion" if dataset == "fashion-mnist" else dataset
+    sweep_ = load_sweep(ROOT / "examples" / "sweeps" / f"cpu_{name}.toml")
+    ids = {c.run_id for c in sweep_.configs({"run.out_dir": str(tmp_path)})}
+    assert len(ids) == 21
+    experiment_ids = set()
+    for experiment in ("capacity_cost", "temporal"):
+        experiment_ids |= {c.run_id for c in get_experiment(experiment).configs(
+            "cpu", dataset=dataset, data_dir=None, out_dir=tmp_path)}
+    assert ids <= experiment_ids

@@ -49,6 +49,15 @@ requirements = ("in one recipe: DFA without penalty, DFA with a penalty λ > 0 (
                 "bar to panel (b).")
 
 
+
+def short_lambda(value: float) -> str:
+    """1e-4 rather than 0.0001 in tick labels: ``0.01`` → ``1e-2``, ``0.5`` → ``0.5``."""
+    text = f"{value:g}"
+    if value == 0 or ("e" not in text and len(text) <= 4):
+        return text
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
 def headline_penalty(group: list[Run]) -> float | None:
     """The λ > 0 that both DFA and BP ran with: 1e-2 when present, else the largest."""
     shared = [p for p in penalties(group, "dfa") if p > 0 and p in penalties(group, "bp")]
@@ -97,12 +106,12 @@ def conditions(chosen: dict) -> list[dict]:
              "cos": mean_std(r.deep_cos for r in chosen["dfa"]),
              "rho": mean_std(r.deep_rho for r in chosen["dfa"])}]
     for p, runs in chosen["dfa_penalised"].items():
-        rows.append({"label": f"DFA\nλ={p:g}", "key": f"dfa:{p:g}",
+        rows.append({"label": f"DFA\nλ={short_lambda(p)}", "key": f"dfa:{p:g}",
                      "cos": mean_std(r.deep_cos for r in runs),
                      "rho": mean_std(r.deep_rho for r in runs)})
     draws = [v for r in headline
              for v in (r.diagnostics.get("fresh_b_null") or {}).get("values", [])]
-    rows.append({"label": f"fresh-B\nnull\nλ={lam:g}", "key": "fresh_b_null",
+    rows.append({"label": f"fresh-B\nnull\nλ={short_lambda(lam)}", "key": "fresh_b_null",
                  "cos": mean_std(draws), "rho": (math.nan, math.nan)})
 
     def control(kind: str, metric: str) -> tuple[float, float]:
@@ -168,7 +177,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
                 va="bottom", color="gray")
     ax.axhline(0, color="black", lw=0.5)
     ax.set_xticks(x)
-    ax.set_xticklabels([r["label"] for r in rows], fontsize=7)
+    ax.set_xticklabels([r["label"].replace("\n", " ") for r in rows], fontsize=7, rotation=35,
+                       ha="right", rotation_mode="anchor")
     ax.set_ylabel("deep-layer alignment (l ≥ 1)")
     ax.set_title("(b) deep cos and deep ρ across conditions")
     ax.legend(loc="upper left", fontsize=7)

@@ -327,3 +327,13 @@ def test_run_index_selects_by_config_predicates(index, records):
     assert list(seeds) == list(SEEDS)
     assert all(len(runs) == 1 and runs[0].seed == s for s, runs in seeds.items())
     assert index.select(dataset="cifar10") == []
+
+
+def test_audit_panels_put_untrained_runs_in_their_own_column():
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(method="bp", penalty=0.0, arch_label="resmlp", dataset="synthetic",
+                          epochs=0)
+    assert audit_panels.category(run, False, False).endswith("\nuntrained")
+    run.epochs = 20
+    assert "untrained" not in audit_panels.category(run, False, False)

@@ -48,6 +48,8 @@ def category(run: Run, multi_arch: bool, multi_data: bool) -> str:
         label += f"\n{ARCH_LABELS.get(run.arch_label, run.arch_label)}"
     if multi_data:
         label += f"\n{run.dataset}"
+    if run.epochs == 0:  # random-init controls sit apart from the trained runs
+        label += "\nuntrained"
     return label
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -243,10 +245,14 @@ def test_diagnose_leaves_parameters_grads_buffers_and_rng_untouched():
     model.train()
     torch.manual_seed(1234)
     rng = torch.get_rng_state()
+    numpy_rng, python_rng = np.random.get_state(), random.getstate()
     report = diagnose(model, x, y, credit=rule, headline_acc=0.5, metrics=True,
                       metric_options={"rho_samples": 64, "rho_directions": 4,
                                       "null_draws": 3})
     assert torch.equal(torch.get_rng_state(), rng)
+    after = np.random.get_state()
+    assert numpy_rng[0] == after[0] and np.array_equal(numpy_rng[1], after[1])
+    assert numpy_rng[2:] == after[2:] and random.getstate() == python_rng
     assert model.training
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key

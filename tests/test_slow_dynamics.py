@@ -19,7 +19,8 @@ EPOCHS = 10
 
 def trajectory(tmp_path, method: str) -> tuple[list[float], list[float]]:
     config = RunConfig().replace(**{
-        "method.name": method, "optim.epochs": EPOCHS, "run.out_dir": str(tmp_path),
+        "method.name": method, "optim.epochs": EPOCHS, "data.n_train": 20000,
+        "run.out_dir": str(tmp_path),
         "run.progress": False, "diagnostics.end_of_run": False,
     })
     assert (config.model.arch, config.model.d, config.model.n_blocks) == ("resmlp", 256, 4)

@@ -449,3 +449,45 @@ def test_atomic_writes_get_the_permissions_of_a_plain_file(tmp_path):
     plain.write_bytes(b"x")
     atomic_write_json(tmp_path / "atomic.json", {"a": 1})
     assert (tmp_path / "atomic.json").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
+def test_random_targets_control_trains_on_fresh_uniform_labels(tmp_path, monkeypatch):
+    seen = []
+    original = Trainer.train_epoch
+
+    def spy(self, epoch):
+        if epoch == 1:  # wrap the rule's step once per run
+            step = self.rule.train_step
+
+            def record_labels(x, y, optimizer):
+                seen.append(y.clone())
+                return step(x, y, optimizer)
+
+            self.rule.train_step = record_labels
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", spy)
+    result = train(tiny(tmp_path, **{"data.random_targets": True, "optim.epochs": 2}))
+    assert result.status == "completed"
+    true_labels = Trainer(tiny(tmp_path)).dataset.train_y
+    n = true_labels.shape[0]
+    drawn = torch.cat(seen)
+    assert drawn.shape[0] == 2 * n
+    # An epoch of true labels is a permutation of the stored ones; fresh uniform draws are not
+    # (and differ between epochs).
+    first, second = drawn[:n], drawn[n:]
+    assert not torch.equal(first.sort().values, true_labels.sort().values)
+    assert not torch.equal(first, second)
+    assert int(drawn.min()) >= 0 and int(drawn.max()) < 10
+
+
+def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    code = main(["demo", "--epochs", "1", "--n-train", "512", "--out", str(tmp_path),
+                 "--workers", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for method in ("bp", "fa", "dfa", "frozen"):
+        assert method in out.lower()
+    assert len(list(tmp_path.glob("*/record.json"))) == 4

@@ -98,10 +98,13 @@ def to_markdown(summary: dict[str, Any]) -> str:
     rows = []
     for row in summary["rows"]:
         fired = sorted({i for s in row["seeds"] for i in s["fired"]})
+        n_fired = sum(bool(s["fired"]) for s in row["seeds"])
+        verdict = ("trustworthy" if row["trustworthy"] else
+                   f"fired {labels(fired)} in {n_fired}/{len(row['seeds'])} seeds")
         rows.append([row["arch"], row["method"], format_aggregate(row["test_acc"]),
                      fmt(row["chance"], ".3f"), fmt(row["max_block_growth"]["mean"], ".3g"),
                      fmt(row["g_L_norm"]["mean"], ".3g"), fmt(row["stability"]["mean"], ".3f"),
-                     "trustworthy" if row["trustworthy"] else f"fired {labels(fired)}",
+                     verdict,
                      "yes" if row["at_chance"] else "no"])
     table = md_table(["architecture", "method", "test acc", "chance", "(a) growth",
                       "(b) ‖g_L‖", "(c) stability", "verdict (a)–(c)", "at chance"], rows)

@@ -386,3 +386,15 @@ def test_credit_quality_refuses_a_non_finite_model():
         model.embed.weight[0, 0] = math.inf
     with pytest.raises(NonFiniteModelError, match="embed.weight"):
         credit_quality(rule, torch.randn(8, 12), torch.randint(0, 4, (8,)))
+
+
+@pytest.mark.slow
+def test_docs_example_audits_a_plain_module(capsys):
+    """docs/examples/audit_own_model.py runs and prints a verdict (slow: trains a model)."""
+    import runpy
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "audit_own_model.py"
+    runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "verdict" in out.lower()

@@ -4,7 +4,7 @@ The model below is a plain ``nn.Module`` — it does not subclass creditaudit's 
 All the protocol needs is a *states function*: ``states_fn(x) -> ([h_0, …, h_L], logits)``
 returning the hidden states you want audited, still in the autograd graph.
 
-Run: python docs/examples/audit_own_model.py   (about ten seconds on two CPU cores)
+Run: python docs/examples/audit_own_model.py   (under a minute on two CPU cores)
 """
 
 from __future__ import annotations

@@ -329,7 +329,7 @@ def test_run_index_selects_by_config_predicates(index, records):
     assert index.select(dataset="cifar10") == []
 
 
-def test_audit_panels_put_untrained_runs_in_their_own_column():
+def test_audit_panels_put_untrained_runs_and_controls_in_their_own_columns():
     from types import SimpleNamespace
 
     run = SimpleNamespace(method="bp", penalty=0.0, arch_label="resmlp", dataset="synthetic",
@@ -337,3 +337,5 @@ def test_audit_panels_put_untrained_runs_in_their_own_column():
     assert audit_panels.category(run, False, False).endswith("\nuntrained")
     run.epochs = 20
     assert "untrained" not in audit_panels.category(run, False, False)
+    run.config = RunConfig().replace(**{"method.trainable_blocks": 2})
+    assert audit_panels.category(run, False, False).endswith("\nk=2 blocks")

@@ -34,3 +34,17 @@ def test_every_config_key_is_documented():
     text = (ROOT / "docs" / "configuration.md").read_text()
     missing = [key for key, _, _ in config_help() if f"`{key}`" not in text]
     assert not missing, f"document these keys in docs/configuration.md: {missing}"
+
+
+def test_relative_links_in_the_docs_point_at_files():
+    """Every relative link and image in README.md and docs/*.md names a file in the repo."""
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)  # not code blocks
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL or an anchor in the same page
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(f"{doc.relative_to(ROOT)} → {target}")
+    assert not broken, "broken links: " + ", ".join(broken)

@@ -50,6 +50,14 @@ def category(run: Run, multi_arch: bool, multi_data: bool) -> str:
         label += f"\n{run.dataset}"
     if run.epochs == 0:  # random-init controls sit apart from the trained runs
         label += "\nuntrained"
+    config = getattr(run, "config", None)
+    if config is not None:  # control variants get their own columns too
+        if config.method.trainable_blocks is not None:
+            label += f"\nk={config.method.trainable_blocks} blocks"
+        if config.data.random_targets:
+            label += "\nrandom labels"
+        if not config.model.residual:
+            label += "\nno skips"
     return label
 
 

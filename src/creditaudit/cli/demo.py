@@ -27,7 +27,7 @@ def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: i
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "demo", help="BP, FA, DFA and frozen blocks on the synthetic task (~2 min on 2 cores)",
+        "demo", help="BP, FA, DFA and frozen blocks on the synthetic task (~1 min on 2 idle cores)",
         description="Train BP, FA, DFA and the frozen-blocks baseline on the embedded "
                     "teacher–student task (d=256, L=4 ResidualMLP with terminal LN), then "
                     "print accuracy, ‖h_L‖, ‖g_L‖ and deep cosine per method. No download.")

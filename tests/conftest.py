@@ -18,3 +18,27 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def kill_run_at(monkeypatch):
+    """``kill_run_at(config, epoch=2)``: train ``config`` and interrupt it as a kill would
+    (KeyboardInterrupt when ``epoch`` starts), leaving an interrupted run to resume."""
+    from creditaudit.training import Trainer, train
+
+    original = Trainer.train_epoch
+
+    def kill(config, epoch: int = 2) -> None:
+        def killed(self, current: int):
+            if current == epoch:
+                raise KeyboardInterrupt
+            return original(self, current)
+
+        monkeypatch.setattr(Trainer, "train_epoch", killed)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                train(config)
+        finally:
+            monkeypatch.setattr(Trainer, "train_epoch", original)
+
+    return kill

@@ -22,7 +22,7 @@ from creditaudit.methods.credit_bridge import CreditBridge, soft_min
 from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models import ResidualMLP
 from creditaudit.runs import CHECKPOINT_FILE, comparable, load_record
-from creditaudit.training import Trainer, train
+from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -491,27 +491,17 @@ def tiny_run(out_dir: Path, method: str) -> RunConfig:
     return RunConfig().replace(**{**TINY_RUN, "method.name": method, "run.out_dir": str(out_dir)})
 
 
-def killed_and_resumed(config: RunConfig, monkeypatch) -> dict:
-    original = Trainer.train_epoch
-
-    def killed_at_epoch_2(self, epoch):
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return original(self, epoch)
-
-    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train(config)
-    monkeypatch.setattr(Trainer, "train_epoch", original)
+def killed_and_resumed(config: RunConfig, kill_run_at) -> dict:
+    kill_run_at(config)
     run_dir = Path(config.run.out_dir) / config.run_id
     assert load_record(run_dir)["status"] == "interrupted"
     return train(config, resume=True).record
 
 
 @pytest.mark.parametrize("method", ["state-bridge", "credit-bridge"])
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, monkeypatch, method):
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at, method):
     straight = train(tiny_run(tmp_path / "a", method))
-    resumed = killed_and_resumed(tiny_run(tmp_path / "b", method), monkeypatch)
+    resumed = killed_and_resumed(tiny_run(tmp_path / "b", method), kill_run_at)
     assert straight.status == resumed["status"] == "completed"
 
     def semantic(record):

@@ -94,20 +94,10 @@ def test_cuda_run_records_and_audits_on_both_devices(tmp_path: Path, precision: 
 
 
 @needs_cuda
-def test_a_cuda_run_killed_mid_way_resumes_on_the_cpu(tmp_path: Path, monkeypatch) -> None:
+def test_a_cuda_run_killed_mid_way_resumes_on_the_cpu(tmp_path: Path, kill_run_at) -> None:
     config = RunConfig().replace(**{**TINY, "method.name": "fa", "optim.epochs": 3,
                                     "run.out_dir": str(tmp_path), "run.device": "cuda"})
-    original = Trainer.train_epoch
-
-    def killed_at_epoch_2(self, epoch):  # noqa: ANN001, ANN202
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return original(self, epoch)
-
-    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(config).run()
-    monkeypatch.setattr(Trainer, "train_epoch", original)
+    kill_run_at(config)
     on_cpu = config.replace(**{"run.device": "cpu"})  # same run id: the device is not semantic
     assert on_cpu.run_id == config.run_id
     result = Trainer(on_cpu).run(resume=True)

@@ -17,7 +17,7 @@ from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.runs import CHECKPOINT_FILE, comparable, load_record
-from creditaudit.training import Trainer, train
+from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -257,22 +257,12 @@ TINY_RUN = {
 }
 
 
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, monkeypatch):
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at):
     def config(out: Path) -> RunConfig:
         return RunConfig().replace(**{**TINY_RUN, "run.out_dir": str(out)})
 
     straight = train(config(tmp_path / "a"))
-    original = Trainer.train_epoch
-
-    def killed_at_epoch_2(self, epoch):
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return original(self, epoch)
-
-    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train(config(tmp_path / "b"))
-    monkeypatch.setattr(Trainer, "train_epoch", original)
+    kill_run_at(config(tmp_path / "b"))
     run_dir = tmp_path / "b" / straight.record["run_id"]
     assert load_record(run_dir)["status"] == "interrupted"
     resumed = train(config(tmp_path / "b"), resume=True).record

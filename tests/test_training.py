@@ -139,21 +139,11 @@ def test_comparable_ignores_output_folder(tmp_path):
 
 
 # --- kill and resume ----------------------------------------------------------------------------
-def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
+def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path, kill_run_at):
     options = {"method.name": "dfa", "optim.epochs": 3}
     straight = train(tiny(tmp_path / "a", **options))
     config = tiny(tmp_path / "b", **options)
-    original = Trainer.train_epoch
-
-    def killed_at_epoch_2(self, epoch):
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return original(self, epoch)
-
-    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train(config)
-    monkeypatch.setattr(Trainer, "train_epoch", original)
+    kill_run_at(config)
     run_dir = tmp_path / "b" / config.run_id
     interrupted = load_record(run_dir)
     assert interrupted["status"] == "interrupted"

@@ -295,6 +295,13 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), parse_value(text.strip())
 
 
+def device_overrides(device: str | None = None, precision: str | None = None
+                     ) -> dict[str, str]:
+    """Dotted overrides ``run.device`` / ``run.precision`` for the values that are given."""
+    return {key: value for key, value in (("run.device", device), ("run.precision", precision))
+            if value is not None}
+
+
 def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     """A validated copy of ``config`` with dotted-key overrides applied."""
     raw = config.to_dict()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from creditaudit.cli.common import add_device_options
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, device_overrides
 from creditaudit.summary import format_run_summary
 
 DEMO_METHODS = ("bp", "fa", "dfa", "frozen")
@@ -20,8 +20,7 @@ def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: i
     overrides = {"method.name": method, "optim.epochs": epochs, "data.n_train": n_train,
                  "data.n_test": 2000, "run.out_dir": out_dir, "run.seed": seed,
                  "run.progress": False}
-    overrides.update({key: value for key, value in (("run.device", device),
-                                                    ("run.precision", precision)) if value})
+    overrides.update(device_overrides(device, precision))
     return RunConfig().replace(**overrides)
 
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from creditaudit.config import DEVICES, PRECISIONS
+from creditaudit.cli.common import add_device_options
+from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 
 
@@ -39,11 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "`ray start --head` on this machine; default: a local Ray)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="results folder, overrides run.out_dir of the sweep file")
-    parser.add_argument("--device", choices=DEVICES, default=None,
-                        help="device of every run (run.device; auto = cuda if available)")
-    parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="training precision of every run (run.precision); bf16 trains "
-                             "under autocast, diagnostics stay fp32")
+    add_device_options(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="list the runs and which are done; train nothing")
     parser.add_argument("--retry-failed", action="store_true",
@@ -216,10 +213,9 @@ def run(args: argparse.Namespace) -> int:
     if stale_after <= 0:
         raise ConfigError(f"--stale-after must be > 0 seconds, got {stale_after}")
     sweep = load_sweep(args.sweep_file)
-    overrides = {key: value for key, value in (("run.out_dir", args.out),
-                                               ("run.device", args.device),
-                                               ("run.precision", args.precision))
-                 if value is not None}
+    overrides = device_overrides(args.device, args.precision)
+    if args.out is not None:
+        overrides["run.out_dir"] = args.out
     configs = prepare_configs(sweep.configs(overrides), threads=args.threads_per_worker)
     grid_keys = sweep.grid_keys
     if args.dry_run:

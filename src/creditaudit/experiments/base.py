@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.experiments.aggregate import aggregate, config_without_seed
 from creditaudit.experiments.scales import SCALES, base_config, get_scale
@@ -645,8 +645,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     get_scale(scale)
     experiments = [get_experiment(name) for name in names]
     out_dir = Path(out_dir).resolve()
-    overrides = {key: value for key, value in (("run.device", device),
-                                               ("run.precision", precision)) if value}
+    overrides = device_overrides(device, precision)
     per_experiment = {e.name: [c.replace(**overrides) if overrides else c
                                for c in e.configs(scale, dataset=dataset, data_dir=data_dir,
                                                   out_dir=out_dir)]

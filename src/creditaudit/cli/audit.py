@@ -142,8 +142,7 @@ def audit_run(run_path: str, *, frozen: str | None = None, metrics: bool = True,
 
     target = resolve_device(device)
     record, config, dataset, rule, state = load_run(run_path)
-    rule.model.to(target)
-    rule.to(target)  # feedback matrices and auxiliary nets
+    rule.to(target)
     frozen_acc = (parse_frozen(frozen, config) if frozen is not None
                   else config.diagnostics.frozen_acc)
     epoch = int(state.get("epoch", record["log"][-1]["epoch"] if record["log"] else 0))

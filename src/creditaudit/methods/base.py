@@ -185,6 +185,9 @@ class CreditRule:
         return None
 
     def to(self, device: torch.device) -> CreditRule:
+        """Move the model and everything the rule owns (feedback matrices, auxiliary nets)
+        to ``device``; subclasses extend this for what they own."""
+        self.model.to(device)
         return self
 
 

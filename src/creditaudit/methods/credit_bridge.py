@@ -278,6 +278,7 @@ class CreditBridge(CreditRule):
         self.sums = dict(state["sums"])
 
     def to(self, device: torch.device) -> CreditBridge:
+        super().to(device)
         self.warmup_feedback = [b.to(device) for b in self.warmup_feedback]
         self.value.to(device)
         self.target.to(device)

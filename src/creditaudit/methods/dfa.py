@@ -70,6 +70,7 @@ class DFA(CreditRule):
         self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
 
     def to(self, device: torch.device) -> DFA:
+        super().to(device)
         self.feedback = [b.to(device) for b in self.feedback]
         return self
 

@@ -84,5 +84,6 @@ class FA(CreditRule):
         self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
 
     def to(self, device: torch.device) -> FA:
+        super().to(device)
         self.feedback = [b.to(device) for b in self.feedback]
         return self

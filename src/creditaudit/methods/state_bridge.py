@@ -303,6 +303,7 @@ class StateBridge(CreditRule):
         self.error_sum, self.error_count = state["error_sum"], state["error_count"]
 
     def to(self, device: torch.device) -> StateBridge:
+        super().to(device)
         if isinstance(self.predictor, nn.Module):
             self.predictor.to(device)
         return self

@@ -30,6 +30,14 @@ def fmt(value: Any, spec: str = ".3g") -> str:
     return format(value, spec)
 
 
+def format_lambda(value: float) -> str:
+    """``1e-2`` style for penalties (``0`` for none, ``2.5e-3`` keeps its mantissa)."""
+    if value == 0:
+        return "0"
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
 def _threshold_text(result: DiagnosticResult) -> str:
     op = {"a": ">", "b": "<", "c": ">", "d": "<"}[result.id]
     unit = {"a": "×", "d": " pp"}.get(result.id, "")

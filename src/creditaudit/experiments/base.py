@@ -45,6 +45,7 @@ from creditaudit.protocol import (
     depth_utility_diagnostic,
     labels,
 )
+from creditaudit.report import format_lambda
 
 log = logging.getLogger(__name__)
 
@@ -264,14 +265,6 @@ def method_label(record: dict[str, Any]) -> str:
     if method["trainable_blocks"] is not None:
         label += f" k={method['trainable_blocks']}"
     return label
-
-
-def format_lambda(value: float) -> str:
-    """``1e-2`` style for penalties (``0`` for none)."""
-    if value == 0:
-        return "0"
-    mantissa, exponent = f"{value:.0e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
 
 
 def is_plain(record: dict[str, Any]) -> bool:

@@ -39,6 +39,7 @@ from creditaudit.figures.common import (
     save_all,
     seed_runs,
 )
+from creditaudit.report import format_lambda
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"
@@ -48,15 +49,6 @@ requirements = ("in one recipe: DFA without penalty, DFA with a penalty λ > 0 (
                 "(--method frozen); ≥ 1 seed each. Every other DFA λ of that recipe adds a "
                 "bar to panel (b).")
 
-
-
-def short_lambda(value: float) -> str:
-    """1e-4 rather than 0.0001 in tick labels: ``0.01`` → ``1e-2``, ``0.5`` → ``0.5``."""
-    text = f"{value:g}"
-    if value == 0 or ("e" not in text and len(text) <= 4):
-        return text
-    mantissa, exponent = f"{value:e}".split("e")
-    return f"{float(mantissa):g}e{int(exponent)}"
 
 def headline_penalty(group: list[Run]) -> float | None:
     """The λ > 0 that both DFA and BP ran with: 1e-2 when present, else the largest."""
@@ -106,12 +98,12 @@ def conditions(chosen: dict) -> list[dict]:
              "cos": mean_std(r.deep_cos for r in chosen["dfa"]),
              "rho": mean_std(r.deep_rho for r in chosen["dfa"])}]
     for p, runs in chosen["dfa_penalised"].items():
-        rows.append({"label": f"DFA\nλ={short_lambda(p)}", "key": f"dfa:{p:g}",
+        rows.append({"label": f"DFA\nλ={format_lambda(p)}", "key": f"dfa:{p:g}",
                      "cos": mean_std(r.deep_cos for r in runs),
                      "rho": mean_std(r.deep_rho for r in runs)})
     draws = [v for r in headline
              for v in (r.diagnostics.get("fresh_b_null") or {}).get("values", [])]
-    rows.append({"label": f"fresh-B\nnull\nλ={short_lambda(lam)}", "key": "fresh_b_null",
+    rows.append({"label": f"fresh-B\nnull\nλ={format_lambda(lam)}", "key": "fresh_b_null",
                  "cos": mean_std(draws), "rho": (math.nan, math.nan)})
 
     def control(kind: str, metric: str) -> tuple[float, float]:

@@ -162,7 +162,7 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
             where = "grid combination" if index < n_grid else "[[include]] run"
             raise ConfigError(f"{where} {{{_describe(overrides)}}} is not a valid run: "
                               f"{err}") from None
-    return _dedupe(configs)
+    return dedupe(configs)
 
 
 @dataclass
@@ -178,7 +178,7 @@ class Sweep:
         """The runs, with ``overrides`` (e.g. from the command line) applied to each."""
         configs = expand_grid(self.base, self.grid, self.include)
         if overrides:
-            configs = _dedupe([apply_overrides(c, overrides) for c in configs])
+            configs = dedupe([apply_overrides(c, overrides) for c in configs])
         return configs
 
     @property
@@ -189,7 +189,7 @@ class Sweep:
         return keys
 
 
-def _dedupe(configs: list[RunConfig]) -> list[RunConfig]:
+def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
     """The first config of each run id, in order."""
     seen: set[str] = set()
     out = []

@@ -46,6 +46,7 @@ from creditaudit.protocol import (
     labels,
 )
 from creditaudit.report import format_lambda
+from creditaudit.sweep import dedupe
 
 log = logging.getLogger(__name__)
 
@@ -145,16 +146,6 @@ def get_experiment(name: str) -> Experiment:
         raise ConfigError(f"unknown experiment {name!r}; choose one of "
                           f"{', '.join(experiment_names())} or all")
     return _REGISTRY[name]
-
-
-def dedupe(configs: Sequence[RunConfig]) -> list[RunConfig]:
-    seen: set[str] = set()
-    out = []
-    for config in configs:
-        if config.run_id not in seen:
-            seen.add(config.run_id)
-            out.append(config)
-    return out
 
 
 # --- config helpers -----------------------------------------------------------------------

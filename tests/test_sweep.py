@@ -508,3 +508,11 @@ def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
         experiment_ids |= {c.run_id for c in get_experiment(experiment).configs(
             "cpu", dataset=dataset, data_dir=None, out_dir=tmp_path)}
     assert ids <= experiment_ids
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_asking_for_a_missing_gpu_fails_the_sweep_up_front(tmp_path):
+    configs = [tiny(tmp_path, **{"run.device": "cuda"})]
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        run_sweep(configs, InlineExecutor(threads=1))
+    assert not list(tmp_path.glob("*/record.json"))  # no run was recorded as failed

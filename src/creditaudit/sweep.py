@@ -827,6 +827,11 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
         raise ConfigError(f"all runs of a sweep must share one results folder, got "
                           f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
     out_dir = Path(out_dirs.pop())
+    if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
+        from creditaudit.training import resolve_device  # not a failed record per run
+
+        for device in sorted({config.run.device for config in configs}):
+            resolve_device(device)
     by_id = {config.run_id: config for config in configs}
     outcomes: dict[str, Outcome] = {}
     state = SweepState(total=len(configs), slots=executor.slots)

@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 from creditaudit.experiments.aggregate import aggregate
-from creditaudit.runs import find_records, load_record
+from creditaudit.records import find_records, load_record
 
 
 def condition(config: dict[str, Any]) -> tuple[str, str, str, int]:
@@ -103,7 +103,7 @@ def quality_table(groups: dict[tuple, list[dict[str, Any]]]) -> None:
 def main(root: str) -> None:
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for path in find_records(root):
-        record = load_record(path)
+        record = load_record(path).to_dict()
         if record["status"] not in ("completed", "diverged") \
                 or record["config"]["optim"]["epochs"] == 0:
             continue

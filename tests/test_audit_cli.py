@@ -8,10 +8,11 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
-from creditaudit.runs import CHECKPOINT_FILE, RECORD_FILE
+from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE
 
 TINY = {"data.n_train": 256, "data.n_test": 1024, "data.in_dim": 16, "model.d": 16,
         "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 1024,
         "diagnostics.rho_samples": 64, "diagnostics.rho_directions": 4,
         "diagnostics.null_draws": 3, "run.progress": False}
 
@@ -40,17 +41,29 @@ def _one_line_error(capsys) -> str:
 
 def test_audit_json_has_the_four_diagnostics(runs, capsys):
     record = runs["dfa"].record
-    assert main(["audit", str(runs["dfa"].run_dir), "--format", "json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    assert main(["audit", str(runs["dfa"].run_dir), "--format", "json", "-q"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""  # -q: no stage lines
+    report = json.loads(captured.out)
     assert set(report["diagnostics"]) == {"a", "b", "c", "d"}
     assert report["verdict"] in ("trustworthy", "needs walk-back")
-    assert report["diagnostics"]["d"]["status"] == "not evaluated"
-    assert report["metadata"]["headline_acc"] == pytest.approx(record["log"][-1]["acc_eval"])
+    # (d) is evaluated against the frozen-blocks run of the same recipe beside the run
+    assert report["diagnostics"]["d"]["status"] != "not evaluated"
+    assert report["metadata"]["frozen_from_runs"] == 1
+    assert report["metadata"]["frozen_acc"] == runs["frozen"].record.final_acc
+    assert report["metadata"]["headline_acc"] == pytest.approx(record.log[-1].acc_eval)
     assert report["metadata"]["method"] == "dfa" and report["metadata"]["epoch"] == 1
     # The live audit sees what training recorded at the same epoch.
-    assert report["hidden_norms"] == pytest.approx(record["log"][-1]["hidden_norms"], rel=1e-5)
+    assert report["hidden_norms"] == pytest.approx(record.log[-1].hidden_norms, rel=1e-5)
     assert report["metrics"]["fresh_b_null"]["n"] == 3
     assert len(report["layer_cosines"]) == 3
+    assert main(["audit", str(runs["dfa"].run_dir), "--format", "json", "--no-metrics",
+                 "--no-frozen-from-runs"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["diagnostics"]["d"]["status"] == "not evaluated"
+    assert report["verdict"] in ("incomplete", "needs walk-back")
+    assert "audit: diagnostics" in captured.err  # the stages, on stderr
 
 
 def test_audit_frozen_as_fraction_or_run(runs, capsys):
@@ -64,7 +77,7 @@ def test_audit_frozen_as_fraction_or_run(runs, capsys):
     assert main(["audit", dfa, "--frozen", frozen_run, "--format", "json", "--no-metrics"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["metadata"]["frozen_acc"] == pytest.approx(
-        runs["frozen"].record["final"]["test_acc"])
+        runs["frozen"].record.final_acc)
 
 
 @pytest.mark.parametrize("frozen", ["34.9", "-0.1", "nan"])

@@ -21,7 +21,8 @@ from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge, soft_min
 from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models import ResidualMLP
-from creditaudit.runs import CHECKPOINT_FILE, comparable, load_record
+from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
+from creditaudit.run_ids import run_id
 from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -493,9 +494,9 @@ def tiny_run(out_dir: Path, method: str) -> RunConfig:
 
 def killed_and_resumed(config: RunConfig, kill_run_at) -> dict:
     kill_run_at(config)
-    run_dir = Path(config.run.out_dir) / config.run_id
-    assert load_record(run_dir)["status"] == "interrupted"
-    return train(config, resume=True).record
+    run_dir = Path(config.run.out_dir) / run_id(config)
+    assert load_record(run_dir).status == "interrupted"
+    return train(config, resume=True).record.to_dict()
 
 
 @pytest.mark.parametrize("method", ["state-bridge", "credit-bridge"])
@@ -511,11 +512,11 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at, meth
 
     assert semantic(resumed) == semantic(straight.record)
     key = "state_pred_error" if method == "state-bridge" else "bridge_consistency_error"
-    assert all(key in entry for entry in straight.record["log"][1:])
+    assert all(entry.value(key) is not None for entry in straight.record.log[1:])
     if method == "credit-bridge":
-        assert [e["bridge_warmup"] for e in straight.record["log"][1:]] == [1.0, 0.0, 0.0]
+        assert [e.value("bridge_warmup") for e in straight.record.log[1:]] == [1.0, 0.0, 0.0]
     a = torch.load(straight.run_dir / CHECKPOINT_FILE, weights_only=False)
-    b = torch.load(tmp_path / "b" / straight.record["run_id"] / CHECKPOINT_FILE,
+    b = torch.load(tmp_path / "b" / straight.record.run_id / CHECKPOINT_FILE,
                    weights_only=False)
     assert_nested_equal(a["model"], b["model"])
     assert_nested_equal(a["rule"], b["rule"])

@@ -15,7 +15,8 @@ import torch
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
-from creditaudit.runs import load_record
+from creditaudit.records import load_record
+from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -99,7 +100,7 @@ def test_a_cuda_run_killed_mid_way_resumes_on_the_cpu(tmp_path: Path, kill_run_a
                                     "run.out_dir": str(tmp_path), "run.device": "cuda"})
     kill_run_at(config)
     on_cpu = config.replace(**{"run.device": "cpu"})  # same run id: the device is not semantic
-    assert on_cpu.run_id == config.run_id
+    assert run_id(on_cpu) == run_id(config)
     result = Trainer(on_cpu).run(resume=True)
     assert result.status == "completed"
     assert [e["epoch"] for e in result.record["log"]] == [0, 1, 2, 3]

@@ -86,7 +86,7 @@ def test_missing_folder_names_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(DataError, match=re.escape(str(missing))) as info:
         load_cifar(missing)
-    assert "data_batch_1" in str(info.value) and "--download" in str(info.value)
+    assert "data_batch_1" in str(info.value) and "data.download=true" in str(info.value)
     assert "\n" not in str(info.value)
 
 

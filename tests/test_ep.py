@@ -16,7 +16,7 @@ from creditaudit.diagnostics.alignment import layer_cosines
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ResidualMLP, ViTMini
-from creditaudit.runs import CHECKPOINT_FILE, comparable, load_record
+from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
 from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -263,9 +263,9 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at):
 
     straight = train(config(tmp_path / "a"))
     kill_run_at(config(tmp_path / "b"))
-    run_dir = tmp_path / "b" / straight.record["run_id"]
-    assert load_record(run_dir)["status"] == "interrupted"
-    resumed = train(config(tmp_path / "b"), resume=True).record
+    run_dir = tmp_path / "b" / straight.record.run_id
+    assert load_record(run_dir).status == "interrupted"
+    resumed = train(config(tmp_path / "b"), resume=True).record.to_dict()
 
     def semantic(record):
         out = copy.deepcopy(comparable(record))
@@ -274,7 +274,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at):
 
     assert straight.status == resumed["status"] == "completed"
     assert semantic(resumed) == semantic(straight.record)
-    assert all("ep_relax_grad_ratio" in e for e in straight.record["log"][1:])
+    assert all(e.value("ep_relax_grad_ratio") is not None for e in straight.record.log[1:])
     a = torch.load(straight.run_dir / CHECKPOINT_FILE, weights_only=False)
     b = torch.load(run_dir / CHECKPOINT_FILE, weights_only=False)
     assert a["model"].keys() == b["model"].keys()

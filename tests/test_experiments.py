@@ -23,10 +23,9 @@ from creditaudit.experiments import (
     group_records,
     run_experiment,
 )
-from creditaudit.experiments.base import protocol_verdict
 from creditaudit.experiments.penalty_sweep import LAMBDAS
 from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED
-from creditaudit.runs import RECORD_FILE, load_record, save_record
+from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
 
 NAMES = ["audit_table", "random_init", "decision_utility", "threshold_sensitivity",
          "temporal", "penalty_sweep", "capacity_cost", "fresh_null", "depth_ladder"]
@@ -41,7 +40,8 @@ def shared_results(tmp_path_factory):
 def smoke(tmp_path_factory, single_thread):
     folder = shared_results(tmp_path_factory)
     summaries = run_experiment("all", scale="smoke", out_dir=folder)
-    records = {p.parent.name: load_record(p) for p in folder.glob(f"*/{RECORD_FILE}")}
+    records = {p.parent.name: load_record(p).to_dict()
+               for p in folder.glob(f"*/{RECORD_FILE}")}
     return folder, summaries, records
 
 
@@ -178,7 +178,7 @@ def test_failed_run_is_reported_missing_not_fatal(smoke, tmp_path):
         shutil.copytree(folder / run_id, tmp_path / run_id)
     broken = summaries["fresh_null"]["meta"]["run_ids"][0]
     record = load_record(tmp_path / broken)
-    record.update(status="failed", error="RuntimeError: boom")
+    record.status, record.error = "failed", "RuntimeError: boom"
     save_record(tmp_path / broken, record)
     summary = run_experiment("fresh_null", scale="smoke", out_dir=tmp_path)
     assert summary["meta"]["execution"]["trained"] == 0  # failed runs are not retried
@@ -226,27 +226,31 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
              "g_L_norm": g_last, "cos_per_layer": [gamma, gamma], "deep_cos": gamma,
              "max_block_growth": growth, "protocol": statuses}
-    return {"run_id": f"{method}-{penalty}-s{seed}", "config": config, "status": "completed",
-            "log": [{"epoch": 0, "acc_eval": 0.1}, entry], "final": {"test_acc": acc},
-            "diagnostics": {"gamma": {"samples_then_layers": gamma}}, "protocol": {}}
+    return RunRecord.from_dict({
+        "schema": SCHEMA, "run_id": f"{method}-{penalty}-s{seed}", "config": config,
+        "status": "completed", "log": [{"epoch": 0, "acc_eval": 0.1}, entry],
+        "final": {"test_acc": acc}, "diagnostics": {"gamma": {"samples_then_layers": gamma}},
+        "protocol": {}})
 
 
 def test_group_records_ignores_seed_and_output_folder():
     records = [fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.3, out_dir="x"),
                fake_record("fa", 42, acc=0.4), fake_record("dfa", 42, acc=0.3, penalty=1e-2)]
-    del records[1]["config"]["method"]["bridge_skip"]  # an older record: default assumed
     groups = list(group_records(records).values())
-    assert [[r["run_id"] for r in g] for g in groups] == [
+    assert [[r.run_id for r in g] for g in groups] == [
         ["dfa-0.0-s42", "dfa-0.0-s123"], ["fa-0.0-s42"], ["dfa-0.01-s42"]]
 
 
-def test_protocol_verdict_recomputes_d_only():
+def test_verdict_recomputes_d_only():
     record = fake_record("dfa", 42, acc=0.30, fired="ab")
-    verdict = protocol_verdict(record, frozen_acc=0.35)
-    assert verdict["statuses"] == {"a": FIRED, "b": FIRED, "c": PASSED, "d": FIRED}
-    assert verdict["margin_pp"] == pytest.approx(-5.0)
-    assert verdict["verdict_text"] == "needs walk-back (a)(b)(d)"
-    assert protocol_verdict(record, None)["statuses"]["d"] == NOT_EVALUATED
+    verdict = record.verdict(frozen_acc=0.35)
+    assert verdict.statuses == {"a": FIRED, "b": FIRED, "c": PASSED, "d": FIRED}
+    assert verdict.margin_pp == pytest.approx(-5.0)
+    assert verdict.text == "needs walk-back (a)(b)(d)"
+    assert record.verdict(None).statuses["d"] == NOT_EVALUATED
+    passing = fake_record("bp", 42, acc=0.60)
+    assert passing.verdict(None).text == "no walk-back in (a)–(c); (d) not evaluated"
+    assert passing.verdict(0.35).text == "trustworthy"
 
 
 DECISION_RECORDS = [
@@ -332,7 +336,7 @@ def test_experiment_command_errors_are_one_line(capsys):
 
 
 def test_summaries_of_another_dataset_do_not_overwrite_the_scale_default():
-    from creditaudit.experiments.base import summary_stem
+    from creditaudit.experiments.runner import summary_stem
 
     assert summary_stem("audit_table", "cpu", "fashion-mnist") == "audit_table"
     assert summary_stem("audit_table", "cpu", "synthetic") == "audit_table.synthetic"

@@ -11,7 +11,7 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.experiments import run_experiments
 from creditaudit.export import MANIFEST_FILE, export
-from creditaudit.runs import RECORD_FILE, load_record
+from creditaudit.records import RECORD_FILE, load_record
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def results(tmp_path_factory, single_thread):
     folder = tmp_path_factory.getbasetemp() / "smoke_results"
     run_experiments(["audit_table", "penalty_sweep", "temporal"], scale="smoke",
                     out_dir=folder)
-    records = [load_record(p) for p in folder.glob(f"*/{RECORD_FILE}")]
+    records = [load_record(p).to_dict() for p in folder.glob(f"*/{RECORD_FILE}")]
     return folder, records
 
 

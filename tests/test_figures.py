@@ -251,7 +251,8 @@ def test_summary_set_values_come_from_records(index, records):
         [mean([final_acc(r) for r in pick(records, m)]) for m in order], rtol=1e-12)
 
 
-def test_audit_panels_plot_each_runs_protocol_values(index, records):
+def test_audit_panels_plot_each_runs_protocol_values(results, records):
+    index = RunIndex.from_dir(results, frozen_from_runs=False)  # each record's own (d)
     fig = audit_panels.build(index)[audit_panels.NAME]
     for id_ in "abc":
         expected = {True: [], False: []}

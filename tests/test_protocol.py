@@ -28,7 +28,7 @@ from creditaudit.protocol import (
     diagnose,
     evaluate_protocol,
 )
-from creditaudit.runs import CHECKPOINT_FILE
+from creditaudit.records import CHECKPOINT_FILE
 
 
 def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
@@ -199,8 +199,9 @@ def test_missing_frozen_accuracy_is_not_evaluated_everywhere():
     report = evaluate_protocol(make_sg(), headline_acc=0.6, frozen_acc=None)
     d = report.diagnostic("d")
     assert d.status == "not evaluated" and d.reason == NO_FROZEN_REASON
-    assert report.verdict == "trustworthy" and report.not_evaluated == ["d"]
-    assert "not evaluated: (d)" in str(report)
+    assert report.verdict == "incomplete" and report.not_evaluated == ["d"]
+    assert report.verdict_text == "no walk-back in (a)–(c); (d) not evaluated"
+    assert "(d) not evaluated" in str(report)
     assert "not evaluated" in report.to_markdown() and NO_FROZEN_REASON in report.to_markdown()
     data = json.loads(report.to_json())
     assert data["diagnostics"]["d"]["status"] == "not evaluated"
@@ -334,13 +335,13 @@ def tiny_config(tmp_path, **overrides) -> RunConfig:
 def test_training_records_protocol_per_epoch(tmp_path):
     from creditaudit.training import train
 
-    record = train(tiny_config(tmp_path)).record
+    record = train(tiny_config(tmp_path)).record.to_dict()
     protocol = record["protocol"]
     assert set(protocol["first_fired"]) == {"a", "b", "c", "d"}
     for epoch in protocol["first_fired"].values():
         assert epoch is None or (isinstance(epoch, int) and epoch >= 1)
     for entry in record["log"][1:]:
-        assert entry["verdict"] in ("trustworthy", "needs walk-back")
+        assert entry["verdict"] in ("incomplete", "needs walk-back")
         assert set(entry["protocol"]) == {"a", "b", "c", "d"}
         assert entry["protocol"]["d"] == "not evaluated"
     assert "protocol" not in record["log"][0]  # no protocol before training
@@ -357,7 +358,7 @@ def test_stop_on_walkback_ends_after_first_firing_epoch(tmp_path):
 
     config = tiny_config(tmp_path, **{"optim.epochs": 3, "diagnostics.frozen_acc": 1.0,
                                       "diagnostics.stop_on_walkback": True})
-    record = train(config).record
+    record = train(config).record.to_dict()
     assert record["status"] == "completed"
     assert [e["epoch"] for e in record["log"]] == [0, 1]
     assert record["stopped_early"]["epoch"] == 1

@@ -59,7 +59,7 @@ def audit_lines(markdown: str) -> list[str]:
 
 def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["report", str(results), "--out", str(out)]) == 0
+    assert main(["report", str(results), "--out", str(out), "--no-frozen-from-runs"]) == 0
     stdout = capsys.readouterr().out
     assert "report.md" in stdout and "report.html" in stdout
     markdown = (out / "report.md").read_text()
@@ -70,9 +70,13 @@ def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys
         row = [r for r in rows if record["run_id"] in r and record["status"] in r]
         assert len(row) == 1, record["run_id"]
         verdict = record["protocol"].get("verdict")
-        if verdict is not None:
-            assert verdict in row[0]
-            a = DiagnosticReport.from_dict(record["protocol"]["report"]).diagnostic("a")
+        if record["config"]["method"]["name"] == "frozen":
+            assert "baseline of (d)" in row[0]  # the baseline gets no verdict of its own
+        elif verdict is not None:
+            report = DiagnosticReport.from_dict(record["protocol"]["report"])
+            assert report.verdict_text in row[0]
+            assert "trustworthy" not in row[0]  # (d) was not evaluated
+            a = report.diagnostic("a")
             word = "**fired**" if a.fired else a.status
             assert f"| {word} {a.value:.3g} |" in row[0]
         else:

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from creditaudit.config import RunConfig
-from creditaudit.errors import ConfigError
-from creditaudit.runs import CHECKPOINT_FILE, RECORD_FILE, load_record
+from creditaudit.errors import ConfigError, DataError
+from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
+from creditaudit.run_ids import run_id
 from creditaudit.sweep import (
     CLAIM_FILE,
     SUMMARY_FILE,
@@ -101,7 +102,7 @@ def test_expand_grid_is_the_cartesian_product_with_overrides_applied(tmp_path):
     grid = {"method.name": ["bp", "fa", "dfa"], "run.seed": [1, 2], "method.penalty": [0, 1e-2]}
     configs = expand_grid(base, grid)
     assert len(configs) == 12
-    assert len({c.run_id for c in configs}) == 12
+    assert len({run_id(c) for c in configs}) == 12
     combos = [(c.method.name, c.run.seed, c.method.penalty) for c in configs]
     assert combos == [(m, s, p) for m in ("bp", "fa", "dfa") for s in (1, 2) for p in (0.0, 0.01)]
     assert all(isinstance(c.method.penalty, float) for c in configs)  # validated and coerced
@@ -153,6 +154,16 @@ def test_load_sweep_reads_base_grid_and_include(tmp_path):
         load_sweep(tmp_path / "typo.toml")
 
 
+def test_missing_data_stops_the_sweep_before_any_run(tmp_path):
+    out = tmp_path / "out"
+    missing = tmp_path / "no-mnist-here"
+    configs = [tiny(out, **{"method.name": "dfa"}),
+               tiny(out, **{"data.name": "mnist", "data.data_dir": str(missing)})]
+    with pytest.raises(DataError, match="no-mnist-here"):
+        sweep(configs)
+    assert not out.exists() or not list(out.glob("*/record.json"))
+
+
 def test_base_may_be_completed_by_the_grid(tmp_path):
     # data.name = "mnist" alone lacks data.data_dir; every combination supplies one.
     base = {"data": {"name": "mnist"}, "run": {"out_dir": str(tmp_path)}}
@@ -173,7 +184,7 @@ def test_second_sweep_trains_nothing(tmp_path):
     configs = [tiny(out, **{"method.name": m}) for m in ("bp", "dfa")]
     first = sweep(configs)
     assert [o["action"] for o in first.outcomes] == ["trained", "trained"]
-    records = [out / c.run_id / RECORD_FILE for c in configs]
+    records = [out / run_id(c) / RECORD_FILE for c in configs]
     mtimes = [p.stat().st_mtime_ns for p in records]
     second = sweep(configs)
     assert [o["action"] for o in second.outcomes] == ["skipped", "skipped"]
@@ -182,27 +193,36 @@ def test_second_sweep_trains_nothing(tmp_path):
     assert not list(out.rglob(CLAIM_FILE))
 
 
-def test_failing_and_diverging_runs_do_not_stop_the_sweep(tmp_path):
+def test_failing_and_diverging_runs_do_not_stop_the_sweep(tmp_path, monkeypatch):
+    from creditaudit.training import Trainer
+
     out = tmp_path / "out"
-    missing = tmp_path / "no-mnist-here"
     configs = [
-        tiny(out, **{"data.name": "mnist", "data.data_dir": str(missing)}),  # DataError
+        tiny(out, **{"method.name": "fa"}),  # raises in its first epoch (below)
         tiny(out, **{"optim.lr": 1e8, "optim.schedule": "constant"}),  # diverges
         tiny(out, **{"method.name": "dfa"}),
     ]
-    result = sweep(configs, grid_keys=["data.name", "optim.lr"])
+    original = Trainer.train_epoch
+
+    def broken(self, epoch):
+        if self.config.method.name == "fa":
+            raise RuntimeError("no data under /nowhere")
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", broken)
+    result = sweep(configs, grid_keys=["method.name", "optim.lr"])
     summary = json.loads((out / SUMMARY_FILE).read_text())
     by_id = {run["run_id"]: run for run in summary["runs"]}
-    failed, diverged, good = (by_id[c.run_id] for c in configs)
-    assert failed["status"] == "failed" and failed["error"].startswith("DataError")
-    assert str(missing) in failed["error"]
+    failed, diverged, good = (by_id[run_id(c)] for c in configs)
+    assert failed["status"] == "failed" and failed["error"].startswith("RuntimeError")
+    assert "/nowhere" in failed["error"]
     assert diverged["status"] == "diverged"
     assert good["status"] == "completed" and good["error"] is None
-    assert good["grid"] == {"data.name": "synthetic", "optim.lr": 0.001}
+    assert good["grid"] == {"method.name": "dfa", "optim.lr": 0.001}
     # The divergence is real: the record says where the loss stopped being finite.
-    record = load_record(out / configs[1].run_id)
-    assert record["status"] == "diverged" and record["divergence"]["epoch"] == 1
-    assert load_record(out / configs[0].run_id)["status"] == "failed"
+    record = load_record(out / run_id(configs[1]))
+    assert record.status == "diverged" and record.divergence["epoch"] == 1
+    assert load_record(out / run_id(configs[0])).status == "failed"
     assert [o["status"] for o in result.outcomes] == ["failed", "diverged", "completed"]
     # Failed runs are skipped next time, retried with retry_failed.
     sweep(configs)
@@ -230,12 +250,12 @@ def test_local_executor_two_workers(tmp_path):
                        LocalExecutor(workers=2, threads_per_worker=1))
     assert [o["status"] for o in result.outcomes] == ["completed"] * 4
     starts = events(out, "start")
-    assert sorted(e["run_id"] for e in starts) == sorted(c.run_id for c in configs)
+    assert sorted(e["run_id"] for e in starts) == sorted(run_id(c) for c in configs)
     pids = {e["pid"] for e in starts}
     assert len(pids) == 2 and os.getpid() not in pids  # two worker processes did the work
     for config in configs:
-        record = load_record(out / config.run_id)
-        assert record["environment"]["torch_threads"] == 1
+        record = load_record(out / run_id(config))
+        assert record.environment["torch_threads"] == 1
     assert not list(out.rglob(CLAIM_FILE))
 
 
@@ -254,7 +274,7 @@ def test_ray_executor_on_a_local_instance(tmp_path):
         ray.shutdown()
     assert [o["status"] for o in result.outcomes] == ["completed"] * 2
     assert os.getpid() not in {e["pid"] for e in events(out, "start")}
-    assert all(load_record(out / c.run_id)["status"] == "completed" for c in configs)
+    assert all(load_record(out / run_id(c)).status == "completed" for c in configs)
 
 
 def test_ray_executor_without_ray_says_how_to_install(monkeypatch):
@@ -318,7 +338,7 @@ def test_claim_staleness_rules():
 def test_stale_claim_of_a_dead_process_is_broken(tmp_path):
     out = tmp_path / "out"
     config = tiny(out)
-    claim = write_claim(out / config.run_id, dead_pid())
+    claim = write_claim(out / run_id(config), dead_pid())
     result = sweep([config])
     assert result.outcomes[0]["status"] == "completed"
     assert not claim.exists()
@@ -330,15 +350,15 @@ def test_live_claim_is_respected_and_old_claim_of_another_host_is_broken(tmp_pat
     config = tiny(out)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        claim = write_claim(out / config.run_id, sleeper.pid)
+        claim = write_claim(out / run_id(config), sleeper.pid)
         result = sweep([config], wait_for_others=False)
         assert result.outcomes[0]["status"] == "busy"
-        assert not (out / config.run_id / RECORD_FILE).exists()
+        assert not (out / run_id(config) / RECORD_FILE).exists()
         assert claim.exists()
     finally:
         sleeper.kill()
         sleeper.wait()
-    claim = write_claim(out / config.run_id, 1, host="elsewhere")
+    claim = write_claim(out / run_id(config), 1, host="elsewhere")
     old = time.time() - 3600
     os.utime(claim, (old, old))
     result = sweep([config], stale_after=60)
@@ -364,8 +384,8 @@ def test_two_concurrent_sweeps_run_every_run_exactly_once(tmp_path):
     assert [p.returncode for p in processes] == [0, 0], outputs
     configs = load_sweep(path).configs()
     starts = events(out, "start")
-    assert sorted(e["run_id"] for e in starts) == sorted(c.run_id for c in configs)
-    assert all(load_record(out / c.run_id)["status"] == "completed" for c in configs)
+    assert sorted(e["run_id"] for e in starts) == sorted(run_id(c) for c in configs)
+    assert all(load_record(out / run_id(c)).status == "completed" for c in configs)
     assert not list(out.rglob(CLAIM_FILE)) and not list(out.rglob("*.break"))
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["counts"] == {"completed": 4}
@@ -378,15 +398,15 @@ def test_killed_sweep_resumes_where_it_stopped(tmp_path):
         "method.name" = ["bp"]
     """, epochs=30)
     config = load_sweep(path).configs()[0]
-    record_path = out / config.run_id / RECORD_FILE
+    record_path = out / run_id(config) / RECORD_FILE
     process = subprocess.Popen([*CLI, "sweep", str(path), "--workers", "0"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     deadline = time.time() + 60
     try:
         while time.time() < deadline:
-            if (out / config.run_id / CHECKPOINT_FILE).exists() and record_path.exists() \
-                    and len(load_record(record_path)["log"]) >= 3:
+            if (out / run_id(config) / CHECKPOINT_FILE).exists() and record_path.exists() \
+                    and len(load_record(record_path).log) >= 3:
                 break
             time.sleep(0.1)
         else:
@@ -394,13 +414,13 @@ def test_killed_sweep_resumes_where_it_stopped(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    assert (out / config.run_id / CLAIM_FILE).exists()  # left behind by the killed process
-    assert load_record(record_path)["status"] == "running"  # killed mid-run
+    assert (out / run_id(config) / CLAIM_FILE).exists()  # left behind by the killed process
+    assert load_record(record_path).status == "running"  # killed mid-run
     result = sweep([config])
     assert result.outcomes[0]["action"] == "resumed"
     record = load_record(record_path)
-    assert record["status"] == "completed"
-    assert [e["epoch"] for e in record["log"]] == list(range(31))
+    assert record.status == "completed"
+    assert [e.epoch for e in record.log] == list(range(31))
     starts = events(out, "start")
     assert [e["action"] for e in starts] == ["trained", "resumed"]
     assert [e["reason"] for e in events(out, "break_claim")] == ["dead process"]
@@ -420,8 +440,8 @@ def test_cli_dry_run_lists_runs_and_which_are_done(tmp_path, capsys):
     assert main(["sweep", str(path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     text = "\n".join(lines)
-    assert [line for line in lines if configs[0].run_id in line][0].endswith("done (completed)")
-    assert [line for line in lines if configs[1].run_id in line][0].endswith("to run")
+    assert [line for line in lines if run_id(configs[0]) in line][0].endswith("done (completed)")
+    assert [line for line in lines if run_id(configs[1]) in line][0].endswith("to run")
     assert "2 runs: 1 done or skipped, 1 to run" in text
     assert len(events(out, "start")) == 1  # the dry run trained nothing
 
@@ -470,7 +490,7 @@ def test_bf16_training_runs_on_cpu_with_fp32_diagnostics(tmp_path, method):
                for p in ("fp32", "bf16")]
     result = sweep(configs)
     assert [o["status"] for o in result.outcomes] == ["completed", "completed"]
-    fp32, bf16 = (torch.load(out / c.run_id / CHECKPOINT_FILE, weights_only=False)["model"]
+    fp32, bf16 = (torch.load(out / run_id(c) / CHECKPOINT_FILE, weights_only=False)["model"]
                   for c in configs)
     # bf16 autocast really changed the arithmetic of training, not the stored weights' type.
     assert any(not torch.equal(fp32[k], bf16[k]) for k in fp32)
@@ -479,9 +499,9 @@ def test_bf16_training_runs_on_cpu_with_fp32_diagnostics(tmp_path, method):
     trainer = Trainer(prepare_configs([configs[1]], threads=1)[0])
     trainer.restore()
     recomputed = trainer.measure(1)
-    recorded = load_record(out / configs[1].run_id)["log"][-1]
+    recorded = load_record(out / run_id(configs[1])).log[-1]
     for key in ("g_L_norm", "h_L_norm", "cos_per_layer", "bp_grad_norms_per_sample_med"):
-        assert recorded[key] == pytest.approx(recomputed[key], rel=1e-5), key
+        assert recorded.value(key) == pytest.approx(recomputed.value(key), rel=1e-5), key
 
 
 def test_progress_counts_interrupted_runs_apart_from_failures():
@@ -501,11 +521,11 @@ def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
 
     name = "fashion" if dataset == "fashion-mnist" else dataset
     sweep_ = load_sweep(ROOT / "examples" / "sweeps" / f"cpu_{name}.toml")
-    ids = {c.run_id for c in sweep_.configs({"run.out_dir": str(tmp_path)})}
+    ids = {run_id(c) for c in sweep_.configs({"run.out_dir": str(tmp_path)})}
     assert len(ids) == 21
     experiment_ids = set()
     for experiment in ("capacity_cost", "temporal"):
-        experiment_ids |= {c.run_id for c in get_experiment(experiment).configs(
+        experiment_ids |= {run_id(c) for c in get_experiment(experiment).configs(
             "cpu", dataset=dataset, data_dir=None, out_dir=tmp_path)}
     assert ids <= experiment_ids
 

@@ -12,26 +12,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from creditaudit import runs
+from creditaudit import records as runs
 from creditaudit.config import (
     RunConfig,
     apply_overrides,
     config_from_dict,
     load_config,
     parse_override,
-    run_id,
 )
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.methods.base import StepResult
-from creditaudit.runs import (
+from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
     RECORD_FILE,
     SCHEMA,
     atomic_write_json,
     comparable,
+    load_checkpoint,
     load_record,
 )
+from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -52,7 +53,7 @@ def tiny(out_dir: Path | str, **overrides) -> RunConfig:
 
 
 def checkpoint(run_dir: Path) -> dict:
-    return torch.load(run_dir / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    return load_checkpoint(run_dir / CHECKPOINT_FILE)
 
 
 def assert_state_dicts_equal(a: dict, b: dict) -> None:
@@ -66,9 +67,9 @@ def assert_state_dicts_equal(a: dict, b: dict) -> None:
 def test_record_has_every_epoch_and_key(tmp_path, method):
     config = tiny(tmp_path, **{"method.name": method, "diagnostics.end_of_run": True})
     result = train(config)
-    record = result.record
+    record = result.record.to_dict()
     assert result.status == record["status"] == "completed"
-    assert result.run_dir == tmp_path / config.run_id
+    assert result.run_dir == tmp_path / run_id(config)
     log = record["log"]
     assert [e["epoch"] for e in log] == [0, 1, 2]
     L = config.model.n_blocks
@@ -96,7 +97,7 @@ def test_record_has_every_epoch_and_key(tmp_path, method):
         assert abs(log[-1]["deep_cos"]) < 0.9
     # the file on disk is the returned record, and it validates
     on_disk = load_record(result.run_dir)
-    assert comparable(on_disk) == comparable(json.loads(json.dumps(record)))
+    assert comparable(on_disk) == comparable(result.record)
     for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE):
         assert (result.run_dir / name).exists()
     assert record["final"]["epochs_completed"] == 2
@@ -111,16 +112,16 @@ def test_diagnostics_do_not_change_training(tmp_path):
     rarely = train(tiny(tmp_path, **base, **{"diagnostics.every": 100,
                                               "diagnostics.protocol_every": 0}))
     assert every.run_dir != rarely.run_dir
-    assert [("hidden_norms" in e) for e in rarely.record["log"]] == [True, False, False, True]
-    assert all("hidden_norms" in e for e in every.record["log"])
+    assert [e.has_diagnostics for e in rarely.record.log] == [True, False, False, True]
+    assert all(e.has_diagnostics for e in every.record.log)
     a, b = checkpoint(every.run_dir), checkpoint(rarely.run_dir)
     assert_state_dicts_equal(a["model"], b["model"])
     for fa, fb in zip(a["rule"]["feedback"], b["rule"]["feedback"]):
         assert torch.equal(fa, fb)
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
-    for ea, eb in zip(every.record["log"], rarely.record["log"]):
-        assert ea["train_loss" if ea["epoch"] else "test_loss"] == \
-            eb["train_loss" if eb["epoch"] else "test_loss"]
+    for ea, eb in zip(every.record.log, rarely.record.log):
+        assert ea.value("train_loss" if ea.epoch else "test_loss") == \
+            eb.value("train_loss" if eb.epoch else "test_loss")
 
 
 def test_same_seed_same_record_different_seed_differs(tmp_path):
@@ -144,10 +145,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path, kill_run_at)
     straight = train(tiny(tmp_path / "a", **options))
     config = tiny(tmp_path / "b", **options)
     kill_run_at(config)
-    run_dir = tmp_path / "b" / config.run_id
+    run_dir = tmp_path / "b" / run_id(config)
     interrupted = load_record(run_dir)
-    assert interrupted["status"] == "interrupted"
-    assert [e["epoch"] for e in interrupted["log"]] == [0, 1]
+    assert interrupted.status == "interrupted"
+    assert [e.epoch for e in interrupted.log] == [0, 1]
     assert checkpoint(run_dir)["epoch"] == 1
     with pytest.raises(RunRecordError, match="interrupted"):
         train(config)  # neither resume nor force
@@ -170,9 +171,9 @@ def test_huge_learning_rate_diverges_without_exception(tmp_path):
     result = train(tiny(tmp_path, **{"method.name": "dfa", "optim.lr": 1e6}))
     assert result.status == "diverged"
     record = load_record(result.run_dir)
-    assert record["status"] == "diverged"
-    assert record["log"][0]["epoch"] == 0 and math.isfinite(record["log"][0]["h_L_norm"])
-    assert "divergence" in record
+    assert record.status == "diverged"
+    assert record.log[0].epoch == 0 and math.isfinite(record.log[0].h_L_norm)
+    assert record.divergence
 
 
 def test_non_finite_step_marks_run_diverged_and_keeps_log(tmp_path, monkeypatch):
@@ -193,9 +194,9 @@ def test_non_finite_step_marks_run_diverged_and_keeps_log(tmp_path, monkeypatch)
     result = train(config)
     assert result.status == "diverged"
     record = load_record(result.run_dir)
-    assert [e["epoch"] for e in record["log"]] == [0, 1]
-    assert record["divergence"]["epoch"] == 2 and record["divergence"]["step"] == 2
-    assert record["final"]["epochs_completed"] == 1
+    assert [e.epoch for e in record.log] == [0, 1]
+    assert record.divergence["epoch"] == 2 and record.divergence["step"] == 2
+    assert record.final.epochs_completed == 1
     monkeypatch.setattr(BP, "train_step", original)
     # a diverged run is finished: asking again returns it
     again = train(config)
@@ -220,7 +221,7 @@ def test_force_reruns(tmp_path):
     config = tiny(tmp_path, **{"optim.epochs": 1})
     first = train(config)
     second = train(config, force=True)
-    assert second.record["created"] >= first.record["created"]
+    assert second.record.created >= first.record.created
     assert comparable(second.record)["log"] == comparable(first.record)["log"]
 
 
@@ -233,7 +234,7 @@ def test_atomic_write_keeps_old_file_when_replace_fails(tmp_path, monkeypatch):
         raise OSError("disk pulled")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError, match="disk pulled"):
+    with pytest.raises(OutputError, match="disk pulled"):
         atomic_write_json(path, {"version": 2, "payload": "x" * 10000})
     monkeypatch.undo()
     assert json.loads(path.read_text()) == {"version": 1}
@@ -242,16 +243,17 @@ def test_atomic_write_keeps_old_file_when_replace_fails(tmp_path, monkeypatch):
 
 def valid_record(tmp_path) -> dict:
     record = runs.new_record(tiny(tmp_path), device="cpu")
-    record["log"].append({"epoch": 0})
+    record.log.append(runs.EpochEntry(epoch=0))
     return record
 
 
 def test_load_record_rejects_bad_files(tmp_path):
-    record = valid_record(tmp_path)
+    typed = valid_record(tmp_path)
     good = tmp_path / "good" / RECORD_FILE
-    runs.save_record(good.parent, record)
-    assert load_record(good.parent)["run_id"] == record["run_id"]
-    assert load_record(good)["schema"] == SCHEMA
+    runs.save_record(good.parent, typed)
+    record = typed.to_dict()
+    assert load_record(good.parent).run_id == record["run_id"]
+    assert load_record(good).schema == SCHEMA
 
     truncated = tmp_path / "truncated.json"
     truncated.write_text(good.read_text()[:-40])
@@ -292,7 +294,7 @@ def test_load_record_rejects_bad_files(tmp_path):
 
 
 def test_comparable_drops_wall_clock_fields(tmp_path):
-    record = valid_record(tmp_path)
+    record = valid_record(tmp_path).to_dict()
     record["log"][0]["seconds"] = 1.5
     other = copy.deepcopy(record)
     other["created"], other["environment"] = "yesterday", {"python": "0"}
@@ -328,7 +330,7 @@ def test_toml_round_trip(tmp_path):
     path.write_text(to_toml(config.to_dict()))
     loaded = load_config(path)
     assert loaded == config
-    assert loaded.run_id == config.run_id
+    assert run_id(loaded) == run_id(config)
     partial = tmp_path / "partial.toml"
     partial.write_text('[method]\nname = "fa"\n[optim]\nlr = 1\n')
     loaded = load_config(partial)
@@ -387,17 +389,17 @@ def test_overrides():
 
 def test_run_id_stable_and_comparable():
     config = RunConfig()
-    assert run_id(config) == run_id(RunConfig()) == config.run_id
-    assert config.run_id.startswith("bp-resmlp-synthetic-s42-")
+    assert run_id(config) == run_id(RunConfig()) == run_id(config)
+    assert run_id(config).startswith("bp-resmlp-synthetic-s42-")
     for key, value in (("run.out_dir", "/elsewhere"), ("run.progress", False),
                        ("run.threads", 1), ("run.tensorboard", "tb"), ("run.device", "cpu")):
-        assert config.replace(**{key: value}).run_id == config.run_id, key
+        assert run_id(config.replace(**{key: value})) == run_id(config), key
     changed = set()
     for key, value in (("method.penalty", 1e-3), ("run.seed", 1), ("model.d", 32),
                        ("optim.lr", 2e-3), ("data.alpha", 0.5), ("method.name", "dfa"),
                        ("diagnostics.every", 2), ("method.feedback_seed", 5)):
-        other = config.replace(**{key: value}).run_id
-        assert other != config.run_id, key
+        other = run_id(config.replace(**{key: value}))
+        assert other != run_id(config), key
         changed.add(other)
     assert len(changed) == 8
 
@@ -429,9 +431,9 @@ def test_cli_train_tiny_run(tmp_path, capsys, restore_sigterm):
     assert main(["train", *sets, "--method", "dfa", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     config = tiny(tmp_path, **{"method.name": "dfa"})
-    record = load_record(tmp_path / config.run_id)
-    assert record["status"] == "completed"
-    assert str(tmp_path / config.run_id / RECORD_FILE) in out
+    record = load_record(tmp_path / run_id(config))
+    assert record.status == "completed"
+    assert str(tmp_path / run_id(config) / RECORD_FILE) in out
 
 
 def test_atomic_writes_get_the_permissions_of_a_plain_file(tmp_path):

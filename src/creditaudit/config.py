@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
+import math
 import sys
 import types
 import typing
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.safe_files import read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,6 +32,7 @@ ARCHS = ("resmlp", "vit", "student")
 METHODS = ("bp", "fa", "dfa", "frozen", "state-bridge", "credit-bridge", "ep")
 SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; keep them non-negative
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -79,7 +80,8 @@ class MethodConfig:
     penalty: float = opt(0.0, "residual-branch penalty λ (λ·‖f_l‖² per block)", min=0.0)
     trainable_blocks: int | None = opt(
         None, "train only the last k blocks (depth ladder; None = all)", min=0)
-    feedback_seed: int | None = opt(None, "seed of the feedback matrices (None = run seed)")
+    feedback_seed: int | None = opt(None, "seed of the feedback matrices (None = run seed)",
+                                    min=0, max=MAX_SEED)
     feedback_scale: float = opt(1.0, "FA/DFA feedback entries ~ N(0, scale²/fan_in)", min=0.0)
     bridge_hidden: int = opt(256, "State/Credit Bridge: hidden width of the auxiliary net",
                              min=1)
@@ -126,8 +128,8 @@ class DiagnosticsConfig:
     frozen_acc: float | None = opt(
         None, "frozen-blocks test accuracy (fraction in [0, 1], same arch/data/recipe) for "
         "protocol diagnostic (d); None = (d) not evaluated", min=0.0, max=1.0)
-    rho_samples: int = opt(1024, "end of run: samples for the perturbation correlation ρ",
-                           min=1)
+    rho_samples: int = opt(1024, "end of run: samples for the perturbation correlation ρ "
+                           "(at most eval_samples; the record says how many were used)", min=1)
     rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
     null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
                           min=2)
@@ -135,7 +137,7 @@ class DiagnosticsConfig:
 
 @dataclass
 class RunSettings:
-    seed: int = opt(42, "seed of init, data order and feedback")
+    seed: int = opt(42, "seed of init, data order and feedback", min=0, max=MAX_SEED)
     out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/")
     device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES)
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
@@ -161,10 +163,6 @@ class RunConfig:
         """A copy with dotted-key overrides, e.g. ``replace(**{"method.name": "dfa"})``."""
         return apply_overrides(self, overrides)
 
-    @property
-    def run_id(self) -> str:
-        return run_id(self)
-
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(RunConfig)}
 SECTION_TYPES = {
@@ -172,9 +170,12 @@ SECTION_TYPES = {
     "diagnostics": DiagnosticsConfig, "run": RunSettings,
 }
 # Fields that change where or how visibly a run is written, never what it computes.
+# Fields that change where or how visibly a run is written, never what it computes, plus
+# ``diagnostics.frozen_acc``: a baseline accuracy only enters the verdict of (d), which readers
+# re-evaluate against the frozen runs they have.
 NON_SEMANTIC = {("data", "data_dir"), ("data", "download"), ("run", "out_dir"),
                 ("run", "tensorboard"), ("run", "progress"),
-                ("run", "threads"), ("run", "device")}
+                ("run", "threads"), ("run", "device"), ("diagnostics", "frozen_acc")}
 
 
 def _type_name(tp: Any) -> str:
@@ -210,6 +211,8 @@ def _coerce(section: str, f: dataclasses.Field, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
     elif base is str and not isinstance(value, str):
         raise ConfigError(f"{key} must be a string, got {value!r}")
     meta = f.metadata
@@ -264,13 +267,12 @@ def _check_consistency(config: RunConfig) -> None:
                           "pointing at the dataset folder")
 
 
+
 def load_config(path: str | Path) -> RunConfig:
     """Read a TOML config file (sections [data], [model], [method], …)."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raw = tomllib.loads(read_text(path, "config file", ConfigError))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     return config_from_dict(raw)
@@ -317,12 +319,11 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     return config_from_dict(raw)
 
 
-def run_id(config: RunConfig) -> str:
-    """A stable id from everything that changes what a run computes.
+def semantic_dict(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """The fields that change what a run computes and differ from their defaults.
 
-    Same config → same id, so sweeps and experiments can skip finished runs. Only fields
-    that differ from their defaults enter the hash, so adding a new option (whose default
-    keeps the old behaviour) does not orphan finished runs.
+    Only non-default values are kept, so adding an option whose default keeps the old
+    behaviour does not change existing run ids (see :mod:`creditaudit.run_ids`).
     """
     raw = config.to_dict()
     defaults = RunConfig().to_dict()
@@ -330,9 +331,7 @@ def run_id(config: RunConfig) -> str:
         for name in list(values):
             if (section, name) in NON_SEMANTIC or values[name] == defaults[section][name]:
                 del values[name]
-    digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:10]
-    label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
-    return f"{label}-{digest}"
+    return raw
 
 
 def config_help() -> list[tuple[str, str, str]]:
@@ -349,5 +348,5 @@ def config_help() -> list[tuple[str, str, str]]:
 __all__ = [
     "RunConfig", "DataConfig", "ModelConfig", "MethodConfig", "OptimConfig",
     "DiagnosticsConfig", "RunSettings", "config_from_dict", "load_config", "apply_overrides",
-    "parse_override", "run_id", "config_help", "types",
+    "parse_override", "semantic_dict", "config_help", "types",
 ]

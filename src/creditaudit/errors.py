@@ -25,3 +25,8 @@ class ModelContractError(CreditAuditError):
 
 class RunRecordError(CreditAuditError):
     """A run record or checkpoint is missing, malformed, truncated or of another schema."""
+
+
+class OutputError(CreditAuditError):
+    """A file or folder could not be written (read-only, a file where a folder should be,
+    full disk, …)."""

@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.errors import ConfigError, CreditAuditError
-from creditaudit.runs import atomic_write_json, find_records, load_record
+from creditaudit.errors import ConfigError
+from creditaudit.records import RecordSet, RunRecord
+from creditaudit.safe_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -99,30 +100,25 @@ class ExportResult:
         return "\n".join(lines)
 
 
+def write_json(path: Path, obj: Any) -> None:
+    """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
+    token, which its figure scripts (Python's ``json.load``) read back as a float."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
 # --- record selection ---------------------------------------------------------------------
-def _variant(record: dict[str, Any]) -> str:
-    model = record["config"]["model"]
-    if model["arch"] == "resmlp" and not model["out_ln"]:
+def _variant(record: RunRecord) -> str:
+    model = record.config.model
+    if model.arch == "resmlp" and not model.out_ln:
         return "resmlp-noLN"
-    return model["arch"]
+    return model.arch
 
 
-def _is_canonical(record: dict[str, Any]) -> bool:
+def _is_canonical(record: RunRecord) -> bool:
     """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
-    config = record["config"]
-    return (config["model"]["residual"] and config["method"]["trainable_blocks"] is None
-            and not config["data"]["random_targets"]
-            and config["method"]["feedback_seed"] is None)
-
-
-def _family_key(record: dict[str, Any]) -> str:
-    from creditaudit.experiments.base import baseline_key
-
-    return baseline_key(record["config"])
-
-
-def _seed(record: dict[str, Any]) -> int:
-    return int(record["config"]["run"]["seed"])
+    config = record.config
+    return (config.model.residual and config.method.trainable_blocks is None
+            and not config.data.random_targets and config.method.feedback_seed is None)
 
 
 @dataclass
@@ -142,45 +138,48 @@ def _dataset_rank(dataset: str, wanted: str | None) -> int:
             else len(DATASET_PREFERENCE))
 
 
-def choose_family(records: Sequence[dict[str, Any]], slots: Sequence[Slot],
-                  wanted_dataset: str | None) -> dict[tuple[str, int, float], dict[str, Any]]:
-    """The runs of the best family for ``slots``: {(method, seed, penalty): record}."""
-    families: dict[str, dict[tuple[str, int, float], dict[str, Any]]] = {}
+Family = dict[tuple[str, int, float], RunRecord]
+
+
+def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
+                  wanted_dataset: str | None) -> Family:
+    """The runs of the best family (one recipe) for ``slots``: {(method, seed, penalty):
+    record}."""
+    families: dict[str, Family] = {}
     needed = {(s.method, s.seed, float(s.penalty)) for s in slots}
     for record in records:
-        method = record["config"]["method"]
-        key = (method["name"], _seed(record), float(method["penalty"]))
+        key = (record.method, record.seed, float(record.penalty))
         if key in needed:
-            families.setdefault(_family_key(record), {}).setdefault(key, record)
+            families.setdefault(record.recipe_key, {}).setdefault(key, record)
     if not families:
         return {}
 
-    def score(item: tuple[str, dict[Any, dict[str, Any]]]) -> tuple[int, int, int, str]:
+    def score(item: tuple[str, Family]) -> tuple[int, int, int, str]:
         key, members = item
-        sample = next(iter(members.values()))["config"]
-        return (_dataset_rank(sample["data"]["name"], wanted_dataset), -len(members),
-                -int(sample["optim"]["epochs"]), key)
+        sample = next(iter(members.values()))
+        return (_dataset_rank(sample.dataset, wanted_dataset), -len(members), -sample.epochs,
+                key)
 
     return min(families.items(), key=score)[1]
 
 
 # --- file contents ------------------------------------------------------------------------
-def snapshot_log(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The per-epoch entries as recorded (a copy)."""
-    return [dict(entry) for entry in record["log"]]
+def snapshot_log(record: RunRecord) -> list[dict[str, Any]]:
+    """The per-epoch entries as recorded (the record's own keys)."""
+    return [entry.to_dict() for entry in record.log]
 
 
-def results_log(record: dict[str, Any]) -> dict[str, list[Any]]:
+def results_log(record: RunRecord) -> dict[str, list[Any]]:
     """Per-epoch lists over the trained epochs (1 … E), the original ``log`` dict."""
-    entries = [e for e in record["log"] if e["epoch"] >= 1]
-    out = {key: [e.get(key) for e in entries] for key in LOG_LIST_KEYS}
-    if any("state_pred_error" in e for e in entries):
-        out["state_pred_error"] = [e.get("state_pred_error") for e in entries]
+    entries = [e for e in record.log if e.epoch >= 1]
+    out = {key: [e.value(key) for e in entries] for key in LOG_LIST_KEYS}
+    if any(e.value("state_pred_error") is not None for e in entries):
+        out["state_pred_error"] = [e.value("state_pred_error") for e in entries]
     return out
 
 
-def results_entry(record: dict[str, Any]) -> dict[str, Any]:
-    diagnostics = dict(record.get("diagnostics") or {})
+def results_entry(record: RunRecord) -> dict[str, Any]:
+    diagnostics = record.diagnostics.to_dict()
     drift = diagnostics.pop("drift", {})
     return {"log": results_log(record), "diagnostics": diagnostics, "drift": drift}
 
@@ -207,8 +206,8 @@ class _Writer:
     def __init__(self, out: Path, result: ExportResult) -> None:
         self.out, self.result = out, result
 
-    def file(self, rel: str, slots: Sequence[Slot], family: dict[Any, dict[str, Any]],
-             build: Callable[[dict[str, dict[str, Any]]], Any], needs: Callable[[Slot], str]
+    def file(self, rel: str, slots: Sequence[Slot], family: Family,
+             build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str]
              ) -> None:
         found = {s.key: family[(s.method, s.seed, float(s.penalty))] for s in slots
                  if (s.method, s.seed, float(s.penalty)) in family}
@@ -217,16 +216,16 @@ class _Writer:
             self.result.skipped.append({"path": rel, "needs": "; ".join(needs(s)
                                                                        for s in missing)})
             return
-        atomic_write_json(self.out / rel, build(found))
+        write_json(self.out / rel, build(found))
         entry: dict[str, Any] = {"path": rel,
-                                 "runs": {key: r["run_id"] for key, r in found.items()}}
+                                 "runs": {key: r.run_id for key, r in found.items()}}
         if missing:
             entry["missing"] = [s.key for s in missing]
             entry["needs"] = "; ".join(needs(s) for s in missing)
         self.result.written.append(entry)
 
 
-def _logs(found: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _logs(found: dict[str, RunRecord]) -> dict[str, Any]:
     return {key: snapshot_log(record) for key, record in found.items()}
 
 
@@ -243,28 +242,20 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         raise ConfigError(f"results folder {results_dir} does not exist: pass the --out folder "
                           "of creditaudit train/sweep/experiment")
     result = ExportResult(out=out)
-    records = []
-    for path in find_records(results_dir):
-        try:
-            record = load_record(path)
-        except CreditAuditError as err:
-            result.unreadable.append(f"{path}: {err}")
-            continue
-        # 0-epoch (random-init) runs have no trajectory to export.
-        if (record["status"] in FINISHED and _is_canonical(record)
-                and record["config"]["optim"]["epochs"] > 0):
-            records.append(record)
+    found = RecordSet.from_folder(results_dir)
+    result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
+    # 0-epoch (random-init) runs have no trajectory to export.
+    records = [r for r in found.finished if _is_canonical(r) and r.epochs > 0]
     result.records_read = len(records)
-    seeds = sorted({_seed(r) for r in records}) or list(DEFAULT_SEEDS)
-    by_variant: dict[str, list[dict[str, Any]]] = {}
+    seeds = sorted({r.seed for r in records}) or list(DEFAULT_SEEDS)
+    by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
         by_variant.setdefault(_variant(record), []).append(record)
     writer = _Writer(out, result)
     base = "results"
 
-    def plain(variant: str) -> list[dict[str, Any]]:
-        return [r for r in by_variant.get(variant, [])
-                if r["config"]["method"]["penalty"] == 0]
+    def plain(variant: str) -> list[RunRecord]:
+        return [r for r in by_variant.get(variant, []) if r.penalty == 0]
 
     # ResidualMLP with out_ln: snapshot evolution.
     slots = {s: [Slot(f"{m}_log", m, s) for m in ("bp", "dfa", "fa")] for s in seeds}
@@ -274,10 +265,8 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
                     slots[seed], family, _logs, lambda s: _needs("resmlp", s, dataset))
 
     # DFA residual penalty.
-    penalised = [r for r in by_variant.get("resmlp", [])
-                 if r["config"]["method"]["name"] == "dfa"]
-    lambdas = sorted({*PENALTIES, *(float(r["config"]["method"]["penalty"])
-                                    for r in penalised)})
+    penalised = [r for r in by_variant.get("resmlp", []) if r.method == "dfa"]
+    lambdas = sorted({*PENALTIES, *(float(r.penalty) for r in penalised)})
     pen_slots = [Slot("log", "dfa", s, lam) for lam in lambdas for s in seeds]
     family = choose_family(penalised, pen_slots, dataset)
     for slot in pen_slots:
@@ -303,19 +292,19 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
 
     # StudentNet on the teacher–student task, one family per α.
     students = plain("student")
-    alphas = sorted({float(r["config"]["data"]["alpha"]) for r in students}) or [1.0]
+    alphas = sorted({float(r.config.data.alpha) for r in students}) or [1.0]
     for alpha in alphas:
-        members = [r for r in students if float(r["config"]["data"]["alpha"]) == alpha]
+        members = [r for r in students if float(r.config.data.alpha) == alpha]
         pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
         family = choose_family(members, [x for v in pairs.values() for x in v], None)
-        depth = next((len(r["log"][0]["hidden_norms"]) - 1 for r in family.values()
-                      if r["log"] and "hidden_norms" in r["log"][0]), 4)
+        depth = next((len(r.log[0].hidden_norms) - 1 for r in family.values()
+                      if r.log and r.log[0].hidden_norms), 4)
         for seed in seeds:
             writer.file(f"{base}/snapshot_synth_v1/snapshot_synth_a{alpha}_L{depth}_s{seed}.json",
                         pairs[seed], family, _logs,
                         lambda s, a=alpha: _needs("student", s, None, f" α={a}"))
     fa_alpha = 1.0 if 1.0 in alphas else alphas[-1]
-    members = [r for r in students if float(r["config"]["data"]["alpha"]) == fa_alpha]
+    members = [r for r in students if float(r.config.data.alpha) == fa_alpha]
     fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
     family = choose_family(members, [x for v in fas.values() for x in v], None)
     for seed in seeds:
@@ -324,13 +313,13 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
 
     # results_{dataset}.json: one family per dataset, one file per seed.
     resmlp = plain("resmlp")
-    datasets = sorted({r["config"]["data"]["name"] for r in resmlp} | {"cifar10"},
+    datasets = sorted({r.dataset for r in resmlp} | {"cifar10"},
                       key=lambda d: _dataset_rank(d, None))
     if dataset is not None:
         datasets = [dataset]
     for name in datasets:
-        members = [r for r in resmlp if r["config"]["data"]["name"] == name]
-        seed_list = sorted({_seed(r) for r in members}) or seeds
+        members = [r for r in resmlp if r.dataset == name]
+        seed_list = sorted({r.seed for r in members}) or seeds
         slots = {s: [Slot(key, method, s) for key, method in RESULTS_METHODS.items()]
                  for s in seed_list}
         family = choose_family(members, [x for v in slots.values() for x in v], name)
@@ -340,7 +329,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
                         lambda found, s=seed: {str(s): {key: results_entry(record)
                                                         for key, record in found.items()}},
                         lambda s, d=name: _needs("resmlp", s, d))
-    atomic_write_json(out / MANIFEST_FILE, result.to_dict())
+    write_json(out / MANIFEST_FILE, result.to_dict())
     return result
 
 

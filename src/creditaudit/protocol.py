@@ -9,9 +9,11 @@ id     name                             statistic                               
 (d)    depth utility                    headline acc − frozen-blocks acc (pp)          < 2.0
 =====  ===============================  =============================================  ==========
 
-The verdict is *trustworthy* when none fires and *needs walk-back* (naming the fired ones)
-otherwise. A diagnostic that cannot be evaluated (no frozen accuracy, too few evaluation
-batches, non-finite values) is reported as *not evaluated* — never as passed.
+The verdict is *needs walk-back* (naming the fired ones) when any fires, *trustworthy* only
+when all four were evaluated and none fired, and *incomplete* otherwise — printed as "no
+walk-back in (a)–(c); (d) not evaluated". A diagnostic that cannot be evaluated (no frozen
+accuracy, too few evaluation batches, non-finite values) is reported as *not evaluated* —
+never as passed.
 
 :func:`diagnose` runs the protocol on a live model (a contract model, or any ``nn.Module``
 with a states function); :func:`evaluate_protocol` runs it on precomputed
@@ -23,7 +25,6 @@ as (1/128)·∂CE_i/∂h_l.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,10 +33,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from creditaudit import strict_json
 from creditaudit.config import RunConfig
 from creditaudit.diagnostics.alignment import gamma_aggregations, layer_cosine_table
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import (
+    REFERENCE_FLOOR,
     StateGradients,
     StatesFn,
     max_block_growth,
@@ -49,7 +52,7 @@ from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import summary_vectors
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
-TRUSTWORTHY, WALK_BACK = "trustworthy", "needs walk-back"
+TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "needs walk-back", "incomplete"
 DIAGNOSTIC_NAMES = {
     "a": "residual-stream scale",
     "b": "reference validity",
@@ -89,7 +92,7 @@ class Thresholds:
     """
 
     growth: float = 50.0
-    grad_floor: float = 1e-7
+    grad_floor: float = REFERENCE_FLOOR
     stability: float = 0.30
     margin_pp: float = 2.0
     stability_batches: int = 8
@@ -273,15 +276,38 @@ def depth_utility_diagnostic(headline_acc: float | None, frozen_acc: float | Non
 
 
 def verdict_of(results: Sequence[DiagnosticResult]) -> tuple[str, list[str], list[str]]:
-    """(verdict, fired ids, not-evaluated ids)."""
+    """(verdict, fired ids, not-evaluated ids): needs walk-back if any fired, trustworthy if
+    all were evaluated and none fired, incomplete otherwise."""
     fired = [r.id for r in results if r.status == FIRED]
     skipped = [r.id for r in results if r.status == NOT_EVALUATED]
-    return (WALK_BACK if fired else TRUSTWORTHY), fired, skipped
+    return verdict_from(fired, skipped), fired, skipped
+
+
+def verdict_from(fired: Sequence[str], not_evaluated: Sequence[str]) -> str:
+    return WALK_BACK if fired else (INCOMPLETE if not_evaluated else TRUSTWORTHY)
 
 
 def labels(ids: Sequence[str]) -> str:
-    """``["a", "b"]`` → ``"(a)(b)"``."""
+    """``["a", "b"]`` → ``"(a)(b)"``; three or more consecutive ids → ``"(a)–(c)"``."""
+    ids = list(ids)
+    order = "".join(DIAGNOSTIC_NAMES)
+    if len(ids) >= 3 and "".join(ids) in order:
+        return f"({ids[0]})–({ids[-1]})"
     return "".join(f"({i})" for i in ids)
+
+
+def verdict_phrase(fired: Sequence[str], not_evaluated: Sequence[str]) -> str:
+    """What a table prints: ``trustworthy`` only when all four diagnostics were evaluated and
+    none fired; ``needs walk-back (a)(b)`` (plus what was not evaluated); otherwise ``no
+    walk-back in (a)–(c); (d) not evaluated``."""
+    if fired:
+        text = f"{WALK_BACK} {labels(fired)}"
+        return text + (f"; {labels(not_evaluated)} not evaluated" if not_evaluated else "")
+    if not_evaluated:
+        evaluated = [i for i in DIAGNOSTIC_NAMES if i not in not_evaluated]
+        head = f"no walk-back in {labels(evaluated)}; " if evaluated else ""
+        return f"{head}{labels(not_evaluated)} not evaluated"
+    return TRUSTWORTHY
 
 
 @dataclass
@@ -315,11 +341,9 @@ class DiagnosticReport:
 
     @property
     def verdict_text(self) -> str:
-        """``"needs walk-back (a)(b)"``, ``"trustworthy"``, plus what was not evaluated."""
-        text = self.verdict + (f" {labels(self.fired)}" if self.fired else "")
-        if self.not_evaluated:
-            text += f"; not evaluated: {labels(self.not_evaluated)}"
-        return text
+        """``"needs walk-back (a)(b)"``, ``"trustworthy"`` (all four evaluated, none fired)
+        or ``"no walk-back in (a)–(c); (d) not evaluated"`` (see :func:`verdict_phrase`)."""
+        return verdict_phrase(self.fired, self.not_evaluated)
 
     @property
     def headline_gamma(self) -> float | None:
@@ -327,7 +351,8 @@ class DiagnosticReport:
 
     # --- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (floats may be NaN/inf, which ``json`` writes and reads back)."""
+        """A JSON-able dict (floats may be NaN/inf: :meth:`to_json` writes them as strict
+        JSON, null plus a ``non_finite`` mark)."""
         return {
             "verdict": self.verdict,
             "fired": list(self.fired),
@@ -353,7 +378,8 @@ class DiagnosticReport:
         )
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """Strict JSON (no NaN/Infinity tokens; see :mod:`creditaudit.strict_json`)."""
+        return strict_json.dumps(self.to_dict(), indent=indent)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -425,8 +451,8 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                             layer_cosines=table, gamma=gamma, metrics=metrics, metadata=meta)
 
 
-def config_metadata(config: RunConfig) -> dict[str, Any]:
-    """Report metadata (method, architecture, dataset, seeds) of a run's config."""
+def config_metadata(config: RunConfig, run_id: str | None = None) -> dict[str, Any]:
+    """Report metadata (method, architecture, dataset, seeds, run id) of a run's config."""
     model = config.model
     arch = f"{model.arch} d={model.d} L={model.n_blocks}"
     if model.arch == "student":
@@ -442,7 +468,7 @@ def config_metadata(config: RunConfig) -> dict[str, Any]:
         "terminal_ln": model.out_ln and model.arch != "student",
         "dataset": config.data.name, "seeds": str(config.run.seed),
         "feedback_seed": feedback_seed if config.method.name in ("fa", "dfa") else None,
-        "penalty": config.method.penalty, "run_id": config.run_id,
+        "penalty": config.method.penalty, "run_id": run_id,
     }
 
 
@@ -538,5 +564,6 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
 __all__ = [
     "Thresholds", "DiagnosticResult", "DiagnosticReport", "diagnose", "evaluate_protocol",
     "cross_batch_stability", "growth_diagnostic", "reference_diagnostic",
-    "stability_diagnostic", "depth_utility_diagnostic", "verdict_of", "config_metadata",
+    "stability_diagnostic", "depth_utility_diagnostic", "verdict_of", "verdict_from",
+    "verdict_phrase", "config_metadata", "TRUSTWORTHY", "WALK_BACK", "INCOMPLETE",
 ]

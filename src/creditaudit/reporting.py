@@ -26,24 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.figures.common import (
-    ARCH_LABELS,
-    Run,
-    RunIndex,
-    mean_std,
-    method_label,
-    sort_methods,
-)
+from creditaudit.figures.common import ARCH_LABELS, method_label
+from creditaudit.figures.runs import Run, RunIndex, mean_std, sort_methods
 from creditaudit.protocol import (
     DIAGNOSTIC_NAMES,
     FIRED,
     HEADLINE_GAMMA,
     NOT_EVALUATED,
     DiagnosticReport,
-    labels,
 )
 from creditaudit.report import fmt
-from creditaudit.runs import atomic_write_bytes
+from creditaudit.safe_files import atomic_write_bytes
 
 REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
 AUDIT_COLUMNS = ("run", "method", "λ", "arch", "out_ln", "dataset", "seed", "status", "acc",
@@ -82,11 +75,13 @@ def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
 
 
 def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
+    if run.record.is_frozen_baseline and run.record.is_finished:
+        return "baseline of (d)"
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
             return f"— (run {run.status})"
         return "— (no protocol block)"
-    text = report.verdict + (f" {labels(report.fired)}" if report.fired else "")
+    text = report.verdict_text
     if report.metadata.get("frozen_from_runs"):
         text += f" {RECOMPUTED_MARK}"
     return text

@@ -2,25 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
+from creditaudit.records import RecordSet, RunRecord
 from creditaudit.report import fmt
 
+BASELINE_TEXT = "frozen baseline of (d)"
 
-def format_run_summary(records: list[dict[str, Any]]) -> str:
-    """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict."""
+
+def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
+    """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict.
+
+    Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
+    ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
+    as the baseline. "trustworthy" is printed only when all four diagnostics were evaluated.
+    """
+    index = RecordSet(records, use_frozen_runs=use_frozen_runs)
     header = (f"{'method':<14}{'status':<12}{'epochs':>6}{'test acc':>10}{'‖h_L‖':>11}"
               f"{'‖g_L‖':>11}{'deep cos':>10}  verdict")
     lines = [header, "-" * len(header)]
     for record in records:
-        last = record["log"][-1] if record["log"] else {}
-        protocol = record.get("protocol", {})
-        verdict = protocol.get("verdict", "—")
-        if protocol.get("fired"):
-            verdict += " " + "".join(f"({i})" for i in protocol["fired"])
+        last = record.log[-1] if record.log else None
+        if record.is_frozen_baseline:
+            verdict = BASELINE_TEXT
+        elif record.protocol.epoch is None:
+            verdict = "—"
+        else:
+            verdict = index.verdict(record).text
+        cos = record.deep_cos
+        valid = record.deep_cos_valid
+        cos_text = fmt(cos, "+.3f") + ("*" if valid is False and cos is not None else "")
         lines.append(
-            f"{record['config']['method']['name']:<14}{record['status']:<12}"
-            f"{last.get('epoch', 0):>6}{fmt(last.get('acc_eval'), '.3f'):>10}"
-            f"{fmt(last.get('h_L_norm'), '.3g'):>11}{fmt(last.get('g_L_norm'), '.3g'):>11}"
-            f"{fmt(last.get('deep_cos'), '+.3f'):>10}  {verdict}")
+            f"{record.method:<14}{record.status:<12}"
+            f"{last.epoch if last else 0:>6}{fmt(record.final_acc, '.3f'):>10}"
+            f"{fmt(record.last_value('h_L_norm'), '.3g'):>11}"
+            f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>10}  {verdict}")
+    if any(r.deep_cos_valid is False for r in records):
+        lines.append("* measured against reference gradients below the 1e-7 floor: not a "
+                     "valid cosine")
     return "\n".join(lines)

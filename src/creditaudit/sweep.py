@@ -62,8 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import RunConfig, apply_overrides, config_from_dict
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.config import RunConfig, apply_overrides, config_from_dict, semantic_dict
+from creditaudit.errors import ConfigError, CreditAuditError, RunRecordError
+from creditaudit.run_ids import run_id as run_id_of
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +191,15 @@ class Sweep:
 
 
 def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
-    """The first config of each run id, in order."""
+    """The first of each set of configs that compute the same thing on the same data folder,
+    in order. (Without reading the data: the same data in two folders is deduplicated later,
+    when both resolve to one run id and the second finds the first's run.)"""
     seen: set[str] = set()
     out = []
     for config in configs:
-        if config.run_id not in seen:
-            seen.add(config.run_id)
+        key = json.dumps([semantic_dict(config), config.data.data_dir], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
             out.append(config)
     return out
 
@@ -412,7 +416,7 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
 
     An unreadable record reads as ("corrupt", reason).
     """
-    from creditaudit.runs import RECORD_FILE, load_record
+    from creditaudit.records import RECORD_FILE, load_record
 
     path = run_dir / RECORD_FILE
     if not path.exists():
@@ -421,16 +425,17 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
         record = load_record(path)
     except RunRecordError as err:
         return "corrupt", str(err)
-    return record["status"], record.get("error")
+    return record.status, record.error
 
 
 def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
     """Record a run that raised before the training loop wrote its first record."""
-    from creditaudit.runs import new_record, save_record
+    from creditaudit.records import new_record, save_record
 
     record = new_record(config, device=config.run.device)
-    record["status"] = "failed"
-    record["error"] = error
+    record.run_id = run_dir.name
+    record.status = "failed"
+    record.error = error
     save_record(run_dir, record)
 
 
@@ -446,7 +451,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
     status is the run's status afterwards (completed, diverged, failed, interrupted, busy)
     and action what this call did (trained, resumed, restarted, skipped, busy).
     """
-    from creditaudit.runs import CHECKPOINT_FILE
+    from creditaudit.records import CHECKPOINT_FILE
     from creditaudit.training import train
 
     started = time.perf_counter()
@@ -455,21 +460,22 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
                         "host": socket.gethostname()}
     try:
         config = config_from_dict(config_dict)
-        if run_id is not None and config.run_id != run_id:
-            raise ConfigError(f"this worker computes run id {config.run_id} for the run the "
-                              f"sweep calls {run_id}: the sweep and its workers run different "
-                              "creditaudit versions")
-    except ConfigError as err:
+        own_id = run_id_of(config)
+        if run_id is not None and own_id != run_id:
+            raise ConfigError(f"this worker computes run id {own_id} for the run the sweep "
+                              f"calls {run_id}: the sweep and its workers run different "
+                              "creditaudit versions or see different data")
+    except CreditAuditError as err:
         if run_id is None:
             raise
-        outcome.update(status="failed", action="refused", error=f"ConfigError: {err}")
+        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
         return outcome
-    outcome["run_id"] = config.run_id
+    outcome["run_id"] = own_id
     out_dir = Path(config.run.out_dir)
-    run_dir = out_dir / config.run_id
+    run_dir = out_dir / own_id
 
     def event(name: str, **fields: Any) -> None:
-        _append_event(out_dir, name, config.run_id, **fields)
+        _append_event(out_dir, name, own_id, **fields)
 
     def skip_reason() -> bool:
         status, error = disk_status(run_dir)
@@ -502,13 +508,13 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         try:
             with _heartbeat(claim, every=max(1.0, min(60.0, stale_after / 4))):
                 result = train(config, **kwargs)
-            outcome.update(status=result.status, error=result.record.get("error"))
+            outcome.update(status=result.status, error=result.record.error)
         except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
             error = f"{type(err).__name__}: {err}"
             if disk_status(run_dir)[0] in (None, "running", "corrupt"):
                 _write_failed_record(config, run_dir, error)
             outcome.update(status="failed", error=error)
-            log.debug("run %s failed", config.run_id, exc_info=True)
+            log.debug("run %s failed", own_id, exc_info=True)
         except KeyboardInterrupt:
             outcome.update(status="interrupted")
             event("end", status="interrupted")
@@ -547,6 +553,26 @@ def _init_worker(threads: int) -> None:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
+    _watch_parent(os.getppid())
+
+
+PARENT_POLL_SECONDS = 1.0
+
+
+def _watch_parent(parent: int) -> None:
+    """Interrupt this worker when the sweep process that started it dies (kill -9 leaves
+    its workers orphaned: they are re-parented, so ``getppid()`` changes). The current run
+    records 'interrupted' and releases its claim, so the next sweep resumes it."""
+    import signal
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="creditaudit-parent-watch", daemon=True).start()
 
 
 def _interrupted(task: dict[str, Any]) -> Outcome:
@@ -796,13 +822,13 @@ def plan(configs: list[RunConfig], *, retry_failed: bool = False,
     """
     rows = []
     for config in configs:
-        run_dir = Path(config.run.out_dir) / config.run_id
+        run_dir = Path(config.run.out_dir) / run_id_of(config)
         status, error = disk_status(run_dir)
         holder, raw, mtime = _read_claim(run_dir / CLAIM_FILE)
         live = raw is not None and claim_is_stale(holder, time.time() - mtime,
                                                   stale_after) is None
         todo = not (status in FINISHED or (status == "failed" and not retry_failed))
-        rows.append({"run_id": config.run_id, "status": status, "error": error, "todo": todo,
+        rows.append({"run_id": run_dir.name, "status": status, "error": error, "todo": todo,
                      "holder": holder if live else None})
     return rows
 
@@ -832,7 +858,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
 
         for device in sorted({config.run.device for config in configs}):
             resolve_device(device)
-    by_id = {config.run_id: config for config in configs}
+    by_id = {run_id_of(config): config for config in configs}
     outcomes: dict[str, Outcome] = {}
     state = SweepState(total=len(configs), slots=executor.slots)
 
@@ -874,11 +900,11 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
             break
         time.sleep(poll_seconds)
         todo = busy
-    ordered = [outcomes.get(config.run_id, {"run_id": config.run_id, "status": None,
-                                            "action": "not started", "error": None})
-               for config in configs]
+    ordered = [outcomes.get(key, {"run_id": key, "status": None, "action": "not started",
+                                  "error": None})
+               for key in map(run_id_of, configs)]
     summary = sweep_summary(configs, ordered, grid_keys or [], extra=summary_extra)
-    from creditaudit.runs import atomic_write_json
+    from creditaudit.records import atomic_write_json
 
     path = out_dir / SUMMARY_FILE
     atomic_write_json(path, summary)
@@ -891,14 +917,14 @@ def sweep_summary(configs: list[RunConfig], outcomes: list[Outcome], grid_keys: 
     runs = []
     counts: dict[str, int] = {}
     for config, outcome in zip(configs, outcomes):
-        run_dir = Path(config.run.out_dir) / config.run_id
+        run_dir = Path(config.run.out_dir) / run_id_of(config)
         status, error = disk_status(run_dir)
         if outcome.get("status") == "busy" and status not in FINISHED:
             status = "busy"  # another process holds it right now
         status = status or outcome.get("status") or "not started"
         error = error if error is not None else outcome.get("error")
         counts[status] = counts.get(status, 0) + 1
-        runs.append({"run_id": config.run_id,
+        runs.append({"run_id": run_dir.name,
                      "grid": {key: config_value(config, key) for key in grid_keys},
                      "status": status, "error": error, "action": outcome.get("action"),
                      "seconds": round(float(outcome.get("seconds") or 0.0), 3),

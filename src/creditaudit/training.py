@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset, load_dataset
+from creditaudit.data.identity import DataIdentity
 from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
@@ -35,19 +36,27 @@ from creditaudit.protocol import (
     evaluate_protocol,
     labels,
 )
-from creditaudit.runs import (
+from creditaudit.records import (
     CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
     INIT_FILE,
     RECORD_FILE,
+    EpochEntry,
+    FinalResults,
+    RunRecord,
     atomic_torch_save,
+    load_checkpoint,
+    load_parameters,
     load_record,
     new_record,
     save_record,
+    structure_mismatch,
 )
+from creditaudit.run_ids import run_data_identity, run_id
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 1024
-# Step sizes of the end-of-run nudging test (SPEC §6).
+# Step sizes of the end-of-run nudging test.
 NUDGING_ETAS = (0.01, 0.1)
 
 
@@ -56,11 +65,11 @@ class RunResult:
     """Where a run lives and its final record."""
 
     run_dir: Path
-    record: dict[str, Any]
+    record: RunRecord
 
     @property
     def status(self) -> str:
-        return self.record["status"]
+        return self.record.status
 
 
 def resolve_device(name: str) -> torch.device:
@@ -108,6 +117,12 @@ def evaluate(model: ResidualNet, dataset: Dataset, device: torch.device, *, flat
     return loss_sum / n, correct / n
 
 
+def identity_of(config: RunConfig, dataset: Dataset) -> DataIdentity:
+    """The data identity of ``config`` with the sizes of the loaded ``dataset``."""
+    return replace(run_data_identity(config), n_train=int(dataset.train_x.shape[0]),
+                   n_test=int(dataset.test_x.shape[0]))
+
+
 class Trainer:
     """Owns one run: its model, rule, optimiser, schedule, data streams and record."""
 
@@ -116,10 +131,14 @@ class Trainer:
         self.device = resolve_device(config.run.device)
         if config.run.threads is not None:
             torch.set_num_threads(config.run.threads)
-        self.run_dir = Path(config.run.out_dir) / config.run_id
         self.dataset = dataset if dataset is not None else load_dataset(config.data,
                                                                          seed=config.run.seed)
+        self.data_identity = identity_of(config, self.dataset)
+        self.run_id = run_id(config, self.data_identity)
+        self.run_dir = Path(config.run.out_dir) / self.run_id
         self.flatten = flatten_inputs(config)
+        eval_x, eval_y = self.dataset.eval_subset(config.diagnostics.eval_samples,
+                                                  flatten=self.flatten)
         torch.manual_seed(config.run.seed)
         self.model = build_model(config.model, input_shape=self.dataset.input_shape,
                                  n_classes=self.dataset.n_classes).to(self.device)
@@ -137,23 +156,24 @@ class Trainer:
         schedule = ((lambda step: cosine_factor(step, total)) if config.optim.schedule == "cosine"
                     else (lambda step: 1.0))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        eval_x, eval_y = self.dataset.eval_subset(config.diagnostics.eval_samples,
-                                                  flatten=self.flatten)
         self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
-        self.record = new_record(config, device=str(self.device))
+        self.record = new_record(config, device=str(self.device), data=self.data_identity)
+        self.record.run_id = self.run_id
         self.start_epoch = 1
         self.tensorboard = None
 
     # --- persistence --------------------------------------------------------------------
     def checkpoint(self, epoch: int) -> None:
         atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
+            "format": CHECKPOINT_FORMAT,
+            "method": self.config.method.name,
             "epoch": epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rule": self.rule.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "data": self.data_generator.get_state()},
-            "record": self.record,
+            "record": self.record.to_dict(),
         })
 
     def restore(self) -> None:
@@ -161,34 +181,32 @@ class Trainer:
         if not path.exists():
             raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
                                  "without --resume")
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=False)
-        except Exception as err:  # a truncated or foreign file: say which one
-            raise RunRecordError(f"checkpoint {path} cannot be read ({err}); delete the run "
-                                 "folder and start again") from None
+        state = load_checkpoint(path, map_location=self.device)
+        check_checkpoint_fits(state, self.model, self.rule, self.config, path)
+        record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
+        check_same_data(record, self.data_identity, path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.rule.load_state_dict(state["rule"])
         self.rule.to(self.device)
-        torch.set_rng_state(state["rng"]["torch"])
-        self.data_generator.set_state(state["rng"]["data"])
-        self.record = state["record"]
-        self.record["status"] = "running"
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        self.data_generator.set_state(state["rng"]["data"].cpu())
+        self.record = record
+        self.record.status = "running"
         self.start_epoch = state["epoch"] + 1
 
     # --- one epoch ----------------------------------------------------------------------
-    def measure(self, epoch: int) -> dict[str, Any]:
+    def measure(self, epoch: int) -> EpochEntry:
         """Evaluation and diagnostics for the record of ``epoch`` (never changes training)."""
         test_loss, test_acc = evaluate(self.model, self.dataset, self.device,
                                        flatten=self.flatten)
-        entry: dict[str, Any] = {"epoch": epoch, "test_loss": test_loss, "acc_eval": test_acc,
-                                 "test_acc": test_acc}
+        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc)
         every = self.config.diagnostics.every
         protocol_due = self._protocol_due(epoch)
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             fields, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
-            entry.update(fields)
+            entry = replace(entry, **fields)
             if protocol_due:
                 self._record_protocol(entry, sg)
         return entry
@@ -200,30 +218,31 @@ class Trainer:
         last = epoch == self.config.optim.epochs
         return k > 0 and ((epoch >= 1 and epoch % k == 0) or last)
 
-    def _record_protocol(self, entry: dict[str, Any], sg: StateGradients) -> None:
+    def _record_protocol(self, entry: EpochEntry, sg: StateGradients) -> None:
         """The protocol from the epoch's own gradients (no second backward)."""
-        epoch = entry["epoch"]
+        epoch = entry.epoch
         report = evaluate_protocol(
-            sg, headline_acc=entry["acc_eval"], frozen_acc=self.config.diagnostics.frozen_acc,
+            sg, headline_acc=entry.acc_eval, frozen_acc=self.config.diagnostics.frozen_acc,
             terminal_ln=getattr(self.model, "out_ln", None) is not None,
-            metadata={**config_metadata(self.config), "epoch": epoch})
-        entry["protocol"] = {r.id: r.status for r in report.diagnostics}
-        entry["verdict"] = report.verdict
-        state = self.record["protocol"]
-        first = state.setdefault("first_fired", dict.fromkeys(DIAGNOSTIC_NAMES))
+            metadata={**config_metadata(self.config, self.run_id), "epoch": epoch})
+        entry.protocol = {r.id: r.status for r in report.diagnostics}
+        entry.verdict = report.verdict
+        state = self.record.protocol
+        if not state.first_fired:
+            state.first_fired = dict.fromkeys(DIAGNOSTIC_NAMES)
         for fired in report.fired:
-            if first.get(fired) is None:
-                first[fired] = epoch
-        state.update({"epoch": epoch, "verdict": report.verdict, "fired": report.fired,
-                      "report": report.to_dict()})
+            if state.first_fired.get(fired) is None:
+                state.first_fired[fired] = epoch
+        state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
+        state.report = report.to_dict()
 
-    def _walkback_stop(self, entry: dict[str, Any]) -> bool:
+    def _walkback_stop(self, entry: EpochEntry) -> bool:
         """With stop_on_walkback: mark the run stopped once the verdict turns."""
-        if not (self.config.diagnostics.stop_on_walkback and entry.get("verdict") == WALK_BACK):
+        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK):
             return False
-        fired = [i for i, status in entry["protocol"].items() if status == "fired"]
-        self.record["stopped_early"] = {
-            "epoch": entry["epoch"],
+        fired = [i for i, status in (entry.protocol or {}).items() if status == "fired"]
+        self.record.stopped_early = {
+            "epoch": entry.epoch,
             "reason": f"protocol verdict needs walk-back: {labels(fired)}"}
         return True
 
@@ -242,8 +261,8 @@ class Trainer:
             x, y = x.to(self.device), y.to(self.device)
             result = self.rule.train_step(x, y, self.optimizer)
             if not result.finite:
-                self.record["divergence"] = {"epoch": epoch, "step": step,
-                                             "reason": "non-finite loss or state"}
+                self.record.divergence = {"epoch": epoch, "step": step,
+                                          "reason": "non-finite loss or state"}
                 return None
             self.scheduler.step()
             loss_sum += result.loss * result.n
@@ -252,7 +271,8 @@ class Trainer:
             if step % 20 == 0:
                 bar.set_postfix(loss=f"{result.loss:.3f}")
         extra = self.rule.end_epoch(epoch, self.config.optim.epochs)
-        return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), **extra}
+        return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1),
+                "extras": extra}
 
     # --- the run ------------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunResult:
@@ -261,7 +281,7 @@ class Trainer:
             self.restore()
         else:
             atomic_torch_save(self.run_dir / INIT_FILE, parameter_snapshot(self.model))
-            self.record["log"].append(self._with_lr(self.measure(0), seconds=0.0))
+            self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
             self.checkpoint(0)
         self._open_tensorboard()
@@ -270,34 +290,33 @@ class Trainer:
                 started = time.perf_counter()
                 stats = self.train_epoch(epoch)
                 if stats is None:
-                    self.record["status"] = "diverged"
+                    self.record.status = "diverged"
                     break
-                entry = {**self.measure(epoch), **stats}
-                self.record["log"].append(self._with_lr(entry,
-                                                        time.perf_counter() - started))
+                entry = replace(self.measure(epoch), **stats)
+                self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
                 self._log_tensorboard(entry)
                 if not _finite_entry(entry):
-                    self.record["status"] = "diverged"
-                    self.record["divergence"] = {"epoch": epoch, "reason":
-                                                 "non-finite evaluation loss or state norms"}
+                    self.record.status = "diverged"
+                    self.record.divergence = {"epoch": epoch, "reason":
+                                              "non-finite evaluation loss or state norms"}
                     self._write()
                     break
                 stop = self._walkback_stop(entry)
                 self.checkpoint(epoch)
                 self._write()
                 if stop:
-                    self.record["status"] = "completed"
+                    self.record.status = "completed"
                     break
             else:
-                self.record["status"] = "completed"
+                self.record.status = "completed"
             self._finish()
         except KeyboardInterrupt:
-            self.record["status"] = "interrupted"
+            self.record.status = "interrupted"
             self._write()
             raise
         except Exception as err:
-            self.record["status"] = "failed"
-            self.record["error"] = f"{type(err).__name__}: {err}"
+            self.record.status = "failed"
+            self.record.error = f"{type(err).__name__}: {err}"
             self._write()
             raise
         finally:
@@ -307,20 +326,15 @@ class Trainer:
 
     def _finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
-        last = self.record["log"][-1]
-        initial = torch.load(self.run_dir / INIT_FILE, map_location=self.device)
-        self.record["final"] = {
-            "epochs_completed": last["epoch"],
-            "test_acc": last["acc_eval"],
-            "test_loss": last["test_loss"],
-            "h_L_norm": last.get("h_L_norm"),
-            "g_L_norm": last.get("g_L_norm"),
-            "deep_cos": last.get("deep_cos"),
-        }
+        last = self.record.log[-1]
+        self.record.final = FinalResults(
+            epochs_completed=last.epoch, test_acc=last.acc_eval, test_loss=last.test_loss,
+            h_L_norm=last.h_L_norm, g_L_norm=last.g_L_norm, deep_cos=last.deep_cos)
         if self.config.diagnostics.end_of_run:
-            self.record["diagnostics"]["drift"] = feature_drift(initial,
-                                                                 dict(self.model.named_parameters()))
-            self.record["diagnostics"].update(self._credit_quality())
+            initial = load_parameters(self.run_dir / INIT_FILE, map_location=self.device)
+            self.record.diagnostics.drift = feature_drift(
+                initial, dict(self.model.named_parameters()))
+            self.record.diagnostics.update(self._credit_quality())
         self._write()
 
     def _credit_quality(self) -> dict[str, Any]:
@@ -335,9 +349,9 @@ class Trainer:
         except NonFiniteModelError as err:
             return {"credit_quality_error": str(err)}
 
-    def _with_lr(self, entry: dict[str, Any], seconds: float) -> dict[str, Any]:
-        entry["lr"] = self.optimizer.param_groups[0]["lr"]
-        entry["seconds"] = seconds
+    def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:
+        entry.lr = self.optimizer.param_groups[0]["lr"]
+        entry.seconds = seconds
         return entry
 
     def _write(self) -> None:
@@ -352,44 +366,79 @@ class Trainer:
         except ImportError:
             raise ConfigError("--tensorboard needs the tensorboard package: pip install "
                               "'creditaudit[tensorboard]'") from None
-        self.tensorboard = SummaryWriter(str(Path(folder) / self.config.run_id))
+        self.tensorboard = SummaryWriter(str(Path(folder) / self.run_id))
 
-    def _log_tensorboard(self, entry: dict[str, Any]) -> None:
+    def _log_tensorboard(self, entry: EpochEntry) -> None:
         if self.tensorboard is None:
             return
-        for key, value in entry.items():
-            if isinstance(value, int | float) and key != "epoch":
-                self.tensorboard.add_scalar(key, value, entry["epoch"])
+        for key, value in entry.to_dict().items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and key != "epoch":
+                self.tensorboard.add_scalar(key, value, entry.epoch)
             elif isinstance(value, list):
                 for index, item in enumerate(value):
-                    self.tensorboard.add_scalar(f"{key}/{index}", item, entry["epoch"])
+                    self.tensorboard.add_scalar(f"{key}/{index}", float(item), entry.epoch)
         self.tensorboard.flush()
 
 
-def _finite_entry(entry: dict[str, Any]) -> bool:
+def _finite_entry(entry: EpochEntry) -> bool:
     """False when the evaluation loss or any state norm is NaN/Inf."""
-    values = [entry["test_loss"], *entry.get("hidden_norms", [])]
-    return all(math.isfinite(v) for v in values)
+    values = [entry.test_loss, *(entry.hidden_norms or [])]
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
+def check_checkpoint_fits(state: dict[str, Any], model: torch.nn.Module, rule: CreditRule,
+                          config: RunConfig, path: Path) -> None:
+    """One-line RunRecordError when a checkpoint belongs to another method or shape."""
+    method = state.get("method")
+    if method is not None and method != config.method.name:
+        raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
+                             f"{config.method.name!r}: it belongs to another run; start this "
+                             "one again with --force")
+    for what, expected, got in (("model", model.state_dict(), state["model"]),
+                                ("rule", rule.state_dict(), state["rule"])):
+        problem = structure_mismatch(expected, got, what)
+        if problem:
+            raise RunRecordError(f"checkpoint {path} does not fit this run's "
+                                 f"{config.method.name} {config.model.arch} (d="
+                                 f"{config.model.d}, L={config.model.n_blocks}): {problem}; "
+                                 "it belongs to another run: start this one again with --force")
+
+
+def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
+    """One-line RunRecordError when the data on disk is not the data the run trained on."""
+    if record.data is None or not record.data.fingerprint:
+        return  # records written before data fingerprints existed
+    if record.data.fingerprint != identity.fingerprint:
+        raise RunRecordError(
+            f"{path}: the run trained on {record.data.name} data with fingerprint "
+            f"{record.data.fingerprint[:12]}…, but the data found now has "
+            f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
+            "data); point data.data_dir at the run's data")
 
 
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,
           dataset: Dataset | None = None) -> RunResult:
     """Train one run and return its folder and record.
 
-    A completed run with the same config (same run id) is not rerun: its record is returned.
-    An unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
-    (start over).
+    A completed run with the same config and data (same run id) is not rerun: its record is
+    returned. An unfinished one needs ``resume=True`` (continue from its checkpoint) or
+    ``force=True`` (start over).
     """
-    run_dir = Path(config.run.out_dir) / config.run_id
+    identity = run_data_identity(config)
+    run_dir = Path(config.run.out_dir) / run_id(config, identity)
     record_path = run_dir / RECORD_FILE
     if record_path.exists() and not force:
         existing = load_record(record_path)
-        if existing["status"] in ("completed", "diverged") and not resume:
-            log.info("run %s already %s; not rerun", config.run_id, existing["status"])
+        check_same_data(existing, identity, record_path)
+        if existing.is_finished and not resume:
+            log.info("run %s already %s; not rerun", existing.run_id, existing.status)
             return RunResult(run_dir, existing)
         if not resume:
-            raise RunRecordError(f"run {run_dir} exists with status {existing['status']!r}: "
-                                 "pass --resume to continue it or --force to start over")
+            hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
+                    if existing.is_failed else "")
+            raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
+                                 f"{hint}: pass --resume to continue it or --force to start "
+                                 "over")
     elif resume and not record_path.exists():
         raise RunRecordError(f"cannot resume: no run at {run_dir}")
     if force and run_dir.exists():

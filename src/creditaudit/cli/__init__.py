@@ -1,8 +1,10 @@
 """The ``creditaudit`` command: one entry point, one module per subcommand.
 
 Each subcommand module defines ``add_parser(subparsers)`` and ``run(args) -> int``. User
-errors (:class:`~creditaudit.errors.CreditAuditError`) end in one line on stderr and exit
-code 2; an interrupted run exits 130.
+errors (:class:`~creditaudit.errors.CreditAuditError`, and operating-system errors on the
+user's files) end in one line on stderr and exit code 2; an interrupted run exits 130; an
+unexpected error (a bug) prints one line asking for a report (exit 1), or its traceback with
+``--verbose``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 from creditaudit import __version__
 from creditaudit.errors import CreditAuditError
+from creditaudit.safe_files import describe_os_error
 
 SUBCOMMANDS = ("demo", "train", "audit", "sweep", "experiment", "export", "figures", "report")
 
@@ -49,12 +52,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except CreditAuditError as err:
-        print(f"creditaudit: error: {err}", file=sys.stderr)
+        print(f"creditaudit: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"creditaudit: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("creditaudit: interrupted; the last finished epoch is checkpointed, continue "
               "with --resume", file=sys.stderr)
         return 130
+    except Exception as err:
+        if args.verbose:
+            raise
+        print(f"creditaudit: internal error: {type(err).__name__}: {_one_line(str(err))}; "
+              "rerun with --verbose for the traceback and please report it", file=sys.stderr)
+        return 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.runs import load_record
+    from creditaudit.records import RECORD_FILE, load_record
+    from creditaudit.run_ids import run_id
     from creditaudit.sweep import LocalExecutor, run_sweep
 
     started = time.perf_counter()
@@ -61,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_sweep(configs, LocalExecutor(workers=workers), on_progress=progress)
     records = []
     for config in configs:
-        path = Path(args.out) / config.run_id
-        if (path / "record.json").exists():
+        path = Path(args.out) / run_id(config)
+        if (path / RECORD_FILE).exists():
             records.append(load_record(path))
     print()
     print(format_run_summary(records))

@@ -1,4 +1,4 @@
-"""``creditaudit experiment``: run a shipped experiment (SPEC §7) and write its summary."""
+"""``creditaudit experiment``: run a shipped experiment and write its summary."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     from creditaudit.experiments import experiment_names, get_experiment
-    from creditaudit.experiments.base import run_state
+    from creditaudit.experiments.runner import run_state
 
     for name in experiment_names():
         experiment = get_experiment(name)

@@ -1,9 +1,8 @@
-"""``creditaudit figures``: draw every SPEC §8 figure the runs in a results folder support."""
+"""``creditaudit figures``: draw every figure the runs in a results folder support."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from creditaudit.config import DATASETS
@@ -12,7 +11,7 @@ from creditaudit.config import DATASETS
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "figures", help="draw the figures a results folder supports (PNG and PDF)",
-        description="Read every run record below RESULTS_DIR and draw each figure of SPEC §8 "
+        description="Read every run record below RESULTS_DIR and draw each figure "
                     "whose runs exist (PNG and PDF, from the records only — no model is "
                     "loaded). For each figure that cannot be drawn, list the runs it needs. "
                     "Nothing to draw is not an error (exit 0). See docs/figures.md.")
@@ -28,11 +27,13 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
                         help="results folder (every record.json below it is read)")
     parser.add_argument("--dataset", choices=DATASETS, default=None,
                         help="only runs on this dataset (default: all)")
-    parser.add_argument("--frozen-from-runs", action="store_true",
+    parser.add_argument("--frozen-from-runs", action=argparse.BooleanOptionalAction,
+                        default=True,
                         help="evaluate protocol diagnostic (d) of each run against the mean "
                              "final accuracy of the frozen-blocks runs of its recipe (same "
-                             "data, architecture, optimiser) when there are any, instead of "
-                             "the record's own (d)")
+                             "data, model, optimiser, precision) when there are any, instead "
+                             "of the record's own (d) (default: on; --no-frozen-from-runs "
+                             "keeps each record's own (d))")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +44,6 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.results) / "figures"
     print(f"{len(index)} run records in {args.results} ({len(index.runs)} completed or "
           "diverged)")
-    for path, reason in index.skipped:
-        print(f"skipped {path}: {reason}", file=sys.stderr)
     rendered, missing = render_all(index, out)
     for figure in rendered:
         print(f"drew {figure.title}: " + ", ".join(str(p) for p in figure.paths))

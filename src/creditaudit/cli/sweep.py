@@ -120,23 +120,25 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 
 def _labels(configs: list[Any], keys: list[str]) -> list[str]:
     """Each run's values of the sweep keys that vary between runs (``name=bp seed=42``)."""
+    from creditaudit.run_ids import run_id
     from creditaudit.sweep import config_value
 
     keys = [key for key in keys
             if len({repr(config_value(config, key)) for config in configs}) > 1]
     short = _short_keys(keys)
     return [" ".join(f"{short[key]}={config_value(config, key)}" for key in keys) or
-            config.run_id for config in configs]
+            run_id(config) for config in configs]
 
 
 def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
     """format_run_summary of the runs that have a record, each row led by its grid values."""
-    from creditaudit.runs import RECORD_FILE, load_record
+    from creditaudit.records import RECORD_FILE, load_record
+    from creditaudit.run_ids import run_id
     from creditaudit.summary import format_run_summary
 
     records, labels = [], []
     for config, label in zip(configs, _labels(configs, grid_keys)):
-        path = Path(config.run.out_dir) / config.run_id / RECORD_FILE
+        path = Path(config.run.out_dir) / run_id(config) / RECORD_FILE
         if path.exists():
             try:
                 records.append(load_record(path))
@@ -149,6 +151,7 @@ def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
     lines = format_run_summary(records).splitlines()
     out = [f"{'run':<{width}}  {lines[0]}", "-" * (width + 2 + len(lines[1]))]
     out += [f"{label:<{width}}  {line}" for label, line in zip(labels, lines[2:])]
+    out += lines[2 + len(labels):]  # footnotes
     return "\n".join(out)
 
 
@@ -247,6 +250,11 @@ def run(args: argparse.Namespace) -> int:
     for entry in problems:
         print(f"{entry['status']}: {entry['run_id']}"
               + (f": {entry['error']}" if entry["error"] else ""))
+    skipped_failed = [o for o in result.outcomes
+                      if o.get("action") == "skipped" and o.get("status") == "failed"]
+    if skipped_failed:
+        print(f"{len(skipped_failed)} run(s) failed before and were skipped: run the same "
+              "command with --retry-failed to train them again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
     print(f"\n{len(configs)} runs ({counts}) in {_duration(time.perf_counter() - started)}; "
           f"summary: {result.summary_path}")

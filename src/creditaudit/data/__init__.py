@@ -16,10 +16,16 @@ from creditaudit.config import DataConfig
 from creditaudit.data import transforms
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.data.synthetic import make_teacher_student
-from creditaudit.errors import DataError
+from creditaudit.errors import ConfigError, DataError
 
 # A fixed permutation seed: every run on a dataset audits the same held-out samples.
 EVAL_SUBSET_SEED = 20240
+CLASSES = {"cifar100": 100}  # every other dataset has 10 classes
+
+
+def n_classes_of(name: str) -> int:
+    """The number of classes of dataset ``name``."""
+    return CLASSES.get(name, 10)
 
 
 @dataclass
@@ -62,8 +68,14 @@ class Dataset:
         return torch.flatten(x, 1) if flatten else x
 
     def eval_subset(self, n: int, *, flatten: bool) -> tuple[Tensor, Tensor]:
-        """The first ``n`` test samples of a fixed permutation (same for every run)."""
-        n = min(n, self.test_x.shape[0])
+        """The first ``n`` test samples of a fixed permutation (same for every run).
+
+        Raises ConfigError when the test split has fewer than ``n`` samples.
+        """
+        available = self.test_x.shape[0]
+        if n > available:
+            raise ConfigError(f"diagnostics.eval_samples={n} exceeds the {available} test "
+                              f"samples of {self.name}; use at most {available}")
         order = torch.randperm(self.test_x.shape[0],
                                generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:n]
         return self.prepare(self.test_x[order], flatten=flatten), self.test_y[order]
@@ -83,7 +95,7 @@ def load_dataset(config: DataConfig, *, seed: int) -> Dataset:
         from creditaudit.data.cifar import load_cifar
 
         n_classes = 10 if config.name == "cifar10" else 100
-        arrays = load_cifar(_data_dir(config), n_classes=n_classes, download=config.download)
+        arrays = load_cifar(data_dir(config), n_classes=n_classes, download=config.download)
         mean, std = ((transforms.CIFAR10_MEAN, transforms.CIFAR10_STD) if n_classes == 10
                      else (transforms.CIFAR100_MEAN, transforms.CIFAR100_STD))
         augment = True if config.augment is None else config.augment
@@ -92,21 +104,36 @@ def load_dataset(config: DataConfig, *, seed: int) -> Dataset:
     else:
         from creditaudit.data.idx import load_idx_dataset
 
-        arrays = load_idx_dataset(_data_dir(config), name=config.name)
+        arrays = load_idx_dataset(data_dir(config), name=config.name)
         mean, std = ((transforms.MNIST_MEAN, transforms.MNIST_STD) if config.name == "mnist"
                      else (transforms.FASHION_MNIST_MEAN, transforms.FASHION_MNIST_STD))
         dataset = Dataset(config.name, *arrays, n_classes=10, mean=mean, std=std,
                           augment=bool(config.augment))
+    for split, x in (("training", dataset.train_x), ("test", dataset.test_x)):
+        if x.shape[0] == 0:
+            raise DataError(f"the {split} split of {config.name} holds 0 samples"
+                            f"{_where(config)}: nothing to train or evaluate on")
     if config.train_subset is not None:
+        available = dataset.train_x.shape[0]
+        if config.train_subset > available:
+            raise ConfigError(f"data.train_subset={config.train_subset} exceeds the {available} "
+                              f"training samples of {config.name}{_where(config)}; use at "
+                              f"most {available}")
         dataset.train_x = dataset.train_x[: config.train_subset]
         dataset.train_y = dataset.train_y[: config.train_subset]
     return dataset
 
 
-def _data_dir(config: DataConfig) -> Path:
+def _where(config: DataConfig) -> str:
+    return f" in {config.data_dir}" if config.data_dir else ""
+
+
+def data_dir(config: DataConfig) -> Path:
+    """The dataset folder of a file dataset (DataError when none is configured)."""
     if config.data_dir is None:
         raise DataError(f"dataset {config.name!r} needs a data folder: pass --data-dir")
     return Path(config.data_dir).expanduser()
 
 
-__all__ = ["Dataset", "InMemoryLoader", "load_dataset", "make_teacher_student"]
+__all__ = ["Dataset", "InMemoryLoader", "load_dataset", "make_teacher_student", "data_dir",
+           "n_classes_of"]

@@ -5,8 +5,10 @@ CIFAR-100 (``cifar-100-python``): pickled dicts ``train`` and ``test``. Each dic
 ``b"data"`` — (N, 3072) uint8, rows are the R, G and B 32×32 planes — and the labels under
 ``b"labels"`` (CIFAR-10) or ``b"fine_labels"`` (CIFAR-100).
 
-The batch files are pickles, and unpickling runs code named in the file: load only archives
-you trust (the download path checks the official md5).
+The batch files are pickles, and a plain unpickler runs whatever code a file names. They are
+read with :class:`BatchUnpickler`, which admits only what the official files contain
+(dicts, lists, bytes, strings, numbers and numpy arrays): a file naming anything else — a
+planted payload — is refused before any of it runs.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def _spec(n_classes: int) -> CifarSpec:
 def _layout_hint(spec: CifarSpec) -> str:
     return (
         f"expected the standard python-batch folder {spec.folder} with "
-        f"{', '.join(spec.files)} (download {spec.url} and extract it, or pass --download)"
+        f"{', '.join(spec.files)} (download {spec.url} and extract it, or add "
+        "--set data.download=true on a machine with internet)"
     )
 
 
@@ -208,10 +211,27 @@ def _locate(root: Path, spec: CifarSpec) -> Path:
     return nested
 
 
+# The only globals an official CIFAR batch pickle names: numpy's array reconstruction.
+_ALLOWED_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+}
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only numpy's ndarray/dtype reconstruction."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a CIFAR batch holds "
+                                     "only dicts, lists, bytes and numpy arrays")
+
+
 def _unpickle(path: Path, spec: CifarSpec) -> dict[Any, Any]:
     try:
         with open(path, "rb") as f:
-            obj = pickle.load(f, encoding="bytes")
+            obj = BatchUnpickler(f, encoding="bytes").load()
     except OSError as exc:
         raise DataError(f"could not read {spec.label} file {path}: {exc}") from exc
     # Corrupt pickles fail with many exception types (EOFError, UnpicklingError, ValueError,
@@ -284,6 +304,23 @@ def _read_split(
     return x, torch.from_numpy(labels)
 
 
+def cifar_files(root: str | Path, n_classes: int, *, download: bool = False) -> list[Path]:
+    """The batch files of a CIFAR folder (train then test), DataError when any is missing
+    (with ``download``, missing files are fetched first)."""
+    spec = _spec(n_classes)
+    root = Path(root)
+    folder = _locate(root, spec)
+    if download and not all((folder / name).is_file() for name in spec.files):
+        folder = download_cifar(root.parent if root.name == spec.folder else root,
+                                n_classes=n_classes)
+    if not folder.is_dir():
+        raise DataError(f"{spec.label} folder {folder} does not exist; {_layout_hint(spec)}")
+    for name in spec.files:
+        if not (folder / name).is_file():
+            raise DataError(f"{spec.label} folder {folder} is missing {name}; {_layout_hint(spec)}")
+    return [folder / name for name in spec.files]
+
+
 def load_cifar(
     root: str | Path, *, n_classes: int = 10, download: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -303,17 +340,7 @@ def load_cifar(
             failed download.
     """
     spec = _spec(n_classes)
-    root = Path(root)
-    folder = _locate(root, spec)
-    if download and not all((folder / name).is_file() for name in spec.files):
-        target = root.parent if root.name == spec.folder else root
-        folder = download_cifar(target, n_classes=n_classes)
-    if not folder.is_dir():
-        where = root if not root.exists() else folder
-        raise DataError(f"{spec.label} folder {where} does not exist; {_layout_hint(spec)}")
-    for name in spec.files:
-        if not (folder / name).is_file():
-            raise DataError(f"{spec.label} folder {folder} is missing {name}; {_layout_hint(spec)}")
+    folder = cifar_files(root, n_classes, download=download)[0].parent
     train_x, train_y = _read_split(folder, spec.train_files, spec, n_classes)
     test_x, test_y = _read_split(folder, spec.test_files, spec, n_classes)
     logger.info(

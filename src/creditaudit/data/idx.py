@@ -38,7 +38,7 @@ _IDX_FILES = (
 )
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_idx_bytes(path: Path) -> bytes:
     """The file's content, gunzipped when it starts with the gzip magic bytes."""
     try:
         raw = path.read_bytes()
@@ -71,7 +71,7 @@ def read_idx(path: Path) -> Tensor:
             match the header.
     """
     path = Path(path)
-    buf = _read_bytes(path)
+    buf = read_idx_bytes(path)
     if len(buf) < 4 or buf[0] != 0 or buf[1] != 0:
         raise DataError(
             f"{path} is not an IDX file: expected magic bytes 00 00 <dtype> <ndim>, "
@@ -151,6 +151,18 @@ def _check_split(images: Tensor, labels: Tensor, img_path: Path, lbl_path: Path)
         )
 
 
+def idx_files(root: str | Path, name: str) -> list[tuple[str, Path]]:
+    """(stem, path) of the four IDX files in ``root`` (each raw or ``.gz``), in load order;
+    DataError naming what is missing otherwise."""
+    folder = Path(root)
+    if not folder.is_dir():
+        raise DataError(
+            f"{name} folder {folder} does not exist; expected a folder with the IDX files "
+            f"{', '.join(_IDX_FILES)} (each optionally .gz): {_install_hint(name)}"
+        )
+    return [(stem, _find_file(folder, stem, name)) for stem in _IDX_FILES]
+
+
 def load_idx_dataset(root: str | Path, *, name: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Load an MNIST-style data set from the four IDX files in ``root``.
 
@@ -164,12 +176,7 @@ def load_idx_dataset(root: str | Path, *, name: str) -> tuple[Tensor, Tensor, Te
         test_y int64 (M,).
     """
     folder = Path(root)
-    if not folder.is_dir():
-        raise DataError(
-            f"{name} folder {folder} does not exist; expected a folder with the IDX files "
-            f"{', '.join(_IDX_FILES)} (each optionally .gz): {_install_hint(name)}"
-        )
-    paths = [_find_file(folder, stem, name) for stem in _IDX_FILES]
+    paths = [path for _, path in idx_files(folder, name)]
     splits: list[Tensor] = []
     for img_path, lbl_path in (paths[:2], paths[2:]):
         images, labels = read_idx(img_path), read_idx(lbl_path)

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from creditaudit.diagnostics.alignment import deep_mean, layer_cosines
 from creditaudit.diagnostics.gradients import (
+    REFERENCE_FLOOR,
     StateGradients,
     max_block_growth,
     median_norms,
@@ -27,6 +28,9 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
                                                                          StateGradients]:
     """Norms, per-sample BP gradient norms and per-layer cosines on the evaluation set.
 
+    Each cosine carries its validity: ``cos_valid[l]`` is False where the reference ‖g_l‖
+    is below the floor (1e-7), and ``deep_cos_valid`` says whether every deep layer's is valid.
+
     Runs under a forked RNG so that no random stream used by training advances: weights
     trained with and without diagnostics are bit-identical. Returns the record fields and
     the raw :class:`StateGradients` (for the protocol).
@@ -39,6 +43,7 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
     hidden = median_norms(sg.states)
     grads = median_norms(sg.grads)
     cos = layer_cosines(credits, sg.grads)
+    valid = [bool(g >= REFERENCE_FLOOR) for g in grads]
     zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
     record: dict[str, object] = {
         "hidden_norms": hidden,
@@ -50,7 +55,9 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
         "g_L_nonzero_median": nonzero_median,
         "max_block_growth": max_block_growth(hidden),
         "cos_per_layer": cos,
+        "cos_valid": valid,
         "deep_cos": deep_mean(cos),
+        "deep_cos_valid": all(valid[1:]),
     }
     if sg.layout == "tokens":
         record["hidden_norms_cls"] = hidden

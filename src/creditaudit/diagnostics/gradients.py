@@ -18,6 +18,9 @@ from torch.nn import functional as F
 from creditaudit.models.contract import summary_vectors
 
 REFERENCE_BATCH = 128
+# A reference gradient below this (10× the 1e-8 eps of F.cosine_similarity) is numerical
+# noise: cosines against it mean nothing (protocol diagnostic (b) fires below it).
+REFERENCE_FLOOR = 1e-7
 StatesFn = Callable[[Tensor], tuple[list[Tensor], Tensor]]
 
 

@@ -20,7 +20,7 @@ from creditaudit.diagnostics.alignment import (
     layer_cosines,
 )
 from creditaudit.diagnostics.drift import feature_drift
-from creditaudit.diagnostics.gradients import state_gradients
+from creditaudit.diagnostics.gradients import REFERENCE_FLOOR, state_gradients
 from creditaudit.diagnostics.nudging import DEFAULT_ETAS, nudging_deltas
 from creditaudit.diagnostics.null import DEFAULT_NULL_SEED, fresh_feedback_null, has_feedback
 from creditaudit.diagnostics.perturbation import DEFAULT_EPS, rho_table
@@ -29,7 +29,7 @@ from creditaudit.methods.base import CreditRule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import summary_vectors
 
-GRAD_FLOOR = 1e-7
+GRAD_FLOOR = REFERENCE_FLOOR
 
 
 class NonFiniteModelError(CreditAuditError):

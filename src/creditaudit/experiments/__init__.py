@@ -1,4 +1,4 @@
-"""The shipped experiments (SPEC §7), one module each, and how to run them.
+"""The shipped experiments, one module each, and how to run them.
 
 ::
 
@@ -23,15 +23,15 @@ from creditaudit.experiments import (  # noqa: F401  (importing registers each e
     temporal,
     threshold_sensitivity,
 )
-from creditaudit.experiments.aggregate import aggregate, group_records
-from creditaudit.experiments.base import (
+from creditaudit.experiments.aggregate import aggregate
+from creditaudit.experiments.groups import group_records
+from creditaudit.experiments.registry import (
     Experiment,
     experiment_names,
     get_experiment,
     register,
-    run_experiment,
-    run_experiments,
 )
+from creditaudit.experiments.runner import run_experiment, run_experiments
 from creditaudit.experiments.scales import SCALES, base_config
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Multi-seed aggregation: mean, sample std and a seeded bootstrap CI; grouping of records.
+"""Multi-seed aggregation: mean, sample std and a seeded bootstrap CI.
 
 Every number an experiment reports over seeds goes through :func:`aggregate`, so a table
 cell always means the same thing: the mean over the finite values, the unbiased (ddof=1)
@@ -9,14 +9,11 @@ values always give the same interval).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-
-from creditaudit.config import NON_SEMANTIC
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -84,51 +81,4 @@ def format_aggregate(agg: dict[str, Any] | None, spec: str = ".3f") -> str:
     return text + f" (n={agg['n']})"
 
 
-# --- grouping ----------------------------------------------------------------------------
-_DEFAULTS: dict[str, dict[str, Any]] = {}
-
-
-def _defaults() -> dict[str, dict[str, Any]]:
-    if not _DEFAULTS:
-        from creditaudit.config import RunConfig
-
-        _DEFAULTS.update(RunConfig().to_dict())
-    return _DEFAULTS
-
-
-def config_without_seed(config: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """A run config dict minus ``run.seed`` and the fields that never change a result.
-
-    Keys a record lacks (written before an option existed) take their defaults, so old and
-    new records of the same run compare equal.
-    """
-    out = {}
-    for section, defaults in _defaults().items():
-        values = {**defaults, **config.get(section, {})}
-        out[section] = {k: v for k, v in values.items()
-                        if (section, k) not in NON_SEMANTIC and (section, k) != ("run", "seed")}
-    return out
-
-
-def group_key(config: dict[str, dict[str, Any]]) -> str:
-    """A stable string key: equal for runs that differ only in their seed."""
-    return json.dumps(config_without_seed(config), sort_keys=True)
-
-
-def group_records(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Records grouped by config minus seed (first-seen order; each group sorted by seed)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        groups.setdefault(group_key(record["config"]), []).append(record)
-    for members in groups.values():
-        members.sort(key=lambda r: r["config"]["run"]["seed"])
-    return groups
-
-
-def aggregate_over(records: Iterable[dict[str, Any]], value_of: Any) -> dict[str, Any]:
-    """:func:`aggregate` of ``value_of(record)`` over ``records``."""
-    return aggregate(value_of(record) for record in records)
-
-
-__all__ = ["aggregate", "bootstrap_ci", "format_aggregate", "group_records", "group_key",
-           "config_without_seed", "aggregate_over"]
+__all__ = ["aggregate", "bootstrap_ci", "format_aggregate"]

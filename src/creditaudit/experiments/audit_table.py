@@ -10,27 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
-from creditaudit.experiments.base import (
-    AUDIT_METHODS,
-    Experiment,
+from creditaudit.experiments.aggregate import aggregate, format_aggregate
+from creditaudit.experiments.configs import AUDIT_METHODS, method_overrides, scale_config
+from creditaudit.experiments.groups import (
     fmt,
-    frozen_index,
+    format_lambda,
+    frozen_accuracy,
+    group_records,
     group_summary,
     md_table,
-    method_label,
-    method_overrides,
-    register,
-    scale_config,
-    verdicts_with_frozen,
+    verdicts,
 )
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import HEADLINE_GAMMA
+from creditaudit.records import RunRecord
 
 GAMMA_KEYS = ("layers_then_samples", "samples_then_layers", "pooled", "deep_only")
-ORDER = [method_label({"config": {"method": {"name": m, "penalty": p,
-                                             "trainable_blocks": None}}})
-         for m, p in AUDIT_METHODS]
+ORDER = [m + (f"+λ={format_lambda(p)}" if p else "") for m, p in AUDIT_METHODS]
 
 
 def audit_configs(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: str,
@@ -45,19 +42,18 @@ def _order(label: str) -> tuple[int, str]:
     return (ORDER.index(label) if label in ORDER else len(ORDER), label)
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    verdicts = verdicts_with_frozen(records, frozen_index(records))
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
+    verdict_of = verdicts(records)
     rows = []
     for members in group_records(records).values():
-        row = group_summary(members, verdicts)
-        gammas = [(r.get("diagnostics") or {}).get("gamma") or {} for r in members]
+        row = group_summary(members, verdict_of)
+        gammas = [r.diagnostics.gamma or {} for r in members]
         row["gamma"] = {key: aggregate(g.get(key) for g in gammas) for key in GAMMA_KEYS}
         rows.append(row)
     rows.sort(key=lambda row: _order(row["label"]))
-    frozen = next((r for r in rows if r["method"] == "frozen"), None)
     return {
         "headline_gamma_aggregation": HEADLINE_GAMMA,
-        "frozen_acc": frozen["test_acc"] if frozen else None,
+        "frozen_acc": frozen_accuracy(records),
         "d_rule": "(d) = final test accuracy − mean final accuracy of the frozen runs of the "
                   "same architecture, data and recipe; (a)–(c) as recorded at the last "
                   "evaluated epoch",

@@ -11,22 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
-from creditaudit.experiments.base import (
-    Experiment,
-    cfg,
-    final_acc,
+from creditaudit.experiments.aggregate import format_aggregate
+from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.groups import (
     fmt,
-    frozen_index,
+    frozen_accuracy,
+    group_records,
     group_summary,
-    is_frozen,
     md_table,
-    method_overrides,
-    register,
-    scale_config,
-    verdicts_with_frozen,
+    verdicts,
 )
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
+from creditaudit.records import RunRecord
 
 PENALTY = 1e-2
 CELLS = (("bp", 0.0), ("bp", PENALTY), ("dfa", 0.0), ("dfa", PENALTY))
@@ -47,17 +44,16 @@ def _pp(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else 100.0 * (a - b)
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    verdicts = verdicts_with_frozen(records, frozen_index(records))
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
+    verdict_of = verdicts(records)
     cells: dict[str, dict[str, Any]] = {}
-    frozen = None
+    frozen = frozen_accuracy(records)
     for members in group_records(records).values():
-        if is_frozen(members[0]):
-            frozen = aggregate(final_acc(r) for r in members)
+        if members[0].is_frozen_baseline:
             continue
-        key = (cfg(members[0], "method.name"), cfg(members[0], "method.penalty"))
+        key = (members[0].method, members[0].penalty)
         if key in CELLS:
-            cells[f"{key[0]}|{key[1]:g}"] = group_summary(members, verdicts)
+            cells[f"{key[0]}|{key[1]:g}"] = group_summary(members, verdict_of)
 
     def cell(method: str, lam: float) -> dict[str, Any] | None:
         return cells.get(f"{method}|{lam:g}")

@@ -19,26 +19,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from creditaudit.experiments.aggregate import group_records
 from creditaudit.experiments.audit_table import _order, audit_configs
-from creditaudit.experiments.base import (
-    DEFAULT_THRESHOLDS,
+from creditaudit.experiments.configs import RULES
+from creditaudit.experiments.groups import (
     DIAGNOSTIC_IDS,
-    RULES,
-    Experiment,
-    chance,
-    final_acc,
-    frozen_index,
-    headline_gamma,
-    is_frozen,
-    is_plain,
+    group_records,
     md_table,
     method_label,
-    register,
-    seed_of,
-    verdicts_with_frozen,
+    verdicts,
 )
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.protocol import FIRED, Thresholds
+from creditaudit.records import RunRecord
 
 STRATEGIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("S0", "accuracy only", ()),
@@ -51,11 +43,12 @@ STRATEGIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 
-def seed_decisions(record: dict[str, Any], statuses: dict[str, str],
-                   thresholds: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, Any]:
+def seed_decisions(record: RunRecord, statuses: dict[str, str],
+                   thresholds: Thresholds | None = None) -> dict[str, Any]:
     """Which strategies walk back one run, and why."""
-    acc, gamma = final_acc(record), headline_gamma(record)
-    above = None if acc is None else 100.0 * (acc - chance(record))
+    thresholds = thresholds or Thresholds()
+    acc, gamma = record.final_acc, record.headline_gamma
+    above = None if acc is None else 100.0 * (acc - record.chance)
     acc_fails = above is None or above < thresholds.margin_pp
     gamma_fails = gamma is not None and not gamma > 0
     walked = {}
@@ -65,19 +58,19 @@ def seed_decisions(record: dict[str, Any], statuses: dict[str, str],
             reasons.append("Γ ≤ 0")
         reasons += [f"({i})" for i in diagnostics if statuses.get(i) == FIRED]
         walked[name] = reasons
-    return {"seed": seed_of(record), "run_id": record["run_id"], "test_acc": acc,
+    return {"seed": record.seed, "run_id": record.run_id, "test_acc": acc,
             "above_chance_pp": above, "headline_gamma": gamma, "statuses": statuses,
             "walked_back": {k: bool(v) for k, v in walked.items()}, "reasons": walked}
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    verdicts = verdicts_with_frozen(records, frozen_index(records))
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
+    verdict_of = verdicts(records)
     methods = []
-    for members in group_records(r for r in records if not is_frozen(r)).values():
-        seeds = [seed_decisions(r, verdicts[r["run_id"]]["statuses"]) for r in members]
+    for members in group_records(r for r in records if not r.is_frozen_baseline).values():
+        seeds = [seed_decisions(r, verdict_of[r.run_id].statuses) for r in members]
         n = len(seeds)
         label = method_label(members[0])
-        counted = is_plain(members[0]) and members[0]["config"]["method"]["name"] in RULES
+        counted = members[0].is_plain and members[0].method in RULES
         per_strategy = {}
         for name, _, _ in STRATEGIES:
             k = sum(s["walked_back"][name] for s in seeds)

@@ -11,22 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
-from creditaudit.experiments.base import (
-    Experiment,
-    cfg,
-    final_acc,
+from creditaudit.experiments.aggregate import format_aggregate
+from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.groups import (
     fmt,
-    frozen_index,
+    frozen_accuracy,
+    group_records,
     group_summary,
-    is_frozen,
     md_table,
-    method_overrides,
-    register,
-    scale_config,
-    verdicts_with_frozen,
+    verdicts,
 )
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
+from creditaudit.records import RunRecord
 
 METHODS = ("bp", "dfa")
 
@@ -46,20 +43,19 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
     return out
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    verdicts = verdicts_with_frozen(records, frozen_index(records))
-    rows, frozen = [], None
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
+    verdict_of = verdicts(records)
+    rows = []
     for members in group_records(records).values():
-        if is_frozen(members[0]):
-            frozen = aggregate(final_acc(r) for r in members)
+        if members[0].is_frozen_baseline:
             continue
-        row = group_summary(members, verdicts)
-        k = cfg(members[0], "method.trainable_blocks")
-        row["n_blocks"] = cfg(members[0], "model.n_blocks")
+        row = group_summary(members, verdict_of)
+        k = members[0].config.method.trainable_blocks
+        row["n_blocks"] = members[0].config.model.n_blocks
         row["k"] = row["n_blocks"] if k is None else k
         rows.append(row)
     rows.sort(key=lambda r: (r["method"], r["k"]))
-    return {"frozen_acc": frozen, "rows": rows}
+    return {"frozen_acc": frozen_accuracy(records), "rows": rows}
 
 
 def to_markdown(summary: dict[str, Any]) -> str:

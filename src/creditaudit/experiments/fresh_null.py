@@ -16,19 +16,12 @@ import statistics
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
-from creditaudit.experiments.base import (
-    Experiment,
-    deep_mean,
-    fmt,
-    md_table,
-    method_label,
-    method_overrides,
-    register,
-    scale_config,
-    seed_of,
-)
+from creditaudit.experiments.aggregate import aggregate, format_aggregate
+from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.groups import fmt, group_records, md_table, method_label
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
+from creditaudit.records import RunRecord, deep_mean
 
 CONDITIONS = (("dfa", 0.0), ("dfa", 1e-4), ("dfa", 1e-2), ("fa", 0.0))
 
@@ -40,27 +33,27 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
             for method, lam in CONDITIONS for seed in get_scale(scale).seeds]
 
 
-def seed_null(record: dict[str, Any]) -> dict[str, Any]:
+def seed_null(record: RunRecord) -> dict[str, Any]:
     """One run's fresh-B null, deep ρ and controls (None where the record lacks them)."""
-    diagnostics = record.get("diagnostics") or {}
-    null = diagnostics.get("fresh_b_null") or {}
-    controls = diagnostics.get("rho_controls") or {}
-    measurable = diagnostics.get("rho_measurable") or []
-    cos_controls = diagnostics.get("cosine_controls") or {}
+    end = record.diagnostics
+    null = end.fresh_b_null or {}
+    controls = end.rho_controls or {}
+    measurable = end.rho_measurable or []
+    cos_controls = end.cosine_controls or {}
     return {
-        "seed": seed_of(record), "run_id": record["run_id"],
+        "seed": record.seed, "run_id": record.run_id,
         "training": null.get("training_value"), "null_mean": null.get("mean"),
         "null_std": null.get("std"), "z": null.get("z"), "values": null.get("values", []),
-        "deep_rho": deep_mean(diagnostics.get("perturbation_rho")),
+        "deep_rho": record.deep_rho,
         "deep_rho_bp": deep_mean(controls.get("bp")),
         "deep_rho_random": deep_mean(controls.get("random")),
         "rho_measurable": bool(measurable) and all(measurable[1:]),
         "deep_cos_bp": deep_mean(cos_controls.get("bp")),
-        "error": diagnostics.get("credit_quality_error"),
+        "error": end.credit_quality_error,
     }
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
     rows = []
     for members in group_records(records).values():
         seeds = [seed_null(r) for r in members]
@@ -72,8 +65,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
                     else (training["mean"] - pooled_mean) / pooled_std)
         rows.append({
             "label": method_label(members[0]),
-            "method": members[0]["config"]["method"]["name"],
-            "penalty": members[0]["config"]["method"]["penalty"],
+            "method": members[0].method,
+            "penalty": members[0].penalty,
             "training_deep_cos": training,
             "null_mean": aggregate(s["null_mean"] for s in seeds),
             "null_std_mean": aggregate(s["null_std"] for s in seeds)["mean"],

@@ -13,25 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
-from creditaudit.experiments.base import (
-    Experiment,
-    cfg,
-    final_acc,
+from creditaudit.experiments.aggregate import aggregate, format_aggregate
+from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.groups import (
     fmt,
     format_lambda,
-    frozen_index,
+    frozen_accuracy,
+    group_records,
     group_summary,
-    is_frozen,
-    last_value,
     md_table,
-    method_overrides,
-    register,
-    scale_config,
     trajectory,
-    verdicts_with_frozen,
+    verdicts,
 )
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
+from creditaudit.records import RunRecord
 
 LAMBDAS = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 
@@ -53,20 +49,19 @@ def _first(row: dict[str, Any], diagnostic: str) -> str:
     return (str(lo) if lo == hi else f"{lo}–{hi}") + f" ({len(fired)}/{len(epochs)})"
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    verdicts = verdicts_with_frozen(records, frozen_index(records))
-    rows, frozen = [], None
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
+    verdict_of = verdicts(records)
+    rows = []
     for members in group_records(records).values():
-        if is_frozen(members[0]):
-            frozen = aggregate(final_acc(r) for r in members)
+        if members[0].is_frozen_baseline:
             continue
-        row = group_summary(members, verdicts)
-        row["lambda"] = cfg(members[0], "method.penalty")
-        row["g_2_norm"] = aggregate(last_value(r, "g_2_norm") for r in members)
+        row = group_summary(members, verdict_of)
+        row["lambda"] = members[0].penalty
+        row["g_2_norm"] = aggregate(r.last_value("g_2_norm") for r in members)
         row["trajectory"] = trajectory(members)
         rows.append(row)
     rows.sort(key=lambda r: r["lambda"])
-    return {"frozen_acc": frozen, "rows": rows}
+    return {"frozen_acc": frozen_accuracy(records), "rows": rows}
 
 
 def to_markdown(summary: dict[str, Any]) -> str:

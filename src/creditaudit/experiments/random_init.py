@@ -15,27 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, format_aggregate, group_records
-from creditaudit.experiments.base import (
-    DIAGNOSTIC_IDS,
-    Experiment,
-    arch_config,
-    arch_variant,
-    arch_variants,
-    cfg,
-    chance,
-    final_acc,
-    fmt,
-    last_value,
-    md_table,
-    method_overrides,
-    recorded_statuses,
-    recorded_value,
-    register,
-    seed_of,
-)
+from creditaudit.experiments.aggregate import aggregate, format_aggregate
+from creditaudit.experiments.configs import arch_config, arch_variants, method_overrides
+from creditaudit.experiments.groups import DIAGNOSTIC_IDS, fmt, group_records, md_table
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import FIRED, NOT_EVALUATED, labels
+from creditaudit.records import RunRecord
 
 METHODS = ("bp", "fa", "dfa")
 
@@ -52,28 +38,29 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
     return out
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
     rows = []
     for members in group_records(records).values():
         seeds = []
         for record in members:
-            statuses = {i: recorded_statuses(record).get(i, NOT_EVALUATED)
-                        for i in DIAGNOSTIC_IDS[:3]}
+            recorded = record.recorded_statuses()
+            statuses = {i: recorded.get(i, NOT_EVALUATED) for i in DIAGNOSTIC_IDS[:3]}
             fired = [i for i in DIAGNOSTIC_IDS[:3] if statuses[i] == FIRED]
-            acc = final_acc(record)
+            acc = record.final_acc
             seeds.append({
-                "seed": seed_of(record), "run_id": record["run_id"], "test_acc": acc,
-                "chance": chance(record),
-                "at_chance": acc is not None and acc < 2 * chance(record),
+                "seed": record.seed, "run_id": record.run_id, "test_acc": acc,
+                "chance": record.chance,
+                "at_chance": acc is not None and acc < 2 * record.chance,
                 "statuses": statuses, "fired": fired,
                 "trustworthy": not fired,
-                "max_block_growth": last_value(record, "max_block_growth"),
-                "g_L_norm": last_value(record, "g_L_norm"),
-                "stability": recorded_value(record, "c"),
+                "max_block_growth": record.last_value("max_block_growth"),
+                "g_L_norm": record.last_value("g_L_norm"),
+                "stability": record.recorded_value("c"),
             })
+        first = members[0]
         rows.append({
-            "arch": arch_variant(members[0]), "method": cfg(members[0], "method.name"),
-            "dataset": cfg(members[0], "data.name"), "chance": chance(members[0]),
+            "arch": first.arch_variant, "method": first.method,
+            "dataset": first.dataset, "chance": first.chance,
             "test_acc": aggregate(s["test_acc"] for s in seeds),
             "max_block_growth": aggregate(s["max_block_growth"] for s in seeds),
             "g_L_norm": aggregate(s["g_L_norm"] for s in seeds),

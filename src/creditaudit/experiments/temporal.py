@@ -19,30 +19,25 @@ import statistics
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.experiments.aggregate import aggregate, group_records
-from creditaudit.experiments.base import (
+from creditaudit.experiments.aggregate import aggregate
+from creditaudit.experiments.configs import (
     ARCH_VARIANTS,
-    DEFAULT_THRESHOLDS,
-    DIAGNOSTIC_IDS,
-    Experiment,
     arch_config,
-    arch_variant,
     arch_variants,
-    baseline_key,
-    cfg,
-    epoch_text,
-    final_acc,
-    first_fired,
-    fmt,
-    is_frozen,
-    md_table,
     method_overrides,
-    register,
-    seed_of,
+)
+from creditaudit.experiments.groups import (
+    DIAGNOSTIC_IDS,
+    epoch_text,
+    fmt,
+    group_records,
+    md_table,
     trajectory,
 )
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import FIRED, Thresholds
+from creditaudit.records import RunRecord
 
 METHODS = ("bp", "fa", "dfa")
 
@@ -55,14 +50,14 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
             for method in (*METHODS, "frozen") for seed in get_scale(scale).seeds]
 
 
-def _accs(record: dict[str, Any]) -> dict[int, float]:
-    return {int(e["epoch"]): float(e["acc_eval"]) for e in record["log"]
-            if e.get("acc_eval") is not None}
+def _accs(record: RunRecord) -> dict[int, float]:
+    return dict(zip(*record.series("acc_eval")))
 
 
-def depth_utility_trace(record: dict[str, Any], frozen: dict[int, float] | None,
-                        thresholds: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, Any]:
+def depth_utility_trace(record: RunRecord, frozen: dict[int, float] | None,
+                        thresholds: Thresholds | None = None) -> dict[str, Any]:
     """Per-epoch (d) margin (pp) against the frozen run's accuracy at the same epoch."""
+    thresholds = thresholds or Thresholds()
     if not frozen:
         return {"first": None, "at_end": None, "margins": {}, "evaluated": False}
     margins = {epoch: 100.0 * (acc - frozen[epoch]) for epoch, acc in _accs(record).items()
@@ -74,10 +69,10 @@ def depth_utility_trace(record: dict[str, Any], frozen: dict[int, float] | None,
             "margins": margins, "evaluated": bool(margins)}
 
 
-def _at_end(record: dict[str, Any]) -> dict[str, bool]:
-    for entry in reversed(record["log"]):
-        if isinstance(entry.get("protocol"), dict):
-            return {i: entry["protocol"].get(i) == FIRED for i in DIAGNOSTIC_IDS[:3]}
+def _at_end(record: RunRecord) -> dict[str, bool]:
+    for entry in reversed(record.log):
+        if entry.protocol:
+            return {i: entry.protocol.get(i) == FIRED for i in DIAGNOSTIC_IDS[:3]}
     return dict.fromkeys(DIAGNOSTIC_IDS[:3], False)
 
 
@@ -88,27 +83,28 @@ def _spread(epochs: list[int | None]) -> dict[str, Any]:
             "median": statistics.median(fired) if fired else None}
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
     frozen_by_seed: dict[tuple[str, int], dict[int, float]] = {}
     for record in records:
-        if is_frozen(record):
-            frozen_by_seed[(baseline_key(record["config"]), seed_of(record))] = _accs(record)
+        if record.is_frozen_baseline:
+            frozen_by_seed[(record.recipe_key, record.seed)] = _accs(record)
     rows = []
-    for members in group_records(r for r in records if not is_frozen(r)).values():
+    for members in group_records(r for r in records if not r.is_frozen_baseline).values():
         seeds = []
         for record in members:
-            frozen = frozen_by_seed.get((baseline_key(record["config"]), seed_of(record)))
+            frozen = frozen_by_seed.get((record.recipe_key, record.seed))
             d = depth_utility_trace(record, frozen)
-            first = first_fired(record)
+            first: dict[str, int | None] = record.first_fired()
             first["d"] = d["first"]
-            at_end = _at_end(record)
+            at_end: dict[str, bool | None] = dict(_at_end(record))
             at_end["d"] = d["at_end"]
-            seeds.append({"seed": seed_of(record), "run_id": record["run_id"],
+            seeds.append({"seed": record.seed, "run_id": record.run_id,
                           "first_fired": first, "fires_at_end": at_end,
-                          "d_evaluated": d["evaluated"], "test_acc": final_acc(record)})
+                          "d_evaluated": d["evaluated"], "test_acc": record.final_acc})
+        head = members[0]
         rows.append({
-            "arch": arch_variant(members[0]), "method": cfg(members[0], "method.name"),
-            "dataset": cfg(members[0], "data.name"), "epochs": cfg(members[0], "optim.epochs"),
+            "arch": head.arch_variant, "method": head.method,
+            "dataset": head.dataset, "epochs": head.epochs,
             "first_fired": {i: _spread([s["first_fired"][i] for s in seeds])
                             for i in DIAGNOSTIC_IDS},
             "fires_at_end": {i: sum(bool(s["fires_at_end"][i]) for s in seeds)

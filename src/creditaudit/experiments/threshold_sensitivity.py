@@ -20,20 +20,8 @@ import math
 from typing import Any
 
 from creditaudit.experiments.audit_table import audit_configs
-from creditaudit.experiments.base import (
-    Experiment,
-    final_acc,
-    fmt,
-    frozen_acc_for,
-    frozen_index,
-    is_frozen,
-    last_entry,
-    md_table,
-    method_label,
-    recorded_statuses,
-    register,
-    seed_of,
-)
+from creditaudit.experiments.groups import fmt, md_table, method_label
+from creditaudit.experiments.registry import Experiment, register
 from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
@@ -42,6 +30,7 @@ from creditaudit.protocol import (
     depth_utility_diagnostic,
     growth_diagnostic,
 )
+from creditaudit.records import RecordSet, RunRecord
 
 DEFAULTS = Thresholds()
 RANGES: dict[str, tuple[float, ...]] = {
@@ -53,25 +42,25 @@ FIELD = {"a": "growth", "b": "grad_floor", "d": "margin_pp"}
 STATISTIC = {"a": "max block growth (×)", "b": "median ‖g_L‖", "d": "accuracy − frozen (pp)"}
 
 
-def _growth(entry: dict[str, Any]) -> float | None:
-    hidden = entry.get("hidden_norms")
+def _growth(hidden: list[float] | None) -> float | None:
     if not hidden:
         return None
     value = growth_diagnostic(hidden, DEFAULTS).value
     return math.inf if value is None or math.isnan(value) else float(value)
 
 
-def run_statistics(record: dict[str, Any], frozen_acc: float | None) -> dict[str, Any]:
+def run_statistics(record: RunRecord, frozen_acc: float | None) -> dict[str, Any]:
     """The three statistics of one run (None where it cannot be evaluated)."""
-    entry = last_entry(record)
-    g = entry.get("g_L_norm")
-    g = None if g is None or (isinstance(g, float) and math.isnan(g)) else float(g)
-    acc = final_acc(record)
+    entry = record.last_entry()
+    hidden = entry.hidden_norms if entry is not None else None
+    g = entry.g_L_norm if entry is not None else None
+    g = None if g is None or math.isnan(g) else float(g)
+    acc = record.final_acc
     margin = (None if acc is None or frozen_acc is None
               else depth_utility_diagnostic(acc, frozen_acc, DEFAULTS).value)
-    return {"a": _growth(entry), "b": g, "d": margin, "hidden_norms": entry.get("hidden_norms"),
+    return {"a": _growth(hidden), "b": g, "d": margin, "hidden_norms": hidden,
             "test_acc": acc, "frozen_acc": frozen_acc,
-            "c": recorded_statuses(record).get("c", NOT_EVALUATED)}
+            "c": record.recorded_statuses().get("c", NOT_EVALUATED)}
 
 
 def status_at(diagnostic: str, stats: dict[str, Any], threshold: float) -> str:
@@ -111,14 +100,15 @@ def _stable_band(diagnostic: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "gap": gap, "gap_unit": "pp" if diagnostic == "d" else "×"}
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    index = frozen_index(records)
+def summarise(records: list[RunRecord]) -> dict[str, Any]:
+    index = RecordSet(records)
     runs = []
-    for record in sorted((r for r in records if not is_frozen(r)),
-                         key=lambda r: (method_label(r), seed_of(r))):
-        runs.append({"label": f"{method_label(record)} s{seed_of(record)}",
-                     "run_id": record["run_id"],
-                     "stats": run_statistics(record, frozen_acc_for(record, index))})
+    for record in sorted((r for r in records if not r.is_frozen_baseline),
+                         key=lambda r: (method_label(r), r.seed)):
+        baseline = index.frozen_baseline(record)
+        runs.append({"label": f"{method_label(record)} s{record.seed}",
+                     "run_id": record.run_id,
+                     "stats": run_statistics(record, baseline[0] if baseline else None)})
     out: dict[str, Any] = {"n_runs": len(runs), "diagnostics": {}}
     for diagnostic, values in RANGES.items():
         rows = []

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from creditaudit.figures import audit_panels, hero, lambda_sweep, penalty, summary, temporal
-from creditaudit.figures.common import MissingRuns, Run, RunIndex
+from creditaudit.figures.runs import MissingRuns, Run, RunIndex
 
 FIGURES: tuple[ModuleType, ...] = (hero, temporal, penalty, lambda_sweep, summary,
                                    audit_panels)

@@ -21,13 +21,15 @@ from creditaudit.figures.common import (
     ARCH_LABELS,
     HEALTHY_COLOR,
     WALKBACK_COLOR,
-    MissingRuns,
-    Run,
-    RunIndex,
     add_grid,
     method_label,
     new_figure,
     save_all,
+)
+from creditaudit.figures.runs import (
+    MissingRuns,
+    Run,
+    RunIndex,
 )
 from creditaudit.protocol import DIAGNOSTIC_NAMES, WALK_BACK, DiagnosticReport
 

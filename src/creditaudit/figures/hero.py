@@ -15,20 +15,22 @@ from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
     FLOOR,
-    MissingRuns,
-    RunIndex,
     add_grid,
-    choose_group,
-    describe_recipe,
     floor_line,
-    layer_mean_std,
-    mean_std,
     method_color,
     method_label,
     method_marker,
-    need_methods,
     new_figure,
     save_all,
+)
+from creditaudit.figures.runs import (
+    MissingRuns,
+    RunIndex,
+    choose_group,
+    describe_recipe,
+    layer_mean_std,
+    mean_std,
+    need_methods,
     seed_runs,
     sort_methods,
 )
@@ -93,7 +95,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     # (B) per-layer cosine
     ax = axes[0, 1]
     for method, runs in chosen.items():
-        mean, std = layer_mean_std([r.diagnostics.get("bp_cosine") for r in runs])
+        mean, std = layer_mean_std([r.diagnostics.bp_cosine for r in runs])
         layers = np.arange(len(mean))
         ax.errorbar(layers, mean, yerr=std, color=method_color(method),
                     marker=method_marker(method), ms=5, lw=1.8, capsize=2,

@@ -13,20 +13,22 @@ from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
     PENALTY_COLORS,
-    Run,
-    RunIndex,
     add_grid,
-    choose_group,
-    describe_recipe,
-    epoch_mean_std,
     floor_line,
     integer_x,
     mean_line,
-    mean_std,
     method_color,
     new_figure,
-    penalties,
     save_all,
+)
+from creditaudit.figures.runs import (
+    Run,
+    RunIndex,
+    choose_group,
+    describe_recipe,
+    epoch_mean_std,
+    mean_std,
+    penalties,
     seed_runs,
 )
 from creditaudit.protocol import Thresholds

@@ -22,21 +22,23 @@ from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
     PENALTY_COLORS,
+    add_grid,
+    floor_line,
+    integer_x,
+    mean_line,
+    method_color,
+    new_figure,
+    save_all,
+)
+from creditaudit.figures.runs import (
     Run,
     RunIndex,
-    add_grid,
     choose_group,
     deep_mean,
     describe_recipe,
     epoch_mean_std,
-    floor_line,
-    integer_x,
-    mean_line,
     mean_std,
-    method_color,
-    new_figure,
     penalties,
-    save_all,
     seed_runs,
 )
 from creditaudit.report import format_lambda
@@ -102,13 +104,13 @@ def conditions(chosen: dict) -> list[dict]:
                      "cos": mean_std(r.deep_cos for r in runs),
                      "rho": mean_std(r.deep_rho for r in runs)})
     draws = [v for r in headline
-             for v in (r.diagnostics.get("fresh_b_null") or {}).get("values", [])]
+             for v in (r.diagnostics.fresh_b_null or {}).get("values", [])]
     rows.append({"label": f"fresh-B\nnull\nλ={format_lambda(lam)}", "key": "fresh_b_null",
                  "cos": mean_std(draws), "rho": (math.nan, math.nan)})
 
     def control(kind: str, metric: str) -> tuple[float, float]:
         block = "cosine_controls" if metric == "cos" else "rho_controls"
-        return mean_std(deep_mean((r.diagnostics.get(block) or {}).get(kind))
+        return mean_std(deep_mean((getattr(r.diagnostics, block) or {}).get(kind))
                         for r in headline)
 
     rows.append({"label": "random\ncredit", "key": "random",

@@ -17,22 +17,24 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
-    Run,
-    RunIndex,
     add_grid,
-    choose_group,
-    describe_recipe,
-    epoch_mean_std,
     integer_x,
-    layer_mean_std,
     mean_line,
-    mean_std,
     method_color,
     method_label,
     method_marker,
-    need_methods,
     new_figure,
     save_all,
+)
+from creditaudit.figures.runs import (
+    Run,
+    RunIndex,
+    choose_group,
+    describe_recipe,
+    epoch_mean_std,
+    layer_mean_std,
+    mean_std,
+    need_methods,
     seed_runs,
     sort_methods,
 )
@@ -61,13 +63,13 @@ def select(index: RunIndex) -> dict[str, list[Run]]:
 def nudging_eta(runs_by_method: dict[str, list[Run]]) -> str | None:
     """The smallest nudging step η recorded by any run (the records' key, e.g. "0.01")."""
     etas = {eta for runs in runs_by_method.values() for r in runs
-            for eta in (r.diagnostics.get("nudging") or {})}
+            for eta in (r.diagnostics.nudging or {})}
     return min(etas, key=float) if etas else None
 
 
 def drift_keys(run: Run) -> list[str]:
     """``blocks.{l}.w1.weight`` for l = 0 … L−1 (those present in the record)."""
-    drift = run.diagnostics.get("drift") or {}
+    drift = run.diagnostics.drift or {}
     return [k for k in (f"blocks.{l}.w1.weight" for l in range(run.config.model.n_blocks))
             if k in drift]
 
@@ -107,9 +109,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for ax, (key, ylabel, title, first_layer) in zip(axes[0], panels):
         for method, runs in credited.items():
             if key == "nudging":
-                rows = [(r.diagnostics.get("nudging") or {}).get(eta) for r in runs]
+                rows = [(r.diagnostics.nudging or {}).get(eta) for r in runs]
             else:
-                rows = [r.diagnostics.get(key) for r in runs]
+                rows = [getattr(r.diagnostics, key) for r in runs]
             mean, std = layer_mean_std(rows)
             if mean.size == 0:
                 continue
@@ -131,7 +133,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax = axes[0, 0]
     for method, runs in chosen.items():
         keys = drift_keys(runs[0])
-        mean, std = layer_mean_std([[(r.diagnostics.get("drift") or {}).get(k) for k in keys]
+        mean, std = layer_mean_std([[(r.diagnostics.drift or {}).get(k) for k in keys]
                                     for r in runs])
         if mean.size == 0:
             continue

@@ -1,0 +1,168 @@
+"""Audit a finished (or stopped) run: rebuild it from its folder and run the protocol.
+
+::
+
+    from creditaudit.audit import load_run, audit_run
+    run = load_run("runs/dfa-resmlp-synthetic-s42-…")      # record, rule (model inside), data
+    report = audit_run("runs/dfa-resmlp-synthetic-s42-…")  # a DiagnosticReport
+
+:func:`load_run` reads the record, checks that the data on disk is the data the run trained
+on (its fingerprint), rebuilds model and rule and loads the checkpoint without unpickling
+anything but tensors and plain containers. :func:`audit_run` evaluates the four diagnostics
+(plus, by default, the credit-quality metrics) on the run's fixed evaluation subset; the
+baseline of (d) is, in this order, ``frozen`` (an accuracy or a frozen run's folder), the
+mean final accuracy of the frozen-blocks runs of the same recipe found beside the run (in
+its results folder; ``frozen_from_runs=False`` turns this off), or the config's
+``diagnostics.frozen_acc``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.data import Dataset, load_dataset
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.methods import CreditRule, build_rule
+from creditaudit.models import build_model
+from creditaudit.protocol import DiagnosticReport, config_metadata, diagnose
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    RunRecord,
+    load_checkpoint,
+    load_record,
+    load_records,
+    record_path,
+)
+from creditaudit.records.schema import recipe_difference
+from creditaudit.training import (
+    check_checkpoint_fits,
+    check_same_data,
+    flatten_inputs,
+    identity_of,
+    resolve_device,
+)
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LoadedRun:
+    """A run rebuilt from its folder: its record, its rule (``rule.model`` is the model at
+    the checkpointed epoch), its data, and that epoch."""
+
+    record: RunRecord
+    rule: CreditRule
+    data: Dataset
+    epoch: int
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.record.config.run.out_dir) / self.record.run_id
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    """Rebuild the run in folder ``path`` (or its record.json) on the CPU."""
+    record_file = record_path(path)
+    record = load_record(record_file)
+    run_dir = record_file.parent
+    config = record.config
+    checkpoint = run_dir / CHECKPOINT_FILE
+    if not checkpoint.exists():
+        raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
+                             "train it (creditaudit train … --resume) before auditing")
+    state = load_checkpoint(checkpoint)
+    dataset = load_dataset(config.data, seed=config.run.seed)
+    check_same_data(record, identity_of(config, dataset), record_file)
+    # The random init is overwritten by the checkpoint; fork so the caller's RNG is untouched.
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config.model, input_shape=dataset.input_shape,
+                            n_classes=dataset.n_classes)
+        rule = build_rule(model, config.method, n_classes=dataset.n_classes,
+                          seed=config.run.seed)
+    check_checkpoint_fits(state, model, rule, config, checkpoint)
+    model.load_state_dict(state["model"])
+    rule.load_state_dict(state["rule"])
+    return LoadedRun(record, rule, dataset, int(state["epoch"]))
+
+
+def frozen_accuracy(text: str, record: RunRecord) -> float:
+    """An accuracy fraction from ``--frozen``: a number in [0, 1] or a frozen run's folder
+    (which must share the audited run's recipe: data, model, optimiser, precision)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"--frozen {text} is not an accuracy fraction in [0, 1]: pass "
+                              "e.g. 0.349 (not 34.9) or a frozen run's folder")
+        return value
+    frozen = load_record(text)
+    difference = recipe_difference(frozen, record)
+    if difference is not None:
+        raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
+                          "a frozen baseline must share the data, model, optimiser and "
+                          "precision")
+    if not frozen.is_frozen_baseline:
+        log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
+                    frozen.method)
+    acc = frozen.final_acc
+    if acc is None:
+        raise RunRecordError(f"--frozen run {text} has no finished epoch with a test accuracy")
+    return acc
+
+
+def frozen_runs_beside(record: RunRecord, folder: Path) -> list[RunRecord]:
+    """Finished frozen-blocks runs of ``record``'s recipe among the runs in ``folder``."""
+    if record.is_frozen_baseline or not folder.is_dir():
+        return []
+    records, _ = load_records(folder)
+    return [r for _, r in records
+            if r.is_frozen_baseline and r.is_finished and r.final_acc is not None
+            and r.recipe_key == record.recipe_key]
+
+
+def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
+              metrics: bool = True, device: str = "cpu", progress: Progress | None = None
+              ) -> DiagnosticReport:
+    """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
+
+    ``progress`` (e.g. ``print``) receives one line per stage.
+    """
+    say = progress or (lambda text: None)
+    target = resolve_device(device)
+    run = load_run(path)  # every check of the user's files comes before the first stage
+    record, config = run.record, run.record.config
+    run.rule.to(target)
+    metadata: dict[str, Any] = {**config_metadata(config, record.run_id), "epoch": run.epoch,
+                                "status": record.status}
+    if frozen is not None:
+        frozen_acc: float | None = frozen_accuracy(frozen, record)
+    else:
+        frozen_acc = config.diagnostics.frozen_acc
+        baselines = (frozen_runs_beside(record, record_path(path).parent.parent)
+                     if frozen_from_runs else [])
+        if baselines:
+            frozen_acc = sum(r.final_acc for r in baselines) / len(baselines)  # type: ignore[misc]
+            metadata["frozen_from_runs"] = len(baselines)
+    # The checkpointed epoch's accuracy: a diverged epoch is logged but never checkpointed.
+    entry = record.entry(run.epoch) or (record.log[-1] if record.log else None)
+    headline = entry.acc_eval if entry is not None else None
+    eval_x, eval_y = run.data.eval_subset(config.diagnostics.eval_samples,
+                                          flatten=flatten_inputs(config))
+    eval_x, eval_y = eval_x.to(target), eval_y.to(target)
+    options = {"rho_samples": config.diagnostics.rho_samples,
+               "rho_directions": config.diagnostics.rho_directions,
+               "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
+    say("diagnostics (a)–(d)" + (", then ρ, nudging and the fresh-feedback null"
+                                 if metrics else ""))
+    return diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
+                    frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
+                    metadata=metadata)

@@ -1,0 +1,199 @@
+"""Running experiments: train what is missing through one sweep, then summarise each.
+
+:func:`run_experiment` trains whatever is missing through :func:`creditaudit.sweep.run_sweep`
+(finished runs are skipped, failing runs are recorded and the rest go on), loads the
+records and writes ``OUT/experiments/NAME.json`` and ``OUT/experiments/NAME.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from creditaudit.config import RunConfig, device_overrides
+from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.experiments.aggregate import aggregate
+from creditaudit.experiments.configs import scale_dataset
+from creditaudit.experiments.registry import (
+    Experiment,
+    experiment_names,
+    get_experiment,
+)
+from creditaudit.experiments.scales import get_scale
+from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
+from creditaudit.run_ids import run_id
+from creditaudit.safe_files import atomic_write_bytes
+from creditaudit.sweep import dedupe
+
+EXPERIMENTS_DIR = "experiments"
+EXECUTORS = ("local", "inline", "ray")
+
+
+def summary_stem(name: str, scale: str, dataset: str) -> str:
+    """File stem of an experiment's summary in OUT/experiments/: ``NAME`` for the scale's
+    own dataset, ``NAME.DATASET`` for another one (so both can share a results folder)."""
+    return name if dataset == get_scale(scale).dataset else f"{name}.{dataset}"
+
+
+def _executor(kind: str, scale: str, workers: int | None) -> Any:
+    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
+
+    if kind not in EXECUTORS:
+        raise ConfigError(f"executor {kind!r} is not one of {', '.join(EXECUTORS)}")
+    if kind == "ray":
+        return RayExecutor(num_cpus_per_run=1)
+    if kind == "inline" or workers == 0 or (scale == "smoke" and workers is None):
+        return InlineExecutor(threads=1)
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be >= 0, got {workers}")
+    return LocalExecutor(workers=workers, threads_per_worker=1)
+
+
+def run_state(config: RunConfig) -> tuple[str | None, RunRecord | None, str | None]:
+    """(status, record, error) of a run on disk; status None when it has no record, and
+    "corrupt" (with the reason) when its record cannot be read."""
+    path = Path(config.run.out_dir) / run_id(config) / RECORD_FILE
+    if not path.exists():
+        return None, None, None
+    try:
+        record = load_record_cached(path)
+    except (CreditAuditError, OSError) as err:
+        return "corrupt", None, str(err)
+    return record.status, record, record.error
+
+
+def _load(configs: Sequence[RunConfig]) -> tuple[list[RunRecord], list[dict[str, Any]]]:
+    """(finished records, missing runs) of ``configs``."""
+    records, missing = [], []
+    for config in configs:
+        status, record, error = run_state(config)
+        if record is not None and record.is_finished:
+            records.append(record)
+        else:
+            missing.append({"run_id": run_id(config), "status": status or "not started",
+                            "error": error})
+    return records, missing
+
+
+def _epoch_seconds(records: Sequence[RunRecord]) -> dict[str, Any]:
+    """Wall time of trained epochs in the records (for runtime estimates)."""
+    seconds = [e.seconds for r in records for e in r.log
+               if e.epoch >= 1 and e.seconds is not None]
+    return {"epochs": len(seconds), "total": sum(seconds), "per_epoch": aggregate(seconds)}
+
+
+def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *,
+                         scale: str, dataset: str, out_dir: Path,
+                         outcomes: dict[str, dict[str, Any]] | None = None,
+                         wall_seconds: float | None = None) -> dict[str, Any]:
+    """Load the records of ``configs``, summarise, write ``OUT/experiments/NAME.{json,md}``."""
+    records, missing = _load(configs)
+    summary = experiment.summarise(records)
+    ids = [run_id(c) for c in configs]
+    actions: dict[str, int] = {}
+    for key, outcome in (outcomes or {}).items():
+        if key in ids:
+            action = outcome.get("action") or "not started"
+            actions[action] = actions.get(action, 0) + 1
+    trained = sum(actions.get(a, 0) for a in ("trained", "resumed", "restarted"))
+    summary["meta"] = {
+        "experiment": experiment.name, "question": experiment.question,
+        "scale": scale, "dataset": dataset, "out_dir": str(out_dir),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs_needed": len(configs), "runs_found": len(records),
+        "run_ids": ids, "missing": missing,
+        "execution": {"trained": trained, "actions": actions,
+                      "wall_seconds": wall_seconds},
+        "epoch_seconds": _epoch_seconds(records),
+    }
+    folder = out_dir / EXPERIMENTS_DIR
+    stem = summary_stem(experiment.name, scale, dataset)
+    summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
+    atomic_write_json(folder / f"{stem}.json", summary)
+    atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
+    return summary
+
+
+def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
+                    dataset: str | None = None, data_dir: str | None = None,
+                    workers: int | None = None, executor: str = "local",
+                    on_progress: Callable[..., None] | None = None,
+                    retry_failed: bool = False, device: str | None = None,
+                    precision: str | None = None, train: bool = True
+                    ) -> dict[str, dict[str, Any]]:
+    """Train the runs of several experiments in one sweep, then summarise each.
+
+    Runs shared between experiments train once; ``train=False`` only summarises the runs
+    already finished (the others are listed as missing). ``device`` (auto/cpu/cuda; not part
+    of the run id, so a run trained on either counts) and ``precision`` (fp32/bf16; part of
+    the run id) override every run's config. Returns ``{name: summary}``.
+    """
+    import torch
+
+    from creditaudit.sweep import prepare_configs, run_sweep
+
+    get_scale(scale)
+    experiments = [get_experiment(name) for name in names]
+    out_dir = Path(out_dir).resolve()
+    overrides = device_overrides(device, precision)
+    per_experiment = {e.name: [c.replace(**overrides) if overrides else c
+                               for c in e.configs(scale, dataset=dataset, data_dir=data_dir,
+                                                  out_dir=out_dir)]
+                      for e in experiments}
+    everything = dedupe([c for configs in per_experiment.values() for c in configs])
+    outcomes: dict[str, dict[str, Any]] = {}
+    todo = []
+    for config in everything:
+        status, _, error = run_state(config)
+        if status in ("completed", "diverged") or (status == "failed" and not retry_failed):
+            key = run_id(config)
+            outcomes[key] = {"run_id": key, "status": status, "action": "skipped",
+                             "error": error}
+        else:
+            todo.append(config)
+    started = time.perf_counter()
+    if todo and train:  # finished runs never reach the sweep (it would reload every record)
+        runner = _executor(executor, scale, workers)
+        threads = torch.get_num_threads()
+        try:
+            # Absolute folders already; prepare only what shows progress bars (paper scale).
+            if any(c.run.progress for c in todo):
+                todo = prepare_configs(todo, threads=None)
+            result = run_sweep(todo, runner,
+                               retry_failed=retry_failed, on_progress=on_progress,
+                               summary_extra={"experiments": list(per_experiment),
+                                              "scale": scale})
+        finally:
+            torch.set_num_threads(threads)  # the inline executor sets 1 thread
+        outcomes.update({o["run_id"]: o for o in result.outcomes})
+    wall = time.perf_counter() - started
+    name_of_dataset = scale_dataset(scale, dataset)
+    return {e.name: summarise_experiment(e, per_experiment[e.name], scale=scale,
+                                         dataset=name_of_dataset, out_dir=out_dir,
+                                         outcomes=outcomes, wall_seconds=wall)
+            for e in experiments}
+
+
+def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str | None = None,
+                   data_dir: str | None = None, workers: int | None = None,
+                   executor: str = "local", on_progress: Callable[..., None] | None = None,
+                   retry_failed: bool = False, device: str | None = None,
+                   precision: str | None = None, train: bool = True) -> dict[str, Any]:
+    """Build, train (what is missing), summarise and write one experiment.
+
+    ``scale``: smoke, cpu or paper; ``dataset``/``data_dir``: override the scale's dataset;
+    ``workers``: worker processes of the local executor, one torch thread each (default:
+    the number of cores; 0 — and, by default, smoke scale — trains in this process);
+    ``executor``: ``local``, ``inline`` or ``ray``; ``device``, ``precision``, ``train``: see
+    :func:`run_experiments`. ``name="all"`` runs every experiment
+    and returns ``{name: summary}``; otherwise the experiment's summary (its ``meta``
+    says which runs were found, missing and trained now).
+    """
+    names = experiment_names() if name == "all" else [get_experiment(name).name]
+    summaries = run_experiments(names, scale=scale, out_dir=out_dir, dataset=dataset,
+                                data_dir=data_dir, workers=workers, executor=executor,
+                                on_progress=on_progress, retry_failed=retry_failed,
+                                device=device, precision=precision, train=train)
+    return summaries if name == "all" else summaries[name]

@@ -1,0 +1,57 @@
+"""The record layer: typed run records, their files, checkpoints and strict JSON.
+
+Everything that reads or writes a run folder goes through this package::
+
+    from creditaudit.records import load_record, RunRecord
+    record = load_record("runs/dfa-resmlp-synthetic-s42-…")
+    record.final_acc, record.deep_cos, record.series("h_L_norm"), record.recipe_key
+"""
+
+from __future__ import annotations
+
+from creditaudit.records.checkpoint import (
+    CHECKPOINT_FORMAT,
+    atomic_torch_save,
+    load_checkpoint,
+    load_parameters,
+    structure_mismatch,
+)
+from creditaudit.records.files import (
+    CHECKPOINT_FILE,
+    INIT_FILE,
+    RECORD_FILE,
+    atomic_write_json,
+    find_records,
+    load_record,
+    load_record_cached,
+    load_records,
+    new_record,
+    record_path,
+    save_record,
+    scan_records,
+)
+from creditaudit.records.index import RecordSet
+from creditaudit.records.schema import (
+    FINISHED,
+    SCHEMA,
+    STATUSES,
+    DataIdentity,
+    EndOfRun,
+    EpochEntry,
+    FinalResults,
+    ProtocolState,
+    RunRecord,
+    Verdict,
+    comparable,
+    deep_mean,
+    recipe_key,
+)
+
+__all__ = [
+    "RunRecord", "RecordSet", "Verdict", "EpochEntry", "FinalResults", "EndOfRun",
+    "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "RECORD_FILE",
+    "CHECKPOINT_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record", "load_record_cached",
+    "load_records", "scan_records", "find_records", "save_record", "new_record",
+    "record_path", "comparable", "deep_mean", "recipe_key", "atomic_write_json",
+    "atomic_torch_save", "load_checkpoint", "load_parameters", "structure_mismatch",
+]

@@ -1,0 +1,158 @@
+"""Run folders on disk: atomic writes, strict-JSON records, safe loading, folder scans.
+
+Layout of a run folder ``OUT_DIR/RUN_ID/``::
+
+    record.json      the run record (:class:`~creditaudit.records.schema.RunRecord`)
+    checkpoint.pt    latest epoch: model, optimiser, scheduler, rule state, RNG states
+    init.pt          the model's parameters at initialisation (for feature drift)
+
+Every write goes to a temporary file in the same folder and is renamed over the target, so a
+reader sees the old file or the new one, never half of one; a failed write (disk full, folder
+read-only) leaves no partial file and raises a one-line error naming the path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from creditaudit import strict_json
+from creditaudit.config import RunConfig
+from creditaudit.errors import RunRecordError
+from creditaudit.records.schema import DataIdentity, RunRecord
+from creditaudit.run_ids import run_data_identity, run_id
+from creditaudit.safe_files import (
+    atomic_write_json,
+    describe_os_error,
+    read_text,
+)
+
+log = logging.getLogger(__name__)
+
+RECORD_FILE, CHECKPOINT_FILE, INIT_FILE = "record.json", "checkpoint.pt", "init.pt"
+
+
+# --- records -------------------------------------------------------------------------------
+def environment(device: str) -> dict[str, Any]:
+    """Package versions, device and threads: what a reader needs to reproduce the run."""
+    import numpy
+    import torch
+
+    from creditaudit import __version__
+
+    cuda = torch.cuda.is_available()
+    return {
+        "creditaudit": __version__, "python": platform.python_version(),
+        "torch": str(torch.__version__), "numpy": str(numpy.__version__),
+        "platform": platform.platform(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cuda_device": torch.cuda.get_device_name(0) if cuda else None, "device": device,
+    }
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def new_record(config: RunConfig, *, device: str, data: DataIdentity | None = None
+               ) -> RunRecord:
+    """A fresh ``running`` record of ``config`` (``data``: its data identity, computed when
+    not given)."""
+    data = data or run_data_identity(config)
+    return RunRecord(run_id=run_id(config, data), config=config, status="running", data=data,
+                     environment=environment(device), created=now())
+
+
+def record_path(path: Path | str) -> Path:
+    """The record.json of a run folder, or the path itself when it names a file."""
+    path = Path(path)
+    return path / RECORD_FILE if path.is_dir() else path
+
+
+def save_record(run_dir: Path | str, record: RunRecord) -> Path:
+    record.updated = now()
+    path = Path(run_dir) / RECORD_FILE
+    atomic_write_json(path, record.to_dict())
+    return path
+
+
+def load_record(path: Path | str) -> RunRecord:
+    """Read and validate a run record (a run folder or its record.json).
+
+    Raises RunRecordError with a one-line reason for missing, unreadable, binary,
+    truncated, malformed or foreign-schema files.
+    """
+    path = record_path(path)
+    if not path.exists():
+        raise RunRecordError(f"no run record at {path}: pass a run folder that holds "
+                             f"{RECORD_FILE} or the file itself")
+    text = read_text(path, "run record")
+    try:
+        raw = strict_json.loads(text)
+    except ValueError as err:
+        raise RunRecordError(f"run record {path} is truncated or not JSON ({err}); rerun or "
+                             "resume the run to rewrite it") from None
+    except (KeyError, IndexError, TypeError) as err:
+        raise RunRecordError(f"run record {path} has a malformed non_finite block ({err})"
+                             ) from None
+    return RunRecord.from_dict(raw, str(path))
+
+
+_CACHE: dict[str, tuple[tuple[int, int, int], RunRecord]] = {}
+
+
+def load_record_cached(path: Path | str) -> RunRecord:
+    """:func:`load_record`, reused while the file is unchanged (records are replaced
+    atomically, so a new version has a new inode or mtime). Do not modify the result."""
+    path = record_path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return load_record(path)  # raises the one-line error
+    key = str(path.resolve())
+    version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    record = load_record(path)
+    _CACHE[key] = (version, record)
+    return record
+
+
+def find_records(root: Path | str) -> list[Path]:
+    """Every record.json below ``root`` (sorted); unreadable folders are skipped."""
+    found: list[Path] = []
+    for folder, _dirs, files in os.walk(root, onerror=lambda err: log.warning(
+            "skipping %s", describe_os_error(err))):
+        if RECORD_FILE in files:
+            found.append(Path(folder) / RECORD_FILE)
+    return sorted(found)
+
+
+def scan_records(root: Path | str) -> Iterator[tuple[Path, RunRecord | RunRecordError]]:
+    """(path, record) for every record below ``root``; an unreadable one comes with its
+    error instead (callers warn once and skip it)."""
+    for path in find_records(root):
+        try:
+            yield path, load_record(path)
+        except RunRecordError as err:
+            yield path, err
+
+
+def load_records(root: Path | str) -> tuple[list[tuple[Path, RunRecord]],
+                                            list[tuple[Path, str]]]:
+    """(readable records, [(path, reason) of the unreadable ones]) below ``root``; every
+    unreadable record is named in one warning."""
+    good, bad = [], []
+    for path, item in scan_records(root):
+        if isinstance(item, RunRecordError):
+            log.warning("warning: skipping an unreadable record: %s", item)
+            bad.append((path, str(item)))
+        else:
+            good.append((path, item))
+    return good, bad

@@ -1,0 +1,43 @@
+"""Run ids: the same computation finds the same folder, a different one never does.
+
+``run_id(config)`` = ``METHOD-ARCH-DATASET-sSEED-HASH``, where HASH covers every config value
+that changes what the run computes (non-default values only, so a new option whose default
+keeps the old behaviour leaves existing ids alone) and the fingerprint of the data actually
+loaded (:mod:`creditaudit.data.identity`) — not the data's folder. So the same config on other
+data is another run, and the same data copied elsewhere is the same run. Options that change
+no weight and no recorded number (output folder, threads, device, progress bars, TensorBoard,
+``diagnostics.frozen_acc``) are left out.
+
+``ID_VERSION`` is bumped whenever a default changes what runs compute, so records computed
+the old way are never served for the new default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from creditaudit.config import RunConfig, semantic_dict
+from creditaudit.data.identity import DataIdentity, data_identity
+
+ID_VERSION = 2
+
+
+def data_seed(config: RunConfig) -> int:
+    """The seed of generated datasets (the run seed)."""
+    return config.run.seed
+
+
+def run_data_identity(config: RunConfig) -> DataIdentity:
+    """The identity of the data ``config`` trains on (DataError if it cannot be read)."""
+    return data_identity(config.data, data_seed(config))
+
+
+def run_id(config: RunConfig, identity: DataIdentity | None = None) -> str:
+    """The run's folder name (``identity``: its data identity, computed when not given)."""
+    identity = identity or run_data_identity(config)
+    payload = {"config": semantic_dict(config), "data": identity.fingerprint,
+               "version": ID_VERSION}
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+    label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
+    return f"{label}-{digest}"

@@ -1,0 +1,111 @@
+"""Files a user points the tool at: atomic writes and reads that fail with one clear line.
+
+Every write goes to a temporary file in the same folder and is renamed over the target, so a
+reader sees the old file or the new one, never half of one; a failed write (disk full,
+read-only folder, a file where a folder should be) leaves no partial file and raises
+:class:`~creditaudit.errors.OutputError` naming the path. Reads of a user's text files turn
+missing, folder, binary and unreadable files into one line too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from creditaudit import strict_json
+from creditaudit.errors import CreditAuditError, OutputError, RunRecordError
+
+MAX_TEXT_BYTES = 512 * 1024 * 1024  # records and configs are a few MB at most
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's files are 0600
+
+
+def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
+    """``"<path>: <what went wrong>"`` for an OSError, naming the path it concerns."""
+    where = err.filename if err.filename is not None else path
+    reason = err.strerror or str(err) or type(err).__name__
+    hints = {
+        "EROFS": "the file system is read-only",
+        "EACCES": "permission denied: choose a folder you can write to",
+        "ENOSPC": "no space left on the device: free some space and retry",
+        "ENOTDIR": "a file stands where a folder is needed",
+        "EISDIR": "it is a folder, not a file",
+        "EDQUOT": "disk quota exceeded",
+    }
+    name = errno.errorcode.get(err.errno or 0, "")
+    if name in hints:
+        reason = hints[name]
+    return f"{where}: {reason}"
+
+
+def ensure_folder(path: Path) -> None:
+    """Create ``path`` (and parents) or raise OutputError naming what is in the way."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"{path}: a file stands where a folder is needed; choose another "
+                          "output folder") from None
+    except OSError as err:
+        raise OutputError(f"cannot create folder {describe_os_error(err, path)}") from None
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
+
+    The file gets the permissions of a plainly created one (0666 minus the umask), so a
+    results folder shared by a group or a cluster stays readable. Raises OutputError (one
+    line naming the path) when the folder cannot be written; no partial file is left.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{path} is a folder: give a file name to write to")
+    ensure_folder(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise OutputError(f"cannot write {describe_os_error(err, path.parent)}") from None
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"cannot write {describe_os_error(err, path)}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path | str, obj: Any) -> None:
+    """Strict JSON (no NaN/Infinity tokens: see :mod:`creditaudit.strict_json`)."""
+    atomic_write_bytes(path, (strict_json.dumps(obj) + "\n").encode())
+
+
+def read_text(path: Path, what: str, error: type[CreditAuditError] = RunRecordError) -> str:
+    """A user's text file, UTF-8, with every failure turned into one line."""
+    try:
+        if path.stat().st_size > MAX_TEXT_BYTES:
+            raise error(f"{what} {path} is {path.stat().st_size} bytes, far larger than any "
+                        f"{what} creditaudit writes; is it the right file?")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a folder, not a file") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not UTF-8 text (a binary file?)") from None
+    except OSError as err:
+        raise error(f"cannot read {what} {describe_os_error(err, path)}") from None

@@ -1,0 +1,104 @@
+"""Strict JSON for run records and reports: no ``NaN`` or ``Infinity`` tokens.
+
+Python's ``json`` writes NaN and ±inf as the bare tokens ``NaN`` and ``Infinity``, which no
+strict parser (``jq``, JavaScript's ``JSON.parse``, Go, Rust's serde) accepts. The tool's
+numbers can legitimately be non-finite — an undefined cosine of a zero vector is NaN, the
+growth of a stream whose norm is 0 is infinite — so instead of dropping them, :func:`dumps`
+writes ``null`` in their place and lists every such place in one top-level object::
+
+    {"deep_cos": null, ..., "non_finite": {"/deep_cos": "NaN", "/log/3/max_block_growth":
+     "Infinity"}}
+
+The keys are JSON Pointers (RFC 6901) into the document, the values ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``. :func:`loads` puts the values back, so a round trip is
+lossless, while a strict reader sees ``null`` plus the reason. Files written before this
+scheme (with bare ``NaN`` tokens) still load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+NON_FINITE_KEY = "non_finite"
+_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _name(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def encode(obj: Any) -> tuple[Any, dict[str, str]]:
+    """(a copy of ``obj`` with non-finite floats replaced by None, {pointer: name})."""
+    marks: dict[str, str] = {}
+
+    def walk(value: Any, pointer: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            marks[pointer] = _name(value)
+            return None
+        if isinstance(value, dict):
+            return {key: walk(item, f"{pointer}/{_escape(str(key))}")
+                    for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(item, f"{pointer}/{index}") for index, item in enumerate(value)]
+        return value
+
+    return walk(obj, ""), marks
+
+
+def dumps(obj: Any, *, indent: int | None = 1) -> str:
+    """Strict JSON text of ``obj``; non-finite floats become null (see the module doc).
+
+    ``obj`` must be a dict when it holds non-finite values (the marks live at its top level).
+    """
+    clean, marks = encode(obj)
+    if marks:
+        if not isinstance(clean, dict):
+            raise ValueError("non-finite values can only be marked inside a JSON object")
+        clean[NON_FINITE_KEY] = marks
+    return json.dumps(clean, indent=indent, allow_nan=False, ensure_ascii=False)
+
+
+def decode(obj: Any) -> Any:
+    """Put the marked non-finite values of a parsed document back (removes the marks)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get(NON_FINITE_KEY), dict):
+        return obj
+    marks = obj.pop(NON_FINITE_KEY)
+    for pointer, name in marks.items():
+        if name not in _NAMES or not isinstance(pointer, str) or not pointer.startswith("/"):
+            raise ValueError(f"bad non-finite mark {pointer!r}: {name!r}")
+        tokens = [_unescape(t) for t in pointer[1:].split("/")]
+        parent: Any = obj
+        for token in tokens[:-1]:
+            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+        last = tokens[-1]
+        if isinstance(parent, list):
+            parent[int(last)] = _NAMES[name]
+        else:
+            parent[last] = _NAMES[name]
+    return obj
+
+
+def loads(text: str) -> Any:
+    """Parse JSON (strict, or with the bare NaN tokens older files have) and restore marks."""
+    return decode(json.loads(text))
+
+
+def check_strict(text: str) -> Any:
+    """Parse ``text`` as a strict parser would (bare NaN/Infinity raise ValueError)."""
+
+    def refuse(token: str) -> Any:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)

@@ -436,6 +436,33 @@ def test_bp_penalty_gradient_exact_in_float64():
 
 
 # --- frozen blocks and the depth ladder ---------------------------------------------------------
+@pytest.mark.parametrize("method", ["bp", "fa", "dfa"])
+def test_penalty_of_frozen_blocks_stays_out_of_training(method):
+    """With the first two of three blocks frozen (a depth-ladder step) and λ > 0, only the
+    trainable block's ‖f‖² is penalised: the embedding's gradient is the one a model without
+    the frozen blocks' terms gets (for BP: CE + λ‖f_2‖², not + λ Σ_l ‖f_l‖²)."""
+    penalty = 0.5
+    model = mlp(w2_std=0.3)
+    x, y = batch()
+    rule = rule_for(model, method, penalty=penalty, trainable_blocks=1)
+    grads = grads_after_step(rule, x, y)
+    assert grads["blocks.0.w1.weight"] is None and grads["blocks.1.w1.weight"] is None
+    if method == "bp":
+        states, logits = model.forward_states(x)
+        trainable = model.blocks[2](states[2]).pow(2).sum(1).mean()
+        objective = F.cross_entropy(logits, y) + penalty * trainable
+        (expected,) = torch.autograd.grad(objective, [model.embed.weight], retain_graph=True)
+        frozen_terms = sum(model.blocks[l](states[l]).pow(2).sum(1).mean() for l in (0, 1))
+        (leak,) = torch.autograd.grad(penalty * frozen_terms, [model.embed.weight])
+        assert float(leak.abs().max()) > 1e-3  # the frozen terms would be visible
+        torch.testing.assert_close(grads["embed.weight"], expected, rtol=1e-10, atol=1e-12)
+    else:  # local rules: the embedding sees only its own credit, whatever λ is
+        unpenalised = grads_after_step(rule_for(model, method, penalty=0.0,
+                                                trainable_blocks=1), x, y)
+        torch.testing.assert_close(grads["embed.weight"], unpenalised["embed.weight"],
+                                   rtol=1e-10, atol=1e-12)
+
+
 def _train_steps(rule, model, steps: int = 5, all_params: bool = False):
     params = model.parameters() if all_params else rule.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)

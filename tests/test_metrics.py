@@ -120,10 +120,44 @@ def test_nudging_delta_by_hand_on_a_linear_readout():
         expected = []
         for credit in credits[1:]:
             c = credit.double()
-            a_hat = c / (c.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-6)
+            a_hat = c / c.pow(2).mean(dim=1, keepdim=True).sqrt()  # unit RMS, no eps
             expected.append(_mean_ce_by_hand((xd - eta * a_hat) @ w.T + b, y) - before)
         assert deltas[repr(eta)] == pytest.approx(expected, rel=1e-9, abs=1e-12)
     assert set(deltas) == {"0.01", "0.5"}
+
+
+def test_nudging_is_scale_free_and_a_zero_credit_does_not_move():
+    torch.manual_seed(0)
+    model = LinearReadoutNet(4, 3).double()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    a = torch.randn(6, 4, dtype=torch.float64)
+    zero_row = a.clone()
+    zero_row[2] = 0.0
+    base = nudging_deltas(model, x, y, [a, a, zero_row], etas=(0.1,))["0.1"]
+    for scale in (1e-12, 1e-200, 3.0, 1e150):
+        scaled = nudging_deltas(model, x, y, [a, a * scale, zero_row * scale],
+                                etas=(0.1,))["0.1"]
+        assert scaled == pytest.approx(base, rel=1e-12, abs=1e-15), scale
+    # Sample 2 does not move: Δ equals the Δ of the other samples' moves alone.
+    moved = nudging_deltas(model, x, y, [a, a, zero_row], etas=(0.1,))["0.1"][1]
+    assert moved == pytest.approx(base[1])
+    assert nudging_deltas(model, x, y, [a, a * 0, a * 0], etas=(0.1,))["0.1"] == [0.0, 0.0]
+
+
+def test_nudging_is_the_same_for_any_chunking_of_the_evaluation_set():
+    # A rule's credits follow the batch-mean convention: computed in chunks of B they scale
+    # with 1/B per sample. The nudging value must not depend on B.
+    from creditaudit.diagnostics.quality import full_credits
+
+    rule = _dfa_rule()
+    rule.model.double()
+    x, y = torch.randn(384, 16, dtype=torch.float64), torch.randint(0, 10, (384,))
+    values = []
+    for chunk in (64, 128, 384):
+        credits = [c / chunk for c in full_credits(rule, x, y, chunk=chunk)]
+        values.append(nudging_deltas(rule.model, x, y, credits, etas=(0.01,))["0.01"])
+    for other in values[1:]:
+        assert other == pytest.approx(values[0], rel=1e-12, abs=1e-18)
 
 
 def test_nudging_along_the_gradient_lowers_the_loss():

@@ -54,19 +54,6 @@ def _random_like(tensors: Sequence[Tensor], generator: torch.Generator) -> list[
     return [torch.randn(t.shape, generator=generator).to(t.device) for t in tensors]
 
 
-def _unit_scale(credits: Sequence[Tensor]) -> list[Tensor]:
-    """Each sample's credit divided by its max-abs entry (direction kept, zeros stay zero).
-
-    The BP control's gradients can be ~1e-10 per entry (batch-mean scale, grown stream),
-    where the 1e-6 eps of the RMS normalisation would shrink the nudging step to nothing.
-    """
-    out = []
-    for a in credits:
-        peak = a.flatten(1).abs().amax(dim=1).clamp_min(torch.finfo(a.dtype).tiny)
-        out.append(a / peak.view(-1, *[1] * (a.dim() - 1)))
-    return out
-
-
 def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
                    rho_samples: int = 1024, rho_directions: int = 32, eps: float = DEFAULT_EPS,
                    null_draws: int = 20, null_seed: int = DEFAULT_NULL_SEED,
@@ -85,9 +72,9 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
     - ``perturbation_rho``: ρ_l of the credit (float64); ``rho_controls``: ``{"bp", "random"}``;
       ``rho_measurable``: BP control ≥ 0.9 per layer; ``rho_samples``, ``rho_directions``.
     - ``nudging``: ``{"0.01": [Δ mean CE per deep layer 1 … L], …}`` (nats, negative =
-      useful; the rule's credit is RMS-normalised exactly as its local updates see it);
-      ``nudging_controls``: ``{"bp": {…}, "random": {…}}`` (BP gradients pre-scaled per
-      sample so that every step has unit RMS).
+      useful; each sample steps along its credit's unit-RMS direction a/RMS(a));
+      ``nudging_controls``: ``{"bp": {…}, "random": {…}}`` (the same for the exact BP
+      gradient and a random credit).
     - ``fresh_b_null`` (FA/DFA only): :func:`fresh_feedback_null`.
     - ``drift`` (only when ``initial`` parameters are given): :func:`feature_drift`.
 
@@ -143,7 +130,7 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         "rho_samples": min(rho_samples, int(x.shape[0])),
         "rho_directions": rho_directions,
     })
-    bp = _unit_scale(bp_state_gradients(model, x, y))
+    bp = bp_state_gradients(model, x, y)
     out["nudging"] = nudging_deltas(model, x, y, credits, etas)
     out["nudging_controls"] = {"bp": nudging_deltas(model, x, y, bp, etas),
                                "random": nudging_deltas(model, x, y, random_credits, etas)}

@@ -13,7 +13,7 @@ from creditaudit.methods.base import (
     loss_precision,
     step_result,
 )
-from creditaudit.models.contract import ResidualNet
+from creditaudit.models.contract import ResidualNet, block_is_trainable
 
 
 def forward_with_branches(model: ResidualNet, x: Tensor) -> tuple[list[Tensor], list[Tensor],
@@ -56,7 +56,10 @@ class BP(CreditRule):
             ce = F.cross_entropy(loss_precision(logits), y)
             objective = ce
             if self.config.penalty > 0:
-                trainable = [f if f.requires_grad else None for f in branches]
+                # Only trainable blocks are penalised: a frozen block's branch still carries
+                # a graph to the embedding, and its ‖f‖² must not train it.
+                trainable = [f if block_is_trainable(block) else None
+                             for f, block in zip(branches, self.model.blocks)]
                 objective = ce + self.config.penalty * branch_penalty(trainable)
         result = step_result(ce, logits, y, states[-1])
         if result.finite:

@@ -215,3 +215,23 @@ def test_epoch_diagnostics_bp_record():
     assert record["deep_cos"] == pytest.approx(1.0, abs=1e-12)
     assert record["g_L_zero_fraction"] == 0.0
     assert all(p.grad is None for p in model.parameters())
+    assert record["cos_valid"] == [True] * (L + 1) and record["deep_cos_valid"] is True
+
+
+def test_epoch_cosines_carry_their_validity():
+    """A layer whose reference ‖g_l‖ is below the 1e-7 floor keeps its cosine, marked
+    invalid; deep_cos_valid says whether any deep layer is."""
+    model = mlp()
+    with torch.no_grad():  # a grown stream: the terminal LN cancels it, g_l shrinks ∝ 1/‖h‖
+        model.embed.weight.mul_(1e9)
+        model.embed.bias.mul_(1e9)
+    rule = build_rule(model, MethodConfig(name="dfa"), n_classes=4, seed=0)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(20, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 4, (20,), generator=gen)
+    record, _ = epoch_diagnostics(rule, x, y)
+    grads = record["bp_grad_norms_per_sample_med"]
+    assert max(grads) < 1e-7
+    assert record["cos_valid"] == [False] * len(grads)
+    assert record["deep_cos_valid"] is False
+    assert all(isinstance(c, float) for c in record["cos_per_layer"])  # value kept beside

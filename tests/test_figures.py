@@ -135,6 +135,20 @@ def test_cli_renders_every_figure_png_and_pdf(results, tmp_path, capsys, monkeyp
 
 
 # --- plotted values equal the records -----------------------------------------------------
+def test_cosines_against_an_invalid_reference_are_drawn_hollow(results):
+    index = RunIndex.from_dir(results)
+    dfa = [r for r in index.runs if r.method == "dfa" and r.penalty == 0 and r.standard]
+    for run in dfa:  # layer 2's reference gradient fell below the floor in every seed
+        run.record.diagnostics.cosine_table[2]["valid_reference"] = False
+    fig = hero.build(index)[hero.NAME]
+    hollow = gid(fig, "cos_invalid:dfa")[0]
+    assert list(hollow.get_xdata()) == [2]
+    np.testing.assert_allclose(hollow.get_ydata(), [line_y(fig, "cos:dfa")[2]])
+    assert hollow.get_markerfacecolor() == "white"
+    assert not fig.findobj(lambda a: a.get_gid() == "cos_invalid:bp")  # valid: filled
+    assert gid(fig, "invalid_note")
+
+
 def test_hero_values_come_from_records(index, records):
     fig = hero.build(index)[hero.NAME]
     for method in ("bp", "fa", "dfa", "state-bridge", "credit-bridge"):

@@ -99,6 +99,27 @@ def mean_line(ax: Any, x: Sequence[float], mean: np.ndarray, std: np.ndarray, *,
     return line
 
 
+INVALID_LABEL = "hollow: reference ‖g_l‖ < 1e-7, cosine not valid"
+
+
+def hollow_invalid(ax: Any, x: Sequence[float], y: Sequence[float], valid: Sequence[bool], *,
+                   color: str, marker: str, gid: str) -> None:
+    """Redraw the points whose cosine is not valid (reference gradient below the floor) as
+    hollow markers, so a number measured against numerical noise is never read as a value."""
+    bad = [i for i, ok in enumerate(valid) if not ok and i < len(x)]
+    if not bad:
+        return
+    ax.plot([x[i] for i in bad], [y[i] for i in bad], ls="none", marker=marker, ms=8,
+            mfc="white", mec=color, mew=1.5, zorder=6, gid=gid)
+
+
+def note_invalid(ax: Any, any_invalid: bool) -> None:
+    """Explain hollow markers under the axes when some are drawn."""
+    if any_invalid:
+        ax.text(0.0, -0.18, INVALID_LABEL, transform=ax.transAxes, fontsize=7, color="#555555",
+                va="top", gid="invalid_note")
+
+
 def save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Save ``fig`` as ``out_dir/name.png`` (``PNG_DPI``, 200) and ``.pdf``; closes it."""
     out = Path(out_dir)

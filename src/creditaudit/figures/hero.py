@@ -17,10 +17,12 @@ from creditaudit.figures.common import (
     FLOOR,
     add_grid,
     floor_line,
+    hollow_invalid,
     method_color,
     method_label,
     method_marker,
     new_figure,
+    note_invalid,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -33,6 +35,7 @@ from creditaudit.figures.runs import (
     need_methods,
     seed_runs,
     sort_methods,
+    valid_layers,
 )
 from creditaudit.protocol import HEADLINE_GAMMA
 
@@ -94,12 +97,18 @@ def build(index: RunIndex) -> dict[str, Figure]:
 
     # (B) per-layer cosine
     ax = axes[0, 1]
+    any_invalid = False
     for method, runs in chosen.items():
         mean, std = layer_mean_std([r.diagnostics.bp_cosine for r in runs])
         layers = np.arange(len(mean))
         ax.errorbar(layers, mean, yerr=std, color=method_color(method),
                     marker=method_marker(method), ms=5, lw=1.8, capsize=2,
                     label=method_label(method), gid=f"cos:{method}")
+        valid = valid_layers(runs)
+        any_invalid |= not all(valid)
+        hollow_invalid(ax, layers, mean, valid, color=method_color(method),
+                       marker=method_marker(method), gid=f"cos_invalid:{method}")
+    note_invalid(ax, any_invalid)
     ax.axhline(0, color="gray", lw=0.5, ls=":")
     _layer_ticks(ax, len(mean))
     ax.set_xlabel("state $h_l$")

@@ -98,10 +98,12 @@ def conditions(chosen: dict) -> list[dict]:
     headline = chosen["dfa_penalised"][lam]
     rows = [{"label": "vanilla\nDFA", "key": "dfa",
              "cos": mean_std(r.deep_cos for r in chosen["dfa"]),
+             "valid": all(r.deep_cos_valid for r in chosen["dfa"]),
              "rho": mean_std(r.deep_rho for r in chosen["dfa"])}]
     for p, runs in chosen["dfa_penalised"].items():
         rows.append({"label": f"DFA\nλ={format_lambda(p)}", "key": f"dfa:{p:g}",
                      "cos": mean_std(r.deep_cos for r in runs),
+                     "valid": all(r.deep_cos_valid for r in runs),
                      "rho": mean_std(r.deep_rho for r in runs)})
     draws = [v for r in headline
              for v in (r.diagnostics.fresh_b_null or {}).get("values", [])]
@@ -161,8 +163,16 @@ def build(index: RunIndex) -> dict[str, Figure]:
     cos = np.array([r["cos"][0] for r in rows])
     cos_err = np.array([r["cos"][1] for r in rows])
     measured = np.array([not math.isnan(r["rho"][0]) for r in rows])
-    ax.bar(x - w / 2, cos, w, yerr=np.nan_to_num(cos_err), capsize=3, color="#4682b4",
-           label="deep cos", gid="b:cos")
+    bars = ax.bar(x - w / 2, cos, w, yerr=np.nan_to_num(cos_err), capsize=3,
+                  color="#4682b4", label="deep cos", gid="b:cos")
+    invalid = [i for i, r in enumerate(rows) if not r.get("valid", True)]
+    for i in invalid:  # measured against reference gradients below the floor: greyed out
+        bars[i].set_facecolor("#d9d9d9")
+        bars[i].set_hatch("//")
+        bars[i].set_gid("b:cos_invalid")
+    if invalid:
+        ax.text(0.0, -0.42, "grey hatched: deep cos against reference ‖g_l‖ < 1e-7 (not "
+                "valid)", transform=ax.transAxes, fontsize=7, color="#555555", va="top")
     ax.bar(x[measured] + w / 2, [r["rho"][0] for r in rows if not math.isnan(r["rho"][0])], w,
            yerr=[np.nan_to_num(r["rho"][1]) for r in rows if not math.isnan(r["rho"][0])],
            capsize=3, color="#7da76f", label=r"deep $\rho$", gid="b:rho")

@@ -322,6 +322,15 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
         return float(arr.mean()), float(arr.std())
 
 
+def valid_layers(runs: Sequence[Run]) -> list[bool]:
+    """Per state l: whether every run's end-of-run cosine was measured against a reference
+    ‖g_l‖ at or above the floor (``cosine_table`` of the record; True where unknown)."""
+    tables = [r.diagnostics.cosine_table or [] for r in runs]
+    n = max((len(t) for t in tables), default=0)
+    return [all(bool(t[l].get("valid_reference", True)) for t in tables if l < len(t))
+            for l in range(n)]
+
+
 def layer_mean_std(rows: Sequence[Sequence[Any] | None]) -> tuple[np.ndarray, np.ndarray]:
     """Per-layer mean and std across seeds of per-layer lists (shortest length kept)."""
     rows = [r for r in rows if r]

@@ -18,12 +18,14 @@ from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
     add_grid,
+    hollow_invalid,
     integer_x,
     mean_line,
     method_color,
     method_label,
     method_marker,
     new_figure,
+    note_invalid,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -37,6 +39,7 @@ from creditaudit.figures.runs import (
     need_methods,
     seed_runs,
     sort_methods,
+    valid_layers,
 )
 
 NAME = "fig5_summary"
@@ -106,6 +109,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                0),
               ("nudging", "Δ loss (negative = useful)",
                f"nudging test (η={eta})" if eta else "nudging test (not recorded)", 1))
+    invalid_cos = False
     for ax, (key, ylabel, title, first_layer) in zip(axes[0], panels):
         for method, runs in credited.items():
             if key == "nudging":
@@ -115,9 +119,17 @@ def build(index: RunIndex) -> dict[str, Figure]:
             mean, std = layer_mean_std(rows)
             if mean.size == 0:
                 continue
-            ax.errorbar(np.arange(first_layer, first_layer + mean.size), mean, yerr=std,
+            layers = np.arange(first_layer, first_layer + mean.size)
+            ax.errorbar(layers, mean, yerr=std,
                         color=method_color(method), marker=method_marker(method), ms=4,
                         capsize=2, label=method_label(method), gid=f"{key}:{method}")
+            if key == "bp_cosine":
+                valid = valid_layers(runs)
+                invalid_cos |= not all(valid)
+                hollow_invalid(ax, layers, mean, valid, color=method_color(method),
+                               marker=method_marker(method), gid=f"cos_invalid:{method}")
+        if key == "bp_cosine":
+            note_invalid(ax, invalid_cos)
         ax.axhline(0, color="gray", ls="--", alpha=0.5)
         ax.set_xlabel("layer $l$")
         integer_x(ax)

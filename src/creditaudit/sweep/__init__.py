@@ -1,0 +1,87 @@
+"""Sweeps: expand a grid of run configs and train them on a process pool or a Ray cluster.
+
+The sweep file (TOML)
+---------------------
+::
+
+    # [base]: a normal run config, same sections and keys as a config file (config.py).
+    [base.data]
+    n_train = 10000
+    [base.optim]
+    epochs = 20
+    [base.run]
+    out_dir = "runs/penalty_grid"
+
+    # [grid]: dotted config keys → lists of values; the sweep is their cartesian product
+    # (in file order). Quote the keys: "method.name" is one key, method.name a nested table
+    # (both are accepted).
+    [grid]
+    "method.name" = ["bp", "fa", "dfa"]
+    "method.penalty" = [0.0, 1e-3, 1e-2]
+    "run.seed" = [42, 123, 456]
+
+    # [[include]]: optional extra single runs, dotted overrides of [base].
+    [[include]]
+    "method.name" = "frozen"
+    "run.seed" = 42
+
+Every combination is validated with :func:`~creditaudit.config.apply_overrides`; a bad key
+or value raises :class:`~creditaudit.errors.ConfigError` naming the combination. Runs with
+the same run id (same semantic config) appear once.
+
+Running
+-------
+Every run goes through :func:`run_one`, whichever executor calls it
+(:class:`LocalExecutor`: spawned worker processes; :class:`RayExecutor`: one Ray task per run;
+:class:`InlineExecutor`: this process). Before training, the worker *claims* the run by
+creating ``OUT/RUN_ID/claim.json`` with ``O_CREAT | O_EXCL`` (pid, host, time, token), so two
+sweeps — or two processes of one — never train the same run. The claim is refreshed (its
+mtime) while the run trains and removed at the end. A claim whose process is gone (same host,
+pid not alive) or whose mtime is older than ``stale_after`` seconds is broken and retaken.
+
+A completed or diverged run is never rerun; an interrupted run (killed sweep) resumes from
+its checkpoint; a failed run is skipped unless ``retry_failed``. A run that raises is
+recorded as failed (record status ``failed`` plus ``error``) and the sweep goes on.
+``OUT/sweep_log.jsonl`` is an append-only log of what each process did (start, end, skip,
+busy, break_claim), one JSON object per line.
+"""
+
+
+from __future__ import annotations
+
+from creditaudit.sweep.claims import (
+    CLAIM_FILE,
+    DEFAULT_STALE_AFTER,
+    Claim,
+    claim_is_stale,
+    release_claim,
+    try_claim,
+)
+from creditaudit.sweep.executors import Executor, InlineExecutor, LocalExecutor, RayExecutor
+from creditaudit.sweep.grid import (
+    Sweep,
+    config_value,
+    dedupe,
+    expand_grid,
+    flatten_keys,
+    load_sweep,
+    sweep_from_dict,
+)
+from creditaudit.sweep.runner import (
+    SUMMARY_FILE,
+    SweepResult,
+    SweepState,
+    plan,
+    prepare_configs,
+    run_sweep,
+    sweep_summary,
+)
+from creditaudit.sweep.worker import SWEEP_LOG_FILE, disk_status, run_one, run_task
+
+__all__ = [
+    "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
+    "dedupe", "run_one", "run_task", "run_sweep", "plan", "prepare_configs", "sweep_summary",
+    "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
+    "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",
+    "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status",
+]

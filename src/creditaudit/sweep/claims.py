@@ -1,0 +1,177 @@
+"""Claims: at most one process trains a run, across sweeps and machines sharing a folder.
+
+A worker claims a run by creating ``OUT/RUN_ID/claim.json`` with ``O_CREAT | O_EXCL`` (pid,
+host, time, token), refreshes its mtime while the run trains and removes it at the end. A
+claim whose process is gone (same host, pid not alive) or whose mtime is older than
+``stale_after`` seconds is broken and retaken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CLAIM_FILE = "claim.json"
+BREAK_LOCK_FILE = "claim.json.break"
+DEFAULT_STALE_AFTER = 900.0
+# A claim file that is empty or unreadable is being written right now, unless it is older.
+UNREADABLE_CLAIM_GRACE = 30.0
+# A break lock left by a process that died while breaking a claim.
+BREAK_LOCK_STALE = 60.0
+
+
+# --- claims ------------------------------------------------------------------------------
+@dataclass
+class Claim:
+    """A held claim on one run folder."""
+
+    path: Path
+    token: str
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float | None]:
+    """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone."""
+    try:
+        raw = path.read_bytes()
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return None, None, None
+    try:
+        holder = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, raw, mtime
+    return (holder if isinstance(holder, dict) else None), raw, mtime
+
+
+def claim_is_stale(holder: dict[str, Any] | None, age: float, stale_after: float) -> str | None:
+    """Why a claim may be broken ("dead process", "stale"), or None while it holds.
+
+    ``age`` is seconds since the claim file was last refreshed.
+    """
+    if holder is None:
+        return "stale" if age > min(UNREADABLE_CLAIM_GRACE, stale_after) else None
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
+            and not _process_alive(holder["pid"]):
+        return "dead process"
+    if age > stale_after:
+        return "stale"
+    return None
+
+
+def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
+    """Remove a stale claim if it is still the one we saw; True if the caller may retry.
+
+    Breaking is serialised by a second O_EXCL lock file, so two processes that both saw the
+    same stale claim cannot remove each other's fresh claim.
+    """
+    lock = path.with_name(BREAK_LOCK_FILE)
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - lock.stat().st_mtime > BREAK_LOCK_STALE:
+                lock.unlink()
+        return False
+    try:
+        holder, raw, mtime = read_claim(path)
+        if raw is None:
+            return True
+        if raw == seen and claim_is_stale(holder, time.time() - mtime, stale_after):
+            path.unlink()
+            return True
+        return False
+    finally:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+
+
+def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
+              events: Callable[..., None] | None = None
+              ) -> tuple[Claim | None, dict[str, Any] | None]:
+    """Atomically claim ``run_dir``: (claim, None), or (None, holder) if another holds it.
+
+    ``holder`` is the other claim's content, None if that claim is still being written.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CLAIM_FILE
+    token = uuid.uuid4().hex
+    body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                       "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "unix_time": time.time(),
+                       "token": token}).encode()
+    holder: dict[str, Any] | None = None
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder, raw, mtime = read_claim(path)
+            if raw is None:  # released between our open and our read
+                continue
+            reason = claim_is_stale(holder, time.time() - mtime, stale_after)
+            if reason is None:
+                return None, holder
+            if _break_claim(path, raw, stale_after):
+                if events is not None:
+                    events("break_claim", reason=reason, holder=holder)
+                log.warning("broke the %s claim on %s (%s)", reason, run_dir, holder)
+                continue
+            time.sleep(0.05)
+            continue
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return Claim(path, token), None
+    return None, holder
+
+
+def release_claim(claim: Claim) -> None:
+    """Remove the claim file if it is still ours."""
+    holder, _, _ = read_claim(claim.path)
+    if holder is not None and holder.get("token") == claim.token:
+        claim.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def heartbeat(claim: Claim, every: float) -> Iterator[None]:
+    """Refresh the claim's mtime while a run trains, so long runs never look stale."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            with contextlib.suppress(OSError):
+                os.utime(claim.path)
+
+    thread = threading.Thread(target=beat, name="creditaudit-claim-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+

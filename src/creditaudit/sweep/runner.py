@@ -1,0 +1,215 @@
+"""Running a sweep: what is left to do, progress counts, and ``sweep_summary.json``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditaudit.config import RunConfig, apply_overrides
+from creditaudit.errors import ConfigError
+from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
+from creditaudit.sweep.executors import Executor
+from creditaudit.sweep.grid import config_value
+from creditaudit.sweep.worker import disk_status, run_task
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "sweep_summary.json"
+SUMMARY_SCHEMA = "creditaudit.sweep/1"
+FINISHED = ("completed", "diverged")
+
+Outcome = dict[str, Any]
+
+
+# --- the sweep ---------------------------------------------------------------------------
+@dataclass
+class SweepState:
+    """Counts for the progress line: ``done`` (completed or diverged), ``failed``,
+    ``interrupted`` (stopped by a signal; resumable), ``busy`` (claimed by another sweep)."""
+
+    total: int
+    done: int = 0
+    failed: int = 0
+    interrupted: int = 0
+    busy: int = 0
+    outstanding: int = 0
+    slots: int = 1
+    run_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def running(self) -> int:
+        return min(self.slots, self.outstanding)
+
+    @property
+    def left(self) -> int:
+        return self.total - self.ended
+
+    @property
+    def ended(self) -> int:
+        """Runs this sweep is finished with, whatever their status."""
+        return self.done + self.failed + self.interrupted
+
+    def count(self, status: str) -> None:
+        """Count one run's end status (anything but completed/diverged/interrupted failed)."""
+        if status in FINISHED:
+            self.done += 1
+        elif status == "interrupted":
+            self.interrupted += 1
+        else:
+            self.failed += 1
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Left runs × mean run time / parallel slots (None before the first trained run)."""
+        if not self.run_seconds:
+            return None
+        mean = sum(self.run_seconds) / len(self.run_seconds)
+        return mean * self.left / max(1, min(self.slots, self.left))
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did: one outcome per run (in sweep order) and the summary written."""
+
+    outcomes: list[Outcome]
+    summary: dict[str, Any]
+    summary_path: Path
+
+
+def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[RunConfig]:
+    """Absolute results folders (workers may start elsewhere), no per-run progress bars,
+    and the executor's thread count; none of these change a run id."""
+    out = []
+    for config in configs:
+        overrides: dict[str, Any] = {"run.out_dir": str(Path(config.run.out_dir).resolve()),
+                                     "run.progress": False}
+        if threads is not None:
+            overrides["run.threads"] = threads
+        out.append(apply_overrides(config, overrides))
+    return out
+
+
+def plan(configs: list[RunConfig], *, retry_failed: bool = False,
+         stale_after: float = DEFAULT_STALE_AFTER) -> list[dict[str, Any]]:
+    """What a sweep would do with each run now: ``{"run_id", "status", "todo", "holder"}``.
+
+    ``status`` is the record's status (None: not started); ``holder`` the live claim, if any.
+    """
+    rows = []
+    for config in configs:
+        run_dir = Path(config.run.out_dir) / run_id_of(config)
+        status, error = disk_status(run_dir)
+        holder, raw, mtime = read_claim(run_dir / CLAIM_FILE)
+        live = raw is not None and claim_is_stale(holder, time.time() - mtime,
+                                                  stale_after) is None
+        todo = not (status in FINISHED or (status == "failed" and not retry_failed))
+        rows.append({"run_id": run_dir.name, "status": status, "error": error, "todo": todo,
+                     "holder": holder if live else None})
+    return rows
+
+
+def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: bool = False,
+              stale_after: float = DEFAULT_STALE_AFTER, wait_for_others: bool = True,
+              poll_seconds: float = 1.0, grid_keys: list[str] | None = None,
+              on_progress: Callable[[SweepState, Outcome | None], None] | None = None,
+              summary_extra: dict[str, Any] | None = None) -> SweepResult:
+    """Run every config not finished yet; write ``OUT/sweep_summary.json``.
+
+    Runs already completed or diverged (and failed ones unless ``retry_failed``) are
+    skipped here without a worker. Runs another process holds are retried after the others
+    until they are released (``wait_for_others``), or reported as busy.
+    """
+    import functools
+
+    if not configs:
+        raise ConfigError("the sweep has no runs")
+    out_dirs = {config.run.out_dir for config in configs}
+    if len(out_dirs) != 1:
+        raise ConfigError(f"all runs of a sweep must share one results folder, got "
+                          f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
+    out_dir = Path(out_dirs.pop())
+    if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
+        from creditaudit.training import resolve_device  # not a failed record per run
+
+        for device in sorted({config.run.device for config in configs}):
+            resolve_device(device)
+    by_id = {run_id_of(config): config for config in configs}
+    outcomes: dict[str, Outcome] = {}
+    state = SweepState(total=len(configs), slots=executor.slots)
+
+    def report(outcome: Outcome | None) -> None:
+        if on_progress is not None:
+            on_progress(state, outcome)
+
+    todo = []
+    for row in plan(configs, retry_failed=retry_failed, stale_after=stale_after):
+        if row["todo"]:
+            todo.append(row["run_id"])
+            continue
+        outcomes[row["run_id"]] = {"run_id": row["run_id"], "status": row["status"],
+                                   "action": "skipped", "error": row["error"], "seconds": 0.0}
+        state.count(row["status"])
+    report(None)
+    fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after)
+    while todo:
+        state.outstanding, state.busy = len(todo), 0
+        tasks = [{"config": by_id[run_id].to_dict(), "run_id": run_id} for run_id in todo]
+        busy = []
+        stream = executor.map(fn, tasks)
+        state.slots = executor.slots
+        report(None)
+        for outcome in stream:
+            state.slots = executor.slots
+            state.outstanding -= 1
+            outcomes[outcome["run_id"]] = outcome
+            if outcome["status"] == "busy":
+                busy.append(outcome["run_id"])
+                state.busy += 1
+            else:
+                state.count(outcome["status"])
+            if outcome["action"] in ("trained", "resumed", "restarted") \
+                    and outcome["status"] in (*FINISHED, "failed"):
+                state.run_seconds.append(outcome["seconds"])
+            report(outcome)
+        if not busy or not wait_for_others:
+            break
+        time.sleep(poll_seconds)
+        todo = busy
+    ordered = [outcomes.get(key, {"run_id": key, "status": None, "action": "not started",
+                                  "error": None})
+               for key in map(run_id_of, configs)]
+    summary = sweep_summary(configs, ordered, grid_keys or [], extra=summary_extra)
+    from creditaudit.records import atomic_write_json
+
+    path = out_dir / SUMMARY_FILE
+    atomic_write_json(path, summary)
+    return SweepResult(ordered, summary, path)
+
+
+def sweep_summary(configs: list[RunConfig], outcomes: list[Outcome], grid_keys: list[str],
+                  *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The content of sweep_summary.json: one entry per run, status read from its record."""
+    runs = []
+    counts: dict[str, int] = {}
+    for config, outcome in zip(configs, outcomes):
+        run_dir = Path(config.run.out_dir) / run_id_of(config)
+        status, error = disk_status(run_dir)
+        if outcome.get("status") == "busy" and status not in FINISHED:
+            status = "busy"  # another process holds it right now
+        status = status or outcome.get("status") or "not started"
+        error = error if error is not None else outcome.get("error")
+        counts[status] = counts.get(status, 0) + 1
+        runs.append({"run_id": run_dir.name,
+                     "grid": {key: config_value(config, key) for key in grid_keys},
+                     "status": status, "error": error, "action": outcome.get("action"),
+                     "seconds": round(float(outcome.get("seconds") or 0.0), 3),
+                     "record": str(run_dir / "record.json")})
+    return {"schema": SUMMARY_SCHEMA, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "n_runs": len(runs), "counts": counts, **(extra or {}), "runs": runs}
+
+

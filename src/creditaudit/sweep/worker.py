@@ -1,0 +1,242 @@
+"""One run of a sweep, as a worker process (or this one) executes it: claim, train or
+resume or skip, release; plus the start-up of worker processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from creditaudit.config import RunConfig, config_from_dict
+from creditaudit.errors import ConfigError, CreditAuditError, RunRecordError
+from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.sweep.claims import (
+    DEFAULT_STALE_AFTER,
+    heartbeat,
+    release_claim,
+    try_claim,
+)
+
+log = logging.getLogger(__name__)
+
+SWEEP_LOG_FILE = "sweep_log.jsonl"
+FINISHED = ("completed", "diverged")
+
+Outcome = dict[str, Any]
+
+
+# --- one run -----------------------------------------------------------------------------
+def _append_event(out_dir: Path, event: str, run_id: str, **fields: Any) -> None:
+    """One line in OUT/sweep_log.jsonl (O_APPEND: concurrent writers do not interleave)."""
+    line = json.dumps({"event": event, "run_id": run_id, "pid": os.getpid(),
+                       "host": socket.gethostname(), "time": time.time(), **fields},
+                      default=str) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir / SWEEP_LOG_FILE, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
+    """(status, error) of the run record in ``run_dir``; (None, None) without one.
+
+    An unreadable record reads as ("corrupt", reason).
+    """
+    from creditaudit.records import RECORD_FILE, load_record
+
+    path = run_dir / RECORD_FILE
+    if not path.exists():
+        return None, None
+    try:
+        record = load_record(path)
+    except RunRecordError as err:
+        return "corrupt", str(err)
+    return record.status, record.error
+
+
+def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
+    """Record a run that raised before the training loop wrote its first record."""
+    from creditaudit.records import new_record, save_record
+
+    record = new_record(config, device=config.run.device)
+    record.run_id = run_dir.name
+    record.status = "failed"
+    record.error = error
+    save_record(run_dir, record)
+
+
+def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
+            retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
+    """Claim, train (or resume, or skip) one run and release it; never raises for the run.
+
+    ``run_id`` is the id the sweep computed for this config: a worker whose creditaudit
+    computes another id (a different version on a cluster node) refuses the run instead of
+    writing it to another folder.
+
+    Returns ``{"run_id", "status", "action", "error", "seconds", "pid", "host"}`` where
+    status is the run's status afterwards (completed, diverged, failed, interrupted, busy)
+    and action what this call did (trained, resumed, restarted, skipped, busy).
+    """
+    from creditaudit.records import CHECKPOINT_FILE
+    from creditaudit.training import train
+
+    started = time.perf_counter()
+    outcome: Outcome = {"run_id": run_id, "status": None, "action": "skipped",
+                        "error": None, "seconds": 0.0, "pid": os.getpid(),
+                        "host": socket.gethostname()}
+    try:
+        config = config_from_dict(config_dict)
+        own_id = run_id_of(config)
+        if run_id is not None and own_id != run_id:
+            raise ConfigError(f"this worker computes run id {own_id} for the run the sweep "
+                              f"calls {run_id}: the sweep and its workers run different "
+                              "creditaudit versions or see different data")
+    except CreditAuditError as err:
+        if run_id is None:
+            raise
+        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
+        return outcome
+    outcome["run_id"] = own_id
+    out_dir = Path(config.run.out_dir)
+    run_dir = out_dir / own_id
+
+    def event(name: str, **fields: Any) -> None:
+        _append_event(out_dir, name, own_id, **fields)
+
+    def skip_reason() -> bool:
+        status, error = disk_status(run_dir)
+        if status in FINISHED or (status == "failed" and not retry_failed):
+            outcome.update(status=status, error=error, action="skipped")
+            return True
+        return False
+
+    if skip_reason():
+        return outcome
+    claim, holder = try_claim(run_dir, stale_after=stale_after, events=event)
+    if claim is None:
+        event("busy", holder=holder)
+        outcome.update(status="busy", action="busy", holder=holder)
+        return outcome
+    try:
+        if skip_reason():  # finished by another process between our check and our claim
+            event("skip", status=outcome["status"])
+            return outcome
+        status, _ = disk_status(run_dir)
+        has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
+        if status is None:
+            action, kwargs = "trained", {"force": has_checkpoint}
+        elif status in ("running", "interrupted", "failed") and has_checkpoint:
+            action, kwargs = "resumed", {"resume": True}
+        else:  # corrupt record, or died before its first checkpoint: start over
+            action, kwargs = "restarted", {"force": True}
+        outcome["action"] = action
+        event("start", action=action)
+        try:
+            with heartbeat(claim, every=max(1.0, min(60.0, stale_after / 4))):
+                result = train(config, **kwargs)
+            outcome.update(status=result.status, error=result.record.error)
+        except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
+            error = f"{type(err).__name__}: {err}"
+            if disk_status(run_dir)[0] in (None, "running", "corrupt"):
+                _write_failed_record(config, run_dir, error)
+            outcome.update(status="failed", error=error)
+            log.debug("run %s failed", own_id, exc_info=True)
+        except KeyboardInterrupt:
+            outcome.update(status="interrupted")
+            event("end", status="interrupted")
+            raise
+        outcome["seconds"] = time.perf_counter() - started
+        event("end", status=outcome["status"], seconds=outcome["seconds"],
+              error=outcome["error"])
+        return outcome
+    finally:
+        release_claim(claim)
+
+
+# --- executors ---------------------------------------------------------------------------
+RunFn = Callable[[dict[str, Any]], Outcome]
+
+
+# Per worker process: set by SIGTERM/SIGINT, so a worker stops after its current run.
+_WORKER = {"terminating": False, "in_run": False}
+
+
+def init_worker(threads: int) -> None:
+    """Worker start-up: torch threads; SIGTERM/SIGINT interrupt the current run cleanly."""
+    import signal
+
+    import torch
+
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(threads)
+
+    def terminate(signum: int, frame: object) -> None:
+        _WORKER["terminating"] = True
+        if _WORKER["in_run"]:
+            raise KeyboardInterrupt  # the run records 'interrupted', the claim is released
+        raise SystemExit(0)  # idle: leave quietly
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    _watch_parent(os.getppid())
+
+
+PARENT_POLL_SECONDS = 1.0
+
+
+def _watch_parent(parent: int) -> None:
+    """Interrupt this worker when the sweep process that started it dies (kill -9 leaves
+    its workers orphaned: they are re-parented, so ``getppid()`` changes). The current run
+    records 'interrupted' and releases its claim, so the next sweep resumes it."""
+    import signal
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="creditaudit-parent-watch", daemon=True).start()
+
+
+def interrupted_outcome(task: dict[str, Any]) -> Outcome:
+    return {"run_id": task["run_id"], "status": "interrupted", "action": "interrupted",
+            "error": None, "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
+
+
+def pool_call(fn: RunFn, task: dict[str, Any]) -> Outcome:
+    """A task in a LocalExecutor worker: after an interrupt, queued runs are not started."""
+    if _WORKER["terminating"]:
+        return interrupted_outcome(task)
+    _WORKER["in_run"] = True
+    try:
+        return fn(task)
+    except KeyboardInterrupt:
+        return interrupted_outcome(task)
+    finally:
+        _WORKER["in_run"] = False
+
+
+def failed_outcome(task: dict[str, Any], error: str) -> Outcome:
+    return {"run_id": task["run_id"], "status": "failed", "action": "trained",
+            "error": error, "seconds": 0.0, "pid": None, "host": None}
+
+
+def run_task(task: dict[str, Any], *, retry_failed: bool = False,
+             stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
+    """What an executor runs: ``task = {"config": config dict, "run_id": id}``."""
+    return run_one(task["config"], run_id=task["run_id"], retry_failed=retry_failed,
+                   stale_after=stale_after)
+
+

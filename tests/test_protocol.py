@@ -29,6 +29,7 @@ from creditaudit.protocol import (
     evaluate_protocol,
 )
 from creditaudit.records import CHECKPOINT_FILE
+from creditaudit.report import render, render_markdown, render_text
 
 
 def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
@@ -201,8 +202,10 @@ def test_missing_frozen_accuracy_is_not_evaluated_everywhere():
     assert d.status == "not evaluated" and d.reason == NO_FROZEN_REASON
     assert report.verdict == "incomplete" and report.not_evaluated == ["d"]
     assert report.verdict_text == "no walk-back in (a)–(c); (d) not evaluated"
-    assert "(d) not evaluated" in str(report)
-    assert "not evaluated" in report.to_markdown() and NO_FROZEN_REASON in report.to_markdown()
+    assert str(report) == report.verdict_text
+    assert "(d) not evaluated" in render_text(report)
+    md = render_markdown(report)
+    assert "not evaluated" in md and NO_FROZEN_REASON in md
     data = json.loads(report.to_json())
     assert data["diagnostics"]["d"]["status"] == "not evaluated"
     assert data["not_evaluated"] == ["d"]
@@ -213,16 +216,17 @@ def test_missing_frozen_accuracy_is_not_evaluated_everywhere():
 def test_renderers():
     report = evaluate_protocol(make_sg(**CASES["a"][0]), **HEALTHY,
                                metadata={"method": "dfa", "arch": "resmlp_d=256", "seeds": "42"})
-    text = str(report)
+    text = render(report, "text")
     for label in ("(a)", "(b)", "(c)", "(d)", "needs walk-back (a)", "FIRED"):
         assert label in text
-    md = report.to_markdown()
+    md = render(report, "md")
     assert md.splitlines()[0].startswith("| method |") and "| dfa |" in md
     assert md.count("| (a) |") == 1 and "growth > threshold" in md
     data = json.loads(report.to_json())
     assert set(data["diagnostics"]) == {"a", "b", "c", "d"}
     assert DiagnosticReport.from_dict(data).to_dict() == report.to_dict()
-    row = report.to_latex()
+    assert render(report, "json") == report.to_json()
+    row = render(report, "latex")
     assert row.endswith(r"\\") and row.count(" & ") == 8
     assert "needs walk-back (a)" in row and r"resmlp\_d=256" in row
     assert r"\textbf{120}" in row  # the fired value is bold

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from creditaudit.data import make_teacher_student
 from creditaudit.protocol import diagnose
+from creditaudit.report import render
 
 
 class MyResNet(nn.Module):
@@ -62,10 +63,10 @@ def main() -> None:
                       frozen_acc=None,  # pass your frozen-blocks baseline to evaluate (d)
                       metadata={"method": "bp", "arch": "MyResNet d=128 L=4",
                                 "dataset": "synthetic", "seeds": "0"})
-    print(report)
+    print(render(report, "text"))
     print()
-    print(report.to_markdown())
-    assert report.verdict in ("trustworthy", "needs walk-back")
+    print(render(report, "md"))
+    assert report.verdict in ("trustworthy", "incomplete", "needs walk-back")
 
 
 if __name__ == "__main__":

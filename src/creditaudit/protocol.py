@@ -385,23 +385,9 @@ class DiagnosticReport:
     def thresholds(self) -> Thresholds:
         return Thresholds(**self.metadata.get("thresholds", {}))
 
-    # --- rendering (creditaudit.report) ---------------------------------------------------
     def __str__(self) -> str:
-        from creditaudit.report import render_text
-
-        return render_text(self)
-
-    def to_markdown(self) -> str:
-        """The SPEC §5 reporting-template row, the diagnostics and a per-layer table."""
-        from creditaudit.report import render_markdown
-
-        return render_markdown(self)
-
-    def to_latex(self) -> str:
-        """One LaTeX table row: method & arch & acc & Γ & a & b & c & d & verdict."""
-        from creditaudit.report import render_latex
-
-        return render_latex(self)
+        """The verdict in words; :func:`creditaudit.report.render` gives the full tables."""
+        return self.verdict_text
 
 
 # --- running it ---------------------------------------------------------------------------

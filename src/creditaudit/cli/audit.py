@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from creditaudit.config import DEVICES
-
-FORMATS = ("text", "md", "json", "latex")
+from creditaudit.report.protocol import FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,19 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def render(report: Any, fmt: str) -> str:
-    if fmt == "json":
-        return report.to_json()
-    if fmt == "md":
-        return report.to_markdown()
-    if fmt == "latex":
-        return report.to_latex()
-    return str(report)
-
-
 def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
     from creditaudit.errors import OutputError
+    from creditaudit.report import render
     from creditaudit.safe_files import atomic_write_bytes
 
     if args.output and Path(args.output).is_dir():

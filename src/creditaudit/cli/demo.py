@@ -9,7 +9,7 @@ from pathlib import Path
 
 from creditaudit.cli.common import add_device_options
 from creditaudit.config import RunConfig, device_overrides
-from creditaudit.summary import format_run_summary
+from creditaudit.report import format_run_summary
 
 DEMO_METHODS = ("bp", "fa", "dfa", "frozen")
 

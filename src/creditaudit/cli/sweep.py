@@ -133,8 +133,8 @@ def _labels(configs: list[Any], keys: list[str]) -> list[str]:
 def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
     """format_run_summary of the runs that have a record, each row led by its grid values."""
     from creditaudit.records import RECORD_FILE, load_record
+    from creditaudit.report import format_run_summary
     from creditaudit.run_ids import run_id
-    from creditaudit.summary import format_run_summary
 
     records, labels = [], []
     for config, label in zip(configs, _labels(configs, grid_keys)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from creditaudit.cli.common import add_config_options, config_from_args
-from creditaudit.summary import format_run_summary
+from creditaudit.report import format_run_summary
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

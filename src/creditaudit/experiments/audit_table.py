@@ -18,7 +18,7 @@ from creditaudit.experiments.groups import (
     frozen_accuracy,
     group_records,
     group_summary,
-    md_table,
+    markdown_table,
     verdicts,
 )
 from creditaudit.experiments.registry import Experiment, register
@@ -74,7 +74,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
             ("baseline for (d)" if row["method"] == "frozen" else
              "<br>".join(f"s{s['seed']}: {s['verdict']}" for s in row["seeds"])),
         ])
-    table = md_table(["method", "test acc", "Γ (samples→layers)", "deep cos",
+    table = markdown_table(["method", "test acc", "Γ (samples→layers)", "deep cos",
                       "Γ: layers→samples / samples→layers / pooled / deep", "(d) margin pp",
                       "verdict per seed"], rows)
     notes = [

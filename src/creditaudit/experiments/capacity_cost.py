@@ -18,7 +18,7 @@ from creditaudit.experiments.groups import (
     frozen_accuracy,
     group_records,
     group_summary,
-    md_table,
+    markdown_table,
     verdicts,
 )
 from creditaudit.experiments.registry import Experiment, register
@@ -86,8 +86,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
             row.append(format_aggregate(entry["test_acc"]) if entry else "—")
             row.append(entry["verdict"]["text"] if entry else "—")
         rows.append(row)
-    table = md_table(["method", "no penalty", "verdict", f"λ={summary['penalty']:g}", "verdict"],
-                     rows)
+    header = ["method", "no penalty", "verdict", f"λ={summary['penalty']:g}", "verdict"]
+    table = markdown_table(header, rows)
     e = summary["effects_pp"]
     return (table + f"\n\nFrozen baseline: {format_aggregate(summary['frozen_acc'])}.\n\n"
             f"- penalty cost for BP: {fmt(e['bp_penalty_cost'], '+.1f')} pp\n"

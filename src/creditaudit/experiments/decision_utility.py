@@ -24,7 +24,7 @@ from creditaudit.experiments.configs import RULES
 from creditaudit.experiments.groups import (
     DIAGNOSTIC_IDS,
     group_records,
-    md_table,
+    markdown_table,
     method_label,
     verdicts,
 )
@@ -96,7 +96,7 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
 def to_markdown(summary: dict[str, Any]) -> str:
     rows = [[s["name"], s["description"], s["text"], ", ".join(s["walked_back"]) or "—"]
             for s in summary["strategies"]]
-    table = md_table(["strategy", "evidence demanded", "rules walked back", "which"], rows)
+    table = markdown_table(["strategy", "evidence demanded", "rules walked back", "which"], rows)
     names = [s["name"] for s in summary["strategies"]]
     detail = []
     for method in summary["methods"]:
@@ -107,7 +107,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
             cells.append(f"{mark} ({entry['seeds_walked_back']}/{entry['n_seeds']})")
         detail.append(cells)
     return (table + "\n\nPer method (seeds walked back):\n\n"
-            + md_table(["method", *names], detail)
+            + markdown_table(["method", *names], detail)
             + f"\n\nRule: {summary['rule']}. SPEC reference (CIFAR-10, paper scale): S1 walks "
             "back 0/5, S_full 3/5 (DFA, State Bridge, Credit Bridge).\n")
 

@@ -18,7 +18,7 @@ from creditaudit.experiments.groups import (
     frozen_accuracy,
     group_records,
     group_summary,
-    md_table,
+    markdown_table,
     verdicts,
 )
 from creditaudit.experiments.registry import Experiment, register
@@ -73,7 +73,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     header = ["trainable blocks k"]
     for method in methods:
         header += [f"{method} acc", f"{method} (d) margin pp", f"{method} verdict"]
-    return (md_table(header, rows) + f"\n\nFrozen baseline: "
+    return (markdown_table(header, rows) + f"\n\nFrozen baseline: "
             f"{format_aggregate(summary['frozen_acc'])}. k = L is the run with every block "
             "trainable; k = 0 trains only the embedding and readout (for BP that is the frozen "
             "baseline's recipe).\n")

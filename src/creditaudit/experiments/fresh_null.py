@@ -18,7 +18,7 @@ from typing import Any
 from creditaudit.config import RunConfig
 from creditaudit.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.experiments.configs import method_overrides, scale_config
-from creditaudit.experiments.groups import fmt, group_records, md_table, method_label
+from creditaudit.experiments.groups import fmt, group_records, markdown_table, method_label
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.records import RunRecord, deep_mean
@@ -96,7 +96,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
                      format_aggregate(r["deep_rho_bp"], "+.3f")
                      + ("" if r["rho_measurable"] else " (ρ unmeasurable)"),
                      fmt(r["deep_cos_bp"]["mean"], "+.3f")])
-    table = md_table(["condition", "deep cos, training B", "deep cos, fresh B (pooled)",
+    table = markdown_table(["condition", "deep cos, training B", "deep cos, fresh B (pooled)",
                       "distance (null std)", "deep ρ", "deep ρ, BP control",
                       "deep cos, BP control"], rows)
     return (table + "\n\nTraining-B values: mean ± std over seeds; fresh-B: every draw of every "

@@ -20,7 +20,7 @@ from creditaudit.config import NON_SEMANTIC
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.protocol import labels
 from creditaudit.records import RecordSet, RunRecord, Verdict
-from creditaudit.report import fmt, format_lambda
+from creditaudit.report import fmt, format_lambda, markdown_table
 
 DIAGNOSTIC_IDS = ("a", "b", "c", "d")
 
@@ -151,16 +151,10 @@ def trajectory(members: Sequence[RunRecord], keys: Sequence[str] = TRAJECTORY_KE
     return out
 
 
-def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def epoch_text(value: int | None) -> str:
     return "never" if value is None else str(value)
 
 
 __all__ = ["method_label", "group_records", "verdicts", "verdict_overview", "seed_row",
-           "group_summary", "trajectory", "md_table", "epoch_text", "fmt", "format_lambda",
+           "group_summary", "trajectory", "markdown_table", "epoch_text", "fmt", "format_lambda",
            "frozen_accuracy", "DIAGNOSTIC_IDS"]

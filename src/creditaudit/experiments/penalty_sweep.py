@@ -21,7 +21,7 @@ from creditaudit.experiments.groups import (
     frozen_accuracy,
     group_records,
     group_summary,
-    md_table,
+    markdown_table,
     trajectory,
     verdicts,
 )
@@ -70,7 +70,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
              fmt(r["max_block_growth"]["mean"]), fmt(r["deep_cos"]["mean"], "+.3f"),
              fmt(r["margin_pp"]["mean"], "+.1f"), _first(r, "a"), _first(r, "b"),
              r["verdict"]["text"]] for r in summary["rows"]]
-    table = md_table(["λ", "test acc", "‖h_L‖", "‖g_2‖", "‖g_L‖", "max growth", "deep cos",
+    table = markdown_table(["λ", "test acc", "‖h_L‖", "‖g_2‖", "‖g_L‖", "max growth", "deep cos",
                       "(d) margin pp", "(a) first", "(b) first", "verdict"], rows)
     return (table + f"\n\nFrozen baseline (control epochs): "
             f"{format_aggregate(summary['frozen_acc'])}. Norms are means over seeds of the "

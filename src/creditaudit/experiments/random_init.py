@@ -17,7 +17,7 @@ from typing import Any
 from creditaudit.config import RunConfig
 from creditaudit.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.experiments.configs import arch_config, arch_variants, method_overrides
-from creditaudit.experiments.groups import DIAGNOSTIC_IDS, fmt, group_records, md_table
+from creditaudit.experiments.groups import DIAGNOSTIC_IDS, fmt, group_records, markdown_table
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import FIRED, NOT_EVALUATED, labels
@@ -93,7 +93,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
                      fmt(row["g_L_norm"]["mean"], ".3g"), fmt(row["stability"]["mean"], ".3f"),
                      verdict,
                      "yes" if row["at_chance"] else "no"])
-    table = md_table(["architecture", "method", "test acc", "chance", "(a) growth",
+    table = markdown_table(["architecture", "method", "test acc", "chance", "(a) growth",
                       "(b) ‖g_L‖", "(c) stability", "verdict (a)–(c)", "at chance"], rows)
     return (f"**{summary['n_trustworthy']}/{summary['n_runs']} untrained runs trustworthy, "
             f"{summary['n_at_chance']}/{summary['n_runs']} at chance** (accuracy < 2/C).\n\n"

@@ -31,7 +31,7 @@ from creditaudit.experiments.groups import (
     epoch_text,
     fmt,
     group_records,
-    md_table,
+    markdown_table,
     trajectory,
 )
 from creditaudit.experiments.registry import Experiment, register
@@ -132,7 +132,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     rows = [[row["arch"], row["method"], fmt(row["test_acc"]["mean"], ".3f"),
              *(_cell(row["first_fired"][i], row["fires_at_end"][i]) for i in DIAGNOSTIC_IDS)]
             for row in summary["rows"]]
-    table = md_table(["architecture", "method", "final acc", "(a) first epoch",
+    table = markdown_table(["architecture", "method", "final acc", "(a) first epoch",
                       "(b) first epoch", "(c) first epoch", "(d) first epoch"], rows)
     return (table + "\n\nCells: first firing epoch over seeds (min–max), seeds where it fired, "
             "and seeds where it still fires at the last epoch. " + summary["d_rule"] + ".\n\n"

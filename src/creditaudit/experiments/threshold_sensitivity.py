@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from creditaudit.experiments.audit_table import audit_configs
-from creditaudit.experiments.groups import fmt, md_table, method_label
+from creditaudit.experiments.groups import fmt, markdown_table, method_label
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.protocol import (
     FIRED,
@@ -149,7 +149,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
                f"{band['gap']:.3g}{' pp' if band['gap_unit'] == 'pp' else '×'}")
         parts += ["", f"## ({diagnostic}) {block['statistic']}, fires when "
                       f"{ops[diagnostic]} threshold", "",
-                  md_table(["threshold", "runs fired", "runs walked back", "which"], rows), "",
+                  markdown_table(["threshold", "runs fired", "runs walked back", "which"],
+                                 rows), "",
                   f"Stable band around the default: closest firing value "
                   f"{fmt(band['closest_fired'])}, closest passing value "
                   f"{fmt(band['closest_passed'])}, gap {gap}."]

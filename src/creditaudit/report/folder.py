@@ -2,25 +2,21 @@
 
 Everything is read from run records (never a live model): the audit table (one row per
 run, from the run's protocol block), a summary across seeds, the figures the runs support
-(embedded in the HTML as base64 PNG) and the SPEC §5 reporting-template rows of every run.
+(embedded in the HTML as base64 PNG) and the reporting-template rows of every run.
 
-With ``frozen_from_runs`` (``creditaudit report --frozen-from-runs``), diagnostic (d) of each
-run is re-evaluated against the mean final accuracy of the frozen-blocks runs of the same
-recipe (same data, architecture and optimiser), when there are any; the table marks those
-rows with †.
+By default (``frozen_from_runs``; ``creditaudit report --no-frozen-from-runs`` turns it off)
+diagnostic (d) of each run is evaluated against the mean final accuracy of the frozen-blocks
+runs of the same recipe (same data, model, optimiser and precision), when there are any; the
+table marks those rows with †, and the frozen runs' own rows are labelled as the baseline.
 
-The HTML is produced by :func:`markdown_to_html`, a converter for exactly the Markdown this
-module and :mod:`creditaudit.report` emit (headings, tables, fenced code, lists, paragraphs,
-images, ``**bold**`` and `` `code` ``) — no dependency beyond the standard library.
+The HTML is the same Markdown rendered by markdown-it-py (:mod:`creditaudit.report.html`),
+figures embedded.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +31,9 @@ from creditaudit.protocol import (
     NOT_EVALUATED,
     DiagnosticReport,
 )
-from creditaudit.report import fmt
+from creditaudit.report.formatting import fmt, markdown_table, one_line
+from creditaudit.report.html import markdown_to_html
+from creditaudit.report.protocol import render_markdown
 from creditaudit.safe_files import atomic_write_bytes
 
 REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
@@ -46,15 +44,6 @@ RECOMPUTED_MARK = "†"
 
 
 # --- table rows ---------------------------------------------------------------------------
-def _cell(text: Any) -> str:
-    """Text for a Markdown table cell (pipes escaped, one line)."""
-    return _line(text).replace("|", "\\|")
-
-
-def _line(text: Any) -> str:
-    return str(text).replace("\n", " ")
-
-
 def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
     """``fired 694``, ``passed 1.01``, ``n/e`` — status and the compared value."""
     if report is None:
@@ -110,11 +99,10 @@ def audit_row(index: RunIndex, run: Run) -> dict[str, str]:
     }
 
 
-def markdown_table(columns: Sequence[str], rows: Sequence[dict[str, str]]) -> list[str]:
-    out = ["| " + " | ".join(_cell(c) for c in columns) + " |",
-           "|" + "---|" * len(columns)]
-    out += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return out
+def dict_table(columns: Sequence[str], rows: Sequence[dict[str, str]]) -> list[str]:
+    """Markdown table lines of dict ``rows`` (one column per key in ``columns``)."""
+    return markdown_table(columns, [[row.get(c, "") for c in columns] for row in rows]
+                          ).splitlines()
 
 
 @dataclass
@@ -185,7 +173,7 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
     lines.append("")
     if index.skipped:
         lines += ["Records that could not be read (left out):", ""]
-        lines += [f"- `{path}`: {_line(reason)}" for path, reason in index.skipped]
+        lines += [f"- `{path}`: {one_line(reason)}" for path, reason in index.skipped]
         lines.append("")
     lines += ["Every number below is read from the run records. Statuses: **fired**, passed, "
               "n/e = not evaluated (never counted as passed). Thresholds: (a) growth > 50×, "
@@ -195,7 +183,7 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
     lines += ["## Audit table", ""]
     if runs:
         rows = [audit_row(index, run) for run in runs]
-        lines += markdown_table(AUDIT_COLUMNS, rows)
+        lines += dict_table(AUDIT_COLUMNS, rows)
         lines.append("")
         lines += _frozen_notes(index, rows)
     else:
@@ -203,7 +191,7 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
 
     if runs:
         lines += ["## Summary across seeds", ""]
-        lines += markdown_table(SUMMARY_COLUMNS, summary_rows(index))
+        lines += dict_table(SUMMARY_COLUMNS, summary_rows(index))
         lines += ["", "Mean ± std (population) over the seeds of each row; walked back = runs "
                       "whose verdict needs walk-back / runs with a protocol block.", ""]
 
@@ -217,8 +205,8 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
     if missing:
         lines += ["Figures the runs do not support yet:", ""]
         for module, err in missing:
-            lines.append(f"- **{module.TITLE}** — needs: {_line('; '.join(err.needs))}. "
-                         f"Runs it reads: {_line(module.requirements)}")
+            lines.append(f"- **{module.TITLE}** — needs: {one_line('; '.join(err.needs))}. "
+                         f"Runs it reads: {one_line(module.requirements)}")
         lines.append("")
 
     lines += ["## Reporting template, per run", ""]
@@ -228,7 +216,7 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
         if report is None:
             continue
         any_template = True
-        lines += [f"### {run.run_id}", "", report.to_markdown(), ""]
+        lines += [f"### {run.run_id}", "", render_markdown(report), ""]
     if not any_template:
         lines += ["No run has a protocol block.", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -252,149 +240,6 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
                          "runs of their recipe exist: run `creditaudit report "
                          "--frozen-from-runs` to evaluate (d) against them.")
     return [*notes, ""] if notes else []
-
-
-# --- Markdown → HTML ------------------------------------------------------------------------
-CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
-       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
-h1, h2, h3 { border-bottom: 1px solid #ddd; padding-bottom: .2em; }
-h3 { font-size: 1.05em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .85em; display: block;
-        overflow-x: auto; }
-th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical-align: top; }
-th { background: #f2f2f2; }
-tr:nth-child(even) td { background: #fafafa; }
-pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
-code { background: #f6f8fa; padding: 0 .2em; }
-figure { margin: 1em 0; }
-figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { color: #666; font-size: .85em; }
-strong { color: #b2182b; }
-"""
-_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
-
-
-def _data_uri(path: Path) -> str | None:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-
-
-def _inline(text: str) -> str:
-    """Escape HTML, then `code` and **bold** (code spans are not formatted further)."""
-    parts = re.split(r"(`[^`]*`)", text)
-    out = []
-    for part in parts:
-        if len(part) >= 2 and part.startswith("`") and part.endswith("`"):
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
-        else:
-            escaped = html.escape(part)
-            out.append(re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped))
-    return "".join(out)
-
-
-def _split_row(line: str) -> list[str]:
-    body = line.strip()
-    body = body[1:] if body.startswith("|") else body
-    body = body[:-1] if body.endswith("|") and not body.endswith("\\|") else body
-    cells = re.split(r"(?<!\\)\|", body)
-    return [c.strip().replace("\\|", "|") for c in cells]
-
-
-def markdown_to_html(text: str, *, base_dir: str | Path = ".", title: str = "creditaudit report"
-                     ) -> str:
-    """A self-contained HTML page for the Markdown subset the reports use.
-
-    Images ``![alt](path.png)`` (on a line of their own) are read relative to ``base_dir``
-    and embedded as base64 data URIs; an image that cannot be read becomes a note.
-    """
-    base = Path(base_dir)
-    lines = text.splitlines()
-    body: list[str] = []
-    paragraph: list[str] = []
-
-    def flush() -> None:
-        if paragraph:
-            body.append("<p>" + " ".join(_inline(p) for p in paragraph) + "</p>")
-            paragraph.clear()
-
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        stripped = line.strip()
-        if stripped.startswith("```"):
-            flush()
-            code = []
-            i += 1
-            while i < len(lines) and not lines[i].strip().startswith("```"):
-                code.append(lines[i])
-                i += 1
-            body.append("<pre><code>" + html.escape("\n".join(code)) + "</code></pre>")
-            i += 1
-            continue
-        if not stripped:
-            flush()
-            i += 1
-            continue
-        heading = re.match(r"^(#{1,6})\s+(.*)$", stripped)
-        if heading:
-            flush()
-            level = len(heading.group(1))
-            body.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
-            i += 1
-            continue
-        if stripped.startswith("|"):
-            flush()
-            rows = []
-            while i < len(lines) and lines[i].strip().startswith("|"):
-                rows.append(_split_row(lines[i]))
-                i += 1
-            body.append(_table_html(rows))
-            continue
-        if stripped.startswith("- "):
-            flush()
-            items = []
-            while i < len(lines) and lines[i].strip().startswith("- "):
-                items.append(f"<li>{_inline(lines[i].strip()[2:])}</li>")
-                i += 1
-            body.append("<ul>" + "".join(items) + "</ul>")
-            continue
-        image = _IMAGE.fullmatch(stripped)
-        if image:
-            flush()
-            alt, src = image.groups()
-            uri = _data_uri(base / src)
-            if uri is None:
-                body.append(f"<p><em>image {html.escape(src)} could not be read</em></p>")
-            else:
-                body.append(f'<figure><img alt="{html.escape(alt)}" src="{uri}">'
-                            f"<figcaption>{html.escape(alt)}</figcaption></figure>")
-            i += 1
-            continue
-        paragraph.append(stripped)
-        i += 1
-    flush()
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + "\n</body>\n</html>\n")
-
-
-def _table_html(rows: list[list[str]]) -> str:
-    if len(rows) >= 2 and all(re.fullmatch(r":?-{3,}:?", c) for c in rows[1] if c):
-        header, data = rows[0], rows[2:]
-    else:
-        header, data = None, rows
-    out = ["<table>"]
-    if header is not None:
-        out.append("<thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header)
-                   + "</tr></thead>")
-    out.append("<tbody>")
-    out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in data]
-    out.append("</tbody></table>")
-    return "\n".join(out)
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -437,5 +282,5 @@ def write_report(index: RunIndex, out_dir: str | Path, *, rendered: Sequence[Any
     return ReportFiles(md_path, html_path, rendered, missing)
 
 
-__all__ = ["write_report", "render_report_markdown", "markdown_to_html", "audit_row",
-           "summary_rows", "ReportFiles"]
+__all__ = ["write_report", "render_report_markdown", "audit_row", "summary_rows",
+           "ReportFiles"]

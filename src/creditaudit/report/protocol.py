@@ -1,41 +1,28 @@
-"""Rendering of protocol reports: plain text, Markdown (SPEC §5 template) and LaTeX.
+"""Rendering of protocol reports: plain text, Markdown (the reporting template) and LaTeX.
 
-JSON is :meth:`DiagnosticReport.to_json`; everything here only formats numbers a report
-already holds.
+JSON is :meth:`DiagnosticReport.to_json` (serialisation of the data); everything here only
+formats numbers a report already holds::
+
+    from creditaudit.report import render
+    print(render(report, "text"))      # or "md", "latex", "json"
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from creditaudit.protocol import (
     CREDIT_FORMULAS,
     HEADLINE_GAMMA,
+    DiagnosticReport,
     DiagnosticResult,
     block_growths,
     labels,
 )
+from creditaudit.report.formatting import fmt
 
-if TYPE_CHECKING:
-    from creditaudit.protocol import DiagnosticReport
-
-
-def fmt(value: Any, spec: str = ".3g") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return format(value, spec)
-
-
-def format_lambda(value: float) -> str:
-    """``1e-2`` style for penalties (``0`` for none, ``2.5e-3`` keeps its mantissa)."""
-    if value == 0:
-        return "0"
-    mantissa, exponent = f"{value:e}".split("e")
-    return f"{float(mantissa):g}e{int(exponent)}"
+FORMATS = ("text", "md", "json", "latex")
 
 
 def _threshold_text(result: DiagnosticResult) -> str:
@@ -77,8 +64,18 @@ def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
                      ", ".join(flags)))
     return rows
 
+def render(report: DiagnosticReport, form: str = "text") -> str:
+    """``report`` as ``text``, ``md`` (the reporting template), ``json`` or ``latex``."""
+    if form == "json":
+        return report.to_json()
+    renderers = {"text": render_text, "md": render_markdown, "latex": render_latex}
+    if form not in renderers:
+        raise ValueError(f"unknown report format {form!r}; choose one of {', '.join(FORMATS)}")
+    return renderers[form](report)
+
+
 def render_text(report: DiagnosticReport) -> str:
-    """A readable plain-text table (what ``str(report)`` prints)."""
+    """A readable plain-text table of the diagnostics, the verdict and the layers."""
     meta = report.metadata
     lines = [f"creditaudit protocol — {meta.get('model', 'model')}"
              f" ({meta.get('method') or 'no credit'}), {meta.get('n_samples', '?')} "
@@ -103,7 +100,7 @@ def render_text(report: DiagnosticReport) -> str:
     return "\n".join(lines)
 
 def render_markdown(report: DiagnosticReport) -> str:
-    """The SPEC §5 reporting-template row, the diagnostics and a per-layer table."""
+    """The reporting-template row, the diagnostics and a per-layer table."""
     meta = report.metadata
     d = report.diagnostic("d")
     c = report.diagnostic("c")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from creditaudit.records import RecordSet, RunRecord
-from creditaudit.report import fmt
+from creditaudit.report.formatting import fmt
 
 BASELINE_TEXT = "frozen baseline of (d)"
 

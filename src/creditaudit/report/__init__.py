@@ -1,0 +1,25 @@
+"""Every rendering of the tool's results, one module per idea:
+
+- :mod:`.formatting` — numbers, λ labels and Markdown tables shared by all of them;
+- :mod:`.protocol` — one protocol report as text, Markdown (the reporting template), LaTeX
+  (JSON is the report's own serialisation): :func:`render`;
+- :mod:`.runs` — the one-line-per-run summary the CLI prints after training;
+- :mod:`.folder` — ``report.md`` / ``report.html`` of a results folder;
+- :mod:`.html` — Markdown to a self-contained HTML page.
+"""
+
+from __future__ import annotations
+
+from creditaudit.report.formatting import fmt, format_lambda, markdown_table
+from creditaudit.report.protocol import (
+    FORMATS,
+    metrics_lines,
+    render,
+    render_latex,
+    render_markdown,
+    render_text,
+)
+from creditaudit.report.runs import format_run_summary
+
+__all__ = ["FORMATS", "render", "render_text", "render_markdown", "render_latex",
+           "metrics_lines", "format_run_summary", "fmt", "format_lambda", "markdown_table"]

@@ -1,0 +1,39 @@
+"""Number and table formatting shared by every rendering."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def fmt(value: Any, spec: str = ".3g") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return format(value, spec)
+
+
+def format_lambda(value: float) -> str:
+    """``1e-2`` style for penalties (``0`` for none, ``2.5e-3`` keeps its mantissa)."""
+    if value == 0:
+        return "0"
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def one_line(text: Any) -> str:
+    return " ".join(str(text).split("\n"))
+
+
+def cell(text: Any) -> str:
+    """Text for a Markdown table cell (one line, pipes escaped)."""
+    return one_line(text).replace("|", "\\|")
+
+
+def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (cells escaped) of ``rows`` under ``header``."""
+    lines = ["| " + " | ".join(cell(c) for c in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

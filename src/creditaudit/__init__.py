@@ -7,13 +7,12 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from creditaudit.config import RunConfig, load_config  # noqa: E402
 from creditaudit.errors import CreditAuditError  # noqa: E402
 from creditaudit.protocol import DiagnosticReport, Thresholds, diagnose  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
 from creditaudit.training import train  # noqa: E402
+from creditaudit.version import __version__  # noqa: E402
 
 __all__ = [
     "__version__", "RunConfig", "load_config", "train", "diagnose", "Thresholds",

@@ -16,9 +16,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from creditaudit import __version__
 from creditaudit.errors import CreditAuditError
 from creditaudit.safe_files import describe_os_error
+from creditaudit.version import __version__
 
 SUBCOMMANDS = ("demo", "train", "audit", "sweep", "experiment", "export", "figures", "report")
 

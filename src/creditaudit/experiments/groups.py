@@ -18,9 +18,9 @@ from typing import Any
 
 from creditaudit.config import NON_SEMANTIC
 from creditaudit.experiments.aggregate import aggregate
+from creditaudit.formatting import fmt, format_lambda, markdown_table
 from creditaudit.protocol import labels
 from creditaudit.records import RecordSet, RunRecord, Verdict
-from creditaudit.report import fmt, format_lambda, markdown_table
 
 DIAGNOSTIC_IDS = ("a", "b", "c", "d")
 

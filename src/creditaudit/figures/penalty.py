@@ -41,7 +41,7 @@ from creditaudit.figures.runs import (
     penalties,
     seed_runs,
 )
-from creditaudit.report import format_lambda
+from creditaudit.formatting import format_lambda
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"

@@ -43,7 +43,7 @@ def environment(device: str) -> dict[str, Any]:
     import numpy
     import torch
 
-    from creditaudit import __version__
+    from creditaudit.version import __version__
 
     cuda = torch.cuda.is_available()
     return {

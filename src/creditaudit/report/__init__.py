@@ -1,6 +1,7 @@
 """Every rendering of the tool's results, one module per idea:
 
-- :mod:`.formatting` — numbers, λ labels and Markdown tables shared by all of them;
+- :mod:`creditaudit.formatting` (outside the package, figures use it too) — numbers, λ
+  labels and Markdown tables;
 - :mod:`.protocol` — one protocol report as text, Markdown (the reporting template), LaTeX
   (JSON is the report's own serialisation): :func:`render`;
 - :mod:`.runs` — the one-line-per-run summary the CLI prints after training;
@@ -10,7 +11,7 @@
 
 from __future__ import annotations
 
-from creditaudit.report.formatting import fmt, format_lambda, markdown_table
+from creditaudit.formatting import fmt, format_lambda, markdown_table
 from creditaudit.report.protocol import (
     FORMATS,
     metrics_lines,

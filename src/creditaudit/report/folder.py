@@ -24,6 +24,7 @@ from typing import Any
 
 from creditaudit.figures.common import ARCH_LABELS, method_label
 from creditaudit.figures.runs import Run, RunIndex, mean_std, sort_methods
+from creditaudit.formatting import fmt, markdown_table, one_line
 from creditaudit.protocol import (
     DIAGNOSTIC_NAMES,
     FIRED,
@@ -31,7 +32,6 @@ from creditaudit.protocol import (
     NOT_EVALUATED,
     DiagnosticReport,
 )
-from creditaudit.report.formatting import fmt, markdown_table, one_line
 from creditaudit.report.html import markdown_to_html
 from creditaudit.report.protocol import render_markdown
 from creditaudit.safe_files import atomic_write_bytes

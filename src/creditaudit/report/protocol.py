@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from creditaudit.formatting import fmt
 from creditaudit.protocol import (
     CREDIT_FORMULAS,
     HEADLINE_GAMMA,
@@ -20,7 +21,6 @@ from creditaudit.protocol import (
     block_growths,
     labels,
 )
-from creditaudit.report.formatting import fmt
 
 FORMATS = ("text", "md", "json", "latex")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from creditaudit.formatting import fmt
 from creditaudit.records import RecordSet, RunRecord
-from creditaudit.report.formatting import fmt
 
 BASELINE_TEXT = "frozen baseline of (d)"
 

@@ -48,3 +48,12 @@ def test_relative_links_in_the_docs_point_at_files():
             if not path.exists():
                 broken.append(f"{doc.relative_to(ROOT)} → {target}")
     assert not broken, "broken links: " + ", ".join(broken)
+
+
+def test_records_doc_is_generated_from_the_typed_classes():
+    from creditaudit.records.docs import MARKER, render_record_docs
+
+    text = (ROOT / "docs" / "records.md").read_text()
+    assert MARKER in text, "docs/records.md lost its <!-- generated --> marker"
+    assert text.split(MARKER)[1] == render_record_docs().split(MARKER)[1], \
+        "docs/records.md is stale: run python scripts/gen_records_doc.py"

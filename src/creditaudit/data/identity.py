@@ -48,12 +48,19 @@ class DataIdentity:
     different seeds on the same task share a recipe.
     """
 
-    name: str = ""
-    fingerprint: str = ""
-    source: str = ""
-    n_train: int | None = None
-    n_test: int | None = None
-    provenance: dict[str, Any] = field(default_factory=dict)
+    name: str = field(default="", metadata={"doc": "dataset name (data.name)"})
+    fingerprint: str = field(default="", metadata={
+        "doc": "sha256 of the data actually loaded: the decoded content of every file read, "
+               "or the generator's arguments (seed included) for generated data; part of "
+               "the run id"})
+    source: str = field(default="", metadata={
+        "doc": "the same without the seed (equal to `fingerprint` for file datasets): runs "
+               "with different seeds on one task share a recipe"})
+    n_train: int | None = field(default=None, metadata={
+        "doc": "training samples used (after data.train_subset)"})
+    n_test: int | None = field(default=None, metadata={"doc": "test samples"})
+    provenance: dict[str, Any] = field(default_factory=dict, metadata={
+        "doc": "per-file digests, or the generator's arguments"})
 
 
 def _digest_text(payload: Any) -> str:

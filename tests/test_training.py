@@ -483,3 +483,38 @@ def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
     for method in ("bp", "fa", "dfa", "frozen"):
         assert method in out.lower()
     assert len(list(tmp_path.glob("*/record.json"))) == 4
+
+
+def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    config = tiny(tmp_path, **{"method.name": "dfa", "method.penalty": 0.01,
+                               "method.trainable_blocks": 1, "data.augment": None})
+    result = train(config)
+    written = result.run_dir / "config.toml"
+    assert load_config(written) == config
+    assert load_config(result.run_dir / RECORD_FILE) == config
+    # Every optional field defaults to None, so leaving None out of the TOML is exact.
+    import typing
+
+    from creditaudit.config import SECTION_TYPES
+
+    defaults = RunConfig().to_dict()
+    for section, cls in SECTION_TYPES.items():
+        for key, tp in typing.get_type_hints(cls).items():
+            if type(None) in typing.get_args(tp):
+                assert defaults[section][key] is None, f"{section}.{key} must default to None"
+    # --print-config prints what --config reads back, and it names the same run.
+    flags = ["--method", "dfa", "--penalty", "0.01", "--set", "method.trainable_blocks=1",
+             *[item for key, value in TINY.items()
+               for item in ("--set", f"{key}={str(value).lower() if value is False else value}")],
+             "--out", str(tmp_path)]
+    assert main(["train", *flags, "--print-config"]) == 0
+    printed = tmp_path / "printed.toml"
+    printed.write_text(capsys.readouterr().out)
+    assert run_id(load_config(printed)) == run_id(config) == result.run_dir.name
+    assert not list(tmp_path.glob("*/checkpoint.pt"))[1:]  # --print-config trained nothing
+    bad = tmp_path / "other.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(ConfigError, match="not a creditaudit run record"):
+        load_config(bad)

@@ -268,14 +268,53 @@ def _check_consistency(config: RunConfig) -> None:
 
 
 
+RECORD_SCHEMA_PREFIX = "creditaudit.run/"
+
+
+def config_to_toml(config: RunConfig) -> str:
+    """The config as a TOML file that :func:`load_config` reads back to an equal config.
+
+    Fields set to None are left out (TOML has no null; every optional field defaults to
+    None, so leaving it out restores it).
+    """
+    import tomli_w
+
+    raw = {section: {k: v for k, v in values.items() if v is not None}
+           for section, values in config.to_dict().items()}
+    return tomli_w.dumps(raw)
+
+
 def load_config(path: str | Path) -> RunConfig:
-    """Read a TOML config file (sections [data], [model], [method], …)."""
+    """Read a config: a TOML file (sections [data], [model], [method], …, e.g. a run
+    folder's ``config.toml``) or a run's ``record.json`` (its config is taken)."""
     path = Path(path)
+    text = read_text(path, "config file", ConfigError)
+    if path.suffix == ".json" or text.lstrip().startswith("{"):
+        return _config_of_record(text, path)
     try:
-        raw = tomllib.loads(read_text(path, "config file", ConfigError))
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     return config_from_dict(raw)
+
+
+def _config_of_record(text: str, path: Path) -> RunConfig:
+    from creditaudit import strict_json
+
+    try:
+        raw = strict_json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"config file {path} is neither TOML nor a run record's JSON "
+                          f"({err})") from None
+    schema = raw.get("schema") if isinstance(raw, dict) else None
+    if not (isinstance(schema, str) and schema.startswith(RECORD_SCHEMA_PREFIX)
+            and isinstance(raw.get("config"), dict)):
+        raise ConfigError(f"config file {path} is JSON but not a creditaudit run record; "
+                          "pass a TOML config or a run's record.json")
+    try:
+        return config_from_dict(raw["config"])
+    except ConfigError as err:
+        raise ConfigError(f"run record {path} holds an invalid config: {err}") from None
 
 
 def parse_value(text: str) -> Any:
@@ -348,5 +387,5 @@ def config_help() -> list[tuple[str, str, str]]:
 __all__ = [
     "RunConfig", "DataConfig", "ModelConfig", "MethodConfig", "OptimConfig",
     "DiagnosticsConfig", "RunSettings", "config_from_dict", "load_config", "apply_overrides",
-    "parse_override", "semantic_dict", "config_help", "types",
+    "parse_override", "semantic_dict", "config_help", "config_to_toml", "types",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset, load_dataset
 from creditaudit.data.identity import DataIdentity
 from creditaudit.diagnostics.drift import feature_drift
@@ -39,6 +39,7 @@ from creditaudit.protocol import (
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
+    CONFIG_FILE,
     INIT_FILE,
     RECORD_FILE,
     EpochEntry,
@@ -53,6 +54,7 @@ from creditaudit.records import (
     structure_mismatch,
 )
 from creditaudit.run_ids import run_data_identity, run_id
+from creditaudit.safe_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 1024
@@ -280,6 +282,8 @@ class Trainer:
         if resume:
             self.restore()
         else:
+            atomic_write_bytes(self.run_dir / CONFIG_FILE,
+                               config_to_toml(self.config).encode())
             atomic_torch_save(self.run_dir / INIT_FILE, parameter_snapshot(self.model))
             self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
@@ -442,7 +446,7 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
     elif resume and not record_path.exists():
         raise RunRecordError(f"cannot resume: no run at {run_dir}")
     if force and run_dir.exists():
-        for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE):
+        for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
             (run_dir / name).unlink(missing_ok=True)
         resume = False
     return Trainer(config, dataset=dataset).run(resume=resume)

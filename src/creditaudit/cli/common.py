@@ -63,7 +63,8 @@ def add_device_options(parser: argparse.ArgumentParser, *, precision: bool = Tru
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config with [data] [model] [method] [optim] [diagnostics] "
-                             "[run] sections; flags and --set override it")
+                             "[run] sections (e.g. a run folder's config.toml), or a run's "
+                             "record.json; flags and --set override it")
     for flag, key, kwargs in SHORTCUTS:
         kwargs = dict(kwargs)
         kwargs["help"] = f"{kwargs['help']} ({key})"

@@ -5,20 +5,25 @@ from __future__ import annotations
 import argparse
 
 from creditaudit.cli.common import add_config_options, config_from_args
+from creditaudit.config import config_to_toml
 from creditaudit.report import format_run_summary
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "train", help="train one network with a credit rule",
-        description="Train one run. Writes OUT/RUN_ID/record.json after every epoch and a "
-                    "checkpoint beside it; the run id is derived from the config, so the "
-                    "same config finds the same folder.")
+        description="Train one run. Writes OUT/RUN_ID/config.toml (the resolved config), "
+                    "record.json after every epoch and a checkpoint beside it; the run id is "
+                    "derived from the config and the data, so the same config finds the "
+                    "same folder.")
     add_config_options(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted run from its last checkpoint")
     parser.add_argument("--force", action="store_true",
                         help="start over even if the run folder exists")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config of the given flags as TOML (what "
+                             "--config reads back) and exit without training")
     parser.set_defaults(handler=run)
 
 
@@ -26,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.training import train
 
     config = config_from_args(args)
+    if args.print_config:
+        print(config_to_toml(config), end="")
+        return 0
     result = train(config, resume=args.resume, force=args.force)
     print(format_run_summary([result.record]))
     print(f"record: {result.run_dir / 'record.json'}")

@@ -18,6 +18,7 @@ from creditaudit.records.checkpoint import (
 )
 from creditaudit.records.files import (
     CHECKPOINT_FILE,
+    CONFIG_FILE,
     INIT_FILE,
     RECORD_FILE,
     atomic_write_json,
@@ -50,7 +51,8 @@ from creditaudit.records.schema import (
 __all__ = [
     "RunRecord", "RecordSet", "Verdict", "EpochEntry", "FinalResults", "EndOfRun",
     "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "RECORD_FILE",
-    "CHECKPOINT_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record", "load_record_cached",
+    "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",
+    "load_record_cached",
     "load_records", "scan_records", "find_records", "save_record", "new_record",
     "record_path", "comparable", "deep_mean", "recipe_key", "atomic_write_json",
     "atomic_torch_save", "load_checkpoint", "load_parameters", "structure_mismatch",

@@ -35,6 +35,7 @@ from creditaudit.safe_files import (
 log = logging.getLogger(__name__)
 
 RECORD_FILE, CHECKPOINT_FILE, INIT_FILE = "record.json", "checkpoint.pt", "init.pt"
+CONFIG_FILE = "config.toml"
 
 
 # --- records -------------------------------------------------------------------------------

@@ -518,3 +518,18 @@ def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys)
     bad.write_text('{"hello": 1}')
     with pytest.raises(ConfigError, match="not a creditaudit run record"):
         load_config(bad)
+
+
+def test_schedules_follow_the_closed_form():
+    from creditaudit.training import make_schedule
+
+    total = 37
+    for kind in ("cosine", "constant"):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
+        schedule = make_schedule(optimizer, kind, total)
+        for step in range(total + 1):
+            expected = 2e-3 * (0.5 * (1 + math.cos(math.pi * step / total))
+                               if kind == "cosine" else 1.0)
+            assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, abs=1e-15)
+            optimizer.step()
+            schedule.step()

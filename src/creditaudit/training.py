@@ -100,9 +100,14 @@ def make_adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: flo
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
-def cosine_factor(step: int, total: int) -> float:
-    """Cosine decay from 1 to 0 over ``total`` steps."""
-    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
+def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
+                  ) -> torch.optim.lr_scheduler.LRScheduler:
+    """``cosine``: decay from the base rate to 0 over ``total_steps`` (torch's
+    CosineAnnealingLR); ``constant``: the base rate throughout."""
+    if kind == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1),
+                                                          eta_min=0.0)
+    return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
 
 
 @torch.no_grad()
@@ -154,10 +159,8 @@ class Trainer:
         self.train_loader = self.dataset.loader(
             "train", config.optim.batch_size, flatten=self.flatten, shuffle=True,
             generator=self.data_generator)
-        total = config.optim.epochs * len(self.train_loader)
-        schedule = ((lambda step: cosine_factor(step, total)) if config.optim.schedule == "cosine"
-                    else (lambda step: 1.0))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.scheduler = make_schedule(self.optimizer, config.optim.schedule,
+                                       config.optim.epochs * len(self.train_loader))
         self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
         self.record = new_record(config, device=str(self.device), data=self.data_identity)
         self.record.run_id = self.run_id

@@ -65,6 +65,7 @@ from typing import Any
 from creditaudit.config import RunConfig, apply_overrides, config_from_dict, semantic_dict
 from creditaudit.errors import ConfigError, CreditAuditError, RunRecordError
 from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.safe_files import ensure_folder
 
 log = logging.getLogger(__name__)
 
@@ -229,14 +230,11 @@ def sweep_from_dict(raw: dict[str, Any], source: str | None = None) -> Sweep:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep TOML file."""
     from creditaudit.config import tomllib
+    from creditaudit.safe_files import read_text
 
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"sweep file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"sweep file {path} is a folder; pass a .toml file") from None
+        raw = tomllib.loads(read_text(path, "sweep file", ConfigError))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"sweep file {path} is not valid TOML: {err}") from None
     sweep = sweep_from_dict(raw, source=str(path))
@@ -853,6 +851,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
         raise ConfigError(f"all runs of a sweep must share one results folder, got "
                           f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
     out_dir = Path(out_dirs.pop())
+    ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
         from creditaudit.training import resolve_device  # not a failed record per run
 

@@ -53,6 +53,7 @@ from creditaudit.records import (
     structure_mismatch,
 )
 from creditaudit.run_ids import run_data_identity, run_id
+from creditaudit.safe_files import ensure_folder
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 1024
@@ -276,7 +277,17 @@ class Trainer:
 
     # --- the run ------------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunResult:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # TensorBoard first: a missing package or an unusable folder must stop the run
+        # before its folder holds a record that says 'running'.
+        self._open_tensorboard()
+        try:
+            return self._run(resume)
+        finally:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+
+    def _run(self, resume: bool) -> RunResult:
+        ensure_folder(self.run_dir)
         if resume:
             self.restore()
         else:
@@ -284,7 +295,6 @@ class Trainer:
             self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
             self.checkpoint(0)
-        self._open_tensorboard()
         try:
             for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
                 started = time.perf_counter()
@@ -319,9 +329,6 @@ class Trainer:
             self.record.error = f"{type(err).__name__}: {err}"
             self._write()
             raise
-        finally:
-            if self.tensorboard is not None:
-                self.tensorboard.close()
         return RunResult(self.run_dir, self.record)
 
     def _finish(self) -> None:
@@ -366,6 +373,7 @@ class Trainer:
         except ImportError:
             raise ConfigError("--tensorboard needs the tensorboard package: pip install "
                               "'creditaudit[tensorboard]'") from None
+        ensure_folder(Path(folder) / self.run_id)
         self.tensorboard = SummaryWriter(str(Path(folder) / self.run_id))
 
     def _log_tensorboard(self, entry: EpochEntry) -> None:
@@ -428,7 +436,10 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
     run_dir = Path(config.run.out_dir) / run_id(config, identity)
     record_path = run_dir / RECORD_FILE
     if record_path.exists() and not force:
-        existing = load_record(record_path)
+        try:
+            existing = load_record(record_path)
+        except RunRecordError as err:
+            raise RunRecordError(f"{err}; pass --force to start this run over") from None
         check_same_data(existing, identity, record_path)
         if existing.is_finished and not resume:
             log.info("run %s already %s; not rerun", existing.run_id, existing.status)

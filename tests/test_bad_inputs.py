@@ -131,6 +131,15 @@ def checkpoint_without(w: World, key: str) -> bytes:
     return torch_bytes(state)
 
 
+def checkpoint_with(w: World, **entries: object) -> bytes:
+    state = torch.load(w.run_dir / CHECKPOINT_FILE, weights_only=True)
+    return torch_bytes({**state, **entries})
+
+
+def resume_with(w: World, tmp: Path, content: bytes) -> list[str]:
+    return train_args(w, "--resume", "--out", str(with_checkpoint(w, tmp, content).parent))
+
+
 def data_copy(w: World, tmp: Path, **files: bytes) -> Path:
     """A copy of the IDX folder with some files replaced (``name=content``; b"" deletes)."""
     folder = tmp / "data"
@@ -360,6 +369,19 @@ CASES = [
      ["written by method 'bp'"]),
     ("resume-payload", lambda w, t: train_args(w, "--resume", "--out", str(with_checkpoint(
         w, t, torch_bytes({"x": Payload(t / "marker")})).parent)), ["never unpickles"]),
+    ("resume-optimizer-damaged", lambda w, t: resume_with(w, t, checkpoint_with(
+        w, optimizer={})), ["cannot be loaded", "param_groups"]),
+    ("resume-scheduler-damaged", lambda w, t: resume_with(w, t, checkpoint_with(
+        w, scheduler={"bogus": 1})), ["cannot be loaded"]),
+    ("resume-rng-wrong-size", lambda w, t: resume_with(w, t, checkpoint_with(
+        w, rng={"torch": torch.zeros(3, dtype=torch.uint8),
+                "data": torch.zeros(3, dtype=torch.uint8)})), ["cannot be loaded", "RNG"]),
+    ("resume-epoch-out-of-range", lambda w, t: resume_with(w, t, checkpoint_with(w, epoch=-5)),
+     ["epoch -5, outside this run's 0…1"]),
+    ("checkpoint-epoch-out-of-range", lambda w, t: ["audit", str(with_checkpoint(
+        w, t, checkpoint_with(w, epoch=7)))], ["epoch 7, outside"]),
+    ("resume-record-damaged", lambda w, t: resume_with(w, t, checkpoint_with(w, record={})),
+     ["run record in checkpoint", "schema None"]),
     ("resume-without-run", lambda w, t: train_args(w, "--resume", "--out", str(t / "o")),
      ["cannot resume: no run"]),
     ("train-over-unreadable-record", lambda w, t: train_args(w, "--out", str(with_record(

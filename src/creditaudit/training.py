@@ -50,8 +50,8 @@ from creditaudit.records import (
     load_record,
     new_record,
     save_record,
-    structure_mismatch,
 )
+from creditaudit.resume import check_same_data, load_into
 from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.safe_files import ensure_folder
 
@@ -183,16 +183,12 @@ class Trainer:
             raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
                                  "without --resume")
         state = load_checkpoint(path, map_location=self.device)
-        check_checkpoint_fits(state, self.model, self.rule, self.config, path)
         record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
         check_same_data(record, self.data_identity, path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.rule.load_state_dict(state["rule"])
+        load_into(state, path, self.config, model=self.model, rule=self.rule,
+                  optimizer=self.optimizer, scheduler=self.scheduler,
+                  generator=self.data_generator)
         self.rule.to(self.device)
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        self.data_generator.set_state(state["rng"]["data"].cpu())
         self.record = record
         self.record.status = "running"
         self.start_epoch = state["epoch"] + 1
@@ -392,36 +388,6 @@ def _finite_entry(entry: EpochEntry) -> bool:
     """False when the evaluation loss or any state norm is NaN/Inf."""
     values = [entry.test_loss, *(entry.hidden_norms or [])]
     return all(v is not None and math.isfinite(v) for v in values)
-
-
-def check_checkpoint_fits(state: dict[str, Any], model: torch.nn.Module, rule: CreditRule,
-                          config: RunConfig, path: Path) -> None:
-    """One-line RunRecordError when a checkpoint belongs to another method or shape."""
-    method = state.get("method")
-    if method is not None and method != config.method.name:
-        raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
-                             f"{config.method.name!r}: it belongs to another run; start this "
-                             "one again with --force")
-    for what, expected, got in (("model", model.state_dict(), state["model"]),
-                                ("rule", rule.state_dict(), state["rule"])):
-        problem = structure_mismatch(expected, got, what)
-        if problem:
-            raise RunRecordError(f"checkpoint {path} does not fit this run's "
-                                 f"{config.method.name} {config.model.arch} (d="
-                                 f"{config.model.d}, L={config.model.n_blocks}): {problem}; "
-                                 "it belongs to another run: start this one again with --force")
-
-
-def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
-    """One-line RunRecordError when the data on disk is not the data the run trained on."""
-    if record.data is None or not record.data.fingerprint:
-        return  # records written before data fingerprints existed
-    if record.data.fingerprint != identity.fingerprint:
-        raise RunRecordError(
-            f"{path}: the run trained on {record.data.name} data with fingerprint "
-            f"{record.data.fingerprint[:12]}…, but the data found now has "
-            f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
-            "data); point data.data_dir at the run's data")
 
 
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,

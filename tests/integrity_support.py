@@ -75,6 +75,12 @@ def toml_of(overrides: dict[str, object]) -> str:
     return "\n".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items())
 
 
+def sweep_toml(overrides: dict[str, object], body: str = "") -> str:
+    """A sweep file whose [base] is the run of ``overrides``, followed by ``body``."""
+    base = toml_of(overrides).replace("\n[", "\n[base.")
+    return "[base." + base[1:] + "\n" + body
+
+
 class Payload:
     """A planted pickle payload: unpickling it calls ``open(marker, "w")``, so the marker
     file exists exactly when a reader ran code from the file."""
@@ -96,11 +102,14 @@ def snapshot(*folders: Path) -> dict[str, str]:
     return out
 
 
-def assert_one_line_error(out: str, err: str, *fragments: str) -> str:
+def assert_one_line_error(out: str, err: str, *fragments: str, progress: str | None = None
+                          ) -> str:
     """``err`` is exactly one line ``creditaudit: error: …`` containing every fragment, and
-    no traceback was printed anywhere."""
+    no traceback was printed anywhere. ``progress``: a prefix of progress lines a command
+    prints on stderr once its inputs were accepted (``"sweep: "``), allowed before it."""
     assert "Traceback" not in out + err, err
-    lines = err.strip().splitlines()
+    lines = [line for line in err.strip().splitlines()
+             if progress is None or not line.startswith(progress)]
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
     assert lines[0].startswith("creditaudit: error: "), lines[0]
     for fragment in fragments:

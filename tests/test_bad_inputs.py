@@ -27,6 +27,7 @@ from integrity_support import (
     assert_one_line_error,
     idx_bytes,
     snapshot,
+    sweep_toml,
     tiny_config,
     toml_of,
     write_cifar10,
@@ -171,8 +172,7 @@ def file_in(tmp: Path, name: str, content: bytes | str) -> Path:
 def sweep_file(w: World, tmp: Path, body: str, *, base: dict | None = None) -> Path:
     """A sweep file with the tiny run as [base] (plus ``base`` overrides) and ``body``."""
     overrides = tiny_config(w.data, tmp / "sweep_out", **(base or {}))
-    text = toml_of(overrides).replace("[", "[base.").replace("[base.base.", "[base.")
-    return file_in(tmp, "sweep.toml", text + "\n" + body)
+    return file_in(tmp, "sweep.toml", sweep_toml(overrides, body))
 
 
 def cifar_with(tmp: Path, name: str, content: bytes | None) -> Path:
@@ -507,8 +507,10 @@ def _case_id(case) -> str:  # noqa: ANN001 - a tuple or a pytest.param
 
 
 @pytest.mark.parametrize(("name", "build", "fragments"), CASES, ids=list(map(_case_id, CASES)))
-def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, name, build, fragments):
+def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, plant, name, build,
+                                           fragments):
     argv = build(world, tmp_path)
+    plant.register(*tmp_path.rglob(RECORD_FILE))  # the damaged records this case planted
     before = snapshot(world.root, tmp_path)
     capsys.readouterr()
     try:

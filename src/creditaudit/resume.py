@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, semantic_dict
 from creditaudit.data.identity import DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.methods import CreditRule
-from creditaudit.records import RunRecord, structure_mismatch
+from creditaudit.records import RECORD_FILE, RunRecord, load_record, structure_mismatch
 
 FORCE_HINT = "it belongs to another run: start this one again with --force"
 
@@ -56,6 +56,29 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             f"{record.data.fingerprint[:12]}…, but the data found now has "
             f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
             "data); point data.data_dir at the run's data")
+
+
+def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
+                     ) -> RunRecordError:
+    """The error for ``--resume`` when ``run_dir`` (the config's run id on the data found
+    now) holds no run: it names the run of the same config on other data, if there is one —
+    the data changed since that run started."""
+    label = run_dir.name.rsplit("-", 1)[0]  # method-arch-dataset-sSEED
+    wanted = semantic_dict(config)
+    for path in sorted(run_dir.parent.glob(f"{label}-*/{RECORD_FILE}")):
+        try:
+            record = load_record(path)
+        except RunRecordError:
+            continue
+        if semantic_dict(record.config) == wanted and record.data is not None \
+                and record.data.fingerprint != identity.fingerprint:
+            return RunRecordError(
+                f"cannot resume: {path.parent} has this config but trained on "
+                f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
+                f"and the data in {config.data.data_dir or 'the generator'} is not that data "
+                f"any more (no run at {run_dir.name}); point data.data_dir at the run's data, "
+                "or train without --resume")
+    return RunRecordError(f"cannot resume: no run at {run_dir}")
 
 
 def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,

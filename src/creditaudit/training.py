@@ -51,7 +51,7 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
-from creditaudit.resume import check_same_data, load_into
+from creditaudit.resume import check_same_data, load_into, no_run_to_resume
 from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.safe_files import ensure_folder
 
@@ -417,7 +417,7 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
                                  f"{hint}: pass --resume to continue it or --force to start "
                                  "over")
     elif resume and not record_path.exists():
-        raise RunRecordError(f"cannot resume: no run at {run_dir}")
+        raise no_run_to_resume(config, run_dir, identity)
     if force and run_dir.exists():
         for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE):
             (run_dir / name).unlink(missing_ok=True)

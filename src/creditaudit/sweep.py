@@ -406,6 +406,7 @@ def _append_event(out_dir: Path, event: str, run_id: str, **fields: Any) -> None
                       default=str) + "\n"
     path = out_dir / SWEEP_LOG_FILE
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
         try:
             os.write(fd, line.encode())

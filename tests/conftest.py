@@ -2,8 +2,70 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
+
+from creditaudit.records import RECORD_FILE
+from creditaudit.strict_json import check_strict
+
+# Files tests wrote on purpose as bad input (damaged records): not written by creditaudit, so
+# the session's strict-JSON check leaves them out.
+_PLANTED: set[Path] = set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The user cache (data fingerprints) in the session's temp folder, not in ~/.cache."""
+    previous = os.environ.get("CREDITAUDIT_CACHE")
+    os.environ["CREDITAUDIT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if previous is None:
+        os.environ.pop("CREDITAUDIT_CACHE", None)
+    else:
+        os.environ["CREDITAUDIT_CACHE"] = previous
+
+
+def non_strict_records(root: Path) -> list[str]:
+    """'path: reason' of every record.json below ``root`` (planted ones aside) that a strict
+    JSON parser (no NaN/Infinity tokens, UTF-8) refuses."""
+    bad = []
+    for path in sorted(root.rglob(RECORD_FILE)):
+        if path.resolve() in _PLANTED or not path.is_file():
+            continue
+        try:
+            check_strict(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            bad.append(f"{path}: {err}")
+    return bad
+
+
+@pytest.fixture(scope="session", autouse=True)
+def records_are_strict_json(tmp_path_factory):
+    """At the end of the session, every record.json the suite wrote (anywhere under pytest's
+    temp folder) must parse with a strict parser: one NaN token fails the session."""
+    yield
+    bad = non_strict_records(tmp_path_factory.getbasetemp())
+    if bad:
+        pytest.fail(f"{len(bad)} record(s) are not strict JSON:\n" + "\n".join(bad),
+                    pytrace=False)
+
+
+@pytest.fixture
+def plant():
+    """``plant(path, content)``: write a deliberately bad file (str or bytes) and exempt it
+    from the strict-JSON check; ``plant.register(*paths)`` exempts files already written."""
+
+    def write(path: Path, content: str | bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        _PLANTED.add(path.resolve())
+        return path
+
+    write.register = lambda *paths: _PLANTED.update(Path(p).resolve() for p in paths)
+    return write
 
 
 @pytest.fixture(scope="module")

@@ -112,7 +112,7 @@ def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):
     assert "no run record" in _one_line_error(capsys)
 
 
-def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, capsys):
+def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, capsys, plant):
     import shutil
 
     copy = tmp_path / "copy"
@@ -120,7 +120,7 @@ def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, ca
     (copy / CHECKPOINT_FILE).unlink()
     assert main(["audit", str(copy)]) == 2
     assert "no checkpoint" in _one_line_error(capsys)
-    (copy / RECORD_FILE).write_text('{"schema": "creditaudit.run/1", "log": [')
+    plant(copy / RECORD_FILE, '{"schema": "creditaudit.run/1", "log": [')
     assert main(["audit", str(copy)]) == 2
     assert "truncated or not JSON" in _one_line_error(capsys)
 

@@ -152,11 +152,10 @@ def test_report_on_missing_folder_is_one_line_error(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_report_skips_unreadable_records(results, tmp_path):
+def test_report_skips_unreadable_records(results, tmp_path, plant):
     copy = tmp_path / "runs"
     shutil.copytree(results, copy)
-    (copy / "broken").mkdir()
-    (copy / "broken" / "record.json").write_text("{not json")
+    plant(copy / "broken" / "record.json", "{not json")
     files = write_report(RunIndex.from_dir(copy), tmp_path / "r", rendered=[], missing=[])
     markdown = files.markdown.read_text()
     assert "could not be read" in markdown and "broken" in markdown

@@ -40,13 +40,8 @@ from creditaudit.records import (
     record_path,
 )
 from creditaudit.records.schema import recipe_difference
-from creditaudit.training import (
-    check_checkpoint_fits,
-    check_same_data,
-    flatten_inputs,
-    identity_of,
-    resolve_device,
-)
+from creditaudit.resume import check_same_data, load_into
+from creditaudit.training import flatten_inputs, identity_of, resolve_device
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -86,9 +81,7 @@ def load_run(path: str | Path) -> LoadedRun:
                             n_classes=dataset.n_classes)
         rule = build_rule(model, config.method, n_classes=dataset.n_classes,
                           seed=config.run.seed)
-    check_checkpoint_fits(state, model, rule, config, checkpoint)
-    model.load_state_dict(state["model"])
-    rule.load_state_dict(state["rule"])
+    load_into(state, checkpoint, config, model=model, rule=rule)
     return LoadedRun(record, rule, dataset, int(state["epoch"]))
 
 

@@ -59,6 +59,19 @@ def ensure_folder(path: Path) -> None:
         raise OutputError(f"cannot create folder {describe_os_error(err, path)}") from None
 
 
+def check_output_file(path: Path) -> None:
+    """Refuse, before any work, an output file that cannot be written: a folder, or a path
+    below a file. (Read-only folders and full disks still surface when writing.)"""
+    if path.is_dir():
+        raise OutputError(f"{path} is a folder: give a file name to write to")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{parent}: a file stands where a folder is needed; choose "
+                                  "another output path")
+            return
+
+
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
 

@@ -51,10 +51,10 @@ from creditaudit.records import (
     load_record,
     new_record,
     save_record,
-    structure_mismatch,
 )
+from creditaudit.resume import check_same_data, load_into, no_run_to_resume
 from creditaudit.run_ids import run_data_identity, run_id
-from creditaudit.safe_files import atomic_write_bytes
+from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 1024
@@ -187,16 +187,12 @@ class Trainer:
             raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
                                  "without --resume")
         state = load_checkpoint(path, map_location=self.device)
-        check_checkpoint_fits(state, self.model, self.rule, self.config, path)
         record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
         check_same_data(record, self.data_identity, path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.rule.load_state_dict(state["rule"])
+        load_into(state, path, self.config, model=self.model, rule=self.rule,
+                  optimizer=self.optimizer, scheduler=self.scheduler,
+                  generator=self.data_generator)
         self.rule.to(self.device)
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        self.data_generator.set_state(state["rng"]["data"].cpu())
         self.record = record
         self.record.status = "running"
         self.start_epoch = state["epoch"] + 1
@@ -281,7 +277,17 @@ class Trainer:
 
     # --- the run ------------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunResult:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # TensorBoard first: a missing package or an unusable folder must stop the run
+        # before its folder holds a record that says 'running'.
+        self._open_tensorboard()
+        try:
+            return self._run(resume)
+        finally:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+
+    def _run(self, resume: bool) -> RunResult:
+        ensure_folder(self.run_dir)
         if resume:
             self.restore()
         else:
@@ -291,7 +297,6 @@ class Trainer:
             self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
             self.checkpoint(0)
-        self._open_tensorboard()
         try:
             for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
                 started = time.perf_counter()
@@ -326,9 +331,6 @@ class Trainer:
             self.record.error = f"{type(err).__name__}: {err}"
             self._write()
             raise
-        finally:
-            if self.tensorboard is not None:
-                self.tensorboard.close()
         return RunResult(self.run_dir, self.record)
 
     def _finish(self) -> None:
@@ -373,6 +375,7 @@ class Trainer:
         except ImportError:
             raise ConfigError("--tensorboard needs the tensorboard package: pip install "
                               "'creditaudit[tensorboard]'") from None
+        ensure_folder(Path(folder) / self.run_id)
         self.tensorboard = SummaryWriter(str(Path(folder) / self.run_id))
 
     def _log_tensorboard(self, entry: EpochEntry) -> None:
@@ -393,36 +396,6 @@ def _finite_entry(entry: EpochEntry) -> bool:
     return all(v is not None and math.isfinite(v) for v in values)
 
 
-def check_checkpoint_fits(state: dict[str, Any], model: torch.nn.Module, rule: CreditRule,
-                          config: RunConfig, path: Path) -> None:
-    """One-line RunRecordError when a checkpoint belongs to another method or shape."""
-    method = state.get("method")
-    if method is not None and method != config.method.name:
-        raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
-                             f"{config.method.name!r}: it belongs to another run; start this "
-                             "one again with --force")
-    for what, expected, got in (("model", model.state_dict(), state["model"]),
-                                ("rule", rule.state_dict(), state["rule"])):
-        problem = structure_mismatch(expected, got, what)
-        if problem:
-            raise RunRecordError(f"checkpoint {path} does not fit this run's "
-                                 f"{config.method.name} {config.model.arch} (d="
-                                 f"{config.model.d}, L={config.model.n_blocks}): {problem}; "
-                                 "it belongs to another run: start this one again with --force")
-
-
-def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
-    """One-line RunRecordError when the data on disk is not the data the run trained on."""
-    if record.data is None or not record.data.fingerprint:
-        return  # records written before data fingerprints existed
-    if record.data.fingerprint != identity.fingerprint:
-        raise RunRecordError(
-            f"{path}: the run trained on {record.data.name} data with fingerprint "
-            f"{record.data.fingerprint[:12]}…, but the data found now has "
-            f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
-            "data); point data.data_dir at the run's data")
-
-
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,
           dataset: Dataset | None = None) -> RunResult:
     """Train one run and return its folder and record.
@@ -435,7 +408,10 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
     run_dir = Path(config.run.out_dir) / run_id(config, identity)
     record_path = run_dir / RECORD_FILE
     if record_path.exists() and not force:
-        existing = load_record(record_path)
+        try:
+            existing = load_record(record_path)
+        except RunRecordError as err:
+            raise RunRecordError(f"{err}; pass --force to start this run over") from None
         check_same_data(existing, identity, record_path)
         if existing.is_finished and not resume:
             log.info("run %s already %s; not rerun", existing.run_id, existing.status)
@@ -447,7 +423,7 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
                                  f"{hint}: pass --resume to continue it or --force to start "
                                  "over")
     elif resume and not record_path.exists():
-        raise RunRecordError(f"cannot resume: no run at {run_dir}")
+        raise no_run_to_resume(config, run_dir, identity)
     if force and run_dir.exists():
         for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
             (run_dir / name).unlink(missing_ok=True)

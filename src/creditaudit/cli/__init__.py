@@ -15,6 +15,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from creditaudit.errors import CreditAuditError
 from creditaudit.safe_files import describe_os_error
@@ -23,8 +24,20 @@ from creditaudit.version import __version__
 SUBCOMMANDS = ("demo", "train", "audit", "sweep", "experiment", "export", "figures", "report")
 
 
+class UsageError(Exception):
+    """A command line argparse refused (unknown flag, bad choice, missing argument)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error is one line (``creditaudit: error: …``, exit 2)
+    like every other user error, instead of the usage block; subcommand parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="creditaudit",
         description="Train local credit-assignment rules (BP, FA, DFA, …) with per-epoch "
                     "diagnostics, and audit whether their accuracy and alignment numbers "
@@ -45,7 +58,11 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:
+        print(f"creditaudit: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(message)s")
     signal.signal(signal.SIGTERM, _terminate)

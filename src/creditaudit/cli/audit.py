@@ -53,12 +53,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
-    from creditaudit.errors import OutputError
     from creditaudit.report import render
-    from creditaudit.safe_files import atomic_write_bytes
+    from creditaudit.safe_files import atomic_write_bytes, check_output_file
 
-    if args.output and Path(args.output).is_dir():
-        raise OutputError(f"--output {args.output} is a folder: give a file name")
+    if args.output:
+        check_output_file(Path(args.output))  # before the audit's minutes of work
 
     def progress(text: str) -> None:
         print(f"audit: {text}", file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from creditaudit.config import (
@@ -18,6 +19,19 @@ from creditaudit.config import (
     parse_override,
 )
 
+
+def finite_float(text: str) -> float:
+    """argparse type of every float option: a finite number (NaN and ±inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give a finite "
+                                         "value")
+    return value
+
+
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method.name", {"choices": METHODS, "help": "credit rule"}),
@@ -26,7 +40,7 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--data-dir", "data.data_dir", {"help": "dataset folder (CIFAR python batches or IDX files)"}),
     ("--epochs", "optim.epochs", {"type": int, "help": "training epochs"}),
     ("--seed", "run.seed", {"type": int, "help": "seed of init, data order and feedback"}),
-    ("--penalty", "method.penalty", {"type": float, "help": "residual-branch penalty λ"}),
+    ("--penalty", "method.penalty", {"type": finite_float, "help": "residual-branch penalty λ"}),
     ("--width", "model.d", {"type": int, "help": "model width d"}),
     ("--blocks", "model.n_blocks", {"type": int, "help": "number of blocks L"}),
     ("--out", "run.out_dir", {"help": "results folder (each run gets OUT/RUN_ID/)"}),
@@ -37,7 +51,7 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--tensorboard", "run.tensorboard", {"metavar": "DIR",
                                           "help": "write per-epoch scalars to DIR"}),
     ("--frozen-acc", "diagnostics.frozen_acc", {
-        "type": float, "help": "frozen-blocks test accuracy as a fraction (e.g. 0.349) for "
+        "type": finite_float, "help": "frozen-blocks test accuracy as a fraction (e.g. 0.349) for "
                                "protocol diagnostic (d)"}),
 ]
 # (flag, dotted config key, help) for on/off switches that store one value when given.

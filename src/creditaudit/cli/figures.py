@@ -38,10 +38,12 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.figures import RunIndex, render_all
+    from creditaudit.safe_files import ensure_folder
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
     out = Path(args.out) if args.out else Path(args.results) / "figures"
+    ensure_folder(out)  # a file in the way is one line before any figure is drawn
     print(f"{len(index)} run records in {args.results} ({len(index.runs)} completed or "
           "diverged)")
     rendered, missing = render_all(index, out)

@@ -27,10 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from creditaudit.figures import RunIndex
     from creditaudit.report.folder import write_report
+    from creditaudit.safe_files import ensure_folder
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
     out = Path(args.out) if args.out else Path(args.results) / "report"
+    ensure_folder(out)  # a file in the way is one line before any figure is drawn
     files = write_report(index, out)
     print(f"{len(index)} run records; {len(files.rendered)} figure(s) drawn, "
           f"{len(files.missing)} missing")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from creditaudit.cli.common import add_device_options
+from creditaudit.cli.common import add_device_options, finite_float
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 
@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads-per-worker", type=int, default=1, metavar="T",
                         help="torch CPU threads per run (default 1); with --executor ray also "
                              "the CPUs Ray reserves per run")
-    parser.add_argument("--gpus-per-run", type=float, default=None, metavar="G",
+    parser.add_argument("--gpus-per-run", type=finite_float, default=None, metavar="G",
                         help="ray executor: GPUs reserved per run, fractions allowed (default "
                              "1 with --device cuda, else 0)")
     parser.add_argument("--address", default=None, metavar="ADDR",
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--retry-failed", action="store_true",
                         help="run failed runs again (resuming from their checkpoint if any); "
                              "by default they are skipped")
-    parser.add_argument("--stale-after", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--stale-after", type=finite_float, default=None, metavar="SECONDS",
                         help="break a claim not refreshed for this long (default 900; a "
                              "claim of a dead process on this host is broken at once)")
     parser.add_argument("--no-wait", action="store_true",

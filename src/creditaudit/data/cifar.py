@@ -314,7 +314,8 @@ def cifar_files(root: str | Path, n_classes: int, *, download: bool = False) -> 
         folder = download_cifar(root.parent if root.name == spec.folder else root,
                                 n_classes=n_classes)
     if not folder.is_dir():
-        raise DataError(f"{spec.label} folder {folder} does not exist; {_layout_hint(spec)}")
+        state = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise DataError(f"{spec.label} folder {folder} {state}; {_layout_hint(spec)}")
     for name in spec.files:
         if not (folder / name).is_file():
             raise DataError(f"{spec.label} folder {folder} is missing {name}; {_layout_hint(spec)}")

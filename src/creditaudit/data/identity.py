@@ -12,8 +12,12 @@ actually loaded:
 
 Hashing Fashion-MNIST's 60k images takes a fraction of a second; each file's digest is cached
 in memory and in ``fingerprints.json`` of the user cache folder (see
-:func:`creditaudit.cache.cache_dir`), keyed by the file's resolved path, size, modification
-time and inode, so an unchanged file is hashed once per machine.
+:func:`creditaudit.cache.cache_dir`), keyed by the file's resolved path, size, inode,
+modification time and status-change time, so an unchanged file is hashed once per machine.
+The status-change time (ctime) cannot be set by programs, so a file rewritten with its old
+modification time restored (``cp -p``, ``touch -r``, ``os.utime``) is hashed again; and a
+file changed in the last few seconds is never cached, because two writes within one tick of
+the file system's clock leave the same timestamps.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +40,9 @@ log = logging.getLogger(__name__)
 FINGERPRINT_CACHE = "fingerprints.json"
 GENERATED = ("synthetic",)
 SYNTHETIC_GENERATOR = "creditaudit.teacher-student/1"
-_MEMORY: dict[tuple[str, int, int, int], str] = {}
+# A file whose timestamps are this recent may still change without changing them.
+RACY_SECONDS = 2.0
+_MEMORY: dict[tuple[str, int, int, int, int], str] = {}
 
 
 @dataclass
@@ -74,24 +81,27 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
         stat = path.stat()
     except OSError as err:
         raise DataError(f"cannot read data file {path}: {err.strerror}") from None
-    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    key = (str(path), stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
     if key in _MEMORY:
         return _MEMORY[key]
     disk_key = "|".join(map(str, key))
     cache = load_json_cache(FINGERPRINT_CACHE)
     digest = cache.get(disk_key)
-    if not isinstance(digest, str):
-        if decode is not None:
-            content = decode(path)
-        else:
-            try:
-                content = path.read_bytes()
-            except OSError as err:
-                raise DataError(f"cannot read data file {path}: {err.strerror}") from None
-        digest = hashlib.sha256(content).hexdigest()
+    if isinstance(digest, str):
+        _MEMORY[key] = digest
+        return digest
+    if decode is not None:
+        content = decode(path)
+    else:
+        try:
+            content = path.read_bytes()
+        except OSError as err:
+            raise DataError(f"cannot read data file {path}: {err.strerror}") from None
+    digest = hashlib.sha256(content).hexdigest()
+    if time.time() - max(stat.st_mtime, stat.st_ctime) > RACY_SECONDS:
+        _MEMORY[key] = digest
         cache[disk_key] = digest
         store_json_cache(FINGERPRINT_CACHE, cache)
-    _MEMORY[key] = digest
     return digest
 
 

@@ -156,8 +156,9 @@ def idx_files(root: str | Path, name: str) -> list[tuple[str, Path]]:
     DataError naming what is missing otherwise."""
     folder = Path(root)
     if not folder.is_dir():
+        state = "is a file, not a folder" if folder.exists() else "does not exist"
         raise DataError(
-            f"{name} folder {folder} does not exist; expected a folder with the IDX files "
+            f"{name} folder {folder} {state}; expected a folder with the IDX files "
             f"{', '.join(_IDX_FILES)} (each optionally .gz): {_install_hint(name)}"
         )
     return [(stem, _find_file(folder, stem, name)) for stem in _IDX_FILES]

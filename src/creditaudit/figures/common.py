@@ -8,6 +8,7 @@ cannot support it. Run selection lives in :mod:`creditaudit.figures.runs`.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
+from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
 METHOD_ORDER = ("bp", "fa", "dfa", "ep", "state-bridge", "credit-bridge", "frozen")
 METHOD_LABELS = {"bp": "BP", "fa": "FA", "dfa": "DFA", "ep": "EP",
@@ -123,18 +125,20 @@ def note_invalid(ax: Any, any_invalid: bool) -> None:
 def save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Save ``fig`` as ``out_dir/name.png`` (``PNG_DPI``, 200) and ``.pdf``; closes it."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # One tight bounding box for both files: bbox_inches="tight" would lay out every text
     # twice per file, which dominates the time on a small machine.
     bbox = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
     paths = []
-    for ext, dpi in (("png", PNG_DPI), ("pdf", None)):
-        path = out / f"{name}.{ext}"
-        tmp = out / f".{name}.tmp.{ext}"
-        fig.savefig(tmp, bbox_inches=bbox, dpi=dpi, format=ext)
-        tmp.replace(path)
-        paths.append(path)
-    plt.close(fig)
+    try:
+        for ext, dpi in (("png", PNG_DPI), ("pdf", None)):
+            # Rendered in memory, then written atomically: a full disk leaves no half file.
+            buffer = io.BytesIO()
+            fig.savefig(buffer, bbox_inches=bbox, dpi=dpi, format=ext)
+            path = out / f"{name}.{ext}"
+            atomic_write_bytes(path, buffer.getvalue())
+            paths.append(path)
+    finally:
+        plt.close(fig)
     return paths
 
 

@@ -53,11 +53,15 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
         raise RunRecordError(f"{what} {path} is {kind}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        raise RunRecordError(
-            f"{what} {path} holds objects other than tensors and plain containers; "
-            "creditaudit never unpickles such files (they can run code): it is not a "
-            "creditaudit file, delete it or start the run again with --force") from None
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" in str(err):  # the file names a class or function
+            raise RunRecordError(
+                f"{what} {path} holds objects other than tensors and plain containers; "
+                "creditaudit never unpickles such files (they can run code): it is not a "
+                "creditaudit file, delete it or start the run again with --force") from None
+        raise RunRecordError(f"{what} {path} cannot be read (not a file torch.save wrote); "
+                             "it is corrupt or not a creditaudit file: start the run again "
+                             "with --force") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError,
             AttributeError, TypeError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

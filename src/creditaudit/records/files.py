@@ -13,6 +13,7 @@ read-only) leaves no partial file and raises a one-line error naming the path.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -94,13 +95,15 @@ def load_record(path: Path | str) -> RunRecord:
                              f"{RECORD_FILE} or the file itself")
     text = read_text(path, "run record")
     try:
-        raw = strict_json.loads(text)
+        raw = json.loads(text)
     except ValueError as err:
-        raise RunRecordError(f"run record {path} is truncated or not JSON ({err}); rerun or "
-                             "resume the run to rewrite it") from None
-    except (KeyError, IndexError, TypeError) as err:
-        raise RunRecordError(f"run record {path} has a malformed non_finite block ({err})"
+        raise RunRecordError(f"run record {path} is truncated or not JSON ({err})"
                              ) from None
+    try:
+        raw = strict_json.decode(raw)
+    except (ValueError, KeyError, IndexError, TypeError) as err:
+        raise RunRecordError(f"run record {path} has a malformed non_finite block ({err}); "
+                             "it was not written by creditaudit as it is") from None
     return RunRecord.from_dict(raw, str(path))
 
 

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from creditaudit.errors import OutputError
+from creditaudit.safe_files import describe_os_error
+
 log = logging.getLogger(__name__)
 
 CLAIM_FILE = "claim.json"
@@ -143,8 +146,11 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
         try:
             os.write(fd, body)
             os.fsync(fd)
-        finally:
+        except OSError as err:  # full disk: no empty claim may block the run for others
             os.close(fd)
+            path.unlink(missing_ok=True)
+            raise OutputError(f"cannot write {describe_os_error(err, path)}") from None
+        os.close(fd)
         return Claim(path, token), None
     return None, holder
 

@@ -165,14 +165,11 @@ def sweep_from_dict(raw: dict[str, Any], source: str | None = None) -> Sweep:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep TOML file."""
     from creditaudit.config import tomllib
+    from creditaudit.safe_files import read_text
 
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"sweep file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"sweep file {path} is a folder; pass a .toml file") from None
+        raw = tomllib.loads(read_text(path, "sweep file", ConfigError))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"sweep file {path} is not valid TOML: {err}") from None
     sweep = sweep_from_dict(raw, source=str(path))

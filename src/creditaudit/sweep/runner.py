@@ -12,6 +12,7 @@ from typing import Any
 from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
 from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.safe_files import ensure_folder
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.grid import config_value
@@ -133,6 +134,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
         raise ConfigError(f"all runs of a sweep must share one results folder, got "
                           f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
     out_dir = Path(out_dirs.pop())
+    ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
         from creditaudit.training import resolve_device  # not a failed record per run
 

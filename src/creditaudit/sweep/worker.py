@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
-from creditaudit.errors import ConfigError, CreditAuditError, RunRecordError
+from creditaudit.errors import ConfigError, CreditAuditError, OutputError, RunRecordError
 from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.safe_files import describe_os_error
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
     heartbeat,
@@ -38,12 +39,16 @@ def _append_event(out_dir: Path, event: str, run_id: str, **fields: Any) -> None
     line = json.dumps({"event": event, "run_id": run_id, "pid": os.getpid(),
                        "host": socket.gethostname(), "time": time.time(), **fields},
                       default=str) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir / SWEEP_LOG_FILE, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    path = out_dir / SWEEP_LOG_FILE
     try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise OutputError(f"cannot write {describe_os_error(err, path)}") from None
 
 
 def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
@@ -130,7 +135,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         if skip_reason():  # finished by another process between our check and our claim
             event("skip", status=outcome["status"])
             return outcome
-        status, _ = disk_status(run_dir)
+        status, reason = disk_status(run_dir)
         has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
         if status is None:
             action, kwargs = "trained", {"force": has_checkpoint}
@@ -138,6 +143,8 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
             action, kwargs = "resumed", {"resume": True}
         else:  # corrupt record, or died before its first checkpoint: start over
             action, kwargs = "restarted", {"force": True}
+            if status == "corrupt":
+                log.warning("warning: starting %s over: %s", own_id, reason)
         outcome["action"] = action
         event("start", action=action)
         try:
@@ -192,20 +199,29 @@ def init_worker(threads: int) -> None:
 
 
 PARENT_POLL_SECONDS = 1.0
+# After the parent died: how long an interrupted run may take to record 'interrupted' and
+# release its claim before the worker leaves anyway.
+UNWIND_SECONDS = 60.0
 
 
 def _watch_parent(parent: int) -> None:
-    """Interrupt this worker when the sweep process that started it dies (kill -9 leaves
-    its workers orphaned: they are re-parented, so ``getppid()`` changes). The current run
-    records 'interrupted' and releases its claim, so the next sweep resumes it."""
+    """End this worker when the sweep process that started it dies (kill -9 leaves its
+    workers orphaned: they are re-parented, so ``getppid()`` changes). The current run is
+    interrupted (SIGTERM → KeyboardInterrupt): it records 'interrupted' and releases its
+    claim, so the next sweep resumes it. Then the worker exits at once — waiting for the
+    next task would wait forever, as nobody is left to send one, and a normal interpreter
+    exit can hang joining the pool's queue threads."""
     import signal
 
     def watch() -> None:
-        while True:
+        while os.getppid() == parent:
             time.sleep(PARENT_POLL_SECONDS)
-            if os.getppid() != parent:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + UNWIND_SECONDS
+        time.sleep(0.1)  # let the handler run before reading in_run
+        while _WORKER["in_run"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os._exit(0)
 
     threading.Thread(target=watch, name="creditaudit-parent-watch", daemon=True).start()
 

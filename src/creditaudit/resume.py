@@ -1,0 +1,111 @@
+"""Does a run folder's checkpoint belong to the run being rebuilt? Check, then load it.
+
+``train --resume`` and ``audit`` rebuild a model, a credit rule (and, to resume, the optimiser,
+the schedule and the RNG streams) from a run's config, then load its ``checkpoint.pt`` into
+them. A checkpoint of another method or shape, a damaged optimiser or schedule state, an RNG
+state of the wrong size, an epoch outside ``0 … optim.epochs``, or data that changed since
+the run trained, each end in one :class:`~creditaudit.errors.RunRecordError` line naming the
+file — never in a KeyError from ``load_state_dict`` halfway through loading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.config import RunConfig, semantic_dict
+from creditaudit.data.identity import DataIdentity
+from creditaudit.errors import RunRecordError
+from creditaudit.methods import CreditRule
+from creditaudit.records import RECORD_FILE, RunRecord, load_record, structure_mismatch
+
+FORCE_HINT = "it belongs to another run: start this one again with --force"
+
+
+def check_checkpoint_fits(state: dict[str, Any], model: torch.nn.Module, rule: CreditRule,
+                          config: RunConfig, path: Path) -> None:
+    """One-line RunRecordError when a checkpoint belongs to another method or shape, or
+    claims an epoch this run does not have."""
+    method = state.get("method")
+    if method is not None and method != config.method.name:
+        raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
+                             f"{config.method.name!r}: {FORCE_HINT}")
+    epoch = state["epoch"]
+    if not 0 <= epoch <= config.optim.epochs:
+        raise RunRecordError(f"checkpoint {path} is of epoch {epoch}, outside this run's "
+                             f"0…{config.optim.epochs}: {FORCE_HINT}")
+    for what, expected, got in (("model", model.state_dict(), state["model"]),
+                                ("rule", rule.state_dict(), state["rule"])):
+        problem = structure_mismatch(expected, got, what)
+        if problem:
+            raise RunRecordError(f"checkpoint {path} does not fit this run's "
+                                 f"{config.method.name} {config.model.arch} (d="
+                                 f"{config.model.d}, L={config.model.n_blocks}): {problem}; "
+                                 f"{FORCE_HINT}")
+
+
+def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
+    """One-line RunRecordError when the data on disk is not the data the run trained on."""
+    if record.data is None or not record.data.fingerprint:
+        return  # records written before data fingerprints existed
+    if record.data.fingerprint != identity.fingerprint:
+        raise RunRecordError(
+            f"{path}: the run trained on {record.data.name} data with fingerprint "
+            f"{record.data.fingerprint[:12]}…, but the data found now has "
+            f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
+            "data); point data.data_dir at the run's data")
+
+
+def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
+                     ) -> RunRecordError:
+    """The error for ``--resume`` when ``run_dir`` (the config's run id on the data found
+    now) holds no run: it names the run of the same config on other data, if there is one —
+    the data changed since that run started."""
+    label = run_dir.name.rsplit("-", 1)[0]  # method-arch-dataset-sSEED
+    wanted = semantic_dict(config)
+    for path in sorted(run_dir.parent.glob(f"{label}-*/{RECORD_FILE}")):
+        try:
+            record = load_record(path)
+        except RunRecordError:
+            continue
+        if semantic_dict(record.config) == wanted and record.data is not None \
+                and record.data.fingerprint != identity.fingerprint:
+            return RunRecordError(
+                f"cannot resume: {path.parent} has this config but trained on "
+                f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
+                f"and the data in {config.data.data_dir or 'the generator'} is not that data "
+                f"any more (no run at {run_dir.name}); point data.data_dir at the run's data, "
+                "or train without --resume")
+    return RunRecordError(f"cannot resume: no run at {run_dir}")
+
+
+def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,
+              model: torch.nn.Module, rule: CreditRule,
+              optimizer: torch.optim.Optimizer | None = None,
+              scheduler: Any = None, generator: torch.Generator | None = None) -> None:
+    """Check ``state`` (a :func:`~creditaudit.records.load_checkpoint` dict read from
+    ``path``) against the run, then load it into ``model`` and ``rule`` — and, when given,
+    ``optimizer``, ``scheduler``, the global torch RNG and the data-order ``generator``."""
+    check_checkpoint_fits(state, model, rule, config, path)
+    if scheduler is not None:
+        expected, got = set(scheduler.state_dict()), set(state["scheduler"])
+        if expected != got:  # torch's schedulers accept any dict silently
+            raise RunRecordError(f"checkpoint {path} cannot be loaded into this run (its "
+                                 f"schedule state has keys {sorted(got)}, expected "
+                                 f"{sorted(expected)}); {FORCE_HINT}")
+    try:
+        model.load_state_dict(state["model"])
+        rule.load_state_dict(state["rule"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if generator is not None:
+            generator.set_state(state["rng"]["data"].cpu())
+            torch.set_rng_state(state["rng"]["torch"].cpu())
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:160]
+        raise RunRecordError(f"checkpoint {path} cannot be loaded into this run "
+                             f"({type(err).__name__}: {reason}); {FORCE_HINT}") from None

@@ -1,0 +1,117 @@
+"""Shared pieces of the integrity tests (test_bad_inputs.py, test_integrity.py): tiny IDX and
+CIFAR datasets written on the spot, a tiny run config, planted pickle payloads, snapshots of
+folders and the one-line error check."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+TINY_IMAGE_SIDE = 8  # 8×8 "MNIST" images: every loader check applies, training takes ms
+
+
+def idx_bytes(arr: np.ndarray) -> bytes:
+    """An IDX file holding uint8 ``arr`` (header: 00 00 08 ndim, big-endian dims)."""
+    assert arr.dtype == np.uint8
+    return bytes([0, 0, 0x08, arr.ndim]) + struct.pack(f">{arr.ndim}i", *arr.shape) \
+        + arr.tobytes()
+
+
+def write_idx_dataset(folder: Path, *, n_train: int = 64, n_test: int = 32, seed: int = 0,
+                      side: int = TINY_IMAGE_SIDE) -> Path:
+    """The four MNIST IDX files (raw) with random images and labels 0..9; returns ``folder``."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, side, side), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train).astype(np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, side, side), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test).astype(np.uint8),
+    }
+    for name, arr in arrays.items():
+        (folder / name).write_bytes(idx_bytes(arr))
+    return folder
+
+
+def write_cifar10(parent: Path, *, per_batch: int = 4, seed: int = 0) -> Path:
+    """An official-layout cifar-10-batches-py folder with ``per_batch`` images per file."""
+    folder = parent / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        batch = {b"batch_label": name.encode(),
+                 b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, per_batch).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    return folder
+
+
+def tiny_config(data_dir: Path, out_dir: Path, **overrides: object) -> dict[str, object]:
+    """Dotted overrides of a tiny MNIST-layout run (≈1 s to train one epoch)."""
+    return {"data.name": "mnist", "data.data_dir": str(data_dir), "model.d": 16,
+            "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 32,
+            "diagnostics.eval_samples": 32, "diagnostics.rho_samples": 16,
+            "diagnostics.rho_directions": 2, "diagnostics.null_draws": 2,
+            "run.progress": False, "run.out_dir": str(out_dir), **overrides}
+
+
+def toml_of(overrides: dict[str, object]) -> str:
+    """A TOML config file of dotted overrides (``{"optim.lr": 0.1}`` → ``[optim] lr = 0.1``)."""
+    sections: dict[str, list[str]] = {}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        else:
+            text = repr(value)
+        sections.setdefault(section, []).append(f"{name} = {text}")
+    return "\n".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items())
+
+
+def sweep_toml(overrides: dict[str, object], body: str = "") -> str:
+    """A sweep file whose [base] is the run of ``overrides``, followed by ``body``."""
+    base = toml_of(overrides).replace("\n[", "\n[base.")
+    return "[base." + base[1:] + "\n" + body
+
+
+class Payload:
+    """A planted pickle payload: unpickling it calls ``open(marker, "w")``, so the marker
+    file exists exactly when a reader ran code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):  # noqa: ANN204 - pickle protocol
+        return (open, (self.marker, "w"))
+
+
+def snapshot(*folders: Path) -> dict[str, str]:
+    """path → sha256 of every file below ``folders`` (what a command must leave unchanged)."""
+    out = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def assert_one_line_error(out: str, err: str, *fragments: str, progress: str | None = None
+                          ) -> str:
+    """``err`` is exactly one line ``creditaudit: error: …`` containing every fragment, and
+    no traceback was printed anywhere. ``progress``: a prefix of progress lines a command
+    prints on stderr once its inputs were accepted (``"sweep: "``), allowed before it."""
+    assert "Traceback" not in out + err, err
+    lines = [line for line in err.strip().splitlines()
+             if progress is None or not line.startswith(progress)]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    assert lines[0].startswith("creditaudit: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    return lines[0]

@@ -263,9 +263,9 @@ class StateBridge(CreditRule):
         n_low = len(states) - 1
         if predicted is None:
             predicted = self.predict_low(states, e)[1]
-        target = states[-1].detach().to(self.dtype).repeat(n_low, *([1] * (states[-1].dim()
-                                                                          - 1)))
-        error = (predicted - target).flatten(1).pow(2).sum(dim=1)
+        target = states[-1].detach().to(self.dtype)
+        # (n, B, …) against the (B, …) target by broadcasting, not n materialised copies
+        error = (predicted.view(n_low, *target.shape) - target).flatten(2).pow(2).sum(dim=2)
         return (error / (target.flatten(1).pow(2).sum(dim=1) + PREDICTION_EPS)).mean()
 
     def fit_predictor(self, states: list[Tensor], e: Tensor,

@@ -9,8 +9,11 @@
    rotated by one every round, so drifting load and cache effects of the predecessor hit
    every rule alike. Ratios to BP are paired (taken within a round); the median and range
    over ``--rounds`` (≥ 9) rounds are reported, beside each rule's matmul FLOP floor
-   (benchmarks/step_flops.py). Targets at 1 thread: DFA/BP ≤ 0.97 at d=512 L=12 and ≤ 1.00
-   at d=256 L=4; FA/BP ≤ 1.09 and State Bridge/BP ≤ 1.7 at d=512 L=12.
+   (benchmarks/step_flops.py). FA, DFA and State Bridge are also timed with every block's
+   LayerNorm → Linear run by plain autograd (``plain_autograd()``: the step without the
+   single-product backward), which shows what that change alone saves. Targets at 1
+   thread: DFA/BP ≤ 0.97 at d=512 L=12 and ≤ 1.00 at d=256 L=4; FA/BP ≤ 1.09 and State
+   Bridge/BP ≤ 1.7 at d=512 L=12.
 2. ``epoch_diagnostics`` on the default 1280 evaluation samples (BP and DFA, d=256 L=4)
    against one training epoch of 50 000 samples (391 steps of the measured step time);
    target ≤ 5% of an epoch. The end-of-run ``credit_quality`` block (ρ 1024 × 32, 20 fresh-B
@@ -22,12 +25,13 @@ round and at the end. Trust only runs whose 1-minute load stayed below the core 
 minus the torch threads.
 
 Usage: python benchmarks/bench_steps.py [--threads 1 [2]] [--rounds 9] [--steps 10]
-       [--no-diagnostics] [--quick] [--out FILE]
+       [--no-plain-ln] [--no-diagnostics] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -43,6 +47,7 @@ from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP
+from creditaudit.models.fused import plain_autograd
 from creditaudit.training import make_adamw
 from step_flops import step_flops
 
@@ -51,8 +56,12 @@ N_CLASSES = 10
 BATCH = 128
 CONFIGS = ((256, 4), (512, 12))
 METHODS = ("bp", "fa", "dfa", "state-bridge", "credit-bridge")
+# the same rules with every block's LayerNorm → Linear run by plain autograd (the step
+# before the fused backward), to show what that change alone saves
+PLAIN_LN = ("fa/plain-ln", "dfa/plain-ln", "state-bridge/plain-ln")
 LABELS = {"bp": "BP", "fa": "FA", "dfa": "DFA", "state-bridge": "State Bridge",
           "credit-bridge": "Credit Bridge"}
+LABELS |= {v: f"{LABELS[v.split('/')[0]]}, plain-autograd LN" for v in PLAIN_LN}
 DIAG_CONFIG = (256, 4)
 DIAG_METHODS = ("bp", "dfa")
 EVAL_SAMPLES = 1280
@@ -71,7 +80,7 @@ TARGET_DIAG_PERCENT = 5.0
 class StepTimes:
     """Per-round ms/step of each rule, GFLOP/s of the matmul reference, 1-min loads."""
 
-    ms: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in METHODS})
+    ms: dict[str, list[float]] = field(default_factory=dict)
     matmul_gflops: list[float] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
 
@@ -88,8 +97,10 @@ def load_text() -> str:
     return f"load average (1, 5, 15 min): {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
-def make_rule(name: str, d: int, n_blocks: int) -> tuple[CreditRule, torch.optim.Optimizer]:
+def make_rule(variant: str, d: int, n_blocks: int
+              ) -> tuple[CreditRule, torch.optim.Optimizer]:
     """A fresh ResidualMLP (same init for every rule), the rule and training's AdamW."""
+    name = variant.split("/")[0]
     torch.manual_seed(0)
     model = ResidualMLP(IN_DIM, d, N_CLASSES, n_blocks, out_ln=True)
     config = MethodConfig(name=name, warmup_fraction=0.0 if name == "credit-bridge" else 0.2)
@@ -113,12 +124,13 @@ def run_steps(rule: CreditRule, optimizer: torch.optim.Optimizer,
             raise RuntimeError(f"{rule.name}: non-finite step; the timing would skip backward")
 
 
-def time_steps(rule: CreditRule, optimizer: torch.optim.Optimizer,
+def time_steps(variant: str, rule: CreditRule, optimizer: torch.optim.Optimizer,
                batches: list[tuple[Tensor, Tensor]], steps: int) -> float:
     """ms per step over ``steps`` timed steps, after one untimed step (caches, allocator)."""
-    run_steps(rule, optimizer, batches, 1)
-    started = time.perf_counter()
-    run_steps(rule, optimizer, batches, steps)
+    with plain_autograd() if variant in PLAIN_LN else contextlib.nullcontext():
+        run_steps(rule, optimizer, batches, 1)
+        started = time.perf_counter()
+        run_steps(rule, optimizer, batches, steps)
     return (time.perf_counter() - started) / steps * 1e3
 
 
@@ -142,24 +154,25 @@ def rotated(items: tuple[str, ...], shift: int) -> list[str]:
 
 
 def bench_steps(d: int, n_blocks: int, rounds: int, steps: int,
-                batches: list[tuple[Tensor, Tensor]]
+                batches: list[tuple[Tensor, Tensor]], variants: tuple[str, ...]
                 ) -> tuple[StepTimes, dict[str, tuple[CreditRule, torch.optim.Optimizer]]]:
-    """Rotated, paired timings of every rule (and the matmul reference) over ``rounds``."""
-    rules = {m: make_rule(m, d, n_blocks) for m in METHODS}
-    for rule, optimizer in rules.values():
-        run_steps(rule, optimizer, batches, WARMUP_STEPS)
+    """Rotated, paired timings of every variant (and the matmul reference) over ``rounds``."""
+    rules = {v: make_rule(v, d, n_blocks) for v in variants}
+    for variant, (rule, optimizer) in rules.items():
+        with plain_autograd() if variant in PLAIN_LN else contextlib.nullcontext():
+            run_steps(rule, optimizer, batches, WARMUP_STEPS)
     gen = torch.Generator().manual_seed(1)
     a, w = torch.randn(BATCH, d, generator=gen), torch.randn(d, d, generator=gen)
     out = torch.empty(BATCH, d)
-    times = StepTimes()
+    times = StepTimes(ms={v: [] for v in variants})
     for index in range(rounds):
-        for method in rotated(METHODS, index):
-            times.ms[method].append(time_steps(*rules[method], batches, steps))
+        for variant in rotated(variants, index):
+            times.ms[variant].append(time_steps(variant, *rules[variant], batches, steps))
         # About as long as BP's timed block, so it sees the same load.
         times.matmul_gflops.append(matmul_gflops(a, w, out, times.ms["bp"][-1] * steps / 1e3))
         times.loads.append(os.getloadavg()[0])
         print(f"  d={d} L={n_blocks} round {index + 1}/{rounds}: "
-              + ", ".join(f"{m} {times.ms[m][-1]:.1f}" for m in METHODS)
+              + ", ".join(f"{v} {times.ms[v][-1]:.1f}" for v in variants)
               + f" ms; 1-min load {times.loads[-1]:.2f}", flush=True)
     return times, rules
 
@@ -187,12 +200,14 @@ def step_table(threads: int, d: int, n_blocks: int, times: StepTimes) -> list[st
     """Rows: ms/step, paired ratio to BP (median, range), FLOP floor, per rule."""
     bp_flops = step_flops("bp", d, n_blocks)
     rows = []
-    for method in METHODS:
-        ratio = "1" if method == "bp" else ratio_text(times.ratios(method))
-        floor = (f"{step_flops(method, d, n_blocks) / bp_flops:.3f}"
-                 if method != "credit-bridge" else "–")
-        rows.append(f"| {threads} | d={d} L={n_blocks} | {LABELS[method]} | "
-                    f"{times.median_ms(method):.1f} | {ratio} | {floor} |")
+    for variant in times.ms:
+        method = variant.split("/")[0]
+        ratio = "1" if method == "bp" else ratio_text(times.ratios(variant))
+        flops = (step_flops(method, d, n_blocks, fused=variant not in PLAIN_LN)
+                 if method != "credit-bridge" else None)
+        floor = "–" if flops is None else f"{flops / bp_flops:.3f}"
+        rows.append(f"| {threads} | d={d} L={n_blocks} | {LABELS[variant]} | "
+                    f"{times.median_ms(variant):.1f} | {ratio} | {floor} |")
     return rows
 
 
@@ -203,6 +218,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
                         help=f"rotated rounds per configuration (at least {MIN_ROUNDS})")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per rule per round")
+    parser.add_argument("--no-plain-ln", action="store_true",
+                        help="skip the FA/DFA/State Bridge variants with plain-autograd "
+                             "LayerNorm (what the fused backward saves)")
     parser.add_argument("--no-diagnostics", action="store_true",
                         help="skip the epoch_diagnostics / credit_quality timings")
     parser.add_argument("--quick", action="store_true",
@@ -231,7 +249,8 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for d, n_blocks in CONFIGS:
-            times, rules = bench_steps(d, n_blocks, args.rounds, args.steps, batches)
+            variants = METHODS if args.no_plain_ln else METHODS + PLAIN_LN
+            times, rules = bench_steps(d, n_blocks, args.rounds, args.steps, batches, variants)
             round_loads += times.loads
             step_rows += step_table(threads, d, n_blocks, times)
             bp_gflop = step_flops("bp", d, n_blocks) / 1e9

@@ -78,12 +78,14 @@ def predictor_flops(d: int, n_blocks: int, *, shared_forward: bool = True) -> in
     return forward + credit_backward + fit_forward + fit_backward
 
 
-def step_flops(method: str, d: int, n_blocks: int, *, before: bool = False) -> int:
-    """Matmul FLOPs of one step; ``before``: without this project's step savings."""
+def step_flops(method: str, d: int, n_blocks: int, *, before: bool = False,
+               fused: bool | None = None) -> int:
+    """Matmul FLOPs of one step; ``before``: without this project's step savings;
+    ``fused``: override whether blocks use the single-product LayerNorm → Linear backward."""
     b, c = BATCH, N_CLASSES
     if method == "bp":
         return model_flops(d, n_blocks, local=False)
-    model = model_flops(d, n_blocks, local=True, fused=not before)
+    model = model_flops(d, n_blocks, local=True, fused=not before if fused is None else fused)
     if method == "dfa":
         return model + linear(b, c, (n_blocks + 1) * d)
     if method == "fa":

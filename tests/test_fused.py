@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from creditaudit.models.fused import _DetachedLayerNormLinear, fusable, layer_norm_linear
+from creditaudit.models.fused import (
+    _DetachedLayerNormLinear,
+    fusable,
+    layer_norm_linear,
+    plain_autograd,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -86,6 +91,15 @@ def test_input_that_needs_a_gradient_takes_the_plain_path():
     frozen_ln.requires_grad_(False)
     frozen_linear.requires_grad_(False)
     assert layer_norm_linear(inputs(7, 12), frozen_ln, frozen_linear).grad_fn is None
+
+
+def test_plain_autograd_switches_fusion_off_for_a_block_of_code():
+    ln, linear = modules()
+    h = inputs(7, 12)
+    with plain_autograd():
+        assert type(layer_norm_linear(h, ln, linear).grad_fn).__name__ == "AddmmBackward0"
+    name = type(layer_norm_linear(h, ln, linear).grad_fn).__name__
+    assert name == "_DetachedLayerNormLinearBackward"
 
 
 def test_only_affine_last_axis_layer_norms_are_fused():

@@ -16,6 +16,9 @@ whenever the input gradient could be needed.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
@@ -58,6 +61,24 @@ class _DetachedLayerNormLinear(torch.autograd.Function):
         return None, d_gamma, d_beta, d_weight, d_bias, None
 
 
+_fusion_enabled = True
+
+
+@contextlib.contextmanager
+def plain_autograd() -> Iterator[None]:
+    """Within the block, :func:`layer_norm_linear` is always plain ``linear(ln(h))``.
+
+    The choice is made at forward time, so a graph built inside keeps plain autograd for
+    its backward. For references in tests and the "before" timings of benchmarks.
+    """
+    global _fusion_enabled
+    previous, _fusion_enabled = _fusion_enabled, False
+    try:
+        yield
+    finally:
+        _fusion_enabled = previous
+
+
 def fusable(ln: nn.Module, linear: nn.Module) -> bool:
     """Whether ``ln`` is a last-axis LayerNorm with γ and β and ``linear`` an ``nn.Linear``."""
     return (isinstance(ln, nn.LayerNorm) and isinstance(linear, nn.Linear)
@@ -73,8 +94,8 @@ def layer_norm_linear(h: Tensor, ln: nn.LayerNorm, linear: nn.Linear) -> Tensor:
     to rounding (the products are summed in a different order).
     """
     params_need_grad = any(p.requires_grad for p in (*ln.parameters(), *linear.parameters()))
-    if (h.requires_grad or not torch.is_grad_enabled() or not params_need_grad
-            or not fusable(ln, linear)):
+    if (not _fusion_enabled or h.requires_grad or not torch.is_grad_enabled()
+            or not params_need_grad or not fusable(ln, linear)):
         return linear(ln(h))
     return _DetachedLayerNormLinear.apply(h, ln.weight, ln.bias, linear.weight, linear.bias,
                                           ln.eps)

@@ -10,6 +10,7 @@ the readout takes its exact local cross-entropy gradient on the detached h_L.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +100,10 @@ def local_objective(model: ResidualNet, local: LocalPass, credits: list[Tensor],
     """(objective to backward, batch-mean CE) for the local surrogate of SPEC §4.
 
     ``credits[l]`` is a_l for state l (detached), shape of h_l or broadcastable to it.
-    One backward of the objective gives every module its local update at once.
+    One backward of the objective gives every module its local update at once. This is the
+    surrogate written out as one scalar (the definition, and the reference the tests hold
+    :func:`local_backward` to); training steps use :func:`local_backward`, which feeds the
+    same gradients to autograd without building the elementwise products.
     """
     ce = F.cross_entropy(local.logits, y)
     objective = ce
@@ -111,6 +115,47 @@ def local_objective(model: ResidualNet, local: LocalPass, credits: list[Tensor],
     if penalty > 0:
         objective = objective + penalty * branch_penalty(local.branches)
     return objective, ce
+
+
+def credit_gradient(credit: Tensor, batch: int) -> Tensor:
+    """â / B = a / ((RMS(a) + 1e-6)·B), RMS per row of dim 0 over every other entry.
+
+    This is ∂⟨f, â⟩_batch-mean/∂f, the gradient the surrogate sends into a module's output.
+    Rows may be stacked states ``(n·B, …)``: each row is normalised on its own, so one call
+    covers every state of a batched credit.
+    """
+    rows = credit.flatten(1)
+    # one fused norm kernel instead of pow → mean → sqrt over the whole credit
+    rms = torch.linalg.vector_norm(rows, dim=1) / rows.shape[1] ** 0.5
+    return credit / ((rms + RMS_EPS) * batch).view(-1, *([1] * (credit.dim() - 1)))
+
+
+def local_backward(local: LocalPass, ce: Tensor, credit_grads: Sequence[Tensor],
+                   penalty: float) -> None:
+    """Accumulate every module's local update into ``.grad`` in one backward pass.
+
+    ``credit_grads[l]`` is â_l / B for state l (:func:`credit_gradient`), shaped like h_l or
+    (B, d) for token states (broadcast over the tokens). The surrogate is linear in each
+    module output given its credit, so its gradients are known without building it:
+    ∂/∂h_0 = â_0/B, ∂/∂f_l = â_{l+1}/B + 2λ·f_l/B (the penalty λ·mean_b‖f_l‖²), and the
+    readout gets ∂CE. The parameter gradients equal ``local_objective(...)[0].backward()``'s
+    to rounding. Frozen blocks have no branch graph, so neither their credit nor their
+    penalty reaches anything.
+    """
+    batch = local.h0.shape[0]
+    outputs, grads = [ce], [torch.ones_like(ce)]
+    if local.h0.requires_grad:
+        outputs.append(local.h0)
+        grads.append(state_credit_shape(credit_grads[0], local.h0).to(local.h0.dtype))
+    for f, grad in zip(local.branches, credit_grads[1:]):
+        if f is None:
+            continue
+        grad = state_credit_shape(grad, f)
+        if penalty > 0:
+            grad = torch.add(grad, f.detach(), alpha=2.0 * penalty / batch)
+        outputs.append(f)
+        grads.append(grad.to(f.dtype))
+    torch.autograd.backward(outputs, grads)
 
 
 def loss_precision(logits: Tensor) -> Tensor:

@@ -48,8 +48,9 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
+    credit_gradient,
+    local_backward,
     local_forward,
-    local_objective,
     output_error,
     state_credit_shape,
     step_result,
@@ -227,16 +228,16 @@ class CreditBridge(CreditRule):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x)
+            ce = F.cross_entropy(local.logits, y)
         e = output_error(local.logits, y)
         warmup = self.in_warmup()
         credits = self.step_credits(local.states, e, y)
-        with self.autocast():
-            objective, ce = local_objective(self.model, local, credits, y, self.config.penalty)
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
             self.fit_value(local.states, e, y, local.logits)
             self.sums["warmup_steps"] += float(warmup)
-            objective.backward()
+            local_backward(local, ce, [credit_gradient(a, y.shape[0]) for a in credits],
+                           self.config.penalty)
             optimizer.step()
         return result
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
+    credit_gradient,
+    local_backward,
     local_forward,
-    local_objective,
     output_error,
     state_credit_shape,
     step_result,
@@ -42,9 +44,15 @@ class DFA(CreditRule):
         self.feedback = draw_feedback([(n_classes, d)] * (model.n_blocks + 1),
                                       scale=config.feedback_scale, generator=generator)
 
+    def stacked_credits(self, error: Tensor) -> Tensor:
+        """(B, L+1, d): every state's credit e @ B_l from one matmul with [B_0 … B_L]."""
+        stacked = torch.cat(self.feedback, dim=1).to(device=error.device, dtype=error.dtype)
+        return (error @ stacked).view(error.shape[0], len(self.feedback), -1)
+
     def credits_from_error(self, error: Tensor, states: list[Tensor]) -> list[Tensor]:
-        return [state_credit_shape(error @ b.to(device=error.device, dtype=error.dtype), h)
-                for b, h in zip(self.feedback, states)]
+        """[a_0 … a_L], each shaped like its state (broadcast over tokens)."""
+        return [state_credit_shape(a, h)
+                for a, h in zip(self.stacked_credits(error).unbind(1), states)]
 
     @torch.no_grad()
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
@@ -55,11 +63,15 @@ class DFA(CreditRule):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x)
-            credits = self.credits_from_error(output_error(local.logits, y), local.states)
-            objective, ce = local_objective(self.model, local, credits, y, self.config.penalty)
+            ce = F.cross_entropy(local.logits, y)
+            # (B, d) per state; a token state's credit is the same for every token, so its
+            # RMS over (T, d) is its RMS over d and the rows can be normalised all at once.
+            credits = self.stacked_credits(output_error(local.logits, y))
+            credit_grads = credit_gradient(credits.flatten(0, 1), y.shape[0])
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
-            objective.backward()
+            local_backward(local, ce, credit_grads.view_as(credits).unbind(1),
+                           self.config.penalty)
             optimizer.step()
         return result
 

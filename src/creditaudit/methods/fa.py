@@ -10,8 +10,9 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
+    credit_gradient,
+    local_backward,
     local_forward,
-    local_objective,
     loss_precision,
     step_result,
 )
@@ -67,13 +68,13 @@ class FA(CreditRule):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x, with_readout=False)
-            top, logits, _ = readout_gradient(self.model, local.states[-1], y)
+            top, logits, ce = readout_gradient(self.model, local.states[-1], y)
             local.logits = logits
-            objective, ce = local_objective(self.model, local, self.propagate(top), y,
-                                            self.config.penalty)
+            credit_grads = [credit_gradient(a, y.shape[0]) for a in self.propagate(top)]
         result = step_result(ce, logits, y, local.states[-1])
         if result.finite:
-            objective.backward()
+            # ce's readout graph was kept by readout_gradient: the readout params get ∂CE.
+            local_backward(local, ce, credit_grads, self.config.penalty)
             optimizer.step()
         return result
 

@@ -44,8 +44,9 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
+    credit_gradient,
+    local_backward,
     local_forward,
-    local_objective,
     output_error,
     step_result,
 )
@@ -187,6 +188,8 @@ class StateBridge(CreditRule):
         self.predictor_optimizer: torch.optim.Optimizer | None = None
         self.set_predictor(predictor)
         self.error_sum, self.error_count = 0.0, 0
+        # the step's predictor forward, handed from step_credits to fit_predictor
+        self.kept_prediction: Tensor | None = None
 
     def set_predictor(self, predictor: Predictor, *, train: bool = True) -> None:
         """Plug in a predictor ``G(h, layer, e)``.
@@ -201,28 +204,42 @@ class StateBridge(CreditRule):
                                     if train and params else None)
 
     # --- credit -------------------------------------------------------------------------
-    def bridge_credits(self, states: list[Tensor], e: Tensor, y: Tensor) -> list[Tensor]:
+    def predict_low(self, states: list[Tensor], e: Tensor) -> tuple[Tensor, Tensor]:
+        """(inputs, G(inputs)) for every layer l < L in one batch, rows layer-major.
+
+        ``inputs`` (n·B, …) are the detached states in the bridge dtype, a leaf that
+        requires grad (the credit is ∂/∂inputs); the prediction keeps its graph to ψ.
+        """
+        batch, n_low = e.shape[0], len(states) - 1
+        stacked = torch.cat([h.detach().to(self.dtype) for h in states[:-1]])
+        stacked.requires_grad_(True)
+        layers = torch.arange(n_low, device=stacked.device).repeat_interleave(batch)
+        e_rows = e.to(device=stacked.device, dtype=self.dtype).repeat(n_low, 1)
+        with torch.enable_grad():
+            return stacked, self.predictor(stacked, layers, e_rows)
+
+    def bridge_credits(self, states: list[Tensor], e: Tensor, y: Tensor, *,
+                       keep_prediction: bool = False) -> list[Tensor]:
         """[a_0 … a_L] from detached states and the output error (batch-mean CE scale).
 
         Credits come in the bridge dtype (the model's fp32/fp64, also under bf16 autocast).
 
         All layers l < L go through the predictor in one batch; the rows of different
         samples and layers never mix, so one gradient of the summed CE / B gives every
-        layer's batch-mean-CE gradient.
+        layer's batch-mean-CE gradient. With ``keep_prediction`` the prediction (and its
+        graph to ψ) is kept for :meth:`fit_predictor`, which then needs no second forward.
         """
         batch, n_low = y.shape[0], len(states) - 1
         credits: list[Tensor] = []
         if n_low > 0:
-            stacked = torch.cat([h.detach().to(self.dtype) for h in states[:-1]])
-            stacked.requires_grad_(True)
-            layers = torch.arange(n_low, device=stacked.device).repeat_interleave(batch)
-            e_rows = e.to(device=stacked.device, dtype=self.dtype).repeat(n_low, 1)
+            stacked, predicted = self.predict_low(states, e)
             with torch.enable_grad():
-                predicted = self.predictor(stacked, layers, e_rows)
                 logits = self.model.readout(predicted)
                 ce = F.cross_entropy(logits, y.repeat(n_low), reduction="sum") / batch
-                (grad,) = torch.autograd.grad(ce, stacked)
+                (grad,) = torch.autograd.grad(ce, stacked, retain_graph=keep_prediction)
             credits = split_rows(grad.detach(), batch)
+            if keep_prediction:
+                self.kept_prediction = predicted
         credits.append(exact_top_credit(self.model, states[-1].to(self.dtype), y))
         return credits
 
@@ -232,31 +249,40 @@ class StateBridge(CreditRule):
         return self.bridge_credits(states, output_error(logits, y), y)
 
     def step_credits(self, states: list[Tensor], e: Tensor, y: Tensor) -> list[Tensor]:
-        """The credits a training step uses (a seam for zero-leak tests)."""
-        return self.bridge_credits(states, e, y)
+        """The credits a training step uses (a seam for zero-leak tests); keeps the
+        predictor's forward for the step's fit."""
+        return self.bridge_credits(states, e, y, keep_prediction=True)
 
     # --- training -----------------------------------------------------------------------
-    def prediction_error(self, states: list[Tensor], e: Tensor) -> Tensor:
-        """Mean over layers l < L and samples of ‖G(h_l) − h_L‖² / (‖h_L‖² + 1e-6)."""
-        batch, n_low = e.shape[0], len(states) - 1
-        stacked = torch.cat([h.detach().to(self.dtype) for h in states[:-1]])
-        target = states[-1].detach().to(self.dtype).repeat(n_low, *([1] * (states[-1].dim()
-                                                                          - 1)))
-        layers = torch.arange(n_low, device=stacked.device).repeat_interleave(batch)
-        predicted = self.predictor(stacked, layers,
-                                   e.to(device=stacked.device, dtype=self.dtype).repeat(n_low, 1))
-        error = (predicted - target).flatten(1).pow(2).sum(dim=1)
+    def prediction_error(self, states: list[Tensor], e: Tensor,
+                         predicted: Tensor | None = None) -> Tensor:
+        """Mean over layers l < L and samples of ‖G(h_l) − h_L‖² / (‖h_L‖² + 1e-6).
+
+        ``predicted``: G on these states from :meth:`predict_low` (else it is run here).
+        """
+        n_low = len(states) - 1
+        if predicted is None:
+            predicted = self.predict_low(states, e)[1]
+        target = states[-1].detach().to(self.dtype)
+        # (n, B, …) against the (B, …) target by broadcasting, not n materialised copies
+        error = (predicted.view(n_low, *target.shape) - target).flatten(2).pow(2).sum(dim=2)
         return (error / (target.flatten(1).pow(2).sum(dim=1) + PREDICTION_EPS)).mean()
 
-    def fit_predictor(self, states: list[Tensor], e: Tensor) -> float:
-        """One AdamW step of ψ on the normalised prediction error; returns the error before."""
+    def fit_predictor(self, states: list[Tensor], e: Tensor,
+                      predicted: Tensor | None = None) -> float:
+        """One AdamW step of ψ on the normalised prediction error; returns the error before.
+
+        ``predicted`` as in :meth:`prediction_error` (the step's own credit forward).
+        """
         if len(states) < 2:
             return 0.0
         with torch.enable_grad():
-            loss = self.prediction_error(states, e)
+            loss = self.prediction_error(states, e, predicted)
         if self.predictor_optimizer is not None:
+            params = [p for group in self.predictor_optimizer.param_groups
+                      for p in group["params"]]
             self.predictor_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward(inputs=params)  # ψ only: the inputs' gradient is not needed
             self.predictor_optimizer.step()
         return float(loss.detach())
 
@@ -264,15 +290,18 @@ class StateBridge(CreditRule):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x)
+            ce = F.cross_entropy(local.logits, y)
         e = output_error(local.logits, y)
+        self.kept_prediction = None
         credits = self.step_credits(local.states, e, y)
-        with self.autocast():
-            objective, ce = local_objective(self.model, local, credits, y, self.config.penalty)
+        # One predictor forward serves the credit and the fit (ψ has not moved in between).
+        predicted, self.kept_prediction = self.kept_prediction, None
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
-            self.error_sum += self.fit_predictor(local.states, e)
+            self.error_sum += self.fit_predictor(local.states, e, predicted)
             self.error_count += 1
-            objective.backward()
+            local_backward(local, ce, [credit_gradient(a, y.shape[0]) for a in credits],
+                           self.config.penalty)
             optimizer.step()
         return result
 

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.models.contract import ResidualNet
+from creditaudit.models.fused import layer_norm_linear
 
 
 class MLPBlock(nn.Module):
@@ -22,7 +23,8 @@ class MLPBlock(nn.Module):
         nn.init.zeros_(self.w2.bias)
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.w2(F.gelu(self.w1(self.ln(h))))
+        # LN and w1 fused: with a detached h (local rules) their backward skips ∂h entirely.
+        return self.w2(F.gelu(layer_norm_linear(h, self.ln, self.w1)))
 
 
 class ResidualMLP(ResidualNet):

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.models.contract import ResidualNet
+from creditaudit.models.fused import layer_norm_linear
 
 
 class PatchEmbed(nn.Module):
@@ -55,15 +56,18 @@ class TransformerBranch(nn.Module):
             nn.init.zeros_(out.bias)
 
     def attention(self, h: Tensor) -> Tensor:
+        """attn(LN1(h)) for (B, T, d) tokens (LN1 and the qkv projection fused, see
+        :func:`layer_norm_linear`)."""
         batch, tokens, d = h.shape
-        q, k, v = self.qkv(h).view(batch, tokens, 3, self.heads, d // self.heads).unbind(2)
+        qkv = layer_norm_linear(h, self.ln1, self.qkv)
+        q, k, v = qkv.view(batch, tokens, 3, self.heads, d // self.heads).unbind(2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         )
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, d))
 
     def forward(self, h: Tensor) -> Tensor:
-        a = self.attention(self.ln1(h))
+        a = self.attention(h)
         return a + self.w2(F.gelu(self.w1(self.ln2(h + a))))
 
 

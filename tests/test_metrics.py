@@ -316,7 +316,7 @@ def test_fresh_feedback_null_refuses_rules_without_feedback():
     torch.manual_seed(0)
     rule = build_rule(ResidualMLP(16, 24, 10, 2), MethodConfig(name="bp"), n_classes=10,
                       seed=0)
-    with pytest.raises(ConfigError, match="no feedback"):
+    with pytest.raises(ConfigError, match="no fixed random feedback"):
         fresh_feedback_null(rule, torch.randn(8, 16), torch.randint(0, 10, (8,)))
 
 

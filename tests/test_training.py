@@ -350,7 +350,7 @@ def test_toml_round_trip(tmp_path):
     ({"model": {"d": 0}}, "model.d"),
     ({"data": {"alpha": 1.5}}, "data.alpha"),
     ({"optim": {"lr": -1e-3}}, "optim.lr"),
-    ({"method": {"name": "magic"}}, "method.name"),
+    ({"method": {"name": "Magic rule!"}}, "method.name"),
     ({"model": {"arch": "cnn"}}, "model.arch"),
     ({"method": {"trainable_blocks": 5}, "model": {"n_blocks": 4}}, "method.trainable_blocks"),
     ({"model": "resmlp"}, "model"),

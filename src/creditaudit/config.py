@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import sys
 import types
 import typing
@@ -29,7 +30,9 @@ else:  # pragma: no cover
 
 DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion-mnist")
 ARCHS = ("resmlp", "vit", "student")
-METHODS = ("bp", "fa", "dfa", "frozen", "state-bridge", "credit-bridge", "ep")
+# Credit rules are a registry (creditaudit.methods), open to plugins: the config only checks
+# the name's form; the layers that build or list rules check that it is installed.
+METHOD_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; keep them non-negative
@@ -76,7 +79,9 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = opt("bp", "credit rule", choices=METHODS)
+    name: str = opt("bp", "credit rule: a built-in (bp, fa, dfa, ep, state-bridge, "
+                    "credit-bridge, frozen, …; `creditaudit train --help` lists them) or one "
+                    "an installed package registers")
     penalty: float = opt(0.0, "residual-branch penalty λ (λ·‖f_l‖² per block)", min=0.0)
     trainable_blocks: int | None = opt(
         None, "train only the last k blocks (depth ladder; None = all)", min=0)
@@ -252,6 +257,10 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
 
 def _check_consistency(config: RunConfig) -> None:
     """Cross-field rules that single-field validation cannot see."""
+    if not METHOD_NAME.match(config.method.name):
+        raise ConfigError(f"method.name={config.method.name!r} is not a rule name (lower-case "
+                          "letters, digits, - and _); `creditaudit train --help` lists the "
+                          "installed rules")
     tb = config.method.trainable_blocks
     if tb is not None and tb > config.model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds model.n_blocks="

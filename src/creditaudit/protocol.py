@@ -67,15 +67,6 @@ CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown resid
 CAUSE_FLOOR = "gradient below floor"
 NO_FROZEN_REASON = "no frozen-blocks accuracy given (pass --frozen RUN_OR_ACC)"
 HEADLINE_GAMMA = "samples_then_layers"
-CREDIT_FORMULAS = {
-    "bp": "a_l = g_l (backprop)",
-    "fa": "a_l = B_l a_{l+1}, a_L exact",
-    "dfa": "a_l = B_l^T e",
-    "frozen": "blocks frozen; readout by BP",
-    "state-bridge": "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)",
-    "credit-bridge": "a_l = ∇_{h_l} V(h_l, l, e)",
-    "ep": "a_l = (h_l^free − h_l^nudged)/β",
-}
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
 
 

@@ -10,7 +10,6 @@ from creditaudit.config import (
     ARCHS,
     DATASETS,
     DEVICES,
-    METHODS,
     PRECISIONS,
     RunConfig,
     apply_overrides,
@@ -34,7 +33,7 @@ def finite_float(text: str) -> float:
 
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--method", "method.name", {"choices": METHODS, "help": "credit rule"}),
+    ("--method", "method.name", {"choices": "rules", "help": "credit rule"}),
     ("--arch", "model.arch", {"choices": ARCHS, "help": "architecture"}),
     ("--dataset", "data.name", {"choices": DATASETS, "help": "dataset"}),
     ("--data-dir", "data.data_dir", {"help": "dataset folder (CIFAR python batches or IDX files)"}),
@@ -81,6 +80,10 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                              "record.json; flags and --set override it")
     for flag, key, kwargs in SHORTCUTS:
         kwargs = dict(kwargs)
+        if kwargs.get("choices") == "rules":  # the registry: built-ins and installed plugins
+            from creditaudit.methods import rule_names
+
+            kwargs["choices"] = rule_names()
         kwargs["help"] = f"{kwargs['help']} ({key})"
         if "choices" not in kwargs:
             kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
@@ -102,4 +105,8 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     overrides.update(parse_override(item) for item in args.set)
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    from creditaudit.methods import check_method
+
+    check_method(config.method)  # an installed rule (a --set or a config file may name any)
+    return config

@@ -19,15 +19,13 @@ from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.errors import ConfigError
 from creditaudit.methods.base import CreditRule
-from creditaudit.methods.dfa import draw_feedback
 
 DEFAULT_NULL_SEED = 7919
 
 
 def has_feedback(rule: object) -> bool:
-    """True for rules with fixed random feedback matrices (``rule.feedback``: FA, DFA)."""
-    feedback = getattr(rule, "feedback", None)
-    return isinstance(feedback, list) and all(isinstance(b, Tensor) for b in feedback)
+    """True for rules with fixed random feedback (``feedback_kind == "fixed_random"``)."""
+    return getattr(rule, "feedback_kind", "none") == "fixed_random"
 
 
 def _deep_cos(rule: CreditRule, x: Tensor, y: Tensor, grads: list[Tensor]) -> float:
@@ -38,38 +36,31 @@ def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
                         seed: int = DEFAULT_NULL_SEED) -> dict[str, Any]:
     """Deep cosine with ``n`` freshly drawn feedback sets vs the training feedback.
 
-    ``x`` ``(N, …)`` inputs, ``y`` ``(N,)`` labels. The fresh matrices have the shapes of
-    ``rule.feedback`` and entries N(0, scale²/fan_in) (:func:`methods.dfa.draw_feedback`,
-    scale = ``rule.config.feedback_scale``), drawn from a generator seeded by ``seed``: the
-    global RNG is never touched. The rule's own matrices are restored afterwards, also when
-    a draw fails.
+    ``x`` ``(N, …)`` inputs, ``y`` ``(N,)`` labels. The fresh feedback comes from the rule's
+    own :meth:`~creditaudit.methods.CreditRule.draw_feedback` (same shapes and scale as its
+    training feedback), with a generator seeded by ``seed``: the global RNG is never
+    touched. The rule's own feedback is restored afterwards, also when a draw fails
+    (:meth:`~creditaudit.methods.CreditRule.using_feedback`).
 
     Returns ``{"mean", "std", "values", "training_value", "z", "n", "seed"}``: mean and
     (unbiased, n−1) std of the deep cosine over the draws, every draw's value, the deep
     cosine with the training matrices, and z = (training − mean) / std (NaN when std = 0).
-    Raises ConfigError for rules without feedback matrices (BP, frozen).
+    Raises ConfigError for rules without fixed random feedback (BP, frozen, bridges).
     """
     if not has_feedback(rule):
         raise ConfigError(f"method {getattr(rule, 'name', type(rule).__name__)!r} has no "
-                          "feedback matrices: the fresh-B null applies to FA and DFA only")
+                          "fixed random feedback: the fresh-feedback null applies to rules "
+                          "whose feedback is drawn once and never trained (FA, DFA, …)")
     if n < 2:
         raise ConfigError(f"the fresh-B null needs n >= 2 draws for a spread, got n={n}")
     # Cosines are scale-free, so the 1/128-scaled gradients serve as the reference as-is.
     grads = state_gradients(rule.model.forward_states, x, y).grads
-    training = rule.feedback  # type: ignore[attr-defined]
     generator = torch.Generator().manual_seed(seed)
-    scale = float(getattr(rule.config, "feedback_scale", 1.0))
+    training_value = _deep_cos(rule, x, y, grads)
     values: list[float] = []
-    try:
-        training_value = _deep_cos(rule, x, y, grads)
-        for _ in range(n):
-            fresh = draw_feedback([tuple(b.shape) for b in training], scale=scale,
-                                  generator=generator)
-            rule.feedback = [f.to(device=b.device, dtype=b.dtype)  # type: ignore[attr-defined]
-                             for f, b in zip(fresh, training)]
+    for _ in range(n):
+        with rule.using_feedback(rule.draw_feedback(generator)):
             values.append(_deep_cos(rule, x, y, grads))
-    finally:
-        rule.feedback = training  # type: ignore[attr-defined]
     tensor = torch.tensor(values, dtype=torch.float64)
     mean, std = float(tensor.mean()), float(tensor.std(unbiased=True))
     z = (training_value - mean) / std if std > 0 and math.isfinite(std) else float("nan")

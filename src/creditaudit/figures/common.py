@@ -8,6 +8,7 @@ cannot support it. Run selection lives in :mod:`creditaudit.figures.runs`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from collections.abc import Iterable, Sequence
@@ -22,17 +23,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from creditaudit.methods import find_rule, rule_label  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
-METHOD_ORDER = ("bp", "fa", "dfa", "ep", "state-bridge", "credit-bridge", "frozen")
-METHOD_LABELS = {"bp": "BP", "fa": "FA", "dfa": "DFA", "ep": "EP",
-                 "state-bridge": "State Bridge", "credit-bridge": "Credit Bridge",
-                 "frozen": "Frozen blocks"}
-METHOD_COLORS = {"bp": "#2166ac", "fa": "#e08214", "dfa": "#b2182b", "ep": "#1b7837",
-                 "state-bridge": "#762a83", "credit-bridge": "#35978f", "frozen": "#636363"}
-METHOD_MARKERS = {"bp": "o", "fa": "s", "dfa": "D", "ep": "^", "state-bridge": "v",
-                  "credit-bridge": "P", "frozen": "X"}
+# Rules without their own `color`/`marker` (and records of rules not installed here) take
+# one of these, chosen from the name so a rule keeps its style across figures and runs.
+FALLBACK_COLORS = ("#8c510a", "#01665e", "#c51b7d", "#4d9221", "#542788", "#b35806",
+                   "#2d004b", "#7f3b08", "#1f78b4", "#e31a1c")
+FALLBACK_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "*")
 # Penalised runs (λ > 0) get a sequence of greens/blues, vanilla keeps the method colour.
 PENALTY_COLORS = ("#1a9850", "#2c7bb6", "#7b3294", "#d95f02", "#66a61e", "#e7298a")
 HEALTHY_COLOR, WALKBACK_COLOR = "#1a9850", "#d73027"
@@ -49,16 +48,33 @@ STYLE = {
 
 # --- drawing ------------------------------------------------------------------------------
 def method_label(method: str, penalty: float = 0.0) -> str:
-    label = METHOD_LABELS.get(method, method)
+    """The rule's own label (the name for rules not installed here), λ appended."""
+    label = rule_label(method)
     return f"{label} λ={penalty:g}" if penalty else label
 
 
+def _stable_index(name: str, n: int) -> int:
+    return int(hashlib.sha256(name.encode()).hexdigest(), 16) % n
+
+
 def method_color(method: str) -> str:
-    return METHOD_COLORS.get(method, "#000000")
+    rule = find_rule(method)
+    if rule is not None and rule.color:
+        return rule.color
+    return FALLBACK_COLORS[_stable_index(method, len(FALLBACK_COLORS))]
 
 
 def method_marker(method: str) -> str:
-    return METHOD_MARKERS.get(method, "o")
+    rule = find_rule(method)
+    if rule is not None and rule.marker:
+        return rule.marker
+    return FALLBACK_MARKERS[_stable_index(method, len(FALLBACK_MARKERS))]
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    """Listing order of a rule: its ``rank``, then its name (unknown rules: rank 100)."""
+    rule = find_rule(method)
+    return (rule.rank if rule is not None else 100, method)
 
 
 def new_figure(nrows: int, ncols: int, *, figsize: tuple[float, float], **kwargs: Any

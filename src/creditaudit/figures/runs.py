@@ -21,7 +21,7 @@ import numpy as np
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
-from creditaudit.figures.common import METHOD_ORDER
+from creditaudit.figures.common import method_rank
 from creditaudit.protocol import DiagnosticReport
 from creditaudit.records import EndOfRun, RecordSet, RunRecord
 
@@ -178,7 +178,7 @@ class RunIndex:
     def __init__(self, runs: Iterable[Run], *, root: Path | None = None,
                  skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True
                  ) -> None:
-        self.all_runs = sorted(runs, key=lambda r: (r.dataset, r.arch_label, _method_rank(
+        self.all_runs = sorted(runs, key=lambda r: (r.dataset, r.arch_label, method_rank(
             r.method), r.penalty, r.seed, r.run_id))
         self.root = root
         self.skipped = list(skipped)
@@ -252,12 +252,8 @@ class RunIndex:
         return self.records.protocol_report(run.record)
 
 
-def _method_rank(method: str) -> int:
-    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
-
-
 def sort_methods(methods: Iterable[str]) -> list[str]:
-    return sorted(set(methods), key=lambda m: (_method_rank(m), m))
+    return sorted(set(methods), key=method_rank)
 
 
 def by_seed(runs: Iterable[Run]) -> dict[int, Run]:

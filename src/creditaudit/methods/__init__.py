@@ -1,24 +1,32 @@
-"""Credit rules behind one interface (:class:`CreditRule`), built by name."""
+"""Credit rules behind one interface (:class:`CreditRule`), built by name from the registry.
+
+Importing this package registers the built-in rules; rules of other packages come from the
+``creditaudit.rules`` entry points (:mod:`creditaudit.methods.registry`).
+"""
 
 from __future__ import annotations
 
 import torch
 
 from creditaudit.config import MethodConfig
-from creditaudit.errors import ConfigError
 from creditaudit.methods.base import CreditRule, StepResult, rms_normalise
-from creditaudit.methods.bp import BP, Frozen, bp_state_gradients
+from creditaudit.methods.bp import BP, bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge
 from creditaudit.methods.dfa import DFA
 from creditaudit.methods.ep import EP
 from creditaudit.methods.fa import FA
+from creditaudit.methods.frozen import Frozen
+from creditaudit.methods.registry import (
+    ENTRY_POINT_GROUP,
+    check_method,
+    credit_formula,
+    find_rule,
+    rule_class,
+    rule_label,
+    rule_names,
+)
 from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models.contract import ResidualNet, set_trainable_blocks
-
-RULES: dict[str, type[CreditRule]] = {
-    "bp": BP, "fa": FA, "dfa": DFA, "frozen": Frozen, "state-bridge": StateBridge,
-    "credit-bridge": CreditBridge, "ep": EP,
-}
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int
@@ -26,17 +34,17 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
 
     Feedback matrices come from their own generator seeded by ``config.feedback_seed``
-    (default: the run seed), so they never consume the training RNG.
+    (default: the run seed), so they never consume the training RNG. ConfigError when the
+    rule is not installed.
     """
-    if config.name not in RULES:
-        raise ConfigError(f"method.name={config.name!r} is not allowed; choose one of "
-                          f"{', '.join(RULES)}")
-    trainable = 0 if config.name == "frozen" else config.trainable_blocks
-    set_trainable_blocks(model, trainable)
+    cls = rule_class(config.name)
+    set_trainable_blocks(model, config.trainable_blocks)
     feedback_seed = seed if config.feedback_seed is None else config.feedback_seed
     generator = torch.Generator().manual_seed(feedback_seed)
-    return RULES[config.name](model, config, n_classes=n_classes, generator=generator)
+    return cls(model, config, n_classes=n_classes, generator=generator)
 
 
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
-           "CreditBridge", "EP", "RULES", "build_rule", "bp_state_gradients", "rms_normalise"]
+           "CreditBridge", "EP", "build_rule", "bp_state_gradients", "rms_normalise",
+           "rule_class", "rule_names", "rule_label", "credit_formula", "find_rule",
+           "check_method", "ENTRY_POINT_GROUP"]

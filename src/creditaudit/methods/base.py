@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -176,14 +177,39 @@ def state_credit_shape(credit: Tensor, state: Tensor) -> Tensor:
     return credit
 
 
+FEEDBACK_KINDS = ("none", "fixed_random", "learned", "symmetric")
+
+
 class CreditRule:
     """Base class: one credit rule bound to one model.
 
+    A rule describes itself with class attributes, which the registry, the CLI, figures and
+    reports read (so adding a rule touches no other file):
+
+    - ``name``: the ``method.name`` that selects it (lower case, e.g. ``"dfa"``);
+    - ``label``: how figures and tables show it (e.g. ``"DFA"``);
+    - ``credit_formula``: a one-line formula of its credit (e.g. ``"a_l = B_l^T e"``);
+    - ``feedback_kind``: ``"none"``, ``"fixed_random"`` (feedback drawn once and never
+      trained — the fresh-feedback null redraws it with :meth:`draw_feedback`),
+      ``"learned"`` (an auxiliary net or trained feedback) or ``"symmetric"`` (the forward
+      weights themselves, as in backprop);
+    - ``local``: True when every block is trained on the local surrogate ⟨f_l, â_{l+1}⟩ with
+      the rule's own credit (the conformance suite then checks the update against it);
+    - ``color`` and ``marker``: optional matplotlib style of the rule in figures;
+    - ``rank``: where listings put it (lower first; ties by name).
+
     Subclasses implement :meth:`credits` and :meth:`train_step`, and extend
-    :meth:`state_dict` with feedback matrices or auxiliary nets.
+    :meth:`state_dict`, :meth:`load_state_dict` and :meth:`to` with what they own.
     """
 
-    name: str = "base"
+    name: ClassVar[str] = "base"
+    label: ClassVar[str] = ""
+    credit_formula: ClassVar[str] = ""
+    feedback_kind: ClassVar[str] = "none"
+    local: ClassVar[bool] = False
+    color: ClassVar[str | None] = None
+    marker: ClassVar[str | None] = None
+    rank: ClassVar[int] = 100
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
@@ -221,6 +247,19 @@ class CreditRule:
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
         """Hook after each epoch; returns extra per-epoch record fields (e.g. bridge errors)."""
         return {}
+
+    # --- feedback (feedback_kind "fixed_random") --------------------------------------------
+    def draw_feedback(self, generator: torch.Generator) -> Any:
+        """A fresh draw of the rule's fixed random feedback (same shapes and scale), for the
+        fresh-feedback null; only rules whose ``feedback_kind`` is ``"fixed_random"``."""
+        raise NotImplementedError(f"{type(self).__name__} has no fixed random feedback")
+
+    @contextlib.contextmanager
+    def using_feedback(self, feedback: Any):  # noqa: ANN201 - a context manager
+        """Compute credits with ``feedback`` instead of the training feedback inside the
+        block (the training feedback is restored on exit, also after an error)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fixed random feedback")
+        yield  # pragma: no cover
 
     # --- persistence --------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:

@@ -13,6 +13,7 @@ from creditaudit.methods.base import (
     loss_precision,
     step_result,
 )
+from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet, block_is_trainable
 
 
@@ -41,10 +42,16 @@ def bp_state_gradients(model: ResidualNet, x: Tensor, y: Tensor) -> list[Tensor]
     return [g.detach() for g in grads]
 
 
+@register
 class BP(CreditRule):
     """a_l = g_l exactly; every parameter trained by end-to-end backprop of CE + λΣ‖f_l‖²."""
 
     name = "bp"
+    label = "BP"
+    credit_formula = "a_l = g_l (backprop)"
+    feedback_kind = "symmetric"
+    color, marker = "#2166ac", "o"
+    rank = 0
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
         return bp_state_gradients(self.model, x, y)
@@ -66,9 +73,3 @@ class BP(CreditRule):
             objective.backward()
             optimizer.step()
         return result
-
-
-class Frozen(BP):
-    """Blocks frozen at random init; embed, terminal LN and head trained by BP."""
-
-    name = "frozen"

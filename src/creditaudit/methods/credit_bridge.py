@@ -55,7 +55,8 @@ from creditaudit.methods.base import (
     state_credit_shape,
     step_result,
 )
-from creditaudit.methods.dfa import _width, draw_feedback
+from creditaudit.methods.feedback import draw_feedback, state_width
+from creditaudit.methods.registry import register
 from creditaudit.methods.state_bridge import (
     AUX_WEIGHT_DECAY,
     BridgeInput,
@@ -96,17 +97,24 @@ def unit_cosine(a: Tensor, b: Tensor) -> Tensor:
     return (a * b).sum(dim=1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(tiny)
 
 
+@register
 class CreditBridge(CreditRule):
     """Credit a_l = ∇_{h_l} V_φ(h_l, l, e) after a DFA warm-up; V_φ fitted on the fly."""
 
     name = "credit-bridge"
+    label = "Credit Bridge"
+    credit_formula = "a_l = ∇_{h_l} V(h_l, l, e)"
+    feedback_kind = "learned"
+    local = True
+    color, marker = "#35978f", "P"
+    rank = 50
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator, value: nn.Module | None = None) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
         self.generator = generator
         self.dtype = aux_dtype(model)
-        d, n_states = _width(model), model.n_blocks + 1
+        d, n_states = state_width(model), model.n_blocks + 1
         # Not called ``feedback``: after the warm-up the credit no longer depends on these
         # matrices, so the fresh-B null of FA/DFA does not apply.
         self.warmup_feedback = draw_feedback([(n_classes, d)] * n_states,

@@ -6,9 +6,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
-    CreditRule,
     StepResult,
     credit_gradient,
     local_backward,
@@ -17,17 +15,12 @@ from creditaudit.methods.base import (
     state_credit_shape,
     step_result,
 )
-from creditaudit.models.contract import ResidualNet
+from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.registry import register
 
 
-def draw_feedback(shapes: list[tuple[int, int]], *, scale: float, generator: torch.Generator
-                  ) -> list[Tensor]:
-    """Fixed random feedback matrices, entries N(0, scale²/fan_in) with fan_in = shape[0]."""
-    return [torch.randn(*shape, generator=generator) * (scale / shape[0] ** 0.5)
-            for shape in shapes]
-
-
-class DFA(CreditRule):
+@register
+class DFA(FixedFeedbackRule):
     """Every state gets the output error projected by its own fixed random matrix.
 
     ``feedback[l]`` has shape (C, d); a_l = e @ feedback[l] per sample (row form of B_lᵀ e),
@@ -36,13 +29,14 @@ class DFA(CreditRule):
     """
 
     name = "dfa"
+    label = "DFA"
+    credit_formula = "a_l = B_l^T e"
+    local = True
+    color, marker = "#b2182b", "D"
+    rank = 20
 
-    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
-                 generator: torch.Generator) -> None:
-        super().__init__(model, config, n_classes=n_classes, generator=generator)
-        d = _width(model)
-        self.feedback = draw_feedback([(n_classes, d)] * (model.n_blocks + 1),
-                                      scale=config.feedback_scale, generator=generator)
+    def feedback_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.n_classes, state_width(self.model))] * (self.model.n_blocks + 1)
 
     def stacked_credits(self, error: Tensor) -> Tensor:
         """(B, L+1, d): every state's credit e @ B_l from one matmul with [B_0 … B_L]."""
@@ -74,22 +68,3 @@ class DFA(CreditRule):
                            self.config.penalty)
             optimizer.step()
         return result
-
-    def state_dict(self) -> dict[str, object]:
-        return {"feedback": [b.clone() for b in self.feedback]}
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
-
-    def to(self, device: torch.device) -> DFA:
-        super().to(device)
-        self.feedback = [b.to(device) for b in self.feedback]
-        return self
-
-
-def _width(model: ResidualNet) -> int:
-    """Feature width d of the states (the embedding's output size)."""
-    d = getattr(model, "d", None)
-    if d is None:
-        raise ValueError(f"{type(model).__name__} must expose its state width as `.d`")
-    return int(d)

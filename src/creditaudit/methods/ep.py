@@ -68,6 +68,7 @@ from creditaudit.methods.base import (
     per_sample_dot,
     step_result,
 )
+from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet, block_is_trainable
 
 BACKOFF_GROWTH = 1.1  # ‖∇F‖ may grow by 10% in one step before η is halved
@@ -151,10 +152,16 @@ def relax(model: ResidualNet, states: list[Tensor], y: Tensor, *, beta: float, s
                       final_step_size=eta)
 
 
+@register
 class EP(CreditRule):
     """Equilibrium Propagation: credit a_l = −r_{l−1}/β at the nudged state (1/B-scaled)."""
 
     name = "ep"
+    label = "EP"
+    credit_formula = "a_l = −r_{l−1}/β (nudged equilibrium)"
+    feedback_kind = "symmetric"
+    color, marker = "#1b7837", "^"
+    rank = 30
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -6,9 +6,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
-    CreditRule,
     StepResult,
     credit_gradient,
     local_backward,
@@ -16,7 +14,8 @@ from creditaudit.methods.base import (
     loss_precision,
     step_result,
 )
-from creditaudit.methods.dfa import _width, draw_feedback
+from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
 
 
@@ -35,7 +34,8 @@ def readout_gradient(model: ResidualNet, h_last: Tensor, y: Tensor, *, create_gr
     return grad.detach(), logits, ce
 
 
-class FA(CreditRule):
+@register
+class FA(FixedFeedbackRule):
     """``feedback[l]`` is a d×d matrix B_l; per sample a_l = a_{l+1} @ B_lᵀ (column form B_l a).
 
     With B_l set to the transposed Jacobian of block l (e.g. (I + W_l)ᵀ in a linear
@@ -43,13 +43,15 @@ class FA(CreditRule):
     """
 
     name = "fa"
+    label = "FA"
+    credit_formula = "a_l = B_l a_{l+1}, a_L exact"
+    local = True
+    color, marker = "#e08214", "s"
+    rank = 10
 
-    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
-                 generator: torch.Generator) -> None:
-        super().__init__(model, config, n_classes=n_classes, generator=generator)
-        d = _width(model)
-        self.feedback = draw_feedback([(d, d)] * model.n_blocks, scale=config.feedback_scale,
-                                      generator=generator)
+    def feedback_shapes(self) -> list[tuple[int, ...]]:
+        d = state_width(self.model)
+        return [(d, d)] * self.model.n_blocks
 
     def propagate(self, top: Tensor) -> list[Tensor]:
         """[a_0 … a_L] from a_L by the fixed feedback chain."""
@@ -77,14 +79,3 @@ class FA(CreditRule):
             local_backward(local, ce, credit_grads, self.config.penalty)
             optimizer.step()
         return result
-
-    def state_dict(self) -> dict[str, object]:
-        return {"feedback": [b.clone() for b in self.feedback]}
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
-
-    def to(self, device: torch.device) -> FA:
-        super().to(device)
-        self.feedback = [b.to(device) for b in self.feedback]
-        return self

@@ -50,7 +50,8 @@ from creditaudit.methods.base import (
     output_error,
     step_result,
 )
-from creditaudit.methods.dfa import _width
+from creditaudit.methods.feedback import state_width
+from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
 
 LAYER_EMBED_DIM = 32
@@ -169,10 +170,17 @@ class BridgePredictor(nn.Module):
         return h + h.pow(2).mean(dim=-1, keepdim=True).sqrt() * out
 
 
+@register
 class StateBridge(CreditRule):
     """Credit a_l = ∇_{h_l} CE(readout(G_ψ(h_l, l, e)), y); G_ψ fitted to h_L on the fly."""
 
     name = "state-bridge"
+    label = "State Bridge"
+    credit_formula = "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)"
+    feedback_kind = "learned"
+    local = True
+    color, marker = "#762a83", "v"
+    rank = 40
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator, predictor: Predictor | None = None) -> None:
@@ -181,7 +189,7 @@ class StateBridge(CreditRule):
         self.dtype = aux_dtype(model)
         if predictor is None:
             with seeded_init(generator):
-                predictor = BridgePredictor(_width(model), model.n_blocks, n_classes,
+                predictor = BridgePredictor(state_width(model), model.n_blocks, n_classes,
                                             hidden=config.bridge_hidden,
                                             skip=config.bridge_skip).to(self.dtype)
         self.predictor: Predictor

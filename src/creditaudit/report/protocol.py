@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.formatting import fmt
+from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
-    CREDIT_FORMULAS,
     HEADLINE_GAMMA,
     DiagnosticReport,
     DiagnosticResult,
@@ -112,7 +112,7 @@ def render_markdown(report: DiagnosticReport) -> str:
     frozen_text = ("not given" if frozen is None else
                    f"{frozen:.3f} ({_value_text(d)})")
     method = meta.get("method") or "—"
-    row = [method, CREDIT_FORMULAS.get(method, meta.get("credit_formula", "—")),
+    row = [method, credit_formula(method) or meta.get("credit_formula", "—"),
            meta.get("arch", meta.get("model", "—")), fmt(meta.get("terminal_ln")),
            str(meta.get("dataset", "—")), str(meta.get("seeds", "—")),
            str(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),

@@ -13,6 +13,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, apply_overrides, config_from_dict, semantic_dict
 from creditaudit.errors import ConfigError
+from creditaudit.methods.registry import rule_class
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,15 @@ def _section_fields() -> dict[str, list[str]]:
 
 
 def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
-    """A validated config from nested ``raw`` sections plus dotted ``overrides``."""
+    """A validated config from nested ``raw`` sections plus dotted ``overrides`` (its rule
+    must be installed)."""
     merged = {section: dict(values) for section, values in raw.items()}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
         merged.setdefault(section, {})[name] = value
-    return config_from_dict(merged)
+    config = config_from_dict(merged)
+    rule_class(config.method.name)
+    return config
 
 
 def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],

@@ -1,0 +1,79 @@
+"""Rules with fixed random feedback matrices (FA, DFA, …): drawing, saving, swapping them.
+
+The matrices are drawn once from the rule's own generator (seeded by ``method.feedback_seed``,
+default the run seed), saved with every checkpoint — a cosine measured with other matrices
+is a different quantity — and never trained. The fresh-feedback null redraws them with
+:meth:`FixedFeedbackRule.draw_feedback` and measures the credit under the fresh draw with
+:meth:`FixedFeedbackRule.using_feedback`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.base import CreditRule
+from creditaudit.models.contract import ResidualNet
+
+
+def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator
+                  ) -> list[Tensor]:
+    """Fixed random feedback matrices, entries N(0, scale²/fan_in) with fan_in = shape[0]."""
+    return [torch.randn(*shape, generator=generator) * (scale / shape[0] ** 0.5)
+            for shape in shapes]
+
+
+def state_width(model: ResidualNet) -> int:
+    """Feature width d of the states (the embedding's output size)."""
+    d = getattr(model, "d", None)
+    if d is None:
+        raise ValueError(f"{type(model).__name__} must expose its state width as `.d`")
+    return int(d)
+
+
+class FixedFeedbackRule(CreditRule):
+    """A rule whose credit uses ``self.feedback``: a list of fixed random matrices.
+
+    Subclasses give the shapes (:meth:`feedback_shapes`) and use ``self.feedback`` in their
+    credits; drawing, the null's redraw, state_dict and device moves are handled here.
+    """
+
+    feedback_kind: ClassVar[str] = "fixed_random"
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        super().__init__(model, config, n_classes=n_classes, generator=generator)
+        self.feedback: list[Tensor] = self.draw_feedback(generator)
+
+    def feedback_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the feedback matrices, in the order the credit uses them."""
+        raise NotImplementedError
+
+    def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
+        return draw_feedback(self.feedback_shapes(), scale=self.config.feedback_scale,
+                             generator=generator)
+
+    @contextlib.contextmanager
+    def using_feedback(self, feedback: list[Tensor]) -> Iterator[None]:
+        training = self.feedback
+        self.feedback = [f.to(device=b.device, dtype=b.dtype) for f, b in zip(feedback, training)]
+        try:
+            yield
+        finally:
+            self.feedback = training
+
+    def state_dict(self) -> dict[str, object]:
+        return {"feedback": [b.clone() for b in self.feedback]}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
+
+    def to(self, device: torch.device) -> FixedFeedbackRule:
+        super().to(device)
+        self.feedback = [b.to(device) for b in self.feedback]
+        return self

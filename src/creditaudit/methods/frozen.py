@@ -1,0 +1,27 @@
+"""The frozen-blocks baseline of diagnostic (d): backprop with every block frozen at init."""
+
+from __future__ import annotations
+
+import torch
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.bp import BP
+from creditaudit.methods.registry import register
+from creditaudit.models.contract import ResidualNet, set_trainable_blocks
+
+
+@register
+class Frozen(BP):
+    """Blocks frozen at random init; embed, terminal LN and head trained by BP. What the
+    trained blocks of any rule must beat by the (d) margin."""
+
+    name = "frozen"
+    label = "Frozen blocks"
+    credit_formula = "blocks frozen; readout by BP"
+    color, marker = "#636363", "X"
+    rank = 1000
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        set_trainable_blocks(model, 0)
+        super().__init__(model, config, n_classes=n_classes, generator=generator)

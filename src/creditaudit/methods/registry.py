@@ -35,7 +35,7 @@ _BROKEN: dict[str, str] = {}
 _LOADED = False
 
 
-def _check(cls: Any, source: str) -> type[CreditRule]:
+def validate_rule_class(cls: Any, source: str) -> type[CreditRule]:
     """The class itself when it is a valid, self-describing rule; ConfigError otherwise."""
     if not (isinstance(cls, type) and issubclass(cls, CreditRule)):
         raise ConfigError(f"{source} is not a creditaudit.methods.CreditRule subclass")
@@ -54,7 +54,7 @@ def _check(cls: Any, source: str) -> type[CreditRule]:
 
 def register(cls: type[CreditRule]) -> type[CreditRule]:
     """Class decorator of the built-in rules."""
-    _check(cls, cls.__qualname__)
+    validate_rule_class(cls, cls.__qualname__)
     _BUILTIN[cls.name] = cls
     return cls
 
@@ -73,7 +73,7 @@ def _load_plugins() -> None:
         source = f"rule plugin {entry.value!r} (entry point {entry.name!r} of group " \
                  f"{ENTRY_POINT_GROUP})"
         try:
-            cls = _check(entry.load(), source)
+            cls = validate_rule_class(entry.load(), source)
         except Exception as err:  # noqa: BLE001 - a broken plugin must not break the tool
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             _BROKEN[entry.name] = f"{source} cannot be used: {reason}"

@@ -1,0 +1,327 @@
+"""The conformance suite every credit rule must pass — ``check_rule(RuleClass)``.
+
+Like scikit-learn's ``check_estimator``: it runs every check that does not depend on what the
+rule computes, on tiny float64 networks, and raises one AssertionError listing every check
+that failed. Use it in a rule's own tests::
+
+    from creditaudit.testing import check_rule
+    check_rule(MyRule)                         # raises AssertionError naming what failed
+
+    @pytest.mark.parametrize("check", rule_checks(MyRule), ids=lambda c: c.__name__)
+    def test_conformance(check):               # one test per check
+        check()
+
+The checks:
+
+- ``credits_are_detached_and_shaped_like_the_states``: L + 1 finite credits, no graph, each
+  shaped like its state;
+- ``credits_have_no_side_effects``: computing credits changes no parameter, no ``.grad``, no
+  global RNG state and not the rule's own state, and gives the same credits twice;
+- ``local_update_is_the_surrogate_gradient`` (rules with ``local = True``): after one step
+  every trainable parameter's gradient equals the analytic gradient of the local surrogate —
+  Σ_l ⟨f_l(h_l), â_{l+1}⟩ with h_l detached, ⟨embed(x), â_0⟩ and the readout's exact
+  cross-entropy on the detached h_L, with â = a / (RMS(a) + 1e-6) of the credits the rule
+  reports;
+- ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
+  initial weights and get no gradient over several steps;
+- ``state_dict_round_trips_and_resumes``: the rule's state loads with
+  ``torch.load(weights_only=True)`` (tensors and plain containers only) and a rule restored
+  from it continues bit-identically;
+- ``moves_to_a_device``: ``rule.to(device)`` moves the model and everything the rule owns;
+- ``bf16_step_is_finite``: a training step under bf16 autocast is finite and keeps fp32
+  parameters;
+- ``fresh_feedback_is_swappable`` (``feedback_kind == "fixed_random"``): a redraw has the
+  training feedback's structure, changes the credits inside ``using_feedback`` and leaves
+  them exactly as before afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.base import CreditRule, rms_normalise
+from creditaudit.methods.registry import validate_rule_class
+from creditaudit.models import ResidualMLP, set_trainable_blocks
+
+F64 = torch.float64
+IN_DIM, WIDTH, BLOCKS, CLASSES, BATCH = 6, 8, 3, 4, 9
+TOLERANCE = 1e-10
+Check = Callable[[], None]
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = F64) -> ResidualMLP:
+    """A 3-block d=8 ResidualMLP with non-trivial blocks (second layers N(0, 0.1))."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ResidualMLP(IN_DIM, WIDTH, CLASSES, BLOCKS, w2_std=0.1)
+    return model.to(dtype)
+
+
+def tiny_batch(seed: int = 1, dtype: torch.dtype = F64) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(BATCH, IN_DIM, generator=generator, dtype=dtype),
+            torch.randint(0, CLASSES, (BATCH,), generator=generator))
+
+
+def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
+              **options: Any) -> CreditRule:
+    """``cls`` bound to a fresh tiny model (``options``: MethodConfig fields)."""
+    model = tiny_model(seed, dtype)
+    config = MethodConfig(name=cls.name, **options)
+    set_trainable_blocks(model, config.trainable_blocks)
+    return cls(model, config, n_classes=CLASSES, generator=torch.Generator().manual_seed(7))
+
+
+def _zero_lr_step(rule: CreditRule, x: Tensor, y: Tensor) -> None:
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=0.0)
+    result = rule.train_step(x, y, optimizer)
+    assert result.finite, "a training step on a tiny float64 net was not finite"
+
+
+def _flat_state(state: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested state dict by its path."""
+    if isinstance(state, dict):
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            out.update(_flat_state(value, f"{prefix}{key}."))
+        return out
+    if isinstance(state, list | tuple):
+        out = {}
+        for index, value in enumerate(state):
+            out.update(_flat_state(value, f"{prefix}{index}."))
+        return out
+    return {prefix.rstrip("."): state}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return (isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu())))
+    return a == b or (a != a and b != b)  # NaN equals NaN here
+
+
+def _parameters(rule: CreditRule) -> dict[str, Tensor]:
+    return {name: p.detach().clone() for name, p in rule.model.named_parameters()}
+
+
+# --- the checks ---------------------------------------------------------------------------
+def credits_are_detached_and_shaped_like_the_states(cls: type[CreditRule]) -> None:
+    rule = make_rule(cls)
+    x, y = tiny_batch()
+    credits = rule.credits(x, y)
+    states, _ = rule.model.forward_states(x)
+    assert len(credits) == len(states) == BLOCKS + 1, \
+        f"credits() returned {len(credits)} credits for {len(states)} states"
+    for layer, (a, h) in enumerate(zip(credits, states)):
+        assert isinstance(a, Tensor), f"credit {layer} is a {type(a).__name__}"
+        assert tuple(a.shape) == tuple(h.shape), \
+            f"credit {layer} has shape {tuple(a.shape)}, its state {tuple(h.shape)}"
+        assert not a.requires_grad, f"credit {layer} carries an autograd graph (detach it)"
+        assert bool(torch.isfinite(a).all()), f"credit {layer} is not finite"
+
+
+def credits_have_no_side_effects(cls: type[CreditRule]) -> None:
+    rule = make_rule(cls)
+    x, y = tiny_batch()
+    _zero_lr_step(rule, x, y)  # a rule with auxiliary nets has trained state from here on
+    for p in rule.model.parameters():
+        p.grad = None
+    before_params = _parameters(rule)
+    before_state = _flat_state(copy.deepcopy(rule.state_dict()))
+    rng = torch.get_rng_state()
+    first = rule.credits(x, y)
+    second = rule.credits(x, y)
+    assert torch.equal(torch.get_rng_state(), rng), \
+        "credits() moved the global torch RNG (use a generator of the rule's own)"
+    for name, p in rule.model.named_parameters():
+        assert torch.equal(p.detach(), before_params[name]), f"credits() changed {name}"
+        assert p.grad is None, f"credits() left a .grad on {name}"
+    after_state = _flat_state(rule.state_dict())
+    changed = [k for k in before_state if not _same(before_state[k], after_state.get(k))]
+    assert not changed, f"credits() changed the rule's state: {', '.join(changed[:3])}"
+    for layer, (a, b) in enumerate(zip(first, second)):
+        assert torch.equal(a, b), f"two calls of credits() differ at state {layer}"
+
+
+def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[Tensor]
+                         ) -> dict[str, Tensor | None]:
+    """The parameter gradients of the local surrogate for ``credits`` (see the module doc)."""
+    model = copy.deepcopy(rule.model)
+    for p in model.parameters():
+        p.grad = None
+    h0 = model.embed(x)
+    states, _ = model.forward_states(x)
+    objective = (h0 * rms_normalise(credits[0])).flatten(1).sum(1).mean()
+    for layer, block in enumerate(model.blocks):
+        if any(p.requires_grad for p in block.parameters()):
+            f = block(states[layer].detach())
+            objective = objective + (f * rms_normalise(credits[layer + 1])).flatten(1).sum(
+                1).mean()
+    objective = objective + F.cross_entropy(model.readout(states[-1].detach()), y)
+    objective.backward()
+    return {name: None if p.grad is None else p.grad.detach().clone()
+            for name, p in model.named_parameters()}
+
+
+def local_update_is_the_surrogate_gradient(cls: type[CreditRule]) -> None:
+    rule = make_rule(cls)
+    x, y = tiny_batch()
+    credits = rule.credits(x, y)
+    expected = _surrogate_gradients(rule, x, y, credits)
+    _zero_lr_step(rule, x, y)
+    for name, p in rule.model.named_parameters():
+        want = expected[name]
+        if want is None:
+            assert p.grad is None or not bool(p.grad.abs().max() > 0), \
+                f"{name} got a gradient the surrogate does not give it"
+            continue
+        assert p.grad is not None, f"{name} got no gradient from the training step"
+        error = float((p.grad - want).abs().max() / want.abs().max().clamp_min(1e-300))
+        assert error < TOLERANCE, \
+            f"{name}: the step's gradient differs from the surrogate's by {error:.2e} (rel.)"
+
+
+def frozen_blocks_stay_untouched(cls: type[CreditRule]) -> None:
+    rule = make_rule(cls, trainable_blocks=1)
+    frozen = {n: p.detach().clone() for n, p in rule.model.named_parameters()
+              if n.startswith(("blocks.0.", "blocks.1."))}
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
+    for step in range(3):
+        assert rule.train_step(*tiny_batch(seed=step), optimizer).finite
+    for name, p in rule.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(p.detach(), frozen[name]), f"frozen parameter {name} changed"
+            assert p.grad is None, f"frozen parameter {name} got a gradient"
+
+
+def state_dict_round_trips_and_resumes(cls: type[CreditRule]) -> None:
+    def trained(rule: CreditRule, optimizer: torch.optim.Optimizer, seeds: range) -> None:
+        for seed in seeds:
+            assert rule.train_step(*tiny_batch(seed=seed), optimizer).finite
+
+    straight = make_rule(cls)
+    optimizer = torch.optim.AdamW(straight.trainable_parameters(), lr=1e-2)
+    trained(straight, optimizer, range(2))
+    buffer = io.BytesIO()
+    torch.save({"model": straight.model.state_dict(), "rule": straight.state_dict(),
+                "optimizer": optimizer.state_dict(), "end_epoch": straight.end_epoch(1, 3)},
+               buffer)
+    buffer.seek(0)
+    try:
+        saved = torch.load(buffer, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - the message is the point
+        raise AssertionError("the rule's state_dict does not load with weights_only=True "
+                             f"(hold only tensors and plain containers): {err}") from None
+    trained(straight, optimizer, range(2, 4))
+    resumed = make_rule(cls, seed=1)  # other initial weights: everything must come from the file
+    resumed.model.load_state_dict(saved["model"])
+    resumed.load_state_dict(saved["rule"])
+    resumed.end_epoch(1, 3)
+    optimizer = torch.optim.AdamW(resumed.trainable_parameters(), lr=1e-2)
+    optimizer.load_state_dict(saved["optimizer"])
+    trained(resumed, optimizer, range(2, 4))
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b), f"a rule restored from its state_dict diverges at {name}"
+    x, y = tiny_batch(seed=9)
+    for layer, (a, b) in enumerate(zip(straight.credits(x, y), resumed.credits(x, y))):
+        assert torch.equal(a, b), f"restored rule's credit {layer} differs"
+
+
+def moves_to_a_device(cls: type[CreditRule]) -> None:
+    devices = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
+    rule = make_rule(cls)
+    x, y = tiny_batch()
+    for device in devices:
+        assert rule.to(device) is rule, "rule.to(device) must return the rule"
+        assert all(p.device.type == device.type for p in rule.model.parameters()), \
+            f"rule.to({device}) left model parameters elsewhere"
+        credits = rule.credits(x.to(device), y.to(device))
+        assert all(a.device.type == device.type for a in credits), \
+            f"credits on the wrong device after .to({device})"
+    rule.to(torch.device("cpu"))
+
+
+def bf16_step_is_finite(cls: type[CreditRule]) -> None:
+    rule = make_rule(cls, dtype=torch.float32)
+    rule.set_precision("bf16", "cpu")
+    x, y = tiny_batch(dtype=torch.float32)
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-3)
+    assert rule.train_step(x, y, optimizer).finite, "a bf16 training step was not finite"
+    for name, p in rule.model.named_parameters():
+        assert p.dtype == torch.float32, f"{name} left fp32 under bf16 autocast"
+        assert bool(torch.isfinite(p).all()), f"{name} is not finite after a bf16 step"
+
+
+def fresh_feedback_is_swappable(cls: type[CreditRule]) -> None:
+    rule = make_rule(cls)
+    x, y = tiny_batch()
+    before = rule.credits(x, y)
+    fresh = rule.draw_feedback(torch.Generator().manual_seed(123))
+    trained_structure = {k: tuple(v.shape) for k, v in _flat_state(
+        rule.state_dict().get("feedback", {})).items() if isinstance(v, Tensor)}
+    fresh_structure = {k: tuple(v.shape) for k, v in _flat_state(fresh).items()
+                       if isinstance(v, Tensor)}
+    if trained_structure:
+        assert trained_structure == fresh_structure, \
+            "draw_feedback() returns another structure than the training feedback"
+    with rule.using_feedback(fresh):
+        swapped = rule.credits(x, y)
+    assert any(not torch.equal(a, b) for a, b in zip(before, swapped)), \
+        "credits inside using_feedback(fresh draw) equal the training credits"
+    for layer, (a, b) in enumerate(zip(before, rule.credits(x, y))):
+        assert torch.equal(a, b), f"credit {layer} changed after using_feedback returned"
+
+
+CHECKS: tuple[Callable[[type[CreditRule]], None], ...] = (
+    credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
+    local_update_is_the_surrogate_gradient, frozen_blocks_stay_untouched,
+    state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
+    fresh_feedback_is_swappable)
+
+
+def rule_checks(cls: type[CreditRule]) -> list[Check]:
+    """The checks that apply to ``cls``, each a no-argument callable named like its check."""
+    validate_rule_class(cls, cls.__qualname__)
+    out = []
+    for check in CHECKS:
+        if check is local_update_is_the_surrogate_gradient and not cls.local:
+            continue
+        if check is fresh_feedback_is_swappable and cls.feedback_kind != "fixed_random":
+            continue
+        if check is frozen_blocks_stay_untouched and cls.name == "frozen":
+            continue  # every block is frozen already; nothing to tell apart
+
+        def bound(check: Callable[[type[CreditRule]], None] = check) -> None:
+            check(cls)
+
+        bound.__name__ = check.__name__
+        out.append(bound)
+    return out
+
+
+def check_rule(cls: type[CreditRule]) -> None:
+    """Run every check that applies to ``cls``; AssertionError listing all that failed."""
+    failures = []
+    for check in rule_checks(cls):
+        try:
+            check()
+        except AssertionError as err:
+            failures.append(f"{check.__name__}: {err}")
+        except Exception as err:  # noqa: BLE001 - a crash is a failed check too
+            failures.append(f"{check.__name__}: raised {type(err).__name__}: {err}")
+    if failures:
+        raise AssertionError(f"{cls.__name__} ({cls.name}) fails {len(failures)} conformance "
+                             "check(s):\n- " + "\n- ".join(failures))
+
+
+__all__ = ["check_rule", "rule_checks", "CHECKS", "make_rule", "tiny_model", "tiny_batch"]

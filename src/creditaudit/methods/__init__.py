@@ -6,6 +6,9 @@ Importing this package registers the built-in rules; rules of other packages com
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import torch
 
 from creditaudit.config import MethodConfig
@@ -27,6 +30,11 @@ from creditaudit.methods.registry import (
 )
 from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models.contract import ResidualNet, set_trainable_blocks
+
+# Every module of this package is imported, so a new built-in rule is one file: its class
+# registers itself with @register.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int

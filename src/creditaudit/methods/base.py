@@ -230,6 +230,23 @@ class CreditRule:
         """One optimiser step on a batch: (B, …) inputs, (B,) int64 labels."""
         raise NotImplementedError
 
+    def local_train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer,
+                         credits_of: Any) -> StepResult:
+        """One step of the local surrogate with the credits ``credits_of(local)`` returns
+        for the step's :class:`LocalPass` (``[a_0 … a_L]``, detached): every block on
+        ⟨f_l(h_l), â_{l+1}⟩ (+ the penalty), the embedding on ⟨h_0, â_0⟩, the readout on its
+        exact cross-entropy. What a new local rule needs besides its credit."""
+        optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            local = local_forward(self.model, x)
+            ce = F.cross_entropy(loss_precision(local.logits), y)
+            grads = [credit_gradient(a, y.shape[0]) for a in credits_of(local)]
+        result = step_result(ce, local.logits, y, local.states[-1])
+        if result.finite:
+            local_backward(local, ce, grads, self.config.penalty)
+            optimizer.step()
+        return result
+
     def set_precision(self, precision: str, device_type: str) -> None:
         """Train under bf16 autocast (``precision="bf16"``) or plain fp32."""
         self.precision, self.device_type = precision, device_type

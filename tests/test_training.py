@@ -493,7 +493,7 @@ def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys)
     result = train(config)
     written = result.run_dir / "config.toml"
     assert load_config(written) == config
-    assert load_config(result.run_dir / RECORD_FILE) == config
+    assert runs.load_config_file(result.run_dir / RECORD_FILE) == config
     # Every optional field defaults to None, so leaving None out of the TOML is exact.
     import typing
 
@@ -516,8 +516,8 @@ def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys)
     assert not list(tmp_path.glob("*/checkpoint.pt"))[1:]  # --print-config trained nothing
     bad = tmp_path / "other.json"
     bad.write_text('{"hello": 1}')
-    with pytest.raises(ConfigError, match="not a creditaudit run record"):
-        load_config(bad)
+    with pytest.raises(ConfigError, match="not a readable creditaudit run record"):
+        runs.load_config_file(bad)
 
 
 def test_schedules_follow_the_closed_form():

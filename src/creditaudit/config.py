@@ -277,9 +277,6 @@ def _check_consistency(config: RunConfig) -> None:
 
 
 
-RECORD_SCHEMA_PREFIX = "creditaudit.run/"
-
-
 def config_to_toml(config: RunConfig) -> str:
     """The config as a TOML file that :func:`load_config` reads back to an equal config.
 
@@ -294,36 +291,16 @@ def config_to_toml(config: RunConfig) -> str:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    """Read a config: a TOML file (sections [data], [model], [method], …, e.g. a run
-    folder's ``config.toml``) or a run's ``record.json`` (its config is taken)."""
+    """Read a TOML config file (sections [data], [model], [method], …; e.g. a run folder's
+    ``config.toml``). A run's ``record.json`` is read by
+    :func:`creditaudit.records.load_config_file`."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
-    if path.suffix == ".json" or text.lstrip().startswith("{"):
-        return _config_of_record(text, path)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     return config_from_dict(raw)
-
-
-def _config_of_record(text: str, path: Path) -> RunConfig:
-    from creditaudit import strict_json
-
-    try:
-        raw = strict_json.loads(text)
-    except ValueError as err:
-        raise ConfigError(f"config file {path} is neither TOML nor a run record's JSON "
-                          f"({err})") from None
-    schema = raw.get("schema") if isinstance(raw, dict) else None
-    if not (isinstance(schema, str) and schema.startswith(RECORD_SCHEMA_PREFIX)
-            and isinstance(raw.get("config"), dict)):
-        raise ConfigError(f"config file {path} is JSON but not a creditaudit run record; "
-                          "pass a TOML config or a run's record.json")
-    try:
-        return config_from_dict(raw["config"])
-    except ConfigError as err:
-        raise ConfigError(f"run record {path} holds an invalid config: {err}") from None
 
 
 def parse_value(text: str) -> Any:

@@ -14,7 +14,6 @@ from creditaudit.config import (
     RunConfig,
     apply_overrides,
     config_help,
-    load_config,
     parse_override,
 )
 
@@ -98,7 +97,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
-    config = load_config(args.config) if args.config else (base or RunConfig())
+    from creditaudit.records import load_config_file
+
+    config = load_config_file(args.config) if args.config else (base or RunConfig())
     overrides = {key: value for _, key, _ in SHORTCUTS
                  if (value := getattr(args, key, None)) is not None}
     for _, key, _, _ in SWITCHES:

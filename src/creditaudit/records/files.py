@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit import strict_json
-from creditaudit.config import RunConfig
-from creditaudit.errors import RunRecordError
+from creditaudit.config import RunConfig, load_config
+from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.records.schema import DataIdentity, RunRecord
 from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.safe_files import (
@@ -105,6 +105,21 @@ def load_record(path: Path | str) -> RunRecord:
         raise RunRecordError(f"run record {path} has a malformed non_finite block ({err}); "
                              "it was not written by creditaudit as it is") from None
     return RunRecord.from_dict(raw, str(path))
+
+
+def load_config_file(path: Path | str) -> RunConfig:
+    """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
+    config is taken; the record is validated like any other)."""
+    path = Path(path)
+    text = read_text(path, "config file", ConfigError)
+    if path.suffix != ".json" and not text.lstrip().startswith("{"):
+        return load_config(path)
+    try:
+        return load_record(path).config
+    except RunRecordError as err:
+        raise ConfigError(f"config file {path} is JSON but not a readable creditaudit run "
+                          f"record ({err}); pass a TOML config or a run's record.json"
+                          ) from None
 
 
 _CACHE: dict[str, tuple[tuple[int, int, int], RunRecord]] = {}

@@ -16,10 +16,8 @@ from creditaudit.experiments.configs import method_overrides, scale_config
 from creditaudit.experiments.groups import (
     fmt,
     frozen_accuracy,
-    group_records,
-    group_summary,
     markdown_table,
-    verdicts,
+    rule_groups,
 )
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
@@ -45,15 +43,12 @@ def _pp(a: float | None, b: float | None) -> float | None:
 
 
 def summarise(records: list[RunRecord]) -> dict[str, Any]:
-    verdict_of = verdicts(records)
     cells: dict[str, dict[str, Any]] = {}
     frozen = frozen_accuracy(records)
-    for members in group_records(records).values():
-        if members[0].is_frozen_baseline:
-            continue
+    for members, row in rule_groups(records):
         key = (members[0].method, members[0].penalty)
         if key in CELLS:
-            cells[f"{key[0]}|{key[1]:g}"] = group_summary(members, verdict_of)
+            cells[f"{key[0]}|{key[1]:g}"] = row
 
     def cell(method: str, lam: float) -> dict[str, Any] | None:
         return cells.get(f"{method}|{lam:g}")

@@ -16,10 +16,8 @@ from creditaudit.experiments.configs import method_overrides, scale_config
 from creditaudit.experiments.groups import (
     fmt,
     frozen_accuracy,
-    group_records,
-    group_summary,
     markdown_table,
-    verdicts,
+    rule_groups,
 )
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
@@ -44,12 +42,8 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
 
 
 def summarise(records: list[RunRecord]) -> dict[str, Any]:
-    verdict_of = verdicts(records)
     rows = []
-    for members in group_records(records).values():
-        if members[0].is_frozen_baseline:
-            continue
-        row = group_summary(members, verdict_of)
+    for members, row in rule_groups(records):
         k = members[0].config.method.trainable_blocks
         row["n_blocks"] = members[0].config.model.n_blocks
         row["k"] = row["n_blocks"] if k is None else k

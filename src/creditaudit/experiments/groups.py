@@ -128,6 +128,16 @@ def group_summary(members: Sequence[RunRecord], verdict_of: dict[str, Verdict]
     }
 
 
+def rule_groups(records: Sequence[RunRecord]
+                ) -> list[tuple[list[RunRecord], dict[str, Any]]]:
+    """(members, :func:`group_summary`) of every group but the frozen baselines, with (d)
+    against the frozen runs of each recipe among ``records``."""
+    verdict_of = verdicts(records)
+    return [(members, group_summary(members, verdict_of))
+            for members in group_records(records).values()
+            if not members[0].is_frozen_baseline]
+
+
 TRAJECTORY_KEYS = ("acc_eval", "h_L_norm", "g_L_norm", "g_2_norm", "max_block_growth")
 
 
@@ -157,4 +167,4 @@ def epoch_text(value: int | None) -> str:
 
 __all__ = ["method_label", "group_records", "verdicts", "verdict_overview", "seed_row",
            "group_summary", "trajectory", "markdown_table", "epoch_text", "fmt", "format_lambda",
-           "frozen_accuracy", "DIAGNOSTIC_IDS"]
+           "frozen_accuracy", "rule_groups", "DIAGNOSTIC_IDS"]

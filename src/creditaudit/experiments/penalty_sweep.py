@@ -19,11 +19,9 @@ from creditaudit.experiments.groups import (
     fmt,
     format_lambda,
     frozen_accuracy,
-    group_records,
-    group_summary,
     markdown_table,
+    rule_groups,
     trajectory,
-    verdicts,
 )
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
@@ -50,12 +48,8 @@ def _first(row: dict[str, Any], diagnostic: str) -> str:
 
 
 def summarise(records: list[RunRecord]) -> dict[str, Any]:
-    verdict_of = verdicts(records)
     rows = []
-    for members in group_records(records).values():
-        if members[0].is_frozen_baseline:
-            continue
-        row = group_summary(members, verdict_of)
+    for members, row in rule_groups(records):
         row["lambda"] = members[0].penalty
         row["g_2_norm"] = aggregate(r.last_value("g_2_norm") for r in members)
         row["trajectory"] = trajectory(members)

@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_data_cache(tmp_path_factory):
+    """Generated datasets (MNIST-1D) cache into a session folder, never the user's ~/.cache.
+
+    Set in os.environ (not monkeypatch, which is per test) so that worker processes of
+    sweeps inherit it.
+    """
+    previous = os.environ.get("CREDITAUDIT_CACHE")
+    os.environ["CREDITAUDIT_CACHE"] = str(tmp_path_factory.mktemp("creditaudit-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("CREDITAUDIT_CACHE", None)
+    else:
+        os.environ["CREDITAUDIT_CACHE"] = previous
 
 
 @pytest.fixture(scope="module")

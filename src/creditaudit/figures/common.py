@@ -62,7 +62,7 @@ ARCH_ROWS = ("resmlp", "vit", "resmlp no out_ln", "student")
 ARCH_LABELS = {"resmlp": "ResMLP", "vit": "ViT-Mini", "resmlp no out_ln": "ResMLP no out_LN",
                "vit no out_ln": "ViT-Mini no out_LN", "student": "StudentNet"}
 PNG_DPI = 200
-N_CLASSES = {"cifar100": 100}  # every other dataset has 10 classes
+N_CLASSES = {"cifar100": 100}  # every other dataset (MNIST-1D and synthetic too) has 10
 STYLE = {
     "font.size": 9, "axes.labelsize": 10, "axes.titlesize": 10, "legend.fontsize": 8,
     "xtick.labelsize": 8, "ytick.labelsize": 8, "font.family": "serif",

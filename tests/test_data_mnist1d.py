@@ -117,8 +117,10 @@ def test_generation_leaves_global_rngs_untouched():
 
 def test_cache_hit_returns_identical_arrays_without_regenerating(cache, generator_calls):
     config = data_config()
+    assert not m1d.is_cached(config, 42)
     first = load_dataset(config, seed=42)
     assert len(generator_calls) == 1
+    assert m1d.is_cached(config, 42) and not m1d.is_cached(config, 43)
     files = list(cache.glob("mnist1d-*.npz"))
     assert len(files) == 1
     assert not [p for p in cache.iterdir() if p not in files]  # no temp file left behind

@@ -122,6 +122,11 @@ def cache_path(args: dict[str, Any], version: str) -> Path:
     return cache_dir() / f"mnist1d-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
 
 
+def is_cached(config: DataConfig, seed: int) -> bool:
+    """Whether a cache file for this config and seed exists (it may still be damaged)."""
+    return cache_path(mnist1d_generator_args(config, seed), package_version()).exists()
+
+
 def _expected_shapes(args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     n_train = round(args["train_split"] * args["num_samples"])
     n_test, length = args["num_samples"] - n_train, args["final_seq_length"]

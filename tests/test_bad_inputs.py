@@ -478,7 +478,7 @@ CASES = [
      ["run.seed"]),
     ("demo-workers-negative", lambda w, t: ["demo", "--workers", "-1", "--epochs", "0",
                                             "--out", str(t / "o")], ["--workers must be >= 1"]),
-    ("demo-out-is-a-file", lambda w, t: ["demo", "--epochs", "0", "--n-train", "64",
+    ("demo-out-is-a-file", lambda w, t: ["demo", "--epochs", "0", "--n-train", "60",
                                          "--out", str(w.a_file)],
      ["a_file.txt", "a file stands where a folder is needed"]),
     # --- paths and devices -----------------------------------------------------------------

@@ -476,13 +476,35 @@ def test_random_targets_control_trains_on_fresh_uniform_labels(tmp_path, monkeyp
 def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
     from creditaudit.cli import main
 
-    code = main(["demo", "--epochs", "1", "--n-train", "512", "--out", str(tmp_path),
+    code = main(["demo", "--epochs", "1", "--n-train", "600", "--out", str(tmp_path),
                  "--workers", "2"])
     out = capsys.readouterr().out
     assert code == 0
+    assert "MNIST-1D" in out
     for method in ("bp", "fa", "dfa", "frozen"):
         assert method in out.lower()
-    assert len(list(tmp_path.glob("*/record.json"))) == 4
+    records = [load_record(p.parent) for p in tmp_path.glob("*/record.json")]
+    assert len(records) == 4
+    assert {r.dataset for r in records} == {"mnist1d"}
+    # (d) of each trained method against the frozen run, from the records' accuracies.
+    frozen = next(r for r in records if r.method == "frozen")
+    bp = next(r for r in records if r.method == "bp")
+    margin = 100 * (bp.final_acc - frozen.final_acc)
+    assert "(d) depth utility" in out
+    assert f"bp          {margin:+7.1f} pp" in out
+    assert "frozen baseline of (d)" in out  # the baseline's own row gets no verdict
+
+
+def test_demo_keeps_the_synthetic_task(tmp_path):
+    from creditaudit.cli import build_parser
+    from creditaudit.cli.demo import DEMO_TASKS, demo_config
+
+    args = build_parser().parse_args(["demo", "--dataset", "synthetic"])
+    assert args.dataset == "synthetic" and args.n_train is None
+    config = demo_config("dfa", dataset="synthetic", epochs=8,
+                         n_train=DEMO_TASKS["synthetic"].n_train, out_dir=str(tmp_path), seed=42)
+    assert config.data.name == "synthetic" and config.data.n_train == 20000
+    assert config.data.n_test == 2000 and config.method.name == "dfa"
 
 
 def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys):

@@ -24,7 +24,8 @@ def cache_dir() -> Path:
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    # The XDG spec says to ignore a relative path.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "creditaudit"
 
 

@@ -28,7 +28,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion-mnist")
+DATASETS = ("synthetic", "mnist1d", "cifar10", "cifar100", "mnist", "fashion-mnist")
+# Generated in memory from a seed: no data folder, feature vectors (no image augmentation).
+GENERATED_DATASETS = ("synthetic", "mnist1d")
 ARCHS = ("resmlp", "vit", "student")
 # Credit rules are a registry (creditaudit.methods), open to plugins: the config only checks
 # the name's form; the layers that build or list rules check that it is installed.
@@ -49,10 +51,14 @@ def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | N
 @dataclass
 class DataConfig:
     name: str = opt("synthetic", "dataset", choices=DATASETS)
-    data_dir: str | None = opt(None, "folder holding the dataset files (not for synthetic)")
+    data_dir: str | None = opt(None, "folder holding the dataset files (not for synthetic "
+                               "or mnist1d)")
     download: bool = opt(False, "download CIFAR if missing (needs internet)")
-    n_train: int = opt(50000, "synthetic: training samples", min=1)
-    n_test: int = opt(10000, "synthetic: test samples", min=1)
+    n_train: int = opt(50000, "synthetic, mnist1d: training samples (mnist1d: n_train + "
+                       "n_test must be a multiple of 10)", min=1)
+    n_test: int = opt(10000, "synthetic, mnist1d: test samples", min=1)
+    data_seed: int | None = opt(None, "seed of the generated datasets (synthetic, mnist1d; "
+                                "None = run.seed)")
     in_dim: int = opt(256, "synthetic: input dimension", min=1)
     alpha: float = opt(1.0, "synthetic: teacher nonlinearity φ_α mix (0 linear, 1 tanh)",
                        min=0.0, max=1.0)
@@ -268,10 +274,14 @@ def _check_consistency(config: RunConfig) -> None:
     if config.model.arch == "vit" and config.data.name not in ("cifar10", "cifar100"):
         raise ConfigError(f"model.arch='vit' needs 32×32×3 images (cifar10 or cifar100), "
                           f"not data.name={config.data.name!r}")
-    if config.data.name == "synthetic" and config.data.augment:
+    if config.data.name in GENERATED_DATASETS and config.data.augment:
         raise ConfigError("data.augment=true needs an image dataset (random crop and flip); "
-                          "the synthetic task has feature vectors: drop data.augment")
-    if config.data.name != "synthetic" and config.data.data_dir is None:
+                          f"{config.data.name} has feature vectors: drop data.augment")
+    if config.data.name == "mnist1d" and (config.data.n_train + config.data.n_test) % 10:
+        raise ConfigError(f"data.name='mnist1d' generates equally many samples per digit: "
+                          f"data.n_train + data.n_test must be a multiple of 10, got "
+                          f"{config.data.n_train} + {config.data.n_test}")
+    if config.data.name not in GENERATED_DATASETS and config.data.data_dir is None:
         raise ConfigError(f"data.name={config.data.name!r} needs data.data_dir (--data-dir) "
                           "pointing at the dataset folder")
 

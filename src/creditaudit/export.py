@@ -29,8 +29,8 @@ files), all blocks trainable, real labels — for the no-LN and ViT files the sa
 architectures, for the synthetic files StudentNet. When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
 one family fills a whole group of files: the preferred dataset (``dataset`` if given, else
-CIFAR-10, CIFAR-100, Fashion-MNIST, MNIST, synthetic), then the family with the most of the
-needed runs, then the most epochs. Only files for which runs exist are written; a file with
+CIFAR-10, CIFAR-100, Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most
+of the needed runs, then the most epochs. Only files for which runs exist are written; a file with
 some of its runs missing is written with the keys it has. ``export_manifest.json`` in OUT
 lists every file written (and the run id behind each key) and every file skipped with the
 runs it needs.
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 LAYOUTS = ("faeval",)
 MANIFEST_FILE = "export_manifest.json"
 FINISHED = ("completed", "diverged")
-DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "synthetic")
+DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
 DEFAULT_SEEDS = (42, 123, 456)
 PENALTIES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 RESULTS_METHODS = {"bp": "bp", "dfa": "dfa", "state_bridge": "state-bridge",

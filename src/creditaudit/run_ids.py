@@ -24,8 +24,8 @@ ID_VERSION = 2
 
 
 def data_seed(config: RunConfig) -> int:
-    """The seed of generated datasets (the run seed)."""
-    return config.run.seed
+    """The seed of generated datasets: ``data.data_seed``, else the run seed."""
+    return config.run.seed if config.data.data_seed is None else config.data.data_seed
 
 
 def run_data_identity(config: RunConfig) -> DataIdentity:

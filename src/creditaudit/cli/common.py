@@ -35,7 +35,8 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method.name", {"choices": "rules", "help": "credit rule"}),
     ("--arch", "model.arch", {"choices": ARCHS, "help": "architecture"}),
     ("--dataset", "data.name", {"choices": DATASETS, "help": "dataset"}),
-    ("--data-dir", "data.data_dir", {"help": "dataset folder (CIFAR python batches or IDX files)"}),
+    ("--data-dir", "data.data_dir", {"help": "dataset folder (CIFAR python batches or IDX "
+                                             "files; not for synthetic or mnist1d)"}),
     ("--epochs", "optim.epochs", {"type": int, "help": "training epochs"}),
     ("--seed", "run.seed", {"type": int, "help": "seed of init, data order and feedback"}),
     ("--penalty", "method.penalty", {"type": finite_float, "help": "residual-branch penalty λ"}),

@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help=SCALE_HELP)
     parser.add_argument("--dataset", choices=DATASETS, default=None,
                         help="dataset instead of the scale's default (synthetic, "
-                             "fashion-mnist, cifar10)")
+                             "fashion-mnist, cifar10); mnist1d is generated (no data folder)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="dataset folder (CIFAR python batches or IDX files); "
                              "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist")

@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default=None,
                         help="take the ResidualMLP runs from this dataset (default: the most "
                              "paper-like one present: cifar10, cifar100, fashion-mnist, mnist, "
-                             "synthetic)")
+                             "mnist1d, synthetic)")
     parser.set_defaults(handler=run)
 
 

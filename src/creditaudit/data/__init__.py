@@ -1,13 +1,14 @@
 """Datasets held in memory, their loaders and the fixed evaluation subset.
 
 Images are kept as uint8 ``(N, C, H, W)`` and normalised (and augmented) per batch;
-feature datasets (synthetic) are float32 ``(N, D)``.
+feature datasets (synthetic, mnist1d) are float32 ``(N, D)``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,7 +16,7 @@ from torch import Tensor
 from creditaudit.config import DataConfig
 from creditaudit.data import transforms
 from creditaudit.data.loader import InMemoryLoader
-from creditaudit.data.synthetic import make_teacher_student
+from creditaudit.data.synthetic import make_teacher_student, synthetic_provenance
 from creditaudit.errors import ConfigError, DataError
 
 # A fixed permutation seed: every run on a dataset audits the same held-out samples.
@@ -41,6 +42,8 @@ class Dataset:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     augment: bool = False
+    # How a generated dataset was made ({"generator", "version", "args"}); empty for files.
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_image(self) -> bool:
@@ -82,15 +85,24 @@ class Dataset:
 
 
 def load_dataset(config: DataConfig, *, seed: int) -> Dataset:
-    """Load (or generate) the configured dataset; the synthetic task is seeded by ``seed``."""
+    """Load (or generate) the configured dataset.
+
+    Generated datasets (synthetic, mnist1d) are seeded by ``config.data_seed``, else ``seed``.
+    """
+    data_seed = seed if config.data_seed is None else config.data_seed
     if config.name == "synthetic":
-        train_x, train_y, test_x, test_y = make_teacher_student(
+        provenance = synthetic_provenance(
             n_train=config.n_train, n_test=config.n_test, in_dim=config.in_dim,
-            alpha=config.alpha, seed=seed, teacher_width=config.teacher_width,
-            teacher_depth=config.teacher_depth,
-        )
-        dataset = Dataset("synthetic", train_x, train_y, test_x, test_y, n_classes=10,
-                          augment=bool(config.augment))
+            alpha=config.alpha, seed=data_seed, teacher_width=config.teacher_width,
+            teacher_depth=config.teacher_depth)
+        dataset = Dataset("synthetic", *make_teacher_student(**provenance["args"]),
+                          n_classes=10, augment=bool(config.augment), provenance=provenance)
+    elif config.name == "mnist1d":
+        from creditaudit.data.mnist1d import load_mnist1d
+
+        arrays, provenance = load_mnist1d(config, seed=data_seed)
+        dataset = Dataset("mnist1d", *arrays, n_classes=10, augment=bool(config.augment),
+                          provenance=provenance)
     elif config.name in ("cifar10", "cifar100"):
         from creditaudit.data.cifar import load_cifar
 

@@ -8,7 +8,8 @@ actually loaded:
   file the loader reads (gzip IDX files are hashed after decompression, so ``.gz`` and raw
   copies of the same data agree), in a fixed order;
 - generated datasets (the synthetic teacher–student task, MNIST-1D): sha256 of the
-  generator's full argument set (seed included), which determines the arrays.
+  generator, its version and its full argument set (seed included), which determine the
+  arrays.
 
 Hashing Fashion-MNIST's 60k images takes a fraction of a second; each file's digest is cached
 in memory and in ``fingerprints.json`` of the user cache folder (see
@@ -38,8 +39,7 @@ from creditaudit.errors import DataError
 log = logging.getLogger(__name__)
 
 FINGERPRINT_CACHE = "fingerprints.json"
-GENERATED = ("synthetic",)
-SYNTHETIC_GENERATOR = "creditaudit.teacher-student/1"
+GENERATED = ("synthetic", "mnist1d")
 # A file whose timestamps are this recent may still change without changing them.
 RACY_SECONDS = 2.0
 _MEMORY: dict[tuple[str, int, int, int, int], str] = {}
@@ -105,13 +105,20 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
     return digest
 
 
-def generator_arguments(config: DataConfig, seed: int) -> dict[str, Any]:
-    """The arguments that determine a generated dataset's arrays (synthetic task)."""
+def generated_provenance(config: DataConfig, seed: int) -> dict[str, Any]:
+    """What determines a generated dataset's arrays: the generator, its version and its
+    arguments (the seed included)."""
     if config.name == "synthetic":
-        return {"generator": SYNTHETIC_GENERATOR, "n_train": config.n_train,
-                "n_test": config.n_test, "in_dim": config.in_dim, "alpha": config.alpha,
-                "teacher_width": config.teacher_width, "teacher_depth": config.teacher_depth,
-                "seed": seed}
+        from creditaudit.data.synthetic import synthetic_provenance
+
+        return synthetic_provenance(
+            n_train=config.n_train, n_test=config.n_test, in_dim=config.in_dim,
+            alpha=config.alpha, seed=seed, teacher_width=config.teacher_width,
+            teacher_depth=config.teacher_depth)
+    if config.name == "mnist1d":
+        from creditaudit.data.mnist1d import mnist1d_provenance
+
+        return mnist1d_provenance(config, seed)
     raise DataError(f"{config.name!r} is not a generated dataset")
 
 
@@ -138,10 +145,11 @@ def data_identity(config: DataConfig, seed: int) -> DataIdentity:
     only after loading). Raises DataError when the files are missing or unreadable.
     """
     if config.name in GENERATED:
-        args = generator_arguments(config, seed)
-        seedless = {k: v for k, v in args.items() if k != "seed"}
-        return DataIdentity(config.name, _digest_text(args), _digest_text(seedless),
-                            provenance={"generator": args})
+        provenance = generated_provenance(config, seed)
+        seedless = {**provenance, "args": {k: v for k, v in provenance["args"].items()
+                                           if k != "seed"}}
+        return DataIdentity(config.name, _digest_text(provenance), _digest_text(seedless),
+                            provenance=provenance)
     files = data_files(config)
     digests = {name: file_digest(path, decode) for name, path, decode in files}
     digest = _digest_text({"name": config.name, "files": digests})

@@ -7,6 +7,8 @@ teacher linear (a linearly separable task), α = 1 a tanh network.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -78,3 +80,16 @@ def make_teacher_student(
     with torch.no_grad():
         y = teacher.logits(x).argmax(dim=1)
     return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+GENERATOR = "creditaudit.data.make_teacher_student/1"  # bump when the generated arrays change
+
+
+def synthetic_provenance(n_train: int, n_test: int, in_dim: int, alpha: float, seed: int,
+                         teacher_width: int, teacher_depth: int) -> dict[str, Any]:
+    """What determines the teacher–student arrays: ``{"generator", "args"}`` (``args`` are
+    :func:`make_teacher_student`'s keyword arguments)."""
+    return {"generator": GENERATOR,
+            "args": {"n_train": n_train, "n_test": n_test, "in_dim": in_dim, "alpha": alpha,
+                     "seed": seed, "teacher_width": teacher_width,
+                     "teacher_depth": teacher_depth}}

@@ -11,11 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.config import RunConfig
+from creditaudit.config import GENERATED_DATASETS, RunConfig
 from creditaudit.errors import ConfigError
 
 SCALES = ("smoke", "cpu", "paper")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+# MNIST-1D generates equally many samples of each digit, so n_train + n_test must be a
+# multiple of 10; the smoke scale's 512 + 256 is not.
+MNIST1D_OVERRIDES: dict[str, tuple[tuple[str, Any], ...]] = {
+    "smoke": (("data.n_train", 600), ("data.n_test", 200)),
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,8 @@ def base_config(scale: str, *, dataset: str | None = None, data_dir: str | None 
 
     ``dataset`` defaults to the scale's (synthetic for smoke, Fashion-MNIST for cpu,
     CIFAR-10 for paper); ``data_dir`` defaults to /usr/share/datasets/fashion-mnist for
-    Fashion-MNIST. ``control=True`` uses the shorter epoch count of penalty and control
+    Fashion-MNIST and is ignored for the generated datasets (synthetic, mnist1d), which keep
+    the scale's sample counts. ``control=True`` uses the shorter epoch count of penalty and control
     runs (SPEC §4: 30 epochs at paper scale).
     """
     spec = get_scale(scale)
@@ -71,12 +77,15 @@ def base_config(scale: str, *, dataset: str | None = None, data_dir: str | None 
     overrides["data.name"] = dataset
     if dataset == "fashion-mnist" and data_dir is None:
         data_dir = FASHION_MNIST_DIR
-    if dataset != "synthetic":
+    if dataset not in GENERATED_DATASETS:
         overrides["data.data_dir"] = data_dir
         for key in ("data.n_train", "data.n_test", "data.in_dim"):
             overrides.pop(key, None)
     else:
         overrides.pop("data.train_subset", None)
+    if dataset == "mnist1d":
+        overrides.pop("data.in_dim", None)  # 40 features, fixed by the generator
+        overrides.update(MNIST1D_OVERRIDES.get(scale, ()))
     overrides["optim.epochs"] = spec.control_epochs if control else spec.epochs
     overrides["run.out_dir"] = out_dir
     return RunConfig().replace(**overrides)

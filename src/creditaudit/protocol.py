@@ -1,4 +1,4 @@
-"""The four-diagnostic protocol (SPEC §5): can a run's headline numbers be trusted?
+"""The four-diagnostic protocol (science.md §5): can a run's headline numbers be trusted?
 
 =====  ===============================  =============================================  ==========
 id     name                             statistic                                      fires when
@@ -18,7 +18,7 @@ never as passed.
 :func:`diagnose` runs the protocol on a live model (a contract model, or any ``nn.Module``
 with a states function); :func:`evaluate_protocol` runs it on precomputed
 :class:`~creditaudit.diagnostics.gradients.StateGradients` (what training already has).
-Norms follow SPEC §2: per-sample L2 over the feature axis, median over samples, gradients
+Norms follow science.md §2: per-sample L2 over the feature axis, median over samples, gradients
 as (1/128)·∂CE_i/∂h_l.
 """
 
@@ -72,7 +72,7 @@ CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Firing thresholds (SPEC §5 defaults) and the batching of diagnostic (c).
+    """Firing thresholds (science.md §5 defaults) and the batching of diagnostic (c).
 
     ``growth``: (a) fires when the largest single-block growth exceeds it (ratio).
     ``grad_floor``: (b) fires when median ‖g_L‖ (1/128 scale) is below it.
@@ -306,7 +306,7 @@ class DiagnosticReport:
     """The protocol's outcome on one model and evaluation set.
 
     ``hidden_norms[l]``: median per-sample ‖h_l‖; ``grad_norms[l]``: median per-sample ‖g_l‖
-    in the 1/128 scale convention (SPEC §2), l = 0 … L. ``diagnostics``: (a)–(d) in order.
+    in the 1/128 scale convention (science.md §2), l = 0 … L. ``diagnostics``: (a)–(d) in order.
     ``layer_cosines``/``gamma``: present when a credit was given; ``metrics``: the
     credit-quality block when asked for; ``metadata``: model, method, n samples, thresholds,
     accuracies and whatever the caller added (dataset, seeds, epoch, …).

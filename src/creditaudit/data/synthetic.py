@@ -1,4 +1,4 @@
-"""The synthetic teacher–student task (SPEC §3): needs no download.
+"""The synthetic teacher–student task (science.md §3): needs no download.
 
 A fixed random teacher maps Gaussian inputs through ``depth`` layers with the nonlinearity
 φ_α(z) = (1−α)·z + α·tanh(z); the label is the argmax of its 10 logits. α = 0 makes the
@@ -23,7 +23,7 @@ class Teacher:
 
     Weights are N(0, gain²/fan_in) so pre-activations have variance ≈ gain² for unit-variance
     inputs. Gain 1 (the default) is the standard fan-in scaling; on this task it puts a
-    d=256 L=4 ResidualMLP trained by BP near SPEC §9's sanity band (≈ 0.71 at epoch 8 with
+    d=256 L=4 ResidualMLP trained by BP near science.md §8's band (≈ 0.71 at epoch 8 with
     50k samples). Gain 2 saturates the tanh units and makes the task much harder.
     """
 

@@ -59,7 +59,7 @@ def _finite_mean(values: list[float]) -> float:
 
 
 def gamma_aggregations(credits: list[Tensor], grads: list[Tensor]) -> dict[str, float]:
-    """The aggregate alignment Γ under four aggregations, side by side (SPEC §6).
+    """The aggregate alignment Γ under four aggregations, side by side (science.md §6).
 
     ``credits[l]`` and ``grads[l]`` are ``(N, d_l)`` per-sample vectors (any scale: cosines
     are scale-free). With c_il = cos(a_il, g_il) (NaN where either vector is exactly 0):
@@ -89,7 +89,7 @@ def gamma_aggregations(credits: list[Tensor], grads: list[Tensor]) -> dict[str, 
 
 def layer_cosine_table(credits: list[Tensor], grads: list[Tensor], floor: float
                        ) -> list[dict[str, float | int | bool]]:
-    """Per-layer cosine with its reference gradient's validity (SPEC §6).
+    """Per-layer cosine with its reference gradient's validity (science.md §6).
 
     ``grads[l]`` are ``(N, d)`` per-sample gradients in the 1/128 scale convention.
     ``g_norm`` is the median per-sample ‖g_l‖; a layer whose ``g_norm`` is below ``floor``

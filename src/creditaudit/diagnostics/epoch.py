@@ -1,4 +1,4 @@
-"""The per-epoch diagnostic record of a training run (SPEC §2, §5, §6)."""
+"""The per-epoch diagnostic record of a training run (science.md §2, §5, §6)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Exact per-sample states and state gradients in one backward pass.
 
-Scale convention (SPEC §2): per-sample gradients are reported as (1/128)·∂CE_i/∂h_l, the
+Scale convention (science.md §2): per-sample gradients are reported as (1/128)·∂CE_i/∂h_l, the
 gradient of a batch-mean CE over a batch of 128, whatever the evaluation batch size. With a
 sum-reduced loss one backward pass gives every sample's gradient exactly, because no op in
 a contract model mixes samples (LayerNorm and attention act within a sample).

@@ -1,4 +1,4 @@
-"""The fresh-B null: how much deep alignment random feedback gives by chance (SPEC §6).
+"""The fresh-B null: how much deep alignment random feedback gives by chance (science.md §6).
 
 A feedback rule's deep cosine only means something against the distribution of the same
 statistic under feedback matrices the network never trained with. This module recomputes

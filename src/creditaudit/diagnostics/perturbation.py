@@ -1,4 +1,4 @@
-"""Perturbation correlation ρ_l: does the credit predict how the loss moves? (SPEC §6)
+"""Perturbation correlation ρ_l: does the credit predict how the loss moves? (science.md §6)
 
 For each sample i and M random unit directions v at state h_l the *predicted* change of the
 per-sample loss is ε⟨a_il, v⟩ and the *true* change is CE_i(h_l + εv) − CE_i(h_l), from a

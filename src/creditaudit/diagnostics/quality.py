@@ -2,7 +2,7 @@
 
 Every metric comes with its positive (BP credit) and negative (random credit from a seeded
 generator) control measured on the same model and samples, so a reader can tell a small
-number from an unmeasurable one (SPEC §6).
+number from an unmeasurable one (science.md §6).
 """
 
 from __future__ import annotations

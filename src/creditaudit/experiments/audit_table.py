@@ -1,4 +1,4 @@
-"""Audit table (SPEC §7): every method × seed → accuracy, headline Γ and protocol verdict.
+"""Audit table (science.md §7): every method × seed → accuracy, headline Γ and protocol verdict.
 
 Runs: BP, FA, DFA, DFA + λ=1e-2, State Bridge, Credit Bridge, EP and the frozen-blocks
 baseline on the scale's ResidualMLP and dataset, main epoch count, every seed of the scale.
@@ -80,7 +80,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     notes = [
         "", f"Frozen-blocks baseline: {format_aggregate(frozen)}.",
         "", f"Verdicts: {summary['d_rule']}.",
-        "", "Reference (SPEC §7, CIFAR-10 d=256 L=4, 100 epochs, 3 seeds): BP .615 ± .004 "
+        "", "Published (science.md §7; CIFAR-10 d=256 L=4, 100 epochs, 3 seeds): BP .615 ± .004 "
         "trustworthy; FA .401 ± .009; EP .316 ± .037 trustworthy; DFA .306 ± .008 walked back "
         "by (a)(b)(d); Credit Bridge .289 ± .031 and State Bridge .205 ± .039 walked back by "
         "(a)(b)(d); frozen .349.",

@@ -1,8 +1,8 @@
-"""Capacity-cost control (SPEC §7): BP/DFA × no penalty/λ=1e-2, with the frozen line.
+"""Capacity-cost control (science.md §7): BP/DFA × no penalty/λ=1e-2, with the frozen line.
 
 Separates what the penalty costs any learner (BP with vs without it) from what DFA's credit
 lacks (BP + penalty vs DFA + penalty, same constraint). Runs: BP and DFA at λ ∈ {0, 1e-2}
-and the frozen baseline, control epochs, every seed. SPEC reference (CIFAR-10, 30 epochs):
+and the frozen baseline, control epochs, every seed. Published reference (CIFAR-10, 30 epochs):
 BP .585 / .532, DFA .301 / .360 (no penalty / penalty); frozen .349.
 """
 
@@ -90,8 +90,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
             f"- credit-quality gap at equal constraint (BP+λ − DFA+λ): "
             f"{fmt(e['credit_quality_gap'], '+.1f')} pp\n"
             f"- DFA+λ over frozen: {fmt(e['dfa_penalty_over_frozen'], '+.1f')} pp\n\n"
-            "Reference (SPEC §7, CIFAR-10, 30 epochs): BP .585 → .532, DFA .301 → .360, frozen "
-            ".349 (BP penalty cost −5.5 pp; gap 17 pp = credit quality).\n")
+            "Published (science.md §7; CIFAR-10, 30 epochs): BP .585 → .532, DFA .301 → .360, "
+            "frozen .349 (BP penalty cost −5.5 pp; gap 17 pp = credit quality).\n")
 
 
 EXPERIMENT = register(Experiment(

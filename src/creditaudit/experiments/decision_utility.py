@@ -1,4 +1,4 @@
-"""Decision utility (SPEC §7): how many methods does each reporting strategy walk back?
+"""Decision utility (science.md §7): how many methods does each reporting strategy walk back?
 
 A strategy is the evidence a reader demands before accepting a method's headline numbers:
 
@@ -11,7 +11,7 @@ A strategy is the evidence a reader demands before accepting a method's headline
 Each seed is judged on its own; a method is walked back by a strategy when at least half
 of its seeds are. The count runs over the five alternative rules (FA, DFA, EP, State
 Bridge, Credit Bridge); BP and DFA + λ=1e-2 are listed but not counted. Uses the audit
-runs; (d) against the frozen baseline as in the audit table. SPEC reference: S1 walks back
+runs; (d) against the frozen baseline as in the audit table. Published reference: S1 walks back
 0/5, S_full 3/5.
 """
 
@@ -108,8 +108,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
         detail.append(cells)
     return (table + "\n\nPer method (seeds walked back):\n\n"
             + markdown_table(["method", *names], detail)
-            + f"\n\nRule: {summary['rule']}. SPEC reference (CIFAR-10, paper scale): S1 walks "
-            "back 0/5, S_full 3/5 (DFA, State Bridge, Credit Bridge).\n")
+            + f"\n\nRule: {summary['rule']}. Published (science.md §7; CIFAR-10, paper scale): "
+            "S1 walks back 0/5, S_full 3/5 (DFA, State Bridge, Credit Bridge).\n")
 
 
 EXPERIMENT = register(Experiment(

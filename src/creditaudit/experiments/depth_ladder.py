@@ -1,4 +1,4 @@
-"""Depth ladder (SPEC §4, §7): train only the last k blocks, k = 0 … L, with BP and DFA.
+"""Depth ladder (science.md §4, §7): train only the last k blocks, k = 0 … L, with BP and DFA.
 
 Does each additional trainable block add accuracy over the frozen-blocks baseline, and does
 a rule's credit reach the deep blocks at all? k = L is the ordinary run with every block

@@ -1,4 +1,4 @@
-"""Fresh-B null calibration (SPEC §6, §7): is a feedback rule's deep cosine more than what
+"""Fresh-B null calibration (science.md §6, §7): is a feedback rule's deep cosine more than what
 random feedback it never trained with gives by chance?
 
 Reads ``diagnostics.fresh_b_null`` of DFA (λ ∈ {0, 1e-4, 1e-2}) and FA runs at the control
@@ -6,7 +6,7 @@ epoch count (the runs of the penalty sweep): the deep cosine with the training f
 the mean ± std of the same statistic over ``diagnostics.null_draws`` fresh draws. Beside it,
 the deep perturbation correlation ρ with its BP positive control (ρ is unmeasurable where
 the control is below 0.9) and the BP positive control of the cosine (1 by construction).
-SPEC reference: penalised DFA +0.163 with the training B vs +0.002 ± 0.022 fresh.
+Published reference: penalised DFA +0.163 with the training B vs +0.002 ± 0.022 fresh.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
                       "distance (null std)", "deep ρ", "deep ρ, BP control",
                       "deep cos, BP control"], rows)
     return (table + "\n\nTraining-B values: mean ± std over seeds; fresh-B: every draw of every "
-            "seed pooled. Reference (SPEC §6): penalised DFA +0.163 (training B) vs +0.002 ± "
+            "seed pooled. Published (science.md §6): penalised DFA +0.163 (training B) vs +0.002 ± "
             "0.022 (fresh); ρ controls: BP ≈ +0.9965, random ≈ +0.0056.\n")
 
 

@@ -1,8 +1,8 @@
-"""Penalty λ sweep (SPEC §7): DFA with the residual-branch penalty λ‖f_l‖² for λ ∈ {0,
+"""Penalty λ sweep (science.md §7): DFA with the residual-branch penalty λ‖f_l‖² for λ ∈ {0,
 1e-4, 1e-3, 1e-2, 1e-1}.
 
 Runs: DFA at every λ and the frozen baseline on the scale's ResidualMLP, control epoch
-count (SPEC §4: 30 epochs at paper scale), every seed. Reports per λ: accuracy, the final
+count (science.md §4: 30 epochs at paper scale), every seed. Reports per λ: accuracy, the final
 ‖h_L‖, ‖g_2‖, ‖g_L‖ and max block growth, deep cosine, the verdict (d against the frozen
 run), when (a) and (b) first fired, and the per-epoch trajectories (medians over seeds)
 behind Figure 4.
@@ -68,7 +68,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
                       "(d) margin pp", "(a) first", "(b) first", "verdict"], rows)
     return (table + f"\n\nFrozen baseline (control epochs): "
             f"{format_aggregate(summary['frozen_acc'])}. Norms are means over seeds of the "
-            "last epoch's medians.\n\nReference (SPEC §6, seed 001): the penalty contains the "
+            "last epoch's medians.\n\nPublished (science.md §7): the penalty contains the "
             "residual stream ((a) and (b) stop firing) while whether (d) passes depends on λ.\n")
 
 

@@ -1,4 +1,4 @@
-"""Random-init sanity (SPEC §7): untrained models must be trustworthy at chance accuracy.
+"""Random-init sanity (science.md §7): untrained models must be trustworthy at chance accuracy.
 
 0-epoch runs (the protocol runs once, at initialisation) of every architecture variant —
 ResidualMLP with and without terminal LN, StudentNet, and ViT-Mini on CIFAR — with BP, FA
@@ -97,8 +97,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
                       "(b) ‖g_L‖", "(c) stability", "verdict (a)–(c)", "at chance"], rows)
     return (f"**{summary['n_trustworthy']}/{summary['n_runs']} untrained runs trustworthy, "
             f"{summary['n_at_chance']}/{summary['n_runs']} at chance** (accuracy < 2/C).\n\n"
-            + table + "\n\nReference (SPEC §5, §9): random init gives max block growth ≈ 1.01, "
-            "‖g_L‖ ≈ 7.5e-3, (c) 0.08–0.18; nothing fires.\n")
+            + table + "\n\nReference (science.md §5, §8): random init gives max block growth "
+            "≈ 1.01, ‖g_L‖ ≈ 7.5e-3, (c) 0.08–0.18; nothing fires.\n")
 
 
 EXPERIMENT = register(Experiment(

@@ -69,7 +69,7 @@ def base_config(scale: str, *, dataset: str | None = None, data_dir: str | None 
     CIFAR-10 for paper); ``data_dir`` defaults to /usr/share/datasets/fashion-mnist for
     Fashion-MNIST and is ignored for the generated datasets (synthetic, mnist1d), which keep
     the scale's sample counts. ``control=True`` uses the shorter epoch count of penalty and control
-    runs (SPEC §4: 30 epochs at paper scale).
+    runs (science.md §4: 30 epochs at paper scale).
     """
     spec = get_scale(scale)
     dataset = dataset or spec.dataset

@@ -1,4 +1,4 @@
-"""Temporal evolution (SPEC §7): the first epoch at which each diagnostic fires, per
+"""Temporal evolution (science.md §7): the first epoch at which each diagnostic fires, per
 architecture and method.
 
 Runs: BP, FA, DFA and the frozen baseline on the ResidualMLP with and without terminal LN,
@@ -9,7 +9,7 @@ ViT-Mini; main epochs, every seed. (a)–(c): the training-time protocol's per-e
 construction). Besides the first firing epoch, each diagnostic says whether it still fires
 at the last epoch.
 
-SPEC reference (CIFAR-10): DFA on the ResidualMLP fires (b) at epochs 3–4 and (a) at 8–11;
+Published reference (CIFAR-10): DFA on the ResidualMLP fires (b) at epochs 3–4 and (a) at 8–11;
 on ViT (a) at epoch 1; without out_ln (b) never.
 """
 
@@ -136,8 +136,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
                       "(b) first epoch", "(c) first epoch", "(d) first epoch"], rows)
     return (table + "\n\nCells: first firing epoch over seeds (min–max), seeds where it fired, "
             "and seeds where it still fires at the last epoch. " + summary["d_rule"] + ".\n\n"
-            "Reference (SPEC §7, CIFAR-10): DFA on ResidualMLP fires (b) at epochs 3–4 and (a) "
-            "at 8–11; on ViT-Mini (a) at epoch 1; without out_ln (b) never (accuracy stayed "
+            "Published (science.md §7; CIFAR-10): DFA on ResidualMLP fires (b) at epochs 3–4 and "
+            "(a) at 8–11; on ViT-Mini (a) at epoch 1; without out_ln (b) never (accuracy stayed "
             "below 50%, so the median sample was misclassified).\n")
 
 

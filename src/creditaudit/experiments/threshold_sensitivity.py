@@ -1,4 +1,4 @@
-"""Threshold sensitivity (SPEC §7): how many runs do (a), (b) and the (d) margin flag as the
+"""Threshold sensitivity (science.md §7): how many runs do (a), (b) and the (d) margin flag as the
 threshold moves?
 
 Computed from the audit runs' records only (no new training): for each run, the statistics
@@ -9,7 +9,7 @@ them (:func:`creditaudit.protocol.growth_diagnostic` etc.). For each threshold i
 how many runs fire and how many runs the whole verdict walks back with that one threshold
 changed (the others at their defaults, (c) as recorded). The *stable band* is the range of
 thresholds that flags exactly the runs the default flags: the gap between the closest
-passing and the closest firing statistic (SPEC §5 calibration: 63× for (a), 24,338× for
+passing and the closest firing statistic (science.md §5 calibration: 63× for (a), 24,338× for
 (b)).
 """
 
@@ -154,8 +154,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
                   f"Stable band around the default: closest firing value "
                   f"{fmt(band['closest_fired'])}, closest passing value "
                   f"{fmt(band['closest_passed'])}, gap {gap}."]
-    parts += ["", "Reference (SPEC §5): (a) healthy max 11.0 vs degenerate min 694 (63× gap); "
-              "(b) healthy min 1.02e-4 vs degenerate max 4.18e-9 (24,338× gap)."]
+    parts += ["", "Reference (science.md §5): (a) healthy max 11.0 vs degenerate min 694 "
+              "(63× gap); (b) healthy min 1.02e-4 vs degenerate max 4.18e-9 (24,338× gap)."]
     return "\n".join(parts) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""The figures of SPEC §8, drawn from run records only (never a live model).
+"""The figures of docs/figures.md, drawn from run records only (never a live model).
 
 One module per figure; each exposes ``NAME``, ``TITLE``, ``requirements`` (the runs it
 needs, in words), ``build(index) -> {file name: Figure}`` and ``render(index, out_dir) ->

@@ -45,7 +45,7 @@ from creditaudit.formatting import format_lambda
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"
-REFERENCE_PENALTY = 1e-2  # the λ of SPEC §7's 2×2 control, drawn when present
+REFERENCE_PENALTY = 1e-2  # the λ of the 2×2 capacity-cost control, drawn when present
 requirements = ("in one recipe: DFA without penalty, DFA with a penalty λ > 0 (--penalty, "
                 "e.g. 0.01), BP without penalty, BP with the same λ, and frozen-blocks runs "
                 "(--method frozen); ≥ 1 seed each. Every other DFA λ of that recipe adds a "

@@ -2,7 +2,7 @@
 
 A rule produces a *credit* a_l for every state h_0 … h_L (its estimate of ∂CE/∂h_l, same
 sign as the gradient) and takes training steps. Local rules train every module with the
-credit of the state it writes (SPEC §4): block l minimises ⟨f_l(h_l), â_{l+1}⟩ with h_l
+credit of the state it writes (science.md §4): block l minimises ⟨f_l(h_l), â_{l+1}⟩ with h_l
 detached and â the per-sample RMS-normalised credit; the embedding minimises ⟨h_0, â_0⟩;
 the readout takes its exact local cross-entropy gradient on the detached h_L.
 """
@@ -98,7 +98,7 @@ def local_forward(model: ResidualNet, x: Tensor, *, with_readout: bool = True) -
 
 def local_objective(model: ResidualNet, local: LocalPass, credits: list[Tensor], y: Tensor,
                     penalty: float) -> tuple[Tensor, Tensor]:
-    """(objective to backward, batch-mean CE) for the local surrogate of SPEC §4.
+    """(objective to backward, batch-mean CE) for the local surrogate of science.md §4.
 
     ``credits[l]`` is a_l for state l (detached), shape of h_l or broadcastable to it.
     One backward of the objective gives every module its local update at once. This is the

@@ -1,4 +1,4 @@
-"""Credit Bridge: credit as the gradient of a learned value of the state (SPEC §4).
+"""Credit Bridge: credit as the gradient of a learned value of the state (science.md §4).
 
 A scalar value net V_φ(h_l, l, e) = MLP([LN(h_l), embed(l), e]) (3 hidden layers ×
 ``bridge_hidden`` = 256, GELU; per token and summed over tokens for token states) estimates

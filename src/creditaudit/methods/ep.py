@@ -1,4 +1,4 @@
-"""Equilibrium Propagation on residual contract models (SPEC §4).
+"""Equilibrium Propagation on residual contract models (science.md §4).
 
 Energy of a set of states h_0 … h_L for input x (per sample, summed over the batch):
 
@@ -36,10 +36,11 @@ prediction error of the state block l−1 writes, divided by −β, estimates g_
 
 scaled by 1/B to the batch-mean convention of the other rules. This is the quantity the
 contrastive weight update actually feeds block l−1 (below), so it is the credit of the state
-the block writes (SPEC §4). The state displacement (h_l^free − h_l^n)/β, which SPEC §4 and
-the issue name as the credit, equals a_l only at l = 0: in general it is J⁻¹·a = Σ_{k≤l}
-(∂h_l/∂h_k)·a_k, the gradient *propagated forwards* and accumulated over the layers below,
-which does not converge to g_l as β → 0 (it is ≈ (l+1)·g_l only for near-identity blocks).
+the block writes (science.md §4). The state displacement (h_l^free − h_l^n)/β, which an
+earlier statement of the rule named as the credit, equals a_l only at l = 0: in general it
+is J⁻¹·a = Σ_{k≤l} (∂h_l/∂h_k)·a_k, the gradient *propagated forwards* and accumulated over
+the layers below, which does not converge to g_l as β → 0 (it is ≈ (l+1)·g_l only for
+near-identity blocks).
 It stays available as :meth:`EP.displacement_credits` for comparison.
 
 Weights: the contrastive update (∂E/∂θ at the nudged states − at the free states)/β. At the

@@ -1,4 +1,4 @@
-"""State Bridge: credit through a learned predictor of the terminal state (SPEC §4).
+"""State Bridge: credit through a learned predictor of the terminal state (science.md §4).
 
 A predictor G_ψ(h_l, l, e) estimates the terminal state h_L from the state h_l, the layer
 index l and the output error e = softmax(logits) − onehot(y). The credit of state l is the
@@ -19,7 +19,7 @@ being the prediction G = MLP(…) itself (the issue's design, and the default). 
 ``bridge_skip`` the MLP is instead a scaled correction of the current state,
 G = h_l + RMS(h_l)·MLP(…), whose last layer starts at zero: G then starts as the identity —
 the exact map of a residual net whose branches are zero, close to the N(0, 0.01) init of
-SPEC §3 — and the RMS factor lets the prediction follow the stream's scale, which the
+science.md §3 — and the RMS factor lets the prediction follow the stream's scale, which the
 LayerNorm'd input cannot carry. The variant changes the rule materially: its credit starts
 as the readout gradient at h_l, close to BP's in a near-identity residual net. Any module or
 function with the signature ``G(h, layer, e)`` can be plugged in (:meth:`StateBridge.
@@ -56,7 +56,7 @@ from creditaudit.models.contract import ResidualNet
 
 LAYER_EMBED_DIM = 32
 PREDICTION_EPS = 1e-6
-AUX_WEIGHT_DECAY = 0.01  # the recipe's AdamW weight decay (SPEC §4), for auxiliary nets too
+AUX_WEIGHT_DECAY = 0.01  # the recipe's AdamW weight decay (science.md §4), for aux nets too
 
 # G(h, layer, e) -> predicted h_L, shaped like h. ``layer`` is an int (every row at one
 # layer) or a (N,) int64 tensor (one layer index per row); ``e`` is (N, C).

@@ -1,4 +1,4 @@
-"""ResidualMLP: the main audited model (SPEC §3)."""
+"""ResidualMLP: the main audited model (science.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ViT-Mini: the second architecture family (SPEC §3).
+"""ViT-Mini: the second architecture family (science.md §3).
 
 Patch 4 on 32×32×3 images → 64 patch tokens + CLS, d=128, 4 pre-LN transformer blocks
 (4 heads, MLP ratio 4), terminal LN and a head on the CLS token. States are token tensors

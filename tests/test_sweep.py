@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -38,7 +37,6 @@ from creditaudit.sweep import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_RAY = importlib.util.find_spec("ray") is not None
 
 TINY = {
     "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "model.d": 16,
@@ -257,24 +255,6 @@ def test_local_executor_two_workers(tmp_path):
         record = load_record(out / run_id(config))
         assert record.environment["torch_threads"] == 1
     assert not list(out.rglob(CLAIM_FILE))
-
-
-@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'creditaudit[ray]')")
-def test_ray_executor_on_a_local_instance(tmp_path):
-    import ray
-
-    from creditaudit.sweep import RayExecutor
-
-    out = tmp_path / "out"
-    configs = [tiny(out, **{"method.name": m}) for m in ("bp", "fa")]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        result = run_sweep(prepare_configs(configs, threads=1), RayExecutor(num_cpus_per_run=1))
-    finally:
-        ray.shutdown()
-    assert [o["status"] for o in result.outcomes] == ["completed"] * 2
-    assert os.getpid() not in {e["pid"] for e in events(out, "start")}
-    assert all(load_record(out / run_id(c)).status == "completed" for c in configs)
 
 
 def test_ray_executor_without_ray_says_how_to_install(monkeypatch):

@@ -76,11 +76,12 @@ def test_parallel_runs_is_the_tightest_resource():
 
 
 def test_one_run_must_fit_the_whole_cluster():
-    check_one_run_fits({"CPU": 2.0, "GPU": 1.0}, 2, 0.5, "auto")  # fits: no error
-    with pytest.raises(ConfigError, match=r"asks for 1 GPU .* has 0 GPU \(2 CPU, 0 GPU\)"):
-        check_one_run_fits({"CPU": 2.0}, 1, 1, "auto")
+    check_one_run_fits({"CPU": 2.0, "GPU": 1.0}, 2, 0.5, " at auto")  # fits: no error
+    with pytest.raises(ConfigError,
+                       match=r"asks for 1 GPU .* cluster at auto has 0 GPU \(2 CPU, 0 GPU\)"):
+        check_one_run_fits({"CPU": 2.0}, 1, 1, " at auto")
     with pytest.raises(ConfigError, match=r"asks for 4 CPU .* has 2 CPU .*--threads-per-worker"):
-        check_one_run_fits({"CPU": 2.0}, 4, 0, "auto")
+        check_one_run_fits({"CPU": 2.0}, 4, 0, "")
 
 
 # --- against a live local Ray ----------------------------------------------------------------
@@ -136,7 +137,7 @@ def test_unschedulable_runs_fail_with_the_reason_then_train_next_time(ray_2cpu, 
         ray.cancel(blocker, force=True)
     assert [o["status"] for o in result.outcomes] == ["failed", "failed"]
     for outcome in result.outcomes:
-        assert "unschedulable" in outcome["error"]
+        assert outcome["action"] == "not started" and "unschedulable" in outcome["error"]
         assert "each run asks for 1 CPU, 0 GPU" in outcome["error"]
         assert "2 CPU, 0 GPU in all and 0 CPU, 0 GPU free" in outcome["error"]
     summary = json.loads((out / SUMMARY_FILE).read_text())

@@ -73,16 +73,17 @@ def parallel_runs(total: dict[str, float], num_cpus: float, num_gpus: float) -> 
 
 def check_one_run_fits(total: dict[str, float], num_cpus: float, num_gpus: float,
                        where: str) -> None:
-    """Raise ConfigError (one line) when a single run needs more than the whole cluster."""
+    """Raise ConfigError (one line) when a single run needs more than the whole cluster;
+    ``where`` is `` at ADDRESS`` or empty."""
     have = describe_resources(total)
     if num_gpus > 0 and total.get("GPU", 0.0) < num_gpus:
         raise ConfigError(
             f"each run asks for {num_gpus:g} GPU (--device cuda / --gpus-per-run) but the Ray "
-            f"cluster at {where} has {total.get('GPU', 0.0):g} GPU ({have}): add GPU nodes, or "
+            f"cluster{where} has {total.get('GPU', 0.0):g} GPU ({have}): add GPU nodes, or "
             "run with --device cpu (or --gpus-per-run 0)")
     if total.get("CPU", 0.0) < num_cpus:
         raise ConfigError(
-            f"each run asks for {num_cpus:g} CPU (--threads-per-worker) but the Ray cluster at "
+            f"each run asks for {num_cpus:g} CPU (--threads-per-worker) but the Ray cluster"
             f"{where} has {total.get('CPU', 0.0):g} CPU ({have}): lower --threads-per-worker "
             "or add nodes")
 
@@ -118,12 +119,14 @@ class RayExecutor:
         self.num_cpus, self.num_gpus = num_cpus_per_run, num_gpus_per_run
         self.unschedulable_after, self.poll_seconds = unschedulable_after, poll_seconds
         self.slots = 1  # until connect() has read the cluster
+        self.running: int | None = None  # runs a Ray worker has started (while mapping)
         self.cluster: dict[str, float] | None = None
         self._started_ray = False
 
     @property
     def where(self) -> str:
-        return self.address or "this process's Ray"
+        """`` at ADDRESS`` for messages ("the Ray cluster at auto"), empty without one."""
+        return f" at {self.address}" if self.address else ""
 
     @property
     def demand(self) -> str:
@@ -185,6 +188,7 @@ class RayExecutor:
                             num_returns="streaming")(_run_streaming)
         waiting = {remote.remote(fn, task): task for task in tasks}  # no worker has it yet
         running: dict[Any, dict[str, Any]] = {}
+        self.running = 0
         stalled_since: float | None = None
         warned = False
         try:
@@ -196,7 +200,8 @@ class RayExecutor:
                     item = self._next_item(generator, task)
                     if item == STARTED:
                         running[generator] = task
-                    else:
+                    self.running = len(running)
+                    if item != STARTED:
                         yield item
                 if running or not waiting:
                     stalled_since, warned = None, False
@@ -204,7 +209,7 @@ class RayExecutor:
                 now = time.monotonic()
                 stalled_since = now if stalled_since is None else stalled_since
                 stalled = now - stalled_since
-                if not warned and stalled >= min(WARN_AFTER, self.unschedulable_after):
+                if not warned and WARN_AFTER <= stalled < self.unschedulable_after:
                     warned = True
                     log.warning("no run of this sweep has started on Ray for %.0f s: %s; "
                                 "waiting runs fail after %.0f s (--unschedulable-after)",
@@ -217,13 +222,15 @@ class RayExecutor:
                     for generator, task in waiting.items():
                         with contextlib.suppress(Exception):
                             ray.cancel(generator)
-                        yield failed_outcome(task, reason)
+                        yield failed_outcome(task, reason, action="not started")
                     waiting.clear()
         except BaseException:
             for generator in [*waiting, *running]:
                 with contextlib.suppress(Exception):
                     ray.cancel(generator)
             raise
+        finally:
+            self.running = None
 
     def _next_item(self, generator: Any, task: dict[str, Any]) -> Any:
         """The next item a task yielded: the start marker or its outcome (a failed outcome

@@ -435,11 +435,19 @@ def test_cli_sweep_writes_table_and_summary(tmp_path, capsys):
     """)
     out = tmp_path / "elsewhere"
     assert main(["sweep", str(path), "--workers", "0", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "(inline executor, 1 parallel run × 1 thread)" in text.splitlines()[0]
     assert "name=bp" in text and "name=dfa" in text and "completed" in text
+    lines = err.splitlines()
+    assert all(line.startswith("sweep: ") for line in lines)  # plain lines off a terminal
+    assert sum("completed (trained" in line for line in lines) == 2  # one per run's end
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert [run["grid"]["method.name"] for run in summary["runs"]] == ["bp", "dfa"]
     assert not (tmp_path / "ignored").exists()
+    # -q: the same sweep (both runs done now) prints no progress line, still the table.
+    assert main(["sweep", str(path), "--workers", "0", "--out", str(out), "-q"]) == 0
+    text, err = capsys.readouterr()
+    assert "sweep: " not in err and "name=dfa" in text
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

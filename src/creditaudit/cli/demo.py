@@ -9,6 +9,7 @@ from pathlib import Path
 
 from creditaudit.cli.common import add_device_options
 from creditaudit.config import RunConfig, device_overrides
+from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
 DEMO_METHODS = ("bp", "fa", "dfa", "frozen")
@@ -38,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most 4)")
     add_device_options(parser)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines; only the final table")
     parser.set_defaults(handler=run)
 
 
@@ -52,20 +55,24 @@ def run(args: argparse.Namespace) -> int:
                            precision=args.precision) for method in DEMO_METHODS]
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     workers = args.workers or min(len(configs), os.cpu_count() or 1)
-    print(f"training {', '.join(DEMO_METHODS)} ({args.epochs} epochs each, {workers} "
-          f"parallel runs) on the synthetic teacher–student task …", flush=True)
+    if not args.quiet:
+        print(f"training {', '.join(DEMO_METHODS)} ({args.epochs} epochs each, {workers} "
+              f"parallel runs) on the synthetic teacher–student task …", flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
-            print(f"  {outcome['run_id']}: {outcome['status']}", flush=True)
+            print(f"  {outcome['run_id']}: {outcome['status']} ({state.ended}/{state.total}"
+                  f", {duration(time.perf_counter() - started)} elapsed)", flush=True)
 
-    result = run_sweep(configs, LocalExecutor(workers=workers), on_progress=progress)
+    result = run_sweep(configs, LocalExecutor(workers=workers),
+                       on_progress=None if args.quiet else progress)
     records = []
     for config in configs:
         path = Path(args.out) / run_id(config)
         if (path / RECORD_FILE).exists():
             records.append(load_record(path))
-    print()
+    if not args.quiet:
+        print()
     print(format_run_summary(records))
     failed = [o for o in result.outcomes if o["status"] not in ("completed", "diverged")]
     for outcome in failed:

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from creditaudit.cli.common import add_device_options, finite_float
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.formatting import duration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,15 +65,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # --- progress ------------------------------------------------------------------------------
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
 class SweepProgress:
     """One status line: a tqdm line on a terminal, plain lines otherwise, nothing when
     ``quiet``."""
@@ -93,7 +85,7 @@ class SweepProgress:
         return (f"done {state.done}, running {state.running}, failed {state.failed}, "
                 + (f"interrupted {state.interrupted}, " if state.interrupted else "")
                 + f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
-                + f", ETA {_duration(state.eta_seconds)}")
+                + f", ETA {duration(state.eta_seconds)}")
 
     def __call__(self, state: Any, outcome: dict[str, Any] | None) -> None:
         if self.quiet:
@@ -292,6 +284,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(skipped_failed)} run(s) failed before and were skipped: run the same "
               "command with --retry-failed to train them again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
-    print(f"\n{len(configs)} runs ({counts}) in {_duration(time.perf_counter() - started)}; "
+    print(f"\n{len(configs)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
           f"summary: {result.summary_path}")
     return 1 if problems else 0

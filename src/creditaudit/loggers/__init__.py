@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from creditaudit.config import RunConfig
 from creditaudit.loggers.base import LoggerGroup, RunLogger, RunStart
-from creditaudit.loggers.console import ConsoleLogger, duration
+from creditaudit.loggers.console import ConsoleLogger
 from creditaudit.loggers.scalars import end_of_run_scalars, epoch_scalars
 
 
@@ -43,4 +43,4 @@ def build_loggers(config: RunConfig, run_id: str) -> LoggerGroup:
 
 
 __all__ = ["RunLogger", "RunStart", "LoggerGroup", "ConsoleLogger", "build_loggers",
-           "epoch_scalars", "end_of_run_scalars", "duration"]
+           "epoch_scalars", "end_of_run_scalars"]

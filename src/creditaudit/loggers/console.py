@@ -17,20 +17,10 @@ import sys
 import time
 from typing import Any, TextIO
 
-from creditaudit.formatting import fmt
+from creditaudit.formatting import duration, fmt
 from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import verdict_text
 from creditaudit.records import EpochEntry, RunRecord
-
-
-def duration(seconds: float | None) -> str:
-    """``83.2`` → ``1m23s``, ``7325`` → ``2h02m``; None → ``?``."""
-    if seconds is None:
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 class ConsoleLogger(RunLogger):

@@ -78,6 +78,9 @@ def test_piped_train_prints_one_line_per_epoch(tmp_path, capsys, restore_sigterm
     assert "no walk-back in (a)(b); (c)(d) not evaluated" in lines[-1]
     assert lines[-1].endswith("ETA 0m00s")
     assert f"run {record.record.run_id}: completed after" in out
+    stages = [line for line in out.splitlines() if line.startswith("dfa end of run: ")]
+    assert [line.split(": ")[1].split(" (")[0].split(":")[0] for line in stages] == \
+        ["ρ", "nudging", "fresh-feedback null"]
 
 
 def test_quiet_train_prints_no_progress(tmp_path, capsys, restore_sigterm):

@@ -407,7 +407,7 @@ class Trainer:
                                   rho_samples=settings.rho_samples,
                                   rho_directions=settings.rho_directions,
                                   null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                                  seed=self.config.run.seed)
+                                  seed=self.config.run.seed, progress=self.loggers.log_stage)
         except NonFiniteModelError as err:
             return {"credit_quality_error": str(err)}
 

@@ -39,6 +39,8 @@ class RunLogger:
     - ``log_epoch(entry)`` for every evaluated epoch (epoch 0 — the untrained network — of
       a fresh run included), after the epoch's diagnostics and protocol are in ``entry``;
     - ``log_step(loss)`` after every optimiser step (training cross-entropy, nats);
+    - ``log_stage(text)`` as each end-of-run stage starts (ρ, nudging, the null: minutes on
+      a large run);
     - ``finish(record)`` once the record is final (completed, diverged, failed or
       interrupted), with the end-of-run metrics of completed and diverged runs;
     - ``close()`` always, last.
@@ -56,6 +58,9 @@ class RunLogger:
 
     def log_epoch(self, entry: EpochEntry) -> None:
         """One evaluated epoch."""
+
+    def log_stage(self, text: str) -> None:
+        """An end-of-run stage starts (one line saying what it computes)."""
 
     def finish(self, record: RunRecord) -> None:
         """The run ended; ``record`` is final."""
@@ -86,6 +91,10 @@ class LoggerGroup(RunLogger):
     def log_epoch(self, entry: EpochEntry) -> None:
         for logger in self.loggers:
             logger.log_epoch(entry)
+
+    def log_stage(self, text: str) -> None:
+        for logger in self.loggers:
+            logger.log_stage(text)
 
     def finish(self, record: RunRecord) -> None:
         self._each("finish", record)

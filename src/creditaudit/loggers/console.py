@@ -91,6 +91,15 @@ class ConsoleLogger(RunLogger):
                   f"{duration(now - self.started)} elapsed, ETA {duration(eta)}"]
         return " | ".join(parts)
 
+    def log_stage(self, text: str) -> None:
+        if self.run is None:
+            return
+        line = f"{self.run.config.method.name} end of run: {text}"
+        if self.bar is not None:
+            self.bar.set_postfix_str(line, refresh=True)
+        else:
+            self._print(line)
+
     def finish(self, record: RunRecord) -> None:
         self._close_bar()
         if self.run is not None and not self.terminal:

@@ -181,8 +181,8 @@ def test_train_returns_the_model_and_rule_and_reloads_them_when_finished(tmp_pat
         "method.name": "dfa", "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8,
         "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
         "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
-        "run.progress": False, "run.out_dir": str(tmp_path)})
-    result = creditaudit.train(config)
+        "run.progress": False, "run.out_dir": str(tmp_path), "run.device": "cpu"})
+    result = creditaudit.train(config)  # (the GPU case: tests/test_cuda.py)
     assert result.status == "completed" and result.model is result.rule.model
     saved = load_checkpoint(result.run_dir / CHECKPOINT_FILE)
     for key, value in result.model.state_dict().items():

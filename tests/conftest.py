@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,11 @@ def kill_run_at(monkeypatch):
             monkeypatch.setattr(Trainer, "train_epoch", original)
 
     return kill
+
+
+@pytest.fixture
+def restore_sigterm():
+    """The CLI installs a SIGTERM handler: put the previous one back after the test."""
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)

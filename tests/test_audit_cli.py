@@ -63,7 +63,16 @@ def test_audit_json_has_the_four_diagnostics(runs, capsys):
     report = json.loads(captured.out)
     assert report["diagnostics"]["d"]["status"] == "not evaluated"
     assert report["verdict"] in ("incomplete", "needs walk-back")
-    assert "audit: diagnostics" in captured.err  # the stages, on stderr
+    assert captured.err.startswith("audit: diagnostics (a)–(d)")  # the one stage, on stderr
+    assert captured.err.count("\n") == 1
+
+
+def test_audit_reports_each_metric_stage(runs, capsys):
+    assert main(["audit", str(runs["dfa"].run_dir), "--format", "json"]) == 0
+    stages = [line.split(":")[1].strip() for line in capsys.readouterr().err.splitlines()]
+    assert stages == ["diagnostics (a)–(d) and per-layer cosines on 1024 evaluation samples "
+                      "(epoch 1)", "ρ (perturbation correlation)", "nudging",
+                      "fresh-feedback null"]
 
 
 def test_audit_frozen_as_fraction_or_run(runs, capsys):

@@ -30,7 +30,7 @@ TINY = {
 
 
 def test_bf16_keeps_the_tiny_gradients_that_fp16_flushes() -> None:
-    """Why bf16 and never fp16: diagnostic (b) must see ‖g_L‖ ~ 1e-9 (SPEC §6)."""
+    """Why bf16 and never fp16: diagnostic (b) must see ‖g_L‖ ~ 1e-9."""
     tiny = torch.tensor([1e-9, 1e-12, 3e-19])
     assert torch.all(tiny.to(torch.float16) == 0)
     assert torch.all(tiny.to(torch.bfloat16) != 0)
@@ -77,16 +77,16 @@ def test_bf16_trains_under_autocast_and_credits_stay_fp32(method: str) -> None:
 @needs_cuda
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))
 def test_cuda_run_records_and_audits_on_both_devices(tmp_path: Path, precision: str) -> None:
-    from creditaudit.cli.audit import audit_run
+    from creditaudit.audit import audit_run
 
     config = RunConfig().replace(**{**TINY, "method.name": "dfa", "run.out_dir": str(tmp_path),
                                     "run.device": "cuda", "run.precision": precision})
     result = Trainer(config).run()
     assert result.status == "completed"
     record = load_record(result.run_dir)
-    assert record["environment"]["cuda_device"]
-    last = record["log"][-1]
-    assert last["epoch"] == 2 and all(v > 0 for v in last["bp_grad_norms_per_sample_med"])
+    assert record.environment["cuda_device"]
+    last = record.log[-1]
+    assert last.epoch == 2 and all(v > 0 for v in last.bp_grad_norms_per_sample_med)
     on_cpu = audit_run(str(result.run_dir), device="cpu", metrics=False)
     on_gpu = audit_run(str(result.run_dir), device="cuda", metrics=False)
     assert on_cpu.verdict_text == on_gpu.verdict_text
@@ -103,4 +103,62 @@ def test_a_cuda_run_killed_mid_way_resumes_on_the_cpu(tmp_path: Path, kill_run_a
     assert run_id(on_cpu) == run_id(config)
     result = Trainer(on_cpu).run(resume=True)
     assert result.status == "completed"
-    assert [e["epoch"] for e in result.record["log"]] == [0, 1, 2, 3]
+    assert [e.epoch for e in result.record.log] == [0, 1, 2, 3]
+
+
+@needs_cuda
+def test_cuda_run_returns_its_gpu_model_and_reloads_it_on_the_cpu(tmp_path: Path) -> None:
+    from creditaudit import train
+
+    config = RunConfig().replace(**{**TINY, "method.name": "dfa", "run.out_dir": str(tmp_path),
+                                    "run.device": "cuda", "run.tensorboard": str(tmp_path / "tb")})
+    result = train(config)
+    assert result.model.embed.weight.device.type == "cuda"
+    again = train(config)  # finished: rebuilt from the checkpoint, on the CPU
+    assert again.model.embed.weight.device.type == "cpu"
+    for key, value in again.model.state_dict().items():
+        assert torch.equal(value, result.model.state_dict()[key].cpu()), key
+
+
+class _Wrapped(torch.nn.Module):
+    """A user's module (no ResidualNet) around a ResidualMLP."""
+
+    def __init__(self, inner: ResidualMLP) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def states(self, x: torch.Tensor):
+        return self.inner.forward_states(x)
+
+    def run_from(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        return self.inner.forward_from(layer, h)
+
+
+@needs_cuda
+def test_own_module_metrics_on_cuda_match_cpu() -> None:
+    from creditaudit import diagnose
+
+    torch.manual_seed(0)
+    inner = ResidualMLP(12, 32, 10, 3, out_ln=True)
+    rule = build_rule(inner, MethodConfig(name="dfa"), n_classes=10, seed=0)
+    net = _Wrapped(inner)
+    x, y = torch.randn(256, 12), torch.randint(0, 10, (256,))
+    options = {"rho_samples": 64, "rho_directions": 8}
+
+    def report(device: str):
+        net.to(device)
+        rule.to(torch.device(device))
+        return diagnose(net, x.to(device), y.to(device), states_fn=net.states,
+                        forward_from=net.run_from, credit=lambda a, b: rule.credits(a, b),
+                        metrics=True, metric_options=options)
+
+    on_cpu = report("cpu")
+    torch.cuda.manual_seed(7)
+    cuda_rng = torch.cuda.get_rng_state()
+    on_gpu = report("cuda")
+    assert torch.equal(torch.cuda.get_rng_state(), cuda_rng)  # forked, not advanced
+    assert on_gpu.metadata["metrics_precision"] == "float64"
+    for key in ("perturbation_rho", "bp_cosine"):
+        assert on_gpu.metrics[key] == pytest.approx(on_cpu.metrics[key], rel=1e-4, abs=1e-6), key
+    for eta, deltas in on_cpu.metrics["nudging"].items():
+        assert on_gpu.metrics["nudging"][eta] == pytest.approx(deltas, rel=1e-3, abs=1e-9)

@@ -188,7 +188,7 @@ def test_options_that_change_no_weight_keep_the_run_id(finished, tmp_path):
     base = run_id(finished.config)
     same = [{"diagnostics.frozen_acc": 0.3}, {"run.progress": True}, {"run.threads": 1},
             {"run.device": "cpu"}, {"run.out_dir": str(tmp_path)},
-            {"run.tensorboard": str(tmp_path)}]
+            {"run.tensorboard": str(tmp_path)}, {"run.wandb_project": "p"}]
     for overrides in same:
         assert run_id(finished.config.replace(**overrides)) == base, overrides
     for overrides in ({"optim.lr": 2e-3}, {"run.seed": 7}, {"diagnostics.eval_samples": 16}):

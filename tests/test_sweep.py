@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -38,7 +37,6 @@ from creditaudit.sweep import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_RAY = importlib.util.find_spec("ray") is not None
 
 TINY = {
     "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "model.d": 16,
@@ -259,24 +257,6 @@ def test_local_executor_two_workers(tmp_path):
     assert not list(out.rglob(CLAIM_FILE))
 
 
-@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'creditaudit[ray]')")
-def test_ray_executor_on_a_local_instance(tmp_path):
-    import ray
-
-    from creditaudit.sweep import RayExecutor
-
-    out = tmp_path / "out"
-    configs = [tiny(out, **{"method.name": m}) for m in ("bp", "fa")]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        result = run_sweep(prepare_configs(configs, threads=1), RayExecutor(num_cpus_per_run=1))
-    finally:
-        ray.shutdown()
-    assert [o["status"] for o in result.outcomes] == ["completed"] * 2
-    assert os.getpid() not in {e["pid"] for e in events(out, "start")}
-    assert all(load_record(out / run_id(c)).status == "completed" for c in configs)
-
-
 def test_ray_executor_without_ray_says_how_to_install(monkeypatch):
     from creditaudit.sweep import RayExecutor
 
@@ -455,11 +435,19 @@ def test_cli_sweep_writes_table_and_summary(tmp_path, capsys):
     """)
     out = tmp_path / "elsewhere"
     assert main(["sweep", str(path), "--workers", "0", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "(inline executor, 1 parallel run × 1 thread)" in text.splitlines()[0]
     assert "name=bp" in text and "name=dfa" in text and "completed" in text
+    lines = err.splitlines()
+    assert all(line.startswith("sweep: ") for line in lines)  # plain lines off a terminal
+    assert sum("completed (trained" in line for line in lines) == 2  # one per run's end
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert [run["grid"]["method.name"] for run in summary["runs"]] == ["bp", "dfa"]
     assert not (tmp_path / "ignored").exists()
+    # -q: the same sweep (both runs done now) prints no progress line, still the table.
+    assert main(["sweep", str(path), "--workers", "0", "--out", str(out), "-q"]) == 0
+    text, err = capsys.readouterr()
+    assert "sweep: " not in err and "name=dfa" in text
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -6,7 +6,6 @@ import copy
 import json
 import math
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -405,13 +404,6 @@ def test_run_id_stable_and_comparable():
 
 
 # --- CLI ----------------------------------------------------------------------------------------
-@pytest.fixture
-def restore_sigterm():
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-
-
 def test_cli_bad_key_is_one_line_exit_2(capsys, restore_sigterm):
     from creditaudit.cli import main
 

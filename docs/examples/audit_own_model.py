@@ -1,8 +1,11 @@
-"""Audit your own architecture with the four-diagnostic protocol.
+"""Audit your own architecture with the four-diagnostic protocol, and measure a credit.
 
 The model below is a plain ``nn.Module`` — it does not subclass creditaudit's ResidualNet.
-All the protocol needs is a *states function*: ``states_fn(x) -> ([h_0, …, h_L], logits)``
-returning the hidden states you want audited, still in the autograd graph.
+The protocol needs a *states function*: ``states_fn(x) -> ([h_0, …, h_L], logits)``
+returning the hidden states you want audited, still in the autograd graph. The
+credit-quality metrics (ρ, nudging) also need ``forward_from(layer, h) -> logits``, the
+network run on from a state, and a credit to measure: here Direct Feedback Alignment's,
+a_l = B_l e with fixed random B_l and the output error e.
 
 Run: python docs/examples/audit_own_model.py   (under a minute on two CPU cores)
 """
@@ -39,8 +42,30 @@ class MyResNet(nn.Module):
             states.append(h)
         return states, self.head(self.norm(h))
 
+    def run_from(self, layer: int, h: Tensor) -> Tensor:
+        """Logits from state h_layer: the remaining blocks, then the head."""
+        for branch in self.branches[layer:]:
+            h = h + branch(h)
+        return self.head(self.norm(h))
+
     def forward(self, x: Tensor) -> Tensor:
         return self.states(x)[1]
+
+
+def dfa_credit(model: MyResNet, n_classes: int, seed: int = 0):
+    """A credit function (x, y) -> [a_0, …, a_L]: DFA's a_l = B_l^T e, with e = softmax −
+    one-hot and a fixed random B_l (C × d) per state."""
+    generator = torch.Generator().manual_seed(seed)
+    d = model.head.in_features
+    feedback = [torch.randn(n_classes, d, generator=generator) / n_classes ** 0.5
+                for _ in range(len(model.branches) + 1)]
+
+    def credit(x: Tensor, y: Tensor) -> list[Tensor]:
+        with torch.no_grad():
+            error = F.softmax(model(x), dim=1) - F.one_hot(y, n_classes).float()
+        return [error @ b for b in feedback]
+
+    return credit
 
 
 def main() -> None:
@@ -67,6 +92,15 @@ def main() -> None:
     print()
     print(render(report, "md"))
     assert report.verdict in ("trustworthy", "incomplete", "needs walk-back")
+
+    # The credit-quality metrics of a DFA credit on this network: bound methods of the
+    # model let them run on a float64 copy of it.
+    report = diagnose(model, eval_x, eval_y, states_fn=model.states,
+                      forward_from=model.run_from, credit=dfa_credit(model, 10),
+                      headline_acc=accuracy, metrics=True,
+                      metadata={"method": "dfa (random B)"})
+    print()
+    print(render(report, "text"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@
 Public API::
 
     from creditaudit import RunConfig, train, diagnose, Thresholds, load_record
+
+    result = train(RunConfig().replace(**{"method.name": "dfa"}))  # RunResult
+    result.record, result.model, result.rule                          # the run
+    report = diagnose(model, x, y, states_fn=..., forward_from=..., credit=..., metrics=True)
+
+The package is typed (``py.typed``).
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ from creditaudit.config import RunConfig, load_config  # noqa: E402
 from creditaudit.errors import CreditAuditError  # noqa: E402
 from creditaudit.protocol import DiagnosticReport, Thresholds, diagnose  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
-from creditaudit.training import train  # noqa: E402
+from creditaudit.training import RunResult, train  # noqa: E402
 from creditaudit.version import __version__  # noqa: E402
 
 __all__ = [
-    "__version__", "RunConfig", "load_config", "train", "diagnose", "Thresholds",
+    "__version__", "RunConfig", "load_config", "train", "RunResult", "diagnose", "Thresholds",
     "DiagnosticReport", "load_record", "RunRecord", "CreditAuditError",
 ]

@@ -24,24 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from creditaudit.data import Dataset, load_dataset
+from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.methods import CreditRule, build_rule
-from creditaudit.models import build_model
+from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, config_metadata, diagnose
 from creditaudit.records import (
-    CHECKPOINT_FILE,
     RunRecord,
-    load_checkpoint,
     load_record,
     load_records,
     record_path,
 )
 from creditaudit.records.schema import recipe_difference
-from creditaudit.resume import check_same_data, load_into
-from creditaudit.training import flatten_inputs, identity_of, resolve_device
+from creditaudit.training import flatten_inputs, rebuild_run, resolve_device
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -66,23 +60,8 @@ def load_run(path: str | Path) -> LoadedRun:
     """Rebuild the run in folder ``path`` (or its record.json) on the CPU."""
     record_file = record_path(path)
     record = load_record(record_file)
-    run_dir = record_file.parent
-    config = record.config
-    checkpoint = run_dir / CHECKPOINT_FILE
-    if not checkpoint.exists():
-        raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
-                             "train it (creditaudit train … --resume) before auditing")
-    state = load_checkpoint(checkpoint)
-    dataset = load_dataset(config.data, seed=config.run.seed)
-    check_same_data(record, identity_of(config, dataset), record_file)
-    # The random init is overwritten by the checkpoint; fork so the caller's RNG is untouched.
-    with torch.random.fork_rng(devices=[]):
-        model = build_model(config.model, input_shape=dataset.input_shape,
-                            n_classes=dataset.n_classes)
-        rule = build_rule(model, config.method, n_classes=dataset.n_classes,
-                          seed=config.run.seed)
-    load_into(state, checkpoint, config, model=model, rule=rule)
-    return LoadedRun(record, rule, dataset, int(state["epoch"]))
+    rule, dataset, epoch = rebuild_run(record, record_file.parent)
+    return LoadedRun(record, rule, dataset, epoch)
 
 
 def frozen_accuracy(text: str, record: RunRecord) -> float:
@@ -127,7 +106,8 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
               ) -> DiagnosticReport:
     """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
 
-    ``progress`` (e.g. ``print``) receives one line per stage.
+    ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
+    ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
     """
     say = progress or (lambda text: None)
     target = resolve_device(device)
@@ -154,8 +134,8 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
                "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
-    say("diagnostics (a)–(d)" + (", then ρ, nudging and the fresh-feedback null"
-                                 if metrics else ""))
+    say(f"diagnostics (a)–(d) and per-layer cosines on {eval_x.shape[0]} evaluation samples"
+        f" (epoch {run.epoch})")
     return diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
                     frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
-                    metadata=metadata)
+                    metadata=metadata, progress=say)

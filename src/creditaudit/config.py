@@ -154,8 +154,12 @@ class RunSettings:
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
                          choices=PRECISIONS)
     threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1)
-    tensorboard: str | None = opt(None, "write per-epoch scalars to this TensorBoard folder")
-    progress: bool = opt(True, "show progress bars")
+    tensorboard: str | None = opt(None, "log every epoch, the protocol, the end-of-run metrics "
+                                  "and the config to this TensorBoard folder (DIR/RUN_ID/)")
+    wandb_project: str | None = opt(None, "log the same to this Weights & Biases project "
+                                    "(WANDB_MODE=offline writes it to disk)")
+    progress: bool = opt(True, "console progress: a run-level bar in a terminal, one line "
+                         "per epoch when stdout is not a terminal")
 
 
 @dataclass
@@ -180,12 +184,11 @@ SECTION_TYPES = {
     "data": DataConfig, "model": ModelConfig, "method": MethodConfig, "optim": OptimConfig,
     "diagnostics": DiagnosticsConfig, "run": RunSettings,
 }
-# Fields that change where or how visibly a run is written, never what it computes.
 # Fields that change where or how visibly a run is written, never what it computes, plus
 # ``diagnostics.frozen_acc``: a baseline accuracy only enters the verdict of (d), which readers
 # re-evaluate against the frozen runs they have.
 NON_SEMANTIC = {("data", "data_dir"), ("data", "download"), ("run", "out_dir"),
-                ("run", "tensorboard"), ("run", "progress"),
+                ("run", "tensorboard"), ("run", "wandb_project"), ("run", "progress"),
                 ("run", "threads"), ("run", "device"), ("diagnostics", "frozen_acc")}
 
 

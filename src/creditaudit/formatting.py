@@ -15,6 +15,16 @@ def fmt(value: Any, spec: str = ".3g") -> str:
     return format(value, spec)
 
 
+def duration(seconds: float | None) -> str:
+    """``83.2`` → ``1m23s``, ``7325`` → ``2h02m``; None → ``?`` (e.g. no ETA yet)."""
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
 def format_lambda(value: float) -> str:
     """``1e-2`` style for penalties (``0`` for none, ``2.5e-3`` keeps its mantissa)."""
     if value == 0:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
 from creditaudit.models.contract import parameter_snapshot
@@ -64,14 +66,32 @@ NUDGING_ETAS = (0.01, 0.1)
 
 @dataclass
 class RunResult:
-    """Where a run lives and its final record."""
+    """A run: its folder, its final record, and its trained rule and model.
+
+    ``rule`` (the credit rule, feedback matrices and auxiliary nets included) and ``model``
+    (``rule.model``) are the live objects when the run trained in this call, on its training
+    device, with the weights of its last epoch. For a run that had already finished they
+    are rebuilt on first use, on the CPU, from ``checkpoint.pt`` — the last epoch whose
+    weights were finite (a diverged run's epoch that overflowed is logged, never saved).
+    """
 
     run_dir: Path
     record: RunRecord
+    _rule: CreditRule | None = field(default=None, repr=False, compare=False)
 
     @property
     def status(self) -> str:
         return self.record.status
+
+    @property
+    def rule(self) -> CreditRule:
+        if self._rule is None:
+            self._rule = rebuild_run(self.record, self.run_dir)[0]
+        return self._rule
+
+    @property
+    def model(self) -> ResidualNet:
+        return self.rule.model  # type: ignore[return-value]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -124,6 +144,34 @@ def evaluate(model: ResidualNet, dataset: Dataset, device: torch.device, *, flat
     return loss_sum / n, correct / n
 
 
+def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
+                ) -> tuple[CreditRule, Dataset, int]:
+    """(rule with its model, data, epoch) of the run in ``run_dir`` at its checkpointed
+    epoch, on the CPU.
+
+    Checks that the data on disk is the data the run trained on (its fingerprint) and loads
+    ``checkpoint.pt`` without unpickling anything but tensors and plain containers. The
+    caller's RNG is untouched (the random init that the checkpoint overwrites is forked).
+    Raises RunRecordError for a run without a checkpoint or one that does not fit.
+    """
+    config = record.config
+    checkpoint = run_dir / CHECKPOINT_FILE
+    if not checkpoint.exists():
+        raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
+                             "train it (creditaudit train … --resume) first")
+    state = load_checkpoint(checkpoint)
+    if dataset is None:
+        dataset = load_dataset(config.data, seed=config.run.seed)
+    check_same_data(record, identity_of(config, dataset), run_dir / RECORD_FILE)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config.model, input_shape=dataset.input_shape,
+                            n_classes=dataset.n_classes)
+        rule = build_rule(model, config.method, n_classes=dataset.n_classes,
+                          seed=config.run.seed)
+    load_into(state, checkpoint, config, model=model, rule=rule)
+    return rule, dataset, int(state["epoch"])
+
+
 def identity_of(config: RunConfig, dataset: Dataset) -> DataIdentity:
     """The data identity of ``config`` with the sizes of the loaded ``dataset``."""
     return replace(run_data_identity(config), n_train=int(dataset.train_x.shape[0]),
@@ -165,7 +213,7 @@ class Trainer:
         self.record = new_record(config, device=str(self.device), data=self.data_identity)
         self.record.run_id = self.run_id
         self.start_epoch = 1
-        self.tensorboard = None
+        self.loggers = LoggerGroup([])
 
     # --- persistence --------------------------------------------------------------------
     def checkpoint(self, epoch: int) -> None:
@@ -249,14 +297,10 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict[str, Any] | None:
         """Train one epoch; returns the epoch's training stats, or None on divergence."""
-        from tqdm.auto import tqdm
-
         self.model.train()
         loss_sum, correct, n = 0.0, 0, 0
         random_targets = self.config.data.random_targets
-        bar = tqdm(self.train_loader, desc=f"{self.config.method.name} epoch {epoch}",
-                   leave=False, disable=None if self.config.run.progress else True)
-        for step, (x, y) in enumerate(bar):
+        for step, (x, y) in enumerate(self.train_loader):
             if random_targets:
                 y = torch.randint(0, self.dataset.n_classes, y.shape, generator=self.data_generator)
             x, y = x.to(self.device), y.to(self.device)
@@ -269,34 +313,39 @@ class Trainer:
             loss_sum += result.loss * result.n
             correct += result.correct
             n += result.n
-            if step % 20 == 0:
-                bar.set_postfix(loss=f"{result.loss:.3f}")
+            self.loggers.log_step(result.loss)
         extra = self.rule.end_epoch(epoch, self.config.optim.epochs)
         return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1),
                 "extras": extra}
 
     # --- the run ------------------------------------------------------------------------
-    def run(self, *, resume: bool = False) -> RunResult:
-        # TensorBoard first: a missing package or an unusable folder must stop the run
-        # before its folder holds a record that says 'running'.
-        self._open_tensorboard()
+    def run(self, *, resume: bool = False, loggers: Sequence[RunLogger] = ()) -> RunResult:
+        """Train (or resume) the run; ``loggers`` are added to those the config asks for."""
+        # Loggers first: a missing package or an unusable folder must stop the run before
+        # its folder holds a record that says 'running'.
+        self.loggers = build_loggers(self.config, self.run_id)
+        self.loggers.loggers.extend(loggers)
         try:
             return self._run(resume)
         finally:
-            if self.tensorboard is not None:
-                self.tensorboard.close()
+            self.loggers.close()
 
     def _run(self, resume: bool) -> RunResult:
-        ensure_folder(self.run_dir)
         if resume:
             self.restore()
-        else:
+        self.loggers.start(RunStart(
+            config=self.config, run_id=self.run_id, run_dir=self.run_dir,
+            first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
+            steps_per_epoch=len(self.train_loader)))
+        ensure_folder(self.run_dir)
+        if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
                                config_to_toml(self.config).encode())
             atomic_torch_save(self.run_dir / INIT_FILE, parameter_snapshot(self.model))
             self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
             self.checkpoint(0)
+            self.loggers.log_epoch(self.record.log[-1])
         try:
             for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
                 started = time.perf_counter()
@@ -306,16 +355,17 @@ class Trainer:
                     break
                 entry = replace(self.measure(epoch), **stats)
                 self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
-                self._log_tensorboard(entry)
                 if not _finite_entry(entry):
                     self.record.status = "diverged"
                     self.record.divergence = {"epoch": epoch, "reason":
                                               "non-finite evaluation loss or state norms"}
                     self._write()
+                    self.loggers.log_epoch(entry)
                     break
                 stop = self._walkback_stop(entry)
                 self.checkpoint(epoch)
                 self._write()
+                self.loggers.log_epoch(entry)
                 if stop:
                     self.record.status = "completed"
                     break
@@ -325,13 +375,16 @@ class Trainer:
         except KeyboardInterrupt:
             self.record.status = "interrupted"
             self._write()
+            self.loggers.finish_quietly(self.record)
             raise
         except Exception as err:
             self.record.status = "failed"
             self.record.error = f"{type(err).__name__}: {err}"
             self._write()
+            self.loggers.finish_quietly(self.record)
             raise
-        return RunResult(self.run_dir, self.record)
+        self.loggers.finish(self.record)
+        return RunResult(self.run_dir, self.record, self.rule)
 
     def _finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
@@ -354,7 +407,7 @@ class Trainer:
                                   rho_samples=settings.rho_samples,
                                   rho_directions=settings.rho_directions,
                                   null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                                  seed=self.config.run.seed)
+                                  seed=self.config.run.seed, progress=self.loggers.log_stage)
         except NonFiniteModelError as err:
             return {"credit_quality_error": str(err)}
 
@@ -366,29 +419,6 @@ class Trainer:
     def _write(self) -> None:
         save_record(self.run_dir, self.record)
 
-    def _open_tensorboard(self) -> None:
-        folder = self.config.run.tensorboard
-        if folder is None:
-            return
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError("--tensorboard needs the tensorboard package: pip install "
-                              "'creditaudit[tensorboard]'") from None
-        ensure_folder(Path(folder) / self.run_id)
-        self.tensorboard = SummaryWriter(str(Path(folder) / self.run_id))
-
-    def _log_tensorboard(self, entry: EpochEntry) -> None:
-        if self.tensorboard is None:
-            return
-        for key, value in entry.to_dict().items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "epoch":
-                self.tensorboard.add_scalar(key, value, entry.epoch)
-            elif isinstance(value, list):
-                for index, item in enumerate(value):
-                    self.tensorboard.add_scalar(f"{key}/{index}", float(item), entry.epoch)
-        self.tensorboard.flush()
-
 
 def _finite_entry(entry: EpochEntry) -> bool:
     """False when the evaluation loss or any state norm is NaN/Inf."""
@@ -397,7 +427,7 @@ def _finite_entry(entry: EpochEntry) -> bool:
 
 
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,
-          dataset: Dataset | None = None) -> RunResult:
+          dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()) -> RunResult:
     """Train one run and return its folder and record.
 
     A completed run with the same config and data (same run id) is not rerun: its record is
@@ -428,4 +458,4 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
         for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
             (run_dir / name).unlink(missing_ok=True)
         resume = False
-    return Trainer(config, dataset=dataset).run(resume=resume)
+    return Trainer(config, dataset=dataset).run(resume=resume, loggers=loggers)

@@ -47,8 +47,12 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--precision", "run.precision", {"choices": PRECISIONS,
                                       "help": "training precision (diagnostics stay fp32)"}),
     ("--threads", "run.threads", {"type": int, "help": "torch CPU threads"}),
-    ("--tensorboard", "run.tensorboard", {"metavar": "DIR",
-                                          "help": "write per-epoch scalars to DIR"}),
+    ("--tensorboard", "run.tensorboard", {
+        "metavar": "DIR", "help": "log every epoch, the protocol, the end-of-run metrics and "
+                                  "the config to TensorBoard in DIR/RUN_ID/"}),
+    ("--wandb", "run.wandb_project", {
+        "metavar": "PROJECT", "help": "log the same to this Weights & Biases project "
+                                      "(WANDB_MODE=offline: to disk, no account)"}),
     ("--frozen-acc", "diagnostics.frozen_acc", {
         "type": finite_float, "help": "frozen-blocks test accuracy as a fraction (e.g. 0.349) for "
                                "protocol diagnostic (d)"}),
@@ -56,7 +60,7 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
 # (flag, dotted config key, help) for on/off switches that store one value when given.
 SWITCHES: list[tuple[str, str, bool, str]] = [
     ("--no-out-ln", "model.out_ln", False, "drop the terminal LayerNorm (model.out_ln=false)"),
-    ("--no-progress", "run.progress", False, "no progress bars (run.progress=false)"),
+    ("--no-progress", "run.progress", False, "no progress output (run.progress=false)"),
     ("--stop-on-walkback", "diagnostics.stop_on_walkback", True,
      "end the run (status completed, record['stopped_early']) once the protocol verdict turns "
      "to needs walk-back (diagnostics.stop_on_walkback=true)"),
@@ -91,6 +95,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     for flag, key, value, help_text in SWITCHES:
         parser.add_argument(flag, dest=key, action="store_const", const=value, default=None,
                             help=help_text)
+    parser.add_argument("-q", "--quiet", dest="run.progress", action="store_const",
+                        const=False, help="print no progress: no bar, no epoch lines (the "
+                                          "same as --no-progress)")
     keys = ", ".join(key for key, _, _ in config_help())
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help=f"override any config field, e.g. --set method.penalty=0.01 "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from creditaudit.cli.common import add_device_options
 from creditaudit.config import RunConfig, device_overrides
+from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most 4)")
     add_device_options(parser)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines; only the final table")
     parser.set_defaults(handler=run)
 
 
@@ -114,26 +117,30 @@ def run(args: argparse.Namespace) -> int:
 
         # Generate once here (not in every worker), so the parallel runs read the cache.
         data = configs[0].data
-        if not is_cached(data, args.seed):
+        if not is_cached(data, args.seed) and not args.quiet:
             print(f"generating MNIST-1D ({data.n_train + data.n_test} samples, once: they are "
                   "cached for the next runs) …", flush=True)
         load_dataset(data, seed=args.seed)
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     workers = args.workers or min(len(configs), os.cpu_count() or 1)
-    print(f"training {', '.join(DEMO_METHODS)} ({epochs} epochs each, {workers} "
-          f"parallel runs) on {task.label} …", flush=True)
+    if not args.quiet:
+        print(f"training {', '.join(DEMO_METHODS)} ({epochs} epochs each, {workers} "
+              f"parallel runs) on {task.label} …", flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
-            print(f"  {outcome['run_id']}: {outcome['status']}", flush=True)
+            print(f"  {outcome['run_id']}: {outcome['status']} ({state.ended}/{state.total}"
+                  f", {duration(time.perf_counter() - started)} elapsed)", flush=True)
 
-    result = run_sweep(configs, LocalExecutor(workers=workers), on_progress=progress)
+    result = run_sweep(configs, LocalExecutor(workers=workers),
+                       on_progress=None if args.quiet else progress)
     records = []
     for config in configs:
         path = Path(args.out) / run_id(config)
         if (path / RECORD_FILE).exists():
             records.append(load_record(path))
-    print()
+    if not args.quiet:
+        print()
     print(format_run_summary(records))
     utility = depth_utility_lines(records)
     if utility:

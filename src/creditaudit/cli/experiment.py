@@ -10,6 +10,7 @@ from pathlib import Path
 from creditaudit.cli.common import add_device_options
 from creditaudit.config import DATASETS
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import duration
 
 SCALE_HELP = ("smoke: seconds, tiny synthetic runs (tests); cpu: sized for a 2-core machine "
               "(Fashion-MNIST, 20 epochs, 3 seeds: hours); paper: the published CIFAR-10 "
@@ -49,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: summarise the runs already finished in --out "
                              "(missing ones are listed)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines while runs train (summaries and errors are "
+                             "still printed)")
     parser.add_argument("--list", action="store_true",
                         help="list the experiments and what each answers (with --scale: how "
                              "many runs each needs and how many are finished in --out)")
@@ -74,14 +78,15 @@ def _list(args: argparse.Namespace) -> int:
 class _LazyProgress:
     """The sweep's progress line, opened once the number of runs to train is known."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         self.bar = None
+        self.quiet = quiet
 
     def __call__(self, state, outcome) -> None:  # noqa: ANN001 — SweepState, outcome dict
         from creditaudit.cli.sweep import SweepProgress
 
         if self.bar is None:
-            self.bar = SweepProgress(state.total)
+            self.bar = SweepProgress(state.total, quiet=self.quiet)
         self.bar(state, outcome)
 
     def close(self) -> None:
@@ -90,7 +95,6 @@ class _LazyProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.cli.sweep import _duration
     from creditaudit.experiments import experiment_names, get_experiment, run_experiments
 
     if args.list:
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
     names = experiment_names() if args.name == "all" else [get_experiment(args.name).name]
-    progress = _LazyProgress()
+    progress = _LazyProgress(quiet=args.quiet)
     started = time.perf_counter()
     try:
         summaries = run_experiments(names, scale=args.scale, out_dir=args.out,
@@ -128,5 +132,5 @@ def run(args: argparse.Namespace) -> int:
         for entry in meta["missing"]:
             print(f"missing: {entry['run_id']} ({entry['status']})"
                   + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
-    print(f"{len(summaries)} experiment(s) in {_duration(time.perf_counter() - started)}")
+    print(f"{len(summaries)} experiment(s) in {duration(time.perf_counter() - started)}")
     return 1 if missing else 0

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from creditaudit.cli.common import add_device_options, finite_float
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.formatting import duration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--address", default=None, metavar="ADDR",
                         help="ray executor: cluster address ('auto' = the cluster started by "
                              "`ray start --head` on this machine; default: a local Ray)")
+    parser.add_argument("--unschedulable-after", type=finite_float, default=None,
+                        metavar="SECONDS",
+                        help="ray executor: runs that no Ray worker starts for this long, "
+                             "while none of the sweep's runs is running, fail with the reason "
+                             "(default 600)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="results folder, overrides run.out_dir of the sweep file")
     add_device_options(parser)
@@ -52,26 +58,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-wait", action="store_true",
                         help="do not wait for runs another process is training; report them "
                              "as busy")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines while the sweep runs (the header, the final "
+                             "table and errors are still printed)")
     parser.set_defaults(handler=run)
 
 
 # --- progress ------------------------------------------------------------------------------
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
 class SweepProgress:
-    """One status line: a tqdm line on a terminal, plain lines otherwise."""
+    """One status line: a tqdm line on a terminal, plain lines otherwise, nothing when
+    ``quiet``."""
 
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None, *, quiet: bool = False
+                 ) -> None:
         self.stream = stream or sys.stderr
+        self.quiet = quiet
         self.bar = None
-        if self.stream.isatty():
+        if not quiet and self.stream.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, file=self.stream, desc="sweep", dynamic_ncols=True,
@@ -82,9 +85,11 @@ class SweepProgress:
         return (f"done {state.done}, running {state.running}, failed {state.failed}, "
                 + (f"interrupted {state.interrupted}, " if state.interrupted else "")
                 + f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
-                + f", ETA {_duration(state.eta_seconds)}")
+                + f", ETA {duration(state.eta_seconds)}")
 
     def __call__(self, state: Any, outcome: dict[str, Any] | None) -> None:
+        if self.quiet:
+            return
         if self.bar is not None:
             self.bar.n = state.ended
             self.bar.set_postfix_str(self.status(state), refresh=True)
@@ -200,13 +205,32 @@ def build_executor(args: argparse.Namespace) -> Any:
         gpus = args.gpus_per_run
         if gpus is None:
             gpus = 1.0 if args.device == "cuda" else 0.0
+        if args.unschedulable_after is not None:
+            extra = {"unschedulable_after": args.unschedulable_after}
+        else:
+            extra = {}
         return RayExecutor(address=args.address, num_cpus_per_run=args.threads_per_worker,
-                           num_gpus_per_run=gpus)
-    if args.address is not None or args.gpus_per_run is not None:
-        raise ConfigError("--address and --gpus-per-run are for --executor ray")
+                           num_gpus_per_run=gpus, **extra)
+    if (args.address is not None or args.gpus_per_run is not None
+            or args.unschedulable_after is not None):
+        raise ConfigError("--address, --gpus-per-run and --unschedulable-after are for "
+                          "--executor ray")
     if args.workers == 0:
         return InlineExecutor(threads=args.threads_per_worker)
     return LocalExecutor(workers=args.workers, threads_per_worker=args.threads_per_worker)
+
+
+def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
+    """``local executor, 2 parallel runs × 1 thread`` (Ray: with the cluster's resources),
+    after ``executor.connect()``: runs at once = the executor's slots, at most ``n_runs``."""
+    parallel = min(executor.slots, n_runs)
+    text = f"{executor.name} executor"
+    if getattr(executor, "cluster", None) is not None:
+        from creditaudit.sweep.ray_cluster import describe_resources
+
+        text += f" on {describe_resources(executor.cluster)}"
+    return (f"{text}, {parallel} parallel run{'s' if parallel != 1 else ''} × {threads} "
+            f"thread{'s' if threads != 1 else ''}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,25 +248,29 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(configs, grid_keys, args, stale_after)
     executor = build_executor(args)
-    print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
-          f"({executor.name} executor, {getattr(executor, 'workers', executor.slots)} "
-          f"worker(s) × {args.threads_per_worker} thread(s))", flush=True)
-    progress = SweepProgress(len(configs))
+    progress: SweepProgress | None = None
     started = time.perf_counter()
     try:
-        result = run_sweep(configs, executor, retry_failed=args.retry_failed,
-                           stale_after=stale_after, wait_for_others=not args.no_wait,
-                           grid_keys=grid_keys, on_progress=progress,
-                           summary_extra={"sweep_file": str(args.sweep_file),
-                                          "executor": executor.name,
-                                          "grid_keys": grid_keys})
+        with executor:  # joins Ray and checks its resources before any run is submitted
+            print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
+                  f"({describe_executor(executor, len(configs), args.threads_per_worker)})",
+                  flush=True)
+            progress = SweepProgress(len(configs), quiet=args.quiet)
+            result = run_sweep(configs, executor, retry_failed=args.retry_failed,
+                               stale_after=stale_after, wait_for_others=not args.no_wait,
+                               grid_keys=grid_keys, on_progress=progress,
+                               summary_extra={"sweep_file": str(args.sweep_file),
+                                              "executor": executor.name,
+                                              "grid_keys": grid_keys})
     except KeyboardInterrupt:
-        progress.close()
+        if progress is not None:
+            progress.close()
         print("creditaudit: sweep interrupted; finished epochs are checkpointed: run the same "
               "command again to resume", file=sys.stderr)
         return 130
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
     print()
     print(format_sweep_table(configs, grid_keys))
     problems = [run for run in result.summary["runs"]
@@ -256,6 +284,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(skipped_failed)} run(s) failed before and were skipped: run the same "
               "command with --retry-failed to train them again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
-    print(f"\n{len(configs)} runs ({counts}) in {_duration(time.perf_counter() - started)}; "
+    print(f"\n{len(configs)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
           f"summary: {result.summary_path}")
     return 1 if problems else 0

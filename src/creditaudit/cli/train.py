@@ -15,7 +15,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Train one run. Writes OUT/RUN_ID/config.toml (the resolved config), "
                     "record.json after every epoch and a checkpoint beside it; the run id is "
                     "derived from the config and the data, so the same config finds the "
-                    "same folder.")
+                    "same folder. Progress: a run-level bar with ETA in a terminal, one line "
+                    "per epoch (loss, accuracy, ‖h_L‖, ‖g_L‖, verdict, elapsed, ETA) when "
+                    "stdout is piped to a file; -q for none.")
     add_config_options(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted run from its last checkpoint")

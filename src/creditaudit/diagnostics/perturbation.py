@@ -93,14 +93,16 @@ def _rho_at_layer(model: ResidualNet, h: Tensor, y: Tensor, layer: int,
     return [pearson(torch.cat(p), true_all) for p in predicted]
 
 
-def _prepare(model: nn.Module, x: Tensor, y: Tensor, n_samples: int, dtype: torch.dtype
-             ) -> tuple[ResidualNet, list[Tensor], Tensor, int]:
-    """(model copy in dtype, its states on the first n samples, labels, n)."""
+def _prepare(model: nn.Module, x: Tensor, y: Tensor, n_samples: int,
+             dtype: torch.dtype | None) -> tuple[ResidualNet, list[Tensor], Tensor, int]:
+    """(model copy in dtype — the model itself for ``dtype=None`` —, its states on the
+    first n samples, labels, n)."""
     n = min(n_samples, x.shape[0])
-    work = model_copy(model, dtype)
+    work = model if dtype is None else model_copy(model, dtype)
+    x_n = x[:n] if dtype is None else _cast_input(x[:n], dtype)
     with torch.no_grad():
-        states, _ = work.forward_states(_cast_input(x[:n], dtype))
-    return work, states, y[:n], n
+        states, _ = work.forward_states(x_n)  # type: ignore[operator]
+    return work, states, y[:n], n  # type: ignore[return-value]
 
 
 def perturbation_rho(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor],
@@ -146,7 +148,7 @@ def rho_controls(model: nn.Module, x: Tensor, y: Tensor, *, layers: Sequence[int
 def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] | None, *,
               layers: Sequence[int] | None = None, n_directions: int = 32,
               eps: float = DEFAULT_EPS, n_samples: int = 1024,
-              dtype: torch.dtype = torch.float64, seed: int = 0,
+              dtype: torch.dtype | None = torch.float64, seed: int = 0,
               generator: torch.Generator | None = None, controls: bool = True
               ) -> dict[str, list]:
     """ρ of ``credits`` with its controls, per layer, from one set of perturbed forwards.
@@ -157,6 +159,7 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     negative control (Gaussian credit from a generator seeded ``seed + 1``), and
     ``measurable[l]`` is True when ``bp[l] >= 0.9`` — below that no ρ on this model means
     anything. Directions are the same for all three credits (a paired comparison).
+    ``dtype=None`` runs the caller's model as it is (in eval mode) instead of a copy.
     """
     generator = generator if generator is not None else torch.Generator().manual_seed(seed)
     work, states, y_n, n = _prepare(model, x, y, n_samples, dtype)
@@ -164,12 +167,14 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     out: dict[str, list] = {"layers": layers, "rho": [], "bp": [], "random": [],
                             "measurable": []}
     if controls:
-        bp = bp_state_gradients(work, _cast_input(x[:n], dtype), y_n)
+        x_n = x[:n] if dtype is None else _cast_input(x[:n], dtype)
+        bp = bp_state_gradients(work, x_n, y_n)
         noise_gen = torch.Generator().manual_seed(seed + 1)
     for layer in layers:
         candidates: list[Tensor] = [] if credits is None else [credits[layer][:n]]
         if controls:
-            noise = torch.randn(states[layer].shape, generator=noise_gen, dtype=dtype)
+            noise = torch.randn(states[layer].shape, generator=noise_gen,
+                                dtype=states[layer].dtype)
             candidates += [bp[layer], noise.to(states[layer].device)]
         values = _rho_at_layer(work, states[layer], y_n, layer, candidates,
                                n_directions=n_directions, eps=eps, generator=generator)

@@ -7,7 +7,7 @@ number from an unmeasurable one (science.md §6).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import summary_vectors
 
 GRAD_FLOOR = REFERENCE_FLOOR
+Progress = Callable[[str], None]
 
 
 class NonFiniteModelError(CreditAuditError):
@@ -59,7 +60,9 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
                    null_draws: int = 20, null_seed: int = DEFAULT_NULL_SEED,
                    etas: Sequence[float] = DEFAULT_ETAS, seed: int = 0,
                    grad_floor: float = GRAD_FLOOR,
-                   initial: dict[str, Tensor] | None = None) -> dict[str, Any]:
+                   initial: dict[str, Tensor] | None = None,
+                   dtype: torch.dtype | None = torch.float64,
+                   progress: Progress | None = None) -> dict[str, Any]:
     """Credit-quality metrics of ``rule`` on held-out ``x`` ``(N, …)``, ``y`` ``(N,)``.
 
     Keys (per-layer lists run over states l = 0 … L unless noted):
@@ -78,6 +81,11 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
     - ``fresh_b_null`` (FA/DFA only): :func:`fresh_feedback_null`.
     - ``drift`` (only when ``initial`` parameters are given): :func:`feature_drift`.
 
+    ρ and nudging run on a copy of ``rule.model`` in ``dtype`` (float64 by default: on a
+    grown residual stream a small step changes the loss by less than fp32 resolves);
+    ``dtype=None`` runs them on the model as it is. ``progress`` (e.g. ``print``) receives
+    one line as each stage starts: ρ, nudging, the fresh-feedback null.
+
     Leaves parameters, ``.grad`` fields and every RNG state unchanged (forked RNG, seeded
     generators, gradients w.r.t. states only). Raises NonFiniteModelError for a model with
     NaN/Inf parameters or states.
@@ -92,7 +100,8 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
             return _credit_quality(rule, x, y, rho_samples=rho_samples,
                                    rho_directions=rho_directions, eps=eps,
                                    null_draws=null_draws, null_seed=null_seed, etas=etas,
-                                   seed=seed, grad_floor=grad_floor, initial=initial)
+                                   seed=seed, grad_floor=grad_floor, initial=initial,
+                                   dtype=dtype, say=progress or (lambda text: None))
     finally:
         model.train(was_training)
 
@@ -100,7 +109,8 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
 def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
                     rho_directions: int, eps: float, null_draws: int, null_seed: int,
                     etas: Sequence[float], seed: int, grad_floor: float,
-                    initial: dict[str, Tensor] | None) -> dict[str, Any]:
+                    initial: dict[str, Tensor] | None, dtype: torch.dtype | None,
+                    say: Progress) -> dict[str, Any]:
     model = rule.model
     sg = state_gradients(model.forward_states, x, y)
     if not all(bool(torch.isfinite(h).all()) for h in sg.states):
@@ -121,20 +131,27 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         },
         "gamma": gamma_aggregations(summaries, sg.grads),
     }
+    n_rho = min(rho_samples, int(x.shape[0]))
+    say(f"ρ (perturbation correlation): {n_rho} samples × {rho_directions} directions per "
+        "layer, with BP and random controls")
     rho = rho_table(model, x, y, credits, n_directions=rho_directions, eps=eps,
-                    n_samples=rho_samples, seed=seed)
+                    n_samples=rho_samples, seed=seed, dtype=dtype)
     out.update({
         "perturbation_rho": rho["rho"],
         "rho_controls": {"bp": rho["bp"], "random": rho["random"]},
         "rho_measurable": rho["measurable"],
-        "rho_samples": min(rho_samples, int(x.shape[0])),
+        "rho_samples": n_rho,
         "rho_directions": rho_directions,
     })
+    say(f"nudging: η = {', '.join(f'{eta:g}' for eta in etas)} at each deep layer, with BP "
+        "and random controls")
     bp = bp_state_gradients(model, x, y)
-    out["nudging"] = nudging_deltas(model, x, y, credits, etas)
-    out["nudging_controls"] = {"bp": nudging_deltas(model, x, y, bp, etas),
-                               "random": nudging_deltas(model, x, y, random_credits, etas)}
+    out["nudging"] = nudging_deltas(model, x, y, credits, etas, dtype=dtype)
+    out["nudging_controls"] = {"bp": nudging_deltas(model, x, y, bp, etas, dtype=dtype),
+                               "random": nudging_deltas(model, x, y, random_credits, etas,
+                                                        dtype=dtype)}
     if has_feedback(rule):
+        say(f"fresh-feedback null: deep cosine with {null_draws} fresh feedback draws")
         out["fresh_b_null"] = fresh_feedback_null(rule, x, y, n=null_draws, seed=null_seed)
     if initial is not None:
         out["drift"] = feature_drift(initial, dict(model.named_parameters()))

@@ -37,13 +37,15 @@ def summary_stem(name: str, scale: str, dataset: str) -> str:
     return name if dataset == get_scale(scale).dataset else f"{name}.{dataset}"
 
 
-def _executor(kind: str, scale: str, workers: int | None) -> Any:
+def _executor(kind: str, scale: str, workers: int | None, device: str | None = None) -> Any:
     from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
 
     if kind not in EXECUTORS:
         raise ConfigError(f"executor {kind!r} is not one of {', '.join(EXECUTORS)}")
     if kind == "ray":
-        return RayExecutor(num_cpus_per_run=1)
+        # A CUDA run reserves a GPU, so Ray places it on a GPU node (and the resource
+        # check refuses a cluster without one) instead of failing on a CPU node.
+        return RayExecutor(num_cpus_per_run=1, num_gpus_per_run=1.0 if device == "cuda" else 0.0)
     if kind == "inline" or workers == 0 or (scale == "smoke" and workers is None):
         return InlineExecutor(threads=1)
     if workers is not None and workers < 0:
@@ -155,7 +157,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
             todo.append(config)
     started = time.perf_counter()
     if todo and train:  # finished runs never reach the sweep (it would reload every record)
-        runner = _executor(executor, scale, workers)
+        runner = _executor(executor, scale, workers, device)
         threads = torch.get_num_threads()
         try:
             # Absolute folders already; prepare only what shows progress bars (paper scale).

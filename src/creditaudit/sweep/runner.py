@@ -41,9 +41,14 @@ class SweepState:
     outstanding: int = 0
     slots: int = 1
     run_seconds: list[float] = field(default_factory=list)
+    # Runs a worker has started, where the executor knows (Ray); else runs are assumed to
+    # fill the slots.
+    started: int | None = None
 
     @property
     def running(self) -> int:
+        if self.started is not None:
+            return self.started
         return min(self.slots, self.outstanding)
 
     @property
@@ -167,6 +172,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
         report(None)
         for outcome in stream:
             state.slots = executor.slots
+            state.started = getattr(executor, "running", None)
             state.outstanding -= 1
             outcomes[outcome["run_id"]] = outcome
             if outcome["status"] == "busy":

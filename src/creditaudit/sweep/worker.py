@@ -244,8 +244,10 @@ def pool_call(fn: RunFn, task: dict[str, Any]) -> Outcome:
         _WORKER["in_run"] = False
 
 
-def failed_outcome(task: dict[str, Any], error: str) -> Outcome:
-    return {"run_id": task["run_id"], "status": "failed", "action": "trained",
+def failed_outcome(task: dict[str, Any], error: str, action: str = "trained") -> Outcome:
+    """The outcome of a task whose worker gave none (it died, or never started: action
+    ``not started``)."""
+    return {"run_id": task["run_id"], "status": "failed", "action": action,
             "error": error, "seconds": 0.0, "pid": None, "host": None}
 
 

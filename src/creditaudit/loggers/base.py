@@ -1,0 +1,118 @@
+"""The logger interface every backend implements, and a group that fans out to several."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from creditaudit.config import RunConfig
+from creditaudit.records import EpochEntry, RunRecord
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a logger learns when a run starts (or resumes).
+
+    ``first_epoch`` is the first epoch this process trains (1 for a fresh run, k + 1 when
+    resuming after epoch k); ``epochs`` the run's last epoch; ``steps_per_epoch`` the
+    optimiser steps of one epoch.
+    """
+
+    config: RunConfig
+    run_id: str
+    run_dir: Path
+    first_epoch: int
+    epochs: int
+    steps_per_epoch: int
+
+    @property
+    def resumed(self) -> bool:
+        return self.first_epoch > 1
+
+
+class RunLogger:
+    """Where a run reports as it trains. The training loop calls, in order:
+
+    - ``start(run)`` once, before the first epoch it logs;
+    - ``log_epoch(entry)`` for every evaluated epoch (epoch 0 — the untrained network — of
+      a fresh run included), after the epoch's diagnostics and protocol are in ``entry``;
+    - ``log_step(loss)`` after every optimiser step (training cross-entropy, nats);
+    - ``log_stage(text)`` as each end-of-run stage starts (ρ, nudging, the null: minutes on
+      a large run);
+    - ``finish(record)`` once the record is final (completed, diverged, failed or
+      interrupted), with the end-of-run metrics of completed and diverged runs;
+    - ``close()`` always, last.
+
+    Logging reads what training computed and never changes it. A backend that cannot work
+    (missing package, unusable folder) raises a ConfigError in its constructor, before the
+    run writes anything.
+    """
+
+    def start(self, run: RunStart) -> None:
+        """The run starts (or resumes)."""
+
+    def log_step(self, loss: float) -> None:
+        """One optimiser step ended with training loss ``loss``."""
+
+    def log_epoch(self, entry: EpochEntry) -> None:
+        """One evaluated epoch."""
+
+    def log_stage(self, text: str) -> None:
+        """An end-of-run stage starts (one line saying what it computes)."""
+
+    def finish(self, record: RunRecord) -> None:
+        """The run ended; ``record`` is final."""
+
+    def close(self) -> None:
+        """Release files and processes (idempotent)."""
+
+
+class LoggerGroup(RunLogger):
+    """Several loggers as one. ``finish`` and ``close`` reach every logger even when one
+    raises (the first error is raised afterwards), so one broken backend cannot leave
+    another's files open."""
+
+    def __init__(self, loggers: Sequence[RunLogger]) -> None:
+        self.loggers = list(loggers)
+
+    def __bool__(self) -> bool:
+        return bool(self.loggers)
+
+    def start(self, run: RunStart) -> None:
+        for logger in self.loggers:
+            logger.start(run)
+
+    def log_step(self, loss: float) -> None:
+        for logger in self.loggers:
+            logger.log_step(loss)
+
+    def log_epoch(self, entry: EpochEntry) -> None:
+        for logger in self.loggers:
+            logger.log_epoch(entry)
+
+    def log_stage(self, text: str) -> None:
+        for logger in self.loggers:
+            logger.log_stage(text)
+
+    def finish(self, record: RunRecord) -> None:
+        self._each("finish", record)
+
+    def close(self) -> None:
+        self._each("close")
+
+    def _each(self, method: str, *args: object) -> None:
+        error: BaseException | None = None
+        for logger in self.loggers:
+            try:
+                getattr(logger, method)(*args)
+            except Exception as err:  # noqa: BLE001 — re-raised below, after the others
+                error = error or err
+        if error is not None:
+            raise error
+
+    def finish_quietly(self, record: RunRecord) -> None:
+        """``finish`` while another error unwinds: a logger's own error must not hide it."""
+        with contextlib.suppress(Exception):
+            self.finish(record)

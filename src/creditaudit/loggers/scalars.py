@@ -1,0 +1,129 @@
+"""The scalars a run logs, under grouped tags shared by every backend.
+
+- ``train/``: ``loss``, ``acc`` (training, over the epoch), ``test_loss``, ``test_acc`` (the
+  whole test split), ``lr``, ``seconds`` and the rule's own per-epoch values
+  (``train/state_pred_error``, …);
+- ``norms/``: ``h_L``, ``g_L``, ``g_2`` (median per-sample norms; gradients in the
+  1/128 convention), ``max_block_growth``, ``g_L_zero_fraction``, ``g_L_nonzero_median``,
+  and per state ``hidden/l{l}``, ``grad/l{l}``;
+- ``credit/``: per epoch ``deep_cos`` and ``cos/l{l}``; at the end of the run ``rho/l{l}``
+  with ``rho_bp/l{l}`` and ``rho_random/l{l}`` (controls), ``nudging_{η}/l{l}`` with
+  ``nudging_bp_{η}``/``nudging_random_{η}``, ``null/mean``, ``null/std``, ``null/z``,
+  ``null/training`` (fresh-feedback null, FA/DFA) and ``gamma/{aggregation}``;
+- ``protocol/``: ``a`` … ``d`` (1 fired, 0 passed; a diagnostic not evaluated is not
+  logged) and ``walk_back`` (1 when the verdict needs walk-back), at evaluated epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED, WALK_BACK, verdict_phrase
+from creditaudit.records import EpochEntry, RunRecord
+
+
+def _number(value: Any) -> float | None:
+    """A float for int/float values (NaN and inf kept: a diverged run shows them), else
+    None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _put(out: dict[str, float], tag: str, value: Any) -> None:
+    number = _number(value)
+    if number is not None:
+        out[tag] = number
+
+
+def _per_layer(out: dict[str, float], prefix: str, values: Sequence[Any] | None,
+               first: int = 0) -> None:
+    for offset, value in enumerate(values or []):
+        _put(out, f"{prefix}/l{first + offset}", value)
+
+
+def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
+    """Every number of one epoch entry under its grouped tag (missing values left out)."""
+    out: dict[str, float] = {}
+    for tag, value in (("train/loss", entry.train_loss), ("train/acc", entry.train_acc),
+                       ("train/test_loss", entry.test_loss), ("train/test_acc", entry.acc_eval),
+                       ("train/lr", entry.lr), ("train/seconds", entry.seconds),
+                       ("norms/h_L", entry.h_L_norm), ("norms/g_L", entry.g_L_norm),
+                       ("norms/g_2", entry.g_2_norm),
+                       ("norms/max_block_growth", entry.max_block_growth),
+                       ("norms/g_L_zero_fraction", entry.g_L_zero_fraction),
+                       ("norms/g_L_nonzero_median", entry.g_L_nonzero_median),
+                       ("credit/deep_cos", entry.deep_cos)):
+        _put(out, tag, value)
+    _per_layer(out, "norms/hidden", entry.hidden_norms)
+    _per_layer(out, "norms/grad", entry.bp_grad_norms_per_sample_med)
+    _per_layer(out, "credit/cos", entry.cos_per_layer)
+    for key, value in entry.extras.items():
+        _put(out, f"train/{key}", value)
+    for diagnostic, status in (entry.protocol or {}).items():
+        if status in (FIRED, PASSED):
+            out[f"protocol/{diagnostic}"] = 1.0 if status == FIRED else 0.0
+    if entry.verdict is not None:
+        out["protocol/walk_back"] = 1.0 if entry.verdict == WALK_BACK else 0.0
+    return out
+
+
+def verdict_text(entry: EpochEntry) -> str | None:
+    """``needs walk-back (a)(b)``, ``no walk-back in (a)–(c); (d) not evaluated`` … for an
+    epoch the protocol evaluated, else None."""
+    if not entry.protocol:
+        return None
+    fired = [i for i, status in entry.protocol.items() if status == FIRED]
+    skipped = [i for i, status in entry.protocol.items() if status == NOT_EVALUATED]
+    return verdict_phrase(fired, skipped)
+
+
+def end_of_run_scalars(record: RunRecord) -> dict[str, float]:
+    """The end-of-run credit-quality metrics (ρ, nudging, fresh-feedback null, Γ) under
+    ``credit/``; empty when the run has none (no end-of-run block, or a diverged model)."""
+    block = record.diagnostics
+    out: dict[str, float] = {}
+    _per_layer(out, "credit/rho", block.perturbation_rho)
+    for control, values in (block.rho_controls or {}).items():
+        _per_layer(out, f"credit/rho_{control}", values)
+    # Nudging is measured at the deep states 1 … L.
+    for eta, values in (block.nudging or {}).items():
+        _per_layer(out, f"credit/nudging_{eta}", values, first=1)
+    for control, by_eta in (block.nudging_controls or {}).items():
+        for eta, values in by_eta.items():
+            _per_layer(out, f"credit/nudging_{control}_{eta}", values, first=1)
+    null = block.fresh_b_null or {}
+    for key, tag in (("mean", "mean"), ("std", "std"), ("z", "z"),
+                     ("training_value", "training")):
+        _put(out, f"credit/null/{tag}", null.get(key))
+    for aggregation, value in (block.gamma or {}).items():
+        _put(out, f"credit/gamma/{aggregation}", value)
+    return out
+
+
+def final_scalars(record: RunRecord) -> dict[str, float]:
+    """The run's headline numbers for summaries (W&B summary, TensorBoard hparams)."""
+    out: dict[str, float] = {}
+    final = record.final
+    if final is not None:
+        for tag, value in (("train/test_acc", final.test_acc),
+                           ("train/test_loss", final.test_loss), ("norms/h_L", final.h_L_norm),
+                           ("norms/g_L", final.g_L_norm), ("credit/deep_cos", final.deep_cos)):
+            _put(out, tag, value)
+    return out
+
+
+def hparams(record_config: dict[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
+    """The config as flat ``section.key`` → value (None written as ``"none"``: TensorBoard's
+    hparams take numbers, strings and booleans only)."""
+    flat: dict[str, Any] = {"run_id": run_id}
+    for section, values in record_config.items():
+        for key, value in values.items():
+            if value is None:
+                value = "none"
+            elif isinstance(value, float) and not math.isfinite(value):
+                value = str(value)
+            flat[f"{section}.{key}"] = value
+    return flat

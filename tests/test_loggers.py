@@ -1,0 +1,313 @@
+"""Loggers: console progress (epoch lines when piped, a bar in a terminal, -q), TensorBoard
+event files and offline W&B runs read back and compared with the run record, and training
+that is bit-identical with and without them."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
+from creditaudit.loggers import ConsoleLogger, RunStart, end_of_run_scalars, epoch_scalars
+from creditaudit.records import CHECKPOINT_FILE, load_checkpoint
+from creditaudit.run_ids import run_id
+from creditaudit.training import train
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+needs_tensorboard = pytest.mark.skipif(
+    not HAS_TENSORBOARD, reason="tensorboard is not installed (pip install -e '.[test]')")
+needs_wandb = pytest.mark.skipif(
+    not HAS_WANDB, reason="wandb is not installed (pip install -e '.[test]')")
+
+EPOCHS = 2
+TINY = {
+    "method.name": "dfa", "data.n_train": 512, "data.n_test": 256, "data.in_dim": 8,
+    "data.teacher_width": 32, "model.d": 16, "model.n_blocks": 2, "optim.epochs": EPOCHS,
+    "optim.batch_size": 64, "diagnostics.eval_samples": 256, "diagnostics.rho_samples": 32,
+    "diagnostics.rho_directions": 2, "diagnostics.null_draws": 2, "run.progress": False,
+}
+GROUPS = ("train/", "norms/", "credit/", "protocol/")
+
+
+def tiny(out: Path, **overrides: object) -> RunConfig:
+    return RunConfig().replace(**{**TINY, "run.out_dir": str(out), **overrides})
+
+
+def cli_args(out: Path, *extra: str) -> list[str]:
+    sets = []
+    for key, value in TINY.items():
+        if key == "run.progress":
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        sets += ["--set", f"{key}={text}"]
+    return ["train", *sets, "--out", str(out), *extra]
+
+
+def close(a: float, b: float) -> bool:
+    """TensorBoard stores float32: equal to float32 precision (NaN equals NaN)."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-30)
+
+
+# --- console -----------------------------------------------------------------------------------
+def test_piped_train_prints_one_line_per_epoch(tmp_path, capsys, restore_sigterm):
+    assert main(cli_args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    record = train(tiny(tmp_path))  # the finished run, not rerun
+    lines = [line for line in out.splitlines() if " epoch " in line]
+    assert len(lines) == EPOCHS + 1
+    for line, entry in zip(lines, record.record.log):
+        assert line.startswith(f"dfa epoch {entry.epoch}/{EPOCHS} | ")
+        assert f"test acc {entry.acc_eval:.3f}" in line
+        assert f"‖h_L‖ {entry.h_L_norm:.3g}" in line and f"‖g_L‖ {entry.g_L_norm:.3g}" in line
+        assert ("train loss" in line) == (entry.epoch > 0)
+        assert "elapsed, ETA " in line
+    assert lines[0].endswith("ETA ?") and "no verdict yet" in lines[0]  # before any training
+    assert "no walk-back in (a)(b); (c)(d) not evaluated" in lines[-1]
+    assert lines[-1].endswith("ETA 0m00s")
+    assert f"run {record.record.run_id}: completed after" in out
+    stages = [line for line in out.splitlines() if line.startswith("dfa end of run: ")]
+    assert [line.split(": ")[1].split(" (")[0].split(":")[0] for line in stages] == \
+        ["ρ", "nudging", "fresh-feedback null"]
+
+
+def test_quiet_train_prints_no_progress(tmp_path, capsys, restore_sigterm):
+    assert main(cli_args(tmp_path, "-q")) == 0
+    out, err = capsys.readouterr()
+    assert " epoch " not in out and "%" not in err
+    assert "record:" in out  # the summary is still printed
+
+
+def test_terminal_train_draws_one_run_level_bar(tmp_path, capsys, monkeypatch,
+                                               restore_sigterm):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(cli_args(tmp_path)) == 0
+    out, err = capsys.readouterr()
+    assert " epoch " not in out
+    steps = EPOCHS * 8  # 512 samples / batch 64
+    assert f"{steps}/{steps}" in err  # one bar over every step of the run
+    assert f"epoch {EPOCHS}/{EPOCHS}" in err
+
+
+def test_console_eta_is_mean_epoch_time_times_epochs_left(monkeypatch):
+    from creditaudit.loggers import console
+    from creditaudit.records import EpochEntry
+
+    clock = iter([0.0, 100.0, 110.0, 130.0, 150.0])  # init, start, epochs 0, 1, 2
+    monkeypatch.setattr(console.time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    logger = ConsoleLogger(stream, terminal=False)
+    logger.start(RunStart(RunConfig(), "rid", Path("runs/rid"), first_epoch=1, epochs=5,
+                          steps_per_epoch=3))
+    for epoch in range(3):
+        logger.log_epoch(EpochEntry(epoch=epoch, test_loss=1.0, acc_eval=0.5))
+    lines = stream.getvalue().splitlines()
+    assert lines[1].endswith("0m10s elapsed, ETA ?")
+    assert lines[2].endswith("0m30s elapsed, ETA 1m20s")  # 20 s/epoch × 4 left
+    assert lines[3].endswith("0m50s elapsed, ETA 1m00s")  # 20 s/epoch × 3 left
+
+
+# --- TensorBoard -------------------------------------------------------------------------------
+@needs_tensorboard
+def test_tensorboard_holds_every_epoch_protocol_end_metrics_and_hparams(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    result = train(tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb")}))
+    record = result.record
+    events = EventAccumulator(str(tmp_path / "tb" / record.run_id),
+                              size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert tags and all(tag.startswith(GROUPS) for tag in tags), tags
+
+    def series(tag: str) -> dict[int, float]:
+        return {e.step: e.value for e in events.Scalars(tag)}
+
+    # Every epoch, epoch 0 included, equals the record.
+    for entry in record.log:
+        for tag, value in epoch_scalars(entry).items():
+            assert close(series(tag)[entry.epoch], value), (tag, entry.epoch)
+    assert sorted(series("norms/h_L")) == list(range(EPOCHS + 1))
+    assert close(series("norms/grad/l2")[0], record.log[0].bp_grad_norms_per_sample_med[2])
+    # The protocol: statuses and verdict at every evaluated epoch.
+    for entry in record.log[1:]:
+        for diagnostic, status in entry.protocol.items():
+            if status != "not evaluated":
+                assert series(f"protocol/{diagnostic}")[entry.epoch] == (status == "fired")
+        assert series("protocol/walk_back")[entry.epoch] == (entry.verdict == "needs walk-back")
+    assert "protocol/c" not in tags  # (c) needs 8 batches of 128: never evaluated here
+    # End-of-run metrics at the last epoch.
+    end = end_of_run_scalars(record)
+    rho = record.diagnostics.perturbation_rho
+    assert len([t for t in end if t.startswith("credit/rho/")]) == len(rho) == 3
+    assert {"credit/null/z", "credit/nudging_0.01/l1", "credit/rho_bp/l2",
+            "credit/gamma/pooled"} <= set(end)
+    for tag, value in end.items():
+        assert close(series(tag)[EPOCHS], value), tag
+    assert close(series("credit/null/z")[EPOCHS], record.diagnostics.fresh_b_null["z"])
+    # Text: config, verdicts, status.
+    text = {tag: [e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)]
+            for tag in events.Tags()["tensors"]}
+    assert "[method]" in text["run/config/text_summary"][0]
+    assert text["protocol/verdict/text_summary"][-1] == \
+        "no walk-back in (a)(b); (c)(d) not evaluated"
+    assert text["run/status/text_summary"] == ["completed"]
+    # The config as hparams, with the headline metrics and the session's end.
+    plugin = events.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_start_info"])
+    hparams = start.session_start_info.hparams
+    assert hparams["method.name"].string_value == "dfa"
+    assert hparams["model.d"].number_value == 16
+    assert hparams["run_id"].string_value == record.run_id
+    assert hparams["diagnostics.frozen_acc"].string_value == "none"
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/experiment"])
+    metrics = {m.name.tag for m in experiment.experiment.metric_infos}
+    assert {"train/test_acc", "credit/deep_cos", "protocol/walk_back"} <= metrics <= set(tags)
+    end_info = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_end_info"])
+    assert end_info.session_end_info.status == 1  # STATUS_SUCCESS
+
+
+def test_missing_tensorboard_is_one_config_error_before_the_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    config = tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb")})
+    with pytest.raises(ConfigError, match=r"pip install 'creditaudit\[tensorboard\]'"):
+        train(config)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_loggers_change_no_weight_and_no_run_id(tmp_path, capsys):
+    logged = tiny(tmp_path / "a", **{"run.tensorboard": str(tmp_path / "tb"),
+                                     "run.progress": True})
+    plain = tiny(tmp_path / "b")
+    assert run_id(logged.replace(**{"run.wandb_project": "p"})) == run_id(plain)
+    a, b = train(logged), train(plain)
+    state_a = load_checkpoint(a.run_dir / CHECKPOINT_FILE)
+    state_b = load_checkpoint(b.run_dir / CHECKPOINT_FILE)
+    for key, tensor in state_a["model"].items():
+        assert torch.equal(tensor, state_b["model"][key]), key
+    assert torch.equal(state_a["rng"]["torch"], state_b["rng"]["torch"])
+    assert [e.train_loss for e in a.record.log] == [e.train_loss for e in b.record.log]
+
+
+# --- Weights & Biases --------------------------------------------------------------------------
+def wandb_records(path: Path) -> list:
+    """The records of an offline W&B run file (``run-*.wandb``): W&B's 7-byte header, then
+    LevelDB log format — 32 KiB blocks of chunks, each ``crc32c (4) | length (2, little
+    endian) | type (1: full, 2: first, 3: middle, 4: last)``."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", "not a W&B run file"
+    block, position, payloads, pending = 32768, 7, [], b""
+    while position + 7 <= len(data):
+        left = block - position % block
+        if left < 7:  # a block's tail too short for a header is zero padding
+            position += left
+            continue
+        length = int.from_bytes(data[position + 4:position + 6], "little")
+        kind = data[position + 6]
+        chunk = data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind == 1:
+            payloads.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            payloads.append(pending + chunk)
+    return [wandb_internal_pb2.Record.FromString(raw) for raw in payloads]
+
+
+@pytest.fixture
+def fresh_wandb():
+    """W&B keeps its settings (e.g. the mode) in a process-wide singleton: start and end
+    each test without one, so one test's WANDB_MODE does not leak into the next."""
+    import wandb
+
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def key_of(item) -> str:  # noqa: ANN001 — a W&B record item
+    """An item's key: W&B stores keys with a slash as a one-element nested key."""
+    return item.key or "/".join(item.nested_key)
+
+
+@needs_wandb
+def test_wandb_offline_run_holds_config_epochs_end_metrics_and_status(tmp_path, monkeypatch,
+                                                                     fresh_wandb):
+    import json
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wb").mkdir()
+    result = train(tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test"}))
+    record = result.record
+    files = list((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    records = wandb_records(files[0])
+    kinds = [r.WhichOneof("record_type") for r in records]
+    run = records[kinds.index("run")].run
+    assert run.display_name == record.run_id and run.project == "creditaudit-test"
+    config = {key_of(item): json.loads(item.value_json) for item in run.config.update}
+    assert config["method"]["name"] == "dfa" and config["run_id"] == record.run_id
+
+    history: dict[int, dict] = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            row = {key_of(item): json.loads(item.value_json) for item in r.history.item}
+            history.setdefault(r.history.step.num, {}).update(row)
+    assert sorted(history) == list(range(EPOCHS + 1))  # epoch 0 included
+    for entry in record.log:
+        for tag, value in epoch_scalars(entry).items():
+            assert math.isclose(history[entry.epoch][tag], value, rel_tol=1e-12), tag
+    for tag, value in end_of_run_scalars(record).items():
+        assert math.isclose(history[EPOCHS][tag], value, rel_tol=1e-12), tag
+    assert history[EPOCHS]["protocol/verdict"] == "no walk-back in (a)(b); (c)(d) not evaluated"
+
+    summary: dict = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            summary.update({key_of(item): json.loads(item.value_json)
+                            for item in r.summary.update})
+    assert summary["status"] == "completed"
+    assert math.isclose(summary["train/test_acc"], record.final.test_acc)
+    assert math.isclose(summary["credit/null/z"], record.diagnostics.fresh_b_null["z"])
+    exit_record = records[kinds.index("exit")].exit
+    assert exit_record.exit_code == 0
+
+
+@needs_wandb
+def test_wandb_without_login_is_one_config_error_before_the_run(tmp_path, monkeypatch,
+                                                              fresh_wandb):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with pytest.raises(ConfigError, match=r"could not start .* `wandb login`.*WANDB_MODE=offline"):
+        train(tiny(tmp_path / "runs", **{"run.wandb_project": "p"}))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_wandb_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ConfigError, match=r"pip install 'creditaudit\[wandb\]'"):
+        train(tiny(tmp_path / "runs", **{"run.wandb_project": "p"}))

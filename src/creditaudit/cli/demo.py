@@ -39,12 +39,16 @@ DEMO_TASKS = {
 
 def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: int,
                 dataset: str = "mnist1d", n_test: int | None = None,
-                device: str | None = None, precision: str | None = None) -> RunConfig:
-    """The demo's run: a d=256 L=4 terminal-LN ResidualMLP on ``dataset``."""
+                device: str | None = None, precision: str | None = None,
+                end_of_run: bool = False) -> RunConfig:
+    """The demo's run: a d=256 L=4 terminal-LN ResidualMLP on ``dataset``. The end-of-run
+    credit-quality block (ρ, nudging, null) is off unless ``end_of_run``: the summary does
+    not show it, and `creditaudit audit` computes it from the checkpoint."""
     n_test = DEMO_TASKS[dataset].n_test if n_test is None else n_test
     overrides = {"data.name": dataset, "method.name": method, "optim.epochs": epochs,
                  "data.n_train": n_train, "data.n_test": n_test, "run.out_dir": out_dir,
-                 "run.seed": seed, "run.progress": False}
+                 "run.seed": seed, "run.progress": False,
+                 "diagnostics.end_of_run": end_of_run}
     overrides.update(device_overrides(device, precision))
     return RunConfig().replace(**overrides)
 
@@ -69,6 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most 4)")
     add_device_options(parser)
+    parser.add_argument("--end-of-run", action="store_true",
+                        help="also compute the end-of-run credit-quality metrics (ρ, nudging, "
+                             "fresh-feedback null) of every run; `creditaudit audit` computes "
+                             "them for one run at any time")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines; only the final table")
     parser.set_defaults(handler=run)
@@ -106,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     n_train = task.n_train if args.n_train is None else args.n_train
     configs = [demo_config(method, dataset=args.dataset, epochs=epochs, n_train=n_train,
                            out_dir=args.out, seed=args.seed, device=args.device,
-                           precision=args.precision) for method in DEMO_METHODS]
+                           precision=args.precision, end_of_run=args.end_of_run)
+               for method in DEMO_METHODS]
     from creditaudit.safe_files import ensure_folder
     from creditaudit.training import resolve_device
 

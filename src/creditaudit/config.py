@@ -33,6 +33,7 @@ METHODS = ("bp", "fa", "dfa", "frozen", "state-bridge", "credit-bridge", "ep")
 SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
+EP_SOLVERS = ("cg", "gd")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
@@ -100,9 +101,16 @@ class MethodConfig:
     ema_decay: float = opt(0.995, "Credit Bridge: EMA decay of the target value net",
                            min=0.0, max=1.0)
     ep_beta: float = opt(0.1, "EP: nudging strength β of the cross-entropy term", min=1e-12)
-    ep_steps: int = opt(20, "EP: gradient-descent steps of the nudged relaxation", min=1)
-    ep_step_size: float = opt(0.25, "EP: state step size of the nudged relaxation "
-                              "(stable while it is < 2/λ_max of the energy Hessian)", min=0.0)
+    ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
+                        "input-gradient pass through the blocks)", min=1)
+    ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
+                              "(stable while η < 2/λ_max of the energy Hessian; halved when "
+                              "‖∇F‖ grows), cg's first and shortest curvature probe", min=0.0)
+    ep_solver: str = opt(
+        "cg", "EP: relaxation solver. cg = conjugate gradients per sample, the curvature along "
+        "each direction measured by one gradient probe (same fixed point and matmuls per step "
+        "as gd, far fewer steps to converge); gd = plain gradient descent with step size η",
+        choices=EP_SOLVERS)
 
 
 @dataclass

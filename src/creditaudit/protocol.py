@@ -71,7 +71,7 @@ CREDIT_FORMULAS = {
     "frozen": "blocks frozen; readout by BP",
     "state-bridge": "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)",
     "credit-bridge": "a_l = ∇_{h_l} V(h_l, l, e)",
-    "ep": "a_l = (h_l^free − h_l^nudged)/β",
+    "ep": "a_l = −r_{l−1}/β at the nudged equilibrium (r_l = h_{l+1} − h_l − f_l(h_l))",
 }
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
 

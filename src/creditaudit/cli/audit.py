@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 FORMATS = ("text", "md", "json", "latex")
 # Config fields a frozen baseline must share with the audited run to be comparable.
 BASELINE_KEYS = (("data", "name"), ("model", "arch"), ("model", "d"), ("model", "n_blocks"))
+# Per-epoch record fields of a rule that the audit report repeats (EP's relaxation).
+RECORDED_RULE_FIELDS = ("ep_relax_grad_ratio", "ep_backoff_fraction")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -155,10 +157,26 @@ def audit_run(run_path: str, *, frozen: str | None = None, metrics: bool = True,
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
                "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
-    return diagnose(rule.model, eval_x, eval_y, credit=rule, headline_acc=headline,
-                    frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
-                    metadata={**config_metadata(config), "epoch": epoch,
-                              "status": record["status"]})
+    report = diagnose(rule.model, eval_x, eval_y, credit=rule, headline_acc=headline,
+                      frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
+                      metadata={**config_metadata(config), "epoch": epoch,
+                                "status": record["status"]})
+    fields = rule_fields(rule, entries[-1] if entries else {}, eval_x, eval_y, metrics)
+    if fields:
+        report.metrics = {**(report.metrics or {}), **fields}
+    return report
+
+
+def rule_fields(rule: Any, entry: dict[str, Any], eval_x: torch.Tensor, eval_y: torch.Tensor,
+                metrics: bool) -> dict[str, Any]:
+    """The rule's own end-of-run metrics (with ``metrics``; e.g. EP's update cosine with BP)
+    plus its convergence fields from the audited epoch's record entry."""
+    fields = {key: entry[key] for key in RECORDED_RULE_FIELDS if key in entry}
+    if metrics:
+        devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            fields.update(rule.run_metrics(eval_x, eval_y))
+    return fields
 
 
 def render(report: Any, fmt: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -175,6 +176,15 @@ class CreditRule:
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
         """Hook after each epoch; returns extra per-epoch record fields (e.g. bridge errors)."""
+        return {}
+
+    def run_metrics(self, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """Rule-specific end-of-run metrics on an evaluation set (e.g. EP's convergence).
+
+        ``x`` ``(N, …)`` inputs, ``y`` ``(N,)`` labels. Returns JSON-able record fields
+        (none by default). Like :meth:`credits`, must not change parameters, their
+        ``.grad``, the rule's own state or any random stream used by training.
+        """
         return {}
 
     # --- persistence --------------------------------------------------------------------

@@ -12,12 +12,13 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.cli.audit import audit_run
-from creditaudit.config import MethodConfig, RunConfig
+from creditaudit.config import EP_SOLVERS, MethodConfig, RunConfig
 from creditaudit.diagnostics.alignment import layer_cosines
 from creditaudit.errors import ConfigError
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.ep import update_agreement
+from creditaudit.methods.ep_relax import SOLVERS
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.runs import CHECKPOINT_FILE, comparable, load_record
 from creditaudit.training import train
@@ -167,6 +168,7 @@ def test_unknown_solver_is_a_config_error():
     with pytest.raises(ConfigError, match="method.ep_solver='adam' is not allowed; choose one "
                                           "of cg, gd"):
         RunConfig().replace(**{"method.ep_solver": "adam"})
+    assert tuple(SOLVERS) == EP_SOLVERS  # every allowed choice has a solver, and only those
 
 
 def free_energy_gradient_norm(model, x: Tensor, y: Tensor, states: list[Tensor],

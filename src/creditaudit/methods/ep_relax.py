@@ -43,6 +43,7 @@ residuals r and hence of the credits, not ‖∇F‖.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -120,7 +121,8 @@ class NudgedEnergy:
 
         ∂F/∂δ_l = r_{l−1} − r_l − (∂f_l/∂h_l)ᵀ r_l (no "− r_l" without skips) and
         ∂F/∂δ_L = r_{L−1} + β·∂CE/∂h_L: one forward of every block and one backward for all
-        the vector-Jacobian products together. Touches no ``.grad``.
+        the vector-Jacobian products together. Touches no ``.grad``. The residual r_{−1} = δ_0
+        is a view of ``x``.
         """
         model, deltas = self.model, self.unflatten(x.detach())
         with torch.enable_grad():
@@ -136,16 +138,17 @@ class NudgedEnergy:
                 if model.residual:
                     moved = deltas[index] + moved
                 residuals.append(deltas[index + 1] - moved)
-        # grad_outputs −r_l give −(∂f_l/∂h_l)ᵀ r_l; None seeds the scalar nudge with 1.
+        # grad_outputs r_l give (∂f_l/∂h_l)ᵀ r_l; None seeds the scalar nudge with 1.
         vjps = torch.autograd.grad([*outputs, nudge], [*inputs, last],
-                                   grad_outputs=[-r for r in residuals[1:]] + [None])
+                                   grad_outputs=[*residuals[1:], None])
         with torch.no_grad():
-            parts = []
+            grad = torch.empty_like(x)
+            parts = self.unflatten(grad)
             for index, vjp in enumerate(vjps[:-1]):
-                part = residuals[index] + vjp
-                parts.append(part - residuals[index + 1] if model.residual else part)
-            parts.append(residuals[-1] + vjps[-1])
-            grad = torch.cat([part.flatten(1) for part in parts], dim=1)
+                torch.sub(residuals[index], vjp, out=parts[index])
+                if model.residual:
+                    parts[index].sub_(residuals[index + 1])
+            torch.add(residuals[-1], vjps[-1], out=parts[-1])
         return grad, residuals
 
     def _nudge(self, delta_last: Tensor) -> Tensor:
@@ -161,14 +164,13 @@ def relax(model: ResidualNet, states: list[Tensor], y: Tensor, *, beta: float, s
     ``states`` are the free h_0 … h_L of the batch (any dtype; relaxed in ≥ fp32), ``y``
     ``(B,)`` labels. Touches no parameter ``.grad`` and no random stream.
     """
-    if solver not in EP_SOLVERS:
+    if solver not in SOLVERS:
         raise ConfigError(f"EP solver {solver!r} is not allowed; choose one of "
                           f"{', '.join(EP_SOLVERS)}")
     dtype = relaxation_dtype(states[0].dtype)
     free = [h.detach().to(dtype) for h in states]
     energy = NudgedEnergy(model, free, y, beta)
-    run = _conjugate_gradients if solver == "cg" else _gradient_descent
-    x, residuals, norms, eta, backoffs = run(energy, steps, step_size)
+    x, residuals, norms, eta, backoffs = SOLVERS[solver](energy, steps, step_size)
     return Relaxation(states=free, deltas=energy.unflatten(x), residuals=residuals,
                       grad_norms=norms, final_step_size=eta, backoffs=backoffs)
 
@@ -219,7 +221,8 @@ def _conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float) -> 
     norms = [_norm(grad)]
     for _ in range(steps - 1):
         probed, _ = energy.gradient(torch.addcmul(x, length, direction, out=probe))
-        curvature = (_rowdot(direction, probed) - along) / length
+        along_probe = _rowdot(direction, probed)
+        curvature = (along_probe - along) / length
         if not bool(torch.isfinite(curvature).all()):
             # The probe left the region where F is finite (a stiff model): shorten it and
             # restart every direction from steepest descent.
@@ -232,9 +235,10 @@ def _conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float) -> 
         convex = curvature > 0
         alpha = torch.where(convex, -along / torch.where(convex, curvature, 1.0), length)
         x.addcmul_(alpha, direction)
-        # g_new = (α/t)·q − ((α − t)/t)·g: linear extrapolation from the probe (exact at α = t)
-        new_grad = probed.mul_(alpha / length).addcmul_(grad, (length - alpha) / length)
-        new_square = _rowdot(new_grad, new_grad)
+        # g_new = w·q + (1 − w)·g, w = α/t: linear extrapolation from the probe (exact at w = 1)
+        weight = alpha / length
+        new_grad = probed.mul_(weight).addcmul_(grad, 1.0 - weight)
+        new_square = torch.linalg.vector_norm(new_grad, dim=1, keepdim=True).square()
         overlap = _rowdot(new_grad, grad)
         # Polak–Ribière+, restarted where the curvature was not positive or where successive
         # gradients are far from orthogonal (Powell's test: conjugacy is lost)
@@ -242,12 +246,21 @@ def _conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float) -> 
         ratio = (new_square - overlap) / torch.where(grad_square > 0, grad_square, 1.0)
         ratio = torch.where(restart, 0.0, ratio.clamp_min(0.0))
         direction.mul_(ratio).sub_(new_grad)
+        # a direct dot product: from the ones at hand it would cancel catastrophically near
+        # convergence (the old direction is then orthogonal to the new gradient)
+        along = _rowdot(direction, new_grad)
         grad, grad_square = new_grad, new_square
-        along = _rowdot(direction, grad)
         length = alpha.clamp_min(eta)
     final_grad, residuals = energy.gradient(x)
     norms.append(_norm(final_grad))
     return x, residuals, norms, eta, backoffs
+
+
+# A solver maps (energy, steps, step size) to (x, residuals at x, ‖∇F‖ at the start and at x,
+# final η, back-offs). Keys are the choices of method.ep_solver (benchmarks/bench_ep.py adds
+# the baselines it measures against).
+SOLVERS: dict[str, Callable[[NudgedEnergy, int, float], Trajectory]] = {
+    "cg": _conjugate_gradients, "gd": _gradient_descent}
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:

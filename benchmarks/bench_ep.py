@@ -13,17 +13,21 @@
 2. Cost. ms per ``rule.train_step`` (fused AdamW, batch 128, fp32, 1 torch thread) of EP with
    each solver against BP on the same model shape, for in_dim 784 and 3072 (CIFAR-shaped);
    the rules are timed in blocks whose order rotates every repeat, EP/BP is taken within each
-   repeat and the median over repeats is reported with its range.
+   repeat and the median over repeats is reported with its range. ``--baseline-ep FILE``
+   times another version's EP rule as well, e.g. the one before the CG solver:
+   ``git show 9b2032e:src/creditaudit/methods/ep.py > /tmp/ep_before.py``.
 
 Usage: python benchmarks/bench_ep.py [--data-dir DIR] [--repeats 7] [--epochs 3]
-       [--quick] [--out FILE]
+       [--quick] [--out FILE] [--baseline-ep FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,15 +46,17 @@ from creditaudit.runs import CHECKPOINT_FILE
 from creditaudit.training import make_adamw, train
 
 D, BLOCKS, N_CLASSES, BATCH = 256, 4, 10, 128
-# (solver, steps, η, β) rows of the agreement table
+# (solver, steps, η, β) rows of the agreement table: the old default (gd 20 at β = 0.1), the
+# new one (cg 20 at β = 0.01), and around them
 GRID = [
-    ("gd", 20, 0.25, 0.1), ("gd", 40, 0.25, 0.1),
-    ("heavy-ball", 20, 0.25, 0.1), ("anderson", 20, 0.25, 0.1),
-    ("cg", 10, 0.25, 0.1), ("cg", 15, 0.25, 0.1), ("cg", 20, 0.25, 0.1), ("cg", 30, 0.25, 0.1),
-    ("cg", 20, 0.05, 0.1), ("cg", 20, 1.0, 0.1), ("cg", 200, 0.25, 0.1),
-    ("gd", 20, 0.25, 0.01), ("cg", 20, 0.25, 0.01), ("cg", 200, 0.25, 0.01),
+    ("gd", 20, 0.25, 0.1), ("cg", 20, 0.25, 0.1), ("cg", 200, 0.25, 0.1),
+    ("gd", 20, 0.25, 0.01), ("gd", 40, 0.25, 0.01),
+    ("heavy-ball", 20, 0.25, 0.01), ("anderson", 20, 0.25, 0.01),
+    ("cg", 10, 0.25, 0.01), ("cg", 15, 0.25, 0.01), ("cg", 20, 0.25, 0.01),
+    ("cg", 30, 0.25, 0.01), ("cg", 20, 0.05, 0.01), ("cg", 20, 1.0, 0.01),
+    ("cg", 200, 0.25, 0.01),
 ]
-QUICK_GRID = [("gd", 20, 0.25, 0.1), ("cg", 20, 0.25, 0.1)]
+QUICK_GRID = [("gd", 20, 0.25, 0.1), ("cg", 20, 0.25, 0.01)]
 TIMED = [("gd", 20), ("cg", 20), ("cg", 30)]
 HEAVY_BALL_MOMENTUM = 0.8
 ANDERSON_WINDOW = 8
@@ -107,15 +113,22 @@ def fashion_config(data_dir: str, out: str, method: str, epochs: int) -> RunConf
         "run.threads": 1, "run.seed": 42})
 
 
-def trained_model(data_dir: str, method: str, epochs: int) -> tuple[ResidualMLP, float]:
-    """A d=256 L=4 ResidualMLP trained ``epochs`` by ``method`` (and its test accuracy)."""
+def trained_model(data_dir: str, method: str, epochs: int) -> tuple[ResidualMLP, str]:
+    """A d=256 L=4 ResidualMLP trained ``epochs`` by ``method`` with default settings, and a
+    line on its run (test accuracy; for EP the per-epoch ‖∇F‖ end/start of the relaxation)."""
     with tempfile.TemporaryDirectory() as out:
         config = fashion_config(data_dir, out, method, epochs)
         result = train(config)
         state = torch.load(result.run_dir / CHECKPOINT_FILE, weights_only=False)["model"]
     model = ResidualMLP(784, D, N_CLASSES, BLOCKS)
     model.load_state_dict(state)
-    return model, result.record["final"]["test_acc"]
+    line = f"{method} test acc {result.record['final']['test_acc']:.3f}"
+    ratios = [e["ep_relax_grad_ratio"] for e in result.record["log"] if "ep_relax_grad_ratio" in e]
+    if ratios:
+        line += (f" (training relaxations with solver {config.method.ep_solver}, β "
+                 f"{config.method.ep_beta:g}: ‖∇F‖ end/start by epoch " +
+                 ", ".join(f"{r:.3g}" for r in ratios) + ")")
+    return model, line
 
 
 def fresh_model() -> ResidualMLP:
@@ -148,14 +161,36 @@ def agreement_rows(models: dict[str, ResidualMLP], x: Tensor, y: Tensor,
 
 
 # --- 2. cost ----------------------------------------------------------------------------------
-def timed_rules(in_dim: int) -> dict[str, tuple[Callable[[Tensor, Tensor], object], int]]:
+def baseline_rule_class(path: str | None) -> type | None:
+    """The ``EP`` class of another version of methods/ep.py (e.g. ``git show REV:…`` saved
+    to a file), timed with its own defaults next to this one."""
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("ep_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--baseline-ep {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ep_baseline"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.EP
+
+
+def timed_rules(in_dim: int, baseline: type | None
+                ) -> dict[str, tuple[Callable[[Tensor, Tensor], object], int]]:
     """Step functions of BP and of EP per timed solver, each on its own copy of one init."""
     rules = {}
-    for name, config in [("bp", MethodConfig(name="bp"))] + [
-            (f"ep {s} {n}", MethodConfig(name="ep", ep_solver=s, ep_steps=n)) for s, n in TIMED]:
+    configs = [("bp", MethodConfig(name="bp"))] + [
+        (f"ep {s} {n}", MethodConfig(name="ep", ep_solver=s, ep_steps=n)) for s, n in TIMED]
+    if baseline is not None:
+        configs.append(("ep baseline file", MethodConfig(name="ep")))
+    for name, config in configs:
         torch.manual_seed(0)
         model = ResidualMLP(in_dim, D, N_CLASSES, BLOCKS)
-        rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
+        if name == "ep baseline file":
+            rule = baseline(model, config, n_classes=N_CLASSES,
+                            generator=torch.Generator().manual_seed(0))
+        else:
+            rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
         optimizer = make_adamw(rule.trainable_parameters(), lr=1e-3, weight_decay=0.01)
         steps = 20 if name == "bp" else 3  # blocks of comparable wall time
 
@@ -168,13 +203,13 @@ def timed_rules(in_dim: int) -> dict[str, tuple[Callable[[Tensor, Tensor], objec
     return rules
 
 
-def cost_rows(in_dims: list[int], repeats: int) -> list[str]:
+def cost_rows(in_dims: list[int], repeats: int, baseline: type | None) -> list[str]:
     rows = ["| in_dim | rule | ms/step | ratio to BP (range over repeats) |", "|---|---|---|---|"]
     for in_dim in in_dims:
         gen = torch.Generator().manual_seed(0)
         batches = [(torch.randn(BATCH, in_dim, generator=gen),
                     torch.randint(0, N_CLASSES, (BATCH,), generator=gen)) for _ in range(4)]
-        rules = timed_rules(in_dim)
+        rules = timed_rules(in_dim, baseline)
         for step, _ in rules.values():  # warm-up
             for x, y in batches[:2]:
                 step(x, y)
@@ -211,29 +246,32 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two grid rows, fresh and "
                         "BP-trained (1 epoch) models, 2 timing repeats at in_dim 784")
     parser.add_argument("--out", default=None, help="also write the tables to this file")
+    parser.add_argument("--baseline-ep", default=None, metavar="FILE",
+                        help="another version of src/creditaudit/methods/ep.py whose EP rule "
+                        "is timed too (with its own defaults)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started, load_start = time.perf_counter(), load_average()
     epochs = 1 if args.quick else args.epochs
     print("training the comparison models …", flush=True)
     models = {"fresh": fresh_model()}
-    accuracy = {}
-    models["BP-trained"], accuracy["BP-trained"] = trained_model(args.data_dir, "bp", epochs)
+    runs = {}
+    models["BP-trained"], runs["BP-trained"] = trained_model(args.data_dir, "bp", epochs)
     if not args.quick:
-        models["EP-trained"], accuracy["EP-trained"] = trained_model(args.data_dir, "ep",
-                                                                     epochs)
+        models["EP-trained"], runs["EP-trained"] = trained_model(args.data_dir, "ep", epochs)
     dataset = load_dataset(DataConfig(name="fashion-mnist", data_dir=args.data_dir), seed=42)
     x, y = dataset.eval_subset(args.eval_samples, flatten=True)
     print("agreement …", flush=True)
     lines = [f"torch {torch.__version__}, 1 thread, load average {load_start} at the start",
              f"models: ResidualMLP(784, {D}, 10, {BLOCKS}, out_ln=True); trained "
-             f"{epochs} epochs on Fashion-MNIST: " + ", ".join(
-                 f"{k} test acc {v:.3f}" for k, v in accuracy.items()),
+             f"{epochs} epochs on Fashion-MNIST: " + "; ".join(
+                 f"{k}: {v}" for k, v in runs.items()),
              f"agreement on {x.shape[0]} evaluation samples, float64", ""]
     lines += agreement_rows(models, x, y, QUICK_GRID if args.quick else GRID)
     print("cost …", flush=True)
+    baseline = baseline_rule_class(args.baseline_ep)
     lines += ["", *cost_rows([784] if args.quick else [784, 3072],
-                             2 if args.quick else args.repeats)]
+                             2 if args.quick else args.repeats, baseline)]
     lines += ["", f"load average {load_average()} at the end; "
               f"{(time.perf_counter() - started) / 60:.1f} min"]
     text = "\n".join(lines)

@@ -6,8 +6,8 @@ Energy of a set of states h_0 … h_L for input x (per sample, summed over the b
 
 (r_l = h_{l+1} − f_l(h_l) without skips). The free phase is the forward pass (E = 0). The
 nudged phase starts there and relaxes *all* states h_0 … h_L by ``ep_steps`` (20) steps of
-``ep_solver`` (Anderson mixing by default, or plain gradient descent; step size
-``ep_step_size``) on E + β·Σ_i CE_i(readout(h_L)), β = ``ep_beta`` (0.1): see
+``ep_solver`` (conjugate gradients by default, or plain gradient descent; step size
+``ep_step_size``) on E + β·Σ_i CE_i(readout(h_L)), β = ``ep_beta`` (0.01): see
 :mod:`creditaudit.methods.ep_relax` for the solvers, the step size and the back-off. h_0
 relaxes too, tied to embed(x) by the embedding term above: that term is what lets EP train
 the embedding (its contrastive update is ⟨embed(x), a_0⟩) and gives layer 0 a credit;

@@ -65,9 +65,9 @@ class Relaxation:
     ``states`` are the free h_0 … h_L (relaxation dtype), ``deltas`` the displacements
     h^nudged − h^free, ``residuals`` [r_{−1} = δ_0, r_0, …, r_{L−1}] at the nudged states
     (all detached, summed-energy scale). ``grad_norms``: ‖∇F‖ over the batch at the free
-    state and after every accepted step (the last one is the returned state's);
+    state first and at the returned state last (gd: after every accepted step between);
     ``grad_ratio`` = last / first; ``final_step_size``: η after any back-off;
-    ``backoffs``: how many steps were rejected.
+    ``backoffs``: how many times η (gd's step, cg's probe) was halved.
     """
 
     states: list[Tensor]

@@ -11,12 +11,17 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig, RunConfig
+from creditaudit.audit import audit_run
+from creditaudit.config import EP_SOLVERS, MethodConfig, RunConfig
 from creditaudit.diagnostics.alignment import layer_cosines
+from creditaudit.errors import ConfigError
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
+from creditaudit.methods.ep import update_agreement
+from creditaudit.methods.ep_relax import SOLVERS
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
+from creditaudit.report import render
 from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -138,12 +143,119 @@ def test_exploded_stream_keeps_its_credit_in_fp32():
 
 def test_backoff_keeps_a_too_large_step_size_stable():
     model = mlp(w2_std=0.3)
-    rule = ep_rule(model)
+    rule = ep_rule(model, ep_solver="gd")
     x, y = batch()
     states, _ = model.forward_states(x)
     stiff = rule.relax(states, y, steps=60, step_size=4.0)  # far beyond 2/λ_max
-    assert stiff.final_step_size < 4.0 and stiff.grad_ratio < 1.0
+    assert stiff.final_step_size < 4.0 and stiff.grad_ratio < 1.0 and stiff.backoffs > 0
     assert all(torch.isfinite(r).all() for r in stiff.residuals)
+
+
+def test_cg_probe_length_does_not_change_where_it_goes():
+    """CG measures the curvature itself: η only sets the first probe, short or far."""
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    states, _ = model.forward_states(x)
+    runs = [rule.relax(states, y, steps=100, step_size=eta) for eta in (0.01, 0.25, 4.0)]
+    for run in runs:
+        assert run.backoffs == 0 and run.grad_ratio < 1e-7
+        for r, ref in zip(run.residuals, runs[1].residuals):
+            assert torch.allclose(r, ref, rtol=0, atol=1e-6 * float(ref.abs().max()))
+
+
+# --- the relaxation solvers ---------------------------------------------------------------
+def test_unknown_solver_is_a_config_error():
+    with pytest.raises(ConfigError, match="method.ep_solver='adam' is not allowed; choose one "
+                                          "of cg, gd"):
+        RunConfig().replace(**{"method.ep_solver": "adam"})
+    assert tuple(SOLVERS) == EP_SOLVERS  # every allowed choice has a solver, and only those
+
+
+def free_energy_gradient_norm(model, x: Tensor, y: Tensor, states: list[Tensor],
+                              deltas: list[Tensor], beta: float) -> float:
+    """‖∇F‖ over the batch at h = free + δ, F = literal energy + β·Σ_i CE_i (autograd)."""
+    nudged = [(h + d).detach().requires_grad_(True) for h, d in zip(states, deltas)]
+    total = literal_energy(model, x, nudged) + beta * F.cross_entropy(
+        model.readout(nudged[-1]), y, reduction="sum")
+    grads = torch.autograd.grad(total, nudged)
+    return float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+
+
+@pytest.mark.parametrize("solver", ["cg", "gd"])
+def test_recorded_grad_ratio_is_final_over_initial_gradient_norm(solver):
+    model = mlp(w2_std=0.3)
+    x, y = batch()
+    rule = ep_rule(model, ep_solver=solver)
+    states = [h.detach() for h in model.forward_states(x)[0]]
+    relaxation = rule.relax(states, y)
+    zero = [torch.zeros_like(h) for h in states]
+    start = free_energy_gradient_norm(model, x, y, states, zero, rule.beta)
+    end = free_energy_gradient_norm(model, x, y, states, relaxation.deltas, rule.beta)
+    assert relaxation.grad_norms[0] == pytest.approx(start, rel=1e-10)
+    assert relaxation.grad_norms[-1] == pytest.approx(end, rel=1e-8)
+    assert relaxation.grad_ratio == pytest.approx(end / start, rel=1e-8)
+    # the epoch field is the mean of the steps' ratios, the back-off share the share of steps
+    ratios, backed_off = [], []
+    original = rule.relax
+
+    def recording(*args, **kw):
+        result = original(*args, **kw)
+        ratios.append(result.grad_ratio)
+        backed_off.append(result.backoffs > 0)
+        return result
+
+    rule.relax = recording
+    for seed in (1, 2, 3):
+        grads_after_step(rule, *batch(seed=seed))
+    fields = rule.end_epoch(1, 1)
+    assert fields["ep_relax_grad_ratio"] == pytest.approx(sum(ratios) / 3, rel=1e-12)
+    assert fields["ep_backoff_fraction"] == sum(backed_off) / 3
+
+
+def test_backoff_fraction_is_the_share_of_steps_that_halved_the_step_size():
+    model = mlp(w2_std=0.3)
+    x, y = batch()
+    rule = ep_rule(model, ep_solver="gd", ep_step_size=4.0, ep_steps=5)
+    grads_after_step(rule, x, y)
+    rule.step_size = 0.1  # the same rule, now within the stable range
+    grads_after_step(rule, x, y)
+    assert rule.end_epoch(1, 1)["ep_backoff_fraction"] == 0.5
+
+
+def test_cg_reaches_the_same_equilibrium_as_gradient_descent_in_fewer_steps():
+    model = mlp(n_blocks=5)
+    rule = ep_rule(model)
+    x, y = batch()
+    states, _ = model.forward_states(x)
+    reference = rule.relax(states, y, solver="gd", steps=5000, step_size=0.25)
+    converged = rule.relax(states, y, solver="cg", steps=150)
+    assert reference.grad_ratio < 1e-12 and converged.grad_ratio < 1e-10
+    for a, b in zip(converged.residuals + converged.deltas,
+                    reference.residuals + reference.deltas):
+        assert torch.allclose(a, b, rtol=0, atol=1e-9 * float(b.abs().max()))
+
+    def error(relaxation) -> float:
+        return float(sum((r - s).pow(2).sum() for r, s in zip(
+            relaxation.residuals, reference.residuals)).sqrt())
+
+    for steps, factor in ((20, 3), (40, 100)):
+        cg = rule.relax(states, y, solver="cg", steps=steps)
+        gd = rule.relax(states, y, solver="gd", steps=steps)
+        assert cg.grad_ratio < gd.grad_ratio / factor, steps
+        assert error(cg) < error(gd) / factor, steps
+
+
+def test_cg_relaxes_every_sample_on_its_own():
+    """Per-sample step sizes: a sample's equilibrium does not depend on its batch."""
+    model = mlp(w2_std=0.3)
+    rule = ep_rule(model)
+    x, y = batch(n=8)
+    states, _ = model.forward_states(x)
+    whole = rule.relax(states, y, steps=12)
+    half = rule.relax([h[:4] for h in states], y[:4], steps=12)
+    for a, b in zip(whole.residuals, half.residuals):
+        assert torch.allclose(a[:4], b, rtol=1e-10, atol=1e-14)
 
 
 # --- the weight update --------------------------------------------------------------------
@@ -221,6 +333,70 @@ def test_block_update_depends_only_on_its_own_credit(layer):
             assert torch.equal(g, base[name]), name
 
 
+# --- convergence at the end of a run ------------------------------------------------------
+def test_converged_relaxation_gives_the_bp_weight_update_for_small_beta():
+    model = mlp()
+    x, y = batch(n=16)
+    converged = update_agreement(model, x, y, beta=1e-3, steps=100, step_size=0.25, solver="cg")
+    assert converged["ep_eval_relax_grad_ratio"] < 1e-8
+    assert converged["ep_update_cos"] >= 0.999, converged
+    assert min(converged["ep_update_cos_layers"]) >= 0.999, converged
+    # an unconverged relaxation is visibly worse: the metric tells the two apart
+    short = update_agreement(model, x, y, beta=1e-3, steps=3, step_size=0.25, solver="gd")
+    assert short["ep_update_cos"] < 0.99 and short["ep_eval_relax_grad_ratio"] > 0.1
+
+
+def test_update_agreement_is_the_cosine_of_the_rules_update_with_bp():
+    """By hand: the rule's own training gradients, chunk-weighted, against ∇ mean CE."""
+    model = mlp(w2_std=0.3)
+    x, y = batch(n=160)  # two relaxation chunks: 128 + 32 samples
+    rule = ep_rule(model)
+    got = update_agreement(model, x, y, beta=rule.beta, steps=rule.steps,
+                           step_size=rule.step_size, solver=rule.solver)
+    names = [n for n, _ in model.named_parameters() if n.startswith(("embed.", "blocks."))]
+    ep = {n: torch.zeros_like(dict(model.named_parameters())[n]) for n in names}
+    for start in (0, 128):
+        chunk = grads_after_step(rule, x[start:start + 128], y[start:start + 128])
+        for n in names:
+            ep[n] += chunk[n] * min(128, 160 - start) / 160
+    twin = copy.deepcopy(model)
+    bp = dict(zip(names, torch.autograd.grad(
+        F.cross_entropy(twin(x), y), [dict(twin.named_parameters())[n] for n in names])))
+
+    def cosine(prefixes: tuple[str, ...]) -> float:
+        a = torch.cat([ep[n].flatten() for n in names if n.startswith(prefixes)])
+        b = torch.cat([bp[n].flatten() for n in names if n.startswith(prefixes)])
+        return float(a @ b / (a.norm() * b.norm()))
+
+    assert got["ep_update_cos"] == pytest.approx(cosine(("embed.", "blocks.")), rel=1e-9)
+    modules = ["embed."] + [f"blocks.{i}." for i in range(3)]
+    assert got["ep_update_cos_layers"] == pytest.approx([cosine((m,)) for m in modules],
+                                                        rel=1e-9)
+
+
+def test_frozen_modules_have_no_update_cosine():
+    model = mlp()
+    rule = build_rule(model, MethodConfig(name="ep", trainable_blocks=1), n_classes=C, seed=7)
+    cosines = rule.run_metrics(*batch())["ep_update_cos_layers"]
+    assert cosines[1] is None and cosines[2] is None
+    assert all(isinstance(c, float) for c in (cosines[0], cosines[3]))
+
+
+def test_run_metrics_leave_model_grads_rule_state_and_rng_alone():
+    model = mlp()
+    rule = ep_rule(model)
+    x, y = batch()
+    grads_after_step(rule, x, y)  # .grad fields and step counters now hold something
+    params = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    state, rng = copy.deepcopy(rule.state_dict()), torch.get_rng_state()
+    assert rule.run_metrics(x, y)["ep_update_cos"] > 0.5
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    assert rule.state_dict() == state and torch.equal(torch.get_rng_state(), rng)
+    assert all(p.dtype == F64 for p in model.parameters()) and model.training
+
+
 # --- other architectures ------------------------------------------------------------------
 def test_token_states_give_token_credits():
     torch.manual_seed(0)
@@ -281,3 +457,26 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at):
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert a["rule"] == b["rule"]
+
+
+def test_run_record_and_audit_report_show_the_convergence(tmp_path):
+    config = RunConfig().replace(**{**TINY_RUN, "optim.epochs": 1,
+                                    "run.out_dir": str(tmp_path)})
+    result = train(config)
+    diagnostics = result.record.diagnostics.to_dict()
+    assert len(diagnostics["ep_update_cos_layers"]) == config.model.n_blocks + 1
+    assert -1.0 <= diagnostics["ep_update_cos"] <= 1.0
+    assert 0.0 < diagnostics["ep_eval_relax_grad_ratio"] < 1.0
+    # the report recomputes the same numbers from the checkpoint and prints them
+    report = audit_run(str(result.run_dir))
+    for key in ("ep_update_cos", "ep_update_cos_layers", "ep_eval_relax_grad_ratio"):
+        assert report.metrics[key] == pytest.approx(diagnostics[key], rel=1e-9), key
+    epoch = result.record.log[-1].to_dict()
+    assert report.metrics["ep_relax_grad_ratio"] == epoch["ep_relax_grad_ratio"]
+    text = render(report, "text")
+    assert f"EP weight update vs BP: cos {diagnostics['ep_update_cos']:.4f}" in text
+    assert f"‖∇F‖ end/start {epoch['ep_relax_grad_ratio']:.3g} (epoch mean)" in text
+    assert "−r_{l−1}/β" in render(report, "md")
+    quick = audit_run(str(result.run_dir), metrics=False)
+    assert "ep_update_cos" not in quick.metrics
+    assert "‖∇F‖ end/start" in render(quick, "text")

@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, config_metadata, diagnose
 from creditaudit.records import (
+    EpochEntry,
     RunRecord,
     load_record,
     load_records,
@@ -136,6 +139,23 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
                "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
     say(f"diagnostics (a)–(d) and per-layer cosines on {eval_x.shape[0]} evaluation samples"
         f" (epoch {run.epoch})")
-    return diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
-                    frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
-                    metadata=metadata, progress=say)
+    report = diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
+                      frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
+                      metadata=metadata, progress=say)
+    fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
+    if fields:
+        report.metrics = {**(report.metrics or {}), **fields}
+    return report
+
+
+def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor,
+                eval_y: torch.Tensor, *, metrics: bool) -> dict[str, Any]:
+    """The rule's own numbers: what it recorded for the audited epoch (e.g. EP's relaxation
+    ratio) and, with ``metrics``, its end-of-run metrics recomputed now (e.g. EP's update
+    cosine with BP), under a forked RNG."""
+    fields: dict[str, Any] = dict(entry.extras) if entry is not None else {}
+    if metrics:
+        devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            fields.update(rule.run_metrics(eval_x, eval_y))
+    return fields

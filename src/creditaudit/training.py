@@ -397,6 +397,9 @@ class Trainer:
             self.record.diagnostics.drift = feature_drift(
                 initial, dict(self.model.named_parameters()))
             self.record.diagnostics.update(self._credit_quality())
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
+                self.record.diagnostics.update(self.rule.run_metrics(self.eval_x, self.eval_y))
         self._write()
 
     def _credit_quality(self) -> dict[str, Any]:

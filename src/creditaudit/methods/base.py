@@ -278,6 +278,15 @@ class CreditRule:
         raise NotImplementedError(f"{type(self).__name__} has no fixed random feedback")
         yield  # pragma: no cover
 
+    def run_metrics(self, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """Rule-specific end-of-run metrics on an evaluation set (e.g. EP's convergence).
+
+        ``x`` ``(N, …)`` inputs, ``y`` ``(N,)`` labels. Returns JSON-able record fields
+        (none by default). Like :meth:`credits`, must not change parameters, their
+        ``.grad``, the rule's own state or any random stream used by training.
+        """
+        return {}
+
     # --- persistence --------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
         return {}

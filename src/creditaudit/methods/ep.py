@@ -6,10 +6,12 @@ Energy of a set of states h_0 … h_L for input x (per sample, summed over the b
 
 (r_l = h_{l+1} − f_l(h_l) without skips). The free phase is the forward pass (E = 0). The
 nudged phase starts there and relaxes *all* states h_0 … h_L by ``ep_steps`` (20) steps of
-gradient descent with step size ``ep_step_size`` on E + β·Σ_i CE_i(readout(h_L)), β =
-``ep_beta`` (0.1). h_0 relaxes too, tied to embed(x) by the embedding term above: that term
-is what lets EP train the embedding (its contrastive update is ⟨embed(x), a_0⟩) and gives
-layer 0 a credit; clamping h_0 would leave both at zero.
+``ep_solver`` (conjugate gradients by default, or plain gradient descent; step size
+``ep_step_size``) on E + β·Σ_i CE_i(readout(h_L)), β = ``ep_beta`` (0.01): see
+:mod:`creditaudit.methods.ep_relax` for the solvers, the step size and the back-off. h_0
+relaxes too, tied to embed(x) by the embedding term above: that term is what lets EP train
+the embedding (its contrastive update is ⟨embed(x), a_0⟩) and gives layer 0 a credit;
+clamping h_0 would leave both at zero.
 
 Why the relaxation is written in displacements δ = h^nudged − h^free: r_l is then computed as
 δ_{l+1} − δ_l − (f_l(h_l + δ_l) − f_l(h_l)), whose rounding error is eps·‖f‖ instead of
@@ -17,16 +19,11 @@ eps·‖h‖ — on a residual stream that grew to 1e7 the nudge (≈ β·‖∂
 otherwise vanish below fp32 resolution. The relaxation always runs in at least fp32, also
 under bf16 autocast.
 
-Step size: the Hessian of E at the free state is JᵀJ, with J the Jacobian of the residuals
-(identity blocks on the diagonal, −(I + ∂f_l/∂h_l) below it). For near-identity blocks its
-eigenvalues lie in (0, 4), so gradient descent is stable for η < 0.5; trained blocks with
-‖I + ∂f/∂h‖ up to ≈ 1.8 still are at η = 0.25, the default (0.25 keeps a factor 2 margin;
-the slowest modes of a chain of L + 1 states then decay as (1 − 0.25·λ_min)^t, so 20 steps
-relax the layers near the output well and layer 0 only partly). Whenever ‖∇F‖ grows by more
-than 10% in one step anyway (a stiff model, e.g. a fresh ViT whose CLS token has a tiny
-norm, so LN'(h) is large), the relaxation steps back and halves η for the rest of it.
-``ep_relax_grad_ratio`` (‖∇F‖ at the last step / at the first) and ``ep_backoff_fraction``
-(share of steps that halved η), both epoch means, record how each relaxation went.
+Convergence is recorded per epoch: ``ep_relax_grad_ratio`` (‖∇F‖ at the end of the nudged
+phase / at its start, mean over the epoch's steps) and ``ep_backoff_fraction`` (share of the
+epoch's steps whose relaxation had to halve η at least once). At the end of a run,
+:meth:`EP.run_metrics` measures what the relaxation is for: the cosine between EP's weight
+update and BP's (gradient of the batch-mean CE) on the evaluation set, in float64.
 
 Credit. At the nudged equilibrium ∂E/∂h + β∂C/∂h = 0 gives the residuals r = −β J⁻ᵀ∇C, i.e.
 r_{l−1} = −β·g_l to first order, where g_l = ∂CE/∂h_l is backprop's gradient. So the
@@ -36,11 +33,10 @@ prediction error of the state block l−1 writes, divided by −β, estimates g_
 
 scaled by 1/B to the batch-mean convention of the other rules. This is the quantity the
 contrastive weight update actually feeds block l−1 (below), so it is the credit of the state
-the block writes (science.md §4). The state displacement (h_l^free − h_l^n)/β, which an
-earlier statement of the rule named as the credit, equals a_l only at l = 0: in general it
-is J⁻¹·a = Σ_{k≤l} (∂h_l/∂h_k)·a_k, the gradient *propagated forwards* and accumulated over
-the layers below, which does not converge to g_l as β → 0 (it is ≈ (l+1)·g_l only for
-near-identity blocks).
+the block writes (science.md §4). The state displacement (h_l^free − h_l^n)/β, often named
+as EP's credit, equals a_l only at l = 0: in general it is J⁻¹·a = Σ_{k≤l} (∂h_l/∂h_k)·a_k,
+the gradient *propagated forwards* and accumulated over the layers below, which does not
+converge to g_l as β → 0 (it is ≈ (l+1)·g_l only for near-identity blocks).
 It stays available as :meth:`EP.displacement_credits` for comparison.
 
 Weights: the contrastive update (∂E/∂θ at the nudged states − at the free states)/β. At the
@@ -54,11 +50,11 @@ h_L, and the penalty λ‖f_l(h_l)‖² is added on the free states.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
@@ -69,88 +65,97 @@ from creditaudit.methods.base import (
     per_sample_dot,
     step_result,
 )
+from creditaudit.methods.ep_relax import Relaxation, relax
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet, block_is_trainable
 
-BACKOFF_GROWTH = 1.1  # ‖∇F‖ may grow by 10% in one step before η is halved
+# Samples per relaxation in :func:`update_agreement` (the training batch of the recipe).
+AGREEMENT_CHUNK = 128
 
 
-@dataclass
-class Relaxation:
-    """Result of one nudged phase.
+def credits_from(relaxation: Relaxation, batch: int, beta: float) -> list[Tensor]:
+    """a_l = −r_{l−1}/(β·B), l = 0 … L (with r_{−1} = δ_0)."""
+    return [-r / (beta * batch) for r in relaxation.residuals]
 
-    ``states`` are the free h_0 … h_L (relaxation dtype), ``deltas`` the displacements
-    h^nudged − h^free, ``residuals`` [r_{−1} = δ_0, r_0, …, r_{L−1}] at the nudged states
-    (all detached, summed-energy scale), ``grad_ratio`` ‖∇F‖ at the last step / first step.
+
+def contrastive_objective(model: ResidualNet, x: Tensor, relaxation: Relaxation,
+                          credits: list[Tensor]) -> Tensor:
+    """Σ_l ⟨f_l(h_l^n), a_{l+1}⟩ + ⟨embed(x), a_0⟩ (sums over samples; credits detached).
+
+    Its parameter gradient equals (∂E/∂θ|nudged − ∂E/∂θ|free)/β / B. Frozen modules are
+    left out.
     """
-
-    states: list[Tensor]
-    deltas: list[Tensor]
-    residuals: list[Tensor]
-    grad_ratio: float
-    final_step_size: float
-
-
-def relaxation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """At least fp32: bf16 states cannot resolve a nudge of β·‖∂CE/∂h‖."""
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def nudged_residuals(model: ResidualNet, states: list[Tensor], branches: list[Tensor],
-                     deltas: list[Tensor]) -> list[Tensor]:
-    """[r_{−1}, r_0, …, r_{L−1}] at h = free + δ, in displacement form (see module doc).
-
-    ``branches[l]`` is f_l(h_l) at the free state. Block parameters stay in the graph, but
-    callers only differentiate with respect to ``deltas``.
-    """
-    residuals = [deltas[0]]
+    objective: Tensor | float = 0.0
+    if any(p.requires_grad for p in model.embed.parameters()):
+        objective = objective + per_sample_dot(model.embed(x), credits[0]).sum()
     for index, block in enumerate(model.blocks):
-        delta = deltas[index]
-        moved = block(states[index] + delta) - branches[index]
-        if model.residual:
-            moved = delta + moved
-        residuals.append(deltas[index + 1] - moved)
-    return residuals
+        if block_is_trainable(block):
+            nudged = (relaxation.states[index] + relaxation.deltas[index]).to(
+                credits[index + 1].dtype)
+            objective = objective + per_sample_dot(block(nudged), credits[index + 1]).sum()
+    return objective  # type: ignore[return-value]
 
 
-def relax(model: ResidualNet, states: list[Tensor], y: Tensor, *, beta: float, steps: int,
-          step_size: float) -> Relaxation:
-    """Nudged phase: ``steps`` gradient-descent steps on E + β·Σ_i CE_i from the free states.
+def writer_modules(model: ResidualNet) -> list[nn.Module]:
+    """The module that writes each state: [embed, block 0, …, block L−1] for h_0 … h_L."""
+    return [model.embed, *model.blocks]
 
-    ``states`` are the free h_0 … h_L of the batch (any dtype; relaxed in ≥ fp32). Touches
-    no parameter ``.grad`` (gradients are taken with respect to the displacements only).
+
+def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, steps: int,
+                     step_size: float, solver: str) -> dict[str, Any]:
+    """How well EP's weight update matches BP's on ``(x, y)`` (``(N, …)`` inputs, labels).
+
+    On a float64 copy of ``model``: EP's update of the trainable embed and block parameters
+    (relaxations of ``AGREEMENT_CHUNK`` samples with the given settings, averaged over all
+    N samples) against the gradient of the mean CE over the N samples. Returns
+    ``ep_update_cos`` (all those parameters flattened together), ``ep_update_cos_layers``
+    ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) and
+    ``ep_eval_relax_grad_ratio`` (‖∇F‖ end / start, mean over the chunks); or
+    ``ep_update_error`` when the model's states are not finite. Leaves ``model`` alone.
     """
-    dtype = relaxation_dtype(states[0].dtype)
-    free = [h.detach().to(dtype) for h in states]
-    with torch.no_grad():
-        branches = [block(free[i]) for i, block in enumerate(model.blocks)]
-    deltas = [torch.zeros_like(h) for h in free]
-    eta, first, previous = step_size, 0.0, None
-    with torch.enable_grad():
-        for step in range(steps):
-            leaves = [d.requires_grad_(True) for d in deltas]
-            residuals = nudged_residuals(model, free, branches, leaves)
-            energy = sum(0.5 * r.pow(2).sum() for r in residuals)
-            logits = model.readout(free[-1] + leaves[-1])
-            total = energy + beta * F.cross_entropy(logits, y, reduction="sum")
-            grads = [g.detach() for g in torch.autograd.grad(total, leaves)]
-            leaves = [d.detach() for d in leaves]
-            norm = float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads)))
-            first = norm if step == 0 else first
-            if previous is not None and not norm <= BACKOFF_GROWTH * previous[2]:
-                # ‖∇F‖ grew: η exceeds 2/λ_max somewhere (a stiff model, e.g. a ViT's
-                # small-norm CLS token). Step back and halve η. (Within a stable η, ‖∇F‖
-                # never grows on the quadratic part; the 10% slack ignores rounding noise
-                # and the CE term's curvature near convergence.)
-                leaves, grads, norm = previous
-                eta /= 2
-            previous = (leaves, grads, norm)
-            deltas = [d - eta * g for d, g in zip(leaves, grads)]
-        residuals = [r.detach() for r in nudged_residuals(model, free, branches, deltas)]
-    last = previous[2] if previous is not None else 0.0
-    ratio = last / first if first > 0 else 0.0
-    return Relaxation(states=free, deltas=deltas, residuals=residuals, grad_ratio=ratio,
-                      final_step_size=eta)
+    twin = copy.deepcopy(model).double().eval()
+    x = x.double() if x.is_floating_point() else x
+    writers = [[p for p in module.parameters() if p.requires_grad]
+               for module in writer_modules(twin)]
+    params = [p for group in writers for p in group]
+    if not params:
+        return {}
+    ep_update = [torch.zeros_like(p) for p in params]
+    bp_update = [torch.zeros_like(p) for p in params]
+    ratios = []
+    for start in range(0, x.shape[0], AGREEMENT_CHUNK):
+        xs, ys = x[start:start + AGREEMENT_CHUNK], y[start:start + AGREEMENT_CHUNK]
+        weight = ys.shape[0] / y.shape[0]
+        with torch.no_grad():
+            states, _ = twin.forward_states(xs)
+        if not all(bool(torch.isfinite(h).all()) for h in states):
+            return {"ep_update_error": "non-finite states on the evaluation set"}
+        relaxation = relax(twin, states, ys, beta=beta, steps=steps, step_size=step_size,
+                           solver=solver)
+        ratios.append(relaxation.grad_ratio)
+        credits = credits_from(relaxation, ys.shape[0], beta)
+        objective = contrastive_objective(twin, xs, relaxation, credits) * weight
+        ce = F.cross_entropy(twin(xs), ys, reduction="sum") / y.shape[0]
+        for total, value in ((ep_update, objective), (bp_update, ce)):
+            for acc, grad in zip(total, torch.autograd.grad(value, params, allow_unused=True)):
+                if grad is not None:
+                    acc += grad
+    layers: list[float | None] = []
+    index = 0
+    for group in writers:
+        layers.append(_cosine(ep_update[index:index + len(group)],
+                              bp_update[index:index + len(group)]) if group else None)
+        index += len(group)
+    return {"ep_update_cos": _cosine(ep_update, bp_update), "ep_update_cos_layers": layers,
+            "ep_eval_relax_grad_ratio": sum(ratios) / len(ratios)}
+
+
+def _cosine(a: list[Tensor], b: list[Tensor]) -> float:
+    """Cosine of two parameter lists flattened together (0 when either is exactly zero)."""
+    flat_a = torch.cat([t.flatten() for t in a])
+    flat_b = torch.cat([t.flatten() for t in b])
+    norms = float(flat_a.norm() * flat_b.norm())
+    return float(flat_a @ flat_b) / norms if norms > 0 else 0.0
 
 
 @register
@@ -168,57 +173,50 @@ class EP(CreditRule):
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
         self.beta, self.steps = config.ep_beta, config.ep_steps
-        self.step_size = config.ep_step_size
+        self.step_size, self.solver = config.ep_step_size, config.ep_solver
         self.ratio_sum, self.ratio_count, self.backoffs = 0.0, 0, 0
 
     # --- credit -------------------------------------------------------------------------
     def relax(self, states: list[Tensor], y: Tensor, *, beta: float | None = None,
-              steps: int | None = None, step_size: float | None = None) -> Relaxation:
+              steps: int | None = None, step_size: float | None = None,
+              solver: str | None = None) -> Relaxation:
+        """The nudged phase from free ``states`` with the rule's settings (or overrides)."""
         return relax(self.model, states, y, beta=self.beta if beta is None else beta,
                      steps=self.steps if steps is None else steps,
-                     step_size=self.step_size if step_size is None else step_size)
+                     step_size=self.step_size if step_size is None else step_size,
+                     solver=self.solver if solver is None else solver)
 
     def credits_from(self, relaxation: Relaxation, batch: int, beta: float | None = None
                      ) -> list[Tensor]:
         """a_l = −r_{l−1}/(β·B), l = 0 … L (with r_{−1} = δ_0)."""
-        scale = (self.beta if beta is None else beta) * batch
-        return [-r / scale for r in relaxation.residuals]
+        return credits_from(relaxation, batch, self.beta if beta is None else beta)
 
     @torch.no_grad()
     def credits(self, x: Tensor, y: Tensor, *, beta: float | None = None,
-                steps: int | None = None, step_size: float | None = None) -> list[Tensor]:
+                steps: int | None = None, step_size: float | None = None,
+                solver: str | None = None) -> list[Tensor]:
         states, _ = self.model.forward_states(x)
-        relaxation = self.relax(states, y, beta=beta, steps=steps, step_size=step_size)
+        relaxation = self.relax(states, y, beta=beta, steps=steps, step_size=step_size,
+                                solver=solver)
         return [a.to(h.dtype) for a, h in zip(self.credits_from(relaxation, y.shape[0], beta),
                                                states)]
 
     @torch.no_grad()
     def displacement_credits(self, x: Tensor, y: Tensor, *, beta: float | None = None,
-                             steps: int | None = None, step_size: float | None = None
-                             ) -> list[Tensor]:
+                             steps: int | None = None, step_size: float | None = None,
+                             solver: str | None = None) -> list[Tensor]:
         """(h_l^free − h_l^nudged)/(β·B): the state displacement (see the module doc)."""
         states, _ = self.model.forward_states(x)
-        relaxation = self.relax(states, y, beta=beta, steps=steps, step_size=step_size)
+        relaxation = self.relax(states, y, beta=beta, steps=steps, step_size=step_size,
+                                solver=solver)
         scale = (self.beta if beta is None else beta) * y.shape[0]
         return [(-d / scale).to(h.dtype) for d, h in zip(relaxation.deltas, states)]
 
     # --- training -----------------------------------------------------------------------
     def contrastive_objective(self, x: Tensor, relaxation: Relaxation, credits: list[Tensor]
                               ) -> Tensor:
-        """Σ_l ⟨f_l(h_l^n), a_{l+1}⟩ + ⟨embed(x), a_0⟩ (sums over samples; credits detached).
-
-        Its parameter gradient equals (∂E/∂θ|nudged − ∂E/∂θ|free)/β / B.
-        """
-        model = self.model
-        objective: Tensor | float = 0.0
-        if any(p.requires_grad for p in model.embed.parameters()):
-            objective = objective + per_sample_dot(model.embed(x), credits[0]).sum()
-        for index, block in enumerate(model.blocks):
-            if block_is_trainable(block):
-                nudged = (relaxation.states[index] + relaxation.deltas[index]).to(
-                    credits[index + 1].dtype)
-                objective = objective + per_sample_dot(block(nudged), credits[index + 1]).sum()
-        return objective  # type: ignore[return-value]
+        """Σ_l ⟨f_l(h_l^n), a_{l+1}⟩ + ⟨embed(x), a_0⟩ on the rule's model."""
+        return contrastive_objective(self.model, x, relaxation, credits)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         optimizer.zero_grad(set_to_none=True)
@@ -244,17 +242,25 @@ class EP(CreditRule):
         if result.finite:
             self.ratio_sum += relaxation.grad_ratio  # type: ignore[union-attr]
             self.ratio_count += 1
-            self.backoffs += int(relaxation.final_step_size < self.step_size)  # type: ignore[union-attr]
+            self.backoffs += int(relaxation.backoffs > 0)  # type: ignore[union-attr]
             objective.backward()
             optimizer.step()
         return result
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
+        """``ep_relax_grad_ratio``: ‖∇F‖ end / start of the nudged phase, mean over the
+        epoch's steps; ``ep_backoff_fraction``: share of its steps that halved η."""
         count = self.ratio_count
         fields = {"ep_relax_grad_ratio": self.ratio_sum / count if count else float("nan"),
                   "ep_backoff_fraction": self.backoffs / count if count else float("nan")}
         self.ratio_sum, self.ratio_count, self.backoffs = 0.0, 0, 0
         return fields
+
+    def run_metrics(self, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """EP/BP weight-update cosines on ``(x, y)`` with the run's relaxation settings
+        (:func:`update_agreement`)."""
+        return update_agreement(self.model, x, y, beta=self.beta, steps=self.steps,
+                                step_size=self.step_size, solver=self.solver)
 
     # --- persistence --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -264,3 +270,7 @@ class EP(CreditRule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ratio_sum, self.ratio_count = state["ratio_sum"], state["ratio_count"]
         self.backoffs = state["backoffs"]
+
+
+__all__ = ["EP", "Relaxation", "contrastive_objective", "credits_from", "relax",
+           "update_agreement"]

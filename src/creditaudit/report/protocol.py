@@ -165,9 +165,12 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
     def row(values: Sequence[float] | None) -> str:
         return "[" + ", ".join(fmt(v, "+.3f") for v in values or []) + "]"
 
-    lines = ["credit quality (controls: BP positive, random negative):",
-             f"  cos per layer   {row(metrics.get('bp_cosine'))}  random "
-             f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
+    lines = ep_convergence_lines(metrics)
+    if "bp_cosine" not in metrics:  # only a rule's own fields (audit --no-metrics)
+        return lines
+    lines += ["credit quality (controls: BP positive, random negative):",
+              f"  cos per layer   {row(metrics.get('bp_cosine'))}  random "
+              f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
     if "perturbation_rho" in metrics:
         controls = metrics.get("rho_controls", {})
         lines.append(f"  ρ per layer     {row(metrics['perturbation_rho'])}  BP "
@@ -184,4 +187,22 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
         lines.append(f"  fresh-B null    deep cos {null['training_value']:+.4f} (training B) vs "
                      f"{null['mean']:+.4f} ± {null['std']:.4f} over {null['n']} draws "
                      f"(z = {null['z']:.1f})")
+    return lines
+
+
+def ep_convergence_lines(metrics: dict[str, Any]) -> list[str]:
+    """EP's relaxation: ‖∇F‖ end/start in the audited epoch and the end-of-run cosine of
+    EP's weight update with BP's (overall and per module writing h_0 … h_L)."""
+    lines = []
+    if "ep_relax_grad_ratio" in metrics:
+        lines.append(f"EP relaxation: ‖∇F‖ end/start {fmt(metrics['ep_relax_grad_ratio'])} "
+                     "(epoch mean), back-off in "
+                     f"{fmt(metrics.get('ep_backoff_fraction'), '.0%')} of steps")
+    if "ep_update_cos" in metrics:
+        layers = ", ".join(fmt(v, ".4f") for v in metrics.get("ep_update_cos_layers") or [])
+        lines.append(f"EP weight update vs BP: cos {fmt(metrics['ep_update_cos'], '.4f')} "
+                     f"(embed, blocks: [{layers}]; float64, ‖∇F‖ end/start "
+                     f"{fmt(metrics.get('ep_eval_relax_grad_ratio'))})")
+    if "ep_update_error" in metrics:
+        lines.append(f"EP weight update vs BP: not measured ({metrics['ep_update_error']})")
     return lines

@@ -7,7 +7,11 @@ from torch import Tensor
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods.feedback import FixedFeedbackRule
-from creditaudit.methods.linear_feedback import LinearFeedbackRule, weight_shapes
+from creditaudit.methods.linear_feedback import (
+    LinearFeedbackRule,
+    decorrelated,
+    weight_shapes,
+)
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
 
@@ -37,6 +41,9 @@ class FALinear(FixedFeedbackRule, LinearFeedbackRule):
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:
         return weight_shapes(self.layers)
+
+    def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
+        return super().draw_feedback(decorrelated(generator))
 
     def feedback_matrices(self) -> list[Tensor]:
         return self.feedback

@@ -20,7 +20,8 @@ from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-RULES = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep")
+RULES = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep", "fa-linear", "usf", "brsf",
+         "frsf", "kp", "drtp")
 TINY = {
     "data.n_train": 512, "data.n_test": 256, "data.in_dim": 8, "data.teacher_width": 32,
     "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
@@ -58,7 +59,7 @@ def test_credits_on_cuda_match_cpu(method: str) -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("method", ("bp", "dfa", "ep"))
+@pytest.mark.parametrize("method", ("bp", "dfa", "ep", "fa-linear", "kp"))
 def test_bf16_trains_under_autocast_and_credits_stay_fp32(method: str) -> None:
     torch.manual_seed(0)
     model = ResidualMLP(12, 32, 10, 2, out_ln=True).cuda()
@@ -77,16 +78,16 @@ def test_bf16_trains_under_autocast_and_credits_stay_fp32(method: str) -> None:
 @needs_cuda
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))
 def test_cuda_run_records_and_audits_on_both_devices(tmp_path: Path, precision: str) -> None:
-    from creditaudit.cli.audit import audit_run
+    from creditaudit.audit import audit_run
 
     config = RunConfig().replace(**{**TINY, "method.name": "dfa", "run.out_dir": str(tmp_path),
                                     "run.device": "cuda", "run.precision": precision})
     result = Trainer(config).run()
     assert result.status == "completed"
     record = load_record(result.run_dir)
-    assert record["environment"]["cuda_device"]
-    last = record["log"][-1]
-    assert last["epoch"] == 2 and all(v > 0 for v in last["bp_grad_norms_per_sample_med"])
+    assert record.environment["cuda_device"]
+    last = record.log[-1]
+    assert last.epoch == 2 and all(v > 0 for v in last.bp_grad_norms_per_sample_med)
     on_cpu = audit_run(str(result.run_dir), device="cpu", metrics=False)
     on_gpu = audit_run(str(result.run_dir), device="cuda", metrics=False)
     assert on_cpu.verdict_text == on_gpu.verdict_text
@@ -103,4 +104,4 @@ def test_a_cuda_run_killed_mid_way_resumes_on_the_cpu(tmp_path: Path, kill_run_a
     assert run_id(on_cpu) == run_id(config)
     result = Trainer(on_cpu).run(resume=True)
     assert result.status == "completed"
-    assert [e["epoch"] for e in result.record["log"]] == [0, 1, 2, 3]
+    assert [e.epoch for e in result.record.log] == [0, 1, 2, 3]

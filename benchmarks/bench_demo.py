@@ -26,7 +26,8 @@ from pathlib import Path
 from creditaudit.cli.demo import DEMO_METHODS, DEMO_TASKS, demo_config
 from creditaudit.data import load_dataset
 from creditaudit.protocol import Thresholds, depth_utility_diagnostic
-from creditaudit.runs import load_record
+from creditaudit.records import load_record
+from creditaudit.run_ids import run_id
 from creditaudit.sweep import LocalExecutor, run_sweep
 
 
@@ -58,7 +59,7 @@ def bench(dataset: str, epochs: int, n_train: int, n_test: int, workers: int,
         wall = time.perf_counter() - started
         cpu = cpu_seconds() - cpu_before
         seconds = {o["run_id"]: o["seconds"] for o in result.outcomes}
-        records = [load_record(Path(out) / c.run_id) for c in configs]
+        records = [load_record(Path(out) / run_id(c)).to_dict() for c in configs]
     frozen = records[-1]["final"]["test_acc"]
     print(f"\n{dataset} {epochs} epochs × {n_train} train / {n_test} test: {wall:.1f} s wall "
           f"for 4 runs on {workers} workers, {cpu:.1f} CPU s (load {before} → {load()})")

@@ -20,7 +20,8 @@ from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-RULES = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep")
+RULES = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep", "fa-linear", "usf", "brsf",
+         "frsf", "kp", "drtp")
 TINY = {
     "data.n_train": 512, "data.n_test": 256, "data.in_dim": 8, "data.teacher_width": 32,
     "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
@@ -58,7 +59,7 @@ def test_credits_on_cuda_match_cpu(method: str) -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("method", ("bp", "dfa", "ep"))
+@pytest.mark.parametrize("method", ("bp", "dfa", "ep", "fa-linear", "kp"))
 def test_bf16_trains_under_autocast_and_credits_stay_fp32(method: str) -> None:
     torch.manual_seed(0)
     model = ResidualMLP(12, 32, 10, 2, out_ln=True).cuda()

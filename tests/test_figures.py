@@ -27,6 +27,7 @@ from creditaudit.figures import (
     render_all,
     summary,
     temporal,
+    weight_alignment,
 )
 from creditaudit.protocol import WALK_BACK
 from creditaudit.training import train
@@ -44,6 +45,7 @@ RUNS = [(m, 0.0, "resmlp", SEEDS) for m in ("bp", "dfa", "frozen")]
 RUNS += [(m, 0.0, "resmlp", SEEDS[:1]) for m in ("fa", "state-bridge", "credit-bridge")]
 RUNS += [("dfa", 0.01, "resmlp", SEEDS), ("bp", 0.01, "resmlp", SEEDS[:1])]
 RUNS += [(m, 0.0, "student", SEEDS[:1]) for m in ("bp", "fa", "dfa")]
+RUNS += [("kp", 0.0, "resmlp", SEEDS), ("fa-linear", 0.0, "resmlp", SEEDS[:1])]
 
 
 def smoke_runs(out: Path, runs=RUNS) -> Path:
@@ -125,7 +127,7 @@ def test_cli_renders_every_figure_png_and_pdf(results, tmp_path, capsys, monkeyp
     text = capsys.readouterr().out
     assert f"{len(FIGURES)} figure(s) drawn, 0 missing" in text
     names = [hero.NAME, temporal.NAME, penalty.NAME, lambda_sweep.NAME, *summary.NAMES,
-             audit_panels.NAME]
+             audit_panels.NAME, weight_alignment.NAME]
     for name in names:
         for ext in ("png", "pdf"):
             path = out / f"{name}.{ext}"
@@ -259,10 +261,27 @@ def test_summary_set_values_come_from_records(index, records):
         bar_heights(figs["fig5d_bridge"], "bridge_acc"),
         [mean([final_acc(r) for r in pick(records, m)])
          for m in ("dfa", "state-bridge", "credit-bridge")], rtol=1e-12)
-    order = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "frozen")
+    order = ("bp", "fa", "fa-linear", "kp", "dfa", "state-bridge", "credit-bridge", "frozen")
     np.testing.assert_allclose(
         bar_heights(figs["fig5e_final_accuracy"], "final_acc"),
         [mean([final_acc(r) for r in pick(records, m)]) for m in order], rtol=1e-12)
+
+
+def test_weight_alignment_values_come_from_records(index, records):
+    fig = weight_alignment.build(index)[weight_alignment.NAME]
+    assert len(fig.axes) == 2 * 2  # kp and fa-linear columns; BP, FA, DFA have no pairing
+    for method in ("kp", "fa-linear"):
+        runs = pick(records, method)
+        names = runs[0]["log"][-1]["feedback_layers"]
+        assert names[0] == "embed" and names[-1] == "out_head"
+        for layer, name in enumerate(names):
+            for tag, key in (("angle", "feedback_angle"), ("ratio", "feedback_norm_ratio")):
+                want = mean([[e[key][layer] for e in r["log"]] for r in runs])
+                np.testing.assert_allclose(line_y(fig, f"{tag}:{method}:0:{name}"), want,
+                                           rtol=1e-12)
+    # KP's feedback moves towards W over training; fa-linear's stays where it was drawn.
+    kp = pick(records, "kp")[0]["log"]
+    assert kp[-1]["feedback_angle"][1] < kp[0]["feedback_angle"][1]
 
 
 def test_audit_panels_plot_each_runs_protocol_values(results, records):
@@ -310,10 +329,13 @@ def test_missing_runs_name_what_is_needed(results, index):
     with pytest.raises(MissingRuns) as err:
         penalty.build(only_bp)
     assert "frozen-blocks runs" in str(err.value) and "DFA runs" in str(err.value)
+    with pytest.raises(MissingRuns, match="fa-linear, usf, brsf, frsf or kp"):
+        weight_alignment.build(only_bp)
     rendered, missing = render_all(only_bp, results / "unused")
     assert [r.name for r in rendered] == [audit_panels.NAME]
     assert {m.NAME for m, _ in missing} == {hero.NAME, temporal.NAME, penalty.NAME,
-                                              lambda_sweep.NAME, summary.NAME}
+                                              lambda_sweep.NAME, summary.NAME,
+                                              weight_alignment.NAME}
     assert all(e.needs for _, e in missing)
     for module in FIGURES:
         assert isinstance(module.requirements, str) and module.requirements

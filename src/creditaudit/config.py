@@ -94,7 +94,11 @@ class MethodConfig:
         None, "train only the last k blocks (depth ladder; None = all)", min=0)
     feedback_seed: int | None = opt(None, "seed of the feedback matrices (None = run seed)",
                                     min=0, max=MAX_SEED)
-    feedback_scale: float = opt(1.0, "FA/DFA feedback entries ~ N(0, scale²/fan_in)", min=0.0)
+    feedback_scale: float = opt(1.0, "feedback entries ~ N(0, scale²/fan_in) (FA, DFA, DRTP, "
+                                "fa-linear, KP; the magnitudes of uSF, brSF, frSF)", min=0.0)
+    normalise_credit: bool = opt(
+        True, "local rules (FA, DFA, DRTP, bridges): train on the per-sample RMS-normalised "
+        "credit â = a/(RMS(a)+1e-6); false = the raw credit on the batch-mean scale")
     bridge_hidden: int = opt(256, "State/Credit Bridge: hidden width of the auxiliary net",
                              min=1)
     bridge_lr: float = opt(1e-3, "State/Credit Bridge: AdamW learning rate of the auxiliary net",

@@ -157,13 +157,14 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
     model = copy.deepcopy(rule.model)
     for p in model.parameters():
         p.grad = None
+    normalise = rms_normalise if rule.config.normalise_credit else (lambda a: a)
     h0 = model.embed(x)
     states, _ = model.forward_states(x)
-    objective = (h0 * rms_normalise(credits[0])).flatten(1).sum(1).mean()
+    objective = (h0 * normalise(credits[0])).flatten(1).sum(1).mean()
     for layer, block in enumerate(model.blocks):
         if any(p.requires_grad for p in block.parameters()):
             f = block(states[layer].detach())
-            objective = objective + (f * rms_normalise(credits[layer + 1])).flatten(1).sum(
+            objective = objective + (f * normalise(credits[layer + 1])).flatten(1).sum(
                 1).mean()
     objective = objective + F.cross_entropy(model.readout(states[-1].detach()), y)
     objective.backward()

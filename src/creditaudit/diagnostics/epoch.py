@@ -61,4 +61,9 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
     }
     if sg.layout == "tokens":
         record["hidden_norms_cls"] = hidden
+    alignment = rule.weight_alignment()
+    if alignment is not None:
+        record["feedback_layers"] = list(alignment["layers"])
+        record["feedback_angle"] = [float(v) for v in alignment["angle"]]
+        record["feedback_norm_ratio"] = [float(v) for v in alignment["norm_ratio"]]
     return record, sg

@@ -15,11 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from creditaudit.figures import audit_panels, hero, lambda_sweep, penalty, summary, temporal
+from creditaudit.figures import (
+    audit_panels,
+    hero,
+    lambda_sweep,
+    penalty,
+    summary,
+    temporal,
+    weight_alignment,
+)
 from creditaudit.figures.runs import MissingRuns, Run, RunIndex
 
 FIGURES: tuple[ModuleType, ...] = (hero, temporal, penalty, lambda_sweep, summary,
-                                   audit_panels)
+                                   audit_panels, weight_alignment)
 
 
 @dataclass

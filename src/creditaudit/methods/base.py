@@ -118,13 +118,16 @@ def local_objective(model: ResidualNet, local: LocalPass, credits: list[Tensor],
     return objective, ce
 
 
-def credit_gradient(credit: Tensor, batch: int) -> Tensor:
+def credit_gradient(credit: Tensor, batch: int, *, normalise: bool = True) -> Tensor:
     """â / B = a / ((RMS(a) + 1e-6)·B), RMS per row of dim 0 over every other entry.
 
     This is ∂⟨f, â⟩_batch-mean/∂f, the gradient the surrogate sends into a module's output.
     Rows may be stacked states ``(n·B, …)``: each row is normalised on its own, so one call
-    covers every state of a batched credit.
+    covers every state of a batched credit. ``normalise=False`` gives a / B, the raw credit
+    on the batch-mean scale (``method.normalise_credit=false``; the field's usual DFA).
     """
+    if not normalise:
+        return credit / batch
     rows = credit.flatten(1)
     # one fused norm kernel instead of pow → mean → sqrt over the whole credit
     rms = torch.linalg.vector_norm(rows, dim=1) / rows.shape[1] ** 0.5
@@ -177,7 +180,7 @@ def state_credit_shape(credit: Tensor, state: Tensor) -> Tensor:
     return credit
 
 
-FEEDBACK_KINDS = ("none", "fixed_random", "learned", "symmetric")
+FEEDBACK_KINDS = ("none", "fixed_random", "learned", "symmetric", "sign_concordant")
 
 
 class CreditRule:
@@ -191,8 +194,9 @@ class CreditRule:
     - ``credit_formula``: a one-line formula of its credit (e.g. ``"a_l = B_l^T e"``);
     - ``feedback_kind``: ``"none"``, ``"fixed_random"`` (feedback drawn once and never
       trained — the fresh-feedback null redraws it with :meth:`draw_feedback`),
-      ``"learned"`` (an auxiliary net or trained feedback) or ``"symmetric"`` (the forward
-      weights themselves, as in backprop);
+      ``"learned"`` (an auxiliary net or trained feedback), ``"symmetric"`` (the forward
+      weights themselves, as in backprop) or ``"sign_concordant"`` (the forward weights'
+      signs with magnitudes that are not learned, as in uSF and brSF);
     - ``local``: True when every block is trained on the local surrogate ⟨f_l, â_{l+1}⟩ with
       the rule's own credit (the conformance suite then checks the update against it);
     - ``color`` and ``marker``: optional matplotlib style of the rule in figures;
@@ -240,12 +244,24 @@ class CreditRule:
         with self.autocast():
             local = local_forward(self.model, x)
             ce = F.cross_entropy(loss_precision(local.logits), y)
-            grads = [credit_gradient(a, y.shape[0]) for a in credits_of(local)]
+            grads = [self.credit_gradient(a, y.shape[0]) for a in credits_of(local)]
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
             local_backward(local, ce, grads, self.config.penalty)
             optimizer.step()
         return result
+
+    def credit_gradient(self, credit: Tensor, batch: int) -> Tensor:
+        """What the local surrogate sends into a module's output for credit ``a``: â / B
+        (or a / B with ``method.normalise_credit=false``); see :func:`credit_gradient`."""
+        return credit_gradient(credit, batch, normalise=self.config.normalise_credit)
+
+    def weight_alignment(self) -> dict[str, list] | None:
+        """Per-layer alignment of the rule's feedback with the forward weights, for rules
+        whose feedback matrix B stands in for one weight matrix W in the backward pass:
+        ``{"layers": [names], "angle": [∠(B, W) in degrees], "norm_ratio": [‖B‖/‖W‖]}``
+        (Frobenius norms). None for rules without such a pairing (BP, block FA, DFA, …)."""
+        return None
 
     def set_precision(self, precision: str, device_type: str) -> None:
         """Train under bf16 autocast (``precision="bf16"``) or plain fp32."""

@@ -59,17 +59,29 @@ class BP(CreditRule):
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
-            states, branches, logits = forward_with_branches(self.model, x)
-            ce = F.cross_entropy(loss_precision(logits), y)
-            objective = ce
-            if self.config.penalty > 0:
-                # Only trainable blocks are penalised: a frozen block's branch still carries
-                # a graph to the embedding, and its ‖f‖² must not train it.
-                trainable = [f if block_is_trainable(block) else None
-                             for f, block in zip(branches, self.model.blocks)]
-                objective = ce + self.config.penalty * branch_penalty(trainable)
-        result = step_result(ce, logits, y, states[-1])
+            objective, ce, logits, h_last = end_to_end_objective(self.model, x, y,
+                                                                 self.config.penalty)
+        result = step_result(ce, logits, y, h_last)
         if result.finite:
             objective.backward()
             optimizer.step()
         return result
+
+
+def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: float
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(objective, batch-mean CE, logits, h_L) of end-to-end training: CE + λΣ_l‖f_l‖².
+
+    The objective keeps its whole graph; its ``backward()`` is the training step's (exact
+    for BP, with replaced weight transposes for the rules of :mod:`linear_feedback`).
+    """
+    states, branches, logits = forward_with_branches(model, x)
+    ce = F.cross_entropy(loss_precision(logits), y)
+    objective = ce
+    if penalty > 0:
+        # Only trainable blocks are penalised: a frozen block's branch still carries a graph
+        # to the embedding, and its ‖f‖² must not train it.
+        trainable = [f if block_is_trainable(block) else None
+                     for f, block in zip(branches, model.blocks)]
+        objective = ce + penalty * branch_penalty(trainable)
+    return objective, ce, logits, states[-1]

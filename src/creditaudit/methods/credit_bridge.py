@@ -48,7 +48,6 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
-    credit_gradient,
     local_backward,
     local_forward,
     output_error,
@@ -244,7 +243,7 @@ class CreditBridge(CreditRule):
         if result.finite:
             self.fit_value(local.states, e, y, local.logits)
             self.sums["warmup_steps"] += float(warmup)
-            local_backward(local, ce, [credit_gradient(a, y.shape[0]) for a in credits],
+            local_backward(local, ce, [self.credit_gradient(a, y.shape[0]) for a in credits],
                            self.config.penalty)
             optimizer.step()
         return result

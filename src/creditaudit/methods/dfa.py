@@ -8,7 +8,6 @@ from torch.nn import functional as F
 
 from creditaudit.methods.base import (
     StepResult,
-    credit_gradient,
     local_backward,
     local_forward,
     output_error,
@@ -43,6 +42,10 @@ class DFA(FixedFeedbackRule):
         stacked = torch.cat(self.feedback, dim=1).to(device=error.device, dtype=error.dtype)
         return (error @ stacked).view(error.shape[0], len(self.feedback), -1)
 
+    def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
+        """(B, C): what the feedback matrices project — the output error e here."""
+        return output_error(logits, y)
+
     def credits_from_error(self, error: Tensor, states: list[Tensor]) -> list[Tensor]:
         """[a_0 … a_L], each shaped like its state (broadcast over tokens)."""
         return [state_credit_shape(a, h)
@@ -51,7 +54,7 @@ class DFA(FixedFeedbackRule):
     @torch.no_grad()
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
         states, logits = self.model.forward_states(x)
-        return self.credits_from_error(output_error(logits, y), states)
+        return self.credits_from_error(self.projected_signal(logits, y), states)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         optimizer.zero_grad(set_to_none=True)
@@ -60,8 +63,8 @@ class DFA(FixedFeedbackRule):
             ce = F.cross_entropy(local.logits, y)
             # (B, d) per state; a token state's credit is the same for every token, so its
             # RMS over (T, d) is its RMS over d and the rows can be normalised all at once.
-            credits = self.stacked_credits(output_error(local.logits, y))
-            credit_grads = credit_gradient(credits.flatten(0, 1), y.shape[0])
+            credits = self.stacked_credits(self.projected_signal(local.logits, y))
+            credit_grads = self.credit_gradient(credits.flatten(0, 1), y.shape[0])
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
             local_backward(local, ce, credit_grads.view_as(credits).unbind(1),

@@ -8,7 +8,6 @@ from torch.nn import functional as F
 
 from creditaudit.methods.base import (
     StepResult,
-    credit_gradient,
     local_backward,
     local_forward,
     loss_precision,
@@ -72,7 +71,7 @@ class FA(FixedFeedbackRule):
             local = local_forward(self.model, x, with_readout=False)
             top, logits, ce = readout_gradient(self.model, local.states[-1], y)
             local.logits = logits
-            credit_grads = [credit_gradient(a, y.shape[0]) for a in self.propagate(top)]
+            credit_grads = [self.credit_gradient(a, y.shape[0]) for a in self.propagate(top)]
         result = step_result(ce, logits, y, local.states[-1])
         if result.finite:
             # ce's readout graph was kept by readout_gradient: the readout params get ∂CE.

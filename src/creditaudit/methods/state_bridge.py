@@ -44,7 +44,6 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
-    credit_gradient,
     local_backward,
     local_forward,
     output_error,
@@ -308,7 +307,7 @@ class StateBridge(CreditRule):
         if result.finite:
             self.error_sum += self.fit_predictor(local.states, e, predicted)
             self.error_count += 1
-            local_backward(local, ce, [credit_gradient(a, y.shape[0]) for a in credits],
+            local_backward(local, ce, [self.credit_gradient(a, y.shape[0]) for a in credits],
                            self.config.penalty)
             optimizer.step()
         return result

@@ -11,6 +11,7 @@ from creditaudit.models.contract import (
     set_trainable_blocks,
     summary_vectors,
 )
+from creditaudit.models.plain import PlainMLP
 from creditaudit.models.resmlp import MLPBlock, ResidualMLP
 from creditaudit.models.vit import ViTMini
 
@@ -40,6 +41,6 @@ def build_model(config: ModelConfig, *, input_shape: tuple[int, ...], n_classes:
 
 
 __all__ = [
-    "ResidualNet", "ResidualMLP", "MLPBlock", "ViTMini", "build_model", "check_contract",
-    "readout_parameters", "set_trainable_blocks", "summary_vectors",
+    "ResidualNet", "ResidualMLP", "MLPBlock", "PlainMLP", "ViTMini", "build_model",
+    "check_contract", "readout_parameters", "set_trainable_blocks", "summary_vectors",
 ]

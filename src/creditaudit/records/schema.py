@@ -130,6 +130,15 @@ class EpochEntry:
         "against a gradient below the floor is measured against numerical noise")
     deep_cos: float | None = doc("mean of cos_per_layer over the deep states l ≥ 1")
     deep_cos_valid: bool | None = doc("whether every deep state's reference is valid")
+    feedback_layers: list[str] | None = doc(
+        "rules whose feedback matrix B stands in for one weight matrix W in the backward "
+        "pass (fa-linear, usf, brsf, frsf, kp): the names of those layers, in module order")
+    feedback_angle: list[float] | None = doc(
+        "per feedback layer: the angle between B and W in degrees, of the flattened "
+        "matrices (Lillicrap's angle between B and Wᵀ; BioTorch's layer alignment): 0 = B ∝ W, "
+        "90 = unrelated")
+    feedback_norm_ratio: list[float] | None = doc(
+        "per feedback layer: ‖B‖/‖W‖ (Frobenius norms; BioTorch's weight ratio)")
     protocol: dict[str, str] | None = doc(
         "status of each diagnostic at this epoch: fired, passed or not evaluated")
     verdict: str | None = doc("protocol verdict at this epoch")

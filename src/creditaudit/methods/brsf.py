@@ -1,0 +1,67 @@
+"""Batchwise random-magnitude sign-concordant feedback (brSF; Moskovitz et al. 2018)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.feedback import draw_feedback
+from creditaudit.methods.linear_feedback import (
+    LinearFeedbackRule,
+    decorrelated,
+    sign_feedback,
+    weight_shapes,
+)
+from creditaudit.methods.registry import register
+from creditaudit.models.contract import ResidualNet
+
+
+@register
+class BRSF(LinearFeedbackRule):
+    """B = |M_t| ∘ sign(W) for every Linear, with magnitudes redrawn before every step.
+
+    |M_t| has W's shape, entries |N(0, s²/out)|, drawn from the rule's own generator (seeded
+    by ``method.feedback_seed``), never from torch's global RNG. ``credits`` — and so every
+    per-epoch record — use the magnitudes of the last training step (the initial draw before
+    any step); the magnitudes and the generator are checkpointed.
+    """
+
+    name = "brsf"
+    label = "brSF"
+    credit_formula = "backprop with each Linear's W^T replaced by (|M_t| o sign W)^T, M_t per batch"
+    feedback_kind = "sign_concordant"
+    color, marker = "#01665e", "8"
+    rank = 15
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        super().__init__(model, config, n_classes=n_classes, generator=generator)
+        self.generator = decorrelated(generator)
+        self.magnitudes = self.draw_magnitudes()
+
+    def draw_magnitudes(self) -> list[Tensor]:
+        """A fresh |M| per layer from the rule's generator (W's dtype and device)."""
+        drawn = draw_feedback(weight_shapes(self.layers), scale=self.config.feedback_scale,
+                              generator=self.generator)
+        return [m.abs().to(device=w.device, dtype=w.dtype) for m, w in zip(drawn, self.weights())]
+
+    def feedback_matrices(self) -> list[Tensor]:
+        return sign_feedback(self.magnitudes, self.weights())
+
+    def step_feedback(self) -> list[Tensor]:
+        self.magnitudes = self.draw_magnitudes()
+        return self.feedback_matrices()
+
+    def state_dict(self) -> dict[str, object]:
+        return {"magnitudes": [m.clone() for m in self.magnitudes],
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.magnitudes = [m.clone() for m in state["magnitudes"]]  # type: ignore[union-attr]
+        self.generator.set_state(state["generator"].cpu())  # type: ignore[union-attr]
+
+    def to(self, device: torch.device) -> BRSF:
+        super().to(device)
+        self.magnitudes = [m.to(device) for m in self.magnitudes]
+        return self

@@ -1,0 +1,33 @@
+"""Direct Random Target Projection (Frenkel et al. 2021): a_l = B_lᵀ onehot(y)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+from torch.nn import functional as F
+
+from creditaudit.methods.base import loss_precision
+from creditaudit.methods.dfa import DFA
+from creditaudit.methods.registry import register
+
+
+@register
+class DRTP(DFA):
+    """DFA with the output error replaced by the target: every state gets the one-hot label
+    projected by its own fixed random C×d matrix.
+
+    The credit needs no output and no error, so it is known before the forward pass ends
+    (the point of DRTP: no update locking). ``feedback[l]`` is drawn exactly as DFA's for the
+    same seed. Since B_l is symmetric in distribution, the sign is a convention; this one is
+    Frenkel et al.'s δ_l = B_lᵀ y*. The blocks train on the local surrogate like DFA's; the
+    readout on its exact cross-entropy.
+    """
+
+    name = "drtp"
+    label = "DRTP"
+    credit_formula = "a_l = B_l^T onehot(y)"
+    color, marker = "#d6604d", "v"
+    rank = 22
+
+    def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
+        dtype = loss_precision(logits).dtype
+        return F.one_hot(y, self.n_classes).to(device=logits.device, dtype=dtype)

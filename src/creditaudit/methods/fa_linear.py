@@ -1,0 +1,49 @@
+"""Per-Linear Feedback Alignment (Lillicrap et al. 2016; BioTorch ``fa``): fixed random B."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.feedback import FixedFeedbackRule
+from creditaudit.methods.linear_feedback import (
+    LinearFeedbackRule,
+    decorrelated,
+    weight_shapes,
+)
+from creditaudit.methods.registry import register
+from creditaudit.models.contract import ResidualNet
+
+
+@register
+class FALinear(FixedFeedbackRule, LinearFeedbackRule):
+    """Every Linear's input gradient uses a fixed random B instead of its W.
+
+    ``feedback[i]`` has the shape (out, in) of the i-th Linear's W, entries N(0, s²/out)
+    (out is the fan-in of the backward map δ_in = δ_out·B), drawn once from the feedback
+    generator and never trained. LayerNorm, GELU, attention and the identity skips stay
+    exact, so the skip carries the exact gradient past every block: a different algorithm
+    from the block-level ``fa``, whose B_l replaces the whole block Jacobian, skip included.
+    """
+
+    name = "fa-linear"
+    label = "FA (per-Linear)"
+    credit_formula = "backprop with each Linear's W^T replaced by a fixed random B"
+    color, marker = "#fdb863", "p"
+    rank = 12
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        super().__init__(model, config, n_classes=n_classes, generator=generator)
+        # In the weights' dtype, so float64 models get float64 feedback.
+        self.feedback = [b.to(w.dtype) for b, w in zip(self.feedback, self.weights())]
+
+    def feedback_shapes(self) -> list[tuple[int, ...]]:
+        return weight_shapes(self.layers)
+
+    def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
+        return super().draw_feedback(decorrelated(generator))
+
+    def feedback_matrices(self) -> list[Tensor]:
+        return self.feedback

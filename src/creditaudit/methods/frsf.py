@@ -1,0 +1,40 @@
+"""Fixed random-magnitude sign-concordant feedback (frSF; Moskovitz et al. 2018, BioTorch)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from creditaudit.methods.feedback import FixedFeedbackRule
+from creditaudit.methods.linear_feedback import (
+    LinearFeedbackRule,
+    decorrelated,
+    sign_feedback,
+    weight_shapes,
+)
+from creditaudit.methods.registry import register
+
+
+@register
+class FRSF(FixedFeedbackRule, LinearFeedbackRule):
+    """B = |M| ∘ sign(W) for every Linear, with magnitudes |M| drawn once and kept.
+
+    ``feedback[i]`` holds the magnitudes |M| (W's shape, |N(0, s²/out)|, never trained);
+    the signs follow the current W at every step, so B changes when a weight changes sign.
+    The fresh-feedback null redraws the magnitudes and keeps the signs.
+    """
+
+    name = "frsf"
+    label = "frSF"
+    credit_formula = "backprop with each Linear's W^T replaced by (|M| o sign W)^T, M fixed"
+    color, marker = "#35978f", "h"
+    rank = 14
+
+    def feedback_shapes(self) -> list[tuple[int, ...]]:
+        return weight_shapes(self.layers)
+
+    def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
+        return [m.abs() for m in super().draw_feedback(decorrelated(generator))]
+
+    def feedback_matrices(self) -> list[Tensor]:
+        return sign_feedback(self.feedback, self.weights())

@@ -1,0 +1,91 @@
+"""Kolen–Pollack (Akrout et al. 2019): feedback that takes every update of its forward weight.
+
+Each Linear's backward uses its own matrix B (W's shape, drawn like ``fa-linear``'s). After
+every optimiser step B takes the same step W took and the same decoupled weight decay:
+
+    B ← B + (W_new − W_old) − lr·wd·(B − W_old),
+
+so B − W shrinks by the factor (1 − lr·wd) at every step, whatever the gradient was, and B
+converges to W (in Lillicrap's column form: B → Wᵀ). For AdamW this is exactly "B gets the
+optimiser's step of W plus its own decay"; for plain SGD with coupled decay (wd·W in the
+gradient) it is too. lr and wd are read from W's parameter group at the step (schedules
+included). A parameter outside the optimiser, e.g. a frozen block's, leaves its B alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from creditaudit.config import MethodConfig
+from creditaudit.methods.base import StepResult
+from creditaudit.methods.feedback import draw_feedback
+from creditaudit.methods.linear_feedback import (
+    LinearFeedbackRule,
+    decorrelated,
+    weight_shapes,
+)
+from creditaudit.methods.registry import register
+from creditaudit.models.contract import ResidualNet
+
+
+def group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict | None:
+    """The parameter group holding ``param`` (None when the optimiser does not train it)."""
+    for group in optimizer.param_groups:
+        if any(p is param for p in group["params"]):
+            return group
+    return None
+
+
+@register
+class KolenPollack(LinearFeedbackRule):
+    """Per-Linear feedback B trained to mirror W (see the module docstring)."""
+
+    name = "kp"
+    label = "Kolen–Pollack"
+    credit_formula = "backprop with each Linear's W^T replaced by B^T, B mirroring W's updates"
+    feedback_kind = "learned"
+    color, marker = "#762a83", "*"
+    rank = 16
+
+    def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
+                 generator: torch.Generator) -> None:
+        super().__init__(model, config, n_classes=n_classes, generator=generator)
+        drawn = draw_feedback(weight_shapes(self.layers), scale=config.feedback_scale,
+                              generator=decorrelated(generator))
+        # The same initial B as fa-linear for the same seed; in W's dtype, as it is updated
+        # with W's steps.
+        self.feedback = [b.to(device=w.device, dtype=w.dtype)
+                         for b, w in zip(drawn, self.weights())]
+
+    def feedback_matrices(self) -> list[Tensor]:
+        return self.feedback
+
+    def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        before = [w.detach().clone() for w in self.weights()]
+        result = super().train_step(x, y, optimizer)
+        if result.finite:
+            self.mirror_step(before, optimizer)
+        return result
+
+    @torch.no_grad()
+    def mirror_step(self, before: list[Tensor], optimizer: torch.optim.Optimizer) -> None:
+        """B ← B + (W − W_old) − lr·wd·(B − W_old) for every W the optimiser trains."""
+        for b, w, w_old in zip(self.feedback, self.weights(), before, strict=True):
+            group = group_of(optimizer, w)
+            if group is None:
+                continue
+            shrink = float(group["lr"]) * float(group.get("weight_decay", 0.0))
+            gap = b - w_old
+            b.copy_(w.detach() + gap * (1.0 - shrink))
+
+    def state_dict(self) -> dict[str, object]:
+        return {"feedback": [b.clone() for b in self.feedback]}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
+
+    def to(self, device: torch.device) -> KolenPollack:
+        super().to(device)
+        self.feedback = [b.to(device) for b in self.feedback]
+        return self

@@ -1,0 +1,35 @@
+"""Uniform sign-concordant feedback (uSF; Liao et al. 2016, as BioTorch defines it)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from creditaudit.methods.linear_feedback import LinearFeedbackRule, magnitude_scale
+from creditaudit.methods.registry import register
+
+
+@register
+class USF(LinearFeedbackRule):
+    """B = s_i · sign(W) for every Linear: W's signs, one magnitude per layer.
+
+    s_i = feedback_scale/√out is the RMS of the random feedback entries of ``fa-linear``
+    (BioTorch scales sign(W) by its init's standard deviation for the same reason: a unit
+    magnitude would multiply the backward signal by ~√width at every layer). Nothing is
+    random, so the rule has no state; B follows W at every step.
+    """
+
+    name = "usf"
+    label = "uSF"
+    credit_formula = "backprop with each Linear's W^T replaced by (s sign W)^T"
+    feedback_kind = "sign_concordant"
+    color, marker = "#80cdc1", "H"
+    rank = 13
+
+    def magnitudes(self) -> list[float]:
+        """s_i per layer."""
+        return [magnitude_scale(tuple(w.shape), self.config.feedback_scale)
+                for w in self.weights()]
+
+    def feedback_matrices(self) -> list[Tensor]:
+        return [s * torch.sign(w.detach()) for s, w in zip(self.magnitudes(), self.weights())]

@@ -42,7 +42,7 @@ from creditaudit.methods import build_rule
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_relax import SOLVERS, NudgedEnergy, Trajectory
 from creditaudit.models import ResidualMLP
-from creditaudit.runs import CHECKPOINT_FILE
+from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.training import make_adamw, train
 
 D, BLOCKS, N_CLASSES, BATCH = 256, 4, 10, 128

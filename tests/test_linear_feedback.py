@@ -133,8 +133,9 @@ def test_fa_linear_feedback_is_drawn_once_with_the_fan_in_of_the_backward_map():
 
 def test_feedback_is_not_correlated_with_the_initial_weights():
     """The feedback generator and the model share the run seed; the first B must not be
-    drawn from the same uniform stream as the embedding's initial weights."""
-    for method in ("fa-linear", "kp", "frsf", "brsf"):
+    drawn from the same stream as the embedding's initial weights (with the run seed itself
+    as the generator's seed the cosine was ≈ −0.34 for every rule)."""
+    for method in ("fa", "dfa", "drtp", "fa-linear", "kp", "frsf", "brsf"):
         cosines = []
         for seed in (0, 42, 123):
             torch.manual_seed(seed)
@@ -146,10 +147,15 @@ def test_feedback_is_not_correlated_with_the_initial_weights():
                 m = (rule.feedback if method == "frsf" else rule.magnitudes)[0]
                 b = m.flatten().double() - m.double().mean()
                 w = w.abs() - w.abs().mean()
+            elif method in ("fa", "dfa", "drtp"):
+                b = rule.feedback[0].flatten().double()
             else:
                 b = rule.feedback_matrices()[0].flatten().double()
-            cosines.append(float(b @ w / (b.norm() * w.norm())))
-        assert max(abs(c) for c in cosines) < 0.05, (method, cosines)
+            n = min(b.numel(), w.numel())
+            b, w = b[:n], w[:n]
+            # independent draws: cosine ~ N(0, 1/n); 4 standard deviations
+            cosines.append(float(b @ w / (b.norm() * w.norm())) * n ** 0.5 / 4)
+        assert max(abs(c) for c in cosines) < 1.0, (method, cosines)
 
 
 # --- usf, frsf, brsf ------------------------------------------------------------------------

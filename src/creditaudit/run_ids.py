@@ -20,7 +20,7 @@ import json
 from creditaudit.config import RunConfig, semantic_dict
 from creditaudit.data.identity import DataIdentity, data_identity
 
-ID_VERSION = 2
+ID_VERSION = 3
 
 
 def data_seed(config: RunConfig) -> int:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-import torch
-
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import CreditRule, StepResult, rms_normalise
 from creditaudit.methods.bp import BP, bp_state_gradients
@@ -18,6 +16,7 @@ from creditaudit.methods.credit_bridge import CreditBridge
 from creditaudit.methods.dfa import DFA
 from creditaudit.methods.ep import EP
 from creditaudit.methods.fa import FA
+from creditaudit.methods.feedback import feedback_generator
 from creditaudit.methods.frozen import Frozen
 from creditaudit.methods.registry import (
     ENTRY_POINT_GROUP,
@@ -41,14 +40,15 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
                ) -> CreditRule:
     """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
 
-    Feedback matrices come from their own generator seeded by ``config.feedback_seed``
-    (default: the run seed), so they never consume the training RNG. ConfigError when the
-    rule is not installed.
+    Feedback matrices come from their own generator derived from ``config.feedback_seed``
+    (default: the run seed; :func:`~creditaudit.methods.feedback.feedback_generator`), so
+    they never consume the training RNG and never repeat the model's initial draws.
+    ConfigError when the rule is not installed.
     """
     cls = rule_class(config.name)
     set_trainable_blocks(model, config.trainable_blocks)
     feedback_seed = seed if config.feedback_seed is None else config.feedback_seed
-    generator = torch.Generator().manual_seed(feedback_seed)
+    generator = feedback_generator(feedback_seed)
     return cls(model, config, n_classes=n_classes, generator=generator)
 
 

@@ -9,7 +9,6 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.feedback import draw_feedback
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
-    decorrelated,
     sign_feedback,
     weight_shapes,
 )
@@ -37,7 +36,7 @@ class BRSF(LinearFeedbackRule):
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
-        self.generator = decorrelated(generator)
+        self.generator = generator
         self.magnitudes = self.draw_magnitudes()
 
     def draw_magnitudes(self) -> list[Tensor]:

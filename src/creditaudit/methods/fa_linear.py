@@ -9,7 +9,6 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
-    decorrelated,
     weight_shapes,
 )
 from creditaudit.methods.registry import register
@@ -43,7 +42,7 @@ class FALinear(FixedFeedbackRule, LinearFeedbackRule):
         return weight_shapes(self.layers)
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
-        return super().draw_feedback(decorrelated(generator))
+        return super().draw_feedback(generator)
 
     def feedback_matrices(self) -> list[Tensor]:
         return self.feedback

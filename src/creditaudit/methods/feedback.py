@@ -1,15 +1,16 @@
 """Rules with fixed random feedback matrices (FA, DFA, …): drawing, saving, swapping them.
 
-The matrices are drawn once from the rule's own generator (seeded by ``method.feedback_seed``,
-default the run seed), saved with every checkpoint — a cosine measured with other matrices
-is a different quantity — and never trained. The fresh-feedback null redraws them with
-:meth:`FixedFeedbackRule.draw_feedback` and measures the credit under the fresh draw with
-:meth:`FixedFeedbackRule.using_feedback`.
+The matrices are drawn once from the rule's own generator (:func:`feedback_generator`, seeded
+from ``method.feedback_seed``, default the run seed), saved with every checkpoint — a cosine
+measured with other matrices is a different quantity — and never trained. The fresh-feedback
+null redraws them with :meth:`FixedFeedbackRule.draw_feedback` and measures the credit under
+the fresh draw with :meth:`FixedFeedbackRule.using_feedback`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -19,6 +20,19 @@ from torch import Tensor
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import ResidualNet
+
+
+def feedback_generator(seed: int) -> torch.Generator:
+    """The rule's own generator for feedback matrices and auxiliary nets, from ``seed``.
+
+    Its seed is derived from ``seed`` by a hash rather than being ``seed`` itself: the model is
+    initialised from the run seed too, and two Mersenne twisters with one seed produce the
+    same stream, so a feedback matrix drawn from ``manual_seed(run_seed)`` has cosine ≈ −0.34
+    with the embedding's initial weights — feedback that is not independent of the forward
+    weights it is compared with.
+    """
+    digest = hashlib.sha256(f"creditaudit feedback stream {int(seed)}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
 def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator

@@ -8,7 +8,6 @@ from torch import Tensor
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
-    decorrelated,
     sign_feedback,
     weight_shapes,
 )
@@ -34,7 +33,7 @@ class FRSF(FixedFeedbackRule, LinearFeedbackRule):
         return weight_shapes(self.layers)
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
-        return [m.abs() for m in super().draw_feedback(decorrelated(generator))]
+        return [m.abs() for m in super().draw_feedback(generator)]
 
     def feedback_matrices(self) -> list[Tensor]:
         return sign_feedback(self.feedback, self.weights())

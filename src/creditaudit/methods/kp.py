@@ -22,7 +22,6 @@ from creditaudit.methods.base import StepResult
 from creditaudit.methods.feedback import draw_feedback
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
-    decorrelated,
     weight_shapes,
 )
 from creditaudit.methods.registry import register
@@ -52,7 +51,7 @@ class KolenPollack(LinearFeedbackRule):
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
         drawn = draw_feedback(weight_shapes(self.layers), scale=config.feedback_scale,
-                              generator=decorrelated(generator))
+                              generator=generator)
         # The same initial B as fa-linear for the same seed; in W's dtype, as it is updated
         # with W's steps.
         self.feedback = [b.to(device=w.device, dtype=w.dtype)

@@ -144,19 +144,6 @@ def matrix_alignment(feedback: Tensor, weight: Tensor) -> tuple[float, float]:
     return math.degrees(math.acos(cos)), nb / nw
 
 
-def decorrelated(generator: torch.Generator) -> torch.Generator:
-    """A generator seeded from one draw of ``generator``.
-
-    The feedback generator is seeded with the run seed by default, the same seed as the
-    model's initialisation, and two Mersenne twisters with one seed produce the same uniform
-    stream: the first feedback matrix drawn straight from it has cosine ≈ −0.34 with the
-    embedding's initial weights (nn.Linear(256, 32) and randn(32, 256), seeds 0, 42, 123).
-    Reseeding from a draw breaks the alignment of the two streams.
-    """
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    return torch.Generator().manual_seed(seed)
-
-
 def weight_shapes(layers: Sequence[tuple[str, nn.Linear]]) -> list[tuple[int, ...]]:
     """W's shape (out, in) per layer: the shapes of the feedback matrices."""
     return [tuple(layer.weight.shape) for _, layer in layers]

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset, load_dataset
@@ -27,6 +26,7 @@ from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.evaluation import KnownPredictions, evaluate
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
@@ -59,7 +59,6 @@ from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 
 log = logging.getLogger(__name__)
-EVAL_BATCH = 1024
 # Step sizes of the end-of-run nudging test.
 NUDGING_ETAS = (0.01, 0.1)
 
@@ -130,20 +129,6 @@ def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
 
 
-@torch.no_grad()
-def evaluate(model: ResidualNet, dataset: Dataset, device: torch.device, *, flatten: bool
-             ) -> tuple[float, float]:
-    """(mean test CE, test accuracy) over the whole test split."""
-    loss_sum, correct, n = 0.0, 0, 0
-    for x, y in dataset.loader("test", EVAL_BATCH, flatten=flatten):
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        loss_sum += float(F.cross_entropy(logits.float(), y, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == y).sum())
-        n += int(y.shape[0])
-    return loss_sum / n, correct / n
-
-
 def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
                 ) -> tuple[CreditRule, Dataset, int]:
     """(rule with its model, data, epoch) of the run in ``run_dir`` at its checkpointed
@@ -192,6 +177,7 @@ class Trainer:
         self.run_id = run_id(config, self.data_identity)
         self.run_dir = Path(config.run.out_dir) / self.run_id
         self.flatten = flatten_inputs(config)
+        self.eval_indices = self.dataset.eval_indices(config.diagnostics.eval_samples)
         eval_x, eval_y = self.dataset.eval_subset(config.diagnostics.eval_samples,
                                                   flatten=self.flatten)
         torch.manual_seed(config.run.seed)
@@ -247,17 +233,23 @@ class Trainer:
 
     # --- one epoch ----------------------------------------------------------------------
     def measure(self, epoch: int) -> EpochEntry:
-        """Evaluation and diagnostics for the record of ``epoch`` (never changes training)."""
-        test_loss, test_acc = evaluate(self.model, self.dataset, self.device,
-                                       flatten=self.flatten)
-        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc)
+        """Evaluation and diagnostics for the record of ``epoch`` (never changes training).
+
+        When the diagnostics run, their forward pass over the evaluation subset also gives
+        those samples' test predictions, so the evaluation forwards only the rest.
+        """
         every = self.config.diagnostics.every
         protocol_due = self._protocol_due(epoch)
+        fields: dict[str, Any] = {}
+        known = sg = None
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             fields, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
-            entry = replace(entry, **fields)
-            if protocol_due:
-                self._record_protocol(entry, sg)
+            known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
+        test_loss, test_acc = evaluate(self.model, self.dataset, self.device,
+                                       flatten=self.flatten, known=known)
+        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc, **fields)
+        if protocol_due and sg is not None:
+            self._record_protocol(entry, sg)
         return entry
 
     def _protocol_due(self, epoch: int) -> bool:

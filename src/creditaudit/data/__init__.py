@@ -70,8 +70,9 @@ class Dataset:
             x = transforms.normalize(x, self.mean, self.std)
         return torch.flatten(x, 1) if flatten else x
 
-    def eval_subset(self, n: int, *, flatten: bool) -> tuple[Tensor, Tensor]:
-        """The first ``n`` test samples of a fixed permutation (same for every run).
+    def eval_indices(self, n: int) -> Tensor:
+        """(n,) int64: the test-split positions of the first ``n`` samples of a fixed
+        permutation (the same for every run).
 
         Raises ConfigError when the test split has fewer than ``n`` samples.
         """
@@ -79,8 +80,12 @@ class Dataset:
         if n > available:
             raise ConfigError(f"diagnostics.eval_samples={n} exceeds the {available} test "
                               f"samples of {self.name}; use at most {available}")
-        order = torch.randperm(self.test_x.shape[0],
-                               generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:n]
+        return torch.randperm(available,
+                              generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:n]
+
+    def eval_subset(self, n: int, *, flatten: bool) -> tuple[Tensor, Tensor]:
+        """Model-ready inputs and labels of the :meth:`eval_indices` samples."""
+        order = self.eval_indices(n)
         return self.prepare(self.test_x[order], flatten=flatten), self.test_y[order]
 
 

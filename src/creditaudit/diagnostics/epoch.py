@@ -15,6 +15,7 @@ from creditaudit.diagnostics.gradients import (
     zero_gradient_stats,
 )
 from creditaudit.methods.base import CreditRule
+from creditaudit.methods.bp import BP
 from creditaudit.models.contract import summary_vectors
 
 
@@ -39,7 +40,9 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         sg = state_gradients(model.forward_states, x, y)
-        credits = rule_credits(rule, x, y)
+        # BP's credits are the reference gradients themselves (up to a scale the cosine
+        # ignores): reuse them rather than run the same forward and backward twice.
+        credits = sg.grads if type(rule).credits is BP.credits else rule_credits(rule, x, y)
     hidden = median_norms(sg.states)
     grads = median_norms(sg.grads)
     cos = layer_cosines(credits, sg.grads)

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.diagnostics.alignment import (
+    ReferenceDirections,
     cosine_per_sample,
     deep_mean,
     layer_cosines,
@@ -154,6 +155,15 @@ def test_cosine_token_tensors_flatten():
     fa, fg = a.flatten(1), g.flatten(1)
     exact = (fa * fg).sum(1) / (fa.norm(dim=1) * fg.norm(dim=1))
     torch.testing.assert_close(cosine_per_sample(a, g), exact, rtol=0, atol=1e-14)
+
+
+def test_reference_directions_score_like_layer_cosines():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(50, 6, generator=g) * 1e-9, torch.randn(50, 6, generator=g)]
+    grads[1][3] = 0.0  # no direction: left out of the mean
+    credits = [torch.randn(50, 6, generator=g), grads[1] + torch.randn(50, 6, generator=g)]
+    want = layer_cosines(credits, grads)
+    assert ReferenceDirections(grads).cosines(credits) == pytest.approx(want, abs=1e-15)
 
 
 def test_layer_cosines_and_deep_mean():

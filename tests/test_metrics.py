@@ -234,7 +234,7 @@ def test_rho_batches_all_directions_in_one_forward_and_matches_a_loop(trained_ti
     # The same quantity by an explicit loop over samples and directions.
     work = copy.deepcopy(model).double()
     v = torch.randn((n * m, 24), generator=torch.Generator().manual_seed(9),
-                    dtype=torch.float64)
+                    dtype=torch.float32).double()  # drawn in float32, used in float64
     v = v / v.norm(dim=1, keepdim=True)
     pred, true = [], []
     with torch.no_grad():
@@ -249,6 +249,20 @@ def test_rho_batches_all_directions_in_one_forward_and_matches_a_loop(trained_ti
     expected = float(torch.corrcoef(torch.tensor([pred, true], dtype=torch.float64))[0, 1])
     assert 0.2 < expected < 0.95
     assert rho == pytest.approx(expected, abs=1e-9)
+
+
+def test_rho_table_shares_directions_across_layers_without_changing_any_layers_rho(
+        trained_tiny):
+    """One draw of directions per chunk serves every layer: each layer's ρ is what the
+    single-layer function gives with the same generator."""
+    model, x, y = trained_tiny
+    grads = bp_state_gradients(model, x[:40], y[:40])
+    table = rho_table(model, x, y, grads, n_directions=6, n_samples=40, controls=False,
+                      generator=torch.Generator().manual_seed(3))
+    for layer, value in zip(table["layers"], table["rho"]):
+        alone = perturbation_rho(model, x, y, grads, layer, n_directions=6, n_samples=40,
+                                 generator=torch.Generator().manual_seed(3))
+        assert value == pytest.approx(alone, abs=1e-12)
 
 
 def test_rho_float64_survives_an_exploded_model_where_fp32_fails(trained_tiny):

@@ -32,7 +32,8 @@ The checks:
   parameters;
 - ``fresh_feedback_is_swappable`` (``feedback_kind == "fixed_random"``): a redraw has the
   training feedback's structure, changes the credits inside ``using_feedback`` and leaves
-  them exactly as before afterwards.
+  them exactly as before afterwards; ``credits_under`` gives, draw by draw, the credits
+  ``using_feedback`` gives (to 1e-12 in float64: an override may batch differently).
 """
 
 from __future__ import annotations
@@ -281,6 +282,18 @@ def fresh_feedback_is_swappable(cls: type[CreditRule]) -> None:
         "credits inside using_feedback(fresh draw) equal the training credits"
     for layer, (a, b) in enumerate(zip(before, rule.credits(x, y))):
         assert torch.equal(a, b), f"credit {layer} changed after using_feedback returned"
+    generator = torch.Generator().manual_seed(7)
+    draws = [rule.draw_feedback(generator) for _ in range(3)]
+    under = list(rule.credits_under(x, y, iter(draws)))
+    assert len(under) == len(draws), "credits_under() yields one credit list per draw"
+    for draw, credits in zip(draws, under):
+        with rule.using_feedback(draw):
+            want = rule.credits(x, y)
+        for layer, (a, b) in enumerate(zip(credits, want)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12,
+                                       msg=f"credits_under() differs at credit {layer}")
+    for layer, (a, b) in enumerate(zip(before, rule.credits(x, y))):
+        assert torch.equal(a, b), f"credit {layer} changed after credits_under() returned"
 
 
 CHECKS: tuple[Callable[[type[CreditRule]], None], ...] = (

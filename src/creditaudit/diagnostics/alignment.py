@@ -10,6 +10,18 @@ from torch import Tensor
 from creditaudit.diagnostics.gradients import median_norms
 
 
+def unit_rows(t: Tensor) -> Tensor:
+    """Each sample's vector scaled to unit length, in float64: ``(N, …)`` → ``(N, D)``.
+
+    Rows are divided by their max-abs entry first, so squares cannot underflow; an exactly
+    zero row has no direction and becomes NaN.
+    """
+    t64 = t.double().flatten(1)
+    t64 = t64 / t64.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    norm = torch.linalg.vector_norm(t64, dim=1, keepdim=True)
+    return torch.where(norm > 0, t64 / norm, torch.full_like(t64, float("nan")))
+
+
 def cosine_per_sample(a: Tensor, g: Tensor) -> Tensor:
     """cos(a_i, g_i) per sample in float64: ``(N, d)``, ``(N, d)`` → ``(N,)``.
 
@@ -17,25 +29,35 @@ def cosine_per_sample(a: Tensor, g: Tensor) -> Tensor:
     of 1e-10-scale gradients ~100× too small). Samples where either vector is exactly zero
     have no direction: they are NaN.
     """
-    a64, g64 = a.double().flatten(1), g.double().flatten(1)
-    # Scale each vector by its max-abs entry first so squares cannot underflow.
-    a64 = a64 / a64.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    g64 = g64 / g64.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    denom = a64.norm(dim=1) * g64.norm(dim=1)
-    cos = (a64 * g64).sum(dim=1) / denom
-    return torch.where(denom > 0, cos, torch.full_like(cos, float("nan")))
+    return (unit_rows(a) * unit_rows(g)).sum(dim=1)
+
+
+def _mean_defined(cos: Tensor) -> float:
+    valid = cos[~torch.isnan(cos)]
+    return float(valid.mean()) if valid.numel() else float("nan")
 
 
 def mean_cosine(a: Tensor, g: Tensor) -> float:
     """Mean over samples with a defined cosine; NaN when no sample has one."""
-    cos = cosine_per_sample(a, g)
-    valid = cos[~torch.isnan(cos)]
-    return float(valid.mean()) if valid.numel() else float("nan")
+    return _mean_defined(cosine_per_sample(a, g))
 
 
 def layer_cosines(credits: list[Tensor], grads: list[Tensor]) -> list[float]:
     """Per-layer mean cosine cos(a_l, g_l), l = 0 … L."""
     return [mean_cosine(a, g) for a, g in zip(credits, grads)]
+
+
+class ReferenceDirections:
+    """The reference gradients' unit rows, normalised once, for scoring many credits (the
+    fresh-feedback null's draws) against them: ``cosines(credits)`` equals
+    ``layer_cosines(credits, grads)``."""
+
+    def __init__(self, grads: list[Tensor]) -> None:
+        self.units = [unit_rows(g) for g in grads]
+
+    def cosines(self, credits: list[Tensor]) -> list[float]:
+        return [_mean_defined((unit_rows(a) * u).sum(dim=1))
+                for a, u in zip(credits, self.units)]
 
 
 def deep_mean(values: list[float]) -> float:

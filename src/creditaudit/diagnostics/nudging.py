@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.diagnostics.perturbation import model_copy
+from creditaudit.diagnostics.perturbation import WorkingCopy
 
 DEFAULT_ETAS = (0.01, 0.1)
 
@@ -46,7 +46,8 @@ def eta_key(eta: float) -> str:
 @torch.no_grad()
 def nudging_deltas(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor],
                    etas: Sequence[float] = (0.01,), layers: Sequence[int] | None = None, *,
-                   dtype: torch.dtype | None = torch.float64) -> dict[str, list[float]]:
+                   dtype: torch.dtype | None = torch.float64,
+                   working: WorkingCopy | None = None) -> dict[str, list[float]]:
     """Δ mean CE = CE(h_l − η·â_l) − CE(h_l) per step size and layer.
 
     ``model`` meets the contract; ``x`` ``(N, …)``, ``y`` ``(N,)``; ``credits[l]`` has the
@@ -55,11 +56,12 @@ def nudging_deltas(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Ten
     per-sample cross-entropy over the N samples (nats). Returns ``{"0.01": [Δ_l for l in
     layers], …}``; negative Δ means the credit is a descent direction. ``dtype=None`` runs
     the caller's model as it is (eval mode assumed); otherwise a copy in ``dtype``.
+    ``working``: a :class:`~creditaudit.diagnostics.perturbation.WorkingCopy` of ``model``
+    on ``x`` to reuse (``dtype`` is then ignored).
     """
-    work = model if dtype is None else model_copy(model, dtype)
-    x_in = x.to(dtype) if dtype is not None and x.is_floating_point() else x
-    states, logits = work.forward_states(x_in)
-    before = F.cross_entropy(logits, y)
+    w = working or WorkingCopy.of(model, x, y, dtype)
+    work, states = w.model, w.states
+    before = F.cross_entropy(w.logits, y)
     layers = list(range(1, len(states))) if layers is None else list(layers)
     out: dict[str, list[float]] = {}
     for eta in etas:

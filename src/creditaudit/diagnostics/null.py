@@ -14,11 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from creditaudit.diagnostics.alignment import deep_mean, layer_cosines
+from creditaudit.diagnostics.alignment import ReferenceDirections, deep_mean
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.errors import ConfigError
 from creditaudit.methods.base import CreditRule
+from creditaudit.models.contract import summary_vectors
 
 DEFAULT_NULL_SEED = 7919
 
@@ -28,19 +29,21 @@ def has_feedback(rule: object) -> bool:
     return getattr(rule, "feedback_kind", "none") == "fixed_random"
 
 
-def _deep_cos(rule: CreditRule, x: Tensor, y: Tensor, grads: list[Tensor]) -> float:
-    return deep_mean(layer_cosines(rule_credits(rule, x, y), grads))
+def _deep_cos(credits: list[Tensor], reference: ReferenceDirections) -> float:
+    return deep_mean(reference.cosines([summary_vectors(a) for a in credits]))
 
 
 def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
-                        seed: int = DEFAULT_NULL_SEED) -> dict[str, Any]:
+                        seed: int = DEFAULT_NULL_SEED, *, grads: list[Tensor] | None = None
+                        ) -> dict[str, Any]:
     """Deep cosine with ``n`` freshly drawn feedback sets vs the training feedback.
 
     ``x`` ``(N, …)`` inputs, ``y`` ``(N,)`` labels. The fresh feedback comes from the rule's
     own :meth:`~creditaudit.methods.CreditRule.draw_feedback` (same shapes and scale as its
     training feedback), with a generator seeded by ``seed``: the global RNG is never
     touched. The rule's own feedback is restored afterwards, also when a draw fails
-    (:meth:`~creditaudit.methods.CreditRule.using_feedback`).
+    (:meth:`~creditaudit.methods.CreditRule.using_feedback`). ``grads``: the reference
+    gradients' summaries on ``x`` when already computed (any positive scale per sample).
 
     Returns ``{"mean", "std", "values", "training_value", "z", "n", "seed"}``: mean and
     (unbiased, n−1) std of the deep cosine over the draws, every draw's value, the deep
@@ -54,13 +57,13 @@ def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
     if n < 2:
         raise ConfigError(f"the fresh-B null needs n >= 2 draws for a spread, got n={n}")
     # Cosines are scale-free, so the 1/128-scaled gradients serve as the reference as-is.
-    grads = state_gradients(rule.model.forward_states, x, y).grads
+    if grads is None:
+        grads = state_gradients(rule.model.forward_states, x, y).grads
     generator = torch.Generator().manual_seed(seed)
-    training_value = _deep_cos(rule, x, y, grads)
-    values: list[float] = []
-    for _ in range(n):
-        with rule.using_feedback(rule.draw_feedback(generator)):
-            values.append(_deep_cos(rule, x, y, grads))
+    reference = ReferenceDirections(grads)
+    training_value = deep_mean(reference.cosines(rule_credits(rule, x, y)))
+    draws = (rule.draw_feedback(generator) for _ in range(n))
+    values = [_deep_cos(credits, reference) for credits in rule.credits_under(x, y, draws)]
     tensor = torch.tensor(values, dtype=torch.float64)
     mean, std = float(tensor.mean()), float(tensor.std(unbiased=True))
     z = (training_value - mean) / std if std > 0 and math.isfinite(std) else float("nan")

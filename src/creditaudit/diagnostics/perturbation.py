@@ -21,7 +21,9 @@ shape of h_l (what ``CreditRule.credits`` returns), not the CLS summary.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -59,50 +61,111 @@ def _cast_input(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype) if x.is_floating_point() else x
 
 
-@torch.no_grad()
-def _rho_at_layer(model: ResidualNet, h: Tensor, y: Tensor, layer: int,
-                  credits: Sequence[Tensor], *, n_directions: int, eps: float,
-                  generator: torch.Generator) -> list[float]:
-    """ρ for several credits at one layer, sharing the directions and the true changes.
+@dataclass
+class WorkingCopy:
+    """What ρ and nudging perturb: the model in the working dtype and its pass on N samples.
 
-    ``h`` ``(n, …)`` is the state h_layer of ``model`` (already in the working dtype);
-    ``credits[k]`` has the shape of ``h``. The true change does not depend on the credit, so
-    one set of perturbed forwards serves every credit (positive and negative controls too).
+    ``model`` is a copy in ``dtype`` (the caller's model itself when ``dtype`` is None),
+    ``x`` ``(N, …)`` the inputs cast to it, ``states`` [h_0 … h_L] and ``logits`` ``(N, C)``
+    its forward pass (no graph). Built once per end-of-run block, it serves ρ, nudging and
+    their BP controls.
+    """
+
+    model: ResidualNet
+    x: Tensor
+    y: Tensor
+    states: list[Tensor]
+    logits: Tensor
+    _bp: list[Tensor] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, model: nn.Module, x: Tensor, y: Tensor, dtype: torch.dtype | None
+           ) -> WorkingCopy:
+        work = model if dtype is None else model_copy(model, dtype)
+        x_in = x if dtype is None else _cast_input(x, dtype)
+        with torch.no_grad():
+            states, logits = work.forward_states(x_in)  # type: ignore[operator]
+        return cls(work, x_in, y, list(states), logits)  # type: ignore[arg-type]
+
+    @property
+    def n(self) -> int:
+        return int(self.y.shape[0])
+
+    def bp_gradients(self) -> list[Tensor]:
+        """Exact ∂(mean CE)/∂h_l on the working copy (computed once)."""
+        if self._bp is None:
+            self._bp = bp_state_gradients(self.model, self.x, self.y)
+        return self._bp
+
+    def first(self, n: int) -> WorkingCopy:
+        """The same copy restricted to the first ``n`` samples (no new forward pass)."""
+        if n >= self.n:
+            return self
+        bp = None if self._bp is None else [g[:n] for g in self._bp]
+        return WorkingCopy(self.model, self.x[:n], self.y[:n], [h[:n] for h in self.states],
+                           self.logits[:n], bp)
+
+
+def _unit_directions(b: int, m: int, shape: tuple[int, ...], *, generator: torch.Generator,
+                     dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(b, m, D) unit directions, D = prod(shape), from a CPU generator (reproducible on
+    any device). Drawn in float32 — a third of float64's cost on the CPU — then cast: a
+    direction only has to be uniformly random on the sphere, not float64-exact."""
+    v = torch.randn((b, m, math.prod(shape)), generator=generator, dtype=torch.float32)
+    v = v.to(device=device, dtype=dtype)
+    return v / torch.linalg.vector_norm(v, dim=2, keepdim=True)
+
+
+@dataclass
+class _Pooled:
+    """One layer's predicted (one list per credit) and true loss changes, chunk by chunk."""
+
+    predicted: list[list[Tensor]]
+    true: list[Tensor] = field(default_factory=list)
+
+
+@torch.no_grad()
+def _rho_layers(model: ResidualNet, states: Sequence[Tensor], y: Tensor, layers: Sequence[int],
+                credits: dict[int, list[Tensor]], *, n_directions: int, eps: float,
+                generator: torch.Generator) -> dict[int, list[float]]:
+    """ρ of several credits at several layers: ``{layer: [ρ per credit]}``.
+
+    ``states[l]`` ``(n, …)`` is h_l of ``model`` (already in the working dtype);
+    ``credits[l][k]`` has h_l's shape. The true change does not depend on the credit, so one
+    set of perturbed forwards serves every credit at a layer (controls too), and one set of
+    directions per chunk of samples serves every layer whose state has the same shape.
     """
     m = n_directions
-    chunk = max(1, min(SAMPLE_CHUNK, MAX_ELEMENTS // (m * h[0].numel())))
-    predicted: list[list[Tensor]] = [[] for _ in credits]
-    true: list[Tensor] = []
-    for start in range(0, h.shape[0], chunk):
-        hb, yb = h[start:start + chunk], y[start:start + chunk]
-        b = hb.shape[0]
-        # Directions come from a CPU generator (reproducible on any device), then move.
-        v = torch.randn((b * m, *hb.shape[1:]), generator=generator, dtype=h.dtype)
-        v = v.to(h.device)
-        v = v / torch.linalg.vector_norm(v.flatten(1), dim=1).view(-1, *[1] * (v.dim() - 1))
-        base = F.cross_entropy(model.forward_from(layer, hb), yb, reduction="none")
-        # All M directions of every sample in ONE forward: sample-major rows (i, j).
-        moved = hb.repeat_interleave(m, dim=0) + eps * v
-        ce = F.cross_entropy(model.forward_from(layer, moved), yb.repeat_interleave(m),
-                             reduction="none")
-        true.append(ce - base.repeat_interleave(m))
-        for k, credit in enumerate(credits):
-            a = credit[start:start + chunk].to(device=h.device, dtype=h.dtype)
-            predicted[k].append(eps * (a.repeat_interleave(m, dim=0) * v).flatten(1).sum(dim=1))
-    true_all = torch.cat(true)
-    return [pearson(torch.cat(p), true_all) for p in predicted]
-
-
-def _prepare(model: nn.Module, x: Tensor, y: Tensor, n_samples: int,
-             dtype: torch.dtype | None) -> tuple[ResidualNet, list[Tensor], Tensor, int]:
-    """(model copy in dtype — the model itself for ``dtype=None`` —, its states on the
-    first n samples, labels, n)."""
-    n = min(n_samples, x.shape[0])
-    work = model if dtype is None else model_copy(model, dtype)
-    x_n = x[:n] if dtype is None else _cast_input(x[:n], dtype)
-    with torch.no_grad():
-        states, _ = work.forward_states(x_n)  # type: ignore[operator]
-    return work, states, y[:n], n  # type: ignore[return-value]
+    largest = max(states[layer][0].numel() for layer in layers)
+    chunk = max(1, min(SAMPLE_CHUNK, MAX_ELEMENTS // (m * largest)))
+    pooled = {layer: _Pooled([[] for _ in credits[layer]]) for layer in layers}
+    n = states[layers[0]].shape[0]
+    for start in range(0, n, chunk):
+        yb = y[start:start + chunk]
+        b = yb.shape[0]
+        directions: dict[tuple[int, ...], Tensor] = {}
+        for layer in layers:
+            hb = states[layer][start:start + chunk]
+            shape = tuple(hb.shape[1:])
+            if shape not in directions:
+                directions[shape] = _unit_directions(b, m, shape, generator=generator,
+                                                     dtype=hb.dtype, device=hb.device)
+            v = directions[shape]  # (b, m, D): sample-major rows (i, j)
+            base = F.cross_entropy(model.forward_from(layer, hb), yb, reduction="none")
+            # All M directions of every sample in ONE forward.
+            moved = (hb.flatten(1).unsqueeze(1) + eps * v).view(b * m, *shape)
+            ce = F.cross_entropy(model.forward_from(layer, moved), yb.repeat_interleave(m),
+                                 reduction="none")
+            pooled[layer].true.append(ce - base.repeat_interleave(m))
+            for k, credit in enumerate(credits[layer]):
+                a = credit[start:start + chunk].to(device=hb.device, dtype=hb.dtype)
+                predicted = eps * torch.einsum("bd,bmd->bm", a.flatten(1), v)
+                pooled[layer].predicted[k].append(predicted.flatten())
+    out = {}
+    for layer, pool in pooled.items():
+        true_all = torch.cat(pool.true)
+        out[layer] = [pearson(torch.cat(p), true_all) for p in pool.predicted]
+    return out
 
 
 def perturbation_rho(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor],
@@ -118,9 +181,10 @@ def perturbation_rho(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[T
     used).
     """
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
-    work, states, y_n, n = _prepare(model, x, y, n_samples, dtype)
-    return _rho_at_layer(work, states[layer], y_n, layer, [credits[layer][:n]],
-                         n_directions=n_directions, eps=eps, generator=generator)[0]
+    n = min(n_samples, x.shape[0])
+    w = WorkingCopy.of(model, x[:n], y[:n], dtype)
+    return _rho_layers(w.model, w.states, w.y, [layer], {layer: [credits[layer][:n]]},
+                       n_directions=n_directions, eps=eps, generator=generator)[layer][0]
 
 
 def rho_per_layer(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor], *,
@@ -149,8 +213,8 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
               layers: Sequence[int] | None = None, n_directions: int = 32,
               eps: float = DEFAULT_EPS, n_samples: int = 1024,
               dtype: torch.dtype | None = torch.float64, seed: int = 0,
-              generator: torch.Generator | None = None, controls: bool = True
-              ) -> dict[str, list]:
+              generator: torch.Generator | None = None, controls: bool = True,
+              working: WorkingCopy | None = None) -> dict[str, list]:
     """ρ of ``credits`` with its controls, per layer, from one set of perturbed forwards.
 
     Returns ``{"layers", "rho", "bp", "random", "measurable"}`` (``rho`` empty when
@@ -160,28 +224,33 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     ``measurable[l]`` is True when ``bp[l] >= 0.9`` — below that no ρ on this model means
     anything. Directions are the same for all three credits (a paired comparison).
     ``dtype=None`` runs the caller's model as it is (in eval mode) instead of a copy.
+    ``working``: a :class:`WorkingCopy` of ``model`` on ``x`` to reuse (``dtype`` is then
+    ignored).
     """
     generator = generator if generator is not None else torch.Generator().manual_seed(seed)
-    work, states, y_n, n = _prepare(model, x, y, n_samples, dtype)
+    n = min(n_samples, x.shape[0])
+    w = (working or WorkingCopy.of(model, x[:n], y[:n], dtype)).first(n)
+    work, states, y_n = w.model, w.states, w.y
     layers = list(range(len(states))) if layers is None else list(layers)
     out: dict[str, list] = {"layers": layers, "rho": [], "bp": [], "random": [],
                             "measurable": []}
+    candidates: dict[int, list[Tensor]] = {
+        layer: [] if credits is None else [credits[layer][:n]] for layer in layers}
     if controls:
-        x_n = x[:n] if dtype is None else _cast_input(x[:n], dtype)
-        bp = bp_state_gradients(work, x_n, y_n)
+        bp = w.bp_gradients()
         noise_gen = torch.Generator().manual_seed(seed + 1)
-    for layer in layers:
-        candidates: list[Tensor] = [] if credits is None else [credits[layer][:n]]
-        if controls:
+        for layer in layers:
             noise = torch.randn(states[layer].shape, generator=noise_gen,
                                 dtype=states[layer].dtype)
-            candidates += [bp[layer], noise.to(states[layer].device)]
-        values = _rho_at_layer(work, states[layer], y_n, layer, candidates,
-                               n_directions=n_directions, eps=eps, generator=generator)
+            candidates[layer] += [bp[layer], noise.to(states[layer].device)]
+    values = _rho_layers(work, states, y_n, layers, candidates, n_directions=n_directions,
+                         eps=eps, generator=generator)
+    for layer in layers:
+        rhos = list(values[layer])
         if credits is not None:
-            out["rho"].append(values.pop(0))
+            out["rho"].append(rhos.pop(0))
         if controls:
-            out["bp"].append(values[0])
-            out["random"].append(values[1])
-            out["measurable"].append(bool(values[0] >= MEASURABLE_BP_RHO))
+            out["bp"].append(rhos[0])
+            out["random"].append(rhos[1])
+            out["measurable"].append(bool(rhos[0] >= MEASURABLE_BP_RHO))
     return out

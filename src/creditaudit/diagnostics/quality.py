@@ -23,10 +23,9 @@ from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.gradients import REFERENCE_FLOOR, state_gradients
 from creditaudit.diagnostics.nudging import DEFAULT_ETAS, nudging_deltas
 from creditaudit.diagnostics.null import DEFAULT_NULL_SEED, fresh_feedback_null, has_feedback
-from creditaudit.diagnostics.perturbation import DEFAULT_EPS, rho_table
+from creditaudit.diagnostics.perturbation import DEFAULT_EPS, WorkingCopy, rho_table
 from creditaudit.errors import CreditAuditError
 from creditaudit.methods.base import CreditRule
-from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import summary_vectors
 
 GRAD_FLOOR = REFERENCE_FLOOR
@@ -131,11 +130,14 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         },
         "gamma": gamma_aggregations(summaries, sg.grads),
     }
+    # One copy of the model in the working dtype, and its forward pass, serve ρ, nudging
+    # and their BP controls.
+    working = WorkingCopy.of(model, x, y, dtype)
     n_rho = min(rho_samples, int(x.shape[0]))
     say(f"ρ (perturbation correlation): {n_rho} samples × {rho_directions} directions per "
         "layer, with BP and random controls")
     rho = rho_table(model, x, y, credits, n_directions=rho_directions, eps=eps,
-                    n_samples=rho_samples, seed=seed, dtype=dtype)
+                    n_samples=rho_samples, seed=seed, working=working)
     out.update({
         "perturbation_rho": rho["rho"],
         "rho_controls": {"bp": rho["bp"], "random": rho["random"]},
@@ -145,14 +147,14 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
     })
     say(f"nudging: η = {', '.join(f'{eta:g}' for eta in etas)} at each deep layer, with BP "
         "and random controls")
-    bp = bp_state_gradients(model, x, y)
-    out["nudging"] = nudging_deltas(model, x, y, credits, etas, dtype=dtype)
-    out["nudging_controls"] = {"bp": nudging_deltas(model, x, y, bp, etas, dtype=dtype),
-                               "random": nudging_deltas(model, x, y, random_credits, etas,
-                                                        dtype=dtype)}
+    out["nudging"] = nudging_deltas(model, x, y, credits, etas, working=working)
+    out["nudging_controls"] = {
+        "bp": nudging_deltas(model, x, y, working.bp_gradients(), etas, working=working),
+        "random": nudging_deltas(model, x, y, random_credits, etas, working=working)}
     if has_feedback(rule):
         say(f"fresh-feedback null: deep cosine with {null_draws} fresh feedback draws")
-        out["fresh_b_null"] = fresh_feedback_null(rule, x, y, n=null_draws, seed=null_seed)
+        out["fresh_b_null"] = fresh_feedback_null(rule, x, y, n=null_draws, seed=null_seed,
+                                                  grads=sg.grads)
     if initial is not None:
         out["drift"] = feature_drift(initial, dict(model.named_parameters()))
     return out

@@ -10,7 +10,7 @@ the readout takes its exact local cross-entropy gradient on the detached h_L.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -293,6 +293,20 @@ class CreditRule:
         block (the training feedback is restored on exit, also after an error)."""
         raise NotImplementedError(f"{type(self).__name__} has no fixed random feedback")
         yield  # pragma: no cover
+
+    def credits_under(self, x: Tensor, y: Tensor, feedbacks: Iterable[Any]
+                      ) -> Iterator[list[Tensor]]:
+        """The credits [a_0 … a_L] under each feedback set in turn (the fresh-feedback
+        null's draws), lazily; the training feedback is back in place afterwards.
+
+        ``feedbacks`` yields what :meth:`draw_feedback` returns. This default runs
+        :meth:`credits` once per set under :meth:`using_feedback`. Rules whose credits use
+        the forward pass only through quantities the feedback does not change (FA, DFA)
+        override it to forward once for all sets.
+        """
+        for feedback in feedbacks:
+            with self.using_feedback(feedback):
+                yield self.credits(x, y)
 
     def run_metrics(self, x: Tensor, y: Tensor) -> dict[str, Any]:
         """Rule-specific end-of-run metrics on an evaluation set (e.g. EP's convergence).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -55,6 +57,17 @@ class DFA(FixedFeedbackRule):
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
         states, logits = self.model.forward_states(x)
         return self.credits_from_error(self.projected_signal(logits, y), states)
+
+    def credits_under(self, x: Tensor, y: Tensor, feedbacks: Iterable[list[Tensor]]
+                      ) -> Iterator[list[Tensor]]:
+        """One forward pass for every feedback set: the projected signal does not depend
+        on the feedback."""
+        with torch.no_grad():
+            states, logits = self.model.forward_states(x)
+            signal = self.projected_signal(logits, y)
+        for feedback in feedbacks:
+            with self.using_feedback(feedback), torch.no_grad():
+                yield self.credits_from_error(signal, states)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         optimizer.zero_grad(set_to_none=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -64,6 +66,17 @@ class FA(FixedFeedbackRule):
         states, _ = self.model.forward_states(x)
         top, _, _ = readout_gradient(self.model, states[-1], y)
         return self.propagate(top)
+
+    def credits_under(self, x: Tensor, y: Tensor, feedbacks: Iterable[list[Tensor]]
+                      ) -> Iterator[list[Tensor]]:
+        """One forward pass for every feedback set: a_L is exact, only the chain below it
+        uses the feedback."""
+        with torch.no_grad():
+            states, _ = self.model.forward_states(x)
+            top, _, _ = readout_gradient(self.model, states[-1], y)
+        for feedback in feedbacks:
+            with self.using_feedback(feedback), torch.no_grad():
+                yield self.propagate(top)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         optimizer.zero_grad(set_to_none=True)

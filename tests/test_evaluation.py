@@ -104,3 +104,16 @@ def test_bp_credits_reused_from_the_reference_give_the_same_cosines(tmp_path):
         cos = F.cosine_similarity(a.double(), g.double(), dim=1)
         assert float(cos.min()) > 1 - 1e-6
     assert all(c == pytest.approx(1.0, abs=1e-12) for c in fields["cos_per_layer"])
+
+
+def test_a_test_evaluation_refuses_predictions_for_other_samples(tmp_path):
+    t = trainer(tmp_path)
+    sg = state_gradients(t.model.forward_states, t.eval_x, t.eval_y)
+    known = KnownPredictions.from_logits(t.eval_indices, sg.logits, t.eval_y)
+    shifted = KnownPredictions(t.eval_indices.flip(0), known.losses, known.correct)
+    with pytest.raises(ValueError, match="other test samples"):
+        t.test_evaluation.run(t.model, t.device, shifted)
+    with pytest.raises(ValueError, match="exactly the shared samples"):
+        t.test_evaluation.run(t.model, t.device)
+    assert t.test_evaluation.run(t.model, t.device, known) == pytest.approx(
+        t.full_evaluation.run(t.model, t.device), rel=1e-6)

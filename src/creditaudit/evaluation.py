@@ -1,8 +1,9 @@
 """Test-split evaluation: mean cross-entropy and accuracy, without forwarding a sample twice.
 
 The per-epoch diagnostics forward the evaluation subset (``diagnostics.eval_samples`` test
-samples) anyway; their logits are handed to :func:`evaluate` as :class:`KnownPredictions`,
-and only the rest of the test split is forwarded again. Sums stay on the device until the
+samples) anyway; their logits are handed to the evaluation as :class:`KnownPredictions`,
+and only the rest of the test split is forwarded again (:class:`TestEvaluation` keeps that
+rest apart, set up once per run). Sums stay on the device until the
 end, so a GPU run synchronises once per evaluation, not twice per batch.
 """
 
@@ -40,32 +41,50 @@ class KnownPredictions:
                    correct=logits.argmax(dim=1) == labels)
 
 
-@torch.no_grad()
+class TestEvaluation:
+    """The test split, set up once per run for an evaluation every epoch.
+
+    ``shared`` (n,) int64: test positions whose predictions each call brings along as
+    :class:`KnownPredictions` (the diagnostics' evaluation subset); the rest of the split is
+    copied apart once, so an epoch forwards only the rest and gathers nothing per batch.
+    """
+
+    def __init__(self, dataset: Dataset, *, flatten: bool, shared: Tensor | None = None
+                 ) -> None:
+        self.n_test = int(dataset.test_y.shape[0])
+        self.shared = None if shared is None else shared.cpu()
+        self.rest = dataset.test_loader(EVAL_BATCH, flatten=flatten, exclude=self.shared)
+
+    @torch.no_grad()
+    def run(self, model: torch.nn.Module, device: torch.device,
+            known: KnownPredictions | None = None) -> tuple[float, float]:
+        """(mean test CE in nats, test accuracy); ``known`` holds the shared samples'
+        predictions (required when ``shared`` was given, and only then)."""
+        if (known is None) != (self.shared is None):
+            raise ValueError("known predictions must cover exactly the shared samples")
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        if known is not None:
+            if not torch.equal(known.indices.cpu(), self.shared):
+                raise ValueError("known predictions are for other test samples than the "
+                                 "shared ones")
+            loss_sum += known.losses.to(device).double().sum()
+            correct += known.correct.to(device).sum()
+        for x, y in self.rest:
+            x, y = x.to(device), y.to(device)
+            logits = model(x).float()
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+            correct += (logits.argmax(dim=1) == y).sum()
+        return float(loss_sum) / self.n_test, int(correct) / self.n_test
+
+
 def evaluate(model: torch.nn.Module, dataset: Dataset, device: torch.device, *, flatten: bool,
              known: KnownPredictions | None = None) -> tuple[float, float]:
     """(mean test CE in nats, test accuracy) over the whole test split.
 
     Samples in ``known`` are counted from their given predictions instead of being
-    forwarded again. ``model`` maps a batch of model-ready inputs to (B, C) logits.
+    forwarded again. ``model`` maps a batch of model-ready inputs to (B, C) logits. For an
+    evaluation every epoch, set up a :class:`TestEvaluation` once instead.
     """
-    n_test = int(dataset.test_y.shape[0])
-    skip = torch.zeros(n_test, dtype=torch.bool)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    if known is not None:
-        skip[known.indices.cpu()] = True
-        loss_sum += known.losses.to(device).double().sum()
-        correct += known.correct.to(device).sum()
-    start = 0
-    for x, y in dataset.loader("test", EVAL_BATCH, flatten=flatten):
-        keep = ~skip[start:start + y.shape[0]]
-        start += y.shape[0]
-        if not bool(keep.any()):
-            continue
-        if not bool(keep.all()):
-            x, y = x[keep], y[keep]
-        x, y = x.to(device), y.to(device)
-        logits = model(x).float()
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
-        correct += (logits.argmax(dim=1) == y).sum()
-    return float(loss_sum) / n_test, int(correct) / n_test
+    shared = None if known is None else known.indices
+    return TestEvaluation(dataset, flatten=flatten, shared=shared).run(model, device, known)

@@ -26,7 +26,7 @@ from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.evaluation import KnownPredictions, evaluate
+from creditaudit.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
@@ -178,6 +178,10 @@ class Trainer:
         self.run_dir = Path(config.run.out_dir) / self.run_id
         self.flatten = flatten_inputs(config)
         self.eval_indices = self.dataset.eval_indices(config.diagnostics.eval_samples)
+        # Epochs with diagnostics reuse their predictions on the evaluation subset.
+        self.test_evaluation = TestEvaluation(self.dataset, flatten=self.flatten,
+                                              shared=self.eval_indices)
+        self.full_evaluation = TestEvaluation(self.dataset, flatten=self.flatten)
         eval_x, eval_y = self.dataset.eval_subset(config.diagnostics.eval_samples,
                                                   flatten=self.flatten)
         torch.manual_seed(config.run.seed)
@@ -245,8 +249,8 @@ class Trainer:
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             fields, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
             known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
-        test_loss, test_acc = evaluate(self.model, self.dataset, self.device,
-                                       flatten=self.flatten, known=known)
+        evaluation = self.test_evaluation if known is not None else self.full_evaluation
+        test_loss, test_acc = evaluation.run(self.model, self.device, known)
         entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc, **fields)
         if protocol_due and sg is not None:
             self._record_protocol(entry, sg)

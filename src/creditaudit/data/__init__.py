@@ -63,6 +63,17 @@ class Dataset:
             flatten=flatten,
         )
 
+    def test_loader(self, batch_size: int, *, flatten: bool, exclude: Tensor | None = None
+                    ) -> InMemoryLoader:
+        """Batches of the test split in order, without the samples at positions ``exclude``
+        (their raw rows are copied once here, so iterating costs no per-batch gather)."""
+        if exclude is None:
+            return self.loader("test", batch_size, flatten=flatten)
+        keep = torch.ones(self.test_y.shape[0], dtype=torch.bool)
+        keep[exclude] = False
+        return InMemoryLoader(self.test_x[keep], self.test_y[keep], batch_size, shuffle=False,
+                              mean=self.mean, std=self.std, flatten=flatten)
+
     def prepare(self, x: Tensor, *, flatten: bool) -> Tensor:
         """Model-ready inputs for raw samples (no augmentation)."""
         if self.is_image:

@@ -13,11 +13,15 @@ from creditaudit.diagnostics.gradients import median_norms
 def unit_rows(t: Tensor) -> Tensor:
     """Each sample's vector scaled to unit length, in float64: ``(N, …)`` → ``(N, D)``.
 
-    Rows are divided by their max-abs entry first, so squares cannot underflow; an exactly
-    zero row has no direction and becomes NaN.
+    Float64 inputs are divided by their rows' max-abs entry first, so squares of 1e-200
+    entries cannot underflow (a float32 or bf16 entry squared in float64 never does); an
+    exactly zero row has no direction and becomes NaN.
     """
+    scale = t.dtype == torch.float64
     t64 = t.double().flatten(1)
-    t64 = t64 / t64.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    if scale:
+        tiny = torch.finfo(torch.float64).tiny
+        t64 = t64 / t64.abs().amax(dim=1, keepdim=True).clamp_min(tiny)
     norm = torch.linalg.vector_norm(t64, dim=1, keepdim=True)
     return torch.where(norm > 0, t64 / norm, torch.full_like(t64, float("nan")))
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from creditaudit.config import RunConfig, config_to_toml
+from creditaudit.config import IMAGE_ARCHS, RunConfig, config_to_toml
 from creditaudit.data import Dataset, load_dataset
 from creditaudit.data.identity import DataIdentity
 from creditaudit.diagnostics.drift import feature_drift
@@ -28,7 +28,7 @@ from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
-from creditaudit.models.contract import parameter_snapshot
+from creditaudit.models.contract import eval_mode, parameter_snapshot
 from creditaudit.protocol import (
     DIAGNOSTIC_NAMES,
     WALK_BACK,
@@ -83,7 +83,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def flatten_inputs(config: RunConfig) -> bool:
-    return config.model.arch != "vit"
+    """Whether the model reads flat vectors (ResidualMLP) rather than images."""
+    return config.model.arch not in IMAGE_ARCHS
 
 
 def make_adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float
@@ -113,11 +114,12 @@ def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
 @torch.no_grad()
 def evaluate(model: ResidualNet, dataset: Dataset, device: torch.device, *, flatten: bool
              ) -> tuple[float, float]:
-    """(mean test CE, test accuracy) over the whole test split."""
+    """(mean test CE, test accuracy) over the whole test split, in eval mode."""
     loss_sum, correct, n = 0.0, 0, 0
     for x, y in dataset.loader("test", EVAL_BATCH, flatten=flatten):
         x, y = x.to(device), y.to(device)
-        logits = model(x)
+        with eval_mode(model):
+            logits = model(x)
         loss_sum += float(F.cross_entropy(logits.float(), y, reduction="sum"))
         correct += int((logits.argmax(dim=1) == y).sum())
         n += int(y.shape[0])
@@ -199,7 +201,15 @@ class Trainer:
 
     # --- one epoch ----------------------------------------------------------------------
     def measure(self, epoch: int) -> EpochEntry:
-        """Evaluation and diagnostics for the record of ``epoch`` (never changes training)."""
+        """Evaluation and diagnostics for the record of ``epoch`` (never changes training).
+
+        In eval mode: BatchNorm uses (and leaves) its running statistics, so the test set
+        never moves them and every diagnostic is per sample.
+        """
+        with eval_mode(self.model):
+            return self._measure(epoch)
+
+    def _measure(self, epoch: int) -> EpochEntry:
         test_loss, test_acc = evaluate(self.model, self.dataset, self.device,
                                        flatten=self.flatten)
         entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc)

@@ -84,9 +84,11 @@ class ModelConfig:
                     "viewed as 3×32×32)", choices=ARCHS)
     d: int = opt(256, "width", min=1)
     n_blocks: int = opt(4, "number of residual blocks L", min=1)
-    out_ln: bool = opt(True, "terminal LayerNorm before the head")
+    out_ln: bool = opt(True, "terminal LayerNorm before the head (ConvMixer: on the pooled "
+                       "vector)")
     residual: bool = opt(True, "skip connections (False = no-residual control)")
-    w2_std: float = opt(0.01, "init std of each block's last linear layer", min=0.0)
+    w2_std: float = opt(0.01, "init std of each block's last linear layer (ConvMixer: its "
+                        "pointwise convolution)", min=0.0)
     heads: int = opt(4, "ViT: attention heads", min=1)
     mlp_ratio: int = opt(4, "ViT: MLP hidden width / d", min=1)
     patch: int = opt(4, "ViT, ConvMixer: patch size p (p×p patches; must divide the image "

@@ -388,11 +388,11 @@ def test_image_architectures_run_wherever_the_data_are_images():
             synthetic = arch_config(variant, scale, dataset="synthetic", data_dir=None,
                                     out_dir="r")
             assert synthetic.data.in_dim == 3072 and synthetic.model.arch == variant
-            assert synthetic.model.patch == (8 if variant == "vit" or scale == "smoke" else 4)
+            assert synthetic.model.patch == 8  # 4×4 patches of 8×8 pixels
     assert settings["vit"] == ("fashion-mnist", 64, 4, 7, 20, 20000)
-    assert settings["convmixer"] == ("fashion-mnist", 64, 4, 4, 20, 20000)
+    assert settings["convmixer"] == ("fashion-mnist", 64, 4, 7, 20, 20000)
     assert arch_config("convmixer", "cpu", dataset=None, data_dir=None,
-                       out_dir="r").model.kernel == 5
+                       out_dir="r").model.kernel == 3
     resmlp = arch_config("resmlp", "smoke", dataset=None, data_dir=None, out_dir="r")
     assert resmlp.data.in_dim == 16  # only the image architectures change the view
     temporal = get_experiment("temporal").build_configs(

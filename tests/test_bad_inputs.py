@@ -265,9 +265,15 @@ CASES = [
         t, "c.toml", "optim = 3\n"))], ["'optim' must be a table"]),
     ("config-seed-too-large", lambda w, t: ["train", "--config", str(file_in(
         t, "c.toml", f"[run]\nseed = {2**63}\n"))], ["run.seed", "out of range"]),
-    ("config-vit-on-mnist", lambda w, t: ["train", "--config", str(file_in(
-        t, "c.toml", '[model]\narch = "vit"\n[data]\nname = "mnist"\ndata_dir = "x"\n'))],
-     ["needs 32×32×3 images"]),
+    ("config-vit-on-mnist1d", lambda w, t: ["train", "--config", str(file_in(
+        t, "c.toml", '[model]\narch = "vit"\n[data]\nname = "mnist1d"\n'))],
+     ["model.arch='vit' needs images", "feature vectors"]),
+    ("config-convmixer-on-synthetic-features", lambda w, t: ["train", "--config", str(file_in(
+        t, "c.toml", '[model]\narch = "convmixer"\n[data]\nin_dim = 64\n'))],
+     ["3×32×32", "data.in_dim=3072 (got 64)"]),
+    ("config-patch-does-not-divide", lambda w, t: ["train", "--config", str(file_in(
+        t, "c.toml", '[model]\narch = "convmixer"\npatch = 5\n[data]\nname = "mnist"\n'
+        'data_dir = "x"\n'))], ["model.patch=5", "1, 2, 4, 7, 14, 28"]),
     # --- overrides and flags ---------------------------------------------------------------
     ("set-nan", lambda w, t: train_args(w, "--set", f"optim.lr={NAN}"), ["optim.lr", "finite"]),
     ("set-minus-inf", lambda w, t: train_args(w, "--set", "method.penalty=-inf"),

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 CASES = [(name, check) for name in rule_names() for check in rule_checks(rule_class(name))]
 
 
-@pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c.__name__}" for n, c in CASES])
+@pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c.id}" for n, c in CASES])
 def test_rule_conforms(name, check):
+    """Every rule, every check, on the tiny ResidualMLP, ViT-Mini and ConvMixer."""
     check()
 
 

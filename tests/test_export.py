@@ -126,14 +126,32 @@ def test_seed_004_results_file(results, exported):
         assert len(state_log["state_pred_error"]) == len(state_log["train_acc"]) == 2
 
 
+def test_vit_files_come_from_whichever_dataset_has_vit_runs(results, exported):
+    """No CIFAR here: the ViT snapshots are the smoke ViT-Mini runs on the synthetic task
+    viewed as 3×32×32 images (the temporal experiment's); no ConvMixer file exists."""
+    _, records = results
+    out, result = exported
+    runs = {e["path"]: e["runs"] for e in result.written}
+    for seed in (42, 123):
+        pair = load(out, f"snapshot_vit_v1/snapshot_vit_s{seed}.json")
+        fa = load(out, f"snapshot_vit_v1/snapshot_fa_canonical_s{seed}.json")
+        for key, log, method, name in (("bp_log", pair, "bp", "snapshot_vit"),
+                                       ("dfa_log", pair, "dfa", "snapshot_vit"),
+                                       ("fa_log", fa, "fa", "snapshot_fa_canonical")):
+            record = find(records, method, arch="vit", seed=seed)
+            assert record["config"]["data"]["name"] == "synthetic"
+            assert record["config"]["data"]["in_dim"] == 3072
+            assert log[key] == record["log"]
+            file_runs = runs[f"results/snapshot_vit_v1/{name}_s{seed}.json"]
+            assert file_runs[key] == record["run_id"]
+    assert not any("convmixer" in json.dumps(e["runs"]) for e in result.written)
+
+
 def test_missing_runs_are_skipped_with_what_they_need(exported):
     out, result = exported
     written = {e["path"] for e in result.written}
     skipped = {e["path"]: e["needs"] for e in result.skipped}
-    assert "results/snapshot_vit_v1/snapshot_vit_s42.json" in skipped  # no CIFAR here
-    assert "ViT-Mini" in skipped["results/snapshot_vit_v1/snapshot_vit_s42.json"]
-    assert "results/cifar10/results_cifar10.json" in skipped
-    assert not (out / "results" / "snapshot_vit_v1").exists()
+    assert "results/cifar10/results_cifar10.json" in skipped  # no CIFAR here
     assert not (out / "results" / "cifar10").exists()
     for path in written:
         assert (out / path).is_file()
@@ -162,7 +180,8 @@ def test_export_command(results, tmp_path, capsys):
     assert main(["export", "--layout", "faeval", str(folder), str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "wrote   results/snapshot_evolution_v2/snapshot_evolution_s42.json" in out
-    assert "skipped results/snapshot_vit_v1/snapshot_vit_s42.json" in out
+    assert "wrote   results/snapshot_vit_v1/snapshot_vit_s42.json" in out
+    assert "skipped results/cifar10/results_cifar10.json" in out
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not exist" in err

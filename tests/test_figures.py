@@ -46,6 +46,9 @@ RUNS += [(m, 0.0, "resmlp", SEEDS[:1]) for m in ("fa", "state-bridge", "credit-b
 RUNS += [("dfa", 0.01, "resmlp", SEEDS), ("bp", 0.01, "resmlp", SEEDS[:1])]
 RUNS += [(m, 0.0, "student", SEEDS[:1]) for m in ("bp", "fa", "dfa")]
 RUNS += [("kp", 0.0, "resmlp", SEEDS), ("fa-linear", 0.0, "resmlp", SEEDS[:1])]
+RUNS += [(m, 0.0, "convmixer", SEEDS[:1]) for m in ("bp", "fa", "dfa")]
+# The image architectures read the synthetic task as 3×32×32 images.
+ARCH_SETTINGS = {"convmixer": {"data.in_dim": 3072, "model.patch": 8, "model.kernel": 3}}
 
 
 def smoke_runs(out: Path, runs=RUNS) -> Path:
@@ -53,7 +56,7 @@ def smoke_runs(out: Path, runs=RUNS) -> Path:
     try:
         for method, lam, arch, seeds in runs:
             for seed in seeds:
-                config = RunConfig().replace(**SMOKE, **{
+                config = RunConfig().replace(**{**SMOKE, **ARCH_SETTINGS.get(arch, {}),
                     "method.name": method, "method.penalty": lam, "model.arch": arch,
                     "run.seed": seed, "run.out_dir": str(out)})
                 train(config)
@@ -173,8 +176,10 @@ def test_hero_values_come_from_records(index, records):
 
 def test_temporal_rows_and_values(index, records):
     fig = temporal.build(index)[temporal.NAME]
-    assert len(fig.axes) == 2 * 3  # ResMLP and StudentNet rows
-    for arch, row in (("resmlp", "resmlp"), ("student", "student")):
+    assert len(fig.axes) == 3 * 3  # ResMLP, ConvMixer and StudentNet rows, in that order
+    assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes[::3]] == [
+        "ResMLP", "ConvMixer", "StudentNet"]
+    for arch, row in (("resmlp", "resmlp"), ("convmixer", "convmixer"), ("student", "student")):
         for method in ("bp", "fa", "dfa"):
             runs = pick(records, method, arch=arch)
             for key in ("h_L_norm", "g_L_norm", "acc_eval"):
@@ -182,8 +187,8 @@ def test_temporal_rows_and_values(index, records):
                                            per_epoch_mean(runs, key), rtol=1e-12)
             np.testing.assert_allclose(line_x(fig, f"{row}:acc_eval:{method}"),
                                        [e["epoch"] for e in runs[0]["log"]])
-    g_axes = [fig.axes[1], fig.axes[4]]
-    assert g_axes[0].get_ylim() == g_axes[1].get_ylim()  # shared ‖g_L‖ range
+    g_axes = [fig.axes[1], fig.axes[4], fig.axes[7]]
+    assert g_axes[0].get_ylim() == g_axes[1].get_ylim() == g_axes[2].get_ylim()  # shared
 
 
 def test_penalty_values_come_from_records(index, records):

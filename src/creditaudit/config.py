@@ -31,7 +31,15 @@ else:  # pragma: no cover
 DATASETS = ("synthetic", "mnist1d", "cifar10", "cifar100", "mnist", "fashion-mnist")
 # Generated in memory from a seed: no data folder, feature vectors (no image augmentation).
 GENERATED_DATASETS = ("synthetic", "mnist1d")
-ARCHS = ("resmlp", "vit", "student")
+ARCHS = ("resmlp", "vit", "convmixer", "student")
+# Architectures that read images (B, C, H, W): ViT-Mini and ConvMixer.
+IMAGE_ARCHS = ("vit", "convmixer")
+# The image each dataset holds, as (C, H, W); the synthetic task's in_dim = 3072 features are
+# viewed as one 3×32×32 image (the CIFAR shape) by the image architectures.
+IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {
+    "cifar10": (3, 32, 32), "cifar100": (3, 32, 32), "mnist": (1, 28, 28),
+    "fashion-mnist": (1, 28, 28), "synthetic": (3, 32, 32)}
+SYNTHETIC_IMAGE_DIM = 3 * 32 * 32
 # Credit rules are a registry (creditaudit.methods), open to plugins: the config only checks
 # the name's form; the layers that build or list rules check that it is installed.
 METHOD_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -72,16 +80,21 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str = opt("resmlp", "architecture (student = 4-block d=128 ResidualMLP, no out_ln)",
-                    choices=ARCHS)
+    arch: str = opt("resmlp", "architecture (student = 4-block d=128 ResidualMLP, no out_ln; "
+                    "vit and convmixer need images, or the synthetic task with in_dim=3072 "
+                    "viewed as 3×32×32)", choices=ARCHS)
     d: int = opt(256, "width", min=1)
     n_blocks: int = opt(4, "number of residual blocks L", min=1)
-    out_ln: bool = opt(True, "terminal LayerNorm before the head")
+    out_ln: bool = opt(True, "terminal LayerNorm before the head (ConvMixer: on the pooled "
+                       "vector)")
     residual: bool = opt(True, "skip connections (False = no-residual control)")
-    w2_std: float = opt(0.01, "init std of each block's last linear layer", min=0.0)
+    w2_std: float = opt(0.01, "init std of each block's last linear layer (ConvMixer: its "
+                        "pointwise convolution)", min=0.0)
     heads: int = opt(4, "ViT: attention heads", min=1)
     mlp_ratio: int = opt(4, "ViT: MLP hidden width / d", min=1)
-    patch: int = opt(4, "ViT: patch size", min=1)
+    patch: int = opt(4, "ViT, ConvMixer: patch size p (p×p patches; must divide the image "
+                     "side)", min=1)
+    kernel: int = opt(5, "ConvMixer: depthwise convolution kernel size (same padding)", min=1)
 
 
 @dataclass
@@ -289,9 +302,8 @@ def _check_consistency(config: RunConfig) -> None:
     if tb is not None and tb > config.model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds model.n_blocks="
                           f"{config.model.n_blocks}; use 0…{config.model.n_blocks}")
-    if config.model.arch == "vit" and config.data.name not in ("cifar10", "cifar100"):
-        raise ConfigError(f"model.arch='vit' needs 32×32×3 images (cifar10 or cifar100), "
-                          f"not data.name={config.data.name!r}")
+    if config.model.arch in IMAGE_ARCHS:
+        _check_image_arch(config)
     if config.data.name in GENERATED_DATASETS and config.data.augment:
         raise ConfigError("data.augment=true needs an image dataset (random crop and flip); "
                           f"{config.data.name} has feature vectors: drop data.augment")
@@ -303,6 +315,26 @@ def _check_consistency(config: RunConfig) -> None:
         raise ConfigError(f"data.name={config.data.name!r} needs data.data_dir (--data-dir) "
                           "pointing at the dataset folder")
 
+
+def _check_image_arch(config: RunConfig) -> None:
+    """ViT-Mini and ConvMixer read C×H×W images whose sides the patch size divides."""
+    arch, data, model = config.model.arch, config.data, config.model
+    shape = IMAGE_SHAPES.get(data.name)
+    if shape is None:
+        images = ", ".join(IMAGE_SHAPES)
+        raise ConfigError(f"model.arch={arch!r} needs images, and data.name={data.name!r} "
+                          f"holds feature vectors: use one of {images}, or model.arch='resmlp'")
+    if data.name == "synthetic" and data.in_dim != SYNTHETIC_IMAGE_DIM:
+        raise ConfigError(f"model.arch={arch!r} views the synthetic task's inputs as 3×32×32 "
+                          f"images: set data.in_dim={SYNTHETIC_IMAGE_DIM} (got {data.in_dim})")
+    _, height, width = shape
+    if height % model.patch or width % model.patch:
+        fits = [p for p in range(1, height + 1) if height % p == 0 and width % p == 0]
+        raise ConfigError(f"model.patch={model.patch} does not divide the {height}×{width} "
+                          f"images of {data.name}: use one of {', '.join(map(str, fits))}")
+    if arch == "vit" and model.d % model.heads:
+        raise ConfigError(f"model.d={model.d} is not divisible by model.heads={model.heads}: "
+                          "ViT-Mini splits the width evenly across its attention heads")
 
 
 def config_to_toml(config: RunConfig) -> str:

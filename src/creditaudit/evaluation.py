@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.data import Dataset
+from creditaudit.models.contract import eval_mode
 
 EVAL_BATCH = 1024
 
@@ -59,7 +60,8 @@ class TestEvaluation:
     def run(self, model: torch.nn.Module, device: torch.device,
             known: KnownPredictions | None = None) -> tuple[float, float]:
         """(mean test CE in nats, test accuracy); ``known`` holds the shared samples'
-        predictions (required when ``shared`` was given, and only then)."""
+        predictions (required when ``shared`` was given, and only then). Runs ``model`` in
+        whatever mode it is in: the caller puts it in eval mode."""
         if (known is None) != (self.shared is None):
             raise ValueError("known predictions must cover exactly the shared samples")
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -83,8 +85,11 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, device: torch.device, *, 
     """(mean test CE in nats, test accuracy) over the whole test split.
 
     Samples in ``known`` are counted from their given predictions instead of being
-    forwarded again. ``model`` maps a batch of model-ready inputs to (B, C) logits. For an
-    evaluation every epoch, set up a :class:`TestEvaluation` once instead.
+    forwarded again. ``model`` maps a batch of model-ready inputs to (B, C) logits; it runs
+    in eval mode (BatchNorm on its running statistics, left unchanged) and gets its training
+    flag back. For an evaluation every epoch, set up a :class:`TestEvaluation` once instead.
     """
     shared = None if known is None else known.indices
-    return TestEvaluation(dataset, flatten=flatten, shared=shared).run(model, device, known)
+    with eval_mode(model):
+        return TestEvaluation(dataset, flatten=flatten, shared=shared).run(model, device,
+                                                                           known)

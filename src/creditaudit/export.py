@@ -26,7 +26,10 @@ per-epoch lists over the trained epochs 1 … E: ``epoch``, ``train_loss``, ``tr
 
 Which run fills a file: ResidualMLP runs with terminal LN, no penalty (except the penalty
 files), all blocks trainable, real labels — for the no-LN and ViT files the same on those
-architectures, for the synthetic files StudentNet. When several families of such runs exist
+architectures (the ViT files from ViT-Mini runs on whichever image dataset has them: CIFAR,
+MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32), for the synthetic files
+StudentNet. ConvMixer runs have no file in this layout (the original study had no
+ConvMixer). When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
 one family fills a whole group of files: the preferred dataset (``dataset`` if given, else
 CIFAR-10, CIFAR-100, Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most
@@ -66,7 +69,7 @@ HOW = {
     "resmlp": "creditaudit experiment audit_table",
     "resmlp-penalty": "creditaudit experiment penalty_sweep",
     "resmlp-noLN": "creditaudit experiment temporal",
-    "vit": "creditaudit experiment temporal --dataset cifar10 --data-dir DIR",
+    "vit": "creditaudit experiment temporal",
     "student": "creditaudit experiment temporal",
 }
 
@@ -193,9 +196,9 @@ def _needs(variant: str, slot: Slot, dataset: str | None, extra: str = "") -> st
     """The run a missing key needs, and the command that trains it."""
     what = slot.method + (f" λ={slot.penalty:g}" if slot.penalty else "")
     where = {"resmlp": "ResidualMLP with out_ln", "resmlp-noLN": "ResidualMLP without out_ln",
-             "vit": "ViT-Mini on CIFAR", "student": "StudentNet (synthetic)"}[variant]
+             "vit": "ViT-Mini with out_ln", "student": "StudentNet (synthetic)"}[variant]
     how = HOW["resmlp-penalty" if slot.penalty or slot.key == "log" else variant]
-    if dataset and variant not in ("vit", "student"):
+    if dataset and variant != "student":
         where += f", {dataset}"
         how += f" --dataset {dataset}" + (" --data-dir DIR" if dataset.startswith("cifar")
                                           else "")

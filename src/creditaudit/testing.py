@@ -1,22 +1,25 @@
 """The conformance suite every credit rule must pass — ``check_rule(RuleClass)``.
 
 Like scikit-learn's ``check_estimator``: it runs every check that does not depend on what the
-rule computes, on tiny float64 networks, and raises one AssertionError listing every check
-that failed. Use it in a rule's own tests::
+rule computes, on tiny float64 networks of every architecture family — a ResidualMLP
+(states (B, d)), a ViT-Mini (token states (B, T, d)) and a ConvMixer (feature maps
+(B, d, H, W), with BatchNorm) — and raises one AssertionError listing every check that
+failed. Use it in a rule's own tests::
 
     from creditaudit.testing import check_rule
     check_rule(MyRule)                         # raises AssertionError naming what failed
 
-    @pytest.mark.parametrize("check", rule_checks(MyRule), ids=lambda c: c.__name__)
-    def test_conformance(check):               # one test per check
+    @pytest.mark.parametrize("check", rule_checks(MyRule), ids=lambda c: c.id)
+    def test_conformance(check):               # one test per check and architecture
         check()
 
 The checks:
 
 - ``credits_are_detached_and_shaped_like_the_states``: L + 1 finite credits, no graph, each
   shaped like its state;
-- ``credits_have_no_side_effects``: computing credits changes no parameter, no ``.grad``, no
-  global RNG state and not the rule's own state, and gives the same credits twice;
+- ``credits_have_no_side_effects``: computing credits in eval mode, as every diagnostic does,
+  changes no parameter, no buffer (BatchNorm statistics), no ``.grad``, no global RNG state
+  and not the rule's own state, and gives the same credits twice;
 - ``local_update_is_the_surrogate_gradient`` (rules with ``local = True``): after one step
   every trainable parameter's gradient equals the analytic gradient of the local surrogate —
   Σ_l ⟨f_l(h_l), â_{l+1}⟩ with h_l detached, ⟨embed(x), â_0⟩ and the readout's exact
@@ -26,7 +29,7 @@ The checks:
   initial weights and get no gradient over several steps;
 - ``state_dict_round_trips_and_resumes``: the rule's state loads with
   ``torch.load(weights_only=True)`` (tensors and plain containers only) and a rule restored
-  from it continues bit-identically;
+  from it continues bit-identically, parameters and buffers;
 - ``moves_to_a_device``: ``rule.to(device)`` moves the model and everything the rule owns;
 - ``bf16_step_is_finite``: a training step under bf16 autocast is finite and keeps fp32
   parameters;
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import copy
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -50,35 +53,72 @@ from torch.nn import functional as F
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import CreditRule, rms_normalise
 from creditaudit.methods.registry import validate_rule_class
-from creditaudit.models import ResidualMLP, set_trainable_blocks
+from creditaudit.models import ConvMixer, ResidualMLP, ResidualNet, ViTMini, set_trainable_blocks
 
 F64 = torch.float64
 IN_DIM, WIDTH, BLOCKS, CLASSES, BATCH = 6, 8, 3, 4, 9
+IMAGE = (2, 8, 8)  # the tiny image architectures' inputs: 2 channels, 8×8 pixels
+TINY_ARCHS = ("resmlp", "vit", "convmixer")
 TOLERANCE = 1e-10
-Check = Callable[[], None]
 
 
-def tiny_model(seed: int = 0, dtype: torch.dtype = F64) -> ResidualMLP:
-    """A 3-block d=8 ResidualMLP with non-trivial blocks (second layers N(0, 0.1))."""
+def tiny_model(seed: int = 0, dtype: torch.dtype = F64, arch: str = "resmlp") -> ResidualNet:
+    """A 3-block d=8 net with non-trivial blocks (last branch layers N(0, 0.1)).
+
+    ``resmlp``: inputs (B, 6), states (B, 8); ``vit``: 2×8×8 images, patch 4, 2 heads, states
+    (B, 5, 8); ``convmixer``: 2×8×8 images, patch 2, kernel 3, states (B, 8, 4, 4).
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = ResidualMLP(IN_DIM, WIDTH, CLASSES, BLOCKS, w2_std=0.1)
+        if arch == "vit":
+            model: ResidualNet = ViTMini(CLASSES, WIDTH, BLOCKS, heads=2, mlp_ratio=2, patch=4,
+                                         image_shape=IMAGE, w2_std=0.1)
+        elif arch == "convmixer":
+            model = ConvMixer(CLASSES, WIDTH, BLOCKS, patch=2, kernel=3, image_shape=IMAGE,
+                              w2_std=0.1)
+        elif arch == "resmlp":
+            model = ResidualMLP(IN_DIM, WIDTH, CLASSES, BLOCKS, w2_std=0.1)
+        else:
+            raise ValueError(f"unknown tiny architecture {arch!r}; use one of "
+                             f"{', '.join(TINY_ARCHS)}")
     return model.to(dtype)
 
 
-def tiny_batch(seed: int = 1, dtype: torch.dtype = F64) -> tuple[Tensor, Tensor]:
+def tiny_batch(seed: int = 1, dtype: torch.dtype = F64, arch: str = "resmlp"
+               ) -> tuple[Tensor, Tensor]:
+    """(x, y): BATCH inputs for :func:`tiny_model` of ``arch`` and labels in 0 … CLASSES−1."""
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(BATCH, IN_DIM, generator=generator, dtype=dtype),
+    shape = (IN_DIM,) if arch == "resmlp" else IMAGE
+    return (torch.randn(BATCH, *shape, generator=generator, dtype=dtype),
             torch.randint(0, CLASSES, (BATCH,), generator=generator))
 
 
 def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
-              **options: Any) -> CreditRule:
-    """``cls`` bound to a fresh tiny model (``options``: MethodConfig fields)."""
-    model = tiny_model(seed, dtype)
+              arch: str = "resmlp", **options: Any) -> CreditRule:
+    """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields)."""
+    model = tiny_model(seed, dtype, arch)
     config = MethodConfig(name=cls.name, **options)
     set_trainable_blocks(model, config.trainable_blocks)
     return cls(model, config, n_classes=CLASSES, generator=torch.Generator().manual_seed(7))
+
+
+class Check:
+    """One check of one rule on one tiny architecture; call it to run it.
+
+    ``__name__`` is the check's name, ``arch`` the architecture, ``id`` both
+    (``"check_name[arch]"``).
+    """
+
+    def __init__(self, check: Callable[..., None], cls: type[CreditRule], arch: str) -> None:
+        self.check, self.cls, self.arch = check, cls, arch
+        self.__name__ = check.__name__
+        self.id = f"{check.__name__}[{arch}]"
+
+    def __call__(self) -> None:
+        self.check(self.cls, self.arch)
+
+    def __repr__(self) -> str:
+        return f"Check({self.id} of {self.cls.__name__})"
 
 
 def _zero_lr_step(rule: CreditRule, x: Tensor, y: Tensor) -> None:
@@ -113,10 +153,15 @@ def _parameters(rule: CreditRule) -> dict[str, Tensor]:
     return {name: p.detach().clone() for name, p in rule.model.named_parameters()}
 
 
+def _buffers(rule: CreditRule) -> dict[str, Tensor]:
+    return {name: b.detach().clone() for name, b in rule.model.named_buffers()}
+
+
 # --- the checks ---------------------------------------------------------------------------
-def credits_are_detached_and_shaped_like_the_states(cls: type[CreditRule]) -> None:
-    rule = make_rule(cls)
-    x, y = tiny_batch()
+def credits_are_detached_and_shaped_like_the_states(cls: type[CreditRule],
+                                                    arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
     credits = rule.credits(x, y)
     states, _ = rule.model.forward_states(x)
     assert len(credits) == len(states) == BLOCKS + 1, \
@@ -129,22 +174,26 @@ def credits_are_detached_and_shaped_like_the_states(cls: type[CreditRule]) -> No
         assert bool(torch.isfinite(a).all()), f"credit {layer} is not finite"
 
 
-def credits_have_no_side_effects(cls: type[CreditRule]) -> None:
-    rule = make_rule(cls)
-    x, y = tiny_batch()
+def credits_have_no_side_effects(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
     _zero_lr_step(rule, x, y)  # a rule with auxiliary nets has trained state from here on
     for p in rule.model.parameters():
         p.grad = None
-    before_params = _parameters(rule)
+    rule.model.eval()  # as every diagnostic calls credits()
+    before_params, before_buffers = _parameters(rule), _buffers(rule)
     before_state = _flat_state(copy.deepcopy(rule.state_dict()))
     rng = torch.get_rng_state()
     first = rule.credits(x, y)
     second = rule.credits(x, y)
     assert torch.equal(torch.get_rng_state(), rng), \
         "credits() moved the global torch RNG (use a generator of the rule's own)"
+    assert not rule.model.training, "credits() put the model in training mode"
     for name, p in rule.model.named_parameters():
         assert torch.equal(p.detach(), before_params[name]), f"credits() changed {name}"
         assert p.grad is None, f"credits() left a .grad on {name}"
+    for name, b in rule.model.named_buffers():
+        assert torch.equal(b, before_buffers[name]), f"credits() changed the buffer {name}"
     after_state = _flat_state(rule.state_dict())
     changed = [k for k in before_state if not _same(before_state[k], after_state.get(k))]
     assert not changed, f"credits() changed the rule's state: {', '.join(changed[:3])}"
@@ -173,9 +222,10 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
             for name, p in model.named_parameters()}
 
 
-def local_update_is_the_surrogate_gradient(cls: type[CreditRule]) -> None:
-    rule = make_rule(cls)
-    x, y = tiny_batch()
+def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "resmlp"
+                                           ) -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
     credits = rule.credits(x, y)
     expected = _surrogate_gradients(rule, x, y, credits)
     _zero_lr_step(rule, x, y)
@@ -191,25 +241,25 @@ def local_update_is_the_surrogate_gradient(cls: type[CreditRule]) -> None:
             f"{name}: the step's gradient differs from the surrogate's by {error:.2e} (rel.)"
 
 
-def frozen_blocks_stay_untouched(cls: type[CreditRule]) -> None:
-    rule = make_rule(cls, trainable_blocks=1)
+def frozen_blocks_stay_untouched(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, trainable_blocks=1, arch=arch)
     frozen = {n: p.detach().clone() for n, p in rule.model.named_parameters()
               if n.startswith(("blocks.0.", "blocks.1."))}
     optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
     for step in range(3):
-        assert rule.train_step(*tiny_batch(seed=step), optimizer).finite
+        assert rule.train_step(*tiny_batch(seed=step, arch=arch), optimizer).finite
     for name, p in rule.model.named_parameters():
         if name in frozen:
             assert torch.equal(p.detach(), frozen[name]), f"frozen parameter {name} changed"
             assert p.grad is None, f"frozen parameter {name} got a gradient"
 
 
-def state_dict_round_trips_and_resumes(cls: type[CreditRule]) -> None:
+def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resmlp") -> None:
     def trained(rule: CreditRule, optimizer: torch.optim.Optimizer, seeds: range) -> None:
         for seed in seeds:
-            assert rule.train_step(*tiny_batch(seed=seed), optimizer).finite
+            assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
 
-    straight = make_rule(cls)
+    straight = make_rule(cls, arch=arch)
     optimizer = torch.optim.AdamW(straight.trainable_parameters(), lr=1e-2)
     trained(straight, optimizer, range(2))
     buffer = io.BytesIO()
@@ -223,7 +273,7 @@ def state_dict_round_trips_and_resumes(cls: type[CreditRule]) -> None:
         raise AssertionError("the rule's state_dict does not load with weights_only=True "
                              f"(hold only tensors and plain containers): {err}") from None
     trained(straight, optimizer, range(2, 4))
-    resumed = make_rule(cls, seed=1)  # other initial weights: everything must come from the file
+    resumed = make_rule(cls, seed=1, arch=arch)  # other init: all must come from the file
     resumed.model.load_state_dict(saved["model"])
     resumed.load_state_dict(saved["rule"])
     resumed.end_epoch(1, 3)
@@ -232,17 +282,19 @@ def state_dict_round_trips_and_resumes(cls: type[CreditRule]) -> None:
     trained(resumed, optimizer, range(2, 4))
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), f"a rule restored from its state_dict diverges at {name}"
-    x, y = tiny_batch(seed=9)
+    for (name, a), b in zip(straight.model.named_buffers(), resumed.model.buffers()):
+        assert torch.equal(a, b), f"a rule restored from its state_dict diverges at {name}"
+    x, y = tiny_batch(seed=9, arch=arch)
     for layer, (a, b) in enumerate(zip(straight.credits(x, y), resumed.credits(x, y))):
         assert torch.equal(a, b), f"restored rule's credit {layer} differs"
 
 
-def moves_to_a_device(cls: type[CreditRule]) -> None:
+def moves_to_a_device(cls: type[CreditRule], arch: str = "resmlp") -> None:
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         devices.append(torch.device("cuda"))
-    rule = make_rule(cls)
-    x, y = tiny_batch()
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
     for device in devices:
         assert rule.to(device) is rule, "rule.to(device) must return the rule"
         assert all(p.device.type == device.type for p in rule.model.parameters()), \
@@ -253,10 +305,10 @@ def moves_to_a_device(cls: type[CreditRule]) -> None:
     rule.to(torch.device("cpu"))
 
 
-def bf16_step_is_finite(cls: type[CreditRule]) -> None:
-    rule = make_rule(cls, dtype=torch.float32)
+def bf16_step_is_finite(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, dtype=torch.float32, arch=arch)
     rule.set_precision("bf16", "cpu")
-    x, y = tiny_batch(dtype=torch.float32)
+    x, y = tiny_batch(dtype=torch.float32, arch=arch)
     optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-3)
     assert rule.train_step(x, y, optimizer).finite, "a bf16 training step was not finite"
     for name, p in rule.model.named_parameters():
@@ -264,9 +316,9 @@ def bf16_step_is_finite(cls: type[CreditRule]) -> None:
         assert bool(torch.isfinite(p).all()), f"{name} is not finite after a bf16 step"
 
 
-def fresh_feedback_is_swappable(cls: type[CreditRule]) -> None:
-    rule = make_rule(cls)
-    x, y = tiny_batch()
+def fresh_feedback_is_swappable(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
     before = rule.credits(x, y)
     fresh = rule.draw_feedback(torch.Generator().manual_seed(123))
     trained_structure = {k: tuple(v.shape) for k, v in _flat_state(
@@ -296,46 +348,48 @@ def fresh_feedback_is_swappable(cls: type[CreditRule]) -> None:
         assert torch.equal(a, b), f"credit {layer} changed after credits_under() returned"
 
 
-CHECKS: tuple[Callable[[type[CreditRule]], None], ...] = (
+CHECKS: tuple[Callable[..., None], ...] = (
     credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
     local_update_is_the_surrogate_gradient, frozen_blocks_stay_untouched,
     state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
     fresh_feedback_is_swappable)
 
 
-def rule_checks(cls: type[CreditRule]) -> list[Check]:
-    """The checks that apply to ``cls``, each a no-argument callable named like its check."""
+def rule_checks(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS) -> list[Check]:
+    """The checks that apply to ``cls``, once per tiny architecture in ``archs``: each a
+    no-argument callable named like its check (``.arch`` and ``.id`` say which run it is)."""
     validate_rule_class(cls, cls.__qualname__)
+    unknown = [arch for arch in archs if arch not in TINY_ARCHS]
+    if unknown:
+        raise ValueError(f"unknown tiny architecture {unknown[0]!r}; use {', '.join(TINY_ARCHS)}")
     out = []
-    for check in CHECKS:
-        if check is local_update_is_the_surrogate_gradient and not cls.local:
-            continue
-        if check is fresh_feedback_is_swappable and cls.feedback_kind != "fixed_random":
-            continue
-        if check is frozen_blocks_stay_untouched and cls.name == "frozen":
-            continue  # every block is frozen already; nothing to tell apart
-
-        def bound(check: Callable[[type[CreditRule]], None] = check) -> None:
-            check(cls)
-
-        bound.__name__ = check.__name__
-        out.append(bound)
+    for arch in archs:
+        for check in CHECKS:
+            if check is local_update_is_the_surrogate_gradient and not cls.local:
+                continue
+            if check is fresh_feedback_is_swappable and cls.feedback_kind != "fixed_random":
+                continue
+            if check is frozen_blocks_stay_untouched and cls.name == "frozen":
+                continue  # every block is frozen already; nothing to tell apart
+            out.append(Check(check, cls, arch))
     return out
 
 
-def check_rule(cls: type[CreditRule]) -> None:
-    """Run every check that applies to ``cls``; AssertionError listing all that failed."""
+def check_rule(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS) -> None:
+    """Run every check that applies to ``cls`` on each tiny architecture in ``archs``;
+    AssertionError listing all that failed."""
     failures = []
-    for check in rule_checks(cls):
+    for check in rule_checks(cls, archs):
         try:
             check()
         except AssertionError as err:
-            failures.append(f"{check.__name__}: {err}")
+            failures.append(f"{check.id}: {err}")
         except Exception as err:  # noqa: BLE001 - a crash is a failed check too
-            failures.append(f"{check.__name__}: raised {type(err).__name__}: {err}")
+            failures.append(f"{check.id}: raised {type(err).__name__}: {err}")
     if failures:
         raise AssertionError(f"{cls.__name__} ({cls.name}) fails {len(failures)} conformance "
                              "check(s):\n- " + "\n- ".join(failures))
 
 
-__all__ = ["check_rule", "rule_checks", "CHECKS", "make_rule", "tiny_model", "tiny_batch"]
+__all__ = ["check_rule", "rule_checks", "CHECKS", "Check", "TINY_ARCHS", "make_rule",
+           "tiny_model", "tiny_batch"]

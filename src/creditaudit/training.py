@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from creditaudit.config import RunConfig, config_to_toml
+from creditaudit.config import IMAGE_ARCHS, RunConfig, config_to_toml
 from creditaudit.data import Dataset, load_dataset
 from creditaudit.data.identity import DataIdentity
 from creditaudit.diagnostics.drift import feature_drift
@@ -30,7 +30,7 @@ from creditaudit.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
-from creditaudit.models.contract import parameter_snapshot
+from creditaudit.models.contract import eval_mode, parameter_snapshot
 from creditaudit.protocol import (
     DIAGNOSTIC_NAMES,
     WALK_BACK,
@@ -102,7 +102,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def flatten_inputs(config: RunConfig) -> bool:
-    return config.model.arch != "vit"
+    """Whether the model reads flat vectors (ResidualMLP) rather than images."""
+    return config.model.arch not in IMAGE_ARCHS
 
 
 def make_adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float
@@ -240,8 +241,14 @@ class Trainer:
         """Evaluation and diagnostics for the record of ``epoch`` (never changes training).
 
         When the diagnostics run, their forward pass over the evaluation subset also gives
-        those samples' test predictions, so the evaluation forwards only the rest.
+        those samples' test predictions, so the evaluation forwards only the rest. In eval
+        mode: BatchNorm uses (and leaves) its running statistics, so the test set never moves
+        them and every diagnostic is per sample.
         """
+        with eval_mode(self.model):
+            return self._measure(epoch)
+
+    def _measure(self, epoch: int) -> EpochEntry:
         every = self.config.diagnostics.every
         protocol_due = self._protocol_due(epoch)
         fields: dict[str, Any] = {}

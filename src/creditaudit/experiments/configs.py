@@ -10,11 +10,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from creditaudit.config import RunConfig
+from creditaudit.config import IMAGE_SHAPES, SYNTHETIC_IMAGE_DIM, RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.experiments.scales import base_config, get_scale
 
-CIFAR = ("cifar10", "cifar100")
 # The methods of the audit table (method, penalty λ), the frozen baseline last.
 AUDIT_METHODS: tuple[tuple[str, float], ...] = (
     ("bp", 0.0), ("fa", 0.0), ("dfa", 0.0), ("dfa", 1e-2), ("state-bridge", 0.0),
@@ -55,7 +54,22 @@ def method_overrides(method: str, penalty: float = 0.0) -> dict[str, Any]:
     return out
 
 
-ARCH_VARIANTS = ("resmlp", "resmlp-noLN", "student", "vit")
+ARCH_VARIANTS = ("resmlp", "resmlp-noLN", "student", "vit", "convmixer")
+IMAGE_VARIANTS = ("vit", "convmixer")
+# The image architectures' sizes per scale (the scale's own n_blocks L is kept); ``grid``
+# g sets the patch to side/g, i.e. g×g patches whatever the image side (28 or 32). Paper:
+# ViT-Mini and ConvMixer alike at d=128, patch 4 (64 tokens + CLS / 8×8 maps on CIFAR).
+# cpu (Fashion-MNIST 1×28×28; docs/benchmarks.md has the timings behind the choice): both
+# d=64 on the same 4×4 grid of 7×7 patches (ViT: 16 tokens + CLS; ConvMixer: 4×4 maps, 3×3
+# depthwise kernel). smoke: the scale's d=16 with 4×4 patches.
+IMAGE_SIZES: dict[tuple[str, str], dict[str, Any]] = {
+    ("vit", "smoke"): {"grid": 4},
+    ("vit", "cpu"): {"model__d": 64, "grid": 4},
+    ("vit", "paper"): {"model__d": 128},
+    ("convmixer", "smoke"): {"grid": 4, "model__kernel": 3},
+    ("convmixer", "cpu"): {"model__d": 64, "grid": 4, "model__kernel": 3},
+    ("convmixer", "paper"): {"model__d": 128},
+}
 
 
 def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str | None,
@@ -64,8 +78,9 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
 
     ``resmlp``: the scale's ResidualMLP with terminal LN; ``resmlp-noLN``: without it;
     ``student``: StudentNet on the synthetic teacher–student task (whatever the scale's
-    dataset: the task needs no download); ``vit``: ViT-Mini (d=128 except at smoke scale),
-    CIFAR only.
+    dataset: the task needs no download); ``vit`` and ``convmixer``: ViT-Mini and ConvMixer
+    at the scale's image sizes (:data:`IMAGE_SIZES`), on any image dataset — the synthetic
+    task with ``data.in_dim=3072``, viewed as 3×32×32 images.
     """
     if variant == "resmlp":
         extra: dict[str, Any] = {}
@@ -74,10 +89,14 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
     elif variant == "student":
         extra = {"model__arch": "student"}
         dataset, data_dir = "synthetic", None
-    elif variant == "vit":
-        extra = {"model__arch": "vit"}
-        if scale != "smoke":
-            extra["model__d"] = 128
+    elif variant in IMAGE_VARIANTS:
+        extra = {"model__arch": variant, **IMAGE_SIZES.get((variant, scale), {})}
+        name = scale_dataset(scale, dataset)
+        grid = extra.pop("grid", None)
+        if grid is not None and name in IMAGE_SHAPES:  # other data: config validation says why
+            extra["model__patch"] = IMAGE_SHAPES[name][1] // grid
+        if name == "synthetic":
+            extra["data__in_dim"] = SYNTHETIC_IMAGE_DIM
     else:
         raise ConfigError(f"unknown architecture variant {variant!r}; use one of "
                           f"{', '.join(ARCH_VARIANTS)}")
@@ -86,8 +105,10 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
 
 
 def arch_variants(scale: str, dataset: str | None) -> list[str]:
-    """The architectures of the cross-architecture experiments (ViT only on CIFAR)."""
+    """The architectures of the cross-architecture experiments: ViT-Mini and ConvMixer
+    wherever the dataset holds images (CIFAR, MNIST, Fashion-MNIST, the synthetic task's
+    3×32×32 view), not on MNIST-1D's 40-point signals."""
     variants = ["resmlp", "resmlp-noLN", "student"]
-    if scale_dataset(scale, dataset) in CIFAR:
-        variants.append("vit")
+    if scale_dataset(scale, dataset) in IMAGE_SHAPES:
+        variants.extend(IMAGE_VARIANTS)
     return variants

@@ -1,7 +1,8 @@
 """Random-init sanity (science.md §7): untrained models must be trustworthy at chance accuracy.
 
 0-epoch runs (the protocol runs once, at initialisation) of every architecture variant —
-ResidualMLP with and without terminal LN, StudentNet, and ViT-Mini on CIFAR — with BP, FA
+ResidualMLP with and without terminal LN, StudentNet, and ViT-Mini and ConvMixer on image
+data (CIFAR, MNIST, Fashion-MNIST, the synthetic task viewed as 3×32×32) — with BP, FA
 and DFA, every seed. (Every method of a seed starts from the same initial weights, so (a)–(c)
 cannot depend on the method at epoch 0; the methods differ in their credit, hence in the
 cosines the records hold.) (d) does
@@ -104,8 +105,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
 EXPERIMENT = register(Experiment(
     name="random_init",
     question="Does the protocol pass untrained networks, which sit at chance accuracy?",
-    needs="0-epoch runs: bp, fa, dfa on resmlp, resmlp-noLN, student (and vit on CIFAR) × "
-          "every seed",
+    needs="0-epoch runs: bp, fa, dfa on resmlp, resmlp-noLN, student (and vit, convmixer on "
+          "image data) × every seed",
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,

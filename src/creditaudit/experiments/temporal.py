@@ -2,8 +2,9 @@
 architecture and method.
 
 Runs: BP, FA, DFA and the frozen baseline on the ResidualMLP with and without terminal LN,
-on StudentNet (synthetic teacher–student task) and — when the dataset is CIFAR — on
-ViT-Mini; main epochs, every seed. (a)–(c): the training-time protocol's per-epoch statuses.
+on StudentNet (synthetic teacher–student task) and — on image data (CIFAR, MNIST,
+Fashion-MNIST, the synthetic task viewed as 3×32×32) — on ViT-Mini and ConvMixer; main
+epochs, every seed. (a)–(c): the training-time protocol's per-epoch statuses.
 (d) is recomputed per epoch against the frozen run of the same architecture, data and seed
 *at the same epoch* (a fixed end-of-training baseline would fire at every early epoch by
 construction). Besides the first firing epoch, each diagnostic says whether it still fires
@@ -144,8 +145,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
 EXPERIMENT = register(Experiment(
     name="temporal",
     question="When during training does each diagnostic first fire, per architecture?",
-    needs="bp, fa, dfa and frozen on resmlp, resmlp-noLN, student (and vit on CIFAR) × every "
-          "seed, main epochs",
+    needs="bp, fa, dfa and frozen on resmlp, resmlp-noLN, student (and vit, convmixer on "
+          "image data) × every seed, main epochs",
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,

@@ -36,9 +36,10 @@ FALLBACK_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "*")
 PENALTY_COLORS = ("#1a9850", "#2c7bb6", "#7b3294", "#d95f02", "#66a61e", "#e7298a")
 HEALTHY_COLOR, WALKBACK_COLOR = "#1a9850", "#d73027"
 FLOOR = Thresholds().grad_floor
-ARCH_ROWS = ("resmlp", "vit", "resmlp no out_ln", "student")
-ARCH_LABELS = {"resmlp": "ResMLP", "vit": "ViT-Mini", "resmlp no out_ln": "ResMLP no out_LN",
-               "vit no out_ln": "ViT-Mini no out_LN", "student": "StudentNet"}
+ARCH_ROWS = ("resmlp", "vit", "convmixer", "resmlp no out_ln", "student")
+ARCH_LABELS = {"resmlp": "ResMLP", "vit": "ViT-Mini", "convmixer": "ConvMixer",
+               "resmlp no out_ln": "ResMLP no out_LN", "vit no out_ln": "ViT-Mini no out_LN",
+               "convmixer no out_ln": "ConvMixer no out_LN", "student": "StudentNet"}
 PNG_DPI = 200
 STYLE = {
     "font.size": 9, "axes.labelsize": 10, "axes.titlesize": 10, "legend.fontsize": 8,

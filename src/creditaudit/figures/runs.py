@@ -36,7 +36,8 @@ class MissingRuns(CreditAuditError):
 
 
 def arch_label(config: RunConfig) -> str:
-    """``resmlp``, ``resmlp no out_ln``, ``vit``, ``vit no out_ln`` or ``student``."""
+    """``resmlp``, ``vit``, ``convmixer`` (each + `` no out_ln`` without the terminal LN) or
+    ``student``."""
     arch = config.model.arch
     if arch == "student":
         return "student"

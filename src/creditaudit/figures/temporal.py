@@ -1,7 +1,7 @@
 """Figure 2, the cross-architecture temporal grid.
 
-Rows: the architectures present among ResMLP (terminal LN), ViT-Mini, ResMLP without
-terminal LN and StudentNet; columns: ‖h_L‖ (log), ‖g_L‖ (log, one y range shared by all
+Rows: the architectures present among ResMLP (terminal LN), ViT-Mini, ConvMixer, ResMLP
+without terminal LN and StudentNet; columns: ‖h_L‖ (log), ‖g_L‖ (log, one y range shared by all
 rows, with the 1e-7 floor) and test accuracy per epoch; one line per method (mean across
 seeds, ± std band).
 """
@@ -39,8 +39,9 @@ from creditaudit.figures.runs import (
 
 NAME = "fig2_temporal"
 TITLE = "Figure 2 — cross-architecture temporal grid"
-requirements = ("for at least one architecture among ResMLP, ViT-Mini, ResMLP with "
-                "--no-out-ln and StudentNet (--arch student): BP, FA and DFA runs without "
+requirements = ("for at least one architecture among ResMLP, ViT-Mini (--arch vit), "
+                "ConvMixer (--arch convmixer), ResMLP with --no-out-ln and StudentNet "
+                "(--arch student): BP, FA and DFA runs without "
                 "penalty of one recipe, ≥ 1 seed each. Each architecture that has them "
                 "becomes a row.")
 REQUIRED = (("bp", 0.0, "BP runs (λ = 0)"), ("fa", 0.0, "FA runs (λ = 0)"),

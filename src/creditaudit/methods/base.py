@@ -139,8 +139,9 @@ def local_backward(local: LocalPass, ce: Tensor, credit_grads: Sequence[Tensor],
     """Accumulate every module's local update into ``.grad`` in one backward pass.
 
     ``credit_grads[l]`` is â_l / B for state l (:func:`credit_gradient`), shaped like h_l or
-    (B, d) for token states (broadcast over the tokens). The surrogate is linear in each
-    module output given its credit, so its gradients are known without building it:
+    (B, d) for token states and feature maps (broadcast over the tokens or positions). The
+    surrogate is linear in each module output given its credit, so its gradients are known
+    without building it:
     ∂/∂h_0 = â_0/B, ∂/∂f_l = â_{l+1}/B + 2λ·f_l/B (the penalty λ·mean_b‖f_l‖²), and the
     readout gets ∂CE. The parameter gradients equal ``local_objective(...)[0].backward()``'s
     to rounding. Frozen blocks have no branch graph, so neither their credit nor their
@@ -174,9 +175,12 @@ def output_error(logits: Tensor, y: Tensor) -> Tensor:
 
 
 def state_credit_shape(credit: Tensor, state: Tensor) -> Tensor:
-    """Broadcast a (B, d) credit over the tokens of a (B, T, d) state."""
-    if state.dim() == 3 and credit.dim() == 2:
+    """Broadcast a (B, d) credit over the tokens of a (B, T, d) state or the positions of a
+    (B, d, H, W) feature map."""
+    if credit.dim() == 2 and state.dim() == 3:
         return credit.unsqueeze(1).expand_as(state)
+    if credit.dim() == 2 and state.dim() == 4:
+        return credit[:, :, None, None].expand_as(state)
     return credit
 
 

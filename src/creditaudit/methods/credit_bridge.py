@@ -1,8 +1,8 @@
 """Credit Bridge: credit as the gradient of a learned value of the state (science.md §4).
 
 A scalar value net V_φ(h_l, l, e) = MLP([LN(h_l), embed(l), e]) (3 hidden layers ×
-``bridge_hidden`` = 256, GELU; per token and summed over tokens for token states) estimates
-the loss still to come from state l. The credit is its input gradient
+``bridge_hidden`` = 256, GELU; per token / position and summed for token states and feature
+maps) estimates the loss still to come from state l. The credit is its input gradient
 
     a_l = ∇_{h_l} V_φ(h_l, l, e)        (l = 0 … L; batch-mean scale, i.e. ∇ of mean_i V_i),
 
@@ -64,13 +64,14 @@ from creditaudit.methods.state_bridge import (
     seeded_init,
     split_rows,
 )
-from creditaudit.models.contract import ResidualNet
+from creditaudit.models.contract import ResidualNet, feature_rows
 
 VALUE_DEPTH = 3
 
 
 class ValueNet(nn.Module):
-    """V(h, l, e) → (N,) per-sample value; token states are scored per token and summed."""
+    """V(h, l, e) → (N,) per-sample value; token states are scored per token and feature
+    maps per position, and summed."""
 
     def __init__(self, d: int, n_layers: int, n_classes: int, *, hidden: int = 256,
                  depth: int = VALUE_DEPTH) -> None:
@@ -79,7 +80,7 @@ class ValueNet(nn.Module):
         self.net = mlp(self.inputs.out_dim, hidden, depth, 1)
 
     def forward(self, h: Tensor, layer: int | Tensor, e: Tensor) -> Tensor:
-        v = self.net(self.inputs(h, layer, e)).squeeze(-1)
+        v = self.net(self.inputs(feature_rows(h), layer, e)).squeeze(-1)
         return v.flatten(1).sum(dim=1) if v.dim() > 1 else v
 
 

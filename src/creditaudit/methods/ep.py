@@ -67,7 +67,7 @@ from creditaudit.methods.base import (
 )
 from creditaudit.methods.ep_relax import Relaxation, relax
 from creditaudit.methods.registry import register
-from creditaudit.models.contract import ResidualNet, block_is_trainable
+from creditaudit.models.contract import ResidualNet, block_is_trainable, restored_buffers
 
 # Samples per relaxation in :func:`update_agreement` (the training batch of the recipe).
 AGREEMENT_CHUNK = 128
@@ -223,6 +223,16 @@ class EP(CreditRule):
         model = self.model
         with torch.no_grad():
             states, _ = model.forward_states(x)
+        # The free phase above is the step's training forward; the relaxation and the
+        # contrastive passes run the blocks ~ep_steps more times, which must not move
+        # BatchNorm running statistics (they would then follow this batch alone).
+        with restored_buffers(model):
+            return self._nudged_step(x, y, states, optimizer)
+
+    def _nudged_step(self, x: Tensor, y: Tensor, states: list[Tensor],
+                     optimizer: torch.optim.Optimizer) -> StepResult:
+        """The nudged phase and the update of :meth:`train_step` from the free states."""
+        model = self.model
         finite_states = all(bool(torch.isfinite(h).all()) for h in states)
         relaxation = self.relax(states, y) if finite_states else None
         with self.autocast():

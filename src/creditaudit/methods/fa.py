@@ -17,7 +17,7 @@ from creditaudit.methods.base import (
 )
 from creditaudit.methods.feedback import FixedFeedbackRule, state_width
 from creditaudit.methods.registry import register
-from creditaudit.models.contract import ResidualNet
+from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
 
 
 def readout_gradient(model: ResidualNet, h_last: Tensor, y: Tensor, *, create_graph: bool = False
@@ -55,11 +55,12 @@ class FA(FixedFeedbackRule):
         return [(d, d)] * self.model.n_blocks
 
     def propagate(self, top: Tensor) -> list[Tensor]:
-        """[a_0 … a_L] from a_L by the fixed feedback chain."""
-        credits = [top]
+        """[a_0 … a_L] from a_L by the fixed feedback chain, along the feature axis (per
+        token of token states, per position of feature maps)."""
+        rows = [feature_rows(top)]
         for b in reversed(self.feedback):
-            credits.append(credits[-1] @ b.to(device=top.device, dtype=top.dtype).T)
-        return credits[::-1]
+            rows.append(rows[-1] @ b.to(device=top.device, dtype=top.dtype).T)
+        return [from_feature_rows(a, top) for a in rows[::-1]]
 
     @torch.no_grad()
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:

@@ -51,7 +51,7 @@ from creditaudit.methods.base import (
 )
 from creditaudit.methods.feedback import state_width
 from creditaudit.methods.registry import register
-from creditaudit.models.contract import ResidualNet
+from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
 
 LAYER_EMBED_DIM = 32
 PREDICTION_EPS = 1e-6
@@ -107,7 +107,8 @@ def mlp(in_dim: int, hidden: int, depth: int, out_dim: int) -> nn.Sequential:
 
 
 class BridgeInput(nn.Module):
-    """[LN(h), embed(l), e] per row (per token for (N, T, d) token states).
+    """[LN(h), embed(l), e] per row (per token for (N, T, d) token states; feature maps come
+    as (N, H·W, d) rows, see :func:`~creditaudit.models.contract.feature_rows`).
 
     LN has no affine parameters: it only removes the stream's scale, which grows by orders
     of magnitude under some rules. Output width d + 32 + C.
@@ -145,9 +146,9 @@ def exact_top_credit(model: ResidualNet, h_last: Tensor, y: Tensor) -> Tensor:
 
 # --- the State Bridge ---------------------------------------------------------------------
 class BridgePredictor(nn.Module):
-    """G_ψ(h, l, e) = MLP([LN(h), embed(l), e]) for layers l = 0 … L−1 (per token for
-    token states); with ``skip``: G_ψ = h + RMS(h)·MLP(…), the last layer zero-initialised so
-    G starts as the identity (RMS over the feature axis per row).
+    """G_ψ(h, l, e) = MLP([LN(h), embed(l), e]) for layers l = 0 … L−1 (per token of token
+    states, per position of feature maps); with ``skip``: G_ψ = h + RMS(h)·MLP(…), the last
+    layer zero-initialised so G starts as the identity (RMS over the feature axis per row).
 
     ``hidden`` × ``depth`` GELU layers (default 256 × 2), output width d.
     """
@@ -163,10 +164,11 @@ class BridgePredictor(nn.Module):
             nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, h: Tensor, layer: int | Tensor, e: Tensor) -> Tensor:
-        out = self.net(self.inputs(h, layer, e))
-        if not self.skip:
-            return out
-        return h + h.pow(2).mean(dim=-1, keepdim=True).sqrt() * out
+        rows = feature_rows(h)  # feature maps: one row per position
+        out = self.net(self.inputs(rows, layer, e))
+        if self.skip:
+            out = rows + rows.pow(2).mean(dim=-1, keepdim=True).sqrt() * out
+        return from_feature_rows(out, h)
 
 
 @register

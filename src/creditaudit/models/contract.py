@@ -6,13 +6,18 @@ A *residual network* in this project maps an input ``x`` to states ``h_0 … h_L
     logits = readout(h_L).
 
 Each block returns only its *branch* ``f_l(h_l)``; the network adds the skip. States are
-either ``(B, d)`` feature vectors or ``(B, T, d)`` token tensors (ViT); per-sample
-diagnostics read the CLS token (index 0) of token tensors.
+``(B, d)`` feature vectors (ResidualMLP), ``(B, T, d)`` token tensors (ViT) or
+``(B, d, H, W)`` feature maps (ConvMixer); per-sample diagnostics read the CLS token
+(index 0) of token tensors and the spatial average of feature maps.
+
+Diagnostics run a model in eval mode (:func:`eval_mode`): a BatchNorm then applies its
+running statistics instead of the batch's, so no operation mixes samples.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -79,6 +84,54 @@ def summary_vectors(state: Tensor) -> Tensor:
         f"a state of shape {tuple(state.shape)} is not supported: states must be (B, d) "
         "vectors, (B, T, d) token tensors or (B, C, H, W) feature maps"
     )
+
+
+def feature_rows(state: Tensor) -> Tensor:
+    """The state with its feature axis last: ``(B, d)`` and ``(B, T, d)`` unchanged,
+    ``(B, d, H, W)`` maps → ``(B, H·W, d)`` (one row of d features per position)."""
+    return state.flatten(2).transpose(1, 2) if state.dim() == 4 else state
+
+
+def from_feature_rows(rows: Tensor, like: Tensor) -> Tensor:
+    """Undo :func:`feature_rows`: ``rows`` back to the layout of the state ``like``."""
+    if like.dim() != 4:
+        return rows
+    return rows.transpose(1, 2).reshape(rows.shape[0], rows.shape[2], *like.shape[2:])
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run the block with ``model`` in eval mode, then restore its training flag.
+
+    In eval mode BatchNorm applies its running statistics (no op mixes samples, nothing is
+    updated); the other layers of the contract models act the same in both modes.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def restored_buffers(model: nn.Module) -> Iterator[None]:
+    """Inside the block every buffer of ``model`` (BatchNorm running statistics and counts)
+    is a throwaway copy; on exit the originals, untouched, are back in place.
+
+    For extra train-mode passes that must not count as a training forward (EP's relaxation
+    calls the blocks many times per step). Swapping the tensors rather than copying values
+    back leaves any autograd graph built inside valid for a later backward.
+    """
+    saved = [(module, name, buffer) for module in model.modules()
+             for name, buffer in module.named_buffers(recurse=False)]
+    for module, name, buffer in saved:
+        setattr(module, name, buffer.clone())
+    try:
+        yield
+    finally:
+        for module, name, buffer in saved:
+            setattr(module, name, buffer)
 
 
 def check_contract(model: nn.Module) -> ResidualNet:

@@ -1,8 +1,9 @@
 """ViT-Mini: the second architecture family (science.md §3).
 
-Patch 4 on 32×32×3 images → 64 patch tokens + CLS, d=128, 4 pre-LN transformer blocks
-(4 heads, MLP ratio 4), terminal LN and a head on the CLS token. States are token tensors
-``(B, 65, d)``; diagnostics read the CLS token.
+Patch p on C×H×W images → (H/p)·(W/p) patch tokens + CLS (patch 4: 64 + 1 on 3×32×32 CIFAR,
+49 + 1 on 1×28×28 MNIST), d=128, 4 pre-LN transformer blocks (4 heads, MLP ratio 4),
+terminal LN and a head on the CLS token. States are token tensors ``(B, T, d)``;
+diagnostics read the CLS token.
 """
 
 from __future__ import annotations
@@ -13,21 +14,26 @@ from torch.nn import functional as F
 
 from creditaudit.models.contract import ResidualNet
 from creditaudit.models.fused import layer_norm_linear
+from creditaudit.models.images import ImageShape, as_images
 
 
 class PatchEmbed(nn.Module):
-    """(B, C, H, W) images → (B, 1 + H·W/p², d) tokens: CLS + patches + position embedding."""
+    """(B, C, H, W) images (or (B, C·H·W) viewed as such) → (B, 1 + H·W/p², d) tokens:
+    CLS + patches + position embedding."""
 
-    def __init__(self, image_size: int, patch: int, channels: int, d: int) -> None:
+    def __init__(self, image_shape: ImageShape, patch: int, d: int) -> None:
         super().__init__()
-        if image_size % patch:
-            raise ValueError(f"image size {image_size} is not a multiple of patch {patch}")
-        n_patches = (image_size // patch) ** 2
+        channels, height, width = image_shape
+        if height % patch or width % patch:
+            raise ValueError(f"patch {patch} does not divide the {height}×{width} image")
+        self.image_shape = tuple(image_shape)
+        n_patches = (height // patch) * (width // patch)
         self.proj = nn.Conv2d(channels, d, kernel_size=patch, stride=patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.randn(1, n_patches + 1, d) * 0.02)
 
     def forward(self, x: Tensor) -> Tensor:
+        x = as_images(x, self.image_shape)  # type: ignore[arg-type]
         tokens = self.proj(x).flatten(2).transpose(1, 2)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         return torch.cat([cls, tokens], dim=1) + self.pos
@@ -72,7 +78,8 @@ class TransformerBranch(nn.Module):
 
 
 class ViTMini(ResidualNet):
-    """Input ``(B, 3, 32, 32)``; states ``(B, 65, d)``; logits from the CLS token."""
+    """Input ``(B, C, H, W)`` (default 3×32×32); states ``(B, 1 + H·W/p², d)``; logits from
+    the CLS token."""
 
     def __init__(
         self,
@@ -82,15 +89,14 @@ class ViTMini(ResidualNet):
         heads: int = 4,
         mlp_ratio: int = 4,
         patch: int = 4,
-        image_size: int = 32,
-        channels: int = 3,
+        image_shape: ImageShape = (3, 32, 32),
         out_ln: bool = True,
         residual: bool = True,
         w2_std: float = 0.01,
     ) -> None:
         super().__init__()
         self.d, self.n_classes, self.residual = d, n_classes, residual
-        self.embed = PatchEmbed(image_size, patch, channels, d)
+        self.embed = PatchEmbed(image_shape, patch, d)
         self.blocks = nn.ModuleList(
             TransformerBranch(d, heads, mlp_ratio, w2_std) for _ in range(n_blocks)
         )

@@ -1,0 +1,40 @@
+"""What the image architectures (ViT-Mini, ConvMixer) share: the image shape they read.
+
+Both take ``(B, C, H, W)`` images. A flat ``(B, C·H·W)`` input is viewed as images of the
+model's shape, which is how the synthetic teacher–student task (3072 Gaussian features) is
+read as 3×32×32 images; the view copies nothing.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from creditaudit.config import SYNTHETIC_IMAGE_DIM
+from creditaudit.errors import ConfigError
+
+ImageShape = tuple[int, int, int]
+FLAT_IMAGE: ImageShape = (3, 32, 32)  # how 3072 features are viewed
+
+
+def image_shape(input_shape: tuple[int, ...], arch: str, patch: int) -> ImageShape:
+    """(C, H, W) of inputs of ``input_shape`` (without batch) for an image architecture.
+
+    ``(C, H, W)`` stays; ``(3072,)`` features are viewed as 3×32×32. Raises ConfigError for
+    any other shape, or when ``patch`` does not divide H and W.
+    """
+    shape = tuple(input_shape)
+    if shape == (SYNTHETIC_IMAGE_DIM,):
+        shape = FLAT_IMAGE
+    if len(shape) != 3:
+        raise ConfigError(f"model.arch={arch!r} needs C×H×W images or {SYNTHETIC_IMAGE_DIM} "
+                          f"features (viewed as 3×32×32), got inputs of shape {tuple(input_shape)}")
+    channels, height, width = shape
+    if height % patch or width % patch:
+        raise ConfigError(f"model.patch={patch} does not divide the {height}×{width} images: "
+                          "pick a patch size that divides both sides")
+    return channels, height, width
+
+
+def as_images(x: Tensor, shape: ImageShape) -> Tensor:
+    """(B, C, H, W) unchanged; (B, C·H·W) viewed as (B, C, H, W)."""
+    return x.view(x.shape[0], *shape) if x.dim() == 2 else x

@@ -28,7 +28,8 @@ from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED
 from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
 
 NAMES = ["audit_table", "random_init", "decision_utility", "threshold_sensitivity",
-         "temporal", "penalty_sweep", "capacity_cost", "fresh_null", "depth_ladder"]
+         "temporal", "penalty_sweep", "capacity_cost", "fresh_null", "depth_ladder",
+         "rule_zoo"]
 
 
 def shared_results(tmp_path_factory):
@@ -159,6 +160,30 @@ def test_temporal_reads_first_firing_epochs(smoke):
                 epochs = [e["epoch"] for e in log if e.get("protocol", {}).get(i) == FIRED]
                 assert seed["first_fired"][i] == (epochs[0] if epochs else None)
             assert seed["d_evaluated"]
+
+
+def test_rule_zoo_audits_every_rule_on_every_architecture(smoke):
+    from creditaudit.experiments.rule_zoo import RULES
+
+    folder, summaries, records = smoke
+    rows = summaries["rule_zoo"]["rows"]
+    assert {(r["arch"], r["method"]) for r in rows} == {
+        (arch, method) for arch in ("resmlp", "vit", "convmixer")
+        for method in (*RULES, "frozen")}
+    per_linear = {"fa-linear", "usf", "brsf", "frsf", "kp"}
+    for row in rows:
+        assert row["verdict"]["n"] == 2, row["label"]
+        assert 0 <= row["hidden"] <= row["status_quo_accepts"] <= 2
+        walked = sum(s["verdict"].startswith("needs walk-back") for s in row["seeds"])
+        assert row["hidden"] <= walked
+        if row["method"] in per_linear:
+            assert 0.0 <= row["feedback_angle"] <= 180.0, row["label"]
+        else:
+            assert row["feedback_angle"] is None, row["label"]
+        for seed in row["seeds"]:
+            assert records[seed["run_id"]]["final"]["test_acc"] == seed["test_acc"]
+    markdown = (folder / "experiments" / "rule_zoo.md").read_text()
+    assert all(f"### {arch} " in markdown for arch in ("resmlp", "vit", "convmixer"))
 
 
 def test_penalty_capacity_null_and_ladder(smoke):

@@ -502,7 +502,13 @@ def test_progress_counts_interrupted_runs_apart_from_failures():
     assert "failed 1, interrupted 1, left 1" in SweepProgress.status(state)
 
 
-@pytest.mark.parametrize("dataset", ["fashion-mnist", "synthetic"])
+NEEDS_FASHION = pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="run ids fingerprint the Fashion-MNIST files: apt-get install dataset-fashion-mnist")
+
+
+@pytest.mark.parametrize("dataset", [pytest.param("fashion-mnist", marks=NEEDS_FASHION),
+                                     "synthetic"])
 def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
     """examples/sweeps/cpu_*.toml give the run ids the cpu-scale experiments use."""
     from creditaudit.experiments import get_experiment
@@ -516,6 +522,21 @@ def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
         experiment_ids |= {run_id(c) for c in get_experiment(experiment).configs(
             "cpu", dataset=dataset, data_dir=None, out_dir=tmp_path)}
     assert ids <= experiment_ids
+
+
+@NEEDS_FASHION
+def test_rule_zoo_sweeps_are_the_experiments_runs(tmp_path):
+    """examples/sweeps/rule_zoo_*.toml give exactly the rule_zoo experiment's run ids."""
+    from creditaudit.experiments import get_experiment
+
+    ids = set()
+    for arch in ("resmlp", "vit", "convmixer"):
+        sweep_ = load_sweep(ROOT / "examples" / "sweeps" / f"rule_zoo_{arch}.toml")
+        ids |= {run_id(c) for c in sweep_.configs({"run.out_dir": str(tmp_path)})}
+    experiment = get_experiment("rule_zoo").configs("cpu", dataset="fashion-mnist",
+                                                    data_dir=None, out_dir=tmp_path)
+    assert ids == {run_id(c) for c in experiment}
+    assert len(ids) == 3 * 13 * 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")

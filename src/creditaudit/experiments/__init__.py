@@ -20,6 +20,7 @@ from creditaudit.experiments import (  # noqa: F401  (importing registers each e
     fresh_null,
     penalty_sweep,
     random_init,
+    rule_zoo,
     temporal,
     threshold_sensitivity,
 )

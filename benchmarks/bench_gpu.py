@@ -101,11 +101,11 @@ def paper_epoch(method: str, arch: str, precision: str, dataset: Dataset) -> dic
         result = Trainer(config, dataset=dataset).run()
         total = time.perf_counter() - started
         record = result.record
-    epoch = [e for e in record["log"] if e["epoch"] == 1][0]
-    end_of_run = total - sum(e["seconds"] for e in record["log"])
+    epoch = next(e for e in record.log if e.epoch == 1)
+    end_of_run = total - sum(e.seconds or 0.0 for e in record.log)
     return {"method": method, "arch": arch, "precision": precision,
-            "status": record["status"], "epoch_s": epoch["seconds"], "run_1_epoch_s": total,
-            "expected_100_epochs_min": (PAPER_EPOCHS * epoch["seconds"] + end_of_run) / 60}
+            "status": record.status, "epoch_s": epoch.seconds, "run_1_epoch_s": total,
+            "expected_100_epochs_min": (PAPER_EPOCHS * epoch.seconds + end_of_run) / 60}
 
 
 def main() -> int:

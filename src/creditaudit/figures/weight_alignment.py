@@ -1,4 +1,4 @@
-"""Figure 7, weight alignment of the per-Linear feedback rules.
+"""Figure 7, weight alignment of the per-layer feedback rules.
 
 One column per rule (and penalty) whose records carry per-layer feedback alignment
 (fa-linear, usf, brsf, frsf, kp): (top) the angle between each layer's feedback matrix B and
@@ -35,11 +35,11 @@ from creditaudit.figures.runs import (
 )
 
 NAME = "fig7_weight_alignment"
-TITLE = "Figure 7 — weight alignment of per-Linear feedback"
+TITLE = "Figure 7 — weight alignment of per-layer feedback"
 requirements = ("runs of a rule whose feedback stands in for each Linear's weight "
                 "(fa-linear, usf, brsf, frsf or kp), ≥ 1 seed; every such rule and penalty of "
                 "one recipe becomes a column.")
-NEED = ("runs of a per-Linear feedback rule (--method fa-linear, usf, brsf, frsf or kp) "
+NEED = ("runs of a per-layer feedback rule (--method fa-linear, usf, brsf, frsf or kp) "
         "whose records hold feedback_angle")
 
 

@@ -6,11 +6,10 @@ import torch
 from torch import Tensor
 
 from creditaudit.config import MethodConfig
-from creditaudit.methods.feedback import draw_feedback
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
+    draw_layer_feedback,
     sign_feedback,
-    weight_shapes,
 )
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
@@ -18,9 +17,10 @@ from creditaudit.models.contract import ResidualNet
 
 @register
 class BRSF(LinearFeedbackRule):
-    """B = |M_t| ∘ sign(W) for every Linear, with magnitudes redrawn before every step.
+    """B = |M_t| ∘ sign(W) for every Linear and Conv2d, magnitudes redrawn before every step.
 
-    |M_t| has W's shape, entries |N(0, s²/out)|, drawn from the rule's own generator (seeded
+    |M_t| has W's shape, entries |N(0, s²/n)| (n: the fan-in of the backward map, as for
+    ``fa-linear``), drawn from the rule's own generator (seeded
     by ``method.feedback_seed``), never from torch's global RNG. ``credits`` — and so every
     per-epoch record — use the magnitudes of the last training step (the initial draw before
     any step); the magnitudes and the generator are checkpointed.
@@ -28,7 +28,7 @@ class BRSF(LinearFeedbackRule):
 
     name = "brsf"
     label = "brSF"
-    credit_formula = "backprop with each Linear's W^T replaced by (|M_t| o sign W)^T, M_t per batch"
+    credit_formula = "backprop with each layer's W^T replaced by (|M_t| o sign W)^T, M_t per batch"
     feedback_kind = "sign_concordant"
     color, marker = "#01665e", "8"
     rank = 15
@@ -41,8 +41,8 @@ class BRSF(LinearFeedbackRule):
 
     def draw_magnitudes(self) -> list[Tensor]:
         """A fresh |M| per layer from the rule's generator (W's dtype and device)."""
-        drawn = draw_feedback(weight_shapes(self.layers), scale=self.config.feedback_scale,
-                              generator=self.generator)
+        drawn = draw_layer_feedback(self.layers, scale=self.config.feedback_scale,
+                                    generator=self.generator)
         return [m.abs().to(device=w.device, dtype=w.dtype) for m, w in zip(drawn, self.weights())]
 
     def feedback_matrices(self) -> list[Tensor]:

@@ -1,4 +1,4 @@
-"""Per-Linear Feedback Alignment (Lillicrap et al. 2016; BioTorch ``fa``): fixed random B."""
+"""Per-layer Feedback Alignment (Lillicrap et al. 2016; BioTorch ``fa``): fixed random B."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from creditaudit.config import MethodConfig
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
+    draw_layer_feedback,
     weight_shapes,
 )
 from creditaudit.methods.registry import register
@@ -17,18 +18,20 @@ from creditaudit.models.contract import ResidualNet
 
 @register
 class FALinear(FixedFeedbackRule, LinearFeedbackRule):
-    """Every Linear's input gradient uses a fixed random B instead of its W.
+    """Every Linear's and Conv2d's input gradient uses a fixed random B instead of its W.
 
-    ``feedback[i]`` has the shape (out, in) of the i-th Linear's W, entries N(0, s²/out)
-    (out is the fan-in of the backward map δ_in = δ_out·B), drawn once from the feedback
-    generator and never trained. LayerNorm, GELU, attention and the identity skips stay
-    exact, so the skip carries the exact gradient past every block: a different algorithm
-    from the block-level ``fa``, whose B_l replaces the whole block Jacobian, skip included.
+    ``feedback[i]`` has the shape of the i-th layer's W — (out, in) for a Linear,
+    (out_channels, in_channels/groups, kh, kw) for a Conv2d — entries N(0, s²/n) with n the
+    fan-in of the backward map (out for a Linear; (out_channels/groups)·kh·kw for a Conv2d),
+    drawn once from the feedback generator and never trained. LayerNorm, BatchNorm, GELU,
+    attention and the identity skips stay exact, so the skip carries the exact gradient past
+    every block: a different algorithm from the block-level ``fa``, whose B_l replaces the
+    whole block Jacobian, skip included.
     """
 
     name = "fa-linear"
-    label = "FA (per-Linear)"
-    credit_formula = "backprop with each Linear's W^T replaced by a fixed random B"
+    label = "FA (per-layer)"
+    credit_formula = "backprop with each layer's W^T replaced by a fixed random B"
     color, marker = "#fdb863", "p"
     rank = 12
 
@@ -42,7 +45,8 @@ class FALinear(FixedFeedbackRule, LinearFeedbackRule):
         return weight_shapes(self.layers)
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
-        return super().draw_feedback(generator)
+        return draw_layer_feedback(self.layers, scale=self.config.feedback_scale,
+                                   generator=generator)
 
     def feedback_matrices(self) -> list[Tensor]:
         return self.feedback

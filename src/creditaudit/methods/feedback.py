@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import torch
@@ -35,11 +35,17 @@ def feedback_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator
-                  ) -> list[Tensor]:
-    """Fixed random feedback matrices, entries N(0, scale²/fan_in) with fan_in = shape[0]."""
-    return [torch.randn(*shape, generator=generator) * (scale / shape[0] ** 0.5)
-            for shape in shapes]
+def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator,
+                  fans: Sequence[int] | None = None) -> list[Tensor]:
+    """Fixed random feedback matrices, entries N(0, scale²/fan_in), drawn in order.
+
+    fan_in is ``fans[i]`` where given, else ``shape[0]`` (the fan-in of δ_in = δ_out·B for a
+    matrix B of shape (out, in)).
+    """
+    if fans is None:
+        fans = [shape[0] for shape in shapes]
+    return [torch.randn(*shape, generator=generator) * (scale / fan ** 0.5)
+            for shape, fan in zip(shapes, fans, strict=True)]
 
 
 def state_width(model: ResidualNet) -> int:

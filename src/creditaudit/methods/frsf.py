@@ -8,6 +8,7 @@ from torch import Tensor
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
+    draw_layer_feedback,
     sign_feedback,
     weight_shapes,
 )
@@ -16,16 +17,17 @@ from creditaudit.methods.registry import register
 
 @register
 class FRSF(FixedFeedbackRule, LinearFeedbackRule):
-    """B = |M| ∘ sign(W) for every Linear, with magnitudes |M| drawn once and kept.
+    """B = |M| ∘ sign(W) for every Linear and Conv2d, with magnitudes |M| drawn once and kept.
 
-    ``feedback[i]`` holds the magnitudes |M| (W's shape, |N(0, s²/out)|, never trained);
+    ``feedback[i]`` holds the magnitudes |M| (W's shape, |N(0, s²/n)| with n the fan-in of
+    the backward map as for ``fa-linear``, never trained);
     the signs follow the current W at every step, so B changes when a weight changes sign.
     The fresh-feedback null redraws the magnitudes and keeps the signs.
     """
 
     name = "frsf"
     label = "frSF"
-    credit_formula = "backprop with each Linear's W^T replaced by (|M| o sign W)^T, M fixed"
+    credit_formula = "backprop with each layer's W^T replaced by (|M| o sign W)^T, M fixed"
     color, marker = "#35978f", "h"
     rank = 14
 
@@ -33,7 +35,8 @@ class FRSF(FixedFeedbackRule, LinearFeedbackRule):
         return weight_shapes(self.layers)
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
-        return [m.abs() for m in super().draw_feedback(generator)]
+        return [m.abs() for m in draw_layer_feedback(
+            self.layers, scale=self.config.feedback_scale, generator=generator)]
 
     def feedback_matrices(self) -> list[Tensor]:
         return sign_feedback(self.feedback, self.weights())

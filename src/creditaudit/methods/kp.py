@@ -1,6 +1,6 @@
 """Kolen–Pollack (Akrout et al. 2019): feedback that takes every update of its forward weight.
 
-Each Linear's backward uses its own matrix B (W's shape, drawn like ``fa-linear``'s). After
+Each Linear's and Conv2d's backward uses its own B (W's shape, drawn like ``fa-linear``'s). After
 every optimiser step B takes the same step W took and the same decoupled weight decay:
 
     B ← B + (W_new − W_old) − lr·wd·(B − W_old),
@@ -19,10 +19,9 @@ from torch import Tensor
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import StepResult
-from creditaudit.methods.feedback import draw_feedback
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
-    weight_shapes,
+    draw_layer_feedback,
 )
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
@@ -38,11 +37,11 @@ def group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict | None:
 
 @register
 class KolenPollack(LinearFeedbackRule):
-    """Per-Linear feedback B trained to mirror W (see the module docstring)."""
+    """Per-layer feedback B trained to mirror W (see the module docstring)."""
 
     name = "kp"
     label = "Kolen–Pollack"
-    credit_formula = "backprop with each Linear's W^T replaced by B^T, B mirroring W's updates"
+    credit_formula = "backprop with each layer's W^T replaced by B^T, B mirroring W's updates"
     feedback_kind = "learned"
     color, marker = "#762a83", "*"
     rank = 16
@@ -50,8 +49,8 @@ class KolenPollack(LinearFeedbackRule):
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
-        drawn = draw_feedback(weight_shapes(self.layers), scale=config.feedback_scale,
-                              generator=generator)
+        drawn = draw_layer_feedback(self.layers, scale=config.feedback_scale,
+                                    generator=generator)
         # The same initial B as fa-linear for the same seed; in W's dtype, as it is updated
         # with W's steps.
         self.feedback = [b.to(device=w.device, dtype=w.dtype)

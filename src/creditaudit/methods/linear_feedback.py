@@ -1,4 +1,4 @@
-"""Rules that keep backprop's graph and replace every Linear's weight in the backward pass.
+"""Rules that keep backprop's graph and replace every weight layer's weight in the backward pass.
 
 The field's per-layer feedback rules — FA as Lillicrap et al. (2016) and BioTorch define it,
 the sign-concordant uSF, brSF, frSF (Liao et al. 2016; Moskovitz et al. 2018) and
@@ -10,8 +10,26 @@ instead of W,
 
 so in Lillicrap's column notation Bᵀ stands where Wᵀ stood. LayerNorm, GELU, attention, the
 identity skips and every weight gradient (δ_outᵀ · x) stay exact; only the signal passed
-*down* through a Linear changes. A rule's credit a_l is the signal this backward pass leaves
-at state h_l (batch-mean scale, like backprop's g_l); with B = W it is g_l exactly.
+*down* through a weight layer changes. A rule's credit a_l is the signal this backward pass
+leaves at state h_l (batch-mean scale, like backprop's g_l); with B = W it is g_l exactly.
+
+Convolutions (``nn.Conv2d``, as in BioTorch) work the same way: B is a kernel of W's shape
+(out_channels, in_channels/groups, kh, kw) — for a depthwise convolution (groups = channels)
+one k×k kernel per channel, shape (C, 1, k, k) — and the input gradient is the adjoint of
+the convolution with B instead of W, δ_in = conv_transpose(δ_out; B), with W's stride,
+padding, dilation and groups; δW and δb stay exact. The embedding's convolutions (the patch
+embeddings of ViT-Mini and ConvMixer) keep their exact backward: their input is the data,
+so the signal they pass down trains nothing.
+
+Feedback scale: entries of a random B are N(0, s²/n) and uSF's magnitude is s/√n, where n
+is the fan-in of the backward map — how many entries of δ_out sum into one entry of δ_in:
+out for a Linear, (out_channels/groups)·kh·kw for a Conv2d. BioTorch takes its fan counts
+from ``torch.nn.init._calculate_fan_in_and_fan_out``, whose fan_out = out_channels·kh·kw
+is the same number for every ungrouped convolution (and out for a Linear); for a grouped
+convolution it still counts all out_channels, although only out_channels/groups of them
+read a given input channel — a depthwise B scaled that way would be √channels times smaller
+than every other layer's, so the groups are divided out here. Stride and borders are
+ignored, as in both libraries.
 
 Weight alignment — the angle between B and W (equal to the angle between Lillicrap's B and
 Wᵀ) and ‖B‖/‖W‖ (Frobenius), BioTorch's two layer metrics — is reported per layer through
@@ -34,11 +52,17 @@ from creditaudit.config import MethodConfig
 from creditaudit.errors import ModelContractError
 from creditaudit.methods.base import CreditRule, StepResult, loss_precision, step_result
 from creditaudit.methods.bp import end_to_end_objective
+from creditaudit.methods.feedback import draw_feedback
 from creditaudit.models.contract import ResidualNet
 
 # Layers whose weights act on an input the rule would have to feed a replaced backward
-# through, but which this module cannot patch (only nn.Linear is supported).
-UNSUPPORTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, nn.Bilinear)
+# through, but which this module cannot patch (only nn.Linear and nn.Conv2d are supported).
+# Transposed convolutions are not subclasses of nn.Conv2d: without this entry their backward
+# would silently stay exact.
+UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+               nn.ConvTranspose3d, nn.MultiheadAttention, nn.Bilinear)
+
+FeedbackLayer = nn.Linear | nn.Conv2d
 
 
 class _FeedbackLinear(torch.autograd.Function):
@@ -71,36 +95,102 @@ class _FeedbackLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-def _feedback_forward(layer: nn.Linear, feedback: Tensor, called: set[int], x: Tensor
+class _FeedbackConv2d(torch.autograd.Function):
+    """y = conv2d(x, W, b) forward; backward δx = conv2d_input(δy; B), δW and δb exact.
+
+    x: (N, C_in, H, W); W, B: (C_out, C_in/groups, kh, kw); y: (N, C_out, H', W'). δx is the
+    adjoint of x ↦ conv2d(x, B) applied to δy: ⟨δy, conv2d(x, B)⟩ = ⟨δx, x⟩ for every x.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None,
+                feedback: Tensor, stride: tuple[int, int], padding: tuple[int, int],
+                dilation: tuple[int, int], groups: int) -> Tensor:
+        ctx.save_for_backward(x, feedback)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        ctx.geometry = (stride, padding, dilation, groups)
+        # Under autocast this convolution runs in bf16 exactly as nn.Conv2d's would.
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        x, feedback = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        stride, padding, dilation, groups = ctx.geometry
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dtype = grad_out.dtype
+        # The op autograd's own convolution backward calls, with B in W's place: it computes
+        # δx from the kernel it is given, and δW and δb from x and δy alone (so with B = W
+        # this is backprop's backward bit for bit).
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad_out, x.to(dtype), feedback.to(dtype),
+            [feedback.shape[0]] if need_b else None, list(stride), list(padding),
+            list(dilation), False, [0, 0], groups, [need_x, need_w, need_b])
+        return (grad_x.to(x.dtype) if need_x else None,
+                grad_w.to(weight_dtype) if need_w else None,
+                grad_b.to(bias_dtype) if need_b else None,
+                None, None, None, None, None)
+
+
+def _conv_input(layer: nn.Conv2d, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    """(x, p): x padded as ``layer`` pads it before convolving, and the symmetric zero padding
+    p the convolution itself applies — so that conv2d(x, W, padding=p) is ``layer(x)``.
+
+    The explicit padding (non-zero padding modes; the extra row/column of an asymmetric
+    "same" padding, which ATen puts at the end) is ordinary autograd: its backward is exact.
+    """
+    if layer.padding_mode != "zeros":
+        # nn.Conv2d's own rule: pad with the mode, then convolve without padding.
+        return F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), (0, 0)
+    if layer.padding == "valid":
+        return x, (0, 0)
+    if layer.padding == "same":
+        total = [d * (k - 1) for d, k in zip(layer.dilation, layer.kernel_size, strict=True)]
+        extra = [t % 2 for t in total]
+        if any(extra):
+            x = F.pad(x, (0, extra[1], 0, extra[0]))
+        return x, (total[0] // 2, total[1] // 2)
+    return x, tuple(layer.padding)  # type: ignore[return-value]
+
+
+def _feedback_forward(layer: FeedbackLayer, feedback: Tensor, called: set[int], x: Tensor
                       ) -> Tensor:
     called.add(id(layer))
+    if isinstance(layer, nn.Conv2d):
+        x, padding = _conv_input(layer, x)
+        return _FeedbackConv2d.apply(x, layer.weight, layer.bias, feedback, layer.stride,
+                                     padding, layer.dilation, layer.groups)
     return _FeedbackLinear.apply(x, layer.weight, layer.bias, feedback)
 
 
-def feedback_layers(model: nn.Module, rule: str) -> list[tuple[str, nn.Linear]]:
-    """Every ``nn.Linear`` of ``model`` with its name, in module order.
+def feedback_layers(model: nn.Module, rule: str) -> list[tuple[str, FeedbackLayer]]:
+    """Every ``nn.Linear`` and every ``nn.Conv2d`` outside the embedding, with its name, in
+    module order.
 
     ModelContractError when a block or the readout holds a weight layer whose backward this
-    module cannot replace (convolutions, ``nn.MultiheadAttention``); the embedding may hold
-    them, since nothing trainable sits below it to receive their input gradient.
+    module cannot replace (Conv1d/3d, transposed convolutions, ``nn.MultiheadAttention``,
+    ``nn.Bilinear``). The embedding may hold such layers and keeps its convolutions exact:
+    it reads the data, so nothing trainable sits below it to receive their input gradient.
     """
     layers = []
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
+        in_embed = name.split(".")[0] == "embed"
+        if isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and not in_embed):
             layers.append((name, module))
-        elif isinstance(module, UNSUPPORTED) and name.split(".")[0] != "embed":
+        elif isinstance(module, UNSUPPORTED) and not in_embed:
             raise ModelContractError(
-                f"--method {rule} replaces the backward of nn.Linear layers only, but "
-                f"{type(model).__name__}.{name} is a {type(module).__name__}; use an MLP or "
-                "ViT architecture (or a block-level rule such as fa or dfa)")
+                f"--method {rule} replaces the backward of nn.Linear and nn.Conv2d layers "
+                f"only, but {type(model).__name__}.{name} is a {type(module).__name__}; use "
+                "nn.Linear/nn.Conv2d layers there (or a block-level rule such as fa or dfa)")
     if not layers:
-        raise ModelContractError(f"--method {rule} needs nn.Linear layers; "
+        raise ModelContractError(f"--method {rule} needs nn.Linear or nn.Conv2d layers; "
                                  f"{type(model).__name__} has none")
     return layers
 
 
 @contextlib.contextmanager
-def replaced_backward(layers: Sequence[tuple[str, nn.Linear]], feedback: Sequence[Tensor]
+def replaced_backward(layers: Sequence[tuple[str, FeedbackLayer]], feedback: Sequence[Tensor]
                       ) -> Iterator[None]:
     """Inside the block, layer i's forward builds a graph whose backward uses feedback[i].
 
@@ -124,33 +214,55 @@ def replaced_backward(layers: Sequence[tuple[str, nn.Linear]], feedback: Sequenc
     skipped = [name for name, layer in layers if id(layer) not in called]
     if skipped:
         raise ModelContractError(
-            f"the Linear layer(s) {', '.join(skipped[:3])} were not called as modules in the "
-            "forward pass (their weights are used directly), so their backward cannot be "
-            "replaced; call every nn.Linear as a module")
+            f"the layer(s) {', '.join(skipped[:3])} were not called as modules in the forward "
+            "pass (their weights are used directly), so their backward cannot be replaced; "
+            "call every nn.Linear and nn.Conv2d as a module")
 
 
 def matrix_alignment(feedback: Tensor, weight: Tensor) -> tuple[float, float]:
     """(∠(B, W) in degrees, ‖B‖/‖W‖) of two same-shaped matrices, in float64.
 
     The angle is that of the flattened matrices (BioTorch's ``compute_matrix_angle``, without
-    its eps); NaN when either is exactly zero.
+    its eps), computed as 2·atan2(‖b̂ − ŵ‖, ‖b̂ + ŵ‖) of the unit vectors, which stays accurate
+    near 0° and 180° where acos of the cosine loses half the digits; NaN when either is
+    exactly zero.
     """
     b = feedback.detach().double().flatten()
     w = weight.detach().to(b.device).double().flatten()
     nb, nw = float(torch.linalg.vector_norm(b)), float(torch.linalg.vector_norm(w))
     if nb == 0.0 or nw == 0.0:
         return math.nan, (nb / nw if nw > 0 else math.nan)
-    cos = max(-1.0, min(1.0, float(b @ w) / (nb * nw)))
-    return math.degrees(math.acos(cos)), nb / nw
+    bu, wu = b / nb, w / nw
+    angle = 2.0 * math.atan2(float(torch.linalg.vector_norm(bu - wu)),
+                             float(torch.linalg.vector_norm(bu + wu)))
+    return math.degrees(angle), nb / nw
 
 
-def weight_shapes(layers: Sequence[tuple[str, nn.Linear]]) -> list[tuple[int, ...]]:
-    """W's shape (out, in) per layer: the shapes of the feedback matrices."""
+def weight_shapes(layers: Sequence[tuple[str, FeedbackLayer]]) -> list[tuple[int, ...]]:
+    """W's shape per layer — (out, in) or (out, in/groups, kh, kw): the shapes of the B's."""
     return [tuple(layer.weight.shape) for _, layer in layers]
 
 
+def backward_fan_in(layer: FeedbackLayer) -> int:
+    """How many entries of δ_out sum into one entry of δ_in: out for a Linear,
+    (out_channels/groups)·kh·kw for a Conv2d (see the module docstring)."""
+    if isinstance(layer, nn.Conv2d):
+        kh, kw = layer.kernel_size
+        return layer.out_channels // layer.groups * kh * kw
+    return layer.out_features
+
+
+def draw_layer_feedback(layers: Sequence[tuple[str, FeedbackLayer]], *, scale: float,
+                        generator: torch.Generator) -> list[Tensor]:
+    """A random B per layer, W's shape, entries N(0, scale²/n), n = :func:`backward_fan_in`
+    (float32, on the CPU; drawn in layer order from ``generator``)."""
+    return draw_feedback(weight_shapes(layers), scale=scale, generator=generator,
+                         fans=[backward_fan_in(layer) for _, layer in layers])
+
+
 class LinearFeedbackRule(CreditRule):
-    """End-to-end training through a backward pass with per-Linear feedback matrices.
+    """End-to-end training through a backward pass with per-layer feedback (every Linear and
+    every Conv2d outside the embedding: :func:`feedback_layers`).
 
     Subclasses give :meth:`feedback_matrices` (B per layer of :attr:`layers`, W's shape,
     as credits and the next step use them) and may draw new ones per step in
@@ -211,6 +323,7 @@ def sign_feedback(magnitudes: Sequence[Tensor], weights: Sequence[Tensor]) -> li
             for m, w in zip(magnitudes, weights, strict=True)]
 
 
-def magnitude_scale(shape: tuple[int, ...], scale: float) -> float:
-    """s/√out: the RMS of a feedback entry N(0, s²/fan_in), fan_in = out of the backward map."""
-    return scale / shape[0] ** 0.5
+def magnitude_scale(layer: FeedbackLayer, scale: float) -> float:
+    """s/√n: the RMS of a feedback entry N(0, s²/n), n = :func:`backward_fan_in` (out for a
+    Linear)."""
+    return scale / backward_fan_in(layer) ** 0.5

@@ -11,25 +11,25 @@ from creditaudit.methods.registry import register
 
 @register
 class USF(LinearFeedbackRule):
-    """B = s_i · sign(W) for every Linear: W's signs, one magnitude per layer.
+    """B = s_i · sign(W) for every Linear and Conv2d: W's signs, one magnitude per layer.
 
-    s_i = feedback_scale/√out is the RMS of the random feedback entries of ``fa-linear``
-    (BioTorch scales sign(W) by its init's standard deviation for the same reason: a unit
-    magnitude would multiply the backward signal by ~√width at every layer). Nothing is
+    s_i = feedback_scale/√n (n: the fan-in of the backward map — out for a Linear,
+    (out_channels/groups)·kh·kw for a Conv2d) is the RMS of the random feedback entries of
+    ``fa-linear`` (BioTorch scales sign(W) by its init's standard deviation for the same
+    reason: a unit magnitude would multiply the backward signal by ~√n at every layer). Nothing is
     random, so the rule has no state; B follows W at every step.
     """
 
     name = "usf"
     label = "uSF"
-    credit_formula = "backprop with each Linear's W^T replaced by (s sign W)^T"
+    credit_formula = "backprop with each layer's W^T replaced by (s sign W)^T"
     feedback_kind = "sign_concordant"
     color, marker = "#80cdc1", "H"
     rank = 13
 
     def magnitudes(self) -> list[float]:
         """s_i per layer."""
-        return [magnitude_scale(tuple(w.shape), self.config.feedback_scale)
-                for w in self.weights()]
+        return [magnitude_scale(layer, self.config.feedback_scale) for _, layer in self.layers]
 
     def feedback_matrices(self) -> list[Tensor]:
         return [s * torch.sign(w.detach()) for s, w in zip(self.magnitudes(), self.weights())]

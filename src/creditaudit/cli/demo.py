@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from creditaudit.cli.common import add_device_options
+from creditaudit.cli.common import add_device_options, env_overrides
 from creditaudit.config import RunConfig, device_overrides
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
     configs = [demo_config(method, dataset=args.dataset, epochs=epochs, n_train=n_train,
                            out_dir=args.out, seed=args.seed, device=args.device,
                            precision=args.precision) for method in DEMO_METHODS]
+    shrink = env_overrides()
+    if shrink:
+        configs = [config.replace(**shrink) for config in configs]
     from creditaudit.safe_files import ensure_folder
     from creditaudit.training import resolve_device
 

@@ -357,3 +357,13 @@ def test_no_train_summarises_what_is_there(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "0 trained now" in captured.out and "missing:" in captured.err
     assert not [p for p in tmp_path.iterdir() if p.name != "experiments"]
+
+
+def test_list_counts_runs_even_without_the_data(tmp_path, capsys):
+    """--list --scale paper on a machine without CIFAR-10 still says how many runs each
+    experiment needs (finished ones need the data's fingerprint, so they are not counted)."""
+    assert main(["experiment", "--list", "--scale", "paper", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "paper: 24 runs (finished ones not counted: data.name='cifar10' needs" in out
+    assert main(["experiment", "--list", "--scale", "smoke", "--out", str(tmp_path)]) == 0
+    assert f"smoke: 16 runs, 0 finished in {tmp_path}" in capsys.readouterr().out

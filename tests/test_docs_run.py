@@ -73,7 +73,7 @@ SKIP = [
 ]
 # (pattern, why it is left to `pytest -m slow`): commands that take over half a minute here.
 SLOW = [
-    (r"^creditaudit sweep examples/sweeps/penalty_grid.toml --workers",
+    (r"creditaudit sweep examples/sweeps/penalty_grid.toml --workers",
      "39 runs even at CREDITAUDIT_SET size"),
     (r"^creditaudit experiment all --scale (smoke|cpu)", "66 runs at smoke scale"),
     (r"^creditaudit (figures|report) RESULTS_DIR", "draws every figure of 16 runs, twice "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from creditaudit.config import RunConfig
-from creditaudit.protocol import DIAGNOSTIC_IDS, FIRED
+from creditaudit.protocol import DIAGNOSTIC_NAMES, FIRED
 from creditaudit.records import RunRecord, load_record
 from creditaudit.run_ids import run_id
 from creditaudit.sweep import LocalExecutor, prepare_configs, run_sweep
@@ -40,13 +40,13 @@ def rows_to_run(out: str) -> list[tuple[str, str, RunConfig]]:
 
 
 def first_fired(record: RunRecord) -> str:
-    fired = [f"({i}) {e}" for i, e in record.first_fired.items() if e is not None]
+    fired = [f"({i}) {e}" for i, e in record.first_fired().items() if e is not None]
     return ", ".join(fired) or "none"
 
 
 def verdict_text(record: RunRecord, frozen_acc: float | None) -> str:
     verdict = record.verdict(frozen_acc=frozen_acc)
-    fired = "".join(f"({i})" for i in DIAGNOSTIC_IDS if verdict.statuses[i] == FIRED
+    fired = "".join(f"({i})" for i in DIAGNOSTIC_NAMES if verdict.statuses[i] == FIRED
                     and (frozen_acc is not None or i != "d"))
     return f"needs walk-back {fired}" if fired else "trustworthy"
 

@@ -113,3 +113,11 @@ def restore_sigterm():
     handler = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.fixture(scope="session")
+def figure_results(tmp_path_factory) -> Path:
+    """Tiny runs of every method a figure draws (tests/figure_support.py), trained once."""
+    from figure_support import smoke_runs
+
+    return smoke_runs(tmp_path_factory.mktemp("figure_runs"))

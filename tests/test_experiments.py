@@ -424,3 +424,13 @@ def test_image_architectures_run_wherever_the_data_are_images():
         "cpu", dataset=None, data_dir=None, out_dir="r")
     assert len(temporal) == 5 * 4 * 3  # 5 architectures × (bp, fa, dfa, frozen) × 3 seeds
     assert {c.model.arch for c in temporal} == {"resmlp", "student", "vit", "convmixer"}
+
+
+def test_list_counts_runs_even_without_the_data(tmp_path, capsys):
+    """--list --scale paper on a machine without CIFAR-10 still says how many runs each
+    experiment needs (finished ones need the data's fingerprint, so they are not counted)."""
+    assert main(["experiment", "--list", "--scale", "paper", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "paper: 24 runs (finished ones not counted: data.name='cifar10' needs" in out
+    assert main(["experiment", "--list", "--scale", "smoke", "--out", str(tmp_path)]) == 0
+    assert f"smoke: 16 runs, 0 finished in {tmp_path}" in capsys.readouterr().out

@@ -68,7 +68,10 @@ def dfa_credit(model: MyResNet, n_classes: int, seed: int = 0):
     return credit
 
 
-def main() -> None:
+def trained_model() -> tuple[MyResNet, Tensor, Tensor, float]:
+    """(model, eval_x, eval_y, accuracy): MyResNet d=128 L=4 after 200 backprop steps on the
+    synthetic teacher–student task, a held-out evaluation set of 1280 samples (10 batches of
+    128: diagnostic (c) needs >= 8) and the test accuracy (fraction)."""
     torch.manual_seed(0)
     train_x, train_y, test_x, test_y = make_teacher_student(
         n_train=8192, n_test=2048, in_dim=64, alpha=1.0, seed=0)
@@ -82,8 +85,11 @@ def main() -> None:
 
     with torch.no_grad():
         accuracy = float((model(test_x).argmax(dim=1) == test_y).float().mean())
-    # A fixed held-out evaluation set: 10 batches of 128 (diagnostic (c) needs >= 8).
-    eval_x, eval_y = test_x[:1280], test_y[:1280]
+    return model, test_x[:1280], test_y[:1280], accuracy
+
+
+def main() -> None:
+    model, eval_x, eval_y, accuracy = trained_model()
     report = diagnose(model, eval_x, eval_y, states_fn=model.states, headline_acc=accuracy,
                       frozen_acc=None,  # pass your frozen-blocks baseline to evaluate (d)
                       metadata={"method": "bp", "arch": "MyResNet d=128 L=4",

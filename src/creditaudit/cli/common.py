@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shlex
+import sys
 from typing import Any
 
 from creditaudit.config import (
@@ -16,6 +19,7 @@ from creditaudit.config import (
     config_help,
     parse_override,
 )
+from creditaudit.errors import ConfigError
 
 
 def finite_float(text: str) -> float:
@@ -114,8 +118,35 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     overrides.update(parse_override(item) for item in args.set)
+    overrides.update(env_overrides())
     config = apply_overrides(config, overrides)
     from creditaudit.methods import check_method
 
     check_method(config.method)  # an installed rule (a --set or a config file may name any)
     return config
+
+
+ENV_OVERRIDES = "CREDITAUDIT_SET"
+
+
+def env_overrides() -> dict[str, Any]:
+    """``--set`` overrides from the environment, for every run a command trains.
+
+    ``CREDITAUDIT_SET="optim.epochs=1 data.n_train=600"`` shrinks (or otherwise changes) every
+    run of ``train``, ``sweep`` and ``demo`` without editing the command: a quick dry run of
+    any documented command, which the docs' own tests use. Applied after every other source
+    (config file, flags, ``--set``, sweep grid), so the runs are other runs (other run ids),
+    never mistaken for the full-size ones. Call it once per command: it says so on stderr.
+    """
+    text = os.environ.get(ENV_OVERRIDES, "").strip()
+    if not text:
+        return {}
+    try:
+        items = shlex.split(text)
+    except ValueError as err:
+        raise ConfigError(f"{ENV_OVERRIDES}={text!r} is not a list of KEY=VALUE words: {err}; "
+                          "quote values that hold spaces") from None
+    overrides = dict(parse_override(item) for item in items)
+    print(f"creditaudit: {ENV_OVERRIDES} overrides every run: {' '.join(items)}",
+          file=sys.stderr)
+    return overrides

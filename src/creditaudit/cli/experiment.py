@@ -9,7 +9,7 @@ from pathlib import Path
 
 from creditaudit.cli.common import add_device_options
 from creditaudit.config import DATASETS
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
 SCALE_HELP = ("smoke: seconds, tiny synthetic runs (tests); cpu: sized for a 2-core machine "
@@ -61,18 +61,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     from creditaudit.experiments import experiment_names, get_experiment
-    from creditaudit.experiments.runner import run_state
 
     for name in experiment_names():
         experiment = get_experiment(name)
         print(f"{name}\n    {experiment.question}\n    runs: {experiment.needs}")
         if args.scale:
-            configs = experiment.configs(args.scale, dataset=args.dataset,
-                                         data_dir=args.data_dir or "DATA_DIR",  # not read
-                                         out_dir=Path(args.out).resolve())
-            done = sum(run_state(c)[0] in ("completed", "diverged") for c in configs)
-            print(f"    {args.scale}: {len(configs)} runs, {done} finished in {args.out}")
+            print(f"    {args.scale}: {_count(experiment, args)}")
     return 0
+
+
+def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Experiment
+    """"N runs, M finished in OUT" (finished runs are found by run id, which needs the data's
+    fingerprint: without the data, only the number of runs)."""
+    from creditaudit.experiments.runner import run_state
+
+    def configs(data_dir: str | None) -> list:
+        return experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
+                                  out_dir=Path(args.out).resolve())
+
+    try:
+        found = configs(args.data_dir)  # None: the scale's default folder
+        done = sum(run_state(c)[0] in ("completed", "diverged") for c in found)
+        return f"{len(found)} runs, {done} finished in {args.out}"
+    except CreditAuditError as err:  # no data here: count the runs without reading it
+        return f"{len(configs(args.data_dir or 'DATA_DIR'))} runs (finished ones not " \
+               f"counted: {err})"
 
 
 class _LazyProgress:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from creditaudit.cli.common import add_device_options, finite_float
+from creditaudit.cli.common import add_device_options, env_overrides, finite_float
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
@@ -241,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--stale-after must be > 0 seconds, got {stale_after}")
     sweep = load_sweep(args.sweep_file)
     overrides = device_overrides(args.device, args.precision)
+    overrides.update(env_overrides())
     if args.out is not None:
         overrides["run.out_dir"] = args.out
     configs = prepare_configs(sweep.configs(overrides), threads=args.threads_per_worker)

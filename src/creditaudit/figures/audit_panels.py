@@ -22,6 +22,9 @@ from creditaudit.figures.common import (
     HEALTHY_COLOR,
     WALKBACK_COLOR,
     add_grid,
+    empty_note,
+    legend_right,
+    log_scale,
     method_label,
     new_figure,
     save_all,
@@ -40,6 +43,15 @@ requirements = ("at least one completed or diverged run with a protocol block (t
                 "needs diagnostics.eval_samples ≥ 1024; (d) needs diagnostics.frozen_acc or "
                 "--frozen-from-runs with frozen-blocks runs.")
 LOG_PANELS = ("a", "b")
+# What would fill a panel in which no run has a value to draw.
+EMPTY_PANEL = {
+    "a": "no run has a finite block growth: runs whose states stay finite would fill it",
+    "b": "no run has a non-zero finite ‖g_L‖ to draw on a log axis",
+    "c": "(c) was not evaluated: runs with diagnostics.eval_samples ≥ 1024 (8 batches of 128) "
+         "would fill it",
+    "d": "(d) was not evaluated: frozen-blocks runs (--method frozen) of the same recipe with "
+         "--frozen-from-runs, or runs trained with diagnostics.frozen_acc, would fill it",
+}
 YLABELS = {"a": "max block growth (ratio)", "b": "median ‖g_L‖ (1/128 scale)",
            "c": "mean pairwise cos (state L//2)", "d": "accuracy − frozen (pp)"}
 
@@ -108,13 +120,15 @@ def build(index: RunIndex) -> dict[str, Figure]:
     cats, points = panel_points(pairs)
     width = min(18.0, max(8.0, 0.6 * len(cats) + 2.5))
     fig, axes = new_figure(4, 1, figsize=(width, 13.0))
-    fig.subplots_adjust(hspace=0.9 if len(cats) > 5 else 0.5)
+    # Many columns: upright labels would overlap, so they stand vertical (and need room).
+    rotation = 90 if len(cats) > 12 else 30 if len(cats) > 5 else 0
+    fig.subplots_adjust(hspace={90: 1.2, 30: 0.9}.get(rotation, 0.5))
     for ax, (id_, name) in zip(axes.flat, DIAGNOSTIC_NAMES.items()):
-        log_scale = id_ in LOG_PANELS
+        on_log = id_ in LOG_PANELS
         pts = points[id_]
         for walked, color, label in ((False, HEALTHY_COLOR, "trustworthy"),
                                      (True, WALKBACK_COLOR, "needs walk-back")):
-            chosen = [p for p in pts if p["walked_back"] == walked and drawable(p, log_scale)]
+            chosen = [p for p in pts if p["walked_back"] == walked and drawable(p, on_log)]
             ax.scatter([p["x"] for p in chosen], [p["value"] for p in chosen], color=color,
                        edgecolors="k", linewidths=0.4, s=36, zorder=3, label=label,
                        gid=f"{id_}:{'walked_back' if walked else 'healthy'}")
@@ -122,8 +136,12 @@ def build(index: RunIndex) -> dict[str, Figure]:
         if threshold is not None:
             ax.axhline(threshold, color="black", ls="--", lw=1,
                        label=f"threshold {threshold:g}", gid=f"{id_}:threshold")
-        hidden = [p for p in pts if not drawable(p, log_scale)]
-        if hidden:
+        hidden = [p for p in pts if not drawable(p, on_log)]
+        if pts and len(hidden) == len(pts):
+            empty_note(ax, f"{EMPTY_PANEL[id_]} ({len(hidden)} of {len(pts)} runs: "
+                       + ("not evaluated" if all(p["status"] == "not evaluated" for p in hidden)
+                          else "not evaluated or not drawable") + ")")
+        elif hidden:
             not_eval = sum(p["status"] == "not evaluated" for p in hidden)
             notes = []
             if not_eval:
@@ -132,15 +150,15 @@ def build(index: RunIndex) -> dict[str, Figure]:
                 notes.append(f"{len(hidden) - not_eval} not drawable (0 or non-finite)")
             ax.text(0.99, 0.02, "; ".join(notes), transform=ax.transAxes, ha="right",
                     va="bottom", fontsize=7, color="gray")
-        if log_scale:
-            ax.set_yscale("log")
+        if on_log:
+            log_scale(ax)
         ax.set_xticks(np.arange(len(cats)))
-        ax.set_xticklabels(cats, fontsize=7, rotation=30 if len(cats) > 5 else 0)
+        ax.set_xticklabels(cats, fontsize=7, rotation=rotation)
         ax.set_xlim(-0.6, len(cats) - 0.4)
         ax.set_ylabel(YLABELS[id_], fontsize=8)
         ax.set_title(f"({id_}) {name}")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        add_grid(ax, log_scale=log_scale)
+        legend_right(ax)
+        add_grid(ax, log_scale=on_log)
     n_walk = sum(report.verdict == WALK_BACK for _, report in pairs)
     fig.suptitle(f"Protocol diagnostics of {len(pairs)} runs ({n_walk} need walk-back)",
                  y=0.93)

@@ -21,7 +21,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from creditaudit.methods import find_rule, rule_label  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
@@ -97,6 +99,125 @@ def integer_x(ax: Any) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+# --- log axes -------------------------------------------------------------------------------
+NARROW_DECADES = 2.0  # a log axis spanning fewer decades is labelled with plain numbers
+
+
+def plain_number(value: float) -> str:
+    """A tick value as people write it: ``2.3``, ``0.0005``, ``1500``, ``2.5e-08`` → ``2.5e-8``."""
+    if value == 0:
+        return "0"
+    if 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4g}"
+    mantissa, _, exponent = f"{value:.2g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
+
+
+class ReadableLogFormatter(LogFormatterSciNotation):
+    """Log-axis labels that read at a glance.
+
+    Over a wide range the decades are labelled 10ⁿ as usual. Over a narrow range (fewer than
+    ``NARROW_DECADES`` decades in view) matplotlib labels the ticks between decades as
+    ``3.25×10⁰``; this writes them as plain numbers (``3.25``) instead.
+    """
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        label = super().__call__(x, pos)
+        if not label or self.axis is None:
+            return label
+        low, high = sorted(abs(v) for v in self.axis.get_view_interval())
+        if low <= 0 or math.log10(high / low) >= NARROW_DECADES:
+            return label
+        return plain_number(x)
+
+
+def log_scale(ax: Any, axis: str = "y") -> None:
+    """Put ``axis`` of ``ax`` on a log scale with :class:`ReadableLogFormatter` labels."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    target.set_major_formatter(ReadableLogFormatter(labelOnlyBase=False))
+    target.set_minor_formatter(ReadableLogFormatter(labelOnlyBase=False))
+
+
+# --- legends and empty panels -----------------------------------------------------------------
+LEGEND_STYLE = {"fontsize": 7, "frameon": False, "handlelength": 2.2}
+
+
+def _bottom_in(fig: Figure, axes: Sequence[Any]) -> float:
+    """The lowest point (figure fraction) of ``axes`` with their labels, ticks and notes."""
+    renderer = fig.canvas.get_renderer()
+    return min(ax.get_tightbbox(renderer).y0 for ax in axes) / fig.bbox.height
+
+
+def unique_handles(axes: Sequence[Any]) -> tuple[list[Any], list[str]]:
+    """Legend entries of ``axes`` in drawing order, each label once."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label and not label.startswith("_") and label not in seen:
+                seen[label] = handle
+    return list(seen.values()), list(seen)
+
+
+def legend_below(fig: Figure, axes: Sequence[Any], *, ncol: int | None = None,
+                 handles: tuple[list[Any], list[str]] | None = None) -> Any:
+    """One legend for ``axes``, centred under them (below their tick labels and notes), so
+    it never covers a data point. Returns the Legend (None when there is nothing to list)."""
+    found, labels = handles or unique_handles(axes)
+    if not found:
+        return None
+    left = min(ax.get_position().x0 for ax in axes)
+    right = max(ax.get_position().x1 for ax in axes)
+    width_in = (right - left) * fig.get_figwidth()
+    ncol = ncol or max(1, min(len(found), int(width_in / 1.6)))
+    return fig.legend(found, labels, loc="upper center", ncol=ncol,
+                      bbox_to_anchor=((left + right) / 2, _bottom_in(fig, axes) - 0.01),
+                      **LEGEND_STYLE)
+
+
+def legend_right(ax: Any, **kwargs: Any) -> Any:
+    """The axes' legend to the right of it, outside the plotting area (None: nothing to
+    list)."""
+    if not unique_handles([ax])[0]:
+        return None
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                     **{**LEGEND_STYLE, **kwargs})
+
+
+def has_data(ax: Any) -> bool:
+    """Whether ``ax`` shows anything measured (lines and markers with finite points, bars
+    or scatter points), reference lines (gid "floor", threshold…) and notes aside."""
+    def measured(artist: Any) -> bool:
+        gid = artist.get_gid()
+        return bool(gid) and gid not in REFERENCE_GIDS and not gid.endswith(":threshold")
+
+    for line in ax.get_lines():
+        xy = np.column_stack([np.asarray(line.get_xdata(), dtype=float),
+                              np.asarray(line.get_ydata(), dtype=float)])
+        if measured(line) and np.isfinite(xy).all(axis=1).any():
+            return True
+    scatter = [c for c in ax.collections if isinstance(c, PathCollection) and measured(c)]
+    return any(np.isfinite(np.asarray(c.get_offsets(), dtype=float)).all(axis=1).any()
+               for c in scatter) \
+        or any(np.isfinite(p.get_height()) for p in ax.patches if measured(p))
+
+
+REFERENCE_GIDS = {"floor", "chance", "frozen", "frozen_margin", "c:frozen"}
+
+
+def empty_note(ax: Any, text: str) -> None:
+    """Say in the middle of an empty panel which runs (or record fields) would fill it."""
+    import textwrap
+
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(text, 44)), transform=ax.transAxes,
+            ha="center", va="center", fontsize=8, color="#555555", gid="empty_note",
+            bbox={"boxstyle": "round,pad=0.5", "facecolor": "#f7f7f7", "edgecolor": "#cccccc"})
+
+
+END_OF_RUN_HINT = ("runs with end-of-run metrics (diagnostics.end_of_run = true, the default) "
+                   "would fill it")
 
 
 def floor_line(ax: Any, label: str | None = None) -> Any:

@@ -14,10 +14,15 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
+    END_OF_RUN_HINT,
     FLOOR,
     add_grid,
+    empty_note,
     floor_line,
+    has_data,
     hollow_invalid,
+    legend_below,
+    log_scale,
     method_color,
     method_label,
     method_marker,
@@ -93,7 +98,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_xlabel(f"aggregate Γ ({HEADLINE_GAMMA.replace('_', ' ')})")
     ax.set_ylabel("test accuracy")
     ax.set_title("(A) standard reporting pair", loc="left", fontweight="bold")
-    ax.legend(loc="upper left", fontsize=7)
+    if not has_data(ax):
+        empty_note(ax, "no aggregate Γ recorded: " + END_OF_RUN_HINT)
 
     # (B) per-layer cosine
     ax = axes[0, 1]
@@ -114,15 +120,17 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_xlabel("state $h_l$")
     ax.set_ylabel(r"$\cos(a_l, g_l)$")
     ax.set_title("(B) per-layer cosine", loc="left", fontweight="bold")
-    ax.legend(fontsize=7)
+    if not has_data(ax):
+        empty_note(ax, "no per-layer cosines recorded: " + END_OF_RUN_HINT)
 
     # (C) per-layer ‖g_l‖
     ax = axes[0, 2]
     for method, runs in chosen.items():
         mean, _ = layer_mean_std([r.last("bp_grad_norms_per_sample_med") for r in runs])
-        ax.semilogy(np.arange(len(mean)), mean, color=method_color(method),
+        ax.plot(np.arange(len(mean)), mean, color=method_color(method),
                     marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),
                     gid=f"grad:{method}")
+    log_scale(ax)
     floor_line(ax)
     _layer_ticks(ax, len(mean))
     ax.set_xlabel("state $h_l$")
@@ -131,10 +139,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
     lo = min([FLOOR, *(v for line in ax.get_lines() for v in np.atleast_1d(line.get_ydata())
                        if v > 0)])
     ax.set_ylim(bottom=lo / 10)
-    ax.legend(fontsize=7)
     for a in axes[0]:
         add_grid(a, log_scale=a is axes[0, 2])
     fig.suptitle(f"Audit hero — {describe_recipe(first)}", y=1.02)
+    legend_below(fig, axes[0])  # one legend for the three panels, under them: no data hidden
     return {NAME: fig}
 
 

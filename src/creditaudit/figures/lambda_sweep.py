@@ -16,6 +16,8 @@ from creditaudit.figures.common import (
     add_grid,
     floor_line,
     integer_x,
+    legend_below,
+    log_scale,
     mean_line,
     method_color,
     new_figure,
@@ -77,7 +79,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
             mean_line(ax, epochs, mean, std, label=label, color=styles[p], lw=2,
                       marker=None if p == 0 else "o", ms=3, gid=f"{key}:{p:g}")
         if key != "acc_eval":
-            ax.set_yscale("log")
+            log_scale(ax)
         if key == "g_2_norm":
             floor_line(ax)
         if key == "acc_eval":
@@ -91,10 +93,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
         integer_x(ax)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-        ax.legend(fontsize=7, loc="best")
         add_grid(ax, log_scale=key != "acc_eval")
     first = next(iter(chosen["lambdas"].values()))[0]
     fig.suptitle(f"Penalty λ sweep — {describe_recipe(first)}", y=1.03)
+    legend_below(fig, list(axes[0]))  # every λ, the floor and the (d) lines, under the panels
     return {NAME: fig}
 
 

@@ -25,10 +25,13 @@ from creditaudit.figures.common import (
     add_grid,
     floor_line,
     integer_x,
+    legend_below,
+    log_scale,
     mean_line,
     method_color,
     new_figure,
     save_all,
+    unique_handles,
 )
 from creditaudit.figures.runs import (
     Run,
@@ -142,18 +145,16 @@ def build(index: RunIndex) -> dict[str, Figure]:
         mean_line(ax2, epochs, mean, std, label=rf"{name} $\|g_L\|$", color=color, lw=1,
                   ls=":", marker="^", ms=3, band=False, gid=f"a:g_L:{key}")
     floor_line(ax2)
-    ax.set_yscale("log")
-    ax2.set_yscale("log")
+    log_scale(ax)
+    log_scale(ax2)
     ax.set_xlabel("epoch")
     integer_x(ax)
     ax.set_ylabel(r"$\|h_L\|$ (log)")
     ax2.set_ylabel(r"$\|g_L\|$ (log)", color="gray")
     ax2.tick_params(axis="y", labelcolor="gray")
     ax.set_title("(a) penalty contains the residual stream")
-    handles = ax.get_legend_handles_labels()
-    handles2 = ax2.get_legend_handles_labels()
-    ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=7, loc="best")
     add_grid(ax, log_scale=True)
+    axis_a = (ax, ax2)
 
     # (b) deep cos / deep ρ bars
     ax = axes[0, 1]
@@ -185,7 +186,6 @@ def build(index: RunIndex) -> dict[str, Figure]:
                        ha="right", rotation_mode="anchor")
     ax.set_ylabel("deep-layer alignment (l ≥ 1)")
     ax.set_title("(b) deep cos and deep ρ across conditions")
-    ax.legend(loc="upper left", fontsize=7)
     add_grid(ax)
 
     # (c) 2×2 capacity-cost
@@ -205,10 +205,13 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_xticklabels(["BP", "DFA"])
     ax.set_ylabel("test accuracy")
     ax.set_title("(c) 2×2 capacity-cost control")
-    ax.legend(loc="upper right", fontsize=7)
     ax.set_ylim(0, max([frozen, *(m + s for m, s in plain + pen if math.isfinite(m))]) * 1.25)
     add_grid(ax)
     fig.suptitle(f"Penalty rescue — {describe_recipe(chosen['dfa'][0])}", y=1.02)
+    # Each panel's legend under it (panel (a) lists both of its y axes): none covers data.
+    legend_below(fig, [axes[0, 0]], ncol=2, handles=unique_handles(axis_a))
+    legend_below(fig, [axes[0, 1]], ncol=2)
+    legend_below(fig, [axes[0, 2]], ncol=1)
     return {NAME: fig}
 
 

@@ -17,9 +17,15 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
+    END_OF_RUN_HINT,
     add_grid,
+    empty_note,
+    has_data,
     hollow_invalid,
     integer_x,
+    legend_below,
+    legend_right,
+    log_scale,
     mean_line,
     method_color,
     method_label,
@@ -54,6 +60,8 @@ REQUIRED = (("bp", 0.0, "BP runs (λ = 0)"), ("dfa", 0.0, "DFA runs (λ = 0)"),
             ("state-bridge", 0.0, "State Bridge runs (method state-bridge, λ = 0)"),
             ("credit-bridge", 0.0, "Credit Bridge runs (method credit-bridge, λ = 0)"))
 BRIDGE_COMPARISON = ("dfa", "state-bridge", "credit-bridge")
+PANEL_FIELDS = {"bp_cosine": "per-layer cosines", "perturbation_rho": "perturbation correlation",
+                "nudging": "nudging test"}
 
 
 def select(index: RunIndex) -> dict[str, list[Run]]:
@@ -96,9 +104,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
         integer_x(ax)
         ax.set_ylabel(title)
         ax.set_title(title)
-        ax.legend(fontsize=8)
         add_grid(ax)
     fig.suptitle(f"Accuracy, mean ± std over {n_seeds} seed(s) — {where}", y=1.02)
+    legend_below(fig, list(axes[0]))
     figures["fig5a_accuracy"] = fig
 
     # 5b per-layer cosine, ρ, nudging
@@ -135,9 +143,11 @@ def build(index: RunIndex) -> dict[str, Figure]:
         integer_x(ax)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-        ax.legend(fontsize=8)
         add_grid(ax)
+        if not has_data(ax):
+            empty_note(ax, f"no {PANEL_FIELDS[key]} recorded: {END_OF_RUN_HINT}")
     fig.suptitle(f"Per-layer credit diagnostics, end of run — {where}", y=1.02)
+    legend_below(fig, list(axes[0]))
     figures["fig5b_per_layer"] = fig
 
     # 5c feature drift
@@ -156,8 +166,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
     integer_x(ax)
     ax.set_ylabel(r"$\|W_{final} - W_{init}\| / \|W_{init}\|$")
     ax.set_title(f"Feature drift per block — {where}")
-    ax.legend(fontsize=8)
+    legend_right(ax)
     add_grid(ax)
+    if not has_data(ax):
+        empty_note(ax, f"no feature drift recorded: {END_OF_RUN_HINT}")
     figures["fig5c_drift"] = fig
 
     # 5d bridge prediction error vs accuracy
@@ -167,13 +179,15 @@ def build(index: RunIndex) -> dict[str, Figure]:
         epochs, values = run.series("state_pred_error")
         ax.plot(epochs, values, alpha=0.8, label=f"seed {run.seed}",
                 gid=f"state_pred_error:{run.seed}")
-    ax.set_yscale("log")
+    log_scale(ax)
     ax.set_xlabel("epoch")
     integer_x(ax)
     ax.set_ylabel("state prediction error")
     ax.set_title("State Bridge: prediction error of $h_L$")
-    ax.legend(fontsize=8)
     add_grid(ax, log_scale=True)
+    if not has_data(ax):
+        empty_note(ax, "no state_pred_error in the State Bridge records: State Bridge runs "
+                       "trained with this version log it every epoch")
     ax = axes[0, 1]
     methods = [m for m in BRIDGE_COMPARISON if m in chosen]
     stats = [mean_std(r.final_acc for r in chosen[m]) for m in methods]
@@ -185,6 +199,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_title("final test accuracy")
     add_grid(ax)
     fig.suptitle(f"Bridge prediction quality vs accuracy — {where}", y=1.02)
+    legend_below(fig, [axes[0, 0]])
     figures["fig5d_bridge"] = fig
 
     # 5e final accuracy bars

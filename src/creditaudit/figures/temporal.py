@@ -19,6 +19,8 @@ from creditaudit.figures.common import (
     add_grid,
     floor_line,
     integer_x,
+    legend_below,
+    log_scale,
     mean_line,
     method_color,
     method_label,
@@ -89,7 +91,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                 if key == "g_L_norm":
                     g_values.extend(positive(mean))
             if key != "acc_eval":
-                ax.set_yscale("log")
+                log_scale(ax)
             if key == "g_L_norm":
                 floor_line(ax)
             if row == 0:
@@ -100,13 +102,12 @@ def build(index: RunIndex) -> dict[str, Figure]:
             ax.set_ylabel({"h_L_norm": f"{ARCH_LABELS[label]}\n" + r"$\|h_L\|_2$",
                            "g_L_norm": r"$\|g_L\|_2$", "acc_eval": "test accuracy"}[key])
             add_grid(ax, log_scale=key != "acc_eval")
-    axes[0, 0].legend(loc="best", fontsize=7)
-    axes[0, 1].legend(loc="best", fontsize=7)
     # One ‖g_L‖ range for all rows so the rows compare at a glance.
     lo = min([FLOOR, *g_values]) / 10
     hi = max([FLOOR, *g_values]) * 10
     for row in range(len(rows)):
         axes[row, 1].set_ylim(lo, hi)
+    legend_below(fig, list(axes.flat))  # every row's methods and the floor, under the grid
     return {NAME: fig}
 
 

@@ -12,9 +12,9 @@ mkdir -p "$OUT"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_conformance.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_conformance.py \
     2>&1 | tail -n 40 | tee "$OUT/tests.txt"
-timeout 240 python3 benchmarks/bench_gpu_peak.py --repeats 5 --steps 50 --runs 8 \
+timeout 150 python3 benchmarks/bench_gpu_peak.py --repeats 3 --steps 50 --runs 8 \
     2>&1 | tee "$OUT/bench_gpu_peak.txt"
-timeout 120 python3 benchmarks/bench_gpu.py --skip-epochs --repeats 3 --steps 20 \
+timeout 80 python3 benchmarks/bench_gpu.py --skip-epochs --repeats 3 --steps 20 \
     2>&1 | tee "$OUT/bench_gpu.txt"

@@ -59,6 +59,27 @@ def test_credits_on_cuda_match_cpu(method: str) -> None:
 
 
 @needs_cuda
+@pytest.mark.parametrize("method", ("bp", "fa-linear", "usf", "frsf", "kp", "dfa"))
+def test_convmixer_credits_on_cuda_match_cpu(method: str) -> None:
+    """The per-layer rules' convolution backward (and ConvMixer in eval mode) on cuDNN."""
+    from creditaudit.methods import rule_class
+    from creditaudit.testing import make_rule, tiny_batch
+
+    rule = make_rule(rule_class(method), arch="convmixer")
+    x, y = tiny_batch(arch="convmixer")
+    on_cpu = rule.credits(x, y)
+    rule.model.cuda()
+    rule.to(torch.device("cuda"))
+    on_gpu = rule.credits(x.cuda(), y.cuda())
+    for layer, (a, b) in enumerate(zip(on_cpu, on_gpu, strict=True)):
+        error = float((b.cpu() - a).norm() / a.norm().clamp_min(1e-300))
+        assert error < 1e-9, f"{method} layer {layer}: relative difference {error:.2e}"
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-3)
+    rule.model.train()
+    assert rule.train_step(x.cuda(), y.cuda(), optimizer).finite
+
+
+@needs_cuda
 @pytest.mark.parametrize("method", ("bp", "dfa", "ep", "fa-linear", "kp"))
 def test_bf16_trains_under_autocast_and_credits_stay_fp32(method: str) -> None:
     torch.manual_seed(0)

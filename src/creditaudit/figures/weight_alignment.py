@@ -19,6 +19,8 @@ from matplotlib.figure import Figure
 from creditaudit.figures.common import (
     add_grid,
     integer_x,
+    legend_right,
+    log_scale,
     mean_line,
     method_label,
     new_figure,
@@ -91,7 +93,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         top.set_title(method_label(method, penalty))
         top.set_ylim(0.0, 180.0)
         top.set_yticks([0, 45, 90, 135, 180])
-        bottom.set_yscale("log")
+        log_scale(bottom)
         bottom.set_xlabel("epoch")
         for ax in (top, bottom):
             integer_x(ax)
@@ -99,8 +101,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         if col == 0:
             top.set_ylabel(r"$\angle(B, W)$ (degrees)")
             bottom.set_ylabel(r"$\|B\| / \|W\|$")
-    axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.0), fontsize=7,
-                       title="layer", title_fontsize=7)
+    legend_right(axes[0, -1], title="layer", title_fontsize=7)
     return {NAME: fig}
 
 

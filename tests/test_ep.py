@@ -480,3 +480,12 @@ def test_run_record_and_audit_report_show_the_convergence(tmp_path):
     quick = audit_run(str(result.run_dir), metrics=False)
     assert "ep_update_cos" not in quick.metrics
     assert "‖∇F‖ end/start" in render(quick, "text")
+
+
+def test_reports_say_when_the_nudged_relaxation_diverged():
+    from creditaudit.report.protocol import ep_convergence_lines
+
+    converged = ep_convergence_lines({"ep_relax_grad_ratio": 0.05, "ep_backoff_fraction": 0.0})
+    assert len(converged) == 1 and "0.05" in converged[0]
+    diverged = ep_convergence_lines({"ep_relax_grad_ratio": 4.2e4, "ep_backoff_fraction": 0.0})
+    assert len(diverged) == 2 and "farther from equilibrium" in diverged[1]

@@ -26,12 +26,12 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional as F
 
+from creditaudit import diagnose
 from creditaudit.config import MethodConfig
 from creditaudit.data import make_teacher_student
 from creditaudit.diagnostics.perturbation import model_copy, pearson, perturbation_rho
 from creditaudit.methods import bp_state_gradients, build_rule
 from creditaudit.models import ResidualMLP
-from creditaudit.protocol import diagnose
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:

@@ -17,6 +17,7 @@ from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
+from creditaudit.own_model import diagnose
 from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
@@ -25,7 +26,6 @@ from creditaudit.protocol import (
     NO_FROZEN_REASON,
     DiagnosticReport,
     cross_batch_stability,
-    diagnose,
     evaluate_protocol,
 )
 from creditaudit.records import CHECKPOINT_FILE

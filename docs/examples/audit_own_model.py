@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from creditaudit import diagnose
 from creditaudit.data import make_teacher_student
-from creditaudit.protocol import diagnose
 from creditaudit.report import render
 
 

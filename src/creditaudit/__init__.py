@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from creditaudit.config import RunConfig, load_config  # noqa: E402
 from creditaudit.errors import CreditAuditError  # noqa: E402
-from creditaudit.protocol import DiagnosticReport, Thresholds, diagnose  # noqa: E402
+from creditaudit.own_model import diagnose  # noqa: E402
+from creditaudit.protocol import DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
 from creditaudit.training import RunResult, train  # noqa: E402
 from creditaudit.version import __version__  # noqa: E402

@@ -29,7 +29,8 @@ import torch
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
-from creditaudit.protocol import DiagnosticReport, config_metadata, diagnose
+from creditaudit.own_model import diagnose
+from creditaudit.protocol import DiagnosticReport, config_metadata
 from creditaudit.records import (
     EpochEntry,
     RunRecord,

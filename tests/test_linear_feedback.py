@@ -66,10 +66,9 @@ def vit_batch() -> tuple[Tensor, Tensor]:
             torch.randint(0, CLASSES, (3,), generator=gen))
 
 
-@pytest.mark.parametrize("arch", ["resmlp", "vit"])
-def test_fa_linear_with_b_equal_w_is_backprop(arch):
-    model, (x, y) = (tiny_model(), tiny_batch()) if arch == "resmlp" else (tiny_vit(),
-                                                                         vit_batch())
+def assert_b_equal_w_is_backprop(model, x, y) -> tuple[dict, dict]:
+    """fa-linear with B = W on ``model``: BP's credits, and BP's parameter gradients after a
+    step; returns (the step's gradients, BP's)."""
     rule = build_rule(model, MethodConfig(name="fa-linear"), n_classes=CLASSES, seed=0)
     with_feedback(rule, rule.weights())
     for a, g in zip(rule.credits(x, y), bp_state_gradients(model, x, y), strict=True):
@@ -78,6 +77,14 @@ def test_fa_linear_with_b_equal_w_is_backprop(arch):
     got = gradients_after_step(rule, x, y)
     for name, grad in want.items():
         assert rel_error(got[name], grad) < TOL, name
+    return got, want
+
+
+@pytest.mark.parametrize("arch", ["resmlp", "vit"])
+def test_fa_linear_with_b_equal_w_is_backprop(arch):
+    model, (x, y) = (tiny_model(), tiny_batch()) if arch == "resmlp" else (tiny_vit(),
+                                                                         vit_batch())
+    assert_b_equal_w_is_backprop(model, x, y)
 
 
 def test_fa_linear_with_random_b_is_not_backprop():
@@ -377,15 +384,8 @@ def test_fa_linear_with_b_equal_w_is_backprop_on_convmixer(mode):
     """Train mode included: there BatchNorm mixes the samples of the batch."""
     model = tiny_model(arch="convmixer").train(mode == "train")
     x, y = tiny_batch(arch="convmixer")
-    rule = build_rule(model, MethodConfig(name="fa-linear"), n_classes=CLASSES, seed=0)
-    with_feedback(rule, rule.weights())
-    for a, g in zip(rule.credits(x, y), bp_state_gradients(model, x, y), strict=True):
-        assert rel_error(a, g) < TOL
-    want = bp_gradients(model, x, y)
-    got = gradients_after_step(rule, x, y)
+    got, want = assert_b_equal_w_is_backprop(model, x, y)
     assert got.keys() == want.keys()
-    for name, grad in want.items():
-        assert rel_error(got[name], grad) < TOL, name
 
 
 def conv_cut(rule, cut: set[str]) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -57,15 +60,7 @@ class BP(CreditRule):
         return bp_state_gradients(self.model, x, y)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
-        optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            objective, ce, logits, h_last = end_to_end_objective(self.model, x, y,
-                                                                 self.config.penalty)
-        result = step_result(ce, logits, y, h_last)
-        if result.finite:
-            objective.backward()
-            optimizer.step()
-        return result
+        return end_to_end_step(self, x, y, optimizer)
 
 
 def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: float
@@ -85,3 +80,20 @@ def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: floa
                      for f, block in zip(branches, model.blocks)]
         objective = ce + penalty * branch_penalty(trainable)
     return objective, ce, logits, states[-1]
+
+
+def end_to_end_step(rule: CreditRule, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer,
+                    graph: contextlib.AbstractContextManager[Any] | None = None) -> StepResult:
+    """One end-to-end training step of ``rule``: the objective of
+    :func:`end_to_end_objective` built under the rule's autocast (and inside ``graph``, e.g.
+    :func:`linear_feedback.replaced_backward`, which decides what its backward computes), then
+    its backward and the optimiser's step — both skipped when the loss is not finite."""
+    optimizer.zero_grad(set_to_none=True)
+    with rule.autocast(), graph or contextlib.nullcontext():
+        objective, ce, logits, h_last = end_to_end_objective(rule.model, x, y,
+                                                             rule.config.penalty)
+    result = step_result(ce, logits, y, h_last)
+    if result.finite:
+        objective.backward()
+        optimizer.step()
+    return result

@@ -50,8 +50,8 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ModelContractError
-from creditaudit.methods.base import CreditRule, StepResult, loss_precision, step_result
-from creditaudit.methods.bp import end_to_end_objective
+from creditaudit.methods.base import CreditRule, StepResult, loss_precision
+from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
 from creditaudit.models.contract import ResidualNet
 
@@ -298,16 +298,8 @@ class LinearFeedbackRule(CreditRule):
         return [g.detach() for g in grads]
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
-        optimizer.zero_grad(set_to_none=True)
         feedback = self.step_feedback()
-        with self.autocast(), replaced_backward(self.layers, feedback):
-            objective, ce, logits, h_last = end_to_end_objective(self.model, x, y,
-                                                                 self.config.penalty)
-        result = step_result(ce, logits, y, h_last)
-        if result.finite:
-            objective.backward()
-            optimizer.step()
-        return result
+        return end_to_end_step(self, x, y, optimizer, replaced_backward(self.layers, feedback))
 
     def weight_alignment(self) -> dict[str, list]:
         pairs = [matrix_alignment(b, w)

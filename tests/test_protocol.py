@@ -25,6 +25,7 @@ from creditaudit.protocol import (
     CAUSE_SATURATION_NO_LN,
     NO_FROZEN_REASON,
     DiagnosticReport,
+    config_metadata,
     cross_batch_stability,
     evaluate_protocol,
 )
@@ -403,3 +404,14 @@ def test_docs_example_audits_a_plain_module(capsys):
     runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     assert "verdict" in out.lower()
+
+
+@pytest.mark.parametrize("method,draws", [
+    ("fa", True), ("dfa", True), ("drtp", True), ("fa-linear", True), ("frsf", True),
+    ("brsf", True), ("kp", True), ("state-bridge", True), ("credit-bridge", True),
+    ("bp", False), ("usf", False), ("ep", False), ("frozen", False)])
+def test_metadata_shows_the_feedback_seed_of_every_rule_that_draws_from_it(method, draws):
+    config = RunConfig().replace(**{"method.name": method, "run.seed": 7})
+    assert config_metadata(config)["feedback_seed"] == (7 if draws else None)
+    config = config.replace(**{"method.feedback_seed": 3})
+    assert config_metadata(config)["feedback_seed"] == (3 if draws else None)

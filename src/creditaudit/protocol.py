@@ -44,6 +44,7 @@ from creditaudit.diagnostics.gradients import (
     zero_gradient_stats,
 )
 from creditaudit.errors import ConfigError
+from creditaudit.methods.registry import find_rule
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "needs walk-back", "incomplete"
@@ -422,6 +423,12 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                             layer_cosines=table, gamma=gamma, metrics=metrics, metadata=meta)
 
 
+def _draws_feedback(method: str) -> bool:
+    """True when the rule draws from the feedback seed's generator (unknown rules: False)."""
+    rule = find_rule(method)
+    return rule is not None and rule.uses_feedback_seed
+
+
 def config_metadata(config: RunConfig, run_id: str | None = None) -> dict[str, Any]:
     """Report metadata (method, architecture, dataset, seeds, run id) of a run's config."""
     model = config.model
@@ -438,7 +445,7 @@ def config_metadata(config: RunConfig, run_id: str | None = None) -> dict[str, A
         "method": config.method.name, "arch": arch,
         "terminal_ln": model.out_ln and model.arch != "student",
         "dataset": config.data.name, "seeds": str(config.run.seed),
-        "feedback_seed": feedback_seed if config.method.name in ("fa", "dfa") else None,
+        "feedback_seed": feedback_seed if _draws_feedback(config.method.name) else None,
         "penalty": config.method.penalty, "run_id": run_id,
     }
 

@@ -201,6 +201,9 @@ class CreditRule:
       ``"learned"`` (an auxiliary net or trained feedback), ``"symmetric"`` (the forward
       weights themselves, as in backprop) or ``"sign_concordant"`` (the forward weights'
       signs with magnitudes that are not learned, as in uSF and brSF);
+    - ``uses_feedback_seed``: True when the rule draws anything (feedback matrices,
+      magnitudes, auxiliary nets' initial weights, noise) from the generator seeded by
+      ``method.feedback_seed``, so reports show that seed beside the run seed;
     - ``local``: True when every block is trained on the local surrogate ⟨f_l, â_{l+1}⟩ with
       the rule's own credit (the conformance suite then checks the update against it);
     - ``color`` and ``marker``: optional matplotlib style of the rule in figures;
@@ -214,6 +217,7 @@ class CreditRule:
     label: ClassVar[str] = ""
     credit_formula: ClassVar[str] = ""
     feedback_kind: ClassVar[str] = "none"
+    uses_feedback_seed: ClassVar[bool] = False
     local: ClassVar[bool] = False
     color: ClassVar[str | None] = None
     marker: ClassVar[str | None] = None

@@ -105,6 +105,7 @@ class CreditBridge(CreditRule):
     label = "Credit Bridge"
     credit_formula = "a_l = ∇_{h_l} V(h_l, l, e)"
     feedback_kind = "learned"
+    uses_feedback_seed = True
     local = True
     color, marker = "#35978f", "P"
     rank = 50

@@ -64,6 +64,7 @@ class FixedFeedbackRule(CreditRule):
     """
 
     feedback_kind: ClassVar[str] = "fixed_random"
+    uses_feedback_seed: ClassVar[bool] = True
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

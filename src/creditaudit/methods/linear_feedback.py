@@ -271,6 +271,7 @@ class LinearFeedbackRule(CreditRule):
     """
 
     local = False
+    uses_feedback_seed = True
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

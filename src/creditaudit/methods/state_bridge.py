@@ -179,6 +179,7 @@ class StateBridge(CreditRule):
     label = "State Bridge"
     credit_formula = "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)"
     feedback_kind = "learned"
+    uses_feedback_seed = True
     local = True
     color, marker = "#762a83", "v"
     rank = 40

@@ -24,6 +24,7 @@ class USF(LinearFeedbackRule):
     label = "uSF"
     credit_formula = "backprop with each layer's W^T replaced by (s sign W)^T"
     feedback_kind = "sign_concordant"
+    uses_feedback_seed = False  # B = s·sign(W): nothing is drawn
     color, marker = "#80cdc1", "H"
     rank = 13
 

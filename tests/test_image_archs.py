@@ -22,6 +22,7 @@ from creditaudit.models.contract import (
     eval_mode,
     feature_rows,
     from_feature_rows,
+    held_batch_statistics,
     restored_buffers,
     summary_vectors,
 )
@@ -369,6 +370,56 @@ def test_fa_credit_is_exact_on_top_and_fed_back_along_channels():
         # a_l = B_l a_{l+1} at every pixel
         want = torch.einsum("bchw,dc->bdhw", credits[l + 1], b.to(F64))
         torch.testing.assert_close(credits[l], want, rtol=1e-12, atol=1e-18)
+
+
+def test_held_batch_statistics_make_later_passes_per_sample_functions():
+    """The first pass inside the block is an ordinary training forward; later passes
+    normalise with its batch statistics, so they reproduce it on its inputs, a sample's
+    states no longer depend on the rest of the batch, and no buffer moves."""
+    model = trained_statistics(convmixer()).train()
+    reference = copy.deepcopy(model)
+    x, _ = images(8)
+    moved = x.clone()
+    moved[1:] = 10.0 * torch.randn_like(moved[1:])
+    with torch.no_grad():
+        want, _ = reference.forward_states(x)
+        with held_batch_statistics(model):
+            first, _ = model.forward_states(x)
+            buffers = [b.clone() for b in model.buffers()]
+            again, _ = model.forward_states(x)
+            other, _ = model.forward_states(moved)
+            assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers()))
+    for a, b, c, d in zip(want, first, again, other):
+        assert torch.equal(a, b)  # the first pass is the class's own forward
+        torch.testing.assert_close(c, b, rtol=0, atol=1e-12)
+        torch.testing.assert_close(d[0], b[0], rtol=0, atol=1e-12)
+    for a, b in zip(model.buffers(), reference.buffers()):
+        assert torch.equal(a, b)
+    assert "forward" not in vars(model.blocks[0].bn)  # the class's forward is back
+    with torch.no_grad():
+        gap = float((model.forward_states(moved)[0][-1][0] - first[-1][0]).abs().max())
+    assert gap > 1e-2  # and batch statistics mix the samples again
+
+
+def test_ep_on_convmixer_in_training_mode_converges_to_the_held_statistics_gradient():
+    """With the free phase's batch statistics held, the nudged energy is a sum of per-sample
+    energies and EP's weight update tends to the gradient of the network that holds them
+    (without holding them the relaxation of this model diverged: ‖∇F‖ end/start 1e5)."""
+    model = trained_statistics(convmixer()).train()
+    reference = copy.deepcopy(model)
+    rule = build_rule(model, MethodConfig(name="ep", ep_steps=150, ep_beta=1e-3), n_classes=C,
+                      seed=7)
+    x, y = images(8)
+    rule.train_step(x, y, torch.optim.SGD(rule.trainable_parameters(), lr=0.0))
+    assert rule.end_epoch(0, 1)["ep_relax_grad_ratio"] < 0.02
+    with held_batch_statistics(reference):
+        with torch.no_grad():
+            reference.forward_states(x)
+        F.cross_entropy(reference(x), y).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        cos = F.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        assert float(cos) > 0.9995, name
+        assert 0.98 < float(p.grad.norm() / q.grad.norm()) < 1.02, name
 
 
 def test_ep_moves_batchnorm_statistics_once_per_step():

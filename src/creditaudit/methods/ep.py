@@ -39,6 +39,11 @@ the gradient *propagated forwards* and accumulated over the layers below, which 
 converge to g_l as β → 0 (it is ≈ (l+1)·g_l only for near-identity blocks).
 It stays available as :meth:`EP.displacement_credits` for comparison.
 
+BatchNorm (ConvMixer) in training mode: the relaxation and the contrastive passes hold the
+free phase's batch statistics (:func:`~creditaudit.models.contract.held_batch_statistics`),
+so the energy stays a sum of per-sample energies; EP then estimates the gradient of the
+network with those statistics held fixed.
+
 Weights: the contrastive update (∂E/∂θ at the nudged states − at the free states)/β. At the
 free states every r_l = 0, so that term vanishes and the update of block l is exactly the
 gradient of ⟨f_l(h_l^n), a_{l+1}⟩ (summed over samples, a already 1/B-scaled) with the nudged
@@ -67,7 +72,12 @@ from creditaudit.methods.base import (
 )
 from creditaudit.methods.ep_relax import Relaxation, relax
 from creditaudit.methods.registry import register
-from creditaudit.models.contract import ResidualNet, block_is_trainable, restored_buffers
+from creditaudit.models.contract import (
+    ResidualNet,
+    block_is_trainable,
+    held_batch_statistics,
+    restored_buffers,
+)
 
 # Samples per relaxation in :func:`update_agreement` (the training batch of the recipe).
 AGREEMENT_CHUNK = 128
@@ -221,13 +231,15 @@ class EP(CreditRule):
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         optimizer.zero_grad(set_to_none=True)
         model = self.model
-        with torch.no_grad():
-            states, _ = model.forward_states(x)
-        # The free phase above is the step's training forward; the relaxation and the
-        # contrastive passes run the blocks ~ep_steps more times, which must not move
-        # BatchNorm running statistics (they would then follow this batch alone).
-        with restored_buffers(model):
-            return self._nudged_step(x, y, states, optimizer)
+        # The free phase is the step's training forward. The relaxation and the contrastive
+        # passes run the blocks ~ep_steps more times: a BatchNorm then holds the free phase's
+        # batch statistics (each sample's energy stays its own, as the per-sample solver
+        # assumes) and no buffer moves (running statistics would follow this batch alone).
+        with held_batch_statistics(model):
+            with torch.no_grad():
+                states, _ = model.forward_states(x)
+            with restored_buffers(model):
+                return self._nudged_step(x, y, states, optimizer)
 
     def _nudged_step(self, x: Tensor, y: Tensor, states: list[Tensor],
                      optimizer: torch.optim.Optimizer) -> StepResult:

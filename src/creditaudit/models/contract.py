@@ -134,6 +134,53 @@ def restored_buffers(model: nn.Module) -> Iterator[None]:
             setattr(module, name, buffer)
 
 
+@contextlib.contextmanager
+def held_batch_statistics(model: nn.Module) -> Iterator[None]:
+    """Inside the block, every BatchNorm of ``model`` in training mode normalises with the
+    batch statistics of its *first* call: that call runs as usual (batch statistics, running
+    statistics updated — the step's training forward), every later call normalises with
+    that batch's mean and (biased) variance held as constants and updates nothing.
+
+    So later passes are per-sample functions (no operation mixes the samples of the batch)
+    that agree with the first pass on its inputs. EP needs this: its relaxation treats the
+    energy as a sum of per-sample energies, which batch statistics recomputed at every
+    relaxation step would couple (on ConvMixer its train-mode relaxation diverged). Gradients
+    through later calls do not flow into the held statistics. Modules in eval mode, and
+    models without BatchNorm, are left as they are.
+    """
+    patched = [module for module in model.modules()
+               if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training]
+    for module in patched:
+        module.forward = _held_statistics_forward(module)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward  # back to the class's forward
+
+
+def _held_statistics_forward(module: nn.modules.batchnorm._BatchNorm):  # noqa: ANN202
+    """A forward for ``module`` whose first call records the batch statistics it normalises
+    with and whose later calls reuse them (:func:`held_batch_statistics`)."""
+    original = type(module).forward.__get__(module)
+    held: list[Tensor] = []
+
+    def forward(inputs: Tensor) -> Tensor:
+        if not held:
+            dims = [0, *range(2, inputs.dim())]
+            with torch.no_grad():
+                wide = inputs if inputs.dtype in (torch.float32, torch.float64) else inputs.float()
+                held.extend((wide.mean(dims), wide.var(dims, unbiased=False)))
+            return original(inputs)
+        mean, var = held
+        dtype = torch.promote_types(mean.dtype, inputs.dtype)
+        return torch.nn.functional.batch_norm(
+            inputs, mean.to(dtype), var.to(dtype), module.weight, module.bias,
+            training=False, momentum=0.0, eps=module.eps)
+
+    return forward
+
+
 def check_contract(model: nn.Module) -> ResidualNet:
     """Return ``model`` if it meets the contract, else raise a one-line ModelContractError."""
     missing = [

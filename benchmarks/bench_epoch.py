@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from creditaudit.config import RunConfig
+from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.evaluation import evaluate
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.training import NUDGING_ETAS, Trainer
@@ -67,8 +68,6 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, float]:
             parts["record"].append(timed(trainer._write)[0])
         assert (trainer.run_dir / CHECKPOINT_FILE).exists()
         settings = trainer.config.diagnostics
-        from creditaudit.diagnostics.quality import credit_quality
-
         quality_s, _ = timed(lambda: credit_quality(
             trainer.rule, trainer.eval_x, trainer.eval_y, rho_samples=settings.rho_samples,
             rho_directions=settings.rho_directions, null_draws=settings.null_draws,

@@ -43,7 +43,8 @@ from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_relax import SOLVERS, NudgedEnergy, Trajectory
 from creditaudit.models import ResidualMLP
 from creditaudit.records import CHECKPOINT_FILE
-from creditaudit.training import make_adamw, train
+from creditaudit.run_setup import make_adamw
+from creditaudit.training import train
 
 D, BLOCKS, N_CLASSES, BATCH = 256, 4, 10, 128
 # (solver, steps, η, β) rows of the agreement table: the old default (gd 20 at β = 0.1), the

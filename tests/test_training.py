@@ -535,7 +535,7 @@ def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys)
 
 
 def test_schedules_follow_the_closed_form():
-    from creditaudit.training import make_schedule
+    from creditaudit.run_setup import make_schedule
 
     total = 37
     for kind in ("cosine", "constant"):

@@ -39,7 +39,7 @@ from creditaudit.records import (
     record_path,
 )
 from creditaudit.records.schema import recipe_difference
-from creditaudit.training import flatten_inputs, rebuild_run, resolve_device
+from creditaudit.run_setup import flatten_inputs, rebuild_run, resolve_device
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]

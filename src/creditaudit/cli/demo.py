@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     shrink = env_overrides()
     if shrink:
         configs = [config.replace(**shrink) for config in configs]
+    from creditaudit.run_setup import resolve_device
     from creditaudit.safe_files import ensure_folder
-    from creditaudit.training import resolve_device
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated

@@ -141,7 +141,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
     out_dir = Path(out_dirs.pop())
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
-        from creditaudit.training import resolve_device  # not a failed record per run
+        from creditaudit.run_setup import resolve_device  # not a failed record per run
 
         for device in sorted({config.run.device for config in configs}):
             resolve_device(device)

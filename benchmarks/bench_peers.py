@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from bench_steps import load_text, ratio_text, rotated
+from bench_steps import CONTENTION_SLACK, is_contended, load_text, ratio_text, rotated
 from creditaudit.config import MethodConfig
 from creditaudit.methods import build_rule
 from creditaudit.models.contract import ResidualNet
@@ -179,7 +179,7 @@ def main() -> None:
         print(f"  round {index + 1}/{args.rounds}: "
               + ", ".join(f"{n} {ms[n][-1]:.1f}" for n in names)
               + f" ms; 1-min load {loads[-1]:.2f}", flush=True)
-    contended = max(loads) + args.threads > (os.cpu_count() or 1)
+    contended = is_contended(loads, args.threads)
     print()
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, nproc "
           f"{os.cpu_count()}, {args.threads} torch thread(s); MLP {IN_DIM} → {args.width} → "
@@ -188,7 +188,8 @@ def main() -> None:
     print(f"start: {load_start}")
     print(f"end: {load_text()}; 1-min load after each round {min(loads):.2f}–{max(loads):.2f}")
     if contended:
-        print("note: the load plus the torch threads exceeded nproc: contended, rerun idle")
+        print(f"note: the load exceeded the benchmark's own threads by more than "
+              f"{CONTENTION_SLACK}: another job ran beside it, rerun idle")
     print()
     print("| variant | ms/step | ratio to plain BP (range) |")
     print("|---|---:|---:|")

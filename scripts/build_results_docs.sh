@@ -7,7 +7,7 @@
 set -euo pipefail
 results=${1:-results/cpu}
 python=${PYTHON:-python}
-for dataset in fashion-mnist synthetic; do
+for dataset in fashion-mnist synthetic mnist1d; do
   # exit status 1 only says some runs are missing; the summaries list them
   $python -m creditaudit experiment all --scale cpu --dataset "$dataset" --out "$results" \
     --no-train > /dev/null 2>&1 || true
@@ -15,8 +15,7 @@ for dataset in fashion-mnist synthetic; do
   for file in "$results"/experiments/*.md; do
     name=$(basename "$file" .md)
     case "$name" in
-      *.synthetic) [ "$dataset" = synthetic ] || continue; target=${name%.synthetic} ;;
-      *.*) continue ;;
+      *.*) [ "${name##*.}" = "$dataset" ] || continue; target=${name%.*} ;;
       *) [ "$dataset" = fashion-mnist ] || continue; target=$name ;;
     esac
     # the results folder as a relative path, so the files do not name this machine

@@ -152,7 +152,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant/round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--keep-denormals", action="store_true",
+                        help="leave subnormal floats on (by default they are flushed to zero)")
     args = parser.parse_args()
+    # The feedback-trained plain MLP drifts into subnormal activations and gradients after a
+    # few rounds; on x86 each subnormal operation costs ~100 cycles, which made later rounds
+    # up to 6× slower for the feedback rules (both libraries) and drowned the step cost this
+    # benchmark compares. Flush-to-zero times the arithmetic, not the denormal stalls.
+    if not args.keep_denormals:
+        torch.set_flush_denormal(True)
     if args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds must be at least {MIN_ROUNDS}")
     try:

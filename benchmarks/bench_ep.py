@@ -42,8 +42,8 @@ from creditaudit.methods import build_rule
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_relax import SOLVERS, NudgedEnergy, Trajectory
 from creditaudit.models import ResidualMLP
+from creditaudit.optim import make_adamw
 from creditaudit.records import CHECKPOINT_FILE
-from creditaudit.run_setup import make_adamw
 from creditaudit.training import train
 
 D, BLOCKS, N_CLASSES, BATCH = 256, 4, 10, 128

@@ -34,7 +34,7 @@ from creditaudit.data.transforms import CIFAR10_MEAN, CIFAR10_STD
 from creditaudit.experiments.scales import base_config
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP, ViTMini
-from creditaudit.run_setup import make_adamw
+from creditaudit.optim import make_adamw
 from creditaudit.training import Trainer
 
 IN_DIM, N_CLASSES, BATCH = 3072, 10, 128

@@ -48,7 +48,7 @@ from bench_steps import CONTENTION_SLACK, is_contended, load_text, ratio_text, r
 from creditaudit.config import MethodConfig
 from creditaudit.methods import build_rule
 from creditaudit.models.contract import ResidualNet
-from creditaudit.run_setup import make_adamw
+from creditaudit.optim import make_adamw
 
 IN_DIM, N_CLASSES, BATCH = 3072, 10, 128
 N_BATCHES = 8

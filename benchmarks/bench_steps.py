@@ -48,7 +48,7 @@ from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP
 from creditaudit.models.fused import plain_autograd
-from creditaudit.run_setup import make_adamw
+from creditaudit.optim import make_adamw
 from step_flops import step_flops
 
 IN_DIM = 3072

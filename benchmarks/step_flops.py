@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from creditaudit.config import MethodConfig
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
-from creditaudit.run_setup import make_adamw
+from creditaudit.optim import make_adamw
 
 IN_DIM, N_CLASSES, BATCH = 3072, 10, 128
 LAYER_EMBED = 32

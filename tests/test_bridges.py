@@ -243,6 +243,15 @@ def test_state_bridge_fits_its_predictor_and_logs_the_error():
     assert math.isnan(rule.end_epoch(2, 3)["state_pred_error"])  # reset: no steps since
 
 
+@pytest.mark.parametrize("name", ["state-bridge", "credit-bridge"])
+def test_auxiliary_nets_train_with_the_fused_adamw(name):
+    """The predictor / value net steps with the fused kernel, like the model: torch's
+    default on the CPU is a per-tensor Python loop."""
+    rule = rule_for(mlp(), name)
+    optimizer = rule.predictor_optimizer if name == "state-bridge" else rule.value_optimizer
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"]
+
+
 # --- Credit Bridge credits ----------------------------------------------------------------
 def test_credit_bridge_credit_is_value_gradient():
     model = mlp()

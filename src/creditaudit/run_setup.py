@@ -3,7 +3,8 @@ a finished run rebuilt from its checkpoint.
 
 :func:`rebuild_run` is what ``creditaudit audit`` and :attr:`RunResult.rule
 <creditaudit.training.RunResult.rule>` use to bring a run back on the CPU; the training loop
-builds its optimiser and schedule with :func:`make_adamw` and :func:`make_schedule`.
+builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule with
+:func:`make_schedule`.
 """
 
 from __future__ import annotations
@@ -35,20 +36,6 @@ def resolve_device(name: str) -> torch.device:
 def flatten_inputs(config: RunConfig) -> bool:
     """Whether the model reads flat vectors (ResidualMLP) rather than images."""
     return config.model.arch not in IMAGE_ARCHS
-
-
-def make_adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float
-               ) -> torch.optim.AdamW:
-    """AdamW with the fused kernel where this torch build has one for the device.
-
-    The fused update is 4–6× faster than the per-tensor loop (the optimiser was 20–40% of a
-    training step; docs/benchmarks.md) and deterministic, though not bit-identical to the
-    unfused one (differences ~1e-7).
-    """
-    try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
-    except (RuntimeError, TypeError):  # e.g. torch < 2.4 has no fused CPU AdamW
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int

@@ -30,6 +30,7 @@ from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualNet, build_model
 from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.optim import make_adamw
 from creditaudit.protocol import (
     DIAGNOSTIC_NAMES,
     WALK_BACK,
@@ -58,7 +59,6 @@ from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.run_setup import (
     flatten_inputs,
     identity_of,
-    make_adamw,
     make_schedule,
     rebuild_run,
     resolve_device,

@@ -35,10 +35,13 @@ from creditaudit.models.contract import ResidualNet
 MEASURABLE_BP_RHO = 0.9
 DEFAULT_EPS = 1e-3
 # Samples per batched forward; each carries all M directions (chunk·M rows per pass). The
-# chunk shrinks so one perturbed tensor stays under MAX_ELEMENTS (64 MB in float64): a ViT
-# token state with 32 directions is 266k numbers per sample.
+# chunk shrinks so one perturbed tensor stays under MAX_ELEMENTS (4 MB in float64; a ViT
+# token state with 32 directions is 35k numbers per sample). Larger tensors cost more than
+# they save: the allocator hands each one back to the OS when it is freed, so every
+# forward faulted its memory in afresh — at 64 MB per tensor, ~200k page faults and 10–30%
+# of ρ's time at d=256 L=4 (docs/benchmarks.md). Chunking does not change the directions.
 SAMPLE_CHUNK = 256
-MAX_ELEMENTS = 1 << 23
+MAX_ELEMENTS = 1 << 19
 
 
 def pearson(a: Tensor, b: Tensor) -> float:

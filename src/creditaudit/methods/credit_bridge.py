@@ -65,6 +65,7 @@ from creditaudit.methods.state_bridge import (
     split_rows,
 )
 from creditaudit.models.contract import ResidualNet, feature_rows
+from creditaudit.optim import make_adamw
 
 VALUE_DEPTH = 3
 
@@ -125,8 +126,8 @@ class CreditBridge(CreditRule):
                 value = ValueNet(d, n_states, n_classes, hidden=config.bridge_hidden)
         self.value = value.to(self.dtype)
         self.target = copy.deepcopy(self.value).requires_grad_(False)
-        self.value_optimizer = torch.optim.AdamW(self.value.parameters(), lr=config.bridge_lr,
-                                                 weight_decay=AUX_WEIGHT_DECAY)
+        self.value_optimizer = make_adamw(self.value.parameters(), lr=config.bridge_lr,
+                                          weight_decay=AUX_WEIGHT_DECAY)
         self.epochs_done = 0
         self.n_epochs: int | None = None
         self.sums = self._empty_sums()

@@ -52,6 +52,7 @@ from creditaudit.methods.base import (
 from creditaudit.methods.feedback import state_width
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
+from creditaudit.optim import make_adamw
 
 LAYER_EMBED_DIM = 32
 PREDICTION_EPS = 1e-6
@@ -209,8 +210,8 @@ class StateBridge(CreditRule):
         """
         self.predictor = predictor
         params = list(predictor.parameters()) if isinstance(predictor, nn.Module) else []
-        self.predictor_optimizer = (torch.optim.AdamW(params, lr=self.config.bridge_lr,
-                                                      weight_decay=AUX_WEIGHT_DECAY)
+        self.predictor_optimizer = (make_adamw(params, lr=self.config.bridge_lr,
+                                               weight_decay=AUX_WEIGHT_DECAY)
                                     if train and params else None)
 
     # --- credit -------------------------------------------------------------------------

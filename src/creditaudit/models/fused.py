@@ -25,6 +25,11 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn import functional as F
 
 
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype`` (no dispatch at all when it already is: this runs per block)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 class _DetachedLayerNormLinear(torch.autograd.Function):
     """z = LN(h; γ, β, eps)·Wᵀ + b for an h that needs no gradient (no ∂h is returned)."""
 
@@ -34,7 +39,7 @@ class _DetachedLayerNormLinear(torch.autograd.Function):
         width = h.shape[-1]
         # LayerNorm in at least the parameters' precision, as autocast runs it; the Linear
         # then autocasts (bf16 under autocast) exactly as ``linear(ln(h))`` would.
-        rows = h.reshape(-1, width).to(torch.promote_types(h.dtype, gamma.dtype))
+        rows = _as(h.reshape(-1, width), torch.promote_types(h.dtype, gamma.dtype))
         normed, mean, rstd = torch.native_layer_norm(rows, (width,), gamma, beta, eps)
         z = F.linear(normed, weight, bias)
         ctx.save_for_backward(rows, mean, rstd, gamma, beta, weight)
@@ -50,8 +55,8 @@ class _DetachedLayerNormLinear(torch.autograd.Function):
         g = grad_z.reshape(-1, weight.shape[0])
         n_hat = (rows - mean) * rstd  # (N, d_in): the normalised input, recomputed
         # M in the forward matmul's dtype (bf16 under autocast), then the parameters' dtype.
-        m = g.t().mm(n_hat.to(g.dtype)).to(weight.dtype)  # (d_out, d_in)
-        s = g.to(weight.dtype).sum(dim=0)  # Gᵀ1, (d_out,)
+        m = _as(g.t().mm(_as(n_hat, g.dtype)), weight.dtype)  # (d_out, d_in)
+        s = _as(g, weight.dtype).sum(dim=0)  # Gᵀ1, (d_out,)
         need = ctx.needs_input_grad
         d_gamma = torch.linalg.vecdot(weight, m, dim=0) if need[1] else None
         d_beta = s @ weight if need[2] else None
@@ -86,6 +91,13 @@ def fusable(ln: nn.Module, linear: nn.Module) -> bool:
             and ln.bias is not None)
 
 
+def _needs_grad(ln: nn.LayerNorm, linear: nn.Linear) -> bool:
+    """Whether any of γ, β, W, b is trained (attribute reads: this runs per block and step,
+    where iterating ``parameters()`` cost more than the LayerNorm itself on small models)."""
+    return (ln.weight.requires_grad or ln.bias.requires_grad or linear.weight.requires_grad
+            or (linear.bias is not None and linear.bias.requires_grad))
+
+
 def layer_norm_linear(h: Tensor, ln: nn.LayerNorm, linear: nn.Linear) -> Tensor:
     """``linear(ln(h))`` for (…, d) inputs; when h needs no gradient (a local rule's detached
     block input) the backward skips the input-gradient product G·W (module docstring).
@@ -93,9 +105,8 @@ def layer_norm_linear(h: Tensor, ln: nn.LayerNorm, linear: nn.Linear) -> Tensor:
     Forward values are the same either way; the parameter gradients agree with autograd's
     to rounding (the products are summed in a different order).
     """
-    params_need_grad = any(p.requires_grad for p in (*ln.parameters(), *linear.parameters()))
     if (not _fusion_enabled or h.requires_grad or not torch.is_grad_enabled()
-            or not params_need_grad or not fusable(ln, linear)):
+            or not fusable(ln, linear) or not _needs_grad(ln, linear)):
         return linear(ln(h))
     return _DetachedLayerNormLinear.apply(h, ln.weight, ln.bias, linear.weight, linear.bias,
                                           ln.eps)

@@ -11,6 +11,11 @@
    the M directions (each forward still batches every sample) and (ii) a loop over
    (sample, direction) pairs, one row per forward. Target: batched >= 10x faster than a
    per-direction loop.
+3. The whole ρ table (every state, BP and random controls, 1024 samples × 32 directions,
+   float64) with the perturbed tensor of one forward capped at 64 MB (the old chunking) and
+   at 4 MB (``perturbation.MAX_ELEMENTS``, the default), alternating, with the minor page
+   faults each run took: large tensors are handed back to the OS when freed and faulted
+   in afresh by the next forward.
 
 Usage: python benchmarks/bench_protocol.py --threads 1 --repeats 3
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
+import statistics
 import time
 from collections.abc import Callable
 
@@ -29,7 +36,13 @@ from torch.nn import functional as F
 from creditaudit import diagnose
 from creditaudit.config import MethodConfig
 from creditaudit.data import make_teacher_student
-from creditaudit.diagnostics.perturbation import model_copy, pearson, perturbation_rho
+from creditaudit.diagnostics import perturbation
+from creditaudit.diagnostics.perturbation import (
+    model_copy,
+    pearson,
+    perturbation_rho,
+    rho_table,
+)
 from creditaudit.methods import bp_state_gradients, build_rule
 from creditaudit.models import ResidualMLP
 
@@ -55,6 +68,29 @@ def train_epoch(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
     for start in range(0, x.shape[0], batch_size):
         index = order[start:start + batch_size]
         rule.train_step(x[index], y[index], optimizer)
+
+
+def rho_chunking(model: ResidualMLP, x: torch.Tensor, y: torch.Tensor, credits: list,
+                 repeats: int) -> list[tuple[str, float, float]]:
+    """(cap, median seconds, median minor page faults) of the full ρ table per tensor cap,
+    the caps alternating within each repeat; the default cap is restored afterwards."""
+    default = perturbation.MAX_ELEMENTS
+    caps = {"64 MB per perturbed tensor (before)": 1 << 23,
+            "4 MB per perturbed tensor (default)": default}
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in caps}
+    try:
+        for _ in range(repeats):
+            for name, cap in caps.items():
+                perturbation.MAX_ELEMENTS = cap
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                started = time.perf_counter()
+                rho_table(model, x, y, credits)
+                runs[name].append((time.perf_counter() - started,
+                                   resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+    finally:
+        perturbation.MAX_ELEMENTS = default
+    return [(name, statistics.median(t for t, _ in v), statistics.median(f for _, f in v))
+            for name, v in runs.items()]
 
 
 @torch.no_grad()
@@ -106,6 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
     train_x, train_y, eval_x, eval_y = make_teacher_student(
         n_train=args.train_samples, n_test=1280, in_dim=256, alpha=1.0, seed=42)
@@ -166,6 +203,13 @@ def main() -> None:
     print("|---|---|---|")
     for name, seconds, ratio in rho_rows:
         print(f"| {name} | {seconds:.3f} | {ratio:.1f}× |")
+    print()
+    print(f"| ρ table, every state + controls (1024 × 32, float64), median of {args.repeats} "
+          "| seconds | minor page faults |")
+    print("|---|---|---|")
+    for name, seconds, faults in rho_chunking(model, x, y, credit, args.repeats):
+        print(f"| {name} | {seconds:.3f} | {faults:.0f} |")
+    print(f"\nload average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -38,12 +38,12 @@ from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
     RECORD_FILE,
+    EpochEntry,
     FinalResults,
     load_record,
     new_record,
     save_record,
 )
-from creditaudit.records.schema import EpochEntry
 from creditaudit.run_ids import run_id
 from creditaudit.strict_json import check_strict
 from creditaudit.sweep import CLAIM_FILE, SWEEP_LOG_FILE

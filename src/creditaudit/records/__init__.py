@@ -33,19 +33,21 @@ from creditaudit.records.files import (
     scan_records,
 )
 from creditaudit.records.index import RecordSet
+from creditaudit.records.parts import (
+    EndOfRun,
+    EpochEntry,
+    FinalResults,
+    ProtocolState,
+    Verdict,
+    deep_mean,
+)
 from creditaudit.records.schema import (
     FINISHED,
     SCHEMA,
     STATUSES,
     DataIdentity,
-    EndOfRun,
-    EpochEntry,
-    FinalResults,
-    ProtocolState,
     RunRecord,
-    Verdict,
     comparable,
-    deep_mean,
     recipe_key,
 )
 

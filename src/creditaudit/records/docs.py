@@ -11,14 +11,8 @@ import types
 import typing
 
 from creditaudit.data.identity import DataIdentity
-from creditaudit.records.schema import (
-    SCHEMA,
-    EndOfRun,
-    EpochEntry,
-    FinalResults,
-    ProtocolState,
-    RunRecord,
-)
+from creditaudit.records.parts import EndOfRun, EpochEntry, FinalResults, ProtocolState
+from creditaudit.records.schema import SCHEMA, RunRecord
 
 MARKER = "<!-- generated -->"
 SECTIONS: tuple[tuple[str, type, str], ...] = (

@@ -16,7 +16,8 @@ from pathlib import Path
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol import DiagnosticReport
 from creditaudit.records.files import load_records
-from creditaudit.records.schema import RunRecord, Verdict
+from creditaudit.records.parts import Verdict
+from creditaudit.records.schema import RunRecord
 
 
 class RecordSet:

@@ -13,12 +13,18 @@
    B·d² product and pays about five memory-bound passes over d×d matrices, so which one
    is faster depends on B, d and how the machine's caches hold the d×d matrices.
 
+3. **What ∂γ costs inside a real step** (``--ablate``, d=512 L=12): DFA's step as it is,
+   against the same step with ∂γ = Σ_k W∘M replaced by zeros — a wrong gradient, for
+   timing only (the library's backward is swapped for the run and restored). The
+   reduction reads every block's W from memory after the forward has moved on, so in a
+   step it costs more than in isolation.
+
 Rounds rotate the order of the variants; the median over rounds is reported with the
 1-minute load average. Run it alone: other jobs change memory-bound passes more than
 matmuls.
 
 Usage: python benchmarks/bench_step_overhead.py [--rounds 15] [--steps 60]
-       [--sizes 256x128 512x128 ...] [--blocks 12]
+       [--sizes 256x128 512x128 ...] [--blocks 12] [--ablate [--ablate-rounds 11]]
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import torch
 from torch import Tensor
 
 import bench_steps
-from bench_steps import make_rule, rotated, run_steps
+from bench_steps import make_batches, make_rule, rotated, run_steps, time_steps
+from creditaudit.models import fused
 
 TINY = 16  # d and in_dim of the overhead model
 TINY_BATCH = 8
@@ -116,6 +123,38 @@ def block_costs(sizes: list[tuple[int, int]], n_blocks: int, rounds: int
     return out
 
 
+def backward_without_d_gamma(ctx, grad_z: Tensor) -> tuple:  # noqa: ANN001 - autograd ctx
+    """``fused._DetachedLayerNormLinear.backward`` with ∂γ = 0 (timing only: wrong)."""
+    rows, mean, rstd, gamma, beta, weight = ctx.saved_tensors
+    g = grad_z.reshape(-1, weight.shape[0])
+    m = g.t().mm((rows - mean) * rstd)
+    s = g.sum(dim=0)
+    return None, torch.zeros_like(gamma), s @ weight, m.mul_(gamma).addr_(s, beta), s, None
+
+
+def ablate_d_gamma(rounds: int, d: int = 512, n_blocks: int = 12) -> dict[str, list[float]]:
+    """ms per step of BP, DFA, and DFA without the ∂γ reduction, per rotated round."""
+    bench_steps.IN_DIM = 3072
+    batches = make_batches(bench_steps.N_BATCHES, seed=0)
+    exact = fused._DetachedLayerNormLinear.__dict__["backward"]  # the staticmethod itself
+    ablated = staticmethod(torch.autograd.function.once_differentiable(
+        backward_without_d_gamma))
+    variants = {"BP": ("bp", exact), "DFA": ("dfa", exact),
+                "DFA, ∂γ skipped": ("dfa", ablated)}
+    rules = {name: make_rule(rule, d, n_blocks) for name, (rule, _) in variants.items()}
+    ms: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for index in range(-1, rounds):  # round -1 warms up
+            for name in rotated(tuple(variants), max(index, 0)):
+                fused._DetachedLayerNormLinear.backward = variants[name][1]
+                elapsed = time_steps(name, *rules[name], batches, 10)
+                if index >= 0:
+                    ms[name].append(elapsed)
+    finally:
+        fused._DetachedLayerNormLinear.backward = exact
+    return ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -125,6 +164,9 @@ def main() -> None:
                         help="d×rows of the block benchmark (rows = batch·tokens)")
     parser.add_argument("--blocks", type=int, default=12,
                         help="distinct blocks cycled in the block benchmark")
+    parser.add_argument("--ablate", action="store_true",
+                        help="also time DFA's step at d=512 L=12 without the ∂γ reduction")
+    parser.add_argument("--ablate-rounds", type=int, default=11)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread; load average at start: {load()}")
@@ -149,6 +191,16 @@ def main() -> None:
     for (d, rows), times in block_costs(sizes, args.blocks, args.rounds).items():
         plain, fused = statistics.median(times["plain"]), statistics.median(times["fused"])
         print(f"| {d} | {rows} | {plain:.3f} | {fused:.3f} | {fused / plain:.2f} |")
+    if args.ablate:
+        ms = ablate_d_gamma(args.ablate_rounds)
+        print(f"\nDFA's step at d=512 L=12 (in_dim 3072, batch 128), median of "
+              f"{args.ablate_rounds} rotated rounds × 10 steps:\n")
+        print("| variant | ms/step | ratio to BP (range) |")
+        print("|---|---:|---:|")
+        for name, values in ms.items():
+            ratios = [a / b for a, b in zip(values, ms["BP"], strict=True)]
+            print(f"| {name} | {statistics.median(values):.1f} | "
+                  f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) |")
     print(f"\nload average at end: {load()}")
 
 

@@ -34,6 +34,11 @@ def test_every_config_key_is_documented():
     text = (ROOT / "docs" / "configuration.md").read_text()
     missing = [key for key, _, _ in config_help() if f"`{key}`" not in text]
     assert not missing, f"document these keys in docs/configuration.md: {missing}"
+    # the key table is generated: each key's row says what the code's help text says
+    stale = [key for key, default, help_text in config_help()
+             if f"| `{key}` | `{default}` | {help_text.replace('|', '/')} |" not in text]
+    assert not stale, ("docs/configuration.md's rows for these keys differ from the code's "
+                       f"help: {stale}; run python scripts/gen_config_doc.py")
 
 
 def test_relative_links_in_the_docs_point_at_files():

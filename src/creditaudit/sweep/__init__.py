@@ -4,7 +4,7 @@ The sweep file (TOML)
 ---------------------
 ::
 
-    # [base]: a normal run config, same sections and keys as a config file (config.py).
+    # [base]: a normal run config, same sections and keys as a config file (creditaudit.config).
     [base.data]
     n_train = 10000
     [base.optim]

@@ -151,7 +151,7 @@ def local_backward(local: LocalPass, ce: Tensor, credit_grads: Sequence[Tensor],
     outputs, grads = [ce], [torch.ones_like(ce)]
     if local.h0.requires_grad:
         outputs.append(local.h0)
-        grads.append(in_dtype(state_credit_shape(credit_grads[0], local.h0), local.h0.dtype))
+        grads.append(state_credit_shape(credit_grads[0], local.h0).to(local.h0.dtype))
     for f, grad in zip(local.branches, credit_grads[1:]):
         if f is None:
             continue
@@ -159,13 +159,8 @@ def local_backward(local: LocalPass, ce: Tensor, credit_grads: Sequence[Tensor],
         if penalty > 0:
             grad = torch.add(grad, f.detach(), alpha=2.0 * penalty / batch)
         outputs.append(f)
-        grads.append(in_dtype(grad, f.dtype))
+        grads.append(grad.to(f.dtype))
     torch.autograd.backward(outputs, grads)
-
-
-def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t`` in ``dtype``, without a dispatch when it already is (per-block hot paths)."""
-    return t if t.dtype == dtype else t.to(dtype)
 
 
 def loss_precision(logits: Tensor) -> Tensor:

@@ -93,6 +93,21 @@ def normalised(a: torch.Tensor) -> torch.Tensor:
     return a / (rms + 1e-6).view(-1, *([1] * (a.dim() - 1)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_output_error_is_softmax_minus_one_hot_exactly(dtype):
+    """The error e = softmax − onehot(y) that DFA, DRTP and the bridges project, built
+    without F.one_hot (which syncs with the host to check labels), is bit for bit the same."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 10, generator=gen).to(dtype) * 5
+    y = torch.randint(0, 10, (64,), generator=gen)
+    precise = logits.to(torch.promote_types(dtype, torch.float32))
+    expected = torch.softmax(precise, dim=1) - F.one_hot(y, 10).to(precise.dtype)
+    assert torch.equal(output_error(logits, y), expected)
+    drtp = build_rule(ResidualMLP(16, 8, 10, 2), MethodConfig(name="drtp"), n_classes=10,
+                      seed=0)
+    assert torch.equal(drtp.projected_signal(precise, y), F.one_hot(y, 10).to(precise.dtype))
+
+
 # --- BP -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("out_ln", [True, False])
 def test_bp_credits_equal_autograd(out_ln):

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from torch import Tensor
-from torch.nn import functional as F
 
-from creditaudit.methods.base import loss_precision
+from creditaudit.methods.base import loss_precision, one_hot
 from creditaudit.methods.dfa import DFA
 from creditaudit.methods.registry import register
 
@@ -30,4 +29,4 @@ class DRTP(DFA):
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
         dtype = loss_precision(logits).dtype
-        return F.one_hot(y, self.n_classes).to(device=logits.device, dtype=dtype)
+        return one_hot(y.to(logits.device), self.n_classes, dtype)

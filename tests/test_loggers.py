@@ -260,6 +260,11 @@ def test_wandb_offline_run_holds_config_epochs_end_metrics_and_status(tmp_path, 
     (tmp_path / "wb").mkdir()
     result = train(tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test"}))
     record = result.record
+    # W&B's service process writes the run file; shutting it down makes it flush and close
+    # the file (read while the service still wrote it, under load, it lacked records)
+    import wandb
+
+    wandb.teardown()
     files = list((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1
     records = wandb_records(files[0])

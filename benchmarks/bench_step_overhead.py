@@ -13,11 +13,12 @@
    B·d² product and pays about five memory-bound passes over d×d matrices, so which one
    is faster depends on B, d and how the machine's caches hold the d×d matrices.
 
-3. **What ∂γ costs inside a real step** (``--ablate``, d=512 L=12): DFA's step as it is,
-   against the same step with ∂γ = Σ_k W∘M replaced by zeros — a wrong gradient, for
-   timing only (the library's backward is swapped for the run and restored). The
-   reduction reads every block's W from memory after the forward has moved on, so in a
-   step it costs more than in isolation.
+3. **Ablations inside a real step** (``--ablate``, d=512 L=12, in_dim 3072, batch 128):
+   DFA's step as it is, against the same step with ∂γ = Σ_k W∘M replaced by zeros — a
+   wrong gradient, for timing only (the library's backward is swapped for the run and
+   restored); the reduction reads every block's W from memory after the forward has moved
+   on, so in a step it costs more than in isolation. And the State Bridge's step with its
+   predictor's AdamW fused (as shipped) against torch's per-tensor loop.
 
 Rounds rotate the order of the variants; the median over rounds is reported with the
 1-minute load average. Run it alone: other jobs change memory-bound passes more than
@@ -25,6 +26,7 @@ matmuls.
 
 Usage: python benchmarks/bench_step_overhead.py [--rounds 15] [--steps 60]
        [--sizes 256x128 512x128 ...] [--blocks 12] [--ablate [--ablate-rounds 11]]
+       [--only-ablate]
 """
 
 from __future__ import annotations
@@ -132,16 +134,24 @@ def backward_without_d_gamma(ctx, grad_z: Tensor) -> tuple:  # noqa: ANN001 - au
     return None, torch.zeros_like(gamma), s @ weight, m.mul_(gamma).addr_(s, beta), s, None
 
 
-def ablate_d_gamma(rounds: int, d: int = 512, n_blocks: int = 12) -> dict[str, list[float]]:
-    """ms per step of BP, DFA, and DFA without the ∂γ reduction, per rotated round."""
+def ablations(rounds: int, d: int = 512, n_blocks: int = 12) -> dict[str, list[float]]:
+    """ms per step, per rotated round: BP; DFA with and without the ∂γ reduction; the
+    State Bridge with its predictor's AdamW fused and as torch's per-tensor loop."""
     bench_steps.IN_DIM = 3072
     batches = make_batches(bench_steps.N_BATCHES, seed=0)
     exact = fused._DetachedLayerNormLinear.__dict__["backward"]  # the staticmethod itself
     ablated = staticmethod(torch.autograd.function.once_differentiable(
         backward_without_d_gamma))
     variants = {"BP": ("bp", exact), "DFA": ("dfa", exact),
-                "DFA, ∂γ skipped": ("dfa", ablated)}
+                "DFA, ∂γ skipped": ("dfa", ablated),
+                "State Bridge (predictor: fused AdamW)": ("state-bridge", exact),
+                "State Bridge (predictor: per-tensor AdamW)": ("state-bridge", exact)}
     rules = {name: make_rule(rule, d, n_blocks) for name, (rule, _) in variants.items()}
+    looped = rules["State Bridge (predictor: per-tensor AdamW)"][0]
+    predictor_params = [p for group in looped.predictor_optimizer.param_groups
+                        for p in group["params"]]
+    looped.predictor_optimizer = torch.optim.AdamW(  # torch's CPU default: a per-tensor loop
+        predictor_params, lr=looped.config.bridge_lr, weight_decay=0.01)
     ms: dict[str, list[float]] = {name: [] for name in variants}
     try:
         for index in range(-1, rounds):  # round -1 warms up
@@ -165,11 +175,29 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12,
                         help="distinct blocks cycled in the block benchmark")
     parser.add_argument("--ablate", action="store_true",
-                        help="also time DFA's step at d=512 L=12 without the ∂γ reduction")
+                        help="also time the ablations at d=512 L=12 (part 3)")
+    parser.add_argument("--only-ablate", action="store_true", help="part 3 only")
     parser.add_argument("--ablate-rounds", type=int, default=11)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread; load average at start: {load()}")
+    if not args.only_ablate:
+        fixed_and_block_tables(args)
+    if args.ablate or args.only_ablate:
+        ms = ablations(args.ablate_rounds)
+        print(f"\nSteps at d=512 L=12 (in_dim 3072, batch 128), median of "
+              f"{args.ablate_rounds} rotated rounds × 10 steps:\n")
+        print("| variant | ms/step | ratio to BP (range) |")
+        print("|---|---:|---:|")
+        for name, values in ms.items():
+            ratios = [a / b for a, b in zip(values, ms["BP"], strict=True)]
+            print(f"| {name} | {statistics.median(values):.1f} | "
+                  f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) |")
+    print(f"\nload average at end: {load()}")
+
+
+def fixed_and_block_tables(args: argparse.Namespace) -> None:
+    """Parts 1 and 2, printed as Markdown tables."""
     print(f"\nFixed cost per step (d={TINY}, in_dim {TINY}, batch {TINY_BATCH}), "
           f"median of {args.rounds} rotated rounds × {args.steps} steps:\n")
     print("| blocks | " + " | ".join(RULES) + " |")
@@ -189,19 +217,8 @@ def main() -> None:
           "fused / plain |")
     print("|---:|---:|---:|---:|---:|")
     for (d, rows), times in block_costs(sizes, args.blocks, args.rounds).items():
-        plain, fused = statistics.median(times["plain"]), statistics.median(times["fused"])
-        print(f"| {d} | {rows} | {plain:.3f} | {fused:.3f} | {fused / plain:.2f} |")
-    if args.ablate:
-        ms = ablate_d_gamma(args.ablate_rounds)
-        print(f"\nDFA's step at d=512 L=12 (in_dim 3072, batch 128), median of "
-              f"{args.ablate_rounds} rotated rounds × 10 steps:\n")
-        print("| variant | ms/step | ratio to BP (range) |")
-        print("|---|---:|---:|")
-        for name, values in ms.items():
-            ratios = [a / b for a, b in zip(values, ms["BP"], strict=True)]
-            print(f"| {name} | {statistics.median(values):.1f} | "
-                  f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) |")
-    print(f"\nload average at end: {load()}")
+        plain_ms, fused_ms = statistics.median(times["plain"]), statistics.median(times["fused"])
+        print(f"| {d} | {rows} | {plain_ms:.3f} | {fused_ms:.3f} | {fused_ms / plain_ms:.2f} |")
 
 
 if __name__ == "__main__":

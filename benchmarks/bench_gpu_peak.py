@@ -109,6 +109,30 @@ class _NoSync:
             module.step_result = self.saved
 
 
+class _OneHotSync:
+    """The output error's one-hot rows from ``F.one_hot`` again (as before 2026-11-27), which
+    reads the labels' range back to the host: one device sync per DFA step."""
+
+    def __enter__(self) -> None:
+        self.saved = rule_base.one_hot
+
+        def synced(y: Tensor, n_classes: int, dtype: torch.dtype) -> Tensor:
+            return torch.nn.functional.one_hot(y, n_classes).to(dtype)
+
+        rule_base.one_hot = synced
+
+    def __exit__(self, *exc: object) -> None:
+        rule_base.one_hot = self.saved
+
+
+def one_hot_sync(method: str, device: str, args: argparse.Namespace) -> float:
+    rule, optimizer = build(method, device)
+    x, y = batch(device)
+    with _OneHotSync():
+        return ms_per_call(lambda: rule.train_step(x, y, optimizer), device, args.repeats,
+                           args.steps)
+
+
 def _rule_modules() -> list[Any]:
     import creditaudit.methods.bp as bp
     import creditaudit.methods.dfa as dfa
@@ -262,6 +286,9 @@ def main() -> int:
     for method in ("bp", "dfa"):
         row("eager (creditaudit's step)", method, eager(method, device, args))
         row("no host sync", method, no_sync(method, device, args))
+        if method == "dfa":
+            row("output error through F.one_hot (one more sync; before)", method,
+                one_hot_sync(method, device, args))
         if device == "cuda":
             row("CUDA graph of the step", method, cuda_graph(method, args))
         row("batch 1024, per 128 samples", method, eager(method, device, args, size=1024) / 8)

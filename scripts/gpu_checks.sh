@@ -12,6 +12,15 @@ mkdir -p "$OUT"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
+# A lent machine brings torch but not necessarily the rest (one lacked tomli-w, and four CUDA
+# run tests failed on the import): say which before the tests do.
+python3 - <<'PY' | tee -a "$OUT/gpu.txt"
+import importlib.util
+needed = ["numpy", "matplotlib", "tqdm", "markdown_it", "tomli_w", "mnist1d", "pytest"]
+missing = [name for name in needed if importlib.util.find_spec(name) is None]
+print("missing modules: " + ", ".join(missing) + " (install their wheels first)"
+      if missing else "creditaudit's dependencies: all importable")
+PY
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_conformance.py \
     2>&1 | tail -n 40 | tee "$OUT/tests.txt"
 timeout 150 python3 benchmarks/bench_gpu_peak.py --repeats 3 --steps 50 --runs 8 \

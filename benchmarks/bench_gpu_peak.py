@@ -29,6 +29,7 @@ Usage: python benchmarks/bench_gpu_peak.py [--repeats 5] [--steps 50] [--runs 8]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import multiprocessing as mp
 import os
@@ -125,14 +126,6 @@ class _OneHotSync:
         rule_base.one_hot = self.saved
 
 
-def one_hot_sync(method: str, device: str, args: argparse.Namespace) -> float:
-    rule, optimizer = build(method, device)
-    x, y = batch(device)
-    with _OneHotSync():
-        return ms_per_call(lambda: rule.train_step(x, y, optimizer), device, args.repeats,
-                           args.steps)
-
-
 def _rule_modules() -> list[Any]:
     import creditaudit.methods.bp as bp
     import creditaudit.methods.dfa as dfa
@@ -148,17 +141,12 @@ def step_flops(method: str, device: str) -> int:
     return int(counter.get_total_flops())
 
 
-def eager(method: str, device: str, args: argparse.Namespace, size: int = BATCH) -> float:
+def eager(method: str, device: str, args: argparse.Namespace, size: int = BATCH,
+          patch: contextlib.AbstractContextManager | None = None) -> float:
+    """ms per ``rule.train_step``, with the library patched by ``patch`` while it runs."""
     rule, optimizer = build(method, device)
     x, y = batch(device, size)
-    return ms_per_call(lambda: rule.train_step(x, y, optimizer), device, args.repeats,
-                       args.steps)
-
-
-def no_sync(method: str, device: str, args: argparse.Namespace) -> float:
-    rule, optimizer = build(method, device)
-    x, y = batch(device)
-    with _NoSync():
+    with patch or contextlib.nullcontext():
         return ms_per_call(lambda: rule.train_step(x, y, optimizer), device, args.repeats,
                            args.steps)
 
@@ -285,10 +273,10 @@ def main() -> int:
 
     for method in ("bp", "dfa"):
         row("eager (creditaudit's step)", method, eager(method, device, args))
-        row("no host sync", method, no_sync(method, device, args))
+        row("no host sync", method, eager(method, device, args, patch=_NoSync()))
         if method == "dfa":
             row("output error through F.one_hot (one more sync; before)", method,
-                one_hot_sync(method, device, args))
+                eager(method, device, args, patch=_OneHotSync()))
         if device == "cuda":
             row("CUDA graph of the step", method, cuda_graph(method, args))
         row("batch 1024, per 128 samples", method, eager(method, device, args, size=1024) / 8)

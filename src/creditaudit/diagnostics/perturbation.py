@@ -38,8 +38,8 @@ DEFAULT_EPS = 1e-3
 # chunk shrinks so one perturbed tensor stays under MAX_ELEMENTS (4 MB in float64; a ViT
 # token state with 32 directions is 35k numbers per sample). Larger tensors cost more than
 # they save: the allocator hands each one back to the OS when it is freed, so every
-# forward faulted its memory in afresh — at 64 MB per tensor, ~200k page faults and 10–30%
-# of ρ's time at d=256 L=4 (docs/benchmarks.md). Chunking does not change the directions.
+# forward faulted its memory in afresh — at 64 MB per tensor, 237k page faults and 17% of
+# ρ's time at d=256 L=4 (docs/benchmarks.md). Chunking does not change the directions.
 SAMPLE_CHUNK = 256
 MAX_ELEMENTS = 1 << 19
 

@@ -1,0 +1,67 @@
+"""The four-diagnostic protocol (science.md §5): can a run's headline numbers be trusted?
+
+=====  ===============================  =============================================  ==========
+id     name                             statistic                                      fires when
+=====  ===============================  =============================================  ==========
+(a)    residual-stream scale            max_l ‖h_{l+1}‖/‖h_l‖ of median norms          > 50
+(b)    reference validity               median per-sample ‖g_L‖ (1/128 scale)          < 1e-7
+(c)    cross-batch direction stability  mean pairwise cos of K ≥ 8 batch-mean g at L//2 > 0.30
+(d)    depth utility                    headline acc − frozen-blocks acc (pp)          < 2.0
+=====  ===============================  =============================================  ==========
+
+The verdict is *needs walk-back* (naming the fired ones) when any fires, *trustworthy* only
+when all four were evaluated and none fired, and *incomplete* otherwise — printed as "no
+walk-back in (a)–(c); (d) not evaluated". A diagnostic that cannot be evaluated (no frozen
+accuracy, too few evaluation batches, non-finite values) is reported as *not evaluated* —
+never as passed.
+
+:func:`creditaudit.own_model.diagnose` runs the protocol on a live model (a contract model,
+or any ``nn.Module`` with a states function); :func:`evaluate_protocol` runs it on precomputed
+:class:`~creditaudit.diagnostics.gradients.StateGradients` (what training already has).
+Norms follow science.md §2: per-sample L2 over the feature axis, median over samples, gradients
+as (1/128)·∂CE_i/∂h_l.
+"""
+
+from creditaudit.protocol.checks import (
+    CAUSE_FLOOR,
+    CAUSE_LN,
+    CAUSE_SATURATION,
+    CAUSE_SATURATION_NO_LN,
+    DIAGNOSTIC_NAMES,
+    FIRED,
+    HEADLINE_GAMMA,
+    INCOMPLETE,
+    NO_FROZEN_REASON,
+    NOT_EVALUATED,
+    PASSED,
+    TRUSTWORTHY,
+    WALK_BACK,
+    DiagnosticResult,
+    Thresholds,
+    block_growths,
+    cross_batch_stability,
+    depth_utility_diagnostic,
+    growth_diagnostic,
+    labels,
+    reference_diagnostic,
+    stability_diagnostic,
+    verdict_from,
+    verdict_of,
+    verdict_phrase,
+)
+from creditaudit.protocol.evaluate import (
+    CreditFn,
+    DiagnosticReport,
+    config_metadata,
+    evaluate_protocol,
+)
+
+__all__ = [
+    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN",
+    "DIAGNOSTIC_NAMES", "FIRED", "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON",
+    "NOT_EVALUATED", "PASSED", "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport",
+    "DiagnosticResult", "Thresholds", "block_growths", "config_metadata",
+    "cross_batch_stability", "depth_utility_diagnostic", "evaluate_protocol",
+    "growth_diagnostic", "labels", "reference_diagnostic", "stability_diagnostic",
+    "verdict_from", "verdict_of", "verdict_phrase",
+]

@@ -1,0 +1,189 @@
+"""Running the protocol on precomputed gradients, and the report it gives.
+
+:func:`evaluate_protocol` turns :class:`~creditaudit.diagnostics.gradients.StateGradients`
+(what training and :func:`creditaudit.own_model.diagnose` already have) into a
+:class:`DiagnosticReport`: the four diagnostics, the verdict, and — when a credit is given —
+the per-layer cosine table and Γ under its four aggregations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from creditaudit import strict_json
+from creditaudit.config import RunConfig
+from creditaudit.diagnostics.alignment import gamma_aggregations, layer_cosine_table
+from creditaudit.diagnostics.gradients import StateGradients, median_norms
+from creditaudit.errors import ConfigError
+from creditaudit.methods.registry import find_rule
+from creditaudit.protocol.checks import (
+    HEADLINE_GAMMA,
+    DiagnosticResult,
+    Thresholds,
+    depth_utility_diagnostic,
+    growth_diagnostic,
+    reference_diagnostic,
+    stability_diagnostic,
+    verdict_of,
+    verdict_phrase,
+)
+
+CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
+
+
+@dataclass
+class DiagnosticReport:
+    """The protocol's outcome on one model and evaluation set.
+
+    ``hidden_norms[l]``: median per-sample ‖h_l‖; ``grad_norms[l]``: median per-sample ‖g_l‖
+    in the 1/128 scale convention (science.md §2), l = 0 … L. ``diagnostics``: (a)–(d) in order.
+    ``layer_cosines``/``gamma``: present when a credit was given; ``metrics``: the
+    credit-quality block when asked for; ``metadata``: model, method, n samples, thresholds,
+    accuracies and whatever the caller added (dataset, seeds, epoch, …).
+    """
+
+    hidden_norms: list[float]
+    grad_norms: list[float]
+    diagnostics: list[DiagnosticResult]
+    verdict: str
+    fired: list[str]
+    not_evaluated: list[str]
+    layer_cosines: list[dict[str, Any]] | None = None
+    gamma: dict[str, float] | None = None
+    metrics: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def diagnostic(self, id_: str) -> DiagnosticResult:
+        """The result of diagnostic ``id_`` ("a" … "d")."""
+        for result in self.diagnostics:
+            if result.id == id_:
+                return result
+        raise KeyError(id_)
+
+    @property
+    def verdict_text(self) -> str:
+        """``"needs walk-back (a)(b)"``, ``"trustworthy"`` (all four evaluated, none fired)
+        or ``"no walk-back in (a)–(c); (d) not evaluated"`` (see :func:`verdict_phrase`)."""
+        return verdict_phrase(self.fired, self.not_evaluated)
+
+    @property
+    def headline_gamma(self) -> float | None:
+        return None if self.gamma is None else self.gamma.get(HEADLINE_GAMMA)
+
+    # --- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (floats may be NaN/inf: :meth:`to_json` writes them as strict
+        JSON, null plus a ``non_finite`` mark)."""
+        return {
+            "verdict": self.verdict,
+            "fired": list(self.fired),
+            "not_evaluated": list(self.not_evaluated),
+            "diagnostics": {r.id: r.to_dict() for r in self.diagnostics},
+            "hidden_norms": list(self.hidden_norms),
+            "grad_norms": list(self.grad_norms),
+            "layer_cosines": self.layer_cosines,
+            "gamma": self.gamma,
+            "metrics": self.metrics,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DiagnosticReport:
+        """Rebuild a report from :meth:`to_dict` output (e.g. a run record's protocol block)."""
+        return cls(
+            hidden_norms=data["hidden_norms"], grad_norms=data["grad_norms"],
+            diagnostics=[DiagnosticResult(**r) for r in data["diagnostics"].values()],
+            verdict=data["verdict"], fired=data["fired"], not_evaluated=data["not_evaluated"],
+            layer_cosines=data.get("layer_cosines"), gamma=data.get("gamma"),
+            metrics=data.get("metrics"), metadata=data.get("metadata", {}),
+        )
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """Strict JSON (no NaN/Infinity tokens; see :mod:`creditaudit.strict_json`)."""
+        return strict_json.dumps(self.to_dict(), indent=indent)
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(**self.metadata.get("thresholds", {}))
+
+    def __str__(self) -> str:
+        """The verdict in words; :func:`creditaudit.report.render` gives the full tables."""
+        return self.verdict_text
+
+
+# --- running it ---------------------------------------------------------------------------
+def _check_fraction(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(f"{name}={value!r} must be an accuracy fraction in [0, 1] "
+                          "(e.g. 0.349 for 34.9%)")
+    return float(value)
+
+
+def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
+                      frozen_acc: float | None, thresholds: Thresholds = Thresholds(),
+                      terminal_ln: bool | None = None, credits: Sequence[Tensor] | None = None,
+                      metrics: dict[str, Any] | None = None,
+                      metadata: dict[str, Any] | None = None) -> DiagnosticReport:
+    """The four diagnostics from precomputed per-sample states and gradients.
+
+    ``sg``: :class:`StateGradients` on the evaluation set (``(N, d)`` summaries, gradients
+    in the 1/128 convention); ``headline_acc``/``frozen_acc``: test accuracies as fractions
+    (None → (d) not evaluated); ``terminal_ln``: whether the model ends in a LayerNorm (None
+    = unknown, used only to name (b)'s cause); ``credits``: optional ``(N, d)`` credit
+    summaries per layer for the per-layer cosine table and Γ. Pure: no autograd, no RNG.
+    """
+    headline_acc = _check_fraction("headline_acc", headline_acc)
+    frozen_acc = _check_fraction("frozen_acc", frozen_acc)
+    hidden = median_norms(sg.states)
+    grads = median_norms(sg.grads)
+    results = [
+        growth_diagnostic(hidden, thresholds),
+        reference_diagnostic(sg.grads[-1], hidden, thresholds, terminal_ln=terminal_ln),
+        stability_diagnostic(sg.grads, thresholds),
+        depth_utility_diagnostic(headline_acc, frozen_acc, thresholds),
+    ]
+    verdict, fired, skipped = verdict_of(results)
+    meta = {"n_samples": int(sg.states[0].shape[0]), "layout": sg.layout,
+            "terminal_ln": terminal_ln, "headline_acc": headline_acc, "frozen_acc": frozen_acc,
+            "headline_gamma_aggregation": HEADLINE_GAMMA, "thresholds": thresholds.to_dict()}
+    meta.update(metadata or {})
+    table = gamma = None
+    if credits is not None:
+        table = layer_cosine_table(list(credits), sg.grads, thresholds.grad_floor)
+        gamma = gamma_aggregations(list(credits), sg.grads)
+    return DiagnosticReport(hidden_norms=hidden, grad_norms=grads, diagnostics=results,
+                            verdict=verdict, fired=fired, not_evaluated=skipped,
+                            layer_cosines=table, gamma=gamma, metrics=metrics, metadata=meta)
+
+
+def _draws_feedback(method: str) -> bool:
+    """True when the rule draws from the feedback seed's generator (unknown rules: False)."""
+    rule = find_rule(method)
+    return rule is not None and rule.uses_feedback_seed
+
+
+def config_metadata(config: RunConfig, run_id: str | None = None) -> dict[str, Any]:
+    """Report metadata (method, architecture, dataset, seeds, run id) of a run's config."""
+    model = config.model
+    arch = f"{model.arch} d={model.d} L={model.n_blocks}"
+    if model.arch == "student":
+        arch = "student d=128 L=4"
+    elif not model.out_ln:
+        arch += " no out_ln"
+    if not model.residual:
+        arch += " no residual"
+    feedback_seed = (config.method.feedback_seed if config.method.feedback_seed is not None
+                     else config.run.seed)
+    return {
+        "method": config.method.name, "arch": arch,
+        "terminal_ln": model.out_ln and model.arch != "student",
+        "dataset": config.data.name, "seeds": str(config.run.seed),
+        "feedback_seed": feedback_seed if _draws_feedback(config.method.name) else None,
+        "penalty": config.method.penalty, "run_id": run_id,
+    }

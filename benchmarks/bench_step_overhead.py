@@ -55,12 +55,11 @@ def load() -> str:
 
 def fixed_cost(n_blocks: int, rounds: int, steps: int) -> dict[str, list[float]]:
     """ms per step of every rule on the tiny model, per round."""
-    bench_steps.IN_DIM = TINY
     gen = torch.Generator().manual_seed(0)
     batches = [(torch.randn(TINY_BATCH, TINY, generator=gen),
                 torch.randint(0, bench_steps.N_CLASSES, (TINY_BATCH,), generator=gen))
                for _ in range(8)]
-    rules = {name: make_rule(name, TINY, n_blocks) for name in RULES}
+    rules = {name: make_rule(name, TINY, n_blocks, in_dim=TINY) for name in RULES}
     for rule, optimizer in rules.values():
         run_steps(rule, optimizer, batches, 20)
     ms: dict[str, list[float]] = {name: [] for name in RULES}
@@ -137,7 +136,6 @@ def backward_without_d_gamma(ctx, grad_z: Tensor) -> tuple:  # noqa: ANN001 - au
 def ablations(rounds: int, d: int = 512, n_blocks: int = 12) -> dict[str, list[float]]:
     """ms per step, per rotated round: BP; DFA with and without the ∂γ reduction; the
     State Bridge with its predictor's AdamW fused and as torch's per-tensor loop."""
-    bench_steps.IN_DIM = 3072
     batches = make_batches(bench_steps.N_BATCHES, seed=0)
     exact = fused._DetachedLayerNormLinear.__dict__["backward"]  # the staticmethod itself
     ablated = staticmethod(torch.autograd.function.once_differentiable(

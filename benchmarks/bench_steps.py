@@ -108,12 +108,12 @@ def load_text() -> str:
     return f"load average (1, 5, 15 min): {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
-def make_rule(variant: str, d: int, n_blocks: int
+def make_rule(variant: str, d: int, n_blocks: int, in_dim: int = IN_DIM
               ) -> tuple[CreditRule, torch.optim.Optimizer]:
     """A fresh ResidualMLP (same init for every rule), the rule and training's AdamW."""
     name = variant.split("/")[0]
     torch.manual_seed(0)
-    model = ResidualMLP(IN_DIM, d, N_CLASSES, n_blocks, out_ln=True)
+    model = ResidualMLP(in_dim, d, N_CLASSES, n_blocks, out_ln=True)
     config = MethodConfig(name=name, warmup_fraction=0.0 if name == "credit-bridge" else 0.2)
     rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
     rule.set_precision("fp32", "cpu")

@@ -33,6 +33,7 @@ from creditaudit.protocol.checks import (
 )
 
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
+DEFAULT_THRESHOLDS = Thresholds()  # frozen: one shared default instance is safe
 
 
 @dataclass
@@ -126,7 +127,7 @@ def _check_fraction(name: str, value: float | None) -> float | None:
 
 
 def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
-                      frozen_acc: float | None, thresholds: Thresholds = Thresholds(),
+                      frozen_acc: float | None, thresholds: Thresholds = DEFAULT_THRESHOLDS,
                       terminal_ln: bool | None = None, credits: Sequence[Tensor] | None = None,
                       metrics: dict[str, Any] | None = None,
                       metadata: dict[str, Any] | None = None) -> DiagnosticReport:

@@ -40,7 +40,8 @@ from creditaudit.config import DataConfig, MethodConfig, RunConfig
 from creditaudit.data import load_dataset
 from creditaudit.methods import build_rule
 from creditaudit.methods.ep import update_agreement
-from creditaudit.methods.ep_relax import SOLVERS, NudgedEnergy, Trajectory
+from creditaudit.methods.ep_energy import NudgedEnergy
+from creditaudit.methods.ep_relax import SOLVERS, Trajectory, residual_gradient_norms
 from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
 from creditaudit.records import CHECKPOINT_FILE
@@ -67,20 +68,19 @@ ANDERSON_WINDOW = 8
 def heavy_ball(energy: NudgedEnergy, steps: int, step_size: float) -> Trajectory:
     """v ← μv − η∇F, x ← x + v (no back-off: μ, η fixed as a user would tune them)."""
     x, grad = energy.zeros(), energy.start_gradient()
-    velocity, norms = torch.zeros_like(x), [float(grad.norm())]
+    velocity = torch.zeros_like(x)
     residuals: list[Tensor] = []
     for _ in range(steps):
         velocity = HEAVY_BALL_MOMENTUM * velocity - step_size * grad
         x = x + velocity
         grad, residuals = energy.gradient(x)
-    norms.append(float(grad.norm()))
-    return x, residuals, norms, step_size, 0
+    return x, residuals, residual_gradient_norms(energy, residuals), step_size, 0
 
 
 def anderson(energy: NudgedEnergy, steps: int, step_size: float) -> Trajectory:
     """Type-II Anderson mixing of x ↦ x − η∇F(x), least squares per sample (window 8)."""
     x, grad = energy.zeros(), energy.start_gradient()
-    norms, residuals = [float(grad.norm())], []
+    residuals: list[Tensor] = []
     xs, fs = [], []
     for _ in range(steps):
         f = -step_size * grad
@@ -97,8 +97,7 @@ def anderson(energy: NudgedEnergy, steps: int, step_size: float) -> Trajectory:
                                        (df @ f.unsqueeze(2)).double()).to(x.dtype)
             x = x + f - ((dx + df).transpose(1, 2) @ gamma).squeeze(2)
         grad, residuals = energy.gradient(x)
-    norms.append(float(grad.norm()))
-    return x, residuals, norms, step_size, 0
+    return x, residuals, residual_gradient_norms(energy, residuals), step_size, 0
 
 
 SOLVERS.update({"heavy-ball": heavy_ball, "anderson": anderson})

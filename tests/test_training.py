@@ -403,6 +403,19 @@ def test_run_id_stable_and_comparable():
     assert len(changed) == 8
 
 
+def test_a_method_id_version_moves_that_methods_ids_only(monkeypatch):
+    """A new default of one method (EP's relaxation) must not serve its old records, nor
+    move another method's ids."""
+    import creditaudit.run_ids as ids
+
+    identity = ids.run_data_identity(RunConfig())
+    configs = {name: RunConfig().replace(**{"method.name": name}) for name in ("bp", "ep")}
+    now = {name: run_id(c, identity) for name, c in configs.items()}
+    monkeypatch.setattr(ids, "METHOD_ID_VERSIONS", {})
+    before = {name: run_id(c, identity) for name, c in configs.items()}
+    assert now["bp"] == before["bp"] and now["ep"] != before["ep"]
+
+
 # --- CLI ----------------------------------------------------------------------------------------
 def test_cli_bad_key_is_one_line_exit_2(capsys, restore_sigterm):
     from creditaudit.cli import main

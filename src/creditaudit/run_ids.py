@@ -9,7 +9,9 @@ no weight and no recorded number (output folder, threads, device, progress bars,
 ``diagnostics.frozen_acc``) are left out.
 
 ``ID_VERSION`` is bumped whenever a default changes what runs compute, so records computed
-the old way are never served for the new default.
+the old way are never served for the new default. A default that only one method reads bumps
+that method's entry in ``METHOD_ID_VERSIONS`` instead, which leaves the other methods' ids
+alone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from creditaudit.config import RunConfig, semantic_dict
 from creditaudit.data.identity import DataIdentity, data_identity
 
 ID_VERSION = 3
+# method → its own id version; absent = 0, which adds nothing to the hash. ep 1: the default
+# relaxation became residual-cg (it was cg).
+METHOD_ID_VERSIONS = {"ep": 1}
 
 
 def data_seed(config: RunConfig) -> int:
@@ -38,6 +43,9 @@ def run_id(config: RunConfig, identity: DataIdentity | None = None) -> str:
     identity = identity or run_data_identity(config)
     payload = {"config": semantic_dict(config), "data": identity.fingerprint,
                "version": ID_VERSION}
+    method_version = METHOD_ID_VERSIONS.get(config.method.name, 0)
+    if method_version:
+        payload["method_version"] = method_version
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
     return f"{label}-{digest}"

@@ -31,7 +31,7 @@ SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; keep them non-negative
 PRECISIONS = ("fp32", "bf16")
-EP_SOLVERS = ("cg", "gd")
+EP_SOLVERS = ("residual-cg", "cg", "gd")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
@@ -117,17 +117,21 @@ class MethodConfig:
                            min=0.0, max=1.0)
     ep_beta: float = opt(0.01, "EP: nudging strength β of the cross-entropy term (the credit's "
                          "bias grows with β: at 0.1 even a converged relaxation's weight update "
-                         "has cosine ≈ 0.99 with BP's on a d=256 L=4 net, at 0.01 ≈ 0.9999)",
+                         "has cosine ≈ 0.99 with BP's on a fresh d=256 L=4 net, at 0.01 ≈ 0.9999; "
+                         "0.957 on one trained 20 epochs on Fashion-MNIST)",
                          min=1e-12)
     ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
                         "input-gradient pass through the blocks)", min=1)
     ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
                               "(stable while η < 2/λ_max of the energy Hessian; halved when "
-                              "‖∇F‖ grows), cg's first and shortest curvature probe", min=0.0)
+                              "‖∇F‖ grows), the CG solvers' first and shortest curvature "
+                              "probe", min=0.0)
     ep_solver: str = opt(
-        "cg", "EP: relaxation solver. cg = conjugate gradients per sample, the curvature along "
-        "each direction measured by one gradient probe (same fixed point and matmuls per step "
-        "as gd, far fewer steps to converge); gd = plain gradient descent with step size η",
+        "residual-cg", "EP: relaxation solver. residual-cg = conjugate gradients per sample "
+        "over the residuals r_l, the states following by one forward pass (same fixed point; "
+        "its Hessian is the identity up to the nudge's curvature, so it converges however "
+        "stiff the blocks); cg = the same over the state displacements (diverges once training "
+        "makes the blocks stiff); gd = plain gradient descent on the displacements, step η",
         choices=EP_SOLVERS)
 
 

@@ -5,8 +5,8 @@ Energy of a set of states h_0 … h_L for input x (per sample, summed over the b
     E(h) = ½‖h_0 − embed(x)‖² + ½ Σ_l ‖r_l‖²,   r_l = h_{l+1} − h_l − f_l(h_l)
 
 (r_l = h_{l+1} − f_l(h_l) without skips). The free phase is the forward pass (E = 0). The
-nudged phase starts there and relaxes *all* states h_0 … h_L by ``ep_steps`` (20) steps of
-``ep_solver`` (conjugate gradients by default, or plain gradient descent; step size
+nudged phase starts there and relaxes *all* states h_0 … h_L by at most ``ep_steps`` (20)
+steps of ``ep_solver`` (conjugate gradients over the residuals by default; step size
 ``ep_step_size``) on E + β·Σ_i CE_i(readout(h_L)), β = ``ep_beta`` (0.01): see
 :mod:`creditaudit.methods.ep_relax` for the solvers, the step size and the back-off. h_0
 relaxes too, tied to embed(x) by the embedding term above: that term is what lets EP train
@@ -19,8 +19,9 @@ eps·‖h‖ — on a residual stream that grew to 1e7 the nudge (≈ β·‖∂
 otherwise vanish below fp32 resolution. The relaxation always runs in at least fp32, also
 under bf16 autocast.
 
-Convergence is recorded per epoch: ``ep_relax_grad_ratio`` (‖∇F‖ at the end of the nudged
-phase / at its start, mean over the epoch's steps) and ``ep_backoff_fraction`` (share of the
+Convergence is recorded per epoch: ``ep_relax_grad_ratio`` (‖∇_ρF‖, the gradient of F over
+the residuals, at the end of the nudged phase / at its start, mean over the epoch's steps:
+to first order the relative error of the credits) and ``ep_backoff_fraction`` (share of the
 epoch's steps whose relaxation had to halve η at least once). At the end of a run,
 :meth:`EP.run_metrics` measures what the relaxation is for: the cosine between EP's weight
 update and BP's (gradient of the batch-mean CE) on the evaluation set, in float64.
@@ -120,7 +121,7 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
     N samples) against the gradient of the mean CE over the N samples. Returns
     ``ep_update_cos`` (all those parameters flattened together), ``ep_update_cos_layers``
     ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) and
-    ``ep_eval_relax_grad_ratio`` (‖∇F‖ end / start, mean over the chunks); or
+    ``ep_eval_relax_grad_ratio`` (‖∇_ρF‖ end / start, mean over the chunks); or
     ``ep_update_error`` when the model's states are not finite. Leaves ``model`` alone.
     """
     twin = copy.deepcopy(model).double().eval()
@@ -270,7 +271,7 @@ class EP(CreditRule):
         return result
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
-        """``ep_relax_grad_ratio``: ‖∇F‖ end / start of the nudged phase, mean over the
+        """``ep_relax_grad_ratio``: ‖∇_ρF‖ end / start of the nudged phase, mean over the
         epoch's steps; ``ep_backoff_fraction``: share of its steps that halved η."""
         count = self.ratio_count
         fields = {"ep_relax_grad_ratio": self.ratio_sum / count if count else float("nan"),

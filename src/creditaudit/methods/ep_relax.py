@@ -1,7 +1,8 @@
 """EP's nudged phase: relaxing the states on E + β·CE by conjugate gradients or gradient descent.
 
 The free energy of the nudged phase, for displacements δ_l = h_l^nudged − h_l^free of the
-states h_0 … h_L (per sample, summed over the batch; see :mod:`creditaudit.methods.ep`):
+states h_0 … h_L (per sample, summed over the batch; see :mod:`creditaudit.methods.ep` and
+:mod:`creditaudit.methods.ep_energy`):
 
     F(δ) = ½‖δ_0‖² + ½ Σ_l ‖r_l‖² + β·Σ_i CE_i(readout(h_L + δ_L)),
     r_l = δ_{l+1} − δ_l − (f_l(h_l + δ_l) − f_l(h_l))     (no "− δ_l" without skips).
@@ -10,36 +11,48 @@ Its Hessian at δ = 0 is JᵀJ (+ β·∇²CE at the last state), J the Jacobian
 identity blocks on the diagonal, −(I + ∂f_l/∂h_l) below it. For near-identity blocks this
 is a chain Laplacian over the L + 1 states, eigenvalues in (0, 4); at L = 4 the smallest is
 4·sin²(π/22) ≈ 0.08, so gradient descent at η = 0.25 shrinks the slowest mode by only 2% per
-step, and 20 steps leave the layers near the input far from equilibrium. Trained blocks
-(‖I + ∂f/∂h‖ up to 2) are stiffer still: the dense JᵀJ of single samples of a d=256 L=4
-ResidualMLP had condition numbers 150–350 after 3 epochs of BP on Fashion-MNIST, 65–70 at
-init.
+step. Trained blocks are stiffer: J⁻¹ multiplies the gains ‖I + ∂f_l/∂h_l‖ of the blocks,
+so the condition number of JᵀJ grows like their product squared. Per-sample λ_max of a d=256
+L=4 ResidualMLP's JᵀJ was 4 at init and 6–38 after 20 epochs of EP with gd on three tasks;
+90–950 on a run whose blocks EP with cg had made stiff.
+
+Over the residuals ρ = (δ_0, r_0, …, r_{L−1}) instead, the states follow from ρ by one
+forward substitution (δ_{l+1} = ρ_l + δ_l + f_l(h_l + δ_l) − f_l(h_l)), and the Hessian is
+the identity plus the nudge's curvature seen through the network, I + β·Φᵀ∇²CE·Φ with
+Φ = ∂δ_L/∂ρ, however stiff the blocks. Both coordinates have the same minimiser.
 
 Solvers (``method.ep_solver``):
 
-- ``"cg"`` (default): conjugate gradients, run independently for every sample (F is a sum
-  of per-sample energies, so each sample gets its own step sizes and its relaxation never
-  depends on the rest of the batch unless η backs off). The curvature pᵀHp along each
-  direction p is measured by one gradient probe, ∇F(x + t·p) − ∇F(x) = t·Hp on the
-  quadratic part of F, which gives the exact line-search step α = −pᵀ∇F/pᵀHp; the gradient
-  at the new iterate is extrapolated linearly from the probe. So a step costs what a
-  gradient-descent step costs (one forward and one input-gradient pass through the blocks)
-  plus a few (B, N) vector operations, and converges like CG, in about √κ instead of κ
-  steps, with no estimate of the spectrum (heavy-ball and Nesterov momentum need one, and
-  tuned on fresh blocks they diverge on trained ones). Its fixed point is gradient descent's:
-  the iteration stops only where the probed gradient vanishes. The probe length t is the
-  sample's previous step (at least η), so η only sets the first probe.
-- ``"gd"``: plain gradient descent with step size η. Whenever ‖∇F‖ at a new iterate
+- ``"residual-cg"`` (default): the conjugate gradients below over ρ. One evaluation of
+  ∇_ρF = ρ + β·Φᵀ∂CE/∂h_L is one forward and one backward pass through the blocks, what an
+  evaluation of ∇F over δ costs. The first step lands on backprop's credits of the free
+  states (ρ = −β·g); the next ones add the nudge's finite-β effect.
+- ``"cg"``: the same conjugate gradients over δ. Where JᵀJ is ill-conditioned its secant
+  steps stall, and in training they can run away: once EP's own updates make the blocks
+  stiff, its credit loses all alignment with BP's, and the blocks grow stiffer.
+- ``"gd"``: plain gradient descent over δ with step size η. Whenever ‖∇F‖ at a new iterate
   exceeds 1.1 × ‖∇F‖ at the current one (η beyond 2/λ_max somewhere, e.g. a fresh ViT's
   near-zero CLS token; or a NaN), the iterate is rejected and η halved for the rest of the
-  relaxation.
+  relaxation. Stable, but far from the equilibrium after 20 steps on trained blocks.
 
-Both start from the exact gradient at the free states, ∇F(0) = (0, …, 0, β·∂CE/∂h_L)
-(every r_l is exactly 0 there), so ``steps`` steps cost ``steps`` forward-and-input-gradient
-passes through the blocks, and both end with the gradient at the returned state: the
-recorded ``grad_ratio`` is exactly ‖∇F(returned state)‖ / ‖∇F(free state)‖. (For CG it need
-not fall monotonically: CG minimises the error in the energy norm, which is the error of the
-residuals r and hence of the credits, not ‖∇F‖.)
+Conjugate gradients, run independently for every sample (F is a sum of per-sample energies,
+so each sample gets its own step sizes and its relaxation never depends on the rest of the
+batch unless η backs off): the curvature pᵀHp along each direction p is measured by one
+gradient probe, ∇F(x + t·p) − ∇F(x) = t·Hp on the quadratic part of F, which gives the exact
+line-search step α = −pᵀ∇F/pᵀHp; the gradient at the new iterate is extrapolated linearly
+from the probe. So a step costs one gradient evaluation plus a few (B, N) vector operations,
+and converges in about √κ instead of κ steps with no estimate of the spectrum (heavy-ball
+and Nesterov momentum need one, and tuned on fresh blocks they diverge on trained ones). Its
+fixed point is gradient descent's. The probe length t is the sample's previous step (at
+least η), so η only sets the first probe. A sample stops once its gradient is down to
+rounding, and the relaxation ends early once every sample has (``steps`` is a maximum).
+
+Convergence measure (``grad_ratio``, recorded per epoch as ``ep_relax_grad_ratio``):
+‖∇_ρF‖ at the returned state / at the free state, for every solver. Near the equilibrium
+∇_ρF ≈ ρ − ρ*, so this is the relative error of the residuals, i.e. of the credits
+a_l = −r_{l−1}/β. (‖∇F‖ over δ is Jᵀ∇_ρF: on stiff blocks it overstates the credits' error by
+up to ‖J‖.) At the free state ∇_ρF = β·(g_0, …, g_L), backprop's state gradients of the
+summed CE. Measuring it costs residual-cg one evaluation and cg and gd two.
 """
 
 from __future__ import annotations
@@ -49,13 +62,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
 from creditaudit.config import EP_SOLVERS
 from creditaudit.errors import ConfigError
+from creditaudit.methods.ep_energy import Energy, NudgedEnergy, ResidualEnergy, flatten
 from creditaudit.models.contract import ResidualNet
 
 BACKOFF_GROWTH = 1.1  # ‖∇F‖ may grow by 10% in one step before η is halved
+SETTLED = 1000.0  # CG stops a sample at ‖∇F‖ ≤ SETTLED·eps·‖∇F at the start‖
 
 
 @dataclass
@@ -64,10 +78,10 @@ class Relaxation:
 
     ``states`` are the free h_0 … h_L (relaxation dtype), ``deltas`` the displacements
     h^nudged − h^free, ``residuals`` [r_{−1} = δ_0, r_0, …, r_{L−1}] at the nudged states
-    (all detached, summed-energy scale). ``grad_norms``: ‖∇F‖ over the batch at the free
-    state first and at the returned state last (gd: after every accepted step between);
-    ``grad_ratio`` = last / first; ``final_step_size``: η after any back-off;
-    ``backoffs``: how many times η (gd's step, cg's probe) was halved.
+    (all detached, summed-energy scale). ``grad_norms``: [‖∇_ρF‖ over the batch at the free
+    states, at the returned ones] (module doc); ``grad_ratio`` = last / first;
+    ``final_step_size``: η after any back-off; ``backoffs``: how many times η (gd's step,
+    the CG solvers' probe) was halved.
     """
 
     states: list[Tensor]
@@ -88,79 +102,9 @@ def relaxation_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-class NudgedEnergy:
-    """F(δ) of one batch, evaluated on flat displacements x: ``(B, N)``, N = Σ_l numel(h_l[i]).
-
-    ``free`` are the free states h_0 … h_L (relaxation dtype), ``y`` ``(B,)`` labels.
-    """
-
-    def __init__(self, model: ResidualNet, free: list[Tensor], y: Tensor, beta: float) -> None:
-        self.model, self.free, self.y, self.beta = model, free, y, beta
-        with torch.no_grad():
-            self.branches = [block(free[i]) for i, block in enumerate(model.blocks)]
-        self.sizes = [h[0].numel() for h in free]
-
-    def zeros(self) -> Tensor:
-        """Flat ``(B, N)`` zeros in the relaxation dtype."""
-        return self.free[0].new_zeros(self.free[0].shape[0], sum(self.sizes))
-
-    def unflatten(self, x: Tensor) -> list[Tensor]:
-        """Flat ``(B, N)`` → per-state views shaped like h_0 … h_L."""
-        return [part.view(h.shape) for part, h in zip(x.split(self.sizes, dim=1), self.free)]
-
-    def start_gradient(self) -> Tensor:
-        """∇F at δ = 0: every r_l is exactly 0 there, so only the nudge β·∂CE/∂h_L remains."""
-        grad = self.zeros()
-        with torch.enable_grad():
-            leaf = torch.zeros_like(self.free[-1], requires_grad=True)
-            (last,) = torch.autograd.grad(self._nudge(leaf), [leaf])
-        grad[:, -self.sizes[-1]:] = last.flatten(1)
-        return grad
-
-    def gradient(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """(∇F at x, flat like x; the residuals [r_{−1}, …, r_{L−1}] there, detached).
-
-        ∂F/∂δ_l = r_{l−1} − r_l − (∂f_l/∂h_l)ᵀ r_l (no "− r_l" without skips) and
-        ∂F/∂δ_L = r_{L−1} + β·∂CE/∂h_L: one forward of every block and one backward for all
-        the vector-Jacobian products together. Touches no ``.grad``. The residual r_{−1} = δ_0
-        is a view of ``x``.
-        """
-        model, deltas = self.model, self.unflatten(x.detach())
-        with torch.enable_grad():
-            inputs = [(self.free[i] + deltas[i]).requires_grad_(True)
-                      for i in range(len(model.blocks))]
-            outputs = [block(h) for block, h in zip(model.blocks, inputs)]
-            last = deltas[-1].clone().requires_grad_(True)
-            nudge = self._nudge(last)
-        with torch.no_grad():
-            residuals = [deltas[0]]
-            for index, (out, branch) in enumerate(zip(outputs, self.branches)):
-                moved = out - branch
-                if model.residual:
-                    moved = deltas[index] + moved
-                residuals.append(deltas[index + 1] - moved)
-        # grad_outputs r_l give (∂f_l/∂h_l)ᵀ r_l; None seeds the scalar nudge with 1.
-        vjps = torch.autograd.grad([*outputs, nudge], [*inputs, last],
-                                   grad_outputs=[*residuals[1:], None])
-        with torch.no_grad():
-            grad = torch.empty_like(x)
-            parts = self.unflatten(grad)
-            for index, vjp in enumerate(vjps[:-1]):
-                torch.sub(residuals[index], vjp, out=parts[index])
-                if model.residual:
-                    parts[index].sub_(residuals[index + 1])
-            torch.add(residuals[-1], vjps[-1], out=parts[-1])
-        return grad, residuals
-
-    def _nudge(self, delta_last: Tensor) -> Tensor:
-        """β·Σ_i CE_i(readout(h_L + δ_L))."""
-        logits = self.model.readout(self.free[-1] + delta_last)
-        return self.beta * F.cross_entropy(logits, self.y, reduction="sum")
-
-
 def relax(model: ResidualNet, states: list[Tensor], y: Tensor, *, beta: float, steps: int,
-          step_size: float, solver: str = "cg") -> Relaxation:
-    """Nudged phase: ``steps`` gradient evaluations of ``solver`` on E + β·Σ_i CE_i.
+          step_size: float, solver: str = "residual-cg") -> Relaxation:
+    """Nudged phase: about ``steps`` gradient evaluations of ``solver`` on E + β·Σ_i CE_i.
 
     ``states`` are the free h_0 … h_L of the batch (any dtype; relaxed in ≥ fp32), ``y``
     ``(B,)`` labels. Touches no parameter ``.grad`` and no random stream.
@@ -176,19 +120,28 @@ def relax(model: ResidualNet, states: list[Tensor], y: Tensor, *, beta: float, s
                       grad_norms=norms, final_step_size=eta, backoffs=backoffs)
 
 
+# (flat displacements x, residuals at x, [‖∇_ρF‖ at the free states, at x], final η, back-offs)
 Trajectory = tuple[Tensor, list[Tensor], list[float], float, int]
+
+
+def residual_gradient_norms(energy: NudgedEnergy, residuals: list[Tensor]) -> list[float]:
+    """[‖∇_ρF‖ at the free states, at the states with these residuals] (two evaluations):
+    the convergence measure every solver reports (module doc)."""
+    on_residuals = ResidualEnergy(energy)
+    return [_norm(on_residuals.start_gradient()),
+            _norm(on_residuals.gradient(flatten(residuals))[0])]
 
 
 def _gradient_descent(energy: NudgedEnergy, steps: int, step_size: float) -> Trajectory:
     """x ← x − η∇F, each step evaluated; a step that grows ‖∇F‖ is undone and η halved."""
     x, grad = energy.zeros(), energy.start_gradient()
     residuals = [torch.zeros_like(h) for h in energy.free]
-    norms, eta, backoffs = [_norm(grad)], step_size, 0
+    norm, eta, backoffs = _norm(grad), step_size, 0
     for _ in range(steps):
         candidate = x - eta * grad
         candidate_grad, candidate_residuals = energy.gradient(candidate)
-        norm = _norm(candidate_grad)
-        if not norm <= BACKOFF_GROWTH * norms[-1]:
+        candidate_norm = _norm(candidate_grad)
+        if not candidate_norm <= BACKOFF_GROWTH * norm:
             # ‖∇F‖ grew (or turned NaN): η exceeds 2/λ_max somewhere (a stiff model, e.g. a
             # ViT's small-norm CLS token). Within a stable η, ‖∇F‖ never grows on the
             # quadratic part of F; the 10% slack ignores rounding noise and the CE term's
@@ -196,31 +149,56 @@ def _gradient_descent(energy: NudgedEnergy, steps: int, step_size: float) -> Tra
             eta, backoffs = eta / 2, backoffs + 1
             continue
         x, grad, residuals = candidate, candidate_grad, candidate_residuals
-        norms.append(norm)
-    return x, residuals, norms, eta, backoffs
+        norm = candidate_norm
+    return x, residuals, residual_gradient_norms(energy, residuals), eta, backoffs
 
 
 def _conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float) -> Trajectory:
-    """Per-sample conjugate gradients with secant curvature (module doc).
+    """Per-sample conjugate gradients over the displacements (:func:`_cg_iterations`), then
+    the residuals at the returned state."""
+    x, _, eta, backoffs = _cg_iterations(energy, steps - 1, step_size)
+    _, residuals = energy.gradient(x)
+    return x, residuals, residual_gradient_norms(energy, residuals), eta, backoffs
 
-    ``steps − 1`` iterations, each probing q = ∇F(x + t·p), and a last evaluation at the
-    returned state. Per sample (rows of the flat tensors), with g = ∇F(x): the curvature
-    along p is κ = pᵀ(q − g)/t (exact on the quadratic part of F), the step α = −pᵀg/κ,
-    x ← x + α·p, and the gradient there g ← q + (α − t)·(q − g)/t, extrapolated linearly
-    from the probe; then the Polak–Ribière+ direction p ← −g + max(0, gᵀ(g − g_old)/‖g_old‖²)·p.
-    The probe length t is the sample's previous step α (at least η): probing about as far
-    as the step will go keeps the extrapolation short and the difference q − g well above
-    rounding. Buffers are updated in place (these (B, N) passes cost a tenth of a step).
+
+def _residual_conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float
+                                  ) -> Trajectory:
+    """Per-sample conjugate gradients over the residuals (:class:`ResidualEnergy`), then the
+    states by one forward substitution, which also gives ∇_ρF there."""
+    on_residuals = ResidualEnergy(energy)
+    rho, start, eta, backoffs = _cg_iterations(on_residuals, steps - 1, step_size)
+    final_grad, deltas = on_residuals.gradient(rho)
+    return (flatten(deltas), energy.unflatten(rho), [start, _norm(final_grad)], eta,
+            backoffs)
+
+
+def _cg_iterations(energy: Energy, iterations: int, step_size: float
+                   ) -> tuple[Tensor, float, float, int]:
+    """Per-sample conjugate gradients with secant curvature (module doc): (x, ‖∇F‖ at the
+    start, η, back-offs).
+
+    Each iteration probes q = ∇F(x + t·p). Per sample (rows of the flat tensors), with
+    g = ∇F(x): the curvature along p is κ = pᵀ(q − g)/t (exact on the quadratic part of F),
+    the step α = −pᵀg/κ, x ← x + α·p, and the gradient there g ← q + (α − t)·(q − g)/t,
+    extrapolated linearly from the probe; then the Polak–Ribière+ direction
+    p ← −g + max(0, gᵀ(g − g_old)/‖g_old‖²)·p. The probe length t is the sample's previous
+    step α (at least η): probing about as far as the step will go keeps the extrapolation
+    short and the difference q − g well above rounding. A sample stops once ‖g‖ is down to
+    ``SETTLED``·eps of its start (further probes would measure rounding noise, and a step on a
+    noisy secant throws it off its equilibrium), and the iterations end early once every
+    sample has stopped. Buffers are updated in place (these (B, N) passes cost a tenth of a
+    step).
     """
     x, grad = energy.zeros(), energy.start_gradient()
+    start = _norm(grad)
     direction = -grad
     probe = torch.empty_like(x)
     grad_square = _rowdot(grad, grad)
+    settled_square = (SETTLED * torch.finfo(x.dtype).eps) ** 2 * grad_square
     along = -grad_square  # pᵀg per sample
     eta, backoffs = step_size, 0
     length = torch.full_like(along, eta)
-    norms = [_norm(grad)]
-    for _ in range(steps - 1):
+    for _ in range(iterations):
         probed, _ = energy.gradient(torch.addcmul(x, length, direction, out=probe))
         along_probe = _rowdot(direction, probed)
         curvature = (along_probe - along) / length
@@ -247,21 +225,24 @@ def _conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float) -> 
         ratio = (new_square - overlap) / torch.where(grad_square > 0, grad_square, 1.0)
         ratio = torch.where(restart, 0.0, ratio.clamp_min(0.0))
         direction.mul_(ratio).sub_(new_grad)
+        settled = new_square <= settled_square
+        direction.masked_fill_(settled, 0.0)  # probes of a stopped sample land on x itself
         # a direct dot product: from the ones at hand it would cancel catastrophically near
         # convergence (the old direction is then orthogonal to the new gradient)
         along = _rowdot(direction, new_grad)
         grad, grad_square = new_grad, new_square
         length = alpha.clamp_min(eta)
-    final_grad, residuals = energy.gradient(x)
-    norms.append(_norm(final_grad))
-    return x, residuals, norms, eta, backoffs
+        if bool(settled.all()):
+            break
+    return x, start, eta, backoffs
 
 
 # A solver maps (energy, steps, step size) to (x, residuals at x, ‖∇F‖ at the start and at x,
 # final η, back-offs). Keys are the choices of method.ep_solver (benchmarks/bench_ep.py adds
 # the baselines it measures against).
 SOLVERS: dict[str, Callable[[NudgedEnergy, int, float], Trajectory]] = {
-    "cg": _conjugate_gradients, "gd": _gradient_descent}
+    "residual-cg": _residual_conjugate_gradients, "cg": _conjugate_gradients,
+    "gd": _gradient_descent}
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:

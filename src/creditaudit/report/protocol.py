@@ -191,23 +191,23 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
 
 
 def ep_convergence_lines(metrics: dict[str, Any]) -> list[str]:
-    """EP's relaxation: ‖∇F‖ end/start in the audited epoch and the end-of-run cosine of
+    """EP's relaxation: ‖∇_ρF‖ end/start in the audited epoch and the end-of-run cosine of
     EP's weight update with BP's (overall and per module writing h_0 … h_L)."""
     lines = []
     if "ep_relax_grad_ratio" in metrics:
         ratio = metrics["ep_relax_grad_ratio"]
-        lines.append(f"EP relaxation: ‖∇F‖ end/start {fmt(ratio)} "
-                     "(epoch mean), back-off in "
+        lines.append(f"EP relaxation: ‖∇_ρF‖ end/start {fmt(ratio)} (epoch mean; the "
+                     "credits' relative error to first order), back-off in "
                      f"{fmt(metrics.get('ep_backoff_fraction'), '.0%')} of steps")
         if isinstance(ratio, (int, float)) and ratio > 1.0:
             lines.append("  the nudged phase ended farther from equilibrium than it started: "
-                         "the credits that trained the blocks were not EP's estimate (more "
-                         "method.ep_steps, a smaller method.ep_step_size, or train in a "
-                         "mode without batch-coupled layers)")
+                         "the credits that trained the blocks were not EP's estimate (the "
+                         "default method.ep_solver=residual-cg, more method.ep_steps, or "
+                         "train in a mode without batch-coupled layers)")
     if "ep_update_cos" in metrics:
         layers = ", ".join(fmt(v, ".4f") for v in metrics.get("ep_update_cos_layers") or [])
         lines.append(f"EP weight update vs BP: cos {fmt(metrics['ep_update_cos'], '.4f')} "
-                     f"(embed, blocks: [{layers}]; float64, ‖∇F‖ end/start "
+                     f"(embed, blocks: [{layers}]; float64, ‖∇_ρF‖ end/start "
                      f"{fmt(metrics.get('ep_eval_relax_grad_ratio'))})")
     if "ep_update_error" in metrics:
         lines.append(f"EP weight update vs BP: not measured ({metrics['ep_update_error']})")

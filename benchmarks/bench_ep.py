@@ -7,9 +7,9 @@
    :func:`creditaudit.methods.ep.update_agreement`, the number a run records at its end.
    Models: freshly initialised (seed 42), trained 3 epochs by BP (stiffer blocks), and trained
    3 epochs by EP itself (default settings), each with the project's recipe (AdamW 1e-3,
-   cosine schedule, batch 128). Besides the library's solvers (cg, gd), two measurement-only
-   baselines are registered here: heavy-ball momentum (μ = 0.8) and per-sample Anderson mixing
-   (type II, window 8) of the gradient-descent map.
+   cosine schedule, batch 128). Besides the library's solvers (residual-cg, cg, gd), two
+   measurement-only baselines are registered here: heavy-ball momentum (μ = 0.8) and
+   per-sample Anderson mixing (type II, window 8) of the gradient-descent map.
 2. Cost. ms per ``rule.train_step`` (fused AdamW, batch 128, fp32, 1 torch thread) of EP with
    each solver against BP on the same model shape, for in_dim 784 and 3072 (CIFAR-shaped);
    the rules are timed in blocks whose order rotates every repeat, EP/BP is taken within each
@@ -57,9 +57,11 @@ GRID = [
     ("cg", 10, 0.25, 0.01), ("cg", 15, 0.25, 0.01), ("cg", 20, 0.25, 0.01),
     ("cg", 30, 0.25, 0.01), ("cg", 20, 0.05, 0.01), ("cg", 20, 1.0, 0.01),
     ("cg", 200, 0.25, 0.01),
+    ("residual-cg", 5, 0.25, 0.01), ("residual-cg", 10, 0.25, 0.01),
+    ("residual-cg", 20, 0.25, 0.01), ("residual-cg", 40, 0.25, 0.01),
 ]
-QUICK_GRID = [("gd", 20, 0.25, 0.1), ("cg", 20, 0.25, 0.01)]
-TIMED = [("gd", 20), ("cg", 20), ("cg", 30)]
+QUICK_GRID = [("gd", 20, 0.25, 0.1), ("cg", 20, 0.25, 0.01), ("residual-cg", 20, 0.25, 0.01)]
+TIMED = [("gd", 20), ("cg", 20), ("residual-cg", 20), ("residual-cg", 40)]
 HEAVY_BALL_MOMENTUM = 0.8
 ANDERSON_WINDOW = 8
 

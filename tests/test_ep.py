@@ -18,8 +18,8 @@ from creditaudit.errors import ConfigError
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.ep import update_agreement
-from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
-from creditaudit.methods.ep_relax import SOLVERS
+from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy, flatten
+from creditaudit.methods.ep_relax import SOLVERS, relax
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
 from creditaudit.report import render
@@ -268,6 +268,30 @@ def test_residual_cg_converges_on_stiff_blocks_where_cg_and_gd_do_not():
     assert converged["ep_update_cos"] > 0.9999
     assert agreement("cg", 200)["ep_update_cos"] < 0.95
     assert agreement("gd", 200)["ep_update_cos"] < 0.6
+
+
+@pytest.mark.parametrize(("w2_std", "beta", "seed"), [(1.0, 0.1, 0), (3.0, 1.0, 2)])
+def test_residual_cg_never_returns_a_sample_above_its_free_energy(monkeypatch, w2_std, beta,
+                                                                   seed):
+    """F ≥ ½‖ρ‖² and F(0) = β·CE(free): no equilibrium lies above F(0). On these strongly
+    nudged stiff nets the plain secant iteration ends some samples above it; the bound sends
+    them back to their best point."""
+    model = mlp(seed=seed, w2_std=w2_std, d=16, n_blocks=4)
+    x, y = batch(n=32, seed=seed + 1)
+    states = [h.detach() for h in model.forward_states(x)[0]]
+    on_residuals = ResidualEnergy(NudgedEnergy(model, states, y, beta))
+    _, bound = on_residuals.start()
+
+    def values_above_bound() -> int:
+        relaxation = relax(model, states, y, beta=beta, steps=20, step_size=0.25,
+                           solver="residual-cg")
+        _, _, values = on_residuals.evaluate(flatten(relaxation.residuals))
+        return int((values > bound * (1 + 1e-12)).sum())
+
+    assert values_above_bound() == 0
+    unbounded = ResidualEnergy.start
+    monkeypatch.setattr(ResidualEnergy, "start", lambda self: (unbounded(self)[0], None))
+    assert values_above_bound() > 0  # without the bound: the test tells the two apart
 
 
 @pytest.mark.parametrize("solver", ["residual-cg", "cg"])

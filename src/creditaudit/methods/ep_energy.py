@@ -51,6 +51,14 @@ class NudgedEnergy:
         grad[:, -self.sizes[-1]:] = last.flatten(1)
         return grad
 
+    def start(self) -> tuple[Tensor, None]:
+        return self.start_gradient(), None
+
+    def probe(self, x: Tensor) -> tuple[Tensor, None]:
+        """∇F at ``x``; no values: F(δ) − F(0) is a difference of cross-entropies that fp32
+        cannot resolve for confident samples."""
+        return self.gradient(x)[0], None
+
     def gradient(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """(∇F at x, flat like x; the residuals [r_{−1}, …, r_{L−1}] there, detached).
 
@@ -97,10 +105,13 @@ class Energy(Protocol):
 
     def zeros(self) -> Tensor: ...
 
-    def start_gradient(self) -> Tensor: ...
+    def start(self) -> tuple[Tensor, Tensor | None]:
+        """:meth:`probe` at the free states."""
+        ...
 
-    def gradient(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """(∇F at ``x``, flat like it; the other coordinates of the same states)."""
+    def probe(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(∇F at ``x``, flat like it; the per-sample values F_i ``(B, 1)`` there, or None
+        where the energy cannot resolve them)."""
         ...
 
 
@@ -126,15 +137,37 @@ class ResidualEnergy:
 
     def start_gradient(self) -> Tensor:
         """∇_ρF at ρ = 0: β·(∂δ_L/∂ρ)ᵀ ∂CE/∂h_L, backprop's gradients of the nudge."""
-        return self.gradient(self.zeros())[0]
+        return self.start()[0]
+
+    def start(self) -> tuple[Tensor, Tensor]:
+        return self.probe(self.zeros())
+
+    def probe(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        grad, _, values = self.evaluate(x)
+        return grad, values
 
     def gradient(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """(∇_ρF at ``x``, flat like it; the displacements δ_0 … δ_L there, detached)."""
+        grad, deltas, _ = self.evaluate(x)
+        return grad, deltas
+
+    def evaluate(self, x: Tensor) -> tuple[Tensor, list[Tensor], Tensor]:
+        """(∇_ρF at ``x``; the displacements there; F_i = ½‖ρ_i‖² + β·CE_i, ``(B, 1)``).
+
+        At ρ = 0, F_i = β·CE_i of the free states, and F_i ≥ ½‖ρ_i‖² everywhere: no point
+        with F_i above its free value can be the sample's equilibrium.
+        """
+        energy = self.energy
         with torch.enable_grad():
             rho = x.detach().clone().requires_grad_(True)
-            deltas = self._forward(self.energy.unflatten(rho))
-            (grad,) = torch.autograd.grad(self.energy._nudge(deltas[-1]), [rho])
-        return grad.add_(x), [d.detach() for d in deltas]
+            deltas = self._forward(energy.unflatten(rho))
+            logits = energy.model.readout(energy.free[-1] + deltas[-1])
+            losses = F.cross_entropy(logits, energy.y, reduction="none")
+            (grad,) = torch.autograd.grad(energy.beta * losses.sum(), [rho])
+        with torch.no_grad():
+            values = torch.linalg.vector_norm(x, dim=1).square().mul_(0.5)
+            values.add_(losses.detach(), alpha=energy.beta)
+        return grad.add_(x), [d.detach() for d in deltas], values.unsqueeze(1)
 
     def _forward(self, rho: list[Tensor]) -> list[Tensor]:
         """δ_0 … δ_L from the residuals by forward substitution."""

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -70,6 +71,8 @@ from creditaudit.models.contract import ResidualNet
 
 BACKOFF_GROWTH = 1.1  # ‖∇F‖ may grow by 10% in one step before η is halved
 SETTLED = 1000.0  # CG stops a sample at ‖∇F‖ ≤ SETTLED·eps·‖∇F at the start‖
+BOUND_SLACK = 64.0  # a value counts as above F(free) beyond its rounding, 64·eps·F(free)
+BOUND_SHRINK = 0.25  # the probe of a sample sent back to its best point
 
 
 @dataclass
@@ -156,26 +159,64 @@ def _gradient_descent(energy: NudgedEnergy, steps: int, step_size: float) -> Tra
 def _conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float) -> Trajectory:
     """Per-sample conjugate gradients over the displacements (:func:`_cg_iterations`), then
     the residuals at the returned state."""
-    x, _, eta, backoffs = _cg_iterations(energy, steps - 1, step_size)
-    _, residuals = energy.gradient(x)
-    return x, residuals, residual_gradient_norms(energy, residuals), eta, backoffs
+    run = _cg_iterations(energy, steps - 1, step_size)
+    _, residuals = energy.gradient(run.x)
+    return run.x, residuals, residual_gradient_norms(energy, residuals), run.eta, run.backoffs
 
 
 def _residual_conjugate_gradients(energy: NudgedEnergy, steps: int, step_size: float
                                   ) -> Trajectory:
     """Per-sample conjugate gradients over the residuals (:class:`ResidualEnergy`), then the
-    states by one forward substitution, which also gives ∇_ρF there."""
+    states by one forward substitution, which also gives ∇_ρF there. A sample whose last
+    iterate lies above its bound returns its best evaluated point instead (one more
+    evaluation, only then)."""
     on_residuals = ResidualEnergy(energy)
-    rho, start, eta, backoffs = _cg_iterations(on_residuals, steps - 1, step_size)
-    final_grad, deltas = on_residuals.gradient(rho)
-    return (flatten(deltas), energy.unflatten(rho), [start, _norm(final_grad)], eta,
-            backoffs)
+    run = _cg_iterations(on_residuals, steps - 1, step_size)
+    rho = run.x
+    final_grad, deltas, values = on_residuals.evaluate(rho)
+    if run.best is not None:
+        above = run.best.above(values)
+        if bool(above.any()):
+            rho = torch.where(above, run.best.x, rho)
+            final_grad, deltas, _ = on_residuals.evaluate(rho)
+    return (flatten(deltas), energy.unflatten(rho), [run.start, _norm(final_grad)], run.eta,
+            run.backoffs)
 
 
-def _cg_iterations(energy: Energy, iterations: int, step_size: float
-                   ) -> tuple[Tensor, float, float, int]:
-    """Per-sample conjugate gradients with secant curvature (module doc): (x, ‖∇F‖ at the
-    start, η, back-offs).
+class BestPoints:
+    """Per sample, the point of lowest F evaluated exactly so far, and the bound F(free).
+
+    No equilibrium lies above the bound: F ≥ ½‖ρ‖² and F(0) is the free states' β·CE. A
+    probe above it has left the region the relaxation must stay in, so the CG iterations
+    send that sample back to its best point (:func:`_cg_iterations`).
+    """
+
+    def __init__(self, x: Tensor, grad: Tensor, value: Tensor) -> None:
+        self.x, self.grad, self.value = x.clone(), grad.clone(), value.clone()
+        self.bound = value + BOUND_SLACK * torch.finfo(value.dtype).eps * value.abs()
+
+    def above(self, value: Tensor) -> Tensor:
+        """``(B, 1)`` True where ``value`` exceeds the bound or is not finite."""
+        return ~(value <= self.bound)
+
+    def offer(self, x: Tensor, grad: Tensor, value: Tensor) -> None:
+        """Keep (x, ∇F there, F there) for the samples it improves."""
+        better = value < self.value
+        self.x = torch.where(better, x, self.x)
+        self.grad = torch.where(better, grad, self.grad)
+        self.value = torch.where(better, value, self.value)
+
+
+class CGRun(NamedTuple):
+    x: Tensor
+    start: float  # ‖∇F‖ at the start
+    eta: float
+    backoffs: int
+    best: BestPoints | None  # when the energy gives per-sample values
+
+
+def _cg_iterations(energy: Energy, iterations: int, step_size: float) -> CGRun:
+    """Per-sample conjugate gradients with secant curvature (module doc).
 
     Each iteration probes q = ∇F(x + t·p). Per sample (rows of the flat tensors), with
     g = ∇F(x): the curvature along p is κ = pᵀ(q − g)/t (exact on the quadratic part of F),
@@ -186,10 +227,14 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float
     short and the difference q − g well above rounding. A sample stops once ‖g‖ is down to
     ``SETTLED``·eps of its start (further probes would measure rounding noise, and a step on a
     noisy secant throws it off its equilibrium), and the iterations end early once every
-    sample has stopped. Buffers are updated in place (these (B, N) passes cost a tenth of a
-    step).
+    sample has stopped. Where the energy gives per-sample values (over the residuals), a
+    sample whose probe lands above F(free) — which no equilibrium can — goes back to its best
+    evaluated point and steepest descent, its probe ¼ as long (:class:`BestPoints`). Buffers
+    are updated in place (these (B, N) passes cost a tenth of a step).
     """
-    x, grad = energy.zeros(), energy.start_gradient()
+    x = energy.zeros()
+    grad, value = energy.start()
+    best = None if value is None else BestPoints(x, grad, value)
     start = _norm(grad)
     direction = -grad
     probe = torch.empty_like(x)
@@ -199,9 +244,14 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float
     eta, backoffs = step_size, 0
     length = torch.full_like(along, eta)
     for _ in range(iterations):
-        probed, _ = energy.gradient(torch.addcmul(x, length, direction, out=probe))
+        probed, value = energy.probe(torch.addcmul(x, length, direction, out=probe))
         along_probe = _rowdot(direction, probed)
         curvature = (along_probe - along) / length
+        above = None
+        if best is not None and value is not None:
+            best.offer(probe, probed, value)
+            above = best.above(value)
+            curvature.masked_fill_(above, 1.0)  # these samples restart below, not all
         if not bool(torch.isfinite(curvature).all()):
             # The probe left the region where F is finite (a stiff model): shorten it and
             # restart every direction from steepest descent.
@@ -217,11 +267,16 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float
         # g_new = w·q + (1 − w)·g, w = α/t: linear extrapolation from the probe (exact at w = 1)
         weight = alpha / length
         new_grad = probed.mul_(weight).addcmul_(grad, 1.0 - weight)
+        if above is not None and best is not None:
+            x = torch.where(above, best.x, x)
+            new_grad = torch.where(above, best.grad, new_grad)
         new_square = torch.linalg.vector_norm(new_grad, dim=1, keepdim=True).square()
         overlap = _rowdot(new_grad, grad)
         # Polak–Ribière+, restarted where the curvature was not positive or where successive
         # gradients are far from orthogonal (Powell's test: conjugacy is lost)
         restart = ~convex | (grad_square <= 0) | (overlap.abs() >= 0.2 * new_square)
+        if above is not None:
+            restart |= above
         ratio = (new_square - overlap) / torch.where(grad_square > 0, grad_square, 1.0)
         ratio = torch.where(restart, 0.0, ratio.clamp_min(0.0))
         direction.mul_(ratio).sub_(new_grad)
@@ -231,10 +286,13 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float
         # convergence (the old direction is then orthogonal to the new gradient)
         along = _rowdot(direction, new_grad)
         grad, grad_square = new_grad, new_square
-        length = alpha.clamp_min(eta)
+        if above is None:
+            length = alpha.clamp_min(eta)
+        else:
+            length = torch.where(above, length * BOUND_SHRINK, alpha.clamp_min(eta))
         if bool(settled.all()):
             break
-    return x, start, eta, backoffs
+    return CGRun(x, start, eta, backoffs, best)
 
 
 # A solver maps (energy, steps, step size) to (x, residuals at x, ‖∇F‖ at the start and at x,

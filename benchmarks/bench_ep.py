@@ -45,6 +45,7 @@ from creditaudit.methods.ep_relax import SOLVERS, Trajectory, residual_gradient_
 from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
 from creditaudit.records import CHECKPOINT_FILE
+from creditaudit.records.checkpoint import load_checkpoint
 from creditaudit.training import train
 
 D, BLOCKS, N_CLASSES, BATCH = 256, 4, 10, 128
@@ -117,18 +118,19 @@ def fashion_config(data_dir: str, out: str, method: str, epochs: int) -> RunConf
 
 def trained_model(data_dir: str, method: str, epochs: int) -> tuple[ResidualMLP, str]:
     """A d=256 L=4 ResidualMLP trained ``epochs`` by ``method`` with default settings, and a
-    line on its run (test accuracy; for EP the per-epoch ‖∇F‖ end/start of the relaxation)."""
+    line on its run (test accuracy; for EP the per-epoch ‖∇_ρF‖ end/start of the relaxation)."""
     with tempfile.TemporaryDirectory() as out:
         config = fashion_config(data_dir, out, method, epochs)
         result = train(config)
-        state = torch.load(result.run_dir / CHECKPOINT_FILE, weights_only=False)["model"]
+        state = load_checkpoint(result.run_dir / CHECKPOINT_FILE)["model"]
     model = ResidualMLP(784, D, N_CLASSES, BLOCKS)
     model.load_state_dict(state)
-    line = f"{method} test acc {result.record['final']['test_acc']:.3f}"
-    ratios = [e["ep_relax_grad_ratio"] for e in result.record["log"] if "ep_relax_grad_ratio" in e]
+    record = result.record.to_dict()
+    line = f"{method} test acc {record['final']['test_acc']:.3f}"
+    ratios = [e["ep_relax_grad_ratio"] for e in record["log"] if "ep_relax_grad_ratio" in e]
     if ratios:
         line += (f" (training relaxations with solver {config.method.ep_solver}, β "
-                 f"{config.method.ep_beta:g}: ‖∇F‖ end/start by epoch " +
+                 f"{config.method.ep_beta:g}: ‖∇_ρF‖ end/start by epoch " +
                  ", ".join(f"{r:.3g}" for r in ratios) + ")")
     return model, line
 
@@ -144,7 +146,7 @@ def agreement_rows(models: dict[str, ResidualMLP], x: Tensor, y: Tensor,
     names = list(models)
     rows = ["| solver | steps | η | β | " + " | ".join(
         f"cos {n} (per module)" for n in names) + " | " + " | ".join(
-        f"‖∇F‖ end/start {n}" for n in names) + " |",
+        f"‖∇_ρF‖ end/start {n}" for n in names) + " |",
         "|---|---|---|---|" + "---|" * (2 * len(names))]
     for solver, steps, eta, beta in grid:
         cells, ratios = [], []

@@ -62,7 +62,6 @@ SKIP = [
      "private one)"),
     (r"benchmarks/", "a benchmark: it measures speed for minutes (or on a GPU) and asserts "
      "nothing"),
-    (r"^git show ", "reads an old revision for a benchmark's baseline (a clone may be shallow)"),
     (r"^wandb ", "needs a Weights & Biases account"),
     (r"^creditaudit train .*--wandb", "needs a Weights & Biases login; docs/logging.md's "
      "WANDB_MODE=offline command runs instead"),

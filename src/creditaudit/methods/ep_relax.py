@@ -26,7 +26,10 @@ Solvers (``method.ep_solver``):
 - ``"residual-cg"`` (default): the conjugate gradients below over ρ. One evaluation of
   ∇_ρF = ρ + β·Φᵀ∂CE/∂h_L is one forward and one backward pass through the blocks, what an
   evaluation of ∇F over δ costs. The first step lands on backprop's credits of the free
-  states (ρ = −β·g); the next ones add the nudge's finite-β effect.
+  states (ρ = −β·g); the next ones add the nudge's finite-β effect. Over ρ each sample's
+  value F_i = ½‖ρ_i‖² + β·CE_i comes with its gradient, and F_i(0) = β·CE_i(free) bounds
+  the equilibrium (F_i ≥ ½‖ρ_i‖²): a sample whose probe lands above it returns to its
+  best evaluated point (:class:`BestPoints`).
 - ``"cg"``: the same conjugate gradients over δ. Where JᵀJ is ill-conditioned its secant
   steps stall, and in training they can run away: once EP's own updates make the blocks
   stiff, its credit loses all alignment with BP's, and the blocks grow stiffer.
@@ -267,7 +270,7 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float) -> CGRun:
         # g_new = w·q + (1 − w)·g, w = α/t: linear extrapolation from the probe (exact at w = 1)
         weight = alpha / length
         new_grad = probed.mul_(weight).addcmul_(grad, 1.0 - weight)
-        if above is not None and best is not None:
+        if above is not None and best is not None:  # (best is set whenever above is)
             x = torch.where(above, best.x, x)
             new_grad = torch.where(above, best.grad, new_grad)
         new_square = torch.linalg.vector_norm(new_grad, dim=1, keepdim=True).square()
@@ -295,9 +298,8 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float) -> CGRun:
     return CGRun(x, start, eta, backoffs, best)
 
 
-# A solver maps (energy, steps, step size) to (x, residuals at x, ‖∇F‖ at the start and at x,
-# final η, back-offs). Keys are the choices of method.ep_solver (benchmarks/bench_ep.py adds
-# the baselines it measures against).
+# A solver maps (energy, steps, step size) to a Trajectory (above). Keys are the choices of
+# method.ep_solver (benchmarks/bench_ep.py adds the baselines it measures against).
 SOLVERS: dict[str, Callable[[NudgedEnergy, int, float], Trajectory]] = {
     "residual-cg": _residual_conjugate_gradients, "cg": _conjugate_gradients,
     "gd": _gradient_descent}

@@ -55,8 +55,8 @@ class NudgedEnergy:
         return self.start_gradient(), None
 
     def probe(self, x: Tensor) -> tuple[Tensor, None]:
-        """∇F at ``x``; no values: F(δ) − F(0) is a difference of cross-entropies that fp32
-        cannot resolve for confident samples."""
+        """∇F at ``x``, without values: the bound on F is residual-cg's, and `cg` keeps the
+        iteration it was measured with (docs/methods.md, EP)."""
         return self.gradient(x)[0], None
 
     def gradient(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:

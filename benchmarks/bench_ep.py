@@ -276,12 +276,18 @@ def main() -> None:
     baseline = baseline_rule_class(args.baseline_ep)
     lines += ["", *cost_rows([784] if args.quick else [784, 3072],
                              2 if args.quick else args.repeats, baseline)]
-    lines += ["", f"load average {load_average()} at the end; "
-              f"{(time.perf_counter() - started) / 60:.1f} min"]
+    write_report(lines, started, args.out)
+
+
+def write_report(lines: list[str], started: float, out: str | None) -> None:
+    """Print ``lines`` with the load average and minutes since ``started`` (perf_counter)
+    appended, and write them to ``out`` when given."""
+    lines = [*lines, "", f"load average {load_average()} at the end; "
+             f"{(time.perf_counter() - started) / 60:.1f} min"]
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ Usage: python benchmarks/bench_ep_trained.py RUN_DIR [RUN_DIR …] [--eval-sampl
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from creditaudit.config import load_config
+from bench_ep import load_average, write_report
+from creditaudit.config import RunConfig, load_config
 from creditaudit.data import load_dataset
 from creditaudit.methods.ep import update_agreement
 from creditaudit.models import build_model
@@ -31,8 +31,10 @@ from creditaudit.run_setup import flatten_inputs
 DEFAULT_GRID = "residual-cg:10,residual-cg:20,residual-cg:40,cg:20,cg:200,gd:20"
 
 
-def run_model(run_dir: Path, n: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, str]:
-    """(model at the last checkpoint, its first ``n`` evaluation samples, labels, a label)."""
+def run_model(run_dir: Path, n: int
+              ) -> tuple[RunConfig, torch.nn.Module, torch.Tensor, torch.Tensor, str]:
+    """(the run's config, its model at the last checkpoint, the first ``n`` samples of its
+    evaluation set, their labels, a label for the table)."""
     config = load_config(run_dir / "config.toml")
     dataset = load_dataset(config.data, seed=config.run.seed)
     x, y = dataset.eval_subset(n, flatten=flatten_inputs(config))
@@ -43,7 +45,7 @@ def run_model(run_dir: Path, n: int) -> tuple[torch.nn.Module, torch.Tensor, tor
     solver = config.method.ep_solver if config.method.name == "ep" else "-"
     label = (f"{run_dir.name} ({config.method.name}, trained with solver {solver}, "
              f"epoch {state['epoch']})")
-    return model, x, y, label
+    return config, model, x, y, label
 
 
 def main() -> None:
@@ -56,14 +58,12 @@ def main() -> None:
     torch.set_num_threads(1)
     grid = [(s, int(n)) for s, n in (item.split(":") for item in args.grid.split(","))]
     started = time.perf_counter()
-    lines = [f"torch {torch.__version__}, 1 thread, load average "
-             f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}; float64, "
+    lines = [f"torch {torch.__version__}, 1 thread, load average {load_average()}; float64, "
              f"{args.eval_samples} evaluation samples per run", "",
              "| run | " + " | ".join(f"{s} {n}" for s, n in grid) + " |",
              "|---|" + "---|" * len(grid)]
     for run_dir in args.runs:
-        model, x, y, label = run_model(run_dir, args.eval_samples)
-        config = load_config(run_dir / "config.toml")
+        config, model, x, y, label = run_model(run_dir, args.eval_samples)
         cells = []
         for solver, steps in grid:
             out = update_agreement(model, x, y, beta=config.method.ep_beta, steps=steps,
@@ -72,11 +72,7 @@ def main() -> None:
                          if "ep_update_cos" in out else out.get("ep_update_error", "-"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
-    lines += ["", f"{(time.perf_counter() - started) / 60:.1f} min"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    write_report(lines, started, args.out)
 
 
 if __name__ == "__main__":

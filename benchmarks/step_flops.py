@@ -10,12 +10,17 @@ Per step, batch B, input width n (3072), state width d, L blocks, C classes:
 
 - BP: forward n·d + 2Ld² + dC; backward ∂W of the embedding (the input needs no gradient),
   ∂W and ∂input of both Linears of every block, ∂W and ∂input of the head.
-- DFA: BP's forward and readout; per block ∂W2, ∂input of w2, and the single product
-  M = Gᵀn̂ for w1 and the LayerNorm (before: ∂W1 and the input-gradient product G·W1 that
-  only the LayerNorm's γ, β needed); the embedding's ∂W; credits e·[B_0 … B_L] (C → (L+1)d).
-- FA: DFA's model products; credits a_l = a_{l+1}·B_lᵀ (L products B×d×d); the head's
-  input gradient is taken twice (once for a_L, once for the terminal LN's parameters).
-- State Bridge: DFA's model products without the credit matmul; the predictor
+- DFA: BP's forward and readout. Its credit e·B_l has rank C, so the embedding and every
+  block's w2 train through their projected outputs p = F.linear(u, B·W, B·b)
+  (methods/projected.py): forward B·W, B·b and p, backward Uᵀu, Bᵀ(Uᵀu) and U·(B·W) —
+  products of width C where the dense route had ∂W (B×in×out) and ∂input (B×out×in). Per
+  block the single product M = Gᵀn̂ for w1 and the LayerNorm stays (the dense route before
+  the fused LayerNorm also had ∂W1 and G·W1); the normalisation comes from the C×C Gram
+  matrices B_l B_lᵀ (before: credits e·[B_0 … B_L], C → (L+1)d).
+- FA: the dense local route (the fused LayerNorm's model products); credits
+  a_l = a_{l+1}·B_lᵀ (L products B×d×d); the head's input gradient is taken twice (once
+  for a_L, once for the terminal LN's parameters).
+- State Bridge: FA's model products without its credit products; the predictor
   (p = d + 32 + C → H → H → d, H = 256) on the L·B rows of states 0 … L−1: one forward, the
   credit's backward to the inputs through the readout and the predictor, the fit's
   backward to the predictor's weights and its learned layer embedding (before: a second
@@ -64,6 +69,29 @@ def model_flops(d: int, n_blocks: int, *, local: bool, fused: bool = True) -> in
     return forward + embed_backward + n_blocks * block_backward + head_backward
 
 
+def projected_linear_flops(rows: int, fan_in: int, fan_out: int, *, input_grad: bool
+                           ) -> int:
+    """A Linear trained through p = F.linear(u, B·W, B·b), B of shape (C, fan_out): forward
+    B·W, B·b and p; backward Uᵀu, Bᵀ(Uᵀu), Bᵀ(Uᵀ1) and, when u needs it, U·(B·W)."""
+    c = N_CLASSES
+    weight, bias = linear(c, fan_out, fan_in), linear(1, fan_out, c)
+    forward = weight + bias + linear(rows, fan_in, c)
+    backward = (linear(fan_in, rows, c) + weight + bias
+                + (linear(rows, c, fan_in) if input_grad else 0))
+    return forward + backward
+
+
+def dfa_flops(d: int, n_blocks: int) -> int:
+    """DFA's step: dense forward values, projected embedding and w2, M and ∂β per block."""
+    b, c = BATCH, N_CLASSES
+    forward = linear(b, IN_DIM, d) + 2 * n_blocks * linear(b, d, d) + linear(b, d, c)
+    embed = projected_linear_flops(b, IN_DIM, d, input_grad=False)
+    block = projected_linear_flops(b, d, d, input_grad=True) + linear(b, d, d) + linear(1, d, d)
+    head_backward = 2 * linear(b, d, c)
+    scales = (n_blocks + 1) * (linear(c, d, c) + linear(b, c, c))  # Gram, then s·G
+    return forward + embed + n_blocks * block + head_backward + scales
+
+
 def predictor_flops(d: int, n_blocks: int, *, shared_forward: bool = True) -> int:
     """The State Bridge predictor and the readout on its L·B predicted rows."""
     rows, h = n_blocks * BATCH, PREDICTOR_HIDDEN
@@ -87,7 +115,7 @@ def step_flops(method: str, d: int, n_blocks: int, *, before: bool = False,
         return model_flops(d, n_blocks, local=False)
     model = model_flops(d, n_blocks, local=True, fused=not before if fused is None else fused)
     if method == "dfa":
-        return model + linear(b, c, (n_blocks + 1) * d)
+        return model + linear(b, c, (n_blocks + 1) * d) if before else dfa_flops(d, n_blocks)
     if method == "fa":
         return model + n_blocks * linear(b, d, d) + linear(b, d, c)
     if method == "state-bridge":

@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -340,6 +341,19 @@ def test_every_command_parses(block, workdirs, noisy_bp_plugin):
                 assert f'"{flag}"' in source, f"{command.raw}: {script} has no {flag}"
 
 
+def data_dirs(argv: list[str], folder: Path) -> list[str]:
+    """The data folders a command reads: ``--data-dir`` and ``data_dir`` of a TOML
+    ``--config`` in ``folder``."""
+    pairs = list(zip(argv, argv[1:]))
+    found = [w for flag, w in pairs if flag == "--data-dir"]
+    for flag, name in pairs:
+        path = folder / name
+        if flag == "--config" and path.suffix == ".toml" and path.is_file():
+            data_dir = tomllib.loads(path.read_text()).get("data", {}).get("data_dir")
+            found += [data_dir] if data_dir else []
+    return found
+
+
 def run_bash_block(block: Block, folder: Path, slow: bool) -> None:
     for step in setup_for(block):
         run_setup(step, folder)
@@ -350,9 +364,9 @@ def run_bash_block(block: Block, folder: Path, slow: bool) -> None:
             pytest.fail(f"{command.raw}: neither run nor in SKIP; add it to one of them")
         argv = resolve(command.argv, folder, block)
         parse(argv)
-        data = [w for flag, w in zip(argv, argv[1:]) if flag == "--data-dir"]
-        if data and not Path(data[0]).is_dir():  # e.g. no Fashion-MNIST on this machine
-            continue  # (apt-get install dataset-fashion-mnist puts it where the docs say)
+        if any(not Path(d).is_dir() for d in data_dirs(argv, folder)):
+            continue  # e.g. no Fashion-MNIST on this machine (apt-get install
+            # dataset-fashion-mnist puts it where the docs say)
         run_cli(command, argv, folder)
 
 

@@ -8,15 +8,9 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.methods.base import (
-    StepResult,
-    local_backward,
-    local_forward,
-    output_error,
-    state_credit_shape,
-    step_result,
-)
+from creditaudit.methods.base import StepResult, output_error, state_credit_shape, step_result
 from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.projected import credit_scales, projected_backward, projected_forward
 from creditaudit.methods.registry import register
 
 
@@ -26,7 +20,8 @@ class DFA(FixedFeedbackRule):
 
     ``feedback[l]`` has shape (C, d); a_l = e @ feedback[l] per sample (row form of B_lᵀ e),
     broadcast over the tokens of token states. The error e is detached, so nothing flows
-    backwards through the network: one backward call trains every module locally.
+    backwards through the network: one backward call trains every module locally, through
+    the projected outputs where a module ends in a Linear (:mod:`.projected`).
     """
 
     name = "dfa"
@@ -70,17 +65,18 @@ class DFA(FixedFeedbackRule):
                 yield self.credits_from_error(signal, states)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        # The credits have rank C, so modules whose output is a Linear's take their update
+        # from the projected output (methods/projected.py): no d-wide weight product.
         optimizer.zero_grad(set_to_none=True)
+        penalty = self.config.penalty
         with self.autocast():
-            local = local_forward(self.model, x)
+            local = projected_forward(self.model, x, self.feedback, keep_branches=penalty > 0)
             ce = F.cross_entropy(local.logits, y)
-            # (B, d) per state; a token state's credit is the same for every token, so its
-            # RMS over (T, d) is its RMS over d and the rows can be normalised all at once.
-            credits = self.stacked_credits(self.projected_signal(local.logits, y))
-            credit_grads = self.credit_gradient(credits.flatten(0, 1), y.shape[0])
+            signal = self.projected_signal(local.logits, y)
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
-            local_backward(local, ce, credit_grads.view_as(credits).unbind(1),
-                           self.config.penalty)
+            scales = credit_scales(signal, self.feedback, y.shape[0],
+                                   normalise=self.config.normalise_credit)
+            projected_backward(local, ce, signal, scales, self.feedback, penalty)
             optimizer.step()
         return result

@@ -225,6 +225,20 @@ def readout_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in inner]
 
 
+def output_linear(block: nn.Module) -> nn.Linear | None:
+    """The last layer of a block whose branch ends in one ``nn.Linear``, else None.
+
+    Optional part of the contract: a block with a method ``hidden(h)`` and an attribute
+    ``output_layer`` (an ``nn.Linear``) such that ``block(h) == output_layer(hidden(h))``
+    lets rules whose credits have rank C (DFA, DRTP) train its last layer without d-wide
+    products (:mod:`creditaudit.methods.projected`). Blocks without it train as before.
+    """
+    layer = getattr(block, "output_layer", None)
+    if isinstance(layer, nn.Linear) and callable(getattr(block, "hidden", None)):
+        return layer
+    return None
+
+
 def block_is_trainable(block: nn.Module) -> bool:
     return any(p.requires_grad for p in block.parameters())
 

@@ -22,9 +22,19 @@ class MLPBlock(nn.Module):
         nn.init.normal_(self.w2.weight, std=w2_std)
         nn.init.zeros_(self.w2.bias)
 
-    def forward(self, h: Tensor) -> Tensor:
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The branch's last layer: f(h) = output_layer(hidden(h)) (the contract's optional
+        split, :func:`~creditaudit.models.contract.output_linear`)."""
+        return self.w2
+
+    def hidden(self, h: Tensor) -> Tensor:
+        """GELU(w1(LN(h))): (…, d) → (…, d), what ``w2`` reads."""
         # LN and w1 fused: with a detached h (local rules) their backward skips ∂h entirely.
-        return self.w2(F.gelu(layer_norm_linear(h, self.ln, self.w1)))
+        return F.gelu(layer_norm_linear(h, self.ln, self.w1))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.w2(self.hidden(h))
 
 
 class ResidualMLP(ResidualNet):

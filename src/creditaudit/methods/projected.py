@@ -1,0 +1,167 @@
+"""Local steps for credits of rank C: a_l = s·B_l for a per-sample C-vector s (DFA, DRTP).
+
+DFA's credit for state l is a_l = e·B_l (e the (B, C) output error, B_l a fixed (C, d)
+matrix), and the local surrogate sends â_l/B = diag(c_l)·e·B_l into the module that writes
+state l, c_l the per-sample normalisation 1/((RMS(a_l) + 1e-6)·B). Every row of that
+gradient lies in the C-dimensional row space of B_l, so for a module whose output is a
+Linear's, y = u·Wᵀ + b with U_l = diag(c_l)·e (B × C):
+
+    ∂W = (U_l B_l)ᵀ u = B_lᵀ (U_lᵀ u)      ∂b = B_lᵀ (U_lᵀ 1)      ∂u = U_l (B_l W)
+
+— products of width C instead of d. Autograd computes exactly these when it backpropagates
+U_l from the *projected* output p_l = y·B_lᵀ = F.linear(u, B_l·W, B_l·b) (B × C), so the
+step builds p_l with a graph and computes y's value without one. ⟨y, U_l B_l⟩ = ⟨p_l, U_l⟩,
+so the surrogate and every parameter update are those of :func:`~.base.local_backward`, to
+rounding. On the ResidualMLP this skips the embedding's B×n×d weight product and two of
+each block's three remaining d-wide backward products (benchmarks/step_flops.py).
+
+Which modules take this route: the embedding when it is one ``nn.Linear``, and every block
+that splits its branch as ``output_layer(hidden(h))`` (:func:`output_linear`). Any other
+trainable module gets the dense credit as before; frozen ones get nothing. The per-sample
+normalisation needs ‖a_l‖ only, which the C×C Gram matrix B_l B_lᵀ gives without forming
+a_l: ‖s B_l‖² = s (B_l B_lᵀ) sᵀ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit.methods.base import RMS_EPS, state_credit_shape
+from creditaudit.models.contract import ResidualNet, block_is_trainable, output_linear
+
+
+@dataclass
+class ProjectedPass:
+    """One forward pass of a local step whose credits are C-vectors times fixed matrices.
+
+    ``outputs[l]`` is what the credit of state l enters (None when that module is frozen):
+    the projected output p_l = y_l·B_lᵀ (B, [T,] C) where ``projected[l]``, else the module
+    output y_l itself (shape of h_l); each has a graph to its module's parameters only.
+    ``branches`` are the blocks' f_l(h_l) with a graph, kept only when a penalty needs
+    them (else empty); ``states`` the detached h_0 … h_L; ``logits`` the readout on the
+    detached h_L (graph to the readout's parameters only).
+    """
+
+    outputs: list[Tensor | None]
+    projected: list[bool]
+    branches: list[Tensor | None]
+    states: list[Tensor]
+    logits: Tensor
+
+
+def projected_linear(u: Tensor, layer: nn.Linear, feedback: Tensor) -> Tensor:
+    """p = layer(u)·Bᵀ as F.linear(u, B·W, B·b): (…, in) → (…, C), graph to W and b.
+
+    ``feedback`` B is (C, out); it is cast to the layer's dtype and never trained.
+    """
+    b = feedback.to(device=layer.weight.device, dtype=layer.weight.dtype)
+    bias = None if layer.bias is None else b @ layer.bias
+    return F.linear(u, b @ layer.weight, bias)
+
+
+def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor], *,
+                      keep_branches: bool) -> ProjectedPass:
+    """The forward pass of :class:`ProjectedPass`; ``feedback[l]`` is B_l, (C, d).
+
+    Values are those of :func:`~creditaudit.methods.base.local_forward`: every block input
+    detached, the next state from the detached branch output.
+    """
+    outputs: list[Tensor | None] = []
+    projected: list[bool] = []
+    embed = model.embed
+    if not block_is_trainable(embed):
+        with torch.no_grad():
+            h = embed(x)
+        outputs.append(None)
+        projected.append(False)
+    elif isinstance(embed, nn.Linear):
+        with torch.no_grad():
+            h = embed(x)
+        outputs.append(projected_linear(x, embed, feedback[0]))
+        projected.append(True)
+    else:
+        h0 = embed(x)
+        outputs.append(h0)
+        projected.append(False)
+        h = h0.detach()
+    states, branches = [h], []
+    for index, block in enumerate(model.blocks):
+        last = output_linear(block)
+        if not block_is_trainable(block):
+            with torch.no_grad():
+                f = block(h)
+            outputs.append(None)
+            projected.append(False)
+            branches.append(None)
+        elif last is None:
+            f = block(h)
+            outputs.append(f)
+            projected.append(False)
+            branches.append(f if keep_branches else None)
+        else:
+            u = block.hidden(h)
+            if keep_branches:
+                f = last(u)
+                branches.append(f)
+            else:
+                with torch.no_grad():
+                    f = last(u)
+                branches.append(None)
+            outputs.append(projected_linear(u, last, feedback[index + 1]))
+            projected.append(True)
+        h = model.next_state(h, f.detach())
+        states.append(h)
+    return ProjectedPass(outputs=outputs, projected=projected, branches=branches,
+                         states=states, logits=model.readout(h))
+
+
+def credit_scales(signal: Tensor, feedback: Sequence[Tensor], batch: int, *,
+                  normalise: bool) -> Tensor:
+    """(L+1, B) factors c_l with â_l/B = c_l·(signal·B_l) per sample.
+
+    1/((RMS(signal·B_l) + 1e-6)·B), RMS over B_l's d columns (the RMS over a token state's
+    T·d entries when the credit is broadcast over its tokens), or 1/B with
+    ``normalise=False``. ``signal`` (B, C) in fp32 or float64; computed in its dtype even
+    under autocast.
+    """
+    if not normalise:
+        return signal.new_full((len(feedback), signal.shape[0]), 1.0 / batch)
+    with torch.autocast(signal.device.type, enabled=False):
+        stacked = torch.stack(list(feedback)).to(device=signal.device, dtype=signal.dtype)
+        gram = stacked @ stacked.mT  # (L+1, C, C)
+        squared = ((signal @ gram) * signal).sum(dim=2)  # (L+1, B): ‖signal·B_l‖²
+        rms = (squared.clamp_min(0.0) / stacked.shape[2]).sqrt()
+        return 1.0 / ((rms + RMS_EPS) * batch)
+
+
+def projected_backward(local: ProjectedPass, ce: Tensor, signal: Tensor, scales: Tensor,
+                       feedback: Sequence[Tensor], penalty: float) -> None:
+    """Accumulate every module's local update into ``.grad`` in one backward pass.
+
+    A projected output gets U_l = c_l·signal (B, C), a dense one the credit gradient
+    U_l·B_l (:func:`~creditaudit.methods.base.local_backward`'s â_l/B); block branches
+    also get the penalty's 2λ·f_l/B, the readout its cross-entropy.
+    """
+    batch = signal.shape[0]
+    outputs, grads = [ce], [torch.ones_like(ce)]
+    for index, out in enumerate(local.outputs):
+        if out is None:
+            continue
+        u = signal * scales[index].unsqueeze(1)
+        grad = u if local.projected[index] else u @ feedback[index].to(u)
+        grad = state_credit_shape(grad, out)
+        if index > 0 and penalty > 0 and not local.projected[index]:
+            grad = torch.add(grad, out.detach(), alpha=2.0 * penalty / batch)
+        outputs.append(out)
+        grads.append(grad.to(out.dtype))
+    if penalty > 0:
+        for index, f in enumerate(local.branches, start=1):
+            if f is not None and local.projected[index]:
+                outputs.append(f)
+                grads.append((f.detach() * (2.0 * penalty / batch)).to(f.dtype))
+    torch.autograd.backward(outputs, grads)

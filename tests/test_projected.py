@@ -1,0 +1,100 @@
+"""DFA-family steps through projected outputs (methods/projected.py).
+
+A rank-C credit lets a module whose output is a Linear's take its update from
+p = y·Bᵀ; the updates must equal the written-out surrogate's (float64, ~1e-12) on every
+route: projected, dense (blocks that do not split), mixed, frozen, with and without the
+branch penalty. The reference is tests/test_local_steps.py's scalar surrogate.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from creditaudit.methods.base import rms_normalise
+from creditaudit.methods.projected import credit_scales, projected_forward
+from creditaudit.models import PlainMLP
+from creditaudit.models.contract import output_linear
+from test_local_steps import (
+    F64,
+    assert_grads_equal,
+    batch,
+    mlp,
+    reference_grads,
+    rule_for,
+    step_grads,
+    tiny_vit,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class Opaque(nn.Module):
+    """The same block without the output_layer/hidden split: trained densely."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.inner(h)
+
+
+def test_routes_follow_the_contract():
+    model = mlp(n_blocks=3)
+    assert all(output_linear(b) is b.w2 for b in model.blocks)
+    rule = rule_for(model, "dfa")
+    x, _ = batch()
+    assert projected_forward(model, x, rule.feedback, keep_branches=False).projected == [
+        True] * 4
+    model.blocks[1] = Opaque(model.blocks[1])
+    assert projected_forward(model, x, rule.feedback, keep_branches=False).projected == [
+        True, True, False, True]
+    plain = PlainMLP(6, 10, 4, 2).double()
+    plain_rule = rule_for(plain, "dfa")
+    local = projected_forward(plain, x, plain_rule.feedback, keep_branches=False)
+    assert local.projected == [False] * 3
+    vit = tiny_vit()
+    vit_rule = rule_for(vit, "dfa")
+    xv, _ = batch(n=2, shape=(3, 32, 32))
+    assert projected_forward(vit, xv, vit_rule.feedback, keep_branches=True).projected == [
+        False] * 3
+
+
+@pytest.mark.parametrize("name", ["dfa", "drtp"])
+@pytest.mark.parametrize("penalty", [0.0, 0.3])
+def test_mixed_projected_and_dense_modules(name, penalty):
+    model = mlp(n_blocks=4)
+    model.blocks[2] = Opaque(model.blocks[2])
+    rule = rule_for(model, name, penalty=penalty, trainable_blocks=3)  # block 0 frozen
+    x, y = batch()
+    want = reference_grads(model, rule.credits(x, y), x, y, penalty)
+    got = step_grads(rule, x, y)
+    assert_grads_equal(got, want)
+    assert got["blocks.0.w2.weight"] is None
+    assert float(got["blocks.2.inner.w2.weight"].abs().max()) > 1e-4
+
+
+def test_plain_mlp_trains_densely_as_before():
+    model = PlainMLP(6, 10, 4, 3).double()
+    rule = rule_for(model, "dfa")
+    x, y = batch()
+    assert_grads_equal(step_grads(rule, x, y),
+                       reference_grads(model, rule.credits(x, y), x, y, 0.0))
+
+
+def test_credit_scales_are_the_surrogates_normalisation():
+    """c_l·(s·B_l) equals â_l/B = rms_normalise(s·B_l)/B, a zero signal stays zero."""
+    gen = torch.Generator().manual_seed(3)
+    feedback = [torch.randn(4, 10, generator=gen) for _ in range(3)]
+    signal = torch.randn(5, 4, generator=gen, dtype=F64)
+    signal[2] = 0.0
+    scales = credit_scales(signal, feedback, 5, normalise=True)
+    assert scales.shape == (3, 5)
+    for scale, b in zip(scales, feedback):
+        credit = signal @ b.to(F64)
+        torch.testing.assert_close(scale.unsqueeze(1) * credit, rms_normalise(credit) / 5,
+                                   rtol=1e-13, atol=0)
+    raw = credit_scales(signal, feedback, 5, normalise=False)
+    assert torch.equal(raw, torch.full((3, 5), 0.2, dtype=F64))

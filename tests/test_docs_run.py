@@ -31,10 +31,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from creditaudit.cli import build_parser, main

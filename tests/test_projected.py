@@ -15,9 +15,10 @@ from torch import Tensor, nn
 from creditaudit.methods.base import rms_normalise
 from creditaudit.methods.projected import credit_scales, projected_forward
 from creditaudit.models import PlainMLP
-from creditaudit.models.contract import output_linear
+from creditaudit.models.contract import ResidualNet, split_branch
 from test_local_steps import (
     F64,
+    C,
     assert_grads_equal,
     batch,
     mlp,
@@ -43,7 +44,7 @@ class Opaque(nn.Module):
 
 def test_routes_follow_the_contract():
     model = mlp(n_blocks=3)
-    assert all(output_linear(b) is b.w2 for b in model.blocks)
+    assert all(split_branch(b)[1] is b.w2 for b in model.blocks)
     rule = rule_for(model, "dfa")
     x, _ = batch()
     assert projected_forward(model, x, rule.feedback, keep_branches=False).projected == [
@@ -74,6 +75,35 @@ def test_mixed_projected_and_dense_modules(name, penalty):
     assert_grads_equal(got, want)
     assert got["blocks.0.w2.weight"] is None
     assert float(got["blocks.2.inner.w2.weight"].abs().max()) > 1e-4
+
+
+class PreActivationMLP(ResidualNet):
+    """embed Linear; blocks ReLU → Linear (an nn.Sequential ending in a Linear); head."""
+
+    residual = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.d, self.n_classes = 10, C
+        self.embed = nn.Linear(6, 10)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.ReLU(), nn.Linear(10, 10))
+                                    for _ in range(3))
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(10, C))
+
+    def readout(self, h: Tensor) -> Tensor:
+        return self.head(h)
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.3])
+def test_sequential_blocks_ending_in_a_linear_are_projected(penalty):
+    torch.manual_seed(0)
+    model = PreActivationMLP().double()
+    rule = rule_for(model, "dfa", penalty=penalty)
+    x, y = batch()
+    assert projected_forward(model, x, rule.feedback, keep_branches=False).projected == [
+        True] * 4
+    assert_grads_equal(step_grads(rule, x, y),
+                       reference_grads(model, rule.credits(x, y), x, y, penalty))
 
 
 def test_plain_mlp_trains_densely_as_before():

@@ -16,7 +16,8 @@ rounding. On the ResidualMLP this skips the embedding's B×n×d weight product a
 each block's three remaining d-wide backward products (benchmarks/step_flops.py).
 
 Which modules take this route: the embedding when it is one ``nn.Linear``, and every block
-that splits its branch as ``output_layer(hidden(h))`` (:func:`output_linear`). Any other
+whose branch ends in one Linear (an ``nn.Sequential`` ending in one, or a block with
+``hidden`` and ``output_layer``: :func:`~creditaudit.models.contract.split_branch`). Any other
 trainable module gets the dense credit as before; frozen ones get nothing. The per-sample
 normalisation needs ‖a_l‖ only, which the C×C Gram matrix B_l B_lᵀ gives without forming
 a_l: ‖s B_l‖² = s (B_l B_lᵀ) sᵀ.
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.methods.base import RMS_EPS, state_credit_shape
-from creditaudit.models.contract import ResidualNet, block_is_trainable, output_linear
+from creditaudit.models.contract import ResidualNet, block_is_trainable, split_branch
 
 
 @dataclass
@@ -91,20 +92,21 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
         h = h0.detach()
     states, branches = [h], []
     for index, block in enumerate(model.blocks):
-        last = output_linear(block)
+        split = split_branch(block)
         if not block_is_trainable(block):
             with torch.no_grad():
                 f = block(h)
             outputs.append(None)
             projected.append(False)
             branches.append(None)
-        elif last is None:
+        elif split is None:
             f = block(h)
             outputs.append(f)
             projected.append(False)
             branches.append(f if keep_branches else None)
         else:
-            u = block.hidden(h)
+            hidden, last = split
+            u = hidden(h)
             if keep_branches:
                 f = last(u)
                 branches.append(f)

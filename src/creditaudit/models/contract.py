@@ -17,7 +17,7 @@ running statistics instead of the batch's, so no operation mixes samples.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -225,17 +225,21 @@ def readout_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in inner]
 
 
-def output_linear(block: nn.Module) -> nn.Linear | None:
-    """The last layer of a block whose branch ends in one ``nn.Linear``, else None.
+def split_branch(block: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear] | None:
+    """``(hidden, last)`` with ``block(h) == last(hidden(h))`` when the block's branch ends
+    in one ``nn.Linear``, else None.
 
-    Optional part of the contract: a block with a method ``hidden(h)`` and an attribute
-    ``output_layer`` (an ``nn.Linear``) such that ``block(h) == output_layer(hidden(h))``
-    lets rules whose credits have rank C (DFA, DRTP) train its last layer without d-wide
-    products (:mod:`creditaudit.methods.projected`). Blocks without it train as before.
+    Optional part of the contract, met by an ``nn.Sequential`` whose last module is an
+    ``nn.Linear``, or by a block with a method ``hidden(h)`` and an attribute
+    ``output_layer`` (an ``nn.Linear``). It lets rules whose credits have rank C (DFA,
+    DRTP) train that layer without d-wide products (:mod:`creditaudit.methods.projected`);
+    blocks without it train as before.
     """
-    layer = getattr(block, "output_layer", None)
-    if isinstance(layer, nn.Linear) and callable(getattr(block, "hidden", None)):
-        return layer
+    if isinstance(block, nn.Sequential) and len(block) and isinstance(block[-1], nn.Linear):
+        return block[:-1], block[-1]
+    layer, hidden = getattr(block, "output_layer", None), getattr(block, "hidden", None)
+    if isinstance(layer, nn.Linear) and callable(hidden):
+        return hidden, layer
     return None
 
 

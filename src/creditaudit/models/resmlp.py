@@ -25,7 +25,7 @@ class MLPBlock(nn.Module):
     @property
     def output_layer(self) -> nn.Linear:
         """The branch's last layer: f(h) = output_layer(hidden(h)) (the contract's optional
-        split, :func:`~creditaudit.models.contract.output_linear`)."""
+        split, :func:`~creditaudit.models.contract.split_branch`)."""
         return self.w2
 
     def hidden(self, h: Tensor) -> Tensor:

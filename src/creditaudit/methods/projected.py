@@ -44,7 +44,7 @@ class ProjectedPass:
     the projected output p_l = y_l·B_lᵀ (B, [T,] C) where ``projected[l]``, else the module
     output y_l itself (shape of h_l); each has a graph to its module's parameters only.
     ``branches`` are the blocks' f_l(h_l) with a graph, kept only when a penalty needs
-    them (else empty); ``states`` the detached h_0 … h_L; ``logits`` the readout on the
+    them (else None); ``states`` the detached h_0 … h_L; ``logits`` the readout on the
     detached h_L (graph to the readout's parameters only).
     """
 
@@ -80,7 +80,7 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
             h = embed(x)
         outputs.append(None)
         projected.append(False)
-    elif isinstance(embed, nn.Linear):
+    elif isinstance(embed, nn.Linear) and x.dim() in (2, 3):
         with torch.no_grad():
             h = embed(x)
         outputs.append(projected_linear(x, embed, feedback[0]))
@@ -92,7 +92,9 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
         h = h0.detach()
     states, branches = [h], []
     for index, block in enumerate(model.blocks):
-        split = split_branch(block)
+        # A Linear acts on the last axis: (B, d) vectors and (B, T, d) tokens, not the
+        # contract's (B, d, H, W) feature maps.
+        split = split_branch(block) if h.dim() in (2, 3) else None
         if not block_is_trainable(block):
             with torch.no_grad():
                 f = block(h)

@@ -3,18 +3,21 @@
 A rank-C credit lets a module whose output is a Linear's take its update from
 p = y·Bᵀ; the updates must equal the written-out surrogate's (float64, ~1e-12) on every
 route: projected, dense (blocks that do not split), mixed, frozen, with and without the
-branch penalty. The reference is tests/test_local_steps.py's scalar surrogate.
+branch penalty. The reference is tests/test_local_steps.py's scalar surrogate, whose ViT
+test covers the transformer blocks' projected MLP output behind their attention skip.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
 from torch import Tensor, nn
 
 from creditaudit.methods.base import rms_normalise
-from creditaudit.methods.projected import credit_scales, projected_forward
-from creditaudit.models import PlainMLP
+from creditaudit.methods.projected import credit_scales, dense_route, projected_forward
+from creditaudit.models import PlainMLP, ViTMini
 from creditaudit.models.contract import ResidualNet, split_branch
 from test_local_steps import (
     F64,
@@ -59,8 +62,12 @@ def test_routes_follow_the_contract():
     vit = tiny_vit()
     vit_rule = rule_for(vit, "dfa")
     xv, _ = batch(n=2, shape=(3, 32, 32))
-    assert projected_forward(vit, xv, vit_rule.feedback, keep_branches=True).projected == [
-        False] * 3
+    local = projected_forward(vit, xv, vit_rule.feedback, keep_branches=True)
+    # the patch embedding is not a Linear; each transformer block's MLP output layer is,
+    # behind the attention output as an inner skip (which takes the dense credit)
+    assert local.projected == [False, True, True]
+    assert [s is None for s in local.skips] == [True, False, False]
+    assert all(p.shape == (2, 65, C) for p in local.outputs[1:])
 
 
 @pytest.mark.parametrize("name", ["dfa", "drtp"])
@@ -128,3 +135,37 @@ def test_credit_scales_are_the_surrogates_normalisation():
                                    rtol=1e-13, atol=0)
     raw = credit_scales(signal, feedback, 5, normalise=False)
     assert torch.equal(raw, torch.full((3, 5), 0.2, dtype=F64))
+
+
+def test_vit_step_under_bf16_autocast():
+    """The projected MLP outputs and the dense attention skips under bf16 autocast: finite
+    fp32 updates pointing where fp32's do."""
+    x, y = batch(n=8, shape=(3, 32, 32), dtype=torch.float32)
+    grads = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        model = ViTMini(n_classes=C, d=16, n_blocks=2, heads=2, mlp_ratio=2, w2_std=0.1)
+        rule = rule_for(model, "dfa", penalty=0.1)
+        rule.set_precision(precision, "cpu")
+        grads[precision] = step_grads(rule, x, y)
+    for key, g in grads["bf16"].items():
+        assert g.dtype == torch.float32 and torch.isfinite(g).all(), key
+        cos = torch.nn.functional.cosine_similarity(g.flatten(), grads["fp32"][key].flatten(),
+                                                    dim=0)
+        assert float(cos) > 0.95, key
+
+
+@pytest.mark.parametrize("arch", ["mlp", "vit"])
+@pytest.mark.parametrize("penalty", [0.0, 0.2])
+def test_dense_route_gives_the_same_updates(arch, penalty):
+    """dense_route() (the benchmarks' "before") and the projected route agree to rounding."""
+    x, y = batch() if arch == "mlp" else batch(n=3, shape=(3, 32, 32))
+    grads = []
+    for dense in (False, True):
+        model = mlp() if arch == "mlp" else tiny_vit()
+        rule = rule_for(model, "dfa", penalty=penalty)
+        with dense_route() if dense else contextlib.nullcontext():
+            local = projected_forward(model, x, rule.feedback, keep_branches=False)
+            assert any(local.projected) != dense
+            grads.append(step_grads(rule, x, y))
+    assert_grads_equal(grads[0], grads[1], tol=1e-11)

@@ -25,7 +25,8 @@ a_l: ‖s B_l‖² = s (B_l B_lᵀ) sᵀ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,21 @@ from torch.nn import functional as F
 from creditaudit.methods.base import RMS_EPS, state_credit_shape
 from creditaudit.models.contract import ResidualNet, block_is_trainable, split_branch
 
+_projection_enabled = True
+
+
+@contextlib.contextmanager
+def dense_route() -> Iterator[None]:
+    """Within the block, :func:`projected_forward` projects nothing: every trainable module
+    takes the dense credit (the step before the projected route; for references in tests
+    and the "before" timings of benchmarks)."""
+    global _projection_enabled
+    previous, _projection_enabled = _projection_enabled, False
+    try:
+        yield
+    finally:
+        _projection_enabled = previous
+
 
 @dataclass
 class ProjectedPass:
@@ -43,6 +59,8 @@ class ProjectedPass:
     ``outputs[l]`` is what the credit of state l enters (None when that module is frozen):
     the projected output p_l = y_l·B_lᵀ (B, [T,] C) where ``projected[l]``, else the module
     output y_l itself (shape of h_l); each has a graph to its module's parameters only.
+    ``skips[l]`` is a projected block's inner skip (f = skip + last(u), e.g. a transformer
+    block's attention output), which takes the dense credit; None elsewhere.
     ``branches`` are the blocks' f_l(h_l) with a graph, kept only when a penalty needs
     them (else None); ``states`` the detached h_0 … h_L; ``logits`` the readout on the
     detached h_L (graph to the readout's parameters only).
@@ -50,6 +68,7 @@ class ProjectedPass:
 
     outputs: list[Tensor | None]
     projected: list[bool]
+    skips: list[Tensor | None]
     branches: list[Tensor | None]
     states: list[Tensor]
     logits: Tensor
@@ -74,13 +93,14 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
     """
     outputs: list[Tensor | None] = []
     projected: list[bool] = []
+    skips: list[Tensor | None] = [None]
     embed = model.embed
     if not block_is_trainable(embed):
         with torch.no_grad():
             h = embed(x)
         outputs.append(None)
         projected.append(False)
-    elif isinstance(embed, nn.Linear) and x.dim() in (2, 3):
+    elif _projection_enabled and isinstance(embed, nn.Linear) and x.dim() in (2, 3):
         with torch.no_grad():
             h = embed(x)
         outputs.append(projected_linear(x, embed, feedback[0]))
@@ -94,34 +114,45 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
     for index, block in enumerate(model.blocks):
         # A Linear acts on the last axis: (B, d) vectors and (B, T, d) tokens, not the
         # contract's (B, d, H, W) feature maps.
-        split = split_branch(block) if h.dim() in (2, 3) else None
+        split = split_branch(block) if _projection_enabled and h.dim() in (2, 3) else None
         if not block_is_trainable(block):
             with torch.no_grad():
                 f = block(h)
             outputs.append(None)
             projected.append(False)
+            skips.append(None)
             branches.append(None)
         elif split is None:
             f = block(h)
             outputs.append(f)
             projected.append(False)
+            skips.append(None)
             branches.append(f if keep_branches else None)
         else:
             hidden, last = split
-            u = hidden(h)
+            u, skip = _hidden_and_skip(hidden(h))
             if keep_branches:
-                f = last(u)
+                f = last(u) if skip is None else skip + last(u)
                 branches.append(f)
             else:
                 with torch.no_grad():
-                    f = last(u)
+                    f = last(u) if skip is None else skip + last(u)
                 branches.append(None)
             outputs.append(projected_linear(u, last, feedback[index + 1]))
             projected.append(True)
+            skips.append(skip)
         h = model.next_state(h, f.detach())
         states.append(h)
-    return ProjectedPass(outputs=outputs, projected=projected, branches=branches,
-                         states=states, logits=model.readout(h))
+    return ProjectedPass(outputs=outputs, projected=projected, skips=skips,
+                         branches=branches, states=states, logits=model.readout(h))
+
+
+def _hidden_and_skip(hidden: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """``hidden(h)``'s u and inner skip (None when it returns u alone)."""
+    if isinstance(hidden, tuple):
+        u, skip = hidden
+        return u, skip
+    return hidden, None
 
 
 def credit_scales(signal: Tensor, feedback: Sequence[Tensor], batch: int, *,
@@ -147,25 +178,35 @@ def projected_backward(local: ProjectedPass, ce: Tensor, signal: Tensor, scales:
                        feedback: Sequence[Tensor], penalty: float) -> None:
     """Accumulate every module's local update into ``.grad`` in one backward pass.
 
-    A projected output gets U_l = c_l·signal (B, C), a dense one the credit gradient
-    U_l·B_l (:func:`~creditaudit.methods.base.local_backward`'s â_l/B); block branches
-    also get the penalty's 2λ·f_l/B, the readout its cross-entropy.
+    A projected output gets U_l = c_l·signal (B, C); a dense output and an inner skip get
+    the credit gradient U_l·B_l (:func:`~creditaudit.methods.base.local_backward`'s â_l/B);
+    block branches also get the penalty's 2λ·f_l/B, the readout its cross-entropy.
     """
     batch = signal.shape[0]
     outputs, grads = [ce], [torch.ones_like(ce)]
+
+    def add(out: Tensor, grad: Tensor) -> None:
+        outputs.append(out)
+        grads.append(state_credit_shape(grad, out).to(out.dtype))
+
     for index, out in enumerate(local.outputs):
         if out is None:
             continue
         u = signal * scales[index].unsqueeze(1)
-        grad = u if local.projected[index] else u @ feedback[index].to(u)
-        grad = state_credit_shape(grad, out)
-        if index > 0 and penalty > 0 and not local.projected[index]:
-            grad = torch.add(grad, out.detach(), alpha=2.0 * penalty / batch)
-        outputs.append(out)
-        grads.append(grad.to(out.dtype))
+        skip = local.skips[index]
+        dense = None if local.projected[index] and skip is None else (
+            u @ feedback[index].to(u))  # â_l/B, (B, d)
+        if skip is not None:
+            add(skip, dense)
+        if local.projected[index]:
+            add(out, u)
+        elif index > 0 and penalty > 0:
+            add(out, torch.add(state_credit_shape(dense, out), out.detach(),
+                               alpha=2.0 * penalty / batch))
+        else:
+            add(out, dense)
     if penalty > 0:
         for index, f in enumerate(local.branches, start=1):
             if f is not None and local.projected[index]:
-                outputs.append(f)
-                grads.append((f.detach() * (2.0 * penalty / batch)).to(f.dtype))
+                add(f, f.detach() * (2.0 * penalty / batch))
     torch.autograd.backward(outputs, grads)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -225,15 +226,16 @@ def readout_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in inner]
 
 
-def split_branch(block: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear] | None:
-    """``(hidden, last)`` with ``block(h) == last(hidden(h))`` when the block's branch ends
-    in one ``nn.Linear``, else None.
+def split_branch(block: nn.Module) -> tuple[Callable[[Tensor], Any], nn.Linear] | None:
+    """``(hidden, last)`` when the block's branch ends in one ``nn.Linear``, else None.
 
-    Optional part of the contract, met by an ``nn.Sequential`` whose last module is an
-    ``nn.Linear``, or by a block with a method ``hidden(h)`` and an attribute
-    ``output_layer`` (an ``nn.Linear``). It lets rules whose credits have rank C (DFA,
-    DRTP) train that layer without d-wide products (:mod:`creditaudit.methods.projected`);
-    blocks without it train as before.
+    Optional part of the contract. ``hidden(h)`` returns either u, with
+    ``block(h) == last(hidden(h))``, or a pair (u, skip), with ``block(h) == skip +
+    last(u)`` (a branch that adds an inner skip, like a transformer block's attention
+    output). It is met by an ``nn.Sequential`` whose last module is an ``nn.Linear``, and by
+    a block with a method ``hidden`` and an attribute ``output_layer`` (an ``nn.Linear``).
+    Rules whose credits have rank C (DFA, DRTP) then train ``last`` without d-wide
+    products (:mod:`creditaudit.methods.projected`); blocks without it train as before.
     """
     if isinstance(block, nn.Sequential) and len(block) and isinstance(block[-1], nn.Linear):
         return block[:-1], block[-1]

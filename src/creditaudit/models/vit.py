@@ -72,9 +72,21 @@ class TransformerBranch(nn.Module):
         )
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, d))
 
-    def forward(self, h: Tensor) -> Tensor:
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The MLP's last Linear: f(h) = a + output_layer(u) with (u, a) = hidden(h) (the
+        contract's optional split, :func:`~creditaudit.models.contract.split_branch`)."""
+        return self.w2
+
+    def hidden(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """(u, a): the MLP's hidden GELU(w1(LN2(h + a))) (B, T, mlp_ratio·d) and the
+        attention output a = attn(LN1(h)) (B, T, d)."""
         a = self.attention(h)
-        return a + self.w2(F.gelu(self.w1(self.ln2(h + a))))
+        return F.gelu(self.w1(self.ln2(h + a))), a
+
+    def forward(self, h: Tensor) -> Tensor:
+        u, a = self.hidden(h)
+        return a + self.w2(u)
 
 
 class ViTMini(ResidualNet):

@@ -17,8 +17,11 @@ each block's three remaining d-wide backward products (benchmarks/step_flops.py)
 
 Which modules take this route: the embedding when it is one ``nn.Linear``, and every block
 whose branch ends in one Linear (an ``nn.Sequential`` ending in one, or a block with
-``hidden`` and ``output_layer``: :func:`~creditaudit.models.contract.split_branch`). Any other
-trainable module gets the dense credit as before; frozen ones get nothing. The per-sample
+``hidden`` and ``output_layer``: :func:`~creditaudit.models.contract.split_branch`). A block
+whose branch is skip + last(u) (a transformer block's attention output and MLP) sends the
+dense credit into the skip and U_l into the projected last layer; autograd adds both where
+they meet. Any other trainable module gets the dense credit as before; frozen ones get
+nothing. The per-sample
 normalisation needs ‖a_l‖ only, which the C×C Gram matrix B_l B_lᵀ gives without forming
 a_l: ‖s B_l‖² = s (B_l B_lᵀ) sᵀ.
 """

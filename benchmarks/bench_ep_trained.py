@@ -1,14 +1,18 @@
-"""EP's relaxation on trained runs: how close each solver gets to BP's weight update there.
+"""EP's relaxation on trained runs: how close each solver and β get to BP's weight update.
 
 For each run folder given, the model of its last checkpoint and the first ``--eval-samples``
-samples of its evaluation set: the cosine between EP's weight update (β and step size of the
-run's config) and BP's, in float64, for each (solver, steps) of ``--grid``, with the
-relaxation's ‖∇_ρF‖ end/start in brackets (:func:`creditaudit.methods.ep.update_agreement`,
-the number a run records at its end). Trained blocks are stiff where fresh ones are not, so
-this is where solvers part ways (``bench_ep.py`` measures fresh and briefly trained models).
+samples of its evaluation set: the cosine between EP's weight update (step size of the
+run's config) and BP's, in float64, for each (solver, steps[, β]) of ``--grid`` (β: the
+run's when not given), with the relaxation's ‖∇_ρF‖ end/start in brackets
+(:func:`creditaudit.methods.ep.update_agreement`, the number a run records at its end).
+Trained blocks are stiff where fresh ones are not, so this is where solvers part ways
+(``bench_ep.py`` measures fresh and briefly trained models). ``--fresh ARCH …`` adds the
+cpu scale's models of those architectures at initialisation (seed 42, Fashion-MNIST),
+where a β too large for the architecture shows: the nudged equilibrium leaves the linear
+regime, and even a converged relaxation's update points elsewhere than BP's.
 
-Usage: python benchmarks/bench_ep_trained.py RUN_DIR [RUN_DIR …] [--eval-samples 512]
-       [--grid residual-cg:20,cg:20,gd:20] [--out FILE]
+Usage: python benchmarks/bench_ep_trained.py [RUN_DIR …] [--fresh resmlp vit convmixer]
+       [--eval-samples 512] [--grid residual-cg:20,cg:20,residual-cg:20:1e-4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from bench_ep import load_average, write_report
 from creditaudit.config import RunConfig, load_config
 from creditaudit.data import load_dataset
+from creditaudit.experiments.configs import arch_config, method_overrides
 from creditaudit.methods.ep import update_agreement
 from creditaudit.models import build_model
 from creditaudit.records import CHECKPOINT_FILE
@@ -48,26 +53,58 @@ def run_model(run_dir: Path, n: int
     return config, model, x, y, label
 
 
+def fresh_model(arch: str, n: int, data_dir: str
+                ) -> tuple[RunConfig, torch.nn.Module, torch.Tensor, torch.Tensor, str]:
+    """:func:`run_model`'s tuple for the cpu scale's ``arch`` at initialisation (seed 42)."""
+    config = arch_config(arch, "cpu", dataset=None, data_dir=data_dir, out_dir="unused",
+                         **method_overrides("ep"), run__seed=42)
+    dataset = load_dataset(config.data, seed=config.run.seed)
+    x, y = dataset.eval_subset(n, flatten=flatten_inputs(config))
+    torch.manual_seed(config.run.seed)
+    model = build_model(config.model, input_shape=dataset.input_shape,
+                        n_classes=dataset.n_classes)
+    return config, model, x, y, f"{arch} at initialisation (cpu scale, seed 42)"
+
+
+def parse_grid(text: str) -> list[tuple[str, int, float | None]]:
+    """``solver:steps[:beta],…`` → [(solver, steps, β or None for the run's)]."""
+    out = []
+    for item in text.split(","):
+        solver, steps, *beta = item.split(":")
+        out.append((solver, int(steps), float(beta[0]) if beta else None))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="*", type=Path)
+    parser.add_argument("--fresh", nargs="*", default=[], choices=["resmlp", "vit",
+                                                                  "convmixer"])
+    parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist",
+                        help="Fashion-MNIST folder of the --fresh models")
     parser.add_argument("--eval-samples", type=int, default=512)
-    parser.add_argument("--grid", default=DEFAULT_GRID, help="solver:steps,…")
+    parser.add_argument("--grid", default=DEFAULT_GRID, help="solver:steps[:beta],…")
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args()
+    if not args.runs and not args.fresh:
+        parser.error("give run folders, --fresh architectures, or both")
     torch.set_num_threads(1)
-    grid = [(s, int(n)) for s, n in (item.split(":") for item in args.grid.split(","))]
+    grid = parse_grid(args.grid)
     started = time.perf_counter()
     lines = [f"torch {torch.__version__}, 1 thread, load average {load_average()}; float64, "
-             f"{args.eval_samples} evaluation samples per run", "",
-             "| run | " + " | ".join(f"{s} {n}" for s, n in grid) + " |",
+             f"{args.eval_samples} evaluation samples per model", "",
+             "| model | " + " | ".join(f"{s} {n}" + ("" if b is None else f", β={b:g}")
+                                       for s, n, b in grid) + " |",
              "|---|" + "---|" * len(grid)]
-    for run_dir in args.runs:
-        config, model, x, y, label = run_model(run_dir, args.eval_samples)
+    models = [lambda r=r: run_model(r, args.eval_samples) for r in args.runs] + [
+        lambda a=a: fresh_model(a, args.eval_samples, args.data_dir) for a in args.fresh]
+    for load in models:
+        config, model, x, y, label = load()
         cells = []
-        for solver, steps in grid:
-            out = update_agreement(model, x, y, beta=config.method.ep_beta, steps=steps,
-                                   step_size=config.method.ep_step_size, solver=solver)
+        for solver, steps, beta in grid:
+            out = update_agreement(model, x, y, steps=steps, solver=solver,
+                                   beta=config.method.ep_beta if beta is None else beta,
+                                   step_size=config.method.ep_step_size)
             cells.append(f"{out['ep_update_cos']:.4f} ({out['ep_eval_relax_grad_ratio']:.2g})"
                          if "ep_update_cos" in out else out.get("ep_update_error", "-"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

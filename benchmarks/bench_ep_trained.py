@@ -11,14 +11,22 @@ cpu scale's models of those architectures at initialisation (seed 42, Fashion-MN
 where a β too large for the architecture shows: the nudged equilibrium leaves the linear
 regime, and even a converged relaxation's update points elsewhere than BP's.
 
+A grid entry ``lbfgs:ITERS[:β]`` is the reference: the nudged equilibrium itself, found by
+L-BFGS (strong Wolfe line search) on F over the residuals in float64 for up to ITERS
+iterations. Where a solver's update disagrees with BP's, it tells whether the solver missed
+the equilibrium or the equilibrium — EP's own estimate at that β — is off.
+
 Usage: python benchmarks/bench_ep_trained.py [RUN_DIR …] [--fresh resmlp vit convmixer]
-       [--eval-samples 512] [--grid residual-cg:20,cg:20,residual-cg:20:1e-4] [--out FILE]
+       [--eval-samples 512] [--grid residual-cg:20,cg:20,residual-cg:20:1e-4,lbfgs:500]
+       [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,7 +35,10 @@ from bench_ep import load_average, write_report
 from creditaudit.config import RunConfig, load_config
 from creditaudit.data import load_dataset
 from creditaudit.experiments.configs import arch_config, method_overrides
+from creditaudit.methods import ep as ep_module
 from creditaudit.methods.ep import update_agreement
+from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
+from creditaudit.methods.ep_relax import Relaxation
 from creditaudit.models import build_model
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.records.checkpoint import load_checkpoint
@@ -66,6 +77,44 @@ def fresh_model(arch: str, n: int, data_dir: str
     return config, model, x, y, f"{arch} at initialisation (cpu scale, seed 42)"
 
 
+def lbfgs_relax(model: torch.nn.Module, states: list[torch.Tensor], y: torch.Tensor, *,
+                beta: float, iters: int) -> Relaxation:
+    """The nudged equilibrium by L-BFGS over the residuals (``relax``'s result type)."""
+    energy = ResidualEnergy(NudgedEnergy(model, [h.detach() for h in states], y, beta))
+    start = float(torch.linalg.vector_norm(energy.start()[0]))
+    rho = torch.nn.Parameter(energy.zeros())
+    optimizer = torch.optim.LBFGS([rho], lr=1, max_iter=iters, tolerance_grad=1e-14,
+                                  tolerance_change=1e-20, history_size=50,
+                                  line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        grad, _, values = energy.evaluate(rho.detach())
+        rho.grad = grad
+        return values.sum()
+
+    optimizer.step(closure)
+    grad, deltas, _ = energy.evaluate(rho.detach())
+    return Relaxation(states=energy.energy.free, deltas=deltas,
+                      residuals=energy.energy.unflatten(rho.detach().clone()),
+                      grad_norms=[start, float(torch.linalg.vector_norm(grad))],
+                      final_step_size=1.0, backoffs=0)
+
+
+@contextlib.contextmanager
+def lbfgs_reference(iters: int) -> Iterator[None]:
+    """Within the block, :func:`update_agreement` relaxes with :func:`lbfgs_relax`."""
+    original = ep_module.relax
+
+    def reference(model, states, y, *, beta, steps, step_size, solver):  # noqa: ANN001, ANN202, ARG001
+        return lbfgs_relax(model, states, y, beta=beta, iters=iters)
+
+    ep_module.relax = reference
+    try:
+        yield
+    finally:
+        ep_module.relax = original
+
+
 def parse_grid(text: str) -> list[tuple[str, int, float | None]]:
     """``solver:steps[:beta],…`` → [(solver, steps, β or None for the run's)]."""
     out = []
@@ -102,9 +151,11 @@ def main() -> None:
         config, model, x, y, label = load()
         cells = []
         for solver, steps, beta in grid:
-            out = update_agreement(model, x, y, steps=steps, solver=solver,
-                                   beta=config.method.ep_beta if beta is None else beta,
-                                   step_size=config.method.ep_step_size)
+            with lbfgs_reference(steps) if solver == "lbfgs" else contextlib.nullcontext():
+                out = update_agreement(model, x, y, steps=steps,
+                                       solver="residual-cg" if solver == "lbfgs" else solver,
+                                       beta=config.method.ep_beta if beta is None else beta,
+                                       step_size=config.method.ep_step_size)
             cells.append(f"{out['ep_update_cos']:.4f} ({out['ep_eval_relax_grad_ratio']:.2g})"
                          if "ep_update_cos" in out else out.get("ep_update_error", "-"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -80,6 +80,17 @@ def test_layer_cosine_table_marks_invalid_references():
     assert table[0]["g_norm"] == pytest.approx(1.0)
 
 
+def test_layer_cosine_table_says_how_many_samples_the_cosine_covers():
+    """A zero credit has no direction: the cosine averages over the rest, and `defined`
+    says over how many."""
+    credits, grads = _two_layer_example()
+    credits[1][0] = 0.0
+    table = layer_cosine_table(credits, grads, floor=1e-7)
+    assert table[0]["defined"] == 1.0
+    assert table[1]["defined"] == pytest.approx(2 / 3)
+    assert table[1]["cos"] == pytest.approx(0.0, abs=1e-12)  # (−1 + 1) / 2: sample 0 left out
+
+
 # --- nudging on a model computable by hand -------------------------------------------------
 class ZeroBranch(nn.Module):
     def forward(self, h: Tensor) -> Tensor:

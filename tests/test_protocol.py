@@ -214,6 +214,16 @@ def test_missing_frozen_accuracy_is_not_evaluated_everywhere():
         "d").status == "not evaluated"
 
 
+def test_the_layer_table_flags_a_cosine_over_part_of_the_samples():
+    sg = make_sg()
+    credits = [g.clone() for g in sg.grads]
+    credits[2][: sg.grads[2].shape[0] // 4] = 0.0  # a quarter of the samples get no credit
+    report = evaluate_protocol(sg, **HEALTHY, credits=credits)
+    assert report.layer_cosines[2]["defined"] == pytest.approx(0.75)
+    assert "cos over 75% of samples" in render_text(report)
+    assert "cos over" not in render_text(evaluate_protocol(sg, **HEALTHY, credits=sg.grads))
+
+
 def test_renderers():
     report = evaluate_protocol(make_sg(**CASES["a"][0]), **HEALTHY,
                                metadata={"method": "dfa", "arch": "resmlp_d=256", "seeds": "42"})

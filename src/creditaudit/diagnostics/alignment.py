@@ -120,11 +120,15 @@ def layer_cosine_table(credits: list[Tensor], grads: list[Tensor], floor: float
     ``grads[l]`` are ``(N, d)`` per-sample gradients in the 1/128 scale convention.
     ``g_norm`` is the median per-sample ‖g_l‖; a layer whose ``g_norm`` is below ``floor``
     keeps its cosine but is marked ``valid_reference: False`` — the number is then measured
-    against a gradient at the numerical floor and means nothing.
+    against a gradient at the numerical floor and means nothing. ``defined`` is the fraction
+    of the N samples the cosine averages over: a sample whose credit (or gradient) is exactly
+    zero has no direction and is left out, so below 1 the cosine describes only the rest.
     """
     rows = []
-    for layer, (cos, g_norm) in enumerate(zip(layer_cosines(credits, grads),
-                                              median_norms(grads))):
-        rows.append({"layer": layer, "cos": cos, "g_norm": g_norm,
-                     "valid_reference": bool(g_norm >= floor)})
+    for layer, (a, g, g_norm) in enumerate(zip(credits, grads, median_norms(grads))):
+        per_sample = cosine_per_sample(a, g)
+        defined = ~torch.isnan(per_sample)
+        rows.append({"layer": layer, "cos": _mean_defined(per_sample), "g_norm": g_norm,
+                     "valid_reference": bool(g_norm >= floor),
+                     "defined": float(defined.double().mean())})
     return rows

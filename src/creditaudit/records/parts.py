@@ -190,7 +190,8 @@ class EndOfRun:
     bp_cosine: list[float] | None = doc("cos(a_l, g_l) per state on the evaluation set")
     deep_cos: float | None = doc("mean of bp_cosine over l ≥ 1")
     cosine_table: list[dict[str, Any]] | None = doc(
-        "per state: cos, median ‖g_l‖ and `valid_reference` (‖g_l‖ ≥ floor)")
+        "per state: cos, median ‖g_l‖, `valid_reference` (‖g_l‖ ≥ floor) and `defined` "
+        "(the fraction of samples the cosine averages over: a zero credit has no direction)")
     cosine_controls: dict[str, list[float]] | None = doc(
         "cosines of the BP credit (`bp`, = 1) and a random credit (`random`)")
     gamma: dict[str, float] | None = doc(

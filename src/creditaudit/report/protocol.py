@@ -62,7 +62,7 @@ def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
         cos = cosines[layer]["cos"] if layer < len(cosines) else None
         defined = cosines[layer].get("defined") if layer < len(cosines) else None
         if defined is not None and defined < 1:
-            flags.append(f"cos over {defined:.0%} of samples (the rest: zero credit)")
+            flags.append(f"cos over {defined:.0%} of samples (the rest: zero credit or gradient)")
         rows.append((str(layer), fmt(h), fmt(growth, ".3g"), fmt(g), fmt(cos, "+.3f"),
                      ", ".join(flags)))
     return rows

@@ -56,25 +56,47 @@ def dense_route() -> Iterator[None]:
 
 
 @dataclass
+class Writer:
+    """What the credit of one state enters: the module that writes the state.
+
+    ``output``: the projected output p_l = y_l·B_lᵀ (B, [T,] C) where ``projected``, else
+    the module output y_l itself (shape of h_l), with a graph to that module's parameters
+    only; None when the module is frozen. ``skip``: a projected block's inner skip
+    (f = skip + last(u), e.g. a transformer block's attention output), which takes the
+    dense credit. ``branch``: a projected block's f_l(h_l) with a graph, kept only when a
+    penalty needs it (a dense block's penalty enters through ``output``).
+    """
+
+    output: Tensor | None = None
+    projected: bool = False
+    skip: Tensor | None = None
+    branch: Tensor | None = None
+
+
+@dataclass
 class ProjectedPass:
     """One forward pass of a local step whose credits are C-vectors times fixed matrices.
 
-    ``outputs[l]`` is what the credit of state l enters (None when that module is frozen):
-    the projected output p_l = y_l·B_lᵀ (B, [T,] C) where ``projected[l]``, else the module
-    output y_l itself (shape of h_l); each has a graph to its module's parameters only.
-    ``skips[l]`` is a projected block's inner skip (f = skip + last(u), e.g. a transformer
-    block's attention output), which takes the dense credit; None elsewhere.
-    ``branches`` are the blocks' f_l(h_l) with a graph, kept only when a penalty needs
-    them (else None); ``states`` the detached h_0 … h_L; ``logits`` the readout on the
-    detached h_L (graph to the readout's parameters only).
+    ``writers[l]`` is the :class:`Writer` of state l (embedding, then the blocks);
+    ``states`` the detached h_0 … h_L; ``logits`` the readout on the detached h_L (graph to
+    the readout's parameters only).
     """
 
-    outputs: list[Tensor | None]
-    projected: list[bool]
-    skips: list[Tensor | None]
-    branches: list[Tensor | None]
+    writers: list[Writer]
     states: list[Tensor]
     logits: Tensor
+
+    @property
+    def outputs(self) -> list[Tensor | None]:
+        return [w.output for w in self.writers]
+
+    @property
+    def projected(self) -> list[bool]:
+        return [w.projected for w in self.writers]
+
+    @property
+    def skips(self) -> list[Tensor | None]:
+        return [w.skip for w in self.writers]
 
 
 def projected_linear(u: Tensor, layer: nn.Linear, feedback: Tensor) -> Tensor:
@@ -94,26 +116,20 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
     Values are those of :func:`~creditaudit.methods.base.local_forward`: every block input
     detached, the next state from the detached branch output.
     """
-    outputs: list[Tensor | None] = []
-    projected: list[bool] = []
-    skips: list[Tensor | None] = [None]
     embed = model.embed
     if not block_is_trainable(embed):
         with torch.no_grad():
             h = embed(x)
-        outputs.append(None)
-        projected.append(False)
+        writers = [Writer()]
     elif _projection_enabled and isinstance(embed, nn.Linear) and x.dim() in (2, 3):
         with torch.no_grad():
             h = embed(x)
-        outputs.append(projected_linear(x, embed, feedback[0]))
-        projected.append(True)
+        writers = [Writer(projected_linear(x, embed, feedback[0]), projected=True)]
     else:
         h0 = embed(x)
-        outputs.append(h0)
-        projected.append(False)
+        writers = [Writer(h0)]
         h = h0.detach()
-    states, branches = [h], []
+    states = [h]
     for index, block in enumerate(model.blocks):
         # A Linear acts on the last axis: (B, d) vectors and (B, T, d) tokens, not the
         # contract's (B, d, H, W) feature maps.
@@ -121,33 +137,21 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
         if not block_is_trainable(block):
             with torch.no_grad():
                 f = block(h)
-            outputs.append(None)
-            projected.append(False)
-            skips.append(None)
-            branches.append(None)
+            writers.append(Writer())
         elif split is None:
             f = block(h)
-            outputs.append(f)
-            projected.append(False)
-            skips.append(None)
-            branches.append(f if keep_branches else None)
+            writers.append(Writer(f))  # its penalty goes in with its credit
         else:
             hidden, last = split
             u, skip = _hidden_and_skip(hidden(h))
-            if keep_branches:
+            with torch.set_grad_enabled(keep_branches):
                 f = last(u) if skip is None else skip + last(u)
-                branches.append(f)
-            else:
-                with torch.no_grad():
-                    f = last(u) if skip is None else skip + last(u)
-                branches.append(None)
-            outputs.append(projected_linear(u, last, feedback[index + 1]))
-            projected.append(True)
-            skips.append(skip)
+            writers.append(Writer(projected_linear(u, last, feedback[index + 1]),
+                                  projected=True, skip=skip,
+                                  branch=f if keep_branches else None))
         h = model.next_state(h, f.detach())
         states.append(h)
-    return ProjectedPass(outputs=outputs, projected=projected, skips=skips,
-                         branches=branches, states=states, logits=model.readout(h))
+    return ProjectedPass(writers=writers, states=states, logits=model.readout(h))
 
 
 def _hidden_and_skip(hidden: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -192,24 +196,22 @@ def projected_backward(local: ProjectedPass, ce: Tensor, signal: Tensor, scales:
         outputs.append(out)
         grads.append(state_credit_shape(grad, out).to(out.dtype))
 
-    for index, out in enumerate(local.outputs):
+    for index, writer in enumerate(local.writers):
+        out = writer.output
         if out is None:
             continue
         u = signal * scales[index].unsqueeze(1)
-        skip = local.skips[index]
-        dense = None if local.projected[index] and skip is None else (
+        dense = None if writer.projected and writer.skip is None else (
             u @ feedback[index].to(u))  # â_l/B, (B, d)
-        if skip is not None:
-            add(skip, dense)
-        if local.projected[index]:
+        if writer.skip is not None:
+            add(writer.skip, dense)
+        if writer.projected:
             add(out, u)
+            if writer.branch is not None:  # the penalty, on f_l itself
+                add(writer.branch, writer.branch.detach() * (2.0 * penalty / batch))
         elif index > 0 and penalty > 0:
             add(out, torch.add(state_credit_shape(dense, out), out.detach(),
                                alpha=2.0 * penalty / batch))
         else:
             add(out, dense)
-    if penalty > 0:
-        for index, f in enumerate(local.branches, start=1):
-            if f is not None and local.projected[index]:
-                add(f, f.detach() * (2.0 * penalty / batch))
     torch.autograd.backward(outputs, grads)

@@ -144,7 +144,7 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
         else:
             hidden, last = split
             u, skip = _hidden_and_skip(hidden(h))
-            with torch.set_grad_enabled(keep_branches):
+            with contextlib.nullcontext() if keep_branches else torch.no_grad():
                 f = last(u) if skip is None else skip + last(u)
             writers.append(Writer(projected_linear(u, last, feedback[index + 1]),
                                   projected=True, skip=skip,

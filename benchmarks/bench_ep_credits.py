@@ -26,20 +26,15 @@ from torch import Tensor
 
 from bench_ep_trained import run_model
 from creditaudit.diagnostics.perturbation import rho_table
+from creditaudit.methods import CreditRule, build_rule
 from creditaudit.methods.bp import bp_state_gradients
-from creditaudit.methods.ep_relax import relax
 
 
-def ep_credits(model: torch.nn.Module, x: Tensor, y: Tensor, method) -> list[Tensor]:  # noqa: ANN001
-    """−r_{l−1}/β for every state, relaxed in the model's dtype in chunks of 128."""
-    parts = []
-    for start in range(0, x.shape[0], 128):
-        with torch.no_grad():
-            states, _ = model.forward_states(x[start:start + 128])
-        relaxation = relax(model, states, y[start:start + 128], beta=method.ep_beta,
-                           steps=method.ep_steps, step_size=method.ep_step_size,
-                           solver=method.ep_solver)
-        parts.append([-r / method.ep_beta for r in relaxation.residuals])
+def ep_credits(rule: CreditRule, x: Tensor, y: Tensor) -> list[Tensor]:
+    """−r_{l−1}/β for every state: the rule's credits (−r/(β·B)) in chunks of 128, times
+    each chunk's B (the scale of the gradient of the summed CE)."""
+    parts = [[a * ys.shape[0] for a in rule.credits(x[s:s + 128], ys)]
+             for s, ys in ((s, y[s:s + 128]) for s in range(0, x.shape[0], 128))]
     return [torch.cat([p[layer] for p in parts]) for layer in range(len(parts[0]))]
 
 
@@ -67,12 +62,14 @@ def main() -> None:
     with torch.no_grad():
         correct = model(x).argmax(dim=1) == y
     grads = [g * x.shape[0] for g in bp_state_gradients(model, x, y)]
-    credits = ep_credits(model, x, y, config.method)
+    rule = build_rule(model, config.method, n_classes=int(model.n_classes),
+                      seed=config.run.seed)
+    credits = ep_credits(rule, x, y)
     report("float32", credits, grads, correct)
     first = slice(0, 128)
-    twin = model.double()
-    grads64 = [g * 128 for g in bp_state_gradients(twin, x[first].double(), y[first])]
-    report("float64", ep_credits(twin, x[first].double(), y[first], config.method), grads64,
+    model.double()  # in place: the rule relaxes the float64 model now
+    grads64 = [g * 128 for g in bp_state_gradients(model, x[first].double(), y[first])]
+    report("float64", ep_credits(rule, x[first].double(), y[first]), grads64,
            correct[first])
     model.float()
     rescaled = [a * (g.flatten(1).norm(dim=1) / a.flatten(1).norm(dim=1).clamp_min(1e-30)

@@ -47,15 +47,25 @@ from creditaudit.run_setup import flatten_inputs
 DEFAULT_GRID = "residual-cg:10,residual-cg:20,residual-cg:40,cg:20,cg:200,gd:20"
 
 
+def model_and_samples(config: RunConfig, n: int, *, seed: int | None = None
+                      ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """``config``'s model (initialised from ``seed`` when given) and the first ``n`` samples
+    of its evaluation set with their labels."""
+    dataset = load_dataset(config.data, seed=config.run.seed)
+    x, y = dataset.eval_subset(n, flatten=flatten_inputs(config))
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = build_model(config.model, input_shape=dataset.input_shape,
+                        n_classes=dataset.n_classes)
+    return model, x, y
+
+
 def run_model(run_dir: Path, n: int
               ) -> tuple[RunConfig, torch.nn.Module, torch.Tensor, torch.Tensor, str]:
     """(the run's config, its model at the last checkpoint, the first ``n`` samples of its
     evaluation set, their labels, a label for the table)."""
     config = load_config(run_dir / "config.toml")
-    dataset = load_dataset(config.data, seed=config.run.seed)
-    x, y = dataset.eval_subset(n, flatten=flatten_inputs(config))
-    model = build_model(config.model, input_shape=dataset.input_shape,
-                        n_classes=dataset.n_classes)
+    model, x, y = model_and_samples(config, n)
     state = load_checkpoint(run_dir / CHECKPOINT_FILE)
     model.load_state_dict(state["model"])
     solver = config.method.ep_solver if config.method.name == "ep" else "-"
@@ -69,11 +79,7 @@ def fresh_model(arch: str, n: int, data_dir: str
     """:func:`run_model`'s tuple for the cpu scale's ``arch`` at initialisation (seed 42)."""
     config = arch_config(arch, "cpu", dataset=None, data_dir=data_dir, out_dir="unused",
                          **method_overrides("ep"), run__seed=42)
-    dataset = load_dataset(config.data, seed=config.run.seed)
-    x, y = dataset.eval_subset(n, flatten=flatten_inputs(config))
-    torch.manual_seed(config.run.seed)
-    model = build_model(config.model, input_shape=dataset.input_shape,
-                        n_classes=dataset.n_classes)
+    model, x, y = model_and_samples(config, n, seed=config.run.seed)
     return config, model, x, y, f"{arch} at initialisation (cpu scale, seed 42)"
 
 

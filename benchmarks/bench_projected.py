@@ -29,12 +29,10 @@ import time
 import torch
 from torch import Tensor
 
-from bench_steps import IN_DIM, N_CLASSES, make_batches, make_rule, rotated
-from creditaudit.config import MethodConfig
-from creditaudit.methods import CreditRule, build_rule
+from bench_steps import IN_DIM, N_CLASSES, bind_rule, make_batches, make_rule, rotated
+from creditaudit.methods import CreditRule
 from creditaudit.methods.projected import dense_route
 from creditaudit.models import ViTMini
-from creditaudit.optim import make_adamw
 
 BATCH = 128
 # name → (label, ViT sizes (d, patch, image shape) or ResidualMLP sizes (d, L))
@@ -51,11 +49,8 @@ Rule = tuple[CreditRule, torch.optim.Optimizer]
 
 def vit_rule(method: str, d: int, patch: int, shape: tuple[int, int, int]) -> Rule:
     torch.manual_seed(0)
-    model = ViTMini(n_classes=N_CLASSES, d=d, n_blocks=4, heads=4, mlp_ratio=4, patch=patch,
-                    image_shape=shape)
-    rule = build_rule(model, MethodConfig(name=method), n_classes=N_CLASSES, seed=0)
-    rule.set_precision("fp32", "cpu")
-    return rule, make_adamw(rule.trainable_parameters(), lr=1e-3, weight_decay=0.01)
+    return bind_rule(method, ViTMini(n_classes=N_CLASSES, d=d, n_blocks=4, heads=4,
+                                     mlp_ratio=4, patch=patch, image_shape=shape))
 
 
 def setup(spec: tuple) -> tuple[dict[str, Rule], list[tuple[Tensor, Tensor]]]:

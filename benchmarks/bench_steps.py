@@ -111,9 +111,14 @@ def load_text() -> str:
 def make_rule(variant: str, d: int, n_blocks: int, in_dim: int = IN_DIM
               ) -> tuple[CreditRule, torch.optim.Optimizer]:
     """A fresh ResidualMLP (same init for every rule), the rule and training's AdamW."""
-    name = variant.split("/")[0]
     torch.manual_seed(0)
-    model = ResidualMLP(in_dim, d, N_CLASSES, n_blocks, out_ln=True)
+    return bind_rule(variant.split("/")[0], ResidualMLP(in_dim, d, N_CLASSES, n_blocks,
+                                                        out_ln=True))
+
+
+def bind_rule(name: str, model: torch.nn.Module) -> tuple[CreditRule, torch.optim.Optimizer]:
+    """Rule ``name`` on ``model`` (fp32; Credit Bridge past its warm-up) and training's
+    fused AdamW."""
     config = MethodConfig(name=name, warmup_fraction=0.0 if name == "credit-bridge" else 0.2)
     rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
     rule.set_precision("fp32", "cpu")

@@ -24,9 +24,8 @@ Usage: python benchmarks/bench_ep_trained.py [RUN_DIR …] [--fresh resmlp vit c
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,7 +34,6 @@ from bench_ep import load_average, write_report
 from creditaudit.config import RunConfig, load_config
 from creditaudit.data import load_dataset
 from creditaudit.experiments.configs import arch_config, method_overrides
-from creditaudit.methods import ep as ep_module
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
 from creditaudit.methods.ep_relax import Relaxation
@@ -106,19 +104,12 @@ def lbfgs_relax(model: torch.nn.Module, states: list[torch.Tensor], y: torch.Ten
                       final_step_size=1.0, backoffs=0)
 
 
-@contextlib.contextmanager
-def lbfgs_reference(iters: int) -> Iterator[None]:
-    """Within the block, :func:`update_agreement` relaxes with :func:`lbfgs_relax`."""
-    original = ep_module.relax
-
-    def reference(model, states, y, *, beta, steps, step_size, solver):  # noqa: ANN001, ANN202, ARG001
+def lbfgs_relaxer(iters: int) -> Callable[..., Relaxation]:
+    """:func:`lbfgs_relax` with :func:`~creditaudit.methods.ep_relax.relax`'s arguments, for
+    ``update_agreement(relaxer=…)``."""
+    def relaxer(model, states, y, *, beta, steps, step_size, solver):  # noqa: ANN001, ANN202, ARG001
         return lbfgs_relax(model, states, y, beta=beta, iters=iters)
-
-    ep_module.relax = reference
-    try:
-        yield
-    finally:
-        ep_module.relax = original
+    return relaxer
 
 
 def parse_grid(text: str) -> list[tuple[str, int, float | None]]:
@@ -157,11 +148,11 @@ def main() -> None:
         config, model, x, y, label = load()
         cells = []
         for solver, steps, beta in grid:
-            with lbfgs_reference(steps) if solver == "lbfgs" else contextlib.nullcontext():
-                out = update_agreement(model, x, y, steps=steps,
-                                       solver="residual-cg" if solver == "lbfgs" else solver,
-                                       beta=config.method.ep_beta if beta is None else beta,
-                                       step_size=config.method.ep_step_size)
+            reference = {"solver": "residual-cg", "relaxer": lbfgs_relaxer(steps)}
+            out = update_agreement(model, x, y, steps=steps,
+                                   beta=config.method.ep_beta if beta is None else beta,
+                                   step_size=config.method.ep_step_size,
+                                   **(reference if solver == "lbfgs" else {"solver": solver}))
             cells.append(f"{out['ep_update_cos']:.4f} ({out['ep_eval_relax_grad_ratio']:.2g})"
                          if "ep_update_cos" in out else out.get("ep_update_error", "-"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -57,6 +57,7 @@ h_L, and the penalty λ‖f_l(h_l)‖² is added on the free states.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -113,7 +114,8 @@ def writer_modules(model: ResidualNet) -> list[nn.Module]:
 
 
 def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, steps: int,
-                     step_size: float, solver: str) -> dict[str, Any]:
+                     step_size: float, solver: str,
+                     relaxer: Callable[..., Relaxation] = relax) -> dict[str, Any]:
     """How well EP's weight update matches BP's on ``(x, y)`` (``(N, …)`` inputs, labels).
 
     On a float64 copy of ``model``: EP's update of the trainable embed and block parameters
@@ -123,6 +125,8 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
     ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) and
     ``ep_eval_relax_grad_ratio`` (‖∇_ρF‖ end / start, mean over the chunks); or
     ``ep_update_error`` when the model's states are not finite. Leaves ``model`` alone.
+    ``relaxer`` relaxes each chunk, called with :func:`relax`'s arguments (benchmarks pass a
+    reference solver).
     """
     twin = copy.deepcopy(model).double().eval()
     x = x.double() if x.is_floating_point() else x
@@ -141,8 +145,8 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
             states, _ = twin.forward_states(xs)
         if not all(bool(torch.isfinite(h).all()) for h in states):
             return {"ep_update_error": "non-finite states on the evaluation set"}
-        relaxation = relax(twin, states, ys, beta=beta, steps=steps, step_size=step_size,
-                           solver=solver)
+        relaxation = relaxer(twin, states, ys, beta=beta, steps=steps, step_size=step_size,
+                             solver=solver)
         ratios.append(relaxation.grad_ratio)
         credits = credits_from(relaxation, ys.shape[0], beta)
         objective = contrastive_objective(twin, xs, relaxation, credits) * weight

@@ -8,7 +8,7 @@ float64 relaxation of the first 128 samples) against BP's state gradients:
   state) and how many of those samples the model classifies correctly;
 - each credit's length relative to BP's, median over correct and misclassified samples
   (1.0: the length BP's gradient has; EP's credit is −r/β, on the scale of the gradient of
-  the summed CE);
+  the summed CE), and its cosine with BP's (median and 10th percentile);
 - ρ (the perturbation correlation, float64) of the credits as they are and rescaled to BP's
   per-sample length: ρ pools samples, so a per-sample length error lowers it where a
   cosine cannot see it.
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from bench_ep_trained import run_model
 from creditaudit.diagnostics.perturbation import rho_table
@@ -44,10 +45,18 @@ def report(label: str, credits: list[Tensor], grads: list[Tensor], correct: Tens
     reference = grads[len(grads) // 2]
     zero = deep.flatten(1).norm(dim=1) == 0
     length = deep.flatten(1).norm(dim=1) / reference.flatten(1).norm(dim=1)
+    cos = F.cosine_similarity(deep.flatten(1).double(), reference.flatten(1).double(), dim=1)
     print(f"{label}: {int(zero.sum())} of {len(zero)} credits exactly zero "
           f"({int((zero & correct).sum())} of them correctly classified); credit length / "
           f"BP's, median: correct {float(length[correct].median()):.3f}, misclassified "
-          f"{float(length[~correct].median()):.3f} (state {len(credits) // 2})")
+          f"{float(length[~correct].median()):.3f}; cosine with BP's, median (10th "
+          f"percentile): correct {_median_low(cos[correct])}, misclassified "
+          f"{_median_low(cos[~correct])} (state {len(credits) // 2})")
+
+
+def _median_low(values: Tensor) -> str:
+    return (f"{float(values.median()):.4f} "
+            f"({float(values.quantile(0.1)):.4f})" if values.numel() else "-")
 
 
 def main() -> None:

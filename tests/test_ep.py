@@ -142,6 +142,29 @@ def test_exploded_stream_keeps_its_credit_in_fp32():
     assert min(layer_cosines(credits, g)) > 0.99
 
 
+def test_confident_samples_keep_their_credit_in_fp32():
+    """A confident sample's CE (≈ 1e-5) is far below the rounding of the logits (≈ 17) it is
+    computed from, so in fp32 its nudged energy cannot resolve the relaxation's decrease.
+    The bound on F must allow for that rounding: it once sent such samples back to their
+    free states, and their credits came back exactly zero."""
+    torch.manual_seed(0)
+    model = ResidualMLP(6, 16, C, 3)
+    x, _ = batch(n=32)
+    with torch.no_grad():
+        model.out_head.weight.mul_(20)
+        logits = model(x.float())
+    y = logits.argmax(dim=1)
+    ce = F.cross_entropy(logits, y, reduction="none")
+    resolved = ce > 0  # fp32 rounds the most confident samples' CE to exactly 0
+    assert int((resolved & (ce < 1e-4)).sum()) >= 2
+    credits = ep_rule(model).credits(x.float(), y)
+    reference = ep_rule(copy.deepcopy(model).double()).credits(x, y)
+    for a, want in zip(credits, reference):
+        a, want = a[resolved].double().flatten(1), want[resolved].flatten(1)
+        assert bool((a.norm(dim=1) > 0).all())
+        assert float(F.cosine_similarity(a, want, dim=1).min()) > 0.999
+
+
 def test_backoff_keeps_a_too_large_step_size_stable():
     model = mlp(w2_std=0.3)
     rule = ep_rule(model, ep_solver="gd")

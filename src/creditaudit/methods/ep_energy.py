@@ -54,6 +54,8 @@ class NudgedEnergy:
     def start(self) -> tuple[Tensor, None]:
         return self.start_gradient(), None
 
+    value_scale = None  # no per-sample values to bound
+
     def probe(self, x: Tensor) -> tuple[Tensor, None]:
         """∇F at ``x``, without values: the bound on F is residual-cg's, and `cg` keeps the
         iteration it was measured with (docs/methods.md, EP)."""
@@ -109,6 +111,10 @@ class Energy(Protocol):
         """:meth:`probe` at the free states."""
         ...
 
+    # ``(B, 1)`` magnitude on which the per-sample values are rounded beyond their own
+    # (None without values).
+    value_scale: Tensor | None
+
     def probe(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """(∇F at ``x``, flat like it; the per-sample values F_i ``(B, 1)`` there, or None
         where the energy cannot resolve them)."""
@@ -131,6 +137,12 @@ class ResidualEnergy:
 
     def __init__(self, energy: NudgedEnergy) -> None:
         self.energy = energy
+        with torch.no_grad():
+            logits = energy.model.readout(energy.free[-1])
+        # CE is computed from logits, so its rounding error scales with their magnitude,
+        # not with CE itself: a confident sample's CE ≈ 4e-4 carries the rounding of logits
+        # ≈ 20. (B, 1).
+        self.value_scale = energy.beta * logits.abs().amax(dim=1, keepdim=True)
 
     def zeros(self) -> Tensor:
         return self.energy.zeros()

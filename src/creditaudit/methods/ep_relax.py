@@ -74,7 +74,11 @@ from creditaudit.models.contract import ResidualNet
 
 BACKOFF_GROWTH = 1.1  # ‖∇F‖ may grow by 10% in one step before η is halved
 SETTLED = 1000.0  # CG stops a sample at ‖∇F‖ ≤ SETTLED·eps·‖∇F at the start‖
-BOUND_SLACK = 64.0  # a value counts as above F(free) beyond its rounding, 64·eps·F(free)
+# A value counts as above F(free) beyond its rounding: 64·eps·(F(free) + β·max|logit|). The
+# logits' term matters for a confident sample, whose CE (≈ 4e-4) is far smaller than the
+# rounding of the logits it is computed from; without it, rounding noise put every probe of
+# such a sample above F(free) in float32, and its credit came back exactly zero.
+BOUND_SLACK = 64.0
 BOUND_SHRINK = 0.25  # the probe of a sample sent back to its best point
 
 
@@ -191,12 +195,15 @@ class BestPoints:
 
     No equilibrium lies above the bound: F ≥ ½‖ρ‖² and F(0) is the free states' β·CE. A
     probe above it has left the region the relaxation must stay in, so the CG iterations
-    send that sample back to its best point (:func:`_cg_iterations`).
+    send that sample back to its best point (:func:`_cg_iterations`). ``scale`` ``(B, 1)``
+    is the magnitude the values are rounded on beyond their own (the energy's
+    ``value_scale``); the bound sits :data:`BOUND_SLACK` rounding units above F(free).
     """
 
-    def __init__(self, x: Tensor, grad: Tensor, value: Tensor) -> None:
+    def __init__(self, x: Tensor, grad: Tensor, value: Tensor, scale: Tensor) -> None:
         self.x, self.grad, self.value = x.clone(), grad.clone(), value.clone()
-        self.bound = value + BOUND_SLACK * torch.finfo(value.dtype).eps * value.abs()
+        rounding = value.abs() + scale
+        self.bound = value + BOUND_SLACK * torch.finfo(value.dtype).eps * rounding
 
     def above(self, value: Tensor) -> Tensor:
         """``(B, 1)`` True where ``value`` exceeds the bound or is not finite."""
@@ -237,7 +244,8 @@ def _cg_iterations(energy: Energy, iterations: int, step_size: float) -> CGRun:
     """
     x = energy.zeros()
     grad, value = energy.start()
-    best = None if value is None else BestPoints(x, grad, value)
+    scale = energy.value_scale
+    best = None if value is None or scale is None else BestPoints(x, grad, value, scale)
     start = _norm(grad)
     direction = -grad
     probe = torch.empty_like(x)

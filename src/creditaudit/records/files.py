@@ -41,15 +41,17 @@ CONFIG_FILE = "config.toml"
 
 # --- records -------------------------------------------------------------------------------
 def environment(device: str) -> dict[str, Any]:
-    """Package versions, device and threads: what a reader needs to reproduce the run."""
+    """Package versions, the source revision, device and threads: what a reader needs to
+    reproduce the run."""
     import numpy
     import torch
 
-    from creditaudit.version import __version__
+    from creditaudit.version import __version__, source_revision
 
     cuda = torch.cuda.is_available()
     return {
-        "creditaudit": __version__, "python": platform.python_version(),
+        "creditaudit": __version__, "source": source_revision(),
+        "python": platform.python_version(),
         "torch": str(torch.__version__), "numpy": str(numpy.__version__),
         "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -72,7 +72,10 @@ class RunRecord:
     diagnostics: EndOfRun = doc("end-of-run credit-quality metrics", factory=EndOfRun)
     protocol: ProtocolState = doc("protocol evaluated during training", factory=ProtocolState)
     data: DataIdentity | None = doc("identity of the data the run trained on")
-    environment: dict[str, Any] = doc("package versions, device, threads", factory=dict)
+    environment: dict[str, Any] = doc(
+        "package versions, `source` (the git commit of the creditaudit source, `+dirty` when "
+        "its tracked files under src/ differ; null for an installed wheel), device, threads",
+        factory=dict)
     created: str | None = doc("time the run started (ISO 8601)")
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")

@@ -226,6 +226,7 @@ def test_epoch_diagnostics_bp_record():
     assert record["g_L_zero_fraction"] == 0.0
     assert all(p.grad is None for p in model.parameters())
     assert record["cos_valid"] == [True] * (L + 1) and record["deep_cos_valid"] is True
+    assert record["cos_defined"] == [1.0] * (L + 1)
 
 
 def test_epoch_cosines_carry_their_validity():
@@ -245,3 +246,26 @@ def test_epoch_cosines_carry_their_validity():
     assert record["cos_valid"] == [False] * len(grads)
     assert record["deep_cos_valid"] is False
     assert all(isinstance(c, float) for c in record["cos_per_layer"])  # value kept beside
+
+
+def test_epoch_cosines_say_how_many_samples_they_average_over():
+    """A sample whose credit is exactly zero has no direction: the cosine is over the rest,
+    and cos_defined says what share that is (an EP relaxation once returned confident
+    samples to their free states with zero credit, and the per-epoch cosine hid it)."""
+    model = mlp()
+    rule = build_rule(model, MethodConfig(name="dfa"), n_classes=4, seed=0)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(20, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 4, (20,), generator=gen)
+    full, _ = epoch_diagnostics(rule, x, y)
+    keep = (torch.arange(20) % 4 != 0).to(F64)  # samples 0, 4, 8, … get zero credit
+    credits = rule.credits
+    rule.credits = lambda xs, ys: [a * keep[:xs.shape[0]].view(-1, 1) for a in credits(xs, ys)]
+    record, sg = epoch_diagnostics(rule, x, y)
+    L = model.n_blocks
+    assert record["cos_defined"] == [0.75] * (L + 1)
+    kept = keep.bool()
+    for layer, cos in enumerate(record["cos_per_layer"]):
+        want = cosine_per_sample(credits(x, y)[layer][kept], sg.grads[layer][kept]).mean()
+        assert cos == pytest.approx(float(want), abs=1e-12)
+    assert full["cos_defined"] == [1.0] * (L + 1)

@@ -26,11 +26,13 @@ from creditaudit.records import (
     INIT_FILE,
     RECORD_FILE,
     SCHEMA,
+    RunRecord,
     atomic_write_json,
     comparable,
     load_checkpoint,
     load_record,
 )
+from creditaudit.report import format_run_summary
 from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer, train
 
@@ -42,9 +44,9 @@ TINY = {
     "diagnostics.eval_samples": 256, "diagnostics.end_of_run": False, "run.progress": False,
 }
 EPOCH_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "acc_eval", "hidden_norms",
-              "bp_grad_norms_per_sample_med", "h_L_norm", "g_2_norm", "cos_per_layer", "lr",
-              "seconds")
-LAYER_KEYS = ("hidden_norms", "bp_grad_norms_per_sample_med", "cos_per_layer")
+              "bp_grad_norms_per_sample_med", "h_L_norm", "g_2_norm", "cos_per_layer",
+              "cos_defined", "lr", "seconds")
+LAYER_KEYS = ("hidden_norms", "bp_grad_norms_per_sample_med", "cos_per_layer", "cos_defined")
 
 
 def tiny(out_dir: Path | str, **overrides) -> RunConfig:
@@ -102,6 +104,20 @@ def test_record_has_every_epoch_and_key(tmp_path, method):
     assert record["final"]["epochs_completed"] == 2
     assert record["final"]["test_acc"] == log[-1]["acc_eval"]
     assert set(record["diagnostics"]["drift"]) == set(checkpoint(result.run_dir)["model"])
+
+
+def test_run_summary_marks_a_cosine_over_fewer_than_all_samples(tmp_path):
+    """The summary table marks a deep cosine that left out zero credits (†), with the
+    smallest share it averaged over; a full one stays unmarked."""
+    raw = train(tiny(tmp_path)).record.to_dict()
+    assert raw["log"][-1]["cos_defined"] == [1.0, 1.0, 1.0]
+    assert "†" not in format_run_summary([RunRecord.from_dict(raw)])
+    raw["log"][-1]["cos_defined"] = [1.0, 0.8, 1.0]
+    record = RunRecord.from_dict(raw)
+    assert record.deep_cos_coverage == 0.8
+    text = format_run_summary([record])
+    assert "†" in text.splitlines()[2]
+    assert "as few as 80%" in text
 
 
 def test_diagnostics_do_not_change_training(tmp_path):

@@ -51,6 +51,19 @@ def layer_cosines(credits: list[Tensor], grads: list[Tensor]) -> list[float]:
     return [mean_cosine(a, g) for a, g in zip(credits, grads)]
 
 
+def layer_cosine_coverage(credits: list[Tensor], grads: list[Tensor]
+                          ) -> tuple[list[float], list[float]]:
+    """Per layer l = 0 … L: the mean cosine cos(a_l, g_l) and the fraction of samples it
+    averages over (a sample whose credit or gradient is exactly zero has no direction and
+    is left out, so below 1 the cosine describes only the rest)."""
+    means, defined = [], []
+    for a, g in zip(credits, grads):
+        per_sample = cosine_per_sample(a, g)
+        means.append(_mean_defined(per_sample))
+        defined.append(float((~torch.isnan(per_sample)).double().mean()))
+    return means, defined
+
+
 class ReferenceDirections:
     """The reference gradients' unit rows, normalised once, for scoring many credits (the
     fresh-feedback null's draws) against them: ``cosines(credits)`` equals
@@ -124,11 +137,8 @@ def layer_cosine_table(credits: list[Tensor], grads: list[Tensor], floor: float
     of the N samples the cosine averages over: a sample whose credit (or gradient) is exactly
     zero has no direction and is left out, so below 1 the cosine describes only the rest.
     """
-    rows = []
-    for layer, (a, g, g_norm) in enumerate(zip(credits, grads, median_norms(grads))):
-        per_sample = cosine_per_sample(a, g)
-        defined = ~torch.isnan(per_sample)
-        rows.append({"layer": layer, "cos": _mean_defined(per_sample), "g_norm": g_norm,
-                     "valid_reference": bool(g_norm >= floor),
-                     "defined": float(defined.double().mean())})
-    return rows
+    means, defined = layer_cosine_coverage(credits, grads)
+    return [{"layer": layer, "cos": cos, "g_norm": g_norm,
+             "valid_reference": bool(g_norm >= floor), "defined": share}
+            for layer, (cos, g_norm, share) in enumerate(zip(means, median_norms(grads),
+                                                             defined))]

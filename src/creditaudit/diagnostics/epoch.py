@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from creditaudit.diagnostics.alignment import deep_mean, layer_cosines
+from creditaudit.diagnostics.alignment import deep_mean, layer_cosine_coverage
 from creditaudit.diagnostics.gradients import (
     REFERENCE_FLOOR,
     StateGradients,
@@ -30,7 +30,9 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
     """Norms, per-sample BP gradient norms and per-layer cosines on the evaluation set.
 
     Each cosine carries its validity: ``cos_valid[l]`` is False where the reference ‖g_l‖
-    is below the floor (1e-7), and ``deep_cos_valid`` says whether every deep layer's is valid.
+    is below the floor (1e-7), and ``deep_cos_valid`` says whether every deep layer's is valid;
+    ``cos_defined[l]`` is the fraction of samples the cosine averages over (a zero credit
+    has no direction).
 
     Runs under a forked RNG so that no random stream used by training advances: weights
     trained with and without diagnostics are bit-identical. Returns the record fields and
@@ -45,7 +47,7 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
         credits = sg.grads if type(rule).credits is BP.credits else rule_credits(rule, x, y)
     hidden = median_norms(sg.states)
     grads = median_norms(sg.grads)
-    cos = layer_cosines(credits, sg.grads)
+    cos, defined = layer_cosine_coverage(credits, sg.grads)
     valid = [bool(g >= REFERENCE_FLOOR) for g in grads]
     zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
     record: dict[str, object] = {
@@ -59,6 +61,7 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor) -> tuple[dict[str,
         "max_block_growth": max_block_growth(hidden),
         "cos_per_layer": cos,
         "cos_valid": valid,
+        "cos_defined": defined,
         "deep_cos": deep_mean(cos),
         "deep_cos_valid": all(valid[1:]),
     }

@@ -100,6 +100,9 @@ class EpochEntry:
     cos_valid: list[bool] | None = doc(
         "per state: whether the reference ‖g_l‖ is at or above the floor (1e-7); a cosine "
         "against a gradient below the floor is measured against numerical noise")
+    cos_defined: list[float] | None = doc(
+        "per state: the fraction of samples cos_per_layer averages over (a sample whose "
+        "credit or gradient is exactly zero has no direction and is left out)")
     deep_cos: float | None = doc("mean of cos_per_layer over the deep states l ≥ 1")
     deep_cos_valid: bool | None = doc("whether every deep state's reference is valid")
     feedback_layers: list[str] | None = doc(

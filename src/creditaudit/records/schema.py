@@ -226,6 +226,18 @@ class RunRecord:
         return None if last is None else last.deep_cos_valid
 
     @property
+    def deep_cos_coverage(self) -> float | None:
+        """The smallest fraction of samples a deep state's cosine averages over (below 1:
+        some credits or gradients are exactly zero); end of run, else the last epoch; None
+        for records that predate the field."""
+        table = self.diagnostics.cosine_table
+        last = self.last_entry()
+        shares = ([row.get("defined") for row in table[1:]] if table
+                  else (last.cos_defined or [])[1:] if last else [])
+        kept = [v for v in (finite_number(x) for x in shares) if v is not None]
+        return min(kept) if kept else None
+
+    @property
     def headline_gamma(self) -> float | None:
         """Headline Γ (samples then layers): end of run, else the last epoch's cosines
         averaged over layers (the same aggregation)."""

@@ -31,7 +31,9 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             verdict = index.verdict(record).text
         cos = record.deep_cos
         valid = record.deep_cos_valid
-        cos_text = fmt(cos, "+.3f") + ("*" if valid is False and cos is not None else "")
+        coverage = record.deep_cos_coverage
+        cos_text = (fmt(cos, "+.3f") + ("*" if valid is False and cos is not None else "")
+                    + ("†" if coverage is not None and coverage < 1 else ""))
         lines.append(
             f"{record.method:<14}{record.status:<12}"
             f"{last.epoch if last else 0:>6}{fmt(record.final_acc, '.3f'):>10}"
@@ -40,4 +42,10 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     if any(r.deep_cos_valid is False for r in records):
         lines.append("* measured against reference gradients below the 1e-7 floor: not a "
                      "valid cosine")
+    uncovered = [r.deep_cos_coverage for r in records
+                 if r.deep_cos_coverage is not None and r.deep_cos_coverage < 1]
+    if uncovered:
+        lines.append(f"† at some deep state the cosine averages over fewer than all samples "
+                     f"(as few as {min(uncovered):.0%}): the others' credits or gradients are "
+                     "exactly zero")
     return "\n".join(lines)

@@ -24,8 +24,10 @@ from creditaudit.data.identity import DataIdentity, data_identity
 
 ID_VERSION = 3
 # method → its own id version; absent = 0, which adds nothing to the hash. ep 1: the default
-# relaxation became residual-cg (it was cg).
-METHOD_ID_VERSIONS = {"ep": 1}
+# relaxation became residual-cg (it was cg). ep 2: residual-cg's bound on the nudged energy
+# allows for the rounding of the logits (in float32 it had sent confident samples back to
+# their free states with zero credit), so EP records trained before that are not reused.
+METHOD_ID_VERSIONS = {"ep": 2}
 
 
 def data_seed(config: RunConfig) -> int:

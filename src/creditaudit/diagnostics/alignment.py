@@ -48,7 +48,7 @@ def mean_cosine(a: Tensor, g: Tensor) -> float:
 
 def layer_cosines(credits: list[Tensor], grads: list[Tensor]) -> list[float]:
     """Per-layer mean cosine cos(a_l, g_l), l = 0 … L."""
-    return [mean_cosine(a, g) for a, g in zip(credits, grads)]
+    return layer_cosine_coverage(credits, grads)[0]
 
 
 def layer_cosine_coverage(credits: list[Tensor], grads: list[Tensor]

@@ -28,6 +28,8 @@ class NudgedEnergy:
     ``free`` are the free states h_0 … h_L (relaxation dtype), ``y`` ``(B,)`` labels.
     """
 
+    value_scale = None  # no per-sample values, so nothing to bound
+
     def __init__(self, model: ResidualNet, free: list[Tensor], y: Tensor, beta: float) -> None:
         self.model, self.free, self.y, self.beta = model, free, y, beta
         with torch.no_grad():
@@ -53,8 +55,6 @@ class NudgedEnergy:
 
     def start(self) -> tuple[Tensor, None]:
         return self.start_gradient(), None
-
-    value_scale = None  # no per-sample values to bound
 
     def probe(self, x: Tensor) -> tuple[Tensor, None]:
         """∇F at ``x``, without values: the bound on F is residual-cg's, and `cg` keeps the
@@ -105,15 +105,15 @@ class NudgedEnergy:
 class Energy(Protocol):
     """F of one batch over flat ``(B, N)`` coordinates (what the CG iterations need)."""
 
+    # ``(B, 1)`` magnitude on which the per-sample values are rounded beyond their own
+    # (None without values).
+    value_scale: Tensor | None
+
     def zeros(self) -> Tensor: ...
 
     def start(self) -> tuple[Tensor, Tensor | None]:
         """:meth:`probe` at the free states."""
         ...
-
-    # ``(B, 1)`` magnitude on which the per-sample values are rounded beyond their own
-    # (None without values).
-    value_scale: Tensor | None
 
     def probe(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """(∇F at ``x``, flat like it; the per-sample values F_i ``(B, 1)`` there, or None

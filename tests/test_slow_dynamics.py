@@ -28,7 +28,7 @@ def trajectory(tmp_path, method: str) -> tuple[list[float], list[float]]:
     assert config.data.n_train == 20000
     result = train(config)
     assert result.status == "completed"
-    log = result.record["log"]
+    log = result.record.to_dict()["log"]
     assert [e["epoch"] for e in log] == list(range(EPOCHS + 1))
     h = [e["h_L_norm"] for e in log]
     g = [e["g_L_norm"] for e in log]

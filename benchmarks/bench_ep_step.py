@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from bench_ep_trained import run_model
+from bench_steps import load_text
 from creditaudit.config import MethodConfig
 from creditaudit.data import load_dataset
 from creditaudit.methods import build_rule
@@ -118,12 +119,10 @@ def main() -> None:
     if any(not torch.equal(value, weights[key]) for key, value in model.state_dict().items()):
         raise SystemExit("the timed steps changed the checkpoint's weights")
     ratios = [e / b for e, b in zip(ms["ep"], ms["bp"])]
-    one, five, fifteen = os.getloadavg()
     print(f"EP/BP per step: median {statistics.median(ratios):.2f} (range {min(ratios):.2f}–"
           f"{max(ratios):.2f}); EP {statistics.median(ms['ep']):.1f} ms, BP "
           f"{statistics.median(ms['bp']):.1f} ms; energy evaluations per EP step "
-          f"{statistics.median(evaluations):.2f}; load average (1, 5, 15 min): {one:.2f}, "
-          f"{five:.2f}, {fifteen:.2f}")
+          f"{statistics.median(evaluations):.2f}; {load_text()}")
 
 
 if __name__ == "__main__":

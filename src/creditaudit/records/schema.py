@@ -231,10 +231,12 @@ class RunRecord:
         some credits or gradients are exactly zero); end of run, else the last epoch; None
         for records that predate the field."""
         table = self.diagnostics.cosine_table
-        last = self.last_entry()
-        shares = ([row.get("defined") for row in table[1:]] if table
-                  else (last.cos_defined or [])[1:] if last else [])
-        kept = [v for v in (finite_number(x) for x in shares) if v is not None]
+        if table:
+            shares = [row.get("defined") for row in table]
+        else:
+            last = self.last_entry()
+            shares = (last.cos_defined or []) if last else []
+        kept = [v for v in (finite_number(x) for x in shares[1:]) if v is not None]
         return min(kept) if kept else None
 
     @property

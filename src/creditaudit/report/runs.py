@@ -21,6 +21,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     header = (f"{'method':<14}{'status':<12}{'epochs':>6}{'test acc':>10}{'‖h_L‖':>11}"
               f"{'‖g_L‖':>11}{'deep cos':>10}  verdict")
     lines = [header, "-" * len(header)]
+    partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
     for record in records:
         last = record.log[-1] if record.log else None
         if record.is_frozen_baseline:
@@ -32,8 +33,11 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         cos = record.deep_cos
         valid = record.deep_cos_valid
         coverage = record.deep_cos_coverage
+        incomplete = coverage is not None and coverage < 1
+        if incomplete:
+            partial.append(coverage)
         cos_text = (fmt(cos, "+.3f") + ("*" if valid is False and cos is not None else "")
-                    + ("†" if coverage is not None and coverage < 1 else ""))
+                    + ("†" if incomplete else ""))
         lines.append(
             f"{record.method:<14}{record.status:<12}"
             f"{last.epoch if last else 0:>6}{fmt(record.final_acc, '.3f'):>10}"
@@ -42,10 +46,8 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     if any(r.deep_cos_valid is False for r in records):
         lines.append("* measured against reference gradients below the 1e-7 floor: not a "
                      "valid cosine")
-    uncovered = [r.deep_cos_coverage for r in records
-                 if r.deep_cos_coverage is not None and r.deep_cos_coverage < 1]
-    if uncovered:
+    if partial:
         lines.append(f"† at some deep state the cosine averages over fewer than all samples "
-                     f"(as few as {min(uncovered):.0%}): the others' credits or gradients are "
+                     f"(as few as {min(partial):.0%}): the others' credits or gradients are "
                      "exactly zero")
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from creditaudit.experiments import (
 )
 from creditaudit.experiments.penalty_sweep import LAMBDAS
 from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED
+from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
 
 NAMES = ["audit_table", "random_init", "decision_utility", "threshold_sensitivity",
@@ -277,14 +278,14 @@ def test_group_records_ignores_seed_and_output_folder():
 
 def test_verdict_recomputes_d_only():
     record = fake_record("dfa", 42, acc=0.30, fired="ab")
-    verdict = record.verdict(frozen_acc=0.35)
+    verdict = record_verdict(record, frozen_acc=0.35)
     assert verdict.statuses == {"a": FIRED, "b": FIRED, "c": PASSED, "d": FIRED}
     assert verdict.margin_pp == pytest.approx(-5.0)
     assert verdict.text == "needs walk-back (a)(b)(d)"
-    assert record.verdict(None).statuses["d"] == NOT_EVALUATED
+    assert record_verdict(record, None).statuses["d"] == NOT_EVALUATED
     passing = fake_record("bp", 42, acc=0.60)
-    assert passing.verdict(None).text == "no walk-back in (a)–(c); (d) not evaluated"
-    assert passing.verdict(0.35).text == "trustworthy"
+    assert record_verdict(passing, None).text == "no walk-back in (a)–(c); (d) not evaluated"
+    assert record_verdict(passing, 0.35).text == "trustworthy"
 
 
 DECISION_RECORDS = [

@@ -331,8 +331,11 @@ def test_cli_missing_folder_is_one_line_error(tmp_path, capsys):
 def test_run_index_selects_by_config_predicates(index, records):
     dfa = index.select(method="dfa", penalty=lambda lam: lam > 0)
     assert {r.run_id for r in dfa} == {r["run_id"] for r in pick(records, "dfa", 0.01)}
+    # out_ln is what the model has: StudentNet has no terminal LN (whatever a config said)
     assert {r.arch for r in index.select(out_ln=True, arch=("resmlp", "student"))} == {
-        "resmlp", "student"}
+        "resmlp"}
+    assert {r.arch for r in index.select(out_ln=False, arch=("resmlp", "student"))} == {
+        "student"}
     seeds = index.by_seed(method="bp", penalty=0.0, arch="resmlp")
     assert list(seeds) == list(SEEDS)
     assert all(len(runs) == 1 and runs[0].seed == s for s, runs in seeds.items())

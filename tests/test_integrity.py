@@ -34,6 +34,7 @@ import torch
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
+from creditaudit.plan import run_id
 from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
@@ -44,7 +45,6 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
-from creditaudit.run_ids import run_id
 from creditaudit.strict_json import check_strict
 from creditaudit.sweep import CLAIM_FILE, SWEEP_LOG_FILE
 from integrity_support import (

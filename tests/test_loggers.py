@@ -17,8 +17,8 @@ from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.loggers import ConsoleLogger, RunStart, end_of_run_scalars, epoch_scalars
+from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, load_checkpoint
-from creditaudit.run_ids import run_id
 from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")

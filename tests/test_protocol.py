@@ -25,7 +25,6 @@ from creditaudit.protocol import (
     CAUSE_SATURATION_NO_LN,
     NO_FROZEN_REASON,
     DiagnosticReport,
-    config_metadata,
     cross_batch_stability,
     evaluate_protocol,
 )
@@ -421,7 +420,14 @@ def test_docs_example_audits_a_plain_module(capsys):
     ("brsf", True), ("kp", True), ("state-bridge", True), ("credit-bridge", True),
     ("bp", False), ("usf", False), ("ep", False), ("frozen", False)])
 def test_metadata_shows_the_feedback_seed_of_every_rule_that_draws_from_it(method, draws):
+    from creditaudit.protocol.records import record_metadata
+    from creditaudit.records import RunRecord
+
     config = RunConfig().replace(**{"method.name": method, "run.seed": 7})
-    assert config_metadata(config)["feedback_seed"] == (7 if draws else None)
+    assert record_metadata(RunRecord(config=config))["feedback_seed"] == (7 if draws else None)
+    if not draws:  # a rule that draws nothing does not read the option: setting it is an error
+        with pytest.raises(ConfigError, match=f"method.feedback_seed is not read by {method}"):
+            config.replace(**{"method.feedback_seed": 3})
+        return
     config = config.replace(**{"method.feedback_seed": 3})
-    assert config_metadata(config)["feedback_seed"] == (3 if draws else None)
+    assert record_metadata(RunRecord(config=config))["feedback_seed"] == 3

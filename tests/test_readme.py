@@ -39,6 +39,13 @@ def test_every_config_key_is_documented():
              if f"| `{key}` | `{default}` | {help_text.replace('|', '/')} |" not in text]
     assert not stale, ("docs/configuration.md's rows for these keys differ from the code's "
                        f"help: {stale}; run python scripts/gen_config_doc.py")
+    # every option an installed rule, architecture, dataset or diagnostic declares
+    from creditaudit.config import component_help
+
+    options = {key for *_, rows in component_help() for key, _, _ in rows}
+    missing = sorted(key for key in options if f"| `{key}` |" not in text)
+    assert not missing, (f"document these options in docs/configuration.md: {missing}; run "
+                         "python scripts/gen_config_doc.py")
 
 
 def test_relative_links_in_the_docs_point_at_files():

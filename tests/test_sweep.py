@@ -18,8 +18,8 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, DataError
+from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
-from creditaudit.run_ids import run_id
 from creditaudit.sweep import (
     CLAIM_FILE,
     SUMMARY_FILE,
@@ -156,7 +156,8 @@ def test_missing_data_stops_the_sweep_before_any_run(tmp_path):
     out = tmp_path / "out"
     missing = tmp_path / "no-mnist-here"
     configs = [tiny(out, **{"method.name": "dfa"}),
-               tiny(out, **{"data.name": "mnist", "data.data_dir": str(missing)})]
+               RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(missing),
+                                      "run.out_dir": str(out)})]
     with pytest.raises(DataError, match="no-mnist-here"):
         sweep(configs)
     assert not out.exists() or not list(out.glob("*/record.json"))

@@ -13,8 +13,8 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError
+from creditaudit.plan import run_id
 from creditaudit.records import RECORD_FILE, load_record
-from creditaudit.run_ids import run_id
 from creditaudit.sweep import SUMMARY_FILE, SWEEP_LOG_FILE, load_sweep, prepare_configs, run_sweep
 from creditaudit.sweep.ray_cluster import check_one_run_fits, parallel_runs
 from integrity_support import assert_one_line_error

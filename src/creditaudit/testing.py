@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import bind
 from creditaudit.methods.base import CreditRule, rms_normalise
 from creditaudit.methods.registry import validate_rule_class
 from creditaudit.models import ConvMixer, ResidualMLP, ResidualNet, ViTMini, set_trainable_blocks
@@ -97,7 +97,7 @@ def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
               arch: str = "resmlp", **options: Any) -> CreditRule:
     """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields)."""
     model = tiny_model(seed, dtype, arch)
-    config = MethodConfig(name=cls.name, **options)
+    config = bind(cls, "method", **options)
     set_trainable_blocks(model, config.trainable_blocks)
     return cls(model, config, n_classes=CLASSES, generator=torch.Generator().manual_seed(7))
 
@@ -369,8 +369,6 @@ def rule_checks(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS) -> lis
                 continue
             if check is fresh_feedback_is_swappable and cls.feedback_kind != "fixed_random":
                 continue
-            if check is frozen_blocks_stay_untouched and cls.name == "frozen":
-                continue  # every block is frozen already; nothing to tell apart
             out.append(Check(check, cls, arch))
     return out
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from creditaudit.cli.common import add_device_options, env_overrides
-from creditaudit.config import RunConfig, device_overrides
+from creditaudit.config import RunConfig, apply_where_read, device_overrides
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
@@ -85,17 +85,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def depth_utility_lines(records: list[RunRecord]) -> list[str]:
     """Diagnostic (d) of every trained method: its margin over the frozen run."""
     from creditaudit.protocol import Thresholds
-    from creditaudit.records import RecordSet
+    from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 
     index = RecordSet(records)
-    frozen = next((r for r in records if r.is_frozen_baseline), None)
+    frozen = next((r for r in records if is_frozen_baseline(r)), None)
     if frozen is None or frozen.final_acc is None:
         return []
     lines = [f"(d) depth utility: margin over frozen blocks (test acc {frozen.final_acc:.3f}); "
              f"fires below {Thresholds().margin_pp:g} pp"]
     for record in records:
         verdict = index.verdict(record)
-        if record.is_frozen_baseline or verdict.margin_pp is None:
+        if is_frozen_baseline(record) or verdict.margin_pp is None:
             continue
         lines.append(f"  {record.method:<12}{verdict.margin_pp:+7.1f} pp  "
                      f"{verdict.statuses['d']}")
@@ -104,8 +104,8 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.data import load_dataset
+    from creditaudit.plan import run_id
     from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.run_ids import run_id
     from creditaudit.sweep import LocalExecutor, run_sweep
 
     started = time.perf_counter()
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                for method in DEMO_METHODS]
     shrink = env_overrides()
     if shrink:
-        configs = [config.replace(**shrink) for config in configs]
+        configs = [apply_where_read(config, shrink) for config in configs]
     from creditaudit.run_setup import resolve_device
     from creditaudit.safe_files import ensure_folder
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from creditaudit.cli.common import add_device_options
-from creditaudit.config import DATASETS
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
@@ -28,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="experiment name, or 'all' (see --list)")
     parser.add_argument("--scale", choices=("smoke", "cpu", "paper"), default=None,
                         help=SCALE_HELP)
-    parser.add_argument("--dataset", choices=DATASETS, default=None,
+    parser.add_argument("--dataset", default=None, metavar="NAME",
                         help="dataset instead of the scale's default (synthetic, "
                              "fashion-mnist, cifar10); mnist1d is generated (no data folder)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",

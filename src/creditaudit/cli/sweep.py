@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from creditaudit.cli.common import add_device_options, env_overrides, finite_float
-from creditaudit.config import device_overrides
+from creditaudit.config import apply_where_read, device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
@@ -125,7 +125,7 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 
 def _labels(configs: list[Any], keys: list[str]) -> list[str]:
     """Each run's values of the sweep keys that vary between runs (``name=bp seed=42``)."""
-    from creditaudit.run_ids import run_id
+    from creditaudit.plan import run_id
     from creditaudit.sweep import config_value
 
     keys = [key for key in keys
@@ -137,9 +137,9 @@ def _labels(configs: list[Any], keys: list[str]) -> list[str]:
 
 def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
     """format_run_summary of the runs that have a record, each row led by its grid values."""
+    from creditaudit.plan import run_id
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.report import format_run_summary
-    from creditaudit.run_ids import run_id
 
     records, labels = [], []
     for config, label in zip(configs, _labels(configs, grid_keys)):
@@ -234,17 +234,26 @@ def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.sweep import DEFAULT_STALE_AFTER, load_sweep, prepare_configs, run_sweep
+    from creditaudit.sweep import (
+        DEFAULT_STALE_AFTER,
+        dedupe,
+        load_sweep,
+        prepare_configs,
+        run_sweep,
+    )
 
     stale_after = DEFAULT_STALE_AFTER if args.stale_after is None else args.stale_after
     if stale_after <= 0:
         raise ConfigError(f"--stale-after must be > 0 seconds, got {stale_after}")
     sweep = load_sweep(args.sweep_file)
     overrides = device_overrides(args.device, args.precision)
-    overrides.update(env_overrides())
     if args.out is not None:
         overrides["run.out_dir"] = args.out
-    configs = prepare_configs(sweep.configs(overrides), threads=args.threads_per_worker)
+    configs = sweep.configs(overrides)
+    shrink = env_overrides()
+    if shrink:
+        configs = dedupe([apply_where_read(config, shrink) for config in configs])
+    configs = prepare_configs(configs, threads=args.threads_per_worker)
     grid_keys = sweep.grid_keys
     if args.dry_run:
         return _dry_run(configs, grid_keys, args, stale_after)

@@ -22,8 +22,8 @@ from creditaudit.experiments.registry import (
     get_experiment,
 )
 from creditaudit.experiments.scales import get_scale
+from creditaudit.plan import run_id
 from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
-from creditaudit.run_ids import run_id
 from creditaudit.safe_files import atomic_write_bytes
 from creditaudit.sweep import dedupe
 

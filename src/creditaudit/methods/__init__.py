@@ -47,8 +47,8 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     """
     cls = rule_class(config.name)
     set_trainable_blocks(model, config.trainable_blocks)
-    feedback_seed = seed if config.feedback_seed is None else config.feedback_seed
-    generator = feedback_generator(feedback_seed)
+    feedback_seed = config.feedback_seed if cls.draws_feedback() else None
+    generator = feedback_generator(seed if feedback_seed is None else feedback_seed)
     return cls(model, config, n_classes=n_classes, generator=generator)
 
 

@@ -9,7 +9,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.methods.base import StepResult, output_error, state_credit_shape, step_result
-from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
 from creditaudit.methods.projected import credit_scales, projected_backward, projected_forward
 from creditaudit.methods.registry import register
 
@@ -28,6 +28,7 @@ class DFA(FixedFeedbackRule):
     label = "DFA"
     credit_formula = "a_l = B_l^T e"
     local = True
+    Options = LocalFeedbackOptions
     color, marker = "#b2182b", "D"
     rank = 20
 

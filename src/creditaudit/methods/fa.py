@@ -15,7 +15,7 @@ from creditaudit.methods.base import (
     loss_precision,
     step_result,
 )
-from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
 
@@ -47,6 +47,7 @@ class FA(FixedFeedbackRule):
     label = "FA"
     credit_formula = "a_l = B_l a_{l+1}, a_L exact"
     local = True
+    Options = LocalFeedbackOptions
     color, marker = "#e08214", "s"
     rank = 10
 

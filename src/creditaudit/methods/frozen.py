@@ -20,6 +20,7 @@ class Frozen(BP):
     credit_formula = "blocks frozen; readout by BP"
     color, marker = "#636363", "X"
     rank = 1000
+    baseline = True
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -50,7 +50,7 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ModelContractError
-from creditaudit.methods.base import CreditRule, StepResult, loss_precision
+from creditaudit.methods.base import CreditRule, FeedbackOptions, StepResult, loss_precision
 from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
 from creditaudit.models.contract import ResidualNet
@@ -271,7 +271,7 @@ class LinearFeedbackRule(CreditRule):
     """
 
     local = False
-    uses_feedback_seed = True
+    Options = FeedbackOptions
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import types
 import typing
 
-from creditaudit.data.identity import DataIdentity
+from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.records.parts import EndOfRun, EpochEntry, FinalResults, ProtocolState
 from creditaudit.records.schema import SCHEMA, RunRecord
 
@@ -26,6 +26,10 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "(`diagnostics.end_of_run`). Rule-specific metrics (`extras`) are keys of this object."),
     ("Protocol during training (`protocol`)", ProtocolState, ""),
     ("Data identity (`data`)", DataIdentity, ""),
+    ("The model as built (`model`)", ModelDescription,
+     "Asked of the model itself when the run started; records before schema 3 lack it "
+     "(reports then build the model from the record's config on PyTorch's meta device and "
+     "ask it)."),
 )
 
 

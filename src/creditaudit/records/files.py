@@ -24,9 +24,9 @@ from typing import Any
 
 from creditaudit import strict_json
 from creditaudit.config import RunConfig, load_config
+from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.records.schema import DataIdentity, RunRecord
-from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.safe_files import (
     atomic_write_json,
     describe_os_error,
@@ -40,7 +40,7 @@ CONFIG_FILE = "config.toml"
 
 
 # --- records -------------------------------------------------------------------------------
-def environment(device: str) -> dict[str, Any]:
+def environment(device: str, components: dict[str, Any] | None = None) -> dict[str, Any]:
     """Package versions, the source revision, device and threads: what a reader needs to
     reproduce the run."""
     import numpy
@@ -56,6 +56,7 @@ def environment(device: str) -> dict[str, Any]:
         "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda_device": torch.cuda.get_device_name(0) if cuda else None, "device": device,
+        "components": components,
     }
 
 
@@ -63,13 +64,13 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def new_record(config: RunConfig, *, device: str, data: DataIdentity | None = None
-               ) -> RunRecord:
-    """A fresh ``running`` record of ``config`` (``data``: its data identity, computed when
-    not given)."""
-    data = data or run_data_identity(config)
-    return RunRecord(run_id=run_id(config, data), config=config, status="running", data=data,
-                     environment=environment(device), created=now())
+def new_record(config: RunConfig, *, device: str, run_id: str = "",
+               data: DataIdentity | None = None, model: ModelDescription | None = None,
+               code: dict[str, Any] | None = None) -> RunRecord:
+    """A fresh ``running`` record of ``config`` (``run_id``, ``data``, ``model`` and the
+    components' ``code`` versions as the run plan and the built model give them)."""
+    return RunRecord(run_id=run_id, config=config, status="running", data=data, model=model,
+                     environment=environment(device, code), created=now())
 
 
 def record_path(path: Path | str) -> Path:

@@ -44,29 +44,6 @@ def deep_mean(values: Sequence[Any] | None) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-@dataclass
-class Verdict:
-    """A run's protocol outcome as readers report it.
-
-    ``statuses``: (a)…(d) → fired / passed / not evaluated; ``verdict``: needs walk-back,
-    trustworthy (all four evaluated) or incomplete; ``text``: what a table prints;
-    ``margin_pp``: (d)'s statistic; ``frozen_acc``: the baseline it was compared with.
-    """
-
-    statuses: dict[str, str]
-    fired: list[str]
-    not_evaluated: list[str]
-    verdict: str
-    text: str
-    margin_pp: float | None = None
-    frozen_acc: float | None = None
-    frozen_runs: int = 0
-
-    @property
-    def walked_back(self) -> bool:
-        return bool(self.fired)
-
-
 # --- one epoch ----------------------------------------------------------------------------
 @dataclass
 class EpochEntry:

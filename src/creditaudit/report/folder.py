@@ -26,12 +26,13 @@ from creditaudit.figures.common import ARCH_LABELS, method_label
 from creditaudit.figures.runs import Run, RunIndex, mean_std, sort_methods
 from creditaudit.formatting import fmt, markdown_table, one_line
 from creditaudit.protocol import (
-    DIAGNOSTIC_NAMES,
     FIRED,
     HEADLINE_GAMMA,
     NOT_EVALUATED,
     DiagnosticReport,
+    default_names,
 )
+from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.report.html import markdown_to_html
 from creditaudit.report.protocol import render_markdown
 from creditaudit.safe_files import atomic_write_bytes
@@ -64,7 +65,7 @@ def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
 
 
 def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
-    if run.record.is_frozen_baseline and run.record.is_finished:
+    if is_frozen_baseline(run.record) and run.record.is_finished:
         return "baseline of (d)"
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
@@ -94,7 +95,7 @@ def audit_row(index: RunIndex, run: Run) -> dict[str, str]:
         "dataset": run.dataset, "seed": str(run.seed), "status": run.status,
         "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
         AUDIT_COLUMNS[10]: fmt(run.headline_gamma, "+.3f"),
-        **{f"({i})": diagnostic_cell(report, i) for i in DIAGNOSTIC_NAMES},
+        **{f"({i})": diagnostic_cell(report, i) for i in default_names()},
         "verdict": verdict_cell(report, run),
     }
 

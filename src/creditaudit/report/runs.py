@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from creditaudit.formatting import fmt
-from creditaudit.records import RecordSet, RunRecord
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.records import RunRecord
 
 BASELINE_TEXT = "frozen baseline of (d)"
 
@@ -24,7 +25,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
     for record in records:
         last = record.log[-1] if record.log else None
-        if record.is_frozen_baseline:
+        if is_frozen_baseline(record):
             verdict = BASELINE_TEXT
         elif record.protocol.epoch is None:
             verdict = "—"

@@ -3,6 +3,7 @@ validated run configs (see :mod:`creditaudit.sweep` for the file format)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -11,9 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import RunConfig, apply_overrides, config_from_dict, semantic_dict
+from creditaudit.config import (
+    SECTION_TYPES,
+    SELECTORS,
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    merge_overrides,
+    semantic_dict,
+)
 from creditaudit.errors import ConfigError
-from creditaudit.methods.registry import rule_class
+from creditaudit.registry import DIAGNOSTICS
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +48,24 @@ def _describe(values: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value!r}" for key, value in values.items())
 
 
-def _section_fields() -> dict[str, list[str]]:
-    import dataclasses
+def known_keys() -> dict[str, list[str]]:
+    """Every key a sweep may set, per section: the section's common keys, every installed
+    component's own options, and each diagnostic's options (``a.growth``)."""
+    known = {name: [f.name for f in dataclasses.fields(cls)]
+             for name, cls in SECTION_TYPES.items()}
+    for section, (_, registry) in SELECTORS.items():
+        for component in registry.classes():
+            known[section] += [k for k in component.option_names() if k not in known[section]]
+    for diagnostic in DIAGNOSTICS.classes():
+        known["diagnostics"] += [f"{diagnostic.name}.{k}" for k in diagnostic.option_names()]
+    return known
 
-    from creditaudit.config import SECTION_TYPES
 
-    return {name: [f.name for f in dataclasses.fields(cls)]
-            for name, cls in SECTION_TYPES.items()}
-
-
-def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
-    """A validated config from nested ``raw`` sections plus dotted ``overrides`` (its rule
-    must be installed)."""
-    merged = {section: dict(values) for section, values in raw.items()}
-    for key, value in overrides.items():
-        section, _, name = key.partition(".")
-        merged.setdefault(section, {})[name] = value
-    config = config_from_dict(merged)
-    rule_class(config.method.name)
-    return config
+def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any],
+                    dropped: list[str]) -> RunConfig:
+    """A validated config from nested ``raw`` sections plus dotted ``overrides``; the
+    options of another component than the one a run selects go into ``dropped``."""
+    return config_from_dict(merge_overrides(raw, overrides, dropped), dropped=dropped)
 
 
 def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
@@ -74,7 +82,7 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     raw = base.to_dict() if isinstance(base, RunConfig) else base
     grid = flatten_keys(grid)
     include = [flatten_keys(extra) for extra in include]
-    fields = _section_fields()
+    fields = known_keys()
     for key in [*grid, *(k for extra in include for k in extra)]:
         section, _, name = key.partition(".")
         if section not in fields or name not in fields[section]:
@@ -94,15 +102,25 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     n_grid = len(combos)
     combos += include
     configs: list[RunConfig] = []
+    not_read: dict[str, set[str]] = {}
     for index, overrides in enumerate(combos):
+        dropped: list[str] = []
         try:
-            configs.append(_with_overrides(raw, overrides))
+            config = _with_overrides(raw, overrides, dropped)
         except ConfigError as err:
             if str(err) == base_error:  # the grid did not cause it
                 raise ConfigError(f"[base]: {err}") from None
             where = "grid combination" if index < n_grid else "[[include]] run"
             raise ConfigError(f"{where} {{{_describe(overrides)}}} is not a valid run: "
                               f"{err}") from None
+        configs.append(config)
+        for key in dropped:
+            section = key.partition(".")[0]
+            selector = SELECTORS[section][0]
+            not_read.setdefault(key, set()).add(getattr(getattr(config, section), selector))
+    for key, names in sorted(not_read.items()):
+        log.warning("warning: %s is not read by %s: left out of those runs (and of their run "
+                    "ids)", key, ", ".join(sorted(names)))
     return dedupe(configs)
 
 
@@ -137,7 +155,8 @@ def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
     seen: set[str] = set()
     out = []
     for config in configs:
-        key = json.dumps([semantic_dict(config), config.data.data_dir], sort_keys=True)
+        key = json.dumps([semantic_dict(config), config.to_dict()["data"].get("data_dir")],
+                         sort_keys=True)
         if key not in seen:
             seen.add(key)
             out.append(config)

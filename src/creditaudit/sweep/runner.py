@@ -11,7 +11,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
-from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import ensure_folder
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor

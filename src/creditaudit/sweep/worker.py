@@ -16,7 +16,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import ConfigError, CreditAuditError, OutputError, RunRecordError
-from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import describe_os_error
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
@@ -72,8 +72,7 @@ def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
     """Record a run that raised before the training loop wrote its first record."""
     from creditaudit.records import new_record, save_record
 
-    record = new_record(config, device=config.run.device)
-    record.run_id = run_dir.name
+    record = new_record(config, device=config.run.device, run_id=run_dir.name)
     record.status = "failed"
     record.error = error
     save_record(run_dir, record)

@@ -19,7 +19,7 @@ in float64, on a few samples:
   u = J·w / ‖J·w‖; a module whose backward raises is at fault too.
 
 Finite differences are judged by their own accuracy. Steps are relative to the state
-(s = δ·‖h‖ per sample, so a stream grown to 1e7 is probed like one of norm 1), at six sizes
+(s = δ·‖h‖ per sample, so a stream grown to 1e7 is probed like one of norm 1), at five sizes
 δ ∈ :data:`STEPS`: large steps lose to curvature, small ones to rounding. The uncertainty of
 the difference at one step is its distance from the next larger step's plus the float64
 rounding of the losses it subtracts (:data:`ROUNDING_ULPS` ulps of the largest logit).
@@ -60,7 +60,7 @@ from creditaudit.errors import ModelContractError
 PROBE_POOL = 32  # samples whose loss picks the probes
 PROBE_SAMPLES = 4  # the probes: the largest-loss samples of the pool
 RANDOM_DIRECTIONS = 3  # per probe and state, beside the claimed gradient's direction
-STEPS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)  # relative central-difference steps
+STEPS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7)  # relative central-difference steps, largest first
 TOLERANCE = 1e-6  # relative disagreement that refuses, where differences resolve it
 PRECISION = 1e-3  # a difference less certain than this (relative) says nothing
 ROUNDING_ULPS = 64  # the rounding of one loss value: ulps of its largest logit
@@ -149,27 +149,52 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
 
 
 # --- the verdict of one comparison ------------------------------------------------------------
+Difference = Callable[[float, Tensor], tuple[Tensor, Tensor]]
+
+
 def _verdicts(backward: Tensor, forward: Tensor, noise: Tensor) -> Tensor:
     """+1 (agrees), −1 (disagrees) or 0 (says nothing) per comparison.
 
-    ``backward`` ``(P,)``: ⟨autograd's gradient, direction⟩; ``forward`` ``(S, P)``: the
-    central differences at the :data:`STEPS` (largest first); ``noise`` ``(S, P)``: their
-    rounding error; all in the same units. Any precise step that agrees wins: a kink of
-    ReLU or max crossed by the larger steps spoils those, not the smaller ones.
+    ``backward`` ``(P,)``: ⟨autograd's gradient, direction⟩; ``forward`` ``(2, P)``: the
+    central differences at two adjacent :data:`STEPS` (larger first); ``noise`` ``(2, P)``:
+    their rounding error; all in the same units.
     """
-    estimate = forward[1:]
-    uncertainty = (estimate - forward[:-1]).abs() + noise[1:] + noise[:-1]
+    estimate = forward[1]
+    uncertainty = (estimate - forward[0]).abs() + noise[1] + noise[0]
     size = backward.abs() + estimate.abs()
     precise = (size > 0) & (uncertainty <= PRECISION * size)
-    allowed = torch.maximum(TOLERANCE * size, 10 * uncertainty)
-    off = (backward - estimate).abs() > allowed
-    agrees, disagrees = (precise & ~off).any(dim=0), (precise & off).any(dim=0)
-    return torch.where(agrees, 1, torch.where(disagrees, -1, 0))
+    off = (backward - estimate).abs() > torch.maximum(TOLERANCE * size, 10 * uncertainty)
+    return torch.where(precise, torch.where(off, -1, 1), 0)
+
+
+def _compared(backward: Tensor, difference: Difference) -> Tensor:
+    """+1, −1 or 0 per comparison of ``backward`` ``(P,)`` with the central differences
+    ``difference(δ, which) -> (values, rounding)`` of the comparisons ``which`` (indices),
+    taken at the :data:`STEPS` from the largest down. A comparison that agrees at one pair
+    of adjacent steps agrees, and leaves the running (so a healthy model costs two or three
+    steps); one that disagrees at every precise pair disagrees: a kink of ReLU or max
+    crossed by the larger steps spoils those, not the smaller ones."""
+    agreed = torch.zeros(backward.shape, dtype=torch.bool)
+    disagreed = torch.zeros(backward.shape, dtype=torch.bool)
+    running = torch.arange(backward.shape[0])
+    previous = difference(STEPS[0], running)
+    for delta in STEPS[1:]:
+        current = difference(delta, running)
+        verdicts = _verdicts(backward[running], torch.stack([previous[0], current[0]]),
+                             torch.stack([previous[1], current[1]]))
+        agreed[running[verdicts > 0]] = True
+        disagreed[running[verdicts < 0]] = True
+        going_on = verdicts <= 0
+        running = running[going_on]
+        if running.numel() == 0:
+            break
+        previous = (current[0][going_on], current[1][going_on])
+    return torch.where(agreed, 1, torch.where(disagreed, -1, 0))
 
 
 def _disagree(verdicts: Tensor) -> bool:
-    """A group of comparisons disagrees when at least as many disagree as agree (kinks of
-    ReLU or max make the odd comparison disagree; a wrong backward makes most of them)."""
+    """A group of comparisons disagrees when at least as many disagree as agree (the odd
+    comparison may cross a kink at every step; a wrong backward makes most of them)."""
     bad, good = int((verdicts < 0).sum()), int((verdicts > 0).sum())
     return bad > 0 and bad >= good
 
@@ -177,7 +202,11 @@ def _disagree(verdicts: Tensor) -> bool:
 # --- state by state ----------------------------------------------------------------------------
 def _check_states(work: StatesNet, xs: Tensor, ys: Tensor) -> ReferenceCheck:
     """The state-by-state check on the float64 ``work`` model; the module-by-module one
-    where a state's loss is flat at float64 resolution on every probe."""
+    where a state's loss is flat at float64 resolution on every probe.
+
+    First h_0 and h_L only: a backward that is wrong anywhere above h_0 makes g_0 wrong,
+    and h_L tells the head apart; every state is compared only to place a disagreement.
+    """
     generator = torch.Generator().manual_seed(0)
     x64 = _as64(xs)
     with torch.enable_grad():
@@ -191,19 +220,22 @@ def _check_states(work: StatesNet, xs: Tensor, ys: Tensor) -> ReferenceCheck:
                            f"{_error_text(err)}; {FIX}")
     floor = ROUNDING_ULPS * torch.finfo(F64).eps * (
         losses.detach().abs() + logits.detach().abs().amax(dim=1))  # (k,) loss units
-    failing, flat = [], False
-    for layer, (h, g) in enumerate(zip(states, grads)):
-        g = torch.zeros_like(h) if g is None else g
-        verdicts = _state_verdicts(work, layer, h.detach(), g, ys, floor, generator)
-        flat = flat or not any(bool((v != 0).any()) for v in verdicts)
-        if any(_disagree(v) for v in verdicts):
-            failing.append(layer)
-    if failing:
-        _raise_for_segment(work, states, max(failing), len(states) - 1)
-    if flat:
+    last = len(states) - 1
+
+    def verdicts(layer: int) -> tuple[Tensor, Tensor]:
+        g = grads[layer]
+        g = torch.zeros_like(states[layer]) if g is None else g
+        return _state_verdicts(work, layer, states[layer].detach(), g, ys, floor, generator)
+
+    ends = {layer: verdicts(layer) for layer in sorted({0, last})}
+    if any(_disagree(v) for pair in ends.values() for v in pair):
+        failing = [layer for layer in range(last, -1, -1)
+                   if any(_disagree(v) for v in ends.get(layer) or verdicts(layer))]
+        _raise_for_segment(work, states, failing[0], last)
+    if any(not any(bool((v != 0).any()) for v in pair) for pair in ends.values()):
         return _scan_or_raise(work, lambda: work.forward_states(x64), "")
-    return ReferenceCheck(True, "states", f"∂CE/∂h_l agrees with float64 central differences "
-                          f"of the loss at all {len(states)} states")
+    return ReferenceCheck(True, "states", "∂CE/∂h_l agrees with float64 central differences "
+                          "of the loss at h_0 and h_L")
 
 
 def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor,
@@ -218,22 +250,25 @@ def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor
                               dtype=h.dtype, device=h.device)
     v = torch.cat([own, random], dim=1)  # (k, 1 + m, D), unit rows (ĝ = 0 when g = 0)
     m = v.shape[1]
-    backward = torch.einsum("kd,kmd->km", flat_g, v)
+    backward = torch.einsum("kd,kmd->km", flat_g, v).flatten()
+    sample = torch.arange(k, device=h.device).repeat_interleave(m)  # each comparison's probe
+    directions = v.flatten(0, 1)
     h_norm = torch.linalg.vector_norm(flat_h, dim=1)
     h_norm = torch.where(h_norm > 0, h_norm, torch.ones_like(h_norm))  # a zero state: absolute
-    forward, noise = [], []
-    for delta in STEPS:
-        step = (delta * h_norm).view(k, 1, 1)
-        rows = torch.cat([flat_h.unsqueeze(1) + step * v, flat_h.unsqueeze(1) - step * v], 1)
+
+    def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
+        probe = sample[which.to(h.device)]
+        step = delta * h_norm[probe]
+        moved = (step.unsqueeze(1) * directions[which.to(h.device)]).view(-1, *shape)
+        rows = torch.cat([h[probe] + moved, h[probe] - moved])
         with torch.no_grad():
-            logits = work.forward_from(layer, rows.view(k * 2 * m, *shape))
-        ce = F.cross_entropy(logits, y.repeat_interleave(2 * m), reduction="none")
-        ce = ce.view(k, 2, m)
-        forward.append((ce[:, 0] - ce[:, 1]) / (2 * step.view(k, 1)))
-        noise.append((floor.view(k, 1) / step.view(k, 1)).expand(k, m))
-    verdicts = _verdicts(backward.flatten(), torch.stack(forward).flatten(1),
-                         torch.stack(noise).flatten(1)).view(k, m)
-    return verdicts[:, 0], verdicts[:, 1:].flatten()
+            logits = work.forward_from(layer, rows)
+        ce = F.cross_entropy(logits, y[probe].repeat(2), reduction="none")
+        n = probe.shape[0]
+        return ((ce[:n] - ce[n:]) / (2 * step)).cpu(), (floor[probe] / step).cpu()
+
+    compared = _compared(backward.cpu(), difference).view(k, m)
+    return compared[:, 0], compared[:, 1:].flatten()
 
 
 # --- module by module --------------------------------------------------------------------------
@@ -328,44 +363,54 @@ def _module_direction(module: nn.Module, call: _Call, inputs: dict[Key, Tensor],
                                      device=t.device).view(t.shape)
         norm = float(torch.linalg.vector_norm(t))
         w[key] = direction * (norm if norm > 0 else 1.0)
+
+    def output_difference(delta: float) -> list[Tensor]:
+        """(f(t + δw) − f(t − δw)) / 2δ ≈ J·w, output by output."""
+        with torch.no_grad():
+            plus = call.run(module, {k: t + delta * w[k] for k, t in inputs.items()})
+            minus = call.run(module, {k: t - delta * w[k] for k, t in inputs.items()})
+        return [(p - m) / (2 * delta) for p, m in zip(plus, minus)]
+
     try:
         with torch.no_grad():
             base = call.run(module, inputs)
-            moved = [(call.run(module, {k: t + delta * w[k] for k, t in inputs.items()}),
-                      call.run(module, {k: t - delta * w[k] for k, t in inputs.items()}))
-                     for delta in STEPS]
+        if not base:
+            return 0  # no float tensor output (a dict, other things): nothing to compare
+        cache = {STEPS[1]: output_difference(STEPS[1])}
     except Exception:  # noqa: BLE001 — a module that cannot be called on its own: no verdict
         return 0
-    if not base:
-        return 0  # no float tensor output (a dict, a tuple of other things): nothing to compare
-    differences = [[(p - m) / (2 * delta) for p, m in zip(plus, minus)]
-                   for delta, (plus, minus) in zip(STEPS, moved)]
-    middle = differences[len(STEPS) // 2]
-    size = torch.sqrt(sum((d * d).sum() for d in middle))  # type: ignore[arg-type]
+    size = torch.sqrt(sum((d * d).sum() for d in cache[STEPS[1]]))  # type: ignore[arg-type]
     if not (torch.isfinite(size) and size > 0):
         return 0  # the output does not move with the input
-    u = [d / size for d in middle]
+    u = [d / size for d in cache[STEPS[1]]]
     leaves = {k: t.clone().requires_grad_(True) for k, t in inputs.items()}
     with torch.enable_grad():
         try:
             outs = call.run(module, {k: leaf.clone() for k, leaf in leaves.items()})
         except Exception:  # noqa: BLE001 — as above
             return 0
-        if not any(o.requires_grad for o in outs):
-            return 0
         pairs = [(o, c) for o, c in zip(outs, u) if o.requires_grad]
+        if not pairs:
+            return 0
         try:
             vjp = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()),
                                       grad_outputs=[c for _, c in pairs], allow_unused=True)
         except Exception as err:  # noqa: BLE001 — the module's own backward
             raise _BackwardRaised(_error_text(err)) from None
     backward = sum(float((g * w[k]).sum()) for k, g in zip(leaves, vjp) if g is not None)
-    forward = torch.tensor([[float(sum((c * d).sum() for c, d in zip(u, diff)))]
-                            for diff in differences], dtype=F64)
-    out_size = float(torch.sqrt(sum((b * b).sum() for b in base)))  # type: ignore[arg-type]
-    noise = torch.tensor([[ROUNDING_ULPS * torch.finfo(F64).eps * out_size / delta]
-                          for delta in STEPS], dtype=F64)
-    return int(_verdicts(torch.tensor([backward], dtype=F64), forward, noise)[0])
+    rounding = ROUNDING_ULPS * torch.finfo(F64).eps * float(
+        torch.sqrt(sum((b * b).sum() for b in base)))  # type: ignore[arg-type]
+
+    def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
+        change = cache.pop(delta) if delta in cache else output_difference(delta)
+        value = float(sum((c * d).sum() for c, d in zip(u, change)))
+        return (torch.tensor([value], dtype=F64),
+                torch.tensor([rounding / delta], dtype=F64))
+
+    try:
+        return int(_compared(torch.tensor([backward], dtype=F64), difference)[0])
+    except Exception:  # noqa: BLE001 — as above
+        return 0
 
 
 def _scan(calls: list[_Call], modules: dict[str, nn.Module]

@@ -175,12 +175,24 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
               f"  cos per layer   {row(metrics.get('bp_cosine'))}  random "
               f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
     if "perturbation_rho" in metrics:
+        from creditaudit.diagnostics.perturbation import MEASURABLE_BP_RHO
+
         controls = metrics.get("rho_controls", {})
-        lines.append(f"  ρ per layer     {row(metrics['perturbation_rho'])}  BP "
+        # A layer whose BP control is below the bar has no valid ρ: shown as such, not as
+        # a number a reader would take for the credit's.
+        invalid = [layer for layer, ok in enumerate(metrics.get("rho_measurable") or [])
+                   if not ok]
+        rho = ["invalid" if layer in invalid else fmt(value, "+.3f")
+               for layer, value in enumerate(metrics["perturbation_rho"])]
+        lines.append(f"  ρ per layer     [{', '.join(rho)}]  BP "
                      f"{row(controls.get('bp'))}  random {row(controls.get('random'))}")
-        if not all(metrics.get("rho_measurable", [True])):
-            lines.append("  ρ unmeasurable where the BP control < 0.9: "
-                         f"{metrics.get('rho_measurable')}")
+        if invalid:
+            lines.append(
+                f"  ρ invalid at layer {', '.join(map(str, invalid))}: there even the "
+                f"reference gradient as credit (the BP control) scores ρ < "
+                f"{MEASURABLE_BP_RHO:g}, so either the working precision does not resolve "
+                "the loss changes or the reference is not the model's gradient; ρ says "
+                "nothing about the credit there")
     for eta, deltas in metrics.get("nudging", {}).items():
         bp = metrics.get("nudging_controls", {}).get("bp", {}).get(eta)
         lines.append(f"  nudging η={eta}  Δ {[fmt(v, '+.2e') for v in deltas]}  BP "

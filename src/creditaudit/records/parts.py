@@ -10,9 +10,10 @@ domain (:func:`doc`, checked by :func:`check_domains` when a record is read), fr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,18 +84,29 @@ def check_domains(part: Any, where: str, prefix: str = "") -> None:
     """Raise RunRecordError when a number of a field of dataclass ``part`` lies outside the
     field's ``domain`` (or is not a number at all). ``where`` starts the message (``run
     record PATH``), ``prefix`` names the part (``final.``, ``log[3].``)."""
-    for f in dataclasses.fields(part):
-        domain = f.metadata.get("domain")
-        if domain is not None:
-            _check_domain(getattr(part, f.name), domain, where, prefix + f.name)
+    for name, domain in _field_domains(type(part)):
+        _check_domain(getattr(part, name), domain, where, prefix + name)
+
+
+@functools.cache
+def _field_domains(cls: type) -> tuple[tuple[str, FieldDomain], ...]:
+    """(name, domain) of the fields of dataclass ``cls`` that declare a domain."""
+    return tuple((f.name, f.metadata["domain"]) for f in dataclasses.fields(cls)
+                 if f.metadata.get("domain") is not None)
 
 
 def _check_domain(value: Any, domain: FieldDomain, where: str, name: str) -> None:
-    if value is None:
+    if value is None or (type(value) is float and isinstance(domain, Domain)
+                         and domain.admits(value)):
         return
     if isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_domain(item, domain, where, f"{name}[{index}]")
+        suspects: Iterable[int] = range(len(value))
+        if isinstance(domain, Domain):  # the common case, a list of floats, in one pass
+            low, high = domain.low - DOMAIN_TOLERANCE, domain.high + DOMAIN_TOLERANCE
+            suspects = [index for index, item in enumerate(value)
+                        if not (type(item) is float and (low <= item <= high or item != item))]
+        for index in suspects:
+            _check_domain(value[index], domain, where, f"{name}[{index}]")
         return
     if isinstance(value, Mapping):
         for key, item in value.items():

@@ -252,7 +252,8 @@ def test_a_failed_run_is_retried_only_when_its_config_or_data_changed(
 def test_non_finite_numbers_are_null_plus_a_reason(finished, tmp_path):
     record = new_record(finished.config, device="cpu")
     record.log.append(EpochEntry(epoch=0, test_loss=math.inf, deep_cos=math.nan,
-                                 cos_per_layer=[1.0, math.nan, -math.inf]))
+                                 cos_per_layer=[1.0, math.nan],
+                                 extras={"energy_gap": -math.inf}))  # a rule's own value
     record.final = FinalResults(epochs_completed=0, deep_cos=math.nan)
     path = save_record(tmp_path, record)
     text = path.read_text()
@@ -260,11 +261,11 @@ def test_non_finite_numbers_are_null_plus_a_reason(finished, tmp_path):
     assert raw["final"]["deep_cos"] is None and raw["log"][0]["cos_per_layer"][1] is None
     assert raw["non_finite"] == {"/log/0/test_loss": "Infinity", "/log/0/deep_cos": "NaN",
                                  "/log/0/cos_per_layer/1": "NaN",
-                                 "/log/0/cos_per_layer/2": "-Infinity",
+                                 "/log/0/energy_gap": "-Infinity",
                                  "/final/deep_cos": "NaN"}
     loaded = load_record(path)  # the round trip is lossless
     assert math.isnan(loaded.final.deep_cos) and loaded.log[0].test_loss == math.inf
-    assert loaded.log[0].cos_per_layer[2] == -math.inf
+    assert loaded.log[0].extras["energy_gap"] == -math.inf
 
 
 def test_bare_nan_tokens_are_refused_by_the_strict_check_but_still_load(finished, tmp_path,

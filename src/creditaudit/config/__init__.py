@@ -324,6 +324,9 @@ def load_config(path: str | Path) -> RunConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a "
+                          "config") from None
     return config_from_dict(raw)
 
 

@@ -11,7 +11,14 @@ import types
 import typing
 
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.records.parts import EndOfRun, EpochEntry, FinalResults, ProtocolState
+from creditaudit.records.parts import (
+    DOMAIN_TOLERANCE,
+    EndOfRun,
+    EpochEntry,
+    FinalResults,
+    ProtocolState,
+    domain_text,
+)
 from creditaudit.records.schema import SCHEMA, RunRecord
 
 MARKER = "<!-- generated -->"
@@ -47,11 +54,18 @@ def _type_text(tp: object) -> str:
 
 
 def field_rows(cls: type) -> list[str]:
+    """The table of ``cls``'s fields; with a domain column when a field has a domain."""
     hints = typing.get_type_hints(cls)
-    rows = ["| key | type | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(cls):
-        doc = f.metadata.get("doc", "")
-        rows.append(f"| `{f.name}` | `{_type_text(hints[f.name])}` | {doc.replace('|', '/')} |")
+    fields = dataclasses.fields(cls)
+    domains = [domain_text(f.metadata.get("domain")) for f in fields]
+    with_domain = any(domains)
+    rows = (["| key | type | domain | meaning |", "|---|---|---|---|"] if with_domain
+            else ["| key | type | meaning |", "|---|---|---|"])
+    for f, domain in zip(fields, domains):
+        doc = f.metadata.get("doc", "").replace("|", "/")
+        cells = [f"`{f.name}`", f"`{_type_text(hints[f.name])}`",
+                 *([domain] if with_domain else []), doc]
+        rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
@@ -59,7 +73,11 @@ def render_record_docs() -> str:
     """The generated part of docs/records.md (everything after the marker)."""
     out = [MARKER, "", f"Schema `{SCHEMA}`. Non-finite numbers are written as `null` and "
            "listed in a top-level `non_finite` object (JSON pointer → `NaN`, `Infinity` or "
-           "`-Infinity`), so strict parsers read every record and nothing is lost."]
+           "`-Infinity`), so strict parsers read every record and nothing is lost.", "",
+           "A record with a number outside its field's *domain* (each number of a list or "
+           "object field, or of the keys named) is refused when read. NaN (undefined) is "
+           "allowed in every domain, +inf only in `≥ 0`; the bounds have a rounding slack "
+           f"of {DOMAIN_TOLERANCE:.0e}.".replace("e-0", "e-")]
     for title, cls, intro in SECTIONS:
         out += ["", f"### {title}", ""]
         if intro:

@@ -74,9 +74,10 @@ def new_record(config: RunConfig, *, device: str, run_id: str = "",
 
 
 def record_path(path: Path | str) -> Path:
-    """The record.json of a run folder, or the path itself when it names a file."""
+    """The record.json of a run folder, or the path itself when it names a file (or a
+    folder named record.json, which is then refused as one)."""
     path = Path(path)
-    return path / RECORD_FILE if path.is_dir() else path
+    return path / RECORD_FILE if path.is_dir() and path.name != RECORD_FILE else path
 
 
 def save_record(run_dir: Path | str, record: RunRecord) -> Path:
@@ -90,13 +91,21 @@ def load_record(path: Path | str) -> RunRecord:
     """Read and validate a run record (a run folder or its record.json).
 
     Raises RunRecordError with a one-line reason for missing, unreadable, binary,
-    truncated, malformed or foreign-schema files.
+    truncated, malformed or foreign-schema files, for anything but a regular file (a
+    folder, a named pipe, a device), for files over the size limit or nested too deeply
+    (:func:`~creditaudit.safe_files.read_text`, :func:`~creditaudit.strict_json.check_depth`)
+    and for values outside their domain (an accuracy of 5).
     """
     path = record_path(path)
     if not path.exists():
         raise RunRecordError(f"no run record at {path}: pass a run folder that holds "
                              f"{RECORD_FILE} or the file itself")
     text = read_text(path, "run record")
+    try:
+        strict_json.check_depth(text)
+    except strict_json.TooDeep as err:
+        raise RunRecordError(f"run record {path} {err}; it was not written by creditaudit"
+                             ) from None
     try:
         raw = json.loads(text)
     except ValueError as err:
@@ -147,12 +156,16 @@ def load_record_cached(path: Path | str) -> RunRecord:
 
 
 def find_records(root: Path | str) -> list[Path]:
-    """Every record.json below ``root`` (sorted); unreadable folders are skipped."""
+    """Every record.json below ``root`` (sorted), whatever it is: a folder, pipe or device
+    of that name is listed too, so that readers name it as unreadable; unreadable folders
+    are skipped."""
     found: list[Path] = []
-    for folder, _dirs, files in os.walk(root, onerror=lambda err: log.warning(
+    for folder, dirs, files in os.walk(root, onerror=lambda err: log.warning(
             "skipping %s", describe_os_error(err))):
-        if RECORD_FILE in files:
+        if RECORD_FILE in files or RECORD_FILE in dirs:
             found.append(Path(folder) / RECORD_FILE)
+        if RECORD_FILE in dirs:
+            dirs.remove(RECORD_FILE)  # not a run folder: not searched
     return sorted(found)
 
 

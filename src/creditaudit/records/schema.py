@@ -32,6 +32,7 @@ from creditaudit.records.parts import (
     FinalResults,
     ProtocolState,
     as_number,
+    check_domains,
     deep_mean,
     doc,
     finite_number,
@@ -368,10 +369,15 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         protocol = ProtocolState(**raw["protocol"])
     except TypeError as err:
         raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
+    diagnostics = EndOfRun.from_dict(raw["diagnostics"])
+    parts = [*((entry, f"log[{i}].") for i, entry in enumerate(log)), (final, "final."),
+             (diagnostics, "diagnostics.")]
+    for part, prefix in parts:
+        if part is not None:
+            check_domains(part, f"run record {where}", prefix)
     return RunRecord(
         run_id=raw["run_id"], config=config, status=raw["status"], log=log, final=final,
-        diagnostics=EndOfRun.from_dict(raw["diagnostics"]), protocol=protocol, data=data,
-        model=model,
+        diagnostics=diagnostics, protocol=protocol, data=data, model=model,
         environment=dict(raw.get("environment") or {}), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),

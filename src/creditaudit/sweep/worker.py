@@ -153,7 +153,10 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
             error = f"{type(err).__name__}: {err}"
             if disk_status(run_dir)[0] in (None, "running", "corrupt"):
-                _write_failed_record(config, run_dir, error)
+                # Not even a failed record can replace a folder named record.json: the
+                # outcome still says why the run failed.
+                with contextlib.suppress(OutputError):
+                    _write_failed_record(config, run_dir, error)
             outcome.update(status="failed", error=error)
             log.debug("run %s failed", own_id, exc_info=True)
         except KeyboardInterrupt:

@@ -123,9 +123,11 @@ def test_expand_grid_errors_name_the_key_or_the_combination(tmp_path):
 
 def test_expand_grid_removes_duplicate_runs_keeping_order(tmp_path):
     base = tiny(tmp_path)
-    # run.progress does not change what a run computes: same run id, one run.
-    configs = expand_grid(base, {"run.seed": [1, 2], "run.progress": [True, False]},
-                          include=[{"run.seed": 2}, {"run.seed": 3}])
+    # An include that repeats a grid run, and one that differs only in run.progress (which
+    # does not change what a run computes): same run id, one run.
+    configs = expand_grid(base, {"run.seed": [1, 2]},
+                          include=[{"run.seed": 2}, {"run.seed": 3},
+                                   {"run.seed": 3, "run.progress": True}])
     assert [c.run.seed for c in configs] == [1, 2, 3]
 
 

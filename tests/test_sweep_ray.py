@@ -166,4 +166,4 @@ def test_unschedulable_after_must_be_positive_and_is_for_ray_only(ray_2cpu, tmp_
     assert main(["sweep", str(path), "--executor", "ray", "--unschedulable-after", "0"]) == 2
     assert_one_line_error("", capsys.readouterr().err, "--unschedulable-after")
     assert main(["sweep", str(path), "--unschedulable-after", "5"]) == 2
-    assert_one_line_error("", capsys.readouterr().err, "are for --executor ray")
+    assert_one_line_error("", capsys.readouterr().err, "is for --executor ray")

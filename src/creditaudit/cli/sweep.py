@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import select
+import signal
+import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -302,6 +308,47 @@ def build_executor(args: argparse.Namespace) -> Any:
     return LocalExecutor(workers=args.workers, threads_per_worker=args.threads_per_worker)
 
 
+@contextlib.contextmanager
+def exit_on_signal(message: str, grace: float = 2.0) -> Iterator[None]:
+    """While the body runs, SIGINT or SIGTERM end the process within ``grace`` seconds with
+    ``creditaudit: MESSAGE`` and exit code 130, even when the body is blocked in C code that
+    does not return to Python (``ray.init`` retrying a head for minutes, deaf to Ctrl-C).
+
+    Only for a body that starts nothing needing cleanup. Python's signal handlers run in
+    the main thread only once it is back in Python; the wakeup fd is written by the
+    low-level handler at once, and a watcher thread reads it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if not select.select([reader], [], [], 0.2)[0]:
+                continue
+            with contextlib.suppress(OSError):
+                signals = set(reader.recv(64))
+            if signals & {signal.SIGINT, signal.SIGTERM} and not done.wait(grace):
+                print(f"creditaudit: {message}", file=sys.stderr, flush=True)
+                os._exit(130)
+
+    watcher = threading.Thread(target=watch, name="creditaudit-signal-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        watcher.join()
+        reader.close()
+        writer.close()
+
+
 def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
     """``local executor, 2 parallel runs × 1 thread`` (Ray: with the cluster's resources),
     after ``executor.connect()``: runs at once = the executor's slots, at most ``n_runs``."""
@@ -345,7 +392,12 @@ def run(args: argparse.Namespace) -> int:
     progress: SweepProgress | None = None
     started = time.perf_counter()
     try:
-        with executor:  # joins Ray and checks its resources before any run is submitted
+        with contextlib.ExitStack() as stack:
+            # Joining Ray (and checking its resources) comes before any run is submitted:
+            # a signal that ray.init does not let through may end the process there.
+            with exit_on_signal("sweep interrupted while joining the executor; no run had "
+                                "started"):
+                stack.enter_context(executor)
             print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
                   f"({describe_executor(executor, len(configs), args.threads_per_worker)})",
                   flush=True)

@@ -278,12 +278,14 @@ class Sweep:
         runs = [apply_overrides(c, overrides) for c in every] if overrides else every
         warnings = [axis.message for axis in collapsed_axes(grid, every[:n_grid], overrides)]
         notes = []
-        first: dict[str, int] = {}
+        first: dict[str, int] = {}  # run key → the index of its first config
+        kept: list[RunConfig] = []  # as dedupe(runs), each key computed once (the slow part)
         repeats = 0
         for index, config in enumerate(runs):
             key = run_key(config)
             if key not in first:
                 first[key] = index
+                kept.append(config)
             elif index >= n_grid:
                 earlier = first[key]
                 same = (f"grid combination {{{_describe(_combination(grid, earlier))}}}"
@@ -296,7 +298,7 @@ class Sweep:
         if repeats and not warnings:
             notes.append(f"{repeats} grid combination{'s' if repeats != 1 else ''} give the "
                          "run of an earlier combination: each run runs once")
-        return Expansion(dedupe(runs), n_grid, len(include), warnings, notes)
+        return Expansion(kept, n_grid, len(include), warnings, notes)
 
     @property
     def grid_keys(self) -> list[str]:

@@ -331,6 +331,7 @@ def exit_on_signal(message: str, grace: float = 2.0) -> Iterator[None]:
         while not done.is_set():
             if not select.select([reader], [], [], 0.2)[0]:
                 continue
+            signals: set[int] = set()
             with contextlib.suppress(OSError):
                 signals = set(reader.recv(64))
             if signals & {signal.SIGINT, signal.SIGTERM} and not done.wait(grace):

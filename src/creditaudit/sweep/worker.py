@@ -190,6 +190,12 @@ def init_worker(threads: int) -> None:
         torch.set_num_interop_threads(threads)
 
     def terminate(signum: int, frame: object) -> None:
+        if _WORKER["terminating"]:
+            # Already stopping: Ctrl-C reaches the workers with the sweep (one process
+            # group), then the sweep's SIGTERM follows; a second KeyboardInterrupt would cut
+            # short the 'interrupted' record and the claim's release (the sweep kills a
+            # worker that does not stop, see executors.UNWIND_SECONDS).
+            return
         _WORKER["terminating"] = True
         if _WORKER["in_run"]:
             raise KeyboardInterrupt  # the run records 'interrupted', the claim is released

@@ -160,3 +160,50 @@ def test_report_skips_unreadable_records(results, tmp_path, plant):
     markdown = files.markdown.read_text()
     assert "could not be read" in markdown and "broken" in markdown
     assert len(audit_lines(markdown)) == 4
+
+
+# --- LaTeX -----------------------------------------------------------------------------------
+def latex_reports(results: Path) -> list[DiagnosticReport]:
+    """The audited runs' reports; one given a method and architecture full of specials."""
+    reports = [DiagnosticReport.from_dict(r["protocol"]["report"]) for r in records(results)
+               if r["protocol"]]
+    reports[0].metadata.update(method="my_rule&co #1 50%", arch="x{d}~^\\ λ — Γ")
+    return reports
+
+
+def test_latex_is_a_whole_table_with_a_header_and_a_row_per_run(results):
+    from creditaudit.report import render_latex
+
+    reports = latex_reports(results)
+    lines = render_latex(reports).splitlines()
+    assert lines[0].startswith(r"\begin{tabular}{") and lines[-1] == r"\end{tabular}"
+    n_columns = len(re.match(r"\\begin\{tabular\}\{(\w+)\}", lines[0]).group(1))
+    rows = [line for line in lines if line.endswith(r"\\")]
+    assert rows[0].startswith("method & architecture & test acc")
+    assert len(rows) == 1 + len(reports) == 4
+    for row in rows:  # every row has the header's columns: no unescaped & in a cell
+        assert len(re.split(r"(?<!\\)&", row)) == n_columns, row
+    assert r"my\_rule\&co \#1 50\%" in rows[1]
+    assert r"x\{d\}\textasciitilde{}\textasciicircum{}\textbackslash{} $\lambda$ --- $\Gamma$" \
+        in rows[1]
+    for row, report in zip(rows[1:], reports):
+        assert report.verdict_text.replace("–", "--") in row
+    assert render_latex(reports).isascii()  # pdflatex without inputenc reads it
+    assert render_latex(reports[1]).count(r" \\") == 2  # one report: header and its row
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed "
+                    "(apt-get install texlive-latex-base): the table's compilation not checked")
+def test_latex_table_compiles_with_pdflatex(results, tmp_path):
+    import subprocess
+
+    from creditaudit.report import render_latex
+
+    (tmp_path / "table.tex").write_text(render_latex(latex_reports(results)))
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\n\\begin{document}\n"
+                                      "\\input{table}\n\\end{document}\n")
+    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                           "doc.tex"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 0

@@ -15,11 +15,11 @@ from typing import Any
 from creditaudit.formatting import fmt
 from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
+    DIAGNOSTIC_NAMES,
     HEADLINE_GAMMA,
     DiagnosticReport,
     DiagnosticResult,
     block_growths,
-    labels,
 )
 
 FORMATS = ("text", "md", "json", "latex")
@@ -41,10 +41,19 @@ def _value_text(result: DiagnosticResult) -> str:
     return f"{result.value:.3g}"
 
 
+# LaTeX's special characters, and the non-ASCII ones the reports print, as text a plain
+# `pdflatex` document compiles without packages.
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+          "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+          "^": r"\textasciicircum{}", "—": "---", "–": "--", "−": "$-$", "×": r"$\times$",
+          "±": r"$\pm$", "Γ": r"$\Gamma$", "λ": r"$\lambda$", "‖": r"$\|$", "≥": r"$\geq$",
+          "≤": r"$\leq$", "→": r"$\to$", "†": r"\dag{}", "·": r"$\cdot$"}
+
+
 def _latex_escape(text: str) -> str:
-    for char in ("\\", "&", "%", "_", "#", "$"):
-        text = text.replace(char, "\\" + char)
-    return text
+    """``text`` as LaTeX: specials escaped, the reports' non-ASCII characters as commands,
+    any other non-ASCII character as ``?`` (a table that compiles beats an exact glyph)."""
+    return "".join(_LATEX.get(c, c if c.isascii() else "?") for c in text)
 
 
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
@@ -146,18 +155,27 @@ def render_markdown(report: DiagnosticReport) -> str:
         out += ["", "```", *metric_lines, "```"]
     return "\n".join(out)
 
-def render_latex(report: DiagnosticReport) -> str:
-    """One table row: method & arch & acc & Γ & a & b & c & d & verdict \\\\."""
-    meta = report.metadata
-    cells = [_latex_escape(str(meta.get("method") or "—")),
-             _latex_escape(str(meta.get("arch", meta.get("model", "—")))),
-             fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
-    for r in report.diagnostics:
-        text = "n/e" if r.value is None else _latex_escape(_value_text(r))
-        cells.append(f"\\textbf{{{text}}}" if r.fired else text)
-    cells.append(_latex_escape(report.verdict + (f" {labels(report.fired)}"
-                                               if report.fired else "")))
-    return " & ".join(cells) + " \\\\"
+def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
+    """A complete ``tabular`` (no packages needed): a header row, then one row per report —
+    method, architecture, test accuracy, headline Γ, (a)–(d) (fired values in bold) and
+    the verdict. Text is escaped; ``\\input`` it inside a ``table`` environment."""
+    reports = [reports] if isinstance(reports, DiagnosticReport) else list(reports)
+    header = ["method", "architecture", "test acc",
+              f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})",
+              *(f"({id_})" for id_ in DIAGNOSTIC_NAMES), "verdict"]
+    lines = [r"\begin{tabular}{ll" + "r" * 2 + "l" * (len(header) - 4) + "}", r"\hline",
+             " & ".join(_latex_escape(h) for h in header) + r" \\", r"\hline"]
+    for report in reports:
+        meta = report.metadata
+        cells = [str(meta.get("method") or "—"), str(meta.get("arch", meta.get("model", "—"))),
+                 fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
+        cells = [_latex_escape(c) for c in cells]
+        for r in report.diagnostics:
+            text = "n/e" if r.value is None else _latex_escape(_value_text(r))
+            cells.append(f"\\textbf{{{text}}}" if r.fired else text)
+        cells.append(_latex_escape(report.verdict_text))
+        lines.append(" & ".join(cells) + r" \\")
+    return "\n".join([*lines, r"\hline", r"\end{tabular}"])
 
 
 def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:

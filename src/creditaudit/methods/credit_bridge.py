@@ -108,7 +108,7 @@ class CreditBridge(CreditRule):
     feedback_kind = "learned"
     uses_feedback_seed = True
     local = True
-    color, marker = "#35978f", "P"
+    color, marker = "#5289C7", "P"
     rank = 50
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

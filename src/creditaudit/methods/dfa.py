@@ -28,7 +28,7 @@ class DFA(FixedFeedbackRule):
     label = "DFA"
     credit_formula = "a_l = B_l^T e"
     local = True
-    color, marker = "#b2182b", "D"
+    color, marker = "#DC050C", "D"
     rank = 20
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:

@@ -181,7 +181,7 @@ class EP(CreditRule):
     label = "EP"
     credit_formula = "a_l = −r_{l−1}/β (nudged equilibrium)"
     feedback_kind = "symmetric"
-    color, marker = "#1b7837", "^"
+    color, marker = "#4EB265", "^"
     rank = 30
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

@@ -47,7 +47,7 @@ class FA(FixedFeedbackRule):
     label = "FA"
     credit_formula = "a_l = B_l a_{l+1}, a_L exact"
     local = True
-    color, marker = "#e08214", "s"
+    color, marker = "#F1932D", "s"
     rank = 10
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:

@@ -182,7 +182,7 @@ class StateBridge(CreditRule):
     feedback_kind = "learned"
     uses_feedback_seed = True
     local = True
-    color, marker = "#762a83", "v"
+    color, marker = "#AE76A3", "<"
     rank = 40
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

@@ -105,8 +105,9 @@ def test_audit_rejects_a_frozen_run_of_another_architecture(runs, capsys):
 def test_audit_formats_and_output_file(runs, capsys, tmp_path):
     run_dir = str(runs["dfa"].run_dir)
     assert main(["audit", run_dir, "--format", "latex", "--no-metrics"]) == 0
-    row = capsys.readouterr().out.strip()
-    assert row.endswith(r"\\") and row.startswith("dfa & ")
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[0].startswith(r"\begin{tabular}") and table[-1] == r"\end{tabular}"
+    assert [line for line in table if line.startswith("dfa & ")][0].endswith(r"\\")
     out = tmp_path / "report.md"
     assert main(["audit", run_dir, "--format", "md", "--no-metrics", "--output", str(out)]) == 0
     assert "report:" in capsys.readouterr().out

@@ -236,7 +236,8 @@ def test_renderers():
     assert set(data["diagnostics"]) == {"a", "b", "c", "d"}
     assert DiagnosticReport.from_dict(data).to_dict() == report.to_dict()
     assert render(report, "json") == report.to_json()
-    row = render(report, "latex")
+    table = render(report, "latex").splitlines()
+    row = table[4]  # \begin{tabular}, \hline, the header, \hline, the run
     assert row.endswith(r"\\") and row.count(" & ") == 8
     assert "needs walk-back (a)" in row and r"resmlp\_d=256" in row
     assert r"\textbf{120}" in row  # the fired value is bold

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="do not look for frozen-blocks runs beside RUN")
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="report format: text table, md (reporting template), json, or "
-                             "latex (one table row); default text")
+                             "latex (a tabular: header row and the run); default text")
     parser.add_argument("--output", metavar="FILE", default=None,
                         help="write the report to FILE (atomically) instead of printing it")
     parser.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,

@@ -53,7 +53,7 @@ class BP(CreditRule):
     label = "BP"
     credit_formula = "a_l = g_l (backprop)"
     feedback_kind = "symmetric"
-    color, marker = "#2166ac", "o"
+    color, marker = "#1965B0", "o"
     rank = 0
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:

@@ -127,7 +127,7 @@ class CreditBridge(CreditRule):
     feedback_kind = "learned"
     local = True
     Options = CreditBridgeOptions
-    color, marker = "#35978f", "P"
+    color, marker = "#5289C7", "P"
     rank = 50
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

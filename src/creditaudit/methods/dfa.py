@@ -29,7 +29,7 @@ class DFA(FixedFeedbackRule):
     credit_formula = "a_l = B_l^T e"
     local = True
     Options = LocalFeedbackOptions
-    color, marker = "#b2182b", "D"
+    color, marker = "#DC050C", "D"
     rank = 20
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:

@@ -209,7 +209,7 @@ class EP(CreditRule):
     # nudged energy allows for the rounding of the logits (in float32 it had sent confident
     # samples back to their free states with zero credit).
     id_version = 2
-    color, marker = "#1b7837", "^"
+    color, marker = "#4EB265", "^"
     rank = 30
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

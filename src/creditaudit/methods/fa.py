@@ -48,7 +48,7 @@ class FA(FixedFeedbackRule):
     credit_formula = "a_l = B_l a_{l+1}, a_L exact"
     local = True
     Options = LocalFeedbackOptions
-    color, marker = "#e08214", "s"
+    color, marker = "#F1932D", "s"
     rank = 10
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:

@@ -202,7 +202,7 @@ class StateBridge(CreditRule):
     feedback_kind = "learned"
     local = True
     Options = StateBridgeOptions
-    color, marker = "#762a83", "v"
+    color, marker = "#AE76A3", "<"
     rank = 40
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

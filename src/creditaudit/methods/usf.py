@@ -26,7 +26,7 @@ class USF(LinearFeedbackRule):
     credit_formula = "backprop with each layer's W^T replaced by (s sign W)^T"
     feedback_kind = "sign_concordant"
     Options = ScaleOptions  # B = s·sign(W): nothing is drawn, so no feedback_seed
-    color, marker = "#80cdc1", "H"
+    color, marker = "#7BAFDE", "d"
     rank = 13
 
     def magnitudes(self) -> list[float]:

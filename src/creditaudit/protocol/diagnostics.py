@@ -90,6 +90,7 @@ class ProtocolDiagnostic(Component):
     operator: ClassVar[str] = ">"
     unit: ClassVar[str] = ""
     value_format: ClassVar[str] = ".3g"
+    value_unit: ClassVar[str | None] = None  # the value's unit where it is not ``unit``
     threshold: ClassVar[str] = ""
     hint: ClassVar[str] = ""
     default: ClassVar[bool] = False
@@ -127,7 +128,8 @@ class ProtocolDiagnostic(Component):
         """``694``, ``+1.23 pp``, ``—`` for a missing value."""
         if value is None:
             return "—"
-        return f"{value:{cls.value_format}}{cls.unit}"
+        unit = cls.unit if cls.value_unit is None else cls.value_unit
+        return f"{value:{cls.value_format}}{unit}"
 
     @classmethod
     def threshold_text(cls, threshold: float) -> str:
@@ -210,6 +212,7 @@ class ResidualStreamScale(ProtocolDiagnostic):
     label = "residual-stream scale"
     statistic = "max_l ‖h_{l+1}‖/‖h_l‖ of median norms"
     operator, unit, value_format, threshold = ">", "×", ".3g", "growth"
+    value_unit = ""  # a table's value column reads "694", its threshold column "> 50×"
     hint = ("the rule lets the residual stream grow without bound; a terminal LayerNorm hides "
             "the scale from the loss")
     Options = GrowthOptions

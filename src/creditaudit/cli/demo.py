@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,16 @@ def run(args: argparse.Namespace) -> int:
     for outcome in failed:
         print(f"{outcome['run_id']} {outcome['status']}: {outcome.get('error')}")
     print(f"\nrecords: {args.out}/<run id>/record.json  "
-          f"({time.perf_counter() - started:.0f} s); audit one with "
-          f"`creditaudit audit {args.out}/<run id>` ((d) uses the frozen run beside it)")
+          f"({time.perf_counter() - started:.0f} s)")
+    pick = audit_pick(records)
+    if pick is not None:
+        print(f"audit the {pick.method} run from its checkpoint ((d) uses the frozen run "
+              f"beside it):\n  creditaudit audit {shlex.quote(str(Path(args.out) / pick.run_id))}")
     return 1 if failed else 0
+
+
+def audit_pick(records: list[RunRecord]) -> RunRecord | None:
+    """The run the demo suggests auditing: DFA's (its audit has the most to say), else the
+    first finished trained method's; None when none finished."""
+    trained = [r for r in records if r.is_finished and not r.is_frozen_baseline]
+    return next((r for r in trained if r.method == "dfa"), trained[0] if trained else None)

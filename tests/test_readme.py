@@ -22,6 +22,14 @@ def test_readme_opens_with_setup_demo_and_setup_tests():
     assert "pytest" in tests
 
 
+def test_readme_activates_the_environment_before_bare_commands():
+    """The set-up commands install into .venv without activating it; every later bare
+    `creditaudit` would be "command not found" unless the README activates it first."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    assert blocks[2].strip() == "source .venv/bin/activate"
+    assert all(".venv/bin/" not in block for block in blocks[3:])  # one way, not two
+
+
 def test_ci_runs_the_readme_test_command():
     _, tests = readme_commands()
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -527,6 +528,13 @@ def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
     assert "(d) depth utility" in out
     assert f"bp          {margin:+7.1f} pp" in out
     assert "frozen baseline of (d)" in out  # the baseline's own row gets no verdict
+    # The next step it prints is the exact audit command of its own DFA run, and it runs.
+    command = out.strip().splitlines()[-1].strip()
+    dfa = next(r for r in records if r.method == "dfa")
+    assert command == f"creditaudit audit {tmp_path / dfa.run_id}"
+    assert "<" not in command and ">" not in command  # no placeholder
+    assert main([*shlex.split(command)[1:], "--no-metrics", "-q"]) == 0
+    assert "depth utility" in capsys.readouterr().out
 
 
 def test_demo_keeps_the_synthetic_task(tmp_path):

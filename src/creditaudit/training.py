@@ -26,7 +26,7 @@ from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import RunRecordError
 from creditaudit.evaluation import KnownPredictions, TestEvaluation
-from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
+from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers, replay
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.models.contract import eval_mode, parameter_snapshot
@@ -273,7 +273,8 @@ class Trainer:
         self.loggers.start(RunStart(
             config=self.config, run_id=self.run_id, run_dir=self.run_dir,
             first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
-            steps_per_epoch=len(self.train_loader)))
+            steps_per_epoch=len(self.train_loader),
+            elapsed_before=sum(e.seconds or 0.0 for e in self.record.log)))
         ensure_folder(self.run_dir)
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
@@ -385,13 +386,27 @@ def _finite_entry(entry: EpochEntry) -> bool:
     return all(v is not None and math.isfinite(v) for v in values)
 
 
+def _replay_finished(config: RunConfig, record: RunRecord, run_dir: Path,
+                     loggers: Sequence[RunLogger]) -> None:
+    """A finished run trains no more, but the loggers asked for now (``--tensorboard``,
+    ``--wandb``, ``loggers=``) get its record: every epoch, the protocol, the end-of-run
+    metrics and the config, as a live run logs them."""
+    group = build_loggers(config, record.run_id, console=False)
+    group.loggers.extend(loggers)
+    replayed = "; its record is replayed into the loggers" if group else ""
+    log.info("run %s already %s; not rerun%s", record.run_id, record.status, replayed)
+    if group:
+        replay(record, run_dir, group)
+
+
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,
           dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()) -> RunResult:
     """Train one run and return its folder and record.
 
     A completed run with the same config and data (same run id) is not rerun: its record is
-    returned. An unfinished one needs ``resume=True`` (continue from its checkpoint) or
-    ``force=True`` (start over).
+    returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An
+    unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
+    (start over).
     """
     plan = plan_run(config)
     if dataset is not None:
@@ -406,7 +421,7 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
             raise RunRecordError(f"{err}; pass --force to start this run over") from None
         check_same_data(existing, identity, record_path)
         if existing.is_finished and not resume:
-            log.info("run %s already %s; not rerun", existing.run_id, existing.status)
+            _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)
         if not resume:
             hint = (" (it failed: " + (existing.error or "no error recorded") + ")"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,8 +104,7 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.data import load_dataset
-    from creditaudit.plan import run_id
+    from creditaudit.plan import plan_run, run_id
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.sweep import LocalExecutor, run_sweep
 
@@ -124,15 +124,13 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated
-    if args.dataset == "mnist1d":
-        from creditaudit.data.mnist1d import is_cached
-
-        # Generate once here (not in every worker), so the parallel runs read the cache.
-        data = configs[0].data
-        if not is_cached(data, args.seed) and not args.quiet:
-            print(f"generating MNIST-1D ({data.n_train + data.n_test} samples, once: they are "
-                  "cached for the next runs) …", flush=True)
-        load_dataset(data, seed=args.seed)
+    # Load (generate) the data once here, not in every worker: generated data are cached,
+    # so the parallel runs read the cache.
+    plan = plan_run(configs[0])
+    if plan.dataset.kind == "generated" and not args.quiet:
+        print(f"preparing the {plan.dataset.label} data once (cached for the next runs) …",
+              flush=True)
+    plan.load_data()
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     workers = args.workers or min(len(configs), os.cpu_count() or 1)
     if not args.quiet:
@@ -162,6 +160,18 @@ def run(args: argparse.Namespace) -> int:
     for outcome in failed:
         print(f"{outcome['run_id']} {outcome['status']}: {outcome.get('error')}")
     print(f"\nrecords: {args.out}/<run id>/record.json  "
-          f"({time.perf_counter() - started:.0f} s); audit one with "
-          f"`creditaudit audit {args.out}/<run id>` ((d) uses the frozen run beside it)")
+          f"({time.perf_counter() - started:.0f} s)")
+    pick = audit_pick(records)
+    if pick is not None:
+        print(f"audit the {pick.method} run from its checkpoint ((d) uses the frozen run "
+              f"beside it):\n  creditaudit audit {shlex.quote(str(Path(args.out) / pick.run_id))}")
     return 1 if failed else 0
+
+
+def audit_pick(records: list[RunRecord]) -> RunRecord | None:
+    """The run the demo suggests auditing: DFA's (its audit has the most to say), else the
+    first finished trained method's; None when none finished."""
+    from creditaudit.protocol.records import is_frozen_baseline
+
+    trained = [r for r in records if r.is_finished and not is_frozen_baseline(r)]
+    return next((r for r in trained if r.method == "dfa"), trained[0] if trained else None)

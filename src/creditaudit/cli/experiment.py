@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "experiment", help="run a shipped experiment (audit table, λ sweep, …)",
         description="Build an experiment's runs at a scale, train the ones not finished yet "
                     "(finished runs — also those of other experiments or sweeps with the same "
-                    "settings — are reused), and write OUT/experiments/NAME.json and NAME.md. "
+                    "settings — are reused), and write OUT/experiments/NAME.SCALE.DATASET.json "
+                    "and .md. "
                     "See docs/experiments.md.")
     parser.add_argument("name", metavar="NAME", nargs="?",
                         help="experiment name, or 'all' (see --list)")

@@ -217,6 +217,10 @@ class CreditRule:
       ``method.feedback_seed``, so reports show that seed beside the run seed;
     - ``local``: True when every block is trained on the local surrogate ⟨f_l, â_{l+1}⟩ with
       the rule's own credit (the conformance suite then checks the update against it);
+    - ``adapted_models``: True when the rule also trains models built by
+      :func:`creditaudit.adapt` (any ``nn.Module`` with named states), not only residual
+      contract models; ``residual_reason`` says, for a rule that cannot, why it needs the
+      residual contract (the one-line refusal of binding it to an adapted model);
     - ``color`` and ``marker``: optional matplotlib style of the rule in figures;
     - ``rank``: where listings put it (lower first; ties by name).
 
@@ -230,6 +234,8 @@ class CreditRule:
     feedback_kind: ClassVar[str] = "none"
     uses_feedback_seed: ClassVar[bool] = False
     local: ClassVar[bool] = False
+    adapted_models: ClassVar[bool] = False
+    residual_reason: ClassVar[str] = "it is written for the residual contract only"
     color: ClassVar[str | None] = None
     marker: ClassVar[str | None] = None
     rank: ClassVar[int] = 100

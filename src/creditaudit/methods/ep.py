@@ -181,6 +181,7 @@ class EP(CreditRule):
     label = "EP"
     credit_formula = "a_l = −r_{l−1}/β (nudged equilibrium)"
     feedback_kind = "symmetric"
+    residual_reason = "it relaxes the residual energy ½Σ_l‖h_{l+1} − h_l − f_l(h_l)‖²"
     color, marker = "#1b7837", "^"
     rank = 30
 

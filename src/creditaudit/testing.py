@@ -3,8 +3,10 @@
 Like scikit-learn's ``check_estimator``: it runs every check that does not depend on what the
 rule computes, on tiny float64 networks of every architecture family — a ResidualMLP
 (states (B, d)), a ViT-Mini (token states (B, T, d)) and a ConvMixer (feature maps
-(B, d, H, W), with BatchNorm) — and raises one AssertionError listing every check that
-failed. Use it in a rule's own tests::
+(B, d, H, W), with BatchNorm), plus, for rules that declare ``adapted_models``, two networks
+of :mod:`creditaudit.zoo` adapted with :func:`creditaudit.adapt` (PyTorch's
+TransformerEncoder layers; a CIFAR ResNet with BatchNorm and a strided 1×1 shortcut) — and
+raises one AssertionError listing every check that failed. Use it in a rule's own tests::
 
     from creditaudit.testing import check_rule
     check_rule(MyRule)                         # raises AssertionError naming what failed
@@ -51,22 +53,30 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.config import bind
+from creditaudit.methods.adapted import set_trainable
 from creditaudit.methods.base import CreditRule, rms_normalise
 from creditaudit.methods.registry import validate_rule_class
-from creditaudit.models import ConvMixer, ResidualMLP, ResidualNet, ViTMini, set_trainable_blocks
+from creditaudit.models import ConvMixer, ResidualMLP, ResidualNet, ViTMini
+from creditaudit.models.adapted import AdaptedModel, adapt
+from creditaudit.zoo import CifarResNet, TransformerClassifier
 
 F64 = torch.float64
 IN_DIM, WIDTH, BLOCKS, CLASSES, BATCH = 6, 8, 3, 4, 9
 IMAGE = (2, 8, 8)  # the tiny image architectures' inputs: 2 channels, 8×8 pixels
-TINY_ARCHS = ("resmlp", "vit", "convmixer")
+ADAPTED_ARCHS = ("adapted-transformer", "adapted-resnet")  # for rules with adapted_models
+TINY_ARCHS = ("resmlp", "vit", "convmixer", *ADAPTED_ARCHS)
 TOLERANCE = 1e-10
 
 
-def tiny_model(seed: int = 0, dtype: torch.dtype = F64, arch: str = "resmlp") -> ResidualNet:
+def tiny_model(seed: int = 0, dtype: torch.dtype = F64, arch: str = "resmlp"
+               ) -> ResidualNet | AdaptedModel:
     """A 3-block d=8 net with non-trivial blocks (last branch layers N(0, 0.1)).
 
     ``resmlp``: inputs (B, 6), states (B, 8); ``vit``: 2×8×8 images, patch 4, 2 heads, states
     (B, 5, 8); ``convmixer``: 2×8×8 images, patch 2, kernel 3, states (B, 8, 4, 4).
+    ``adapted-transformer``: 2×8×8 images, four encoder layers (d=8, 2 heads) as states
+    (B, 5, 8); ``adapted-resnet``: 2×8×8 images, stem and three BasicBlocks (4, 8, 8
+    channels) as states, down to (B, 8, 2, 2).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -78,10 +88,23 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = F64, arch: str = "resmlp") ->
                               w2_std=0.1)
         elif arch == "resmlp":
             model = ResidualMLP(IN_DIM, WIDTH, CLASSES, BLOCKS, w2_std=0.1)
+        elif arch in ADAPTED_ARCHS:
+            return _tiny_adapted(arch, dtype)
         else:
             raise ValueError(f"unknown tiny architecture {arch!r}; use one of "
                              f"{', '.join(TINY_ARCHS)}")
     return model.to(dtype)
+
+
+def _tiny_adapted(arch: str, dtype: torch.dtype) -> AdaptedModel:
+    if arch == "adapted-transformer":
+        net: torch.nn.Module = TransformerClassifier(IMAGE, patch=4, d=WIDTH, depth=BLOCKS + 1,
+                                                     heads=2, mlp_ratio=2, n_classes=CLASSES)
+        states = [f"encoder.layers.{i}" for i in range(BLOCKS + 1)]
+    else:
+        net = CifarResNet(1, (4, WIDTH, WIDTH), IMAGE[0], CLASSES, shortcut="B")
+        states = ["stem", "layer1.0", "layer2.0", "layer3.0"]
+    return adapt(net.to(dtype), states, input_shape=IMAGE)
 
 
 def tiny_batch(seed: int = 1, dtype: torch.dtype = F64, arch: str = "resmlp"
@@ -98,7 +121,7 @@ def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
     """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields)."""
     model = tiny_model(seed, dtype, arch)
     config = bind(cls, "method", **options)
-    set_trainable_blocks(model, config.trainable_blocks)
+    set_trainable(model, config.trainable_blocks)
     return cls(model, config, n_classes=CLASSES, generator=torch.Generator().manual_seed(7))
 
 
@@ -208,6 +231,8 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
     for p in model.parameters():
         p.grad = None
     normalise = rms_normalise if rule.config.normalise_credit else (lambda a: a)
+    if isinstance(model, AdaptedModel):
+        return _adapted_surrogate_gradients(model, x, y, [normalise(a) for a in credits])
     h0 = model.embed(x)
     states, _ = model.forward_states(x)
     objective = (h0 * normalise(credits[0])).flatten(1).sum(1).mean()
@@ -220,6 +245,25 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
     objective.backward()
     return {name: None if p.grad is None else p.grad.detach().clone()
             for name, p in model.named_parameters()}
+
+
+def _adapted_surrogate_gradients(model: AdaptedModel, x: Tensor, y: Tensor,
+                                 directions: list[Tensor]) -> dict[str, Tensor | None]:
+    """The same on an adapted model: segment l's parameters act on h_l only through
+    segment l, so ⟨h_l, â_l⟩ of the plain forward gives theirs; CE the readout's."""
+    states, logits = model.forward_states(x)
+    names = {id(p): name for name, p in model.named_parameters()}
+    out: dict[str, Tensor | None] = dict.fromkeys(names.values())
+    targets = [((h * a).flatten(1).sum(1).mean(), model.segment_parameters(layer))
+               for layer, (h, a) in enumerate(zip(states, directions))]
+    for objective, params in [*targets, (F.cross_entropy(logits, y),
+                                         model.readout_parameters())]:
+        params = [p for p in params if p.requires_grad]
+        grads = torch.autograd.grad(objective, params, retain_graph=True) if params else ()
+        for p, g in zip(params, grads):
+            total = out[names[id(p)]]
+            out[names[id(p)]] = g if total is None else total + g
+    return out
 
 
 def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "resmlp"
@@ -243,8 +287,11 @@ def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "r
 
 def frozen_blocks_stay_untouched(cls: type[CreditRule], arch: str = "resmlp") -> None:
     rule = make_rule(cls, trainable_blocks=1, arch=arch)
-    frozen = {n: p.detach().clone() for n, p in rule.model.named_parameters()
-              if n.startswith(("blocks.0.", "blocks.1."))}
+    model = rule.model
+    blocks = ({id(p) for b in (1, 2) for p in model.segment_parameters(b)}
+              if isinstance(model, AdaptedModel) else set())
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters()
+              if n.startswith(("blocks.0.", "blocks.1.")) or id(p) in blocks}
     optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
     for step in range(3):
         assert rule.train_step(*tiny_batch(seed=step, arch=arch), optimizer).finite
@@ -364,6 +411,8 @@ def rule_checks(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS) -> lis
         raise ValueError(f"unknown tiny architecture {unknown[0]!r}; use {', '.join(TINY_ARCHS)}")
     out = []
     for arch in archs:
+        if arch in ADAPTED_ARCHS and not cls.adapted_models:
+            continue
         for check in CHECKS:
             if check is local_update_is_the_surrogate_gradient and not cls.local:
                 continue
@@ -389,5 +438,6 @@ def check_rule(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS) -> None
                              "check(s):\n- " + "\n- ".join(failures))
 
 
-__all__ = ["check_rule", "rule_checks", "CHECKS", "Check", "TINY_ARCHS", "make_rule",
+__all__ = ["check_rule", "rule_checks", "CHECKS", "Check", "TINY_ARCHS", "ADAPTED_ARCHS",
+           "make_rule",
            "tiny_model", "tiny_batch"]

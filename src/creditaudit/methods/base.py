@@ -256,6 +256,10 @@ class CreditRule(Component):
       signs with magnitudes that are not learned, as in uSF and brSF);
     - ``local``: True when every block is trained on the local surrogate ⟨f_l, â_{l+1}⟩ with
       the rule's own credit (the conformance suite then checks the update against it);
+    - ``adapted_models``: True when the rule also trains models built by
+      :func:`creditaudit.adapt` (any ``nn.Module`` with named states), not only residual
+      contract models; ``residual_reason`` says, for a rule that cannot, why it needs the
+      residual contract (the one-line refusal of binding it to an adapted model);
     - ``color`` and ``marker``: optional matplotlib style of the rule in figures (never
       inherited: a subclass without its own gets a distinct fallback style);
     - ``rank``: where listings put it (lower first; ties by name);
@@ -271,6 +275,8 @@ class CreditRule(Component):
     credit_formula: ClassVar[str] = ""
     feedback_kind: ClassVar[str] = "none"
     local: ClassVar[bool] = False
+    adapted_models: ClassVar[bool] = False
+    residual_reason: ClassVar[str] = "it is written for the residual contract only"
     color: ClassVar[str | None] = None
     marker: ClassVar[str | None] = None
     expected_failures: ClassVar[dict[str, str]] = {}

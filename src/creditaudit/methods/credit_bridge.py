@@ -122,6 +122,7 @@ class CreditBridge(CreditRule):
     """Credit a_l = ∇_{h_l} V_φ(h_l, l, e) after a DFA warm-up; V_φ fitted on the fly."""
 
     name = "credit-bridge"
+    residual_reason = "its value net reads states of one width d along the residual stream"
     label = "Credit Bridge"
     credit_formula = "a_l = ∇_{h_l} V(h_l, l, e)"
     feedback_kind = "learned"

@@ -204,6 +204,7 @@ class EP(CreditRule):
     label = "EP"
     credit_formula = "a_l = −r_{l−1}/β (nudged equilibrium)"
     feedback_kind = "symmetric"
+    residual_reason = "it relaxes the residual energy ½Σ_l‖h_{l+1} − h_l − f_l(h_l)‖²"
     Options = EPOptions
     # 1: the default relaxation became residual-cg (it was cg). 2: residual-cg's bound on the
     # nudged energy allows for the rounding of the logits (in float32 it had sent confident

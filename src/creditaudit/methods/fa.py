@@ -44,6 +44,8 @@ class FA(FixedFeedbackRule):
     """
 
     name = "fa"
+    residual_reason = ("its d×d B_l stands for one block's whole Jacobian, skip included "
+                       "(per-layer FA on any model: fa-linear)")
     label = "FA"
     credit_formula = "a_l = B_l a_{l+1}, a_L exact"
     local = True

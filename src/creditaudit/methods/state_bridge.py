@@ -197,6 +197,8 @@ class StateBridge(CreditRule):
     """Credit a_l = ∇_{h_l} CE(readout(G_ψ(h_l, l, e)), y); G_ψ fitted to h_L on the fly."""
 
     name = "state-bridge"
+    residual_reason = ("its predictor maps states of one width d to h_L and reads them "
+                       "through the readout")
     label = "State Bridge"
     credit_formula = "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)"
     feedback_kind = "learned"

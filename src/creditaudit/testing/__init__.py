@@ -4,7 +4,9 @@ package's own tests run all four over every built-in.
 
 - :func:`check_rule` / :func:`rule_checks` — credit rules (:mod:`.rules`);
 - :func:`check_model` / :func:`model_checks` — architectures (:mod:`.models`);
-- :func:`check_dataset` / :func:`dataset_checks` — datasets (:mod:`.datasets`).
+- :func:`check_dataset` / :func:`dataset_checks` — datasets (:mod:`.datasets`);
+- :func:`check_diagnostic` / :func:`diagnostic_checks` — protocol diagnostics
+  (:mod:`.diagnostics`).
 
 Each ``check_*`` raises one AssertionError listing every check that failed and returns a
 :class:`Report` otherwise; each ``*_checks`` gives the checks one by one (:class:`Check`),
@@ -30,11 +32,12 @@ from creditaudit.testing.common import (
     tiny_model,
 )
 from creditaudit.testing.datasets import check_dataset, dataset_checks
+from creditaudit.testing.diagnostics import check_diagnostic, diagnostic_checks
 from creditaudit.testing.models import check_model, model_checks
 from creditaudit.testing.rules import CHECKS, check_rule, make_rule, rule_checks
 
 __all__ = ["check_rule", "rule_checks", "check_model", "model_checks", "check_dataset",
-           "dataset_checks", "CHECKS", "Check",
+           "dataset_checks", "check_diagnostic", "diagnostic_checks", "CHECKS", "Check",
            "Outcome", "Report", "TINY_ARCHS", "TinyArch", "registered_tiny_arch",
            "make_rule", "tiny_model", "tiny_batch", "BATCH", "BLOCKS", "CLASSES", "IMAGE",
            "IN_DIM", "WIDTH"]

@@ -101,6 +101,23 @@ def tiny_batch(seed: int = 1, dtype: torch.dtype = F64, arch: str = "resmlp"
             torch.randint(0, CLASSES, (BATCH,), generator=generator))
 
 
+def resolve_options(cls: type, options: Any = None, tiny: Mapping[str, Any] | None = None
+                    ) -> Any:
+    """The options a suite checks ``cls`` with: ``options`` itself when it is an object (an
+    ``Options`` instance, a config section, :class:`~creditaudit.protocol.Thresholds`), else
+    ``cls.Options`` from the mapping laid over ``tiny`` (only the options ``cls`` declares);
+    ConfigError for a key it does not declare."""
+    if options is not None and not isinstance(options, Mapping):
+        return options
+    names = cls.option_names()
+    unknown = [key for key in (options or {}) if key not in names]
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}; its options are "
+                          f"{', '.join(names) or 'none'}")
+    defaults = {k: v for k, v in (tiny or {}).items() if k in names}
+    return cls.Options(**{**defaults, **(options or {})})
+
+
 # --- the check machinery ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Outcome:
@@ -271,7 +288,7 @@ def relative_error(got: Tensor, want: Tensor) -> float:
 
 
 __all__ = ["TinyArch", "TINY_ARCHS", "registered_tiny_arch", "tiny_arch", "tiny_model",
-           "tiny_batch", "Check", "Outcome", "Report", "run_checks", "declared_failures",
-           "reason_for", "flat_state", "same", "same_state", "relative_error", "F64",
-           "IN_DIM", "WIDTH", "BLOCKS", "CLASSES", "BATCH", "IMAGE", "TOLERANCE", "PASSED",
-           "FAILED", "EXPECTED_FAILURE", "UNEXPECTED_PASS"]
+           "tiny_batch", "resolve_options", "Check", "Outcome", "Report", "run_checks",
+           "declared_failures", "reason_for", "flat_state", "same", "same_state",
+           "relative_error", "F64", "IN_DIM", "WIDTH", "BLOCKS", "CLASSES", "BATCH", "IMAGE",
+           "TOLERANCE", "PASSED", "FAILED", "EXPECTED_FAILURE", "UNEXPECTED_PASS"]

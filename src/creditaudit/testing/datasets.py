@@ -46,12 +46,13 @@ import numpy as np
 import torch
 
 from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
-from creditaudit.errors import ConfigError
+from creditaudit.descriptions import DataIdentity
 from creditaudit.testing.common import (
     Check,
     Report,
     declared_failures,
     reason_for,
+    resolve_options,
     run_checks,
 )
 
@@ -59,21 +60,6 @@ TINY_DATA_OPTIONS: dict[str, Any] = {"n_train": 40, "n_test": 20, "in_dim": 12,
                                      "teacher_width": 16}
 SEED = 0
 FILES_KIND = "files"
-
-
-def tiny_data_options(cls: type[DatasetSpec], options: Any = None) -> Any:
-    """``cls.Options`` from ``options`` (an ``Options`` instance is used as it is; a mapping
-    is laid over :data:`TINY_DATA_OPTIONS` for the options ``cls`` declares)."""
-    if isinstance(options, cls.Options):
-        return options
-    names = cls.option_names()
-    given = dict(options or {})
-    unknown = [key for key in given if key not in names]
-    if unknown:
-        raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}; its options are "
-                          f"{', '.join(names) or 'none'}")
-    return cls.Options(**{**{k: v for k, v in TINY_DATA_OPTIONS.items() if k in names},
-                          **given})
 
 
 def _load(cls: type[DatasetSpec], options: Any, seed: int = SEED) -> Dataset:
@@ -128,6 +114,9 @@ def sizes_match_what_was_loaded(cls: type[DatasetSpec], options: Any, other: Any
 
 
 def identity_is_deterministic(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    identity = cls.identity(options, SEED)
+    assert isinstance(identity, DataIdentity), \
+        f"identity() returned a {type(identity).__name__}, not a DataIdentity"
     first, again = _identity(cls, options), _identity(cls, options)
     assert first == again, "two calls of identity() with the same options and seed differ"
     assert first["name"] == cls.name, f"identity() names {first['name']!r}, not {cls.name!r}"
@@ -196,8 +185,8 @@ def dataset_checks(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = No
                    expected_failures: Mapping[str, str] | None = None) -> list[Check]:
     """The checks of ``cls``, one by one (see :func:`check_dataset`)."""
     DATASETS.validate(cls, cls.__qualname__)
-    resolved = tiny_data_options(cls, options)
-    resolved_other = None if other is None else tiny_data_options(cls, other)
+    resolved = resolve_options(cls, options, TINY_DATA_OPTIONS)
+    resolved_other = None if other is None else resolve_options(cls, other, TINY_DATA_OPTIONS)
     failures = declared_failures(cls, expected_failures,
                                  (c.__name__ for c in DATASET_CHECKS))
     return [Check(check, cls, resolved, resolved_other,
@@ -224,5 +213,4 @@ def check_dataset(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = Non
     return run_checks(checks, f"{cls.__name__} ({cls.name})")
 
 
-__all__ = ["check_dataset", "dataset_checks", "DATASET_CHECKS", "TINY_DATA_OPTIONS",
-           "tiny_data_options"]
+__all__ = ["check_dataset", "dataset_checks", "DATASET_CHECKS", "TINY_DATA_OPTIONS"]

@@ -59,6 +59,7 @@ from creditaudit.testing.common import (
     Report,
     declared_failures,
     reason_for,
+    resolve_options,
     run_checks,
     same_state,
 )
@@ -101,19 +102,6 @@ def evidence_cases(seed: int = 0) -> dict[str, Evidence]:
             logits=torch.full((SAMPLES, N_CLASSES), nan), labels=labels, headline_acc=nan,
             frozen_acc=nan, terminal_ln=True),
     }
-
-
-def diagnostic_options(cls: type[ProtocolDiagnostic], options: Any = None) -> Any:
-    """``cls.Options`` from ``options`` (a mapping of its fields, or any object carrying
-    them, e.g. :class:`~creditaudit.protocol.Thresholds`); the defaults for None."""
-    if options is None or isinstance(options, Mapping):
-        names = cls.option_names()
-        unknown = [key for key in (options or {}) if key not in names]
-        if unknown:
-            raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}; its options "
-                              f"are {', '.join(names) or 'none'}")
-        return cls.Options(**(options or {}))
-    return options
 
 
 def _results(cls: type[ProtocolDiagnostic], options: Any) -> dict[str, DiagnosticResult]:
@@ -212,7 +200,7 @@ DIAGNOSTIC_CHECKS = (
 def diagnostic_checks(cls: type[ProtocolDiagnostic], options: Mapping[str, Any] | Any = None,
                       *, expected_failures: Mapping[str, str] | None = None) -> list[Check]:
     """The checks of ``cls``, one by one (see :func:`check_diagnostic`)."""
-    resolved = diagnostic_options(cls, options)
+    resolved = resolve_options(cls, options)
     failures = declared_failures(cls, expected_failures,
                                  (c.__name__ for c in DIAGNOSTIC_CHECKS))
     return [Check(check, cls, resolved, expected_failure=reason_for(failures, check, ""))
@@ -232,5 +220,4 @@ def check_diagnostic(cls: type[ProtocolDiagnostic], options: Mapping[str, Any] |
     return run_checks(checks, f"{cls.__name__} ({cls.name})")
 
 
-__all__ = ["check_diagnostic", "diagnostic_checks", "DIAGNOSTIC_CHECKS", "evidence_cases",
-           "diagnostic_options"]
+__all__ = ["check_diagnostic", "diagnostic_checks", "DIAGNOSTIC_CHECKS", "evidence_cases"]

@@ -28,9 +28,10 @@ The checks:
 - ``samples_are_independent_in_eval_mode``: in eval mode, changing the other samples of a
   batch changes neither sample 0's states nor its logits — per-sample diagnostics run in
   eval mode and assume it;
-- ``branch_split_adds_up_to_the_block`` (blocks with :func:`~creditaudit.models.contract.
-  split_branch`): ``last(hidden(h))`` (or ``skip + last(u)``) equals the block's output —
-  DFA and DRTP train that layer through the split;
+- ``branch_split_adds_up_to_the_block`` (blocks with a split,
+  :func:`~creditaudit.models.contract.split_branch`): ``last(hidden(h))`` (or
+  ``skip + last(u)``) equals the block's output — DFA and DRTP train that layer through the
+  split;
 - ``terminal_ln_is_what_the_readout_does``: ``terminal_ln`` is True exactly when the readout
   is invariant to scaling h_L by c > 0 (as a LayerNorm makes it) — the protocol's diagnosis
   of (b) rests on it, so a model claiming a LayerNorm it does not have, or hiding one,
@@ -79,6 +80,7 @@ from creditaudit.testing.common import (
     declared_failures,
     reason_for,
     relative_error,
+    resolve_options,
     run_checks,
 )
 
@@ -88,21 +90,6 @@ PROBE_SHAPES: tuple[tuple[int, ...], ...] = ((IN_DIM,), (40,), (3072,), (1, 28, 
                                               (3, 32, 32), IMAGE, (1, 7, 7))
 MODEL_BATCH = 5
 CLOSE = 1e-12  # float64 reruns of the same operations
-
-
-def tiny_options(cls: type[Architecture], options: Any = None) -> Any:
-    """``cls.Options`` from ``options`` (an ``Options`` instance is used as it is; a mapping
-    is laid over :data:`TINY_MODEL_OPTIONS` for the options ``cls`` declares)."""
-    if isinstance(options, cls.Options):
-        return options
-    names = cls.option_names()
-    given = dict(options or {})
-    unknown = [key for key in given if key not in names]
-    if unknown:
-        raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}; its options are "
-                          f"{', '.join(names) or 'none'}")
-    return cls.Options(**{**{k: v for k, v in TINY_MODEL_OPTIONS.items() if k in names},
-                          **given})
 
 
 def _default_shape(cls: type[Architecture]) -> tuple[int, ...]:
@@ -337,7 +324,7 @@ def model_checks(cls: type[Architecture], options: Mapping[str, Any] | Any = Non
                  expected_failures: Mapping[str, str] | None = None) -> list[Check]:
     """The checks of ``cls``, one by one (see :func:`check_model`)."""
     ARCHITECTURES.validate(cls, cls.__qualname__)
-    resolved = tiny_options(cls, options)
+    resolved = resolve_options(cls, options, TINY_MODEL_OPTIONS)
     shape = tuple(input_shape) if input_shape is not None else _default_shape(cls)
     failures = declared_failures(cls, expected_failures, (c.__name__ for c in MODEL_CHECKS))
     return [Check(check, cls, resolved, shape, expected_failure=reason_for(failures, check, ""))
@@ -363,4 +350,4 @@ def check_model(cls: type[Architecture], options: Mapping[str, Any] | Any = None
 
 
 __all__ = ["check_model", "model_checks", "MODEL_CHECKS", "TINY_MODEL_OPTIONS",
-           "PROBE_SHAPES", "tiny_options"]
+           "PROBE_SHAPES"]

@@ -32,15 +32,16 @@ The checks:
   cross-entropy on the detached h_L, with â = a / (RMS(a) + 1e-6) of the credits the rule
   reports — so the credit the audit scores is the credit that trained the network;
 - ``blocks_train_on_the_reported_credit`` (rules with ``local = False``, on architectures
-  with a block whose branch ends in one ``nn.Linear``, :func:`~creditaudit.models.contract.
-  split_branch`): after one zero-learning-rate step, that last layer's weight gradient equals
-  Σ_b a_{l+1,b} ⊗ u_b and its bias gradient Σ_b a_{l+1,b} (u = the block's hidden activation
-  ``hidden(h_l)``, a the reported credit, batch-mean scale, read after the step so a rule
-  that draws its feedback per step reports the step's draw). This is the gradient the
-  rule's own credit implies for that layer, exact for backprop and for every per-layer
-  feedback rule (their weight gradients are exact). A rule that reports one credit and
-  trains its blocks with another — or not at all — fails it; without it the audit would
-  score a credit that never trained anything;
+  with a block whose branch ends in one ``nn.Linear``:
+  :func:`~creditaudit.models.contract.split_branch`): after one zero-learning-rate step,
+  that last layer's weight gradient equals Σ_b a_{l+1,b} ⊗ u_b and its bias gradient
+  Σ_b a_{l+1,b} (u = the block's hidden activation ``hidden(h_l)``, a the reported credit,
+  batch-mean scale, read after the step so a rule that draws its feedback per step reports
+  the step's draw). This is the gradient the rule's own credit implies for that layer,
+  exact for backprop and every per-layer feedback rule (their weight gradients are exact).
+  A rule that reports one credit and trains its blocks with another — or not at all —
+  fails it; without it the audit would score a credit that never trained anything. (EP
+  declares it an expected failure: it trains at its nudged states, O(β) away);
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);

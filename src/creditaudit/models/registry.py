@@ -210,14 +210,21 @@ def build_model(options: Any, *, input_shape: tuple[int, ...], n_classes: int
     """Build the architecture ``options.arch`` selects (``options``: a config's model
     section) for inputs of ``input_shape`` (without batch) and ``n_classes`` classes; the
     model remembers its architecture and input shape (:meth:`ResidualNet.describe`)."""
-    arch = architecture(options.arch)
-    arch.check(options, tuple(input_shape))
-    model = arch.build(options, input_shape=tuple(input_shape), n_classes=n_classes)
-    model.architecture = arch
+    return build_architecture(architecture(options.arch), options,
+                              input_shape=input_shape, n_classes=n_classes)
+
+
+def build_architecture(arch: type[Architecture], options: Any, *,
+                       input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
+    """:func:`build_model` for the class ``arch`` itself (``options``: its ``Options``
+    fields), registered or not: checked, built, and told its architecture and input shape."""
     shape = tuple(input_shape)
+    arch.check(options, shape)
+    model = arch.build(options, input_shape=shape, n_classes=n_classes)
+    model.architecture = arch
     model.input_shape = (arch.flat_dim(shape),) if arch.input_kind == "vector" else shape
     return model
 
 
 __all__ = ["Architecture", "ImageArchitecture", "register", "architecture", "build_model",
-           "ResidualOptions", "ARCHITECTURES"]
+           "build_architecture", "ResidualOptions", "ARCHITECTURES"]

@@ -223,6 +223,9 @@ class ResidualStreamScale(ProtocolDiagnostic):
     def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
         hidden = evidence.hidden_norms
         limit = cls.limit(options)
+        if len(hidden) < 2:
+            return cls.result(None, options, NOT_EVALUATED, "needs the state norms of at "
+                              "least two states", block_growth=[], block=None)
         if not all(math.isfinite(v) for v in hidden):
             # NaN/Inf states mean the stream overflowed: the failure (a) exists to catch.
             return cls.result(math.inf, options, FIRED, "state norms are NaN/Inf: the "
@@ -260,7 +263,7 @@ class ReferenceValidity(ProtocolDiagnostic):
     def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
         floor = cls.limit(options)
         hidden = evidence.hidden_norms
-        value = evidence.grad_norms[-1]
+        value = evidence.grad_norms[-1] if evidence.grad_norms else math.nan
         zero_fraction = evidence.g_L_zero_fraction
         nonzero_median = evidence.g_L_nonzero_median
         growth = ResidualStreamScale.limit(GrowthOptions())
@@ -270,6 +273,8 @@ class ReferenceValidity(ProtocolDiagnostic):
                                    "terminal_ln": evidence.terminal_ln,
                                    "stream_grew": bool(grew), "cause": None}
         zero_text = "" if zero_fraction is None else f"{zero_fraction:.0%}"
+        if not evidence.grad_norms:
+            return cls.result(None, options, NOT_EVALUATED, "no gradient norms given", **details)
         if math.isnan(value):
             return cls.result(None, options, NOT_EVALUATED,
                               "‖g_L‖ is NaN (diverged model): no reference gradient", **details)
@@ -363,6 +368,8 @@ class DepthUtility(ProtocolDiagnostic):
                               **details)
         if frozen is None:
             return cls.result(None, options, NOT_EVALUATED, NO_FROZEN_REASON, **details)
+        if math.isnan(headline) or math.isnan(frozen):
+            return cls.result(None, options, NOT_EVALUATED, "an accuracy is NaN", **details)
         margin = 100.0 * (headline - frozen)
         if cls.fires(margin, options):
             return cls.result(margin, options, FIRED,

@@ -14,9 +14,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read every run record below RESULTS_DIR and write OUT/report.md and "
                     "OUT/report.html: the audit table (one row per run: method, "
                     "architecture, dataset, seed, accuracy, deep cos, headline Γ, protocol "
-                    "diagnostics (a)-(d), verdict), a summary across seeds, every figure the "
-                    "runs support (embedded in the HTML as PNG) and the reporting-template "
-                    "rows of each run. Everything comes from the records.")
+                    "diagnostics (a)-(d) and any a run's config adds, verdict), a summary "
+                    "across seeds, every figure the runs support (embedded in the HTML as "
+                    "PNG) and the reporting-template rows of each run. Everything comes "
+                    "from the records.")
     add_index_options(parser)
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="report folder (default: RESULTS_DIR/report); figures go to "

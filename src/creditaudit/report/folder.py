@@ -32,7 +32,7 @@ from creditaudit.protocol import (
     DiagnosticReport,
     default_names,
 )
-from creditaudit.protocol.records import is_frozen_baseline
+from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.report.html import markdown_to_html
 from creditaudit.report.protocol import render_markdown
 from creditaudit.safe_files import atomic_write_bytes
@@ -47,8 +47,8 @@ RECOMPUTED_MARK = "†"
 # --- table rows ---------------------------------------------------------------------------
 def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
     """``fired 694``, ``passed 1.01``, ``n/e`` — status and the compared value."""
-    if report is None:
-        return "—"
+    if report is None or id_ not in {r.id for r in report.diagnostics}:
+        return "—"  # no protocol block, or a protocol without this diagnostic
     result = report.diagnostic(id_)
     if result.status == NOT_EVALUATED:
         return "n/e"
@@ -78,15 +78,17 @@ def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
 
 
 def arch_text(run: Run) -> str:
-    model = run.config.model
-    name = ARCH_LABELS.get(run.arch_label, run.arch_label)
-    if run.arch == "student":
+    model = model_description(run.record)  # width and depth as built, not config keys
+    name = ARCH_LABELS.get(run.arch_label) or (model.short_label if model else run.arch_label)
+    if run.arch == "student" or model is None:
         return name
     return f"{name} d={model.d} L={model.n_blocks}"
 
 
-def audit_row(index: RunIndex, run: Run) -> dict[str, str]:
-    """One audit-table row (cells as Markdown text) for ``run``."""
+def audit_row(index: RunIndex, run: Run, diagnostics: Sequence[str] | None = None
+              ) -> dict[str, str]:
+    """One audit-table row (cells as Markdown text) for ``run``; a cell per diagnostic of
+    ``diagnostics`` (default: the built-in four)."""
     report = index.protocol_report(run)
     return {
         "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
@@ -95,7 +97,7 @@ def audit_row(index: RunIndex, run: Run) -> dict[str, str]:
         "dataset": run.dataset, "seed": str(run.seed), "status": run.status,
         "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
         AUDIT_COLUMNS[10]: fmt(run.headline_gamma, "+.3f"),
-        **{f"({i})": diagnostic_cell(report, i) for i in default_names()},
+        **{f"({i})": diagnostic_cell(report, i) for i in diagnostics or default_names()},
         "verdict": verdict_cell(report, run),
     }
 
@@ -183,8 +185,11 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
 
     lines += ["## Audit table", ""]
     if runs:
-        rows = [audit_row(index, run) for run in runs]
-        lines += dict_table(AUDIT_COLUMNS, rows)
+        ids = index.diagnostic_ids()  # the built-in four, then any a config added
+        rows = [audit_row(index, run, ids) for run in runs]
+        columns = [c for c in AUDIT_COLUMNS if c != "verdict"] + [f"({i})" for i in ids
+                                                                   if i not in default_names()]
+        lines += dict_table([*columns, "verdict"], rows)
         lines.append("")
         lines += _frozen_notes(index, rows)
     else:

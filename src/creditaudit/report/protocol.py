@@ -21,12 +21,16 @@ from creditaudit.protocol import (
     block_growths,
     labels,
 )
+from creditaudit.registry import DIAGNOSTICS
 
 FORMATS = ("text", "md", "json", "latex")
 
 
 def _threshold_text(result: DiagnosticResult) -> str:
-    op = {"a": ">", "b": "<", "c": ">", "d": "<"}[result.id]
+    op = {"a": ">", "b": "<", "c": ">", "d": "<"}.get(result.id)
+    if op is None:  # a diagnostic a config added says how it fires (if installed here)
+        cls = DIAGNOSTICS.find(result.id)
+        return cls.threshold_text(result.threshold) if cls else f"{result.threshold:g}"
     unit = {"a": "×", "d": " pp"}.get(result.id, "")
     return f"{op} {result.threshold:g}{unit}"
 
@@ -34,6 +38,8 @@ def _threshold_text(result: DiagnosticResult) -> str:
 def _value_text(result: DiagnosticResult) -> str:
     if result.value is None:
         return "—"
+    if result.id not in ("a", "b", "c", "d") and (cls := DIAGNOSTICS.find(result.id)):
+        return cls.value_text(result.value)
     if result.id == "d":
         return f"{result.value:+.2f} pp"
     if result.id == "c":

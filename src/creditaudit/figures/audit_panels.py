@@ -5,8 +5,9 @@ them — architecture and dataset; seeds side by side), coloured by its verdict:
 (trustworthy) or walked back (needs walk-back). Values are the statistic each diagnostic
 compares with its threshold: (a) largest block growth (log), (b) median ‖g_L‖ (log),
 (c) mean pairwise cosine of batch-mean gradients, (d) accuracy margin over the frozen-blocks
-baseline in pp. Runs where a diagnostic was not evaluated (or whose value cannot be drawn on
-a log axis, e.g. ‖g_L‖ exactly 0) are counted in the panel instead of drawn.
+baseline in pp; a diagnostic a config added (``diagnostics.protocol``) gets a panel of its
+statistic below them. Runs where a diagnostic was not evaluated (or whose value cannot be
+drawn on a log axis, e.g. ‖g_L‖ exactly 0) are counted in the panel instead of drawn.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from creditaudit.figures.runs import (
     RunIndex,
 )
 from creditaudit.protocol import WALK_BACK, DiagnosticReport, protocol
+from creditaudit.registry import DIAGNOSTICS
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"
@@ -70,7 +72,7 @@ def category(run: Run, multi_arch: bool, multi_data: bool) -> str:
             label += f"\nk={config.method.trainable_blocks} blocks"
         if config.data.random_targets:
             label += "\nrandom labels"
-        if not config.model.residual:
+        if getattr(config.model, "residual", True) is False:  # the option, where it exists
             label += "\nno skips"
     return label
 
@@ -103,7 +105,7 @@ def panel_points(pairs: list[tuple[Run, DiagnosticReport]]
         peers = members[cat]
         offset = (peers.index(run) - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
         for result in report.diagnostics:
-            points[result.id].append({
+            points.setdefault(result.id, []).append({
                 "x": cats.index(cat) + offset, "value": result.value,
                 "walked_back": report.verdict == WALK_BACK, "run_id": run.run_id,
                 "status": result.status, "threshold": result.threshold})
@@ -115,17 +117,32 @@ def drawable(point: dict, log_scale: bool) -> bool:
     return value is not None and math.isfinite(value) and (value > 0 or not log_scale)
 
 
+def panels(pairs: list[tuple[Run, DiagnosticReport]], ids: list[str]
+           ) -> list[tuple[str, str, str]]:
+    """(id, title, y label) of the panels of diagnostics ``ids`` (a diagnostic not installed
+    here is titled as its records name it)."""
+    names = {r.id: r.name for _, report in pairs for r in report.diagnostics}
+    out = []
+    for id_ in ids:
+        cls = DIAGNOSTICS.find(id_)
+        name = cls.label if cls is not None else names.get(id_, id_)
+        ylabel = YLABELS.get(id_) or (cls.statistic if cls is not None else name)
+        out.append((id_, name, ylabel))
+    return out
+
+
 def build(index: RunIndex) -> dict[str, Figure]:
     pairs = select(index)
     cats, points = panel_points(pairs)
+    shown = panels(pairs, index.diagnostic_ids([run for run, _ in pairs]))
     width = min(18.0, max(8.0, 0.6 * len(cats) + 2.5))
-    fig, axes = new_figure(4, 1, figsize=(width, 13.0))
+    fig, axes = new_figure(len(shown), 1, figsize=(width, 3.25 * len(shown)))
     # Many columns: upright labels would overlap, so they stand vertical (and need room).
     rotation = 90 if len(cats) > 12 else 30 if len(cats) > 5 else 0
     fig.subplots_adjust(hspace={90: 1.2, 30: 0.9}.get(rotation, 0.5))
-    for ax, (id_, name) in zip(axes.flat, ((d.name, d.label) for d in protocol())):
+    for ax, (id_, name, ylabel) in zip(axes.flat, shown):
         on_log = id_ in LOG_PANELS
-        pts = points[id_]
+        pts = points.get(id_, [])
         for walked, color, label in ((False, HEALTHY_COLOR, "trustworthy"),
                                      (True, WALKBACK_COLOR, "needs walk-back")):
             chosen = [p for p in pts if p["walked_back"] == walked and drawable(p, on_log)]
@@ -138,7 +155,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
                        label=f"threshold {threshold:g}", gid=f"{id_}:threshold")
         hidden = [p for p in pts if not drawable(p, on_log)]
         if pts and len(hidden) == len(pts):
-            empty_note(ax, f"{EMPTY_PANEL[id_]} ({len(hidden)} of {len(pts)} runs: "
+            empty = EMPTY_PANEL.get(id_, f"({id_}) has no value to draw")
+            empty_note(ax, f"{empty} ({len(hidden)} of {len(pts)} runs: "
                        + ("not evaluated" if all(p["status"] == "not evaluated" for p in hidden)
                           else "not evaluated or not drawable") + ")")
         elif hidden:
@@ -155,7 +173,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         ax.set_xticks(np.arange(len(cats)))
         ax.set_xticklabels(cats, fontsize=7, rotation=rotation)
         ax.set_xlim(-0.6, len(cats) - 0.4)
-        ax.set_ylabel(YLABELS[id_], fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.set_title(f"({id_}) {name}")
         legend_right(ax)
         add_grid(ax, log_scale=on_log)
@@ -169,4 +187,5 @@ def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
     return save_all(build(index), out_dir)
 
 
-__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select", "panel_points"]
+__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select", "panel_points",
+           "panels"]

@@ -28,6 +28,7 @@ from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR  # noqa: E402
 from creditaudit.methods import find_rule, rule_label  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
+from creditaudit.registry import RULES, own_rank  # noqa: E402
 from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
 # Paul Tol's discrete rainbow of 14 colours (SRON technical note "Colour schemes", fig. 22):
@@ -69,24 +70,35 @@ def _stable_index(name: str, n: int) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest(), 16) % n
 
 
+def _fallback(method: str, attribute: str, palette: Sequence[str]) -> str:
+    """One of ``palette`` chosen from the name, among those no installed rule declares as
+    its own (a rule without a style must not look like one that has it)."""
+    taken = {rule.style(attribute) for rule in RULES.classes()}
+    free = [value for value in palette if value not in taken] or list(palette)
+    return free[_stable_index(method, len(free))]
+
+
 def method_color(method: str) -> str:
+    """The rule's own ``color`` (never a parent rule's: a DFA variant must not look like
+    DFA), else one chosen from its name."""
     rule = find_rule(method)
-    if rule is not None and rule.color:
-        return rule.color
-    return FALLBACK_COLORS[_stable_index(method, len(FALLBACK_COLORS))]
+    if rule is not None and rule.style("color"):
+        return rule.style("color")
+    return _fallback(method, "color", FALLBACK_COLORS)
 
 
 def method_marker(method: str) -> str:
     rule = find_rule(method)
-    if rule is not None and rule.marker:
-        return rule.marker
-    return FALLBACK_MARKERS[_stable_index(method, len(FALLBACK_MARKERS))]
+    if rule is not None and rule.style("marker"):
+        return rule.style("marker")
+    return _fallback(method, "marker", FALLBACK_MARKERS)
 
 
 def method_rank(method: str) -> tuple[int, str]:
-    """Listing order of a rule: its ``rank``, then its name (unknown rules: rank 100)."""
+    """Listing order of a rule: its own ``rank`` (not a parent rule's), then its name
+    (unknown rules: rank 100)."""
     rule = find_rule(method)
-    return (rule.rank if rule is not None else 100, method)
+    return (own_rank(rule) if rule is not None else 100, method)
 
 
 def new_figure(nrows: int, ncols: int, *, figsize: tuple[float, float], **kwargs: Any

@@ -22,8 +22,9 @@ import numpy as np
 from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
 from creditaudit.figures.common import method_rank
-from creditaudit.protocol import DiagnosticReport
+from creditaudit.protocol import DiagnosticReport, default_names
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
+from creditaudit.protocol.verdicts import order
 from creditaudit.records import EndOfRun, RunRecord
 
 
@@ -251,6 +252,16 @@ class RunIndex:
         """The run's protocol report (its record's last protocol block), or None; (d)
         against the frozen runs of its recipe when ``frozen_from_runs`` and there are any."""
         return self.records.protocol_report(run.record)
+
+    def diagnostic_ids(self, runs: Iterable[Run] | None = None) -> list[str]:
+        """The protocol diagnostics ``runs`` (default: all) were judged by: the built-in
+        four, then those a config added (a plugin's ``e``), in listing order (one not
+        installed here last)."""
+        ids = dict.fromkeys(default_names())
+        for run in self.all_runs if runs is None else runs:
+            ids.update(dict.fromkeys(run.record.recorded_statuses()))
+        known = order()
+        return sorted(ids, key=lambda i: (known.index(i) if i in known else len(known), i))
 
 
 def sort_methods(methods: Iterable[str]) -> list[str]:

@@ -110,8 +110,8 @@ def differing_settings(runs: Sequence[Run]) -> list[str]:
 # --- table rows ---------------------------------------------------------------------------
 def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
     """``fired 694``, ``passed 1.01``, ``n/e`` — status and the compared value."""
-    if report is None:
-        return "—"
+    if report is None or id_ not in {r.id for r in report.diagnostics}:
+        return "—"  # no protocol block, or a protocol without this diagnostic
     result = report.diagnostic(id_)
     if result.status == NOT_EVALUATED:
         return "n/e"
@@ -166,9 +166,11 @@ def arch_text(run: Run) -> str:
     return model.label if model is not None else run.arch
 
 
-def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = ()) -> dict[str, str]:
+def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
+              diagnostics: Sequence[str] | None = None) -> dict[str, str]:
     """One audit-table row (cells as Markdown text) for ``run``; ``settings``: the keys of
-    :func:`run_settings` that get a column."""
+    :func:`run_settings` that get a column; a cell per diagnostic of ``diagnostics``
+    (default: the built-in four)."""
     report = index.protocol_report(run)
     values = run_settings(run)
     return {
@@ -180,7 +182,7 @@ def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = ()) -> dict[s
         "status": run.status,
         "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
         GAMMA_COLUMN: fmt(run.headline_gamma, "+.3f"),
-        **{f"({i})": diagnostic_cell(report, i) for i in default_names()},
+        **{f"({i})": diagnostic_cell(report, i) for i in diagnostics or default_names()},
         "verdict": verdict_cell(report, run),
     }
 
@@ -203,10 +205,13 @@ class Table:
 
 
 def audit_table(index: RunIndex, runs: Sequence[Run]) -> Table:
-    """One row per run in ``runs`` (the finished ones, in the report)."""
+    """One row per run in ``runs`` (the finished ones, in the report); a column per
+    diagnostic of the protocol, the built-in four then any a run's config added."""
     settings = differing_settings(runs)
-    return Table([*AUDIT_HEAD, *settings, *AUDIT_TAIL],
-                 [audit_row(index, run, settings) for run in runs])
+    ids = index.diagnostic_ids(runs)
+    added = tuple(f"({i})" for i in ids if i not in default_names())
+    return Table([*AUDIT_HEAD, *settings, *AUDIT_TAIL[:-1], *added, AUDIT_TAIL[-1]],
+                 [audit_row(index, run, settings, ids) for run in runs])
 
 
 @dataclass

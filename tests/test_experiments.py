@@ -261,8 +261,8 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
     statuses = {i: (FIRED if i in fired else PASSED) for i in "abc"}
     statuses["d"] = NOT_EVALUATED
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
-             "g_L_norm": g_last, "cos_per_layer": [gamma, gamma], "deep_cos": gamma,
-             "max_block_growth": growth, "protocol": statuses}
+             "bp_grad_norms_per_sample_med": [1e-3, g_last], "cos_per_layer": [gamma, gamma],
+             "protocol": statuses}
     return RunRecord.from_dict({
         "schema": SCHEMA, "run_id": f"{method}-{penalty}-s{seed}", "config": config,
         "status": "completed", "log": [{"epoch": 0, "acc_eval": 0.1}, entry],

@@ -5,6 +5,7 @@ the data path that keeps data on the device gives the same batches as the host p
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -331,3 +332,90 @@ def test_cuda_graphs_resolve_to_off_on_the_cpu_and_say_so(tmp_path):
     off = Trainer(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
                                          "run.cuda_graphs": "off"}))
     assert off.cuda_graphs.text == "off (run.cuda_graphs = off)"
+
+
+# --- sweeps with --stack -----------------------------------------------------------------------
+SWEEP = """
+[base.data]
+n_train = 256
+n_test = 128
+in_dim = 6
+teacher_width = 16
+[base.model]
+d = 8
+n_blocks = 2
+[base.optim]
+epochs = 1
+batch_size = 64
+[base.diagnostics]
+eval_samples = 64
+end_of_run = false
+[base.run]
+out_dir = "{out}"
+[grid]
+"method.name" = ["dfa", "fa-linear"]
+"run.seed" = [1, 2, 3]
+"""
+
+
+def test_a_sweep_with_stack_trains_each_shape_as_one_stack(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(out=tmp_path / "runs"))
+    assert main(["sweep", str(path), "--stack", "4", "--dry-run"]) == 0
+    assert "stacks: 3 runs in 1 stack of up to 4, 3 runs alone" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--stack", "4", "--workers", "0", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "6 runs (6 completed)" in out
+    records = [load_record(d) for d in sorted((tmp_path / "runs").iterdir()) if d.is_dir()]
+    stacked = {r.config.method.name: r.environment["execution"]["stacked_runs"]
+               for r in records}
+    assert stacked == {"dfa": 3, "fa-linear": 1}
+    summary = json.loads((tmp_path / "runs" / "sweep_summary.json").read_text())
+    assert {run["action"] for run in summary["runs"]} == {"trained"}
+    assert main(["sweep", str(path), "--stack", "4", "--workers", "0", "-q"]) == 0
+    assert "6 runs (6 completed)" in capsys.readouterr().out  # nothing trained again
+
+
+def test_stack_flag_errors_are_one_line(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(out=tmp_path / "runs"))
+    assert main(["sweep", str(path), "--stack", "0", "--dry-run"]) != 0
+    assert "--stack must be >= 1" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--stack", "2", "--executor", "ray", "--dry-run"]) != 0
+    assert "--stack is for the local executor" in capsys.readouterr().err
+
+
+def test_a_stacked_group_trains_the_runs_it_claims(tmp_path):
+    """A run another process holds is reported busy; the group trains the others."""
+    from creditaudit.sweep import try_claim
+    from creditaudit.sweep.worker import run_group
+
+    runs = configs(tmp_path, "bp", **{"optim.epochs": 1})
+    ids = [run_id(c) for c in runs]
+    claim, _ = try_claim(tmp_path / ids[1], stale_after=900)
+    assert claim is not None
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=ids)
+    assert [o["status"] for o in outcomes] == ["completed", "busy", "completed"]
+    assert [o["action"] for o in outcomes] == ["trained", "busy", "trained"]
+    assert load_record(tmp_path / ids[0]).environment["execution"]["stacked_runs"] == 2
+    assert not (tmp_path / ids[0] / "claim.json").exists()
+
+
+def test_a_stack_whose_step_fails_records_every_run_failed(tmp_path, monkeypatch):
+    from creditaudit.stepping import StackedStep
+    from creditaudit.sweep.worker import run_group
+
+    def boom(self, x, y):
+        raise RuntimeError("step exploded")
+
+    monkeypatch.setattr(StackedStep, "forward_backward", boom)
+    runs = configs(tmp_path, "dfa", **{"optim.epochs": 1})
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=[run_id(c) for c in runs])
+    assert {o["status"] for o in outcomes} == {"failed"}
+    for config in runs:
+        record = load_record(Path(config.run.out_dir) / run_id(config))
+        assert record.status == "failed" and "step exploded" in record.error

@@ -176,7 +176,7 @@ def _share_data(plans: list[RunPlan]) -> None:
             loaded[key] = plan.load_data()
 
 
-def _epochs(group: list[Trainer]) -> StackedEpochs:
+def epoch_runner(group: list[Trainer]) -> StackedEpochs:
     """The group's epoch runner: captured on CUDA where the first run's decision says so,
     else eager, checked every step on the CPU (a read costs nothing there) and once per
     epoch on a GPU."""
@@ -190,7 +190,7 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
     """Train runs that all start at the same epoch (their ``_start`` done)."""
     results: dict[int, RunResult] = {}
     live = list(group)
-    runner = _epochs(live)
+    runner = epoch_runner(live)
 
     def finish(trainer: Trainer) -> None:
         with _own_rng(rng, trainer):
@@ -225,7 +225,7 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
             if not remaining:
                 break
             if len(remaining) != len(live):
-                live, runner = remaining, _epochs(remaining)
+                live, runner = remaining, epoch_runner(remaining)
         else:
             for trainer in live:
                 if id(trainer) not in results:
@@ -246,4 +246,5 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
     return [results[id(t)] for t in group]
 
 
-__all__ = ["VARYING", "check_stackable", "stack_key", "stack_groups", "train_stacked"]
+__all__ = ["VARYING", "check_stackable", "epoch_runner", "stack_key", "stack_groups",
+           "train_stacked"]

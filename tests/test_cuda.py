@@ -204,7 +204,7 @@ def _cuda_trainers(tmp_path: Path, method: str, seeds=(1, 2), **extra) -> list[T
 @pytest.mark.parametrize("method", CAPTURED_RULES)
 def test_captured_epochs_replay_the_eager_stacked_step(tmp_path: Path, method: str) -> None:
     from creditaudit.capture import CapturedEpochs, make_capturable
-    from creditaudit.stepping import StackedEpochs
+    from creditaudit.epochs import StackedEpochs
 
     captured = _cuda_trainers(tmp_path / "a", method)
     eager = _cuda_trainers(tmp_path / "b", method)

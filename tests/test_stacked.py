@@ -16,11 +16,12 @@ import torch
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset
 from creditaudit.data.loader import InMemoryLoader
+from creditaudit.epochs import StackedEpochs
 from creditaudit.errors import ConfigError
 from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_checkpoint, load_record
 from creditaudit.stacked import stack_groups, stack_key, train_stacked
-from creditaudit.stepping import STACKED_RULES, StackedEpochs, stack_refusal
+from creditaudit.stepping import STACKED_RULES, stack_refusal
 from creditaudit.testing import make_rule
 from creditaudit.training import Trainer, train
 

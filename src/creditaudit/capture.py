@@ -8,7 +8,7 @@ the step's kernels from a CUDA graph took BP's step from 3.3 to 0.55 ms on an H2
 the schedule, stepped on the host, changes the rate the graph reads. Nothing is read back
 per step; the per-run sums and the first non-finite step are read once per epoch, and an
 epoch in which a run turned non-finite is trained again eagerly with a check every step
-(:class:`~creditaudit.stepping.StackedEpochs`). The last, smaller batch of an epoch runs
+(:class:`~creditaudit.epochs.StackedEpochs`). The last, smaller batch of an epoch runs
 eagerly (same kernels, another shape).
 
 **Not yet run on a GPU**: written in a session without one. ``tests/test_cuda.py`` holds the
@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from creditaudit.epochs import StackedEpochs
 from creditaudit.run_setup import make_schedule
-from creditaudit.stepping import StackedEpochs, StackMember, StepTensors
+from creditaudit.stepping import StackMember, StepTensors
 
 # Eager steps (real training steps, on a side stream) before the capture, as the CUDA-graph
 # documentation asks: autograd and the libraries allocate their workspaces there.

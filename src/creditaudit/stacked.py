@@ -27,11 +27,12 @@ import torch
 
 from creditaudit.capture import CapturedEpochs
 from creditaudit.config import RunConfig
+from creditaudit.epochs import StackedEpochs
 from creditaudit.errors import ConfigError
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods import rule_class
 from creditaudit.plan import RunPlan
-from creditaudit.stepping import STACKED_RULES, StackedEpochs, stack_refusal
+from creditaudit.stepping import STACKED_RULES, stack_refusal
 from creditaudit.training import RunResult, Trainer, prepare_run
 
 log = logging.getLogger(__name__)

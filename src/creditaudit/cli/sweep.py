@@ -56,8 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "weight decay, λ, feedback seeds/scales or diagnostics settings "
                              "as one stacked model in one worker, each with its own folder "
                              "and record (bp, frozen, fa, dfa, drtp; default 1: every run "
-                             "alone). Pays on a GPU; measure before using it on a CPU "
-                             "(docs/benchmarks.md)")
+                             "alone). Meant for a GPU (not yet measured there); on a CPU "
+                             "it does not pay (docs/benchmarks.md)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="results folder, overrides run.out_dir of the sweep file")
     add_device_options(parser)

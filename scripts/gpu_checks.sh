@@ -46,13 +46,13 @@ part "tests: CUDA, captured and stacked steps" 120
 timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_stacked.py \
     2>&1 | tail -n 40 | tee "$OUT/tests.txt" | tail -n 15 | tee -a "$REPORT"
 
-part "eager vs captured vs stacked (bench_stacked.py)" 170
-timeout 170 $PY benchmarks/bench_stacked.py --device cuda --data cifar --methods bp dfa \
+part "eager vs captured vs stacked (bench_stacked.py)" 150
+timeout 150 $PY benchmarks/bench_stacked.py --device cuda --data cifar --methods bp dfa \
     --runs 4 8 --rounds 3 --steps 30 --out-json "$OUT/bench_stacked.json" \
     2>&1 | tee "$OUT/bench_stacked.txt" | grep -E "^\||load|Error" | tee -a "$REPORT"
 
-part "peak (bench_gpu_peak.py, short)" 50
-timeout 50 $PY benchmarks/bench_gpu_peak.py --repeats 3 --steps 30 --runs 8 --skip-compile \
+part "peak (bench_gpu_peak.py, short)" 40
+timeout 40 $PY benchmarks/bench_gpu_peak.py --repeats 3 --steps 30 --runs 8 --skip-compile \
     --skip-processes 2>&1 | tee "$OUT/bench_gpu_peak.txt" | grep -E "^\||FLOP" \
     | tee -a "$REPORT"
 
@@ -60,14 +60,14 @@ part "paper-scale epochs through Trainer (bench_gpu.py --skip-steps)" 70
 timeout 70 $PY benchmarks/bench_gpu.py --skip-steps --epoch-methods bp dfa \
     --out "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.txt" | tail -n 8 | tee -a "$REPORT"
 
-part "a sweep alone and with --stack 4 (records in records.tar.gz)" 60
+part "a sweep alone and with --stack 4 (records in records.tar.gz)" 90
 SWEEP_DIR=$(mktemp -d)
 cat > "$SWEEP_DIR/sweep.toml" <<'TOML'
 [base.data]
-n_train = 10000
+n_train = 5000
 n_test = 2000
 [base.optim]
-epochs = 3
+epochs = 2
 [base.diagnostics]
 rho_samples = 256
 rho_directions = 8
@@ -79,7 +79,7 @@ TOML
 for mode in alone stacked; do
     stack=1; [ "$mode" = stacked ] && stack=4
     started=$SECONDS
-    timeout 30 $PY -m creditaudit sweep "$SWEEP_DIR/sweep.toml" --device cuda --workers 0 \
+    timeout 45 $PY -m creditaudit sweep "$SWEEP_DIR/sweep.toml" --device cuda --workers 0 \
         --stack $stack --out "$SWEEP_DIR/$mode" -q > "$OUT/sweep_$mode.txt" 2>&1
     echo "sweep $mode (--stack $stack): exit $?, $((SECONDS - started)) s" | tee -a "$REPORT"
 done

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from creditaudit.capture import CapturedEpochs
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
 from creditaudit.diagnostics.drift import feature_drift
@@ -59,6 +60,7 @@ from creditaudit.records import (
 from creditaudit.resume import check_same_data, load_into, no_run_to_resume
 from creditaudit.run_setup import make_schedule, rebuild_run, resolve_device
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
+from creditaudit.stepping import cuda_graphs_decision, uses_device_data
 
 log = logging.getLogger(__name__)
 # Step sizes of the end-of-run nudging test.
@@ -108,6 +110,10 @@ class Trainer:
         if config.run.threads is not None:
             torch.set_num_threads(config.run.threads)
         self.dataset = plan.load_data()
+        # Data on a GPU: batches drawn and prepared there (the same batches as on the host).
+        self.device_data = uses_device_data(config.run.device_data, self.device)
+        if self.device_data:
+            self.dataset = self.dataset.to(self.device)
         self.data_identity = plan.data_identity()
         self.run_id = plan.run_id
         self.run_dir = plan.run_dir
@@ -128,13 +134,19 @@ class Trainer:
         self.data_generator = torch.Generator().manual_seed(config.run.seed)
         self.train_loader = self.dataset.loader(
             "train", config.optim.batch_size, flatten=self.flatten, shuffle=True,
-            generator=self.data_generator)
+            generator=self.data_generator, draw_per_epoch=self.device_data,
+            random_targets=self.dataset.n_classes if config.data.random_targets else None)
         self.scheduler = make_schedule(self.optimizer, config.optim.schedule,
                                        config.optim.epochs * len(self.train_loader))
         self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
         self.record = new_record(config, device=str(self.device), data=self.data_identity,
                                  run_id=self.run_id, model=self.model.describe(),
                                  code=plan.code.to_dict())
+        self.cuda_graphs = cuda_graphs_decision(config.run.cuda_graphs, self.device, self.rule)
+        self.record.environment["execution"] = {
+            "device_data": self.device_data, "cuda_graphs": self.cuda_graphs.text,
+            "stacked_runs": 1}
+        self._captured: CapturedEpochs | None = None
         self.start_epoch = 1
         self.loggers = LoggerGroup([])
 
@@ -235,12 +247,13 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict[str, Any] | None:
         """Train one epoch; returns the epoch's training stats, or None on divergence."""
+        if self.cuda_graphs.on:  # the step captured once and replayed (creditaudit.capture)
+            if self._captured is None:
+                self._captured = CapturedEpochs([self])
+            return self._captured.train_epoch(epoch)[0]
         self.model.train()
         loss_sum, correct, n = 0.0, 0, 0
-        random_targets = self.config.data.random_targets
         for step, (x, y) in enumerate(self.train_loader):
-            if random_targets:
-                y = torch.randint(0, self.dataset.n_classes, y.shape, generator=self.data_generator)
             x, y = x.to(self.device), y.to(self.device)
             result = self.rule.train_step(x, y, self.optimizer)
             if not result.finite:
@@ -269,6 +282,27 @@ class Trainer:
             self.loggers.close()
 
     def _run(self, resume: bool) -> RunResult:
+        self._start(resume)
+        try:
+            for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
+                started = time.perf_counter()
+                if self._close_epoch(epoch, self.train_epoch(epoch), started):
+                    break
+            else:
+                self.record.status = "completed"
+            self._finish()
+        except KeyboardInterrupt:
+            self._stopped("interrupted")
+            raise
+        except Exception as err:
+            self._stopped("failed", err)
+            raise
+        self.loggers.finish(self.record)
+        return RunResult(self.run_dir, self.record, self.rule)
+
+    def _start(self, resume: bool) -> None:
+        """Before the first epoch: restore a resumed run, or write a new run's folder (config,
+        initial weights, the epoch-0 record and checkpoint)."""
         if resume:
             self.restore()
         self.loggers.start(RunStart(
@@ -285,45 +319,39 @@ class Trainer:
             self._write()
             self.checkpoint(0)
             self.loggers.log_epoch(self.record.log[-1])
-        try:
-            for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
-                started = time.perf_counter()
-                stats = self.train_epoch(epoch)
-                if stats is None:
-                    self.record.status = "diverged"
-                    break
-                entry = replace(self.measure(epoch), **stats)
-                self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
-                if not _finite_entry(entry):
-                    self.record.status = "diverged"
-                    self.record.divergence = {"epoch": epoch, "reason":
-                                              "non-finite evaluation loss or state norms"}
-                    self._write()
-                    self.loggers.log_epoch(entry)
-                    break
-                stop = self._walkback_stop(entry)
-                self.checkpoint(epoch)
-                self._write()
-                self.loggers.log_epoch(entry)
-                if stop:
-                    self.record.status = "completed"
-                    break
-            else:
-                self.record.status = "completed"
-            self._finish()
-        except KeyboardInterrupt:
-            self.record.status = "interrupted"
+
+    def _close_epoch(self, epoch: int, stats: dict[str, Any] | None, started: float) -> bool:
+        """Record trained epoch ``epoch`` (``stats`` from :meth:`train_epoch`, None when it
+        diverged; ``started``: its perf_counter start): evaluate, check, checkpoint, write,
+        log. True when the run ends here (status set: diverged, or completed when the
+        protocol verdict stops it)."""
+        if stats is None:
+            self.record.status = "diverged"
+            return True
+        entry = replace(self.measure(epoch), **stats)
+        self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
+        if not _finite_entry(entry):
+            self.record.status = "diverged"
+            self.record.divergence = {"epoch": epoch, "reason":
+                                      "non-finite evaluation loss or state norms"}
             self._write()
-            self.loggers.finish_quietly(self.record)
-            raise
-        except Exception as err:
-            self.record.status = "failed"
+            self.loggers.log_epoch(entry)
+            return True
+        stop = self._walkback_stop(entry)
+        self.checkpoint(epoch)
+        self._write()
+        self.loggers.log_epoch(entry)
+        if stop:
+            self.record.status = "completed"
+        return stop
+
+    def _stopped(self, status: str, err: Exception | None = None) -> None:
+        """The run stopped on an interrupt or an error: record why and tell the loggers."""
+        self.record.status = status
+        if err is not None:
             self.record.error = f"{type(err).__name__}: {err}"
-            self._write()
-            self.loggers.finish_quietly(self.record)
-            raise
-        self.loggers.finish(self.record)
-        return RunResult(self.run_dir, self.record, self.rule)
+        self._write()
+        self.loggers.finish_quietly(self.record)
 
     def _finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
@@ -354,7 +382,7 @@ class Trainer:
             return {"credit_quality_error": str(err)}
 
     def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:
-        entry.lr = self.optimizer.param_groups[0]["lr"]
+        entry.lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor when captured
         entry.seconds = seconds
         return entry
 
@@ -401,6 +429,20 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
     unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
     (start over).
     """
+    ready = prepare_run(config, resume=resume, force=force, dataset=dataset, loggers=loggers)
+    if isinstance(ready, RunResult):
+        return ready
+    plan, resume = ready
+    return Trainer(plan).run(resume=resume, loggers=loggers)
+
+
+def prepare_run(config: RunConfig, *, resume: bool = False, force: bool = False,
+                dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()
+                ) -> RunResult | tuple[RunPlan, bool]:
+    """What :func:`train` does before training: the finished run's result (not rerun), or
+    (its plan, whether to resume) — with ``force``, the old run's files removed. Raises
+    RunRecordError for an unfinished run without ``resume``/``force`` and for ``resume``
+    without a run."""
     plan = plan_run(config)
     if dataset is not None:
         plan.use_data(dataset)
@@ -428,4 +470,4 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
         for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
             (run_dir / name).unlink(missing_ok=True)
         resume = False
-    return Trainer(plan).run(resume=resume, loggers=loggers)
+    return plan, resume

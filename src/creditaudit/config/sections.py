@@ -30,6 +30,8 @@ SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; keep them non-negative
 PRECISIONS = ("fp32", "bf16")
+DEVICE_DATA = ("auto", "on", "off")
+CUDA_GRAPHS = ("auto", "off")
 ROLES = ("compute", "record", "place")
 
 
@@ -120,6 +122,14 @@ class RunSettings:
                          choices=PRECISIONS)
     threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1,
                               role="place")
+    device_data: str = opt("auto", "keep the train and test sets on the run's device and draw "
+                           "each batch there: the same batches, no host copy per batch (auto "
+                           "= on for CUDA)", choices=DEVICE_DATA, role="place")
+    cuda_graphs: str = opt("auto", "capture the training step in a CUDA graph and replay it "
+                           "(auto = on for CUDA runs of rules whose step can be captured: bp, "
+                           "frozen, fa, dfa, drtp; the record says what was used; not yet "
+                           "verified on a GPU)",
+                           choices=CUDA_GRAPHS, role="place")
     tensorboard: str | None = opt(None, "log every epoch, the protocol, the end-of-run metrics "
                                   "and the config to this TensorBoard folder (DIR/RUN_ID/)",
                                   role="place")

@@ -68,7 +68,8 @@ class RunRecord:
         "package versions, `source` (the git commit of the creditaudit source, `+dirty` when "
         "its tracked files under src/ differ; null for an installed wheel), `components` (the "
         "rule's, model's and dataset's name, id_version and origin: creditaudit or a plugin's "
-        "dist==version), device, threads", factory=dict)
+        "dist==version), device, threads, `execution` (`device_data`, `cuda_graphs`: on, or "
+        "off and why; `stacked_runs`: how many runs trained in its stack)", factory=dict)
     created: str | None = doc("time the run started (ISO 8601)")
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")

@@ -130,10 +130,14 @@ class RunRecord:
 
     @property
     def is_standard(self) -> bool:
-        """Not a control variant (depth ladder, random labels, no residual stream)."""
+        """Not a control variant (depth ladder, random labels, no residual stream). Whether
+        the model has skips is asked of its description (records before schema 3: of the
+        config; unknown, as for an adapted model, counts as standard)."""
         c = self.config
+        residual = (self.model.residual if self.model is not None
+                    else getattr(c.model, "residual", None))
         return (c.method.trainable_blocks is None and not c.data.random_targets
-                and c.model.residual)
+                and residual is not False)
 
     @property
     def recipe_key(self) -> str:

@@ -116,5 +116,10 @@ def commands(block: Block) -> list[Command]:
 
 def usage_form(argv: tuple[str, ...]) -> tuple[str, ...]:
     """A synopsis (``figures RESULTS_DIR [--out DIR] [--dataset NAME]``) with every optional
-    part given: the brackets dropped."""
-    return tuple(w.strip("[]") for w in argv if w.strip("[]"))
+    part given: the brackets dropped. A value's own brackets (``model.states=["a", "b"]``,
+    balanced, not opening the word) stay."""
+    def unbracketed(word: str) -> str:
+        if word.startswith("[") or word.count("]") > word.count("["):
+            return word.strip("[]")
+        return word
+    return tuple(unbracketed(w) for w in argv if unbracketed(w))

@@ -19,6 +19,7 @@ from creditaudit import Recorder, RunConfig, adapt, diagnose, load_record, rule
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError, CreditAuditError, ModelContractError, RunRecordError
 from creditaudit.figures import RunIndex
+from creditaudit.figures.audit_panels import category
 from creditaudit.loggers import RunLogger
 from creditaudit.models.contract import eval_mode
 from creditaudit.plan import plan_run
@@ -26,8 +27,11 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.recorder import OWN_DATA, array_fingerprint
 from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, comparable
 from creditaudit.report import format_run_summary
+from creditaudit.sweep import load_sweep
+from creditaudit.sweep.grid import run_key
 from creditaudit.training import RunResult, epoch_record, train
 from creditaudit.zoo import CifarResNet, TransformerClassifier
+from docs_support import ROOT
 from integrity_support import write_idx_dataset
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -311,6 +315,17 @@ def test_every_rule_of_the_proof_through_the_cli(model, idx, tmp_path, capsys):
     assert all(record.run_id in table for record in runs)
 
 
+
+@pytest.mark.parametrize("name", ["own_resnet20_fashion", "own_transformer_mnist1d"])
+def test_the_outside_model_sweep_files_hold_six_rules_by_three_seeds(name):
+    """examples/sweeps/own_*.toml (what docs/your_model.md says they hold): 18 distinct runs
+    of the module architecture, each rule of the proof on three seeds."""
+    configs = load_sweep(ROOT / f"examples/sweeps/{name}.toml").configs()
+    assert len(configs) == 18 == len({run_key(c) for c in configs})
+    assert {c.model.arch for c in configs} == {"module"}
+    assert sorted((c.method.name, c.run.seed) for c in configs) == sorted(
+        (method, seed) for method in PROOF_RULES for seed in (42, 123, 456))
+
 # --- the Recorder: the command line's record from your own loop ----------------------------------
 METRIC_KEYS = {"diagnostics.rho_samples": 8, "diagnostics.rho_directions": 2,
                "diagnostics.null_draws": 2}
@@ -394,7 +409,10 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert record.diagnostics.fresh_b_null["n"] == 2
     # read by the folder commands' indexes; refused by those that rebuild, in one line
     index = RunIndex.from_dir(out)
-    assert [run.run_id for run in index.select(standard=True)] == ["resnet-dfa"]
+    runs = index.select(standard=True)  # an adapted model has no config.model.residual
+    assert [run.run_id for run in runs] == ["resnet-dfa"]
+    assert runs[0].arch_label == "CifarResNet"  # figures name an adapted network by its class
+    assert category(runs[0], multi_arch=True, multi_data=False) == "DFA λ=0.001\nCifarResNet"
     assert "dfa" in format_run_summary([on_disk])
     assert main(["audit", str(out / "resnet-dfa")]) == 2
     assert "trained in its own loop (creditaudit.Recorder)" in one_line(capsys)

@@ -78,7 +78,6 @@ from creditaudit.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.safe_files import ensure_folder
 from creditaudit.training import (
     end_of_run_metrics,
-    entry_fields,
     final_results,
     protocol_due,
     record_protocol,
@@ -198,7 +197,7 @@ class Recorder:
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
                            acc_eval=numbers["test_acc"], train_loss=numbers["train_loss"],
                            train_acc=numbers["train_acc"], extras=kept,
-                           **entry_fields(measures))
+                           **measures.record_fields())
         settings, optim = self.config.diagnostics, self.config.optim
         if protocol_due(epoch, settings.protocol_every,
                         optim.epochs if self._epochs_given else None):

@@ -121,6 +121,8 @@ def plan_run(config: RunConfig) -> RunPlan:
     machine's memory, an evaluation set larger than the test split, missing data files."""
     rule = rule_class(config.method.name)
     arch = architecture(config.model.arch)
+    if arch.unbuildable:  # e.g. a run recorded from the user's own loop
+        raise ConfigError(f"model.arch={arch.name!r}: {arch.unbuildable}")
     spec = dataset_spec(config.data.name)
     options = config.data
     spec.check(options)

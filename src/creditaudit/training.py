@@ -4,6 +4,12 @@ Every run writes ``OUT_DIR/RUN_ID/record.json`` after each epoch (atomically) an
 checkpoint next to it. A killed run resumes from its last checkpoint to the same final
 record (wall-clock fields aside); a run whose loss or states turn NaN/Inf ends with status
 ``diverged`` and keeps every record so far.
+
+What a record holds beyond training — the protocol of an epoch (:func:`record_protocol`,
+when :func:`protocol_due`), the final results (:func:`final_results`) and the end-of-run
+metrics (:func:`end_of_run_metrics`) — are functions of the record, the rule and the
+evaluation set, which :class:`creditaudit.recorder.Recorder` shares for runs trained in a
+user's own loop.
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ from typing import Any
 import torch
 
 from creditaudit.capture import CapturedEpochs
-from creditaudit.config import RunConfig, config_to_toml
+from creditaudit.config import DiagnosticsConfig, RunConfig, config_to_toml
 from creditaudit.data import Dataset
 from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.epoch import EpochMeasures, epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
-from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
+from creditaudit.diagnostics.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.errors import RunRecordError
 from creditaudit.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers, replay
@@ -205,35 +211,14 @@ class Trainer:
         test_loss, test_acc = evaluation.run(self.model, self.device, known)
         entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc, **fields)
         if protocol_due and sg is not None and measures is not None:
-            self._record_protocol(entry, sg, measures)
+            record_protocol(self.record, entry, sg, measures, protocol=self.protocol,
+                            frozen_acc=self.config.diagnostics.frozen_acc,
+                            terminal_ln=self.model.terminal_ln)
         return entry
 
     def _protocol_due(self, epoch: int) -> bool:
-        """Every k-th trained epoch, and the final one (epoch 0 only for 0-epoch runs:
-        before any training (d) would compare an untrained net with a trained baseline)."""
-        k = self.config.diagnostics.protocol_every
-        last = epoch == self.config.optim.epochs
-        return k > 0 and ((epoch >= 1 and epoch % k == 0) or last)
-
-    def _record_protocol(self, entry: EpochEntry, sg: StateGradients,
-                         measures: EpochMeasures) -> None:
-        """The protocol from the epoch's own measures and gradients (no second backward)."""
-        epoch = entry.epoch
-        report = evaluate_protocol(
-            sg, headline_acc=entry.acc_eval, frozen_acc=self.config.diagnostics.frozen_acc,
-            terminal_ln=self.model.terminal_ln, measures=measures, protocol=self.protocol,
-            thresholds=self.protocol.thresholds(),
-            metadata={**record_metadata(self.record), "epoch": epoch})
-        entry.protocol = {r.id: r.status for r in report.diagnostics}
-        entry.verdict = report.verdict
-        state = self.record.protocol
-        if not state.first_fired:
-            state.first_fired = dict.fromkeys(r.id for r in report.diagnostics)
-        for fired in report.fired:
-            if state.first_fired.get(fired) is None:
-                state.first_fired[fired] = epoch
-        state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
-        state.report = report.to_dict(norms=False)  # the norms are the entry's
+        return protocol_due(epoch, self.config.diagnostics.protocol_every,
+                            self.config.optim.epochs)
 
     def _walkback_stop(self, entry: EpochEntry) -> bool:
         """With stop_on_walkback: mark the run stopped once the verdict turns."""
@@ -355,31 +340,14 @@ class Trainer:
 
     def _finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
-        last = self.record.log[-1]
-        self.record.final = FinalResults(
-            epochs_completed=last.epoch, test_acc=last.acc_eval, test_loss=last.test_loss,
-            h_L_norm=last.h_L_norm, g_L_norm=last.g_L_norm, deep_cos=last.deep_cos)
+        self.record.final = final_results(self.record.log[-1])
         if self.config.diagnostics.end_of_run:
             initial = load_parameters(self.run_dir / INIT_FILE, map_location=self.device)
-            self.record.diagnostics.drift = feature_drift(
-                initial, dict(self.model.named_parameters()))
-            self.record.diagnostics.update(self._credit_quality())
-            devices = [self.device] if self.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
-                self.record.diagnostics.update(self.rule.run_metrics(self.eval_x, self.eval_y))
+            self.record.diagnostics.update(end_of_run_metrics(
+                self.rule, self.eval_x, self.eval_y, initial=initial,
+                settings=self.config.diagnostics, seed=self.config.run.seed,
+                progress=self.loggers.log_stage))
         self._write()
-
-    def _credit_quality(self) -> dict[str, Any]:
-        """End-of-run credit metrics; a non-finite (diverged) model records why instead."""
-        settings = self.config.diagnostics
-        try:
-            return credit_quality(self.rule, self.eval_x, self.eval_y,
-                                  rho_samples=settings.rho_samples,
-                                  rho_directions=settings.rho_directions,
-                                  null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                                  seed=self.config.run.seed, progress=self.loggers.log_stage)
-        except NonFiniteModelError as err:
-            return {"credit_quality_error": str(err)}
 
     def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:
         entry.lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor when captured
@@ -388,6 +356,67 @@ class Trainer:
 
     def _write(self) -> None:
         save_record(self.run_dir, self.record)
+
+
+def protocol_due(epoch: int, every: int, last_epoch: int | None) -> bool:
+    """Whether the protocol runs at ``epoch``: every ``every``-th trained epoch (0 = never)
+    and the last one, ``last_epoch`` (epoch 0 only when it is the last: before any training
+    (d) would compare an untrained net with a trained baseline)."""
+    last = last_epoch is not None and epoch == last_epoch
+    return every > 0 and ((epoch >= 1 and epoch % every == 0) or last)
+
+
+def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
+                    measures: EpochMeasures, *, protocol: Protocol, frozen_acc: float | None,
+                    terminal_ln: bool | None) -> None:
+    """Evaluate the protocol on an epoch's own measures and gradients (no second backward):
+    its statuses and verdict go into ``entry``, the report and the first epoch each
+    diagnostic fired into ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
+    fraction, None = not evaluated); ``terminal_ln``: whether the model ends in a
+    LayerNorm, as the model says."""
+    epoch = entry.epoch
+    report = evaluate_protocol(
+        sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
+        measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
+        metadata={**record_metadata(record), "epoch": epoch})
+    entry.protocol = {r.id: r.status for r in report.diagnostics}
+    entry.verdict = report.verdict
+    state = record.protocol
+    if not state.first_fired:
+        state.first_fired = dict.fromkeys(r.id for r in report.diagnostics)
+    for fired in report.fired:
+        if state.first_fired.get(fired) is None:
+            state.first_fired[fired] = epoch
+    state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
+    state.report = report.to_dict(norms=False)  # the norms are the entry's
+
+
+def final_results(last: EpochEntry) -> FinalResults:
+    """The headline numbers of a run, from its last epoch entry."""
+    return FinalResults(
+        epochs_completed=last.epoch, test_acc=last.acc_eval, test_loss=last.test_loss,
+        h_L_norm=last.h_L_norm, g_L_norm=last.g_L_norm, deep_cos=last.deep_cos)
+
+
+def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Tensor, *,
+                       initial: dict[str, torch.Tensor], settings: DiagnosticsConfig,
+                       seed: int, progress: Progress | None = None) -> dict[str, Any]:
+    """The end-of-run block on the evaluation set ``(N, …)``, ``(N,)``: feature drift from
+    the ``initial`` parameters (keyed as ``rule.model.named_parameters()``), the
+    credit-quality metrics (ρ, nudging, cosines, Γ, the fresh-feedback null; a non-finite
+    model records why not) and the rule's own metrics, under a forked RNG."""
+    out: dict[str, Any] = {"drift": feature_drift(initial, dict(rule.model.named_parameters()))}
+    try:
+        out.update(credit_quality(rule, eval_x, eval_y, rho_samples=settings.rho_samples,
+                                  rho_directions=settings.rho_directions,
+                                  null_draws=settings.null_draws, etas=NUDGING_ETAS,
+                                  seed=seed, progress=progress))
+    except NonFiniteModelError as err:
+        out["credit_quality_error"] = str(err)
+    devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
+        out.update(rule.run_metrics(eval_x, eval_y))
+    return out
 
 
 def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor

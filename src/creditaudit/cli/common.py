@@ -93,6 +93,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             kwargs["help"] = f"{kwargs['help']}: {registry_choices(registry)}"
             kwargs["metavar"] = "NAME"
         kwargs["help"] = f"{kwargs['help']} ({key})"
+        if key == "model.arch":
+            kwargs["help"] += ("; any nn.Module: module:package.module:factory (= --arch module "
+                               "--set model.factory=package.module:factory)")
         if "choices" not in kwargs:
             kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
         parser.add_argument(flag, dest=key, default=None, **kwargs)
@@ -119,6 +122,9 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     for _, key, _, _ in SWITCHES:
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
+    arch = overrides.get("model.arch")
+    if isinstance(arch, str) and ":" in arch:  # --arch module:package.module:factory
+        overrides["model.arch"], _, overrides["model.factory"] = arch.partition(":")
     overrides.update(parse_override(item) for item in args.set)
     config = apply_overrides(config, overrides)
     shrink = env_overrides()

@@ -131,12 +131,14 @@ class RunRecord:
 
     @property
     def is_standard(self) -> bool:
-        """Not a control variant (depth ladder, random labels, no residual stream)."""
+        """Not a control variant (depth ladder, random labels, no residual stream). Whether
+        the model has skips is asked of its description (records before schema 3: of the
+        config; unknown, as for an adapted model, counts as standard)."""
         c = self.config
-        # The no-residual control is an architecture's `residual` option turned off; an
-        # architecture without that option (a plain MLP) is its own standard form.
+        residual = (self.model.residual if self.model is not None
+                    else getattr(c.model, "residual", None))
         return (c.method.trainable_blocks is None and not c.data.random_targets
-                and getattr(c.model, "residual", True) is not False)
+                and residual is not False)
 
     @property
     def recipe_key(self) -> str:

@@ -8,6 +8,7 @@ record (wall-clock fields aside); a run whose loss or states turn NaN/Inf ends w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -24,7 +25,7 @@ from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.epoch import EpochMeasures, epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
-from creditaudit.errors import RunRecordError
+from creditaudit.errors import DiskFullError, OutputError, RunRecordError
 from creditaudit.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers, replay
 from creditaudit.methods import CreditRule
@@ -55,7 +56,13 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
-from creditaudit.resume import check_same_data, load_into, no_run_to_resume
+from creditaudit.resume import (
+    check_same_data,
+    check_same_question,
+    load_into,
+    no_run_to_resume,
+    restartable,
+)
 from creditaudit.run_setup import make_schedule, rebuild_run, resolve_device
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 
@@ -155,10 +162,11 @@ class Trainer:
         path = self.run_dir / CHECKPOINT_FILE
         if not path.exists():
             raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
-                                 "without --resume")
+                                 "over with --force")
         state = load_checkpoint(path, map_location=self.device)
         record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
         check_same_data(record, self.data_identity, path)
+        check_same_question(record.config, self.config, path)
         load_into(state, path, self.config, model=self.model, rule=self.rule,
                   optimizer=self.optimizer, scheduler=self.scheduler,
                   generator=self.data_generator)
@@ -315,6 +323,14 @@ class Trainer:
             self._write()
             self.loggers.finish_quietly(self.record)
             raise
+        except DiskFullError:
+            # Nothing is wrong with the run: it resumes from its last checkpoint once space
+            # is freed. Still full, the record keeps its last state, which resumes too.
+            self.record.status = "interrupted"
+            with contextlib.suppress(OutputError):
+                self._write()
+            self.loggers.finish_quietly(self.record)
+            raise
         except Exception as err:
             self.record.status = "failed"
             self.record.error = f"{type(err).__name__}: {err}"
@@ -325,11 +341,20 @@ class Trainer:
         return RunResult(self.run_dir, self.record, self.rule)
 
     def _finish(self) -> None:
-        """Final results and end-of-run metrics for completed or diverged runs."""
+        """Final results and end-of-run metrics for completed or diverged runs.
+
+        The headline numbers are those of the last epoch whose evaluation was finite: a
+        network that overflowed predicts one class, and its accuracy (that class's share)
+        measures nothing. ``final.from_epoch`` says which epoch they are from."""
         last = self.record.log[-1]
-        self.record.final = FinalResults(
-            epochs_completed=last.epoch, test_acc=last.acc_eval, test_loss=last.test_loss,
-            h_L_norm=last.h_L_norm, g_L_norm=last.g_L_norm, deep_cos=last.deep_cos)
+        kept = next((e for e in reversed(self.record.log) if _finite_entry(e)), None)
+        final = FinalResults(epochs_completed=last.epoch)
+        if kept is not None:
+            final = FinalResults(
+                epochs_completed=last.epoch, test_acc=kept.acc_eval, test_loss=kept.test_loss,
+                h_L_norm=kept.h_L_norm, g_L_norm=kept.g_L_norm, deep_cos=kept.deep_cos,
+                from_epoch=None if kept is last else kept.epoch)
+        self.record.final = final
         if self.config.diagnostics.end_of_run:
             initial = load_parameters(self.run_dir / INIT_FILE, map_location=self.device)
             self.record.diagnostics.drift = feature_drift(
@@ -423,7 +448,13 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
         if existing.is_finished and not resume:
             _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)
-        if not resume:
+        if restartable(existing, run_dir, resume=resume):
+            log.info("run %s stopped before its first checkpoint (status %s); starting it "
+                     "over", existing.run_id, existing.status)
+            force = True
+        elif resume:
+            check_same_question(existing.config, config, record_path)
+        else:
             hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
                     if existing.is_failed else "")
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"

@@ -284,7 +284,7 @@ class RunRecord:
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
             "log": [e.to_dict() for e in self.log],
-            "final": None if self.final is None else dataclasses.asdict(self.final),
+            "final": None if self.final is None else self.final.to_dict(),
             "diagnostics": self.diagnostics.to_dict(),
             "protocol": self.protocol.to_dict(),
             "error": self.error,

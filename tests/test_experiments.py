@@ -375,13 +375,14 @@ def test_experiment_command_errors_are_one_line(capsys):
 def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
     """`experiment all --scale cpu --no-train` once overwrote the smoke summaries: both
     scales' own datasets wrote NAME.json."""
-    from creditaudit.config import DATASETS
     from creditaudit.experiments.runner import summary_stem
     from creditaudit.experiments.scales import SCALES
+    from creditaudit.registry import DATASETS
 
+    datasets = DATASETS.names()
     stems = {summary_stem("audit_table", scale, dataset)
-             for scale in SCALES for dataset in DATASETS}
-    assert len(stems) == len(SCALES) * len(DATASETS)
+             for scale in SCALES for dataset in datasets}
+    assert len(stems) == len(SCALES) * len(datasets)
     assert summary_stem("audit_table", "cpu", "fashion-mnist") == \
         "audit_table.cpu.fashion-mnist"
     assert summary_stem("temporal", "smoke", "synthetic") == "temporal.smoke.synthetic"

@@ -438,6 +438,19 @@ def test_a_diverged_runs_headline_numbers_are_its_last_finite_epochs(tmp_path, c
     assert said in (tmp_path / "report" / "report.md").read_text()
 
 
+def test_a_diverged_run_without_a_finite_epoch_has_no_headline_accuracy(tmp_path,
+                                                                        monkeypatch):
+    """With no finite evaluation to fall back on, the headline accuracy is None, not the
+    overflowed network's share of one class from the log."""
+    monkeypatch.setattr("creditaudit.training._finite_entry", lambda entry: False)
+    result = train(RunConfig().replace(**tiny(tmp_path / "out")))
+    record = load_record(result.run_dir)
+    assert record.status == "diverged" and record.log[-1].acc_eval is not None
+    assert record.final.test_acc is None and record.final_acc is None
+    assert "diverged in epoch 1: no epoch's evaluation was finite" in format_run_summary(
+        [record])
+
+
 def test_a_completed_runs_final_block_is_unchanged(tmp_path):
     """Only diverged runs whose last epoch is not finite get ``from_epoch``: records of
     every other run stay as they were."""

@@ -32,6 +32,8 @@ def diverged_text(record: RunRecord) -> str | None:
     final = record.final
     if final is None:
         return text
+    if final.test_acc is None:
+        return text + ": no epoch's evaluation was finite, so no test acc"
     epoch = final.from_epoch if final.from_epoch is not None else final.epochs_completed
     entry = record.entry(epoch)
     finite = entry is not None and entry.test_loss is not None \

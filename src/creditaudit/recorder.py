@@ -228,7 +228,7 @@ class Recorder:
         if self.record.status == "diverged":
             self.record.divergence = {"epoch": last.epoch,
                                       "reason": "non-finite loss or state norms"}
-        self.record.final = final_results(last)
+        self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:
             self.record.diagnostics.update(end_of_run_metrics(
                 self.rule, self.eval_x, self.eval_y, initial=self.initial,

@@ -14,6 +14,7 @@ user's own loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -31,7 +32,7 @@ from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.epoch import EpochMeasures, epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, Progress, credit_quality
-from creditaudit.errors import RunRecordError
+from creditaudit.errors import DiskFullError, OutputError, RunRecordError
 from creditaudit.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers, replay
 from creditaudit.methods import CreditRule
@@ -63,7 +64,13 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
-from creditaudit.resume import check_same_data, load_into, no_run_to_resume
+from creditaudit.resume import (
+    check_same_data,
+    check_same_question,
+    load_into,
+    no_run_to_resume,
+    restartable,
+)
 from creditaudit.run_setup import make_schedule, rebuild_run, resolve_device
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 from creditaudit.stepping import cuda_graphs_decision, uses_device_data
@@ -174,10 +181,11 @@ class Trainer:
         path = self.run_dir / CHECKPOINT_FILE
         if not path.exists():
             raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
-                                 "without --resume")
+                                 "over with --force")
         state = load_checkpoint(path, map_location=self.device)
         record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
         check_same_data(record, self.data_identity, path)
+        check_same_question(record.config, self.config, path)
         load_into(state, path, self.config, model=self.model, rule=self.rule,
                   optimizer=self.optimizer, scheduler=self.scheduler,
                   generator=self.data_generator)
@@ -279,6 +287,11 @@ class Trainer:
         except KeyboardInterrupt:
             self._stopped("interrupted")
             raise
+        except DiskFullError:
+            # Nothing is wrong with the run: it resumes from its last checkpoint once space
+            # is freed.
+            self._stopped("interrupted", disk_full=True)
+            raise
         except Exception as err:
             self._stopped("failed", err)
             raise
@@ -330,9 +343,17 @@ class Trainer:
             self.record.status = "completed"
         return stop
 
-    def _stopped(self, status: str, err: Exception | None = None) -> None:
-        """The run stopped on an interrupt or an error: record why and tell the loggers."""
+    def _stopped(self, status: str, err: Exception | None = None, *,
+                 disk_full: bool = False) -> None:
+        """The run stopped on an interrupt or an error: record why and tell the loggers.
+        On a full disk the write may fail again; the record then keeps its last state,
+        which resumes too."""
         self.record.status = status
+        if disk_full:
+            with contextlib.suppress(OutputError):
+                self._write()
+            self.loggers.finish_quietly(self.record)
+            return
         if err is not None:
             self.record.error = f"{type(err).__name__}: {err}"
         self._write()
@@ -340,7 +361,7 @@ class Trainer:
 
     def _finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
-        self.record.final = final_results(self.record.log[-1])
+        self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:
             initial = load_parameters(self.run_dir / INIT_FILE, map_location=self.device)
             self.record.diagnostics.update(end_of_run_metrics(
@@ -391,11 +412,19 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
     state.report = report.to_dict(norms=False)  # the norms are the entry's
 
 
-def final_results(last: EpochEntry) -> FinalResults:
-    """The headline numbers of a run, from its last epoch entry."""
+def final_results(log: Sequence[EpochEntry]) -> FinalResults:
+    """The headline numbers of a run from its epoch entries: those of the last epoch whose
+    evaluation was finite (a network that overflowed predicts one class, and its accuracy,
+    that class's share, measures nothing); ``from_epoch`` says which epoch when it is not
+    the last."""
+    last = log[-1]
+    kept = next((e for e in reversed(log) if _finite_entry(e)), None)
+    if kept is None:
+        return FinalResults(epochs_completed=last.epoch)
     return FinalResults(
-        epochs_completed=last.epoch, test_acc=last.acc_eval, test_loss=last.test_loss,
-        h_L_norm=last.h_L_norm, g_L_norm=last.g_L_norm, deep_cos=last.deep_cos)
+        epochs_completed=last.epoch, test_acc=kept.acc_eval, test_loss=kept.test_loss,
+        h_L_norm=kept.h_L_norm, g_L_norm=kept.g_L_norm, deep_cos=kept.deep_cos,
+        from_epoch=None if kept is last else kept.epoch)
 
 
 def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Tensor, *,
@@ -487,7 +516,13 @@ def prepare_run(config: RunConfig, *, resume: bool = False, force: bool = False,
         if existing.is_finished and not resume:
             _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)
-        if not resume:
+        if restartable(existing, run_dir, resume=resume):
+            log.info("run %s stopped before its first checkpoint (status %s); starting it "
+                     "over", existing.run_id, existing.status)
+            force = True
+        elif resume:
+            check_same_question(existing.config, config, record_path)
+        else:
             hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
                     if existing.is_failed else "")
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"

@@ -34,6 +34,15 @@ def finite_float(text: str) -> float:
     return value
 
 
+def folder(text: str) -> str:
+    """argparse type of an output folder: not empty (an empty path silently means the
+    current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path would mean the current folder; give "
+                                         "a folder (. for the current one)")
+    return text
+
+
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method.name", {"registry": RULES, "help": "credit rule"}),

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from creditaudit.cli.common import add_device_options, env_overrides, finite_float
+from creditaudit.cli.common import add_device_options, env_overrides, finite_float, folder
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "and record (bp, frozen, fa, dfa, drtp; default 1: every run "
                              "alone). Meant for a GPU (not yet measured there); on a CPU "
                              "it does not pay (docs/benchmarks.md)")
-    parser.add_argument("--out", default=None, metavar="DIR",
+    parser.add_argument("--out", default=None, metavar="DIR", type=folder,
                         help="results folder, overrides run.out_dir of the sweep file")
     add_device_options(parser)
     parser.add_argument("--dry-run", action="store_true",

@@ -159,6 +159,9 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     elif isinstance(base, type) and dataclasses.is_dataclass(base):
         return options_table(key, base, value)
     meta = f.metadata
+    if meta.get("path") and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{key}={value!r} is an empty path, which would mean the current "
+                          f"folder; give a folder ({key}=. for the current one)")
     if meta.get("choices") and value not in meta["choices"]:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of "
                           f"{', '.join(map(str, meta['choices']))}")

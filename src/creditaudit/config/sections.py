@@ -36,12 +36,15 @@ ROLES = ("compute", "record", "place")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None, role: str = "compute") -> Any:
-    """A dataclass field with help text, validation metadata and its role (module doc)."""
+        max: float | None = None, role: str = "compute", path: bool = False) -> Any:
+    """A dataclass field with help text, validation metadata and its role (module doc).
+
+    ``path``: the value is a file or folder path, which must not be empty (an empty path
+    silently means the current folder)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return field(default=default, metadata={"help": help, "choices": choices, "min": min,
-                                            "max": max, "role": role})
+                                            "max": max, "role": role, "path": path})
 
 
 @dataclass
@@ -115,7 +118,8 @@ class DiagnosticsConfig:
 @dataclass
 class RunSettings:
     seed: int = opt(42, "seed of init, data order and feedback", min=0, max=MAX_SEED)
-    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/", role="place")
+    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/", role="place",
+                       path=True)
     device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES,
                       role="place")
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
@@ -132,7 +136,7 @@ class RunSettings:
                            choices=CUDA_GRAPHS, role="place")
     tensorboard: str | None = opt(None, "log every epoch, the protocol, the end-of-run metrics "
                                   "and the config to this TensorBoard folder (DIR/RUN_ID/)",
-                                  role="place")
+                                  role="place", path=True)
     wandb_project: str | None = opt(None, "log the same to this Weights & Biases project "
                                     "(WANDB_MODE=offline writes it to disk)", role="place")
     progress: bool = opt(True, "console progress: a run-level bar in a terminal, one line "

@@ -308,14 +308,27 @@ WRITTEN_ALIASES = ("hidden_norms_cls",)
 # --- result blocks ---------------------------------------------------------
 @dataclass
 class FinalResults:
-    """The headline numbers of the last evaluated epoch."""
+    """The headline numbers of the last evaluated epoch (of a diverged run: the last whose
+    evaluation was finite)."""
 
     epochs_completed: int = doc("last evaluated epoch", 0, domain=NONNEGATIVE)
+    from_epoch: int | None = doc(
+        "diverged runs whose last evaluated epoch was not finite: the epoch the numbers "
+        "below are from, the last whose evaluation was finite (a network that overflowed "
+        "predicts one class; its own numbers stay in the log). Absent otherwise: the numbers "
+        "are those of `epochs_completed`", domain=NONNEGATIVE)
     test_acc: float | None = doc("test accuracy (fraction)", domain=ACCURACY)
     test_loss: float | None = doc("test cross-entropy (nats)", domain=NONNEGATIVE)
     h_L_norm: float | None = doc("median ‖h_L‖", domain=NONNEGATIVE)
     g_L_norm: float | None = doc("median ‖g_L‖ (1/128 scale)", domain=NONNEGATIVE)
     deep_cos: float | None = doc("deep cosine", domain=COSINE)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (``from_epoch`` only where it is set)."""
+        out = dataclasses.asdict(self)
+        if out["from_epoch"] is None:
+            del out["from_epoch"]
+        return out
 
 
 @dataclass

@@ -183,9 +183,11 @@ class RunRecord:
     # --- headline numbers -------------------------------------------------------------------
     @property
     def final_acc(self) -> float | None:
-        """Headline test accuracy: the final results', else the last logged epoch's."""
-        if self.final is not None and finite_number(self.final.test_acc) is not None:
-            return float(self.final.test_acc)  # type: ignore[arg-type]
+        """Headline test accuracy: the final results' (None for a diverged run with no
+        finite epoch: the overflowed network's share of one class is no accuracy), else the
+        last logged epoch's (unfinished runs)."""
+        if self.final is not None:
+            return finite_number(self.final.test_acc)
         return finite_number(self.last_value("acc_eval"))
 
     @property
@@ -295,7 +297,7 @@ class RunRecord:
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
             "log": self.log_dicts(),
-            "final": None if self.final is None else dataclasses.asdict(self.final),
+            "final": None if self.final is None else self.final.to_dict(),
             "diagnostics": self.diagnostics.to_dict(),
             "protocol": self.protocol.to_dict(),
             "error": self.error,

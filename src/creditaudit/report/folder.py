@@ -45,6 +45,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.protocol import render_markdown
+from creditaudit.report.runs import diverged_text
 from creditaudit.safe_files import atomic_write_bytes
 
 REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
@@ -166,6 +167,12 @@ def arch_text(run: Run) -> str:
     return model.label if model is not None else run.arch
 
 
+def acc_note(run: Run) -> str:
+    """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, else ``""``."""
+    text = diverged_text(run.record)
+    return "" if text is None else f" ({text})"
+
+
 def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
               diagnostics: Sequence[str] | None = None) -> dict[str, str]:
     """One audit-table row (cells as Markdown text) for ``run``; ``settings``: the keys of
@@ -180,7 +187,7 @@ def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
         "dataset": run.dataset, "seed": str(run.seed),
         **{key: values.get(key, "—") for key in settings},
         "status": run.status,
-        "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
+        "acc": fmt(run.final_acc, ".3f") + acc_note(run), "deep cos": fmt(run.deep_cos, "+.3f"),
         GAMMA_COLUMN: fmt(run.headline_gamma, "+.3f"),
         **{f"({i})": diagnostic_cell(report, i) for i in diagnostics or default_names()},
         "verdict": verdict_cell(report, run),

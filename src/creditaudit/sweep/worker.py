@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
-from creditaudit.errors import ConfigError, CreditAuditError, OutputError, RunRecordError
+from creditaudit.errors import (
+    ConfigError,
+    CreditAuditError,
+    DiskFullError,
+    OutputError,
+    RunRecordError,
+)
 from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import describe_os_error
 from creditaudit.sweep.claims import (
@@ -200,6 +206,8 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
             with heartbeat(run.claim, every=_beat_every(stale_after)):
                 result = train(run.config, **run.kwargs)
             outcome.update(status=result.status, error=result.record.error)
+        except DiskFullError as err:  # not the run's fault: it resumes once space is freed
+            outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
         except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
             _failed(run, err)
         except KeyboardInterrupt:

@@ -349,7 +349,10 @@ class Trainer:
                                   rho_samples=settings.rho_samples,
                                   rho_directions=settings.rho_directions,
                                   null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                                  seed=self.config.run.seed, progress=self.loggers.log_stage)
+                                  seed=self.config.run.seed,
+                                  rho_seconds=settings.rho_seconds,
+                                  memory_gb=settings.end_of_run_memory_gb,
+                                  progress=self.loggers.log_stage)
         except NonFiniteModelError as err:
             return {"credit_quality_error": str(err)}
 

@@ -86,7 +86,8 @@ SECTION_TYPES = {
 # re-evaluate against the frozen runs they have.
 NON_SEMANTIC = {("data", "data_dir"), ("data", "download"), ("run", "out_dir"),
                 ("run", "tensorboard"), ("run", "wandb_project"), ("run", "progress"),
-                ("run", "threads"), ("run", "device"), ("diagnostics", "frozen_acc")}
+                ("run", "threads"), ("run", "device"), ("diagnostics", "frozen_acc"),
+                ("diagnostics", "end_of_run_memory_gb")}
 
 
 def _type_name(tp: Any) -> str:

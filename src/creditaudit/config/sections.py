@@ -161,6 +161,14 @@ class DiagnosticsConfig:
     rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
     null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
                           min=2)
+    rho_seconds: float | None = opt(
+        60.0, "end of run: time budget for ρ in seconds — ρ stops adding samples once it has "
+        "run this long (at least 8; nudging then averages over the same samples); the record "
+        "says how many it used and ρ's standard error. None = always rho_samples", min=0.0)
+    end_of_run_memory_gb: float = opt(
+        2.0, "end of run: memory for one chunk of ρ, nudging, the fresh-B null and the "
+        "cosines, in GB (chunk sizes follow from the model's activation bytes per sample, "
+        "measured on a few samples)", min=0.01)
 
 
 @dataclass

@@ -21,15 +21,28 @@ from creditaudit.diagnostics.alignment import (
 )
 from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.gradients import REFERENCE_FLOOR, state_gradients
-from creditaudit.diagnostics.nudging import DEFAULT_ETAS, nudging_deltas
+from creditaudit.diagnostics.nudging import DEFAULT_ETAS, nudging_table
 from creditaudit.diagnostics.null import DEFAULT_NULL_SEED, fresh_feedback_null, has_feedback
-from creditaudit.diagnostics.perturbation import DEFAULT_EPS, WorkingCopy, rho_table
+from creditaudit.diagnostics.perturbation import (
+    BP_CREDIT,
+    DEFAULT_EPS,
+    DEFAULT_MEMORY_GB,
+    WorkingCopy,
+    measure_footprint,
+    rho_table,
+)
 from creditaudit.errors import CreditAuditError
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import summary_vectors
 
 GRAD_FLOOR = REFERENCE_FLOOR
 Progress = Callable[[str], None]
+# ρ's default time budget, seconds: at the README's ViT-Mini and ConvMixer sizes ρ then uses
+# a few dozen samples on one CPU thread; the ResidualMLP's 1024 take a few seconds.
+DEFAULT_RHO_SECONDS = 60.0
+# The cosines' passes (state gradients, credits) take at most this many samples at once
+# (powers of two below it when the memory cap asks for fewer).
+COSINE_CHUNK = 512
 
 
 class NonFiniteModelError(CreditAuditError):
@@ -61,6 +74,8 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
                    grad_floor: float = GRAD_FLOOR,
                    initial: dict[str, Tensor] | None = None,
                    dtype: torch.dtype | None = torch.float64,
+                   rho_seconds: float | None = DEFAULT_RHO_SECONDS,
+                   memory_gb: float = DEFAULT_MEMORY_GB,
                    progress: Progress | None = None) -> dict[str, Any]:
     """Credit-quality metrics of ``rule`` on held-out ``x`` ``(N, …)``, ``y`` ``(N,)``.
 
@@ -71,19 +86,27 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
       ``valid_reference`` mark (False where ‖g_l‖ < ``grad_floor``);
       ``cosine_controls``: ``{"bp": …, "random": …}``.
     - ``gamma``: the four Γ aggregations (:func:`gamma_aggregations`).
-    - ``perturbation_rho``: ρ_l of the credit (float64); ``rho_controls``: ``{"bp", "random"}``;
-      ``rho_measurable``: BP control ≥ 0.9 per layer; ``rho_samples``, ``rho_directions``.
+    - ``perturbation_rho``: ρ_l of the credit (float64); ``rho_se``: its jackknife standard
+      error; ``rho_controls``: ``{"bp", "random"}``; ``rho_measurable``: BP control ≥ 0.9
+      per layer; ``rho_samples`` (used), ``rho_directions``.
     - ``nudging``: ``{"0.01": [Δ mean CE per deep layer 1 … L], …}`` (nats, negative =
       useful; each sample steps along its credit's unit-RMS direction a/RMS(a));
       ``nudging_controls``: ``{"bp": {…}, "random": {…}}`` (the same for the exact BP
-      gradient and a random credit).
+      gradient and a random credit); ``nudging_samples``: the samples it averages over.
     - ``fresh_b_null`` (FA/DFA only): :func:`fresh_feedback_null`.
     - ``drift`` (only when ``initial`` parameters are given): :func:`feature_drift`.
 
     ρ and nudging run on a copy of ``rule.model`` in ``dtype`` (float64 by default: on a
     grown residual stream a small step changes the loss by less than fp32 resolves);
     ``dtype=None`` runs them on the model as it is. ``progress`` (e.g. ``print``) receives
-    one line as each stage starts: ρ, nudging, the fresh-feedback null.
+    one line as each stage starts: ρ, nudging, the fresh-feedback null; and, within a
+    stage, the samples done and the ETA at most every 10 s.
+
+    Cost: ``rho_seconds`` is ρ's time budget (None: none). ρ stops adding samples once it
+    has run that long (at least 8; ``rho_samples`` says how many it used, ``rho_se`` how
+    precise it is); nudging then averages over the same samples instead of all N. Every
+    pass runs in chunks whose autograd-saved tensors stay under ``memory_gb`` GB, sized from
+    the bytes per sample measured on the model (chunking changes only the rounding).
 
     Leaves parameters, ``.grad`` fields and every RNG state unchanged (forked RNG, seeded
     generators, gradients w.r.t. states only). Raises NonFiniteModelError for a model with
@@ -100,7 +123,9 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
                                    rho_directions=rho_directions, eps=eps,
                                    null_draws=null_draws, null_seed=null_seed, etas=etas,
                                    seed=seed, grad_floor=grad_floor, initial=initial,
-                                   dtype=dtype, say=progress or (lambda text: None))
+                                   dtype=dtype, rho_seconds=rho_seconds,
+                                   memory_bytes=memory_gb * 1e9,
+                                   say=progress or (lambda text: None))
     finally:
         model.train(was_training)
 
@@ -109,13 +134,17 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
                     rho_directions: int, eps: float, null_draws: int, null_seed: int,
                     etas: Sequence[float], seed: int, grad_floor: float,
                     initial: dict[str, Tensor] | None, dtype: torch.dtype | None,
+                    rho_seconds: float | None, memory_bytes: float,
                     say: Progress) -> dict[str, Any]:
     model = rule.model
-    sg = state_gradients(model.forward_states, x, y)
+    footprint = measure_footprint(model.forward_states, x, y)
+    fits = footprint.samples_within(memory_bytes, copies=2)  # states, credits or gradients
+    chunk = min(COSINE_CHUNK, 1 << (fits.bit_length() - 1))
+    sg = state_gradients(model.forward_states, x, y, chunk=chunk)
     if not all(bool(torch.isfinite(h).all()) for h in sg.states):
         raise NonFiniteModelError("the model's states overflow to NaN/Inf on the evaluation "
                                   "set: credit-quality metrics are undefined")
-    credits = full_credits(rule, x, y)
+    credits = full_credits(rule, x, y, chunk=chunk)
     summaries = [summary_vectors(a) for a in credits]
     noise = torch.Generator().manual_seed(seed + 2)
     random_credits = _random_like(credits, noise)
@@ -130,31 +159,41 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         },
         "gamma": gamma_aggregations(summaries, sg.grads),
     }
-    # One copy of the model in the working dtype, and its forward pass, serve ρ, nudging
-    # and their BP controls.
-    working = WorkingCopy.of(model, x, y, dtype)
+    # One copy of the model in the working dtype, and its pass over the samples in
+    # chunks, serve ρ, nudging and their BP controls.
+    working = WorkingCopy.planned(model, x, y, dtype, memory_bytes=memory_bytes,
+                                  budget_s=rho_seconds)
     n_rho = min(rho_samples, int(x.shape[0]))
     say(f"ρ (perturbation correlation): {n_rho} samples × {rho_directions} directions per "
         "layer, with BP and random controls")
     rho = rho_table(model, x, y, credits, n_directions=rho_directions, eps=eps,
-                    n_samples=rho_samples, seed=seed, working=working)
+                    n_samples=rho_samples, seed=seed, working=working, budget_s=rho_seconds,
+                    progress=say)
     out.update({
         "perturbation_rho": rho["rho"],
+        "rho_se": rho["se"],
         "rho_controls": {"bp": rho["bp"], "random": rho["random"]},
         "rho_measurable": rho["measurable"],
-        "rho_samples": n_rho,
+        "rho_samples": rho["samples"],
         "rho_directions": rho_directions,
     })
-    say(f"nudging: η = {', '.join(f'{eta:g}' for eta in etas)} at each deep layer, with BP "
-        "and random controls")
-    out["nudging"] = nudging_deltas(model, x, y, credits, etas, working=working)
-    out["nudging_controls"] = {
-        "bp": nudging_deltas(model, x, y, working.bp_gradients(), etas, working=working),
-        "random": nudging_deltas(model, x, y, random_credits, etas, working=working)}
+    # Nudging costs about a fifth of ρ per sample: where the budget cut ρ short, it averages
+    # over ρ's samples rather than spend that time again on all N.
+    n_nudge = rho["samples"] if rho["budget_reached"] else int(x.shape[0])
+    among = f" over the {n_nudge} samples of ρ" if rho["budget_reached"] else ""
+    say(f"nudging: η = {', '.join(f'{eta:g}' for eta in etas)} at each deep layer{among}, "
+        "with BP and random controls")
+    rule_deltas, bp_deltas, random_deltas = nudging_table(
+        model, x, y, [credits, BP_CREDIT, random_credits], etas, working=working,
+        n_samples=n_nudge, progress=say)
+    out["nudging"] = rule_deltas
+    out["nudging_controls"] = {"bp": bp_deltas, "random": random_deltas}
+    out["nudging_samples"] = n_nudge
     if has_feedback(rule):
         say(f"fresh-feedback null: deep cosine with {null_draws} fresh feedback draws")
-        out["fresh_b_null"] = fresh_feedback_null(rule, x, y, n=null_draws, seed=null_seed,
-                                                  grads=sg.grads)
+        out["fresh_b_null"] = fresh_feedback_null(
+            rule, x, y, n=null_draws, seed=null_seed, grads=sg.grads, credits=summaries,
+            chunk=footprint.samples_within(memory_bytes, copies=2), progress=say)
     if initial is not None:
         out["drift"] = feature_drift(initial, dict(model.named_parameters()))
     return out

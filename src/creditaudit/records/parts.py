@@ -206,11 +206,18 @@ class EndOfRun:
     rho_measurable: list[bool] | None = doc("per state: BP control ρ ≥ 0.9")
     rho_samples: int | None = doc("samples used for ρ")
     rho_directions: int | None = doc("random directions per sample for ρ")
+    rho_se: list[float] | None = doc(
+        "per state: standard error of perturbation_rho (jackknife over the samples, each "
+        "with its directions); rho_samples is below the asked number when ρ's time budget "
+        "(`diagnostics.rho_seconds`) ran out")
     nudging: dict[str, list[float]] | None = doc(
         "Δ mean loss after h_l ← h_l − η·a_l/RMS(a_l), per η (key) and deep state 1 … L "
         "(nats; negative = the credit is a descent direction)")
     nudging_controls: dict[str, dict[str, list[float]]] | None = doc(
         "the same for the BP credit (`bp`) and a random credit (`random`)")
+    nudging_samples: int | None = doc(
+        "samples the nudging means run over: every evaluation sample, or ρ's when ρ's time "
+        "budget ran out")
     fresh_b_null: dict[str, Any] | None = doc(
         "rules with fixed random feedback: deep cosine with n freshly drawn feedback sets "
         "(mean, std, values) against the training feedback (training_value, z)")

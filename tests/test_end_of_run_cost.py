@@ -98,6 +98,35 @@ def test_a_working_copy_in_chunks_gives_the_states_and_gradients_of_one_pass():
     assert len(chunked._chunks) <= 2  # only the chunks the last part needed are kept
 
 
+@pytest.mark.parametrize(("keep_bytes", "passes"), [(1e9, 7), (0.0, 13)])
+def test_chunks_the_memory_can_keep_serve_rho_and_nudging_once(monkeypatch, keep_bytes,
+                                                                passes):
+    rule = make_rule(DFA, arch="resmlp")
+    x, y = _samples("resmlp")
+    working = WorkingCopy.of(rule.model, x, y, F64, chunk=4, keep_bytes=keep_bytes)
+    credits = full_credits(rule, x, y)
+    calls = []
+    original = ResidualMLP.forward_states
+
+    def counting(self, inputs):
+        if self is working.model and not torch.is_grad_enabled():
+            calls.append(inputs.shape[0])
+        return original(self, inputs)
+
+    monkeypatch.setattr(ResidualMLP, "forward_states", counting)
+    kept = rho_table(rule.model, x, y, credits, n_directions=3, n_samples=27, working=working)
+    deltas = nudging_table(rule.model, x, y, [credits, BP_CREDIT], (0.1,), working=working)
+    # 7 chunks of the 27 samples: once, or again for nudging but for the first (ρ's one
+    # block of 27 samples needed every chunk at once, nudging's first part chunk 0 only).
+    assert len(calls) == passes
+    fresh = WorkingCopy.of(rule.model, x, y, F64)
+    assert kept["rho"] == pytest.approx(rho_table(rule.model, x, y, credits, n_directions=3,
+                                                  n_samples=27, working=fresh)["rho"],
+                                        rel=1e-9, abs=1e-12)
+    _close(deltas, nudging_table(rule.model, x, y, [credits, BP_CREDIT], (0.1,),
+                                 working=fresh))
+
+
 # --- the memory cap -----------------------------------------------------------------------
 def test_footprint_is_the_bytes_autograd_saves_per_sample():
     torch.manual_seed(0)

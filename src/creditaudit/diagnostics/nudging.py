@@ -100,7 +100,9 @@ def nudging_table(model: nn.Module, x: Tensor, y: Tensor,
     reduction = "mean" if one_pass else "sum"
     before: list[Tensor] = []
     after: dict[tuple[int, int, int], list[Tensor]] = {}
-    for part in w.parts(n, bp=need_bp):
+    # Several chunks change the rounding anyway, so BP gradients ρ left in a chunk (of
+    # another mean: nudging reads directions only) serve as they are.
+    for part in w.parts(n, bp=need_bp, any_scale=not one_pass):
         before.append(F.cross_entropy(part.logits, part.y, reduction=reduction))
         for k, credit in enumerate(credits):
             for e, eta in enumerate(etas):

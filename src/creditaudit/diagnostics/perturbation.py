@@ -208,6 +208,11 @@ class _Chunk:
     bp: list[Tensor] | None = None
     bp_over: int = 0  # bp is ∂ of the mean CE over the first bp_over samples
 
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.states, self.logits, *(self.bp or [])]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
 
 class WorkingCopy:
     """What ρ and nudging perturb: the model in the working dtype and its pass over N samples.
@@ -215,26 +220,29 @@ class WorkingCopy:
     ``model`` is a copy in the working dtype (the caller's model itself when the dtype is
     None), ``x`` ``(N, …)`` the inputs cast to it, ``y`` ``(N,)``. The pass — states,
     logits and BP gradients, no graph kept — runs in chunks of ``chunk`` samples, each
-    computed when first asked for and dropped when a part no longer needs it, so memory
-    holds one or two chunks; with ``chunk = N`` it is one pass over every sample, kept for
-    every stage. ``max_rows``: the most rows one perturbed forward may take (None: no
-    limit). Built once per end-of-run block, it serves ρ, nudging and their BP controls.
+    computed when first asked for and kept while the kept chunks take at most
+    ``keep_bytes`` (the least recently used go first; None: only the chunks the last part
+    needed); with ``chunk = N`` it is one pass over every sample, kept for every stage.
+    ``max_rows``: the most rows one perturbed forward may take (None: no limit). Built once
+    per end-of-run block, it serves ρ, nudging and their BP controls.
     """
 
     def __init__(self, model: ResidualNet, x: Tensor, y: Tensor, *, chunk: int | None = None,
-                 max_rows: int | None = None) -> None:
+                 max_rows: int | None = None, keep_bytes: float | None = None) -> None:
         self.model, self.x, self.y = model, x, y
         self.chunk = self.n if chunk is None else max(1, min(int(chunk), self.n))
-        self.max_rows = max_rows
-        self._chunks: dict[int, _Chunk] = {}
+        self.max_rows, self.keep_bytes = max_rows, keep_bytes
+        self._chunks: dict[int, _Chunk] = {}  # in the order they were last used
 
     @classmethod
     def of(cls, model: nn.Module, x: Tensor, y: Tensor, dtype: torch.dtype | None, *,
-           chunk: int | None = None, max_rows: int | None = None) -> WorkingCopy:
+           chunk: int | None = None, max_rows: int | None = None,
+           keep_bytes: float | None = None) -> WorkingCopy:
         """A copy of ``model`` in ``dtype`` (None: the model itself) on ``x``, ``y``."""
         work = model if dtype is None else model_copy(model, dtype)
         x_in = x if dtype is None else _cast_input(x, dtype)
-        return cls(work, x_in, y, chunk=chunk, max_rows=max_rows)  # type: ignore[arg-type]
+        return cls(work, x_in, y, chunk=chunk, max_rows=max_rows,  # type: ignore[arg-type]
+                   keep_bytes=keep_bytes)
 
     @classmethod
     def planned(cls, model: nn.Module, x: Tensor, y: Tensor, dtype: torch.dtype | None, *,
@@ -244,7 +252,8 @@ class WorkingCopy:
 
         A chunk of the pass holds its graph (the BP gradients) plus three copies of the
         states per sample (states, gradients, one perturbed state) within ``memory_bytes``;
-        a perturbed forward takes at most as many rows as ``memory_bytes`` holds graphs.
+        a perturbed forward takes at most as many rows as ``memory_bytes`` holds graphs;
+        computed chunks are kept within half of ``memory_bytes``.
         With a time budget ``budget_s`` (ρ's) one chunk costs at most
         :data:`CHUNK_SHARE` of it, unless the whole pass costs at most
         :data:`ONE_PASS_SHARE` (then it is one chunk, when the memory allows).
@@ -258,6 +267,7 @@ class WorkingCopy:
             chunk = min(chunk, max(1, int(CHUNK_SHARE * budget_s / seconds)))
         copy_.chunk = max(1, min(chunk, copy_.n))
         copy_.max_rows = footprint.samples_within(memory_bytes)
+        copy_.keep_bytes = memory_bytes / 2
         return copy_
 
     @property
@@ -268,16 +278,16 @@ class WorkingCopy:
         """How many chunks the first ``n`` samples span."""
         return -(-min(n, self.n) // self.chunk)
 
-    def part(self, start: int, stop: int, *, bp_over: int | None = None) -> WorkingPart:
+    def part(self, start: int, stop: int, *, bp_over: int | None = None,
+             any_scale: bool = False) -> WorkingPart:
         """Samples ``start … stop − 1``; with ``bp_over`` (≥ ``stop``) also their BP
-        gradients of the mean CE over the first ``bp_over`` samples. Chunks outside the
-        range are dropped first."""
+        gradients of the mean CE over the first ``bp_over`` samples — or, with
+        ``any_scale``, of whichever mean a kept chunk already has."""
         needed = range(start // self.chunk, (stop - 1) // self.chunk + 1)
-        for index in [k for k in self._chunks if k not in needed]:
-            del self._chunks[index]
+        self._drop(keeping=needed)
         pieces = []
         for index in needed:
-            chunk = self._compute(index, bp_over)
+            chunk = self._compute(index, bp_over, any_scale)
             offset = index * self.chunk
             keep = slice(max(start, offset) - offset, min(stop, offset + self.chunk) - offset)
             pieces.append((chunk, keep))
@@ -293,21 +303,34 @@ class WorkingCopy:
         return WorkingPart(start, stop, states, joined(lambda c: c.logits),
                            self.y[start:stop], grads)
 
-    def parts(self, n: int, *, bp: bool = False) -> Iterator[WorkingPart]:
+    def parts(self, n: int, *, bp: bool = False, any_scale: bool = False
+              ) -> Iterator[WorkingPart]:
         """The first ``n`` samples chunk by chunk (with ``bp``: their BP gradients of the
-        mean CE over the n)."""
+        mean CE over the n, or any mean with ``any_scale``)."""
         n = min(n, self.n)
         for start in range(0, n, self.chunk):
-            yield self.part(start, min(start + self.chunk, n), bp_over=n if bp else None)
+            yield self.part(start, min(start + self.chunk, n), bp_over=n if bp else None,
+                            any_scale=any_scale)
 
-    def _compute(self, index: int, bp_over: int | None) -> _Chunk:
+    def _drop(self, keeping: range) -> None:
+        """Drop the least recently used chunks outside ``keeping`` beyond ``keep_bytes``."""
+        others = [k for k in self._chunks if k not in keeping]
+        kept = sum(c.nbytes for c in self._chunks.values())
+        for index in others:
+            if self.keep_bytes is not None and kept <= self.keep_bytes:
+                break
+            kept -= self._chunks.pop(index).nbytes
+
+    def _compute(self, index: int, bp_over: int | None, any_scale: bool = False) -> _Chunk:
         start, stop = index * self.chunk, min((index + 1) * self.chunk, self.n)
-        chunk = self._chunks.get(index)
+        chunk = self._chunks.pop(index, None)
         if chunk is None:
             with torch.no_grad():
                 states, logits = self.model.forward_states(self.x[start:stop])
-            chunk = self._chunks[index] = _Chunk(list(states), logits)
-        if bp_over is not None and chunk.bp_over != bp_over:
+            chunk = _Chunk(list(states), logits)
+        self._chunks[index] = chunk  # the most recently used, last
+        reuse = any_scale and chunk.bp is not None and chunk.bp_over >= min(stop, bp_over or 0)
+        if bp_over is not None and chunk.bp_over != bp_over and not reuse:
             # Within one chunk: one pass over its first bp_over samples (as before chunking);
             # across chunks: each chunk's mean rescaled to the mean over bp_over.
             stop = min(stop, bp_over)
@@ -534,9 +557,9 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
 
     ``budget_s``: seconds after which ρ stops adding samples (at least
     :data:`MIN_RHO_SAMPLES`; ``budget_reached`` says whether it did); every value is then
-    what ``n_samples=samples`` gives, to rounding. ``progress`` (e.g. ``print``) gets a line with the
-    samples done and the ETA at most every :data:`PROGRESS_SECONDS`, and one when the
-    budget ends ρ early; ``clock`` is the time source.
+    what ``n_samples=samples`` gives, to rounding. ``progress`` (e.g. ``print``) gets a
+    line with the samples done and the ETA at most every :data:`PROGRESS_SECONDS`, and one
+    when the budget ends ρ early; ``clock`` is the time source.
     """
     generator = generator if generator is not None else torch.Generator().manual_seed(seed)
     n = min(n_samples, x.shape[0])

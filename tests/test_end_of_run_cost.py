@@ -310,3 +310,19 @@ def test_progress_lines_are_rate_limited():
     progress.update(30, 15.0)  # 3 s after the last line
     progress.update(100, 60.0)  # done: the stage's own end says so
     assert lines == ["ρ: 20/100 samples, 0m12s elapsed, ETA 0m18s"]  # 48 s left, budget 18
+
+
+@pytest.mark.slow
+def test_at_the_audit_table_size_the_defaults_change_no_number():
+    """d=256 L=4 ResidualMLP, 1280 evaluation samples, ρ on 1024 × 32: the default budget
+    and memory cap neither cut ρ nor split a pass, so every number is that of one pass
+    over every sample with no budget (what the block computed before either existed)."""
+    torch.manual_seed(0)
+    rule = make_rule(DFA)  # for its class; the audit-size model replaces the tiny one
+    rule = type(rule)(ResidualMLP(256, 256, 10, 4).eval(), rule.config, n_classes=10,
+                      generator=torch.Generator().manual_seed(7))
+    x, y = torch.randn(1280, 256), torch.randint(0, 10, (1280,))
+    default = credit_quality(rule, x, y, seed=42)
+    unbounded = credit_quality(rule, x, y, seed=42, rho_seconds=None, memory_gb=1e3)
+    assert default["rho_samples"] == 1024 and default["nudging_samples"] == 1280
+    assert default == unbounded

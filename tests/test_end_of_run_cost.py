@@ -21,7 +21,7 @@ from creditaudit.diagnostics.perturbation import (
     pearson,
     rho_table,
 )
-from creditaudit.diagnostics.quality import credit_quality, full_credits
+from creditaudit.diagnostics.quality import DEFAULT_RHO_SECONDS, credit_quality, full_credits
 from creditaudit.methods import DFA, bp_state_gradients
 from creditaudit.models import ResidualMLP
 from creditaudit.testing import TINY_ARCHS, make_rule, tiny_batch
@@ -268,11 +268,12 @@ def test_the_float64_pass_is_one_chunk_where_it_is_cheap_and_split_where_it_is_n
     torch.manual_seed(0)
     model = ResidualMLP(256, 256, 10, 4).eval()
     x, y = torch.randn(1280, 256), torch.randint(0, 10, (1280,))
-    working = WorkingCopy.planned(model, x, y, F64, memory_bytes=2e9, budget_s=60.0)
+    budget = DEFAULT_RHO_SECONDS
+    working = WorkingCopy.planned(model, x, y, F64, memory_bytes=2e9, budget_s=budget)
     assert working.chunk == 1280
-    slow = WorkingCopy.planned(model, x, y, F64, memory_bytes=2e9, budget_s=60.0,
+    slow = WorkingCopy.planned(model, x, y, F64, memory_bytes=2e9, budget_s=budget,
                                clock=FakeClock(0.5))  # every probe pass "takes" 0.5 s
-    assert slow.chunk == int(0.05 * 60.0 / (0.5 / 4))
+    assert slow.chunk == int(0.05 * budget / (0.5 / 4))
 
 
 # --- progress -------------------------------------------------------------------------------

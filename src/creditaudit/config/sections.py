@@ -162,7 +162,7 @@ class DiagnosticsConfig:
     null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
                           min=2)
     rho_seconds: float | None = opt(
-        60.0, "end of run: time budget for ρ in seconds — ρ stops adding samples once it has "
+        40.0, "end of run: time budget for ρ in seconds — ρ stops adding samples once it has "
         "run this long (at least 8; nudging then averages over the same samples); the record "
         "says how many it used and ρ's standard error. None = always rho_samples", min=0.0)
     end_of_run_memory_gb: float = opt(

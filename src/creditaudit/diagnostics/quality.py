@@ -38,8 +38,9 @@ from creditaudit.models.contract import summary_vectors
 GRAD_FLOOR = REFERENCE_FLOOR
 Progress = Callable[[str], None]
 # ρ's default time budget, seconds: at the README's ViT-Mini and ConvMixer sizes ρ then uses
-# a few dozen samples on one CPU thread; the ResidualMLP's 1024 take a few seconds.
-DEFAULT_RHO_SECONDS = 60.0
+# a few dozen samples on one CPU thread and the whole block stays under 2 minutes (ViT-Mini's
+# cosines and fresh-B null alone take about one); the ResidualMLP's 1024 take seconds.
+DEFAULT_RHO_SECONDS = 40.0
 # The cosines' passes (state gradients, credits) take at most this many samples at once
 # (powers of two below it when the memory cap asks for fewer).
 COSINE_CHUNK = 512

@@ -161,10 +161,11 @@ class DiagnosticsConfig:
     rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
     null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
                           min=2)
-    rho_seconds: float | None = opt(
+    rho_seconds: float = opt(
         40.0, "end of run: time budget for ρ in seconds — ρ stops adding samples once it has "
         "run this long (at least 8; nudging then averages over the same samples); the record "
-        "says how many it used and ρ's standard error. None = always rho_samples", min=0.0)
+        "says how many it used and ρ's standard error (raise it to always use rho_samples)",
+        min=0.0)
     end_of_run_memory_gb: float = opt(
         2.0, "end of run: memory for one chunk of ρ, nudging, the fresh-B null and the "
         "cosines, in GB (chunk sizes follow from the model's activation bytes per sample, "

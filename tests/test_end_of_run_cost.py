@@ -327,3 +327,12 @@ def test_at_the_audit_table_size_the_defaults_change_no_number():
     unbounded = credit_quality(rule, x, y, seed=42, rho_seconds=None, memory_gb=1e3)
     assert default["rho_samples"] == 1024 and default["nudging_samples"] == 1280
     assert default == unbounded
+
+
+def test_stages_hand_freed_memory_back_every_few_seconds(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(perturbation, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+    progress = perturbation.StageProgress(None, "nudging", 100, clock=FakeClock(0.0))
+    for now in (1.0, 4.9, 5.0, 6.0, 10.5):
+        progress.update(1, now)
+    assert calls == [0, 0]  # at 5.0 and 10.5 s: every TRIM_SECONDS, not every chunk

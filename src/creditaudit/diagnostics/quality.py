@@ -178,7 +178,7 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         "rho_samples": rho["samples"],
         "rho_directions": rho_directions,
     })
-    # Nudging costs about a fifth of ρ per sample: where the budget cut ρ short, it averages
+    # Nudging costs a fifth to a third of ρ per sample: where the budget cut ρ short, it averages
     # over ρ's samples rather than spend that time again on all N.
     n_nudge = rho["samples"] if rho["budget_reached"] else int(x.shape[0])
     among = f" over the {n_nudge} samples of ρ" if rho["budget_reached"] else ""

@@ -76,8 +76,8 @@ def test_chunking_changes_no_value_of_rho_nudging_or_the_null(arch):
     options = {"rho_samples": 20, "rho_directions": 3, "null_draws": 3, "rho_seconds": None}
     whole = credit_quality(rule, x, y, memory_gb=100.0, **options)
     footprint = measure_footprint(rule.model.forward_states, x, y)
-    per_row = footprint.graph_bytes + 3 * footprint.state_bytes
-    for memory_bytes in (1, 5 * per_row):
+    per_sample = 2 * footprint.graph_bytes + 3 * footprint.state_bytes  # with a backward
+    for memory_bytes in (1, 5 * per_sample):
         chunked = credit_quality(rule, x, y, memory_gb=memory_bytes / 1e9, **options)
         for key in ("perturbation_rho", "rho_se", "rho_controls", "nudging",
                     "nudging_controls", "fresh_b_null", "bp_cosine", "gamma"):
@@ -148,7 +148,7 @@ def test_a_small_memory_cap_bounds_every_float64_forward(monkeypatch):
     rule = make_rule(DFA, arch="resmlp")
     x, y = _samples("resmlp")
     footprint = measure_footprint(rule.model.forward_states, x, y)
-    memory_bytes = 4 * (footprint.graph_bytes + 3 * footprint.state_bytes)
+    memory_bytes = 4 * (2 * footprint.graph_bytes + 3 * footprint.state_bytes)
     working = WorkingCopy.planned(rule.model, x, y, F64, memory_bytes=memory_bytes)
     assert working.chunk == 4 and working.max_rows == memory_bytes // footprint.graph_bytes
     credits = full_credits(rule, x, y)
@@ -283,7 +283,7 @@ def test_each_stage_reports_samples_done_and_an_eta(monkeypatch):
     x, y = _samples("resmlp")
     monkeypatch.setattr(perturbation, "MAX_ELEMENTS", 3 * 8)  # ρ: one sample per block
     footprint = measure_footprint(rule.model.forward_states, x, y)
-    memory_gb = 10 * (footprint.graph_bytes + 3 * footprint.state_bytes) / 1e9
+    memory_gb = 10 * (2 * footprint.graph_bytes + 3 * footprint.state_bytes) / 1e9
     lines: list[str] = []
     credit_quality(rule, x, y, rho_samples=20, rho_directions=3, null_draws=2,
                    rho_seconds=None, memory_gb=memory_gb, progress=lines.append)

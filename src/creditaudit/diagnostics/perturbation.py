@@ -119,10 +119,14 @@ class Footprint:
     state_bytes: int
     seconds: float | None = None
 
-    def samples_within(self, memory_bytes: float, *, copies: int = 0) -> int:
-        """How many samples fit ``memory_bytes`` (at least 1): the graph plus ``copies``
+    def samples_within(self, memory_bytes: float, *, copies: int = 0,
+                       backward: bool = False) -> int:
+        """How many samples fit ``memory_bytes`` (at least 1): the graph (twice with a
+        ``backward``, which allocates gradients of about what the forward saved: on
+        ViT-Mini a state-gradient pass peaked at 1.8× its saved bytes) plus ``copies``
         more copies of the states (gradients, perturbed states) per sample."""
-        per_sample = max(1, self.graph_bytes + copies * self.state_bytes)
+        graph = self.graph_bytes * (2 if backward else 1)
+        per_sample = max(1, graph + copies * self.state_bytes)
         return max(1, int(memory_bytes // per_sample))
 
 
@@ -253,8 +257,9 @@ class WorkingCopy:
                 clock: Clock = time.perf_counter) -> WorkingCopy:
         """:meth:`of` with the chunk and row limits measured on the model.
 
-        A chunk of the pass holds its graph (the BP gradients) plus three copies of the
-        states per sample (states, gradients, one perturbed state) within ``memory_bytes``;
+        A chunk of the pass holds its graph and backward (the BP gradients) plus three
+        copies of the states per sample (states, gradients, one perturbed state) within
+        ``memory_bytes``;
         a perturbed forward takes at most as many rows as ``memory_bytes`` holds graphs;
         computed chunks are kept within half of ``memory_bytes``.
         With a time budget ``budget_s`` (ρ's) one chunk costs at most
@@ -264,7 +269,7 @@ class WorkingCopy:
         copy_ = cls.of(model, x, y, dtype)
         footprint = measure_footprint(copy_.model.forward_states, copy_.x, y,
                                       timed=budget_s is not None, clock=clock)
-        chunk = footprint.samples_within(memory_bytes, copies=3)
+        chunk = footprint.samples_within(memory_bytes, copies=3, backward=True)
         seconds = footprint.seconds
         if budget_s is not None and seconds and copy_.n * seconds > ONE_PASS_SHARE * budget_s:
             chunk = min(chunk, max(1, int(CHUNK_SHARE * budget_s / seconds)))

@@ -29,6 +29,7 @@ from creditaudit.diagnostics.perturbation import (
     DEFAULT_MEMORY_GB,
     WorkingCopy,
     measure_footprint,
+    release_freed_memory,
     rho_table,
 )
 from creditaudit.errors import CreditAuditError
@@ -139,13 +140,15 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
                     say: Progress) -> dict[str, Any]:
     model = rule.model
     footprint = measure_footprint(model.forward_states, x, y)
-    fits = footprint.samples_within(memory_bytes, copies=2)  # states, credits or gradients
+    # A pass with its backward, keeping states and credits (or gradients) per sample.
+    fits = footprint.samples_within(memory_bytes, copies=2, backward=True)
     chunk = min(COSINE_CHUNK, 1 << (fits.bit_length() - 1))
     sg = state_gradients(model.forward_states, x, y, chunk=chunk)
     if not all(bool(torch.isfinite(h).all()) for h in sg.states):
         raise NonFiniteModelError("the model's states overflow to NaN/Inf on the evaluation "
                                   "set: credit-quality metrics are undefined")
     credits = full_credits(rule, x, y, chunk=chunk)
+    release_freed_memory()  # the passes' activations, kept in the C heap otherwise
     summaries = [summary_vectors(a) for a in credits]
     noise = torch.Generator().manual_seed(seed + 2)
     random_credits = _random_like(credits, noise)
@@ -194,7 +197,7 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         say(f"fresh-feedback null: deep cosine with {null_draws} fresh feedback draws")
         out["fresh_b_null"] = fresh_feedback_null(
             rule, x, y, n=null_draws, seed=null_seed, grads=sg.grads, credits=summaries,
-            chunk=footprint.samples_within(memory_bytes, copies=2), progress=say)
+            chunk=fits, progress=say)
     if initial is not None:
         out["drift"] = feature_drift(initial, dict(model.named_parameters()))
     return out

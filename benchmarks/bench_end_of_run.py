@@ -4,8 +4,11 @@ For each run folder it rebuilds the model from its checkpoint (``creditaudit.aud
 and reruns ``credit_quality`` exactly as the training loop calls it at the end of a run (the
 run's own ``[diagnostics]`` settings, seed and evaluation subset), in a fresh process so that
 the peak resident memory is the run's own. Printed per run: seconds per stage (cosines, ρ,
-nudging, fresh-feedback null), ρ's samples against those asked for, ρ ± its standard error
-per state, and the peak resident memory before and after the block.
+nudging, fresh-feedback null), ρ's samples against those asked for with its compute budget
+and one sample's FLOPs, ρ ± its standard error per state, and the peak resident memory
+before and after the block. The block's CPU seconds are printed beside its wall-clock
+seconds: with one thread on a shared machine they stay near what an idle machine's wall
+clock would show, while the wall clock grows with the load.
 
 With ``--reference FILE`` (a record.json, or a JSON object holding the block's fields, from
 another version of the code on the same checkpoint) it also compares: every number of the
@@ -62,13 +65,13 @@ def measure(run_dir: str, threads: int) -> dict[str, Any]:
             marks.append((time.perf_counter(), stage))
         print(f"  {run.record.run_id}: {text}", file=sys.stderr, flush=True)
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     block = credit_quality(run.rule, x, y, rho_samples=settings.rho_samples,
                            rho_directions=settings.rho_directions,
                            null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                           seed=config.run.seed, rho_seconds=settings.rho_seconds,
+                           seed=config.run.seed, rho_flops=settings.rho_flops,
                            memory_gb=settings.end_of_run_memory_gb, progress=progress)
-    ended = time.perf_counter()
+    ended, cpu = time.perf_counter(), time.process_time() - cpu_started
     stages, previous = {}, (started, "cosines")
     for mark in [*marks, (ended, "")]:
         stages[previous[1]] = mark[0] - previous[0]
@@ -79,7 +82,7 @@ def measure(run_dir: str, threads: int) -> dict[str, Any]:
                 f" patch={model.patch}" if model.arch != "resmlp" else ""),
             "eval_samples": int(x.shape[0]), "rho_asked": min(settings.rho_samples,
                                                               int(x.shape[0])),
-            "rho_seconds": settings.rho_seconds, "seconds": ended - started,
+            "rho_flops": settings.rho_flops, "seconds": ended - started, "cpu_seconds": cpu,
             "stages": stages, "peak_gb_before": before, "peak_gb": peak_gb(), "block": block}
 
 
@@ -105,8 +108,10 @@ def report(result: dict[str, Any], reference: dict[str, Any] | None) -> None:
     block = result["block"]
     stages = ", ".join(f"{name} {seconds:.1f}" for name, seconds in result["stages"].items())
     print(f"{result['run']} ({result['arch']} {result['size']}, {result['method']}): "
-          f"{result['seconds']:.1f} s [{stages}], ρ on {block['rho_samples']} of "
-          f"{result['rho_asked']} samples (budget {result['rho_seconds']} s), nudging on "
+          f"{result['seconds']:.1f} s ({result['cpu_seconds']:.1f} s CPU) [{stages}], ρ on "
+          f"{block['rho_samples']} of {result['rho_asked']} samples (budget "
+          f"{result['rho_flops']:.3g} FLOPs, {block['rho_sample_flops']:.3g} per sample), "
+          "nudging on "
           f"{block['nudging_samples']} of {result['eval_samples']}, peak memory "
           f"{result['peak_gb_before']:.2f} → {result['peak_gb']:.2f} GB")
     rho, se = block["perturbation_rho"], block["rho_se"]

@@ -138,7 +138,7 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
                "null_draws": config.diagnostics.null_draws, "seed": config.run.seed,
-               "rho_seconds": config.diagnostics.rho_seconds,
+               "rho_flops": config.diagnostics.rho_flops,
                "memory_gb": config.diagnostics.end_of_run_memory_gb}
     say(f"diagnostics (a)–(d) and per-layer cosines on {eval_x.shape[0]} evaluation samples"
         f" (epoch {run.epoch})")

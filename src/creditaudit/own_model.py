@@ -45,7 +45,7 @@ class _FunctionCredit:
 
 
 METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
-                  "seed", "rho_seconds", "memory_gb")
+                  "seed", "rho_flops", "memory_gb")
 
 
 def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,

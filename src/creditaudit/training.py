@@ -350,7 +350,7 @@ class Trainer:
                                   rho_directions=settings.rho_directions,
                                   null_draws=settings.null_draws, etas=NUDGING_ETAS,
                                   seed=self.config.run.seed,
-                                  rho_seconds=settings.rho_seconds,
+                                  rho_flops=settings.rho_flops,
                                   memory_gb=settings.end_of_run_memory_gb,
                                   progress=self.loggers.log_stage)
         except NonFiniteModelError as err:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import sys
 import types
@@ -31,6 +32,7 @@ from creditaudit.config.sections import (
     MAX_SEED,
     METHOD_NAME,
     PRECISIONS,
+    RETIRED_KEYS,
     SCHEDULES,
     SYNTHETIC_IMAGE_DIM,
     DataConfig,
@@ -43,6 +45,8 @@ from creditaudit.config.sections import (
 )
 from creditaudit.errors import ConfigError
 from creditaudit.safe_files import read_text
+
+log = logging.getLogger(__name__)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -151,6 +155,7 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
         given = raw.get(name, {})
         if not isinstance(given, dict):
             raise ConfigError(f"config section {name!r} must be a table, got {given!r}")
+        given = _without_retired(name, given)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         bad = set(given) - set(fields)
         if bad:
@@ -160,6 +165,15 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
     config = RunConfig(**sections)
     _check_consistency(config)
     return config
+
+
+def _without_retired(section: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` without the keys of :data:`RETIRED_KEYS`, each logged as ignored."""
+    retired = [key for key in given if (section, key) in RETIRED_KEYS]
+    for key in retired:
+        log.warning("warning: %s.%s is no longer read and is ignored: %s", section, key,
+                    RETIRED_KEYS[(section, key)])
+    return {k: v for k, v in given.items() if k not in retired} if retired else given
 
 
 def _check_consistency(config: RunConfig) -> None:
@@ -267,7 +281,7 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
         if section not in raw or not name:
             raise ConfigError(f"override key {key!r} must be section.key with section one of "
                               f"{', '.join(SECTION_TYPES)}")
-        if name not in raw[section]:
+        if name not in raw[section] and (section, name) not in RETIRED_KEYS:
             raise ConfigError(f"unknown key {key}; allowed keys in [{section}]: "
                               f"{', '.join(raw[section])}")
         raw[section][name] = value

@@ -20,10 +20,13 @@ shape of h_l (what ``CreditRule.credits`` returns), not the CLS summary.
 Cost, bounded by design: the float64 pass over the samples (states h_l and BP gradients
 g_l) runs in chunks, and the perturbed forwards in slices of rows, each sized so that what
 autograd saves for it stays under ``memory_bytes`` (:func:`measure_footprint` measures the
-model's bytes per sample on a few samples). With ``budget_s`` ρ stops adding samples once
-it has run that long (never before :data:`MIN_RHO_SAMPLES`): the result is then ρ on the
-first n samples — the same directions and controls ``n_samples=n`` gives, to rounding — and
-``se`` says how precise it is (a jackknife over samples, :func:`jackknife_se`).
+model's bytes per sample on a few samples). With a compute budget ``budget_flops`` ρ uses
+only as many samples as the budget pays for (never fewer than :data:`MIN_RHO_SAMPLES`),
+decided before the first forward from the floating-point operations of one sample's
+perturbed forwards, counted on one sample (:func:`rho_sample_flops`): the count depends on
+the model's shapes only, so the same run gives the same samples on any machine under any
+load. The result is then exactly ρ with ``n_samples=n``, and ``se`` says how precise it is
+(a jackknife over samples, :func:`jackknife_se`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from creditaudit.formatting import duration
 from creditaudit.methods.bp import bp_state_gradients
@@ -56,13 +61,8 @@ DEFAULT_EPS = 1e-3
 SAMPLE_CHUNK = 256
 MAX_ELEMENTS = 1 << 19
 DEFAULT_MEMORY_GB = 2.0
-# ρ's time budget never cuts it below this many samples (the jackknife needs two).
+# ρ's compute budget never cuts it below this many samples (the jackknife needs two).
 MIN_RHO_SAMPLES = 8
-# With a time budget, one chunk of the float64 pass may take this share of it, so the first
-# chunk cannot spend the budget before ρ has timed a sample; a pass over every sample that
-# costs at most ONE_PASS_SHARE of the budget stays one chunk.
-CHUNK_SHARE = 0.05
-ONE_PASS_SHARE = 0.5
 # At most one progress line per stage in this many seconds, and one trim of the C heap
 # (release_freed_memory) in TRIM_SECONDS.
 PROGRESS_SECONDS = 10.0
@@ -111,13 +111,12 @@ class Footprint:
 
     ``graph_bytes``: bytes of the tensors autograd saves for the backward (what a forward
     with grad holds until its backward; a forward without grad holds less at any moment);
-    ``state_bytes``: bytes of the sample's states h_0 … h_L; ``seconds``: one forward and
-    backward (None when not timed). Measured by :func:`measure_footprint`.
+    ``state_bytes``: bytes of the sample's states h_0 … h_L. Measured by
+    :func:`measure_footprint`.
     """
 
     graph_bytes: int
     state_bytes: int
-    seconds: float | None = None
 
     def samples_within(self, memory_bytes: float, *, copies: int = 0,
                        backward: bool = False) -> int:
@@ -149,36 +148,91 @@ def _saved_bytes(states_fn: StatesFn, x: Tensor, y: Tensor
     return sum(storages.values()), list(states), loss
 
 
-def measure_footprint(states_fn: StatesFn, x: Tensor, y: Tensor, *, timed: bool = False,
-                      clock: Clock = time.perf_counter) -> Footprint:
+def measure_footprint(states_fn: StatesFn, x: Tensor, y: Tensor) -> Footprint:
     """The :class:`Footprint` of ``states_fn`` (``x -> ([h_0 … h_L], logits)``) per sample.
 
     Runs it on the first 2 and 4 samples of ``x`` ``(N, …)`` (labels ``y``) with the
     autograd graph, counting the bytes of every distinct storage autograd saves; the
     difference per added sample is the footprint (parameters, saved by every pass alike,
-    drop out). ``timed`` also times each pass with a backward to the states and keeps the
-    faster per sample. The model should be in eval mode (as every diagnostic runs it).
+    drop out). The model should be in eval mode (as every diagnostic runs it).
     """
     n = int(x.shape[0])
     sizes = sorted({min(k, n) for k in PROBE_SAMPLES})
     saved: dict[int, int] = {}
-    state_bytes, seconds = 0, None
+    state_bytes = 0
     for k in sizes:
-        started = clock()
         saved[k], states, loss = _saved_bytes(states_fn, x[:k], y[:k])
         state_bytes = sum(h[0].numel() * h.element_size() for h in states)
-        if timed:
-            tracked = [h for h in states if h.requires_grad]
-            if loss.requires_grad and tracked:
-                torch.autograd.grad(loss, tracked, allow_unused=True)
-            # The faster probe: on a shared machine a pause inside one inflates it.
-            per_sample = (clock() - started) / k
-            seconds = per_sample if seconds is None else min(seconds, per_sample)
         del states, loss
     low, high = sizes[0], sizes[-1]
     per_sample = ((saved[high] - saved[low]) / (high - low) if high > low
                   else saved[high] / high)
-    return Footprint(max(math.ceil(per_sample), state_bytes), state_bytes, seconds)
+    return Footprint(max(math.ceil(per_sample), state_bytes), state_bytes)
+
+
+@torch.no_grad()
+def rho_sample_flops(model: ResidualNet, x: Tensor, *, n_directions: int,
+                     layers: Sequence[int] | None = None) -> int:
+    """Floating-point operations of one sample's perturbed forwards for ρ: at each state in
+    ``layers`` (default every state h_0 … h_L), ``1 + n_directions`` forwards from it (the
+    unmoved state and one per direction) through ``model.forward_from``.
+
+    Counted exactly on the first sample of ``x`` ``(N, …)`` by torch's ``FlopCounterMode``
+    (matrix products and convolutions, 2 per multiply-add; elementwise operations are not
+    counted), with attention run as its two batched matrix products — the fused kernels of
+    some devices are missing from torch's table, and the count must not depend on the
+    device. Depends on the model's shapes only: the same number on every machine, whatever
+    its load.
+    """
+    states, _ = model.forward_states(x[:1])
+    layers = range(len(states)) if layers is None else layers
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        for layer in layers:
+            model.forward_from(layer, states[layer])
+    return (1 + n_directions) * counter.get_total_flops()
+
+
+@dataclass(frozen=True)
+class RhoBudget:
+    """How many samples ρ uses under a compute budget.
+
+    ``asked``: the samples asked for (``n_samples``, at most N); ``sample_flops``: one
+    sample's perturbed forwards (:func:`rho_sample_flops`); ``budget_flops``: the budget in
+    floating-point operations (None: no budget). ``samples`` =
+    min(asked, max(:data:`MIN_RHO_SAMPLES`, ⌊budget_flops / sample_flops⌋)).
+    """
+
+    asked: int
+    sample_flops: int
+    budget_flops: float | None
+
+    @property
+    def samples(self) -> int:
+        if self.budget_flops is None:
+            return self.asked
+        affordable = math.floor(self.budget_flops / max(1, self.sample_flops))
+        return min(self.asked, max(MIN_RHO_SAMPLES, affordable))
+
+    @property
+    def reached(self) -> bool:
+        """Whether the budget holds fewer samples than asked for."""
+        return self.samples < self.asked
+
+    def describe(self) -> str:
+        """What the budget did, for a progress line (empty when it held every sample)."""
+        if not self.reached:
+            return ""
+        return (f"the budget of {self.budget_flops:.3g} FLOPs holds {self.samples} of the "
+                f"{self.asked} samples asked for at {self.sample_flops:.3g} FLOPs each")
+
+
+def rho_budget(working: WorkingCopy, asked: int, *, n_directions: int,
+               budget_flops: float | None, layers: Sequence[int] | None = None
+               ) -> RhoBudget:
+    """The :class:`RhoBudget` of ρ on ``working``'s model with ``asked`` samples."""
+    flops = rho_sample_flops(working.model, working.x, n_directions=n_directions,
+                             layers=layers)
+    return RhoBudget(min(asked, working.n), flops, budget_flops)
 
 
 def model_copy(model: nn.Module, dtype: torch.dtype) -> ResidualNet:
@@ -253,8 +307,7 @@ class WorkingCopy:
 
     @classmethod
     def planned(cls, model: nn.Module, x: Tensor, y: Tensor, dtype: torch.dtype | None, *,
-                memory_bytes: float, budget_s: float | None = None,
-                clock: Clock = time.perf_counter) -> WorkingCopy:
+                memory_bytes: float) -> WorkingCopy:
         """:meth:`of` with the chunk and row limits measured on the model.
 
         A chunk of the pass holds its graph and backward (the BP gradients) plus three
@@ -262,21 +315,22 @@ class WorkingCopy:
         ``memory_bytes``;
         a perturbed forward takes at most as many rows as ``memory_bytes`` holds graphs;
         computed chunks are kept within half of ``memory_bytes``.
-        With a time budget ``budget_s`` (ρ's) one chunk costs at most
-        :data:`CHUNK_SHARE` of it, unless the whole pass costs at most
-        :data:`ONE_PASS_SHARE` (then it is one chunk, when the memory allows).
         """
         copy_ = cls.of(model, x, y, dtype)
-        footprint = measure_footprint(copy_.model.forward_states, copy_.x, y,
-                                      timed=budget_s is not None, clock=clock)
+        footprint = measure_footprint(copy_.model.forward_states, copy_.x, y)
         chunk = footprint.samples_within(memory_bytes, copies=3, backward=True)
-        seconds = footprint.seconds
-        if budget_s is not None and seconds and copy_.n * seconds > ONE_PASS_SHARE * budget_s:
-            chunk = min(chunk, max(1, int(CHUNK_SHARE * budget_s / seconds)))
         copy_.chunk = max(1, min(chunk, copy_.n))
         copy_.max_rows = footprint.samples_within(memory_bytes)
         copy_.keep_bytes = memory_bytes / 2
         return copy_
+
+    def first(self, n: int) -> WorkingCopy:
+        """The same copy of the model on the first ``n`` samples only (itself when ``n``
+        covers all): its pass never computes a sample past them."""
+        if n >= self.n:
+            return self
+        return WorkingCopy(self.model, self.x[:n], self.y[:n], chunk=self.chunk,
+                           max_rows=self.max_rows, keep_bytes=self.keep_bytes)
 
     @property
     def n(self) -> int:
@@ -376,19 +430,15 @@ class StageProgress:
     samples, … elapsed, ETA …"`` at most once per :data:`PROGRESS_SECONDS`, and hands
     freed memory back to the OS (:func:`release_freed_memory`) at most once per
     :data:`TRIM_SECONDS` — rarely enough that the allocator's warm pages, which spare each
-    forward its page faults, stay in use.
-
-    ``limit_s``: a time budget that ends the stage early (the ETA never exceeds it).
+    forward its page faults, stay in use. The clock only paces these lines and trims: it
+    never decides what is computed.
     """
 
     def __init__(self, say: Say | None, stage: str, total: int, *,
-                 limit_s: float | None = None, clock: Clock = time.perf_counter) -> None:
+                 clock: Clock = time.perf_counter) -> None:
         self.say, self.stage, self.total = say, stage, total
-        self.limit_s, self.clock = limit_s, clock
+        self.clock = clock
         self.started = self.last = self.trimmed = clock()
-
-    def elapsed(self, now: float) -> float:
-        return now - self.started
 
     def update(self, done: int, now: float) -> None:
         if now - self.trimmed >= TRIM_SECONDS:
@@ -399,8 +449,6 @@ class StageProgress:
         self.last = now
         elapsed = now - self.started
         eta = elapsed / done * (self.total - done) if done else None
-        if eta is not None and self.limit_s is not None:
-            eta = max(0.0, min(eta, self.limit_s - elapsed))
         self.say(f"{self.stage}: {done}/{self.total} samples, {duration(elapsed)} elapsed, "
                  f"ETA {duration(eta)}")
 
@@ -457,24 +505,21 @@ class _Perturbed:
     samples: int
     block: int
     shapes: dict[int, tuple[int, ...]]
-    budget_reached: bool
 
 
 @torch.no_grad()
 def _perturb(working: WorkingCopy, n: int, layers: Sequence[int],
              credits: Sequence[Sequence[Tensor] | None], *, n_directions: int, eps: float,
-             generator: torch.Generator, budget_s: float | None, say: Say | None,
-             clock: Clock) -> _Perturbed:
+             generator: torch.Generator, say: Say | None, clock: Clock) -> _Perturbed:
     """True and predicted loss changes of ``credits`` (each [a_0 … a_L] over ≥ n samples,
     or :data:`BP_CREDIT`) at ``layers`` on the first n samples of ``working``.
 
     The true change does not depend on the credit, so one set of perturbed forwards serves
     every credit at a layer (controls too), and one set of directions per block of samples
-    serves every layer whose state has the same shape. With ``budget_s`` it stops after the
-    block during which the budget ran out, once it has ``MIN_RHO_SAMPLES``.
+    serves every layer whose state has the same shape.
     """
     m = n_directions
-    progress = StageProgress(say, "ρ", n, limit_s=budget_s, clock=clock)
+    progress = StageProgress(say, "ρ", n, clock=clock)
     first = working.part(0, min(1, n))
     shapes = {layer: tuple(first.states[layer].shape[1:]) for layer in layers}
     largest = max(math.prod(shape) for shape in shapes.values())
@@ -482,7 +527,7 @@ def _perturb(working: WorkingCopy, n: int, layers: Sequence[int],
     rows = working.max_rows or block * m
     bp_over = n if any(c is BP_CREDIT for c in credits) else None
     pooled = {layer: _Pooled([[] for _ in credits]) for layer in layers}
-    model, done, reached = working.model, 0, False
+    model = working.model
     for start in range(0, n, block):
         part = working.part(start, min(start + block, n), bp_over=bp_over)
         yb, b = part.y, part.stop - part.start
@@ -499,17 +544,8 @@ def _perturb(working: WorkingCopy, n: int, layers: Sequence[int],
             for k, credit in enumerate(credits):
                 a = part.bp[layer] if credit is BP_CREDIT else credit[layer][start:part.stop]  # type: ignore[index]
                 pooled[layer].predicted[k].append(_predicted(a, v, eps, hb))
-        done = part.stop
-        now = clock()
-        if (budget_s is not None and done >= min(MIN_RHO_SAMPLES, n)
-                and progress.elapsed(now) >= budget_s and done < n):
-            reached = True
-            break
-        progress.update(done, now)
-    if reached and say is not None:
-        say(f"ρ: the {budget_s:g} s time budget is spent after {done} of {n} samples "
-            f"({duration(progress.elapsed(clock()))}); ρ and its controls use those {done}")
-    return _Perturbed(pooled, done, block, shapes, reached)
+        progress.update(part.stop, clock())
+    return _Perturbed(pooled, n, block, shapes)
 
 
 @torch.no_grad()
@@ -574,15 +610,16 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
               eps: float = DEFAULT_EPS, n_samples: int = 1024,
               dtype: torch.dtype | None = torch.float64, seed: int = 0,
               generator: torch.Generator | None = None, controls: bool = True,
-              working: WorkingCopy | None = None, budget_s: float | None = None,
+              working: WorkingCopy | None = None, budget_flops: float | None = None,
               memory_bytes: float = DEFAULT_MEMORY_GB * 1e9, progress: Say | None = None,
               clock: Clock = time.perf_counter) -> dict[str, Any]:
     """ρ of ``credits`` with its controls, per layer, from one set of perturbed forwards.
 
     Returns ``{"layers", "rho", "se", "bp", "random", "measurable", "samples",
-    "budget_reached"}`` (``rho`` and ``se`` empty when ``credits`` is None; controls empty
+    "budget"}`` (``rho`` and ``se`` empty when ``credits`` is None; controls empty
     when ``controls=False``). ``se[l]`` is the jackknife standard error of ``rho[l]``
-    (:func:`jackknife_se`); ``samples`` how many samples were used. ``bp`` is the positive
+    (:func:`jackknife_se`); ``samples`` how many samples were used, ``budget`` the
+    :class:`RhoBudget` that decided it. ``bp`` is the positive
     control (credit = exact g_l, computed on the working-dtype copy), ``random`` the
     negative control (Gaussian credit from a generator seeded ``seed + 1``), and
     ``measurable[l]`` is True when ``bp[l] >= 0.9`` — below that no ρ on this model means
@@ -591,17 +628,21 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     ``working``: a :class:`WorkingCopy` of ``model`` on ``x`` to reuse (``dtype`` and
     ``memory_bytes`` are then ignored); else one is planned for ``memory_bytes``.
 
-    ``budget_s``: seconds after which ρ stops adding samples (at least
-    :data:`MIN_RHO_SAMPLES`; ``budget_reached`` says whether it did); every value is then
-    what ``n_samples=samples`` gives, to rounding. ``progress`` (e.g. ``print``) gets a
-    line with the samples done and the ETA at most every :data:`PROGRESS_SECONDS`, and one
-    when the budget ends ρ early; ``clock`` is the time source.
+    ``budget_flops``: ρ's compute budget in floating-point operations (None: none). ρ then
+    uses the first ``samples`` = ⌊budget_flops / :func:`rho_sample_flops`⌋ samples (at
+    least :data:`MIN_RHO_SAMPLES`, at most ``n_samples``), decided before any forward, and
+    every value is exactly what ``n_samples=samples`` gives. ``progress`` (e.g. ``print``)
+    gets a line with the samples done and the ETA at most every :data:`PROGRESS_SECONDS`;
+    ``clock`` paces those lines only.
     """
     generator = generator if generator is not None else torch.Generator().manual_seed(seed)
     n = min(n_samples, x.shape[0])
-    w = working or WorkingCopy.planned(model, x[:n], y[:n], dtype, memory_bytes=memory_bytes,
-                                       budget_s=budget_s, clock=clock)
-    n = min(n, w.n)
+    w = working or WorkingCopy.planned(model, x[:n], y[:n], dtype, memory_bytes=memory_bytes)
+    budget = rho_budget(w, n, n_directions=n_directions, budget_flops=budget_flops,
+                        layers=layers)
+    n = budget.samples
+    if budget.reached:  # else the pass stays what it is (over every sample, for nudging)
+        w = w.first(n)
     n_layers = len(w.part(0, min(1, n)).states)
     layers = list(range(n_layers)) if layers is None else list(layers)
     sources: list[Sequence[Tensor] | None] = [] if credits is None else [credits]
@@ -609,7 +650,7 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
         sources.append(BP_CREDIT)
     start_state = generator.get_state()
     perturbed = _perturb(w, n, layers, sources, n_directions=n_directions, eps=eps,
-                         generator=generator, budget_s=budget_s, say=progress, clock=clock)
+                         generator=generator, say=progress, clock=clock)
     used = perturbed.samples
     if controls:
         # The random control's noise is drawn for the samples used, layer by layer, as a
@@ -625,7 +666,7 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
             perturbed.pooled[layer].predicted.append(predicted[layer])
     out: dict[str, Any] = {"layers": layers, "rho": [], "se": [], "bp": [],
                            "random": [], "measurable": [], "samples": used,
-                           "budget_reached": perturbed.budget_reached}
+                           "budget": budget}
     for layer in layers:
         pool = perturbed.pooled[layer]
         true_all = torch.cat(pool.true)

@@ -30,6 +30,7 @@ from creditaudit.diagnostics.perturbation import (
     WorkingCopy,
     measure_footprint,
     release_freed_memory,
+    rho_budget,
     rho_table,
 )
 from creditaudit.errors import CreditAuditError
@@ -38,10 +39,12 @@ from creditaudit.models.contract import summary_vectors
 
 GRAD_FLOOR = REFERENCE_FLOOR
 Progress = Callable[[str], None]
-# ρ's default time budget, seconds: at the README's ViT-Mini and ConvMixer sizes ρ then uses
-# a few dozen samples on one CPU thread and the whole block stays under 2 minutes (ViT-Mini's
-# cosines and fresh-B null alone take about one); the ResidualMLP's 1024 take seconds.
-DEFAULT_RHO_SECONDS = 40.0
+# ρ's default compute budget, floating-point operations (what diagnostics.rho_flops defaults
+# to). One sample of ρ with 32 directions costs 8.7e7 on the d=256 L=4 ResidualMLP, so the
+# audit table's 1024 samples fit (1144 would); ConvMixer (2.3e9 per sample) and ViT-Mini
+# (3.5e10) at the README's sizes get 85 and the minimum 8, and their whole block stays under
+# 2 minutes on one CPU thread (docs/benchmarks.md).
+DEFAULT_RHO_FLOPS = 2e11
 # The cosines' passes (state gradients, credits) take at most this many samples at once
 # (powers of two below it when the memory cap asks for fewer).
 COSINE_CHUNK = 512
@@ -76,7 +79,7 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
                    grad_floor: float = GRAD_FLOOR,
                    initial: dict[str, Tensor] | None = None,
                    dtype: torch.dtype | None = torch.float64,
-                   rho_seconds: float | None = DEFAULT_RHO_SECONDS,
+                   rho_flops: float | None = DEFAULT_RHO_FLOPS,
                    memory_gb: float = DEFAULT_MEMORY_GB,
                    progress: Progress | None = None) -> dict[str, Any]:
     """Credit-quality metrics of ``rule`` on held-out ``x`` ``(N, …)``, ``y`` ``(N,)``.
@@ -90,7 +93,8 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
     - ``gamma``: the four Γ aggregations (:func:`gamma_aggregations`).
     - ``perturbation_rho``: ρ_l of the credit (float64); ``rho_se``: its jackknife standard
       error; ``rho_controls``: ``{"bp", "random"}``; ``rho_measurable``: BP control ≥ 0.9
-      per layer; ``rho_samples`` (used), ``rho_directions``.
+      per layer; ``rho_samples`` (used), ``rho_directions``; ``rho_samples_asked``,
+      ``rho_sample_flops`` and ``rho_budget_flops``: why ρ used that many (below).
     - ``nudging``: ``{"0.01": [Δ mean CE per deep layer 1 … L], …}`` (nats, negative =
       useful; each sample steps along its credit's unit-RMS direction a/RMS(a));
       ``nudging_controls``: ``{"bp": {…}, "random": {…}}`` (the same for the exact BP
@@ -104,9 +108,13 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
     one line as each stage starts: ρ, nudging, the fresh-feedback null; and, within a
     stage, the samples done and the ETA at most every 10 s.
 
-    Cost: ``rho_seconds`` is ρ's time budget (None: none). ρ stops adding samples once it
-    has run that long (at least 8; ``rho_samples`` says how many it used, ``rho_se`` how
-    precise it is); nudging then averages over the same samples instead of all N. Every
+    Cost: ``rho_flops`` is ρ's compute budget in floating-point operations (None: none).
+    ρ asks for min(``rho_samples``, N) samples and uses ⌊rho_flops / rho_sample_flops⌋ of
+    them where that is fewer (at least 8), ``rho_sample_flops`` being one sample's perturbed
+    forwards counted on the model (:func:`~creditaudit.diagnostics.perturbation.rho_sample_flops`):
+    the count follows from the model's shapes, so the samples do not depend on the machine
+    or its load. ``rho_se`` says how precise ρ is; nudging then averages over the same
+    samples instead of all N. Every
     pass runs in chunks whose autograd-saved tensors stay under ``memory_gb`` GB, sized from
     the bytes per sample measured on the model (chunking changes only the rounding).
 
@@ -125,7 +133,7 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
                                    rho_directions=rho_directions, eps=eps,
                                    null_draws=null_draws, null_seed=null_seed, etas=etas,
                                    seed=seed, grad_floor=grad_floor, initial=initial,
-                                   dtype=dtype, rho_seconds=rho_seconds,
+                                   dtype=dtype, rho_flops=rho_flops,
                                    memory_bytes=memory_gb * 1e9,
                                    say=progress or (lambda text: None))
     finally:
@@ -136,7 +144,7 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
                     rho_directions: int, eps: float, null_draws: int, null_seed: int,
                     etas: Sequence[float], seed: int, grad_floor: float,
                     initial: dict[str, Tensor] | None, dtype: torch.dtype | None,
-                    rho_seconds: float | None, memory_bytes: float,
+                    rho_flops: float | None, memory_bytes: float,
                     say: Progress) -> dict[str, Any]:
     model = rule.model
     footprint = measure_footprint(model.forward_states, x, y)
@@ -165,14 +173,16 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
     }
     # One copy of the model in the working dtype, and its pass over the samples in
     # chunks, serve ρ, nudging and their BP controls.
-    working = WorkingCopy.planned(model, x, y, dtype, memory_bytes=memory_bytes,
-                                  budget_s=rho_seconds)
-    n_rho = min(rho_samples, int(x.shape[0]))
-    say(f"ρ (perturbation correlation): {n_rho} samples × {rho_directions} directions per "
-        "layer, with BP and random controls")
+    working = WorkingCopy.planned(model, x, y, dtype, memory_bytes=memory_bytes)
+    budget = rho_budget(working, rho_samples, n_directions=rho_directions,
+                        budget_flops=rho_flops)
+    if budget.reached:  # the pass then never computes a sample past ρ's
+        working = working.first(budget.samples)
+    cut = f" ({budget.describe()})" if budget.reached else ""
+    say(f"ρ (perturbation correlation): {budget.samples} samples × {rho_directions} "
+        f"directions per layer, with BP and random controls{cut}")
     rho = rho_table(model, x, y, credits, n_directions=rho_directions, eps=eps,
-                    n_samples=rho_samples, seed=seed, working=working, budget_s=rho_seconds,
-                    progress=say)
+                    n_samples=budget.samples, seed=seed, working=working, progress=say)
     out.update({
         "perturbation_rho": rho["rho"],
         "rho_se": rho["se"],
@@ -180,11 +190,14 @@ def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,
         "rho_measurable": rho["measurable"],
         "rho_samples": rho["samples"],
         "rho_directions": rho_directions,
+        "rho_samples_asked": budget.asked,
+        "rho_sample_flops": budget.sample_flops,
+        "rho_budget_flops": rho_flops,
     })
-    # Nudging costs a fifth to a third of ρ per sample: where the budget cut ρ short, it averages
-    # over ρ's samples rather than spend that time again on all N.
-    n_nudge = rho["samples"] if rho["budget_reached"] else int(x.shape[0])
-    among = f" over the {n_nudge} samples of ρ" if rho["budget_reached"] else ""
+    # Nudging costs a fifth to a third of ρ per sample: where the budget cut ρ short, it
+    # averages over ρ's samples rather than spend that compute again on all N.
+    n_nudge = budget.samples if budget.reached else int(x.shape[0])
+    among = f" over the {n_nudge} samples of ρ" if budget.reached else ""
     say(f"nudging: η = {', '.join(f'{eta:g}' for eta in etas)} at each deep layer{among}, "
         "with BP and random controls")
     rule_deltas, bp_deltas, random_deltas = nudging_table(

@@ -619,7 +619,7 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     "budget"}`` (``rho`` and ``se`` empty when ``credits`` is None; controls empty
     when ``controls=False``). ``se[l]`` is the jackknife standard error of ``rho[l]``
     (:func:`jackknife_se`); ``samples`` how many samples were used, ``budget`` the
-    :class:`RhoBudget` that decided it. ``bp`` is the positive
+    :class:`RhoBudget` that decided it (None without ``budget_flops``). ``bp`` is the positive
     control (credit = exact g_l, computed on the working-dtype copy), ``random`` the
     negative control (Gaussian credit from a generator seeded ``seed + 1``), and
     ``measurable[l]`` is True when ``bp[l] >= 0.9`` — below that no ρ on this model means
@@ -638,11 +638,14 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     generator = generator if generator is not None else torch.Generator().manual_seed(seed)
     n = min(n_samples, x.shape[0])
     w = working or WorkingCopy.planned(model, x[:n], y[:n], dtype, memory_bytes=memory_bytes)
-    budget = rho_budget(w, n, n_directions=n_directions, budget_flops=budget_flops,
-                        layers=layers)
-    n = budget.samples
-    if budget.reached:  # else the pass stays what it is (over every sample, for nudging)
-        w = w.first(n)
+    budget = None  # without a budget nothing is counted: ρ runs exactly as it did before
+    n = min(n, w.n)
+    if budget_flops is not None:
+        budget = rho_budget(w, n, n_directions=n_directions, budget_flops=budget_flops,
+                            layers=layers)
+        n = budget.samples
+        if budget.reached:  # else the pass stays what it is (over every sample, for nudging)
+            w = w.first(n)
     n_layers = len(w.part(0, min(1, n)).states)
     layers = list(range(n_layers)) if layers is None else list(layers)
     sources: list[Sequence[Tensor] | None] = [] if credits is None else [credits]

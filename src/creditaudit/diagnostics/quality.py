@@ -41,7 +41,7 @@ GRAD_FLOOR = REFERENCE_FLOOR
 Progress = Callable[[str], None]
 # ρ's default compute budget, floating-point operations (what diagnostics.rho_flops defaults
 # to). One sample of ρ with 32 directions costs 8.7e7 on the d=256 L=4 ResidualMLP, so the
-# audit table's 1024 samples fit (1144 would); ConvMixer (2.3e9 per sample) and ViT-Mini
+# audit table's 1024 samples fit (2288 would); ConvMixer (2.3e9 per sample) and ViT-Mini
 # (3.5e10) at the README's sizes get 85 and the minimum 8, and their whole block stays under
 # 2 minutes on one CPU thread (docs/benchmarks.md).
 DEFAULT_RHO_FLOPS = 2e11

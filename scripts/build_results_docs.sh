@@ -12,14 +12,18 @@ for dataset in fashion-mnist synthetic mnist1d; do
   $python -m creditaudit experiment all --scale cpu --dataset "$dataset" --out "$results" \
     --no-train > /dev/null 2>&1 || true
   mkdir -p "docs/results/$dataset"
-  for file in "$results"/experiments/*.md; do
-    name=$(basename "$file" .md)
-    case "$name" in
-      *.*) [ "${name##*.}" = "$dataset" ] || continue; target=${name%.*} ;;
-      *) [ "$dataset" = fashion-mnist ] || continue; target=$name ;;
-    esac
+  # each experiment's cpu-scale summary on $dataset (find_summary also reads older names)
+  $python -c '
+import sys
+from creditaudit.experiments import experiment_names
+from creditaudit.experiments.runner import find_summary
+for name in experiment_names():
+    found = find_summary(sys.argv[1], name, "cpu", sys.argv[2])
+    if found is not None:
+        print(name, found.with_suffix(".md"), sep="\t")
+' "$results" "$dataset" | while IFS=$'\t' read -r name file; do
     # the results folder as a relative path, so the files do not name this machine
-    sed "s#$(cd "$results" && pwd)#$results#g" "$file" > "docs/results/$dataset/$target.md"
+    sed "s#$(cd "$results" && pwd)#$results#g" "$file" > "docs/results/$dataset/$name.md"
   done
   $python -m creditaudit figures "$results" --dataset "$dataset" --frozen-from-runs \
     --out "docs/figures/$dataset" > /dev/null

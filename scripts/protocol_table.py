@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 
 from creditaudit.config import RunConfig
-from creditaudit.protocol import DIAGNOSTIC_NAMES, FIRED
+from creditaudit.plan import run_id
+from creditaudit.protocol import FIRED, default_names
+from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RunRecord, load_record
-from creditaudit.run_ids import run_id
 from creditaudit.sweep import LocalExecutor, prepare_configs, run_sweep
 
 # (row label, overrides) per data size; the frozen run is the (d) baseline of its size.
@@ -45,8 +46,8 @@ def first_fired(record: RunRecord) -> str:
 
 
 def verdict_text(record: RunRecord, frozen_acc: float | None) -> str:
-    verdict = record.verdict(frozen_acc=frozen_acc)
-    fired = "".join(f"({i})" for i in DIAGNOSTIC_NAMES if verdict.statuses[i] == FIRED
+    verdict = record_verdict(record, frozen_acc=frozen_acc)
+    fired = "".join(f"({i})" for i in default_names() if verdict.statuses[i] == FIRED
                     and (frozen_acc is not None or i != "d"))
     return f"needs walk-back {fired}" if fired else "trustworthy"
 
@@ -56,7 +57,7 @@ def row(size: str, label: str, record: RunRecord, frozen: RunRecord) -> str:
     if record is frozen:
         margin = "— (the baseline itself)"
     else:
-        verdict = record.verdict(frozen_acc=frozen.final_acc)
+        verdict = record_verdict(record, frozen_acc=frozen.final_acc)
         margin = f"{verdict.margin_pp:+.1f} pp → {verdict_text(record, frozen.final_acc)}"
     cells = [size, label, f"{record.final_acc:.3f}", f"{last.h_L_norm:.3g}",
              f"{last.max_block_growth:.3g}", f"{last.g_L_norm:.2g}",

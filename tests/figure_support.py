@@ -33,9 +33,12 @@ def smoke_runs(out: Path, runs=RUNS) -> Path:
     try:
         for method, lam, arch, seeds in runs:
             for seed in seeds:
-                config = RunConfig().replace(**{**SMOKE, **ARCH_SETTINGS.get(arch, {}),
-                    "method.name": method, "method.penalty": lam, "model.arch": arch,
-                    "run.seed": seed, "run.out_dir": str(out)})
+                # The architecture is switched after the sizes: StudentNet, a preset, does not
+                # read model.d or model.n_blocks.
+                config = RunConfig().replace(**SMOKE).replace(**{
+                    **ARCH_SETTINGS.get(arch, {}), "method.name": method,
+                    "method.penalty": lam, "model.arch": arch, "run.seed": seed,
+                    "run.out_dir": str(out)})
                 train(config)
     finally:
         torch.set_num_threads(previous)

@@ -105,8 +105,9 @@ def test_audit_rejects_a_frozen_run_of_another_architecture(runs, capsys):
 def test_audit_formats_and_output_file(runs, capsys, tmp_path):
     run_dir = str(runs["dfa"].run_dir)
     assert main(["audit", run_dir, "--format", "latex", "--no-metrics"]) == 0
-    row = capsys.readouterr().out.strip()
-    assert row.endswith(r"\\") and row.startswith("dfa & ")
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[0].startswith(r"\begin{tabular}") and table[-1] == r"\end{tabular}"
+    assert [line for line in table if line.startswith("dfa & ")][0].endswith(r"\\")
     out = tmp_path / "report.md"
     assert main(["audit", run_dir, "--format", "md", "--no-metrics", "--output", str(out)]) == 0
     assert "report:" in capsys.readouterr().out
@@ -114,6 +115,37 @@ def test_audit_formats_and_output_file(runs, capsys, tmp_path):
     assert text.startswith("| method |") and "| (d) | depth utility |" in text
     assert main(["audit", run_dir, "--no-metrics"]) == 0
     assert "verdict:" in capsys.readouterr().out
+
+
+def test_audit_of_several_runs_gives_one_report_each(runs, capsys, tmp_path):
+    """`audit runs/dfa-…-s42-*` where the glob matches several folders: each is audited."""
+    dfa, frozen = str(runs["dfa"].run_dir), str(runs["frozen"].run_dir)
+    assert main(["audit", dfa, frozen, "--no-metrics", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("creditaudit protocol — ") == 2 and out.count("verdict:") == 2
+    assert out.index(f"== {dfa} ==") < out.index("(dfa)") < out.index(f"== {frozen} ==") \
+        < out.index("(frozen)")
+    assert main(["audit", dfa, frozen, "--no-metrics", "-q", "--format", "json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["metadata"]["method"] for r in reports] == ["dfa", "frozen"]
+    assert main(["audit", dfa, frozen, "--no-metrics", "-q", "--format", "latex"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()  # one table, a row per run
+    assert lines[0].startswith(r"\begin{tabular}") and lines[-1] == r"\end{tabular}"
+    first = lines.index(f"% {dfa}")
+    assert lines[first + 1].startswith("dfa & ")
+    assert lines[first + 2] == f"% {frozen}" and lines[first + 3].startswith("frozen & ")
+    out_file = tmp_path / "reports.md"
+    assert main(["audit", dfa, frozen, "--no-metrics", "-q", "--format", "md",
+                 "--output", str(out_file)]) == 0
+    assert out_file.read_text().count("| (d) | depth utility |") == 2
+    # One bad run among them: one line naming it, the others still audited, exit 2.
+    capsys.readouterr()
+    missing = str(tmp_path / "nope")
+    assert main(["audit", missing, dfa, "--no-metrics", "-q", "--format", "json"]) == 2
+    captured = capsys.readouterr()
+    assert [r["metadata"]["method"] for r in json.loads(captured.out)] == ["dfa"]
+    assert len(captured.err.strip().splitlines()) == 1
+    assert captured.err.startswith(f"creditaudit: error: {missing}: no run record")
 
 
 def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):

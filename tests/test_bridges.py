@@ -21,8 +21,8 @@ from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge, soft_min
 from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models import ResidualMLP
+from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
-from creditaudit.run_ids import run_id
 from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -44,8 +44,11 @@ def batch(n: int = 9, seed: int = 1) -> tuple[Tensor, Tensor]:
 
 
 def rule_for(model: nn.Module, name: str, seed: int = 7, **kw):
-    return build_rule(model, MethodConfig(name=name, bridge_hidden=HIDDEN, **kw), n_classes=C,
-                      seed=seed)
+    if name != "credit-bridge":  # the warm-up is the Credit Bridge's own option
+        kw.pop("warmup_fraction", None)
+    if name.endswith("bridge"):
+        kw["bridge_hidden"] = HIDDEN
+    return build_rule(model, MethodConfig(name=name, **kw), n_classes=C, seed=seed)
 
 
 def randomise(module: nn.Module, seed: int = 3, std: float = 0.3) -> None:

@@ -15,8 +15,8 @@ import torch
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
+from creditaudit.plan import run_id
 from creditaudit.records import load_record
-from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

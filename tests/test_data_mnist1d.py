@@ -14,6 +14,7 @@ from creditaudit.config import DataConfig, RunConfig
 from creditaudit.data import load_dataset, make_teacher_student
 from creditaudit.data import mnist1d as m1d
 from creditaudit.errors import ConfigError, DataError
+from creditaudit.plan import plan_run
 
 N_TRAIN, N_TEST = 600, 200
 
@@ -231,12 +232,14 @@ def test_provenance_regenerates_the_same_data(cache):
 
 
 def test_config_rules_for_mnist1d():
-    config = RunConfig().replace(**{"data.name": "mnist1d"})  # needs no data_dir
-    assert config.data.data_dir is None
-    with pytest.raises(ConfigError, match="multiple of 10"):
-        RunConfig().replace(**{"data.name": "mnist1d", "data.n_train": 512,
-                               "data.n_test": 256})
-    with pytest.raises(ConfigError, match="feature vectors"):
+    config = RunConfig().replace(**{"data.name": "mnist1d"})  # reads no data_dir
+    assert "data_dir" not in config.to_dict()["data"]
+    with pytest.raises(ConfigError, match="data.data_dir is not read by mnist1d"):
+        config.replace(**{"data.data_dir": "/somewhere"})
+    with pytest.raises(ConfigError, match="multiple of 10"):  # the dataset's own rule
+        plan_run(RunConfig().replace(**{"data.name": "mnist1d", "data.n_train": 512,
+                                        "data.n_test": 256}))
+    with pytest.raises(ConfigError, match="data.augment is not read by mnist1d"):
         RunConfig().replace(**{"data.name": "mnist1d", "data.augment": True})
     with pytest.raises(DataError, match="multiple of 10"):
         m1d.mnist1d_generator_args(DataConfig(n_train=5, n_test=3), 0)
@@ -246,13 +249,13 @@ def test_smoke_scale_on_mnist1d_is_a_valid_config():
     from creditaudit.experiments.scales import base_config
 
     config = base_config("smoke", dataset="mnist1d", data_dir="ignored")
-    assert config.data.name == "mnist1d" and config.data.data_dir is None
+    assert config.data.name == "mnist1d" and "data_dir" not in config.to_dict()["data"]
     assert (config.data.n_train + config.data.n_test) % 10 == 0
 
 
 def test_tiny_training_run_on_mnist1d(tmp_path, single_thread):
+    from creditaudit.plan import run_id
     from creditaudit.records import load_record
-    from creditaudit.run_ids import run_id
     from creditaudit.training import train
 
     config = RunConfig().replace(**{

@@ -16,7 +16,6 @@ from creditaudit.diagnostics.alignment import (
     layer_cosines,
     mean_cosine,
 )
-from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.gradients import (
     REFERENCE_BATCH,
     max_block_growth,
@@ -28,6 +27,7 @@ from creditaudit.diagnostics.gradients import (
 from creditaudit.methods import build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ResidualMLP, ViTMini
+from creditaudit.training import epoch_record
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -211,7 +211,7 @@ def test_epoch_diagnostics_bp_record():
     torch.manual_seed(9)
     expected_rng = torch.rand(2)
     torch.manual_seed(9)
-    record, sg = epoch_diagnostics(rule, x, y)
+    record, sg = epoch_record(rule, x, y)
     assert torch.equal(torch.rand(2), expected_rng)
     L = model.n_blocks
     assert len(record["hidden_norms"]) == len(record["bp_grad_norms_per_sample_med"]) == L + 1
@@ -240,7 +240,7 @@ def test_epoch_cosines_carry_their_validity():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(20, 6, generator=gen, dtype=F64)
     y = torch.randint(0, 4, (20,), generator=gen)
-    record, _ = epoch_diagnostics(rule, x, y)
+    record, _ = epoch_record(rule, x, y)
     grads = record["bp_grad_norms_per_sample_med"]
     assert max(grads) < 1e-7
     assert record["cos_valid"] == [False] * len(grads)
@@ -257,11 +257,11 @@ def test_epoch_cosines_say_how_many_samples_they_average_over():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(20, 6, generator=gen, dtype=F64)
     y = torch.randint(0, 4, (20,), generator=gen)
-    full, _ = epoch_diagnostics(rule, x, y)
+    full, _ = epoch_record(rule, x, y)
     keep = (torch.arange(20) % 4 != 0).to(F64)  # samples 0, 4, 8, … get zero credit
     credits = rule.credits
     rule.credits = lambda xs, ys: [a * keep[:xs.shape[0]].view(-1, 1) for a in credits(xs, ys)]
-    record, sg = epoch_diagnostics(rule, x, y)
+    record, sg = epoch_record(rule, x, y)
     L = model.n_blocks
     assert record["cos_defined"] == [0.75] * (L + 1)
     kept = keep.bool()

@@ -288,6 +288,31 @@ def test_reading_a_report_has_the_lines_protocol_md_shows(tmp_path):
     same_lines(report_lines(shown, stable_only=True), out, numbers=False)
 
 
+def test_frozen_accuracies_given_in_the_docs_are_the_tasks_own():
+    """A number for (d) beside a run on the synthetic task must be the synthetic task's
+    frozen-blocks accuracy — the one the run of "Reading a report" measures (checked in
+    full by test_reading_a_report_in_full). CIFAR-10's 0.349 once stood there, letting (d)
+    pass almost any run."""
+    shown = block_after("docs/protocol.md", "## Reading a report")
+    measured = float(re.search(r"vs frozen blocks (\d\.\d+)", shown).group(1))
+    given = []
+    for block in doc_blocks():
+        if block.lang == "bash":
+            for command in commands(block):
+                pairs = zip(command.argv, command.argv[1:])
+                given += [(block.key, command.raw, value) for flag, value in pairs
+                          if flag in ("--frozen", "--frozen-acc") and NUMBER.fullmatch(value)]
+        elif block.lang == "python":
+            given += [(block.key, m.group(0), m.group(1))
+                      for m in re.finditer(r"frozen_acc=(\d*\.\d+)", block.text)]
+    assert given, "no example number for (d) found: update this test"
+    for key, command, value in given:
+        # the synthetic task: the default dataset, or a run of it (RUN stands for one)
+        assert "--dataset" not in command and "--config" not in command, (key, command)
+        assert float(value) == measured, f"{key}: {command} gives (d) {value}; the " \
+            f"synthetic task's frozen blocks score {measured} (docs/protocol.md)"
+
+
 @pytest.mark.slow
 def test_reading_a_report_in_full(tmp_path):
     """The page's run: DFA and frozen blocks, 8 epochs of 50k synthetic samples each."""

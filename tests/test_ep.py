@@ -12,14 +12,14 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.audit import audit_run
-from creditaudit.config import EP_SOLVERS, MethodConfig, RunConfig
+from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.diagnostics.alignment import layer_cosines
 from creditaudit.errors import ConfigError
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy, flatten
-from creditaudit.methods.ep_relax import SOLVERS, relax
+from creditaudit.methods.ep_relax import EP_SOLVERS, SOLVERS, relax
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
 from creditaudit.report import render
@@ -193,7 +193,7 @@ def test_cg_probe_length_does_not_change_where_it_goes(solver):
 def test_unknown_solver_is_a_config_error():
     with pytest.raises(ConfigError, match="method.ep_solver='adam' is not allowed; choose one "
                                           "of residual-cg, cg, gd"):
-        RunConfig().replace(**{"method.ep_solver": "adam"})
+        RunConfig().replace(**{"method.name": "ep", "method.ep_solver": "adam"})
     assert tuple(SOLVERS) == EP_SOLVERS  # every allowed choice has a solver, and only those
 
 

@@ -7,10 +7,10 @@ import torch
 from torch.nn import functional as F
 
 from creditaudit.config import RunConfig
-from creditaudit.diagnostics.epoch import epoch_diagnostics, rule_credits
+from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.evaluation import KnownPredictions, evaluate
-from creditaudit.training import Trainer
+from creditaudit.training import Trainer, epoch_record
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -98,7 +98,7 @@ def test_measured_epoch_reports_the_whole_test_split(tmp_path, method):
 
 def test_bp_credits_reused_from_the_reference_give_the_same_cosines(tmp_path):
     t = trainer(tmp_path, "bp")
-    fields, sg = epoch_diagnostics(t.rule, t.eval_x, t.eval_y)
+    fields, sg = epoch_record(t.rule, t.eval_x, t.eval_y)
     recomputed = rule_credits(t.rule, t.eval_x, t.eval_y)
     for a, g in zip(recomputed, sg.grads):
         cos = F.cosine_similarity(a.double(), g.double(), dim=1)

@@ -25,6 +25,7 @@ from creditaudit.experiments import (
 )
 from creditaudit.experiments.penalty_sweep import LAMBDAS
 from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED
+from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
 
 NAMES = ["audit_table", "random_init", "decision_utility", "threshold_sensitivity",
@@ -59,9 +60,10 @@ def test_all_experiments_run_and_write_their_summaries(smoke):
     for name, summary in summaries.items():
         meta = summary["meta"]
         assert meta["runs_found"] == meta["runs_needed"] > 0 and not meta["missing"], name
-        written = json.loads((folder / "experiments" / f"{name}.json").read_text())
+        written = json.loads((folder / "experiments" / f"{name}.smoke.synthetic.json"
+                              ).read_text())
         assert written["meta"]["run_ids"] == meta["run_ids"]
-        markdown = (folder / "experiments" / f"{name}.md").read_text()
+        markdown = (folder / "experiments" / f"{name}.smoke.synthetic.md").read_text()
         assert markdown.startswith(f"# Experiment `{name}`") and "|---|" in markdown
 
 
@@ -182,7 +184,7 @@ def test_rule_zoo_audits_every_rule_on_every_architecture(smoke):
             assert row["feedback_angle"] is None, row["label"]
         for seed in row["seeds"]:
             assert records[seed["run_id"]]["final"]["test_acc"] == seed["test_acc"]
-    markdown = (folder / "experiments" / "rule_zoo.md").read_text()
+    markdown = (folder / "experiments" / "rule_zoo.smoke.synthetic.md").read_text()
     assert all(f"### {arch} " in markdown for arch in ("resmlp", "vit", "convmixer"))
 
 
@@ -219,7 +221,8 @@ def test_failed_run_is_reported_missing_not_fatal(smoke, tmp_path):
     assert summary["meta"]["missing"] == [{"run_id": broken, "status": "failed",
                                            "error": "RuntimeError: boom"}]
     assert summary["meta"]["runs_found"] == summary["meta"]["runs_needed"] - 1
-    assert "Missing runs" in (tmp_path / "experiments" / "fresh_null.md").read_text()
+    assert "Missing runs" in (tmp_path / "experiments" / "fresh_null.smoke.synthetic.md"
+                              ).read_text()
 
 
 # --- aggregation ---------------------------------------------------------------------------
@@ -277,14 +280,14 @@ def test_group_records_ignores_seed_and_output_folder():
 
 def test_verdict_recomputes_d_only():
     record = fake_record("dfa", 42, acc=0.30, fired="ab")
-    verdict = record.verdict(frozen_acc=0.35)
+    verdict = record_verdict(record, frozen_acc=0.35)
     assert verdict.statuses == {"a": FIRED, "b": FIRED, "c": PASSED, "d": FIRED}
     assert verdict.margin_pp == pytest.approx(-5.0)
     assert verdict.text == "needs walk-back (a)(b)(d)"
-    assert record.verdict(None).statuses["d"] == NOT_EVALUATED
+    assert record_verdict(record, None).statuses["d"] == NOT_EVALUATED
     passing = fake_record("bp", 42, acc=0.60)
-    assert passing.verdict(None).text == "no walk-back in (a)–(c); (d) not evaluated"
-    assert passing.verdict(0.35).text == "trustworthy"
+    assert record_verdict(passing, None).text == "no walk-back in (a)–(c); (d) not evaluated"
+    assert record_verdict(passing, 0.35).text == "trustworthy"
 
 
 DECISION_RECORDS = [
@@ -369,19 +372,55 @@ def test_experiment_command_errors_are_one_line(capsys):
     assert "--scale" in capsys.readouterr().err
 
 
-def test_summaries_of_another_dataset_do_not_overwrite_the_scale_default():
+def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
+    """`experiment all --scale cpu --no-train` once overwrote the smoke summaries: both
+    scales' own datasets wrote NAME.json."""
     from creditaudit.experiments.runner import summary_stem
+    from creditaudit.experiments.scales import SCALES
+    from creditaudit.registry import DATASETS
 
-    assert summary_stem("audit_table", "cpu", "fashion-mnist") == "audit_table"
-    assert summary_stem("audit_table", "cpu", "synthetic") == "audit_table.synthetic"
-    assert summary_stem("temporal", "smoke", "synthetic") == "temporal"
+    datasets = DATASETS.names()
+    stems = {summary_stem("audit_table", scale, dataset)
+             for scale in SCALES for dataset in datasets}
+    assert len(stems) == len(SCALES) * len(datasets)
+    assert summary_stem("audit_table", "cpu", "fashion-mnist") == \
+        "audit_table.cpu.fashion-mnist"
+    assert summary_stem("temporal", "smoke", "synthetic") == "temporal.smoke.synthetic"
+
+
+def test_find_summary_reads_current_and_older_file_names(tmp_path, plant):
+    from creditaudit.experiments.runner import find_summary
+    from creditaudit.records import atomic_write_json
+
+    folder = tmp_path / "experiments"
+
+    def write(stem: str, scale: str, dataset: str) -> Path:
+        path = folder / f"{stem}.json"
+        atomic_write_json(path, {"meta": {"scale": scale, "dataset": dataset}})
+        return path
+
+    assert find_summary(tmp_path, "audit_table", "smoke", "synthetic") is None
+    # An older name is read only when its meta says which scale wrote it: smoke's and cpu's
+    # own summaries were both NAME.json.
+    legacy = write("audit_table", "smoke", "synthetic")
+    assert find_summary(tmp_path, "audit_table", "smoke", "synthetic") == legacy
+    assert find_summary(tmp_path, "audit_table", "cpu", "fashion-mnist") is None
+    other = write("fresh_null.mnist1d", "cpu", "mnist1d")
+    assert find_summary(tmp_path, "fresh_null", "cpu", "mnist1d") == other
+    assert find_summary(tmp_path, "fresh_null", "smoke", "mnist1d") is None
+    # The current name wins over an older one.
+    current = write("audit_table.smoke.synthetic", "smoke", "synthetic")
+    assert find_summary(tmp_path, "audit_table", "smoke", "synthetic") == current
+    plant(folder / "temporal.json", "{not json")
+    assert find_summary(tmp_path, "temporal", "smoke", "synthetic") is None
 
 
 def test_summary_meta_names_the_files_written(smoke):
     folder, summaries, _ = smoke
     for name, summary in summaries.items():
         json_file, md_file = summary["meta"]["files"]
-        assert Path(json_file) == (folder / "experiments" / f"{name}.json").resolve()
+        assert Path(json_file) == (folder / "experiments" / f"{name}.smoke.synthetic.json"
+                                   ).resolve()
         assert Path(md_file).exists()
 
 

@@ -28,7 +28,7 @@ def find(records, method, *, arch="resmlp", out_ln=True, penalty=0.0, seed=42, e
     """The one record of a run, as the export should have picked it."""
     hits = [r for r in records
             if r["config"]["method"]["name"] == method and r["config"]["model"]["arch"] == arch
-            and r["config"]["model"]["out_ln"] == out_ln
+            and r["model"]["terminal_ln"] == out_ln
             and r["config"]["method"]["penalty"] == penalty
             and r["config"]["method"]["trainable_blocks"] is None
             and r["config"]["run"]["seed"] == seed and r["config"]["optim"]["epochs"] == epochs]
@@ -83,7 +83,7 @@ def test_seed_003_cross_architecture_inputs(results, exported):
                  {"arch": "resmlp", "out_ln": False}),
         "synth": ("snapshot_synth_v1/snapshot_synth_a1.0_L4_s42.json",
                   "snapshot_synth_v1/snapshot_fa_canonical_s42.json",
-                  {"arch": "student"}),
+                  {"arch": "student", "out_ln": False}),  # StudentNet has no terminal LN
     }
     for pair, fa, where in files.values():
         pair_json, fa_json = load(out, pair), load(out, fa)

@@ -178,7 +178,13 @@ def test_empty_panels_name_the_missing_runs(figures, bare):
     for ax in bare["fig5b_per_layer"].axes:
         assert any("diagnostics.end_of_run" in n for n in notes(ax)), ax.get_title()
     assert any("diagnostics.end_of_run" in n for n in notes(bare["fig5c_drift"].axes[0]))
-    assert any("diagnostics.end_of_run" in n for n in notes(bare[hero.NAME].axes[1]))
+    # Figure 1 leaves out the panel no run fills, and says why under it.
+    assert [ax.get_title(loc="left")[:3] for ax in bare[hero.NAME].axes] == ["(A)", "(C)"]
+    left_out = [t.get_text() for t in bare[hero.NAME].texts if t.get_gid() == "left_out"]
+    assert len(left_out) == 1 and "(B) per-layer cosine" in left_out[0]
+    assert "diagnostics.end_of_run" in left_out[0]
+    assert [ax.get_title(loc="left")[:3] for ax in figures[hero.NAME].axes] == [
+        "(A)", "(B)", "(C)"]
     panels = {ax.get_title()[:3]: ax for ax in bare[audit_panels.NAME].axes}
     assert any("eval_samples ≥ 1024" in n for n in notes(panels["(c)"]))
     assert any("--method frozen" in n for n in notes(panels["(d)"]))

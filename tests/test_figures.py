@@ -331,8 +331,11 @@ def test_cli_missing_folder_is_one_line_error(tmp_path, capsys):
 def test_run_index_selects_by_config_predicates(index, records):
     dfa = index.select(method="dfa", penalty=lambda lam: lam > 0)
     assert {r.run_id for r in dfa} == {r["run_id"] for r in pick(records, "dfa", 0.01)}
+    # out_ln is what the model has: StudentNet has no terminal LN (whatever a config said)
     assert {r.arch for r in index.select(out_ln=True, arch=("resmlp", "student"))} == {
-        "resmlp", "student"}
+        "resmlp"}
+    assert {r.arch for r in index.select(out_ln=False, arch=("resmlp", "student"))} == {
+        "student"}
     seeds = index.by_seed(method="bp", penalty=0.0, arch="resmlp")
     assert list(seeds) == list(SEEDS)
     assert all(len(runs) == 1 and runs[0].seed == s for s, runs in seeds.items())
@@ -349,3 +352,39 @@ def test_audit_panels_put_untrained_runs_and_controls_in_their_own_columns():
     assert "untrained" not in audit_panels.category(run, False, False)
     run.config = RunConfig().replace(**{"method.trainable_blocks": 2})
     assert audit_panels.category(run, False, False).endswith("\nk=2 blocks")
+
+
+# --- colours --------------------------------------------------------------------------------
+def test_every_built_in_rule_keeps_its_own_colour_and_marker_in_every_colour_vision():
+    from colour_support import closest_pair
+    from creditaudit.figures.common import FALLBACK_COLORS, method_color, method_marker
+    from creditaudit.methods import rule_names
+
+    names = rule_names()
+    assert len(names) >= 13
+    colors = [method_color(name).upper() for name in names]
+    assert len(set(colors)) == len(names), dict(zip(names, colors))
+    assert len({method_marker(name) for name in names}) == len(names)
+    distance, vision, a, b = closest_pair(colors)
+    assert distance >= 10, f"{a} and {b} look alike in {vision} (ΔE {distance:.1f})"
+    distance, vision, a, b = closest_pair(FALLBACK_COLORS)
+    assert len(FALLBACK_COLORS) >= 13 and distance >= 10, (a, b, vision)
+
+
+def test_hero_draws_each_method_in_a_colour_and_marker_of_its_own(index):
+    from matplotlib.colors import to_hex
+    from matplotlib.lines import Line2D
+
+    from colour_support import closest_pair
+
+    fig = hero.build(index)[hero.NAME]
+    found = fig.findobj(lambda a: isinstance(a, Line2D)
+                        and (a.get_gid() or "").startswith("point:"))
+    first = {a.get_gid(): a for a in reversed(found)}  # the data line, not its caps
+    points = list(first.values())
+    methods = [gid.split(":", 1)[1] for gid in first]
+    assert {"bp", "fa", "dfa", "kp", "state-bridge", "credit-bridge", "fa-linear"} <= set(methods)
+    colors = [to_hex(p.get_color()) for p in points]
+    assert len({p.get_marker() for p in points}) == len(points)
+    distance, vision, a, b = closest_pair(colors)
+    assert distance >= 10, f"{a} and {b} look alike in {vision} in Figure 1"

@@ -15,9 +15,9 @@ from torch.nn import functional as F
 from creditaudit.config import MethodConfig, ModelConfig, RunConfig, config_from_dict
 from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.errors import ConfigError
-from creditaudit.methods import build_rule, rule_names
+from creditaudit.methods import build_rule, rule_class, rule_names
 from creditaudit.methods.bp import bp_state_gradients
-from creditaudit.models import ConvMixer, ViTMini, build_model, image_shape
+from creditaudit.models import ConvMixer, ViTMini, architecture, build_model, image_shape
 from creditaudit.models.contract import (
     eval_mode,
     feature_rows,
@@ -26,8 +26,8 @@ from creditaudit.models.contract import (
     restored_buffers,
     summary_vectors,
 )
+from creditaudit.plan import plan_run, run_id
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_checkpoint, load_record
-from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -225,7 +225,7 @@ def test_flat_inputs_are_viewed_as_3x32x32_images(make):
 def test_image_shape_of_inputs():
     assert image_shape((1, 28, 28), "vit", 7) == (1, 28, 28)
     assert image_shape((3072,), "convmixer", 4) == (3, 32, 32)
-    with pytest.raises(ConfigError, match="C×H×W images or 3072"):
+    with pytest.raises(ConfigError, match="needs images, and the data holds feature vectors"):
         image_shape((40,), "vit", 4)
     with pytest.raises(ConfigError, match="model.patch=5 does not divide the 28×28"):
         image_shape((1, 28, 28), "convmixer", 5)
@@ -250,15 +250,14 @@ def test_build_model_image_architectures():
     ({"model": {"arch": "vit"}}, "set data.in_dim=3072"),
     ({"model": {"arch": "vit", "patch": 5},
       "data": {"name": "fashion-mnist", "data_dir": "x"}},
-     "model.patch=5 does not divide the 28×28 images of fashion-mnist: use one of 1, 2, 4, 7, "
-     "14, 28"),
+     "model.patch=5 does not divide the 28×28 images: use one of 1, 2, 4, 7, 14, 28"),
     ({"model": {"arch": "convmixer", "patch": 3}, "data": {"in_dim": 3072}}, "1, 2, 4, 8"),
     ({"model": {"arch": "vit", "d": 30, "heads": 4}, "data": {"in_dim": 3072}},
      "model.d=30 is not divisible by model.heads=4"),
 ])
-def test_config_refuses_images_archs_on_what_they_cannot_read(raw, message):
+def test_plan_refuses_images_archs_on_what_they_cannot_read(raw, message):
     with pytest.raises(ConfigError) as err:
-        config_from_dict(raw)
+        plan_run(config_from_dict(raw))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -269,20 +268,26 @@ def test_config_refuses_images_archs_on_what_they_cannot_read(raw, message):
 def test_config_accepts_image_archs_on_image_data(arch, data):
     config = config_from_dict({"model": {"arch": arch}, "data": data})
     assert config.model.arch == arch
+    if data["name"] == "synthetic":  # the file datasets' folder "x" does not exist
+        assert plan_run(config).architecture.input_kind == "image"
 
 
 # --- every rule on both image architectures, through the training loop ---------------------
 TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 3072,
         "data.teacher_width": 32, "model.d": 8, "model.n_blocks": 2, "model.patch": 8,
-        "model.heads": 2, "model.mlp_ratio": 2, "model.kernel": 3, "optim.epochs": 1,
-        "optim.batch_size": 64, "diagnostics.eval_samples": 128,
+        "optim.epochs": 1, "optim.batch_size": 64, "diagnostics.eval_samples": 128,
         "diagnostics.rho_samples": 16, "diagnostics.rho_directions": 2,
-        "diagnostics.null_draws": 2, "method.bridge_hidden": 16, "run.progress": False}
+        "diagnostics.null_draws": 2, "run.progress": False}
+# Options only some architectures and rules read: given to those that do.
+OWN = {"model.heads": 2, "model.mlp_ratio": 2, "model.kernel": 3, "method.bridge_hidden": 16}
 
 
 def tiny(out_dir, arch: str, **overrides) -> RunConfig:
-    return RunConfig().replace(**{**TINY, "model.arch": arch, "run.out_dir": str(out_dir),
-                                  **overrides})
+    method = overrides.get("method.name", "bp")
+    reads = {*architecture(arch).option_names(), *rule_class(method).option_names()}
+    own = {k: v for k, v in OWN.items() if k.split(".")[1] in reads}
+    return RunConfig().replace(**{**TINY, **own, "model.arch": arch,
+                                  "run.out_dir": str(out_dir), **overrides})
 
 
 @pytest.mark.parametrize("arch", ["convmixer", "vit"])
@@ -327,7 +332,9 @@ def test_diagnostics_do_not_change_convmixer_training(tmp_path):
 
 @pytest.mark.parametrize("method", ["dfa", "ep"])
 def test_kill_and_resume_keeps_batchnorm_statistics(tmp_path, kill_run_at, method):
-    options = {"method.name": method, "optim.epochs": 3, "method.ep_steps": 3}
+    options = {"method.name": method, "optim.epochs": 3}
+    if method == "ep":
+        options["method.ep_steps"] = 3
     straight = train(tiny(tmp_path / "a", "convmixer", **options))
     config = tiny(tmp_path / "b", "convmixer", **options)
     kill_run_at(config)
@@ -439,7 +446,8 @@ def test_bridges_score_feature_maps_per_position(name):
     """The bridges' nets see one row per position: moving one position of one sample changes
     that sample's value/prediction at that position's rows only."""
     model = convmixer().eval()
-    rule = build_rule(model, MethodConfig(name=name, bridge_hidden=16, warmup_fraction=0.0),
+    extra = {"warmup_fraction": 0.0} if name == "credit-bridge" else {}
+    rule = build_rule(model, MethodConfig(name=name, bridge_hidden=16, **extra),
                       n_classes=C, seed=7)
     x, y = images()
     with torch.no_grad():

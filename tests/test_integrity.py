@@ -34,6 +34,7 @@ import torch
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
+from creditaudit.plan import run_id
 from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
@@ -44,7 +45,6 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
-from creditaudit.run_ids import run_id
 from creditaudit.strict_json import check_strict
 from creditaudit.sweep import CLAIM_FILE, SWEEP_LOG_FILE
 from integrity_support import (
@@ -251,20 +251,21 @@ def test_a_failed_run_is_retried_only_when_its_config_or_data_changed(
 # --- strict JSON ---------------------------------------------------------------------------------
 def test_non_finite_numbers_are_null_plus_a_reason(finished, tmp_path):
     record = new_record(finished.config, device="cpu")
-    record.log.append(EpochEntry(epoch=0, test_loss=math.inf, deep_cos=math.nan,
-                                 cos_per_layer=[1.0, math.nan, -math.inf]))
+    record.log.append(EpochEntry(epoch=0, test_loss=math.inf,
+                                 cos_per_layer=[1.0, math.nan],
+                                 extras={"energy_gap": -math.inf}))  # a rule's own value
     record.final = FinalResults(epochs_completed=0, deep_cos=math.nan)
     path = save_record(tmp_path, record)
     text = path.read_text()
     raw = check_strict(text)  # a strict parser reads it
     assert raw["final"]["deep_cos"] is None and raw["log"][0]["cos_per_layer"][1] is None
-    assert raw["non_finite"] == {"/log/0/test_loss": "Infinity", "/log/0/deep_cos": "NaN",
+    assert raw["non_finite"] == {"/log/0/test_loss": "Infinity",
                                  "/log/0/cos_per_layer/1": "NaN",
-                                 "/log/0/cos_per_layer/2": "-Infinity",
+                                 "/log/0/energy_gap": "-Infinity",
                                  "/final/deep_cos": "NaN"}
     loaded = load_record(path)  # the round trip is lossless
     assert math.isnan(loaded.final.deep_cos) and loaded.log[0].test_loss == math.inf
-    assert loaded.log[0].cos_per_layer[2] == -math.inf
+    assert loaded.log[0].extras["energy_gap"] == -math.inf
 
 
 def test_bare_nan_tokens_are_refused_by_the_strict_check_but_still_load(finished, tmp_path,

@@ -356,7 +356,8 @@ def test_random_feedback_is_about_orthogonal_at_init():
 def test_epoch_record_holds_the_weight_alignment(method, arch):
     rule = make_rule(rule_class(method), arch=arch)
     x, y = tiny_batch(arch=arch)
-    fields, _ = epoch_diagnostics(rule, x, y)
+    measures, _ = epoch_diagnostics(rule, x, y)
+    fields = measures.record_fields()
     n = len(rule.layers)
     assert fields["feedback_layers"] == [name for name, _ in rule.layers]
     assert len(fields["feedback_angle"]) == len(fields["feedback_norm_ratio"]) == n
@@ -365,7 +366,8 @@ def test_epoch_record_holds_the_weight_alignment(method, arch):
 
 @pytest.mark.parametrize("method", ["bp", "fa", "dfa", "drtp"])
 def test_rules_without_per_layer_feedback_record_no_alignment(method):
-    fields, _ = epoch_diagnostics(make_rule(rule_class(method)), *tiny_batch())
+    measures, _ = epoch_diagnostics(make_rule(rule_class(method)), *tiny_batch())
+    fields = measures.record_fields()
     assert "feedback_angle" not in fields and "feedback_layers" not in fields
 
 

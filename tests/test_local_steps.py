@@ -51,7 +51,9 @@ def batch(n: int = 9, shape: tuple[int, ...] = (6,), dtype=F64, seed: int = 1
 
 
 def rule_for(model: nn.Module, name: str, **kw):
-    extra = dict(bridge_hidden=16, warmup_fraction=0.0) if "bridge" in name else {}
+    extra = dict(bridge_hidden=16) if "bridge" in name else {}
+    if name == "credit-bridge":
+        extra["warmup_fraction"] = 0.0
     return build_rule(model, MethodConfig(name=name, **{**extra, **kw}), n_classes=C, seed=7)
 
 

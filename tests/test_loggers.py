@@ -16,9 +16,15 @@ import torch
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
-from creditaudit.loggers import ConsoleLogger, RunStart, end_of_run_scalars, epoch_scalars
-from creditaudit.records import CHECKPOINT_FILE, load_checkpoint
-from creditaudit.run_ids import run_id
+from creditaudit.loggers import (
+    ConsoleLogger,
+    RunLogger,
+    RunStart,
+    end_of_run_scalars,
+    epoch_scalars,
+)
+from creditaudit.plan import run_id
+from creditaudit.records import CHECKPOINT_FILE, load_checkpoint, load_record
 from creditaudit.training import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -120,15 +126,134 @@ def test_console_eta_is_mean_epoch_time_times_epochs_left(monkeypatch):
     assert lines[3].endswith("0m50s elapsed, ETA 1m00s")  # 20 s/epoch × 3 left
 
 
+def test_resumed_run_elapsed_time_counts_the_earlier_epochs(monkeypatch):
+    from creditaudit.loggers import console
+    from creditaudit.records import EpochEntry
+
+    clock = iter([0.0, 10.0, 15.0])  # init, start, epoch 3
+    monkeypatch.setattr(console.time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    logger = ConsoleLogger(stream, terminal=False)
+    logger.start(RunStart(RunConfig(), "rid", Path("runs/rid"), first_epoch=3, epochs=5,
+                          steps_per_epoch=3, elapsed_before=100.0))
+    logger.log_epoch(EpochEntry(epoch=3, test_loss=1.0, acc_eval=0.5))
+    lines = stream.getvalue().splitlines()
+    assert "resuming at epoch 3" in lines[0]
+    assert lines[1].endswith("1m45s elapsed, ETA 0m10s")  # 100 s before + 5 s now; 5 s × 2 left
+
+
+class Calls(RunLogger):
+    """Every call a logger receives, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def start(self, run):  # noqa: ANN001, ANN201 — the RunLogger interface
+        self.calls.append(("start", run))
+
+    def log_step(self, loss):  # noqa: ANN001, ANN201
+        self.calls.append(("step", loss))
+
+    def log_epoch(self, entry):  # noqa: ANN001, ANN201
+        self.calls.append(("epoch", entry))
+
+    def log_stage(self, text):  # noqa: ANN001, ANN201
+        self.calls.append(("stage", text))
+
+    def finish(self, record):  # noqa: ANN001, ANN201
+        self.calls.append(("finish", record))
+
+    def close(self):  # noqa: ANN201
+        self.calls.append(("close", None))
+
+    def of(self, kind: str) -> list:
+        return [value for k, value in self.calls if k == kind]
+
+
+def test_resume_tells_the_loggers_the_earlier_epochs_seconds(tmp_path, kill_run_at):
+    config = tiny(tmp_path, **{"optim.epochs": 3})
+    kill_run_at(config)  # epochs 0 and 1 trained
+    earlier = load_record(tmp_path / run_id(config)).log
+    calls = Calls()
+    train(config, resume=True, loggers=[calls])
+    start = calls.of("start")[0]
+    assert start.first_epoch == 2 and start.resumed
+    assert start.elapsed_before == sum(e.seconds for e in earlier) > 0
+
+
+def test_a_finished_run_replays_its_record_into_new_loggers(tmp_path):
+    live = Calls()
+    first = train(tiny(tmp_path), loggers=[live])
+    checkpoint = (first.run_dir / CHECKPOINT_FILE).read_bytes()
+    replayed = Calls()
+    again = train(tiny(tmp_path), loggers=[replayed])
+    assert [kind for kind, _ in replayed.calls] == \
+        ["start", *["epoch"] * (EPOCHS + 1), "finish", "close"]  # no steps: nothing trains
+    start = replayed.of("start")[0]
+    assert start.replayed and not live.of("start")[0].replayed
+    assert (start.run_id, start.run_dir, start.first_epoch, start.epochs) == \
+        (first.record.run_id, first.run_dir, 1, EPOCHS)
+    assert start.config == first.record.config
+    # The same epochs, protocol and end-of-run metrics the live run logged.
+    for logged, again_logged in zip(live.of("epoch"), replayed.of("epoch"), strict=True):
+        a, b = epoch_scalars(logged), epoch_scalars(again_logged)
+        assert a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        assert (logged.protocol, logged.verdict) == (again_logged.protocol, again_logged.verdict)
+    final = replayed.of("finish")[0]
+    assert final.status == "completed" and final.to_dict() == again.record.to_dict()
+    assert end_of_run_scalars(final).keys() == end_of_run_scalars(first.record).keys() != set()
+    assert (first.run_dir / CHECKPOINT_FILE).read_bytes() == checkpoint  # not retrained
+
+
+def test_stop_on_walkback_says_where_and_why(tmp_path, capsys, restore_sigterm):
+    assert main(cli_args(tmp_path, "--frozen-acc", "1.0", "--stop-on-walkback")) == 0
+    out = capsys.readouterr().out
+    record = load_record(next(tmp_path.glob("*/record.json")).parent)
+    assert record.status == "completed" and record.stopped_early["epoch"] == 1 < EPOCHS
+    said = (f"stopped early at epoch 1: {record.stopped_early['reason']}")
+    assert "protocol verdict needs walk-back: (d)" in said
+    finished = next(line for line in out.splitlines() if ": completed after " in line)
+    assert finished.endswith(said)  # the console's last line
+    assert f"dfa {said}" in out.splitlines()  # and the run summary
+
+
 # --- TensorBoard -------------------------------------------------------------------------------
 @needs_tensorboard
 def test_tensorboard_holds_every_epoch_protocol_end_metrics_and_hparams(tmp_path):
+    result = train(tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb")}))
+    assert_tensorboard_holds(tmp_path / "tb", result.record)
+
+
+@needs_tensorboard
+def test_tensorboard_on_a_finished_run_replays_its_record(tmp_path, capsys, caplog,
+                                                          restore_sigterm):
+    """A finished run is not retrained; --tensorboard on it logs everything a live run logs."""
+    assert main(cli_args(tmp_path / "runs", "-q")) == 0
+    record = train(tiny(tmp_path / "runs")).record
+    run_dir = tmp_path / "runs" / record.run_id
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    capsys.readouterr()
+    with caplog.at_level("INFO"):
+        assert main(cli_args(tmp_path / "runs", "--tensorboard", str(tmp_path / "tb"))) == 0
+    assert "not rerun; its record is replayed into the loggers" in caplog.text
+    assert " epoch " not in capsys.readouterr().out  # no console replay: nothing trained
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert_tensorboard_holds(tmp_path / "tb", record)
+    # Once the folder holds the run, the same command adds nothing (no point twice).
+    events = sorted((tmp_path / "tb" / record.run_id).iterdir())
+    with caplog.at_level("INFO"):
+        assert main(cli_args(tmp_path / "runs", "--tensorboard", str(tmp_path / "tb"))) == 0
+    assert "already holds run" in caplog.text
+    assert sorted((tmp_path / "tb" / record.run_id).iterdir()) == events
+
+
+def assert_tensorboard_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord
+    """``folder/RUN_ID`` holds every epoch of ``record``, its protocol, end-of-run metrics,
+    config text and hparams, and its final status."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    result = train(tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb")}))
-    record = result.record
-    events = EventAccumulator(str(tmp_path / "tb" / record.run_id),
+    events = EventAccumulator(str(folder / record.run_id),
                               size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()["scalars"]
@@ -249,23 +374,41 @@ def key_of(item) -> str:  # noqa: ANN001 — a W&B record item
     return item.key or "/".join(item.nested_key)
 
 
-@needs_wandb
-def test_wandb_offline_run_holds_config_epochs_end_metrics_and_status(tmp_path, monkeypatch,
-                                                                     fresh_wandb):
-    import json
-
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch, fresh_wandb):
+    """W&B offline, writing below ``tmp_path/wb``."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wb").mkdir()
+    return tmp_path / "wb"
+
+
+@needs_wandb
+def test_wandb_offline_run_holds_config_epochs_end_metrics_and_status(tmp_path, offline_wandb):
     result = train(tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test"}))
-    record = result.record
+    assert_wandb_holds(offline_wandb, result.record)
+
+
+@needs_wandb
+def test_wandb_on_a_finished_run_replays_its_record(tmp_path, offline_wandb):
+    record = train(tiny(tmp_path / "runs")).record
+    again = train(tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test"}))
+    assert again.record.to_dict() == record.to_dict()  # not retrained
+    assert_wandb_holds(offline_wandb, record)
+
+
+def assert_wandb_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord
+    """The one offline W&B run below ``folder`` holds ``record``'s config, every epoch, the
+    end-of-run metrics, the summary and a zero exit code."""
+    import json
+
     # W&B's service process writes the run file; shutting it down makes it flush and close
     # the file (read while the service still wrote it, under load, it lacked records)
     import wandb
 
     wandb.teardown()
-    files = list((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb"))
+    files = list(folder.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1
     records = wandb_records(files[0])
     kinds = [r.WhichOneof("record_type") for r in records]

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from creditaudit.config import ModelConfig
+from creditaudit.config import ModelConfig, RunConfig
 from creditaudit.data.synthetic import Teacher, make_teacher_student, phi_alpha
-from creditaudit.errors import ModelContractError
+from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.models import (
     ResidualMLP,
     ViTMini,
@@ -219,13 +219,20 @@ def test_no_op_mixes_samples(model_fn, x_shape):
 
 
 # --- contract helpers ---------------------------------------------------------------------------
-def test_build_model_student_preset():
-    model = build_model(ModelConfig(arch="student", d=999, n_blocks=9, out_ln=True),
-                        input_shape=(20,), n_classes=10)
+def test_student_is_a_preset_that_refuses_sizes_and_says_what_it_builds():
+    # The preset fixes width, depth and the terminal LN: asking for others is an error, not
+    # a config that claims d=64 beside a model of d=128.
+    for key, value in (("model.d", 64), ("model.n_blocks", 2), ("model.out_ln", False)):
+        with pytest.raises(ConfigError, match=rf"{key} is not read by student"):
+            RunConfig().replace(**{"model.arch": "student", key: value})
+    model = build_model(ModelConfig(arch="student"), input_shape=(20,), n_classes=10)
     assert isinstance(model, ResidualMLP)
     assert model.d == 128 and model.n_blocks == 4 and model.out_ln is None
     assert model.embed.in_features == 20 and model.out_head.out_features == 10
     assert not any(name.startswith("out_ln") for name, _ in model.named_parameters())
+    facts = model.describe()
+    assert (facts.arch, facts.d, facts.n_blocks, facts.terminal_ln) == ("student", 128, 4, False)
+    assert facts.label == "StudentNet d=128 L=4 no out_LN"
 
 
 def test_build_model_resmlp_flattens_input_shape():

@@ -47,7 +47,9 @@ def plugin_site(tmp_path, monkeypatch):
 
 
 def cli(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    # The plugin's site first, then whatever the suite runs with (a checkout's src/).
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     return subprocess.run([sys.executable, "-m", "creditaudit", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
 
@@ -93,7 +95,7 @@ def test_a_broken_plugin_is_one_line_not_a_traceback(tmp_path, monkeypatch):
                str(tmp_path / "o"), cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert lines[-1].startswith("creditaudit: error: rule plugin 'no_such_module:Rule'")
+    assert lines[-1].startswith("creditaudit: error: credit rule plugin 'no_such_module:Rule'")
     assert "Traceback" not in done.stderr
     # The other rules keep working, with one warning naming the broken plugin.
     fine = cli(site, "train", "--method", "bp", *TINY, "--out", str(tmp_path / "o"),

@@ -25,7 +25,6 @@ from creditaudit.protocol import (
     CAUSE_SATURATION_NO_LN,
     NO_FROZEN_REASON,
     DiagnosticReport,
-    config_metadata,
     cross_batch_stability,
     evaluate_protocol,
 )
@@ -237,7 +236,8 @@ def test_renderers():
     assert set(data["diagnostics"]) == {"a", "b", "c", "d"}
     assert DiagnosticReport.from_dict(data).to_dict() == report.to_dict()
     assert render(report, "json") == report.to_json()
-    row = render(report, "latex")
+    table = render(report, "latex").splitlines()
+    row = table[4]  # \begin{tabular}, \hline, the header, \hline, the run
     assert row.endswith(r"\\") and row.count(" & ") == 8
     assert "needs walk-back (a)" in row and r"resmlp\_d=256" in row
     assert r"\textbf{120}" in row  # the fired value is bold
@@ -421,7 +421,14 @@ def test_docs_example_audits_a_plain_module(capsys):
     ("brsf", True), ("kp", True), ("state-bridge", True), ("credit-bridge", True),
     ("bp", False), ("usf", False), ("ep", False), ("frozen", False)])
 def test_metadata_shows_the_feedback_seed_of_every_rule_that_draws_from_it(method, draws):
+    from creditaudit.protocol.records import record_metadata
+    from creditaudit.records import RunRecord
+
     config = RunConfig().replace(**{"method.name": method, "run.seed": 7})
-    assert config_metadata(config)["feedback_seed"] == (7 if draws else None)
+    assert record_metadata(RunRecord(config=config))["feedback_seed"] == (7 if draws else None)
+    if not draws:  # a rule that draws nothing does not read the option: setting it is an error
+        with pytest.raises(ConfigError, match=f"method.feedback_seed is not read by {method}"):
+            config.replace(**{"method.feedback_seed": 3})
+        return
     config = config.replace(**{"method.feedback_seed": 3})
-    assert config_metadata(config)["feedback_seed"] == (3 if draws else None)
+    assert record_metadata(RunRecord(config=config))["feedback_seed"] == 3

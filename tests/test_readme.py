@@ -22,6 +22,14 @@ def test_readme_opens_with_setup_demo_and_setup_tests():
     assert "pytest" in tests
 
 
+def test_readme_activates_the_environment_before_bare_commands():
+    """The set-up commands install into .venv without activating it; every later bare
+    `creditaudit` would be "command not found" unless the README activates it first."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    assert blocks[2].strip() == "source .venv/bin/activate"
+    assert all(".venv/bin/" not in block for block in blocks[3:])  # one way, not two
+
+
 def test_ci_runs_the_readme_test_command():
     _, tests = readme_commands()
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
@@ -39,6 +47,13 @@ def test_every_config_key_is_documented():
              if f"| `{key}` | `{default}` | {help_text.replace('|', '/')} |" not in text]
     assert not stale, ("docs/configuration.md's rows for these keys differ from the code's "
                        f"help: {stale}; run python scripts/gen_config_doc.py")
+    # every option an installed rule, architecture, dataset or diagnostic declares
+    from creditaudit.config import component_help
+
+    options = {key for *_, rows in component_help() for key, _, _ in rows}
+    missing = sorted(key for key in options if f"| `{key}` |" not in text)
+    assert not missing, (f"document these options in docs/configuration.md: {missing}; run "
+                         "python scripts/gen_config_doc.py")
 
 
 def test_relative_links_in_the_docs_point_at_files():

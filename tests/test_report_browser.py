@@ -1,11 +1,14 @@
-"""report.html in a real browser: every figure decodes and the page logs no console error.
+"""report.html in a real browser: every figure decodes, the page logs no console error, the
+tables sort and filter, and verdicts wear their colours.
 
 Headless Chromium (Debian's ``chromium``; .ci/run installs it) loads a copy of the report with
 a probe script injected first in <head>: it records console.error calls and every error event
 (a script error, an image or other resource that fails to load) and, once the page has
 loaded, writes the state of every <img> into the DOM, which ``--dump-dom`` prints. Chromium's
-own log (``--enable-logging=stderr``) must hold no console message either: the report has no
-scripts, so any console line is an error. Skipped, saying so, where Chromium is absent.
+own log (``--enable-logging=stderr``) must hold no console message either: the report's one
+script logs nothing, so any console line is an error. A second probe clicks column headers
+and types into a filter box, the way a reader would, and writes what the table then shows.
+Skipped, saying so, where Chromium is absent.
 """
 
 from __future__ import annotations
@@ -101,3 +104,84 @@ def test_ci_installs_chromium_before_running_the_tests():
     install = next(i for i, line in enumerate(lines) if "apt-get install" in line
                    and "chromium" in line)
     assert install < next(i for i, line in enumerate(lines) if "pytest" in line)
+
+
+
+# Clicks the audit table's headers and types in its filter box; writes what the table shows.
+INTERACT = """<script>
+window.addEventListener("load", () => {
+  const table = document.querySelector("table.interactive");
+  const head = table.tHead.rows[0];
+  const headers = [...head.cells].map((th) => th.textContent.trim());
+  const shown = () => [...table.tBodies[0].rows].filter((row) => !row.hidden);
+  const cells = (name) => shown().map((row) => row.cells[headers.indexOf(name)].textContent
+                                                .trim());
+  const click = (name) => head.cells[headers.indexOf(name)].querySelector("button").click();
+  const out = {headers: headers, page: cells("seed")};
+  click("seed"); out.seed_up = cells("seed");
+  click("seed"); out.seed_down = cells("seed");
+  click("acc"); out.acc_up = cells("acc");
+  const tools = table.previousElementSibling;
+  const input = tools.querySelector("input");
+  input.value = "DFA"; input.dispatchEvent(new Event("input"));
+  out.filtered = shown().map((row) => row.textContent);
+  out.count = tools.querySelector("span").textContent;
+  input.value = ""; input.dispatchEvent(new Event("input"));
+  out.unfiltered = shown().length;
+  out.colors = {};
+  for (const css of ["pass", "walk-back", "incomplete"]) {
+    const cell = document.querySelector("td." + css);
+    if (cell) out.colors[css] = getComputedStyle(cell).backgroundColor;
+  }
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify(out);
+  document.body.appendChild(probe);
+});
+</script>"""
+
+
+def rgb(color: str) -> str:
+    return "rgb({}, {}, {})".format(*(int(color[i:i + 2], 16) for i in (1, 3, 5)))
+
+
+@pytest.mark.skipif(browser() is None, reason="Chromium is not installed")
+def test_tables_sort_numbers_as_numbers_and_filter_rows(report_dir, tmp_path):
+    from creditaudit.formatting import INCOMPLETE_COLOR, PASS_COLOR, WALK_BACK_COLOR
+
+    page = (report_dir / "report.html").read_text()
+    probed = tmp_path / "interact.html"
+    probed.write_text(page.replace("<head>", "<head>" + INTERACT, 1))
+    probe, console = load(probed, tmp_path / "profile")
+    assert console == [], console
+    seeds = [int(s) for s in probe["page"]]
+    assert {42, 123} <= set(seeds)
+    # 42 before 123: as numbers (as text "123" < "42").
+    assert [int(s) for s in probe["seed_up"]] == sorted(seeds)
+    assert [int(s) for s in probe["seed_down"]] == sorted(seeds, reverse=True)
+    accuracies = [float(a) for a in probe["acc_up"] if a != "—"]
+    assert accuracies == sorted(accuracies) and len(accuracies) > 2
+    assert all(a == "—" for a in probe["acc_up"][len(accuracies):])  # blanks last
+    markdown = (report_dir / "report.md").read_text()
+    section = markdown.split("## Audit table", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    with_dfa = [line for line in rows if "dfa" in line.lower()]
+    assert 0 < len(probe["filtered"]) == len(with_dfa) < len(rows)
+    assert all("dfa" in text.lower() for text in probe["filtered"])
+    assert probe["count"] == f"{len(with_dfa)} of {len(rows)} rows"
+    assert probe["unfiltered"] == len(rows)
+    expected = {"pass": PASS_COLOR, "walk-back": WALK_BACK_COLOR,
+                "incomplete": INCOMPLETE_COLOR}
+    assert probe["colors"], "no verdict cell carries a verdict colour"
+    for css, color in probe["colors"].items():
+        assert color == rgb(expected[css]), css
+
+
+def test_report_html_is_smaller_than_its_figures(report_dir):
+    """The figures dominate the page: they are embedded compacted, never twice."""
+    page = (report_dir / "report.html").read_text()
+    pngs = sorted((report_dir / "figures").glob("*.png"))
+    assert page.count("data:image/png;base64,") == len(pngs)
+    assert len(page) < 0.7 * sum(p.stat().st_size for p in pngs)
+    # Without JavaScript the tables are plain tables: every row there, no dead controls.
+    assert "<input" not in page and " hidden" not in page

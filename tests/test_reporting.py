@@ -15,9 +15,23 @@ import torch
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.figures import RunIndex
-from creditaudit.protocol import DiagnosticReport, Thresholds, depth_utility_diagnostic
-from creditaudit.report.folder import write_report
-from creditaudit.report.html import markdown_to_html
+from creditaudit.protocol import (
+    FIRED,
+    NOT_EVALUATED,
+    PASSED,
+    DiagnosticReport,
+    Thresholds,
+    depth_utility_diagnostic,
+)
+from creditaudit.records import RunRecord
+from creditaudit.report.folder import (
+    audit_table,
+    render_report_markdown,
+    summary_table,
+    verdict_class,
+    write_report,
+)
+from creditaudit.report.html import compact_png, markdown_to_html
 from creditaudit.training import train
 
 SMOKE = {
@@ -39,7 +53,7 @@ def results(tmp_path_factory) -> Path:
                                                   "run.out_dir": str(out)}))
     finally:
         torch.set_num_threads(previous)
-    # A failed run without protocol block still gets its row.
+    # A failed run without protocol block: a row in the section of unfinished runs.
     source = next(out.glob("dfa-*"))
     record = json.loads((source / "record.json").read_text())
     record.update(status="failed", protocol={}, final=None, error="RuntimeError: boom")
@@ -53,9 +67,20 @@ def records(results: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(results.rglob("record.json"))]
 
 
-def audit_lines(markdown: str) -> list[str]:
-    section = markdown.split("## Audit table", 1)[1].split("\n## ", 1)[0]
+def section_lines(markdown: str, heading: str) -> list[str]:
+    """The table rows (header aside) of the section under ``## heading``."""
+    if f"## {heading}" not in markdown:
+        return []
+    section = markdown.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("| ")][1:]
+
+
+def audit_lines(markdown: str) -> list[str]:
+    return section_lines(markdown, "Audit table")
+
+
+def unfinished_lines(markdown: str) -> list[str]:
+    return section_lines(markdown, "Runs that did not finish")
 
 
 def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys):
@@ -66,9 +91,12 @@ def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys
     markdown = (out / "report.md").read_text()
     rows = audit_lines(markdown)
     recs = records(results)
-    assert len(rows) == len(recs) == 4
+    assert len(recs) == 4 and len(rows) == 3  # the failed run is in its own section
     for record in recs:
         row = [r for r in rows if record["run_id"] in r and record["status"] in r]
+        if record["status"] == "failed":
+            assert row == [] and record["run_id"] in unfinished_lines(markdown)[0]
+            continue
         assert len(row) == 1, record["run_id"]
         verdict = record["protocol"].get("verdict")
         if record["config"]["method"]["name"] == "frozen":
@@ -80,8 +108,6 @@ def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys
             a = report.diagnostic("a")
             word = "**fired**" if a.fired else a.status
             assert f"| {word} {a.value:.3g} |" in row[0]
-        else:
-            assert "run failed" in row[0]
     # The reporting template of every audited run, rendered by DiagnosticReport.
     assert markdown.count("| id | diagnostic | value | fires when | status | reason |") == 3
     # Only the audit panels can be drawn from bp/dfa/frozen; the rest say what they need.
@@ -95,13 +121,20 @@ def test_report_html_is_self_contained(results, tmp_path):
     page = files.html.read_text()
     assert page.startswith("<!DOCTYPE html>")
     assert "data:image/png;base64," in page
-    assert 'src="http' not in page and "<link" not in page and "<script" not in page
+    assert 'src="http' not in page and "<link" not in page and " src=" not in page.replace(
+        ' src="data:', "")
+    assert page.count("<script") == 1 and "<script>" in page  # one inline script, no file
     embedded = re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1)
     png = files.rendered[0].pngs[0].read_bytes()
-    assert base64.b64decode(embedded) == png
-    assert page.count("<table>") >= 2 and "<h2>Audit table</h2>" in page
+    assert base64.b64decode(embedded) == compact_png(png)
+    assert page.count('<table class="interactive">') == 3 and "<h2>Audit table</h2>" in page
     for record in records(results):
         assert record["run_id"] in page
+    # Each finished run's template is folded under a line with its run id and verdict.
+    audited = [r["run_id"] for r in records(results) if r["protocol"]]
+    summaries = re.findall(r"<summary><code>([^<]+)</code> <strong[^>]*>[^<]+</strong>"
+                           r"</summary>", page)
+    assert sorted(summaries) == sorted(audited) and page.count("<details>") == len(audited)
 
 
 def test_frozen_from_runs_reevaluates_d(results, tmp_path):
@@ -159,4 +192,227 @@ def test_report_skips_unreadable_records(results, tmp_path, plant):
     files = write_report(RunIndex.from_dir(copy), tmp_path / "r", rendered=[], missing=[])
     markdown = files.markdown.read_text()
     assert "could not be read" in markdown and "broken" in markdown
-    assert len(audit_lines(markdown)) == 4
+    assert len(audit_lines(markdown)) == 3 and len(unfinished_lines(markdown)) == 1
+
+
+# --- LaTeX -----------------------------------------------------------------------------------
+def latex_reports(results: Path) -> list[DiagnosticReport]:
+    """The audited runs' reports; one given a method and architecture full of specials."""
+    reports = [DiagnosticReport.from_dict(r["protocol"]["report"]) for r in records(results)
+               if r["protocol"]]
+    reports[0].metadata.update(method="my_rule&co #1 50%", arch="x{d}~^\\ λ — Γ")
+    return reports
+
+
+def test_latex_is_a_whole_table_with_a_header_and_a_row_per_run(results):
+    from creditaudit.report import render_latex
+
+    reports = latex_reports(results)
+    lines = render_latex(reports).splitlines()
+    assert lines[0].startswith(r"\begin{tabular}{") and lines[-1] == r"\end{tabular}"
+    n_columns = len(re.match(r"\\begin\{tabular\}\{(\w+)\}", lines[0]).group(1))
+    rows = [line for line in lines if line.endswith(r"\\")]
+    assert rows[0].startswith("method & architecture & test acc")
+    assert len(rows) == 1 + len(reports) == 4
+    for row in rows:  # every row has the header's columns: no unescaped & in a cell
+        assert len(re.split(r"(?<!\\)&", row)) == n_columns, row
+    assert r"my\_rule\&co \#1 50\%" in rows[1]
+    assert r"x\{d\}\textasciitilde{}\textasciicircum{}\textbackslash{} $\lambda$ --- $\Gamma$" \
+        in rows[1]
+    for row, report in zip(rows[1:], reports):
+        assert report.verdict_text.replace("–", "--") in row
+    assert render_latex(reports).isascii()  # pdflatex without inputenc reads it
+    assert render_latex(reports[1]).count(r" \\") == 2  # one report: header and its row
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed "
+                    "(apt-get install texlive-latex-base): the table's compilation not checked")
+def test_latex_table_compiles_with_pdflatex(results, tmp_path):
+    import subprocess
+
+    from creditaudit.report import render_latex
+
+    (tmp_path / "table.tex").write_text(render_latex(latex_reports(results)))
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\n\\begin{document}\n"
+                                      "\\input{table}\n\\end{document}\n")
+    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                           "doc.tex"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 0
+
+
+
+# --- runs told apart --------------------------------------------------------------------------
+def variant(record: dict, run_id: str, **settings) -> dict:
+    """A copy of ``record`` under ``run_id`` with dotted config ``settings`` changed."""
+    copy = json.loads(json.dumps(record))
+    copy["run_id"] = run_id
+    for key, value in settings.items():
+        section, name = key.split(".")
+        copy["config"][section][name] = value
+    return copy
+
+
+def index_of(raws: list[dict], **kwargs) -> RunIndex:
+    return RunIndex.from_records([RunRecord.from_dict(raw) for raw in raws], **kwargs)
+
+
+def first(results: Path, method: str) -> dict:
+    return next(r for r in records(results) if r["config"]["method"]["name"] == method
+                and r["status"] == "completed")
+
+
+def test_runs_that_differ_in_a_setting_get_a_column_for_it(results):
+    bp = first(results, "bp")
+    longer = variant(bp, "bp-longer", **{"optim.epochs": 4})
+    bigger = variant(bp, "bp-bigger", **{"data.n_train": 1024})
+    other_seed = variant(bp, "bp-seed-7", **{"run.seed": 7})
+    index = index_of([bp, longer, bigger, other_seed])
+    audit = audit_table(index, index.runs)
+    assert {"optim.epochs", "data.n_train"} <= set(audit.columns)
+    assert "optim.lr" not in audit.columns and "run.seed" not in audit.columns  # equal; shown
+    markdown = render_report_markdown(index)
+    rows = [tuple(line.split(" | ")[1:]) for line in audit_lines(markdown)]  # run id aside
+    assert len(rows) == len(set(rows)) == 4
+    # Across seeds: the seed-7 run joins bp's row; the others are rows of their own.
+    summary = section_lines(markdown, "Summary across seeds")
+    assert len(summary) == len(set(summary)) == 3
+    assert sum("| 7, 42 |" in line for line in summary) == 1
+    assert summary_table(index, index.runs).columns[4:6] == ["data.n_train", "optim.epochs"]
+    # Data from other files (same config): the data source tells the runs apart.
+    moved = variant(bp, "bp-other-files")
+    moved["data"]["source"] = "f" * 64
+    assert "data source" in audit_table(index_of([bp, moved]), index_of([bp, moved]).runs
+                                        ).columns
+
+
+def test_unfinished_runs_have_their_own_section_and_no_summary_row(results):
+    dfa = first(results, "dfa")
+    failed_fa = variant(dfa, "fa-failed", **{"method.name": "fa"})
+    failed_fa.update(status="failed", protocol={}, final=None, error="RuntimeError: x | y")
+    running = variant(dfa, "dfa-running", **{"optim.epochs": 9})
+    running.update(status="running", final=None, protocol={})
+    index = index_of([*records(results), failed_fa, running])
+    markdown = render_report_markdown(index)
+    assert not any("fa-failed" in line or "dfa-running" in line or "failed" in line
+                   for line in audit_lines(markdown))
+    unfinished = unfinished_lines(markdown)
+    assert len(unfinished) == 3  # the fixture's failed copy, fa-failed, dfa-running
+    assert any("fa-failed" in line and r"RuntimeError: x \| y" in line for line in unfinished)
+    assert any("dfa-running" in line and "| running |" in line for line in unfinished)
+    summary = section_lines(markdown, "Summary across seeds")
+    assert not any(line.startswith("| FA |") for line in summary)  # failed runs only: no row
+    dfa_rows = [line for line in summary if line.startswith("| DFA |")]
+    assert len(dfa_rows) == 1 and "| 42 |" in dfa_rows[0]  # not "42, 42": the failed copy
+
+
+def test_verdicts_are_coloured_by_meaning_and_spelled_out():
+    from colour_support import closest_pair, contrast
+    from creditaudit.formatting import INCOMPLETE_COLOR, PASS_COLOR, WALK_BACK_COLOR
+    from creditaudit.protocol import verdict_phrase
+    from creditaudit.report.html import CSS, markdown_fragment
+
+    statuses = {"a": PASSED, "b": PASSED, "c": PASSED, "d": PASSED}
+    texts = {"pass": verdict_phrase(statuses),
+             "walk-back": verdict_phrase({**statuses, "a": FIRED, "d": NOT_EVALUATED}),
+             "incomplete": verdict_phrase({**statuses, "d": NOT_EVALUATED})}
+    for css, text in texts.items():
+        assert verdict_class("td", text) == css and verdict_class("td", text + " †") == css
+        assert verdict_class("strong", f"Verdict: {text}") == css
+    assert verdict_class("td", "baseline of (d)") is None and verdict_class("td", "0.9") is None
+    assert verdict_class("strong", "fired") == "fired"
+    table = "| run | verdict |\n|---|---|\n" + "".join(f"| r{i} | {t} |\n"
+                                                      for i, t in enumerate(texts.values()))
+    fragment = markdown_fragment(table + "\n**Verdict: trustworthy**\n", classify=verdict_class)
+    for css, text in texts.items():
+        assert f'<td class="{css}">{text}</td>' in fragment
+    assert '<strong class="pass">Verdict: trustworthy</strong>' in fragment
+    # Three colours apart in every colour vision; text on them readable (WCAG AA).
+    colors = {"pass": PASS_COLOR, "walk-back": WALK_BACK_COLOR, "incomplete": INCOMPLETE_COLOR}
+    assert closest_pair(list(colors.values()))[0] >= 10
+    for css, color in colors.items():
+        rule = re.search(rf"td\.{css}, [^{{]*\{{ background: (#\w+); color: (#\w+); }}", CSS)
+        assert rule and rule.group(1) == color, css
+        assert contrast(rule.group(2), color) >= 4.5
+    assert "strong {" not in CSS  # bold text is no longer red whatever it says
+
+
+@pytest.fixture(scope="module")
+def bare_results(tmp_path_factory) -> Path:
+    """Runs as `creditaudit demo` trains them: no end-of-run metrics."""
+    out = tmp_path_factory.mktemp("bare_runs")
+    previous = torch.get_num_threads()
+    try:
+        for method in ("bp", "frozen"):
+            train(RunConfig().replace(**{**SMOKE, "optim.epochs": 1, "method.name": method,
+                                         "run.out_dir": str(out),
+                                         "diagnostics.end_of_run": False}))
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
+def template_columns(markdown: str) -> dict[str, list[str]]:
+    """Column → every cell under it, over the templates' tables."""
+    section = markdown.split("## Reporting template, per run", 1)[1]
+    columns: dict[str, list[str]] = {}
+    header = None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if header is None:
+            header = cells
+        elif not line.startswith("|---"):
+            for name, value in zip(header, cells):
+                columns.setdefault(name, []).append(value)
+    return columns
+
+
+def test_templates_leave_out_what_no_run_fills_and_say_why(results, bare_results, tmp_path):
+    bare = write_report(RunIndex.from_dir(bare_results), tmp_path / "bare", rendered=[],
+                        missing=[]).markdown.read_text()
+    note = next(line for line in bare.splitlines() if line.startswith("Left out of every"))
+    for name in ("Γ (aggregation)", "per-layer Γ", "cos(a_l, g_l)", "diagnostics.end_of_run"):
+        assert name in note
+    columns = template_columns(bare)
+    assert columns and all(set(cells) != {"—"} for cells in columns.values()), columns
+    assert "Γ (aggregation)" not in columns and "test acc" in columns
+    # Runs with end-of-run metrics keep those columns.
+    full = write_report(RunIndex.from_dir(results), tmp_path / "full", rendered=[],
+                        missing=[]).markdown.read_text()
+    assert "diagnostics.end_of_run" not in full and "Γ (aggregation)" in template_columns(full)
+
+
+def test_compact_png_keeps_the_picture_and_its_colours(tmp_path):
+    import io
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, color in enumerate(("#1965B0", "#DC050C", "#4EB265", "#F1932D")):
+        ax.plot(np.arange(50), np.sin(np.arange(50) / 5 + i), color=color, lw=2)
+        ax.fill_between(np.arange(50), i, i + 0.5, color=color, alpha=0.2)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=200)
+    plt.close(fig)
+    png = buffer.getvalue()
+    small = compact_png(png)
+    assert len(small) < len(png) / 2
+    before = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    after = np.asarray(Image.open(io.BytesIO(small)).convert("RGB")).astype(int)
+    assert before.shape == after.shape
+    values, counts = np.unique(before.reshape(-1, 3), axis=0, return_counts=True)
+    for color in values[np.argsort(-counts)[:10]]:  # the dominant colours stay exact
+        where = (before == color).all(axis=2)
+        assert (after[where] == color).all()
+    assert np.abs(before - after).mean() < 1.0
+    # Transparent images and non-PNG bytes are left alone.
+    transparent = io.BytesIO()
+    Image.new("RGBA", (8, 8), (0, 0, 0, 0)).save(transparent, format="PNG")
+    assert compact_png(transparent.getvalue()) == transparent.getvalue()
+    assert compact_png(b"not a png") == b"not a png"

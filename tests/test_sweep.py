@@ -18,8 +18,8 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, DataError
+from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
-from creditaudit.run_ids import run_id
 from creditaudit.sweep import (
     CLAIM_FILE,
     SUMMARY_FILE,
@@ -123,9 +123,11 @@ def test_expand_grid_errors_name_the_key_or_the_combination(tmp_path):
 
 def test_expand_grid_removes_duplicate_runs_keeping_order(tmp_path):
     base = tiny(tmp_path)
-    # run.progress does not change what a run computes: same run id, one run.
-    configs = expand_grid(base, {"run.seed": [1, 2], "run.progress": [True, False]},
-                          include=[{"run.seed": 2}, {"run.seed": 3}])
+    # An include that repeats a grid run, and one that differs only in run.progress (which
+    # does not change what a run computes): same run id, one run.
+    configs = expand_grid(base, {"run.seed": [1, 2]},
+                          include=[{"run.seed": 2}, {"run.seed": 3},
+                                   {"run.seed": 3, "run.progress": True}])
     assert [c.run.seed for c in configs] == [1, 2, 3]
 
 
@@ -156,7 +158,8 @@ def test_missing_data_stops_the_sweep_before_any_run(tmp_path):
     out = tmp_path / "out"
     missing = tmp_path / "no-mnist-here"
     configs = [tiny(out, **{"method.name": "dfa"}),
-               tiny(out, **{"data.name": "mnist", "data.data_dir": str(missing)})]
+               RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(missing),
+                                      "run.out_dir": str(out)})]
     with pytest.raises(DataError, match="no-mnist-here"):
         sweep(configs)
     assert not out.exists() or not list(out.glob("*/record.json"))
@@ -255,6 +258,47 @@ def test_local_executor_two_workers(tmp_path):
         record = load_record(out / run_id(config))
         assert record.environment["torch_threads"] == 1
     assert not list(out.rglob(CLAIM_FILE))
+
+
+def deaf_run(task: dict) -> dict:
+    """A run that ignores SIGTERM and SIGINT (module level: a spawned worker imports it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    Path(task["started"]).write_text(str(os.getpid()))
+    time.sleep(120)
+    return {"run_id": task["run_id"], "status": "completed"}
+
+
+def test_an_interrupted_local_sweep_does_not_wait_for_a_worker_that_ignores_it(tmp_path,
+                                                                                monkeypatch):
+    """Ctrl-C: the workers get SIGTERM and some time to record 'interrupted'; one that does
+    not stop is killed after executors.UNWIND_SECONDS instead of holding the sweep."""
+    from creditaudit.sweep import executors
+
+    monkeypatch.setattr(executors, "UNWIND_SECONDS", 1.0)
+    started = tmp_path / "started"
+    main_thread = threading.main_thread().ident
+    interrupted: list[float] = []
+
+    def interrupt_once_started() -> None:
+        deadline = time.monotonic() + 90
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        interrupted.append(time.monotonic())
+        signal.pthread_kill(main_thread, signal.SIGINT)  # Ctrl-C, to the waiting thread
+
+    interrupter = threading.Thread(target=interrupt_once_started, daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        list(LocalExecutor(workers=1).map(deaf_run, [{"run_id": "deaf",
+                                                      "started": str(started)}]))
+    interrupter.join()
+    assert started.exists(), "the worker never started its run"
+    pid = int(started.read_text())
+    assert time.monotonic() - interrupted[0] < 30  # not the 120 s the run sleeps
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed, not left behind
 
 
 def test_ray_executor_without_ray_says_how_to_install(monkeypatch):
@@ -404,6 +448,48 @@ def test_killed_sweep_resumes_where_it_stopped(tmp_path):
     starts = events(out, "start")
     assert [e["action"] for e in starts] == ["trained", "resumed"]
     assert [e["reason"] for e in events(out, "break_claim")] == ["dead process"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_the_sweep_promptly_with_its_runs_resumable(tmp_path, workers, signum):
+    """Ctrl-C (to the whole process group, as a terminal sends it) or SIGTERM (to the sweep
+    alone) while runs train, in this process or in worker processes: exit 130 within
+    seconds, each started run 'interrupted' with its checkpoint, no claim left."""
+    out = tmp_path / "out"
+    path = write_sweep(tmp_path / "s.toml", out, """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+    """, epochs=500)
+    run_dirs = [out / run_id(c) for c in load_sweep(path).configs()]
+    started = run_dirs[:1] if workers == "0" else run_dirs
+    process = subprocess.Popen([*CLI, "sweep", str(path), "--workers", workers, "-q"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not all((d / CHECKPOINT_FILE).exists() and (d / RECORD_FILE).exists()
+                      for d in started):
+            assert process.poll() is None, process.communicate()
+            assert time.time() < deadline, "the runs never checkpointed"
+            time.sleep(0.1)
+        if signum == signal.SIGINT:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+        interrupted = time.time()
+        _, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    assert time.time() - interrupted < 45
+    assert err.strip().splitlines()[-1].startswith("creditaudit: sweep interrupted")
+    for run_dir in started:
+        assert load_record(run_dir).status == "interrupted"
+        assert (run_dir / CHECKPOINT_FILE).exists() and not (run_dir / CLAIM_FILE).exists()
 
 
 # --- CLI ------------------------------------------------------------------------------------

@@ -1,11 +1,17 @@
 """The Ray executor on a local 2-CPU Ray instance (no GPU): resource checks before any task,
-the unschedulable deadline, the real number of parallel runs, and training through Ray."""
+the unschedulable deadline, the real number of parallel runs, training through Ray, a Ray
+head that is gone, and signals that end a Ray sweep promptly."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,9 +19,16 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError
-from creditaudit.records import RECORD_FILE, load_record
-from creditaudit.run_ids import run_id
-from creditaudit.sweep import SUMMARY_FILE, SWEEP_LOG_FILE, load_sweep, prepare_configs, run_sweep
+from creditaudit.plan import run_id
+from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
+from creditaudit.sweep import (
+    CLAIM_FILE,
+    SUMMARY_FILE,
+    SWEEP_LOG_FILE,
+    load_sweep,
+    prepare_configs,
+    run_sweep,
+)
 from creditaudit.sweep.ray_cluster import check_one_run_fits, parallel_runs
 from integrity_support import assert_one_line_error
 
@@ -166,4 +179,149 @@ def test_unschedulable_after_must_be_positive_and_is_for_ray_only(ray_2cpu, tmp_
     assert main(["sweep", str(path), "--executor", "ray", "--unschedulable-after", "0"]) == 2
     assert_one_line_error("", capsys.readouterr().err, "--unschedulable-after")
     assert main(["sweep", str(path), "--unschedulable-after", "5"]) == 2
-    assert_one_line_error("", capsys.readouterr().err, "are for --executor ray")
+    assert_one_line_error("", capsys.readouterr().err, "is for --executor ray")
+
+
+# --- a head that is gone, and signals ----------------------------------------------------------
+CLI = [sys.executable, "-m", "creditaudit"]
+
+
+def free_address() -> str:
+    """host:port where nothing listens (a Ray head that ended without `ray stop`)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def ray_env(tmp_path: Path, cluster_address: str | None) -> dict[str, str]:
+    """The environment of a sweep whose Ray finds ``cluster_address`` in its cluster file
+    (RAY_TMPDIR/ray/ray_current_cluster, where `ray start` writes it)."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = str(tmp_path / "raytmp")
+    if cluster_address is not None:
+        cluster_file = tmp_path / "raytmp" / "ray" / "ray_current_cluster"
+        cluster_file.parent.mkdir(parents=True)
+        cluster_file.write_text(cluster_address)
+    return env
+
+
+@needs_ray
+def test_a_ray_head_that_does_not_answer_is_one_line(tmp_path, monkeypatch):
+    from creditaudit.sweep.ray_cluster import check_address_answers
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    check_address_answers(None)  # no cluster file: ray.init starts a local Ray
+    dead = free_address()
+    cluster_file = tmp_path / "ray" / "ray_current_cluster"
+    cluster_file.parent.mkdir()
+    cluster_file.write_text(dead + "\n")
+    for address in (None, "auto"):
+        with pytest.raises(ConfigError) as err:
+            check_address_answers(address)
+        message = str(err.value)
+        assert f"Ray's cluster file {cluster_file} names a head at {dead} that does not " \
+               "answer" in message
+        assert "`ray stop`" in message and "\n" not in message
+    with socket.socket() as head:  # something answers there: ray.init may join it
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        live = f"127.0.0.1:{head.getsockname()[1]}"
+        cluster_file.write_text(live)
+        check_address_answers(None)
+        check_address_answers(live)
+    with pytest.raises(ConfigError, match=rf"the Ray cluster at {dead} does not answer .*"
+                                          "--address"):
+        check_address_answers(dead)
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    with pytest.raises(ConfigError, match=rf"RAY_ADDRESS={dead} names a Ray cluster that does "
+                                          "not answer"):
+        check_address_answers(None)
+
+
+@needs_ray
+def test_a_sweep_on_a_stale_cluster_file_stops_at_once(tmp_path):
+    """A head that died without `ray stop` left its cluster file: ray.init would retry it
+    for about 13 minutes, deaf to Ctrl-C; the sweep says what is wrong in one line."""
+    path, out = sweep_file(tmp_path)
+    env = ray_env(tmp_path, free_address())
+    started = time.monotonic()
+    done = subprocess.run([*CLI, "sweep", str(path), "--executor", "ray"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert_one_line_error(done.stdout, done.stderr, "ray_current_cluster", "does not answer",
+                          "ray stop")
+    assert time.monotonic() - started < 60
+    assert not out.exists()
+
+
+@needs_ray
+def test_ctrl_c_ends_a_sweep_while_ray_init_hangs(tmp_path):
+    """Something answers at the cluster file's address but is no Ray head: ray.init retries
+    it for minutes without reacting to signals. Ctrl-C still ends the sweep in seconds."""
+    path, out = sweep_file(tmp_path)
+    with socket.socket() as impostor:
+        impostor.bind(("0.0.0.0", 0))
+        impostor.listen(16)  # accepts connections, never speaks Ray's protocol
+        env = ray_env(tmp_path, f"127.0.0.1:{impostor.getsockname()[1]}")
+        process = subprocess.Popen([*CLI, "sweep", str(path), "--executor", "ray"], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+        reader.start()
+        try:
+            deadline = time.monotonic() + 90
+            while not any("Connecting to existing Ray cluster" in line for line in lines):
+                assert process.poll() is None, "".join(lines)
+                assert time.monotonic() < deadline, "ray.init never started: " + "".join(lines)
+                time.sleep(0.1)
+            time.sleep(1.0)  # inside ray.init's retries now
+            process.send_signal(signal.SIGINT)
+            interrupted = time.monotonic()
+            code = process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        reader.join(5)
+    assert code == 130, "".join(lines)
+    assert time.monotonic() - interrupted < 15
+    assert "creditaudit: sweep interrupted while joining the executor" in lines[-1]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@needs_ray
+def test_sigterm_ends_a_ray_sweep_with_its_runs_resumable(ray_2cpu, tmp_path):
+    """SIGTERM to a sweep on a running cluster: Ray's own handler would abort the process
+    (core dump, runs left 'running' with their claims); the sweep cancels its tasks, each
+    run records 'interrupted' and releases its claim, and the sweep exits 130."""
+    path, out = sweep_file(tmp_path)
+    path.write_text(path.read_text().replace("epochs = 1", "epochs = 500"))
+    configs = prepare_configs(load_sweep(path).configs(), threads=1)
+    run_dirs = [out / run_id(config) for config in configs]
+    address = ray_2cpu.get_runtime_context().gcs_address
+    process = subprocess.Popen([*CLI, "sweep", str(path), "--executor", "ray", "--address",
+                                address, "-q"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((d / CHECKPOINT_FILE).exists() and (d / RECORD_FILE).exists()
+                      for d in run_dirs):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the runs never checkpointed"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        interrupted = time.monotonic()
+        _, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    assert time.monotonic() - interrupted < 45
+    assert err.strip().splitlines()[-1].startswith("creditaudit: sweep interrupted")
+    for run_dir in run_dirs:
+        assert load_record(run_dir).status == "interrupted"  # resumes from its checkpoint
+        assert not (run_dir / CLAIM_FILE).exists()

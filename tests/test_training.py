@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from creditaudit.config import (
 )
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.methods.base import StepResult
+from creditaudit.plan import run_id
 from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
@@ -33,7 +35,6 @@ from creditaudit.records import (
     load_record,
 )
 from creditaudit.report import format_run_summary
-from creditaudit.run_ids import run_id
 from creditaudit.training import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -95,7 +96,12 @@ def test_record_has_every_epoch_and_key(tmp_path, method):
             for c in entry["cos_per_layer"]:
                 assert c == pytest.approx(1.0, abs=1e-5)
     else:
-        assert abs(log[-1]["deep_cos"]) < 0.9
+        assert abs(result.record.log[-1].deep_cos) < 0.9
+    # Each number is stored once: values derived from the stored ones are not written
+    # (the original study's key names h_L_norm, g_2_norm and test_acc aside).
+    for entry in log:
+        assert not {"g_L_norm", "max_block_growth", "deep_cos", "deep_cos_valid"} & set(entry)
+        assert entry["test_acc"] == entry["acc_eval"]
     # the file on disk is the returned record, and it validates
     on_disk = load_record(result.run_dir)
     assert comparable(on_disk) == comparable(result.record)
@@ -331,7 +337,12 @@ def to_toml(raw: dict) -> str:
     lines = []
     for section, fields in raw.items():
         lines.append(f"[{section}]")
-        lines += [f"{k} = {value(v)}" for k, v in fields.items() if v is not None]
+        lines += [f"{k} = {value(v)}" for k, v in fields.items()
+                  if v is not None and not isinstance(v, dict)]
+        for table, inner in fields.items():  # a diagnostic's options: [diagnostics.a]
+            if isinstance(inner, dict):
+                lines.append(f"[{section}.{table}]")
+                lines += [f"{k} = {value(v)}" for k, v in inner.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -412,24 +423,32 @@ def test_run_id_stable_and_comparable():
     changed = set()
     for key, value in (("method.penalty", 1e-3), ("run.seed", 1), ("model.d", 32),
                        ("optim.lr", 2e-3), ("data.alpha", 0.5), ("method.name", "dfa"),
-                       ("diagnostics.every", 2), ("method.feedback_seed", 5)):
+                       ("diagnostics.every", 2), ("diagnostics.a.growth", 60.0)):
         other = run_id(config.replace(**{key: value}))
         assert other != run_id(config), key
         changed.add(other)
     assert len(changed) == 8
 
 
-def test_a_method_id_version_moves_that_methods_ids_only(monkeypatch):
+def test_a_component_id_version_moves_its_own_ids_only(monkeypatch):
     """A new default of one method (EP's relaxation) must not serve its old records, nor
-    move another method's ids."""
-    import creditaudit.run_ids as ids
+    move another method's ids; the same for an architecture's and a dataset's own version."""
+    from creditaudit.data import dataset_spec
+    from creditaudit.methods import rule_class
+    from creditaudit.models import architecture
 
-    identity = ids.run_data_identity(RunConfig())
     configs = {name: RunConfig().replace(**{"method.name": name}) for name in ("bp", "ep")}
-    now = {name: run_id(c, identity) for name, c in configs.items()}
-    monkeypatch.setattr(ids, "METHOD_ID_VERSIONS", {})
-    before = {name: run_id(c, identity) for name, c in configs.items()}
+    now = {name: run_id(c) for name, c in configs.items()}
+    monkeypatch.setattr(rule_class("ep"), "id_version", 0)
+    before = {name: run_id(c) for name, c in configs.items()}
     assert now["bp"] == before["bp"] and now["ep"] != before["ep"]
+    vit = RunConfig().replace(**{"model.arch": "vit", "data.in_dim": 3072})
+    plain = RunConfig()
+    ids = (run_id(vit), run_id(plain))
+    monkeypatch.setattr(architecture("vit"), "id_version", 1)
+    assert run_id(vit) != ids[0] and run_id(plain) == ids[1]
+    monkeypatch.setattr(dataset_spec("synthetic"), "id_version", 1)
+    assert run_id(plain) != ids[1]
 
 
 # --- CLI ----------------------------------------------------------------------------------------
@@ -514,6 +533,13 @@ def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
     assert "(d) depth utility" in out
     assert f"bp          {margin:+7.1f} pp" in out
     assert "frozen baseline of (d)" in out  # the baseline's own row gets no verdict
+    # The next step it prints is the exact audit command of its own DFA run, and it runs.
+    command = out.strip().splitlines()[-1].strip()
+    dfa = next(r for r in records if r.method == "dfa")
+    assert command == f"creditaudit audit {tmp_path / dfa.run_id}"
+    assert "<" not in command and ">" not in command  # no placeholder
+    assert main([*shlex.split(command)[1:], "--no-metrics", "-q"]) == 0
+    assert "depth utility" in capsys.readouterr().out
 
 
 def test_demo_keeps_the_synthetic_task(tmp_path):

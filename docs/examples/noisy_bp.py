@@ -1,8 +1,8 @@
 """A credit rule written outside creditaudit: backprop's gradient plus Gaussian noise.
 
 ``noisy-bp`` gives every state the exact gradient g_l plus noise of the same size,
-a_l = g_l + σ·RMS(g_l)·ξ_l with ξ_l ~ N(0, I) per sample (σ = ``method.feedback_scale``,
-default 1), and trains every block locally on that credit. It is a calibration control:
+a_l = g_l + σ·RMS(g_l)·ξ_l with ξ_l ~ N(0, I) per sample (σ = ``method.sigma``, its own
+option, default 1), and trains every block locally on that credit. It is a calibration control:
 its cosine with g_l is about 1/√(1 + σ²) whatever the depth, so it shows what a given Γ buys
 in accuracy. docs/extending.md walks through it; install it as a plugin with one entry point:
 
@@ -12,12 +12,20 @@ in accuracy. docs/extending.md walks through it; install it as a plugin with one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from creditaudit.config import opt
 from creditaudit.methods import CreditRule, bp_state_gradients
+from creditaudit.methods.base import LocalOptions, SeededOptions
+
+
+@dataclass
+class NoisyBPOptions(SeededOptions, LocalOptions):
+    sigma: float = opt(1.0, "noise size σ, relative to each sample's RMS(g_l)", min=0.0)
 
 
 class NoisyBP(CreditRule):
@@ -26,6 +34,9 @@ class NoisyBP(CreditRule):
     credit_formula = "a_l = g_l + σ·RMS(g_l)·ξ_l"
     feedback_kind = "symmetric"  # the exact gradient, i.e. the forward weights' transposes
     local = True  # blocks train on the local surrogate with this rule's credit
+    # method.sigma, plus feedback_seed (it draws noise from its generator) and
+    # normalise_credit (it trains on the local surrogate)
+    Options = NoisyBPOptions
 
     def __init__(self, model, config, *, n_classes, generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
@@ -34,7 +45,7 @@ class NoisyBP(CreditRule):
         self.generator = generator
 
     def noisy(self, grads: list[Tensor], generator: torch.Generator) -> list[Tensor]:
-        sigma = self.config.feedback_scale
+        sigma = self.config.sigma
         out = []
         for g in grads:
             rms = g.flatten(1).pow(2).mean(dim=1).sqrt().view(-1, *[1] * (g.dim() - 1))

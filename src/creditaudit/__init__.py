@@ -8,6 +8,10 @@ Public API::
     result.record, result.model, result.rule                          # the run
     report = diagnose(model, x, y, states_fn=..., forward_from=..., credit=..., metrics=True)
 
+    adapted = adapt(my_net, states=["layer1", "layer2"], input_shape=(3, 32, 32))  # any nn.Module
+    dfa = rule("dfa", adapted)           # dfa.train_step(x, y, optimizer) in your own loop
+    report = diagnose(adapted, x, y, credit=dfa, metrics=True)
+
 The package is typed (``py.typed``).
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 from creditaudit.config import RunConfig, load_config  # noqa: E402
 from creditaudit.errors import CreditAuditError  # noqa: E402
+from creditaudit.methods import rule  # noqa: E402
+from creditaudit.models.adapted import AdaptedModel, adapt  # noqa: E402
 from creditaudit.own_model import diagnose  # noqa: E402
 from creditaudit.protocol import DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
@@ -23,5 +29,6 @@ from creditaudit.version import __version__  # noqa: E402
 
 __all__ = [
     "__version__", "RunConfig", "load_config", "train", "RunResult", "diagnose", "Thresholds",
-    "DiagnosticReport", "load_record", "RunRecord", "CreditAuditError",
+    "DiagnosticReport", "load_record", "RunRecord", "CreditAuditError", "adapt", "rule",
+    "AdaptedModel",
 ]

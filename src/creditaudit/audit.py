@@ -30,7 +30,9 @@ from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.own_model import diagnose
-from creditaudit.protocol import DiagnosticReport, config_metadata
+from creditaudit.plan import RunPlan
+from creditaudit.protocol import DiagnosticReport
+from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
 from creditaudit.records import (
     EpochEntry,
     RunRecord,
@@ -39,7 +41,7 @@ from creditaudit.records import (
     record_path,
 )
 from creditaudit.records.schema import recipe_difference
-from creditaudit.run_setup import flatten_inputs, rebuild_run, resolve_device
+from creditaudit.run_setup import rebuild_run, resolve_device
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -54,6 +56,7 @@ class LoadedRun:
     rule: CreditRule
     data: Dataset
     epoch: int
+    plan: RunPlan
 
     @property
     def run_dir(self) -> Path:
@@ -64,8 +67,8 @@ def load_run(path: str | Path) -> LoadedRun:
     """Rebuild the run in folder ``path`` (or its record.json) on the CPU."""
     record_file = record_path(path)
     record = load_record(record_file)
-    rule, dataset, epoch = rebuild_run(record, record_file.parent)
-    return LoadedRun(record, rule, dataset, epoch)
+    rebuilt = rebuild_run(record, record_file.parent)
+    return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan)
 
 
 def frozen_accuracy(text: str, record: RunRecord) -> float:
@@ -86,7 +89,7 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
         raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
                           "a frozen baseline must share the data, model, optimiser and "
                           "precision")
-    if not frozen.is_frozen_baseline:
+    if not is_frozen_baseline(frozen):
         log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
                     frozen.method)
     acc = frozen.final_acc
@@ -95,14 +98,13 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
     return acc
 
 
-def frozen_runs_beside(record: RunRecord, folder: Path) -> list[RunRecord]:
-    """Finished frozen-blocks runs of ``record``'s recipe among the runs in ``folder``."""
-    if record.is_frozen_baseline or not folder.is_dir():
-        return []
+def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int] | None:
+    """(mean accuracy, runs) of the finished frozen-blocks runs of ``record``'s recipe among
+    the runs in ``folder``, or None."""
+    if is_frozen_baseline(record) or not folder.is_dir():
+        return None
     records, _ = load_records(folder)
-    return [r for _, r in records
-            if r.is_frozen_baseline and r.is_finished and r.final_acc is not None
-            and r.recipe_key == record.recipe_key]
+    return frozen_baseline(record, [r for _, r in records])
 
 
 def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
@@ -118,22 +120,21 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     run = load_run(path)  # every check of the user's files comes before the first stage
     record, config = run.record, run.record.config
     run.rule.to(target)
-    metadata: dict[str, Any] = {**config_metadata(config, record.run_id), "epoch": run.epoch,
+    metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,
                                 "status": record.status}
     if frozen is not None:
         frozen_acc: float | None = frozen_accuracy(frozen, record)
     else:
         frozen_acc = config.diagnostics.frozen_acc
-        baselines = (frozen_runs_beside(record, record_path(path).parent.parent)
-                     if frozen_from_runs else [])
-        if baselines:
-            frozen_acc = sum(r.final_acc for r in baselines) / len(baselines)  # type: ignore[misc]
-            metadata["frozen_from_runs"] = len(baselines)
+        baseline = (frozen_baseline_beside(record, record_path(path).parent.parent)
+                    if frozen_from_runs else None)
+        if baseline is not None:
+            frozen_acc, metadata["frozen_from_runs"] = baseline
     # The checkpointed epoch's accuracy: a diverged epoch is logged but never checkpointed.
     entry = record.entry(run.epoch) or (record.log[-1] if record.log else None)
     headline = entry.acc_eval if entry is not None else None
     eval_x, eval_y = run.data.eval_subset(config.diagnostics.eval_samples,
-                                          flatten=flatten_inputs(config))
+                                          flatten=run.plan.flatten)
     eval_x, eval_y = eval_x.to(target), eval_y.to(target)
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,

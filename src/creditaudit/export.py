@@ -49,7 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.errors import ConfigError
-from creditaudit.records import RecordSet, RunRecord
+from creditaudit.protocol.records import (
+    RecordSet,
+    arch_variant,
+    draws_default_feedback,
+    model_description,
+)
+from creditaudit.records import RunRecord
 from creditaudit.safe_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -111,17 +117,16 @@ def write_json(path: Path, obj: Any) -> None:
 
 # --- record selection ---------------------------------------------------------------------
 def _variant(record: RunRecord) -> str:
-    model = record.config.model
-    if model.arch == "resmlp" and not model.out_ln:
-        return "resmlp-noLN"
-    return model.arch
+    return arch_variant(record, residual_suffix=None)
 
 
 def _is_canonical(record: RunRecord) -> bool:
     """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
     config = record.config
-    return (config.model.residual and config.method.trainable_blocks is None
-            and not config.data.random_targets and config.method.feedback_seed is None)
+    model = model_description(record)
+    return ((model is None or model.residual is not False)
+            and config.method.trainable_blocks is None
+            and not config.data.random_targets and draws_default_feedback(record))
 
 
 @dataclass
@@ -169,7 +174,7 @@ def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
 # --- file contents ------------------------------------------------------------------------
 def snapshot_log(record: RunRecord) -> list[dict[str, Any]]:
     """The per-epoch entries as recorded (the record's own keys)."""
-    return [entry.to_dict() for entry in record.log]
+    return record.log_dicts()
 
 
 def results_log(record: RunRecord) -> dict[str, list[Any]]:

@@ -6,6 +6,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+# Verdict colours of every rendering (report.html, the figures): Paul Tol's high-contrast
+# scheme, distinct in every common colour-vision deficiency and in greyscale.
+PASS_COLOR, WALK_BACK_COLOR, INCOMPLETE_COLOR = "#004488", "#BB5566", "#DDAA33"
+
 
 def fmt(value: Any, spec: str = ".3g") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):

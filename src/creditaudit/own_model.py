@@ -1,7 +1,9 @@
 """The protocol on a live model: :func:`diagnose`, for contract models and any ``nn.Module``.
 
-It probes the arguments on two samples (one-line errors naming the argument), computes the
-state gradients and the credits in eval mode under a forked RNG, optionally the
+It probes the arguments on two samples (one-line errors naming the argument), verifies
+that the model's backward is the gradient of its forward (the reference every number is
+measured against; :mod:`creditaudit.diagnostics.reference_check`), computes the state
+gradients and the credits in eval mode under a forked RNG, optionally the
 credit-quality block (ρ, nudging, the fresh-feedback null), and hands them to
 :func:`creditaudit.protocol.evaluate_protocol`. ``creditaudit.diagnose`` is this function.
 """
@@ -17,6 +19,7 @@ from torch import Tensor, nn
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import StatesFn, state_gradients
 from creditaudit.diagnostics.quality import credit_quality
+from creditaudit.diagnostics.reference_check import SKIPPED, check_reference
 from creditaudit.diagnostics.user_models import (
     ForwardFrom,
     StatesNet,
@@ -55,7 +58,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
              thresholds: Thresholds | None = None, metrics: bool = False,
              metric_options: dict[str, Any] | None = None,
              metadata: dict[str, Any] | None = None,
-             progress: Callable[[str], None] | None = None) -> DiagnosticReport:
+             progress: Callable[[str], None] | None = None,
+             verify_reference: bool = True) -> DiagnosticReport:
     """Run the four-diagnostic protocol on ``model`` over a held-out evaluation set.
 
     ``eval_x`` ``(N, …)`` model inputs, ``eval_y`` ``(N,)`` integer class labels; use
@@ -77,10 +81,16 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     ``progress`` (e.g. ``print``) receives one line as each metric stage starts.
 
     Bad arguments raise a one-line ModelContractError or ConfigError naming the argument,
-    from a two-sample probe before any real work. Leaves every parameter, buffer, ``.grad``
-    field and RNG state (global CPU, and CUDA when the inputs are on a GPU) unchanged: runs
-    in eval mode under a forked RNG, takes gradients w.r.t. states only, and restores the
-    model's training flag.
+    from a two-sample probe before any real work. Then the reference gradient is verified:
+    autograd's ∂CE/∂h_l must be the gradient of the forward (float64 central differences
+    on four samples, :func:`~creditaudit.diagnostics.reference_check.check_reference`); a
+    model whose backward is not (a BioTorch layer, a ``torch.autograd.Function`` with its
+    own backward) raises a one-line ReferenceGradientError naming the module.
+    ``verify_reference=False`` skips that, and the report says the reference was not
+    verified (metadata ``reference_check``, and the reason of (b)). Leaves every
+    parameter, buffer, ``.grad`` field and RNG state (global CPU, and CUDA when the inputs
+    are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
+    states only, and restores the model's training flag.
     """
     thresholds = Thresholds() if thresholds is None else thresholds
     if states_fn is None:
@@ -116,6 +126,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                 check_forward_from(forward_from, states, logits)  # type: ignore[arg-type]
             if credit is not None and not isinstance(credit, CreditRule):
                 check_credits(credit, eval_x, eval_y, states)
+            reference = (check_reference(model, states_fn, eval_x, eval_y,
+                                         forward_from=forward_from)
+                         if verify_reference else SKIPPED)
             rule, metrics_model = _credit_and_model(model, credit, states_fn, forward_from)
             sg = state_gradients(states_fn, eval_x, eval_y)
             summaries = None
@@ -137,14 +150,19 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     # A contract model says whether it ends in a LayerNorm; a plain module may not.
     terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
     meta: dict[str, Any] = {"model": type(model).__name__,
-                            "method": getattr(rule, "name", None)}
+                            "method": getattr(rule, "name", None),
+                            "reference_check": reference.to_dict()}
     if precision is not None:
         meta["metrics_precision"] = precision
     meta.update(metadata or {})
     terminal_ln = meta.pop("terminal_ln", terminal_ln)
-    return evaluate_protocol(sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
-                             thresholds=thresholds, terminal_ln=terminal_ln,
-                             credits=summaries, metrics=quality, metadata=meta)
+    report = evaluate_protocol(sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
+                               thresholds=thresholds, terminal_ln=terminal_ln,
+                               credits=summaries, metrics=quality, metadata=meta)
+    if not reference.verified:  # (b) judges the reference: its reason says it is unchecked
+        validity = report.diagnostic("b")
+        validity.reason = f"{validity.reason}; reference gradient {reference.detail}"
+    return report
 
 
 def _credit_and_model(model: nn.Module, credit: CreditRule | CreditFn | None,

@@ -16,15 +16,16 @@ from typing import Any
 import torch
 
 from creditaudit.config import RunConfig, semantic_dict
-from creditaudit.data.identity import DataIdentity
+from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.methods import CreditRule
+from creditaudit.models import ResidualNet
 from creditaudit.records import RECORD_FILE, RunRecord, load_record, structure_mismatch
 
 FORCE_HINT = "it belongs to another run: start this one again with --force"
 
 
-def check_checkpoint_fits(state: dict[str, Any], model: torch.nn.Module, rule: CreditRule,
+def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: CreditRule,
                           config: RunConfig, path: Path) -> None:
     """One-line RunRecordError when a checkpoint belongs to another method or shape, or
     claims an epoch this run does not have."""
@@ -41,8 +42,7 @@ def check_checkpoint_fits(state: dict[str, Any], model: torch.nn.Module, rule: C
         problem = structure_mismatch(expected, got, what)
         if problem:
             raise RunRecordError(f"checkpoint {path} does not fit this run's "
-                                 f"{config.method.name} {config.model.arch} (d="
-                                 f"{config.model.d}, L={config.model.n_blocks}): {problem}; "
+                                 f"{config.method.name} {model.describe().label}: {problem}; "
                                  f"{FORCE_HINT}")
 
 
@@ -75,14 +75,14 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
             return RunRecordError(
                 f"cannot resume: {path.parent} has this config but trained on "
                 f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
-                f"and the data in {config.data.data_dir or 'the generator'} is not that data "
-                f"any more (no run at {run_dir.name}); point data.data_dir at the run's data, "
-                "or train without --resume")
+                f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
+                f"more (no run at {run_dir.name}); point data.data_dir at the run's data, or "
+                "train without --resume")
     return RunRecordError(f"cannot resume: no run at {run_dir}")
 
 
 def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,
-              model: torch.nn.Module, rule: CreditRule,
+              model: ResidualNet, rule: CreditRule,
               optimizer: torch.optim.Optimizer | None = None,
               scheduler: Any = None, generator: torch.Generator | None = None) -> None:
     """Check ``state`` (a :func:`~creditaudit.records.load_checkpoint` dict read from

@@ -1,53 +1,88 @@
 """Run ids: the same computation finds the same folder, a different one never does.
 
-``run_id(config)`` = ``METHOD-ARCH-DATASET-sSEED-HASH``, where HASH covers every config value
-that changes what the run computes (non-default values only, so a new option whose default
-keeps the old behaviour leaves existing ids alone) and the fingerprint of the data actually
-loaded (:mod:`creditaudit.data.identity`) — not the data's folder. So the same config on other
-data is another run, and the same data copied elsewhere is the same run. Options that change
-no weight and no recorded number (output folder, threads, device, progress bars, TensorBoard,
-``diagnostics.frozen_acc``) are left out.
+A run id is ``METHOD-ARCH-DATASET-sSEED-HASH``, where HASH covers every config value that
+changes what the run computes (non-default values only, so a new option whose default keeps
+the old behaviour leaves existing ids alone), the fingerprint of the data actually loaded
+(:mod:`creditaudit.data.identity`) — not the data's folder — and the code that computes it:
+each component's ``id_version`` and, for a plugin, its distribution and version. So the same
+config on other data is another run, the same data copied elsewhere is the same run, and a
+plugin upgraded to a new version never has its old records returned as finished. Options
+that change no weight and no recorded number (output folder, threads, device, progress bars,
+loggers) are left out.
+
+This module only hashes; :func:`creditaudit.plan.plan_run` resolves what goes in
+(``creditaudit.plan.run_id(config)`` is the one-call form).
 
 ``ID_VERSION`` is bumped whenever a default changes what runs compute, so records computed
-the old way are never served for the new default. A default that only one method reads bumps
-that method's entry in ``METHOD_ID_VERSIONS`` instead, which leaves the other methods' ids
-alone.
+the old way are never served for the new default. A change that only one component's runs
+see bumps that component's own ``id_version`` instead, which leaves the others' ids alone.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
+from typing import Any
 
 from creditaudit.config import RunConfig, semantic_dict
-from creditaudit.data.identity import DataIdentity, data_identity
 
 ID_VERSION = 3
-# method → its own id version; absent = 0, which adds nothing to the hash. ep 1: the default
-# relaxation became residual-cg (it was cg). ep 2: residual-cg's bound on the nudged energy
-# allows for the rounding of the logits (in float32 it had sent confident samples back to
-# their free states with zero credit), so EP records trained before that are not reused.
-METHOD_ID_VERSIONS = {"ep": 2}
+# The payload key of each axis's own id_version (the rules' key predates the others').
+VERSION_KEYS = {"method": "method_version", "model": "model_version", "data": "data_version"}
 
 
-def data_seed(config: RunConfig) -> int:
-    """The seed of generated datasets: ``data.data_seed``, else the run seed."""
-    return config.run.seed if config.data.data_seed is None else config.data.data_seed
+@dataclass(frozen=True)
+class CodeVersion:
+    """What identifies the code of one component in a run id: its ``id_version`` and, for
+    a plugin, ``dist==version`` of the package that installed it (None for built-ins)."""
+
+    name: str
+    id_version: int = 0
+    plugin: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "id_version": self.id_version,
+                "origin": self.plugin or "creditaudit"}
 
 
-def run_data_identity(config: RunConfig) -> DataIdentity:
-    """The identity of the data ``config`` trains on (DataError if it cannot be read)."""
-    return data_identity(config.data, data_seed(config))
+@dataclass(frozen=True)
+class RunCode:
+    """The code versions of a run's rule (``method``), architecture (``model``), dataset
+    (``data``) and enabled plugin diagnostics."""
+
+    method: CodeVersion
+    model: CodeVersion
+    data: CodeVersion
+    diagnostics: tuple[CodeVersion, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {axis: getattr(self, axis).to_dict() for axis in VERSION_KEYS}
+        if self.diagnostics:
+            out["diagnostics"] = [d.to_dict() for d in self.diagnostics]
+        return out
 
 
-def run_id(config: RunConfig, identity: DataIdentity | None = None) -> str:
-    """The run's folder name (``identity``: its data identity, computed when not given)."""
-    identity = identity or run_data_identity(config)
-    payload = {"config": semantic_dict(config), "data": identity.fingerprint,
-               "version": ID_VERSION}
-    method_version = METHOD_ID_VERSIONS.get(config.method.name, 0)
-    if method_version:
-        payload["method_version"] = method_version
+def compute_run_id(config: RunConfig, fingerprint: str, code: RunCode) -> str:
+    """The run's folder name from its config, its data's fingerprint and its code."""
+    payload: dict[str, Any] = {"config": semantic_dict(config), "data": fingerprint,
+                               "version": ID_VERSION}
+    plugins = {}
+    for axis, key in VERSION_KEYS.items():
+        version: CodeVersion = getattr(code, axis)
+        if version.id_version:
+            payload[key] = version.id_version
+        if version.plugin:
+            plugins[axis] = version.plugin
+    for diagnostic in code.diagnostics:
+        if diagnostic.id_version or diagnostic.plugin:
+            plugins[f"diagnostic:{diagnostic.name}"] = (
+                f"{diagnostic.plugin or 'creditaudit'}#{diagnostic.id_version}")
+    if plugins:
+        payload["plugins"] = plugins
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
     return f"{label}-{digest}"
+
+
+__all__ = ["ID_VERSION", "CodeVersion", "RunCode", "compute_run_id"]

@@ -9,20 +9,17 @@ builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from creditaudit.config import IMAGE_ARCHS, RunConfig
-from creditaudit.data import Dataset, load_dataset
-from creditaudit.data.identity import DataIdentity
+from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.methods import CreditRule, build_rule
-from creditaudit.models import build_model
+from creditaudit.methods import CreditRule
+from creditaudit.plan import RunPlan, plan_run
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord, load_checkpoint
 from creditaudit.resume import check_same_data, load_into
-from creditaudit.run_ids import run_data_identity
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,11 +28,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("run.device='cuda' but no CUDA device is available; use --device cpu")
     return torch.device(name)
-
-
-def flatten_inputs(config: RunConfig) -> bool:
-    """Whether the model reads flat vectors (ResidualMLP) rather than images."""
-    return config.model.arch not in IMAGE_ARCHS
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
@@ -48,15 +40,26 @@ def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
 
 
+@dataclass
+class RebuiltRun:
+    """A run brought back from its folder: its plan, its rule (``rule.model`` inside), its
+    data and the checkpointed epoch."""
+
+    plan: RunPlan
+    rule: CreditRule
+    data: Dataset
+    epoch: int
+
+
 def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
-                ) -> tuple[CreditRule, Dataset, int]:
-    """(rule with its model, data, epoch) of the run in ``run_dir`` at its checkpointed
-    epoch, on the CPU.
+                ) -> RebuiltRun:
+    """The run in ``run_dir`` at its checkpointed epoch, on the CPU.
 
     Checks that the data on disk is the data the run trained on (its fingerprint) and loads
     ``checkpoint.pt`` without unpickling anything but tensors and plain containers. The
     caller's RNG is untouched (the random init that the checkpoint overwrites is forked).
-    Raises RunRecordError for a run without a checkpoint or one that does not fit.
+    Raises RunRecordError for a run without a checkpoint or one that does not fit, and
+    ConfigError when a component it used is not installed here.
     """
     config = record.config
     checkpoint = run_dir / CHECKPOINT_FILE
@@ -64,19 +67,12 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
         raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
                              "train it (creditaudit train … --resume) first")
     state = load_checkpoint(checkpoint)
-    if dataset is None:
-        dataset = load_dataset(config.data, seed=config.run.seed)
-    check_same_data(record, identity_of(config, dataset), run_dir / RECORD_FILE)
+    plan = plan_run(config)
+    if dataset is not None:
+        plan.use_data(dataset)
+    check_same_data(record, plan.data_identity(), run_dir / RECORD_FILE)
     with torch.random.fork_rng(devices=[]):
-        model = build_model(config.model, input_shape=dataset.input_shape,
-                            n_classes=dataset.n_classes)
-        rule = build_rule(model, config.method, n_classes=dataset.n_classes,
-                          seed=config.run.seed)
+        model = plan.build_model()
+        rule = plan.build_rule(model)
     load_into(state, checkpoint, config, model=model, rule=rule)
-    return rule, dataset, int(state["epoch"])
-
-
-def identity_of(config: RunConfig, dataset: Dataset) -> DataIdentity:
-    """The data identity of ``config`` with the sizes of the loaded ``dataset``."""
-    return replace(run_data_identity(config), n_train=int(dataset.train_x.shape[0]),
-                   n_test=int(dataset.test_x.shape[0]))
+    return RebuiltRun(plan, rule, plan.load_data(), int(state["epoch"]))

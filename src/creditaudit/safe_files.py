@@ -4,13 +4,15 @@ Every write goes to a temporary file in the same folder and is renamed over the 
 reader sees the old file or the new one, never half of one; a failed write (disk full,
 read-only folder, a file where a folder should be) leaves no partial file and raises
 :class:`~creditaudit.errors.OutputError` naming the path. Reads of a user's text files turn
-missing, folder, binary and unreadable files into one line too.
+missing, folder, binary and unreadable files into one line too, and read only regular files,
+boundedly (:func:`read_text`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,9 @@ from typing import Any
 from creditaudit import strict_json
 from creditaudit.errors import CreditAuditError, OutputError, RunRecordError
 
-MAX_TEXT_BYTES = 512 * 1024 * 1024  # records and configs are a few MB at most
+# Records and configs are a few MB at most; a larger file is refused unread, and no read
+# takes more (parsed, 64 MiB of JSON can already fill 0.1 to 1 GB of memory).
+MAX_TEXT_BYTES = 64 * 2**20
 
 
 def _umask() -> int:
@@ -107,17 +111,47 @@ def atomic_write_json(path: Path | str, obj: Any) -> None:
     atomic_write_bytes(path, (strict_json.dumps(obj) + "\n").encode())
 
 
+def _kind_of(mode: int) -> str | None:
+    """What a file that is not a regular file is (None for a regular file)."""
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((text for test, text in kinds if test(mode)), None)
+
+
 def read_text(path: Path, what: str, error: type[CreditAuditError] = RunRecordError) -> str:
-    """A user's text file, UTF-8, with every failure turned into one line."""
+    """A user's text file, UTF-8, with every failure turned into one line.
+
+    Only a regular file (after following symlinks) is read: a folder, a named pipe (opening
+    one blocks until a writer appears), a device such as /dev/zero (endless) or a socket is
+    refused from its ``stat``, without being opened. At most :data:`MAX_TEXT_BYTES` are read,
+    so a file that grows while it is read cannot exhaust memory either.
+    """
+    limit = f"{MAX_TEXT_BYTES // 2**20} MiB"
     try:
-        if path.stat().st_size > MAX_TEXT_BYTES:
-            raise error(f"{what} {path} is {path.stat().st_size} bytes, far larger than any "
-                        f"{what} creditaudit writes; is it the right file?")
-        return path.read_text(encoding="utf-8")
+        info = os.stat(path)
+        kind = _kind_of(info.st_mode)
+        if kind is not None:
+            target = os.path.realpath(path)
+            shown = f"{path} (→ {target})" if target != os.path.abspath(path) else str(path)
+            raise error(f"{what} {shown} is {kind}, not a file: creditaudit reads only "
+                        "regular files")
+        if info.st_size > MAX_TEXT_BYTES:
+            raise error(f"{what} {path} is {info.st_size} bytes, over the {limit} creditaudit "
+                        f"reads (its files are a few MB); is it the right file?")
+        # O_NONBLOCK: should a pipe replace the file after the stat, opening it cannot block.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise error(f"{what} {path} changed into something other than a regular "
+                            "file while it was opened; pass a regular file")
+            data = handle.read(MAX_TEXT_BYTES + 1)
+        if len(data) > MAX_TEXT_BYTES:
+            raise error(f"{what} {path} is over the {limit} creditaudit reads (its files are "
+                        "a few MB); is it the right file?")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise error(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise error(f"{what} {path} is a folder, not a file") from None
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not UTF-8 text (a binary file?)") from None
     except OSError as err:

@@ -19,29 +19,31 @@ from typing import Any
 import torch
 
 from creditaudit.config import RunConfig, config_to_toml
-from creditaudit.data import Dataset, load_dataset
+from creditaudit.data import Dataset
 from creditaudit.diagnostics.drift import feature_drift
-from creditaudit.diagnostics.epoch import epoch_diagnostics
+from creditaudit.diagnostics.epoch import EpochMeasures, epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
 from creditaudit.errors import RunRecordError
 from creditaudit.evaluation import KnownPredictions, TestEvaluation
-from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
-from creditaudit.methods import CreditRule, build_rule
-from creditaudit.models import ResidualNet, build_model
+from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers, replay
+from creditaudit.methods import CreditRule
+from creditaudit.models import ResidualNet
 from creditaudit.models.contract import eval_mode, parameter_snapshot
 from creditaudit.optim import make_adamw
+from creditaudit.plan import RunPlan, plan_run
 from creditaudit.protocol import (
-    DIAGNOSTIC_NAMES,
     WALK_BACK,
-    config_metadata,
     evaluate_protocol,
     labels,
 )
+from creditaudit.protocol.records import record_metadata
+from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     CONFIG_FILE,
+    DERIVED,
     INIT_FILE,
     RECORD_FILE,
     EpochEntry,
@@ -55,14 +57,7 @@ from creditaudit.records import (
     save_record,
 )
 from creditaudit.resume import check_same_data, load_into, no_run_to_resume
-from creditaudit.run_ids import run_data_identity, run_id
-from creditaudit.run_setup import (
-    flatten_inputs,
-    identity_of,
-    make_schedule,
-    rebuild_run,
-    resolve_device,
-)
+from creditaudit.run_setup import make_schedule, rebuild_run, resolve_device
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 
 log = logging.getLogger(__name__)
@@ -92,7 +87,7 @@ class RunResult:
     @property
     def rule(self) -> CreditRule:
         if self._rule is None:
-            self._rule = rebuild_run(self.record, self.run_dir)[0]
+            self._rule = rebuild_run(self.record, self.run_dir).rule
         return self._rule
 
     @property
@@ -103,31 +98,31 @@ class RunResult:
 class Trainer:
     """Owns one run: its model, rule, optimiser, schedule, data streams and record."""
 
-    def __init__(self, config: RunConfig, *, dataset: Dataset | None = None) -> None:
-        self.config = config
+    def __init__(self, config: RunConfig | RunPlan, *, dataset: Dataset | None = None) -> None:
+        plan = config if isinstance(config, RunPlan) else plan_run(config)
+        if dataset is not None:
+            plan.use_data(dataset)
+        self.plan = plan
+        self.config = config = plan.config
         self.device = resolve_device(config.run.device)
         if config.run.threads is not None:
             torch.set_num_threads(config.run.threads)
-        self.dataset = dataset if dataset is not None else load_dataset(config.data,
-                                                                         seed=config.run.seed)
-        self.data_identity = identity_of(config, self.dataset)
-        self.run_id = run_id(config, self.data_identity)
-        self.run_dir = Path(config.run.out_dir) / self.run_id
-        self.flatten = flatten_inputs(config)
-        self.eval_indices = self.dataset.eval_indices(config.diagnostics.eval_samples)
+        self.dataset = plan.load_data()
+        self.data_identity = plan.data_identity()
+        self.run_id = plan.run_id
+        self.run_dir = plan.run_dir
+        self.flatten = plan.flatten
+        self.eval_indices = self.dataset.eval_indices(plan.eval_samples)
         # Epochs with diagnostics reuse their predictions on the evaluation subset.
         self.test_evaluation = TestEvaluation(self.dataset, flatten=self.flatten,
                                               shared=self.eval_indices)
         self.full_evaluation = TestEvaluation(self.dataset, flatten=self.flatten)
-        eval_x, eval_y = self.dataset.eval_subset(config.diagnostics.eval_samples,
-                                                  flatten=self.flatten)
+        eval_x, eval_y = self.dataset.eval_subset(plan.eval_samples, flatten=self.flatten)
         torch.manual_seed(config.run.seed)
-        self.model = build_model(config.model, input_shape=self.dataset.input_shape,
-                                 n_classes=self.dataset.n_classes).to(self.device)
-        self.rule: CreditRule = build_rule(self.model, config.method,
-                                           n_classes=self.dataset.n_classes,
-                                           seed=config.run.seed).to(self.device)
+        self.model = plan.build_model().to(self.device)
+        self.rule: CreditRule = plan.build_rule(self.model).to(self.device)
         self.rule.set_precision(config.run.precision, self.device.type)
+        self.protocol = Protocol.from_config(config.diagnostics)
         self.optimizer = make_adamw(self.rule.trainable_parameters(), lr=config.optim.lr,
                                     weight_decay=config.optim.weight_decay)
         self.data_generator = torch.Generator().manual_seed(config.run.seed)
@@ -137,8 +132,9 @@ class Trainer:
         self.scheduler = make_schedule(self.optimizer, config.optim.schedule,
                                        config.optim.epochs * len(self.train_loader))
         self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
-        self.record = new_record(config, device=str(self.device), data=self.data_identity)
-        self.record.run_id = self.run_id
+        self.record = new_record(config, device=str(self.device), data=self.data_identity,
+                                 run_id=self.run_id, model=self.model.describe(),
+                                 code=plan.code.to_dict())
         self.start_epoch = 1
         self.loggers = LoggerGroup([])
 
@@ -188,15 +184,16 @@ class Trainer:
         every = self.config.diagnostics.every
         protocol_due = self._protocol_due(epoch)
         fields: dict[str, Any] = {}
-        known = sg = None
+        known = sg = measures = None
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
-            fields, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+            measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+            fields = measures.record_fields()
             known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
         evaluation = self.test_evaluation if known is not None else self.full_evaluation
         test_loss, test_acc = evaluation.run(self.model, self.device, known)
         entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc, **fields)
-        if protocol_due and sg is not None:
-            self._record_protocol(entry, sg)
+        if protocol_due and sg is not None and measures is not None:
+            self._record_protocol(entry, sg, measures)
         return entry
 
     def _protocol_due(self, epoch: int) -> bool:
@@ -206,23 +203,25 @@ class Trainer:
         last = epoch == self.config.optim.epochs
         return k > 0 and ((epoch >= 1 and epoch % k == 0) or last)
 
-    def _record_protocol(self, entry: EpochEntry, sg: StateGradients) -> None:
-        """The protocol from the epoch's own gradients (no second backward)."""
+    def _record_protocol(self, entry: EpochEntry, sg: StateGradients,
+                         measures: EpochMeasures) -> None:
+        """The protocol from the epoch's own measures and gradients (no second backward)."""
         epoch = entry.epoch
         report = evaluate_protocol(
             sg, headline_acc=entry.acc_eval, frozen_acc=self.config.diagnostics.frozen_acc,
-            terminal_ln=getattr(self.model, "out_ln", None) is not None,
-            metadata={**config_metadata(self.config, self.run_id), "epoch": epoch})
+            terminal_ln=self.model.terminal_ln, measures=measures, protocol=self.protocol,
+            thresholds=self.protocol.thresholds(),
+            metadata={**record_metadata(self.record), "epoch": epoch})
         entry.protocol = {r.id: r.status for r in report.diagnostics}
         entry.verdict = report.verdict
         state = self.record.protocol
         if not state.first_fired:
-            state.first_fired = dict.fromkeys(DIAGNOSTIC_NAMES)
+            state.first_fired = dict.fromkeys(r.id for r in report.diagnostics)
         for fired in report.fired:
             if state.first_fired.get(fired) is None:
                 state.first_fired[fired] = epoch
         state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
-        state.report = report.to_dict()
+        state.report = report.to_dict(norms=False)  # the norms are the entry's
 
     def _walkback_stop(self, entry: EpochEntry) -> bool:
         """With stop_on_walkback: mark the run stopped once the verdict turns."""
@@ -275,7 +274,8 @@ class Trainer:
         self.loggers.start(RunStart(
             config=self.config, run_id=self.run_id, run_dir=self.run_dir,
             first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
-            steps_per_epoch=len(self.train_loader)))
+            steps_per_epoch=len(self.train_loader),
+            elapsed_before=sum(e.seconds or 0.0 for e in self.record.log)))
         ensure_folder(self.run_dir)
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
@@ -365,10 +365,32 @@ class Trainer:
         save_record(self.run_dir, self.record)
 
 
+def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor
+                 ) -> tuple[dict[str, Any], StateGradients]:
+    """(the epoch entry's diagnostic fields, the state gradients) on an evaluation set: what
+    an epoch of training records, for one call from a notebook or a test."""
+    measures, sg = epoch_diagnostics(rule, x, y)
+    entry = EpochEntry(**measures.record_fields())
+    return {key: entry.value(key) for key in (*measures.record_fields(), *DERIVED)}, sg
+
+
 def _finite_entry(entry: EpochEntry) -> bool:
     """False when the evaluation loss or any state norm is NaN/Inf."""
     values = [entry.test_loss, *(entry.hidden_norms or [])]
     return all(v is not None and math.isfinite(v) for v in values)
+
+
+def _replay_finished(config: RunConfig, record: RunRecord, run_dir: Path,
+                     loggers: Sequence[RunLogger]) -> None:
+    """A finished run trains no more, but the loggers asked for now (``--tensorboard``,
+    ``--wandb``, ``loggers=``) get its record: every epoch, the protocol, the end-of-run
+    metrics and the config, as a live run logs them."""
+    group = build_loggers(config, record.run_id, console=False)
+    group.loggers.extend(loggers)
+    replayed = "; its record is replayed into the loggers" if group else ""
+    log.info("run %s already %s; not rerun%s", record.run_id, record.status, replayed)
+    if group:
+        replay(record, run_dir, group)
 
 
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,
@@ -376,11 +398,15 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
     """Train one run and return its folder and record.
 
     A completed run with the same config and data (same run id) is not rerun: its record is
-    returned. An unfinished one needs ``resume=True`` (continue from its checkpoint) or
-    ``force=True`` (start over).
+    returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An
+    unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
+    (start over).
     """
-    identity = run_data_identity(config)
-    run_dir = Path(config.run.out_dir) / run_id(config, identity)
+    plan = plan_run(config)
+    if dataset is not None:
+        plan.use_data(dataset)
+    identity = plan.identity
+    run_dir = plan.run_dir
     record_path = run_dir / RECORD_FILE
     if record_path.exists() and not force:
         try:
@@ -389,7 +415,7 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
             raise RunRecordError(f"{err}; pass --force to start this run over") from None
         check_same_data(existing, identity, record_path)
         if existing.is_finished and not resume:
-            log.info("run %s already %s; not rerun", existing.run_id, existing.status)
+            _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)
         if not resume:
             hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
@@ -403,4 +429,4 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
         for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
             (run_dir / name).unlink(missing_ok=True)
         resume = False
-    return Trainer(config, dataset=dataset).run(resume=resume, loggers=loggers)
+    return Trainer(plan).run(resume=resume, loggers=loggers)

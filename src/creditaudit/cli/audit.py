@@ -1,6 +1,7 @@
-"""``creditaudit audit``: the four-diagnostic protocol on a finished (or stopped) run.
+"""``creditaudit audit``: the four-diagnostic protocol on finished (or stopped) runs.
 
-A thin shell over :func:`creditaudit.audit.audit_run`.
+A thin shell over :func:`creditaudit.audit.audit_run`, once per run named (a glob such as
+``runs/dfa-…-s42-*`` that matches several folders audits each).
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from creditaudit.config import DEVICES
-from creditaudit.report.protocol import FORMATS
+from creditaudit.report.protocol import FORMATS, render_latex
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "reference validity, (c) cross-batch direction stability and (d) depth "
                     "utility on the run's evaluation subset. Verdict: trustworthy, or needs "
                     "walk-back naming what fired.")
-    parser.add_argument("run_path", metavar="RUN",
-                        help="run folder (OUT/RUN_ID) or its record.json")
+    parser.add_argument("run_paths", metavar="RUN", nargs="+",
+                        help="run folder (OUT/RUN_ID) or its record.json; several runs give "
+                             "one report each, in order (text and md under a line naming the "
+                             "run, latex one row each, json a list)")
     parser.add_argument("--frozen", metavar="RUN_OR_ACC", default=None,
                         help="frozen-blocks baseline for (d): an accuracy fraction in [0, 1] "
                              "(e.g. 0.349) or a frozen run's folder/record.json (its final "
@@ -35,9 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="do not look for frozen-blocks runs beside RUN")
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="report format: text table, md (reporting template), json, or "
-                             "latex (one table row); default text")
+                             "latex (a tabular: header row and the run); default text")
     parser.add_argument("--output", metavar="FILE", default=None,
-                        help="write the report to FILE (atomically) instead of printing it")
+                        help="write the report(s) to FILE (atomically) instead of printing "
+                             "them")
     parser.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
                         help="include the credit-quality metrics (per-layer cosine, Γ "
                              "aggregations, ρ, nudging, fresh-feedback null, each with BP and "
@@ -53,22 +58,64 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
+    from creditaudit.errors import CreditAuditError
     from creditaudit.report import render
     from creditaudit.safe_files import atomic_write_bytes, check_output_file
 
     if args.output:
         check_output_file(Path(args.output))  # before the audit's minutes of work
+    several = len(args.run_paths) > 1
 
     def progress(text: str) -> None:
         print(f"audit: {text}", file=sys.stderr, flush=True)
 
-    report = audit_run(args.run_path, frozen=args.frozen,
-                       frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
-                       device=args.device, progress=None if args.quiet else progress)
-    text = render(report, args.format)
-    if args.output:
-        atomic_write_bytes(Path(args.output), (text + "\n").encode())
-        print(f"report: {args.output} ({report.verdict_text})")
+    reports, failed = [], 0
+    for run_path in args.run_paths:
+        if several and not args.quiet:
+            progress(f"run {run_path}")
+        try:
+            report = audit_run(run_path, frozen=args.frozen,
+                               frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
+                               device=args.device, progress=None if args.quiet else progress)
+        except CreditAuditError as err:
+            if not several:
+                raise
+            # One bad run among several: say which and why, and audit the others.
+            print(f"creditaudit: error: {run_path}: {' '.join(str(err).split())}",
+                  file=sys.stderr)
+            failed += 1
+            continue
+        reports.append((run_path, report))
+    if args.format == "latex":
+        text = _latex_table(reports)
     else:
+        text = _joined([(path, render(report, args.format)) for path, report in reports],
+                       args.format, several=several)
+    if args.output and reports:
+        atomic_write_bytes(Path(args.output), (text + "\n").encode())
+        verdicts = "; ".join(report.verdict_text for _, report in reports)
+        print(f"report: {args.output} ({verdicts})")
+    elif reports:
         print(text)
-    return 0
+    return 2 if failed else 0
+
+
+def _joined(reports: list[tuple[str, str]], form: str, *, several: bool) -> str:
+    """One rendered report as it is; several, each named by its run: text and Markdown under
+    a title line, JSON as a list."""
+    if not several:
+        return reports[0][1] if reports else ""
+    if form == "json":
+        return "[\n" + ",\n".join(text for _, text in reports) + "\n]"
+    title = {"text": "== {} ==", "md": "### {}"}[form]
+    return "\n\n".join(f"{title.format(path)}\n{text}" for path, text in reports)
+
+
+def _latex_table(reports: list[tuple[str, Any]]) -> str:
+    """One LaTeX table of every audited run: one row each, under a comment naming it."""
+    if not reports:
+        return ""
+    lines = render_latex([report for _, report in reports]).splitlines()
+    head, rows, tail = lines[:4], lines[4:4 + len(reports)], lines[4 + len(reports):]
+    named = [line for (path, _), row in zip(reports, rows) for line in (f"% {path}", row)]
+    return "\n".join([*head, *named, *tail])

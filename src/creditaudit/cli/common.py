@@ -10,16 +10,16 @@ import sys
 from typing import Any
 
 from creditaudit.config import (
-    ARCHS,
-    DATASETS,
     DEVICES,
     PRECISIONS,
     RunConfig,
     apply_overrides,
+    apply_where_read,
     config_help,
     parse_override,
 )
 from creditaudit.errors import ConfigError
+from creditaudit.registry import ARCHITECTURES, DATASETS, RULES, Registry
 
 
 def finite_float(text: str) -> float:
@@ -36,9 +36,9 @@ def finite_float(text: str) -> float:
 
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--method", "method.name", {"choices": "rules", "help": "credit rule"}),
-    ("--arch", "model.arch", {"choices": ARCHS, "help": "architecture"}),
-    ("--dataset", "data.name", {"choices": DATASETS, "help": "dataset"}),
+    ("--method", "method.name", {"registry": RULES, "help": "credit rule"}),
+    ("--arch", "model.arch", {"registry": ARCHITECTURES, "help": "architecture"}),
+    ("--dataset", "data.name", {"registry": DATASETS, "help": "dataset"}),
     ("--data-dir", "data.data_dir", {"help": "dataset folder (CIFAR python batches or IDX "
                                              "files; not for synthetic or mnist1d)"}),
     ("--epochs", "optim.epochs", {"type": int, "help": "training epochs"}),
@@ -88,10 +88,10 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                              "record.json; flags and --set override it")
     for flag, key, kwargs in SHORTCUTS:
         kwargs = dict(kwargs)
-        if kwargs.get("choices") == "rules":  # the registry: built-ins and installed plugins
-            from creditaudit.methods import rule_names
-
-            kwargs["choices"] = rule_names()
+        registry = kwargs.pop("registry", None)
+        if registry is not None:
+            kwargs["help"] = f"{kwargs['help']}: {registry_choices(registry)}"
+            kwargs["metavar"] = "NAME"
         kwargs["help"] = f"{kwargs['help']} ({key})"
         if "choices" not in kwargs:
             kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
@@ -105,7 +105,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     keys = ", ".join(key for key, _, _ in config_help())
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help=f"override any config field, e.g. --set method.penalty=0.01 "
-                             f"(keys: {keys}); see docs/configuration.md")
+                             f"(keys: {keys}; plus the options of the selected rule, "
+                             "architecture and dataset, e.g. method.ep_beta, model.d, "
+                             "data.n_train); see docs/configuration.md")
 
 
 def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
@@ -118,12 +120,16 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     overrides.update(parse_override(item) for item in args.set)
-    overrides.update(env_overrides())
     config = apply_overrides(config, overrides)
-    from creditaudit.methods import check_method
+    shrink = env_overrides()
+    return apply_where_read(config, shrink) if shrink else config
 
-    check_method(config.method)  # an installed rule (a --set or a config file may name any)
-    return config
+
+def registry_choices(registry: Registry) -> str:
+    """The installed names of an axis, for help texts (argparse does not check them: the
+    registry does, so a broken plugin's name gets its one-line reason; a broken plugin is
+    named in one warning here)."""
+    return ", ".join(registry.names())
 
 
 ENV_OVERRIDES = "CREDITAUDIT_SET"
@@ -136,7 +142,9 @@ def env_overrides() -> dict[str, Any]:
     run of ``train``, ``sweep`` and ``demo`` without editing the command: a quick dry run of
     any documented command, which the docs' own tests use. Applied after every other source
     (config file, flags, ``--set``, sweep grid), so the runs are other runs (other run ids),
-    never mistaken for the full-size ones. Call it once per command: it says so on stderr.
+    never mistaken for the full-size ones. Each run takes the keys its components read
+    (:func:`creditaudit.config.apply_where_read`): ``data.n_train`` shrinks generated data and
+    leaves a file dataset alone. Call it once per command: it says so on stderr.
     """
     text = os.environ.get(ENV_OVERRIDES, "").strip()
     if not text:

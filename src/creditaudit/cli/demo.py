@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from creditaudit.cli.common import add_device_options, env_overrides
-from creditaudit.config import RunConfig, device_overrides
+from creditaudit.config import RunConfig, apply_where_read, device_overrides
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
@@ -85,17 +86,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def depth_utility_lines(records: list[RunRecord]) -> list[str]:
     """Diagnostic (d) of every trained method: its margin over the frozen run."""
     from creditaudit.protocol import Thresholds
-    from creditaudit.records import RecordSet
+    from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 
     index = RecordSet(records)
-    frozen = next((r for r in records if r.is_frozen_baseline), None)
+    frozen = next((r for r in records if is_frozen_baseline(r)), None)
     if frozen is None or frozen.final_acc is None:
         return []
     lines = [f"(d) depth utility: margin over frozen blocks (test acc {frozen.final_acc:.3f}); "
              f"fires below {Thresholds().margin_pp:g} pp"]
     for record in records:
         verdict = index.verdict(record)
-        if record.is_frozen_baseline or verdict.margin_pp is None:
+        if is_frozen_baseline(record) or verdict.margin_pp is None:
             continue
         lines.append(f"  {record.method:<12}{verdict.margin_pp:+7.1f} pp  "
                      f"{verdict.statuses['d']}")
@@ -103,9 +104,8 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.data import load_dataset
+    from creditaudit.plan import plan_run, run_id
     from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.run_ids import run_id
     from creditaudit.sweep import LocalExecutor, run_sweep
 
     started = time.perf_counter()
@@ -118,21 +118,19 @@ def run(args: argparse.Namespace) -> int:
                for method in DEMO_METHODS]
     shrink = env_overrides()
     if shrink:
-        configs = [config.replace(**shrink) for config in configs]
+        configs = [apply_where_read(config, shrink) for config in configs]
     from creditaudit.run_setup import resolve_device
     from creditaudit.safe_files import ensure_folder
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated
-    if args.dataset == "mnist1d":
-        from creditaudit.data.mnist1d import is_cached
-
-        # Generate once here (not in every worker), so the parallel runs read the cache.
-        data = configs[0].data
-        if not is_cached(data, args.seed) and not args.quiet:
-            print(f"generating MNIST-1D ({data.n_train + data.n_test} samples, once: they are "
-                  "cached for the next runs) …", flush=True)
-        load_dataset(data, seed=args.seed)
+    # Load (generate) the data once here, not in every worker: generated data are cached,
+    # so the parallel runs read the cache.
+    plan = plan_run(configs[0])
+    if plan.dataset.kind == "generated" and not args.quiet:
+        print(f"preparing the {plan.dataset.label} data once (cached for the next runs) …",
+              flush=True)
+    plan.load_data()
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     workers = args.workers or min(len(configs), os.cpu_count() or 1)
     if not args.quiet:
@@ -162,6 +160,18 @@ def run(args: argparse.Namespace) -> int:
     for outcome in failed:
         print(f"{outcome['run_id']} {outcome['status']}: {outcome.get('error')}")
     print(f"\nrecords: {args.out}/<run id>/record.json  "
-          f"({time.perf_counter() - started:.0f} s); audit one with "
-          f"`creditaudit audit {args.out}/<run id>` ((d) uses the frozen run beside it)")
+          f"({time.perf_counter() - started:.0f} s)")
+    pick = audit_pick(records)
+    if pick is not None:
+        print(f"audit the {pick.method} run from its checkpoint ((d) uses the frozen run "
+              f"beside it):\n  creditaudit audit {shlex.quote(str(Path(args.out) / pick.run_id))}")
     return 1 if failed else 0
+
+
+def audit_pick(records: list[RunRecord]) -> RunRecord | None:
+    """The run the demo suggests auditing: DFA's (its audit has the most to say), else the
+    first finished trained method's; None when none finished."""
+    from creditaudit.protocol.records import is_frozen_baseline
+
+    trained = [r for r in records if r.is_finished and not is_frozen_baseline(r)]
+    return next((r for r in trained if r.method == "dfa"), trained[0] if trained else None)

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from creditaudit.cli.common import add_device_options
-from creditaudit.config import DATASETS
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
@@ -22,13 +21,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "experiment", help="run a shipped experiment (audit table, λ sweep, …)",
         description="Build an experiment's runs at a scale, train the ones not finished yet "
                     "(finished runs — also those of other experiments or sweeps with the same "
-                    "settings — are reused), and write OUT/experiments/NAME.json and NAME.md. "
+                    "settings — are reused), and write OUT/experiments/NAME.SCALE.DATASET.json "
+                    "and .md. "
                     "See docs/experiments.md.")
     parser.add_argument("name", metavar="NAME", nargs="?",
                         help="experiment name, or 'all' (see --list)")
     parser.add_argument("--scale", choices=("smoke", "cpu", "paper"), default=None,
                         help=SCALE_HELP)
-    parser.add_argument("--dataset", choices=DATASETS, default=None,
+    parser.add_argument("--dataset", default=None, metavar="NAME",
                         help="dataset instead of the scale's default (synthetic, "
                              "fashion-mnist, cifar10); mnist1d is generated (no data folder)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from creditaudit.config import DATASETS
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -21,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("out", metavar="OUT", help="folder to write the layout into")
     parser.add_argument("--layout", choices=("faeval",), default="faeval",
                         help="faeval: the original study's results/ layout (default)")
-    parser.add_argument("--dataset", choices=DATASETS, default=None,
+    parser.add_argument("--dataset", default=None, metavar="NAME",
                         help="take the ResidualMLP runs from this dataset (default: the most "
                              "paper-like one present: cifar10, cifar100, fashion-mnist, mnist, "
                              "mnist1d, synthetic)")

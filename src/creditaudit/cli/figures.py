@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from creditaudit.config import DATASETS
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -25,7 +23,7 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
     """RESULTS_DIR, --dataset and --frozen-from-runs (shared with ``creditaudit report``)."""
     parser.add_argument("results", metavar="RESULTS_DIR",
                         help="results folder (every record.json below it is read)")
-    parser.add_argument("--dataset", choices=DATASETS, default=None,
+    parser.add_argument("--dataset", default=None, metavar="NAME",
                         help="only runs on this dataset (default: all)")
     parser.add_argument("--frozen-from-runs", action=argparse.BooleanOptionalAction,
                         default=True,

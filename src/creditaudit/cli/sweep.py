@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import select
+import signal
+import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -48,7 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="results folder, overrides run.out_dir of the sweep file")
     add_device_options(parser)
     parser.add_argument("--dry-run", action="store_true",
-                        help="list the runs and which are done; train nothing")
+                        help="say what would run: the grid's size, the executor, why some "
+                             "combinations give no run of their own, every run and its "
+                             "state; train nothing")
+    parser.add_argument("--max-runs", type=int, default=None, metavar="N",
+                        help="refuse a sweep of more than N runs, counted before the grid is "
+                             "expanded (default 10000)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run failed runs again (resuming from their checkpoint if any); "
                              "by default they are skipped")
@@ -125,7 +137,7 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 
 def _labels(configs: list[Any], keys: list[str]) -> list[str]:
     """Each run's values of the sweep keys that vary between runs (``name=bp seed=42``)."""
-    from creditaudit.run_ids import run_id
+    from creditaudit.plan import run_id
     from creditaudit.sweep import config_value
 
     keys = [key for key in keys
@@ -137,9 +149,9 @@ def _labels(configs: list[Any], keys: list[str]) -> list[str]:
 
 def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
     """format_run_summary of the runs that have a record, each row led by its grid values."""
+    from creditaudit.plan import run_id
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.report import format_run_summary
-    from creditaudit.run_ids import run_id
 
     records, labels = [], []
     for config, label in zip(configs, _labels(configs, grid_keys)):
@@ -160,18 +172,66 @@ def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
     return "\n".join(out)
 
 
-def _dry_run(configs: list[Any], grid_keys: list[str], args: argparse.Namespace,
+def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
+    """``sweep s.toml: 2 × 3 grid combinations (method.name × run.seed) + 1 [[include]] run
+    → 7 runs in OUT``: what the sweep file expands to, before anything runs."""
+    from creditaudit.sweep import flatten_keys
+
+    grid = flatten_keys(sweep.grid)
+    text = f"sweep {sweep.source}: "
+    if grid:
+        text += (" × ".join(str(len(values)) for values in grid.values())
+                 + f" grid combination{'s' if expansion.n_combinations != 1 else ''} ("
+                 + " × ".join(grid) + ")")
+    else:
+        text += "the [base] run"
+    if expansion.n_include:
+        text += f" + {expansion.n_include} [[include]] run{'s' if expansion.n_include != 1 else ''}"
+    n_runs = len(expansion.configs)
+    return text + f" → {n_runs} run{'s' if n_runs != 1 else ''} in {out_dir}"
+
+
+def describe_planned_executor(args: argparse.Namespace) -> str:
+    """The executor the command line asks for, without starting or joining anything."""
+    threads = args.threads_per_worker
+    per_run = f"{threads} thread{'s' if threads != 1 else ''}"
+    if args.executor == "ray":
+        where = (f"the Ray cluster at {args.address}" if args.address else
+                 "a local Ray (or the one `ray start` left running here)")
+        return (f"ray executor on {where}, each run asking for {threads} CPU, "
+                f"{_gpus_per_run(args):g} GPU (--dry-run does not contact Ray)")
+    if args.workers == 0:
+        return f"inline executor: one run after another in this process, {per_run}"
+    workers = args.workers or os.cpu_count() or 1
+    return (f"local executor, {workers} worker process{'es' if workers != 1 else ''} × "
+            f"{per_run}")
+
+
+def _dry_run(sweep: Any, expansion: Any, configs: list[Any], args: argparse.Namespace,
              stale_after: float) -> int:
     from creditaudit.sweep import plan
 
+    out_dir = Path(configs[0].run.out_dir)
+    print(describe_plan(sweep, expansion, out_dir))
+    print(f"executor: {describe_planned_executor(args)}")
+    for line in expansion.warnings:
+        print(f"warning: {line}")
+    for line in expansion.notes:
+        print(f"note: {line}")
     rows = plan(configs, retry_failed=args.retry_failed, stale_after=stale_after)
-    labels = _labels(configs, grid_keys)
-    width = max(len(label) for label in labels)
+    labels = _labels(configs, sweep.grid_keys)
+    first: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        first.setdefault(row["run_id"], index)
+    width = max(len("run"), *(len(label) for label in labels))
     id_width = max(len(row["run_id"]) for row in rows)
-    print(f"{'run':<{width}}  {'run id':<{id_width}}  state")
-    for label, row in zip(labels, rows):
+    print(f"\n{'run':<{width}}  {'run id':<{id_width}}  state")
+    for index, (label, row) in enumerate(zip(labels, rows)):
         status = row["status"]
-        if row["holder"] is not None:
+        if first[row["run_id"]] != index:
+            state = (f"the run of {labels[first[row['run_id']]]} (the same data in another "
+                     "folder): runs once")
+        elif row["holder"] is not None:
             holder = row["holder"]
             state = f"running now (pid {holder.get('pid')} on {holder.get('host')})"
         elif status in ("completed", "diverged"):
@@ -186,38 +246,108 @@ def _dry_run(configs: list[Any], grid_keys: list[str], args: argparse.Namespace,
         else:
             state = "to run"
         print(f"{label:<{width}}  {row['run_id']:<{id_width}}  {state}")
-    n_todo = sum(row["todo"] for row in rows)
-    print(f"\n{len(rows)} runs: {len(rows) - n_todo} done or skipped, {n_todo} to run "
-          f"(results in {Path(configs[0].run.out_dir)})")
+    unique = {row["run_id"]: row for row in rows}.values()
+    n_todo = sum(row["todo"] for row in unique)
+    print(f"\n{len(unique)} runs: {len(unique) - n_todo} done or skipped, {n_todo} to run "
+          f"(results in {out_dir})")
     return 0
 
 
 # --- the command ---------------------------------------------------------------------------
-def build_executor(args: argparse.Namespace) -> Any:
-    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
+RAY_ONLY = ("address", "gpus_per_run", "unschedulable_after")
 
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse, in one line each, flags that do not apply to the chosen executor or have
+    impossible values — before anything is read, so ``--dry-run`` checks them too."""
     if args.threads_per_worker < 1:
         raise ConfigError(f"--threads-per-worker must be >= 1, got {args.threads_per_worker}")
+    if args.max_runs is not None and args.max_runs < 1:
+        raise ConfigError(f"--max-runs must be >= 1, got {args.max_runs}")
+    if args.stale_after is not None and args.stale_after <= 0:
+        raise ConfigError(f"--stale-after must be > 0 seconds, got {args.stale_after}")
     if args.executor == "ray":
         if args.workers is not None:
             raise ConfigError("--workers is for --executor local; Ray runs as many runs as "
                               "the cluster has CPUs (see --threads-per-worker)")
-        gpus = args.gpus_per_run
-        if gpus is None:
-            gpus = 1.0 if args.device == "cuda" else 0.0
+        if args.gpus_per_run is not None and args.gpus_per_run < 0:
+            raise ConfigError(f"--gpus-per-run must be >= 0, got {args.gpus_per_run:g}")
+        if args.unschedulable_after is not None and args.unschedulable_after <= 0:
+            raise ConfigError(f"--unschedulable-after must be a positive number of seconds, "
+                              f"got {args.unschedulable_after:g}")
+        return
+    for name in RAY_ONLY:
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is for --executor ray; the {args.executor} executor "
+                              f"does not use it: drop {flag}, or add --executor ray")
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 = in this process), got {args.workers}")
+
+
+def _gpus_per_run(args: argparse.Namespace) -> float:
+    if args.gpus_per_run is not None:
+        return float(args.gpus_per_run)
+    return 1.0 if args.device == "cuda" else 0.0
+
+
+def build_executor(args: argparse.Namespace) -> Any:
+    """The executor of ``args`` (checked by :func:`check_flags`); starts nothing."""
+    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
+
+    check_flags(args)
+    if args.executor == "ray":
         if args.unschedulable_after is not None:
             extra = {"unschedulable_after": args.unschedulable_after}
         else:
             extra = {}
         return RayExecutor(address=args.address, num_cpus_per_run=args.threads_per_worker,
-                           num_gpus_per_run=gpus, **extra)
-    if (args.address is not None or args.gpus_per_run is not None
-            or args.unschedulable_after is not None):
-        raise ConfigError("--address, --gpus-per-run and --unschedulable-after are for "
-                          "--executor ray")
+                           num_gpus_per_run=_gpus_per_run(args), **extra)
     if args.workers == 0:
         return InlineExecutor(threads=args.threads_per_worker)
     return LocalExecutor(workers=args.workers, threads_per_worker=args.threads_per_worker)
+
+
+@contextlib.contextmanager
+def exit_on_signal(message: str, grace: float = 2.0) -> Iterator[None]:
+    """While the body runs, SIGINT or SIGTERM end the process within ``grace`` seconds with
+    ``creditaudit: MESSAGE`` and exit code 130, even when the body is blocked in C code that
+    does not return to Python (``ray.init`` retrying a head for minutes, deaf to Ctrl-C).
+
+    Only for a body that starts nothing needing cleanup. Python's signal handlers run in
+    the main thread only once it is back in Python; the wakeup fd is written by the
+    low-level handler at once, and a watcher thread reads it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if not select.select([reader], [], [], 0.2)[0]:
+                continue
+            signals: set[int] = set()
+            with contextlib.suppress(OSError):
+                signals = set(reader.recv(64))
+            if signals & {signal.SIGINT, signal.SIGTERM} and not done.wait(grace):
+                print(f"creditaudit: {message}", file=sys.stderr, flush=True)
+                os._exit(130)
+
+    watcher = threading.Thread(target=watch, name="creditaudit-signal-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        watcher.join()
+        reader.close()
+        writer.close()
 
 
 def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
@@ -234,25 +364,41 @@ def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.sweep import DEFAULT_STALE_AFTER, load_sweep, prepare_configs, run_sweep
+    from creditaudit.sweep import (
+        DEFAULT_MAX_RUNS,
+        DEFAULT_STALE_AFTER,
+        load_sweep,
+        prepare_configs,
+        run_sweep,
+        unique_runs,
+    )
 
+    check_flags(args)
     stale_after = DEFAULT_STALE_AFTER if args.stale_after is None else args.stale_after
-    if stale_after <= 0:
-        raise ConfigError(f"--stale-after must be > 0 seconds, got {stale_after}")
-    sweep = load_sweep(args.sweep_file)
+    max_runs = DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs
+    sweep = load_sweep(args.sweep_file, max_runs=max_runs)
     overrides = device_overrides(args.device, args.precision)
     overrides.update(env_overrides())
     if args.out is not None:
         overrides["run.out_dir"] = args.out
-    configs = prepare_configs(sweep.configs(overrides), threads=args.threads_per_worker)
+    expansion = sweep.expand(overrides, max_runs=max_runs)
+    configs = prepare_configs(expansion.configs, threads=args.threads_per_worker)
     grid_keys = sweep.grid_keys
     if args.dry_run:
-        return _dry_run(configs, grid_keys, args, stale_after)
+        return _dry_run(sweep, expansion, configs, args, stale_after)
+    for line in expansion.warnings:
+        print(f"creditaudit: warning: {line}", file=sys.stderr)
+    configs = unique_runs(configs)
     executor = build_executor(args)
     progress: SweepProgress | None = None
     started = time.perf_counter()
     try:
-        with executor:  # joins Ray and checks its resources before any run is submitted
+        with contextlib.ExitStack() as stack:
+            # Joining Ray (and checking its resources) comes before any run is submitted:
+            # a signal that ray.init does not let through may end the process there.
+            with exit_on_signal("sweep interrupted while joining the executor; no run had "
+                                "started"):
+                stack.enter_context(executor)
             print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
                   f"({describe_executor(executor, len(configs), args.threads_per_worker)})",
                   flush=True)

@@ -1,9 +1,20 @@
 """The six sections of a run config, field by field, and the values they allow.
 
 Every field is declared with :func:`opt`: its default, its help text (what ``creditaudit
-config`` and docs/configuration.md show) and its allowed values or range, which
-:func:`creditaudit.config.config_from_dict` checks. :class:`creditaudit.config.RunConfig`
-holds one of each section.
+train --help`` and docs/configuration.md show), its allowed values or range (which
+:func:`creditaudit.config.config_from_dict` checks) and its *role*:
+
+- ``"compute"`` (the default): changes what the run computes, so it is part of the run id;
+- ``"record"``: changes what the run records but no weight (``diagnostics.frozen_acc``):
+  not part of the run id, and a resumed run must keep it;
+- ``"place"``: where or how visibly a run is written (output folder, data folder, device,
+  threads, progress, loggers): neither.
+
+The ``[data]``, ``[model]`` and ``[method]`` sections hold a few common keys plus the own
+options of the dataset, architecture and credit rule they select (each component declares
+an ``Options`` dataclass with the same :func:`opt` metadata; see
+:mod:`creditaudit.config.composed`). :class:`creditaudit.config.RunConfig` holds one of each
+section.
 """
 
 from __future__ import annotations
@@ -12,127 +23,55 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-DATASETS = ("synthetic", "mnist1d", "cifar10", "cifar100", "mnist", "fashion-mnist")
-# Generated in memory from a seed: no data folder, feature vectors (no image augmentation).
-GENERATED_DATASETS = ("synthetic", "mnist1d")
-ARCHS = ("resmlp", "vit", "convmixer", "student")
-# Architectures that read images (B, C, H, W): ViT-Mini and ConvMixer.
-IMAGE_ARCHS = ("vit", "convmixer")
-# The image each dataset holds, as (C, H, W); the synthetic task's in_dim = 3072 features are
-# viewed as one 3×32×32 image (the CIFAR shape) by the image architectures.
-IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {
-    "cifar10": (3, 32, 32), "cifar100": (3, 32, 32), "mnist": (1, 28, 28),
-    "fashion-mnist": (1, 28, 28), "synthetic": (3, 32, 32)}
-SYNTHETIC_IMAGE_DIM = 3 * 32 * 32
-# Credit rules are a registry (creditaudit.methods), open to plugins: the config only checks
-# the name's form; the layers that build or list rules check that it is installed.
-METHOD_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# A component's name: what method.name, model.arch and data.name accept.
+COMPONENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+METHOD_NAME = COMPONENT_NAME  # the name of PR 1's check; kept for plugins that import it
 SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; keep them non-negative
 PRECISIONS = ("fp32", "bf16")
-EP_SOLVERS = ("residual-cg", "cg", "gd")
+ROLES = ("compute", "record", "place")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None) -> Any:
-    """A dataclass field with help text and validation metadata."""
+        max: float | None = None, role: str = "compute") -> Any:
+    """A dataclass field with help text, validation metadata and its role (module doc)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return field(default=default, metadata={"help": help, "choices": choices, "min": min,
-                                            "max": max})
+                                            "max": max, "role": role})
 
 
 @dataclass
 class DataConfig:
-    name: str = opt("synthetic", "dataset", choices=DATASETS)
-    data_dir: str | None = opt(None, "folder holding the dataset files (not for synthetic "
-                               "or mnist1d)")
-    download: bool = opt(False, "download CIFAR if missing (needs internet)")
-    n_train: int = opt(50000, "synthetic, mnist1d: training samples (mnist1d: n_train + "
-                       "n_test must be a multiple of 10)", min=1)
-    n_test: int = opt(10000, "synthetic, mnist1d: test samples", min=1)
-    data_seed: int | None = opt(None, "seed of the generated datasets (synthetic, mnist1d; "
-                                "None = run.seed)")
-    in_dim: int = opt(256, "synthetic: input dimension", min=1)
-    alpha: float = opt(1.0, "synthetic: teacher nonlinearity φ_α mix (0 linear, 1 tanh)",
-                       min=0.0, max=1.0)
-    teacher_width: int = opt(256, "synthetic: teacher hidden width", min=1)
-    teacher_depth: int = opt(2, "synthetic: teacher hidden layers", min=1)
-    train_subset: int | None = opt(None, "use only the first N training samples", min=1)
-    augment: bool | None = opt(None, "random crop + flip (default: on for CIFAR, off otherwise)")
+    """Keys every dataset reads; the selected dataset adds its own options."""
+
+    name: str = opt("synthetic", "dataset: a built-in (synthetic, mnist1d, mnist, "
+                    "fashion-mnist, cifar10, cifar100) or one an installed package registers; "
+                    "its own options follow below")
+    train_subset: int | None = opt(
+        None, "train on the first N training samples only (any dataset; None = all)", min=1)
     random_targets: bool = opt(False, "control: i.i.d. uniform labels drawn afresh each batch")
 
 
 @dataclass
 class ModelConfig:
-    arch: str = opt("resmlp", "architecture (student = 4-block d=128 ResidualMLP, no out_ln; "
-                    "vit and convmixer need images, or the synthetic task with in_dim=3072 "
-                    "viewed as 3×32×32)", choices=ARCHS)
-    d: int = opt(256, "width", min=1)
-    n_blocks: int = opt(4, "number of residual blocks L", min=1)
-    out_ln: bool = opt(True, "terminal LayerNorm before the head (ConvMixer: on the pooled "
-                       "vector)")
-    residual: bool = opt(True, "skip connections (False = no-residual control)")
-    w2_std: float = opt(0.01, "init std of each block's last linear layer (ConvMixer: its "
-                        "pointwise convolution)", min=0.0)
-    heads: int = opt(4, "ViT: attention heads", min=1)
-    mlp_ratio: int = opt(4, "ViT: MLP hidden width / d", min=1)
-    patch: int = opt(4, "ViT, ConvMixer: patch size p (p×p patches; must divide the image "
-                     "side)", min=1)
-    kernel: int = opt(5, "ConvMixer: depthwise convolution kernel size (same padding)", min=1)
+    """The key every architecture reads; the selected architecture adds its own options."""
+
+    arch: str = opt("resmlp", "architecture: a built-in (resmlp, vit, convmixer, student) or "
+                    "one an installed package registers; its own options follow below")
 
 
 @dataclass
 class MethodConfig:
+    """Keys every credit rule reads; the selected rule adds its own options."""
+
     name: str = opt("bp", "credit rule: a built-in (bp, fa, dfa, ep, state-bridge, "
                     "credit-bridge, frozen, …; `creditaudit train --help` lists them) or one "
-                    "an installed package registers")
+                    "an installed package registers; its own options follow below")
     penalty: float = opt(0.0, "residual-branch penalty λ (λ·‖f_l‖² per block)", min=0.0)
     trainable_blocks: int | None = opt(
         None, "train only the last k blocks (depth ladder; None = all)", min=0)
-    feedback_seed: int | None = opt(
-        None, "seed the feedback generator is derived from (None = run seed)", min=0,
-        max=MAX_SEED)
-    feedback_scale: float = opt(1.0, "feedback entries ~ N(0, scale²/fan_in) (FA, DFA, DRTP, "
-                                "fa-linear, KP; the magnitudes of uSF, brSF, frSF)", min=0.0)
-    normalise_credit: bool = opt(
-        True, "local rules (FA, DFA, DRTP, bridges): train on the per-sample RMS-normalised "
-        "credit â = a/(RMS(a)+1e-6); false = the raw credit on the batch-mean scale")
-    bridge_hidden: int = opt(256, "State/Credit Bridge: hidden width of the auxiliary net",
-                             min=1)
-    bridge_lr: float = opt(1e-3, "State/Credit Bridge: AdamW learning rate of the auxiliary net",
-                           min=0.0)
-    bridge_skip: bool = opt(
-        False, "State Bridge: predict h_L as h_l + RMS(h_l)·MLP(…) (identity at init) instead "
-        "of MLP(…)")
-    warmup_fraction: float = opt(
-        0.2, "Credit Bridge: fraction of epochs trained with DFA credit before ∇V takes over",
-        min=0.0, max=1.0)
-    bridge_noise: float = opt(
-        0.1, "Credit Bridge: noise std of the consistency copies, × per-sample RMS of h_{l+1}",
-        min=0.0)
-    bridge_copies: int = opt(8, "Credit Bridge: noisy copies K in the soft-min target", min=1)
-    bridge_temperature: float = opt(
-        0.1, "Credit Bridge: soft-min temperature τ in nats (→0 hard min, →∞ mean)", min=1e-6)
-    ema_decay: float = opt(0.995, "Credit Bridge: EMA decay of the target value net",
-                           min=0.0, max=1.0)
-    ep_beta: float = opt(0.01, "EP: nudging strength β of the cross-entropy term (the credit's "
-                         "bias grows with β: at 0.1 even a converged relaxation's weight update "
-                         "has cosine ≈ 0.99 with BP's on a fresh d=256 L=4 net, at 0.01 ≈ 0.9999; "
-                         "0.957 on one trained 20 epochs on Fashion-MNIST)",
-                         min=1e-12)
-    ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
-                        "input-gradient pass through the blocks)", min=1)
-    ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
-                              "(stable while η < 2/λ_max of the energy Hessian; halved when "
-                              "‖∇F‖ grows), the CG solvers' first and shortest curvature "
-                              "probe", min=0.0)
-    ep_solver: str = opt(
-        "residual-cg", "EP: relaxation solver. residual-cg = conjugate gradients per sample "
-        "over the residuals r_l, the states following by one forward pass (same fixed point; "
-        "its Hessian is the identity up to the nudge's curvature, so it converges however "
-        "stiff the blocks); cg = the same over the state displacements (diverges once training "
-        "makes the blocks stiff); gd = plain gradient descent on the displacements, step η",
-        choices=EP_SOLVERS)
 
 
 @dataclass
@@ -146,7 +85,15 @@ class OptimConfig:
 
 @dataclass
 class DiagnosticsConfig:
-    eval_samples: int = opt(1280, "held-out samples for per-epoch diagnostics (10 × 128)",
+    """Keys of the per-epoch and end-of-run diagnostics; each diagnostic of the protocol
+    adds a table of its own options (its thresholds), e.g. ``[diagnostics.a] growth = 50``."""
+
+    protocol: list[str] | None = opt(
+        None, "the protocol's diagnostics by name (None = the built-in four, a b c d; list a "
+        "diagnostic an installed package registers to add it, e.g. [\"a\", \"b\", \"c\", "
+        "\"d\", \"e\"])")
+    eval_samples: int = opt(1280, "held-out samples for per-epoch diagnostics (10 × 128; "
+                            "the default shrinks to the test split when it is smaller)",
                             min=1)
     every: int = opt(1, "record diagnostics every k epochs", min=1)
     protocol_every: int = opt(1, "run the four-diagnostic protocol every k epochs (0 = off)",
@@ -155,7 +102,7 @@ class DiagnosticsConfig:
     end_of_run: bool = opt(True, "credit-quality metrics (ρ, nudging, drift) at the end")
     frozen_acc: float | None = opt(
         None, "frozen-blocks test accuracy (fraction in [0, 1], same arch/data/recipe) for "
-        "protocol diagnostic (d); None = (d) not evaluated", min=0.0, max=1.0)
+        "protocol diagnostic (d); None = (d) not evaluated", min=0.0, max=1.0, role="record")
     rho_samples: int = opt(1024, "end of run: samples for the perturbation correlation ρ "
                            "(at most eval_samples; the record says how many were used)", min=1)
     rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
@@ -170,11 +117,12 @@ class DiagnosticsConfig:
     end_of_run_memory_gb: float = opt(
         2.0, "end of run: memory for one chunk of ρ, nudging, the fresh-B null and the "
         "cosines, in GB (chunk sizes follow from the model's activation bytes per sample, "
-        "measured on a few samples)", min=0.01)
+        "measured on a few samples)", min=0.01, role="place")
 
 
-# Keys earlier versions read that no longer exist, with what replaced them: an old config or
-# record holding one still loads (the key is ignored with a warning), never fails.
+# Keys earlier versions read that no longer exist, with what replaced them: an old config
+# holding one still loads (the key is ignored with a warning), never fails; a record drops it
+# as it drops every key its run's version no longer reads.
 RETIRED_KEYS: dict[tuple[str, str], str] = {
     ("diagnostics", "rho_seconds"): "ρ's time budget made its samples depend on the "
     "machine's speed and load; its budget is now diagnostics.rho_flops (floating-point "
@@ -185,14 +133,39 @@ RETIRED_KEYS: dict[tuple[str, str], str] = {
 @dataclass
 class RunSettings:
     seed: int = opt(42, "seed of init, data order and feedback", min=0, max=MAX_SEED)
-    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/")
-    device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES)
+    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/", role="place")
+    device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES,
+                      role="place")
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
                          choices=PRECISIONS)
-    threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1)
+    threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1,
+                              role="place")
     tensorboard: str | None = opt(None, "log every epoch, the protocol, the end-of-run metrics "
-                                  "and the config to this TensorBoard folder (DIR/RUN_ID/)")
+                                  "and the config to this TensorBoard folder (DIR/RUN_ID/)",
+                                  role="place")
     wandb_project: str | None = opt(None, "log the same to this Weights & Biases project "
-                                    "(WANDB_MODE=offline writes it to disk)")
+                                    "(WANDB_MODE=offline writes it to disk)", role="place")
     progress: bool = opt(True, "console progress: a run-level bar in a terminal, one line "
-                         "per epoch when stdout is not a terminal")
+                         "per epoch when stdout is not a terminal", role="place")
+
+
+# The values earlier versions wrote for keys that are now a component's own option. A config
+# file or record of an earlier version lists every key of its section; a key the selected
+# component does not read is dropped when it holds this value (it was a default, never
+# read), and refused otherwise (records: dropped — the run never read it).
+LEGACY_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("data", "data_dir"): None, ("data", "download"): False, ("data", "n_train"): 50000,
+    ("data", "n_test"): 10000, ("data", "data_seed"): None, ("data", "in_dim"): 256,
+    ("data", "alpha"): 1.0, ("data", "teacher_width"): 256, ("data", "teacher_depth"): 2,
+    ("data", "augment"): None,
+    ("model", "d"): 256, ("model", "n_blocks"): 4, ("model", "out_ln"): True,
+    ("model", "residual"): True, ("model", "w2_std"): 0.01, ("model", "heads"): 4,
+    ("model", "mlp_ratio"): 4, ("model", "patch"): 4, ("model", "kernel"): 5,
+    ("method", "feedback_seed"): None, ("method", "feedback_scale"): 1.0,
+    ("method", "normalise_credit"): True, ("method", "bridge_hidden"): 256,
+    ("method", "bridge_lr"): 1e-3, ("method", "bridge_skip"): False,
+    ("method", "warmup_fraction"): 0.2, ("method", "bridge_noise"): 0.1,
+    ("method", "bridge_copies"): 8, ("method", "bridge_temperature"): 0.1,
+    ("method", "ema_decay"): 0.995, ("method", "ep_beta"): 0.01, ("method", "ep_steps"): 20,
+    ("method", "ep_step_size"): 0.25, ("method", "ep_solver"): "residual-cg",
+}

@@ -10,9 +10,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from creditaudit.config import IMAGE_SHAPES, SYNTHETIC_IMAGE_DIM, RunConfig
+from creditaudit.config import RunConfig
+from creditaudit.data import dataset_spec
 from creditaudit.errors import ConfigError
 from creditaudit.experiments.scales import base_config, get_scale
+from creditaudit.models.images import FLAT_IMAGE
+from creditaudit.models.images import SYNTHETIC_IMAGE_DIM as FLAT_IMAGE_DIM
 
 # The methods of the audit table (method, penalty λ), the frozen baseline last.
 AUDIT_METHODS: tuple[tuple[str, float], ...] = (
@@ -91,12 +94,12 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
         dataset, data_dir = "synthetic", None
     elif variant in IMAGE_VARIANTS:
         extra = {"model__arch": variant, **IMAGE_SIZES.get((variant, scale), {})}
-        name = scale_dataset(scale, dataset)
+        shape = image_view(scale, dataset)
         grid = extra.pop("grid", None)
-        if grid is not None and name in IMAGE_SHAPES:  # other data: config validation says why
-            extra["model__patch"] = IMAGE_SHAPES[name][1] // grid
-        if name == "synthetic":
-            extra["data__in_dim"] = SYNTHETIC_IMAGE_DIM
+        if grid is not None and shape is not None:  # other data: config validation says why
+            extra["model__patch"] = shape[1] // grid
+        if "in_dim" in dataset_spec(scale_dataset(scale, dataset)).option_names():
+            extra["data__in_dim"] = FLAT_IMAGE_DIM
     else:
         raise ConfigError(f"unknown architecture variant {variant!r}; use one of "
                           f"{', '.join(ARCH_VARIANTS)}")
@@ -104,11 +107,22 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
                         control=control, **extra, **overrides)
 
 
+def image_view(scale: str, dataset: str | None) -> tuple[int, int, int] | None:
+    """The (C, H, W) images the image architectures read from the dataset: its own images,
+    or 3×32×32 for a generated dataset whose input dimension can be set to 3072 (the
+    synthetic task); None for fixed feature vectors (MNIST-1D's 40-point signals)."""
+    spec = dataset_spec(scale_dataset(scale, dataset))
+    if "in_dim" in spec.option_names():
+        return FLAT_IMAGE
+    shape = tuple(spec.input_shape(RunConfig().replace(**{"data.name": spec.name}).data))
+    return shape if len(shape) == 3 else None  # type: ignore[return-value]
+
+
 def arch_variants(scale: str, dataset: str | None) -> list[str]:
     """The architectures of the cross-architecture experiments: ViT-Mini and ConvMixer
     wherever the dataset holds images (CIFAR, MNIST, Fashion-MNIST, the synthetic task's
     3×32×32 view), not on MNIST-1D's 40-point signals."""
     variants = ["resmlp", "resmlp-noLN", "student"]
-    if scale_dataset(scale, dataset) in IMAGE_SHAPES:
+    if image_view(scale, dataset) is not None:
         variants.extend(IMAGE_VARIANTS)
     return variants

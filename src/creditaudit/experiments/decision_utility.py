@@ -30,6 +30,7 @@ from creditaudit.experiments.groups import (
 )
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.protocol import FIRED, Thresholds
+from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.records import RunRecord
 
 STRATEGIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -66,7 +67,7 @@ def seed_decisions(record: RunRecord, statuses: dict[str, str],
 def summarise(records: list[RunRecord]) -> dict[str, Any]:
     verdict_of = verdicts(records)
     methods = []
-    for members in group_records(r for r in records if not r.is_frozen_baseline).values():
+    for members in group_records(r for r in records if not is_frozen_baseline(r)).values():
         seeds = [seed_decisions(r, verdict_of[r.run_id].statuses) for r in members]
         n = len(seeds)
         label = method_label(members[0])

@@ -21,6 +21,7 @@ from creditaudit.experiments.groups import (
 )
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
+from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
 
 METHODS = ("bp", "dfa")
@@ -45,7 +46,8 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
     rows = []
     for members, row in rule_groups(records):
         k = members[0].config.method.trainable_blocks
-        row["n_blocks"] = members[0].config.model.n_blocks
+        model = model_description(members[0])
+        row["n_blocks"] = model.n_blocks if model is not None else None
         row["k"] = row["n_blocks"] if k is None else k
         rows.append(row)
     rows.sort(key=lambda r: (r["method"], r["k"]))

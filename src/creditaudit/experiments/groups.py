@@ -2,7 +2,8 @@
 (d) against the frozen runs of the same recipe), seed rows and per-epoch trajectories.
 
 Runs are trained without ``diagnostics.frozen_acc`` (it would tie every run to a number), so
-(d) is evaluated at summary time from the records (:class:`~creditaudit.records.RecordSet`):
+(d) is evaluated at summary time from the records
+(:class:`~creditaudit.protocol.records.RecordSet`):
 headline accuracy against the mean final accuracy of the frozen-blocks runs of the same
 recipe, while (a), (b) and (c) keep the status the training-time protocol recorded at the
 run's last evaluated epoch.
@@ -16,11 +17,12 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from creditaudit.config import NON_SEMANTIC
+from creditaudit.config import non_semantic
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.formatting import fmt, format_lambda, markdown_table
 from creditaudit.protocol import labels
-from creditaudit.records import RecordSet, RunRecord, Verdict
+from creditaudit.protocol.records import RecordSet, Verdict, arch_variant, is_frozen_baseline
+from creditaudit.records import RunRecord
 
 DIAGNOSTIC_IDS = ("a", "b", "c", "d")
 
@@ -39,8 +41,8 @@ def method_label(record: RunRecord) -> str:
 def seedless_key(record: RunRecord) -> str:
     """Equal for runs that differ only in their seed (same data, same everything else)."""
     raw = record.config.to_dict()
-    kept = {section: {k: v for k, v in values.items()
-                      if (section, k) not in NON_SEMANTIC and (section, k) != ("run", "seed")}
+    skip = non_semantic(record.config) | {("run", "seed")}
+    kept = {section: {k: v for k, v in values.items() if (section, k) not in skip}
             for section, values in raw.items()}
     kept["source"] = record.data.source if record.data else None
     return json.dumps(kept, sort_keys=True)
@@ -64,7 +66,7 @@ def verdicts(records: Sequence[RunRecord]) -> dict[str, Verdict]:
 
 def frozen_accuracy(records: Sequence[RunRecord]) -> dict[str, Any] | None:
     """:func:`aggregate` of the final accuracy of the frozen baselines among ``records``."""
-    frozen = [r for r in records if r.is_frozen_baseline]
+    frozen = [r for r in records if is_frozen_baseline(r)]
     return aggregate(r.final_acc for r in frozen) if frozen else None
 
 
@@ -112,8 +114,8 @@ def group_summary(members: Sequence[RunRecord], verdict_of: dict[str, Verdict]
     return {
         "label": method_label(first), "method": first.method, "penalty": first.penalty,
         "trainable_blocks": first.config.method.trainable_blocks,
-        "arch": first.arch_variant, "dataset": first.dataset, "epochs": first.epochs,
-        "baseline": first.is_frozen_baseline,
+        "arch": arch_variant(first), "dataset": first.dataset, "epochs": first.epochs,
+        "baseline": is_frozen_baseline(first),
         "test_acc": aggregate(s["test_acc"] for s in seeds),
         "headline_gamma": aggregate(s["headline_gamma"] for s in seeds),
         "deep_cos": aggregate(s["deep_cos"] for s in seeds),
@@ -135,7 +137,7 @@ def rule_groups(records: Sequence[RunRecord]
     verdict_of = verdicts(records)
     return [(members, group_summary(members, verdict_of))
             for members in group_records(records).values()
-            if not members[0].is_frozen_baseline]
+            if not is_frozen_baseline(members[0])]
 
 
 TRAJECTORY_KEYS = ("acc_eval", "h_L_norm", "g_L_norm", "g_2_norm", "max_block_growth")

@@ -22,6 +22,7 @@ from creditaudit.experiments.groups import DIAGNOSTIC_IDS, fmt, group_records, m
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import FIRED, NOT_EVALUATED, labels
+from creditaudit.protocol.records import arch_variant
 from creditaudit.records import RunRecord
 
 METHODS = ("bp", "fa", "dfa")
@@ -60,7 +61,7 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
             })
         first = members[0]
         rows.append({
-            "arch": first.arch_variant, "method": first.method,
+            "arch": arch_variant(first), "method": first.method,
             "dataset": first.dataset, "chance": first.chance,
             "test_acc": aggregate(s["test_acc"] for s in seeds),
             "max_block_growth": aggregate(s["max_block_growth"] for s in seeds),

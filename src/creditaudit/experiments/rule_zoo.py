@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from creditaudit.config import GENERATED_DATASETS, IMAGE_SHAPES, RunConfig
+from creditaudit.config import RunConfig
+from creditaudit.data import dataset_spec
 from creditaudit.experiments.aggregate import format_aggregate
 from creditaudit.experiments.configs import (
     IMAGE_VARIANTS,
     arch_config,
+    image_view,
     method_overrides,
     scale_dataset,
 )
@@ -52,7 +54,7 @@ SEEDS_PER_SCALE = {"smoke": 2, "cpu": 2}
 
 def zoo_archs(scale: str, dataset: str | None) -> list[str]:
     """ResidualMLP everywhere; ViT-Mini and ConvMixer where the data are images."""
-    if scale_dataset(scale, dataset) in IMAGE_SHAPES:
+    if image_view(scale, dataset) is not None:
         return list(ARCHS)
     return ["resmlp"]
 
@@ -61,8 +63,8 @@ def _budget(scale: str, dataset: str | None, arch: str) -> dict[str, Any]:
     budget = IMAGE_BUDGET.get(scale) if arch in IMAGE_VARIANTS else None
     if not budget:
         return {}
-    size_key = ("data__n_train" if scale_dataset(scale, dataset) in GENERATED_DATASETS
-                else "data__train_subset")
+    generated = dataset_spec(scale_dataset(scale, dataset)).kind == "generated"
+    size_key = "data__n_train" if generated else "data__train_subset"
     return {"optim__epochs": budget["epochs"], size_key: budget["n_train"]}
 
 

@@ -2,7 +2,8 @@
 
 :func:`run_experiment` trains whatever is missing through :func:`creditaudit.sweep.run_sweep`
 (finished runs are skipped, failing runs are recorded and the rest go on), loads the
-records and writes ``OUT/experiments/NAME.json`` and ``OUT/experiments/NAME.md``.
+records and writes ``OUT/experiments/NAME.SCALE.DATASET.json`` and ``.md``;
+:func:`find_summary` reads them back (and the older ``NAME.json`` / ``NAME.DATASET.json``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from creditaudit import strict_json
 from creditaudit.config import RunConfig, device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.experiments.aggregate import aggregate
@@ -22,8 +24,8 @@ from creditaudit.experiments.registry import (
     get_experiment,
 )
 from creditaudit.experiments.scales import get_scale
+from creditaudit.plan import run_id
 from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
-from creditaudit.run_ids import run_id
 from creditaudit.safe_files import atomic_write_bytes
 from creditaudit.sweep import dedupe
 
@@ -32,9 +34,34 @@ EXECUTORS = ("local", "inline", "ray")
 
 
 def summary_stem(name: str, scale: str, dataset: str) -> str:
-    """File stem of an experiment's summary in OUT/experiments/: ``NAME`` for the scale's
-    own dataset, ``NAME.DATASET`` for another one (so both can share a results folder)."""
+    """File stem of an experiment's summary in OUT/experiments/: ``NAME.SCALE.DATASET``, so
+    every scale and dataset of one experiment can share a results folder."""
+    return f"{name}.{get_scale(scale).name}.{dataset}"
+
+
+def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
+    """The stem older versions wrote: ``NAME`` for the scale's own dataset, ``NAME.DATASET``
+    for another. It does not name the scale (smoke's and cpu's own summaries were both
+    ``NAME``), so :func:`find_summary` reads such a file only when its ``meta`` says which."""
     return name if dataset == get_scale(scale).dataset else f"{name}.{dataset}"
+
+
+def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str) -> Path | None:
+    """The JSON summary of experiment ``name`` at ``scale`` on ``dataset`` in
+    ``out_dir/experiments`` (its Markdown twin has the same stem), or None: the current file
+    name first, else the older one if its ``meta`` names this scale and dataset."""
+    folder = Path(out_dir) / EXPERIMENTS_DIR
+    current = folder / f"{summary_stem(name, scale, dataset)}.json"
+    if current.is_file():
+        return current
+    legacy = folder / f"{legacy_summary_stem(name, scale, dataset)}.json"
+    if not legacy.is_file():
+        return None
+    try:
+        meta = strict_json.loads(legacy.read_text()).get("meta", {})
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: not evidence of this scale's summary
+    return legacy if (meta.get("scale"), meta.get("dataset")) == (scale, dataset) else None
 
 
 def _executor(kind: str, scale: str, workers: int | None, device: str | None = None) -> Any:
@@ -90,7 +117,8 @@ def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *
                          scale: str, dataset: str, out_dir: Path,
                          outcomes: dict[str, dict[str, Any]] | None = None,
                          wall_seconds: float | None = None) -> dict[str, Any]:
-    """Load the records of ``configs``, summarise, write ``OUT/experiments/NAME.{json,md}``."""
+    """Load the records of ``configs``, summarise, write
+    ``OUT/experiments/NAME.SCALE.DATASET.{json,md}``."""
     records, missing = _load(configs)
     summary = experiment.summarise(records)
     ids = [run_id(c) for c in configs]

@@ -8,18 +8,23 @@ same experiment at the same scale always produces the same run ids and reuses fi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.config import GENERATED_DATASETS, RunConfig
+from creditaudit.config import DataConfig, RunConfig, split_key
+from creditaudit.data import dataset_spec
 from creditaudit.errors import ConfigError
 
 SCALES = ("smoke", "cpu", "paper")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-# MNIST-1D generates equally many samples of each digit, so n_train + n_test must be a
-# multiple of 10; the smoke scale's 512 + 256 is not.
-MNIST1D_OVERRIDES: dict[str, tuple[tuple[str, Any], ...]] = {
-    "smoke": (("data.n_train", 600), ("data.n_test", 200)),
+# Where a dataset's files are found when no data folder is given (Debian's package).
+DEFAULT_DATA_DIRS = {"fashion-mnist": FASHION_MNIST_DIR}
+# Per (scale, dataset) sizes that replace the scale's: MNIST-1D generates equally many
+# samples of each digit, so n_train + n_test must be a multiple of 10; the smoke scale's
+# 512 + 256 is not.
+DATASET_OVERRIDES: dict[tuple[str, str], tuple[tuple[str, Any], ...]] = {
+    ("smoke", "mnist1d"): (("data.n_train", 600), ("data.n_test", 200)),
 }
 
 
@@ -73,19 +78,21 @@ def base_config(scale: str, *, dataset: str | None = None, data_dir: str | None 
     """
     spec = get_scale(scale)
     dataset = dataset or spec.dataset
-    overrides: dict[str, Any] = dict(spec.overrides)
-    overrides["data.name"] = dataset
-    if dataset == "fashion-mnist" and data_dir is None:
-        data_dir = FASHION_MNIST_DIR
-    if dataset not in GENERATED_DATASETS:
-        overrides["data.data_dir"] = data_dir
-        for key in ("data.n_train", "data.n_test", "data.in_dim"):
-            overrides.pop(key, None)
-    else:
+    data = dataset_spec(dataset)
+    overrides: dict[str, Any] = {"data.name": dataset}
+    reads = {*data.option_names(), *(f.name for f in dataclasses.fields(DataConfig))}
+    for key, value in spec.overrides:
+        section, name = split_key(key)
+        # The scale's sizes apply where the dataset reads them: generated data get n_train,
+        # n_test and in_dim; file datasets the training subset.
+        if section != "data" or name in reads:
+            overrides[key] = value
+    if data.kind == "generated":
         overrides.pop("data.train_subset", None)
-    if dataset == "mnist1d":
-        overrides.pop("data.in_dim", None)  # 40 features, fixed by the generator
-        overrides.update(MNIST1D_OVERRIDES.get(scale, ()))
+    else:
+        overrides["data.data_dir"] = (data_dir if data_dir is not None
+                                      else DEFAULT_DATA_DIRS.get(dataset))
+    overrides.update(DATASET_OVERRIDES.get((scale, dataset), ()))
     overrides["optim.epochs"] = spec.control_epochs if control else spec.epochs
     overrides["run.out_dir"] = out_dir
     return RunConfig().replace(**overrides)

@@ -38,6 +38,7 @@ from creditaudit.experiments.groups import (
 from creditaudit.experiments.registry import Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import FIRED, Thresholds
+from creditaudit.protocol.records import arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
 
 METHODS = ("bp", "fa", "dfa")
@@ -87,10 +88,10 @@ def _spread(epochs: list[int | None]) -> dict[str, Any]:
 def summarise(records: list[RunRecord]) -> dict[str, Any]:
     frozen_by_seed: dict[tuple[str, int], dict[int, float]] = {}
     for record in records:
-        if record.is_frozen_baseline:
+        if is_frozen_baseline(record):
             frozen_by_seed[(record.recipe_key, record.seed)] = _accs(record)
     rows = []
-    for members in group_records(r for r in records if not r.is_frozen_baseline).values():
+    for members in group_records(r for r in records if not is_frozen_baseline(r)).values():
         seeds = []
         for record in members:
             frozen = frozen_by_seed.get((record.recipe_key, record.seed))
@@ -104,7 +105,7 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
                           "d_evaluated": d["evaluated"], "test_acc": record.final_acc})
         head = members[0]
         rows.append({
-            "arch": head.arch_variant, "method": head.method,
+            "arch": arch_variant(head), "method": head.method,
             "dataset": head.dataset, "epochs": head.epochs,
             "first_fired": {i: _spread([s["first_fired"][i] for s in seeds])
                             for i in DIAGNOSTIC_IDS},

@@ -5,7 +5,7 @@ Computed from the audit runs' records only (no new training): for each run, the 
 of the last evaluated epoch — max block growth from ``hidden_norms`` for (a), the median
 ‖g_L‖ (``g_L_norm``, 1/128 scale) for (b), and the accuracy margin over the frozen baseline
 for (d) — are compared with every threshold of a range, exactly as the protocol compares
-them (:func:`creditaudit.protocol.growth_diagnostic` etc.). For each threshold it reports
+them (the protocol's diagnostic classes). For each threshold it reports
 how many runs fire and how many runs the whole verdict walks back with that one threshold
 changed (the others at their defaults, (c) as recorded). The *stable band* is the range of
 thresholds that flags exactly the runs the default flags: the gap between the closest
@@ -26,11 +26,13 @@ from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
     PASSED,
+    Evidence,
+    ResidualStreamScale,
     Thresholds,
     depth_utility_diagnostic,
-    growth_diagnostic,
 )
-from creditaudit.records import RecordSet, RunRecord
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.records import RunRecord
 
 DEFAULTS = Thresholds()
 RANGES: dict[str, tuple[float, ...]] = {
@@ -45,7 +47,7 @@ STATISTIC = {"a": "max block growth (×)", "b": "median ‖g_L‖", "d": "accura
 def _growth(hidden: list[float] | None) -> float | None:
     if not hidden:
         return None
-    value = growth_diagnostic(hidden, DEFAULTS).value
+    value = ResidualStreamScale.evaluate(Evidence(hidden, []), DEFAULTS).value
     return math.inf if value is None or math.isnan(value) else float(value)
 
 
@@ -69,7 +71,8 @@ def status_at(diagnostic: str, stats: dict[str, Any], threshold: float) -> str:
     if diagnostic == "a":
         if stats["hidden_norms"] is None:
             return NOT_EVALUATED
-        return growth_diagnostic(stats["hidden_norms"], thresholds).status
+        return ResidualStreamScale.evaluate(Evidence(stats["hidden_norms"], []),
+                                            thresholds).status
     if diagnostic == "b":
         if stats["b"] is None:
             return NOT_EVALUATED
@@ -103,7 +106,7 @@ def _stable_band(diagnostic: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 def summarise(records: list[RunRecord]) -> dict[str, Any]:
     index = RecordSet(records)
     runs = []
-    for record in sorted((r for r in records if not r.is_frozen_baseline),
+    for record in sorted((r for r in records if not is_frozen_baseline(r)),
                          key=lambda r: (method_label(r), r.seed)):
         baseline = index.frozen_baseline(record)
         runs.append({"label": f"{method_label(record)} s{record.seed}",

@@ -34,7 +34,7 @@ from creditaudit.figures.runs import (
     Run,
     RunIndex,
 )
-from creditaudit.protocol import DIAGNOSTIC_NAMES, WALK_BACK, DiagnosticReport
+from creditaudit.protocol import WALK_BACK, DiagnosticReport, protocol
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"
@@ -97,7 +97,7 @@ def panel_points(pairs: list[tuple[Run, DiagnosticReport]]
         if cat not in members:
             cats.append(cat)
         members.setdefault(cat, []).append(run)
-    points: dict[str, list[dict]] = {i: [] for i in DIAGNOSTIC_NAMES}
+    points: dict[str, list[dict]] = {d.name: [] for d in protocol()}
     for run, report in pairs:
         cat = category(run, multi_arch, multi_data)
         peers = members[cat]
@@ -123,7 +123,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     # Many columns: upright labels would overlap, so they stand vertical (and need room).
     rotation = 90 if len(cats) > 12 else 30 if len(cats) > 5 else 0
     fig.subplots_adjust(hspace={90: 1.2, 30: 0.9}.get(rotation, 0.5))
-    for ax, (id_, name) in zip(axes.flat, DIAGNOSTIC_NAMES.items()):
+    for ax, (id_, name) in zip(axes.flat, ((d.name, d.label) for d in protocol())):
         on_log = id_ in LOG_PANELS
         pts = points[id_]
         for walked, color, label in ((False, HEALTHY_COLOR, "trustworthy"),

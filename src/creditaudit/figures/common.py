@@ -25,18 +25,27 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
+from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR  # noqa: E402
 from creditaudit.methods import find_rule, rule_label  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
-# Rules without their own `color`/`marker` (and records of rules not installed here) take
-# one of these, chosen from the name so a rule keeps its style across figures and runs.
-FALLBACK_COLORS = ("#8c510a", "#01665e", "#c51b7d", "#4d9221", "#542788", "#b35806",
-                   "#2d004b", "#7f3b08", "#1f78b4", "#e31a1c")
-FALLBACK_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "*")
+# Paul Tol's discrete rainbow of 14 colours (SRON technical note "Colour schemes", fig. 22):
+# every pair stays apart (CIELAB ΔE ≥ 10) in normal vision and in simulated protanopia,
+# deuteranopia and tritanopia. The built-in rules take 12 of them in their own `color` (the
+# two lightest, #CAE0AB and #F7F056, are hard to see as lines on white) and grey for the
+# frozen baseline, each with its own marker; rules without a `color`/`marker` (and records
+# of rules not installed here) take one of these, chosen from the name so a rule keeps its
+# style across figures and runs. Past 14 rules colours repeat: the marker (also chosen from
+# the name; H and 8 are no built-in's) and the legend's label then tell rules apart.
+FALLBACK_COLORS = ("#D1BBD7", "#AE76A3", "#882E72", "#1965B0", "#5289C7", "#7BAFDE",
+                   "#4EB265", "#90C987", "#CAE0AB", "#F7F056", "#F6C141", "#F1932D",
+                   "#E8601C", "#DC050C")
+FALLBACK_MARKERS = ("H", "8", "o", "s", "D", "^", "v", "P", "X", "<", ">", "*")
 # Penalised runs (λ > 0) get a sequence of greens/blues, vanilla keeps the method colour.
 PENALTY_COLORS = ("#1a9850", "#2c7bb6", "#7b3294", "#d95f02", "#66a61e", "#e7298a")
-HEALTHY_COLOR, WALKBACK_COLOR = "#1a9850", "#d73027"
+# Verdicts are coloured as in report.html (creditaudit.formatting).
+HEALTHY_COLOR, WALKBACK_COLOR = PASS_COLOR, WALK_BACK_COLOR
 FLOOR = Thresholds().grad_floor
 ARCH_ROWS = ("resmlp", "vit", "convmixer", "resmlp no out_ln", "student")
 ARCH_LABELS = {"resmlp": "ResMLP", "vit": "ViT-Mini", "convmixer": "ConvMixer",

@@ -8,6 +8,7 @@ across seeds (error bars ± std).
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -64,13 +65,39 @@ def select(index: RunIndex) -> dict[str, list]:
 
 def build(index: RunIndex) -> dict[str, Figure]:
     chosen = select(index)
-    fig, axes = new_figure(1, 3, figsize=(11, 4.0))
-    fig.subplots_adjust(wspace=0.38)
     first = next(iter(chosen.values()))[0]
-    chance = 1.0 / first.n_classes
+    # A panel no run can fill is left out (one line under the title says why), not drawn
+    # empty; (C) reads the per-epoch norms every run logs, so one panel always remains.
+    left_out = []
+    if not any(np.isfinite(r.headline_gamma) and np.isfinite(r.final_acc)
+               for runs in chosen.values() for r in runs):
+        left_out.append("(A) standard reporting pair: no aggregate Γ recorded")
+    if not any(r.diagnostics.bp_cosine for runs in chosen.values() for r in runs):
+        left_out.append("(B) per-layer cosine: no per-layer cosines recorded")
+    panels = [draw for draw, letter in ((_reporting_pair, "(A)"), (_layer_cosines, "(B)"),
+                                        (_gradient_norms, "(C)"))
+              if not any(text.startswith(letter) for text in left_out)]
+    fig, axes = new_figure(1, len(panels), figsize=(11 * len(panels) / 3 + 0.6, 4.0))
+    fig.subplots_adjust(wspace=0.38)
+    for draw, ax in zip(panels, axes[0]):
+        draw(ax, chosen, first)
+        add_grid(ax, log_scale=draw is _gradient_norms)
+    fig.suptitle(f"Audit hero — {describe_recipe(first)}", y=1.02)
+    legend = legend_below(fig, axes[0])  # one legend for the panels, under them
+    if left_out:
+        renderer = fig.canvas.get_renderer()
+        below = (legend.get_window_extent(renderer).y0 / fig.bbox.height if legend else
+                 min(ax.get_tightbbox(renderer).y0 for ax in axes[0]) / fig.bbox.height)
+        note = "Left out: " + "; ".join(left_out) + f" — {END_OF_RUN_HINT}."
+        lines = textwrap.wrap(note, 40 * len(panels), break_on_hyphens=False)
+        fig.text(0.5, below - 0.02, "\n".join(lines), ha="center", va="top", fontsize=8,
+                 color="#555555", gid="left_out")
+    return {NAME: fig}
 
-    # (A) accuracy vs aggregate Γ
-    ax = axes[0, 0]
+
+def _reporting_pair(ax, chosen: dict[str, list], first) -> None:
+    """(A) accuracy vs aggregate Γ."""
+    chance = 1.0 / first.n_classes
     points = {}
     for method, runs in chosen.items():
         gamma = mean_std(r.headline_gamma for r in runs)
@@ -101,12 +128,15 @@ def build(index: RunIndex) -> dict[str, Figure]:
     if not has_data(ax):
         empty_note(ax, "no aggregate Γ recorded: " + END_OF_RUN_HINT)
 
-    # (B) per-layer cosine
-    ax = axes[0, 1]
+
+def _layer_cosines(ax, chosen: dict[str, list], first) -> None:
+    """(B) per-layer cosine at the end of the run."""
     any_invalid = False
+    n_layers = 0
     for method, runs in chosen.items():
         mean, std = layer_mean_std([r.diagnostics.bp_cosine for r in runs])
         layers = np.arange(len(mean))
+        n_layers = max(n_layers, len(mean))
         ax.errorbar(layers, mean, yerr=std, color=method_color(method),
                     marker=method_marker(method), ms=5, lw=1.8, capsize=2,
                     label=method_label(method), gid=f"cos:{method}")
@@ -116,34 +146,32 @@ def build(index: RunIndex) -> dict[str, Figure]:
                        marker=method_marker(method), gid=f"cos_invalid:{method}")
     note_invalid(ax, any_invalid)
     ax.axhline(0, color="gray", lw=0.5, ls=":")
-    _layer_ticks(ax, len(mean))
+    _layer_ticks(ax, n_layers)
     ax.set_xlabel("state $h_l$")
     ax.set_ylabel(r"$\cos(a_l, g_l)$")
     ax.set_title("(B) per-layer cosine", loc="left", fontweight="bold")
     if not has_data(ax):
         empty_note(ax, "no per-layer cosines recorded: " + END_OF_RUN_HINT)
 
-    # (C) per-layer ‖g_l‖
-    ax = axes[0, 2]
+
+def _gradient_norms(ax, chosen: dict[str, list], first) -> None:
+    """(C) per-layer median ‖g_l‖ at the last epoch, log axis, with the floor."""
+    n_layers = 0
     for method, runs in chosen.items():
         mean, _ = layer_mean_std([r.last("bp_grad_norms_per_sample_med") for r in runs])
+        n_layers = max(n_layers, len(mean))
         ax.plot(np.arange(len(mean)), mean, color=method_color(method),
-                    marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),
-                    gid=f"grad:{method}")
+                marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),
+                gid=f"grad:{method}")
     log_scale(ax)
     floor_line(ax)
-    _layer_ticks(ax, len(mean))
+    _layer_ticks(ax, n_layers)
     ax.set_xlabel("state $h_l$")
     ax.set_ylabel(r"median $\|g_l\|$ (1/128 scale)")
     ax.set_title(r"(C) per-layer $\|g_l\|$ (BP gradient)", loc="left", fontweight="bold")
     lo = min([FLOOR, *(v for line in ax.get_lines() for v in np.atleast_1d(line.get_ydata())
                        if v > 0)])
     ax.set_ylim(bottom=lo / 10)
-    for a in axes[0]:
-        add_grid(a, log_scale=a is axes[0, 2])
-    fig.suptitle(f"Audit hero — {describe_recipe(first)}", y=1.02)
-    legend_below(fig, axes[0])  # one legend for the three panels, under them: no data hidden
-    return {NAME: fig}
 
 
 def _layer_ticks(ax, n: int) -> None:

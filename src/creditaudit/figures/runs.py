@@ -23,7 +23,8 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
 from creditaudit.figures.common import method_rank
 from creditaudit.protocol import DiagnosticReport
-from creditaudit.records import EndOfRun, RecordSet, RunRecord
+from creditaudit.protocol.records import RecordSet, arch_variant, model_description
+from creditaudit.records import EndOfRun, RunRecord
 
 
 class MissingRuns(CreditAuditError):
@@ -35,13 +36,10 @@ class MissingRuns(CreditAuditError):
         super().__init__(f"{figure} needs " + "; ".join(self.needs))
 
 
-def arch_label(config: RunConfig) -> str:
-    """``resmlp``, ``vit``, ``convmixer`` (each + `` no out_ln`` without the terminal LN) or
-    ``student``."""
-    arch = config.model.arch
-    if arch == "student":
-        return "student"
-    return arch if config.model.out_ln else f"{arch} no out_ln"
+def arch_label(record: RunRecord) -> str:
+    """``resmlp``, ``vit``, ``convmixer`` (each + `` no out_ln`` without the terminal LN its
+    architecture can have), ``student`` …: the architecture as built."""
+    return arch_variant(record, ln_suffix=" no out_ln", residual_suffix=None)
 
 
 def as_float(value: Any) -> float:
@@ -78,11 +76,13 @@ class Run:
 
     @property
     def out_ln(self) -> bool:
-        return self.config.model.out_ln
+        """Whether the model has a terminal LayerNorm (as built; unknown reads as True)."""
+        model = model_description(self.record)
+        return model is None or model.terminal_ln is not False
 
     @property
     def arch_label(self) -> str:
-        return arch_label(self.config)
+        return arch_label(self.record)
 
     @property
     def dataset(self) -> str:
@@ -298,8 +298,9 @@ def choose_group(index: RunIndex, figure: str, missing: Callable[[list[Run]], li
 
 def describe_recipe(run: Run) -> str:
     c = run.config
-    return (f"{c.data.name}, {arch_label(c)} d={c.model.d} L={c.model.n_blocks}, "
-            f"{c.optim.epochs} epochs")
+    model = model_description(run.record)
+    label = model.label if model is not None else c.model.arch
+    return f"{c.data.name}, {label}, {c.optim.epochs} epochs"
 
 
 def need_methods(group: Sequence[Run], wants: Sequence[tuple[str, Predicate, str]]

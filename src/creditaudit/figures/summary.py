@@ -47,6 +47,7 @@ from creditaudit.figures.runs import (
     sort_methods,
     valid_layers,
 )
+from creditaudit.protocol.records import model_description
 
 NAME = "fig5_summary"
 NAMES = ("fig5a_accuracy", "fig5b_per_layer", "fig5c_drift", "fig5d_bridge",
@@ -81,8 +82,9 @@ def nudging_eta(runs_by_method: dict[str, list[Run]]) -> str | None:
 def drift_keys(run: Run) -> list[str]:
     """``blocks.{l}.w1.weight`` for l = 0 … L−1 (those present in the record)."""
     drift = run.diagnostics.drift or {}
-    return [k for k in (f"blocks.{l}.w1.weight" for l in range(run.config.model.n_blocks))
-            if k in drift]
+    model = model_description(run.record)
+    blocks = model.n_blocks if model is not None and model.n_blocks is not None else 0
+    return [k for k in (f"blocks.{l}.w1.weight" for l in range(blocks)) if k in drift]
 
 
 def build(index: RunIndex) -> dict[str, Figure]:

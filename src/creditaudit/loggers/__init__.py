@@ -11,26 +11,28 @@ run's config asks for:
 - ``run.wandb_project = NAME``: :class:`WandbLogger` (``pip install 'creditaudit[wandb]'``).
 
 Loggers only read what training computed: training with and without them gives
-bit-identical weights.
+bit-identical weights. A run that had finished before is not trained again: asked for
+loggers, it replays its record into them (:func:`replay`).
 """
 
 from __future__ import annotations
 
 from creditaudit.config import RunConfig
-from creditaudit.loggers.base import LoggerGroup, RunLogger, RunStart
+from creditaudit.loggers.base import LoggerGroup, RunLogger, RunStart, replay
 from creditaudit.loggers.console import ConsoleLogger
 from creditaudit.loggers.scalars import end_of_run_scalars, epoch_scalars
 
 
-def build_loggers(config: RunConfig, run_id: str) -> LoggerGroup:
-    """The loggers ``config`` asks for. Raises ConfigError (before anything is written) when
-    a backend's package is missing or its folder unusable."""
+def build_loggers(config: RunConfig, run_id: str, *, console: bool = True) -> LoggerGroup:
+    """The loggers ``config`` asks for (the console only with ``console``: a replayed run
+    has no progress to show). Raises ConfigError (before anything is written) when a
+    backend's package is missing or its folder unusable."""
     from creditaudit.loggers.tensorboard import TensorBoardLogger
     from creditaudit.loggers.wandb_logger import WandbLogger
 
     group = LoggerGroup([])
     try:
-        if config.run.progress:
+        if console and config.run.progress:
             group.loggers.append(ConsoleLogger())
         if config.run.tensorboard is not None:
             group.loggers.append(TensorBoardLogger(config.run.tensorboard, run_id))
@@ -43,4 +45,4 @@ def build_loggers(config: RunConfig, run_id: str) -> LoggerGroup:
 
 
 __all__ = ["RunLogger", "RunStart", "LoggerGroup", "ConsoleLogger", "build_loggers",
-           "epoch_scalars", "end_of_run_scalars"]
+           "replay", "epoch_scalars", "end_of_run_scalars"]

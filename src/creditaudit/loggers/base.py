@@ -13,11 +13,15 @@ from creditaudit.records import EpochEntry, RunRecord
 
 @dataclass(frozen=True)
 class RunStart:
-    """What a logger learns when a run starts (or resumes).
+    """What a logger learns when a run starts (or resumes, or is replayed).
 
     ``first_epoch`` is the first epoch this process trains (1 for a fresh run, k + 1 when
     resuming after epoch k); ``epochs`` the run's last epoch; ``steps_per_epoch`` the
-    optimiser steps of one epoch.
+    optimiser steps of one epoch; ``elapsed_before`` the seconds the epochs before
+    ``first_epoch`` took (their ``seconds`` in the record; 0 for a fresh run), so a resumed
+    run's elapsed time goes on from where it stopped. ``replayed``: the run had finished
+    before and its record is replayed (every epoch, then ``finish``; nothing trains, so
+    ``log_step`` and ``log_stage`` are not called and ``steps_per_epoch`` is 0).
     """
 
     config: RunConfig
@@ -26,6 +30,8 @@ class RunStart:
     first_epoch: int
     epochs: int
     steps_per_epoch: int
+    elapsed_before: float = 0.0
+    replayed: bool = False
 
     @property
     def resumed(self) -> bool:
@@ -44,6 +50,10 @@ class RunLogger:
     - ``finish(record)`` once the record is final (completed, diverged, failed or
       interrupted), with the end-of-run metrics of completed and diverged runs;
     - ``close()`` always, last.
+
+    A run that had finished before is replayed from its record (:func:`replay`): ``start``
+    (with ``replayed`` set), ``log_epoch`` for every epoch of the record, ``finish``,
+    ``close`` — what a live run logs, with no training.
 
     Logging reads what training computed and never changes it. A backend that cannot work
     (missing package, unusable folder) raises a ConfigError in its constructor, before the
@@ -116,3 +126,19 @@ class LoggerGroup(RunLogger):
         """``finish`` while another error unwinds: a logger's own error must not hide it."""
         with contextlib.suppress(Exception):
             self.finish(record)
+
+
+def replay(record: RunRecord, run_dir: Path, logger: RunLogger) -> None:
+    """Log a finished run from its record, as its training logged it: ``start``, every epoch
+    (epoch 0 included), ``finish`` with the final record and its end-of-run metrics, and
+    ``close``. Reads only the record: nothing is trained or recomputed."""
+    try:
+        logger.start(RunStart(
+            config=record.config, run_id=record.run_id, run_dir=run_dir, first_epoch=1,
+            epochs=record.config.optim.epochs, steps_per_epoch=0,
+            elapsed_before=0.0, replayed=True))
+        for entry in record.log:
+            logger.log_epoch(entry)
+        logger.finish(record)
+    finally:
+        logger.close()

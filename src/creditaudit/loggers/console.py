@@ -7,8 +7,10 @@ a bar would print nothing useful until it ends, so each evaluated epoch prints o
     dfa epoch 3/10 | train loss 1.52 | test loss 1.61 | test acc 0.412 | ‖h_L‖ 3.1e+05 |
     ‖g_L‖ 2.4e-07 | needs walk-back (a) | 0m41s elapsed, ETA 1m36s
 
-(on one line). The ETA is the mean time of the epochs this process trained so far times
-the epochs left.
+(on one line). The elapsed time counts the run's earlier epochs too when it resumed; the
+ETA is the mean time of the epochs this process trained so far times the epochs left. The
+last line says how the run ended, and at which epoch and why when ``--stop-on-walkback``
+stopped it early.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from creditaudit.formatting import duration, fmt
 from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import verdict_text
 from creditaudit.records import EpochEntry, RunRecord
+from creditaudit.report.runs import stopped_early_text
 
 
 class ConsoleLogger(RunLogger):
@@ -40,7 +43,8 @@ class ConsoleLogger(RunLogger):
 
     def start(self, run: RunStart) -> None:
         self.run = run
-        self.started = self.training_started = time.perf_counter()
+        self.training_started = time.perf_counter()
+        self.started = self.training_started - run.elapsed_before  # a resumed run's clock
         epochs_left = max(0, run.epochs - run.first_epoch + 1)
         if self.terminal:
             from tqdm.auto import tqdm
@@ -103,8 +107,10 @@ class ConsoleLogger(RunLogger):
     def finish(self, record: RunRecord) -> None:
         self._close_bar()
         if self.run is not None and not self.terminal:
+            stopped = stopped_early_text(record)
             self._print(f"{record.config.method.name} run {record.run_id}: {record.status} "
-                        f"after {duration(time.perf_counter() - self.started)}")
+                        f"after {duration(time.perf_counter() - self.started)}"
+                        + (f", {stopped}" if stopped else ""))
 
     def close(self) -> None:
         self._close_bar()

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED, WALK_BACK, verdict_phrase
+from creditaudit.protocol import FIRED, PASSED, WALK_BACK, verdict_phrase
 from creditaudit.records import EpochEntry, RunRecord
 
 
@@ -75,9 +75,7 @@ def verdict_text(entry: EpochEntry) -> str | None:
     epoch the protocol evaluated, else None."""
     if not entry.protocol:
         return None
-    fired = [i for i, status in entry.protocol.items() if status == FIRED]
-    skipped = [i for i, status in entry.protocol.items() if status == NOT_EVALUATED]
-    return verdict_phrase(fired, skipped)
+    return verdict_phrase(entry.protocol)
 
 
 def end_of_run_scalars(record: RunRecord) -> dict[str, float]:
@@ -116,14 +114,24 @@ def final_scalars(record: RunRecord) -> dict[str, float]:
 
 
 def hparams(record_config: dict[str, dict[str, Any]], run_id: str) -> dict[str, Any]:
-    """The config as flat ``section.key`` → value (None written as ``"none"``: TensorBoard's
-    hparams take numbers, strings and booleans only)."""
+    """The config as flat ``section.key`` → value, nested tables as ``section.table.key``
+    (None written as ``"none"``, lists as text: TensorBoard's hparams take numbers, strings
+    and booleans only)."""
     flat: dict[str, Any] = {"run_id": run_id}
-    for section, values in record_config.items():
+
+    def put(prefix: str, values: dict[str, Any]) -> None:
         for key, value in values.items():
+            if isinstance(value, dict):
+                put(f"{prefix}{key}.", value)
+                continue
             if value is None:
                 value = "none"
             elif isinstance(value, float) and not math.isfinite(value):
                 value = str(value)
-            flat[f"{section}.{key}"] = value
+            elif isinstance(value, list | tuple):
+                value = ",".join(map(str, value))
+            flat[f"{prefix}{key}"] = value
+
+    for section, values in record_config.items():
+        put(f"{section}.", values)
     return flat

@@ -6,10 +6,14 @@ Tags are grouped (``train/``, ``norms/``, ``credit/``, ``protocol/``;
 config as TOML), ``protocol/verdict`` at every evaluated epoch, ``run/status`` at the end.
 The config is also written as hparams (flat ``section.key``) with the headline metrics, so
 TensorBoard's HPARAMS tab compares runs.
+
+A finished run replayed from its record is written only into a folder that does not hold
+the run yet: TensorBoard would show a second copy of every point beside the first.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from creditaudit.loggers.scalars import (
 from creditaudit.records import EpochEntry, RunRecord
 from creditaudit.safe_files import ensure_folder
 
+log = logging.getLogger(__name__)
 # The metrics the HPARAMS tab shows beside the config: scalars every epoch logs.
 HPARAM_METRICS = ("train/test_acc", "train/test_loss", "norms/h_L", "norms/g_L",
                   "credit/deep_cos", "protocol/walk_back")
@@ -35,7 +40,7 @@ class TensorBoardLogger(RunLogger):
 
     def __init__(self, folder: str | Path, run_id: str) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            import torch.utils.tensorboard  # noqa: F401 — here, so a missing package stops the run
         except ImportError:
             raise ConfigError("--tensorboard needs the tensorboard package: pip install "
                               "'creditaudit[tensorboard]'") from None
@@ -45,12 +50,19 @@ class TensorBoardLogger(RunLogger):
         except OutputError as err:
             raise OutputError(f"TensorBoard folder (--tensorboard, run.tensorboard): {err}"
                               ) from None
-        self.writer: Any = SummaryWriter(str(self.log_dir))
+        self.held_run = any(self.log_dir.glob("events.out.tfevents.*"))
+        self.writer: Any = None  # opened by start(), unless a replay would duplicate
         self.step = 0
 
     def start(self, run: RunStart) -> None:
+        from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
+        if run.replayed and self.held_run:
+            log.info("TensorBoard folder %s already holds run %s: not replayed into it",
+                     self.log_dir, run.run_id)
+            return
+        self.writer = SummaryWriter(str(self.log_dir))
         config = run.config
         experiment, session_start, _ = hparams_summaries(
             hparams(config.to_dict(), run.run_id), dict.fromkeys(HPARAM_METRICS, 0.0))
@@ -60,6 +72,8 @@ class TensorBoardLogger(RunLogger):
                              run.first_epoch - 1)
 
     def log_epoch(self, entry: EpochEntry) -> None:
+        if self.writer is None:
+            return
         self.step = entry.epoch
         for tag, value in epoch_scalars(entry).items():
             self.writer.add_scalar(tag, value, entry.epoch)
@@ -69,6 +83,8 @@ class TensorBoardLogger(RunLogger):
         self.writer.flush()
 
     def finish(self, record: RunRecord) -> None:
+        if self.writer is None:
+            return
         step = record.log[-1].epoch if record.log else self.step
         for tag, value in end_of_run_scalars(record).items():
             self.writer.add_scalar(tag, value, step)
@@ -78,7 +94,8 @@ class TensorBoardLogger(RunLogger):
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _session_end(status: str) -> Any:

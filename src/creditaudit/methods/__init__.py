@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
-from creditaudit.config import MethodConfig
+from torch import nn
+
+from creditaudit.config import MethodConfig, config_from_dict
+from creditaudit.errors import ConfigError, ModelContractError
+from creditaudit.methods.adapted import set_trainable
 from creditaudit.methods.base import CreditRule, StepResult, rms_normalise
 from creditaudit.methods.bp import BP, bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge
@@ -28,7 +33,8 @@ from creditaudit.methods.registry import (
     rule_names,
 )
 from creditaudit.methods.state_bridge import StateBridge
-from creditaudit.models.contract import ResidualNet, set_trainable_blocks
+from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.contract import ResidualNet, check_contract
 
 # Every module of this package is imported, so a new built-in rule is one file: its class
 # registers itself with @register.
@@ -43,16 +49,51 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     Feedback matrices come from their own generator derived from ``config.feedback_seed``
     (default: the run seed; :func:`~creditaudit.methods.feedback.feedback_generator`), so
     they never consume the training RNG and never repeat the model's initial draws.
-    ConfigError when the rule is not installed.
+    ConfigError when the rule is not installed; ModelContractError when ``model`` is an
+    adapted model (:func:`creditaudit.adapt`) and the rule does not declare
+    ``adapted_models``.
     """
     cls = rule_class(config.name)
-    set_trainable_blocks(model, config.trainable_blocks)
-    feedback_seed = seed if config.feedback_seed is None else config.feedback_seed
-    generator = feedback_generator(feedback_seed)
+    if isinstance(model, AdaptedModel) and not cls.adapted_models:
+        able = [name for name in rule_names() if rule_class(name).adapted_models]
+        raise ModelContractError(
+            f"{cls.name} needs a residual network (embed, blocks returning branches, readout): "
+            f"{cls.residual_reason}; adapted models support {', '.join(able)}")
+    set_trainable(model, config.trainable_blocks)
+    feedback_seed = config.feedback_seed if cls.draws_feedback() else None
+    generator = feedback_generator(seed if feedback_seed is None else feedback_seed)
     return cls(model, config, n_classes=n_classes, generator=generator)
 
 
+def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int = 0,
+         **method_options: Any) -> CreditRule:
+    """Credit rule ``name`` bound to ``model``, for a training loop of your own.
+
+    ``model``: an adapted model (:func:`creditaudit.adapt`) or a contract model
+    (:class:`~creditaudit.models.ResidualNet`); ``n_classes`` defaults to its number of
+    logits. ``method_options`` are ``method.*`` settings (``penalty=1e-3``,
+    ``trainable_blocks=2``, ``feedback_scale``, ``feedback_seed``, ``normalise_credit``, …),
+    validated like a config's; feedback is drawn from ``feedback_seed``, default ``seed``.
+    Then, per batch, ``rule.train_step(x, y, optimizer)`` with an optimizer over
+    ``rule.trainable_parameters()``; ``diagnose(model, x, y, credit=rule)`` audits it.
+    ConfigError or ModelContractError (one line) for what cannot work.
+    """
+    config = config_from_dict({"method": {"name": name, **method_options}}).method
+    if not isinstance(model, AdaptedModel):
+        try:
+            check_contract(model)
+        except ModelContractError:
+            raise ModelContractError(
+                f"rule() trains a ResidualNet or a model built by creditaudit.adapt(model, "
+                f"states=[…]); wrap your {type(model).__name__} with adapt()") from None
+    classes = int(model.n_classes)  # type: ignore[arg-type]
+    if n_classes is not None and n_classes != classes:
+        raise ConfigError(f"n_classes={n_classes} but {type(model).__name__} has {classes} "
+                          "logits: leave n_classes out or give the number of logits")
+    return build_rule(model, config, n_classes=classes, seed=seed)  # type: ignore[arg-type]
+
+
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
-           "CreditBridge", "EP", "build_rule", "bp_state_gradients", "rms_normalise",
+           "CreditBridge", "EP", "build_rule", "rule", "bp_state_gradients", "rms_normalise",
            "rule_class", "rule_names", "rule_label", "credit_formula", "find_rule",
            "check_method", "ENTRY_POINT_GROUP"]

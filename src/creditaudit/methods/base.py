@@ -18,8 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import MAX_SEED, MethodConfig, opt
 from creditaudit.models.contract import ResidualNet, block_is_trainable
+from creditaudit.registry import Component
 
 RMS_EPS = 1e-6
 
@@ -198,7 +199,40 @@ def state_credit_shape(credit: Tensor, state: Tensor) -> Tensor:
 FEEDBACK_KINDS = ("none", "fixed_random", "learned", "symmetric", "sign_concordant")
 
 
-class CreditRule:
+# --- options several rules share (a rule's ``Options`` combines them with its own) ---------
+@dataclass
+class SeededOptions:
+    """Rules that draw anything (feedback, auxiliary nets' weights, noise) from their own
+    generator."""
+
+    feedback_seed: int | None = opt(
+        None, "seed the rule's generator (feedback, auxiliary nets, noise) is derived from "
+        "(None = run seed)", min=0, max=MAX_SEED)
+
+
+@dataclass
+class ScaleOptions:
+    """Rules whose feedback has a scale."""
+
+    feedback_scale: float = opt(1.0, "feedback entries ~ N(0, scale²/fan_in) (FA, DFA, DRTP, "
+                                "fa-linear, KP; the magnitudes of uSF, brSF, frSF)", min=0.0)
+
+
+@dataclass
+class FeedbackOptions(SeededOptions, ScaleOptions):
+    """Rules with random feedback drawn from their generator."""
+
+
+@dataclass
+class LocalOptions:
+    """Rules that train every module on the local surrogate with their credit."""
+
+    normalise_credit: bool = opt(
+        True, "train on the per-sample RMS-normalised credit â = a/(RMS(a)+1e-6); false = the "
+        "raw credit on the batch-mean scale")
+
+
+class CreditRule(Component):
     """Base class: one credit rule bound to one model.
 
     A rule describes itself with class attributes, which the registry, the CLI, figures and
@@ -206,39 +240,65 @@ class CreditRule:
 
     - ``name``: the ``method.name`` that selects it (lower case, e.g. ``"dfa"``);
     - ``label``: how figures and tables show it (e.g. ``"DFA"``);
+    - ``Options``: a dataclass of the rule's own settings (:func:`creditaudit.config.opt`
+      fields; combine :class:`SeededOptions`, :class:`ScaleOptions`,
+      :class:`FeedbackOptions`, :class:`LocalOptions` with your own), set as
+      ``method.<option>`` in configs and read as ``self.config.<option>``; a rule that
+      declares ``feedback_seed`` draws from the generator it is given
+      (:meth:`draws_feedback`);
+    - ``id_version``: bump it when the rule starts computing something else for the same
+      options (its records are then never reused as finished runs);
     - ``credit_formula``: a one-line formula of its credit (e.g. ``"a_l = B_l^T e"``);
     - ``feedback_kind``: ``"none"``, ``"fixed_random"`` (feedback drawn once and never
       trained — the fresh-feedback null redraws it with :meth:`draw_feedback`),
       ``"learned"`` (an auxiliary net or trained feedback), ``"symmetric"`` (the forward
       weights themselves, as in backprop) or ``"sign_concordant"`` (the forward weights'
       signs with magnitudes that are not learned, as in uSF and brSF);
-    - ``uses_feedback_seed``: True when the rule draws anything (feedback matrices,
-      magnitudes, auxiliary nets' initial weights, noise) from the generator seeded by
-      ``method.feedback_seed``, so reports show that seed beside the run seed;
     - ``local``: True when every block is trained on the local surrogate ⟨f_l, â_{l+1}⟩ with
       the rule's own credit (the conformance suite then checks the update against it);
-    - ``color`` and ``marker``: optional matplotlib style of the rule in figures;
-    - ``rank``: where listings put it (lower first; ties by name).
+    - ``adapted_models``: True when the rule also trains models built by
+      :func:`creditaudit.adapt` (any ``nn.Module`` with named states), not only residual
+      contract models; ``residual_reason`` says, for a rule that cannot, why it needs the
+      residual contract (the one-line refusal of binding it to an adapted model);
+    - ``color`` and ``marker``: optional matplotlib style of the rule in figures (never
+      inherited: a subclass without its own gets a distinct fallback style);
+    - ``rank``: where listings put it (lower first; ties by name);
+    - ``baseline``: True for the frozen-blocks baseline of diagnostic (d) (its runs are the
+      baseline other rules' accuracy is compared with, and are not judged on (d));
+    - ``expected_failures``: ``{check name: reason}`` of conformance checks
+      (:func:`creditaudit.testing.check_rule`) the rule fails by design.
 
     Subclasses implement :meth:`credits` and :meth:`train_step`, and extend
     :meth:`state_dict`, :meth:`load_state_dict` and :meth:`to` with what they own.
     """
 
-    name: ClassVar[str] = "base"
-    label: ClassVar[str] = ""
     credit_formula: ClassVar[str] = ""
     feedback_kind: ClassVar[str] = "none"
-    uses_feedback_seed: ClassVar[bool] = False
     local: ClassVar[bool] = False
+    adapted_models: ClassVar[bool] = False
+    residual_reason: ClassVar[str] = "it is written for the residual contract only"
     color: ClassVar[str | None] = None
     marker: ClassVar[str | None] = None
-    rank: ClassVar[int] = 100
+    expected_failures: ClassVar[dict[str, str]] = {}
+    baseline: ClassVar[bool] = False
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         self.model = model
         self.config = config
         self.n_classes = n_classes
+
+    @classmethod
+    def draws_feedback(cls) -> bool:
+        """Whether the rule draws from the generator seeded by ``method.feedback_seed``
+        (it declares that option), so reports show that seed beside the run seed."""
+        return "feedback_seed" in cls.option_names()
+
+    @classmethod
+    def style(cls, attribute: str) -> str | None:
+        """The rule's own ``color`` or ``marker`` — declared on this class itself, never
+        inherited from a parent rule (a DFA variant must not look like DFA)."""
+        return cls.__dict__.get(attribute)
 
     # --- credit -------------------------------------------------------------------------
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from creditaudit.methods import adapted
 from creditaudit.methods.base import (
     CreditRule,
     StepResult,
@@ -17,6 +18,7 @@ from creditaudit.methods.base import (
     step_result,
 )
 from creditaudit.methods.registry import register
+from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, block_is_trainable
 
 
@@ -53,7 +55,8 @@ class BP(CreditRule):
     label = "BP"
     credit_formula = "a_l = g_l (backprop)"
     feedback_kind = "symmetric"
-    color, marker = "#2166ac", "o"
+    adapted_models = True
+    color, marker = "#1965B0", "o"
     rank = 0
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
@@ -68,8 +71,11 @@ def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: floa
     """(objective, batch-mean CE, logits, h_L) of end-to-end training: CE + λΣ_l‖f_l‖².
 
     The objective keeps its whole graph; its ``backward()`` is the training step's (exact
-    for BP, with replaced weight transposes for the rules of :mod:`linear_feedback`).
+    for BP, with replaced weight transposes for the rules of :mod:`linear_feedback`). On an
+    adapted model the penalty acts on the state increments (:mod:`.adapted`).
     """
+    if isinstance(model, AdaptedModel):
+        return adapted.end_to_end_objective(model, x, y, penalty)
     states, branches, logits = forward_with_branches(model, x)
     ce = F.cross_entropy(loss_precision(logits), y)
     objective = ce

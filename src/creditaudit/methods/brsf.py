@@ -30,7 +30,7 @@ class BRSF(LinearFeedbackRule):
     label = "brSF"
     credit_formula = "backprop with each layer's W^T replaced by (|M_t| o sign W)^T, M_t per batch"
     feedback_kind = "sign_concordant"
-    color, marker = "#01665e", "8"
+    color, marker = "#D1BBD7", ">"
     rank = 15
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

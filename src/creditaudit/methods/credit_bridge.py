@@ -38,15 +38,18 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import MethodConfig, opt
 from creditaudit.methods.base import (
     CreditRule,
+    FeedbackOptions,
+    LocalOptions,
     StepResult,
     local_backward,
     local_forward,
@@ -59,6 +62,7 @@ from creditaudit.methods.registry import register
 from creditaudit.methods.state_bridge import (
     AUX_WEIGHT_DECAY,
     BridgeInput,
+    BridgeOptions,
     aux_dtype,
     mlp,
     seeded_init,
@@ -98,17 +102,33 @@ def unit_cosine(a: Tensor, b: Tensor) -> Tensor:
     return (a * b).sum(dim=1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(tiny)
 
 
+@dataclass
+class CreditBridgeOptions(FeedbackOptions, LocalOptions, BridgeOptions):
+    warmup_fraction: float = opt(
+        0.2, "Credit Bridge: fraction of epochs trained with DFA credit before ∇V takes over",
+        min=0.0, max=1.0)
+    bridge_noise: float = opt(
+        0.1, "Credit Bridge: noise std of the consistency copies, × per-sample RMS of h_{l+1}",
+        min=0.0)
+    bridge_copies: int = opt(8, "Credit Bridge: noisy copies K in the soft-min target", min=1)
+    bridge_temperature: float = opt(
+        0.1, "Credit Bridge: soft-min temperature τ in nats (→0 hard min, →∞ mean)", min=1e-6)
+    ema_decay: float = opt(0.995, "Credit Bridge: EMA decay of the target value net",
+                           min=0.0, max=1.0)
+
+
 @register
 class CreditBridge(CreditRule):
     """Credit a_l = ∇_{h_l} V_φ(h_l, l, e) after a DFA warm-up; V_φ fitted on the fly."""
 
     name = "credit-bridge"
+    residual_reason = "its value net reads states of one width d along the residual stream"
     label = "Credit Bridge"
     credit_formula = "a_l = ∇_{h_l} V(h_l, l, e)"
     feedback_kind = "learned"
-    uses_feedback_seed = True
     local = True
-    color, marker = "#35978f", "P"
+    Options = CreditBridgeOptions
+    color, marker = "#5289C7", "P"
     rank = 50
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

@@ -8,10 +8,12 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from creditaudit.methods import adapted
 from creditaudit.methods.base import StepResult, output_error, state_credit_shape, step_result
-from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
 from creditaudit.methods.projected import credit_scales, projected_backward, projected_forward
 from creditaudit.methods.registry import register
+from creditaudit.models.adapted import AdaptedModel
 
 
 @register
@@ -21,17 +23,23 @@ class DFA(FixedFeedbackRule):
     ``feedback[l]`` has shape (C, d); a_l = e @ feedback[l] per sample (row form of B_lᵀ e),
     broadcast over the tokens of token states. The error e is detached, so nothing flows
     backwards through the network: one backward call trains every module locally, through
-    the projected outputs where a module ends in a Linear (:mod:`.projected`).
+    the projected outputs where a module ends in a Linear (:mod:`.projected`). On an adapted
+    model B_l is (C, d_l) for each state's own width and every state's output takes its
+    credit in one backward pass (:func:`.adapted.projected_local_step`).
     """
 
     name = "dfa"
     label = "DFA"
     credit_formula = "a_l = B_l^T e"
     local = True
-    color, marker = "#b2182b", "D"
+    adapted_models = True
+    Options = LocalFeedbackOptions
+    color, marker = "#DC050C", "D"
     rank = 20
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:
+        if isinstance(self.model, AdaptedModel):
+            return adapted.state_feedback_shapes(self.model, self.n_classes)
         return [(self.n_classes, state_width(self.model))] * (self.model.n_blocks + 1)
 
     def stacked_credits(self, error: Tensor) -> Tensor:
@@ -45,6 +53,8 @@ class DFA(FixedFeedbackRule):
 
     def credits_from_error(self, error: Tensor, states: list[Tensor]) -> list[Tensor]:
         """[a_0 … a_L], each shaped like its state (broadcast over tokens)."""
+        if isinstance(self.model, AdaptedModel):  # states of different widths
+            return adapted.projected_credits(error, self.feedback, states)
         return [state_credit_shape(a, h)
                 for a, h in zip(self.stacked_credits(error).unbind(1), states)]
 
@@ -65,6 +75,8 @@ class DFA(FixedFeedbackRule):
                 yield self.credits_from_error(signal, states)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        if isinstance(self.model, AdaptedModel):
+            return adapted.projected_local_step(self, x, y, optimizer)  # type: ignore[arg-type]
         # The credits have rank C, so modules whose output is a Linear's take their update
         # from the projected output (methods/projected.py): no d-wide weight product.
         optimizer.zero_grad(set_to_none=True)

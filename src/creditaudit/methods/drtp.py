@@ -24,7 +24,7 @@ class DRTP(DFA):
     name = "drtp"
     label = "DRTP"
     credit_formula = "a_l = B_l^T onehot(y)"
-    color, marker = "#d6604d", "v"
+    color, marker = "#E8601C", "v"
     rank = 22
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:

@@ -67,11 +67,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from creditaudit.config import EP_SOLVERS
 from creditaudit.errors import ConfigError
 from creditaudit.methods.ep_energy import Energy, NudgedEnergy, ResidualEnergy, flatten
 from creditaudit.models.contract import ResidualNet
 
+EP_SOLVERS = ("residual-cg", "cg", "gd")  # the choices of method.ep_solver, in help order
 BACKOFF_GROWTH = 1.1  # ‖∇F‖ may grow by 10% in one step before η is halved
 SETTLED = 1000.0  # CG stops a sample at ‖∇F‖ ≤ SETTLED·eps·‖∇F at the start‖
 # A value counts as above F(free) beyond its rounding: 64·eps·(F(free) + β·max|logit|). The

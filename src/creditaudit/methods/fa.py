@@ -15,7 +15,7 @@ from creditaudit.methods.base import (
     loss_precision,
     step_result,
 )
-from creditaudit.methods.feedback import FixedFeedbackRule, state_width
+from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
 
@@ -44,10 +44,13 @@ class FA(FixedFeedbackRule):
     """
 
     name = "fa"
+    residual_reason = ("its d×d B_l stands for one block's whole Jacobian, skip included "
+                       "(per-layer FA on any model: fa-linear)")
     label = "FA"
     credit_formula = "a_l = B_l a_{l+1}, a_L exact"
     local = True
-    color, marker = "#e08214", "s"
+    Options = LocalFeedbackOptions
+    color, marker = "#F1932D", "s"
     rank = 10
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:

@@ -32,7 +32,7 @@ class FALinear(FixedFeedbackRule, LinearFeedbackRule):
     name = "fa-linear"
     label = "FA (per-layer)"
     credit_formula = "backprop with each layer's W^T replaced by a fixed random B"
-    color, marker = "#fdb863", "p"
+    color, marker = "#F6C141", "p"
     rank = 12
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from creditaudit.config import MethodConfig
-from creditaudit.methods.base import CreditRule
+from creditaudit.methods.base import CreditRule, FeedbackOptions, LocalOptions
 from creditaudit.models.contract import ResidualNet
 
 
@@ -56,6 +57,11 @@ def state_width(model: ResidualNet) -> int:
     return int(d)
 
 
+@dataclass
+class LocalFeedbackOptions(FeedbackOptions, LocalOptions):
+    """Local rules with fixed random feedback (block FA, DFA, DRTP)."""
+
+
 class FixedFeedbackRule(CreditRule):
     """A rule whose credit uses ``self.feedback``: a list of fixed random matrices.
 
@@ -64,7 +70,7 @@ class FixedFeedbackRule(CreditRule):
     """
 
     feedback_kind: ClassVar[str] = "fixed_random"
-    uses_feedback_seed: ClassVar[bool] = True
+    Options: ClassVar[type] = FeedbackOptions
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

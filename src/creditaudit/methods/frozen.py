@@ -7,21 +7,27 @@ import torch
 from creditaudit.config import MethodConfig
 from creditaudit.methods.bp import BP
 from creditaudit.methods.registry import register
+from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, set_trainable_blocks
 
 
 @register
 class Frozen(BP):
     """Blocks frozen at random init; embed, terminal LN and head trained by BP. What the
-    trained blocks of any rule must beat by the (d) margin."""
+    trained blocks of any rule must beat by the (d) margin. On an adapted model everything
+    but the readout is frozen."""
 
     name = "frozen"
     label = "Frozen blocks"
     credit_formula = "blocks frozen; readout by BP"
     color, marker = "#636363", "X"
     rank = 1000
+    baseline = True
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
-        set_trainable_blocks(model, 0)
+        if isinstance(model, AdaptedModel):
+            model.freeze_all_but_readout()
+        else:
+            set_trainable_blocks(model, 0)
         super().__init__(model, config, n_classes=n_classes, generator=generator)

@@ -28,7 +28,7 @@ class FRSF(FixedFeedbackRule, LinearFeedbackRule):
     name = "frsf"
     label = "frSF"
     credit_formula = "backprop with each layer's W^T replaced by (|M| o sign W)^T, M fixed"
-    color, marker = "#35978f", "h"
+    color, marker = "#90C987", "h"
     rank = 14
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:

@@ -43,7 +43,7 @@ class KolenPollack(LinearFeedbackRule):
     label = "Kolen–Pollack"
     credit_formula = "backprop with each layer's W^T replaced by B^T, B mirroring W's updates"
     feedback_kind = "learned"
-    color, marker = "#762a83", "*"
+    color, marker = "#882E72", "*"
     rank = 16
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

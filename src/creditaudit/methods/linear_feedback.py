@@ -50,9 +50,11 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ModelContractError
-from creditaudit.methods.base import CreditRule, StepResult, loss_precision
+from creditaudit.methods import adapted_feedback
+from creditaudit.methods.base import CreditRule, FeedbackOptions, StepResult, loss_precision
 from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
+from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet
 
 # Layers whose weights act on an input the rule would have to feed a replaced backward
@@ -271,11 +273,14 @@ class LinearFeedbackRule(CreditRule):
     """
 
     local = False
-    uses_feedback_seed = True
+    Options = FeedbackOptions
+    adapted_models = True  # every Linear, Conv2d and attention projection: adapted_feedback
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
-        self.layers = feedback_layers(model, type(self).name)
+        self.layers = (adapted_feedback.feedback_sites(model, type(self).name)
+                       if isinstance(model, AdaptedModel)
+                       else feedback_layers(model, type(self).name))
         super().__init__(model, config, n_classes=n_classes, generator=generator)
 
     def feedback_matrices(self) -> list[Tensor]:
@@ -291,7 +296,7 @@ class LinearFeedbackRule(CreditRule):
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
         """The modified backward's signal at h_0 … h_L for the batch-mean CE (detached)."""
-        with torch.enable_grad(), replaced_backward(self.layers, self.feedback_matrices()):
+        with torch.enable_grad(), self.feedback_backward(self.feedback_matrices()):
             states, logits = self.model.forward_states(x)
             ce = F.cross_entropy(loss_precision(logits), y)
             # States only: no parameter's .grad is touched.
@@ -300,7 +305,20 @@ class LinearFeedbackRule(CreditRule):
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         feedback = self.step_feedback()
-        return end_to_end_step(self, x, y, optimizer, replaced_backward(self.layers, feedback))
+        return end_to_end_step(self, x, y, optimizer, self.feedback_backward(feedback))
+
+    @contextlib.contextmanager
+    def feedback_backward(self, feedback: Sequence[Tensor]) -> Iterator[None]:
+        """:func:`replaced_backward` of :attr:`layers` (on an adapted model, attention's
+        projections too: :mod:`.adapted_feedback`)."""
+        if not isinstance(self.model, AdaptedModel):
+            with replaced_backward(self.layers, feedback):
+                yield
+            return
+        layers, layer_feedback, attentions = adapted_feedback.split_sites(self.layers, feedback)
+        with replaced_backward(layers, layer_feedback), \
+                adapted_feedback.replaced_attention_backward(attentions, _FeedbackLinear.apply):
+            yield
 
     def weight_alignment(self) -> dict[str, list]:
         pairs = [matrix_alignment(b, w)

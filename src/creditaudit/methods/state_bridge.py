@@ -34,15 +34,18 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import MethodConfig, opt
 from creditaudit.methods.base import (
     CreditRule,
+    LocalOptions,
+    SeededOptions,
     StepResult,
     local_backward,
     local_forward,
@@ -172,17 +175,36 @@ class BridgePredictor(nn.Module):
         return from_feature_rows(out, h)
 
 
+@dataclass
+class BridgeOptions:
+    """What both bridges' auxiliary nets share."""
+
+    bridge_hidden: int = opt(256, "State/Credit Bridge: hidden width of the auxiliary net",
+                             min=1)
+    bridge_lr: float = opt(1e-3, "State/Credit Bridge: AdamW learning rate of the auxiliary "
+                           "net", min=0.0)
+
+
+@dataclass
+class StateBridgeOptions(SeededOptions, LocalOptions, BridgeOptions):
+    bridge_skip: bool = opt(
+        False, "State Bridge: predict h_L as h_l + RMS(h_l)·MLP(…) (identity at init) instead "
+        "of MLP(…)")
+
+
 @register
 class StateBridge(CreditRule):
     """Credit a_l = ∇_{h_l} CE(readout(G_ψ(h_l, l, e)), y); G_ψ fitted to h_L on the fly."""
 
     name = "state-bridge"
+    residual_reason = ("its predictor maps states of one width d to h_L and reads them "
+                       "through the readout")
     label = "State Bridge"
     credit_formula = "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)"
     feedback_kind = "learned"
-    uses_feedback_seed = True
     local = True
-    color, marker = "#762a83", "v"
+    Options = StateBridgeOptions
+    color, marker = "#AE76A3", "<"
     rank = 40
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

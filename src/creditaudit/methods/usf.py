@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from creditaudit.methods.base import ScaleOptions
 from creditaudit.methods.linear_feedback import LinearFeedbackRule, magnitude_scale
 from creditaudit.methods.registry import register
 
@@ -24,8 +25,8 @@ class USF(LinearFeedbackRule):
     label = "uSF"
     credit_formula = "backprop with each layer's W^T replaced by (s sign W)^T"
     feedback_kind = "sign_concordant"
-    uses_feedback_seed = False  # B = s·sign(W): nothing is drawn
-    color, marker = "#80cdc1", "H"
+    Options = ScaleOptions  # B = s·sign(W): nothing is drawn, so no feedback_seed
+    color, marker = "#7BAFDE", "d"
     rank = 13
 
     def magnitudes(self) -> list[float]:

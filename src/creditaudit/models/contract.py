@@ -18,26 +18,62 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
+
+LAYOUTS = ("vectors", "tokens", "maps")
 
 
 class ResidualNet(nn.Module):
     """Base class implementing the contract on top of ``embed``, ``blocks`` and ``readout``.
 
     Subclasses set ``self.embed`` (module: input → h_0), ``self.blocks`` (``nn.ModuleList``
-    of branch modules) and ``self.residual``, and define ``readout(h_L) -> logits``. Every
-    parameter outside ``embed`` and ``blocks`` belongs to the readout.
+    of branch modules), ``self.residual``, ``self.d`` (the state width) and
+    ``self.n_classes``, define ``readout(h_L) -> logits``, and declare what they are:
+    ``terminal_ln`` (whether the readout normalises h_L with a LayerNorm — a fact the
+    protocol's diagnosis of (b) rests on) and ``state_layout`` (``"vectors"`` (B, d),
+    ``"tokens"`` (B, T, d) or ``"maps"`` (B, d, H, W)). Every parameter outside ``embed``
+    and ``blocks`` belongs to the readout. :func:`creditaudit.testing.check_model` checks
+    each declaration against the module's behaviour.
     """
 
     embed: nn.Module
     blocks: nn.ModuleList
     residual: bool = True
     n_classes: int
+    d: int
+    state_layout: ClassVar[str] = "vectors"
+    # Set by creditaudit.models.build_model: the registered architecture and the shape of
+    # one input as the model receives it.
+    architecture: Any = None
+    input_shape: tuple[int, ...] = ()
+
+    @property
+    def terminal_ln(self) -> bool:
+        """Whether the readout applies a LayerNorm to h_L (declare it in a subclass)."""
+        raise ModelContractError(f"{type(self).__name__} must declare `terminal_ln`: whether "
+                                 "its readout applies a LayerNorm to h_L")
+
+    def describe(self) -> ModelDescription:
+        """What this model is, for records and reports (asked of the model, not a config)."""
+        arch = self.architecture
+        name = arch.name if arch is not None else type(self).__name__
+        label = arch.label if arch is not None else type(self).__name__
+        label = f"{label} d={self.d} L={self.n_blocks}"
+        if not self.terminal_ln:
+            label += " no out_LN"
+        if not self.residual:
+            label += " no residual"
+        return ModelDescription(
+            arch=name, label=label, terminal_ln=bool(self.terminal_ln), d=int(self.d),
+            n_blocks=self.n_blocks, residual=bool(self.residual),
+            input_shape=list(self.input_shape) or None, layout=self.state_layout,
+            parameters=sum(p.numel() for p in self.parameters()))
 
     def readout(self, h: Tensor) -> Tensor:
         raise NotImplementedError

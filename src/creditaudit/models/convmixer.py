@@ -96,6 +96,12 @@ class ConvMixer(ResidualNet):
         self.out_ln = nn.LayerNorm(d) if out_ln else None
         self.out_head = nn.Linear(d, n_classes)
 
+    state_layout = "maps"
+
+    @property
+    def terminal_ln(self) -> bool:
+        return self.out_ln is not None
+
     def readout(self, h: Tensor) -> Tensor:
         """(B, d, H, W) maps → global average pool → terminal LN (if any) → head."""
         pooled = h.mean(dim=(2, 3))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from creditaudit.config import SYNTHETIC_IMAGE_DIM
 from creditaudit.errors import ConfigError
 
 ImageShape = tuple[int, int, int]
 FLAT_IMAGE: ImageShape = (3, 32, 32)  # how 3072 features are viewed
+SYNTHETIC_IMAGE_DIM = 3 * 32 * 32  # features that image architectures view as FLAT_IMAGE
 
 
 def image_shape(input_shape: tuple[int, ...], arch: str, patch: int) -> ImageShape:
@@ -26,12 +26,16 @@ def image_shape(input_shape: tuple[int, ...], arch: str, patch: int) -> ImageSha
     if shape == (SYNTHETIC_IMAGE_DIM,):
         shape = FLAT_IMAGE
     if len(shape) != 3:
-        raise ConfigError(f"model.arch={arch!r} needs C×H×W images or {SYNTHETIC_IMAGE_DIM} "
-                          f"features (viewed as 3×32×32), got inputs of shape {tuple(input_shape)}")
+        held = "feature vectors" if len(shape) == 1 else "inputs"
+        raise ConfigError(f"model.arch={arch!r} needs images, and the data holds {held} of "
+                          f"shape {tuple(input_shape)}: use C×H×W image data, "
+                          f"{SYNTHETIC_IMAGE_DIM} features (viewed as 3×32×32), or a vector "
+                          "architecture such as model.arch='resmlp'")
     channels, height, width = shape
     if height % patch or width % patch:
+        fits = [p for p in range(1, height + 1) if height % p == 0 and width % p == 0]
         raise ConfigError(f"model.patch={patch} does not divide the {height}×{width} images: "
-                          "pick a patch size that divides both sides")
+                          f"use one of {', '.join(map(str, fits))}")
     return channels, height, width
 
 

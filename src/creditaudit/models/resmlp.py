@@ -63,6 +63,12 @@ class ResidualMLP(ResidualNet):
         self.out_ln = nn.LayerNorm(d) if out_ln else None
         self.out_head = nn.Linear(d, n_classes)
 
+    state_layout = "vectors"
+
+    @property
+    def terminal_ln(self) -> bool:
+        return self.out_ln is not None
+
     def readout(self, h: Tensor) -> Tensor:
         """Terminal LN (if any) and head: (B, d) → (B, n_classes)."""
         if self.out_ln is not None:

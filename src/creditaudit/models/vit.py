@@ -115,6 +115,12 @@ class ViTMini(ResidualNet):
         self.out_ln = nn.LayerNorm(d) if out_ln else None
         self.out_head = nn.Linear(d, n_classes)
 
+    state_layout = "tokens"
+
+    @property
+    def terminal_ln(self) -> bool:
+        return self.out_ln is not None
+
     def readout(self, h: Tensor) -> Tensor:
         """(B, T, d) tokens → (B, n_classes) logits from the CLS token."""
         cls = h[:, 0]

@@ -9,17 +9,19 @@ id     name                             statistic                               
 (d)    depth utility                    headline acc − frozen-blocks acc (pp)          < 2.0
 =====  ===============================  =============================================  ==========
 
-The verdict is *needs walk-back* (naming the fired ones) when any fires, *trustworthy* only
-when all four were evaluated and none fired, and *incomplete* otherwise — printed as "no
-walk-back in (a)–(c); (d) not evaluated". A diagnostic that cannot be evaluated (no frozen
-accuracy, too few evaluation batches, non-finite values) is reported as *not evaluated* —
-never as passed.
+The protocol is data (:mod:`.diagnostics`): each diagnostic is a registered class, and a
+plugin diagnostic joins the four when a config lists it. The verdict (:mod:`.verdicts`) is
+*needs walk-back* (naming the fired ones) when any fires, *trustworthy* only when all were
+evaluated and none fired, and *incomplete* otherwise — printed as "no walk-back in (a)–(c);
+(d) not evaluated". A diagnostic that cannot be evaluated (no frozen accuracy, too few
+evaluation batches, non-finite values) is reported as *not evaluated* — never as passed.
 
 :func:`creditaudit.own_model.diagnose` runs the protocol on a live model (a contract model,
 or any ``nn.Module`` with a states function); :func:`evaluate_protocol` runs it on precomputed
-:class:`~creditaudit.diagnostics.gradients.StateGradients` (what training already has).
-Norms follow science.md §2: per-sample L2 over the feature axis, median over samples, gradients
-as (1/128)·∂CE_i/∂h_l.
+:class:`~creditaudit.diagnostics.gradients.StateGradients` (what training already has);
+:mod:`.records` judges run records again (e.g. (d) against the frozen runs of a recipe).
+Norms follow science.md §2: per-sample L2 over the feature axis, median over samples,
+gradients as (1/128)·∂CE_i/∂h_l.
 """
 
 from creditaudit.protocol.checks import (
@@ -27,7 +29,6 @@ from creditaudit.protocol.checks import (
     CAUSE_LN,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
-    DIAGNOSTIC_NAMES,
     FIRED,
     HEADLINE_GAMMA,
     INCOMPLETE,
@@ -40,28 +41,42 @@ from creditaudit.protocol.checks import (
     Thresholds,
     block_growths,
     cross_batch_stability,
-    depth_utility_diagnostic,
-    growth_diagnostic,
+)
+from creditaudit.protocol.diagnostics import (
+    DepthUtility,
+    DirectionStability,
+    Evidence,
+    ProtocolDiagnostic,
+    ReferenceValidity,
+    ResidualStreamScale,
+    default_names,
+    protocol,
+)
+from creditaudit.protocol.evaluate import CreditFn, DiagnosticReport, evaluate_protocol
+from creditaudit.protocol.verdicts import (
+    Protocol,
     labels,
-    reference_diagnostic,
-    stability_diagnostic,
+    statuses_of,
     verdict_from,
     verdict_of,
     verdict_phrase,
 )
-from creditaudit.protocol.evaluate import (
-    CreditFn,
-    DiagnosticReport,
-    config_metadata,
-    evaluate_protocol,
-)
+
+
+def depth_utility_diagnostic(headline_acc: float | None, frozen_acc: float | None,
+                             thresholds: Thresholds) -> DiagnosticResult:
+    """(d) on two accuracies (fractions): what re-judging a record against a frozen baseline
+    needs."""
+    return DepthUtility.evaluate(Evidence([], [], headline_acc=headline_acc,
+                                          frozen_acc=frozen_acc), thresholds)
+
 
 __all__ = [
-    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN",
-    "DIAGNOSTIC_NAMES", "FIRED", "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON",
-    "NOT_EVALUATED", "PASSED", "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport",
-    "DiagnosticResult", "Thresholds", "block_growths", "config_metadata",
-    "cross_batch_stability", "depth_utility_diagnostic", "evaluate_protocol",
-    "growth_diagnostic", "labels", "reference_diagnostic", "stability_diagnostic",
-    "verdict_from", "verdict_of", "verdict_phrase",
+    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN", "FIRED",
+    "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON", "NOT_EVALUATED", "PASSED",
+    "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport", "DiagnosticResult",
+    "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
+    "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
+    "block_growths", "cross_batch_stability", "depth_utility_diagnostic", "evaluate_protocol",
+    "labels", "statuses_of", "verdict_from", "verdict_of", "verdict_phrase",
 ]

@@ -15,22 +15,13 @@ from typing import Any
 from torch import Tensor
 
 from creditaudit import strict_json
-from creditaudit.config import RunConfig
 from creditaudit.diagnostics.alignment import gamma_aggregations, layer_cosine_table
-from creditaudit.diagnostics.gradients import StateGradients, median_norms
+from creditaudit.diagnostics.epoch import EpochMeasures
+from creditaudit.diagnostics.gradients import StateGradients, median_norms, zero_gradient_stats
 from creditaudit.errors import ConfigError
-from creditaudit.methods.registry import find_rule
-from creditaudit.protocol.checks import (
-    HEADLINE_GAMMA,
-    DiagnosticResult,
-    Thresholds,
-    depth_utility_diagnostic,
-    growth_diagnostic,
-    reference_diagnostic,
-    stability_diagnostic,
-    verdict_of,
-    verdict_phrase,
-)
+from creditaudit.protocol.checks import HEADLINE_GAMMA, DiagnosticResult, Thresholds
+from creditaudit.protocol.diagnostics import Evidence
+from creditaudit.protocol.verdicts import Protocol, statuses_of, verdict_of, verdict_phrase
 
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
 DEFAULT_THRESHOLDS = Thresholds()  # frozen: one shared default instance is safe
@@ -67,19 +58,20 @@ class DiagnosticReport:
 
     @property
     def verdict_text(self) -> str:
-        """``"needs walk-back (a)(b)"``, ``"trustworthy"`` (all four evaluated, none fired)
-        or ``"no walk-back in (a)–(c); (d) not evaluated"`` (see :func:`verdict_phrase`)."""
-        return verdict_phrase(self.fired, self.not_evaluated)
+        """``"needs walk-back (a)(b)"``, ``"trustworthy"`` (all evaluated, none fired) or
+        ``"no walk-back in (a)–(c); (d) not evaluated"`` (see :func:`verdict_phrase`)."""
+        return verdict_phrase(statuses_of(self.diagnostics))
 
     @property
     def headline_gamma(self) -> float | None:
         return None if self.gamma is None else self.gamma.get(HEADLINE_GAMMA)
 
     # --- serialisation --------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, norms: bool = True) -> dict[str, Any]:
         """A JSON-able dict (floats may be NaN/inf: :meth:`to_json` writes them as strict
-        JSON, null plus a ``non_finite`` mark)."""
-        return {
+        JSON, null plus a ``non_finite`` mark). ``norms=False`` leaves out the per-layer norms
+        (a run record stores them once, in the epoch's entry)."""
+        out = {
             "verdict": self.verdict,
             "fired": list(self.fired),
             "not_evaluated": list(self.not_evaluated),
@@ -91,12 +83,18 @@ class DiagnosticReport:
             "metrics": self.metrics,
             "metadata": self.metadata,
         }
+        if not norms:
+            del out["hidden_norms"], out["grad_norms"]
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DiagnosticReport:
-        """Rebuild a report from :meth:`to_dict` output (e.g. a run record's protocol block)."""
+    def from_dict(cls, data: dict[str, Any], *, hidden_norms: list[float] | None = None,
+                  grad_norms: list[float] | None = None) -> DiagnosticReport:
+        """Rebuild a report from :meth:`to_dict` output (e.g. a run record's protocol block,
+        whose norms come from the epoch's entry: ``hidden_norms``/``grad_norms``)."""
         return cls(
-            hidden_norms=data["hidden_norms"], grad_norms=data["grad_norms"],
+            hidden_norms=list(data.get("hidden_norms", hidden_norms or [])),
+            grad_norms=list(data.get("grad_norms", grad_norms or [])),
             diagnostics=[DiagnosticResult(**r) for r in data["diagnostics"].values()],
             verdict=data["verdict"], fired=data["fired"], not_evaluated=data["not_evaluated"],
             layer_cosines=data.get("layer_cosines"), gamma=data.get("gamma"),
@@ -130,29 +128,40 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                       frozen_acc: float | None, thresholds: Thresholds = DEFAULT_THRESHOLDS,
                       terminal_ln: bool | None = None, credits: Sequence[Tensor] | None = None,
                       metrics: dict[str, Any] | None = None,
-                      metadata: dict[str, Any] | None = None) -> DiagnosticReport:
-    """The four diagnostics from precomputed per-sample states and gradients.
+                      metadata: dict[str, Any] | None = None,
+                      protocol: Protocol | None = None,
+                      measures: EpochMeasures | None = None) -> DiagnosticReport:
+    """The protocol's diagnostics from precomputed per-sample states and gradients.
 
     ``sg``: :class:`StateGradients` on the evaluation set (``(N, d)`` summaries, gradients
-    in the 1/128 convention); ``headline_acc``/``frozen_acc``: test accuracies as fractions
-    (None → (d) not evaluated); ``terminal_ln``: whether the model ends in a LayerNorm (None
-    = unknown, used only to name (b)'s cause); ``credits``: optional ``(N, d)`` credit
-    summaries per layer for the per-layer cosine table and Γ. Pure: no autograd, no RNG.
+    in the 1/128 convention); ``measures``: the epoch's :class:`EpochMeasures` of the same
+    set when they are at hand (their norms are used, not recomputed); ``headline_acc`` /
+    ``frozen_acc``: test accuracies as fractions (None → (d) not evaluated);
+    ``terminal_ln``: whether the model ends in a LayerNorm (None = unknown, used only to
+    name (b)'s cause); ``credits``: optional ``(N, d)`` credit summaries per layer for the
+    per-layer cosine table and Γ; ``protocol``: the diagnostics and their thresholds
+    (default: the four built-ins with ``thresholds``). Pure: no autograd, no RNG.
     """
     headline_acc = _check_fraction("headline_acc", headline_acc)
     frozen_acc = _check_fraction("frozen_acc", frozen_acc)
-    hidden = median_norms(sg.states)
-    grads = median_norms(sg.grads)
-    results = [
-        growth_diagnostic(hidden, thresholds),
-        reference_diagnostic(sg.grads[-1], hidden, thresholds, terminal_ln=terminal_ln),
-        stability_diagnostic(sg.grads, thresholds),
-        depth_utility_diagnostic(headline_acc, frozen_acc, thresholds),
-    ]
+    protocol = protocol or Protocol.default(thresholds)
+    if measures is None:
+        hidden, grads = median_norms(sg.states), median_norms(sg.grads)
+        zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
+    else:
+        hidden, grads = list(measures.hidden_norms), list(measures.grad_norms)
+        zero_fraction, nonzero_median = (measures.g_L_zero_fraction,
+                                         measures.g_L_nonzero_median)
+    evidence = Evidence(hidden_norms=hidden, grad_norms=grads, g_L_zero_fraction=zero_fraction,
+                        g_L_nonzero_median=nonzero_median, grads=sg.grads, logits=sg.logits,
+                        headline_acc=headline_acc, frozen_acc=frozen_acc,
+                        terminal_ln=terminal_ln)
+    results = protocol.evaluate(evidence)
     verdict, fired, skipped = verdict_of(results)
     meta = {"n_samples": int(sg.states[0].shape[0]), "layout": sg.layout,
             "terminal_ln": terminal_ln, "headline_acc": headline_acc, "frozen_acc": frozen_acc,
-            "headline_gamma_aggregation": HEADLINE_GAMMA, "thresholds": thresholds.to_dict()}
+            "headline_gamma_aggregation": HEADLINE_GAMMA, "thresholds": thresholds.to_dict(),
+            "protocol": protocol.to_dict()}
     meta.update(metadata or {})
     table = gamma = None
     if credits is not None:
@@ -161,30 +170,3 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     return DiagnosticReport(hidden_norms=hidden, grad_norms=grads, diagnostics=results,
                             verdict=verdict, fired=fired, not_evaluated=skipped,
                             layer_cosines=table, gamma=gamma, metrics=metrics, metadata=meta)
-
-
-def _draws_feedback(method: str) -> bool:
-    """True when the rule draws from the feedback seed's generator (unknown rules: False)."""
-    rule = find_rule(method)
-    return rule is not None and rule.uses_feedback_seed
-
-
-def config_metadata(config: RunConfig, run_id: str | None = None) -> dict[str, Any]:
-    """Report metadata (method, architecture, dataset, seeds, run id) of a run's config."""
-    model = config.model
-    arch = f"{model.arch} d={model.d} L={model.n_blocks}"
-    if model.arch == "student":
-        arch = "student d=128 L=4"
-    elif not model.out_ln:
-        arch += " no out_ln"
-    if not model.residual:
-        arch += " no residual"
-    feedback_seed = (config.method.feedback_seed if config.method.feedback_seed is not None
-                     else config.run.seed)
-    return {
-        "method": config.method.name, "arch": arch,
-        "terminal_ln": model.out_ln and model.arch != "student",
-        "dataset": config.data.name, "seeds": str(config.run.seed),
-        "feedback_seed": feedback_seed if _draws_feedback(config.method.name) else None,
-        "penalty": config.method.penalty, "run_id": run_id,
-    }

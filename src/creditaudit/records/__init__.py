@@ -32,13 +32,12 @@ from creditaudit.records.files import (
     save_record,
     scan_records,
 )
-from creditaudit.records.index import RecordSet
 from creditaudit.records.parts import (
+    DERIVED,
     EndOfRun,
     EpochEntry,
     FinalResults,
     ProtocolState,
-    Verdict,
     deep_mean,
 )
 from creditaudit.records.schema import (
@@ -52,7 +51,7 @@ from creditaudit.records.schema import (
 )
 
 __all__ = [
-    "RunRecord", "RecordSet", "Verdict", "EpochEntry", "FinalResults", "EndOfRun",
+    "RunRecord", "DERIVED", "EpochEntry", "FinalResults", "EndOfRun",
     "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "RECORD_FILE",
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",
     "load_config_file",

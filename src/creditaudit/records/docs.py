@@ -10,8 +10,15 @@ import dataclasses
 import types
 import typing
 
-from creditaudit.data.identity import DataIdentity
-from creditaudit.records.parts import EndOfRun, EpochEntry, FinalResults, ProtocolState
+from creditaudit.descriptions import DataIdentity, ModelDescription
+from creditaudit.records.parts import (
+    DOMAIN_TOLERANCE,
+    EndOfRun,
+    EpochEntry,
+    FinalResults,
+    ProtocolState,
+    domain_text,
+)
 from creditaudit.records.schema import SCHEMA, RunRecord
 
 MARKER = "<!-- generated -->"
@@ -19,13 +26,23 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("Top level", RunRecord, "The keys of `record.json`."),
     ("Per-epoch entries (`log`)", EpochEntry,
      "One object per evaluated epoch. Rule-specific values (`extras`) are written as keys of "
-     "the entry itself, beside the others."),
+     "the entry itself, beside the others. Each number is stored once; values derived from "
+     "the stored ones are read with `entry.value(key)` or `record.series(key)`: `test_acc` "
+     "(= `acc_eval`), `h_L_norm` and `g_L_norm` (the deepest state's norms), `g_2_norm`, "
+     "`max_block_growth` (the statistic of diagnostic (a)), `deep_cos` (mean cosine over "
+     "l ≥ 1) and `deep_cos_valid`. For scripts that read record.json directly, `test_acc`, "
+     "`h_L_norm`, `g_2_norm` (and `hidden_norms_cls` for token models) are also written "
+     "under those names; reading derives them again."),
     ("Final results (`final`)", FinalResults, ""),
     ("End-of-run credit quality (`diagnostics`)", EndOfRun,
      "Computed once after the last epoch on the evaluation subset "
      "(`diagnostics.end_of_run`). Rule-specific metrics (`extras`) are keys of this object."),
     ("Protocol during training (`protocol`)", ProtocolState, ""),
     ("Data identity (`data`)", DataIdentity, ""),
+    ("The model as built (`model`)", ModelDescription,
+     "Asked of the model itself when the run started; records before schema 3 lack it "
+     "(reports then build the model from the record's config on PyTorch's meta device and "
+     "ask it)."),
 )
 
 
@@ -43,11 +60,18 @@ def _type_text(tp: object) -> str:
 
 
 def field_rows(cls: type) -> list[str]:
+    """The table of ``cls``'s fields; with a domain column when a field has a domain."""
     hints = typing.get_type_hints(cls)
-    rows = ["| key | type | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(cls):
-        doc = f.metadata.get("doc", "")
-        rows.append(f"| `{f.name}` | `{_type_text(hints[f.name])}` | {doc.replace('|', '/')} |")
+    fields = dataclasses.fields(cls)
+    domains = [domain_text(f.metadata.get("domain")) for f in fields]
+    with_domain = any(domains)
+    rows = (["| key | type | domain | meaning |", "|---|---|---|---|"] if with_domain
+            else ["| key | type | meaning |", "|---|---|---|"])
+    for f, domain in zip(fields, domains):
+        doc = f.metadata.get("doc", "").replace("|", "/")
+        cells = [f"`{f.name}`", f"`{_type_text(hints[f.name])}`",
+                 *([domain] if with_domain else []), doc]
+        rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
@@ -55,7 +79,11 @@ def render_record_docs() -> str:
     """The generated part of docs/records.md (everything after the marker)."""
     out = [MARKER, "", f"Schema `{SCHEMA}`. Non-finite numbers are written as `null` and "
            "listed in a top-level `non_finite` object (JSON pointer → `NaN`, `Infinity` or "
-           "`-Infinity`), so strict parsers read every record and nothing is lost."]
+           "`-Infinity`), so strict parsers read every record and nothing is lost.", "",
+           "A record with a number outside its field's *domain* (each number of a list or "
+           "object field, or of the keys named) is refused when read. NaN (undefined) is "
+           "allowed in every domain, +inf only in `≥ 0`; the bounds have a rounding slack "
+           f"of {DOMAIN_TOLERANCE:.0e}.".replace("e-0", "e-")]
     for title, cls, intro in SECTIONS:
         out += ["", f"### {title}", ""]
         if intro:

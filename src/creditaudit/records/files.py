@@ -24,9 +24,9 @@ from typing import Any
 
 from creditaudit import strict_json
 from creditaudit.config import RunConfig, load_config
+from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.records.schema import DataIdentity, RunRecord
-from creditaudit.run_ids import run_data_identity, run_id
 from creditaudit.safe_files import (
     atomic_write_json,
     describe_os_error,
@@ -40,7 +40,7 @@ CONFIG_FILE = "config.toml"
 
 
 # --- records -------------------------------------------------------------------------------
-def environment(device: str) -> dict[str, Any]:
+def environment(device: str, components: dict[str, Any] | None = None) -> dict[str, Any]:
     """Package versions, the source revision, device and threads: what a reader needs to
     reproduce the run."""
     import numpy
@@ -56,6 +56,7 @@ def environment(device: str) -> dict[str, Any]:
         "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda_device": torch.cuda.get_device_name(0) if cuda else None, "device": device,
+        "components": components,
     }
 
 
@@ -63,19 +64,20 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def new_record(config: RunConfig, *, device: str, data: DataIdentity | None = None
-               ) -> RunRecord:
-    """A fresh ``running`` record of ``config`` (``data``: its data identity, computed when
-    not given)."""
-    data = data or run_data_identity(config)
-    return RunRecord(run_id=run_id(config, data), config=config, status="running", data=data,
-                     environment=environment(device), created=now())
+def new_record(config: RunConfig, *, device: str, run_id: str = "",
+               data: DataIdentity | None = None, model: ModelDescription | None = None,
+               code: dict[str, Any] | None = None) -> RunRecord:
+    """A fresh ``running`` record of ``config`` (``run_id``, ``data``, ``model`` and the
+    components' ``code`` versions as the run plan and the built model give them)."""
+    return RunRecord(run_id=run_id, config=config, status="running", data=data, model=model,
+                     environment=environment(device, code), created=now())
 
 
 def record_path(path: Path | str) -> Path:
-    """The record.json of a run folder, or the path itself when it names a file."""
+    """The record.json of a run folder, or the path itself when it names a file (or a
+    folder named record.json, which is then refused as one)."""
     path = Path(path)
-    return path / RECORD_FILE if path.is_dir() else path
+    return path / RECORD_FILE if path.is_dir() and path.name != RECORD_FILE else path
 
 
 def save_record(run_dir: Path | str, record: RunRecord) -> Path:
@@ -89,13 +91,21 @@ def load_record(path: Path | str) -> RunRecord:
     """Read and validate a run record (a run folder or its record.json).
 
     Raises RunRecordError with a one-line reason for missing, unreadable, binary,
-    truncated, malformed or foreign-schema files.
+    truncated, malformed or foreign-schema files, for anything but a regular file (a
+    folder, a named pipe, a device), for files over the size limit or nested too deeply
+    (:func:`~creditaudit.safe_files.read_text`, :func:`~creditaudit.strict_json.check_depth`)
+    and for values outside their domain (an accuracy of 5).
     """
     path = record_path(path)
     if not path.exists():
         raise RunRecordError(f"no run record at {path}: pass a run folder that holds "
                              f"{RECORD_FILE} or the file itself")
     text = read_text(path, "run record")
+    try:
+        strict_json.check_depth(text)
+    except strict_json.TooDeep as err:
+        raise RunRecordError(f"run record {path} {err}; it was not written by creditaudit"
+                             ) from None
     try:
         raw = json.loads(text)
     except ValueError as err:
@@ -146,12 +156,16 @@ def load_record_cached(path: Path | str) -> RunRecord:
 
 
 def find_records(root: Path | str) -> list[Path]:
-    """Every record.json below ``root`` (sorted); unreadable folders are skipped."""
+    """Every record.json below ``root`` (sorted), whatever it is: a folder, pipe or device
+    of that name is listed too, so that readers name it as unreadable; unreadable folders
+    are skipped."""
     found: list[Path] = []
-    for folder, _dirs, files in os.walk(root, onerror=lambda err: log.warning(
+    for folder, dirs, files in os.walk(root, onerror=lambda err: log.warning(
             "skipping %s", describe_os_error(err))):
-        if RECORD_FILE in files:
+        if RECORD_FILE in files or RECORD_FILE in dirs:
             found.append(Path(folder) / RECORD_FILE)
+        if RECORD_FILE in dirs:
+            dirs.remove(RECORD_FILE)  # not a run folder: not searched
     return sorted(found)
 
 

@@ -1,7 +1,8 @@
 """The parts of a run record: one epoch's entry, the final results, the end-of-run block,
 the protocol state, and the verdict readers report.
 
-Each part is a dataclass whose fields carry their documentation (:func:`doc`), from which
+Each part is a dataclass whose fields carry their documentation and, for numbers, their
+domain (:func:`doc`, checked by :func:`check_domains` when a record is read), from which
 ``docs/records.md`` is generated; :mod:`creditaudit.records.schema` assembles them into a
 :class:`~creditaudit.records.schema.RunRecord`.
 """
@@ -9,19 +10,122 @@ Each part is a dataclass whose fields carry their documentation (:func:`doc`), f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping, Sequence
+import reprlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from creditaudit.errors import RunRecordError
 
+# Rounding slack of a domain's bounds: a cosine of 1.0000000002 (float32 arithmetic) is 1.
+DOMAIN_TOLERANCE = 1e-6
 
-def doc(text: str, default: Any = None, *, factory: Any = None) -> Any:
-    """A dataclass field documented by ``text`` (rendered into docs/records.md)."""
+
+@dataclass(frozen=True)
+class Domain:
+    """The interval every number of a record field lies in, ``low ≤ x ≤ high`` (give or take
+    :data:`DOMAIN_TOLERANCE`), for a number or each number of a list or mapping of them.
+
+    NaN is always allowed: it is how an undefined value is written (the cosine of a zero
+    vector, the norms of a diverged run). ±inf is allowed only on an unbounded side (the
+    growth of a stream whose norm is 0); an infinite cosine or accuracy is refused.
+    """
+
+    low: float
+    high: float
+    what: str  # "a cosine": what a number of this domain is, for messages
+
+    @property
+    def text(self) -> str:
+        """``[0, 1]``, ``[−1, 1]``, ``≥ 0``: the interval as docs/records.md states it."""
+        if math.isinf(self.high):
+            return f"≥ {self.low:g}"
+        return f"[{self.low:g}, {self.high:g}]".replace("-", "−")
+
+    def admits(self, number: float) -> bool:
+        return math.isnan(number) or (self.low - DOMAIN_TOLERANCE <= number
+                                      <= self.high + DOMAIN_TOLERANCE)
+
+
+FRACTION = Domain(0.0, 1.0, "a fraction")
+ACCURACY = Domain(0.0, 1.0, "an accuracy (a fraction, not a percentage)")
+COSINE = Domain(-1.0, 1.0, "a cosine")
+CORRELATION = Domain(-1.0, 1.0, "a correlation")
+NONNEGATIVE = Domain(0.0, math.inf, "a norm, ratio, count or duration")
+DEGREES = Domain(0.0, 180.0, "an angle in degrees")
+
+# A field's domain: one Domain for every number in its value, or, for objects holding
+# numbers of several kinds (rows of the cosine table), a Domain per key (others unchecked).
+FieldDomain = Domain | Mapping[str, Domain]
+
+
+def doc(text: str, default: Any = None, *, factory: Any = None,
+        domain: FieldDomain | None = None) -> Any:
+    """A dataclass field documented by ``text`` (rendered into docs/records.md); ``domain``:
+    where its numbers lie, checked by :func:`check_domains` when a record is read."""
+    metadata = {"doc": text, "domain": domain}
     if factory is not None:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def domain_text(domain: FieldDomain | None) -> str:
+    """The domain as docs/records.md states it (``""`` for none)."""
+    if domain is None:
+        return ""
+    if isinstance(domain, Domain):
+        return domain.text
+    return ", ".join(f"`{key}` {d.text}" for key, d in domain.items())
+
+
+def check_domains(part: Any, where: str, prefix: str = "") -> None:
+    """Raise RunRecordError when a number of a field of dataclass ``part`` lies outside the
+    field's ``domain`` (or is not a number at all). ``where`` starts the message (``run
+    record PATH``), ``prefix`` names the part (``final.``, ``log[3].``)."""
+    for name, domain in _field_domains(type(part)):
+        _check_domain(getattr(part, name), domain, where, prefix + name)
+
+
+@functools.cache
+def _field_domains(cls: type) -> tuple[tuple[str, FieldDomain], ...]:
+    """(name, domain) of the fields of dataclass ``cls`` that declare a domain."""
+    return tuple((f.name, f.metadata["domain"]) for f in dataclasses.fields(cls)
+                 if f.metadata.get("domain") is not None)
+
+
+def _check_domain(value: Any, domain: FieldDomain, where: str, name: str) -> None:
+    if value is None or (type(value) is float and isinstance(domain, Domain)
+                         and domain.admits(value)):
+        return
+    if isinstance(value, list):
+        suspects: Iterable[int] = range(len(value))
+        if isinstance(domain, Domain):  # the common case, a list of floats, in one pass
+            low, high = domain.low - DOMAIN_TOLERANCE, domain.high + DOMAIN_TOLERANCE
+            suspects = [index for index, item in enumerate(value)
+                        if not (type(item) is float and (low <= item <= high or item != item))]
+        for index in suspects:
+            _check_domain(value[index], domain, where, f"{name}[{index}]")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            inner = domain if isinstance(domain, Domain) else domain.get(key)
+            if inner is not None:
+                _check_domain(item, inner, where, f"{name}.{key}")
+        return
+    number = as_number(value)
+    if not isinstance(domain, Domain):
+        problem = f"{name} must be an object, got {reprlib.repr(value)}"
+    elif number is None:
+        problem = f"{name} must be a number, got {reprlib.repr(value)}"
+    elif not domain.admits(number):
+        problem = (f"{name} = {reprlib.repr(value)} is outside {domain.text}, the range of "
+                   f"{domain.what}")
+    else:
+        return
+    raise RunRecordError(f"{where}: {problem}; the record was not written by creditaudit as "
+                         "it is")
 
 
 def as_number(value: Any) -> float | None:
@@ -44,29 +148,6 @@ def deep_mean(values: Sequence[Any] | None) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-@dataclass
-class Verdict:
-    """A run's protocol outcome as readers report it.
-
-    ``statuses``: (a)…(d) → fired / passed / not evaluated; ``verdict``: needs walk-back,
-    trustworthy (all four evaluated) or incomplete; ``text``: what a table prints;
-    ``margin_pp``: (d)'s statistic; ``frozen_acc``: the baseline it was compared with.
-    """
-
-    statuses: dict[str, str]
-    fired: list[str]
-    not_evaluated: list[str]
-    verdict: str
-    text: str
-    margin_pp: float | None = None
-    frozen_acc: float | None = None
-    frozen_runs: int = 0
-
-    @property
-    def walked_back(self) -> bool:
-        return bool(self.fired)
-
-
 # --- one epoch ----------------------------------------------------------------------------
 @dataclass
 class EpochEntry:
@@ -76,44 +157,45 @@ class EpochEntry:
     the (1/128)·∂CE_i/∂h_l scale convention (the batch-mean loss of a batch of 128).
     """
 
-    epoch: int = doc("epoch number (0 = initialisation, before any training)", 0)
-    test_loss: float | None = doc("mean cross-entropy on the whole test split (nats)")
+    epoch: int = doc("epoch number (0 = initialisation, before any training)", 0,
+                     domain=NONNEGATIVE)
+    test_loss: float | None = doc("mean cross-entropy on the whole test split (nats)",
+                                  domain=NONNEGATIVE)
     acc_eval: float | None = doc("test accuracy on the whole test split (fraction); also "
-                                 "written as `test_acc`")
+                                 "written as `test_acc`", domain=ACCURACY)
     train_loss: float | None = doc("mean training cross-entropy over the epoch (nats)")
-    train_acc: float | None = doc("training accuracy over the epoch (fraction)")
-    lr: float | None = doc("learning rate at the end of the epoch")
-    seconds: float | None = doc("wall-clock seconds of the epoch (training + evaluation)")
-    hidden_norms: list[float] | None = doc("median ‖h_l‖ per state l = 0 … L")
-    hidden_norms_cls: list[float] | None = doc("token models: the same, of the CLS token")
+    train_acc: float | None = doc("training accuracy over the epoch (fraction)",
+                                  domain=ACCURACY)
+    lr: float | None = doc("learning rate at the end of the epoch", domain=NONNEGATIVE)
+    seconds: float | None = doc("wall-clock seconds of the epoch (training + evaluation)",
+                                domain=NONNEGATIVE)
+    hidden_norms: list[float] | None = doc("median ‖h_l‖ per state l = 0 … L",
+                                           domain=NONNEGATIVE)
     bp_grad_norms_per_sample_med: list[float] | None = doc(
-        "median ‖g_l‖ per state (g_l = backprop gradient, 1/128 scale)")
-    h_L_norm: float | None = doc("median ‖h_L‖ (deepest state)")
-    g_L_norm: float | None = doc("median ‖g_L‖ (statistic of diagnostic (b))")
-    g_2_norm: float | None = doc("median ‖g_2‖ (the original study's mid-depth gradient)")
-    g_L_zero_fraction: float | None = doc("fraction of samples whose g_L is exactly 0")
-    g_L_nonzero_median: float | None = doc("median ‖g_L‖ over the samples where it is not 0")
-    max_block_growth: float | None = doc(
-        "max_l ‖h_{l+1}‖/‖h_l‖ of the median norms (statistic of diagnostic (a))")
+        "median ‖g_l‖ per state (g_l = backprop gradient, 1/128 scale)", domain=NONNEGATIVE)
+    g_L_zero_fraction: float | None = doc("fraction of samples whose g_L is exactly 0",
+                                          domain=FRACTION)
+    g_L_nonzero_median: float | None = doc("median ‖g_L‖ over the samples where it is not 0",
+                                           domain=NONNEGATIVE)
     cos_per_layer: list[float] | None = doc(
-        "cos(a_l, g_l) per state: per sample, then mean over samples")
+        "cos(a_l, g_l) per state: per sample, then mean over samples", domain=COSINE)
     cos_valid: list[bool] | None = doc(
         "per state: whether the reference ‖g_l‖ is at or above the floor (1e-7); a cosine "
         "against a gradient below the floor is measured against numerical noise")
     cos_defined: list[float] | None = doc(
         "per state: the fraction of samples cos_per_layer averages over (a sample whose "
-        "credit or gradient is exactly zero has no direction and is left out)")
-    deep_cos: float | None = doc("mean of cos_per_layer over the deep states l ≥ 1")
-    deep_cos_valid: bool | None = doc("whether every deep state's reference is valid")
+        "credit or gradient is exactly zero has no direction and is left out)",
+        domain=FRACTION)
     feedback_layers: list[str] | None = doc(
         "rules whose feedback matrix B stands in for one weight matrix W in the backward "
         "pass (fa-linear, usf, brsf, frsf, kp): the names of those layers, in module order")
     feedback_angle: list[float] | None = doc(
         "per feedback layer: the angle between B and W in degrees, of the flattened "
         "matrices (Lillicrap's angle between B and Wᵀ; BioTorch's layer alignment): 0 = B ∝ W, "
-        "90 = unrelated")
+        "90 = unrelated", domain=DEGREES)
     feedback_norm_ratio: list[float] | None = doc(
-        "per feedback layer: ‖B‖/‖W‖ (Frobenius norms; BioTorch's weight ratio)")
+        "per feedback layer: ‖B‖/‖W‖ (Frobenius norms; BioTorch's weight ratio)",
+        domain=NONNEGATIVE)
     protocol: dict[str, str] | None = doc(
         "status of each diagnostic at this epoch: fired, passed or not evaluated")
     verdict: str | None = doc("protocol verdict at this epoch")
@@ -121,31 +203,78 @@ class EpochEntry:
         "rule-specific per-epoch values written beside the others, e.g. `state_pred_error`, "
         "`bridge_consistency_error`, `ep_relax_grad_ratio`", factory=dict)
 
+    # --- values read from the stored ones (each number is stored once) -------------------
     @property
     def test_acc(self) -> float | None:
+        """The test accuracy (the original study's second name of ``acc_eval``)."""
         return self.acc_eval
 
     @property
     def has_diagnostics(self) -> bool:
         return self.hidden_norms is not None
 
+    @property
+    def h_L_norm(self) -> float | None:
+        """Median ‖h_L‖ (deepest state)."""
+        return self.hidden_norms[-1] if self.hidden_norms else None
+
+    @property
+    def g_L_norm(self) -> float | None:
+        """Median ‖g_L‖: the statistic of diagnostic (b)."""
+        grads = self.bp_grad_norms_per_sample_med
+        return grads[-1] if grads else None
+
+    @property
+    def g_2_norm(self) -> float | None:
+        """Median ‖g_2‖ (the original study's mid-depth gradient; ‖g_L‖ for L < 2)."""
+        grads = self.bp_grad_norms_per_sample_med
+        if not grads:
+            return None
+        return grads[2] if len(grads) > 2 else grads[-1]
+
+    @property
+    def max_block_growth(self) -> float | None:
+        """max_l ‖h_{l+1}‖/‖h_l‖ of the median norms: the statistic of diagnostic (a)."""
+        norms = self.hidden_norms
+        if not norms:
+            return None
+        ratios = [b / a if a > 0 else math.inf for a, b in zip(norms[:-1], norms[1:])]
+        return max(ratios) if ratios else 1.0
+
+    @property
+    def deep_cos(self) -> float | None:
+        """Mean of ``cos_per_layer`` over the deep states l ≥ 1 (finite values)."""
+        return deep_mean(self.cos_per_layer)
+
+    @property
+    def deep_cos_valid(self) -> bool | None:
+        """Whether every deep state's reference gradient is valid."""
+        return None if self.cos_valid is None else all(self.cos_valid[1:])
+
     def value(self, key: str) -> Any:
-        """A field or rule extra by its record key (None when absent)."""
-        if key == "test_acc":
-            return self.acc_eval
-        if key in _ENTRY_FIELDS:
+        """A stored field, a derived value (:data:`DERIVED`) or a rule extra by its record
+        key (None when absent): the one way a series is read."""
+        if key in _ENTRY_FIELDS or key in DERIVED:
             return getattr(self, key)
         return self.extras.get(key)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, token_states: bool = False) -> dict[str, Any]:
+        """The entry as JSON: the stored fields, the rule extras, and the original study's
+        key names of values derived from them (``test_acc``, ``h_L_norm``, ``g_2_norm``,
+        and ``hidden_norms_cls`` for ``token_states``), which scripts reading record.json
+        directly expect; reading ignores those (they are derived again)."""
         out: dict[str, Any] = {"epoch": self.epoch}
         for name in _ENTRY_FIELDS:
             value = getattr(self, name)
             if name in ("epoch", "extras") or value is None:
                 continue
             out[name] = value
-            if name == "acc_eval":
-                out["test_acc"] = value
+        for name, value in (("test_acc", self.acc_eval), ("h_L_norm", self.h_L_norm),
+                            ("g_2_norm", self.g_2_norm)):
+            if value is not None:
+                out[name] = value
+        if token_states and self.hidden_norms is not None:
+            out["hidden_norms_cls"] = self.hidden_norms
         out.update(self.extras)
         return out
 
@@ -157,8 +286,10 @@ class EpochEntry:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise RunRecordError(f"{where} has no integer 'epoch'")
         known = {k: raw[k] for k in _ENTRY_FIELDS if k in raw and k != "extras"}
+        # Derived values (and the copies earlier schemas stored) are read again from the
+        # stored ones, never taken from the file.
         extras = {k: v for k, v in raw.items()
-                  if k not in _ENTRY_FIELDS and k != "test_acc"}
+                  if k not in _ENTRY_FIELDS and k not in DERIVED and k not in WRITTEN_ALIASES}
         for key, value in extras.items():
             if value is not None and as_number(value) is None:
                 raise RunRecordError(f"{where}: {key!r} must be a number, got "
@@ -167,6 +298,11 @@ class EpochEntry:
 
 
 _ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(EpochEntry))
+# Values an entry derives from its stored fields (properties), and the keys earlier schemas
+# stored for them: read again, never from the file.
+DERIVED = ("test_acc", "h_L_norm", "g_L_norm", "g_2_norm", "max_block_growth", "deep_cos",
+           "deep_cos_valid")
+WRITTEN_ALIASES = ("hidden_norms_cls",)
 
 
 # --- result blocks ---------------------------------------------------------
@@ -174,12 +310,12 @@ _ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(EpochEntry))
 class FinalResults:
     """The headline numbers of the last evaluated epoch."""
 
-    epochs_completed: int = doc("last evaluated epoch", 0)
-    test_acc: float | None = doc("test accuracy (fraction)")
-    test_loss: float | None = doc("test cross-entropy (nats)")
-    h_L_norm: float | None = doc("median ‖h_L‖")
-    g_L_norm: float | None = doc("median ‖g_L‖ (1/128 scale)")
-    deep_cos: float | None = doc("deep cosine")
+    epochs_completed: int = doc("last evaluated epoch", 0, domain=NONNEGATIVE)
+    test_acc: float | None = doc("test accuracy (fraction)", domain=ACCURACY)
+    test_loss: float | None = doc("test cross-entropy (nats)", domain=NONNEGATIVE)
+    h_L_norm: float | None = doc("median ‖h_L‖", domain=NONNEGATIVE)
+    g_L_norm: float | None = doc("median ‖g_L‖ (1/128 scale)", domain=NONNEGATIVE)
+    deep_cos: float | None = doc("deep cosine", domain=COSINE)
 
 
 @dataclass
@@ -190,36 +326,40 @@ class EndOfRun:
     positive (BP credit) and negative (random credit) control measured on the same model.
     """
 
-    bp_cosine: list[float] | None = doc("cos(a_l, g_l) per state on the evaluation set")
-    deep_cos: float | None = doc("mean of bp_cosine over l ≥ 1")
+    bp_cosine: list[float] | None = doc("cos(a_l, g_l) per state on the evaluation set",
+                                        domain=COSINE)
+    deep_cos: float | None = doc("mean of bp_cosine over l ≥ 1", domain=COSINE)
     cosine_table: list[dict[str, Any]] | None = doc(
         "per state: cos, median ‖g_l‖, `valid_reference` (‖g_l‖ ≥ floor) and `defined` "
-        "(the fraction of samples the cosine averages over: a zero credit has no direction)")
+        "(the fraction of samples the cosine averages over: a zero credit has no direction)",
+        domain={"cos": COSINE, "g_norm": NONNEGATIVE, "defined": FRACTION})
     cosine_controls: dict[str, list[float]] | None = doc(
-        "cosines of the BP credit (`bp`, = 1) and a random credit (`random`)")
+        "cosines of the BP credit (`bp`, = 1) and a random credit (`random`)", domain=COSINE)
     gamma: dict[str, float] | None = doc(
         "aggregate alignment Γ under four aggregations: layers_then_samples, "
-        "samples_then_layers (the headline), pooled, deep_only")
+        "samples_then_layers (the headline), pooled, deep_only", domain=COSINE)
     perturbation_rho: list[float] | None = doc(
-        "perturbation correlation ρ_l of the credit (float64)")
-    rho_controls: dict[str, list[float]] | None = doc("ρ of the BP and of a random credit")
+        "perturbation correlation ρ_l of the credit (float64)", domain=CORRELATION)
+    rho_controls: dict[str, list[float]] | None = doc("ρ of the BP and of a random credit",
+                                                      domain=CORRELATION)
     rho_measurable: list[bool] | None = doc("per state: BP control ρ ≥ 0.9")
     rho_samples: int | None = doc(
         "samples used for ρ: rho_samples_asked, or ⌊rho_budget_flops / rho_sample_flops⌋ "
-        "where that is fewer (never below 8)")
-    rho_directions: int | None = doc("random directions per sample for ρ")
+        "where that is fewer (never below 8)", domain=NONNEGATIVE)
+    rho_directions: int | None = doc("random directions per sample for ρ", domain=NONNEGATIVE)
     rho_se: list[float] | None = doc(
         "per state: standard error of perturbation_rho (jackknife over the samples, each "
-        "with its directions)")
+        "with its directions)", domain=NONNEGATIVE)
     rho_samples_asked: int | None = doc(
-        "samples asked for ρ: `diagnostics.rho_samples`, at most the evaluation samples")
+        "samples asked for ρ: `diagnostics.rho_samples`, at most the evaluation samples",
+        domain=NONNEGATIVE)
     rho_sample_flops: int | None = doc(
         "floating-point operations of one sample's perturbed forwards for ρ (1 + "
         "rho_directions forwards from each state, counted on the model: matrix products, "
-        "convolutions, attention); depends on the model's shapes only")
+        "convolutions, attention); depends on the model's shapes only", domain=NONNEGATIVE)
     rho_budget_flops: float | None = doc(
         "ρ's compute budget in floating-point operations (`diagnostics.rho_flops`; absent: "
-        "none)")
+        "none)", domain=NONNEGATIVE)
     nudging: dict[str, list[float]] | None = doc(
         "Δ mean loss after h_l ← h_l − η·a_l/RMS(a_l), per η (key) and deep state 1 … L "
         "(nats; negative = the credit is a descent direction)")
@@ -227,11 +367,14 @@ class EndOfRun:
         "the same for the BP credit (`bp`) and a random credit (`random`)")
     nudging_samples: int | None = doc(
         "samples the nudging means run over: every evaluation sample, or ρ's when ρ's "
-        "compute budget held fewer than asked")
+        "compute budget held fewer than asked", domain=NONNEGATIVE)
     fresh_b_null: dict[str, Any] | None = doc(
         "rules with fixed random feedback: deep cosine with n freshly drawn feedback sets "
-        "(mean, std, values) against the training feedback (training_value, z)")
-    drift: dict[str, float] | None = doc("‖W_final − W_init‖/‖W_init‖ per parameter")
+        "(mean, std, values) against the training feedback (training_value, z)",
+        domain={"mean": COSINE, "std": NONNEGATIVE, "values": COSINE,
+                "training_value": COSINE})
+    drift: dict[str, float] | None = doc("‖W_final − W_init‖/‖W_init‖ per parameter",
+                                         domain=NONNEGATIVE)
     credit_quality_error: str | None = doc("why the block is missing (e.g. diverged model)")
     extras: dict[str, Any] = doc("rule-specific end-of-run metrics (e.g. EP convergence)",
                                  factory=dict)

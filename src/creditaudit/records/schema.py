@@ -23,37 +23,26 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.config import NON_SEMANTIC, RunConfig, config_from_dict
-from creditaudit.data import n_classes_of
-from creditaudit.data.identity import DataIdentity
+from creditaudit.config import RunConfig, config_from_dict, non_semantic
+from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import CreditAuditError, RunRecordError
-from creditaudit.protocol import (
-    FIRED,
-    NOT_EVALUATED,
-    DiagnosticReport,
-    Thresholds,
-    depth_utility_diagnostic,
-    verdict_from,
-    verdict_of,
-    verdict_phrase,
-)
 from creditaudit.records.parts import (
     EndOfRun,
     EpochEntry,
     FinalResults,
     ProtocolState,
-    Verdict,
     as_number,
+    check_domains,
     deep_mean,
     doc,
     finite_number,
 )
+from creditaudit.registry import DATASETS
 
-SCHEMA = "creditaudit.run/2"
-LEGACY_SCHEMAS = ("creditaudit.run/1",)
+SCHEMA = "creditaudit.run/3"
+LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2")
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")
-DIAGNOSTIC_IDS = ("a", "b", "c", "d")
 # Per-epoch fields that depend on wall-clock time, not on what was computed.
 TIMING_KEYS = ("seconds",)
 
@@ -72,10 +61,14 @@ class RunRecord:
     diagnostics: EndOfRun = doc("end-of-run credit-quality metrics", factory=EndOfRun)
     protocol: ProtocolState = doc("protocol evaluated during training", factory=ProtocolState)
     data: DataIdentity | None = doc("identity of the data the run trained on")
+    model: ModelDescription | None = doc(
+        "the model as built: architecture, label, terminal LayerNorm, width, depth, input "
+        "shape, state layout, parameters (records before schema 3 lack it)")
     environment: dict[str, Any] = doc(
         "package versions, `source` (the git commit of the creditaudit source, `+dirty` when "
-        "its tracked files under src/ differ; null for an installed wheel), device, threads",
-        factory=dict)
+        "its tracked files under src/ differ; null for an installed wheel), `components` (the "
+        "rule's, model's and dataset's name, id_version and origin: creditaudit or a plugin's "
+        "dist==version), device, threads", factory=dict)
     created: str | None = doc("time the run started (ISO 8601)")
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")
@@ -107,7 +100,12 @@ class RunRecord:
 
     @property
     def n_classes(self) -> int:
-        return n_classes_of(self.dataset)
+        """The number of classes, as the dataset declared it (records before schema 3: asked
+        of the dataset's class, 10 when it is not installed)."""
+        if self.data is not None and self.data.n_classes:
+            return self.data.n_classes
+        spec = DATASETS.find(self.dataset)
+        return spec.n_classes(self.config.data) if spec is not None else 10
 
     @property
     def chance(self) -> float:
@@ -124,12 +122,6 @@ class RunRecord:
         return self.status == "failed"
 
     @property
-    def is_frozen_baseline(self) -> bool:
-        """A frozen-blocks run without penalty on real labels: the baseline of (d)."""
-        return (self.method == "frozen" and self.penalty == 0
-                and not self.config.data.random_targets)
-
-    @property
     def is_plain(self) -> bool:
         """No penalty, all blocks trainable, real labels: the canonical run of its method."""
         method = self.config.method
@@ -142,17 +134,6 @@ class RunRecord:
         c = self.config
         return (c.method.trainable_blocks is None and not c.data.random_targets
                 and c.model.residual)
-
-    @property
-    def arch_variant(self) -> str:
-        """``resmlp``, ``resmlp-noLN``, ``student``, ``vit`` … (+ ``-no-residual``)."""
-        model = self.config.model
-        name = model.arch
-        if name != "student" and not model.out_ln:
-            name += "-noLN"
-        if not model.residual:
-            name += "-no-residual"
-        return name
 
     @property
     def recipe_key(self) -> str:
@@ -266,10 +247,11 @@ class RunRecord:
 
     # --- protocol ---------------------------------------------------------------------------
     def recorded_statuses(self) -> dict[str, str]:
-        """(a)…(d) statuses of the run's last training-time protocol evaluation."""
+        """Diagnostic id → status at the run's last training-time protocol evaluation."""
         diagnostics = (self.protocol.report or {}).get("diagnostics") or {}
         if diagnostics:
-            return {i: diagnostics[i]["status"] for i in DIAGNOSTIC_IDS if i in diagnostics}
+            return {i: d["status"] for i, d in diagnostics.items()
+                    if isinstance(d, dict) and "status" in d}
         for entry in reversed(self.log):
             if entry.protocol:
                 return dict(entry.protocol)
@@ -281,72 +263,33 @@ class RunRecord:
         return as_number((diagnostics.get(diagnostic) or {}).get("value"))
 
     def first_fired(self) -> dict[str, int | None]:
-        """First epoch each diagnostic fired during training (None = never)."""
-        out: dict[str, int | None] = dict.fromkeys(DIAGNOSTIC_IDS)
+        """First epoch each recorded diagnostic fired during training (None = never)."""
+        out: dict[str, int | None] = {}
         for entry in self.log:
-            for i in DIAGNOSTIC_IDS:
-                if out[i] is None and (entry.protocol or {}).get(i) == "fired":
+            for i, status in (entry.protocol or {}).items():
+                out.setdefault(i, None)
+                if out[i] is None and status == "fired":
                     out[i] = entry.epoch
         for i, epoch in self.protocol.first_fired.items():
-            if i in out and out[i] is None and epoch is not None:
-                out[i] = int(epoch)
+            if out.get(i) is None:
+                out[i] = None if epoch is None else int(epoch)
         return out
 
-    def verdict(self, frozen_acc: float | None = None, frozen_runs: int = 0,
-                thresholds: Thresholds | None = None) -> Verdict:
-        """The verdict: (a)–(c) as recorded at the last protocol evaluation; (d) against
-        ``frozen_acc`` when given (the mean accuracy of ``frozen_runs`` frozen-blocks runs of
-        this recipe), else as recorded. A frozen baseline itself is not judged on (d)."""
-        statuses = self.recorded_statuses()
-        for i in DIAGNOSTIC_IDS:
-            statuses.setdefault(i, NOT_EVALUATED)
-        margin = self.recorded_value("d")
-        if frozen_acc is not None and not self.is_frozen_baseline:
-            d = depth_utility_diagnostic(self.final_acc, frozen_acc, thresholds or Thresholds())
-            statuses["d"], margin = d.status, d.value
-        fired = [i for i in DIAGNOSTIC_IDS if statuses[i] == FIRED]
-        skipped = [i for i in DIAGNOSTIC_IDS if statuses[i] == NOT_EVALUATED]
-        return Verdict(statuses, fired, skipped, verdict_from(fired, skipped),
-                       verdict_phrase(fired, skipped), margin, frozen_acc, frozen_runs)
-
-    def protocol_report(self, frozen_acc: float | None = None, frozen_runs: int = 0
-                        ) -> DiagnosticReport | None:
-        """The run's last protocol report, with Γ, per-layer cosines and the credit-quality
-        metrics filled in from the end-of-run block, and (d) re-evaluated against
-        ``frozen_acc`` when given (``metadata["frozen_from_runs"]`` = ``frozen_runs``)."""
-        if not self.protocol.report:
-            return None
-        report = DiagnosticReport.from_dict(json.loads(json.dumps(self.protocol.report)))
-        end = self.diagnostics
-        if report.gamma is None and end.gamma:
-            report.gamma = dict(end.gamma)
-        if report.layer_cosines is None and end.cosine_table:
-            report.layer_cosines = list(end.cosine_table)
-        if report.metrics is None and end.bp_cosine is not None:
-            metrics = end.to_dict()
-            for key in ("drift", "cosine_table"):
-                metrics.pop(key, None)
-            report.metrics = metrics
-        if frozen_acc is not None and not self.is_frozen_baseline:
-            headline = report.metadata.get("headline_acc")
-            if headline is None:
-                headline = self.final_acc
-            d = depth_utility_diagnostic(headline, frozen_acc, report.thresholds)
-            d.details["frozen_runs"] = frozen_runs
-            report.diagnostics = [d if r.id == "d" else r for r in report.diagnostics]
-            report.verdict, report.fired, report.not_evaluated = verdict_of(report.diagnostics)
-            report.metadata["frozen_acc"] = frozen_acc
-            report.metadata["frozen_from_runs"] = frozen_runs
-        return report
-
     # --- serialisation ----------------------------------------------------------------------
+    def log_dicts(self) -> list[dict[str, Any]]:
+        """The per-epoch entries as record.json writes them (with the original study's key
+        names; token models also list ``hidden_norms_cls``)."""
+        tokens = self.model is not None and self.model.layout == "tokens"
+        return [e.to_dict(token_states=tokens) for e in self.log]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
             "data": None if self.data is None else dataclasses.asdict(self.data),
+            "model": None if self.model is None else dataclasses.asdict(self.model),
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
-            "log": [e.to_dict() for e in self.log],
+            "log": self.log_dicts(),
             "final": None if self.final is None else dataclasses.asdict(self.final),
             "diagnostics": self.diagnostics.to_dict(),
             "protocol": self.protocol.to_dict(),
@@ -366,7 +309,8 @@ def recipe(config: RunConfig, source: str | None = None) -> dict[str, dict[str, 
     """The recipe of a run: data (minus its folder), model, optimiser and precision;
     ``source`` identifies the data's content (seed aside) when known."""
     raw = config.to_dict()
-    data = {k: v for k, v in raw["data"].items() if ("data", k) not in NON_SEMANTIC}
+    skip = non_semantic(config)
+    data = {k: v for k, v in raw["data"].items() if ("data", k) not in skip}
     if source:
         data["source"] = source
     return {"data": data, "model": raw["model"], "optim": raw["optim"],
@@ -417,7 +361,7 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         raise RunRecordError(f"run record {where}: status {raw['status']!r} is not one of "
                              f"{', '.join(STATUSES)}")
     try:
-        config = config_from_dict(raw["config"])
+        config = config_from_dict(raw["config"], strict=False)
     except CreditAuditError as err:
         raise RunRecordError(f"run record {where} holds an invalid config: {err}") from None
     log = [EpochEntry.from_dict(e, f"run record {where}: log entry {i}")
@@ -426,12 +370,20 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         final = None if raw["final"] is None else FinalResults(**raw["final"])
         data = raw.get("data")
         data = None if data is None else DataIdentity(**data)
+        model = raw.get("model")
+        model = None if model is None else ModelDescription(**model)
         protocol = ProtocolState(**raw["protocol"])
     except TypeError as err:
         raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
+    diagnostics = EndOfRun.from_dict(raw["diagnostics"])
+    parts = [*((entry, f"log[{i}].") for i, entry in enumerate(log)), (final, "final."),
+             (diagnostics, "diagnostics.")]
+    for part, prefix in parts:
+        if part is not None:
+            check_domains(part, f"run record {where}", prefix)
     return RunRecord(
         run_id=raw["run_id"], config=config, status=raw["status"], log=log, final=final,
-        diagnostics=EndOfRun.from_dict(raw["diagnostics"]), protocol=protocol, data=data,
+        diagnostics=diagnostics, protocol=protocol, data=data, model=model,
         environment=dict(raw.get("environment") or {}), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
@@ -441,11 +393,14 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
 def comparable(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
     """The record without wall-clock fields, as a dict: equal for equal computations (tests,
     resume). NaN values are replaced by the string "NaN" so equal records compare equal."""
-    raw = record.to_dict() if isinstance(record, RunRecord) else dict(record)
+    if isinstance(record, RunRecord):
+        raw, skip = record.to_dict(), non_semantic(record.config)
+    else:
+        raw = dict(record)
+        skip = non_semantic(config_from_dict(raw["config"], strict=False))
     out = {k: v for k, v in raw.items()
            if k not in ("environment", "created", "updated", "timing")}
-    out["config"] = {section: {k: v for k, v in values.items()
-                               if (section, k) not in NON_SEMANTIC}
+    out["config"] = {section: {k: v for k, v in values.items() if (section, k) not in skip}
                      for section, values in raw["config"].items()}
     out["log"] = [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in raw["log"]]
     return _nan_safe(out)

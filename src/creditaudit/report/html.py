@@ -1,60 +1,224 @@
 """A self-contained HTML page from the reports' Markdown (markdown-it-py, CommonMark with
-tables); images are embedded as base64 data URIs so the page opens anywhere on its own."""
+tables); images are embedded as base64 data URIs so the page opens anywhere on its own.
+
+Two things Markdown cannot say are added while rendering: a CSS class on table cells and
+bold text that ``classify`` names (the report colours verdicts by meaning with it), and the
+class ``interactive`` on the tables of a fragment rendered with ``interactive=True``: the
+page's one inline script (:data:`SCRIPT`) gives those a filter box and sortable columns.
+Without JavaScript the tables read as plain tables.
+"""
 
 from __future__ import annotations
 
 import base64
 import html
+import io
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
-       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
-h1, h2, h3 { border-bottom: 1px solid #ddd; padding-bottom: .2em; }
-h3 { font-size: 1.05em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .85em; display: block;
-        overflow-x: auto; }
-th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical-align: top; }
-th { background: #f2f2f2; }
-tr:nth-child(even) td { background: #fafafa; }
-pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
-code { background: #f6f8fa; padding: 0 .2em; }
-img { max-width: 100%; border: 1px solid #eee; }
-strong { color: #b2182b; }
+from creditaudit.formatting import INCOMPLETE_COLOR, PASS_COLOR, WALK_BACK_COLOR
+
+# Verdicts by meaning (the words are always there too): white on blue, white on red, black
+# on yellow — each at least 4.5:1, WCAG AA for text.
+CSS = f"""
+body {{ font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }}
+h1, h2, h3 {{ border-bottom: 1px solid #ddd; padding-bottom: .2em; }}
+h3 {{ font-size: 1.05em; }}
+table {{ border-collapse: collapse; margin: .8em 0; font-size: .85em; display: block;
+        overflow-x: auto; }}
+th, td {{ border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical-align: top; }}
+th {{ background: #f2f2f2; }}
+tr:nth-child(even) td {{ background: #fafafa; }}
+pre {{ background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }}
+code {{ background: #f6f8fa; padding: 0 .2em; }}
+img {{ max-width: 100%; border: 1px solid #eee; }}
+td.pass, td.walk-back, td.incomplete, strong.pass, strong.walk-back, strong.incomplete
+  {{ font-weight: bold; }}
+td.pass, tr:nth-child(even) td.pass, strong.pass {{ background: {PASS_COLOR}; color: #ffffff; }}
+td.walk-back, tr:nth-child(even) td.walk-back, strong.walk-back
+  {{ background: {WALK_BACK_COLOR}; color: #ffffff; }}
+td.incomplete, tr:nth-child(even) td.incomplete, strong.incomplete
+  {{ background: {INCOMPLETE_COLOR}; color: #000000; }}
+strong.pass, strong.walk-back, strong.incomplete {{ padding: .1em .4em; }}
+strong.fired {{ color: {WALK_BACK_COLOR}; }}
+details {{ margin: .3em 0; }}
+summary {{ cursor: pointer; }}
+.table-tools {{ margin: .8em 0 -.4em; font-size: .85em; }}
+.table-tools input {{ width: 22em; padding: .2em .4em; }}
+.table-tools span {{ margin-left: .8em; color: #555; }}
+th button {{ font: inherit; font-weight: bold; border: 0; background: none; padding: 0;
+            cursor: pointer; text-align: left; }}
+th[aria-sort=ascending] button::after {{ content: " \\25B2"; }}
+th[aria-sort=descending] button::after {{ content: " \\25BC"; }}
+"""
+# Sorting and filtering of table.interactive. A cell's sort key is the text before its
+# first number, then that number (so "0.9" < "10", "passed 2" < "passed 10"); empty and "—"
+# cells stay last in both directions; ties keep the page's order.
+SCRIPT = r"""
+(function () {
+  "use strict";
+  var NUMBER = /[+\-\u2212]?(?:\d+\.?\d*|\.\d+)(?:e[+\-]?\d+)?/i;
+  function key(cell) {
+    var text = cell ? cell.textContent.trim() : "";
+    var found = text.match(NUMBER);
+    return {empty: text === "" || text === "\u2014", text: text,
+            prefix: found ? text.slice(0, found.index) : text,
+            number: found ? parseFloat(found[0].replace("\u2212", "-")) : null};
+  }
+  function compare(a, b) {
+    var byPrefix = a.prefix.localeCompare(b.prefix, undefined, {numeric: true});
+    if (byPrefix !== 0) return byPrefix;
+    if (a.number !== null && b.number !== null && a.number !== b.number) {
+      return a.number < b.number ? -1 : 1;
+    }
+    if ((a.number === null) !== (b.number === null)) return a.number === null ? -1 : 1;
+    return a.text.localeCompare(b.text, undefined, {numeric: true});
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("table.interactive"), function (table) {
+    var body = table.tBodies[0], head = table.tHead;
+    if (!body || !head) return;
+    var rows = Array.prototype.slice.call(body.rows);
+    var tools = document.createElement("div"), input = document.createElement("input");
+    var count = document.createElement("span");
+    tools.className = "table-tools";
+    input.type = "search";
+    input.placeholder = "filter: rows holding every word";
+    input.setAttribute("aria-label", "filter the rows of the next table");
+    tools.appendChild(input);
+    tools.appendChild(count);
+    table.parentNode.insertBefore(tools, table);
+    function filter() {
+      var words = input.value.toLowerCase().split(/\s+/).filter(Boolean), shown = 0;
+      rows.forEach(function (row) {
+        var text = row.textContent.toLowerCase();
+        row.hidden = !words.every(function (word) { return text.indexOf(word) >= 0; });
+        shown += row.hidden ? 0 : 1;
+      });
+      count.textContent = shown + " of " + rows.length + " rows";
+    }
+    input.addEventListener("input", filter);
+    filter();
+    var headers = Array.prototype.slice.call(head.rows[0].cells);
+    headers.forEach(function (th, column) {
+      var button = document.createElement("button");
+      button.type = "button";
+      button.title = "sort by this column";
+      while (th.firstChild) button.appendChild(th.firstChild);
+      th.appendChild(button);
+      th.setAttribute("aria-sort", "none");
+      button.addEventListener("click", function () {
+        var descending = th.getAttribute("aria-sort") === "ascending";
+        headers.forEach(function (other) { other.setAttribute("aria-sort", "none"); });
+        th.setAttribute("aria-sort", descending ? "descending" : "ascending");
+        rows.map(function (row, i) { return {row: row, key: key(row.cells[column]), i: i}; })
+          .sort(function (a, b) {
+            if (a.key.empty || b.key.empty) {
+              return a.key.empty === b.key.empty ? a.i - b.i : (a.key.empty ? 1 : -1);
+            }
+            var order = compare(a.key, b.key);
+            return (descending ? -order : order) || a.i - b.i;
+          })
+          .forEach(function (item) { body.appendChild(item.row); });
+      });
+    });
+  });
+})();
 """
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+Classify = Callable[[str, str], "str | None"]
 
 
-def _data_uri(path: Path) -> str | None:
+def compact_png(data: bytes) -> bytes:
+    """``data`` (a PNG) with its colours reduced to at most 256 (median cut, no dithering:
+    the dominant colours — backgrounds, lines, markers — stay exact), when that is smaller
+    and the image is opaque; else ``data`` unchanged. A figure's 200-dpi PNG shrinks about
+    threefold; anti-aliased edges move by a few levels at most."""
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except (OSError, ValueError):
+        return data
+    if image.mode not in ("RGB", "RGBA") or (
+            image.mode == "RGBA" and image.getchannel("A").getextrema() != (255, 255)):
+        return data
+    paletted = image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
+                                             dither=Image.Dither.NONE)
+    buffer = io.BytesIO()
+    paletted.save(buffer, format="PNG")
+    return buffer.getvalue() if buffer.tell() < len(data) else data
+
+
+def _data_uri(path: Path, compact: bool) -> str | None:
     try:
         data = path.read_bytes()
     except OSError:
         return None
+    if compact:
+        data = compact_png(data)
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def _embed_images(text: str, base: Path) -> str:
+def _embed_images(text: str, base: Path, compact: bool) -> str:
     """Replace ``![alt](file.png)`` by a data-URI image, or a note when unreadable."""
 
     def embed(match: re.Match[str]) -> str:
         alt, src = match.groups()
         if src.startswith("data:"):
             return match.group(0)
-        uri = _data_uri(base / src)
+        uri = _data_uri(base / src, compact)
         return f"![{alt}]({uri})" if uri else f"*image {src} could not be read*"
 
     return _IMAGE.sub(embed, text)
+
+
+def markdown_fragment(text: str, *, base_dir: str | Path = ".",
+                      classify: Classify | None = None, interactive: bool = False,
+                      compact_images: bool = False) -> str:
+    """The HTML of Markdown ``text`` (no page around it; raw HTML in ``text`` is escaped).
+
+    Images are read relative to ``base_dir`` and embedded (``compact_images``: through
+    :func:`compact_png`). ``classify(tag, text)`` is asked for a CSS class of every table
+    cell (``tag`` ``"td"``, ``text`` its Markdown without ``*``) and bold span (``"strong"``,
+    its text); ``interactive`` marks the tables for the page's sort-and-filter script.
+    """
+    renderer = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = renderer.parse(_embed_images(text, Path(base_dir), compact_images))
+    for i, token in enumerate(tokens):
+        if token.type == "table_open" and interactive:
+            token.attrSet("class", "interactive")
+        if classify is None or token.type != "inline":
+            continue
+        if i > 0 and tokens[i - 1].type == "td_open":
+            css = classify("td", token.content.replace("*", "").strip())
+            if css:
+                tokens[i - 1].attrSet("class", css)
+        children = token.children or []
+        for j, child in enumerate(children[:-1]):
+            if child.type == "strong_open" and children[j + 1].type == "text":
+                css = classify("strong", children[j + 1].content.strip())
+                if css:
+                    child.attrSet("class", css)
+    return renderer.renderer.render(tokens, renderer.options, {})
+
+
+def html_page(body: str, *, title: str = "creditaudit report", script: bool = False) -> str:
+    """A whole page around ``body`` (HTML) with the CSS inline; ``script``: with the inline
+    sort-and-filter script of tables marked ``interactive``. Nothing is loaded from
+    elsewhere."""
+    tail = f"<script>{SCRIPT}</script>\n" if script else ""
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            + body + tail + "</body>\n</html>\n")
 
 
 def markdown_to_html(text: str, *, base_dir: str | Path = ".", title: str = "creditaudit report"
                      ) -> str:
     """A self-contained HTML page of Markdown ``text``; images are read relative to
     ``base_dir`` and embedded."""
-    renderer = MarkdownIt("commonmark", {"html": False}).enable("table")
-    body = renderer.render(_embed_images(text, Path(base_dir)))
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            + body + "</body>\n</html>\n")
+    return html_page(markdown_fragment(text, base_dir=base_dir), title=title)

@@ -19,32 +19,43 @@ from creditaudit.protocol import (
     DiagnosticReport,
     DiagnosticResult,
     block_growths,
-    labels,
+    default_names,
 )
+from creditaudit.registry import DIAGNOSTICS
 
 FORMATS = ("text", "md", "json", "latex")
 
 
 def _threshold_text(result: DiagnosticResult) -> str:
-    op = {"a": ">", "b": "<", "c": ">", "d": "<"}[result.id]
-    unit = {"a": "×", "d": " pp"}.get(result.id, "")
-    return f"{op} {result.threshold:g}{unit}"
+    """When the diagnostic fires, as the diagnostic itself writes it (``> 50×``); a result
+    of a diagnostic not installed here shows its threshold alone."""
+    diagnostic = DIAGNOSTICS.find(result.id)
+    if diagnostic is None:
+        return f"{result.threshold:g}"
+    return diagnostic.threshold_text(result.threshold)
 
 
 def _value_text(result: DiagnosticResult) -> str:
-    if result.value is None:
-        return "—"
-    if result.id == "d":
-        return f"{result.value:+.2f} pp"
-    if result.id == "c":
-        return f"{result.value:.3f}"
-    return f"{result.value:.3g}"
+    """The statistic in the diagnostic's own format and unit (``—`` when there is none)."""
+    diagnostic = DIAGNOSTICS.find(result.id)
+    if diagnostic is None:
+        return "—" if result.value is None else f"{result.value:.3g}"
+    return diagnostic.value_text(result.value)
+
+
+# LaTeX's special characters, and the non-ASCII ones the reports print, as text a plain
+# `pdflatex` document compiles without packages.
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+          "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+          "^": r"\textasciicircum{}", "—": "---", "–": "--", "−": "$-$", "×": r"$\times$",
+          "±": r"$\pm$", "Γ": r"$\Gamma$", "λ": r"$\lambda$", "‖": r"$\|$", "≥": r"$\geq$",
+          "≤": r"$\leq$", "→": r"$\to$", "†": r"\dag{}", "·": r"$\cdot$"}
 
 
 def _latex_escape(text: str) -> str:
-    for char in ("\\", "&", "%", "_", "#", "$"):
-        text = text.replace(char, "\\" + char)
-    return text
+    """``text`` as LaTeX: specials escaped, the reports' non-ASCII characters as commands,
+    any other non-ASCII character as ``?`` (a table that compiles beats an exact glyph)."""
+    return "".join(_LATEX.get(c, c if c.isascii() else "?") for c in text)
 
 
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
@@ -146,18 +157,33 @@ def render_markdown(report: DiagnosticReport) -> str:
         out += ["", "```", *metric_lines, "```"]
     return "\n".join(out)
 
-def render_latex(report: DiagnosticReport) -> str:
-    """One table row: method & arch & acc & Γ & a & b & c & d & verdict \\\\."""
-    meta = report.metadata
-    cells = [_latex_escape(str(meta.get("method") or "—")),
-             _latex_escape(str(meta.get("arch", meta.get("model", "—")))),
-             fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
-    for r in report.diagnostics:
-        text = "n/e" if r.value is None else _latex_escape(_value_text(r))
-        cells.append(f"\\textbf{{{text}}}" if r.fired else text)
-    cells.append(_latex_escape(report.verdict + (f" {labels(report.fired)}"
-                                               if report.fired else "")))
-    return " & ".join(cells) + " \\\\"
+def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
+    """A complete ``tabular`` (no packages needed): a header row, then one row per report —
+    method, architecture, test accuracy, headline Γ, (a)–(d) (fired values in bold) and
+    the verdict. Text is escaped; ``\\input`` it inside a ``table`` environment."""
+    reports = [reports] if isinstance(reports, DiagnosticReport) else list(reports)
+    header = ["method", "architecture", "test acc",
+              f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})",
+              *(f"({id_})" for id_ in _diagnostic_ids(reports)), "verdict"]
+    lines = [r"\begin{tabular}{ll" + "r" * 2 + "l" * (len(header) - 4) + "}", r"\hline",
+             " & ".join(_latex_escape(h) for h in header) + r" \\", r"\hline"]
+    for report in reports:
+        meta = report.metadata
+        cells = [str(meta.get("method") or "—"), str(meta.get("arch", meta.get("model", "—"))),
+                 fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
+        cells = [_latex_escape(c) for c in cells]
+        for r in report.diagnostics:
+            text = "n/e" if r.value is None else _latex_escape(_value_text(r))
+            cells.append(f"\\textbf{{{text}}}" if r.fired else text)
+        cells.append(_latex_escape(report.verdict_text))
+        lines.append(" & ".join(cells) + r" \\")
+    return "\n".join([*lines, r"\hline", r"\end{tabular}"])
+
+
+def _diagnostic_ids(reports: Sequence[DiagnosticReport]) -> list[str]:
+    """The diagnostics the reports hold, in order (the default protocol's when none)."""
+    ids = list(dict.fromkeys(r.id for report in reports for r in report.diagnostics))
+    return ids or default_names()
 
 
 def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
@@ -175,12 +201,24 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
               f"  cos per layer   {row(metrics.get('bp_cosine'))}  random "
               f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
     if "perturbation_rho" in metrics:
+        from creditaudit.diagnostics.perturbation import MEASURABLE_BP_RHO
+
         controls = metrics.get("rho_controls", {})
-        lines.append(f"  ρ per layer     {row(metrics['perturbation_rho'])}  BP "
+        # A layer whose BP control is below the bar has no valid ρ: shown as such, not as
+        # a number a reader would take for the credit's.
+        invalid = [layer for layer, ok in enumerate(metrics.get("rho_measurable") or [])
+                   if not ok]
+        rho = ["invalid" if layer in invalid else fmt(value, "+.3f")
+               for layer, value in enumerate(metrics["perturbation_rho"])]
+        lines.append(f"  ρ per layer     [{', '.join(rho)}]  BP "
                      f"{row(controls.get('bp'))}  random {row(controls.get('random'))}")
-        if not all(metrics.get("rho_measurable", [True])):
-            lines.append("  ρ unmeasurable where the BP control < 0.9: "
-                         f"{metrics.get('rho_measurable')}")
+        if invalid:
+            lines.append(
+                f"  ρ invalid at layer {', '.join(map(str, invalid))}: there even the "
+                f"reference gradient as credit (the BP control) scores ρ < "
+                f"{MEASURABLE_BP_RHO:g}, so either the working precision does not resolve "
+                "the loss changes or the reference is not the model's gradient; ρ says "
+                "nothing about the credit there")
     for eta, deltas in metrics.get("nudging", {}).items():
         bp = metrics.get("nudging_controls", {}).get("bp", {}).get(eta)
         lines.append(f"  nudging η={eta}  Δ {[fmt(v, '+.2e') for v in deltas]}  BP "

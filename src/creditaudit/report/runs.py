@@ -5,13 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from creditaudit.formatting import fmt
-from creditaudit.records import RecordSet, RunRecord
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.records import RunRecord
 
 BASELINE_TEXT = "frozen baseline of (d)"
 
 
+def stopped_early_text(record: RunRecord) -> str | None:
+    """``stopped early at epoch 3: protocol verdict needs walk-back: (a)`` for a run that
+    ``--stop-on-walkback`` ended (its status still says completed), else None."""
+    stop = record.stopped_early
+    if not stop:
+        return None
+    reason = stop.get("reason")
+    return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
+
+
 def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
-    """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict.
+    """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
+    line for each run that stopped early, saying at which epoch and why.
 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
@@ -24,7 +36,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
     for record in records:
         last = record.log[-1] if record.log else None
-        if record.is_frozen_baseline:
+        if is_frozen_baseline(record):
             verdict = BASELINE_TEXT
         elif record.protocol.epoch is None:
             verdict = "—"
@@ -43,6 +55,10 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             f"{last.epoch if last else 0:>6}{fmt(record.final_acc, '.3f'):>10}"
             f"{fmt(record.last_value('h_L_norm'), '.3g'):>11}"
             f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>10}  {verdict}")
+    for record in records:
+        stopped = stopped_early_text(record)
+        if stopped is not None:
+            lines.append(f"{record.method} {stopped}")
     if any(r.deep_cos_valid is False for r in records):
         lines.append("* measured against reference gradients below the 1e-7 floor: not a "
                      "valid cosine")

@@ -27,7 +27,10 @@ The sweep file (TOML)
 
 Every combination is validated with :func:`~creditaudit.config.apply_overrides`; a bad key
 or value raises :class:`~creditaudit.errors.ConfigError` naming the combination. Runs with
-the same run id (same semantic config) appear once.
+the same run id (same semantic config) appear once; a grid axis that cannot add runs (a key
+outside the run id such as ``run.out_dir``, a value listed twice), one key spelled twice
+(``"method.name"`` beside a ``[grid.method]`` table) and a grid of more than ``max_runs``
+runs (counted, not expanded) are errors.
 
 Running
 -------
@@ -59,8 +62,10 @@ from creditaudit.sweep.claims import (
 )
 from creditaudit.sweep.executors import Executor, InlineExecutor, LocalExecutor, RayExecutor
 from creditaudit.sweep.grid import (
+    DEFAULT_MAX_RUNS,
     Sweep,
     config_value,
+    count_runs,
     dedupe,
     expand_grid,
     flatten_keys,
@@ -75,12 +80,14 @@ from creditaudit.sweep.runner import (
     prepare_configs,
     run_sweep,
     sweep_summary,
+    unique_runs,
 )
 from creditaudit.sweep.worker import SWEEP_LOG_FILE, disk_status, run_one, run_task
 
 __all__ = [
     "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
-    "dedupe", "run_one", "run_task", "run_sweep", "plan", "prepare_configs", "sweep_summary",
+    "dedupe", "count_runs", "DEFAULT_MAX_RUNS", "unique_runs",
+    "run_one", "run_task", "run_sweep", "plan", "prepare_configs", "sweep_summary",
     "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
     "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",
     "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status",

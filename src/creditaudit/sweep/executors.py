@@ -22,6 +22,31 @@ log = logging.getLogger(__name__)
 
 Outcome = dict[str, Any]
 RunFn = Callable[[dict[str, Any]], Outcome]
+# After an interrupt: how long the workers may take to record 'interrupted' and release
+# their claims before they are killed (a second interrupt kills them at once; a killed run
+# resumes from its last checkpoint all the same).
+UNWIND_SECONDS = 30.0
+
+
+def _shut_down(pool: Any, processes: list[Any], seconds: float) -> None:
+    """``pool.shutdown`` once the interrupted worker ``processes`` are done; those still
+    running after ``seconds``, or at a second KeyboardInterrupt, are killed, so a sweep
+    never waits on a worker that does not stop."""
+    import threading
+
+    closer = threading.Thread(target=pool.shutdown, kwargs={"wait": True,
+                                                            "cancel_futures": True},
+                              name="creditaudit-pool-shutdown", daemon=True)
+    closer.start()
+    try:
+        closer.join(seconds)
+    except KeyboardInterrupt:
+        log.warning("interrupted again: killing the sweep's worker processes")
+    if closer.is_alive():
+        for process in processes:
+            with contextlib.suppress(Exception):
+                process.kill()
+        closer.join(5)
 
 
 class InlineExecutor:
@@ -104,10 +129,11 @@ class LocalExecutor:
         except BaseException:
             # Interrupt the workers (SIGTERM → KeyboardInterrupt: they record 'interrupted'
             # and release their claims), drop what has not started.
-            for process in list(getattr(pool, "_processes", {}).values()):
+            processes = list(getattr(pool, "_processes", {}).values())
+            for process in processes:
                 with contextlib.suppress(Exception):
                     process.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
+            _shut_down(pool, processes, UNWIND_SECONDS)
             raise
         pool.shutdown(wait=True)
 

@@ -3,35 +3,69 @@ validated run configs (see :mod:`creditaudit.sweep` for the file format)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import RunConfig, apply_overrides, config_from_dict, semantic_dict
+from creditaudit.config import (
+    SECTION_TYPES,
+    SELECTORS,
+    RunConfig,
+    apply_where_read,
+    config_from_dict,
+    merge_overrides,
+    semantic_dict,
+)
 from creditaudit.errors import ConfigError
-from creditaudit.methods.registry import rule_class
+from creditaudit.registry import DIAGNOSTICS
 
 log = logging.getLogger(__name__)
 
 SWEEP_TABLES = ("base", "grid", "include")
+# Runs a sweep may expand to unless told otherwise (--max-runs): the product of the axes is
+# counted before anything is expanded, so a grid that would not fit in memory is one line.
+DEFAULT_MAX_RUNS = 10_000
 
 Outcome = dict[str, Any]
 
 
 # --- the sweep file ---------------------------------------------------------------------
-def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"method": {"name": "fa"}, "run.seed": 1}`` → ``{"method.name": "fa", "run.seed": 1}``."""
-    flat: dict[str, Any] = {}
+def _leaves(table: dict[str, Any], path: tuple[str, ...] = ()
+            ) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(key path, value) of every non-table value, e.g. ``(("method", "name"), "fa")``."""
     for key, value in table.items():
-        dotted = f"{prefix}{key}"
         if isinstance(value, dict):
-            flat.update(flatten_keys(value, f"{dotted}."))
+            yield from _leaves(value, (*path, key))
         else:
-            flat[dotted] = value
+            yield (*path, key), value
+
+
+def _spelling(path: tuple[str, ...]) -> str:
+    """How a key path is written in TOML: ``("method.name",)`` → ``"method.name"``,
+    ``("method", "name")`` → ``method.name``."""
+    return ".".join(f'"{key}"' if "." in key else key for key in path)
+
+
+def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"method": {"name": "fa"}, "run.seed": 1}`` → ``{"method.name": "fa", "run.seed": 1}``.
+
+    Raises ConfigError when two spellings name one key (``"method.name"`` beside a
+    ``method`` table holding ``name``): TOML keeps both, and one value would be lost.
+    """
+    flat: dict[str, Any] = {}
+    spelled: dict[str, tuple[str, ...]] = {}
+    for path, value in _leaves(table):
+        dotted = prefix + ".".join(path)
+        if dotted in flat:
+            raise ConfigError(f"key {dotted} is given twice, as {_spelling(spelled[dotted])} "
+                              f"and as {_spelling(path)}; keep one of them")
+        flat[dotted], spelled[dotted] = value, path
     return flat
 
 
@@ -39,29 +73,29 @@ def _describe(values: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value!r}" for key, value in values.items())
 
 
-def _section_fields() -> dict[str, list[str]]:
-    import dataclasses
+def known_keys() -> dict[str, list[str]]:
+    """Every key a sweep may set, per section: the section's common keys, every installed
+    component's own options, and each diagnostic's options (``a.growth``)."""
+    known = {name: [f.name for f in dataclasses.fields(cls)]
+             for name, cls in SECTION_TYPES.items()}
+    for section, (_, registry) in SELECTORS.items():
+        for component in registry.classes():
+            known[section] += [k for k in component.option_names() if k not in known[section]]
+    for diagnostic in DIAGNOSTICS.classes():
+        known["diagnostics"] += [f"{diagnostic.name}.{k}" for k in diagnostic.option_names()]
+    return known
 
-    from creditaudit.config import SECTION_TYPES
 
-    return {name: [f.name for f in dataclasses.fields(cls)]
-            for name, cls in SECTION_TYPES.items()}
-
-
-def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
-    """A validated config from nested ``raw`` sections plus dotted ``overrides`` (its rule
-    must be installed)."""
-    merged = {section: dict(values) for section, values in raw.items()}
-    for key, value in overrides.items():
-        section, _, name = key.partition(".")
-        merged.setdefault(section, {})[name] = value
-    config = config_from_dict(merged)
-    rule_class(config.method.name)
-    return config
+def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any],
+                    dropped: list[str]) -> RunConfig:
+    """A validated config from nested ``raw`` sections plus dotted ``overrides``; the
+    options of another component than the one a run selects go into ``dropped``."""
+    return config_from_dict(merge_overrides(raw, overrides, dropped), dropped=dropped)
 
 
 def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
-                include: Iterable[dict[str, Any]] = ()) -> list[RunConfig]:
+                include: Iterable[dict[str, Any]] = (), *,
+                max_runs: int | None = DEFAULT_MAX_RUNS) -> list[RunConfig]:
     """Every combination of ``grid`` applied to ``base``, then the ``include`` runs.
 
     ``base`` is a RunConfig or the nested sections of one (a ``[base]`` table may be
@@ -69,12 +103,22 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     ``data.data_dir``). ``grid`` maps dotted keys (``"method.penalty"``) to non-empty
     lists; the product runs in key order, the last key fastest. Runs with an equal run id
     keep their first place. Raises ConfigError naming the key or the combination that is not
-    a valid config.
+    a valid config, an axis whose values give fewer runs than it lists (a key that is not
+    part of the run id, such as ``run.out_dir``, or one value listed twice), or a grid of
+    more than ``max_runs`` runs (counted before anything is expanded; None: no cap).
     """
+    return dedupe(_every_run(base, grid, include, max_runs=max_runs))
+
+
+def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
+               include: Iterable[dict[str, Any]], *, max_runs: int | None
+               ) -> list[RunConfig]:
+    """The configs of every grid combination (product order) then of every include, before
+    duplicates are dropped (see :func:`expand_grid`)."""
     raw = base.to_dict() if isinstance(base, RunConfig) else base
     grid = flatten_keys(grid)
     include = [flatten_keys(extra) for extra in include]
-    fields = _section_fields()
+    fields = known_keys()
     for key in [*grid, *(k for extra in include for k in extra)]:
         section, _, name = key.partition(".")
         if section not in fields or name not in fields[section]:
@@ -85,6 +129,7 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid key {key!r} must map to a non-empty list of values, got "
                               f"{values!r}; e.g. \"{key}\" = [{values!r}]")
+    check_run_count(grid, include, max_runs)
     try:
         config_from_dict(raw)
         base_error = None
@@ -94,16 +139,147 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     n_grid = len(combos)
     combos += include
     configs: list[RunConfig] = []
+    not_read: dict[str, set[str]] = {}  # option → the components that do not read it
+    dropped_in: dict[str, int] = {}  # option → in how many runs it was left out
     for index, overrides in enumerate(combos):
+        dropped: list[str] = []
         try:
-            configs.append(_with_overrides(raw, overrides))
+            config = _with_overrides(raw, overrides, dropped)
         except ConfigError as err:
             if str(err) == base_error:  # the grid did not cause it
                 raise ConfigError(f"[base]: {err}") from None
             where = "grid combination" if index < n_grid else "[[include]] run"
             raise ConfigError(f"{where} {{{_describe(overrides)}}} is not a valid run: "
                               f"{err}") from None
-    return dedupe(configs)
+        configs.append(config)
+        for key in set(dropped):
+            section = key.partition(".")[0]
+            selected = getattr(getattr(config, section), SELECTORS[section][0])
+            not_read.setdefault(key, set()).add(selected)
+            if index < n_grid:
+                dropped_in[key] = dropped_in.get(key, 0) + 1
+    for key in grid:
+        if dropped_in.get(key, 0) >= n_grid and len(grid[key]) > 1:
+            raise ConfigError(f"grid axis {key} is not read by "
+                              f"{', '.join(sorted(not_read[key]))}: its {len(grid[key])} "
+                              "values give 1 run; drop the axis or select a component that "
+                              "reads it")
+    for key, names in sorted(not_read.items()):
+        log.warning("warning: %s is not read by %s: left out of those runs (and of their run "
+                    "ids)", key, ", ".join(sorted(names)))
+    # An axis that cannot add runs is a mistake in the file: its later values would be
+    # dropped without a word (see collapsed_axes). An option some runs' components do not
+    # read collapses there by design (the warning above names it).
+    collapsed = [c for c in collapsed_axes(grid, configs) if c.key not in not_read]
+    if collapsed:
+        raise ConfigError(collapsed[0].message)
+    return configs
+
+
+# --- how many runs, and why fewer -----------------------------------------------------------
+def count_runs(grid: dict[str, list[Any]], include: Sequence[Any] = ()) -> int:
+    """The runs a grid expands to before duplicates are dropped: the product of the axis
+    lengths plus the ``include`` runs. Counted, never expanded."""
+    return math.prod(len(values) for values in grid.values()) + len(include)
+
+
+def check_run_count(grid: dict[str, list[Any]], include: Sequence[Any],
+                    max_runs: int | None) -> None:
+    """Raise ConfigError when the grid has more than ``max_runs`` runs (None: no cap)."""
+    if max_runs is None:
+        return
+    n_runs = count_runs(grid, include)
+    if n_runs > max_runs:
+        sizes = " × ".join(str(len(values)) for values in grid.values()) or "1"
+        raise ConfigError(f"the sweep has {n_runs:,} runs ({sizes} grid combinations + "
+                          f"{len(include)} [[include]] runs), more than --max-runs "
+                          f"{max_runs:,}: split the grid into several sweep files, or raise "
+                          "--max-runs")
+
+
+@dataclass(frozen=True)
+class AxisCollapse:
+    """A grid axis whose ``n_values`` values give only ``n_runs`` different runs.
+
+    ``reason``: ``"not in run id"`` (the key does not change what a run computes, e.g.
+    ``run.out_dir``), ``"same value"`` (two values are one value once validated, e.g. 0 and
+    0.0) or ``"overridden"`` (the command line sets the key for every run).
+    """
+
+    key: str
+    n_values: int
+    n_runs: int
+    reason: str
+    detail: str  # the repeated values, or the overriding value
+
+    @property
+    def message(self) -> str:
+        gives = (f"its {self.n_values} values give {self.n_runs} "
+                 f"run{'s' if self.n_runs != 1 else ''}")
+        if self.reason == "overridden":
+            return (f"grid axis {self.key} is set for every run by the command line "
+                    f"({self.key}={self.detail}): {gives}")
+        if self.reason == "same value":
+            return (f"grid axis {self.key} lists one value twice ({self.detail}): {gives}; "
+                    "list each value once")
+        return (f"grid axis {self.key} does not change what a run computes (it is not part "
+                f"of the run id): {gives}; give it one value in [base]")
+
+
+def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
+                   overrides: dict[str, Any] | None = None) -> list[AxisCollapse]:
+    """The axes of a (flat) ``grid`` whose values give fewer runs than they list.
+
+    ``configs`` holds the grid's combinations in product order (as ``_every_run`` builds
+    them, before ``overrides``). Each axis is varied with the other axes at their first
+    values: a key that is not part of the run id, a repeated value or an override makes
+    an axis collapse in every combination alike, so one line of the grid shows it.
+    """
+    lengths = [len(values) for values in grid.values()]
+    out = []
+    for axis, (key, values) in enumerate(grid.items()):
+        if len(values) < 2:
+            continue
+        stride = math.prod(lengths[axis + 1:])
+        line = [configs[index * stride] for index in range(len(values))]
+        if overrides:
+            line = [apply_where_read(config, overrides) for config in line]
+        groups: dict[str, list[tuple[Any, RunConfig]]] = {}
+        for value, config in zip(values, line):
+            groups.setdefault(run_key(config), []).append((value, config))
+        if len(groups) == len(values):
+            continue
+        repeated = next(group for group in groups.values() if len(group) > 1)
+        if overrides and key in overrides:
+            reason, detail = "overridden", repr(config_value(line[0], key))
+        elif len({repr(config_value(config, key)) for _, config in repeated}) == 1:
+            reason, detail = "same value", " and ".join(repr(value) for value, _ in repeated)
+        else:
+            reason, detail = "not in run id", ""
+        out.append(AxisCollapse(key, len(values), len(groups), reason, detail))
+    return out
+
+
+def _combination(grid: dict[str, list[Any]], index: int) -> dict[str, Any]:
+    """The ``index``-th combination of ``grid`` in product order (last key fastest)."""
+    combo = {}
+    for key, values in reversed(grid.items()):
+        index, position = divmod(index, len(values))
+        combo[key] = values[position]
+    return dict(reversed(combo.items()))
+
+
+@dataclass
+class Expansion:
+    """What a sweep expands to: its runs, and why they are fewer than the grid combinations
+    plus the ``[[include]]`` runs (``warnings``: axes the command line overrides; ``notes``:
+    runs that repeat an earlier one)."""
+
+    configs: list[RunConfig]
+    n_combinations: int
+    n_include: int
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -115,12 +291,44 @@ class Sweep:
     include: list[dict[str, Any]] = field(default_factory=list)
     source: str | None = None
 
-    def configs(self, overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+    def configs(self, overrides: dict[str, Any] | None = None, *,
+                max_runs: int | None = DEFAULT_MAX_RUNS) -> list[RunConfig]:
         """The runs, with ``overrides`` (e.g. from the command line) applied to each."""
-        configs = expand_grid(self.base, self.grid, self.include)
-        if overrides:
-            configs = dedupe([apply_overrides(c, overrides) for c in configs])
-        return configs
+        return self.expand(overrides, max_runs=max_runs).configs
+
+    def expand(self, overrides: dict[str, Any] | None = None, *,
+               max_runs: int | None = DEFAULT_MAX_RUNS) -> Expansion:
+        """The runs (as :meth:`configs`) and why some combinations give no run of their own."""
+        grid = flatten_keys(self.grid)
+        include = [flatten_keys(extra) for extra in self.include]
+        every = _every_run(self.base, grid, include, max_runs=max_runs)
+        n_grid = len(every) - len(include)
+        # Command-line and CREDITAUDIT_SET overrides apply where a run's components read
+        # them (data.n_train shrinks generated data and leaves a file dataset alone).
+        runs = [apply_where_read(c, overrides) for c in every] if overrides else every
+        warnings = [axis.message for axis in collapsed_axes(grid, every[:n_grid], overrides)]
+        notes = []
+        first: dict[str, int] = {}  # run key → the index of its first config
+        kept: list[RunConfig] = []  # as dedupe(runs), each key computed once (the slow part)
+        repeats = 0
+        for index, config in enumerate(runs):
+            key = run_key(config)
+            if key not in first:
+                first[key] = index
+                kept.append(config)
+            elif index >= n_grid:
+                earlier = first[key]
+                same = (f"grid combination {{{_describe(_combination(grid, earlier))}}}"
+                        if earlier < n_grid else f"[[include]] run {earlier - n_grid + 1}")
+                notes.append(f"[[include]] run {index - n_grid + 1} "
+                             f"{{{_describe(include[index - n_grid])}}} is the run of {same}: "
+                             "it runs once")
+            else:
+                repeats += 1
+        if repeats and not warnings:
+            notes.append(f"{repeats} grid combination{'s' if repeats != 1 else ''} give the "
+                         "run of an earlier combination: each run runs once")
+        return Expansion(kept, n_grid, len(include), warnings, notes)
 
     @property
     def grid_keys(self) -> list[str]:
@@ -130,6 +338,13 @@ class Sweep:
         return keys
 
 
+def run_key(config: RunConfig) -> str:
+    """Equal for configs that compute the same thing on the same data folder (the run id
+    without the data fingerprint, which would need the data read)."""
+    return json.dumps([semantic_dict(config), config.to_dict()["data"].get("data_dir")],
+                      sort_keys=True)
+
+
 def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
     """The first of each set of configs that compute the same thing on the same data folder,
     in order. (Without reading the data: the same data in two folders is deduplicated later,
@@ -137,7 +352,7 @@ def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
     seen: set[str] = set()
     out = []
     for config in configs:
-        key = json.dumps([semantic_dict(config), config.data.data_dir], sort_keys=True)
+        key = run_key(config)
         if key not in seen:
             seen.add(key)
             out.append(config)
@@ -162,12 +377,18 @@ def sweep_from_dict(raw: dict[str, Any], source: str | None = None) -> Sweep:
     include = raw.get("include", [])
     if not isinstance(include, list) or not all(isinstance(t, dict) for t in include):
         raise ConfigError(f"{where}: include must be [[include]] tables of dotted overrides")
-    return Sweep(base=base, grid=flatten_keys(grid),
-                 include=[flatten_keys(t) for t in include], source=source)
+    tables = [("[grid]", grid)] + [(f"[[include]] {n}", t) for n, t in enumerate(include, 1)]
+    flat = []
+    for name, table in tables:
+        try:
+            flat.append(flatten_keys(table))
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {name}: {err}") from None
+    return Sweep(base=base, grid=flat[0], include=flat[1:], source=source)
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep TOML file."""
+def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> Sweep:
+    """Read and validate a sweep TOML file (every run, if it has at most ``max_runs``)."""
     from creditaudit.config import tomllib
     from creditaudit.safe_files import read_text
 
@@ -176,9 +397,12 @@ def load_sweep(path: str | Path) -> Sweep:
         raw = tomllib.loads(read_text(path, "sweep file", ConfigError))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"sweep file {path} is not valid TOML: {err}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"sweep file {path} nests arrays or tables too deeply to be a "
+                          "sweep file") from None
     sweep = sweep_from_dict(raw, source=str(path))
     try:
-        sweep.configs()  # validate every combination now, before anything runs
+        sweep.configs(max_runs=max_runs)  # validate every combination before anything runs
     except ConfigError as err:
         raise ConfigError(f"sweep file {path}: {err}") from None
     return sweep

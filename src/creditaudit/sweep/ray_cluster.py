@@ -12,6 +12,14 @@ wait — other jobs hold the resources, or the nodes that had them left — for 
 ``unschedulable_after`` seconds, the waiting runs are cancelled and reported as failed with
 the reason (what each run asks for, what the cluster has and what is free). They have not
 started, so the next sweep trains them.
+
+Joining a cluster never waits for a head that is gone: ``ray.init`` retries such a head for
+about 13 minutes without reacting to Ctrl-C, so the address it would use (``--address``,
+``RAY_ADDRESS``, or the cluster file a ``ray start`` left, e.g. /tmp/ray/ray_current_cluster)
+is first checked to accept a connection. Ray replaces the process's SIGTERM handler (with an
+abort); the handlers are put back, so SIGTERM interrupts a sweep like Ctrl-C: the running
+tasks are cancelled and given ``UNWIND_SECONDS`` to record 'interrupted' and release their
+claims.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import signal
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,6 +48,11 @@ POLL_SECONDS = 1.0
 # Say why the sweep waits once it has waited this long (or the deadline, if shorter).
 WARN_AFTER = 30.0
 STARTED = "creditaudit: run started"
+# How long the address ray.init would join may take to accept a TCP connection.
+PROBE_SECONDS = 5.0
+# After an interrupt: how long the cancelled runs may take to record 'interrupted' and
+# release their claims before Ray is shut down under them (a second interrupt stops waiting).
+UNWIND_SECONDS = 30.0
 
 Outcome = dict[str, Any]
 RunFn = Callable[[dict[str, Any]], Outcome]
@@ -53,6 +70,63 @@ def _import_ray() -> Any:
     except ImportError:
         raise ConfigError(RAY_MISSING) from None
     return ray
+
+
+def _address_answers(address: str, timeout: float = PROBE_SECONDS) -> str | None:
+    """None when something accepts a TCP connection at ``host:port``, else why not
+    (``"Connection refused"``). An address of another form is left to ``ray.init``."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as err:
+        return err.strerror or str(err) or type(err).__name__
+
+
+def _cluster_file() -> str | None:
+    """Where ``ray start`` records the head that ``ray.init()`` joins (Ray's own lookup:
+    RAY_TMPDIR, TMPDIR or /tmp, then ray/ray_current_cluster); None if Ray moved it."""
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:
+        return None
+    return get_ray_address_file(None)
+
+
+def check_address_answers(address: str | None) -> None:
+    """Raise ConfigError (one line, with the fix) when the Ray head that ``ray.init(address)``
+    would join does not accept a connection: ``address`` itself, else RAY_ADDRESS, else the
+    address in the cluster file a ``ray start`` left (``None`` starts a new local Ray only
+    when there is no such file)."""
+    if address and address != "auto":
+        why = _address_answers(address)
+        if why:
+            raise ConfigError(f"the Ray cluster at {address} does not answer ({why}): check "
+                              "--address, or start its head there with `ray start --head`")
+        return
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        why = _address_answers(env)
+        if why:
+            raise ConfigError(f"RAY_ADDRESS={env} names a Ray cluster that does not answer "
+                              f"({why}): start it, or unset RAY_ADDRESS")
+        return
+    path = _cluster_file()
+    if path is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as file:
+            recorded = file.read().strip()
+    except OSError:  # no file: ray.init starts a local Ray (or finds one, for "auto")
+        return
+    why = _address_answers(recorded) if recorded else None
+    if why:
+        raise ConfigError(f"Ray's cluster file {path} names a head at {recorded} that does not "
+                          f"answer ({why}): a Ray started with `ray start` ended without `ray "
+                          "stop`. Run `ray stop` (it removes the file) or delete the file, "
+                          "then run again; or give --address")
 
 
 def describe_resources(resources: dict[str, float]) -> str:
@@ -88,6 +162,23 @@ def check_one_run_fits(total: dict[str, float], num_cpus: float, num_gpus: float
             "or add nodes")
 
 
+@contextlib.contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """Restore SIGINT's and SIGTERM's handlers after the body: ``ray.init`` installs its own
+    (SIGTERM → SystemExit, then an abort in Ray's core), which would end a sweep without
+    cancelling its runs or saying why."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set, and Ray only sets them, in the main thread
+        return
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)
+
+
 class RayExecutor:
     """One Ray task per run, with ``num_cpus_per_run`` CPUs (= torch threads) and
     ``num_gpus_per_run`` GPUs each.
@@ -106,7 +197,8 @@ class RayExecutor:
     def __init__(self, address: str | None = None, num_cpus_per_run: float = 1,
                  num_gpus_per_run: float = 0, *,
                  unschedulable_after: float = DEFAULT_UNSCHEDULABLE_AFTER,
-                 poll_seconds: float = POLL_SECONDS) -> None:
+                 poll_seconds: float = POLL_SECONDS,
+                 unwind_seconds: float = UNWIND_SECONDS) -> None:
         self.ray = _import_ray()
         if not num_cpus_per_run > 0:
             raise ConfigError(f"CPUs per Ray run must be > 0, got {num_cpus_per_run}")
@@ -118,6 +210,7 @@ class RayExecutor:
         self.address = address
         self.num_cpus, self.num_gpus = num_cpus_per_run, num_gpus_per_run
         self.unschedulable_after, self.poll_seconds = unschedulable_after, poll_seconds
+        self.unwind_seconds = unwind_seconds
         self.slots = 1  # until connect() has read the cluster
         self.running: int | None = None  # runs a Ray worker has started (while mapping)
         self.cluster: dict[str, float] | None = None
@@ -140,8 +233,11 @@ class RayExecutor:
             return self
         ray = self.ray
         if not ray.is_initialized():
+            check_address_answers(self.address)
             try:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+                with _keep_signal_handlers():
+                    ray.init(address=self.address, include_dashboard=False,
+                             log_to_driver=False)
             except (ConnectionError, ValueError, RuntimeError) as err:
                 raise ConfigError(f"cannot connect to Ray at {self.address or 'a new local'} "
                                   f"instance: {err}; start one with `ray start --head`"
@@ -228,9 +324,34 @@ class RayExecutor:
             for generator in [*waiting, *running]:
                 with contextlib.suppress(Exception):
                     ray.cancel(generator)
+            self._unwind([*waiting, *running])
             raise
         finally:
             self.running = None
+
+    def _unwind(self, generators: list[Any]) -> None:
+        """Wait (at most ``unwind_seconds``; a second interrupt stops waiting) until the
+        cancelled tasks have ended: a cancelled run records 'interrupted' and releases its
+        claim, which a Ray shut down under it would not, leaving a claim that blocks the
+        run for --stale-after seconds when it was on another node."""
+        ray = self.ray
+        pending = list(generators)
+        deadline = time.monotonic() + self.unwind_seconds
+        try:
+            while pending and (left := deadline - time.monotonic()) > 0:
+                ready, _ = ray.wait(pending, num_returns=1, timeout=min(left, 0.5))
+                for generator in ready:
+                    try:
+                        item = ray.get(next(generator))
+                    except (StopIteration, ray.exceptions.RayError):
+                        item = None  # ended: cancelled, or failed
+                    if item != STARTED:
+                        pending.remove(generator)
+        except KeyboardInterrupt:
+            log.warning("stopped waiting for %d cancelled Ray task(s); their runs resume "
+                        "from their last checkpoint next time", len(pending))
+        except Exception:  # noqa: BLE001 — the interrupt being handled matters, not this
+            log.debug("waiting for cancelled Ray tasks failed", exc_info=True)
 
     def _next_item(self, generator: Any, task: dict[str, Any]) -> Any:
         """The next item a task yielded: the start marker or its outcome (a failed outcome

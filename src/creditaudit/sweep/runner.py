@@ -11,7 +11,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
-from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import ensure_folder
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor
@@ -100,6 +100,15 @@ def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[Ru
     return out
 
 
+def unique_runs(configs: list[RunConfig]) -> list[RunConfig]:
+    """The first config of each run id, in order: two data folders holding the same data
+    give one run (the grid's dedupe compares folders, not data, as it reads no files)."""
+    out: dict[str, RunConfig] = {}
+    for config in configs:
+        out.setdefault(run_id_of(config), config)
+    return list(out.values())
+
+
 def plan(configs: list[RunConfig], *, retry_failed: bool = False,
          stale_after: float = DEFAULT_STALE_AFTER) -> list[dict[str, Any]]:
     """What a sweep would do with each run now: ``{"run_id", "status", "todo", "holder"}``.
@@ -134,6 +143,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
 
     if not configs:
         raise ConfigError("the sweep has no runs")
+    configs = unique_runs(configs)
     out_dirs = {config.run.out_dir for config in configs}
     if len(out_dirs) != 1:
         raise ConfigError(f"all runs of a sweep must share one results folder, got "

@@ -16,7 +16,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import ConfigError, CreditAuditError, OutputError, RunRecordError
-from creditaudit.run_ids import run_id as run_id_of
+from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import describe_os_error
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
@@ -72,8 +72,7 @@ def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
     """Record a run that raised before the training loop wrote its first record."""
     from creditaudit.records import new_record, save_record
 
-    record = new_record(config, device=config.run.device)
-    record.run_id = run_dir.name
+    record = new_record(config, device=config.run.device, run_id=run_dir.name)
     record.status = "failed"
     record.error = error
     save_record(run_dir, record)
@@ -154,7 +153,10 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
             error = f"{type(err).__name__}: {err}"
             if disk_status(run_dir)[0] in (None, "running", "corrupt"):
-                _write_failed_record(config, run_dir, error)
+                # Not even a failed record can replace a folder named record.json: the
+                # outcome still says why the run failed.
+                with contextlib.suppress(OutputError):
+                    _write_failed_record(config, run_dir, error)
             outcome.update(status="failed", error=error)
             log.debug("run %s failed", own_id, exc_info=True)
         except KeyboardInterrupt:
@@ -188,6 +190,12 @@ def init_worker(threads: int) -> None:
         torch.set_num_interop_threads(threads)
 
     def terminate(signum: int, frame: object) -> None:
+        if _WORKER["terminating"]:
+            # Already stopping: Ctrl-C reaches the workers with the sweep (one process
+            # group), then the sweep's SIGTERM follows; a second KeyboardInterrupt would cut
+            # short the 'interrupted' record and the claim's release (the sweep kills a
+            # worker that does not stop, see executors.UNWIND_SECONDS).
+            return
         _WORKER["terminating"] = True
         if _WORKER["in_run"]:
             raise KeyboardInterrupt  # the run records 'interrupted', the claim is released

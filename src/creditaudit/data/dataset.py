@@ -1,0 +1,92 @@
+"""The data of a run, held in memory: train/test tensors plus what turns a batch into model
+inputs, and the fixed evaluation subset every run of a dataset audits.
+
+Images are kept as uint8 ``(N, C, H, W)`` and normalised (and augmented) per batch;
+feature datasets are float32 ``(N, D)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from creditaudit.data import transforms
+from creditaudit.data.loader import InMemoryLoader
+from creditaudit.errors import ConfigError
+
+# A fixed permutation seed: every run on a dataset audits the same held-out samples.
+EVAL_SUBSET_SEED = 20240
+
+
+@dataclass
+class Dataset:
+    """Train/test tensors plus what is needed to turn a batch into model inputs."""
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    n_classes: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    augment: bool = False
+    # How a generated dataset was made ({"generator", "version", "args"}); empty for files.
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_image(self) -> bool:
+        return self.train_x.dtype == torch.uint8
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    def loader(self, split: str, batch_size: int, *, flatten: bool, shuffle: bool = False,
+               generator: torch.Generator | None = None) -> InMemoryLoader:
+        """Batches of model-ready inputs: normalised, augmented (train only), flattened."""
+        x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
+        return InMemoryLoader(
+            x, y, batch_size, shuffle=shuffle, generator=generator,
+            augment=self.augment and split == "train", mean=self.mean, std=self.std,
+            flatten=flatten,
+        )
+
+    def test_loader(self, batch_size: int, *, flatten: bool, exclude: Tensor | None = None
+                    ) -> InMemoryLoader:
+        """Batches of the test split in order, without the samples at positions ``exclude``
+        (their raw rows are copied once here, so iterating costs no per-batch gather)."""
+        if exclude is None:
+            return self.loader("test", batch_size, flatten=flatten)
+        keep = torch.ones(self.test_y.shape[0], dtype=torch.bool)
+        keep[exclude] = False
+        return InMemoryLoader(self.test_x[keep], self.test_y[keep], batch_size, shuffle=False,
+                              mean=self.mean, std=self.std, flatten=flatten)
+
+    def prepare(self, x: Tensor, *, flatten: bool) -> Tensor:
+        """Model-ready inputs for raw samples (no augmentation)."""
+        if self.is_image:
+            assert self.mean is not None and self.std is not None
+            x = transforms.normalize(x, self.mean, self.std)
+        return torch.flatten(x, 1) if flatten else x
+
+    def eval_indices(self, n: int) -> Tensor:
+        """(n,) int64: the test-split positions of the first ``n`` samples of a fixed
+        permutation (the same for every run).
+
+        Raises ConfigError when the test split has fewer than ``n`` samples.
+        """
+        available = self.test_x.shape[0]
+        if n > available:
+            raise ConfigError(f"diagnostics.eval_samples={n} exceeds the {available} test "
+                              f"samples of {self.name}; use at most {available}")
+        return torch.randperm(available,
+                              generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:n]
+
+    def eval_subset(self, n: int, *, flatten: bool) -> tuple[Tensor, Tensor]:
+        """Model-ready inputs and labels of the :meth:`eval_indices` samples."""
+        order = self.eval_indices(n)
+        return self.prepare(self.test_x[order], flatten=flatten), self.test_y[order]

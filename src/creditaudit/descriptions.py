@@ -1,0 +1,69 @@
+"""What a run record says about the model it trained and the data it trained on.
+
+Both are asked of the thing that knows them — the built model
+(:meth:`creditaudit.models.contract.ResidualNet.describe`) and the dataset that loaded the
+data (:meth:`creditaudit.data.registry.DatasetSpec.identity`) — once per run, and stored in
+the record; reports, figures and exports read them from there, never re-derive them from a
+config name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _doc(text: str, default: Any = None, *, factory: Any = None) -> Any:
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class ModelDescription:
+    """The model a run trained, as the built model describes itself."""
+
+    arch: str = _doc("the architecture's name (model.arch)", "")
+    label: str = _doc("how tables and figures name it, e.g. `ResMLP d=256 L=4`", "")
+    terminal_ln: bool | None = _doc("whether the readout applies a LayerNorm to h_L")
+    d: int | None = _doc("state width d (features per token or channels per position)")
+    n_blocks: int | None = _doc("number of blocks L (states h_0 … h_L)")
+    residual: bool | None = _doc("whether blocks add their branch to a skip")
+    input_shape: list[int] | None = _doc("shape of one input as the model reads it")
+    layout: str | None = _doc("states: `vectors` (B, d), `tokens` (B, T, d) or `maps` "
+                              "(B, d, H, W)")
+    parameters: int | None = _doc("number of parameters")
+
+    @property
+    def short_label(self) -> str:
+        """The label without sizes (the architecture and its variant)."""
+        return self.label.split(" d=")[0] if " d=" in self.label else self.label
+
+
+@dataclass
+class DataIdentity:
+    """Which data a run trained on, independent of the folder it was read from.
+
+    ``fingerprint`` identifies the exact arrays (part of the run id); ``source`` identifies
+    where they come from regardless of the seed — equal to the fingerprint for file
+    datasets, the generator's arguments without the seed for generated ones — so runs with
+    different seeds on the same task share a recipe.
+    """
+
+    name: str = _doc("dataset name (data.name)", "")
+    fingerprint: str = _doc(
+        "sha256 of the data actually loaded: the decoded content of every file read, or the "
+        "generator's arguments (seed included) for generated data, whose arrays are verified "
+        "against the digest recorded when they were generated; part of the run id", "")
+    source: str = _doc(
+        "the same without the seed (equal to `fingerprint` for file datasets): runs with "
+        "different seeds on one task share a recipe", "")
+    n_train: int | None = _doc("training samples used (after data.train_subset)")
+    n_test: int | None = _doc("test samples")
+    n_classes: int | None = _doc("number of classes")
+    input_shape: list[int] | None = _doc("shape of one sample as stored (C, H, W) or (D,)")
+    provenance: dict[str, Any] = _doc("per-file digests, or the generator's arguments",
+                                      factory=dict)
+
+
+__all__ = ["ModelDescription", "DataIdentity"]

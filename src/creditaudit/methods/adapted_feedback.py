@@ -1,0 +1,200 @@
+"""The per-layer feedback rules (``fa-linear``, ``usf``, ``brsf``, ``frsf``, ``kp``) on adapted
+models: which weights get a feedback matrix, and attention's replaced backward.
+
+On an adapted model every ``nn.Linear`` and ``nn.Conv2d`` gets one, as BioTorch converts
+them — the first layer too: its input is the data, so what it passes down trains nothing and
+every update is the same either way. ``nn.MultiheadAttention`` (inside PyTorch's
+``nn.TransformerEncoderLayer``, for one) does not call modules for its projections: it uses
+``in_proj_weight`` (q, k and v packed, (3E, E)) — or ``q/k/v_proj_weight`` when the key and
+value widths differ — and ``out_proj.weight`` directly, so swapping modules (BioTorch's way)
+leaves its backward exact. Here they are weight layers like the others: within
+:func:`replaced_attention_backward` the attention computes q, k, v and its output projection
+with the rule's feedback linear and runs PyTorch's own attention between them (identity
+projections inside, which are exact), so masks, dropout and the attention itself stay
+PyTorch's. A packed projection's B is (3E, E), its fan-in 3E, as for a Linear of that shape.
+
+Layers whose weights act on an input but which this cannot replace (Conv1d/3d, transposed
+convolutions, ``nn.Bilinear``) are refused in one line rather than left exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+from creditaudit.errors import ModelContractError
+from creditaudit.models.adapted import AdaptedModel
+
+# (x, W, b, B) -> x·Wᵀ + b whose backward passes δ·B down: linear_feedback's _FeedbackLinear.
+FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Tensor], Tensor]
+UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+               nn.Bilinear)
+_ATTENTION_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+
+
+class ProjectionWeight:
+    """An input-projection weight of an ``nn.MultiheadAttention`` (``in_proj_weight`` or
+    ``q/k/v_proj_weight``), seen as a layer: its ``weight`` and ``out_features``."""
+
+    def __init__(self, attention: nn.MultiheadAttention, attribute: str) -> None:
+        self.attention, self.attribute = attention, attribute
+
+    @property
+    def weight(self) -> Tensor:
+        return getattr(self.attention, self.attribute)
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+
+def feedback_sites(model: AdaptedModel, rule: str) -> list[tuple[str, Any]]:
+    """Every weight layer of ``model`` with its name, in module order: each ``nn.Linear``
+    and ``nn.Conv2d`` (attention's ``out_proj`` included) and each attention's input
+    projection(s) as a :class:`ProjectionWeight`. ModelContractError for weight layers
+    whose backward cannot be replaced, or a model without any."""
+    sites: list[tuple[str, Any]] = []
+    for name, module in model.net.named_modules():
+        if isinstance(module, nn.MultiheadAttention):
+            attributes = (("in_proj_weight",) if module._qkv_same_embed_dim
+                          else ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
+            sites += [(f"{name}.{a}", ProjectionWeight(module, a)) for a in attributes]
+        elif isinstance(module, nn.Linear | nn.Conv2d):
+            sites.append((name, module))
+        elif isinstance(module, UNSUPPORTED):
+            raise ModelContractError(
+                f"--method {rule} replaces the backward of nn.Linear, nn.Conv2d and "
+                f"nn.MultiheadAttention layers only, but {name!r} is a "
+                f"{type(module).__name__}; use those layers (or a rule such as dfa)")
+    if not sites:
+        raise ModelContractError(f"--method {rule} needs nn.Linear, nn.Conv2d or "
+                                 f"nn.MultiheadAttention layers; {type(model.net).__name__} "
+                                 "has none")
+    return sites
+
+
+@dataclass
+class AttentionFeedback:
+    """One attention's feedback: ``projections`` B per input projection (its
+    :class:`ProjectionWeight` order), ``output`` B of its ``out_proj``."""
+
+    attention: nn.MultiheadAttention
+    projections: list[Tensor]
+    output: Tensor
+
+
+def split_sites(sites: Sequence[tuple[str, Any]], feedback: Sequence[Tensor]
+                ) -> tuple[list[tuple[str, nn.Module]], list[Tensor], list[AttentionFeedback]]:
+    """(layers called as modules, their feedback, the attentions' feedback) from
+    :func:`feedback_sites` and one B per site."""
+    outputs = {id(site.attention.out_proj): site.attention for _, site in sites
+               if isinstance(site, ProjectionWeight)}
+    layers, layer_feedback = [], []
+    attentions: dict[int, AttentionFeedback] = {}
+    for (name, site), b in zip(sites, feedback, strict=True):
+        if isinstance(site, ProjectionWeight):
+            entry = attentions.setdefault(id(site.attention),
+                                          AttentionFeedback(site.attention, [], b))
+            entry.projections.append(b)
+        elif id(site) in outputs:
+            attentions[id(outputs[id(site)])].output = b
+        else:
+            layers.append((name, site))
+            layer_feedback.append(b)
+    return layers, layer_feedback, list(attentions.values())
+
+
+@contextlib.contextmanager
+def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
+                                linear: FeedbackLinear) -> Iterator[None]:
+    """Inside the block each attention's projections run through ``linear`` with their
+    feedback (module docstring); PyTorch's fused fast path, which would bypass them, is off.
+
+    Graphs built inside keep their feedback after the block. ModelContractError when an
+    attention was not run (its backward would not have been replaced).
+    """
+    called: set[int] = set()
+    own = [a.attention.__dict__.get("forward") for a in attentions]
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    for entry, previous in zip(attentions, own):
+        run = previous or type(entry.attention).forward.__get__(entry.attention)
+        entry.attention.forward = functools.partial(  # type: ignore[method-assign]
+            _attention_forward, run, entry, linear, called)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+        for entry, previous in zip(attentions, own):
+            del entry.attention.forward
+            if previous is not None:
+                entry.attention.forward = previous  # type: ignore[method-assign]
+    skipped = [a for a in attentions if id(a.attention) not in called]
+    if skipped:
+        raise ModelContractError(
+            f"an nn.MultiheadAttention ({type(skipped[0].attention).__name__} with "
+            f"embed_dim={skipped[0].attention.embed_dim}) was not run in the forward pass, so "
+            "its backward could not be replaced; remove unused attention layers")
+
+
+class _ProjectedAttention(TorchFunctionMode):
+    """Within one attention's forward: F.multi_head_attention_forward → :func:`_projected`."""
+
+    def __init__(self, entry: AttentionFeedback, linear: FeedbackLinear,
+                 called: set[int]) -> None:
+        super().__init__()
+        self.entry, self.linear, self.called = entry, linear, called
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.multi_head_attention_forward:
+            self.called.add(id(self.entry.attention))
+            return _projected(self.entry, self.linear, *args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _attention_forward(run: Callable[..., Any], entry: AttentionFeedback,
+                       linear: FeedbackLinear, called: set[int], *args: Any,
+                       **kwargs: Any) -> Any:
+    with _ProjectedAttention(entry, linear, called):
+        return run(*args, **kwargs)
+
+
+def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,
+               **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+    """F.multi_head_attention_forward with its projections through ``linear``: q, k, v
+    first, PyTorch's attention on them with identity projections, then the output's."""
+    bound = _ATTENTION_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    bias = a["in_proj_bias"]
+    biases = bias.chunk(3) if bias is not None else (None, None, None)
+    if a["use_separate_proj_weight"]:
+        weights = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
+        feedback = entry.projections
+    else:
+        weights = a["in_proj_weight"].chunk(3)
+        feedback = entry.projections[0].chunk(3)
+    q, k, v = (linear(a[role], w, b, fb) for role, w, b, fb in
+               zip(("query", "key", "value"), weights, biases, feedback, strict=True))
+    out_weight, out_bias = a["out_proj_weight"], a["out_proj_bias"]
+    eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
+    a.update(query=q, key=k, value=v, in_proj_weight=None, in_proj_bias=None,
+             use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
+             v_proj_weight=eye, out_proj_weight=eye, out_proj_bias=None)
+    attended, attention_weights = F.multi_head_attention_forward(**a)
+    return linear(attended, out_weight, out_bias, entry.output), attention_weights
+
+
+__all__ = ["ProjectionWeight", "AttentionFeedback", "feedback_sites", "split_sites",
+           "replaced_attention_backward"]

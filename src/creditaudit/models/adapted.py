@@ -1,0 +1,487 @@
+"""Any ``nn.Module`` seen through the model contract: ``creditaudit.adapt(model, states=[…])``.
+
+The states h_0 … h_L are the outputs of named submodules (dotted as in ``named_modules()``),
+captured by forward hooks while the model runs its own ``forward`` — nothing of the model is
+rewritten. What the rules and diagnostics need then follows from running it:
+
+- ``forward_states(x)``: the captured outputs and the model's logits;
+- ``forward_from(l, h)``: the model rerun with the output of ``states[l]`` replaced by ``h``.
+  The input is not given (the diagnostics move a state and ask for the logits), so the
+  model runs on a zero input of batch ``h.shape[0]``; that is exact when the state is a
+  *cut* of the network — everything after it depends on the input only through it — which
+  :func:`adapt` verifies on a probe batch;
+- the *segments*: which parameters write which state (segment l: every parameter h_l depends
+  on once h_{l−1} is fixed; segment 0 everything before h_0) and which form the readout
+  (every parameter the logits depend on once h_L is fixed). Found by autograd on the probe,
+  so parameters used outside submodules (a CLS token, a position embedding) land where they
+  act. Block l of the contract is segment l + 1.
+
+:func:`adapt` checks everything on a probe batch before any training and raises one-line
+:class:`~creditaudit.errors.ModelContractError`\\ s: unknown names (with close matches), a state
+whose output is not one floating tensor of shape (B, d), (B, T, d) or (B, C, H, W), a state
+module called twice or not at all, states listed out of order, a state that does not reach
+the output, a state that is not a cut, and a model that mixes samples in eval mode (the
+diagnostics run there and need per-sample independence).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from creditaudit.errors import ModelContractError
+from creditaudit.models.contract import restored_buffers
+
+PROBE_SAMPLES = 4  # the probe batch (at least 2: sample independence compares samples)
+# forward_from(l, h_l) must give the logits to this precision, relative to their scale
+# (the tolerance diagnose() holds a user's forward_from to).
+REPRODUCE_RTOL = 1e-4
+# Sample 0's outputs may move by this much (relative) when the other samples change:
+# rounding of batched kernels, never a mixing layer (those move it by O(1)).
+MIXING_RTOL = 1e-5
+
+OnOutput = Callable[[int, Any], Any]
+
+
+class AdaptedModel(nn.Module):
+    """A user's module with named states (build it with :func:`adapt`).
+
+    ``net`` is the wrapped module; ``forward(x)`` is ``net(x)``, unchanged. Attributes learnt
+    from the probe: ``state_names`` (L + 1 names), ``state_shapes`` (each state's shape
+    without the batch), ``state_widths`` (feature width d_l: last axis of ``(B, d)`` and
+    ``(B, T, d)`` states, channel axis of ``(B, C, H, W)`` maps), ``n_classes``,
+    ``input_shape`` and ``input_dtype``. ``n_blocks`` is L.
+    """
+
+    state_shapes: tuple[tuple[int, ...], ...]
+    state_widths: tuple[int, ...]
+    n_classes: int
+
+    def __init__(self, net: nn.Module, states: Sequence[str], readout: Sequence[str] | None,
+                 probe: Tensor) -> None:
+        super().__init__()
+        self.net = net
+        self.state_names = tuple(states)
+        _check_names(net, self.state_names, "states")
+        if len(self.state_names) < 2:
+            raise ModelContractError(
+                f"states={list(self.state_names)} names {len(self.state_names)} module(s): "
+                "name at least two (h_0 … h_L, L ≥ 1), in the order the forward computes them")
+        repeated = sorted({n for n in self.state_names if self.state_names.count(n) > 1})
+        if repeated:
+            raise ModelContractError(f"states names {repeated[0]!r} twice: each state is one "
+                                     "module's output")
+        self.readout_names = None if readout is None else tuple(readout)
+        if self.readout_names is not None:
+            _check_names(net, self.readout_names, "readout")
+        self.input_shape: tuple[int, ...] = tuple(probe.shape[1:])
+        self.input_dtype = probe.dtype
+        self._probe(probe)
+
+    # --- the contract ---------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        return len(self.state_names) - 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        """([h_0 … h_L], logits) of ``net(x)``, every state in the autograd graph.
+
+        With gradients enabled, a state that has no graph (everything before it frozen)
+        continues as a leaf that requires grad, so gradients with respect to the states
+        exist whatever is frozen; the values are the model's own.
+        """
+        return self._trace(x, detach=False, leaf=True)
+
+    def run_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        """:meth:`forward_states` as a training forward: a state without a graph stays
+        without one (no gradient is computed below what nothing trains)."""
+        return self._trace(x, detach=False, leaf=False)
+
+    def local_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        """([out_0 … out_L], logits) with no gradient flowing between segments: the rest of
+        the network reads each state detached, so ``out_l`` has a graph to segment l's
+        parameters only and the logits to the readout's only (the local rules' forward)."""
+        return self._trace(x, detach=True, leaf=False)
+
+    def forward_from(self, layer: int, h: Tensor) -> Tensor:
+        """Logits of the network run on from state ``h`` (shape of h_layer, any batch) at
+        index ``layer``: ``net`` on a zero input whose state ``layer`` is replaced by ``h``.
+        Exact because every state is a cut (checked by :func:`adapt`). In training mode the
+        buffers (BatchNorm statistics) are left as they were."""
+        if not 0 <= layer <= self.n_blocks:
+            raise ModelContractError(f"forward_from(layer={layer}): the layer must be 0 … "
+                                     f"{self.n_blocks}")
+        if tuple(h.shape[1:]) != self.state_shapes[layer]:
+            shape = ", ".join(map(str, self.state_shapes[layer]))
+            raise ModelContractError(
+                f"forward_from({layer}, h): h has shape {tuple(h.shape)} but state "
+                f"{self.state_names[layer]!r} is (batch, {shape})")
+        dtype = h.dtype if self.input_dtype.is_floating_point else self.input_dtype
+        zeros = torch.zeros((h.shape[0], *self.input_shape), dtype=dtype, device=h.device)
+
+        def replace(index: int, output: Any) -> Any:
+            return h if index == layer else None
+
+        buffers = restored_buffers(self.net) if self.net.training else contextlib.nullcontext()
+        with buffers, self._hooked(replace), self._skipped(self._prefixes[layer], h):
+            return self.net(zeros)
+
+    # --- segments -------------------------------------------------------------------------
+    def segment_parameters(self, segment: int) -> list[nn.Parameter]:
+        """The parameters that write state ``segment`` (0: everything before h_0; l ≥ 1:
+        block l − 1, between h_{l−1} and h_l)."""
+        named = dict(self.net.named_parameters())
+        return [named[name] for name in self._segments[segment]]
+
+    def readout_parameters(self) -> list[nn.Parameter]:
+        """The parameters between h_L and the logits."""
+        named = dict(self.net.named_parameters())
+        return [named[name] for name in self._readout]
+
+    def set_trainable_blocks(self, trainable: int | None) -> None:
+        """Freeze all but the last ``trainable`` blocks (``requires_grad`` off), unfreeze
+        those; None leaves every flag as it is. A parameter shared with the part before h_0
+        or with the readout stays trainable."""
+        if trainable is None:
+            return
+        if not 0 <= trainable <= self.n_blocks:
+            raise ModelContractError(f"trainable_blocks={trainable} is outside "
+                                     f"0…{self.n_blocks}")
+        first = self.n_blocks - trainable  # blocks first … L−1 train: segments first+1 … L
+        keep = {id(p) for p in self.segment_parameters(0) + self.readout_parameters()}
+        for segment in range(first + 1, self.n_blocks + 1):
+            keep |= {id(p) for p in self.segment_parameters(segment)}
+        for segment in range(1, self.n_blocks + 1):
+            for p in self.segment_parameters(segment):
+                p.requires_grad_(segment > first or id(p) in keep)
+
+    def freeze_all_but_readout(self) -> None:
+        """``requires_grad`` off for every parameter outside the readout."""
+        readout = {id(p) for p in self.readout_parameters()}
+        for p in self.net.parameters():
+            if id(p) not in readout:
+                p.requires_grad_(False)
+
+    # --- hooks ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _skipped(self, prefix: Sequence[tuple[str, tuple[int, ...]]], h: Tensor
+                 ) -> Iterator[None]:
+        """Inside the block the modules of ``prefix`` (name, per-sample output shape) return
+        zeros instead of running: they finish before the state forward_from replaces, which
+        is a cut, so nothing they compute reaches the logits (:meth:`_find_prefixes`)."""
+        patched = []
+        for name, shape in prefix:
+            module = self.net.get_submodule(name)
+            patched.append((module, module.__dict__.get("forward")))
+            module.forward = functools.partial(_zeros, (h.shape[0], *shape), h)
+        try:
+            yield
+        finally:
+            for module, previous in patched:
+                del module.forward
+                if previous is not None:
+                    module.forward = previous
+
+    @contextlib.contextmanager
+    def _hooked(self, on_output: OnOutput) -> Iterator[None]:
+        """Inside the block, state module i's output goes through ``on_output(i, output)``
+        (its return value replaces the output unless it is None)."""
+        handles = [self.net.get_submodule(name).register_forward_hook(
+            functools.partial(_hook, index, on_output))
+            for index, name in enumerate(self.state_names)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _trace(self, x: Tensor, *, detach: bool, leaf: bool, order: list[int] | None = None
+               ) -> tuple[list[Tensor], Tensor]:
+        outputs: list[Any] = [None] * len(self.state_names)
+        versions = [0] * len(self.state_names)
+
+        def capture(index: int, output: Any) -> Any:
+            name = self.state_names[index]
+            if outputs[index] is not None:
+                raise ModelContractError(
+                    f"state {name!r} is called more than once in one forward pass: a state "
+                    "must be one module call (name a module that runs once, e.g. the block "
+                    "that contains it)")
+            if not (isinstance(output, Tensor) and output.is_floating_point()):
+                raise ModelContractError(
+                    f"state {name!r} returns {_describe(output)}, not one floating tensor: "
+                    "name a submodule whose output is the state itself")
+            if leaf and not output.requires_grad and torch.is_grad_enabled():
+                output = output.detach().requires_grad_(True)
+            outputs[index], versions[index] = output, output._version
+            if order is not None:
+                order.append(index)
+            return output.detach() if detach else output
+
+        with self._hooked(capture):
+            logits = self.net(x)
+        missing = [name for name, out in zip(self.state_names, outputs) if out is None]
+        if missing:
+            raise ModelContractError(f"state {missing[0]!r} was not called in the forward "
+                                     "pass: name submodules that the model's forward runs")
+        changed = [name for name, out, version in zip(self.state_names, outputs, versions)
+                   if out._version != version]
+        if changed:
+            raise ModelContractError(
+                f"state {changed[0]!r} is modified in place after its module returns it (e.g. "
+                "by nn.ReLU(inplace=True)): name the module after the in-place operation, or "
+                "make it not in place")
+        if not (isinstance(logits, Tensor) and logits.dim() == 2
+                and logits.shape[0] == x.shape[0]):
+            raise ModelContractError(f"{type(self.net).__name__}'s output must be "
+                                     f"(batch, classes) logits, got {_describe(logits)}")
+        return outputs, logits
+
+    # --- the probe ------------------------------------------------------------------------
+    def _probe(self, x: Tensor) -> None:
+        """Learn the shapes and segments on ``x`` and check every state (module docstring).
+
+        Runs in eval mode under a forked RNG with every parameter temporarily requiring
+        grad (to find the segments); restores every module's training flag and every
+        ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched.
+        """
+        modes = [(m, m.training) for m in self.net.modules()]
+        flags = [(p, p.requires_grad) for p in self.net.parameters()]
+        devices = [x.device] if x.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), torch.enable_grad():
+                self.net.eval()
+                for p, _ in flags:
+                    p.requires_grad_(True)
+                self._check_independence(x)  # first: its passes need no gradient
+                self._find_prefixes(x)
+                self._check_states(x)
+                self._find_segments(x)
+        finally:
+            for module, training in modes:
+                module.training = training
+            for p, requires in flags:
+                p.requires_grad_(requires)
+
+    def _check_states(self, x: Tensor) -> None:
+        order: list[int] = []
+        states, logits = self._trace(x, detach=False, leaf=True, order=order)
+        if order != sorted(order):
+            first, second = (self.state_names[i] for i in _first_inversion(order))
+            raise ModelContractError(
+                f"states must be listed in the order the forward pass computes them: "
+                f"{first!r} runs after {second!r}")
+        for name, h in zip(self.state_names, states):
+            if h.dim() not in (2, 3, 4) or h.shape[0] != x.shape[0]:
+                raise ModelContractError(
+                    f"state {name!r} has shape {tuple(h.shape)} for a batch of {x.shape[0]}: "
+                    "states must be (B, d) vectors, (B, T, d) tokens or (B, C, H, W) maps")
+        self.state_shapes = tuple(tuple(h.shape[1:]) for h in states)
+        self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
+                                  for h in states)
+        self.n_classes = int(logits.shape[1])
+        grads = torch.autograd.grad(logits.sum(), states, allow_unused=True)
+        for name, grad in zip(self.state_names, grads):
+            if grad is None:
+                raise ModelContractError(f"state {name!r} does not reach the output: the "
+                                         "logits do not depend on it; name modules on the "
+                                         "path from the input to the logits")
+        scale = float(logits.detach().abs().max()) + 1.0
+        with torch.no_grad():
+            for layer, (name, h) in enumerate(zip(self.state_names, states)):
+                gap = float((self.forward_from(layer, h.detach()) - logits).abs().max())
+                if not gap <= REPRODUCE_RTOL * scale and self._prefixes[layer]:
+                    # a prefix read by shape-dependent code: run it after all
+                    self._prefixes[layer] = ()
+                    gap = float((self.forward_from(layer, h.detach()) - logits).abs().max())
+                if not gap <= REPRODUCE_RTOL * scale:
+                    raise ModelContractError(
+                        f"state {name!r} is not a cut of the network: the logits depend on "
+                        f"the input other than through it (rerun from it they differ by "
+                        f"{gap:.3g}), e.g. a skip connection jumps over it; name block "
+                        "outputs, whose value is all the rest of the network reads")
+
+    def _check_independence(self, x: Tensor) -> None:
+        """Eval-mode outputs of sample 0 must not move when the other samples change."""
+        if x.shape[0] < 2:
+            raise ModelContractError(f"the probe batch has {x.shape[0]} sample(s): give "
+                                     "adapt() at least 2 (example=x[:8])")
+        rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
+        with torch.no_grad():
+            states, logits = self._trace(x, detach=False, leaf=False)
+            other_states, other_logits = self._trace(torch.cat([x[:1], rest]), detach=False,
+                                                     leaf=False)
+        pairs = [*zip(self.state_names, states, other_states), ("the logits", logits,
+                                                                other_logits)]
+        for name, a, b in pairs:
+            scale = float(a[0].abs().max()) + 1.0
+            if float((a[0] - b[0]).abs().max()) > MIXING_RTOL * scale:
+                culprit = next((n for n, m in self.net.named_modules()
+                                if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                and m.running_mean is None), None)
+                why = (f"BatchNorm {culprit!r} has track_running_stats=False, so it "
+                       "normalises with batch statistics in eval mode too" if culprit
+                       else f"at {name!r} or before it")
+                raise ModelContractError(
+                    f"the model mixes samples in eval mode ({why}): sample 0's output "
+                    "changes with the other samples of the batch, and the diagnostics need "
+                    "per-sample outputs; use layers that act per sample in eval mode "
+                    "(BatchNorm with running statistics, LayerNorm, GroupNorm)")
+
+    def _find_prefixes(self, x: Tensor) -> None:
+        """For each state, the largest modules that finish before its module starts, run
+        once and return one batch-first floating tensor: :meth:`forward_from` skips them (zeros of
+        their output shape), since behind a cut their values reach nothing."""
+        events: list[tuple[str, str]] = []
+        shapes: dict[str, tuple[int, ...] | None] = {}
+        calls: dict[str, int] = {}
+
+        def started(name: str, module: nn.Module, args: Any) -> None:
+            events.append(("start", name))
+            calls[name] = calls.get(name, 0) + 1
+
+        def ended(name: str, module: nn.Module, args: Any, output: Any) -> None:
+            events.append(("end", name))
+            batch_first = (isinstance(output, Tensor) and output.is_floating_point()
+                           and output.dim() >= 1 and output.shape[0] == x.shape[0])
+            shapes[name] = tuple(output.shape[1:]) if batch_first else None
+
+        named = [(name, m) for name, m in self.net.named_modules() if name]
+        handles = [h for name, m in named for h in (
+            m.register_forward_pre_hook(functools.partial(started, name)),
+            m.register_forward_hook(functools.partial(ended, name)))]
+        try:
+            with torch.no_grad():
+                self.net(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        ends = {name: i for i, (kind, name) in enumerate(events) if kind == "end"}
+        prefixes = []
+        for state in self.state_names:
+            start = events.index(("start", state))
+            done = {name for name, end in ends.items()
+                    if end < start and calls[name] == 1 and shapes[name] is not None}
+            prefixes.append(tuple((name, shapes[name]) for name, _ in named if name in done
+                                  and name.rpartition(".")[0] not in done))
+        self._prefixes: list[tuple[tuple[str, tuple[int, ...]], ...]] = prefixes
+
+    def _find_segments(self, x: Tensor) -> None:
+        names = [name for name, _ in self.net.named_parameters()]
+        params = list(self.net.parameters())
+        outputs, logits = self._trace(x, detach=True, leaf=False)
+
+        def reached(out: Tensor) -> list[str]:
+            if not out.requires_grad:
+                return []
+            grads = torch.autograd.grad(out.sum(), params, allow_unused=True,
+                                        retain_graph=True)
+            return [name for name, g in zip(names, grads) if g is not None]
+
+        self._segments = [reached(out) for out in outputs]
+        self._readout = reached(logits)
+        if self.readout_names is not None:
+            self._check_readout()
+
+    def _check_readout(self) -> None:
+        """The named readout modules' parameters must be exactly the detected readout's."""
+        named = {id(p): name for name, p in self.net.named_parameters()}
+        declared = {named[id(p)] for module in self.readout_names  # type: ignore[union-attr]
+                    for p in self.net.get_submodule(module).parameters()}
+        before = sorted(declared - set(self._readout))
+        if before:
+            raise ModelContractError(
+                f"readout: parameter {before[0]!r} acts before the last state "
+                f"{self.state_names[-1]!r}; the readout is what runs after it")
+        missing = sorted(set(self._readout) - declared)
+        if missing:
+            raise ModelContractError(
+                f"readout: parameter {missing[0]!r} also acts after the last state "
+                f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
+                "(it is then everything after the last state)")
+
+
+def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] | None = None,
+          *, example: Tensor | None = None,
+          input_shape: Sequence[int] | None = None) -> AdaptedModel:
+    """``model`` (any ``nn.Module`` whose forward maps a batch to (B, C) logits) with the
+    outputs of the submodules ``states`` as its states h_0 … h_L.
+
+    ``states``: names as in ``model.named_modules()``, in the order the forward pass
+    computes them; each must be a *cut* (the rest of the network reads the input only
+    through it — block outputs, not modules inside a residual block). ``readout``: the
+    submodule(s) forming the head; by default everything between the last state and the
+    logits, and when given it must be exactly that. One of ``example`` (a batch of ≥ 2
+    inputs, (B, …)) or ``input_shape`` (one input's shape; probed with random normal inputs)
+    is needed: ``adapt`` runs the model on it in eval mode to learn the shapes and check the
+    states, and raises a one-line ModelContractError when they cannot work. The probe
+    changes nothing (parameters, buffers, ``.grad``, training flags, RNG).
+    """
+    if not isinstance(model, nn.Module):
+        raise ModelContractError(f"adapt() takes an nn.Module, got {type(model).__name__}")
+    if isinstance(states, str):
+        states = [states]
+    if isinstance(readout, str):
+        readout = [readout]
+    if example is None and input_shape is None:
+        raise ModelContractError("adapt() needs example= (a batch of inputs) or input_shape= "
+                                 "(one input's shape, e.g. (3, 32, 32)) to probe the model")
+    if example is None:
+        reference = next((p for p in model.parameters() if p.is_floating_point()), None)
+        dtype = reference.dtype if reference is not None else torch.float32
+        device = reference.device if reference is not None else torch.device("cpu")
+        generator = torch.Generator().manual_seed(0)
+        example = torch.randn((PROBE_SAMPLES, *tuple(input_shape)), generator=generator,  # type: ignore[arg-type]
+                              dtype=dtype).to(device)
+    elif not isinstance(example, Tensor) or example.dim() < 1:
+        raise ModelContractError(f"example must be a batch of inputs (B, …), got "
+                                 f"{_describe(example)}")
+    return AdaptedModel(model, list(states), readout, example[:PROBE_SAMPLES].detach())
+
+
+def _hook(index: int, on_output: OnOutput, module: nn.Module, args: Any, output: Any) -> Any:
+    return on_output(index, output)
+
+
+def _zeros(shape: tuple[int, ...], like: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """A skipped module's output: zeros of ``shape`` in ``like``'s dtype and device."""
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
+def _check_names(net: nn.Module, names: Sequence[str], argument: str) -> None:
+    known = [name for name, _ in net.named_modules() if name]
+    for name in names:
+        if not isinstance(name, str) or name not in known:
+            close = difflib.get_close_matches(str(name), known, n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else (
+                "; names are those of model.named_modules()")
+            raise ModelContractError(f"{argument}: {name!r} is not a submodule of "
+                                     f"{type(net).__name__}{hint}")
+
+
+def _first_inversion(order: list[int]) -> tuple[int, int]:
+    """(i, j): the first pair of listed states whose calls came in the other order."""
+    for a, b in zip(order, order[1:]):
+        if b < a:
+            return b, a
+    raise AssertionError("no inversion")  # pragma: no cover
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+__all__ = ["AdaptedModel", "adapt"]

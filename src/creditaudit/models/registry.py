@@ -1,0 +1,230 @@
+"""Architectures: self-describing builders of contract models, found by name.
+
+An :class:`Architecture` is the ``model.arch`` a config selects: its ``Options`` are the
+``model.*`` keys it reads, :meth:`Architecture.check` validates them against the input shape
+the dataset declares (before any data is loaded), and :meth:`Architecture.build` returns a
+:class:`~creditaudit.models.contract.ResidualNet`. What the built model is — its terminal
+LayerNorm, width, depth, input shape, label — is asked of the model itself
+(:meth:`ResidualNet.describe`), never of the config.
+
+A package adds one through the ``creditaudit.models`` entry-point group (see
+docs/extending.md); the built-ins register with :func:`register`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from creditaudit.config import opt
+from creditaudit.errors import ConfigError
+from creditaudit.models.contract import ResidualNet
+from creditaudit.models.convmixer import ConvMixer
+from creditaudit.models.images import image_shape
+from creditaudit.models.resmlp import ResidualMLP
+from creditaudit.models.vit import ViTMini
+from creditaudit.registry import ARCHITECTURES, Component
+
+INPUT_KINDS = ("vector", "image")
+
+
+class Architecture(Component):
+    """A model architecture (see the module docstring).
+
+    ``input_kind``: ``"vector"`` — the model reads flat ``(B, D)`` features (image data is
+    flattened) — or ``"image"`` — it reads ``(B, C, H, W)`` images.
+    """
+
+    input_kind: ClassVar[str] = "vector"
+
+    @classmethod
+    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
+        """ConfigError (one line) when ``options`` cannot build a model for inputs of
+        ``input_shape`` (one sample, as the dataset declares it)."""
+
+    @classmethod
+    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
+              ) -> ResidualNet:
+        """The model for inputs of ``input_shape`` (one sample, flattened for vector
+        architectures) and ``n_classes`` logits; ``options`` holds the ``Options`` fields."""
+        raise NotImplementedError
+
+    @classmethod
+    def flat_dim(cls, input_shape: tuple[int, ...]) -> int:
+        size = 1
+        for n in input_shape:
+            size *= n
+        return size
+
+
+def _validate(cls: type, source: str) -> None:
+    if cls.input_kind not in INPUT_KINDS:  # type: ignore[attr-defined]
+        raise ConfigError(f"{source} ({cls.name}): input_kind must be one of "  # type: ignore[attr-defined]
+                          f"{', '.join(INPUT_KINDS)}")
+    if cls.build is Architecture.build:  # type: ignore[attr-defined]
+        raise ConfigError(f"{source} ({cls.name}) must implement build()")  # type: ignore[attr-defined]
+
+
+ARCHITECTURES.configure(Architecture, _validate)
+register = ARCHITECTURES.register
+
+
+# --- the built-ins --------------------------------------------------------------------------
+@dataclass
+class ResidualOptions:
+    """What every built-in residual architecture reads."""
+
+    d: int = opt(256, "width", min=1)
+    n_blocks: int = opt(4, "number of residual blocks L", min=1)
+    out_ln: bool = opt(True, "terminal LayerNorm before the head (ConvMixer: on the pooled "
+                       "vector)")
+    residual: bool = opt(True, "skip connections (False = no-residual control)")
+    w2_std: float = opt(0.01, "init std of each block's last linear layer (ConvMixer: its "
+                        "pointwise convolution)", min=0.0)
+
+
+@dataclass
+class PatchOptions:
+    patch: int = opt(4, "ViT, ConvMixer: patch size p (p×p patches; must divide the image "
+                     "side)", min=1)
+
+
+@dataclass
+class ViTOptions(PatchOptions, ResidualOptions):
+    heads: int = opt(4, "ViT: attention heads", min=1)
+    mlp_ratio: int = opt(4, "ViT: MLP hidden width / d", min=1)
+
+
+@dataclass
+class ConvMixerOptions(PatchOptions, ResidualOptions):
+    kernel: int = opt(5, "ConvMixer: depthwise convolution kernel size (same padding)", min=1)
+
+
+@dataclass
+class StudentOptions:
+    residual: bool = opt(True, "skip connections (False = no-residual control)")
+    w2_std: float = opt(0.01, "init std of each block's last linear layer", min=0.0)
+
+
+@register
+class ResMLPArchitecture(Architecture):
+    """The pre-LN ResidualMLP (the main audited model)."""
+
+    name = "resmlp"
+    label = "ResMLP"
+    Options = ResidualOptions
+    rank = 0
+
+    @classmethod
+    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
+              ) -> ResidualNet:
+        return ResidualMLP(cls.flat_dim(input_shape), options.d, n_classes, options.n_blocks,
+                           out_ln=options.out_ln, residual=options.residual,
+                           w2_std=options.w2_std)
+
+
+@register
+class StudentArchitecture(Architecture):
+    """StudentNet of the teacher–student task: a preset ResidualMLP, d=128, L=4, without a
+    terminal LayerNorm (width, depth and the LayerNorm are fixed by the preset)."""
+
+    name = "student"
+    label = "StudentNet"
+    Options = StudentOptions
+    rank = 30
+    WIDTH, BLOCKS = 128, 4
+
+    @classmethod
+    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
+              ) -> ResidualNet:
+        return ResidualMLP(cls.flat_dim(input_shape), cls.WIDTH, n_classes, cls.BLOCKS,
+                           out_ln=False, residual=options.residual, w2_std=options.w2_std)
+
+
+class ImageArchitecture(Architecture):
+    """ViT-Mini and ConvMixer: C×H×W images (or 3072 features viewed as 3×32×32) whose
+    sides the patch size divides."""
+
+    input_kind = "image"
+
+    @classmethod
+    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
+        image_shape(input_shape, cls.name, options.patch)
+
+
+@register
+class ViTArchitecture(ImageArchitecture):
+    """ViT-Mini: patch tokens + CLS, pre-LN transformer blocks, head on the CLS token."""
+
+    name = "vit"
+    label = "ViT-Mini"
+    Options = ViTOptions
+    rank = 10
+
+    @classmethod
+    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
+        super().check(options, input_shape)
+        if options.d % options.heads:
+            raise ConfigError(f"model.d={options.d} is not divisible by model.heads="
+                              f"{options.heads}: ViT-Mini splits the width evenly across its "
+                              "attention heads")
+
+    @classmethod
+    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
+              ) -> ResidualNet:
+        cls.check(options, input_shape)
+        return ViTMini(n_classes=n_classes, d=options.d, n_blocks=options.n_blocks,
+                       heads=options.heads, mlp_ratio=options.mlp_ratio, patch=options.patch,
+                       image_shape=image_shape(input_shape, cls.name, options.patch),
+                       out_ln=options.out_ln, residual=options.residual,
+                       w2_std=options.w2_std)
+
+
+@register
+class ConvMixerArchitecture(ImageArchitecture):
+    """ConvMixer: patch embedding, residual depthwise → GELU → BatchNorm → pointwise blocks,
+    global pooling, linear head."""
+
+    name = "convmixer"
+    label = "ConvMixer"
+    Options = ConvMixerOptions
+    rank = 20
+
+    @classmethod
+    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
+              ) -> ResidualNet:
+        return ConvMixer(n_classes=n_classes, d=options.d, n_blocks=options.n_blocks,
+                         patch=options.patch, kernel=options.kernel,
+                         image_shape=image_shape(input_shape, cls.name, options.patch),
+                         out_ln=options.out_ln, residual=options.residual,
+                         w2_std=options.w2_std)
+
+
+def architecture(name: str) -> type[Architecture]:
+    """The architecture called ``name`` (ConfigError naming the choices otherwise)."""
+    return ARCHITECTURES.get(name)
+
+
+def build_model(options: Any, *, input_shape: tuple[int, ...], n_classes: int
+                ) -> ResidualNet:
+    """Build the architecture ``options.arch`` selects (``options``: a config's model
+    section) for inputs of ``input_shape`` (without batch) and ``n_classes`` classes; the
+    model remembers its architecture and input shape (:meth:`ResidualNet.describe`)."""
+    return build_architecture(architecture(options.arch), options,
+                              input_shape=input_shape, n_classes=n_classes)
+
+
+def build_architecture(arch: type[Architecture], options: Any, *,
+                       input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
+    """:func:`build_model` for the class ``arch`` itself (``options``: its ``Options``
+    fields), registered or not: checked, built, and told its architecture and input shape."""
+    shape = tuple(input_shape)
+    arch.check(options, shape)
+    model = arch.build(options, input_shape=shape, n_classes=n_classes)
+    model.architecture = arch
+    model.input_shape = (arch.flat_dim(shape),) if arch.input_kind == "vector" else shape
+    return model
+
+
+__all__ = ["Architecture", "ImageArchitecture", "register", "architecture", "build_model",
+           "build_architecture", "ResidualOptions", "ARCHITECTURES"]

@@ -1,0 +1,206 @@
+"""One run plan: a config resolved once into what every command needs.
+
+:func:`plan_run` resolves the credit rule, the architecture and the dataset a config
+selects (each checks its own options, the architecture against the dataset's declared
+sample shape, before anything is loaded), the model's size (built on PyTorch's meta device:
+no memory), the identity of the data (a fingerprint of what would be loaded), the code that
+computes the run (each component's ``id_version``, a plugin's distribution version) and so
+the run id and folder. Training, sweep workers, resume, audit and experiments take the plan;
+none of them resolves a name again.
+
+::
+
+    from creditaudit.plan import plan_run
+    plan = plan_run(config)            # ConfigError / DataError in one line if it cannot run
+    plan.run_id, plan.run_dir, plan.rule.label, plan.describe_model().label
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.config import RunConfig
+from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
+from creditaudit.descriptions import DataIdentity, ModelDescription
+from creditaudit.errors import ConfigError
+from creditaudit.methods import CreditRule, build_rule, rule_class
+from creditaudit.models import Architecture, ResidualNet, architecture, build_model
+from creditaudit.protocol.verdicts import Protocol
+from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
+from creditaudit.run_ids import CodeVersion, RunCode, compute_run_id
+
+log = logging.getLogger(__name__)
+# Bytes per parameter a training step holds: fp32 weight, gradient and AdamW's two moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+@dataclass
+class RunPlan:
+    """A config resolved: its components, its data identity, its run id and folder.
+
+    ``eval_samples``: the evaluation-set size actually used (``diagnostics.eval_samples``,
+    shrunk to the test split when the default does not fit). ``model``: the model's
+    description as built (on the meta device).
+    """
+
+    config: RunConfig
+    rule: type[CreditRule]
+    architecture: type[Architecture]
+    dataset: type[DatasetSpec]
+    data_seed: int
+    identity: DataIdentity
+    code: RunCode
+    run_id: str
+    eval_samples: int
+    model: ModelDescription
+    _data: Dataset | None = field(default=None, repr=False)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run.out_dir) / self.run_id
+
+    @property
+    def flatten(self) -> bool:
+        """Whether the model reads flat vectors (image data is flattened for it)."""
+        return self.architecture.input_kind == "vector"
+
+    @property
+    def n_classes(self) -> int:
+        return self.dataset.n_classes(self.config.data)
+
+    def load_data(self) -> Dataset:
+        """The run's data (loaded once per plan)."""
+        if self._data is None:
+            self._data = load_dataset(self.config.data, seed=self.config.run.seed)
+        return self._data
+
+    def use_data(self, dataset: Dataset) -> None:
+        """Train on ``dataset`` (already loaded by the caller) instead of loading it."""
+        self._data = dataset
+
+    def data_identity(self) -> DataIdentity:
+        """The data identity with the sizes of the loaded data."""
+        data = self.load_data()
+        return replace(self.identity, n_train=int(data.train_x.shape[0]),
+                       n_test=int(data.test_x.shape[0]))
+
+    def build_model(self) -> ResidualNet:
+        """The model (drawing its initial weights from torch's global RNG)."""
+        data = self.load_data()
+        return build_model(self.config.model, input_shape=data.input_shape,
+                           n_classes=data.n_classes)
+
+    def build_rule(self, model: ResidualNet) -> CreditRule:
+        """The rule bound to ``model`` (feedback drawn from its own generator)."""
+        return build_rule(model, self.config.method, n_classes=self.n_classes,
+                          seed=self.config.run.seed)
+
+    def describe(self) -> dict[str, Any]:
+        """What a plan says in a dry run: run id, rule, model, data, code."""
+        return {"run_id": self.run_id, "rule": self.rule.label, "model": self.model.label,
+                "data": self.dataset.label, "eval_samples": self.eval_samples,
+                "code": self.code.to_dict()}
+
+
+def code_version(registry: Registry[Any], cls: type) -> CodeVersion:
+    origin = registry.origin(cls.name)
+    plugin = None if origin is None or origin.builtin else origin.text
+    return CodeVersion(cls.name, cls.id_version, plugin)
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """Resolve ``config`` (see the module docstring). One-line ConfigError/DataError when
+    it cannot run: a component not installed, an option its component refuses, an
+    architecture that cannot read the dataset's samples, a model too large for this
+    machine's memory, an evaluation set larger than the test split, missing data files."""
+    rule = rule_class(config.method.name)
+    arch = architecture(config.model.arch)
+    spec = dataset_spec(config.data.name)
+    options = config.data
+    spec.check(options)
+    input_shape = tuple(spec.input_shape(options))
+    try:
+        arch.check(config.model, input_shape)
+    except ConfigError as err:
+        hint = spec.hints.get("images") if arch.input_kind == "image" else None
+        if hint is None:
+            raise
+        raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
+    model = _describe_on_meta(config, arch, input_shape, spec.n_classes(options))
+    tb = config.method.trainable_blocks
+    if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
+        raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
+                          f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
+    eval_samples = _eval_samples(config, spec)
+    seed = spec.data_seed(options, config.run.seed)
+    identity = spec.identity(options, seed)
+    diagnostics = tuple(code_version(DIAGNOSTICS, d) for d in Protocol.from_config(
+        config.diagnostics).diagnostics)
+    code = RunCode(method=code_version(RULES, rule), model=code_version(ARCHITECTURES, arch),
+                   data=code_version(DATASETS, spec), diagnostics=diagnostics)
+    run_id = compute_run_id(config, identity.fingerprint, code)
+    return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
+                   identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
+                   model=model)
+
+
+def run_id(config: RunConfig) -> str:
+    """The run id of ``config`` (its folder name below ``run.out_dir``)."""
+    return plan_run(config).run_id
+
+
+def _describe_on_meta(config: RunConfig, arch: type[Architecture], input_shape: tuple[int, ...],
+                      n_classes: int) -> ModelDescription:
+    """The model's description, built on the meta device (no memory, no random draws), and
+    a refusal when training it would not fit in this machine's memory."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(config.model, input_shape=input_shape, n_classes=n_classes)
+    description = model.describe()
+    needed = (description.parameters or 0) * TRAINING_BYTES_PER_PARAMETER
+    available = available_memory()
+    if available is not None and needed > available:
+        raise ConfigError(f"the {description.label} model has {description.parameters:,} "
+                          f"parameters: training it needs about {needed / 2**30:,.1f} GiB "
+                          f"(weights, gradients, optimiser state) but this machine has "
+                          f"{available / 2**30:,.1f} GiB available; choose a smaller model")
+    return description
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _eval_samples(config: RunConfig, spec: type[DatasetSpec]) -> int:
+    """``diagnostics.eval_samples``, or the whole test split when the default 1280 exceeds
+    it (said in one log line); ConfigError when a value the user chose exceeds it."""
+    wanted = config.diagnostics.eval_samples
+    sizes = spec.sizes(config.data)
+    if sizes is None or wanted <= sizes[1]:
+        return wanted
+    n_test = sizes[1]
+    if wanted == type(config.diagnostics)().eval_samples:
+        log.info("diagnostics.eval_samples: the default %d exceeds the %d test samples of "
+                 "%s; evaluating on all %d", wanted, n_test, spec.name, n_test)
+        return n_test
+    raise ConfigError(f"diagnostics.eval_samples={wanted} exceeds the {n_test} test samples "
+                      f"of {spec.name}; use at most {n_test}")
+
+
+__all__ = ["RunPlan", "plan_run", "run_id", "available_memory", "code_version"]

@@ -1,0 +1,284 @@
+"""The protocol over run records: verdicts, the frozen baseline of (d), and what a report
+says about each run.
+
+Records store what was measured and what the training-time protocol decided at each
+evaluated epoch; deciding anew — (d) against the frozen-blocks runs of the same recipe,
+another threshold — happens here, never in the record layer. (d) compares a run's accuracy
+with the frozen-blocks baseline of the *same recipe* (same data, model, optimiser and
+precision; :attr:`RunRecord.recipe_key`). Runs are trained without
+``diagnostics.frozen_acc``, so wherever the frozen-blocks runs of a recipe are among the
+records, (d) is evaluated against their mean final accuracy (:class:`RecordSet`, by
+default; ``use_frozen_runs=False`` keeps each record's own (d)).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.descriptions import ModelDescription
+from creditaudit.errors import CreditAuditError
+from creditaudit.models import build_model
+from creditaudit.protocol.checks import FIRED, NOT_EVALUATED, DiagnosticResult, Thresholds
+from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_names
+from creditaudit.protocol.evaluate import DiagnosticReport
+from creditaudit.protocol.verdicts import verdict_from, verdict_of, verdict_phrase
+from creditaudit.records import RunRecord, load_records
+from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
+
+
+def depth_utility(headline_acc: float | None, frozen_acc: float | None,
+                  thresholds: Thresholds) -> DiagnosticResult:
+    """(d) judged again on two accuracies (fractions)."""
+    return DepthUtility.evaluate(Evidence([], [], headline_acc=headline_acc,
+                                          frozen_acc=frozen_acc), thresholds)
+
+
+# --- what a record is ---------------------------------------------------------------------
+def is_frozen_baseline(record: RunRecord) -> bool:
+    """A run of a baseline rule (the frozen blocks) without penalty on real labels: the
+    baseline of (d). Asked of the rule (``CreditRule.baseline``), not its name."""
+    rule = RULES.find(record.method)
+    return (rule is not None and rule.baseline and record.penalty == 0
+            and not record.config.data.random_targets)
+
+
+def model_description(record: RunRecord) -> ModelDescription | None:
+    """The model ``record`` trained, as the model describes itself. Records before schema 3
+    lack it: the model is built again from the record's config on PyTorch's meta device (no
+    memory, no random draws) — the code path that trained it — and asked; None when its
+    architecture or dataset is not installed here."""
+    if record.model is not None:
+        return record.model
+    raw = record.config.to_dict()
+    key = json.dumps({"model": raw["model"], "data": raw["data"]}, sort_keys=True, default=str)
+    if key not in _DESCRIBED:
+        _DESCRIBED[key] = _describe(record)
+    return _DESCRIBED[key]
+
+
+_DESCRIBED: dict[str, ModelDescription | None] = {}
+
+
+def _describe(record: RunRecord) -> ModelDescription | None:
+    spec = DATASETS.find(record.config.data.name)
+    if spec is None:
+        return None
+    try:
+        shape = (tuple(record.data.input_shape) if record.data and record.data.input_shape
+                 else tuple(spec.input_shape(record.config.data)))
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = build_model(record.config.model, input_shape=shape,
+                                n_classes=record.n_classes)
+    except (CreditAuditError, AttributeError, TypeError, ValueError):
+        return None
+    return model.describe()
+
+
+def arch_variant(record: RunRecord, *, ln_suffix: str = "-noLN",
+                 residual_suffix: str | None = "-no-residual") -> str:
+    """The architecture's name, marked when the model lacks the terminal LayerNorm its
+    architecture can have (``resmlp-noLN``; StudentNet has none by definition, so stays
+    ``student``) or its skips (``-no-residual``) — facts of the built model."""
+    name = record.config.model.arch
+    model = model_description(record)
+    arch = ARCHITECTURES.find(name)
+    if model is None:
+        return name
+    if model.terminal_ln is False and arch is not None and "out_ln" in arch.option_names():
+        name += ln_suffix
+    if model.residual is False and residual_suffix is not None:
+        name += residual_suffix
+    return name
+
+
+def draws_default_feedback(record: RunRecord) -> bool:
+    """Whether the run's rule draws its feedback from the run seed (no ``feedback_seed`` of
+    its own) — true of every rule that draws nothing."""
+    rule = RULES.find(record.method)
+    if rule is None or not rule.draws_feedback():
+        return True
+    return record.config.method.feedback_seed is None  # type: ignore[attr-defined]
+
+
+def record_metadata(record: RunRecord) -> dict[str, Any]:
+    """Report metadata of a run: method, architecture (the model's own label), terminal LN,
+    dataset, seeds, feedback seed (of rules that draw from it), penalty, run id."""
+    config = record.config
+    model = model_description(record)
+    rule = RULES.find(config.method.name)
+    draws = rule is not None and rule.draws_feedback()
+    feedback_seed = None
+    if draws:
+        own = config.method.feedback_seed  # type: ignore[attr-defined]
+        feedback_seed = config.run.seed if own is None else own
+    return {
+        "method": config.method.name,
+        "arch": model.label if model is not None else config.model.arch,
+        "terminal_ln": model.terminal_ln if model is not None else None,
+        "dataset": config.data.name, "seeds": str(config.run.seed),
+        "feedback_seed": feedback_seed, "penalty": config.method.penalty,
+        "run_id": record.run_id,
+    }
+
+
+# --- verdicts -------------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    """A run's protocol outcome as readers report it.
+
+    ``statuses``: (a)…(d) → fired / passed / not evaluated; ``verdict``: needs walk-back,
+    trustworthy (all four evaluated) or incomplete; ``text``: what a table prints;
+    ``margin_pp``: (d)'s statistic; ``frozen_acc``: the baseline it was compared with.
+    """
+
+    statuses: dict[str, str]
+    fired: list[str]
+    not_evaluated: list[str]
+    verdict: str
+    text: str
+    margin_pp: float | None = None
+    frozen_acc: float | None = None
+    frozen_runs: int = 0
+
+    @property
+    def walked_back(self) -> bool:
+        return bool(self.fired)
+
+
+def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0,
+                   thresholds: Thresholds | None = None) -> Verdict:
+    """The verdict: (a)–(c) as recorded at the last protocol evaluation; (d) against
+    ``frozen_acc`` when given (the mean accuracy of ``frozen_runs`` frozen-blocks runs of
+    this recipe), else as recorded. A frozen baseline itself is not judged on (d)."""
+    statuses = record.recorded_statuses()
+    for i in default_names():
+        statuses.setdefault(i, NOT_EVALUATED)
+    margin = record.recorded_value(DepthUtility.name)
+    if frozen_acc is not None and not is_frozen_baseline(record):
+        d = depth_utility(record.final_acc, frozen_acc, thresholds or Thresholds())
+        statuses[d.id], margin = d.status, d.value
+    fired = [i for i, s in statuses.items() if s == FIRED]
+    skipped = [i for i, s in statuses.items() if s == NOT_EVALUATED]
+    return Verdict(statuses, fired, skipped, verdict_from(fired, skipped),
+                   verdict_phrase(statuses), margin, frozen_acc, frozen_runs)
+
+
+def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0
+                  ) -> DiagnosticReport | None:
+    """The run's last protocol report, with Γ, per-layer cosines and the credit-quality
+    metrics filled in from the end-of-run block, and (d) re-evaluated against
+    ``frozen_acc`` when given (``metadata["frozen_from_runs"]`` = ``frozen_runs``)."""
+    if not record.protocol.report:
+        return None
+    entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
+    report = DiagnosticReport.from_dict(
+        json.loads(json.dumps(record.protocol.report)),
+        hidden_norms=entry.hidden_norms if entry is not None else None,
+        grad_norms=entry.bp_grad_norms_per_sample_med if entry is not None else None)
+    end = record.diagnostics
+    if report.gamma is None and end.gamma:
+        report.gamma = dict(end.gamma)
+    if report.layer_cosines is None and end.cosine_table:
+        report.layer_cosines = list(end.cosine_table)
+    if report.metrics is None and end.bp_cosine is not None:
+        metrics = end.to_dict()
+        for key in ("drift", "cosine_table"):
+            metrics.pop(key, None)
+        report.metrics = metrics
+    if frozen_acc is not None and not is_frozen_baseline(record):
+        headline = report.metadata.get("headline_acc")
+        if headline is None:
+            headline = record.final_acc
+        d = depth_utility(headline, frozen_acc, report.thresholds)
+        d.details["frozen_runs"] = frozen_runs
+        report.diagnostics = [d if r.id == d.id else r for r in report.diagnostics]
+        report.verdict, report.fired, report.not_evaluated = verdict_of(report.diagnostics)
+        report.metadata["frozen_acc"] = frozen_acc
+        report.metadata["frozen_from_runs"] = frozen_runs
+    return report
+
+
+# --- sets of records ------------------------------------------------------------------------
+def frozen_baseline(record: RunRecord, records: Iterable[RunRecord]) -> tuple[float, int] | None:
+    """(mean final accuracy, number of runs) of the finished frozen-blocks runs of
+    ``record``'s recipe among ``records``, or None when there are none — the one place the
+    baseline of (d) is chosen."""
+    key = record.recipe_key
+    accs = [r.final_acc for r in records
+            if is_frozen_baseline(r) and r.is_finished and r.recipe_key == key
+            and r.final_acc is not None]
+    return (sum(accs) / len(accs), len(accs)) if accs else None  # type: ignore[arg-type]
+
+
+class RecordSet:
+    """Records (with the paths they came from) plus the unreadable ones (path, reason)."""
+
+    def __init__(self, records: Iterable[RunRecord], *, paths: Iterable[Path] | None = None,
+                 skipped: Iterable[tuple[Path, str]] = (), root: Path | None = None,
+                 use_frozen_runs: bool = True) -> None:
+        self.records = list(records)
+        self.paths = list(paths) if paths is not None else [Path(r.run_id)
+                                                            for r in self.records]
+        self.skipped = list(skipped)
+        self.root = root
+        self.use_frozen_runs = use_frozen_runs
+        self._baselines: dict[str, tuple[float, int] | None] = {}
+
+    @classmethod
+    def from_folder(cls, root: str | Path, *, dataset: str | None = None,
+                    use_frozen_runs: bool = True) -> RecordSet:
+        """Every record below ``root`` (``dataset``: only runs on that dataset); unreadable
+        records are named in one warning each and listed in ``skipped``."""
+        root = Path(root)
+        if not root.is_dir():
+            raise CreditAuditError(f"results folder {root} does not exist: pass the folder "
+                                   "your runs were written to (train/sweep --out)")
+        good, bad = load_records(root)
+        kept = [(p, r) for p, r in good if dataset is None or r.dataset == dataset]
+        return cls([r for _, r in kept], paths=[p for p, _ in kept], skipped=bad, root=root,
+                   use_frozen_runs=use_frozen_runs)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[RunRecord]:
+        return iter(self.records)
+
+    @property
+    def finished(self) -> list[RunRecord]:
+        return [r for r in self.records if r.is_finished]
+
+    def frozen_baseline(self, record: RunRecord) -> tuple[float, int] | None:
+        """(mean final accuracy, number of runs) of the finished frozen-blocks runs of
+        ``record``'s recipe, or None when there are none."""
+        key = record.recipe_key
+        if key not in self._baselines:
+            self._baselines[key] = frozen_baseline(record, self.records)
+        return self._baselines[key]
+
+    def _baseline_for(self, record: RunRecord) -> tuple[float | None, int]:
+        if not self.use_frozen_runs or is_frozen_baseline(record):
+            return None, 0
+        baseline = self.frozen_baseline(record)
+        return (None, 0) if baseline is None else baseline
+
+    def verdict(self, record: RunRecord) -> Verdict:
+        """``record``'s verdict, (d) against its recipe's frozen runs when there are any."""
+        frozen_acc, n = self._baseline_for(record)
+        return record_verdict(record, frozen_acc, n)
+
+    def protocol_report(self, record: RunRecord) -> DiagnosticReport | None:
+        """``record``'s protocol report, (d) against its recipe's frozen runs if any."""
+        frozen_acc, n = self._baseline_for(record)
+        return record_report(record, frozen_acc, n)
+
+
+__all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "frozen_baseline",
+           "is_frozen_baseline", "model_description", "record_metadata", "arch_variant",
+           "draws_default_feedback"]

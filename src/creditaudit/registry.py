@@ -1,0 +1,306 @@
+"""One extension mechanism for every axis: credit rules, architectures, datasets and
+protocol diagnostics.
+
+Each pluggable piece is a self-describing class (:class:`Component`): a ``name`` (what the
+config selects it by), a ``label`` (how tables and figures show it), an ``Options``
+dataclass (its own settings, declared with :func:`creditaudit.config.opt`: help text,
+allowed values, range), an ``id_version`` (bumped when its code starts computing something
+else for the same options, so old records are never served as finished) and a ``rank``
+(its place in listings). A :class:`Registry` per axis holds the built-in classes and loads
+those other packages install through an entry-point group::
+
+    [project.entry-points."creditaudit.models"]
+    plain-mlp = "my_package.models:PlainMLPArchitecture"
+
+Plugins are guests: a plugin that fails to import — an exception, a ``sys.exit()``, a
+class that does not describe itself — is named in one line when it is asked for (and in a
+warning when an axis is listed), and the built-ins keep working. The entry point's name
+must be the class's ``name``; a plugin cannot replace a built-in.
+
+The registries themselves are defined here, below every layer that uses them; each axis's
+package configures its registry (base class, extra checks) and registers its built-ins when
+it is imported, which the registry does on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, ClassVar, Generic, TypeVar
+
+from creditaudit.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a component that has none of its own."""
+
+
+class Component:
+    """What every pluggable class declares (see the module docstring).
+
+    ``Options`` is a dataclass whose fields are declared with
+    :func:`creditaudit.config.opt` (a default and help text at least); a config file,
+    ``--set`` and sweep grids set them as keys of the component's config section
+    (``method.ep_beta``, ``model.d``, ``data.n_train``). ``rank``: listings order (lower
+    first, ties by name).
+    """
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    id_version: ClassVar[int] = 0
+    rank: ClassVar[int] = 100
+    # For keys a user may expect the component to read but it does not: what to do instead.
+    hints: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The names of the component's own options, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls.Options))
+
+    @classmethod
+    def options_from(cls, values: Any) -> Any:
+        """An ``Options`` instance from any object carrying those attributes (a config
+        section) or a mapping; options it lacks take their defaults."""
+        names = cls.option_names()
+        if isinstance(values, dict):
+            given = {k: values[k] for k in names if k in values}
+        else:
+            given = {k: getattr(values, k) for k in names if hasattr(values, k)}
+        return cls.Options(**given)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a registered class comes from: built in, or the distribution of a plugin."""
+
+    builtin: bool
+    distribution: str | None = None
+    version: str | None = None
+    entry_point: str | None = None
+
+    @property
+    def text(self) -> str:
+        """``creditaudit`` for built-ins, ``dist==version`` for plugins."""
+        if self.builtin:
+            return "creditaudit"
+        return f"{self.distribution or '?'}=={self.version or '?'}"
+
+
+C = TypeVar("C", bound=Component)
+Validator = Callable[[type, str], None]
+
+
+class Registry(Generic[C]):
+    """The classes of one axis: built-ins plus the installed plugins of ``group``.
+
+    ``axis``: the axis's name (``"rules"``); ``noun``: what one of its classes is called in
+    messages (``"credit rule"``); ``key``: the config key that selects one
+    (``"method.name"``); ``builtins``: the module whose import registers the built-ins.
+    """
+
+    def __init__(self, axis: str, group: str, *, noun: str, key: str, builtins: str) -> None:
+        self.axis, self.group, self.noun, self.key = axis, group, noun, key
+        self.builtins_module = builtins
+        self.base: type | None = None
+        self.validator: Validator | None = None
+        self._builtin: dict[str, type[C]] = {}
+        self._plugins: dict[str, type[C]] = {}
+        self._origins: dict[str, Origin] = {}
+        self._broken: dict[str, str] = {}
+        self._plugins_loaded = False
+        self._builtins_loaded = False
+
+    # --- set-up ----------------------------------------------------------------------------
+    def configure(self, base: type, validate: Validator | None = None) -> None:
+        """Set the base class every member must derive from and the axis's own checks
+        (called by the axis's package when it is imported)."""
+        self.base, self.validator = base, validate
+
+    def register(self, cls: type[C]) -> type[C]:
+        """Class decorator of the built-ins."""
+        self.validate(cls, cls.__qualname__)
+        self._builtin[cls.name] = cls
+        self._origins[cls.name] = Origin(builtin=True)
+        return cls
+
+    def validate(self, cls: Any, source: str) -> type[C]:
+        """The class itself when it describes itself fully; ConfigError otherwise."""
+        if not isinstance(cls, type) or (self.base is not None
+                                         and not issubclass(cls, self.base)):
+            base = self.base.__qualname__ if self.base is not None else "Component"
+            raise ConfigError(f"{source} is not a {base} subclass")
+        name = getattr(cls, "name", "")
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise ConfigError(f"{source} needs a lower-case `name` (letters, digits, - and _), "
+                              f"got {name!r}")
+        if not isinstance(getattr(cls, "label", None), str) or not cls.label:
+            raise ConfigError(f"{source} ({name}) needs a non-empty `label` string")
+        if not isinstance(cls.id_version, int) or isinstance(cls.id_version, bool) \
+                or cls.id_version < 0:
+            raise ConfigError(f"{source} ({name}) needs an integer `id_version` >= 0, got "
+                              f"{cls.id_version!r}")
+        _check_options(cls, source)
+        if self.validator is not None:
+            self.validator(cls, source)
+        return cls
+
+    # --- loading ---------------------------------------------------------------------------
+    def _load_builtins(self) -> None:
+        if not self._builtins_loaded:
+            self._builtins_loaded = True
+            importlib.import_module(self.builtins_module)
+
+    def _load_plugins(self) -> None:
+        """Import every installed plugin of the group once; failures are kept to report."""
+        self._load_builtins()
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for entry in metadata.entry_points(group=self.group):
+            dist = getattr(entry, "dist", None)
+            where = f" of {dist.name} {dist.version}" if dist is not None else ""
+            source = (f"{self.noun} plugin {entry.value!r} (entry point {entry.name!r} of "
+                      f"group {self.group}{where})")
+            try:
+                cls = self.validate(_load(entry), source)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as err:  # noqa: BLE001 - a broken plugin must not break the tool
+                self._broken[entry.name] = f"{source} cannot be used: {_reason(err)}"
+                continue
+            if cls.name != entry.name:
+                self._broken[entry.name] = (f"{source} names its class {cls.name!r}; the entry "
+                                            f"point and the {self.noun}'s `name` must be equal")
+            elif cls.name in self._builtin:
+                self._broken[entry.name] = (f"{source} would replace the built-in {self.noun} "
+                                            f"{cls.name!r}")
+            else:
+                self._plugins[cls.name] = cls
+                self._origins[cls.name] = Origin(
+                    builtin=False, distribution=dist.name if dist is not None else None,
+                    version=dist.version if dist is not None else None,
+                    entry_point=f"{entry.name} = {entry.value}")
+
+    def reload(self) -> None:
+        """Forget and reload the installed plugins (after installing one in this process)."""
+        self._plugins.clear()
+        self._broken.clear()
+        for name in [n for n, o in self._origins.items() if not o.builtin]:
+            del self._origins[name]
+        self._plugins_loaded = False
+        self._load_plugins()
+
+    # --- lookups ---------------------------------------------------------------------------
+    def _all(self) -> dict[str, type[C]]:
+        self._load_plugins()
+        return {**self._builtin, **self._plugins}
+
+    def names(self, *, warn: bool = True) -> list[str]:
+        """Every usable name, in listing order (``rank``, then name); broken plugins are
+        named in one warning each."""
+        members = self._all()
+        if warn:
+            for message in self._broken.values():
+                log.warning("warning: %s", message)
+        return sorted(members, key=lambda name: (own_rank(members[name]), name))
+
+    def classes(self) -> list[type[C]]:
+        """Every usable class, in listing order."""
+        members = self._all()
+        return [members[name] for name in self.names(warn=False)]
+
+    def get(self, name: str) -> type[C]:
+        """The class called ``name``; a one-line ConfigError naming the choices (or what is
+        wrong with the plugin of that name) otherwise."""
+        self._load_builtins()
+        if name in self._builtin:
+            return self._builtin[name]
+        members = self._all()
+        if name in members:
+            return members[name]
+        if name in self._broken:
+            raise ConfigError(self._broken[name])
+        raise ConfigError(f"{self.key}={name!r} is not a known {self.noun}; choose one of "
+                          f"{', '.join(self.names(warn=False))} ({self.noun}s of other "
+                          f"packages register through the entry-point group {self.group})")
+
+    def find(self, name: str) -> type[C] | None:
+        """The class called ``name``, or None (e.g. a record of a plugin not installed)."""
+        try:
+            return self.get(name)
+        except ConfigError:
+            return None
+
+    def origin(self, name: str) -> Origin | None:
+        """Where ``name`` comes from (None when it is not installed)."""
+        return self._origins.get(name) if self.find(name) is not None else None
+
+    def broken(self) -> dict[str, str]:
+        """Entry-point name → why that plugin cannot be used."""
+        self._load_plugins()
+        return dict(self._broken)
+
+
+def own_rank(cls: type) -> int:
+    """A class's own ``rank`` (a subclass that sets none is listed as a new component, not
+    beside its parent)."""
+    rank = cls.__dict__.get("rank", Component.rank)
+    return rank if isinstance(rank, int) else Component.rank
+
+
+def _load(entry: metadata.EntryPoint) -> Any:
+    return entry.load()
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, SystemExit):
+        return f"it called sys.exit({err.code!r}) while being imported"
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _check_options(cls: type, source: str) -> None:
+    """``Options`` must be a dataclass whose every field has a default and help text."""
+    options = getattr(cls, "Options", None)
+    if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
+        raise ConfigError(f"{source} ({cls.name}): `Options` must be a dataclass")
+    for f in dataclasses.fields(options):
+        missing = (f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+        if missing or not f.metadata.get("help"):
+            raise ConfigError(f"{source} ({cls.name}): option {f.name!r} needs a default and "
+                              "help text: declare it with creditaudit.config.opt(default, "
+                              "help, …)")
+
+
+RULES: Registry[Any] = Registry("rules", "creditaudit.rules", noun="credit rule",
+                                key="method.name", builtins="creditaudit.methods")
+ARCHITECTURES: Registry[Any] = Registry("models", "creditaudit.models", noun="architecture",
+                                        key="model.arch", builtins="creditaudit.models")
+DATASETS: Registry[Any] = Registry("datasets", "creditaudit.datasets", noun="dataset",
+                                   key="data.name", builtins="creditaudit.data")
+DIAGNOSTICS: Registry[Any] = Registry("diagnostics", "creditaudit.diagnostics",
+                                      noun="protocol diagnostic", key="diagnostics.protocol",
+                                      builtins="creditaudit.protocol")
+REGISTRIES: tuple[Registry[Any], ...] = (RULES, ARCHITECTURES, DATASETS, DIAGNOSTICS)
+
+
+def reload_plugins() -> None:
+    """Reload the plugins of every axis (after installing one in this process)."""
+    for registry in REGISTRIES:
+        registry.reload()
+
+
+__all__ = ["Component", "NoOptions", "Origin", "Registry", "RULES", "ARCHITECTURES",
+           "DATASETS", "DIAGNOSTICS", "REGISTRIES", "NAME_PATTERN", "reload_plugins", "own_rank"]

@@ -1,0 +1,216 @@
+"""The conformance suite of datasets — ``check_dataset(DatasetClass, options)``.
+
+A run plan trusts what a dataset declares before anything is loaded (sample shape, classes,
+sizes), and a run id trusts its identity (the same id means the same data). The suite loads
+the dataset — with tiny sizes (``n_train=40``, ``n_test=20``, ``in_dim=12``,
+``teacher_width=16``) wherever it declares those options and the caller does not set them;
+a file dataset needs its folder in ``options`` (``{"data_dir": …}``) — and checks each
+declaration against what was loaded::
+
+    from creditaudit.testing import check_dataset
+    check_dataset(MyDataset)                               # a generated dataset
+    check_dataset(MyFiles, {"data_dir": "tiny"}, other={"data_dir": "tiny-2"})
+
+The checks:
+
+- ``loads_what_it_declares``: ``check(options)`` accepts the options and ``load`` gives
+  non-empty train and test splits of samples shaped ``input_shape(options)`` — uint8 images
+  ``(N, C, H, W)`` or finite float32 features ``(N, D)`` — with int64 labels ``(N,)`` in
+  0 … ``n_classes(options)`` − 1, as many classes as declared — the loader, the models and
+  the records rely on these types;
+- ``sizes_match_what_was_loaded``: ``sizes(options)``, when not None, is (training, test)
+  samples as loaded — a run plan checks the evaluation set against it before loading;
+- ``identity_is_deterministic``: two calls of ``identity`` agree, name the dataset, declare
+  its classes and sample shape, carry a fingerprint and a source (equal for file datasets)
+  and a provenance that strict JSON can hold — it is part of every run id and record;
+- ``identity_follows_the_seed``: a generated dataset (``kind == "generated"``) gives other
+  arrays and another fingerprint, but the same source, under another seed; a file dataset
+  gives the same arrays and identity whatever the seed — one id must mean one data set;
+- ``identity_follows_the_data`` (when ``other`` options are given: other generator options,
+  or another folder of files): other data, another fingerprint — a changed file must not
+  reuse old runs;
+- ``load_is_deterministic_and_leaves_global_rngs_untouched``: two loads give identical arrays,
+  and neither ``load`` nor ``identity`` moves torch's, numpy's or Python's global RNG —
+  training draws from them after the data is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
+from creditaudit.descriptions import DataIdentity
+from creditaudit.testing.common import (
+    Check,
+    Report,
+    declared_failures,
+    reason_for,
+    resolve_options,
+    run_checks,
+)
+
+TINY_DATA_OPTIONS: dict[str, Any] = {"n_train": 40, "n_test": 20, "in_dim": 12,
+                                     "teacher_width": 16}
+SEED = 0
+FILES_KIND = "files"
+
+
+def _load(cls: type[DatasetSpec], options: Any, seed: int = SEED) -> Dataset:
+    cls.check(options)
+    return cls.load(options, seed)
+
+
+def _arrays(dataset: Dataset) -> tuple[torch.Tensor, ...]:
+    return dataset.train_x, dataset.train_y, dataset.test_x, dataset.test_y
+
+
+def _same_arrays(a: Dataset, b: Dataset) -> bool:
+    return all(x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y))
+               for x, y in zip(_arrays(a), _arrays(b)))
+
+
+def _identity(cls: type[DatasetSpec], options: Any, seed: int = SEED) -> dict[str, Any]:
+    return dataclasses.asdict(cls.identity(options, seed))
+
+
+# --- the checks ---------------------------------------------------------------------------
+def loads_what_it_declares(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    dataset = _load(cls, options)
+    assert isinstance(dataset, Dataset), \
+        f"load() returned a {type(dataset).__name__}, not a creditaudit.data.Dataset"
+    check_loaded(cls, options, dataset)  # declared shape and classes, non-empty splits
+    n_classes = cls.n_classes(options)
+    for split, x, y in (("training", dataset.train_x, dataset.train_y),
+                        ("test", dataset.test_x, dataset.test_y)):
+        if x.dim() == 4:
+            assert x.dtype == torch.uint8, f"the {split} images are {x.dtype}; keep images " \
+                                           "as uint8 (N, C, H, W)"
+        else:
+            assert x.dim() == 2 and x.dtype == torch.float32, \
+                f"the {split} samples are {x.dtype} of shape {tuple(x.shape)}: use uint8 " \
+                "images (N, C, H, W) or float32 features (N, D)"
+            assert bool(torch.isfinite(x).all()), f"the {split} features are not all finite"
+        assert y.dtype == torch.int64, f"the {split} labels are {y.dtype}, not int64"
+        low, high = int(y.min()), int(y.max())
+        assert low >= 0 and high < n_classes, \
+            f"the {split} labels run {low} … {high}, outside 0 … {n_classes - 1}"
+
+
+def sizes_match_what_was_loaded(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    declared = cls.sizes(options)
+    if declared is None:
+        return
+    dataset = _load(cls, options)
+    loaded = (dataset.train_x.shape[0], dataset.test_x.shape[0])
+    assert tuple(declared) == loaded, \
+        f"sizes() says {tuple(declared)} (training, test) samples, load() gave {loaded}"
+
+
+def identity_is_deterministic(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    identity = cls.identity(options, SEED)
+    assert isinstance(identity, DataIdentity), \
+        f"identity() returned a {type(identity).__name__}, not a DataIdentity"
+    first, again = _identity(cls, options), _identity(cls, options)
+    assert first == again, "two calls of identity() with the same options and seed differ"
+    assert first["name"] == cls.name, f"identity() names {first['name']!r}, not {cls.name!r}"
+    assert first["n_classes"] == cls.n_classes(options), \
+        f"identity() says {first['n_classes']} classes, n_classes() {cls.n_classes(options)}"
+    assert first["input_shape"] == list(cls.input_shape(options)), \
+        f"identity() says samples of shape {first['input_shape']}, input_shape() " \
+        f"{list(cls.input_shape(options))}"
+    for key in ("fingerprint", "source"):
+        assert isinstance(first[key], str) and first[key], f"identity() has no {key}"
+    if cls.kind == FILES_KIND:
+        assert first["source"] == first["fingerprint"], \
+            "a file dataset's source must equal its fingerprint"
+    try:
+        json.dumps(first["provenance"], allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise AssertionError(f"identity()'s provenance is not strict JSON: {err}") from None
+
+
+def identity_follows_the_seed(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    base, reseeded = _identity(cls, options), _identity(cls, options, SEED + 1)
+    data, data_reseeded = _load(cls, options), _load(cls, options, SEED + 1)
+    if cls.kind == FILES_KIND:
+        assert base == reseeded, "a file dataset's identity changes with the seed"
+        assert _same_arrays(data, data_reseeded), "a file dataset's data changes with the seed"
+        return
+    assert not _same_arrays(data, data_reseeded), \
+        "another seed generates the same arrays (the generator ignores its seed)"
+    assert base["fingerprint"] != reseeded["fingerprint"], \
+        "another seed generates other arrays under the same fingerprint"
+    assert base["source"] == reseeded["source"], \
+        "the source changes with the seed (it must identify the recipe without the seed)"
+
+
+def identity_follows_the_data(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    data, data_other = _load(cls, options), _load(cls, other)
+    assert not _same_arrays(data, data_other), \
+        "the other options load the same arrays: give options that load other data"
+    assert _identity(cls, options)["fingerprint"] != _identity(cls, other)["fingerprint"], \
+        "other data has the same fingerprint"
+
+
+def load_is_deterministic_and_leaves_global_rngs_untouched(cls: type[DatasetSpec],
+                                                           options: Any, other: Any) -> None:
+    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    first = _load(cls, options)
+    cls.identity(options, SEED)
+    again = _load(cls, options)
+    assert torch.equal(torch.get_rng_state(), states[0]), \
+        "load() or identity() moved torch's global RNG (use a generator of its own)"
+    numpy_now = np.random.get_state()
+    assert numpy_now[0] == states[1][0] and np.array_equal(numpy_now[1], states[1][1]) \
+        and numpy_now[2:] == states[1][2:], "load() or identity() moved numpy's global RNG"
+    assert random.getstate() == states[2], "load() or identity() moved Python's global RNG"
+    assert _same_arrays(first, again), "two loads with the same options and seed differ"
+
+
+DATASET_CHECKS = (
+    loads_what_it_declares, sizes_match_what_was_loaded, identity_is_deterministic,
+    identity_follows_the_seed, identity_follows_the_data,
+    load_is_deterministic_and_leaves_global_rngs_untouched)
+
+
+def dataset_checks(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = None, *,
+                   other: Mapping[str, Any] | Any = None,
+                   expected_failures: Mapping[str, str] | None = None) -> list[Check]:
+    """The checks of ``cls``, one by one (see :func:`check_dataset`)."""
+    DATASETS.validate(cls, cls.__qualname__)
+    resolved = resolve_options(cls, options, TINY_DATA_OPTIONS)
+    resolved_other = None if other is None else resolve_options(cls, other, TINY_DATA_OPTIONS)
+    failures = declared_failures(cls, expected_failures,
+                                 (c.__name__ for c in DATASET_CHECKS))
+    return [Check(check, cls, resolved, resolved_other,
+                  expected_failure=reason_for(failures, check, ""))
+            for check in DATASET_CHECKS
+            if check is not identity_follows_the_data or resolved_other is not None]
+
+
+def check_dataset(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = None, *,
+                  other: Mapping[str, Any] | Any = None,
+                  expected_failures: Mapping[str, str] | None = None) -> Report:
+    """Load the dataset ``cls`` and check it against what it declares (the module docstring
+    lists the checks); AssertionError listing every check that failed, else a
+    :class:`~creditaudit.testing.common.Report`.
+
+    ``options``: its ``Options`` fields (a mapping laid over the tiny sizes, or an
+    ``Options`` instance; a file dataset's folder as ``data_dir``); ``other``: options that
+    load other data (another folder, other generator options) for ``identity_follows_the_
+    data``, which is skipped without them; ``expected_failures``: ``{check name: reason}``
+    of checks it fails by design. ConfigError when the class does not describe itself or
+    the options name one it does not have.
+    """
+    checks = dataset_checks(cls, options, other=other, expected_failures=expected_failures)
+    return run_checks(checks, f"{cls.__name__} ({cls.name})")
+
+
+__all__ = ["check_dataset", "dataset_checks", "DATASET_CHECKS", "TINY_DATA_OPTIONS"]

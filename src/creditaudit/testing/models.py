@@ -1,0 +1,353 @@
+"""The conformance suite of architectures — ``check_model(ArchitectureClass)``.
+
+Every credit rule and the protocol trust what a model built by an architecture declares:
+its states, its blocks, its readout and the facts it reports (``terminal_ln``,
+``state_layout``, ``d``, ``n_blocks``, ``describe()``). The suite builds tiny float64 models
+(options: ``d=8``, ``n_blocks=3``, ``heads=2``, ``mlp_ratio=2``, ``patch=2``, ``kernel=3``,
+``w2_std=0.1`` wherever the architecture declares those options and the caller does not set
+them; inputs (6,) for vector architectures and 2×8×8 images for image ones unless
+``input_shape`` is given) and checks each declaration against what the module does::
+
+    from creditaudit.testing import check_model
+    check_model(MyArchitecture)                      # AssertionError naming what failed
+    check_model(MyArchitecture, {"width": 16}, input_shape=(3, 16, 16))
+
+The checks:
+
+- ``builds_a_contract_model``: ``build`` returns a :class:`~creditaudit.models.ResidualNet`
+  with ``embed``, ``blocks`` and ``readout``, a declared ``terminal_ln`` (a bool) and a known
+  ``state_layout``, for the classes it was asked for;
+- ``states_follow_the_declared_layout``: ``forward_states`` gives L + 1 states shaped as
+  ``state_layout`` says — (B, d), (B, T, d) or (B, d, H, W) with the declared ``d`` — and
+  (B, n_classes) logits; every state is in the autograd graph of the logits (rules take
+  gradients at the states);
+- ``states_are_the_residual_chain``: h_0 = embed(x), h_{l+1} = h_l + f_l(h_l) (f_l(h_l)
+  without skips), logits = readout(h_L); ``forward_from(l, h_l)`` reproduces the logits at
+  every l and ``forward`` the last of ``forward_states`` — local rules call the blocks one
+  by one and must see the network the states come from;
+- ``samples_are_independent_in_eval_mode``: in eval mode, changing the other samples of a
+  batch changes neither sample 0's states nor its logits — per-sample diagnostics run in
+  eval mode and assume it;
+- ``branch_split_adds_up_to_the_block`` (blocks with a split,
+  :func:`~creditaudit.models.contract.split_branch`): ``last(hidden(h))`` (or
+  ``skip + last(u)``) equals the block's output — DFA and DRTP train that layer through the
+  split;
+- ``terminal_ln_is_what_the_readout_does``: ``terminal_ln`` is True exactly when the readout
+  is invariant to scaling h_L by c > 0 (as a LayerNorm makes it) — the protocol's diagnosis
+  of (b) rests on it, so a model claiming a LayerNorm it does not have, or hiding one,
+  fails;
+- ``description_matches_the_model``: ``describe()`` says what was built — ``d`` the width
+  of the states' feature axis, ``n_blocks`` = len(blocks), the layout, the parameter count,
+  ``terminal_ln``, ``residual``, the architecture's name and the input shape — records and
+  reports read it instead of the config;
+- ``parameters_belong_to_one_part``: no parameter is shared by two of embed, a block and the
+  readout, and each part's output reaches only its own parameters — local rules train each
+  part on its own objective;
+- ``check_refuses_what_build_cannot_build``: over a set of input shapes (flat vectors of 6,
+  40 and 3072 features; 1×28×28, 3×32×32, 2×8×8 and 1×7×7 images), ``Architecture.check``
+  either refuses with a one-line ConfigError or the model builds and runs — a run plan
+  checks before any data is loaded;
+- ``building_is_deterministic_under_a_seed``: two builds under one seed are identical,
+  parameters and buffers, and another seed gives other weights (a model that seeds itself
+  would make every seed of a sweep the same run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from creditaudit.errors import ConfigError
+from creditaudit.models import ARCHITECTURES, Architecture, ResidualNet
+from creditaudit.models.contract import (
+    LAYOUTS,
+    check_contract,
+    feature_rows,
+    readout_parameters,
+    split_branch,
+)
+from creditaudit.models.registry import build_architecture
+from creditaudit.testing.common import (
+    CLASSES,
+    F64,
+    IMAGE,
+    IN_DIM,
+    Check,
+    Report,
+    declared_failures,
+    reason_for,
+    relative_error,
+    resolve_options,
+    run_checks,
+)
+
+TINY_MODEL_OPTIONS: dict[str, Any] = {"d": 8, "n_blocks": 3, "heads": 2, "mlp_ratio": 2,
+                                      "patch": 2, "kernel": 3, "w2_std": 0.1}
+PROBE_SHAPES: tuple[tuple[int, ...], ...] = ((IN_DIM,), (40,), (3072,), (1, 28, 28),
+                                              (3, 32, 32), IMAGE, (1, 7, 7))
+MODEL_BATCH = 5
+CLOSE = 1e-12  # float64 reruns of the same operations
+
+
+def _default_shape(cls: type[Architecture]) -> tuple[int, ...]:
+    return IMAGE if cls.input_kind == "image" else (IN_DIM,)
+
+
+def _build(cls: type[Architecture], options: Any, input_shape: tuple[int, ...],
+           seed: int = 0) -> ResidualNet:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_architecture(cls, options, input_shape=input_shape, n_classes=CLASSES)
+    return model.to(F64)
+
+
+def _inputs(model: ResidualNet, seed: int = 1, batch: int = MODEL_BATCH) -> Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, *model.input_shape, generator=generator, dtype=F64)
+
+
+def _close(got: Tensor, want: Tensor) -> bool:
+    return got.shape == want.shape and bool(torch.allclose(got, want, rtol=CLOSE, atol=CLOSE))
+
+
+# --- the checks ---------------------------------------------------------------------------
+def builds_a_contract_model(cls: type[Architecture], options: Any,
+                            input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape)
+    assert isinstance(model, ResidualNet), \
+        f"build() returned a {type(model).__name__}, not a creditaudit.models.ResidualNet"
+    check_contract(model)
+    assert isinstance(model.terminal_ln, bool), \
+        f"terminal_ln is a {type(model.terminal_ln).__name__}; declare it as a bool"
+    assert model.state_layout in LAYOUTS, \
+        f"state_layout {model.state_layout!r} is not one of {', '.join(LAYOUTS)}"
+    assert model.n_classes == CLASSES, \
+        f"asked for {CLASSES} classes, the model says n_classes={model.n_classes}"
+    assert len(model.blocks) >= 1, "the model has no blocks"
+
+
+def states_follow_the_declared_layout(cls: type[Architecture], options: Any,
+                                      input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    x = _inputs(model)
+    states, logits = model.forward_states(x)
+    assert len(states) == len(model.blocks) + 1, \
+        f"forward_states returned {len(states)} states for {len(model.blocks)} blocks"
+    dims = {"vectors": 2, "tokens": 3, "maps": 4}[model.state_layout]
+    first = tuple(states[0].shape)
+    for layer, h in enumerate(states):
+        shape = tuple(h.shape)
+        assert len(shape) == dims and shape[0] == MODEL_BATCH, \
+            f"state {layer} has shape {shape}; {model.state_layout!r} states are " \
+            f"{['(B, d)', '(B, T, d)', '(B, d, H, W)'][dims - 2]} with B={MODEL_BATCH}"
+        assert shape == first, f"state {layer} has shape {shape}, state 0 {first}"
+        width = shape[1] if model.state_layout in ("vectors", "maps") else shape[2]
+        assert width == model.d, f"state {layer} has {width} features, the model says d=" \
+                                 f"{model.d}"
+    assert tuple(logits.shape) == (MODEL_BATCH, CLASSES), \
+        f"logits have shape {tuple(logits.shape)}, expected ({MODEL_BATCH}, {CLASSES})"
+    grads = torch.autograd.grad(logits.sum(), states, allow_unused=True)
+    missing = [layer for layer, g in enumerate(grads) if g is None]
+    assert not missing, f"the logits do not depend on state(s) {missing} in the graph"
+
+
+def states_are_the_residual_chain(cls: type[Architecture], options: Any,
+                                  input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    x = _inputs(model)
+    with torch.no_grad():
+        states, logits = model.forward_states(x)
+        assert _close(model.embed(x), states[0]), "state 0 is not embed(x)"
+        for layer, block in enumerate(model.blocks):
+            h = states[layer]
+            want = h + block(h) if model.residual else block(h)
+            assert _close(states[layer + 1], want), (
+                f"state {layer + 1} is not h_{layer} {'+ ' if model.residual else ''}"
+                f"blocks[{layer}](h_{layer})")
+        assert _close(model.readout(states[-1]), logits), "the logits are not readout(h_L)"
+        for layer, h in enumerate(states):
+            assert _close(model.forward_from(layer, h), logits), \
+                f"forward_from({layer}, h_{layer}) does not reproduce the logits"
+        assert _close(model(x), logits), "forward(x) differs from forward_states(x)'s logits"
+
+
+def samples_are_independent_in_eval_mode(cls: type[Architecture], options: Any,
+                                         input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    x = _inputs(model)
+    other = x.clone()
+    other[1:] = _inputs(model, seed=2)[1:] * 3.0
+    with torch.no_grad():
+        states, logits = model.forward_states(x)
+        states_other, logits_other = model.forward_states(other)
+    for layer, (a, b) in enumerate(zip(states, states_other)):
+        assert _close(a[:1], b[:1]), \
+            f"in eval mode, state {layer} of sample 0 depends on the other samples"
+    assert _close(logits[:1], logits_other[:1]), \
+        "in eval mode, the logits of sample 0 depend on the other samples"
+
+
+def branch_split_adds_up_to_the_block(cls: type[Architecture], options: Any,
+                                      input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    with torch.no_grad():
+        states, _ = model.forward_states(_inputs(model))
+        for layer, block in enumerate(model.blocks):
+            split = split_branch(block)
+            if split is None:
+                continue
+            hidden, last = split
+            parts = hidden(states[layer])
+            if isinstance(parts, tuple):
+                assert len(parts) == 2, f"blocks[{layer}].hidden returns {len(parts)} " \
+                                        "values; return u or (u, skip)"
+                rebuilt = parts[1] + last(parts[0])
+            else:
+                rebuilt = last(parts)
+            assert _close(rebuilt, block(states[layer])), \
+                f"blocks[{layer}]: its split (hidden, output layer) does not add up to the block"
+
+
+def terminal_ln_is_what_the_readout_does(cls: type[Architecture], options: Any,
+                                         input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    with torch.no_grad():
+        states, _ = model.forward_states(_inputs(model))
+        h = states[-1]
+        # A large scale makes a LayerNorm's eps negligible (relative effect ~1e-11).
+        c = 1e3 / float(h.abs().max().clamp_min(1e-12))
+        base, scaled = model.readout(c * h), model.readout(4.0 * c * h)
+    change = relative_error(scaled, base)
+    invariant = change < 1e-6
+    if model.terminal_ln:
+        assert invariant, (
+            f"terminal_ln is True, but scaling h_L changes the logits (rel. {change:.2e}): "
+            "the readout has no terminal LayerNorm")
+    else:
+        assert not invariant, (
+            "terminal_ln is False, but the readout is invariant to scaling h_L: it hides a "
+            "terminal LayerNorm (declare terminal_ln = True)")
+
+
+def description_matches_the_model(cls: type[Architecture], options: Any,
+                                  input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    with torch.no_grad():
+        states, _ = model.forward_states(_inputs(model))
+    described = model.describe()
+    facts = {
+        "d": feature_rows(states[0]).shape[-1], "n_blocks": len(model.blocks),
+        "layout": model.state_layout, "terminal_ln": model.terminal_ln,
+        "residual": model.residual, "arch": cls.name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "input_shape": list(model.input_shape),
+    }
+    wrong = [f"{key}={getattr(described, key)!r} (the model has {value!r})"
+             for key, value in facts.items() if getattr(described, key) != value]
+    assert not wrong, "describe() says " + ", ".join(wrong)
+
+
+def parameters_belong_to_one_part(cls: type[Architecture], options: Any,
+                                  input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    parts = {"embed": list(model.embed.parameters()),
+             **{f"blocks[{i}]": list(b.parameters()) for i, b in enumerate(model.blocks)},
+             "readout": readout_parameters(model)}
+    owner: dict[int, str] = {}
+    for part, params in parts.items():
+        for p in params:
+            assert id(p) not in owner, f"{part} shares a parameter with {owner[id(p)]}"
+            owner[id(p)] = part
+    every = list(model.parameters())
+    x = _inputs(model)
+    states, _ = model.forward_states(x)
+    outputs = {"embed": model.embed(x), "readout": model.readout(states[-1].detach()),
+               **{f"blocks[{i}]": block(states[i].detach())
+                  for i, block in enumerate(model.blocks)}}
+    for part, output in outputs.items():
+        grads = torch.autograd.grad(output.sum(), every, allow_unused=True)
+        reached = {owner[id(p)] for p, g in zip(every, grads)
+                   if g is not None and bool(g.abs().max() > 0)}
+        stray = sorted(reached - {part})
+        assert not stray, f"the output of {part} depends on parameters of {', '.join(stray)}"
+
+
+def check_refuses_what_build_cannot_build(cls: type[Architecture], options: Any,
+                                          input_shape: tuple[int, ...]) -> None:
+    for shape in dict.fromkeys((tuple(input_shape), *PROBE_SHAPES)):
+        try:
+            cls.check(options, shape)
+        except ConfigError as err:
+            assert shape != tuple(input_shape), f"check() refuses the inputs under test: {err}"
+            assert "\n" not in str(err), f"check()'s refusal of {shape} is not one line"
+            continue
+        except Exception as err:  # noqa: BLE001 - the wrong kind of refusal
+            raise AssertionError(f"check() refused inputs of shape {shape} with "
+                                 f"{type(err).__name__} ({err}); raise a one-line "
+                                 "creditaudit.errors.ConfigError") from None
+        try:
+            model = _build(cls, options, shape).eval()
+            with torch.no_grad():
+                logits = model(_inputs(model, batch=2))
+        except Exception as err:  # noqa: BLE001 - what check() should have refused
+            raise AssertionError(f"check() accepts inputs of shape {shape}, but building or "
+                                 f"running the model fails: {type(err).__name__}: "
+                                 f"{err}") from None
+        assert tuple(logits.shape) == (2, CLASSES), \
+            f"on inputs of shape {shape} the logits have shape {tuple(logits.shape)}"
+
+
+def building_is_deterministic_under_a_seed(cls: type[Architecture], options: Any,
+                                           input_shape: tuple[int, ...]) -> None:
+    first, again = _build(cls, options, input_shape), _build(cls, options, input_shape)
+    for (name, a), b in zip(first.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), f"two builds under one seed differ at {name}"
+    other = _build(cls, options, input_shape, seed=1)
+    assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(),
+                                                     other.state_dict().values())), \
+        "builds under seeds 0 and 1 are identical: build() must draw from torch's RNG"
+
+
+MODEL_CHECKS = (
+    builds_a_contract_model, states_follow_the_declared_layout, states_are_the_residual_chain,
+    samples_are_independent_in_eval_mode, branch_split_adds_up_to_the_block,
+    terminal_ln_is_what_the_readout_does, description_matches_the_model,
+    parameters_belong_to_one_part, check_refuses_what_build_cannot_build,
+    building_is_deterministic_under_a_seed)
+
+
+def model_checks(cls: type[Architecture], options: Mapping[str, Any] | Any = None, *,
+                 input_shape: tuple[int, ...] | None = None,
+                 expected_failures: Mapping[str, str] | None = None) -> list[Check]:
+    """The checks of ``cls``, one by one (see :func:`check_model`)."""
+    ARCHITECTURES.validate(cls, cls.__qualname__)
+    resolved = resolve_options(cls, options, TINY_MODEL_OPTIONS)
+    shape = tuple(input_shape) if input_shape is not None else _default_shape(cls)
+    failures = declared_failures(cls, expected_failures, (c.__name__ for c in MODEL_CHECKS))
+    return [Check(check, cls, resolved, shape, expected_failure=reason_for(failures, check, ""))
+            for check in MODEL_CHECKS]
+
+
+def check_model(cls: type[Architecture], options: Mapping[str, Any] | Any = None, *,
+                input_shape: tuple[int, ...] | None = None,
+                expected_failures: Mapping[str, str] | None = None) -> Report:
+    """Check the architecture ``cls`` against the model contract (the module docstring lists
+    the checks); AssertionError listing every check that failed, else a
+    :class:`~creditaudit.testing.common.Report`.
+
+    ``options``: its ``Options`` fields (a mapping laid over the tiny defaults, or an
+    ``Options`` instance); ``input_shape``: one input, as a dataset declares it (default
+    (6,) for vector architectures, 2×8×8 images for image ones); ``expected_failures``:
+    ``{check name: reason}`` of checks it fails by design. ConfigError when the class does
+    not describe itself or ``options`` names an option it does not have.
+    """
+    checks = model_checks(cls, options, input_shape=input_shape,
+                          expected_failures=expected_failures)
+    return run_checks(checks, f"{cls.__name__} ({cls.name})")
+
+
+__all__ = ["check_model", "model_checks", "MODEL_CHECKS", "TINY_MODEL_OPTIONS",
+           "PROBE_SHAPES"]

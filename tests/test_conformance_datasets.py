@@ -1,0 +1,191 @@
+"""Every registered dataset passes the public dataset suite (check_dataset): generated ones
+at tiny sizes, file ones on tiny folders written here (and Fashion-MNIST on its real files
+where this machine has them); and the suite catches datasets that break their declarations."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from creditaudit.data import DATASETS
+from creditaudit.data.registry import MNIST, SyntheticData
+from creditaudit.descriptions import DataIdentity
+from creditaudit.errors import ConfigError
+from creditaudit.testing import check_dataset, dataset_checks
+from integrity_support import write_cifar10, write_idx_dataset
+
+REAL_FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+def write_cifar100(parent: Path, *, per_file: int = 4, seed: int = 0) -> Path:
+    """An official-layout cifar-100-python folder (train, test) of ``per_file`` images each."""
+    folder = parent / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in ("train", "test"):
+        batch = {b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+                 b"fine_labels": rng.integers(0, 100, per_file).tolist(),
+                 b"coarse_labels": [0] * per_file}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    return folder
+
+
+def folders(kind: str, root: Path) -> tuple[dict, dict]:
+    """(options, other options) of a dataset read from two tiny folders of other data."""
+    first, second = root / "a", root / "b"
+    if kind == "idx":
+        write_idx_dataset(first, n_train=16, n_test=8, seed=0)
+        write_idx_dataset(second, n_train=16, n_test=8, seed=1)
+    elif kind == "cifar10":
+        write_cifar10(first, seed=0)
+        write_cifar10(second, seed=1)
+    else:
+        write_cifar100(first, seed=0)
+        write_cifar100(second, seed=1)
+    return {"data_dir": str(first)}, {"data_dir": str(second)}
+
+
+FOLDERS = {"mnist": "idx", "fashion-mnist": "idx", "cifar10": "cifar10",
+           "cifar100": "cifar100"}
+
+
+def options_of(cls, root: Path) -> tuple[dict, dict]:
+    if cls.kind == "generated":
+        return {}, {"n_train": 50}  # 50 + 20: a multiple of 10, as MNIST-1D needs
+    return folders(FOLDERS[cls.name], root)
+
+
+NAMES = DATASETS.names(warn=False)
+CHECKS = [(name, check.__name__) for name in NAMES
+          for check in dataset_checks(DATASETS.get(name), other={})]
+
+
+@pytest.mark.parametrize("name,check_name", CHECKS, ids=[f"{n}-{c}" for n, c in CHECKS])
+def test_dataset_conforms(name, check_name, tmp_path):
+    cls = DATASETS.get(name)
+    options, other = options_of(cls, tmp_path)
+    check = next(c for c in dataset_checks(cls, options, other=other)
+                 if c.__name__ == check_name)
+    check()
+
+
+def test_every_builtin_dataset_is_checked():
+    assert set(FOLDERS) | {"synthetic", "mnist1d"} == set(NAMES)
+
+
+@pytest.mark.skipif(not REAL_FASHION.is_dir(), reason="no Fashion-MNIST files on this machine")
+def test_fashion_mnist_conforms_on_its_real_files():
+    check_dataset(DATASETS.get("fashion-mnist"), {"data_dir": str(REAL_FASHION)})
+
+
+def test_options_it_does_not_declare_are_refused():
+    with pytest.raises(ConfigError, match="has no option 'data_dir'"):
+        check_dataset(SyntheticData, {"data_dir": "x"})
+
+
+def test_the_data_check_runs_only_with_other_options():
+    names = {c.__name__ for c in dataset_checks(SyntheticData)}
+    assert "identity_follows_the_data" not in names
+    assert "identity_follows_the_seed" in names
+
+
+class IgnoresSeed(SyntheticData):
+    name, label = "ignores-seed", "Ignores its seed"
+
+    @classmethod
+    def load(cls, options, seed):
+        return super().load(options, 0)
+
+
+class Int32Labels(SyntheticData):
+    name, label = "int32-labels", "int32 labels"
+
+    @classmethod
+    def load(cls, options, seed):
+        dataset = super().load(options, seed)
+        dataset.test_y = dataset.test_y.to(torch.int32)
+        return dataset
+
+
+class DoubleFeatures(SyntheticData):
+    name, label = "float64", "float64 features"
+
+    @classmethod
+    def load(cls, options, seed):
+        dataset = super().load(options, seed)
+        dataset.train_x, dataset.test_x = dataset.train_x.double(), dataset.test_x.double()
+        return dataset
+
+
+class LabelsOutOfRange(SyntheticData):
+    name, label = "labels-out", "Labels out of range"
+
+    @classmethod
+    def n_classes(cls, options):
+        return 3  # the teacher labels 10 classes
+
+    @classmethod
+    def load(cls, options, seed):
+        dataset = super().load(options, seed)
+        dataset.n_classes = 3
+        return dataset
+
+
+class DrawsFromTheGlobalRNG(SyntheticData):
+    name, label = "global-rng", "Global RNG"
+
+    @classmethod
+    def load(cls, options, seed):
+        np.random.rand()
+        return super().load(options, seed)
+
+
+class MiscountsItsSizes(SyntheticData):
+    name, label = "miscounts", "Miscounts"
+
+    @classmethod
+    def sizes(cls, options):
+        return options.n_train + 1, options.n_test
+
+
+class SeedInTheSource(SyntheticData):
+    name, label = "seeded-source", "Seeded source"
+
+    @classmethod
+    def identity(cls, options, seed):
+        identity = super().identity(options, seed)
+        identity.source = identity.fingerprint
+        return identity
+
+
+class UnhashedFiles(MNIST):
+    """Its identity ignores the files: changed data would reuse old runs."""
+
+    name, label = "unhashed", "Unhashed"
+
+    @classmethod
+    def identity(cls, options, seed):
+        return DataIdentity(cls.name, "same", "same", n_classes=10, input_shape=[1, 28, 28])
+
+
+@pytest.mark.parametrize("cls,check", [
+    (IgnoresSeed, "identity_follows_the_seed"),
+    (Int32Labels, "loads_what_it_declares"),
+    (DoubleFeatures, "loads_what_it_declares"),
+    (LabelsOutOfRange, "loads_what_it_declares"),
+    (DrawsFromTheGlobalRNG, "load_is_deterministic_and_leaves_global_rngs_untouched"),
+    (MiscountsItsSizes, "sizes_match_what_was_loaded"),
+    (SeedInTheSource, "identity_follows_the_seed"),
+    (UnhashedFiles, "identity_follows_the_data"),
+], ids=lambda v: v if isinstance(v, str) else v.name)
+def test_the_suite_catches_datasets_that_break_their_declarations(cls, check, tmp_path):
+    options, other = options_of(cls, tmp_path) if cls.kind == "generated" else \
+        folders("idx", tmp_path)
+    with pytest.raises(AssertionError) as err:
+        check_dataset(cls, options, other=other)
+    assert "fails 1 conformance check(s)" in str(err.value)  # that one, and only that one
+    assert f"- {check}:" in str(err.value)

@@ -1,0 +1,315 @@
+"""The reference gradient is verified before any protocol number: diagnose() refuses a model
+whose backward is not autograd's (BioTorch layers, a torch.autograd.Function with its own
+backward) in one line naming the module, passes healthy models — a grown stream and a
+saturated softmax included — and leaves the model, its gradients and every RNG untouched.
+With verify_reference=False the report says the reference was not verified; a ρ whose BP
+control is below 0.9 is shown as invalid, with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import warnings
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit import diagnose
+from creditaudit.diagnostics.reference_check import ReferenceGradientError, check_reference
+from creditaudit.models import ResidualMLP
+from creditaudit.report import metrics_lines, render
+from creditaudit.testing import CLASSES, tiny_batch, tiny_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+ARCHS = ("resmlp", "vit", "convmixer")
+
+
+def gradient_credit(net: nn.Module):
+    """A credit function: the gradient through the model's own backward (BioTorch's FA
+    credit on a converted model)."""
+    def credit(x: Tensor, y: Tensor) -> list[Tensor]:
+        with torch.enable_grad():
+            states, logits = net.forward_states(x)
+            grads = torch.autograd.grad(F.cross_entropy(logits, y, reduction="sum"), states)
+        return list(grads)
+    return credit
+
+
+def converted(mode: str, dtype: torch.dtype = torch.float64) -> nn.Module:
+    """A tiny ResidualMLP with every Linear converted by BioTorch to ``mode``."""
+    if os.environ.get("CI"):
+        import biotorch.module.biomodule as biomodule  # CI must run these, never skip them
+    else:
+        biomodule = pytest.importorskip("biotorch.module.biomodule")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # BioTorch uses deprecated module backward hooks
+        bio = biomodule.BioModule(tiny_model(dtype=dtype), mode=mode,
+                                  output_dim=CLASSES if mode == "dfa" else None)
+    return bio.to(dtype)
+
+
+class FeedbackLinear(torch.autograd.Function):
+    """h·Wᵀ + b forward; the input's gradient through a fixed B instead of W (FA's backward)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, feedback: Tensor) -> Tensor:
+        ctx.save_for_backward(h, feedback)
+        return h @ weight.T + bias
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        h, feedback = ctx.saved_tensors
+        return grad @ feedback, grad.flatten(0, -2).T @ h.flatten(0, -2), grad.sum(0), None
+
+
+class FALinear(nn.Linear):
+    """A Linear whose forward is exact and whose backward is Feedback Alignment's."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear.in_features, linear.out_features, dtype=linear.weight.dtype)
+        self.load_state_dict(linear.state_dict())
+        generator = torch.Generator().manual_seed(3)
+        self.register_buffer("feedback", torch.randn(self.weight.shape, generator=generator,
+                                                     dtype=self.weight.dtype))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return FeedbackLinear.apply(h, self.weight, self.bias, self.feedback)
+
+
+class ScaledGradient(torch.autograd.Function):
+    """Identity forward, gradient × 3: a custom backward outside any module."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor) -> Tensor:
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return 3 * grad
+
+
+class ScaledSkipMLP(ResidualMLP):
+    """A ResidualMLP whose residual add runs the branch through ScaledGradient."""
+
+    def next_state(self, h: Tensor, branch: Tensor) -> Tensor:
+        return h + ScaledGradient.apply(branch)
+
+
+def refused(model: nn.Module, x: Tensor, y: Tensor, **kwargs) -> str:
+    with pytest.raises(ReferenceGradientError) as error:
+        diagnose(model, x, y, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.endswith("pass verify_reference=False to audit it unverified"), message
+    return message
+
+
+# --- refused ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["fa", "usf"])
+def test_a_biotorch_model_is_refused_naming_the_layer(mode):
+    """The outside tester's case: the "BP" reference through BioTorch's backward is the FA
+    credit itself (cos +1.000 everywhere). State by state, the first state from the top
+    that disagrees is h_L: the head's backward is BioTorch's; module by module (closures on
+    a float32 model, which cannot be run on a float64 copy), the first converted layer
+    between the states."""
+    net = converted(mode).module
+    x, y = tiny_batch()
+    message = refused(net, x, y, credit=gradient_credit(net), metrics=True,
+                      metric_options={"rho_samples": 9, "rho_directions": 4})
+    assert message.startswith(f"BioTorch {mode} layer `out_head` replaces the backward, so "
+                              "∂CE/∂h_l would be its own credit"), message
+    assert "load_state_dict(bio.module.state_dict(), strict=False)" in message
+    net = converted(mode, torch.float32).module
+    message = refused(net, x.float(), y, states_fn=lambda xb: net.forward_states(xb))
+    assert message.startswith(f"BioTorch {mode} layer `blocks.0.w1` replaces the backward")
+
+
+def test_a_biotorch_backward_that_raises_names_the_layer():
+    """BioTorch's DFA layers read a loss gradient that only a training forward sets: their
+    backward raises in eval mode, and that is named too."""
+    net = converted("dfa").module
+    x, y = tiny_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        message = refused(net, x, y)
+    assert message.startswith("BioTorch dfa layer `blocks.0.w1` replaces the backward (its "
+                              "backward raised AttributeError"), message
+
+
+@pytest.mark.parametrize("path", ["states", "modules"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_custom_function_with_its_own_backward_is_refused_naming_the_module(arch, path):
+    """An exact forward with FA's backward in one Linear (block 1's last; ConvMixer's head):
+    state by state the highest state that disagrees places it (h_1 below block 1, h_L below
+    the head) and the module scan of that segment names the Linear; module by module
+    (closures on a float32 model) it is named directly."""
+    dtype = torch.float64 if path == "states" else torch.float32
+    model = tiny_model(arch=arch, dtype=dtype)
+    if arch == "convmixer":
+        model.out_head = FALinear(model.out_head)  # ConvMixer's blocks are convolutions
+        name = "out_head"
+    else:
+        model.blocks[1].w2 = FALinear(model.blocks[1].w2)
+        name = "blocks.1.w2"
+    x, y = tiny_batch(arch=arch, dtype=dtype)
+    with torch.no_grad():  # the forward is exact: the same logits as the plain model
+        assert torch.allclose(model(x), tiny_model(arch=arch, dtype=dtype)(x), rtol=0,
+                              atol=1e-6)
+    kwargs = {} if path == "states" else {"states_fn": lambda xb: model.forward_states(xb)}
+    message = refused(model, x, y, **kwargs)
+    assert message.startswith(f"the backward of module `{name}` (FALinear) is not the "
+                              "gradient of its forward"), message
+
+
+def test_a_custom_backward_outside_any_module_is_placed_between_two_states():
+    torch.manual_seed(0)
+    model = ScaledSkipMLP(6, 8, 4, 3).double()
+    x, y = tiny_batch()
+    message = refused(model, x, y)
+    assert message.startswith("the backward between h_2 and h_3 is not the gradient of the "
+                              "forward (no single module's backward differs"), message
+
+
+# --- passed -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("closure", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_healthy_models_pass(arch, dtype, closure):
+    """Bound methods give the float64 state-by-state check (on a copy when the model is
+    float32), as do closures on a float64 model; closures on a float32 model, which a copy
+    cannot run, the module-by-module check on a float64 copy of the modules."""
+    model = tiny_model(arch=arch, dtype=dtype)
+    x, y = tiny_batch(arch=arch, dtype=dtype)
+    kwargs = {"states_fn": lambda xb: model.forward_states(xb)} if closure else {}
+    report = diagnose(model, x, y, **kwargs)
+    check = report.metadata["reference_check"]
+    how = "modules" if closure and dtype == torch.float32 else "states"
+    assert check["verified"] and check["how"] == how, check
+    assert "not verified" not in report.diagnostic("b").reason
+
+
+def extreme_model(margin: float) -> tuple[ResidualMLP, Tensor, Tensor]:
+    """A float32 ResidualMLP whose stream has grown to ~1e7 behind its terminal LN (as a
+    DFA run's does) and whose head is large enough that every kept sample is classified
+    with a logit margin above ``margin``: a saturated softmax."""
+    torch.manual_seed(2)
+    model = ResidualMLP(6, 8, 4, 3).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(1e7)
+        model.embed.bias.mul_(1e7)
+        model.out_head.weight.mul_(30 if margin < 20 else 100)
+        x = torch.randn(4096, 6)
+        top = model(x).topk(2, dim=1)
+        keep = (top.values[:, 0] - top.values[:, 1]) > margin
+    return model, x[keep][:256], top.indices[keep][:256, 0]
+
+
+@pytest.mark.parametrize(("margin", "how"), [(16.0, "states"), (40.0, "modules")])
+def test_a_grown_stream_and_a_saturated_softmax_pass(margin, how):
+    """‖h‖ ~ 1e7 and losses of 1e-7 down to 0: relative steps see the stream at unit scale,
+    and where even float64 cannot resolve the loss (margin 40) the modules are compared."""
+    model, x, y = extreme_model(margin)
+    with torch.no_grad():
+        losses = F.cross_entropy(model(x).double(), y, reduction="none")
+    assert float(losses.max()) < 2e-7 and (margin < 20 or float(losses.max()) == 0.0)
+    report = diagnose(model, x, y)
+    assert report.hidden_norms[-1] > 1e6
+    assert report.diagnostic("b").fired  # the reference sits at the numerical floor
+    check = report.metadata["reference_check"]
+    assert check["verified"] and check["how"] == how, check
+
+
+def test_nothing_to_compare_is_reported_as_not_verified():
+    """States computed without modules and no forward_from: nothing can be compared, and
+    the report says so instead of claiming a verified reference."""
+    torch.manual_seed(0)
+    weights = nn.ParameterList([nn.Parameter(torch.randn(8, 5)), nn.Parameter(torch.randn(3, 8))])
+
+    def states_fn(x: Tensor):
+        h0 = F.linear(x, weights[0])
+        h1 = h0 + torch.tanh(h0)
+        return [h0, h1], F.linear(h1, weights[1])
+
+    x, y = torch.randn(64, 5), torch.randint(0, 3, (64,))
+    report = diagnose(weights, x, y, states_fn=states_fn)
+    check = report.metadata["reference_check"]
+    assert not check["verified"] and check["detail"].startswith("not verified: no module")
+    assert "; reference gradient not verified: no module" in report.diagnostic("b").reason
+
+
+# --- the opt-out and the report ---------------------------------------------------------------
+def test_a_plain_copy_of_a_biotorch_model_is_audited_and_the_opt_out_says_unverified():
+    """The fix the error names: the same weights in plain modules give the true reference
+    (FA's credit no longer scores cos +1); the opt-out reproduces the tester's report, now
+    saying the reference was not verified and that ρ is invalid where its BP control is."""
+    bio = converted("fa").module
+    plain = tiny_model()
+    plain.load_state_dict(bio.state_dict(), strict=False)  # BioTorch's extra B is left out
+    x, y = tiny_batch()
+    with torch.no_grad():
+        assert torch.equal(plain(x), bio(x))
+    credit = gradient_credit(bio)
+    options = {"rho_samples": 9, "rho_directions": 8}
+    audited = diagnose(plain, x, y, credit=credit, metrics=True, metric_options=options)
+    assert audited.metadata["reference_check"]["verified"]
+    assert min(row["cos"] for row in audited.layer_cosines) < 0.9
+    assert all(rho > 0.9 for rho in audited.metrics["rho_controls"]["bp"])
+
+    unverified = diagnose(bio, x, y, credit=credit, metrics=True, metric_options=options,
+                          verify_reference=False)
+    assert unverified.metadata["reference_check"] == {
+        "verified": False, "how": "skipped", "detail": "not verified (verify_reference=False)"}
+    assert all(row["cos"] == pytest.approx(1.0) for row in unverified.layer_cosines)
+    text = render(unverified, "text")
+    assert "; reference gradient not verified (verify_reference=False)" in text
+    assert not all(unverified.metrics["rho_measurable"])
+    assert "ρ invalid at layer" in text and "[False" not in text
+
+
+def test_rho_below_its_bp_control_is_shown_invalid_with_the_reason():
+    metrics = {"bp_cosine": [1.0, 1.0, 1.0], "cosine_controls": {"random": [0.0, 0.0, 0.0]},
+               "perturbation_rho": [0.512, 0.3, -0.2],
+               "rho_controls": {"bp": [0.99, 0.4, 0.1], "random": [0.0, 0.0, 0.0]},
+               "rho_measurable": [True, False, False]}
+    lines = metrics_lines(metrics)
+    assert "  ρ per layer     [+0.512, invalid, invalid]  BP [+0.990, +0.400, +0.100]" in lines[2]
+    assert lines[3].startswith("  ρ invalid at layer 1, 2: there even the reference gradient "
+                               "as credit (the BP control) scores ρ < 0.9")
+    metrics["rho_measurable"] = [True, True, True]
+    assert len(metrics_lines(metrics)) == 3
+    assert "[+0.512, +0.300, -0.200]" in metrics_lines(metrics)[2]
+
+
+# --- untouched --------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["states", "modules"])
+def test_the_check_leaves_parameters_buffers_grads_hooks_and_rng_untouched(path):
+    """On a float32 ConvMixer (BatchNorm buffers) in training mode, with .grad set: the
+    check alone draws nothing from the global RNG, and diagnose() leaves everything as it
+    was, the training flag and the (empty) hooks included."""
+    model = tiny_model(arch="convmixer", dtype=torch.float32)
+    x, y = tiny_batch(arch="convmixer", dtype=torch.float32)
+    for index, p in enumerate(model.parameters()):
+        p.grad = torch.full_like(p, float(index))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+    kwargs = {} if path == "states" else {"states_fn": lambda xb: model.forward_states(xb)}
+    forward_from = model.forward_from if path == "states" else None
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    model.eval()
+    check = check_reference(model, kwargs.get("states_fn", model.forward_states), x, y,
+                            forward_from=forward_from)
+    assert check.verified and check.how == path
+    assert torch.equal(torch.get_rng_state(), rng)
+    model.train()
+    diagnose(model, x, y, **kwargs)
+    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())

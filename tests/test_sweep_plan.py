@@ -1,0 +1,228 @@
+"""What a sweep would run, said before anything runs: one key spelled twice, grid axes that
+cannot add runs, the run cap counted without expanding, executor flags that do not apply,
+and the --dry-run plan that explains every run that collapses into another."""
+
+from __future__ import annotations
+
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
+from creditaudit.plan import run_id
+from creditaudit.sweep import count_runs, expand_grid, load_sweep
+from creditaudit.sweep import grid as grid_module
+from integrity_support import assert_one_line_error, write_idx_dataset
+
+BASE = """
+[base.data]
+n_train = 256
+n_test = 128
+in_dim = 8
+[base.model]
+d = 16
+n_blocks = 2
+[base.optim]
+epochs = 1
+batch_size = 64
+[base.run]
+out_dir = "{out}"
+"""
+
+
+def sweep_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(BASE.format(out=tmp_path / "out") + textwrap.dedent(body))
+    return path
+
+
+# --- one key, two spellings ----------------------------------------------------------------
+def test_one_key_spelled_twice_is_an_error_naming_both(tmp_path):
+    # TOML keeps both: the quoted key "method.name" and the key name of table [grid.method].
+    path = sweep_file(tmp_path, """
+        [grid]
+        "method.name" = ["fa"]
+        [grid.method]
+        name = ["bp"]
+    """)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    message = str(err.value)
+    assert "[grid]" in message and "method.name is given twice" in message
+    assert 'as "method.name" and as method.name' in message
+    path = sweep_file(tmp_path, """
+        [grid]
+        "run.seed" = [1, 2]
+        [[include]]
+        "method.name" = "fa"
+        method.name = "bp"
+    """)
+    with pytest.raises(ConfigError, match=r"\[\[include\]\] 1: key method\.name is given twice"):
+        load_sweep(path)
+    with pytest.raises(ConfigError, match="given twice"):  # the Python API as well
+        expand_grid(RunConfig(), {"method.name": ["fa"], "method": {"name": ["bp"]}})
+
+
+def test_one_key_spelled_twice_is_one_line_on_the_command_line(tmp_path, capsys):
+    path = sweep_file(tmp_path, """
+        [grid]
+        "method.name" = ["fa"]
+        [grid.method]
+        name = ["bp"]
+    """)
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, '"method.name"', "method.name", "keep one")
+    assert "bp-" not in out and "fa-" not in out  # no plan printed
+
+
+# --- axes that cannot add runs -------------------------------------------------------------
+@pytest.mark.parametrize(("axis", "fragment"), [
+    ('"run.out_dir" = ["a", "b"]',
+     "grid axis run.out_dir does not change what a run computes (it is not part of the run "
+     "id): its 2 values give 1 run"),
+    ('"diagnostics.frozen_acc" = [0.1, 0.9]',
+     "grid axis diagnostics.frozen_acc does not change what a run computes"),
+    ('"method.penalty" = [0, 0.01, 0.0]',
+     "grid axis method.penalty lists one value twice (0 and 0.0): its 3 values give 2 runs"),
+])
+def test_a_grid_axis_that_cannot_add_runs_is_an_error(tmp_path, axis, fragment):
+    path = sweep_file(tmp_path, f"""
+        [grid]
+        "method.name" = ["bp", "dfa"]
+        {axis}
+    """)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert fragment in str(err.value)
+
+
+def test_a_command_line_override_of_an_axis_is_a_named_warning(tmp_path, capsys):
+    """--precision bf16 over a run.precision axis: the user asked for it, so the sweep runs,
+    and says that the axis collapsed."""
+    path = sweep_file(tmp_path, """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+        "run.precision" = ["fp32", "bf16"]
+    """)
+    expansion = load_sweep(path).expand({"run.precision": "bf16"})
+    assert [c.run.precision for c in expansion.configs] == ["bf16", "bf16"]
+    assert expansion.warnings == [
+        "grid axis run.precision is set for every run by the command line "
+        "(run.precision='bf16'): its 2 values give 1 run"]
+    assert main(["sweep", str(path), "--precision", "bf16", "--dry-run"]) == 0
+    assert "warning: grid axis run.precision is set for every run" in capsys.readouterr().out
+
+
+# --- the run cap -----------------------------------------------------------------------------
+def test_the_run_count_is_capped_before_anything_is_expanded(tmp_path, monkeypatch):
+    """30^7 combinations: counted and refused; itertools.product is never called."""
+    def product(*_: object) -> None:
+        raise AssertionError("the grid was expanded")
+
+    monkeypatch.setattr(grid_module, "itertools", types.SimpleNamespace(product=product))
+    axes = ["run.seed", "method.penalty", "optim.lr", "model.d", "optim.epochs",
+            "data.n_train", "data.n_test"]
+    body = "[grid]\n" + "".join(f'"{key}" = [{", ".join(str(i + 1) for i in range(30))}]\n'
+                                for key in axes)
+    path = sweep_file(tmp_path, body + '[[include]]\n"run.seed" = 99\n')
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert "the sweep has 21,870,000,001 runs (30 × 30 × 30 × 30 × 30 × 30 × 30 grid " \
+           "combinations + 1 [[include]] runs), more than --max-runs 10,000" in str(err.value)
+    assert count_runs({"a": [1, 2], "b": [1, 2, 3]}, [{}]) == 7
+    assert count_runs({}) == 1  # no grid: the [base] run
+
+
+def test_max_runs_sets_the_cap(tmp_path, capsys):
+    path = sweep_file(tmp_path, """
+        [grid]
+        "method.name" = ["bp", "dfa", "fa"]
+        "run.seed" = [1, 2, 3]
+    """)
+    assert main(["sweep", str(path), "--dry-run", "--max-runs", "8"]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "has 9 runs (3 × 3 grid combinations + 0 [[include]] runs)",
+                          "more than --max-runs 8")
+    assert main(["sweep", str(path), "--dry-run", "--max-runs", "9"]) == 0
+    assert "9 runs: 0 done or skipped, 9 to run" in capsys.readouterr().out
+
+
+# --- executor flags --------------------------------------------------------------------------
+@pytest.mark.parametrize(("flags", "fragments"), [
+    (["--gpus-per-run", "1"], ["--gpus-per-run is for --executor ray", "local executor"]),
+    (["--workers", "0", "--gpus-per-run", "0.5"], ["--gpus-per-run is for --executor ray"]),
+    (["--address", "auto"], ["--address is for --executor ray"]),
+    (["--unschedulable-after", "5"], ["--unschedulable-after is for --executor ray"]),
+    (["--executor", "ray", "--unschedulable-after", "-5"],
+     ["--unschedulable-after must be a positive number of seconds, got -5"]),
+    (["--executor", "ray", "--gpus-per-run", "-1"], ["--gpus-per-run must be >= 0, got -1"]),
+    (["--executor", "ray", "--workers", "2"], ["--workers is for --executor local"]),
+    (["--workers", "-1"], ["--workers must be >= 0"]),
+    (["--threads-per-worker", "0"], ["--threads-per-worker must be >= 1"]),
+    (["--max-runs", "0"], ["--max-runs must be >= 1"]),
+])
+def test_flags_that_do_not_apply_are_refused_even_in_a_dry_run(tmp_path, capsys, flags,
+                                                               fragments):
+    path = sweep_file(tmp_path, '[grid]\n"method.name" = ["bp"]\n')
+    for dry_run in (["--dry-run"], []):
+        assert main(["sweep", str(path), *flags, *dry_run]) == 2, (flags, dry_run)
+        out, err = capsys.readouterr()
+        assert_one_line_error(out, err, *fragments)
+        assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+# --- the dry run -----------------------------------------------------------------------------
+def test_dry_run_says_what_would_run_and_why_runs_collapse(tmp_path, capsys):
+    # Two folders holding the same MNIST-layout files: one data fingerprint, one run id.
+    for folder in ("one", "two"):
+        write_idx_dataset(tmp_path / folder)
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(f"""
+        [base.data]
+        name = "mnist"
+        data_dir = "{tmp_path / 'one'}"
+        [base.run]
+        out_dir = "{tmp_path / 'out'}"
+
+        [grid]
+        "method.name" = ["bp", "dfa"]
+        "data.data_dir" = ["{tmp_path / 'one'}", "{tmp_path / 'two'}"]
+
+        [[include]]
+        "method.name" = "dfa"
+        "data.data_dir" = "{tmp_path / 'one'}"
+
+        [[include]]
+        "method.name" = "frozen"
+    """))
+    assert main(["sweep", str(path), "--dry-run", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == (f"sweep {path}: 2 × 2 grid combinations (method.name × data.data_dir)"
+                        f" + 2 [[include]] runs → 5 runs in {tmp_path / 'out'}")
+    assert lines[1] == "executor: local executor, 2 worker processes × 1 thread"
+    # An include that repeats a grid combination.
+    one = tmp_path / "one"
+    assert (f"note: [[include]] run 1 {{method.name='dfa', data.data_dir='{one}'}} is the run "
+            f"of grid combination {{method.name='dfa', data.data_dir='{one}'}}: it runs "
+            "once") in lines
+    # The same data in another folder: one run id.
+    configs = load_sweep(path).configs()
+    assert len(configs) == 5 and run_id(configs[0]) == run_id(configs[1])
+    second = next(line for line in lines if line.startswith("name=bp ") and "two" in line)
+    assert second.endswith("(the same data in another folder): runs once")
+    assert "3 runs: 0 done or skipped, 3 to run" in out
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_dry_run_names_the_ray_executor_without_contacting_it(tmp_path, capsys):
+    path = sweep_file(tmp_path, '[grid]\n"method.name" = ["bp"]\n')
+    assert main(["sweep", str(path), "--dry-run", "--executor", "ray", "--address",
+                 "10.0.0.1:6379", "--threads-per-worker", "2", "--gpus-per-run", "0.25"]) == 0
+    assert ("executor: ray executor on the Ray cluster at 10.0.0.1:6379, each run asking for 2 "
+            "CPU, 0.25 GPU (--dry-run does not contact Ray)") in capsys.readouterr().out

@@ -55,7 +55,7 @@ class _FunctionCredit:
 
 
 METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
-                  "seed")
+                  "seed", "rho_flops", "memory_gb")
 
 
 def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,

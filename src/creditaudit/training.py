@@ -439,7 +439,9 @@ def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Ten
         out.update(credit_quality(rule, eval_x, eval_y, rho_samples=settings.rho_samples,
                                   rho_directions=settings.rho_directions,
                                   null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                                  seed=seed, progress=progress))
+                                  seed=seed, rho_flops=settings.rho_flops,
+                                  memory_gb=settings.end_of_run_memory_gb,
+                                  progress=progress))
     except NonFiniteModelError as err:
         out["credit_quality_error"] = str(err)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []

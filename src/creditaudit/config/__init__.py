@@ -38,6 +38,7 @@ from creditaudit.config.sections import (
     MAX_SEED,
     METHOD_NAME,
     PRECISIONS,
+    RETIRED_KEYS,
     SCHEDULES,
     DataConfig,
     DiagnosticsConfig,
@@ -228,6 +229,10 @@ def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
     if not strict:
         return
     if (section, key) in LEGACY_DEFAULTS and LEGACY_DEFAULTS[(section, key)] == value:
+        return
+    if (section, key) in RETIRED_KEYS:  # an old config still loads
+        log.warning("warning: %s.%s is no longer read and is ignored: %s", section, key,
+                    RETIRED_KEYS[(section, key)])
         return
     if dropped is not None and section in SELECTORS and _owners(section, key):
         dropped.append(f"{section}.{key}")

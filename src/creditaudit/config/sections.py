@@ -113,6 +113,26 @@ class DiagnosticsConfig:
     rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
     null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
                           min=2)
+    rho_flops: float = opt(
+        2e11, "end of run: compute budget for ρ in floating-point operations — ρ uses at "
+        "most budget / (one sample's perturbed forwards, counted on the model) of its "
+        "rho_samples (at least 8; nudging then averages over the same samples), the same "
+        "count on any machine; the record says what it used and ρ's standard error (raise "
+        "it to always use rho_samples)", min=0.0)
+    end_of_run_memory_gb: float = opt(
+        2.0, "end of run: memory for one chunk of ρ, nudging, the fresh-B null and the "
+        "cosines, in GB (chunk sizes follow from the model's activation bytes per sample, "
+        "measured on a few samples)", min=0.01, role="place")
+
+
+# Keys earlier versions read that no longer exist, with what replaced them: an old config
+# holding one still loads (the key is ignored with a warning), never fails; a record drops it
+# as it drops every key its run's version no longer reads.
+RETIRED_KEYS: dict[tuple[str, str], str] = {
+    ("diagnostics", "rho_seconds"): "ρ's time budget made its samples depend on the "
+    "machine's speed and load; its budget is now diagnostics.rho_flops (floating-point "
+    "operations, the same samples on any machine)",
+}
 
 
 @dataclass

@@ -48,13 +48,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.diagnostics.perturbation import _unit_directions, model_copy
+from creditaudit.diagnostics.perturbation import _unit_directions
 from creditaudit.diagnostics.user_models import (
     ForwardFrom,
     StatesFn,
     StatesNet,
     check_forward_from,
 )
+from creditaudit.diagnostics.working import model_copy
 from creditaudit.errors import ModelContractError
 
 PROBE_POOL = 32  # samples whose loss picks the probes

@@ -27,15 +27,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.figures import RunIndex
-    from creditaudit.report.folder import write_report
+    from creditaudit.figures import render_all
+    from creditaudit.report.folder import FIGURES_DIR, write_report
+    from creditaudit.results import RunIndex
     from creditaudit.safe_files import ensure_folder
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
     out = Path(args.out) if args.out else Path(args.results) / "report"
     ensure_folder(out)  # a file in the way is one line before any figure is drawn
-    files = write_report(index, out)
+    # The report embeds the figures drawn here; report and figures know nothing of each other.
+    rendered, missing = render_all(index, out / FIGURES_DIR)
+    files = write_report(index, out, rendered=rendered, missing=missing)
     print(f"{len(index)} run records; {len(files.rendered)} figure(s) drawn, "
           f"{len(files.missing)} missing")
     for module, err in files.missing:

@@ -25,16 +25,14 @@ from creditaudit.figures.common import (
     empty_note,
     legend_right,
     log_scale,
-    method_label,
     new_figure,
     save_all,
 )
 from creditaudit.figures.runs import (
     MissingRuns,
-    Run,
-    RunIndex,
 )
 from creditaudit.protocol import WALK_BACK, DiagnosticReport, protocol
+from creditaudit.results import Run, RunIndex, method_label
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"

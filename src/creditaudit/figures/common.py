@@ -26,7 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR  # noqa: E402
-from creditaudit.methods import find_rule, rule_label  # noqa: E402
+from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
@@ -59,12 +59,6 @@ STYLE = {
 
 
 # --- drawing ------------------------------------------------------------------------------
-def method_label(method: str, penalty: float = 0.0) -> str:
-    """The rule's own label (the name for rules not installed here), λ appended."""
-    label = rule_label(method)
-    return f"{label} λ={penalty:g}" if penalty else label
-
-
 def _stable_index(name: str, n: int) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest(), 16) % n
 
@@ -81,12 +75,6 @@ def method_marker(method: str) -> str:
     if rule is not None and rule.marker:
         return rule.marker
     return FALLBACK_MARKERS[_stable_index(method, len(FALLBACK_MARKERS))]
-
-
-def method_rank(method: str) -> tuple[int, str]:
-    """Listing order of a rule: its ``rank``, then its name (unknown rules: rank 100)."""
-    rule = find_rule(method)
-    return (rule.rank if rule is not None else 100, method)
 
 
 def new_figure(nrows: int, ncols: int, *, figsize: tuple[float, float], **kwargs: Any

@@ -32,7 +32,13 @@ from creditaudit.diagnostics.user_models import (
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import summary_vectors
-from creditaudit.protocol import CreditFn, DiagnosticReport, Thresholds, evaluate_protocol
+from creditaudit.protocol import (
+    CreditFn,
+    DiagnosticReport,
+    ReferenceValidity,
+    Thresholds,
+    evaluate_protocol,
+)
 
 
 class _FunctionCredit:
@@ -160,7 +166,7 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                                thresholds=thresholds, terminal_ln=terminal_ln,
                                credits=summaries, metrics=quality, metadata=meta)
     if not reference.verified:  # (b) judges the reference: its reason says it is unchecked
-        validity = report.diagnostic("b")
+        validity = report.diagnostic(ReferenceValidity.name)
         validity.reason = f"{validity.reason}; reference gradient {reference.detail}"
     return report
 

@@ -13,8 +13,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "report", help="write report.md and a self-contained report.html of a results folder",
         description="Read every run record below RESULTS_DIR and write OUT/report.md and "
                     "OUT/report.html: the audit table (one row per finished run: method, "
-                    "architecture, dataset, seed, accuracy, deep cos, headline Γ, protocol "
-                    "diagnostics (a)-(d), verdict), a summary across seeds (both with a "
+                    "architecture, dataset, seed, accuracy, deep cos, headline Γ, a column "
+                    "per protocol diagnostic, verdict), a summary across seeds (both with a "
                     "column for every setting the runs differ in), the runs that did not "
                     "finish, every figure the runs support (embedded in the HTML as PNG) and "
                     "the reporting-template rows of each run. The HTML's tables sort and "

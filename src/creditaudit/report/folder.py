@@ -27,13 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.formatting import one_line
-from creditaudit.protocol import FIRED, INCOMPLETE, NOT_EVALUATED, TRUSTWORTHY, WALK_BACK
+from creditaudit.protocol import (
+    FIRED,
+    INCOMPLETE,
+    NOT_EVALUATED,
+    TRUSTWORTHY,
+    WALK_BACK,
+    DepthUtility,
+)
+from creditaudit.protocol.records import is_frozen_baseline
+from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.protocol import render_markdown
 from creditaudit.report.tables import (
     NO_PROTOCOL,
     RECOMPUTED_MARK,
     audit_table,
+    diagnostic_ids,
     summary_table,
     unfinished_table,
     verdict_cell,
@@ -92,11 +102,12 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += ["Records that could not be read (left out):", ""]
         lines += [f"- `{path}`: {one_line(reason)}" for path, reason in index.skipped]
         lines.append("")
+    ids = diagnostic_ids(index.protocol_report(run) for run in finished)
     lines += ["Every number below is read from the run records. Statuses: **fired**, passed, "
-              "n/e = not evaluated (never counted as passed). Thresholds: (a) growth > 50×, "
-              "(b) ‖g_L‖ < 1e-7, (c) stability > 0.30, (d) margin < 2 pp unless the records "
-              "say otherwise. Where runs differ in a setting no other column shows, a column "
-              "named by its config key shows it.", ""]
+              "n/e = not evaluated (never counted as passed). Diagnostics fire when: "
+              f"{thresholds_text(ids)}, unless the records say otherwise. Where runs differ "
+              "in a setting no other column shows, a column named by its config key shows "
+              "it.", ""]
 
     lines += ["## Audit table", ""]
     if finished:
@@ -189,23 +200,40 @@ def render_report_html(parts: Sequence[str | Folded], *, base_dir: str | Path = 
     return html_page("".join(body), script=True)
 
 
+def thresholds_text(ids: Sequence[str]) -> str:
+    """``(a) max block growth > 50×, …``: when each diagnostic fires at its default
+    threshold (a diagnostic not installed here: as its records say)."""
+    parts = []
+    for id_ in ids:
+        diagnostic = DIAGNOSTICS.find(id_)
+        if diagnostic is None:
+            parts.append(f"({id_}) as its records say")
+            continue
+        limit = diagnostic.limit(diagnostic.Options())
+        parts.append(f"{diagnostic.id_label()} {diagnostic.short or diagnostic.label} "
+                     f"{diagnostic.threshold_text(limit)}")
+    return ", ".join(parts)
+
+
 def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     notes = []
+    d = DepthUtility.id_label()
     recomputed = [r for r in rows if r["verdict"].endswith(RECOMPUTED_MARK)]
     if recomputed:
-        notes.append(f"{RECOMPUTED_MARK} (d) re-evaluated against the mean final accuracy of "
+        notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
                      "the frozen-blocks runs of the same recipe (same data, architecture and "
-                     "optimiser; `--frozen-from-runs`), not the record's own (d); the verdict "
+                     f"optimiser; `--frozen-from-runs`), not the record's own {d}; the verdict "
                      f"follows. {len(recomputed)} run(s).")
     elif not index.frozen_from_runs:
-        could = [run for run in index.runs if run.method != "frozen"
+        could = [run for run in index.runs if not is_frozen_baseline(run.record)
                  and index.frozen_baseline(run) is not None
                  and (report := index.protocol_report(run)) is not None
-                 and report.diagnostic("d").status == NOT_EVALUATED]
+                 and any(r.id == DepthUtility.name and r.status == NOT_EVALUATED
+                         for r in report.diagnostics)]
         if could:
-            notes.append(f"{len(could)} run(s) have (d) not evaluated although frozen-blocks "
+            notes.append(f"{len(could)} run(s) have {d} not evaluated although frozen-blocks "
                          "runs of their recipe exist: run `creditaudit report "
-                         "--frozen-from-runs` to evaluate (d) against them.")
+                         f"--frozen-from-runs` to evaluate {d} against them.")
     return [*notes, ""] if notes else []
 
 

@@ -9,7 +9,7 @@ named by its config key, so no two rows read alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,16 +19,20 @@ from creditaudit.protocol import (
     FIRED,
     HEADLINE_GAMMA,
     NOT_EVALUATED,
+    DepthUtility,
     DiagnosticReport,
     default_names,
+    in_order,
 )
 from creditaudit.protocol.records import is_frozen_baseline, model_description
+from creditaudit.report.protocol import value_text
 from creditaudit.results import Run, RunIndex, mean_std, method_label, sort_methods
 
 GAMMA_COLUMN = f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})"
 # Each table: fixed columns before and after a column per differing setting.
 AUDIT_HEAD = ("run", "method", "λ", "arch", "out_ln", "dataset", "seed")
-AUDIT_TAIL = ("status", "acc", "deep cos", GAMMA_COLUMN, "(a)", "(b)", "(c)", "(d)", "verdict")
+# … then one column per protocol diagnostic the runs hold, then the verdict.
+AUDIT_TAIL = ("status", "acc", "deep cos", GAMMA_COLUMN)
 SUMMARY_HEAD = ("method", "λ", "arch", "dataset")
 SUMMARY_TAIL = ("seeds", "test acc", "deep cos", "Γ", "walked back", "fired")
 UNFINISHED_HEAD = ("run", "method", "λ", "arch", "dataset", "seed")
@@ -85,22 +89,24 @@ def differing_settings(runs: Sequence[Run]) -> list[str]:
 
 # --- table rows ---------------------------------------------------------------------------
 def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
-    """``fired 694``, ``passed 1.01``, ``n/e`` — status and the compared value."""
-    if report is None:
+    """``fired 694``, ``passed +3.10 pp``, ``n/e`` — status and the compared value, in the
+    diagnostic's own format and unit; ``—`` where the run has no such result."""
+    held = {} if report is None else {r.id: r for r in report.diagnostics}
+    if id_ not in held:
         return "—"
-    result = report.diagnostic(id_)
+    result = held[id_]
     if result.status == NOT_EVALUATED:
         return "n/e"
-    if result.value is None:
-        value = ""
-    elif id_ == "d":
-        value = f" {result.value:+.2f} pp"
-    elif id_ == "c":
-        value = f" {result.value:.3f}"
-    else:
-        value = f" {result.value:.3g}"
+    value = "" if result.value is None else f" {value_text(result)}"
     word = "**fired**" if result.status == FIRED else result.status
     return word + value
+
+
+def diagnostic_ids(reports: Iterable[DiagnosticReport | None]) -> list[str]:
+    """The diagnostics ``reports`` hold, in listing order (the default protocol's when none
+    does): one column each."""
+    return in_order(r.id for report in reports if report is not None
+                    for r in report.diagnostics) or default_names()
 
 
 NO_PROTOCOL = "— (no protocol block)"
@@ -108,7 +114,7 @@ NO_PROTOCOL = "— (no protocol block)"
 
 def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
     if is_frozen_baseline(run.record) and run.record.is_finished:
-        return "baseline of (d)"
+        return f"baseline of {DepthUtility.id_label()}"
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
             return f"— (run {run.status})"
@@ -125,9 +131,11 @@ def arch_text(run: Run) -> str:
     return model.label if model is not None else run.arch
 
 
-def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = ()) -> dict[str, str]:
+def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
+              diagnostics: Sequence[str] | None = None) -> dict[str, str]:
     """One audit-table row (cells as Markdown text) for ``run``; ``settings``: the keys of
-    :func:`run_settings` that get a column."""
+    :func:`run_settings` that get a column; ``diagnostics``: the ids that get one (default:
+    those of the run's report)."""
     report = index.protocol_report(run)
     values = run_settings(run)
     return {
@@ -139,7 +147,8 @@ def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = ()) -> dict[s
         "status": run.status,
         "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
         GAMMA_COLUMN: fmt(run.headline_gamma, "+.3f"),
-        **{f"({i})": diagnostic_cell(report, i) for i in default_names()},
+        **{f"({i})": diagnostic_cell(report, i)
+           for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
         "verdict": verdict_cell(report, run),
     }
 
@@ -164,8 +173,9 @@ class Table:
 def audit_table(index: RunIndex, runs: Sequence[Run]) -> Table:
     """One row per run in ``runs`` (the finished ones, in the report)."""
     settings = differing_settings(runs)
-    return Table([*AUDIT_HEAD, *settings, *AUDIT_TAIL],
-                 [audit_row(index, run, settings) for run in runs])
+    ids = diagnostic_ids(index.protocol_report(run) for run in runs)
+    return Table([*AUDIT_HEAD, *settings, *AUDIT_TAIL, *(f"({i})" for i in ids), "verdict"],
+                 [audit_row(index, run, settings, ids) for run in runs])
 
 
 @dataclass
@@ -221,7 +231,7 @@ def summary_rows(index: RunIndex, runs: Sequence[Run] | None = None,
             "deep cos": ms((r.deep_cos for r in group.runs), "+.3f"),
             "Γ": ms((r.headline_gamma for r in group.runs), "+.3f"),
             "walked back": f"{walked}/{len(audited)}" if audited else "—",
-            "fired": " ".join(f"({i})×{n}" for i, n in sorted(fired.items())) or "—",
+            "fired": " ".join(f"({i})×{fired[i]}" for i in in_order(fired)) or "—",
         })
     return rows
 
@@ -255,5 +265,5 @@ def unfinished_table(runs: Sequence[Run]) -> Table:
 
 __all__ = ["Table", "audit_row", "audit_table", "summary_rows", "summary_table",
            "summary_groups", "unfinished_table", "run_settings", "differing_settings",
-           "diagnostic_cell", "verdict_cell", "arch_text", "setting_text", "NO_PROTOCOL",
-           "RECOMPUTED_MARK", "GAMMA_COLUMN"]
+           "diagnostic_cell", "diagnostic_ids", "verdict_cell", "arch_text", "setting_text",
+           "NO_PROTOCOL", "RECOMPUTED_MARK", "GAMMA_COLUMN"]

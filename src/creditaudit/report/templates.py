@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from creditaudit.protocol import default_names
+from creditaudit.registry import DIAGNOSTICS
 from creditaudit.results import Run
 
 _PIPE = re.compile(r"(?<!\\)\|")
@@ -63,7 +63,8 @@ def drop_columns(text: str, columns: Sequence[Column]) -> str:
 def unfilled_note(columns: Sequence[Column], runs: Sequence[Run]) -> str:
     """One line: which template columns are left out, and why."""
     names = list(dict.fromkeys(name for _, name in columns))
-    diagnostics = [name for name in names if name in {f"({i})" for i in default_names()}]
+    ids = {cls.id_label() for cls in DIAGNOSTICS.classes()}
+    diagnostics = [name for name in names if name in ids]
     text = f"Left out of every template below, as no run fills them: {', '.join(names)}."
     if len(diagnostics) < len(names) and not any(r.config.diagnostics.end_of_run for r in runs):
         text += (" The runs were trained without end-of-run metrics (`diagnostics.end_of_run "

@@ -397,10 +397,10 @@ def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
     from creditaudit.experiments.scales import SCALES
     from creditaudit.registry import DATASETS
 
-    names = DATASETS.names()
+    datasets = DATASETS.names()
     stems = {summary_stem("audit_table", scale, dataset)
-             for scale in SCALES for dataset in names}
-    assert len(stems) == len(SCALES) * len(names)
+             for scale in SCALES for dataset in datasets}
+    assert len(stems) == len(SCALES) * len(datasets)
     assert summary_stem("audit_table", "cpu", "fashion-mnist") == \
         "audit_table.cpu.fashion-mnist"
     assert summary_stem("temporal", "smoke", "synthetic") == "temporal.smoke.synthetic"

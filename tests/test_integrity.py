@@ -251,7 +251,7 @@ def test_a_failed_run_is_retried_only_when_its_config_or_data_changed(
 # --- strict JSON ---------------------------------------------------------------------------------
 def test_non_finite_numbers_are_null_plus_a_reason(finished, tmp_path):
     record = new_record(finished.config, device="cpu")
-    record.log.append(EpochEntry(epoch=0, test_loss=math.inf, deep_cos=math.nan,
+    record.log.append(EpochEntry(epoch=0, test_loss=math.inf,
                                  cos_per_layer=[1.0, math.nan],
                                  extras={"energy_gap": -math.inf}))  # a rule's own value
     record.final = FinalResults(epochs_completed=0, deep_cos=math.nan)
@@ -259,7 +259,7 @@ def test_non_finite_numbers_are_null_plus_a_reason(finished, tmp_path):
     text = path.read_text()
     raw = check_strict(text)  # a strict parser reads it
     assert raw["final"]["deep_cos"] is None and raw["log"][0]["cos_per_layer"][1] is None
-    assert raw["non_finite"] == {"/log/0/test_loss": "Infinity", "/log/0/deep_cos": "NaN",
+    assert raw["non_finite"] == {"/log/0/test_loss": "Infinity",
                                  "/log/0/cos_per_layer/1": "NaN",
                                  "/log/0/energy_gap": "-Infinity",
                                  "/final/deep_cos": "NaN"}

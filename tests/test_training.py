@@ -96,7 +96,12 @@ def test_record_has_every_epoch_and_key(tmp_path, method):
             for c in entry["cos_per_layer"]:
                 assert c == pytest.approx(1.0, abs=1e-5)
     else:
-        assert abs(log[-1]["deep_cos"]) < 0.9
+        assert abs(result.record.log[-1].deep_cos) < 0.9
+    # Each number is stored once: values derived from the stored ones are not written
+    # (the original study's key names h_L_norm, g_2_norm and test_acc aside).
+    for entry in log:
+        assert not {"g_L_norm", "max_block_growth", "deep_cos", "deep_cos_valid"} & set(entry)
+        assert entry["test_acc"] == entry["acc_eval"]
     # the file on disk is the returned record, and it validates
     on_disk = load_record(result.run_dir)
     assert comparable(on_disk) == comparable(result.record)

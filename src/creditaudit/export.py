@@ -174,7 +174,7 @@ def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
 # --- file contents ------------------------------------------------------------------------
 def snapshot_log(record: RunRecord) -> list[dict[str, Any]]:
     """The per-epoch entries as recorded (the record's own keys)."""
-    return [entry.to_dict() for entry in record.log]
+    return record.log_dicts()
 
 
 def results_log(record: RunRecord) -> dict[str, list[Any]]:

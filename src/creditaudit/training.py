@@ -43,6 +43,7 @@ from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     CONFIG_FILE,
+    DERIVED,
     INIT_FILE,
     RECORD_FILE,
     EpochEntry,
@@ -186,7 +187,7 @@ class Trainer:
         known = sg = measures = None
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
-            fields = entry_fields(measures)
+            fields = measures.record_fields()
             known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
         evaluation = self.test_evaluation if known is not None else self.full_evaluation
         test_loss, test_acc = evaluation.run(self.model, self.device, known)
@@ -220,7 +221,7 @@ class Trainer:
             if state.first_fired.get(fired) is None:
                 state.first_fired[fired] = epoch
         state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
-        state.report = report.to_dict()
+        state.report = report.to_dict(norms=False)  # the norms are the entry's
 
     def _walkback_stop(self, entry: EpochEntry) -> bool:
         """With stop_on_walkback: mark the run stopped once the verdict turns."""
@@ -361,23 +362,13 @@ class Trainer:
         save_record(self.run_dir, self.record)
 
 
-def entry_fields(measures: EpochMeasures) -> dict[str, Any]:
-    """The epoch entry's fields of ``measures``, with the values the record also lists by the
-    original study's names (h_L_norm, g_2_norm) and for quick reading (g_L_norm, the growth,
-    the deep cosine and its validity)."""
-    grads = measures.bp_grad_norms_per_sample_med
-    return {**measures.record_fields(), "h_L_norm": measures.h_L_norm,
-            "g_L_norm": measures.g_L_norm, "g_2_norm": grads[2] if len(grads) > 2 else grads[-1],
-            "max_block_growth": measures.max_block_growth, "deep_cos": measures.deep_cos,
-            "deep_cos_valid": all(measures.cos_valid[1:])}
-
-
 def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor
                  ) -> tuple[dict[str, Any], StateGradients]:
     """(the epoch entry's diagnostic fields, the state gradients) on an evaluation set: what
     an epoch of training records, for one call from a notebook or a test."""
     measures, sg = epoch_diagnostics(rule, x, y)
-    return entry_fields(measures), sg
+    entry = EpochEntry(**measures.record_fields())
+    return {key: entry.value(key) for key in (*measures.record_fields(), *DERIVED)}, sg
 
 
 def _finite_entry(entry: EpochEntry) -> bool:

@@ -81,8 +81,6 @@ class EpochMeasures:
             "cos_per_layer": self.cos_per_layer, "cos_valid": self.cos_valid,
             "cos_defined": self.cos_defined,
         }
-        if self.layout == "tokens":  # the original study's key for ViT's CLS-token norms
-            fields["hidden_norms_cls"] = self.hidden_norms
         if self.feedback_layers is not None:
             fields.update(feedback_layers=self.feedback_layers,
                           feedback_angle=self.feedback_angle,

@@ -68,10 +68,11 @@ class DiagnosticReport:
         return None if self.gamma is None else self.gamma.get(HEADLINE_GAMMA)
 
     # --- serialisation --------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, norms: bool = True) -> dict[str, Any]:
         """A JSON-able dict (floats may be NaN/inf: :meth:`to_json` writes them as strict
-        JSON, null plus a ``non_finite`` mark)."""
-        return {
+        JSON, null plus a ``non_finite`` mark). ``norms=False`` leaves out the per-layer norms
+        (a run record stores them once, in the epoch's entry)."""
+        out = {
             "verdict": self.verdict,
             "fired": list(self.fired),
             "not_evaluated": list(self.not_evaluated),
@@ -83,12 +84,18 @@ class DiagnosticReport:
             "metrics": self.metrics,
             "metadata": self.metadata,
         }
+        if not norms:
+            del out["hidden_norms"], out["grad_norms"]
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DiagnosticReport:
-        """Rebuild a report from :meth:`to_dict` output (e.g. a run record's protocol block)."""
+    def from_dict(cls, data: dict[str, Any], *, hidden_norms: list[float] | None = None,
+                  grad_norms: list[float] | None = None) -> DiagnosticReport:
+        """Rebuild a report from :meth:`to_dict` output (e.g. a run record's protocol block,
+        whose norms come from the epoch's entry: ``hidden_norms``/``grad_norms``)."""
         return cls(
-            hidden_norms=data["hidden_norms"], grad_norms=data["grad_norms"],
+            hidden_norms=list(data.get("hidden_norms", hidden_norms or [])),
+            grad_norms=list(data.get("grad_norms", grad_norms or [])),
             diagnostics=[DiagnosticResult(**r) for r in data["diagnostics"].values()],
             verdict=data["verdict"], fired=data["fired"], not_evaluated=data["not_evaluated"],
             layer_cosines=data.get("layer_cosines"), gamma=data.get("gamma"),

@@ -176,7 +176,11 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
     ``frozen_acc`` when given (``metadata["frozen_from_runs"]`` = ``frozen_runs``)."""
     if not record.protocol.report:
         return None
-    report = DiagnosticReport.from_dict(json.loads(json.dumps(record.protocol.report)))
+    entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
+    report = DiagnosticReport.from_dict(
+        json.loads(json.dumps(record.protocol.report)),
+        hidden_norms=entry.hidden_norms if entry is not None else None,
+        grad_norms=entry.bp_grad_norms_per_sample_med if entry is not None else None)
     end = record.diagnostics
     if report.gamma is None and end.gamma:
         report.gamma = dict(end.gamma)

@@ -33,6 +33,7 @@ from creditaudit.records.files import (
     scan_records,
 )
 from creditaudit.records.parts import (
+    DERIVED,
     EndOfRun,
     EpochEntry,
     FinalResults,
@@ -50,7 +51,7 @@ from creditaudit.records.schema import (
 )
 
 __all__ = [
-    "RunRecord", "EpochEntry", "FinalResults", "EndOfRun",
+    "RunRecord", "DERIVED", "EpochEntry", "FinalResults", "EndOfRun",
     "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "RECORD_FILE",
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",
     "load_config_file",

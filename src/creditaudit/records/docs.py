@@ -26,7 +26,13 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("Top level", RunRecord, "The keys of `record.json`."),
     ("Per-epoch entries (`log`)", EpochEntry,
      "One object per evaluated epoch. Rule-specific values (`extras`) are written as keys of "
-     "the entry itself, beside the others."),
+     "the entry itself, beside the others. Each number is stored once; values derived from "
+     "the stored ones are read with `entry.value(key)` or `record.series(key)`: `test_acc` "
+     "(= `acc_eval`), `h_L_norm` and `g_L_norm` (the deepest state's norms), `g_2_norm`, "
+     "`max_block_growth` (the statistic of diagnostic (a)), `deep_cos` (mean cosine over "
+     "l ≥ 1) and `deep_cos_valid`. For scripts that read record.json directly, `test_acc`, "
+     "`h_L_norm`, `g_2_norm` (and `hidden_norms_cls` for token models) are also written "
+     "under those names; reading derives them again."),
     ("Final results (`final`)", FinalResults, ""),
     ("End-of-run credit quality (`diagnostics`)", EndOfRun,
      "Computed once after the last epoch on the evaluation subset "

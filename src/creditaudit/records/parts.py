@@ -171,22 +171,12 @@ class EpochEntry:
                                 domain=NONNEGATIVE)
     hidden_norms: list[float] | None = doc("median ‖h_l‖ per state l = 0 … L",
                                            domain=NONNEGATIVE)
-    hidden_norms_cls: list[float] | None = doc("token models: the same, of the CLS token",
-                                               domain=NONNEGATIVE)
     bp_grad_norms_per_sample_med: list[float] | None = doc(
         "median ‖g_l‖ per state (g_l = backprop gradient, 1/128 scale)", domain=NONNEGATIVE)
-    h_L_norm: float | None = doc("median ‖h_L‖ (deepest state)", domain=NONNEGATIVE)
-    g_L_norm: float | None = doc("median ‖g_L‖ (statistic of diagnostic (b))",
-                                 domain=NONNEGATIVE)
-    g_2_norm: float | None = doc("median ‖g_2‖ (the original study's mid-depth gradient)",
-                                 domain=NONNEGATIVE)
     g_L_zero_fraction: float | None = doc("fraction of samples whose g_L is exactly 0",
                                           domain=FRACTION)
     g_L_nonzero_median: float | None = doc("median ‖g_L‖ over the samples where it is not 0",
                                            domain=NONNEGATIVE)
-    max_block_growth: float | None = doc(
-        "max_l ‖h_{l+1}‖/‖h_l‖ of the median norms (statistic of diagnostic (a))",
-        domain=NONNEGATIVE)
     cos_per_layer: list[float] | None = doc(
         "cos(a_l, g_l) per state: per sample, then mean over samples", domain=COSINE)
     cos_valid: list[bool] | None = doc(
@@ -196,9 +186,6 @@ class EpochEntry:
         "per state: the fraction of samples cos_per_layer averages over (a sample whose "
         "credit or gradient is exactly zero has no direction and is left out)",
         domain=FRACTION)
-    deep_cos: float | None = doc("mean of cos_per_layer over the deep states l ≥ 1",
-                                 domain=COSINE)
-    deep_cos_valid: bool | None = doc("whether every deep state's reference is valid")
     feedback_layers: list[str] | None = doc(
         "rules whose feedback matrix B stands in for one weight matrix W in the backward "
         "pass (fa-linear, usf, brsf, frsf, kp): the names of those layers, in module order")
@@ -216,31 +203,78 @@ class EpochEntry:
         "rule-specific per-epoch values written beside the others, e.g. `state_pred_error`, "
         "`bridge_consistency_error`, `ep_relax_grad_ratio`", factory=dict)
 
+    # --- values read from the stored ones (each number is stored once) -------------------
     @property
     def test_acc(self) -> float | None:
+        """The test accuracy (the original study's second name of ``acc_eval``)."""
         return self.acc_eval
 
     @property
     def has_diagnostics(self) -> bool:
         return self.hidden_norms is not None
 
+    @property
+    def h_L_norm(self) -> float | None:
+        """Median ‖h_L‖ (deepest state)."""
+        return self.hidden_norms[-1] if self.hidden_norms else None
+
+    @property
+    def g_L_norm(self) -> float | None:
+        """Median ‖g_L‖: the statistic of diagnostic (b)."""
+        grads = self.bp_grad_norms_per_sample_med
+        return grads[-1] if grads else None
+
+    @property
+    def g_2_norm(self) -> float | None:
+        """Median ‖g_2‖ (the original study's mid-depth gradient; ‖g_L‖ for L < 2)."""
+        grads = self.bp_grad_norms_per_sample_med
+        if not grads:
+            return None
+        return grads[2] if len(grads) > 2 else grads[-1]
+
+    @property
+    def max_block_growth(self) -> float | None:
+        """max_l ‖h_{l+1}‖/‖h_l‖ of the median norms: the statistic of diagnostic (a)."""
+        norms = self.hidden_norms
+        if not norms:
+            return None
+        ratios = [b / a if a > 0 else math.inf for a, b in zip(norms[:-1], norms[1:])]
+        return max(ratios) if ratios else 1.0
+
+    @property
+    def deep_cos(self) -> float | None:
+        """Mean of ``cos_per_layer`` over the deep states l ≥ 1 (finite values)."""
+        return deep_mean(self.cos_per_layer)
+
+    @property
+    def deep_cos_valid(self) -> bool | None:
+        """Whether every deep state's reference gradient is valid."""
+        return None if self.cos_valid is None else all(self.cos_valid[1:])
+
     def value(self, key: str) -> Any:
-        """A field or rule extra by its record key (None when absent)."""
-        if key == "test_acc":
-            return self.acc_eval
-        if key in _ENTRY_FIELDS:
+        """A stored field, a derived value (:data:`DERIVED`) or a rule extra by its record
+        key (None when absent): the one way a series is read."""
+        if key in _ENTRY_FIELDS or key in DERIVED:
             return getattr(self, key)
         return self.extras.get(key)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, token_states: bool = False) -> dict[str, Any]:
+        """The entry as JSON: the stored fields, the rule extras, and the original study's
+        key names of values derived from them (``test_acc``, ``h_L_norm``, ``g_2_norm``,
+        and ``hidden_norms_cls`` for ``token_states``), which scripts reading record.json
+        directly expect; reading ignores those (they are derived again)."""
         out: dict[str, Any] = {"epoch": self.epoch}
         for name in _ENTRY_FIELDS:
             value = getattr(self, name)
             if name in ("epoch", "extras") or value is None:
                 continue
             out[name] = value
-            if name == "acc_eval":
-                out["test_acc"] = value
+        for name, value in (("test_acc", self.acc_eval), ("h_L_norm", self.h_L_norm),
+                            ("g_2_norm", self.g_2_norm)):
+            if value is not None:
+                out[name] = value
+        if token_states and self.hidden_norms is not None:
+            out["hidden_norms_cls"] = self.hidden_norms
         out.update(self.extras)
         return out
 
@@ -252,8 +286,10 @@ class EpochEntry:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise RunRecordError(f"{where} has no integer 'epoch'")
         known = {k: raw[k] for k in _ENTRY_FIELDS if k in raw and k != "extras"}
+        # Derived values (and the copies earlier schemas stored) are read again from the
+        # stored ones, never taken from the file.
         extras = {k: v for k, v in raw.items()
-                  if k not in _ENTRY_FIELDS and k != "test_acc"}
+                  if k not in _ENTRY_FIELDS and k not in DERIVED and k not in WRITTEN_ALIASES}
         for key, value in extras.items():
             if value is not None and as_number(value) is None:
                 raise RunRecordError(f"{where}: {key!r} must be a number, got "
@@ -262,6 +298,11 @@ class EpochEntry:
 
 
 _ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(EpochEntry))
+# Values an entry derives from its stored fields (properties), and the keys earlier schemas
+# stored for them: read again, never from the file.
+DERIVED = ("test_acc", "h_L_norm", "g_L_norm", "g_2_norm", "max_block_growth", "deep_cos",
+           "deep_cos_valid")
+WRITTEN_ALIASES = ("hidden_norms_cls",)
 
 
 # --- result blocks ---------------------------------------------------------

@@ -276,6 +276,12 @@ class RunRecord:
         return out
 
     # --- serialisation ----------------------------------------------------------------------
+    def log_dicts(self) -> list[dict[str, Any]]:
+        """The per-epoch entries as record.json writes them (with the original study's key
+        names; token models also list ``hidden_norms_cls``)."""
+        tokens = self.model is not None and self.model.layout == "tokens"
+        return [e.to_dict(token_states=tokens) for e in self.log]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
@@ -283,7 +289,7 @@ class RunRecord:
             "model": None if self.model is None else dataclasses.asdict(self.model),
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
-            "log": [e.to_dict() for e in self.log],
+            "log": self.log_dicts(),
             "final": None if self.final is None else dataclasses.asdict(self.final),
             "diagnostics": self.diagnostics.to_dict(),
             "protocol": self.protocol.to_dict(),

@@ -397,6 +397,9 @@ def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> 
         raw = tomllib.loads(read_text(path, "sweep file", ConfigError))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"sweep file {path} is not valid TOML: {err}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"sweep file {path} nests arrays or tables too deeply to be a "
+                          "sweep file") from None
     sweep = sweep_from_dict(raw, source=str(path))
     try:
         sweep.configs(max_runs=max_runs)  # validate every combination before anything runs

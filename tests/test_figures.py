@@ -411,6 +411,30 @@ def test_a_rule_without_its_own_style_gets_one_no_built_in_has(dfa_variant):
     assert method_rank(dfa_variant.name)[0] != method_rank("dfa")[0]
 
 
+def test_a_fallback_style_avoids_one_a_plugin_declares(dfa_variant):
+    """A plugin that declares a fallback colour and marker as its own keeps them to itself:
+    a rule without a style of its own then gets another."""
+    from creditaudit.figures.common import method_color, method_marker
+    from creditaudit.methods import DFA
+    from creditaudit.registry import RULES, Origin
+
+    color, marker = method_color(dfa_variant.name), method_marker(dfa_variant.name)
+
+    class Styled(DFA):
+        name = "styled-dfa"
+        label = "Styled DFA"
+
+    Styled.color, Styled.marker = color, marker
+    RULES._plugins[Styled.name] = RULES.validate(Styled, "test")
+    RULES._origins[Styled.name] = Origin(builtin=False, distribution="tests")
+    try:
+        assert (method_color(Styled.name), method_marker(Styled.name)) == (color, marker)
+        assert method_color(dfa_variant.name) != color
+        assert method_marker(dfa_variant.name) != marker
+    finally:
+        del RULES._plugins[Styled.name], RULES._origins[Styled.name]
+
+
 def test_hero_draws_each_method_in_a_colour_and_marker_of_its_own(index):
     from matplotlib.colors import to_hex
     from matplotlib.lines import Line2D

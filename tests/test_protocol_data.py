@@ -107,6 +107,7 @@ def test_the_fifth_diagnostic_passes_the_conformance_suite(margin):
 
 
 def test_training_records_the_fifth_diagnostic(runs):
+    assert RunIndex.from_dir(runs).diagnostic_ids() == ["a", "b", "c", "d", "e"]
     for run in RunIndex.from_dir(runs).runs:
         assert list(run.record.recorded_statuses()) == ["a", "b", "c", "d", "e"]
         assert run.record.recorded_value("e") > 0

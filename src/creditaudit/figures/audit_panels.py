@@ -84,7 +84,7 @@ def category(run: Run, multi_arch: bool, multi_data: bool) -> str:
             label += f"\nk={config.method.trainable_blocks} blocks"
         if config.data.random_targets:
             label += "\nrandom labels"
-        if not config.model.residual:
+        if getattr(config.model, "residual", True) is False:  # the option, where it exists
             label += "\nno skips"
     return label
 

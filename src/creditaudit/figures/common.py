@@ -28,6 +28,7 @@ from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR  # noqa: E402
 from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
+from creditaudit.registry import RULES  # noqa: E402
 from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
 # The built-in rules each declare their own `color` and `marker`: 12 of Paul Tol's discrete
@@ -73,10 +74,18 @@ def own_style(method: str, attribute: str) -> str | None:
     return rule.style(attribute) if rule is not None else None
 
 
+def _fallback(attribute: str, palette: tuple[str, ...], index: int) -> str:
+    """``palette[index]`` among the entries no installed rule declares as its own (a plugin
+    may have picked one): a rule without a style must not look like one that has it."""
+    taken = {rule.style(attribute) for rule in RULES.classes()}
+    free = [value for value in palette if value not in taken] or list(palette)
+    return free[index % len(free)]
+
+
 def method_color(method: str) -> str:
     """The rule's own colour, else a fallback colour no built-in rule has."""
     own = own_style(method, "color")
-    return own or FALLBACK_COLORS[_stable_index(method) % len(FALLBACK_COLORS)]
+    return own or _fallback("color", FALLBACK_COLORS, _stable_index(method))
 
 
 def method_marker(method: str) -> str:
@@ -84,7 +93,7 @@ def method_marker(method: str) -> str:
     the colour, so two fallback rules rarely share both)."""
     own = own_style(method, "marker")
     index = _stable_index(method) // len(FALLBACK_COLORS)
-    return own or FALLBACK_MARKERS[index % len(FALLBACK_MARKERS)]
+    return own or _fallback("marker", FALLBACK_MARKERS, index)
 
 
 def new_figure(nrows: int, ncols: int, *, figsize: tuple[float, float], **kwargs: Any

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from creditaudit.config import RunConfig
-from creditaudit.protocol import DiagnosticReport
+from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
 from creditaudit.records import EndOfRun, RunRecord
 from creditaudit.results.labels import method_rank
@@ -243,6 +243,13 @@ class RunIndex:
         """The run's protocol report (its record's last protocol block), or None; (d)
         against the frozen runs of its recipe when ``frozen_from_runs`` and there are any."""
         return self.records.protocol_report(run.record)
+
+    def diagnostic_ids(self, runs: Iterable[Run] | None = None) -> list[str]:
+        """The protocol diagnostics ``runs`` (default: all) were judged by, in listing order
+        (one not installed here last); the default protocol's when no run has any."""
+        runs = self.all_runs if runs is None else runs
+        return in_order(i for run in runs for i in run.record.recorded_statuses()) or \
+            default_names()
 
 
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:

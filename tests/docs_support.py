@@ -116,5 +116,12 @@ def commands(block: Block) -> list[Command]:
 
 def usage_form(argv: tuple[str, ...]) -> tuple[str, ...]:
     """A synopsis (``figures RESULTS_DIR [--out DIR] [--dataset NAME]``) with every optional
-    part given: the brackets dropped."""
-    return tuple(w.strip("[]") for w in argv if w.strip("[]"))
+    part given: the brackets dropped — not those of a value (``protocol=["a","e"]``)."""
+    out = []
+    for word in argv:
+        word = word.lstrip("[")
+        while word.endswith("]") and word.count("]") > word.count("["):
+            word = word[:-1]
+        if word:
+            out.append(word)
+    return tuple(out)

@@ -37,10 +37,11 @@ import pytest
 import tomllib
 import torch
 
+from creditaudit import registry  # reload_plugins: every axis
 from creditaudit.cli import build_parser, main
 from creditaudit.cli.common import ENV_OVERRIDES
-from creditaudit.methods import registry
 from docs_support import ROOT, Block, Command, commands, doc_blocks, printed_fragments, usage_form
+from plugin_support import forget_test_plugins, install_test_plugins
 
 BLOCKS = doc_blocks()
 BASH = [b for b in BLOCKS if b.lang == "bash"]
@@ -104,6 +105,8 @@ SETUP = {
     ("docs/protocol.md", "creditaudit audit"): ["creditaudit train --method dfa",
                                                 "creditaudit train --method frozen"],
     ("docs/extending.md", "creditaudit train --method noisy-bp"): ["install noisy-bp"],
+    ("docs/extending.md", "creditaudit train --method noisy-bp --arch plain-mlp"): [
+        "install test plugins"],
     ("docs/records.md", "from pathlib"): ["creditaudit train --method dfa"],
     ("docs/figures.md", "creditaudit figures RESULTS_DIR"): [
         "creditaudit experiment audit_table --scale smoke --out results"],
@@ -131,7 +134,8 @@ eval_x, eval_y = load_dataset(config.data, seed=42).eval_subset(1280, flatten=Tr
 # Source named by a block's "# continued from SOURCE: …" line → its prelude (None: the
 # earlier blocks of the same page, back to the one that starts it).
 PRELUDES = {"docs/examples/audit_own_model.py": OWN_MODEL, "a train() run": TRAINED_RUN,
-            "the class NoisyBP above": None}
+            "the class NoisyBP above": None, "the class PlainMLPArchitecture above": None,
+            "the class GaussianMixture above": None, "the class SoftmaxSaturation above": None}
 CONTINUED = re.compile(r"^\s*# continued from (.+?)(?::|$)")
 
 
@@ -260,6 +264,11 @@ def run_setup(step: str, folder: Path) -> None:
         if str(site) not in sys.path:
             sys.path.insert(0, str(site))
         registry.reload_plugins()
+    elif step == "install test plugins":  # tests/plugin_pkg, as `pip install` leaves it
+        site = install_test_plugins(folder / "site-plugins")
+        if str(site) not in sys.path:
+            sys.path.insert(0, str(site))
+        registry.reload_plugins()
     else:
         command = Command(step, tuple(step.split()))
         run_cli(command, list(command.argv), folder)
@@ -267,12 +276,16 @@ def run_setup(step: str, folder: Path) -> None:
 
 @pytest.fixture
 def noisy_bp_plugin(workdirs):
-    """The docs/extending.md plugin, uninstalled again after the test."""
+    """The docs/extending.md plugins, uninstalled again after the test."""
     yield
-    site = str(workdirs("docs/extending.md") / "site")
-    if site in sys.path:
+    folder = workdirs("docs/extending.md")
+    installed = [str(folder / name) for name in ("site", "site-plugins")
+                 if str(folder / name) in sys.path]
+    for site in installed:
         sys.path.remove(site)
+    if installed:
         sys.modules.pop("noisy_bp", None)
+        forget_test_plugins()
         registry.reload_plugins()
 
 

@@ -81,8 +81,18 @@ def mean(values):
     return np.mean(np.array(values, dtype=float), axis=0)
 
 
+def raw_value(entry, key):
+    """A value of a record.json log entry; g_L_norm is stored once, as the last state's
+    gradient norm."""
+    if key == "g_L_norm":
+        grads = entry.get("bp_grad_norms_per_sample_med")
+        return grads[-1] if grads else None
+    return entry.get(key)
+
+
 def per_epoch_mean(runs, key):
-    return mean([[e[key] for e in r["log"] if e.get(key) is not None] for r in runs])
+    return mean([[raw_value(e, key) for e in r["log"] if raw_value(e, key) is not None]
+                 for r in runs])
 
 
 def deep(values):

@@ -28,11 +28,11 @@ def trajectory(tmp_path, method: str) -> tuple[list[float], list[float]]:
     assert config.data.n_train == 20000
     result = train(config)
     assert result.status == "completed"
-    log = result.record.to_dict()["log"]
-    assert [e["epoch"] for e in log] == list(range(EPOCHS + 1))
-    h = [e["h_L_norm"] for e in log]
-    g = [e["g_L_norm"] for e in log]
-    acc = [e["acc_eval"] for e in log]
+    log = result.record.log
+    assert [e.epoch for e in log] == list(range(EPOCHS + 1))
+    h = [e.h_L_norm for e in log]
+    g = [e.g_L_norm for e in log]
+    acc = [e.acc_eval for e in log]
     print(f"\n{method}: epoch  h_L_norm  g_L_norm  acc")
     for epoch, (hn, gn, a) in enumerate(zip(h, g, acc)):
         print(f"{method}: {epoch:5d}  {hn:9.3g}  {gn:9.3g}  {a:.3f}")

@@ -31,7 +31,7 @@ from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.own_model import diagnose
 from creditaudit.plan import RunPlan
-from creditaudit.protocol import DiagnosticReport
+from creditaudit.protocol import DiagnosticReport, Protocol, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
 from creditaudit.records import (
     EpochEntry,
@@ -139,11 +139,13 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
                "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
-    say(f"diagnostics (a)–(d) and per-layer cosines on {eval_x.shape[0]} evaluation samples"
-        f" (epoch {run.epoch})")
+    # The diagnostics and thresholds the run was trained with (a plugin's, when it lists one).
+    protocol = Protocol.from_config(config.diagnostics)
+    say(f"diagnostics {labels(protocol.names)} and per-layer cosines on {eval_x.shape[0]} "
+        f"evaluation samples (epoch {run.epoch})")
     report = diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
                       frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
-                      metadata=metadata, progress=say)
+                      metadata=metadata, progress=say, protocol=protocol)
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}

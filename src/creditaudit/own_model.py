@@ -31,10 +31,11 @@ from creditaudit.diagnostics.user_models import (
 )
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods.base import CreditRule
-from creditaudit.models.contract import summary_vectors
+from creditaudit.models.contract import ResidualNet, summary_vectors
 from creditaudit.protocol import (
     CreditFn,
     DiagnosticReport,
+    Protocol,
     ReferenceValidity,
     Thresholds,
     evaluate_protocol,
@@ -65,7 +66,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
              metric_options: dict[str, Any] | None = None,
              metadata: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
-             verify_reference: bool = True) -> DiagnosticReport:
+             verify_reference: bool = True, protocol: Protocol | None = None
+             ) -> DiagnosticReport:
     """Run the four-diagnostic protocol on ``model`` over a held-out evaluation set.
 
     ``eval_x`` ``(N, …)`` model inputs, ``eval_y`` ``(N,)`` integer class labels; use
@@ -74,7 +76,10 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     all in the autograd graph); by default ``model.forward_states``. ``credit``: a
     CreditRule or a function ``(x, y) -> [a_0 … a_L]`` (each ``a_l`` shaped like ``h_l``)
     adds per-layer cosines and Γ. ``headline_acc``/``frozen_acc``: test accuracies as
-    fractions for (d); ``thresholds`` default to :class:`Thresholds` ().
+    fractions for (d); ``thresholds`` default to :class:`Thresholds` (). ``protocol``: the
+    diagnostics to run and their options (e.g. ``Protocol.from_config(config.diagnostics)``,
+    which adds the diagnostics a config lists; default: the built-in four with
+    ``thresholds``).
 
     ``metrics=True`` adds the credit-quality block (ρ, nudging; the fresh-feedback null for
     rules with fixed random feedback, FA and DFA). It needs a credit and a way to run the
@@ -98,7 +103,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
     states only, and restores the model's training flag.
     """
-    thresholds = Thresholds() if thresholds is None else thresholds
+    if thresholds is None:
+        thresholds = protocol.thresholds() if protocol is not None else Thresholds()
     if states_fn is None:
         if not hasattr(model, "forward_states"):
             raise ModelContractError(
@@ -153,8 +159,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                                          progress=progress, **options)
     finally:
         model.train(was_training)
-    # A contract model says whether it ends in a LayerNorm; a plain module may not.
-    terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
+    # A contract model declares whether it ends in a LayerNorm; a plain module may not.
+    terminal_ln = (bool(model.terminal_ln) if isinstance(model, ResidualNet)
+                   else (model.out_ln is not None) if hasattr(model, "out_ln") else None)
     meta: dict[str, Any] = {"model": type(model).__name__,
                             "method": getattr(rule, "name", None),
                             "reference_check": reference.to_dict()}
@@ -164,9 +171,12 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     terminal_ln = meta.pop("terminal_ln", terminal_ln)
     report = evaluate_protocol(sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
                                thresholds=thresholds, terminal_ln=terminal_ln,
-                               credits=summaries, metrics=quality, metadata=meta)
-    if not reference.verified:  # (b) judges the reference: its reason says it is unchecked
-        validity = report.diagnostic(ReferenceValidity.name)
+                               credits=summaries, metrics=quality, metadata=meta,
+                               protocol=protocol)
+    # (b) judges the reference: its reason says it is unchecked
+    b = ReferenceValidity.name
+    if not reference.verified and any(r.id == b for r in report.diagnostics):
+        validity = report.diagnostic(b)
         validity.reason = f"{validity.reason}; reference gradient {reference.detail}"
     return report
 

@@ -132,8 +132,10 @@ class RunRecord:
     def is_standard(self) -> bool:
         """Not a control variant (depth ladder, random labels, no residual stream)."""
         c = self.config
+        # The no-residual control is an architecture's `residual` option turned off; an
+        # architecture without that option (a plain MLP) is its own standard form.
         return (c.method.trainable_blocks is None and not c.data.random_targets
-                and c.model.residual)
+                and getattr(c.model, "residual", True) is not False)
 
     @property
     def recipe_key(self) -> str:

@@ -8,34 +8,41 @@
    random crop + flip, per-epoch diagnostics on 1280 samples) through :class:`Trainer`, per
    method: the record's per-epoch seconds (training + diagnostics) and the end-of-run
    credit-quality block, turned into the expected wall time of a 100-epoch run. The images
-   are random (CIFAR-10 cannot be downloaded where this was written); the cost of a step does
-   not depend on pixel values.
+   are random (CIFAR-10 cannot be downloaded where this was written; the cost of a step does
+   not depend on pixel values), written as a CIFAR-10 folder so the real loader reads them.
+   The record's ``execution`` says whether the data sat on the GPU and the step was captured
+   (``run.cuda_graphs``).
 
 Usage: python benchmarks/bench_gpu.py [--repeats 5] [--steps 30] [--epoch-methods bp dfa ...]
-       [--skip-epochs] [--out FILE]. Needs a CUDA device.
+       [--skip-epochs] [--skip-steps] [--out FILE]. Needs a CUDA device.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import pickle
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.data import Dataset
-from creditaudit.data.transforms import CIFAR10_MEAN, CIFAR10_STD
 from creditaudit.experiments.scales import base_config
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.optim import make_adamw
-from creditaudit.training import Trainer
+from creditaudit.plan import plan_run
+from creditaudit.training import train
 
 IN_DIM, N_CLASSES, BATCH = 3072, 10, 128
 MLP_METHODS = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep")
@@ -81,32 +88,52 @@ def step_ms(arch: str, method: str, precision: str, repeats: int, steps: int) ->
     return statistics.median(times)
 
 
-def random_cifar(n_train: int = 50_000, n_test: int = 10_000) -> Dataset:
-    """CIFAR-10-shaped uint8 images with random labels, normalised and augmented as CIFAR."""
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (n_train + n_test, 3, 32, 32), dtype=torch.uint8,
-                           generator=gen)
-    labels = torch.randint(0, N_CLASSES, (n_train + n_test,), generator=gen)
-    return Dataset(name="cifar10", train_x=images[:n_train], train_y=labels[:n_train],
-                   test_x=images[n_train:], test_y=labels[n_train:], n_classes=N_CLASSES,
-                   mean=CIFAR10_MEAN, std=CIFAR10_STD, augment=True)
+def write_random_cifar(parent: Path, n_train: int = 50_000, n_test: int = 10_000,
+                       seed: int = 0) -> Path:
+    """A cifar-10-batches-py folder (the official pickle layout: five training batches and
+    a test batch) of random CIFAR-10-shaped images and labels, so runs read it through the
+    real CIFAR loader — normalisation, random crop + flip, data identity and all."""
+    folder = parent / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    per_batch = -(-n_train // 5)
+    sizes = [min(per_batch, n_train - i * per_batch) for i in range(5)] + [n_test]
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name, size in zip(names, sizes, strict=True):
+        batch = {b"batch_label": name.encode(),
+                 b"data": rng.integers(0, 256, (size, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, N_CLASSES, size).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    return parent
 
 
-def paper_epoch(method: str, arch: str, precision: str, dataset: Dataset) -> dict[str, Any]:
-    """Seconds of one paper-scale epoch (train + diagnostics) and of the end-of-run block."""
+def paper_config(method: str, arch: str, precision: str, data_dir: Path, out: str
+                 ) -> RunConfig:
+    """The paper scale's config of one rule on the random CIFAR-10 folder, 1 epoch."""
+    return base_config("paper", dataset="cifar10", data_dir=str(data_dir),
+                       out_dir=out).replace(**{
+        "method.name": method, "model.arch": arch, "optim.epochs": 1, "run.device": DEVICE,
+        "run.precision": precision, "run.progress": False})
+
+
+def paper_epoch(method: str, arch: str, precision: str, data_dir: Path, dataset: Dataset
+                ) -> dict[str, Any]:
+    """Seconds of one paper-scale epoch (train + diagnostics) and of the end-of-run block.
+
+    ``dataset``: the folder's data, loaded once (``train(config, dataset=…)`` skips
+    reading it again for every run)."""
     with tempfile.TemporaryDirectory() as out:
-        config = base_config("paper", dataset="cifar10", data_dir=out, out_dir=out).replace(**{
-            "method.name": method, "model.arch": arch, "optim.epochs": 1,
-            "run.device": DEVICE, "run.precision": precision, "run.progress": False})
+        config = paper_config(method, arch, precision, data_dir, out)
         started = time.perf_counter()
-        result = Trainer(config, dataset=dataset).run()
+        result = train(config, dataset=dataset)
         total = time.perf_counter() - started
         record = result.record
     epoch = next(e for e in record.log if e.epoch == 1)
     end_of_run = total - sum(e.seconds or 0.0 for e in record.log)
     return {"method": method, "arch": arch, "precision": precision,
             "status": record.status, "epoch_s": epoch.seconds, "run_1_epoch_s": total,
-            "expected_100_epochs_min": (PAPER_EPOCHS * epoch.seconds + end_of_run) / 60}
+            "expected_100_epochs_min": (PAPER_EPOCHS * epoch.seconds + end_of_run) / 60,
+            "execution": record.environment.get("execution")}
 
 
 def main() -> int:
@@ -116,6 +143,8 @@ def main() -> int:
     parser.add_argument("--epoch-methods", nargs="*",
                         default=["bp", "dfa", "state-bridge", "ep", "vit:bp", "vit:dfa"])
     parser.add_argument("--skip-epochs", action="store_true")
+    parser.add_argument("--skip-steps", action="store_true",
+                        help="only the paper-scale epochs (part 2)")
     parser.add_argument("--out", default=None, help="also write the results as JSON")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -127,7 +156,8 @@ def main() -> int:
                                "torch": torch.__version__, "steps": [], "epochs": []}
     print(f"\nms per train step, batch {BATCH} (median of {args.repeats}×{args.steps})")
     print(f"{'arch':8} {'method':14} {'fp32':>8} {'bf16':>8} {'bf16/fp32':>9}")
-    plan = [("resmlp", m) for m in MLP_METHODS] + [("vit", m) for m in VIT_METHODS]
+    plan = [] if args.skip_steps else (
+        [("resmlp", m) for m in MLP_METHODS] + [("vit", m) for m in VIT_METHODS])
     for arch, method in plan:
         fp32 = step_ms(arch, method, "fp32", args.repeats, args.steps)
         bf16 = step_ms(arch, method, "bf16", args.repeats, args.steps)
@@ -135,14 +165,17 @@ def main() -> int:
                                  "bf16_ms": bf16})
         print(f"{arch:8} {method:14} {fp32:8.2f} {bf16:8.2f} {bf16 / fp32:9.2f}", flush=True)
     if not args.skip_epochs:
-        dataset = random_cifar()
+        data_root = Path(tempfile.mkdtemp(prefix="bench_gpu_cifar_"))
+        atexit.register(shutil.rmtree, data_root, ignore_errors=True)
+        data_dir = write_random_cifar(data_root)
+        dataset = plan_run(paper_config("bp", "resmlp", "fp32", data_dir, "unused")).load_data()
         print("\npaper scale (50k CIFAR-shaped images, batch 128): one epoch through Trainer")
         print(f"{'arch':8} {'method':14} {'prec':5} {'epoch s':>8} {'1-epoch run s':>13} "
               f"{'100 epochs (min)':>16}")
         for item in args.epoch_methods:
             arch, method = item.split(":") if ":" in item else ("resmlp", item)
             for precision in ("fp32", "bf16"):
-                row = paper_epoch(method, arch, precision, dataset)
+                row = paper_epoch(method, arch, precision, data_dir, dataset)
                 results["epochs"].append(row)
                 print(f"{arch:8} {method:14} {precision:5} {row['epoch_s']:8.1f} "
                       f"{row['run_1_epoch_s']:13.1f} {row['expected_100_epochs_min']:16.1f}"

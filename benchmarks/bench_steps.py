@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import RunConfig
 from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.methods import CreditRule, build_rule
@@ -119,7 +119,9 @@ def make_rule(variant: str, d: int, n_blocks: int, in_dim: int = IN_DIM
 def bind_rule(name: str, model: torch.nn.Module) -> tuple[CreditRule, torch.optim.Optimizer]:
     """Rule ``name`` on ``model`` (fp32; Credit Bridge past its warm-up) and training's
     fused AdamW."""
-    config = MethodConfig(name=name, warmup_fraction=0.0 if name == "credit-bridge" else 0.2)
+    # Only the Credit Bridge has a warm-up (its own option since rules own their options).
+    warmup = {"method.warmup_fraction": 0.0} if name == "credit-bridge" else {}
+    config = RunConfig().replace(**{"method.name": name, **warmup}).method
     rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
     rule.set_precision("fp32", "cpu")
     return rule, make_adamw(rule.trainable_parameters(), lr=1e-3, weight_decay=0.01)

@@ -116,12 +116,10 @@ def commands(block: Block) -> list[Command]:
 
 def usage_form(argv: tuple[str, ...]) -> tuple[str, ...]:
     """A synopsis (``figures RESULTS_DIR [--out DIR] [--dataset NAME]``) with every optional
-    part given: the brackets dropped — not those of a value (``protocol=["a","e"]``)."""
-    out = []
-    for word in argv:
-        word = word.lstrip("[")
-        while word.endswith("]") and word.count("]") > word.count("["):
-            word = word[:-1]
-        if word:
-            out.append(word)
-    return tuple(out)
+    part given: the brackets dropped. A value's own brackets (``model.states=["a", "b"]``,
+    balanced, not opening the word) stay."""
+    def unbracketed(word: str) -> str:
+        if word.startswith("[") or word.count("]") > word.count("["):
+            return word.strip("[]")
+        return word
+    return tuple(unbracketed(w) for w in argv if unbracketed(w))

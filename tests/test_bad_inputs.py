@@ -220,6 +220,11 @@ CASES = [
         w, t, t10k_labels_idx1_ubyte=idx_of((31,))), ["32 images but", "31 labels"]),
     ("data-images-wrong-rank", lambda w, t: data_args(
         w, t, train_images_idx3_ubyte=idx_of((64, 64))), ["expected uint8 (N, 28, 28)"]),
+    ("data-images-14x14", lambda w, t: data_args(
+        w, t, train_images_idx3_ubyte=idx_of((64, 14, 14)),
+        t10k_images_idx3_ubyte=idx_of((32, 14, 14))), ["(1, 14, 14)", "declares (1, 28, 28)"]),
+    ("data-dir-empty", lambda w, t: train_args(w, "--data-dir", ""),
+     ["data.data_dir=''", "empty path"]),
     ("data-train-subset-too-large",
      lambda w, t: train_args(w, "--set", "data.train_subset=1000"),
      ["data.train_subset=1000", "64 training samples"]),
@@ -289,6 +294,8 @@ CASES = [
     ("feedback-seed-2-to-the-63",
      lambda w, t: train_args(w, "--set", f"method.feedback_seed={BIG_SEED}"),
      ["method.feedback_seed", "out of range"]),
+    ("set-option-the-rule-never-reads", lambda w, t: train_args(w, "--set", "method.ep_beta=0.1"),
+     ["method.ep_beta is not read by dfa"]),
     ("set-without-equals", lambda w, t: train_args(w, "--set", "optim.lr"),
      ["must look like section.key=value"]),
     ("set-unknown-section", lambda w, t: train_args(w, "--set", "optimizer.lr=1"),
@@ -450,6 +457,8 @@ CASES = [
     ("sweep-workers-with-ray", lambda w, t: ["sweep", str(sweep_file(w, t, "")),
                                              "--executor", "ray", "--workers", "2"],
      ["--workers is for --executor local"]),
+    ("sweep-out-empty", lambda w, t: ["sweep", str(sweep_file(w, t, "")), "--out", ""],
+     ["--out", "empty path"]),
     ("sweep-out-is-a-file", lambda w, t: ["sweep", str(sweep_file(w, t, "")), "--workers", "0",
                                           "--out", str(w.a_file)],
      ["a_file.txt", "a file stands where a folder is needed"]),
@@ -461,6 +470,8 @@ CASES = [
     ("experiment-missing-data", lambda w, t: [
         "experiment", "audit_table", "--scale", "cpu", "--dataset", "fashion-mnist",
         "--data-dir", str(t / "nope"), "--no-train", "--out", str(t / "o")], ["does not exist"]),
+    ("experiment-out-empty", lambda w, t: ["experiment", "audit_table", "--scale", "smoke",
+                                           "--out", ""], ["--out", "empty path"]),
     ("experiment-out-is-a-file", lambda w, t: [
         "experiment", "audit_table", "--scale", "smoke", "--no-train", "--out", str(w.a_file)],
      ["a_file.txt", "a file stands where a folder is needed"]),
@@ -468,6 +479,7 @@ CASES = [
      ["does not exist"]),
     ("export-results-is-a-file", lambda w, t: ["export", str(w.a_file), str(t / "o")],
      ["a_file.txt"]),
+    ("export-out-empty", lambda w, t: ["export", str(w.results), ""], ["OUT", "empty path"]),
     ("export-out-is-a-file", lambda w, t: ["export", str(w.results), str(w.a_file)],
      ["a_file.txt", "a file stands where a folder is needed"]),
     ("figures-results-missing", lambda w, t: ["figures", str(t / "nope")], ["does not exist"]),
@@ -485,10 +497,19 @@ CASES = [
      ["run.seed"]),
     ("demo-workers-negative", lambda w, t: ["demo", "--workers", "-1", "--epochs", "0",
                                             "--out", str(t / "o")], ["--workers must be >= 1"]),
+    ("demo-out-empty", lambda w, t: ["demo", "--epochs", "0", "--out", ""],
+     ["--out", "empty path"]),
     ("demo-out-is-a-file", lambda w, t: ["demo", "--epochs", "0", "--n-train", "60",
                                          "--out", str(w.a_file)],
      ["a_file.txt", "a file stands where a folder is needed"]),
     # --- paths and devices -----------------------------------------------------------------
+    ("train-out-empty", lambda w, t: train_args(w, "--out", ""),
+     ["run.out_dir=''", "empty path"]),
+    ("train-out-empty-set", lambda w, t: train_args(w, "--set", "run.out_dir="),
+     ["run.out_dir=''", "empty path"]),
+    ("train-tensorboard-empty", lambda w, t: train_args(w, "--out", str(t / "o"),
+                                                        "--tensorboard", ""),
+     ["run.tensorboard=''", "empty path"]),
     ("train-out-is-a-file", lambda w, t: train_args(w, "--out", str(w.a_file)),
      ["a_file.txt", "a file stands where a folder is needed"]),
     ("train-out-below-a-file", lambda w, t: train_args(w, "--out", str(w.a_file / "runs")),
@@ -514,8 +535,9 @@ def _case_id(case) -> str:  # noqa: ANN001 - a tuple or a pytest.param
 
 
 @pytest.mark.parametrize(("name", "build", "fragments"), CASES, ids=list(map(_case_id, CASES)))
-def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, plant, name, build,
-                                           fragments):
+def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, plant, monkeypatch, name,
+                                           build, fragments):
+    monkeypatch.chdir(tmp_path)  # a write to the current folder is a changed file too
     argv = build(world, tmp_path)
     plant.register(*tmp_path.rglob(RECORD_FILE))  # the damaged records this case planted
     before = snapshot(world.root, tmp_path)

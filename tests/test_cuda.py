@@ -184,3 +184,139 @@ def test_own_module_metrics_on_cuda_match_cpu() -> None:
         assert on_gpu.metrics[key] == pytest.approx(on_cpu.metrics[key], rel=1e-4, abs=1e-6), key
     for eta, deltas in on_cpu.metrics["nudging"].items():
         assert on_gpu.metrics["nudging"][eta] == pytest.approx(deltas, rel=1e-3, abs=1e-9)
+
+
+# --- captured steps, stacked runs and data on the GPU (creditaudit.capture, .stepping) ----
+# Written in a session without a GPU: these have not run yet (scripts/gpu_checks.sh runs
+# them). The captured step replays the kernels of the eager stacked step, so on the same
+# optimiser (CapturableAdamW) the two should agree bit for bit; the tolerance only allows
+# for a cuBLAS algorithm chosen differently under capture.
+CAPTURED_RULES = ("bp", "frozen", "fa", "dfa", "drtp")
+
+
+def _cuda_trainers(tmp_path: Path, method: str, seeds=(1, 2), **extra) -> list[Trainer]:
+    return [Trainer(RunConfig().replace(**{
+        **TINY, "method.name": method, "run.out_dir": str(tmp_path), "run.device": "cuda",
+        "run.seed": seed, "run.cuda_graphs": "off", **extra})) for seed in seeds]
+
+
+@needs_cuda
+@pytest.mark.parametrize("method", CAPTURED_RULES)
+def test_captured_epochs_replay_the_eager_stacked_step(tmp_path: Path, method: str) -> None:
+    from creditaudit.capture import CapturedEpochs, make_capturable
+    from creditaudit.epochs import StackedEpochs
+
+    captured = _cuda_trainers(tmp_path / "a", method)
+    eager = _cuda_trainers(tmp_path / "b", method)
+    for trainer in eager:
+        make_capturable(trainer)
+    graph_runner = CapturedEpochs(captured)
+    eager_runner = StackedEpochs(eager, check="epoch")
+    for epoch in (1, 2):
+        a, b = graph_runner.train_epoch(epoch), eager_runner.train_epoch(epoch)
+        assert a == pytest.approx(b, rel=1e-6)
+    assert graph_runner.graph is not None  # full batches were replayed
+    for x, y in zip(captured, eager, strict=True):
+        for p, q in zip(x.model.parameters(), y.model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+        assert x.optimizer.param_groups[0]["lr"].item() == pytest.approx(
+            y.optimizer.param_groups[0]["lr"].item(), rel=1e-7)
+
+
+@needs_cuda
+@pytest.mark.parametrize("method", ("bp", "dfa"))
+def test_a_captured_run_records_resumes_and_agrees_with_eager(tmp_path: Path, method: str,
+                                                                kill_run_at) -> None:
+    from creditaudit import train
+    from creditaudit.records import comparable
+
+    options = {**TINY, "method.name": method, "optim.epochs": 3, "run.device": "cuda"}
+    eager = train(RunConfig().replace(**{**options, "run.out_dir": str(tmp_path / "e"),
+                                         "run.cuda_graphs": "off"}))
+    captured = train(RunConfig().replace(**{**options, "run.out_dir": str(tmp_path / "c")}))
+    assert captured.record.environment["execution"]["cuda_graphs"] == "on"
+    assert captured.record.environment["execution"]["device_data"] is True
+    assert captured.status == eager.status == "completed"
+    assert captured.record.final.test_acc == pytest.approx(eager.record.final.test_acc,
+                                                           abs=0.02)
+    assert all(isinstance(e.lr, float) for e in captured.record.log)
+    killed = RunConfig().replace(**{**options, "run.out_dir": str(tmp_path / "k")})
+    kill_run_at(killed)
+    resumed = train(killed, resume=True)
+    assert comparable(resumed.record)["log"][-1]["acc_eval"] == pytest.approx(
+        comparable(captured.record)["log"][-1]["acc_eval"], abs=1e-6)
+    on_cpu = train(killed.replace(**{"run.device": "cpu",
+                                     "run.out_dir": str(tmp_path / "k2")}))
+    assert on_cpu.status == "completed"
+
+
+@needs_cuda
+def test_capturable_adamw_checkpoints_as_the_eager_optimiser() -> None:
+    from creditaudit.capture import CapturableAdamW
+    from creditaudit.optim import make_adamw
+
+    weights = torch.nn.Parameter(torch.randn(4, 3, device="cuda"))
+    optimizer = CapturableAdamW([weights], lr=1e-3, weight_decay=0.01,
+                                device=torch.device("cuda"))
+    weights.grad = torch.randn_like(weights)
+    optimizer.step()
+    state = optimizer.state_dict()
+    group = state["param_groups"][0]
+    assert isinstance(group["lr"], float) and group["capturable"] is False
+    eager = make_adamw([torch.nn.Parameter(weights.detach().clone())], lr=1.0,
+                       weight_decay=0.01)
+    eager.load_state_dict(state)
+    assert eager.param_groups[0]["lr"] == pytest.approx(1e-3)
+    again = CapturableAdamW([weights], lr=5.0, weight_decay=0.01, device=torch.device("cuda"))
+    again.load_state_dict(eager.state_dict())
+    assert isinstance(again.param_groups[0]["lr"], torch.Tensor)
+    assert again.param_groups[0]["lr"].item() == pytest.approx(1e-3)
+
+
+@needs_cuda
+def test_data_on_the_gpu_gives_the_host_batches() -> None:
+    from creditaudit.data.loader import InMemoryLoader
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (300, 3, 8, 8), dtype=torch.uint8, generator=gen)
+    y = torch.randint(0, 10, (300,), generator=gen)
+
+    def batches(device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        loader = InMemoryLoader(x.to(device), y.to(device), 64, shuffle=True, augment=True,
+                                generator=torch.Generator().manual_seed(3),
+                                mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2),
+                                random_targets=10)
+        return [(a.cpu(), b.cpu()) for a, b in loader]
+
+    for (a, b), (c, d) in zip(batches("cpu"), batches("cuda"), strict=True):
+        assert torch.equal(a, c) and torch.equal(b, d)
+
+
+@needs_cuda
+@pytest.mark.parametrize("graphs", ("off", "auto"))
+def test_stacked_runs_on_the_gpu_match_their_cpu_runs(tmp_path: Path, graphs: str) -> None:
+    from creditaudit.stacked import train_stacked
+
+    def runs(device: str) -> list[RunConfig]:
+        return [RunConfig().replace(**{
+            **TINY, "method.name": "dfa", "run.seed": seed, "optim.lr": lr,
+            "run.device": device, "run.cuda_graphs": graphs,
+            "run.out_dir": str(tmp_path / device)}) for seed, lr in ((1, 1e-3), (2, 3e-3))]
+
+    on_gpu, on_cpu = train_stacked(runs("cuda")), train_stacked(runs("cpu"))
+    for g, c in zip(on_gpu, on_cpu, strict=True):
+        assert g.status == c.status == "completed"
+        assert g.record.environment["execution"]["stacked_runs"] == 2
+        assert g.record.final.test_acc == pytest.approx(c.record.final.test_acc, abs=0.02)
+
+
+@needs_cuda
+def test_a_captured_run_that_diverges_stops_where_the_eager_one_does(tmp_path: Path) -> None:
+    from creditaudit import train
+
+    options = {**TINY, "method.name": "bp", "optim.lr": 1e30, "run.device": "cuda"}
+    eager = train(RunConfig().replace(**{**options, "run.out_dir": str(tmp_path / "e"),
+                                         "run.cuda_graphs": "off"}))
+    captured = train(RunConfig().replace(**{**options, "run.out_dir": str(tmp_path / "c")}))
+    assert eager.status == captured.status == "diverged"
+    assert captured.record.divergence == eager.record.divergence

@@ -124,7 +124,9 @@ def test_cache_hit_returns_identical_arrays_without_regenerating(cache, generato
     assert m1d.is_cached(config, 42) and not m1d.is_cached(config, 43)
     files = list(cache.glob("mnist1d-*.npz"))
     assert len(files) == 1
-    assert not [p for p in cache.iterdir() if p not in files]  # no temp file left behind
+    # Beside it: its signed digest and the cache's key; no temp file left behind.
+    assert sorted(p.name for p in cache.iterdir() if p not in files) == [
+        "cache.key", m1d.digest_path(files[0]).name]
     second = load_dataset(config, seed=42)
     assert len(generator_calls) == 1
     for name in ("train_x", "train_y", "test_x", "test_y"):

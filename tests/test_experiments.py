@@ -270,14 +270,14 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
     statuses = {i: (FIRED if i in fired else PASSED) for i in "abc"}
     statuses["d"] = NOT_EVALUATED
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
-             "g_L_norm": g_last, "cos_per_layer": [gamma, gamma], "deep_cos": gamma,
-             "max_block_growth": growth, "protocol": statuses}
+             "bp_grad_norms_per_sample_med": [1e-3, g_last], "cos_per_layer": [gamma, gamma],
+             "protocol": statuses}
     # The protocol block holds each statistic beside its status, as training writes it.
     values = {"a": growth, "b": g_last, "c": 0.9 if "c" in fired else 0.1, "d": None}
     results = [DiagnosticResult(i, cls.label, values[i], cls.limit(Thresholds()), statuses[i],
                                 "") for i, cls in ((c.name, c) for c in protocol())]
     verdict, fired_ids, skipped = verdict_of(results)
-    report = DiagnosticReport([1.0, growth], [1.0, g_last], results, verdict, fired_ids,
+    report = DiagnosticReport([1.0, growth], [1e-3, g_last], results, verdict, fired_ids,
                               skipped)
     return RunRecord.from_dict({
         "schema": SCHEMA, "run_id": f"{method}-{penalty}-s{seed}", "config": config,

@@ -344,13 +344,15 @@ def test_fresh_feedback_null_restores_feedback_on_error(monkeypatch):
     training = rule.feedback
     calls = []
 
-    def failing(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("boom")
-        return 0.0
+    original = null_module.summary_vectors
 
-    monkeypatch.setattr(null_module, "_deep_cos", failing)
+    def failing(state):
+        calls.append(1)
+        if len(calls) == 9:  # the first state of the third draw (4 states per draw)
+            raise RuntimeError("boom")
+        return original(state)
+
+    monkeypatch.setattr(null_module, "summary_vectors", failing)
     with pytest.raises(RuntimeError, match="boom"):
         fresh_feedback_null(rule, torch.randn(8, 16), torch.randint(0, 10, (8,)), n=5)
     assert rule.feedback is training

@@ -11,6 +11,8 @@ Public API::
     adapted = adapt(my_net, states=["layer1", "layer2"], input_shape=(3, 32, 32))  # any nn.Module
     dfa = rule("dfa", adapted)           # dfa.train_step(x, y, optimizer) in your own loop
     report = diagnose(adapted, x, y, credit=dfa, metrics=True)
+    rec = Recorder(dfa, x, y, out="runs/mine", name="mine-dfa")  # the CLI's run record
+    rec.epoch(1, test_acc=0.81); rec.finish()                      # from your loop
 
 The package is typed (``py.typed``).
 """
@@ -23,6 +25,7 @@ from creditaudit.methods import rule  # noqa: E402
 from creditaudit.models.adapted import AdaptedModel, adapt  # noqa: E402
 from creditaudit.own_model import diagnose  # noqa: E402
 from creditaudit.protocol import DiagnosticReport, Thresholds  # noqa: E402
+from creditaudit.recorder import Recorder  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
 from creditaudit.training import RunResult, train  # noqa: E402
 from creditaudit.version import __version__  # noqa: E402
@@ -30,5 +33,5 @@ from creditaudit.version import __version__  # noqa: E402
 __all__ = [
     "__version__", "RunConfig", "load_config", "train", "RunResult", "diagnose", "Thresholds",
     "DiagnosticReport", "load_record", "RunRecord", "CreditAuditError", "adapt", "rule",
-    "AdaptedModel",
+    "AdaptedModel", "Recorder",
 ]

@@ -138,7 +138,9 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     eval_x, eval_y = eval_x.to(target), eval_y.to(target)
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
-               "null_draws": config.diagnostics.null_draws, "seed": config.run.seed}
+               "null_draws": config.diagnostics.null_draws, "seed": config.run.seed,
+               "rho_flops": config.diagnostics.rho_flops,
+               "memory_gb": config.diagnostics.end_of_run_memory_gb}
     # The diagnostics and thresholds the run was trained with (a plugin's, when it lists one).
     protocol = Protocol.from_config(config.diagnostics)
     say(f"diagnostics {labels(protocol.names)} and per-layer cosines on {eval_x.shape[0]} "

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The provenance key of the sha256 of the arrays a generated dataset loaded from its cache,
+# verified against the digest signed when the generator made them.
+CONTENT_DIGEST = "content_sha256"
+
 
 def _doc(text: str, default: Any = None, *, factory: Any = None) -> Any:
     if factory is not None:
@@ -62,8 +66,10 @@ class DataIdentity:
     n_test: int | None = _doc("test samples")
     n_classes: int | None = _doc("number of classes")
     input_shape: list[int] | None = _doc("shape of one sample as stored (C, H, W) or (D,)")
-    provenance: dict[str, Any] = _doc("per-file digests, or the generator's arguments",
-                                      factory=dict)
+    provenance: dict[str, Any] = _doc(
+        "per-file digests, or the generator's arguments (and, for data read from a cache, "
+        "`content_sha256`: the digest of the arrays trained on, verified against the "
+        "generator's)", factory=dict)
 
 
-__all__ = ["ModelDescription", "DataIdentity"]
+__all__ = ["ModelDescription", "DataIdentity", "CONTENT_DIGEST"]

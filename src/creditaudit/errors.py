@@ -30,3 +30,8 @@ class RunRecordError(CreditAuditError):
 class OutputError(CreditAuditError):
     """A file or folder could not be written (read-only, a file where a folder should be,
     full disk, …)."""
+
+
+class DiskFullError(OutputError):
+    """A write failed for lack of space (no space left, quota exceeded): nothing is wrong
+    with the run, which can go on once space is freed."""

@@ -31,6 +31,7 @@ from creditaudit.diagnostics.user_models import (
 )
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods.base import CreditRule
+from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, summary_vectors
 from creditaudit.protocol import (
     CreditFn,
@@ -55,7 +56,7 @@ class _FunctionCredit:
 
 
 METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
-                  "seed")
+                  "seed", "rho_flops", "memory_gb")
 
 
 def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
@@ -159,9 +160,14 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                                          progress=progress, **options)
     finally:
         model.train(was_training)
-    # A contract model declares whether it ends in a LayerNorm; a plain module may not.
-    terminal_ln = (bool(model.terminal_ln) if isinstance(model, ResidualNet)
-                   else (model.out_ln is not None) if hasattr(model, "out_ln") else None)
+    # A contract model declares whether it ends in a LayerNorm, an adapted one as declared
+    # or probed; a plain module may not.
+    if isinstance(model, ResidualNet):
+        terminal_ln: bool | None = bool(model.terminal_ln)
+    elif isinstance(model, AdaptedModel):
+        terminal_ln = model.terminal_ln
+    else:
+        terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
     meta: dict[str, Any] = {"model": type(model).__name__,
                             "method": getattr(rule, "name", None),
                             "reference_check": reference.to_dict()}

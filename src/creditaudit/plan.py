@@ -27,7 +27,7 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
-from creditaudit.descriptions import DataIdentity, ModelDescription
+from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity, ModelDescription
 from creditaudit.errors import ConfigError
 from creditaudit.methods import CreditRule, build_rule, rule_class
 from creditaudit.models import Architecture, ResidualNet, architecture, build_model
@@ -85,10 +85,14 @@ class RunPlan:
         self._data = dataset
 
     def data_identity(self) -> DataIdentity:
-        """The data identity with the sizes of the loaded data."""
+        """The data identity with the sizes of the loaded data (and the digest of the arrays
+        loaded, when a generated dataset read them from its cache)."""
         data = self.load_data()
+        provenance = self.identity.provenance
+        if CONTENT_DIGEST in data.provenance:
+            provenance = {**provenance, CONTENT_DIGEST: data.provenance[CONTENT_DIGEST]}
         return replace(self.identity, n_train=int(data.train_x.shape[0]),
-                       n_test=int(data.test_x.shape[0]))
+                       n_test=int(data.test_x.shape[0]), provenance=provenance)
 
     def build_model(self) -> ResidualNet:
         """The model (drawing its initial weights from torch's global RNG)."""
@@ -121,6 +125,8 @@ def plan_run(config: RunConfig) -> RunPlan:
     machine's memory, an evaluation set larger than the test split, missing data files."""
     rule = rule_class(config.method.name)
     arch = architecture(config.model.arch)
+    if arch.unbuildable:  # e.g. a run recorded from the user's own loop
+        raise ConfigError(f"model.arch={arch.name!r}: {arch.unbuildable}")
     spec = dataset_spec(config.data.name)
     options = config.data
     spec.check(options)

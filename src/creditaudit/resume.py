@@ -15,12 +15,18 @@ from typing import Any
 
 import torch
 
-from creditaudit.config import RunConfig, semantic_dict
-from creditaudit.descriptions import DataIdentity
+from creditaudit.config import RunConfig, keys_with_role, semantic_dict
+from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
-from creditaudit.records import RECORD_FILE, RunRecord, load_record, structure_mismatch
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    RECORD_FILE,
+    RunRecord,
+    load_record,
+    structure_mismatch,
+)
 
 FORCE_HINT = "it belongs to another run: start this one again with --force"
 
@@ -56,6 +62,40 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             f"{record.data.fingerprint[:12]}…, but the data found now has "
             f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
             "data); point data.data_dir at the run's data")
+    recorded = record.data.provenance.get(CONTENT_DIGEST)
+    found = identity.provenance.get(CONTENT_DIGEST)
+    if recorded and found and recorded != found:
+        raise RunRecordError(
+            f"{path}: the run trained on {record.data.name} arrays with digest "
+            f"{str(recorded)[:12]}…, but its generator now makes {str(found)[:12]}… from the "
+            "same arguments (another numpy or generator build?); rerun it with --force")
+
+
+def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str) -> None:
+    """One-line RunRecordError when resuming with ``config`` would change what the epochs
+    still to come record but not the run id: an option of role ``"record"`` (such as
+    ``diagnostics.frozen_acc``, the baseline of (d)) that differs from ``recorded``, the
+    config every epoch so far used. A record's config is the config of all its epochs."""
+    for section, key in sorted(keys_with_role(config, "record")):
+        before = getattr(getattr(recorded, section), key, None)
+        now = getattr(getattr(config, section), key)
+        if before != now:
+            raise RunRecordError(
+                f"cannot resume {path} with {section}.{key}={now!r}: its epochs so far were "
+                f"recorded with {section}.{key}={before!r}; resume with that value, or start "
+                "the run over with --force")
+
+
+def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
+    """Whether an unfinished run stopped before its first checkpoint (killed between its
+    epoch-0 record and checkpoint, or the disk filled there): nothing was trained, so
+    starting it over loses nothing and gives the same run. Without ``resume``, a failed
+    run is left for the user to retry (its error may recur)."""
+    if record.is_finished or (run_dir / CHECKPOINT_FILE).exists():
+        return False
+    if record.is_failed and not resume:
+        return False
+    return all(entry.epoch <= 0 for entry in record.log)
 
 
 def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity

@@ -19,6 +19,7 @@ from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.plan import RunPlan, plan_run
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord, load_checkpoint
+from creditaudit.registry import ARCHITECTURES
 from creditaudit.resume import check_same_data, load_into
 
 
@@ -62,6 +63,9 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     ConfigError when a component it used is not installed here.
     """
     config = record.config
+    arch = ARCHITECTURES.find(config.model.arch)
+    if arch is not None and arch.unbuildable:  # e.g. a run recorded from a user's own loop
+        raise RunRecordError(f"cannot rebuild {run_dir}: {arch.unbuildable}")
     checkpoint = run_dir / CHECKPOINT_FILE
     if not checkpoint.exists():
         raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "

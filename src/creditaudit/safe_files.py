@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit import strict_json
-from creditaudit.errors import CreditAuditError, OutputError, RunRecordError
+from creditaudit.errors import CreditAuditError, DiskFullError, OutputError, RunRecordError
 
 # Records and configs are a few MB at most; a larger file is refused unread, and no read
 # takes more (parsed, 64 MiB of JSON can already fill 0.1 to 1 GB of memory).
@@ -76,6 +76,13 @@ def check_output_file(path: Path) -> None:
             return
 
 
+def write_error(err: OSError) -> type[OutputError]:
+    """The error class of a failed write: DiskFullError when space ran out (the writer may
+    go on once space is freed), else OutputError."""
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+    return DiskFullError if full else OutputError
+
+
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
 
@@ -90,7 +97,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:
-        raise OutputError(f"cannot write {describe_os_error(err, path.parent)}") from None
+        raise write_error(err)(f"cannot write {describe_os_error(err, path.parent)}") from None
     try:
         os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
@@ -100,7 +107,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise OutputError(f"cannot write {describe_os_error(err, path)}") from None
+        raise write_error(err)(f"cannot write {describe_os_error(err, path)}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -30,21 +30,26 @@ class TransformerClassifier(nn.Module):
     """(B, C, H, W) images → p×p patch tokens and a CLS token with learned positions →
     ``nn.TransformerEncoder`` (pre-LN layers, GELU MLP) → LayerNorm → Linear on the CLS token.
 
-    ``image_shape`` (C, H, W), ``patch`` p (must divide H and W), width ``d``, ``depth``
-    encoder layers of ``heads`` heads and MLP width ``mlp_ratio·d``, ``n_classes`` logits.
+    ``image_shape`` (C, H, W), ``patch`` p (or (p_h, p_w); must divide H and W), width
+    ``d``, ``depth`` encoder layers of ``heads`` heads and MLP width ``mlp_ratio·d``,
+    ``n_classes`` logits. Flat (B, C·H·W) inputs are viewed as images of ``image_shape``
+    (a 1-D signal of 40 values is ``image_shape=(1, 1, 40)`` with ``patch=(1, 4)``).
     ``dropout`` is the encoder layers' (0 here: PyTorch's default 0.1 would make two forward
     passes of one batch differ in training mode).
     """
 
-    def __init__(self, image_shape: tuple[int, int, int] = (1, 28, 28), patch: int = 7,
-                 d: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: int = 4,
-                 n_classes: int = 10, dropout: float = 0.0) -> None:
+    def __init__(self, image_shape: tuple[int, int, int] = (1, 28, 28),
+                 patch: int | tuple[int, int] = 7, d: int = 64, depth: int = 4, heads: int = 4,
+                 mlp_ratio: int = 4, n_classes: int = 10, dropout: float = 0.0) -> None:
         super().__init__()
         channels, height, width = image_shape
-        if height % patch or width % patch:
+        self.image_shape = (channels, height, width)
+        patch_h, patch_w = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        if height % patch_h or width % patch_w:
             raise ValueError(f"patch {patch} does not divide the {height}×{width} image")
-        n_patches = (height // patch) * (width // patch)
-        self.patch_embed = nn.Conv2d(channels, d, kernel_size=patch, stride=patch)
+        n_patches = (height // patch_h) * (width // patch_w)
+        self.patch_embed = nn.Conv2d(channels, d, kernel_size=(patch_h, patch_w),
+                                     stride=(patch_h, patch_w))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.randn(1, n_patches + 1, d) * 0.02)
         layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=mlp_ratio * d,
@@ -55,6 +60,7 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(d, n_classes)
 
     def forward(self, x: Tensor) -> Tensor:
+        x = x.reshape(x.shape[0], *self.image_shape)  # flat inputs as images; images as they are
         tokens = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, T, d)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         h = self.encoder(torch.cat([cls, tokens], dim=1) + self.pos)

@@ -34,6 +34,15 @@ def finite_float(text: str) -> float:
     return value
 
 
+def folder(text: str) -> str:
+    """argparse type of an output folder: not empty (an empty path silently means the
+    current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path would mean the current folder; give "
+                                         "a folder (. for the current one)")
+    return text
+
+
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method.name", {"registry": RULES, "help": "credit rule"}),
@@ -93,6 +102,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             kwargs["help"] = f"{kwargs['help']}: {registry_choices(registry)}"
             kwargs["metavar"] = "NAME"
         kwargs["help"] = f"{kwargs['help']} ({key})"
+        if key == "model.arch":
+            kwargs["help"] += ("; any nn.Module: module:package.module:factory (= --arch module "
+                               "--set model.factory=package.module:factory)")
         if "choices" not in kwargs:
             kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
         parser.add_argument(flag, dest=key, default=None, **kwargs)
@@ -119,6 +131,9 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     for _, key, _, _ in SWITCHES:
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
+    arch = overrides.get("model.arch")
+    if isinstance(arch, str) and ":" in arch:  # --arch module:package.module:factory
+        overrides["model.arch"], _, overrides["model.factory"] = arch.partition(":")
     overrides.update(parse_override(item) for item in args.set)
     config = apply_overrides(config, overrides)
     shrink = env_overrides()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from creditaudit.cli.common import add_device_options, env_overrides
+from creditaudit.cli.common import add_device_options, env_overrides, folder
 from creditaudit.config import RunConfig, apply_where_read, device_overrides
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
@@ -62,7 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(d=256, L=4 ResidualMLP with terminal LN), then print accuracy, ‖h_L‖, "
                     "‖g_L‖, deep cosine and the protocol verdict per method, and each "
                     "method's margin over frozen blocks (diagnostic (d)).")
-    parser.add_argument("--out", default="runs/demo", help="results folder (default runs/demo)")
+    parser.add_argument("--out", default="runs/demo", type=folder,
+                        help="results folder (default runs/demo)")
     parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default="mnist1d",
                         help="mnist1d (default) or synthetic (the teacher–student task)")
     parser.add_argument("--epochs", type=int, default=None,

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from creditaudit.cli.common import add_device_options
+from creditaudit.cli.common import add_device_options, folder
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="dataset folder (CIFAR python batches or IDX files); "
                              "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist")
-    parser.add_argument("--out", default="results", metavar="DIR",
+    parser.add_argument("--out", default="results", metavar="DIR", type=folder,
                         help="results folder: runs in OUT/RUN_ID/, summaries in "
                              "OUT/experiments/ (default: results)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",

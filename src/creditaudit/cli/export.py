@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from creditaudit.cli.common import folder
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -16,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "saved as OUT/export_manifest.json. See docs/experiments.md.")
     parser.add_argument("results_dir", metavar="RESULTS_DIR",
                         help="folder holding run folders (the --out of train/sweep/experiment)")
-    parser.add_argument("out", metavar="OUT", help="folder to write the layout into")
+    parser.add_argument("out", metavar="OUT", type=folder, help="folder to write the layout into")
     parser.add_argument("--layout", choices=("faeval",), default="faeval",
                         help="faeval: the original study's results/ layout (default)")
     parser.add_argument("--dataset", default=None, metavar="NAME",

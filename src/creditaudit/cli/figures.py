@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from creditaudit.cli.common import folder
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -14,7 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "loaded). For each figure that cannot be drawn, list the runs it needs. "
                     "Nothing to draw is not an error (exit 0). See docs/figures.md.")
     add_index_options(parser)
-    parser.add_argument("--out", metavar="DIR", default=None,
+    parser.add_argument("--out", metavar="DIR", default=None, type=folder,
                         help="folder for the figure files (default: RESULTS_DIR/figures)")
     parser.set_defaults(handler=run)
 

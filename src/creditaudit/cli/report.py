@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from creditaudit.cli.common import folder
 from creditaudit.cli.figures import add_index_options
 
 
@@ -20,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "the reporting-template rows of each run. The HTML's tables sort and "
                     "filter; it needs no other file. Everything comes from the records.")
     add_index_options(parser)
-    parser.add_argument("--out", metavar="DIR", default=None,
+    parser.add_argument("--out", metavar="DIR", default=None, type=folder,
                         help="report folder (default: RESULTS_DIR/report); figures go to "
                              "OUT/figures")
     parser.set_defaults(handler=run)

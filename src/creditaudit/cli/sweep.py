@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from creditaudit.cli.common import add_device_options, env_overrides, finite_float
+from creditaudit.cli.common import add_device_options, env_overrides, finite_float, folder
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
@@ -51,7 +51,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="ray executor: runs that no Ray worker starts for this long, "
                              "while none of the sweep's runs is running, fail with the reason "
                              "(default 600)")
-    parser.add_argument("--out", default=None, metavar="DIR",
+    parser.add_argument("--stack", type=int, default=1, metavar="K",
+                        help="train up to K runs that differ only in seeds, learning rates, "
+                             "weight decay, λ, feedback seeds/scales or diagnostics settings "
+                             "as one stacked model in one worker, each with its own folder "
+                             "and record (bp, frozen, fa, dfa, drtp; default 1: every run "
+                             "alone). Meant for a GPU (not yet measured there); on a CPU "
+                             "it does not pay (docs/benchmarks.md)")
+    parser.add_argument("--out", default=None, metavar="DIR", type=folder,
                         help="results folder, overrides run.out_dir of the sweep file")
     add_device_options(parser)
     parser.add_argument("--dry-run", action="store_true",
@@ -207,6 +214,19 @@ def describe_planned_executor(args: argparse.Namespace) -> str:
             f"{per_run}")
 
 
+def describe_stacks(configs: list[Any], size: int) -> str:
+    """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs."""
+    from creditaudit.stacked import stack_groups
+    from creditaudit.sweep import unique_runs
+
+    groups = stack_groups(unique_runs(configs), size)
+    stacks = [g for g in groups if len(g) > 1]
+    alone = len(groups) - len(stacks)
+    text = (f"{sum(map(len, stacks))} runs in {len(stacks)} stack"
+            f"{'s' if len(stacks) != 1 else ''} of up to {size}")
+    return text + (f", {alone} run{'s' if alone != 1 else ''} alone" if alone else "")
+
+
 def _dry_run(sweep: Any, expansion: Any, configs: list[Any], args: argparse.Namespace,
              stale_after: float) -> int:
     from creditaudit.sweep import plan
@@ -214,6 +234,8 @@ def _dry_run(sweep: Any, expansion: Any, configs: list[Any], args: argparse.Name
     out_dir = Path(configs[0].run.out_dir)
     print(describe_plan(sweep, expansion, out_dir))
     print(f"executor: {describe_planned_executor(args)}")
+    if args.stack > 1:
+        print(f"stacks: {describe_stacks(configs, args.stack)}")
     for line in expansion.warnings:
         print(f"warning: {line}")
     for line in expansion.notes:
@@ -262,11 +284,16 @@ def check_flags(args: argparse.Namespace) -> None:
     impossible values — before anything is read, so ``--dry-run`` checks them too."""
     if args.threads_per_worker < 1:
         raise ConfigError(f"--threads-per-worker must be >= 1, got {args.threads_per_worker}")
+    if args.stack < 1:
+        raise ConfigError(f"--stack must be >= 1 (1 = every run alone), got {args.stack}")
     if args.max_runs is not None and args.max_runs < 1:
         raise ConfigError(f"--max-runs must be >= 1, got {args.max_runs}")
     if args.stale_after is not None and args.stale_after <= 0:
         raise ConfigError(f"--stale-after must be > 0 seconds, got {args.stale_after}")
     if args.executor == "ray":
+        if args.stack > 1:
+            raise ConfigError("--stack is for the local executor; Ray runs one run per task: "
+                              "drop --stack, or use --executor local")
         if args.workers is not None:
             raise ConfigError("--workers is for --executor local; Ray runs as many runs as "
                               "the cluster has CPUs (see --threads-per-worker)")
@@ -400,15 +427,17 @@ def run(args: argparse.Namespace) -> int:
                                 "started"):
                 stack.enter_context(executor)
             print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
-                  f"({describe_executor(executor, len(configs), args.threads_per_worker)})",
-                  flush=True)
+                  f"({describe_executor(executor, len(configs), args.threads_per_worker)}"
+                  + (f"; {describe_stacks(configs, args.stack)}" if args.stack > 1 else "")
+                  + ")", flush=True)
             progress = SweepProgress(len(configs), quiet=args.quiet)
             result = run_sweep(configs, executor, retry_failed=args.retry_failed,
                                stale_after=stale_after, wait_for_others=not args.no_wait,
                                grid_keys=grid_keys, on_progress=progress,
                                summary_extra={"sweep_file": str(args.sweep_file),
                                               "executor": executor.name,
-                                              "grid_keys": grid_keys})
+                                              "grid_keys": grid_keys},
+                               stack=args.stack)
     except KeyboardInterrupt:
         if progress is not None:
             progress.close()

@@ -38,6 +38,7 @@ from creditaudit.config.sections import (
     MAX_SEED,
     METHOD_NAME,
     PRECISIONS,
+    RETIRED_KEYS,
     SCHEDULES,
     DataConfig,
     DiagnosticsConfig,
@@ -159,6 +160,9 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     elif isinstance(base, type) and dataclasses.is_dataclass(base):
         return options_table(key, base, value)
     meta = f.metadata
+    if meta.get("path") and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{key}={value!r} is an empty path, which would mean the current "
+                          f"folder; give a folder ({key}=. for the current one)")
     if meta.get("choices") and value not in meta["choices"]:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of "
                           f"{', '.join(map(str, meta['choices']))}")
@@ -225,6 +229,10 @@ def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
     if not strict:
         return
     if (section, key) in LEGACY_DEFAULTS and LEGACY_DEFAULTS[(section, key)] == value:
+        return
+    if (section, key) in RETIRED_KEYS:  # an old config still loads
+        log.warning("warning: %s.%s is no longer read and is ignored: %s", section, key,
+                    RETIRED_KEYS[(section, key)])
         return
     if dropped is not None and section in SELECTORS and _owners(section, key):
         dropped.append(f"{section}.{key}")

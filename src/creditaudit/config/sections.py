@@ -30,16 +30,21 @@ SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; keep them non-negative
 PRECISIONS = ("fp32", "bf16")
+DEVICE_DATA = ("auto", "on", "off")
+CUDA_GRAPHS = ("auto", "off")
 ROLES = ("compute", "record", "place")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None, role: str = "compute") -> Any:
-    """A dataclass field with help text, validation metadata and its role (module doc)."""
+        max: float | None = None, role: str = "compute", path: bool = False) -> Any:
+    """A dataclass field with help text, validation metadata and its role (module doc).
+
+    ``path``: the value is a file or folder path, which must not be empty (an empty path
+    silently means the current folder)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return field(default=default, metadata={"help": help, "choices": choices, "min": min,
-                                            "max": max, "role": role})
+                                            "max": max, "role": role, "path": path})
 
 
 @dataclass
@@ -108,21 +113,50 @@ class DiagnosticsConfig:
     rho_directions: int = opt(32, "end of run: random unit directions per sample for ρ", min=1)
     null_draws: int = opt(20, "end of run: fresh feedback draws for the fresh-B null (FA/DFA)",
                           min=2)
+    rho_flops: float = opt(
+        2e11, "end of run: compute budget for ρ in floating-point operations — ρ uses at "
+        "most budget / (one sample's perturbed forwards, counted on the model) of its "
+        "rho_samples (at least 8; nudging then averages over the same samples), the same "
+        "count on any machine; the record says what it used and ρ's standard error (raise "
+        "it to always use rho_samples)", min=0.0)
+    end_of_run_memory_gb: float = opt(
+        2.0, "end of run: memory for one chunk of ρ, nudging, the fresh-B null and the "
+        "cosines, in GB (chunk sizes follow from the model's activation bytes per sample, "
+        "measured on a few samples)", min=0.01, role="place")
+
+
+# Keys earlier versions read that no longer exist, with what replaced them: an old config
+# holding one still loads (the key is ignored with a warning), never fails; a record drops it
+# as it drops every key its run's version no longer reads.
+RETIRED_KEYS: dict[tuple[str, str], str] = {
+    ("diagnostics", "rho_seconds"): "ρ's time budget made its samples depend on the "
+    "machine's speed and load; its budget is now diagnostics.rho_flops (floating-point "
+    "operations, the same samples on any machine)",
+}
 
 
 @dataclass
 class RunSettings:
     seed: int = opt(42, "seed of init, data order and feedback", min=0, max=MAX_SEED)
-    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/", role="place")
+    out_dir: str = opt("runs", "results folder; each run gets OUT_DIR/RUN_ID/", role="place",
+                       path=True)
     device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES,
                       role="place")
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
                          choices=PRECISIONS)
     threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1,
                               role="place")
+    device_data: str = opt("auto", "keep the train and test sets on the run's device and draw "
+                           "each batch there: the same batches, no host copy per batch (auto "
+                           "= on for CUDA)", choices=DEVICE_DATA, role="place")
+    cuda_graphs: str = opt("auto", "capture the training step in a CUDA graph and replay it "
+                           "(auto = on for CUDA runs of rules whose step can be captured: bp, "
+                           "frozen, fa, dfa, drtp; the record says what was used; not yet "
+                           "verified on a GPU)",
+                           choices=CUDA_GRAPHS, role="place")
     tensorboard: str | None = opt(None, "log every epoch, the protocol, the end-of-run metrics "
                                   "and the config to this TensorBoard folder (DIR/RUN_ID/)",
-                                  role="place")
+                                  role="place", path=True)
     wandb_project: str | None = opt(None, "log the same to this Weights & Biases project "
                                     "(WANDB_MODE=offline writes it to disk)", role="place")
     progress: bool = opt(True, "console progress: a run-level bar in a terminal, one line "

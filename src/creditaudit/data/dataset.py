@@ -7,7 +7,7 @@ feature datasets are float32 ``(N, D)``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -46,14 +46,21 @@ class Dataset:
         return tuple(self.train_x.shape[1:])
 
     def loader(self, split: str, batch_size: int, *, flatten: bool, shuffle: bool = False,
-               generator: torch.Generator | None = None) -> InMemoryLoader:
-        """Batches of model-ready inputs: normalised, augmented (train only), flattened."""
+               generator: torch.Generator | None = None, random_targets: int | None = None,
+               draw_per_epoch: bool | None = None) -> InMemoryLoader:
+        """Batches of model-ready inputs: normalised, augmented (train only), flattened
+        (``random_targets`` and ``draw_per_epoch``: see :class:`InMemoryLoader`)."""
         x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
         return InMemoryLoader(
             x, y, batch_size, shuffle=shuffle, generator=generator,
             augment=self.augment and split == "train", mean=self.mean, std=self.std,
-            flatten=flatten,
+            flatten=flatten, random_targets=random_targets, draw_per_epoch=draw_per_epoch,
         )
+
+    def to(self, device: torch.device) -> Dataset:
+        """The same data with its four tensors on ``device`` (not copied where they are)."""
+        return replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
+                       test_x=self.test_x.to(device), test_y=self.test_y.to(device))
 
     def test_loader(self, batch_size: int, *, flatten: bool, exclude: Tensor | None = None
                     ) -> InMemoryLoader:
@@ -63,6 +70,7 @@ class Dataset:
             return self.loader("test", batch_size, flatten=flatten)
         keep = torch.ones(self.test_y.shape[0], dtype=torch.bool)
         keep[exclude] = False
+        keep = keep.to(self.test_x.device)
         return InMemoryLoader(self.test_x[keep], self.test_y[keep], batch_size, shuffle=False,
                               mean=self.mean, std=self.std, flatten=flatten)
 

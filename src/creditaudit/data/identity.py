@@ -18,7 +18,10 @@ modification time and status-change time, so an unchanged file is hashed once pe
 The status-change time (ctime) cannot be set by programs, so a file rewritten with its old
 modification time restored (``cp -p``, ``touch -r``, ``os.utime``) is hashed again; and a
 file changed in the last few seconds is never cached, because two writes within one tick of
-the file system's clock leave the same timestamps.
+the file system's clock leave the same timestamps. Each cached digest is signed with the
+cache's per-machine key (:func:`creditaudit.cache.sign`): an entry edited in
+``fingerprints.json`` — another file's digest pasted in, so that other data would reuse a
+finished run — does not verify and is hashed again.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from creditaudit.cache import load_json_cache, store_json_cache
+from creditaudit.cache import load_json_cache, sign, store_json_cache, verify
 from creditaudit.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -52,10 +55,14 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
         return _MEMORY[key]
     disk_key = "|".join(map(str, key))
     cache = load_json_cache(FINGERPRINT_CACHE)
-    digest = cache.get(disk_key)
-    if isinstance(digest, str):
-        _MEMORY[key] = digest
-        return digest
+    entry = cache.get(disk_key)
+    if entry is not None:
+        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        if isinstance(digest, str) and verify(entry.get("mac"), FINGERPRINT_CACHE, disk_key,
+                                              digest):
+            _MEMORY[key] = digest
+            return digest
+        log.debug("fingerprint cache entry for %s does not verify; hashing the file", path)
     if decode is not None:
         content = decode(path)
     else:
@@ -66,6 +73,8 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
     digest = hashlib.sha256(content).hexdigest()
     if time.time() - max(stat.st_mtime, stat.st_ctime) > RACY_SECONDS:
         _MEMORY[key] = digest
-        cache[disk_key] = digest
-        store_json_cache(FINGERPRINT_CACHE, cache)
+        mac = sign(FINGERPRINT_CACHE, disk_key, digest)
+        if mac is not None:  # no key, no trustworthy entry: hash again next time
+            cache[disk_key] = {"sha256": digest, "mac": mac}
+            store_json_cache(FINGERPRINT_CACHE, cache)
     return digest

@@ -1,18 +1,48 @@
-"""An in-memory batch loader: the whole data set sits in RAM as tensors.
+"""An in-memory batch loader: the whole data set sits in memory (RAM or a GPU) as tensors.
 
-Every random draw (epoch permutation, crop offsets, flips) comes from one caller-owned
-``torch.Generator``, so a run is reproducible from the generator seed alone and the global
-RNG, which model initialisation may rely on, is left untouched.
+Every random draw (epoch permutation, crop offsets, flips, random targets) comes from one
+caller-owned CPU ``torch.Generator``, so a run is reproducible from the generator seed alone
+and the global RNG, which model initialisation may rely on, is left untouched. Data on a GPU
+get the same batches as on the CPU: the epoch's draws are made on the host, in the order the
+CPU path makes them, copied to the device once per epoch, and every batch is gathered,
+cropped and normalised there without a host round trip.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from creditaudit.data.transforms import normalize, random_crop_flip
+from creditaudit.data.transforms import (
+    apply_normalization,
+    crop_flip,
+    crop_flip_draws,
+    normalization,
+)
+
+# Zero padding of the random crop (the standard CIFAR augmentation).
+CROP_PADDING = 4
+
+
+@dataclass(frozen=True)
+class EpochDraws:
+    """Every random draw of one epoch, made on the host in the per-batch order
+    (permutation; then per batch: crop rows, crop columns, flips, random targets). Each
+    field is (N,) — int64, flips bool — or None when the loader does not draw it."""
+
+    order: Tensor | None
+    rows: Tensor | None
+    cols: Tensor | None
+    flips: Tensor | None
+    targets: Tensor | None
+
+    def to(self, device: torch.device) -> EpochDraws:
+        """The same draws on ``device`` (one copy per field, once per epoch)."""
+        return EpochDraws(*(None if t is None else t.to(device) for t in (
+            self.order, self.rows, self.cols, self.flips, self.targets)))
 
 
 class InMemoryLoader:
@@ -26,8 +56,14 @@ class InMemoryLoader:
     * float features (N, D): batches pass through unchanged (``augment``, ``mean`` and ``std``
       are not allowed).
 
-    Labels ``y`` (N,) are returned as stored (int64 for classification). Each call to
-    ``iter()`` is one epoch; with ``shuffle`` it draws a fresh permutation from ``generator``.
+    Labels ``y`` (N,) are returned as stored (int64 for classification), or replaced by
+    i.i.d. uniform labels in 0 … ``random_targets``−1 drawn afresh per batch (after the
+    batch's augmentation draws) when ``random_targets`` is given. Each call to ``iter()`` is
+    one epoch; with ``shuffle`` it draws a fresh permutation from ``generator``.
+
+    ``draw_per_epoch`` (default: whenever ``x`` is not on the CPU) makes the epoch's draws at
+    its start (:class:`EpochDraws`) instead of batch by batch: the same numbers from the same
+    generator, so the same batches bit for bit, with no host work per batch.
     """
 
     def __init__(
@@ -43,6 +79,8 @@ class InMemoryLoader:
         std: Sequence[float] | None = None,
         flatten: bool = False,
         drop_last: bool = False,
+        random_targets: int | None = None,
+        draw_per_epoch: bool | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -71,8 +109,12 @@ class InMemoryLoader:
                 f"mean/std need one value per channel ({x.shape[1]}), "
                 f"got {len(mean)} and {len(std)}"
             )
-        if (shuffle or augment) and generator is None:
-            raise ValueError("shuffle and augment draw from `generator`; pass a torch.Generator")
+        if (shuffle or augment or random_targets) and generator is None:
+            raise ValueError("shuffle, augment and random_targets draw from `generator`; pass "
+                             "a torch.Generator")
+        if random_targets is not None and random_targets < 1:
+            raise ValueError(f"random_targets must be a number of classes >= 1, got "
+                             f"{random_targets}")
         self.x = x
         self.y = y
         self.batch_size = batch_size
@@ -83,6 +125,12 @@ class InMemoryLoader:
         self.std = tuple(std) if std is not None else None
         self.flatten = flatten
         self.drop_last = drop_last
+        self.random_targets = random_targets
+        self.draw_per_epoch = (x.device.type != "cpu" if draw_per_epoch is None
+                               else draw_per_epoch)
+        # Kept on the data's device: a batch then copies nothing from the host.
+        self._normalization = None if self.mean is None or self.std is None else tuple(
+            t.to(x.device) for t in normalization(self.mean, self.std, x.shape[1]))
 
     @property
     def n_samples(self) -> int:
@@ -95,6 +143,9 @@ class InMemoryLoader:
         return n // bs if self.drop_last else -(-n // bs)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        if self.draw_per_epoch:
+            yield from self._iter_drawn(self.epoch_draws())
+            return
         order = (
             torch.randperm(self.n_samples, generator=self.generator, device=self.x.device)
             if self.shuffle
@@ -108,7 +159,47 @@ class InMemoryLoader:
             else:
                 idx = order[start:stop]
                 xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
-            yield self._prepare(xb), yb
+            xb = self._prepare(xb)
+            if self.random_targets is not None:
+                yb = torch.randint(0, self.random_targets, yb.shape, generator=self.generator)
+            yield xb, yb
+
+    def epoch_draws(self) -> EpochDraws:
+        """One epoch's draws, in the order the per-batch path makes them, on the data's
+        device."""
+        gen = self.generator
+        order = torch.randperm(self.n_samples, generator=gen) if self.shuffle else None
+        crops: list[tuple[Tensor, Tensor, Tensor]] = []
+        targets: list[Tensor] = []
+        augment = self.augment and self._images
+        for i in range(len(self)):
+            size = min(self.batch_size, self.n_samples - i * self.batch_size)
+            if augment:
+                assert gen is not None  # checked in __init__
+                crops.append(crop_flip_draws(size, gen, CROP_PADDING))
+            if self.random_targets is not None:
+                targets.append(torch.randint(0, self.random_targets, (size,), generator=gen))
+        rows, cols, flips = (torch.cat(parts) for parts in zip(*crops)) if crops else (
+            None, None, None)
+        return EpochDraws(order, rows, cols, flips,
+                          torch.cat(targets) if targets else None).to(self.x.device)
+
+    def _iter_drawn(self, draws: EpochDraws) -> Iterator[tuple[Tensor, Tensor]]:
+        for i in range(len(self)):
+            start = i * self.batch_size
+            stop = min(start + self.batch_size, self.n_samples)
+            if draws.order is None:
+                xb, yb = self.x[start:stop], self.y[start:stop]
+            else:
+                idx = draws.order[start:stop]
+                xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
+            if draws.rows is not None:
+                assert draws.cols is not None and draws.flips is not None
+                xb = crop_flip(xb, draws.rows[start:stop], draws.cols[start:stop],
+                               draws.flips[start:stop], CROP_PADDING)
+            if draws.targets is not None:
+                yb = draws.targets[start:stop]
+            yield self._normalize(xb), yb
 
     def _prepare(self, xb: Tensor) -> Tensor:
         """Turn one raw batch into model input: (B, C, H, W) uint8 → float32 (B, ...)."""
@@ -116,9 +207,18 @@ class InMemoryLoader:
             return xb
         if self.augment:
             assert self.generator is not None  # checked in __init__
-            xb = random_crop_flip(xb, self.generator)
-        if self.mean is not None and self.std is not None:
-            out = normalize(xb, self.mean, self.std)
+            rows, cols, flips = crop_flip_draws(xb.shape[0], self.generator, CROP_PADDING,
+                                                xb.device)
+            xb = crop_flip(xb, rows, cols, flips, CROP_PADDING)
+        return self._normalize(xb)
+
+    def _normalize(self, xb: Tensor) -> Tensor:
+        """uint8 (B, C, H, W) → float32 model input (standardised or scaled to [0, 1],
+        flattened when asked); features pass unchanged."""
+        if not self._images:
+            return xb
+        if self._normalization is not None:
+            out = apply_normalization(xb, *self._normalization)
         else:
             out = xb.to(torch.float32).div_(255.0)
         return out.reshape(out.shape[0], -1) if self.flatten else out

@@ -10,6 +10,14 @@ Generation runs at about 3 samples/ms on one core (60 000 samples ≈ 19 s), so 
 are cached as ``.npz`` in :func:`cache_dir`, keyed by a hash of the generator arguments and
 the package version. The cache is an optimisation only: a corrupt file is regenerated and an
 unwritable folder means no cache (both with a warning).
+
+A run never trains on cached arrays it has not verified. Beside each file, a digest of the
+arrays the generator produced is stored, signed with the cache's per-machine key
+(:func:`creditaudit.cache.sign`). Arrays that do not match it (edited labels, NaN features)
+are generated again, with one warning; a file without a valid digest (written by an earlier
+version, or its digest edited) is checked against a fresh generation. The digest of the
+arrays used goes into the dataset's provenance (``content_sha256``), so the run record says
+which arrays it trained on.
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from creditaudit.cache import cache_dir
+from creditaudit.cache import cache_dir, sign, verify
 from creditaudit.config import DataConfig
+from creditaudit.descriptions import CONTENT_DIGEST
 from creditaudit.errors import DataError, OutputError
 from creditaudit.safe_files import atomic_write_bytes
 
@@ -41,6 +50,8 @@ CACHE_ENV = "CREDITAUDIT_CACHE"
 CACHE_FORMAT = 1
 N_CLASSES = 10
 _KEYS = ("train_x", "train_y", "test_x", "test_y")
+# What a cache file's digest is signed for (a signature of another cache never verifies).
+DIGEST_SCOPE = "mnist1d-arrays"
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -145,15 +156,85 @@ def _read_cache(path: Path, args: dict[str, Any]) -> Arrays | None:
     return tuple(arrays[key] for key in _KEYS)  # type: ignore[return-value]
 
 
-def _write_cache(path: Path, arrays: Arrays) -> None:
-    """Write atomically (temp file + rename in the cache folder); failures only warn."""
+def arrays_digest(arrays: Arrays) -> str:
+    """sha256 (hex) of the four arrays: each one's name, dtype, shape and bytes in C order."""
+    digest = hashlib.sha256()
+    for key, array in zip(_KEYS, arrays):
+        array = np.ascontiguousarray(array)
+        digest.update(json.dumps([key, array.dtype.str, list(array.shape)]).encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def digest_path(path: Path) -> Path:
+    """The file beside cache file ``path`` holding the signed digest of its arrays."""
+    return path.with_name(f"{path.stem}.digest.json")
+
+
+def _recorded_digest(path: Path) -> str | None:
+    """The digest recorded when the arrays in ``path`` were generated, or None when there
+    is none this machine signed (missing, unreadable, or edited since)."""
+    try:
+        entry = json.loads(digest_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    digest = entry.get("sha256") if isinstance(entry, dict) else None
+    if isinstance(digest, str) and verify(entry.get("mac"), DIGEST_SCOPE, path.name, digest):
+        return digest
+    log.debug("the digest beside %s is not signed by this machine's cache key", path)
+    return None
+
+
+def _write_cache(path: Path, arrays: Arrays, digest: str) -> None:
+    """Write the arrays, then their signed digest, atomically (temp file + rename in the
+    cache folder); failures only warn. The old digest goes first, so no crash can leave a
+    digest beside arrays it does not describe."""
     buffer = io.BytesIO()
     np.savez(buffer, **dict(zip(_KEYS, arrays)))
     try:
+        digest_path(path).unlink(missing_ok=True)
         atomic_write_bytes(path, buffer.getvalue())
-    except OutputError as exc:
+    except (OutputError, OSError) as exc:
         log.warning("could not cache MNIST-1D in %s (%s); it will be generated again next "
                     "time (set %s to a writable folder)", path.parent, exc, CACHE_ENV)
+        return
+    _write_digest(path, digest)
+
+
+def _write_digest(path: Path, digest: str) -> None:
+    mac = sign(DIGEST_SCOPE, path.name, digest)
+    if mac is None:  # no cache key: the file cannot be trusted next time anyway
+        return
+    try:
+        atomic_write_bytes(digest_path(path), json.dumps({"sha256": digest, "mac": mac},
+                                                         sort_keys=True).encode())
+    except OutputError as exc:
+        log.debug("MNIST-1D digest not cached: %s", exc)
+
+
+def _verified_cache(path: Path, args: dict[str, Any]) -> tuple[Arrays, str] | None:
+    """The cached arrays and their digest when they are what the generator makes for
+    ``args``; None (after one warning if the file is not) when they must be generated."""
+    arrays = _read_cache(path, args)
+    if arrays is None:
+        return None
+    digest = arrays_digest(arrays)
+    recorded = _recorded_digest(path)
+    if recorded is None:  # no trustworthy digest: generating once more decides
+        fresh = generate_mnist1d(args)
+        fresh_digest = arrays_digest(fresh)
+        if fresh_digest != digest:
+            log.warning("MNIST-1D cache file %s does not hold the data its generator makes "
+                        "(it was changed); generating the data again", path)
+            _write_cache(path, fresh, fresh_digest)
+        else:
+            _write_digest(path, digest)
+        return fresh, fresh_digest
+    if recorded != digest:
+        log.warning("MNIST-1D cache file %s does not match the digest recorded when it was "
+                    "generated (it was changed); generating the data again", path)
+        return None
+    return arrays, digest
 
 
 def load_mnist1d(config: DataConfig, *, seed: int
@@ -161,18 +242,23 @@ def load_mnist1d(config: DataConfig, *, seed: int
     """MNIST-1D generated from ``seed`` (cached): tensors and their provenance.
 
     Returns ``((train_x, train_y, test_x, test_y), provenance)``: float32 ``(N, 40)`` and
-    int64 ``(N,)``; provenance = ``{"generator", "version", "args"}`` (the exact
-    ``make_dataset`` arguments).
+    int64 ``(N,)``; provenance = ``{"generator", "version", "args", "content_sha256"}`` (the
+    exact ``make_dataset`` arguments, and the digest of the arrays returned — verified
+    against the generator's: see the module docstring).
     """
     args = mnist1d_generator_args(config, seed)
     version = package_version()
     path = cache_path(args, version)
-    arrays = _read_cache(path, args)
-    if arrays is None:
+    verified = _verified_cache(path, args)
+    if verified is None:
         arrays = generate_mnist1d(args)
-        _write_cache(path, arrays)
+        digest = arrays_digest(arrays)
+        _write_cache(path, arrays, digest)
+    else:
+        arrays, digest = verified
     tensors = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
-    return tensors, mnist1d_provenance(config, seed)  # type: ignore[return-value]
+    provenance = {**mnist1d_provenance(config, seed), CONTENT_DIGEST: digest}
+    return tensors, provenance  # type: ignore[return-value]
 
 
 def mnist1d_provenance(config: DataConfig, seed: int) -> dict[str, Any]:

@@ -114,7 +114,7 @@ class FileOptions:
     """Datasets read from files."""
 
     data_dir: str | None = opt(None, "folder holding the dataset files (--data-dir)",
-                               role="place")
+                               role="place", path=True)
     augment: bool | None = opt(None, "random crop + flip of training images (default: on for "
                                "CIFAR, off otherwise)")
 

@@ -41,7 +41,18 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
     _check_images(x_uint8, "x_uint8")
     if x_uint8.dtype != torch.uint8:
         raise ValueError(f"normalize expects uint8 pixels, got {x_uint8.dtype}")
-    n_channels = x_uint8.shape[1]
+    scale, shift = normalization(mean, std, x_uint8.shape[1])
+    return apply_normalization(x_uint8, scale.to(x_uint8.device), shift.to(x_uint8.device))
+
+
+def normalization(mean: Sequence[float], std: Sequence[float], n_channels: int
+                  ) -> tuple[Tensor, Tensor]:
+    """(scale, shift), each (1, C, 1, 1) float32 on the CPU, with
+    ``x·scale + shift = (x / 255 − mean) / std`` to float32 rounding (:func:`normalize`).
+
+    A loader that keeps its data on a GPU computes them once and keeps them there, so a
+    batch costs no host-to-device copy.
+    """
     if len(mean) != n_channels or len(std) != n_channels:
         raise ValueError(
             f"mean/std need one value per channel ({n_channels}), got {len(mean)} and {len(std)}"
@@ -52,11 +63,17 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
     std_t = torch.tensor(std, dtype=torch.float64)
     # Folded into one affine map (computed in float64, so only the final float32 rounding
     # differs from the textbook formula): two in-place passes over the float copy instead of
-    # three. Converting first matters: a mixed uint8 × float32 mul is ~15x slower on CPU.
+    # three.
     scale = (1.0 / (255.0 * std_t)).to(torch.float32).view(1, -1, 1, 1)
     shift = (-mean_t / std_t).to(torch.float32).view(1, -1, 1, 1)
-    out = x_uint8.to(torch.float32)
-    return out.mul_(scale.to(out.device)).add_(shift.to(out.device))
+    return scale, shift
+
+
+def apply_normalization(x_uint8: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """(B, C, H, W) float32 ``x·scale + shift`` of uint8 pixels (:func:`normalization`'s
+    scale and shift, on ``x``'s device)."""
+    # Converting first matters: a mixed uint8 × float32 mul is ~15x slower on CPU.
+    return x_uint8.to(torch.float32).mul_(scale).add_(shift)
 
 
 def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
@@ -78,14 +95,32 @@ def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) ->
     _check_images(x)
     if padding < 0:
         raise ValueError(f"padding must be >= 0, got {padding}")
-    b, c, h, w = x.shape
-    if b == 0:
+    if x.shape[0] == 0:
         return x.clone()
-    dev = x.device
-    row_off = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
-    col_off = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
-    flip = torch.rand(b, generator=generator, device=dev) < 0.5
+    rows, cols, flip = crop_flip_draws(x.shape[0], generator, padding, x.device)
+    return crop_flip(x, rows, cols, flip, padding)
 
+
+def crop_flip_draws(b: int, generator: torch.Generator, padding: int = 4,
+                    device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`random_crop_flip`'s draws for ``b`` samples, in its order: (row offsets (B,)
+    and column offsets (B,) int64 in [0, 2·padding], flips (B,) bool)."""
+    rows = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=device)
+    cols = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=device)
+    flip = torch.rand(b, generator=generator, device=device) < 0.5
+    return rows, cols, flip
+
+
+def crop_flip(x: Tensor, row_off: Tensor, col_off: Tensor, flip: Tensor, padding: int = 4
+              ) -> Tensor:
+    """The crops and flips of :func:`random_crop_flip` for given draws (no randomness).
+
+    ``x`` (B, C, H, W); ``row_off``, ``col_off`` (B,) int64 in [0, 2·padding]; ``flip`` (B,)
+    bool; all on ``x``'s device. Output sample b is ``pad(x)[b, :, oy:oy+H, ox:ox+W]``,
+    reversed along the last axis where ``flip[b]``.
+    """
+    b, c, h, w = x.shape
+    dev = x.device
     hp, wp = h + 2 * padding, w + 2 * padding
     # Stack the zero-padded batch and its mirror image. A flipped crop at column offset o is
     # the plain crop of the mirror at offset 2·padding − o, so every output row becomes one

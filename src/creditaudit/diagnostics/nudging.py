@@ -14,13 +14,21 @@ fp32 resolves.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.diagnostics.perturbation import WorkingCopy
+from creditaudit.diagnostics.perturbation import (
+    BP_CREDIT,
+    DEFAULT_MEMORY_GB,
+    Clock,
+    Say,
+    StageProgress,
+    WorkingCopy,
+)
 
 DEFAULT_ETAS = (0.01, 0.1)
 
@@ -43,7 +51,6 @@ def eta_key(eta: float) -> str:
     return repr(float(eta))
 
 
-@torch.no_grad()
 def nudging_deltas(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor],
                    etas: Sequence[float] = (0.01,), layers: Sequence[int] | None = None, *,
                    dtype: torch.dtype | None = torch.float64,
@@ -57,19 +64,61 @@ def nudging_deltas(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Ten
     layers], …}``; negative Δ means the credit is a descent direction. ``dtype=None`` runs
     the caller's model as it is (eval mode assumed); otherwise a copy in ``dtype``.
     ``working``: a :class:`~creditaudit.diagnostics.perturbation.WorkingCopy` of ``model``
-    on ``x`` to reuse (``dtype`` is then ignored).
+    on ``x`` to reuse (``dtype`` is then ignored). :func:`nudging_table` measures several
+    credits in one pass.
     """
-    w = working or WorkingCopy.of(model, x, y, dtype)
-    work, states = w.model, w.states
-    before = F.cross_entropy(w.logits, y)
-    layers = list(range(1, len(states))) if layers is None else list(layers)
-    out: dict[str, list[float]] = {}
-    for eta in etas:
-        deltas = []
-        for layer in layers:
-            h = states[layer]
-            step = unit_rms(credits[layer].to(device=h.device, dtype=h.dtype))
-            after = F.cross_entropy(work.forward_from(layer, h - eta * step), y)
-            deltas.append(float(after - before))
-        out[eta_key(eta)] = deltas
-    return out
+    return nudging_table(model, x, y, [credits], etas, layers, dtype=dtype,
+                         working=working)[0]
+
+
+@torch.no_grad()
+def nudging_table(model: nn.Module, x: Tensor, y: Tensor,
+                  credits: Sequence[Sequence[Tensor] | None], etas: Sequence[float] = (0.01,),
+                  layers: Sequence[int] | None = None, *,
+                  dtype: torch.dtype | None = torch.float64,
+                  working: WorkingCopy | None = None, n_samples: int | None = None,
+                  memory_bytes: float = DEFAULT_MEMORY_GB * 1e9,
+                  progress: Say | None = None,
+                  clock: Clock = time.perf_counter) -> list[dict[str, list[float]]]:
+    """:func:`nudging_deltas` of several credits, in one pass over the samples.
+
+    ``credits``: per credit [a_0 … a_L] over the N samples, or
+    :data:`~creditaudit.diagnostics.perturbation.BP_CREDIT` (None) for the working copy's
+    exact BP gradient. Uses the first ``n_samples`` samples (default all N), chunk by chunk
+    of the working copy (one planned for ``memory_bytes`` when ``working`` is None): with
+    one chunk the means are taken over it at once, with several they are summed per chunk,
+    which changes only the rounding. ``progress`` (e.g. ``print``) gets the samples done
+    and the ETA at most every ``PROGRESS_SECONDS``. Returns one dict per credit.
+    """
+    w = working or WorkingCopy.planned(model, x, y, dtype, memory_bytes=memory_bytes)
+    n = w.n if n_samples is None else min(n_samples, w.n)
+    n_layers = len(w.part(0, min(1, n)).states)
+    layers = list(range(1, n_layers)) if layers is None else list(layers)
+    need_bp = any(c is BP_CREDIT for c in credits)
+    one_pass = w.chunks_over(n) == 1
+    progress_ = StageProgress(progress, "nudging", n, clock=clock)
+    reduction = "mean" if one_pass else "sum"
+    before: list[Tensor] = []
+    after: dict[tuple[int, int, int], list[Tensor]] = {}
+    # Several chunks change the rounding anyway, so BP gradients ρ left in a chunk (of
+    # another mean: nudging reads directions only) serve as they are.
+    for part in w.parts(n, bp=need_bp, any_scale=not one_pass):
+        before.append(F.cross_entropy(part.logits, part.y, reduction=reduction))
+        for k, credit in enumerate(credits):
+            for e, eta in enumerate(etas):
+                for layer in layers:
+                    h = part.states[layer]
+                    a = (part.bp[layer] if credit is BP_CREDIT  # type: ignore[index]
+                         else credit[layer][part.start:part.stop])
+                    step = unit_rms(a.to(device=h.device, dtype=h.dtype))
+                    logits = w.model.forward_from(layer, h - eta * step)
+                    after.setdefault((k, e, layer), []).append(
+                        F.cross_entropy(logits, part.y, reduction=reduction))
+        progress_.update(part.stop, clock())
+
+    def mean(values: list[Tensor]) -> Tensor:
+        return values[0] if one_pass else sum(values) / n  # type: ignore[return-value]
+
+    base = mean(before)
+    return [{eta_key(eta): [float(mean(after[(k, e, layer)]) - base) for layer in layers]
+             for e, eta in enumerate(etas)} for k in range(len(credits))]

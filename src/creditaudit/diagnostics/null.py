@@ -9,6 +9,7 @@ reports where the training matrices' value sits in that distribution.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor
 from creditaudit.diagnostics.alignment import ReferenceDirections, deep_mean
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
+from creditaudit.diagnostics.perturbation import Clock, Say, StageProgress
 from creditaudit.errors import ConfigError
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import summary_vectors
@@ -29,12 +31,10 @@ def has_feedback(rule: object) -> bool:
     return getattr(rule, "feedback_kind", "none") == "fixed_random"
 
 
-def _deep_cos(credits: list[Tensor], reference: ReferenceDirections) -> float:
-    return deep_mean(reference.cosines([summary_vectors(a) for a in credits]))
-
-
 def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
-                        seed: int = DEFAULT_NULL_SEED, *, grads: list[Tensor] | None = None
+                        seed: int = DEFAULT_NULL_SEED, *, grads: list[Tensor] | None = None,
+                        credits: list[Tensor] | None = None, chunk: int | None = None,
+                        progress: Say | None = None, clock: Clock = time.perf_counter
                         ) -> dict[str, Any]:
     """Deep cosine with ``n`` freshly drawn feedback sets vs the training feedback.
 
@@ -43,7 +43,13 @@ def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
     training feedback), with a generator seeded by ``seed``: the global RNG is never
     touched. The rule's own feedback is restored afterwards, also when a draw fails
     (:meth:`~creditaudit.methods.CreditRule.using_feedback`). ``grads``: the reference
-    gradients' summaries on ``x`` when already computed (any positive scale per sample).
+    gradients' summaries on ``x`` when already computed (any positive scale per sample);
+    ``credits``: the training feedback's credit summaries on ``x`` when already computed.
+
+    ``chunk``: samples per pass (default all N at once). Each chunk draws the same ``n``
+    feedback sets again from a generator seeded ``seed``, so the cosines, taken over all N
+    samples at the end, do not depend on it. ``progress`` (e.g. ``print``) gets the
+    samples done and the ETA at most every ``PROGRESS_SECONDS``.
 
     Returns ``{"mean", "std", "values", "training_value", "z", "n", "seed"}``: mean and
     (unbiased, n−1) std of the deep cosine over the draws, every draw's value, the deep
@@ -59,13 +65,31 @@ def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
     # Cosines are scale-free, so the 1/128-scaled gradients serve as the reference as-is.
     if grads is None:
         grads = state_gradients(rule.model.forward_states, x, y).grads
-    generator = torch.Generator().manual_seed(seed)
     reference = ReferenceDirections(grads)
-    training_value = deep_mean(reference.cosines(rule_credits(rule, x, y)))
-    draws = (rule.draw_feedback(generator) for _ in range(n))
-    values = [_deep_cos(credits, reference) for credits in rule.credits_under(x, y, draws)]
+    if credits is None:
+        credits = rule_credits(rule, x, y)
+    training_value = deep_mean(reference.cosines(credits))
+    total = int(x.shape[0])
+    chunk = total if chunk is None else max(1, chunk)
+    progress_ = StageProgress(progress, "fresh-feedback null", total, clock=clock)
+    summaries: list[list[list[Tensor]]] = [[] for _ in range(n)]  # draw → chunk → layers
+    for start in range(0, total, chunk):
+        xb, yb = x[start:start + chunk], y[start:start + chunk]
+        generator = torch.Generator().manual_seed(seed)
+        draws = (rule.draw_feedback(generator) for _ in range(n))
+        for index, draw_credits in enumerate(rule.credits_under(xb, yb, draws)):
+            summaries[index].append([summary_vectors(a) for a in draw_credits])
+        progress_.update(min(start + chunk, total), clock())
+    values = [deep_mean(reference.cosines(_joined(parts))) for parts in summaries]
     tensor = torch.tensor(values, dtype=torch.float64)
     mean, std = float(tensor.mean()), float(tensor.std(unbiased=True))
     z = (training_value - mean) / std if std > 0 and math.isfinite(std) else float("nan")
     return {"mean": mean, "std": std, "values": values, "training_value": training_value,
             "z": z, "n": n, "seed": seed}
+
+
+def _joined(parts: list[list[Tensor]]) -> list[Tensor]:
+    """Per layer, the chunks' summaries one after another (one chunk: as it is)."""
+    if len(parts) == 1:
+        return parts[0]
+    return [torch.cat([p[layer] for p in parts]) for layer in range(len(parts[0]))]

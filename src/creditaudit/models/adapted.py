@@ -21,7 +21,12 @@ rewritten. What the rules and diagnostics need then follows from running it:
 whose output is not one floating tensor of shape (B, d), (B, T, d) or (B, C, H, W), a state
 module called twice or not at all, states listed out of order, a state that does not reach
 the output, a state that is not a cut, and a model that mixes samples in eval mode (the
-diagnostics run there and need per-sample independence).
+diagnostics run there and need per-sample independence). It also learns whether the readout
+ends in a LayerNorm — the fact the protocol's diagnosis of (b) rests on — unless it is
+declared: the logits of a readout that normalises h_L do not change when h_L is scaled.
+
+On PyTorch's meta device (a run plan sizes a model there: no memory, no values) the probe
+learns the shapes only and checks nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
-from creditaudit.models.contract import restored_buffers
+from creditaudit.models.contract import LAYOUTS, restored_buffers
 
 PROBE_SAMPLES = 4  # the probe batch (at least 2: sample independence compares samples)
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
@@ -45,6 +51,10 @@ REPRODUCE_RTOL = 1e-4
 # Sample 0's outputs may move by this much (relative) when the other samples change:
 # rounding of batched kernels, never a mixing layer (those move it by O(1)).
 MIXING_RTOL = 1e-5
+# A readout is scale-invariant (ends in a LayerNorm) when scaling a unit-RMS h_L by 4 moves the
+# logits by less than this, relative: a LayerNorm's eps and float32 rounding move them by
+# ~1e-5, a readout linear in h_L by O(1).
+SCALE_INVARIANT_RTOL = 1e-3
 
 OnOutput = Callable[[int, Any], Any]
 
@@ -56,15 +66,20 @@ class AdaptedModel(nn.Module):
     from the probe: ``state_names`` (L + 1 names), ``state_shapes`` (each state's shape
     without the batch), ``state_widths`` (feature width d_l: last axis of ``(B, d)`` and
     ``(B, T, d)`` states, channel axis of ``(B, C, H, W)`` maps), ``n_classes``,
-    ``input_shape`` and ``input_dtype``. ``n_blocks`` is L.
+    ``input_shape`` and ``input_dtype``. ``n_blocks`` is L. ``terminal_ln``: whether the
+    readout normalises h_L with a LayerNorm, as declared to :func:`adapt` or probed (None
+    when neither: built on the meta device). :meth:`describe` says what the model is.
     """
 
     state_shapes: tuple[tuple[int, ...], ...]
     state_widths: tuple[int, ...]
     n_classes: int
+    terminal_ln: bool | None
+    # Set by creditaudit.models.build_model when a registered architecture built it.
+    architecture: Any = None
 
     def __init__(self, net: nn.Module, states: Sequence[str], readout: Sequence[str] | None,
-                 probe: Tensor) -> None:
+                 probe: Tensor, terminal_ln: bool | None = None) -> None:
         super().__init__()
         self.net = net
         self.state_names = tuple(states)
@@ -82,7 +97,28 @@ class AdaptedModel(nn.Module):
             _check_names(net, self.readout_names, "readout")
         self.input_shape: tuple[int, ...] = tuple(probe.shape[1:])
         self.input_dtype = probe.dtype
-        self._probe(probe)
+        self.terminal_ln = terminal_ln
+        if probe.is_meta:
+            self._learn_shapes(probe)
+        else:
+            self._probe(probe)
+
+    def describe(self) -> ModelDescription:
+        """What this model is, for records and reports: the wrapped class as its label, with
+        the state width d (one width, or the range ``d=16–64``) and the depth L; the state
+        layout (vectors, tokens or maps, when every state has one); ``terminal_ln`` as
+        declared or probed; ``residual`` is unknown (None): an adapted model's blocks are
+        whatever lies between its states."""
+        low, high = min(self.state_widths), max(self.state_widths)
+        width = f"{low}" if low == high else f"{low}–{high}"
+        dims = {len(shape) for shape in self.state_shapes}  # (d,), (T, d) or (C, H, W)
+        layout = LAYOUTS[dims.pop() - 1] if len(dims) == 1 else None
+        arch = self.architecture.name if self.architecture is not None else "adapted"
+        return ModelDescription(
+            arch=arch, label=f"{type(self.net).__name__} d={width} L={self.n_blocks}",
+            terminal_ln=self.terminal_ln, d=low if low == high else None,
+            n_blocks=self.n_blocks, residual=None, input_shape=list(self.input_shape),
+            layout=layout, parameters=sum(p.numel() for p in self.net.parameters()))
 
     # --- the contract ---------------------------------------------------------------------
     @property
@@ -266,6 +302,8 @@ class AdaptedModel(nn.Module):
                 self._find_prefixes(x)
                 self._check_states(x)
                 self._find_segments(x)
+                if self.terminal_ln is None:
+                    self.terminal_ln = self._readout_is_scale_invariant(x)
         finally:
             for module, training in modes:
                 module.training = training
@@ -309,6 +347,30 @@ class AdaptedModel(nn.Module):
                         f"the input other than through it (rerun from it they differ by "
                         f"{gap:.3g}), e.g. a skip connection jumps over it; name block "
                         "outputs, whose value is all the rest of the network reads")
+
+    def _learn_shapes(self, x: Tensor) -> None:
+        """On the meta device: the states' shapes and the classes from one traced forward
+        (values do not exist there, so nothing is checked and no segment is found)."""
+        with torch.no_grad():
+            states, logits = self._trace(x, detach=False, leaf=False)
+        self.state_shapes = tuple(tuple(h.shape[1:]) for h in states)
+        self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
+                                  for h in states)
+        self.n_classes = int(logits.shape[1])
+
+    def _readout_is_scale_invariant(self, x: Tensor) -> bool:
+        """Whether the logits stay put when h_L is scaled by 4: a readout that normalises
+        h_L. Each sample's h_L is first brought to unit RMS, where a LayerNorm's eps is
+        negligible (~1e-5) and a saturating nonlinearity (tanh) is not saturated yet."""
+        with torch.no_grad():
+            states, _ = self._trace(x, detach=True, leaf=False)
+            h = states[-1]
+            rms = h.flatten(1).pow(2).mean(dim=1).sqrt().clamp_min(1e-12)
+            h = h / rms.view(-1, *([1] * (h.dim() - 1)))
+            base = self.forward_from(self.n_blocks, h)
+            scaled = self.forward_from(self.n_blocks, 4.0 * h)
+        change = float((scaled - base).norm()) / max(float(base.norm()), 1e-30)
+        return change < SCALE_INVARIANT_RTOL
 
     def _check_independence(self, x: Tensor) -> None:
         """Eval-mode outputs of sample 0 must not move when the other samples change."""
@@ -411,8 +473,8 @@ class AdaptedModel(nn.Module):
 
 
 def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] | None = None,
-          *, example: Tensor | None = None,
-          input_shape: Sequence[int] | None = None) -> AdaptedModel:
+          *, example: Tensor | None = None, input_shape: Sequence[int] | None = None,
+          terminal_ln: bool | None = None) -> AdaptedModel:
     """``model`` (any ``nn.Module`` whose forward maps a batch to (B, C) logits) with the
     outputs of the submodules ``states`` as its states h_0 … h_L.
 
@@ -424,7 +486,9 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
     inputs, (B, …)) or ``input_shape`` (one input's shape; probed with random normal inputs)
     is needed: ``adapt`` runs the model on it in eval mode to learn the shapes and check the
     states, and raises a one-line ModelContractError when they cannot work. The probe
-    changes nothing (parameters, buffers, ``.grad``, training flags, RNG).
+    changes nothing (parameters, buffers, ``.grad``, training flags, RNG). ``terminal_ln``:
+    whether the readout normalises h_L with a LayerNorm; by default probed (the logits do
+    not move when h_L is scaled).
     """
     if not isinstance(model, nn.Module):
         raise ModelContractError(f"adapt() takes an nn.Module, got {type(model).__name__}")
@@ -445,7 +509,11 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
     elif not isinstance(example, Tensor) or example.dim() < 1:
         raise ModelContractError(f"example must be a batch of inputs (B, …), got "
                                  f"{_describe(example)}")
-    return AdaptedModel(model, list(states), readout, example[:PROBE_SAMPLES].detach())
+    if terminal_ln is not None and not isinstance(terminal_ln, bool):
+        raise ModelContractError(f"terminal_ln must be True, False or None (probed), got "
+                                 f"{terminal_ln!r}")
+    return AdaptedModel(model, list(states), readout, example[:PROBE_SAMPLES].detach(),
+                        terminal_ln)
 
 
 def _hook(index: int, on_output: OnOutput, module: nn.Module, args: Any, output: Any) -> Any:

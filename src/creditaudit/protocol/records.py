@@ -84,12 +84,15 @@ def arch_variant(record: RunRecord, *, ln_suffix: str = "-noLN",
                  residual_suffix: str | None = "-no-residual") -> str:
     """The architecture's name, marked when the model lacks the terminal LayerNorm its
     architecture can have (``resmlp-noLN``; StudentNet has none by definition, so stays
-    ``student``) or its skips (``-no-residual``) — facts of the built model."""
+    ``student``) or its skips (``-no-residual``) — facts of the built model. A network
+    adapted from any nn.Module (``module``, ``own-loop``) is named by its class."""
     name = record.config.model.arch
     model = model_description(record)
     arch = ARCHITECTURES.find(name)
     if model is None:
         return name
+    if arch is not None and arch.adapted and model.short_label:
+        return model.short_label
     if model.terminal_ln is False and arch is not None and "out_ln" in arch.option_names():
         name += ln_suffix
     if model.residual is False and residual_suffix is not None:

@@ -308,14 +308,27 @@ WRITTEN_ALIASES = ("hidden_norms_cls",)
 # --- result blocks ---------------------------------------------------------
 @dataclass
 class FinalResults:
-    """The headline numbers of the last evaluated epoch."""
+    """The headline numbers of the last evaluated epoch (of a diverged run: the last whose
+    evaluation was finite)."""
 
     epochs_completed: int = doc("last evaluated epoch", 0, domain=NONNEGATIVE)
+    from_epoch: int | None = doc(
+        "diverged runs whose last evaluated epoch was not finite: the epoch the numbers "
+        "below are from, the last whose evaluation was finite (a network that overflowed "
+        "predicts one class; its own numbers stay in the log). Absent otherwise: the numbers "
+        "are those of `epochs_completed`", domain=NONNEGATIVE)
     test_acc: float | None = doc("test accuracy (fraction)", domain=ACCURACY)
     test_loss: float | None = doc("test cross-entropy (nats)", domain=NONNEGATIVE)
     h_L_norm: float | None = doc("median ‖h_L‖", domain=NONNEGATIVE)
     g_L_norm: float | None = doc("median ‖g_L‖ (1/128 scale)", domain=NONNEGATIVE)
     deep_cos: float | None = doc("deep cosine", domain=COSINE)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (``from_epoch`` only where it is set)."""
+        out = dataclasses.asdict(self)
+        if out["from_epoch"] is None:
+            del out["from_epoch"]
+        return out
 
 
 @dataclass
@@ -343,13 +356,31 @@ class EndOfRun:
     rho_controls: dict[str, list[float]] | None = doc("ρ of the BP and of a random credit",
                                                       domain=CORRELATION)
     rho_measurable: list[bool] | None = doc("per state: BP control ρ ≥ 0.9")
-    rho_samples: int | None = doc("samples used for ρ", domain=NONNEGATIVE)
+    rho_samples: int | None = doc(
+        "samples used for ρ: rho_samples_asked, or ⌊rho_budget_flops / rho_sample_flops⌋ "
+        "where that is fewer (never below 8)", domain=NONNEGATIVE)
     rho_directions: int | None = doc("random directions per sample for ρ", domain=NONNEGATIVE)
+    rho_se: list[float] | None = doc(
+        "per state: standard error of perturbation_rho (jackknife over the samples, each "
+        "with its directions)", domain=NONNEGATIVE)
+    rho_samples_asked: int | None = doc(
+        "samples asked for ρ: `diagnostics.rho_samples`, at most the evaluation samples",
+        domain=NONNEGATIVE)
+    rho_sample_flops: int | None = doc(
+        "floating-point operations of one sample's perturbed forwards for ρ (1 + "
+        "rho_directions forwards from each state, counted on the model: matrix products, "
+        "convolutions, attention); depends on the model's shapes only", domain=NONNEGATIVE)
+    rho_budget_flops: float | None = doc(
+        "ρ's compute budget in floating-point operations (`diagnostics.rho_flops`; absent: "
+        "none)", domain=NONNEGATIVE)
     nudging: dict[str, list[float]] | None = doc(
         "Δ mean loss after h_l ← h_l − η·a_l/RMS(a_l), per η (key) and deep state 1 … L "
         "(nats; negative = the credit is a descent direction)")
     nudging_controls: dict[str, dict[str, list[float]]] | None = doc(
         "the same for the BP credit (`bp`) and a random credit (`random`)")
+    nudging_samples: int | None = doc(
+        "samples the nudging means run over: every evaluation sample, or ρ's when ρ's "
+        "compute budget held fewer than asked", domain=NONNEGATIVE)
     fresh_b_null: dict[str, Any] | None = doc(
         "rules with fixed random feedback: deep cosine with n freshly drawn feedback sets "
         "(mean, std, values) against the training feedback (training_value, z)",

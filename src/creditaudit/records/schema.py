@@ -68,7 +68,8 @@ class RunRecord:
         "package versions, `source` (the git commit of the creditaudit source, `+dirty` when "
         "its tracked files under src/ differ; null for an installed wheel), `components` (the "
         "rule's, model's and dataset's name, id_version and origin: creditaudit or a plugin's "
-        "dist==version), device, threads", factory=dict)
+        "dist==version), device, threads, `execution` (`device_data`, `cuda_graphs`: on, or "
+        "off and why; `stacked_runs`: how many runs trained in its stack)", factory=dict)
     created: str | None = doc("time the run started (ISO 8601)")
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")
@@ -130,12 +131,14 @@ class RunRecord:
 
     @property
     def is_standard(self) -> bool:
-        """Not a control variant (depth ladder, random labels, no residual stream)."""
+        """Not a control variant (depth ladder, random labels, no residual stream). Whether
+        the model has skips is asked of its description (records before schema 3: of the
+        config; unknown, as for an adapted model, counts as standard)."""
         c = self.config
-        # The no-residual control is an architecture's `residual` option turned off; an
-        # architecture without that option (a plain MLP) is its own standard form.
+        residual = (self.model.residual if self.model is not None
+                    else getattr(c.model, "residual", None))
         return (c.method.trainable_blocks is None and not c.data.random_targets
-                and getattr(c.model, "residual", True) is not False)
+                and residual is not False)
 
     @property
     def recipe_key(self) -> str:
@@ -180,9 +183,11 @@ class RunRecord:
     # --- headline numbers -------------------------------------------------------------------
     @property
     def final_acc(self) -> float | None:
-        """Headline test accuracy: the final results', else the last logged epoch's."""
-        if self.final is not None and finite_number(self.final.test_acc) is not None:
-            return float(self.final.test_acc)  # type: ignore[arg-type]
+        """Headline test accuracy: the final results' (None for a diverged run with no
+        finite epoch: the overflowed network's share of one class is no accuracy), else the
+        last logged epoch's (unfinished runs)."""
+        if self.final is not None:
+            return finite_number(self.final.test_acc)
         return finite_number(self.last_value("acc_eval"))
 
     @property
@@ -292,7 +297,7 @@ class RunRecord:
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
             "log": self.log_dicts(),
-            "final": None if self.final is None else dataclasses.asdict(self.final),
+            "final": None if self.final is None else self.final.to_dict(),
             "diagnostics": self.diagnostics.to_dict(),
             "protocol": self.protocol.to_dict(),
             "error": self.error,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from creditaudit.formatting import fmt
@@ -22,9 +23,32 @@ def stopped_early_text(record: RunRecord) -> str | None:
     return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
 
 
+def diverged_text(record: RunRecord) -> str | None:
+    """``diverged in epoch 3: test acc of epoch 2, the last whose evaluation was finite`` for
+    a diverged run (whose headline numbers are those of that epoch), else None."""
+    if record.status != "diverged":
+        return None
+    at = (record.divergence or {}).get("epoch")
+    text = "diverged" + (f" in epoch {at}" if at is not None else "")
+    final = record.final
+    if final is None:
+        return text
+    if final.test_acc is None:
+        return text + ": no epoch's evaluation was finite, so no test acc"
+    epoch = final.from_epoch if final.from_epoch is not None else final.epochs_completed
+    entry = record.entry(epoch)
+    finite = entry is not None and entry.test_loss is not None \
+        and math.isfinite(entry.test_loss)
+    # Records written before final.from_epoch existed may hold the overflowed network's.
+    return text + (f": test acc of epoch {epoch}, the last whose evaluation was finite"
+                   if finite else f": test acc of epoch {epoch}, whose evaluation was not "
+                   "finite (a network that overflowed)")
+
+
 def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
     """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
-    line for each run that stopped early, saying at which epoch and why.
+    line for each run that stopped early, saying at which epoch and why, and for each that
+    diverged (its accuracy marked ‡), which epoch its numbers are from.
 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
@@ -49,17 +73,18 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         incomplete = coverage is not None and coverage < 1
         if incomplete:
             partial.append(coverage)
+        acc_text = fmt(record.final_acc, ".3f") + ("‡" if record.status == "diverged" else "")
         cos_text = (fmt(cos, "+.3f") + ("*" if valid is False and cos is not None else "")
                     + ("†" if incomplete else ""))
         lines.append(
             f"{record.method:<14}{record.status:<12}"
-            f"{last.epoch if last else 0:>6}{fmt(record.final_acc, '.3f'):>10}"
+            f"{last.epoch if last else 0:>6}{acc_text:>10}"
             f"{fmt(record.last_value('h_L_norm'), '.3g'):>11}"
             f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>10}  {verdict}")
     for record in records:
-        stopped = stopped_early_text(record)
-        if stopped is not None:
-            lines.append(f"{record.method} {stopped}")
+        for note in (stopped_early_text(record), diverged_text(record)):
+            if note is not None:
+                lines.append(f"{record.method} {note}")
     if any(r.deep_cos_valid is False for r in records):
         lines.append("* measured against reference gradients below the 1e-7 floor: not a "
                      "valid cosine")

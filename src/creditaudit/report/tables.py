@@ -26,6 +26,7 @@ from creditaudit.protocol import (
 )
 from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.report.protocol import value_text
+from creditaudit.report.runs import diverged_text
 from creditaudit.results import Run, RunIndex, mean_std, method_label, sort_methods
 
 GAMMA_COLUMN = f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})"
@@ -131,6 +132,12 @@ def arch_text(run: Run) -> str:
     return model.label if model is not None else run.arch
 
 
+def acc_note(run: Run) -> str:
+    """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, else ``""``."""
+    text = diverged_text(run.record)
+    return "" if text is None else f" ({text})"
+
+
 def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
               diagnostics: Sequence[str] | None = None) -> dict[str, str]:
     """One audit-table row (cells as Markdown text) for ``run``; ``settings``: the keys of
@@ -145,7 +152,7 @@ def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
         "dataset": run.dataset, "seed": str(run.seed),
         **{key: values.get(key, "—") for key in settings},
         "status": run.status,
-        "acc": fmt(run.final_acc, ".3f"), "deep cos": fmt(run.deep_cos, "+.3f"),
+        "acc": fmt(run.final_acc, ".3f") + acc_note(run), "deep cos": fmt(run.deep_cos, "+.3f"),
         GAMMA_COLUMN: fmt(run.headline_gamma, "+.3f"),
         **{f"({i})": diagnostic_cell(report, i)
            for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},

@@ -132,12 +132,14 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
               stale_after: float = DEFAULT_STALE_AFTER, wait_for_others: bool = True,
               poll_seconds: float = 1.0, grid_keys: list[str] | None = None,
               on_progress: Callable[[SweepState, Outcome | None], None] | None = None,
-              summary_extra: dict[str, Any] | None = None) -> SweepResult:
+              summary_extra: dict[str, Any] | None = None, stack: int = 1) -> SweepResult:
     """Run every config not finished yet; write ``OUT/sweep_summary.json``.
 
     Runs already completed or diverged (and failed ones unless ``retry_failed``) are
     skipped here without a worker. Runs another process holds are retried after the others
-    until they are released (``wait_for_others``), or reported as busy.
+    until they are released (``wait_for_others``), or reported as busy. ``stack`` > 1 trains
+    up to that many runs of one shape as one stacked model in one worker
+    (:func:`creditaudit.stacked.stack_groups`; not with Ray).
     """
     import functools
 
@@ -149,6 +151,9 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
         raise ConfigError(f"all runs of a sweep must share one results folder, got "
                           f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
     out_dir = Path(out_dirs.pop())
+    if stack > 1 and executor.name == "ray":
+        raise ConfigError("--stack is for the local executor; Ray runs one run per task: "
+                          "drop --stack, or use --executor local")
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
         from creditaudit.run_setup import resolve_device  # not a failed record per run
@@ -175,9 +180,10 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
     fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after)
     while todo:
         state.outstanding, state.busy = len(todo), 0
-        tasks = [{"config": by_id[run_id].to_dict(), "run_id": run_id} for run_id in todo]
+        tasks = _tasks([by_id[run_id] for run_id in todo], todo, stack)
         busy = []
-        stream = executor.map(fn, tasks)
+        stream = (outcome for item in executor.map(fn, tasks)
+                  for outcome in (item if isinstance(item, list) else [item]))
         state.slots = executor.slots
         report(None)
         for outcome in stream:
@@ -207,6 +213,21 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
     path = out_dir / SUMMARY_FILE
     atomic_write_json(path, summary)
     return SweepResult(ordered, summary, path)
+
+
+def _tasks(configs: list[RunConfig], run_ids: list[str], stack: int) -> list[dict[str, Any]]:
+    """One task per run, or with ``stack`` > 1 one per group of runs that train stacked
+    (``{"configs", "run_ids"}``; a run that cannot stack is a task of its own)."""
+    from creditaudit.stacked import stack_groups
+
+    tasks: list[dict[str, Any]] = []
+    for group in stack_groups(configs, stack):
+        if len(group) == 1:
+            tasks.append({"config": configs[group[0]].to_dict(), "run_id": run_ids[group[0]]})
+        else:
+            tasks.append({"configs": [configs[i].to_dict() for i in group],
+                          "run_ids": [run_ids[i] for i in group]})
+    return tasks
 
 
 def sweep_summary(configs: list[RunConfig], outcomes: list[Outcome], grid_keys: list[str],

@@ -11,15 +11,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
-from creditaudit.errors import ConfigError, CreditAuditError, OutputError, RunRecordError
+from creditaudit.errors import (
+    ConfigError,
+    CreditAuditError,
+    DiskFullError,
+    OutputError,
+    RunRecordError,
+)
 from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import describe_os_error
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
+    Claim,
     heartbeat,
     release_claim,
     try_claim,
@@ -78,22 +86,24 @@ def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
     save_record(run_dir, record)
 
 
-def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
-            retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
-    """Claim, train (or resume, or skip) one run and release it; never raises for the run.
+@dataclass
+class _Claimed:
+    """A run claimed for training: its config, claim, the train() flags, its event log."""
 
-    ``run_id`` is the id the sweep computed for this config: a worker whose creditaudit
-    computes another id (a different version on a cluster node) refuses the run instead of
-    writing it to another folder.
+    config: RunConfig
+    run_dir: Path
+    claim: Claim
+    kwargs: dict[str, bool]
+    event: Callable[..., None]
+    outcome: Outcome
 
-    Returns ``{"run_id", "status", "action", "error", "seconds", "pid", "host"}`` where
-    status is the run's status afterwards (completed, diverged, failed, interrupted, busy)
-    and action what this call did (trained, resumed, restarted, skipped, busy).
-    """
+
+def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: bool,
+           stale_after: float) -> tuple[Outcome, _Claimed | None]:
+    """Resolve, skip or claim one run: its outcome so far and, when it is to train, the
+    claim (released by the caller)."""
     from creditaudit.records import CHECKPOINT_FILE
-    from creditaudit.training import train
 
-    started = time.perf_counter()
     outcome: Outcome = {"run_id": run_id, "status": None, "action": "skipped",
                         "error": None, "seconds": 0.0, "pid": os.getpid(),
                         "host": socket.gethostname()}
@@ -108,7 +118,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         if run_id is None:
             raise
         outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
-        return outcome
+        return outcome, None
     outcome["run_id"] = own_id
     out_dir = Path(config.run.out_dir)
     run_dir = out_dir / own_id
@@ -124,55 +134,133 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         return False
 
     if skip_reason():
-        return outcome
+        return outcome, None
     claim, holder = try_claim(run_dir, stale_after=stale_after, events=event)
     if claim is None:
         event("busy", holder=holder)
         outcome.update(status="busy", action="busy", holder=holder)
+        return outcome, None
+    if skip_reason():  # finished by another process between our check and our claim
+        event("skip", status=outcome["status"])
+        release_claim(claim)
+        return outcome, None
+    status, reason = disk_status(run_dir)
+    has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
+    if status is None:
+        action, kwargs = "trained", {"force": has_checkpoint}
+    elif status in ("running", "interrupted", "failed") and has_checkpoint:
+        action, kwargs = "resumed", {"resume": True}
+    else:  # corrupt record, or died before its first checkpoint: start over
+        action, kwargs = "restarted", {"force": True}
+        if status == "corrupt":
+            log.warning("warning: starting %s over: %s", own_id, reason)
+    outcome["action"] = action
+    event("start", action=action)
+    return outcome, _Claimed(config, run_dir, claim, kwargs, event, outcome)
+
+
+def _failed(run: _Claimed, err: Exception) -> None:
+    """A run that raised: its outcome, and a failed record where none says more."""
+    error = f"{type(err).__name__}: {err}"
+    if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):
+        # Not even a failed record can replace a folder named record.json: the
+        # outcome still says why the run failed.
+        with contextlib.suppress(OutputError):
+            _write_failed_record(run.config, run.run_dir, error)
+    run.outcome.update(status="failed", error=error)
+    log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
+
+
+def _end(run: _Claimed, started: float) -> Outcome:
+    run.outcome["seconds"] = time.perf_counter() - started
+    run.event("end", status=run.outcome["status"], seconds=run.outcome["seconds"],
+              error=run.outcome["error"])
+    return run.outcome
+
+
+def _beat_every(stale_after: float) -> float:
+    return max(1.0, min(60.0, stale_after / 4))
+
+
+def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
+            retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
+    """Claim, train (or resume, or skip) one run and release it; never raises for the run.
+
+    ``run_id`` is the id the sweep computed for this config: a worker whose creditaudit
+    computes another id (a different version on a cluster node) refuses the run instead of
+    writing it to another folder.
+
+    Returns ``{"run_id", "status", "action", "error", "seconds", "pid", "host"}`` where
+    status is the run's status afterwards (completed, diverged, failed, interrupted, busy)
+    and action what this call did (trained, resumed, restarted, skipped, busy).
+    """
+    from creditaudit.training import train
+
+    started = time.perf_counter()
+    outcome, run = _begin(config_dict, run_id, retry_failed=retry_failed,
+                          stale_after=stale_after)
+    if run is None:
         return outcome
     try:
-        if skip_reason():  # finished by another process between our check and our claim
-            event("skip", status=outcome["status"])
-            return outcome
-        status, reason = disk_status(run_dir)
-        has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
-        if status is None:
-            action, kwargs = "trained", {"force": has_checkpoint}
-        elif status in ("running", "interrupted", "failed") and has_checkpoint:
-            action, kwargs = "resumed", {"resume": True}
-        else:  # corrupt record, or died before its first checkpoint: start over
-            action, kwargs = "restarted", {"force": True}
-            if status == "corrupt":
-                log.warning("warning: starting %s over: %s", own_id, reason)
-        outcome["action"] = action
-        event("start", action=action)
         try:
-            with heartbeat(claim, every=max(1.0, min(60.0, stale_after / 4))):
-                result = train(config, **kwargs)
+            with heartbeat(run.claim, every=_beat_every(stale_after)):
+                result = train(run.config, **run.kwargs)
             outcome.update(status=result.status, error=result.record.error)
+        except DiskFullError as err:  # not the run's fault: it resumes once space is freed
+            outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
         except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
-            error = f"{type(err).__name__}: {err}"
-            if disk_status(run_dir)[0] in (None, "running", "corrupt"):
-                # Not even a failed record can replace a folder named record.json: the
-                # outcome still says why the run failed.
-                with contextlib.suppress(OutputError):
-                    _write_failed_record(config, run_dir, error)
-            outcome.update(status="failed", error=error)
-            log.debug("run %s failed", own_id, exc_info=True)
+            _failed(run, err)
         except KeyboardInterrupt:
             outcome.update(status="interrupted")
-            event("end", status="interrupted")
+            run.event("end", status="interrupted")
             raise
-        outcome["seconds"] = time.perf_counter() - started
-        event("end", status=outcome["status"], seconds=outcome["seconds"],
-              error=outcome["error"])
-        return outcome
+        return _end(run, started)
     finally:
-        release_claim(claim)
+        release_claim(run.claim)
+
+
+def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
+              retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER
+              ) -> list[Outcome]:
+    """:func:`run_one` for runs that train as one stack
+    (:func:`creditaudit.stacked.train_stacked`): each is claimed, skipped or refused on its
+    own; those claimed train together. Never raises for the runs."""
+    from creditaudit.stacked import train_stacked
+
+    started = time.perf_counter()
+    begun = [_begin(c, r, retry_failed=retry_failed, stale_after=stale_after)
+             for c, r in zip(config_dicts, run_ids, strict=True)]
+    runs = [run for _, run in begun if run is not None]
+    try:
+        if runs:
+            try:
+                with contextlib.ExitStack() as stack:
+                    for run in runs:
+                        stack.enter_context(heartbeat(run.claim, every=_beat_every(stale_after)))
+                    results = train_stacked(
+                        [run.config for run in runs],
+                        resume=[run.kwargs.get("resume", False) for run in runs],
+                        force=[run.kwargs.get("force", False) for run in runs])
+                for run, result in zip(runs, results, strict=True):
+                    run.outcome.update(status=result.status, error=result.record.error)
+            except Exception as err:  # noqa: BLE001 — a failing stack must not stop the sweep
+                for run in runs:
+                    _failed(run, err)
+            except KeyboardInterrupt:
+                for run in runs:
+                    run.outcome.update(status="interrupted")
+                    run.event("end", status="interrupted")
+                raise
+            for run in runs:
+                _end(run, started)
+        return [outcome for outcome, _ in begun]
+    finally:
+        for run in runs:
+            release_claim(run.claim)
 
 
 # --- executors ---------------------------------------------------------------------------
-RunFn = Callable[[dict[str, Any]], Outcome]
+RunFn = Callable[[dict[str, Any]], Outcome | list[Outcome]]
 
 
 # Per worker process: set by SIGTERM/SIGINT, so a worker stops after its current run.
@@ -234,12 +322,20 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="creditaudit-parent-watch", daemon=True).start()
 
 
-def interrupted_outcome(task: dict[str, Any]) -> Outcome:
-    return {"run_id": task["run_id"], "status": "interrupted", "action": "interrupted",
-            "error": None, "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
+def interrupted_outcome(task: dict[str, Any]) -> Outcome | list[Outcome]:
+    """The outcome of a task (a list for a stacked group's task) stopped by an interrupt."""
+    return [{"run_id": run_id, "status": "interrupted", "action": "interrupted",
+             "error": None, "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
+            for run_id in _task_ids(task)] if "run_ids" in task else {
+        "run_id": task["run_id"], "status": "interrupted", "action": "interrupted",
+        "error": None, "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
 
 
-def pool_call(fn: RunFn, task: dict[str, Any]) -> Outcome:
+def _task_ids(task: dict[str, Any]) -> list[str]:
+    return list(task["run_ids"]) if "run_ids" in task else [task["run_id"]]
+
+
+def pool_call(fn: RunFn, task: dict[str, Any]) -> Outcome | list[Outcome]:
     """A task in a LocalExecutor worker: after an interrupt, queued runs are not started."""
     if _WORKER["terminating"]:
         return interrupted_outcome(task)
@@ -252,17 +348,21 @@ def pool_call(fn: RunFn, task: dict[str, Any]) -> Outcome:
         _WORKER["in_run"] = False
 
 
-def failed_outcome(task: dict[str, Any], error: str, action: str = "trained") -> Outcome:
+def failed_outcome(task: dict[str, Any], error: str, action: str = "trained"
+                   ) -> Outcome | list[Outcome]:
     """The outcome of a task whose worker gave none (it died, or never started: action
-    ``not started``)."""
-    return {"run_id": task["run_id"], "status": "failed", "action": action,
-            "error": error, "seconds": 0.0, "pid": None, "host": None}
+    ``not started``); one per run, as a list, for a stacked group's task."""
+    outcomes = [{"run_id": run_id, "status": "failed", "action": action, "error": error,
+                 "seconds": 0.0, "pid": None, "host": None} for run_id in _task_ids(task)]
+    return outcomes if "run_ids" in task else outcomes[0]
 
 
 def run_task(task: dict[str, Any], *, retry_failed: bool = False,
-             stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
-    """What an executor runs: ``task = {"config": config dict, "run_id": id}``."""
+             stale_after: float = DEFAULT_STALE_AFTER) -> Outcome | list[Outcome]:
+    """What an executor runs: ``task = {"config": config dict, "run_id": id}``, or a stacked
+    group ``{"configs": [...], "run_ids": [...]}`` (one outcome per run, as a list)."""
+    if "run_ids" in task:
+        return run_group(task["configs"], run_ids=task["run_ids"], retry_failed=retry_failed,
+                         stale_after=stale_after)
     return run_one(task["config"], run_id=task["run_id"], retry_failed=retry_failed,
                    stale_after=stale_after)
-
-

@@ -1,0 +1,438 @@
+"""The run record of a network trained in your own loop: :class:`Recorder`.
+
+::
+
+    rec = creditaudit.Recorder(dfa, eval_x, eval_y, out="runs/mine", name="resnet20-dfa",
+                               data="my-images", config={"optim.lr": 1e-3, "run.seed": 0})
+    for epoch in range(1, epochs + 1):
+        ...                                   # your training
+        rec.epoch(epoch, test_acc=acc, test_loss=loss, train_loss=train_loss)
+    record = rec.finish()                     # end-of-run metrics; the RunRecord
+
+Each :meth:`Recorder.epoch` measures what an epoch of ``creditaudit train`` measures — the
+per-layer norms, reference gradients and cosines on the evaluation set, then the protocol —
+with the training loop's own functions (:func:`creditaudit.training.record_protocol`, …), and
+writes ``OUT/NAME/record.json`` atomically; :meth:`Recorder.finish` adds the end-of-run block
+(ρ, nudging, Γ, drift, the fresh-feedback null). ``creditaudit report``, ``figures`` and
+``export`` read such records beside the command line's. The record says what was trained:
+the model's own description, the rule and its options, the data (a built-in dataset's
+identity, or a fingerprint of the evaluation arrays) and the code
+(``environment.components``). Its ``model.arch`` is ``own-loop``, which describes and never
+builds: ``audit`` and ``resume`` refuse such a run in one line (audit it in the loop with
+:func:`creditaudit.diagnose`).
+
+Diagnostics never change training: they run in eval mode under a forked RNG and take
+gradients with respect to states only, so a loop trains the same weights with and without a
+recorder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from creditaudit.config import (
+    SECTION_TYPES,
+    RunConfig,
+    config_from_dict,
+    merge_overrides,
+    split_key,
+)
+from creditaudit.config.composed import rebuild_section
+from creditaudit.config.sections import COMPONENT_NAME
+from creditaudit.data import DatasetSpec
+from creditaudit.data.registry import digest_text
+from creditaudit.descriptions import DataIdentity
+from creditaudit.diagnostics.epoch import epoch_diagnostics
+from creditaudit.diagnostics.user_models import check_labels
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.methods import CreditRule
+from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.registry import OwnLoopArchitecture
+from creditaudit.plan import code_version
+from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    CONFIG_FILE,
+    INIT_FILE,
+    RECORD_FILE,
+    EpochEntry,
+    RunRecord,
+    atomic_torch_save,
+    new_record,
+    save_record,
+)
+from creditaudit.registry import DATASETS, RULES
+from creditaudit.run_ids import CodeVersion, RunCode, compute_run_id
+from creditaudit.safe_files import ensure_folder
+from creditaudit.training import (
+    end_of_run_metrics,
+    final_results,
+    protocol_due,
+    record_protocol,
+)
+
+# What data= names when the caller says nothing about the data.
+OWN_DATA = "own-data"
+OWN_SECTIONS = ("method", "model", "data")  # said by the rule, the model and data=
+
+
+class Recorder:
+    """Writes the run record of a rule trained in your own loop (module docstring).
+
+    ``rule``: the credit rule your loop steps (``creditaudit.rule(name, model)``; its model
+    an adapted model or a contract ``ResidualNet``). ``eval_x`` ``(N, …)`` and ``eval_y``
+    ``(N,)``: the held-out evaluation set every epoch's diagnostics run on, on the model's
+    device (N ≥ 1024 for diagnostic (c); the command line uses 1280 test samples).
+    ``out``/``name``: the record goes to ``out/name/record.json`` (default name: a run id
+    from the rule, the data, the seed and a hash of the config, the data and the model's
+    description). ``data``: what the data is — a dataset creditaudit knows (a name, or its
+    ``[data]`` section as a mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
+    whose identity is asked of the dataset (file digests, generator arguments); or a name
+    of your own (lower-case letters, digits, ``-``, ``_``; default ``own-data``), identified
+    by a sha256 fingerprint of ``eval_x`` and ``eval_y`` — the evaluation arrays only, not
+    your training data. ``config``: the rest of the recipe as dotted keys or nested
+    sections of ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3,
+    "optim.batch_size": 64, "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); keys left
+    out keep their defaults, except ``optim.epochs``, which follows the last recorded
+    epoch unless given. ``checkpoint``: also save the model's and the rule's state (and the
+    initial parameters) beside the record each epoch. ``overwrite``: replace a record
+    already at ``out/name`` (refused otherwise).
+
+    Create it before training: it snapshots the initial parameters (for the drift of the
+    end-of-run block). One-line ConfigError/ModelContractError for what cannot be recorded.
+    """
+
+    def __init__(self, rule: CreditRule, eval_x: Tensor, eval_y: Tensor, *,
+                 out: str | Path = "runs", name: str | None = None,
+                 data: str | Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, checkpoint: bool = False,
+                 overwrite: bool = False) -> None:
+        if not isinstance(rule, CreditRule):
+            raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
+                              "pass creditaudit.rule(name, adapt(net, states=[…]))")
+        model = rule.model
+        check_labels(eval_x, eval_y)
+        device = next((p.device for p in model.parameters()), eval_x.device)
+        if eval_x.device != device or eval_y.device != device:
+            raise ConfigError(f"eval_x and eval_y are on {eval_x.device} and {eval_y.device} "
+                              f"but the model is on {device}: move them with .to({str(device)!r})")
+        if eval_y.numel() and not 0 <= int(eval_y.min()) <= int(eval_y.max()) < rule.n_classes:
+            raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
+                              f"classes of the rule's {rule.n_classes} logits")
+        self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
+        self.checkpointing = bool(checkpoint)
+        self.config, spec, given = _recorder_config(rule, data, config)
+        self._epochs_given = ("optim", "epochs") in given
+        identity = _identity(spec, self.config, eval_x, eval_y, rule.n_classes)
+        description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name)
+        code = RunCode(method=code_version(RULES, type(rule)),
+                       model=CodeVersion(OwnLoopArchitecture.name),
+                       data=(code_version(DATASETS, spec) if spec is not None
+                             else CodeVersion(identity.name)))
+        if name is None:  # the config names the class, not its sizes: add the description
+            name = compute_run_id(self.config, digest_text(
+                {"data": identity.fingerprint, "model": dataclasses.asdict(description)}), code)
+        self.run_dir = Path(out) / _folder_name(name)
+        _claim(self.run_dir, overwrite)
+        components = code.to_dict()
+        components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
+        components["model"]["module_origin"] = _distribution(type(_network(model)).__module__)
+        if spec is None:
+            components["data"]["origin"] = "the user's own loop"
+        self.record = new_record(self.config, device=str(device), data=identity,
+                                 run_id=self.run_dir.name, model=description, code=components)
+        self.protocol = Protocol.from_config(self.config.diagnostics)
+        self.initial = parameter_snapshot(model)
+        self.finished = False
+        self._since = time.perf_counter()
+        ensure_folder(self.run_dir)
+        if self.checkpointing:
+            atomic_torch_save(self.run_dir / INIT_FILE, self.initial)
+        self._write()
+
+    # --- per epoch ----------------------------------------------------------------------
+    def epoch(self, epoch: int, *, test_acc: float | None = None,
+              test_loss: float | None = None, train_loss: float | None = None,
+              train_acc: float | None = None, extras: Mapping[str, float] | None = None
+              ) -> EpochEntry:
+        """Record epoch ``epoch`` (0 = before training; each call after the last one).
+
+        ``test_acc`` (a fraction) and ``test_loss`` (mean cross-entropy, nats): your loop's
+        numbers on its test split — the headline accuracy diagnostic (d) judges (left out:
+        (d) is not evaluated); ``train_loss``/``train_acc``: the epoch's training numbers;
+        ``extras``: further numbers to keep with the epoch. Measures the diagnostics on the
+        evaluation set and, every ``diagnostics.protocol_every`` epochs (and at
+        ``optim.epochs`` when the config gives it), the protocol; writes the record (and
+        the checkpoint when asked). Returns the entry.
+        """
+        if self.finished:
+            raise ConfigError("epoch() after finish(): the run is finished; start a new "
+                              "Recorder for another run")
+        last = self.record.log[-1].epoch if self.record.log else None
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or (
+                last is not None and epoch <= last):
+            after = f" after the last recorded epoch {last}" if last is not None else ""
+            raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
+                              "epoch once, in order")
+        numbers = {"test_acc": _number("test_acc", test_acc, fraction=True),
+                   "test_loss": _number("test_loss", test_loss, loss=True),
+                   "train_loss": _number("train_loss", train_loss),
+                   "train_acc": _number("train_acc", train_acc, fraction=True)}
+        kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
+        model = self.rule.model
+        with eval_mode(model):
+            measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+        entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
+                           acc_eval=numbers["test_acc"], train_loss=numbers["train_loss"],
+                           train_acc=numbers["train_acc"], extras=kept,
+                           **measures.record_fields())
+        settings, optim = self.config.diagnostics, self.config.optim
+        if protocol_due(epoch, settings.protocol_every,
+                        optim.epochs if self._epochs_given else None):
+            record_protocol(self.record, entry, sg, measures, protocol=self.protocol,
+                            frozen_acc=settings.frozen_acc,
+                            terminal_ln=_terminal_ln(model))
+        now = time.perf_counter()
+        entry.seconds, self._since = now - self._since, now
+        self.record.log.append(entry)
+        if not self._epochs_given:  # the record says how many epochs the loop ran
+            optim.epochs = epoch
+        if self.checkpointing:
+            self._checkpoint(epoch)
+        self._write()
+        return entry
+
+    def finish(self) -> RunRecord:
+        """End the run: status ``completed`` (``diverged`` when the last epoch's numbers
+        or state norms are NaN/Inf), the final results and, unless
+        ``diagnostics.end_of_run`` is off, the end-of-run block. Returns the record."""
+        if self.finished:
+            return self.record
+        if not self.record.log:
+            raise ConfigError("finish() before any epoch(): record at least one epoch "
+                              "(rec.epoch(0) before training records the initial network)")
+        last = self.record.log[-1]
+        self.record.status = "completed" if _finite(last) else "diverged"
+        if self.record.status == "diverged":
+            self.record.divergence = {"epoch": last.epoch,
+                                      "reason": "non-finite loss or state norms"}
+        self.record.final = final_results(self.record.log)
+        if self.config.diagnostics.end_of_run:
+            self.record.diagnostics.update(end_of_run_metrics(
+                self.rule, self.eval_x, self.eval_y, initial=self.initial,
+                settings=self.config.diagnostics, seed=self.config.run.seed))
+        self.finished = True
+        self._write()
+        return self.record
+
+    # --- with-statement: a loop that raises leaves a failed (or interrupted) record -------
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: Any) -> None:
+        if self.finished:
+            return
+        if kind is None:
+            if self.record.log:
+                self.finish()
+            return
+        self.record.status = "interrupted" if issubclass(kind, KeyboardInterrupt) else "failed"
+        self.record.error = f"{kind.__name__}: {error}"
+        self._write()
+
+    # --- files --------------------------------------------------------------------------
+    def _write(self) -> None:
+        save_record(self.run_dir, self.record)
+
+    def _checkpoint(self, epoch: int) -> None:
+        """Model and rule state as of ``epoch`` (tensors and plain containers, like the
+        command line's checkpoints; no optimiser: the loop owns it)."""
+        atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
+            "format": CHECKPOINT_FORMAT, "method": self.rule.name, "epoch": epoch,
+            "model": self.rule.model.state_dict(), "rule": self.rule.state_dict(),
+            "record": self.record.to_dict()})
+
+
+def _recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
+                     config: Mapping[str, Any] | None
+                     ) -> tuple[RunConfig, type[DatasetSpec] | None, set[tuple[str, str]]]:
+    """(the run config, the dataset creditaudit knows or None, the (section, key) the caller
+    gave): the method section is the rule's, the model section the own-loop description of
+    its model, the data section what ``data`` says; the caller's keys lay over the rest."""
+    overrides = _dotted(config)
+    given = {split_key(key) for key in overrides}
+    for section, key in sorted(given):
+        if section in OWN_SECTIONS:
+            fix = {"method": f"bind it to the rule: rule(name, model, {key}=…)",
+                   "model": "the model describes itself (adapt(net, states=[…]))",
+                   "data": "say what the data is with data="}[section]
+            raise ConfigError(f"config sets {section}.{key}: {fix}")
+    model = rule.model
+    adapted = isinstance(model, AdaptedModel)
+    net = _network(model)
+    model_section = {
+        "arch": OwnLoopArchitecture.name,
+        "module": f"{type(net).__module__}:{type(net).__qualname__}",
+        "states": list(model.state_names) if adapted else None,
+        "readout": (list(model.readout_names) if adapted and model.readout_names is not None
+                    else None)}
+    data_section, spec = _data_section(data)
+    raw = merge_overrides({"method": dataclasses.asdict(rule.config), "model": model_section,
+                           "data": data_section if spec is not None else {}}, overrides)
+    resolved = config_from_dict(raw)
+    if spec is None:  # data of the user's own: a section of no installed dataset
+        resolved = dataclasses.replace(resolved, data=rebuild_section("data", data_section))
+    return resolved, spec, given
+
+
+def _dotted(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Dotted keys of ``config`` (dotted already, or nested sections)."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a mapping of keys such as {{'optim.lr': 1e-3}}, got "
+                          f"{type(config).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key in SECTION_TYPES and isinstance(value, Mapping):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[str(key)] = value
+    return out
+
+
+def _data_section(data: str | Mapping[str, Any] | None
+                  ) -> tuple[dict[str, Any], type[DatasetSpec] | None]:
+    """(the [data] section, its dataset when creditaudit knows it)."""
+    section = {"name": OWN_DATA} if data is None else (
+        {"name": data} if isinstance(data, str) else dict(data) if isinstance(data, Mapping)
+        else None)
+    if section is None:
+        raise ConfigError(f"data must be a dataset name or its [data] section as a mapping, "
+                          f"got {type(data).__name__}")
+    name = section.get("name")
+    if not isinstance(name, str) or not COMPONENT_NAME.match(name):
+        raise ConfigError(f"data names the data with {name!r}: use lower-case letters, digits, "
+                          "- and _ (e.g. 'my-images'), or a dataset creditaudit knows")
+    spec = DATASETS.find(name)
+    if spec is None and set(section) - {"name"}:
+        extra = sorted(set(section) - {"name"})[0]
+        raise ConfigError(f"data: {name!r} is no dataset creditaudit knows, so it has no "
+                          f"option {extra!r}; give its name only")
+    return section, spec
+
+
+def _identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Tensor,
+              eval_y: Tensor, n_classes: int) -> DataIdentity:
+    """The data's identity: the dataset's own (files or generator arguments) for a dataset
+    creditaudit knows, else a fingerprint of the evaluation arrays; both keep the arrays'
+    fingerprint in their provenance."""
+    arrays = {"sha256": array_fingerprint(eval_x, eval_y), "samples": int(eval_x.shape[0]),
+              "x": f"{str(eval_x.dtype).removeprefix('torch.')} {tuple(eval_x.shape)}",
+              "y": f"{str(eval_y.dtype).removeprefix('torch.')} {tuple(eval_y.shape)}"}
+    if spec is not None:
+        spec.check(config.data)
+        identity = spec.identity(config.data, spec.data_seed(config.data, config.run.seed))
+        identity.provenance = {**identity.provenance, "evaluation_arrays": arrays}
+        return identity
+    digest = arrays["sha256"]
+    return DataIdentity(
+        name=config.data.name, fingerprint=digest, source=digest, n_classes=n_classes,
+        input_shape=list(eval_x.shape[1:]),
+        provenance={"evaluation_arrays": arrays, "identifies": (
+            "the evaluation arrays (eval_x, eval_y) only: the training data of the loop is "
+            "not fingerprinted")})
+
+
+def array_fingerprint(*arrays: Tensor) -> str:
+    """sha256 over each tensor's dtype, shape and bytes (as stored, on the CPU)."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        flat = array.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{flat.dtype}{tuple(array.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _network(model: Any) -> Any:
+    """The user's own module: the one an adapted model wraps, or the model itself."""
+    return model.net if isinstance(model, AdaptedModel) else model
+
+
+def _terminal_ln(model: Any) -> bool | None:
+    value = model.terminal_ln
+    return value if isinstance(value, bool) else None
+
+
+def _distribution(module: str) -> str | None:
+    """``dist==version`` of the installed distribution that provides ``module``, or None
+    (a script's ``__main__``, a folder on the path)."""
+    top = module.split(".")[0]
+    names = importlib.metadata.packages_distributions().get(top) or []
+    for name in names:
+        try:
+            return f"{name}=={importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _folder_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+            or "\\" in name or "\0" in name:
+        raise ConfigError(f"name={name!r} must be one folder name (no / or \\), e.g. "
+                          "'resnet20-dfa'")
+    return name
+
+
+def _claim(run_dir: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds a record unless ``overwrite``; then clear it."""
+    if not (run_dir / RECORD_FILE).exists():
+        return
+    if not overwrite:
+        raise RunRecordError(f"{run_dir} holds a run record already: pass another name= or "
+                             "overwrite=True to replace it")
+    for file in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
+        (run_dir / file).unlink(missing_ok=True)
+
+
+def _number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
+            ) -> float | None:
+    """``value`` as a float (None stays None); ConfigError for a non-number, an accuracy
+    outside [0, 1] or a negative cross-entropy. NaN and ±inf are kept: the record marks the
+    run diverged."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if fraction and math.isfinite(number) and not 0.0 <= number <= 1.0:
+        raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: pass e.g. 0.349, not "
+                          "34.9")
+    if loss and number < 0:
+        raise ConfigError(f"{name}={value!r} is negative; a cross-entropy is ≥ 0")
+    return number
+
+
+def _finite(entry: EpochEntry) -> bool:
+    """False when a given loss or any state norm is NaN/Inf."""
+    values = [entry.test_loss, entry.train_loss, *(entry.hidden_norms or [])]
+    return all(math.isfinite(v) for v in values if v is not None)
+
+
+__all__ = ["Recorder", "array_fingerprint", "OWN_DATA"]

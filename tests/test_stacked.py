@@ -1,0 +1,422 @@
+"""Stacked runs: K runs trained as one stacked model give each run the record, checkpoint and
+resume it gets trained alone (float64: to rounding; the measured bound is stated below);
+the data path that keeps data on the device gives the same batches as the host path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from creditaudit.config import RunConfig
+from creditaudit.data import Dataset
+from creditaudit.data.loader import InMemoryLoader
+from creditaudit.epochs import StackedEpochs
+from creditaudit.errors import ConfigError
+from creditaudit.plan import run_id
+from creditaudit.records import CHECKPOINT_FILE, comparable, load_checkpoint, load_record
+from creditaudit.stacked import stack_groups, stack_key, train_stacked
+from creditaudit.stepping import STACKED_RULES, stack_refusal
+from creditaudit.testing import make_rule
+from creditaudit.training import Trainer, train
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# Stacked vs alone in float64, after 2 epochs of these tiny runs, over every number in the
+# record and every checkpointed tensor: measured at most 2.0e-15 relative (BP 5e-16, FA
+# 6e-16, DFA and DRTP 2e-15: vmap batches the matmuls and layer norms, and DFA takes the
+# dense route instead of the projected one). In float32: at most 1.1e-5 (DRTP's record).
+TOLERANCE = 1e-13
+# The end-of-run block's nudging and ρ are finite differences of losses, which amplify those
+# differences: measured at most 8.4e-12 relative (a nudging control at η = 0.01).
+END_OF_RUN_TOLERANCE = 1e-10
+TINY = {
+    "data.n_train": 256, "data.n_test": 128, "data.in_dim": 6, "data.teacher_width": 16,
+    "model.d": 8, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+    "diagnostics.eval_samples": 64, "diagnostics.end_of_run": False, "run.progress": False,
+}
+# What the runs of one stack differ in: seed, learning rate, λ, feedback seed.
+VARIANTS = ({"run.seed": 1}, {"run.seed": 2, "optim.lr": 3e-3, "method.penalty": 0.01},
+            {"run.seed": 3, "optim.lr": 1e-2, "method.feedback_seed": 9})
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def configs(out: Path, method: str, **extra: Any) -> list[RunConfig]:
+    """The three :data:`VARIANTS` of a tiny run (the feedback seed only where the rule has
+    one)."""
+    from creditaudit.methods import rule_class
+
+    draws = rule_class(method).draws_feedback()
+    return [RunConfig().replace(**{**TINY, "method.name": method, "run.out_dir": str(out),
+                                   **{k: v for k, v in variant.items()
+                                      if draws or k != "method.feedback_seed"}, **extra})
+            for variant in VARIANTS]
+
+
+def relative_gap(a: Any, b: Any, path: str = "") -> float:
+    """The largest relative difference between two JSON-like values; AssertionError when
+    anything but a finite float differs."""
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            assert math.isnan(a) and math.isnan(b), path
+            return 0.0
+        return abs(a - b) / max(abs(a), abs(b), 1e-300)
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        return max([relative_gap(a[k], b[k], f"{path}.{k}") for k in a], default=0.0)
+    if isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        return max([relative_gap(x, y, f"{path}[{i}]") for i, (x, y) in
+                    enumerate(zip(a, b))], default=0.0)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        if not a.is_floating_point():
+            assert torch.equal(a, b), path
+            return 0.0
+        return float((a - b).norm() / a.norm().clamp_min(1e-300))
+    assert a == b, f"{path}: {a!r} != {b!r}"
+    return 0.0
+
+
+def checkpoint_gap(a: Path, b: Path) -> float:
+    """Largest relative gap between two checkpoints; the RNG states must be equal."""
+    sa, sb = load_checkpoint(a / CHECKPOINT_FILE), load_checkpoint(b / CHECKPOINT_FILE)
+    assert sa["epoch"] == sb["epoch"]
+    assert torch.equal(sa["rng"]["data"], sb["rng"]["data"])
+    assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
+    return max(relative_gap(comparable(sa["record"]), comparable(sb["record"]), "record"),
+               *(relative_gap(sa[key], sb[key], key)
+                 for key in ("model", "optimizer", "scheduler", "rule")))
+
+
+# --- stacked equals alone -----------------------------------------------------------------
+@pytest.mark.parametrize("method", sorted(cls.name for cls in STACKED_RULES))
+def test_stacked_runs_equal_the_runs_trained_alone(tmp_path, float64, method):
+    alone = [train(c) for c in configs(tmp_path / "alone", method)]
+    stacked = train_stacked(configs(tmp_path / "stacked", method))
+    for a, s in zip(alone, stacked, strict=True):
+        assert s.status == a.status == "completed"
+        assert s.run_dir.name == a.run_dir.name
+        assert relative_gap(comparable(a.record), comparable(s.record)) < TOLERANCE
+        assert relative_gap(comparable(a.record), comparable(load_record(s.run_dir))) \
+            < TOLERANCE
+        assert checkpoint_gap(a.run_dir, s.run_dir) < TOLERANCE
+        assert s.record.environment["execution"]["stacked_runs"] == len(VARIANTS)
+        assert a.record.environment["execution"]["stacked_runs"] == 1
+
+
+def test_end_of_run_metrics_of_stacked_runs(tmp_path, float64):
+    extra = {"diagnostics.end_of_run": True, "diagnostics.rho_samples": 16,
+             "diagnostics.rho_directions": 2, "diagnostics.null_draws": 2,
+             "optim.epochs": 1}
+    alone = [train(c) for c in configs(tmp_path / "a", "dfa", **extra)]
+    stacked = train_stacked(configs(tmp_path / "s", "dfa", **extra))
+    for a, s in zip(alone, stacked, strict=True):
+        assert s.record.diagnostics.drift is not None
+        ra, rs = comparable(a.record), comparable(s.record)
+        assert relative_gap(ra.pop("diagnostics"), rs.pop("diagnostics")) < END_OF_RUN_TOLERANCE
+        assert relative_gap(ra, rs) < TOLERANCE
+
+
+def test_fp32_stacked_runs_agree_to_float32_rounding(tmp_path):
+    alone = [train(c) for c in configs(tmp_path / "a", "bp")]
+    stacked = train_stacked(configs(tmp_path / "s", "bp"))
+    for a, s in zip(alone, stacked, strict=True):
+        assert checkpoint_gap(a.run_dir, s.run_dir) < 1e-4
+
+
+def test_a_run_that_diverges_in_a_stack_stops_where_it_stops_alone(tmp_path, float64):
+    runs = configs(tmp_path / "a", "dfa")
+    runs[1] = runs[1].replace(**{"optim.lr": 1e300})
+    alone = [train(c) for c in runs]
+    assert alone[1].status == "diverged" and alone[1].record.divergence["step"] >= 0
+    stacked = train_stacked([c.replace(**{"run.out_dir": str(tmp_path / "s")}) for c in runs])
+    for a, s in zip(alone, stacked, strict=True):
+        assert s.status == a.status
+        assert s.record.divergence == a.record.divergence
+        assert relative_gap(comparable(a.record), comparable(s.record)) < TOLERANCE
+        assert checkpoint_gap(a.run_dir, s.run_dir) < TOLERANCE
+
+
+def test_the_once_per_epoch_check_trains_a_diverged_epoch_again_bit_for_bit(tmp_path,
+                                                                             float64):
+    """check="epoch" reads the device buffers once per epoch; an epoch in which a run turned
+    non-finite is trained again with per-step checks, giving exactly the per-step result."""
+    runs = configs(tmp_path, "bp")
+    runs[0] = runs[0].replace(**{"optim.lr": 1e300})
+
+    def epochs(check: str) -> tuple[list[Any], list[Trainer]]:
+        trainers = [Trainer(c) for c in runs]
+        runner = StackedEpochs(trainers, check=check)
+        return [runner.train_epoch(e) for e in (1, 2)], trainers
+
+    (per_step, a), (per_epoch, b) = epochs("step"), epochs("epoch")
+    assert per_step[0][0] is None and a[0].record.divergence is not None
+    assert per_step == per_epoch
+    assert b[0].record.divergence == a[0].record.divergence
+    for x, y in zip(a, b, strict=True):
+        for p, q in zip(x.model.parameters(), y.model.parameters(), strict=True):
+            assert torch.equal(p, q)
+        assert torch.equal(x.data_generator.get_state(), y.data_generator.get_state())
+
+
+def test_a_killed_stack_resumes_to_the_uninterrupted_result(tmp_path, float64, monkeypatch):
+    straight = train_stacked(configs(tmp_path / "a", "fa", **{"optim.epochs": 3}))
+    killed = configs(tmp_path / "b", "fa", **{"optim.epochs": 3})
+    original = StackedEpochs.train_epoch
+
+    def kill(self, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(StackedEpochs, "train_epoch", kill)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(killed)
+    monkeypatch.setattr(StackedEpochs, "train_epoch", original)
+    assert {load_record(Path(c.run.out_dir) / run_id(c)).status for c in killed} == {
+        "interrupted"}
+    resumed = train_stacked(killed, resume=True)
+    for a, r in zip(straight, resumed, strict=True):
+        assert r.status == "completed"
+        assert comparable(a.record) == comparable(r.record)
+        assert checkpoint_gap(a.run_dir, r.run_dir) == 0.0
+    again = train_stacked(killed)  # finished: returned, not trained
+    assert [comparable(r.record) for r in again] == [comparable(r.record) for r in resumed]
+
+
+# --- what stacks, and what trains alone ----------------------------------------------------
+def test_stack_groups_follow_the_shared_shape(tmp_path):
+    base = RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path)})
+    runs = [base.replace(**{"run.seed": s}) for s in (1, 2, 3)]
+    runs += [base.replace(**{"model.d": 16})]  # another shape
+    runs += [base.replace(**{"method.name": "ep"})]  # a rule that does not stack
+    runs += [base.replace(**{"optim.lr": 0.5, "method.penalty": 0.1,
+                             "diagnostics.every": 2})]
+    assert stack_groups(runs, 8) == [[0, 1, 2, 5], [3], [4]]
+    assert stack_groups(runs, 2) == [[0, 1], [2, 5], [3], [4]]
+    assert stack_groups(runs, 1) == [[0], [1], [2], [3], [4], [5]]
+    assert stack_key(runs[4]) is None
+    assert stack_key(runs[0].replace(**{"run.out_dir": "elsewhere", "run.threads": 2})) \
+        == stack_key(runs[0])
+    with pytest.raises(ConfigError, match="--stack must be >= 1"):
+        stack_groups(runs, 0)
+
+
+def test_train_stacked_refuses_runs_of_different_shapes(tmp_path):
+    base = RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"run 2 differs from run 1 in model\.d"):
+        train_stacked([base, base.replace(**{"model.d": 16})])
+    with pytest.raises(ConfigError, match="does not train stacked"):
+        train_stacked([base.replace(**{"method.name": "fa-linear"})])
+    assert not (tmp_path / run_id(base)).exists()
+
+
+@pytest.mark.parametrize(("method", "arch", "reason"), [
+    ("fa-linear", "resmlp", "not written for stacked"),
+    ("ep", "resmlp", "not written for stacked"),
+    ("dfa", "convmixer", "buffers"),
+    ("bp", "adapted-transformer", "adapted model"),
+])
+def test_stack_refusal_says_why(method, arch, reason):
+    from creditaudit.methods import rule_class
+
+    assert reason in stack_refusal(make_rule(rule_class(method), arch=arch))
+
+
+@pytest.mark.parametrize("arch", ["resmlp", "vit"])
+@pytest.mark.parametrize("method", sorted(cls.name for cls in STACKED_RULES))
+def test_stacked_step_on_every_architecture_that_stacks(method, arch, float64):
+    """One stacked step of two tiny runs equals each run's own step (float64 rounding)."""
+    from creditaudit.methods import rule_class
+    from creditaudit.testing import tiny_batch
+
+    class Run:
+        def __init__(self, seed: int) -> None:
+            self.rule = make_rule(rule_class(method), seed=seed, arch=arch)
+            self.model = self.rule.model
+            self.optimizer = torch.optim.SGD(self.rule.trainable_parameters(), lr=0.1)
+            self.device = torch.device("cpu")
+
+    runs, alone = [Run(0), Run(1)], [Run(0), Run(1)]
+    batches = [tiny_batch(seed=s, arch=arch) for s in (1, 2)]
+    for run, (x, y) in zip(alone, batches, strict=True):
+        assert run.rule.train_step(x, y, run.optimizer).finite
+    from creditaudit.stepping import StackedStep
+
+    step = StackedStep(runs)
+    step.stack()
+    out = step.forward_backward(torch.stack([b[0] for b in batches]),
+                                torch.stack([b[1] for b in batches]))
+    step.optimize([0, 1])
+    step.unstack()
+    assert out.finite.all()
+    for a, s in zip(alone, runs, strict=True):
+        for p, q in zip(a.model.parameters(), s.model.parameters(), strict=True):
+            assert relative_gap(p.detach(), q.detach()) < TOLERANCE
+
+
+# --- data on the device ----------------------------------------------------------------------
+def images(n: int = 200, seed: int = 0) -> Dataset:
+    """CIFAR-like uint8 images (3×8×8), augmented and normalised as CIFAR is."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=gen)
+    y = torch.randint(0, 10, (n,), generator=gen)
+    return Dataset(name="images", train_x=x[:150], train_y=y[:150], test_x=x[150:],
+                   test_y=y[150:], n_classes=10, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.25),
+                   augment=True)
+
+
+@pytest.mark.parametrize("random_targets", [None, 10])
+@pytest.mark.parametrize("flatten", [False, True])
+def test_epoch_draws_give_the_batches_of_the_per_batch_path(random_targets, flatten):
+    data = images()
+
+    def batches(per_epoch: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]],
+                                          torch.Tensor]:
+        gen = torch.Generator().manual_seed(5)
+        loader = InMemoryLoader(data.train_x, data.train_y, 32, shuffle=True, generator=gen,
+                                augment=True, mean=data.mean, std=data.std, flatten=flatten,
+                                random_targets=random_targets, draw_per_epoch=per_epoch)
+        return [b for _ in range(2) for b in loader], gen.get_state()
+
+    (a, state_a), (b, state_b) = batches(False), batches(True)
+    assert len(a) == len(b) == 2 * 5
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert torch.equal(state_a, state_b)  # the same number of draws
+    if random_targets is not None:  # the targets replaced the labels
+        assert not torch.equal(a[0][1], data.train_y[:32])
+
+
+def test_device_data_trains_the_run_of_the_host_path(tmp_path):
+    """run.device_data = "on" (what CUDA runs use): the epoch's draws made up front, batches
+    cropped and normalised from them; on the CPU it trains the host path's run bit for bit
+    (CIFAR-10 layout: random crop, flip, normalisation; random targets)."""
+    from integrity_support import write_cifar10
+
+    write_cifar10(tmp_path / "data", per_batch=40)
+    config = RunConfig().replace(**{
+        "data.name": "cifar10", "data.data_dir": str(tmp_path / "data"),
+        "data.random_targets": True, "model.d": 8, "model.n_blocks": 2, "optim.epochs": 2,
+        "optim.batch_size": 32, "diagnostics.eval_samples": 32,
+        "diagnostics.end_of_run": False, "run.progress": False})
+    host = Trainer(config.replace(**{"run.out_dir": str(tmp_path / "a")}))
+    device = Trainer(config.replace(**{"run.out_dir": str(tmp_path / "b"),
+                                       "run.device_data": "on"}))
+    assert host.dataset.augment
+    assert device.train_loader.draw_per_epoch and not host.train_loader.draw_per_epoch
+    a, b = host.run(), device.run()
+    assert comparable(a.record) == comparable(b.record)
+    assert b.record.environment["execution"]["device_data"] is True
+    assert checkpoint_gap(a.run_dir, b.run_dir) == 0.0
+
+
+def test_cuda_graphs_resolve_to_off_on_the_cpu_and_say_so(tmp_path):
+    result = train(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
+                                          "optim.epochs": 1}))
+    execution = load_record(result.run_dir).environment["execution"]
+    assert execution == {"device_data": False, "cuda_graphs": "off (not a CUDA run)",
+                         "stacked_runs": 1}
+    off = Trainer(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
+                                         "run.cuda_graphs": "off"}))
+    assert off.cuda_graphs.text == "off (run.cuda_graphs = off)"
+
+
+# --- sweeps with --stack -----------------------------------------------------------------------
+SWEEP = """
+[base.data]
+n_train = 256
+n_test = 128
+in_dim = 6
+teacher_width = 16
+[base.model]
+d = 8
+n_blocks = 2
+[base.optim]
+epochs = 1
+batch_size = 64
+[base.diagnostics]
+eval_samples = 64
+end_of_run = false
+[base.run]
+out_dir = "{out}"
+[grid]
+"method.name" = ["dfa", "fa-linear"]
+"run.seed" = [1, 2, 3]
+"""
+
+
+def test_a_sweep_with_stack_trains_each_shape_as_one_stack(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(out=tmp_path / "runs"))
+    assert main(["sweep", str(path), "--stack", "4", "--dry-run"]) == 0
+    assert "stacks: 3 runs in 1 stack of up to 4, 3 runs alone" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--stack", "4", "--workers", "0", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "6 runs (6 completed)" in out
+    records = [load_record(d) for d in sorted((tmp_path / "runs").iterdir()) if d.is_dir()]
+    stacked = {r.config.method.name: r.environment["execution"]["stacked_runs"]
+               for r in records}
+    assert stacked == {"dfa": 3, "fa-linear": 1}
+    summary = json.loads((tmp_path / "runs" / "sweep_summary.json").read_text())
+    assert {run["action"] for run in summary["runs"]} == {"trained"}
+    assert main(["sweep", str(path), "--stack", "4", "--workers", "0", "-q"]) == 0
+    assert "6 runs (6 completed)" in capsys.readouterr().out  # nothing trained again
+
+
+def test_stack_flag_errors_are_one_line(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(out=tmp_path / "runs"))
+    assert main(["sweep", str(path), "--stack", "0", "--dry-run"]) != 0
+    assert "--stack must be >= 1" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--stack", "2", "--executor", "ray", "--dry-run"]) != 0
+    assert "--stack is for the local executor" in capsys.readouterr().err
+
+
+def test_a_stacked_group_trains_the_runs_it_claims(tmp_path):
+    """A run another process holds is reported busy; the group trains the others."""
+    from creditaudit.sweep import try_claim
+    from creditaudit.sweep.worker import run_group
+
+    runs = configs(tmp_path, "bp", **{"optim.epochs": 1})
+    ids = [run_id(c) for c in runs]
+    claim, _ = try_claim(tmp_path / ids[1], stale_after=900)
+    assert claim is not None
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=ids)
+    assert [o["status"] for o in outcomes] == ["completed", "busy", "completed"]
+    assert [o["action"] for o in outcomes] == ["trained", "busy", "trained"]
+    assert load_record(tmp_path / ids[0]).environment["execution"]["stacked_runs"] == 2
+    assert not (tmp_path / ids[0] / "claim.json").exists()
+
+
+def test_a_stack_whose_step_fails_records_every_run_failed(tmp_path, monkeypatch):
+    from creditaudit.stepping import StackedStep
+    from creditaudit.sweep.worker import run_group
+
+    def boom(self, x, y):
+        raise RuntimeError("step exploded")
+
+    monkeypatch.setattr(StackedStep, "forward_backward", boom)
+    runs = configs(tmp_path, "dfa", **{"optim.epochs": 1})
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=[run_id(c) for c in runs])
+    assert {o["status"] for o in outcomes} == {"failed"}
+    for config in runs:
+        record = load_record(Path(config.run.out_dir) / run_id(config))
+        assert record.status == "failed" and "step exploded" in record.error

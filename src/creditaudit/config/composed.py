@@ -119,14 +119,17 @@ def diagnostics_class(names: tuple[str, ...], strict: bool = True) -> type:
     if strict:
         for name in names:
             DIAGNOSTICS.get(name)
-    return _diagnostics_class(tuple(n for n in names if DIAGNOSTICS.find(n) is not None))
+    found = (DIAGNOSTICS.find(n) for n in names)
+    return _diagnostics_class(tuple(cls for cls in found if cls is not None))
 
 
 @functools.cache
-def _diagnostics_class(names: tuple[str, ...]) -> type:
+def _diagnostics_class(classes: tuple[type, ...]) -> type:
+    """Cached by the classes, not their names: a name may be served by another class after
+    plugins are reloaded."""
     fields = []
-    for name in names:
-        cls = DIAGNOSTICS.get(name)
+    names = tuple(cls.name for cls in classes)
+    for name, cls in zip(names, classes):
         if not dataclasses.fields(cls.Options):
             continue
         fields.append((name, cls.Options, dataclasses.field(

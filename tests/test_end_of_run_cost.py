@@ -17,19 +17,12 @@ from torch import Tensor
 
 from creditaudit import records
 from creditaudit.config import RunConfig, config_from_dict, load_config, semantic_dict
-from creditaudit.diagnostics import nudging, null, perturbation, quality
+from creditaudit.diagnostics import nudging, null, perturbation, progress, quality
+from creditaudit.diagnostics.budget import MIN_RHO_SAMPLES, rho_budget, rho_sample_flops
 from creditaudit.diagnostics.nudging import nudging_table
-from creditaudit.diagnostics.perturbation import (
-    BP_CREDIT,
-    MIN_RHO_SAMPLES,
-    WorkingCopy,
-    jackknife_se,
-    measure_footprint,
-    pearson,
-    rho_sample_flops,
-    rho_table,
-)
+from creditaudit.diagnostics.perturbation import BP_CREDIT, jackknife_se, pearson, rho_table
 from creditaudit.diagnostics.quality import DEFAULT_RHO_FLOPS, credit_quality, full_credits
+from creditaudit.diagnostics.working import WorkingCopy, _saved_bytes, measure_footprint
 from creditaudit.errors import ConfigError
 from creditaudit.methods import DFA, bp_state_gradients
 from creditaudit.models import ResidualMLP
@@ -147,7 +140,7 @@ def test_footprint_is_the_bytes_autograd_saves_per_sample():
     model = ResidualMLP(16, 32, 10, 3).double().eval()
     x, y = torch.randn(16, 16, dtype=F64), torch.randint(0, 10, (16,))
     footprint = measure_footprint(model.forward_states, x, y)
-    saved = {k: perturbation._saved_bytes(model.forward_states, x[:k], y[:k])[0]
+    saved = {k: _saved_bytes(model.forward_states, x[:k], y[:k])[0]
              for k in (8, 16)}
     assert saved[16] - saved[8] == 8 * footprint.graph_bytes  # linear in the batch
     assert footprint.state_bytes == 4 * 32 * 8  # h_0 … h_3, 32 float64 each
@@ -204,7 +197,7 @@ def _every_clock_jumps(monkeypatch: pytest.MonkeyPatch, step: float) -> None:
     clock = FakeClock(step)
     monkeypatch.setattr(time, "perf_counter", clock)
     monkeypatch.setattr(time, "monotonic", clock)
-    for module in (perturbation, nudging, null, quality):
+    for module in (perturbation, progress, nudging, null, quality):
         functions = [f for f in vars(module).values() if inspect.isfunction(f)]
         for cls in (c for c in vars(module).values()
                     if isinstance(c, type) and c.__module__ == module.__name__):
@@ -277,8 +270,8 @@ def test_the_same_budget_buys_fewer_samples_of_a_costlier_model():
     for d in (8, 16, 32):
         model = ResidualMLP(6, d, 4, 3).double().eval()
         working = WorkingCopy.of(model, x, torch.zeros(64, dtype=torch.long), F64)
-        counts.append(perturbation.rho_budget(working, 64, n_directions=5,
-                                              budget_flops=budget).samples)
+        counts.append(rho_budget(working, 64, n_directions=5,
+                                 budget_flops=budget).samples)
     assert counts == [64, 50, 13]
     assert counts[0] == 64  # the cheapest model gets every sample it asked for
 
@@ -467,7 +460,7 @@ def test_the_float64_pass_is_one_chunk_at_the_audit_table_size():
 
 # --- progress -------------------------------------------------------------------------------
 def test_each_stage_reports_samples_done_and_an_eta(monkeypatch):
-    monkeypatch.setattr(perturbation, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "PROGRESS_SECONDS", 0.0)
     rule = make_rule(DFA, arch="resmlp")
     x, y = _samples("resmlp")
     monkeypatch.setattr(perturbation, "MAX_ELEMENTS", 3 * 8)  # ρ: one sample per block
@@ -493,11 +486,11 @@ def test_each_stage_reports_samples_done_and_an_eta(monkeypatch):
 
 def test_progress_lines_are_rate_limited():
     lines: list[str] = []
-    progress = perturbation.StageProgress(lines.append, "ρ", 100, clock=FakeClock(0.0))
-    progress.update(10, 5.0)  # 5 s in: too soon for a line
-    progress.update(20, 12.0)
-    progress.update(30, 15.0)  # 3 s after the last line
-    progress.update(100, 60.0)  # done: the stage's own end says so
+    stage = progress.StageProgress(lines.append, "ρ", 100, clock=FakeClock(0.0))
+    stage.update(10, 5.0)  # 5 s in: too soon for a line
+    stage.update(20, 12.0)
+    stage.update(30, 15.0)  # 3 s after the last line
+    stage.update(100, 60.0)  # done: the stage's own end says so
     assert lines == ["ρ: 20/100 samples, 0m12s elapsed, ETA 0m48s"]
 
 
@@ -523,8 +516,8 @@ def test_at_the_audit_table_size_the_defaults_change_no_number():
 
 def test_stages_hand_freed_memory_back_every_few_seconds(monkeypatch):
     calls: list[int] = []
-    monkeypatch.setattr(perturbation, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
-    progress = perturbation.StageProgress(None, "nudging", 100, clock=FakeClock(0.0))
+    monkeypatch.setattr(progress, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+    stage = progress.StageProgress(None, "nudging", 100, clock=FakeClock(0.0))
     for now in (1.0, 4.9, 5.0, 6.0, 10.5):
-        progress.update(1, now)
+        stage.update(1, now)
     assert calls == [0, 0]  # at 5.0 and 10.5 s: every TRIM_SECONDS, not every chunk

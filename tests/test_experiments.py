@@ -24,7 +24,16 @@ from creditaudit.experiments import (
     run_experiment,
 )
 from creditaudit.experiments.penalty_sweep import LAMBDAS
-from creditaudit.protocol import FIRED, NOT_EVALUATED, PASSED
+from creditaudit.protocol import (
+    FIRED,
+    NOT_EVALUATED,
+    PASSED,
+    DiagnosticReport,
+    DiagnosticResult,
+    Thresholds,
+    protocol,
+    verdict_of,
+)
 from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
 
@@ -263,11 +272,19 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
              "bp_grad_norms_per_sample_med": [1e-3, g_last], "cos_per_layer": [gamma, gamma],
              "protocol": statuses}
+    # The protocol block holds each statistic beside its status, as training writes it.
+    values = {"a": growth, "b": g_last, "c": 0.9 if "c" in fired else 0.1, "d": None}
+    results = [DiagnosticResult(i, cls.label, values[i], cls.limit(Thresholds()), statuses[i],
+                                "") for i, cls in ((c.name, c) for c in protocol())]
+    verdict, fired_ids, skipped = verdict_of(results)
+    report = DiagnosticReport([1.0, growth], [1e-3, g_last], results, verdict, fired_ids,
+                              skipped)
     return RunRecord.from_dict({
         "schema": SCHEMA, "run_id": f"{method}-{penalty}-s{seed}", "config": config,
         "status": "completed", "log": [{"epoch": 0, "acc_eval": 0.1}, entry],
         "final": {"test_acc": acc}, "diagnostics": {"gamma": {"samples_then_layers": gamma}},
-        "protocol": {}})
+        "protocol": {"epoch": 1, "verdict": verdict, "fired": fired_ids,
+                     "report": report.to_dict()}})
 
 
 def test_group_records_ignores_seed_and_output_folder():
@@ -375,6 +392,7 @@ def test_experiment_command_errors_are_one_line(capsys):
 def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
     """`experiment all --scale cpu --no-train` once overwrote the smoke summaries: both
     scales' own datasets wrote NAME.json."""
+    from creditaudit.experiments import Choices
     from creditaudit.experiments.runner import summary_stem
     from creditaudit.experiments.scales import SCALES
     from creditaudit.registry import DATASETS
@@ -386,6 +404,10 @@ def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
     assert summary_stem("audit_table", "cpu", "fashion-mnist") == \
         "audit_table.cpu.fashion-mnist"
     assert summary_stem("temporal", "smoke", "synthetic") == "temporal.smoke.synthetic"
+    # Lists a user chose get a summary of their own.
+    chosen = summary_stem("rule_zoo", "smoke", "synthetic", Choices(rules=("dfa", "kp"),
+                                                                    archs=("vit",)))
+    assert chosen == "rule_zoo.smoke.synthetic.rules=dfa,kp.arch=vit"
 
 
 def test_find_summary_reads_current_and_older_file_names(tmp_path, plant):
@@ -473,3 +495,92 @@ def test_list_counts_runs_even_without_the_data(tmp_path, capsys):
     assert "paper: 24 runs (finished ones not counted: data.name='cifar10' needs" in out
     assert main(["experiment", "--list", "--scale", "smoke", "--out", str(tmp_path)]) == 0
     assert f"smoke: 16 runs, 0 finished in {tmp_path}" in capsys.readouterr().out
+
+
+# --- any rule, any architecture ------------------------------------------------------------
+@pytest.fixture
+def noisy_bp(monkeypatch):
+    """docs/examples/noisy_bp.py's rule registered in this process, as its entry point would
+    register it (experiments at smoke scale train in this process)."""
+    import importlib.util
+    import sys
+
+    from creditaudit.registry import RULES, Origin
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "noisy_bp.py"
+    spec = importlib.util.spec_from_file_location("noisy_bp", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "noisy_bp", module)
+    spec.loader.exec_module(module)
+    RULES.names()  # the built-ins and installed plugins first
+    RULES._plugins["noisy-bp"] = RULES.validate(module.NoisyBP, "test")
+    RULES._origins["noisy-bp"] = Origin(builtin=False, distribution="tests")
+    yield module.NoisyBP
+    del RULES._plugins["noisy-bp"], RULES._origins["noisy-bp"]
+
+
+def test_rules_and_arch_replace_an_experiments_lists(noisy_bp):
+    from creditaudit.experiments import Choices
+
+    def key(config):  # what a run id hashes (besides the data's fingerprint)
+        return json.dumps(config.to_dict(), sort_keys=True)
+
+    for name in ("audit_table", "temporal", "rule_zoo"):  # choosing nothing changes nothing
+        experiment = get_experiment(name)
+        assert experiment.configs("smoke", out_dir="r") == experiment.configs(
+            "smoke", out_dir="r", choices=Choices())
+    zoo = get_experiment("rule_zoo").configs(
+        "smoke", out_dir="r", choices=Choices(rules=("noisy-bp", "dfa"), archs=("resmlp", "vit")))
+    assert {(c.model.arch, c.method.name) for c in zoo} == {
+        (arch, rule) for arch in ("resmlp", "vit") for rule in ("noisy-bp", "dfa", "frozen")}
+    assert all(c.model.patch == 8 and c.data.in_dim == 3072 for c in zoo
+               if c.model.arch == "vit")  # the synthetic task viewed as 3×32×32
+    # One architecture instead of the ResidualMLP; the audit's DFA runs shared with the zoo.
+    audit = get_experiment("audit_table").configs(
+        "smoke", out_dir="r", choices=Choices(rules=("dfa",), archs=("vit",)))
+    assert {(c.model.arch, c.method.name) for c in audit} == {("vit", "dfa"), ("vit", "frozen")}
+    assert {key(c) for c in audit} <= {key(c) for c in zoo}
+    untrained = get_experiment("random_init").configs(
+        "smoke", out_dir="r", choices=Choices(archs=("resmlp-noLN", "student")))
+    assert {(c.model.arch, getattr(c.model, "out_ln", None)) for c in untrained} == {
+        ("resmlp", False), ("student", None)}
+    sweep = get_experiment("penalty_sweep").configs("smoke", out_dir="r",
+                                                    choices=Choices(rules=("kp",)))
+    assert sorted({(c.method.name, c.method.penalty) for c in sweep}) == sorted(
+        [("frozen", 0.0), *(("kp", lam) for lam in LAMBDAS)])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["capacity_cost", "--rules", "dfa"], "capacity_cost takes no --rules: it separates"),
+    (["audit_table", "--arch", "resmlp,vit"], "runs on one architecture"),
+    (["all", "--rules", "dfa"], "--rules applies to one experiment"),
+    (["audit_table", "--rules", "dfa,nope"], "'nope' is not a known credit rule; choose one"),
+    (["temporal", "--arch", "nope"], "--arch nope: model.arch='nope' is not a known"),
+    (["random_init", "--arch", "vit", "--dataset", "mnist1d"], "--arch vit reads images"),
+    (["fresh_null", "--rules", "bp"], "bp has feedback_kind 'symmetric'"),
+    (["audit_table", "--arch", "student-noLN"], "student has no terminal LayerNorm"),
+    (["rule_zoo", "--rules", ","], "--rules names nothing"),
+])
+def test_options_that_make_no_sense_are_refused_in_one_line(argv, says, tmp_path, capsys):
+    assert main(["experiment", *argv, "--scale", "smoke", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "experiments").exists()  # nothing trained, nothing written
+
+
+def test_an_experiment_audits_a_plugin_rule(noisy_bp, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["experiment", "audit_table", "--scale", "smoke", "--rules", "noisy-bp",
+                 "--out", str(out)]) == 0
+    stem = out / "experiments" / "audit_table.smoke.synthetic.rules=noisy-bp"
+    summary = json.loads(Path(f"{stem}.json").read_text())
+    assert summary["meta"]["choices"] == {"rules": ["noisy-bp"], "archs": None}
+    assert [row["method"] for row in summary["rows"]] == ["noisy-bp", "frozen"]
+    assert all(len(row["seeds"]) == 2 for row in summary["rows"])
+    noisy = summary["rows"][0]
+    assert noisy["margin_pp"]["n"] == 2 and "(d)" not in noisy["verdict"]["not_evaluated"]
+    assert "rules `noisy-bp`" in Path(f"{stem}.md").read_text()
+    # The experiment's own summary is another file, written by another choice.
+    assert not (out / "experiments" / "audit_table.smoke.synthetic.json").exists()
+    listing = capsys.readouterr().out
+    assert "# Experiment `audit_table`" in listing

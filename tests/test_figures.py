@@ -377,8 +377,72 @@ def test_every_built_in_rule_keeps_its_own_colour_and_marker_in_every_colour_vis
     assert len({method_marker(name) for name in names}) == len(names)
     distance, vision, a, b = closest_pair(colors)
     assert distance >= 10, f"{a} and {b} look alike in {vision} (ΔE {distance:.1f})"
-    distance, vision, a, b = closest_pair(FALLBACK_COLORS)
-    assert len(FALLBACK_COLORS) >= 13 and distance >= 10, (a, b, vision)
+    # Every fallback colour stays apart from every built-in's and every other fallback's.
+    distance, vision, a, b = closest_pair([*colors, *FALLBACK_COLORS])
+    assert len(FALLBACK_COLORS) >= 8 and distance >= 10, (a, b, vision)
+
+
+@pytest.fixture
+def dfa_variant():
+    """A DFA subclass that declares no style of its own, registered as a plugin would be."""
+    from creditaudit.methods import DFA
+    from creditaudit.registry import RULES, Origin
+
+    class QuietDFA(DFA):
+        name = "quiet-dfa"
+        label = "Quiet DFA"
+
+    RULES.names()  # the built-ins and installed plugins first
+    RULES._plugins[QuietDFA.name] = RULES.validate(QuietDFA, "test")
+    RULES._origins[QuietDFA.name] = Origin(builtin=False, distribution="tests")
+    yield QuietDFA
+    del RULES._plugins[QuietDFA.name], RULES._origins[QuietDFA.name]
+
+
+def test_a_rule_without_its_own_style_gets_one_no_built_in_has(dfa_variant):
+    from colour_support import closest_pair
+    from creditaudit.figures.common import method_color, method_marker
+    from creditaudit.methods import rule_class, rule_names
+    from creditaudit.results import method_rank
+
+    builtins = [name for name in rule_names() if name != dfa_variant.name]
+    colors = {method_color(name).upper() for name in builtins}
+    markers = {method_marker(name) for name in builtins}
+    assert dfa_variant.color == rule_class("dfa").color  # inherited as a class attribute …
+    color, marker = method_color(dfa_variant.name), method_marker(dfa_variant.name)
+    assert color.upper() not in colors and marker not in markers  # … but never drawn with
+    distance, vision, a, b = closest_pair([*colors, color])
+    assert distance >= 10, f"{a} and {b} look alike in {vision}"
+    # A record of a rule not installed here gets a fallback style too, the same every time.
+    assert method_color("gone-rule") not in colors and method_marker("gone-rule") not in markers
+    assert (method_color("gone-rule"), method_marker("gone-rule")) == (
+        method_color("gone-rule"), method_marker("gone-rule"))
+    # Listed as a rule of its own, not beside DFA (whose rank it inherits).
+    assert method_rank(dfa_variant.name)[0] != method_rank("dfa")[0]
+
+
+def test_a_fallback_style_avoids_one_a_plugin_declares(dfa_variant):
+    """A plugin that declares a fallback colour and marker as its own keeps them to itself:
+    a rule without a style of its own then gets another."""
+    from creditaudit.figures.common import method_color, method_marker
+    from creditaudit.methods import DFA
+    from creditaudit.registry import RULES, Origin
+
+    color, marker = method_color(dfa_variant.name), method_marker(dfa_variant.name)
+
+    class Styled(DFA):
+        name = "styled-dfa"
+        label = "Styled DFA"
+
+    Styled.color, Styled.marker = color, marker
+    RULES._plugins[Styled.name] = RULES.validate(Styled, "test")
+    RULES._origins[Styled.name] = Origin(builtin=False, distribution="tests")
+    try:
+        assert (method_color(Styled.name), method_marker(Styled.name)) == (color, marker)
+        assert method_color(dfa_variant.name) != color
+        assert method_marker(dfa_variant.name) != marker
+    finally:
+        del RULES._plugins[Styled.name], RULES._origins[Styled.name]
 
 
 def test_hero_draws_each_method_in_a_colour_and_marker_of_its_own(index):

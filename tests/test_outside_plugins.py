@@ -142,7 +142,8 @@ def test_each_plugin_passes_its_conformance_suite(installed):
 def test_a_rule_derived_from_dfa_gets_a_style_and_rank_of_its_own(installed):
     """Sparse DFA declares no color, marker or rank: it must not be drawn or listed as DFA
     (nor look like any rule that declares its style)."""
-    from creditaudit.figures.common import method_color, method_marker, method_rank
+    from creditaudit.figures.common import method_color, method_marker
+    from creditaudit.results import method_rank
 
     builtin = [cls for cls in RULES.classes() if RULES.origin(cls.name).builtin]
     assert method_color("sparse-dfa") not in {cls.style("color") for cls in builtin}
@@ -185,7 +186,7 @@ def test_a_protocol_without_some_built_ins_is_judged_and_tabled(installed):
     from creditaudit import diagnose
     from creditaudit.models import build_model
     from creditaudit.protocol import Protocol
-    from creditaudit.report.folder import diagnostic_cell
+    from creditaudit.report.tables import diagnostic_cell
 
     config = config_from_dict(CONFIG)
     torch.manual_seed(0)

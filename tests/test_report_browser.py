@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from creditaudit.figures import RunIndex
+from creditaudit.figures import RunIndex, render_all
 from creditaudit.report.folder import write_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -53,7 +53,9 @@ def browser() -> str | None:
 @pytest.fixture(scope="module")
 def report_dir(figure_results, tmp_path_factory):
     out = tmp_path_factory.mktemp("browser_report")
-    write_report(RunIndex.from_dir(figure_results, frozen_from_runs=True), out)
+    index = RunIndex.from_dir(figure_results, frozen_from_runs=True)
+    rendered, missing = render_all(index, out / "figures")
+    write_report(index, out, rendered=rendered, missing=missing)
     return out
 
 

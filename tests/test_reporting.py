@@ -14,7 +14,7 @@ import torch
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
-from creditaudit.figures import RunIndex
+from creditaudit.figures import render_all
 from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
@@ -32,6 +32,7 @@ from creditaudit.report.folder import (
     write_report,
 )
 from creditaudit.report.html import compact_png, markdown_to_html
+from creditaudit.results import RunIndex
 from creditaudit.training import train
 
 SMOKE = {
@@ -117,7 +118,9 @@ def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys
 
 
 def test_report_html_is_self_contained(results, tmp_path):
-    files = write_report(RunIndex.from_dir(results), tmp_path / "r")
+    index = RunIndex.from_dir(results)
+    rendered, missing = render_all(index, tmp_path / "r" / "figures")
+    files = write_report(index, tmp_path / "r", rendered=rendered, missing=missing)
     page = files.html.read_text()
     assert page.startswith("<!DOCTYPE html>")
     assert "data:image/png;base64," in page

@@ -37,6 +37,7 @@ from creditaudit.protocol import (
     CreditFn,
     DiagnosticReport,
     Protocol,
+    ReferenceValidity,
     Thresholds,
     evaluate_protocol,
 )
@@ -179,8 +180,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                                credits=summaries, metrics=quality, metadata=meta,
                                protocol=protocol)
     # (b) judges the reference: its reason says it is unchecked
-    if not reference.verified and any(r.id == "b" for r in report.diagnostics):
-        validity = report.diagnostic("b")
+    b = ReferenceValidity.name
+    if not reference.verified and any(r.id == b for r in report.diagnostics):
+        validity = report.diagnostic(b)
         validity.reason = f"{validity.reason}; reference gradient {reference.detail}"
     return report
 

@@ -86,21 +86,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def depth_utility_lines(records: list[RunRecord]) -> list[str]:
     """Diagnostic (d) of every trained method: its margin over the frozen run."""
-    from creditaudit.protocol import Thresholds
+    from creditaudit.protocol import DepthUtility
     from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 
     index = RecordSet(records)
     frozen = next((r for r in records if is_frozen_baseline(r)), None)
     if frozen is None or frozen.final_acc is None:
         return []
-    lines = [f"(d) depth utility: margin over frozen blocks (test acc {frozen.final_acc:.3f}); "
-             f"fires below {Thresholds().margin_pp:g} pp"]
+    d = DepthUtility
+    lines = [f"{d.id_label()} {d.label}: margin over frozen blocks (test acc "
+             f"{frozen.final_acc:.3f}); fires below {d.limit(d.Options()):g} pp"]
     for record in records:
         verdict = index.verdict(record)
         if is_frozen_baseline(record) or verdict.margin_pp is None:
             continue
         lines.append(f"  {record.method:<12}{verdict.margin_pp:+7.1f} pp  "
-                     f"{verdict.statuses['d']}")
+                     f"{verdict.statuses[d.name]}")
     return lines
 
 

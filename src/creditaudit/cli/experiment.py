@@ -31,6 +31,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataset", default=None, metavar="NAME",
                         help="dataset instead of the scale's default (synthetic, "
                              "fashion-mnist, cifar10); mnist1d is generated (no data folder)")
+    parser.add_argument("--rules", default=None, metavar="A,B",
+                        help="credit rules instead of the experiment's own (any installed "
+                             "rule, plugins included); one experiment only, and only one "
+                             "with a rule list (see --list)")
+    parser.add_argument("--arch", default=None, metavar="X[,Y]",
+                        help="architecture(s) instead of the experiment's own: an installed "
+                             "architecture, or NAME-noLN without its terminal LayerNorm "
+                             "(several only where the experiment compares architectures; "
+                             "see --list)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="dataset folder (CIFAR python batches or IDX files); "
                              "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist")
@@ -59,12 +68,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def names_list(text: str | None, option: str) -> tuple[str, ...] | None:
+    """``"dfa, kp"`` → ``("dfa", "kp")``; None when the option was not given."""
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise ConfigError(f"--{option} names nothing: give one or more names separated by "
+                          "commas")
+    return names
+
+
+def choices_of(args: argparse.Namespace):  # noqa: ANN201 - a Choices
+    from creditaudit.experiments import Choices
+
+    return Choices(rules=names_list(args.rules, "rules"), archs=names_list(args.arch, "arch"))
+
+
 def _list(args: argparse.Namespace) -> int:
     from creditaudit.experiments import experiment_names, get_experiment
+    from creditaudit.experiments.registry import OPTIONS
 
     for name in experiment_names():
         experiment = get_experiment(name)
         print(f"{name}\n    {experiment.question}\n    runs: {experiment.needs}")
+        takes = [f"--{option} replaces {what}" for option, what in experiment.takes.items()]
+        takes += [f"no --{option}: {experiment.refuses.get(option, 'it has no such axis')}"
+                  for option in OPTIONS if option not in experiment.takes]
+        print(f"    {'; '.join(takes)}")
         if args.scale:
             print(f"    {args.scale}: {_count(experiment, args)}")
     return 0
@@ -77,7 +108,7 @@ def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Ex
 
     def configs(data_dir: str | None) -> list:
         return experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
-                                  out_dir=Path(args.out).resolve())
+                                  out_dir=Path(args.out).resolve())  # the experiment's own
 
     try:
         found = configs(args.data_dir)  # None: the scale's default folder
@@ -117,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
     names = experiment_names() if args.name == "all" else [get_experiment(args.name).name]
+    choices = choices_of(args)
     progress = _LazyProgress(quiet=args.quiet)
     started = time.perf_counter()
     try:
@@ -125,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                                     workers=args.workers, executor=args.executor,
                                     on_progress=progress, retry_failed=args.retry_failed,
                                     device=args.device, precision=args.precision,
-                                    train=not args.no_train)
+                                    train=not args.no_train, choices=choices)
     except KeyboardInterrupt:
         progress.close()
         print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "

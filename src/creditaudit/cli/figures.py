@@ -37,7 +37,8 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.figures import RunIndex, render_all
+    from creditaudit.figures import render_all
+    from creditaudit.results import RunIndex
     from creditaudit.safe_files import ensure_folder
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,

@@ -14,9 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "report", help="write report.md and a self-contained report.html of a results folder",
         description="Read every run record below RESULTS_DIR and write OUT/report.md and "
                     "OUT/report.html: the audit table (one row per finished run: method, "
-                    "architecture, dataset, seed, accuracy, deep cos, headline Γ, protocol "
-                    "diagnostics (a)-(d) and any a run's config adds, verdict), a summary "
-                    "across seeds (both with a "
+                    "architecture, dataset, seed, accuracy, deep cos, headline Γ, a column "
+                    "per protocol diagnostic, verdict), a summary across seeds (both with a "
                     "column for every setting the runs differ in), the runs that did not "
                     "finish, every figure the runs support (embedded in the HTML as PNG) and "
                     "the reporting-template rows of each run. The HTML's tables sort and "
@@ -29,15 +28,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.figures import RunIndex
-    from creditaudit.report.folder import write_report
+    from creditaudit.figures import render_all
+    from creditaudit.report.folder import FIGURES_DIR, write_report
+    from creditaudit.results import RunIndex
     from creditaudit.safe_files import ensure_folder
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
     out = Path(args.out) if args.out else Path(args.results) / "report"
     ensure_folder(out)  # a file in the way is one line before any figure is drawn
-    files = write_report(index, out)
+    # The report embeds the figures drawn here; report and figures know nothing of each other.
+    rendered, missing = render_all(index, out / FIGURES_DIR)
+    files = write_report(index, out, rendered=rendered, missing=missing)
     print(f"{len(index)} run records; {len(files.rendered)} figure(s) drawn, "
           f"{len(files.missing)} missing")
     for module, err in files.missing:

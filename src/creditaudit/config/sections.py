@@ -183,3 +183,9 @@ LEGACY_DEFAULTS: dict[tuple[str, str], Any] = {
     ("method", "ema_decay"): 0.995, ("method", "ep_beta"): 0.01, ("method", "ep_steps"): 20,
     ("method", "ep_step_size"): 0.25, ("method", "ep_solver"): "residual-cg",
 }
+
+# The six sections of a RunConfig, by name, in the order of its fields.
+SECTION_TYPES: dict[str, type] = {
+    "data": DataConfig, "model": ModelConfig, "method": MethodConfig, "optim": OptimConfig,
+    "diagnostics": DiagnosticsConfig, "run": RunSettings,
+}

@@ -21,14 +21,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.diagnostics.perturbation import (
-    BP_CREDIT,
-    DEFAULT_MEMORY_GB,
-    Clock,
-    Say,
-    StageProgress,
-    WorkingCopy,
-)
+from creditaudit.diagnostics.perturbation import BP_CREDIT
+from creditaudit.diagnostics.progress import Clock, Say, StageProgress
+from creditaudit.diagnostics.working import DEFAULT_MEMORY_GB, WorkingCopy
 
 DEFAULT_ETAS = (0.01, 0.1)
 
@@ -63,7 +58,7 @@ def nudging_deltas(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Ten
     per-sample cross-entropy over the N samples (nats). Returns ``{"0.01": [Δ_l for l in
     layers], …}``; negative Δ means the credit is a descent direction. ``dtype=None`` runs
     the caller's model as it is (eval mode assumed); otherwise a copy in ``dtype``.
-    ``working``: a :class:`~creditaudit.diagnostics.perturbation.WorkingCopy` of ``model``
+    ``working``: a :class:`~creditaudit.diagnostics.working.WorkingCopy` of ``model``
     on ``x`` to reuse (``dtype`` is then ignored). :func:`nudging_table` measures several
     credits in one pass.
     """

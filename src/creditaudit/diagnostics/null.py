@@ -18,7 +18,7 @@ from torch import Tensor
 from creditaudit.diagnostics.alignment import ReferenceDirections, deep_mean
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
-from creditaudit.diagnostics.perturbation import Clock, Say, StageProgress
+from creditaudit.diagnostics.progress import Clock, Say, StageProgress
 from creditaudit.errors import ConfigError
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import summary_vectors

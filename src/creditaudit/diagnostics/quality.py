@@ -19,20 +19,14 @@ from creditaudit.diagnostics.alignment import (
     layer_cosine_table,
     layer_cosines,
 )
+from creditaudit.diagnostics.budget import rho_budget
 from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.gradients import REFERENCE_FLOOR, state_gradients
 from creditaudit.diagnostics.nudging import DEFAULT_ETAS, nudging_table
 from creditaudit.diagnostics.null import DEFAULT_NULL_SEED, fresh_feedback_null, has_feedback
-from creditaudit.diagnostics.perturbation import (
-    BP_CREDIT,
-    DEFAULT_EPS,
-    DEFAULT_MEMORY_GB,
-    WorkingCopy,
-    measure_footprint,
-    release_freed_memory,
-    rho_budget,
-    rho_table,
-)
+from creditaudit.diagnostics.perturbation import BP_CREDIT, DEFAULT_EPS, rho_table
+from creditaudit.diagnostics.progress import release_freed_memory
+from creditaudit.diagnostics.working import DEFAULT_MEMORY_GB, WorkingCopy, measure_footprint
 from creditaudit.errors import CreditAuditError
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.contract import summary_vectors
@@ -111,7 +105,7 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
     Cost: ``rho_flops`` is ρ's compute budget in floating-point operations (None: none).
     ρ asks for min(``rho_samples``, N) samples and uses ⌊rho_flops / rho_sample_flops⌋ of
     them where that is fewer (at least 8), ``rho_sample_flops`` being one sample's perturbed
-    forwards counted on the model (:func:`~creditaudit.diagnostics.perturbation.rho_sample_flops`):
+    forwards counted on the model (:func:`~creditaudit.diagnostics.budget.rho_sample_flops`):
     the count follows from the model's shapes, so the samples do not depend on the machine
     or its load. ``rho_se`` says how precise ρ is; nudging then averages over the same
     samples instead of all N. Every

@@ -136,7 +136,7 @@ class StatesNet(nn.Module):
     """A user's module seen through the contract the metrics use: ``forward_states`` is
     ``states_fn``, ``forward_from`` is the given function.
 
-    The metrics work on float64 copies (:func:`~creditaudit.diagnostics.perturbation.model_copy`).
+    The metrics work on float64 copies (:func:`~creditaudit.diagnostics.working.model_copy`).
     A copy can re-point the functions at the copied module only when they are bound
     methods of it (``model.states``, ``model.run_from``): then :attr:`copyable` is True.
     Lambdas and other closures keep calling the original module, so for them the metrics

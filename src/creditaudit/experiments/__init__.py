@@ -27,6 +27,7 @@ from creditaudit.experiments import (  # noqa: F401  (importing registers each e
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.experiments.groups import group_records
 from creditaudit.experiments.registry import (
+    Choices,
     Experiment,
     experiment_names,
     get_experiment,
@@ -36,6 +37,6 @@ from creditaudit.experiments.runner import run_experiment, run_experiments
 from creditaudit.experiments.scales import SCALES, base_config
 
 __all__ = [
-    "Experiment", "experiment_names", "get_experiment", "register", "run_experiment",
+    "Choices", "Experiment", "experiment_names", "get_experiment", "register", "run_experiment",
     "run_experiments", "aggregate", "group_records", "SCALES", "base_config",
 ]

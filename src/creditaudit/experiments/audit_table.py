@@ -7,11 +7,18 @@ The verdict's (d) uses the frozen runs' mean final accuracy (see :mod:`.base`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.experiments.aggregate import aggregate, format_aggregate
-from creditaudit.experiments.configs import AUDIT_METHODS, method_overrides, scale_config
+from creditaudit.experiments.configs import (
+    AUDIT_METHODS,
+    arch_config,
+    baseline_rule,
+    method_overrides,
+    single_arch,
+)
 from creditaudit.experiments.groups import (
     fmt,
     format_lambda,
@@ -21,28 +28,45 @@ from creditaudit.experiments.groups import (
     markdown_table,
     verdicts,
 )
-from creditaudit.experiments.registry import Experiment, register
+from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
-from creditaudit.protocol import HEADLINE_GAMMA
+from creditaudit.protocol import HEADLINE_GAMMA, DepthUtility
 from creditaudit.records import RunRecord
 
 GAMMA_KEYS = ("layers_then_samples", "samples_then_layers", "pooled", "deep_only")
-ORDER = [m + (f"+λ={format_lambda(p)}" if p else "") for m, p in AUDIT_METHODS]
+
+
+def labels_of(methods: Sequence[tuple[str, float]]) -> list[str]:
+    """The rows' labels of (method, λ) pairs, in that order."""
+    return [m + (f"+λ={format_lambda(p)}" if p else "") for m, p in methods]
+
+
+ORDER = labels_of(AUDIT_METHODS)
+
+
+def audit_methods(choices: Choices) -> list[tuple[str, float]]:
+    """(method, λ) of the audit runs: :data:`AUDIT_METHODS`, or the chosen rules at λ = 0
+    and the frozen-blocks baseline."""
+    if choices.rules is None:
+        return list(AUDIT_METHODS)
+    return [*((rule, 0.0) for rule in choices.rules), (baseline_rule(), 0.0)]
 
 
 def audit_configs(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: str,
-                  control: bool = False) -> list[RunConfig]:
+                  control: bool = False, choices: Choices = NO_CHOICES) -> list[RunConfig]:
     """The audit runs (also used by decision_utility and threshold_sensitivity)."""
-    return [scale_config(scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
-                         control=control, **method_overrides(method, penalty), run__seed=seed)
-            for method, penalty in AUDIT_METHODS for seed in get_scale(scale).seeds]
+    variant = single_arch(choices.archs)
+    return [arch_config(variant, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
+                        control=control, **method_overrides(method, penalty), run__seed=seed)
+            for method, penalty in audit_methods(choices) for seed in get_scale(scale).seeds]
 
 
-def _order(label: str) -> tuple[int, str]:
-    return (ORDER.index(label) if label in ORDER else len(ORDER), label)
+def _order(label: str, order: Sequence[str] = ORDER) -> tuple[int, str]:
+    return (order.index(label) if label in order else len(order), label)
 
 
-def summarise(records: list[RunRecord]) -> dict[str, Any]:
+
+def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     verdict_of = verdicts(records)
     rows = []
     for members in group_records(records).values():
@@ -50,19 +74,21 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
         gammas = [r.diagnostics.gamma or {} for r in members]
         row["gamma"] = {key: aggregate(g.get(key) for g in gammas) for key in GAMMA_KEYS}
         rows.append(row)
-    rows.sort(key=lambda row: _order(row["label"]))
+    order = labels_of(audit_methods(choices))
+    rows.sort(key=lambda row: _order(row["label"], order))
     return {
         "headline_gamma_aggregation": HEADLINE_GAMMA,
         "frozen_acc": frozen_accuracy(records),
-        "d_rule": "(d) = final test accuracy − mean final accuracy of the frozen runs of the "
-                  "same architecture, data and recipe; (a)–(c) as recorded at the last "
-                  "evaluated epoch",
+        "d_rule": f"{DepthUtility.id_label()} = final test accuracy − mean final accuracy of "
+                  "the frozen runs of the same architecture, data and recipe; the other "
+                  "diagnostics as recorded at the last evaluated epoch",
         "rows": rows,
     }
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
     frozen = summary.get("frozen_acc")
+    d = DepthUtility.id_label()
     rows = []
     for row in summary["rows"]:
         gamma = row["gamma"]
@@ -70,12 +96,12 @@ def to_markdown(summary: dict[str, Any]) -> str:
             row["label"], format_aggregate(row["test_acc"]),
             fmt(row["headline_gamma"]["mean"], "+.3f"), fmt(row["deep_cos"]["mean"], "+.3f"),
             " / ".join(fmt(gamma[k]["mean"], "+.3f") for k in GAMMA_KEYS),
-            "—" if row["method"] == "frozen" else fmt(row["margin_pp"]["mean"], "+.1f"),
-            ("baseline for (d)" if row["method"] == "frozen" else
+            "—" if row["baseline"] else fmt(row["margin_pp"]["mean"], "+.1f"),
+            (f"baseline for {d}" if row["baseline"] else
              "<br>".join(f"s{s['seed']}: {s['verdict']}" for s in row["seeds"])),
         ])
     table = markdown_table(["method", "test acc", "Γ (samples→layers)", "deep cos",
-                      "Γ: layers→samples / samples→layers / pooled / deep", "(d) margin pp",
+                      "Γ: layers→samples / samples→layers / pooled / deep", f"{d} margin pp",
                       "verdict per seed"], rows)
     notes = [
         "", f"Frozen-blocks baseline: {format_aggregate(frozen)}.",
@@ -97,4 +123,7 @@ EXPERIMENT = register(Experiment(
     build_configs=audit_configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    takes={"rules": "the audited rules, each at λ = 0 (the frozen-blocks baseline is always "
+                    "added)",
+           "arch": "the ResidualMLP: one architecture"},
 ))

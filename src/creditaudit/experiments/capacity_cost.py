@@ -12,14 +12,19 @@ from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.experiments.aggregate import format_aggregate
-from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.configs import (
+    arch_config,
+    baseline_rule,
+    method_overrides,
+    single_arch,
+)
 from creditaudit.experiments.groups import (
     fmt,
     frozen_accuracy,
     markdown_table,
     rule_groups,
 )
-from creditaudit.experiments.registry import Experiment, register
+from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.records import RunRecord
 
@@ -28,10 +33,12 @@ CELLS = (("bp", 0.0), ("bp", PENALTY), ("dfa", 0.0), ("dfa", PENALTY))
 
 
 def configs(scale: str, *, dataset: str | None, data_dir: str | None,
-            out_dir: str) -> list[RunConfig]:
-    return [scale_config(scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
-                         control=True, **method_overrides(method, lam), run__seed=seed)
-            for method, lam in (*CELLS, ("frozen", 0.0)) for seed in get_scale(scale).seeds]
+            out_dir: str, choices: Choices = NO_CHOICES) -> list[RunConfig]:
+    variant = single_arch(choices.archs)
+    return [arch_config(variant, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
+                        control=True, **method_overrides(method, lam), run__seed=seed)
+            for method, lam in (*CELLS, (baseline_rule(), 0.0))
+            for seed in get_scale(scale).seeds]
 
 
 def _mean(cell: dict[str, Any] | None) -> float | None:
@@ -42,7 +49,7 @@ def _pp(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else 100.0 * (a - b)
 
 
-def summarise(records: list[RunRecord]) -> dict[str, Any]:
+def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     cells: dict[str, dict[str, Any]] = {}
     frozen = frozen_accuracy(records)
     for members, row in rule_groups(records):
@@ -102,4 +109,7 @@ EXPERIMENT = register(Experiment(
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    takes={"arch": "the ResidualMLP: one architecture"},
+    refuses={"rules": "it separates what the penalty costs the exact gradient (BP) from what "
+                      "DFA's credit lacks, a fixed 2×2 of BP and DFA"},
 ))

@@ -16,21 +16,37 @@ import statistics
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
 from creditaudit.experiments.aggregate import aggregate, format_aggregate
-from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.configs import arch_config, method_overrides, single_arch
 from creditaudit.experiments.groups import fmt, group_records, markdown_table, method_label
-from creditaudit.experiments.registry import Experiment, register
+from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.records import RunRecord, deep_mean
+from creditaudit.registry import RULES
 
 CONDITIONS = (("dfa", 0.0), ("dfa", 1e-4), ("dfa", 1e-2), ("fa", 0.0))
 
 
+def conditions(choices: Choices) -> list[tuple[str, float]]:
+    """(rule, λ) of the runs: :data:`CONDITIONS`, or each chosen rule at λ = 0 — a rule
+    whose feedback is drawn at random once (the null redraws it); ConfigError otherwise."""
+    if choices.rules is None:
+        return list(CONDITIONS)
+    for name in choices.rules:
+        kind = RULES.get(name).feedback_kind
+        if kind != "fixed_random":
+            raise ConfigError(f"experiment fresh_null redraws a rule's random feedback: "
+                              f"{name} has feedback_kind {kind!r}, not 'fixed_random'")
+    return [(name, 0.0) for name in choices.rules]
+
+
 def configs(scale: str, *, dataset: str | None, data_dir: str | None,
-            out_dir: str) -> list[RunConfig]:
-    return [scale_config(scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
-                         control=True, **method_overrides(method, lam), run__seed=seed)
-            for method, lam in CONDITIONS for seed in get_scale(scale).seeds]
+            out_dir: str, choices: Choices = NO_CHOICES) -> list[RunConfig]:
+    variant = single_arch(choices.archs)
+    return [arch_config(variant, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
+                        control=True, **method_overrides(method, lam), run__seed=seed)
+            for method, lam in conditions(choices) for seed in get_scale(scale).seeds]
 
 
 def seed_null(record: RunRecord) -> dict[str, Any]:
@@ -53,7 +69,7 @@ def seed_null(record: RunRecord) -> dict[str, Any]:
     }
 
 
-def summarise(records: list[RunRecord]) -> dict[str, Any]:
+def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     rows = []
     for members in group_records(records).values():
         seeds = [seed_null(r) for r in members]
@@ -80,7 +96,9 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
             "deep_cos_bp": aggregate(s["deep_cos_bp"] for s in seeds),
             "seeds": seeds,
         })
-    rows.sort(key=lambda r: (r["method"] != "dfa", r["penalty"]))
+    order = [method for method, _ in conditions(choices)]
+    rows.sort(key=lambda r: (order.index(r["method"]) if r["method"] in order else len(order),
+                             r["penalty"]))
     return {"rows": rows}
 
 
@@ -113,4 +131,7 @@ EXPERIMENT = register(Experiment(
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    takes={"rules": "dfa at three λ and fa: each chosen rule at λ = 0 (rules with fixed "
+                    "random feedback)",
+           "arch": "the ResidualMLP: one architecture"},
 ))

@@ -20,11 +20,9 @@ from typing import Any
 from creditaudit.config import non_semantic
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.formatting import fmt, format_lambda, markdown_table
-from creditaudit.protocol import labels
+from creditaudit.protocol import NOT_EVALUATED, default_names, in_order, labels
 from creditaudit.protocol.records import RecordSet, Verdict, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
-
-DIAGNOSTIC_IDS = ("a", "b", "c", "d")
 
 
 def method_label(record: RunRecord) -> str:
@@ -70,21 +68,29 @@ def frozen_accuracy(records: Sequence[RunRecord]) -> dict[str, Any] | None:
     return aggregate(r.final_acc for r in frozen) if frozen else None
 
 
+def diagnostics_of(verdicts: Iterable[Verdict]) -> list[str]:
+    """The diagnostics ``verdicts`` hold, in listing order (the default protocol's when
+    none does)."""
+    return in_order(i for v in verdicts for i in v.statuses) or default_names()
+
+
 def verdict_overview(group: Sequence[Verdict]) -> dict[str, Any]:
     """Seeds walked back, how often each diagnostic fired, and a one-line overall verdict
-    (``needs walk-back (a)(b) in 3/3 seeds``) over the verdicts of a group's seeds;
-    "trustworthy" only when no seed fired and all four diagnostics were evaluated."""
+    (``needs walk-back (a)(b) in 3/3 seeds``) over the verdicts of a group's seeds, for
+    every diagnostic they hold; "trustworthy" only when no seed fired and every diagnostic
+    was evaluated."""
     n = len(group)
+    ids = diagnostics_of(group)
     walked = sum(v.walked_back for v in group)
-    counts = {i: sum(i in v.fired for v in group) for i in DIAGNOSTIC_IDS}
-    skipped = [i for i in DIAGNOSTIC_IDS if any(i in v.not_evaluated for v in group)]
+    counts = {i: sum(i in v.fired for v in group) for i in ids}
+    skipped = [i for i in ids if any(i in v.not_evaluated for v in group)]
     if walked:
-        text = (f"needs walk-back {labels([i for i in DIAGNOSTIC_IDS if counts[i]])} in "
+        text = (f"needs walk-back {labels([i for i in ids if counts[i]])} in "
                 f"{walked}/{n} seeds")
         if skipped:
             text += f"; {labels(skipped)} not evaluated"
     elif skipped:
-        evaluated = [i for i in DIAGNOSTIC_IDS if i not in skipped]
+        evaluated = [i for i in ids if i not in skipped]
         text = (f"no walk-back in {labels(evaluated)} ({n}/{n} seeds); {labels(skipped)} not "
                 "evaluated") if evaluated else f"{labels(skipped)} not evaluated"
     else:
@@ -167,6 +173,15 @@ def epoch_text(value: int | None) -> str:
     return "never" if value is None else str(value)
 
 
+
+
+def evaluated_in_training(records: Iterable[RunRecord]) -> list[str]:
+    """The diagnostics the training-time protocol evaluated at some epoch of ``records``
+    (fired or passed), in listing order: those whose first firing epoch means something."""
+    return in_order(i for r in records for e in r.log for i, status in (e.protocol or {}).items()
+                    if status != NOT_EVALUATED)
+
+
 __all__ = ["method_label", "group_records", "verdicts", "verdict_overview", "seed_row",
            "group_summary", "trajectory", "markdown_table", "epoch_text", "fmt", "format_lambda",
-           "frozen_accuracy", "rule_groups", "DIAGNOSTIC_IDS"]
+           "frozen_accuracy", "rule_groups", "diagnostics_of", "evaluated_in_training"]

@@ -14,8 +14,15 @@ from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.experiments.aggregate import aggregate, format_aggregate
-from creditaudit.experiments.configs import method_overrides, scale_config
+from creditaudit.experiments.configs import (
+    arch_config,
+    baseline_rule,
+    method_overrides,
+    rule_list,
+    single_arch,
+)
 from creditaudit.experiments.groups import (
+    evaluated_in_training,
     fmt,
     format_lambda,
     frozen_accuracy,
@@ -23,18 +30,23 @@ from creditaudit.experiments.groups import (
     rule_groups,
     trajectory,
 )
-from creditaudit.experiments.registry import Experiment, register
+from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
+from creditaudit.protocol import DepthUtility
 from creditaudit.records import RunRecord
+from creditaudit.results import method_rank
 
 LAMBDAS = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
+PENALISED = ("dfa",)
 
 
 def configs(scale: str, *, dataset: str | None, data_dir: str | None,
-            out_dir: str) -> list[RunConfig]:
-    runs = [("dfa", lam) for lam in LAMBDAS] + [("frozen", 0.0)]
-    return [scale_config(scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
-                         control=True, **method_overrides(method, lam), run__seed=seed)
+            out_dir: str, choices: Choices = NO_CHOICES) -> list[RunConfig]:
+    runs = [(rule, lam) for rule in rule_list(choices.rules, PENALISED) for lam in LAMBDAS]
+    runs.append((baseline_rule(), 0.0))
+    variant = single_arch(choices.archs)
+    return [arch_config(variant, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
+                        control=True, **method_overrides(method, lam), run__seed=seed)
             for method, lam in runs for seed in get_scale(scale).seeds]
 
 
@@ -47,25 +59,31 @@ def _first(row: dict[str, Any], diagnostic: str) -> str:
     return (str(lo) if lo == hi else f"{lo}–{hi}") + f" ({len(fired)}/{len(epochs)})"
 
 
-def summarise(records: list[RunRecord]) -> dict[str, Any]:
+def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     rows = []
     for members, row in rule_groups(records):
         row["lambda"] = members[0].penalty
         row["g_2_norm"] = aggregate(r.last_value("g_2_norm") for r in members)
         row["trajectory"] = trajectory(members)
         rows.append(row)
-    rows.sort(key=lambda r: r["lambda"])
-    return {"frozen_acc": frozen_accuracy(records), "rows": rows}
+    rows.sort(key=lambda r: (method_rank(r["method"]), r["lambda"]))
+    return {"frozen_acc": frozen_accuracy(records), "rows": rows,
+            "first_fired": evaluated_in_training(records)}
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
-    rows = [[format_lambda(r["lambda"]), format_aggregate(r["test_acc"]),
+    ids = summary.get("first_fired", [])
+    several = len({r["method"] for r in summary["rows"]}) > 1
+    rows = [[*([r["method"]] if several else []), format_lambda(r["lambda"]),
+             format_aggregate(r["test_acc"]),
              fmt(r["h_L_norm"]["mean"]), fmt(r["g_2_norm"]["mean"]), fmt(r["g_L_norm"]["mean"]),
              fmt(r["max_block_growth"]["mean"]), fmt(r["deep_cos"]["mean"], "+.3f"),
-             fmt(r["margin_pp"]["mean"], "+.1f"), _first(r, "a"), _first(r, "b"),
+             fmt(r["margin_pp"]["mean"], "+.1f"), *(_first(r, i) for i in ids),
              r["verdict"]["text"]] for r in summary["rows"]]
-    table = markdown_table(["λ", "test acc", "‖h_L‖", "‖g_2‖", "‖g_L‖", "max growth", "deep cos",
-                      "(d) margin pp", "(a) first", "(b) first", "verdict"], rows)
+    table = markdown_table([*(["rule"] if several else []), "λ", "test acc", "‖h_L‖", "‖g_2‖",
+                            "‖g_L‖", "max growth", "deep cos",
+                            f"{DepthUtility.id_label()} margin pp",
+                            *(f"({i}) first" for i in ids), "verdict"], rows)
     return (table + f"\n\nFrozen baseline (control epochs): "
             f"{format_aggregate(summary['frozen_acc'])}. Norms are means over seeds of the "
             "last epoch's medians.\n\nPublished (science.md §7): the penalty contains the "
@@ -80,4 +98,7 @@ EXPERIMENT = register(Experiment(
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    takes={"rules": "dfa: the penalised rules, each at every λ (the frozen-blocks baseline "
+                    "is always added)",
+           "arch": "the ResidualMLP: one architecture"},
 ))

@@ -18,49 +18,57 @@ rule — the cases where accuracy and Γ hide what the protocol finds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.data import dataset_spec
 from creditaudit.experiments.aggregate import format_aggregate
 from creditaudit.experiments.configs import (
-    IMAGE_VARIANTS,
     arch_config,
+    arch_of,
+    baseline_rule,
     image_view,
     method_overrides,
+    rule_list,
     scale_dataset,
 )
 from creditaudit.experiments.decision_utility import seed_decisions
 from creditaudit.experiments.groups import (
-    DIAGNOSTIC_IDS,
     fmt,
     group_records,
     group_summary,
     markdown_table,
     verdicts,
 )
-from creditaudit.experiments.registry import Experiment, register
+from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
-from creditaudit.methods import rule_class
+from creditaudit.protocol import DepthUtility, ResidualStreamScale, in_order
 from creditaudit.records import RunRecord
+from creditaudit.registry import RULES as RULES_REGISTRY
 
 RULES = ("bp", "fa", "fa-linear", "usf", "brsf", "frsf", "kp", "dfa", "drtp",
          "state-bridge", "credit-bridge", "ep")
-ARCHS = ("resmlp", *IMAGE_VARIANTS)
+ARCHS = ("resmlp", "vit", "convmixer")
 # Training budget of the image architectures per scale (the ResidualMLP keeps the scale's).
 IMAGE_BUDGET: dict[str, dict[str, int]] = {"cpu": {"epochs": 10, "n_train": 10000}}
 SEEDS_PER_SCALE = {"smoke": 2, "cpu": 2}
+GROWTH = ResidualStreamScale.name
 
 
-def zoo_archs(scale: str, dataset: str | None) -> list[str]:
-    """ResidualMLP everywhere; ViT-Mini and ConvMixer where the data are images."""
-    if image_view(scale, dataset) is not None:
-        return list(ARCHS)
-    return ["resmlp"]
+def zoo_archs(scale: str, dataset: str | None, chosen: Sequence[str] | None = None
+              ) -> list[str]:
+    """``chosen`` (``--arch``), else the ResidualMLP everywhere and ViT-Mini and ConvMixer
+    where the data are images."""
+    if chosen is not None:
+        return list(chosen)
+    images = image_view(scale, dataset) is not None
+    return [a for a in ARCHS if images or arch_of(a)[0].input_kind != "image"]
 
 
 def _budget(scale: str, dataset: str | None, arch: str) -> dict[str, Any]:
-    budget = IMAGE_BUDGET.get(scale) if arch in IMAGE_VARIANTS else None
+    image = arch_of(arch)[0].input_kind == "image"
+    budget = IMAGE_BUDGET.get(scale) if image else None
     if not budget:
         return {}
     generated = dataset_spec(scale_dataset(scale, dataset)).kind == "generated"
@@ -68,15 +76,20 @@ def _budget(scale: str, dataset: str | None, arch: str) -> dict[str, Any]:
     return {"optim__epochs": budget["epochs"], size_key: budget["n_train"]}
 
 
+def zoo_rules(choices: Choices) -> list[str]:
+    """The rules of the zoo (``--rules`` or :data:`RULES`) and the frozen-blocks baseline."""
+    return list(dict.fromkeys([*rule_list(choices.rules, RULES), baseline_rule()]))
+
+
 def configs(scale: str, *, dataset: str | None, data_dir: str | None,
-            out_dir: str) -> list[RunConfig]:
+            out_dir: str, choices: Choices = NO_CHOICES) -> list[RunConfig]:
     seeds = get_scale(scale).seeds
     seeds = seeds[:SEEDS_PER_SCALE.get(scale, len(seeds))]
     return [arch_config(arch, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
                         **_budget(scale, dataset, arch), **method_overrides(method),
                         run__seed=seed)
-            for arch in zoo_archs(scale, dataset)
-            for method in (*RULES, "frozen") for seed in seeds]
+            for arch in zoo_archs(scale, dataset, choices.archs)
+            for method in zoo_rules(choices) for seed in seeds]
 
 
 def _status_quo_accepts(record: RunRecord, statuses: dict[str, str]) -> bool:
@@ -93,10 +106,10 @@ def _feedback_angle(record: RunRecord) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def summarise(records: list[RunRecord]) -> dict[str, Any]:
+def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     verdict_of = verdicts(records)
-    order = {name: i for i, name in enumerate((*RULES, "frozen"))}
-    arch_order = {name: i for i, name in enumerate(ARCHS)}
+    order = {name: i for i, name in enumerate(zoo_rules(choices))}
+    arch_order = {name: i for i, name in enumerate(choices.archs or ARCHS)}
     rows = []
     for members in group_records(records).values():
         row = group_summary(members, verdict_of)
@@ -106,16 +119,18 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
                             for a, r in zip(accepted, members))
         angles = [a for a in (_feedback_angle(r) for r in members) if a is not None]
         row["feedback_angle"] = sum(angles) / len(angles) if angles else None
-        row["first_a"] = min((s["first_fired"].get("a") for s in row["seeds"]
-                              if s["first_fired"].get("a") is not None), default=None)
-        cls = rule_class(row["method"]) if row["method"] in order else None
+        # The diagnostic that fires first in the published runs: its first epoch.
+        row["first_a"] = min((s["first_fired"].get(GROWTH) for s in row["seeds"]
+                              if s["first_fired"].get(GROWTH) is not None), default=None)
+        cls = RULES_REGISTRY.find(row["method"])
         row["feedback_kind"] = None if cls is None else cls.feedback_kind
         rows.append(row)
     rows.sort(key=lambda r: (arch_order.get(r["arch"], len(arch_order)),
                              order.get(r["method"], len(order)), r["label"]))
-    return {"d_rule": "(d) = final test accuracy − mean final accuracy of the frozen runs of "
-                      "the same architecture, data and budget; (a)–(c) as recorded at the "
-                      "last evaluated epoch",
+    d = DepthUtility.id_label()
+    return {"d_rule": f"{d} = final test accuracy − mean final accuracy of the frozen runs of "
+                      "the same architecture, data and budget; the other diagnostics as "
+                      "recorded at the last evaluated epoch",
             "status_quo": "accuracy ≥ 2 pp above chance and Γ (samples → layers) > 0",
             "rows": rows}
 
@@ -123,7 +138,7 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
 def _fired(row: dict[str, Any]) -> str:
     counts = row["verdict"]["fired_counts"]
     n = row["verdict"]["n"]
-    parts = [f"({i}) {counts[i]}/{n}" for i in DIAGNOSTIC_IDS if counts[i]]
+    parts = [f"({i}) {counts[i]}/{n}" for i in in_order(counts) if counts[i]]
     return ", ".join(parts) if parts else "none"
 
 
@@ -134,10 +149,10 @@ def to_markdown(summary: dict[str, Any]) -> str:
         archs.setdefault(row["arch"], []).append(row)
     for arch, rows in archs.items():
         head = rows[0]
-        frozen = next((r for r in rows if r["method"] == "frozen"), None)
+        frozen = next((r for r in rows if r["baseline"]), None)
         table_rows = []
         for row in rows:
-            if row["method"] == "frozen":
+            if row["baseline"]:
                 continue
             table_rows.append([
                 row["label"], (row["feedback_kind"] or "—").replace("_", " "),
@@ -153,7 +168,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
                  f"{format_aggregate(frozen['test_acc']) if frozen else 'not run'}")
         table = markdown_table(
             ["rule", "feedback", "test acc", "deep cos", "Γ", "‖h_L‖", "∠(B, W)",
-             "fired (seeds)", "(a) first epoch", "status quo accepts", "protocol verdict"],
+             "fired (seeds)", f"{ResidualStreamScale.id_label()} first epoch",
+             "status quo accepts", "protocol verdict"],
             table_rows)
         hidden = [r["label"] for r in rows if r["hidden"]]
         note = ("Accepted by the status quo but walked back by the protocol in at least one "
@@ -178,4 +194,7 @@ EXPERIMENT = register(Experiment(
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    takes={"rules": "its twelve rules (the frozen-blocks baseline is always added)",
+           "arch": "resmlp, vit, convmixer: the architectures (several)"},
+    one_arch=False,
 ))

@@ -19,6 +19,8 @@ from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.experiments.configs import scale_dataset
 from creditaudit.experiments.registry import (
+    NO_CHOICES,
+    Choices,
     Experiment,
     experiment_names,
     get_experiment,
@@ -33,10 +35,12 @@ EXPERIMENTS_DIR = "experiments"
 EXECUTORS = ("local", "inline", "ray")
 
 
-def summary_stem(name: str, scale: str, dataset: str) -> str:
-    """File stem of an experiment's summary in OUT/experiments/: ``NAME.SCALE.DATASET``, so
-    every scale and dataset of one experiment can share a results folder."""
-    return f"{name}.{get_scale(scale).name}.{dataset}"
+def summary_stem(name: str, scale: str, dataset: str, choices: Choices = NO_CHOICES) -> str:
+    """File stem of an experiment's summary in OUT/experiments/: ``NAME.SCALE.DATASET``
+    (``.rules=…`` and ``.arch=…`` appended for lists a user chose), so every scale, dataset
+    and choice of one experiment can share a results folder."""
+    stem = f"{name}.{get_scale(scale).name}.{dataset}"
+    return f"{stem}.{choices.tag()}" if choices.tag() else stem
 
 
 def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
@@ -46,14 +50,18 @@ def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
     return name if dataset == get_scale(scale).dataset else f"{name}.{dataset}"
 
 
-def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str) -> Path | None:
-    """The JSON summary of experiment ``name`` at ``scale`` on ``dataset`` in
-    ``out_dir/experiments`` (its Markdown twin has the same stem), or None: the current file
-    name first, else the older one if its ``meta`` names this scale and dataset."""
+def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str,
+                 choices: Choices = NO_CHOICES) -> Path | None:
+    """The JSON summary of experiment ``name`` at ``scale`` on ``dataset`` (with the lists
+    ``choices`` names) in ``out_dir/experiments`` (its Markdown twin has the same stem), or
+    None: the current file name first, else the older one if its ``meta`` names this scale
+    and dataset."""
     folder = Path(out_dir) / EXPERIMENTS_DIR
-    current = folder / f"{summary_stem(name, scale, dataset)}.json"
+    current = folder / f"{summary_stem(name, scale, dataset, choices)}.json"
     if current.is_file():
         return current
+    if choices.tag():
+        return None  # older versions took no --rules/--arch
     legacy = folder / f"{legacy_summary_stem(name, scale, dataset)}.json"
     if not legacy.is_file():
         return None
@@ -116,11 +124,12 @@ def _epoch_seconds(records: Sequence[RunRecord]) -> dict[str, Any]:
 def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *,
                          scale: str, dataset: str, out_dir: Path,
                          outcomes: dict[str, dict[str, Any]] | None = None,
-                         wall_seconds: float | None = None) -> dict[str, Any]:
+                         wall_seconds: float | None = None,
+                         choices: Choices = NO_CHOICES) -> dict[str, Any]:
     """Load the records of ``configs``, summarise, write
-    ``OUT/experiments/NAME.SCALE.DATASET.{json,md}``."""
+    ``OUT/experiments/NAME.SCALE.DATASET.{json,md}`` (:func:`summary_stem`)."""
     records, missing = _load(configs)
-    summary = experiment.summarise(records)
+    summary = experiment.summarise(records, choices)
     ids = [run_id(c) for c in configs]
     actions: dict[str, int] = {}
     for key, outcome in (outcomes or {}).items():
@@ -131,6 +140,7 @@ def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *
     summary["meta"] = {
         "experiment": experiment.name, "question": experiment.question,
         "scale": scale, "dataset": dataset, "out_dir": str(out_dir),
+        "choices": choices.to_dict(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs_needed": len(configs), "runs_found": len(records),
         "run_ids": ids, "missing": missing,
@@ -139,7 +149,7 @@ def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *
         "epoch_seconds": _epoch_seconds(records),
     }
     folder = out_dir / EXPERIMENTS_DIR
-    stem = summary_stem(experiment.name, scale, dataset)
+    stem = summary_stem(experiment.name, scale, dataset, choices)
     summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
     atomic_write_json(folder / f"{stem}.json", summary)
     atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
@@ -151,14 +161,16 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
                     workers: int | None = None, executor: str = "local",
                     on_progress: Callable[..., None] | None = None,
                     retry_failed: bool = False, device: str | None = None,
-                    precision: str | None = None, train: bool = True
-                    ) -> dict[str, dict[str, Any]]:
+                    precision: str | None = None, train: bool = True,
+                    choices: Choices = NO_CHOICES) -> dict[str, dict[str, Any]]:
     """Train the runs of several experiments in one sweep, then summarise each.
 
     Runs shared between experiments train once; ``train=False`` only summarises the runs
     already finished (the others are listed as missing). ``device`` (auto/cpu/cuda; not part
     of the run id, so a run trained on either counts) and ``precision`` (fp32/bf16; part of
-    the run id) override every run's config. Returns ``{name: summary}``.
+    the run id) override every run's config. ``choices``: rules and architectures instead of
+    the experiment's own (one experiment only; each refuses what it has no axis for).
+    Returns ``{name: summary}``.
     """
     import torch
 
@@ -166,11 +178,15 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
 
     get_scale(scale)
     experiments = [get_experiment(name) for name in names]
+    if choices.given() and len(experiments) != 1:
+        raise ConfigError(f"--{choices.given()[0]} applies to one experiment: name it instead "
+                          "of running several (each takes its own options; see "
+                          "creditaudit experiment --list)")
     out_dir = Path(out_dir).resolve()
     overrides = device_overrides(device, precision)
     per_experiment = {e.name: [c.replace(**overrides) if overrides else c
                                for c in e.configs(scale, dataset=dataset, data_dir=data_dir,
-                                                  out_dir=out_dir)]
+                                                  out_dir=out_dir, choices=choices)]
                       for e in experiments}
     everything = dedupe([c for configs in per_experiment.values() for c in configs])
     outcomes: dict[str, dict[str, Any]] = {}
@@ -202,7 +218,8 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     name_of_dataset = scale_dataset(scale, dataset)
     return {e.name: summarise_experiment(e, per_experiment[e.name], scale=scale,
                                          dataset=name_of_dataset, out_dir=out_dir,
-                                         outcomes=outcomes, wall_seconds=wall)
+                                         outcomes=outcomes, wall_seconds=wall,
+                                         choices=choices)
             for e in experiments}
 
 
@@ -210,14 +227,15 @@ def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str |
                    data_dir: str | None = None, workers: int | None = None,
                    executor: str = "local", on_progress: Callable[..., None] | None = None,
                    retry_failed: bool = False, device: str | None = None,
-                   precision: str | None = None, train: bool = True) -> dict[str, Any]:
+                   precision: str | None = None, train: bool = True,
+                   choices: Choices = NO_CHOICES) -> dict[str, Any]:
     """Build, train (what is missing), summarise and write one experiment.
 
     ``scale``: smoke, cpu or paper; ``dataset``/``data_dir``: override the scale's dataset;
     ``workers``: worker processes of the local executor, one torch thread each (default:
     the number of cores; 0 — and, by default, smoke scale — trains in this process);
-    ``executor``: ``local``, ``inline`` or ``ray``; ``device``, ``precision``, ``train``: see
-    :func:`run_experiments`. ``name="all"`` runs every experiment
+    ``executor``: ``local``, ``inline`` or ``ray``; ``device``, ``precision``, ``train``,
+    ``choices``: see :func:`run_experiments`. ``name="all"`` runs every experiment
     and returns ``{name: summary}``; otherwise the experiment's summary (its ``meta``
     says which runs were found, missing and trained now).
     """
@@ -225,5 +243,6 @@ def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str |
     summaries = run_experiments(names, scale=scale, out_dir=out_dir, dataset=dataset,
                                 data_dir=data_dir, workers=workers, executor=executor,
                                 on_progress=on_progress, retry_failed=retry_failed,
-                                device=device, precision=precision, train=train)
+                                device=device, precision=precision, train=train,
+                                choices=choices)
     return summaries if name == "all" else summaries[name]

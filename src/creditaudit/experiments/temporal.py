@@ -17,6 +17,7 @@ on ViT (a) at epoch 1; without out_ln (b) never.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.config import RunConfig
@@ -25,31 +26,34 @@ from creditaudit.experiments.configs import (
     ARCH_VARIANTS,
     arch_config,
     arch_variants,
+    baseline_rule,
     method_overrides,
+    rule_list,
 )
 from creditaudit.experiments.groups import (
-    DIAGNOSTIC_IDS,
     epoch_text,
     fmt,
     group_records,
     markdown_table,
     trajectory,
 )
-from creditaudit.experiments.registry import Experiment, register
+from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
-from creditaudit.protocol import FIRED, Thresholds
+from creditaudit.protocol import FIRED, DepthUtility, default_names, in_order
 from creditaudit.protocol.records import arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
+from creditaudit.results import method_rank
 
 METHODS = ("bp", "fa", "dfa")
 
 
 def configs(scale: str, *, dataset: str | None, data_dir: str | None,
-            out_dir: str) -> list[RunConfig]:
+            out_dir: str, choices: Choices = NO_CHOICES) -> list[RunConfig]:
+    methods = [*rule_list(choices.rules, METHODS), baseline_rule()]
     return [arch_config(variant, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
                         **method_overrides(method), run__seed=seed)
-            for variant in arch_variants(scale, dataset)
-            for method in (*METHODS, "frozen") for seed in get_scale(scale).seeds]
+            for variant in arch_variants(scale, dataset, choices.archs)
+            for method in dict.fromkeys(methods) for seed in get_scale(scale).seeds]
 
 
 def _accs(record: RunRecord) -> dict[int, float]:
@@ -57,25 +61,27 @@ def _accs(record: RunRecord) -> dict[int, float]:
 
 
 def depth_utility_trace(record: RunRecord, frozen: dict[int, float] | None,
-                        thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """Per-epoch (d) margin (pp) against the frozen run's accuracy at the same epoch."""
-    thresholds = thresholds or Thresholds()
+                        options: Any = None) -> dict[str, Any]:
+    """Per-epoch (d) margin (pp) against the frozen run's accuracy at the same epoch, judged
+    by (d) itself with ``options`` (default: its own defaults)."""
+    options = options or DepthUtility.Options()
     if not frozen:
         return {"first": None, "at_end": None, "margins": {}, "evaluated": False}
     margins = {epoch: 100.0 * (acc - frozen[epoch]) for epoch, acc in _accs(record).items()
                if epoch >= 1 and epoch in frozen}
-    fired = [epoch for epoch, m in sorted(margins.items()) if m < thresholds.margin_pp]
+    fired = [epoch for epoch, m in sorted(margins.items()) if DepthUtility.fires(m, options)]
     last = max(margins, default=None)
     return {"first": fired[0] if fired else None,
-            "at_end": None if last is None else margins[last] < thresholds.margin_pp,
+            "at_end": None if last is None else DepthUtility.fires(margins[last], options),
             "margins": margins, "evaluated": bool(margins)}
 
 
-def _at_end(record: RunRecord) -> dict[str, bool]:
+def _at_end(record: RunRecord, ids: Sequence[str]) -> dict[str, bool]:
+    """Whether each of ``ids`` fired at the run's last protocol evaluation."""
     for entry in reversed(record.log):
         if entry.protocol:
-            return {i: entry.protocol.get(i) == FIRED for i in DIAGNOSTIC_IDS[:3]}
-    return dict.fromkeys(DIAGNOSTIC_IDS[:3], False)
+            return {i: entry.protocol.get(i) == FIRED for i in ids}
+    return dict.fromkeys(ids, False)
 
 
 def _spread(epochs: list[int | None]) -> dict[str, Any]:
@@ -85,7 +91,10 @@ def _spread(epochs: list[int | None]) -> dict[str, Any]:
             "median": statistics.median(fired) if fired else None}
 
 
-def summarise(records: list[RunRecord]) -> dict[str, Any]:
+def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
+    # The training-time statuses of every diagnostic the records hold; (d) per epoch here.
+    ids = in_order([*default_names(), *(i for r in records for e in r.log
+                                        for i in e.protocol or {}), DepthUtility.name])
     frozen_by_seed: dict[tuple[str, int], dict[int, float]] = {}
     for record in records:
         if is_frozen_baseline(record):
@@ -96,10 +105,11 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
         for record in members:
             frozen = frozen_by_seed.get((record.recipe_key, record.seed))
             d = depth_utility_trace(record, frozen)
-            first: dict[str, int | None] = record.first_fired()
-            first["d"] = d["first"]
-            at_end: dict[str, bool | None] = dict(_at_end(record))
-            at_end["d"] = d["at_end"]
+            recorded = record.first_fired()
+            first: dict[str, int | None] = {i: recorded.get(i) for i in ids}
+            first[DepthUtility.name] = d["first"]
+            at_end: dict[str, bool | None] = dict(_at_end(record, ids))
+            at_end[DepthUtility.name] = d["at_end"]
             seeds.append({"seed": record.seed, "run_id": record.run_id,
                           "first_fired": first, "fires_at_end": at_end,
                           "d_evaluated": d["evaluated"], "test_acc": record.final_acc})
@@ -107,19 +117,20 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
         rows.append({
             "arch": arch_variant(head), "method": head.method,
             "dataset": head.dataset, "epochs": head.epochs,
-            "first_fired": {i: _spread([s["first_fired"][i] for s in seeds])
-                            for i in DIAGNOSTIC_IDS},
-            "fires_at_end": {i: sum(bool(s["fires_at_end"][i]) for s in seeds)
-                             for i in DIAGNOSTIC_IDS},
+            "first_fired": {i: _spread([s["first_fired"][i] for s in seeds]) for i in ids},
+            "fires_at_end": {i: sum(bool(s["fires_at_end"][i]) for s in seeds) for i in ids},
             "test_acc": aggregate(s["test_acc"] for s in seeds),
             "trajectory": trajectory(members),
             "seeds": seeds,
         })
-    order = {name: index for index, name in enumerate(ARCH_VARIANTS)}
-    rows.sort(key=lambda r: (order.get(r["arch"], len(order)), METHODS.index(r["method"])
-                             if r["method"] in METHODS else len(METHODS)))
-    return {"d_rule": "(d) per epoch against the frozen run of the same architecture, data "
-                      "and seed at the same epoch", "rows": rows}
+    order = {name: index for index, name in enumerate(choices.archs or ARCH_VARIANTS)}
+    methods = rule_list(choices.rules, METHODS)
+    rows.sort(key=lambda r: (order.get(r["arch"], len(order)),
+                             methods.index(r["method"]) if r["method"] in methods
+                             else len(methods), method_rank(r["method"])))
+    return {"d_rule": f"{DepthUtility.id_label()} per epoch against the frozen run of the "
+                      "same architecture, data and seed at the same epoch",
+            "diagnostics": ids, "rows": rows}
 
 
 def _cell(spread: dict[str, Any], at_end: int) -> str:
@@ -131,11 +142,12 @@ def _cell(spread: dict[str, Any], at_end: int) -> str:
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
+    ids = summary["diagnostics"]
     rows = [[row["arch"], row["method"], fmt(row["test_acc"]["mean"], ".3f"),
-             *(_cell(row["first_fired"][i], row["fires_at_end"][i]) for i in DIAGNOSTIC_IDS)]
+             *(_cell(row["first_fired"][i], row["fires_at_end"][i]) for i in ids)]
             for row in summary["rows"]]
-    table = markdown_table(["architecture", "method", "final acc", "(a) first epoch",
-                      "(b) first epoch", "(c) first epoch", "(d) first epoch"], rows)
+    table = markdown_table(["architecture", "method", "final acc",
+                            *(f"({i}) first epoch" for i in ids)], rows)
     return (table + "\n\nCells: first firing epoch over seeds (min–max), seeds where it fired, "
             "and seeds where it still fires at the last epoch. " + summary["d_rule"] + ".\n\n"
             "Published (science.md §7; CIFAR-10): DFA on ResidualMLP fires (b) at epochs 3–4 and "
@@ -151,4 +163,7 @@ EXPERIMENT = register(Experiment(
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    takes={"rules": "bp, fa, dfa (the frozen-blocks baseline is always added)",
+           "arch": "the architectures (several)"},
+    one_arch=False,
 ))

@@ -24,7 +24,8 @@ from creditaudit.figures import (
     temporal,
     weight_alignment,
 )
-from creditaudit.figures.runs import MissingRuns, Run, RunIndex
+from creditaudit.figures.runs import MissingRuns
+from creditaudit.results import Run, RunIndex
 
 FIGURES: tuple[ModuleType, ...] = (hero, temporal, penalty, lambda_sweep, summary,
                                    audit_panels, weight_alignment)

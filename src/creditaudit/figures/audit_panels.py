@@ -2,17 +2,18 @@
 
 Every run with a protocol block is a point (x: its method, λ and — when the folder mixes
 them — architecture and dataset; seeds side by side), coloured by its verdict: healthy
-(trustworthy) or walked back (needs walk-back). Values are the statistic each diagnostic
-compares with its threshold: (a) largest block growth (log), (b) median ‖g_L‖ (log),
-(c) mean pairwise cosine of batch-mean gradients, (d) accuracy margin over the frozen-blocks
-baseline in pp; a diagnostic a config added (``diagnostics.protocol``) gets a panel of its
-statistic below them. Runs where a diagnostic was not evaluated (or whose value cannot be
-drawn on a log axis, e.g. ‖g_L‖ exactly 0) are counted in the panel instead of drawn.
+(trustworthy) or walked back (needs walk-back). There is a panel for every diagnostic the
+runs' protocol blocks hold — the four built-ins, and any diagnostic a config added — showing
+the statistic it compares with its threshold, on the axis it describes (``axis_label``; log
+where its ``scale`` is, as for (a)'s block growth and (b)'s ‖g_L‖). Runs where a diagnostic
+was not evaluated (or whose value cannot be drawn on a log axis, e.g. ‖g_L‖ exactly 0) are
+counted in the panel instead of drawn.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,17 +27,15 @@ from creditaudit.figures.common import (
     empty_note,
     legend_right,
     log_scale,
-    method_label,
     new_figure,
     save_all,
 )
 from creditaudit.figures.runs import (
     MissingRuns,
-    Run,
-    RunIndex,
 )
-from creditaudit.protocol import WALK_BACK, DiagnosticReport, protocol
+from creditaudit.protocol import WALK_BACK, DiagnosticReport, in_order
 from creditaudit.registry import DIAGNOSTICS
+from creditaudit.results import Run, RunIndex, method_label
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"
@@ -44,18 +43,31 @@ requirements = ("at least one completed or diverged run with a protocol block (t
                 "runs the protocol every diagnostics.protocol_every epochs; any method). (c) "
                 "needs diagnostics.eval_samples ≥ 1024; (d) needs diagnostics.frozen_acc or "
                 "--frozen-from-runs with frozen-blocks runs.")
-LOG_PANELS = ("a", "b")
-# What would fill a panel in which no run has a value to draw.
-EMPTY_PANEL = {
-    "a": "no run has a finite block growth: runs whose states stay finite would fill it",
-    "b": "no run has a non-zero finite ‖g_L‖ to draw on a log axis",
-    "c": "(c) was not evaluated: runs with diagnostics.eval_samples ≥ 1024 (8 batches of 128) "
-         "would fill it",
-    "d": "(d) was not evaluated: frozen-blocks runs (--method frozen) of the same recipe with "
-         "--frozen-from-runs, or runs trained with diagnostics.frozen_acc, would fill it",
-}
-YLABELS = {"a": "max block growth (ratio)", "b": "median ‖g_L‖ (1/128 scale)",
-           "c": "mean pairwise cos (state L//2)", "d": "accuracy − frozen (pp)"}
+
+
+@dataclass(frozen=True)
+class Panel:
+    """How one diagnostic's panel is drawn: as the diagnostic describes itself, or — for a
+    diagnostic the records hold but that is not installed here — by its result's name."""
+
+    id: str
+    title: str
+    ylabel: str
+    log: bool
+    needs: str
+
+    @classmethod
+    def of(cls, id_: str, name: str) -> Panel:
+        diagnostic = DIAGNOSTICS.find(id_)
+        if diagnostic is None:
+            return cls(id_, f"({id_}) {name}", name, False, "")
+        return cls(id_, f"{diagnostic.id_label()} {diagnostic.label}",
+                   diagnostic.axis_label(), diagnostic.scale == "log", diagnostic.needs)
+
+    def empty_text(self) -> str:
+        """What an empty panel says: no value to draw, and which runs would fill it."""
+        text = f"no run has a value of ({self.id}) to draw"
+        return f"{text}: {self.needs} would fill it" if self.needs else text
 
 
 def category(run: Run, multi_arch: bool, multi_data: bool) -> str:
@@ -89,7 +101,8 @@ def select(index: RunIndex) -> list[tuple[Run, DiagnosticReport]]:
 
 def panel_points(pairs: list[tuple[Run, DiagnosticReport]]
                  ) -> tuple[list[str], dict[str, list[dict]]]:
-    """(categories, {diagnostic id: [{x, value, walked_back, run_id, status}]})."""
+    """(categories, {diagnostic id: [{x, value, walked_back, run_id, status}]}): one entry
+    per diagnostic the reports hold, in listing order."""
     multi_arch = len({r.arch_label for r, _ in pairs}) > 1
     multi_data = len({r.dataset for r, _ in pairs}) > 1
     cats: list[str] = []
@@ -99,13 +112,14 @@ def panel_points(pairs: list[tuple[Run, DiagnosticReport]]
         if cat not in members:
             cats.append(cat)
         members.setdefault(cat, []).append(run)
-    points: dict[str, list[dict]] = {d.name: [] for d in protocol()}
+    points: dict[str, list[dict]] = {
+        id_: [] for id_ in in_order(r.id for _, report in pairs for r in report.diagnostics)}
     for run, report in pairs:
         cat = category(run, multi_arch, multi_data)
         peers = members[cat]
         offset = (peers.index(run) - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
         for result in report.diagnostics:
-            points.setdefault(result.id, []).append({
+            points[result.id].append({
                 "x": cats.index(cat) + offset, "value": result.value,
                 "walked_back": report.verdict == WALK_BACK, "run_id": run.run_id,
                 "status": result.status, "threshold": result.threshold})
@@ -117,32 +131,19 @@ def drawable(point: dict, log_scale: bool) -> bool:
     return value is not None and math.isfinite(value) and (value > 0 or not log_scale)
 
 
-def panels(pairs: list[tuple[Run, DiagnosticReport]], ids: list[str]
-           ) -> list[tuple[str, str, str]]:
-    """(id, title, y label) of the panels of diagnostics ``ids`` (a diagnostic not installed
-    here is titled as its records name it)."""
-    names = {r.id: r.name for _, report in pairs for r in report.diagnostics}
-    out = []
-    for id_ in ids:
-        cls = DIAGNOSTICS.find(id_)
-        name = cls.label if cls is not None else names.get(id_, id_)
-        ylabel = YLABELS.get(id_) or (cls.statistic if cls is not None else name)
-        out.append((id_, name, ylabel))
-    return out
-
-
 def build(index: RunIndex) -> dict[str, Figure]:
     pairs = select(index)
     cats, points = panel_points(pairs)
-    shown = panels(pairs, index.diagnostic_ids([run for run, _ in pairs]))
+    names = {r.id: r.name for _, report in pairs for r in report.diagnostics}
+    panels = [Panel.of(id_, names[id_]) for id_ in points]
     width = min(18.0, max(8.0, 0.6 * len(cats) + 2.5))
-    fig, axes = new_figure(len(shown), 1, figsize=(width, 3.25 * len(shown)))
+    fig, axes = new_figure(len(panels), 1, figsize=(width, 3.25 * len(panels)))
     # Many columns: upright labels would overlap, so they stand vertical (and need room).
     rotation = 90 if len(cats) > 12 else 30 if len(cats) > 5 else 0
     fig.subplots_adjust(hspace={90: 1.2, 30: 0.9}.get(rotation, 0.5))
-    for ax, (id_, name, ylabel) in zip(axes.flat, shown):
-        on_log = id_ in LOG_PANELS
-        pts = points.get(id_, [])
+    for ax, panel in zip(axes.flat, panels):
+        id_, on_log = panel.id, panel.log
+        pts = points[id_]
         for walked, color, label in ((False, HEALTHY_COLOR, "trustworthy"),
                                      (True, WALKBACK_COLOR, "needs walk-back")):
             chosen = [p for p in pts if p["walked_back"] == walked and drawable(p, on_log)]
@@ -155,8 +156,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                        label=f"threshold {threshold:g}", gid=f"{id_}:threshold")
         hidden = [p for p in pts if not drawable(p, on_log)]
         if pts and len(hidden) == len(pts):
-            empty = EMPTY_PANEL.get(id_, f"({id_}) has no value to draw")
-            empty_note(ax, f"{empty} ({len(hidden)} of {len(pts)} runs: "
+            empty_note(ax, f"{panel.empty_text()} ({len(hidden)} of {len(pts)} runs: "
                        + ("not evaluated" if all(p["status"] == "not evaluated" for p in hidden)
                           else "not evaluated or not drawable") + ")")
         elif hidden:
@@ -173,8 +173,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
         ax.set_xticks(np.arange(len(cats)))
         ax.set_xticklabels(cats, fontsize=7, rotation=rotation)
         ax.set_xlim(-0.6, len(cats) - 0.4)
-        ax.set_ylabel(ylabel, fontsize=8)
-        ax.set_title(f"({id_}) {name}")
+        ax.set_ylabel(panel.ylabel, fontsize=8)
+        ax.set_title(panel.title)
         legend_right(ax)
         add_grid(ax, log_scale=on_log)
     n_walk = sum(report.verdict == WALK_BACK for _, report in pairs)
@@ -188,4 +188,4 @@ def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
 
 
 __all__ = ["NAME", "TITLE", "requirements", "build", "render", "select", "panel_points",
-           "panels"]
+           "Panel"]

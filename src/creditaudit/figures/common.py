@@ -26,23 +26,26 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR  # noqa: E402
-from creditaudit.methods import find_rule, rule_label  # noqa: E402
+from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
-from creditaudit.registry import RULES, own_rank  # noqa: E402
+from creditaudit.registry import RULES  # noqa: E402
 from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
-# Paul Tol's discrete rainbow of 14 colours (SRON technical note "Colour schemes", fig. 22):
-# every pair stays apart (CIELAB ΔE ≥ 10) in normal vision and in simulated protanopia,
-# deuteranopia and tritanopia. The built-in rules take 12 of them in their own `color` (the
-# two lightest, #CAE0AB and #F7F056, are hard to see as lines on white) and grey for the
-# frozen baseline, each with its own marker; rules without a `color`/`marker` (and records
-# of rules not installed here) take one of these, chosen from the name so a rule keeps its
-# style across figures and runs. Past 14 rules colours repeat: the marker (also chosen from
-# the name; H and 8 are no built-in's) and the legend's label then tell rules apart.
-FALLBACK_COLORS = ("#D1BBD7", "#AE76A3", "#882E72", "#1965B0", "#5289C7", "#7BAFDE",
-                   "#4EB265", "#90C987", "#CAE0AB", "#F7F056", "#F6C141", "#F1932D",
-                   "#E8601C", "#DC050C")
-FALLBACK_MARKERS = ("H", "8", "o", "s", "D", "^", "v", "P", "X", "<", ">", "*")
+# The built-in rules each declare their own `color` and `marker`: 12 of Paul Tol's discrete
+# rainbow of 14 colours (SRON technical note "Colour schemes", fig. 22; the two lightest,
+# #CAE0AB and #F7F056, are hard to see as lines on white) and grey for the frozen baseline,
+# every pair apart (CIELAB ΔE ≥ 10) in normal vision and in simulated protanopia,
+# deuteranopia and tritanopia. A rule without a style of its own — a plugin, a subclass of a
+# built-in (the style is never inherited: `CreditRule.style`), a record of a rule not
+# installed here — takes a colour from FALLBACK_COLORS and a marker from FALLBACK_MARKERS,
+# chosen from its name so it keeps its style across figures and runs. No fallback is a
+# built-in's: each colour is ΔE ≥ 10 from every built-in colour and every other fallback in
+# all four visions (Tol's muted and dark schemes first, then CSS colours; none lighter than
+# L* 80), and the markers are those no built-in uses. Two fallback rules may share a colour
+# or a marker; the legend's label then tells them apart.
+FALLBACK_COLORS = ("#332288", "#117733", "#EE99AA", "#663333", "#004488", "#8A2BE2",
+                   "#00BFFF", "#CD853F", "#FF1493", "#7B68EE")
+FALLBACK_MARKERS = ("H", "8", "x", "+", "1", "2", "3", "4")
 # Penalised runs (λ > 0) get a sequence of greens/blues, vanilla keeps the method colour.
 PENALTY_COLORS = ("#1a9850", "#2c7bb6", "#7b3294", "#d95f02", "#66a61e", "#e7298a")
 # Verdicts are coloured as in report.html (creditaudit.formatting).
@@ -60,45 +63,37 @@ STYLE = {
 
 
 # --- drawing ------------------------------------------------------------------------------
-def method_label(method: str, penalty: float = 0.0) -> str:
-    """The rule's own label (the name for rules not installed here), λ appended."""
-    label = rule_label(method)
-    return f"{label} λ={penalty:g}" if penalty else label
+def _stable_index(name: str) -> int:
+    return int(hashlib.sha256(name.encode()).hexdigest(), 16)
 
 
-def _stable_index(name: str, n: int) -> int:
-    return int(hashlib.sha256(name.encode()).hexdigest(), 16) % n
+def own_style(method: str, attribute: str) -> str | None:
+    """The ``color`` or ``marker`` the rule declares on its own class (None for a rule
+    that declares none, and for one not installed here)."""
+    rule = find_rule(method)
+    return rule.style(attribute) if rule is not None else None
 
 
-def _fallback(method: str, attribute: str, palette: Sequence[str]) -> str:
-    """One of ``palette`` chosen from the name, among those no installed rule declares as
-    its own (a rule without a style must not look like one that has it)."""
+def _fallback(attribute: str, palette: tuple[str, ...], index: int) -> str:
+    """``palette[index]`` among the entries no installed rule declares as its own (a plugin
+    may have picked one): a rule without a style must not look like one that has it."""
     taken = {rule.style(attribute) for rule in RULES.classes()}
     free = [value for value in palette if value not in taken] or list(palette)
-    return free[_stable_index(method, len(free))]
+    return free[index % len(free)]
 
 
 def method_color(method: str) -> str:
-    """The rule's own ``color`` (never a parent rule's: a DFA variant must not look like
-    DFA), else one chosen from its name."""
-    rule = find_rule(method)
-    if rule is not None and rule.style("color"):
-        return rule.style("color")
-    return _fallback(method, "color", FALLBACK_COLORS)
+    """The rule's own colour, else a fallback colour no built-in rule has."""
+    own = own_style(method, "color")
+    return own or _fallback("color", FALLBACK_COLORS, _stable_index(method))
 
 
 def method_marker(method: str) -> str:
-    rule = find_rule(method)
-    if rule is not None and rule.style("marker"):
-        return rule.style("marker")
-    return _fallback(method, "marker", FALLBACK_MARKERS)
-
-
-def method_rank(method: str) -> tuple[int, str]:
-    """Listing order of a rule: its own ``rank`` (not a parent rule's), then its name
-    (unknown rules: rank 100)."""
-    rule = find_rule(method)
-    return (own_rank(rule) if rule is not None else 100, method)
+    """The rule's own marker, else a fallback marker no built-in rule has (chosen apart from
+    the colour, so two fallback rules rarely share both)."""
+    own = own_style(method, "marker")
+    index = _stable_index(method) // len(FALLBACK_COLORS)
+    return own or _fallback("marker", FALLBACK_MARKERS, index)
 
 
 def new_figure(nrows: int, ncols: int, *, figsize: tuple[float, float], **kwargs: Any

@@ -25,7 +25,6 @@ from creditaudit.figures.common import (
     legend_below,
     log_scale,
     method_color,
-    method_label,
     method_marker,
     new_figure,
     note_invalid,
@@ -33,17 +32,15 @@ from creditaudit.figures.common import (
 )
 from creditaudit.figures.runs import (
     MissingRuns,
-    RunIndex,
     choose_group,
     describe_recipe,
     layer_mean_std,
-    mean_std,
     need_methods,
     seed_runs,
-    sort_methods,
     valid_layers,
 )
 from creditaudit.protocol import HEADLINE_GAMMA
+from creditaudit.results import RunIndex, mean_std, method_label, sort_methods
 
 NAME = "fig1_hero"
 TITLE = "Figure 1 — audit hero"

@@ -24,16 +24,14 @@ from creditaudit.figures.common import (
     save_all,
 )
 from creditaudit.figures.runs import (
-    Run,
-    RunIndex,
     choose_group,
     describe_recipe,
     epoch_mean_std,
-    mean_std,
     penalties,
     seed_runs,
 )
 from creditaudit.protocol import Thresholds
+from creditaudit.results import Run, RunIndex, mean_std
 
 NAME = "fig4_lambda_sweep"
 TITLE = "Figure 4 — λ-sweep trajectories"

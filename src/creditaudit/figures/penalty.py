@@ -34,17 +34,14 @@ from creditaudit.figures.common import (
     unique_handles,
 )
 from creditaudit.figures.runs import (
-    Run,
-    RunIndex,
     choose_group,
-    deep_mean,
     describe_recipe,
     epoch_mean_std,
-    mean_std,
     penalties,
     seed_runs,
 )
 from creditaudit.formatting import format_lambda
+from creditaudit.results import Run, RunIndex, deep_mean, mean_std
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"

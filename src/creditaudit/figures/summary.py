@@ -28,26 +28,22 @@ from creditaudit.figures.common import (
     log_scale,
     mean_line,
     method_color,
-    method_label,
     method_marker,
     new_figure,
     note_invalid,
     save_all,
 )
 from creditaudit.figures.runs import (
-    Run,
-    RunIndex,
     choose_group,
     describe_recipe,
     epoch_mean_std,
     layer_mean_std,
-    mean_std,
     need_methods,
     seed_runs,
-    sort_methods,
     valid_layers,
 )
 from creditaudit.protocol.records import model_description
+from creditaudit.results import Run, RunIndex, mean_std, method_label, sort_methods
 
 NAME = "fig5_summary"
 NAMES = ("fig5a_accuracy", "fig5b_per_layer", "fig5c_drift", "fig5d_bridge",

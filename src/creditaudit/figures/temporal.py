@@ -23,21 +23,18 @@ from creditaudit.figures.common import (
     log_scale,
     mean_line,
     method_color,
-    method_label,
     new_figure,
     positive,
     save_all,
 )
 from creditaudit.figures.runs import (
     MissingRuns,
-    Run,
-    RunIndex,
     choose_group,
     epoch_mean_std,
     need_methods,
     seed_runs,
-    sort_methods,
 )
+from creditaudit.results import Run, RunIndex, method_label, sort_methods
 
 NAME = "fig2_temporal"
 TITLE = "Figure 2 — cross-architecture temporal grid"

@@ -22,19 +22,16 @@ from creditaudit.figures.common import (
     legend_right,
     log_scale,
     mean_line,
-    method_label,
     new_figure,
     save_all,
 )
 from creditaudit.figures.runs import (
     MissingRuns,
-    Run,
-    RunIndex,
     choose_group,
     epoch_mean_std,
     seed_runs,
-    sort_methods,
 )
+from creditaudit.results import Run, RunIndex, method_label, sort_methods
 
 NAME = "fig7_weight_alignment"
 TITLE = "Figure 7 — weight alignment of per-layer feedback"

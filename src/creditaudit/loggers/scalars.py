@@ -10,8 +10,9 @@
   with ``rho_bp/l{l}`` and ``rho_random/l{l}`` (controls), ``nudging_{η}/l{l}`` with
   ``nudging_bp_{η}``/``nudging_random_{η}``, ``null/mean``, ``null/std``, ``null/z``,
   ``null/training`` (fresh-feedback null, FA/DFA) and ``gamma/{aggregation}``;
-- ``protocol/``: ``a`` … ``d`` (1 fired, 0 passed; a diagnostic not evaluated is not
-  logged) and ``walk_back`` (1 when the verdict needs walk-back), at evaluated epochs.
+- ``protocol/``: one tag per diagnostic of the run's protocol, named by its id (``a`` …
+  ``d`` for the built-ins; 1 fired, 0 passed; a diagnostic not evaluated is not logged) and
+  ``walk_back`` (1 when the verdict needs walk-back), at evaluated epochs.
 """
 
 from __future__ import annotations

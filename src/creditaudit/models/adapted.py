@@ -16,17 +16,9 @@ rewritten. What the rules and diagnostics need then follows from running it:
   so parameters used outside submodules (a CLS token, a position embedding) land where they
   act. Block l of the contract is segment l + 1.
 
-:func:`adapt` checks everything on a probe batch before any training and raises one-line
-:class:`~creditaudit.errors.ModelContractError`\\ s: unknown names (with close matches), a state
-whose output is not one floating tensor of shape (B, d), (B, T, d) or (B, C, H, W), a state
-module called twice or not at all, states listed out of order, a state that does not reach
-the output, a state that is not a cut, and a model that mixes samples in eval mode (the
-diagnostics run there and need per-sample independence). It also learns whether the readout
-ends in a LayerNorm — the fact the protocol's diagnosis of (b) rests on — unless it is
-declared: the logits of a readout that normalises h_L do not change when h_L is scaled.
-
-On PyTorch's meta device (a run plan sizes a model there: no memory, no values) the probe
-learns the shapes only and checks nothing.
+:func:`adapt` checks the states on a probe batch before any training, and learns their
+shapes, the segments and whether the readout ends in a LayerNorm
+(:mod:`creditaudit.models.adapt_probe`).
 """
 
 from __future__ import annotations
@@ -42,24 +34,15 @@ from torch import Tensor, nn
 
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
+from creditaudit.models.adapt_probe import AdaptProbe
 from creditaudit.models.contract import LAYOUTS, restored_buffers
 
 PROBE_SAMPLES = 4  # the probe batch (at least 2: sample independence compares samples)
-# forward_from(l, h_l) must give the logits to this precision, relative to their scale
-# (the tolerance diagnose() holds a user's forward_from to).
-REPRODUCE_RTOL = 1e-4
-# Sample 0's outputs may move by this much (relative) when the other samples change:
-# rounding of batched kernels, never a mixing layer (those move it by O(1)).
-MIXING_RTOL = 1e-5
-# A readout is scale-invariant (ends in a LayerNorm) when scaling a unit-RMS h_L by 4 moves the
-# logits by less than this, relative: a LayerNorm's eps and float32 rounding move them by
-# ~1e-5, a readout linear in h_L by O(1).
-SCALE_INVARIANT_RTOL = 1e-3
 
 OnOutput = Callable[[int, Any], Any]
 
 
-class AdaptedModel(nn.Module):
+class AdaptedModel(AdaptProbe, nn.Module):
     """A user's module with named states (build it with :func:`adapt`).
 
     ``net`` is the wrapped module; ``forward(x)`` is ``net(x)``, unchanged. Attributes learnt
@@ -282,195 +265,6 @@ class AdaptedModel(nn.Module):
                                      f"(batch, classes) logits, got {_describe(logits)}")
         return outputs, logits
 
-    # --- the probe ------------------------------------------------------------------------
-    def _probe(self, x: Tensor) -> None:
-        """Learn the shapes and segments on ``x`` and check every state (module docstring).
-
-        Runs in eval mode under a forked RNG with every parameter temporarily requiring
-        grad (to find the segments); restores every module's training flag and every
-        ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched.
-        """
-        modes = [(m, m.training) for m in self.net.modules()]
-        flags = [(p, p.requires_grad) for p in self.net.parameters()]
-        devices = [x.device] if x.device.type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=devices), torch.enable_grad():
-                self.net.eval()
-                for p, _ in flags:
-                    p.requires_grad_(True)
-                self._check_independence(x)  # first: its passes need no gradient
-                self._find_prefixes(x)
-                self._check_states(x)
-                self._find_segments(x)
-                if self.terminal_ln is None:
-                    self.terminal_ln = self._readout_is_scale_invariant(x)
-        finally:
-            for module, training in modes:
-                module.training = training
-            for p, requires in flags:
-                p.requires_grad_(requires)
-
-    def _check_states(self, x: Tensor) -> None:
-        order: list[int] = []
-        states, logits = self._trace(x, detach=False, leaf=True, order=order)
-        if order != sorted(order):
-            first, second = (self.state_names[i] for i in _first_inversion(order))
-            raise ModelContractError(
-                f"states must be listed in the order the forward pass computes them: "
-                f"{first!r} runs after {second!r}")
-        for name, h in zip(self.state_names, states):
-            if h.dim() not in (2, 3, 4) or h.shape[0] != x.shape[0]:
-                raise ModelContractError(
-                    f"state {name!r} has shape {tuple(h.shape)} for a batch of {x.shape[0]}: "
-                    "states must be (B, d) vectors, (B, T, d) tokens or (B, C, H, W) maps")
-        self.state_shapes = tuple(tuple(h.shape[1:]) for h in states)
-        self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
-                                  for h in states)
-        self.n_classes = int(logits.shape[1])
-        grads = torch.autograd.grad(logits.sum(), states, allow_unused=True)
-        for name, grad in zip(self.state_names, grads):
-            if grad is None:
-                raise ModelContractError(f"state {name!r} does not reach the output: the "
-                                         "logits do not depend on it; name modules on the "
-                                         "path from the input to the logits")
-        scale = float(logits.detach().abs().max()) + 1.0
-        with torch.no_grad():
-            for layer, (name, h) in enumerate(zip(self.state_names, states)):
-                gap = float((self.forward_from(layer, h.detach()) - logits).abs().max())
-                if not gap <= REPRODUCE_RTOL * scale and self._prefixes[layer]:
-                    # a prefix read by shape-dependent code: run it after all
-                    self._prefixes[layer] = ()
-                    gap = float((self.forward_from(layer, h.detach()) - logits).abs().max())
-                if not gap <= REPRODUCE_RTOL * scale:
-                    raise ModelContractError(
-                        f"state {name!r} is not a cut of the network: the logits depend on "
-                        f"the input other than through it (rerun from it they differ by "
-                        f"{gap:.3g}), e.g. a skip connection jumps over it; name block "
-                        "outputs, whose value is all the rest of the network reads")
-
-    def _learn_shapes(self, x: Tensor) -> None:
-        """On the meta device: the states' shapes and the classes from one traced forward
-        (values do not exist there, so nothing is checked and no segment is found)."""
-        with torch.no_grad():
-            states, logits = self._trace(x, detach=False, leaf=False)
-        self.state_shapes = tuple(tuple(h.shape[1:]) for h in states)
-        self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
-                                  for h in states)
-        self.n_classes = int(logits.shape[1])
-
-    def _readout_is_scale_invariant(self, x: Tensor) -> bool:
-        """Whether the logits stay put when h_L is scaled by 4: a readout that normalises
-        h_L. Each sample's h_L is first brought to unit RMS, where a LayerNorm's eps is
-        negligible (~1e-5) and a saturating nonlinearity (tanh) is not saturated yet."""
-        with torch.no_grad():
-            states, _ = self._trace(x, detach=True, leaf=False)
-            h = states[-1]
-            rms = h.flatten(1).pow(2).mean(dim=1).sqrt().clamp_min(1e-12)
-            h = h / rms.view(-1, *([1] * (h.dim() - 1)))
-            base = self.forward_from(self.n_blocks, h)
-            scaled = self.forward_from(self.n_blocks, 4.0 * h)
-        change = float((scaled - base).norm()) / max(float(base.norm()), 1e-30)
-        return change < SCALE_INVARIANT_RTOL
-
-    def _check_independence(self, x: Tensor) -> None:
-        """Eval-mode outputs of sample 0 must not move when the other samples change."""
-        if x.shape[0] < 2:
-            raise ModelContractError(f"the probe batch has {x.shape[0]} sample(s): give "
-                                     "adapt() at least 2 (example=x[:8])")
-        rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
-        with torch.no_grad():
-            states, logits = self._trace(x, detach=False, leaf=False)
-            other_states, other_logits = self._trace(torch.cat([x[:1], rest]), detach=False,
-                                                     leaf=False)
-        pairs = [*zip(self.state_names, states, other_states), ("the logits", logits,
-                                                                other_logits)]
-        for name, a, b in pairs:
-            scale = float(a[0].abs().max()) + 1.0
-            if float((a[0] - b[0]).abs().max()) > MIXING_RTOL * scale:
-                culprit = next((n for n, m in self.net.named_modules()
-                                if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                                and m.running_mean is None), None)
-                why = (f"BatchNorm {culprit!r} has track_running_stats=False, so it "
-                       "normalises with batch statistics in eval mode too" if culprit
-                       else f"at {name!r} or before it")
-                raise ModelContractError(
-                    f"the model mixes samples in eval mode ({why}): sample 0's output "
-                    "changes with the other samples of the batch, and the diagnostics need "
-                    "per-sample outputs; use layers that act per sample in eval mode "
-                    "(BatchNorm with running statistics, LayerNorm, GroupNorm)")
-
-    def _find_prefixes(self, x: Tensor) -> None:
-        """For each state, the largest modules that finish before its module starts, run
-        once and return one batch-first floating tensor: :meth:`forward_from` skips them (zeros of
-        their output shape), since behind a cut their values reach nothing."""
-        events: list[tuple[str, str]] = []
-        shapes: dict[str, tuple[int, ...] | None] = {}
-        calls: dict[str, int] = {}
-
-        def started(name: str, module: nn.Module, args: Any) -> None:
-            events.append(("start", name))
-            calls[name] = calls.get(name, 0) + 1
-
-        def ended(name: str, module: nn.Module, args: Any, output: Any) -> None:
-            events.append(("end", name))
-            batch_first = (isinstance(output, Tensor) and output.is_floating_point()
-                           and output.dim() >= 1 and output.shape[0] == x.shape[0])
-            shapes[name] = tuple(output.shape[1:]) if batch_first else None
-
-        named = [(name, m) for name, m in self.net.named_modules() if name]
-        handles = [h for name, m in named for h in (
-            m.register_forward_pre_hook(functools.partial(started, name)),
-            m.register_forward_hook(functools.partial(ended, name)))]
-        try:
-            with torch.no_grad():
-                self.net(x)
-        finally:
-            for handle in handles:
-                handle.remove()
-        ends = {name: i for i, (kind, name) in enumerate(events) if kind == "end"}
-        prefixes = []
-        for state in self.state_names:
-            start = events.index(("start", state))
-            done = {name for name, end in ends.items()
-                    if end < start and calls[name] == 1 and shapes[name] is not None}
-            prefixes.append(tuple((name, shapes[name]) for name, _ in named if name in done
-                                  and name.rpartition(".")[0] not in done))
-        self._prefixes: list[tuple[tuple[str, tuple[int, ...]], ...]] = prefixes
-
-    def _find_segments(self, x: Tensor) -> None:
-        names = [name for name, _ in self.net.named_parameters()]
-        params = list(self.net.parameters())
-        outputs, logits = self._trace(x, detach=True, leaf=False)
-
-        def reached(out: Tensor) -> list[str]:
-            if not out.requires_grad:
-                return []
-            grads = torch.autograd.grad(out.sum(), params, allow_unused=True,
-                                        retain_graph=True)
-            return [name for name, g in zip(names, grads) if g is not None]
-
-        self._segments = [reached(out) for out in outputs]
-        self._readout = reached(logits)
-        if self.readout_names is not None:
-            self._check_readout()
-
-    def _check_readout(self) -> None:
-        """The named readout modules' parameters must be exactly the detected readout's."""
-        named = {id(p): name for name, p in self.net.named_parameters()}
-        declared = {named[id(p)] for module in self.readout_names  # type: ignore[union-attr]
-                    for p in self.net.get_submodule(module).parameters()}
-        before = sorted(declared - set(self._readout))
-        if before:
-            raise ModelContractError(
-                f"readout: parameter {before[0]!r} acts before the last state "
-                f"{self.state_names[-1]!r}; the readout is what runs after it")
-        missing = sorted(set(self._readout) - declared)
-        if missing:
-            raise ModelContractError(
-                f"readout: parameter {missing[0]!r} also acts after the last state "
-                f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
-                "(it is then everything after the last state)")
-
 
 def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] | None = None,
           *, example: Tensor | None = None, input_shape: Sequence[int] | None = None,
@@ -534,14 +328,6 @@ def _check_names(net: nn.Module, names: Sequence[str], argument: str) -> None:
                 "; names are those of model.named_modules()")
             raise ModelContractError(f"{argument}: {name!r} is not a submodule of "
                                      f"{type(net).__name__}{hint}")
-
-
-def _first_inversion(order: list[int]) -> tuple[int, int]:
-    """(i, j): the first pair of listed states whose calls came in the other order."""
-    for a, b in zip(order, order[1:]):
-        if b < a:
-            return b, a
-    raise AssertionError("no inversion")  # pragma: no cover
 
 
 def _describe(value: Any) -> str:

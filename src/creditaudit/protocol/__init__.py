@@ -55,6 +55,7 @@ from creditaudit.protocol.diagnostics import (
 from creditaudit.protocol.evaluate import CreditFn, DiagnosticReport, evaluate_protocol
 from creditaudit.protocol.verdicts import (
     Protocol,
+    in_order,
     labels,
     statuses_of,
     verdict_from,
@@ -78,5 +79,5 @@ __all__ = [
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
     "block_growths", "cross_batch_stability", "depth_utility_diagnostic", "evaluate_protocol",
-    "labels", "statuses_of", "verdict_from", "verdict_of", "verdict_phrase",
+    "in_order", "labels", "statuses_of", "verdict_from", "verdict_of", "verdict_phrase",
 ]

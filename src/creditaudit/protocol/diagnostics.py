@@ -10,7 +10,8 @@ iterate :func:`protocol`; a diagnostic another package registers through the
 ``creditaudit.diagnostics`` entry point joins them when a config lists it in
 ``diagnostics.protocol``.
 
-The four built-ins (science.md §5):
+The base class, the evidence and :func:`protocol` are in :mod:`.base`; the four built-ins
+(science.md §5):
 
 =====  ===============================  =============================================  ==========
 id     name                             statistic                                      fires when
@@ -25,16 +26,22 @@ id     name                             statistic                               
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from torch import Tensor
 
 from creditaudit.config import opt
 from creditaudit.diagnostics.gradients import REFERENCE_FLOOR, max_block_growth
-from creditaudit.errors import ConfigError
+from creditaudit.protocol.base import (
+    OPERATORS,
+    SCALES,
+    Evidence,
+    ProtocolDiagnostic,
+    default_names,
+    protocol,
+    register,
+)
 from creditaudit.protocol.checks import (
     CAUSE_FLOOR,
     CAUSE_LN,
@@ -48,133 +55,6 @@ from creditaudit.protocol.checks import (
     block_growths,
     cross_batch_stability,
 )
-from creditaudit.registry import DIAGNOSTICS, Component
-
-OPERATORS = (">", "<")
-
-
-@dataclass
-class Evidence:
-    """What the diagnostics of one evaluation set may look at.
-
-    ``hidden_norms[l]``/``grad_norms[l]``: median per-sample ‖h_l‖ and ‖g_l‖ (1/128 scale),
-    l = 0 … L; ``g_L_zero_fraction``/``g_L_nonzero_median``: the share of samples whose
-    g_L is exactly 0 and the median over the others; ``grads``: the per-sample gradient
-    summaries ``(N, d)`` per layer and ``logits`` ``(N, C)`` (None when a record is judged
-    again from its stored numbers); accuracies are fractions; ``terminal_ln``: whether the
-    model ends in a LayerNorm (None = unknown).
-    """
-
-    hidden_norms: list[float]
-    grad_norms: list[float]
-    g_L_zero_fraction: float | None = None
-    g_L_nonzero_median: float | None = None
-    grads: list[Tensor] | None = None
-    logits: Tensor | None = None
-    labels: Tensor | None = None
-    headline_acc: float | None = None
-    frozen_acc: float | None = None
-    terminal_ln: bool | None = None
-
-
-class ProtocolDiagnostic(Component):
-    """One diagnostic of the protocol (see the module docstring).
-
-    Subclasses declare the class attributes and implement :meth:`evaluate`; ``default``:
-    part of the protocol unless a config's ``diagnostics.protocol`` leaves it out (the
-    built-ins; a plugin is added by listing it). The ``threshold`` option is what
-    :meth:`fires` compares the statistic with, by ``operator``.
-    """
-
-    statistic: ClassVar[str] = ""
-    operator: ClassVar[str] = ">"
-    unit: ClassVar[str] = ""
-    value_format: ClassVar[str] = ".3g"
-    value_unit: ClassVar[str | None] = None  # the value's unit where it is not ``unit``
-    threshold: ClassVar[str] = ""
-    hint: ClassVar[str] = ""
-    default: ClassVar[bool] = False
-
-    @classmethod
-    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
-        """The diagnostic's result on ``evidence`` with ``options`` (its thresholds)."""
-        raise NotImplementedError
-
-    # --- what every diagnostic shares ------------------------------------------------------
-    @classmethod
-    def limit(cls, options: Any) -> float:
-        return float(getattr(options, cls.threshold))
-
-    @classmethod
-    def fires(cls, value: float, options: Any) -> bool:
-        limit = cls.limit(options)
-        return value > limit if cls.operator == ">" else value < limit
-
-    @classmethod
-    def result(cls, value: float | None, options: Any, status: str, reason: str,
-               **details: Any) -> DiagnosticResult:
-        return DiagnosticResult(cls.name, cls.label, value, cls.limit(options), status, reason,
-                                details)
-
-    @classmethod
-    def judge(cls, value: float, options: Any, reason: str, **details: Any
-              ) -> DiagnosticResult:
-        """Fired or passed by comparing ``value`` with the threshold."""
-        status = FIRED if cls.fires(value, options) else PASSED
-        return cls.result(value, options, status, reason, **details)
-
-    @classmethod
-    def value_text(cls, value: float | None) -> str:
-        """``694``, ``+1.23 pp``, ``—`` for a missing value."""
-        if value is None:
-            return "—"
-        unit = cls.unit if cls.value_unit is None else cls.value_unit
-        return f"{value:{cls.value_format}}{unit}"
-
-    @classmethod
-    def threshold_text(cls, threshold: float) -> str:
-        """``> 50×``: when it fires."""
-        return f"{cls.operator} {threshold:g}{cls.unit}"
-
-    @classmethod
-    def id_label(cls) -> str:
-        return f"({cls.name})"
-
-
-def _validate(cls: type, source: str) -> None:
-    name = cls.name  # type: ignore[attr-defined]
-    if not name.isidentifier():
-        raise ConfigError(f"{source} ({name}): a diagnostic's name must be a Python "
-                          "identifier (letters, digits, _): it is a config table "
-                          "[diagnostics.NAME]")
-    if cls.operator not in OPERATORS:  # type: ignore[attr-defined]
-        raise ConfigError(f"{source} ({name}): operator must be one of {OPERATORS}")
-    if cls.threshold not in cls.option_names():  # type: ignore[attr-defined]
-        raise ConfigError(f"{source} ({name}): `threshold` must name one of its options "
-                          f"({', '.join(cls.option_names()) or 'none declared'})")  # type: ignore[attr-defined]
-    for attribute in ("statistic", "hint"):
-        if not isinstance(getattr(cls, attribute), str) or not getattr(cls, attribute):
-            raise ConfigError(f"{source} ({name}) needs a non-empty `{attribute}` string")
-    if cls.evaluate.__func__ is ProtocolDiagnostic.evaluate.__func__:  # type: ignore[attr-defined]
-        raise ConfigError(f"{source} ({name}) must implement evaluate()")
-
-
-DIAGNOSTICS.configure(ProtocolDiagnostic, _validate)
-register = DIAGNOSTICS.register
-
-
-def protocol(names: Sequence[str] | None = None) -> tuple[type[ProtocolDiagnostic], ...]:
-    """The diagnostics of a protocol, in listing order: those named (a config's
-    ``diagnostics.protocol``), or the default ones (the four built-ins)."""
-    if names is None:
-        return tuple(cls for cls in DIAGNOSTICS.classes() if cls.default)
-    classes = [DIAGNOSTICS.get(name) for name in names]
-    order = {cls.name: i for i, cls in enumerate(DIAGNOSTICS.classes())}
-    return tuple(sorted(classes, key=lambda cls: order.get(cls.name, len(order))))
-
-
-def default_names() -> list[str]:
-    return [cls.name for cls in protocol()]
 
 
 # --- the four built-ins ---------------------------------------------------------------------
@@ -218,6 +98,9 @@ class ResidualStreamScale(ProtocolDiagnostic):
     Options = GrowthOptions
     default = True
     rank = 0
+    short, scale, per_layer = "max block growth", "log", True
+    sensitivity = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
+    needs = "runs whose states stay finite"
 
     @classmethod
     def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
@@ -254,6 +137,9 @@ class ReferenceValidity(ProtocolDiagnostic):
     Options = ReferenceOptions
     default = True
     rank = 1
+    short, scale, per_layer = "median ‖g_L‖ (1/128 scale)", "log", True
+    sensitivity = (1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4)
+    needs = "runs with a non-zero finite ‖g_L‖"
 
     @classmethod
     def threshold_text(cls, threshold: float) -> str:
@@ -310,6 +196,10 @@ class DirectionStability(ProtocolDiagnostic):
     Options = StabilityOptions
     default = True
     rank = 2
+    short = "mean pairwise cos (state L//2)"
+    # Bimodal (science.md §5): a threshold sweep says nothing; judged at its threshold only.
+    sensitivity = ()
+    needs = "runs with diagnostics.eval_samples ≥ 1024 (8 batches of 128)"
 
     @classmethod
     def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
@@ -357,6 +247,12 @@ class DepthUtility(ProtocolDiagnostic):
     Options = DepthOptions
     default = True
     rank = 3
+    short = "accuracy − frozen"
+    sensitivity = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+    # Before training it would compare an untrained net with a trained baseline.
+    before_training = False
+    needs = ("frozen-blocks runs (--method frozen) of the same recipe with "
+             "--frozen-from-runs, or runs trained with diagnostics.frozen_acc,")
 
     @classmethod
     def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
@@ -382,5 +278,6 @@ class DepthUtility(ProtocolDiagnostic):
 
 
 __all__ = ["Evidence", "ProtocolDiagnostic", "protocol", "default_names", "register",
-           "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
-           "GrowthOptions", "ReferenceOptions", "StabilityOptions", "DepthOptions"]
+           "OPERATORS", "SCALES", "ResidualStreamScale", "ReferenceValidity",
+           "DirectionStability", "DepthUtility", "GrowthOptions", "ReferenceOptions",
+           "StabilityOptions", "DepthOptions"]

@@ -50,7 +50,8 @@ class DiagnosticReport:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def diagnostic(self, id_: str) -> DiagnosticResult:
-        """The result of diagnostic ``id_`` ("a" … "d")."""
+        """The result of the diagnostic whose id is ``id_`` (KeyError if the report has
+        none)."""
         for result in self.diagnostics:
             if result.id == id_:
                 return result

@@ -8,7 +8,7 @@ diagnostic that cannot be evaluated is never counted as passed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +35,17 @@ def order() -> list[str]:
     return [cls.name for cls in DIAGNOSTICS.classes()]
 
 
+def in_order(ids: Iterable[str]) -> list[str]:
+    """The distinct ``ids`` in listing order (ids of diagnostics not installed here last,
+    as first seen): the columns, panels and rows of whatever diagnostics records hold."""
+    distinct = list(dict.fromkeys(ids))
+    known = {name: i for i, name in enumerate(order())}
+    return sorted(distinct, key=lambda i: (known.get(i, len(known)), distinct.index(i)))
+
+
 def labels(ids: Sequence[str]) -> str:
-    """``["a", "b"]`` → ``"(a)(b)"``; three or more consecutive ids → ``"(a)–(c)"``."""
+    """Diagnostic ids as their labels, ``(a)(b)``; three or more consecutive ids as a range,
+    ``(a)–(c)``."""
     ids = list(ids)
     known = order()
     if len(ids) >= 3 and all(i in known for i in ids):
@@ -145,5 +154,5 @@ class Protocol:
                 for d in self.diagnostics if dataclasses.is_dataclass(d.Options)}
 
 
-__all__ = ["labels", "verdict_from", "verdict_of", "verdict_phrase", "statuses_of", "order",
-           "Protocol"]
+__all__ = ["labels", "in_order", "verdict_from", "verdict_of", "verdict_phrase", "statuses_of",
+           "order", "Protocol"]

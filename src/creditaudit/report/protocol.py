@@ -20,13 +20,14 @@ from creditaudit.protocol import (
     DiagnosticResult,
     block_growths,
     default_names,
+    in_order,
 )
 from creditaudit.registry import DIAGNOSTICS
 
 FORMATS = ("text", "md", "json", "latex")
 
 
-def _threshold_text(result: DiagnosticResult) -> str:
+def threshold_text(result: DiagnosticResult) -> str:
     """When the diagnostic fires, as the diagnostic itself writes it (``> 50×``); a result
     of a diagnostic not installed here shows its threshold alone."""
     diagnostic = DIAGNOSTICS.find(result.id)
@@ -35,7 +36,7 @@ def _threshold_text(result: DiagnosticResult) -> str:
     return diagnostic.threshold_text(result.threshold)
 
 
-def _value_text(result: DiagnosticResult) -> str:
+def value_text(result: DiagnosticResult) -> str:
     """The statistic in the diagnostic's own format and unit (``—`` when there is none)."""
     diagnostic = DIAGNOSTICS.find(result.id)
     if diagnostic is None:
@@ -97,8 +98,8 @@ def render_text(report: DiagnosticReport) -> str:
     header = f"  {'id':<4} {'diagnostic':<32} {'value':>12} {'fires when':>12}  status"
     lines += [header, "  " + "-" * (len(header) - 2)]
     for r in report.diagnostics:
-        lines.append(f"  {r.label:<4} {r.name:<32} {_value_text(r):>12} "
-                     f"{_threshold_text(r):>12}  {r.status.upper()}")
+        lines.append(f"  {r.label:<4} {r.name:<32} {value_text(r):>12} "
+                     f"{threshold_text(r):>12}  {r.status.upper()}")
         lines.append(f"       {r.reason}")
     lines.append(f"verdict: {report.verdict_text}")
     lines.append("")
@@ -113,27 +114,39 @@ def render_text(report: DiagnosticReport) -> str:
     lines.extend(metrics_lines(report.metrics))
     return "\n".join(lines)
 
+def template_results(report: DiagnosticReport) -> list[DiagnosticResult]:
+    """The diagnostics with a column of their own in the reporting-template row: those whose
+    statistic the per-layer table does not show (a diagnostic not installed here has one)."""
+    out = []
+    for result in report.diagnostics:
+        diagnostic = DIAGNOSTICS.find(result.id)
+        if diagnostic is None or not diagnostic.per_layer:
+            out.append(result)
+    return out
+
+
 def render_markdown(report: DiagnosticReport) -> str:
-    """The reporting-template row, the diagnostics and a per-layer table."""
+    """The reporting-template row (a column per diagnostic the per-layer table does not
+    show, beside the frozen-blocks accuracy), the diagnostics and a per-layer table."""
     meta = report.metadata
-    d = report.diagnostic("d")
-    c = report.diagnostic("c")
     per_layer_gamma = (", ".join(fmt(row["cos"], "+.2f") for row in report.layer_cosines)
                        if report.layer_cosines else "—")
     gamma = (f"{fmt(report.headline_gamma, '+.3f')} ({HEADLINE_GAMMA.replace('_', ' ')})"
              if report.gamma else "—")
     frozen = meta.get("frozen_acc")
-    frozen_text = ("not given" if frozen is None else
-                   f"{frozen:.3f} ({_value_text(d)})")
     method = meta.get("method") or "—"
+    own = template_results(report)
     row = [method, credit_formula(method) or meta.get("credit_formula", "—"),
            meta.get("arch", meta.get("model", "—")), fmt(meta.get("terminal_ln")),
            str(meta.get("dataset", "—")), str(meta.get("seeds", "—")),
            str(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),
-           gamma, per_layer_gamma, _value_text(c), frozen_text, report.verdict_text]
+           gamma, per_layer_gamma, "not given" if frozen is None else f"{frozen:.3f}",
+           *(value_text(r) for r in own), report.verdict_text]
+    header = ["method", "credit", "architecture", "terminal LN", "dataset", "seeds",
+              "feedback seed", "test acc", "Γ (aggregation)", "per-layer Γ", "frozen acc",
+              *(r.label for r in own), "verdict"]
     out = [
-        "| method | credit | architecture | terminal LN | dataset | seeds | feedback seed "
-        "| test acc | Γ (aggregation) | per-layer Γ | (c) | frozen acc (margin) | verdict |",
+        "| " + " | ".join(header) + " |",
         "|" + "---|" * len(row),
         "| " + " | ".join(row) + " |",
         "",
@@ -141,7 +154,7 @@ def render_markdown(report: DiagnosticReport) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in report.diagnostics:
-        out.append(f"| {r.label} | {r.name} | {_value_text(r)} | {_threshold_text(r)} | "
+        out.append(f"| {r.label} | {r.name} | {value_text(r)} | {threshold_text(r)} | "
                    f"{r.status} | {r.reason} |")
     out += ["", f"**Verdict: {report.verdict_text}**", "",
             f"Per layer (medians over {meta.get('n_samples', '?')} samples; ‖g_l‖ as "
@@ -159,12 +172,14 @@ def render_markdown(report: DiagnosticReport) -> str:
 
 def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
     """A complete ``tabular`` (no packages needed): a header row, then one row per report —
-    method, architecture, test accuracy, headline Γ, (a)–(d) (fired values in bold) and
-    the verdict. Text is escaped; ``\\input`` it inside a ``table`` environment."""
+    method, architecture, test accuracy, headline Γ, one column per diagnostic the reports
+    hold (fired values in bold, ``---`` where a report lacks it) and the verdict. Text is
+    escaped; ``\\input`` it inside a ``table`` environment."""
     reports = [reports] if isinstance(reports, DiagnosticReport) else list(reports)
+    ids = _diagnostic_ids(reports)
     header = ["method", "architecture", "test acc",
-              f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})",
-              *(f"({id_})" for id_ in _diagnostic_ids(reports)), "verdict"]
+              f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})", *(f"({id_})" for id_ in ids),
+              "verdict"]
     lines = [r"\begin{tabular}{ll" + "r" * 2 + "l" * (len(header) - 4) + "}", r"\hline",
              " & ".join(_latex_escape(h) for h in header) + r" \\", r"\hline"]
     for report in reports:
@@ -172,17 +187,21 @@ def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
         cells = [str(meta.get("method") or "—"), str(meta.get("arch", meta.get("model", "—"))),
                  fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
         cells = [_latex_escape(c) for c in cells]
-        for r in report.diagnostics:
-            text = "n/e" if r.value is None else _latex_escape(_value_text(r))
-            cells.append(f"\\textbf{{{text}}}" if r.fired else text)
+        held = {r.id: r for r in report.diagnostics}
+        for id_ in ids:
+            r = held.get(id_)
+            text = ("---" if r is None else "n/e" if r.value is None
+                    else _latex_escape(value_text(r)))
+            cells.append(f"\\textbf{{{text}}}" if r is not None and r.fired else text)
         cells.append(_latex_escape(report.verdict_text))
         lines.append(" & ".join(cells) + r" \\")
     return "\n".join([*lines, r"\hline", r"\end{tabular}"])
 
 
 def _diagnostic_ids(reports: Sequence[DiagnosticReport]) -> list[str]:
-    """The diagnostics the reports hold, in order (the default protocol's when none)."""
-    ids = list(dict.fromkeys(r.id for report in reports for r in report.diagnostics))
+    """The diagnostics the reports hold, in listing order (the default protocol's when
+    none)."""
+    ids = in_order(r.id for report in reports for r in report.diagnostics)
     return ids or default_names()
 
 

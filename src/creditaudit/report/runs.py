@@ -6,10 +6,11 @@ import math
 from collections.abc import Sequence
 
 from creditaudit.formatting import fmt
+from creditaudit.protocol import DepthUtility
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
 
-BASELINE_TEXT = "frozen baseline of (d)"
+BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
 
 
 def stopped_early_text(record: RunRecord) -> str | None:

@@ -1,0 +1,95 @@
+"""Dotted-key overrides (``method.penalty=0.01``): parsing them and merging them into raw sections.
+
+The one way overrides are applied — ``--set``, ``RunConfig.replace``, sweep grids — is
+:func:`merge_overrides` on a config's nested dicts, validated afterwards by
+:func:`creditaudit.config.config_from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from creditaudit.config.composed import BASES, SELECTORS
+from creditaudit.config.sections import LEGACY_DEFAULTS, SECTION_TYPES
+from creditaudit.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value with TOML syntax (``3``, ``1e-3``, ``true``), else a string."""
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"method.penalty=1e-2"`` → ``("method.penalty", 0.01)``."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. "
+                          "method.penalty=0.01")
+    key, text = item.split("=", 1)
+    return key.strip(), parse_value(text.strip())
+
+
+def device_overrides(device: str | None = None, precision: str | None = None
+                     ) -> dict[str, str]:
+    """Dotted overrides ``run.device`` / ``run.precision`` for the values that are given."""
+    return {key: value for key, value in (("run.device", device), ("run.precision", precision))
+            if value is not None}
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"method.penalty"`` → ``("method", "penalty")``; ConfigError for anything else."""
+    section, _, name = key.partition(".")
+    if section not in SECTION_TYPES or not name:
+        raise ConfigError(f"override key {key!r} must be section.key with section one of "
+                          f"{', '.join(SECTION_TYPES)}")
+    return section, name
+
+
+def merge_overrides(raw: dict[str, Any], overrides: dict[str, Any],
+                    dropped: list[str] | None = None) -> dict[str, Any]:
+    """Nested sections ``raw`` with dotted ``overrides`` applied (not yet validated): the one
+    way overrides are applied (``--set``, ``RunConfig.replace``, sweep grids).
+
+    Selecting another component (``method.name``, ``model.arch``, ``data.name``) keeps only
+    the keys the new component reads (plus those the overrides set): the options of the old
+    one do not apply to it (listed in ``dropped`` when given).
+    """
+    merged = {section: dict(values) for section, values in raw.items()}
+    for key in overrides:
+        split_key(key)
+    for section, (selector, registry) in SELECTORS.items():
+        key = f"{section}.{selector}"
+        old = merged.get(section, {})
+        if key in overrides and overrides[key] != old.get(selector):
+            component = registry.find(overrides[key]) if isinstance(overrides[key], str) else None
+            keep = {f.name for f in dataclasses.fields(BASES[section])}
+            if component is not None:
+                keep |= set(component.option_names())
+            merged[section] = {k: v for k, v in old.items() if k in keep}
+            if dropped is not None:
+                dropped += [f"{section}.{k}" for k in old
+                            if k not in keep and f"{section}.{k}" not in overrides
+                            and (section, k) not in LEGACY_DEFAULTS]
+    for key, value in overrides.items():
+        section, name = split_key(key)
+        table, _, leaf = name.partition(".")
+        if leaf:  # a key of a nested table: diagnostics.a.growth
+            inner = merged.setdefault(section, {}).get(table)
+            merged[section][table] = {**(inner if isinstance(inner, dict) else {}), leaf: value}
+        else:
+            merged.setdefault(section, {})[name] = value
+    return merged
+
+
+__all__ = ["parse_value", "parse_override", "device_overrides", "split_key", "merge_overrides"]

@@ -1,0 +1,208 @@
+"""One config section validated from raw values: types, allowed values, ranges, unknown keys.
+
+:func:`section_from_dict` builds a section (the dataclass of the component it selects,
+:mod:`creditaudit.config.composed`) from the keys a TOML file, a record or an override
+gives; :func:`coerce` checks one value against its field's type and
+:func:`~creditaudit.config.sections.opt` metadata. Every refusal is a one-line
+:class:`~creditaudit.errors.ConfigError` naming the key, what was given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import typing
+from typing import Any
+
+from creditaudit.config.composed import (
+    BASES,
+    SELECTORS,
+    composed_class,
+    diagnostics_class,
+    protocol_names,
+    unresolved_class,
+)
+from creditaudit.config.sections import (
+    COMPONENT_NAME,
+    LEGACY_DEFAULTS,
+    RETIRED_KEYS,
+    SECTION_TYPES,
+)
+from creditaudit.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _type_name(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base = args[0] if args else tp
+    name = getattr(base, "__name__", str(base))
+    return f"{name} or none" if type(None) in typing.get_args(tp) else name
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a section class's fields (resolving them is slow; do it once)."""
+    if cls not in _HINTS:
+        hints: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            if dataclasses.is_dataclass(klass):
+                try:
+                    hints.update(typing.get_type_hints(klass))
+                except (NameError, TypeError):
+                    hints.update(getattr(klass, "__annotations__", {}))
+        _HINTS[cls] = hints
+    return _HINTS[cls]
+
+
+def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
+    """``value`` checked against the field's type and its :func:`opt` metadata; one-line
+    ConfigError naming ``key`` otherwise."""
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    if base is Any:
+        return value
+    if value is None or (optional and isinstance(value, str) and value.lower() == "none"):
+        if optional:
+            return None
+        raise ConfigError(f"{key} must be a {_type_name(tp)}, got none")
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+    elif base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+    elif base is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
+    elif base is str and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    elif typing.get_origin(base) in (list, tuple) and not isinstance(value, list | tuple):
+        raise ConfigError(f"{key} must be a list, got {value!r}")
+    elif isinstance(base, type) and dataclasses.is_dataclass(base):
+        return options_table(key, base, value)
+    meta = f.metadata
+    if meta.get("path") and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{key}={value!r} is an empty path, which would mean the current "
+                          f"folder; give a folder ({key}=. for the current one)")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of "
+                          f"{', '.join(map(str, meta['choices']))}")
+    if meta.get("min") is not None and value < meta["min"]:
+        raise ConfigError(f"{key}={value!r} is out of range; it must be >= {meta['min']}")
+    if meta.get("max") is not None and value > meta["max"]:
+        raise ConfigError(f"{key}={value!r} is out of range; it must be <= {meta['max']}")
+    return value
+
+
+def options_table(key: str, options: type, value: Any) -> Any:
+    """A table of options (e.g. ``[diagnostics.a]``) validated against its dataclass."""
+    if isinstance(value, options):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a table of options, got {value!r}")
+    fields = {f.name: f for f in dataclasses.fields(options)}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {key}.{unknown[0]}; allowed keys in [{key}]: "
+                          f"{', '.join(fields) or 'none'}")
+    types = typing.get_type_hints(options)
+    return options(**{k: coerce(f"{key}.{k}", fields[k], types[k], v) for k, v in value.items()})
+
+
+def _section_class(section: str, given: dict[str, Any], strict: bool) -> type:
+    """The dataclass of ``section`` for the component(s) ``given`` selects."""
+    if section == "diagnostics":
+        names = given.get("protocol")
+        if names is not None and (not isinstance(names, list | tuple) or not all(
+                isinstance(n, str) for n in names)):
+            raise ConfigError(f"diagnostics.protocol must be a list of diagnostic names, got "
+                              f"{names!r}")
+        return diagnostics_class(protocol_names(names), strict)
+    if section not in SELECTORS:
+        return SECTION_TYPES[section]
+    key, registry = SELECTORS[section]
+    base = BASES[section]
+    name = given.get(key, next(f.default for f in dataclasses.fields(base) if f.name == key))
+    if not isinstance(name, str) or not COMPONENT_NAME.match(name):
+        raise ConfigError(f"{section}.{key}={name!r} is not a {registry.noun} name (lower-case "
+                          "letters, digits, - and _)")
+    if strict:
+        return composed_class(section, registry.get(name))
+    component = registry.find(name)
+    if component is None:
+        return unresolved_class(section, name, tuple(given))
+    return composed_class(section, component)
+
+
+def _owners(section: str, key: str) -> list[str]:
+    """Names of the registered components of ``section``'s axis that have option ``key``."""
+    _, registry = SELECTORS[section]
+    return [cls.name for cls in registry.classes() if key in cls.option_names()]
+
+
+def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
+                 dropped: list[str] | None) -> None:
+    """Decide about a key the section's class lacks: drop it silently when it is a default an
+    earlier version wrote for every component, or when not ``strict`` (records: the run
+    never read it); drop it into ``dropped`` when that list is given and the key is an option
+    of another component (a sweep's base over several rules); raise a one-line ConfigError
+    otherwise."""
+    if not strict:
+        return
+    if (section, key) in LEGACY_DEFAULTS and LEGACY_DEFAULTS[(section, key)] == value:
+        return
+    if (section, key) in RETIRED_KEYS:  # an old config still loads
+        log.warning("warning: %s.%s is no longer read and is ignored: %s", section, key,
+                    RETIRED_KEYS[(section, key)])
+        return
+    if dropped is not None and section in SELECTORS and _owners(section, key):
+        dropped.append(f"{section}.{key}")
+        return
+    allowed = ", ".join(f.name for f in dataclasses.fields(cls))
+    component = component_of_class(cls)
+    if section in SELECTORS and component is not None:
+        owners = _owners(section, key)
+        what = f"{component.name} ({section}.{SELECTORS[section][0]})"
+        hint = component.hints.get(key)
+        if hint:
+            raise ConfigError(f"{section}.{key} is not read by {what}: {hint}")
+        if owners:
+            raise ConfigError(f"{section}.{key} is not read by {what}: it is an option of "
+                              f"{', '.join(owners)}; drop it (allowed keys in [{section}]: "
+                              f"{allowed})")
+        raise ConfigError(f"unknown key {section}.{key} for {what}; allowed keys in "
+                          f"[{section}]: {allowed}")
+    raise ConfigError(f"unknown key {section}.{key}; allowed keys in [{section}]: {allowed}")
+
+
+def component_of_class(cls: type) -> type | None:
+    return getattr(cls, "component", None)
+
+
+def section_from_dict(section: str, given: dict[str, Any], strict: bool,
+                      dropped: list[str] | None = None) -> Any:
+    """Section ``section`` validated from its raw keys ``given``, as the dataclass of the
+    component it selects (``strict``, ``dropped``: :func:`creditaudit.config.config_from_dict`)."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"config section {section!r} must be a table, got {given!r}")
+    cls = _section_class(section, given, strict)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    types = _field_types(cls)
+    values = {}
+    for key, value in given.items():
+        if key not in fields:
+            _unknown_key(section, cls, key, value, strict, dropped)
+            continue
+        values[key] = coerce(f"{section}.{key}", fields[key], types.get(key, Any), value)
+    return cls(**values)
+
+
+__all__ = ["coerce", "options_table", "section_from_dict", "component_of_class"]

@@ -1,0 +1,196 @@
+"""What a protocol diagnostic is: the evidence it reads, the class every diagnostic derives
+from, and the protocol as the tuple of registered diagnostics a config selects.
+
+:mod:`creditaudit.protocol.diagnostics` holds the four built-ins; a diagnostic of another
+package derives from :class:`ProtocolDiagnostic` and registers through the
+``creditaudit.diagnostics`` entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from creditaudit.errors import ConfigError
+from creditaudit.protocol.checks import FIRED, NOT_EVALUATED, PASSED, DiagnosticResult
+from creditaudit.registry import DIAGNOSTICS, Component
+
+OPERATORS = (">", "<")
+SCALES = ("linear", "log")
+
+
+@dataclass
+class Evidence:
+    """What the diagnostics of one evaluation set may look at.
+
+    ``hidden_norms[l]``/``grad_norms[l]``: median per-sample ‖h_l‖ and ‖g_l‖ (1/128 scale),
+    l = 0 … L; ``g_L_zero_fraction``/``g_L_nonzero_median``: the share of samples whose
+    g_L is exactly 0 and the median over the others; ``grads``: the per-sample gradient
+    summaries ``(N, d)`` per layer and ``logits`` ``(N, C)`` (None when a record is judged
+    again from its stored numbers); accuracies are fractions; ``terminal_ln``: whether the
+    model ends in a LayerNorm (None = unknown).
+    """
+
+    hidden_norms: list[float]
+    grad_norms: list[float]
+    g_L_zero_fraction: float | None = None
+    g_L_nonzero_median: float | None = None
+    grads: list[Tensor] | None = None
+    logits: Tensor | None = None
+    labels: Tensor | None = None
+    headline_acc: float | None = None
+    frozen_acc: float | None = None
+    terminal_ln: bool | None = None
+
+
+class ProtocolDiagnostic(Component):
+    """One diagnostic of the protocol (see the module docstring).
+
+    Subclasses declare the class attributes and implement :meth:`evaluate`; ``default``:
+    part of the protocol unless a config's ``diagnostics.protocol`` leaves it out (the
+    built-ins; a plugin is added by listing it). The ``threshold`` option is what
+    :meth:`fires` compares the statistic with, by ``operator``.
+
+    What the readers of records need besides (all optional): ``short``, the statistic in a
+    few words for axes and table columns (default: the ``label``); ``scale``, ``"log"``
+    when values span decades (audit panels draw a log axis, threshold sensitivity measures
+    gaps as ratios) or ``"linear"``; ``sensitivity``, the thresholds threshold sensitivity
+    sweeps (empty: judged at its threshold only); ``before_training``, False when the
+    diagnostic means nothing on an untrained network (random-init summaries leave it
+    out); ``per_layer``, True when a report's per-layer table already shows its statistic
+    (the reporting-template row then has no column for it); ``needs``, the runs that
+    would have it evaluated, in words.
+    """
+
+    statistic: ClassVar[str] = ""
+    operator: ClassVar[str] = ">"
+    unit: ClassVar[str] = ""
+    value_format: ClassVar[str] = ".3g"
+    value_unit: ClassVar[str | None] = None  # the value's unit where it is not ``unit``
+    threshold: ClassVar[str] = ""
+    hint: ClassVar[str] = ""
+    default: ClassVar[bool] = False
+    short: ClassVar[str] = ""
+    scale: ClassVar[str] = "linear"
+    sensitivity: ClassVar[tuple[float, ...]] = ()
+    before_training: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = False
+    needs: ClassVar[str] = ""
+
+    @classmethod
+    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
+        """The diagnostic's result on ``evidence`` with ``options`` (its thresholds)."""
+        raise NotImplementedError
+
+    # --- what every diagnostic shares ------------------------------------------------------
+    @classmethod
+    def limit(cls, options: Any) -> float:
+        return float(getattr(options, cls.threshold))
+
+    @classmethod
+    def fires(cls, value: float, options: Any) -> bool:
+        limit = cls.limit(options)
+        return value > limit if cls.operator == ">" else value < limit
+
+    @classmethod
+    def result(cls, value: float | None, options: Any, status: str, reason: str,
+               **details: Any) -> DiagnosticResult:
+        return DiagnosticResult(cls.name, cls.label, value, cls.limit(options), status, reason,
+                                details)
+
+    @classmethod
+    def judge(cls, value: float, options: Any, reason: str, **details: Any
+              ) -> DiagnosticResult:
+        """Fired or passed by comparing ``value`` with the threshold."""
+        status = FIRED if cls.fires(value, options) else PASSED
+        return cls.result(value, options, status, reason, **details)
+
+    @classmethod
+    def value_text(cls, value: float | None) -> str:
+        """``694``, ``+1.23 pp``, ``—`` for a missing value."""
+        if value is None:
+            return "—"
+        unit = cls.unit if cls.value_unit is None else cls.value_unit
+        return f"{value:{cls.value_format}}{unit}"
+
+    @classmethod
+    def threshold_text(cls, threshold: float) -> str:
+        """``> 50×``: when it fires."""
+        return f"{cls.operator} {threshold:g}{cls.unit}"
+
+    @classmethod
+    def id_label(cls) -> str:
+        return f"({cls.name})"
+
+    @classmethod
+    def axis_label(cls) -> str:
+        """``max block growth (×)``: the short statistic with its unit."""
+        unit = cls.unit.strip()
+        name = cls.short or cls.label
+        return f"{name} ({unit})" if unit else name
+
+    @classmethod
+    def with_threshold(cls, options: Any, threshold: float) -> Any:
+        """``options`` with the threshold replaced (what re-judging a stored value at
+        another threshold compares it with)."""
+        return dataclasses.replace(options, **{cls.threshold: threshold})
+
+    @classmethod
+    def status_of(cls, value: float | None, options: Any) -> str:
+        """Fired or passed for a stored statistic; not evaluated when there is none."""
+        if value is None or math.isnan(value):
+            return NOT_EVALUATED
+        return FIRED if cls.fires(value, options) else PASSED
+
+
+def _validate(cls: type, source: str) -> None:
+    name = cls.name  # type: ignore[attr-defined]
+    if not name.isidentifier():
+        raise ConfigError(f"{source} ({name}): a diagnostic's name must be a Python "
+                          "identifier (letters, digits, _): it is a config table "
+                          "[diagnostics.NAME]")
+    if cls.operator not in OPERATORS:  # type: ignore[attr-defined]
+        raise ConfigError(f"{source} ({name}): operator must be one of {OPERATORS}")
+    if cls.threshold not in cls.option_names():  # type: ignore[attr-defined]
+        raise ConfigError(f"{source} ({name}): `threshold` must name one of its options "
+                          f"({', '.join(cls.option_names()) or 'none declared'})")  # type: ignore[attr-defined]
+    for attribute in ("statistic", "hint"):
+        if not isinstance(getattr(cls, attribute), str) or not getattr(cls, attribute):
+            raise ConfigError(f"{source} ({name}) needs a non-empty `{attribute}` string")
+    if cls.evaluate.__func__ is ProtocolDiagnostic.evaluate.__func__:  # type: ignore[attr-defined]
+        raise ConfigError(f"{source} ({name}) must implement evaluate()")
+    if cls.scale not in SCALES:  # type: ignore[attr-defined]
+        raise ConfigError(f"{source} ({name}): scale must be one of {SCALES}")
+    sweep = cls.sensitivity  # type: ignore[attr-defined]
+    if not isinstance(sweep, tuple) or not all(
+            isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+            for t in sweep):
+        raise ConfigError(f"{source} ({name}): sensitivity must be a tuple of finite "
+                          "thresholds")
+
+
+DIAGNOSTICS.configure(ProtocolDiagnostic, _validate)
+register = DIAGNOSTICS.register
+
+
+def protocol(names: Sequence[str] | None = None) -> tuple[type[ProtocolDiagnostic], ...]:
+    """The diagnostics of a protocol, in listing order: those named (a config's
+    ``diagnostics.protocol``), or the default ones (the four built-ins)."""
+    if names is None:
+        return tuple(cls for cls in DIAGNOSTICS.classes() if cls.default)
+    classes = [DIAGNOSTICS.get(name) for name in names]
+    order = {cls.name: i for i, cls in enumerate(DIAGNOSTICS.classes())}
+    return tuple(sorted(classes, key=lambda cls: order.get(cls.name, len(order))))
+
+
+def default_names() -> list[str]:
+    return [cls.name for cls in protocol()]
+
+
+__all__ = ["Evidence", "ProtocolDiagnostic", "protocol", "default_names", "register",
+           "OPERATORS", "SCALES"]

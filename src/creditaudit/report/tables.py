@@ -1,0 +1,276 @@
+"""The tables of a folder report: the audit table (one row per finished run), the summary
+across seeds and the runs that did not finish.
+
+Cells are Markdown text read from run records. Wherever runs differ in a setting that no
+fixed column shows (epochs, data size, learning rate, …), a table gets a column for it,
+named by its config key, so no two rows read alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from creditaudit.config import non_semantic
+from creditaudit.formatting import fmt, markdown_table, one_line
+from creditaudit.protocol import (
+    FIRED,
+    HEADLINE_GAMMA,
+    NOT_EVALUATED,
+    DepthUtility,
+    DiagnosticReport,
+    default_names,
+    in_order,
+)
+from creditaudit.protocol.records import is_frozen_baseline, model_description
+from creditaudit.report.protocol import value_text
+from creditaudit.report.runs import diverged_text
+from creditaudit.results import Run, RunIndex, mean_std, method_label, sort_methods
+
+GAMMA_COLUMN = f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})"
+# Each table: fixed columns before and after a column per differing setting.
+AUDIT_HEAD = ("run", "method", "λ", "arch", "out_ln", "dataset", "seed")
+# … then one column per protocol diagnostic the runs hold, then the verdict.
+AUDIT_TAIL = ("status", "acc", "deep cos", GAMMA_COLUMN)
+SUMMARY_HEAD = ("method", "λ", "arch", "dataset")
+SUMMARY_TAIL = ("seeds", "test acc", "deep cos", "Γ", "walked back", "fired")
+UNFINISHED_HEAD = ("run", "method", "λ", "arch", "dataset", "seed")
+UNFINISHED_TAIL = ("status", "epochs logged", "error")
+# The settings the fixed columns show: the rule and λ, the architecture with its width and
+# depth, the terminal LN, the dataset and the seed.
+SHOWN_SETTINGS = frozenset({"method.name", "method.penalty", "model.arch", "model.d",
+                            "model.n_blocks", "model.out_ln", "data.name", "run.seed"})
+DATA_SOURCE = "data source"
+RECOMPUTED_MARK = "†"
+ERROR_CHARS = 300
+
+
+def setting_text(value: Any) -> str:
+    """A config value as a table cell: ``yes``/``no``, ``—`` for None, floats in ``g``."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return fmt(value, "") if value is None or isinstance(value, bool) else str(value)
+
+
+def run_settings(run: Run) -> dict[str, str]:
+    """Every setting that makes ``run`` the run it is, as cell text by dotted config key:
+    the config values its run id covers (output folder, threads, device, … left out) and,
+    as ``data source``, what identifies its data apart from the seed (a hash prefix)."""
+    skip = non_semantic(run.config)
+    settings: dict[str, str] = {}
+    for section, values in run.config.to_dict().items():
+        for name, value in values.items():
+            if (section, name) in skip:
+                continue
+            if isinstance(value, dict):  # a diagnostic's options table
+                settings.update({f"{section}.{name}.{k}": setting_text(v)
+                                 for k, v in value.items()})
+            else:
+                settings[f"{section}.{name}"] = setting_text(value)
+    data = run.record.data
+    if data is not None and data.source:
+        settings[DATA_SOURCE] = data.source[:12]
+    return settings
+
+
+def differing_settings(runs: Sequence[Run]) -> list[str]:
+    """The settings whose text differs between ``runs`` and that no fixed column shows, in
+    config order. The data source counts only where no ``data.*`` setting differs (else
+    it differs because they do)."""
+    table = [run_settings(run) for run in runs]
+    keys = list(dict.fromkeys(key for settings in table for key in settings))
+    differ = [key for key in keys if key not in SHOWN_SETTINGS
+              and len({settings.get(key, "—") for settings in table}) > 1]
+    if any(key.startswith("data.") for key in differ):
+        differ = [key for key in differ if key != DATA_SOURCE]
+    return differ
+
+
+# --- table rows ---------------------------------------------------------------------------
+def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
+    """``fired 694``, ``passed +3.10 pp``, ``n/e`` — status and the compared value, in the
+    diagnostic's own format and unit; ``—`` where the run has no such result."""
+    held = {} if report is None else {r.id: r for r in report.diagnostics}
+    if id_ not in held:
+        return "—"
+    result = held[id_]
+    if result.status == NOT_EVALUATED:
+        return "n/e"
+    value = "" if result.value is None else f" {value_text(result)}"
+    word = "**fired**" if result.status == FIRED else result.status
+    return word + value
+
+
+def diagnostic_ids(reports: Iterable[DiagnosticReport | None]) -> list[str]:
+    """The diagnostics ``reports`` hold, in listing order (the default protocol's when none
+    does): one column each."""
+    return in_order(r.id for report in reports if report is not None
+                    for r in report.diagnostics) or default_names()
+
+
+NO_PROTOCOL = "— (no protocol block)"
+
+
+def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
+    if is_frozen_baseline(run.record) and run.record.is_finished:
+        return f"baseline of {DepthUtility.id_label()}"
+    if report is None:
+        if run.status in ("failed", "interrupted", "running"):
+            return f"— (run {run.status})"
+        return NO_PROTOCOL
+    text = report.verdict_text
+    if report.metadata.get("frozen_from_runs"):
+        text += f" {RECOMPUTED_MARK}"
+    return text
+
+
+def arch_text(run: Run) -> str:
+    """The model as built: ``ResMLP d=256 L=4``, ``StudentNet d=128 L=4 no out_LN`` …"""
+    model = model_description(run.record)
+    return model.label if model is not None else run.arch
+
+
+def acc_note(run: Run) -> str:
+    """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, else ``""``."""
+    text = diverged_text(run.record)
+    return "" if text is None else f" ({text})"
+
+
+def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
+              diagnostics: Sequence[str] | None = None) -> dict[str, str]:
+    """One audit-table row (cells as Markdown text) for ``run``; ``settings``: the keys of
+    :func:`run_settings` that get a column; ``diagnostics``: the ids that get one (default:
+    those of the run's report)."""
+    report = index.protocol_report(run)
+    values = run_settings(run)
+    return {
+        "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
+        "arch": arch_text(run),
+        "out_ln": fmt(run.out_ln),
+        "dataset": run.dataset, "seed": str(run.seed),
+        **{key: values.get(key, "—") for key in settings},
+        "status": run.status,
+        "acc": fmt(run.final_acc, ".3f") + acc_note(run), "deep cos": fmt(run.deep_cos, "+.3f"),
+        GAMMA_COLUMN: fmt(run.headline_gamma, "+.3f"),
+        **{f"({i})": diagnostic_cell(report, i)
+           for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
+        "verdict": verdict_cell(report, run),
+    }
+
+
+def dict_table(columns: Sequence[str], rows: Sequence[dict[str, str]]) -> list[str]:
+    """Markdown table lines of dict ``rows`` (one column per key in ``columns``)."""
+    return markdown_table(columns, [[row.get(c, "") for c in columns] for row in rows]
+                          ).splitlines()
+
+
+@dataclass
+class Table:
+    """Columns and rows (cells as Markdown text, by column) of one report table."""
+
+    columns: list[str]
+    rows: list[dict[str, str]]
+
+    def lines(self) -> list[str]:
+        return dict_table(self.columns, self.rows)
+
+
+def audit_table(index: RunIndex, runs: Sequence[Run]) -> Table:
+    """One row per run in ``runs`` (the finished ones, in the report)."""
+    settings = differing_settings(runs)
+    ids = diagnostic_ids(index.protocol_report(run) for run in runs)
+    return Table([*AUDIT_HEAD, *settings, *AUDIT_TAIL, *(f"({i})" for i in ids), "verdict"],
+                 [audit_row(index, run, settings, ids) for run in runs])
+
+
+@dataclass
+class SummaryGroup:
+    """Runs of one method and λ with the same settings, seeds aside."""
+
+    runs: list[Run] = field(default_factory=list)
+    reports: list[DiagnosticReport | None] = field(default_factory=list)
+
+
+def summary_groups(index: RunIndex, runs: Sequence[Run] | None = None) -> list[SummaryGroup]:
+    """Finished ``runs`` (default: all of the index's) grouped by everything but the seed,
+    in report order (dataset, recipe, method, λ)."""
+    groups: dict[tuple, SummaryGroup] = {}
+    for run in index.runs if runs is None else runs:
+        if not run.record.is_finished:
+            continue
+        settings = tuple(sorted((k, v) for k, v in run_settings(run).items() if k != "run.seed"))
+        group = groups.setdefault((run.dataset, run.recipe, run.method, run.penalty, settings),
+                                  SummaryGroup())
+        group.runs.append(run)
+        group.reports.append(index.protocol_report(run))
+    order = {m: i for i, m in enumerate(sort_methods(k[2] for k in groups))}
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], order[k[2]], k[3],
+                                                             k[4]))]
+
+
+def summary_rows(index: RunIndex, runs: Sequence[Run] | None = None,
+                 settings: Sequence[str] = ()) -> list[dict[str, str]]:
+    """Across seeds: one row per group of :func:`summary_groups` (finished runs only);
+    ``settings``: the keys of :func:`run_settings` that get a column."""
+    rows = []
+    for group in summary_groups(index, runs):
+        run = group.runs[0]
+        values = run_settings(run)
+
+        def ms(values: Any, spec: str) -> str:
+            mean, std = mean_std(values)
+            return "—" if math.isnan(mean) else f"{mean:{spec}} ± {std:.3f}"
+
+        audited = [r for r in group.reports if r is not None]
+        walked = sum(bool(r.fired) for r in audited)
+        fired: dict[str, int] = {}
+        for report in audited:
+            for id_ in report.fired:
+                fired[id_] = fired.get(id_, 0) + 1
+        rows.append({
+            "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
+            "arch": arch_text(run), "dataset": run.dataset,
+            **{key: values.get(key, "—") for key in settings},
+            "seeds": ", ".join(str(r.seed) for r in group.runs),
+            "test acc": ms((r.final_acc for r in group.runs), ".3f"),
+            "deep cos": ms((r.deep_cos for r in group.runs), "+.3f"),
+            "Γ": ms((r.headline_gamma for r in group.runs), "+.3f"),
+            "walked back": f"{walked}/{len(audited)}" if audited else "—",
+            "fired": " ".join(f"({i})×{fired[i]}" for i in in_order(fired)) or "—",
+        })
+    return rows
+
+
+def summary_table(index: RunIndex, runs: Sequence[Run]) -> Table:
+    settings = differing_settings([g.runs[0] for g in summary_groups(index, runs)])
+    return Table([*SUMMARY_HEAD, *settings, *SUMMARY_TAIL],
+                 summary_rows(index, runs, settings))
+
+
+def unfinished_table(runs: Sequence[Run]) -> Table:
+    """Failed, interrupted and running runs: what they are, how far they got, the error."""
+    settings = differing_settings(runs)
+    rows = []
+    for run in runs:
+        values = run_settings(run)
+        error = one_line(run.record.error or "—")
+        if len(error) > ERROR_CHARS:
+            error = error[:ERROR_CHARS - 1] + "…"
+        rows.append({
+            "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
+            "arch": arch_text(run), "dataset": run.dataset, "seed": str(run.seed),
+            **{key: values.get(key, "—") for key in settings}, "status": run.status,
+            "epochs logged": str(run.record.log[-1].epoch if run.record.log else 0),
+            "error": error,
+        })
+    return Table([*UNFINISHED_HEAD, *settings, *UNFINISHED_TAIL], rows)
+
+
+
+
+__all__ = ["Table", "audit_row", "audit_table", "summary_rows", "summary_table",
+           "summary_groups", "unfinished_table", "run_settings", "differing_settings",
+           "diagnostic_cell", "diagnostic_ids", "verdict_cell", "arch_text", "setting_text",
+           "NO_PROTOCOL", "RECOMPUTED_MARK", "GAMMA_COLUMN"]

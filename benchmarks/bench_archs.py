@@ -35,7 +35,8 @@ from creditaudit.data import load_dataset
 from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.experiments.configs import arch_config, method_overrides
 from creditaudit.methods import rule_names
-from creditaudit.training import NUDGING_ETAS, Trainer
+from creditaudit.run_results import NUDGING_ETAS
+from creditaudit.training import Trainer
 
 
 def load() -> str:

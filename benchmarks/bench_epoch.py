@@ -31,7 +31,8 @@ from creditaudit.config import RunConfig
 from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.evaluation import evaluate
 from creditaudit.records import CHECKPOINT_FILE
-from creditaudit.training import NUDGING_ETAS, Trainer
+from creditaudit.run_results import NUDGING_ETAS
+from creditaudit.training import Trainer
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -27,7 +27,7 @@ from creditaudit.diagnostics.gradients import (
 from creditaudit.methods import build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ResidualMLP, ViTMini
-from creditaudit.training import epoch_record
+from creditaudit.run_results import epoch_record
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -10,7 +10,8 @@ from creditaudit.config import RunConfig
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.evaluation import KnownPredictions, evaluate
-from creditaudit.training import Trainer, epoch_record
+from creditaudit.run_results import epoch_record
+from creditaudit.training import Trainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

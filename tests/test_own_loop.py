@@ -27,9 +27,10 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.recorder import OWN_DATA, array_fingerprint
 from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, comparable
 from creditaudit.report import format_run_summary
+from creditaudit.run_results import epoch_record
 from creditaudit.sweep import load_sweep
 from creditaudit.sweep.grid import run_key
-from creditaudit.training import RunResult, epoch_record, train
+from creditaudit.training import RunResult, train
 from creditaudit.zoo import CifarResNet, TransformerClassifier
 from docs_support import ROOT
 from integrity_support import write_idx_dataset
@@ -543,6 +544,26 @@ def test_a_loop_that_fails_leaves_a_failed_record_and_a_diverged_one_says_so(sma
         rec.epoch(1, test_loss=math.nan, test_acc=0.1)
     diverged = load_record(tmp_path / "nan")
     assert diverged.status == "diverged" and diverged.divergence["epoch"] == 1
+
+
+def test_the_recorder_and_the_training_loop_share_one_finite_check(small, tmp_path):
+    """A loss the loop does not pass says nothing: a run recorded without test numbers
+    completes and its final results are its last epoch's; a training loss that overflowed
+    makes the run diverged, its final results those of the last finite epoch."""
+    trained, x, y = small
+    off = {"diagnostics.end_of_run": False}
+    with Recorder(trained, x, y, out=tmp_path, name="quiet", config=off) as rec:
+        rec.epoch(0)
+        rec.epoch(1, train_loss=0.5)
+    quiet = load_record(tmp_path / "quiet")
+    assert quiet.status == "completed" and quiet.final.from_epoch is None
+    assert quiet.final.h_L_norm == quiet.log[-1].h_L_norm is not None
+    with Recorder(trained, x, y, out=tmp_path, name="overflow", config=off) as rec:
+        rec.epoch(0, test_loss=2.0, test_acc=0.25)
+        rec.epoch(1, test_loss=1.0, test_acc=0.5, train_loss=math.inf)
+    overflow = load_record(tmp_path / "overflow")
+    assert overflow.status == "diverged" and overflow.divergence["epoch"] == 1
+    assert overflow.final.from_epoch == 0 and overflow.final.test_acc == 0.25
 
 
 def test_checkpoints_hold_tensors_only(small, tmp_path):

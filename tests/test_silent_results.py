@@ -442,7 +442,8 @@ def test_a_diverged_run_without_a_finite_epoch_has_no_headline_accuracy(tmp_path
                                                                         monkeypatch):
     """With no finite evaluation to fall back on, the headline accuracy is None, not the
     overflowed network's share of one class from the log."""
-    monkeypatch.setattr("creditaudit.training._finite_entry", lambda entry: False)
+    for home in ("creditaudit.training", "creditaudit.run_results"):
+        monkeypatch.setattr(f"{home}.finite_entry", lambda entry: False)
     result = train(RunConfig().replace(**tiny(tmp_path / "out")))
     record = load_record(result.run_dir)
     assert record.status == "diverged" and record.log[-1].acc_eval is not None

@@ -579,7 +579,7 @@ def test_bf16_training_runs_on_cpu_with_fp32_diagnostics(tmp_path, method):
 
 
 def test_progress_counts_interrupted_runs_apart_from_failures():
-    from creditaudit.cli.sweep import SweepProgress
+    from creditaudit.cli.sweep_output import SweepProgress
 
     state = SweepState(total=5)
     for status in ("completed", "diverged", "failed", "interrupted"):

@@ -27,7 +27,8 @@ from creditaudit.own_model import diagnose  # noqa: E402
 from creditaudit.protocol import DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.recorder import Recorder  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
-from creditaudit.training import RunResult, train  # noqa: E402
+from creditaudit.run_folder import RunResult  # noqa: E402
+from creditaudit.training import train  # noqa: E402
 from creditaudit.version import __version__  # noqa: E402
 
 __all__ = [

@@ -2,7 +2,7 @@
 a finished run rebuilt from its checkpoint.
 
 :func:`rebuild_run` is what ``creditaudit audit`` and :attr:`RunResult.rule
-<creditaudit.training.RunResult.rule>` use to bring a run back on the CPU; the training loop
+<creditaudit.run_folder.RunResult.rule>` use to bring a run back on the CPU; the training loop
 builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule with
 :func:`make_schedule`.
 """

@@ -32,8 +32,9 @@ from creditaudit.errors import ConfigError
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods import rule_class
 from creditaudit.plan import RunPlan
+from creditaudit.run_folder import RunResult, prepare_run
 from creditaudit.stepping import STACKED_RULES, stack_refusal
-from creditaudit.training import RunResult, Trainer, prepare_run
+from creditaudit.training import Trainer
 
 log = logging.getLogger(__name__)
 

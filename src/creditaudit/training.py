@@ -5,62 +5,49 @@ checkpoint next to it. A killed run resumes from its last checkpoint to the same
 record (wall-clock fields aside); a run whose loss or states turn NaN/Inf ends with status
 ``diverged`` and keeps every record so far.
 
-What a record holds beyond training — the protocol of an epoch (:func:`record_protocol`,
-when :func:`protocol_due`), the final results (:func:`final_results`) and the end-of-run
-metrics (:func:`end_of_run_metrics`) — are functions of the record, the rule and the
-evaluation set, which :class:`creditaudit.recorder.Recorder` shares for runs trained in a
-user's own loop.
+What a record holds beyond training — the protocol of an epoch, the final results, the
+end-of-run metrics — comes from :mod:`creditaudit.run_results`, which
+:class:`creditaudit.recorder.Recorder` shares for runs trained in a user's own loop; what a
+run's folder says before training (finished, resume, start over) from
+:mod:`creditaudit.run_folder`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from creditaudit.capture import CapturedEpochs
-from creditaudit.config import DiagnosticsConfig, RunConfig, config_to_toml
+from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.diagnostics.drift import feature_drift
-from creditaudit.diagnostics.epoch import EpochMeasures, epoch_diagnostics
-from creditaudit.diagnostics.gradients import StateGradients
-from creditaudit.diagnostics.quality import NonFiniteModelError, Progress, credit_quality
+from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.errors import DiskFullError, OutputError, RunRecordError
 from creditaudit.evaluation import KnownPredictions, TestEvaluation
-from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers, replay
+from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.methods import CreditRule
-from creditaudit.models import ResidualNet
 from creditaudit.models.contract import eval_mode, parameter_snapshot
 from creditaudit.optim import make_adamw
 from creditaudit.plan import RunPlan, plan_run
 from creditaudit.protocol import (
     WALK_BACK,
-    evaluate_protocol,
     labels,
 )
-from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     CONFIG_FILE,
-    DERIVED,
     INIT_FILE,
-    RECORD_FILE,
     EpochEntry,
-    FinalResults,
     RunRecord,
     atomic_torch_save,
     load_checkpoint,
     load_parameters,
-    load_record,
     new_record,
     save_record,
 )
@@ -68,46 +55,18 @@ from creditaudit.resume import (
     check_same_data,
     check_same_question,
     load_into,
-    no_run_to_resume,
-    restartable,
 )
-from creditaudit.run_setup import make_schedule, rebuild_run, resolve_device
+from creditaudit.run_folder import RunResult, prepare_run
+from creditaudit.run_results import (
+    end_of_run_metrics,
+    final_results,
+    finite_entry,
+    protocol_due,
+    record_protocol,
+)
+from creditaudit.run_setup import make_schedule, resolve_device
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 from creditaudit.stepping import cuda_graphs_decision, uses_device_data
-
-log = logging.getLogger(__name__)
-# Step sizes of the end-of-run nudging test.
-NUDGING_ETAS = (0.01, 0.1)
-
-
-@dataclass
-class RunResult:
-    """A run: its folder, its final record, and its trained rule and model.
-
-    ``rule`` (the credit rule, feedback matrices and auxiliary nets included) and ``model``
-    (``rule.model``) are the live objects when the run trained in this call, on its training
-    device, with the weights of its last epoch. For a run that had already finished they
-    are rebuilt on first use, on the CPU, from ``checkpoint.pt`` — the last epoch whose
-    weights were finite (a diverged run's epoch that overflowed is logged, never saved).
-    """
-
-    run_dir: Path
-    record: RunRecord
-    _rule: CreditRule | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def status(self) -> str:
-        return self.record.status
-
-    @property
-    def rule(self) -> CreditRule:
-        if self._rule is None:
-            self._rule = rebuild_run(self.record, self.run_dir).rule
-        return self._rule
-
-    @property
-    def model(self) -> ResidualNet:
-        return self.rule.model  # type: ignore[return-value]
 
 
 class Trainer:
@@ -328,7 +287,7 @@ class Trainer:
             return True
         entry = replace(self.measure(epoch), **stats)
         self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
-        if not _finite_entry(entry):
+        if not finite_entry(entry):
             self.record.status = "diverged"
             self.record.divergence = {"epoch": epoch, "reason":
                                       "non-finite evaluation loss or state norms"}
@@ -379,107 +338,6 @@ class Trainer:
         save_record(self.run_dir, self.record)
 
 
-def protocol_due(epoch: int, every: int, last_epoch: int | None) -> bool:
-    """Whether the protocol runs at ``epoch``: every ``every``-th trained epoch (0 = never)
-    and the last one, ``last_epoch`` (epoch 0 only when it is the last: before any training
-    (d) would compare an untrained net with a trained baseline)."""
-    last = last_epoch is not None and epoch == last_epoch
-    return every > 0 and ((epoch >= 1 and epoch % every == 0) or last)
-
-
-def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
-                    measures: EpochMeasures, *, protocol: Protocol, frozen_acc: float | None,
-                    terminal_ln: bool | None) -> None:
-    """Evaluate the protocol on an epoch's own measures and gradients (no second backward):
-    its statuses and verdict go into ``entry``, the report and the first epoch each
-    diagnostic fired into ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
-    fraction, None = not evaluated); ``terminal_ln``: whether the model ends in a
-    LayerNorm, as the model says."""
-    epoch = entry.epoch
-    report = evaluate_protocol(
-        sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
-        measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
-        metadata={**record_metadata(record), "epoch": epoch})
-    entry.protocol = {r.id: r.status for r in report.diagnostics}
-    entry.verdict = report.verdict
-    state = record.protocol
-    if not state.first_fired:
-        state.first_fired = dict.fromkeys(r.id for r in report.diagnostics)
-    for fired in report.fired:
-        if state.first_fired.get(fired) is None:
-            state.first_fired[fired] = epoch
-    state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
-    state.report = report.to_dict(norms=False)  # the norms are the entry's
-
-
-def final_results(log: Sequence[EpochEntry]) -> FinalResults:
-    """The headline numbers of a run from its epoch entries: those of the last epoch whose
-    evaluation was finite (a network that overflowed predicts one class, and its accuracy,
-    that class's share, measures nothing); ``from_epoch`` says which epoch when it is not
-    the last."""
-    last = log[-1]
-    kept = next((e for e in reversed(log) if _finite_entry(e)), None)
-    if kept is None:
-        return FinalResults(epochs_completed=last.epoch)
-    return FinalResults(
-        epochs_completed=last.epoch, test_acc=kept.acc_eval, test_loss=kept.test_loss,
-        h_L_norm=kept.h_L_norm, g_L_norm=kept.g_L_norm, deep_cos=kept.deep_cos,
-        from_epoch=None if kept is last else kept.epoch)
-
-
-def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Tensor, *,
-                       initial: dict[str, torch.Tensor], settings: DiagnosticsConfig,
-                       seed: int, progress: Progress | None = None) -> dict[str, Any]:
-    """The end-of-run block on the evaluation set ``(N, …)``, ``(N,)``: feature drift from
-    the ``initial`` parameters (keyed as ``rule.model.named_parameters()``), the
-    credit-quality metrics (ρ, nudging, cosines, Γ, the fresh-feedback null; a non-finite
-    model records why not) and the rule's own metrics, under a forked RNG."""
-    out: dict[str, Any] = {"drift": feature_drift(initial, dict(rule.model.named_parameters()))}
-    try:
-        out.update(credit_quality(rule, eval_x, eval_y, rho_samples=settings.rho_samples,
-                                  rho_directions=settings.rho_directions,
-                                  null_draws=settings.null_draws, etas=NUDGING_ETAS,
-                                  seed=seed, rho_flops=settings.rho_flops,
-                                  memory_gb=settings.end_of_run_memory_gb,
-                                  progress=progress))
-    except NonFiniteModelError as err:
-        out["credit_quality_error"] = str(err)
-    devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
-        out.update(rule.run_metrics(eval_x, eval_y))
-    return out
-
-
-def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor
-                 ) -> tuple[dict[str, Any], StateGradients]:
-    """(the epoch entry's diagnostic fields, the state gradients) on an evaluation set: what
-    an epoch of training records, for one call from a notebook or a test."""
-    measures, sg = epoch_diagnostics(rule, x, y)
-    entry = EpochEntry(**measures.record_fields())
-    derived = {key: entry.value(key) for key in DERIVED}  # test_acc: no test pass here
-    return {**measures.record_fields(),
-            **{k: v for k, v in derived.items() if v is not None}}, sg
-
-
-def _finite_entry(entry: EpochEntry) -> bool:
-    """False when the evaluation loss or any state norm is NaN/Inf."""
-    values = [entry.test_loss, *(entry.hidden_norms or [])]
-    return all(v is not None and math.isfinite(v) for v in values)
-
-
-def _replay_finished(config: RunConfig, record: RunRecord, run_dir: Path,
-                     loggers: Sequence[RunLogger]) -> None:
-    """A finished run trains no more, but the loggers asked for now (``--tensorboard``,
-    ``--wandb``, ``loggers=``) get its record: every epoch, the protocol, the end-of-run
-    metrics and the config, as a live run logs them."""
-    group = build_loggers(config, record.run_id, console=False)
-    group.loggers.extend(loggers)
-    replayed = "; its record is replayed into the loggers" if group else ""
-    log.info("run %s already %s; not rerun%s", record.run_id, record.status, replayed)
-    if group:
-        replay(record, run_dir, group)
-
-
 def train(config: RunConfig, *, resume: bool = False, force: bool = False,
           dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()) -> RunResult:
     """Train one run and return its folder and record.
@@ -494,46 +352,3 @@ def train(config: RunConfig, *, resume: bool = False, force: bool = False,
         return ready
     plan, resume = ready
     return Trainer(plan).run(resume=resume, loggers=loggers)
-
-
-def prepare_run(config: RunConfig, *, resume: bool = False, force: bool = False,
-                dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()
-                ) -> RunResult | tuple[RunPlan, bool]:
-    """What :func:`train` does before training: the finished run's result (not rerun), or
-    (its plan, whether to resume) — with ``force``, the old run's files removed. Raises
-    RunRecordError for an unfinished run without ``resume``/``force`` and for ``resume``
-    without a run."""
-    plan = plan_run(config)
-    if dataset is not None:
-        plan.use_data(dataset)
-    identity = plan.identity
-    run_dir = plan.run_dir
-    record_path = run_dir / RECORD_FILE
-    if record_path.exists() and not force:
-        try:
-            existing = load_record(record_path)
-        except RunRecordError as err:
-            raise RunRecordError(f"{err}; pass --force to start this run over") from None
-        check_same_data(existing, identity, record_path)
-        if existing.is_finished and not resume:
-            _replay_finished(config, existing, run_dir, loggers)
-            return RunResult(run_dir, existing)
-        if restartable(existing, run_dir, resume=resume):
-            log.info("run %s stopped before its first checkpoint (status %s); starting it "
-                     "over", existing.run_id, existing.status)
-            force = True
-        elif resume:
-            check_same_question(existing.config, config, record_path)
-        else:
-            hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
-                    if existing.is_failed else "")
-            raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
-                                 f"{hint}: pass --resume to continue it or --force to start "
-                                 "over")
-    elif resume and not record_path.exists():
-        raise no_run_to_resume(config, run_dir, identity)
-    if force and run_dir.exists():
-        for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
-            (run_dir / name).unlink(missing_ok=True)
-        resume = False
-    return plan, resume

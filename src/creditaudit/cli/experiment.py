@@ -127,7 +127,7 @@ class _LazyProgress:
         self.quiet = quiet
 
     def __call__(self, state, outcome) -> None:  # noqa: ANN001 — SweepState, outcome dict
-        from creditaudit.cli.sweep import SweepProgress
+        from creditaudit.cli.sweep_output import SweepProgress
 
         if self.bar is None:
             self.bar = SweepProgress(state.total, quiet=self.quiet)

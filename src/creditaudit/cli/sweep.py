@@ -1,4 +1,8 @@
-"""``creditaudit sweep``: train a grid of runs on local worker processes or a Ray cluster."""
+"""``creditaudit sweep``: train a grid of runs on local worker processes or a Ray cluster.
+
+Its flags, its executor, the dry run and the command; the progress line and the tables it
+prints are in :mod:`creditaudit.cli.sweep_output`.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,18 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from creditaudit.cli.common import add_device_options, env_overrides, finite_float, folder
+from creditaudit.cli.sweep_output import (
+    SweepProgress,
+    describe_plan,
+    describe_stacks,
+    format_sweep_table,
+    run_labels,
+)
 from creditaudit.config import device_overrides
-from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.errors import ConfigError
 from creditaudit.formatting import duration
 
 
@@ -83,121 +94,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-# --- progress ------------------------------------------------------------------------------
-class SweepProgress:
-    """One status line: a tqdm line on a terminal, plain lines otherwise, nothing when
-    ``quiet``."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, *, quiet: bool = False
-                 ) -> None:
-        self.stream = stream or sys.stderr
-        self.quiet = quiet
-        self.bar = None
-        if not quiet and self.stream.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, file=self.stream, desc="sweep", dynamic_ncols=True,
-                            bar_format="{desc} {bar:20} {n_fmt}/{total_fmt}{postfix}")
-
-    @staticmethod
-    def status(state: Any) -> str:
-        return (f"done {state.done}, running {state.running}, failed {state.failed}, "
-                + (f"interrupted {state.interrupted}, " if state.interrupted else "")
-                + f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
-                + f", ETA {duration(state.eta_seconds)}")
-
-    def __call__(self, state: Any, outcome: dict[str, Any] | None) -> None:
-        if self.quiet:
-            return
-        if self.bar is not None:
-            self.bar.n = state.ended
-            self.bar.set_postfix_str(self.status(state), refresh=True)
-            if outcome is not None and outcome["status"] not in ("completed", "busy"):
-                self.bar.write(self.describe(outcome), file=self.stream)
-            return
-        line = f"sweep: {state.ended}/{state.total} | {self.status(state)}"
-        if outcome is not None:
-            line += f" | {self.describe(outcome)}"
-        print(line, file=self.stream, flush=True)
-
-    @staticmethod
-    def describe(outcome: dict[str, Any]) -> str:
-        text = f"{outcome['run_id']} {outcome['status']} ({outcome['action']}"
-        if outcome.get("seconds"):
-            text += f", {outcome['seconds']:.1f} s"
-        text += ")"
-        if outcome.get("error"):
-            text += f": {outcome['error']}"
-        return text
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-# --- tables ------------------------------------------------------------------------------
-def _short_keys(keys: list[str]) -> dict[str, str]:
-    """Dotted keys → last segment where unambiguous (``method.penalty`` → ``penalty``)."""
-    last = [key.rsplit(".", 1)[-1] for key in keys]
-    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
-
-
-def _labels(configs: list[Any], keys: list[str]) -> list[str]:
-    """Each run's values of the sweep keys that vary between runs (``name=bp seed=42``)."""
-    from creditaudit.plan import run_id
-    from creditaudit.sweep import config_value
-
-    keys = [key for key in keys
-            if len({repr(config_value(config, key)) for config in configs}) > 1]
-    short = _short_keys(keys)
-    return [" ".join(f"{short[key]}={config_value(config, key)}" for key in keys) or
-            run_id(config) for config in configs]
-
-
-def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
-    """format_run_summary of the runs that have a record, each row led by its grid values."""
-    from creditaudit.plan import run_id
-    from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.report import format_run_summary
-
-    records, labels = [], []
-    for config, label in zip(configs, _labels(configs, grid_keys)):
-        path = Path(config.run.out_dir) / run_id(config) / RECORD_FILE
-        if path.exists():
-            try:
-                records.append(load_record(path))
-            except CreditAuditError:  # an unreadable record is listed below, not fatal
-                continue
-            labels.append(label)
-    if not records:
-        return "no run has a record yet"
-    width = max(len("run"), *(len(label) for label in labels))
-    lines = format_run_summary(records).splitlines()
-    out = [f"{'run':<{width}}  {lines[0]}", "-" * (width + 2 + len(lines[1]))]
-    out += [f"{label:<{width}}  {line}" for label, line in zip(labels, lines[2:])]
-    out += lines[2 + len(labels):]  # footnotes
-    return "\n".join(out)
-
-
-def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
-    """``sweep s.toml: 2 × 3 grid combinations (method.name × run.seed) + 1 [[include]] run
-    → 7 runs in OUT``: what the sweep file expands to, before anything runs."""
-    from creditaudit.sweep import flatten_keys
-
-    grid = flatten_keys(sweep.grid)
-    text = f"sweep {sweep.source}: "
-    if grid:
-        text += (" × ".join(str(len(values)) for values in grid.values())
-                 + f" grid combination{'s' if expansion.n_combinations != 1 else ''} ("
-                 + " × ".join(grid) + ")")
-    else:
-        text += "the [base] run"
-    if expansion.n_include:
-        text += f" + {expansion.n_include} [[include]] run{'s' if expansion.n_include != 1 else ''}"
-    n_runs = len(expansion.configs)
-    return text + f" → {n_runs} run{'s' if n_runs != 1 else ''} in {out_dir}"
-
-
+# --- dry run ------------------------------------------------------------------------------
 def describe_planned_executor(args: argparse.Namespace) -> str:
     """The executor the command line asks for, without starting or joining anything."""
     threads = args.threads_per_worker
@@ -214,19 +111,6 @@ def describe_planned_executor(args: argparse.Namespace) -> str:
             f"{per_run}")
 
 
-def describe_stacks(configs: list[Any], size: int) -> str:
-    """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs."""
-    from creditaudit.stacked import stack_groups
-    from creditaudit.sweep import unique_runs
-
-    groups = stack_groups(unique_runs(configs), size)
-    stacks = [g for g in groups if len(g) > 1]
-    alone = len(groups) - len(stacks)
-    text = (f"{sum(map(len, stacks))} runs in {len(stacks)} stack"
-            f"{'s' if len(stacks) != 1 else ''} of up to {size}")
-    return text + (f", {alone} run{'s' if alone != 1 else ''} alone" if alone else "")
-
-
 def _dry_run(sweep: Any, expansion: Any, configs: list[Any], args: argparse.Namespace,
              stale_after: float) -> int:
     from creditaudit.sweep import plan
@@ -241,7 +125,7 @@ def _dry_run(sweep: Any, expansion: Any, configs: list[Any], args: argparse.Name
     for line in expansion.notes:
         print(f"note: {line}")
     rows = plan(configs, retry_failed=args.retry_failed, stale_after=stale_after)
-    labels = _labels(configs, sweep.grid_keys)
+    labels = run_labels(configs, sweep.grid_keys)
     first: dict[str, int] = {}
     for index, row in enumerate(rows):
         first.setdefault(row["run_id"], index)

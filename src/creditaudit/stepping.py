@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.methods import CreditRule
-from creditaudit.methods.base import loss_precision, state_credit_shape
+from creditaudit.methods.base import local_forward, loss_precision, state_credit_shape
 from creditaudit.methods.bp import BP, forward_with_branches
 from creditaudit.methods.dfa import DFA
 from creditaudit.methods.drtp import DRTP
@@ -263,26 +263,12 @@ class StackedStep:
         trains, embed_trains = self.block_trains, self.embed_trains
 
         def forward(x: Tensor) -> tuple[Any, ...]:
-            model = self.template
-            if embed_trains:
-                h0 = model.embed(x)
-            else:
-                with torch.no_grad():
-                    h0 = model.embed(x)
-            h = h0.detach()
-            states, branches = [h], []
-            for block, trains_block in zip(model.blocks, trains):
-                if trains_block:
-                    f = block(h)
-                    branches.append(f)
-                    h = model.next_state(h, f.detach())
-                else:
-                    with torch.no_grad():
-                        h = model.next_state(h, block(h))
-                states.append(h)
+            local = local_forward(self.template, x, with_readout=with_readout, trains=trains,
+                                  embed_grad=embed_trains)
+            branches = [f for f in local.branches if f is not None]  # vmap returns tensors
             if with_readout:
-                return h0, branches, states, model.readout(h)
-            return h0, branches, states
+                return local.h0, branches, local.states, local.logits
+            return local.h0, branches, local.states
 
         return self._vmap(forward, x)
 

@@ -80,9 +80,6 @@ IMAGE_SIZES: dict[tuple[str, str], dict[str, Any]] = {
     ("convmixer", "paper"): {"model__d": 128},
 }
 DEFAULT_GRID = {"smoke": 4, "cpu": 4}
-# Architectures that are the model of one task: their runs use it whatever the scale's
-# dataset (StudentNet is the student of the synthetic teacher–student task).
-TASK_OF = {"student": "synthetic"}
 
 
 def arch_of(variant: str) -> tuple[type, bool]:
@@ -117,8 +114,8 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
         extra["model__arch"] = arch.name
     if no_ln:
         extra["model__out_ln"] = False
-    if arch.name in TASK_OF:
-        dataset, data_dir = TASK_OF[arch.name], None
+    if arch.task:  # the model of one task (StudentNet: the synthetic teacher–student task)
+        dataset, data_dir = arch.task, None
     if arch.input_kind == "image":
         shape = image_view(scale, dataset)
         if shape is None:

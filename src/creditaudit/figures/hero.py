@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from creditaudit.config import ModelConfig
 from creditaudit.figures.common import (
     END_OF_RUN_HINT,
     FLOOR,
@@ -42,6 +43,8 @@ from creditaudit.figures.runs import (
 from creditaudit.protocol import HEADLINE_GAMMA
 from creditaudit.results import RunIndex, mean_std, method_label, sort_methods
 
+DEFAULT_ARCH = ModelConfig().arch  # the figure prefers runs of the default architecture
+
 NAME = "fig1_hero"
 TITLE = "Figure 1 — audit hero"
 requirements = ("BP, FA and DFA runs without penalty (λ = 0) of one recipe (same data, "
@@ -55,7 +58,7 @@ REQUIRED = (("bp", 0.0, "BP runs (method bp, λ = 0)"),
 def select(index: RunIndex) -> dict[str, list]:
     """The runs Figure 1 draws: {method: one run per seed}."""
     group = choose_group(index, TITLE, lambda g: need_methods(g, REQUIRED),
-                         prefer=lambda g: (g[0].arch_label == "resmlp", g[0].epochs, len(g)))
+                         prefer=lambda g: (g[0].arch_label == DEFAULT_ARCH, g[0].epochs, len(g)))
     methods = sort_methods(r.method for r in group if r.penalty == 0 and r.method != "frozen")
     return {m: seed_runs(group, m) for m in methods}
 

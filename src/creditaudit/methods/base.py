@@ -72,19 +72,25 @@ def branch_penalty(branches: list[Tensor | None]) -> Tensor | float:
     return total
 
 
-def local_forward(model: ResidualNet, x: Tensor, *, with_readout: bool = True) -> LocalPass:
+def local_forward(model: ResidualNet, x: Tensor, *, with_readout: bool = True,
+                  trains: Sequence[bool] | None = None, embed_grad: bool = True) -> LocalPass:
     """Forward pass with every block input detached (no input gradients are ever asked for).
 
     Frozen blocks run without a graph; their ``branches`` entry is None. With
     ``with_readout=False`` the caller computes ``logits`` itself (FA needs the readout's
-    input gradient).
+    input gradient). ``trains``: which blocks train (default: asked of their parameters;
+    a stacked functional model says it); ``embed_grad=False`` embeds without a graph.
     """
-    h0 = model.embed(x)
+    if embed_grad:
+        h0 = model.embed(x)
+    else:
+        with torch.no_grad():
+            h0 = model.embed(x)
     h = h0.detach()
     states = [h]
     branches: list[Tensor | None] = []
-    for block in model.blocks:
-        if block_is_trainable(block):
+    for i, block in enumerate(model.blocks):
+        if block_is_trainable(block) if trains is None else trains[i]:
             f = block(h)
             branches.append(f)
             h = model.next_state(h, f.detach())

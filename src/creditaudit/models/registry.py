@@ -49,12 +49,15 @@ class Architecture(Component):
     ``adapted``: True when :meth:`build` returns an adapted model
     (:class:`~creditaudit.models.adapted.AdaptedModel`) rather than a ``ResidualNet``.
     ``unbuildable``: why the architecture only describes runs and builds nothing (empty:
-    it builds); a run plan refuses it with that reason.
+    it builds); a run plan refuses it with that reason. ``task``: the dataset the
+    architecture is the model of, when it belongs to one task (experiments then run it
+    there whatever the scale's dataset); empty for any dataset.
     """
 
     input_kind: ClassVar[str] = "vector"
     adapted: ClassVar[bool] = False
     unbuildable: ClassVar[str] = ""
+    task: ClassVar[str] = ""
 
     @classmethod
     def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
@@ -151,6 +154,7 @@ class StudentArchitecture(Architecture):
     label = "StudentNet"
     Options = StudentOptions
     rank = 30
+    task = "synthetic"  # the student of the synthetic teacher–student task
     WIDTH, BLOCKS = 128, 4
 
     @classmethod

@@ -10,17 +10,9 @@ iterate :func:`protocol`; a diagnostic another package registers through the
 ``creditaudit.diagnostics`` entry point joins them when a config lists it in
 ``diagnostics.protocol``.
 
-The base class, the evidence and :func:`protocol` are in :mod:`.base`; the four built-ins
-(science.md §5):
-
-=====  ===============================  =============================================  ==========
-id     name                             statistic                                      fires when
-=====  ===============================  =============================================  ==========
-(a)    residual-stream scale            max_l ‖h_{l+1}‖/‖h_l‖ of median norms          > 50
-(b)    reference validity               median per-sample ‖g_L‖ (1/128 scale)          < 1e-7
-(c)    cross-batch direction stability  mean pairwise cos of K ≥ 8 batch-mean g at L//2 > 0.30
-(d)    depth utility                    headline acc − frozen-blocks acc (pp)          < 2.0
-=====  ===============================  =============================================  ==========
+The base class, the evidence and :func:`protocol` are in :mod:`.base`; below are the four
+built-ins, whose ids, statistics and thresholds the package docstring tabulates (each class
+declares its own, the one source every reader uses).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from creditaudit.records.parts import (
     EpochEntry,
     FinalResults,
     ProtocolState,
-    deep_mean,
+    finite_number,
 )
 from creditaudit.records.schema import (
     FINISHED,
@@ -57,6 +57,6 @@ __all__ = [
     "load_config_file",
     "load_record_cached",
     "load_records", "scan_records", "find_records", "save_record", "new_record",
-    "record_path", "comparable", "deep_mean", "recipe_key", "atomic_write_json",
+    "record_path", "comparable", "finite_number", "recipe_key", "atomic_write_json",
     "atomic_torch_save", "load_checkpoint", "load_parameters", "structure_mismatch",
 ]

@@ -15,6 +15,7 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
+from creditaudit.errors import CreditAuditError
 from creditaudit.figures import (
     FIGURES,
     MissingRuns,
@@ -119,9 +120,9 @@ def test_cli_renders_every_figure_png_and_pdf(results, tmp_path, capsys, monkeyp
 # --- plotted values equal the records -----------------------------------------------------
 def test_cosines_against_an_invalid_reference_are_drawn_hollow(results):
     index = RunIndex.from_dir(results)
-    dfa = [r for r in index.runs if r.method == "dfa" and r.penalty == 0 and r.standard]
+    dfa = [r for r in index.runs if r.method == "dfa" and r.penalty == 0 and r.is_standard]
     for run in dfa:  # layer 2's reference gradient fell below the floor in every seed
-        run.record.diagnostics.cosine_table[2]["valid_reference"] = False
+        run.diagnostics.cosine_table[2]["valid_reference"] = False
     fig = hero.build(index)[hero.NAME]
     hollow = gid(fig, "cos_invalid:dfa")[0]
     assert list(hollow.get_xdata()) == [2]
@@ -342,26 +343,57 @@ def test_run_index_selects_by_config_predicates(index, records):
     dfa = index.select(method="dfa", penalty=lambda lam: lam > 0)
     assert {r.run_id for r in dfa} == {r["run_id"] for r in pick(records, "dfa", 0.01)}
     # out_ln is what the model has: StudentNet has no terminal LN (whatever a config said)
-    assert {r.arch for r in index.select(out_ln=True, arch=("resmlp", "student"))} == {
-        "resmlp"}
-    assert {r.arch for r in index.select(out_ln=False, arch=("resmlp", "student"))} == {
-        "student"}
+    archs = ("resmlp", "student")
+    assert {r.config.model.arch for r in index.select(out_ln=True, arch=archs)} == {"resmlp"}
+    assert {r.config.model.arch for r in index.select(out_ln=False, arch=archs)} == {"student"}
     seeds = index.by_seed(method="bp", penalty=0.0, arch="resmlp")
     assert list(seeds) == list(SEEDS)
     assert all(len(runs) == 1 and runs[0].seed == s for s, runs in seeds.items())
     assert index.select(dataset="cifar10") == []
 
 
-def test_audit_panels_put_untrained_runs_and_controls_in_their_own_columns():
-    from types import SimpleNamespace
+def test_the_index_holds_records_and_each_keyword_compares_one_fact_of_them(index, results):
+    import creditaudit.results
+    from creditaudit.records import RunRecord, load_record
+    from creditaudit.results import arch_label, figure_recipe, terminal_ln
+    from creditaudit.results.runs import SELECT_KEYS
 
-    run = SimpleNamespace(method="bp", penalty=0.0, arch_label="resmlp", dataset="synthetic",
-                          epochs=0)
-    assert audit_panels.category(run, False, False).endswith("\nuntrained")
-    run.epochs = 20
-    assert "untrained" not in audit_panels.category(run, False, False)
-    run.config = RunConfig().replace(**{"method.trainable_blocks": 2})
-    assert audit_panels.category(run, False, False).endswith("\nk=2 blocks")
+    assert "Run" not in creditaudit.results.__all__ and not hasattr(creditaudit.results, "Run")
+    runs = index.select(standard=None)
+    assert runs and all(isinstance(r, RunRecord) for r in runs)
+    assert set(SELECT_KEYS) == {"method", "penalty", "out_ln", "arch", "arch_label", "dataset",
+                                "seed", "recipe", "standard"}
+    # Given one run's own fact, a keyword keeps exactly the runs that share it.
+    for key, fact in SELECT_KEYS.items():
+        for run in runs:
+            kept = index.select(**{"standard": None, key: fact(run)})
+            assert [r.run_id for r in kept] == [r.run_id for r in runs
+                                                if fact(r) == fact(run)], (key, run.run_id)
+    student = [r for r in runs if r.config.model.arch == "student"]
+    assert student and not any(terminal_ln(r) for r in student)
+    assert {arch_label(r) for r in student} == {"student"}
+    assert all(figure_recipe(r) == f"{r.recipe_key}|None" for r in runs)
+    # Each record is the one in the file path_of names.
+    for run in index.all_runs:
+        path = index.path_of(run)
+        assert path.parent.parent == results and load_record(path).run_id == run.run_id
+    with pytest.raises(CreditAuditError, match="not in this index"):
+        index.path_of(load_record(index.path_of(runs[0])))  # equal, but not the index's own
+    with pytest.raises(CreditAuditError, match="one path per record"):
+        RunIndex(runs, paths=[Path("a/record.json")])
+
+
+def test_audit_panels_put_untrained_runs_and_controls_in_their_own_columns():
+    from creditaudit.records import RunRecord
+
+    def category(**settings) -> str:
+        config = RunConfig().replace(**{"method.name": "bp", **settings})
+        return audit_panels.category(RunRecord(config=config), False, False)
+
+    assert category(**{"optim.epochs": 0}).endswith("\nuntrained")
+    assert "untrained" not in category(**{"optim.epochs": 20})
+    assert category(**{"method.trainable_blocks": 2}).endswith("\nk=2 blocks")
+    assert category(**{"data.random_targets": True}).endswith("\nrandom labels")
 
 
 # --- colours --------------------------------------------------------------------------------

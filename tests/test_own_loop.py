@@ -27,6 +27,7 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.recorder import OWN_DATA, array_fingerprint
 from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, comparable
 from creditaudit.report import format_run_summary
+from creditaudit.results import arch_label
 from creditaudit.run_results import epoch_record
 from creditaudit.sweep import load_sweep
 from creditaudit.sweep.grid import run_key
@@ -413,7 +414,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     index = RunIndex.from_dir(out)
     runs = index.select(standard=True)  # an adapted model has no config.model.residual
     assert [run.run_id for run in runs] == ["resnet-dfa"]
-    assert runs[0].arch_label == "CifarResNet"  # figures name an adapted network by its class
+    assert arch_label(runs[0]) == "CifarResNet"  # figures name an adapted network by its class
     assert category(runs[0], multi_arch=True, multi_data=False) == "DFA λ=0.001\nCifarResNet"
     assert "dfa" in format_run_summary([on_disk])
     assert main(["audit", str(out / "resnet-dfa")]) == 2

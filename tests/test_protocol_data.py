@@ -109,8 +109,8 @@ def test_the_fifth_diagnostic_passes_the_conformance_suite(margin):
 def test_training_records_the_fifth_diagnostic(runs):
     assert RunIndex.from_dir(runs).diagnostic_ids() == ["a", "b", "c", "d", "e"]
     for run in RunIndex.from_dir(runs).runs:
-        assert list(run.record.recorded_statuses()) == ["a", "b", "c", "d", "e"]
-        assert run.record.recorded_value("e") > 0
+        assert list(run.recorded_statuses()) == ["a", "b", "c", "d", "e"]
+        assert run.recorded_value("e") > 0
 
 
 def test_it_has_a_row_or_column_in_every_report_format(runs):
@@ -171,7 +171,7 @@ def test_it_gets_an_audit_panel_with_its_threshold_line(runs):
     np.testing.assert_allclose(line.get_ydata(), [1.0, 1.0])
     drawn = sorted(y for c in panel.collections if str(c.get_gid()).startswith("e:")
                    for y in np.asarray(c.get_offsets()).reshape(-1, 2)[:, 1])
-    recorded = sorted(r.record.recorded_value("e") for r in index.runs)
+    recorded = sorted(r.recorded_value("e") for r in index.runs)
     np.testing.assert_allclose(drawn, recorded, rtol=1e-12)
 
 
@@ -188,10 +188,10 @@ def test_threshold_sensitivity_sweeps_its_declared_range(runs):
     from creditaudit.experiments import get_experiment
 
     index = RunIndex.from_dir(runs)
-    template = next(r.record for r in index.runs if r.method == "bp")
+    template = next(r for r in index.runs if r.method == "bp")
     values = [0.05, 0.5, 5.0, None]
     records = [with_margin(template, v, f"bp-{i}") for i, v in enumerate(values)]
-    frozen = next(r.record for r in index.runs if r.method == "frozen")
+    frozen = next(r for r in index.runs if r.method == "frozen")
     summary = get_experiment("threshold_sensitivity").summarise([*records, frozen])
     block = summary["diagnostics"]["e"]
     assert block["statistic"] == "top-1 − top-2 logit (nats)"
@@ -214,7 +214,7 @@ def test_verdicts_and_summaries_count_it(runs):
     from creditaudit.protocol.records import RecordSet
 
     index = RunIndex.from_dir(runs)
-    template = next(r.record for r in index.runs if r.method == "bp")
+    template = next(r for r in index.runs if r.method == "bp")
     fires = with_margin(template, 0.1, "bp-fires")
     passes = with_margin(template, 3.0, "bp-passes")
     verdicts = RecordSet([fires, passes], use_frozen_runs=False)
@@ -223,7 +223,7 @@ def test_verdicts_and_summaries_count_it(runs):
     assert "e" not in verdicts.verdict(passes).fired
     overview = verdict_overview([verdicts.verdict(fires), verdicts.verdict(passes)])
     assert overview["fired_counts"]["e"] == 1 and "(e)" in overview["text"]
-    records = [r.record for r in index.runs]
+    records = index.runs
     decisions = get_experiment("decision_utility").summarise(records)
     plans = {s["description"]: s["diagnostics"] for s in decisions["strategies"]}
     assert plans["S1 + (e)"] == ["e"] and plans["S1 + (a)(b)(c)(d)(e)"] == list("abcde")

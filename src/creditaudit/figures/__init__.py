@@ -25,7 +25,7 @@ from creditaudit.figures import (
     weight_alignment,
 )
 from creditaudit.figures.runs import MissingRuns
-from creditaudit.results import Run, RunIndex
+from creditaudit.results import RunIndex
 
 FIGURES: tuple[ModuleType, ...] = (hero, temporal, penalty, lambda_sweep, summary,
                                    audit_panels, weight_alignment)
@@ -61,4 +61,4 @@ def render_all(index: RunIndex, out_dir: str | Path
     return rendered, missing
 
 
-__all__ = ["FIGURES", "MissingRuns", "Run", "RunIndex", "Rendered", "render_all"]
+__all__ = ["FIGURES", "MissingRuns", "RunIndex", "Rendered", "render_all"]

@@ -34,8 +34,9 @@ from creditaudit.figures.runs import (
     MissingRuns,
 )
 from creditaudit.protocol import WALK_BACK, DiagnosticReport, in_order
+from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
-from creditaudit.results import Run, RunIndex, method_label
+from creditaudit.results import RunIndex, arch_label, method_label
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"
@@ -70,26 +71,25 @@ class Panel:
         return f"{text}: {self.needs} would fill it" if self.needs else text
 
 
-def category(run: Run, multi_arch: bool, multi_data: bool) -> str:
+def category(run: RunRecord, multi_arch: bool, multi_data: bool) -> str:
     label = method_label(run.method, run.penalty)
     if multi_arch:
-        label += f"\n{ARCH_LABELS.get(run.arch_label, run.arch_label)}"
+        label += f"\n{ARCH_LABELS.get(arch_label(run), arch_label(run))}"
     if multi_data:
         label += f"\n{run.dataset}"
     if run.epochs == 0:  # random-init controls sit apart from the trained runs
         label += "\nuntrained"
-    config = getattr(run, "config", None)
-    if config is not None:  # control variants get their own columns too
-        if config.method.trainable_blocks is not None:
-            label += f"\nk={config.method.trainable_blocks} blocks"
-        if config.data.random_targets:
-            label += "\nrandom labels"
-        if getattr(config.model, "residual", True) is False:  # the option, where it exists
-            label += "\nno skips"
+    config = run.config  # control variants get their own columns too
+    if config.method.trainable_blocks is not None:
+        label += f"\nk={config.method.trainable_blocks} blocks"
+    if config.data.random_targets:
+        label += "\nrandom labels"
+    if getattr(config.model, "residual", True) is False:  # the option, where it exists
+        label += "\nno skips"
     return label
 
 
-def select(index: RunIndex) -> list[tuple[Run, DiagnosticReport]]:
+def select(index: RunIndex) -> list[tuple[RunRecord, DiagnosticReport]]:
     """Every usable run with a protocol report (standard or control variant)."""
     pairs = [(run, report) for run in index.select(standard=None)
              if (report := index.protocol_report(run)) is not None]
@@ -99,14 +99,14 @@ def select(index: RunIndex) -> list[tuple[Run, DiagnosticReport]]:
     return pairs
 
 
-def panel_points(pairs: list[tuple[Run, DiagnosticReport]]
+def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
                  ) -> tuple[list[str], dict[str, list[dict]]]:
     """(categories, {diagnostic id: [{x, value, walked_back, run_id, status}]}): one entry
     per diagnostic the reports hold, in listing order."""
-    multi_arch = len({r.arch_label for r, _ in pairs}) > 1
+    multi_arch = len({arch_label(r) for r, _ in pairs}) > 1
     multi_data = len({r.dataset for r, _ in pairs}) > 1
     cats: list[str] = []
-    members: dict[str, list[Run]] = {}
+    members: dict[str, list[RunRecord]] = {}
     for run, _ in pairs:
         cat = category(run, multi_arch, multi_data)
         if cat not in members:
@@ -117,7 +117,9 @@ def panel_points(pairs: list[tuple[Run, DiagnosticReport]]
     for run, report in pairs:
         cat = category(run, multi_arch, multi_data)
         peers = members[cat]
-        offset = (peers.index(run) - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
+        # Records that read alike (a copied folder) are still two points: found by identity.
+        place = next(i for i, peer in enumerate(peers) if peer is run)
+        offset = (place - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
         for result in report.diagnostics:
             points[result.id].append({
                 "x": cats.index(cat) + offset, "value": result.value,

@@ -41,7 +41,14 @@ from creditaudit.figures.runs import (
     valid_layers,
 )
 from creditaudit.protocol import HEADLINE_GAMMA
-from creditaudit.results import RunIndex, mean_std, method_label, sort_methods
+from creditaudit.results import (
+    RunIndex,
+    arch_label,
+    as_float,
+    mean_std,
+    method_label,
+    sort_methods,
+)
 
 DEFAULT_ARCH = ModelConfig().arch  # the figure prefers runs of the default architecture
 
@@ -58,7 +65,8 @@ REQUIRED = (("bp", 0.0, "BP runs (method bp, λ = 0)"),
 def select(index: RunIndex) -> dict[str, list]:
     """The runs Figure 1 draws: {method: one run per seed}."""
     group = choose_group(index, TITLE, lambda g: need_methods(g, REQUIRED),
-                         prefer=lambda g: (g[0].arch_label == DEFAULT_ARCH, g[0].epochs, len(g)))
+                         prefer=lambda g: (arch_label(g[0]) == DEFAULT_ARCH, g[0].epochs,
+                                           len(g)))
     methods = sort_methods(r.method for r in group if r.penalty == 0 and r.method != "frozen")
     return {m: seed_runs(group, m) for m in methods}
 
@@ -69,7 +77,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     # A panel no run can fill is left out (one line under the title says why), not drawn
     # empty; (C) reads the per-epoch norms every run logs, so one panel always remains.
     left_out = []
-    if not any(np.isfinite(r.headline_gamma) and np.isfinite(r.final_acc)
+    if not any(np.isfinite(as_float(r.headline_gamma)) and np.isfinite(as_float(r.final_acc))
                for runs in chosen.values() for r in runs):
         left_out.append("(A) standard reporting pair: no aggregate Γ recorded")
     if not any(r.diagnostics.bp_cosine for runs in chosen.values() for r in runs):
@@ -158,7 +166,7 @@ def _gradient_norms(ax, chosen: dict[str, list], first) -> None:
     """(C) per-layer median ‖g_l‖ at the last epoch, log axis, with the floor."""
     n_layers = 0
     for method, runs in chosen.items():
-        mean, _ = layer_mean_std([r.last("bp_grad_norms_per_sample_med") for r in runs])
+        mean, _ = layer_mean_std([r.last_value("bp_grad_norms_per_sample_med") for r in runs])
         n_layers = max(n_layers, len(mean))
         ax.plot(np.arange(len(mean)), mean, color=method_color(method),
                 marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),

@@ -31,7 +31,8 @@ from creditaudit.figures.runs import (
     seed_runs,
 )
 from creditaudit.protocol import Thresholds
-from creditaudit.results import Run, RunIndex, mean_std
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex, mean_std
 
 NAME = "fig4_lambda_sweep"
 TITLE = "Figure 4 — λ-sweep trajectories"
@@ -43,7 +44,7 @@ PANELS = (("h_L_norm", r"$\|h_L\|_2$ (log)", "(a) residual stream"),
           ("acc_eval", "test accuracy", "(c) accuracy, frozen baseline and (d) margin"))
 
 
-def _missing(group: list[Run]) -> list[str]:
+def _missing(group: list[RunRecord]) -> list[str]:
     out = []
     if not seed_runs(group, "dfa", 0.0):
         out.append("DFA runs without penalty (method dfa, λ = 0)")

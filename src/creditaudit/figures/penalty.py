@@ -41,7 +41,8 @@ from creditaudit.figures.runs import (
     seed_runs,
 )
 from creditaudit.formatting import format_lambda
-from creditaudit.results import Run, RunIndex, deep_mean, mean_std
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex, deep_mean, mean_std
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"
@@ -52,7 +53,7 @@ requirements = ("in one recipe: DFA without penalty, DFA with a penalty λ > 0 (
                 "bar to panel (b).")
 
 
-def headline_penalty(group: list[Run]) -> float | None:
+def headline_penalty(group: list[RunRecord]) -> float | None:
     """The λ > 0 that both DFA and BP ran with: 1e-2 when present, else the largest."""
     shared = [p for p in penalties(group, "dfa") if p > 0 and p in penalties(group, "bp")]
     if not shared:
@@ -60,7 +61,7 @@ def headline_penalty(group: list[Run]) -> float | None:
     return REFERENCE_PENALTY if REFERENCE_PENALTY in shared else max(shared)
 
 
-def _missing(group: list[Run]) -> list[str]:
+def _missing(group: list[RunRecord]) -> list[str]:
     out = []
     if not seed_runs(group, "dfa", 0.0):
         out.append("DFA runs without penalty (method dfa, λ = 0)")
@@ -98,12 +99,12 @@ def conditions(chosen: dict) -> list[dict]:
     headline = chosen["dfa_penalised"][lam]
     rows = [{"label": "vanilla\nDFA", "key": "dfa",
              "cos": mean_std(r.deep_cos for r in chosen["dfa"]),
-             "valid": all(r.deep_cos_valid for r in chosen["dfa"]),
+             "valid": all(r.deep_cos_valid is not False for r in chosen["dfa"]),
              "rho": mean_std(r.deep_rho for r in chosen["dfa"])}]
     for p, runs in chosen["dfa_penalised"].items():
         rows.append({"label": f"DFA\nλ={format_lambda(p)}", "key": f"dfa:{p:g}",
                      "cos": mean_std(r.deep_cos for r in runs),
-                     "valid": all(r.deep_cos_valid for r in runs),
+                     "valid": all(r.deep_cos_valid is not False for r in runs),
                      "rho": mean_std(r.deep_rho for r in runs)})
     draws = [v for r in headline
              for v in (r.diagnostics.fresh_b_null or {}).get("values", [])]

@@ -4,7 +4,7 @@ statistics figures plot.
 The runs come from :class:`creditaudit.results.RunIndex` (every record below a results
 folder, grouped by recipe); a figure picks the recipe group that has every run it needs
 (:func:`choose_group`) or raises :class:`MissingRuns` saying what the closest group lacks.
-Values a record lacks read as NaN (figures draw gaps).
+Values a record lacks are None; the statistics read them as NaN (figures draw gaps).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol.records import model_description
-from creditaudit.results import Predicate, Run, RunIndex, as_float, mean_std
+from creditaudit.records import RunRecord
+from creditaudit.results import Predicate, RunIndex, as_float, mean_std
 from creditaudit.results.runs import matches
 
 
@@ -29,27 +30,29 @@ class MissingRuns(CreditAuditError):
         super().__init__(f"{figure} needs " + "; ".join(self.needs))
 
 
-def by_seed(runs: Iterable[Run]) -> dict[int, Run]:
+def by_seed(runs: Iterable[RunRecord]) -> dict[int, RunRecord]:
     """One run per seed (the first in index order when a seed repeats)."""
-    out: dict[int, Run] = {}
+    out: dict[int, RunRecord] = {}
     for run in runs:
         out.setdefault(run.seed, run)
     return dict(sorted(out.items()))
 
 
-def seed_runs(group: Sequence[Run], method: str, penalty: Predicate = 0.0) -> list[Run]:
+def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
+              ) -> list[RunRecord]:
     """One run per seed of ``method`` at ``penalty`` within a recipe group."""
     return list(by_seed(r for r in group if r.method == method
                         and matches(r.penalty, penalty)).values())
 
 
-def penalties(group: Sequence[Run], method: str) -> list[float]:
+def penalties(group: Sequence[RunRecord], method: str) -> list[float]:
     return sorted({r.penalty for r in group if r.method == method})
 
 
-def choose_group(index: RunIndex, figure: str, missing: Callable[[list[Run]], list[str]],
-                 *, prefer: Callable[[list[Run]], Any] | None = None,
-                 runs: Iterable[Run] | None = None) -> list[Run]:
+def choose_group(index: RunIndex, figure: str,
+                 missing: Callable[[list[RunRecord]], list[str]],
+                 *, prefer: Callable[[list[RunRecord]], Any] | None = None,
+                 runs: Iterable[RunRecord] | None = None) -> list[RunRecord]:
     """The recipe group that has everything ``missing(group)`` asks for (it returns what a
     group lacks). Among complete groups the one ranked highest by ``prefer`` (default: most
     epochs, then most runs) wins. Raises MissingRuns with what the closest group lacks."""
@@ -68,21 +71,21 @@ def choose_group(index: RunIndex, figure: str, missing: Callable[[list[Run]], li
                                for i, item in enumerate(lacking)])
 
 
-def describe_recipe(run: Run) -> str:
-    c = run.config
-    model = model_description(run.record)
+def describe_recipe(record: RunRecord) -> str:
+    c = record.config
+    model = model_description(record)
     label = model.label if model is not None else c.model.arch
     return f"{c.data.name}, {label}, {c.optim.epochs} epochs"
 
 
-def need_methods(group: Sequence[Run], wants: Sequence[tuple[str, Predicate, str]]
+def need_methods(group: Sequence[RunRecord], wants: Sequence[tuple[str, Predicate, str]]
                  ) -> list[str]:
     """For ``wants`` = [(method, penalty predicate, description)], those absent in group."""
     return [text for method, penalty, text in wants if not seed_runs(group, method, penalty)]
 
 
 # --- statistics ---------------------------------------------------------------------------
-def valid_layers(runs: Sequence[Run]) -> list[bool]:
+def valid_layers(runs: Sequence[RunRecord]) -> list[bool]:
     """Per state l: whether every run's end-of-run cosine was measured against a reference
     ‖g_l‖ at or above the floor (``cosine_table`` of the record; True where unknown)."""
     tables = [r.diagnostics.cosine_table or [] for r in runs]
@@ -116,7 +119,7 @@ class _quiet_nan:
         self._ctx.__exit__(*exc)
 
 
-def epoch_mean_std(runs: Sequence[Run], key: str, index: int | None = None
+def epoch_mean_std(runs: Sequence[RunRecord], key: str, index: int | None = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(epochs, mean, std) across runs of per-epoch ``key``, epoch by epoch over the runs
     that logged it (a diverged run stops contributing after its last epoch)."""

@@ -43,7 +43,8 @@ from creditaudit.figures.runs import (
     valid_layers,
 )
 from creditaudit.protocol.records import model_description
-from creditaudit.results import Run, RunIndex, mean_std, method_label, sort_methods
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex, mean_std, method_label, sort_methods
 
 NAME = "fig5_summary"
 NAMES = ("fig5a_accuracy", "fig5b_per_layer", "fig5c_drift", "fig5d_bridge",
@@ -61,24 +62,24 @@ PANEL_FIELDS = {"bp_cosine": "per-layer cosines", "perturbation_rho": "perturbat
                 "nudging": "nudging test"}
 
 
-def select(index: RunIndex) -> dict[str, list[Run]]:
+def select(index: RunIndex) -> dict[str, list[RunRecord]]:
     """{method: one run per seed} for every λ = 0 method of the chosen recipe."""
     group = choose_group(index, TITLE, lambda g: need_methods(g, REQUIRED))
     methods = sort_methods(r.method for r in group if r.penalty == 0)
     return {m: seed_runs(group, m) for m in methods}
 
 
-def nudging_eta(runs_by_method: dict[str, list[Run]]) -> str | None:
+def nudging_eta(runs_by_method: dict[str, list[RunRecord]]) -> str | None:
     """The smallest nudging step η recorded by any run (the records' key, e.g. "0.01")."""
     etas = {eta for runs in runs_by_method.values() for r in runs
             for eta in (r.diagnostics.nudging or {})}
     return min(etas, key=float) if etas else None
 
 
-def drift_keys(run: Run) -> list[str]:
+def drift_keys(run: RunRecord) -> list[str]:
     """``blocks.{l}.w1.weight`` for l = 0 … L−1 (those present in the record)."""
     drift = run.diagnostics.drift or {}
-    model = model_description(run.record)
+    model = model_description(run)
     blocks = model.n_blocks if model is not None and model.n_blocks is not None else 0
     return [k for k in (f"blocks.{l}.w1.weight" for l in range(blocks)) if k in drift]
 

@@ -34,7 +34,8 @@ from creditaudit.figures.runs import (
     need_methods,
     seed_runs,
 )
-from creditaudit.results import Run, RunIndex, method_label, sort_methods
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex, method_label, sort_methods
 
 NAME = "fig2_temporal"
 TITLE = "Figure 2 — cross-architecture temporal grid"
@@ -50,9 +51,9 @@ COLUMNS = (("h_L_norm", r"$\|h_L\|$ (residual norm)"),
            ("acc_eval", "test accuracy"))
 
 
-def select(index: RunIndex) -> dict[str, dict[str, list[Run]]]:
+def select(index: RunIndex) -> dict[str, dict[str, list[RunRecord]]]:
     """{architecture row: {method: one run per seed}} for every architecture with runs."""
-    rows: dict[str, dict[str, list[Run]]] = {}
+    rows: dict[str, dict[str, list[RunRecord]]] = {}
     missing: list[str] = []
     for label in ARCH_ROWS:
         runs = index.select(arch_label=label)

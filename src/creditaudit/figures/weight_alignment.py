@@ -31,7 +31,8 @@ from creditaudit.figures.runs import (
     epoch_mean_std,
     seed_runs,
 )
-from creditaudit.results import Run, RunIndex, method_label, sort_methods
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex, method_label, sort_methods
 
 NAME = "fig7_weight_alignment"
 TITLE = "Figure 7 — weight alignment of per-layer feedback"
@@ -42,15 +43,15 @@ NEED = ("runs of a per-layer feedback rule (--method fa-linear, usf, brsf, frsf 
         "whose records hold feedback_angle")
 
 
-def has_alignment(run: Run) -> bool:
-    return run.last("feedback_angle") is not None
+def has_alignment(run: RunRecord) -> bool:
+    return run.last_value("feedback_angle") is not None
 
 
-def _missing(group: list[Run]) -> list[str]:
+def _missing(group: list[RunRecord]) -> list[str]:
     return [] if any(has_alignment(r) for r in group) else [NEED]
 
 
-def select(index: RunIndex) -> dict[tuple[str, float], list[Run]]:
+def select(index: RunIndex) -> dict[tuple[str, float], list[RunRecord]]:
     """{(method, penalty): one run per seed} of the rules with alignment records."""
     group = choose_group(index, TITLE, _missing,
                          prefer=lambda g: (len({r.method for r in g if has_alignment(r)}),
@@ -63,8 +64,8 @@ def select(index: RunIndex) -> dict[tuple[str, float], list[Run]]:
     return columns
 
 
-def layer_names(runs: list[Run]) -> list[str]:
-    names = runs[0].last("feedback_layers")
+def layer_names(runs: list[RunRecord]) -> list[str]:
+    names = runs[0].last_value("feedback_layers")
     if not isinstance(names, list) or not names:
         raise MissingRuns(TITLE, [f"{NEED} (feedback_layers is missing)"])
     return [str(n) for n in names]

@@ -88,8 +88,8 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     """The report as Markdown parts, in order; :class:`Folded` parts are the runs'
     templates. See :func:`render_report_markdown`."""
     runs = index.all_runs
-    finished = [run for run in runs if run.record.is_finished]
-    unfinished = [run for run in runs if not run.record.is_finished]
+    finished = [run for run in runs if run.is_finished]
+    unfinished = [run for run in runs if not run.is_finished]
     lines = ["# creditaudit report", ""]
     where = f" in `{index.root}`" if index.root is not None else ""
     statuses: dict[str, int] = {}
@@ -225,7 +225,7 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
                      f"optimiser; `--frozen-from-runs`), not the record's own {d}; the verdict "
                      f"follows. {len(recomputed)} run(s).")
     elif not index.frozen_from_runs:
-        could = [run for run in index.runs if not is_frozen_baseline(run.record)
+        could = [run for run in index.runs if not is_frozen_baseline(run)
                  and index.frozen_baseline(run) is not None
                  and (report := index.protocol_report(run)) is not None
                  and any(r.id == DepthUtility.name and r.status == NOT_EVALUATED

@@ -25,9 +25,17 @@ from creditaudit.protocol import (
     in_order,
 )
 from creditaudit.protocol.records import is_frozen_baseline, model_description
+from creditaudit.records import RunRecord
 from creditaudit.report.protocol import value_text
 from creditaudit.report.runs import diverged_text
-from creditaudit.results import Run, RunIndex, mean_std, method_label, sort_methods
+from creditaudit.results import (
+    RunIndex,
+    figure_recipe,
+    mean_std,
+    method_label,
+    sort_methods,
+    terminal_ln,
+)
 
 GAMMA_COLUMN = f"Γ ({HEADLINE_GAMMA.replace('_', ' ')})"
 # Each table: fixed columns before and after a column per differing setting.
@@ -54,7 +62,7 @@ def setting_text(value: Any) -> str:
     return fmt(value, "") if value is None or isinstance(value, bool) else str(value)
 
 
-def run_settings(run: Run) -> dict[str, str]:
+def run_settings(run: RunRecord) -> dict[str, str]:
     """Every setting that makes ``run`` the run it is, as cell text by dotted config key:
     the config values its run id covers (output folder, threads, device, … left out) and,
     as ``data source``, what identifies its data apart from the seed (a hash prefix)."""
@@ -69,13 +77,13 @@ def run_settings(run: Run) -> dict[str, str]:
                                  for k, v in value.items()})
             else:
                 settings[f"{section}.{name}"] = setting_text(value)
-    data = run.record.data
+    data = run.data
     if data is not None and data.source:
         settings[DATA_SOURCE] = data.source[:12]
     return settings
 
 
-def differing_settings(runs: Sequence[Run]) -> list[str]:
+def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     """The settings whose text differs between ``runs`` and that no fixed column shows, in
     config order. The data source counts only where no ``data.*`` setting differs (else
     it differs because they do)."""
@@ -113,8 +121,8 @@ def diagnostic_ids(reports: Iterable[DiagnosticReport | None]) -> list[str]:
 NO_PROTOCOL = "— (no protocol block)"
 
 
-def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
-    if is_frozen_baseline(run.record) and run.record.is_finished:
+def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> str:
+    if is_frozen_baseline(run) and run.is_finished:
         return f"baseline of {DepthUtility.id_label()}"
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
@@ -126,19 +134,19 @@ def verdict_cell(report: DiagnosticReport | None, run: Run) -> str:
     return text
 
 
-def arch_text(run: Run) -> str:
+def arch_text(run: RunRecord) -> str:
     """The model as built: ``ResMLP d=256 L=4``, ``StudentNet d=128 L=4 no out_LN`` …"""
-    model = model_description(run.record)
-    return model.label if model is not None else run.arch
+    model = model_description(run)
+    return model.label if model is not None else run.config.model.arch
 
 
-def acc_note(run: Run) -> str:
+def acc_note(run: RunRecord) -> str:
     """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, else ``""``."""
-    text = diverged_text(run.record)
+    text = diverged_text(run)
     return "" if text is None else f" ({text})"
 
 
-def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
+def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
               diagnostics: Sequence[str] | None = None) -> dict[str, str]:
     """One audit-table row (cells as Markdown text) for ``run``; ``settings``: the keys of
     :func:`run_settings` that get a column; ``diagnostics``: the ids that get one (default:
@@ -148,7 +156,7 @@ def audit_row(index: RunIndex, run: Run, settings: Sequence[str] = (),
     return {
         "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
         "arch": arch_text(run),
-        "out_ln": fmt(run.out_ln),
+        "out_ln": fmt(terminal_ln(run)),
         "dataset": run.dataset, "seed": str(run.seed),
         **{key: values.get(key, "—") for key in settings},
         "status": run.status,
@@ -177,7 +185,7 @@ class Table:
         return dict_table(self.columns, self.rows)
 
 
-def audit_table(index: RunIndex, runs: Sequence[Run]) -> Table:
+def audit_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
     """One row per run in ``runs`` (the finished ones, in the report)."""
     settings = differing_settings(runs)
     ids = diagnostic_ids(index.protocol_report(run) for run in runs)
@@ -189,20 +197,21 @@ def audit_table(index: RunIndex, runs: Sequence[Run]) -> Table:
 class SummaryGroup:
     """Runs of one method and λ with the same settings, seeds aside."""
 
-    runs: list[Run] = field(default_factory=list)
+    runs: list[RunRecord] = field(default_factory=list)
     reports: list[DiagnosticReport | None] = field(default_factory=list)
 
 
-def summary_groups(index: RunIndex, runs: Sequence[Run] | None = None) -> list[SummaryGroup]:
+def summary_groups(index: RunIndex, runs: Sequence[RunRecord] | None = None
+                   ) -> list[SummaryGroup]:
     """Finished ``runs`` (default: all of the index's) grouped by everything but the seed,
     in report order (dataset, recipe, method, λ)."""
     groups: dict[tuple, SummaryGroup] = {}
     for run in index.runs if runs is None else runs:
-        if not run.record.is_finished:
+        if not run.is_finished:
             continue
         settings = tuple(sorted((k, v) for k, v in run_settings(run).items() if k != "run.seed"))
-        group = groups.setdefault((run.dataset, run.recipe, run.method, run.penalty, settings),
-                                  SummaryGroup())
+        key = (run.dataset, figure_recipe(run), run.method, run.penalty, settings)
+        group = groups.setdefault(key, SummaryGroup())
         group.runs.append(run)
         group.reports.append(index.protocol_report(run))
     order = {m: i for i, m in enumerate(sort_methods(k[2] for k in groups))}
@@ -210,7 +219,7 @@ def summary_groups(index: RunIndex, runs: Sequence[Run] | None = None) -> list[S
                                                              k[4]))]
 
 
-def summary_rows(index: RunIndex, runs: Sequence[Run] | None = None,
+def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
                  settings: Sequence[str] = ()) -> list[dict[str, str]]:
     """Across seeds: one row per group of :func:`summary_groups` (finished runs only);
     ``settings``: the keys of :func:`run_settings` that get a column."""
@@ -243,26 +252,26 @@ def summary_rows(index: RunIndex, runs: Sequence[Run] | None = None,
     return rows
 
 
-def summary_table(index: RunIndex, runs: Sequence[Run]) -> Table:
+def summary_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
     settings = differing_settings([g.runs[0] for g in summary_groups(index, runs)])
     return Table([*SUMMARY_HEAD, *settings, *SUMMARY_TAIL],
                  summary_rows(index, runs, settings))
 
 
-def unfinished_table(runs: Sequence[Run]) -> Table:
+def unfinished_table(runs: Sequence[RunRecord]) -> Table:
     """Failed, interrupted and running runs: what they are, how far they got, the error."""
     settings = differing_settings(runs)
     rows = []
     for run in runs:
         values = run_settings(run)
-        error = one_line(run.record.error or "—")
+        error = one_line(run.error or "—")
         if len(error) > ERROR_CHARS:
             error = error[:ERROR_CHARS - 1] + "…"
         rows.append({
             "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
             "arch": arch_text(run), "dataset": run.dataset, "seed": str(run.seed),
             **{key: values.get(key, "—") for key in settings}, "status": run.status,
-            "epochs logged": str(run.record.log[-1].epoch if run.record.log else 0),
+            "epochs logged": str(run.log[-1].epoch if run.log else 0),
             "error": error,
         })
     return Table([*UNFINISHED_HEAD, *settings, *UNFINISHED_TAIL], rows)

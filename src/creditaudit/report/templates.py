@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
-from creditaudit.results import Run
 
 _PIPE = re.compile(r"(?<!\\)\|")
 
@@ -60,7 +60,7 @@ def drop_columns(text: str, columns: Sequence[Column]) -> str:
     return "\n".join(lines)
 
 
-def unfilled_note(columns: Sequence[Column], runs: Sequence[Run]) -> str:
+def unfilled_note(columns: Sequence[Column], runs: Sequence[RunRecord]) -> str:
     """One line: which template columns are left out, and why."""
     names = list(dict.fromkeys(name for _, name in columns))
     ids = {cls.id_label() for cls in DIAGNOSTICS.classes()}

@@ -1,8 +1,9 @@
 """What reports and figures both read: a results folder as runs, and how rules are named.
 
 - :mod:`.runs` — :class:`RunIndex` (every record below a folder, grouped by recipe, with
-  each run's protocol report and the frozen baseline of its recipe) and :class:`Run` (one
-  record's numbers, missing ones as NaN);
+  each run's protocol report and the frozen baseline of its recipe), the facts of a record
+  that are no record field (:func:`terminal_ln`, :func:`arch_label`, :func:`figure_recipe`)
+  and :func:`as_float` (a value a record lacks as NaN, where a figure or table needs one);
 - :mod:`.labels` — a rule's label and listing order.
 
 It sits in the analysis layer, below both :mod:`creditaudit.report` and
@@ -14,13 +15,14 @@ from __future__ import annotations
 from creditaudit.results.labels import method_label, method_rank, sort_methods
 from creditaudit.results.runs import (
     Predicate,
-    Run,
     RunIndex,
     arch_label,
     as_float,
     deep_mean,
+    figure_recipe,
     mean_std,
+    terminal_ln,
 )
 
-__all__ = ["Run", "RunIndex", "Predicate", "arch_label", "as_float", "deep_mean", "mean_std",
-           "method_label", "method_rank", "sort_methods"]
+__all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean", "figure_recipe",
+           "mean_std", "method_label", "method_rank", "sort_methods", "terminal_ln"]

@@ -6,23 +6,26 @@ once (through the record layer; unreadable records are named in one warning each
 skipped); callers select runs by config predicates (method, penalty, architecture, terminal
 LN, dataset, seed) and compare runs only within one *recipe*: runs that share data, model,
 optimiser and precision and differ only in the credit rule, its penalty λ and the seed.
-Values a record lacks read as NaN here (figures draw gaps, tables print —), not None.
+The index holds the typed records themselves (:class:`creditaudit.records.RunRecord`); the
+few facts that are no record field — the terminal LN as built, the architecture label, the
+recipe a figure groups by — are functions of a record here. A value a record lacks is None;
+figures and tables that need NaN there (a gap, a —) convert with :func:`as_float`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from creditaudit.config import RunConfig
+from creditaudit.errors import CreditAuditError
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
-from creditaudit.records import EndOfRun, RunRecord
+from creditaudit.records import RunRecord
 from creditaudit.results.labels import method_rank
 
 
@@ -37,105 +40,16 @@ def as_float(value: Any) -> float:
     return math.nan if value is None or isinstance(value, str) else float(value)
 
 
-@dataclass(frozen=True)
-class Run:
-    """One run record as figures read it (missing values are NaN)."""
+def terminal_ln(record: RunRecord) -> bool:
+    """Whether the model has a terminal LayerNorm (as built; unknown reads as True)."""
+    model = model_description(record)
+    return model is None or model.terminal_ln is not False
 
-    path: Path
-    record: RunRecord = field(repr=False, compare=False)
 
-    @property
-    def config(self) -> RunConfig:
-        return self.record.config
-
-    @property
-    def run_id(self) -> str:
-        return self.record.run_id
-
-    @property
-    def method(self) -> str:
-        return self.record.method
-
-    @property
-    def penalty(self) -> float:
-        return self.record.penalty
-
-    @property
-    def arch(self) -> str:
-        return self.config.model.arch
-
-    @property
-    def out_ln(self) -> bool:
-        """Whether the model has a terminal LayerNorm (as built; unknown reads as True)."""
-        model = model_description(self.record)
-        return model is None or model.terminal_ln is not False
-
-    @property
-    def arch_label(self) -> str:
-        return arch_label(self.record)
-
-    @property
-    def dataset(self) -> str:
-        return self.record.dataset
-
-    @property
-    def seed(self) -> int:
-        return self.record.seed
-
-    @property
-    def status(self) -> str:
-        return self.record.status
-
-    @property
-    def epochs(self) -> int:
-        return self.record.epochs
-
-    @property
-    def recipe(self) -> str:
-        """The record's recipe key plus the trainable blocks (a depth-ladder step is its
-        own figure group)."""
-        return f"{self.record.recipe_key}|{self.config.method.trainable_blocks}"
-
-    @property
-    def diagnostics(self) -> EndOfRun:
-        return self.record.diagnostics
-
-    @property
-    def standard(self) -> bool:
-        """Not a control variant (depth ladder, random labels, no residual stream)."""
-        return self.record.is_standard
-
-    @property
-    def final_acc(self) -> float:
-        return as_float(self.record.final_acc)
-
-    @property
-    def deep_cos(self) -> float:
-        return as_float(self.record.deep_cos)
-
-    @property
-    def deep_cos_valid(self) -> bool:
-        return self.record.deep_cos_valid is not False
-
-    @property
-    def headline_gamma(self) -> float:
-        return as_float(self.record.headline_gamma)
-
-    @property
-    def deep_rho(self) -> float:
-        return as_float(self.record.deep_rho)
-
-    @property
-    def n_classes(self) -> int:
-        return self.record.n_classes
-
-    def last(self, key: str) -> Any:
-        """The last value of per-epoch ``key`` (None if no epoch has it)."""
-        return self.record.last_value(key)
-
-    def series(self, key: str, index: int | None = None) -> tuple[list[int], list[float]]:
-        """(epochs, values) of per-epoch ``key`` (``value[index]`` for per-layer lists)."""
-        return self.record.series(key, index)
+def figure_recipe(record: RunRecord) -> str:
+    """The record's recipe key plus the trainable blocks: the runs a figure compares (a
+    depth-ladder step is its own figure group)."""
+    return f"{record.recipe_key}|{record.config.method.trainable_blocks}"
 
 
 def deep_mean(values: Sequence[Any] | None) -> float:
@@ -159,6 +73,19 @@ def matches(value: Any, wanted: Any) -> bool:
 
 Predicate = Any  # a value, a collection of allowed values, or a callable
 
+# What each keyword of :meth:`RunIndex.select` compares: one fact of a record.
+SELECT_KEYS: dict[str, Callable[[RunRecord], Any]] = {
+    "method": attrgetter("method"), "penalty": attrgetter("penalty"), "out_ln": terminal_ln,
+    "arch": attrgetter("config.model.arch"), "arch_label": arch_label,
+    "dataset": attrgetter("dataset"), "seed": attrgetter("seed"), "recipe": figure_recipe,
+    "standard": attrgetter("is_standard"),
+}
+
+
+def _listing_order(record: RunRecord) -> tuple:
+    return (record.dataset, arch_label(record), method_rank(record.method), record.penalty,
+            record.seed, record.run_id)
+
 
 class RunIndex:
     """Every usable run record below a results folder, loaded once.
@@ -168,16 +95,25 @@ class RunIndex:
     instead of taking the record's own (d) — see :meth:`protocol_report`.
     """
 
-    def __init__(self, runs: Iterable[Run], *, root: Path | None = None,
-                 skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True
-                 ) -> None:
-        self.all_runs = sorted(runs, key=lambda r: (r.dataset, r.arch_label, method_rank(
-            r.method), r.penalty, r.seed, r.run_id))
+    def __init__(self, records: Iterable[RunRecord], *, paths: Iterable[Path] | None = None,
+                 root: Path | None = None, skipped: Sequence[tuple[Path, str]] = (),
+                 frozen_from_runs: bool = True) -> None:
+        """``paths``: the record.json of each record (default: ``Path(run_id)``)."""
+        records = list(records)
+        files = list(paths) if paths is not None else [Path(r.run_id) for r in records]
+        if len(files) != len(records):
+            raise CreditAuditError(f"RunIndex got {len(records)} records but {len(files)} "
+                                   "paths: pass one path per record, or none")
+        order = sorted(range(len(records)), key=lambda i: _listing_order(records[i]))
+        self.all_runs: list[RunRecord] = [records[i] for i in order]
         self.root = root
         self.skipped = list(skipped)
         self.frozen_from_runs = frozen_from_runs
-        self.records = RecordSet([r.record for r in self.all_runs],
+        self.records = RecordSet(self.all_runs, paths=[files[i] for i in order],
+                                 skipped=self.skipped, root=root,
                                  use_frozen_runs=frozen_from_runs)
+        # By identity: two records can read alike (a copied run folder).
+        self._paths = {id(r): path for r, path in zip(self.all_runs, self.records.paths)}
 
     @classmethod
     def from_dir(cls, root: str | Path, *, dataset: str | None = None,
@@ -185,70 +121,77 @@ class RunIndex:
         """Load every record.json below ``root`` (``dataset``: only runs on it); unreadable
         records are skipped (one warning each) and listed in ``skipped``."""
         records = RecordSet.from_folder(root, dataset=dataset)
-        runs = [Run(path, record) for path, record in zip(records.paths, records.records)]
-        return cls(runs, root=Path(root), skipped=records.skipped,
-                   frozen_from_runs=frozen_from_runs)
+        return cls(records.records, paths=records.paths, root=Path(root),
+                   skipped=records.skipped, frozen_from_runs=frozen_from_runs)
 
     @classmethod
     def from_records(cls, records: Iterable[RunRecord], **kwargs: Any) -> RunIndex:
         """An index over in-memory records (tests, notebooks)."""
-        return cls([Run(Path(r.run_id), r) for r in records], **kwargs)
+        return cls(records, **kwargs)
 
     def __len__(self) -> int:
         return len(self.all_runs)
 
     @property
-    def runs(self) -> list[Run]:
-        """Runs whose status is usable for figures (completed or diverged)."""
-        return [r for r in self.all_runs if r.record.is_finished]
+    def runs(self) -> list[RunRecord]:
+        """Records whose status is usable for figures (completed or diverged)."""
+        return [r for r in self.all_runs if r.is_finished]
+
+    def path_of(self, record: RunRecord) -> Path:
+        """The record.json ``record`` was read from (``Path(run_id)`` for an in-memory
+        record)."""
+        try:
+            return self._paths[id(record)]
+        except KeyError:
+            raise CreditAuditError(f"record {record.run_id} is not in this index: pass one "
+                                   "of the records it holds") from None
 
     def select(self, *, method: Predicate = None, penalty: Predicate = None,
                out_ln: Predicate = None, arch: Predicate = None, arch_label: Predicate = None,
                dataset: Predicate = None, seed: Predicate = None, recipe: Predicate = None,
-               standard: bool | None = True, where: Callable[[Run], bool] | None = None,
-               runs: Iterable[Run] | None = None) -> list[Run]:
+               standard: bool | None = True, where: Callable[[RunRecord], bool] | None = None,
+               runs: Iterable[RunRecord] | None = None) -> list[RunRecord]:
         """Usable runs matching every given predicate (a value, a collection of allowed
-        values, or a callable on the value); ``standard=True`` leaves out control variants."""
+        values, or a callable on the value; :data:`SELECT_KEYS` says what each compares);
+        ``standard=True`` leaves out control variants."""
         wanted = {"method": method, "penalty": penalty, "out_ln": out_ln, "arch": arch,
                   "arch_label": arch_label, "dataset": dataset, "seed": seed, "recipe": recipe,
                   "standard": standard}
-        out = []
-        for run in self.runs if runs is None else runs:
-            if all(w is None or matches(getattr(run, k), w) for k, w in wanted.items()) and (
-                    where is None or where(run)):
-                out.append(run)
-        return out
+        tests = [(SELECT_KEYS[k], w) for k, w in wanted.items() if w is not None]
+        return [record for record in (self.runs if runs is None else runs)
+                if all(matches(fact(record), w) for fact, w in tests)
+                and (where is None or where(record))]
 
-    def by_seed(self, **predicates: Any) -> dict[int, list[Run]]:
+    def by_seed(self, **predicates: Any) -> dict[int, list[RunRecord]]:
         """The runs :meth:`select` returns for ``predicates``, grouped by seed."""
-        groups: dict[int, list[Run]] = {}
-        for run in self.select(**predicates):
-            groups.setdefault(run.seed, []).append(run)
+        groups: dict[int, list[RunRecord]] = {}
+        for record in self.select(**predicates):
+            groups.setdefault(record.seed, []).append(record)
         return dict(sorted(groups.items()))
 
-    def recipes(self, runs: Iterable[Run] | None = None) -> dict[str, list[Run]]:
-        """Runs grouped by recipe (insertion order follows the index's sort)."""
-        groups: dict[str, list[Run]] = {}
-        for run in self.select() if runs is None else runs:
-            groups.setdefault(run.recipe, []).append(run)
+    def recipes(self, runs: Iterable[RunRecord] | None = None) -> dict[str, list[RunRecord]]:
+        """Runs grouped by :func:`figure_recipe` (insertion order follows the index's sort)."""
+        groups: dict[str, list[RunRecord]] = {}
+        for record in self.select() if runs is None else runs:
+            groups.setdefault(figure_recipe(record), []).append(record)
         return groups
 
     # --- protocol ---------------------------------------------------------------------------
-    def frozen_baseline(self, run: Run) -> tuple[float, int] | None:
-        """(mean final accuracy, number of runs) of the frozen-blocks runs of ``run``'s
+    def frozen_baseline(self, record: RunRecord) -> tuple[float, int] | None:
+        """(mean final accuracy, number of runs) of the frozen-blocks runs of ``record``'s
         recipe, or None when there are none."""
-        return self.records.frozen_baseline(run.record)
+        return self.records.frozen_baseline(record)
 
-    def protocol_report(self, run: Run) -> DiagnosticReport | None:
+    def protocol_report(self, record: RunRecord) -> DiagnosticReport | None:
         """The run's protocol report (its record's last protocol block), or None; (d)
         against the frozen runs of its recipe when ``frozen_from_runs`` and there are any."""
-        return self.records.protocol_report(run.record)
+        return self.records.protocol_report(record)
 
-    def diagnostic_ids(self, runs: Iterable[Run] | None = None) -> list[str]:
+    def diagnostic_ids(self, runs: Iterable[RunRecord] | None = None) -> list[str]:
         """The protocol diagnostics ``runs`` (default: all) were judged by, in listing order
         (one not installed here last); the default protocol's when no run has any."""
         runs = self.all_runs if runs is None else runs
-        return in_order(i for run in runs for i in run.record.recorded_statuses()) or \
+        return in_order(i for record in runs for i in record.recorded_statuses()) or \
             default_names()
 
 
@@ -262,5 +205,5 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
         return float(arr.mean()), float(arr.std())
 
 
-__all__ = ["Run", "RunIndex", "Predicate", "arch_label", "as_float", "deep_mean", "mean_std",
-           "matches"]
+__all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
+           "figure_recipe", "mean_std", "matches", "terminal_ln"]

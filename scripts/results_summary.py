@@ -17,6 +17,7 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from creditaudit.deep_layers import deep_mean
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.records import find_records, load_record
 
@@ -39,11 +40,6 @@ def fmt(values: list[float], spec: str) -> str:
         return "—"
     std = "" if math.isnan(stat["std"]) else f" ± {format(stat['std'], spec)}"
     return f"{format(stat['mean'], spec)}{std}"
-
-
-def deep_mean(values: list[float] | None) -> float:
-    """Mean over the deep states l ≥ 1 of a per-state list [l = 0 … L]."""
-    return statistics.fmean(values[1:]) if values and len(values) > 1 else math.nan
 
 
 def nudge_mean(block: dict[str, Any] | None, eta: str = "0.01") -> float:

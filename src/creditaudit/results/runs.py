@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from creditaudit.deep_layers import deep_mean
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
@@ -50,15 +51,6 @@ def figure_recipe(record: RunRecord) -> str:
     """The record's recipe key plus the trainable blocks: the runs a figure compares (a
     depth-ladder step is its own figure group)."""
     return f"{record.recipe_key}|{record.config.method.trainable_blocks}"
-
-
-def deep_mean(values: Sequence[Any] | None) -> float:
-    """Mean over layers l ≥ 1 (NaN entries left out; NaN if none is left)."""
-    if not values or len(values) < 2:
-        return math.nan
-    deep = [as_float(v) for v in values[1:]]
-    deep = [v for v in deep if not math.isnan(v)]
-    return float(np.mean(deep)) if deep else math.nan
 
 
 def matches(value: Any, wanted: Any) -> bool:

@@ -29,7 +29,7 @@ from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, comparable
 from creditaudit.report import format_run_summary
 from creditaudit.run_results import epoch_record
 from creditaudit.sweep import load_sweep
-from creditaudit.sweep.grid import run_key
+from creditaudit.sweep.distinct import run_key
 from creditaudit.training import RunResult, train
 from creditaudit.zoo import CifarResNet, TransformerClassifier
 from docs_support import ROOT

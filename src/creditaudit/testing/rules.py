@@ -75,8 +75,9 @@ from torch.nn import functional as F
 
 from creditaudit.config import bind
 from creditaudit.methods.adapted import set_trainable
-from creditaudit.methods.base import CreditRule, rms_normalise
+from creditaudit.methods.base import CreditRule
 from creditaudit.methods.registry import validate_rule_class
+from creditaudit.methods.surrogate import rms_normalise
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import block_is_trainable, split_branch
 from creditaudit.testing.common import (

@@ -16,6 +16,7 @@ from creditaudit.records.checkpoint import (
     load_parameters,
     structure_mismatch,
 )
+from creditaudit.records.compare import comparable
 from creditaudit.records.files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -46,7 +47,6 @@ from creditaudit.records.schema import (
     STATUSES,
     DataIdentity,
     RunRecord,
-    comparable,
     recipe_key,
 )
 

@@ -33,14 +33,8 @@ from creditaudit.records.files import (
     save_record,
     scan_records,
 )
-from creditaudit.records.parts import (
-    DERIVED,
-    EndOfRun,
-    EpochEntry,
-    FinalResults,
-    ProtocolState,
-    deep_mean,
-)
+from creditaudit.records.parts import DERIVED, EpochEntry, deep_mean
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.records.schema import (
     FINISHED,
     SCHEMA,

@@ -1,11 +1,9 @@
 """Typed run records: what a run writes to ``record.json`` and every reader reads back.
 
 A record is a :class:`RunRecord` holding the validated :class:`~creditaudit.config.RunConfig`,
-one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch, the
-:class:`~creditaudit.records.parts.FinalResults`, the end-of-run
-:class:`~creditaudit.records.parts.EndOfRun` credit-quality block, the
-:class:`~creditaudit.records.parts.ProtocolState` of the four-diagnostic protocol (the parts
-live in :mod:`creditaudit.records.parts`), and the :class:`DataIdentity` of the data it
+one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch, the final results,
+the end-of-run credit-quality block and the protocol state of the four-diagnostic protocol
+(:mod:`creditaudit.records.run_parts`), and the :class:`DataIdentity` of the data it
 trained on. JSON keys are the field names (the per-epoch keys of the original study, such as
 ``hidden_norms`` and ``bp_grad_norms_per_sample_med``, are kept). Field documentation lives
 in each field's metadata; ``docs/records.md`` is generated from it
@@ -27,16 +25,14 @@ from creditaudit.config import RunConfig, config_from_dict, non_semantic
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import CreditAuditError, RunRecordError
 from creditaudit.records.parts import (
-    EndOfRun,
     EpochEntry,
-    FinalResults,
-    ProtocolState,
     as_number,
     check_domains,
     deep_mean,
     doc,
     finite_number,
 )
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.registry import DATASETS
 
 SCHEMA = "creditaudit.run/3"

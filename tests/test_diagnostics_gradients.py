@@ -9,10 +9,10 @@ import torch
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
+from creditaudit.deep_layers import deep_mean
 from creditaudit.diagnostics.alignment import (
     ReferenceDirections,
     cosine_per_sample,
-    deep_mean,
     layer_cosines,
     mean_cosine,
 )

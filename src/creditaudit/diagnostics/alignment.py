@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from creditaudit.deep_layers import deep_mean
 from creditaudit.diagnostics.gradients import median_norms
 
 
@@ -75,12 +76,6 @@ class ReferenceDirections:
     def cosines(self, credits: list[Tensor]) -> list[float]:
         return [_mean_defined((unit_rows(a) * u).sum(dim=1))
                 for a, u in zip(credits, self.units)]
-
-
-def deep_mean(values: list[float]) -> float:
-    """Mean over layers l ≥ 1 (the deep layers), ignoring undefined (NaN) layers."""
-    deep = [v for v in values[1:] if not math.isnan(v)]
-    return sum(deep) / len(deep) if deep else float("nan")
 
 
 def _nanmean(values: Tensor, dim: int) -> Tensor:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from creditaudit.diagnostics.alignment import deep_mean, layer_cosine_coverage
+from creditaudit.deep_layers import deep_mean
+from creditaudit.diagnostics.alignment import layer_cosine_coverage
 from creditaudit.diagnostics.gradients import (
     REFERENCE_FLOOR,
     StateGradients,

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from creditaudit.diagnostics.alignment import ReferenceDirections, deep_mean
+from creditaudit.deep_layers import deep_mean
+from creditaudit.diagnostics.alignment import ReferenceDirections
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.diagnostics.progress import Clock, Say, StageProgress

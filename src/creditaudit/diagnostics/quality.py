@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from creditaudit.deep_layers import deep_mean
 from creditaudit.diagnostics.alignment import (
-    deep_mean,
     gamma_aggregations,
     layer_cosine_table,
     layer_cosines,

@@ -16,13 +16,14 @@ import statistics
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.deep_layers import deep_mean
 from creditaudit.errors import ConfigError
 from creditaudit.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.experiments.configs import arch_config, method_overrides, single_arch
 from creditaudit.experiments.groups import fmt, group_records, markdown_table, method_label
 from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
-from creditaudit.records import RunRecord, deep_mean
+from creditaudit.records import RunRecord, finite_number
 from creditaudit.registry import RULES
 
 CONDITIONS = (("dfa", 0.0), ("dfa", 1e-4), ("dfa", 1e-2), ("fa", 0.0))
@@ -61,10 +62,10 @@ def seed_null(record: RunRecord) -> dict[str, Any]:
         "training": null.get("training_value"), "null_mean": null.get("mean"),
         "null_std": null.get("std"), "z": null.get("z"), "values": null.get("values", []),
         "deep_rho": record.deep_rho,
-        "deep_rho_bp": deep_mean(controls.get("bp")),
-        "deep_rho_random": deep_mean(controls.get("random")),
+        "deep_rho_bp": finite_number(deep_mean(controls.get("bp"))),
+        "deep_rho_random": finite_number(deep_mean(controls.get("random"))),
         "rho_measurable": bool(measurable) and all(measurable[1:]),
-        "deep_cos_bp": deep_mean(cos_controls.get("bp")),
+        "deep_cos_bp": finite_number(deep_mean(cos_controls.get("bp"))),
         "error": end.credit_quality_error,
     }
 

@@ -33,7 +33,7 @@ from creditaudit.records.files import (
     save_record,
     scan_records,
 )
-from creditaudit.records.parts import DERIVED, EpochEntry, deep_mean
+from creditaudit.records.parts import DERIVED, EpochEntry, finite_number
 from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.records.schema import (
     FINISHED,
@@ -51,6 +51,6 @@ __all__ = [
     "load_config_file",
     "load_record_cached",
     "load_records", "scan_records", "find_records", "save_record", "new_record",
-    "record_path", "comparable", "deep_mean", "recipe_key", "atomic_write_json",
+    "record_path", "comparable", "finite_number", "recipe_key", "atomic_write_json",
     "atomic_torch_save", "load_checkpoint", "load_parameters", "structure_mismatch",
 ]

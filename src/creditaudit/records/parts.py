@@ -14,10 +14,11 @@ import dataclasses
 import functools
 import math
 import reprlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from creditaudit.deep_layers import deep_mean
 from creditaudit.errors import RunRecordError
 
 # Rounding slack of a domain's bounds: a cosine of 1.0000000002 (float32 arithmetic) is 1.
@@ -141,14 +142,6 @@ def finite_number(value: Any) -> float | None:
     return number if number is not None and math.isfinite(number) else None
 
 
-def deep_mean(values: Sequence[Any] | None) -> float | None:
-    """Mean over layers l ≥ 1 of the finite values; None when there is none."""
-    if not values or len(values) < 2:
-        return None
-    kept = [v for v in (finite_number(x) for x in values[1:]) if v is not None]
-    return sum(kept) / len(kept) if kept else None
-
-
 # --- one epoch ----------------------------------------------------------------------------
 @dataclass
 class EpochEntry:
@@ -245,7 +238,7 @@ class EpochEntry:
     @property
     def deep_cos(self) -> float | None:
         """Mean of ``cos_per_layer`` over the deep states l ≥ 1 (finite values)."""
-        return deep_mean(self.cos_per_layer)
+        return finite_number(deep_mean(self.cos_per_layer))
 
     @property
     def deep_cos_valid(self) -> bool | None:

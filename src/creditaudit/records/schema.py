@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict, non_semantic
+from creditaudit.deep_layers import deep_mean
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import CreditAuditError, RunRecordError
 from creditaudit.records.parts import (
     EpochEntry,
     as_number,
     check_domains,
-    deep_mean,
     doc,
     finite_number,
 )
@@ -196,7 +196,7 @@ class RunRecord:
             return None
         if finite_number(last.deep_cos) is not None:
             return float(last.deep_cos)  # type: ignore[arg-type]
-        return deep_mean(last.cos_per_layer)
+        return finite_number(deep_mean(last.cos_per_layer))
 
     @property
     def deep_cos_valid(self) -> bool | None:
@@ -236,7 +236,7 @@ class RunRecord:
 
     @property
     def deep_rho(self) -> float | None:
-        return deep_mean(self.diagnostics.perturbation_rho)
+        return finite_number(deep_mean(self.diagnostics.perturbation_rho))
 
     def nudging_at(self, eta: str | None = None) -> list[float] | None:
         """Nudging Δ per deep state at step ``eta`` (default: the smallest recorded)."""

@@ -12,7 +12,7 @@ from creditaudit.methods import BP, DFA, EP, rule_class, rule_names
 from creditaudit.methods.base import step_result
 from creditaudit.testing import check_rule, make_rule, rule_checks, tiny_batch
 from creditaudit.testing.common import EXPECTED_FAILURE, relative_error
-from creditaudit.testing.rules import output_layer_errors
+from creditaudit.testing.rule_properties import output_layer_errors
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

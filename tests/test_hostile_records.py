@@ -28,15 +28,8 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.plan import run_id
 from creditaudit.records import RECORD_FILE, load_record
-from creditaudit.records.parts import (
-    ACCURACY,
-    COSINE,
-    FRACTION,
-    NONNEGATIVE,
-    EndOfRun,
-    EpochEntry,
-    FinalResults,
-)
+from creditaudit.records.parts import ACCURACY, COSINE, FRACTION, NONNEGATIVE, EpochEntry
+from creditaudit.records.run_parts import EndOfRun, FinalResults
 from creditaudit.safe_files import MAX_TEXT_BYTES, read_text
 from creditaudit.strict_json import MAX_DEPTH, TooDeep, check_depth, nesting_depth
 from integrity_support import sweep_toml, tiny_config, write_idx_dataset

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods import build_rule
-from creditaudit.methods.base import LocalPass, local_objective, output_error
+from creditaudit.methods.base import output_error
+from creditaudit.methods.surrogate import LocalPass, local_objective
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.models.contract import ResidualNet, block_is_trainable
 

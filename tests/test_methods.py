@@ -16,8 +16,9 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods import BP, DFA, FA, Frozen, build_rule, rms_normalise
-from creditaudit.methods.base import local_forward, local_objective, output_error
+from creditaudit.methods.base import output_error
 from creditaudit.methods.bp import bp_state_gradients
+from creditaudit.methods.surrogate import local_forward, local_objective
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.models.contract import ResidualNet, readout_parameters
 

@@ -30,7 +30,7 @@ from creditaudit.report import format_run_summary
 from creditaudit.results import arch_label
 from creditaudit.run_results import epoch_record
 from creditaudit.sweep import load_sweep
-from creditaudit.sweep.grid import run_key
+from creditaudit.sweep.distinct import run_key
 from creditaudit.training import RunResult, train
 from creditaudit.zoo import CifarResNet, TransformerClassifier
 from docs_support import ROOT

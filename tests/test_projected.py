@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from creditaudit.methods.base import rms_normalise
 from creditaudit.methods.projected import credit_scales, dense_route, projected_forward
+from creditaudit.methods.surrogate import rms_normalise
 from creditaudit.models import PlainMLP, ViTMini
 from creditaudit.models.contract import ResidualNet, split_branch
 from test_local_steps import (

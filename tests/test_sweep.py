@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -35,32 +34,11 @@ from creditaudit.sweep import (
     run_sweep,
     try_claim,
 )
+from sweep_files import TINY_SWEEP_BASE, interrupt_sweep, write_tiny_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = {
-    "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "model.d": 16,
-    "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
-    "diagnostics.eval_samples": 128, "run.progress": False,
-}
-
-TINY_TOML = """
-[base.data]
-n_train = 256
-n_test = 128
-in_dim = 8
-[base.model]
-d = 16
-n_blocks = 2
-[base.optim]
-epochs = {epochs}
-batch_size = 64
-[base.diagnostics]
-eval_samples = 128
-[base.run]
-out_dir = "{out}"
-progress = false
-"""
+TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False}
 
 
 def tiny(out: Path, **overrides: object) -> RunConfig:
@@ -68,8 +46,8 @@ def tiny(out: Path, **overrides: object) -> RunConfig:
 
 
 def write_sweep(path: Path, out: Path, body: str, epochs: int = 1) -> Path:
-    path.write_text(TINY_TOML.format(out=out, epochs=epochs) + textwrap.dedent(body))
-    return path
+    """The sweep file of :func:`tiny` runs: ``body`` over a [base] of TINY."""
+    return write_tiny_sweep(path, out, body, epochs=epochs, base=TINY)
 
 
 def events(out: Path, kind: str | None = None) -> list[dict]:
@@ -467,29 +445,7 @@ def test_a_signal_ends_the_sweep_promptly_with_its_runs_resumable(tmp_path, work
     process = subprocess.Popen([*CLI, "sweep", str(path), "--workers", workers, "-q"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while not all((d / CHECKPOINT_FILE).exists() and (d / RECORD_FILE).exists()
-                      for d in started):
-            assert process.poll() is None, process.communicate()
-            assert time.time() < deadline, "the runs never checkpointed"
-            time.sleep(0.1)
-        if signum == signal.SIGINT:
-            os.killpg(process.pid, signum)
-        else:
-            process.send_signal(signum)
-        interrupted = time.time()
-        _, err = process.communicate(timeout=90)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 130, err
-    assert time.time() - interrupted < 45
-    assert err.strip().splitlines()[-1].startswith("creditaudit: sweep interrupted")
-    for run_dir in started:
-        assert load_record(run_dir).status == "interrupted"
-        assert (run_dir / CHECKPOINT_FILE).exists() and not (run_dir / CLAIM_FILE).exists()
+    interrupt_sweep(process, started, signum, to_group=signum == signal.SIGINT)
 
 
 # --- CLI ------------------------------------------------------------------------------------

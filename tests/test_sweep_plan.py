@@ -17,27 +17,12 @@ from creditaudit.plan import run_id
 from creditaudit.sweep import count_runs, expand_grid, load_sweep
 from creditaudit.sweep import grid as grid_module
 from integrity_support import assert_one_line_error, write_idx_dataset
-
-BASE = """
-[base.data]
-n_train = 256
-n_test = 128
-in_dim = 8
-[base.model]
-d = 16
-n_blocks = 2
-[base.optim]
-epochs = 1
-batch_size = 64
-[base.run]
-out_dir = "{out}"
-"""
+from sweep_files import write_tiny_sweep
 
 
 def sweep_file(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "s.toml"
-    path.write_text(BASE.format(out=tmp_path / "out") + textwrap.dedent(body))
-    return path
+    """``tmp_path``/s.toml: ``body`` over the tiny [base], its runs in ``tmp_path``/out."""
+    return write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out", body)
 
 
 # --- one key, two spellings ----------------------------------------------------------------

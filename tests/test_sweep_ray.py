@@ -20,9 +20,8 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError
 from creditaudit.plan import run_id
-from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
+from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.sweep import (
-    CLAIM_FILE,
     SUMMARY_FILE,
     SWEEP_LOG_FILE,
     load_sweep,
@@ -31,38 +30,22 @@ from creditaudit.sweep import (
 )
 from creditaudit.sweep.ray_cluster import check_one_run_fits, parallel_runs
 from integrity_support import assert_one_line_error
+from sweep_files import interrupt_sweep, write_tiny_sweep
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY,
                                reason="ray is not installed (pip install 'creditaudit[ray]')")
 
-SWEEP = """
-[base.data]
-n_train = 256
-n_test = 128
-in_dim = 8
-[base.model]
-d = 16
-n_blocks = 2
-[base.optim]
-epochs = 1
-batch_size = 64
-[base.diagnostics]
-eval_samples = 128
-rho_samples = 16
-rho_directions = 2
-null_draws = 2
-[base.run]
-out_dir = "{out}"
-[grid]
-"method.name" = ["bp", "dfa"]
-"""
+# The end-of-run diagnostics on few samples: a run takes seconds.
+DIAGNOSTICS = {"diagnostics.eval_samples": 128, "diagnostics.rho_samples": 16,
+               "diagnostics.rho_directions": 2, "diagnostics.null_draws": 2}
 
 
-def sweep_file(tmp_path: Path) -> tuple[Path, Path]:
+def sweep_file(tmp_path: Path, epochs: int = 1) -> tuple[Path, Path]:
+    """(the sweep file, its output folder): BP and DFA on the tiny [base]."""
     out = tmp_path / "out"
-    path = tmp_path / "sweep.toml"
-    path.write_text(SWEEP.format(out=out))
+    grid = '[grid]\n"method.name" = ["bp", "dfa"]\n'
+    path = write_tiny_sweep(tmp_path / "sweep.toml", out, grid, epochs=epochs, base=DIAGNOSTICS)
     return path, out
 
 
@@ -297,31 +280,11 @@ def test_sigterm_ends_a_ray_sweep_with_its_runs_resumable(ray_2cpu, tmp_path):
     """SIGTERM to a sweep on a running cluster: Ray's own handler would abort the process
     (core dump, runs left 'running' with their claims); the sweep cancels its tasks, each
     run records 'interrupted' and releases its claim, and the sweep exits 130."""
-    path, out = sweep_file(tmp_path)
-    path.write_text(path.read_text().replace("epochs = 1", "epochs = 500"))
+    path, out = sweep_file(tmp_path, epochs=500)
     configs = prepare_configs(load_sweep(path).configs(), threads=1)
     run_dirs = [out / run_id(config) for config in configs]
     address = ray_2cpu.get_runtime_context().gcs_address
     process = subprocess.Popen([*CLI, "sweep", str(path), "--executor", "ray", "--address",
                                 address, "-q"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not all((d / CHECKPOINT_FILE).exists() and (d / RECORD_FILE).exists()
-                      for d in run_dirs):
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the runs never checkpointed"
-            time.sleep(0.2)
-        process.send_signal(signal.SIGTERM)
-        interrupted = time.monotonic()
-        _, err = process.communicate(timeout=90)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 130, err
-    assert time.monotonic() - interrupted < 45
-    assert err.strip().splitlines()[-1].startswith("creditaudit: sweep interrupted")
-    for run_dir in run_dirs:
-        assert load_record(run_dir).status == "interrupted"  # resumes from its checkpoint
-        assert not (run_dir / CLAIM_FILE).exists()
+    interrupt_sweep(process, run_dirs, signal.SIGTERM)

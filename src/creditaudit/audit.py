@@ -40,7 +40,7 @@ from creditaudit.records import (
     load_records,
     record_path,
 )
-from creditaudit.records.schema import recipe_difference
+from creditaudit.records.compare import recipe_difference
 from creditaudit.run_setup import rebuild_run, resolve_device
 
 log = logging.getLogger(__name__)

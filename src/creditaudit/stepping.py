@@ -35,12 +35,13 @@ from torch.nn import functional as F
 
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.methods import CreditRule
-from creditaudit.methods.base import local_forward, loss_precision, state_credit_shape
+from creditaudit.methods.base import loss_precision
 from creditaudit.methods.bp import BP, forward_with_branches
 from creditaudit.methods.dfa import DFA
 from creditaudit.methods.drtp import DRTP
 from creditaudit.methods.fa import FA
 from creditaudit.methods.frozen import Frozen
+from creditaudit.methods.surrogate import local_forward, state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.fused import plain_autograd
 

@@ -48,6 +48,7 @@ from creditaudit.diagnostics.central_differences import (
     _compared,
     _disagree,
 )
+from creditaudit.diagnostics.gradients import StatesFn
 from creditaudit.diagnostics.perturbation import _unit_directions
 from creditaudit.diagnostics.reference_modules import (
     FIX,
@@ -57,12 +58,7 @@ from creditaudit.diagnostics.reference_modules import (
     _recorded,
     _scan,
 )
-from creditaudit.diagnostics.user_models import (
-    ForwardFrom,
-    StatesFn,
-    StatesNet,
-    check_forward_from,
-)
+from creditaudit.diagnostics.user_models import ForwardFrom, StatesNet, check_forward_from
 from creditaudit.diagnostics.working import model_copy
 from creditaudit.errors import ModelContractError
 

@@ -22,14 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from creditaudit.diagnostics.gradients import StatesFn
 from creditaudit.errors import ModelContractError
+from creditaudit.models.adapt_probe import REPRODUCE_RTOL
 
-StatesFn = Callable[[Tensor], tuple[list[Tensor], Tensor]]
 ForwardFrom = Callable[[int, Tensor], Tensor]
 CreditFn = Callable[[Tensor, Tensor], Sequence[Tensor]]
 PROBE = 2  # samples the checks run on
-# forward_from(l, h_l) must give states_fn's logits to this relative precision.
-REPRODUCE_RTOL = 1e-4
 
 
 def dtype_name(dtype: torch.dtype) -> str:

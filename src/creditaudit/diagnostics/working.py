@@ -19,13 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from creditaudit.diagnostics.gradients import StatesFn
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import ResidualNet
 
 DEFAULT_MEMORY_GB = 2.0
 PROBE_SAMPLES = (2, 4)
-
-StatesFn = Callable[[Tensor], tuple[list[Tensor], Tensor]]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from torch import nn
 from creditaudit.config import MethodConfig, config_from_dict
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods.adapted import set_trainable
-from creditaudit.methods.base import CreditRule, StepResult, rms_normalise
+from creditaudit.methods.base import CreditRule, StepResult
 from creditaudit.methods.bp import BP, bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge
 from creditaudit.methods.dfa import DFA
@@ -33,6 +33,7 @@ from creditaudit.methods.registry import (
     rule_names,
 )
 from creditaudit.methods.state_bridge import StateBridge
+from creditaudit.methods.surrogate import rms_normalise
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, check_contract
 

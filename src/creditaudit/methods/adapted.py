@@ -34,12 +34,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
-from creditaudit.methods.base import (
-    StepResult,
-    loss_precision,
-    state_credit_shape,
-    step_result,
-)
+from creditaudit.methods.base import StepResult, loss_precision, step_result
+from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import set_trainable_blocks
 

@@ -10,14 +10,9 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.methods import adapted
-from creditaudit.methods.base import (
-    CreditRule,
-    StepResult,
-    branch_penalty,
-    loss_precision,
-    step_result,
-)
+from creditaudit.methods.base import CreditRule, StepResult, loss_precision, step_result
 from creditaudit.methods.registry import register
+from creditaudit.methods.surrogate import branch_penalty
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, block_is_trainable
 

@@ -51,10 +51,7 @@ from creditaudit.methods.base import (
     FeedbackOptions,
     LocalOptions,
     StepResult,
-    local_backward,
-    local_forward,
     output_error,
-    state_credit_shape,
     step_result,
 )
 from creditaudit.methods.feedback import draw_feedback, state_width
@@ -68,6 +65,7 @@ from creditaudit.methods.state_bridge import (
     seeded_init,
     split_rows,
 )
+from creditaudit.methods.surrogate import local_backward, local_forward, state_credit_shape
 from creditaudit.models.contract import ResidualNet, feature_rows
 from creditaudit.optim import make_adamw
 

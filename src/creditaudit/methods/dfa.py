@@ -9,10 +9,11 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.methods import adapted
-from creditaudit.methods.base import StepResult, output_error, state_credit_shape, step_result
+from creditaudit.methods.base import StepResult, output_error, step_result
 from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
 from creditaudit.methods.projected import credit_scales, projected_backward, projected_forward
 from creditaudit.methods.registry import register
+from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 
 

@@ -66,15 +66,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig, opt
-from creditaudit.methods.base import (
-    CreditRule,
-    StepResult,
-    branch_penalty,
-    per_sample_dot,
-    step_result,
-)
+from creditaudit.methods.base import CreditRule, StepResult, step_result
 from creditaudit.methods.ep_relax import EP_SOLVERS, Relaxation, relax
 from creditaudit.methods.registry import register
+from creditaudit.methods.surrogate import branch_penalty, per_sample_dot
 from creditaudit.models.contract import (
     ResidualNet,
     block_is_trainable,

@@ -8,15 +8,10 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.methods.base import (
-    StepResult,
-    local_backward,
-    local_forward,
-    loss_precision,
-    step_result,
-)
+from creditaudit.methods.base import StepResult, loss_precision, step_result
 from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
 from creditaudit.methods.registry import register
+from creditaudit.methods.surrogate import local_backward, local_forward
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
 
 

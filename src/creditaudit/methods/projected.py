@@ -11,7 +11,7 @@ Linear's, y = u·Wᵀ + b with U_l = diag(c_l)·e (B × C):
 — products of width C instead of d. Autograd computes exactly these when it backpropagates
 U_l from the *projected* output p_l = y·B_lᵀ = F.linear(u, B_l·W, B_l·b) (B × C), so the
 step builds p_l with a graph and computes y's value without one. ⟨y, U_l B_l⟩ = ⟨p_l, U_l⟩,
-so the surrogate and every parameter update are those of :func:`~.base.local_backward`, to
+so the surrogate and every parameter update are those of :func:`~.surrogate.local_backward`, to
 rounding. On the ResidualMLP this skips the embedding's B×n×d weight product and two of
 each block's three remaining d-wide backward products (benchmarks/step_flops.py).
 
@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.methods.base import RMS_EPS, state_credit_shape
+from creditaudit.methods.surrogate import RMS_EPS, state_credit_shape
 from creditaudit.models.contract import ResidualNet, block_is_trainable, split_branch
 
 _projection_enabled = True
@@ -113,7 +113,7 @@ def projected_forward(model: ResidualNet, x: Tensor, feedback: Sequence[Tensor],
                       keep_branches: bool) -> ProjectedPass:
     """The forward pass of :class:`ProjectedPass`; ``feedback[l]`` is B_l, (C, d).
 
-    Values are those of :func:`~creditaudit.methods.base.local_forward`: every block input
+    Values are those of :func:`~creditaudit.methods.surrogate.local_forward`: every block input
     detached, the next state from the detached branch output.
     """
     embed = model.embed
@@ -186,7 +186,7 @@ def projected_backward(local: ProjectedPass, ce: Tensor, signal: Tensor, scales:
     """Accumulate every module's local update into ``.grad`` in one backward pass.
 
     A projected output gets U_l = c_l·signal (B, C); a dense output and an inner skip get
-    the credit gradient U_l·B_l (:func:`~creditaudit.methods.base.local_backward`'s â_l/B);
+    the credit gradient U_l·B_l (:func:`~creditaudit.methods.surrogate.local_backward`'s â_l/B);
     block branches also get the penalty's 2λ·f_l/B, the readout its cross-entropy.
     """
     batch = signal.shape[0]

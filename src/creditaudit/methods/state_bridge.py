@@ -47,13 +47,12 @@ from creditaudit.methods.base import (
     LocalOptions,
     SeededOptions,
     StepResult,
-    local_backward,
-    local_forward,
     output_error,
     step_result,
 )
 from creditaudit.methods.feedback import state_width
 from creditaudit.methods.registry import register
+from creditaudit.methods.surrogate import local_backward, local_forward
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
 from creditaudit.optim import make_adamw
 

@@ -16,6 +16,7 @@ from creditaudit.records.checkpoint import (
     load_parameters,
     structure_mismatch,
 )
+from creditaudit.records.compare import comparable
 from creditaudit.records.files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -32,21 +33,14 @@ from creditaudit.records.files import (
     save_record,
     scan_records,
 )
-from creditaudit.records.parts import (
-    DERIVED,
-    EndOfRun,
-    EpochEntry,
-    FinalResults,
-    ProtocolState,
-    finite_number,
-)
+from creditaudit.records.parts import DERIVED, EpochEntry, finite_number
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.records.schema import (
     FINISHED,
     SCHEMA,
     STATUSES,
     DataIdentity,
     RunRecord,
-    comparable,
     recipe_key,
 )
 

@@ -11,14 +11,8 @@ import types
 import typing
 
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.records.parts import (
-    DOMAIN_TOLERANCE,
-    EndOfRun,
-    EpochEntry,
-    FinalResults,
-    ProtocolState,
-    domain_text,
-)
+from creditaudit.records.parts import DOMAIN_TOLERANCE, EpochEntry, domain_text
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.records.schema import SCHEMA, RunRecord
 
 MARKER = "<!-- generated -->"

@@ -1,15 +1,13 @@
 """Typed run records: what a run writes to ``record.json`` and every reader reads back.
 
 A record is a :class:`RunRecord` holding the validated :class:`~creditaudit.config.RunConfig`,
-one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch, the
-:class:`~creditaudit.records.parts.FinalResults`, the end-of-run
-:class:`~creditaudit.records.parts.EndOfRun` credit-quality block, the
-:class:`~creditaudit.records.parts.ProtocolState` of the four-diagnostic protocol (the parts
-live in :mod:`creditaudit.records.parts`), and the :class:`DataIdentity` of the data it
-trained on. JSON keys are the field
-names (the per-epoch keys of the original study, such as ``hidden_norms`` and
-``bp_grad_norms_per_sample_med``, are kept). Field documentation lives in each field's
-metadata; ``docs/records.md`` is generated from it (``scripts/gen_records_doc.py``).
+one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch, the final results,
+the end-of-run credit-quality block and the protocol state of the four-diagnostic protocol
+(:mod:`creditaudit.records.run_parts`), and the :class:`DataIdentity` of the data it
+trained on. JSON keys are the field names (the per-epoch keys of the original study, such as
+``hidden_norms`` and ``bp_grad_norms_per_sample_med``, are kept). Field documentation lives
+in each field's metadata; ``docs/records.md`` is generated from it
+(``scripts/gen_records_doc.py``). How two records compare: :mod:`creditaudit.records.compare`.
 
 Readers never index the JSON: they use the accessors here (``final_acc``, ``deep_cos``,
 ``series``, ``recipe_key``, …), so a change of layout is made in one place.
@@ -28,23 +26,19 @@ from creditaudit.deep_layers import deep_mean
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import CreditAuditError, RunRecordError
 from creditaudit.records.parts import (
-    EndOfRun,
     EpochEntry,
-    FinalResults,
-    ProtocolState,
     as_number,
     check_domains,
     doc,
     finite_number,
 )
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.registry import DATASETS
 
 SCHEMA = "creditaudit.run/3"
 LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2")
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")
-# Per-epoch fields that depend on wall-clock time, not on what was computed.
-TIMING_KEYS = ("seconds",)
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -329,20 +323,6 @@ def recipe_key(config: RunConfig, source: str | None = None) -> str:
     return json.dumps(recipe(config, source), sort_keys=True)
 
 
-def recipe_difference(a: RunRecord, b: RunRecord) -> str | None:
-    """The first recipe field where ``a`` and ``b`` differ (``"model.n_blocks: 3 vs 2"``),
-    or None when they share a recipe."""
-    ra = recipe(a.config, a.data.source if a.data else None)
-    rb = recipe(b.config, b.data.source if b.data else None)
-    for section, values in ra.items():
-        for key, value in values.items():
-            other = rb[section].get(key)
-            if value != other:
-                name = "the data" if key == "source" else f"{section}.{key}"
-                return f"{name}: {value!r} vs {other!r}" if key != "source" else name
-    return None
-
-
 # --- validation and migration ----------------------------------------------------------------
 _REQUIRED: dict[str, Any] = {
     "schema": str, "run_id": str, "config": dict, "status": str, "log": list,
@@ -395,29 +375,3 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
         schema=SCHEMA)
-
-
-def comparable(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
-    """The record without wall-clock fields, as a dict: equal for equal computations (tests,
-    resume). NaN values are replaced by the string "NaN" so equal records compare equal."""
-    if isinstance(record, RunRecord):
-        raw, skip = record.to_dict(), non_semantic(record.config)
-    else:
-        raw = dict(record)
-        skip = non_semantic(config_from_dict(raw["config"], strict=False))
-    out = {k: v for k, v in raw.items()
-           if k not in ("environment", "created", "updated", "timing")}
-    out["config"] = {section: {k: v for k, v in values.items() if (section, k) not in skip}
-                     for section, values in raw["config"].items()}
-    out["log"] = [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in raw["log"]]
-    return _nan_safe(out)
-
-
-def _nan_safe(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return "NaN"
-    if isinstance(value, dict):
-        return {k: _nan_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nan_safe(v) for v in value]
-    return value

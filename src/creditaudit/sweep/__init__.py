@@ -60,13 +60,11 @@ from creditaudit.sweep.claims import (
     release_claim,
     try_claim,
 )
+from creditaudit.sweep.distinct import config_value, count_runs, dedupe
 from creditaudit.sweep.executors import Executor, InlineExecutor, LocalExecutor, RayExecutor
 from creditaudit.sweep.grid import (
     DEFAULT_MAX_RUNS,
     Sweep,
-    config_value,
-    count_runs,
-    dedupe,
     expand_grid,
     flatten_keys,
     load_sweep,

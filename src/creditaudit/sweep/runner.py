@@ -14,8 +14,8 @@ from creditaudit.errors import ConfigError
 from creditaudit.plan import run_id as run_id_of
 from creditaudit.safe_files import ensure_folder
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
+from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
-from creditaudit.sweep.grid import config_value
 from creditaudit.sweep.worker import disk_status, run_task
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,8 @@ from creditaudit.testing.common import (
 from creditaudit.testing.datasets import check_dataset, dataset_checks
 from creditaudit.testing.diagnostics import check_diagnostic, diagnostic_checks
 from creditaudit.testing.models import check_model, model_checks
-from creditaudit.testing.rules import CHECKS, check_rule, make_rule, rule_checks
+from creditaudit.testing.rule_properties import make_rule
+from creditaudit.testing.rules import CHECKS, check_rule, rule_checks
 
 __all__ = ["check_rule", "rule_checks", "check_model", "model_checks", "check_dataset",
            "dataset_checks", "check_diagnostic", "diagnostic_checks", "CHECKS", "Check",

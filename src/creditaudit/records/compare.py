@@ -1,0 +1,53 @@
+"""How two run records compare: equal computations (:func:`comparable`, the record without
+its wall-clock fields) and the first recipe field where two runs differ
+(:func:`recipe_difference`; a recipe is :func:`~creditaudit.records.schema.recipe`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from creditaudit.config import config_from_dict, non_semantic
+from creditaudit.records.schema import RunRecord, recipe
+
+# Per-epoch fields that depend on wall-clock time, not on what was computed.
+TIMING_KEYS = ("seconds",)
+
+
+def recipe_difference(a: RunRecord, b: RunRecord) -> str | None:
+    """The first recipe field where ``a`` and ``b`` differ (``"model.n_blocks: 3 vs 2"``),
+    or None when they share a recipe."""
+    ra = recipe(a.config, a.data.source if a.data else None)
+    rb = recipe(b.config, b.data.source if b.data else None)
+    for section, values in ra.items():
+        for key, value in values.items():
+            other = rb[section].get(key)
+            if value != other:
+                name = "the data" if key == "source" else f"{section}.{key}"
+                return f"{name}: {value!r} vs {other!r}" if key != "source" else name
+    return None
+
+
+def comparable(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
+    """The record without wall-clock fields, as a dict: equal for equal computations (tests,
+    resume). NaN values are replaced by the string "NaN" so equal records compare equal."""
+    if isinstance(record, RunRecord):
+        raw, skip = record.to_dict(), non_semantic(record.config)
+    else:
+        raw = dict(record)
+        skip = non_semantic(config_from_dict(raw["config"], strict=False))
+    out = {k: v for k, v in raw.items()
+           if k not in ("environment", "created", "updated", "timing")}
+    out["config"] = {section: {k: v for k, v in values.items() if (section, k) not in skip}
+                     for section, values in raw["config"].items()}
+    out["log"] = [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in raw["log"]]
+    return _nan_safe(out)
+
+
+def _nan_safe(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, dict):
+        return {k: _nan_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_safe(v) for v in value]
+    return value

@@ -1,0 +1,154 @@
+"""The run-level parts of a run record, one of each per run (beside the per-epoch
+:class:`~creditaudit.records.parts.EpochEntry`): the final results, the end-of-run
+credit-quality block and the protocol state.
+
+Their fields are declared like the entry's, documentation and domain in each field
+(:func:`~creditaudit.records.parts.doc`), from which ``docs/records.md`` is generated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from creditaudit.records.parts import (
+    ACCURACY,
+    CORRELATION,
+    COSINE,
+    FRACTION,
+    NONNEGATIVE,
+    doc,
+)
+
+
+# --- result blocks ---------------------------------------------------------
+@dataclass
+class FinalResults:
+    """The headline numbers of the last evaluated epoch (of a diverged run: the last whose
+    evaluation was finite)."""
+
+    epochs_completed: int = doc("last evaluated epoch", 0, domain=NONNEGATIVE)
+    from_epoch: int | None = doc(
+        "diverged runs whose last evaluated epoch was not finite: the epoch the numbers "
+        "below are from, the last whose evaluation was finite (a network that overflowed "
+        "predicts one class; its own numbers stay in the log). Absent otherwise: the numbers "
+        "are those of `epochs_completed`", domain=NONNEGATIVE)
+    test_acc: float | None = doc("test accuracy (fraction)", domain=ACCURACY)
+    test_loss: float | None = doc("test cross-entropy (nats)", domain=NONNEGATIVE)
+    h_L_norm: float | None = doc("median ‖h_L‖", domain=NONNEGATIVE)
+    g_L_norm: float | None = doc("median ‖g_L‖ (1/128 scale)", domain=NONNEGATIVE)
+    deep_cos: float | None = doc("deep cosine", domain=COSINE)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (``from_epoch`` only where it is set)."""
+        out = dataclasses.asdict(self)
+        if out["from_epoch"] is None:
+            del out["from_epoch"]
+        return out
+
+
+@dataclass
+class EndOfRun:
+    """The end-of-run credit-quality block (JSON key ``diagnostics``).
+
+    Per-layer lists run over the states l = 0 … L unless noted. Every metric has its
+    positive (BP credit) and negative (random credit) control measured on the same model.
+    """
+
+    bp_cosine: list[float] | None = doc("cos(a_l, g_l) per state on the evaluation set",
+                                        domain=COSINE)
+    deep_cos: float | None = doc("mean of bp_cosine over l ≥ 1", domain=COSINE)
+    cosine_table: list[dict[str, Any]] | None = doc(
+        "per state: cos, median ‖g_l‖, `valid_reference` (‖g_l‖ ≥ floor) and `defined` "
+        "(the fraction of samples the cosine averages over: a zero credit has no direction)",
+        domain={"cos": COSINE, "g_norm": NONNEGATIVE, "defined": FRACTION})
+    cosine_controls: dict[str, list[float]] | None = doc(
+        "cosines of the BP credit (`bp`, = 1) and a random credit (`random`)", domain=COSINE)
+    gamma: dict[str, float] | None = doc(
+        "aggregate alignment Γ under four aggregations: layers_then_samples, "
+        "samples_then_layers (the headline), pooled, deep_only", domain=COSINE)
+    perturbation_rho: list[float] | None = doc(
+        "perturbation correlation ρ_l of the credit (float64)", domain=CORRELATION)
+    rho_controls: dict[str, list[float]] | None = doc("ρ of the BP and of a random credit",
+                                                      domain=CORRELATION)
+    rho_measurable: list[bool] | None = doc("per state: BP control ρ ≥ 0.9")
+    rho_samples: int | None = doc(
+        "samples used for ρ: rho_samples_asked, or ⌊rho_budget_flops / rho_sample_flops⌋ "
+        "where that is fewer (never below 8)", domain=NONNEGATIVE)
+    rho_directions: int | None = doc("random directions per sample for ρ", domain=NONNEGATIVE)
+    rho_se: list[float] | None = doc(
+        "per state: standard error of perturbation_rho (jackknife over the samples, each "
+        "with its directions)", domain=NONNEGATIVE)
+    rho_samples_asked: int | None = doc(
+        "samples asked for ρ: `diagnostics.rho_samples`, at most the evaluation samples",
+        domain=NONNEGATIVE)
+    rho_sample_flops: int | None = doc(
+        "floating-point operations of one sample's perturbed forwards for ρ (1 + "
+        "rho_directions forwards from each state, counted on the model: matrix products, "
+        "convolutions, attention); depends on the model's shapes only", domain=NONNEGATIVE)
+    rho_budget_flops: float | None = doc(
+        "ρ's compute budget in floating-point operations (`diagnostics.rho_flops`; absent: "
+        "none)", domain=NONNEGATIVE)
+    nudging: dict[str, list[float]] | None = doc(
+        "Δ mean loss after h_l ← h_l − η·a_l/RMS(a_l), per η (key) and deep state 1 … L "
+        "(nats; negative = the credit is a descent direction)")
+    nudging_controls: dict[str, dict[str, list[float]]] | None = doc(
+        "the same for the BP credit (`bp`) and a random credit (`random`)")
+    nudging_samples: int | None = doc(
+        "samples the nudging means run over: every evaluation sample, or ρ's when ρ's "
+        "compute budget held fewer than asked", domain=NONNEGATIVE)
+    fresh_b_null: dict[str, Any] | None = doc(
+        "rules with fixed random feedback: deep cosine with n freshly drawn feedback sets "
+        "(mean, std, values) against the training feedback (training_value, z)",
+        domain={"mean": COSINE, "std": NONNEGATIVE, "values": COSINE,
+                "training_value": COSINE})
+    drift: dict[str, float] | None = doc("‖W_final − W_init‖/‖W_init‖ per parameter",
+                                         domain=NONNEGATIVE)
+    credit_quality_error: str | None = doc("why the block is missing (e.g. diverged model)")
+    extras: dict[str, Any] = doc("rule-specific end-of-run metrics (e.g. EP convergence)",
+                                 factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f: getattr(self, f) for f in _END_FIELDS
+               if f != "extras" and getattr(self, f) is not None}
+        out.update(self.extras)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> EndOfRun:
+        known = {k: raw[k] for k in _END_FIELDS if k in raw and k != "extras"}
+        return cls(**known, extras={k: v for k, v in raw.items() if k not in _END_FIELDS})
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        """Set fields (unknown keys go to ``extras``)."""
+        for key, value in values.items():
+            if key in _END_FIELDS and key != "extras":
+                setattr(self, key, value)
+            else:
+                self.extras[key] = value
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.to_dict()
+
+
+_END_FIELDS = tuple(f.name for f in dataclasses.fields(EndOfRun))
+
+
+@dataclass
+class ProtocolState:
+    """The four-diagnostic protocol as evaluated during training."""
+
+    first_fired: dict[str, int | None] = doc(
+        "first epoch each diagnostic fired (None = never)", factory=dict)
+    epoch: int | None = doc("epoch of the last protocol evaluation")
+    verdict: str | None = doc("verdict at that epoch")
+    fired: list[str] = doc("diagnostics that fired at that epoch", factory=list)
+    report: dict[str, Any] | None = doc("the full protocol report of that epoch")
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.epoch is None and not self.first_fired:
+            return {}
+        return dataclasses.asdict(self)

@@ -1,0 +1,125 @@
+"""Which distinct runs a sweep grid gives: the runs counted before anything is expanded
+(and capped), one run per run key, and the grid axes whose values give fewer runs than
+they list (:class:`AxisCollapse`, with the reason a message states)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from creditaudit.config import RunConfig, apply_where_read, semantic_dict
+from creditaudit.errors import ConfigError
+
+
+def count_runs(grid: dict[str, list[Any]], include: Sequence[Any] = ()) -> int:
+    """The runs a grid expands to before duplicates are dropped: the product of the axis
+    lengths plus the ``include`` runs. Counted, never expanded."""
+    return math.prod(len(values) for values in grid.values()) + len(include)
+
+
+def check_run_count(grid: dict[str, list[Any]], include: Sequence[Any],
+                    max_runs: int | None) -> None:
+    """Raise ConfigError when the grid has more than ``max_runs`` runs (None: no cap)."""
+    if max_runs is None:
+        return
+    n_runs = count_runs(grid, include)
+    if n_runs > max_runs:
+        sizes = " × ".join(str(len(values)) for values in grid.values()) or "1"
+        raise ConfigError(f"the sweep has {n_runs:,} runs ({sizes} grid combinations + "
+                          f"{len(include)} [[include]] runs), more than --max-runs "
+                          f"{max_runs:,}: split the grid into several sweep files, or raise "
+                          "--max-runs")
+
+
+@dataclass(frozen=True)
+class AxisCollapse:
+    """A grid axis whose ``n_values`` values give only ``n_runs`` different runs.
+
+    ``reason``: ``"not in run id"`` (the key does not change what a run computes, e.g.
+    ``run.out_dir``), ``"same value"`` (two values are one value once validated, e.g. 0 and
+    0.0) or ``"overridden"`` (the command line sets the key for every run).
+    """
+
+    key: str
+    n_values: int
+    n_runs: int
+    reason: str
+    detail: str  # the repeated values, or the overriding value
+
+    @property
+    def message(self) -> str:
+        gives = (f"its {self.n_values} values give {self.n_runs} "
+                 f"run{'s' if self.n_runs != 1 else ''}")
+        if self.reason == "overridden":
+            return (f"grid axis {self.key} is set for every run by the command line "
+                    f"({self.key}={self.detail}): {gives}")
+        if self.reason == "same value":
+            return (f"grid axis {self.key} lists one value twice ({self.detail}): {gives}; "
+                    "list each value once")
+        return (f"grid axis {self.key} does not change what a run computes (it is not part "
+                f"of the run id): {gives}; give it one value in [base]")
+
+
+def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
+                   overrides: dict[str, Any] | None = None) -> list[AxisCollapse]:
+    """The axes of a (flat) ``grid`` whose values give fewer runs than they list.
+
+    ``configs`` holds the grid's combinations in product order (as ``grid._every_run`` builds
+    them, before ``overrides``). Each axis is varied with the other axes at their first
+    values: a key that is not part of the run id, a repeated value or an override makes
+    an axis collapse in every combination alike, so one line of the grid shows it.
+    """
+    lengths = [len(values) for values in grid.values()]
+    out = []
+    for axis, (key, values) in enumerate(grid.items()):
+        if len(values) < 2:
+            continue
+        stride = math.prod(lengths[axis + 1:])
+        line = [configs[index * stride] for index in range(len(values))]
+        if overrides:
+            line = [apply_where_read(config, overrides) for config in line]
+        groups: dict[str, list[tuple[Any, RunConfig]]] = {}
+        for value, config in zip(values, line):
+            groups.setdefault(run_key(config), []).append((value, config))
+        if len(groups) == len(values):
+            continue
+        repeated = next(group for group in groups.values() if len(group) > 1)
+        if overrides and key in overrides:
+            reason, detail = "overridden", repr(config_value(line[0], key))
+        elif len({repr(config_value(config, key)) for _, config in repeated}) == 1:
+            reason, detail = "same value", " and ".join(repr(value) for value, _ in repeated)
+        else:
+            reason, detail = "not in run id", ""
+        out.append(AxisCollapse(key, len(values), len(groups), reason, detail))
+    return out
+
+
+def run_key(config: RunConfig) -> str:
+    """Equal for configs that compute the same thing on the same data folder (the run id
+    without the data fingerprint, which would need the data read)."""
+    return json.dumps([semantic_dict(config), config.to_dict()["data"].get("data_dir")],
+                      sort_keys=True)
+
+
+def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
+    """The first of each set of configs that compute the same thing on the same data folder,
+    in order. (Without reading the data: the same data in two folders is deduplicated later,
+    when both resolve to one run id and the second finds the first's run.)"""
+    seen: set[str] = set()
+    out = []
+    for config in configs:
+        key = run_key(config)
+        if key not in seen:
+            seen.add(key)
+            out.append(config)
+    return out
+
+
+def config_value(config: RunConfig | dict[str, Any], key: str) -> Any:
+    """The value of a dotted key in a config (or its dict)."""
+    raw = config.to_dict() if isinstance(config, RunConfig) else config
+    section, _, name = key.partition(".")
+    return raw.get(section, {}).get(name)

@@ -220,6 +220,22 @@ def test_worker_with_another_run_id_refuses_the_run(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_every_outcome_has_the_typed_keys(tmp_path):
+    """Workers, interrupts and dead workers all report an Outcome: its required keys, no
+    other (the sweep's summary, progress line and log read them by name)."""
+    from creditaudit.sweep.outcome import Outcome
+    from creditaudit.sweep.worker import failed_outcome, interrupted_outcome, run_one
+
+    required = Outcome.__required_keys__
+    config = tiny(tmp_path / "out")
+    outcomes = [run_one(config.to_dict()), run_one(config.to_dict()),  # trained, skipped
+                interrupted_outcome({"run_id": "x"}), failed_outcome({"run_id": "x"}, "died"),
+                *interrupted_outcome({"run_ids": ["x", "y"]})]
+    assert [o["action"] for o in outcomes[:2]] == ["trained", "skipped"]
+    for outcome in outcomes:
+        assert required <= set(outcome) <= set(Outcome.__annotations__), outcome
+
+
 # --- executors --------------------------------------------------------------------------
 def test_local_executor_two_workers(tmp_path):
     out = tmp_path / "out"

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.ray_cluster import RayExecutor
 from creditaudit.sweep.worker import failed_outcome, init_worker, pool_call
 
 log = logging.getLogger(__name__)
 
-Outcome = dict[str, Any]
 RunFn = Callable[[dict[str, Any]], Outcome]
 # After an interrupt: how long the workers may take to record 'interrupted' and release
 # their claims before they are killed (a second interrupt kills them at once; a killed run

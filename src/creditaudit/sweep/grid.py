@@ -31,7 +31,6 @@ SWEEP_TABLES = ("base", "grid", "include")
 # counted before anything is expanded, so a grid that would not fit in memory is one line.
 DEFAULT_MAX_RUNS = 10_000
 
-Outcome = dict[str, Any]
 
 
 # --- the sweep file ---------------------------------------------------------------------

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.worker import failed_outcome
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ PROBE_SECONDS = 5.0
 # release their claims before Ray is shut down under them (a second interrupt stops waiting).
 UNWIND_SECONDS = 30.0
 
-Outcome = dict[str, Any]
 RunFn = Callable[[dict[str, Any]], Outcome]
 
 

@@ -16,6 +16,7 @@ from creditaudit.safe_files import ensure_folder
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
+from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.worker import disk_status, run_task
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,6 @@ SUMMARY_FILE = "sweep_summary.json"
 SUMMARY_SCHEMA = "creditaudit.sweep/1"
 FINISHED = ("completed", "diverged")
 
-Outcome = dict[str, Any]
 
 
 # --- the sweep ---------------------------------------------------------------------------

@@ -32,13 +32,13 @@ from creditaudit.sweep.claims import (
     release_claim,
     try_claim,
 )
+from creditaudit.sweep.outcome import Outcome, new_outcome
 
 log = logging.getLogger(__name__)
 
 SWEEP_LOG_FILE = "sweep_log.jsonl"
 FINISHED = ("completed", "diverged")
 
-Outcome = dict[str, Any]
 
 
 # --- one run -----------------------------------------------------------------------------
@@ -104,9 +104,7 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
     claim (released by the caller)."""
     from creditaudit.records import CHECKPOINT_FILE
 
-    outcome: Outcome = {"run_id": run_id, "status": None, "action": "skipped",
-                        "error": None, "seconds": 0.0, "pid": os.getpid(),
-                        "host": socket.gethostname()}
+    outcome = new_outcome(run_id)
     try:
         config = config_from_dict(config_dict)
         own_id = run_id_of(config)
@@ -324,11 +322,9 @@ def _watch_parent(parent: int) -> None:
 
 def interrupted_outcome(task: dict[str, Any]) -> Outcome | list[Outcome]:
     """The outcome of a task (a list for a stacked group's task) stopped by an interrupt."""
-    return [{"run_id": run_id, "status": "interrupted", "action": "interrupted",
-             "error": None, "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
-            for run_id in _task_ids(task)] if "run_ids" in task else {
-        "run_id": task["run_id"], "status": "interrupted", "action": "interrupted",
-        "error": None, "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
+    outcomes = [new_outcome(run_id, status="interrupted", action="interrupted")
+                for run_id in _task_ids(task)]
+    return outcomes if "run_ids" in task else outcomes[0]
 
 
 def _task_ids(task: dict[str, Any]) -> list[str]:

@@ -1,0 +1,40 @@
+"""What a sweep worker reports for one run: :class:`Outcome`, defined once.
+
+An outcome crosses process boundaries (multiprocessing and Ray pickle it) and is what the
+sweep's progress line, summary and log read, so it stays a plain ``dict`` on the wire; the
+:class:`~typing.TypedDict` gives every reader and writer the same keys and types.
+"""
+
+import os
+import socket
+from typing import NotRequired, TypedDict
+
+
+class Outcome(TypedDict):
+    """One run's outcome in a sweep.
+
+    ``status`` is the run's status afterwards (completed, diverged, failed, interrupted,
+    busy; None before the worker knows it); ``action`` what the call did (trained, resumed,
+    restarted, skipped, refused, busy, interrupted); ``seconds`` the wall time of the call;
+    ``pid`` and ``host`` the worker process that made it (None when the worker died);
+    ``holder`` (busy runs only) the claim of the process that holds the run.
+    """
+
+    run_id: str | None
+    status: str | None
+    action: str
+    error: str | None
+    seconds: float
+    pid: int | None
+    host: str | None
+    holder: NotRequired[str | None]
+
+
+def new_outcome(run_id: str | None, *, status: str | None = None,
+                action: str = "skipped") -> Outcome:
+    """An outcome of this process for ``run_id``, no time spent and no error yet."""
+    return {"run_id": run_id, "status": status, "action": action, "error": None,
+            "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
+
+
+__all__ = ["Outcome", "new_outcome"]

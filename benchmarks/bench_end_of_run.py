@@ -39,7 +39,6 @@ from bench_steps import load_text
 from creditaudit.audit import load_run
 from creditaudit.diagnostics.quality import credit_quality
 from creditaudit.run_results import NUDGING_ETAS
-from creditaudit.run_setup import flatten_inputs
 
 STAGES = {"ρ (": "ρ", "nudging: η": "nudging", "fresh-feedback null: deep": "null"}
 
@@ -55,7 +54,7 @@ def measure(run_dir: str, threads: int) -> dict[str, Any]:
     run = load_run(run_dir)
     config = run.record.config
     settings = config.diagnostics
-    x, y = run.data.eval_subset(settings.eval_samples, flatten=flatten_inputs(config))
+    x, y = run.data.eval_subset(settings.eval_samples, flatten=run.plan.flatten)
     before = peak_gb()
     marks: list[tuple[float, str]] = []
 

@@ -36,7 +36,7 @@ from creditaudit.data import load_dataset
 from creditaudit.methods import build_rule
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
 from creditaudit.optim import make_adamw
-from creditaudit.run_setup import flatten_inputs
+from creditaudit.plan import plan_run
 
 BATCH = 128
 
@@ -79,7 +79,7 @@ def main() -> None:
         raise SystemExit(f"{args.run} is a {config.method.name} run; this times EP's step")
     dataset = load_dataset(config.data, seed=config.run.seed)
     n = args.batches * BATCH
-    x = dataset.prepare(dataset.train_x[:n], flatten=flatten_inputs(config))
+    x = dataset.prepare(dataset.train_x[:n], flatten=plan_run(config).flatten)
     y = dataset.train_y[:n]
     batches = [(x[s:s + BATCH], y[s:s + BATCH]) for s in range(0, n, BATCH)]
     weights = copy.deepcopy(model.state_dict())

@@ -38,9 +38,9 @@ from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
 from creditaudit.methods.ep_relax import Relaxation
 from creditaudit.models import build_model
+from creditaudit.plan import plan_run
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.records.checkpoint import load_checkpoint
-from creditaudit.run_setup import flatten_inputs
 
 DEFAULT_GRID = "residual-cg:10,residual-cg:20,residual-cg:40,cg:20,cg:200,gd:20"
 
@@ -50,7 +50,7 @@ def model_and_samples(config: RunConfig, n: int, *, seed: int | None = None
     """``config``'s model (initialised from ``seed`` when given) and the first ``n`` samples
     of its evaluation set with their labels."""
     dataset = load_dataset(config.data, seed=config.run.seed)
-    x, y = dataset.eval_subset(n, flatten=flatten_inputs(config))
+    x, y = dataset.eval_subset(n, flatten=plan_run(config).flatten)
     if seed is not None:
         torch.manual_seed(seed)
     model = build_model(config.model, input_shape=dataset.input_shape,

@@ -61,7 +61,8 @@ SKIP = [
      "in the environment (tests/test_readme.py checks the README says it)"),
     (r"cifar|--scale paper|results/paper", "needs CIFAR-10 (and its paper-scale runs), which "
      "this machine cannot download"),
-    (r"--device cuda", "needs a CUDA GPU (tests/test_cuda.py covers the GPU paths)"),
+    (r"--device cuda|gpu_checks\.sh", "needs a CUDA GPU (tests/test_cuda.py covers the GPU "
+     "paths)"),
     (r"--executor ray|^ray start", "needs a Ray cluster (tests/test_sweep_ray.py starts a "
      "private one)"),
     (r"benchmarks/", "a benchmark: it measures speed for minutes (or on a GPU) and asserts "
@@ -72,8 +73,9 @@ SKIP = [
     (r"^tensorboard ", "starts a web server that runs until it is stopped"),
     (r"audit_own_model\.py", "runs in tests/test_docs_outputs.py, which checks what it prints "
      "against docs/protocol.md"),
-    (r"results/cpu", "the cpu-scale study of docs/results.md: hours on two cores, and its "
-     "figures commands rewrite docs/figures"),
+    (r"results/cpu|results/own|build_results_docs\.sh", "the study of docs/results.md: "
+     "60 runs of minutes each on two cores, and its build script rewrites docs/results and "
+     "docs/figures (tests/test_own_loop.py trains the two outside networks at tiny size)"),
 ]
 # (pattern, why it is left to `pytest -m slow`): commands that take over half a minute here.
 SLOW = [

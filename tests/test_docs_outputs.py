@@ -104,8 +104,8 @@ def test_experiment_run_counts_in_the_docs():
         names = experiment_names() if name == "all" else [name]
         for scale, count in zip(("smoke", "cpu", "paper"), counts):
             assert int(count) == runs_needed(scale, names), (name, scale, count)
-    paper = runs_needed("paper", experiment_names())
-    assert f"({paper} runs in all)" in doc("docs/results.md")
+    assert f"The audit table's {runs_needed('cpu', ['audit_table'])} runs" in doc(
+        "docs/results.md")
 
 
 def test_sweep_run_counts_in_the_docs():
@@ -115,7 +115,9 @@ def test_sweep_run_counts_in_the_docs():
     per_dataset = {len(load_sweep(ROOT / f"examples/sweeps/cpu_{name}.toml").configs())
                    for name in ("fashion", "synthetic")}
     assert per_dataset == {21}, per_dataset
-    assert "(21 runs per dataset)" in doc("docs/results.md")
+    own = sum(len(load_sweep(ROOT / f"examples/sweeps/own_{name}.toml").configs())
+              for name in ("resnet20_fashion", "transformer_mnist1d"))
+    assert f"the {own} runs of section 3" in doc("docs/results.md")
 
 
 # --- error messages -----------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from creditaudit.deep_layers import deep_mean
-from creditaudit.errors import CreditAuditError
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
 from creditaudit.records import RunRecord
@@ -87,25 +86,14 @@ class RunIndex:
     instead of taking the record's own (d) — see :meth:`protocol_report`.
     """
 
-    def __init__(self, records: Iterable[RunRecord], *, paths: Iterable[Path] | None = None,
-                 root: Path | None = None, skipped: Sequence[tuple[Path, str]] = (),
-                 frozen_from_runs: bool = True) -> None:
-        """``paths``: the record.json of each record (default: ``Path(run_id)``)."""
-        records = list(records)
-        files = list(paths) if paths is not None else [Path(r.run_id) for r in records]
-        if len(files) != len(records):
-            raise CreditAuditError(f"RunIndex got {len(records)} records but {len(files)} "
-                                   "paths: pass one path per record, or none")
-        order = sorted(range(len(records)), key=lambda i: _listing_order(records[i]))
-        self.all_runs: list[RunRecord] = [records[i] for i in order]
+    def __init__(self, records: Iterable[RunRecord], *, root: Path | None = None,
+                 skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True
+                 ) -> None:
+        self.all_runs: list[RunRecord] = sorted(records, key=_listing_order)
         self.root = root
         self.skipped = list(skipped)
         self.frozen_from_runs = frozen_from_runs
-        self.records = RecordSet(self.all_runs, paths=[files[i] for i in order],
-                                 skipped=self.skipped, root=root,
-                                 use_frozen_runs=frozen_from_runs)
-        # By identity: two records can read alike (a copied run folder).
-        self._paths = {id(r): path for r, path in zip(self.all_runs, self.records.paths)}
+        self.records = RecordSet(self.all_runs, use_frozen_runs=frozen_from_runs)
 
     @classmethod
     def from_dir(cls, root: str | Path, *, dataset: str | None = None,
@@ -113,8 +101,8 @@ class RunIndex:
         """Load every record.json below ``root`` (``dataset``: only runs on it); unreadable
         records are skipped (one warning each) and listed in ``skipped``."""
         records = RecordSet.from_folder(root, dataset=dataset)
-        return cls(records.records, paths=records.paths, root=Path(root),
-                   skipped=records.skipped, frozen_from_runs=frozen_from_runs)
+        return cls(records.records, root=Path(root), skipped=records.skipped,
+                   frozen_from_runs=frozen_from_runs)
 
     @classmethod
     def from_records(cls, records: Iterable[RunRecord], **kwargs: Any) -> RunIndex:
@@ -128,15 +116,6 @@ class RunIndex:
     def runs(self) -> list[RunRecord]:
         """Records whose status is usable for figures (completed or diverged)."""
         return [r for r in self.all_runs if r.is_finished]
-
-    def path_of(self, record: RunRecord) -> Path:
-        """The record.json ``record`` was read from (``Path(run_id)`` for an in-memory
-        record)."""
-        try:
-            return self._paths[id(record)]
-        except KeyError:
-            raise CreditAuditError(f"record {record.run_id} is not in this index: pass one "
-                                   "of the records it holds") from None
 
     def select(self, *, method: Predicate = None, penalty: Predicate = None,
                out_ln: Predicate = None, arch: Predicate = None, arch_label: Predicate = None,

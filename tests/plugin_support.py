@@ -1,11 +1,12 @@
-"""Installing tests/plugin_pkg — one credit rule, architecture, dataset and protocol
-diagnostic from outside creditaudit — the way ``pip install`` would, without pip.
+"""Installing an outside package of plugins the way ``pip install`` would, without pip.
 
 What pip leaves for a package's entry points is the package on a ``sys.path`` folder plus a
 ``NAME-VERSION.dist-info`` folder holding ``METADATA`` (name, version) and
-``entry_points.txt``; :func:`install_test_plugins` writes exactly that from the package's own
-``pyproject.toml``, so the entry points are declared in one place. Used by
-tests/test_outside_plugins.py and by tests/test_docs_run.py (docs/extending.md).
+``entry_points.txt``; :func:`install_package` writes exactly that from the package's own
+``pyproject.toml``, so the entry points are declared in one place. Two packages live beside
+the tests: ``tests/plugin_pkg`` (one well-behaved plugin of each kind; used by
+tests/test_outside_plugins.py and tests/test_docs_run.py for docs/extending.md) and
+``tests/guest_pkg`` (guests that lie or break, each installed on its own with ``only=``).
 """
 
 from __future__ import annotations
@@ -14,53 +15,101 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "tests" / "plugin_pkg"
-MODULE = "creditaudit_test_plugins"
-PROJECT = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]
-DISTRIBUTION, VERSION = PROJECT["name"], PROJECT["version"]
+
+
+@dataclass(frozen=True)
+class OutsidePackage:
+    """A plugin package beside the tests: its folder, import name, distribution and
+    version, and its ``[project.entry-points.*]`` tables."""
+
+    folder: Path
+    module: str
+
+    @property
+    def project(self) -> dict:
+        return tomllib.loads((self.folder / "pyproject.toml").read_text())["project"]
+
+    @property
+    def distribution(self) -> str:
+        return self.project["name"]
+
+    @property
+    def version(self) -> str:
+        return self.project["version"]
+
+    def entry_points_text(self, only: Iterable[str] | None = None) -> str:
+        """``entry_points.txt`` as pip writes it; ``only``: the entry-point names to keep."""
+        keep = None if only is None else set(only)
+        lines = []
+        for group, entries in self.project["entry-points"].items():
+            chosen = {n: t for n, t in entries.items() if keep is None or n in keep}
+            if not chosen:
+                continue
+            lines.append(f"[{group}]")
+            lines += [f"{name} = {target}" for name, target in chosen.items()]
+            lines.append("")
+        return "\n".join(lines)
+
+    def dist_info(self, site: Path) -> Path:
+        return site / f"{self.module}-{self.version}.dist-info"
+
+    def install(self, site: Path, only: Iterable[str] | None = None) -> Path:
+        """Put the package and its dist-info folder into ``site`` (created), with the entry
+        points named in ``only`` (all when None); returns ``site``."""
+        site.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(self.folder / self.module, site / self.module, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        info = self.dist_info(site)
+        info.mkdir(exist_ok=True)
+        (info / "entry_points.txt").write_text(self.entry_points_text(only))
+        self.set_version(site, self.version)
+        return site
+
+    def set_version(self, site: Path, version: str) -> None:
+        """What upgrading the installed package changes: the version in its METADATA."""
+        (self.dist_info(site) / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {self.distribution}\nVersion: {version}\n")
+
+    def forget(self) -> None:
+        """Drop the package's modules from this process (after its folder left sys.path)."""
+        for name in [n for n in sys.modules
+                     if n == self.module or n.startswith(f"{self.module}.")]:
+            del sys.modules[name]
+
+
+PLUGINS = OutsidePackage(ROOT / "tests" / "plugin_pkg", "creditaudit_test_plugins")
+GUESTS = OutsidePackage(ROOT / "tests" / "guest_pkg", "creditaudit_guests")
+# The well-behaved package's facts, as the tests that predate OutsidePackage import them.
+PACKAGE, MODULE = PLUGINS.folder, PLUGINS.module
+PROJECT, DISTRIBUTION, VERSION = PLUGINS.project, PLUGINS.distribution, PLUGINS.version
 
 
 def entry_points_text() -> str:
-    """``entry_points.txt`` as pip writes it from ``[project.entry-points.*]``."""
-    lines = []
-    for group, entries in PROJECT["entry-points"].items():
-        lines.append(f"[{group}]")
-        lines += [f"{name} = {target}" for name, target in entries.items()]
-        lines.append("")
-    return "\n".join(lines)
+    return PLUGINS.entry_points_text()
 
 
 def dist_info(site: Path) -> Path:
-    return site / f"{MODULE}-{VERSION}.dist-info"
+    return PLUGINS.dist_info(site)
 
 
 def install_test_plugins(site: Path) -> Path:
-    """Put the package and its dist-info folder into ``site`` (created); returns ``site``."""
-    site.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(PACKAGE / MODULE, site / MODULE, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    info = dist_info(site)
-    info.mkdir(exist_ok=True)
-    (info / "entry_points.txt").write_text(entry_points_text())
-    set_version(site, VERSION)
-    return site
+    """Install the well-behaved package (every entry point) into ``site``."""
+    return PLUGINS.install(site)
 
 
 def set_version(site: Path, version: str) -> None:
-    """What upgrading the installed package changes: the version in its METADATA."""
-    (dist_info(site) / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: {version}\n")
+    PLUGINS.set_version(site, version)
 
 
 def forget_test_plugins() -> None:
-    """Drop the package's modules from this process (after its folder left sys.path)."""
-    for name in [n for n in sys.modules if n == MODULE or n.startswith(f"{MODULE}.")]:
-        del sys.modules[name]
+    PLUGINS.forget()
 
 
 def cli(site: Path | None, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -1,0 +1,1 @@
+"""Guests that fail at creditaudit's door (tests/guest_pkg/pyproject.toml)."""

@@ -12,12 +12,10 @@ into the record.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from creditaudit.config import (
@@ -30,6 +28,7 @@ from creditaudit.config import (
 from creditaudit.config.composed import rebuild_section
 from creditaudit.config.sections import COMPONENT_NAME
 from creditaudit.data import DatasetSpec
+from creditaudit.data.identity import tensor_digest
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError
 from creditaudit.methods import CreditRule
@@ -134,13 +133,9 @@ def data_identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Ten
 
 
 def array_fingerprint(*arrays: Tensor) -> str:
-    """sha256 over each tensor's dtype, shape and bytes (as stored, on the CPU)."""
-    digest = hashlib.sha256()
-    for array in arrays:
-        flat = array.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(f"{flat.dtype}{tuple(array.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    """sha256 over each tensor's dtype, shape and bytes (as stored, on the CPU): the data
+    layer's :func:`~creditaudit.data.identity.tensor_digest`."""
+    return tensor_digest(*arrays)
 
 
 def user_network(model: Any) -> Any:

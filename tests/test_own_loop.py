@@ -131,9 +131,12 @@ def test_terminal_ln_is_probed_from_what_the_readout_does(norm, expected):
     assert model.terminal_ln is expected and model.describe().terminal_ln is expected
 
 
-def test_a_declared_terminal_ln_is_kept_and_must_be_a_bool():
+def test_a_declared_terminal_ln_is_kept_when_the_probe_agrees_and_must_be_a_bool():
     net = seeded(lambda: Normalised(nn.Identity()))
-    assert adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln=True).terminal_ln
+    assert adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln=False).terminal_ln \
+        is False
+    with pytest.raises(ModelContractError, match="terminal_ln=True, but the probe finds"):
+        adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln=True)
     with pytest.raises(ModelContractError, match="terminal_ln must be True, False or None"):
         adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln="yes")
 

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from creditaudit.data.registry import digest_text
 from creditaudit.diagnostics.epoch import epoch_diagnostics
-from creditaudit.diagnostics.user_models import check_labels
+from creditaudit.diagnostics.user_models import check_inputs
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import eval_mode, parameter_snapshot
@@ -113,7 +113,7 @@ class Recorder:
             raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
                               "pass creditaudit.rule(name, adapt(net, states=[…]))")
         model = rule.model
-        check_labels(eval_x, eval_y)
+        check_inputs(model, eval_x, eval_y)
         device = next((p.device for p in model.parameters()), eval_x.device)
         if eval_x.device != device or eval_y.device != device:
             raise ConfigError(f"eval_x and eval_y are on {eval_x.device} and {eval_y.device} "

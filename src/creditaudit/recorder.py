@@ -99,9 +99,10 @@ class Recorder:
     ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3, "optim.batch_size": 64,
     "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); data, optimiser and run keys left out
     are listed in ``record.not_recorded`` (reports print "not recorded"), ``optim.epochs``
-    follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N. ``checkpoint``: also save the model's and the rule's state (and the
-    initial parameters) beside the record each epoch. ``overwrite``: replace a record
-    already at ``out/name`` (refused otherwise).
+    follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N.
+    ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
+    beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
+    (refused otherwise).
 
     Create it before training: it snapshots the initial parameters (for the drift of the
     end-of-run block). One-line ConfigError/ModelContractError for what cannot be recorded.

@@ -22,7 +22,6 @@ from creditaudit.errors import RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.records import (
-    CHECKPOINT_FILE,
     RECORD_FILE,
     RunRecord,
     load_record,
@@ -107,11 +106,12 @@ def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
-    """Whether an unfinished run stopped before its first checkpoint (killed between its
-    epoch-0 record and checkpoint, or the disk filled there): nothing was trained, so
+    """Whether an unfinished run stopped before its first trained epoch was recorded
+    (killed between its epoch-0 record and checkpoint, during epoch 1, or the disk filled
+    there): nothing was trained — a checkpoint holds at most the initial weights — so
     starting it over loses nothing and gives the same run. Without ``resume``, a failed
     run is left for the user to retry (its error may recur)."""
-    if record.is_finished or (run_dir / CHECKPOINT_FILE).exists():
+    if record.is_finished:
         return False
     if record.is_failed and not resume:
         return False

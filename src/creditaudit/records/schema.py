@@ -391,14 +391,11 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         environment=dict(raw.get("environment") or {}), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
-        not_recorded=_keys(raw.get("not_recorded"), where), schema=SCHEMA)
+        not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
 
 
 def _keys(value: Any, where: str) -> list[str]:
-    """``not_recorded``: absent (every key recorded) or a list of dotted config keys."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
-        raise RunRecordError(f"run record {where}: 'not_recorded' must be a list of config "
-                             "keys")
-    return list(value)
+    """``not_recorded``: a list of dotted config keys (absent: every key recorded)."""
+    if isinstance(value, list) and all(isinstance(k, str) for k in value):
+        return list(value)
+    raise RunRecordError(f"run record {where}: 'not_recorded' must be a list of config keys")

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from creditaudit import Recorder, RunConfig, adapt, diagnose, load_record, rule
 from creditaudit.cli import main
+from creditaudit.data import load_dataset
 from creditaudit.errors import ConfigError, CreditAuditError, ModelContractError, RunRecordError
 from creditaudit.figures import RunIndex
 from creditaudit.figures.audit_panels import category
@@ -131,9 +132,12 @@ def test_terminal_ln_is_probed_from_what_the_readout_does(norm, expected):
     assert model.terminal_ln is expected and model.describe().terminal_ln is expected
 
 
-def test_a_declared_terminal_ln_is_kept_and_must_be_a_bool():
+def test_a_declared_terminal_ln_is_kept_when_the_probe_agrees_and_must_be_a_bool():
     net = seeded(lambda: Normalised(nn.Identity()))
-    assert adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln=True).terminal_ln
+    assert adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln=False).terminal_ln \
+        is False
+    with pytest.raises(ModelContractError, match="terminal_ln=True, but the probe finds"):
+        adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln=True)
     with pytest.raises(ModelContractError, match="terminal_ln must be True, False or None"):
         adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln="yes")
 
@@ -334,12 +338,13 @@ METRIC_KEYS = {"diagnostics.rho_samples": 8, "diagnostics.rho_directions": 2,
 
 
 def own_loop(make, states: list[str], name: str, epochs: int = 2, recorder=None,
-             **options):
+             eval_set=None, **options):
     """Train ``make()`` with rule ``name`` for ``epochs`` epochs of 4 steps in a plain loop;
     ``recorder(rule, eval_x, eval_y)`` (optional) is called once before training and its
-    ``epoch`` after every epoch. Returns (rule, recorder or None)."""
+    ``epoch`` after every epoch; ``eval_set``: (eval_x, eval_y), default 32 random images.
+    Returns (rule, recorder or None)."""
     x, y = images(96, seed=3)
-    eval_x, eval_y = x[:32], y[:32]
+    eval_x, eval_y = eval_set if eval_set is not None else (x[:32], y[:32])
     model = adapt(make(), states, example=x[:8])
     trained = rule(name, model, **options)
     optimizer = torch.optim.AdamW(trained.trainable_parameters(), lr=1e-2)
@@ -444,13 +449,16 @@ def test_recording_changes_nothing_of_training(tmp_path):
 
 def test_a_known_dataset_is_identified_as_the_command_line_identifies_it(idx, tmp_path, capsys):
     data = {"name": "mnist", "data_dir": str(idx)}
+    test = load_dataset(cli_config(idx, tmp_path, TRANSFORMER).data, seed=0)
+    eval_set = (test.prepare(test.test_x, flatten=False), test.test_y)  # its test split
     runs = {}
     for name in ("dfa", "frozen"):
         def recorder(r, x, y, name=name):
             return Recorder(r, x, y, out=tmp_path, name=f"{name}-run", data=data,
                             config={"diagnostics.end_of_run": False})
 
-        _, runs[name] = own_loop(transformer, TRANSFORMER_STATES, name, recorder=recorder)
+        _, runs[name] = own_loop(transformer, TRANSFORMER_STATES, name, recorder=recorder,
+                                 eval_set=eval_set)
         runs[name].finish()
     record = runs["dfa"].record
     planned = plan_run(cli_config(idx, tmp_path, TRANSFORMER)).identity

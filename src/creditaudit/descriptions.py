@@ -48,10 +48,11 @@ class ModelDescription:
 class DataIdentity:
     """Which data a run trained on, independent of the folder it was read from.
 
-    ``fingerprint`` identifies the exact arrays (part of the run id); ``source`` identifies
-    where they come from regardless of the seed — equal to the fingerprint for file
-    datasets, the generator's arguments without the seed for generated ones — so runs with
-    different seeds on the same task share a recipe.
+    ``fingerprint`` identifies the data before it is loaded (part of the run id): the
+    files' content or the generator's arguments; ``source`` identifies where it comes from
+    regardless of the seed — equal to the fingerprint for file datasets, the generator's
+    arguments without the seed for generated ones — so runs with different seeds on the same
+    task share a recipe; ``arrays_sha256`` identifies the arrays that were loaded.
     """
 
     name: str = _doc("dataset name (data.name)", "")
@@ -70,6 +71,12 @@ class DataIdentity:
         "per-file digests, or the generator's arguments (and, for data read from a cache, "
         "`content_sha256`: the digest of the arrays trained on, verified against the "
         "generator's)", factory=dict)
+    arrays_sha256: str | None = _doc(
+        "sha256 of the arrays actually trained and evaluated on, as loaded (train and test "
+        "inputs and labels after data.train_subset: dtype, shape and bytes); a finished run "
+        "is served, resumed or audited only on data with this digest. null: not known "
+        "(records before it existed; runs recorded from a user's own loop, whose training "
+        "arrays creditaudit never sees)")
 
 
 __all__ = ["ModelDescription", "DataIdentity", "CONTENT_DIGEST"]

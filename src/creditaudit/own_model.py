@@ -25,7 +25,7 @@ from creditaudit.diagnostics.user_models import (
     StatesNet,
     check_credits,
     check_forward_from,
-    check_labels,
+    check_inputs,
     dtype_name,
     probe_states,
 )
@@ -112,7 +112,12 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                 f"{type(model).__name__} has no forward_states: pass states_fn=lambda x: "
                 "([h_0, …, h_L], logits) to diagnose()")
         states_fn = model.forward_states  # type: ignore[assignment]
-    check_labels(eval_x, eval_y)
+    check_inputs(model, eval_x, eval_y)
+    if isinstance(credit, CreditRule) and credit.model is not model:
+        raise ModelContractError(
+            f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "
+            f"the {type(model).__name__} given: its credits would not be this model's; pass "
+            "the rule's own model (credit.model) or a rule bound to this one")
     options = dict(metric_options or {})
     unknown = sorted(set(options) - set(METRIC_OPTIONS))
     if unknown:

@@ -3,9 +3,10 @@
 :func:`plan_run` resolves the credit rule, the architecture and the dataset a config
 selects (each checks its own options, the architecture against the dataset's declared
 sample shape, before anything is loaded), the model's size (built on PyTorch's meta device:
-no memory), the identity of the data (a fingerprint of what would be loaded), the code that
-computes the run (each component's ``id_version``, a plugin's distribution version) and so
-the run id and folder. Training, sweep workers, resume, audit and experiments take the plan;
+no memory), the identity of the data (a fingerprint of what would be loaded;
+:meth:`RunPlan.data_identity` adds the digest of what was), the code that computes the run
+(each component's ``id_version``, a plugin's distribution version) and so the run id and
+folder. Training, sweep workers, resume, audit and experiments take the plan;
 none of them resolves a name again.
 
 ::
@@ -85,14 +86,15 @@ class RunPlan:
         self._data = dataset
 
     def data_identity(self) -> DataIdentity:
-        """The data identity with the sizes of the loaded data (and the digest of the arrays
-        loaded, when a generated dataset read them from its cache)."""
+        """The data identity with the sizes and the content digest of the loaded data (and
+        the digest of the arrays a generated dataset read from its cache)."""
         data = self.load_data()
         provenance = self.identity.provenance
         if CONTENT_DIGEST in data.provenance:
             provenance = {**provenance, CONTENT_DIGEST: data.provenance[CONTENT_DIGEST]}
         return replace(self.identity, n_train=int(data.train_x.shape[0]),
-                       n_test=int(data.test_x.shape[0]), provenance=provenance)
+                       n_test=int(data.test_x.shape[0]), provenance=provenance,
+                       arrays_sha256=data.content_digest())
 
     def build_model(self) -> ResidualNet:
         """The model (drawing its initial weights from torch's global RNG)."""

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from creditaudit.data.registry import digest_text
 from creditaudit.diagnostics.epoch import epoch_diagnostics
-from creditaudit.diagnostics.user_models import check_labels
+from creditaudit.diagnostics.user_models import check_inputs
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import eval_mode, parameter_snapshot
@@ -51,6 +51,7 @@ from creditaudit.recorder_config import (
     array_fingerprint,
     data_identity,
     distribution,
+    not_recorded,
     recorder_config,
     user_network,
 )
@@ -89,16 +90,19 @@ class Recorder:
     from the rule, the data, the seed and a hash of the config, the data and the model's
     description). ``data``: what the data is — a dataset creditaudit knows (a name, or its
     ``[data]`` section as a mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
-    whose identity is asked of the dataset (file digests, generator arguments); or a name
-    of your own (lower-case letters, digits, ``-``, ``_``; default ``own-data``), identified
-    by a sha256 fingerprint of ``eval_x`` and ``eval_y`` — the evaluation arrays only, not
-    your training data. ``config``: the rest of the recipe as dotted keys or nested
-    sections of ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3,
-    "optim.batch_size": 64, "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); keys left
-    out keep their defaults, except ``optim.epochs``, which follows the last recorded
-    epoch unless given. ``checkpoint``: also save the model's and the rule's state (and the
-    initial parameters) beside the record each epoch. ``overwrite``: replace a record
-    already at ``out/name`` (refused otherwise).
+    whose identity is asked of the dataset (file digests, generator arguments) once
+    ``eval_x``/``eval_y`` are checked to be samples of its test split; or a name of your
+    own (lower-case letters, digits, ``-``, ``_``; default ``own-data``; with
+    ``train_subset`` and ``random_targets`` when you used them), identified by a sha256
+    fingerprint of ``eval_x`` and ``eval_y`` — the evaluation arrays only, not your
+    training data. ``config``: the rest of the recipe as dotted keys or nested sections of
+    ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3, "optim.batch_size": 64,
+    "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); data, optimiser and run keys left out
+    are listed in ``record.not_recorded`` (reports print "not recorded"), ``optim.epochs``
+    follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N.
+    ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
+    beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
+    (refused otherwise).
 
     Create it before training: it snapshots the initial parameters (for the drift of the
     end-of-run block). One-line ConfigError/ModelContractError for what cannot be recorded.
@@ -113,7 +117,7 @@ class Recorder:
             raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
                               "pass creditaudit.rule(name, adapt(net, states=[…]))")
         model = rule.model
-        check_labels(eval_x, eval_y)
+        check_inputs(model, eval_x, eval_y)
         device = next((p.device for p in model.parameters()), eval_x.device)
         if eval_x.device != device or eval_y.device != device:
             raise ConfigError(f"eval_x and eval_y are on {eval_x.device} and {eval_y.device} "
@@ -123,7 +127,7 @@ class Recorder:
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
         self.checkpointing = bool(checkpoint)
-        self.config, spec, given = recorder_config(rule, data, config)
+        self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
         self._epochs_given = ("optim", "epochs") in given
         identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
         description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name)
@@ -143,6 +147,7 @@ class Recorder:
             components["data"]["origin"] = "the user's own loop"
         self.record = new_record(self.config, device=str(device), data=identity,
                                  run_id=self.run_dir.name, model=description, code=components)
+        self.record.not_recorded = not_recorded(self.config, given)
         self.protocol = Protocol.from_config(self.config.diagnostics)
         self.initial = parameter_snapshot(model)
         self.finished = False

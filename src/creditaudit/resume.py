@@ -10,6 +10,7 @@ file — never in a KeyError from ``load_state_dict`` halfway through loading.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,13 @@ from creditaudit.errors import RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.records import (
-    CHECKPOINT_FILE,
     RECORD_FILE,
     RunRecord,
     load_record,
     structure_mismatch,
 )
 
+log = logging.getLogger(__name__)
 FORCE_HINT = "it belongs to another run: start this one again with --force"
 
 
@@ -53,7 +54,11 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
 
 
 def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
-    """One-line RunRecordError when the data on disk is not the data the run trained on."""
+    """One-line RunRecordError when the data loaded now is not the data the run trained on:
+    another fingerprint (files or generator arguments), or — the fingerprint equal — other
+    arrays (``identity``: of the data loaded, :meth:`~creditaudit.plan.RunPlan.data_identity`).
+    A record from before array digests is checked by its fingerprint only, said in one
+    warning."""
     if record.data is None or not record.data.fingerprint:
         return  # records written before data fingerprints existed
     if record.data.fingerprint != identity.fingerprint:
@@ -69,6 +74,20 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             f"{path}: the run trained on {record.data.name} arrays with digest "
             f"{str(recorded)[:12]}…, but its generator now makes {str(found)[:12]}… from the "
             "same arguments (another numpy or generator build?); rerun it with --force")
+    arrays, loaded = record.data.arrays_sha256, identity.arrays_sha256
+    if loaded is None:
+        return  # nothing loaded yet: the caller checks again once it is
+    if arrays is None:
+        log.warning("%s: recorded before creditaudit kept the digest of the arrays a run "
+                    "trains on, so the data was checked by its fingerprint only, not by its "
+                    "content", path)
+    elif arrays != loaded:
+        raise RunRecordError(
+            f"{path}: the data changed: {record.data.name} loads arrays with digest "
+            f"{loaded[:12]}… now, but the run trained on {arrays[:12]}… (same fingerprint: "
+            "a dataset whose load() gives other data each call, or files changed in place); "
+            "train it again on the data loaded now with --force, or restore the data it "
+            "trained on")
 
 
 def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str) -> None:
@@ -87,11 +106,12 @@ def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
-    """Whether an unfinished run stopped before its first checkpoint (killed between its
-    epoch-0 record and checkpoint, or the disk filled there): nothing was trained, so
+    """Whether an unfinished run stopped before its first trained epoch was recorded
+    (killed between its epoch-0 record and checkpoint, during epoch 1, or the disk filled
+    there): nothing was trained — a checkpoint holds at most the initial weights — so
     starting it over loses nothing and gives the same run. Without ``resume``, a failed
     run is left for the user to retry (its error may recur)."""
-    if record.is_finished or (run_dir / CHECKPOINT_FILE).exists():
+    if record.is_finished:
         return False
     if record.is_failed and not resume:
         return False

@@ -1,10 +1,11 @@
 """A run's folder before training: its result when it has finished, else how to train it.
 
-:func:`prepare_run` reads ``OUT_DIR/RUN_ID`` once: a finished run with the same run id is
-not rerun (its :class:`RunResult`, its record replayed into the loggers asked for now); an
-unfinished one is resumed (``resume``) or started over (``force``, its files removed); any
-other case is one RunRecordError line. :func:`creditaudit.training.train` and the stacked
-runs of :mod:`creditaudit.stacked` start here.
+:func:`prepare_run` reads ``OUT_DIR/RUN_ID`` once: a finished run with the same run id, on
+the same arrays (their digest: the data is loaded to check it), is not rerun (its
+:class:`RunResult`, its record replayed into the loggers asked for now); an unfinished one
+is resumed (``resume``) or started over (``force``, its files removed); any other case —
+other arrays included — is one RunRecordError line. :func:`creditaudit.training.train` and
+the stacked runs of :mod:`creditaudit.stacked` start here.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def prepare_run(config: RunConfig, *, resume: bool = False, force: bool = False,
             existing = load_record(record_path)
         except RunRecordError as err:
             raise RunRecordError(f"{err}; pass --force to start this run over") from None
-        check_same_data(existing, identity, record_path)
+        # Served, resumed or restarted only on the arrays it trained on: load them now
+        # (training would load them next anyway; the plan keeps them).
+        check_same_data(existing, plan.data_identity(), record_path)
         if existing.is_finished and not resume:
             _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)

@@ -120,10 +120,15 @@ class Trainer:
             "stacked_runs": 1}
         self._captured: CapturedEpochs | None = None
         self.start_epoch = 1
+        self.checkpointed: int | None = None  # the last epoch saved in checkpoint.pt
         self.loggers = LoggerGroup([])
 
     # --- persistence --------------------------------------------------------------------
     def checkpoint(self, epoch: int) -> None:
+        self._save_checkpoint(epoch)
+        self.checkpointed = epoch
+
+    def _save_checkpoint(self, epoch: int) -> None:
         atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
             "format": CHECKPOINT_FORMAT,
             "method": self.config.method.name,
@@ -152,6 +157,7 @@ class Trainer:
         self.record = record
         self.record.status = "running"
         self.start_epoch = state["epoch"] + 1
+        self.checkpointed = state["epoch"]
 
     # --- one epoch ----------------------------------------------------------------------
     def measure(self, epoch: int) -> EpochEntry:
@@ -243,8 +249,9 @@ class Trainer:
             else:
                 self.record.status = "completed"
             self._finish()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             self._stopped("interrupted")
+            interrupt.add_note(self.interrupted_note())  # what the command line says
             raise
         except DiskFullError:
             # Nothing is wrong with the run: it resumes from its last checkpoint once space
@@ -301,6 +308,14 @@ class Trainer:
         if stop:
             self.record.status = "completed"
         return stop
+
+    def interrupted_note(self) -> str:
+        """What an interrupt leaves, in one line: the epoch to resume from, or nothing."""
+        if self.checkpointed:
+            return (f"run {self.run_id} stopped after epoch {self.checkpointed}, which is "
+                    "checkpointed: continue with --resume")
+        return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
+                "is saved): run the same command again to start it")
 
     def _stopped(self, status: str, err: Exception | None = None, *,
                  disk_full: bool = False) -> None:

@@ -74,9 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"creditaudit: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("creditaudit: interrupted; the last finished epoch is checkpointed, continue "
-              "with --resume", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        # A run says what it saved (creditaudit.training.Trainer.interrupted_note); nothing
+        # else is claimed.
+        notes = getattr(interrupt, "__notes__", None)
+        print(f"creditaudit: interrupted{'; ' + notes[-1] if notes else ''}", file=sys.stderr)
         return 130
     except Exception as err:
         if args.verbose:

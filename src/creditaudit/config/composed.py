@@ -104,10 +104,21 @@ def _default(base: type, key: str) -> Any:
 
 
 # --- the diagnostics section: one table of options per diagnostic of the protocol -----------
+def check_distinct(names: Any) -> None:
+    """ConfigError (one line) when ``names`` (a protocol's diagnostics) lists one twice."""
+    seen: set[Any] = set()
+    for name in names:
+        if name in seen:
+            raise ConfigError(f"diagnostics.protocol lists {name!r} twice: list each "
+                              "diagnostic once")
+        seen.add(name)
+
+
 def protocol_names(given: Any) -> tuple[str, ...]:
-    """The protocol a diagnostics section selects: ``protocol`` when given, else every
-    diagnostic registered as part of the default protocol."""
+    """The protocol a diagnostics section selects: ``protocol`` when given (each diagnostic
+    once), else every diagnostic registered as part of the default protocol."""
     if given:
+        check_distinct(given)
         return tuple(given)
     return tuple(cls.name for cls in DIAGNOSTICS.classes() if getattr(cls, "default", False))
 

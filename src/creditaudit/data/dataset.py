@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.data import transforms
+from creditaudit.data.identity import tensor_digest
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.errors import ConfigError
 
@@ -36,6 +37,22 @@ class Dataset:
     augment: bool = False
     # How a generated dataset was made ({"generator", "version", "args"}); empty for files.
     provenance: dict[str, Any] = field(default_factory=dict)
+    # (the arrays hashed, their versions, their digest): hashed once while they stay put
+    _digest: tuple[tuple[Tensor, ...], tuple[int, ...], str] | None = field(
+        default=None, init=False, repr=False, compare=False)
+
+    def content_digest(self) -> str:
+        """sha256 of the four arrays as held now (train_x, train_y, test_x, test_y: dtype,
+        shape and bytes; :func:`~creditaudit.data.identity.tensor_digest`) — what a run
+        record says it trained and evaluated on. Computed once while the arrays stay the
+        same objects, unmodified."""
+        arrays = (self.train_x, self.train_y, self.test_x, self.test_y)
+        versions = tuple(a._version for a in arrays)
+        held = self._digest
+        if held is None or held[1] != versions or any(
+                a is not b for a, b in zip(held[0], arrays)):
+            held = self._digest = (arrays, versions, tensor_digest(*arrays))
+        return held[2]
 
     @property
     def is_image(self) -> bool:

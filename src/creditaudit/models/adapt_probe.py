@@ -5,13 +5,17 @@ training and raises one-line :class:`~creditaudit.errors.ModelContractError`\\ s
 (with close matches), a state whose output is not one floating tensor of shape (B, d),
 (B, T, d) or (B, C, H, W), a state module called twice or not at all, states listed out of
 order, a state that does not reach the output, a state that is not a cut, and a model that
-mixes samples in eval mode (the diagnostics run there and need per-sample independence). It
-also learns the states' shapes, the segments and whether the readout ends in a LayerNorm —
-the fact the protocol's diagnosis of (b) rests on — unless it is declared: the logits of a
-readout that normalises h_L do not change when h_L is scaled.
+mixes samples in eval mode (the diagnostics run there and need per-sample independence) —
+and, before these, a network that fails on the probe inputs (named with its error), gives
+NaN/Inf logits (the parameter holding NaN/Inf named), or replaces its parameters on every
+forward (BioTorch's uSF/brSF layers). It also learns the states' shapes, the segments, the
+classes and whether the readout ends in a LayerNorm — the fact the protocol's diagnosis of
+(b) rests on: the logits of a readout that normalises h_L do not change when h_L is scaled.
+A fact declared to ``adapt`` (``terminal_ln``, ``n_classes``) must agree with what the probe
+finds; a contradiction is refused.
 
 On PyTorch's meta device (a run plan sizes a model there: no memory, no values) the probe
-learns the shapes only and checks nothing.
+learns the shapes only and checks nothing but a declared class count.
 """
 
 from __future__ import annotations
@@ -43,12 +47,15 @@ class AdaptProbe:
     ``terminal_ln`` (unless declared) and the ``_prefixes``, ``_segments`` and ``_readout``
     that ``forward_from`` and the segments read."""
 
-    def _probe(self, x: Tensor) -> None:
-        """Learn the shapes and segments on ``x`` and check every state (module docstring).
+    def _probe(self, x: Tensor, source: str, n_classes: int | None) -> None:
+        """Learn the shapes and segments on ``x`` (``source``: what the caller passed, for
+        messages) and check every state (module docstring) and the declared facts
+        (``terminal_ln``, ``n_classes``: refused when the probe contradicts them).
 
         Runs in eval mode under a forked RNG with every parameter temporarily requiring
         grad (to find the segments); restores every module's training flag and every
-        ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched.
+        ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched. An
+        exception the network raises is a one-line ModelContractError naming it.
         """
         modes = [(m, m.training) for m in self.net.modules()]
         flags = [(p, p.requires_grad) for p in self.net.parameters()]
@@ -58,17 +65,76 @@ class AdaptProbe:
                 self.net.eval()
                 for p, _ in flags:
                     p.requires_grad_(True)
-                self._check_independence(x)  # first: its passes need no gradient
+                self._check_runs(x, source)
+                self._check_independence(x)  # its passes need no gradient
                 self._find_prefixes(x)
                 self._check_states(x)
+                self._check_classes(n_classes)
                 self._find_segments(x)
-                if self.terminal_ln is None:
-                    self.terminal_ln = self._readout_is_scale_invariant(x)
+                self._check_terminal_ln(self._readout_is_scale_invariant(x))
+        except ModelContractError:
+            raise
+        except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
+            raise ModelContractError(
+                f"{type(self.net).__name__} raised {type(err).__name__} while adapt() probed "
+                f"it on {source}: {_first_line(err)}") from None
         finally:
             for module, training in modes:
                 module.training = training
             for p, requires in flags:
                 p.requires_grad_(requires)
+
+    def _check_runs(self, x: Tensor, source: str) -> None:
+        """The network runs on ``x``, keeps its parameters (the same objects after a forward)
+        and gives finite logits — before any check that would misread a failure of these."""
+        name = type(self.net).__name__
+        before = list(self.net.named_parameters())
+        try:
+            with torch.no_grad():
+                logits = self.net(x)
+        except Exception as err:  # noqa: BLE001 — the user's network on the user's input
+            raise ModelContractError(
+                f"adapt() ran {name} on {source} ({_dtype(x)}, shape {tuple(x.shape)}) and it "
+                f"raised {type(err).__name__}: {_first_line(err)}; pass inputs its forward "
+                "takes") from None
+        after = dict(self.net.named_parameters())
+        replaced = next((n for n, p in before if after.get(n) is not p), None)
+        if replaced is not None:
+            raise ModelContractError(
+                f"{name} replaces its parameter {replaced!r} with a new one on every forward "
+                "(as BioTorch's uSF and brSF layers do): rules train and diagnostics read "
+                "parameters that stay the same objects; adapt the plain network and bind "
+                "creditaudit's own rule, e.g. rule('usf', model) or rule('brsf', model)")
+        if isinstance(logits, Tensor) and logits.is_floating_point() \
+                and not bool(torch.isfinite(logits).all()):
+            tensors = [*self.net.named_parameters(), *self.net.named_buffers()]
+            bad = next((n for n, t in tensors if t.is_floating_point()
+                        and not bool(torch.isfinite(t).all())), None)
+            why = (f"its {'parameter' if bad in after else 'buffer'} {bad!r} holds NaN/Inf; "
+                   "adapt a network with finite weights" if bad is not None else
+                   "its weights and the probe inputs are finite, so an operation overflows")
+            raise ModelContractError(f"{name} gives NaN/Inf logits on the probe batch: {why}")
+
+    def _check_classes(self, declared: int | None) -> None:
+        if declared is not None and declared != self.n_classes:
+            raise ModelContractError(
+                f"n_classes={declared}, but {type(self.net).__name__} returns "
+                f"{self.n_classes} logits: leave n_classes out, or adapt the network whose "
+                "head has that many outputs")
+
+    def _check_terminal_ln(self, probed: bool) -> None:
+        """Keep the declared ``terminal_ln`` when the probe agrees (refuse it otherwise), or
+        take the probe's finding when none was declared."""
+        if self.terminal_ln is None:
+            self.terminal_ln = probed
+            return
+        if self.terminal_ln != probed:
+            does = "normalises" if probed else "does not normalise"
+            moves = "do not move" if probed else "move"
+            raise ModelContractError(
+                f"terminal_ln={self.terminal_ln}, but the probe finds that "
+                f"{type(self.net).__name__}'s readout {does} h_L (its logits {moves} when h_L "
+                "is scaled ×4): leave terminal_ln out to use what the probe finds")
 
     def _check_states(self, x: Tensor) -> None:
         order: list[int] = []
@@ -108,15 +174,17 @@ class AdaptProbe:
                         f"{gap:.3g}), e.g. a skip connection jumps over it; name block "
                         "outputs, whose value is all the rest of the network reads")
 
-    def _learn_shapes(self, x: Tensor) -> None:
+    def _learn_shapes(self, x: Tensor, n_classes: int | None) -> None:
         """On the meta device: the states' shapes and the classes from one traced forward
-        (values do not exist there, so nothing is checked and no segment is found)."""
+        (values do not exist there, so only the declared class count is checked and no
+        segment is found)."""
         with torch.no_grad():
             states, logits = self._trace(x, detach=False, leaf=False)
         self.state_shapes = tuple(tuple(h.shape[1:]) for h in states)
         self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
                                   for h in states)
         self.n_classes = int(logits.shape[1])
+        self._check_classes(n_classes)
 
     def _readout_is_scale_invariant(self, x: Tensor) -> bool:
         """Whether the logits stay put when h_L is scaled by 4: a readout that normalises
@@ -230,6 +298,15 @@ class AdaptProbe:
                 f"readout: parameter {missing[0]!r} also acts after the last state "
                 f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
                 "(it is then everything after the last state)")
+
+
+def _first_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:300] if text else type(err).__name__
+
+
+def _dtype(x: Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
 
 
 def _first_inversion(order: list[int]) -> tuple[int, int]:

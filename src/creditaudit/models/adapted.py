@@ -62,7 +62,8 @@ class AdaptedModel(AdaptProbe, nn.Module):
     architecture: Any = None
 
     def __init__(self, net: nn.Module, states: Sequence[str], readout: Sequence[str] | None,
-                 probe: Tensor, terminal_ln: bool | None = None) -> None:
+                 probe: Tensor, terminal_ln: bool | None = None, *,
+                 n_classes: int | None = None, probe_source: str = "example") -> None:
         super().__init__()
         self.net = net
         self.state_names = tuple(states)
@@ -82,9 +83,9 @@ class AdaptedModel(AdaptProbe, nn.Module):
         self.input_dtype = probe.dtype
         self.terminal_ln = terminal_ln
         if probe.is_meta:
-            self._learn_shapes(probe)
+            self._learn_shapes(probe, n_classes)
         else:
-            self._probe(probe)
+            self._probe(probe, probe_source, n_classes)
 
     def describe(self) -> ModelDescription:
         """What this model is, for records and reports: the wrapped class as its label, with
@@ -268,7 +269,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
 
 def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] | None = None,
           *, example: Tensor | None = None, input_shape: Sequence[int] | None = None,
-          terminal_ln: bool | None = None) -> AdaptedModel:
+          terminal_ln: bool | None = None, n_classes: int | None = None) -> AdaptedModel:
     """``model`` (any ``nn.Module`` whose forward maps a batch to (B, C) logits) with the
     outputs of the submodules ``states`` as its states h_0 … h_L.
 
@@ -280,9 +281,10 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
     inputs, (B, …)) or ``input_shape`` (one input's shape; probed with random normal inputs)
     is needed: ``adapt`` runs the model on it in eval mode to learn the shapes and check the
     states, and raises a one-line ModelContractError when they cannot work. The probe
-    changes nothing (parameters, buffers, ``.grad``, training flags, RNG). ``terminal_ln``:
-    whether the readout normalises h_L with a LayerNorm; by default probed (the logits do
-    not move when h_L is scaled).
+    changes nothing (parameters, buffers, ``.grad``, training flags, RNG). ``terminal_ln``
+    (whether the readout normalises h_L with a LayerNorm) and ``n_classes`` (the number of
+    logits) are probed; when declared, the probe must agree (a contradiction is refused —
+    on the meta device, where nothing runs, a declared ``terminal_ln`` is taken as it is).
     """
     if not isinstance(model, nn.Module):
         raise ModelContractError(f"adapt() takes an nn.Module, got {type(model).__name__}")
@@ -293,21 +295,56 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
     if example is None and input_shape is None:
         raise ModelContractError("adapt() needs example= (a batch of inputs) or input_shape= "
                                  "(one input's shape, e.g. (3, 32, 32)) to probe the model")
+    reference = next((p for p in model.parameters() if p.is_floating_point()), None)
     if example is None:
-        reference = next((p for p in model.parameters() if p.is_floating_point()), None)
+        shape = _shape(input_shape)
         dtype = reference.dtype if reference is not None else torch.float32
         device = reference.device if reference is not None else torch.device("cpu")
         generator = torch.Generator().manual_seed(0)
-        example = torch.randn((PROBE_SAMPLES, *tuple(input_shape)), generator=generator,  # type: ignore[arg-type]
+        example = torch.randn((PROBE_SAMPLES, *shape), generator=generator,
                               dtype=dtype).to(device)
-    elif not isinstance(example, Tensor) or example.dim() < 1:
-        raise ModelContractError(f"example must be a batch of inputs (B, …), got "
-                                 f"{_describe(example)}")
+        source = f"input_shape={shape}"
+    else:
+        _check_example(example, reference, type(model).__name__)
+        source = "example"
     if terminal_ln is not None and not isinstance(terminal_ln, bool):
         raise ModelContractError(f"terminal_ln must be True, False or None (probed), got "
                                  f"{terminal_ln!r}")
+    if n_classes is not None and (isinstance(n_classes, bool) or not isinstance(n_classes, int)
+                                  or n_classes < 1):
+        raise ModelContractError(f"n_classes must be a positive integer (the number of "
+                                 f"logits) or None (probed), got {n_classes!r}")
     return AdaptedModel(model, list(states), readout, example[:PROBE_SAMPLES].detach(),
-                        terminal_ln)
+                        terminal_ln, n_classes=n_classes, probe_source=source)
+
+
+def _shape(input_shape: Any) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of positive ints (one-line refusal otherwise)."""
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        shape = None
+    if shape is None or not shape or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
+        raise ModelContractError(f"input_shape must be one input's shape, positive integers "
+                                 f"such as (3, 32, 32), got {input_shape!r}")
+    return shape
+
+
+def _check_example(example: Any, reference: Tensor | None, name: str) -> None:
+    """A batch of finite inputs in the dtype of the model's parameters (floating ones)."""
+    if not isinstance(example, Tensor) or example.dim() < 1:
+        raise ModelContractError(f"example must be a batch of inputs (B, …), got "
+                                 f"{_describe(example)}")
+    if not example.is_floating_point():
+        return  # token ids and other integer inputs: the forward decides
+    if reference is not None and example.dtype != reference.dtype and not example.is_meta:
+        have, want = (str(t).removeprefix("torch.") for t in (example.dtype, reference.dtype))
+        raise ModelContractError(f"example is {have} but {name}'s parameters are {want}: pass "
+                                 f"example.to(torch.{want}), or convert the model first")
+    if not example.is_meta and not bool(torch.isfinite(example).all()):
+        raise ModelContractError("example holds NaN/Inf: adapt() probes the model on finite "
+                                 "inputs")
 
 
 def _hook(index: int, on_output: OnOutput, module: nn.Module, args: Any, output: Any) -> Any:

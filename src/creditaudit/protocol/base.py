@@ -16,8 +16,15 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from creditaudit.config.composed import check_distinct
 from creditaudit.errors import ConfigError
-from creditaudit.protocol.checks import FIRED, NOT_EVALUATED, PASSED, DiagnosticResult
+from creditaudit.protocol.checks import (
+    FIRED,
+    NOT_EVALUATED,
+    PASSED,
+    DiagnosticResult,
+    unfounded,
+)
 from creditaudit.registry import DIAGNOSTICS, Component
 
 OPERATORS = (">", "<")
@@ -142,10 +149,37 @@ class ProtocolDiagnostic(Component):
 
     @classmethod
     def status_of(cls, value: float | None, options: Any) -> str:
-        """Fired or passed for a stored statistic; not evaluated when there is none."""
+        """Fired or passed for a stored statistic; not evaluated when there is none, or when
+        it is infinite and would pass."""
         if value is None or math.isnan(value):
             return NOT_EVALUATED
-        return FIRED if cls.fires(value, options) else PASSED
+        status = FIRED if cls.fires(value, options) else PASSED
+        return NOT_EVALUATED if unfounded(status, value) else status
+
+    @classmethod
+    def checked(cls, result: Any, options: Any) -> DiagnosticResult:
+        """``result`` as :meth:`evaluate` gave it — unless it claims what it cannot show:
+        not a :class:`DiagnosticResult` of this diagnostic, or a status its statistic cannot
+        carry (:func:`~creditaudit.protocol.checks.unfounded`; an infinite statistic fires
+        only where the threshold says so). Then it is *not evaluated*, the reason naming
+        what was wrong and what it claimed: never a silent pass."""
+        if not isinstance(result, DiagnosticResult):
+            return cls.result(None, options, NOT_EVALUATED,
+                              f"evaluate() returned {type(result).__name__}, not a "
+                              "DiagnosticResult")
+        if result.id != cls.name:
+            return cls.result(None, options, NOT_EVALUATED,
+                              f"evaluate() returned the result of ({result.id}), not "
+                              f"({cls.name})")
+        why = unfounded(result.status, result.value)
+        if why is None and result.status == FIRED and math.isinf(result.value) \
+                and not cls.fires(result.value, options):
+            why = f"its statistic is {result.value}, which does not fire"
+        if why is None:
+            return result
+        return cls.result(None, options, NOT_EVALUATED,
+                          f"{why} (it said {result.status!r}: {result.reason})",
+                          **{**result.details, "claimed": result.status})
 
 
 def _validate(cls: type, source: str) -> None:
@@ -183,6 +217,7 @@ def protocol(names: Sequence[str] | None = None) -> tuple[type[ProtocolDiagnosti
     ``diagnostics.protocol``), or the default ones (the four built-ins)."""
     if names is None:
         return tuple(cls for cls in DIAGNOSTICS.classes() if cls.default)
+    check_distinct(names)
     classes = [DIAGNOSTICS.get(name) for name in names]
     order = {cls.name: i for i, cls in enumerate(DIAGNOSTICS.classes())}
     return tuple(sorted(classes, key=lambda cls: order.get(cls.name, len(order))))

@@ -9,6 +9,7 @@ Every diagnostic (:mod:`creditaudit.protocol.diagnostics`) returns a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from creditaudit.diagnostics.gradients import (
 )
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
+STATUSES = (FIRED, PASSED, NOT_EVALUATED)
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "needs walk-back", "incomplete"
 CAUSE_SATURATION = ("saturated softmax (most per-sample gradients are exactly 0; not LN "
                     "cancellation)")
@@ -79,6 +81,23 @@ class DiagnosticResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def unfounded(status: Any, value: Any) -> str | None:
+    """Why a result saying ``status`` cannot stand on the statistic ``value``, or None when
+    it can: the status must be one of :data:`STATUSES`; fired and passed need a real number
+    (not None, a bool, a string, NaN), passed a finite one — an infinite statistic may fire
+    (a stream that overflowed is what (a) exists to catch) but never passes. What protocol
+    evaluation, records and reports turn into "not evaluated" (never a silent pass)."""
+    if status not in STATUSES:
+        return f"its status {status!r} is none of {', '.join(STATUSES)}"
+    if status == NOT_EVALUATED:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"its statistic is {value!r} ({type(value).__name__}), not a number"
+    if math.isnan(value) or (math.isinf(value) and status == PASSED):
+        return f"its statistic is {value}, not a finite number"
+    return None
 
 
 def block_growths(hidden_norms: Sequence[float]) -> list[float]:

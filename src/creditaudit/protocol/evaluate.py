@@ -19,7 +19,13 @@ from creditaudit.diagnostics.alignment import gamma_aggregations, layer_cosine_t
 from creditaudit.diagnostics.epoch import EpochMeasures
 from creditaudit.diagnostics.gradients import StateGradients, median_norms, zero_gradient_stats
 from creditaudit.errors import ConfigError
-from creditaudit.protocol.checks import HEADLINE_GAMMA, DiagnosticResult, Thresholds
+from creditaudit.protocol.checks import (
+    HEADLINE_GAMMA,
+    NOT_EVALUATED,
+    DiagnosticResult,
+    Thresholds,
+    unfounded,
+)
 from creditaudit.protocol.diagnostics import Evidence
 from creditaudit.protocol.verdicts import Protocol, statuses_of, verdict_of, verdict_phrase
 
@@ -93,11 +99,17 @@ class DiagnosticReport:
                   grad_norms: list[float] | None = None) -> DiagnosticReport:
         """Rebuild a report from :meth:`to_dict` output (e.g. a run record's protocol block,
         whose norms come from the epoch's entry: ``hidden_norms``/``grad_norms``)."""
+        results = [DiagnosticResult(**r) for r in data["diagnostics"].values()]
+        verdict, fired, skipped = data["verdict"], data["fired"], data["not_evaluated"]
+        if any(unfounded(r.status, r.value) for r in results):
+            # written before statistics were checked: a pass without a number is none
+            results = [_not_evaluated(r) if unfounded(r.status, r.value) else r
+                       for r in results]
+            verdict, fired, skipped = verdict_of(results)
         return cls(
             hidden_norms=list(data.get("hidden_norms", hidden_norms or [])),
             grad_norms=list(data.get("grad_norms", grad_norms or [])),
-            diagnostics=[DiagnosticResult(**r) for r in data["diagnostics"].values()],
-            verdict=data["verdict"], fired=data["fired"], not_evaluated=data["not_evaluated"],
+            diagnostics=results, verdict=verdict, fired=fired, not_evaluated=skipped,
             layer_cosines=data.get("layer_cosines"), gamma=data.get("gamma"),
             metrics=data.get("metrics"), metadata=data.get("metadata", {}),
         )
@@ -113,6 +125,14 @@ class DiagnosticReport:
     def __str__(self) -> str:
         """The verdict in words; :func:`creditaudit.report.render` gives the full tables."""
         return self.verdict_text
+
+
+def _not_evaluated(result: DiagnosticResult) -> DiagnosticResult:
+    """A stored result whose status its statistic cannot carry, read as not evaluated."""
+    why = unfounded(result.status, result.value)
+    return DiagnosticResult(result.id, result.name, None, result.threshold, NOT_EVALUATED,
+                            f"{why} (it said {result.status!r}: {result.reason})",
+                            {**result.details, "claimed": result.status})
 
 
 # --- running it ---------------------------------------------------------------------------

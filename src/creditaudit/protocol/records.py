@@ -24,7 +24,13 @@ import torch
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import CreditAuditError
 from creditaudit.models import build_model
-from creditaudit.protocol.checks import FIRED, NOT_EVALUATED, DiagnosticResult, Thresholds
+from creditaudit.protocol.checks import (
+    FIRED,
+    NOT_EVALUATED,
+    DiagnosticResult,
+    Thresholds,
+    unfounded,
+)
 from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_names
 from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import verdict_from, verdict_of, verdict_phrase
@@ -159,7 +165,7 @@ def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_ru
     """The verdict: (a)–(c) as recorded at the last protocol evaluation; (d) against
     ``frozen_acc`` when given (the mean accuracy of ``frozen_runs`` frozen-blocks runs of
     this recipe), else as recorded. A frozen baseline itself is not judged on (d)."""
-    statuses = record.recorded_statuses()
+    statuses = recorded_statuses(record)
     for i in default_names():
         statuses.setdefault(i, NOT_EVALUATED)
     margin = record.recorded_value(DepthUtility.name)
@@ -170,6 +176,19 @@ def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_ru
     skipped = [i for i, s in statuses.items() if s == NOT_EVALUATED]
     return Verdict(statuses, fired, skipped, verdict_from(fired, skipped),
                    verdict_phrase(statuses), margin, frozen_acc, frozen_runs)
+
+
+def recorded_statuses(record: RunRecord) -> dict[str, str]:
+    """The statuses of ``record``'s last protocol evaluation; one whose stored statistic
+    cannot carry it (a pass without a finite number, written before statistics were
+    checked) reads as not evaluated."""
+    statuses = record.recorded_statuses()
+    stored = (record.protocol.report or {}).get("diagnostics") or {}
+    for i, result in stored.items():
+        if i in statuses and isinstance(result, dict) and unfounded(statuses[i],
+                                                                     result.get("value")):
+            statuses[i] = NOT_EVALUATED
+    return statuses
 
 
 def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0
@@ -282,6 +301,6 @@ class RecordSet:
         return record_report(record, frozen_acc, n)
 
 
-__all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "frozen_baseline",
-           "is_frozen_baseline", "model_description", "record_metadata", "arch_variant",
-           "draws_default_feedback"]
+__all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "recorded_statuses",
+           "frozen_baseline", "is_frozen_baseline", "model_description", "record_metadata",
+           "arch_variant", "draws_default_feedback"]

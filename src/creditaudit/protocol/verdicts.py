@@ -140,8 +140,11 @@ class Protocol:
         return [d.name for d in self.diagnostics]
 
     def evaluate(self, evidence: Evidence) -> list[DiagnosticResult]:
-        """Every diagnostic's result on ``evidence``, in protocol order."""
-        return [d.evaluate(evidence, self.options[d.name]) for d in self.diagnostics]
+        """Every diagnostic's result on ``evidence``, in protocol order; a result that
+        claims what its statistic cannot show is not evaluated
+        (:meth:`ProtocolDiagnostic.checked`)."""
+        return [d.checked(d.evaluate(evidence, self.options[d.name]), self.options[d.name])
+                for d in self.diagnostics]
 
     def diagnostic(self, name: str) -> type[ProtocolDiagnostic]:
         return next(d for d in self.diagnostics if d.name == name)

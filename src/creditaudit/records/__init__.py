@@ -37,6 +37,7 @@ from creditaudit.records.parts import DERIVED, EpochEntry, finite_number
 from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
 from creditaudit.records.schema import (
     FINISHED,
+    NOT_RECORDED,
     SCHEMA,
     STATUSES,
     DataIdentity,
@@ -46,7 +47,8 @@ from creditaudit.records.schema import (
 
 __all__ = [
     "RunRecord", "DERIVED", "EpochEntry", "FinalResults", "EndOfRun",
-    "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "RECORD_FILE",
+    "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "NOT_RECORDED",
+    "RECORD_FILE",
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",
     "load_config_file",
     "load_record_cached",

@@ -16,8 +16,8 @@ TIMING_KEYS = ("seconds",)
 def recipe_difference(a: RunRecord, b: RunRecord) -> str | None:
     """The first recipe field where ``a`` and ``b`` differ (``"model.n_blocks: 3 vs 2"``),
     or None when they share a recipe."""
-    ra = recipe(a.config, a.data.source if a.data else None)
-    rb = recipe(b.config, b.data.source if b.data else None)
+    ra = recipe(a.config, a.data.source if a.data else None, a.not_recorded)
+    rb = recipe(b.config, b.data.source if b.data else None, b.not_recorded)
     for section, values in ra.items():
         for key, value in values.items():
             other = rb[section].get(key)

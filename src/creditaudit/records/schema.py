@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ SCHEMA = "creditaudit.run/3"
 LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2")
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")
+# What a config key a run did not record holds in recipes and reports.
+NOT_RECORDED = "not recorded"
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -70,6 +73,11 @@ class RunRecord:
     divergence: dict[str, Any] | None = doc("diverged runs: epoch, step and reason")
     stopped_early: dict[str, Any] | None = doc("runs stopped by --stop-on-walkback: epoch, "
                                                "reason")
+    not_recorded: list[str] = doc(
+        "config keys (`optim.schedule`, `run.seed`, …) a run recorded from a user's own loop "
+        "(creditaudit.Recorder) was not told: `config` holds their defaults, which say nothing "
+        "about the run; readers show them as not recorded. Written only when not empty",
+        factory=list)
     schema: str = doc("record format version", SCHEMA)
 
     # --- identity ---------------------------------------------------------------------------
@@ -139,7 +147,8 @@ class RunRecord:
         """Equal for runs that share how the network was trained apart from the credit rule
         and the seed: the data (its identity, not its folder), the model, the optimiser and
         the precision. A frozen-blocks run of the same recipe is the baseline of (d)."""
-        return recipe_key(self.config, self.data.source if self.data else None)
+        return recipe_key(self.config, self.data.source if self.data else None,
+                          self.not_recorded)
 
     # --- epochs -----------------------------------------------------------------------------
     def last_entry(self) -> EpochEntry | None:
@@ -297,6 +306,7 @@ class RunRecord:
             "error": self.error,
             **({"divergence": self.divergence} if self.divergence else {}),
             **({"stopped_early": self.stopped_early} if self.stopped_early else {}),
+            **({"not_recorded": list(self.not_recorded)} if self.not_recorded else {}),
         }
 
     @classmethod
@@ -306,10 +316,16 @@ class RunRecord:
 
 
 # --- recipes --------------------------------------------------------------------------------
-def recipe(config: RunConfig, source: str | None = None) -> dict[str, dict[str, Any]]:
+def recipe(config: RunConfig, source: str | None = None, not_recorded: Sequence[str] = ()
+           ) -> dict[str, dict[str, Any]]:
     """The recipe of a run: data (minus its folder), model, optimiser and precision;
-    ``source`` identifies the data's content (seed aside) when known."""
+    ``source`` identifies the data's content (seed aside) when known; keys the run did not
+    record (``not_recorded``, dotted) are :data:`NOT_RECORDED`, equal to no value."""
     raw = config.to_dict()
+    for key in not_recorded:
+        section, _, name = key.partition(".")
+        if name in raw.get(section, {}):
+            raw[section][name] = NOT_RECORDED
     skip = non_semantic(config)
     data = {k: v for k, v in raw["data"].items() if ("data", k) not in skip}
     if source:
@@ -318,9 +334,10 @@ def recipe(config: RunConfig, source: str | None = None) -> dict[str, dict[str, 
             "run": {"precision": raw["run"]["precision"]}}
 
 
-def recipe_key(config: RunConfig, source: str | None = None) -> str:
+def recipe_key(config: RunConfig, source: str | None = None,
+               not_recorded: Sequence[str] = ()) -> str:
     """See :attr:`RunRecord.recipe_key`."""
-    return json.dumps(recipe(config, source), sort_keys=True)
+    return json.dumps(recipe(config, source, not_recorded), sort_keys=True)
 
 
 # --- validation and migration ----------------------------------------------------------------
@@ -374,4 +391,11 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         environment=dict(raw.get("environment") or {}), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
-        schema=SCHEMA)
+        not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
+
+
+def _keys(value: Any, where: str) -> list[str]:
+    """``not_recorded``: a list of dotted config keys (absent: every key recorded)."""
+    if isinstance(value, list) and all(isinstance(k, str) for k in value):
+        return list(value)
+    raise RunRecordError(f"run record {where}: 'not_recorded' must be a list of config keys")

@@ -25,7 +25,7 @@ from creditaudit.protocol import (
     in_order,
 )
 from creditaudit.protocol.records import is_frozen_baseline, model_description
-from creditaudit.records import RunRecord
+from creditaudit.records import NOT_RECORDED, RunRecord
 from creditaudit.report.protocol import value_text
 from creditaudit.report.runs import diverged_text
 from creditaudit.results import (
@@ -64,9 +64,11 @@ def setting_text(value: Any) -> str:
 
 def run_settings(run: RunRecord) -> dict[str, str]:
     """Every setting that makes ``run`` the run it is, as cell text by dotted config key:
-    the config values its run id covers (output folder, threads, device, … left out) and,
-    as ``data source``, what identifies its data apart from the seed (a hash prefix)."""
+    the config values its run id covers (output folder, threads, device, … left out; "not
+    recorded" for those a run from a user's own loop was not told) and, as ``data
+    source``, what identifies its data apart from the seed (a hash prefix)."""
     skip = non_semantic(run.config)
+    unknown = set(run.not_recorded)
     settings: dict[str, str] = {}
     for section, values in run.config.to_dict().items():
         for name, value in values.items():
@@ -75,6 +77,8 @@ def run_settings(run: RunRecord) -> dict[str, str]:
             if isinstance(value, dict):  # a diagnostic's options table
                 settings.update({f"{section}.{name}.{k}": setting_text(v)
                                  for k, v in value.items()})
+            elif f"{section}.{name}" in unknown:  # a run from a loop that did not say
+                settings[f"{section}.{name}"] = NOT_RECORDED
             else:
                 settings[f"{section}.{name}"] = setting_text(value)
     data = run.data

@@ -1,0 +1,158 @@
+"""The Python API at its boundaries — ``adapt``, ``rule``, ``Recorder``, ``diagnose`` — refuses
+what cannot work with one CreditAuditError line naming the argument: inputs of another dtype
+or shape than the model takes, no samples, NaN/Inf, labels outside the model's classes, a
+declared fact (terminal LayerNorm, class count) that the probe contradicts, weights that are
+NaN, a rule bound to another model, and models whose parameters are replaced on every
+forward (BioTorch's uSF and brSF layers) — never a raw torch error, never a wrong cause."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from creditaudit import Recorder, adapt, diagnose, rule
+from creditaudit.errors import CreditAuditError
+from creditaudit.models import ResidualMLP
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class Net(nn.Module):
+    """Two states and a head; ``norm`` between the last state and the head."""
+
+    def __init__(self, norm: bool = False, classes: int = 10) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+        self.norm = nn.LayerNorm(16) if norm else nn.Identity()
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.b(self.a(x))))
+
+
+def net(**kwargs) -> Net:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Net(**kwargs)
+
+
+def with_nan_weight() -> Net:
+    model = net()
+    with torch.no_grad():
+        model.b[0].weight[3, 3] = float("nan")
+    return model
+
+
+X = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+Y = torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(2))
+STATES = ["a", "b"]
+
+
+def adapted(**kwargs):
+    return adapt(net(**kwargs), STATES, example=X)
+
+
+def biotorch(mode: str) -> nn.Module:
+    biomodule = pytest.importorskip("biotorch.module.biomodule")
+    return biomodule.BioModule(net(), mode=mode)
+
+
+def recorder(tmp_path, x, y=Y):
+    return Recorder(rule("dfa", adapted()), x, y, out=tmp_path, name="run")
+
+
+ADAPT = [
+    ("example of another float dtype", lambda: adapt(net(), STATES, example=X.double()),
+     "example is float64 but Net's parameters are float32"),
+    ("integer example", lambda: adapt(net(), STATES, example=X.long()),
+     "adapt() ran Net on example (int64, shape (4, 8)) and it raised RuntimeError"),
+    ("example of another shape", lambda: adapt(net(), STATES, example=torch.randn(4, 9)),
+     "adapt() ran Net on example (float32, shape (4, 9)) and it raised RuntimeError"),
+    ("input_shape of another shape", lambda: adapt(net(), STATES, input_shape=(9,)),
+     "adapt() ran Net on input_shape=(9,) (float32, shape (4, 9)) and it raised"),
+    ("input_shape not a shape", lambda: adapt(net(), STATES, input_shape=("8",)),
+     "input_shape must be one input's shape, positive integers such as (3, 32, 32)"),
+    ("example with NaN", lambda: adapt(net(), STATES, example=X.clone().fill_(float("nan"))),
+     "example holds NaN/Inf"),
+    ("NaN weights", lambda: adapt(with_nan_weight(), STATES, example=X),
+     "Net gives NaN/Inf logits on the probe batch: its parameter 'b.0.weight' holds NaN/Inf"),
+    ("terminal LN declared away", lambda: adapt(net(norm=True), STATES, example=X,
+                                                terminal_ln=False),
+     "terminal_ln=False, but the probe finds that Net's readout normalises h_L"),
+    ("terminal LN declared in", lambda: adapt(net(), STATES, example=X, terminal_ln=True),
+     "terminal_ln=True, but the probe finds that Net's readout does not normalise h_L"),
+    ("class count contradicted", lambda: adapt(net(), STATES, example=X, n_classes=12),
+     "n_classes=12, but Net returns 10 logits"),
+    ("class count not a number", lambda: adapt(net(), STATES, example=X, n_classes="10"),
+     "n_classes must be a positive integer"),
+    ("BioTorch uSF", lambda: adapt(biotorch("usf"), ["module.a", "module.b"], example=X),
+     "replaces its parameter 'module.a.weight_backward' with a new one on every forward"),
+    ("BioTorch brSF", lambda: adapt(biotorch("brsf"), ["module.a", "module.b"], example=X),
+     "replaces its parameter 'module.a.weight_backward' with a new one on every forward"),
+]
+RULE = [
+    ("negative seed", lambda: rule("dfa", adapted(), seed=-1), "seed=-1 must be an integer"),
+    ("seed not a number", lambda: rule("dfa", adapted(), seed="a"), "seed='a' must be an"),
+    ("class count not a number", lambda: rule("dfa", adapted(), n_classes="10"),
+     "n_classes='10' must be a positive integer"),
+]
+DIAGNOSE = [
+    ("inputs of another float dtype", lambda: diagnose(adapted(), X.double(), Y),
+     "eval_x is float64 but the model's parameters are float32"),
+    ("integer inputs", lambda: diagnose(adapted(), X.long(), Y),
+     "eval_x is int64 but the model takes float32 inputs"),
+    ("inputs of another shape", lambda: diagnose(adapted(), torch.randn(32, 9), Y),
+     "eval_x holds samples of shape (9,) but the model takes (8,)"),
+    ("no samples", lambda: diagnose(adapted(), X[:0], Y[:0]), "eval_x holds no samples"),
+    ("not a tensor", lambda: diagnose(adapted(), X.tolist(), Y),
+     "eval_x must be a tensor of model inputs (N, …), got list"),
+    ("NaN inputs", lambda: diagnose(adapted(), X.clone().fill_(float("nan")), Y),
+     "eval_x holds NaN/Inf"),
+    ("labels out of range", lambda: diagnose(adapted(), X, Y + 10),
+     "eval_y holds labels 10 … 19 but the model has 10 logits"),
+    ("a rule of another model", lambda: diagnose(adapted(), X, Y, credit=rule("dfa", adapted())),
+     "credit= is a rule bound to another model"),
+    ("a contract model's input shape", lambda: diagnose(
+        contract_model(), torch.randn(32, 9), Y[:32] % 4),
+     "eval_x holds samples of shape (9,) but the model takes (8,)"),
+]
+
+
+def contract_model() -> ResidualMLP:
+    from creditaudit.config import RunConfig
+    from creditaudit.models import build_model
+
+    config = RunConfig().replace(**{"model.d": 8, "model.n_blocks": 2})
+    return build_model(config.model, input_shape=(8,), n_classes=4)
+
+
+@pytest.mark.parametrize(("call", "fragment"), [case[1:] for case in ADAPT + RULE + DIAGNOSE],
+                         ids=[case[0] for case in ADAPT + RULE + DIAGNOSE])
+def test_a_bad_argument_is_one_line_naming_it(call, fragment):
+    with pytest.raises(CreditAuditError) as error:
+        call()
+    message = str(error.value)
+    assert fragment in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(("x", "fragment"), [
+    (X.double(), "eval_x is float64 but the model's parameters are float32"),
+    (torch.randn(32, 9), "eval_x holds samples of shape (9,) but the model takes (8,)"),
+    (X[:0], "eval_x holds no samples"),
+    (X.tolist(), "eval_x must be a tensor of model inputs (N, …), got list"),
+], ids=["float64", "shape", "empty", "list"])
+def test_the_recorder_refuses_inputs_the_model_cannot_take(tmp_path, x, fragment):
+    with pytest.raises(CreditAuditError) as error:
+        recorder(tmp_path, x, Y[:len(x)] if hasattr(x, "__len__") else Y)
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_declaration_the_probe_confirms_is_kept():
+    assert adapt(net(norm=True), STATES, example=X, terminal_ln=True).terminal_ln is True
+    assert adapt(net(), STATES, example=X, terminal_ln=False, n_classes=10).terminal_ln is False
+    with torch.device("meta"):  # no values: nothing to probe, the declaration stands
+        planned = adapt(Net(), STATES, input_shape=(8,), terminal_ln=True, n_classes=10)
+    assert planned.terminal_ln is True

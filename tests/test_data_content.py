@@ -1,0 +1,134 @@
+"""A run record says which arrays the run trained and evaluated on, by their content, and a
+finished run is served, resumed or audited only on those arrays.
+
+The data fingerprint (part of the run id) says what *would* be loaded: the files' content or
+a generator's arguments. A dataset whose ``load()`` gives other arrays each call keeps one
+fingerprint for different data, so the record also keeps the digest of the arrays loaded
+(``data.arrays_sha256``), and every gate compares it: the guest ``data-drifting``
+(tests/guest_pkg/creditaudit_guests/data_datasets.py) draws its arrays from a file the tests
+edit between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.data import load_dataset
+from creditaudit.data.identity import tensor_digest
+from creditaudit.errors import RunRecordError
+from creditaudit.plan import plan_run
+from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.registry import reload_plugins
+from creditaudit.training import train
+from integrity_support import assert_one_line_error, snapshot, toml_of
+from plugin_support import GUESTS
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {"model.d": 16, "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 64, "diagnostics.end_of_run": False,
+        "run.progress": False}
+SYNTHETIC = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8,
+             "data.teacher_width": 16, **TINY}
+
+
+@pytest.fixture
+def drifting(tmp_path, monkeypatch):
+    """The guest dataset installed in this process; yields its draw file (holding 1)."""
+    site = GUESTS.install(tmp_path / "site", only=["data-drifting"])
+    monkeypatch.syspath_prepend(str(site))
+    reload_plugins()
+    draw = tmp_path / "draw.txt"
+    draw.write_text("1")
+    yield draw
+    monkeypatch.undo()
+    GUESTS.forget()
+    reload_plugins()
+
+
+def drifting_overrides(draw: Path, out: Path, **overrides) -> dict:
+    return {"data.name": "data-drifting", "data.draw_file": str(draw), "data.n_train": 128,
+            "data.n_test": 64, **TINY, "run.out_dir": str(out), **overrides}
+
+
+def drifting_config(draw: Path, out: Path, **overrides) -> RunConfig:
+    return RunConfig().replace(**drifting_overrides(draw, out, **overrides))
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_record_keeps_the_digest_of_the_arrays_trained_on(tmp_path):
+    """The digest is of the arrays as trained on — after data.train_subset — and equal for
+    equal arrays only."""
+    config = RunConfig().replace(**SYNTHETIC, **{"run.out_dir": str(tmp_path)})
+    record = train(config).record
+    data = load_dataset(config.data, seed=config.run.seed)
+    whole = tensor_digest(data.train_x, data.train_y, data.test_x, data.test_y)
+    assert record.data.arrays_sha256 == whole == data.content_digest()
+    subset = config.replace(**{"data.train_subset": 100})
+    part = train(subset).record.data.arrays_sha256
+    assert part != whole
+    assert part == tensor_digest(data.train_x[:100], data.train_y[:100], data.test_x,
+                                 data.test_y)
+    data.test_y[0] = (data.test_y[0] + 1) % 10  # one label changed in place
+    assert data.content_digest() != whole
+
+
+def test_other_arrays_under_one_fingerprint_are_never_served_resumed_or_audited(
+        drifting, tmp_path, capsys, kill_run_at):
+    out = tmp_path / "runs"
+    config = drifting_config(drifting, out)
+    first = train(config)
+    assert first.status == "completed" and first.record.data.arrays_sha256
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(toml_of(drifting_overrides(drifting, out)))
+    assert plan_run(config).run_id == first.run_dir.name
+    drifting.write_text("2")  # load() now draws other arrays: same run id, same fingerprint
+    assert plan_run(config).run_id == first.run_dir.name
+    before = snapshot(out)
+    with pytest.raises(RunRecordError, match="the data changed"):
+        train(config)  # never served as "already completed"
+    code, stdout, err = run_cli(capsys, ["train", "--config", str(config_file)])
+    assert code == 2
+    assert_one_line_error(stdout, err, "the data changed", "data-drifting", "--force")
+    code, stdout, err = run_cli(capsys, ["audit", str(first.run_dir), "--no-metrics"])
+    assert code == 2
+    assert_one_line_error(stdout, err, "the data changed")
+    assert snapshot(out) == before
+    # an interrupted run resumes only on its own arrays
+    two = drifting_config(drifting, out, **{"optim.epochs": 2})
+    kill_run_at(two, epoch=2)
+    drifting.write_text("3")
+    with pytest.raises(RunRecordError, match="the data changed"):
+        train(two, resume=True)
+    drifting.write_text("2")
+    assert train(two, resume=True).status == "completed"
+    drifting.write_text("1")  # the first run's arrays again: served, not retrained
+    assert train(config).record.log == first.record.log
+    assert train(config, force=True).status == "completed"
+
+
+def test_a_record_without_the_digest_is_checked_by_fingerprint_only_and_says_so(
+        tmp_path, caplog):
+    config = RunConfig().replace(**SYNTHETIC, **{"run.out_dir": str(tmp_path)})
+    run = train(config)
+    path = run.run_dir / RECORD_FILE
+    raw = json.loads(path.read_text())
+    del raw["data"]["arrays_sha256"]  # as written before array digests existed
+    path.write_text(json.dumps(raw))
+    assert load_record(path).data.arrays_sha256 is None
+    with caplog.at_level(logging.WARNING):
+        served = train(config)
+    assert served.record.log == run.record.log  # usable: served, not retrained
+    assert "checked by its fingerprint only, not by its content" in caplog.text

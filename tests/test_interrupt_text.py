@@ -1,0 +1,72 @@
+"""What Ctrl-C says is true: "the last finished epoch is checkpointed, continue with --resume"
+was printed even when no epoch had finished. The interrupted run now says what it saved —
+epochs up to N, continue with --resume; or nothing trained, run the same command again (which
+then starts it: a run whose only checkpoint is its initial weights starts over) — and any
+other command says it was interrupted, claiming nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.records import load_record
+from creditaudit.training import Trainer
+from integrity_support import toml_of
+
+pytestmark = pytest.mark.usefixtures("single_thread", "restore_sigterm")
+
+TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher_width": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "run.progress": False}
+
+
+def interrupted_at(monkeypatch, epoch: int) -> None:
+    original = Trainer.train_epoch
+
+    def train_epoch(self, current: int):  # noqa: ANN001
+        if current == epoch:
+            raise KeyboardInterrupt
+        return original(self, current)
+
+    monkeypatch.setattr(Trainer, "train_epoch", train_epoch)
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("epoch", [1, 2], ids=["before-any-epoch", "after-epoch-1"])
+def test_ctrl_c_says_what_was_saved_and_the_advice_works(tmp_path, capsys, monkeypatch,
+                                                         epoch):
+    config = tmp_path / "run.toml"
+    config.write_text(toml_of({**TINY, "run.out_dir": str(tmp_path / "runs")}))
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, epoch)
+        code, err = run(capsys, ["train", "--config", str(config)])
+    assert code == 130
+    line = err.strip().splitlines()[-1]
+    if epoch == 1:
+        assert "checkpointed" not in line and "--resume" not in line, line
+        assert "before its first epoch finished" in line and "run the same command" in line
+        code, err = run(capsys, ["train", "--config", str(config)])  # as it says
+    else:
+        assert "stopped after epoch 1, which is checkpointed: continue with --resume" in line
+        code, err = run(capsys, ["train", "--config", str(config), "--resume"])
+    assert code == 0, err
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert load_record(folder).status == "completed"
+
+
+def test_ctrl_c_elsewhere_claims_no_checkpoint(tmp_path, capsys, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("creditaudit.records.load_records", interrupt)
+    monkeypatch.setattr("creditaudit.protocol.records.load_records", interrupt)
+    (tmp_path / "runs").mkdir()
+    code, err = run(capsys, ["report", str(tmp_path / "runs")])
+    assert code == 130
+    assert err.strip() == "creditaudit: interrupted", err

@@ -1,0 +1,140 @@
+"""Never a silent pass: a diagnostic whose statistic is NaN, Inf, None or no number at all is
+"not evaluated" with the reason — in the protocol's evaluation, in records (old ones included,
+on read) and in reports — and a diagnostic listed twice is refused in one line.
+
+The guests (tests/guest_pkg/creditaudit_guests/data_diagnostics.py) each return such a
+statistic with the status "passed".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig, config_from_dict
+from creditaudit.errors import ConfigError
+from creditaudit.protocol import (
+    FIRED,
+    NOT_EVALUATED,
+    PASSED,
+    TRUSTWORTHY,
+    DiagnosticReport,
+    Evidence,
+    Protocol,
+    ReferenceValidity,
+    ResidualStreamScale,
+)
+from creditaudit.protocol.records import record_report, record_verdict
+from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.registry import reload_plugins
+from creditaudit.report import render
+from creditaudit.training import train
+from integrity_support import assert_one_line_error, toml_of
+from plugin_support import GUESTS
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+GUEST_NAMES = ["data_nan", "data_inf", "data_none", "data_text"]
+TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher_width": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "diagnostics.frozen_acc": 0.0, "run.progress": False}
+
+
+@pytest.fixture
+def guests(tmp_path, monkeypatch):
+    site = GUESTS.install(tmp_path / "site", only=GUEST_NAMES)
+    monkeypatch.syspath_prepend(str(site))
+    reload_plugins()
+    yield
+    monkeypatch.undo()
+    GUESTS.forget()
+    reload_plugins()
+
+
+def healthy_evidence() -> Evidence:
+    """Evidence on which the four built-ins are evaluated and none fires."""
+    return Evidence(hidden_norms=[1.0, 1.1, 1.2], grad_norms=[1e-3, 1e-3, 1e-3],
+                    g_L_zero_fraction=0.0, g_L_nonzero_median=1e-3, headline_acc=0.9,
+                    frozen_acc=0.5)
+
+
+def test_a_statistic_that_is_no_finite_number_is_not_evaluated_never_passed(guests):
+    protocol = Protocol.of(GUEST_NAMES)
+    results = {r.id: r for r in protocol.evaluate(healthy_evidence())}
+    assert {r.status for r in results.values()} == {NOT_EVALUATED}
+    assert "nan" in results["data_nan"].reason and "not a finite number" in \
+        results["data_nan"].reason
+    assert "inf" in results["data_inf"].reason
+    assert "None" in results["data_none"].reason
+    assert "str" in results["data_text"].reason
+    assert all(r.value is None for r in results.values())
+
+
+def test_an_overflowed_stream_still_fires_a_but_an_infinite_gradient_never_passes_b():
+    """(a) fires on NaN/Inf states (what it exists to catch); (b) on an infinite ‖g_L‖
+    used to pass ("≥ floor"): it is not evaluated."""
+    protocol = Protocol.default()
+    overflowed = Evidence(hidden_norms=[1.0, math.inf], grad_norms=[1e-3, math.inf])
+    results = {r.id: r for r in protocol.evaluate(overflowed)}
+    assert results["a"].status == FIRED
+    assert results["b"].status == NOT_EVALUATED and "inf" in results["b"].reason
+    options = ReferenceValidity.Options()
+    assert ReferenceValidity.status_of(math.inf, options) == NOT_EVALUATED
+    assert ReferenceValidity.status_of(1e-3, options) == PASSED
+    assert ResidualStreamScale.status_of(math.inf, ResidualStreamScale.Options()) == FIRED
+
+
+def test_a_run_with_such_a_diagnostic_records_and_reports_it_not_evaluated(guests, tmp_path):
+    config = RunConfig().replace(**TINY, **{
+        "run.out_dir": str(tmp_path), "diagnostics.protocol": ["a", "b", "c", "d", *GUEST_NAMES]})
+    record = train(config).record
+    stored = record.protocol.report["diagnostics"]
+    for name in GUEST_NAMES:
+        assert stored[name]["status"] == NOT_EVALUATED, name
+        assert record.log[-1].protocol[name] == NOT_EVALUATED
+    assert record.protocol.verdict != TRUSTWORTHY
+    verdict = record_verdict(load_record(tmp_path / record.run_id))
+    assert set(GUEST_NAMES) <= set(verdict.not_evaluated)
+    text = render(record_report(record), "text")
+    assert "data_nan" in text and "not evaluated" in text
+
+
+def test_a_record_that_stored_a_pass_without_a_number_reads_as_not_evaluated(tmp_path):
+    """Records written before this check: a 'passed' whose value is null, NaN or Inf (strict
+    JSON: null plus a non_finite mark) is read as not evaluated, and the verdict follows."""
+    config = RunConfig().replace(**TINY, **{"run.out_dir": str(tmp_path)})
+    run = train(config)
+    assert record_verdict(run.record).statuses["b"] == PASSED
+    path = run.run_dir / RECORD_FILE
+    raw = json.loads(path.read_text())
+    raw["protocol"]["report"]["diagnostics"]["c"].update(status=PASSED, value=None)
+    raw["protocol"]["report"]["diagnostics"]["b"].update(status=PASSED, value=None)
+    raw.setdefault("non_finite", {})["/protocol/report/diagnostics/b/value"] = "Infinity"
+    path.write_text(json.dumps(raw))
+    record = load_record(path)
+    verdict = record_verdict(record)
+    assert verdict.statuses["b"] == verdict.statuses["c"] == NOT_EVALUATED
+    assert verdict.verdict != TRUSTWORTHY
+    report = record_report(record)
+    assert report.diagnostic("b").status == report.diagnostic("c").status == NOT_EVALUATED
+    assert {"b", "c"} <= set(report.not_evaluated) and report.verdict != TRUSTWORTHY
+    again = DiagnosticReport.from_dict(json.loads(report.to_json()))
+    assert again.diagnostic("c").status == NOT_EVALUATED
+
+
+def test_a_diagnostic_listed_twice_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="lists 'a' twice"):
+        config_from_dict({"diagnostics": {"protocol": ["a", "b", "a"]}})
+    with pytest.raises(ConfigError, match="lists 'b' twice"):
+        Protocol.of(["a", "b", "b"])
+    path = tmp_path / "twice.toml"
+    path.write_text(toml_of({**TINY, "run.out_dir": str(tmp_path),
+                             "diagnostics.protocol": ["a", "b", "c", "d", "a"]}))
+    capsys.readouterr()
+    assert main(["train", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "diagnostics.protocol lists 'a' twice")

@@ -1,0 +1,156 @@
+"""A Recorder records what it was told and what it measured, and marks the rest as not
+recorded; a dataset it names must be the data it evaluates on; its errors name the
+arguments the caller passed.
+
+- a plain AdamW loop with no scheduler, told only the learning rate: the record does not say
+  ``optim.schedule: cosine`` or ``weight_decay: 0.01`` (the config's defaults) — it lists them
+  under ``not_recorded``, reports print "not recorded", and recipes compare them as unknown;
+- a subset told in ``data=`` is recorded; the evaluation set's size is the one measured on;
+- ``data={"name": "mnist", …}`` with arrays that are not samples of MNIST's test split is
+  refused in one line (they were stamped with the IDX files' fingerprint), rows of it are
+  accepted in any order and any normalisation; a class count the dataset contradicts too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from creditaudit import Recorder, adapt, rule
+from creditaudit.config import RunConfig
+from creditaudit.data import load_dataset
+from creditaudit.errors import ConfigError, CreditAuditError, DataError
+from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.records.compare import recipe_difference
+from creditaudit.report.tables import run_settings
+from integrity_support import write_idx_dataset
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+OFF = {"diagnostics.end_of_run": False}
+
+
+class Flat(nn.Module):
+    """An MLP on flattened 28×28 images: two states and a head."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Flatten(), nn.Linear(784, 16))
+        self.b = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.b(self.a(x)))
+
+
+def bound(example: torch.Tensor, classes: int = 10):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = Flat(classes)
+    return rule("dfa", adapt(net, ["a", "b"], example=example))
+
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory):
+    """Tiny MNIST-layout IDX files (64 + 32 images) and their test split as loaded."""
+    folder = write_idx_dataset(tmp_path_factory.mktemp("idx"))
+    config = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(folder)})
+    return folder, load_dataset(config.data, seed=0)
+
+
+def random_set(n: int = 32):
+    generator = torch.Generator().manual_seed(5)
+    return torch.randn(n, 784, generator=generator), torch.randint(0, 10, (n,),
+                                                                  generator=generator)
+
+
+def test_a_plain_loop_records_only_what_it_was_told(tmp_path):
+    x, y = random_set()
+    with Recorder(bound(x), x, y, out=tmp_path, name="told", data="my-images",
+                  config={"optim.lr": 3e-4, **OFF}) as rec:
+        rec.epoch(0)
+        rec.epoch(1, test_acc=0.5)
+    record = load_record(tmp_path / "told")
+    unknown = set(record.not_recorded)
+    assert {"optim.schedule", "optim.weight_decay", "optim.batch_size", "run.seed",
+            "run.precision", "data.train_subset", "data.random_targets"} <= unknown
+    assert not unknown & {"optim.lr", "optim.epochs", "data.name", "diagnostics.eval_samples",
+                          "method.name", "model.arch"}
+    assert record.config.optim.lr == 3e-4 and record.epochs == 1
+    assert record.config.diagnostics.eval_samples == 32  # what it measured on, not 1280
+    settings = run_settings(record)
+    assert settings["optim.schedule"] == settings["optim.weight_decay"] == "not recorded"
+    assert settings["optim.lr"] == "0.0003"
+    # told the subset and the schedule: recorded
+    with Recorder(bound(x), x, y, out=tmp_path, name="subset",
+                  data={"name": "my-images", "train_subset": 20000},
+                  config={"optim.lr": 3e-4, "optim.schedule": "constant",
+                          "optim.weight_decay": 0.0, **OFF}) as rec:
+        rec.epoch(1, test_acc=0.5)
+    told = load_record(tmp_path / "subset")
+    assert told.config.data.train_subset == 20000 and told.config.optim.schedule == "constant"
+    assert not {"data.train_subset", "optim.schedule", "optim.weight_decay"} \
+        & set(told.not_recorded)
+    assert recipe_difference(record, told) is not None  # unknown ≠ told, whatever the value
+    # a record without the field (written before it existed) reads as all recorded
+    raw = json.loads((tmp_path / "told" / RECORD_FILE).read_text())
+    del raw["not_recorded"]
+    (tmp_path / "told" / RECORD_FILE).write_text(json.dumps(raw))
+    assert load_record(tmp_path / "told").not_recorded == []
+
+
+def test_a_recorder_refuses_an_evaluation_set_size_it_did_not_measure(tmp_path):
+    x, y = random_set()
+    with pytest.raises(ConfigError, match="eval_x holds 32 samples"):
+        Recorder(bound(x), x, y, out=tmp_path, config={"diagnostics.eval_samples": 1280})
+
+
+def test_a_named_dataset_must_be_the_data_evaluated_on(mnist, tmp_path):
+    folder, data = mnist
+    named = {"name": "mnist", "data_dir": str(folder)}
+    x, y = random_set()
+    with pytest.raises(DataError) as error:
+        Recorder(bound(x), x, y, out=tmp_path, name="unrelated", data=named, config=OFF)
+    assert "are no sample of its test split" in str(error.value)
+    assert "\n" not in str(error.value) and not (tmp_path / "unrelated").exists()
+    # rows of the test split: any order, any subset, the dataset's or another normalisation
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(1))[:24]
+    ready = data.prepare(data.test_x[order], flatten=True)
+    plain = (data.test_x[order].float() / 255.0).flatten(1)
+    for name, rows in (("normalised", ready), ("scaled", plain), ("images", ready.view(-1, 1,
+                                                                                       28, 28))):
+        rec = Recorder(bound(rows), rows, data.test_y[order], out=tmp_path, name=name,
+                       data=named, config=OFF)
+        checked = rec.record.data.provenance["evaluation_arrays"]
+        assert "rows of the MNIST test split" in checked["checked"]
+    # one label changed: not that sample any more
+    labels = data.test_y[order].clone()
+    labels[3] = (labels[3] + 1) % 10
+    with pytest.raises(DataError, match="1 of 24 evaluation samples \\(e.g. row 3\\)"):
+        Recorder(bound(ready), ready, labels, out=tmp_path, name="relabelled", data=named)
+    # a model whose class count the dataset contradicts
+    with pytest.raises(ConfigError, match="12 logits, but MNIST has 10 classes"):
+        Recorder(bound(ready, classes=12), ready, data.test_y[order], out=tmp_path,
+                 name="classes", data=named)
+
+
+@pytest.mark.parametrize(("data", "config", "fragment", "absent"), [
+    ("fashion-mnist", None, "data['data_dir']", "--data-dir"),
+    ({"name": "synthetic", "in_dim": "x"}, None, "data['in_dim'] must be an integer", "data."),
+    ({"name": "synthetic", "nope": 1}, None, "unknown key data['nope']", "data."),
+    ({"name": "my-images", "train_subset": 0}, None, "data['train_subset']=0 is out of range",
+     "data."),
+    ("my-images", {"data.train_subset": 100},
+     "config sets data.train_subset: give it in data=, e.g. data={'name': …, "
+     "'train_subset': …}", "--"),
+], ids=["no data folder", "bad option", "unknown option", "bad subset", "subset in config"])
+def test_errors_name_the_arguments_the_caller_passed(tmp_path, data, config, fragment, absent):
+    x, y = random_set()
+    with pytest.raises(CreditAuditError) as error:
+        Recorder(bound(x), x, y, out=tmp_path, name="x", data=data, config=config)
+    message = str(error.value)
+    assert fragment in message and absent not in message.replace(fragment, ""), message
+    assert "\n" not in message

@@ -252,15 +252,35 @@ def test_resume_refuses_a_model_whose_backward_changed(guests, tmp_path, kill_ru
         train(config, resume=True)
 
 
-def test_stacked_and_swept_runs_check_too(guests, tmp_path):
-    """A refusal in a stack comes before any run of it writes a file."""
+def test_stacked_and_swept_runs_check_too(guests, tmp_path, monkeypatch, capsys):
+    """A refusal in a stack comes before any run of it writes a file; a sweep records each
+    refused run as failed, with the one line, and goes on."""
     from creditaudit.stacked import train_stacked
 
-    config = guest_config("doubled", tmp_path, **{"method.name": "dfa"})
+    config = guest_config("doubled", tmp_path / "stack", **{"method.name": "dfa"})
     with pytest.raises(ReferenceGradientError):
         train_stacked([config, config.replace(**{"run.seed": 1})])
-    assert not list(tmp_path.iterdir())
+    assert not (tmp_path / "stack").exists()
     Trainer(config.replace(**{"diagnostics.allow_unverified_reference": True}))  # allowed
+
+    import tomli_w
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(GUESTS.folder), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    base: dict = {}
+    for key, value in config.to_dict().items():
+        base[key] = {k: v for k, v in value.items() if v is not None}
+    base["run"].pop("out_dir")
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(tomli_w.dumps({"base": base, "grid": {"run.seed": [1, 2]}}))
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "swept"), "-q"]) == 1
+    capsys.readouterr()
+    records = [load_record(d) for d in (tmp_path / "swept").iterdir() if d.is_dir()]
+    assert len(records) == 2 and all(r.status == "failed" for r in records)
+    assert all(r.error.startswith("ReferenceGradientError: the backward of module "
+                                  "`net.res.f.2` (Doubled)") for r in records)
+    assert all(not r.reference.verified and "stopped before its model was checked"
+               in r.reference.detail for r in records)
 
 
 # --- old records ----------------------------------------------------------------------------

@@ -160,6 +160,7 @@ HOW_NOT_CHECKED, HOW_FAILED, HOW_SKIPPED = "not checked", "failed", "skipped"
 VERIFIED_HOWS = ("states", "modules")
 REFERENCE_HOWS = (*VERIFIED_HOWS, HOW_FAILED, HOW_SKIPPED, HOW_NOT_CHECKED)
 NOT_CHECKED_DETAIL = "reference not checked (recorded before creditaudit checked it)"
+UNCHECKED_DETAIL = "reference not checked (the run stopped before its model was checked)"
 
 
 @dataclass
@@ -180,7 +181,7 @@ class ReferenceState:
     where: str | None = doc("`failed`: the module (`blocks.1.w2`) or the segment (`between "
                             "h_2 and h_3`) whose backward is not the gradient, when it "
                             "could be placed")
-    detail: str = doc("one line: what was compared, or what was found", NOT_CHECKED_DETAIL)
+    detail: str = doc("one line: what was compared, or what was found", UNCHECKED_DETAIL)
 
     @property
     def failed(self) -> bool:
@@ -195,7 +196,7 @@ class ReferenceState:
         without one (written before the check existed) says the reference was not checked —
         never that it was verified."""
         if raw is None:
-            return cls()
+            return cls(detail=NOT_CHECKED_DETAIL)
         if not isinstance(raw, dict):
             raise RunRecordError(f"{where}: reference must be an object, got "
                                  f"{type(raw).__name__}")

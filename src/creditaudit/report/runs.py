@@ -74,12 +74,12 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         incomplete = coverage is not None and coverage < 1
         if incomplete:
             partial.append(coverage)
-        if judged.reference_verified is False:
-            unverified.append(f"{record.method}: {judged.reference_note}")
         acc_text = fmt(record.final_acc, ".3f") + ("‡" if record.status == "diverged" else "")
         cos_text = judged.mark(fmt(cos, "+.3f")
                                + ("*" if valid is False and cos is not None else "")
                                + ("†" if incomplete else ""))
+        if cos_text.endswith(UNVERIFIED_MARK):
+            unverified.append(f"{record.method}: {judged.reference_note}")
         rows.append((record, acc_text, cos_text, verdict))
     cos_width = max([10, *(len(row[2]) + 2 for row in rows)])
     header = (f"{'method':<14}{'status':<12}{'epochs':>6}{'test acc':>10}{'‖h_L‖':>11}"

@@ -284,7 +284,12 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
         "status": "completed", "log": [{"epoch": 0, "acc_eval": 0.1}, entry],
         "final": {"test_acc": acc}, "diagnostics": {"gamma": {"samples_then_layers": gamma}},
         "protocol": {"epoch": 1, "verdict": verdict, "fired": fired_ids,
-                     "report": report.to_dict()}})
+                     "report": report.to_dict()},
+        "reference": VERIFIED})
+
+
+# What a run of this version records when its reference gradient passed its check.
+VERIFIED = {"verified": True, "how": "states", "where": None, "detail": "agrees"}
 
 
 def test_group_records_ignores_seed_and_output_folder():

@@ -28,7 +28,6 @@ from creditaudit.figures import (
     temporal,
     weight_alignment,
 )
-from creditaudit.protocol import WALK_BACK
 from figure_support import SEEDS
 
 
@@ -267,27 +266,40 @@ def test_weight_alignment_values_come_from_records(index, records):
     assert kp[-1]["feedback_angle"] != kp[0]["feedback_angle"]
 
 
+def drawn(fig, name) -> list[float]:
+    """The y values of the scatter with gid ``name`` (none drawn: an empty list)."""
+    found = fig.findobj(lambda a: a.get_gid() == name)
+    return sorted(y for f in found for y in np.asarray(f.get_offsets()).reshape(-1, 2)[:, 1])
+
+
 def test_audit_panels_plot_each_runs_protocol_values(results, records):
+    """Each run's value in the colour of its verdict (the judgement's kind): a run whose (d)
+    was not evaluated is incomplete, never drawn as trustworthy."""
+    from creditaudit.protocol import KINDS, judge
+
     index = RunIndex.from_dir(results, frozen_from_runs=False)  # each record's own (d)
     fig = audit_panels.build(index)[audit_panels.NAME]
     for id_ in "abc":
-        expected = {True: [], False: []}
+        expected = {kind: [] for kind in KINDS.values()}
         for r in records:
             value = r["protocol"]["report"]["diagnostics"][id_]["value"]
+            statuses = {i: d["status"] for i, d in r["protocol"]["report"]["diagnostics"].items()}
+            kind = judge(statuses, r["reference"]).kind
             if value is not None and (id_ == "c" or value > 0):
-                expected[r["protocol"]["verdict"] == WALK_BACK].append(value)
-        for walked, name in ((True, "walked_back"), (False, "healthy")):
-            points = gid(fig, f"{id_}:{name}")[0].get_offsets()
-            got = sorted(np.asarray(points)[:, 1]) if len(points) else []
-            np.testing.assert_allclose(got, sorted(expected[walked]), rtol=1e-12)
+                expected[kind].append(value)
+        assert not expected["pass"], expected  # (d) not evaluated: never drawn trustworthy
+        for kind, values in expected.items():
+            np.testing.assert_allclose(drawn(fig, f"{id_}:{kind}"), sorted(values), rtol=1e-12)
         threshold = records[0]["protocol"]["report"]["diagnostics"][id_]["threshold"]
         np.testing.assert_allclose(line_y(fig, f"{id_}:threshold"), [threshold] * 2)
     # (d) was not evaluated in the records (no frozen accuracy given): nothing drawn.
-    for name in ("healthy", "walked_back"):
-        assert len(gid(fig, f"d:{name}")[0].get_offsets()) == 0
+    for kind in KINDS.values():
+        assert drawn(fig, f"d:{kind}") == []
 
 
 def test_audit_panels_frozen_from_runs_evaluates_d(results, records):
+    from creditaudit.protocol import KINDS
+
     index = RunIndex.from_dir(results, frozen_from_runs=True)
     fig = audit_panels.build(index)[audit_panels.NAME]
     frozen = {}
@@ -297,8 +309,7 @@ def test_audit_panels_frozen_from_runs_evaluates_d(results, records):
     expected = sorted(100 * (final_acc(r) - np.mean(frozen["resmlp"])) for r in records
                       if r["config"]["model"]["arch"] == "resmlp"
                       and r["config"]["method"]["name"] != "frozen")
-    got = [y for name in ("healthy", "walked_back")
-           for y in np.asarray(gid(fig, f"d:{name}")[0].get_offsets()).reshape(-1, 2)[:, 1]]
+    got = [y for kind in KINDS.values() for y in drawn(fig, f"d:{kind}")]
     np.testing.assert_allclose(sorted(got), expected, rtol=1e-9)
 
 

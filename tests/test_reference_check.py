@@ -262,7 +262,8 @@ def test_a_plain_copy_of_a_biotorch_model_is_audited_and_the_opt_out_says_unveri
     unverified = diagnose(bio, x, y, credit=credit, metrics=True, metric_options=options,
                           verify_reference=False)
     assert unverified.metadata["reference_check"] == {
-        "verified": False, "how": "skipped", "detail": "not verified (verify_reference=False)"}
+        "verified": False, "how": "skipped", "detail": "not verified (verify_reference=False)",
+        "where": None}
     assert all(row["cos"] == pytest.approx(1.0) for row in unverified.layer_cosines)
     text = render(unverified, "text")
     assert "; reference gradient not verified (verify_reference=False)" in text

@@ -26,9 +26,9 @@ from creditaudit.protocol import (
 from creditaudit.records import RunRecord
 from creditaudit.report.folder import (
     audit_table,
+    classifier,
     render_report_markdown,
     summary_table,
-    verdict_class,
     write_report,
 )
 from creditaudit.report.html import compact_png, markdown_to_html
@@ -311,31 +311,37 @@ def test_unfinished_runs_have_their_own_section_and_no_summary_row(results):
 
 
 def test_verdicts_are_coloured_by_meaning_and_spelled_out():
+    """Each verdict's colour class is its judgement's kind (never read back from its words);
+    four colours apart in every colour vision, text on each readable."""
     from colour_support import closest_pair, contrast
-    from creditaudit.formatting import INCOMPLETE_COLOR, PASS_COLOR, WALK_BACK_COLOR
-    from creditaudit.protocol import verdict_phrase
+    from creditaudit.formatting import VERDICT_COLORS
+    from creditaudit.protocol import judge
     from creditaudit.report.html import CSS, markdown_fragment
 
     statuses = {"a": PASSED, "b": PASSED, "c": PASSED, "d": PASSED}
-    texts = {"pass": verdict_phrase(statuses),
-             "walk-back": verdict_phrase({**statuses, "a": FIRED, "d": NOT_EVALUATED}),
-             "incomplete": verdict_phrase({**statuses, "d": NOT_EVALUATED})}
-    for css, text in texts.items():
-        assert verdict_class("td", text) == css and verdict_class("td", text + " †") == css
-        assert verdict_class("strong", f"Verdict: {text}") == css
-    assert verdict_class("td", "baseline of (d)") is None and verdict_class("td", "0.9") is None
-    assert verdict_class("strong", "fired") == "fired"
-    table = "| run | verdict |\n|---|---|\n" + "".join(f"| r{i} | {t} |\n"
-                                                      for i, t in enumerate(texts.values()))
-    fragment = markdown_fragment(table + "\n**Verdict: trustworthy**\n", classify=verdict_class)
-    for css, text in texts.items():
-        assert f'<td class="{css}">{text}</td>' in fragment
+    failed = {"verified": False, "how": "failed", "where": "blocks.1.w2", "detail": "x"}
+    judged = {"pass": judge(statuses),
+              "walk-back": judge({**statuses, "a": FIRED, "d": NOT_EVALUATED}),
+              "incomplete": judge({**statuses, "d": NOT_EVALUATED}),
+              "unverified": judge(statuses, failed)}
+    assert {kind: j.kind for kind, j in judged.items()} == {k: k for k in judged}
+    classify = classifier({j.text: j.kind for j in judged.values()})
+    for css, j in judged.items():
+        assert classify("td", j.text) == css
+        assert classify("strong", f"Verdict: {j.text}") == css
+    assert classify("td", "baseline of (d)") is None and classify("td", "0.9") is None
+    assert classify("strong", "fired") == "fired"
+    table = "| run | verdict |\n|---|---|\n" + "".join(f"| r{i} | {j.text} |\n"
+                                                      for i, j in enumerate(judged.values()))
+    fragment = markdown_fragment(table + "\n**Verdict: trustworthy**\n", classify=classify)
+    for css, j in judged.items():  # (a module name in backticks is a code span)
+        assert f'<td class="{css}">{j.text.split("`")[0]}' in fragment
     assert '<strong class="pass">Verdict: trustworthy</strong>' in fragment
-    # Three colours apart in every colour vision; text on them readable (WCAG AA).
-    colors = {"pass": PASS_COLOR, "walk-back": WALK_BACK_COLOR, "incomplete": INCOMPLETE_COLOR}
-    assert closest_pair(list(colors.values()))[0] >= 10
-    for css, color in colors.items():
-        rule = re.search(rf"td\.{css}, [^{{]*\{{ background: (#\w+); color: (#\w+); }}", CSS)
+    # Four colours apart in every colour vision; text on them readable (WCAG AA).
+    assert set(VERDICT_COLORS) == set(judged)
+    assert closest_pair(list(VERDICT_COLORS.values()))[0] >= 10
+    for css, color in VERDICT_COLORS.items():
+        rule = re.search(rf"td\.{css}, [^{{]*\{{ background: (#\w+); color: (#\w+);", CSS)
         assert rule and rule.group(1) == color, css
         assert contrast(rule.group(2), color) >= 4.5
     assert "strong {" not in CSS  # bold text is no longer red whatever it says

@@ -107,10 +107,20 @@ def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int]
     return frozen_baseline(record, [r for _, r in records])
 
 
+AUDIT_FIX = ("audit it with --allow-unverified-reference (audit_run(..., "
+             "allow_unverified_reference=True)) to see its numbers marked unverified")
+
+
 def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
-              metrics: bool = True, device: str = "cpu", progress: Progress | None = None
-              ) -> DiagnosticReport:
+              metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
+              allow_unverified_reference: bool | None = None) -> DiagnosticReport:
     """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
+
+    The reference gradient is checked on the checkpointed model first: one whose backward
+    is not the gradient is refused in one line naming the module, unless
+    ``allow_unverified_reference`` (default: as the run was trained,
+    ``diagnostics.allow_unverified_reference``); then the report says where it failed and
+    its verdict is *unverified*.
 
     ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
@@ -147,7 +157,12 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
         f"evaluation samples (epoch {run.epoch})")
     report = diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
                       frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
-                      metadata=metadata, progress=say, protocol=protocol)
+                      metadata=metadata, progress=say, protocol=protocol,
+                      allow_unverified_reference=bool(
+                          config.diagnostics.allow_unverified_reference
+                          if allow_unverified_reference is None
+                          else allow_unverified_reference),
+                      reference_fix=AUDIT_FIX)
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}

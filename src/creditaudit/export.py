@@ -37,6 +37,13 @@ of the needed runs, then the most epochs. Only files for which runs exist are wr
 some of its runs missing is written with the keys it has. ``export_manifest.json`` in OUT
 lists every file written (and the run id behind each key) and every file skipped with the
 runs it needs.
+
+The original scripts read every cosine as measured against the true gradient, and these
+files cannot mark a number. So a run whose reference gradient failed its check (trained with
+``diagnostics.allow_unverified_reference``) fills no file: the manifest lists it under
+``unverified`` with why. A run whose reference was not checked (recorded before creditaudit
+checked it) is written, and its file's entry in the manifest says so under ``reference``
+(key → why its cosines are not verified).
 """
 
 from __future__ import annotations
@@ -89,11 +96,12 @@ class ExportResult:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     records_read: int = 0
     unreadable: list[str] = field(default_factory=list)
+    unverified: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
                 "unreadable": self.unreadable, "written": self.written,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "unverified": self.unverified}
 
     def format(self) -> str:
         lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
@@ -101,7 +109,12 @@ class ExportResult:
         for entry in self.written:
             extra = (f" (partial: missing {', '.join(entry['missing'])})"
                      if entry.get("missing") else "")
+            if entry.get("reference"):
+                extra += (f" (reference not verified: {', '.join(entry['reference'])}; "
+                          "cosines marked in the manifest)")
             lines.append(f"  wrote   {entry['path']}{extra}")
+        for entry in self.unverified:
+            lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
         for entry in self.skipped:
             lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
         for path in self.unreadable:
@@ -211,8 +224,8 @@ def _needs(variant: str, slot: Slot, dataset: str | None, extra: str = "") -> st
 
 
 class _Writer:
-    def __init__(self, out: Path, result: ExportResult) -> None:
-        self.out, self.result = out, result
+    def __init__(self, out: Path, result: ExportResult, index: RecordSet) -> None:
+        self.out, self.result, self.index = out, result, index
 
     def file(self, rel: str, slots: Sequence[Slot], family: Family,
              build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str]
@@ -227,6 +240,10 @@ class _Writer:
         write_json(self.out / rel, build(found))
         entry: dict[str, Any] = {"path": rel,
                                  "runs": {key: r.run_id for key, r in found.items()}}
+        notes = {key: judged.reference_note for key, r in found.items()
+                 if (judged := self.index.verdict(r).judgement).reference_verified is False}
+        if notes:
+            entry["reference"] = notes
         if missing:
             entry["missing"] = [s.key for s in missing]
             entry["needs"] = "; ".join(needs(s) for s in missing)
@@ -254,12 +271,18 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     # 0-epoch (random-init) runs have no trajectory to export.
     records = [r for r in found.finished if _is_canonical(r) and r.epochs > 0]
+    for record in [r for r in records if r.reference.failed]:
+        judged = found.verdict(record).judgement
+        result.unverified.append({"run_id": record.run_id, "reason": (
+            f"{judged.reference_note}, so its cosines, Γ and (b) measure nothing; the "
+            "original layout cannot mark them")})
+    records = [r for r in records if not r.reference.failed]
     result.records_read = len(records)
     seeds = sorted({r.seed for r in records}) or list(DEFAULT_SEEDS)
     by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
         by_variant.setdefault(_variant(record), []).append(record)
-    writer = _Writer(out, result)
+    writer = _Writer(out, result, found)
     base = "results"
 
     def plain(variant: str) -> list[RunRecord]:

@@ -7,8 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 # Verdict colours of every rendering (report.html, the figures): Paul Tol's high-contrast
-# scheme, distinct in every common colour-vision deficiency and in greyscale.
+# scheme, distinct in every common colour-vision deficiency and in greyscale, and Tol's grey
+# for a run whose reference gradient failed its check (its cosines measure nothing).
 PASS_COLOR, WALK_BACK_COLOR, INCOMPLETE_COLOR = "#004488", "#BB5566", "#DDAA33"
+UNVERIFIED_COLOR = "#BBBBBB"
+# A verdict's kind (creditaudit.protocol.KINDS) → its colour, and the text colour on it.
+VERDICT_COLORS = {"pass": PASS_COLOR, "walk-back": WALK_BACK_COLOR,
+                  "incomplete": INCOMPLETE_COLOR, "unverified": UNVERIFIED_COLOR}
+TEXT_ON = {"pass": "#ffffff", "walk-back": "#ffffff", "incomplete": "#000000",
+           "unverified": "#000000"}
 
 
 def fmt(value: Any, spec: str = ".3g") -> str:

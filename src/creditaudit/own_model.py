@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from creditaudit.diagnostics.epoch import rule_credits
 from creditaudit.diagnostics.gradients import StatesFn, state_gradients
 from creditaudit.diagnostics.quality import credit_quality
-from creditaudit.diagnostics.reference_check import SKIPPED, check_reference
+from creditaudit.diagnostics.reference_check import SKIPPED, checked_reference
+from creditaudit.diagnostics.reference_modules import FIX
 from creditaudit.diagnostics.user_models import (
     ForwardFrom,
     StatesNet,
@@ -67,7 +68,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
              metric_options: dict[str, Any] | None = None,
              metadata: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
-             verify_reference: bool = True, protocol: Protocol | None = None
+             verify_reference: bool = True, protocol: Protocol | None = None,
+             allow_unverified_reference: bool = False, reference_fix: str = FIX
              ) -> DiagnosticReport:
     """Run the four-diagnostic protocol on ``model`` over a held-out evaluation set.
 
@@ -99,7 +101,10 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     model whose backward is not (a BioTorch layer, a ``torch.autograd.Function`` with its
     own backward) raises a one-line ReferenceGradientError naming the module.
     ``verify_reference=False`` skips that, and the report says the reference was not
-    verified (metadata ``reference_check``, and the reason of (b)). Leaves every
+    verified (metadata ``reference_check``, and the reason of (b));
+    ``allow_unverified_reference=True`` checks and, instead of raising, reports where it
+    failed (``how="failed"``; the verdict is then *unverified*). ``reference_fix``: the way
+    out the refusal names (a caller's own option). Leaves every
     parameter, buffer, ``.grad`` field and RNG state (global CPU, and CUDA when the inputs
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
     states only, and restores the model's training flag.
@@ -144,8 +149,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                 check_forward_from(forward_from, states, logits)  # type: ignore[arg-type]
             if credit is not None and not isinstance(credit, CreditRule):
                 check_credits(credit, eval_x, eval_y, states)
-            reference = (check_reference(model, states_fn, eval_x, eval_y,
-                                         forward_from=forward_from)
+            reference = (checked_reference(model, states_fn, eval_x, eval_y,
+                                           forward_from=forward_from,
+                                           allow=allow_unverified_reference, fix=reference_fix)
                          if verify_reference else SKIPPED)
             rule, metrics_model = _credit_and_model(model, credit, states_fn, forward_from)
             sg = state_gradients(states_fn, eval_x, eval_y)
@@ -174,8 +180,7 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     else:
         terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
     meta: dict[str, Any] = {"model": type(model).__name__,
-                            "method": getattr(rule, "name", None),
-                            "reference_check": reference.to_dict()}
+                            "method": getattr(rule, "name", None)}
     if precision is not None:
         meta["metrics_precision"] = precision
     meta.update(metadata or {})
@@ -183,12 +188,13 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     report = evaluate_protocol(sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
                                thresholds=thresholds, terminal_ln=terminal_ln,
                                credits=summaries, metrics=quality, metadata=meta,
-                               protocol=protocol)
+                               protocol=protocol, reference=reference.to_dict())
     # (b) judges the reference: its reason says it is unchecked
     b = ReferenceValidity.name
     if not reference.verified and any(r.id == b for r in report.diagnostics):
         validity = report.diagnostic(b)
-        validity.reason = f"{validity.reason}; reference gradient {reference.detail}"
+        found = "failed its check: " if reference.how == "failed" else ""
+        validity.reason = f"{validity.reason}; reference gradient {found}{reference.detail}"
     return report
 
 

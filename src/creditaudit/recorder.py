@@ -75,8 +75,12 @@ from creditaudit.run_results import (
     finite_entry,
     protocol_due,
     record_protocol,
+    reference_at_start,
 )
 from creditaudit.safe_files import ensure_folder
+
+RECORDER_FIX = ("pass Recorder(..., allow_unverified_reference=True) to record it with every "
+                "cosine, Γ and (b) marked unverified")
 
 
 class Recorder:
@@ -102,17 +106,23 @@ class Recorder:
     follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N.
     ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
     beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
-    (refused otherwise).
+    (refused otherwise). ``allow_unverified_reference`` (or the config key
+    ``diagnostics.allow_unverified_reference``): record a model whose backward is not the
+    gradient of its forward, which is otherwise refused.
 
     Create it before training: it snapshots the initial parameters (for the drift of the
-    end-of-run block). One-line ConfigError/ModelContractError for what cannot be recorded.
+    end-of-run block) and checks the reference gradient on the model as it is (float64
+    central differences on four evaluation samples, under a forked RNG: a BioTorch layer or
+    a ``torch.autograd.Function`` with its own backward raises a one-line
+    ReferenceGradientError naming the module; the record's ``reference`` says how it was
+    checked). One-line ConfigError/ModelContractError for what cannot be recorded.
     """
 
     def __init__(self, rule: CreditRule, eval_x: Tensor, eval_y: Tensor, *,
                  out: str | Path = "runs", name: str | None = None,
                  data: str | Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, checkpoint: bool = False,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, allow_unverified_reference: bool = False) -> None:
         if not isinstance(rule, CreditRule):
             raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
                               "pass creditaudit.rule(name, adapt(net, states=[…]))")
@@ -129,6 +139,16 @@ class Recorder:
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
         self._epochs_given = ("optim", "epochs") in given
+        settings = self.config.diagnostics
+        if not isinstance(allow_unverified_reference, bool):
+            raise ConfigError(f"allow_unverified_reference={allow_unverified_reference!r} must "
+                              "be True or False")
+        settings.allow_unverified_reference |= allow_unverified_reference
+        # The model as it is now, before anything is written: one whose backward is not the
+        # gradient is refused (every cosine would be its own credit), unless allowed.
+        reference = reference_at_start(model, eval_x, eval_y,
+                                       allow=settings.allow_unverified_reference,
+                                       fix=RECORDER_FIX)
         identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
         description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name)
         code = RunCode(method=code_version(RULES, type(rule)),
@@ -148,6 +168,7 @@ class Recorder:
         self.record = new_record(self.config, device=str(device), data=identity,
                                  run_id=self.run_dir.name, model=description, code=components)
         self.record.not_recorded = not_recorded(self.config, given)
+        self.record.reference = reference
         self.protocol = Protocol.from_config(self.config.diagnostics)
         self.initial = parameter_snapshot(model)
         self.finished = False

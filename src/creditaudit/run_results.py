@@ -1,6 +1,7 @@
 """What a run record holds beyond training, shared by the training loop and the Recorder.
 
-The protocol of an epoch (:func:`record_protocol`, when :func:`protocol_due`), the final
+The reference check as a run starts (:func:`reference_at_start`), the protocol of an epoch
+(:func:`record_protocol`, when :func:`protocol_due`), the final
 results (:func:`final_results`), the end-of-run block (:func:`end_of_run_metrics`) and
 whether an epoch's numbers are finite (:func:`finite_entry`) are functions of the record,
 the rule and the evaluation set: :class:`creditaudit.training.Trainer` and
@@ -21,11 +22,13 @@ from creditaudit.diagnostics.drift import feature_drift
 from creditaudit.diagnostics.epoch import EpochMeasures, epoch_diagnostics
 from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.diagnostics.quality import NonFiniteModelError, Progress, credit_quality
+from creditaudit.diagnostics.reference_check import checked_reference
 from creditaudit.methods import CreditRule
+from creditaudit.models.contract import eval_mode
 from creditaudit.protocol import evaluate_protocol
 from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
-from creditaudit.records import DERIVED, EpochEntry, FinalResults, RunRecord
+from creditaudit.records import DERIVED, EpochEntry, FinalResults, ReferenceState, RunRecord
 
 # Step sizes of the end-of-run nudging test.
 NUDGING_ETAS = (0.01, 0.1)
@@ -43,15 +46,17 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
                     measures: EpochMeasures, *, protocol: Protocol, frozen_acc: float | None,
                     terminal_ln: bool | None) -> None:
     """Evaluate the protocol on an epoch's own measures and gradients (no second backward):
-    its statuses and verdict go into ``entry``, the report and the first epoch each
-    diagnostic fired into ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
+    its statuses and verdict (judged with ``record.reference``, the check made when the run
+    started) go into ``entry``, the report and the first epoch each diagnostic fired into
+    ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
     fraction, None = not evaluated); ``terminal_ln``: whether the model ends in a
     LayerNorm, as the model says."""
     epoch = entry.epoch
     report = evaluate_protocol(
         sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
         measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
-        metadata={**record_metadata(record), "epoch": epoch})
+        metadata={**record_metadata(record), "epoch": epoch},
+        reference=record.reference.to_dict())
     entry.protocol = {r.id: r.status for r in report.diagnostics}
     entry.verdict = report.verdict
     state = record.protocol
@@ -62,6 +67,22 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
             state.first_fired[fired] = epoch
     state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
     state.report = report.to_dict(norms=False)  # the norms are the entry's
+
+
+def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: torch.Tensor,
+                       *, allow: bool, fix: str) -> ReferenceState:
+    """The reference check of a run as it starts, on ``model`` as built (a contract model:
+    ``forward_states``/``forward_from``) and the evaluation set ``(N, …)``, ``(N,)`` (its
+    first samples): in eval mode under a forked RNG, on a float64 copy or on detached
+    inputs, so training is the same with and without it. A backward that is not the
+    gradient raises the one-line refusal naming the module, whose way out is ``fix``;
+    ``allow`` (``diagnostics.allow_unverified_reference``) records it instead."""
+    devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), eval_mode(model):
+        check = checked_reference(model, model.forward_states, eval_x, eval_y,
+                                  forward_from=model.forward_from, allow=allow, fix=fix)
+    return ReferenceState(verified=check.verified, how=check.how, where=check.where,
+                          detail=check.detail)
 
 
 def final_results(log: Sequence[EpochEntry]) -> FinalResults:

@@ -63,14 +63,24 @@ from creditaudit.run_results import (
     finite_entry,
     protocol_due,
     record_protocol,
+    reference_at_start,
 )
 from creditaudit.run_setup import make_schedule, resolve_device
 from creditaudit.safe_files import atomic_write_bytes, ensure_folder
 from creditaudit.stepping import cuda_graphs_decision, uses_device_data
 
+TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverified-reference) "
+             "to train it with every cosine, Γ and (b) marked unverified")
+
 
 class Trainer:
-    """Owns one run: its model, rule, optimiser, schedule, data streams and record."""
+    """Owns one run: its model, rule, optimiser, schedule, data streams and record.
+
+    Constructing it checks the reference gradient on the model as built
+    (:func:`~creditaudit.run_results.reference_at_start`): a model whose backward is not the
+    gradient of its forward raises a one-line ReferenceGradientError naming the module,
+    before any file of the run is written, unless ``diagnostics.allow_unverified_reference``.
+    """
 
     def __init__(self, config: RunConfig | RunPlan, *, dataset: Dataset | None = None) -> None:
         plan = config if isinstance(config, RunPlan) else plan_run(config)
@@ -111,9 +121,15 @@ class Trainer:
         self.scheduler = make_schedule(self.optimizer, config.optim.schedule,
                                        config.optim.epochs * len(self.train_loader))
         self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
+        # The model as built, before anything of the run is written: one whose backward is
+        # not the gradient is refused here (every cosine would be its own credit).
+        self.reference = reference_at_start(
+            self.model, self.eval_x, self.eval_y,
+            allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX)
         self.record = new_record(config, device=str(self.device), data=self.data_identity,
                                  run_id=self.run_id, model=self.model.describe(),
                                  code=plan.code.to_dict())
+        self.record.reference = self.reference
         self.cuda_graphs = cuda_graphs_decision(config.run.cuda_graphs, self.device, self.rule)
         self.record.environment["execution"] = {
             "device_data": self.device_data, "cuda_graphs": self.cuda_graphs.text,
@@ -155,6 +171,10 @@ class Trainer:
                   generator=self.data_generator)
         self.rule.to(self.device)
         self.record = record
+        # The check of the model as built now (the same model a fresh start builds): a
+        # checkpoint written before the check existed gets it, and code that changed the
+        # backward since is judged as it now is.
+        self.record.reference = self.reference
         self.record.status = "running"
         self.start_epoch = state["epoch"] + 1
         self.checkpointed = state["epoch"]
@@ -273,7 +293,8 @@ class Trainer:
             config=self.config, run_id=self.run_id, run_dir=self.run_dir,
             first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
             steps_per_epoch=len(self.train_loader),
-            elapsed_before=sum(e.seconds or 0.0 for e in self.record.log)))
+            elapsed_before=sum(e.seconds or 0.0 for e in self.record.log),
+            reference=self.record.reference.to_dict()))
         ensure_folder(self.run_dir)
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,

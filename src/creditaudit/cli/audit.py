@@ -51,6 +51,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="device the diagnostics run on (default cpu; auto = cuda if "
                              "available); they always run in fp32")
+    parser.add_argument("--allow-unverified-reference", action="store_true", default=None,
+                        help="audit a model whose backward is not the gradient of its forward "
+                             "(refused otherwise, unless the run was trained with "
+                             "diagnostics.allow_unverified_reference): its verdict is "
+                             "unverified and every cosine, Γ and (b) is marked so")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines on stderr")
     parser.set_defaults(handler=run)
@@ -76,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             report = audit_run(run_path, frozen=args.frozen,
                                frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
-                               device=args.device, progress=None if args.quiet else progress)
+                               device=args.device, progress=None if args.quiet else progress,
+                               allow_unverified_reference=args.allow_unverified_reference)
         except CreditAuditError as err:
             if not several:
                 raise
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                        args.format, several=several)
     if args.output and reports:
         atomic_write_bytes(Path(args.output), (text + "\n").encode())
-        verdicts = "; ".join(report.verdict_text for _, report in reports)
+        verdicts = "; ".join(report.judgement.text for _, report in reports)
         print(f"report: {args.output} ({verdicts})")
     elif reports:
         print(text)

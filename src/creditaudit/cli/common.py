@@ -77,6 +77,10 @@ SWITCHES: list[tuple[str, str, bool, str]] = [
     ("--stop-on-walkback", "diagnostics.stop_on_walkback", True,
      "end the run (status completed, record['stopped_early']) once the protocol verdict turns "
      "to needs walk-back (diagnostics.stop_on_walkback=true)"),
+    ("--allow-unverified-reference", "diagnostics.allow_unverified_reference", True,
+     "train a model whose backward is not the gradient of its forward (refused otherwise); "
+     "its verdict is unverified and every cosine, Γ and (b) is marked so "
+     "(diagnostics.allow_unverified_reference=true)"),
 ]
 
 

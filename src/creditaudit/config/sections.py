@@ -105,6 +105,11 @@ class DiagnosticsConfig:
                               min=0)
     stop_on_walkback: bool = opt(False, "stop the run when the protocol verdict turns")
     end_of_run: bool = opt(True, "credit-quality metrics (ρ, nudging, drift) at the end")
+    allow_unverified_reference: bool = opt(
+        False, "train a model whose backward is not the gradient of its forward (a BioTorch "
+        "layer, a torch.autograd.Function with its own backward) instead of refusing it; "
+        "the record says where the reference check failed, the verdict is unverified and "
+        "every cosine, Γ and (b) is marked unverified")
     frozen_acc: float | None = opt(
         None, "frozen-blocks test accuracy (fraction in [0, 1], same arch/data/recipe) for "
         "protocol diagnostic (d); None = (d) not evaluated", min=0.0, max=1.0, role="record")

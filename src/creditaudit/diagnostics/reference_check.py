@@ -55,6 +55,7 @@ from creditaudit.diagnostics.reference_modules import (
     _Call,
     _error_text,
     _module_message,
+    _module_name,
     _recorded,
     _scan,
 )
@@ -69,23 +70,62 @@ RANDOM_DIRECTIONS = 3  # per probe and state, beside the claimed gradient's dire
 
 class ReferenceGradientError(ModelContractError):
     """The model's backward is not the gradient of its forward, so the protocol's reference
-    gradient would be the model's own credit."""
+    gradient would be the model's own credit. ``where``: the module (``blocks.1.w2``) or
+    the segment (``between h_2 and h_3``) whose backward differs, when it was placed. The
+    message ends in the way out (:data:`FIX`, ``diagnose``'s; :meth:`with_fix` gives
+    another caller's)."""
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
+
+    @property
+    def finding(self) -> str:
+        """The message without its way out: what was found (for a record)."""
+        text = str(self).removesuffix(FIX)
+        for tail in (", or ", "; ", " or "):
+            if text.endswith(tail):
+                return text[:-len(tail)]
+        return text
+
+    def with_fix(self, fix: str) -> ReferenceGradientError:
+        """The same refusal with ``fix`` as its way out instead of ``diagnose``'s."""
+        text = str(self)
+        return ReferenceGradientError(text.removesuffix(FIX) + fix if text.endswith(FIX)
+                                      else f"{text}; {fix}", where=self.where)
 
 
 @dataclass(frozen=True)
 class ReferenceCheck:
-    """What :func:`check_reference` found: ``verified``; ``how`` ("states", "modules" or
-    "skipped"); ``detail``, one line saying what was compared or why nothing was."""
+    """What :func:`check_reference` found: ``verified``; ``how`` ("states", "modules",
+    "skipped" — nothing compared — or "failed", a refusal allowed to go on:
+    :func:`checked_reference`); ``detail``, one line saying what was compared, why nothing
+    was, or what was found; ``where``, for "failed", the module or segment at fault."""
 
     verified: bool
     how: str
     detail: str
+    where: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 SKIPPED = ReferenceCheck(False, "skipped", "not verified (verify_reference=False)")
+
+
+def checked_reference(model: nn.Module, states_fn: StatesFn, x: Tensor, y: Tensor, *,
+                      forward_from: ForwardFrom | None = None, allow: bool = False,
+                      fix: str = FIX) -> ReferenceCheck:
+    """:func:`check_reference`, whose refusal names ``fix`` as the way out; with ``allow``
+    the refusal is returned instead (``how="failed"``, ``where``, ``detail`` = what was
+    found), for a caller that goes on and marks every number the reference touches."""
+    try:
+        return check_reference(model, states_fn, x, y, forward_from=forward_from)
+    except ReferenceGradientError as err:
+        if not allow:
+            raise err.with_fix(fix) from None
+        return ReferenceCheck(False, "failed", err.finding, where=err.where)
 
 
 def check_reference(model: nn.Module, states_fn: StatesFn, x: Tensor, y: Tensor, *,
@@ -221,9 +261,10 @@ def _module_check(model: nn.Module, calls: list[_Call], modules: dict[str, nn.Mo
     """The module-by-module check as the verdict: raises naming the module at fault."""
     found, agreed, compared = _scan(calls, modules)
     if found is not None:
-        raise ReferenceGradientError(_module_message(model, found, prefix))
+        raise ReferenceGradientError(_module_message(model, found, prefix),
+                                     where=_module_name(found, prefix))
     if agreed == 0:
-        return ReferenceCheck(False, "modules", "not verified: no module between the states "
+        return ReferenceCheck(False, "skipped", "not verified: no module between the states "
                               "could be compared, and the states could not be (pass "
                               "forward_from=(layer, h) -> logits as a bound method of the "
                               "model)")
@@ -259,10 +300,48 @@ def _scan_or_raise(work: StatesNet, run: Callable[[], Any], failure: str) -> Ref
     if not failure:
         return _module_check(work.net, calls, dict(work.named_modules()), "net.")
     found = _scan(calls, dict(work.named_modules()))[0]
-    raise ReferenceGradientError(_module_message(work.net, found, "net.") if found else failure)
+    if found is not None:
+        raise ReferenceGradientError(_module_message(work.net, found, "net."),
+                                     where=_module_name(found, "net."))
+    raise ReferenceGradientError(failure)
 
 
 # --- naming the module -------------------------------------------------------------------------
+def _reached(work: StatesNet, layer: int, state: Tensor) -> set[str]:
+    """The modules whose input depends on h_layer when the network runs on from it
+    (``forward_from(layer, h)``), by autograd; a module whose dependence cannot be asked
+    (its graph's backward raises) counts as reached."""
+    h = state.detach().requires_grad_(True)
+    reached: set[str] = set()
+
+    def hook(name: str) -> Callable[..., None]:
+        def ask(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            inputs = [a for a in [*args, *kwargs.values()]
+                      if isinstance(a, Tensor) and a.is_floating_point() and a.requires_grad]
+            if name in reached or not inputs:
+                return
+            try:
+                grads = torch.autograd.grad([t.sum() for t in inputs], h, retain_graph=True,
+                                            allow_unused=True)
+            except Exception:  # noqa: BLE001 — the model's own backward: count it in
+                reached.add(name)
+                return
+            if grads[0] is not None:
+                reached.add(name)
+        return ask
+
+    handles = [module.register_forward_pre_hook(hook(name), with_kwargs=True)
+               for name, module in work.named_modules()]
+    try:
+        with torch.enable_grad():
+            work.forward_from(layer, h)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return reached
+
+
+
 def _raise_for_segment(work: StatesNet, states: list[Tensor], layer: int, last: int
                        ) -> NoReturn:
     """The reference disagrees at state ``layer`` but not above it: the backward at fault
@@ -272,17 +351,18 @@ def _raise_for_segment(work: StatesNet, states: list[Tensor], layer: int, last: 
     h = states[layer].detach().requires_grad_(True)
     with torch.enable_grad(), _recorded(work) as calls:
         work.forward_from(layer, h)
-    above: set[str] = set()
+    # The modules a gradient from h_layer reaches and one from h_layer+1 does not (an
+    # adapted model reruns every module from a zero input, those before the state too).
+    inside = _reached(work, layer, states[layer])
     if layer < last:
-        h_next = states[layer + 1].detach().requires_grad_(True)
-        with torch.enable_grad(), _recorded(work) as later:
-            work.forward_from(layer + 1, h_next)
-        above = {call.name for call in later}
-    segment = [call for call in calls if call.name not in above]
+        inside -= _reached(work, layer + 1, states[layer + 1])
+    segment = [call for call in calls if call.name in inside]
     found = _scan(segment, dict(work.named_modules()))[0]
     if found is not None:
-        raise ReferenceGradientError(_module_message(work.net, found, "net."))
+        raise ReferenceGradientError(_module_message(work.net, found, "net."),
+                                     where=_module_name(found, "net."))
     raise ReferenceGradientError(
         f"the backward {place} is not the gradient of the forward (no single module's "
         "backward differs: a torch.autograd.Function with its own backward?), so ∂CE/∂h_l "
-        f"would be that backward's credit, not the reference: make it plain autograd, or {FIX}")
+        f"would be that backward's credit, not the reference: make it plain autograd, or {FIX}",
+        where=place)

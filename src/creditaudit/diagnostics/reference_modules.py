@@ -195,9 +195,17 @@ def _scan(calls: list[_Call], modules: dict[str, nn.Module]
     return None, agreed, compared
 
 
+def _module_name(found: tuple[_Call, str], prefix: str) -> str | None:
+    """The dotted name of the module at fault in the user's model (None: the model
+    itself)."""
+    call = found[0]
+    name = "" if f"{call.name}." == prefix else call.name.removeprefix(prefix)
+    return name or None
+
+
 def _module_message(model: nn.Module, found: tuple[_Call, str], prefix: str) -> str:
     call, raised = found
-    name = "" if f"{call.name}." == prefix else call.name.removeprefix(prefix)
+    name = _module_name(found, prefix) or ""
     module = call.module
     did = f"raised {raised}" if raised else "is not the gradient of its forward"
     if type(module).__module__.split(".")[0] == "biotorch":

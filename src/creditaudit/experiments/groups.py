@@ -20,7 +20,18 @@ from typing import Any
 from creditaudit.config import non_semantic
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.formatting import fmt, format_lambda, markdown_table
-from creditaudit.protocol import NOT_EVALUATED, default_names, in_order, labels
+from creditaudit.protocol import (
+    FIRED,
+    INCOMPLETE,
+    NOT_EVALUATED,
+    PASSED,
+    UNVERIFIED,
+    WALK_BACK,
+    default_names,
+    in_order,
+    judge,
+    labels,
+)
 from creditaudit.protocol.records import RecordSet, Verdict, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
 
@@ -77,26 +88,38 @@ def diagnostics_of(verdicts: Iterable[Verdict]) -> list[str]:
 def verdict_overview(group: Sequence[Verdict]) -> dict[str, Any]:
     """Seeds walked back, how often each diagnostic fired, and a one-line overall verdict
     (``needs walk-back (a)(b) in 3/3 seeds``) over the verdicts of a group's seeds, for
-    every diagnostic they hold; "trustworthy" only when no seed fired and every diagnostic
-    was evaluated."""
+    every diagnostic they hold. Its kind is :func:`~creditaudit.protocol.judge`'s on the
+    seeds together — any seed fired, any not evaluated, the least verified reference — so
+    "trustworthy" only when no seed fired, every diagnostic was evaluated and every seed's
+    reference gradient was verified."""
     n = len(group)
     ids = diagnostics_of(group)
     walked = sum(v.walked_back for v in group)
     counts = {i: sum(i in v.fired for v in group) for i in ids}
     skipped = [i for i in ids if any(i in v.not_evaluated for v in group)]
-    if walked:
-        text = (f"needs walk-back {labels([i for i in ids if counts[i]])} in "
-                f"{walked}/{n} seeds")
-        if skipped:
-            text += f"; {labels(skipped)} not evaluated"
-    elif skipped:
-        evaluated = [i for i in ids if i not in skipped]
-        text = (f"no walk-back in {labels(evaluated)} ({n}/{n} seeds); {labels(skipped)} not "
-                "evaluated") if evaluated else f"{labels(skipped)} not evaluated"
+    merged = {i: FIRED if counts[i] else NOT_EVALUATED if i in skipped else PASSED for i in ids}
+    failed = [v.judgement for v in group if v.judgement.reference_failed]
+    unchecked = [v.judgement for v in group if v.judgement.reference_verified is False]
+    worst = (failed or unchecked or [None])[0]
+    reference = None if worst is None else {
+        "verified": False, "how": "failed" if worst.reference_failed else "skipped"}
+    judged = judge(merged, reference)
+    note = ([f"{worst.reference_note} in {len(unchecked)}/{n} seeds"]
+            if worst is not None else [])
+    not_evaluated = [f"{labels(skipped)} not evaluated"] if skipped else []
+    evaluated = [i for i in ids if i not in skipped]
+    if judged.verdict == WALK_BACK:
+        parts = [f"needs walk-back {labels([i for i in ids if counts[i]])} in {walked}/{n} "
+                 "seeds", *not_evaluated, *note]
+    elif judged.verdict == UNVERIFIED:
+        parts = [f"{UNVERIFIED}: {note[0]}", *not_evaluated]
+    elif judged.verdict == INCOMPLETE:
+        parts = [*([f"no walk-back in {labels(evaluated)} ({n}/{n} seeds)"] if evaluated
+                   else []), *not_evaluated, *note]
     else:
-        text = f"trustworthy ({n}/{n} seeds)"
+        parts = [f"trustworthy ({n}/{n} seeds)"]
     return {"n": n, "walked_back": walked, "fired_counts": counts, "not_evaluated": skipped,
-            "text": text}
+            "verdict": judged.verdict, "kind": judged.kind, "text": "; ".join(parts)}
 
 
 def seed_row(record: RunRecord, verdict: Verdict) -> dict[str, Any]:

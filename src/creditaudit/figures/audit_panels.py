@@ -1,8 +1,11 @@
 """Figure 6, audit panels: one panel per protocol diagnostic with its threshold line.
 
 Every run with a protocol block is a point (x: its method, λ and — when the folder mixes
-them — architecture and dataset; seeds side by side), coloured by its verdict: healthy
-(trustworthy) or walked back (needs walk-back). There is a panel for every diagnostic the
+them — architecture and dataset; seeds side by side), coloured by its verdict as every
+report colours it (:attr:`~creditaudit.protocol.Judgement.kind`): trustworthy, needs
+walk-back, incomplete (a diagnostic or the reference check not evaluated: never drawn as
+trustworthy) or unverified; a value computed from a reference gradient that is not
+verified ((b), (c)) is drawn hollow. There is a panel for every diagnostic the
 runs' protocol blocks hold — the four built-ins, and any diagnostic a config added — showing
 the statistic it compares with its threshold, on the axis it describes (``axis_label``; log
 where its ``scale`` is, as for (a)'s block growth and (b)'s ‖g_L‖). Runs where a diagnostic
@@ -21,8 +24,6 @@ from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
     ARCH_LABELS,
-    HEALTHY_COLOR,
-    WALKBACK_COLOR,
     add_grid,
     empty_note,
     legend_right,
@@ -33,7 +34,9 @@ from creditaudit.figures.common import (
 from creditaudit.figures.runs import (
     MissingRuns,
 )
-from creditaudit.protocol import WALK_BACK, DiagnosticReport, in_order
+from creditaudit.formatting import VERDICT_COLORS
+from creditaudit.protocol import KINDS, WALK_BACK, DiagnosticReport, in_order
+from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.results import RunIndex, arch_label, method_label
@@ -101,8 +104,10 @@ def select(index: RunIndex) -> list[tuple[RunRecord, DiagnosticReport]]:
 
 def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
                  ) -> tuple[list[str], dict[str, list[dict]]]:
-    """(categories, {diagnostic id: [{x, value, walked_back, run_id, status}]}): one entry
-    per diagnostic the reports hold, in listing order."""
+    """(categories, {diagnostic id: [{x, value, verdict, kind, walked_back, hollow, run_id,
+    status, threshold}]}): one entry per diagnostic the reports hold, in listing order;
+    ``verdict``/``kind`` are the run's judgement, ``hollow`` marks a value computed from a
+    reference gradient that is not verified."""
     multi_arch = len({arch_label(r) for r, _ in pairs}) > 1
     multi_data = len({r.dataset for r, _ in pairs}) > 1
     cats: list[str] = []
@@ -120,11 +125,15 @@ def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
         # Records that read alike (a copied folder) are still two points: found by identity.
         place = next(i for i, peer in enumerate(peers) if peer is run)
         offset = (place - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
+        judged = report.judgement
         for result in report.diagnostics:
             points[result.id].append({
                 "x": cats.index(cat) + offset, "value": result.value,
-                "walked_back": report.verdict == WALK_BACK, "run_id": run.run_id,
-                "status": result.status, "threshold": result.threshold})
+                "verdict": judged.verdict, "kind": judged.kind,
+                "walked_back": judged.verdict == WALK_BACK,
+                "hollow": reads_reference(result.id) and judged.reference_verified is False,
+                "run_id": run.run_id, "status": result.status,
+                "threshold": result.threshold})
     return cats, points
 
 
@@ -146,12 +155,20 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for ax, panel in zip(axes.flat, panels):
         id_, on_log = panel.id, panel.log
         pts = points[id_]
-        for walked, color, label in ((False, HEALTHY_COLOR, "trustworthy"),
-                                     (True, WALKBACK_COLOR, "needs walk-back")):
-            chosen = [p for p in pts if p["walked_back"] == walked and drawable(p, on_log)]
-            ax.scatter([p["x"] for p in chosen], [p["value"] for p in chosen], color=color,
-                       edgecolors="k", linewidths=0.4, s=36, zorder=3, label=label,
-                       gid=f"{id_}:{'walked_back' if walked else 'healthy'}")
+        for verdict, kind in KINDS.items():
+            chosen = [p for p in pts if p["kind"] == kind and drawable(p, on_log)]
+            for hollow in (False, True):
+                shown = [p for p in chosen if p["hollow"] == hollow]
+                if not shown:
+                    continue
+                color = VERDICT_COLORS[kind]
+                ax.scatter([p["x"] for p in shown], [p["value"] for p in shown],
+                           facecolors="white" if hollow else color,
+                           edgecolors=color if hollow else "k",
+                           linewidths=1.4 if hollow else 0.4, s=36, zorder=3,
+                           label=verdict + (" (reference unverified: hollow)" if hollow
+                                            else ""),
+                           gid=f"{id_}:{kind}" + (":hollow" if hollow else ""))
         threshold = pts[0]["threshold"] if pts else None
         if threshold is not None:
             ax.axhline(threshold, color="black", ls="--", lw=1,
@@ -179,7 +196,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         ax.set_title(panel.title)
         legend_right(ax)
         add_grid(ax, log_scale=on_log)
-    n_walk = sum(report.verdict == WALK_BACK for _, report in pairs)
+    n_walk = sum(report.judgement.walked_back for _, report in pairs)
     fig.suptitle(f"Protocol diagnostics of {len(pairs)} runs ({n_walk} need walk-back)",
                  y=0.93)
     return {NAME: fig}

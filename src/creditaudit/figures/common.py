@@ -25,7 +25,6 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
-from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR  # noqa: E402
 from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.registry import RULES  # noqa: E402
@@ -48,8 +47,6 @@ FALLBACK_COLORS = ("#332288", "#117733", "#EE99AA", "#663333", "#004488", "#8A2B
 FALLBACK_MARKERS = ("H", "8", "x", "+", "1", "2", "3", "4")
 # Penalised runs (λ > 0) get a sequence of greens/blues, vanilla keeps the method colour.
 PENALTY_COLORS = ("#1a9850", "#2c7bb6", "#7b3294", "#d95f02", "#66a61e", "#e7298a")
-# Verdicts are coloured as in report.html (creditaudit.formatting).
-HEALTHY_COLOR, WALKBACK_COLOR = PASS_COLOR, WALK_BACK_COLOR
 FLOOR = Thresholds().grad_floor
 ARCH_ROWS = ("resmlp", "vit", "convmixer", "resmlp no out_ln", "student")
 ARCH_LABELS = {"resmlp": "ResMLP", "vit": "ViT-Mini", "convmixer": "ConvMixer",
@@ -255,7 +252,8 @@ def mean_line(ax: Any, x: Sequence[float], mean: np.ndarray, std: np.ndarray, *,
     return line
 
 
-INVALID_LABEL = "hollow: reference ‖g_l‖ < 1e-7, cosine not valid"
+INVALID_LABEL = ("hollow: cosine not valid (reference ‖g_l‖ < 1e-7, or a reference gradient "
+                 "that is not verified)")
 
 
 def hollow_invalid(ax: Any, x: Sequence[float], y: Sequence[float], valid: Sequence[bool], *,

@@ -37,6 +37,7 @@ from creditaudit.figures.runs import (
     describe_recipe,
     layer_mean_std,
     need_methods,
+    reference_verified,
     seed_runs,
     valid_layers,
 )
@@ -124,10 +125,15 @@ def _reporting_pair(ax, chosen: dict[str, list], first) -> None:
                label=f"chance 1/{first.n_classes}")
     ax.text(x_hi * 0.5, (chance + y_hi) / 2, '"looks like\nlearning"', fontsize=7,
             color="#388e3c", ha="center", va="center", fontweight="bold")
+    unverified = [method for method, runs in chosen.items() if not reference_verified(runs)]
     for method, ((g, g_sd), (acc, acc_sd)) in points.items():
+        hollow = method in unverified  # Γ against an unverified reference is no measure
         ax.errorbar([g], [acc], xerr=[g_sd], yerr=[acc_sd], fmt=method_marker(method),
-                    color=method_color(method), mec="k", mew=0.5, ms=8, capsize=2, zorder=5,
-                    label=method_label(method), gid=f"point:{method}")
+                    color=method_color(method), mec=method_color(method) if hollow else "k",
+                    mfc="white" if hollow else method_color(method), mew=1.5 if hollow else 0.5,
+                    ms=8, capsize=2, zorder=5, label=method_label(method),
+                    gid=f"point:{method}" + (":unverified" if hollow else ""))
+    note_invalid(ax, bool(unverified))
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
     ax.set_xlabel(f"aggregate Γ ({HEADLINE_GAMMA.replace('_', ' ')})")

@@ -38,6 +38,7 @@ from creditaudit.figures.runs import (
     describe_recipe,
     epoch_mean_std,
     penalties,
+    reference_verified,
     seed_runs,
 )
 from creditaudit.formatting import format_lambda
@@ -99,17 +100,20 @@ def conditions(chosen: dict) -> list[dict]:
     headline = chosen["dfa_penalised"][lam]
     rows = [{"label": "vanilla\nDFA", "key": "dfa",
              "cos": mean_std(r.deep_cos for r in chosen["dfa"]),
-             "valid": all(r.deep_cos_valid is not False for r in chosen["dfa"]),
+             "valid": all(r.deep_cos_valid is not False for r in chosen["dfa"])
+             and reference_verified(chosen["dfa"]),
              "rho": mean_std(r.deep_rho for r in chosen["dfa"])}]
     for p, runs in chosen["dfa_penalised"].items():
         rows.append({"label": f"DFA\nλ={format_lambda(p)}", "key": f"dfa:{p:g}",
                      "cos": mean_std(r.deep_cos for r in runs),
-                     "valid": all(r.deep_cos_valid is not False for r in runs),
+                     "valid": all(r.deep_cos_valid is not False for r in runs)
+                     and reference_verified(runs),
                      "rho": mean_std(r.deep_rho for r in runs)})
     draws = [v for r in headline
              for v in (r.diagnostics.fresh_b_null or {}).get("values", [])]
     rows.append({"label": f"fresh-B\nnull\nλ={format_lambda(lam)}", "key": "fresh_b_null",
-                 "cos": mean_std(draws), "rho": (math.nan, math.nan)})
+                 "cos": mean_std(draws), "valid": reference_verified(headline),
+                 "rho": (math.nan, math.nan)})
 
     def control(kind: str, metric: str) -> tuple[float, float]:
         block = "cosine_controls" if metric == "cos" else "rho_controls"
@@ -117,9 +121,11 @@ def conditions(chosen: dict) -> list[dict]:
                         for r in headline)
 
     rows.append({"label": "random\ncredit", "key": "random",
-                 "cos": control("random", "cos"), "rho": control("random", "rho")})
+                 "cos": control("random", "cos"), "valid": reference_verified(headline),
+                 "rho": control("random", "rho")})
     rows.append({"label": "BP grad\n(positive)", "key": "bp_control",
-                 "cos": control("bp", "cos"), "rho": control("bp", "rho")})
+                 "cos": control("bp", "cos"), "valid": reference_verified(headline),
+                 "rho": control("bp", "rho")})
     return rows
 
 
@@ -165,13 +171,14 @@ def build(index: RunIndex) -> dict[str, Figure]:
     bars = ax.bar(x - w / 2, cos, w, yerr=np.nan_to_num(cos_err), capsize=3,
                   color="#4682b4", label="deep cos", gid="b:cos")
     invalid = [i for i, r in enumerate(rows) if not r.get("valid", True)]
-    for i in invalid:  # measured against reference gradients below the floor: greyed out
+    for i in invalid:  # measured against an invalid or unverified reference: greyed out
         bars[i].set_facecolor("#d9d9d9")
         bars[i].set_hatch("//")
         bars[i].set_gid("b:cos_invalid")
     if invalid:
-        ax.text(0.0, -0.42, "grey hatched: deep cos against reference ‖g_l‖ < 1e-7 (not "
-                "valid)", transform=ax.transAxes, fontsize=7, color="#555555", va="top")
+        ax.text(0.0, -0.42, "grey hatched: deep cos against reference ‖g_l‖ < 1e-7 or a "
+                "reference gradient not verified (not valid)", transform=ax.transAxes,
+                fontsize=7, color="#555555", va="top")
     ax.bar(x[measured] + w / 2, [r["rho"][0] for r in rows if not math.isnan(r["rho"][0])], w,
            yerr=[np.nan_to_num(r["rho"][1]) for r in rows if not math.isnan(r["rho"][0])],
            capsize=3, color="#7da76f", label=r"deep $\rho$", gid="b:rho")

@@ -85,12 +85,21 @@ def need_methods(group: Sequence[RunRecord], wants: Sequence[tuple[str, Predicat
 
 
 # --- statistics ---------------------------------------------------------------------------
+def reference_verified(runs: Sequence[RunRecord]) -> bool:
+    """Whether every run's reference gradient was verified when it started (the record's
+    ``reference`` block): a cosine measured against one that was not is no measure."""
+    return all(r.reference.verified for r in runs)
+
+
 def valid_layers(runs: Sequence[RunRecord]) -> list[bool]:
-    """Per state l: whether every run's end-of-run cosine was measured against a reference
-    ‖g_l‖ at or above the floor (``cosine_table`` of the record; True where unknown)."""
+    """Per state l: whether every run's end-of-run cosine was measured against a verified
+    reference gradient whose ‖g_l‖ is at or above the floor (``cosine_table`` of the record;
+    True where unknown)."""
     tables = [r.diagnostics.cosine_table or [] for r in runs]
     n = max((len(t) for t in tables), default=0)
-    return [all(bool(t[l].get("valid_reference", True)) for t in tables if l < len(t))
+    verified = reference_verified(runs)
+    return [verified and all(bool(t[l].get("valid_reference", True)) for t in tables
+                             if l < len(t))
             for l in range(n)]
 
 

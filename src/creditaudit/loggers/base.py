@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.records import EpochEntry, RunRecord
@@ -22,6 +23,8 @@ class RunStart:
     run's elapsed time goes on from where it stopped. ``replayed``: the run had finished
     before and its record is replayed (every epoch, then ``finish``; nothing trains, so
     ``log_step`` and ``log_stage`` are not called and ``steps_per_epoch`` is 0).
+    ``reference``: the run's reference check (the record's ``reference`` block), which
+    every verdict a logger shows is judged with (:func:`~creditaudit.protocol.judge`).
     """
 
     config: RunConfig
@@ -32,6 +35,7 @@ class RunStart:
     steps_per_epoch: int
     elapsed_before: float = 0.0
     replayed: bool = False
+    reference: dict[str, Any] | None = None
 
     @property
     def resumed(self) -> bool:
@@ -136,7 +140,7 @@ def replay(record: RunRecord, run_dir: Path, logger: RunLogger) -> None:
         logger.start(RunStart(
             config=record.config, run_id=record.run_id, run_dir=run_dir, first_epoch=1,
             epochs=record.config.optim.epochs, steps_per_epoch=0,
-            elapsed_before=0.0, replayed=True))
+            elapsed_before=0.0, replayed=True, reference=record.reference.to_dict()))
         for entry in record.log:
             logger.log_epoch(entry)
         logger.finish(record)

@@ -64,7 +64,7 @@ class ConsoleLogger(RunLogger):
     def log_epoch(self, entry: EpochEntry) -> None:
         if self.run is None:
             return
-        verdict = verdict_text(entry)
+        verdict = verdict_text(entry, self.run.reference)
         if verdict is not None:
             self.verdict = verdict
         now = time.perf_counter()

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.protocol import FIRED, PASSED, WALK_BACK, verdict_phrase
+from creditaudit.protocol import FIRED, PASSED, WALK_BACK, judge
 from creditaudit.records import EpochEntry, RunRecord
 
 
@@ -71,12 +71,13 @@ def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
     return out
 
 
-def verdict_text(entry: EpochEntry) -> str | None:
-    """``needs walk-back (a)(b)``, ``no walk-back in (a)–(c); (d) not evaluated`` … for an
-    epoch the protocol evaluated, else None."""
+def verdict_text(entry: EpochEntry, reference: dict[str, Any] | None = None) -> str | None:
+    """``needs walk-back (a)(b)``, ``no walk-back in (a)–(c); (d) not evaluated``,
+    ``unverified: …`` … for an epoch the protocol evaluated (judged with the run's
+    ``reference`` check: :func:`~creditaudit.protocol.judge`), else None."""
     if not entry.protocol:
         return None
-    return verdict_phrase(entry.protocol)
+    return judge(entry.protocol, reference).text
 
 
 def end_of_run_scalars(record: RunRecord) -> dict[str, float]:

@@ -52,6 +52,7 @@ class TensorBoardLogger(RunLogger):
                               ) from None
         self.held_run = any(self.log_dir.glob("events.out.tfevents.*"))
         self.writer: Any = None  # opened by start(), unless a replay would duplicate
+        self.reference: dict[str, Any] | None = None
         self.step = 0
 
     def start(self, run: RunStart) -> None:
@@ -62,6 +63,7 @@ class TensorBoardLogger(RunLogger):
             log.info("TensorBoard folder %s already holds run %s: not replayed into it",
                      self.log_dir, run.run_id)
             return
+        self.reference = run.reference
         self.writer = SummaryWriter(str(self.log_dir))
         config = run.config
         experiment, session_start, _ = hparams_summaries(
@@ -77,7 +79,7 @@ class TensorBoardLogger(RunLogger):
         self.step = entry.epoch
         for tag, value in epoch_scalars(entry).items():
             self.writer.add_scalar(tag, value, entry.epoch)
-        verdict = verdict_text(entry)
+        verdict = verdict_text(entry, self.reference)
         if verdict is not None:
             self.writer.add_text("protocol/verdict", verdict, entry.epoch)
         self.writer.flush()

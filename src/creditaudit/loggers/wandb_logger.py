@@ -34,10 +34,12 @@ class WandbLogger(RunLogger):
         self.wandb = wandb
         self.project = project
         self.run: Any = None
+        self.reference: dict[str, Any] | None = None
         self.step = 0
 
     def start(self, run: RunStart) -> None:
         wandb = self.wandb
+        self.reference = run.reference
         config = {**run.config.to_dict(), "run_id": run.run_id,
                   "first_epoch": run.first_epoch}
         try:
@@ -55,7 +57,7 @@ class WandbLogger(RunLogger):
             return
         self.step = entry.epoch
         values: dict[str, Any] = dict(epoch_scalars(entry))
-        verdict = verdict_text(entry)
+        verdict = verdict_text(entry, self.reference)
         if verdict is not None:
             values["protocol/verdict"] = verdict
         self.run.log(values, step=entry.epoch)
@@ -69,6 +71,7 @@ class WandbLogger(RunLogger):
             self.run.log(end, step=step)
         self.run.summary.update({**final_scalars(record), **end, "status": record.status,
                                  "verdict": record.protocol.verdict or "not evaluated",
+                                 "reference": record.reference.how,
                                  "error": record.error or ""})
         self.run.finish(exit_code=0 if record.is_finished else 1)
         self.run = None

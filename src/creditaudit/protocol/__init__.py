@@ -13,8 +13,10 @@ The protocol is data (:mod:`.diagnostics`): each diagnostic is a registered clas
 plugin diagnostic joins the four when a config lists it. The verdict (:mod:`.verdicts`) is
 *needs walk-back* (naming the fired ones) when any fires, *trustworthy* only when all were
 evaluated and none fired, and *incomplete* otherwise — printed as "no walk-back in (a)–(c);
-(d) not evaluated". A diagnostic that cannot be evaluated (no frozen accuracy, too few
-evaluation batches, non-finite values) is reported as *not evaluated* — never as passed.
+(d) not evaluated" — or *unverified* when the reference gradient failed its check and the run
+was allowed to go on (:func:`judge`, the one function behind every verdict shown). A
+diagnostic that cannot be evaluated (no frozen accuracy, too few evaluation batches,
+non-finite values) is reported as *not evaluated* — never as passed.
 
 :func:`creditaudit.own_model.diagnose` runs the protocol on a live model (a contract model,
 or any ``nn.Module`` with a states function); :func:`evaluate_protocol` runs it on precomputed
@@ -54,11 +56,15 @@ from creditaudit.protocol.diagnostics import (
 )
 from creditaudit.protocol.evaluate import CreditFn, DiagnosticReport, evaluate_protocol
 from creditaudit.protocol.verdicts import (
+    KINDS,
+    UNVERIFIED,
+    UNVERIFIED_MARK,
+    Judgement,
     Protocol,
     in_order,
+    judge,
     labels,
     statuses_of,
-    verdict_from,
     verdict_of,
     verdict_phrase,
 )
@@ -79,5 +85,6 @@ __all__ = [
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
     "block_growths", "cross_batch_stability", "depth_utility_diagnostic", "evaluate_protocol",
-    "in_order", "labels", "statuses_of", "verdict_from", "verdict_of", "verdict_phrase",
+    "in_order", "labels", "statuses_of", "verdict_of", "verdict_phrase", "judge", "Judgement",
+    "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
 ]

@@ -27,7 +27,7 @@ from creditaudit.protocol.checks import (
     unfounded,
 )
 from creditaudit.protocol.diagnostics import Evidence
-from creditaudit.protocol.verdicts import Protocol, statuses_of, verdict_of, verdict_phrase
+from creditaudit.protocol.verdicts import Judgement, Protocol, judge, statuses_of
 
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
 DEFAULT_THRESHOLDS = Thresholds()  # frozen: one shared default instance is safe
@@ -64,10 +64,30 @@ class DiagnosticReport:
         raise KeyError(id_)
 
     @property
+    def reference(self) -> dict[str, Any] | None:
+        """The reference gradient's check (``metadata["reference_check"]``: verified, how,
+        detail, where), or None when the report's maker did not say."""
+        return self.metadata.get("reference_check")
+
+    @property
+    def judgement(self) -> Judgement:
+        """The verdict, its words and its colour, from the diagnostics' statuses and the
+        reference's check (:func:`~creditaudit.protocol.verdicts.judge`)."""
+        return judge(statuses_of(self.diagnostics), self.reference)
+
+    def rejudge(self) -> None:
+        """Set :attr:`verdict`, :attr:`fired` and :attr:`not_evaluated` again after a
+        diagnostic's result or the reference check changed."""
+        judged = self.judgement
+        self.verdict = judged.verdict
+        self.fired, self.not_evaluated = list(judged.fired), list(judged.not_evaluated)
+
+    @property
     def verdict_text(self) -> str:
-        """``"needs walk-back (a)(b)"``, ``"trustworthy"`` (all evaluated, none fired) or
-        ``"no walk-back in (a)–(c); (d) not evaluated"`` (see :func:`verdict_phrase`)."""
-        return verdict_phrase(statuses_of(self.diagnostics))
+        """``"needs walk-back (a)(b)"``, ``"trustworthy"`` (all evaluated, none fired),
+        ``"no walk-back in (a)–(c); (d) not evaluated"`` or ``"unverified: …"``
+        (:attr:`judgement`)."""
+        return self.judgement.text
 
     @property
     def headline_gamma(self) -> float | None:
@@ -105,7 +125,8 @@ class DiagnosticReport:
             # written before statistics were checked: a pass without a number is none
             results = [_not_evaluated(r) if unfounded(r.status, r.value) else r
                        for r in results]
-            verdict, fired, skipped = verdict_of(results)
+            judged = judge(statuses_of(results), data.get("metadata", {}).get("reference_check"))
+            verdict, fired, skipped = judged.verdict, list(judged.fired), list(judged.not_evaluated)
         return cls(
             hidden_norms=list(data.get("hidden_norms", hidden_norms or [])),
             grad_norms=list(data.get("grad_norms", grad_norms or [])),
@@ -151,7 +172,8 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                       metrics: dict[str, Any] | None = None,
                       metadata: dict[str, Any] | None = None,
                       protocol: Protocol | None = None,
-                      measures: EpochMeasures | None = None) -> DiagnosticReport:
+                      measures: EpochMeasures | None = None,
+                      reference: dict[str, Any] | None = None) -> DiagnosticReport:
     """The protocol's diagnostics from precomputed per-sample states and gradients.
 
     ``sg``: :class:`StateGradients` on the evaluation set (``(N, d)`` summaries, gradients
@@ -161,7 +183,10 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     ``terminal_ln``: whether the model ends in a LayerNorm (None = unknown, used only to
     name (b)'s cause); ``credits``: optional ``(N, d)`` credit summaries per layer for the
     per-layer cosine table and Γ; ``protocol``: the diagnostics and their thresholds
-    (default: the four built-ins with ``thresholds``). Pure: no autograd, no RNG.
+    (default: the four built-ins with ``thresholds``); ``reference``: how the reference
+    gradient of ``sg`` was checked (a check's ``to_dict()``; kept as
+    ``metadata["reference_check"]`` and judged with the diagnostics — None: not stated).
+    Pure: no autograd, no RNG.
     """
     headline_acc = _check_fraction("headline_acc", headline_acc)
     frozen_acc = _check_fraction("frozen_acc", frozen_acc)
@@ -178,16 +203,19 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                         headline_acc=headline_acc, frozen_acc=frozen_acc,
                         terminal_ln=terminal_ln)
     results = protocol.evaluate(evidence)
-    verdict, fired, skipped = verdict_of(results)
     meta = {"n_samples": int(sg.states[0].shape[0]), "layout": sg.layout,
             "terminal_ln": terminal_ln, "headline_acc": headline_acc, "frozen_acc": frozen_acc,
             "headline_gamma_aggregation": HEADLINE_GAMMA, "thresholds": thresholds.to_dict(),
             "protocol": protocol.to_dict()}
     meta.update(metadata or {})
+    if reference is not None:
+        meta["reference_check"] = dict(reference)
     table = gamma = None
     if credits is not None:
         table = layer_cosine_table(list(credits), sg.grads, thresholds.grad_floor)
         gamma = gamma_aggregations(list(credits), sg.grads)
-    return DiagnosticReport(hidden_norms=hidden, grad_norms=grads, diagnostics=results,
-                            verdict=verdict, fired=fired, not_evaluated=skipped,
-                            layer_cosines=table, gamma=gamma, metrics=metrics, metadata=meta)
+    report = DiagnosticReport(hidden_norms=hidden, grad_norms=grads, diagnostics=results,
+                              verdict="", fired=[], not_evaluated=[], layer_cosines=table,
+                              gamma=gamma, metrics=metrics, metadata=meta)
+    report.rejudge()
+    return report

@@ -25,7 +25,6 @@ from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import CreditAuditError
 from creditaudit.models import build_model
 from creditaudit.protocol.checks import (
-    FIRED,
     NOT_EVALUATED,
     DiagnosticResult,
     Thresholds,
@@ -33,7 +32,7 @@ from creditaudit.protocol.checks import (
 )
 from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_names
 from creditaudit.protocol.evaluate import DiagnosticReport
-from creditaudit.protocol.verdicts import verdict_from, verdict_of, verdict_phrase
+from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
 from creditaudit.records import RunRecord, load_records
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 
@@ -141,19 +140,35 @@ def record_metadata(record: RunRecord) -> dict[str, Any]:
 class Verdict:
     """A run's protocol outcome as readers report it.
 
-    ``statuses``: (a)…(d) → fired / passed / not evaluated; ``verdict``: needs walk-back,
-    trustworthy (all four evaluated) or incomplete; ``text``: what a table prints;
-    ``margin_pp``: (d)'s statistic; ``frozen_acc``: the baseline it was compared with.
+    ``statuses``: (a)…(d) → fired / passed / not evaluated; ``judgement``: the verdict, its
+    words and colour (:func:`~creditaudit.protocol.verdicts.judge` of the statuses and the
+    record's reference check); ``margin_pp``: (d)'s statistic; ``frozen_acc``: the
+    baseline it was compared with.
     """
 
     statuses: dict[str, str]
-    fired: list[str]
-    not_evaluated: list[str]
-    verdict: str
-    text: str
+    judgement: Judgement
     margin_pp: float | None = None
     frozen_acc: float | None = None
     frozen_runs: int = 0
+
+    @property
+    def verdict(self) -> str:
+        """needs walk-back, unverified, incomplete or trustworthy."""
+        return self.judgement.verdict
+
+    @property
+    def text(self) -> str:
+        """What a table prints."""
+        return self.judgement.text
+
+    @property
+    def fired(self) -> list[str]:
+        return list(self.judgement.fired)
+
+    @property
+    def not_evaluated(self) -> list[str]:
+        return list(self.judgement.not_evaluated)
 
     @property
     def walked_back(self) -> bool:
@@ -162,9 +177,18 @@ class Verdict:
 
 def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0,
                    thresholds: Thresholds | None = None) -> Verdict:
-    """The verdict: (a)–(c) as recorded at the last protocol evaluation; (d) against
-    ``frozen_acc`` when given (the mean accuracy of ``frozen_runs`` frozen-blocks runs of
-    this recipe), else as recorded. A frozen baseline itself is not judged on (d)."""
+    """The verdict: the diagnostics of the run's last protocol evaluation (its report, as
+    :func:`record_report` reads it — so a table's verdict and the run's report agree); (d)
+    against ``frozen_acc`` when given (the mean accuracy of ``frozen_runs`` frozen-blocks
+    runs of this recipe), else as recorded; judged with the record's reference check. A
+    frozen baseline itself is not judged on (d). A record whose protocol report is missing
+    is judged on the statuses its epochs logged."""
+    report = record_report(record, frozen_acc, frozen_runs, thresholds)
+    if report is not None:
+        statuses = statuses_of(report.diagnostics)
+        d = next((r for r in report.diagnostics if r.id == DepthUtility.name), None)
+        return Verdict(statuses, report.judgement, d.value if d is not None else None,
+                       frozen_acc, frozen_runs)
     statuses = recorded_statuses(record)
     for i in default_names():
         statuses.setdefault(i, NOT_EVALUATED)
@@ -172,10 +196,8 @@ def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_ru
     if frozen_acc is not None and not is_frozen_baseline(record):
         d = depth_utility(record.final_acc, frozen_acc, thresholds or Thresholds())
         statuses[d.id], margin = d.status, d.value
-    fired = [i for i, s in statuses.items() if s == FIRED]
-    skipped = [i for i, s in statuses.items() if s == NOT_EVALUATED]
-    return Verdict(statuses, fired, skipped, verdict_from(fired, skipped),
-                   verdict_phrase(statuses), margin, frozen_acc, frozen_runs)
+    return Verdict(statuses, judge(statuses, record.reference.to_dict()), margin, frozen_acc,
+                   frozen_runs)
 
 
 def recorded_statuses(record: RunRecord) -> dict[str, str]:
@@ -191,11 +213,13 @@ def recorded_statuses(record: RunRecord) -> dict[str, str]:
     return statuses
 
 
-def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0
-                  ) -> DiagnosticReport | None:
+def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0,
+                  thresholds: Thresholds | None = None) -> DiagnosticReport | None:
     """The run's last protocol report, with Γ, per-layer cosines and the credit-quality
-    metrics filled in from the end-of-run block, and (d) re-evaluated against
-    ``frozen_acc`` when given (``metadata["frozen_from_runs"]`` = ``frozen_runs``)."""
+    metrics filled in from the end-of-run block, the record's reference check as
+    ``metadata["reference_check"]``, and (d) re-evaluated against ``frozen_acc`` when given
+    (``metadata["frozen_from_runs"]`` = ``frozen_runs``; at ``thresholds``, default the
+    report's own)."""
     if not record.protocol.report:
         return None
     entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
@@ -203,6 +227,8 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         json.loads(json.dumps(record.protocol.report)),
         hidden_norms=entry.hidden_norms if entry is not None else None,
         grad_norms=entry.bp_grad_norms_per_sample_med if entry is not None else None)
+    # Judged with the run's reference check, as every reading of the record is.
+    report.metadata["reference_check"] = record.reference.to_dict()
     end = record.diagnostics
     if report.gamma is None and end.gamma:
         report.gamma = dict(end.gamma)
@@ -217,12 +243,12 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         headline = report.metadata.get("headline_acc")
         if headline is None:
             headline = record.final_acc
-        d = depth_utility(headline, frozen_acc, report.thresholds)
+        d = depth_utility(headline, frozen_acc, thresholds or report.thresholds)
         d.details["frozen_runs"] = frozen_runs
         report.diagnostics = [d if r.id == d.id else r for r in report.diagnostics]
-        report.verdict, report.fired, report.not_evaluated = verdict_of(report.diagnostics)
         report.metadata["frozen_acc"] = frozen_acc
         report.metadata["frozen_from_runs"] = frozen_runs
+    report.rejudge()
     return report
 
 

@@ -1,9 +1,14 @@
-"""From diagnostic results to a verdict, and the words tables print for it.
+"""From diagnostic results to a verdict, and the words and colour every output shows.
 
-The verdict is *needs walk-back* (naming the diagnostics that fired) when any fires,
-*trustworthy* only when every diagnostic of the protocol was evaluated and none fired, and
-*incomplete* otherwise — printed as "no walk-back in (a)–(c); (d) not evaluated". A
-diagnostic that cannot be evaluated is never counted as passed.
+:func:`judge` is the one place a verdict is decided: *needs walk-back* (naming the
+diagnostics that fired) when any fires; *unverified* when the reference gradient failed its
+check and the run was allowed to go on (every cosine, Γ and (b) is then the model's own
+credit, not a measure); *incomplete* when a diagnostic — or the reference check — was not
+evaluated, printed as "no walk-back in (a)–(c); (d) not evaluated"; *trustworthy* only when
+all were evaluated, none fired and the reference was not found wanting. A diagnostic that
+cannot be evaluated is never counted as passed. Reports (:attr:`DiagnosticReport.judgement
+<creditaudit.protocol.evaluate.DiagnosticReport.judgement>`) and records
+(:func:`creditaudit.protocol.records.record_verdict`) both ask it.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from creditaudit.protocol.checks import (
     Thresholds,
 )
 from creditaudit.protocol.diagnostics import (
+    DirectionStability,
     Evidence,
     ProtocolDiagnostic,
+    ReferenceValidity,
     default_names,
     protocol,
 )
@@ -55,32 +62,126 @@ def labels(ids: Sequence[str]) -> str:
     return "".join(f"({i})" for i in ids)
 
 
-def verdict_from(fired: Sequence[str], not_evaluated: Sequence[str]) -> str:
-    return WALK_BACK if fired else (INCOMPLETE if not_evaluated else TRUSTWORTHY)
+UNVERIFIED = "unverified"
+# What each verdict is, for every rendering that colours or counts verdicts: the CSS class of
+# report.html and the colour of the figures (creditaudit.formatting.VERDICT_COLORS).
+KINDS = {TRUSTWORTHY: "pass", WALK_BACK: "walk-back", INCOMPLETE: "incomplete",
+         UNVERIFIED: "unverified"}
+UNVERIFIED_MARK = "(unverified)"  # after every number measured against such a reference
 
 
-def verdict_of(results: Sequence[DiagnosticResult]) -> tuple[str, list[str], list[str]]:
-    """(verdict, fired ids, not-evaluated ids) of a protocol's results."""
-    fired = [r.id for r in results if r.status == FIRED]
-    skipped = [r.id for r in results if r.status == NOT_EVALUATED]
-    return verdict_from(fired, skipped), fired, skipped
+@dataclass(frozen=True)
+class Judgement:
+    """A protocol's outcome as every output shows it (:func:`judge`).
+
+    ``verdict``: *needs walk-back* when a diagnostic fired; else *unverified* when the
+    reference gradient failed its check (the run was allowed to go on); else *incomplete*
+    when a diagnostic, or the reference check, was not evaluated; else *trustworthy*.
+    ``text``: what tables print; ``kind``: its colour class (:data:`KINDS`);
+    ``reference_verified``: None when the caller said nothing of the reference (a report
+    of :func:`~creditaudit.protocol.evaluate_protocol` on gradients it was given);
+    ``reference_note``: why the reference is not verified (empty when it is).
+    """
+
+    verdict: str
+    text: str
+    fired: tuple[str, ...]
+    not_evaluated: tuple[str, ...]
+    reference_verified: bool | None = None
+    reference_note: str = ""
+    reference_failed: bool = False
+
+    @property
+    def kind(self) -> str:
+        return KINDS[self.verdict]
+
+    @property
+    def walked_back(self) -> bool:
+        return self.verdict == WALK_BACK
+
+    def mark(self, text: str) -> str:
+        """``text`` — a cosine, Γ or (b)'s value, all measured against the reference
+        gradient — with :data:`UNVERIFIED_MARK` when the reference is not verified; a
+        missing value (``—``) stays as it is."""
+        if self.reference_verified is False and text.strip() not in ("", "—", "n/e"):
+            return f"{text} {UNVERIFIED_MARK}"
+        return text
 
 
-def verdict_phrase(statuses: Mapping[str, str]) -> str:
-    """What a table prints for a protocol's statuses (id → status, in protocol order):
-    ``trustworthy`` only when all were evaluated and none fired; ``needs walk-back (a)(b)``
-    (plus what was not evaluated); otherwise ``no walk-back in (a)–(c); (d) not
-    evaluated``."""
+def reads_reference(id_: str) -> bool:
+    """Whether diagnostic ``id_``'s statistic is computed from the reference gradient ((b)
+    its norm, (c) its batch means): marked with the cosines when the reference is not
+    verified."""
+    return id_ in (ReferenceValidity.name, DirectionStability.name)
+
+
+def reference_note(reference: Mapping[str, Any] | None) -> tuple[bool | None, bool, str]:
+    """(verified — None when not stated —, whether the check failed, why it is not
+    verified) of a reference block (a record's ``reference``, a report's
+    ``metadata["reference_check"]``)."""
+    if reference is None:
+        return None, False, ""
+    if reference.get("verified"):
+        return True, False, ""
+    how, where = reference.get("how"), reference.get("where")
+    if how == "failed":
+        return False, True, "reference gradient failed its check" + (
+            f" at `{where}`" if where else "")
+    if how == "not checked":
+        return False, False, str(reference.get("detail") or "reference not checked")
+    if how == "built-in":  # recorded before the check, on one of creditaudit's own models
+        return None, False, ""
+    return False, False, "reference gradient not verified"
+
+
+def judge(statuses: Mapping[str, str], reference: Mapping[str, Any] | None = None
+          ) -> Judgement:
+    """The verdict of a protocol's ``statuses`` (id → fired / passed / not evaluated, in
+    protocol order) on a run whose reference gradient is ``reference`` (a check's block;
+    None: not stated) — the one function every verdict, its words and its colour come from.
+
+    Texts: ``trustworthy``; ``needs walk-back (a)(b)`` (plus what was not evaluated);
+    ``unverified: reference gradient failed its check at `out_head`; no walk-back in
+    (a)–(d)``; ``no walk-back in (a)–(c); (d) not evaluated``. A reference that is not
+    verified is named after them, unless the verdict already says so.
+    """
     fired = [i for i, s in statuses.items() if s == FIRED]
     skipped = [i for i, s in statuses.items() if s == NOT_EVALUATED]
+    evaluated = [i for i in statuses if i not in skipped]
+    verified, failed, note = reference_note(reference)
+    parts = []
     if fired:
-        text = f"{WALK_BACK} {labels(fired)}"
-        return text + (f"; {labels(skipped)} not evaluated" if skipped else "")
+        verdict = WALK_BACK
+        parts.append(f"{WALK_BACK} {labels(fired)}")
+    elif failed:
+        verdict = UNVERIFIED
+        parts.append(f"{UNVERIFIED}: {note}")
+        note = ""
+    elif skipped or verified is False:
+        verdict = INCOMPLETE
+    else:
+        verdict = TRUSTWORTHY
+    if not fired and verdict != TRUSTWORTHY and evaluated:
+        parts.append(f"no walk-back in {labels(evaluated)}")
     if skipped:
-        evaluated = [i for i in statuses if i not in skipped]
-        head = f"no walk-back in {labels(evaluated)}; " if evaluated else ""
-        return f"{head}{labels(skipped)} not evaluated"
-    return TRUSTWORTHY
+        parts.append(f"{labels(skipped)} not evaluated")
+    if note:
+        parts.append(note)
+    return Judgement(verdict, "; ".join(parts) or TRUSTWORTHY, tuple(fired), tuple(skipped),
+                     verified, reference_note(reference)[2], failed)
+
+
+def verdict_of(results: Sequence[DiagnosticResult],
+               reference: Mapping[str, Any] | None = None) -> tuple[str, list[str], list[str]]:
+    """(verdict, fired ids, not-evaluated ids) of a protocol's results (:func:`judge`)."""
+    judged = judge(statuses_of(results), reference)
+    return judged.verdict, list(judged.fired), list(judged.not_evaluated)
+
+
+def verdict_phrase(statuses: Mapping[str, str],
+                   reference: Mapping[str, Any] | None = None) -> str:
+    """What a table prints for a protocol's statuses: :attr:`Judgement.text`."""
+    return judge(statuses, reference).text
 
 
 def statuses_of(results: Sequence[DiagnosticResult]) -> dict[str, str]:
@@ -157,5 +258,7 @@ class Protocol:
                 for d in self.diagnostics if dataclasses.is_dataclass(d.Options)}
 
 
-__all__ = ["labels", "in_order", "verdict_from", "verdict_of", "verdict_phrase", "statuses_of",
-           "order", "Protocol"]
+__all__ = ["labels", "in_order", "judge", "Judgement", "reference_note", "reads_reference",
+           "verdict_of",
+           "verdict_phrase", "statuses_of", "order", "Protocol", "UNVERIFIED", "KINDS",
+           "UNVERIFIED_MARK"]

@@ -34,7 +34,7 @@ from creditaudit.records.files import (
     scan_records,
 )
 from creditaudit.records.parts import DERIVED, EpochEntry, finite_number
-from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
 from creditaudit.records.schema import (
     FINISHED,
     NOT_RECORDED,
@@ -47,7 +47,8 @@ from creditaudit.records.schema import (
 
 __all__ = [
     "RunRecord", "DERIVED", "EpochEntry", "FinalResults", "EndOfRun",
-    "ProtocolState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED", "NOT_RECORDED",
+    "ProtocolState", "ReferenceState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED",
+    "NOT_RECORDED",
     "RECORD_FILE",
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",
     "load_config_file",

@@ -12,7 +12,7 @@ import typing
 
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.records.parts import DOMAIN_TOLERANCE, EpochEntry, domain_text
-from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
 from creditaudit.records.schema import SCHEMA, RunRecord
 
 MARKER = "<!-- generated -->"
@@ -32,6 +32,13 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "Computed once after the last epoch on the evaluation subset "
      "(`diagnostics.end_of_run`). Rule-specific metrics (`extras`) are keys of this object."),
     ("Protocol during training (`protocol`)", ProtocolState, ""),
+    ("The reference gradient (`reference`)", ReferenceState,
+     "Checked once when the run started, on the model as built (float64 central differences "
+     "of its forward on four evaluation samples; docs/protocol.md). A model whose backward is "
+     "not the gradient of its forward is refused before the run's folder is written, unless "
+     "`diagnostics.allow_unverified_reference` is on; then `how` is `failed`, the verdict "
+     "is *unverified* and every cosine, Γ and (b) is shown marked unverified. Records "
+     "written before creditaudit checked it have no block and read as `not checked`."),
     ("Data identity (`data`)", DataIdentity, ""),
     ("The model as built (`model`)", ModelDescription,
      "Asked of the model itself when the run started; records before schema 3 lack it "

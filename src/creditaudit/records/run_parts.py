@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from creditaudit.errors import RunRecordError
 from creditaudit.records.parts import (
     ACCURACY,
     CORRELATION,
@@ -21,6 +22,7 @@ from creditaudit.records.parts import (
     NONNEGATIVE,
     doc,
 )
+from creditaudit.registry import ARCHITECTURES
 
 
 # --- result blocks ---------------------------------------------------------
@@ -152,3 +154,86 @@ class ProtocolState:
         if self.epoch is None and not self.first_fired:
             return {}
         return dataclasses.asdict(self)
+
+
+def own_architecture(name: str) -> bool:
+    """Whether architecture ``name`` is one of creditaudit's own that builds from its own
+    modules (not a plugin's, not a user's module or loop): what a record written before the
+    reference check says of its reference (:class:`ReferenceState`)."""
+    cls = ARCHITECTURES.find(name)
+    origin = ARCHITECTURES.origin(name) if cls is not None else None
+    return bool(origin is not None and origin.builtin and not cls.adapted)
+
+
+# --- the reference gradient ------------------------------------------------------------------
+HOW_NOT_CHECKED, HOW_FAILED, HOW_SKIPPED = "not checked", "failed", "skipped"
+HOW_BUILT_IN = "built-in"
+VERIFIED_HOWS = ("states", "modules")
+REFERENCE_HOWS = (*VERIFIED_HOWS, HOW_FAILED, HOW_SKIPPED, HOW_NOT_CHECKED, HOW_BUILT_IN)
+NOT_CHECKED_DETAIL = "reference not checked (recorded before creditaudit checked it)"
+BUILT_IN_DETAIL = ("reference not checked (recorded before creditaudit checked it) on a "
+                   "creditaudit architecture: its backward is autograd through creditaudit's "
+                   "own modules, whose gradients creditaudit's tests check")
+UNCHECKED_DETAIL = "reference not checked (the run stopped before its model was checked)"
+
+
+@dataclass
+class ReferenceState:
+    """Whether the reference gradient g_l = ∂CE/∂h_l every cosine, Γ and diagnostic (b)
+    compare with was checked to be the gradient of the model's forward, when the run
+    started (JSON key ``reference``). Read only: what it means for a verdict is decided by
+    the protocol."""
+
+    verified: bool = doc("the model's backward agreed with float64 central differences of "
+                         "its forward: the reference is the true gradient", False)
+    how: str = doc("`states` (the loss's directional derivatives at h_0 and h_L), `modules` "
+                   "(each module between the states), `failed` (the check found a backward "
+                   "that is not the gradient, and the run was allowed to go on: "
+                   "`diagnostics.allow_unverified_reference`), `skipped` (nothing could be "
+                   "compared), `not checked` (records written before creditaudit checked "
+                   "it, of a model built from outside code; read as such) or `built-in` "
+                   "(records written before the check, of one of creditaudit's own "
+                   "architectures, whose backward is autograd through its own modules)",
+                   HOW_NOT_CHECKED)
+    where: str | None = doc("`failed`: the module (`blocks.1.w2`) or the segment (`between "
+                            "h_2 and h_3`) whose backward is not the gradient, when it "
+                            "could be placed")
+    detail: str = doc("one line: what was compared, or what was found", UNCHECKED_DETAIL)
+
+    @property
+    def failed(self) -> bool:
+        return self.how == HOW_FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "run record", *, own_model: bool = False
+                  ) -> ReferenceState:
+        """The block as stored, checked (RunRecordError naming ``where`` otherwise); a record
+        without one (written before the check existed) says the reference was not checked —
+        never that it was verified — and, when ``own_model`` (the run's architecture is one
+        of creditaudit's own, built from its own modules), that it was such a model."""
+        if raw is None:
+            if own_model:
+                return cls(how=HOW_BUILT_IN, detail=BUILT_IN_DETAIL)
+            return cls(detail=NOT_CHECKED_DETAIL)
+        if not isinstance(raw, dict):
+            raise RunRecordError(f"{where}: reference must be an object, got "
+                                 f"{type(raw).__name__}")
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise RunRecordError(f"{where}: reference has an unexpected field {unknown[0]!r}")
+        state = cls(**raw)
+        for name, kind in (("verified", bool), ("how", str), ("where", (str, type(None))),
+                           ("detail", str)):
+            if not isinstance(getattr(state, name), kind):
+                raise RunRecordError(f"{where}: reference.{name} has the wrong type "
+                                     f"({type(getattr(state, name)).__name__})")
+        if state.how not in REFERENCE_HOWS:
+            raise RunRecordError(f"{where}: reference.how {state.how!r} is not one of "
+                                 f"{', '.join(REFERENCE_HOWS)}")
+        if state.verified != (state.how in VERIFIED_HOWS):
+            raise RunRecordError(f"{where}: reference.verified={str(state.verified).lower()} "
+                                 f"contradicts how {state.how!r}")
+        return state

@@ -33,7 +33,13 @@ from creditaudit.records.parts import (
     doc,
     finite_number,
 )
-from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState
+from creditaudit.records.run_parts import (
+    EndOfRun,
+    FinalResults,
+    ProtocolState,
+    ReferenceState,
+    own_architecture,
+)
 from creditaudit.registry import DATASETS
 
 SCHEMA = "creditaudit.run/3"
@@ -57,6 +63,9 @@ class RunRecord:
     final: FinalResults | None = doc("headline numbers of the last epoch (finished runs)")
     diagnostics: EndOfRun = doc("end-of-run credit-quality metrics", factory=EndOfRun)
     protocol: ProtocolState = doc("protocol evaluated during training", factory=ProtocolState)
+    reference: ReferenceState = doc(
+        "whether the reference gradient was checked when the run started, how, and what "
+        "failed (records without it: not checked)", factory=ReferenceState)
     data: DataIdentity | None = doc("identity of the data the run trained on")
     model: ModelDescription | None = doc(
         "the model as built: architecture, label, terminal LayerNorm, width, depth, input "
@@ -303,6 +312,7 @@ class RunRecord:
             "final": None if self.final is None else self.final.to_dict(),
             "diagnostics": self.diagnostics.to_dict(),
             "protocol": self.protocol.to_dict(),
+            "reference": self.reference.to_dict(),
             "error": self.error,
             **({"divergence": self.divergence} if self.divergence else {}),
             **({"stopped_early": self.stopped_early} if self.stopped_early else {}),
@@ -377,6 +387,8 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         model = raw.get("model")
         model = None if model is None else ModelDescription(**model)
         protocol = ProtocolState(**raw["protocol"])
+        reference = ReferenceState.from_dict(raw.get("reference"), f"run record {where}",
+                                             own_model=own_architecture(config.model.arch))
     except TypeError as err:
         raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
     diagnostics = EndOfRun.from_dict(raw["diagnostics"])
@@ -387,7 +399,8 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
             check_domains(part, f"run record {where}", prefix)
     return RunRecord(
         run_id=raw["run_id"], config=config, status=raw["status"], log=log, final=final,
-        diagnostics=diagnostics, protocol=protocol, data=data, model=model,
+        diagnostics=diagnostics, protocol=protocol, reference=reference, data=data,
+        model=model,
         environment=dict(raw.get("environment") or {}), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),

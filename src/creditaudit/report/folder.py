@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,9 @@ from creditaudit.formatting import one_line
 from creditaudit.protocol import (
     FIRED,
     INCOMPLETE,
+    KINDS,
     NOT_EVALUATED,
-    TRUSTWORTHY,
-    WALK_BACK,
+    UNVERIFIED_MARK,
     DepthUtility,
 )
 from creditaudit.protocol.records import is_frozen_baseline
@@ -55,21 +55,34 @@ from creditaudit.safe_files import atomic_write_bytes
 REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
 
 
-def verdict_class(tag: str, text: str) -> str | None:
-    """The CSS class of a verdict by its meaning — ``pass`` (trustworthy), ``walk-back``,
-    ``incomplete`` (some diagnostic not evaluated, or no protocol block) — for a table cell
-    or the template's bold ``Verdict: …`` line; ``fired`` for a bold **fired**; None for
-    any other text."""
-    if tag == "strong" and text == FIRED:
-        return "fired"
-    text = text.removeprefix("Verdict: ") if tag == "strong" else text
-    if text.startswith(WALK_BACK):
-        return "walk-back"
-    if text.startswith(TRUSTWORTHY):
-        return "pass"
-    if text.startswith(("no walk-back in", INCOMPLETE, NO_PROTOCOL)):
-        return "incomplete"
-    return None
+def verdict_classes(index: RunIndex) -> dict[str, str]:
+    """Every verdict text the report prints (audit-table cells, with and without †; the
+    templates' verdicts) → its kind, the CSS class report.html colours it with —
+    ``pass``, ``walk-back``, ``incomplete``, ``unverified`` — as the run's judgement
+    (:attr:`~creditaudit.protocol.Judgement.kind`) says: never read back from the words."""
+    classes = {NO_PROTOCOL: KINDS[INCOMPLETE]}
+    for run in index.all_runs:
+        report = index.protocol_report(run)
+        text, kind = verdict_cell(report, run)
+        if kind is None:
+            continue
+        classes[text] = kind
+        if report is not None:
+            classes[report.judgement.text] = kind
+    return classes
+
+
+def classifier(classes: Mapping[str, str]) -> Callable[[str, str], str | None]:
+    """``classify(tag, text)`` of :func:`~creditaudit.report.html.markdown_fragment`: the
+    kind of a verdict cell or of the templates' bold ``Verdict: …`` line (``classes``:
+    :func:`verdict_classes`), ``fired`` for a bold **fired**, None for any other text."""
+    def classify(tag: str, text: str) -> str | None:
+        if tag == "strong":
+            if text == FIRED:
+                return "fired"
+            text = text.removeprefix("Verdict: ")
+        return classes.get(text)
+    return classify
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -79,6 +92,7 @@ class Folded:
 
     title: str
     verdict: str
+    kind: str | None
     markdown: str
 
 
@@ -115,6 +129,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += table.lines()
         lines.append("")
         lines += _frozen_notes(index, table.rows)
+        lines += _reference_notes(index, finished)
     else:
         lines += ["No finished run records found." if runs else "No run records found.", ""]
 
@@ -157,7 +172,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += ["No finished run has a protocol block.", ""]
     parts: list[str | Folded] = ["\n".join(lines)]
     for (run, report), template in zip(audited, templates):
-        parts.append(Folded(run.run_id, verdict_cell(report, run),
+        parts.append(Folded(run.run_id, *verdict_cell(report, run),
                             drop_columns(template, unfilled)))
     return parts
 
@@ -179,23 +194,25 @@ def parts_markdown(parts: Sequence[str | Folded]) -> str:
     return text.rstrip() + "\n"
 
 
-def render_report_html(parts: Sequence[str | Folded], *, base_dir: str | Path = "."
-                       ) -> str:
+def render_report_html(parts: Sequence[str | Folded], *, base_dir: str | Path = ".",
+                       classes: Mapping[str, str] | None = None) -> str:
     """The report's page: the parts' Markdown, its tables sortable and filterable, each
-    run's template folded under a line with its run id and verdict, figures embedded as
-    compacted PNG (:func:`creditaudit.report.html.compact_png`)."""
+    run's template folded under a line with its run id and verdict, verdicts coloured by
+    their kind (``classes``: :func:`verdict_classes`), figures embedded as compacted PNG
+    (:func:`creditaudit.report.html.compact_png`)."""
+    classify = classifier(classes or {})
     body = []
     for part in parts:
         if isinstance(part, str):
-            body.append(markdown_fragment(part, base_dir=base_dir, classify=verdict_class,
+            body.append(markdown_fragment(part, base_dir=base_dir, classify=classify,
                                           interactive=True, compact_images=True))
             continue
-        css = verdict_class("td", part.verdict)
+        css = part.kind
         verdict = (f'<strong class="{css}">' if css else "<strong>") + \
             f"{html.escape(part.verdict)}</strong>"
         body.append(f"<details>\n<summary><code>{html.escape(part.title)}</code> {verdict}"
                     "</summary>\n" + markdown_fragment(part.markdown, base_dir=base_dir,
-                                                       classify=verdict_class)
+                                                       classify=classify)
                     + "</details>\n")
     return html_page("".join(body), script=True)
 
@@ -213,6 +230,18 @@ def thresholds_text(ids: Sequence[str]) -> str:
         parts.append(f"{diagnostic.id_label()} {diagnostic.short or diagnostic.label} "
                      f"{diagnostic.threshold_text(limit)}")
     return ", ".join(parts)
+
+
+def _reference_notes(index: RunIndex, runs: Sequence[Any]) -> list[str]:
+    """What ``(unverified)`` means, and why, for each run whose reference gradient is not
+    verified."""
+    why = {run.run_id: judged.reference_note for run in runs
+           if (judged := index.records.verdict(run).judgement).reference_verified is False}
+    if not why:
+        return []
+    return [f"{UNVERIFIED_MARK}: the number was measured against a reference gradient that "
+            "is not verified, so a cosine, Γ, (b) or (c) there need not measure anything "
+            f"(the verdict says why): {len(why)} run(s).", ""]
 
 
 def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
@@ -270,10 +299,12 @@ def write_report(index: RunIndex, out_dir: str | Path, *, rendered: Sequence[Any
     parts = report_parts(index, rendered=rendered, missing=missing, figures_dir=figures_dir)
     md_path, html_path = out / REPORT_MD, out / REPORT_HTML
     atomic_write_bytes(md_path, parts_markdown(parts).encode())
-    atomic_write_bytes(html_path, render_report_html(parts, base_dir=out).encode())
+    atomic_write_bytes(html_path, render_report_html(parts, base_dir=out,
+                                                     classes=verdict_classes(index)).encode())
     return ReportFiles(md_path, html_path, rendered, missing)
 
 
 __all__ = ["write_report", "render_report_markdown", "render_report_html", "report_parts",
            "parts_markdown", "audit_table", "summary_table", "unfinished_table",
-           "verdict_class", "ReportFiles", "Folded", "FIGURES_DIR", "REPORT_MD", "REPORT_HTML"]
+           "verdict_classes", "classifier", "ReportFiles", "Folded", "FIGURES_DIR",
+           "REPORT_MD", "REPORT_HTML"]

@@ -19,10 +19,16 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from creditaudit.formatting import INCOMPLETE_COLOR, PASS_COLOR, WALK_BACK_COLOR
+from creditaudit.formatting import TEXT_ON, VERDICT_COLORS, WALK_BACK_COLOR
+
+# One rule per verdict kind: bold, its colour behind, readable text on it.
+VERDICT_CSS = "\n".join(
+    f"td.{kind}, tr:nth-child(even) td.{kind}, strong.{kind} {{ background: {color}; "
+    f"color: {TEXT_ON[kind]}; font-weight: bold; }}\nstrong.{kind} {{ padding: .1em .4em; }}"
+    for kind, color in VERDICT_COLORS.items())
 
 # Verdicts by meaning (the words are always there too): white on blue, white on red, black
-# on yellow — each at least 4.5:1, WCAG AA for text.
+# on yellow, black on grey — each at least 4.5:1, WCAG AA for text.
 CSS = f"""
 body {{ font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
        max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }}
@@ -36,14 +42,7 @@ tr:nth-child(even) td {{ background: #fafafa; }}
 pre {{ background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }}
 code {{ background: #f6f8fa; padding: 0 .2em; }}
 img {{ max-width: 100%; border: 1px solid #eee; }}
-td.pass, td.walk-back, td.incomplete, strong.pass, strong.walk-back, strong.incomplete
-  {{ font-weight: bold; }}
-td.pass, tr:nth-child(even) td.pass, strong.pass {{ background: {PASS_COLOR}; color: #ffffff; }}
-td.walk-back, tr:nth-child(even) td.walk-back, strong.walk-back
-  {{ background: {WALK_BACK_COLOR}; color: #ffffff; }}
-td.incomplete, tr:nth-child(even) td.incomplete, strong.incomplete
-  {{ background: {INCOMPLETE_COLOR}; color: #000000; }}
-strong.pass, strong.walk-back, strong.incomplete {{ padding: .1em .4em; }}
+{VERDICT_CSS}
 strong.fired {{ color: {WALK_BACK_COLOR}; }}
 details {{ margin: .3em 0; }}
 summary {{ cursor: pointer; }}

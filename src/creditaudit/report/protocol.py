@@ -18,10 +18,12 @@ from creditaudit.protocol import (
     HEADLINE_GAMMA,
     DiagnosticReport,
     DiagnosticResult,
+    Judgement,
     block_growths,
     default_names,
     in_order,
 )
+from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.registry import DIAGNOSTICS
 
 FORMATS = ("text", "md", "json", "latex")
@@ -36,12 +38,25 @@ def threshold_text(result: DiagnosticResult) -> str:
     return diagnostic.threshold_text(result.threshold)
 
 
-def value_text(result: DiagnosticResult) -> str:
-    """The statistic in the diagnostic's own format and unit (``—`` when there is none)."""
+def value_text(result: DiagnosticResult, judged: Judgement | None = None) -> str:
+    """The statistic in the diagnostic's own format and unit (``—`` when there is none);
+    with ``judged``, one computed from the reference gradient ((b), (c)) is marked when
+    that reference is not verified."""
     diagnostic = DIAGNOSTICS.find(result.id)
     if diagnostic is None:
-        return "—" if result.value is None else f"{result.value:.3g}"
-    return diagnostic.value_text(result.value)
+        text = "—" if result.value is None else f"{result.value:.3g}"
+    else:
+        text = diagnostic.value_text(result.value)
+    return judged.mark(text) if judged is not None and reads_reference(result.id) else text
+
+
+def reference_line(judged: Judgement) -> str | None:
+    """``reference gradient failed its check at `x`: every cosine, Γ and (b) … marked
+    (unverified)`` when the reference is not verified, else None."""
+    if judged.reference_verified is not False:
+        return None
+    return (f"{judged.reference_note}: every cosine, Γ, (b) and (c) below is measured "
+            "against it and marked (unverified)")
 
 
 # LaTeX's special characters, and the non-ASCII ones the reports print, as text a plain
@@ -60,7 +75,9 @@ def _latex_escape(text: str) -> str:
 
 
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
-    """Per-layer cells: layer, ‖h_l‖, growth into l, ‖g_l‖, cos, flags."""
+    """Per-layer cells: layer, ‖h_l‖, growth into l, ‖g_l‖, cos (marked when the reference
+    is not verified), flags."""
+    judged = report.judgement
     growths = block_growths(report.hidden_norms)
     cosines = report.layer_cosines or []
     rows = []
@@ -75,8 +92,8 @@ def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
         defined = cosines[layer].get("defined") if layer < len(cosines) else None
         if defined is not None and defined < 1:
             flags.append(f"cos over {defined:.0%} of samples (the rest: zero credit or gradient)")
-        rows.append((str(layer), fmt(h), fmt(growth, ".3g"), fmt(g), fmt(cos, "+.3f"),
-                     ", ".join(flags)))
+        rows.append((str(layer), fmt(h), fmt(growth, ".3g"), fmt(g),
+                     judged.mark(fmt(cos, "+.3f")), ", ".join(flags)))
     return rows
 
 def render(report: DiagnosticReport, form: str = "text") -> str:
@@ -92,16 +109,20 @@ def render(report: DiagnosticReport, form: str = "text") -> str:
 def render_text(report: DiagnosticReport) -> str:
     """A readable plain-text table of the diagnostics, the verdict and the layers."""
     meta = report.metadata
+    judged = report.judgement
     lines = [f"creditaudit protocol — {meta.get('model', 'model')}"
              f" ({meta.get('method') or 'no credit'}), {meta.get('n_samples', '?')} "
              "evaluation samples"]
+    note = reference_line(judged)
+    if note is not None:
+        lines.append(note)
     header = f"  {'id':<4} {'diagnostic':<32} {'value':>12} {'fires when':>12}  status"
     lines += [header, "  " + "-" * (len(header) - 2)]
     for r in report.diagnostics:
-        lines.append(f"  {r.label:<4} {r.name:<32} {value_text(r):>12} "
+        lines.append(f"  {r.label:<4} {r.name:<32} {value_text(r, judged):>12} "
                      f"{threshold_text(r):>12}  {r.status.upper()}")
         lines.append(f"       {r.reason}")
-    lines.append(f"verdict: {report.verdict_text}")
+    lines.append(f"verdict: {judged.text}")
     lines.append("")
     lines.append(f"  {'layer':>5} {'‖h_l‖':>10} {'growth':>8} {'‖g_l‖':>10} "
                  f"{'cos':>7}  flags")
@@ -109,9 +130,9 @@ def render_text(report: DiagnosticReport) -> str:
         lines.append(f"  {row[0]:>5} {row[1]:>10} {row[2]:>8} {row[3]:>10} {row[4]:>7}  "
                      f"{row[5]}")
     if report.gamma is not None:
-        lines.append("Γ: " + ", ".join(f"{k} {fmt(v, '+.3f')}"
+        lines.append("Γ: " + ", ".join(f"{k} {judged.mark(fmt(v, '+.3f'))}"
                                         for k, v in report.gamma.items()))
-    lines.extend(metrics_lines(report.metrics))
+    lines.extend(metrics_lines(report.metrics, judged))
     return "\n".join(lines)
 
 def template_results(report: DiagnosticReport) -> list[DiagnosticResult]:
@@ -129,10 +150,12 @@ def render_markdown(report: DiagnosticReport) -> str:
     """The reporting-template row (a column per diagnostic the per-layer table does not
     show, beside the frozen-blocks accuracy), the diagnostics and a per-layer table."""
     meta = report.metadata
+    judged = report.judgement
     per_layer_gamma = (", ".join(fmt(row["cos"], "+.2f") for row in report.layer_cosines)
                        if report.layer_cosines else "—")
-    gamma = (f"{fmt(report.headline_gamma, '+.3f')} ({HEADLINE_GAMMA.replace('_', ' ')})"
-             if report.gamma else "—")
+    per_layer_gamma = judged.mark(per_layer_gamma)
+    gamma = (judged.mark(fmt(report.headline_gamma, '+.3f'))
+             + f" ({HEADLINE_GAMMA.replace('_', ' ')})" if report.gamma else "—")
     frozen = meta.get("frozen_acc")
     method = meta.get("method") or "—"
     own = template_results(report)
@@ -141,7 +164,7 @@ def render_markdown(report: DiagnosticReport) -> str:
            str(meta.get("dataset", "—")), str(meta.get("seeds", "—")),
            str(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),
            gamma, per_layer_gamma, "not given" if frozen is None else f"{frozen:.3f}",
-           *(value_text(r) for r in own), report.verdict_text]
+           *(value_text(r, judged) for r in own), judged.text]
     header = ["method", "credit", "architecture", "terminal LN", "dataset", "seeds",
               "feedback seed", "test acc", "Γ (aggregation)", "per-layer Γ", "frozen acc",
               *(r.label for r in own), "verdict"]
@@ -154,9 +177,10 @@ def render_markdown(report: DiagnosticReport) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in report.diagnostics:
-        out.append(f"| {r.label} | {r.name} | {value_text(r)} | {threshold_text(r)} | "
+        out.append(f"| {r.label} | {r.name} | {value_text(r, judged)} | {threshold_text(r)} | "
                    f"{r.status} | {r.reason} |")
-    out += ["", f"**Verdict: {report.verdict_text}**", "",
+    note = reference_line(judged)
+    out += ["", f"**Verdict: {judged.text}**", "", *([note, ""] if note else []),
             f"Per layer (medians over {meta.get('n_samples', '?')} samples; ‖g_l‖ as "
             "(1/128)·∂CE_i/∂h_l):", "",
             "| layer | ‖h_l‖ | growth into l | ‖g_l‖ | cos(a_l, g_l) | flags |",
@@ -164,8 +188,8 @@ def render_markdown(report: DiagnosticReport) -> str:
     out += ["| " + " | ".join(row) + " |" for row in layer_rows(report)]
     if report.gamma is not None:
         out += ["", "| Γ aggregation | value |", "|---|---|"]
-        out += [f"| {k} | {fmt(v, '+.3f')} |" for k, v in report.gamma.items()]
-    metric_lines = metrics_lines(report.metrics)
+        out += [f"| {k} | {judged.mark(fmt(v, '+.3f'))} |" for k, v in report.gamma.items()]
+    metric_lines = metrics_lines(report.metrics, judged)
     if metric_lines:
         out += ["", "```", *metric_lines, "```"]
     return "\n".join(out)
@@ -184,16 +208,18 @@ def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
              " & ".join(_latex_escape(h) for h in header) + r" \\", r"\hline"]
     for report in reports:
         meta = report.metadata
+        judged = report.judgement
         cells = [str(meta.get("method") or "—"), str(meta.get("arch", meta.get("model", "—"))),
-                 fmt(meta.get("headline_acc"), ".3f"), fmt(report.headline_gamma, "+.3f")]
+                 fmt(meta.get("headline_acc"), ".3f"),
+                 judged.mark(fmt(report.headline_gamma, "+.3f"))]
         cells = [_latex_escape(c) for c in cells]
         held = {r.id: r for r in report.diagnostics}
         for id_ in ids:
             r = held.get(id_)
             text = ("---" if r is None else "n/e" if r.value is None
-                    else _latex_escape(value_text(r)))
+                    else _latex_escape(value_text(r, judged)))
             cells.append(f"\\textbf{{{text}}}" if r is not None and r.fired else text)
-        cells.append(_latex_escape(report.verdict_text))
+        cells.append(_latex_escape(judged.text))
         lines.append(" & ".join(cells) + r" \\")
     return "\n".join([*lines, r"\hline", r"\end{tabular}"])
 
@@ -205,10 +231,16 @@ def _diagnostic_ids(reports: Sequence[DiagnosticReport]) -> list[str]:
     return ids or default_names()
 
 
-def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
-    """A few plain lines summarising the credit-quality block, controls beside each metric."""
+def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = None
+                  ) -> list[str]:
+    """A few plain lines summarising the credit-quality block, controls beside each metric;
+    with ``judged``, the cosines and the fresh-feedback null (cosines too) are marked when
+    the reference gradient is not verified."""
     if not metrics:
         return []
+
+    def mark(text: str) -> str:
+        return judged.mark(text) if judged is not None else text
 
     def row(values: Sequence[float] | None) -> str:
         return "[" + ", ".join(fmt(v, "+.3f") for v in values or []) + "]"
@@ -217,7 +249,7 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
     if "bp_cosine" not in metrics:  # only a rule's own fields (audit --no-metrics)
         return lines
     lines += ["credit quality (controls: BP positive, random negative):",
-              f"  cos per layer   {row(metrics.get('bp_cosine'))}  random "
+              f"  cos per layer   {mark(row(metrics.get('bp_cosine')))}  random "
               f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
     if "perturbation_rho" in metrics:
         from creditaudit.diagnostics.perturbation import MEASURABLE_BP_RHO
@@ -244,7 +276,8 @@ def metrics_lines(metrics: dict[str, Any] | None) -> list[str]:
                      f"{[fmt(v, '+.2e') for v in bp or []]}")
     null = metrics.get("fresh_b_null")
     if null:
-        lines.append(f"  fresh-B null    deep cos {null['training_value']:+.4f} (training B) vs "
+        lines.append(f"  fresh-B null    deep cos {mark(format(null['training_value'], '+.4f'))}"
+                     " (training B) vs "
                      f"{null['mean']:+.4f} ± {null['std']:.4f} over {null['n']} draws "
                      f"(z = {null['z']:.1f})")
     return lines

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from creditaudit.formatting import fmt
-from creditaudit.protocol import DepthUtility
+from creditaudit.protocol import UNVERIFIED_MARK, DepthUtility
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
 
@@ -52,21 +52,22 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
-    as the baseline. "trustworthy" is printed only when all four diagnostics were evaluated.
+    as the baseline. "trustworthy" is printed only when all four diagnostics were evaluated
+    and the reference gradient was verified; a deep cosine measured against a reference
+    that was not is marked "(unverified)", with the reason under the table.
     """
     index = RecordSet(records, use_frozen_runs=use_frozen_runs)
-    header = (f"{'method':<14}{'status':<12}{'epochs':>6}{'test acc':>10}{'‖h_L‖':>11}"
-              f"{'‖g_L‖':>11}{'deep cos':>10}  verdict")
-    lines = [header, "-" * len(header)]
+    rows = []
     partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
+    unverified: list[str] = []  # why a run's reference is not verified, for the footnote
     for record in records:
-        last = record.log[-1] if record.log else None
+        judged = index.verdict(record).judgement
         if is_frozen_baseline(record):
             verdict = BASELINE_TEXT
         elif record.protocol.epoch is None:
             verdict = "—"
         else:
-            verdict = index.verdict(record).text
+            verdict = judged.text
         cos = record.deep_cos
         valid = record.deep_cos_valid
         coverage = record.deep_cos_coverage
@@ -74,13 +75,24 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         if incomplete:
             partial.append(coverage)
         acc_text = fmt(record.final_acc, ".3f") + ("‡" if record.status == "diverged" else "")
-        cos_text = (fmt(cos, "+.3f") + ("*" if valid is False and cos is not None else "")
-                    + ("†" if incomplete else ""))
+        cos_text = judged.mark(fmt(cos, "+.3f")
+                               + ("*" if valid is False and cos is not None else "")
+                               + ("†" if incomplete else ""))
+        if cos_text.endswith(UNVERIFIED_MARK):
+            unverified.append(f"{record.method}: {judged.reference_note}")
+        rows.append((record, acc_text, cos_text, verdict))
+    cos_width = max([10, *(len(row[2]) + 2 for row in rows)])
+    header = (f"{'method':<14}{'status':<12}{'epochs':>6}{'test acc':>10}{'‖h_L‖':>11}"
+              f"{'‖g_L‖':>11}{'deep cos':>{cos_width}}  verdict")
+    lines = [header, "-" * len(header)]
+    for record, acc_text, cos_text, verdict in rows:
+        last = record.log[-1] if record.log else None
         lines.append(
             f"{record.method:<14}{record.status:<12}"
             f"{last.epoch if last else 0:>6}{acc_text:>10}"
             f"{fmt(record.last_value('h_L_norm'), '.3g'):>11}"
-            f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>10}  {verdict}")
+            f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>{cos_width}}  "
+            f"{verdict}")
     for record in records:
         for note in (stopped_early_text(record), diverged_text(record)):
             if note is not None:
@@ -88,6 +100,9 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     if any(r.deep_cos_valid is False for r in records):
         lines.append("* measured against reference gradients below the 1e-7 floor: not a "
                      "valid cosine")
+    if unverified:
+        lines.append(f"{UNVERIFIED_MARK} the reference gradient every cosine, Γ and (b) "
+                     "compares with is not verified: " + "; ".join(dict.fromkeys(unverified)))
     if partial:
         lines.append(f"† at some deep state the cosine averages over fewer than all samples "
                      f"(as few as {min(partial):.0%}): the others' credits or gradients are "

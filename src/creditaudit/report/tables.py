@@ -18,6 +18,8 @@ from creditaudit.formatting import fmt, markdown_table, one_line
 from creditaudit.protocol import (
     FIRED,
     HEADLINE_GAMMA,
+    INCOMPLETE,
+    KINDS,
     NOT_EVALUATED,
     DepthUtility,
     DiagnosticReport,
@@ -103,14 +105,15 @@ def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
 # --- table rows ---------------------------------------------------------------------------
 def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
     """``fired 694``, ``passed +3.10 pp``, ``n/e`` — status and the compared value, in the
-    diagnostic's own format and unit; ``—`` where the run has no such result."""
+    diagnostic's own format and unit (marked when computed from a reference gradient that
+    is not verified); ``—`` where the run has no such result."""
     held = {} if report is None else {r.id: r for r in report.diagnostics}
     if id_ not in held:
         return "—"
     result = held[id_]
     if result.status == NOT_EVALUATED:
         return "n/e"
-    value = "" if result.value is None else f" {value_text(result)}"
+    value = "" if result.value is None else f" {value_text(result, report.judgement)}"
     word = "**fired**" if result.status == FIRED else result.status
     return word + value
 
@@ -125,17 +128,21 @@ def diagnostic_ids(reports: Iterable[DiagnosticReport | None]) -> list[str]:
 NO_PROTOCOL = "— (no protocol block)"
 
 
-def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> str:
+def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> tuple[str, str | None]:
+    """(the verdict column's text, its kind — ``pass``, ``walk-back``, ``incomplete``,
+    ``unverified``: :attr:`Judgement.kind`, the colour report.html gives it — or None for
+    a frozen baseline's label)."""
     if is_frozen_baseline(run) and run.is_finished:
-        return f"baseline of {DepthUtility.id_label()}"
+        return f"baseline of {DepthUtility.id_label()}", None
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
-            return f"— (run {run.status})"
-        return NO_PROTOCOL
-    text = report.verdict_text
+            return f"— (run {run.status})", KINDS[INCOMPLETE]
+        return NO_PROTOCOL, KINDS[INCOMPLETE]
+    judged = report.judgement
+    text = judged.text
     if report.metadata.get("frozen_from_runs"):
         text += f" {RECOMPUTED_MARK}"
-    return text
+    return text, judged.kind
 
 
 def arch_text(run: RunRecord) -> str:
@@ -157,6 +164,7 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
     those of the run's report)."""
     report = index.protocol_report(run)
     values = run_settings(run)
+    judged = index.records.verdict(run).judgement
     return {
         "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
         "arch": arch_text(run),
@@ -164,11 +172,12 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
         "dataset": run.dataset, "seed": str(run.seed),
         **{key: values.get(key, "—") for key in settings},
         "status": run.status,
-        "acc": fmt(run.final_acc, ".3f") + acc_note(run), "deep cos": fmt(run.deep_cos, "+.3f"),
-        GAMMA_COLUMN: fmt(run.headline_gamma, "+.3f"),
+        "acc": fmt(run.final_acc, ".3f") + acc_note(run),
+        "deep cos": judged.mark(fmt(run.deep_cos, "+.3f")),
+        GAMMA_COLUMN: judged.mark(fmt(run.headline_gamma, "+.3f")),
         **{f"({i})": diagnostic_cell(report, i)
            for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
-        "verdict": verdict_cell(report, run),
+        "verdict": verdict_cell(report, run)[0],
     }
 
 
@@ -237,7 +246,10 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             return "—" if math.isnan(mean) else f"{mean:{spec}} ± {std:.3f}"
 
         audited = [r for r in group.reports if r is not None]
-        walked = sum(bool(r.fired) for r in audited)
+        walked = sum(r.judgement.walked_back for r in audited)
+        # One run measured against an unverified reference marks the group's mean.
+        mark = next((j.mark for j in (index.records.verdict(r).judgement for r in group.runs)
+                     if j.reference_verified is False), lambda text: text)
         fired: dict[str, int] = {}
         for report in audited:
             for id_ in report.fired:
@@ -248,8 +260,8 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             **{key: values.get(key, "—") for key in settings},
             "seeds": ", ".join(str(r.seed) for r in group.runs),
             "test acc": ms((r.final_acc for r in group.runs), ".3f"),
-            "deep cos": ms((r.deep_cos for r in group.runs), "+.3f"),
-            "Γ": ms((r.headline_gamma for r in group.runs), "+.3f"),
+            "deep cos": mark(ms((r.deep_cos for r in group.runs), "+.3f")),
+            "Γ": mark(ms((r.headline_gamma for r in group.runs), "+.3f")),
             "walked back": f"{walked}/{len(audited)}" if audited else "—",
             "fired": " ".join(f"({i})×{fired[i]}" for i in in_order(fired)) or "—",
         })

@@ -18,6 +18,7 @@ from creditaudit.experiments import (  # noqa: F401  (importing registers each e
     decision_utility,
     depth_ladder,
     fresh_null,
+    literature,
     penalty_sweep,
     random_init,
     rule_zoo,

@@ -26,7 +26,7 @@ from creditaudit.sweep import dedupe
 # The order `all` runs and lists them in.
 ORDER = ("audit_table", "random_init", "decision_utility", "threshold_sensitivity",
          "temporal", "penalty_sweep", "capacity_cost", "fresh_null", "depth_ladder",
-         "rule_zoo")
+         "rule_zoo", "literature")
 
 ConfigsFn = Callable[..., list[RunConfig]]
 SummariseFn = Callable[[list[RunRecord], "Choices"], dict[str, Any]]

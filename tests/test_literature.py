@@ -17,7 +17,6 @@ from creditaudit import adapt
 from creditaudit.errors import ConfigError
 from creditaudit.experiments import Choices, all_names, get_experiment, run_experiment
 from creditaudit.experiments.literature import (
-    C_THRESHOLDS,
     compare,
     configs,
     default_data_dir,
@@ -109,11 +108,20 @@ def test_compare_measures_the_gap_in_seed_spreads():
     assert compare(None, {"mean": 2.0, "std": 0.5})["delta"] is None
 
 
-def test_c_sensitivity_counts_fall_as_the_threshold_rises(smoke):
-    sens = smoke[1]["c_sensitivity"]
-    counts = [sens["fired"][str(t)] for t in C_THRESHOLDS]
-    assert counts == sorted(counts, reverse=True)
-    assert sens["default"] == pytest.approx(0.30)
+def test_threshold_sweeps_count_what_each_diagnostic_flags(smoke):
+    sweeps = smoke[1]["sweeps"]
+    assert sweeps["c"]["default"] == pytest.approx(0.30)
+    assert sweeps["b"]["default"] == pytest.approx(1e-7)
+    # (c) fires above its threshold, (b) below: counts fall, resp. rise, along the sweep.
+    assert sweeps["c"]["fired"] == sorted(sweeps["c"]["fired"], reverse=True)
+    assert sweeps["b"]["fired"] == sorted(sweeps["b"]["fired"])
+    for sweep in sweeps.values():
+        values = [v["value"] for v in sweep["values"]]
+        assert len(values) == sweep["runs"]
+        above = [sum(v > t for v in values) for t in sweep["thresholds"]]
+        below = [sum(v < t for v in values) for t in sweep["thresholds"]]
+        assert sweep["fired"] == (above if sweep["operator"] == ">" else below)
+        assert sum(n["runs"] for n in sweep["by_net"].values()) == sweep["runs"]
 
 
 def test_second_run_trains_nothing(smoke):
@@ -233,3 +241,14 @@ def test_cifar_columns_train_on_tiny_fake_files(tmp_path, single_thread):
                       "biotorch-cifar10-resnet20": ["BP", "frozen (baseline of (d))"]}
     bp = summary["tables"][0]["columns"][0]["rows"][0]
     assert bp["published"] == 15.92 and bp["epochs"] == 1
+
+
+def test_figure_draws_the_published_rows(smoke, tmp_path):
+    from creditaudit.figures.literature import published_panels, save_literature_figure
+
+    panels = published_panels(smoke[1])
+    assert [len(rows) for _, rows in panels] == [6, 2]  # BioTorch's six rules; MLP and CNN
+    assert all(row["published"] is not None for _, rows in panels for row in rows)
+    paths = save_literature_figure(smoke[1], tmp_path)
+    assert sorted(p.suffix for p in paths) == [".pdf", ".png"]
+    assert all(p.stat().st_size > 0 for p in paths)

@@ -29,16 +29,20 @@ from creditaudit.experiments.groups import fmt, markdown_table, verdict_overview
 from creditaudit.experiments.literature_tables import TABLES, Column, Row, Table
 from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import DEFAULT_DATA_DIRS, base_config, get_scale
-from creditaudit.experiments.threshold_sensitivity import run_statistics
-from creditaudit.protocol import in_order, labels
+from creditaudit.experiments.threshold_sensitivity import run_statistics, status_at
+from creditaudit.protocol import FIRED, in_order, labels
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
 
 SMOKE_DATA = "synthetic"  # the smoke scale's stand-in dataset (generated: CI needs no files)
 WITHIN = 2.0  # a published number is "within the seed spread" when |Δ| ≤ 2 sd
-C_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-STABILITY = "c"  # the diagnostic whose threshold the summary sweeps
+# The thresholds each swept diagnostic is judged at again: (b), which fires on confident
+# networks without a terminal LayerNorm, and (c), whose 0.30 was calibrated on residual MLPs.
+SWEEPS: dict[str, tuple[float, ...]] = {
+    "b": (1e-10, 1e-9, 1e-8, 3e-8, 1e-7, 3e-7, 1e-6),
+    "c": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+}
 SEEDS_PER_SCALE = {"smoke": 1}  # smoke runs in CI: one seed; the other scales take every seed
 
 
@@ -155,7 +159,7 @@ def seed_summary(record: RunRecord, index: RecordSet) -> dict[str, Any]:
             "last_error": errors[-1][1] if errors else None, "errors": errors,
             "verdict": verdict.text, "statuses": verdict.statuses,
             "first_fired": record.first_fired(),
-            "c_value": stats["values"].get(STABILITY),
+            "stats": stats,
             "deep_cos": record.deep_cos, "_verdict": verdict}
 
 
@@ -196,18 +200,28 @@ def cell_summary(table: Table, column: Column, row: Row, members: list[RunRecord
             "epochs": members[0].epochs if members else None, "seeds": seeds}
 
 
-def c_sensitivity(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many runs (c) flags at each threshold of :data:`C_THRESHOLDS` (baselines left
-    out), and every run's statistic by network and rule."""
-    runs = [(cell["table"], cell["net"], cell["row"], s["seed"], s["c_value"])
-            for cell in cells if not cell["baseline"] for s in cell["seeds"]]
-    measured = [r for r in runs if r[4] is not None]
-    default = DIAGNOSTICS.get(STABILITY)
-    limit = default.limit(default.Options())
-    return {"default": limit, "evaluated": len(measured), "runs": len(runs),
-            "fired": {str(t): sum(r[4] > t for r in measured) for t in C_THRESHOLDS},
-            "values": [{"table": t, "net": n, "row": row, "seed": seed, "value": v}
-                       for t, n, row, seed, v in measured]}
+def threshold_sweep(diagnostic: str, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many runs ``diagnostic`` flags at each of its :data:`SWEEPS` thresholds (the
+    frozen baselines left out), overall and per network, with every run's statistic."""
+    runs = [(cell, seed) for cell in cells if not cell["baseline"] for seed in cell["seeds"]
+            if seed["stats"]["values"].get(diagnostic) is not None]
+    cls = DIAGNOSTICS.get(diagnostic)
+    nets = list(dict.fromkeys(cell["net"] for cell, _ in runs))
+
+    def fired(threshold: float, net: str | None = None) -> int:
+        return sum(status_at(diagnostic, seed["stats"], threshold) == FIRED
+                   for cell, seed in runs if net is None or cell["net"] == net)
+
+    return {"diagnostic": diagnostic, "default": cls.limit(cls.Options()),
+            "operator": cls.operator, "runs": len(runs),
+            "thresholds": list(SWEEPS[diagnostic]),
+            "fired": [fired(t) for t in SWEEPS[diagnostic]],
+            "by_net": {net: {"runs": sum(c["net"] == net for c, _ in runs),
+                             "fired": [fired(t, net) for t in SWEEPS[diagnostic]]}
+                       for net in nets},
+            "values": [{"table": cell["table"], "net": cell["net"], "row": cell["row"],
+                        "seed": seed["seed"],
+                        "value": seed["stats"]["values"][diagnostic]} for cell, seed in runs]}
 
 
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
@@ -228,7 +242,8 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                            "published_as": table.published_as, "published": table.published,
                            "notes": list(table.notes), "columns": columns})
     return {"within_rule": f"|mean − published| ≤ {WITHIN:g} seed standard deviations",
-            "tables": tables, "c_sensitivity": c_sensitivity(cells)}
+            "tables": tables,
+            "sweeps": {d: threshold_sweep(d, cells) for d in SWEEPS}}
 
 
 # --- Markdown -------------------------------------------------------------------------------
@@ -263,13 +278,18 @@ def table_markdown(table: dict[str, Any]) -> str:
 
 def to_markdown(summary: dict[str, Any]) -> str:
     parts = [table_markdown(t) for t in summary["tables"]]
-    sens = summary["c_sensitivity"]
-    if sens["evaluated"]:
-        header = ["threshold", *sens["fired"]]
-        row = [f"runs (c) fires (of {sens['evaluated']})", *sens["fired"].values()]
-        parts.append(f"### Diagnostic (c) at other thresholds\n\nDefault {sens['default']:g}; "
-                     f"{sens['evaluated']} of {sens['runs']} runs (baselines left out) had (c) "
-                     "evaluated at their last protocol epoch.\n\n" + markdown_table(header, [row]))
+    for sweep in summary["sweeps"].values():
+        if not sweep["runs"]:
+            continue
+        header = ["network (runs)", *(f"{t:g}" for t in sweep["thresholds"])]
+        rows = [[f"all ({sweep['runs']})", *sweep["fired"]]]
+        rows += [[f"{net} ({v['runs']})", *v["fired"]] for net, v in sweep["by_net"].items()]
+        parts.append(f"### Diagnostic ({sweep['diagnostic']}) at other thresholds\n\nRuns "
+                     f"(baselines left out) that ({sweep['diagnostic']}) flags at each "
+                     f"threshold (fires when the statistic is {sweep['operator']} the "
+                     f"threshold; default {sweep['default']:g}), from the statistic each run "
+                     "stored at its last protocol evaluation.\n\n"
+                     + markdown_table(header, rows))
     parts.append(f"Within the seed spread: {summary['within_rule']}. Verdicts: (a)–(c) as the "
                  "training-time protocol recorded them at the last evaluated epoch, (d) against "
                  "the frozen runs of the same network, data and recipe; "

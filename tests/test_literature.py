@@ -153,7 +153,10 @@ def test_cpu_scale_plans_the_published_recipes():
     assert {c.data.name for c in lenet} == {"mnist", "fashion-mnist"}
     assert all(c.data.train_subset is None and c.optim.batch_size == 128
                and c.optim.weight_decay == 1e-4 for c in lenet)
-    assert len(lenet) == 2 * 8 * 3  # two datasets, eight rows, three seeds
+    assert len([c for c in lenet if c.optim.epochs == 10]) == 2 * 8 * 3  # data, rows, seeds
+    # The budget check: FA and DFA at 30 epochs, one seed, after the other tables.
+    assert {(c.method.name, c.run.seed) for c in lenet if c.optim.epochs == 30} == {
+        ("fa-linear", 42), ("dfa", 42)}
     mnist1d = [c for c in built if c.data.name == "mnist1d"]
     assert {(c.data.n_train, c.data.n_test, c.data.data_seed, c.optim.lr, c.optim.epochs)
             for c in mnist1d} == {(4000, 1000, 42, 1e-2, 200)}

@@ -111,11 +111,12 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: s
             choices: Choices = NO_CHOICES) -> list[RunConfig]:
     """Every run, in the order they train: table by table (BioTorch's first), column by
     column, seed by seed (so an interrupted experiment has every row at some seeds)."""
-    seeds = get_scale(scale).seeds
-    seeds = seeds[:SEEDS_PER_SCALE.get(scale, len(seeds))]
+    scale_seeds = get_scale(scale).seeds
+    scale_seeds = scale_seeds[:SEEDS_PER_SCALE.get(scale, len(scale_seeds))]
     return [run_config(table, column, row, seed, scale=scale, dataset=dataset,
                        data_dir=data_dir, out_dir=out_dir)
-            for table, column in planned(scale, dataset) for seed in seeds
+            for table, column in planned(scale, dataset)
+            for seed in scale_seeds[:table.seeds or len(scale_seeds)]
             for row in rows_of(table, choices)]
 
 
@@ -131,12 +132,13 @@ def _matches(row: Row, record: RunRecord) -> bool:
 def cell_records(table: Table, column: Column, row: Row, records: list[RunRecord]
                  ) -> list[RunRecord]:
     """The records of one cell: the row's network and rule on the column's data (the smoke
-    stand-in counts as the first column)."""
+    stand-in counts as the first column), at one of the table's epoch budgets."""
     names = {column.dataset}
     if table.smoke_data is not None and column is table.columns[0]:
         names.add(SMOKE_DATA)
-    return sorted((r for r in records if r.config.data.name in names and _matches(row, r)),
-                  key=lambda r: r.seed)
+    epochs = set(table.recipe.epochs.values())  # tells a table from its budget check
+    return sorted((r for r in records if r.config.data.name in names and _matches(row, r)
+                   and r.config.optim.epochs in epochs), key=lambda r: r.seed)
 
 
 def epoch_errors(record: RunRecord) -> list[tuple[int, float]]:

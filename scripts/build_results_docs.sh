@@ -6,7 +6,8 @@
 #
 # Writes docs/results/fashion-mnist/{audit_table,decision_utility,threshold_sensitivity}.md,
 # the report of the networks nobody here wrote (docs/results/own/report.md, its summary
-# tables only) and the audit-table figures (docs/figures/fashion-mnist/).
+# tables only), the audit-table figures (docs/figures/fashion-mnist/) and the literature
+# experiment's summary and figure (scripts/build_literature_docs.sh).
 set -euo pipefail
 results=${1:-results}
 python=${PYTHON:-python}
@@ -40,4 +41,5 @@ done
   done
 } > docs/results/own/summary.md
 rm -rf "$report"
-echo "docs/results/ and docs/figures/fashion-mnist/ rebuilt from $results"
+bash scripts/build_literature_docs.sh "$results"
+echo "docs/results/ and docs/figures/ rebuilt from $results"

@@ -21,7 +21,7 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.cli.common import ENV_OVERRIDES
-from creditaudit.experiments import experiment_names, get_experiment
+from creditaudit.experiments import all_names, experiment_names, get_experiment
 from creditaudit.sweep import dedupe, load_sweep
 from docs_support import ROOT, commands, doc_blocks
 
@@ -101,7 +101,7 @@ def test_experiment_run_counts_in_the_docs():
                       flags=re.M)
     assert len(rows) == len(experiment_names()) + 1, rows  # every experiment, and `all`
     for name, *counts in rows:
-        names = experiment_names() if name == "all" else [name]
+        names = all_names() if name == "all" else [name]
         for scale, count in zip(("smoke", "cpu", "paper"), counts):
             assert int(count) == runs_needed(scale, names), (name, scale, count)
     assert f"The audit table's {runs_needed('cpu', ['audit_table'])} runs" in doc(

@@ -76,6 +76,9 @@ SKIP = [
     (r"results/cpu|results/own|build_results_docs\.sh", "the study of docs/results.md: "
      "60 runs of minutes each on two cores, and its build script rewrites docs/results and "
      "docs/figures (tests/test_own_loop.py trains the two outside networks at tiny size)"),
+    (r"build_literature_docs\.sh", "rewrites docs/results/literature and "
+     "docs/figures/literature from the literature runs (tests/test_literature.py builds the "
+     "summary and the figure from a smoke run)"),
 ]
 # (pattern, why it is left to `pytest -m slow`): commands that take over half a minute here.
 SLOW = [

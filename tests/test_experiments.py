@@ -18,6 +18,7 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.experiments import (
     aggregate,
+    all_names,
     experiment_names,
     get_experiment,
     group_records,
@@ -58,7 +59,9 @@ def smoke(tmp_path_factory, single_thread):
 
 # --- every experiment at smoke scale ------------------------------------------------------
 def test_every_experiment_is_registered():
-    assert experiment_names() == NAMES
+    # literature is run by name only: `all` runs the study's experiments.
+    assert experiment_names() == [*NAMES, "literature"]
+    assert all_names() == NAMES
     with pytest.raises(ConfigError, match="unknown experiment 'nope'"):
         get_experiment("nope")
 

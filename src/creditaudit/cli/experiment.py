@@ -91,7 +91,8 @@ def _list(args: argparse.Namespace) -> int:
 
     for name in experiment_names():
         experiment = get_experiment(name)
-        print(f"{name}\n    {experiment.question}\n    runs: {experiment.needs}")
+        alone = "" if experiment.in_all else " (run by name only: not part of all)"
+        print(f"{name}{alone}\n    {experiment.question}\n    runs: {experiment.needs}")
         takes = [f"--{option} replaces {what}" for option, what in experiment.takes.items()]
         takes += [f"no --{option}: {experiment.refuses.get(option, 'it has no such axis')}"
                   for option in OPTIONS if option not in experiment.takes]
@@ -139,7 +140,7 @@ class _LazyProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.experiments import experiment_names, get_experiment, run_experiments
+    from creditaudit.experiments import all_names, get_experiment, run_experiments
 
     if args.list:
         return _list(args)
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("name an experiment (or 'all'); see creditaudit experiment --list")
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
-    names = experiment_names() if args.name == "all" else [get_experiment(args.name).name]
+    names = all_names() if args.name == "all" else [get_experiment(args.name).name]
     choices = choices_of(args)
     progress = _LazyProgress(quiet=args.quiet)
     started = time.perf_counter()

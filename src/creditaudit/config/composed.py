@@ -106,10 +106,11 @@ def _default(base: type, key: str) -> Any:
 # --- the diagnostics section: one table of options per diagnostic of the protocol -----------
 def protocol_names(given: Any) -> tuple[str, ...]:
     """The protocol a diagnostics section selects: ``protocol`` when given, else every
-    diagnostic registered as part of the default protocol."""
+    built-in diagnostic of the default protocol (a plugin joins by being listed)."""
     if given:
         return tuple(given)
-    return tuple(cls.name for cls in DIAGNOSTICS.classes() if getattr(cls, "default", False))
+    return tuple(cls.name for cls in DIAGNOSTICS.builtin_classes()
+                 if getattr(cls, "default", False))
 
 
 def diagnostics_class(names: tuple[str, ...], strict: bool = True) -> type:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from creditaudit.blame import blame
 from creditaudit.protocol.checks import (
     FIRED,
     INCOMPLETE,
@@ -140,8 +141,13 @@ class Protocol:
         return [d.name for d in self.diagnostics]
 
     def evaluate(self, evidence: Evidence) -> list[DiagnosticResult]:
-        """Every diagnostic's result on ``evidence``, in protocol order."""
-        return [d.evaluate(evidence, self.options[d.name]) for d in self.diagnostics]
+        """Every diagnostic's result on ``evidence``, in protocol order (what a plugin's
+        ``evaluate`` raises is one line naming it: :func:`creditaudit.blame.blame`)."""
+        results = []
+        for d in self.diagnostics:
+            with blame(DIAGNOSTICS.guest(d.name)):
+                results.append(d.evaluate(evidence, self.options[d.name]))
+        return results
 
     def diagnostic(self, name: str) -> type[ProtocolDiagnostic]:
         return next(d for d in self.diagnostics if d.name == name)

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 CASES = [(name, check) for name in rule_names() for check in rule_checks(rule_class(name))]
 NEW_CHECK = "blocks_train_on_the_reported_credit"
+TRAINED = "credited_parts_are_trained"
 
 
 @pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c.id}" for n, c in CASES])
@@ -105,13 +106,27 @@ def test_the_suite_catches_rules_that_break_the_contract():
         check_rule(DoubledDFA)
 
 
-def test_a_rule_that_trains_only_the_readout_fails_only_the_credit_check():
+def test_a_rule_that_trains_only_the_readout_fails_only_the_credit_checks():
     with pytest.raises(AssertionError) as err:
         check_rule(ReadoutOnlyBP)
     message = str(err.value)
-    assert "fails 2 conformance check(s)" in message  # resmlp and vit; nothing else
+    # Σ a ⊗ u on resmlp and vit; a credited part without gradient on all three; nothing else
+    assert "fails 5 conformance check(s)" in message
     assert f"{NEW_CHECK}[resmlp]" in message and f"{NEW_CHECK}[vit]" in message
     assert "blocks.0.w2.weight" in message
+    # ConvMixer's blocks end in a convolution: only the credited-part check holds it there
+    assert f"{TRAINED}[convmixer]" in message
+    assert "gives the embedding, which writes that state, no gradient" in message
+
+
+def test_a_readout_only_liar_on_blocks_without_a_linear_end_is_caught():
+    """On ConvMixer (blocks end in a 1×1 convolution) the Σ a ⊗ u check has nothing to
+    compare: the suite without credited_parts_are_trained passed the liar there."""
+    with pytest.raises(AssertionError) as err:
+        check_rule(ReadoutOnlyBP, archs=("convmixer",))
+    assert f"{TRAINED}[convmixer]" in str(err.value)
+    assert NEW_CHECK not in str(err.value)
+    check_rule(BP, archs=("convmixer",))  # the honest rule passes it
 
 
 def test_ep_trains_its_output_layers_on_its_credit_at_the_nudged_states():
@@ -144,13 +159,14 @@ def test_eps_gap_to_the_credit_check_vanishes_linearly_in_beta(arch):
 
 def test_declared_failures_are_reported_and_must_keep_failing():
     report = check_rule(ReadoutOnlyBP, archs=("resmlp",),
-                        expected_failures={NEW_CHECK: "fixture: trains the readout only"})
-    assert list(report.expected_failures) == [f"{NEW_CHECK}[resmlp]"]
+                        expected_failures={NEW_CHECK: "fixture: trains the readout only",
+                                           TRAINED: "fixture: trains the readout only"})
+    assert list(report.expected_failures) == [f"{NEW_CHECK}[resmlp]", f"{TRAINED}[resmlp]"]
     assert f"{NEW_CHECK}[resmlp]" not in report.passed
     # one architecture only: the other keeps the check
     with pytest.raises(AssertionError, match=rf"{NEW_CHECK}\[vit\]"):
         check_rule(ReadoutOnlyBP, archs=("resmlp", "vit"),
-                   expected_failures={f"{NEW_CHECK}[resmlp]": "fixture"})
+                   expected_failures={f"{NEW_CHECK}[resmlp]": "fixture", TRAINED: "fixture"})
     with pytest.raises(AssertionError, match=f"expected failure {NEW_CHECK}.resmlp. passed: "
                                              "remove it"):
         check_rule(BP, archs=("resmlp",), expected_failures={NEW_CHECK: "it does not fail"})

@@ -19,6 +19,11 @@ class DataError(CreditAuditError):
     """A dataset folder or file is missing, corrupt or has the wrong layout."""
 
 
+class LoadedDataError(DataError):
+    """The arrays a dataset loaded are not what it declares (sample shape, classes, labels
+    outside its classes): the dataset's code is at fault, not the files' location."""
+
+
 class ModelContractError(CreditAuditError):
     """A model does not expose what the credit rules or the protocol need."""
 
@@ -35,3 +40,9 @@ class OutputError(CreditAuditError):
 class DiskFullError(OutputError):
     """A write failed for lack of space (no space left, quota exceeded): nothing is wrong
     with the run, which can go on once space is freed."""
+
+
+class GuestError(CreditAuditError):
+    """Code creditaudit runs but did not write — a plugin, a model factory — failed, or
+    failed its conformance checks: the message names it (``credit rule plugin 'x'
+    (dist==1.0)``, ``model factory 'pkg.mod:fn'``), what it did and what to do."""

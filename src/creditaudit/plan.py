@@ -4,10 +4,14 @@
 selects (each checks its own options, the architecture against the dataset's declared
 sample shape, before anything is loaded), the model's size (built on PyTorch's meta device:
 no memory), the identity of the data (a fingerprint of what would be loaded;
-:meth:`RunPlan.data_identity` adds the digest of what was), the code that computes the run
-(each component's ``id_version``, a plugin's distribution version) and so the run id and
-folder. Training, sweep workers, resume, audit and experiments take the plan;
-none of them resolves a name again.
+:meth:`RunPlan.data_identity` adds the digest of what was), the code that
+computes the run (each component's ``id_version``; for a guest — a plugin, a ``module``
+factory from outside creditaudit — its distribution version and the digest of its code) and
+so the run id and folder. Every guest passes its conformance checks at the door
+(:mod:`creditaudit.door`) before the plan exists; the checks it passed go into the code
+block the record keeps. What a guest's code raises while the plan resolves, loads or builds
+it is one line naming the guest (:mod:`creditaudit.blame`). Training, sweep workers,
+resume, audit and experiments take the plan; none of them resolves a name again.
 
 ::
 
@@ -26,10 +30,13 @@ from typing import Any
 
 import torch
 
+from creditaudit import door
+from creditaudit.blame import blame
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity, ModelDescription
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, GuestError, LoadedDataError
+from creditaudit.guests import Guest
 from creditaudit.methods import CreditRule, build_rule, rule_class
 from creditaudit.models import Architecture, ResidualNet, architecture, build_model
 from creditaudit.protocol.verdicts import Protocol
@@ -78,7 +85,15 @@ class RunPlan:
     def load_data(self) -> Dataset:
         """The run's data (loaded once per plan)."""
         if self._data is None:
-            self._data = load_dataset(self.config.data, seed=self.config.run.seed)
+            guest = DATASETS.guest(self.dataset.name)
+            try:
+                with blame(guest):
+                    self._data = load_dataset(self.config.data, seed=self.config.run.seed)
+            except LoadedDataError as err:
+                if guest is None:
+                    raise
+                raise GuestError(f"{guest.what} loaded data creditaudit cannot use: {err}"
+                                 ) from None
         return self._data
 
     def use_data(self, dataset: Dataset) -> None:
@@ -99,13 +114,15 @@ class RunPlan:
     def build_model(self) -> ResidualNet:
         """The model (drawing its initial weights from torch's global RNG)."""
         data = self.load_data()
-        return build_model(self.config.model, input_shape=data.input_shape,
-                           n_classes=data.n_classes)
+        with blame(ARCHITECTURES.guest(self.architecture.name)):
+            return build_model(self.config.model, input_shape=data.input_shape,
+                               n_classes=data.n_classes)
 
     def build_rule(self, model: ResidualNet) -> CreditRule:
         """The rule bound to ``model`` (feedback drawn from its own generator)."""
-        return build_rule(model, self.config.method, n_classes=self.n_classes,
-                          seed=self.config.run.seed)
+        with blame(RULES.guest(self.rule.name)):
+            return build_rule(model, self.config.method, n_classes=self.n_classes,
+                              seed=self.config.run.seed)
 
     def describe(self) -> dict[str, Any]:
         """What a plan says in a dry run: run id, rule, model, data, code."""
@@ -114,10 +131,17 @@ class RunPlan:
                 "code": self.code.to_dict()}
 
 
-def code_version(registry: Registry[Any], cls: type) -> CodeVersion:
+def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
+                 admission: door.Admission | None = None) -> CodeVersion:
+    """The code identity of ``cls``: its ``id_version``, a plugin's ``dist==version``, and
+    for a guest (the plugin itself, or ``guest``: code a built-in runs, e.g. a factory) the
+    digest of its code and the checks it passed at the door."""
     origin = registry.origin(cls.name)
     plugin = None if origin is None or origin.builtin else origin.text
-    return CodeVersion(cls.name, cls.id_version, plugin)
+    guest = guest or registry.guest(cls.name)
+    return CodeVersion(cls.name, cls.id_version, plugin,
+                       digest=guest.digest if guest is not None else None,
+                       checks=admission.checks if admission is not None else None)
 
 
 def plan_run(config: RunConfig) -> RunPlan:
@@ -131,31 +155,65 @@ def plan_run(config: RunConfig) -> RunPlan:
         raise ConfigError(f"model.arch={arch.name!r}: {arch.unbuildable}")
     spec = dataset_spec(config.data.name)
     options = config.data
-    spec.check(options)
-    input_shape = tuple(spec.input_shape(options))
+    data_guest = DATASETS.guest(spec.name)
+    with blame(data_guest):
+        spec.check(options)
+        input_shape = tuple(spec.input_shape(options))
+        n_classes = spec.n_classes(options)
+    arch_guest = ARCHITECTURES.guest(arch.name)
     try:
-        arch.check(config.model, input_shape)
+        with blame(arch_guest):
+            arch.check(config.model, input_shape)
     except ConfigError as err:
         hint = spec.hints.get("images") if arch.input_kind == "image" else None
         if hint is None:
             raise
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
-    model = _describe_on_meta(config, arch, input_shape, spec.n_classes(options))
+    factory = arch.guest_code(config.model)  # code a built-in architecture runs
+    with blame(arch_guest):
+        model = _describe_on_meta(config, arch, input_shape, n_classes)
     tb = config.method.trainable_blocks
     if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
                           f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
-    eval_samples = _eval_samples(config, spec)
-    seed = spec.data_seed(options, config.run.seed)
-    identity = spec.identity(options, seed)
-    diagnostics = tuple(code_version(DIAGNOSTICS, d) for d in Protocol.from_config(
-        config.diagnostics).diagnostics)
-    code = RunCode(method=code_version(RULES, rule), model=code_version(ARCHITECTURES, arch),
-                   data=code_version(DATASETS, spec), diagnostics=diagnostics)
+    with blame(data_guest):
+        eval_samples = _eval_samples(config, spec)
+        seed = spec.data_seed(options, config.run.seed)
+        identity = spec.identity(options, seed)
+    protocol = Protocol.from_config(config.diagnostics)
+    admitted = _admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
+    diagnostics = tuple(
+        code_version(DIAGNOSTICS, d, admission=admitted.get(f"diagnostic:{d.name}"))
+        for d in protocol.diagnostics)
+    code = RunCode(method=code_version(RULES, rule, admission=admitted.get("method")),
+                   model=code_version(ARCHITECTURES, arch, factory, admitted.get("model")),
+                   data=code_version(DATASETS, spec, admission=admitted.get("data")),
+                   diagnostics=diagnostics)
     run_id = compute_run_id(config, identity.fingerprint, code)
     return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
                    model=model)
+
+
+def _admit(config: RunConfig, rule: type[CreditRule], arch: type[Architecture],
+           spec: type[DatasetSpec], protocol: Protocol, input_shape: tuple[int, ...],
+           n_classes: int, factory: Guest | None) -> dict[str, door.Admission]:
+    """Every guest of the run through the door (:mod:`creditaudit.door`), by the key of
+    its component in the record's code block; built-ins pass without checks."""
+    admitted: dict[str, door.Admission] = {}
+    if (guest := RULES.guest(rule.name)) is not None:
+        admitted["method"] = door.rule_door(rule, guest)
+    if (guest := ARCHITECTURES.guest(arch.name)) is not None:
+        admitted["model"] = door.architecture_door(arch, guest, config.model, input_shape)
+    elif factory is not None:
+        admitted["model"] = door.factory_door(factory, config.model, input_shape, n_classes)
+    if (guest := DATASETS.guest(spec.name)) is not None:
+        admitted["data"] = door.dataset_door(spec, guest, config.data)
+    for diagnostic in protocol.diagnostics:
+        if (guest := DIAGNOSTICS.guest(diagnostic.name)) is not None:
+            admitted[f"diagnostic:{diagnostic.name}"] = door.diagnostic_door(
+                diagnostic, guest, protocol.options[diagnostic.name])
+    return admitted
 
 
 def run_id(config: RunConfig) -> str:

@@ -12,10 +12,15 @@ those other packages install through an entry-point group::
     [project.entry-points."creditaudit.models"]
     plain-mlp = "my_package.models:PlainMLPArchitecture"
 
-Plugins are guests: a plugin that fails to import — an exception, a ``sys.exit()``, a
-class that does not describe itself — is named in one line when it is asked for (and in a
-warning when an axis is listed), and the built-ins keep working. The entry point's name
-must be the class's ``name``; a plugin cannot replace a built-in.
+Plugins are guests (:mod:`creditaudit.guests`). A plugin is imported only when a command
+asks for its name (or lists every component of an axis), so a plugin that breaks at import
+— even one that ends the process — touches no command that does not use it. A plugin that
+fails to import — an exception, a ``sys.exit()``, a class that does not describe itself —
+is named in one line when it is asked for (and in a warning when an axis is listed), and
+the built-ins keep working; what it prints while imported goes to stderr. The entry point's
+name must be the class's ``name``; a plugin cannot replace a built-in. Each loaded plugin
+is known as a :class:`~creditaudit.guests.Guest` (:meth:`Registry.guest`): its code's files
+and digest, and how messages name it.
 
 The registries themselves are defined here, below every layer that uses them; each axis's
 package configures its registry (base class, extra checks) and registers its built-ins when
@@ -24,16 +29,19 @@ it is imported, which the registry does on first use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import logging
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, ClassVar, Generic, TypeVar
 
 from creditaudit.errors import ConfigError
+from creditaudit.guests import Guest, make_guest, plugin_sources
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +126,9 @@ class Registry(Generic[C]):
         self._plugins: dict[str, type[C]] = {}
         self._origins: dict[str, Origin] = {}
         self._broken: dict[str, str] = {}
-        self._plugins_loaded = False
+        self._guests: dict[str, Guest] = {}
+        self._entry_points: dict[str, list[metadata.EntryPoint]] | None = None
+        self._loaded: set[str] = set()
         self._builtins_loaded = False
 
     # --- set-up ----------------------------------------------------------------------------
@@ -161,45 +171,73 @@ class Registry(Generic[C]):
             self._builtins_loaded = True
             importlib.import_module(self.builtins_module)
 
-    def _load_plugins(self) -> None:
-        """Import every installed plugin of the group once; failures are kept to report."""
+    def _entries(self) -> dict[str, list[metadata.EntryPoint]]:
+        """The group's entry points by name, read from the installed metadata (nothing is
+        imported)."""
+        if self._entry_points is None:
+            found: dict[str, list[metadata.EntryPoint]] = {}
+            for entry in metadata.entry_points(group=self.group):
+                found.setdefault(entry.name, []).append(entry)
+            self._entry_points = found
+        return self._entry_points
+
+    def _load_plugin(self, name: str) -> None:
+        """Import the plugin(s) registered as ``name``, once; failures are kept to report.
+
+        Only what a command asks for is imported: a plugin that breaks — or ends the
+        process — while it is imported touches no command that does not use it."""
         self._load_builtins()
-        if self._plugins_loaded:
+        if name in self._loaded:
             return
-        self._plugins_loaded = True
-        for entry in metadata.entry_points(group=self.group):
-            dist = getattr(entry, "dist", None)
-            where = f" of {dist.name} {dist.version}" if dist is not None else ""
-            source = (f"{self.noun} plugin {entry.value!r} (entry point {entry.name!r} of "
-                      f"group {self.group}{where})")
-            try:
+        self._loaded.add(name)
+        for entry in self._entries().get(name, []):
+            self._load_entry(entry)
+
+    def _load_entry(self, entry: metadata.EntryPoint) -> None:
+        dist = getattr(entry, "dist", None)
+        where = f" of {dist.name} {dist.version}" if dist is not None else ""
+        source = (f"{self.noun} plugin {entry.value!r} (entry point {entry.name!r} of "
+                  f"group {self.group}{where})")
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # what it prints is not our output
                 cls = self.validate(_load(entry), source)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as err:  # noqa: BLE001 - a broken plugin must not break the tool
-                self._broken[entry.name] = f"{source} cannot be used: {_reason(err)}"
-                continue
-            if cls.name != entry.name:
-                self._broken[entry.name] = (f"{source} names its class {cls.name!r}; the entry "
-                                            f"point and the {self.noun}'s `name` must be equal")
-            elif cls.name in self._builtin:
-                self._broken[entry.name] = (f"{source} would replace the built-in {self.noun} "
-                                            f"{cls.name!r}")
-            else:
-                self._plugins[cls.name] = cls
-                self._origins[cls.name] = Origin(
-                    builtin=False, distribution=dist.name if dist is not None else None,
-                    version=dist.version if dist is not None else None,
-                    entry_point=f"{entry.name} = {entry.value}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # noqa: BLE001 - a broken plugin must not break the tool
+            self._broken[entry.name] = f"{source} cannot be used: {_reason(err)}"
+            return
+        if cls.name != entry.name:
+            self._broken[entry.name] = (f"{source} names its class {cls.name!r}; the entry "
+                                        f"point and the {self.noun}'s `name` must be equal")
+        elif cls.name in self._builtin:
+            self._broken[entry.name] = (f"{source} would replace the built-in {self.noun} "
+                                        f"{cls.name!r}")
+        else:
+            origin = Origin(builtin=False, distribution=dist.name if dist is not None else None,
+                            version=dist.version if dist is not None else None,
+                            entry_point=f"{entry.name} = {entry.value}")
+            self._plugins[cls.name] = cls
+            self._origins[cls.name] = origin
+            root, files = plugin_sources(entry)
+            self._guests[cls.name] = make_guest(
+                f"{self.noun} plugin {cls.name!r} ({origin.text})", root, files,
+                scope=cls.__qualname__, family=f"the plugin code of {origin.text}")
+
+    def _load_plugins(self) -> None:
+        """Import every installed plugin of the group (for listings)."""
+        for name in self._entries():
+            self._load_plugin(name)
 
     def reload(self) -> None:
-        """Forget and reload the installed plugins (after installing one in this process)."""
+        """Forget the installed plugins; they are found again when asked for (after
+        installing one in this process)."""
         self._plugins.clear()
         self._broken.clear()
+        self._guests.clear()
+        self._loaded.clear()
+        self._entry_points = None
         for name in [n for n, o in self._origins.items() if not o.builtin]:
             del self._origins[name]
-        self._plugins_loaded = False
-        self._load_plugins()
 
     # --- lookups ---------------------------------------------------------------------------
     def _all(self) -> dict[str, type[C]]:
@@ -208,31 +246,43 @@ class Registry(Generic[C]):
 
     def names(self, *, warn: bool = True) -> list[str]:
         """Every usable name, in listing order (``rank``, then name); broken plugins are
-        named in one warning each."""
+        named in one warning each. Imports every plugin of the axis."""
         members = self._all()
         if warn:
             for message in self._broken.values():
                 log.warning("warning: %s", message)
         return sorted(members, key=lambda name: (own_rank(members[name]), name))
 
+    def listed_names(self) -> list[str]:
+        """The built-ins in listing order, then the names installed plugins register, without
+        importing any plugin (for help texts)."""
+        self._load_builtins()
+        builtins = sorted(self._builtin, key=lambda n: (own_rank(self._builtin[n]), n))
+        return builtins + sorted(n for n in self._entries() if n not in self._builtin)
+
     def classes(self) -> list[type[C]]:
-        """Every usable class, in listing order."""
+        """Every usable class, in listing order (imports every plugin of the axis)."""
         members = self._all()
         return [members[name] for name in self.names(warn=False)]
 
+    def builtin_classes(self) -> list[type[C]]:
+        """The built-in classes, in listing order (no plugin is imported)."""
+        self._load_builtins()
+        return sorted(self._builtin.values(), key=lambda cls: (own_rank(cls), cls.name))
+
     def get(self, name: str) -> type[C]:
         """The class called ``name``; a one-line ConfigError naming the choices (or what is
-        wrong with the plugin of that name) otherwise."""
+        wrong with the plugin of that name) otherwise. Imports only the plugin asked for."""
         self._load_builtins()
         if name in self._builtin:
             return self._builtin[name]
-        members = self._all()
-        if name in members:
-            return members[name]
+        self._load_plugin(name)
+        if name in self._plugins:
+            return self._plugins[name]
         if name in self._broken:
             raise ConfigError(self._broken[name])
         raise ConfigError(f"{self.key}={name!r} is not a known {self.noun}; choose one of "
-                          f"{', '.join(self.names(warn=False))} ({self.noun}s of other "
+                          f"{', '.join(self.listed_names())} ({self.noun}s of other "
                           f"packages register through the entry-point group {self.group})")
 
     def find(self, name: str) -> type[C] | None:
@@ -246,8 +296,13 @@ class Registry(Generic[C]):
         """Where ``name`` comes from (None when it is not installed)."""
         return self._origins.get(name) if self.find(name) is not None else None
 
+    def guest(self, name: str) -> Guest | None:
+        """The plugin ``name`` as a guest (its code's files and digest, how to name it in
+        messages); None for a built-in or a name not installed."""
+        return self._guests.get(name) if self.find(name) is not None else None
+
     def broken(self) -> dict[str, str]:
-        """Entry-point name → why that plugin cannot be used."""
+        """Entry-point name → why that plugin cannot be used (imports every plugin)."""
         self._load_plugins()
         return dict(self._broken)
 

@@ -4,9 +4,12 @@ A run id is ``METHOD-ARCH-DATASET-sSEED-HASH``, where HASH covers every config v
 changes what the run computes (non-default values only, so a new option whose default keeps
 the old behaviour leaves existing ids alone), the fingerprint of the data actually loaded
 (:mod:`creditaudit.data.identity`) — not the data's folder — and the code that computes it:
-each component's ``id_version`` and, for a plugin, its distribution and version. So the same
-config on other data is another run, the same data copied elsewhere is the same run, and a
-plugin upgraded to a new version never has its old records returned as finished. Options
+each component's ``id_version`` and, for a guest (a plugin; a ``module`` architecture's
+factory outside creditaudit), its distribution and version and the digest of its source
+files (:mod:`creditaudit.guests`). So the same config on other data is another run, the same
+data copied elsewhere is the same run, and a plugin upgraded — or a factory edited — never
+has its old records returned as finished. Built-in components carry no digest (their code
+is creditaudit's version), so their run ids do not move when a guest's rules change. Options
 that change no weight and no recorded number (output folder, threads, device, progress bars,
 loggers) are left out.
 
@@ -34,16 +37,27 @@ VERSION_KEYS = {"method": "method_version", "model": "model_version", "data": "d
 
 @dataclass(frozen=True)
 class CodeVersion:
-    """What identifies the code of one component in a run id: its ``id_version`` and, for
-    a plugin, ``dist==version`` of the package that installed it (None for built-ins)."""
+    """What identifies the code of one component in a run id: its ``id_version``; for a
+    plugin, ``dist==version`` of the package that installed it (None for built-ins); for
+    a guest's code (a plugin, a factory), ``digest``, the sha256 of its source files.
+
+    ``checks``: the conformance checks the guest passed at the door (recorded, not part of
+    the run id); None for built-ins, which the test suite checks."""
 
     name: str
     id_version: int = 0
     plugin: str | None = None
+    digest: str | None = None
+    checks: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "id_version": self.id_version,
-                "origin": self.plugin or "creditaudit"}
+        out: dict[str, Any] = {"name": self.name, "id_version": self.id_version,
+                               "origin": self.plugin or "creditaudit"}
+        if self.digest is not None:
+            out["code_digest"] = self.digest
+        if self.checks is not None:
+            out["checks"] = list(self.checks)
+        return out
 
 
 @dataclass(frozen=True)
@@ -67,19 +81,25 @@ def compute_run_id(config: RunConfig, fingerprint: str, code: RunCode) -> str:
     """The run's folder name from its config, its data's fingerprint and its code."""
     payload: dict[str, Any] = {"config": semantic_dict(config), "data": fingerprint,
                                "version": ID_VERSION}
-    plugins = {}
+    plugins, digests = {}, {}
     for axis, key in VERSION_KEYS.items():
         version: CodeVersion = getattr(code, axis)
         if version.id_version:
             payload[key] = version.id_version
         if version.plugin:
             plugins[axis] = version.plugin
+        if version.digest:
+            digests[axis] = version.digest
     for diagnostic in code.diagnostics:
         if diagnostic.id_version or diagnostic.plugin:
             plugins[f"diagnostic:{diagnostic.name}"] = (
                 f"{diagnostic.plugin or 'creditaudit'}#{diagnostic.id_version}")
+        if diagnostic.digest:
+            digests[f"diagnostic:{diagnostic.name}"] = diagnostic.digest
     if plugins:
         payload["plugins"] = plugins
+    if digests:  # guests only: a built-in run's payload, and so its id, stays as it was
+        payload["code"] = digests
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     label = f"{config.method.name}-{config.model.arch}-{config.data.name}-s{config.run.seed}"
     return f"{label}-{digest}"

@@ -2,9 +2,13 @@
 
 Each subcommand module defines ``add_parser(subparsers)`` and ``run(args) -> int``. User
 errors (:class:`~creditaudit.errors.CreditAuditError`, and operating-system errors on the
-user's files) end in one line on stderr and exit code 2; an interrupted run exits 130; an
-unexpected error (a bug) prints one line asking for a report (exit 1), or its traceback with
-``--verbose``.
+user's files) end in one line on stderr and exit code 2; an interrupted run exits 130. An
+unexpected error — or a ``sys.exit`` — out of a guest's code (a plugin, a model factory:
+:mod:`creditaudit.blame`) is that guest's, named in one line (exit 2); any other unexpected
+error (a bug) prints one line asking for a report (exit 1). ``--verbose`` shows the
+traceback of either. While a command runs, what guest code writes to stdout goes to stderr,
+so machine-readable output stays parseable; and the working folder is on the import path,
+as ``python -m`` puts it there, so a factory in a file beside the config is found.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from creditaudit.errors import CreditAuditError
+from creditaudit.blame import guest_failure, guest_output_to_stderr
+from creditaudit.errors import CreditAuditError, GuestError
 from creditaudit.safe_files import describe_os_error
 from creditaudit.version import __version__
 
@@ -66,10 +73,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(message)s")
     signal.signal(signal.SIGTERM, _terminate)
+    working_folder_on_path()
     try:
-        return int(args.handler(args) or 0)
+        with guest_output_to_stderr():
+            return int(args.handler(args) or 0)
     except CreditAuditError as err:
+        if args.verbose and isinstance(err, GuestError) and err.__cause__ is not None:
+            traceback.print_exception(err.__cause__, file=sys.stderr)
         print(f"creditaudit: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except SystemExit as err:
+        blamed = guest_failure(err)
+        if blamed is None:
+            raise
+        print(f"creditaudit: error: {_one_line(blamed)}", file=sys.stderr)
         return 2
     except OSError as err:
         print(f"creditaudit: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
@@ -83,9 +100,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         if args.verbose:
             raise
+        blamed = guest_failure(err)
+        if blamed is not None:
+            print(f"creditaudit: error: {_one_line(blamed)}", file=sys.stderr)
+            return 2
         print(f"creditaudit: internal error: {type(err).__name__}: {_one_line(str(err))}; "
               "rerun with --verbose for the traceback and please report it", file=sys.stderr)
         return 1
+
+
+def working_folder_on_path() -> None:
+    """Put the working folder first on the import path, as ``python -m`` does (the
+    ``creditaudit`` script's own folder is there instead), so ``model.factory`` finds a
+    module beside the user's config."""
+    here = os.getcwd()
+    if not any(entry in ("", here) for entry in sys.path):
+        sys.path.insert(0, here)
 
 
 def _one_line(text: str) -> str:

@@ -115,12 +115,13 @@ def check_distinct(names: Any) -> None:
 
 
 def protocol_names(given: Any) -> tuple[str, ...]:
-    """The protocol a diagnostics section selects: ``protocol`` when given (each diagnostic
-    once), else every diagnostic registered as part of the default protocol."""
+    """The protocol a diagnostics section selects: ``protocol`` when given, else every
+    built-in diagnostic of the default protocol (a plugin joins by being listed)."""
     if given:
         check_distinct(given)
         return tuple(given)
-    return tuple(cls.name for cls in DIAGNOSTICS.classes() if getattr(cls, "default", False))
+    return tuple(cls.name for cls in DIAGNOSTICS.builtin_classes()
+                 if getattr(cls, "default", False))
 
 
 def diagnostics_class(names: tuple[str, ...], strict: bool = True) -> type:

@@ -20,7 +20,7 @@ from creditaudit.data.registry import (
     register,
 )
 from creditaudit.data.synthetic import make_teacher_student
-from creditaudit.errors import ConfigError, DataError
+from creditaudit.errors import ConfigError, DataError, LoadedDataError
 
 
 def load_dataset(options: Any, *, seed: int) -> Dataset:
@@ -46,23 +46,29 @@ def load_dataset(options: Any, *, seed: int) -> Dataset:
 
 
 def check_loaded(spec: type[DatasetSpec], options: Any, dataset: Dataset) -> None:
-    """DataError (one line) when the loaded arrays are not what ``spec`` declares."""
+    """LoadedDataError (one line) when the loaded arrays are not what ``spec`` declares
+    (sample shape, classes, labels within them)."""
     declared = tuple(spec.input_shape(options))
+    wrong = LoadedDataError
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
                         ("test", dataset.test_x, dataset.test_y)):
         if x.shape[0] == 0:
-            raise DataError(f"the {split} split of {spec.name} holds 0 samples: nothing to "
-                            "train or evaluate on")
+            raise wrong(f"the {split} split of {spec.name} holds 0 samples: nothing to train "
+                        "or evaluate on")
         if tuple(x.shape[1:]) != declared:
-            raise DataError(f"the {split} samples of {spec.name} have shape "
-                            f"{tuple(x.shape[1:])}, but {spec.name} declares {declared}: "
-                            "point data.data_dir at the dataset's own files")
+            raise wrong(f"the {split} samples of {spec.name} have shape {tuple(x.shape[1:])}, "
+                        f"but {spec.name} declares {declared}: point data.data_dir at the "
+                        "dataset's own files")
         if y.shape != (x.shape[0],):
-            raise DataError(f"the {split} labels of {spec.name} have shape {tuple(y.shape)} "
-                            f"for {x.shape[0]} samples")
+            raise wrong(f"the {split} labels of {spec.name} have shape {tuple(y.shape)} for "
+                        f"{x.shape[0]} samples")
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= dataset.n_classes:  # the loss would index out of its logits
+            raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "
+                        f"{dataset.n_classes - 1} (its {dataset.n_classes} classes)")
     if dataset.n_classes != spec.n_classes(options):
-        raise DataError(f"{spec.name} loaded {dataset.n_classes} classes but declares "
-                        f"{spec.n_classes(options)}")
+        raise wrong(f"{spec.name} loaded {dataset.n_classes} classes but declares "
+                    f"{spec.n_classes(options)}")
 
 
 def data_dir(options: Any) -> Any:

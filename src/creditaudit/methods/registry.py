@@ -57,7 +57,8 @@ def register(cls: type[CreditRule]) -> type[CreditRule]:
 
 
 def reload_plugins() -> None:
-    """Forget and reload the installed plugins (after installing one in this process)."""
+    """Forget the installed plugins, to find them again (after installing one in this
+    process)."""
     RULES.reload()
 
 

@@ -12,6 +12,7 @@ from creditaudit.models.contract import (
 )
 from creditaudit.models.convmixer import ConvMixer
 from creditaudit.models.images import image_shape
+from creditaudit.models.module_factory import ModuleArchitecture
 from creditaudit.models.plain import PlainMLP
 from creditaudit.models.registry import (
     ARCHITECTURES,
@@ -26,7 +27,7 @@ from creditaudit.models.vit import ViTMini
 
 __all__ = [
     "ResidualNet", "ResidualMLP", "MLPBlock", "PlainMLP", "ViTMini", "ConvMixer",
-    "Architecture", "ImageArchitecture", "ARCHITECTURES", "architecture", "register",
-    "build_model", "check_contract", "image_shape", "readout_parameters",
-    "set_trainable_blocks", "summary_vectors",
+    "Architecture", "ImageArchitecture", "ModuleArchitecture", "ARCHITECTURES",
+    "architecture", "register", "build_model", "check_contract", "image_shape",
+    "readout_parameters", "set_trainable_blocks", "summary_vectors",
 ]

@@ -13,29 +13,28 @@ docs/extending.md); the built-ins register with :func:`register`.
 Any ``nn.Module`` trains from the command line through the ``module`` architecture: its
 ``model.factory`` (``package.module:callable``) builds the network from ``model.args`` and
 :func:`creditaudit.adapt` names its states ``model.states`` — one registered architecture
-whose options say which module, not a registry of modules. Runs recorded from a user's own
+whose options say which module, not a registry of modules
+(:mod:`creditaudit.models.module_factory`). Runs recorded from a user's own
 loop (:class:`creditaudit.Recorder`) name the ``own-loop`` architecture, which describes and
 never builds.
 """
 
 from __future__ import annotations
 
-import pkgutil
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from creditaudit.config import opt
-from creditaudit.errors import ConfigError, CreditAuditError
-from creditaudit.models.adapted import AdaptedModel, adapt
+from creditaudit.errors import ConfigError
 from creditaudit.models.contract import ResidualNet
 from creditaudit.models.convmixer import ConvMixer
 from creditaudit.models.images import image_shape
 from creditaudit.models.resmlp import ResidualMLP
 from creditaudit.models.vit import ViTMini
 from creditaudit.registry import ARCHITECTURES, Component
+
+if TYPE_CHECKING:
+    from creditaudit.guests import Guest
 
 INPUT_KINDS = ("vector", "image", "stored")
 
@@ -70,6 +69,14 @@ class Architecture(Component):
         """The model for inputs of ``input_shape`` (one sample, flattened for vector
         architectures) and ``n_classes`` logits; ``options`` holds the ``Options`` fields."""
         raise NotImplementedError
+
+    @classmethod
+    def guest_code(cls, options: Any) -> Guest | None:
+        """Code from outside creditaudit that ``options`` make this architecture run (the
+        ``module`` architecture's factory), as a :class:`~creditaudit.guests.Guest` whose
+        digest joins the run id; None when there is none (the default). A plugin
+        architecture is a guest itself (:meth:`creditaudit.registry.Registry.guest`)."""
+        return None
 
     @classmethod
     def flat_dim(cls, input_shape: tuple[int, ...]) -> int:
@@ -223,24 +230,10 @@ class ConvMixerArchitecture(ImageArchitecture):
                          w2_std=options.w2_std)
 
 
-# --- any nn.Module: the module architecture -------------------------------------------------
+# --- adapted models: the module architecture (module_factory.py) and the user's own loop ------
 STATES_HELP = ("submodules whose outputs are the states h_0 … h_L, in the order the forward "
                "computes them (names of named_modules(); see creditaudit.adapt)")
 READOUT_HELP = "submodules of the head (None = everything after the last state)"
-
-
-@dataclass
-class ModuleOptions:
-    factory: str = opt("", "the callable that builds the network, as package.module:name (a "
-                       "class or function returning an nn.Module whose forward gives (B, "
-                       "classes) logits), e.g. creditaudit.zoo:resnet20")
-    args: dict[str, Any] | None = opt(None, "keyword arguments of the factory, a table (e.g. "
-                                      "{n = 1, in_channels = 1}; --set model.args.n=1)")
-    states: list[str] | None = opt(None, STATES_HELP)
-    readout: list[str] | None = opt(None, READOUT_HELP)
-    terminal_ln: bool | None = opt(None, "whether the readout normalises h_L with a LayerNorm "
-                                   "(None = probed: the logits do not move when h_L is "
-                                   "scaled)")
 
 
 class AdaptedArchitecture(Architecture):
@@ -248,92 +241,6 @@ class AdaptedArchitecture(Architecture):
 
     input_kind = "stored"
     adapted = True
-
-
-def load_factory(path: Any) -> Callable[..., Any]:
-    """The callable ``model.factory`` names (``package.module:name`` or
-    ``package.module.name``); a one-line ConfigError when it cannot be imported or called.
-    Importing runs the module's code, as installing a plugin does."""
-    if not isinstance(path, str) or not path.strip():
-        raise ConfigError("model.arch='module' needs model.factory: the callable that builds "
-                          "your network, as package.module:name (e.g. "
-                          "creditaudit.zoo:resnet20)")
-    try:
-        factory = pkgutil.resolve_name(path)
-    except ValueError:
-        raise ConfigError(f"model.factory={path!r} is not a module path: write "
-                          "package.module:name, e.g. creditaudit.zoo:resnet20") from None
-    except ModuleNotFoundError as err:
-        raise ConfigError(f"model.factory={path!r}: no module named {err.name!r}; install its "
-                          "package or put its folder on PYTHONPATH") from None
-    except AttributeError as err:
-        raise ConfigError(f"model.factory={path!r}: {_first_line(err)}") from None
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's module failed to import
-        raise ConfigError(f"model.factory={path!r}: importing it raised "
-                          f"{type(err).__name__}: {_first_line(err)}") from None
-    if not callable(factory):
-        raise ConfigError(f"model.factory={path!r} is a {type(factory).__name__}, not "
-                          "callable: name a class or function that returns an nn.Module")
-    return factory
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _check_names(value: Any, key: str, minimum: int) -> None:
-    if not (isinstance(value, list | tuple) and len(value) >= minimum
-            and all(isinstance(n, str) and n for n in value)):
-        need = "at least two names, h_0 … h_L" if minimum > 1 else "one or more names"
-        raise ConfigError(f"{key} must be a list of submodule names ({need}), got {value!r}; "
-                          f"e.g. --set {key}='[\"layer1\", \"layer2\"]'")
-
-
-@register
-class ModuleArchitecture(AdaptedArchitecture):
-    """Any ``nn.Module``: ``model.factory(**model.args)`` adapted with ``model.states``
-    (:func:`creditaudit.adapt`), for samples as the dataset stores them."""
-
-    name = "module"
-    label = "Module"
-    Options = ModuleOptions
-    rank = 40
-
-    @classmethod
-    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
-        load_factory(options.factory)
-        _check_names(options.states, "model.states", 2)
-        if options.readout is not None:
-            _check_names(options.readout, "model.readout", 1)
-        args = options.args
-        if args is not None and not (isinstance(args, dict)
-                                     and all(isinstance(k, str) for k in args)):
-            raise ConfigError(f"model.args must be a table of keyword arguments, got "
-                              f"{args!r}; e.g. --set model.args.n=1")
-
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> AdaptedModel:  # type: ignore[override]
-        cls.check(options, input_shape)
-        factory, args = load_factory(options.factory), dict(options.args or {})
-        try:
-            net = factory(**args)
-        except CreditAuditError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the user's factory refused its arguments
-            raise ConfigError(f"model.factory={options.factory!r} with model.args={args} "
-                              f"raised {type(err).__name__}: {_first_line(err)}") from None
-        if not isinstance(net, nn.Module):
-            raise ConfigError(f"model.factory={options.factory!r} returned a "
-                              f"{type(net).__name__}, not an nn.Module")
-        model = adapt(net, options.states, options.readout, input_shape=input_shape,
-                      terminal_ln=options.terminal_ln)
-        if model.n_classes != n_classes:
-            raise ConfigError(f"{type(net).__name__} returns {model.n_classes} logits but the "
-                              f"data has {n_classes} classes: give the factory its number "
-                              f"of classes in model.args")
-        return model
 
 
 @dataclass
@@ -393,6 +300,6 @@ def build_architecture(arch: type[Architecture], options: Any, *,
     return model
 
 
-__all__ = ["Architecture", "ImageArchitecture", "AdaptedArchitecture", "ModuleArchitecture",
-           "OwnLoopArchitecture", "register", "architecture", "build_model",
-           "build_architecture", "load_factory", "ResidualOptions", "ARCHITECTURES"]
+__all__ = ["Architecture", "ImageArchitecture", "AdaptedArchitecture", "OwnLoopArchitecture",
+           "register", "architecture", "build_model", "build_architecture", "ResidualOptions",
+           "STATES_HELP", "READOUT_HELP", "ARCHITECTURES"]

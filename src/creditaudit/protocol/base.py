@@ -25,7 +25,7 @@ from creditaudit.protocol.checks import (
     DiagnosticResult,
     unfounded,
 )
-from creditaudit.registry import DIAGNOSTICS, Component
+from creditaudit.registry import DIAGNOSTICS, Component, own_rank
 
 OPERATORS = (">", "<")
 SCALES = ("linear", "log")
@@ -215,12 +215,12 @@ register = DIAGNOSTICS.register
 def protocol(names: Sequence[str] | None = None) -> tuple[type[ProtocolDiagnostic], ...]:
     """The diagnostics of a protocol, in listing order: those named (a config's
     ``diagnostics.protocol``), or the default ones (the four built-ins)."""
-    if names is None:
-        return tuple(cls for cls in DIAGNOSTICS.classes() if cls.default)
+    if names is None:  # the built-ins' default set: no plugin needs importing
+        return tuple(cls for cls in DIAGNOSTICS.builtin_classes() if cls.default)
     check_distinct(names)
     classes = [DIAGNOSTICS.get(name) for name in names]
-    order = {cls.name: i for i, cls in enumerate(DIAGNOSTICS.classes())}
-    return tuple(sorted(classes, key=lambda cls: order.get(cls.name, len(order))))
+    # Listing order (rank, then name) among those named only: the others stay unimported.
+    return tuple(sorted(classes, key=lambda cls: (own_rank(cls), cls.name)))
 
 
 def default_names() -> list[str]:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from creditaudit.blame import blame
 from creditaudit.protocol.checks import (
     FIRED,
     INCOMPLETE,
@@ -243,9 +244,14 @@ class Protocol:
     def evaluate(self, evidence: Evidence) -> list[DiagnosticResult]:
         """Every diagnostic's result on ``evidence``, in protocol order; a result that
         claims what its statistic cannot show is not evaluated
-        (:meth:`ProtocolDiagnostic.checked`)."""
-        return [d.checked(d.evaluate(evidence, self.options[d.name]), self.options[d.name])
-                for d in self.diagnostics]
+        (:meth:`ProtocolDiagnostic.checked`), and what a plugin's ``evaluate`` raises is one
+        line naming it (:func:`creditaudit.blame.blame`)."""
+        results = []
+        for d in self.diagnostics:
+            options = self.options[d.name]
+            with blame(DIAGNOSTICS.guest(d.name)):
+                results.append(d.checked(d.evaluate(evidence, options), options))
+        return results
 
     def diagnostic(self, name: str) -> type[ProtocolDiagnostic]:
         return next(d for d in self.diagnostics if d.name == name)

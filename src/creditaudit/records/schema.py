@@ -74,8 +74,10 @@ class RunRecord:
         "package versions, `source` (the git commit of the creditaudit source, `+dirty` when "
         "its tracked files under src/ differ; null for an installed wheel), `components` (the "
         "rule's, model's and dataset's name, id_version and origin: creditaudit or a plugin's "
-        "dist==version), device, threads, `execution` (`device_data`, `cuda_graphs`: on, or "
-        "off and why; `stacked_runs`: how many runs trained in its stack)", factory=dict)
+        "dist==version; for a plugin or an outside model factory its `code_digest` and the "
+        "conformance `checks` it passed before training), device, threads, `execution` "
+        "(`device_data`, `cuda_graphs`: on, or off and why; `stacked_runs`: how many runs "
+        "trained in its stack)", factory=dict)
     created: str | None = doc("time the run started (ISO 8601)")
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")

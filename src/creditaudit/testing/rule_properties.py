@@ -310,3 +310,29 @@ def blocks_train_on_the_reported_credit(cls: type[CreditRule], arch: str = "resm
         "the training step does not train the blocks with the credit the rule reports: "
         + ", ".join(f"{name} differs from Σ_b a ⊗ u by {error:.2e} (rel.)"
                     for name, error in list(wrong.items())[:3]))
+
+
+def _parts(model: Any) -> list[tuple[str, list[Tensor], int]]:
+    """(name, parameters, index of the state it writes) of each part a rule trains with a
+    credit: the embedding and every block (an adapted model's segments)."""
+    if isinstance(model, AdaptedModel):
+        return [(f"segment {layer}", model.segment_parameters(layer), layer)
+                for layer in range(model.n_blocks + 1)]
+    return [("the embedding", list(model.embed.parameters()), 0),
+            *((f"blocks[{i}]", list(block.parameters()), i + 1)
+              for i, block in enumerate(model.blocks))]
+
+
+def credited_parts_are_trained(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
+    _zero_lr_step(rule, x, y)
+    credits = rule.credits(x, y)  # after the step, as output_layer_errors reads them
+    for name, params, state in _parts(rule.model):
+        trainable = [p for p in params if p.requires_grad]
+        if not trainable or not bool(credits[state].abs().max() > 0):
+            continue
+        assert any(p.grad is not None and bool(p.grad.abs().max() > 0) for p in trainable), (
+            f"the rule reports a non-zero credit for state {state}, but its training step "
+            f"gives {name}, which writes that state, no gradient: the audit would score a "
+            "credit that trains nothing (freeze the part, or train it with its credit)")

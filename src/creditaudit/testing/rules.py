@@ -45,6 +45,12 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   A rule that reports one credit and trains its blocks with another — or not at all —
   fails it; without it the audit would score a credit that never trained anything. (EP
   declares it an expected failure: it trains at its nudged states, O(β) away);
+- ``credited_parts_are_trained`` (every rule, every architecture): after one
+  zero-learning-rate step, each trainable part — the embedding, each block; an adapted
+  model's segments — whose state the rule reports a non-zero credit for got a non-zero
+  gradient. A rule that trains only its readout while reporting backprop's gradients would
+  otherwise be audited cos +1.000; this holds it where no block splits into a last
+  ``nn.Linear`` (the check above) too;
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);
@@ -83,6 +89,7 @@ from creditaudit.testing.common import (
 from creditaudit.testing.rule_properties import (
     bf16_step_is_finite,
     blocks_train_on_the_reported_credit,
+    credited_parts_are_trained,
     credits_are_detached_and_shaped_like_the_states,
     credits_have_no_side_effects,
     fresh_feedback_is_swappable,
@@ -95,8 +102,9 @@ from creditaudit.testing.rule_properties import (
 CHECKS: tuple[Callable[..., None], ...] = (
     credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
     local_update_is_the_surrogate_gradient, blocks_train_on_the_reported_credit,
-    frozen_blocks_stay_untouched, state_dict_round_trips_and_resumes, moves_to_a_device,
-    bf16_step_is_finite, fresh_feedback_is_swappable)
+    credited_parts_are_trained, frozen_blocks_stay_untouched,
+    state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
+    fresh_feedback_is_swappable)
 
 
 def _has_split_block(arch: str) -> bool:

@@ -1,0 +1,247 @@
+"""Any ``nn.Module`` from the command line: the ``module`` architecture.
+
+``model.factory`` (``package.module:name``) builds the network from ``model.args`` (and
+``model.none_args``: keyword arguments passed as None, which TOML cannot write), and
+:func:`creditaudit.adapt` names its states ``model.states``. The factory is a guest
+(:mod:`creditaudit.guests`): its module and the modules of its own code that it imports are
+part of the run id (:meth:`ModuleArchitecture.guest_code`); what it prints goes to stderr;
+an exception or ``sys.exit`` in it is one line naming it. A network whose first layer does
+not read the data's samples (3-channel convolutions on 1-channel images, a Linear of other
+width) is refused in one line saying what the layer expects, what the data holds and how to
+adapt the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pkgutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from creditaudit.blame import blame, exit_message
+from creditaudit.config import opt
+from creditaudit.errors import ConfigError, CreditAuditError, GuestError
+from creditaudit.guests import Guest, make_guest, module_sources
+from creditaudit.models.adapted import AdaptedModel, adapt
+from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
+
+# Modules whose code is creditaudit's own (its version identifies it): not guests.
+OWN_PACKAGE = "creditaudit"
+FIRST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+@dataclass
+class ModuleOptions:
+    factory: str = opt("", "the callable that builds the network, as package.module:name (a "
+                       "class or function returning an nn.Module whose forward gives (B, "
+                       "classes) logits), e.g. creditaudit.zoo:resnet20")
+    args: dict[str, Any] | None = opt(None, "keyword arguments of the factory, a table (e.g. "
+                                      "{n = 1, in_channels = 1}; --set model.args.n=1)")
+    none_args: list[str] | None = opt(None, "keyword arguments of the factory passed as None, "
+                                      "which a TOML table cannot hold (e.g. [\"weights\"] "
+                                      "for weights=None)")
+    states: list[str] | None = opt(None, STATES_HELP)
+    readout: list[str] | None = opt(None, READOUT_HELP)
+    terminal_ln: bool | None = opt(None, "whether the readout normalises h_L with a LayerNorm "
+                                   "(None = probed: the logits do not move when h_L is "
+                                   "scaled)")
+
+
+def load_factory(path: Any) -> Callable[..., Any]:
+    """The callable ``model.factory`` names (``package.module:name`` or
+    ``package.module.name``); a one-line ConfigError when it cannot be imported or called.
+    Importing runs the module's code, as installing a plugin does (what it prints goes to
+    stderr)."""
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError("model.arch='module' needs model.factory: the callable that builds "
+                          "your network, as package.module:name (e.g. "
+                          "creditaudit.zoo:resnet20)")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            factory = pkgutil.resolve_name(path)
+    except ValueError:
+        raise ConfigError(f"model.factory={path!r} is not a module path: write "
+                          "package.module:name, e.g. creditaudit.zoo:resnet20") from None
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"model.factory={path!r}: no module named {err.name!r}; install its "
+                          "package or put its folder on PYTHONPATH (the command line also "
+                          "finds a module in the folder it runs in)") from None
+    except AttributeError as err:
+        raise ConfigError(f"model.factory={path!r}: {_first_line(err)}") from None
+    except SystemExit as err:
+        raise GuestError(exit_message(f"model factory {path!r}", err)) from None
+    except Exception as err:  # noqa: BLE001 - the user's module failed to import
+        raise ConfigError(f"model.factory={path!r}: importing it raised "
+                          f"{type(err).__name__}: {_first_line(err)}") from None
+    if not callable(factory):
+        raise ConfigError(f"model.factory={path!r} is a {type(factory).__name__}, not "
+                          "callable: name a class or function that returns an nn.Module")
+    return factory
+
+
+def factory_guest(path: str) -> Guest | None:
+    """The factory ``path`` names as a guest: the module ``path`` names and the module that
+    defines the callable (they differ for a re-export), each with every module of its own
+    code it imports (:func:`creditaudit.guests.module_sources`); creditaudit's own modules
+    (``creditaudit.zoo``) are left out, as its version names their code: None when nothing
+    else is left."""
+    factory = load_factory(path)
+    named = path.partition(":")[0] if ":" in path else path.rpartition(".")[0]
+    defining = getattr(factory, "__module__", None)
+    modules = [m for m in dict.fromkeys((named, defining))
+               if isinstance(m, str) and m in sys.modules and m.split(".")[0] != OWN_PACKAGE]
+    if not modules:
+        return None
+    found = [module_sources(m) for m in modules]
+    files = [f for _, part in found for f in part]
+    return make_guest(f"model factory {path!r}", found[0][0], files)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _check_names(value: Any, key: str, minimum: int) -> None:
+    if not (isinstance(value, list | tuple) and len(value) >= minimum
+            and all(isinstance(n, str) and n for n in value)):
+        need = "at least two names, h_0 … h_L" if minimum > 1 else "one or more names"
+        raise ConfigError(f"{key} must be a list of submodule names ({need}), got {value!r}; "
+                          f"e.g. --set {key}='[\"layer1\", \"layer2\"]'")
+
+
+def factory_args(options: Any) -> dict[str, Any]:
+    """The factory's keyword arguments: ``model.args`` plus ``model.none_args`` as None."""
+    return {**(options.args or {}), **dict.fromkeys(options.none_args or [])}
+
+
+@register
+class ModuleArchitecture(AdaptedArchitecture):
+    """Any ``nn.Module``: ``model.factory(**model.args)`` adapted with ``model.states``
+    (:func:`creditaudit.adapt`), for samples as the dataset stores them."""
+
+    name = "module"
+    label = "Module"
+    Options = ModuleOptions
+    rank = 40
+
+    @classmethod
+    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
+        load_factory(options.factory)
+        _check_names(options.states, "model.states", 2)
+        if options.readout is not None:
+            _check_names(options.readout, "model.readout", 1)
+        args = options.args
+        if args is not None and not (isinstance(args, dict)
+                                     and all(isinstance(k, str) for k in args)):
+            raise ConfigError(f"model.args must be a table of keyword arguments, got "
+                              f"{args!r}; e.g. --set model.args.n=1")
+        empty = [k for k, v in (args or {}).items() if v is None]
+        if empty:  # a run's config.toml could not hold it
+            raise ConfigError(f"model.args.{empty[0]} is None, which a config file cannot "
+                              f"hold (TOML has no null): list it in model.none_args instead, "
+                              f"e.g. --set 'model.none_args=[\"{empty[0]}\"]'")
+        none_args = options.none_args
+        if none_args is not None and not (isinstance(none_args, list | tuple) and all(
+                isinstance(n, str) and n for n in none_args)):
+            raise ConfigError(f"model.none_args must be a list of argument names, got "
+                              f"{none_args!r}; e.g. --set 'model.none_args=[\"weights\"]'")
+
+    @classmethod
+    def guest_code(cls, options: Any) -> Guest | None:
+        return factory_guest(options.factory)
+
+    @classmethod
+    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
+              ) -> AdaptedModel:  # type: ignore[override]
+        cls.check(options, input_shape)
+        factory, args = load_factory(options.factory), factory_args(options)
+        what = f"model factory {options.factory!r}"
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                net = factory(**args)
+        except CreditAuditError:
+            raise
+        except SystemExit as err:
+            raise GuestError(exit_message(what, err)) from None
+        except Exception as err:  # noqa: BLE001 - the user's factory refused its arguments
+            raise ConfigError(f"model.factory={options.factory!r} with model.args={args} "
+                              f"raised {type(err).__name__}: {_first_line(err)}") from None
+        if not isinstance(net, nn.Module):
+            raise ConfigError(f"model.factory={options.factory!r} returned a "
+                              f"{type(net).__name__}, not an nn.Module")
+        try:
+            with blame(what):
+                model = adapt(net, options.states, options.readout, input_shape=input_shape,
+                              terminal_ln=options.terminal_ln)
+        except GuestError as err:
+            mismatch = first_layer_mismatch(net, input_shape)
+            if mismatch is None:
+                raise
+            raise ConfigError(f"model.factory={options.factory!r}: {mismatch}") from err
+        if model.n_classes != n_classes:
+            raise ConfigError(f"{type(net).__name__} returns {model.n_classes} logits but the "
+                              f"data has {n_classes} classes: give the factory its number "
+                              f"of classes in model.args")
+        return model
+
+
+def first_layer_mismatch(net: nn.Module, input_shape: tuple[int, ...]) -> str | None:
+    """What is wrong when the first convolution or Linear ``net`` runs cannot read samples
+    of ``input_shape`` (one sample, as the data stores it), and how to adapt the network;
+    None when that layer reads them (the failure lies elsewhere)."""
+    calls: list[tuple[str, nn.Module, tuple[int, ...]]] = []
+    names = {module: name for name, module in net.named_modules()}
+
+    def record(module: nn.Module, inputs: tuple[Any, ...]) -> None:
+        if not calls and inputs and isinstance(inputs[0], torch.Tensor):
+            calls.append((names.get(module, "?"), module, tuple(inputs[0].shape)))
+
+    handles = [m.register_forward_pre_hook(record) for m in net.modules()
+               if isinstance(m, FIRST_LAYERS)]
+    modes = [(m, m.training) for m in net.modules()]
+    reference = next((p for p in net.parameters() if p.is_floating_point()), None)
+    try:
+        net.eval()
+        with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
+            net(torch.zeros((2, *input_shape), dtype=reference.dtype if reference is not None
+                            else torch.float32,
+                            device=reference.device if reference is not None else None))
+    except Exception:  # noqa: BLE001, S110 - the failure is what is being explained
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, training in modes:
+            module.training = training
+    if not calls:
+        return None
+    name, layer, seen = calls[0]
+    sample = "×".join(map(str, input_shape))
+    kind = type(layer).__name__
+    if isinstance(layer, nn.Linear):
+        if seen[-1] == layer.in_features:
+            return None
+        expects = f"{layer.in_features} input features"
+        hint = "give the factory the data's width in model.args if it takes one"
+    else:
+        channels = seen[1] if len(seen) > 1 else None
+        if channels == layer.in_channels:
+            return None
+        expects = f"{layer.in_channels} input channels"
+        hint = ("give the factory the data's channels in model.args if it takes them (e.g. "
+                "--set model.args.in_channels=" + (str(input_shape[0]) if input_shape else "1")
+                + ")")
+    return (f"the network's first layer {name!r} ({kind}) expects {expects}, but the data's "
+            f"samples are {sample}; adapt the network to the data: {hint}, or write a factory "
+            "of your own that wraps the network (e.g. a module that maps the data to what "
+            "its first layer reads) and name that in model.factory")
+
+
+__all__ = ["ModuleArchitecture", "ModuleOptions", "load_factory", "factory_guest",
+           "factory_args", "first_layer_mismatch"]

@@ -1,0 +1,105 @@
+"""The conformance suite of ``module`` factories — ``check_module(options, input_shape=…,
+n_classes=…)``.
+
+The ``module`` architecture trains any ``nn.Module`` a factory builds (``model.factory``,
+``model.args``, ``model.states``; :mod:`creditaudit.models.module_factory`). Before a run
+trusts it, the suite builds the network for real — not on the meta device a run plan sizes
+it on — for samples of ``input_shape`` and checks what the run will read of it::
+
+    from creditaudit.testing import check_module
+    check_module({"factory": "my_nets:Net", "states": ["stem", "b1", "b2"]},
+                 input_shape=(1, 28, 28), n_classes=10)
+
+The checks:
+
+- ``builds_for_the_data``: the factory's network runs on the data's samples, and
+  :func:`creditaudit.adapt` accepts its states on a probe batch — each state on the path to
+  the logits, a cut of the network, samples independent in eval mode — with as many logits
+  as the data has classes;
+- ``terminal_ln_is_what_the_readout_does`` (when ``model.terminal_ln`` is declared): the
+  declaration agrees with the readout's behaviour (the logits do not move when h_L is
+  scaled exactly when it normalises h_L) — the protocol's diagnosis of (b) rests on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from creditaudit.models.adapted import adapt
+from creditaudit.models.module_factory import ModuleArchitecture
+from creditaudit.models.registry import build_architecture
+from creditaudit.testing.common import (
+    Check,
+    Report,
+    declared_failures,
+    reason_for,
+    resolve_options,
+    run_checks,
+)
+
+
+def _build(options: Any, input_shape: tuple[int, ...], n_classes: int) -> Any:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return build_architecture(ModuleArchitecture, options, input_shape=input_shape,
+                                  n_classes=n_classes)
+
+
+def builds_for_the_data(cls: type, options: Any, input_shape: tuple[int, ...],
+                        n_classes: int) -> None:
+    model = _build(options, input_shape, n_classes)
+    assert model.n_classes == n_classes, \
+        f"the network gives {model.n_classes} logits for data of {n_classes} classes"
+
+
+def terminal_ln_is_what_the_readout_does(cls: type, options: Any,
+                                         input_shape: tuple[int, ...], n_classes: int) -> None:
+    declared = options.terminal_ln
+    if declared is None:  # probed by adapt itself: nothing declared to check
+        return
+    model = _build(options, input_shape, n_classes)
+    probed = adapt(model.net, options.states, options.readout, input_shape=input_shape,
+                   terminal_ln=None).terminal_ln
+    if declared:
+        assert probed, ("model.terminal_ln is true, but scaling h_L changes the logits: the "
+                        "readout has no terminal LayerNorm")
+    else:
+        assert not probed, ("model.terminal_ln is false, but the logits do not move when h_L "
+                            "is scaled: the readout hides a terminal LayerNorm (declare it "
+                            "true, or leave it out to have it probed)")
+
+
+MODULE_CHECKS = (builds_for_the_data, terminal_ln_is_what_the_readout_does)
+
+
+def module_checks(options: Mapping[str, Any] | Any, *, input_shape: tuple[int, ...],
+                  n_classes: int, expected_failures: Mapping[str, str] | None = None
+                  ) -> list[Check]:
+    """The checks of the factory ``options`` name, one by one (see :func:`check_module`)."""
+    resolved = resolve_options(ModuleArchitecture, options)
+    failures = declared_failures(ModuleArchitecture, expected_failures,
+                                 (c.__name__ for c in MODULE_CHECKS))
+    shape = tuple(input_shape)
+    return [Check(check, ModuleArchitecture, resolved, shape, n_classes,
+                  expected_failure=reason_for(failures, check, ""))
+            for check in MODULE_CHECKS]
+
+
+def check_module(options: Mapping[str, Any] | Any, *, input_shape: tuple[int, ...],
+                 n_classes: int, expected_failures: Mapping[str, str] | None = None
+                 ) -> Report:
+    """Build the network of the ``module`` options (``factory``, ``args``, ``states``, …: a
+    mapping or the model section of a config) for samples of ``input_shape`` and
+    ``n_classes`` classes, and check it (the module docstring lists the checks);
+    AssertionError listing every check that failed, else a
+    :class:`~creditaudit.testing.common.Report`."""
+    checks = module_checks(options, input_shape=input_shape, n_classes=n_classes,
+                           expected_failures=expected_failures)
+    factory = checks[0].args[0].factory if checks else "?"
+    return run_checks(checks, f"model factory {factory!r}")
+
+
+__all__ = ["check_module", "module_checks", "MODULE_CHECKS"]

@@ -1,0 +1,75 @@
+"""Architectures that fail at creditaudit's door, or break at run time (tests/test_door*.py).
+
+- ``door-twelve-logits``: a ResidualMLP with a 12-way head whatever the data's classes;
+- ``door-hidden-ln``: its readout normalises h_L with a LayerNorm, but it declares
+  ``terminal_ln = False`` (diagnostic (b) would name the wrong cause);
+- ``door-build-raises``: conforms on the suite's tiny inputs, but ``build()`` raises for
+  wider ones (the error must name the plugin, not creditaudit);
+- ``door-chatty``: a well-behaved ResidualMLP whose forward prints (on stdout).
+"""
+
+from torch import nn
+
+from creditaudit.models import ResidualMLP
+from creditaudit.models.registry import ResidualOptions, ResMLPArchitecture
+
+
+def _mlp(options, input_shape, n_classes, **overrides):
+    kwargs = {"out_ln": options.out_ln, "residual": options.residual,
+              "w2_std": options.w2_std, **overrides}
+    return ResidualMLP(ResMLPArchitecture.flat_dim(input_shape), options.d, n_classes,
+                       options.n_blocks, **kwargs)
+
+
+class TwelveLogits(ResMLPArchitecture):
+    name, label, rank = "door-twelve-logits", "Twelve logits", 100
+    Options = ResidualOptions
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        return _mlp(options, input_shape, 12)
+
+
+class LayerNormHidden(ResidualMLP):
+    terminal_ln = False  # but the readout below normalises h_L
+
+    def readout(self, h):
+        return self.out_head(nn.functional.layer_norm(h, h.shape[-1:]))
+
+
+class HiddenLN(ResMLPArchitecture):
+    name, label, rank = "door-hidden-ln", "Hidden LN", 100
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        model = LayerNormHidden(ResMLPArchitecture.flat_dim(input_shape), options.d,
+                                n_classes, options.n_blocks, out_ln=False,
+                                residual=options.residual, w2_std=options.w2_std)
+        return model
+
+
+class BuildRaises(ResMLPArchitecture):
+    name, label, rank = "door-build-raises", "Build raises", 100
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        if options.d > 8:  # wider than the suite's tiny models
+            raise KeyError("width_table")
+        return _mlp(options, input_shape, n_classes)
+
+
+class ChattyMLP(ResidualMLP):
+    def forward(self, x):
+        print("forward of a chatty model")
+        return super().forward(x)
+
+
+class Chatty(ResMLPArchitecture):
+    name, label, rank = "door-chatty", "Chatty", 100
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        print("building a chatty model")
+        return ChattyMLP(ResMLPArchitecture.flat_dim(input_shape), options.d, n_classes,
+                         options.n_blocks, out_ln=options.out_ln, residual=options.residual,
+                         w2_std=options.w2_std)

@@ -1,0 +1,48 @@
+"""Credit rules that fail at creditaudit's door, or break at run time (tests/test_door*.py).
+
+- ``door-readout-liar``: trains its readout alone (blocks and embedding never move) but
+  reports backprop's gradients as its credit — audited, it would score cos +1.000;
+- ``door-step-raises``: conforms on the suite's tiny networks, but its training step raises
+  on batches larger than the suite's (the error must name the plugin, not creditaudit).
+"""
+
+import torch
+from torch.nn import functional as F
+
+from creditaudit.methods.base import CreditRule, loss_precision, step_result
+from creditaudit.methods.bp import BP, bp_state_gradients
+from creditaudit.models.contract import readout_parameters
+
+
+class ReadoutLiar(CreditRule):
+    name = "door-readout-liar"
+    label = "Readout liar"
+    credit_formula = "a_l = g_l (claimed)"
+
+    def credits(self, x, y):
+        return bp_state_gradients(self.model, x, y)
+
+    def train_step(self, x, y, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            states, _ = self.model.forward_states(x)
+        logits = self.model.readout(states[-1].detach())
+        ce = F.cross_entropy(loss_precision(logits), y)
+        result = step_result(ce, logits, y)
+        if result.finite:
+            ce.backward()
+            optimizer.step()
+        return result
+
+    def trainable_parameters(self):
+        return [p for p in readout_parameters(self.model) if p.requires_grad]
+
+
+class StepRaises(BP):
+    name = "door-step-raises"
+    label = "Step raises"
+
+    def train_step(self, x, y, optimizer):
+        if x.shape[0] > 16:
+            raise RuntimeError("the step lost its feedback")
+        return super().train_step(x, y, optimizer)

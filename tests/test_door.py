@@ -1,0 +1,165 @@
+"""Guests at the door: the first time a command uses a plugin (rule, architecture, dataset,
+diagnostic) or a ``module`` factory from outside creditaudit, the conformance checks that
+catch a lie run on a tiny input; a liar is refused in one line naming it, its distribution
+and the check, before anything trains. A pass is remembered per guest identity in a signed
+cache (once per machine), the record lists the checks each guest passed, and built-ins are
+never checked at run time (the test suite checks them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from creditaudit import door
+from creditaudit.cache import cache_dir
+from creditaudit.errors import GuestError
+from creditaudit.plan import plan_run
+from creditaudit.testing.common import Check
+from creditaudit.training import train
+from door_support import (
+    FACTORIES,
+    ORIGIN,
+    cli_args,
+    error_line,
+    guests,
+    image_run,
+    site_with,
+    tiny_config,
+)
+from integrity_support import write_idx_dataset
+from plugin_support import cli
+
+# (entry point, what it is, the settings that use it, the check it fails, a word of why)
+LIARS = [
+    ("door-twelve-logits", "architecture", {"model.arch": "door-twelve-logits"},
+     "builds_a_contract_model", "n_classes=12"),
+    ("door-hidden-ln", "architecture", {"model.arch": "door-hidden-ln"},
+     "terminal_ln_is_what_the_readout_does", "hides a terminal LayerNorm"),
+    ("door-nan-features", "dataset", {"data.name": "door-nan-features"},
+     "loads_what_it_declares", "not all finite"),
+    ("door-shifting", "dataset", {"data.name": "door-shifting"},
+     "load_is_deterministic_and_leaves_global_rngs_untouched", "two loads"),
+    ("door-readout-liar", "credit rule", {"method.name": "door-readout-liar"},
+     "blocks_train_on_the_reported_credit[resmlp]", "does not train the blocks"),
+    ("door_nan", "protocol diagnostic",
+     {"diagnostics.protocol": ["a", "b", "c", "d", "door_nan"]},
+     "results_are_its_own_and_consistent", "NaN"),
+]
+NEEDS = {"door-twelve-logits": ["door-mixture"], "door-hidden-ln": ["door-mixture"],
+         "door-readout-liar": ["door-mixture"], "door_nan": ["door-mixture"]}
+
+
+@pytest.mark.parametrize("name,noun,settings,check,why", LIARS, ids=[c[0] for c in LIARS])
+def test_a_liar_is_refused_at_the_door_by_the_command_line(tmp_path, name, noun, settings,
+                                                             check, why):
+    site = site_with(tmp_path, name, *NEEDS.get(name, []))
+    out = tmp_path / "runs"
+    done = cli(site, "train", *cli_args(out, **settings), cwd=tmp_path)
+    line = error_line(done)
+    assert line.startswith(f"creditaudit: error: {noun} plugin {name!r} ({ORIGIN}) fails the "
+                           f"conformance check {check}: "), line
+    assert why in line
+    assert not list(out.glob("*/record.json"))  # nothing trained, nothing recorded
+
+
+@pytest.mark.parametrize("name,noun,settings,check,why", LIARS, ids=[c[0] for c in LIARS])
+def test_a_liar_is_refused_at_the_door_by_the_python_api(tmp_path, name, noun, settings,
+                                                           check, why):
+    with guests(tmp_path / "site", name, *NEEDS.get(name, [])):
+        config = tiny_config(tmp_path / "runs", **settings)
+        with pytest.raises(GuestError, match=re.escape(f"the conformance check {check}:")
+                           ) as err:
+            plan_run(config)
+    assert str(err.value).startswith(f"{noun} plugin {name!r} ({ORIGIN})")
+    assert why in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_factory_whose_declared_terminal_ln_is_false_is_refused(tmp_path):
+    """model.terminal_ln=false on a network whose head normalises h_L: (b) would name the
+    wrong cause. adapt() trusts a declaration; the door probes it."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    done = cli(site_with(tmp_path), "train", "--arch", f"module:{FACTORIES}:ImageNet",
+               *cli_args(tmp_path / "runs", **image_run(data, **{
+                   "model.args.head_ln": True, "model.terminal_ln": False})),
+               cwd=tmp_path)
+    line = error_line(done)
+    assert (f"model factory '{FACTORIES}:ImageNet' fails the conformance check "
+            "terminal_ln_is_what_the_readout_does") in line
+    assert "hides a terminal LayerNorm" in line
+
+
+def _count_checks(monkeypatch):
+    runs = []
+    original = Check.run
+
+    def counted(self):
+        runs.append(self.id)
+        return original(self)
+
+    monkeypatch.setattr(Check, "run", counted)
+    return runs
+
+
+def test_a_pass_is_remembered_per_machine_in_a_signed_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CREDITAUDIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(door, "_MEMORY", {})
+    runs = _count_checks(monkeypatch)
+    with guests(tmp_path / "site", "door-mixture", "door-step-raises"):
+        config = tiny_config(tmp_path / "runs", **{"method.name": "door-step-raises"})
+        first = plan_run(config)
+        assert runs and {r.split("[")[0] for r in runs} >= {"loads_what_it_declares",
+                                                            "credits_have_no_side_effects"}
+        runs.clear()
+        monkeypatch.setattr(door, "_MEMORY", {})  # a new process: only the file remembers
+        second = plan_run(config)
+        assert runs == []
+        assert second.code.to_dict() == first.code.to_dict()
+        # An entry edited without the machine's key does not verify: checked again.
+        path = cache_dir() / door.DOOR_CACHE
+        cache = json.loads(path.read_text())
+        for entry in cache.values():
+            entry["checks"] = entry["checks"][:1]
+        path.write_text(json.dumps(cache))
+        monkeypatch.setattr(door, "_MEMORY", {})
+        plan_run(config)
+        assert runs
+    assert first.code.data.checks and first.code.method.checks
+
+
+def test_the_record_lists_the_checks_each_guest_passed(tmp_path):
+    with guests(tmp_path / "site", "door-mixture"):
+        record = train(tiny_config(tmp_path / "runs")).record
+    components = record.environment["components"]
+    data = components["data"]
+    assert data["origin"] == ORIGIN and len(data["code_digest"]) == 64
+    assert "loads_what_it_declares" in data["checks"]
+    assert "load_is_deterministic_and_leaves_global_rngs_untouched" in data["checks"]
+    # The built-in rule, architecture and diagnostics: checked by the test suite, not here.
+    for part in (components["method"], components["model"], *components["diagnostics"]):
+        assert "checks" not in part and "code_digest" not in part
+
+
+def test_builtins_are_not_checked_at_run_time(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the door ran for a built-in")
+
+    monkeypatch.setattr(door, "admit", refuse)
+    plan = plan_run(tiny_config(tmp_path / "runs", **{"data.name": "synthetic"}))
+    assert "checks" not in json.dumps(plan.code.to_dict())
+
+
+
+def test_the_refusal_the_docs_show_is_the_one_the_door_gives(tmp_path):
+    from docs_support import doc_blocks
+
+    shown = next(b.text for b in doc_blocks() if b.doc == "docs/extending.md"
+                 and b.lang == "text" and "fails the conformance check" in b.text).strip()
+    shown = shown.removeprefix("creditaudit: error: ").removesuffix("; …")
+    shown = shown.replace("'my-mlp' (my-plugins==0.1.0)", f"'door-hidden-ln' ({ORIGIN})")
+    with guests(tmp_path / "site", "door-hidden-ln", "door-mixture"), \
+            pytest.raises(GuestError) as err:
+        plan_run(tiny_config(tmp_path / "runs", **{"model.arch": "door-hidden-ln"}))
+    assert str(err.value).startswith(shown), (str(err.value), shown)

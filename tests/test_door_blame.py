@@ -1,0 +1,159 @@
+"""Blame the guest: an exception raised in a plugin's or a factory's code is one line naming
+it — the plugin by entry point and distribution==version, the factory by
+package.module:callable — with its exception and message (exit 2), never "internal error …
+please report it"; what guest code prints goes to stderr, so ``--format json`` stays
+parseable; a plugin that ends the process at import touches no command that does not use
+it; a factory's ``sys.exit`` is named.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from creditaudit.errors import GuestError
+from creditaudit.plan import plan_run
+from door_support import (
+    FACTORIES,
+    ORIGIN,
+    cli_args,
+    error_line,
+    guests,
+    image_run,
+    site_with,
+    tiny_config,
+)
+from integrity_support import write_idx_dataset
+from plugin_support import cli
+
+RAISES = "raised"
+
+
+def _named(line: str, what: str, exception: str, message: str) -> None:
+    assert line.startswith(f"creditaudit: error: {what} {RAISES} {exception}: {message}"), line
+    assert "internal error" not in line and "please report it" not in line
+    assert "not in creditaudit" in line
+
+
+def test_an_exception_in_a_plugins_load_names_the_plugin(tmp_path):
+    site = site_with(tmp_path, "door-load-raises")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{
+        "data.name": "door-load-raises"}), cwd=tmp_path)
+    _named(error_line(done), f"dataset plugin 'door-load-raises' ({ORIGIN})", "OSError",
+           "[Errno 28] the mixture ran out of room (at door_datasets.py:")
+    with guests(tmp_path / "api", "door-load-raises"):
+        plan = plan_run(tiny_config(tmp_path / "runs", **{"data.name": "door-load-raises"}))
+        with pytest.raises(GuestError, match="dataset plugin 'door-load-raises'.* raised "
+                                             "OSError"):
+            plan.load_data()
+
+
+def test_an_exception_in_a_plugins_build_names_the_plugin(tmp_path):
+    site = site_with(tmp_path, "door-build-raises", "door-mixture")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{
+        "model.arch": "door-build-raises"}), cwd=tmp_path)
+    _named(error_line(done), f"architecture plugin 'door-build-raises' ({ORIGIN})",
+           "KeyError", "'width_table' (at door_models.py:")
+    with guests(tmp_path / "api", "door-build-raises", "door-mixture"), \
+            pytest.raises(GuestError, match="architecture plugin 'door-build-raises'"):
+        plan_run(tiny_config(tmp_path / "runs", **{"model.arch": "door-build-raises"}))
+
+
+def test_an_exception_in_a_plugins_evaluate_names_the_plugin(tmp_path):
+    site = site_with(tmp_path, "door_raises", "door-mixture")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{
+        "diagnostics.protocol": ["a", "b", "c", "d", "door_raises"]}), cwd=tmp_path)
+    _named(error_line(done), f"protocol diagnostic plugin 'door_raises' ({ORIGIN})",
+           "ZeroDivisionError", "the network is not as deep as it expected")
+
+
+def test_an_exception_in_a_plugins_training_step_names_the_plugin(tmp_path):
+    """Raised deep in training, out of no call creditaudit wrapped: the command line finds
+    the plugin's code on the traceback."""
+    site = site_with(tmp_path, "door-step-raises", "door-mixture")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{
+        "method.name": "door-step-raises"}), cwd=tmp_path)
+    _named(error_line(done), f"credit rule plugin 'door-step-raises' ({ORIGIN})",
+           "RuntimeError", "the step lost its feedback (at door_rules.py:")
+
+
+def test_labels_outside_a_plugin_datasets_classes_name_the_plugin(tmp_path):
+    """Past the door's tiny sizes, the run's own load: labels 0 … 4 for 4 classes."""
+    site = site_with(tmp_path, "door-bad-labels")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{
+        "data.name": "door-bad-labels"}), cwd=tmp_path)
+    line = error_line(done)
+    assert line.startswith(f"creditaudit: error: dataset plugin 'door-bad-labels' ({ORIGIN}) "
+                           "loaded data creditaudit cannot use: the training labels of "
+                           "door-bad-labels run 0 … 4, outside 0 … 3"), line
+    with guests(tmp_path / "api", "door-bad-labels"):
+        plan = plan_run(tiny_config(tmp_path / "runs", **{"data.name": "door-bad-labels"}))
+        with pytest.raises(GuestError, match="outside 0 … 3"):
+            plan.load_data()
+
+
+def test_a_module_network_given_the_wrong_input_size_is_one_line(tmp_path):
+    site = site_with(tmp_path)  # the guests' package, no entry point
+    done = cli(site, "train", "--arch", f"module:{FACTORIES}:FlatNet",
+               *cli_args(tmp_path / "runs", **{
+                   "data.name": "mnist1d", "data.n_train": None, "data.n_test": None,
+                   "model.d": None, "model.n_blocks": None,
+                   "model.states": ["stem", "b1", "b2"]}), cwd=tmp_path)
+    line = error_line(done)
+    assert "the network's first layer 'stem' (Linear) expects 100 input features, but the " \
+           "data's samples are 40" in line
+    assert "model.args" in line
+
+
+def test_a_factory_raising_in_its_forward_during_training_is_named(tmp_path):
+    data = write_idx_dataset(tmp_path / "mnist")
+    done = cli(site_with(tmp_path), "train", "--arch", f"module:{FACTORIES}:forward_raises_net",
+               *cli_args(tmp_path / "runs", **image_run(data)), cwd=tmp_path)
+    _named(error_line(done), f"model factory '{FACTORIES}:forward_raises_net'", "ValueError",
+           "the forward lost its way (at door_factories.py:")
+
+
+def test_a_factory_calling_sys_exit_is_named(tmp_path):
+    data = write_idx_dataset(tmp_path / "mnist")
+    done = cli(site_with(tmp_path), "train", "--arch", f"module:{FACTORIES}:exiting_net",
+               *cli_args(tmp_path / "runs", **image_run(data)), cwd=tmp_path)
+    line = error_line(done)
+    assert line.startswith(f"creditaudit: error: model factory '{FACTORIES}:exiting_net' "
+                           "called sys.exit(3)"), line
+
+
+def test_what_guest_code_prints_goes_to_stderr_and_json_stays_parseable(tmp_path):
+    """A factory that prints when it builds, a plugin model that prints in every forward:
+    `audit --format json` builds and runs both, and its stdout is JSON alone."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    site = site_with(tmp_path, "door-chatty", "door-mixture")
+    out = tmp_path / "runs"
+    trained = [cli(site, "train", "--arch", f"module:{FACTORIES}:printing_net",
+                   *cli_args(out, **image_run(data)), cwd=tmp_path),
+               cli(site, "train", *cli_args(out, **{"model.arch": "door-chatty"}),
+                   cwd=tmp_path)]
+    for done in trained:
+        assert done.returncode == 0, done.stderr
+    for run in sorted(out.iterdir()):
+        audited = cli(site, "audit", str(run), "-q", "--format", "json", cwd=tmp_path)
+        assert audited.returncode == 0, audited.stderr
+        json.loads(audited.stdout)
+        assert "building" in audited.stderr  # the guest's words, on stderr
+    assert "building printing_net" in trained[0].stderr
+    assert "forward of a chatty model" in trained[1].stderr
+    assert "forward of" not in trained[1].stdout and "building" not in trained[0].stdout
+
+
+def test_a_plugin_that_ends_the_process_at_import_touches_no_other_command(tmp_path):
+    """os._exit at import cannot be caught in the importing process: the plugin is imported
+    only by a command that asks for it (docs/reliability.md says so)."""
+    site = site_with(tmp_path, "door-exit")
+    for args in (["--version"], ["train", "--help"], ["audit", "--help"],
+                 ["train", *cli_args(tmp_path / "runs", **{"data.name": "synthetic"})]):
+        done = cli(site, *args, cwd=tmp_path)
+        assert done.returncode == 0, (args, done.returncode, done.stderr[-500:])
+    assert "door-exit" in cli(site, "train", "--help", cwd=tmp_path).stdout  # still listed
+    asked = cli(site, "train", *cli_args(tmp_path / "runs", **{"method.name": "door-exit"}),
+                cwd=tmp_path)
+    assert asked.returncode == 7  # what it does to the command that needs it

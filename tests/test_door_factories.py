@@ -1,0 +1,105 @@
+"""``module`` factories from the command line (#35.3): a network whose first layer expects
+other samples than the data holds (torchvision's resnet18 — 3 channels — on Fashion-MNIST's
+1×28×28) is refused in one line saying so and how to adapt; a factory file in the working
+folder is found without PYTHONPATH, as ``python -m`` finds it; ``weights=None`` has a
+documented spelling (``model.none_args``), as TOML has no null.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from creditaudit.errors import ConfigError
+from creditaudit.models.module_factory import factory_args
+from creditaudit.plan import plan_run
+from door_support import (
+    FACTORIES,
+    cli_args,
+    error_line,
+    guests,
+    image_run,
+    site_with,
+    tiny_config,
+)
+from integrity_support import write_idx_dataset
+from plugin_support import cli
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_a_three_channel_network_on_one_channel_images_is_one_line_saying_how_to_adapt(
+        tmp_path):
+    """The stand-in for torchvision's resnet18 (weights=None): its first convolution reads
+    3 channels; the data has 1×28×28 images."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    done = cli(site_with(tmp_path), "train", "--arch", f"module:{FACTORIES}:three_channel_net",
+               *cli_args(tmp_path / "runs", **image_run(data, **{
+                   "model.none_args": ["weights"]})), cwd=tmp_path)
+    line = error_line(done)
+    assert (f"model.factory='{FACTORIES}:three_channel_net': the network's first layer "
+            "'stem.0' (Conv2d) expects 3 input channels, but the data's samples are 1×28×28"
+            ) in line
+    assert "--set model.args.in_channels=1" in line and "wraps the network" in line
+    assert "internal error" not in done.stderr
+
+
+def test_a_factory_in_the_working_folder_is_found_without_pythonpath(tmp_path):
+    """The installed `creditaudit` script runs with its own folder first on sys.path, not
+    the working folder (python -m puts that there): a script of that kind, elsewhere."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "here_net.py").write_text(f"from {FACTORIES} import ImageNet as Net\n")
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    (scripts / "creditaudit_script.py").write_text(
+        "import sys\nfrom creditaudit.cli import main\nsys.exit(main())\n")
+    data = write_idx_dataset(tmp_path / "mnist")
+    site = site_with(tmp_path)
+    env = {"PYTHONPATH": f"{site}:{ROOT / 'src'}", "CREDITAUDIT_CACHE": str(tmp_path / "c"),
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(scripts / "creditaudit_script.py"), "train", "--arch",
+         "module:here_net:Net", *cli_args(tmp_path / "runs", **image_run(data))],
+        cwd=work, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list((tmp_path / "runs").glob("*-module-mnist-*/record.json"))
+
+
+def test_none_arguments_have_a_spelling_a_config_file_can_hold(tmp_path):
+    data = write_idx_dataset(tmp_path / "mnist")
+    factory = f"{FACTORIES}:three_channel_net"
+    config = tiny_config(tmp_path / "runs", **image_run(data, **{
+        "model.arch": "module", "model.factory": factory, "model.args": {"n_classes": 10},
+        "model.none_args": ["weights"]}))
+    assert factory_args(config.model) == {"n_classes": 10, "weights": None}
+    # A None inside model.args would not survive the run's config.toml: refused, with the way.
+    with guests(tmp_path / "site"), \
+            pytest.raises(ConfigError, match=r"model.args.weights is None.*model.none_args"):
+        plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
+            "model.arch": "module", "model.factory": factory,
+            "model.args": {"weights": None}})))
+
+
+def test_the_docs_wrapper_fits_a_three_channel_network_to_one_channel_images(tmp_path,
+                                                                            monkeypatch):
+    """docs/your_model.md's my_nets.py: the run plans, passes the door (a real build on the
+    data's 1×28×28 samples) and builds."""
+    from docs_support import doc_blocks
+
+    source = next(b.text for b in doc_blocks() if b.doc == "docs/your_model.md"
+                  and "def gray_resnet20" in b.text)
+    (tmp_path / "my_nets.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = write_idx_dataset(tmp_path / "mnist")
+    states = ["1.stem", "1.layer1.0", "1.layer2.0", "1.layer3.0"]
+    try:
+        plan = plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
+            "model.arch": "module", "model.factory": "my_nets:gray_resnet20",
+            "model.states": states})))
+        assert "builds_for_the_data" in plan.code.model.checks
+        assert plan.build_model().n_classes == 10
+    finally:
+        sys.modules.pop("my_nets", None)

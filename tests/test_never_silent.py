@@ -88,7 +88,14 @@ def test_an_overflowed_stream_still_fires_a_but_an_infinite_gradient_never_passe
     assert ResidualStreamScale.status_of(math.inf, ResidualStreamScale.Options()) == FIRED
 
 
-def test_a_run_with_such_a_diagnostic_records_and_reports_it_not_evaluated(guests, tmp_path):
+def test_a_run_with_such_a_diagnostic_records_and_reports_it_not_evaluated(guests, tmp_path,
+                                                                            monkeypatch):
+    """The door refuses these guests on its typical evidence (tests/test_door.py); a
+    diagnostic whose statistic turns NaN only on a run's real evidence meets the second guard,
+    which this test reaches by letting them through the door."""
+    from creditaudit import door
+    monkeypatch.setattr(door, "diagnostic_door", lambda cls, guest, options: door.Admission(
+        checks=(), declared_failures={}))
     config = RunConfig().replace(**TINY, **{
         "run.out_dir": str(tmp_path), "diagnostics.protocol": ["a", "b", "c", "d", *GUEST_NAMES]})
     record = train(config).record

@@ -40,7 +40,7 @@ import argparse
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import RunConfig
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
@@ -148,7 +148,8 @@ def counted_flops(method: str, d: int, n_blocks: int) -> int:
     torch.manual_seed(0)
     model = ResidualMLP(IN_DIM, d, N_CLASSES, n_blocks, out_ln=True)
     # Credit Bridge after its warm-up (value-gradient credits, the costly phase)
-    config = MethodConfig(name=method, warmup_fraction=0.0 if method == "credit-bridge" else 0.2)
+    warmup = {"method.warmup_fraction": 0.0} if method == "credit-bridge" else {}
+    config = RunConfig().replace(**{"method.name": method, **warmup}).method
     rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
     optimizer = make_adamw(rule.trainable_parameters(), lr=1e-3, weight_decay=0.01)
     x, y = torch.randn(BATCH, IN_DIM), torch.randint(0, N_CLASSES, (BATCH,))

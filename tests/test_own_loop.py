@@ -417,6 +417,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert arch_label(runs[0]) == "CifarResNet"  # figures name an adapted network by its class
     assert category(runs[0], multi_arch=True, multi_data=False) == "DFA λ=0.001\nCifarResNet"
     assert "dfa" in format_run_summary([on_disk])
+    capsys.readouterr()  # the recorder's progress lines on stderr
     assert main(["audit", str(out / "resnet-dfa")]) == 2
     assert "trained in its own loop (creditaudit.Recorder)" in one_line(capsys)
     assert main(["train", "--config", str(out / "resnet-dfa" / "record.json")]) == 2
@@ -462,6 +463,7 @@ def test_a_known_dataset_is_identified_as_the_command_line_identifies_it(idx, tm
     assert verdict.frozen_acc == runs["frozen"].record.final_acc
     assert verdict.statuses["d"] != "not evaluated"
     # data the command line can load: the run is still not rebuilt (nor retrained, resumed)
+    capsys.readouterr()  # the recorders' progress lines on stderr
     for argv in (["train", "--config", str(tmp_path / "dfa-run" / "record.json")],
                  ["train", "--config", str(tmp_path / "dfa-run" / "record.json"), "--resume"],
                  ["audit", str(tmp_path / "dfa-run")]):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from creditaudit import torch_range
 from creditaudit.torch_range import (

@@ -39,8 +39,10 @@ from torch import Tensor
 
 from creditaudit.data.registry import digest_text
 from creditaudit.diagnostics.epoch import epoch_diagnostics
+from creditaudit.diagnostics.progress import Say, say_to
 from creditaudit.diagnostics.user_models import check_labels
 from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.formatting import duration
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import eval_mode, parameter_snapshot
 from creditaudit.models.registry import OwnLoopArchitecture
@@ -98,7 +100,9 @@ class Recorder:
     out keep their defaults, except ``optim.epochs``, which follows the last recorded
     epoch unless given. ``checkpoint``: also save the model's and the rule's state (and the
     initial parameters) beside the record each epoch. ``overwrite``: replace a record
-    already at ``out/name`` (refused otherwise).
+    already at ``out/name`` (refused otherwise). ``progress``: where the recorder says what
+    it measures while it takes seconds (an epoch's diagnostics, each end-of-run stage with
+    its ETA) — ``True`` standard error, ``False`` nowhere, or a function of one line.
 
     Create it before training: it snapshots the initial parameters (for the drift of the
     end-of-run block). One-line ConfigError/ModelContractError for what cannot be recorded.
@@ -108,7 +112,7 @@ class Recorder:
                  out: str | Path = "runs", name: str | None = None,
                  data: str | Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, checkpoint: bool = False,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, progress: bool | Say = True) -> None:
         if not isinstance(rule, CreditRule):
             raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
                               "pass creditaudit.rule(name, adapt(net, states=[…]))")
@@ -122,6 +126,7 @@ class Recorder:
             raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
+        self._say = _Says(progress)
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config)
         self._epochs_given = ("optim", "epochs") in given
@@ -135,6 +140,7 @@ class Recorder:
             name = compute_run_id(self.config, digest_text(
                 {"data": identity.fingerprint, "model": dataclasses.asdict(description)}), code)
         self.run_dir = Path(out) / _folder_name(name)
+        self._say.prefix = f"Recorder {self.run_dir.name}: "
         _claim(self.run_dir, overwrite)
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
@@ -182,6 +188,7 @@ class Recorder:
                    "train_acc": _number("train_acc", train_acc, fraction=True)}
         kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
         model = self.rule.model
+        measuring = self._say.epoch_starts(epoch, len(self.eval_y))
         with eval_mode(model):
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
@@ -195,6 +202,7 @@ class Recorder:
                             frozen_acc=settings.frozen_acc,
                             terminal_ln=_terminal_ln(model))
         now = time.perf_counter()
+        self._say.epoch_ends(epoch, now - measuring, entry.verdict)
         entry.seconds, self._since = now - self._since, now
         self.record.log.append(entry)
         if not self._epochs_given:  # the record says how many epochs the loop ran
@@ -210,6 +218,7 @@ class Recorder:
         ``diagnostics.end_of_run`` is off, the end-of-run block. Returns the record."""
         if self.finished:
             return self.record
+        started = time.perf_counter()
         if not self.record.log:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
@@ -220,9 +229,15 @@ class Recorder:
                                       "reason": "non-finite loss or state norms"}
         self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:
+            say = self._say.line
+            say(f"end of run: credit-quality block on {len(self.eval_y)} samples (cosines "
+                "and Γ, then ρ, nudging, the fresh-feedback null; diagnostics.end_of_run="
+                "False skips it) …")
             self.record.diagnostics.update(end_of_run_metrics(
                 self.rule, self.eval_x, self.eval_y, initial=self.initial,
-                settings=self.config.diagnostics, seed=self.config.run.seed))
+                settings=self.config.diagnostics, seed=self.config.run.seed,
+                progress=lambda text: say(f"end of run: {text}")))
+            say(f"end of run: done in {duration(time.perf_counter() - started)}")
         self.finished = True
         self._write()
         return self.record
@@ -254,6 +269,35 @@ class Recorder:
             "format": CHECKPOINT_FORMAT, "method": self.rule.name, "epoch": epoch,
             "model": self.rule.model.state_dict(), "rule": self.rule.state_dict(),
             "record": self.record.to_dict()})
+
+
+class _Says:
+    """The recorder's progress lines: an epoch's diagnostics are announced when they may
+    take a while (the first epoch, and any after one that took ``SLOW_SECONDS`` or more,
+    with that time as the estimate) and their time said when they did."""
+
+    SLOW_SECONDS = 2.0
+
+    def __init__(self, progress: bool | Say) -> None:
+        self.say = say_to(progress)  # ConfigError for a wrong progress= at once
+        self.prefix = "Recorder: "
+        self.last: float | None = None
+
+    def line(self, text: str) -> None:
+        if self.say is not None:
+            self.say(self.prefix + text)
+
+    def epoch_starts(self, epoch: int, samples: int) -> float:
+        if self.last is None or self.last >= self.SLOW_SECONDS:
+            about = "" if self.last is None else f", about {duration(self.last)}"
+            self.line(f"epoch {epoch}: diagnostics on {samples} samples{about} …")
+        return time.perf_counter()
+
+    def epoch_ends(self, epoch: int, seconds: float, verdict: str | None) -> None:
+        if seconds >= self.SLOW_SECONDS:
+            self.line(f"epoch {epoch} recorded in {duration(seconds)}"
+                      + (f" ({verdict})" if verdict else ""))
+        self.last = seconds
 
 
 def _terminal_ln(model: Any) -> bool | None:

@@ -27,10 +27,10 @@ class SweepProgress:
         self.quiet = quiet
         self.bar = None
         if not quiet and self.stream.isatty():
-            from tqdm.auto import tqdm
+            from creditaudit.loggers.console import terminal_bar
 
-            self.bar = tqdm(total=total, file=self.stream, desc="sweep", dynamic_ncols=True,
-                            bar_format="{desc} {bar:20} {n_fmt}/{total_fmt}{postfix}")
+            self.bar = terminal_bar(total, self.stream, desc="sweep",
+                                    bar_format="{desc} {bar:20} {n_fmt}/{total_fmt}{postfix}")
 
     @staticmethod
     def status(state: Any) -> str:

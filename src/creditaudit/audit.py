@@ -29,7 +29,7 @@ import torch
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
-from creditaudit.own_model import diagnose
+from creditaudit.own_model import diagnose, with_frozen_hint
 from creditaudit.plan import RunPlan
 from creditaudit.protocol import DiagnosticReport, Protocol, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
@@ -108,9 +108,13 @@ def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int]
 
 
 def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
-              metrics: bool = True, device: str = "cpu", progress: Progress | None = None
-              ) -> DiagnosticReport:
+              metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
+              frozen_hint: str = "pass frozen=RUN_OR_ACC, a frozen-blocks run's folder or "
+                                 "its test accuracy") -> DiagnosticReport:
     """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
+
+    ``frozen_hint``: what (d) says when no frozen-blocks accuracy was found, in the terms of
+    the caller (the command line names its --frozen flag).
 
     ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
@@ -151,7 +155,7 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}
-    return report
+    return with_frozen_hint(report, frozen_hint)
 
 
 def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor,

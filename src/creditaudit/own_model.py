@@ -34,6 +34,8 @@ from creditaudit.methods.base import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, summary_vectors
 from creditaudit.protocol import (
+    NO_FROZEN_REASON,
+    NOT_EVALUATED,
     CreditFn,
     DiagnosticReport,
     Protocol,
@@ -184,6 +186,19 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     if not reference.verified and any(r.id == b for r in report.diagnostics):
         validity = report.diagnostic(b)
         validity.reason = f"{validity.reason}; reference gradient {reference.detail}"
+    return with_frozen_hint(report, DIAGNOSE_FROZEN_HINT)
+
+
+DIAGNOSE_FROZEN_HINT = "pass frozen_acc=, the frozen-blocks test accuracy as a fraction"
+
+
+def with_frozen_hint(report: DiagnosticReport, hint: str) -> DiagnosticReport:
+    """``report`` with (d)'s "no frozen-blocks accuracy given" saying how to give it on the
+    surface that shows the report (``diagnose(frozen_acc=…)``, ``audit --frozen …``);
+    a hint an inner surface added is replaced."""
+    for result in report.diagnostics:
+        if result.status == NOT_EVALUATED and result.reason.startswith(NO_FROZEN_REASON):
+            result.reason = f"{NO_FROZEN_REASON} ({hint})"
     return report
 
 

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             report = audit_run(run_path, frozen=args.frozen,
                                frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
-                               device=args.device, progress=None if args.quiet else progress)
+                               device=args.device, progress=None if args.quiet else progress,
+                               frozen_hint="pass --frozen RUN_OR_ACC")
         except CreditAuditError as err:
             if not several:
                 raise

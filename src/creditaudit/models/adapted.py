@@ -88,7 +88,10 @@ class AdaptedModel(AdaptProbe, nn.Module):
 
     def describe(self) -> ModelDescription:
         """What this model is, for records and reports: the wrapped class as its label, with
-        the state width d (one width, or the range ``d=16–64``) and the depth L; the state
+        the state width d (one width, or the range ``d=16–64``) and the states it was given,
+        ``4 states h_0…h_3`` — L counts the segments between the named states, which is the
+        network's depth only when every block's output is named (a depth-4 ViT read at its
+        four blocks is L=3, ResNet-18 at its eight blocks L=7); the state
         layout (vectors, tokens or maps, when every state has one); ``terminal_ln`` as
         declared or probed; ``residual`` is unknown (None): an adapted model's blocks are
         whatever lies between its states."""
@@ -98,7 +101,8 @@ class AdaptedModel(AdaptProbe, nn.Module):
         layout = LAYOUTS[dims.pop() - 1] if len(dims) == 1 else None
         arch = self.architecture.name if self.architecture is not None else "adapted"
         return ModelDescription(
-            arch=arch, label=f"{type(self.net).__name__} d={width} L={self.n_blocks}",
+            arch=arch, label=(f"{type(self.net).__name__} d={width}, "
+                              f"{self.n_blocks + 1} states h_0…h_{self.n_blocks}"),
             terminal_ln=self.terminal_ln, d=low if low == high else None,
             n_blocks=self.n_blocks, residual=None, input_shape=list(self.input_shape),
             layout=layout, parameters=sum(p.numel() for p in self.net.parameters()))

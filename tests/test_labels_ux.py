@@ -133,3 +133,59 @@ def test_the_demo_time_is_one_measured_figure_everywhere():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     helps = {c.dest: c.help for c in sub._choices_actions}
     assert f"({MEASURED_SECONDS} s on 2 idle cores)" in helps["demo"]
+
+
+@pytest.fixture
+def outside_network(tmp_path, monkeypatch):
+    """An installed distribution ``ux-netpkg`` 1.2 whose module defines a block class, as
+    transformers defines BertLayer; the fixture's wrapper class lives in this test module,
+    as a user's BertLogits lives in their script."""
+    import sys
+
+    from creditaudit.models import packages
+
+    site = tmp_path / "site"
+    (site / "ux_netpkg").mkdir(parents=True)
+    (site / "ux_netpkg" / "__init__.py").write_text(
+        "from torch import nn\n\nclass Block(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(8, 8)\n\n"
+        "    def forward(self, x):\n        return x + self.lin(x)\n")
+    info = site / "ux_netpkg-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ux-netpkg\nVersion: 1.2\n")
+    (info / "top_level.txt").write_text("ux_netpkg\n")
+    monkeypatch.syspath_prepend(str(site))
+    packages._distributions.cache_clear()
+    import ux_netpkg
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(4, 8)
+            self.blocks = torch.nn.Sequential(ux_netpkg.Block(), ux_netpkg.Block())
+            self.head = torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.head(self.blocks(self.embed(x)))
+
+    yield Wrapper
+    sys.modules.pop("ux_netpkg", None)
+    packages._distributions.cache_clear()
+
+
+def test_a_network_built_from_a_package_is_named_by_that_package(outside_network, tmp_path):
+    """`__main__:BertLogits` said nothing of transformers: the label and the record name
+    the distribution the network's classes come from."""
+    from creditaudit import Recorder, rule
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 4), torch.arange(32) % 10
+    model = adapt(outside_network(), ["embed", "blocks.0", "blocks.1"], example=x[:4])
+    assert model.describe().label == "Wrapper (ux-netpkg) d=8, 3 states h_0…h_2"
+    assert model.describe().short_label == "Wrapper (ux-netpkg)"
+    rec = Recorder(rule("bp", model), x, y, out=tmp_path, name="w", progress=False,
+                   config={"diagnostics.end_of_run": False})
+    components = rec.record.environment["components"]["model"]
+    assert components["module_packages"] == ["ux-netpkg==1.2"]
+    assert "Wrapper" in components["module"]  # the class path alone names no package

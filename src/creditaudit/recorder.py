@@ -45,6 +45,7 @@ from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.formatting import duration
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.packages import network_packages
 from creditaudit.models.registry import OwnLoopArchitecture
 from creditaudit.plan import code_version
 from creditaudit.protocol.verdicts import Protocol
@@ -145,6 +146,8 @@ class Recorder:
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
         components["model"]["module_origin"] = distribution(type(user_network(model)).__module__)
+        components["model"]["module_packages"] = network_packages(user_network(model),
+                                                                  versions=True)
         if spec is None:
             components["data"]["origin"] = "the user's own loop"
         self.record = new_record(self.config, device=str(device), data=identity,

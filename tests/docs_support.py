@@ -70,7 +70,10 @@ def printed_fragments(block: Block) -> list[str]:
     if not after.startswith("prints "):
         return []
     sentence = re.split(r"(?<=[`)])\.\s", after, maxsplit=1)[0]
-    sentence = re.sub(r"\([^()]*\)", "", sentence)  # asides in parentheses are not output
+    # Asides in parentheses are not output; parentheses inside `…` are (odd pieces: code).
+    pieces = sentence.split("`")
+    sentence = "`".join(p if i % 2 else re.sub(r"\([^()]*\)", "", p)
+                        for i, p in enumerate(pieces))
     return re.findall(r"`([^`]+)`", sentence)
 
 

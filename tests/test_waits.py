@@ -65,6 +65,9 @@ def test_run_watch_says_each_runs_epochs_as_they_change_and_at_least_every_few_s
     write_record(runs["bp"], 2)
     now[0] = 20.0
     assert watch.poll() == "  bp 2/4 · dfa – | 0m20s elapsed, ETA 1m00s"  # 10 s/epoch × 6
+    write_record(runs["bp"], 4)  # its epochs done, its end-of-run block running
+    now[0] = 20.5
+    assert watch.poll() == "  bp 4/4 end of run · dfa – | 0m20s elapsed, ETA 0m20s"
     write_record(runs["bp"], 4, "completed")
     runs["dfa"].parent.mkdir()
     runs["dfa"].write_text("{not json")  # a record being replaced: read as not started
@@ -78,6 +81,18 @@ def test_a_finished_run_counts_in_full_and_a_missing_record_as_not_started(tmp_p
     assert epochs_done(tmp_path / "missing.json") is None
     watch = RunWatch({"a": tmp_path / "a.json"}, epochs=8, say=print)
     assert watch.counts() == {"a": 8}  # stopped early by the protocol, yet finished
+
+
+def test_a_sweeps_line_lists_the_runs_training_now_and_counts_the_others(tmp_path):
+    runs = {f"seed={s}": tmp_path / f"{s}" / "progress.json" for s in range(8)}
+    write_record(runs["seed=0"], 2, "completed")  # finished before the watch: no ETA pace
+    now = [0.0]
+    watch = RunWatch(runs, epochs=2, say=print, clock=lambda: now[0])
+    write_record(runs["seed=1"], 1)
+    write_record(runs["seed=2"], 0)
+    now[0] = 10.0
+    assert watch.poll() == ("  seed=1 1/2 · seed=2 0/2, 1 finished, 5 not started | 0m10s "
+                            "elapsed, ETA 2m10s")  # 10 s per epoch trained here × 13 left
 
 
 def test_the_watch_thread_says_lines_and_stops(tmp_path):
@@ -110,8 +125,12 @@ def test_a_terminal_without_a_size_still_draws_the_bar():
             logger.log_step(1.0)
         logger.close()
         stream.flush()
-        ready, _, _ = select.select([master], [], [], 5.0)  # nothing shown: not ready
-        shown = os.read(master, 65536).decode() if ready else ""
+        shown = ""
+        deadline = time.monotonic() + 30.0  # nothing shown: nothing to read, ever
+        while "3/3" not in shown and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                shown += os.read(master, 65536).decode(errors="replace")
     finally:
         stream.close()
         os.close(master)

@@ -19,6 +19,7 @@ from creditaudit.formatting import duration
 
 Say = Callable[[str], None]
 QUIET_SECONDS = 8.0
+MAX_LISTED = 6  # more runs than this: a line lists only those training now
 
 
 def epochs_done(record_file: Path) -> tuple[int, str] | None:
@@ -39,8 +40,10 @@ class RunWatch:
     :meth:`poll` reads the records and returns the line when an epoch count changed or
     ``quiet_seconds`` passed since the last one (else None); :meth:`start` polls every
     ``every`` seconds on a daemon thread and hands each line to ``say``; :meth:`stop` ends
-    it. The ETA is the epochs left × the seconds per epoch so far (all runs together, so
-    runs training in parallel count as they do); ``?`` before the first epoch.
+    it. The ETA is the epochs left × the seconds per epoch trained since the watch began
+    (all runs together, so runs training in parallel count as they do); ``?`` before the
+    first. Past :data:`MAX_LISTED` runs the line lists the runs training now and counts the
+    others.
     """
 
     def __init__(self, runs: dict[str, Path], epochs: int, say: Say, *, every: float = 2.0,
@@ -50,38 +53,62 @@ class RunWatch:
         self.every, self.quiet_seconds = every, quiet_seconds
         self.clock = clock
         self.started = self.last_said = clock()
-        self.last_counts: dict[str, int | None] | None = None
+        self.last_seen: tuple[dict[str, int | None], frozenset[str]] | None = None
+        # Epochs done before the watch began (runs finished earlier) do not pace the ETA.
+        self.done_before = sum(c or 0 for c in self.counts().values())
+        self.finishing: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def counts(self) -> dict[str, int | None]:
-        """Each run's epochs done (None: not started; a finished run counts in full)."""
+        """Each run's epochs done (None: not started; a finished run counts in full). Runs
+        past their epochs but not finished (the end-of-run block) go into ``finishing``."""
         out: dict[str, int | None] = {}
+        self.finishing = set()
         for label, path in self.runs.items():
             done = epochs_done(path)
             if done is None:
                 out[label] = None
-            else:
-                epoch, status = done
-                out[label] = self.epochs if status in ("completed", "diverged") else epoch
+                continue
+            epoch, status = done
+            out[label] = self.epochs if status in ("completed", "diverged") else epoch
+            if status not in ("completed", "diverged") and epoch >= self.epochs:
+                self.finishing.add(label)
         return out
 
     def line(self, counts: dict[str, int | None], now: float) -> str:
         done = sum(c or 0 for c in counts.values())
         left = self.epochs * len(counts) - done
-        elapsed = now - self.started
-        eta = elapsed / done * left if done else None
-        parts = " · ".join(f"{label} {'–' if c is None else f'{c}/{self.epochs}'}"
-                           for label, c in counts.items())
+        elapsed, trained = now - self.started, done - self.done_before
+        # Past the last epoch, the end-of-run block's time is not known beforehand.
+        eta = elapsed / trained * left if trained > 0 and (left or not self.finishing) \
+            else None
+        shown = counts
+        if len(counts) > MAX_LISTED:  # a sweep: the runs training now, the others counted
+            shown = {k: c for k, c in counts.items()
+                     if c is not None and (c < self.epochs or k in self.finishing)}
+
+        def state(label: str, c: int | None) -> str:
+            if c is None:
+                return "–"
+            return f"{c}/{self.epochs}" + (" end of run" if label in self.finishing else "")
+
+        parts = " · ".join(f"{label} {state(label, c)}" for label, c in shown.items())
+        if shown is not counts:
+            finished = sum(c == self.epochs and k not in self.finishing
+                           for k, c in counts.items())
+            waiting = sum(c is None for c in counts.values())
+            parts = ", ".join(p for p in (parts, f"{finished} finished",
+                                          f"{waiting} not started") if p)
         return f"  {parts} | {duration(elapsed)} elapsed, ETA {duration(eta)}"
 
     def poll(self) -> str | None:
         now = self.clock()
         counts = self.counts()
-        changed = counts != self.last_counts
-        if not changed and now - self.last_said < self.quiet_seconds:
+        seen = (counts, frozenset(self.finishing))
+        if seen == self.last_seen and now - self.last_said < self.quiet_seconds:
             return None
-        self.last_counts, self.last_said = counts, now
+        self.last_seen, self.last_said = seen, now
         return self.line(counts, now)
 
     def start(self) -> RunWatch:

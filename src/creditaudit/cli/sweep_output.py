@@ -63,6 +63,16 @@ class SweepProgress:
             text += f": {outcome['error']}"
         return text
 
+    def say(self, line: str) -> None:
+        """A line between the progress updates (a RunWatch line): above the bar on a
+        terminal, on its own otherwise; nothing when quiet."""
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

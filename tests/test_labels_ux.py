@@ -50,6 +50,8 @@ def test_diagnose_asks_for_its_own_argument(transformer):
     assert "--frozen" not in reason and "RUN_OR_ACC" not in reason
     assert "frozen_acc=" not in diagnose(model, x, y, headline_acc=0.5,
                                          frozen_acc=0.4).diagnostic("d").reason
+    # the report names the network, not the wrapper creditaudit put around it
+    assert report.metadata["model"] == model.describe().label
 
 
 @pytest.fixture(scope="module")

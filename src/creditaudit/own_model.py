@@ -170,7 +170,10 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
         terminal_ln = model.terminal_ln
     else:
         terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
-    meta: dict[str, Any] = {"model": type(model).__name__,
+    # An adapted model is named as it describes itself (the user's class, its package and
+    # states), not as the wrapper class "AdaptedModel".
+    name = model.describe().label if isinstance(model, AdaptedModel) else type(model).__name__
+    meta: dict[str, Any] = {"model": name,
                             "method": getattr(rule, "name", None),
                             "reference_check": reference.to_dict()}
     if precision is not None:

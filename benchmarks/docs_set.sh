@@ -29,7 +29,7 @@ bench() {  # name, command...
   echo "$name: $(tail -1 "$out/$name.txt")"
 }
 { uname -srm; nproc; "$py" -c 'import torch, platform; print("torch", torch.__version__, "python", platform.python_version())'
-  git rev-parse HEAD; } > "$out/machine.txt"
+  git rev-parse HEAD 2>/dev/null || echo "no git checkout here"; } > "$out/machine.txt"
 bench steps "$py" benchmarks/bench_steps.py "${quick[@]}"
 bench peers "$py" benchmarks/bench_peers.py "${quick[@]}"
 bench protocol "$py" benchmarks/bench_protocol.py --threads 1 --repeats 3 "${quick[@]}"

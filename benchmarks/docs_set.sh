@@ -16,7 +16,7 @@ done
 out=${args[0]:?usage: bash benchmarks/docs_set.sh OUT_DIR [PYTHON] [--quick]}
 py=${args[1]:-.venv/bin/python}
 if [ ${#quick[@]} -gt 0 ]; then
-  export CREDITAUDIT_SET="data.n_train=512 data.n_test=256 data.train_subset=512 model.d=16 optim.epochs=1 diagnostics.eval_samples=256 diagnostics.rho_samples=16 diagnostics.rho_directions=2 diagnostics.null_draws=2"
+  export CREDITAUDIT_SET="data.n_train=744 data.n_test=256 data.train_subset=512 model.d=16 optim.epochs=1 diagnostics.eval_samples=256 diagnostics.rho_samples=16 diagnostics.rho_directions=2 diagnostics.null_draws=2"
 fi
 fm=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 mkdir -p "$out"

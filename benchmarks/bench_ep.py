@@ -107,8 +107,10 @@ SOLVERS.update({"heavy-ball": heavy_ball, "anderson": anderson})
 
 
 # --- models -----------------------------------------------------------------------------------
-def fashion_config(data_dir: str, out: str, method: str, epochs: int) -> RunConfig:
+def fashion_config(data_dir: str, out: str, method: str, epochs: int,
+                   train_subset: int | None = None) -> RunConfig:
     return RunConfig().replace(**{
+        "data.train_subset": train_subset,
         "data.name": "fashion-mnist", "data.data_dir": data_dir, "model.d": D,
         "model.n_blocks": BLOCKS, "method.name": method, "optim.epochs": epochs,
         "diagnostics.every": 1000, "diagnostics.protocol_every": 0,
@@ -116,11 +118,12 @@ def fashion_config(data_dir: str, out: str, method: str, epochs: int) -> RunConf
         "run.threads": 1, "run.seed": 42})
 
 
-def trained_model(data_dir: str, method: str, epochs: int) -> tuple[ResidualMLP, str]:
+def trained_model(data_dir: str, method: str, epochs: int, train_subset: int | None = None
+                  ) -> tuple[ResidualMLP, str]:
     """A d=256 L=4 ResidualMLP trained ``epochs`` by ``method`` with default settings, and a
     line on its run (test accuracy; for EP the per-epoch ‖∇_ρF‖ end/start of the relaxation)."""
     with tempfile.TemporaryDirectory() as out:
-        config = fashion_config(data_dir, out, method, epochs)
+        config = fashion_config(data_dir, out, method, epochs, train_subset)
         result = train(config)
         state = load_checkpoint(result.run_dir / CHECKPOINT_FILE)["model"]
     model = ResidualMLP(784, D, N_CLASSES, BLOCKS)
@@ -248,7 +251,8 @@ def main() -> None:
                         "models")
     parser.add_argument("--eval-samples", type=int, default=1280)
     parser.add_argument("--quick", action="store_true", help="two grid rows, fresh and "
-                        "BP-trained (1 epoch) models, 2 timing repeats at in_dim 784")
+                        "BP-trained (1 epoch of 512 samples) models, 2 timing repeats at "
+                        "in_dim 784, 128 evaluation samples (what the docs tests run)")
     parser.add_argument("--out", default=None, help="also write the tables to this file")
     parser.add_argument("--baseline-ep", default=None, metavar="FILE",
                         help="another version of src/creditaudit/methods/ep.py whose EP rule "
@@ -260,11 +264,12 @@ def main() -> None:
     print("training the comparison models …", flush=True)
     models = {"fresh": fresh_model()}
     runs = {}
-    models["BP-trained"], runs["BP-trained"] = trained_model(args.data_dir, "bp", epochs)
+    models["BP-trained"], runs["BP-trained"] = trained_model(
+        args.data_dir, "bp", epochs, 512 if args.quick else None)
     if not args.quick:
         models["EP-trained"], runs["EP-trained"] = trained_model(args.data_dir, "ep", epochs)
     dataset = load_dataset(DataConfig(name="fashion-mnist", data_dir=args.data_dir), seed=42)
-    x, y = dataset.eval_subset(args.eval_samples, flatten=True)
+    x, y = dataset.eval_subset(128 if args.quick else args.eval_samples, flatten=True)
     print("agreement …", flush=True)
     lines = [f"torch {torch.__version__}, 1 thread, load average {load_start} at the start",
              f"models: ResidualMLP(784, {D}, 10, {BLOCKS}, out_ln=True); trained "

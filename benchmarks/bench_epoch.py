@@ -45,7 +45,7 @@ def config_for(method: str, args: argparse.Namespace, out: str) -> RunConfig:
     return RunConfig().replace(**{
         "method.name": method, "model.d": args.d, "model.n_blocks": args.blocks,
         "data.name": "synthetic", "data.in_dim": 3072, "data.n_train": args.n_train,
-        "data.n_test": 10000, "optim.epochs": args.epochs, "run.out_dir": out,
+        "data.n_test": args.n_test, "optim.epochs": args.epochs, "run.out_dir": out,
         "run.progress": False, "run.threads": args.threads})
 
 
@@ -86,7 +86,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["bp", "dfa"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n-test", type=int, default=10000)
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     args = parser.parse_args()
+    if args.quick:
+        args.d, args.blocks, args.n_train, args.n_test, args.epochs = 16, 2, 512, 256, 1
     torch.set_num_threads(args.threads)
     print(f"load average at start: {os.getloadavg()}")
     print(f"ResidualMLP in_dim 3072 d={args.d} L={args.blocks}, {args.n_train} training "

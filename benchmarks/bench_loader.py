@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=50000)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.samples, args.repeats = 1024, 1
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (args.samples, 3, 32, 32), generator=gen, dtype=torch.uint8)

@@ -152,6 +152,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant/round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     parser.add_argument("--keep-denormals", action="store_true",
                         help="leave subnormal floats on (by default they are flushed to zero)")
     args = parser.parse_args()
@@ -161,7 +164,9 @@ def main() -> None:
     # benchmark compares. Flush-to-zero times the arithmetic, not the denormal stalls.
     if not args.keep_denormals:
         torch.set_flush_denormal(True)
-    if args.rounds < MIN_ROUNDS:
+    if args.quick:
+        args.width, args.depth, args.rounds, args.steps = 32, 2, 1, 1
+    elif args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds must be at least {MIN_ROUNDS}")
     try:
         import biotorch  # noqa: F401

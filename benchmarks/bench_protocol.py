@@ -42,6 +42,9 @@ from creditaudit.diagnostics.working import model_copy
 from creditaudit.methods import bp_state_gradients, build_rule
 from creditaudit.models import ResidualMLP
 
+# The state width d of the timed ResidualMLPs (L=4); --quick shrinks it.
+WIDTH = 256
+
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
     """Fastest wall-clock seconds of ``repeats`` calls (the least disturbed by other load)."""
@@ -56,7 +59,7 @@ def best_of(fn: Callable[[], object], repeats: int) -> float:
 def train_epoch(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
     """One BP epoch (AdamW, shuffled batches) on a fresh d=256 L=4 ResidualMLP."""
     torch.manual_seed(0)
-    model = ResidualMLP(x.shape[1], 256, 10, 4)
+    model = ResidualMLP(x.shape[1], WIDTH, 10, 4)
     rule = build_rule(model, MethodConfig(name="bp"), n_classes=10, seed=0)
     rule.set_precision("fp32", "cpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -135,7 +138,13 @@ def main() -> None:
                         help="samples in the timed training epoch (default 50000)")
     parser.add_argument("--pair-samples", type=int, default=64,
                         help="samples for the (sample, direction) loop (default 64)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     args = parser.parse_args()
+    global WIDTH
+    if args.quick:
+        WIDTH, args.train_samples, args.repeats, args.pair_samples = 16, 512, 1, 4
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
@@ -143,7 +152,7 @@ def main() -> None:
     train_x, train_y, eval_x, eval_y = make_teacher_student(
         n_train=args.train_samples, n_test=1280, in_dim=256, alpha=1.0, seed=42)
     torch.manual_seed(1)
-    model = ResidualMLP(256, 256, 10, 4)
+    model = ResidualMLP(256, WIDTH, 10, 4)
     model.eval()
     bp = build_rule(model, MethodConfig(name="bp"), n_classes=10, seed=1)
     dfa = build_rule(model, MethodConfig(name="dfa"), n_classes=10, seed=1)

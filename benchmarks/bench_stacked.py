@@ -217,7 +217,12 @@ def main() -> int:
     parser.add_argument("--n-train", type=int, default=None,
                         help="training samples (default: 2560 synthetic, 50000 cifar)")
     parser.add_argument("--out-json", default=None, help="also write the results here")
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.rounds, args.steps, args.n_train = [2], 1, 1, 256
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_stacked: no CUDA device (use --device cpu)", file=sys.stderr)
         return 1

@@ -46,10 +46,11 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def sweep_configs(out: Path, *, epochs: int, n_train: int) -> list[RunConfig]:
+def sweep_configs(out: Path, *, epochs: int, n_train: int, smoke: bool = False
+                  ) -> list[RunConfig]:
     base = RunConfig().replace(**{
         "data.n_train": n_train, "model.d": 256, "model.n_blocks": 4, "optim.epochs": epochs,
-        "run.out_dir": str(out), "run.device": "cpu",
+        "run.out_dir": str(out), "run.device": "cpu", **(SMOKE if smoke else {}),
     })
     return expand_grid(base, {"method.name": ["bp", "dfa"], "run.seed": [42, 123]})
 
@@ -100,7 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trivial-tasks", type=int, default=200,
                         help="trivial Ray tasks timed for the round trip")
     parser.add_argument("--skip-ray", action="store_true", help="leave out the Ray rows")
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     args = parser.parse_args(argv)
+    if args.quick:  # the sweeps at the smoke run's size, once, without Ray
+        args.repeats, args.skip_ray = 1, True
 
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp_name:
@@ -112,11 +118,14 @@ def main(argv: list[str] | None = None) -> None:
         ]
         # Layouts alternate between repeats, so a burst of other work on the machine hits
         # one repeat of each rather than every repeat of one; the best repeat is reported.
-        times: dict[int, list[tuple[float, float, float]]] = {i: [] for i in range(3)}
+        if args.quick:  # one layout is enough to show the script works
+            layouts = layouts[:1]
+        times: dict[int, list[tuple[float, float, float]]] = {i: [] for i in
+                                                              range(len(layouts))}
         for repeat in range(args.repeats):
             for index, (label, executor, threads) in enumerate(layouts):
                 configs = sweep_configs(tmp / f"layout{index}-{repeat}", epochs=args.epochs,
-                                        n_train=args.n_train)
+                                        n_train=args.n_train, smoke=args.quick)
                 times[index].append(timed_sweep(configs, executor, threads))
                 print(f"{label}, repeat {repeat + 1}: {times[index][-1][0]:.1f} s "
                       f"(load {times[index][-1][1]:.1f})", flush=True)

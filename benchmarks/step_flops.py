@@ -30,7 +30,8 @@ Per step, batch B, input width n (3072), state width d, L blocks, C classes:
 every aten matrix product and prints that count beside the analytic one (and the count of
 Credit Bridge after its warm-up, whose double backward is not written out here).
 
-Usage: python benchmarks/step_flops.py [--check]   (prints the table of docs/benchmarks.md)
+Usage: python benchmarks/step_flops.py [--check] [--quick]
+       (prints the table of docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import argparse
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from creditaudit.config import MethodConfig
+from creditaudit.config import RunConfig
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
@@ -148,7 +149,8 @@ def counted_flops(method: str, d: int, n_blocks: int) -> int:
     torch.manual_seed(0)
     model = ResidualMLP(IN_DIM, d, N_CLASSES, n_blocks, out_ln=True)
     # Credit Bridge after its warm-up (value-gradient credits, the costly phase)
-    config = MethodConfig(name=method, warmup_fraction=0.0 if method == "credit-bridge" else 0.2)
+    warmup = {"method.warmup_fraction": 0.0} if method == "credit-bridge" else {}
+    config = RunConfig().replace(**{"method.name": method, **warmup}).method
     rule = build_rule(model, config, n_classes=N_CLASSES, seed=0)
     optimizer = make_adamw(rule.trainable_parameters(), lr=1e-3, weight_decay=0.01)
     x, y = torch.randn(BATCH, IN_DIM), torch.randint(0, N_CLASSES, (BATCH,))
@@ -161,10 +163,16 @@ def counted_flops(method: str, d: int, n_blocks: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="also count the matmuls of one real step per rule")
+                        help="also count the matmuls of one real step per rule; exit 1 when "
+                             "a count differs from the analytic one")
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long run at tiny size that checks the script works "
+                             "(what the docs tests run); its numbers mean nothing")
     args = parser.parse_args()
+    configs = ((32, 2),) if args.quick else CONFIGS
+    mismatches = []
     if args.check:
-        for d, n_blocks in CONFIGS:
+        for d, n_blocks in configs:
             bp = step_flops("bp", d, n_blocks)
             for method in ("bp", "fa", "dfa", "state-bridge", "credit-bridge"):
                 counted = counted_flops(method, d, n_blocks)
@@ -172,16 +180,20 @@ def main() -> None:
                             f"analytic {step_flops(method, d, n_blocks) / 1e9:.4f}")
                 print(f"d={d} L={n_blocks} {method}: counted {counted / 1e9:.4f} GFLOP "
                       f"({counted / bp:.3f}× BP), {analytic}")
+                if method != "credit-bridge" and counted != step_flops(method, d, n_blocks):
+                    mismatches.append(f"d={d} L={n_blocks} {method}")
     print("| model | rule | GFLOP/step before | GFLOP/step now | floor vs BP before | "
           "floor vs BP now |")
     print("|---|---|---:|---:|---:|---:|")
-    for d, n_blocks in CONFIGS:
+    for d, n_blocks in configs:
         bp = step_flops("bp", d, n_blocks)
         for method in ("bp", "fa", "dfa", "state-bridge"):
             old, new = step_flops(method, d, n_blocks, before=True), step_flops(method, d,
                                                                                 n_blocks)
             print(f"| d={d} L={n_blocks} | {method} | {old / 1e9:.3f} | {new / 1e9:.3f} | "
                   f"{old / bp:.3f} | {new / bp:.3f} |")
+    if mismatches:
+        raise SystemExit(f"counted FLOPs differ from the analytic count: {', '.join(mismatches)}")
 
 
 if __name__ == "__main__":

@@ -70,8 +70,14 @@ def printed_fragments(block: Block) -> list[str]:
     if not after.startswith("prints "):
         return []
     sentence = re.split(r"(?<=[`)])\.\s", after, maxsplit=1)[0]
-    sentence = re.sub(r"\([^()]*\)", "", sentence)  # asides in parentheses are not output
-    return re.findall(r"`([^`]+)`", sentence)
+    # Asides in parentheses are not output; parentheses inside `…` are: each code span is
+    # set aside as a placeholder while the asides (with the spans in them) are dropped.
+    spans = re.findall(r"`[^`]+`", sentence)
+    for i, span in enumerate(spans):
+        sentence = sentence.replace(span, f"\0{i}\0", 1)
+    sentence = re.sub(r"\([^()]*\)", "", sentence)
+    kept = [int(i) for i in re.findall(r"\0(\d+)\0", sentence)]
+    return [spans[i][1:-1] for i in kept]
 
 
 @dataclass(frozen=True)

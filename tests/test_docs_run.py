@@ -11,6 +11,10 @@
   becomes a tiny one) or a flag the command already uses (``--scale cpu`` → ``--scale
   smoke``). Placeholders (``RUN``, ``runs/dfa-…``, ``RESULTS_DIR``) become the folders that
   earlier commands wrote; SETUP trains what a block assumes exists.
+- Benchmark commands (``benchmarks/…``) run as written in a subprocess, from the scratch
+  folder whose ``.venv/bin/python`` is this interpreter, with the ``--quick`` flag every
+  benchmark script takes (seconds at tiny sizes; docs/benchmarks.md says so): a benchmark
+  that crashes fails here.
 - What cannot run here is in SKIP with the reason, what takes too long for CI in SLOW (run
   with ``-m slow``; the block's other commands and the parse of all of them stay in CI). Every
   creditaudit command, run or not, is parsed by ``build_parser()``; other commands' scripts
@@ -65,8 +69,6 @@ SKIP = [
      "paths)"),
     (r"--executor ray|^ray start", "needs a Ray cluster (tests/test_sweep_ray.py starts a "
      "private one)"),
-    (r"benchmarks/", "a benchmark: it measures speed for minutes (or on a GPU) and asserts "
-     "nothing"),
     (r"^wandb ", "needs a Weights & Biases account"),
     (r"^creditaudit train .*--wandb", "needs a Weights & Biases login; docs/logging.md's "
      "WANDB_MODE=offline command runs instead"),
@@ -82,6 +84,8 @@ SKIP = [
 ]
 # (pattern, why it is left to `pytest -m slow`): commands that take over half a minute here.
 SLOW = [
+    (r"benchmarks/docs_set\.sh", "every benchmark of docs/benchmarks.md again, each at its "
+     "--quick size (each also runs alone in CI)"),
     (r"creditaudit sweep examples/sweeps/penalty_grid.toml --workers",
      "39 runs even at CREDITAUDIT_SET size"),
     (r"^creditaudit experiment all --scale (smoke|cpu)", "66 runs at smoke scale"),
@@ -172,8 +176,12 @@ def workdirs(tmp_path_factory):
     def folder(doc: str) -> Path:
         if doc not in folders:
             folders[doc] = tmp_path_factory.mktemp(Path(doc).stem)
-            for name in ("examples", "docs", "scripts"):
+            for name in ("examples", "docs", "scripts", "benchmarks"):
                 (folders[doc] / name).symlink_to(ROOT / name, target_is_directory=True)
+            # The README's environment, as the docs' `.venv/bin/python …` commands name it:
+            # this one (the folder itself, so the interpreter finds its site-packages).
+            (folders[doc] / ".venv").symlink_to(Path(sys.executable).parent.parent,
+                                               target_is_directory=True)
         return folders[doc]
 
     return folder
@@ -410,14 +418,53 @@ def run_bash_block(block: Block, folder: Path, slow: bool) -> None:
     for command in commands(block):
         if rule_of(SKIP, command) or (rule_of(SLOW, command) and not slow):
             continue
-        if not command.is_creditaudit:  # e.g. `python scripts/…` outside SKIP
-            pytest.fail(f"{command.raw}: neither run nor in SKIP; add it to one of them")
+        if not command.is_creditaudit:
+            if not run_benchmark(command, folder, block):  # e.g. `python scripts/…`
+                pytest.fail(f"{command.raw}: neither run nor in SKIP; add it to one of them")
+            continue
         argv = resolve(command.argv, folder, block)
         parse(argv)
         if any(not Path(d).is_dir() for d in data_dirs(argv, folder)):
             continue  # e.g. no Fashion-MNIST on this machine (apt-get install
             # dataset-fashion-mnist puts it where the docs say)
         run_cli(command, argv, folder)
+
+
+# What a benchmark needs beyond this checkout: (script, why it cannot run without, check).
+BENCHMARK_NEEDS = [
+    ("bench_peers.py", "BioTorch is not installed (pip install --no-deps biotorch==0.0.16)",
+     lambda: importlib.util.find_spec("biotorch") is not None),
+    ("bench_ep.py", "no Fashion-MNIST in /usr/share/datasets/fashion-mnist",
+     lambda: Path("/usr/share/datasets/fashion-mnist").is_dir()),
+]
+
+
+def run_benchmark(command: Command, folder: Path, block: Block) -> bool:
+    """Run a ``benchmarks/`` command as written plus ``--quick`` (where the script has it);
+    False when ``command`` is no benchmark. A benchmark whose outside needs are missing here
+    is left out."""
+    script = next((w for w in command.argv if w.startswith("benchmarks/")), None)
+    if script is None:
+        return False
+    for name, _, present in BENCHMARK_NEEDS:
+        if script.endswith(name) and not present():
+            return True
+    # Its size flag where it has one (bench_end_of_run.py measures the runs it is given,
+    # which the block's train commands made tiny).
+    quick = ["--quick"] if "--quick" in (ROOT / script).read_text() else []
+    argv = [*resolve(command.argv, folder, block), *quick]
+    env = {k: v for k, v in os.environ.items() if k != ENV_OVERRIDES}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"),
+                                                    env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}:\n" \
+        f"{proc.stderr[-3000:]}"
+    if script.endswith(".sh"):  # the set goes on past a failing benchmark: read its files
+        out = folder / argv[argv.index(script) + 1]
+        failed = [p.name for p in out.glob("*.txt") if "# FAILED" in p.read_text()]
+        assert not failed, f"{' '.join(argv)}: these benchmarks failed: {failed}"
+    return True
 
 
 @pytest.mark.parametrize("block", BASH, ids=block_id)
@@ -453,6 +500,7 @@ def slow_python(block: Block) -> str | None:
 @pytest.mark.parametrize("block", PYTHON, ids=block_id)
 def test_python_block_imports(block):
     """Every block compiles (with its prelude) and every name it imports exists."""
+    skip_without_optional_packages(block)
     code = prelude(block) + block.text
     tree = ast.parse(code, filename=block.key)
     for node in ast.walk(tree):
@@ -466,6 +514,28 @@ def test_python_block_imports(block):
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 importlib.import_module(alias.name)
+
+
+# Packages a docs page uses that creditaudit does not install (→ how to get them). CI has
+# torch 2.13 and none of them: their blocks are skipped there, and run where they are.
+OPTIONAL_PACKAGES = {name: "pip install torch==2.14.1 torchvision==0.29.1 timm transformers "
+                     "(README: 'Beside torchvision, timm and transformers')"
+                     for name in ("torchvision", "timm", "transformers")}
+
+
+def skip_without_optional_packages(block: Block) -> None:
+    """Skip ``block`` with the reason when a package of OPTIONAL_PACKAGES it imports is not
+    installed here."""
+    tree = ast.parse(prelude(block) + block.text, filename=block.key)
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    missing = sorted(n for n in imported & set(OPTIONAL_PACKAGES)
+                     if importlib.util.find_spec(n) is None)
+    if missing:
+        pytest.skip(f"{block.key} needs {', '.join(missing)}, not installed here: "
+                    f"{OPTIONAL_PACKAGES[missing[0]]}")
 
 
 PYTHON_FAST = [b for b in PYTHON if not slow_python(b)]
@@ -484,6 +554,7 @@ def test_python_block_runs_in_full(block, workdirs):
 
 
 def run_python_block(block: Block, workdir: Path) -> None:
+    skip_without_optional_packages(block)
     for step in setup_for(block):
         run_setup(step, workdir)
     script = workdir / f"snippet_{Path(block.doc).stem}_{block.line}.py"

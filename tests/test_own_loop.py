@@ -101,14 +101,15 @@ def one_line(capsys) -> str:
 def test_an_adapted_model_describes_itself():
     net = resnet()
     described = adapt(net, RESNET_STATES, input_shape=IMAGE).describe()
-    assert described.label == "CifarResNet d=4–8 L=3" and described.short_label == "CifarResNet"
+    assert described.label == "CifarResNet d=4–8, 4 states h_0…h_3"
+    assert described.short_label == "CifarResNet"
     assert (described.d, described.n_blocks, described.layout) == (None, 3, "maps")
     assert described.terminal_ln is False and described.residual is None
     assert described.input_shape == list(IMAGE) and described.arch == "adapted"
     assert described.parameters == sum(p.numel() for p in net.parameters())
     tokens = adapt(transformer(), TRANSFORMER_STATES, input_shape=IMAGE).describe()
-    assert (tokens.label, tokens.d, tokens.layout) == ("TransformerClassifier d=8 L=1", 8,
-                                                       "tokens")
+    assert (tokens.label, tokens.d, tokens.layout) == (
+        "TransformerClassifier d=8, 2 states h_0…h_1", 8, "tokens")
     assert tokens.terminal_ln is True  # probed: LayerNorm(h_L[:, 0]) → head
 
 
@@ -176,7 +177,7 @@ def test_the_run_id_covers_the_factory_and_its_options(idx, tmp_path):
     assert len(ids) == 6
     assert plan_run(cli_config(idx, tmp_path, RESNET20)).run_id == plan_run(base).run_id
     planned = plan_run(base)
-    assert planned.model.label == "CifarResNet d=4–8 L=9" and not planned.flatten
+    assert planned.model.label == "CifarResNet d=4–8, 10 states h_0…h_9" and not planned.flatten
 
 
 REFUSALS = [
@@ -262,7 +263,7 @@ def test_train_resume_and_audit_rebuild_the_model_from_the_factory(idx, tmp_path
     assert main(["audit", str(whole.run_dir), "--format", "json", "-q", "--no-metrics"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["hidden_norms"] == pytest.approx(whole.record.log[-1].hidden_norms, rel=1e-5)
-    assert report["metadata"]["arch"] == "TransformerClassifier d=8 L=1"
+    assert report["metadata"]["arch"] == "TransformerClassifier d=8, 2 states h_0…h_1"
 
 
 def sweep_file(path: Path, idx: Path, model: dict, rules: list[str], **overrides) -> Path:
@@ -384,7 +385,8 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert comparable(on_disk) == comparable(record)
     # the model, the rule, the data and the code, as they are
     assert record.model == dataclasses.replace(dfa.model.describe(), arch="own-loop")
-    assert record.model.label == "CifarResNet d=4–8 L=3" and record.model.terminal_ln is False
+    assert record.model.label == "CifarResNet d=4–8, 4 states h_0…h_3"
+    assert record.model.terminal_ln is False
     assert dataclasses.asdict(record.config.method) == dataclasses.asdict(dfa.config)
     assert record.config.method.penalty == 1e-3
     model = record.config.model
@@ -422,6 +424,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert arch_label(runs[0]) == "CifarResNet"  # figures name an adapted network by its class
     assert category(runs[0], multi_arch=True, multi_data=False) == "DFA λ=0.001\nCifarResNet"
     assert "dfa" in format_run_summary([on_disk])
+    capsys.readouterr()  # the recorder's progress lines on stderr
     assert main(["audit", str(out / "resnet-dfa")]) == 2
     assert "trained in its own loop (creditaudit.Recorder)" in one_line(capsys)
     assert main(["train", "--config", str(out / "resnet-dfa" / "record.json")]) == 2
@@ -470,6 +473,7 @@ def test_a_known_dataset_is_identified_as_the_command_line_identifies_it(idx, tm
     assert verdict.frozen_acc == runs["frozen"].record.final_acc
     assert verdict.statuses["d"] != "not evaluated"
     # data the command line can load: the run is still not rebuilt (nor retrained, resumed)
+    capsys.readouterr()  # the recorders' progress lines on stderr
     for argv in (["train", "--config", str(tmp_path / "dfa-run" / "record.json")],
                  ["train", "--config", str(tmp_path / "dfa-run" / "record.json"), "--resume"],
                  ["audit", str(tmp_path / "dfa-run")]):

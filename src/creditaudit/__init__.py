@@ -28,8 +28,12 @@ from creditaudit.protocol import DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.recorder import Recorder  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
 from creditaudit.run_folder import RunResult  # noqa: E402
+from creditaudit.torch_range import warn_untested_torch  # noqa: E402
 from creditaudit.training import train  # noqa: E402
 from creditaudit.version import __version__  # noqa: E402
+
+# Once, on import, where torch is not a release the test suite ran on.
+warn_untested_torch()
 
 __all__ = [
     "__version__", "RunConfig", "load_config", "train", "RunResult", "diagnose", "Thresholds",

@@ -29,7 +29,7 @@ import torch
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
-from creditaudit.own_model import diagnose
+from creditaudit.own_model import diagnose, with_frozen_hint
 from creditaudit.plan import RunPlan
 from creditaudit.protocol import DiagnosticReport, Protocol, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
@@ -113,14 +113,18 @@ AUDIT_FIX = ("audit it with --allow-unverified-reference (audit_run(..., "
 
 def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
               metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
-              allow_unverified_reference: bool | None = None) -> DiagnosticReport:
+              allow_unverified_reference: bool | None = None,
+              frozen_hint: str = "pass frozen=RUN_OR_ACC, a frozen-blocks run's folder or "
+                                 "its test accuracy") -> DiagnosticReport:
     """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
 
     The reference gradient is checked on the checkpointed model first: one whose backward
     is not the gradient is refused in one line naming the module, unless
     ``allow_unverified_reference`` (default: as the run was trained,
     ``diagnostics.allow_unverified_reference``); then the report says where it failed and
-    its verdict is *unverified*.
+    its verdict is *unverified*. ``frozen_hint``: what (d) says when no frozen-blocks
+    accuracy was found, in the terms of the caller (the command line names its --frozen
+    flag).
 
     ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
@@ -166,7 +170,7 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}
-    return report
+    return with_frozen_hint(report, frozen_hint)
 
 
 def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor,

@@ -35,6 +35,8 @@ from creditaudit.methods.base import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, summary_vectors
 from creditaudit.protocol import (
+    NO_FROZEN_REASON,
+    NOT_EVALUATED,
     CreditFn,
     DiagnosticReport,
     Protocol,
@@ -179,7 +181,10 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
         terminal_ln = model.terminal_ln
     else:
         terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
-    meta: dict[str, Any] = {"model": type(model).__name__,
+    # An adapted model is named as it describes itself (the user's class, its package and
+    # states), not as the wrapper class "AdaptedModel".
+    name = model.describe().label if isinstance(model, AdaptedModel) else type(model).__name__
+    meta: dict[str, Any] = {"model": name,
                             "method": getattr(rule, "name", None)}
     if precision is not None:
         meta["metrics_precision"] = precision
@@ -195,6 +200,19 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
         validity = report.diagnostic(b)
         found = "failed its check: " if reference.how == "failed" else ""
         validity.reason = f"{validity.reason}; reference gradient {found}{reference.detail}"
+    return with_frozen_hint(report, DIAGNOSE_FROZEN_HINT)
+
+
+DIAGNOSE_FROZEN_HINT = "pass frozen_acc=, the frozen-blocks test accuracy as a fraction"
+
+
+def with_frozen_hint(report: DiagnosticReport, hint: str) -> DiagnosticReport:
+    """``report`` with (d)'s "no frozen-blocks accuracy given" saying how to give it on the
+    surface that shows the report (``diagnose(frozen_acc=…)``, ``audit --frozen …``);
+    a hint an inner surface added is replaced."""
+    for result in report.diagnostics:
+        if result.status == NOT_EVALUATED and result.reason.startswith(NO_FROZEN_REASON):
+            result.reason = f"{NO_FROZEN_REASON} ({hint})"
     return report
 
 

@@ -39,10 +39,13 @@ from torch import Tensor
 
 from creditaudit.data.registry import digest_text
 from creditaudit.diagnostics.epoch import epoch_diagnostics
+from creditaudit.diagnostics.progress import Say, say_to
 from creditaudit.diagnostics.user_models import check_inputs
 from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.formatting import duration
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.packages import network_packages
 from creditaudit.models.registry import OwnLoopArchitecture
 from creditaudit.plan import code_version
 from creditaudit.protocol.verdicts import Protocol
@@ -108,7 +111,9 @@ class Recorder:
     beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
     (refused otherwise). ``allow_unverified_reference`` (or the config key
     ``diagnostics.allow_unverified_reference``): record a model whose backward is not the
-    gradient of its forward, which is otherwise refused.
+    gradient of its forward, which is otherwise refused. ``progress``: where the recorder says what
+    it measures while it takes seconds (an epoch's diagnostics, each end-of-run stage with
+    its ETA) — ``True`` standard error, ``False`` nowhere, or a function of one line.
 
     Create it before training: it snapshots the initial parameters (for the drift of the
     end-of-run block) and checks the reference gradient on the model as it is (float64
@@ -122,7 +127,8 @@ class Recorder:
                  out: str | Path = "runs", name: str | None = None,
                  data: str | Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, checkpoint: bool = False,
-                 overwrite: bool = False, allow_unverified_reference: bool = False) -> None:
+                 overwrite: bool = False, allow_unverified_reference: bool = False,
+                 progress: bool | Say = True) -> None:
         if not isinstance(rule, CreditRule):
             raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
                               "pass creditaudit.rule(name, adapt(net, states=[…]))")
@@ -136,6 +142,7 @@ class Recorder:
             raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
+        self._say = _Says(progress)
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
         self._epochs_given = ("optim", "epochs") in given
@@ -159,10 +166,13 @@ class Recorder:
             name = compute_run_id(self.config, digest_text(
                 {"data": identity.fingerprint, "model": dataclasses.asdict(description)}), code)
         self.run_dir = Path(out) / _folder_name(name)
+        self._say.prefix = f"Recorder {self.run_dir.name}: "
         _claim(self.run_dir, overwrite)
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
         components["model"]["module_origin"] = distribution(type(user_network(model)).__module__)
+        components["model"]["module_packages"] = network_packages(user_network(model),
+                                                                  versions=True)
         if spec is None:
             components["data"]["origin"] = "the user's own loop"
         self.record = new_record(self.config, device=str(device), data=identity,
@@ -208,6 +218,7 @@ class Recorder:
                    "train_acc": _number("train_acc", train_acc, fraction=True)}
         kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
         model = self.rule.model
+        measuring = self._say.epoch_starts(epoch, len(self.eval_y))
         with eval_mode(model):
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
@@ -221,6 +232,7 @@ class Recorder:
                             frozen_acc=settings.frozen_acc,
                             terminal_ln=_terminal_ln(model))
         now = time.perf_counter()
+        self._say.epoch_ends(epoch, now - measuring, entry.verdict)
         entry.seconds, self._since = now - self._since, now
         self.record.log.append(entry)
         if not self._epochs_given:  # the record says how many epochs the loop ran
@@ -236,6 +248,7 @@ class Recorder:
         ``diagnostics.end_of_run`` is off, the end-of-run block. Returns the record."""
         if self.finished:
             return self.record
+        started = time.perf_counter()
         if not self.record.log:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
@@ -246,9 +259,15 @@ class Recorder:
                                       "reason": "non-finite loss or state norms"}
         self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:
+            say = self._say.line
+            say(f"end of run: credit-quality block on {len(self.eval_y)} samples (cosines "
+                "and Γ, then ρ, nudging, the fresh-feedback null; diagnostics.end_of_run="
+                "False skips it) …")
             self.record.diagnostics.update(end_of_run_metrics(
                 self.rule, self.eval_x, self.eval_y, initial=self.initial,
-                settings=self.config.diagnostics, seed=self.config.run.seed))
+                settings=self.config.diagnostics, seed=self.config.run.seed,
+                progress=lambda text: say(f"end of run: {text}")))
+            say(f"end of run: done in {duration(time.perf_counter() - started)}")
         self.finished = True
         self._write()
         return self.record
@@ -280,6 +299,35 @@ class Recorder:
             "format": CHECKPOINT_FORMAT, "method": self.rule.name, "epoch": epoch,
             "model": self.rule.model.state_dict(), "rule": self.rule.state_dict(),
             "record": self.record.to_dict()})
+
+
+class _Says:
+    """The recorder's progress lines: an epoch's diagnostics are announced when they may
+    take a while (the first epoch, and any after one that took ``SLOW_SECONDS`` or more,
+    with that time as the estimate) and their time said when they did."""
+
+    SLOW_SECONDS = 2.0
+
+    def __init__(self, progress: bool | Say) -> None:
+        self.say = say_to(progress)  # ConfigError for a wrong progress= at once
+        self.prefix = "Recorder: "
+        self.last: float | None = None
+
+    def line(self, text: str) -> None:
+        if self.say is not None:
+            self.say(self.prefix + text)
+
+    def epoch_starts(self, epoch: int, samples: int) -> float:
+        if self.last is None or self.last >= self.SLOW_SECONDS:
+            about = "" if self.last is None else f", about {duration(self.last)}"
+            self.line(f"epoch {epoch}: diagnostics on {samples} samples{about} …")
+        return time.perf_counter()
+
+    def epoch_ends(self, epoch: int, seconds: float, verdict: str | None) -> None:
+        if seconds >= self.SLOW_SECONDS:
+            self.line(f"epoch {epoch} recorded in {duration(seconds)}"
+                      + (f" ({verdict})" if verdict else ""))
+        self.last = seconds
 
 
 def _terminal_ln(model: Any) -> bool | None:

@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
             report = audit_run(run_path, frozen=args.frozen,
                                frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
                                device=args.device, progress=None if args.quiet else progress,
-                               allow_unverified_reference=args.allow_unverified_reference)
+                               allow_unverified_reference=args.allow_unverified_reference,
+                               frozen_hint="pass --frozen RUN_OR_ACC")
         except CreditAuditError as err:
             if not several:
                 raise

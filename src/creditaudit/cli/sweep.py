@@ -274,6 +274,24 @@ def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
             f"thread{'s' if threads != 1 else ''}")
 
 
+@contextlib.contextmanager
+def watching(configs: list[Any], grid_keys: list[str], say: Any) -> Iterator[None]:
+    """While the block runs, a RunWatch line over the sweep's runs (labelled by their grid
+    values) whenever a run finishes an epoch, and at least every few seconds."""
+    from creditaudit.cli.run_watch import RunWatch
+    from creditaudit.cli.sweep_output import run_labels
+    from creditaudit.plan import run_id
+    from creditaudit.records import RECORD_FILE
+
+    runs = {label: Path(config.run.out_dir) / run_id(config) / RECORD_FILE
+            for config, label in zip(configs, run_labels(configs, grid_keys))}
+    watch = RunWatch(runs, max(config.optim.epochs for config in configs), say).start()
+    try:
+        yield
+    finally:
+        watch.stop()
+
+
 def run(args: argparse.Namespace) -> int:
     from creditaudit.sweep import (
         DEFAULT_MAX_RUNS,
@@ -315,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
                   + (f"; {describe_stacks(configs, args.stack)}" if args.stack > 1 else "")
                   + ")", flush=True)
             progress = SweepProgress(len(configs), quiet=args.quiet)
+            if not args.quiet and executor.name != "ray":  # runs write records here: read
+                stack.enter_context(watching(configs, grid_keys, progress.say))  # them
             result = run_sweep(configs, executor, retry_failed=args.retry_failed,
                                stale_after=stale_after, wait_for_others=not args.no_wait,
                                grid_keys=grid_keys, on_progress=progress,

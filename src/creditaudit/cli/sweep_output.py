@@ -27,10 +27,10 @@ class SweepProgress:
         self.quiet = quiet
         self.bar = None
         if not quiet and self.stream.isatty():
-            from tqdm.auto import tqdm
+            from creditaudit.loggers.console import terminal_bar
 
-            self.bar = tqdm(total=total, file=self.stream, desc="sweep", dynamic_ncols=True,
-                            bar_format="{desc} {bar:20} {n_fmt}/{total_fmt}{postfix}")
+            self.bar = terminal_bar(total, self.stream, desc="sweep",
+                                    bar_format="{desc} {bar:20} {n_fmt}/{total_fmt}{postfix}")
 
     @staticmethod
     def status(state: Any) -> str:
@@ -62,6 +62,16 @@ class SweepProgress:
         if outcome.get("error"):
             text += f": {outcome['error']}"
         return text
+
+    def say(self, line: str) -> None:
+        """A line between the progress updates (a RunWatch line): above the bar on a
+        terminal, on its own otherwise; nothing when quiet."""
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

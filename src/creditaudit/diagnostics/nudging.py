@@ -97,11 +97,17 @@ def nudging_table(model: nn.Module, x: Tensor, y: Tensor,
     after: dict[tuple[int, int, int], list[Tensor]] = {}
     # Several chunks change the rounding anyway, so BP gradients ρ left in a chunk (of
     # another mean: nudging reads directions only) serve as they are.
+    forwards = len(credits) * len(etas) * len(layers)
     for part in w.parts(n, bp=need_bp, any_scale=not one_pass):
         before.append(F.cross_entropy(part.logits, part.y, reduction=reduction))
+        done = 0
         for k, credit in enumerate(credits):
             for e, eta in enumerate(etas):
                 for layer in layers:
+                    # one chunk may be all samples: say how far its forwards are
+                    progress_.update(part.start + (part.stop - part.start) * done // forwards,
+                                     clock())
+                    done += 1
                     h = part.states[layer]
                     a = (part.bp[layer] if credit is BP_CREDIT  # type: ignore[index]
                          else credit[layer][part.start:part.stop])

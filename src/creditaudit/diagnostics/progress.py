@@ -8,9 +8,11 @@ computed.
 from __future__ import annotations
 
 import ctypes
+import sys
 import time
 from collections.abc import Callable
 
+from creditaudit.errors import ConfigError
 from creditaudit.formatting import duration
 
 # At most one progress line per stage in this many seconds, and one trim of the C heap
@@ -42,6 +44,23 @@ def release_freed_memory() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def say_to(progress: bool | Say | None, prefix: str = "") -> Say | None:
+    """Where progress lines go: ``True`` → standard error (flushed, as a progress bar
+    writes), ``False``/None → nowhere, a function of one string → that function. Each
+    line is led by ``prefix``. ConfigError for anything else."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        def say(text: str) -> None:
+            print(prefix + text, file=sys.stderr, flush=True)
+        return say
+    if callable(progress):
+        given = progress
+        return lambda text: given(prefix + text)
+    raise ConfigError(f"progress={progress!r} must be True (lines on standard error), False "
+                      "(none) or a function taking one line, e.g. print or logging.info")
 
 
 class StageProgress:

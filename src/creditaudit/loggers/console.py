@@ -15,6 +15,7 @@ stopped it early.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -24,6 +25,22 @@ from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import verdict_text
 from creditaudit.records import EpochEntry, RunRecord
 from creditaudit.report.runs import stopped_early_text
+
+
+def terminal_bar(total: int | None, stream: TextIO, **options: Any) -> Any:
+    """A tqdm bar on the terminal ``stream`` that follows its width. A terminal that reports
+    no size — a pseudo-terminal opened without one, as ``script -c`` makes when its own
+    input is not a terminal — gets a fixed 80×24: tqdm draws nothing on a 0-row terminal,
+    which left a whole run silent until it ended."""
+    from tqdm.auto import tqdm
+
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # not a real file: tqdm measures nothing
+        size = os.terminal_size((0, 0))
+    if size.columns > 0 and size.lines > 0:
+        return tqdm(total=total, file=stream, dynamic_ncols=True, **options)
+    return tqdm(total=total, file=stream, ncols=80, nrows=24, **options)
 
 
 class ConsoleLogger(RunLogger):
@@ -47,19 +64,24 @@ class ConsoleLogger(RunLogger):
         self.started = self.training_started - run.elapsed_before  # a resumed run's clock
         epochs_left = max(0, run.epochs - run.first_epoch + 1)
         if self.terminal:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=epochs_left * run.steps_per_epoch, file=self.bar_stream,
-                            desc=run.config.method.name, unit="step", leave=False,
-                            dynamic_ncols=True)
+            first = "" if run.resumed else " epoch 0: evaluation and diagnostics"
+            self.bar = terminal_bar(epochs_left * run.steps_per_epoch, self.bar_stream,
+                                    desc=run.config.method.name + first, unit="step",
+                                    leave=False)
             return
         what = (f"resuming at epoch {run.first_epoch}" if run.resumed
                 else f"{run.epochs} epochs of {run.steps_per_epoch} steps")
         self._print(f"{run.config.method.name} run {run.run_id}: {what} → {run.run_dir}")
 
     def log_step(self, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
+        if self.bar is None or self.run is None:
+            return
+        self.bar.update(1)
+        steps = self.run.steps_per_epoch
+        if steps and self.bar.n % steps == 0:  # the epoch's steps are done: its evaluation
+            epoch = self.run.first_epoch - 1 + self.bar.n // steps  # runs with the bar full
+            self.bar.set_description_str(f"{self.run.config.method.name} epoch {epoch}: "
+                                         "evaluation and diagnostics", refresh=True)
 
     def log_epoch(self, entry: EpochEntry) -> None:
         if self.run is None:
@@ -71,6 +93,7 @@ class ConsoleLogger(RunLogger):
         if entry.epoch < self.run.first_epoch:  # epoch 0: training starts after it
             self.training_started = now
         if self.bar is not None:
+            self.bar.set_description_str(self.run.config.method.name, refresh=False)
             self.bar.set_postfix_str(f"epoch {entry.epoch}/{self.run.epochs}, test acc "
                                      f"{fmt(entry.acc_eval, '.3f')}, {self.verdict}",
                                      refresh=True)
@@ -99,8 +122,10 @@ class ConsoleLogger(RunLogger):
         if self.run is None:
             return
         line = f"{self.run.config.method.name} end of run: {text}"
-        if self.bar is not None:
-            self.bar.set_postfix_str(line, refresh=True)
+        if self.bar is not None:  # a line of its own above the full bar: a postfix at the
+            self.bar.write(line, file=self.bar_stream)  # end of a long bar is cut off
+            self.bar.set_description_str(f"{self.run.config.method.name} end of run",
+                                         refresh=True)
         else:
             self._print(line)
 

@@ -36,6 +36,7 @@ from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
 from creditaudit.models.adapt_probe import AdaptProbe
 from creditaudit.models.contract import LAYOUTS, restored_buffers
+from creditaudit.models.packages import network_packages
 
 PROBE_SAMPLES = 4  # the probe batch (at least 2: sample independence compares samples)
 
@@ -89,7 +90,12 @@ class AdaptedModel(AdaptProbe, nn.Module):
 
     def describe(self) -> ModelDescription:
         """What this model is, for records and reports: the wrapped class as its label, with
-        the state width d (one width, or the range ``d=16–64``) and the depth L; the state
+        the distributions its modules' classes come from (``BertLogits (transformers)``:
+        :func:`~creditaudit.models.packages.network_packages`), the state width d (one
+        width, or the range ``d=16–64``) and the states it was given,
+        ``4 states h_0…h_3`` — L counts the segments between the named states, which is the
+        network's depth only when every block's output is named (a depth-4 ViT read at its
+        four blocks is L=3, ResNet-18 at its eight blocks L=7); the state
         layout (vectors, tokens or maps, when every state has one); ``terminal_ln`` as
         declared or probed; ``residual`` is unknown (None): an adapted model's blocks are
         whatever lies between its states."""
@@ -98,8 +104,11 @@ class AdaptedModel(AdaptProbe, nn.Module):
         dims = {len(shape) for shape in self.state_shapes}  # (d,), (T, d) or (C, H, W)
         layout = LAYOUTS[dims.pop() - 1] if len(dims) == 1 else None
         arch = self.architecture.name if self.architecture is not None else "adapted"
+        packages = network_packages(self.net)
+        origin = f" ({', '.join(packages)})" if packages else ""
         return ModelDescription(
-            arch=arch, label=f"{type(self.net).__name__} d={width} L={self.n_blocks}",
+            arch=arch, label=(f"{type(self.net).__name__}{origin} d={width}, "
+                              f"{self.n_blocks + 1} states h_0…h_{self.n_blocks}"),
             terminal_ln=self.terminal_ln, d=low if low == high else None,
             n_blocks=self.n_blocks, residual=None, input_shape=list(self.input_shape),
             layout=layout, parameters=sum(p.numel() for p in self.net.parameters()))

@@ -31,7 +31,8 @@ CAUSE_SATURATION_NO_LN = ("saturated softmax (no terminal LN: g_L is the head's 
                           "a vanishing output error on confident samples; not LN cancellation)")
 CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown residual stream)"
 CAUSE_FLOOR = "gradient below floor"
-NO_FROZEN_REASON = "no frozen-blocks accuracy given (pass --frozen RUN_OR_ACC)"
+# Neutral: each surface says how to give it there (with_frozen_hint in own_model.py).
+NO_FROZEN_REASON = "no frozen-blocks accuracy given"
 HEADLINE_GAMMA = "samples_then_layers"
 
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from creditaudit.formatting import fmt
-from creditaudit.protocol import UNVERIFIED_MARK, DepthUtility
+from creditaudit.protocol import FIRED, UNVERIFIED_MARK, DepthUtility, ResidualStreamScale
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
 
@@ -45,6 +45,29 @@ def diverged_text(record: RunRecord) -> str | None:
                    "finite (a network that overflowed)")
 
 
+# A credit whose deep cosine with the reference gradient is this close to 1 is that gradient.
+EXACT_COSINE = 1.0 - 1e-6
+
+
+def reference_growth_text(record: RunRecord, statuses: dict[str, str]) -> str | None:
+    """For a run whose credit is the reference gradient itself (deep cosine 1: BP) and
+    whose (a) fired, what that means; else None. (a) compares growth with a fixed limit,
+    and exact gradients grow some models' residual streams past it in the first epochs (a
+    ViT on Fashion-MNIST: 78× after one epoch), which would otherwise read as BP failing."""
+    a = ResidualStreamScale
+    cos = record.deep_cos
+    if statuses.get(a.name) != FIRED or cos is None or cos < EXACT_COSINE:
+        return None
+    result = ((record.protocol.report or {}).get("diagnostics") or {}).get(a.name) or {}
+    value = result.get("value")
+    growth = f" (growth {value:.3g}×)" if isinstance(value, int | float) else ""
+    return (f"{a.id_label()} fired for backprop itself{growth} at epoch {record.protocol.epoch}: "
+            f"exact gradients grow this {record.model.label}'s residual stream too, so here "
+            f"{a.id_label()} alone says nothing against a local rule: compare a rule's growth "
+            "with BP's of the same recipe epoch by epoch (`creditaudit figures`, the temporal "
+            "view fig2_temporal) before reading it")
+
+
 def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
     """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
     line for each run that stopped early, saying at which epoch and why, and for each that
@@ -60,14 +83,19 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     rows = []
     partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
     unverified: list[str] = []  # why a run's reference is not verified, for the footnote
+    notes: list[str] = []
     for record in records:
-        judged = index.verdict(record).judgement
+        run_verdict = index.verdict(record)
+        judged, statuses = run_verdict.judgement, run_verdict.statuses
         if is_frozen_baseline(record):
             verdict = BASELINE_TEXT
         elif record.protocol.epoch is None:
             verdict = "—"
         else:
             verdict = judged.text
+            note = reference_growth_text(record, statuses)
+            if note is not None:
+                notes.append(f"{record.method}: {note}")
         cos = record.deep_cos
         valid = record.deep_cos_valid
         coverage = record.deep_cos_coverage
@@ -93,6 +121,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             f"{fmt(record.last_value('h_L_norm'), '.3g'):>11}"
             f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>{cos_width}}  "
             f"{verdict}")
+    lines += notes
     for record in records:
         for note in (stopped_early_text(record), diverged_text(record)):
             if note is not None:

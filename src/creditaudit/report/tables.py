@@ -3,7 +3,8 @@ across seeds and the runs that did not finish.
 
 Cells are Markdown text read from run records. Wherever runs differ in a setting that no
 fixed column shows (epochs, data size, learning rate, …), a table gets a column for it,
-named by its config key, so no two rows read alike.
+named by its config key, so no two rows read alike; the keys of one option table
+(``model.args.*``) share a column, and past four columns all of them share one.
 """
 
 from __future__ import annotations
@@ -102,6 +103,41 @@ def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     return differ
 
 
+# More differing settings than this share one column: runs that mix recipes (a sweep over
+# model.args of an outside network) gave report.md one column per key, ~40 of them.
+MAX_SETTING_COLUMNS = 4
+SETTINGS_COLUMN = "settings"
+
+
+def setting_columns(keys: Sequence[str]) -> dict[str, list[str]]:
+    """Table columns for the differing setting ``keys`` (column name → its keys): the keys
+    of one table-valued option (``model.args.d``, ``model.args.depth``; ``diagnostics.a.*``)
+    share a column named after it; past :data:`MAX_SETTING_COLUMNS` columns every key goes
+    into one ``settings`` column."""
+    columns: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key.split(".")
+        columns.setdefault(".".join(parts[:2]) if len(parts) > 2 else key, []).append(key)
+    if len(columns) > MAX_SETTING_COLUMNS:
+        return {SETTINGS_COLUMN: list(keys)}
+    return columns
+
+
+def setting_cells(values: dict[str, str], keys: Sequence[str]) -> dict[str, str]:
+    """The cells of :func:`setting_columns` of ``keys`` for one run's ``values``
+    (:func:`run_settings`): a key alone shows its value; a shared column ``key=value``
+    pairs, each key without the column's own name (``d=32, depth=2``)."""
+    cells = {}
+    for column, members in setting_columns(keys).items():
+        if members == [column]:
+            cells[column] = values.get(column, "—")
+            continue
+        prefix = "" if column == SETTINGS_COLUMN else column + "."
+        cells[column] = ", ".join(f"{key.removeprefix(prefix)}={values.get(key, '—')}"
+                                  for key in members)
+    return cells
+
+
 # --- table rows ---------------------------------------------------------------------------
 def diagnostic_cell(report: DiagnosticReport | None, id_: str) -> str:
     """``fired 694``, ``passed +3.10 pp``, ``n/e`` — status and the compared value, in the
@@ -170,7 +206,7 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
         "arch": arch_text(run),
         "out_ln": fmt(terminal_ln(run)),
         "dataset": run.dataset, "seed": str(run.seed),
-        **{key: values.get(key, "—") for key in settings},
+        **setting_cells(values, settings),
         "status": run.status,
         "acc": fmt(run.final_acc, ".3f") + acc_note(run),
         "deep cos": judged.mark(fmt(run.deep_cos, "+.3f")),
@@ -202,7 +238,8 @@ def audit_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
     """One row per run in ``runs`` (the finished ones, in the report)."""
     settings = differing_settings(runs)
     ids = diagnostic_ids(index.protocol_report(run) for run in runs)
-    return Table([*AUDIT_HEAD, *settings, *AUDIT_TAIL, *(f"({i})" for i in ids), "verdict"],
+    return Table([*AUDIT_HEAD, *setting_columns(settings), *AUDIT_TAIL,
+                  *(f"({i})" for i in ids), "verdict"],
                  [audit_row(index, run, settings, ids) for run in runs])
 
 
@@ -257,7 +294,7 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
         rows.append({
             "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
             "arch": arch_text(run), "dataset": run.dataset,
-            **{key: values.get(key, "—") for key in settings},
+            **setting_cells(values, settings),
             "seeds": ", ".join(str(r.seed) for r in group.runs),
             "test acc": ms((r.final_acc for r in group.runs), ".3f"),
             "deep cos": mark(ms((r.deep_cos for r in group.runs), "+.3f")),
@@ -270,7 +307,7 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
 
 def summary_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
     settings = differing_settings([g.runs[0] for g in summary_groups(index, runs)])
-    return Table([*SUMMARY_HEAD, *settings, *SUMMARY_TAIL],
+    return Table([*SUMMARY_HEAD, *setting_columns(settings), *SUMMARY_TAIL],
                  summary_rows(index, runs, settings))
 
 
@@ -286,11 +323,11 @@ def unfinished_table(runs: Sequence[RunRecord]) -> Table:
         rows.append({
             "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
             "arch": arch_text(run), "dataset": run.dataset, "seed": str(run.seed),
-            **{key: values.get(key, "—") for key in settings}, "status": run.status,
+            **setting_cells(values, settings), "status": run.status,
             "epochs logged": str(run.log[-1].epoch if run.log else 0),
             "error": error,
         })
-    return Table([*UNFINISHED_HEAD, *settings, *UNFINISHED_TAIL], rows)
+    return Table([*UNFINISHED_HEAD, *setting_columns(settings), *UNFINISHED_TAIL], rows)
 
 
 
@@ -298,4 +335,5 @@ def unfinished_table(runs: Sequence[RunRecord]) -> Table:
 __all__ = ["Table", "audit_row", "audit_table", "summary_rows", "summary_table",
            "summary_groups", "unfinished_table", "run_settings", "differing_settings",
            "diagnostic_cell", "diagnostic_ids", "verdict_cell", "arch_text", "setting_text",
-           "NO_PROTOCOL", "RECOMPUTED_MARK", "GAMMA_COLUMN"]
+           "NO_PROTOCOL", "RECOMPUTED_MARK", "GAMMA_COLUMN", "setting_columns",
+           "setting_cells", "MAX_SETTING_COLUMNS"]

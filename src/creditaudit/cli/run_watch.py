@@ -1,0 +1,130 @@
+"""What runs training in other processes have done so far, from their record files.
+
+A sweep's workers (``creditaudit demo``, ``creditaudit sweep``) say nothing to the command
+until a run ends, which at the demo's size is a minute or more. Every run rewrites its
+``record.json`` atomically after each epoch, so the command reads how far each run is from
+there — nothing is sent between processes — and says it in one line as it changes, and at
+least every :data:`QUIET_SECONDS` while a run trains.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from creditaudit.formatting import duration
+
+Say = Callable[[str], None]
+QUIET_SECONDS = 8.0
+MAX_LISTED = 6  # more runs than this: a line lists only those training now
+
+
+def epochs_done(record_file: Path) -> tuple[int, str] | None:
+    """(the last recorded epoch, the status) of a run's record; None while there is none
+    (a run not started, or a file another version wrote that does not parse)."""
+    try:
+        data = json.loads(record_file.read_text())
+        log = data.get("log") or []
+        return (int(log[-1]["epoch"]) if log else 0), str(data.get("status"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+
+class RunWatch:
+    """One line of progress over ``runs`` (label → record file) of ``epochs`` epochs each:
+    ``bp 3/8 · fa 2/8 · dfa – · frozen – | 0m45s elapsed, ETA 1m10s``.
+
+    :meth:`poll` reads the records and returns the line when an epoch count changed or
+    ``quiet_seconds`` passed since the last one (else None); :meth:`start` polls every
+    ``every`` seconds on a daemon thread and hands each line to ``say``; :meth:`stop` ends
+    it. The ETA is the epochs left × the seconds per epoch trained since the watch began
+    (all runs together, so runs training in parallel count as they do); ``?`` before the
+    first. Past :data:`MAX_LISTED` runs the line lists the runs training now and counts the
+    others.
+    """
+
+    def __init__(self, runs: dict[str, Path], epochs: int, say: Say, *, every: float = 2.0,
+                 quiet_seconds: float = QUIET_SECONDS,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.runs, self.epochs, self.say = runs, max(1, epochs), say
+        self.every, self.quiet_seconds = every, quiet_seconds
+        self.clock = clock
+        self.started = self.last_said = clock()
+        self.last_seen: tuple[dict[str, int | None], frozenset[str]] | None = None
+        # Epochs done before the watch began (runs finished earlier) do not pace the ETA.
+        self.done_before = sum(c or 0 for c in self.counts().values())
+        self.finishing: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def counts(self) -> dict[str, int | None]:
+        """Each run's epochs done (None: not started; a finished run counts in full). Runs
+        past their epochs but not finished (the end-of-run block) go into ``finishing``."""
+        out: dict[str, int | None] = {}
+        self.finishing = set()
+        for label, path in self.runs.items():
+            done = epochs_done(path)
+            if done is None:
+                out[label] = None
+                continue
+            epoch, status = done
+            out[label] = self.epochs if status in ("completed", "diverged") else epoch
+            if status not in ("completed", "diverged") and epoch >= self.epochs:
+                self.finishing.add(label)
+        return out
+
+    def line(self, counts: dict[str, int | None], now: float) -> str:
+        done = sum(c or 0 for c in counts.values())
+        left = self.epochs * len(counts) - done
+        elapsed, trained = now - self.started, done - self.done_before
+        # Past the last epoch, the end-of-run block's time is not known beforehand.
+        eta = elapsed / trained * left if trained > 0 and (left or not self.finishing) \
+            else None
+        shown = counts
+        if len(counts) > MAX_LISTED:  # a sweep: the runs training now, the others counted
+            shown = {k: c for k, c in counts.items()
+                     if c is not None and (c < self.epochs or k in self.finishing)}
+
+        def state(label: str, c: int | None) -> str:
+            if c is None:
+                return "–"
+            return f"{c}/{self.epochs}" + (" end of run" if label in self.finishing else "")
+
+        parts = " · ".join(f"{label} {state(label, c)}" for label, c in shown.items())
+        if shown is not counts:
+            finished = sum(c == self.epochs and k not in self.finishing
+                           for k, c in counts.items())
+            waiting = sum(c is None for c in counts.values())
+            parts = ", ".join(p for p in (parts, f"{finished} finished",
+                                          f"{waiting} not started") if p)
+        return f"  {parts} | {duration(elapsed)} elapsed, ETA {duration(eta)}"
+
+    def poll(self) -> str | None:
+        now = self.clock()
+        counts = self.counts()
+        seen = (counts, frozenset(self.finishing))
+        if seen == self.last_seen and now - self.last_said < self.quiet_seconds:
+            return None
+        self.last_seen, self.last_said = seen, now
+        return self.line(counts, now)
+
+    def start(self) -> RunWatch:
+        def loop() -> None:
+            while not self._stop.wait(self.every):
+                line = self.poll()
+                if line is not None:
+                    self.say(line)
+
+        self._thread = threading.Thread(target=loop, name="creditaudit-run-watch",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

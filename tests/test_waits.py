@@ -1,0 +1,225 @@
+"""No silent waits: every stage that takes seconds names itself where the user looks.
+
+- ``creditaudit demo`` trains in worker processes that say nothing until a run ends: the
+  command reads the runs' records and says how far each is (RunWatch);
+- a terminal that reports no size (``script -qfc``, stdin not a terminal) still gets the bar;
+- in a terminal the end-of-run stages are lines of their own, not a postfix cut off at the
+  end of a full bar, and the bar names the evaluation while it sits at an epoch's end;
+- ``Recorder`` says what it measures (``progress=``), and nudging says how far it is within
+  one chunk of samples.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import select
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit import Recorder, adapt, rule
+from creditaudit.cli import main
+from creditaudit.cli.run_watch import RunWatch, epochs_done
+from creditaudit.config import RunConfig
+from creditaudit.diagnostics.nudging import nudging_table
+from creditaudit.diagnostics.perturbation import BP_CREDIT
+from creditaudit.errors import ConfigError
+from creditaudit.loggers import ConsoleLogger, RunStart
+from creditaudit.models import ResidualMLP
+from creditaudit.zoo import TransformerClassifier
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = ["--set", "method.name=dfa", "--set", "data.n_train=256", "--set", "data.n_test=256",
+        "--set", "data.in_dim=8", "--set", "model.d=16", "--set", "model.n_blocks=2",
+        "--set", "optim.epochs=1", "--set", "optim.batch_size=64",
+        "--set", "diagnostics.eval_samples=256", "--set", "diagnostics.rho_samples=16",
+        "--set", "diagnostics.rho_directions=2", "--set", "diagnostics.null_draws=2"]
+
+
+# --- the demo's workers ----------------------------------------------------------------------
+def write_record(path: Path, epochs: int, status: str = "running") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"status": status,
+                                "log": [{"epoch": e} for e in range(epochs + 1)]}))
+
+
+def test_run_watch_says_each_runs_epochs_as_they_change_and_at_least_every_few_seconds(
+        tmp_path):
+    now = [0.0]
+    lines: list[str] = []
+    runs = {name: tmp_path / name / "progress.json" for name in ("bp", "dfa")}
+    watch = RunWatch(runs, epochs=4, say=lines.append, quiet_seconds=8.0, clock=lambda: now[0])
+    now[0] = 2.0
+    assert watch.poll() == "  bp – · dfa – | 0m02s elapsed, ETA ?"  # none started yet
+    now[0] = 4.0
+    assert watch.poll() is None  # nothing changed, and it said so 2 s ago
+    now[0] = 10.0
+    assert watch.poll() is not None  # 8 s without a line: it speaks anyway
+    write_record(runs["bp"], 2)
+    now[0] = 20.0
+    assert watch.poll() == "  bp 2/4 · dfa – | 0m20s elapsed, ETA 1m00s"  # 10 s/epoch × 6
+    write_record(runs["bp"], 4)  # its epochs done, its end-of-run block running
+    now[0] = 20.5
+    assert watch.poll() == "  bp 4/4 end of run · dfa – | 0m20s elapsed, ETA 0m20s"
+    write_record(runs["bp"], 4, "completed")
+    runs["dfa"].parent.mkdir()
+    runs["dfa"].write_text("{not json")  # a record being replaced: read as not started
+    now[0] = 21.0
+    assert watch.poll() == "  bp 4/4 · dfa – | 0m21s elapsed, ETA 0m21s"
+
+
+def test_a_finished_run_counts_in_full_and_a_missing_record_as_not_started(tmp_path):
+    write_record(tmp_path / "a.json", 3, "completed")
+    assert epochs_done(tmp_path / "a.json") == (3, "completed")
+    assert epochs_done(tmp_path / "missing.json") is None
+    watch = RunWatch({"a": tmp_path / "a.json"}, epochs=8, say=print)
+    assert watch.counts() == {"a": 8}  # stopped early by the protocol, yet finished
+
+
+def test_a_sweeps_line_lists_the_runs_training_now_and_counts_the_others(tmp_path):
+    runs = {f"seed={s}": tmp_path / f"{s}" / "progress.json" for s in range(8)}
+    write_record(runs["seed=0"], 2, "completed")  # finished before the watch: no ETA pace
+    now = [0.0]
+    watch = RunWatch(runs, epochs=2, say=print, clock=lambda: now[0])
+    write_record(runs["seed=1"], 1)
+    write_record(runs["seed=2"], 0)
+    now[0] = 10.0
+    assert watch.poll() == ("  seed=1 1/2 · seed=2 0/2, 1 finished, 5 not started | 0m10s "
+                            "elapsed, ETA 2m10s")  # 10 s per epoch trained here × 13 left
+
+
+def test_the_watch_thread_says_lines_and_stops(tmp_path):
+    lines: list[str] = []
+    watch = RunWatch({"bp": tmp_path / "r.json"}, epochs=2, say=lines.append,
+                     every=0.01).start()
+    try:
+        for _ in range(500):
+            if lines:
+                break
+            time.sleep(0.01)
+    finally:
+        watch.stop()
+    assert lines and lines[0].startswith("  bp – | ")
+
+
+# --- the terminal ----------------------------------------------------------------------------
+def test_a_terminal_without_a_size_still_draws_the_bar():
+    """`script -qfc "creditaudit train …"` with stdin not a terminal opens a pty of 0×0:
+    tqdm drew nothing on it, and a 1.5-minute run printed nothing until it ended."""
+    master, slave = pty.openpty()
+    assert os.get_terminal_size(slave).lines == 0  # what such a pty reports
+    stream = os.fdopen(slave, "w", buffering=1)
+    try:
+        logger = ConsoleLogger(stream, bar_stream=stream)
+        assert logger.terminal
+        logger.start(RunStart(RunConfig(), "rid", Path("runs/rid"), first_epoch=1, epochs=1,
+                              steps_per_epoch=3))
+        for _ in range(3):
+            logger.log_step(1.0)
+        logger.close()
+        stream.flush()
+        shown = ""
+        deadline = time.monotonic() + 30.0  # nothing shown: nothing to read, ever
+        while "3/3" not in shown and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                shown += os.read(master, 65536).decode(errors="replace")
+    finally:
+        stream.close()
+        os.close(master)
+    assert "3/3" in shown
+
+
+def screen_lines(text: str) -> list[str]:
+    """What stays on screen of a stream with carriage returns: each line's last overwrite."""
+    return [line.split("\r")[-1] for line in text.split("\n")]
+
+
+def test_in_a_terminal_the_end_of_run_stages_are_lines_and_the_full_bar_names_what_runs(
+        tmp_path, capsys, monkeypatch, restore_sigterm):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["train", *TINY, "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    stages = [line for line in screen_lines(err) if line.startswith("dfa end of run: ")]
+    assert [line.split(": ")[1].split(" (")[0].split(":")[0] for line in stages] == \
+        ["ρ", "nudging", "fresh-feedback null"]
+    assert "dfa epoch 0: evaluation and diagnostics" in err  # the bar, before any step
+    assert "dfa epoch 1: evaluation and diagnostics" in err  # the bar, full, at epoch's end
+
+
+# --- your own loop ---------------------------------------------------------------------------
+@pytest.fixture
+def small():
+    torch.manual_seed(0)
+    net = TransformerClassifier(image_shape=(1, 28, 28), patch=(7, 7), d=16, depth=2,
+                                heads=2)
+    x, y = torch.rand(64, 1, 28, 28), torch.arange(64) % 10
+    model = adapt(net, ["encoder.layers.0", "encoder.layers.1"], example=x[:4])
+    return rule("dfa", model), x, y
+
+
+def test_the_recorder_says_what_it_measures(small, tmp_path):
+    lines: list[str] = []
+    rec = Recorder(*small, out=tmp_path, name="mine", progress=lines.append,
+                   config={"diagnostics.rho_samples": 8, "diagnostics.rho_directions": 2,
+                           "diagnostics.null_draws": 2})
+    rec.epoch(0)
+    assert lines[0] == "Recorder mine: epoch 0: diagnostics on 64 samples …"
+    rec.epoch(1, test_acc=0.1)
+    rec.finish()
+    said = "\n".join(lines)
+    for stage in ("end of run: credit-quality block on 64 samples", "end of run: ρ",
+                  "end of run: nudging", "end of run: fresh-feedback null",
+                  "end of run: done in"):
+        assert f"Recorder mine: {stage}" in said
+
+
+def test_the_recorder_prints_its_lines_on_stderr_unless_told_not_to(small, tmp_path, capsys):
+    rec = Recorder(*small, out=tmp_path, name="a", config={"diagnostics.end_of_run": False})
+    rec.epoch(0)
+    assert "Recorder a: epoch 0: diagnostics on 64 samples …" in capsys.readouterr().err
+    quiet = Recorder(*small, out=tmp_path, name="b", progress=False,
+                     config={"diagnostics.end_of_run": False})
+    quiet.epoch(0)
+    quiet.finish()
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(ConfigError, match="progress='yes' must be True"):
+        Recorder(*small, out=tmp_path, name="c", progress="yes")
+
+
+def test_nudging_says_how_far_it_is_within_one_chunk():
+    """All samples in one chunk (the usual case on a CPU) gave no line until the stage
+    ended: 21 s of silence on a small ResNet, minutes on ResNet-18."""
+    torch.manual_seed(0)
+    model = ResidualMLP(8, 16, 10, 3).eval()
+    x, y = torch.randn(32, 8), torch.arange(32) % 10
+    ticks = iter(range(0, 100000, 11))
+    lines: list[str] = []
+    nudging_table(model, x, y, [BP_CREDIT], etas=[0.01, 0.1], progress=lines.append,
+                  clock=lambda: float(next(ticks)))
+    assert lines and all(line.startswith("nudging: ") and "ETA" in line for line in lines)
+    done = [int(line.split(": ")[1].split("/")[0]) for line in lines]
+    assert done == sorted(done) and done[-1] < 32
+
+
+def test_progress_lines_never_change_the_numbers():
+    torch.manual_seed(0)
+    model = ResidualMLP(8, 16, 10, 3).eval()
+    x, y = torch.randn(32, 8), torch.arange(32) % 10
+    quiet = nudging_table(model, x, y, [BP_CREDIT], etas=[0.01])
+    ticks = iter(range(0, 100000, 11))
+    loud = nudging_table(model, x, y, [BP_CREDIT], etas=[0.01], progress=lambda text: None,
+                         clock=lambda: float(next(ticks)))
+    assert quiet == loud
+
+
+def test_a_console_logger_on_a_plain_stream_is_not_a_terminal():
+    assert not ConsoleLogger(io.StringIO()).terminal

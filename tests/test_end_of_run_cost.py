@@ -470,7 +470,7 @@ def test_each_stage_reports_samples_done_and_an_eta(monkeypatch):
     credit_quality(rule, x, y, rho_samples=20, rho_directions=3, null_draws=2,
                    rho_flops=None, memory_gb=memory_gb, progress=lines.append)
     pattern = re.compile(r"^(ρ|nudging|fresh-feedback null): (\d+)/(\d+) samples, "
-                         r"\d+m\d\ds elapsed, ETA \d+m\d\ds$")
+                         r"\d+m\d\ds elapsed, ETA (\d+m\d\ds|\?)$")  # "?" before a sample is done
     done: dict[str, list[int]] = {}
     for line in lines:
         match = pattern.match(line)
@@ -479,7 +479,9 @@ def test_each_stage_reports_samples_done_and_an_eta(monkeypatch):
             done.setdefault(match[1], []).append(int(match[2]))
     assert set(done) == {"ρ", "nudging", "fresh-feedback null"}
     assert done["ρ"] == list(range(1, 20))  # every block but the last, which ends the stage
-    assert all(b > a for counts in done.values() for a, b in zip(counts, counts[1:]))
+    # never backwards; nudging also reports within a chunk, so with no pacing a count repeats
+    assert all(b >= a for counts in done.values() for a, b in zip(counts, counts[1:]))
+    assert all(counts[-1] > counts[0] for counts in done.values())
     starts = [line.split(":")[0].split(" (")[0] for line in lines if not pattern.match(line)]
     assert starts == ["ρ", "nudging", "fresh-feedback null"]  # the stage lines, unchanged
 

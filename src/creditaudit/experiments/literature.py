@@ -30,7 +30,14 @@ from creditaudit.experiments.literature_tables import TABLES, Column, Row, Table
 from creditaudit.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.experiments.scales import DEFAULT_DATA_DIRS, base_config, get_scale
 from creditaudit.experiments.threshold_sensitivity import run_statistics, status_at
-from creditaudit.protocol import FIRED, in_order, labels
+from creditaudit.protocol import (
+    FIRED,
+    DepthUtility,
+    DirectionStability,
+    ReferenceValidity,
+    in_order,
+    labels,
+)
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
@@ -40,8 +47,8 @@ WITHIN = 2.0  # a published number is "within the seed spread" when |Δ| ≤ 2 s
 # The thresholds each swept diagnostic is judged at again: (b), which fires on confident
 # networks without a terminal LayerNorm, and (c), whose 0.30 was calibrated on residual MLPs.
 SWEEPS: dict[str, tuple[float, ...]] = {
-    "b": (1e-10, 1e-9, 1e-8, 3e-8, 1e-7, 3e-7, 1e-6),
-    "c": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    ReferenceValidity.name: (1e-10, 1e-9, 1e-8, 3e-8, 1e-7, 3e-7, 1e-6),
+    DirectionStability.name: (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
 }
 SEEDS_PER_SCALE = {"smoke": 1}  # smoke runs in CI: one seed; the other scales take every seed
 
@@ -295,7 +302,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
     parts.append(f"Within the seed spread: {summary['within_rule']}. Verdicts: (a)–(c) as the "
                  "training-time protocol recorded them at the last evaluated epoch, (d) against "
                  "the frozen runs of the same network, data and recipe; "
-                 f"{labels(['d'])} is not evaluated where a recipe has no frozen runs.")
+                 f"{labels([DepthUtility.name])} is not evaluated where a recipe has no frozen "
+                 "runs.")
     return "\n\n".join(parts) + "\n"
 
 

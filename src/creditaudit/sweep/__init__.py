@@ -32,6 +32,14 @@ outside the run id such as ``run.out_dir``, a value listed twice), one key spell
 (``"method.name"`` beside a ``[grid.method]`` table) and a grid of more than ``max_runs``
 runs (counted, not expanded) are errors.
 
+Planning
+--------
+Before any run starts, every run is planned (:func:`plan_runs`: components, the options each
+reads, the rule bound to the model, data identity, run id); a run that cannot train stops
+the sweep in one line naming it, and a ``[base]`` value a run's component does not read is
+refused while the grid is expanded. The dry run, the summary and the table read those plans,
+one per run.
+
 Running
 -------
 Every run goes through :func:`run_one`, whichever executor calls it

@@ -13,8 +13,8 @@ import torch
 from creditaudit import RunConfig, adapt, diagnose
 from creditaudit.audit import audit_run
 from creditaudit.errors import ConfigError
-from creditaudit.protocol import Evidence, ResidualStreamScale, embed_growth
-from creditaudit.protocol.diagnostics import GrowthOptions
+from creditaudit.protocol import Evidence, ReferenceValidity, ResidualStreamScale, embed_growth
+from creditaudit.protocol.diagnostics import GrowthOptions, ReferenceOptions
 from creditaudit.report import render
 from creditaudit.training import train
 from creditaudit.zoo import TransformerClassifier
@@ -71,6 +71,18 @@ def test_no_initial_scale_leaves_the_segment_unjudged(initial):
 def test_one_state_is_judged_by_its_growth_since_initialisation():
     assert judge([80.0], [1.0]).status == "fired"
     assert judge([80.0], None).status == "not evaluated"
+
+
+def test_b_names_ln_cancellation_when_the_stream_grew_before_h0():
+    """A model that does not say whether it ends in a LayerNorm: (b) blames a grown stream
+    when it grew anywhere, the segment before h_0 included."""
+    evidence = Evidence([300.0, 310.0], [1e-3, 1e-9], g_L_zero_fraction=0.0,
+                        g_L_nonzero_median=1e-9, terminal_ln=None)
+    assert ReferenceValidity.evaluate(
+        evidence, ReferenceOptions()).details["cause"] == "gradient below floor"
+    evidence.initial_hidden_norms = [1.0, 1.1]
+    result = ReferenceValidity.evaluate(evidence, ReferenceOptions())
+    assert result.details["stream_grew"] and "LN cancellation" in result.details["cause"]
 
 
 # --- a live network: diagnose() --------------------------------------------------------------

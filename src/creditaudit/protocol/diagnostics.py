@@ -168,7 +168,9 @@ class ReferenceValidity(ProtocolDiagnostic):
         zero_fraction = evidence.g_L_zero_fraction
         nonzero_median = evidence.g_L_nonzero_median
         growth = ResidualStreamScale.limit(GrowthOptions())
-        grew = (len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
+        before = embed_growth(hidden, evidence.initial_hidden_norms)  # before h_0, since init
+        grew = ((len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
+                or (before is not None and before > growth))
         details: dict[str, Any] = {"zero_fraction": zero_fraction,
                                    "nonzero_median": nonzero_median,
                                    "terminal_ln": evidence.terminal_ln,

@@ -132,7 +132,7 @@ class ProtocolDiagnostic(Component):
 
     @classmethod
     def axis_label(cls) -> str:
-        """``max block growth (×)``: the short statistic with its unit."""
+        """``max stream growth (×)``: the short statistic with its unit."""
         unit = cls.unit.strip()
         name = cls.short or cls.label
         return f"{name} ({unit})" if unit else name

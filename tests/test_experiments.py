@@ -105,6 +105,21 @@ def test_second_run_trains_nothing(smoke):
     assert single["effects_pp"] == again["capacity_cost"]["effects_pp"]
 
 
+def test_an_experiment_plans_each_run_once(smoke, monkeypatch):
+    """Summarising finished runs: each run's id is computed once (by its plan), not once
+    for the sweep, once for its state and twice for the summary."""
+    import creditaudit.plan as plan_module
+
+    folder, _, _ = smoke
+    calls = []
+    original = plan_module.compute_run_id
+    monkeypatch.setattr(plan_module, "compute_run_id",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    summary = run_experiment("capacity_cost", scale="smoke", out_dir=folder)
+    assert summary["meta"]["execution"]["trained"] == 0
+    assert len(calls) == len(set(summary["meta"]["run_ids"]))
+
+
 def test_audit_table_rows_match_records(smoke):
     _, summaries, records = smoke
     table = summaries["audit_table"]

@@ -31,7 +31,7 @@ from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.own_model import diagnose, with_frozen_hint
 from creditaudit.plan import RunPlan
-from creditaudit.protocol import DiagnosticReport, Protocol, labels
+from creditaudit.protocol import DiagnosticReport, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
 from creditaudit.records import (
     EpochEntry,
@@ -147,8 +147,8 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     # The checkpointed epoch's accuracy: a diverged epoch is logged but never checkpointed.
     entry = record.entry(run.epoch) or (record.log[-1] if record.log else None)
     headline = entry.acc_eval if entry is not None else None
-    eval_x, eval_y = run.data.eval_subset(config.diagnostics.eval_samples,
-                                          flatten=run.plan.flatten)
+    # The evaluation set training used (the plan's: the default shrinks to a small test split).
+    eval_x, eval_y = run.data.eval_subset(run.plan.eval_samples, flatten=run.plan.flatten)
     eval_x, eval_y = eval_x.to(target), eval_y.to(target)
     options = {"rho_samples": config.diagnostics.rho_samples,
                "rho_directions": config.diagnostics.rho_directions,
@@ -156,9 +156,12 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
                "rho_flops": config.diagnostics.rho_flops,
                "memory_gb": config.diagnostics.end_of_run_memory_gb}
     # The diagnostics and thresholds the run was trained with (a plugin's, when it lists one).
-    protocol = Protocol.from_config(config.diagnostics)
+    protocol = run.plan.protocol
     say(f"diagnostics {labels(protocol.names)} and per-layer cosines on {eval_x.shape[0]} "
         f"evaluation samples (epoch {run.epoch})")
+    # Epoch 0 measured the network at initialisation on this evaluation set: (a) compares
+    # ‖h_0‖ with it, to see growth before the first state.
+    start = record.entry(0)
     report = diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
                       frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
                       metadata=metadata, progress=say, protocol=protocol,
@@ -166,7 +169,8 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
                           config.diagnostics.allow_unverified_reference
                           if allow_unverified_reference is None
                           else allow_unverified_reference),
-                      reference_fix=AUDIT_FIX)
+                      reference_fix=AUDIT_FIX,
+                      initial_hidden_norms=start.hidden_norms if start is not None else None)
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}

@@ -10,7 +10,8 @@ credit-quality block (ρ, nudging, the fresh-feedback null), and hands them to
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -71,8 +72,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
              metadata: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
              verify_reference: bool = True, protocol: Protocol | None = None,
-             allow_unverified_reference: bool = False, reference_fix: str = FIX
-             ) -> DiagnosticReport:
+             allow_unverified_reference: bool = False, reference_fix: str = FIX,
+             initial_hidden_norms: Sequence[float] | None = None) -> DiagnosticReport:
     """Run the four-diagnostic protocol on ``model`` over a held-out evaluation set.
 
     ``eval_x`` ``(N, …)`` model inputs, ``eval_y`` ``(N,)`` integer class labels; use
@@ -84,7 +85,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     fractions for (d); ``thresholds`` default to :class:`Thresholds` (). ``protocol``: the
     diagnostics to run and their options (e.g. ``Protocol.from_config(config.diagnostics)``,
     which adds the diagnostics a config lists; default: the built-in four with
-    ``thresholds``).
+    ``thresholds``). ``initial_hidden_norms``: the ``hidden_norms`` of a report on the same
+    network at initialisation, on the same evaluation set; with them (a) also judges the
+    segment before h_0 (embedding, stem), which no ratio of two states sees.
 
     ``metrics=True`` adds the credit-quality block (ρ, nudging; the fresh-feedback null for
     rules with fixed random feedback, FA and DFA). It needs a credit and a way to run the
@@ -125,6 +128,7 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
             f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "
             f"the {type(model).__name__} given: its credits would not be this model's; pass "
             "the rule's own model (credit.model) or a rule bound to this one")
+    initial = check_norms("initial_hidden_norms", initial_hidden_norms)
     options = dict(metric_options or {})
     unknown = sorted(set(options) - set(METRIC_OPTIONS))
     if unknown:
@@ -193,7 +197,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     report = evaluate_protocol(sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
                                thresholds=thresholds, terminal_ln=terminal_ln,
                                credits=summaries, metrics=quality, metadata=meta,
-                               protocol=protocol, reference=reference.to_dict())
+                               protocol=protocol, reference=reference.to_dict(),
+                               initial_hidden_norms=initial)
     # (b) judges the reference: its reason says it is unchecked
     b = ReferenceValidity.name
     if not reference.verified and any(r.id == b for r in report.diagnostics):
@@ -214,6 +219,20 @@ def with_frozen_hint(report: DiagnosticReport, hint: str) -> DiagnosticReport:
         if result.status == NOT_EVALUATED and result.reason.startswith(NO_FROZEN_REASON):
             result.reason = f"{NO_FROZEN_REASON} ({hint})"
     return report
+
+
+def check_norms(name: str, norms: Sequence[float] | None) -> list[float] | None:
+    """``norms`` as a list of floats; a one-line ConfigError naming ``name`` unless it is a
+    non-empty sequence of numbers ≥ 0 (NaN/Inf allowed: a diverged network's norms)."""
+    if norms is None:
+        return None
+    if isinstance(norms, str | bytes) or not isinstance(norms, Sequence) or not norms or not all(
+            isinstance(v, int | float) and not isinstance(v, bool)
+            and (math.isnan(v) or v >= 0) for v in norms):
+        raise ConfigError(f"{name} must be a list of median state norms (numbers ≥ 0, "
+                          f"h_0 first), e.g. diagnose(initial_model, …).hidden_norms; got "
+                          f"{norms!r:.80}")
+    return [float(v) for v in norms]
 
 
 def _credit_and_model(model: nn.Module, credit: CreditRule | CreditFn | None,

@@ -35,10 +35,11 @@ from creditaudit.blame import blame
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity, ModelDescription
-from creditaudit.errors import ConfigError, GuestError, LoadedDataError
+from creditaudit.errors import ConfigError, GuestError, LoadedDataError, ModelContractError
 from creditaudit.guests import Guest
-from creditaudit.methods import CreditRule, build_rule, rule_class
-from creditaudit.models import Architecture, ResidualNet, architecture, build_model
+from creditaudit.methods import CreditRule, build_rule, check_binding, rule_class
+from creditaudit.models import Architecture, ResidualNet, architecture
+from creditaudit.models.registry import build_architecture
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run_ids import CodeVersion, RunCode, compute_run_id
@@ -54,7 +55,8 @@ class RunPlan:
 
     ``eval_samples``: the evaluation-set size actually used (``diagnostics.eval_samples``,
     shrunk to the test split when the default does not fit). ``model``: the model's
-    description as built (on the meta device).
+    description as built (on the meta device). ``protocol``: the diagnostics the run
+    evaluates, with their thresholds.
     """
 
     config: RunConfig
@@ -67,6 +69,7 @@ class RunPlan:
     run_id: str
     eval_samples: int
     model: ModelDescription
+    protocol: Protocol
     _data: Dataset | None = field(default=None, repr=False)
 
     @property
@@ -83,12 +86,13 @@ class RunPlan:
         return self.dataset.n_classes(self.config.data)
 
     def load_data(self) -> Dataset:
-        """The run's data (loaded once per plan)."""
+        """The run's data (loaded once per plan, by the dataset class the plan resolved)."""
         if self._data is None:
             guest = DATASETS.guest(self.dataset.name)
             try:
                 with blame(guest):
-                    self._data = load_dataset(self.config.data, seed=self.config.run.seed)
+                    self._data = load_dataset(self.config.data, seed=self.config.run.seed,
+                                              spec=self.dataset)
             except LoadedDataError as err:
                 if guest is None:
                     raise
@@ -112,17 +116,19 @@ class RunPlan:
                        arrays_sha256=data.content_digest())
 
     def build_model(self) -> ResidualNet:
-        """The model (drawing its initial weights from torch's global RNG)."""
+        """The model, built by the architecture class the plan resolved (drawing its
+        initial weights from torch's global RNG)."""
         data = self.load_data()
         with blame(ARCHITECTURES.guest(self.architecture.name)):
-            return build_model(self.config.model, input_shape=data.input_shape,
-                               n_classes=data.n_classes)
+            return build_architecture(self.architecture, self.config.model,
+                                      input_shape=data.input_shape, n_classes=data.n_classes)
 
     def build_rule(self, model: ResidualNet) -> CreditRule:
-        """The rule bound to ``model`` (feedback drawn from its own generator)."""
+        """The rule the plan resolved, bound to ``model`` (feedback drawn from its own
+        generator)."""
         with blame(RULES.guest(self.rule.name)):
             return build_rule(model, self.config.method, n_classes=self.n_classes,
-                              seed=self.config.run.seed)
+                              seed=self.config.run.seed, cls=self.rule)
 
     def describe(self) -> dict[str, Any]:
         """What a plan says in a dry run: run id, rule, model, data, code."""
@@ -147,7 +153,8 @@ def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
 def plan_run(config: RunConfig) -> RunPlan:
     """Resolve ``config`` (see the module docstring). One-line ConfigError/DataError when
     it cannot run: a component not installed, an option its component refuses, an
-    architecture that cannot read the dataset's samples, a model too large for this
+    architecture that cannot read the dataset's samples, a rule that cannot train the
+    model (:func:`~creditaudit.methods.check_binding`), a model too large for this
     machine's memory, an evaluation set larger than the test split, missing data files."""
     rule = rule_class(config.method.name)
     arch = architecture(config.model.arch)
@@ -171,7 +178,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
     factory = arch.guest_code(config.model)  # code a built-in architecture runs
     with blame(arch_guest):
-        model = _describe_on_meta(config, arch, input_shape, n_classes)
+        model = _describe_on_meta(config, arch, rule, input_shape, n_classes)
     tb = config.method.trainable_blocks
     if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
@@ -192,7 +199,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     run_id = compute_run_id(config, identity.fingerprint, code)
     return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
-                   model=model)
+                   model=model, protocol=protocol)
 
 
 def _admit(config: RunConfig, rule: type[CreditRule], arch: type[Architecture],
@@ -221,12 +228,19 @@ def run_id(config: RunConfig) -> str:
     return plan_run(config).run_id
 
 
-def _describe_on_meta(config: RunConfig, arch: type[Architecture], input_shape: tuple[int, ...],
-                      n_classes: int) -> ModelDescription:
-    """The model's description, built on the meta device (no memory, no random draws), and
-    a refusal when training it would not fit in this machine's memory."""
+def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[CreditRule],
+                      input_shape: tuple[int, ...], n_classes: int) -> ModelDescription:
+    """The model's description, built on the meta device (no memory, no random draws); a
+    refusal when ``rule`` cannot train it (a rule without ``adapted_models`` on an adapted
+    model) or when training it would not fit in this machine's memory."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = build_model(config.model, input_shape=input_shape, n_classes=n_classes)
+        model = build_architecture(arch, config.model, input_shape=input_shape,
+                                   n_classes=n_classes)
+    try:
+        check_binding(rule, model)
+    except ModelContractError as err:
+        raise ConfigError(f"method.name={rule.name!r} cannot train model.arch="
+                          f"{arch.name!r}: {err}") from None
     description = model.describe()
     needed = (description.parameters or 0) * TRAINING_BYTES_PER_PARAMETER
     available = available_memory()

@@ -81,14 +81,16 @@ def _replay_finished(config: RunConfig, record: RunRecord, run_dir: Path,
 
 
 
-def prepare_run(config: RunConfig, *, resume: bool = False, force: bool = False,
+def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,
                 dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()
                 ) -> RunResult | tuple[RunPlan, bool]:
     """What :func:`train` does before training: the finished run's result (not rerun), or
-    (its plan, whether to resume) — with ``force``, the old run's files removed. Raises
-    RunRecordError for an unfinished run without ``resume``/``force`` and for ``resume``
-    without a run."""
-    plan = plan_run(config)
+    (its plan, whether to resume) — with ``force``, the old run's files removed. ``config``:
+    the run's config, or its plan when the caller has one (a sweep worker, a stack): it is
+    not planned again. Raises RunRecordError for an unfinished run without
+    ``resume``/``force`` and for ``resume`` without a run."""
+    plan = config if isinstance(config, RunPlan) else plan_run(config)
+    config = plan.config
     if dataset is not None:
         plan.use_data(dataset)
     identity = plan.identity

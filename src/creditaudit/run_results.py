@@ -50,13 +50,16 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
     started) go into ``entry``, the report and the first epoch each diagnostic fired into
     ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
     fraction, None = not evaluated); ``terminal_ln``: whether the model ends in a
-    LayerNorm, as the model says."""
+    LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
+    initialisation, when recorded) let (a) judge the growth before h_0."""
     epoch = entry.epoch
+    start = entry if epoch == 0 else record.entry(0)
     report = evaluate_protocol(
         sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
         measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
         metadata={**record_metadata(record), "epoch": epoch},
-        reference=record.reference.to_dict())
+        reference=record.reference.to_dict(),
+        initial_hidden_norms=start.hidden_norms if start is not None else None)
     entry.protocol = {r.id: r.status for r in report.diagnostics}
     entry.verdict = report.verdict
     state = record.protocol

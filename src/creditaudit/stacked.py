@@ -30,7 +30,7 @@ from creditaudit.config import RunConfig
 from creditaudit.epochs import StackedEpochs
 from creditaudit.errors import ConfigError
 from creditaudit.loggers import RunLogger, build_loggers
-from creditaudit.methods import rule_class
+from creditaudit.methods import CreditRule, rule_class
 from creditaudit.plan import RunPlan
 from creditaudit.run_folder import RunResult, prepare_run
 from creditaudit.stepping import STACKED_RULES, stack_refusal
@@ -46,11 +46,21 @@ VARYING = frozenset({("run", "seed"), ("optim", "lr"), ("optim", "weight_decay")
 VARYING_SECTIONS = frozenset({"diagnostics"})
 
 
-def stack_key(config: RunConfig) -> str | None:
-    """What runs must share to train in one stack (JSON text), or None when the config's
-    rule never steps stacked. Keys that do not change a run's computation (folders,
-    threads, progress, loggers) are left out, as are the :data:`VARYING` ones."""
-    if rule_class(config.method.name) not in STACKED_RULES:
+Run = RunConfig | RunPlan  # a run's config, or its plan (whose resolved rule is used)
+
+
+def _config_and_rule(run: Run) -> tuple[RunConfig, type[CreditRule]]:
+    if isinstance(run, RunPlan):
+        return run.config, run.rule
+    return run, rule_class(run.method.name)
+
+
+def stack_key(run: Run) -> str | None:
+    """What runs must share to train in one stack (JSON text), or None when the run's rule
+    never steps stacked. Keys that do not change a run's computation (folders, threads,
+    progress, loggers) are left out, as are the :data:`VARYING` ones."""
+    config, rule = _config_and_rule(run)
+    if rule not in STACKED_RULES:
         return None
     raw = config.to_dict()
     shared = {section: {key: value for key, value in values.items()
@@ -61,14 +71,15 @@ def stack_key(config: RunConfig) -> str | None:
     return json.dumps(shared, sort_keys=True, default=str)
 
 
-def check_stackable(configs: Sequence[RunConfig]) -> None:
-    """ConfigError, naming the first key that differs, unless every config can train in
-    one stack with the first."""
+def check_stackable(configs: Sequence[Run]) -> None:
+    """ConfigError, naming the first key that differs, unless every run (config or plan)
+    can train in one stack with the first."""
     if not configs:
         raise ConfigError("train_stacked needs at least one run config")
     names = ", ".join(cls.name for cls in STACKED_RULES)
     if stack_key(configs[0]) is None:
-        raise ConfigError(f"method.name={configs[0].method.name!r} does not train stacked; "
+        first, _ = _config_and_rule(configs[0])
+        raise ConfigError(f"method.name={first.method.name!r} does not train stacked; "
                           f"stacked runs use one of {names}")
     first = json.loads(stack_key(configs[0]) or "{}")
     for index, config in enumerate(configs[1:], start=2):
@@ -84,10 +95,10 @@ def check_stackable(configs: Sequence[RunConfig]) -> None:
                               "and [diagnostics]")
 
 
-def stack_groups(configs: Sequence[RunConfig], size: int) -> list[list[int]]:
-    """Indices of ``configs`` in groups of at most ``size`` that can train stacked (same
-    :func:`stack_key`), in order of first appearance; a config that cannot stack is a
-    group of its own."""
+def stack_groups(configs: Sequence[Run], size: int) -> list[list[int]]:
+    """Indices of ``configs`` (configs or plans) in groups of at most ``size`` that can
+    train stacked (same :func:`stack_key`), in order of first appearance; a config that
+    cannot stack is a group of its own."""
     if size < 1:
         raise ConfigError(f"--stack must be >= 1, got {size}")
     groups: list[list[int]] = []
@@ -116,10 +127,11 @@ def _own_rng(states: dict[int, torch.Tensor], trainer: Trainer) -> Iterator[None
         states[id(trainer)] = torch.get_rng_state()
 
 
-def train_stacked(configs: Sequence[RunConfig], *, resume: bool | Sequence[bool] = False,
+def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = False,
                   force: bool | Sequence[bool] = False,
                   loggers: Sequence[RunLogger] = ()) -> list[RunResult]:
-    """Train ``configs`` as one stack; one result per config, in order.
+    """Train ``configs`` as one stack; one result per config, in order. Each is a run's
+    config, or its plan (a sweep worker's: not planned again).
 
     ``resume`` and ``force`` (one for all, or one per config) mean what they mean for
     :func:`~creditaudit.training.train`; finished runs are returned without training, and

@@ -37,7 +37,6 @@ from creditaudit.protocol import (
     WALK_BACK,
     labels,
 )
-from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
@@ -110,7 +109,7 @@ class Trainer:
         self.model = plan.build_model().to(self.device)
         self.rule: CreditRule = plan.build_rule(self.model).to(self.device)
         self.rule.set_precision(config.run.precision, self.device.type)
-        self.protocol = Protocol.from_config(config.diagnostics)
+        self.protocol = plan.protocol
         self.optimizer = make_adamw(self.rule.trainable_parameters(), lr=config.optim.lr,
                                     weight_decay=config.optim.weight_decay)
         self.data_generator = torch.Generator().manual_seed(config.run.seed)
@@ -374,9 +373,10 @@ class Trainer:
         save_record(self.run_dir, self.record)
 
 
-def train(config: RunConfig, *, resume: bool = False, force: bool = False,
+def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,
           dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()) -> RunResult:
-    """Train one run and return its folder and record.
+    """Train one run and return its folder and record (``config``: the run's config, or its
+    :class:`~creditaudit.plan.RunPlan`, which is then not planned again).
 
     A completed run with the same config and data (same run id) is not rerun: its record is
     returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An

@@ -112,9 +112,8 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.plan import plan_run, run_id
     from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.sweep import LocalExecutor, run_sweep
+    from creditaudit.sweep import LocalExecutor, plan_runs, run_sweep
 
     started = time.perf_counter()
     task = DEMO_TASKS[args.dataset]
@@ -132,9 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated
+    plans = plan_runs(configs)  # every run planned once, before any trains
     # Load (generate) the data once here, not in every worker: generated data are cached,
     # so the parallel runs read the cache.
-    plan = plan_run(configs[0])
+    plan = plans[0]
     if plan.dataset.kind == "generated" and not args.quiet:
         print(f"preparing the {plan.dataset.label} data once (cached for the next runs) …",
               flush=True)
@@ -152,20 +152,19 @@ def run(args: argparse.Namespace) -> int:
 
     watch = None
     if not args.quiet:  # the workers say nothing until a run ends: read their records
-        watch = RunWatch({config.method.name: Path(args.out) / run_id(config) / RECORD_FILE
-                          for config in configs}, configs[0].optim.epochs,
+        watch = RunWatch({run.config.method.name: run.run_dir / RECORD_FILE for run in plans},
+                         plans[0].config.optim.epochs,
                          lambda line: print(line, flush=True)).start()
     try:
-        result = run_sweep(configs, LocalExecutor(workers=workers),
+        result = run_sweep(plans, LocalExecutor(workers=workers),
                            on_progress=None if args.quiet else progress)
     finally:
         if watch is not None:
             watch.stop()
     records = []
-    for config in configs:
-        path = Path(args.out) / run_id(config)
-        if (path / RECORD_FILE).exists():
-            records.append(load_record(path))
+    for run in plans:
+        if (run.run_dir / RECORD_FILE).exists():
+            records.append(load_record(run.run_dir))
     if not args.quiet:
         print()
     print(format_run_summary(records))

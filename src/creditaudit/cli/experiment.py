@@ -106,6 +106,7 @@ def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Ex
     """"N runs, M finished in OUT" (finished runs are found by run id, which needs the data's
     fingerprint: without the data, only the number of runs)."""
     from creditaudit.experiments.runner import run_state
+    from creditaudit.plan import plan_run
 
     def configs(data_dir: str | None) -> list:
         return experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
@@ -113,7 +114,7 @@ def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Ex
 
     try:
         found = configs(args.data_dir)  # None: the scale's default folder
-        done = sum(run_state(c)[0] in ("completed", "diverged") for c in found)
+        done = sum(run_state(plan_run(c))[0] in ("completed", "diverged") for c in found)
         return f"{len(found)} runs, {done} finished in {args.out}"
     except CreditAuditError as err:  # no data here: count the runs without reading it
         return f"{len(configs(args.data_dir or 'DATA_DIR'))} runs (finished ones not " \

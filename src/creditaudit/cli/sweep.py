@@ -25,7 +25,6 @@ from creditaudit.cli.sweep_output import (
     describe_plan,
     describe_stacks,
     format_sweep_table,
-    run_labels,
 )
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError
@@ -111,21 +110,23 @@ def describe_planned_executor(args: argparse.Namespace) -> str:
             f"{per_run}")
 
 
-def _dry_run(sweep: Any, expansion: Any, configs: list[Any], args: argparse.Namespace,
+def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namespace,
              stale_after: float) -> int:
-    from creditaudit.sweep import plan
+    """Print what the sweep would do with its ``plans`` (one per config, before run ids
+    are deduplicated: a run of two data folders is shown on both rows)."""
+    from creditaudit.sweep import run_labels, run_states, unique_plans
 
-    out_dir = Path(configs[0].run.out_dir)
+    out_dir = Path(plans[0].config.run.out_dir)
     print(describe_plan(sweep, expansion, out_dir))
     print(f"executor: {describe_planned_executor(args)}")
     if args.stack > 1:
-        print(f"stacks: {describe_stacks(configs, args.stack)}")
+        print(f"stacks: {describe_stacks(unique_plans(plans), args.stack)}")
     for line in expansion.warnings:
         print(f"warning: {line}")
     for line in expansion.notes:
         print(f"note: {line}")
-    rows = plan(configs, retry_failed=args.retry_failed, stale_after=stale_after)
-    labels = run_labels(configs, sweep.grid_keys)
+    rows = run_states(plans, retry_failed=args.retry_failed, stale_after=stale_after)
+    labels = run_labels(plans, sweep.grid_keys)
     first: dict[str, int] = {}
     for index, row in enumerate(rows):
         first.setdefault(row["run_id"], index)
@@ -275,17 +276,16 @@ def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
 
 
 @contextlib.contextmanager
-def watching(configs: list[Any], grid_keys: list[str], say: Any) -> Iterator[None]:
+def watching(plans: list[Any], grid_keys: list[str], say: Any) -> Iterator[None]:
     """While the block runs, a RunWatch line over the sweep's runs (labelled by their grid
     values) whenever a run finishes an epoch, and at least every few seconds."""
     from creditaudit.cli.run_watch import RunWatch
-    from creditaudit.cli.sweep_output import run_labels
-    from creditaudit.plan import run_id
     from creditaudit.records import RECORD_FILE
+    from creditaudit.sweep import run_labels
 
-    runs = {label: Path(config.run.out_dir) / run_id(config) / RECORD_FILE
-            for config, label in zip(configs, run_labels(configs, grid_keys))}
-    watch = RunWatch(runs, max(config.optim.epochs for config in configs), say).start()
+    runs = {label: plan.run_dir / RECORD_FILE
+            for plan, label in zip(plans, run_labels(plans, grid_keys))}
+    watch = RunWatch(runs, max(plan.config.optim.epochs for plan in plans), say).start()
     try:
         yield
     finally:
@@ -297,9 +297,10 @@ def run(args: argparse.Namespace) -> int:
         DEFAULT_MAX_RUNS,
         DEFAULT_STALE_AFTER,
         load_sweep,
+        plan_runs,
         prepare_configs,
         run_sweep,
-        unique_runs,
+        unique_plans,
     )
 
     check_flags(args)
@@ -313,11 +314,14 @@ def run(args: argparse.Namespace) -> int:
     expansion = sweep.expand(overrides, max_runs=max_runs)
     configs = prepare_configs(expansion.configs, threads=args.threads_per_worker)
     grid_keys = sweep.grid_keys
+    # Every run planned before any trains: a run that cannot (a rule that cannot train the
+    # model, missing data) stops the sweep here, and its dry run, in one line naming it.
+    plans = plan_runs(configs, grid_keys)
     if args.dry_run:
-        return _dry_run(sweep, expansion, configs, args, stale_after)
+        return _dry_run(sweep, expansion, plans, args, stale_after)
     for line in expansion.warnings:
         print(f"creditaudit: warning: {line}", file=sys.stderr)
-    configs = unique_runs(configs)
+    plans = unique_plans(plans)
     executor = build_executor(args)
     progress: SweepProgress | None = None
     started = time.perf_counter()
@@ -328,14 +332,15 @@ def run(args: argparse.Namespace) -> int:
             with exit_on_signal("sweep interrupted while joining the executor; no run had "
                                 "started"):
                 stack.enter_context(executor)
-            print(f"sweep {args.sweep_file}: {len(configs)} runs → {configs[0].run.out_dir} "
-                  f"({describe_executor(executor, len(configs), args.threads_per_worker)}"
-                  + (f"; {describe_stacks(configs, args.stack)}" if args.stack > 1 else "")
+            print(f"sweep {args.sweep_file}: {len(plans)} runs → "
+                  f"{plans[0].config.run.out_dir} "
+                  f"({describe_executor(executor, len(plans), args.threads_per_worker)}"
+                  + (f"; {describe_stacks(plans, args.stack)}" if args.stack > 1 else "")
                   + ")", flush=True)
-            progress = SweepProgress(len(configs), quiet=args.quiet)
+            progress = SweepProgress(len(plans), quiet=args.quiet)
             if not args.quiet and executor.name != "ray":  # runs write records here: read
-                stack.enter_context(watching(configs, grid_keys, progress.say))  # them
-            result = run_sweep(configs, executor, retry_failed=args.retry_failed,
+                stack.enter_context(watching(plans, grid_keys, progress.say))  # them
+            result = run_sweep(plans, executor, retry_failed=args.retry_failed,
                                stale_after=stale_after, wait_for_others=not args.no_wait,
                                grid_keys=grid_keys, on_progress=progress,
                                summary_extra={"sweep_file": str(args.sweep_file),
@@ -352,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     print()
-    print(format_sweep_table(configs, grid_keys))
+    print(format_sweep_table(plans, grid_keys))
     problems = [run for run in result.summary["runs"]
                 if run["status"] not in ("completed", "diverged")]
     for entry in problems:
@@ -364,6 +369,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(skipped_failed)} run(s) failed before and were skipped: run the same "
               "command with --retry-failed to train them again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
-    print(f"\n{len(configs)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
+    print(f"\n{len(plans)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
           f"summary: {result.summary_path}")
     return 1 if problems else 0

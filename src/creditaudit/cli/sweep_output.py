@@ -3,7 +3,8 @@
 :class:`SweepProgress` is the one status line while runs train (``creditaudit experiment``
 draws it too); :func:`format_sweep_table` the summary of the runs' records led by their grid
 values; :func:`describe_plan` and :func:`describe_stacks` what a sweep file expands to and
-how ``--stack`` groups its runs, before anything runs.
+how ``--stack`` groups its runs, before anything runs. Every table reads the runs' plans
+(:func:`creditaudit.sweep.plan_runs`): nothing here plans a run again.
 """
 
 from __future__ import annotations
@@ -79,33 +80,16 @@ class SweepProgress:
 
 
 # --- tables ------------------------------------------------------------------------------
-def _short_keys(keys: list[str]) -> dict[str, str]:
-    """Dotted keys → last segment where unambiguous (``method.penalty`` → ``penalty``)."""
-    last = [key.rsplit(".", 1)[-1] for key in keys]
-    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
-
-
-def run_labels(configs: list[Any], keys: list[str]) -> list[str]:
-    """Each run's values of the sweep keys that vary between runs (``name=bp seed=42``)."""
-    from creditaudit.plan import run_id
-    from creditaudit.sweep import config_value
-
-    keys = [key for key in keys
-            if len({repr(config_value(config, key)) for config in configs}) > 1]
-    short = _short_keys(keys)
-    return [" ".join(f"{short[key]}={config_value(config, key)}" for key in keys) or
-            run_id(config) for config in configs]
-
-
-def format_sweep_table(configs: list[Any], grid_keys: list[str]) -> str:
-    """format_run_summary of the runs that have a record, each row led by its grid values."""
-    from creditaudit.plan import run_id
+def format_sweep_table(plans: list[Any], grid_keys: list[str]) -> str:
+    """format_run_summary of the runs (their plans) that have a record, each row led by its
+    grid values."""
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.report import format_run_summary
+    from creditaudit.sweep import run_labels
 
     records, labels = [], []
-    for config, label in zip(configs, run_labels(configs, grid_keys)):
-        path = Path(config.run.out_dir) / run_id(config) / RECORD_FILE
+    for plan, label in zip(plans, run_labels(plans, grid_keys)):
+        path = plan.run_dir / RECORD_FILE
         if path.exists():
             try:
                 records.append(load_record(path))
@@ -141,12 +125,12 @@ def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
     return text + f" → {n_runs} run{'s' if n_runs != 1 else ''} in {out_dir}"
 
 
-def describe_stacks(configs: list[Any], size: int) -> str:
-    """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs."""
+def describe_stacks(plans: list[Any], size: int) -> str:
+    """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs (their
+    plans, one per run id)."""
     from creditaudit.stacked import stack_groups
-    from creditaudit.sweep import unique_runs
 
-    groups = stack_groups(unique_runs(configs), size)
+    groups = stack_groups(plans, size)
     stacks = [g for g in groups if len(g) > 1]
     alone = len(groups) - len(stacks)
     text = (f"{sum(map(len, stacks))} runs in {len(stacks)} stack"

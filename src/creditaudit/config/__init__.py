@@ -95,8 +95,8 @@ def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
     not installed here keeps its keys as written, and keys the component does not read are
     dropped (records of earlier versions list every key of every component). ``dropped``
     (sweeps): a list that collects, instead of refusing them, the keys that are options of
-    another component than the one selected (a sweep's [base] may hold EP's options while
-    its grid varies the rule).
+    another component than the one selected; the sweep decides (a grid value that some
+    runs' rule does not read is left out of those runs, a ``[base]`` value is refused).
     """
     if not isinstance(raw, dict):
         raise ConfigError(f"a config must be a table of sections, got {type(raw).__name__}")

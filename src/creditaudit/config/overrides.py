@@ -77,10 +77,11 @@ def merge_overrides(raw: dict[str, Any], overrides: dict[str, Any],
             if component is not None:
                 keep |= set(component.option_names())
             merged[section] = {k: v for k, v in old.items() if k in keep}
-            if dropped is not None:
-                dropped += [f"{section}.{k}" for k in old
+            if dropped is not None:  # a legacy default counts once it holds another value
+                dropped += [f"{section}.{k}" for k, v in old.items()
                             if k not in keep and f"{section}.{k}" not in overrides
-                            and (section, k) not in LEGACY_DEFAULTS]
+                            and ((section, k) not in LEGACY_DEFAULTS
+                                 or LEGACY_DEFAULTS[(section, k)] != v)]
     for key, value in overrides.items():
         section, name = split_key(key)
         table, _, leaf = name.partition(".")

@@ -23,14 +23,16 @@ from creditaudit.data.synthetic import make_teacher_student
 from creditaudit.errors import ConfigError, DataError, LoadedDataError
 
 
-def load_dataset(options: Any, *, seed: int) -> Dataset:
+def load_dataset(options: Any, *, seed: int, spec: type[DatasetSpec] | None = None
+                 ) -> Dataset:
     """Load (or generate) the dataset ``options.name`` selects (``options``: a config's data
-    section); ``seed``: the run seed (generated data uses ``data.data_seed`` when set).
+    section; ``spec``: its class, when the caller has resolved it — a run plan); ``seed``:
+    the run seed (generated data uses ``data.data_seed`` when set).
 
     Checks what was loaded against what the dataset declares (sample shape, classes, equal
     train and test shapes) and applies ``data.train_subset``.
     """
-    spec = dataset_spec(options.name)
+    spec = dataset_spec(options.name) if spec is None else spec
     spec.check(options)
     dataset = spec.load(options, spec.data_seed(options, seed))
     check_loaded(spec, options, dataset)

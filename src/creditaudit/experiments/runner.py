@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit import strict_json
-from creditaudit.config import RunConfig, device_overrides
+from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.experiments.aggregate import aggregate
 from creditaudit.experiments.configs import scale_dataset
@@ -26,10 +26,11 @@ from creditaudit.experiments.registry import (
     get_experiment,
 )
 from creditaudit.experiments.scales import get_scale
-from creditaudit.plan import run_id
+from creditaudit.plan import RunPlan
 from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
 from creditaudit.safe_files import atomic_write_bytes
-from creditaudit.sweep import dedupe
+from creditaudit.sweep import dedupe, unique_plans
+from creditaudit.sweep.distinct import run_key
 
 EXPERIMENTS_DIR = "experiments"
 EXECUTORS = ("local", "inline", "ray")
@@ -88,10 +89,10 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
-def run_state(config: RunConfig) -> tuple[str | None, RunRecord | None, str | None]:
-    """(status, record, error) of a run on disk; status None when it has no record, and
-    "corrupt" (with the reason) when its record cannot be read."""
-    path = Path(config.run.out_dir) / run_id(config) / RECORD_FILE
+def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
+    """(status, record, error) of a run (its plan) on disk; status None when it has no
+    record, and "corrupt" (with the reason) when its record cannot be read."""
+    path = plan.run_dir / RECORD_FILE
     if not path.exists():
         return None, None, None
     try:
@@ -101,15 +102,15 @@ def run_state(config: RunConfig) -> tuple[str | None, RunRecord | None, str | No
     return record.status, record, record.error
 
 
-def _load(configs: Sequence[RunConfig]) -> tuple[list[RunRecord], list[dict[str, Any]]]:
-    """(finished records, missing runs) of ``configs``."""
+def _load(plans: Sequence[RunPlan]) -> tuple[list[RunRecord], list[dict[str, Any]]]:
+    """(finished records, missing runs) of the runs of ``plans``."""
     records, missing = [], []
-    for config in configs:
-        status, record, error = run_state(config)
+    for plan in plans:
+        status, record, error = run_state(plan)
         if record is not None and record.is_finished:
             records.append(record)
         else:
-            missing.append({"run_id": run_id(config), "status": status or "not started",
+            missing.append({"run_id": plan.run_id, "status": status or "not started",
                             "error": error})
     return records, missing
 
@@ -121,16 +122,16 @@ def _epoch_seconds(records: Sequence[RunRecord]) -> dict[str, Any]:
     return {"epochs": len(seconds), "total": sum(seconds), "per_epoch": aggregate(seconds)}
 
 
-def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *,
+def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
                          scale: str, dataset: str, out_dir: Path,
                          outcomes: dict[str, dict[str, Any]] | None = None,
                          wall_seconds: float | None = None,
                          choices: Choices = NO_CHOICES) -> dict[str, Any]:
-    """Load the records of ``configs``, summarise, write
+    """Load the records of the runs of ``plans``, summarise, write
     ``OUT/experiments/NAME.SCALE.DATASET.{json,md}`` (:func:`summary_stem`)."""
-    records, missing = _load(configs)
+    records, missing = _load(plans)
     summary = experiment.summarise(records, choices)
-    ids = [run_id(c) for c in configs]
+    ids = [plan.run_id for plan in plans]
     actions: dict[str, int] = {}
     for key, outcome in (outcomes or {}).items():
         if key in ids:
@@ -142,7 +143,7 @@ def summarise_experiment(experiment: Experiment, configs: Sequence[RunConfig], *
         "scale": scale, "dataset": dataset, "out_dir": str(out_dir),
         "choices": choices.to_dict(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "runs_needed": len(configs), "runs_found": len(records),
+        "runs_needed": len(plans), "runs_found": len(records),
         "run_ids": ids, "missing": missing,
         "execution": {"trained": trained, "actions": actions,
                       "wall_seconds": wall_seconds},
@@ -174,7 +175,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     """
     import torch
 
-    from creditaudit.sweep import prepare_configs, run_sweep
+    from creditaudit.sweep import plan_runs, prepare_configs, run_sweep
 
     get_scale(scale)
     experiments = [get_experiment(name) for name in names]
@@ -188,25 +189,27 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
                                for c in e.configs(scale, dataset=dataset, data_dir=data_dir,
                                                   out_dir=out_dir, choices=choices)]
                       for e in experiments}
+    # Every run planned once, before any trains; experiments that share a run share its plan.
     everything = dedupe([c for configs in per_experiment.values() for c in configs])
+    if any(c.run.progress for c in everything):  # a worker's progress bars (paper scale)
+        everything = prepare_configs(everything, threads=None)
+    planned = dict(zip(map(run_key, everything), plan_runs(everything)))
+    per_plans = {name: [planned[run_key(c)] for c in configs]
+                 for name, configs in per_experiment.items()}
     outcomes: dict[str, dict[str, Any]] = {}
     todo = []
-    for config in everything:
-        status, _, error = run_state(config)
+    for plan in unique_plans(list(planned.values())):
+        status, _, error = run_state(plan)
         if status in ("completed", "diverged") or (status == "failed" and not retry_failed):
-            key = run_id(config)
-            outcomes[key] = {"run_id": key, "status": status, "action": "skipped",
-                             "error": error}
+            outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
+                                     "action": "skipped", "error": error}
         else:
-            todo.append(config)
+            todo.append(plan)
     started = time.perf_counter()
     if todo and train:  # finished runs never reach the sweep (it would reload every record)
         runner = _executor(executor, scale, workers, device)
         threads = torch.get_num_threads()
         try:
-            # Absolute folders already; prepare only what shows progress bars (paper scale).
-            if any(c.run.progress for c in todo):
-                todo = prepare_configs(todo, threads=None)
             result = run_sweep(todo, runner,
                                retry_failed=retry_failed, on_progress=on_progress,
                                summary_extra={"experiments": list(per_experiment),
@@ -216,7 +219,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         outcomes.update({o["run_id"]: o for o in result.outcomes})
     wall = time.perf_counter() - started
     name_of_dataset = scale_dataset(scale, dataset)
-    return {e.name: summarise_experiment(e, per_experiment[e.name], scale=scale,
+    return {e.name: summarise_experiment(e, per_plans[e.name], scale=scale,
                                          dataset=name_of_dataset, out_dir=out_dir,
                                          outcomes=outcomes, wall_seconds=wall,
                                          choices=choices)

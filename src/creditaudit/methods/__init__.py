@@ -44,23 +44,32 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 
-def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int
-               ) -> CreditRule:
-    """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
-
-    Feedback matrices come from their own generator derived from ``config.feedback_seed``
-    (default: the run seed; :func:`~creditaudit.methods.feedback.feedback_generator`), so
-    they never consume the training RNG and never repeat the model's initial draws.
-    ConfigError when the rule is not installed; ModelContractError when ``model`` is an
-    adapted model (:func:`creditaudit.adapt`) and the rule does not declare
-    ``adapted_models``.
-    """
-    cls = rule_class(config.name)
+def check_binding(cls: type[CreditRule], model: nn.Module) -> None:
+    """ModelContractError (one line) when rule ``cls`` cannot train ``model``: an adapted
+    model (:func:`creditaudit.adapt`, ``model.arch = "module"``) and a rule that does not
+    declare ``adapted_models``. A run plan asks this of the model built on the meta device,
+    so a sweep refuses such a run before any run trains."""
     if isinstance(model, AdaptedModel) and not cls.adapted_models:
         able = [name for name in rule_names() if rule_class(name).adapted_models]
         raise ModelContractError(
             f"{cls.name} needs a residual network (embed, blocks returning branches, readout): "
             f"{cls.residual_reason}; adapted models support {', '.join(able)}")
+
+
+def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int,
+               cls: type[CreditRule] | None = None) -> CreditRule:
+    """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
+
+    ``cls``: the rule's class when the caller has resolved it (a run plan); by default the
+    one ``config.name`` names. Feedback matrices come from their own generator derived from
+    ``config.feedback_seed`` (default: the run seed;
+    :func:`~creditaudit.methods.feedback.feedback_generator`), so they never consume the
+    training RNG and never repeat the model's initial draws. ConfigError when the rule is
+    not installed; ModelContractError when ``model`` is an adapted model
+    (:func:`creditaudit.adapt`) and the rule does not declare ``adapted_models``.
+    """
+    cls = rule_class(config.name) if cls is None else cls
+    check_binding(cls, model)
     set_trainable(model, config.trainable_blocks)
     feedback_seed = config.feedback_seed if cls.draws_feedback() else None
     generator = feedback_generator(seed if feedback_seed is None else feedback_seed)
@@ -103,6 +112,7 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
 
 
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
-           "CreditBridge", "EP", "build_rule", "rule", "bp_state_gradients", "rms_normalise",
+           "CreditBridge", "EP", "build_rule", "check_binding", "rule", "bp_state_gradients",
+           "rms_normalise",
            "rule_class", "rule_names", "rule_label", "credit_formula", "find_rule",
            "check_method", "ENTRY_POINT_GROUP"]

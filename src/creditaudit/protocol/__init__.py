@@ -3,7 +3,8 @@
 =====  ===============================  =============================================  ==========
 id     name                             statistic                                      fires when
 =====  ===============================  =============================================  ==========
-(a)    residual-stream scale            max_l ‖h_{l+1}‖/‖h_l‖ of median norms          > 50
+(a)    residual-stream scale            max growth of median ‖h‖: per block            > 50
+                                        ‖h_{l+1}‖/‖h_l‖, and ‖h_0‖ since initialisation
 (b)    reference validity               median per-sample ‖g_L‖ (1/128 scale)          < 1e-7
 (c)    cross-batch direction stability  mean pairwise cos of K ≥ 8 batch-mean g at L//2 > 0.30
 (d)    depth utility                    headline acc − frozen-blocks acc (pp)          < 2.0
@@ -43,6 +44,7 @@ from creditaudit.protocol.checks import (
     Thresholds,
     block_growths,
     cross_batch_stability,
+    embed_growth,
 )
 from creditaudit.protocol.diagnostics import (
     DepthUtility,
@@ -84,7 +86,7 @@ __all__ = [
     "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport", "DiagnosticResult",
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
-    "block_growths", "cross_batch_stability", "depth_utility_diagnostic", "evaluate_protocol",
-    "in_order", "labels", "statuses_of", "verdict_of", "verdict_phrase", "judge", "Judgement",
-    "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
+    "block_growths", "embed_growth", "cross_batch_stability", "depth_utility_diagnostic",
+    "evaluate_protocol", "in_order", "labels", "statuses_of", "verdict_of", "verdict_phrase",
+    "judge", "Judgement", "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
 ]

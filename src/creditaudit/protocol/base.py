@@ -40,7 +40,9 @@ class Evidence:
     g_L is exactly 0 and the median over the others; ``grads``: the per-sample gradient
     summaries ``(N, d)`` per layer and ``logits`` ``(N, C)`` (None when a record is judged
     again from its stored numbers); accuracies are fractions; ``terminal_ln``: whether the
-    model ends in a LayerNorm (None = unknown).
+    model ends in a LayerNorm (None = unknown); ``initial_hidden_norms``: ``hidden_norms`` of
+    the same network at initialisation on the same evaluation set (a run's epoch 0), when
+    known.
     """
 
     hidden_norms: list[float]
@@ -53,6 +55,7 @@ class Evidence:
     headline_acc: float | None = None
     frozen_acc: float | None = None
     terminal_ln: bool | None = None
+    initial_hidden_norms: list[float] | None = None
 
 
 class ProtocolDiagnostic(Component):
@@ -136,7 +139,7 @@ class ProtocolDiagnostic(Component):
 
     @classmethod
     def axis_label(cls) -> str:
-        """``max block growth (×)``: the short statistic with its unit."""
+        """``max stream growth (×)``: the short statistic with its unit."""
         unit = cls.unit.strip()
         name = cls.short or cls.label
         return f"{name} ({unit})" if unit else name

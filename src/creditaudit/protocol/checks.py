@@ -41,7 +41,8 @@ class Thresholds:
     """Firing thresholds (science.md §5 defaults) and the batching of diagnostic (c): the
     options of the four built-in diagnostics in one object (each reads its own fields).
 
-    ``growth``: (a) fires when the largest single-block growth exceeds it (ratio).
+    ``growth``: (a) fires when the largest growth of the stream exceeds it (ratio): in one
+    block, or of ‖h_0‖ since initialisation.
     ``grad_floor``: (b) fires when median ‖g_L‖ (1/128 scale) is below it.
     ``stability``: (c) fires when the mean pairwise cosine exceeds it.
     ``margin_pp``: (d) fires when headline − frozen accuracy is below it (percentage points).
@@ -104,6 +105,20 @@ def unfounded(status: Any, value: Any) -> str | None:
 def block_growths(hidden_norms: Sequence[float]) -> list[float]:
     """‖h_{l+1}‖/‖h_l‖ for every block l (inf where ‖h_l‖ = 0)."""
     return [max_block_growth([a, b]) for a, b in zip(hidden_norms[:-1], hidden_norms[1:])]
+
+
+def embed_growth(hidden_norms: Sequence[float],
+                 initial_norms: Sequence[float] | None) -> float | None:
+    """‖h_0‖ now / ‖h_0‖ at initialisation (median norms on one evaluation set): how much
+    the segment before the first state (embedding, stem, first named layer) grew the stream
+    since training began. None when the initial norms are unknown, or ‖h_0‖ was not a
+    finite positive number at initialisation (no scale to grow from)."""
+    if not initial_norms or not hidden_norms:
+        return None
+    start = initial_norms[0]
+    if not math.isfinite(start) or start <= 0:
+        return None
+    return max_block_growth([start, hidden_norms[0]])
 
 
 def cross_batch_stability(grad: Tensor, batch_size: int = 128) -> tuple[float, int]:

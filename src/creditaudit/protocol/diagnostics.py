@@ -46,6 +46,7 @@ from creditaudit.protocol.checks import (
     DiagnosticResult,
     block_growths,
     cross_batch_stability,
+    embed_growth,
 )
 
 
@@ -80,9 +81,19 @@ class DepthOptions:
 
 @register
 class ResidualStreamScale(ProtocolDiagnostic):
+    """(a): the largest growth of the stream anywhere in the network.
+
+    Each block's growth ‖h_{l+1}‖/‖h_l‖ sees blocks 0 … L−1; the segment before h_0 (an
+    embedding, a stem, or whatever precedes the first named state of an adapted model) has
+    no state before it, so its growth is measured over training instead: ‖h_0‖ against its
+    value at initialisation (``Evidence.initial_hidden_norms``). Both are ratios of one
+    norm, so the statistic is scale-free, and one threshold judges both: healthy BP runs
+    grow ‖h_0‖ 1–3× over training, runs whose embedding grows without bound by 10²–10⁴.
+    """
+
     name = "a"
     label = "residual-stream scale"
-    statistic = "max_l ‖h_{l+1}‖/‖h_l‖ of median norms"
+    statistic = "max growth of median ‖h‖: per block ‖h_{l+1}‖/‖h_l‖, ‖h_0‖ since init"
     operator, unit, value_format, threshold = ">", "×", ".3g", "growth"
     value_unit = ""  # a table's value column reads "694", its threshold column "> 50×"
     hint = ("the rule lets the residual stream grow without bound; a terminal LayerNorm hides "
@@ -90,7 +101,7 @@ class ResidualStreamScale(ProtocolDiagnostic):
     Options = GrowthOptions
     default = True
     rank = 0
-    short, scale, per_layer = "max block growth", "log", True
+    short, scale, per_layer = "max stream growth", "log", True
     sensitivity = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
     needs = "runs whose states stay finite"
 
@@ -98,25 +109,37 @@ class ResidualStreamScale(ProtocolDiagnostic):
     def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
         hidden = evidence.hidden_norms
         limit = cls.limit(options)
-        if len(hidden) < 2:
+        embed = embed_growth(hidden, evidence.initial_hidden_norms)
+        if len(hidden) < 2 and embed is None:
             return cls.result(None, options, NOT_EVALUATED, "needs the state norms of at "
-                              "least two states", block_growth=[], block=None)
+                              "least two states, or of h_0 at initialisation",
+                              block_growth=[], block=None, embed_growth=None)
         if not all(math.isfinite(v) for v in hidden):
             # NaN/Inf states mean the stream overflowed: the failure (a) exists to catch.
             return cls.result(math.inf, options, FIRED, "state norms are NaN/Inf: the "
                               "residual stream overflowed (diverged model)",
-                              block_growth=block_growths(hidden), block=None)
+                              block_growth=block_growths(hidden), block=None,
+                              embed_growth=embed)
         growths = block_growths(hidden)
-        value = max_block_growth(list(hidden))
-        block = growths.index(value) if growths else None
-        details = {"block_growth": growths, "block": block}
+        largest = max_block_growth(list(hidden)) if len(hidden) > 1 else None
+        block = growths.index(largest) if growths else None
+        details = {"block_growth": growths, "block": block, "embed_growth": embed}
+        value = max(v for v in (largest, embed) if v is not None)
+        if embed is not None and (largest is None or embed > largest):
+            where = f"‖h_0‖ grew {embed:.3g}× since initialisation (before the first state)"
+        else:
+            where = f"block {block} grows the residual stream {value:.3g}×"
+        before = ("" if embed is None else f"; ‖h_0‖ {embed:.3g}× its initial value")
         if cls.fires(value, options):
             return cls.result(value, options, FIRED,
-                              f"block {block} grows the residual stream {value:.3g}× (> "
-                              f"{limit:g}×); ‖h_L‖ = {hidden[-1]:.3g}", **details)
-        where = f" at block {block}" if block is not None else ""
-        return cls.result(value, options, PASSED,
-                          f"largest block growth {value:.3g}×{where} (≤ {limit:g}×)", **details)
+                              f"{where} (> {limit:g}×); ‖h_L‖ = {hidden[-1]:.3g}", **details)
+        if largest is None:
+            text = f"‖h_0‖ {embed:.3g}× its initial value (≤ {limit:g}×)"
+        else:
+            text = f"largest block growth {largest:.3g}× at block {block}{before} (≤ {limit:g}×)"
+        if embed is None:
+            text += "; ‖h_0‖ at initialisation not known: the segment before h_0 is not judged"
+        return cls.result(value, options, PASSED, text, **details)
 
 
 @register
@@ -145,7 +168,9 @@ class ReferenceValidity(ProtocolDiagnostic):
         zero_fraction = evidence.g_L_zero_fraction
         nonzero_median = evidence.g_L_nonzero_median
         growth = ResidualStreamScale.limit(GrowthOptions())
-        grew = (len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
+        before = embed_growth(hidden, evidence.initial_hidden_norms)  # before h_0, since init
+        grew = ((len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
+                or (before is not None and before > growth))
         details: dict[str, Any] = {"zero_fraction": zero_fraction,
                                    "nonzero_median": nonzero_median,
                                    "terminal_ln": evidence.terminal_ln,

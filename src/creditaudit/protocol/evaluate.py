@@ -173,7 +173,9 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                       metadata: dict[str, Any] | None = None,
                       protocol: Protocol | None = None,
                       measures: EpochMeasures | None = None,
-                      reference: dict[str, Any] | None = None) -> DiagnosticReport:
+                      reference: dict[str, Any] | None = None,
+                      initial_hidden_norms: Sequence[float] | None = None
+                      ) -> DiagnosticReport:
     """The protocol's diagnostics from precomputed per-sample states and gradients.
 
     ``sg``: :class:`StateGradients` on the evaluation set (``(N, d)`` summaries, gradients
@@ -185,8 +187,9 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     per-layer cosine table and Γ; ``protocol``: the diagnostics and their thresholds
     (default: the four built-ins with ``thresholds``); ``reference``: how the reference
     gradient of ``sg`` was checked (a check's ``to_dict()``; kept as
-    ``metadata["reference_check"]`` and judged with the diagnostics — None: not stated).
-    Pure: no autograd, no RNG.
+    ``metadata["reference_check"]`` and judged with the diagnostics — None: not stated);
+    ``initial_hidden_norms``: the median ‖h_l‖ of the same network at initialisation on the
+    same set, which lets (a) judge the segment before h_0. Pure: no autograd, no RNG.
     """
     headline_acc = _check_fraction("headline_acc", headline_acc)
     frozen_acc = _check_fraction("frozen_acc", frozen_acc)
@@ -201,7 +204,9 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     evidence = Evidence(hidden_norms=hidden, grad_norms=grads, g_L_zero_fraction=zero_fraction,
                         g_L_nonzero_median=nonzero_median, grads=sg.grads, logits=sg.logits,
                         headline_acc=headline_acc, frozen_acc=frozen_acc,
-                        terminal_ln=terminal_ln)
+                        terminal_ln=terminal_ln,
+                        initial_hidden_norms=(None if initial_hidden_norms is None
+                                              else list(initial_hidden_norms)))
     results = protocol.evaluate(evidence)
     meta = {"n_samples": int(sg.states[0].shape[0]), "layout": sg.layout,
             "terminal_ln": terminal_ln, "headline_acc": headline_acc, "frozen_acc": frozen_acc,

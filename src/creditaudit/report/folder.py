@@ -218,7 +218,7 @@ def render_report_html(parts: Sequence[str | Folded], *, base_dir: str | Path = 
 
 
 def thresholds_text(ids: Sequence[str]) -> str:
-    """``(a) max block growth > 50×, …``: when each diagnostic fires at its default
+    """``(a) max stream growth > 50×, …``: when each diagnostic fires at its default
     threshold (a diagnostic not installed here: as its records say)."""
     parts = []
     for id_ in ids:

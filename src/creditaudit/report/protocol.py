@@ -19,6 +19,7 @@ from creditaudit.protocol import (
     DiagnosticReport,
     DiagnosticResult,
     Judgement,
+    ResidualStreamScale,
     block_growths,
     default_names,
     in_order,
@@ -75,17 +76,20 @@ def _latex_escape(text: str) -> str:
 
 
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
-    """Per-layer cells: layer, ‖h_l‖, growth into l, ‖g_l‖, cos (marked when the reference
-    is not verified), flags."""
+    """Per-layer cells: layer, ‖h_l‖, growth into l (for h_0: since initialisation, as (a)
+    measured it), ‖g_l‖, cos (marked when the reference is not verified), flags."""
     judged = report.judgement
     growths = block_growths(report.hidden_norms)
+    since_init = next((r.details.get("embed_growth") for r in report.diagnostics
+                       if r.id == ResidualStreamScale.name), None)
     cosines = report.layer_cosines or []
     rows = []
     for layer, (h, g) in enumerate(zip(report.hidden_norms, report.grad_norms)):
-        growth = growths[layer - 1] if layer > 0 else None
+        growth = growths[layer - 1] if layer > 0 else since_init
         flags = []
         if growth is not None and growth > report.thresholds.growth:
-            flags.append("growth > threshold")
+            flags.append("growth > threshold" if layer else
+                         "growth since initialisation > threshold")
         if g < report.thresholds.grad_floor:
             flags.append("‖g‖ below floor: invalid reference")
         cos = cosines[layer]["cos"] if layer < len(cosines) else None

@@ -32,6 +32,14 @@ outside the run id such as ``run.out_dir``, a value listed twice), one key spell
 (``"method.name"`` beside a ``[grid.method]`` table) and a grid of more than ``max_runs``
 runs (counted, not expanded) are errors.
 
+Planning
+--------
+Before any run starts, every run is planned (:func:`plan_runs`: components, the options each
+reads, the rule bound to the model, data identity, run id); a run that cannot train stops
+the sweep in one line naming it, and a ``[base]`` value a run's component does not read is
+refused while the grid is expanded. The dry run, the summary and the table read those plans,
+one per run.
+
 Running
 -------
 Every run goes through :func:`run_one`, whichever executor calls it
@@ -70,22 +78,22 @@ from creditaudit.sweep.grid import (
     load_sweep,
     sweep_from_dict,
 )
+from creditaudit.sweep.plans import plan_runs, run_labels, unique_plans
 from creditaudit.sweep.runner import (
     SUMMARY_FILE,
     SweepResult,
     SweepState,
-    plan,
     prepare_configs,
+    run_states,
     run_sweep,
     sweep_summary,
-    unique_runs,
 )
 from creditaudit.sweep.worker import SWEEP_LOG_FILE, disk_status, run_one, run_task
 
 __all__ = [
     "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
-    "dedupe", "count_runs", "DEFAULT_MAX_RUNS", "unique_runs",
-    "run_one", "run_task", "run_sweep", "plan", "prepare_configs", "sweep_summary",
+    "dedupe", "count_runs", "DEFAULT_MAX_RUNS", "plan_runs", "unique_plans", "run_labels",
+    "run_one", "run_task", "run_sweep", "run_states", "prepare_configs", "sweep_summary",
     "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
     "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",
     "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status",

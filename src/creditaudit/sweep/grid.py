@@ -19,6 +19,7 @@ from creditaudit.config import (
     apply_where_read,
     config_from_dict,
     merge_overrides,
+    semantic_dict,
 )
 from creditaudit.errors import ConfigError
 from creditaudit.registry import DIAGNOSTICS
@@ -84,6 +85,33 @@ def known_keys() -> dict[str, list[str]]:
     return known
 
 
+def _given_keys(base: RunConfig | dict[str, Any]) -> set[str]:
+    """The dotted keys a sweep's ``[base]`` sets: every key of a table, or the fields of a
+    RunConfig that differ from their defaults (the rest were never chosen)."""
+    sections = semantic_dict(base) if isinstance(base, RunConfig) else base
+    return {f"{section}.{key}" for section, values in sections.items() for key in values}
+
+
+def _refuse_unread_base(raw: dict[str, Any], given: set[str], config: RunConfig,
+                        overrides: dict[str, Any], unread: list[str], where: str) -> None:
+    """ConfigError when a value ``[base]`` sets is not read by the component a run selects
+    (``[base] model.d = 16`` beside ``model.arch = "plain-mlp"``): that run would train
+    with the component's own default instead, without a word."""
+    for key in unread:
+        if key not in given:
+            continue
+        section, _, name = key.partition(".")
+        selector = SELECTORS[section][0]
+        component = getattr(getattr(config, section), selector)
+        owners = [cls.name for cls in SELECTORS[section][1].classes()
+                  if name in cls.option_names()]
+        chooser = where if f"{section}.{selector}" in overrides else "[base]"
+        raise ConfigError(f"[base] {key}={raw[section][name]!r} is not read by {component} "
+                          f"({section}.{selector}), which {chooser} selects (it is an option of "
+                          f"{', '.join(owners)}): set it only for the runs that read it (a "
+                          "grid axis or [[include]] runs), or drop it from [base]")
+
+
 def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any],
                     dropped: list[str]) -> RunConfig:
     """A validated config from nested ``raw`` sections plus dotted ``overrides``; the
@@ -114,6 +142,7 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     """The configs of every grid combination (product order) then of every include, before
     duplicates are dropped (see :func:`expand_grid`)."""
     raw = base.to_dict() if isinstance(base, RunConfig) else base
+    given = _given_keys(base)
     grid = flatten_keys(grid)
     include = [flatten_keys(extra) for extra in include]
     fields = known_keys()
@@ -150,7 +179,11 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
             raise ConfigError(f"{where} {{{_describe(overrides)}}} is not a valid run: "
                               f"{err}") from None
         configs.append(config)
-        for key in set(dropped):
+        where = "grid combination" if index < n_grid else "[[include]] run"
+        _refuse_unread_base(raw, given, config, overrides,
+                            [k for k in dropped if k not in overrides],
+                            f"{where} {{{_describe(overrides)}}}")
+        for key in set(dropped) & set(overrides):
             section = key.partition(".")[0]
             selected = getattr(getattr(config, section), SELECTORS[section][0])
             not_read.setdefault(key, set()).add(selected)

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
-from creditaudit.plan import run_id as run_id_of
+from creditaudit.plan import RunPlan
 from creditaudit.safe_files import ensure_folder
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import Outcome
+from creditaudit.sweep.plans import plan_runs, unique_plans
 from creditaudit.sweep.worker import disk_status, run_task
 
 log = logging.getLogger(__name__)
@@ -80,11 +81,13 @@ class SweepState:
 
 @dataclass
 class SweepResult:
-    """What a sweep did: one outcome per run (in sweep order) and the summary written."""
+    """What a sweep did: one outcome per run (in sweep order), the summary written and the
+    runs' plans."""
 
     outcomes: list[Outcome]
     summary: dict[str, Any]
     summary_path: Path
+    plans: list[RunPlan] = field(default_factory=list)  # one per run, in sweep order
 
 
 def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[RunConfig]:
@@ -100,53 +103,48 @@ def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[Ru
     return out
 
 
-def unique_runs(configs: list[RunConfig]) -> list[RunConfig]:
-    """The first config of each run id, in order: two data folders holding the same data
-    give one run (the grid's dedupe compares folders, not data, as it reads no files)."""
-    out: dict[str, RunConfig] = {}
-    for config in configs:
-        out.setdefault(run_id_of(config), config)
-    return list(out.values())
-
-
-def plan(configs: list[RunConfig], *, retry_failed: bool = False,
-         stale_after: float = DEFAULT_STALE_AFTER) -> list[dict[str, Any]]:
+def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,
+               stale_after: float = DEFAULT_STALE_AFTER) -> list[dict[str, Any]]:
     """What a sweep would do with each run now: ``{"run_id", "status", "todo", "holder"}``.
 
     ``status`` is the record's status (None: not started); ``holder`` the live claim, if any.
     """
     rows = []
-    for config in configs:
-        run_dir = Path(config.run.out_dir) / run_id_of(config)
-        status, error = disk_status(run_dir)
-        holder, raw, mtime = read_claim(run_dir / CLAIM_FILE)
+    for run in plans:
+        status, error = disk_status(run.run_dir)
+        holder, raw, mtime = read_claim(run.run_dir / CLAIM_FILE)
         live = raw is not None and claim_is_stale(holder, time.time() - mtime,
                                                   stale_after) is None
         todo = not (status in FINISHED or (status == "failed" and not retry_failed))
-        rows.append({"run_id": run_dir.name, "status": status, "error": error, "todo": todo,
+        rows.append({"run_id": run.run_id, "status": status, "error": error, "todo": todo,
                      "holder": holder if live else None})
     return rows
 
 
-def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: bool = False,
-              stale_after: float = DEFAULT_STALE_AFTER, wait_for_others: bool = True,
-              poll_seconds: float = 1.0, grid_keys: list[str] | None = None,
+def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
+              retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER,
+              wait_for_others: bool = True, poll_seconds: float = 1.0,
+              grid_keys: list[str] | None = None,
               on_progress: Callable[[SweepState, Outcome | None], None] | None = None,
               summary_extra: dict[str, Any] | None = None, stack: int = 1) -> SweepResult:
-    """Run every config not finished yet; write ``OUT/sweep_summary.json``.
+    """Run every run not finished yet; write ``OUT/sweep_summary.json``.
 
-    Runs already completed or diverged (and failed ones unless ``retry_failed``) are
-    skipped here without a worker. Runs another process holds are retried after the others
-    until they are released (``wait_for_others``), or reported as busy. ``stack`` > 1 trains
-    up to that many runs of one shape as one stacked model in one worker
-    (:func:`creditaudit.stacked.stack_groups`; not with Ray).
+    ``runs``: run configs, or their plans (:func:`~creditaudit.sweep.plans.plan_runs`).
+    Every config is planned before any run starts (a run that cannot train is one error
+    naming it, by its ``grid_keys`` values), and runs with one run id run once. Runs
+    already completed or diverged (and failed ones unless ``retry_failed``) are skipped
+    here without a worker. Runs another process holds are retried after the others until
+    they are released (``wait_for_others``), or reported as busy. ``stack`` > 1 trains up
+    to that many runs of one shape as one stacked model in one worker
+    (:func:`creditaudit.stacked.stack_groups`; not with Ray). Each worker plans its run
+    once from its config and refuses it when its run id differs from the plan's.
     """
     import functools
 
-    if not configs:
+    if not runs:
         raise ConfigError("the sweep has no runs")
-    configs = unique_runs(configs)
-    out_dirs = {config.run.out_dir for config in configs}
+    plans = unique_plans(plan_runs(runs, grid_keys or []))
+    out_dirs = {plan.config.run.out_dir for plan in plans}
     if len(out_dirs) != 1:
         raise ConfigError(f"all runs of a sweep must share one results folder, got "
                           f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
@@ -158,18 +156,18 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
     if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
         from creditaudit.run_setup import resolve_device  # not a failed record per run
 
-        for device in sorted({config.run.device for config in configs}):
+        for device in sorted({plan.config.run.device for plan in plans}):
             resolve_device(device)
-    by_id = {run_id_of(config): config for config in configs}
+    by_id = {plan.run_id: plan for plan in plans}
     outcomes: dict[str, Outcome] = {}
-    state = SweepState(total=len(configs), slots=executor.slots)
+    state = SweepState(total=len(plans), slots=executor.slots)
 
     def report(outcome: Outcome | None) -> None:
         if on_progress is not None:
             on_progress(state, outcome)
 
     todo = []
-    for row in plan(configs, retry_failed=retry_failed, stale_after=stale_after):
+    for row in run_states(plans, retry_failed=retry_failed, stale_after=stale_after):
         if row["todo"]:
             todo.append(row["run_id"])
             continue
@@ -180,7 +178,7 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
     fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after)
     while todo:
         state.outstanding, state.busy = len(todo), 0
-        tasks = _tasks([by_id[run_id] for run_id in todo], todo, stack)
+        tasks = _tasks([by_id[run_id] for run_id in todo], stack)
         busy = []
         stream = (outcome for item in executor.map(fn, tasks)
                   for outcome in (item if isinstance(item, list) else [item]))
@@ -204,39 +202,41 @@ def run_sweep(configs: list[RunConfig], executor: Executor, *, retry_failed: boo
             break
         time.sleep(poll_seconds)
         todo = busy
-    ordered = [outcomes.get(key, {"run_id": key, "status": None, "action": "not started",
-                                  "error": None})
-               for key in map(run_id_of, configs)]
-    summary = sweep_summary(configs, ordered, grid_keys or [], extra=summary_extra)
+    ordered = [outcomes.get(plan.run_id, {"run_id": plan.run_id, "status": None,
+                                          "action": "not started", "error": None})
+               for plan in plans]
+    summary = sweep_summary(plans, ordered, grid_keys or [], extra=summary_extra)
     from creditaudit.records import atomic_write_json
 
     path = out_dir / SUMMARY_FILE
     atomic_write_json(path, summary)
-    return SweepResult(ordered, summary, path)
+    return SweepResult(ordered, summary, path, plans)
 
 
-def _tasks(configs: list[RunConfig], run_ids: list[str], stack: int) -> list[dict[str, Any]]:
+def _tasks(plans: list[RunPlan], stack: int) -> list[dict[str, Any]]:
     """One task per run, or with ``stack`` > 1 one per group of runs that train stacked
-    (``{"configs", "run_ids"}``; a run that cannot stack is a task of its own)."""
+    (``{"configs", "run_ids"}``; a run that cannot stack is a task of its own). A task
+    holds what a worker rebuilds the plan from — the config — and the run id to check."""
     from creditaudit.stacked import stack_groups
 
     tasks: list[dict[str, Any]] = []
-    for group in stack_groups(configs, stack):
+    for group in stack_groups(plans, stack):
         if len(group) == 1:
-            tasks.append({"config": configs[group[0]].to_dict(), "run_id": run_ids[group[0]]})
+            tasks.append({"config": plans[group[0]].config.to_dict(),
+                          "run_id": plans[group[0]].run_id})
         else:
-            tasks.append({"configs": [configs[i].to_dict() for i in group],
-                          "run_ids": [run_ids[i] for i in group]})
+            tasks.append({"configs": [plans[i].config.to_dict() for i in group],
+                          "run_ids": [plans[i].run_id for i in group]})
     return tasks
 
 
-def sweep_summary(configs: list[RunConfig], outcomes: list[Outcome], grid_keys: list[str],
+def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: list[str],
                   *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The content of sweep_summary.json: one entry per run, status read from its record."""
     runs = []
     counts: dict[str, int] = {}
-    for config, outcome in zip(configs, outcomes):
-        run_dir = Path(config.run.out_dir) / run_id_of(config)
+    for plan, outcome in zip(plans, outcomes):
+        config, run_dir = plan.config, plan.run_dir
         status, error = disk_status(run_dir)
         if outcome.get("status") == "busy" and status not in FINISHED:
             status = "busy"  # another process holds it right now

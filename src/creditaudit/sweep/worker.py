@@ -23,7 +23,7 @@ from creditaudit.errors import (
     OutputError,
     RunRecordError,
 )
-from creditaudit.plan import run_id as run_id_of
+from creditaudit.plan import RunPlan, plan_run
 from creditaudit.safe_files import describe_os_error
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
@@ -88,9 +88,9 @@ def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
 
 @dataclass
 class _Claimed:
-    """A run claimed for training: its config, claim, the train() flags, its event log."""
+    """A run claimed for training: its plan, claim, the train() flags, its event log."""
 
-    config: RunConfig
+    plan: RunPlan
     run_dir: Path
     claim: Claim
     kwargs: dict[str, bool]
@@ -100,14 +100,14 @@ class _Claimed:
 
 def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: bool,
            stale_after: float) -> tuple[Outcome, _Claimed | None]:
-    """Resolve, skip or claim one run: its outcome so far and, when it is to train, the
-    claim (released by the caller)."""
+    """Plan (once, in this process), skip or claim one run: its outcome so far and, when it
+    is to train, the claim (released by the caller)."""
     from creditaudit.records import CHECKPOINT_FILE
 
     outcome = new_outcome(run_id)
     try:
-        config = config_from_dict(config_dict)
-        own_id = run_id_of(config)
+        plan = plan_run(config_from_dict(config_dict))
+        own_id = plan.run_id
         if run_id is not None and own_id != run_id:
             raise ConfigError(f"this worker computes run id {own_id} for the run the sweep "
                               f"calls {run_id}: the sweep and its workers run different "
@@ -118,8 +118,8 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
         outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
         return outcome, None
     outcome["run_id"] = own_id
-    out_dir = Path(config.run.out_dir)
-    run_dir = out_dir / own_id
+    out_dir = Path(plan.config.run.out_dir)
+    run_dir = plan.run_dir
 
     def event(name: str, **fields: Any) -> None:
         _append_event(out_dir, name, own_id, **fields)
@@ -154,7 +154,7 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
             log.warning("warning: starting %s over: %s", own_id, reason)
     outcome["action"] = action
     event("start", action=action)
-    return outcome, _Claimed(config, run_dir, claim, kwargs, event, outcome)
+    return outcome, _Claimed(plan, run_dir, claim, kwargs, event, outcome)
 
 
 def _failed(run: _Claimed, err: Exception) -> None:
@@ -164,7 +164,7 @@ def _failed(run: _Claimed, err: Exception) -> None:
         # Not even a failed record can replace a folder named record.json: the
         # outcome still says why the run failed.
         with contextlib.suppress(OutputError):
-            _write_failed_record(run.config, run.run_dir, error)
+            _write_failed_record(run.plan.config, run.run_dir, error)
     run.outcome.update(status="failed", error=error)
     log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
 
@@ -202,7 +202,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
     try:
         try:
             with heartbeat(run.claim, every=_beat_every(stale_after)):
-                result = train(run.config, **run.kwargs)
+                result = train(run.plan, **run.kwargs)
             outcome.update(status=result.status, error=result.record.error)
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
             outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
@@ -236,7 +236,7 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                     for run in runs:
                         stack.enter_context(heartbeat(run.claim, every=_beat_every(stale_after)))
                     results = train_stacked(
-                        [run.config for run in runs],
+                        [run.plan for run in runs],
                         resume=[run.kwargs.get("resume", False) for run in runs],
                         force=[run.kwargs.get("force", False) for run in runs])
                 for run, result in zip(runs, results, strict=True):

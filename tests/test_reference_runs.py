@@ -341,3 +341,61 @@ def test_a_forged_reference_block_is_refused_in_one_line(tmp_path, block, fragme
     with pytest.raises(RunRecordError) as error:
         load_record(result.run_dir)
     assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+# creditaudit's own factories: every network of its own package that a `module` config names
+OWN_FACTORIES = [
+    ("creditaudit.experiments.literature_nets:lenet_mnist", {}, (1, 28, 28),
+     ["pool1", "pool2", "relu3", "relu4"]),
+    ("creditaudit.experiments.literature_nets:lenet_cifar", {}, (3, 32, 32),
+     ["pool1", "pool2", "gap", "relu4"]),
+    ("creditaudit.experiments.literature_nets:mnist1d_mlp", {"hidden": 12}, (40,),
+     ["act1", "block2"]),
+    ("creditaudit.experiments.literature_nets:mnist1d_cnn", {"channels": 4}, (40,),
+     ["relu1", "relu2", "flatten"]),
+    ("creditaudit.experiments.literature_nets:tanh_mlp", {"widths": [12, 12]}, (784,),
+     ["acts.0", "acts.1"]),
+    ("creditaudit.zoo:resnet20", {}, (3, 32, 32),
+     ["stem", "layer1.0", "layer1.2", "layer2.2", "layer3.2"]),
+    ("creditaudit.zoo:TransformerClassifier",
+     {"image_shape": [1, 1, 40], "patch": [1, 4], "d": 16, "depth": 2, "heads": 2,
+      "mlp_ratio": 2}, (40,), ["encoder.layers.0", "encoder.layers.1"]),
+]
+
+
+@pytest.mark.parametrize("factory,args,shape,states", OWN_FACTORIES,
+                         ids=[f[0].rpartition(":")[2] for f in OWN_FACTORIES])
+def test_creditaudits_own_factories_pass_the_reference_check(factory, args, shape, states):
+    """What lets an old record of a `module` model built by a factory of creditaudit's own
+    package keep its verdict (`built-in`): its backward is the gradient of its forward."""
+    import pkgutil
+
+    from creditaudit.run_results import reference_at_start
+
+    torch.manual_seed(0)
+    net = pkgutil.resolve_name(factory)(**args)
+    x = torch.randn(6, *shape)
+    model = adapt(net, states, example=x)
+    y = torch.randint(0, 10, (6,))
+    checked = reference_at_start(model, x, y, allow=False, fix="")
+    assert checked.verified, checked
+
+
+def test_old_records_of_a_factory_of_creditaudits_own_keep_their_verdict(tmp_path):
+    """The literature experiment's networks and creditaudit.zoo's reach runs through
+    `model.arch = "module"`; a record of one written before the check reads as built-in,
+    a user's factory as not checked (test_old_records_of_a_model_from_outside_…)."""
+    config = RunConfig().replace(**{**TINY, "data.in_dim": 784, "model.arch": "module",
+                                    "model.factory": "creditaudit.experiments.literature_nets:"
+                                                     "tanh_mlp",
+                                    "model.args": {"widths": [8, 8]},
+                                    "model.states": ["acts.0", "acts.1"],
+                                    "diagnostics.frozen_acc": 0.0,
+                                    "run.out_dir": str(tmp_path)})
+    result = train(config)
+    checked = RunIndex.from_dir(tmp_path).protocol_report(load_record(result.run_dir))
+    old = strip_reference(result.run_dir)
+    assert (old.reference.verified, old.reference.how) == (False, "built-in")
+    report = RunIndex.from_dir(tmp_path).protocol_report(old)
+    assert report.judgement.text == checked.judgement.text
+    assert UNVERIFIED_MARK not in render(report, "text")

@@ -156,13 +156,24 @@ class ProtocolState:
         return dataclasses.asdict(self)
 
 
-def own_architecture(name: str) -> bool:
-    """Whether architecture ``name`` is one of creditaudit's own that builds from its own
-    modules (not a plugin's, not a user's module or loop): what a record written before the
-    reference check says of its reference (:class:`ReferenceState`)."""
+OWN_FACTORY_PREFIX = "creditaudit."  # a ``module`` factory of creditaudit's own package
+
+
+def own_architecture(name: str, factory: Any = None) -> bool:
+    """Whether architecture ``name`` (with ``factory``, the ``model.factory`` of a ``module``
+    model) builds from creditaudit's own modules: a built-in architecture, or the ``module``
+    architecture with a factory of creditaudit's own package (its test networks and the
+    literature experiment's, whose reference gradients the test suite checks) — not a
+    plugin's, not a user's factory or loop. What a record written before the reference check
+    says of its reference (:class:`ReferenceState`). Read from the record's own strings:
+    nothing is imported."""
     cls = ARCHITECTURES.find(name)
     origin = ARCHITECTURES.origin(name) if cls is not None else None
-    return bool(origin is not None and origin.builtin and not cls.adapted)
+    if origin is None or not origin.builtin:
+        return False
+    if not cls.adapted:
+        return True
+    return isinstance(factory, str) and factory.startswith(OWN_FACTORY_PREFIX)
 
 
 # --- the reference gradient ------------------------------------------------------------------

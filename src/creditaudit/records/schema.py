@@ -390,7 +390,9 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         model = None if model is None else ModelDescription(**model)
         protocol = ProtocolState(**raw["protocol"])
         reference = ReferenceState.from_dict(raw.get("reference"), f"run record {where}",
-                                             own_model=own_architecture(config.model.arch))
+                                             own_model=own_architecture(
+                                                 config.model.arch,
+                                                 getattr(config.model, "factory", None)))
     except TypeError as err:
         raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
     diagnostics = EndOfRun.from_dict(raw["diagnostics"])

@@ -314,3 +314,44 @@ def test_the_check_leaves_parameters_buffers_grads_hooks_and_rng_untouched(path)
     for p, g in zip(model.parameters(), grads):
         assert torch.equal(p.grad, g)
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+class _PooledConvNet(nn.Module):
+    """conv → relu (h_0) → conv (positive bias) → relu → 2×2 max-pool (h_1) → linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.relu1 = nn.Conv2d(1, 3, 3, padding=1), nn.ReLU()
+        self.conv2, self.relu2 = nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()
+        self.pool, self.flat, self.head = nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 10)
+        with torch.no_grad():
+            self.conv2.bias.fill_(1.0)  # tied windows sit at a positive value: a kink of max
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.relu1(self.conv1(x))
+        return self.head(self.flat(self.pool(self.relu2(self.conv2(h)))))
+
+
+@pytest.mark.parametrize("jitter", [None, 0.0])
+def test_a_correct_backward_on_real_images_with_a_constant_background_is_verified(
+        monkeypatch, jitter):
+    """A constant background (MNIST's) ties every max-pool window over it, where the forward
+    has no gradient; the check probes just beside the data, so a plain network passes
+    (LeNet-5 on MNIST was refused before: "between h_0 and h_1 … no single module")."""
+    from creditaudit import adapt
+    from creditaudit.diagnostics import reference_check
+
+    if jitter is not None:
+        monkeypatch.setattr(reference_check, "PROBE_JITTER", jitter)
+    torch.manual_seed(0)
+    x = torch.full((8, 1, 8, 8), -0.42)
+    x[:, :, :3, :3] += torch.rand(8, 1, 3, 3)  # a stroke in one corner, background elsewhere
+    y = torch.randint(0, 10, (8,))
+    model = adapt(_PooledConvNet().double(), ["relu1", "pool"], example=x.double())
+    if jitter == 0.0:  # on the data itself the ties refuse a correct backward
+        with pytest.raises(ReferenceGradientError):
+            check_reference(model, model.forward_states, x.double(), y,
+                            forward_from=model.forward_from)
+    else:
+        assert check_reference(model, model.forward_states, x.double(), y,
+                               forward_from=model.forward_from).verified

@@ -24,7 +24,8 @@ Finite differences are judged by their own accuracy
 (tests: tiny ResidualMLP, ViT-Mini and ConvMixer, a stream at 1e7 with a saturated softmax)
 the best step agrees to 1e-9 or better; a wrong backward disagrees by far more: BioTorch's
 FA by 0.4–0.6 along the gradient's own direction. The probes are the samples with the
-largest loss (the least saturated) among the first :data:`PROBE_POOL`.
+largest loss (the least saturated) among the first :data:`PROBE_POOL`, moved off the ties of
+real data (:func:`_off_ties`).
 
 Cost: a few forward passes of four samples per state (or per module), against the
 diagnostics' passes over the whole evaluation set.
@@ -66,6 +67,7 @@ from creditaudit.errors import ModelContractError
 PROBE_POOL = 32  # samples whose loss picks the probes
 PROBE_SAMPLES = 4  # the probes: the largest-loss samples of the pool
 RANDOM_DIRECTIONS = 3  # per probe and state, beside the claimed gradient's direction
+PROBE_JITTER = 1e-3  # the probes' move off ties, relative to their RMS (:func:`_off_ties`)
 
 
 class ReferenceGradientError(ModelContractError):
@@ -159,7 +161,25 @@ def _probes(states_fn: StatesFn, x: Tensor, y: Tensor
         logits = states_fn(pool_x)[1]
     losses = F.cross_entropy(logits.double(), pool_y, reduction="none")
     keep = losses.topk(min(PROBE_SAMPLES, losses.shape[0])).indices.sort().values
-    return pool_x[keep], pool_y[keep], logits.dtype
+    return _off_ties(pool_x[keep]), pool_y[keep], logits.dtype
+
+
+def _off_ties(xs: Tensor) -> Tensor:
+    """``xs`` moved by :data:`PROBE_JITTER` of its RMS along a fixed random direction.
+
+    Real inputs sit on kinks: a constant image background gives every max-pool window over
+    it tied inputs, and a ReLU many inputs exactly at 0. There the forward has no gradient —
+    its central difference is the mean of two one-sided slopes, autograd's value one
+    subgradient — so the comparison would refuse a correct backward. Whether a backward is
+    the gradient of its forward is a property of the code, checked as well at a point just
+    beside the data where every tie is broken. Integer inputs (token ids) stay as they are.
+    """
+    if not xs.is_floating_point() or xs.numel() == 0:
+        return xs
+    generator = torch.Generator(device=xs.device).manual_seed(0)
+    noise = torch.randn(xs.shape, generator=generator, device=xs.device, dtype=xs.dtype)
+    scale = xs.detach().float().pow(2).mean().sqrt().clamp_min(1e-12).to(xs.dtype)
+    return xs + PROBE_JITTER * scale * noise
 
 
 def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom,

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit import adapt, rule
+from creditaudit.methods.base import all_finite
 from creditaudit.methods.kp import group_of
 from creditaudit.methods.linear_feedback import backward_fan_in
 from creditaudit.models.contract import ResidualNet
@@ -190,3 +191,17 @@ def test_bp_through_adapt_takes_the_plain_autograd_step_bit_for_bit():
         F.cross_entropy(twin(x), y).backward()
         theirs.step()
         assert all(torch.equal(p, q) for p, q in zip(net.parameters(), twin.parameters()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_the_step_finiteness_check_sees_every_nan_and_inf(bad, dtype):
+    generator = torch.Generator().manual_seed(0)
+    for position in [(0, 0), (5, 7), (63, 32)]:
+        t = torch.randn(64, 33, generator=generator).to(dtype)
+        assert all_finite(t) and all_finite(t.t()) and all_finite(t[:, ::2])
+        t[position] = bad
+        assert not all_finite(t) and not all_finite(t.t())
+        assert all_finite(t[:, ::2]) == (position[1] % 2 == 1)
+    assert all_finite(torch.empty(0, 3, dtype=dtype))
+    assert all_finite(torch.full((2, 2), torch.finfo(dtype).max, dtype=dtype))

@@ -8,6 +8,7 @@ from torch import Tensor
 from creditaudit.config import MethodConfig
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
+    SignFeedback,
     draw_layer_feedback,
     sign_feedback,
 )
@@ -48,9 +49,11 @@ class BRSF(LinearFeedbackRule):
     def feedback_matrices(self) -> list[Tensor]:
         return sign_feedback(self.magnitudes, self.weights())
 
-    def step_feedback(self) -> list[Tensor]:
+    def step_feedback(self) -> list[SignFeedback]:
+        # Every layer's magnitudes are drawn (the generator's stream stays the same); the
+        # products are built in the backward pass, only where an input gradient is needed.
         self.magnitudes = self.draw_magnitudes()
-        return self.feedback_matrices()
+        return [SignFeedback(m, w) for m, w in zip(self.magnitudes, self.weights(), strict=True)]
 
     def state_dict(self) -> dict[str, object]:
         return {"magnitudes": [m.clone() for m in self.magnitudes],

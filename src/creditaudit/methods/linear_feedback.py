@@ -312,11 +312,12 @@ def backward_fan_in(layer: FeedbackLayer) -> int:
 
 
 def draw_layer_feedback(layers: Sequence[tuple[str, FeedbackLayer]], *, scale: float,
-                        generator: torch.Generator) -> list[Tensor]:
+                        generator: torch.Generator, out: Sequence[Tensor] | None = None
+                        ) -> list[Tensor]:
     """A random B per layer, W's shape, entries N(0, scale²/n), n = :func:`backward_fan_in`
-    (float32, on the CPU; drawn in layer order from ``generator``)."""
+    (float32, on the CPU; drawn in layer order from ``generator``, into ``out`` if given)."""
     return draw_feedback(weight_shapes(layers), scale=scale, generator=generator,
-                         fans=[backward_fan_in(layer) for _, layer in layers])
+                         fans=[backward_fan_in(layer) for _, layer in layers], out=out)
 
 
 class LinearFeedbackRule(CreditRule):

@@ -205,3 +205,14 @@ def test_the_step_finiteness_check_sees_every_nan_and_inf(bad, dtype):
         assert all_finite(t[:, ::2]) == (position[1] % 2 == 1)
     assert all_finite(torch.empty(0, 3, dtype=dtype))
     assert all_finite(torch.full((2, 2), torch.finfo(dtype).max, dtype=dtype))
+
+
+def test_run_last_state_is_run_states_last_state_and_logits():
+    net = mlp()
+    model = adapt(net, [str(i) for i in range(0, 2 * L + 1, 2)], input_shape=(IN,))
+    x, _ = batches((IN,))[0]
+    states, logits = model.run_states(x)
+    h_last, last_logits = model.run_last_state(x)
+    assert torch.equal(h_last, states[-1]) and torch.equal(last_logits, logits)
+    assert h_last.grad_fn is not None  # a training forward: the graph is kept
+    assert all(not m._forward_hooks for m in net.modules())  # no hook left behind

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from creditaudit import adapt, rule
 from creditaudit.methods.base import all_finite
 from creditaudit.methods.kp import group_of
-from creditaudit.methods.linear_feedback import backward_fan_in
+from creditaudit.methods.linear_feedback import SignFeedback, backward_fan_in
 from creditaudit.models.contract import ResidualNet
 from creditaudit.optim import make_adamw
 
@@ -216,3 +216,36 @@ def test_run_last_state_is_run_states_last_state_and_logits():
     assert torch.equal(h_last, states[-1]) and torch.equal(last_logits, logits)
     assert h_last.grad_fn is not None  # a training forward: the graph is kept
     assert all(not m._forward_hooks for m in net.modules())  # no hook left behind
+
+
+@pytest.mark.parametrize("method", ["usf", "frsf", "brsf"])
+def test_sign_feedback_is_built_only_where_an_input_gradient_is_needed(method, monkeypatch):
+    """The first layer reads the data: its B is never built in a training step; every other
+    layer's is built once per step."""
+    built: list[int] = []
+    build = SignFeedback.__call__
+
+    def counting(self):
+        built.append(id(self.weight))
+        return build(self)
+
+    monkeypatch.setattr(SignFeedback, "__call__", counting)
+    net = mlp()
+    ours = rule(method, adapt(net, [str(i) for i in range(0, 2 * L + 1, 2)], input_shape=(IN,)))
+    optimizer = make_adamw(ours.trainable_parameters(), lr=1e-2, weight_decay=0.1)
+    built.clear()
+    for x, y in batches((IN,))[:2]:
+        ours.train_step(x, y, optimizer)
+    weights = [id(layer.weight) for _, layer in ours.layers]
+    assert weights[0] not in built
+    assert sorted(built) == sorted(weights[1:] * 2)
+
+
+def test_sign_feedback_refuses_a_weight_changed_in_place_since_it_was_handed_out():
+    ours = rule("usf", ContractMLP(mlp()))
+    feedback = ours.step_feedback()
+    with torch.no_grad():
+        ours.layers[1][1].weight.mul_(-1.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        feedback[1]()
+    assert torch.equal(feedback[2](), ours.feedback_matrices()[2])

@@ -31,7 +31,9 @@ bench() {  # name, command...
 { uname -srm; nproc; "$py" -c 'import torch, platform; print("torch", torch.__version__, "python", platform.python_version())'
   git rev-parse HEAD 2>/dev/null || echo "no git checkout here"; } > "$out/machine.txt"
 bench steps "$py" benchmarks/bench_steps.py "${quick[@]}"
-bench peers "$py" benchmarks/bench_peers.py "${quick[@]}"
+bench peers "$py" benchmarks/bench_peers.py --clock cpu "${quick[@]}"
+bench peers_lenet "$py" benchmarks/bench_peers.py --net lenet --clock cpu "${quick[@]}"
+bench peers_resnet20 "$py" benchmarks/bench_peers.py --net resnet20 --batch 32 --steps 3 --clock cpu "${quick[@]}"
 bench protocol "$py" benchmarks/bench_protocol.py --threads 1 --repeats 3 "${quick[@]}"
 bench epoch "$py" benchmarks/bench_epoch.py --n-train 50000 --epochs 3 --methods bp dfa "${quick[@]}"
 bench loader "$py" benchmarks/bench_loader.py --samples 50000 --batch-size 128 --repeats 3 "${quick[@]}"

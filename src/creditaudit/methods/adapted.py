@@ -87,10 +87,13 @@ def end_to_end_objective(model: AdaptedModel, x: Tensor, y: Tensor, penalty: flo
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(CE + λ·P, batch-mean CE, logits, h_L) with the whole graph kept: the objective of
     :func:`creditaudit.methods.bp.end_to_end_objective` for an adapted model."""
+    if penalty == 0:  # h_L alone is read: one hook instead of L + 1
+        h_last, logits = model.run_last_state(x)
+        ce = F.cross_entropy(loss_precision(logits), y)
+        return ce, ce, logits, h_last
     states, logits = model.run_states(x)
     ce = F.cross_entropy(loss_precision(logits), y)
-    objective = ce + penalty * state_penalty(model, states) if penalty > 0 else ce
-    return objective, ce, logits, states[-1]
+    return ce + penalty * state_penalty(model, states), ce, logits, states[-1]
 
 
 def state_feedback_shapes(model: AdaptedModel, n_classes: int) -> list[tuple[int, ...]]:

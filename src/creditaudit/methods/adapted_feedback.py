@@ -34,8 +34,10 @@ from torch.overrides import TorchFunctionMode
 from creditaudit.errors import ModelContractError
 from creditaudit.models.adapted import AdaptedModel
 
+# B as a tensor, or as the function that builds it when the backward pass needs it.
+Feedback = Tensor | Callable[[], Tensor]
 # (x, W, b, B) -> x·Wᵀ + b whose backward passes δ·B down: linear_feedback's _FeedbackLinear.
-FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Tensor], Tensor]
+FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Feedback], Tensor]
 UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
                nn.Bilinear)
 _ATTENTION_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
@@ -88,12 +90,12 @@ class AttentionFeedback:
     :class:`ProjectionWeight` order), ``output`` B of its ``out_proj``."""
 
     attention: nn.MultiheadAttention
-    projections: list[Tensor]
-    output: Tensor
+    projections: list[Feedback]
+    output: Feedback
 
 
-def split_sites(sites: Sequence[tuple[str, Any]], feedback: Sequence[Tensor]
-                ) -> tuple[list[tuple[str, nn.Module]], list[Tensor], list[AttentionFeedback]]:
+def split_sites(sites: Sequence[tuple[str, Any]], feedback: Sequence[Feedback]
+                ) -> tuple[list[tuple[str, nn.Module]], list[Feedback], list[AttentionFeedback]]:
     """(layers called as modules, their feedback, the attentions' feedback) from
     :func:`feedback_sites` and one B per site."""
     outputs = {id(site.attention.out_proj): site.attention for _, site in sites
@@ -181,10 +183,10 @@ def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,
     biases = bias.chunk(3) if bias is not None else (None, None, None)
     if a["use_separate_proj_weight"]:
         weights = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
-        feedback = entry.projections
+        feedback = [_built(b) for b in entry.projections]
     else:
         weights = a["in_proj_weight"].chunk(3)
-        feedback = entry.projections[0].chunk(3)
+        feedback = _built(entry.projections[0]).chunk(3)
     q, k, v = (linear(a[role], w, b, fb) for role, w, b, fb in
                zip(("query", "key", "value"), weights, biases, feedback, strict=True))
     out_weight, out_bias = a["out_proj_weight"], a["out_proj_bias"]
@@ -194,6 +196,11 @@ def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,
              v_proj_weight=eye, out_proj_weight=eye, out_proj_bias=None)
     attended, attention_weights = F.multi_head_attention_forward(**a)
     return linear(attended, out_weight, out_bias, entry.output), attention_weights
+
+
+def _built(feedback: Feedback) -> Tensor:
+    """B as a tensor: a feedback given as the function that builds it is built here."""
+    return feedback if isinstance(feedback, Tensor) else feedback()
 
 
 __all__ = ["ProjectionWeight", "AttentionFeedback", "feedback_sites", "split_sites",

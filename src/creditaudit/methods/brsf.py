@@ -8,8 +8,10 @@ from torch import Tensor
 from creditaudit.config import MethodConfig
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
+    SignFeedback,
     draw_layer_feedback,
     sign_feedback,
+    weight_shapes,
 )
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
@@ -37,20 +39,27 @@ class BRSF(LinearFeedbackRule):
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
         self.generator = generator
+        # Each step's draw goes into these (float32, CPU): fresh W-sized tensors every step
+        # cost more than drawing them (large blocks are faulted in again each time).
+        self.draws = [torch.empty(shape) for shape in weight_shapes(self.layers)]
         self.magnitudes = self.draw_magnitudes()
 
     def draw_magnitudes(self) -> list[Tensor]:
-        """A fresh |M| per layer from the rule's generator (W's dtype and device)."""
+        """A fresh |M| per layer from the rule's generator (W's dtype and device); on the CPU
+        in float32 the tensors are the draw buffers, overwritten by the next draw."""
         drawn = draw_layer_feedback(self.layers, scale=self.config.feedback_scale,
-                                    generator=self.generator)
-        return [m.abs().to(device=w.device, dtype=w.dtype) for m, w in zip(drawn, self.weights())]
+                                    generator=self.generator, out=self.draws)
+        return [m.abs_().to(device=w.device, dtype=w.dtype)
+                for m, w in zip(drawn, self.weights())]
 
     def feedback_matrices(self) -> list[Tensor]:
         return sign_feedback(self.magnitudes, self.weights())
 
-    def step_feedback(self) -> list[Tensor]:
+    def step_feedback(self) -> list[SignFeedback]:
+        # Every layer's magnitudes are drawn (the generator's stream stays the same); the
+        # products are built in the backward pass, only where an input gradient is needed.
         self.magnitudes = self.draw_magnitudes()
-        return self.feedback_matrices()
+        return [SignFeedback(m, w) for m, w in zip(self.magnitudes, self.weights(), strict=True)]
 
     def state_dict(self) -> dict[str, object]:
         return {"magnitudes": [m.clone() for m in self.magnitudes],

@@ -37,14 +37,19 @@ def feedback_generator(seed: int) -> torch.Generator:
 
 
 def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator,
-                  fans: Sequence[int] | None = None) -> list[Tensor]:
+                  fans: Sequence[int] | None = None, out: Sequence[Tensor] | None = None
+                  ) -> list[Tensor]:
     """Fixed random feedback matrices, entries N(0, scale²/fan_in), drawn in order.
 
     fan_in is ``fans[i]`` where given, else ``shape[0]`` (the fan-in of δ_in = δ_out·B for a
-    matrix B of shape (out, in)).
+    matrix B of shape (out, in)). ``out``: float32 CPU tensors of those shapes to draw into
+    (the same numbers; for a rule that draws every step, see brSF).
     """
     if fans is None:
         fans = [shape[0] for shape in shapes]
+    if out is not None:
+        return [torch.randn(shape, generator=generator, out=o).mul_(scale / fan ** 0.5)
+                for shape, fan, o in zip(shapes, fans, out, strict=True)]
     return [torch.randn(*shape, generator=generator) * (scale / fan ** 0.5)
             for shape, fan in zip(shapes, fans, strict=True)]
 

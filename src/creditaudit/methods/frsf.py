@@ -8,6 +8,7 @@ from torch import Tensor
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
+    SignFeedback,
     draw_layer_feedback,
     sign_feedback,
     weight_shapes,
@@ -40,3 +41,7 @@ class FRSF(FixedFeedbackRule, LinearFeedbackRule):
 
     def feedback_matrices(self) -> list[Tensor]:
         return sign_feedback(self.feedback, self.weights())
+
+    def step_feedback(self) -> list[SignFeedback]:
+        # Built in the backward pass, and only where a layer's input gradient is needed.
+        return [SignFeedback(m, w) for m, w in zip(self.feedback, self.weights(), strict=True)]

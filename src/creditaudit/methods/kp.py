@@ -55,27 +55,43 @@ class KolenPollack(LinearFeedbackRule):
         # with W's steps.
         self.feedback = [b.to(device=w.device, dtype=w.dtype)
                          for b, w in zip(drawn, self.weights())]
+        self._gap_buffers: list[Tensor] | None = None  # B − W_old, kept between steps
 
     def feedback_matrices(self) -> list[Tensor]:
         return self.feedback
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
-        before = [w.detach().clone() for w in self.weights()]
+        gaps = self.gaps_before_step(optimizer)
         result = super().train_step(x, y, optimizer)
         if result.finite:
-            self.mirror_step(before, optimizer)
+            self.mirror_step(gaps, optimizer)
         return result
 
     @torch.no_grad()
-    def mirror_step(self, before: list[Tensor], optimizer: torch.optim.Optimizer) -> None:
-        """B ← B + (W − W_old) − lr·wd·(B − W_old) for every W the optimiser trains."""
-        for b, w, w_old in zip(self.feedback, self.weights(), before, strict=True):
+    def gaps_before_step(self, optimizer: torch.optim.Optimizer) -> list[Tensor | None]:
+        """B − W_old per layer the optimiser trains (None for the others), written into
+        buffers kept between steps: fresh W-sized temporaries every step cost more than the
+        arithmetic (the allocator returns large blocks to the system and faults them in
+        again)."""
+        buffers = self._gap_buffers
+        if buffers is None or any(g.shape != b.shape or g.dtype != b.dtype
+                                  or g.device != b.device
+                                  for g, b in zip(buffers, self.feedback, strict=True)):
+            buffers = self._gap_buffers = [torch.empty_like(b) for b in self.feedback]
+        return [torch.sub(b, w.detach(), out=gap) if group_of(optimizer, w) is not None
+                else None
+                for b, w, gap in zip(self.feedback, self.weights(), buffers, strict=True)]
+
+    @torch.no_grad()
+    def mirror_step(self, gaps: list[Tensor | None], optimizer: torch.optim.Optimizer) -> None:
+        """B ← W + (1 − lr·wd)·(B − W_old) for every W the optimiser trains, from the gaps of
+        :meth:`gaps_before_step` (overwritten)."""
+        for b, w, gap in zip(self.feedback, self.weights(), gaps, strict=True):
             group = group_of(optimizer, w)
-            if group is None:
+            if gap is None or group is None:
                 continue
             shrink = float(group["lr"]) * float(group.get("weight_decay", 0.0))
-            gap = b - w_old
-            b.copy_(w.detach() + gap * (1.0 - shrink))
+            torch.add(w.detach(), gap.mul_(1.0 - shrink), out=b)
 
     def state_dict(self) -> dict[str, object]:
         return {"feedback": [b.clone() for b in self.feedback]}

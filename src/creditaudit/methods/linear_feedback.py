@@ -45,12 +45,13 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import FunctionCtx, once_differentiable
+from torch.autograd.function import FunctionCtx
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ModelContractError
 from creditaudit.methods import adapted_feedback
+from creditaudit.methods.adapted_feedback import Feedback
 from creditaudit.methods.base import CreditRule, FeedbackOptions, StepResult, loss_precision
 from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
@@ -67,33 +68,84 @@ UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
 FeedbackLayer = nn.Linear | nn.Conv2d
 
 
+class SignFeedback:
+    """B = |M| ∘ sign(W) (or s·sign(W) for a scalar magnitude s), built when called: a layer
+    whose input gradient nothing needs (the first one, reading the data) never builds it.
+
+    The backward pass calls it between the forward and the optimiser's step, so W is the W
+    of the forward pass; a W changed in place in between is refused (its version is kept).
+    """
+
+    __slots__ = ("magnitude", "weight", "version")
+
+    def __init__(self, magnitude: Tensor | float, weight: Tensor) -> None:
+        self.magnitude, self.weight, self.version = magnitude, weight, weight._version
+
+    def __call__(self) -> Tensor:
+        if self.weight._version != self.version:
+            raise RuntimeError("a weight was modified in place between a feedback rule's "
+                               "forward and backward pass; step the optimiser after backward")
+        sign = torch.sign(self.weight.detach())
+        if isinstance(self.magnitude, Tensor):
+            return self.magnitude.to(device=sign.device, dtype=sign.dtype).abs() * sign
+        return self.magnitude * sign
+
+
+def _as_dtype(tensor: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``tensor`` in ``dtype``, without the dispatch of a cast that changes nothing."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def _save_feedback(ctx: FunctionCtx, x: Tensor, weight: Tensor, feedback: Feedback) -> None:
+    """Save x and B — or, for B given as the function that builds it (:class:`SignFeedback`),
+    x and W (of B's shape: a convolution's backward needs a kernel of that shape for δW)."""
+    if isinstance(feedback, Tensor):
+        ctx.save_for_backward(x, feedback)
+        ctx.build = None
+    else:
+        ctx.save_for_backward(x, weight)
+        ctx.build = feedback
+
+
+def _saved_feedback(ctx: FunctionCtx, saved: tuple[Tensor, ...]) -> Tensor:
+    return saved[1] if ctx.build is None else ctx.build()
+
+
 class _FeedbackLinear(torch.autograd.Function):
-    """y = x·Wᵀ + b forward; backward δx = δy·B, δW = δyᵀ·x, δb = Σ δy (x: (…, in))."""
+    """y = x·Wᵀ + b forward; backward δx = δy·B, δW = δyᵀ·x, δb = Σ δy (x: (…, in)).
+
+    Not wrapped in ``once_differentiable`` (its wrapper cost ~15 µs a layer a step): without
+    create_graph the backward runs without grad mode anyway.
+    """
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None,
-                feedback: Tensor) -> Tensor:
-        ctx.save_for_backward(x, feedback)
+                feedback: Feedback) -> Tensor:
+        _save_feedback(ctx, x, weight, feedback)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         # Under autocast this linear runs in bf16 exactly as nn.Linear's would.
         return F.linear(x, weight, bias)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: FunctionCtx, grad_out: Tensor
                  ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
-        x, feedback = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x = saved[0]
         weight_dtype, bias_dtype = ctx.dtypes
         need_x, need_w, need_b, _ = ctx.needs_input_grad
-        g = grad_out.reshape(-1, grad_out.shape[-1])
+        g = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = grad_w = grad_b = None
         if need_x:
-            grad_x = g.mm(feedback.to(g.dtype)).view(*grad_out.shape[:-1], feedback.shape[1])
-            grad_x = grad_x.to(x.dtype)
+            feedback = _saved_feedback(ctx, saved)
+            grad_x = g.mm(_as_dtype(feedback, g.dtype))
+            if grad_out.dim() != 2:
+                grad_x = grad_x.view(*grad_out.shape[:-1], feedback.shape[1])
+            grad_x = _as_dtype(grad_x, x.dtype)
         if need_w:
-            grad_w = g.t().mm(x.reshape(-1, x.shape[-1]).to(g.dtype)).to(weight_dtype)
+            x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+            grad_w = _as_dtype(g.t().mm(_as_dtype(x2, g.dtype)), weight_dtype)
         if need_b:
-            grad_b = g.sum(dim=0).to(bias_dtype)
+            grad_b = _as_dtype(g.sum(dim=0), bias_dtype)
         return grad_x, grad_w, grad_b, None
 
 
@@ -106,32 +158,35 @@ class _FeedbackConv2d(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None,
-                feedback: Tensor, stride: tuple[int, int], padding: tuple[int, int],
+                feedback: Feedback, stride: tuple[int, int], padding: tuple[int, int],
                 dilation: tuple[int, int], groups: int) -> Tensor:
-        ctx.save_for_backward(x, feedback)
+        _save_feedback(ctx, x, weight, feedback)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         ctx.geometry = (stride, padding, dilation, groups)
         # Under autocast this convolution runs in bf16 exactly as nn.Conv2d's would.
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, feedback = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x = saved[0]
         weight_dtype, bias_dtype = ctx.dtypes
         stride, padding, dilation, groups = ctx.geometry
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dtype = grad_out.dtype
+        # B is built only when δx is needed; δW and δb read only the kernel's shape, so the
+        # saved W or B serves for them alone.
+        kernel = _saved_feedback(ctx, saved) if need_x else saved[1]
         # The op autograd's own convolution backward calls, with B in W's place: it computes
         # δx from the kernel it is given, and δW and δb from x and δy alone (so with B = W
         # this is backprop's backward bit for bit).
         grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad_out, x.to(dtype), feedback.to(dtype),
-            [feedback.shape[0]] if need_b else None, list(stride), list(padding),
+            grad_out, _as_dtype(x, dtype), _as_dtype(kernel, dtype),
+            [kernel.shape[0]] if need_b else None, list(stride), list(padding),
             list(dilation), False, [0, 0], groups, [need_x, need_w, need_b])
-        return (grad_x.to(x.dtype) if need_x else None,
-                grad_w.to(weight_dtype) if need_w else None,
-                grad_b.to(bias_dtype) if need_b else None,
+        return (_as_dtype(grad_x, x.dtype) if need_x else None,
+                _as_dtype(grad_w, weight_dtype) if need_w else None,
+                _as_dtype(grad_b, bias_dtype) if need_b else None,
                 None, None, None, None, None)
 
 
@@ -156,7 +211,7 @@ def _conv_input(layer: nn.Conv2d, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
     return x, tuple(layer.padding)  # type: ignore[return-value]
 
 
-def _feedback_forward(layer: FeedbackLayer, feedback: Tensor, called: set[int], x: Tensor
+def _feedback_forward(layer: FeedbackLayer, feedback: Feedback, called: set[int], x: Tensor
                       ) -> Tensor:
     called.add(id(layer))
     if isinstance(layer, nn.Conv2d):
@@ -192,7 +247,7 @@ def feedback_layers(model: nn.Module, rule: str) -> list[tuple[str, FeedbackLaye
 
 
 @contextlib.contextmanager
-def replaced_backward(layers: Sequence[tuple[str, FeedbackLayer]], feedback: Sequence[Tensor]
+def replaced_backward(layers: Sequence[tuple[str, FeedbackLayer]], feedback: Sequence[Feedback]
                       ) -> Iterator[None]:
     """Inside the block, layer i's forward builds a graph whose backward uses feedback[i].
 
@@ -204,15 +259,17 @@ def replaced_backward(layers: Sequence[tuple[str, FeedbackLayer]], feedback: Seq
     called: set[int] = set()
     own = [layer.__dict__.get("forward") for _, layer in layers]
     for (_, layer), b in zip(layers, feedback, strict=True):
-        # An instance attribute shadows the class's forward for this module only.
-        layer.forward = functools.partial(_feedback_forward, layer, b, called)
+        # An instance attribute shadows the class's forward for this module only (set in
+        # the instance's __dict__: nn.Module.__setattr__'s checks cost more than the call).
+        layer.__dict__["forward"] = functools.partial(_feedback_forward, layer, b, called)
     try:
         yield
     finally:
         for (_, layer), previous in zip(layers, own):
-            del layer.forward
-            if previous is not None:
-                layer.forward = previous
+            if previous is None:
+                del layer.__dict__["forward"]
+            else:
+                layer.__dict__["forward"] = previous
     skipped = [name for name, layer in layers if id(layer) not in called]
     if skipped:
         raise ModelContractError(
@@ -255,11 +312,12 @@ def backward_fan_in(layer: FeedbackLayer) -> int:
 
 
 def draw_layer_feedback(layers: Sequence[tuple[str, FeedbackLayer]], *, scale: float,
-                        generator: torch.Generator) -> list[Tensor]:
+                        generator: torch.Generator, out: Sequence[Tensor] | None = None
+                        ) -> list[Tensor]:
     """A random B per layer, W's shape, entries N(0, scale²/n), n = :func:`backward_fan_in`
-    (float32, on the CPU; drawn in layer order from ``generator``)."""
+    (float32, on the CPU; drawn in layer order from ``generator``, into ``out`` if given)."""
     return draw_feedback(weight_shapes(layers), scale=scale, generator=generator,
-                         fans=[backward_fan_in(layer) for _, layer in layers])
+                         fans=[backward_fan_in(layer) for _, layer in layers], out=out)
 
 
 class LinearFeedbackRule(CreditRule):
@@ -281,14 +339,19 @@ class LinearFeedbackRule(CreditRule):
         self.layers = (adapted_feedback.feedback_sites(model, type(self).name)
                        if isinstance(model, AdaptedModel)
                        else feedback_layers(model, type(self).name))
+        # Attention's projections need their own replaced forward (adapted models only).
+        self.attention_sites = any(isinstance(site, adapted_feedback.ProjectionWeight)
+                                   for _, site in self.layers)
         super().__init__(model, config, n_classes=n_classes, generator=generator)
 
     def feedback_matrices(self) -> list[Tensor]:
         """B per layer (shape of its W) as the credit and the next step use them."""
         raise NotImplementedError
 
-    def step_feedback(self) -> list[Tensor]:
-        """B for the coming training step (brSF draws new magnitudes here)."""
+    def step_feedback(self) -> list[Feedback]:
+        """B for the coming training step (brSF draws new magnitudes here): tensors, or
+        :class:`SignFeedback` for the sign-concordant rules, built only where the backward
+        pass needs a layer's input gradient."""
         return self.feedback_matrices()
 
     def weights(self) -> list[Tensor]:
@@ -308,10 +371,10 @@ class LinearFeedbackRule(CreditRule):
         return end_to_end_step(self, x, y, optimizer, self.feedback_backward(feedback))
 
     @contextlib.contextmanager
-    def feedback_backward(self, feedback: Sequence[Tensor]) -> Iterator[None]:
+    def feedback_backward(self, feedback: Sequence[Feedback]) -> Iterator[None]:
         """:func:`replaced_backward` of :attr:`layers` (on an adapted model, attention's
         projections too: :mod:`.adapted_feedback`)."""
-        if not isinstance(self.model, AdaptedModel):
+        if not self.attention_sites:
             with replaced_backward(self.layers, feedback):
                 yield
             return
@@ -330,8 +393,7 @@ class LinearFeedbackRule(CreditRule):
 
 def sign_feedback(magnitudes: Sequence[Tensor], weights: Sequence[Tensor]) -> list[Tensor]:
     """B = |M| ∘ sign(W) per layer, in W's dtype and on its device (sign(0) = 0)."""
-    return [m.to(device=w.device, dtype=w.dtype).abs() * torch.sign(w.detach())
-            for m, w in zip(magnitudes, weights, strict=True)]
+    return [SignFeedback(m, w)() for m, w in zip(magnitudes, weights, strict=True)]
 
 
 def magnitude_scale(layer: FeedbackLayer, scale: float) -> float:

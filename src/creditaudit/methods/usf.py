@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from creditaudit.methods.base import ScaleOptions
-from creditaudit.methods.linear_feedback import LinearFeedbackRule, magnitude_scale
+from creditaudit.methods.linear_feedback import (
+    LinearFeedbackRule,
+    SignFeedback,
+    magnitude_scale,
+)
 from creditaudit.methods.registry import register
 
 
@@ -34,4 +37,8 @@ class USF(LinearFeedbackRule):
         return [magnitude_scale(layer, self.config.feedback_scale) for _, layer in self.layers]
 
     def feedback_matrices(self) -> list[Tensor]:
-        return [s * torch.sign(w.detach()) for s, w in zip(self.magnitudes(), self.weights())]
+        return [build() for build in self.step_feedback()]
+
+    def step_feedback(self) -> list[SignFeedback]:
+        # Built in the backward pass, and only where a layer's input gradient is needed.
+        return [SignFeedback(s, w) for s, w in zip(self.magnitudes(), self.weights())]

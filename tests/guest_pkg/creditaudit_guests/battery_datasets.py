@@ -90,7 +90,7 @@ class MoreClasses(Mixture):
     @classmethod
     def load(cls, options, seed):
         data = super().load(options, seed)
-        return Dataset(cls.name, data.x_train, data.y_train, data.x_test, data.y_test,
+        return Dataset(cls.name, data.train_x, data.train_y, data.test_x, data.test_y,
                        n_classes=CLASSES + 2, provenance=data.provenance)
 
 
@@ -102,7 +102,7 @@ class ShortLabels(Mixture):
     @classmethod
     def load(cls, options, seed):
         data = super().load(options, seed)
-        return Dataset(cls.name, data.x_train, data.y_train[:-1], data.x_test, data.y_test,
+        return Dataset(cls.name, data.train_x, data.train_y[:-1], data.test_x, data.test_y,
                        n_classes=CLASSES, provenance=data.provenance)
 
 

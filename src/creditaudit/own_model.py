@@ -100,10 +100,12 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     ``progress`` (e.g. ``print``) receives one line as each metric stage starts.
 
     Bad arguments raise a one-line ModelContractError or ConfigError naming the argument,
-    from a two-sample probe before any real work. Then the reference gradient is verified:
-    autograd's ∂CE/∂h_l must be the gradient of the forward (float64 central differences
-    on four samples, :func:`~creditaudit.diagnostics.reference_check.check_reference`); a
-    model whose backward is not (a BioTorch layer, a ``torch.autograd.Function`` with its
+    from a two-sample probe before any real work; an exception your own ``credit`` or
+    ``states_fn`` raises propagates unchanged (your code, with your traceback). Then the
+    reference gradient is verified: autograd's ∂CE/∂h_l must be the gradient of the
+    forward (float64 central differences on four samples,
+    :func:`~creditaudit.diagnostics.reference_check.check_reference`); a model whose
+    backward is not (a BioTorch layer, a ``torch.autograd.Function`` with its
     own backward) raises a one-line ReferenceGradientError naming the module.
     ``verify_reference=False`` skips that, and the report says the reference was not
     verified (metadata ``reference_check``, and the reason of (b));
@@ -114,6 +116,13 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
     states only, and restores the model's training flag.
     """
+    if protocol is not None and not isinstance(protocol, Protocol):
+        raise ConfigError(f"protocol= must be a creditaudit.protocol.Protocol (e.g. "
+                          f"Protocol.from_config(config.diagnostics)) or None for the built-in "
+                          f"four, got {type(protocol).__name__} {protocol!r:.40}")
+    if credit is not None and not isinstance(credit, CreditRule) and not callable(credit):
+        raise ConfigError(f"credit= must be a CreditRule, a function (x, y) -> [a_0, …, a_L] "
+                          f"or None, got {type(credit).__name__} {credit!r:.40}")
     if thresholds is None:
         thresholds = protocol.thresholds() if protocol is not None else Thresholds()
     if states_fn is None:

@@ -230,12 +230,24 @@ def run_id(config: RunConfig) -> str:
 
 def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[CreditRule],
                       input_shape: tuple[int, ...], n_classes: int) -> ModelDescription:
-    """The model's description, built on the meta device (no memory, no random draws); a
+    """The model's description, built on the meta device (no memory, no random draws; on
+    the CPU under a forked RNG when the meta build raises); a
     refusal when ``rule`` cannot train it (a rule without ``adapted_models`` on an adapted
     model) or when training it would not fit in this machine's memory."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = build_architecture(arch, config.model, input_shape=input_shape,
-                                   n_classes=n_classes)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = build_architecture(arch, config.model, input_shape=input_shape,
+                                       n_classes=n_classes)
+    except Exception as err:  # noqa: BLE001 - code that cannot run on meta (BioTorch frsf)
+        if isinstance(err, ConfigError | ModelContractError):
+            raise  # the options' fault, on any device
+        # described from a real build instead; a fault of the model itself fails that too,
+        # and is reported from there, as any run would meet it
+        log.debug("building %s on the meta device failed (%s: %s); describing a CPU build",
+                  arch.name, type(err).__name__, err)
+        with torch.random.fork_rng(devices=[]):
+            model = build_architecture(arch, config.model, input_shape=input_shape,
+                                       n_classes=n_classes)
     try:
         check_binding(rule, model)
     except ModelContractError as err:

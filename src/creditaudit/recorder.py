@@ -357,8 +357,9 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
 def _number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
             ) -> float | None:
     """``value`` as a float (None stays None); ConfigError for a non-number, an accuracy
-    outside [0, 1] or a negative cross-entropy. NaN and ±inf are kept: the record marks the
-    run diverged."""
+    outside [0, 1] (NaN and ±inf included: a count of right answers is never NaN, even a
+    diverged network's) or a negative cross-entropy. A loss's NaN and ±inf are kept: the
+    record marks the run diverged."""
     if value is None:
         return None
     if isinstance(value, Tensor) and value.numel() == 1:
@@ -366,7 +367,11 @@ def _number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
     number = float(value)
-    if fraction and math.isfinite(number) and not 0.0 <= number <= 1.0:
+    if fraction and not math.isfinite(number):
+        raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: an accuracy counts "
+                          "right answers, so it is never NaN or Inf; pass the fraction your "
+                          "loop measured (a diverged network still scores one)")
+    if fraction and not 0.0 <= number <= 1.0:
         raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: pass e.g. 0.349, not "
                           "34.9")
     if loss and number < 0:

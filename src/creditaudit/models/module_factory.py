@@ -175,6 +175,15 @@ class ModuleArchitecture(AdaptedArchitecture):
         if not isinstance(net, nn.Module):
             raise ConfigError(f"model.factory={options.factory!r} returned a "
                               f"{type(net).__name__}, not an nn.Module")
+        if any(t.is_meta for t in net.parameters()) and not torch.empty(0).is_meta:
+            raise GuestError(f"{what} returns the same network object on every call: return "
+                             "a new one (this call got back the one sized on the meta device)")
+        if not any(p.requires_grad for p in net.parameters()):
+            held = sum(1 for _ in net.parameters())
+            why = (f"its {held} parameters all have requires_grad=False" if held
+                   else "it has no parameters")
+            raise GuestError(f"{what} builds a {type(net).__name__} with nothing to train "
+                             f"({why}): return a network with trainable parameters")
         try:
             with blame(what):
                 model = adapt(net, options.states, options.readout, input_shape=input_shape,

@@ -16,7 +16,8 @@ The checks:
 
 - ``builds_a_contract_model``: ``build`` returns a :class:`~creditaudit.models.ResidualNet`
   with ``embed``, ``blocks`` and ``readout``, a declared ``terminal_ln`` (a bool) and a known
-  ``state_layout``, for the classes it was asked for;
+  ``state_layout``, for the classes it was asked for, its parameters and buffers float32
+  (the data's precision);
 - ``states_follow_the_declared_layout``: ``forward_states`` gives L + 1 states shaped as
   ``state_layout`` says — (B, d), (B, T, d) or (B, d, H, W) with the declared ``d`` — and
   (B, n_classes) logits; every state is in the autograd graph of the logits (rules take
@@ -97,11 +98,12 @@ def _default_shape(cls: type[Architecture]) -> tuple[int, ...]:
 
 
 def _build(cls: type[Architecture], options: Any, input_shape: tuple[int, ...],
-           seed: int = 0) -> ResidualNet:
+           seed: int = 0, native: bool = False) -> ResidualNet:
+    """``cls`` built under ``seed``, in float64 for the checks (``native``: as built)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_architecture(cls, options, input_shape=input_shape, n_classes=CLASSES)
-    return model.to(F64)
+    return model if native else model.to(F64)
 
 
 def _inputs(model: ResidualNet, seed: int = 1, batch: int = MODEL_BATCH) -> Tensor:
@@ -127,6 +129,13 @@ def builds_a_contract_model(cls: type[Architecture], options: Any,
     assert model.n_classes == CLASSES, \
         f"asked for {CLASSES} classes, the model says n_classes={model.n_classes}"
     assert len(model.blocks) >= 1, "the model has no blocks"
+    # the checks run in float64; a run trains the model as built, on float32 data
+    native = _build(cls, options, input_shape, native=True)
+    odd = [(n, t.dtype) for n, t in [*native.named_parameters(), *native.named_buffers()]
+           if t.is_floating_point() and t.dtype != torch.float32]
+    assert not odd, (f"parameters must be float32, as the data a run feeds them is: "
+                     f"{odd[0][0]} is {odd[0][1]}; build in torch's default float32 "
+                     "(drop .double() or dtype=)")
 
 
 def states_follow_the_declared_layout(cls: type[Architecture], options: Any,

@@ -18,7 +18,10 @@ The checks:
   as the data has classes;
 - ``terminal_ln_is_what_the_readout_does`` (when ``model.terminal_ln`` is declared): the
   declaration agrees with the readout's behaviour (the logits do not move when h_L is
-  scaled exactly when it normalises h_L) — the protocol's diagnosis of (b) rests on it.
+  scaled exactly when it normalises h_L) — the protocol's diagnosis of (b) rests on it;
+- ``initial_weights_follow_the_seed``: builds under seeds 0 and 1 are two networks with
+  different initial weights (a factory that seeds torch itself, or hands back one network
+  object, makes every ``run.seed`` of a sweep the same run).
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ from creditaudit.testing.common import (
 )
 
 
-def _build(options: Any, input_shape: tuple[int, ...], n_classes: int) -> Any:
+def _build(options: Any, input_shape: tuple[int, ...], n_classes: int, seed: int = 0) -> Any:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         return build_architecture(ModuleArchitecture, options, input_shape=input_shape,
                                   n_classes=n_classes)
 
@@ -72,7 +75,23 @@ def terminal_ln_is_what_the_readout_does(cls: type, options: Any,
                             "true, or leave it out to have it probed)")
 
 
-MODULE_CHECKS = (builds_for_the_data, terminal_ln_is_what_the_readout_does)
+def initial_weights_follow_the_seed(cls: type, options: Any, input_shape: tuple[int, ...],
+                                    n_classes: int) -> None:
+    # the converse of the architectures' building_is_deterministic_under_a_seed: a factory
+    # that seeds torch itself makes every run.seed of a sweep the same initial network
+    first = _build(options, input_shape, n_classes, seed=0)
+    other = _build(options, input_shape, n_classes, seed=1)
+    assert first.net is not other.net, \
+        "the factory returns the same network object on every call: return a new one"
+    assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(),
+                                                     other.state_dict().values())), \
+        ("builds under seeds 0 and 1 are identical: the factory reseeds torch, so initial "
+         "weights ignore run.seed; remove its torch.manual_seed (creditaudit seeds torch "
+         "from run.seed before building)")
+
+
+MODULE_CHECKS = (builds_for_the_data, terminal_ln_is_what_the_readout_does,
+                 initial_weights_follow_the_seed)
 
 
 def module_checks(options: Mapping[str, Any] | Any, *, input_shape: tuple[int, ...],

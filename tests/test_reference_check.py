@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit import diagnose
-from creditaudit.diagnostics.reference_check import ReferenceGradientError, check_reference
+from creditaudit.measures.reference_check import ReferenceGradientError, check_reference
 from creditaudit.models import ResidualMLP
 from creditaudit.report import metrics_lines, render
 from creditaudit.testing import CLASSES, tiny_batch, tiny_model

@@ -19,15 +19,15 @@ import torch
 
 from creditaudit import Recorder, RunConfig, adapt, load_record, rule
 from creditaudit.cli import main
-from creditaudit.diagnostics.reference_check import ReferenceGradientError
 from creditaudit.errors import RunRecordError
 from creditaudit.figures.audit_panels import panel_points
+from creditaudit.measures.reference_check import ReferenceGradientError
 from creditaudit.protocol import UNVERIFIED, UNVERIFIED_MARK
 from creditaudit.records import CHECKPOINT_FILE, ReferenceState, comparable, load_checkpoint
 from creditaudit.records.checkpoint import atomic_torch_save
 from creditaudit.report import render
 from creditaudit.results import RunIndex
-from creditaudit.training import Trainer, train
+from creditaudit.run.trainer import Trainer, train
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -208,7 +208,7 @@ def test_a_healthy_run_records_how_and_trains_the_same_weights(tmp_path, monkeyp
     assert checked.record.reference.verified and checked.record.reference.how == "states"
     assert checked.record.reference.detail.startswith("∂CE/∂h_l agrees with float64")
 
-    import creditaudit.training as training
+    import creditaudit.run.trainer as training
 
     stub = ReferenceState(verified=True, how="states", detail=checked.record.reference.detail)
     monkeypatch.setattr(training, "reference_at_start", lambda *a, **k: stub)
@@ -255,7 +255,7 @@ def test_resume_refuses_a_model_whose_backward_changed(guests, tmp_path, kill_ru
 def test_stacked_and_swept_runs_check_too(guests, tmp_path, monkeypatch, capsys):
     """A refusal in a stack comes before any run of it writes a file; a sweep records each
     refused run as failed, with the one line, and goes on."""
-    from creditaudit.stacked import train_stacked
+    from creditaudit.run.stacked import train_stacked
 
     config = guest_config("doubled", tmp_path / "stack", **{"method.name": "dfa"})
     with pytest.raises(ReferenceGradientError):

@@ -110,41 +110,35 @@ def test_a_run_id_is_the_same_whichever_spelling(values, factories, expected, tm
             assert run_id(config) == expected, factory
 
 
-def test_old_paths_work_in_a_fresh_process():
-    """Nothing imported beforehand: the hook alone finds the old paths."""
-    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            "import creditaudit\n"
-            "try:\n    import creditaudit.own_model\nexcept DeprecationWarning as w:\n"
-            "    print(w)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    assert "creditaudit.own_model moved to creditaudit.audit.diagnose" in out
-
-
 # --- the study registers with the toolkit; the toolkit never imports it ----------------------
 def _fresh(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=True).stdout
 
 
-def test_the_toolkit_imports_no_study_and_draws_only_generic_figures():
-    out = _fresh("import sys, creditaudit, creditaudit.figures, creditaudit.report, "
-                 "creditaudit.run.trainer, creditaudit.sweep, creditaudit.audit, "
-                 "creditaudit.testing\n"
-                 "from creditaudit.figures import FIGURES\n"
-                 "print(sorted(m for m in sys.modules if m.startswith('creditaudit.study')))\n"
-                 "print([m.__name__ for m in FIGURES])")
-    study, figures = out.splitlines()
+def test_in_a_fresh_process_old_paths_work_and_the_toolkit_imports_no_study(tmp_path):
+    """Nothing imported beforehand: the hook alone finds an old path; the toolkit's packages
+    import no study module and draw only the generic figures; `creditaudit figures` imports
+    the study, whose figures register before the generic ones (the order they are drawn and
+    listed in). One process, to keep the suite's time."""
+    out = _fresh(
+        "import sys, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "import creditaudit\n"
+        "try:\n    import creditaudit.own_model\nexcept DeprecationWarning as w:\n    print(w)\n"
+        "warnings.simplefilter('default', DeprecationWarning)\n"
+        "import creditaudit.figures, creditaudit.report, creditaudit.run.trainer\n"
+        "import creditaudit.sweep, creditaudit.audit, creditaudit.testing\n"
+        "from creditaudit.figures import FIGURES\n"
+        "print(sorted(m for m in sys.modules if m.startswith('creditaudit.study')))\n"
+        "print([m.__name__ for m in FIGURES])\n"
+        "from creditaudit.cli import main\n"
+        f"main(['figures', {str(tmp_path)!r}, '--out', {str(tmp_path / 'f')!r}])")
+    warned, study, figures, *drawn = out.splitlines()
+    assert warned.startswith("creditaudit.own_model moved to creditaudit.audit.diagnose")
     assert study == "[]"
     assert figures == "['creditaudit.figures.audit_panels', 'creditaudit.figures.weight_alignment']"
-
-
-def test_the_command_line_draws_the_papers_figures_first(tmp_path):
-    """`creditaudit figures` imports the study, whose figures register before the generic
-    ones (the order they are drawn and listed in)."""
-    out = _fresh("import sys\nfrom creditaudit.cli import main\n"
-                 f"main(['figures', {str(tmp_path)!r}, '--out', {str(tmp_path / 'f')!r}])")
-    titles = [line.split(":")[0] for line in out.splitlines() if line.startswith("missing ")]
+    titles = [line.split(":")[0] for line in drawn if line.startswith("missing ")]
     assert [t.split(" — ")[0] for t in titles] == [
         f"missing Figure {n}" for n in range(1, len(titles) + 1)]
     assert titles[0] == "missing Figure 1 — audit hero" and len(titles) == 7

@@ -32,11 +32,11 @@ import torch
 
 from creditaudit.config import parse_override
 from creditaudit.data import load_dataset
-from creditaudit.diagnostics.quality import credit_quality
-from creditaudit.experiments.configs import arch_config, method_overrides
+from creditaudit.measures.quality import credit_quality
 from creditaudit.methods import rule_names
-from creditaudit.run_results import NUDGING_ETAS
-from creditaudit.training import Trainer
+from creditaudit.run.results import NUDGING_ETAS
+from creditaudit.run.trainer import Trainer
+from creditaudit.study.experiments.configs import arch_config, method_overrides
 
 
 def load() -> str:

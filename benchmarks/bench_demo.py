@@ -25,9 +25,9 @@ from pathlib import Path
 
 from creditaudit.cli.demo import DEMO_METHODS, DEMO_TASKS, demo_config
 from creditaudit.data import load_dataset
-from creditaudit.plan import run_id
 from creditaudit.protocol import Thresholds, depth_utility_diagnostic
 from creditaudit.records import load_record
+from creditaudit.run.plan import run_id
 from creditaudit.sweep import LocalExecutor, run_sweep
 
 

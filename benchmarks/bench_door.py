@@ -1,10 +1,10 @@
 """The door's cost: each guest's conformance checks the first time a command uses it, and
-once its pass is remembered (:mod:`creditaudit.door`).
+once its pass is remembered (:mod:`creditaudit.run.door`).
 
 Guests: the well-behaved plugins of tests/plugin_pkg (the Sparse DFA rule, the plain-MLP
 architecture, the Gaussian-mixture dataset, diagnostic (e)), installed in a temporary site
 folder, and a ``module`` factory outside creditaudit (a file that re-exports
-``creditaudit.zoo:resnet20``: ResNet-20 on 1×28×28 images). Each axis's door runs with an
+``creditaudit.testing.zoo:resnet20``: ResNet-20 on 1×28×28 images). Each axis's door runs with an
 empty cache (first use on a machine), then with the pass read from the signed cache file
 (a later command), then from memory (a later run of the same command). Wall and CPU seconds
 (process time) are printed, median of ``--repeats`` fresh caches, after one untimed warm-up
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from creditaudit import door
 from creditaudit.config import RunConfig
 from creditaudit.models.module_factory import factory_guest
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, reload_plugins
+from creditaudit.run import door
 from creditaudit.testing import check_rule
 
 STATES = ["stem", "layer1.0", "layer1.1", "layer1.2", "layer2.0", "layer2.1", "layer2.2",
@@ -43,7 +43,7 @@ def doors(work: Path) -> dict[str, Callable[[], door.Admission]]:
 
     PLUGINS.install(work / "site")
     sys.path.insert(0, str(work / "site"))
-    (work / "own_nets.py").write_text("from creditaudit.zoo import resnet20 as net\n")
+    (work / "own_nets.py").write_text("from creditaudit.testing.zoo import resnet20 as net\n")
     sys.path.insert(0, str(work))
     reload_plugins()
     config = RunConfig().replace(**{

@@ -37,8 +37,8 @@ import torch
 
 from bench_steps import load_text
 from creditaudit.audit import load_run
-from creditaudit.diagnostics.quality import credit_quality
-from creditaudit.run_results import NUDGING_ETAS
+from creditaudit.measures.quality import credit_quality
+from creditaudit.run.results import NUDGING_ETAS
 
 STAGES = {"ρ (": "ρ", "nudging: η": "nudging", "fresh-feedback null: deep": "null"}
 

@@ -46,7 +46,7 @@ from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.records.checkpoint import load_checkpoint
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 
 D, BLOCKS, N_CLASSES, BATCH = 256, 4, 10, 128
 # (solver, steps, η, β) rows of the agreement table: the old default (gd 20 at β = 0.1), the

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from bench_ep_trained import run_model
-from creditaudit.diagnostics.perturbation import rho_table
+from creditaudit.measures.perturbation import rho_table
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 

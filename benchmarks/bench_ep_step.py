@@ -36,7 +36,7 @@ from creditaudit.data import load_dataset
 from creditaudit.methods import build_rule
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
 from creditaudit.optim import make_adamw
-from creditaudit.plan import plan_run
+from creditaudit.run.plan import plan_run
 
 BATCH = 128
 

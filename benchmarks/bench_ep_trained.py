@@ -33,14 +33,14 @@ import torch
 from bench_ep import load_average, write_report
 from creditaudit.config import RunConfig, load_config
 from creditaudit.data import load_dataset
-from creditaudit.experiments.configs import arch_config, method_overrides
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
 from creditaudit.methods.ep_relax import Relaxation
 from creditaudit.models import build_model
-from creditaudit.plan import plan_run
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.records.checkpoint import load_checkpoint
+from creditaudit.run.plan import plan_run
+from creditaudit.study.experiments.configs import arch_config, method_overrides
 
 DEFAULT_GRID = "residual-cg:10,residual-cg:20,residual-cg:40,cg:20,cg:200,gd:20"
 

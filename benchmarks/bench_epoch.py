@@ -1,7 +1,7 @@
 """What one epoch costs besides training, and what the end-of-run block costs, in epochs.
 
 Trains a terminal-LN ResidualMLP on CIFAR-shaped synthetic data (in_dim 3072, 10k test
-samples, 1280 evaluation samples) with the real :class:`~creditaudit.training.Trainer`, and
+samples, 1280 evaluation samples) with the real :class:`~creditaudit.run.trainer.Trainer`, and
 times, per epoch, each piece of the loop: the training steps, the per-epoch measurement
 (:meth:`Trainer.measure`: the test evaluation, which reuses the diagnostics' forward pass over
 the evaluation subset, the diagnostics and the protocol), the checkpoint and the record
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from creditaudit.config import RunConfig
-from creditaudit.diagnostics.quality import credit_quality
-from creditaudit.evaluation import evaluate
+from creditaudit.measures.quality import credit_quality
 from creditaudit.records import CHECKPOINT_FILE
-from creditaudit.run_results import NUDGING_ETAS
-from creditaudit.training import Trainer
+from creditaudit.run.evaluation import evaluate
+from creditaudit.run.results import NUDGING_ETAS
+from creditaudit.run.trainer import Trainer
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

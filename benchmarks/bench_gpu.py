@@ -37,12 +37,12 @@ import torch
 
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.data import Dataset
-from creditaudit.experiments.scales import base_config
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.optim import make_adamw
-from creditaudit.plan import plan_run
-from creditaudit.training import train
+from creditaudit.run.plan import plan_run
+from creditaudit.run.trainer import train
+from creditaudit.study.experiments.scales import base_config
 
 IN_DIM, N_CLASSES, BATCH = 3072, 10, 128
 MLP_METHODS = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep")

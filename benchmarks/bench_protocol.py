@@ -36,9 +36,9 @@ from torch.nn import functional as F
 from creditaudit import diagnose
 from creditaudit.config import MethodConfig
 from creditaudit.data import make_teacher_student
-from creditaudit.diagnostics import perturbation
-from creditaudit.diagnostics.perturbation import pearson, perturbation_rho, rho_table
-from creditaudit.diagnostics.working import model_copy
+from creditaudit.measures import perturbation
+from creditaudit.measures.perturbation import pearson, perturbation_rho, rho_table
+from creditaudit.measures.working import model_copy
 from creditaudit.methods import bp_state_gradients, build_rule
 from creditaudit.models import ResidualMLP
 

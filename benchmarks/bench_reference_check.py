@@ -1,7 +1,7 @@
 """Cost of the reference-gradient check a run makes when it starts.
 
 ``Trainer`` and ``Recorder`` check, once, that the model's backward is the gradient of its
-forward (:func:`creditaudit.run_results.reference_at_start`: float64 central differences on
+forward (:func:`creditaudit.run.results.reference_at_start`: float64 central differences on
 four evaluation samples, state by state, or module by module where the states cannot be).
 Timed here on the models as a run builds them — the built-in ResidualMLP d=256 L=4 (CIFAR
 shape, flattened), ViT-Mini and ConvMixer at their default sizes, and the zoo's ResNet-20
@@ -26,8 +26,8 @@ from torch.nn import functional as F
 from creditaudit import adapt
 from creditaudit.config import RunConfig
 from creditaudit.models import build_model
-from creditaudit.run_results import reference_at_start
-from creditaudit.zoo import resnet20
+from creditaudit.run.results import reference_at_start
+from creditaudit.testing.zoo import resnet20
 
 IMAGE = (3, 32, 32)
 RESNET_STATES = ["stem", *(f"layer{s}.{b}" for s in (1, 2, 3) for b in range(3))]

@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 
 from creditaudit.config import RunConfig
-from creditaudit.diagnostics.epoch import epoch_diagnostics
-from creditaudit.diagnostics.quality import credit_quality
+from creditaudit.measures.epoch import epoch_diagnostics
+from creditaudit.measures.quality import credit_quality
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP
 from creditaudit.models.fused import plain_autograd

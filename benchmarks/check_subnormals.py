@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.config import RunConfig
-from creditaudit.training import Trainer
+from creditaudit.run.trainer import Trainer
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 SMALLEST_NORMAL = torch.finfo(torch.float32).tiny

@@ -8,7 +8,7 @@ plain autograd, BioTorch's conversions and creditaudit's rules.
 - ``lenet``: BioTorch's LeNet-MNIST (``biotorch.models.le_net.LeNetMNIST``: three 5×5
   convolutions, two Linears) on 1×32×32 inputs; states: the two pooled maps, conv3's and
   fc1's activations.
-- ``resnet20``: creditaudit's ResNet-20 (``creditaudit.zoo.resnet20``, option-A shortcuts,
+- ``resnet20``: creditaudit's ResNet-20 (``creditaudit.testing.zoo.resnet20``, option-A shortcuts,
   BatchNorm in training mode) on 3×32×32 inputs; states: the stem and every block's output.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from creditaudit.models.contract import ResidualNet
-from creditaudit.zoo import resnet20
+from creditaudit.testing.zoo import resnet20
 
 N_CLASSES = 10
 

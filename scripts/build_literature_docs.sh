@@ -28,7 +28,7 @@ $python -m creditaudit experiment literature --scale cpu --out "$unpacked" --no-
 sed "s#$unpacked#results/literature#g" "$unpacked/experiments/literature.cpu.fashion-mnist.md" \
   > "$literature/literature.md"
 $python -c "import json, sys
-from creditaudit.figures.literature import save_literature_figure
+from creditaudit.study.figures.literature import save_literature_figure
 save_literature_figure(json.load(open(sys.argv[1])), sys.argv[2])" \
   "$unpacked/experiments/literature.cpu.fashion-mnist.json" docs/figures/literature > /dev/null
 rm -f docs/figures/literature/*.pdf

@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 
 from creditaudit.config import RunConfig
-from creditaudit.plan import run_id
 from creditaudit.protocol import FIRED, default_names
 from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RunRecord, load_record
+from creditaudit.run.plan import run_id
 from creditaudit.sweep import LocalExecutor, prepare_configs, run_sweep
 
 # (row label, overrides) per data size; the frozen run is the (d) baseline of its size.

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from creditaudit.files.strict_json import check_strict
 from creditaudit.records import RECORD_FILE
-from creditaudit.strict_json import check_strict
 
 # Files tests wrote on purpose as bad input (damaged records): not written by creditaudit, so
 # the session's strict-JSON check leaves them out.
@@ -87,7 +87,7 @@ def single_thread():
 def kill_run_at(monkeypatch):
     """``kill_run_at(config, epoch=2)``: train ``config`` and interrupt it as a kill would
     (KeyboardInterrupt when ``epoch`` starts), leaving an interrupted run to resume."""
-    from creditaudit.training import Trainer, train
+    from creditaudit.run.trainer import Trainer, train
 
     original = Trainer.train_epoch
 

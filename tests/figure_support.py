@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from creditaudit.config import RunConfig
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 
 SEEDS = (42, 123)
 SMOKE = {

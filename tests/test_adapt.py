@@ -3,7 +3,7 @@
 The adapter's identities (states are the named modules' outputs; forward_from reruns the
 rest of the network exactly), every error it must raise, the rules on adapted models (the
 contract's updates on the same residual network; the residual-only rules refused), and the
-proof on two networks nobody here wrote (creditaudit.zoo): PyTorch's TransformerEncoder
+proof on two networks nobody here wrote (creditaudit.testing.zoo): PyTorch's TransformerEncoder
 layers and a CIFAR ResNet, each trained by six rules and audited.
 """
 
@@ -23,7 +23,7 @@ from creditaudit.methods.adapted import state_increments
 from creditaudit.models import ResidualMLP
 from creditaudit.protocol import DiagnosticReport
 from creditaudit.testing import ADAPTED_ARCHS, check_rule, rule_checks
-from creditaudit.zoo import CifarResNet, TransformerClassifier, resnet20
+from creditaudit.testing.zoo import CifarResNet, TransformerClassifier, resnet20
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

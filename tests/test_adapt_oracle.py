@@ -1,5 +1,5 @@
 """BioTorch (0.0.16) as an outside oracle on an adapted network nobody here wrote: on the
-CIFAR ResNet of creditaudit.zoo (BasicBlocks, BatchNorm in training mode, strided 1×1
+CIFAR ResNet of creditaudit.testing.zoo (BasicBlocks, BatchNorm in training mode, strided 1×1
 shortcuts), adapted with creditaudit.adapt, fa-linear, usf, brsf and frsf take the same
 parameter updates as BioTorch's conversion of the same network in modes fa, usf, brsf and
 frsf, with the same feedback copied across, to float64 round-off.
@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from creditaudit import adapt, rule
 from creditaudit.methods.base import CreditRule
-from creditaudit.zoo import CifarResNet
+from creditaudit.testing.zoo import CifarResNet
 
 if os.environ.get("CI"):
     import biotorch.module.biomodule as biomodule  # CI must run these tests, never skip them

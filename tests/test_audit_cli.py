@@ -18,7 +18,7 @@ TINY = {"data.n_train": 256, "data.n_test": 1024, "data.in_dim": 16, "model.d": 
 
 
 def _train(out_dir, **overrides):
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     config = RunConfig().replace(**{**TINY, "run.out_dir": str(out_dir), **overrides})
     return train(config)

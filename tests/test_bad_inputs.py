@@ -52,7 +52,7 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, single_thread) -> World:
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     root = tmp_path_factory.mktemp("battery")
     data = write_idx_dataset(root / "mnist")

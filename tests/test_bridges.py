@@ -21,9 +21,9 @@ from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge, soft_min
 from creditaudit.methods.state_bridge import StateBridge
 from creditaudit.models import ResidualMLP
-from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
-from creditaudit.training import train
+from creditaudit.run.plan import run_id
+from creditaudit.run.trainer import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

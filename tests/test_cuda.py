@@ -15,9 +15,9 @@ import torch
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
-from creditaudit.plan import run_id
 from creditaudit.records import load_record
-from creditaudit.training import Trainer
+from creditaudit.run.plan import run_id
+from creditaudit.run.trainer import Trainer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 RULES = ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "ep", "fa-linear", "usf", "brsf",
@@ -186,7 +186,7 @@ def test_own_module_metrics_on_cuda_match_cpu() -> None:
         assert on_gpu.metrics["nudging"][eta] == pytest.approx(deltas, rel=1e-3, abs=1e-9)
 
 
-# --- captured steps, stacked runs and data on the GPU (creditaudit.capture, .stepping) ----
+# --- captured steps, stacked runs and data on the GPU (run.steps.capture, .stepping) ----
 # Written in a session without a GPU: these have not run yet (scripts/gpu_checks.sh runs
 # them). The captured step replays the kernels of the eager stacked step, so on the same
 # optimiser (CapturableAdamW) the two should agree bit for bit; the tolerance only allows
@@ -203,8 +203,8 @@ def _cuda_trainers(tmp_path: Path, method: str, seeds=(1, 2), **extra) -> list[T
 @needs_cuda
 @pytest.mark.parametrize("method", CAPTURED_RULES)
 def test_captured_epochs_replay_the_eager_stacked_step(tmp_path: Path, method: str) -> None:
-    from creditaudit.capture import CapturedEpochs, make_capturable
-    from creditaudit.epochs import StackedEpochs
+    from creditaudit.run.steps.capture import CapturedEpochs, make_capturable
+    from creditaudit.run.steps.epochs import StackedEpochs
 
     captured = _cuda_trainers(tmp_path / "a", method)
     eager = _cuda_trainers(tmp_path / "b", method)
@@ -252,8 +252,8 @@ def test_a_captured_run_records_resumes_and_agrees_with_eager(tmp_path: Path, me
 
 @needs_cuda
 def test_capturable_adamw_checkpoints_as_the_eager_optimiser() -> None:
-    from creditaudit.capture import CapturableAdamW
     from creditaudit.optim import make_adamw
+    from creditaudit.run.steps.capture import CapturableAdamW
 
     weights = torch.nn.Parameter(torch.randn(4, 3, device="cuda"))
     optimizer = CapturableAdamW([weights], lr=1e-3, weight_decay=0.01,
@@ -295,7 +295,7 @@ def test_data_on_the_gpu_gives_the_host_batches() -> None:
 @needs_cuda
 @pytest.mark.parametrize("graphs", ("off", "auto"))
 def test_stacked_runs_on_the_gpu_match_their_cpu_runs(tmp_path: Path, graphs: str) -> None:
-    from creditaudit.stacked import train_stacked
+    from creditaudit.run.stacked import train_stacked
 
     def runs(device: str) -> list[RunConfig]:
         return [RunConfig().replace(**{

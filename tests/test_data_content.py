@@ -22,10 +22,10 @@ from creditaudit.config import RunConfig
 from creditaudit.data import load_dataset
 from creditaudit.data.identity import tensor_digest
 from creditaudit.errors import RunRecordError
-from creditaudit.plan import plan_run
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.registry import reload_plugins
-from creditaudit.training import train
+from creditaudit.run.plan import plan_run
+from creditaudit.run.trainer import train
 from integrity_support import assert_one_line_error, snapshot, toml_of
 from plugin_support import GUESTS
 

@@ -14,7 +14,7 @@ from creditaudit.config import DataConfig, RunConfig
 from creditaudit.data import load_dataset, make_teacher_student
 from creditaudit.data import mnist1d as m1d
 from creditaudit.errors import ConfigError, DataError
-from creditaudit.plan import plan_run
+from creditaudit.run.plan import plan_run
 
 N_TRAIN, N_TEST = 600, 200
 
@@ -248,7 +248,7 @@ def test_config_rules_for_mnist1d():
 
 
 def test_smoke_scale_on_mnist1d_is_a_valid_config():
-    from creditaudit.experiments.scales import base_config
+    from creditaudit.study.experiments.scales import base_config
 
     config = base_config("smoke", dataset="mnist1d", data_dir="ignored")
     assert config.data.name == "mnist1d" and "data_dir" not in config.to_dict()["data"]
@@ -256,9 +256,9 @@ def test_smoke_scale_on_mnist1d_is_a_valid_config():
 
 
 def test_tiny_training_run_on_mnist1d(tmp_path, single_thread):
-    from creditaudit.plan import run_id
     from creditaudit.records import load_record
-    from creditaudit.training import train
+    from creditaudit.run.plan import run_id
+    from creditaudit.run.trainer import train
 
     config = RunConfig().replace(**{
         "data.name": "mnist1d", "data.n_train": N_TRAIN, "data.n_test": N_TEST,

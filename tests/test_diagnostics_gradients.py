@@ -10,13 +10,13 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.deep_layers import deep_mean
-from creditaudit.diagnostics.alignment import (
+from creditaudit.measures.alignment import (
     ReferenceDirections,
     cosine_per_sample,
     layer_cosines,
     mean_cosine,
 )
-from creditaudit.diagnostics.gradients import (
+from creditaudit.measures.gradients import (
     REFERENCE_BATCH,
     max_block_growth,
     median_norms,
@@ -27,7 +27,7 @@ from creditaudit.diagnostics.gradients import (
 from creditaudit.methods import build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ResidualMLP, ViTMini
-from creditaudit.run_results import epoch_record
+from creditaudit.run.results import epoch_record
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -21,7 +21,7 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.cli.common import ENV_OVERRIDES
-from creditaudit.experiments import all_names, experiment_names, get_experiment
+from creditaudit.study.experiments import all_names, experiment_names, get_experiment
 from creditaudit.sweep import dedupe, load_sweep
 from docs_support import ROOT, commands, doc_blocks
 

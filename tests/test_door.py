@@ -13,12 +13,12 @@ import re
 
 import pytest
 
-from creditaudit import door
-from creditaudit.cache import cache_dir
 from creditaudit.errors import GuestError
-from creditaudit.plan import plan_run
+from creditaudit.files.cache import cache_dir
+from creditaudit.run import door
+from creditaudit.run.plan import plan_run
+from creditaudit.run.trainer import train
 from creditaudit.testing.common import Check
-from creditaudit.training import train
 from door_support import (
     FACTORIES,
     ORIGIN,

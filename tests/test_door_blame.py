@@ -13,7 +13,7 @@ import json
 import pytest
 
 from creditaudit.errors import GuestError
-from creditaudit.plan import plan_run
+from creditaudit.run.plan import plan_run
 from door_support import (
     FACTORIES,
     ORIGIN,

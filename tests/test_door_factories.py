@@ -14,7 +14,7 @@ import pytest
 
 from creditaudit.errors import ConfigError
 from creditaudit.models.module_factory import factory_args
-from creditaudit.plan import plan_run
+from creditaudit.run.plan import plan_run
 from door_support import (
     FACTORIES,
     cli_args,

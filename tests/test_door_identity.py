@@ -13,8 +13,8 @@ import pytest
 
 from creditaudit.config import config_from_dict
 from creditaudit.models.module_factory import factory_guest
-from creditaudit.plan import plan_run, run_id
-from creditaudit.training import train
+from creditaudit.run.plan import plan_run, run_id
+from creditaudit.run.trainer import train
 from door_support import ORIGIN, cli_args, guests, image_run, tiny_config
 from integrity_support import write_idx_dataset
 from plugin_support import GUESTS, cli
@@ -23,7 +23,7 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 RESNET20_STATES = ["stem", "layer1.0", "layer1.1", "layer1.2", "layer2.0", "layer2.1",
                    "layer2.2", "layer3.0", "layer3.1", "layer3.2"]
 # Run ids computed before guests' code joined the id (b1055f1): built-ins keep them,
-# creditaudit.zoo's factories included (their code is creditaudit's version).
+# creditaudit.testing.zoo's factories included (their code is creditaudit's version).
 PINNED = [
     ({"data": {"name": "synthetic", "n_train": 256, "n_test": 256},
       "model": {"arch": "resmlp", "d": 16, "n_blocks": 2}, "method": {"name": "dfa"}},
@@ -31,11 +31,11 @@ PINNED = [
     ({"data": {"name": "fashion-mnist", "data_dir": FASHION}, "model": {"arch": "resmlp"},
       "method": {"name": "bp"}}, "bp-resmlp-fashion-mnist-s42-7afdcdc8d6"),
     ({"data": {"name": "fashion-mnist", "data_dir": FASHION},
-      "model": {"arch": "module", "factory": "creditaudit.zoo:resnet20",
+      "model": {"arch": "module", "factory": "creditaudit.testing.zoo:resnet20",
                 "args": {"in_channels": 1}, "states": RESNET20_STATES},
       "method": {"name": "dfa"}}, "dfa-module-fashion-mnist-s42-cb3e7e08ca"),
     ({"data": {"name": "mnist1d"},
-      "model": {"arch": "module", "factory": "creditaudit.zoo:TransformerClassifier",
+      "model": {"arch": "module", "factory": "creditaudit.testing.zoo:TransformerClassifier",
                 "args": {"image_shape": [1, 1, 40], "patch": [1, 4], "d": 32, "depth": 2,
                          "heads": 4},
                 "states": ["encoder.layers.0", "encoder.layers.1"]},

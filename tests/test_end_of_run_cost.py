@@ -17,19 +17,19 @@ from torch import Tensor
 
 from creditaudit import records
 from creditaudit.config import RunConfig, config_from_dict, load_config, semantic_dict
-from creditaudit.diagnostics import nudging, null, perturbation, progress, quality
-from creditaudit.diagnostics.budget import MIN_RHO_SAMPLES, rho_budget, rho_sample_flops
-from creditaudit.diagnostics.nudging import nudging_table
-from creditaudit.diagnostics.perturbation import BP_CREDIT, jackknife_se, pearson, rho_table
-from creditaudit.diagnostics.quality import DEFAULT_RHO_FLOPS, credit_quality, full_credits
-from creditaudit.diagnostics.working import WorkingCopy, _saved_bytes, measure_footprint
 from creditaudit.errors import ConfigError
+from creditaudit.measures import nudging, null, perturbation, progress, quality
+from creditaudit.measures.budget import MIN_RHO_SAMPLES, rho_budget, rho_sample_flops
+from creditaudit.measures.nudging import nudging_table
+from creditaudit.measures.perturbation import BP_CREDIT, jackknife_se, pearson, rho_table
+from creditaudit.measures.quality import DEFAULT_RHO_FLOPS, credit_quality, full_credits
+from creditaudit.measures.working import WorkingCopy, _saved_bytes, measure_footprint
 from creditaudit.methods import DFA, bp_state_gradients
 from creditaudit.models import ResidualMLP
-from creditaudit.plan import run_id
 from creditaudit.records import comparable
+from creditaudit.run.plan import run_id
+from creditaudit.run.trainer import train
 from creditaudit.testing import TINY_ARCHS, make_rule, tiny_batch, tiny_model
-from creditaudit.training import train
 
 F64 = torch.float64
 REAL_PERF_COUNTER = time.perf_counter

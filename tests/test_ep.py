@@ -13,8 +13,8 @@ from torch.nn import functional as F
 
 from creditaudit.audit import audit_run
 from creditaudit.config import MethodConfig, RunConfig
-from creditaudit.diagnostics.alignment import layer_cosines
 from creditaudit.errors import ConfigError
+from creditaudit.measures.alignment import layer_cosines
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.ep import update_agreement
@@ -23,7 +23,7 @@ from creditaudit.methods.ep_relax import EP_SOLVERS, SOLVERS, relax
 from creditaudit.models import ResidualMLP, ViTMini
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_record
 from creditaudit.report import render
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

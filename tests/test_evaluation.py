@@ -7,11 +7,11 @@ import torch
 from torch.nn import functional as F
 
 from creditaudit.config import RunConfig
-from creditaudit.diagnostics.epoch import rule_credits
-from creditaudit.diagnostics.gradients import state_gradients
-from creditaudit.evaluation import KnownPredictions, evaluate
-from creditaudit.run_results import epoch_record
-from creditaudit.training import Trainer
+from creditaudit.measures.epoch import rule_credits
+from creditaudit.measures.gradients import state_gradients
+from creditaudit.run.evaluation import KnownPredictions, evaluate
+from creditaudit.run.results import epoch_record
+from creditaudit.run.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,15 +16,6 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
-from creditaudit.experiments import (
-    aggregate,
-    all_names,
-    experiment_names,
-    get_experiment,
-    group_records,
-    run_experiment,
-)
-from creditaudit.experiments.penalty_sweep import LAMBDAS
 from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
@@ -37,6 +28,15 @@ from creditaudit.protocol import (
 )
 from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
+from creditaudit.study.experiments import (
+    aggregate,
+    all_names,
+    experiment_names,
+    get_experiment,
+    group_records,
+    run_experiment,
+)
+from creditaudit.study.experiments.penalty_sweep import LAMBDAS
 
 NAMES = ["audit_table", "random_init", "decision_utility", "threshold_sensitivity",
          "temporal", "penalty_sweep", "capacity_cost", "fresh_null", "depth_ladder",
@@ -108,7 +108,7 @@ def test_second_run_trains_nothing(smoke):
 def test_an_experiment_plans_each_run_once(smoke, monkeypatch):
     """Summarising finished runs: each run's id is computed once (by its plan), not once
     for the sweep, once for its state and twice for the summary."""
-    import creditaudit.plan as plan_module
+    import creditaudit.run.plan as plan_module
 
     folder, _, _ = smoke
     calls = []
@@ -192,7 +192,7 @@ def test_temporal_reads_first_firing_epochs(smoke):
 
 
 def test_rule_zoo_audits_every_rule_on_every_architecture(smoke):
-    from creditaudit.experiments.rule_zoo import RULES
+    from creditaudit.study.experiments.rule_zoo import RULES
 
     folder, summaries, records = smoke
     rows = summaries["rule_zoo"]["rows"]
@@ -415,10 +415,10 @@ def test_experiment_command_errors_are_one_line(capsys):
 def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
     """`experiment all --scale cpu --no-train` once overwrote the smoke summaries: both
     scales' own datasets wrote NAME.json."""
-    from creditaudit.experiments import Choices
-    from creditaudit.experiments.runner import summary_stem
-    from creditaudit.experiments.scales import SCALES
     from creditaudit.registry import DATASETS
+    from creditaudit.study.experiments import Choices
+    from creditaudit.study.experiments.runner import summary_stem
+    from creditaudit.study.experiments.scales import SCALES
 
     datasets = DATASETS.names()
     stems = {summary_stem("audit_table", scale, dataset)
@@ -434,8 +434,8 @@ def test_summaries_of_another_scale_or_dataset_do_not_overwrite_each_other():
 
 
 def test_find_summary_reads_current_and_older_file_names(tmp_path, plant):
-    from creditaudit.experiments.runner import find_summary
     from creditaudit.records import atomic_write_json
+    from creditaudit.study.experiments.runner import find_summary
 
     folder = tmp_path / "experiments"
 
@@ -479,7 +479,7 @@ def test_no_train_summarises_what_is_there(tmp_path, capsys):
 
 # --- the cross-architecture variants ------------------------------------------------------
 def test_image_architectures_run_wherever_the_data_are_images():
-    from creditaudit.experiments.configs import arch_config, arch_variants
+    from creditaudit.study.experiments.configs import arch_config, arch_variants
 
     for scale, dataset in (("cpu", None), ("cpu", "mnist"), ("paper", None),
                            ("smoke", None), ("cpu", "synthetic")):
@@ -543,7 +543,7 @@ def noisy_bp(monkeypatch):
 
 
 def test_rules_and_arch_replace_an_experiments_lists(noisy_bp):
-    from creditaudit.experiments import Choices
+    from creditaudit.study.experiments import Choices
 
     def key(config):  # what a run id hashes (besides the data's fingerprint)
         return json.dumps(config.to_dict(), sort_keys=True)

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from creditaudit.cli import main
-from creditaudit.experiments import run_experiments
-from creditaudit.export import MANIFEST_FILE, export
 from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.study.experiments import run_experiments
+from creditaudit.study.export import MANIFEST_FILE, export
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
 from creditaudit.config import RunConfig
-from creditaudit.figures import FIGURES, MissingRuns, RunIndex, audit_panels, hero, summary
+from creditaudit.figures import FIGURES, MissingRuns, RunIndex, audit_panels
 from creditaudit.figures.common import has_data, log_scale, new_figure, plain_number
-from creditaudit.training import train
+from creditaudit.run.trainer import train
+from creditaudit.study.figures import hero, summary
 from figure_support import SMOKE
 
 

@@ -20,14 +20,10 @@ from creditaudit.figures import (
     MissingRuns,
     RunIndex,
     audit_panels,
-    hero,
-    lambda_sweep,
-    penalty,
     render_all,
-    summary,
-    temporal,
     weight_alignment,
 )
+from creditaudit.study.figures import hero, lambda_sweep, penalty, summary, temporal
 from figure_support import SEEDS
 
 

@@ -26,12 +26,12 @@ import pytest
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.plan import run_id
+from creditaudit.files.safe_files import MAX_TEXT_BYTES, read_text
+from creditaudit.files.strict_json import MAX_DEPTH, TooDeep, check_depth, nesting_depth
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.records.parts import ACCURACY, COSINE, FRACTION, NONNEGATIVE, EpochEntry
 from creditaudit.records.run_parts import EndOfRun, FinalResults
-from creditaudit.safe_files import MAX_TEXT_BYTES, read_text
-from creditaudit.strict_json import MAX_DEPTH, TooDeep, check_depth, nesting_depth
+from creditaudit.run.plan import run_id
 from integrity_support import sweep_toml, tiny_config, write_idx_dataset
 
 TIMEOUT_S = 240  # a command here takes seconds; a blocked one is killed and fails the test
@@ -138,7 +138,7 @@ def assert_each_named_once(stderr: str, bad: list[Path], prefix: str) -> None:
 def world(tmp_path_factory, single_thread) -> SimpleNamespace:
     """A finished DFA run and its frozen-blocks baseline, beside one record of each hostile
     kind (``bad``: kind → path), in one results folder."""
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     root = tmp_path_factory.mktemp("hostile")
     data = write_idx_dataset(root / "mnist")
@@ -215,7 +215,7 @@ def test_sweep_starts_its_hostile_runs_over(world, tmp_path):
 
 
 def test_experiment_lists_a_hostile_run_as_missing(world, tmp_path, plant):
-    from creditaudit.experiments import get_experiment
+    from creditaudit.study.experiments import get_experiment
 
     configs = get_experiment("fresh_null").configs("smoke", out_dir=tmp_path)
     bad = [plant_hostile(tmp_path / run_id(config) / RECORD_FILE, kind, world.good)
@@ -248,7 +248,7 @@ def test_a_hostile_config_or_sweep_file_is_one_line(world, tmp_path):
 def test_the_read_is_bounded_even_where_the_size_lies(monkeypatch):
     """/proc files say they hold 0 bytes: only the bounded read stops a long one."""
     assert os.stat("/proc/self/status").st_size == 0
-    monkeypatch.setattr("creditaudit.safe_files.MAX_TEXT_BYTES", 64)
+    monkeypatch.setattr("creditaudit.files.safe_files.MAX_TEXT_BYTES", 64)
     with pytest.raises(ConfigError, match="over the"):
         read_text(Path("/proc/self/status"), "config file", ConfigError)
 

@@ -13,8 +13,8 @@ import torch
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig, ModelConfig, RunConfig, config_from_dict
-from creditaudit.diagnostics.gradients import state_gradients
 from creditaudit.errors import ConfigError
+from creditaudit.measures.gradients import state_gradients
 from creditaudit.methods import build_rule, rule_class, rule_names
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ConvMixer, ViTMini, architecture, build_model, image_shape
@@ -26,9 +26,9 @@ from creditaudit.models.contract import (
     restored_buffers,
     summary_vectors,
 )
-from creditaudit.plan import plan_run, run_id
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_checkpoint, load_record
-from creditaudit.training import Trainer, train
+from creditaudit.run.plan import plan_run, run_id
+from creditaudit.run.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -34,7 +34,7 @@ import torch
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
-from creditaudit.plan import run_id
+from creditaudit.files.strict_json import check_strict
 from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
@@ -45,7 +45,7 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
-from creditaudit.strict_json import check_strict
+from creditaudit.run.plan import run_id
 from creditaudit.sweep import CLAIM_FILE, SWEEP_LOG_FILE
 from integrity_support import (
     Payload,
@@ -64,7 +64,7 @@ TEST_IMAGES = "t10k-images-idx3-ubyte"
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, single_thread) -> SimpleNamespace:
     """One finished tiny DFA run on tiny MNIST-layout IDX files, shared by the module."""
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     root = tmp_path_factory.mktemp("integrity")
     data = write_idx_dataset(root / "mnist")
@@ -216,7 +216,7 @@ def test_audit_and_resume_refuse_data_that_changed(finished, tmp_path, capsys, k
 
 def test_a_failed_run_is_retried_only_when_its_config_or_data_changed(
         finished, tmp_path, capsys, monkeypatch):
-    from creditaudit.training import Trainer
+    from creditaudit.run.trainer import Trainer
 
     data = tmp_path / "data"
     shutil.copytree(finished.data, data)

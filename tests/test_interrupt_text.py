@@ -10,7 +10,7 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.records import load_record
-from creditaudit.training import Trainer
+from creditaudit.run.trainer import Trainer
 from integrity_support import toml_of
 
 pytestmark = pytest.mark.usefixtures("single_thread", "restore_sigterm")

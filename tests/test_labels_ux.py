@@ -13,8 +13,8 @@ from creditaudit.audit import audit_run
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.report import format_run_summary
-from creditaudit.training import train
-from creditaudit.zoo import TransformerClassifier
+from creditaudit.run.trainer import train
+from creditaudit.testing.zoo import TransformerClassifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

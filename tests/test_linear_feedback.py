@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
-from creditaudit.diagnostics.epoch import epoch_diagnostics
 from creditaudit.errors import ModelContractError
+from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import bp_state_gradients, build_rule, rule_class
 from creditaudit.methods.linear_feedback import backward_fan_in, replaced_backward
 from creditaudit.models import ConvMixer, ResidualMLP, ResidualNet, ViTMini

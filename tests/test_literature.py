@@ -1,5 +1,5 @@
 """The literature experiment: published tables reproduced through model.arch = "module" and
-audited (creditaudit.experiments.literature)."""
+audited (creditaudit.study.experiments.literature)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import torch
 
 from creditaudit import adapt
 from creditaudit.errors import ConfigError
-from creditaudit.experiments import Choices, all_names, get_experiment, run_experiment
-from creditaudit.experiments.literature import (
+from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.study.experiments import Choices, all_names, get_experiment, run_experiment
+from creditaudit.study.experiments.literature import (
     compare,
     configs,
     default_data_dir,
     epoch_errors,
 )
-from creditaudit.experiments.literature_tables import TABLES
-from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.study.experiments.literature_tables import TABLES
 
 SMOKE_CELLS = {  # table → rows the smoke scale trains (one seed, stand-in data)
     "biotorch-mnist": ["BP", "FA", "uSF", "brSF", "frSF", "DFA", "DFA, normalised credit",
@@ -62,8 +62,8 @@ def test_runs_are_module_runs_of_the_source_networks(smoke):
     for run in summary["meta"]["run_ids"]:
         config = load_record(folder / run / RECORD_FILE).config
         assert config.model.arch == "module"
-        assert config.model.factory.startswith(("creditaudit.experiments.literature_nets:",
-                                                "creditaudit.zoo:"))
+        assert config.model.factory.startswith(("creditaudit.study.experiments.literature_nets:",
+                                                "creditaudit.testing.zoo:"))
 
 
 def test_best_and_last_errors_are_read_from_the_records(smoke):
@@ -178,7 +178,7 @@ def test_table_networks_adapt_with_their_states():
 
 
 def test_lenet_resizes_to_32_and_views_flat_inputs_as_images():
-    from creditaudit.experiments.literature_nets import LeNetMNIST
+    from creditaudit.study.experiments.literature_nets import LeNetMNIST
 
     net = LeNetMNIST()
     images = torch.randn(3, 1, 28, 28)
@@ -247,7 +247,7 @@ def test_cifar_columns_train_on_tiny_fake_files(tmp_path, single_thread):
 
 
 def test_figure_draws_the_published_rows(smoke, tmp_path):
-    from creditaudit.figures.literature import published_panels, save_literature_figure
+    from creditaudit.study.figures.literature import published_panels, save_literature_figure
 
     panels = published_panels(smoke[1])
     assert [len(rows) for _, rows in panels] == [6, 2]  # BioTorch's six rules; MLP and CNN

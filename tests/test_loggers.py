@@ -23,9 +23,9 @@ from creditaudit.loggers import (
     end_of_run_scalars,
     epoch_scalars,
 )
-from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, load_checkpoint, load_record
-from creditaudit.training import train
+from creditaudit.run.plan import run_id
+from creditaudit.run.trainer import train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -12,21 +12,21 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.data import make_teacher_student
-from creditaudit.diagnostics import null as null_module
-from creditaudit.diagnostics import perturbation
-from creditaudit.diagnostics.alignment import gamma_aggregations, layer_cosine_table
-from creditaudit.diagnostics.drift import feature_drift
-from creditaudit.diagnostics.nudging import nudging_deltas
-from creditaudit.diagnostics.null import fresh_feedback_null
-from creditaudit.diagnostics.perturbation import (
+from creditaudit.errors import ConfigError
+from creditaudit.measures import null as null_module
+from creditaudit.measures import perturbation
+from creditaudit.measures.alignment import gamma_aggregations, layer_cosine_table
+from creditaudit.measures.drift import feature_drift
+from creditaudit.measures.nudging import nudging_deltas
+from creditaudit.measures.null import fresh_feedback_null
+from creditaudit.measures.perturbation import (
     SAMPLE_CHUNK,
     perturbation_rho,
     rho_controls,
     rho_per_layer,
     rho_table,
 )
-from creditaudit.diagnostics.quality import credit_quality
-from creditaudit.errors import ConfigError
+from creditaudit.measures.quality import credit_quality
 from creditaudit.methods import bp_state_gradients, build_rule
 from creditaudit.models import ResidualMLP
 from creditaudit.models.contract import ResidualNet
@@ -159,7 +159,7 @@ def test_nudging_is_scale_free_and_a_zero_credit_does_not_move():
 def test_nudging_is_the_same_for_any_chunking_of_the_evaluation_set():
     # A rule's credits follow the batch-mean convention: computed in chunks of B they scale
     # with 1/B per sample. The nudging value must not depend on B.
-    from creditaudit.diagnostics.quality import full_credits
+    from creditaudit.measures.quality import full_credits
 
     rule = _dfa_rule()
     rule.model.double()

@@ -31,7 +31,7 @@ from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.registry import reload_plugins
 from creditaudit.report import render
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 from integrity_support import assert_one_line_error, toml_of
 from plugin_support import GUESTS
 
@@ -93,7 +93,7 @@ def test_a_run_with_such_a_diagnostic_records_and_reports_it_not_evaluated(guest
     """The door refuses these guests on its typical evidence (tests/test_door.py); a
     diagnostic whose statistic turns NaN only on a run's real evidence meets the second guard,
     which this test reaches by letting them through the door."""
-    from creditaudit import door
+    from creditaudit.run import door
     monkeypatch.setattr(door, "diagnostic_door", lambda cls, guest, options: door.Admission(
         checks=(), declared_failures={}))
     config = RunConfig().replace(**TINY, **{

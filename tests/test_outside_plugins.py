@@ -153,7 +153,7 @@ def test_a_rule_derived_from_dfa_gets_a_style_and_rank_of_its_own(installed):
 
 
 def test_a_version_bump_changes_the_run_id(installed):
-    from creditaudit.plan import plan_run
+    from creditaudit.run.plan import plan_run
 
     config = config_from_dict(CONFIG)
     first = plan_run(config)

@@ -23,17 +23,17 @@ from creditaudit.figures import RunIndex
 from creditaudit.figures.audit_panels import category
 from creditaudit.loggers import RunLogger
 from creditaudit.models.contract import eval_mode
-from creditaudit.plan import plan_run
 from creditaudit.protocol.records import RecordSet
-from creditaudit.recorder import OWN_DATA, array_fingerprint
 from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, comparable
 from creditaudit.report import format_run_summary
 from creditaudit.results import arch_label
-from creditaudit.run_results import epoch_record
+from creditaudit.run.plan import plan_run
+from creditaudit.run.recorder import OWN_DATA, array_fingerprint
+from creditaudit.run.results import epoch_record
+from creditaudit.run.trainer import RunResult, train
 from creditaudit.sweep import load_sweep
 from creditaudit.sweep.distinct import run_key
-from creditaudit.training import RunResult, train
-from creditaudit.zoo import CifarResNet, TransformerClassifier
+from creditaudit.testing.zoo import CifarResNet, TransformerClassifier
 from docs_support import ROOT
 from integrity_support import write_idx_dataset
 
@@ -49,10 +49,11 @@ TINY = {"optim.epochs": 1, "optim.batch_size": 32, "diagnostics.eval_samples": 3
         "diagnostics.null_draws": 2, "run.progress": False}
 # ResNet-20's structure (three stages of 3 BasicBlocks, 20 weight layers) at 4/8/8 channels,
 # and a two-layer encoder: the same code as the results' networks, sized for CI.
-RESNET20 = {"model.arch": "module", "model.factory": "creditaudit.zoo:CifarResNet",
+RESNET20 = {"model.arch": "module", "model.factory": "creditaudit.testing.zoo:CifarResNet",
             "model.args": {"n": 3, "widths": [4, 8, 8], "in_channels": 1},
             "model.states": ["stem", *(f"layer{s}.{b}" for s in (1, 2, 3) for b in range(3))]}
-TRANSFORMER = {"model.arch": "module", "model.factory": "creditaudit.zoo:TransformerClassifier",
+TRANSFORMER = {"model.arch": "module",
+               "model.factory": "creditaudit.testing.zoo:TransformerClassifier",
                "model.args": {"image_shape": [1, 28, 28], "patch": 7, "d": 8, "depth": 2,
                               "heads": 2, "mlp_ratio": 2},
                "model.states": TRANSFORMER_STATES}
@@ -163,7 +164,7 @@ def test_diagnose_reads_the_adapted_models_terminal_ln():
 def test_the_run_id_covers_the_factory_and_its_options(idx, tmp_path):
     base = cli_config(idx, tmp_path, RESNET20)
     ids = {plan_run(base).run_id}
-    for key, value in [("model.factory", "creditaudit.zoo:resnet20"),
+    for key, value in [("model.factory", "creditaudit.testing.zoo:resnet20"),
                        ("model.args", {**RESNET20["model.args"], "n": 2}),
                        ("model.states", RESNET20["model.states"][:-1]),
                        ("model.readout", ["fc"]), ("model.terminal_ln", False)]:
@@ -185,9 +186,9 @@ REFUSALS = [
     ("not a path", {"model.factory": "not a path!"}, ConfigError, "is not a module path"),
     ("not importable", {"model.factory": "no_such_package.nets:Net"}, ConfigError,
      "no module named 'no_such_package'; install its package or put its folder on PYTHONPATH"),
-    ("no attribute", {"model.factory": "creditaudit.zoo:ResNet99"}, ConfigError,
+    ("no attribute", {"model.factory": "creditaudit.testing.zoo:ResNet99"}, ConfigError,
      "has no attribute 'ResNet99'"),
-    ("not callable", {"model.factory": "creditaudit.zoo:SHORTCUTS"}, ConfigError,
+    ("not callable", {"model.factory": "creditaudit.testing.zoo:SHORTCUTS"}, ConfigError,
      "is a tuple, not callable"),
     ("states not submodules", {"model.states": ["stem", "layer9.0"]}, ModelContractError,
      "states: 'layer9.0' is not a submodule of CifarResNet"),
@@ -229,11 +230,12 @@ def test_arch_module_colon_is_the_factory_option(idx, tmp_path, capsys):
               "--set", "model.args={n = 3, widths = [4, 8, 8], in_channels = 1}",
               "--set", f"model.states={json.dumps(RESNET20['model.states'])}",
               "--print-config"]
-    assert main([*common, "--arch", "module:creditaudit.zoo:CifarResNet"]) == 0
+    assert main([*common, "--arch", "module:creditaudit.testing.zoo:CifarResNet"]) == 0
     short = capsys.readouterr().out
     assert main([*common, "--arch", "module", "--set",
-                 "model.factory=creditaudit.zoo:CifarResNet"]) == 0
-    assert capsys.readouterr().out == short and 'factory = "creditaudit.zoo:CifarResNet"' in short
+                 "model.factory=creditaudit.testing.zoo:CifarResNet"]) == 0
+    assert capsys.readouterr().out == short
+    assert 'factory = "creditaudit.testing.zoo:CifarResNet"' in short
 
 
 class StopAfterFirstEpoch(RunLogger):
@@ -390,8 +392,8 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert dataclasses.asdict(record.config.method) == dataclasses.asdict(dfa.config)
     assert record.config.method.penalty == 1e-3
     model = record.config.model
-    assert (model.arch, model.module, model.states) == ("own-loop", "creditaudit.zoo:CifarResNet",
-                                                        RESNET_STATES)
+    assert (model.arch, model.module, model.states) == (
+        "own-loop", "creditaudit.testing.zoo:CifarResNet", RESNET_STATES)
     assert (record.config.optim.lr, record.config.run.seed, record.epochs) == (1e-2, 7, 2)
     eval_x, eval_y = images(96, seed=3)[0][:32], images(96, seed=3)[1][:32]
     fingerprint = array_fingerprint(eval_x, eval_y)
@@ -403,7 +405,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert array_fingerprint(moved, eval_y) != fingerprint
     components = record.environment["components"]
     assert components["method"]["name"] == "dfa"
-    assert components["model"]["module"] == "creditaudit.zoo:CifarResNet"
+    assert components["model"]["module"] == "creditaudit.testing.zoo:CifarResNet"
     assert components["model"]["module_origin"].startswith("creditaudit==")
     # each epoch: the training loop's measures and protocol; the end-of-run block
     assert [e.epoch for e in record.log] == [0, 1, 2]

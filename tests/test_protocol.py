@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from creditaudit.audit.diagnose import diagnose
 from creditaudit.config import MethodConfig, RunConfig
-from creditaudit.diagnostics.gradients import StateGradients
 from creditaudit.errors import ConfigError, ModelContractError
+from creditaudit.measures.gradients import StateGradients
 from creditaudit.methods import build_rule
 from creditaudit.models import ResidualMLP
-from creditaudit.own_model import diagnose
 from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
@@ -348,7 +348,7 @@ def tiny_config(tmp_path, **overrides) -> RunConfig:
 
 
 def test_training_records_protocol_per_epoch(tmp_path):
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     record = train(tiny_config(tmp_path)).record.to_dict()
     protocol = record["protocol"]
@@ -369,7 +369,7 @@ def test_training_records_protocol_per_epoch(tmp_path):
 
 
 def test_stop_on_walkback_ends_after_first_firing_epoch(tmp_path):
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     config = tiny_config(tmp_path, **{"optim.epochs": 3, "diagnostics.frozen_acc": 1.0,
                                       "diagnostics.stop_on_walkback": True})
@@ -382,7 +382,7 @@ def test_stop_on_walkback_ends_after_first_firing_epoch(tmp_path):
 
 
 def test_training_is_bit_identical_with_and_without_diagnostics(tmp_path):
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     with_diag = train(tiny_config(tmp_path / "on")).run_dir
     without = train(tiny_config(tmp_path / "off", **{
@@ -394,7 +394,7 @@ def test_training_is_bit_identical_with_and_without_diagnostics(tmp_path):
 
 
 def test_credit_quality_refuses_a_non_finite_model():
-    from creditaudit.diagnostics.quality import NonFiniteModelError, credit_quality
+    from creditaudit.measures.quality import NonFiniteModelError, credit_quality
 
     model = _tiny_resmlp()
     rule = build_rule(model, MethodConfig(name="bp"), n_classes=4, seed=0)

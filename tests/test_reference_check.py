@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit import diagnose
-from creditaudit.diagnostics.reference_check import ReferenceGradientError, check_reference
+from creditaudit.measures.reference_check import ReferenceGradientError, check_reference
 from creditaudit.models import ResidualMLP
 from creditaudit.report import metrics_lines, render
 from creditaudit.testing import CLASSES, tiny_batch, tiny_model
@@ -339,7 +339,7 @@ def test_a_correct_backward_on_real_images_with_a_constant_background_is_verifie
     has no gradient; the check probes just beside the data, so a plain network passes
     (LeNet-5 on MNIST was refused before: "between h_0 and h_1 … no single module")."""
     from creditaudit import adapt
-    from creditaudit.diagnostics import reference_check
+    from creditaudit.measures import reference_check
 
     if jitter is not None:
         monkeypatch.setattr(reference_check, "PROBE_JITTER", jitter)

@@ -19,15 +19,15 @@ import torch
 
 from creditaudit import Recorder, RunConfig, adapt, load_record, rule
 from creditaudit.cli import main
-from creditaudit.diagnostics.reference_check import ReferenceGradientError
 from creditaudit.errors import RunRecordError
 from creditaudit.figures.audit_panels import panel_points
+from creditaudit.measures.reference_check import ReferenceGradientError
 from creditaudit.protocol import UNVERIFIED, UNVERIFIED_MARK
 from creditaudit.records import CHECKPOINT_FILE, ReferenceState, comparable, load_checkpoint
 from creditaudit.records.checkpoint import atomic_torch_save
 from creditaudit.report import render
 from creditaudit.results import RunIndex
-from creditaudit.training import Trainer, train
+from creditaudit.run.trainer import Trainer, train
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -208,7 +208,7 @@ def test_a_healthy_run_records_how_and_trains_the_same_weights(tmp_path, monkeyp
     assert checked.record.reference.verified and checked.record.reference.how == "states"
     assert checked.record.reference.detail.startswith("∂CE/∂h_l agrees with float64")
 
-    import creditaudit.training as training
+    import creditaudit.run.trainer as training
 
     stub = ReferenceState(verified=True, how="states", detail=checked.record.reference.detail)
     monkeypatch.setattr(training, "reference_at_start", lambda *a, **k: stub)
@@ -255,7 +255,7 @@ def test_resume_refuses_a_model_whose_backward_changed(guests, tmp_path, kill_ru
 def test_stacked_and_swept_runs_check_too(guests, tmp_path, monkeypatch, capsys):
     """A refusal in a stack comes before any run of it writes a file; a sweep records each
     refused run as failed, with the one line, and goes on."""
-    from creditaudit.stacked import train_stacked
+    from creditaudit.run.stacked import train_stacked
 
     config = guest_config("doubled", tmp_path / "stack", **{"method.name": "dfa"})
     with pytest.raises(ReferenceGradientError):
@@ -345,19 +345,19 @@ def test_a_forged_reference_block_is_refused_in_one_line(tmp_path, block, fragme
 
 # creditaudit's own factories: every network of its own package that a `module` config names
 OWN_FACTORIES = [
-    ("creditaudit.experiments.literature_nets:lenet_mnist", {}, (1, 28, 28),
+    ("creditaudit.study.experiments.literature_nets:lenet_mnist", {}, (1, 28, 28),
      ["pool1", "pool2", "relu3", "relu4"]),
-    ("creditaudit.experiments.literature_nets:lenet_cifar", {}, (3, 32, 32),
+    ("creditaudit.study.experiments.literature_nets:lenet_cifar", {}, (3, 32, 32),
      ["pool1", "pool2", "gap", "relu4"]),
-    ("creditaudit.experiments.literature_nets:mnist1d_mlp", {"hidden": 12}, (40,),
+    ("creditaudit.study.experiments.literature_nets:mnist1d_mlp", {"hidden": 12}, (40,),
      ["act1", "block2"]),
-    ("creditaudit.experiments.literature_nets:mnist1d_cnn", {"channels": 4}, (40,),
+    ("creditaudit.study.experiments.literature_nets:mnist1d_cnn", {"channels": 4}, (40,),
      ["relu1", "relu2", "flatten"]),
-    ("creditaudit.experiments.literature_nets:tanh_mlp", {"widths": [12, 12]}, (784,),
+    ("creditaudit.study.experiments.literature_nets:tanh_mlp", {"widths": [12, 12]}, (784,),
      ["acts.0", "acts.1"]),
-    ("creditaudit.zoo:resnet20", {}, (3, 32, 32),
+    ("creditaudit.testing.zoo:resnet20", {}, (3, 32, 32),
      ["stem", "layer1.0", "layer1.2", "layer2.2", "layer3.2"]),
-    ("creditaudit.zoo:TransformerClassifier",
+    ("creditaudit.testing.zoo:TransformerClassifier",
      {"image_shape": [1, 1, 40], "patch": [1, 4], "d": 16, "depth": 2, "heads": 2,
       "mlp_ratio": 2}, (40,), ["encoder.layers.0", "encoder.layers.1"]),
 ]
@@ -370,7 +370,7 @@ def test_creditaudits_own_factories_pass_the_reference_check(factory, args, shap
     package keep its verdict (`built-in`): its backward is the gradient of its forward."""
     import pkgutil
 
-    from creditaudit.run_results import reference_at_start
+    from creditaudit.run.results import reference_at_start
 
     torch.manual_seed(0)
     net = pkgutil.resolve_name(factory)(**args)
@@ -382,8 +382,9 @@ def test_creditaudits_own_factories_pass_the_reference_check(factory, args, shap
 
 
 def test_old_records_of_a_factory_of_creditaudits_own_keep_their_verdict(tmp_path):
-    """The literature experiment's networks and creditaudit.zoo's reach runs through
-    `model.arch = "module"`; a record of one written before the check reads as built-in,
+    """The literature experiment's networks and creditaudit.testing.zoo's reach runs through
+    `model.arch = "module"` (here under the pre-0.2 spelling the literature records use); a
+    record of one written before the check reads as built-in,
     a user's factory as not checked (test_old_records_of_a_model_from_outside_…)."""
     config = RunConfig().replace(**{**TINY, "data.in_dim": 784, "model.arch": "module",
                                     "model.factory": "creditaudit.experiments.literature_nets:"

@@ -33,7 +33,7 @@ from creditaudit.report.folder import (
 )
 from creditaudit.report.html import compact_png, markdown_to_html
 from creditaudit.results import RunIndex
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 
 SMOKE = {
     "data.n_train": 512, "data.n_test": 256, "data.in_dim": 16, "model.d": 16,

@@ -23,14 +23,13 @@ import numpy as np
 import pytest
 import torch
 
-from creditaudit import cache as user_cache
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.data import identity, load_dataset
 from creditaudit.data import mnist1d as m1d
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
-from creditaudit.plan import run_id
+from creditaudit.files import cache as user_cache
 from creditaudit.records import (
     CHECKPOINT_FILE,
     RECORD_FILE,
@@ -40,9 +39,10 @@ from creditaudit.records import (
     new_record,
 )
 from creditaudit.report import format_run_summary
-from creditaudit.resume import check_same_data
+from creditaudit.run.plan import run_id
+from creditaudit.run.resume import check_same_data
+from creditaudit.run.trainer import Trainer, train
 from creditaudit.sweep import SWEEP_LOG_FILE
-from creditaudit.training import Trainer, train
 from integrity_support import (
     assert_one_line_error,
     snapshot,
@@ -442,7 +442,7 @@ def test_a_diverged_run_without_a_finite_epoch_has_no_headline_accuracy(tmp_path
                                                                         monkeypatch):
     """With no finite evaluation to fall back on, the headline accuracy is None, not the
     overflowed network's share of one class from the log."""
-    for home in ("creditaudit.training", "creditaudit.run_results"):
+    for home in ("creditaudit.run.trainer", "creditaudit.run.results"):
         monkeypatch.setattr(f"{home}.finite_entry", lambda entry: False)
     result = train(RunConfig().replace(**tiny(tmp_path / "out")))
     record = load_record(result.run_dir)

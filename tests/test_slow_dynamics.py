@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from creditaudit.config import RunConfig
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 
 EPOCHS = 10
 

@@ -16,8 +16,8 @@ from creditaudit.errors import ConfigError
 from creditaudit.protocol import Evidence, ReferenceValidity, ResidualStreamScale, embed_growth
 from creditaudit.protocol.diagnostics import GrowthOptions, ReferenceOptions
 from creditaudit.report import render
-from creditaudit.training import train
-from creditaudit.zoo import TransformerClassifier
+from creditaudit.run.trainer import train
+from creditaudit.testing.zoo import TransformerClassifier
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")

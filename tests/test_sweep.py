@@ -17,8 +17,8 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, DataError
-from creditaudit.plan import run_id
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
+from creditaudit.run.plan import run_id
 from creditaudit.sweep import (
     CLAIM_FILE,
     SUMMARY_FILE,
@@ -173,7 +173,7 @@ def test_second_sweep_trains_nothing(tmp_path):
 
 
 def test_failing_and_diverging_runs_do_not_stop_the_sweep(tmp_path, monkeypatch):
-    from creditaudit.training import Trainer
+    from creditaudit.run.trainer import Trainer
 
     out = tmp_path / "out"
     configs = [
@@ -529,7 +529,7 @@ def test_fp16_flushes_diagnostic_sized_gradients_bf16_keeps_them():
 
 @pytest.mark.parametrize("method", ["bp", "fa", "dfa"])
 def test_bf16_training_runs_on_cpu_with_fp32_diagnostics(tmp_path, method):
-    from creditaudit.training import Trainer
+    from creditaudit.run.trainer import Trainer
 
     out = tmp_path / "out"
     configs = [tiny(out, **{"method.name": method, "run.precision": p, "run.device": "cpu"})
@@ -569,7 +569,7 @@ NEEDS_FASHION = pytest.mark.skipif(
                                      "synthetic"])
 def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
     """examples/sweeps/cpu_*.toml give the run ids the cpu-scale experiments use."""
-    from creditaudit.experiments import get_experiment
+    from creditaudit.study.experiments import get_experiment
 
     name = "fashion" if dataset == "fashion-mnist" else dataset
     sweep_ = load_sweep(ROOT / "examples" / "sweeps" / f"cpu_{name}.toml")
@@ -585,7 +585,7 @@ def test_cpu_grid_sweeps_are_the_experiments_runs(tmp_path, dataset):
 @NEEDS_FASHION
 def test_rule_zoo_sweeps_are_the_experiments_runs(tmp_path):
     """examples/sweeps/rule_zoo_*.toml give exactly the rule_zoo experiment's run ids."""
-    from creditaudit.experiments import get_experiment
+    from creditaudit.study.experiments import get_experiment
 
     ids = set()
     for arch in ("resmlp", "vit", "convmixer"):

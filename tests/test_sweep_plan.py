@@ -13,7 +13,7 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
-from creditaudit.plan import run_id
+from creditaudit.run.plan import run_id
 from creditaudit.sweep import count_runs, expand_grid, load_sweep
 from creditaudit.sweep import grid as grid_module
 from integrity_support import assert_one_line_error, write_idx_dataset

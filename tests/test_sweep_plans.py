@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import creditaudit.plan as plan_module
+import creditaudit.run.plan as plan_module
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError
 from creditaudit.sweep import LocalExecutor, load_sweep, plan_runs, prepare_configs, run_sweep
@@ -32,7 +32,7 @@ in_dim = 8
 
 [base.model]
 arch = "module"
-factory = "creditaudit.zoo:TransformerClassifier"
+factory = "creditaudit.testing.zoo:TransformerClassifier"
 args = {{ image_shape = [1, 1, 8], patch = [1, 4], d = 8, depth = 2, heads = 2, mlp_ratio = 2 }}
 states = ["encoder.layers.0", "encoder.layers.1"]
 
@@ -117,10 +117,10 @@ def test_a_rule_that_cannot_bind_to_a_module_model_is_refused_before_any_run_tra
 # --- one plan per run -------------------------------------------------------------------------
 COUNTER = """
 import os
-import creditaudit.plan
-import creditaudit.run_ids
+import creditaudit.run.plan
+import creditaudit.records.run_ids
 
-_original = creditaudit.run_ids.compute_run_id
+_original = creditaudit.records.run_ids.compute_run_id
 
 
 def _counted(*args, **kwargs):
@@ -129,7 +129,7 @@ def _counted(*args, **kwargs):
     return _original(*args, **kwargs)
 
 
-creditaudit.run_ids.compute_run_id = creditaudit.plan.compute_run_id = _counted
+creditaudit.records.run_ids.compute_run_id = creditaudit.run.plan.compute_run_id = _counted
 """
 
 
@@ -184,4 +184,4 @@ def test_a_sweep_of_two_workers_computes_four_run_ids_in_all(tmp_path, monkeypat
     assert workers and len(workers) <= 2
     trained = {o["pid"] for o in result.outcomes}
     assert workers <= trained and len(pids) == 4, (pids, trained)
-    assert sys.modules["creditaudit.plan"] is plan_module
+    assert sys.modules["creditaudit.run.plan"] is plan_module

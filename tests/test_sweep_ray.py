@@ -19,8 +19,8 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError
-from creditaudit.plan import run_id
 from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.run.plan import run_id
 from creditaudit.sweep import (
     SUMMARY_FILE,
     SWEEP_LOG_FILE,

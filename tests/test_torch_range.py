@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from creditaudit import torch_range
-from creditaudit.torch_range import (
+from creditaudit import version as torch_range
+from creditaudit.version import (
     TESTED_TORCH,
     UntestedTorchWarning,
     release,

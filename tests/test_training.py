@@ -22,7 +22,6 @@ from creditaudit.config import (
 )
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.methods.base import StepResult
-from creditaudit.plan import run_id
 from creditaudit.records import (
     CHECKPOINT_FILE,
     INIT_FILE,
@@ -35,7 +34,8 @@ from creditaudit.records import (
     load_record,
 )
 from creditaudit.report import format_run_summary
-from creditaudit.training import Trainer, train
+from creditaudit.run.plan import run_id
+from creditaudit.run.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -590,7 +590,7 @@ def test_config_round_trip_through_config_toml_and_record_json(tmp_path, capsys)
 
 
 def test_schedules_follow_the_closed_form():
-    from creditaudit.run_setup import make_schedule
+    from creditaudit.run.setup import make_schedule
 
     total = 37
     for kind in ("cosine", "constant"):

@@ -24,7 +24,7 @@ from creditaudit.protocol import INCOMPLETE, TRUSTWORTHY, UNVERIFIED, WALK_BACK
 from creditaudit.report import format_run_summary, render
 from creditaudit.report.protocol import _latex_escape
 from creditaudit.results import RunIndex
-from creditaudit.training import train
+from creditaudit.run.trainer import train
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -27,12 +27,12 @@ from creditaudit import Recorder, adapt, rule
 from creditaudit.cli import main
 from creditaudit.cli.run_watch import RunWatch, epochs_done
 from creditaudit.config import RunConfig
-from creditaudit.diagnostics.nudging import nudging_table
-from creditaudit.diagnostics.perturbation import BP_CREDIT
 from creditaudit.errors import ConfigError
 from creditaudit.loggers import ConsoleLogger, RunStart
+from creditaudit.measures.nudging import nudging_table
+from creditaudit.measures.perturbation import BP_CREDIT
 from creditaudit.models import ResidualMLP
-from creditaudit.zoo import TransformerClassifier
+from creditaudit.testing.zoo import TransformerClassifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -19,18 +19,22 @@ The package is typed (``py.typed``).
 
 from __future__ import annotations
 
+from creditaudit import moved
+
+# Old import paths (creditaudit.training, creditaudit.zoo, …) keep working for one release.
+moved.install()
+
+from creditaudit.audit.diagnose import diagnose  # noqa: E402
 from creditaudit.config import RunConfig, load_config  # noqa: E402
 from creditaudit.errors import CreditAuditError  # noqa: E402
 from creditaudit.methods import rule  # noqa: E402
 from creditaudit.models.adapted import AdaptedModel, adapt  # noqa: E402
-from creditaudit.own_model import diagnose  # noqa: E402
 from creditaudit.protocol import DiagnosticReport, Thresholds  # noqa: E402
-from creditaudit.recorder import Recorder  # noqa: E402
 from creditaudit.records import RunRecord, load_record  # noqa: E402
-from creditaudit.run_folder import RunResult  # noqa: E402
-from creditaudit.torch_range import warn_untested_torch  # noqa: E402
-from creditaudit.training import train  # noqa: E402
-from creditaudit.version import __version__  # noqa: E402
+from creditaudit.run.folder import RunResult  # noqa: E402
+from creditaudit.run.recorder import Recorder  # noqa: E402
+from creditaudit.run.trainer import train  # noqa: E402
+from creditaudit.version import __version__, warn_untested_torch  # noqa: E402
 
 # Once, on import, where torch is not a release the test suite ran on.
 warn_untested_torch()

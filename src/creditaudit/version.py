@@ -1,10 +1,20 @@
-"""The package version (its own module so low layers can read it without the package), and
-the source revision a run record names beside it."""
+"""The package version (its own module so low layers can read it without the package), the
+source revision a run record names beside it, and the torch releases the package is tested on
+(one warning on any other).
+
+pyproject.toml accepts ``torch>=2.1,<2.15`` so that creditaudit installs beside the
+ecosystem's packages (torchvision, timm and transformers pull the newest torch); the test
+suite runs on the releases of :data:`TESTED_TORCH` (CI on 2.13, and 2.14 beside
+torchvision 0.29). On any other release creditaudit runs, and says once that its numbers
+there are not covered by the tests.
+"""
 
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
+import warnings
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -35,3 +45,46 @@ def source_revision() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if changed else "")
+
+
+# (major, minor) releases the whole test suite passed on.
+TESTED_TORCH = ((2, 13), (2, 14))
+
+
+class UntestedTorchWarning(UserWarning):
+    """creditaudit runs on a torch release its test suite has not run on."""
+
+
+def release(version: str) -> tuple[int, int] | None:
+    """``"2.14.1+cu130"`` → ``(2, 14)``; None when the string names no release."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def untested_torch_message(version: str) -> str | None:
+    """One line for a torch ``version`` outside :data:`TESTED_TORCH`, else None."""
+    if release(version) in TESTED_TORCH:
+        return None
+    tested = " and ".join(f"{major}.{minor}" for major, minor in TESTED_TORCH)
+    return (f"creditaudit is tested on torch {tested}, not on the installed torch {version}; "
+            "it runs, but check results that matter against a tested release "
+            f"(pip install torch=={TESTED_TORCH[0][0]}.{TESTED_TORCH[0][1]}.0)")
+
+
+_warned = False
+
+
+def warn_untested_torch(version: str | None = None) -> None:
+    """Warn (:class:`UntestedTorchWarning`) once per process when ``version`` (default: the
+    installed torch's) is outside the tested range."""
+    global _warned
+    if _warned:
+        return
+    if version is None:
+        import torch
+
+        version = torch.__version__
+    message = untested_torch_message(str(version))
+    if message is not None:
+        _warned = True
+        warnings.warn(message, UntestedTorchWarning, stacklevel=2)

@@ -4,7 +4,7 @@ Each subcommand module defines ``add_parser(subparsers)`` and ``run(args) -> int
 errors (:class:`~creditaudit.errors.CreditAuditError`, and operating-system errors on the
 user's files) end in one line on stderr and exit code 2; an interrupted run exits 130. An
 unexpected error — or a ``sys.exit`` — out of a guest's code (a plugin, a model factory:
-:mod:`creditaudit.blame`) is that guest's, named in one line (exit 2); any other unexpected
+:mod:`creditaudit.guests.blame`) is that guest's, named in one line (exit 2); any other unexpected
 error (a bug) prints one line asking for a report (exit 1). ``--verbose`` shows the
 traceback of either. While a command runs, what guest code writes to stdout goes to stderr,
 so machine-readable output stays parseable; and the working folder is on the import path,
@@ -23,9 +23,9 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from creditaudit.blame import guest_failure, guest_output_to_stderr
 from creditaudit.errors import CreditAuditError, GuestError
-from creditaudit.safe_files import describe_os_error
+from creditaudit.files.safe_files import describe_os_error
+from creditaudit.guests.blame import guest_failure, guest_output_to_stderr
 from creditaudit.version import __version__
 
 SUBCOMMANDS = ("demo", "train", "audit", "sweep", "experiment", "export", "figures", "report")
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"creditaudit: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
-        # A run says what it saved (creditaudit.training.Trainer.interrupted_note); nothing
+        # A run says what it saved (creditaudit.run.trainer.Trainer.interrupted_note); nothing
         # else is claimed.
         notes = getattr(interrupt, "__notes__", None)
         print(f"creditaudit: interrupted{'; ' + notes[-1] if notes else ''}", file=sys.stderr)

@@ -64,8 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
     from creditaudit.errors import CreditAuditError
+    from creditaudit.files.safe_files import atomic_write_bytes, check_output_file
     from creditaudit.report import render
-    from creditaudit.safe_files import atomic_write_bytes, check_output_file
 
     if args.output:
         check_output_file(Path(args.output))  # before the audit's minutes of work

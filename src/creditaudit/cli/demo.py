@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
     shrink = env_overrides()
     if shrink:
         configs = [apply_where_read(config, shrink) for config in configs]
-    from creditaudit.run_setup import resolve_device
-    from creditaudit.safe_files import ensure_folder
+    from creditaudit.files.safe_files import ensure_folder
+    from creditaudit.run.setup import resolve_device
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated

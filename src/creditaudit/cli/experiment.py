@@ -80,14 +80,14 @@ def names_list(text: str | None, option: str) -> tuple[str, ...] | None:
 
 
 def choices_of(args: argparse.Namespace):  # noqa: ANN201 - a Choices
-    from creditaudit.experiments import Choices
+    from creditaudit.study.experiments import Choices
 
     return Choices(rules=names_list(args.rules, "rules"), archs=names_list(args.arch, "arch"))
 
 
 def _list(args: argparse.Namespace) -> int:
-    from creditaudit.experiments import experiment_names, get_experiment
-    from creditaudit.experiments.registry import OPTIONS
+    from creditaudit.study.experiments import experiment_names, get_experiment
+    from creditaudit.study.experiments.registry import OPTIONS
 
     for name in experiment_names():
         experiment = get_experiment(name)
@@ -105,8 +105,8 @@ def _list(args: argparse.Namespace) -> int:
 def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Experiment
     """"N runs, M finished in OUT" (finished runs are found by run id, which needs the data's
     fingerprint: without the data, only the number of runs)."""
-    from creditaudit.experiments.runner import run_state
-    from creditaudit.plan import plan_run
+    from creditaudit.run.plan import plan_run
+    from creditaudit.study.experiments.runner import run_state
 
     def configs(data_dir: str | None) -> list:
         return experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
@@ -141,7 +141,7 @@ class _LazyProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.experiments import all_names, get_experiment, run_experiments
+    from creditaudit.study.experiments import all_names, get_experiment, run_experiments
 
     if args.list:
         return _list(args)

@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.export import export
+    from creditaudit.study.export import export
 
     result = export(args.results_dir, args.out, layout=args.layout, dataset=args.dataset)
     print(result.format())

@@ -37,9 +37,10 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import creditaudit.study  # noqa: F401  (the paper's figures register with render_all)
     from creditaudit.figures import render_all
+    from creditaudit.files.safe_files import ensure_folder
     from creditaudit.results import RunIndex
-    from creditaudit.safe_files import ensure_folder
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)

@@ -128,7 +128,7 @@ def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
 def describe_stacks(plans: list[Any], size: int) -> str:
     """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs (their
     plans, one per run id)."""
-    from creditaudit.stacked import stack_groups
+    from creditaudit.run.stacked import stack_groups
 
     groups = stack_groups(plans, size)
     stacks = [g for g in groups if len(g) > 1]

@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     config = config_from_args(args)
     if args.print_config:

@@ -60,7 +60,7 @@ from creditaudit.config.sections import (
 )
 from creditaudit.config.validation import coerce, section_from_dict
 from creditaudit.errors import ConfigError
-from creditaudit.safe_files import read_text
+from creditaudit.files.safe_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
 
 def _check_consistency(config: RunConfig) -> None:
     """Cross-field rules that single-field validation cannot see (a component's own rules
-    are checked where the component is resolved: :func:`creditaudit.plan.plan_run`)."""
+    are checked where the component is resolved: :func:`creditaudit.run.plan.plan_run`)."""
     tb = config.method.trainable_blocks
     n_blocks = getattr(config.model, "n_blocks", None)
     if tb is not None and isinstance(n_blocks, int) and tb > n_blocks:

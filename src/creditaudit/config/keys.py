@@ -44,7 +44,7 @@ def semantic_dict(config: RunConfig) -> dict[str, dict[str, Any]]:
     """The fields that change what a run computes and differ from their defaults.
 
     Only non-default values are kept, so adding an option whose default keeps the old
-    behaviour does not change existing run ids (see :mod:`creditaudit.run_ids`). A
+    behaviour does not change existing run ids (see :mod:`creditaudit.records.run_ids`). A
     component's options are compared with the component's own defaults.
     """
     out: dict[str, dict[str, Any]] = {}

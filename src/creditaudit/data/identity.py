@@ -21,13 +21,13 @@ Hashing the arrays costs about 65 ms for Fashion-MNIST's 55 MB and 6 ms for MNIS
 
 Hashing Fashion-MNIST's 60k images takes a fraction of a second; each file's digest is cached
 in memory and in ``fingerprints.json`` of the user cache folder (see
-:func:`creditaudit.cache.cache_dir`), keyed by the file's resolved path, size, inode,
+:func:`creditaudit.files.cache.cache_dir`), keyed by the file's resolved path, size, inode,
 modification time and status-change time, so an unchanged file is hashed once per machine.
 The status-change time (ctime) cannot be set by programs, so a file rewritten with its old
 modification time restored (``cp -p``, ``touch -r``, ``os.utime``) is hashed again; and a
 file changed in the last few seconds is never cached, because two writes within one tick of
 the file system's clock leave the same timestamps. Each cached digest is signed with the
-cache's per-machine key (:func:`creditaudit.cache.sign`): an entry edited in
+cache's per-machine key (:func:`creditaudit.files.cache.sign`): an entry edited in
 ``fingerprints.json`` — another file's digest pasted in, so that other data would reuse a
 finished run — does not verify and is hashed again.
 """
@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from creditaudit.cache import load_json_cache, sign, store_json_cache, verify
 from creditaudit.errors import DataError
+from creditaudit.files.cache import load_json_cache, sign, store_json_cache, verify
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ unwritable folder means no cache (both with a warning).
 
 A run never trains on cached arrays it has not verified. Beside each file, a digest of the
 arrays the generator produced is stored, signed with the cache's per-machine key
-(:func:`creditaudit.cache.sign`). Arrays that do not match it (edited labels, NaN features)
+(:func:`creditaudit.files.cache.sign`). Arrays that do not match it (edited labels, NaN features)
 are generated again, with one warning; a file without a valid digest (written by an earlier
 version, or its digest edited) is checked against a fresh generation. The digest of the
 arrays used goes into the dataset's provenance (``content_sha256``), so the run record says
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from creditaudit.cache import cache_dir, sign, verify
 from creditaudit.config import DataConfig
 from creditaudit.descriptions import CONTENT_DIGEST
 from creditaudit.errors import DataError, OutputError
-from creditaudit.safe_files import atomic_write_bytes
+from creditaudit.files.cache import cache_dir, sign, verify
+from creditaudit.files.safe_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

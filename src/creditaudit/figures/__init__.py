@@ -1,9 +1,12 @@
 """The figures of docs/figures.md, drawn from run records only (never a live model).
 
-One module per figure; each exposes ``NAME``, ``TITLE``, ``requirements`` (the runs it
-needs, in words), ``build(index) -> {file name: Figure}`` and ``render(index, out_dir) ->
-[png and pdf paths]``. Both raise :class:`MissingRuns` (naming what is missing) when the
-runs in the index cannot support the figure. :func:`render_all` draws every figure it can.
+One module per figure; the toolkit's own are the generic ones (:mod:`.audit_panels`,
+:mod:`.weight_alignment`); the study registers the paper's with :func:`register_figures` when
+:mod:`creditaudit.study.figures` is imported (the command line does). Each exposes ``NAME``,
+``TITLE``, ``requirements`` (the runs it needs, in words), ``build(index) -> {file name:
+Figure}`` and ``render(index, out_dir) -> [png and pdf paths]``. Both raise
+:class:`MissingRuns` (naming what is missing) when the runs in the index cannot support the
+figure. :func:`render_all` draws every figure it can.
 
 >>> index = RunIndex.from_dir("results")
 >>> rendered, missing = render_all(index, "results/figures")
@@ -15,20 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from creditaudit.figures import (
-    audit_panels,
-    hero,
-    lambda_sweep,
-    penalty,
-    summary,
-    temporal,
-    weight_alignment,
-)
+from creditaudit.figures import audit_panels, weight_alignment
 from creditaudit.figures.runs import MissingRuns
 from creditaudit.results import RunIndex
 
-FIGURES: tuple[ModuleType, ...] = (hero, temporal, penalty, lambda_sweep, summary,
-                                   audit_panels, weight_alignment)
+# Every figure render_all draws, in order: registered ones first, then the generic ones.
+FIGURES: list[ModuleType] = [audit_panels, weight_alignment]
+_GENERIC = len(FIGURES)
+
+
+def register_figures(*modules: ModuleType) -> None:
+    """Add figure modules (each with ``NAME``, ``TITLE``, ``build``, ``render``) for
+    :func:`render_all` to draw, before the generic ones; a module registered twice is kept
+    once."""
+    for module in modules:
+        if module not in FIGURES:
+            FIGURES.insert(len(FIGURES) - _GENERIC, module)
 
 
 @dataclass
@@ -61,4 +66,4 @@ def render_all(index: RunIndex, out_dir: str | Path
     return rendered, missing
 
 
-__all__ = ["FIGURES", "MissingRuns", "RunIndex", "Rendered", "render_all"]
+__all__ = ["FIGURES", "MissingRuns", "RunIndex", "Rendered", "register_figures", "render_all"]

@@ -25,10 +25,10 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
+from creditaudit.files.safe_files import atomic_write_bytes  # noqa: E402
 from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.registry import RULES  # noqa: E402
-from creditaudit.safe_files import atomic_write_bytes  # noqa: E402
 
 # The built-in rules each declare their own `color` and `marker`: 12 of Paul Tol's discrete
 # rainbow of 14 colours (SRON technical note "Colour schemes", fig. 22; the two lightest,

@@ -19,6 +19,7 @@ from typing import Any
 
 from creditaudit.config import config_to_toml
 from creditaudit.errors import ConfigError, OutputError
+from creditaudit.files.safe_files import ensure_folder
 from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import (
     end_of_run_scalars,
@@ -27,7 +28,6 @@ from creditaudit.loggers.scalars import (
     verdict_text,
 )
 from creditaudit.records import EpochEntry, RunRecord
-from creditaudit.safe_files import ensure_folder
 
 log = logging.getLogger(__name__)
 # The metrics the HPARAMS tab shows beside the config: scalars every epoch logs.

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from creditaudit.blame import blame, exit_message
 from creditaudit.config import opt
 from creditaudit.errors import ConfigError, CreditAuditError, GuestError
 from creditaudit.guests import Guest, make_guest, module_sources
+from creditaudit.guests.blame import blame, exit_message
 from creditaudit.models.adapted import AdaptedModel, adapt
 from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
 
@@ -39,7 +39,7 @@ FIRST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 class ModuleOptions:
     factory: str = opt("", "the callable that builds the network, as package.module:name (a "
                        "class or function returning an nn.Module whose forward gives (B, "
-                       "classes) logits), e.g. creditaudit.zoo:resnet20")
+                       "classes) logits), e.g. creditaudit.testing.zoo:resnet20")
     args: dict[str, Any] | None = opt(None, "keyword arguments of the factory, a table (e.g. "
                                       "{n = 1, in_channels = 1}; --set model.args.n=1)")
     none_args: list[str] | None = opt(None, "keyword arguments of the factory passed as None, "
@@ -60,13 +60,13 @@ def load_factory(path: Any) -> Callable[..., Any]:
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("model.arch='module' needs model.factory: the callable that builds "
                           "your network, as package.module:name (e.g. "
-                          "creditaudit.zoo:resnet20)")
+                          "creditaudit.testing.zoo:resnet20)")
     try:
         with contextlib.redirect_stdout(sys.stderr):
             factory = pkgutil.resolve_name(path)
     except ValueError:
         raise ConfigError(f"model.factory={path!r} is not a module path: write "
-                          "package.module:name, e.g. creditaudit.zoo:resnet20") from None
+                          "package.module:name, e.g. creditaudit.testing.zoo:resnet20") from None
     except ModuleNotFoundError as err:
         raise ConfigError(f"model.factory={path!r}: no module named {err.name!r}; install its "
                           "package or put its folder on PYTHONPATH (the command line also "
@@ -88,7 +88,7 @@ def factory_guest(path: str) -> Guest | None:
     """The factory ``path`` names as a guest: the module ``path`` names and the module that
     defines the callable (they differ for a re-export), each with every module of its own
     code it imports (:func:`creditaudit.guests.module_sources`); creditaudit's own modules
-    (``creditaudit.zoo``) are left out, as its version names their code: None when nothing
+    (``creditaudit.testing.zoo``) are left out, as its version names their code: None when nothing
     else is left."""
     factory = load_factory(path)
     named = path.partition(":")[0] if ":" in path else path.rpartition(".")[0]

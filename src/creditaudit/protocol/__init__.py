@@ -19,9 +19,9 @@ was allowed to go on (:func:`judge`, the one function behind every verdict shown
 diagnostic that cannot be evaluated (no frozen accuracy, too few evaluation batches,
 non-finite values) is reported as *not evaluated* — never as passed.
 
-:func:`creditaudit.own_model.diagnose` runs the protocol on a live model (a contract model,
+:func:`creditaudit.audit.diagnose.diagnose` runs the protocol on a live model (a contract model,
 or any ``nn.Module`` with a states function); :func:`evaluate_protocol` runs it on precomputed
-:class:`~creditaudit.diagnostics.gradients.StateGradients` (what training already has);
+:class:`~creditaudit.measures.gradients.StateGradients` (what training already has);
 :mod:`.records` judges run records again (e.g. (d) against the frozen runs of a recipe).
 Norms follow science.md §2: per-sample L2 over the feature axis, median over samples,
 gradients as (1/128)·∂CE_i/∂h_l.

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from creditaudit.diagnostics.gradients import (
+from creditaudit.measures.gradients import (
     REFERENCE_FLOOR,
     max_block_growth,
 )
@@ -31,7 +31,7 @@ CAUSE_SATURATION_NO_LN = ("saturated softmax (no terminal LN: g_L is the head's 
                           "a vanishing output error on confident samples; not LN cancellation)")
 CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown residual stream)"
 CAUSE_FLOOR = "gradient below floor"
-# Neutral: each surface says how to give it there (with_frozen_hint in own_model.py).
+# Neutral: each surface says how to give it there (with_frozen_hint in audit/diagnose.py).
 NO_FROZEN_REASON = "no frozen-blocks accuracy given"
 HEADLINE_GAMMA = "samples_then_layers"
 

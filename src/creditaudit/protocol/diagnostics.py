@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from creditaudit.config import opt
-from creditaudit.diagnostics.gradients import REFERENCE_FLOOR, max_block_growth
+from creditaudit.measures.gradients import REFERENCE_FLOOR, max_block_growth
 from creditaudit.protocol.base import (
     OPERATORS,
     SCALES,

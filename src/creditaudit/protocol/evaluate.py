@@ -1,7 +1,7 @@
 """Running the protocol on precomputed gradients, and the report it gives.
 
-:func:`evaluate_protocol` turns :class:`~creditaudit.diagnostics.gradients.StateGradients`
-(what training and :func:`creditaudit.own_model.diagnose` already have) into a
+:func:`evaluate_protocol` turns :class:`~creditaudit.measures.gradients.StateGradients`
+(what training and :func:`creditaudit.audit.diagnose.diagnose` already have) into a
 :class:`DiagnosticReport`: the four diagnostics, the verdict, and — when a credit is given —
 the per-layer cosine table and Γ under its four aggregations.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 from torch import Tensor
 
-from creditaudit import strict_json
-from creditaudit.diagnostics.alignment import gamma_aggregations, layer_cosine_table
-from creditaudit.diagnostics.epoch import EpochMeasures
-from creditaudit.diagnostics.gradients import StateGradients, median_norms, zero_gradient_stats
 from creditaudit.errors import ConfigError
+from creditaudit.files import strict_json
+from creditaudit.measures.alignment import gamma_aggregations, layer_cosine_table
+from creditaudit.measures.epoch import EpochMeasures
+from creditaudit.measures.gradients import StateGradients, median_norms, zero_gradient_stats
 from creditaudit.protocol.checks import (
     HEADLINE_GAMMA,
     NOT_EVALUATED,
@@ -136,7 +136,7 @@ class DiagnosticReport:
         )
 
     def to_json(self, indent: int | None = 1) -> str:
-        """Strict JSON (no NaN/Infinity tokens; see :mod:`creditaudit.strict_json`)."""
+        """Strict JSON (no NaN/Infinity tokens; see :mod:`creditaudit.files.strict_json`)."""
         return strict_json.dumps(self.to_dict(), indent=indent)
 
     @property

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from creditaudit.blame import blame
+from creditaudit.guests.blame import blame
 from creditaudit.protocol.checks import (
     FIRED,
     INCOMPLETE,
@@ -245,7 +245,7 @@ class Protocol:
         """Every diagnostic's result on ``evidence``, in protocol order; a result that
         claims what its statistic cannot show is not evaluated
         (:meth:`ProtocolDiagnostic.checked`), and what a plugin's ``evaluate`` raises is one
-        line naming it (:func:`creditaudit.blame.blame`)."""
+        line naming it (:func:`creditaudit.guests.blame.blame`)."""
         results = []
         for d in self.diagnostics:
             options = self.options[d.name]

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.errors import RunRecordError
-from creditaudit.safe_files import atomic_write_bytes
+from creditaudit.files.safe_files import atomic_write_bytes
 
 CHECKPOINT_FORMAT = "creditaudit.checkpoint/1"
 CHECKPOINT_KEYS: dict[str, type | tuple[type, ...]] = {

@@ -22,16 +22,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from creditaudit import strict_json
 from creditaudit.config import RunConfig, load_config
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.records.schema import DataIdentity, RunRecord
-from creditaudit.safe_files import (
+from creditaudit.files import strict_json
+from creditaudit.files.safe_files import (
     atomic_write_json,
     describe_os_error,
     read_text,
 )
+from creditaudit.records.schema import DataIdentity, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ def load_record(path: Path | str) -> RunRecord:
     Raises RunRecordError with a one-line reason for missing, unreadable, binary,
     truncated, malformed or foreign-schema files, for anything but a regular file (a
     folder, a named pipe, a device), for files over the size limit or nested too deeply
-    (:func:`~creditaudit.safe_files.read_text`, :func:`~creditaudit.strict_json.check_depth`)
+    (:func:`~creditaudit.files.safe_files.read_text`,
+    :func:`~creditaudit.files.strict_json.check_depth`)
     and for values outside their domain (an accuracy of 5).
     """
     path = record_path(path)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from creditaudit.files.safe_files import atomic_write_bytes
 from creditaudit.formatting import one_line
 from creditaudit.protocol import (
     FIRED,
@@ -50,7 +51,6 @@ from creditaudit.report.tables import (
 )
 from creditaudit.report.templates import drop_columns, unfilled_columns, unfilled_note
 from creditaudit.results import RunIndex
-from creditaudit.safe_files import atomic_write_bytes
 
 REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
 

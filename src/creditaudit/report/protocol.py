@@ -256,7 +256,7 @@ def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = Non
               f"  cos per layer   {mark(row(metrics.get('bp_cosine')))}  random "
               f"{row(metrics.get('cosine_controls', {}).get('random'))}"]
     if "perturbation_rho" in metrics:
-        from creditaudit.diagnostics.perturbation import MEASURABLE_BP_RHO
+        from creditaudit.measures.perturbation import MEASURABLE_BP_RHO
 
         controls = metrics.get("rho_controls", {})
         # A layer whose BP control is below the bar has no valid ρ: shown as such, not as

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.errors import OutputError
-from creditaudit.safe_files import describe_os_error
+from creditaudit.files.safe_files import describe_os_error
 
 log = logging.getLogger(__name__)
 

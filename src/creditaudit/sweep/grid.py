@@ -317,7 +317,7 @@ def sweep_from_dict(raw: dict[str, Any], source: str | None = None) -> Sweep:
 def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> Sweep:
     """Read and validate a sweep TOML file (every run, if it has at most ``max_runs``)."""
     from creditaudit.config import tomllib
-    from creditaudit.safe_files import read_text
+    from creditaudit.files.safe_files import read_text
 
     path = Path(path)
     try:

@@ -1,4 +1,4 @@
-"""A sweep's runs planned before any of them trains: one :class:`~creditaudit.plan.RunPlan`
+"""A sweep's runs planned before any of them trains: one :class:`~creditaudit.run.plan.RunPlan`
 per run, each refusal naming the run.
 
 :func:`plan_runs` resolves every config of a sweep (its components and the options each
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
-from creditaudit.plan import RunPlan, plan_run
+from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.sweep.distinct import config_value
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
-from creditaudit.plan import RunPlan
-from creditaudit.safe_files import ensure_folder
+from creditaudit.files.safe_files import ensure_folder
+from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
@@ -136,7 +136,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     here without a worker. Runs another process holds are retried after the others until
     they are released (``wait_for_others``), or reported as busy. ``stack`` > 1 trains up
     to that many runs of one shape as one stacked model in one worker
-    (:func:`creditaudit.stacked.stack_groups`; not with Ray). Each worker plans its run
+    (:func:`creditaudit.run.stacked.stack_groups`; not with Ray). Each worker plans its run
     once from its config and refuses it when its run id differs from the plan's.
     """
     import functools
@@ -154,7 +154,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                           "drop --stack, or use --executor local")
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
-        from creditaudit.run_setup import resolve_device  # not a failed record per run
+        from creditaudit.run.setup import resolve_device  # not a failed record per run
 
         for device in sorted({plan.config.run.device for plan in plans}):
             resolve_device(device)
@@ -217,7 +217,7 @@ def _tasks(plans: list[RunPlan], stack: int) -> list[dict[str, Any]]:
     """One task per run, or with ``stack`` > 1 one per group of runs that train stacked
     (``{"configs", "run_ids"}``; a run that cannot stack is a task of its own). A task
     holds what a worker rebuilds the plan from — the config — and the run id to check."""
-    from creditaudit.stacked import stack_groups
+    from creditaudit.run.stacked import stack_groups
 
     tasks: list[dict[str, Any]] = []
     for group in stack_groups(plans, stack):

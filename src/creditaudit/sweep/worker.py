@@ -23,8 +23,8 @@ from creditaudit.errors import (
     OutputError,
     RunRecordError,
 )
-from creditaudit.plan import RunPlan, plan_run
-from creditaudit.safe_files import describe_os_error
+from creditaudit.files.safe_files import describe_os_error
+from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
     Claim,
@@ -192,7 +192,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
     status is the run's status afterwards (completed, diverged, failed, interrupted, busy)
     and action what this call did (trained, resumed, restarted, skipped, busy).
     """
-    from creditaudit.training import train
+    from creditaudit.run.trainer import train
 
     started = time.perf_counter()
     outcome, run = _begin(config_dict, run_id, retry_failed=retry_failed,
@@ -221,9 +221,9 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
               retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER
               ) -> list[Outcome]:
     """:func:`run_one` for runs that train as one stack
-    (:func:`creditaudit.stacked.train_stacked`): each is claimed, skipped or refused on its
-    own; those claimed train together. Never raises for the runs."""
-    from creditaudit.stacked import train_stacked
+    (:func:`creditaudit.run.stacked.train_stacked`): each is claimed, skipped or
+    refused on its own; those claimed train together. Never raises for the runs."""
+    from creditaudit.run.stacked import train_stacked
 
     started = time.perf_counter()
     begun = [_begin(c, r, retry_failed=retry_failed, stale_after=stale_after)

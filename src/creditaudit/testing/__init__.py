@@ -11,7 +11,7 @@ package's own tests run all four over every built-in.
   factories (:mod:`.modules`).
 
 The command line runs the checks that catch a lie on every plugin and outside factory the
-first time a command uses it (:mod:`creditaudit.door`).
+first time a command uses it (:mod:`creditaudit.run.door`).
 
 Each ``check_*`` raises one AssertionError listing every check that failed and returns a
 :class:`Report` otherwise; each ``*_checks`` gives the checks one by one (:class:`Check`),

@@ -67,7 +67,7 @@ def adapted_tiny_arch(kind: str) -> TinyArch:
     strided 1×1 shortcut, down to (B, 8, 2, 2)). Rules run on them only when they declare
     ``adapted_models``."""
     from creditaudit.models.adapted import adapt
-    from creditaudit.zoo import CifarResNet, TransformerClassifier
+    from creditaudit.testing.zoo import CifarResNet, TransformerClassifier
 
     def build() -> Any:
         if kind == "transformer":

@@ -4,7 +4,7 @@ Like scikit-learn's ``check_estimator``: it runs every check that does not depen
 rule computes, on tiny float64 networks of every architecture family in
 :data:`~creditaudit.testing.common.TINY_ARCHS` — a ResidualMLP (states (B, d)), a ViT-Mini
 (token states (B, T, d)) and a ConvMixer (feature maps (B, d, H, W), with BatchNorm), plus,
-for rules that declare ``adapted_models``, two networks of :mod:`creditaudit.zoo` adapted
+for rules that declare ``adapted_models``, two networks of :mod:`creditaudit.testing.zoo` adapted
 with :func:`creditaudit.adapt` (PyTorch's TransformerEncoder layers; a CIFAR ResNet with
 BatchNorm and a strided 1×1 shortcut) — and
 raises one AssertionError listing every check that failed. Use it in a rule's own tests::

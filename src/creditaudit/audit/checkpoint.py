@@ -1,0 +1,190 @@
+"""Audit a finished (or stopped) run: rebuild it from its folder and run the protocol.
+
+::
+
+    from creditaudit.audit import load_run, audit_run
+    run = load_run("runs/dfa-resmlp-synthetic-s42-…")      # record, rule (model inside), data
+    report = audit_run("runs/dfa-resmlp-synthetic-s42-…")  # a DiagnosticReport
+
+:func:`load_run` reads the record, checks that the data on disk is the data the run trained
+on (its fingerprint), rebuilds model and rule and loads the checkpoint without unpickling
+anything but tensors and plain containers. :func:`audit_run` evaluates the four diagnostics
+(plus, by default, the credit-quality metrics) on the run's fixed evaluation subset; the
+baseline of (d) is, in this order, ``frozen`` (an accuracy or a frozen run's folder), the
+mean final accuracy of the frozen-blocks runs of the same recipe found beside the run (in
+its results folder; ``frozen_from_runs=False`` turns this off), or the config's
+``diagnostics.frozen_acc``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.audit.diagnose import diagnose, with_frozen_hint
+from creditaudit.data import Dataset
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.methods import CreditRule
+from creditaudit.protocol import DiagnosticReport, labels
+from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
+from creditaudit.records import (
+    EpochEntry,
+    RunRecord,
+    load_record,
+    load_records,
+    record_path,
+)
+from creditaudit.records.compare import recipe_difference
+from creditaudit.run.plan import RunPlan
+from creditaudit.run.setup import rebuild_run, resolve_device
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LoadedRun:
+    """A run rebuilt from its folder: its record, its rule (``rule.model`` is the model at
+    the checkpointed epoch), its data, and that epoch."""
+
+    record: RunRecord
+    rule: CreditRule
+    data: Dataset
+    epoch: int
+    plan: RunPlan
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.record.config.run.out_dir) / self.record.run_id
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    """Rebuild the run in folder ``path`` (or its record.json) on the CPU."""
+    record_file = record_path(path)
+    record = load_record(record_file)
+    rebuilt = rebuild_run(record, record_file.parent)
+    return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan)
+
+
+def frozen_accuracy(text: str, record: RunRecord) -> float:
+    """An accuracy fraction from ``--frozen``: a number in [0, 1] or a frozen run's folder
+    (which must share the audited run's recipe: data, model, optimiser, precision)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"--frozen {text} is not an accuracy fraction in [0, 1]: pass "
+                              "e.g. 0.349 (not 34.9) or a frozen run's folder")
+        return value
+    frozen = load_record(text)
+    difference = recipe_difference(frozen, record)
+    if difference is not None:
+        raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
+                          "a frozen baseline must share the data, model, optimiser and "
+                          "precision")
+    if not is_frozen_baseline(frozen):
+        log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
+                    frozen.method)
+    acc = frozen.final_acc
+    if acc is None:
+        raise RunRecordError(f"--frozen run {text} has no finished epoch with a test accuracy")
+    return acc
+
+
+def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int] | None:
+    """(mean accuracy, runs) of the finished frozen-blocks runs of ``record``'s recipe among
+    the runs in ``folder``, or None."""
+    if is_frozen_baseline(record) or not folder.is_dir():
+        return None
+    records, _ = load_records(folder)
+    return frozen_baseline(record, [r for _, r in records])
+
+
+AUDIT_FIX = ("audit it with --allow-unverified-reference (audit_run(..., "
+             "allow_unverified_reference=True)) to see its numbers marked unverified")
+
+
+def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
+              metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
+              allow_unverified_reference: bool | None = None,
+              frozen_hint: str = "pass frozen=RUN_OR_ACC, a frozen-blocks run's folder or "
+                                 "its test accuracy") -> DiagnosticReport:
+    """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
+
+    The reference gradient is checked on the checkpointed model first: one whose backward
+    is not the gradient is refused in one line naming the module, unless
+    ``allow_unverified_reference`` (default: as the run was trained,
+    ``diagnostics.allow_unverified_reference``); then the report says where it failed and
+    its verdict is *unverified*. ``frozen_hint``: what (d) says when no frozen-blocks
+    accuracy was found, in the terms of the caller (the command line names its --frozen
+    flag).
+
+    ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
+    ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
+    """
+    say = progress or (lambda text: None)
+    target = resolve_device(device)
+    run = load_run(path)  # every check of the user's files comes before the first stage
+    record, config = run.record, run.record.config
+    run.rule.to(target)
+    metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,
+                                "status": record.status}
+    if frozen is not None:
+        frozen_acc: float | None = frozen_accuracy(frozen, record)
+    else:
+        frozen_acc = config.diagnostics.frozen_acc
+        baseline = (frozen_baseline_beside(record, record_path(path).parent.parent)
+                    if frozen_from_runs else None)
+        if baseline is not None:
+            frozen_acc, metadata["frozen_from_runs"] = baseline
+    # The checkpointed epoch's accuracy: a diverged epoch is logged but never checkpointed.
+    entry = record.entry(run.epoch) or (record.log[-1] if record.log else None)
+    headline = entry.acc_eval if entry is not None else None
+    # The evaluation set training used (the plan's: the default shrinks to a small test split).
+    eval_x, eval_y = run.data.eval_subset(run.plan.eval_samples, flatten=run.plan.flatten)
+    eval_x, eval_y = eval_x.to(target), eval_y.to(target)
+    options = {"rho_samples": config.diagnostics.rho_samples,
+               "rho_directions": config.diagnostics.rho_directions,
+               "null_draws": config.diagnostics.null_draws, "seed": config.run.seed,
+               "rho_flops": config.diagnostics.rho_flops,
+               "memory_gb": config.diagnostics.end_of_run_memory_gb}
+    # The diagnostics and thresholds the run was trained with (a plugin's, when it lists one).
+    protocol = run.plan.protocol
+    say(f"diagnostics {labels(protocol.names)} and per-layer cosines on {eval_x.shape[0]} "
+        f"evaluation samples (epoch {run.epoch})")
+    # Epoch 0 measured the network at initialisation on this evaluation set: (a) compares
+    # ‖h_0‖ with it, to see growth before the first state.
+    start = record.entry(0)
+    report = diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
+                      frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
+                      metadata=metadata, progress=say, protocol=protocol,
+                      allow_unverified_reference=bool(
+                          config.diagnostics.allow_unverified_reference
+                          if allow_unverified_reference is None
+                          else allow_unverified_reference),
+                      reference_fix=AUDIT_FIX,
+                      initial_hidden_norms=start.hidden_norms if start is not None else None)
+    fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
+    if fields:
+        report.metrics = {**(report.metrics or {}), **fields}
+    return with_frozen_hint(report, frozen_hint)
+
+
+def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor,
+                eval_y: torch.Tensor, *, metrics: bool) -> dict[str, Any]:
+    """The rule's own numbers: what it recorded for the audited epoch (e.g. EP's relaxation
+    ratio) and, with ``metrics``, its end-of-run metrics recomputed now (e.g. EP's update
+    cosine with BP), under a forked RNG."""
+    fields: dict[str, Any] = dict(entry.extras) if entry is not None else {}
+    if metrics:
+        devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            fields.update(rule.run_metrics(eval_x, eval_y))
+    return fields

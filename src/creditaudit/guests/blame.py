@@ -1,0 +1,165 @@
+"""Blaming the guest: a plugin's or a factory's failure is named as its own, and what its code
+prints never lands in creditaudit's output.
+
+- :func:`blame` wraps a call into guest code (a plugin's ``build``/``load``/``evaluate``, a
+  factory call): an exception out of it — or a ``sys.exit`` — becomes one
+  :class:`~creditaudit.errors.GuestError` line naming the guest, its exception and where in
+  its code it was raised; its stdout goes to stderr meanwhile. A
+  :class:`~creditaudit.errors.CreditAuditError` a guest raises on purpose (a plugin refusing
+  an option) is its message to the user and passes unchanged.
+- :func:`guest_failure` tells, after the fact, whether an exception came out of a known
+  guest's code (any frame of its traceback lies in a guest's files — the command line asks
+  this of every unexpected error, e.g. one raised in a plugin model's forward during
+  training) and says so in one line.
+- :func:`guest_output_to_stderr`: while it is active, anything written to ``sys.stdout``
+  by a call whose stack passes through a guest's files goes to stderr, so machine-readable
+  output (``audit --format json``) stays parseable.
+
+``os._exit`` ends the process without unwinding: no Python code can catch it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, TextIO
+
+from creditaudit.errors import CreditAuditError, GuestError
+from creditaudit.guests.code import Guest, guests_owning, known_paths, resolved
+
+ADVICE = ("an error in its code, not in creditaudit: fix it or report it to its authors "
+          "(--verbose shows the traceback)")
+
+
+@contextlib.contextmanager
+def blame(guest: Guest | str | None) -> Iterator[None]:
+    """Run guest code (``guest``: a :class:`Guest` or how to name it; None = creditaudit's
+    own code, nothing is wrapped): see the module docstring."""
+    if guest is None:
+        yield
+        return
+    what = guest if isinstance(guest, str) else guest.what
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except (CreditAuditError, KeyboardInterrupt):
+        raise
+    except SystemExit as err:
+        raise GuestError(exit_message(what, err)) from None
+    except Exception as err:  # noqa: BLE001 - whatever the guest raised is named as its own
+        raise GuestError(failure_message(what, err, _innermost(err.__traceback__, guest)
+                                         )) from err
+
+
+def exit_message(what: str, err: SystemExit) -> str:
+    return (f"{what} called sys.exit({err.code!r}){_where(_innermost(err.__traceback__))}: "
+            "a plugin or factory must return or raise, never end the process; fix its code "
+            "or report it to its authors")
+
+
+def failure_message(what: str, err: BaseException, frame: traceback.FrameSummary | None
+                    ) -> str:
+    """``WHAT raised TYPE: first line of the message (at FILE:LINE in FUNCTION); ADVICE``."""
+    text = str(err).strip().splitlines()
+    detail = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    return f"{what} raised {detail}{_where(frame)}; {ADVICE}"
+
+
+def guest_failure(err: BaseException) -> str | None:
+    """One line naming the guest ``err`` came out of (the innermost frame of its traceback
+    that lies in a known guest's files), or None when no guest's code is on it."""
+    found = None
+    for frame, line in traceback.walk_tb(err.__traceback__):
+        owners = guests_owning(frame.f_code.co_filename)
+        if owners:
+            found = (_owner(owners, frame), frame, line)
+    if found is None:
+        return None
+    what, frame, line = found
+    summary = traceback.FrameSummary(frame.f_code.co_filename, line, frame.f_code.co_name)
+    if isinstance(err, SystemExit):
+        return exit_message(what, err)
+    return failure_message(what, err, summary)
+
+
+def _owner(owners: list[Guest], frame: FrameType) -> str:
+    """How to name the guest a frame belongs to: the plugin whose class the frame's function
+    belongs to, the only guest owning the file, else the distribution's code."""
+    qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    for guest in owners:
+        if guest.scope and (qualname == guest.scope or qualname.startswith(guest.scope + ".")):
+            return guest.what
+    families = {g.family for g in owners}
+    return owners[0].what if len(owners) == 1 or len(families) > 1 else owners[0].family
+
+
+def _innermost(tb: TracebackType | None, guest: Guest | str | None = None
+               ) -> traceback.FrameSummary | None:
+    """The innermost frame of ``tb`` in ``guest``'s files (any guest's when not given);
+    else the innermost frame."""
+    frames = list(traceback.walk_tb(tb))
+    paths = guest._paths if isinstance(guest, Guest) else known_paths()
+    chosen = None
+    for frame, line in frames:
+        if resolved(frame.f_code.co_filename) in paths:
+            chosen = (frame, line)
+    if chosen is None and frames:
+        chosen = frames[-1]
+    if chosen is None:
+        return None
+    frame, line = chosen
+    return traceback.FrameSummary(frame.f_code.co_filename, line, frame.f_code.co_name)
+
+
+def _where(frame: traceback.FrameSummary | None) -> str:
+    if frame is None:
+        return ""
+    return f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})"
+
+
+# --- stdout -----------------------------------------------------------------------------------
+class GuestAwareStdout:
+    """``sys.stdout`` that sends writes made from guest code to ``sys.stderr``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        target = sys.stderr if _guest_on_stack(sys._getframe(1)) else self._stream
+        return target.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _guest_on_stack(frame: FrameType | None) -> bool:
+    paths = known_paths()
+    if not paths:
+        return False
+    while frame is not None:
+        if resolved(frame.f_code.co_filename) in paths:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def guest_output_to_stderr() -> Iterator[None]:
+    """Route guest writes to stdout to stderr while active (module docstring)."""
+    previous = sys.stdout
+    sys.stdout = GuestAwareStdout(previous)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = previous
+
+
+__all__ = ["blame", "guest_failure", "failure_message", "exit_message",
+           "guest_output_to_stderr", "GuestAwareStdout", "ADVICE"]

@@ -1,0 +1,251 @@
+"""Guests: code creditaudit runs but did not write — a plugin's distribution, a ``module``
+architecture's factory — identified by what its source files hold.
+
+A :class:`Guest` names itself for messages (``credit rule plugin 'sparse-dfa'
+(my-rules==1.0)``, ``model factory 'my_nets:Net'``) and lists its source files; its
+:attr:`~Guest.digest` (sha256 over their names and contents) is part of the run id, so
+editing a guest's code is a new run even when its version number stays. Which files:
+
+- a plugin: the ``.py`` files its distribution installed (``RECORD``); for a distribution
+  that lists none (an editable install, a folder on ``PYTHONPATH``), the files of the
+  top-level package its entry point lives in;
+- a factory: its module and, transitively, every module of its own code that it imports
+  (found by reading the import statements, not by what happens to be loaded): the modules of
+  its top-level package, and, when its folder is not the standard library's or an
+  installed-packages folder (``site-packages``), the other modules of that folder. The
+  standard library and other installed distributions are left out: their versions are
+  what the record's environment lists.
+
+Every guest made here is remembered, so :mod:`creditaudit.guests.blame` can tell which guest's code
+an exception came out of.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import os
+import site
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+# sha256 of one file's bytes, by (path, size, mtime, ctime): a source read once per process.
+_FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+_KNOWN: dict[tuple[str, str, tuple[Path, ...]], Guest] = {}
+_PATHS: list[frozenset[str] | None] = [None]  # known_paths(), until the next guest is made
+
+
+@dataclass(frozen=True)
+class Guest:
+    """Code of someone else's that creditaudit runs (see the module docstring).
+
+    ``what``: how messages name it; ``root``: the folder its files' names are taken
+    relative to (so the same code installed elsewhere has the same digest); ``files``: its
+    source files (resolved paths); ``scope``: the qualified name of the plugin class in
+    ``files`` that is this guest's own (frames of that class are blamed on it; other frames
+    of the same files on ``family``); ``family``: how messages name the code of a
+    distribution that holds several plugins.
+    """
+
+    what: str
+    root: Path
+    files: tuple[Path, ...]
+    scope: str = ""
+    family: str = ""
+    _paths: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) over each file's name relative to ``root`` and its content."""
+        return source_digest(self.root, self.files)
+
+    def owns(self, filename: str) -> bool:
+        """Whether ``filename`` (a code object's ``co_filename``) is one of its files."""
+        return resolved(filename) in self._paths
+
+
+def make_guest(what: str, root: Path, files: list[Path], *, scope: str = "",
+               family: str = "") -> Guest:
+    """A :class:`Guest`, remembered for :func:`guests_owning`."""
+    unique = tuple(sorted(set(files)))
+    guest = Guest(what, root, unique, scope, family or what,
+                  frozenset(str(p) for p in unique))
+    key = (what, scope, unique)
+    _KNOWN.pop(key, None)  # re-inserted: the latest is asked first
+    _KNOWN[key] = guest
+    _PATHS[0] = None
+    return guest
+
+
+def guests_owning(filename: str) -> list[Guest]:
+    """Every known guest one of whose files is ``filename`` (latest first)."""
+    return [g for g in reversed(_KNOWN.values()) if g.owns(filename)]
+
+
+def known_paths() -> frozenset[str]:
+    """The files of every known guest, resolved (what stdout routing looks for on the
+    stack)."""
+    if _PATHS[0] is None:
+        out: frozenset[str] = frozenset()
+        for guest in _KNOWN.values():
+            out |= guest._paths
+        _PATHS[0] = out
+    return _PATHS[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def resolved(filename: str) -> str:
+    """``filename`` resolved (links, ``..``): code objects name files as they were imported."""
+    return os.path.realpath(filename)
+
+
+# --- digests ----------------------------------------------------------------------------------
+def file_sha256(path: Path) -> str:
+    """sha256 of ``path``'s bytes (memoised while its size and timestamps stay)."""
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    digest = _FILE_DIGESTS.get(key)
+    if digest is None:
+        digest = _FILE_DIGESTS[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digest
+
+
+def source_digest(root: Path, files: tuple[Path, ...] | list[Path]) -> str:
+    """sha256 (hex) over ``name\\0sha256(content)`` lines, one per file in name order (names
+    relative to ``root`` where they lie below it)."""
+    lines = []
+    for path in files:
+        try:
+            name = path.relative_to(root).as_posix()
+        except ValueError:
+            name = path.as_posix()
+        lines.append(f"{name}\0{file_sha256(path)}")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
+
+
+# --- a plugin's files -------------------------------------------------------------------------
+def plugin_sources(entry: metadata.EntryPoint) -> tuple[Path, list[Path]]:
+    """(root, ``.py`` files) of the distribution that installed ``entry`` (module
+    docstring); call it after the entry point was loaded."""
+    dist = getattr(entry, "dist", None)
+    listed = [Path(str(dist.locate_file(f))) for f in (dist.files or [])
+              if f.suffix == ".py"] if dist is not None else []
+    files = [p.resolve() for p in listed if p.is_file()]
+    if files and dist is not None:
+        return Path(str(dist.locate_file(""))).resolve(), files
+    return package_sources(entry.module.split(".")[0])
+
+
+def package_sources(top: str) -> tuple[Path, list[Path]]:
+    """(root, files) of the imported top-level module or package ``top``: every ``.py``
+    file below a package's folders, or the module's own file."""
+    module = sys.modules.get(top)
+    folders = [Path(p).resolve() for p in getattr(module, "__path__", [])]
+    if folders:
+        files = [p.resolve() for folder in folders for p in folder.rglob("*.py")
+                 if "__pycache__" not in p.parts]
+        return folders[0].parent, files
+    file = getattr(module, "__file__", None)
+    if isinstance(file, str):
+        path = Path(file).resolve()
+        return path.parent, [path]
+    return Path.cwd(), []
+
+
+# --- a factory's files ------------------------------------------------------------------------
+def module_sources(name: str) -> tuple[Path, list[Path]]:
+    """(root, files) of the imported module ``name`` and every module of its own code it
+    imports, transitively (module docstring)."""
+    top = name.split(".")[0]
+    top_module = sys.modules.get(top)
+    folders = [Path(p).resolve() for p in getattr(top_module, "__path__", [])]
+    top_file = getattr(top_module, "__file__", None)
+    if folders:
+        root = folders[0].parent
+    elif isinstance(top_file, str):
+        root = Path(top_file).resolve().parent
+    else:
+        return Path.cwd(), []
+    foreign = not _is_installed_folder(root)
+    seen: dict[str, Path] = {}
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        path = _find_source(root, current)
+        if path is None:
+            continue
+        seen[current] = path
+        package = current if path.name == "__init__.py" else current.rpartition(".")[0]
+        pending.extend(_parents(current))
+        for imported in _imports(path, package):
+            if imported.split(".")[0] == top or (foreign and _find_source(root, imported)):
+                pending.append(imported)
+    return root, sorted(set(seen.values()))
+
+
+def _is_installed_folder(folder: Path) -> bool:
+    """Whether ``folder`` is (or lies in) the standard library or a site-packages folder."""
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    for candidate in roots:
+        if candidate and (folder == Path(candidate).resolve()
+                          or Path(candidate).resolve() in folder.parents):
+            return True
+    return False
+
+
+def _find_source(root: Path, name: str) -> Path | None:
+    """The source file of module ``name`` below ``root`` (a ``.py`` file or a package's
+    ``__init__.py``), without importing anything; None when it is not there."""
+    base = root.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            found = path.resolve()
+            # Only files of that folder: no site-packages of a virtualenv kept inside it.
+            return None if _is_installed_folder(found.parent) else found
+    return None
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _imports(path: Path, package: str) -> list[str]:
+    """The module names the import statements of ``path`` may load (any depth in the file:
+    an import inside a function runs too), relative ones resolved against ``package``; for
+    ``from m import n`` both ``m`` and ``m.n`` (n may be a submodule)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError, OSError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 > len(parts):
+                    continue
+                base = ".".join(parts[:len(parts) - (node.level - 1)])
+                module = f"{base}.{node.module}" if node.module and base else (
+                    node.module or base)
+            else:
+                module = node.module or ""
+            if module:
+                names.append(module)
+                names.extend(f"{module}.{alias.name}" for alias in node.names
+                             if alias.name != "*")
+    return names
+
+
+__all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
+           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources"]

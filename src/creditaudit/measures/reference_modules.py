@@ -1,0 +1,225 @@
+"""The reference check module by module: which module's backward is not the gradient of
+its forward?
+
+Each module whose input carries a gradient is recorded on its first call in a forward pass
+(:func:`_recorded`) and replayed on its own, in float64: on the inputs it received it
+compares ⟨Jᵀu, w⟩ (its backward) with ⟨u, J·w⟩ (a central difference of its output, judged
+by :mod:`creditaudit.measures.central_differences`) for the output direction
+u = J·w / ‖J·w‖; a module whose backward raises is at fault too. :func:`_scan` finds the
+innermost module at fault and :func:`_module_message` names it in a one-line refusal. Used
+by :mod:`creditaudit.measures.reference_check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from creditaudit.measures.central_differences import F64, ROUNDING_ULPS, STEPS, _as64, _compared
+from creditaudit.measures.perturbation import _unit_directions
+
+FIX = "pass verify_reference=False to audit it unverified"  # the way out every refusal names
+Key = int | str  # a positional argument's index or a keyword argument's name
+
+
+@dataclass
+class _Call:
+    """A module's first call in a forward pass: its name, its arguments (detached copies)
+    and which of them are float tensors that carried a gradient."""
+
+    name: str
+    module: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    inputs: list[Key]
+
+    def value(self, key: Key) -> Any:
+        return self.args[key] if isinstance(key, int) else self.kwargs[key]
+
+    def run(self, module: nn.Module, values: dict[Key, Tensor]) -> list[Tensor]:
+        """The module's float outputs with the ``values`` put in for those arguments (every
+        other float tensor argument in float64 too)."""
+        args = [values.get(i, _as64(a) if isinstance(a, Tensor) else a)
+                for i, a in enumerate(self.args)]
+        kwargs = {k: values.get(k, _as64(a) if isinstance(a, Tensor) else a)
+                  for k, a in self.kwargs.items()}
+        out = module(*args, **kwargs)
+        outs = out if isinstance(out, tuple | list) else [out]
+        return [t for t in outs if isinstance(t, Tensor) and t.is_floating_point()]
+
+
+def _detached(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, Tensor) else value
+
+
+@contextlib.contextmanager
+def _recorded(root: nn.Module) -> Iterator[list[_Call]]:
+    """Record the first call of every module of ``root`` made inside the block (forward
+    pre-hooks, removed on the way out: the inputs before an in-place module changes them)."""
+    calls: list[_Call] = []
+    seen: set[str] = set()
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if name in seen:
+                return
+            seen.add(name)
+            inputs: list[Key] = [key for key, a in [*enumerate(args), *kwargs.items()]
+                                 if isinstance(a, Tensor) and a.is_floating_point()
+                                 and a.requires_grad]
+            calls.append(_Call(name, module, tuple(_detached(a) for a in args),
+                               {k: _detached(a) for k, a in kwargs.items()}, inputs))
+        return record
+
+    handles = [module.register_forward_pre_hook(hook(name), with_kwargs=True)
+               for name, module in root.named_modules()]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _BackwardRaised(Exception):
+    """A module's backward raised: ``text`` says what."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _module_verdict(module: nn.Module, call: _Call, generator: torch.Generator) -> int:
+    """+1, −1 or 0 (as :func:`~creditaudit.measures.central_differences._verdicts`)
+    for the module's backward on the call's inputs: two random input directions w, each
+    with u = J·w / ‖J·w‖; it disagrees only if both do (a ReLU kink crossed at every step is
+    one direction's bad luck, not a wrong backward)."""
+    inputs = {key: _as64(call.value(key)) for key in call.inputs}
+    verdicts = []
+    for _ in range(2):
+        verdicts.append(_module_direction(module, call, inputs, generator))
+        if verdicts[-1] > 0:
+            return 1
+    return -1 if verdicts == [-1, -1] else 0
+
+
+def _module_direction(module: nn.Module, call: _Call, inputs: dict[Key, Tensor],
+                      generator: torch.Generator) -> int:
+    # w = (‖t‖·ŵ_t) over the inputs t: a step δ moves each input by δ of its own norm.
+    w = {}
+    for key, t in inputs.items():
+        direction = _unit_directions(1, 1, tuple(t.shape), generator=generator, dtype=F64,
+                                     device=t.device).view(t.shape)
+        norm = float(torch.linalg.vector_norm(t))
+        w[key] = direction * (norm if norm > 0 else 1.0)
+
+    def output_difference(delta: float) -> list[Tensor]:
+        """(f(t + δw) − f(t − δw)) / 2δ ≈ J·w, output by output."""
+        with torch.no_grad():
+            plus = call.run(module, {k: t + delta * w[k] for k, t in inputs.items()})
+            minus = call.run(module, {k: t - delta * w[k] for k, t in inputs.items()})
+        return [(p - m) / (2 * delta) for p, m in zip(plus, minus)]
+
+    try:
+        with torch.no_grad():
+            base = call.run(module, inputs)
+        if not base:
+            return 0  # no float tensor output (a dict, other things): nothing to compare
+        cache = {STEPS[1]: output_difference(STEPS[1])}
+    except Exception:  # noqa: BLE001 — a module that cannot be called on its own: no verdict
+        return 0
+    size = torch.sqrt(sum((d * d).sum() for d in cache[STEPS[1]]))  # type: ignore[arg-type]
+    if not (torch.isfinite(size) and size > 0):
+        return 0  # the output does not move with the input
+    u = [d / size for d in cache[STEPS[1]]]
+    leaves = {k: t.clone().requires_grad_(True) for k, t in inputs.items()}
+    with torch.enable_grad():
+        try:
+            outs = call.run(module, {k: leaf.clone() for k, leaf in leaves.items()})
+        except Exception:  # noqa: BLE001 — as above
+            return 0
+        pairs = [(o, c) for o, c in zip(outs, u) if o.requires_grad]
+        if not pairs:
+            return 0
+        try:
+            vjp = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()),
+                                      grad_outputs=[c for _, c in pairs], allow_unused=True)
+        except Exception as err:  # noqa: BLE001 — the module's own backward
+            raise _BackwardRaised(_error_text(err)) from None
+    backward = sum(float((g * w[k]).sum()) for k, g in zip(leaves, vjp) if g is not None)
+    rounding = ROUNDING_ULPS * torch.finfo(F64).eps * float(
+        torch.sqrt(sum((b * b).sum() for b in base)))  # type: ignore[arg-type]
+
+    def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
+        change = cache.pop(delta) if delta in cache else output_difference(delta)
+        value = float(sum((c * d).sum() for c, d in zip(u, change)))
+        return (torch.tensor([value], dtype=F64),
+                torch.tensor([rounding / delta], dtype=F64))
+
+    try:
+        return int(_compared(torch.tensor([backward], dtype=F64), difference)[0])
+    except Exception:  # noqa: BLE001 — as above
+        return 0
+
+
+def _scan(calls: list[_Call], modules: dict[str, nn.Module]
+          ) -> tuple[tuple[_Call, str] | None, int, int]:
+    """(the innermost module, in call order, whose backward disagrees with its forward and
+    what its backward raised, if it did — or None; how many modules agreed; how many were
+    compared) over the ``calls`` whose inputs carry a gradient, each replayed on the
+    module of ``modules`` of the same name."""
+    generator = torch.Generator().manual_seed(1)
+    failing: list[tuple[_Call, str]] = []
+    agreed = compared = 0
+    for call in calls:
+        if not call.inputs or call.name not in modules:
+            continue
+        compared += 1
+        try:
+            verdict = _module_verdict(modules[call.name], call, generator)
+        except _BackwardRaised as raised:
+            failing.append((call, raised.text))
+            continue
+        agreed += verdict > 0
+        if verdict < 0:
+            failing.append((call, ""))
+    names = [call.name for call, _ in failing]
+    for call, text in failing:
+        prefix = f"{call.name}." if call.name else ""
+        if not any(other != call.name and other.startswith(prefix) for other in names):
+            return (call, text), agreed, compared
+    return None, agreed, compared
+
+
+def _module_name(found: tuple[_Call, str], prefix: str) -> str | None:
+    """The dotted name of the module at fault in the user's model (None: the model
+    itself)."""
+    call = found[0]
+    name = "" if f"{call.name}." == prefix else call.name.removeprefix(prefix)
+    return name or None
+
+
+def _module_message(model: nn.Module, found: tuple[_Call, str], prefix: str) -> str:
+    call, raised = found
+    name = _module_name(found, prefix) or ""
+    module = call.module
+    did = f"raised {raised}" if raised else "is not the gradient of its forward"
+    if type(module).__module__.split(".")[0] == "biotorch":
+        mode = getattr(module, "layer_config", {}).get("type", "feedback")
+        raised_text = f" (its backward raised {raised})" if raised else ""
+        return (f"BioTorch {mode} layer `{name}` replaces the backward{raised_text}, so "
+                "∂CE/∂h_l would be its own credit, not the gradient: audit a plain copy (the "
+                "model built without BioModule, then load_state_dict(bio.module.state_dict(), "
+                "strict=False)) and pass the BioTorch credit as credit=, or " + FIX)
+    label = f"module `{name}` ({type(module).__name__})" if name else (
+        f"the forward of {type(model).__name__}")
+    return (f"the backward of {label} {did}, so ∂CE/∂h_l would be that backward's credit, "
+            f"not the reference: audit a copy with plain autograd modules, or {FIX}")
+
+
+def _error_text(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"

@@ -1,0 +1,222 @@
+"""Auditing a user's own network: checks of what ``diagnose()`` is given, and the adapter
+that lets the credit-quality metrics run it.
+
+A user's ``nn.Module`` needs two functions beside it:
+
+- ``states_fn(x) -> ([h_0, …, h_L], logits)``: the states to audit, in the autograd graph;
+- ``forward_from(layer, h) -> logits``: the network run on from state ``h`` at ``layer``
+  (blocks ``layer … L−1`` and the head) — only for ρ and nudging, which move a state and
+  watch the loss respond.
+
+Each check raises a one-line :class:`~creditaudit.errors.ModelContractError` that names the
+argument at fault, on a two-sample probe before any real work.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from creditaudit.errors import ModelContractError
+from creditaudit.measures.gradients import StatesFn
+from creditaudit.models.adapt_probe import REPRODUCE_RTOL
+from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.contract import ResidualNet
+
+ForwardFrom = Callable[[int, Tensor], Tensor]
+CreditFn = Callable[[Tensor, Tensor], Sequence[Tensor]]
+PROBE = 2  # samples the checks run on
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
+    """What every boundary of the Python API (``diagnose``, ``Recorder``) asks of the
+    evaluation set: ``eval_x`` a tensor of N ≥ 1 finite inputs of the shape and dtype the
+    model takes — as an adapted model was probed (``input_shape``, and its parameters' dtype
+    for floating inputs) or a built contract model declares (``input_shape``) — and
+    ``eval_y`` (N,) integer labels (:func:`check_labels`). One-line ModelContractError
+    otherwise, before any of it reaches the model."""
+    if not isinstance(eval_x, Tensor):
+        raise ModelContractError(f"eval_x must be a tensor of model inputs (N, …), got "
+                                 f"{type(eval_x).__name__}")
+    if eval_x.dim() < 1 or eval_x.shape[0] == 0:
+        raise ModelContractError(f"eval_x holds no samples (shape {tuple(eval_x.shape)}): pass "
+                                 "N ≥ 1 inputs (N ≥ 1024 for diagnostic (c))")
+    check_labels(eval_x, eval_y)
+    shape, floating = _model_inputs(model)
+    if shape and tuple(eval_x.shape[1:]) != shape:
+        raise ModelContractError(f"eval_x holds samples of shape {tuple(eval_x.shape[1:])} but "
+                                 f"the model takes {shape}: pass inputs as the model reads "
+                                 "them (flattened or not, as it was built or adapted)")
+    reference = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if floating and not eval_x.is_floating_point() and reference is not None:
+        raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
+                                 f"{dtype_name(reference.dtype)} inputs: pass "
+                                 f"eval_x.to(torch.{dtype_name(reference.dtype)})")
+    if eval_x.is_floating_point() and reference is not None \
+            and eval_x.dtype != reference.dtype:
+        raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model's "
+                                 f"parameters are {dtype_name(reference.dtype)}: pass "
+                                 f"eval_x.to(torch.{dtype_name(reference.dtype)})")
+    if eval_x.is_floating_point() and not bool(torch.isfinite(eval_x).all()):
+        raise ModelContractError("eval_x holds NaN/Inf: the diagnostics need finite inputs")
+
+
+def _model_inputs(model: nn.Module) -> tuple[tuple[int, ...] | None, bool]:
+    """(one input's shape as the model takes it, or None when it does not say; whether its
+    inputs are floating)."""
+    if isinstance(model, AdaptedModel):
+        return tuple(model.input_shape), model.input_dtype.is_floating_point
+    if isinstance(model, ResidualNet):
+        return (tuple(model.input_shape) or None), False
+    return None, False
+
+
+def check_labels(eval_x: Tensor, eval_y: Tensor) -> None:
+    """``eval_y``: ``(N,)`` integer class labels for the N inputs."""
+    if not isinstance(eval_y, Tensor):
+        raise ModelContractError(f"eval_y must be a tensor of integer class labels, got "
+                                 f"{type(eval_y).__name__}")
+    if eval_y.is_floating_point() or eval_y.is_complex() or eval_y.dtype == torch.bool:
+        raise ModelContractError(f"eval_y must hold integer class labels, got "
+                                 f"{dtype_name(eval_y.dtype)}: pass eval_y.long() (class "
+                                 "indices, not one-hot rows or probabilities)")
+    if eval_y.dim() != 1 or eval_y.shape[0] != eval_x.shape[0]:
+        raise ModelContractError(f"eval_y must be ({eval_x.shape[0]},) labels for the "
+                                 f"{eval_x.shape[0]} inputs, got shape {tuple(eval_y.shape)}")
+
+
+def probe_states(states_fn: StatesFn, x: Tensor, y: Tensor
+                 ) -> tuple[list[Tensor], Tensor]:
+    """Run ``states_fn`` on the first samples and check what it returns: a list of states,
+    each ``(B, …)`` and in the autograd graph, and ``(B, C)`` logits with every label of
+    ``y`` below C. Returns (states, logits) of the probe."""
+    xb = x[:PROBE]
+    with torch.enable_grad():
+        out = states_fn(xb)
+    if not (isinstance(out, tuple | list) and len(out) == 2
+            and isinstance(out[0], list | tuple) and isinstance(out[1], Tensor)):
+        raise ModelContractError(f"states_fn must return ([h_0, …, h_L], logits), got "
+                                 f"{_describe(out)}")
+    states, logits = list(out[0]), out[1]
+    if len(states) < 2 or not all(isinstance(h, Tensor) for h in states):
+        raise ModelContractError(f"states_fn must return at least two state tensors "
+                                 f"[h_0, …, h_L], got {_describe(out[0])}")
+    for index, h in enumerate(states):
+        if h.shape[0] != xb.shape[0]:
+            raise ModelContractError(f"states_fn returned h_{index} of shape {tuple(h.shape)} "
+                                     f"for {xb.shape[0]} inputs: states need the batch "
+                                     "dimension first")
+        if not h.requires_grad:
+            raise ModelContractError(
+                f"states_fn returned states without a graph (detached): h_{index} does not "
+                "require grad; return the states of the forward pass itself (no .detach(), "
+                "no torch.no_grad(), parameters with requires_grad=True)")
+    if logits.dim() != 2 or logits.shape[0] != xb.shape[0]:
+        raise ModelContractError(f"states_fn must return logits of shape (batch, classes), "
+                                 f"got {tuple(logits.shape)}")
+    if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
+        raise ModelContractError("states_fn gives NaN/Inf logits on the first evaluation "
+                                 "samples (finite inputs): the model's weights hold NaN/Inf or "
+                                 "an operation overflows")
+    n_classes = logits.shape[1]
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or high >= n_classes:
+        raise ModelContractError(f"eval_y holds labels {low} … {high} but the model has "
+                                 f"{n_classes} logits: labels must be class indices "
+                                 f"0 … {n_classes - 1}")
+    return states, logits
+
+
+def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: Tensor
+                       ) -> None:
+    """``forward_from(l, h_l)`` must reproduce the logits of the probe at every layer."""
+    scale = float(logits.detach().abs().max()) + 1.0
+    with torch.no_grad():
+        for layer, h in enumerate(states):
+            try:
+                out = forward_from(layer, h.detach())
+            except Exception as err:  # noqa: BLE001 — the user's function: say which call
+                raise ModelContractError(
+                    f"forward_from({layer}, h_{layer}) raised {type(err).__name__}: "
+                    f"{' '.join(str(err).split())}") from None
+            if not isinstance(out, Tensor) or out.shape != logits.shape:
+                raise ModelContractError(
+                    f"forward_from({layer}, h_{layer}) must return logits of shape "
+                    f"{tuple(logits.shape)}, got {_describe(out)}")
+            gap = float((out.detach().double() - logits.detach().double()).abs().max())
+            if not gap <= REPRODUCE_RTOL * scale:
+                raise ModelContractError(
+                    f"forward_from({layer}, h_{layer}) does not reproduce the logits of "
+                    f"states_fn (max difference {gap:.3g}): forward_from(layer, h) must run "
+                    "the network on from state h_layer (blocks layer … L-1, then the head)")
+
+
+def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) -> None:
+    """A credit function must return one tensor per state, shaped like the state."""
+    out = credit(x[:PROBE], y[:PROBE])
+    if not isinstance(out, list | tuple) or len(out) != len(states):
+        raise ModelContractError(f"credit(x, y) must return {len(states)} tensors [a_0, …, "
+                                 f"a_{len(states) - 1}], one per state, got {_describe(out)}")
+    for index, (a, h) in enumerate(zip(out, states)):
+        if not isinstance(a, Tensor) or a.shape != h.shape:
+            raise ModelContractError(f"credit(x, y)[{index}] must have the shape of h_{index} "
+                                     f"{tuple(h.shape)}, got {_describe(a)}")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+class StatesNet(nn.Module):
+    """A user's module seen through the contract the metrics use: ``forward_states`` is
+    ``states_fn``, ``forward_from`` is the given function.
+
+    The metrics work on float64 copies (:func:`~creditaudit.measures.working.model_copy`).
+    A copy can re-point the functions at the copied module only when they are bound
+    methods of it (``model.states``, ``model.run_from``): then :attr:`copyable` is True.
+    Lambdas and other closures keep calling the original module, so for them the metrics
+    run on the module as it is, in its own precision.
+    """
+
+    def __init__(self, net: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom) -> None:
+        super().__init__()
+        self.net = net
+        self._states_fn = states_fn
+        self._forward_from = forward_from
+        self.train(net.training)  # a new module trains; this one mirrors the net's mode
+
+    @property
+    def copyable(self) -> bool:
+        return all(getattr(fn, "__self__", None) is self.net
+                   for fn in (self._states_fn, self._forward_from))
+
+    def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        states, logits = self._states_fn(x)
+        return list(states), logits
+
+    def forward_from(self, layer: int, h: Tensor) -> Tensor:
+        return self._forward_from(layer, h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_states(x)[1]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StatesNet:
+        if not self.copyable:
+            raise ModelContractError("states_fn and forward_from are not bound methods of the "
+                                     "model, so a copy of it cannot run them")
+        net = copy.deepcopy(self.net, memo)
+        return StatesNet(net, types.MethodType(self._states_fn.__func__, net),  # type: ignore[attr-defined]
+                         types.MethodType(self._forward_from.__func__, net))  # type: ignore[attr-defined]

@@ -1,0 +1,133 @@
+"""A run's folder before training: its result when it has finished, else how to train it.
+
+:func:`prepare_run` reads ``OUT_DIR/RUN_ID`` once: a finished run with the same run id, on
+the same arrays (their digest: the data is loaded to check it), is not rerun (its
+:class:`RunResult`, its record replayed into the loggers asked for now); an unfinished one
+is resumed (``resume``) or started over (``force``, its files removed); any other case —
+other arrays included — is one RunRecordError line. :func:`creditaudit.run.trainer.train` and
+the stacked runs of :mod:`creditaudit.run.stacked` start here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from creditaudit.config import RunConfig
+from creditaudit.data import Dataset
+from creditaudit.errors import RunRecordError
+from creditaudit.loggers import RunLogger, build_loggers, replay
+from creditaudit.methods import CreditRule
+from creditaudit.models import ResidualNet
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    INIT_FILE,
+    RECORD_FILE,
+    RunRecord,
+    load_record,
+)
+from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.resume import (
+    check_same_data,
+    check_same_question,
+    no_run_to_resume,
+    restartable,
+)
+from creditaudit.run.setup import rebuild_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    """A run: its folder, its final record, and its trained rule and model.
+
+    ``rule`` (the credit rule, feedback matrices and auxiliary nets included) and ``model``
+    (``rule.model``) are the live objects when the run trained in this call, on its training
+    device, with the weights of its last epoch. For a run that had already finished they
+    are rebuilt on first use, on the CPU, from ``checkpoint.pt`` — the last epoch whose
+    weights were finite (a diverged run's epoch that overflowed is logged, never saved).
+    """
+
+    run_dir: Path
+    record: RunRecord
+    _rule: CreditRule | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def rule(self) -> CreditRule:
+        if self._rule is None:
+            self._rule = rebuild_run(self.record, self.run_dir).rule
+        return self._rule
+
+    @property
+    def model(self) -> ResidualNet:
+        return self.rule.model  # type: ignore[return-value]
+
+
+
+def _replay_finished(config: RunConfig, record: RunRecord, run_dir: Path,
+                     loggers: Sequence[RunLogger]) -> None:
+    """A finished run trains no more, but the loggers asked for now (``--tensorboard``,
+    ``--wandb``, ``loggers=``) get its record: every epoch, the protocol, the end-of-run
+    metrics and the config, as a live run logs them."""
+    group = build_loggers(config, record.run_id, console=False)
+    group.loggers.extend(loggers)
+    replayed = "; its record is replayed into the loggers" if group else ""
+    log.info("run %s already %s; not rerun%s", record.run_id, record.status, replayed)
+    if group:
+        replay(record, run_dir, group)
+
+
+
+def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,
+                dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()
+                ) -> RunResult | tuple[RunPlan, bool]:
+    """What :func:`train` does before training: the finished run's result (not rerun), or
+    (its plan, whether to resume) — with ``force``, the old run's files removed. ``config``:
+    the run's config, or its plan when the caller has one (a sweep worker, a stack): it is
+    not planned again. Raises RunRecordError for an unfinished run without
+    ``resume``/``force`` and for ``resume`` without a run."""
+    plan = config if isinstance(config, RunPlan) else plan_run(config)
+    config = plan.config
+    if dataset is not None:
+        plan.use_data(dataset)
+    identity = plan.identity
+    run_dir = plan.run_dir
+    record_path = run_dir / RECORD_FILE
+    if record_path.exists() and not force:
+        try:
+            existing = load_record(record_path)
+        except RunRecordError as err:
+            raise RunRecordError(f"{err}; pass --force to start this run over") from None
+        # Served, resumed or restarted only on the arrays it trained on: load them now
+        # (training would load them next anyway; the plan keeps them).
+        check_same_data(existing, plan.data_identity(), record_path)
+        if existing.is_finished and not resume:
+            _replay_finished(config, existing, run_dir, loggers)
+            return RunResult(run_dir, existing)
+        if restartable(existing, run_dir, resume=resume):
+            log.info("run %s stopped before its first checkpoint (status %s); starting it "
+                     "over", existing.run_id, existing.status)
+            force = True
+        elif resume:
+            check_same_question(existing.config, config, record_path)
+        else:
+            hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
+                    if existing.is_failed else "")
+            raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
+                                 f"{hint}: pass --resume to continue it or --force to start "
+                                 "over")
+    elif resume and not record_path.exists():
+        raise no_run_to_resume(config, run_dir, identity)
+    if force and run_dir.exists():
+        for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+        resume = False
+    return plan, resume

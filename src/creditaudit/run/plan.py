@@ -1,0 +1,298 @@
+"""One run plan: a config resolved once into what every command needs.
+
+:func:`plan_run` resolves the credit rule, the architecture and the dataset a config
+selects (each checks its own options, the architecture against the dataset's declared
+sample shape, before anything is loaded), the model's size (built on PyTorch's meta device:
+no memory), the identity of the data (a fingerprint of what would be loaded;
+:meth:`RunPlan.data_identity` adds the digest of what was), the code that
+computes the run (each component's ``id_version``; for a guest — a plugin, a ``module``
+factory from outside creditaudit — its distribution version and the digest of its code) and
+so the run id and folder. Every guest passes its conformance checks at the door
+(:mod:`creditaudit.run.door`) before the plan exists; the checks it passed go into the code
+block the record keeps. What a guest's code raises while the plan resolves, loads or builds
+it is one line naming the guest (:mod:`creditaudit.guests.blame`). Training, sweep workers,
+resume, audit and experiments take the plan; none of them resolves a name again.
+
+::
+
+    from creditaudit.run.plan import plan_run
+    plan = plan_run(config)            # ConfigError / DataError in one line if it cannot run
+    plan.run_id, plan.run_dir, plan.rule.label, plan.describe_model().label
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.config import RunConfig
+from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
+from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity, ModelDescription
+from creditaudit.errors import ConfigError, GuestError, LoadedDataError, ModelContractError
+from creditaudit.guests import Guest
+from creditaudit.guests.blame import blame
+from creditaudit.methods import CreditRule, build_rule, check_binding, rule_class
+from creditaudit.models import Architecture, ResidualNet, architecture
+from creditaudit.models.registry import build_architecture
+from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
+from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
+from creditaudit.run import door
+
+log = logging.getLogger(__name__)
+# Bytes per parameter a training step holds: fp32 weight, gradient and AdamW's two moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+@dataclass
+class RunPlan:
+    """A config resolved: its components, its data identity, its run id and folder.
+
+    ``eval_samples``: the evaluation-set size actually used (``diagnostics.eval_samples``,
+    shrunk to the test split when the default does not fit). ``model``: the model's
+    description as built (on the meta device). ``protocol``: the diagnostics the run
+    evaluates, with their thresholds.
+    """
+
+    config: RunConfig
+    rule: type[CreditRule]
+    architecture: type[Architecture]
+    dataset: type[DatasetSpec]
+    data_seed: int
+    identity: DataIdentity
+    code: RunCode
+    run_id: str
+    eval_samples: int
+    model: ModelDescription
+    protocol: Protocol
+    _data: Dataset | None = field(default=None, repr=False)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run.out_dir) / self.run_id
+
+    @property
+    def flatten(self) -> bool:
+        """Whether the model reads flat vectors (image data is flattened for it)."""
+        return self.architecture.input_kind == "vector"
+
+    @property
+    def n_classes(self) -> int:
+        return self.dataset.n_classes(self.config.data)
+
+    def load_data(self) -> Dataset:
+        """The run's data (loaded once per plan, by the dataset class the plan resolved)."""
+        if self._data is None:
+            guest = DATASETS.guest(self.dataset.name)
+            try:
+                with blame(guest):
+                    self._data = load_dataset(self.config.data, seed=self.config.run.seed,
+                                              spec=self.dataset)
+            except LoadedDataError as err:
+                if guest is None:
+                    raise
+                raise GuestError(f"{guest.what} loaded data creditaudit cannot use: {err}"
+                                 ) from None
+        return self._data
+
+    def use_data(self, dataset: Dataset) -> None:
+        """Train on ``dataset`` (already loaded by the caller) instead of loading it."""
+        self._data = dataset
+
+    def data_identity(self) -> DataIdentity:
+        """The data identity with the sizes and the content digest of the loaded data (and
+        the digest of the arrays a generated dataset read from its cache)."""
+        data = self.load_data()
+        provenance = self.identity.provenance
+        if CONTENT_DIGEST in data.provenance:
+            provenance = {**provenance, CONTENT_DIGEST: data.provenance[CONTENT_DIGEST]}
+        return replace(self.identity, n_train=int(data.train_x.shape[0]),
+                       n_test=int(data.test_x.shape[0]), provenance=provenance,
+                       arrays_sha256=data.content_digest())
+
+    def build_model(self) -> ResidualNet:
+        """The model, built by the architecture class the plan resolved (drawing its
+        initial weights from torch's global RNG)."""
+        data = self.load_data()
+        with blame(ARCHITECTURES.guest(self.architecture.name)):
+            return build_architecture(self.architecture, self.config.model,
+                                      input_shape=data.input_shape, n_classes=data.n_classes)
+
+    def build_rule(self, model: ResidualNet) -> CreditRule:
+        """The rule the plan resolved, bound to ``model`` (feedback drawn from its own
+        generator)."""
+        with blame(RULES.guest(self.rule.name)):
+            return build_rule(model, self.config.method, n_classes=self.n_classes,
+                              seed=self.config.run.seed, cls=self.rule)
+
+    def describe(self) -> dict[str, Any]:
+        """What a plan says in a dry run: run id, rule, model, data, code."""
+        return {"run_id": self.run_id, "rule": self.rule.label, "model": self.model.label,
+                "data": self.dataset.label, "eval_samples": self.eval_samples,
+                "code": self.code.to_dict()}
+
+
+def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
+                 admission: door.Admission | None = None) -> CodeVersion:
+    """The code identity of ``cls``: its ``id_version``, a plugin's ``dist==version``, and
+    for a guest (the plugin itself, or ``guest``: code a built-in runs, e.g. a factory) the
+    digest of its code and the checks it passed at the door."""
+    origin = registry.origin(cls.name)
+    plugin = None if origin is None or origin.builtin else origin.text
+    guest = guest or registry.guest(cls.name)
+    return CodeVersion(cls.name, cls.id_version, plugin,
+                       digest=guest.digest if guest is not None else None,
+                       checks=admission.checks if admission is not None else None)
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """Resolve ``config`` (see the module docstring). One-line ConfigError/DataError when
+    it cannot run: a component not installed, an option its component refuses, an
+    architecture that cannot read the dataset's samples, a rule that cannot train the
+    model (:func:`~creditaudit.methods.check_binding`), a model too large for this
+    machine's memory, an evaluation set larger than the test split, missing data files."""
+    rule = rule_class(config.method.name)
+    arch = architecture(config.model.arch)
+    if arch.unbuildable:  # e.g. a run recorded from the user's own loop
+        raise ConfigError(f"model.arch={arch.name!r}: {arch.unbuildable}")
+    spec = dataset_spec(config.data.name)
+    options = config.data
+    data_guest = DATASETS.guest(spec.name)
+    with blame(data_guest):
+        spec.check(options)
+        input_shape = tuple(spec.input_shape(options))
+        n_classes = spec.n_classes(options)
+    arch_guest = ARCHITECTURES.guest(arch.name)
+    try:
+        with blame(arch_guest):
+            arch.check(config.model, input_shape)
+    except ConfigError as err:
+        hint = spec.hints.get("images") if arch.input_kind == "image" else None
+        if hint is None:
+            raise
+        raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
+    factory = arch.guest_code(config.model)  # code a built-in architecture runs
+    with blame(arch_guest):
+        model = _describe_on_meta(config, arch, rule, input_shape, n_classes)
+    tb = config.method.trainable_blocks
+    if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
+        raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
+                          f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
+    with blame(data_guest):
+        eval_samples = _eval_samples(config, spec)
+        seed = spec.data_seed(options, config.run.seed)
+        identity = spec.identity(options, seed)
+    protocol = Protocol.from_config(config.diagnostics)
+    admitted = _admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
+    diagnostics = tuple(
+        code_version(DIAGNOSTICS, d, admission=admitted.get(f"diagnostic:{d.name}"))
+        for d in protocol.diagnostics)
+    code = RunCode(method=code_version(RULES, rule, admission=admitted.get("method")),
+                   model=code_version(ARCHITECTURES, arch, factory, admitted.get("model")),
+                   data=code_version(DATASETS, spec, admission=admitted.get("data")),
+                   diagnostics=diagnostics)
+    run_id = compute_run_id(config, identity.fingerprint, code)
+    return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
+                   identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
+                   model=model, protocol=protocol)
+
+
+def _admit(config: RunConfig, rule: type[CreditRule], arch: type[Architecture],
+           spec: type[DatasetSpec], protocol: Protocol, input_shape: tuple[int, ...],
+           n_classes: int, factory: Guest | None) -> dict[str, door.Admission]:
+    """Every guest of the run through the door (:mod:`creditaudit.run.door`), by the key of
+    its component in the record's code block; built-ins pass without checks."""
+    admitted: dict[str, door.Admission] = {}
+    if (guest := RULES.guest(rule.name)) is not None:
+        admitted["method"] = door.rule_door(rule, guest)
+    if (guest := ARCHITECTURES.guest(arch.name)) is not None:
+        admitted["model"] = door.architecture_door(arch, guest, config.model, input_shape)
+    elif factory is not None:
+        admitted["model"] = door.factory_door(factory, config.model, input_shape, n_classes)
+    if (guest := DATASETS.guest(spec.name)) is not None:
+        admitted["data"] = door.dataset_door(spec, guest, config.data)
+    for diagnostic in protocol.diagnostics:
+        if (guest := DIAGNOSTICS.guest(diagnostic.name)) is not None:
+            admitted[f"diagnostic:{diagnostic.name}"] = door.diagnostic_door(
+                diagnostic, guest, protocol.options[diagnostic.name])
+    return admitted
+
+
+def run_id(config: RunConfig) -> str:
+    """The run id of ``config`` (its folder name below ``run.out_dir``)."""
+    return plan_run(config).run_id
+
+
+def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[CreditRule],
+                      input_shape: tuple[int, ...], n_classes: int) -> ModelDescription:
+    """The model's description, built on the meta device (no memory, no random draws; on
+    the CPU under a forked RNG when the meta build raises); a
+    refusal when ``rule`` cannot train it (a rule without ``adapted_models`` on an adapted
+    model) or when training it would not fit in this machine's memory."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = build_architecture(arch, config.model, input_shape=input_shape,
+                                       n_classes=n_classes)
+    except Exception as err:  # noqa: BLE001 - code that cannot run on meta (BioTorch frsf)
+        if isinstance(err, ConfigError | ModelContractError):
+            raise  # the options' fault, on any device
+        # described from a real build instead; a fault of the model itself fails that too,
+        # and is reported from there, as any run would meet it
+        log.debug("building %s on the meta device failed (%s: %s); describing a CPU build",
+                  arch.name, type(err).__name__, err)
+        with torch.random.fork_rng(devices=[]):
+            model = build_architecture(arch, config.model, input_shape=input_shape,
+                                       n_classes=n_classes)
+    try:
+        check_binding(rule, model)
+    except ModelContractError as err:
+        raise ConfigError(f"method.name={rule.name!r} cannot train model.arch="
+                          f"{arch.name!r}: {err}") from None
+    description = model.describe()
+    needed = (description.parameters or 0) * TRAINING_BYTES_PER_PARAMETER
+    available = available_memory()
+    if available is not None and needed > available:
+        raise ConfigError(f"the {description.label} model has {description.parameters:,} "
+                          f"parameters: training it needs about {needed / 2**30:,.1f} GiB "
+                          f"(weights, gradients, optimiser state) but this machine has "
+                          f"{available / 2**30:,.1f} GiB available; choose a smaller model")
+    return description
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _eval_samples(config: RunConfig, spec: type[DatasetSpec]) -> int:
+    """``diagnostics.eval_samples``, or the whole test split when the default 1280 exceeds
+    it (said in one log line); ConfigError when a value the user chose exceeds it."""
+    wanted = config.diagnostics.eval_samples
+    sizes = spec.sizes(config.data)
+    if sizes is None or wanted <= sizes[1]:
+        return wanted
+    n_test = sizes[1]
+    if wanted == type(config.diagnostics)().eval_samples:
+        log.info("diagnostics.eval_samples: the default %d exceeds the %d test samples of "
+                 "%s; evaluating on all %d", wanted, n_test, spec.name, n_test)
+        return n_test
+    raise ConfigError(f"diagnostics.eval_samples={wanted} exceeds the {n_test} test samples "
+                      f"of {spec.name}; use at most {n_test}")
+
+
+__all__ = ["RunPlan", "plan_run", "run_id", "available_memory", "code_version"]

@@ -1,0 +1,382 @@
+"""The run record of a network trained in your own loop: :class:`Recorder`.
+
+::
+
+    rec = creditaudit.Recorder(dfa, eval_x, eval_y, out="runs/mine", name="resnet20-dfa",
+                               data="my-images", config={"optim.lr": 1e-3, "run.seed": 0})
+    for epoch in range(1, epochs + 1):
+        ...                                   # your training
+        rec.epoch(epoch, test_acc=acc, test_loss=loss, train_loss=train_loss)
+    record = rec.finish()                     # end-of-run metrics; the RunRecord
+
+Each :meth:`Recorder.epoch` measures what an epoch of ``creditaudit train`` measures — the
+per-layer norms, reference gradients and cosines on the evaluation set, then the protocol —
+with the training loop's own functions (:mod:`creditaudit.run.results`), and
+writes ``OUT/NAME/record.json`` atomically; :meth:`Recorder.finish` adds the end-of-run block
+(ρ, nudging, Γ, drift, the fresh-feedback null). ``creditaudit report``, ``figures`` and
+``export`` read such records beside the command line's. The record says what was trained:
+the model's own description, the rule and its options, the data (a built-in dataset's
+identity, or a fingerprint of the evaluation arrays) and the code
+(``environment.components``). Its ``model.arch`` is ``own-loop``, which describes and never
+builds: ``audit`` and ``resume`` refuse such a run in one line (audit it in the loop with
+:func:`creditaudit.diagnose`).
+
+Diagnostics never change training: they run in eval mode under a forked RNG and take
+gradients with respect to states only, so a loop trains the same weights with and without a
+recorder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from creditaudit.data.registry import digest_text
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.files.safe_files import ensure_folder
+from creditaudit.formatting import duration
+from creditaudit.measures.epoch import epoch_diagnostics
+from creditaudit.measures.progress import Say, say_to
+from creditaudit.measures.user_models import check_inputs
+from creditaudit.methods import CreditRule
+from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.packages import network_packages
+from creditaudit.models.registry import OwnLoopArchitecture
+from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    CONFIG_FILE,
+    INIT_FILE,
+    RECORD_FILE,
+    EpochEntry,
+    RunRecord,
+    atomic_torch_save,
+    new_record,
+    save_record,
+)
+from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
+from creditaudit.registry import DATASETS, RULES
+from creditaudit.run.plan import code_version
+from creditaudit.run.recorder_config import (
+    OWN_DATA,
+    array_fingerprint,
+    data_identity,
+    distribution,
+    not_recorded,
+    recorder_config,
+    user_network,
+)
+from creditaudit.run.results import (
+    end_of_run_metrics,
+    final_results,
+    finite_entry,
+    protocol_due,
+    record_protocol,
+    reference_at_start,
+)
+
+RECORDER_FIX = ("pass Recorder(..., allow_unverified_reference=True) to record it with every "
+                "cosine, Γ and (b) marked unverified")
+
+
+class Recorder:
+    """Writes the run record of a rule trained in your own loop (module docstring).
+
+    ``rule``: the credit rule your loop steps (``creditaudit.rule(name, model)``; its model
+    an adapted model or a contract ``ResidualNet``). ``eval_x`` ``(N, …)`` and ``eval_y``
+    ``(N,)``: the held-out evaluation set every epoch's diagnostics run on, on the model's
+    device (N ≥ 1024 for diagnostic (c); the command line uses 1280 test samples).
+    ``out``/``name``: the record goes to ``out/name/record.json`` (default name: a run id
+    from the rule, the data, the seed and a hash of the config, the data and the model's
+    description). ``data``: what the data is — a dataset creditaudit knows (a name, or its
+    ``[data]`` section as a mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
+    whose identity is asked of the dataset (file digests, generator arguments) once
+    ``eval_x``/``eval_y`` are checked to be samples of its test split; or a name of your
+    own (lower-case letters, digits, ``-``, ``_``; default ``own-data``; with
+    ``train_subset`` and ``random_targets`` when you used them), identified by a sha256
+    fingerprint of ``eval_x`` and ``eval_y`` — the evaluation arrays only, not your
+    training data. ``config``: the rest of the recipe as dotted keys or nested sections of
+    ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3, "optim.batch_size": 64,
+    "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); data, optimiser and run keys left out
+    are listed in ``record.not_recorded`` (reports print "not recorded"), ``optim.epochs``
+    follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N.
+    ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
+    beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
+    (refused otherwise). ``allow_unverified_reference`` (or the config key
+    ``diagnostics.allow_unverified_reference``): record a model whose backward is not the
+    gradient of its forward, which is otherwise refused. ``progress``: where the recorder says what
+    it measures while it takes seconds (an epoch's diagnostics, each end-of-run stage with
+    its ETA) — ``True`` standard error, ``False`` nowhere, or a function of one line.
+
+    Create it before training: it snapshots the initial parameters (for the drift of the
+    end-of-run block) and checks the reference gradient on the model as it is (float64
+    central differences on four evaluation samples, under a forked RNG: a BioTorch layer or
+    a ``torch.autograd.Function`` with its own backward raises a one-line
+    ReferenceGradientError naming the module; the record's ``reference`` says how it was
+    checked). One-line ConfigError/ModelContractError for what cannot be recorded.
+    """
+
+    def __init__(self, rule: CreditRule, eval_x: Tensor, eval_y: Tensor, *,
+                 out: str | Path = "runs", name: str | None = None,
+                 data: str | Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, checkpoint: bool = False,
+                 overwrite: bool = False, allow_unverified_reference: bool = False,
+                 progress: bool | Say = True) -> None:
+        if not isinstance(rule, CreditRule):
+            raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
+                              "pass creditaudit.rule(name, adapt(net, states=[…]))")
+        model = rule.model
+        check_inputs(model, eval_x, eval_y)
+        device = next((p.device for p in model.parameters()), eval_x.device)
+        if eval_x.device != device or eval_y.device != device:
+            raise ConfigError(f"eval_x and eval_y are on {eval_x.device} and {eval_y.device} "
+                              f"but the model is on {device}: move them with .to({str(device)!r})")
+        if eval_y.numel() and not 0 <= int(eval_y.min()) <= int(eval_y.max()) < rule.n_classes:
+            raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
+                              f"classes of the rule's {rule.n_classes} logits")
+        self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
+        self._say = _Says(progress)
+        self.checkpointing = bool(checkpoint)
+        self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
+        self._epochs_given = ("optim", "epochs") in given
+        settings = self.config.diagnostics
+        if not isinstance(allow_unverified_reference, bool):
+            raise ConfigError(f"allow_unverified_reference={allow_unverified_reference!r} must "
+                              "be True or False")
+        settings.allow_unverified_reference |= allow_unverified_reference
+        # The model as it is now, before anything is written: one whose backward is not the
+        # gradient is refused (every cosine would be its own credit), unless allowed.
+        reference = reference_at_start(model, eval_x, eval_y,
+                                       allow=settings.allow_unverified_reference,
+                                       fix=RECORDER_FIX)
+        identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
+        description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name)
+        code = RunCode(method=code_version(RULES, type(rule)),
+                       model=CodeVersion(OwnLoopArchitecture.name),
+                       data=(code_version(DATASETS, spec) if spec is not None
+                             else CodeVersion(identity.name)))
+        if name is None:  # the config names the class, not its sizes: add the description
+            name = compute_run_id(self.config, digest_text(
+                {"data": identity.fingerprint, "model": dataclasses.asdict(description)}), code)
+        self.run_dir = Path(out) / _folder_name(name)
+        self._say.prefix = f"Recorder {self.run_dir.name}: "
+        _claim(self.run_dir, overwrite)
+        components = code.to_dict()
+        components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
+        components["model"]["module_origin"] = distribution(type(user_network(model)).__module__)
+        components["model"]["module_packages"] = network_packages(user_network(model),
+                                                                  versions=True)
+        if spec is None:
+            components["data"]["origin"] = "the user's own loop"
+        self.record = new_record(self.config, device=str(device), data=identity,
+                                 run_id=self.run_dir.name, model=description, code=components)
+        self.record.not_recorded = not_recorded(self.config, given)
+        self.record.reference = reference
+        self.protocol = Protocol.from_config(self.config.diagnostics)
+        self.initial = parameter_snapshot(model)
+        self.finished = False
+        self._since = time.perf_counter()
+        ensure_folder(self.run_dir)
+        if self.checkpointing:
+            atomic_torch_save(self.run_dir / INIT_FILE, self.initial)
+        self._write()
+
+    # --- per epoch ----------------------------------------------------------------------
+    def epoch(self, epoch: int, *, test_acc: float | None = None,
+              test_loss: float | None = None, train_loss: float | None = None,
+              train_acc: float | None = None, extras: Mapping[str, float] | None = None
+              ) -> EpochEntry:
+        """Record epoch ``epoch`` (0 = before training; each call after the last one).
+
+        ``test_acc`` (a fraction) and ``test_loss`` (mean cross-entropy, nats): your loop's
+        numbers on its test split — the headline accuracy diagnostic (d) judges (left out:
+        (d) is not evaluated); ``train_loss``/``train_acc``: the epoch's training numbers;
+        ``extras``: further numbers to keep with the epoch. Measures the diagnostics on the
+        evaluation set and, every ``diagnostics.protocol_every`` epochs (and at
+        ``optim.epochs`` when the config gives it), the protocol; writes the record (and
+        the checkpoint when asked). Returns the entry.
+        """
+        if self.finished:
+            raise ConfigError("epoch() after finish(): the run is finished; start a new "
+                              "Recorder for another run")
+        last = self.record.log[-1].epoch if self.record.log else None
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or (
+                last is not None and epoch <= last):
+            after = f" after the last recorded epoch {last}" if last is not None else ""
+            raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
+                              "epoch once, in order")
+        numbers = {"test_acc": _number("test_acc", test_acc, fraction=True),
+                   "test_loss": _number("test_loss", test_loss, loss=True),
+                   "train_loss": _number("train_loss", train_loss),
+                   "train_acc": _number("train_acc", train_acc, fraction=True)}
+        kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
+        model = self.rule.model
+        measuring = self._say.epoch_starts(epoch, len(self.eval_y))
+        with eval_mode(model):
+            measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+        entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
+                           acc_eval=numbers["test_acc"], train_loss=numbers["train_loss"],
+                           train_acc=numbers["train_acc"], extras=kept,
+                           **measures.record_fields())
+        settings, optim = self.config.diagnostics, self.config.optim
+        if protocol_due(epoch, settings.protocol_every,
+                        optim.epochs if self._epochs_given else None):
+            record_protocol(self.record, entry, sg, measures, protocol=self.protocol,
+                            frozen_acc=settings.frozen_acc,
+                            terminal_ln=_terminal_ln(model))
+        now = time.perf_counter()
+        self._say.epoch_ends(epoch, now - measuring, entry.verdict)
+        entry.seconds, self._since = now - self._since, now
+        self.record.log.append(entry)
+        if not self._epochs_given:  # the record says how many epochs the loop ran
+            optim.epochs = epoch
+        if self.checkpointing:
+            self._checkpoint(epoch)
+        self._write()
+        return entry
+
+    def finish(self) -> RunRecord:
+        """End the run: status ``completed`` (``diverged`` when the last epoch's numbers
+        or state norms are NaN/Inf), the final results and, unless
+        ``diagnostics.end_of_run`` is off, the end-of-run block. Returns the record."""
+        if self.finished:
+            return self.record
+        started = time.perf_counter()
+        if not self.record.log:
+            raise ConfigError("finish() before any epoch(): record at least one epoch "
+                              "(rec.epoch(0) before training records the initial network)")
+        last = self.record.log[-1]
+        self.record.status = "completed" if finite_entry(last) else "diverged"
+        if self.record.status == "diverged":
+            self.record.divergence = {"epoch": last.epoch,
+                                      "reason": "non-finite loss or state norms"}
+        self.record.final = final_results(self.record.log)
+        if self.config.diagnostics.end_of_run:
+            say = self._say.line
+            say(f"end of run: credit-quality block on {len(self.eval_y)} samples (cosines "
+                "and Γ, then ρ, nudging, the fresh-feedback null; diagnostics.end_of_run="
+                "False skips it) …")
+            self.record.diagnostics.update(end_of_run_metrics(
+                self.rule, self.eval_x, self.eval_y, initial=self.initial,
+                settings=self.config.diagnostics, seed=self.config.run.seed,
+                progress=lambda text: say(f"end of run: {text}")))
+            say(f"end of run: done in {duration(time.perf_counter() - started)}")
+        self.finished = True
+        self._write()
+        return self.record
+
+    # --- with-statement: a loop that raises leaves a failed (or interrupted) record -------
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: Any) -> None:
+        if self.finished:
+            return
+        if kind is None:
+            if self.record.log:
+                self.finish()
+            return
+        self.record.status = "interrupted" if issubclass(kind, KeyboardInterrupt) else "failed"
+        self.record.error = f"{kind.__name__}: {error}"
+        self._write()
+
+    # --- files --------------------------------------------------------------------------
+    def _write(self) -> None:
+        save_record(self.run_dir, self.record)
+
+    def _checkpoint(self, epoch: int) -> None:
+        """Model and rule state as of ``epoch`` (tensors and plain containers, like the
+        command line's checkpoints; no optimiser: the loop owns it)."""
+        atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
+            "format": CHECKPOINT_FORMAT, "method": self.rule.name, "epoch": epoch,
+            "model": self.rule.model.state_dict(), "rule": self.rule.state_dict(),
+            "record": self.record.to_dict()})
+
+
+class _Says:
+    """The recorder's progress lines: an epoch's diagnostics are announced when they may
+    take a while (the first epoch, and any after one that took ``SLOW_SECONDS`` or more,
+    with that time as the estimate) and their time said when they did."""
+
+    SLOW_SECONDS = 2.0
+
+    def __init__(self, progress: bool | Say) -> None:
+        self.say = say_to(progress)  # ConfigError for a wrong progress= at once
+        self.prefix = "Recorder: "
+        self.last: float | None = None
+
+    def line(self, text: str) -> None:
+        if self.say is not None:
+            self.say(self.prefix + text)
+
+    def epoch_starts(self, epoch: int, samples: int) -> float:
+        if self.last is None or self.last >= self.SLOW_SECONDS:
+            about = "" if self.last is None else f", about {duration(self.last)}"
+            self.line(f"epoch {epoch}: diagnostics on {samples} samples{about} …")
+        return time.perf_counter()
+
+    def epoch_ends(self, epoch: int, seconds: float, verdict: str | None) -> None:
+        if seconds >= self.SLOW_SECONDS:
+            self.line(f"epoch {epoch} recorded in {duration(seconds)}"
+                      + (f" ({verdict})" if verdict else ""))
+        self.last = seconds
+
+
+def _terminal_ln(model: Any) -> bool | None:
+    value = model.terminal_ln
+    return value if isinstance(value, bool) else None
+
+
+def _folder_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+            or "\\" in name or "\0" in name:
+        raise ConfigError(f"name={name!r} must be one folder name (no / or \\), e.g. "
+                          "'resnet20-dfa'")
+    return name
+
+
+def _claim(run_dir: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds a record unless ``overwrite``; then clear it."""
+    if not (run_dir / RECORD_FILE).exists():
+        return
+    if not overwrite:
+        raise RunRecordError(f"{run_dir} holds a run record already: pass another name= or "
+                             "overwrite=True to replace it")
+    for file in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
+        (run_dir / file).unlink(missing_ok=True)
+
+
+def _number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
+            ) -> float | None:
+    """``value`` as a float (None stays None); ConfigError for a non-number, an accuracy
+    outside [0, 1] (NaN and ±inf included: a count of right answers is never NaN, even a
+    diverged network's) or a negative cross-entropy. A loss's NaN and ±inf are kept: the
+    record marks the run diverged."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if fraction and not math.isfinite(number):
+        raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: an accuracy counts "
+                          "right answers, so it is never NaN or Inf; pass the fraction your "
+                          "loop measured (a diverged network still scores one)")
+    if fraction and not 0.0 <= number <= 1.0:
+        raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: pass e.g. 0.349, not "
+                          "34.9")
+    if loss and number < 0:
+        raise ConfigError(f"{name}={value!r} is negative; a cross-entropy is ≥ 0")
+    return number
+
+
+__all__ = ["Recorder", "array_fingerprint", "OWN_DATA"]

@@ -1,0 +1,232 @@
+"""What a Recorder's record says the run was: its config, its data's identity, its code.
+
+A run trained in a user's own loop has no config file: :func:`recorder_config` composes one
+from the credit rule (the method section), the model's own-loop description (the model
+section), ``data=`` (the data section) and the caller's ``config=`` keys;
+:func:`data_identity` asks a dataset creditaudit knows for its identity, or fingerprints the
+evaluation arrays (:func:`array_fingerprint`); :func:`distribution` names the installed
+package that provides the user's network. :class:`creditaudit.run.recorder.Recorder` writes them
+into the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from creditaudit.config import (
+    SECTION_TYPES,
+    DataConfig,
+    RunConfig,
+    coerce,
+    config_from_dict,
+    merge_overrides,
+    split_key,
+)
+from creditaudit.config.composed import rebuild_section
+from creditaudit.config.sections import COMPONENT_NAME
+from creditaudit.data import DatasetSpec, load_dataset
+from creditaudit.data.identity import tensor_digest
+from creditaudit.data.rows import check_test_rows
+from creditaudit.descriptions import DataIdentity
+from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.methods import CreditRule
+from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.registry import OwnLoopArchitecture
+from creditaudit.registry import DATASETS
+
+# What data= names when the caller says nothing about the data.
+OWN_DATA = "own-data"
+OWN_SECTIONS = ("method", "model", "data")  # said by the rule, the model and data=
+# Sections whose compute keys a loop must tell (the rest: the rule, the model, and how the
+# Recorder itself measures — the diagnostics), and keys it knows without being told.
+TOLD_SECTIONS = ("data", "optim", "run")
+KNOWN_UNTOLD = {("data", "name"), ("optim", "epochs")}
+# The keys every dataset reads, which data of the caller's own may give too.
+COMMON_DATA = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != "name")
+
+
+def recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
+                    config: Mapping[str, Any] | None, n_eval: int
+                    ) -> tuple[RunConfig, type[DatasetSpec] | None, set[tuple[str, str]]]:
+    """(the run config, the dataset creditaudit knows or None, the (section, key) the caller
+    gave, in ``config`` or ``data``): the method section is the rule's, the model section
+    the own-loop description of its model, the data section what ``data`` says,
+    ``diagnostics.eval_samples`` the ``n_eval`` samples measured on; the caller's keys lay
+    over the rest. Errors name the keys as the caller passed them (``data['data_dir']``)."""
+    overrides = _dotted(config)
+    given = {split_key(key) for key in overrides}
+    for section, key in sorted(given):
+        if section in OWN_SECTIONS:
+            fix = {"method": f"bind it to the rule: rule(name, model, {key}=…)",
+                   "model": "the model describes itself (adapt(net, states=[…]))",
+                   "data": f"give it in data=, e.g. data={{'name': …, '{key}': …}}"}[section]
+            raise ConfigError(f"config sets {section}.{key}: {fix}")
+    try:
+        return _recorder_config(rule, data, overrides, given, n_eval)
+    except CreditAuditError as err:
+        raise in_callers_words(err) from None
+
+
+def _recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
+                     overrides: dict[str, Any], given: set[tuple[str, str]], n_eval: int
+                     ) -> tuple[RunConfig, type[DatasetSpec] | None, set[tuple[str, str]]]:
+    measured = overrides.setdefault("diagnostics.eval_samples", n_eval)
+    if measured != n_eval:
+        raise ConfigError(f"config sets diagnostics.eval_samples={measured!r}, but eval_x holds "
+                          f"{n_eval} samples, which every epoch is measured on: leave it out")
+    model = rule.model
+    adapted = isinstance(model, AdaptedModel)
+    net = user_network(model)
+    model_section = {
+        "arch": OwnLoopArchitecture.name,
+        "module": f"{type(net).__module__}:{type(net).__qualname__}",
+        "states": list(model.state_names) if adapted else None,
+        "readout": (list(model.readout_names) if adapted and model.readout_names is not None
+                    else None)}
+    data_section, spec = _data_section(data)
+    given |= {("data", key) for key in data_section}
+    raw = merge_overrides({"method": dataclasses.asdict(rule.config), "model": model_section,
+                           "data": data_section if spec is not None else {}}, overrides)
+    resolved = config_from_dict(raw)
+    if spec is None:  # data of the user's own: a section of no installed dataset
+        resolved = dataclasses.replace(resolved, data=rebuild_section("data", data_section))
+    return resolved, spec, given
+
+
+def not_recorded(config: RunConfig, given: set[tuple[str, str]]) -> list[str]:
+    """The keys of ``config`` that change what a run computes and that a loop must tell —
+    data, optimiser, run — but was not ``given`` (dotted, in config order): the config holds
+    their defaults, which say nothing about the run."""
+    keys = []
+    for section in TOLD_SECTIONS:
+        for f in dataclasses.fields(getattr(config, section)):
+            key = (section, f.name)
+            if f.metadata.get("role", "compute") == "compute" and key not in given \
+                    and key not in KNOWN_UNTOLD:
+                keys.append(f"{section}.{f.name}")
+    return keys
+
+
+def in_callers_words(err: CreditAuditError) -> CreditAuditError:
+    """``err`` as the Recorder's caller passed things: the data section's keys as keys of
+    ``data=`` (``data['data_dir']``, not the command line's ``data.data_dir
+    (--data-dir)``)."""
+    text = re.sub(r" \(--[a-z-]+\)", "", str(err))
+    text = text.replace(" (data.name)", "").replace("allowed keys in [data]",
+                                                    "allowed keys of data=")
+    text = re.sub(r"\bdata\.([a-z_]+)", r"data['\1']", text)
+    return type(err)(text)
+
+
+def _dotted(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Dotted keys of ``config`` (dotted already, or nested sections)."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a mapping of keys such as {{'optim.lr': 1e-3}}, got "
+                          f"{type(config).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key in SECTION_TYPES and isinstance(value, Mapping):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[str(key)] = value
+    return out
+
+
+def _data_section(data: str | Mapping[str, Any] | None
+                  ) -> tuple[dict[str, Any], type[DatasetSpec] | None]:
+    """(the [data] section, its dataset when creditaudit knows it)."""
+    section = {"name": OWN_DATA} if data is None else (
+        {"name": data} if isinstance(data, str) else dict(data) if isinstance(data, Mapping)
+        else None)
+    if section is None:
+        raise ConfigError(f"data must be a dataset name or its [data] section as a mapping, "
+                          f"got {type(data).__name__}")
+    name = section.get("name")
+    if not isinstance(name, str) or not COMPONENT_NAME.match(name):
+        raise ConfigError(f"data names the data with {name!r}: use lower-case letters, digits, "
+                          "- and _ (e.g. 'my-images'), or a dataset creditaudit knows")
+    spec = DATASETS.find(name)
+    if spec is None:
+        extra = sorted(set(section) - {"name", *COMMON_DATA})
+        if extra:
+            raise ConfigError(f"data: {name!r} is no dataset creditaudit knows, so it has no "
+                              f"option {extra[0]!r}; give its name (and "
+                              f"{', '.join(COMMON_DATA)}, which any data has) only")
+        fields = {f.name: f for f in dataclasses.fields(DataConfig)}
+        types = typing.get_type_hints(DataConfig)
+        for key in set(section) & set(COMMON_DATA):
+            section[key] = coerce(f"data.{key}", fields[key], types[key], section[key])
+    return section, spec
+
+
+def data_identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Tensor,
+                  eval_y: Tensor, n_classes: int) -> DataIdentity:
+    """The data's identity: the dataset's own (files or generator arguments) for a dataset
+    creditaudit knows — once the evaluation arrays are checked to be samples of its test
+    split and the model's classes its classes — else a fingerprint of the evaluation arrays;
+    both keep the arrays' fingerprint in their provenance. The training arrays of the loop
+    are never seen, so ``arrays_sha256`` stays unknown."""
+    try:
+        return _data_identity(spec, config, eval_x, eval_y, n_classes)
+    except CreditAuditError as err:
+        raise in_callers_words(err) from None
+
+
+def _data_identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Tensor,
+                   eval_y: Tensor, n_classes: int) -> DataIdentity:
+    arrays = {"sha256": array_fingerprint(eval_x, eval_y), "samples": int(eval_x.shape[0]),
+              "x": f"{str(eval_x.dtype).removeprefix('torch.')} {tuple(eval_x.shape)}",
+              "y": f"{str(eval_y.dtype).removeprefix('torch.')} {tuple(eval_y.shape)}"}
+    if spec is not None:
+        spec.check(config.data)
+        classes = spec.n_classes(config.data)
+        if classes != n_classes:
+            raise ConfigError(f"the rule's model has {n_classes} logits, but {spec.label} has "
+                              f"{classes} classes: record it with data of your own "
+                              "(data='my-data'), or a model with one logit per class")
+        identity = spec.identity(config.data, spec.data_seed(config.data, config.run.seed))
+        check_test_rows(load_dataset(config.data, seed=config.run.seed), eval_x, eval_y,
+                        spec.label)
+        arrays["checked"] = f"rows of the {spec.label} test split as loaded with these options"
+        identity.provenance = {**identity.provenance, "evaluation_arrays": arrays}
+        return identity
+    digest = arrays["sha256"]
+    return DataIdentity(
+        name=config.data.name, fingerprint=digest, source=digest, n_classes=n_classes,
+        input_shape=list(eval_x.shape[1:]),
+        provenance={"evaluation_arrays": arrays, "identifies": (
+            "the evaluation arrays (eval_x, eval_y) only: the training data of the loop is "
+            "not fingerprinted")})
+
+
+def array_fingerprint(*arrays: Tensor) -> str:
+    """sha256 over each tensor's dtype, shape and bytes (as stored, on the CPU): the data
+    layer's :func:`~creditaudit.data.identity.tensor_digest`."""
+    return tensor_digest(*arrays)
+
+
+def user_network(model: Any) -> Any:
+    """The user's own module: the one an adapted model wraps, or the model itself."""
+    return model.net if isinstance(model, AdaptedModel) else model
+
+
+def distribution(module: str) -> str | None:
+    """``dist==version`` of the installed distribution that provides ``module``, or None
+    (a script's ``__main__``, a folder on the path)."""
+    top = module.split(".")[0]
+    names = importlib.metadata.packages_distributions().get(top) or []
+    for name in names:
+        try:
+            return f"{name}=={importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

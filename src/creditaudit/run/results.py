@@ -1,0 +1,144 @@
+"""What a run record holds beyond training, shared by the training loop and the Recorder.
+
+The reference check as a run starts (:func:`reference_at_start`), the protocol of an epoch
+(:func:`record_protocol`, when :func:`protocol_due`), the final
+results (:func:`final_results`), the end-of-run block (:func:`end_of_run_metrics`) and
+whether an epoch's numbers are finite (:func:`finite_entry`) are functions of the record,
+the rule and the evaluation set: :class:`creditaudit.run.trainer.Trainer` and
+:class:`creditaudit.run.recorder.Recorder` (a user's own loop) call the same ones, so both write
+the same record. :func:`epoch_record` is an epoch's diagnostic fields in one call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from creditaudit.config import DiagnosticsConfig
+from creditaudit.measures.drift import feature_drift
+from creditaudit.measures.epoch import EpochMeasures, epoch_diagnostics
+from creditaudit.measures.gradients import StateGradients
+from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
+from creditaudit.measures.reference_check import checked_reference
+from creditaudit.methods import CreditRule
+from creditaudit.models.contract import eval_mode
+from creditaudit.protocol import evaluate_protocol
+from creditaudit.protocol.records import record_metadata
+from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records import DERIVED, EpochEntry, FinalResults, ReferenceState, RunRecord
+
+# Step sizes of the end-of-run nudging test.
+NUDGING_ETAS = (0.01, 0.1)
+
+
+def protocol_due(epoch: int, every: int, last_epoch: int | None) -> bool:
+    """Whether the protocol runs at ``epoch``: every ``every``-th trained epoch (0 = never)
+    and the last one, ``last_epoch`` (epoch 0 only when it is the last: before any training
+    (d) would compare an untrained net with a trained baseline)."""
+    last = last_epoch is not None and epoch == last_epoch
+    return every > 0 and ((epoch >= 1 and epoch % every == 0) or last)
+
+
+def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
+                    measures: EpochMeasures, *, protocol: Protocol, frozen_acc: float | None,
+                    terminal_ln: bool | None) -> None:
+    """Evaluate the protocol on an epoch's own measures and gradients (no second backward):
+    its statuses and verdict (judged with ``record.reference``, the check made when the run
+    started) go into ``entry``, the report and the first epoch each diagnostic fired into
+    ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
+    fraction, None = not evaluated); ``terminal_ln``: whether the model ends in a
+    LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
+    initialisation, when recorded) let (a) judge the growth before h_0."""
+    epoch = entry.epoch
+    start = entry if epoch == 0 else record.entry(0)
+    report = evaluate_protocol(
+        sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
+        measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
+        metadata={**record_metadata(record), "epoch": epoch},
+        reference=record.reference.to_dict(),
+        initial_hidden_norms=start.hidden_norms if start is not None else None)
+    entry.protocol = {r.id: r.status for r in report.diagnostics}
+    entry.verdict = report.verdict
+    state = record.protocol
+    if not state.first_fired:
+        state.first_fired = dict.fromkeys(r.id for r in report.diagnostics)
+    for fired in report.fired:
+        if state.first_fired.get(fired) is None:
+            state.first_fired[fired] = epoch
+    state.epoch, state.verdict, state.fired = epoch, report.verdict, list(report.fired)
+    state.report = report.to_dict(norms=False)  # the norms are the entry's
+
+
+def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: torch.Tensor,
+                       *, allow: bool, fix: str) -> ReferenceState:
+    """The reference check of a run as it starts, on ``model`` as built (a contract model:
+    ``forward_states``/``forward_from``) and the evaluation set ``(N, …)``, ``(N,)`` (its
+    first samples): in eval mode under a forked RNG, on a float64 copy or on detached
+    inputs, so training is the same with and without it. A backward that is not the
+    gradient raises the one-line refusal naming the module, whose way out is ``fix``;
+    ``allow`` (``diagnostics.allow_unverified_reference``) records it instead."""
+    devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), eval_mode(model):
+        check = checked_reference(model, model.forward_states, eval_x, eval_y,
+                                  forward_from=model.forward_from, allow=allow, fix=fix)
+    return ReferenceState(verified=check.verified, how=check.how, where=check.where,
+                          detail=check.detail)
+
+
+def final_results(log: Sequence[EpochEntry]) -> FinalResults:
+    """The headline numbers of a run from its epoch entries: those of the last epoch whose
+    evaluation was finite (a network that overflowed predicts one class, and its accuracy,
+    that class's share, measures nothing); ``from_epoch`` says which epoch when it is not
+    the last."""
+    last = log[-1]
+    kept = next((e for e in reversed(log) if finite_entry(e)), None)
+    if kept is None:
+        return FinalResults(epochs_completed=last.epoch)
+    return FinalResults(
+        epochs_completed=last.epoch, test_acc=kept.acc_eval, test_loss=kept.test_loss,
+        h_L_norm=kept.h_L_norm, g_L_norm=kept.g_L_norm, deep_cos=kept.deep_cos,
+        from_epoch=None if kept is last else kept.epoch)
+
+
+def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Tensor, *,
+                       initial: dict[str, torch.Tensor], settings: DiagnosticsConfig,
+                       seed: int, progress: Progress | None = None) -> dict[str, Any]:
+    """The end-of-run block on the evaluation set ``(N, …)``, ``(N,)``: feature drift from
+    the ``initial`` parameters (keyed as ``rule.model.named_parameters()``), the
+    credit-quality metrics (ρ, nudging, cosines, Γ, the fresh-feedback null; a non-finite
+    model records why not) and the rule's own metrics, under a forked RNG."""
+    out: dict[str, Any] = {"drift": feature_drift(initial, dict(rule.model.named_parameters()))}
+    try:
+        out.update(credit_quality(rule, eval_x, eval_y, rho_samples=settings.rho_samples,
+                                  rho_directions=settings.rho_directions,
+                                  null_draws=settings.null_draws, etas=NUDGING_ETAS,
+                                  seed=seed, rho_flops=settings.rho_flops,
+                                  memory_gb=settings.end_of_run_memory_gb,
+                                  progress=progress))
+    except NonFiniteModelError as err:
+        out["credit_quality_error"] = str(err)
+    devices = [eval_x.device] if eval_x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
+        out.update(rule.run_metrics(eval_x, eval_y))
+    return out
+
+
+def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor
+                 ) -> tuple[dict[str, Any], StateGradients]:
+    """(the epoch entry's diagnostic fields, the state gradients) on an evaluation set: what
+    an epoch of training records, for one call from a notebook or a test."""
+    measures, sg = epoch_diagnostics(rule, x, y)
+    entry = EpochEntry(**measures.record_fields())
+    derived = {key: entry.value(key) for key in DERIVED}  # test_acc: no test pass here
+    return {**measures.record_fields(),
+            **{k: v for k, v in derived.items() if v is not None}}, sg
+
+
+def finite_entry(entry: EpochEntry) -> bool:
+    """False when a recorded loss (test or train) or any state norm is NaN/Inf; a loss not
+    recorded (None: a user's loop that passes none) says nothing either way."""
+    values = [entry.test_loss, entry.train_loss, *(entry.hidden_norms or [])]
+    return all(math.isfinite(v) for v in values if v is not None)

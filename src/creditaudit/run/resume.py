@@ -1,0 +1,171 @@
+"""Does a run folder's checkpoint belong to the run being rebuilt? Check, then load it.
+
+``train --resume`` and ``audit`` rebuild a model, a credit rule (and, to resume, the optimiser,
+the schedule and the RNG streams) from a run's config, then load its ``checkpoint.pt`` into
+them. A checkpoint of another method or shape, a damaged optimiser or schedule state, an RNG
+state of the wrong size, an epoch outside ``0 … optim.epochs``, or data that changed since
+the run trained, each end in one :class:`~creditaudit.errors.RunRecordError` line naming the
+file — never in a KeyError from ``load_state_dict`` halfway through loading.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.config import RunConfig, keys_with_role, semantic_dict
+from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
+from creditaudit.errors import RunRecordError
+from creditaudit.methods import CreditRule
+from creditaudit.models import ResidualNet
+from creditaudit.records import (
+    RECORD_FILE,
+    RunRecord,
+    load_record,
+    structure_mismatch,
+)
+
+log = logging.getLogger(__name__)
+FORCE_HINT = "it belongs to another run: start this one again with --force"
+
+
+def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: CreditRule,
+                          config: RunConfig, path: Path) -> None:
+    """One-line RunRecordError when a checkpoint belongs to another method or shape, or
+    claims an epoch this run does not have."""
+    method = state.get("method")
+    if method is not None and method != config.method.name:
+        raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
+                             f"{config.method.name!r}: {FORCE_HINT}")
+    epoch = state["epoch"]
+    if not 0 <= epoch <= config.optim.epochs:
+        raise RunRecordError(f"checkpoint {path} is of epoch {epoch}, outside this run's "
+                             f"0…{config.optim.epochs}: {FORCE_HINT}")
+    for what, expected, got in (("model", model.state_dict(), state["model"]),
+                                ("rule", rule.state_dict(), state["rule"])):
+        problem = structure_mismatch(expected, got, what)
+        if problem:
+            raise RunRecordError(f"checkpoint {path} does not fit this run's "
+                                 f"{config.method.name} {model.describe().label}: {problem}; "
+                                 f"{FORCE_HINT}")
+
+
+def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
+    """One-line RunRecordError when the data loaded now is not the data the run trained on:
+    another fingerprint (files or generator arguments), or — the fingerprint equal — other
+    arrays (``identity``: of the data loaded, :meth:`~creditaudit.run.plan.RunPlan.data_identity`).
+    A record from before array digests is checked by its fingerprint only, said in one
+    warning."""
+    if record.data is None or not record.data.fingerprint:
+        return  # records written before data fingerprints existed
+    if record.data.fingerprint != identity.fingerprint:
+        raise RunRecordError(
+            f"{path}: the run trained on {record.data.name} data with fingerprint "
+            f"{record.data.fingerprint[:12]}…, but the data found now has "
+            f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
+            "data); point data.data_dir at the run's data")
+    recorded = record.data.provenance.get(CONTENT_DIGEST)
+    found = identity.provenance.get(CONTENT_DIGEST)
+    if recorded and found and recorded != found:
+        raise RunRecordError(
+            f"{path}: the run trained on {record.data.name} arrays with digest "
+            f"{str(recorded)[:12]}…, but its generator now makes {str(found)[:12]}… from the "
+            "same arguments (another numpy or generator build?); rerun it with --force")
+    arrays, loaded = record.data.arrays_sha256, identity.arrays_sha256
+    if loaded is None:
+        return  # nothing loaded yet: the caller checks again once it is
+    if arrays is None:
+        log.warning("%s: recorded before creditaudit kept the digest of the arrays a run "
+                    "trains on, so the data was checked by its fingerprint only, not by its "
+                    "content", path)
+    elif arrays != loaded:
+        raise RunRecordError(
+            f"{path}: the data changed: {record.data.name} loads arrays with digest "
+            f"{loaded[:12]}… now, but the run trained on {arrays[:12]}… (same fingerprint: "
+            "a dataset whose load() gives other data each call, or files changed in place); "
+            "train it again on the data loaded now with --force, or restore the data it "
+            "trained on")
+
+
+def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str) -> None:
+    """One-line RunRecordError when resuming with ``config`` would change what the epochs
+    still to come record but not the run id: an option of role ``"record"`` (such as
+    ``diagnostics.frozen_acc``, the baseline of (d)) that differs from ``recorded``, the
+    config every epoch so far used. A record's config is the config of all its epochs."""
+    for section, key in sorted(keys_with_role(config, "record")):
+        before = getattr(getattr(recorded, section), key, None)
+        now = getattr(getattr(config, section), key)
+        if before != now:
+            raise RunRecordError(
+                f"cannot resume {path} with {section}.{key}={now!r}: its epochs so far were "
+                f"recorded with {section}.{key}={before!r}; resume with that value, or start "
+                "the run over with --force")
+
+
+def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
+    """Whether an unfinished run stopped before its first trained epoch was recorded
+    (killed between its epoch-0 record and checkpoint, during epoch 1, or the disk filled
+    there): nothing was trained — a checkpoint holds at most the initial weights — so
+    starting it over loses nothing and gives the same run. Without ``resume``, a failed
+    run is left for the user to retry (its error may recur)."""
+    if record.is_finished:
+        return False
+    if record.is_failed and not resume:
+        return False
+    return all(entry.epoch <= 0 for entry in record.log)
+
+
+def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
+                     ) -> RunRecordError:
+    """The error for ``--resume`` when ``run_dir`` (the config's run id on the data found
+    now) holds no run: it names the run of the same config on other data, if there is one —
+    the data changed since that run started."""
+    label = run_dir.name.rsplit("-", 1)[0]  # method-arch-dataset-sSEED
+    wanted = semantic_dict(config)
+    for path in sorted(run_dir.parent.glob(f"{label}-*/{RECORD_FILE}")):
+        try:
+            record = load_record(path)
+        except RunRecordError:
+            continue
+        if semantic_dict(record.config) == wanted and record.data is not None \
+                and record.data.fingerprint != identity.fingerprint:
+            return RunRecordError(
+                f"cannot resume: {path.parent} has this config but trained on "
+                f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
+                f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
+                f"more (no run at {run_dir.name}); point data.data_dir at the run's data, or "
+                "train without --resume")
+    return RunRecordError(f"cannot resume: no run at {run_dir}")
+
+
+def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,
+              model: ResidualNet, rule: CreditRule,
+              optimizer: torch.optim.Optimizer | None = None,
+              scheduler: Any = None, generator: torch.Generator | None = None) -> None:
+    """Check ``state`` (a :func:`~creditaudit.records.load_checkpoint` dict read from
+    ``path``) against the run, then load it into ``model`` and ``rule`` — and, when given,
+    ``optimizer``, ``scheduler``, the global torch RNG and the data-order ``generator``."""
+    check_checkpoint_fits(state, model, rule, config, path)
+    if scheduler is not None:
+        expected, got = set(scheduler.state_dict()), set(state["scheduler"])
+        if expected != got:  # torch's schedulers accept any dict silently
+            raise RunRecordError(f"checkpoint {path} cannot be loaded into this run (its "
+                                 f"schedule state has keys {sorted(got)}, expected "
+                                 f"{sorted(expected)}); {FORCE_HINT}")
+    try:
+        model.load_state_dict(state["model"])
+        rule.load_state_dict(state["rule"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if generator is not None:
+            generator.set_state(state["rng"]["data"].cpu())
+            torch.set_rng_state(state["rng"]["torch"].cpu())
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:160]
+        raise RunRecordError(f"checkpoint {path} cannot be loaded into this run "
+                             f"({type(err).__name__}: {reason}); {FORCE_HINT}") from None

@@ -1,0 +1,82 @@
+"""A run's pieces, shared by training and auditing: its device, optimiser and schedule, and
+a finished run rebuilt from its checkpoint.
+
+:func:`rebuild_run` is what ``creditaudit audit`` and :attr:`RunResult.rule
+<creditaudit.run.folder.RunResult.rule>` use to bring a run back on the CPU; the training loop
+builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule with
+:func:`make_schedule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from creditaudit.data import Dataset
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.methods import CreditRule
+from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord, load_checkpoint
+from creditaudit.registry import ARCHITECTURES
+from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.resume import check_same_data, load_into
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device='cuda' but no CUDA device is available; use --device cpu")
+    return torch.device(name)
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
+                  ) -> torch.optim.lr_scheduler.LRScheduler:
+    """``cosine``: decay from the base rate to 0 over ``total_steps`` (torch's
+    CosineAnnealingLR); ``constant``: the base rate throughout."""
+    if kind == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1),
+                                                          eta_min=0.0)
+    return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+
+
+@dataclass
+class RebuiltRun:
+    """A run brought back from its folder: its plan, its rule (``rule.model`` inside), its
+    data and the checkpointed epoch."""
+
+    plan: RunPlan
+    rule: CreditRule
+    data: Dataset
+    epoch: int
+
+
+def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
+                ) -> RebuiltRun:
+    """The run in ``run_dir`` at its checkpointed epoch, on the CPU.
+
+    Checks that the data on disk is the data the run trained on (its fingerprint) and loads
+    ``checkpoint.pt`` without unpickling anything but tensors and plain containers. The
+    caller's RNG is untouched (the random init that the checkpoint overwrites is forked).
+    Raises RunRecordError for a run without a checkpoint or one that does not fit, and
+    ConfigError when a component it used is not installed here.
+    """
+    config = record.config
+    arch = ARCHITECTURES.find(config.model.arch)
+    if arch is not None and arch.unbuildable:  # e.g. a run recorded from a user's own loop
+        raise RunRecordError(f"cannot rebuild {run_dir}: {arch.unbuildable}")
+    checkpoint = run_dir / CHECKPOINT_FILE
+    if not checkpoint.exists():
+        raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
+                             "train it (creditaudit train … --resume) first")
+    state = load_checkpoint(checkpoint)
+    plan = plan_run(config)
+    if dataset is not None:
+        plan.use_data(dataset)
+    check_same_data(record, plan.data_identity(), run_dir / RECORD_FILE)
+    with torch.random.fork_rng(devices=[]):
+        model = plan.build_model()
+        rule = plan.build_rule(model)
+    load_into(state, checkpoint, config, model=model, rule=rule)
+    return RebuiltRun(plan, rule, plan.load_data(), int(state["epoch"]))

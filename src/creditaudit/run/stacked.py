@@ -1,0 +1,264 @@
+"""Several runs trained as one stacked model, each with its own folder, record and checkpoint.
+
+Runs whose configs differ only in :data:`VARYING` keys (seeds, learning rates, weight decay,
+λ, feedback seeds and scales, diagnostics settings) and whose rule steps stacked
+(:data:`~creditaudit.run.steps.stepping.STACKED_RULES`) share one training step per batch
+(:mod:`creditaudit.run.steps.stepping`); everything else — data order, optimiser, schedule,
+evaluation, diagnostics, checkpoints, resume, the record — is each run's own, as if it
+trained alone. :func:`stack_groups` finds such groups in a list of configs (``creditaudit
+sweep --stack K``); :func:`train_stacked` trains one group.
+
+::
+
+    from creditaudit.run.stacked import train_stacked
+    results = train_stacked([config.replace(**{"run.seed": s}) for s in (1, 2, 3, 4)])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
+from creditaudit.loggers import RunLogger, build_loggers
+from creditaudit.methods import CreditRule, rule_class
+from creditaudit.run.folder import RunResult, prepare_run
+from creditaudit.run.plan import RunPlan
+from creditaudit.run.steps.capture import CapturedEpochs
+from creditaudit.run.steps.epochs import StackedEpochs
+from creditaudit.run.steps.stepping import STACKED_RULES, stack_refusal
+from creditaudit.run.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+# Config keys in which the runs of one stack may differ: each run keeps its own value.
+VARYING = frozenset({("run", "seed"), ("optim", "lr"), ("optim", "weight_decay"),
+                     ("method", "penalty"), ("method", "feedback_seed"),
+                     ("method", "feedback_scale")})
+# Sections whose every key may differ (each run measures and records on its own).
+VARYING_SECTIONS = frozenset({"diagnostics"})
+
+
+Run = RunConfig | RunPlan  # a run's config, or its plan (whose resolved rule is used)
+
+
+def _config_and_rule(run: Run) -> tuple[RunConfig, type[CreditRule]]:
+    if isinstance(run, RunPlan):
+        return run.config, run.rule
+    return run, rule_class(run.method.name)
+
+
+def stack_key(run: Run) -> str | None:
+    """What runs must share to train in one stack (JSON text), or None when the run's rule
+    never steps stacked. Keys that do not change a run's computation (folders, threads,
+    progress, loggers) are left out, as are the :data:`VARYING` ones."""
+    config, rule = _config_and_rule(run)
+    if rule not in STACKED_RULES:
+        return None
+    raw = config.to_dict()
+    shared = {section: {key: value for key, value in values.items()
+                        if (section, key) not in VARYING}
+              for section, values in raw.items() if section not in VARYING_SECTIONS}
+    for key in ("out_dir", "threads", "progress", "tensorboard", "wandb_project"):
+        shared["run"].pop(key, None)
+    return json.dumps(shared, sort_keys=True, default=str)
+
+
+def check_stackable(configs: Sequence[Run]) -> None:
+    """ConfigError, naming the first key that differs, unless every run (config or plan)
+    can train in one stack with the first."""
+    if not configs:
+        raise ConfigError("train_stacked needs at least one run config")
+    names = ", ".join(cls.name for cls in STACKED_RULES)
+    if stack_key(configs[0]) is None:
+        first, _ = _config_and_rule(configs[0])
+        raise ConfigError(f"method.name={first.method.name!r} does not train stacked; "
+                          f"stacked runs use one of {names}")
+    first = json.loads(stack_key(configs[0]) or "{}")
+    for index, config in enumerate(configs[1:], start=2):
+        key = stack_key(config)
+        if key is None or json.loads(key) != first:
+            other = json.loads(key) if key is not None else {}
+            differs = next((f"{section}.{name}" for section, values in first.items()
+                            for name, value in values.items()
+                            if other.get(section, {}).get(name) != value), "method.name")
+            raise ConfigError(f"run {index} differs from run 1 in {differs}: stacked runs may "
+                              "differ only in run.seed, optim.lr, optim.weight_decay, "
+                              "method.penalty, method.feedback_seed, method.feedback_scale "
+                              "and [diagnostics]")
+
+
+def stack_groups(configs: Sequence[Run], size: int) -> list[list[int]]:
+    """Indices of ``configs`` (configs or plans) in groups of at most ``size`` that can
+    train stacked (same :func:`stack_key`), in order of first appearance; a config that
+    cannot stack is a group of its own."""
+    if size < 1:
+        raise ConfigError(f"--stack must be >= 1, got {size}")
+    groups: list[list[int]] = []
+    open_groups: dict[str, list[int]] = {}
+    for index, config in enumerate(configs):
+        key = stack_key(config) if size > 1 else None
+        group = open_groups.get(key) if key is not None else None
+        if group is None or len(group) >= size:
+            group = [index]
+            groups.append(group)
+            if key is not None:
+                open_groups[key] = group
+        else:
+            group.append(index)
+    return groups
+
+
+@contextmanager
+def _own_rng(states: dict[int, torch.Tensor], trainer: Trainer) -> Iterator[None]:
+    """Inside the block the global torch RNG is ``trainer``'s own, as if it ran alone (its
+    checkpoints save it; nothing in training draws from it)."""
+    torch.set_rng_state(states[id(trainer)])
+    try:
+        yield
+    finally:
+        states[id(trainer)] = torch.get_rng_state()
+
+
+def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = False,
+                  force: bool | Sequence[bool] = False,
+                  loggers: Sequence[RunLogger] = ()) -> list[RunResult]:
+    """Train ``configs`` as one stack; one result per config, in order. Each is a run's
+    config, or its plan (a sweep worker's: not planned again).
+
+    ``resume`` and ``force`` (one for all, or one per config) mean what they mean for
+    :func:`~creditaudit.run.trainer.train`; finished runs are returned without training, and
+    a run that cannot stack (its rule, a model with buffers) trains alone, after the
+    others. Runs resumed from different epochs train in one stack per starting epoch. An
+    error in the shared step fails every run still training in the stack (and is raised);
+    one in a run's evaluation or end-of-run block fails that run alone. ConfigError when
+    the configs differ in more than :data:`VARYING`; RunRecordError as :func:`train`
+    raises it; both before anything trains.
+    """
+    check_stackable(configs)
+    n = len(configs)
+    resumes = [resume] * n if isinstance(resume, bool) else list(resume)
+    forces = [force] * n if isinstance(force, bool) else list(force)
+    ready = [prepare_run(c, resume=r, force=f, loggers=loggers)
+             for c, r, f in zip(configs, resumes, forces, strict=True)]
+    results: dict[int, RunResult] = {i: r for i, r in enumerate(ready)
+                                     if isinstance(r, RunResult)}
+    todo = [(i, r) for i, r in enumerate(ready) if not isinstance(r, RunResult)]
+    _share_data([plan for _, (plan, _) in todo])
+    rng: dict[int, torch.Tensor] = {}
+    trainers: list[tuple[int, Trainer, bool]] = []
+    for index, (plan, resume_run) in todo:
+        trainer = Trainer(plan)
+        rng[id(trainer)] = torch.get_rng_state()
+        trainers.append((index, trainer, resume_run))
+    alone = [(i, t, r) for i, t, r in trainers if stack_refusal(t.rule) is not None
+             or len(t.train_loader) != len(trainers[0][1].train_loader)]
+    stacked = [item for item in trainers if item not in alone]
+    for _, trainer, resume_run in stacked:
+        trainer.loggers = build_loggers(trainer.config, trainer.run_id)
+        trainer.loggers.loggers.extend(loggers)
+        with _own_rng(rng, trainer):
+            trainer._start(resume_run)
+        trainer.record.environment["execution"]["stacked_runs"] = len(stacked)
+    for start in sorted({t.start_epoch for _, t, _ in stacked}):
+        group = [t for _, t, _ in stacked if t.start_epoch == start]
+        for trainer, result in zip(group, _train_group(group, rng), strict=True):
+            results[next(i for i, t, _ in stacked if t is trainer)] = result
+    for index, trainer, resume_run in alone:
+        log.info("run %s trains alone: %s", trainer.run_id, stack_refusal(trainer.rule)
+                 or "its data give another number of batches per epoch")
+        with _own_rng(rng, trainer):
+            results[index] = trainer.run(resume=resume_run, loggers=loggers)
+    return [results[i] for i in range(n)]
+
+
+def _share_data(plans: list[RunPlan]) -> None:
+    """Plans with the same data identity train on one loaded copy."""
+    loaded: dict[str, Any] = {}
+    for plan in plans:
+        key = plan.identity.fingerprint
+        if key in loaded:
+            plan.use_data(loaded[key])
+        else:
+            loaded[key] = plan.load_data()
+
+
+def epoch_runner(group: list[Trainer]) -> StackedEpochs:
+    """The group's epoch runner: captured on CUDA where the first run's decision says so,
+    else eager, checked every step on the CPU (a read costs nothing there) and once per
+    epoch on a GPU."""
+    first = group[0]
+    if first.cuda_graphs.on:
+        return CapturedEpochs(group)
+    return StackedEpochs(group, check="step" if first.device.type == "cpu" else "epoch")
+
+
+def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[RunResult]:
+    """Train runs that all start at the same epoch (their ``_start`` done)."""
+    results: dict[int, RunResult] = {}
+    live = list(group)
+    runner = epoch_runner(live)
+
+    def finish(trainer: Trainer) -> None:
+        with _own_rng(rng, trainer):
+            try:
+                trainer._finish()
+            except Exception as err:  # noqa: BLE001 — one run's failure ends it alone
+                trainer._stopped("failed", err)
+                results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
+                return
+        trainer.loggers.finish(trainer.record)
+        trainer.loggers.close()
+        results[id(trainer)] = RunResult(trainer.run_dir, trainer.record, trainer.rule)
+
+    try:
+        for epoch in range(group[0].start_epoch, group[0].config.optim.epochs + 1):
+            started = time.perf_counter()
+            stats = runner.train_epoch(epoch)
+            share = (time.perf_counter() - started) / len(live)  # each run's part of it
+            ended = []
+            for trainer, run_stats in zip(live, stats, strict=True):
+                with _own_rng(rng, trainer):
+                    try:
+                        if trainer._close_epoch(epoch, run_stats, time.perf_counter() - share):
+                            ended.append(trainer)
+                    except Exception as err:  # noqa: BLE001 — fails this run only
+                        trainer._stopped("failed", err)
+                        trainer.loggers.close()
+                        results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
+            for trainer in ended:
+                finish(trainer)
+            remaining = [t for t in live if id(t) not in results]
+            if not remaining:
+                break
+            if len(remaining) != len(live):
+                live, runner = remaining, epoch_runner(remaining)
+        else:
+            for trainer in live:
+                if id(trainer) not in results:
+                    trainer.record.status = "completed"
+                    finish(trainer)
+    except KeyboardInterrupt:
+        for trainer in live:
+            if id(trainer) not in results:
+                trainer._stopped("interrupted")
+                trainer.loggers.close()
+        raise
+    except Exception as err:
+        for trainer in live:
+            if id(trainer) not in results:
+                trainer._stopped("failed", err)
+                trainer.loggers.close()
+        raise
+    return [results[id(t)] for t in group]
+
+
+__all__ = ["VARYING", "check_stackable", "epoch_runner", "stack_key", "stack_groups",
+           "train_stacked"]

@@ -1,0 +1,390 @@
+"""The training loop: epochs, evaluation, per-epoch diagnostics, checkpoints and resume.
+
+Every run writes ``OUT_DIR/RUN_ID/record.json`` after each epoch (atomically) and a
+checkpoint next to it. A killed run resumes from its last checkpoint to the same final
+record (wall-clock fields aside); a run whose loss or states turn NaN/Inf ends with status
+``diverged`` and keeps every record so far.
+
+What a record holds beyond training — the protocol of an epoch, the final results, the
+end-of-run metrics — comes from :mod:`creditaudit.run.results`, which
+:class:`creditaudit.run.recorder.Recorder` shares for runs trained in a user's own loop; what a
+run's folder says before training (finished, resume, start over) from
+:mod:`creditaudit.run.folder`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from creditaudit.config import RunConfig, config_to_toml
+from creditaudit.data import Dataset
+from creditaudit.errors import DiskFullError, OutputError, RunRecordError
+from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder
+from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
+from creditaudit.measures.epoch import epoch_diagnostics
+from creditaudit.methods import CreditRule
+from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.optim import make_adamw
+from creditaudit.protocol import (
+    WALK_BACK,
+    labels,
+)
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    CONFIG_FILE,
+    INIT_FILE,
+    EpochEntry,
+    RunRecord,
+    atomic_torch_save,
+    load_checkpoint,
+    load_parameters,
+    new_record,
+    save_record,
+)
+from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
+from creditaudit.run.folder import RunResult, prepare_run
+from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.results import (
+    end_of_run_metrics,
+    final_results,
+    finite_entry,
+    protocol_due,
+    record_protocol,
+    reference_at_start,
+)
+from creditaudit.run.resume import (
+    check_same_data,
+    check_same_question,
+    load_into,
+)
+from creditaudit.run.setup import make_schedule, resolve_device
+from creditaudit.run.steps.capture import CapturedEpochs
+from creditaudit.run.steps.stepping import cuda_graphs_decision, uses_device_data
+
+TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverified-reference) "
+             "to train it with every cosine, Γ and (b) marked unverified")
+
+
+class Trainer:
+    """Owns one run: its model, rule, optimiser, schedule, data streams and record.
+
+    Constructing it checks the reference gradient on the model as built
+    (:func:`~creditaudit.run.results.reference_at_start`): a model whose backward is not the
+    gradient of its forward raises a one-line ReferenceGradientError naming the module,
+    before any file of the run is written, unless ``diagnostics.allow_unverified_reference``.
+    """
+
+    def __init__(self, config: RunConfig | RunPlan, *, dataset: Dataset | None = None) -> None:
+        plan = config if isinstance(config, RunPlan) else plan_run(config)
+        if dataset is not None:
+            plan.use_data(dataset)
+        self.plan = plan
+        self.config = config = plan.config
+        self.device = resolve_device(config.run.device)
+        if config.run.threads is not None:
+            torch.set_num_threads(config.run.threads)
+        self.dataset = plan.load_data()
+        # Data on a GPU: batches drawn and prepared there (the same batches as on the host).
+        self.device_data = uses_device_data(config.run.device_data, self.device)
+        if self.device_data:
+            self.dataset = self.dataset.to(self.device)
+        self.data_identity = plan.data_identity()
+        self.run_id = plan.run_id
+        self.run_dir = plan.run_dir
+        self.flatten = plan.flatten
+        self.eval_indices = self.dataset.eval_indices(plan.eval_samples)
+        # Epochs with diagnostics reuse their predictions on the evaluation subset.
+        self.test_evaluation = TestEvaluation(self.dataset, flatten=self.flatten,
+                                              shared=self.eval_indices)
+        self.full_evaluation = TestEvaluation(self.dataset, flatten=self.flatten)
+        eval_x, eval_y = self.dataset.eval_subset(plan.eval_samples, flatten=self.flatten)
+        torch.manual_seed(config.run.seed)
+        self.model = plan.build_model().to(self.device)
+        self.rule: CreditRule = plan.build_rule(self.model).to(self.device)
+        self.rule.set_precision(config.run.precision, self.device.type)
+        self.protocol = plan.protocol
+        self.optimizer = make_adamw(self.rule.trainable_parameters(), lr=config.optim.lr,
+                                    weight_decay=config.optim.weight_decay)
+        self.data_generator = torch.Generator().manual_seed(config.run.seed)
+        self.train_loader = self.dataset.loader(
+            "train", config.optim.batch_size, flatten=self.flatten, shuffle=True,
+            generator=self.data_generator, draw_per_epoch=self.device_data,
+            random_targets=self.dataset.n_classes if config.data.random_targets else None)
+        self.scheduler = make_schedule(self.optimizer, config.optim.schedule,
+                                       config.optim.epochs * len(self.train_loader))
+        self.eval_x, self.eval_y = eval_x.to(self.device), eval_y.to(self.device)
+        # The model as built, before anything of the run is written: one whose backward is
+        # not the gradient is refused here (every cosine would be its own credit).
+        self.reference = reference_at_start(
+            self.model, self.eval_x, self.eval_y,
+            allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX)
+        self.record = new_record(config, device=str(self.device), data=self.data_identity,
+                                 run_id=self.run_id, model=self.model.describe(),
+                                 code=plan.code.to_dict())
+        self.record.reference = self.reference
+        self.cuda_graphs = cuda_graphs_decision(config.run.cuda_graphs, self.device, self.rule)
+        self.record.environment["execution"] = {
+            "device_data": self.device_data, "cuda_graphs": self.cuda_graphs.text,
+            "stacked_runs": 1}
+        self._captured: CapturedEpochs | None = None
+        self.start_epoch = 1
+        self.checkpointed: int | None = None  # the last epoch saved in checkpoint.pt
+        self.loggers = LoggerGroup([])
+
+    # --- persistence --------------------------------------------------------------------
+    def checkpoint(self, epoch: int) -> None:
+        self._save_checkpoint(epoch)
+        self.checkpointed = epoch
+
+    def _save_checkpoint(self, epoch: int) -> None:
+        atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
+            "format": CHECKPOINT_FORMAT,
+            "method": self.config.method.name,
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rule": self.rule.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "data": self.data_generator.get_state()},
+            "record": self.record.to_dict(),
+        })
+
+    def restore(self) -> None:
+        path = self.run_dir / CHECKPOINT_FILE
+        if not path.exists():
+            raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
+                                 "over with --force")
+        state = load_checkpoint(path, map_location=self.device)
+        record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
+        check_same_data(record, self.data_identity, path)
+        check_same_question(record.config, self.config, path)
+        load_into(state, path, self.config, model=self.model, rule=self.rule,
+                  optimizer=self.optimizer, scheduler=self.scheduler,
+                  generator=self.data_generator)
+        self.rule.to(self.device)
+        self.record = record
+        # The check of the model as built now (the same model a fresh start builds): a
+        # checkpoint written before the check existed gets it, and code that changed the
+        # backward since is judged as it now is.
+        self.record.reference = self.reference
+        self.record.status = "running"
+        self.start_epoch = state["epoch"] + 1
+        self.checkpointed = state["epoch"]
+
+    # --- one epoch ----------------------------------------------------------------------
+    def measure(self, epoch: int) -> EpochEntry:
+        """Evaluation and diagnostics for the record of ``epoch`` (never changes training).
+
+        When the diagnostics run, their forward pass over the evaluation subset also gives
+        those samples' test predictions, so the evaluation forwards only the rest. In eval
+        mode: BatchNorm uses (and leaves) its running statistics, so the test set never moves
+        them and every diagnostic is per sample.
+        """
+        with eval_mode(self.model):
+            return self._measure(epoch)
+
+    def _measure(self, epoch: int) -> EpochEntry:
+        every = self.config.diagnostics.every
+        protocol_due = self._protocol_due(epoch)
+        fields: dict[str, Any] = {}
+        known = sg = measures = None
+        if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
+            measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+            fields = measures.record_fields()
+            known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
+        evaluation = self.test_evaluation if known is not None else self.full_evaluation
+        test_loss, test_acc = evaluation.run(self.model, self.device, known)
+        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc, **fields)
+        if protocol_due and sg is not None and measures is not None:
+            record_protocol(self.record, entry, sg, measures, protocol=self.protocol,
+                            frozen_acc=self.config.diagnostics.frozen_acc,
+                            terminal_ln=self.model.terminal_ln)
+        return entry
+
+    def _protocol_due(self, epoch: int) -> bool:
+        return protocol_due(epoch, self.config.diagnostics.protocol_every,
+                            self.config.optim.epochs)
+
+    def _walkback_stop(self, entry: EpochEntry) -> bool:
+        """With stop_on_walkback: mark the run stopped once the verdict turns."""
+        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK):
+            return False
+        fired = [i for i, status in (entry.protocol or {}).items() if status == "fired"]
+        self.record.stopped_early = {
+            "epoch": entry.epoch,
+            "reason": f"protocol verdict needs walk-back: {labels(fired)}"}
+        return True
+
+    def train_epoch(self, epoch: int) -> dict[str, Any] | None:
+        """Train one epoch; returns the epoch's training stats, or None on divergence."""
+        if self.cuda_graphs.on:  # the step captured once and replayed (run.steps.capture)
+            if self._captured is None:
+                self._captured = CapturedEpochs([self])
+            return self._captured.train_epoch(epoch)[0]
+        self.model.train()
+        loss_sum, correct, n = 0.0, 0, 0
+        for step, (x, y) in enumerate(self.train_loader):
+            x, y = x.to(self.device), y.to(self.device)
+            result = self.rule.train_step(x, y, self.optimizer)
+            if not result.finite:
+                self.record.divergence = {"epoch": epoch, "step": step,
+                                          "reason": "non-finite loss or state"}
+                return None
+            self.scheduler.step()
+            loss_sum += result.loss * result.n
+            correct += result.correct
+            n += result.n
+            self.loggers.log_step(result.loss)
+        extra = self.rule.end_epoch(epoch, self.config.optim.epochs)
+        return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1),
+                "extras": extra}
+
+    # --- the run ------------------------------------------------------------------------
+    def run(self, *, resume: bool = False, loggers: Sequence[RunLogger] = ()) -> RunResult:
+        """Train (or resume) the run; ``loggers`` are added to those the config asks for."""
+        # Loggers first: a missing package or an unusable folder must stop the run before
+        # its folder holds a record that says 'running'.
+        self.loggers = build_loggers(self.config, self.run_id)
+        self.loggers.loggers.extend(loggers)
+        try:
+            return self._run(resume)
+        finally:
+            self.loggers.close()
+
+    def _run(self, resume: bool) -> RunResult:
+        self._start(resume)
+        try:
+            for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
+                started = time.perf_counter()
+                if self._close_epoch(epoch, self.train_epoch(epoch), started):
+                    break
+            else:
+                self.record.status = "completed"
+            self._finish()
+        except KeyboardInterrupt as interrupt:
+            self._stopped("interrupted")
+            interrupt.add_note(self.interrupted_note())  # what the command line says
+            raise
+        except DiskFullError:
+            # Nothing is wrong with the run: it resumes from its last checkpoint once space
+            # is freed.
+            self._stopped("interrupted", disk_full=True)
+            raise
+        except Exception as err:
+            self._stopped("failed", err)
+            raise
+        self.loggers.finish(self.record)
+        return RunResult(self.run_dir, self.record, self.rule)
+
+    def _start(self, resume: bool) -> None:
+        """Before the first epoch: restore a resumed run, or write a new run's folder (config,
+        initial weights, the epoch-0 record and checkpoint)."""
+        if resume:
+            self.restore()
+        self.loggers.start(RunStart(
+            config=self.config, run_id=self.run_id, run_dir=self.run_dir,
+            first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
+            steps_per_epoch=len(self.train_loader),
+            elapsed_before=sum(e.seconds or 0.0 for e in self.record.log),
+            reference=self.record.reference.to_dict()))
+        ensure_folder(self.run_dir)
+        if not resume:
+            atomic_write_bytes(self.run_dir / CONFIG_FILE,
+                               config_to_toml(self.config).encode())
+            atomic_torch_save(self.run_dir / INIT_FILE, parameter_snapshot(self.model))
+            self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
+            self._write()
+            self.checkpoint(0)
+            self.loggers.log_epoch(self.record.log[-1])
+
+    def _close_epoch(self, epoch: int, stats: dict[str, Any] | None, started: float) -> bool:
+        """Record trained epoch ``epoch`` (``stats`` from :meth:`train_epoch`, None when it
+        diverged; ``started``: its perf_counter start): evaluate, check, checkpoint, write,
+        log. True when the run ends here (status set: diverged, or completed when the
+        protocol verdict stops it)."""
+        if stats is None:
+            self.record.status = "diverged"
+            return True
+        entry = replace(self.measure(epoch), **stats)
+        self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
+        if not finite_entry(entry):
+            self.record.status = "diverged"
+            self.record.divergence = {"epoch": epoch, "reason":
+                                      "non-finite evaluation loss or state norms"}
+            self._write()
+            self.loggers.log_epoch(entry)
+            return True
+        stop = self._walkback_stop(entry)
+        self.checkpoint(epoch)
+        self._write()
+        self.loggers.log_epoch(entry)
+        if stop:
+            self.record.status = "completed"
+        return stop
+
+    def interrupted_note(self) -> str:
+        """What an interrupt leaves, in one line: the epoch to resume from, or nothing."""
+        if self.checkpointed:
+            return (f"run {self.run_id} stopped after epoch {self.checkpointed}, which is "
+                    "checkpointed: continue with --resume")
+        return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
+                "is saved): run the same command again to start it")
+
+    def _stopped(self, status: str, err: Exception | None = None, *,
+                 disk_full: bool = False) -> None:
+        """The run stopped on an interrupt or an error: record why and tell the loggers.
+        On a full disk the write may fail again; the record then keeps its last state,
+        which resumes too."""
+        self.record.status = status
+        if disk_full:
+            with contextlib.suppress(OutputError):
+                self._write()
+            self.loggers.finish_quietly(self.record)
+            return
+        if err is not None:
+            self.record.error = f"{type(err).__name__}: {err}"
+        self._write()
+        self.loggers.finish_quietly(self.record)
+
+    def _finish(self) -> None:
+        """Final results and end-of-run metrics for completed or diverged runs."""
+        self.record.final = final_results(self.record.log)
+        if self.config.diagnostics.end_of_run:
+            initial = load_parameters(self.run_dir / INIT_FILE, map_location=self.device)
+            self.record.diagnostics.update(end_of_run_metrics(
+                self.rule, self.eval_x, self.eval_y, initial=initial,
+                settings=self.config.diagnostics, seed=self.config.run.seed,
+                progress=self.loggers.log_stage))
+        self._write()
+
+    def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:
+        entry.lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor when captured
+        entry.seconds = seconds
+        return entry
+
+    def _write(self) -> None:
+        save_record(self.run_dir, self.record)
+
+
+def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,
+          dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()) -> RunResult:
+    """Train one run and return its folder and record (``config``: the run's config, or its
+    :class:`~creditaudit.run.plan.RunPlan`, which is then not planned again).
+
+    A completed run with the same config and data (same run id) is not rerun: its record is
+    returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An
+    unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
+    (start over).
+    """
+    ready = prepare_run(config, resume=resume, force=force, dataset=dataset, loggers=loggers)
+    if isinstance(ready, RunResult):
+        return ready
+    plan, resume = ready
+    return Trainer(plan).run(resume=resume, loggers=loggers)

@@ -1,0 +1,251 @@
+"""Running experiments: train what is missing through one sweep, then summarise each.
+
+:func:`run_experiment` trains whatever is missing through :func:`creditaudit.sweep.run_sweep`
+(finished runs are skipped, failing runs are recorded and the rest go on), loads the
+records and writes ``OUT/experiments/NAME.SCALE.DATASET.json`` and ``.md``;
+:func:`find_summary` reads them back (and the older ``NAME.json`` / ``NAME.DATASET.json``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from creditaudit.config import device_overrides
+from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.files import strict_json
+from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
+from creditaudit.run.plan import RunPlan
+from creditaudit.study.experiments.aggregate import aggregate
+from creditaudit.study.experiments.configs import scale_dataset
+from creditaudit.study.experiments.registry import (
+    NO_CHOICES,
+    Choices,
+    Experiment,
+    all_names,
+    get_experiment,
+)
+from creditaudit.study.experiments.scales import get_scale
+from creditaudit.sweep import dedupe, unique_plans
+from creditaudit.sweep.distinct import run_key
+
+EXPERIMENTS_DIR = "experiments"
+EXECUTORS = ("local", "inline", "ray")
+
+
+def summary_stem(name: str, scale: str, dataset: str, choices: Choices = NO_CHOICES) -> str:
+    """File stem of an experiment's summary in OUT/experiments/: ``NAME.SCALE.DATASET``
+    (``.rules=…`` and ``.arch=…`` appended for lists a user chose), so every scale, dataset
+    and choice of one experiment can share a results folder."""
+    stem = f"{name}.{get_scale(scale).name}.{dataset}"
+    return f"{stem}.{choices.tag()}" if choices.tag() else stem
+
+
+def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
+    """The stem older versions wrote: ``NAME`` for the scale's own dataset, ``NAME.DATASET``
+    for another. It does not name the scale (smoke's and cpu's own summaries were both
+    ``NAME``), so :func:`find_summary` reads such a file only when its ``meta`` says which."""
+    return name if dataset == get_scale(scale).dataset else f"{name}.{dataset}"
+
+
+def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str,
+                 choices: Choices = NO_CHOICES) -> Path | None:
+    """The JSON summary of experiment ``name`` at ``scale`` on ``dataset`` (with the lists
+    ``choices`` names) in ``out_dir/experiments`` (its Markdown twin has the same stem), or
+    None: the current file name first, else the older one if its ``meta`` names this scale
+    and dataset."""
+    folder = Path(out_dir) / EXPERIMENTS_DIR
+    current = folder / f"{summary_stem(name, scale, dataset, choices)}.json"
+    if current.is_file():
+        return current
+    if choices.tag():
+        return None  # older versions took no --rules/--arch
+    legacy = folder / f"{legacy_summary_stem(name, scale, dataset)}.json"
+    if not legacy.is_file():
+        return None
+    try:
+        meta = strict_json.loads(legacy.read_text()).get("meta", {})
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: not evidence of this scale's summary
+    return legacy if (meta.get("scale"), meta.get("dataset")) == (scale, dataset) else None
+
+
+def _executor(kind: str, scale: str, workers: int | None, device: str | None = None) -> Any:
+    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
+
+    if kind not in EXECUTORS:
+        raise ConfigError(f"executor {kind!r} is not one of {', '.join(EXECUTORS)}")
+    if kind == "ray":
+        # A CUDA run reserves a GPU, so Ray places it on a GPU node (and the resource
+        # check refuses a cluster without one) instead of failing on a CPU node.
+        return RayExecutor(num_cpus_per_run=1, num_gpus_per_run=1.0 if device == "cuda" else 0.0)
+    if kind == "inline" or workers == 0 or (scale == "smoke" and workers is None):
+        return InlineExecutor(threads=1)
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be >= 0, got {workers}")
+    return LocalExecutor(workers=workers, threads_per_worker=1)
+
+
+def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
+    """(status, record, error) of a run (its plan) on disk; status None when it has no
+    record, and "corrupt" (with the reason) when its record cannot be read."""
+    path = plan.run_dir / RECORD_FILE
+    if not path.exists():
+        return None, None, None
+    try:
+        record = load_record_cached(path)
+    except (CreditAuditError, OSError) as err:
+        return "corrupt", None, str(err)
+    return record.status, record, record.error
+
+
+def _load(plans: Sequence[RunPlan]) -> tuple[list[RunRecord], list[dict[str, Any]]]:
+    """(finished records, missing runs) of the runs of ``plans``."""
+    records, missing = [], []
+    for plan in plans:
+        status, record, error = run_state(plan)
+        if record is not None and record.is_finished:
+            records.append(record)
+        else:
+            missing.append({"run_id": plan.run_id, "status": status or "not started",
+                            "error": error})
+    return records, missing
+
+
+def _epoch_seconds(records: Sequence[RunRecord]) -> dict[str, Any]:
+    """Wall time of trained epochs in the records (for runtime estimates)."""
+    seconds = [e.seconds for r in records for e in r.log
+               if e.epoch >= 1 and e.seconds is not None]
+    return {"epochs": len(seconds), "total": sum(seconds), "per_epoch": aggregate(seconds)}
+
+
+def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
+                         scale: str, dataset: str, out_dir: Path,
+                         outcomes: dict[str, dict[str, Any]] | None = None,
+                         wall_seconds: float | None = None,
+                         choices: Choices = NO_CHOICES) -> dict[str, Any]:
+    """Load the records of the runs of ``plans``, summarise, write
+    ``OUT/experiments/NAME.SCALE.DATASET.{json,md}`` (:func:`summary_stem`)."""
+    records, missing = _load(plans)
+    summary = experiment.summarise(records, choices)
+    ids = [plan.run_id for plan in plans]
+    actions: dict[str, int] = {}
+    for key, outcome in (outcomes or {}).items():
+        if key in ids:
+            action = outcome.get("action") or "not started"
+            actions[action] = actions.get(action, 0) + 1
+    trained = sum(actions.get(a, 0) for a in ("trained", "resumed", "restarted"))
+    summary["meta"] = {
+        "experiment": experiment.name, "question": experiment.question,
+        "scale": scale, "dataset": dataset, "out_dir": str(out_dir),
+        "choices": choices.to_dict(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs_needed": len(plans), "runs_found": len(records),
+        "run_ids": ids, "missing": missing,
+        "execution": {"trained": trained, "actions": actions,
+                      "wall_seconds": wall_seconds},
+        "epoch_seconds": _epoch_seconds(records),
+    }
+    folder = out_dir / EXPERIMENTS_DIR
+    stem = summary_stem(experiment.name, scale, dataset, choices)
+    summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
+    atomic_write_json(folder / f"{stem}.json", summary)
+    atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
+    return summary
+
+
+def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
+                    dataset: str | None = None, data_dir: str | None = None,
+                    workers: int | None = None, executor: str = "local",
+                    on_progress: Callable[..., None] | None = None,
+                    retry_failed: bool = False, device: str | None = None,
+                    precision: str | None = None, train: bool = True,
+                    choices: Choices = NO_CHOICES) -> dict[str, dict[str, Any]]:
+    """Train the runs of several experiments in one sweep, then summarise each.
+
+    Runs shared between experiments train once; ``train=False`` only summarises the runs
+    already finished (the others are listed as missing). ``device`` (auto/cpu/cuda; not part
+    of the run id, so a run trained on either counts) and ``precision`` (fp32/bf16; part of
+    the run id) override every run's config. ``choices``: rules and architectures instead of
+    the experiment's own (one experiment only; each refuses what it has no axis for).
+    Returns ``{name: summary}``.
+    """
+    import torch
+
+    from creditaudit.sweep import plan_runs, prepare_configs, run_sweep
+
+    get_scale(scale)
+    experiments = [get_experiment(name) for name in names]
+    if choices.given() and len(experiments) != 1:
+        raise ConfigError(f"--{choices.given()[0]} applies to one experiment: name it instead "
+                          "of running several (each takes its own options; see "
+                          "creditaudit experiment --list)")
+    out_dir = Path(out_dir).resolve()
+    overrides = device_overrides(device, precision)
+    per_experiment = {e.name: [c.replace(**overrides) if overrides else c
+                               for c in e.configs(scale, dataset=dataset, data_dir=data_dir,
+                                                  out_dir=out_dir, choices=choices)]
+                      for e in experiments}
+    # Every run planned once, before any trains; experiments that share a run share its plan.
+    everything = dedupe([c for configs in per_experiment.values() for c in configs])
+    if any(c.run.progress for c in everything):  # a worker's progress bars (paper scale)
+        everything = prepare_configs(everything, threads=None)
+    planned = dict(zip(map(run_key, everything), plan_runs(everything)))
+    per_plans = {name: [planned[run_key(c)] for c in configs]
+                 for name, configs in per_experiment.items()}
+    outcomes: dict[str, dict[str, Any]] = {}
+    todo = []
+    for plan in unique_plans(list(planned.values())):
+        status, _, error = run_state(plan)
+        if status in ("completed", "diverged") or (status == "failed" and not retry_failed):
+            outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
+                                     "action": "skipped", "error": error}
+        else:
+            todo.append(plan)
+    started = time.perf_counter()
+    if todo and train:  # finished runs never reach the sweep (it would reload every record)
+        runner = _executor(executor, scale, workers, device)
+        threads = torch.get_num_threads()
+        try:
+            result = run_sweep(todo, runner,
+                               retry_failed=retry_failed, on_progress=on_progress,
+                               summary_extra={"experiments": list(per_experiment),
+                                              "scale": scale})
+        finally:
+            torch.set_num_threads(threads)  # the inline executor sets 1 thread
+        outcomes.update({o["run_id"]: o for o in result.outcomes})
+    wall = time.perf_counter() - started
+    name_of_dataset = scale_dataset(scale, dataset)
+    return {e.name: summarise_experiment(e, per_plans[e.name], scale=scale,
+                                         dataset=name_of_dataset, out_dir=out_dir,
+                                         outcomes=outcomes, wall_seconds=wall,
+                                         choices=choices)
+            for e in experiments}
+
+
+def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str | None = None,
+                   data_dir: str | None = None, workers: int | None = None,
+                   executor: str = "local", on_progress: Callable[..., None] | None = None,
+                   retry_failed: bool = False, device: str | None = None,
+                   precision: str | None = None, train: bool = True,
+                   choices: Choices = NO_CHOICES) -> dict[str, Any]:
+    """Build, train (what is missing), summarise and write one experiment.
+
+    ``scale``: smoke, cpu or paper; ``dataset``/``data_dir``: override the scale's dataset;
+    ``workers``: worker processes of the local executor, one torch thread each (default:
+    the number of cores; 0 — and, by default, smoke scale — trains in this process);
+    ``executor``: ``local``, ``inline`` or ``ray``; ``device``, ``precision``, ``train``,
+    ``choices``: see :func:`run_experiments`. ``name="all"`` runs every experiment
+    and returns ``{name: summary}``; otherwise the experiment's summary (its ``meta``
+    says which runs were found, missing and trained now).
+    """
+    names = all_names() if name == "all" else [get_experiment(name).name]
+    summaries = run_experiments(names, scale=scale, out_dir=out_dir, dataset=dataset,
+                                data_dir=data_dir, workers=workers, executor=executor,
+                                on_progress=on_progress, retry_failed=retry_failed,
+                                device=device, precision=precision, train=train,
+                                choices=choices)
+    return summaries if name == "all" else summaries[name]

@@ -1,0 +1,381 @@
+"""Export run records to the result layout of the original study (``--layout faeval``).
+
+The original figure scripts (``/work/shared/seeds``) read these files, relative to OUT::
+
+    results/snapshot_evolution_v2/snapshot_evolution_s{seed}.json     bp_log, fa_log, dfa_log
+    results/dfa_residual_penalty/dfa_pen_lam{λ}_s{seed}.json          log
+    results/snapshot_vit_v1/snapshot_vit_s{seed}.json                 bp_log, dfa_log
+    results/snapshot_vit_v1/snapshot_fa_canonical_s{seed}.json        fa_log
+    results/snapshot_no_outln_v1/snapshot_noLN_s{seed}.json           bp_log, dfa_log
+    results/snapshot_no_outln_v1/snapshot_fa_canonical_noln_s{seed}.json   fa_log
+    results/snapshot_synth_v1/snapshot_synth_a{α}_L{L}_s{seed}.json   bp_log, dfa_log
+    results/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json      fa_log (α = 1.0)
+    results/{dataset}/results_{dataset}.json              seed 42     {seed: {method: …}}
+    results/{dataset}_seed{seed}/results_{dataset}.json   other seeds
+
+``*_log`` and ``log`` of the snapshot and penalty files are the run's per-epoch entries
+exactly as recorded (epoch 0 = initialisation included; keys ``epoch``, ``hidden_norms``,
+``bp_grad_norms_per_sample_med``, ``acc_eval``, ``h_L_norm``, ``g_2_norm``, …). The
+``results_{dataset}.json`` files (the original's ``results_cifar10.json``; for other
+datasets the same structure under the dataset's own name) map the seed (a string) to
+``bp``, ``dfa``, ``state_bridge`` and ``credit_bridge``, each with ``log`` (a dict of
+per-epoch lists over the trained epochs 1 … E: ``epoch``, ``train_loss``, ``train_acc``,
+``test_loss``, ``test_acc`` and, for State Bridge, ``state_pred_error``), ``diagnostics``
+(the record's end-of-run block: ``bp_cosine``, ``perturbation_rho``, ``nudging`` {"0.01":
+[…]}, …) and ``drift`` (parameter name → relative change).
+
+Which run fills a file: ResidualMLP runs with terminal LN, no penalty (except the penalty
+files), all blocks trainable, real labels — for the no-LN and ViT files the same on those
+architectures (the ViT files from ViT-Mini runs on whichever image dataset has them: CIFAR,
+MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32), for the synthetic files
+StudentNet. ConvMixer runs have no file in this layout (the original study had no
+ConvMixer). When several families of such runs exist
+(same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
+one family fills a whole group of files: the preferred dataset (``dataset`` if given, else
+CIFAR-10, CIFAR-100, Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most
+of the needed runs, then the most epochs. Only files for which runs exist are written; a file with
+some of its runs missing is written with the keys it has. ``export_manifest.json`` in OUT
+lists every file written (and the run id behind each key) and every file skipped with the
+runs it needs.
+
+The original scripts read every cosine as measured against the true gradient, and these
+files cannot mark a number. So a run whose reference gradient failed its check (trained with
+``diagnostics.allow_unverified_reference``) fills no file: the manifest lists it under
+``unverified`` with why. A run whose reference was not checked (recorded before creditaudit
+checked it) is written, and its file's entry in the manifest says so under ``reference``
+(key → why its cosines are not verified).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditaudit.errors import ConfigError
+from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.protocol.records import (
+    RecordSet,
+    arch_variant,
+    draws_default_feedback,
+    model_description,
+)
+from creditaudit.records import RunRecord
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = ("faeval",)
+MANIFEST_FILE = "export_manifest.json"
+FINISHED = ("completed", "diverged")
+DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
+DEFAULT_SEEDS = (42, 123, 456)
+PENALTIES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
+RESULTS_METHODS = {"bp": "bp", "dfa": "dfa", "state_bridge": "state-bridge",
+                   "credit_bridge": "credit-bridge"}
+LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
+MAIN_SEED = 42
+# How to produce the runs a missing file needs.
+HOW = {
+    "resmlp": "creditaudit experiment audit_table",
+    "resmlp-penalty": "creditaudit experiment penalty_sweep",
+    "resmlp-noLN": "creditaudit experiment temporal",
+    "vit": "creditaudit experiment temporal",
+    "student": "creditaudit experiment temporal",
+}
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote and skipped (paths relative to OUT)."""
+
+    out: Path
+    written: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    records_read: int = 0
+    unreadable: list[str] = field(default_factory=list)
+    unverified: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
+                "unreadable": self.unreadable, "written": self.written,
+                "skipped": self.skipped, "unverified": self.unverified}
+
+    def format(self) -> str:
+        lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
+                 f"file(s) under {self.out}"]
+        for entry in self.written:
+            extra = (f" (partial: missing {', '.join(entry['missing'])})"
+                     if entry.get("missing") else "")
+            if entry.get("reference"):
+                extra += (f" (reference not verified: {', '.join(entry['reference'])}; "
+                          "cosines marked in the manifest)")
+            lines.append(f"  wrote   {entry['path']}{extra}")
+        for entry in self.unverified:
+            lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
+        for entry in self.skipped:
+            lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
+        for path in self.unreadable:
+            lines.append(f"  unreadable record: {path}")
+        return "\n".join(lines)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
+    token, which its figure scripts (Python's ``json.load``) read back as a float."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+# --- record selection ---------------------------------------------------------------------
+def _variant(record: RunRecord) -> str:
+    return arch_variant(record, residual_suffix=None)
+
+
+def _is_canonical(record: RunRecord) -> bool:
+    """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
+    config = record.config
+    model = model_description(record)
+    return ((model is None or model.residual is not False)
+            and config.method.trainable_blocks is None
+            and not config.data.random_targets and draws_default_feedback(record))
+
+
+@dataclass
+class Slot:
+    """One key of one file: the run of ``method`` (λ ``penalty``) at ``seed``."""
+
+    key: str
+    method: str
+    seed: int
+    penalty: float = 0.0
+
+
+def _dataset_rank(dataset: str, wanted: str | None) -> int:
+    if wanted is not None:
+        return 0 if dataset == wanted else 1
+    return (DATASET_PREFERENCE.index(dataset) if dataset in DATASET_PREFERENCE
+            else len(DATASET_PREFERENCE))
+
+
+Family = dict[tuple[str, int, float], RunRecord]
+
+
+def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
+                  wanted_dataset: str | None) -> Family:
+    """The runs of the best family (one recipe) for ``slots``: {(method, seed, penalty):
+    record}."""
+    families: dict[str, Family] = {}
+    needed = {(s.method, s.seed, float(s.penalty)) for s in slots}
+    for record in records:
+        key = (record.method, record.seed, float(record.penalty))
+        if key in needed:
+            families.setdefault(record.recipe_key, {}).setdefault(key, record)
+    if not families:
+        return {}
+
+    def score(item: tuple[str, Family]) -> tuple[int, int, int, str]:
+        key, members = item
+        sample = next(iter(members.values()))
+        return (_dataset_rank(sample.dataset, wanted_dataset), -len(members), -sample.epochs,
+                key)
+
+    return min(families.items(), key=score)[1]
+
+
+# --- file contents ------------------------------------------------------------------------
+def snapshot_log(record: RunRecord) -> list[dict[str, Any]]:
+    """The per-epoch entries as recorded (the record's own keys)."""
+    return record.log_dicts()
+
+
+def results_log(record: RunRecord) -> dict[str, list[Any]]:
+    """Per-epoch lists over the trained epochs (1 … E), the original ``log`` dict."""
+    entries = [e for e in record.log if e.epoch >= 1]
+    out = {key: [e.value(key) for e in entries] for key in LOG_LIST_KEYS}
+    if any(e.value("state_pred_error") is not None for e in entries):
+        out["state_pred_error"] = [e.value("state_pred_error") for e in entries]
+    return out
+
+
+def results_entry(record: RunRecord) -> dict[str, Any]:
+    diagnostics = record.diagnostics.to_dict()
+    drift = diagnostics.pop("drift", {})
+    return {"log": results_log(record), "diagnostics": diagnostics, "drift": drift}
+
+
+def _lambda_name(value: float) -> str:
+    """``0.01`` → ``"0.01"`` as the original file names wrote a float."""
+    return str(float(value))
+
+
+def _needs(variant: str, slot: Slot, dataset: str | None, extra: str = "") -> str:
+    """The run a missing key needs, and the command that trains it."""
+    what = slot.method + (f" λ={slot.penalty:g}" if slot.penalty else "")
+    where = {"resmlp": "ResidualMLP with out_ln", "resmlp-noLN": "ResidualMLP without out_ln",
+             "vit": "ViT-Mini with out_ln", "student": "StudentNet (synthetic)"}[variant]
+    how = HOW["resmlp-penalty" if slot.penalty or slot.key == "log" else variant]
+    if dataset and variant != "student":
+        where += f", {dataset}"
+        how += f" --dataset {dataset}" + (" --data-dir DIR" if dataset.startswith("cifar")
+                                          else "")
+    return f"{what} on {where}{extra}, seed {slot.seed} ({how})"
+
+
+class _Writer:
+    def __init__(self, out: Path, result: ExportResult, index: RecordSet) -> None:
+        self.out, self.result, self.index = out, result, index
+
+    def file(self, rel: str, slots: Sequence[Slot], family: Family,
+             build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str]
+             ) -> None:
+        found = {s.key: family[(s.method, s.seed, float(s.penalty))] for s in slots
+                 if (s.method, s.seed, float(s.penalty)) in family}
+        missing = [s for s in slots if s.key not in found]
+        if not found:
+            self.result.skipped.append({"path": rel, "needs": "; ".join(needs(s)
+                                                                       for s in missing)})
+            return
+        write_json(self.out / rel, build(found))
+        entry: dict[str, Any] = {"path": rel,
+                                 "runs": {key: r.run_id for key, r in found.items()}}
+        notes = {key: judged.reference_note for key, r in found.items()
+                 if (judged := self.index.verdict(r).judgement).reference_verified is False}
+        if notes:
+            entry["reference"] = notes
+        if missing:
+            entry["missing"] = [s.key for s in missing]
+            entry["needs"] = "; ".join(needs(s) for s in missing)
+        self.result.written.append(entry)
+
+
+def _logs(found: dict[str, RunRecord]) -> dict[str, Any]:
+    return {key: snapshot_log(record) for key, record in found.items()}
+
+
+def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | None = None
+                  ) -> ExportResult:
+    """Write the original study's result files from the run records below ``results_dir``.
+
+    ``dataset`` restricts the ResidualMLP files to runs on that dataset (default: the most
+    paper-like dataset present). Returns what was written and skipped; also writes
+    ``OUT/export_manifest.json``.
+    """
+    results_dir, out = Path(results_dir), Path(out)
+    if not results_dir.is_dir():
+        raise ConfigError(f"results folder {results_dir} does not exist: pass the --out folder "
+                          "of creditaudit train/sweep/experiment")
+    result = ExportResult(out=out)
+    found = RecordSet.from_folder(results_dir)
+    result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
+    # 0-epoch (random-init) runs have no trajectory to export.
+    records = [r for r in found.finished if _is_canonical(r) and r.epochs > 0]
+    for record in [r for r in records if r.reference.failed]:
+        judged = found.verdict(record).judgement
+        result.unverified.append({"run_id": record.run_id, "reason": (
+            f"{judged.reference_note}, so its cosines, Γ and (b) measure nothing; the "
+            "original layout cannot mark them")})
+    records = [r for r in records if not r.reference.failed]
+    result.records_read = len(records)
+    seeds = sorted({r.seed for r in records}) or list(DEFAULT_SEEDS)
+    by_variant: dict[str, list[RunRecord]] = {}
+    for record in records:
+        by_variant.setdefault(_variant(record), []).append(record)
+    writer = _Writer(out, result, found)
+    base = "results"
+
+    def plain(variant: str) -> list[RunRecord]:
+        return [r for r in by_variant.get(variant, []) if r.penalty == 0]
+
+    # ResidualMLP with out_ln: snapshot evolution.
+    slots = {s: [Slot(f"{m}_log", m, s) for m in ("bp", "dfa", "fa")] for s in seeds}
+    family = choose_family(plain("resmlp"), [x for v in slots.values() for x in v], dataset)
+    for seed in seeds:
+        writer.file(f"{base}/snapshot_evolution_v2/snapshot_evolution_s{seed}.json",
+                    slots[seed], family, _logs, lambda s: _needs("resmlp", s, dataset))
+
+    # DFA residual penalty.
+    penalised = [r for r in by_variant.get("resmlp", []) if r.method == "dfa"]
+    lambdas = sorted({*PENALTIES, *(float(r.penalty) for r in penalised)})
+    pen_slots = [Slot("log", "dfa", s, lam) for lam in lambdas for s in seeds]
+    family = choose_family(penalised, pen_slots, dataset)
+    for slot in pen_slots:
+        writer.file(f"{base}/dfa_residual_penalty/dfa_pen_lam{_lambda_name(slot.penalty)}"
+                    f"_s{slot.seed}.json", [slot], family,
+                    lambda found: {"log": snapshot_log(found["log"])},
+                    lambda s: _needs("resmlp", s, dataset))
+
+    # ViT-Mini and the no-LN ResidualMLP.
+    for variant, folder, name, fa_name in (
+            ("vit", "snapshot_vit_v1", "snapshot_vit", "snapshot_fa_canonical"),
+            ("resmlp-noLN", "snapshot_no_outln_v1", "snapshot_noLN",
+             "snapshot_fa_canonical_noln")):
+        pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
+        fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
+        family = choose_family(plain(variant), [x for v in (*pairs.values(), *fas.values())
+                                                for x in v], dataset)
+        for seed in seeds:
+            writer.file(f"{base}/{folder}/{name}_s{seed}.json", pairs[seed], family, _logs,
+                        lambda s, v=variant: _needs(v, s, dataset))
+            writer.file(f"{base}/{folder}/{fa_name}_s{seed}.json", fas[seed], family, _logs,
+                        lambda s, v=variant: _needs(v, s, dataset))
+
+    # StudentNet on the teacher–student task, one family per α.
+    students = plain("student")
+    alphas = sorted({float(r.config.data.alpha) for r in students}) or [1.0]
+    for alpha in alphas:
+        members = [r for r in students if float(r.config.data.alpha) == alpha]
+        pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
+        family = choose_family(members, [x for v in pairs.values() for x in v], None)
+        depth = next((len(r.log[0].hidden_norms) - 1 for r in family.values()
+                      if r.log and r.log[0].hidden_norms), 4)
+        for seed in seeds:
+            writer.file(f"{base}/snapshot_synth_v1/snapshot_synth_a{alpha}_L{depth}_s{seed}.json",
+                        pairs[seed], family, _logs,
+                        lambda s, a=alpha: _needs("student", s, None, f" α={a}"))
+    fa_alpha = 1.0 if 1.0 in alphas else alphas[-1]
+    members = [r for r in students if float(r.config.data.alpha) == fa_alpha]
+    fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
+    family = choose_family(members, [x for v in fas.values() for x in v], None)
+    for seed in seeds:
+        writer.file(f"{base}/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json", fas[seed],
+                    family, _logs, lambda s: _needs("student", s, None, f" α={fa_alpha}"))
+
+    # results_{dataset}.json: one family per dataset, one file per seed.
+    resmlp = plain("resmlp")
+    datasets = sorted({r.dataset for r in resmlp} | {"cifar10"},
+                      key=lambda d: _dataset_rank(d, None))
+    if dataset is not None:
+        datasets = [dataset]
+    for name in datasets:
+        members = [r for r in resmlp if r.dataset == name]
+        seed_list = sorted({r.seed for r in members}) or seeds
+        slots = {s: [Slot(key, method, s) for key, method in RESULTS_METHODS.items()]
+                 for s in seed_list}
+        family = choose_family(members, [x for v in slots.values() for x in v], name)
+        for seed in seed_list:
+            folder = name if seed == MAIN_SEED else f"{name}_seed{seed}"
+            writer.file(f"{base}/{folder}/results_{name}.json", slots[seed], family,
+                        lambda found, s=seed: {str(s): {key: results_entry(record)
+                                                        for key, record in found.items()}},
+                        lambda s, d=name: _needs("resmlp", s, d))
+    write_json(out / MANIFEST_FILE, result.to_dict())
+    return result
+
+
+def export(results_dir: str | Path, out: str | Path, *, layout: str = "faeval",
+           dataset: str | None = None) -> ExportResult:
+    """Export run records to ``layout`` (only ``faeval``: the original study's files)."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"export layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    return export_faeval(results_dir, out, dataset=dataset)
+
+
+def manifest(out: str | Path) -> dict[str, Any]:
+    """The manifest an export wrote to ``out``."""
+    return json.loads((Path(out) / MANIFEST_FILE).read_text())
+
+
+__all__ = ["export", "export_faeval", "ExportResult", "LAYOUTS", "results_log", "snapshot_log",
+           "manifest"]

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pty
+import re
 import select
 import sys
 import time
@@ -223,3 +224,16 @@ def test_progress_lines_never_change_the_numbers():
 
 def test_a_console_logger_on_a_plain_stream_is_not_a_terminal():
     assert not ConsoleLogger(io.StringIO()).terminal
+
+
+def test_an_experiment_says_its_runs_epochs_while_they_train(tmp_path, capsys):
+    """`creditaudit experiment` trained for minutes without a line between two runs' ends
+    (a 30-epoch LeNet run: 17 minutes); its runs' epochs are now watched as the sweep's are."""
+    assert main(["experiment", "random_init", "--scale", "smoke", "--out", str(tmp_path),
+                 "--executor", "inline"]) == 0
+    watched = [line for line in capsys.readouterr().err.splitlines()  # with the sweep's lines
+               if re.search(r"(finished|not started).* elapsed, ETA ", line)]
+    assert watched, "no RunWatch line while the experiment's runs trained"
+    assert main(["experiment", "random_init", "--scale", "smoke", "--out",
+                 str(tmp_path / "quiet"), "--executor", "inline", "-q"]) == 0
+    assert "elapsed, ETA" not in "".join(capsys.readouterr())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -135,6 +136,21 @@ class _LazyProgress:
             self.bar = SweepProgress(state.total, quiet=self.quiet)
         self.bar(state, outcome)
 
+    def say(self, line: str) -> None:
+        """A line between the bar's updates (a RunWatch line); nothing when quiet."""
+        if self.bar is not None:
+            self.bar.say(line)
+        elif not self.quiet:  # where the sweep's progress goes
+            print(line, file=sys.stderr, flush=True)
+
+    def watch(self, plans: list) -> contextlib.AbstractContextManager:
+        """Per-epoch progress of the runs ``plans`` while they train (they say nothing
+        until a run ends): a RunWatch line, labelled by run id, at least every few
+        seconds."""
+        from creditaudit.cli.sweep import watching
+
+        return contextlib.nullcontext() if self.quiet else watching(plans, [], self.say)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -159,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
                                     workers=args.workers, executor=args.executor,
                                     on_progress=progress, retry_failed=args.retry_failed,
                                     device=args.device, precision=args.precision,
-                                    train=not args.no_train, choices=choices)
+                                    train=not args.no_train, choices=choices,
+                                    watch=progress.watch)
     except KeyboardInterrupt:
         progress.close()
         print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,9 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
                     on_progress: Callable[..., None] | None = None,
                     retry_failed: bool = False, device: str | None = None,
                     precision: str | None = None, train: bool = True,
-                    choices: Choices = NO_CHOICES) -> dict[str, dict[str, Any]]:
+                    choices: Choices = NO_CHOICES,
+                    watch: Callable[[list[RunPlan]], AbstractContextManager[Any]] | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """Train the runs of several experiments in one sweep, then summarise each.
 
     Runs shared between experiments train once; ``train=False`` only summarises the runs
@@ -171,7 +174,8 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     of the run id, so a run trained on either counts) and ``precision`` (fp32/bf16; part of
     the run id) override every run's config. ``choices``: rules and architectures instead of
     the experiment's own (one experiment only; each refuses what it has no axis for).
-    Returns ``{name: summary}``.
+    ``watch(plans)``: a context manager held while ``plans`` (the runs to train) train — the
+    command line's per-epoch progress, read from their records. Returns ``{name: summary}``.
     """
     import torch
 
@@ -210,10 +214,11 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         runner = _executor(executor, scale, workers, device)
         threads = torch.get_num_threads()
         try:
-            result = run_sweep(todo, runner,
-                               retry_failed=retry_failed, on_progress=on_progress,
-                               summary_extra={"experiments": list(per_experiment),
-                                              "scale": scale})
+            with watch(todo) if watch is not None else nullcontext():
+                result = run_sweep(todo, runner,
+                                   retry_failed=retry_failed, on_progress=on_progress,
+                                   summary_extra={"experiments": list(per_experiment),
+                                                  "scale": scale})
         finally:
             torch.set_num_threads(threads)  # the inline executor sets 1 thread
         outcomes.update({o["run_id"]: o for o in result.outcomes})

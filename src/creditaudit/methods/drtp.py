@@ -5,13 +5,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from creditaudit.methods.base import loss_precision, one_hot
-from creditaudit.methods.dfa import DFA
+from creditaudit.methods.dfa import DirectFeedbackRule
 from creditaudit.methods.registry import register
 
 
 @register
-class DRTP(DFA):
-    """DFA with the output error replaced by the target: every state gets the one-hot label
+class DRTP(DirectFeedbackRule):
+    """DFA's projection with the output error replaced by the target: every state gets the one-hot label
     projected by its own fixed random C×d matrix.
 
     The credit needs no output and no error, so it is known before the forward pass ends

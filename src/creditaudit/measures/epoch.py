@@ -110,7 +110,8 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor
         # Backprop's credits (BP, frozen) are the reference gradients themselves (up to a
         # scale the cosine ignores): reuse them rather than run the same forward and
         # backward twice.
-        credits = sg.grads if type(rule).credits is BackpropRule.credits else rule_credits(rule, x, y)
+        exact = type(rule).credits is BackpropRule.credits
+        credits = sg.grads if exact else rule_credits(rule, x, y)
     grads = median_norms(sg.grads)
     cos, defined = layer_cosine_coverage(credits, sg.grads)
     zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])

@@ -66,6 +66,7 @@ class BP(BackpropRule):
     credit_formula = "a_l = g_l (backprop)"
     color, marker = "#1965B0", "o"
     rank = 0
+    stacked_step = "end_to_end"
 
 
 def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: float

@@ -103,6 +103,7 @@ class DFA(DirectFeedbackRule):
     credit_formula = "a_l = B_l^T e"
     color, marker = "#DC050C", "D"
     rank = 20
+    stacked_step = "projected"
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
         """(B, C): what the feedback matrices project — the output error e here."""

@@ -11,8 +11,8 @@ from creditaudit.methods.registry import register
 
 @register
 class DRTP(DirectFeedbackRule):
-    """DFA's projection with the output error replaced by the target: every state gets the one-hot label
-    projected by its own fixed random C×d matrix.
+    """DFA's projection with the output error replaced by the target: every state gets the
+    one-hot label projected by its own fixed random C×d matrix.
 
     The credit needs no output and no error, so it is known before the forward pass ends
     (the point of DRTP: no update locking). ``feedback[l]`` is drawn exactly as DFA's for the
@@ -26,6 +26,7 @@ class DRTP(DirectFeedbackRule):
     credit_formula = "a_l = B_l^T onehot(y)"
     color, marker = "#E8601C", "v"
     rank = 22
+    stacked_step = "projected"
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
         dtype = loss_precision(logits).dtype

@@ -22,6 +22,7 @@ class Frozen(BackpropRule):
     credit_formula = "blocks frozen; readout by BP"
     color, marker = "#636363", "X"
     rank = 1000
+    stacked_step = "end_to_end"
     baseline = True
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

@@ -20,7 +20,7 @@ from typing import Any
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ConfigError
-from creditaudit.methods.base import FEEDBACK_KINDS, CreditRule
+from creditaudit.methods.base import FEEDBACK_KINDS, STACKED_STEPS, CreditRule
 from creditaudit.registry import RULES
 
 ENTRY_POINT_GROUP = RULES.group
@@ -36,6 +36,14 @@ def _validate(cls: type, source: str) -> None:
         raise ConfigError(f"{source} ({name}) has feedback_kind "
                           f"{cls.feedback_kind!r}; use one of "  # type: ignore[attr-defined]
                           f"{', '.join(FEEDBACK_KINDS)}")
+    stacked = cls.__dict__.get("stacked_step")
+    if stacked is not None and stacked not in STACKED_STEPS:
+        raise ConfigError(f"{source} ({name}) has stacked_step {stacked!r}; use one of "
+                          f"{', '.join(STACKED_STEPS)} or None")
+    missing = [m for m in STACKED_STEPS.get(stacked, ()) if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ConfigError(f"{source} ({name}) declares stacked_step {stacked!r} but has no "
+                          f"{', '.join(missing)} method; define it or leave stacked_step None")
     failures = getattr(cls, "expected_failures", {})
     if not isinstance(failures, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and v for k, v in failures.items()):

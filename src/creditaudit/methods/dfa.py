@@ -75,7 +75,7 @@ class DirectFeedbackRule(FixedFeedbackRule):
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         if isinstance(self.model, AdaptedModel):
-            return adapted.projected_local_step(self, x, y, optimizer)  # type: ignore[arg-type]
+            return adapted.projected_local_step(self, x, y, optimizer)
         # The credits have rank C, so modules whose output is a Linear's take their update
         # from the projected output (methods/projected.py): no d-wide weight product.
         optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
-from creditaudit.methods import BP, DFA, FA, Frozen, build_rule, rms_normalise
+from creditaudit.methods import BP, DFA, FA, BackpropRule, Frozen, build_rule, rms_normalise
 from creditaudit.methods.base import output_error
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.methods.surrogate import local_forward, local_objective
@@ -493,7 +493,7 @@ def _train_steps(rule, model, steps: int = 5, all_params: bool = False):
 def test_frozen_blocks_never_change(all_params):
     model = mlp(double=False)
     rule = rule_for(model, "frozen")
-    assert isinstance(rule, Frozen) and isinstance(rule, BP)
+    assert isinstance(rule, Frozen) and isinstance(rule, BackpropRule)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     assert all(not p.requires_grad for p in model.blocks.parameters())
     trainable_ids = {id(p) for p in rule.trainable_parameters()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from creditaudit.records import CHECKPOINT_FILE, comparable, load_checkpoint, lo
 from creditaudit.run.plan import run_id
 from creditaudit.run.stacked import stack_groups, stack_key, train_stacked
 from creditaudit.run.steps.epochs import StackedEpochs
-from creditaudit.run.steps.stepping import STACKED_RULES, stack_refusal
+from creditaudit.run.steps.stepping import stack_refusal, stacked_rule_names
 from creditaudit.run.trainer import Trainer, train
 from creditaudit.testing import make_rule
 
@@ -102,7 +103,7 @@ def checkpoint_gap(a: Path, b: Path) -> float:
 
 
 # --- stacked equals alone -----------------------------------------------------------------
-@pytest.mark.parametrize("method", sorted(cls.name for cls in STACKED_RULES))
+@pytest.mark.parametrize("method", sorted(stacked_rule_names()))
 def test_stacked_runs_equal_the_runs_trained_alone(tmp_path, float64, method):
     alone = [train(c) for c in configs(tmp_path / "alone", method)]
     stacked = train_stacked(configs(tmp_path / "stacked", method))
@@ -224,6 +225,48 @@ def test_train_stacked_refuses_runs_of_different_shapes(tmp_path):
     assert not (tmp_path / run_id(base)).exists()
 
 
+def test_each_rule_declares_its_stacked_step():
+    """The rule class says how it steps stacked; the built-ins step as they always have."""
+    from creditaudit.methods import rule_class
+
+    kinds = {name: rule_class(name).stacks_as() for name in stacked_rule_names()}
+    assert kinds == {"bp": "end_to_end", "frozen": "end_to_end", "dfa": "projected",
+                     "drtp": "projected", "fa": "fa"}
+
+
+def test_a_subclass_of_a_stacked_rule_steps_alone_until_it_declares_so():
+    """``stacked_step`` is never inherited: a DFA variant with its own step must not be
+    stepped as DFA behind its back."""
+    from creditaudit.methods import DFA
+
+    class Variant(DFA):
+        name, label = "dfa-variant", "DFA variant"
+
+    assert Variant.stacks_as() is None
+    refusal = stack_refusal(make_rule(Variant, arch="resmlp"))
+    assert refusal is not None and "DFA variant step is not written for stacked" in refusal
+    assert "(those rules: bp, fa, dfa, drtp, frozen)" in refusal
+
+    class Declared(DFA):
+        name, label = "dfa-declared", "DFA declared"
+        stacked_step = "projected"
+
+    assert stack_refusal(make_rule(Declared, arch="resmlp")) is None
+
+
+@pytest.mark.parametrize(("declared", "message"), [
+    ("sideways", "has stacked_step 'sideways'; use one of end_to_end, projected, fa or None"),
+    ("fa", "declares stacked_step 'fa' but has no propagate method"),
+])
+def test_a_rule_declaring_a_stacked_step_it_lacks_is_refused(declared, message):
+    from creditaudit.methods import BP
+    from creditaudit.methods.registry import validate_rule_class
+
+    bad = type("Bad", (BP,), {"name": "bad", "label": "Bad", "stacked_step": declared})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_rule_class(bad, "test rule")
+
+
 @pytest.mark.parametrize(("method", "arch", "reason"), [
     ("fa-linear", "resmlp", "not written for stacked"),
     ("ep", "resmlp", "not written for stacked"),
@@ -237,7 +280,7 @@ def test_stack_refusal_says_why(method, arch, reason):
 
 
 @pytest.mark.parametrize("arch", ["resmlp", "vit"])
-@pytest.mark.parametrize("method", sorted(cls.name for cls in STACKED_RULES))
+@pytest.mark.parametrize("method", sorted(stacked_rule_names()))
 def test_stacked_step_on_every_architecture_that_stacks(method, arch, float64):
     """One stacked step of two tiny runs equals each run's own step (float64 rounding)."""
     from creditaudit.methods import rule_class

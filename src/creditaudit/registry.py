@@ -106,7 +106,8 @@ class Origin:
 
 
 C = TypeVar("C", bound=Component)
-Validator = Callable[[type, str], None]
+# An axis's own checks of a class already known to derive from its base.
+Validator = Callable[[type[C], str], None]
 
 
 class Registry(Generic[C]):
@@ -121,7 +122,7 @@ class Registry(Generic[C]):
         self.axis, self.group, self.noun, self.key = axis, group, noun, key
         self.builtins_module = builtins
         self.base: type | None = None
-        self.validator: Validator | None = None
+        self.validator: Validator[C] | None = None
         self._builtin: dict[str, type[C]] = {}
         self._plugins: dict[str, type[C]] = {}
         self._origins: dict[str, Origin] = {}
@@ -132,7 +133,7 @@ class Registry(Generic[C]):
         self._builtins_loaded = False
 
     # --- set-up ----------------------------------------------------------------------------
-    def configure(self, base: type, validate: Validator | None = None) -> None:
+    def configure(self, base: type[C], validate: Validator[C] | None = None) -> None:
         """Set the base class every member must derive from and the axis's own checks
         (called by the axis's package when it is imported)."""
         self.base, self.validator = base, validate
@@ -332,7 +333,7 @@ def _check_options(cls: type, source: str) -> None:
         raise ConfigError(f"{source} ({cls.name}): `Options` must be a dataclass")
     for f in dataclasses.fields(options):
         missing = (f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+                   and f.default_factory is dataclasses.MISSING)
         if missing or not f.metadata.get("help"):
             raise ConfigError(f"{source} ({cls.name}): option {f.name!r} needs a default and "
                               "help text: declare it with creditaudit.config.opt(default, "

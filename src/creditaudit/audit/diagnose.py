@@ -160,8 +160,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     try:
         with torch.random.fork_rng(devices=devices):
             states, logits = probe_states(states_fn, eval_x, eval_y)
-            if metrics:
-                check_forward_from(forward_from, states, logits)  # type: ignore[arg-type]
+            if metrics and forward_from is not None:  # (metrics without one was refused)
+                check_forward_from(forward_from, states, logits)
             if credit is not None and not isinstance(credit, CreditRule):
                 check_credits(credit, eval_x, eval_y, states)
             reference = (checked_reference(model, states_fn, eval_x, eval_y,

@@ -52,7 +52,7 @@ def composed_class(section: str, component: type) -> type:
             raise ConfigError(f"{component.__qualname__} ({component.name}): option {f.name!r} "
                               f"is a common key of [{section}]; rename it")
         copied = dataclasses.field(default=f.default, default_factory=f.default_factory,
-                                   metadata=f.metadata)  # type: ignore[arg-type]
+                                   metadata=f.metadata)
         fields.append((f.name, hints[f.name], copied))
     cls = dataclasses.make_dataclass(
         f"{component.__name__}{base.__name__}", fields, bases=(base,),

@@ -55,7 +55,7 @@ def semantic_dict(config: RunConfig) -> dict[str, dict[str, Any]]:
             if f.metadata.get("role", "compute") != "compute":
                 continue
             value = getattr(values, f.name)
-            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
                        else f.default)
             if value != default:
                 kept[f.name] = (dataclasses.asdict(value) if dataclasses.is_dataclass(value)
@@ -70,7 +70,7 @@ def iter_fields(cls: type, section: str) -> Iterator[tuple[str, str, str]]:
         choices = f.metadata.get("choices")
         extra = f" [{'|'.join(map(str, choices))}]" if choices else ""
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
-            else f.default  # type: ignore[misc]
+            else f.default
         yield f"{section}.{f.name}", repr(default), f.metadata.get("help", "") + extra
 
 

@@ -153,7 +153,7 @@ def _read_cache(path: Path, args: dict[str, Any]) -> Arrays | None:
         log.warning("MNIST-1D cache file %s is unreadable (%s); generating the data again",
                     path, exc)
         return None
-    return tuple(arrays[key] for key in _KEYS)  # type: ignore[return-value]
+    return tuple(arrays[key] for key in _KEYS)
 
 
 def arrays_digest(arrays: Arrays) -> str:
@@ -256,9 +256,10 @@ def load_mnist1d(config: DataConfig, *, seed: int
         _write_cache(path, arrays, digest)
     else:
         arrays, digest = verified
-    tensors = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+    train_x, train_y, test_x, test_y = (torch.from_numpy(np.ascontiguousarray(a))
+                                        for a in arrays)  # in _KEYS order
     provenance = {**mnist1d_provenance(config, seed), CONTENT_DIGEST: digest}
-    return tensors, provenance  # type: ignore[return-value]
+    return (train_x, train_y, test_x, test_y), provenance
 
 
 def mnist1d_provenance(config: DataConfig, seed: int) -> dict[str, Any]:

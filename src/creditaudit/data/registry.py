@@ -85,13 +85,13 @@ class DatasetSpec(Component):
         return run_seed
 
 
-def _validate(cls: type, source: str) -> None:
-    if cls.kind not in KINDS:  # type: ignore[attr-defined]
-        raise ConfigError(f"{source} ({cls.name}): kind must be one of "  # type: ignore[attr-defined]
+def _validate(cls: type[DatasetSpec], source: str) -> None:
+    if cls.kind not in KINDS:
+        raise ConfigError(f"{source} ({cls.name}): kind must be one of "
                           f"{', '.join(KINDS)}")
     for method in ("input_shape", "identity", "load"):
         if getattr(cls, method).__func__ is getattr(DatasetSpec, method).__func__:
-            raise ConfigError(f"{source} ({cls.name}) must implement {method}()")  # type: ignore[attr-defined]
+            raise ConfigError(f"{source} ({cls.name}) must implement {method}()")
 
 
 DATASETS.configure(DatasetSpec, _validate)

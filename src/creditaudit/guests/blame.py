@@ -154,7 +154,7 @@ def _guest_on_stack(frame: FrameType | None) -> bool:
 def guest_output_to_stderr() -> Iterator[None]:
     """Route guest writes to stdout to stderr while active (module docstring)."""
     previous = sys.stdout
-    sys.stdout = GuestAwareStdout(previous)  # type: ignore[assignment]
+    sys.stdout = GuestAwareStdout(previous)
     try:
         yield
     finally:

@@ -25,7 +25,7 @@ from creditaudit.measures.gradients import (
     zero_gradient_stats,
 )
 from creditaudit.methods.base import CreditRule
-from creditaudit.methods.bp import BP
+from creditaudit.methods.bp import BackpropRule
 from creditaudit.models.contract import summary_vectors
 
 
@@ -107,9 +107,11 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         sg = state_gradients(model.forward_states, x, y)
-        # BP's credits are the reference gradients themselves (up to a scale the cosine
-        # ignores): reuse them rather than run the same forward and backward twice.
-        credits = sg.grads if type(rule).credits is BP.credits else rule_credits(rule, x, y)
+        # Backprop's credits (BP, frozen) are the reference gradients themselves (up to a
+        # scale the cosine ignores): reuse them rather than run the same forward and
+        # backward twice.
+        exact = type(rule).credits is BackpropRule.credits
+        credits = sg.grads if exact else rule_credits(rule, x, y)
     grads = median_norms(sg.grads)
     cos, defined = layer_cosine_coverage(credits, sg.grads)
     zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])

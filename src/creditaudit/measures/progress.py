@@ -26,7 +26,7 @@ Clock = Callable[[], float]
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
     try:
-        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
+        return ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to trim
         return None
 

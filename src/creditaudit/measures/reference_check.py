@@ -191,7 +191,7 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
         if not net.copyable:
             return None
         try:
-            net = model_copy(net, F64)  # type: ignore[assignment]
+            net = model_copy(net, F64)
         except Exception:  # noqa: BLE001 — any module may refuse deepcopy: check modules then
             return None
     with torch.enable_grad():

@@ -14,6 +14,7 @@ import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +26,8 @@ from creditaudit.models.contract import ResidualNet
 
 DEFAULT_MEMORY_GB = 2.0
 PROBE_SAMPLES = (2, 4)
+
+Module = TypeVar("Module", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -92,12 +95,13 @@ def measure_footprint(states_fn: StatesFn, x: Tensor, y: Tensor) -> Footprint:
     return Footprint(max(math.ceil(per_sample), state_bytes), state_bytes)
 
 
-def model_copy(model: nn.Module, dtype: torch.dtype) -> ResidualNet:
-    """An eval-mode copy of ``model`` in ``dtype`` (the caller's model stays as it is)."""
+def model_copy(model: Module, dtype: torch.dtype) -> Module:
+    """An eval-mode copy of ``model`` in ``dtype``, of its type (the caller's model stays as
+    it is)."""
     clone = copy.deepcopy(model)
     clone.to(dtype=dtype)
     clone.eval()
-    return clone  # type: ignore[return-value]
+    return clone
 
 
 def _cast_input(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -217,7 +221,7 @@ class WorkingCopy:
 
         n_states = len(pieces[0][0].states)
         states = [joined(lambda c, l=l: c.states[l]) for l in range(n_states)]
-        grads = ([joined(lambda c, l=l: c.bp[l]) for l in range(n_states)]  # type: ignore[index]
+        grads = ([joined(lambda c, l=l: c.bp[l]) for l in range(n_states)]
                  if bp_over is not None else None)
         return WorkingPart(start, stop, states, joined(lambda c: c.logits),
                            self.y[start:stop], grads)

@@ -17,9 +17,9 @@ from creditaudit.config.sections import MAX_SEED
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.methods.adapted import set_trainable
 from creditaudit.methods.base import CreditRule, StepResult
-from creditaudit.methods.bp import BP, bp_state_gradients
+from creditaudit.methods.bp import BP, BackpropRule, bp_state_gradients
 from creditaudit.methods.credit_bridge import CreditBridge
-from creditaudit.methods.dfa import DFA
+from creditaudit.methods.dfa import DFA, DirectFeedbackRule
 from creditaudit.methods.ep import EP
 from creditaudit.methods.fa import FA
 from creditaudit.methods.feedback import feedback_generator
@@ -112,6 +112,7 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
 
 
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
+           "BackpropRule", "DirectFeedbackRule",
            "CreditBridge", "EP", "build_rule", "check_binding", "rule", "bp_state_gradients",
            "rms_normalise",
            "rule_class", "rule_names", "rule_label", "credit_formula", "find_rule",

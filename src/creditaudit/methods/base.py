@@ -93,6 +93,14 @@ class LocalOptions:
         "raw credit on the batch-mean scale")
 
 
+# The steps the stacked training loop has (creditaudit.run.steps.stepping), each with the
+# rule methods it calls: end to end (CE + λΣ‖f_l‖² backpropagated, as BP's), projected
+# (a_l = s·B_l for the rule's projected_signal s, on the local surrogate, as DFA's) and block
+# FA (a_l = B_l a_{l+1} from the rule's propagate).
+STACKED_STEPS: dict[str, tuple[str, ...]] = {
+    "end_to_end": (), "projected": ("projected_signal", "stacked_credits"), "fa": ("propagate",)}
+
+
 class CreditRule(Component):
     """Base class: one credit rule bound to one model.
 
@@ -127,7 +135,11 @@ class CreditRule(Component):
     - ``baseline``: True for the frozen-blocks baseline of diagnostic (d) (its runs are the
       baseline other rules' accuracy is compared with, and are not judged on (d));
     - ``expected_failures``: ``{check name: reason}`` of conformance checks
-      (:func:`creditaudit.testing.check_rule`) the rule fails by design.
+      (:func:`creditaudit.testing.check_rule`) the rule fails by design;
+    - ``stacked_step``: which of the :data:`STACKED_STEPS` computes the rule's step when K
+      runs train as one stacked model (``sweep --stack``) or in a captured CUDA graph, or
+      None (it trains alone). Read with :meth:`stacks_as`: never inherited, since a
+      subclass that changes the step would otherwise be stepped as its parent.
 
     Subclasses implement :meth:`credits` and :meth:`train_step`, and extend
     :meth:`state_dict`, :meth:`load_state_dict` and :meth:`to` with what they own.
@@ -142,6 +154,7 @@ class CreditRule(Component):
     marker: ClassVar[str | None] = None
     expected_failures: ClassVar[dict[str, str]] = {}
     baseline: ClassVar[bool] = False
+    stacked_step: ClassVar[str | None] = None
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
@@ -160,6 +173,13 @@ class CreditRule(Component):
         """The rule's own ``color`` or ``marker`` — declared on this class itself, never
         inherited from a parent rule (a DFA variant must not look like DFA)."""
         return cls.__dict__.get(attribute)
+
+    @classmethod
+    def stacks_as(cls) -> str | None:
+        """The rule's ``stacked_step`` as declared on this class itself (None when it
+        declares none): a subclass of a rule that steps stacked trains alone until it says
+        that its step is still its parent's."""
+        return cls.__dict__.get("stacked_step")
 
     # --- credit -------------------------------------------------------------------------
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:

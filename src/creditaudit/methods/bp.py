@@ -1,4 +1,4 @@
-"""Backpropagation (and the frozen-blocks baseline, which is BP with blocks frozen)."""
+"""Backpropagation: the exact-gradient rules (BP, and the frozen-blocks baseline beside it)."""
 
 from __future__ import annotations
 
@@ -42,23 +42,31 @@ def bp_state_gradients(model: ResidualNet, x: Tensor, y: Tensor) -> list[Tensor]
     return [g.detach() for g in grads]
 
 
-@register
-class BP(CreditRule):
-    """a_l = g_l exactly; every parameter trained by end-to-end backprop of CE + λΣ‖f_l‖²."""
+class BackpropRule(CreditRule):
+    """What BP and the frozen-blocks baseline share (not a rule of its own): credits are the
+    exact state gradients g_l, and whatever trains is trained by end-to-end backprop of
+    CE + λΣ‖f_l‖². Code that means "credit by backprop" (BP or frozen) tests this class."""
 
-    name = "bp"
-    label = "BP"
-    credit_formula = "a_l = g_l (backprop)"
     feedback_kind = "symmetric"
     adapted_models = True
-    color, marker = "#1965B0", "o"
-    rank = 0
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
         return bp_state_gradients(self.model, x, y)
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         return end_to_end_step(self, x, y, optimizer)
+
+
+@register
+class BP(BackpropRule):
+    """a_l = g_l exactly; every parameter trained by end-to-end backprop of CE + λΣ‖f_l‖²."""
+
+    name = "bp"
+    label = "BP"
+    credit_formula = "a_l = g_l (backprop)"
+    color, marker = "#1965B0", "o"
+    rank = 0
+    stacked_step = "end_to_end"
 
 
 def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: float

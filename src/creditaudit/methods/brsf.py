@@ -66,8 +66,8 @@ class BRSF(LinearFeedbackRule):
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.magnitudes = [m.clone() for m in state["magnitudes"]]  # type: ignore[union-attr]
-        self.generator.set_state(state["generator"].cpu())  # type: ignore[union-attr]
+        self.magnitudes = [m.clone() for m in state["magnitudes"]]
+        self.generator.set_state(state["generator"].cpu())
 
     def to(self, device: torch.device) -> BRSF:
         super().to(device)

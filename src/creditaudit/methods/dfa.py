@@ -1,4 +1,5 @@
-"""Direct Feedback Alignment: a_l = B_lᵀ e with a fixed random B_l (C × d) per state."""
+"""Direct Feedback Alignment, a_l = B_lᵀ e with a fixed random B_l (C × d) per state, and
+what it shares with DRTP (:class:`DirectFeedbackRule`)."""
 
 from __future__ import annotations
 
@@ -17,26 +18,22 @@ from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 
 
-@register
-class DFA(FixedFeedbackRule):
-    """Every state gets the output error projected by its own fixed random matrix.
+class DirectFeedbackRule(FixedFeedbackRule):
+    """What DFA and DRTP share (not a rule of its own): every state gets a (B, C) signal
+    projected by its own fixed random matrix, a_l = s @ feedback[l].
 
-    ``feedback[l]`` has shape (C, d); a_l = e @ feedback[l] per sample (row form of B_lᵀ e),
-    broadcast over the tokens of token states. The error e is detached, so nothing flows
-    backwards through the network: one backward call trains every module locally, through
-    the projected outputs where a module ends in a Linear (:mod:`.projected`). On an adapted
-    model B_l is (C, d_l) for each state's own width and every state's output takes its
-    credit in one backward pass (:func:`.adapted.projected_local_step`).
+    ``feedback[l]`` has shape (C, d); a_l = s @ feedback[l] per sample (row form of B_lᵀ s),
+    broadcast over the tokens of token states. The signal s (:meth:`projected_signal`, each
+    rule's own) is detached, so nothing flows backwards through the network: one backward
+    call trains every module locally, through the projected outputs where a module ends in a
+    Linear (:mod:`.projected`). On an adapted model B_l is (C, d_l) for each state's own
+    width and every state's output takes its credit in one backward pass
+    (:func:`.adapted.projected_local_step`).
     """
 
-    name = "dfa"
-    label = "DFA"
-    credit_formula = "a_l = B_l^T e"
     local = True
     adapted_models = True
     Options = LocalFeedbackOptions
-    color, marker = "#DC050C", "D"
-    rank = 20
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:
         if isinstance(self.model, AdaptedModel):
@@ -49,8 +46,9 @@ class DFA(FixedFeedbackRule):
         return (error @ stacked).view(error.shape[0], len(self.feedback), -1)
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
-        """(B, C): what the feedback matrices project — the output error e here."""
-        return output_error(logits, y)
+        """(B, C): what the feedback matrices project, from the (B, C) logits and (B,)
+        labels (each rule's own)."""
+        raise NotImplementedError
 
     def credits_from_error(self, error: Tensor, states: list[Tensor]) -> list[Tensor]:
         """[a_0 … a_L], each shaped like its state (broadcast over tokens)."""
@@ -77,7 +75,7 @@ class DFA(FixedFeedbackRule):
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         if isinstance(self.model, AdaptedModel):
-            return adapted.projected_local_step(self, x, y, optimizer)  # type: ignore[arg-type]
+            return adapted.projected_local_step(self, x, y, optimizer)
         # The credits have rank C, so modules whose output is a Linear's take their update
         # from the projected output (methods/projected.py): no d-wide weight product.
         optimizer.zero_grad(set_to_none=True)
@@ -93,3 +91,20 @@ class DFA(FixedFeedbackRule):
             projected_backward(local, ce, signal, scales, self.feedback, penalty)
             optimizer.step()
         return result
+
+
+@register
+class DFA(DirectFeedbackRule):
+    """Every state gets the output error projected by its own fixed random matrix:
+    a_l = e @ feedback[l], e the (B, C) output error (:class:`DirectFeedbackRule`)."""
+
+    name = "dfa"
+    label = "DFA"
+    credit_formula = "a_l = B_l^T e"
+    color, marker = "#DC050C", "D"
+    rank = 20
+    stacked_step = "projected"
+
+    def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
+        """(B, C): what the feedback matrices project — the output error e here."""
+        return output_error(logits, y)

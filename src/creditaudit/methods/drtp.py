@@ -5,14 +5,14 @@ from __future__ import annotations
 from torch import Tensor
 
 from creditaudit.methods.base import loss_precision, one_hot
-from creditaudit.methods.dfa import DFA
+from creditaudit.methods.dfa import DirectFeedbackRule
 from creditaudit.methods.registry import register
 
 
 @register
-class DRTP(DFA):
-    """DFA with the output error replaced by the target: every state gets the one-hot label
-    projected by its own fixed random C×d matrix.
+class DRTP(DirectFeedbackRule):
+    """DFA's projection with the output error replaced by the target: every state gets the
+    one-hot label projected by its own fixed random C×d matrix.
 
     The credit needs no output and no error, so it is known before the forward pass ends
     (the point of DRTP: no update locking). ``feedback[l]`` is drawn exactly as DFA's for the
@@ -26,6 +26,7 @@ class DRTP(DFA):
     credit_formula = "a_l = B_l^T onehot(y)"
     color, marker = "#E8601C", "v"
     rank = 22
+    stacked_step = "projected"
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor:
         dtype = loss_precision(logits).dtype

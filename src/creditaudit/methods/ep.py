@@ -296,9 +296,12 @@ class EP(CreditRule):
         checks = [h_last] + (relaxation.residuals if relaxation is not None else [])
         result = step_result(ce, logits, y, *checks)
         if result.finite:
-            self.ratio_sum += relaxation.grad_ratio  # type: ignore[union-attr]
+            # relaxation is None only for non-finite free states, and a non-finite state
+            # carries on to h_L in the residual stream (h_L is checked): never a finite step.
+            assert relaxation is not None
+            self.ratio_sum += relaxation.grad_ratio
             self.ratio_count += 1
-            self.backoffs += int(relaxation.backoffs > 0)  # type: ignore[union-attr]
+            self.backoffs += int(relaxation.backoffs > 0)
             objective.backward()
             optimizer.step()
         return result

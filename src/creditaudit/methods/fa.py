@@ -47,6 +47,7 @@ class FA(FixedFeedbackRule):
     Options = LocalFeedbackOptions
     color, marker = "#F1932D", "s"
     rank = 10
+    stacked_step = "fa"
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:
         d = state_width(self.model)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from creditaudit.config import MethodConfig
-from creditaudit.methods.bp import BP
+from creditaudit.methods.bp import BackpropRule
 from creditaudit.methods.registry import register
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet, set_trainable_blocks
 
 
 @register
-class Frozen(BP):
+class Frozen(BackpropRule):
     """Blocks frozen at random init; embed, terminal LN and head trained by BP. What the
     trained blocks of any rule must beat by the (d) margin. On an adapted model everything
     but the readout is frozen."""
@@ -22,6 +22,7 @@ class Frozen(BP):
     credit_formula = "blocks frozen; readout by BP"
     color, marker = "#636363", "X"
     rank = 1000
+    stacked_step = "end_to_end"
     baseline = True
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

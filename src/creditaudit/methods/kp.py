@@ -97,7 +97,7 @@ class KolenPollack(LinearFeedbackRule):
         return {"feedback": [b.clone() for b in self.feedback]}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.feedback = [b.clone() for b in state["feedback"]]  # type: ignore[union-attr]
+        self.feedback = [b.clone() for b in state["feedback"]]
 
     def to(self, device: torch.device) -> KolenPollack:
         super().to(device)

@@ -200,15 +200,18 @@ def _conv_input(layer: nn.Conv2d, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
     if layer.padding_mode != "zeros":
         # nn.Conv2d's own rule: pad with the mode, then convolve without padding.
         return F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), (0, 0)
-    if layer.padding == "valid":
+    padding = layer.padding
+    if padding == "valid":
         return x, (0, 0)
-    if layer.padding == "same":
+    if padding == "same":
         total = [d * (k - 1) for d, k in zip(layer.dilation, layer.kernel_size, strict=True)]
         extra = [t % 2 for t in total]
         if any(extra):
             x = F.pad(x, (0, extra[1], 0, extra[0]))
         return x, (total[0] // 2, total[1] // 2)
-    return x, tuple(layer.padding)  # type: ignore[return-value]
+    assert not isinstance(padding, str)  # nn.Conv2d allows only "valid" and "same"
+    pad_h, pad_w = padding  # nn.Conv2d keeps an int padding as a pair
+    return x, (pad_h, pad_w)
 
 
 def _feedback_forward(layer: FeedbackLayer, feedback: Feedback, called: set[int], x: Tensor

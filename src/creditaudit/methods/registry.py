@@ -20,22 +20,31 @@ from typing import Any
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ConfigError
-from creditaudit.methods.base import FEEDBACK_KINDS, CreditRule
+from creditaudit.methods.base import FEEDBACK_KINDS, STACKED_STEPS, CreditRule
 from creditaudit.registry import RULES
 
 ENTRY_POINT_GROUP = RULES.group
 
 
-def _validate(cls: type, source: str) -> None:
+def _validate(cls: type[CreditRule], source: str) -> None:
     """What a rule declares beyond every component's name, label, options and version."""
-    name = cls.name  # type: ignore[attr-defined]
+    name = cls.name
     formula = getattr(cls, "credit_formula", None)
     if not isinstance(formula, str) or not formula:
         raise ConfigError(f"{source} ({name}) needs a non-empty `credit_formula` string")
-    if cls.feedback_kind not in FEEDBACK_KINDS:  # type: ignore[attr-defined]
+    if cls.feedback_kind not in FEEDBACK_KINDS:
         raise ConfigError(f"{source} ({name}) has feedback_kind "
-                          f"{cls.feedback_kind!r}; use one of "  # type: ignore[attr-defined]
+                          f"{cls.feedback_kind!r}; use one of "
                           f"{', '.join(FEEDBACK_KINDS)}")
+    stacked = cls.__dict__.get("stacked_step")
+    if stacked is not None and stacked not in STACKED_STEPS:
+        raise ConfigError(f"{source} ({name}) has stacked_step {stacked!r}; use one of "
+                          f"{', '.join(STACKED_STEPS)} or None")
+    needs = STACKED_STEPS[stacked] if stacked is not None else ()
+    missing = [m for m in needs if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ConfigError(f"{source} ({name}) declares stacked_step {stacked!r} but has no "
+                          f"{', '.join(missing)} method; define it or leave stacked_step None")
     failures = getattr(cls, "expected_failures", {})
     if not isinstance(failures, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and v for k, v in failures.items()):

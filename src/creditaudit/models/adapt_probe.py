@@ -285,7 +285,7 @@ class AdaptProbe:
     def _check_readout(self) -> None:
         """The named readout modules' parameters must be exactly the detected readout's."""
         named = {id(p): name for name, p in self.net.named_parameters()}
-        declared = {named[id(p)] for module in self.readout_names  # type: ignore[union-attr]
+        declared = {named[id(p)] for module in self.readout_names
                     for p in self.net.get_submodule(module).parameters()}
         before = sorted(declared - set(self._readout))
         if before:

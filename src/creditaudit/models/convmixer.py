@@ -39,12 +39,12 @@ class ConvStem(nn.Module):
         channels, height, width = image_shape
         if height % patch or width % patch:
             raise ValueError(f"patch {patch} does not divide the {height}×{width} image")
-        self.image_shape = tuple(image_shape)
+        self.image_shape: ImageShape = (channels, height, width)
         self.proj = nn.Conv2d(channels, d, kernel_size=patch, stride=patch)
         self.bn = nn.BatchNorm2d(d)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = as_images(x, self.image_shape)  # type: ignore[arg-type]
+        x = as_images(x, self.image_shape)
         # Channels-last memory (the logical shape stays (B, d, H, W)): every later conv,
         # BatchNorm and skip keeps it, and CPU depthwise convolutions run ~3× faster in it.
         return self.bn(F.gelu(self.proj(x))).contiguous(memory_format=torch.channels_last)

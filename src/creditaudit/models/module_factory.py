@@ -158,7 +158,7 @@ class ModuleArchitecture(AdaptedArchitecture):
 
     @classmethod
     def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> AdaptedModel:  # type: ignore[override]
+              ) -> AdaptedModel:
         cls.check(options, input_shape)
         factory, args = load_factory(options.factory), factory_args(options)
         what = f"model factory {options.factory!r}"

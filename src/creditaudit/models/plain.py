@@ -25,7 +25,7 @@ class PlainMLP(ResidualNet):
     """
 
     residual = False
-    terminal_ln = False  # type: ignore[assignment]
+    terminal_ln = False
 
     def __init__(self, in_dim: int, d: int, n_classes: int, n_blocks: int) -> None:
         super().__init__()

@@ -86,12 +86,12 @@ class Architecture(Component):
         return size
 
 
-def _validate(cls: type, source: str) -> None:
-    if cls.input_kind not in INPUT_KINDS:  # type: ignore[attr-defined]
-        raise ConfigError(f"{source} ({cls.name}): input_kind must be one of "  # type: ignore[attr-defined]
+def _validate(cls: type[Architecture], source: str) -> None:
+    if cls.input_kind not in INPUT_KINDS:
+        raise ConfigError(f"{source} ({cls.name}): input_kind must be one of "
                           f"{', '.join(INPUT_KINDS)}")
-    if cls.build is Architecture.build:  # type: ignore[attr-defined]
-        raise ConfigError(f"{source} ({cls.name}) must implement build()")  # type: ignore[attr-defined]
+    if cls.build is Architecture.build:
+        raise ConfigError(f"{source} ({cls.name}) must implement build()")
 
 
 ARCHITECTURES.configure(Architecture, _validate)

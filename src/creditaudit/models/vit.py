@@ -26,14 +26,14 @@ class PatchEmbed(nn.Module):
         channels, height, width = image_shape
         if height % patch or width % patch:
             raise ValueError(f"patch {patch} does not divide the {height}×{width} image")
-        self.image_shape = tuple(image_shape)
+        self.image_shape: ImageShape = (channels, height, width)
         n_patches = (height // patch) * (width // patch)
         self.proj = nn.Conv2d(channels, d, kernel_size=patch, stride=patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.randn(1, n_patches + 1, d) * 0.02)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = as_images(x, self.image_shape)  # type: ignore[arg-type]
+        x = as_images(x, self.image_shape)
         tokens = self.proj(x).flatten(2).transpose(1, 2)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         return torch.cat([cls, tokens], dim=1) + self.pos

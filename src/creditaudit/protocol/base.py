@@ -9,6 +9,7 @@ package derives from :class:`ProtocolDiagnostic` and registers through the
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -185,25 +186,25 @@ class ProtocolDiagnostic(Component):
                           **{**result.details, "claimed": result.status})
 
 
-def _validate(cls: type, source: str) -> None:
-    name = cls.name  # type: ignore[attr-defined]
+def _validate(cls: type[ProtocolDiagnostic], source: str) -> None:
+    name = cls.name
     if not name.isidentifier():
         raise ConfigError(f"{source} ({name}): a diagnostic's name must be a Python "
                           "identifier (letters, digits, _): it is a config table "
                           "[diagnostics.NAME]")
-    if cls.operator not in OPERATORS:  # type: ignore[attr-defined]
+    if cls.operator not in OPERATORS:
         raise ConfigError(f"{source} ({name}): operator must be one of {OPERATORS}")
-    if cls.threshold not in cls.option_names():  # type: ignore[attr-defined]
+    if cls.threshold not in cls.option_names():
         raise ConfigError(f"{source} ({name}): `threshold` must name one of its options "
-                          f"({', '.join(cls.option_names()) or 'none declared'})")  # type: ignore[attr-defined]
+                          f"({', '.join(cls.option_names()) or 'none declared'})")
     for attribute in ("statistic", "hint"):
         if not isinstance(getattr(cls, attribute), str) or not getattr(cls, attribute):
             raise ConfigError(f"{source} ({name}) needs a non-empty `{attribute}` string")
-    if cls.evaluate.__func__ is ProtocolDiagnostic.evaluate.__func__:  # type: ignore[attr-defined]
+    if inspect.getattr_static(cls, "evaluate") is vars(ProtocolDiagnostic)["evaluate"]:
         raise ConfigError(f"{source} ({name}) must implement evaluate()")
-    if cls.scale not in SCALES:  # type: ignore[attr-defined]
+    if cls.scale not in SCALES:
         raise ConfigError(f"{source} ({name}): scale must be one of {SCALES}")
-    sweep = cls.sensitivity  # type: ignore[attr-defined]
+    sweep = cls.sensitivity
     if not isinstance(sweep, tuple) or not all(
             isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
             for t in sweep):

@@ -261,7 +261,7 @@ def frozen_baseline(record: RunRecord, records: Iterable[RunRecord]) -> tuple[fl
     accs = [r.final_acc for r in records
             if is_frozen_baseline(r) and r.is_finished and r.recipe_key == key
             and r.final_acc is not None]
-    return (sum(accs) / len(accs), len(accs)) if accs else None  # type: ignore[arg-type]
+    return (sum(accs) / len(accs), len(accs)) if accs else None
 
 
 class RecordSet:

@@ -68,7 +68,7 @@ class RunResult:
 
     @property
     def model(self) -> ResidualNet:
-        return self.rule.model  # type: ignore[return-value]
+        return self.rule.model
 
 
 

@@ -1,8 +1,9 @@
 """Several runs trained as one stacked model, each with its own folder, record and checkpoint.
 
 Runs whose configs differ only in :data:`VARYING` keys (seeds, learning rates, weight decay,
-λ, feedback seeds and scales, diagnostics settings) and whose rule steps stacked
-(:data:`~creditaudit.run.steps.stepping.STACKED_RULES`) share one training step per batch
+λ, feedback seeds and scales, diagnostics settings) and whose rule steps stacked (its class
+declares a ``stacked_step``, :meth:`~creditaudit.methods.CreditRule.stacks_as`) share one
+training step per batch
 (:mod:`creditaudit.run.steps.stepping`); everything else — data order, optimiser, schedule,
 evaluation, diagnostics, checkpoints, resume, the record — is each run's own, as if it
 trained alone. :func:`stack_groups` finds such groups in a list of configs (``creditaudit
@@ -33,7 +34,7 @@ from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
-from creditaudit.run.steps.stepping import STACKED_RULES, stack_refusal
+from creditaudit.run.steps.stepping import stack_refusal, stacked_rule_names
 from creditaudit.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def stack_key(run: Run) -> str | None:
     never steps stacked. Keys that do not change a run's computation (folders, threads,
     progress, loggers) are left out, as are the :data:`VARYING` ones."""
     config, rule = _config_and_rule(run)
-    if rule not in STACKED_RULES:
+    if rule.stacks_as() is None:
         return None
     raw = config.to_dict()
     shared = {section: {key: value for key, value in values.items()
@@ -76,7 +77,7 @@ def check_stackable(configs: Sequence[Run]) -> None:
     can train in one stack with the first."""
     if not configs:
         raise ConfigError("train_stacked needs at least one run config")
-    names = ", ".join(cls.name for cls in STACKED_RULES)
+    names = ", ".join(stacked_rule_names())
     if stack_key(configs[0]) is None:
         first, _ = _config_and_rule(configs[0])
         raise ConfigError(f"method.name={first.method.name!r} does not train stacked; "

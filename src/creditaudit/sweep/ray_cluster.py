@@ -137,9 +137,9 @@ def describe_resources(resources: dict[str, float]) -> str:
 def parallel_runs(total: dict[str, float], num_cpus: float, num_gpus: float) -> int:
     """How many runs asking ``num_cpus`` CPUs and ``num_gpus`` GPUs each fit in ``total``
     at once (0 when not even one fits)."""
-    def fits(have: float, need: float) -> int:
+    def fits(have: float, need: float) -> float:  # a whole number, or inf (needs none)
         # The small slack keeps 1.0 / 0.25 GPUs at 4 despite float rounding.
-        return math.floor(have / need + 1e-9) if need > 0 else math.inf  # type: ignore[return-value]
+        return math.floor(have / need + 1e-9) if need > 0 else math.inf
 
     count = min(fits(total.get("CPU", 0.0), num_cpus), fits(total.get("GPU", 0.0), num_gpus))
     return int(count) if math.isfinite(count) else 0

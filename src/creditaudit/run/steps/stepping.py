@@ -9,10 +9,12 @@ parameters are views of slice k while an epoch trains (:meth:`StackedStep.stack`
 own tensors again between epochs (:meth:`StackedStep.unstack`), so evaluation, checkpoints
 and resume are those of a run trained alone.
 
-What each rule computes is written here for (K, B, …) tensors (:data:`STACKED_RULES`): BP and
-the frozen baseline (end-to-end CE + λΣ‖f_l‖²), DFA and DRTP (the dense local surrogate:
-the same updates as their projected step, to rounding), block FA. Other rules, models with
-buffers (BatchNorm's running statistics) and adapted models train alone
+What each rule computes is written here for (K, B, …) tensors, one step per kind of
+:data:`~creditaudit.methods.base.STACKED_STEPS`; a rule class says which is its own
+(``stacked_step``, :meth:`~creditaudit.methods.base.CreditRule.stacks_as`): BP and the
+frozen baseline step end to end (CE + λΣ‖f_l‖²), DFA and DRTP projected (the dense local
+surrogate: the same updates as their projected step, to rounding), FA as block FA. Other
+rules, models with buffers (BatchNorm's running statistics) and adapted models train alone
 (:func:`stack_refusal` says why). A step reads nothing back to the host: its per-run
 losses, correct counts and finiteness stay on the device (:class:`StepTensors`), for
 :class:`~creditaudit.run.steps.epochs.StackedEpochs` to sum and read once per epoch.
@@ -36,24 +38,23 @@ from torch.nn import functional as F
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.methods import CreditRule
 from creditaudit.methods.base import loss_precision
-from creditaudit.methods.bp import BP, forward_with_branches
-from creditaudit.methods.dfa import DFA
-from creditaudit.methods.drtp import DRTP
-from creditaudit.methods.fa import FA
-from creditaudit.methods.frozen import Frozen
+from creditaudit.methods.bp import forward_with_branches
+from creditaudit.methods.registry import RULES
 from creditaudit.methods.surrogate import local_forward, state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.fused import plain_autograd
 
-# How each rule class steps when stacked (exact classes: a subclass may step otherwise).
-STACKED_RULES: dict[type[CreditRule], str] = {BP: "end_to_end", Frozen: "end_to_end",
-                                              DFA: "projected", DRTP: "projected", FA: "fa"}
+
+def stacked_rule_names() -> list[str]:
+    """The built-in rules whose class declares a ``stacked_step``, in listing order (for
+    messages; a plugin rule may declare one too)."""
+    return [cls.name for cls in RULES.builtin_classes() if cls.stacks_as() is not None]
 
 
 def stack_refusal(rule: CreditRule) -> str | None:
     """Why ``rule`` (bound to its model) cannot step stacked or captured; None if it can."""
-    if type(rule) not in STACKED_RULES:
-        names = ", ".join(cls.name for cls in STACKED_RULES)
+    if type(rule).stacks_as() is None:
+        names = ", ".join(stacked_rule_names())
         return (f"the {rule.label} step is not written for stacked or captured steps "
                 f"(those rules: {names})")
     if isinstance(rule.model, AdaptedModel):
@@ -148,7 +149,9 @@ class StackedStep:
         self.members = list(members)
         rule = self.members[0].rule
         self.rule = rule
-        self.kind = STACKED_RULES[type(rule)]
+        kind = type(rule).stacks_as()
+        assert kind is not None, stack_refusal(rule)
+        self.kind = kind
         self.device = self.members[0].device
         models = [m.rule.model for m in self.members]
         self.names = [name for name, _ in models[0].named_parameters()]
@@ -340,5 +343,5 @@ class StackedStep:
             rule.feedback = saved
 
 
-__all__ = ["STACKED_RULES", "StackedStep", "StepTensors", "StackMember",
+__all__ = ["stacked_rule_names", "StackedStep", "StepTensors", "StackMember",
            "GraphDecision", "stack_refusal", "uses_device_data", "cuda_graphs_decision"]

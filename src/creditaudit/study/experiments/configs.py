@@ -142,7 +142,7 @@ def image_view(scale: str, dataset: str | None) -> tuple[int, int, int] | None:
     if "in_dim" in spec.option_names():
         return FLAT_IMAGE
     shape = tuple(spec.input_shape(RunConfig().replace(**{"data.name": spec.name}).data))
-    return shape if len(shape) == 3 else None  # type: ignore[return-value]
+    return shape if len(shape) == 3 else None
 
 
 def arch_variants(scale: str, dataset: str | None,

@@ -254,6 +254,23 @@ def test_a_subclass_of_a_stacked_rule_steps_alone_until_it_declares_so():
     assert stack_refusal(make_rule(Declared, arch="resmlp")) is None
 
 
+def test_a_plugin_rule_steps_alone_even_when_it_declares_a_stacked_step(monkeypatch):
+    """Trust no guest: the door checked a plugin's own train_step, not the toolkit's stacked
+    step it declares, so it is never stacked."""
+    from creditaudit.methods import DFA
+    from creditaudit.methods.registry import RULES
+
+    class Declared(DFA):
+        name, label = "dfa-plugin-declared", "DFA plugin"
+        stacked_step = "projected"
+
+    real = RULES.guest
+    monkeypatch.setattr(RULES, "guest", lambda name: object() if name == Declared.name
+                        else real(name))
+    refusal = stack_refusal(make_rule(Declared, arch="resmlp"))
+    assert refusal is not None and "is a plugin rule: it steps alone" in refusal
+
+
 @pytest.mark.parametrize(("declared", "message"), [
     ("sideways", "has stacked_step 'sideways'; use one of end_to_end, projected, fa or None"),
     ("fa", "declares stacked_step 'fa' but has no propagate method"),

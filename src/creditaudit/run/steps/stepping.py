@@ -57,6 +57,9 @@ def stack_refusal(rule: CreditRule) -> str | None:
         names = ", ".join(stacked_rule_names())
         return (f"the {rule.label} step is not written for stacked or captured steps "
                 f"(those rules: {names})")
+    if RULES.guest(rule.name) is not None:  # trust no guest: its own step is what it checked
+        return (f"{rule.label} is a plugin rule: it steps alone with its own train_step (the "
+                "stacked step it declares is not checked against it)")
     if isinstance(rule.model, AdaptedModel):
         return "an adapted model steps alone"
     if next(rule.model.buffers(), None) is not None:

@@ -7,9 +7,10 @@ In memory a finished run's :class:`~creditaudit.records.run_parts.FinalResults` 
 headline accuracy, ‖h_L‖, ‖g_L‖, the verdict), so that readers ask them of the record's
 properties. In ``record.json`` ``final`` names the epoch its numbers are from
 (``numbers_from``), and the stored protocol report leaves out the values that equal the
-entry of the epoch it was evaluated at, listing each under ``report_copies`` with its
-place in its object (so the report reads back key for key, in order). Records before
-schema 4 stored the copies and are read as they are.
+entry of the epoch it was evaluated at (the headline accuracy, (b)'s median over the
+non-zero gradients), listing each under ``report_copies`` with its place in its object (so
+the report reads back key for key, in order); the state's ``verdict`` and ``fired`` are the
+report's. Records before schema 4 stored the copies and are read as they are.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from creditaudit.records.run_parts import FinalResults, ProtocolState
 
 # Values of the stored protocol report that copy the entry of the protocol's epoch: a label
 # (as ``report_copies`` names it) → (its path in the report, the entry field it copies).
+# (The report's verdict stays: the entry's is the epoch's, the report's the run's, read by
+# scripts that rebuild the report from record.json.)
 REPORT_COPIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "verdict": (("verdict",), "verdict"),
     "metadata.headline_acc": (("metadata", "headline_acc"), "acc_eval"),
     "diagnostics.d.details.headline_acc": (("diagnostics", "d", "details", "headline_acc"),
                                            "acc_eval"),
@@ -68,11 +70,10 @@ def stored_final(final: FinalResults, log: Sequence[EpochEntry]) -> dict[str, An
 def read_final(raw: dict[str, Any], log: Sequence[EpochEntry], where: str = "run record"
                ) -> FinalResults:
     """``final`` of a schema-4 record: its numbers read from the entry it names."""
-    if "numbers_from" not in raw:
-        return FinalResults(**raw)  # stored whole
-    unknown = sorted(set(raw) - {"epochs_completed", "numbers_from"})
-    if unknown:
-        raise RunRecordError(f"{where}: final has an unexpected field {unknown[0]!r}")
+    if "numbers_from" not in raw or set(raw) - {"epochs_completed", "numbers_from"}:
+        # stored whole (numbers no entry holds), or numbers written beside the pointer: the
+        # numbers the file holds are read, and checked, as they are
+        return FinalResults(**{k: v for k, v in raw.items() if k != "numbers_from"})
     epochs, numbers_from = raw.get("epochs_completed"), raw["numbers_from"]
     if isinstance(epochs, bool) or not isinstance(epochs, int):
         raise RunRecordError(f"{where}: final.epochs_completed must be an integer")

@@ -155,8 +155,8 @@ class EpochEntry:
                      domain=NONNEGATIVE)
     test_loss: float | None = doc("mean cross-entropy on the whole test split (nats)",
                                   domain=NONNEGATIVE)
-    acc_eval: float | None = doc("test accuracy on the whole test split (fraction); read "
-                                 "also as `test_acc`", domain=ACCURACY)
+    acc_eval: float | None = doc("test accuracy on the whole test split (fraction); also "
+                                 "written as `test_acc`", domain=ACCURACY)
     train_loss: float | None = doc("mean training cross-entropy over the epoch (nats)")
     train_acc: float | None = doc("training accuracy over the epoch (fraction)",
                                   domain=ACCURACY)
@@ -253,28 +253,30 @@ class EpochEntry:
         return self.extras.get(key)
 
     def to_dict(self, *, token_states: bool = False, copies: bool = True) -> dict[str, Any]:
-        """The entry as JSON: the stored fields and the rule extras; with ``copies`` (the
-        original study's files, ``creditaudit export``) also its key names of values derived
-        from them (``test_acc``, ``h_L_norm``, ``g_2_norm``, and ``hidden_norms_cls`` for
-        ``token_states``). Without (record.json), each number once: those are left out, and
-        so is ``g_L_nonzero_median`` where no g_L is zero (it is then the median ‖g_L‖
-        itself; :func:`nonzero_median_restored` puts it back on read)."""
+        """The entry as JSON: the stored fields, the rule extras, and the original study's
+        key names of values derived from them (``test_acc``, ``h_L_norm``, ``g_2_norm``,
+        and ``hidden_norms_cls`` for ``token_states``), which scripts reading the files
+        directly expect; reading ignores those (they are derived again). Without ``copies``
+        (record.json) ‖g_L‖ is written twice at most, in the gradient norms and as the
+        statistic of (b): ``g_2_norm`` is left out where state 2 is the deepest (it is
+        ‖g_L‖), and ``g_L_nonzero_median`` where no g_L is zero (it is then the median
+        ‖g_L‖ itself; :func:`nonzero_median_restored` puts it back on read)."""
         out: dict[str, Any] = {"epoch": self.epoch}
         for name in _ENTRY_FIELDS:
             value = getattr(self, name)
             if name in ("epoch", "extras") or value is None:
                 continue
-            if (name == "g_L_nonzero_median" and not copies
-                    and self.g_L_zero_fraction == 0.0 and value == self.g_L_norm):
+            if (not copies and name == "g_L_nonzero_median" and self.g_L_zero_fraction == 0.0
+                    and value == self.g_L_norm):
                 continue
             out[name] = value
-        if copies:
-            for name, value in (("test_acc", self.acc_eval), ("h_L_norm", self.h_L_norm),
-                                ("g_2_norm", self.g_2_norm)):
-                if value is not None:
-                    out[name] = value
-            if token_states and self.hidden_norms is not None:
-                out["hidden_norms_cls"] = self.hidden_norms
+        deepest = len(self.bp_grad_norms_per_sample_med or []) <= 3  # g_2 is g_L
+        for name, value in (("test_acc", self.acc_eval), ("h_L_norm", self.h_L_norm),
+                            ("g_2_norm", None if deepest and not copies else self.g_2_norm)):
+            if value is not None:
+                out[name] = value
+        if token_states and self.hidden_norms is not None:
+            out["hidden_norms_cls"] = self.hidden_norms
         out.update(self.extras)
         return out
 

@@ -300,24 +300,29 @@ class RunRecord:
         return out
 
     # --- serialisation ----------------------------------------------------------------------
-    def log_dicts(self) -> list[dict[str, Any]]:
-        """The per-epoch entries with the original study's key names of derived values
-        (token models also list ``hidden_norms_cls``), as exported; record.json stores
-        each number once."""
+    def log_dicts(self, *, copies: bool = True) -> list[dict[str, Any]]:
+        """The per-epoch entries with the original study's key names (token models also
+        list ``hidden_norms_cls``), as exported; without ``copies`` as record.json stores
+        them (:meth:`EpochEntry.to_dict`)."""
         tokens = self.model is not None and self.model.layout == "tokens"
-        return [e.to_dict(token_states=tokens) for e in self.log]
+        return [e.to_dict(token_states=tokens, copies=copies) for e in self.log]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, stored: bool = False) -> dict[str, Any]:
+        """The record as a dict, every value in place; ``stored``: as record.json stores it,
+        each number once (``final`` and the protocol report name the epoch entry holding
+        their copies: :mod:`creditaudit.records.copies`). Both read back to this record."""
+        final = (None if self.final is None else stored_final(self.final, self.log) if stored
+                 else self.final.to_dict())
         return {
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
             "data": None if self.data is None else dataclasses.asdict(self.data),
             "model": None if self.model is None else dataclasses.asdict(self.model),
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
-            "log": [e.to_dict(copies=False) for e in self.log],
-            "final": None if self.final is None else stored_final(self.final, self.log),
+            "log": self.log_dicts(copies=not stored), "final": final,
             "diagnostics": self.diagnostics.to_dict(),
-            "protocol": stored_protocol(self.protocol, self.log),
+            "protocol": (stored_protocol(self.protocol, self.log) if stored
+                         else self.protocol.to_dict()),
             "reference": self.reference.to_dict(),
             "error": self.error,
             **({"divergence": self.divergence} if self.divergence else {}),

@@ -15,6 +15,7 @@ import pytest
 
 import creditaudit
 from creditaudit import RunConfig
+from creditaudit.errors import RunRecordError
 from creditaudit.records import RECORD_FILE, EpochEntry, RunRecord, load_record
 from creditaudit.run.results import final_results
 
@@ -120,3 +121,18 @@ def test_final_results_are_those_of_the_last_finite_epoch_after_reading(losses):
     assert read.final.g_L_norm == (finite[-1].g_L_norm if finite else None)
     assert read.final.from_epoch == (finite[-1].epoch if finite and finite[-1] is not log[-1]
                                      else None)
+
+
+@pytest.mark.parametrize(("part", "change", "named"), [
+    ("final", {"numbers_from": 7}, "final.numbers_from 7 names no logged epoch"),
+    ("protocol", {"report_copies": {"nope": 0}}, "protocol.report_copies has an unexpected "
+                                                 "entry 'nope'"),
+])
+def test_a_pointer_to_nothing_is_one_line_naming_it(tiny_run, tmp_path, plant, part, change,
+                                                    named):
+    raw = json.loads((tiny_run.run_dir / RECORD_FILE).read_text())
+    raw[part].update(change)
+    path = plant(tmp_path / RECORD_FILE, json.dumps(raw))
+    with pytest.raises(RunRecordError) as caught:
+        load_record(path)
+    assert named in str(caught.value) and "\n" not in str(caught.value)

@@ -7,7 +7,6 @@ with numbers computed here straight from the record JSON.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from creditaudit.figures import (
     render_all,
     weight_alignment,
 )
+from creditaudit.records import load_record
 from creditaudit.study.figures import hero, lambda_sweep, penalty, summary, temporal
 from figure_support import SEEDS
 
@@ -39,7 +39,9 @@ def index(results) -> RunIndex:
 
 @pytest.fixture(scope="module")
 def records(results) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(results.rglob("record.json"))]
+    """The records as dicts, every value in place (record.json stores each number once:
+    the headline numbers are read from their epoch's entry)."""
+    return [load_record(p).to_dict() for p in sorted(results.rglob("record.json"))]
 
 
 def pick(records, method, penalty=0.0, arch="resmlp"):

@@ -23,7 +23,7 @@ from creditaudit.protocol import (
     Thresholds,
     depth_utility_diagnostic,
 )
-from creditaudit.records import RunRecord
+from creditaudit.records import RunRecord, load_record
 from creditaudit.report.folder import (
     audit_table,
     classifier,
@@ -65,7 +65,9 @@ def results(tmp_path_factory) -> Path:
 
 
 def records(results: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(results.rglob("record.json"))]
+    """The records below ``results`` as dicts, every value in place (record.json stores
+    each number once: the headline numbers are read from their epoch's entry)."""
+    return [load_record(p).to_dict() for p in sorted(results.rglob("record.json"))]
 
 
 def section_lines(markdown: str, heading: str) -> list[str]:

@@ -457,5 +457,6 @@ def test_a_completed_runs_final_block_is_unchanged(tmp_path):
     every other run stay as they were."""
     result = train(RunConfig().replace(**tiny(tmp_path)))
     raw = json.loads((result.run_dir / RECORD_FILE).read_text())
-    assert "from_epoch" not in raw["final"]
-    assert raw["final"]["test_acc"] == raw["log"][-1]["acc_eval"]
+    assert raw["final"] == {"epochs_completed": 2, "numbers_from": 2}  # the last epoch's
+    final = load_record(result.run_dir).final
+    assert final.from_epoch is None and final.test_acc == raw["log"][-1]["acc_eval"]

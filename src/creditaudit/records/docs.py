@@ -26,12 +26,24 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "`max_block_growth` (the statistic of diagnostic (a)), `deep_cos` (mean cosine over "
      "l ≥ 1) and `deep_cos_valid`. For scripts that read record.json directly, `test_acc`, "
      "`h_L_norm`, `g_2_norm` (and `hidden_norms_cls` for token models) are also written "
-     "under those names; reading derives them again."),
-    ("Final results (`final`)", FinalResults, ""),
+     "under those names; reading derives them again. `g_2_norm` is not written where state "
+     "2 is the deepest (it is ‖g_L‖), nor `g_L_nonzero_median` where no g_L is zero (it is "
+     "then the median ‖g_L‖, and reads back as such; records before schema 4 stored both, "
+     "and `creditaudit export` writes both)."),
+    ("Final results (`final`)", FinalResults,
+     "What `record.final` holds. record.json stores `epochs_completed` and `numbers_from`, "
+     "the epoch whose entry holds the numbers below (null: no epoch was finite, there are "
+     "none): they are read from that entry, not stored twice. Records before schema 4 "
+     "stored every key below."),
     ("End-of-run credit quality (`diagnostics`)", EndOfRun,
      "Computed once after the last epoch on the evaluation subset "
      "(`diagnostics.end_of_run`). Rule-specific metrics (`extras`) are keys of this object."),
-    ("Protocol during training (`protocol`)", ProtocolState, ""),
+    ("Protocol during training (`protocol`)", ProtocolState,
+     "`verdict` and `fired` are stored once, in `report`. The values of `report` that equal "
+     "the entry of its epoch (the headline accuracy, (b)'s median over the non-zero "
+     "gradients) are left out of the file and listed in `report_copies` (label → "
+     "place in its object); reading puts them back from that entry. Records before schema "
+     "4 stored them."),
     ("The reference gradient (`reference`)", ReferenceState,
      "Checked once when the run started, on the model as built (float64 central differences "
      "of its forward on four evaluation samples; docs/protocol.md). A model whose backward is "

@@ -83,7 +83,7 @@ def record_path(path: Path | str) -> Path:
 def save_record(run_dir: Path | str, record: RunRecord) -> Path:
     record.updated = now()
     path = Path(run_dir) / RECORD_FILE
-    atomic_write_json(path, record.to_dict())
+    atomic_write_json(path, record.to_dict(stored=True))
     return path
 
 

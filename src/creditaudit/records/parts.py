@@ -252,19 +252,27 @@ class EpochEntry:
             return getattr(self, key)
         return self.extras.get(key)
 
-    def to_dict(self, *, token_states: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, token_states: bool = False, copies: bool = True) -> dict[str, Any]:
         """The entry as JSON: the stored fields, the rule extras, and the original study's
         key names of values derived from them (``test_acc``, ``h_L_norm``, ``g_2_norm``,
-        and ``hidden_norms_cls`` for ``token_states``), which scripts reading record.json
-        directly expect; reading ignores those (they are derived again)."""
+        and ``hidden_norms_cls`` for ``token_states``), which scripts reading the files
+        directly expect; reading ignores those (they are derived again). Without ``copies``
+        (record.json) ‖g_L‖ is written twice at most, in the gradient norms and as the
+        statistic of (b): ``g_2_norm`` is left out where state 2 is the deepest (it is
+        ‖g_L‖), and ``g_L_nonzero_median`` where no g_L is zero (it is then the median
+        ‖g_L‖ itself; :func:`nonzero_median_restored` puts it back on read)."""
         out: dict[str, Any] = {"epoch": self.epoch}
         for name in _ENTRY_FIELDS:
             value = getattr(self, name)
             if name in ("epoch", "extras") or value is None:
                 continue
+            if (not copies and name == "g_L_nonzero_median" and self.g_L_zero_fraction == 0.0
+                    and value == self.g_L_norm):
+                continue
             out[name] = value
+        deepest = len(self.bp_grad_norms_per_sample_med or []) <= 3  # g_2 is g_L
         for name, value in (("test_acc", self.acc_eval), ("h_L_norm", self.h_L_norm),
-                            ("g_2_norm", self.g_2_norm)):
+                            ("g_2_norm", None if deepest and not copies else self.g_2_norm)):
             if value is not None:
                 out[name] = value
         if token_states and self.hidden_norms is not None:
@@ -289,6 +297,19 @@ class EpochEntry:
                 raise RunRecordError(f"{where}: {key!r} must be a number, got "
                                      f"{type(value).__name__}")
         return cls(**known, extras=extras)
+
+
+def nonzero_median_restored(raw: Any) -> Any:
+    """A stored entry (schema 4 on) with ``g_L_nonzero_median`` put back where
+    :meth:`EpochEntry.to_dict` left it out: no g_L is zero, so the median over the non-zero
+    ones is the median ‖g_L‖. Anything else is returned as it is (checked when read)."""
+    if (not isinstance(raw, Mapping) or "g_L_nonzero_median" in raw
+            or raw.get("g_L_zero_fraction") != 0.0):
+        return raw
+    grads = raw.get("bp_grad_norms_per_sample_med")
+    if not isinstance(grads, list) or not grads:
+        return raw
+    return {**raw, "g_L_nonzero_median": grads[-1]}
 
 
 _ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(EpochEntry))

@@ -26,12 +26,14 @@ from creditaudit.config import RunConfig, config_from_dict, non_semantic
 from creditaudit.deep_layers import deep_mean
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import CreditAuditError, RunRecordError
+from creditaudit.records.copies import read_final, read_protocol, stored_final, stored_protocol
 from creditaudit.records.parts import (
     EpochEntry,
     as_number,
     check_domains,
     doc,
     finite_number,
+    nonzero_median_restored,
 )
 from creditaudit.records.run_parts import (
     EndOfRun,
@@ -42,8 +44,8 @@ from creditaudit.records.run_parts import (
 )
 from creditaudit.registry import DATASETS
 
-SCHEMA = "creditaudit.run/3"
-LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2")
+SCHEMA = "creditaudit.run/4"  # 4: each number once (records.copies)
+LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2", "creditaudit.run/3")
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")
 # What a config key a run did not record holds in recipes and reports.
@@ -60,7 +62,8 @@ class RunRecord:
     config: RunConfig = doc("the resolved run config", factory=RunConfig)
     status: str = doc("running, completed, diverged, interrupted or failed", "running")
     log: list[EpochEntry] = doc("one entry per evaluated epoch", factory=list)
-    final: FinalResults | None = doc("headline numbers of the last epoch (finished runs)")
+    final: FinalResults | None = doc("headline numbers of the last epoch (finished runs): "
+                                     "the epoch entry they are read from")
     diagnostics: EndOfRun = doc("end-of-run credit-quality metrics", factory=EndOfRun)
     protocol: ProtocolState = doc("protocol evaluated during training", factory=ProtocolState)
     reference: ReferenceState = doc(
@@ -297,23 +300,29 @@ class RunRecord:
         return out
 
     # --- serialisation ----------------------------------------------------------------------
-    def log_dicts(self) -> list[dict[str, Any]]:
-        """The per-epoch entries as record.json writes them (with the original study's key
-        names; token models also list ``hidden_norms_cls``)."""
+    def log_dicts(self, *, copies: bool = True) -> list[dict[str, Any]]:
+        """The per-epoch entries with the original study's key names (token models also
+        list ``hidden_norms_cls``), as exported; without ``copies`` as record.json stores
+        them (:meth:`EpochEntry.to_dict`)."""
         tokens = self.model is not None and self.model.layout == "tokens"
-        return [e.to_dict(token_states=tokens) for e in self.log]
+        return [e.to_dict(token_states=tokens, copies=copies) for e in self.log]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, stored: bool = False) -> dict[str, Any]:
+        """The record as a dict, every value in place; ``stored``: as record.json stores it,
+        each number once (``final`` and the protocol report name the epoch entry holding
+        their copies: :mod:`creditaudit.records.copies`). Both read back to this record."""
+        final = (None if self.final is None else stored_final(self.final, self.log) if stored
+                 else self.final.to_dict())
         return {
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
             "data": None if self.data is None else dataclasses.asdict(self.data),
             "model": None if self.model is None else dataclasses.asdict(self.model),
             "environment": self.environment, "status": self.status,
             "created": self.created, "updated": self.updated,
-            "log": self.log_dicts(),
-            "final": None if self.final is None else self.final.to_dict(),
+            "log": self.log_dicts(copies=not stored), "final": final,
             "diagnostics": self.diagnostics.to_dict(),
-            "protocol": self.protocol.to_dict(),
+            "protocol": (stored_protocol(self.protocol, self.log) if stored
+                         else self.protocol.to_dict()),
             "reference": self.reference.to_dict(),
             "error": self.error,
             **({"divergence": self.divergence} if self.divergence else {}),
@@ -380,15 +389,20 @@ def _from_dict(raw: Any, where: str) -> RunRecord:
         config = config_from_dict(raw["config"], strict=False)
     except CreditAuditError as err:
         raise RunRecordError(f"run record {where} holds an invalid config: {err}") from None
-    log = [EpochEntry.from_dict(e, f"run record {where}: log entry {i}")
+    current = schema == SCHEMA  # earlier schemas stored the copies: read as they are
+    log = [EpochEntry.from_dict(nonzero_median_restored(e) if current else e,
+                                f"run record {where}: log entry {i}")
            for i, e in enumerate(raw["log"])]
     try:
-        final = None if raw["final"] is None else FinalResults(**raw["final"])
+        final = (None if raw["final"] is None
+                 else read_final(raw["final"], log, f"run record {where}") if current
+                 else FinalResults(**raw["final"]))
         data = raw.get("data")
         data = None if data is None else DataIdentity(**data)
         model = raw.get("model")
         model = None if model is None else ModelDescription(**model)
-        protocol = ProtocolState(**raw["protocol"])
+        protocol = (read_protocol(raw["protocol"], log, f"run record {where}") if current
+                    else ProtocolState(**raw["protocol"]))
         reference = ReferenceState.from_dict(raw.get("reference"), f"run record {where}",
                                              own_model=own_architecture(
                                                  config.model.arch,

@@ -20,6 +20,7 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 # src/creditaudit/version.py → the checkout's root (an installed wheel has no .git there)
+OWN_PACKAGE = __name__.partition(".")[0]  # "creditaudit": what is its own code, not a guest
 _CHECKOUT = Path(__file__).resolve().parents[2]
 
 

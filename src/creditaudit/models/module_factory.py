@@ -29,9 +29,9 @@ from creditaudit.guests import Guest, make_guest, module_sources
 from creditaudit.guests.blame import blame, exit_message
 from creditaudit.models.adapted import AdaptedModel, adapt
 from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
+from creditaudit.version import OWN_PACKAGE
 
 # Modules whose code is creditaudit's own (its version identifies it): not guests.
-OWN_PACKAGE = "creditaudit"
 FIRST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 

@@ -23,6 +23,7 @@ from creditaudit.records.parts import (
     doc,
 )
 from creditaudit.registry import ARCHITECTURES
+from creditaudit.version import OWN_PACKAGE
 
 
 # --- result blocks ---------------------------------------------------------
@@ -156,9 +157,6 @@ class ProtocolState:
         return dataclasses.asdict(self)
 
 
-OWN_FACTORY_PREFIX = "creditaudit."  # a ``module`` factory of creditaudit's own package
-
-
 def own_architecture(name: str, factory: Any = None) -> bool:
     """Whether architecture ``name`` (with ``factory``, the ``model.factory`` of a ``module``
     model) builds from creditaudit's own modules: a built-in architecture, or the ``module``
@@ -173,7 +171,7 @@ def own_architecture(name: str, factory: Any = None) -> bool:
         return False
     if not cls.adapted:
         return True
-    return isinstance(factory, str) and factory.startswith(OWN_FACTORY_PREFIX)
+    return isinstance(factory, str) and factory.split(".")[0].split(":")[0] == OWN_PACKAGE
 
 
 # --- the reference gradient ------------------------------------------------------------------

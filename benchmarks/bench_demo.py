@@ -59,24 +59,24 @@ def bench(dataset: str, epochs: int, n_train: int, n_test: int, workers: int,
         wall = time.perf_counter() - started
         cpu = cpu_seconds() - cpu_before
         seconds = {o["run_id"]: o["seconds"] for o in result.outcomes}
-        records = [load_record(Path(out) / run_id(c)).to_dict() for c in configs]
-    frozen = records[-1]["final"]["test_acc"]
+        records = [load_record(Path(out) / run_id(c)) for c in configs]
+    frozen = records[-1].log[-1].acc_eval
     print(f"\n{dataset} {epochs} epochs × {n_train} train / {n_test} test: {wall:.1f} s wall "
           f"for 4 runs on {workers} workers, {cpu:.1f} CPU s (load {before} → {load()})")
     print("| method | test acc | train acc | ‖h_L‖ | max growth | ‖g_L‖ | (a) (b) (c) | "
           "(d) margin | run s |")
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
-    for record in records:
-        last = record["log"][-1]
-        status = last.get("protocol", {})
+    for record in records:  # read through the record's classes: each number is stored once
+        last = record.log[-1]
+        status = last.protocol or {}
         abc = " ".join(status.get(i, "—") for i in ("a", "b", "c"))
-        method = record["config"]["method"]["name"]
-        margin = depth_utility_diagnostic(last["acc_eval"], frozen, Thresholds())
+        method = record.config.method.name
+        margin = depth_utility_diagnostic(last.acc_eval, frozen, Thresholds())
         d = "—" if method == "frozen" else f"{margin.value:+.1f} pp {margin.status}"
-        print(f"| {method} | {last['acc_eval']:.3f} | {last.get('train_acc', float('nan')):.3f} "
-              f"| {last['h_L_norm']:.3g} | {last['max_block_growth']:.3g} "
-              f"| {last['g_L_norm']:.3g} | {abc} | {d} | {seconds[record['run_id']]:.1f} |")
-
+        train_acc = float("nan") if last.train_acc is None else last.train_acc
+        print(f"| {method} | {last.acc_eval:.3f} | {train_acc:.3f} "
+              f"| {last.h_L_norm:.3g} | {last.max_block_growth:.3g} "
+              f"| {last.g_L_norm:.3g} | {abc} | {d} | {seconds[record.run_id]:.1f} |")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
@@ -92,6 +93,60 @@ def test_generator_args_are_the_package_defaults_with_sizes_and_seed():
         k: v for k, v in defaults.items() if k not in changed | {"url"}}
 
 
+def test_package_defaults_are_cached_signed_and_asked_again_when_the_generator_changes(
+        cache, monkeypatch):
+    """Reading the defaults costs an import of scipy.interpolate and matplotlib, so they are
+    cached; a cache entry edited without the key, or one written for another version or
+    another data.py, is not believed."""
+    from mnist1d.data import get_dataset_args
+
+    truth = {k: v for k, v in get_dataset_args(as_dict=True).items() if k != "url"}
+    assert m1d.package_defaults() == truth
+    stored = (cache / m1d.DEFAULTS_CACHE)
+    entry = json.loads(stored.read_text())
+    assert entry["args"] == truth and entry["signature"]
+
+    # A cached value is what a later process reads ...
+    entry["args"]["template_len"] = 99  # ... but not one edited without the key
+    stored.write_text(json.dumps(entry))
+    assert m1d.package_defaults() == truth
+
+    # another generator source (an upgrade, an edit) is asked again
+    monkeypatch.setattr(m1d, "_generator_source", lambda: "0" * 64)
+    asked = []
+    real = get_dataset_args
+    monkeypatch.setattr("mnist1d.data.get_dataset_args",
+                        lambda **kw: asked.append(kw) or real(**kw))
+    assert m1d.package_defaults() == truth and asked
+    asked.clear()
+    assert m1d.package_defaults() == truth and not asked  # now cached under the new key
+
+
+def test_planning_an_mnist1d_run_imports_neither_the_generator_nor_the_compiler(cache):
+    """A run plan reads the generator's defaults from the cache and sizes the model on the
+    meta device without PyTorch's compiler: a fresh process plans in milliseconds, not the
+    2–4 s those imports cost (in the parent and in every worker of a sweep)."""
+    import subprocess
+    import sys
+
+    plan = ("import sys\n"
+            "from creditaudit.config import RunConfig\n"
+            "from creditaudit.run.plan import plan_run\n"
+            f"c = RunConfig().replace(**{{'data.name': 'mnist1d', 'data.n_train': {N_TRAIN}, "
+            f"'data.n_test': {N_TEST}}})\n"
+            "print(plan_run(c).run_id)\n"
+            "print(sorted(m for m in ('mnist1d.data', 'torch._dynamo', 'matplotlib.pyplot') "
+            "if m in sys.modules))\n")
+    first = subprocess.run([sys.executable, "-c", plan], capture_output=True, text=True,
+                           check=True)
+    second = subprocess.run([sys.executable, "-c", plan], capture_output=True, text=True,
+                            check=True)
+    run_id = first.stdout.splitlines()[0]
+    assert second.stdout.splitlines() == [run_id, "[]"], second.stderr
+    assert run_id == plan_run(RunConfig().replace(**{
+        "data.name": "mnist1d", "data.n_train": N_TRAIN, "data.n_test": N_TEST})).run_id
+
+
 def test_split_is_exact_where_the_package_would_truncate():
     # int(50 · (29 / 50)) == 28 in floating point: the package alone would put 28 in train.
     assert int(50 * (29 / 50)) == 28
@@ -124,9 +179,10 @@ def test_cache_hit_returns_identical_arrays_without_regenerating(cache, generato
     assert m1d.is_cached(config, 42) and not m1d.is_cached(config, 43)
     files = list(cache.glob("mnist1d-*.npz"))
     assert len(files) == 1
-    # Beside it: its signed digest and the cache's key; no temp file left behind.
-    assert sorted(p.name for p in cache.iterdir() if p not in files) == [
-        "cache.key", m1d.digest_path(files[0]).name]
+    # Beside it: its signed digest, the cache's key and the generator's signed defaults; no
+    # temp file left behind.
+    assert sorted(p.name for p in cache.iterdir() if p not in files) == sorted([
+        "cache.key", m1d.DEFAULTS_CACHE, m1d.digest_path(files[0]).name])
     second = load_dataset(config, seed=42)
     assert len(generator_calls) == 1
     for name in ("train_x", "train_y", "test_x", "test_y"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -40,7 +41,7 @@ from torch import Tensor
 from creditaudit.config import DataConfig
 from creditaudit.descriptions import CONTENT_DIGEST
 from creditaudit.errors import DataError, OutputError
-from creditaudit.files.cache import cache_dir, sign, verify
+from creditaudit.files.cache import cache_dir, load_json_cache, sign, store_json_cache, verify
 from creditaudit.files.safe_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -69,24 +70,60 @@ def package_version() -> str:
         raise _import_error(ImportError(str(exc))) from None
 
 
-def mnist1d_generator_args(config: DataConfig, seed: int) -> dict[str, Any]:
-    """The arguments ``make_dataset`` gets, as a plain JSON-able dict.
+DEFAULTS_CACHE = "mnist1d-defaults.json"
 
-    The package's defaults (``get_dataset_args``) except ``num_samples = n_train + n_test``,
-    ``train_split = n_train / num_samples`` and ``seed``. Its ``url`` is left out: only the
-    package's download path reads it; it does not change a generated sample.
+
+def _generator_source() -> str | None:
+    """sha256 of the installed ``mnist1d/data.py`` (found without importing the package),
+    or None when it cannot be read."""
+    try:
+        spec = importlib.util.find_spec("mnist1d")
+    except (ImportError, ValueError):
+        return None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    try:
+        return hashlib.sha256((Path(folders[0]) / "data.py").read_bytes()).hexdigest()
+    except (IndexError, OSError):
+        return None
+
+
+def package_defaults() -> dict[str, Any]:
+    """The package's ``get_dataset_args(as_dict=True)`` without its ``url`` (only the
+    package's download path reads it; it does not change a generated sample).
+
+    Importing ``mnist1d.data`` imports scipy.interpolate and matplotlib (1.5–3 s in every
+    process that plans a run), so the defaults are cached, signed, under the package version
+    and the digest of its ``data.py``: an upgraded or edited generator is asked again.
     """
+    source = _generator_source()
+    key = f"{package_version()}:{source}"
+    cached = load_json_cache(DEFAULTS_CACHE)
+    args = cached.get("args")
+    if (source is not None and cached.get("key") == key and isinstance(args, dict)
+            and verify(cached.get("signature"), key, json.dumps(args, sort_keys=True))):
+        return args
     try:
         from mnist1d.data import get_dataset_args
     except ImportError as exc:
         raise _import_error(exc) from None
+    args = get_dataset_args(as_dict=True)
+    args.pop("url", None)
+    signature = sign(key, json.dumps(args, sort_keys=True))
+    if source is not None and signature is not None:
+        store_json_cache(DEFAULTS_CACHE, {"key": key, "args": args, "signature": signature})
+    return args
+
+
+def mnist1d_generator_args(config: DataConfig, seed: int) -> dict[str, Any]:
+    """The arguments ``make_dataset`` gets, as a plain JSON-able dict: the package's
+    defaults (:func:`package_defaults`) except ``num_samples = n_train + n_test``,
+    ``train_split = n_train / num_samples`` and ``seed``."""
     num_samples = config.n_train + config.n_test
     if num_samples % N_CLASSES:
         raise DataError(f"mnist1d generates the same number of samples per digit, so "
                         f"data.n_train + data.n_test must be a multiple of {N_CLASSES}, got "
                         f"{config.n_train} + {config.n_test}")
-    args = get_dataset_args(as_dict=True)
-    args.pop("url", None)
+    args = package_defaults()
     args.update(num_samples=num_samples, train_split=config.n_train / num_samples, seed=seed)
     return args
 

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import CreditAuditError
 from creditaudit.models import build_model
+from creditaudit.models.meta import on_meta_device
 from creditaudit.protocol.checks import (
     NOT_EVALUATED,
     DiagnosticResult,
@@ -77,7 +76,7 @@ def _describe(record: RunRecord) -> ModelDescription | None:
     try:
         shape = (tuple(record.data.input_shape) if record.data and record.data.input_shape
                  else tuple(spec.input_shape(record.config.data)))
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        with on_meta_device():
             model = build_model(record.config.model, input_shape=shape,
                                 n_classes=record.n_classes)
     except (CreditAuditError, AttributeError, TypeError, ValueError):

@@ -38,6 +38,7 @@ from creditaudit.guests import Guest
 from creditaudit.guests.blame import blame
 from creditaudit.methods import CreditRule, build_rule, check_binding, rule_class
 from creditaudit.models import Architecture, ResidualNet, architecture
+from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
@@ -235,7 +236,7 @@ def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[Cr
     refusal when ``rule`` cannot train it (a rule without ``adapted_models`` on an adapted
     model) or when training it would not fit in this machine's memory."""
     try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        with on_meta_device():
             model = build_architecture(arch, config.model, input_shape=input_shape,
                                        n_classes=n_classes)
     except Exception as err:  # noqa: BLE001 - code that cannot run on meta (BioTorch frsf)

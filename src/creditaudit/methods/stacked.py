@@ -62,9 +62,15 @@ def stack_refusal(rule: CreditRule) -> str | None:
     if RULES.guest(rule.name) is not None:  # trust no guest: its own step is what it checked
         return (f"{rule.label} is a plugin rule: it steps alone with its own train_step (the "
                 "stacked step it declares is not checked against it)")
-    if isinstance(rule.model, AdaptedModel):
+    return model_stack_refusal(rule.model)
+
+
+def model_stack_refusal(model: nn.Module) -> str | None:
+    """Why no rule can step ``model`` stacked or captured; None if a rule that declares a
+    ``stacked_step`` can."""
+    if isinstance(model, AdaptedModel):
         return "an adapted model steps alone"
-    if next(rule.model.buffers(), None) is not None:
+    if next(model.buffers(), None) is not None:
         return ("the model has buffers (e.g. BatchNorm's running statistics), which a "
                 "stacked step cannot update per run")
     return None
@@ -310,4 +316,5 @@ class StackedStep:
             rule.feedback = saved
 
 
-__all__ = ["stacked_rule_names", "stack_refusal", "StackedStep", "StackedRun", "StepTensors"]
+__all__ = ["stacked_rule_names", "stack_refusal", "model_stack_refusal", "StackedStep",
+           "StackedRun", "StepTensors"]

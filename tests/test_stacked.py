@@ -245,7 +245,8 @@ def test_a_subclass_of_a_stacked_rule_steps_alone_until_it_declares_so():
     assert Variant.stacks_as() is None
     refusal = stack_refusal(make_rule(Variant, arch="resmlp"))
     assert refusal is not None and "DFA variant step is not written for stacked" in refusal
-    assert "(those rules: bp, fa, dfa, drtp, frozen)" in refusal
+    assert ("(built-in rules that are: bp, fa, dfa, drtp, frozen; a rule declares it with "
+            "stacked_step)") in refusal
 
     class Declared(DFA):
         name, label = "dfa-declared", "DFA declared"

@@ -65,7 +65,7 @@ def stack_refusal(rule: CreditRule) -> str | None:
     if type(rule).stacks_as() is None:
         names = ", ".join(stacked_rule_names())
         return (f"the {rule.label} step is not written for stacked or captured steps "
-                f"(those rules: {names})")
+                f"(built-in rules that are: {names}; a rule declares it with stacked_step)")
     # A plugin rule is stacked like a built-in: the door ran its conformance checks, this
     # one among them, before the run was planned. One that declares this check a failure
     # by design says its stacked step is not its own.

@@ -20,6 +20,7 @@ from creditaudit.figures import (
     RunIndex,
     audit_panels,
     render_all,
+    run_curves,
     weight_alignment,
 )
 from creditaudit.records import load_record
@@ -324,7 +325,7 @@ def test_missing_runs_name_what_is_needed(results, index):
     with pytest.raises(MissingRuns, match="fa-linear, usf, brsf, frsf or kp"):
         weight_alignment.build(only_bp)
     rendered, missing = render_all(only_bp, results / "unused")
-    assert [r.name for r in rendered] == [audit_panels.NAME]
+    assert [r.name for r in rendered] == [audit_panels.NAME, run_curves.NAME]
     assert {m.NAME for m, _ in missing} == {hero.NAME, temporal.NAME, penalty.NAME,
                                               lambda_sweep.NAME, summary.NAME,
                                               weight_alignment.NAME}

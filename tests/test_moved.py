@@ -137,8 +137,9 @@ def test_in_a_fresh_process_old_paths_work_and_the_toolkit_imports_no_study(tmp_
     warned, study, figures, *drawn = out.splitlines()
     assert warned.startswith("creditaudit.own_model moved to creditaudit.audit.diagnose")
     assert study == "[]"
-    assert figures == "['creditaudit.figures.audit_panels', 'creditaudit.figures.weight_alignment']"
+    assert figures == ("['creditaudit.figures.audit_panels', "
+                       "'creditaudit.figures.weight_alignment', 'creditaudit.figures.run_curves']")
     titles = [line.split(":")[0] for line in drawn if line.startswith("missing ")]
     assert [t.split(" — ")[0] for t in titles] == [
         f"missing Figure {n}" for n in range(1, len(titles) + 1)]
-    assert titles[0] == "missing Figure 1 — audit hero" and len(titles) == 7
+    assert titles[0] == "missing Figure 1 — audit hero" and len(titles) == 8

@@ -317,6 +317,32 @@ def test_report_and_export_of_the_folder(results):
     assert manifest["written"] == []  # the original study's layout has no slot for them
 
 
+def test_figures_of_a_folder_of_plugin_runs(results):
+    """Only plugin runs (rule, architecture without skips, dataset): the generic figures are
+    drawn; each paper figure names the runs it needs and why these are not them — never that
+    the folder holds no runs."""
+    root, site, out = results
+    done = cli(site, "figures", str(out), "--out", str(root / "figures"), cwd=root)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    drawn = {line.split(":")[0] for line in lines if line.startswith("drew ")}
+    assert drawn == {"drew Figure 6 — audit panels", "drew Figure 8 — per-run curves"}
+    assert (root / "figures" / "fig8_run_curves.png").is_file()
+    missing = [line for line in lines if line.startswith("missing ")]
+    assert len(missing) == 6 and "holds no completed" not in done.stdout
+    control = ("— the 3 completed or diverged runs here are all control variants (depth "
+               "ladder, random labels or no residual stream), which it does not compare")
+    for figure, needs in (("Figure 1 — audit hero", "BP runs"), ("Figure 3 — penalty rescue",
+                          "frozen-blocks runs"), ("Figure 5 — multi-seed summary set",
+                                                  "State Bridge runs")):
+        line = next(m for m in missing if m.startswith(f"missing {figure}: needs "))
+        assert needs in line and line.endswith(control), line
+    temporal = next(m for m in missing if "Figure 2" in m)
+    assert "BP, FA and DFA runs (λ = 0) of one architecture — ResMLP: no runs" in temporal
+    alignment = next(m for m in missing if "Figure 7" in m)
+    assert "(closest recipe: gaussian-mixture, Plain MLP d=16 L=2" in alignment
+
+
 def test_readers_without_the_plugins_still_show_the_fifth_diagnostic(results):
     """This process has none of the plugins installed: records are read as written."""
     from creditaudit.figures import RunIndex, audit_panels

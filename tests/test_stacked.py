@@ -245,7 +245,8 @@ def test_a_subclass_of_a_stacked_rule_steps_alone_until_it_declares_so():
     assert Variant.stacks_as() is None
     refusal = stack_refusal(make_rule(Variant, arch="resmlp"))
     assert refusal is not None and "DFA variant step is not written for stacked" in refusal
-    assert "(those rules: bp, fa, dfa, drtp, frozen)" in refusal
+    assert ("(built-in rules that are: bp, fa, dfa, drtp, frozen; a rule declares it with "
+            "stacked_step)") in refusal
 
     class Declared(DFA):
         name, label = "dfa-declared", "DFA declared"
@@ -254,9 +255,10 @@ def test_a_subclass_of_a_stacked_rule_steps_alone_until_it_declares_so():
     assert stack_refusal(make_rule(Declared, arch="resmlp")) is None
 
 
-def test_a_plugin_rule_steps_alone_even_when_it_declares_a_stacked_step(monkeypatch):
-    """Trust no guest: the door checked a plugin's own train_step, not the toolkit's stacked
-    step it declares, so it is never stacked."""
+def test_a_plugin_rule_steps_stacked_as_it_declares_unless_it_waives_the_check(monkeypatch):
+    """A plugin rule passed the door's conformance checks, the stacked one among them
+    (tests/test_stacked_plugins.py trains one), so it stacks as it declares; one that
+    declares that check a failure by design steps alone."""
     from creditaudit.methods import DFA
     from creditaudit.methods.registry import RULES
 
@@ -264,11 +266,19 @@ def test_a_plugin_rule_steps_alone_even_when_it_declares_a_stacked_step(monkeypa
         name, label = "dfa-plugin-declared", "DFA plugin"
         stacked_step = "projected"
 
+    class Waived(DFA):
+        name, label = "dfa-plugin-waived", "DFA waived"
+        stacked_step = "projected"
+        expected_failures = {"stacked_step_is_the_rule_step[resmlp]": "its own step"}
+
     real = RULES.guest
-    monkeypatch.setattr(RULES, "guest", lambda name: object() if name == Declared.name
+    monkeypatch.setattr(RULES, "guest", lambda name: object() if name.startswith("dfa-plugin")
                         else real(name))
-    refusal = stack_refusal(make_rule(Declared, arch="resmlp"))
-    assert refusal is not None and "is a plugin rule: it steps alone" in refusal
+    assert stack_refusal(make_rule(Declared, arch="resmlp")) is None
+    refusal = stack_refusal(make_rule(Waived, arch="resmlp"))
+    assert refusal == ("DFA waived declares that its stacked step fails the conformance check "
+                       "stacked_step_is_the_rule_step[resmlp]: it steps alone with its own "
+                       "train_step")
 
 
 @pytest.mark.parametrize(("declared", "message"), [

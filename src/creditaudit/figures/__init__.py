@@ -1,8 +1,9 @@
 """The figures of docs/figures.md, drawn from run records only (never a live model).
 
-One module per figure; the toolkit's own are the generic ones (:mod:`.audit_panels`,
-:mod:`.weight_alignment`); the study registers the paper's with :func:`register_figures` when
-:mod:`creditaudit.study.figures` is imported (the command line does). Each exposes ``NAME``,
+One module per figure; the toolkit's own are the generic ones, drawn for any rule, model and
+dataset (:mod:`.audit_panels`, :mod:`.weight_alignment`, :mod:`.run_curves`); the study
+registers the paper's with :func:`register_figures` when :mod:`creditaudit.study.figures` is
+imported (the command line does). Each exposes ``NAME``,
 ``TITLE``, ``requirements`` (the runs it needs, in words), ``build(index) -> {file name:
 Figure}`` and ``render(index, out_dir) -> [png and pdf paths]``. Both raise
 :class:`MissingRuns` (naming what is missing) when the runs in the index cannot support the
@@ -18,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from creditaudit.figures import audit_panels, weight_alignment
+from creditaudit.figures import audit_panels, run_curves, weight_alignment
 from creditaudit.figures.runs import MissingRuns
 from creditaudit.results import RunIndex
 
 # Every figure render_all draws, in order: registered ones first, then the generic ones.
-FIGURES: list[ModuleType] = [audit_panels, weight_alignment]
+FIGURES: list[ModuleType] = [audit_panels, weight_alignment, run_curves]
 _GENERIC = len(FIGURES)
 
 

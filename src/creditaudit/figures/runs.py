@@ -62,13 +62,29 @@ def choose_group(index: RunIndex, figure: str,
         rank = prefer or (lambda g: (g[0].epochs, len(g)))
         return max(complete, key=rank)
     if not groups:
-        raise MissingRuns(figure, ["runs (the results folder holds no completed or diverged "
-                                   "run records)"])
+        # What an empty group lacks is everything the figure needs; then why none is here.
+        needs = missing([]) or ["runs"]
+        why = _why_no_runs(index, given=runs is not None)
+        raise MissingRuns(figure, [*needs[:-1], f"{needs[-1]} — {why}"])
     closest = min(groups, key=lambda g: len(missing(g)))
     lacking = missing(closest)
     where = describe_recipe(closest[0])
     raise MissingRuns(figure, [f"{item} (closest recipe: {where})" if i == 0 else item
                                for i, item in enumerate(lacking)])
+
+
+def _why_no_runs(index: RunIndex, *, given: bool) -> str:
+    """Why a figure had no recipe group to choose from: the folder holds no finished run,
+    or every finished run is one the figure does not compare."""
+    finished = len(index.runs)
+    if not finished:
+        return "the results folder holds no completed or diverged run records"
+    if given:
+        return f"none of the {finished} completed or diverged runs here is of that kind"
+    return (f"the {finished} completed or diverged runs here are all control variants "
+            "(depth ladder, random labels or no residual stream), which it does not compare"
+            if finished > 1 else "the one completed or diverged run here is a control variant "
+            "(depth ladder, random labels or no residual stream), which it does not compare")
 
 
 def describe_recipe(record: RunRecord) -> str:

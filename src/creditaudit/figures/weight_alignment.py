@@ -53,9 +53,12 @@ def _missing(group: list[RunRecord]) -> list[str]:
 
 def select(index: RunIndex) -> dict[tuple[str, float], list[RunRecord]]:
     """{(method, penalty): one run per seed} of the rules with alignment records."""
+    # Any run of such a rule, on any model (a plain MLP without skips too): the alignment of
+    # its feedback with its weights is the run's own, whatever the recipe is a variant of.
     group = choose_group(index, TITLE, _missing,
                          prefer=lambda g: (len({r.method for r in g if has_alignment(r)}),
-                                           g[0].epochs, len(g)))
+                                           g[0].epochs, len(g)),
+                         runs=index.select(standard=None))
     aligned = [r for r in group if has_alignment(r)]
     columns = {}
     for method in sort_methods(r.method for r in aligned):

@@ -81,7 +81,8 @@ def check_stackable(configs: Sequence[Run]) -> None:
     if stack_key(configs[0]) is None:
         first, _ = _config_and_rule(configs[0])
         raise ConfigError(f"method.name={first.method.name!r} does not train stacked; "
-                          f"stacked runs use one of {names}")
+                          "stacked runs use a rule that declares a stacked_step (built-in: "
+                          f"{names})")
     first = json.loads(stack_key(configs[0]) or "{}")
     for index, config in enumerate(configs[1:], start=2):
         key = stack_key(config)

@@ -35,12 +35,15 @@ from creditaudit.testing.common import (
 
 
 def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
-              arch: str = "resmlp", **options: Any) -> CreditRule:
-    """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields)."""
+              arch: str = "resmlp", draw: int = 7, **options: Any) -> CreditRule:
+    """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields),
+    its weights drawn under ``seed``, the rule's generator (feedback, auxiliary nets)
+    seeded with ``draw``."""
     model = tiny_model(seed, dtype, arch)
     config = bind(cls, "method", **options)
     set_trainable(model, config.trainable_blocks)
-    return cls(model, config, n_classes=CLASSES, generator=torch.Generator().manual_seed(7))
+    return cls(model, config, n_classes=CLASSES,
+               generator=torch.Generator().manual_seed(draw))
 
 
 def _zero_lr_step(rule: CreditRule, x: Tensor, y: Tensor) -> None:

@@ -65,7 +65,13 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   training feedback's structure, changes the credits inside ``using_feedback`` and leaves
   them exactly as before afterwards; ``credits_under`` gives, draw by draw, the credits
   ``using_feedback`` gives (to 1e-12 in float64: an override may batch differently) — the
-  fresh-feedback null swaps feedback this way.
+  fresh-feedback null swaps feedback this way;
+- ``stacked_step_is_the_rule_step`` (rules that declare a ``stacked_step``, on the tiny
+  networks a stacked step takes: no adapted network, no buffers): one stacked step of two
+  copies that differ in weights, batch, feedback draw and λ equals each copy's own
+  ``train_step`` — updates, loss, correct count, the rule's state — since ``sweep --stack``
+  and CUDA-graph capture run the declared step in place of the rule's own
+  (:mod:`creditaudit.testing.rule_stacking`).
 """
 
 from __future__ import annotations
@@ -98,13 +104,14 @@ from creditaudit.testing.rule_properties import (
     moves_to_a_device,
     state_dict_round_trips_and_resumes,
 )
+from creditaudit.testing.rule_stacking import stacked_step_is_the_rule_step, stacks_on
 
 CHECKS: tuple[Callable[..., None], ...] = (
     credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
     local_update_is_the_surrogate_gradient, blocks_train_on_the_reported_credit,
     credited_parts_are_trained, frozen_blocks_stay_untouched,
     state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
-    fresh_feedback_is_swappable)
+    fresh_feedback_is_swappable, stacked_step_is_the_rule_step)
 
 
 def _has_split_block(arch: str) -> bool:
@@ -125,6 +132,8 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
     blocks_train_on_the_reported_credit:
         lambda cls, arch: not cls.local and _has_split_block(arch),
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",
+    stacked_step_is_the_rule_step: lambda cls, arch: (cls.stacks_as() is not None
+                                                      and stacks_on(arch)),
 }
 
 

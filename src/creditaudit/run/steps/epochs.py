@@ -110,7 +110,8 @@ class StackedEpochs:
                     losses = [math.nan] * size  # not read: progress bars count steps only
                 if not live:
                     break
-                self.step.schedule(live)
+                for k in live:  # the schedules step on the host
+                    self.members[k].scheduler.step()
                 batch = int(y.shape[1])
                 loss_sum += out.loss.double() * batch
                 correct += out.correct

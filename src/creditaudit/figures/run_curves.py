@@ -1,0 +1,109 @@
+"""Figure 8, per-run curves: every run's training as its record logged it, for any rule,
+architecture and dataset.
+
+One row per recipe (runs that share data, model, optimiser and precision), three columns per
+epoch — test accuracy, ‖h_L‖ (log) and ‖g_L‖ (log, with the 1e-7 floor of diagnostic (b)) —
+and one line per run, coloured by its rule (λ in the label), so a plugin's runs, a control
+variant's and a built-in's are drawn alike. Nothing is averaged: a seed that diverged stops
+where its record stops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from creditaudit.figures.common import (
+    add_grid,
+    floor_line,
+    integer_x,
+    legend_below,
+    log_scale,
+    method_color,
+    new_figure,
+    save_all,
+)
+from creditaudit.figures.runs import MissingRuns, describe_recipe
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex, method_label
+
+NAME = "fig8_run_curves"
+TITLE = "Figure 8 — per-run curves"
+requirements = ("any completed or diverged run that logged at least one epoch — every rule, "
+                "architecture and dataset, control variants included; each recipe becomes a "
+                "row, each run a line.")
+COLUMNS = (("acc_eval", "test accuracy"), ("h_L_norm", r"$\|h_L\|_2$ (residual norm)"),
+           ("g_L_norm", r"$\|g_L\|_2$ (BP gradient at $h_L$)"))
+LINESTYLES = ("-", "--", ":", "-.")  # the seeds of one rule and λ, in seed order
+
+
+def logged(run: RunRecord) -> bool:
+    """Whether the run's record holds a test accuracy for at least one epoch."""
+    epochs, _ = run.series("acc_eval")
+    return bool(epochs)
+
+
+def select(index: RunIndex) -> dict[str, list[RunRecord]]:
+    """{recipe description: its runs that logged an epoch}, recipes in the index's order."""
+    rows: dict[str, list[RunRecord]] = {}
+    for group in index.recipes(index.select(standard=None)).values():
+        runs = [r for r in group if logged(r)]
+        if runs:
+            rows.setdefault(_row_label(runs[0], rows), runs)
+    if not rows:
+        finished = len(index.runs)
+        why = ("the results folder holds no completed or diverged run records" if not finished
+               else f"none of the {finished} completed or diverged runs here logged an epoch")
+        raise MissingRuns(TITLE, [f"runs that logged at least one epoch (optim.epochs ≥ 1) "
+                                  f"— {why}"])
+    return rows
+
+
+def _row_label(run: RunRecord, rows: dict[str, list[RunRecord]]) -> str:
+    """The recipe's description; numbered when two recipes read alike (they differ in a
+    setting the description leaves out)."""
+    label = describe_recipe(run)
+    same = sum(1 for key in rows if key == label or key.startswith(f"{label} (recipe "))
+    return label if not same else f"{label} (recipe {same + 1})"
+
+
+def build(index: RunIndex) -> dict[str, Figure]:
+    rows = select(index)
+    fig, axes = new_figure(len(rows), len(COLUMNS), figsize=(10.5, 2.8 * len(rows) + 0.8))
+    fig.subplots_adjust(wspace=0.35, hspace=0.75)
+    for row, (label, runs) in enumerate(rows.items()):
+        # Runs of one rule and λ (seeds; settings of the rule) differ in line style.
+        kin: dict[tuple[str, float], list[RunRecord]] = {}
+        for run in runs:
+            kin.setdefault((run.method, run.penalty), []).append(run)
+        for col, (key, title) in enumerate(COLUMNS):
+            ax = axes[row, col]
+            for run in runs:
+                order = kin[(run.method, run.penalty)].index(run)
+                epochs, values = run.series(key)
+                ax.plot(epochs, values, color=method_color(run.method), lw=1.3,
+                        ls=LINESTYLES[order % len(LINESTYLES)],
+                        label=method_label(run.method, run.penalty),
+                        gid=f"{row}:{key}:{run.run_id}")
+            if key != "acc_eval":
+                log_scale(ax)
+            if key == "g_L_norm":
+                floor_line(ax)
+            ax.set_title(title, fontsize=9)
+            if row == len(rows) - 1:
+                ax.set_xlabel("epoch")
+            if col == 0:  # the recipe, above its row
+                ax.annotate(label, xy=(0.0, 1.2), xycoords="axes fraction", fontsize=9,
+                            ha="left", va="bottom", fontweight="bold")
+            integer_x(ax)
+            add_grid(ax, log_scale=key != "acc_eval")
+    legend_below(fig, list(axes.flat))
+    return {NAME: fig}
+
+
+def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
+    return save_all(build(index), out_dir)
+
+
+__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select"]

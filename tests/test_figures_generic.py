@@ -1,0 +1,100 @@
+"""The generic figures draw any rule, model and dataset — per-run curves (Figure 8) every
+run, control variants included — and a paper figure that cannot draw says which runs it
+needs and why the folder's runs are not those, never that the folder is empty when it is
+not. (tests/test_outside_plugins.py draws them on a folder of plugin runs.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from creditaudit.config import RunConfig
+from creditaudit.figures import MissingRuns, render_all, run_curves, weight_alignment
+from creditaudit.records import RunRecord
+from creditaudit.results import RunIndex
+from creditaudit.run.trainer import train
+from creditaudit.study.figures import hero, lambda_sweep, penalty, summary
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {"data.n_train": 128, "data.n_test": 128, "data.in_dim": 6, "model.d": 8,
+        "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 64, "diagnostics.end_of_run": False,
+        "run.progress": False, "run.threads": 1}
+NOT_EMPTY = "holds no completed or diverged run records"
+
+
+def control(method: str = "bp", **settings) -> RunRecord:
+    """A completed record of a control variant (a model without skips)."""
+    config = RunConfig().replace(**{"method.name": method, "model.residual": False,
+                                    **settings})
+    return RunRecord(config=config, status="completed")
+
+
+@pytest.mark.parametrize("figure", [hero, penalty, lambda_sweep, summary])
+def test_a_paper_figure_says_which_runs_it_needs_and_why_these_are_not_them(figure):
+    with pytest.raises(MissingRuns) as err:
+        figure.build(RunIndex.from_records([control(), control("dfa")]))
+    text = str(err.value)
+    assert NOT_EMPTY not in text
+    assert "DFA runs" in text or "BP runs" in text  # what it needs, by rule
+    assert text.endswith("— the 2 completed or diverged runs here are all control variants "
+                         "(depth ladder, random labels or no residual stream), which it does "
+                         "not compare")
+    with pytest.raises(MissingRuns) as err:
+        figure.build(RunIndex.from_records([control()]))
+    assert "the one completed or diverged run here is a control variant" in str(err.value)
+    with pytest.raises(MissingRuns, match=NOT_EMPTY):  # and an empty folder says so
+        figure.build(RunIndex.from_records([]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A BP run, a DFA run with λ and a control variant (BP without skips), one seed each,
+    plus a second DFA seed: tiny, two epochs."""
+    out = tmp_path_factory.mktemp("generic")
+    settings = [{"method.name": "bp"}, {"method.name": "dfa", "method.penalty": 0.01},
+                {"method.name": "dfa", "method.penalty": 0.01, "run.seed": 7},
+                {"method.name": "bp", "model.residual": False}]
+    for extra in settings:
+        train(RunConfig().replace(**{**TINY, "run.out_dir": str(out), **extra}))
+    return RunIndex.from_dir(out)
+
+
+def test_per_run_curves_draw_every_run_as_its_record_logged_it(runs):
+    assert len(runs.runs) == 4
+    fig = run_curves.build(runs)[run_curves.NAME]
+    rows = run_curves.select(runs)
+    assert len(rows) == 2  # the control variant is a recipe of its own, drawn too
+    drawn = {line.get_gid(): line for ax in fig.axes for line in ax.get_lines()
+             if line.get_gid() and line.get_gid().count(":") == 2}
+    for row, group in enumerate(rows.values()):
+        for run in group:
+            for key, _ in run_curves.COLUMNS:
+                line = drawn.pop(f"{row}:{key}:{run.run_id}")
+                epochs, values = run.series(key)
+                assert epochs == list(range(3))  # epochs 0 (init), 1, 2
+                np.testing.assert_array_equal(line.get_xdata(), epochs)
+                np.testing.assert_array_equal(line.get_ydata(), values)
+    assert not drawn
+    # The two DFA seeds of one recipe differ in line style, not in colour.
+    dfa = [line for gid, line in _lines(fig, "acc_eval") if "dfa" in gid]
+    assert len({line.get_color() for line in dfa}) == 1
+    assert len({line.get_linestyle() for line in dfa}) == 2
+
+
+def _lines(fig, key):
+    return [(line.get_gid(), line) for ax in fig.axes for line in ax.get_lines()
+            if (line.get_gid() or "").split(":")[1:2] == [key]]
+
+
+def test_per_run_curves_need_a_logged_epoch():
+    with pytest.raises(MissingRuns, match="runs that logged at least one epoch"):
+        run_curves.build(RunIndex.from_records([control()]))
+
+
+def test_render_all_draws_the_generic_figures_of_any_folder(runs, tmp_path):
+    rendered, missing = render_all(runs, tmp_path)
+    assert {r.name for r in rendered} >= {"fig6_audit_panels", run_curves.NAME}
+    assert all(NOT_EMPTY not in str(err) for _, err in missing)
+    assert any(m is weight_alignment for m, _ in missing)  # no per-layer feedback rule

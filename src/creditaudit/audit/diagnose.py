@@ -1,34 +1,45 @@
 """The protocol on a live model: :func:`diagnose`, for contract models and any ``nn.Module``.
 
-It probes the arguments on two samples (one-line errors naming the argument), verifies
-that the model's backward is the gradient of its forward (the reference every number is
-measured against; :mod:`creditaudit.measures.reference_check`), computes the state
-gradients and the credits in eval mode under a forked RNG, optionally the
-credit-quality block (ρ, nudging, the fresh-feedback null), and hands them to
-:func:`creditaudit.protocol.evaluate_protocol`. ``creditaudit.diagnose`` is this function.
+``diagnose`` reads top to bottom as its steps, each a function below it:
+
+1. **arguments** — checked, with their defaults (:mod:`creditaudit.audit.arguments`);
+2. **probe** — what ``states_fn``, ``forward_from`` and a credit function return, on two
+   samples (one-line errors naming the argument);
+3. **reference check** — that the model's backward is the gradient of its forward, the
+   reference every number is measured against, on the float64 working copy of the model
+   (:mod:`creditaudit.measures.reference_check`);
+4. **gradients and credit** — the state gradients, and the credit as a rule with the module
+   the metrics run;
+5. **metrics** — optionally the credit-quality block (ρ, nudging, the fresh-feedback null);
+6. **report** — the protocol evaluated on them (:func:`creditaudit.protocol.evaluate_protocol`).
+
+Steps 2–5 run in eval mode under a forked RNG. ``creditaudit.diagnose`` is this function.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from creditaudit.errors import ConfigError, ModelContractError
+from creditaudit.audit.arguments import METRIC_OPTIONS, Arguments, checked_arguments
 from creditaudit.measures.epoch import rule_credits
-from creditaudit.measures.gradients import StatesFn, state_gradients
+from creditaudit.measures.gradients import StateGradients, StatesFn, state_gradients
 from creditaudit.measures.quality import credit_quality
-from creditaudit.measures.reference_check import SKIPPED, checked_reference
+from creditaudit.measures.reference_check import (
+    SKIPPED,
+    ReferenceCheck,
+    StatesNet,
+    checked_reference,
+)
 from creditaudit.measures.reference_modules import FIX
 from creditaudit.measures.user_models import (
     ForwardFrom,
-    StatesNet,
     check_credits,
     check_forward_from,
-    check_inputs,
     dtype_name,
     probe_states,
 )
@@ -45,22 +56,6 @@ from creditaudit.protocol import (
     Thresholds,
     evaluate_protocol,
 )
-
-
-class _FunctionCredit:
-    """Adapts a credit function ``(x, y) -> [a_0 … a_L]`` to the rule interface."""
-
-    name = "custom"
-
-    def __init__(self, model: nn.Module, fn: CreditFn) -> None:
-        self.model, self.fn = model, fn
-
-    def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
-        return [a.detach() for a in self.fn(x, y)]
-
-
-METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
-                  "seed", "rho_flops", "memory_gb")
 
 
 def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
@@ -116,84 +111,115 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
     states only, and restores the model's training flag.
     """
-    if protocol is not None and not isinstance(protocol, Protocol):
-        raise ConfigError(f"protocol= must be a creditaudit.protocol.Protocol (e.g. "
-                          f"Protocol.from_config(config.diagnostics)) or None for the built-in "
-                          f"four, got {type(protocol).__name__} {protocol!r:.40}")
-    if credit is not None and not isinstance(credit, CreditRule) and not callable(credit):
-        raise ConfigError(f"credit= must be a CreditRule, a function (x, y) -> [a_0, …, a_L] "
-                          f"or None, got {type(credit).__name__} {credit!r:.40}")
-    if thresholds is None:
-        thresholds = protocol.thresholds() if protocol is not None else Thresholds()
-    if states_fn is None:
-        if not hasattr(model, "forward_states"):
-            raise ModelContractError(
-                f"{type(model).__name__} has no forward_states: pass states_fn=lambda x: "
-                "([h_0, …, h_L], logits) to diagnose()")
-        states_fn = model.forward_states  # type: ignore[assignment]
-    check_inputs(model, eval_x, eval_y)
-    if isinstance(credit, CreditRule) and credit.model is not model:
-        raise ModelContractError(
-            f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "
-            f"the {type(model).__name__} given: its credits would not be this model's; pass "
-            "the rule's own model (credit.model) or a rule bound to this one")
-    initial = check_norms("initial_hidden_norms", initial_hidden_norms)
-    options = dict(metric_options or {})
-    unknown = sorted(set(options) - set(METRIC_OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown metric option {unknown[0]!r}; allowed: "
-                          f"{', '.join(METRIC_OPTIONS)}")
-    if forward_from is None:
-        forward_from = getattr(model, "forward_from", None)
-    if metrics and credit is None:
-        raise ModelContractError(
-            "metrics=True needs credit= (a CreditRule or a function (x, y) -> [a_0, …, a_L]) "
-            "to measure; pass metrics=False to run the four diagnostics only")
-    if metrics and forward_from is None:
-        raise ModelContractError(
-            f"metrics=True needs forward_from=(layer, h) -> logits: {type(model).__name__} has "
-            "no forward_from, and ρ and nudging run the network on from a moved state; pass "
-            "metrics=False to run the four diagnostics only")
+    args = checked_arguments(model, eval_x, eval_y, credit=credit, states_fn=states_fn,
+                             forward_from=forward_from, thresholds=thresholds,
+                             protocol=protocol, metrics=metrics, metric_options=metric_options,
+                             initial_hidden_norms=initial_hidden_norms)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices):
-            states, logits = probe_states(states_fn, eval_x, eval_y)
-            if metrics and forward_from is not None:  # (metrics without one was refused)
-                check_forward_from(forward_from, states, logits)
-            if credit is not None and not isinstance(credit, CreditRule):
-                check_credits(credit, eval_x, eval_y, states)
-            reference = (checked_reference(model, states_fn, eval_x, eval_y,
-                                           forward_from=forward_from,
+            logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)
+            reference = (checked_reference(model, args.states_fn, eval_x, eval_y,
+                                           forward_from=args.forward_from,
                                            allow=allow_unverified_reference, fix=reference_fix)
                          if verify_reference else SKIPPED)
-            rule, metrics_model = _credit_and_model(model, credit, states_fn, forward_from)
-            sg = state_gradients(states_fn, eval_x, eval_y)
-            summaries = None
-            if isinstance(rule, CreditRule):
-                summaries = rule_credits(rule, eval_x, eval_y)
-            elif rule is not None:
-                summaries = [summary_vectors(a) for a in rule.credits(eval_x, eval_y)]
-            quality = None
-            precision = None
-            if metrics:
-                dtype = (torch.float64 if not isinstance(metrics_model, StatesNet)
-                         or metrics_model.copyable else None)
-                precision = "float64" if dtype is not None else dtype_name(logits.dtype)
-                quality = credit_quality(rule, eval_x, eval_y,
-                                         grad_floor=thresholds.grad_floor, dtype=dtype,
-                                         progress=progress, **options)
+            measured = _credit(model, credit, args, eval_x, eval_y)
+            quality, precision = (_metrics(measured, logits, args, eval_x, eval_y, progress)
+                                  if metrics else (None, None))
     finally:
         model.train(was_training)
-    # A contract model declares whether it ends in a LayerNorm, an adapted one as declared
-    # or probed; a plain module may not.
-    if isinstance(model, ResidualNet):
-        terminal_ln: bool | None = bool(model.terminal_ln)
-    elif isinstance(model, AdaptedModel):
-        terminal_ln = model.terminal_ln
-    else:
-        terminal_ln = (model.out_ln is not None) if hasattr(model, "out_ln") else None
+    meta, terminal_ln = _metadata(model, measured.rule, precision, metadata)
+    return _report(measured, meta, terminal_ln, reference, args, quality=quality,
+                   headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol)
+
+
+def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor,
+           eval_y: Tensor, *, metrics: bool) -> Tensor:
+    """Step 2: the user's functions on two samples (one-line errors naming the one at
+    fault); returns the probe's logits ``(2, C)``, whose dtype is the model's precision."""
+    states, logits = probe_states(args.states_fn, eval_x, eval_y)
+    if metrics and args.forward_from is not None:  # (metrics without one was refused)
+        check_forward_from(args.forward_from, states, logits)
+    if credit is not None and not isinstance(credit, CreditRule):
+        check_credits(credit, eval_x, eval_y, states)
+    return logits
+
+
+class _FunctionCredit:
+    """Adapts a credit function ``(x, y) -> [a_0 … a_L]`` to the rule interface."""
+
+    name = "custom"
+
+    def __init__(self, model: nn.Module, fn: CreditFn) -> None:
+        self.model, self.fn = model, fn
+
+    def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        return [a.detach() for a in self.fn(x, y)]
+
+
+@dataclass
+class _Measured:
+    """Step 4's results: the state gradients ``sg`` on the evaluation set, the credit as a
+    ``rule`` (None without one), the module ``work`` the metrics run, and the credits'
+    per-sample ``summaries`` (``(N, d)`` per state; None without a credit)."""
+
+    sg: StateGradients
+    rule: Any  # a CreditRule, a _FunctionCredit (what the metrics call of a rule) or None
+    work: nn.Module
+    summaries: list[Tensor] | None
+
+
+def _credit(model: nn.Module, credit: CreditRule | CreditFn | None, args: Arguments,
+            eval_x: Tensor, eval_y: Tensor) -> _Measured:
+    """Step 4: the state gradients g_l, and the credit a_l as a rule with its summaries."""
+    rule, work = _credit_and_model(model, credit, args.states_fn, args.forward_from)
+    sg = state_gradients(args.states_fn, eval_x, eval_y)
+    summaries = None
+    if isinstance(rule, CreditRule):
+        summaries = rule_credits(rule, eval_x, eval_y)
+    elif rule is not None:
+        summaries = [summary_vectors(a) for a in rule.credits(eval_x, eval_y)]
+    return _Measured(sg, rule, work, summaries)
+
+
+def _credit_and_model(model: nn.Module, credit: CreditRule | CreditFn | None,
+                      states_fn: StatesFn, forward_from: ForwardFrom | None
+                      ) -> tuple[Any, nn.Module]:
+    """(the credit as a rule, the module the metrics run): the model itself when it is a
+    contract model run through its own methods, else the model behind a StatesNet."""
+    if isinstance(credit, CreditRule):
+        return credit, credit.model
+    own = (states_fn == getattr(model, "forward_states", None)
+           and forward_from == getattr(model, "forward_from", None))
+    work: nn.Module = model
+    if not own and forward_from is not None:
+        work = StatesNet(model, states_fn, forward_from)
+    return (_FunctionCredit(work, credit) if credit is not None else None), work
+
+
+def _metrics(measured: _Measured, logits: Tensor, args: Arguments, eval_x: Tensor,
+             eval_y: Tensor, progress: Callable[[str], None] | None
+             ) -> tuple[dict[str, Any], str]:
+    """Step 5: the credit-quality block, and the precision it ran in: float64 on a copy
+    unless the metrics module is a StatesNet whose functions cannot follow a copy (then the
+    model's own, read from the probe's ``logits``)."""
+    work = measured.work
+    dtype = (torch.float64 if not isinstance(work, StatesNet) or work.copyable else None)
+    precision = "float64" if dtype is not None else dtype_name(logits.dtype)
+    quality = credit_quality(measured.rule, eval_x, eval_y,
+                             grad_floor=args.thresholds.grad_floor, dtype=dtype,
+                             progress=progress, **args.metric_options)
+    return quality, precision
+
+
+def _metadata(model: nn.Module, rule: Any,
+              precision: str | None, metadata: dict[str, Any] | None
+              ) -> tuple[dict[str, Any], bool | None]:
+    """(the report's metadata: the model as it names itself, the credit's name, the metrics'
+    precision, then the caller's ``metadata``; whether the model ends in a LayerNorm, as
+    the caller's ``metadata`` says or else :func:`_terminal_ln`)."""
     # An adapted model is named as it describes itself (the user's class, its package and
     # states), not as the wrapper class "AdaptedModel".
     name = model.describe().label if isinstance(model, AdaptedModel) else type(model).__name__
@@ -202,12 +228,30 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     if precision is not None:
         meta["metrics_precision"] = precision
     meta.update(metadata or {})
-    terminal_ln = meta.pop("terminal_ln", terminal_ln)
-    report = evaluate_protocol(sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
-                               thresholds=thresholds, terminal_ln=terminal_ln,
-                               credits=summaries, metrics=quality, metadata=meta,
+    return meta, meta.pop("terminal_ln", _terminal_ln(model))
+
+
+def _terminal_ln(model: nn.Module) -> bool | None:
+    """Whether the model ends in a LayerNorm: a contract model declares it, an adapted one
+    as declared or probed; a plain module may not say (None)."""
+    if isinstance(model, ResidualNet):
+        return bool(model.terminal_ln)
+    if isinstance(model, AdaptedModel):
+        return model.terminal_ln
+    return (model.out_ln is not None) if hasattr(model, "out_ln") else None
+
+
+def _report(measured: _Measured, meta: dict[str, Any], terminal_ln: bool | None,
+            reference: ReferenceCheck, args: Arguments, *, quality: dict[str, Any] | None,
+            headline_acc: float | None, frozen_acc: float | None,
+            protocol: Protocol | None) -> DiagnosticReport:
+    """Step 6: the protocol evaluated on the measurements; (b) says when the reference is
+    unchecked, (d) how to give a frozen-blocks accuracy."""
+    report = evaluate_protocol(measured.sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
+                               thresholds=args.thresholds, terminal_ln=terminal_ln,
+                               credits=measured.summaries, metrics=quality, metadata=meta,
                                protocol=protocol, reference=reference.to_dict(),
-                               initial_hidden_norms=initial)
+                               initial_hidden_norms=args.initial)
     # (b) judges the reference: its reason says it is unchecked
     b = ReferenceValidity.name
     if not reference.verified and any(r.id == b for r in report.diagnostics):
@@ -228,35 +272,6 @@ def with_frozen_hint(report: DiagnosticReport, hint: str) -> DiagnosticReport:
         if result.status == NOT_EVALUATED and result.reason.startswith(NO_FROZEN_REASON):
             result.reason = f"{NO_FROZEN_REASON} ({hint})"
     return report
-
-
-def check_norms(name: str, norms: Sequence[float] | None) -> list[float] | None:
-    """``norms`` as a list of floats; a one-line ConfigError naming ``name`` unless it is a
-    non-empty sequence of numbers ≥ 0 (NaN/Inf allowed: a diverged network's norms)."""
-    if norms is None:
-        return None
-    if isinstance(norms, str | bytes) or not isinstance(norms, Sequence) or not norms or not all(
-            isinstance(v, int | float) and not isinstance(v, bool)
-            and (math.isnan(v) or v >= 0) for v in norms):
-        raise ConfigError(f"{name} must be a list of median state norms (numbers ≥ 0, "
-                          f"h_0 first), e.g. diagnose(initial_model, …).hidden_norms; got "
-                          f"{norms!r:.80}")
-    return [float(v) for v in norms]
-
-
-def _credit_and_model(model: nn.Module, credit: CreditRule | CreditFn | None,
-                      states_fn: StatesFn, forward_from: ForwardFrom | None
-                      ) -> tuple[Any, nn.Module]:
-    """(the credit as a rule, the module the metrics run): the model itself when it is a
-    contract model run through its own methods, else the model behind a StatesNet."""
-    if isinstance(credit, CreditRule):
-        return credit, credit.model
-    own = (states_fn == getattr(model, "forward_states", None)
-           and forward_from == getattr(model, "forward_from", None))
-    work: nn.Module = model
-    if not own and forward_from is not None:
-        work = StatesNet(model, states_fn, forward_from)
-    return (_FunctionCredit(work, credit) if credit is not None else None), work
 
 
 __all__ = ["diagnose", "METRIC_OPTIONS"]

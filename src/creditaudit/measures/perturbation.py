@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.measures.budget import rho_budget
+from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.progress import Clock, Say, StageProgress
 from creditaudit.measures.working import DEFAULT_MEMORY_GB, WorkingCopy
 from creditaudit.models.contract import ResidualNet
@@ -88,16 +89,6 @@ def jackknife_se(predicted: Tensor, true: Tensor) -> float:
     return float(torch.sqrt(spread * (n - 1) / n))
 
 
-def _unit_directions(b: int, m: int, shape: tuple[int, ...], *, generator: torch.Generator,
-                     dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(b, m, D) unit directions, D = prod(shape), from a CPU generator (reproducible on
-    any device). Drawn in float32 — a third of float64's cost on the CPU — then cast: a
-    direction only has to be uniformly random on the sphere, not float64-exact."""
-    v = torch.randn((b, m, math.prod(shape)), generator=generator, dtype=torch.float32)
-    v = v.to(device=device, dtype=dtype)
-    return v / torch.linalg.vector_norm(v, dim=2, keepdim=True)
-
-
 def _directions(shapes: Sequence[tuple[int, ...]], b: int, m: int, *,
                 generator: torch.Generator, dtype: torch.dtype, device: torch.device
                 ) -> dict[tuple[int, ...], Tensor]:
@@ -105,8 +96,8 @@ def _directions(shapes: Sequence[tuple[int, ...]], b: int, m: int, *,
     out: dict[tuple[int, ...], Tensor] = {}
     for shape in shapes:
         if shape not in out:
-            out[shape] = _unit_directions(b, m, shape, generator=generator, dtype=dtype,
-                                          device=device)
+            out[shape] = unit_directions(b, m, shape, generator=generator, dtype=dtype,
+                                         device=device)
     return out
 
 

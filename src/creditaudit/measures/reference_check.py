@@ -1,4 +1,5 @@
-"""Is the reference gradient the model's gradient? The check ``diagnose()`` runs first.
+"""Is the reference gradient the model's gradient? The check ``diagnose()`` runs first, and
+the working copy of the model it runs on.
 
 Every cosine, Γ, diagnostics (b) and (c), and ρ's BP control compare with
 g_l = ∂CE/∂h_l as autograd computes it through ``states_fn``. A model whose backward is not
@@ -27,16 +28,25 @@ FA by 0.4–0.6 along the gradient's own direction. The probes are the samples w
 largest loss (the least saturated) among the first :data:`PROBE_POOL`, moved off the ties of
 real data (:func:`_off_ties`).
 
+The working copy: :func:`model_copy` copies a model to another dtype (the caller's model
+is never changed), and :class:`StatesNet` carries a user's ``states_fn`` and
+``forward_from`` as a module's methods, so that a copy runs them on the copied weights. The
+state-by-state check runs on a float64 copy (:func:`_float64_contract`); the
+credit-quality metrics copy the same way
+(:class:`~creditaudit.measures.working.WorkingCopy`).
+
 Cost: a few forward passes of four samples per state (or per module), against the
 diagnostics' passes over the whole evaluation set.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -50,51 +60,27 @@ from creditaudit.measures.central_differences import (
     _compared,
     _disagree,
 )
+from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.gradients import StatesFn
-from creditaudit.measures.perturbation import _unit_directions
 from creditaudit.measures.reference_modules import (
     FIX,
+    ReferenceGradientError,
     _Call,
     _error_text,
     _module_message,
     _module_name,
+    _raise_for_segment,
     _recorded,
     _scan,
 )
-from creditaudit.measures.user_models import ForwardFrom, StatesNet, check_forward_from
-from creditaudit.measures.working import model_copy
+from creditaudit.measures.user_models import ForwardFrom, check_forward_from
 
 PROBE_POOL = 32  # samples whose loss picks the probes
 PROBE_SAMPLES = 4  # the probes: the largest-loss samples of the pool
 RANDOM_DIRECTIONS = 3  # per probe and state, beside the claimed gradient's direction
 PROBE_JITTER = 1e-3  # the probes' move off ties, relative to their RMS (:func:`_off_ties`)
 
-
-class ReferenceGradientError(ModelContractError):
-    """The model's backward is not the gradient of its forward, so the protocol's reference
-    gradient would be the model's own credit. ``where``: the module (``blocks.1.w2``) or
-    the segment (``between h_2 and h_3``) whose backward differs, when it was placed. The
-    message ends in the way out (:data:`FIX`, ``diagnose``'s; :meth:`with_fix` gives
-    another caller's)."""
-
-    def __init__(self, message: str, *, where: str | None = None) -> None:
-        super().__init__(message)
-        self.where = where
-
-    @property
-    def finding(self) -> str:
-        """The message without its way out: what was found (for a record)."""
-        text = str(self).removesuffix(FIX)
-        for tail in (", or ", "; ", " or "):
-            if text.endswith(tail):
-                return text[:-len(tail)]
-        return text
-
-    def with_fix(self, fix: str) -> ReferenceGradientError:
-        """The same refusal with ``fix`` as its way out instead of ``diagnose``'s."""
-        text = str(self)
-        return ReferenceGradientError(text.removesuffix(FIX) + fix if text.endswith(FIX)
-                                      else f"{text}; {fix}", where=self.where)
+Module = TypeVar("Module", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -144,10 +130,11 @@ def check_reference(model: nn.Module, states_fn: StatesFn, x: Tensor, y: Tensor,
     a float64 copy or on detached inputs, and takes gradients w.r.t. states and inputs only.
     """
     xs, ys, dtype = _probes(states_fn, x, y)
-    work = (_float64_contract(model, states_fn, forward_from, xs, dtype)
+    x64 = _as64(xs)
+    work = (_float64_contract(model, states_fn, forward_from, x64, dtype)
             if forward_from is not None else None)
     if work is not None:
-        return _check_states(work, xs, ys)
+        return _check_states(work, x64, ys)
     return _check_modules(model, states_fn, xs)
 
 
@@ -182,10 +169,63 @@ def _off_ties(xs: Tensor) -> Tensor:
     return xs + PROBE_JITTER * scale * noise
 
 
+# --- the working copy ------------------------------------------------------------------------
+def model_copy(model: Module, dtype: torch.dtype) -> Module:
+    """An eval-mode copy of ``model`` in ``dtype``, of its type (the caller's model stays as
+    it is)."""
+    clone = copy.deepcopy(model)
+    clone.to(dtype=dtype)
+    clone.eval()
+    return clone
+
+
+class StatesNet(nn.Module):
+    """A user's module seen through the contract the metrics use: ``forward_states`` is
+    ``states_fn``, ``forward_from`` is the given function.
+
+    The reference check and the metrics work on float64 copies (:func:`model_copy`).
+    A copy can re-point the functions at the copied module only when they are bound
+    methods of it (``model.states``, ``model.run_from``): then :attr:`copyable` is True.
+    Lambdas and other closures keep calling the original module, so for them the metrics
+    run on the module as it is, in its own precision.
+    """
+
+    def __init__(self, net: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom) -> None:
+        super().__init__()
+        self.net = net
+        self._states_fn = states_fn
+        self._forward_from = forward_from
+        self.train(net.training)  # a new module trains; this one mirrors the net's mode
+
+    @property
+    def copyable(self) -> bool:
+        return all(getattr(fn, "__self__", None) is self.net
+                   for fn in (self._states_fn, self._forward_from))
+
+    def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        states, logits = self._states_fn(x)
+        return list(states), logits
+
+    def forward_from(self, layer: int, h: Tensor) -> Tensor:
+        return self._forward_from(layer, h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_states(x)[1]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StatesNet:
+        if not self.copyable:
+            raise ModelContractError("states_fn and forward_from are not bound methods of the "
+                                     "model, so a copy of it cannot run them")
+        net = copy.deepcopy(self.net, memo)
+        return StatesNet(net, types.MethodType(self._states_fn.__func__, net),  # type: ignore[attr-defined]
+                         types.MethodType(self._forward_from.__func__, net))  # type: ignore[attr-defined]
+
+
 def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom,
-                      xs: Tensor, dtype: torch.dtype) -> StatesNet | None:
+                      x64: Tensor, dtype: torch.dtype) -> StatesNet | None:
     """The model with its two functions in float64 (a copy unless it already is), or None
-    when they cannot be copied (closures) or ``forward_from`` does not reproduce the logits."""
+    when they cannot be copied (closures) or ``forward_from`` does not reproduce the logits
+    on the probes ``x64`` (float64 when floating, as the copy takes them)."""
     net = StatesNet(model, states_fn, forward_from)
     if dtype != F64:
         if not net.copyable:
@@ -195,7 +235,7 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
         except Exception:  # noqa: BLE001 — any module may refuse deepcopy: check modules then
             return None
     with torch.enable_grad():
-        states, logits = net.forward_states(_as64(xs))
+        states, logits = net.forward_states(x64)
     try:
         check_forward_from(net.forward_from, states, logits)
     except ModelContractError:  # it was not asked for (metrics=False): check modules instead
@@ -204,15 +244,15 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
 
 
 # --- state by state ----------------------------------------------------------------------------
-def _check_states(work: StatesNet, xs: Tensor, ys: Tensor) -> ReferenceCheck:
-    """The state-by-state check on the float64 ``work`` model; the module-by-module one
-    where a state's loss is flat at float64 resolution on every probe.
+def _check_states(work: StatesNet, x64: Tensor, ys: Tensor) -> ReferenceCheck:
+    """The state-by-state check on the float64 ``work`` model at the probes ``x64`` (float64
+    when floating), labels ``ys``; the module-by-module one where a state's loss is flat at
+    float64 resolution on every probe.
 
     First h_0 and h_L only: a backward that is wrong anywhere above h_0 makes g_0 wrong,
     and h_L tells the head apart; every state is compared only to place a disagreement.
     """
     generator = torch.Generator().manual_seed(0)
-    x64 = _as64(xs)
     with torch.enable_grad():
         states, logits = work.forward_states(x64)
         losses = F.cross_entropy(logits, ys, reduction="none")
@@ -226,17 +266,22 @@ def _check_states(work: StatesNet, xs: Tensor, ys: Tensor) -> ReferenceCheck:
         losses.detach().abs() + logits.detach().abs().amax(dim=1))  # (k,) loss units
     last = len(states) - 1
 
-    def verdicts(layer: int) -> tuple[Tensor, Tensor]:
+    def verdict(layer: int) -> tuple[bool, bool]:
+        """(whether the backward at h_layer disagrees, whether any comparison there said
+        something)."""
         g = grads[layer]
         g = torch.zeros_like(states[layer]) if g is None else g
-        return _state_verdicts(work, layer, states[layer].detach(), g, ys, floor, generator)
+        own, random = _state_verdicts(work, layer, states[layer].detach(), g, ys, floor,
+                                      generator)
+        return (_disagree(own) or _disagree(random),
+                bool((own != 0).any()) or bool((random != 0).any()))
 
-    ends = {layer: verdicts(layer) for layer in sorted({0, last})}
-    if any(_disagree(v) for pair in ends.values() for v in pair):
+    ends = {layer: verdict(layer) for layer in sorted({0, last})}
+    if any(disagrees for disagrees, _ in ends.values()):
         failing = [layer for layer in range(last, -1, -1)
-                   if any(_disagree(v) for v in ends.get(layer) or verdicts(layer))]
+                   if (ends.get(layer) or verdict(layer))[0]]
         _raise_for_segment(work, states, failing[0], last)
-    if any(not any(bool((v != 0).any()) for v in pair) for pair in ends.values()):
+    if not all(compared for _, compared in ends.values()):
         return _scan_or_raise(work, lambda: work.forward_states(x64), "")
     return ReferenceCheck(True, "states", "∂CE/∂h_l agrees with float64 central differences "
                           "of the loss at h_0 and h_L")
@@ -250,8 +295,8 @@ def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor
     flat_h, flat_g = h.flatten(1), g.flatten(1)
     g_norm = torch.linalg.vector_norm(flat_g, dim=1, keepdim=True)
     own = (flat_g / g_norm.clamp_min(torch.finfo(F64).tiny)).unsqueeze(1)
-    random = _unit_directions(k, RANDOM_DIRECTIONS, shape, generator=generator,
-                              dtype=h.dtype, device=h.device)
+    random = unit_directions(k, RANDOM_DIRECTIONS, shape, generator=generator,
+                             dtype=h.dtype, device=h.device)
     v = torch.cat([own, random], dim=1)  # (k, 1 + m, D), unit rows (ĝ = 0 when g = 0)
     m = v.shape[1]
     backward = torch.einsum("kd,kmd->km", flat_g, v).flatten()
@@ -326,63 +371,3 @@ def _scan_or_raise(work: StatesNet, run: Callable[[], Any], failure: str) -> Ref
     raise ReferenceGradientError(failure)
 
 
-# --- naming the module -------------------------------------------------------------------------
-def _reached(work: StatesNet, layer: int, state: Tensor) -> set[str]:
-    """The modules whose input depends on h_layer when the network runs on from it
-    (``forward_from(layer, h)``), by autograd; a module whose dependence cannot be asked
-    (its graph's backward raises) counts as reached."""
-    h = state.detach().requires_grad_(True)
-    reached: set[str] = set()
-
-    def hook(name: str) -> Callable[..., None]:
-        def ask(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            inputs = [a for a in [*args, *kwargs.values()]
-                      if isinstance(a, Tensor) and a.is_floating_point() and a.requires_grad]
-            if name in reached or not inputs:
-                return
-            try:
-                grads = torch.autograd.grad([t.sum() for t in inputs], h, retain_graph=True,
-                                            allow_unused=True)
-            except Exception:  # noqa: BLE001 — the model's own backward: count it in
-                reached.add(name)
-                return
-            if grads[0] is not None:
-                reached.add(name)
-        return ask
-
-    handles = [module.register_forward_pre_hook(hook(name), with_kwargs=True)
-               for name, module in work.named_modules()]
-    try:
-        with torch.enable_grad():
-            work.forward_from(layer, h)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return reached
-
-
-
-def _raise_for_segment(work: StatesNet, states: list[Tensor], layer: int, last: int
-                       ) -> NoReturn:
-    """The reference disagrees at state ``layer`` but not above it: the backward at fault
-    runs between h_layer and h_layer+1 (or the logits). Raise naming its module."""
-    place = (f"between h_{layer} and the logits" if layer == last
-             else f"between h_{layer} and h_{layer + 1}")
-    h = states[layer].detach().requires_grad_(True)
-    with torch.enable_grad(), _recorded(work) as calls:
-        work.forward_from(layer, h)
-    # The modules a gradient from h_layer reaches and one from h_layer+1 does not (an
-    # adapted model reruns every module from a zero input, those before the state too).
-    inside = _reached(work, layer, states[layer])
-    if layer < last:
-        inside -= _reached(work, layer + 1, states[layer + 1])
-    segment = [call for call in calls if call.name in inside]
-    found = _scan(segment, dict(work.named_modules()))[0]
-    if found is not None:
-        raise ReferenceGradientError(_module_message(work.net, found, "net."),
-                                     where=_module_name(found, "net."))
-    raise ReferenceGradientError(
-        f"the backward {place} is not the gradient of the forward (no single module's "
-        "backward differs: a torch.autograd.Function with its own backward?), so ∂CE/∂h_l "
-        f"would be that backward's credit, not the reference: make it plain autograd, or {FIX}",
-        where=place)

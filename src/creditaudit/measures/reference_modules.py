@@ -6,8 +6,10 @@ Each module whose input carries a gradient is recorded on its first call in a fo
 compares ⟨Jᵀu, w⟩ (its backward) with ⟨u, J·w⟩ (a central difference of its output, judged
 by :mod:`creditaudit.measures.central_differences`) for the output direction
 u = J·w / ‖J·w‖; a module whose backward raises is at fault too. :func:`_scan` finds the
-innermost module at fault and :func:`_module_message` names it in a one-line refusal. Used
-by :mod:`creditaudit.measures.reference_check`.
+innermost module at fault and :func:`_module_message` names it in a one-line
+:class:`ReferenceGradientError`; where the state-by-state check placed a disagreement
+between two states, :func:`_raise_for_segment` names the module in that segment. Used by
+:mod:`creditaudit.measures.reference_check`.
 """
 
 from __future__ import annotations
@@ -15,16 +17,56 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from creditaudit.errors import ModelContractError
 from creditaudit.measures.central_differences import F64, ROUNDING_ULPS, STEPS, _as64, _compared
-from creditaudit.measures.perturbation import _unit_directions
+from creditaudit.measures.directions import unit_directions
 
 FIX = "pass verify_reference=False to audit it unverified"  # the way out every refusal names
 Key = int | str  # a positional argument's index or a keyword argument's name
+
+
+class _Working(Protocol):
+    """The float64 working copy the state-by-state check runs
+    (:class:`~creditaudit.measures.reference_check.StatesNet`): the user's module ``net``
+    and the network run on from a state."""
+
+    net: nn.Module
+
+    def forward_from(self, layer: int, h: Tensor) -> Tensor: ...
+
+    def named_modules(self) -> Iterator[tuple[str, nn.Module]]: ...
+
+
+class ReferenceGradientError(ModelContractError):
+    """The model's backward is not the gradient of its forward, so the protocol's reference
+    gradient would be the model's own credit. ``where``: the module (``blocks.1.w2``) or
+    the segment (``between h_2 and h_3``) whose backward differs, when it was placed. The
+    message ends in the way out (:data:`FIX`, ``diagnose``'s; :meth:`with_fix` gives
+    another caller's)."""
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
+
+    @property
+    def finding(self) -> str:
+        """The message without its way out: what was found (for a record)."""
+        text = str(self).removesuffix(FIX)
+        for tail in (", or ", "; ", " or "):
+            if text.endswith(tail):
+                return text[:-len(tail)]
+        return text
+
+    def with_fix(self, fix: str) -> ReferenceGradientError:
+        """The same refusal with ``fix`` as its way out instead of ``diagnose``'s."""
+        text = str(self)
+        return ReferenceGradientError(text.removesuffix(FIX) + fix if text.endswith(FIX)
+                                      else f"{text}; {fix}", where=self.where)
 
 
 @dataclass
@@ -112,8 +154,8 @@ def _module_direction(module: nn.Module, call: _Call, inputs: dict[Key, Tensor],
     # w = (‖t‖·ŵ_t) over the inputs t: a step δ moves each input by δ of its own norm.
     w = {}
     for key, t in inputs.items():
-        direction = _unit_directions(1, 1, tuple(t.shape), generator=generator, dtype=F64,
-                                     device=t.device).view(t.shape)
+        direction = unit_directions(1, 1, tuple(t.shape), generator=generator, dtype=F64,
+                                    device=t.device).view(t.shape)
         norm = float(torch.linalg.vector_norm(t))
         w[key] = direction * (norm if norm > 0 else 1.0)
 
@@ -223,3 +265,64 @@ def _module_message(model: nn.Module, found: tuple[_Call, str], prefix: str) -> 
 
 def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+# --- naming the module -------------------------------------------------------------------------
+def _reached(work: _Working, layer: int, state: Tensor) -> set[str]:
+    """The modules whose input depends on h_layer when the network runs on from it
+    (``forward_from(layer, h)``), by autograd; a module whose dependence cannot be asked
+    (its graph's backward raises) counts as reached."""
+    h = state.detach().requires_grad_(True)
+    reached: set[str] = set()
+
+    def hook(name: str) -> Callable[..., None]:
+        def ask(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            inputs = [a for a in [*args, *kwargs.values()]
+                      if isinstance(a, Tensor) and a.is_floating_point() and a.requires_grad]
+            if name in reached or not inputs:
+                return
+            try:
+                grads = torch.autograd.grad([t.sum() for t in inputs], h, retain_graph=True,
+                                            allow_unused=True)
+            except Exception:  # noqa: BLE001 — the model's own backward: count it in
+                reached.add(name)
+                return
+            if grads[0] is not None:
+                reached.add(name)
+        return ask
+
+    handles = [module.register_forward_pre_hook(hook(name), with_kwargs=True)
+               for name, module in work.named_modules()]
+    try:
+        with torch.enable_grad():
+            work.forward_from(layer, h)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return reached
+
+
+def _raise_for_segment(work: _Working, states: list[Tensor], layer: int, last: int
+                       ) -> NoReturn:
+    """The reference disagrees at state ``layer`` but not above it: the backward at fault
+    runs between h_layer and h_layer+1 (or the logits). Raise naming its module."""
+    place = (f"between h_{layer} and the logits" if layer == last
+             else f"between h_{layer} and h_{layer + 1}")
+    h = states[layer].detach().requires_grad_(True)
+    with torch.enable_grad(), _recorded(work) as calls:
+        work.forward_from(layer, h)
+    # The modules a gradient from h_layer reaches and one from h_layer+1 does not (an
+    # adapted model reruns every module from a zero input, those before the state too).
+    inside = _reached(work, layer, states[layer])
+    if layer < last:
+        inside -= _reached(work, layer + 1, states[layer + 1])
+    segment = [call for call in calls if call.name in inside]
+    found = _scan(segment, dict(work.named_modules()))[0]
+    if found is not None:
+        raise ReferenceGradientError(_module_message(work.net, found, "net."),
+                                     where=_module_name(found, "net."))
+    raise ReferenceGradientError(
+        f"the backward {place} is not the gradient of the forward (no single module's "
+        "backward differs: a torch.autograd.Function with its own backward?), so ∂CE/∂h_l "
+        f"would be that backward's credit, not the reference: make it plain autograd, or {FIX}",
+        where=place)

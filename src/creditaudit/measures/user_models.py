@@ -1,5 +1,4 @@
-"""Auditing a user's own network: checks of what ``diagnose()`` is given, and the adapter
-that lets the credit-quality metrics run it.
+"""Auditing a user's own network: checks of what ``diagnose()`` is given.
 
 A user's ``nn.Module`` needs two functions beside it:
 
@@ -9,13 +8,13 @@ A user's ``nn.Module`` needs two functions beside it:
   watch the loss respond.
 
 Each check raises a one-line :class:`~creditaudit.errors.ModelContractError` that names the
-argument at fault, on a two-sample probe before any real work.
+argument at fault, on a two-sample probe before any real work. The module the reference
+check and the metrics run the two functions on is
+:class:`~creditaudit.measures.reference_check.StatesNet`.
 """
 
 from __future__ import annotations
 
-import copy
-import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -178,45 +177,3 @@ def _describe(value: Any) -> str:
     if isinstance(value, list | tuple):
         return f"a {type(value).__name__} of {len(value)}"
     return type(value).__name__
-
-
-class StatesNet(nn.Module):
-    """A user's module seen through the contract the metrics use: ``forward_states`` is
-    ``states_fn``, ``forward_from`` is the given function.
-
-    The metrics work on float64 copies (:func:`~creditaudit.measures.working.model_copy`).
-    A copy can re-point the functions at the copied module only when they are bound
-    methods of it (``model.states``, ``model.run_from``): then :attr:`copyable` is True.
-    Lambdas and other closures keep calling the original module, so for them the metrics
-    run on the module as it is, in its own precision.
-    """
-
-    def __init__(self, net: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom) -> None:
-        super().__init__()
-        self.net = net
-        self._states_fn = states_fn
-        self._forward_from = forward_from
-        self.train(net.training)  # a new module trains; this one mirrors the net's mode
-
-    @property
-    def copyable(self) -> bool:
-        return all(getattr(fn, "__self__", None) is self.net
-                   for fn in (self._states_fn, self._forward_from))
-
-    def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
-        states, logits = self._states_fn(x)
-        return list(states), logits
-
-    def forward_from(self, layer: int, h: Tensor) -> Tensor:
-        return self._forward_from(layer, h)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_states(x)[1]
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> StatesNet:
-        if not self.copyable:
-            raise ModelContractError("states_fn and forward_from are not bound methods of the "
-                                     "model, so a copy of it cannot run them")
-        net = copy.deepcopy(self.net, memo)
-        return StatesNet(net, types.MethodType(self._states_fn.__func__, net),  # type: ignore[attr-defined]
-                         types.MethodType(self._forward_from.__func__, net))  # type: ignore[attr-defined]

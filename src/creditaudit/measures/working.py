@@ -1,7 +1,8 @@
 """The working copy ρ and nudging perturb, and its pass over the samples under a memory cap.
 
-The end-of-run measures run on a float64 *copy* of the model (:func:`model_copy`; the
-caller's model is never changed). Its pass over the samples — states h_l, logits and BP
+The end-of-run measures run on a float64 *copy* of the model
+(:func:`~creditaudit.measures.reference_check.model_copy`, the copy the reference check runs
+on too; the caller's model is never changed). Its pass over the samples — states h_l, logits and BP
 gradients g_l — runs in chunks, and the perturbed forwards in slices of rows, each sized so
 that what autograd saves for it stays under ``memory_bytes``: :func:`measure_footprint`
 measures the model's bytes per sample on a few samples (:class:`Footprint`), and
@@ -10,24 +11,21 @@ measures the model's bytes per sample on a few samples (:class:`Footprint`), and
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.measures.gradients import StatesFn
+from creditaudit.measures.reference_check import model_copy
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import ResidualNet
 
 DEFAULT_MEMORY_GB = 2.0
 PROBE_SAMPLES = (2, 4)
-
-Module = TypeVar("Module", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -93,15 +91,6 @@ def measure_footprint(states_fn: StatesFn, x: Tensor, y: Tensor) -> Footprint:
     per_sample = ((saved[high] - saved[low]) / (high - low) if high > low
                   else saved[high] / high)
     return Footprint(max(math.ceil(per_sample), state_bytes), state_bytes)
-
-
-def model_copy(model: Module, dtype: torch.dtype) -> Module:
-    """An eval-mode copy of ``model`` in ``dtype``, of its type (the caller's model stays as
-    it is)."""
-    clone = copy.deepcopy(model)
-    clone.to(dtype=dtype)
-    clone.eval()
-    return clone
 
 
 def _cast_input(x: Tensor, dtype: torch.dtype) -> Tensor:

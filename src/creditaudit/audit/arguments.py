@@ -1,0 +1,101 @@
+"""The first step of :func:`~creditaudit.audit.diagnose.diagnose`: its arguments checked, and
+the defaults they leave filled in.
+
+Each check raises a one-line :class:`~creditaudit.errors.ConfigError` or
+:class:`~creditaudit.errors.ModelContractError` naming the argument, before the model runs
+(what the model returns is probed in the next step, on two samples).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from creditaudit.errors import ConfigError, ModelContractError
+from creditaudit.measures.gradients import StatesFn
+from creditaudit.measures.user_models import ForwardFrom, check_inputs
+from creditaudit.methods.base import CreditRule
+from creditaudit.protocol import CreditFn, Protocol, Thresholds
+
+METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
+                  "seed", "rho_flops", "memory_gb")
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """What ``diagnose`` runs with once its arguments are checked: the ``states_fn`` and
+    ``forward_from`` (the model's own methods unless given; ``forward_from`` None where the
+    model has none and no metrics were asked for), the ``thresholds`` (the protocol's, else
+    the defaults), the ``initial`` hidden norms as floats, and the ``metric_options``."""
+
+    states_fn: StatesFn
+    forward_from: ForwardFrom | None
+    thresholds: Thresholds
+    initial: list[float] | None
+    metric_options: dict[str, Any]
+
+
+def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
+                      credit: CreditRule | CreditFn | None, states_fn: StatesFn | None,
+                      forward_from: ForwardFrom | None, thresholds: Thresholds | None,
+                      protocol: Protocol | None, metrics: bool,
+                      metric_options: dict[str, Any] | None,
+                      initial_hidden_norms: Sequence[float] | None) -> Arguments:
+    """``diagnose``'s arguments (as it documents them) checked, with their defaults."""
+    if protocol is not None and not isinstance(protocol, Protocol):
+        raise ConfigError(f"protocol= must be a creditaudit.protocol.Protocol (e.g. "
+                          f"Protocol.from_config(config.diagnostics)) or None for the built-in "
+                          f"four, got {type(protocol).__name__} {protocol!r:.40}")
+    if credit is not None and not isinstance(credit, CreditRule) and not callable(credit):
+        raise ConfigError(f"credit= must be a CreditRule, a function (x, y) -> [a_0, …, a_L] "
+                          f"or None, got {type(credit).__name__} {credit!r:.40}")
+    if thresholds is None:
+        thresholds = protocol.thresholds() if protocol is not None else Thresholds()
+    if states_fn is None:
+        if not hasattr(model, "forward_states"):
+            raise ModelContractError(
+                f"{type(model).__name__} has no forward_states: pass states_fn=lambda x: "
+                "([h_0, …, h_L], logits) to diagnose()")
+        states_fn = model.forward_states  # type: ignore[assignment]
+    check_inputs(model, eval_x, eval_y)
+    if isinstance(credit, CreditRule) and credit.model is not model:
+        raise ModelContractError(
+            f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "
+            f"the {type(model).__name__} given: its credits would not be this model's; pass "
+            "the rule's own model (credit.model) or a rule bound to this one")
+    initial = check_norms("initial_hidden_norms", initial_hidden_norms)
+    options = dict(metric_options or {})
+    unknown = sorted(set(options) - set(METRIC_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown metric option {unknown[0]!r}; allowed: "
+                          f"{', '.join(METRIC_OPTIONS)}")
+    if forward_from is None:
+        forward_from = getattr(model, "forward_from", None)
+    if metrics and credit is None:
+        raise ModelContractError(
+            "metrics=True needs credit= (a CreditRule or a function (x, y) -> [a_0, …, a_L]) "
+            "to measure; pass metrics=False to run the four diagnostics only")
+    if metrics and forward_from is None:
+        raise ModelContractError(
+            f"metrics=True needs forward_from=(layer, h) -> logits: {type(model).__name__} has "
+            "no forward_from, and ρ and nudging run the network on from a moved state; pass "
+            "metrics=False to run the four diagnostics only")
+    return Arguments(states_fn, forward_from, thresholds, initial, options)
+
+
+def check_norms(name: str, norms: Sequence[float] | None) -> list[float] | None:
+    """``norms`` as a list of floats; a one-line ConfigError naming ``name`` unless it is a
+    non-empty sequence of numbers ≥ 0 (NaN/Inf allowed: a diverged network's norms)."""
+    if norms is None:
+        return None
+    if isinstance(norms, str | bytes) or not isinstance(norms, Sequence) or not norms or not all(
+            isinstance(v, int | float) and not isinstance(v, bool)
+            and (math.isnan(v) or v >= 0) for v in norms):
+        raise ConfigError(f"{name} must be a list of median state norms (numbers ≥ 0, "
+                          f"h_0 first), e.g. diagnose(initial_model, …).hidden_norms; got "
+                          f"{norms!r:.80}")
+    return [float(v) for v in norms]

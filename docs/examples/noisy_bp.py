@@ -28,15 +28,15 @@ class NoisyBPOptions(SeededOptions, LocalOptions):
     sigma: float = opt(1.0, "noise size σ, relative to each sample's RMS(g_l)", min=0.0)
 
 
-class NoisyBP(CreditRule):
+# method.sigma, plus feedback_seed (it draws noise from its generator) and normalise_credit
+# (it trains on the local surrogate); CreditRule[NoisyBPOptions] sets its Options and types
+# self.options
+class NoisyBP(CreditRule[NoisyBPOptions]):
     name = "noisy-bp"
     label = "Noisy BP"
     credit_formula = "a_l = g_l + σ·RMS(g_l)·ξ_l"
     feedback_kind = "symmetric"  # the exact gradient, i.e. the forward weights' transposes
     local = True  # blocks train on the local surrogate with this rule's credit
-    # method.sigma, plus feedback_seed (it draws noise from its generator) and
-    # normalise_credit (it trains on the local surrogate)
-    Options = NoisyBPOptions
 
     def __init__(self, model, config, *, n_classes, generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
@@ -45,7 +45,7 @@ class NoisyBP(CreditRule):
         self.generator = generator
 
     def noisy(self, grads: list[Tensor], generator: torch.Generator) -> list[Tensor]:
-        sigma = self.config.sigma
+        sigma = self.options.sigma
         out = []
         for g in grads:
             rms = g.flatten(1).pow(2).mean(dim=1).sqrt().view(-1, *[1] * (g.dim() - 1))

@@ -33,8 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.config import MethodConfig
-from creditaudit.methods.base import StepResult, loss_precision, step_result
+from creditaudit.methods.base import LocalOptions, StepResult, loss_precision, step_result
 from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import set_trainable_blocks
@@ -44,8 +43,10 @@ class ProjectingRule(Protocol):
     """What :func:`projected_local_step` reads of a rule (DFA and DRTP have it)."""
 
     model: AdaptedModel
-    config: MethodConfig
     feedback: list[Tensor]
+
+    @property
+    def options(self) -> LocalOptions: ...
 
     def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor: ...
 
@@ -119,7 +120,7 @@ def projected_local_step(rule: ProjectingRule, x: Tensor, y: Tensor,
     Σ_l ⟨out_l, â_l⟩ + λ·P + CE(readout(h_L detached)), h_{l−1} detached in out_l.
     """
     optimizer.zero_grad(set_to_none=True)
-    model, penalty, batch = rule.model, rule.config.penalty, y.shape[0]
+    model, penalty, batch = rule.model, rule.options.penalty, y.shape[0]
     with rule.autocast():
         outputs, logits = model.local_states(x)
         ce = F.cross_entropy(loss_precision(logits), y)

@@ -13,7 +13,7 @@ import contextlib
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin
 
 import torch
 from torch import Tensor, nn
@@ -61,8 +61,24 @@ FEEDBACK_KINDS = ("none", "fixed_random", "learned", "symmetric", "sign_concorda
 
 
 # --- options several rules share (a rule's ``Options`` combines them with its own) ---------
+class RuleOptions:
+    """Base of a rule's ``Options``: declares, for readers and type checkers, the keys of
+    ``[method]`` every rule reads beside its own options. They are not fields of ``Options``:
+    :class:`~creditaudit.config.MethodConfig` holds them, and the section a rule is given
+    (:attr:`CreditRule.options`) is composed of both."""
+
+    name: str
+    penalty: float  # the residual-branch penalty λ
+    trainable_blocks: int | None
+
+
+@dataclass(frozen=True)
+class NoRuleOptions(RuleOptions):
+    """The options of a rule that has none of its own (BP, the frozen baseline)."""
+
+
 @dataclass
-class SeededOptions:
+class SeededOptions(RuleOptions):
     """Rules that draw anything (feedback, auxiliary nets' weights, noise) from their own
     generator."""
 
@@ -72,7 +88,7 @@ class SeededOptions:
 
 
 @dataclass
-class ScaleOptions:
+class ScaleOptions(RuleOptions):
     """Rules whose feedback has a scale."""
 
     feedback_scale: float = opt(1.0, "feedback entries ~ N(0, scale²/fan_in) (FA, DFA, DRTP, "
@@ -85,7 +101,7 @@ class FeedbackOptions(SeededOptions, ScaleOptions):
 
 
 @dataclass
-class LocalOptions:
+class LocalOptions(RuleOptions):
     """Rules that train every module on the local surrogate with their credit."""
 
     normalise_credit: bool = opt(
@@ -101,8 +117,15 @@ STACKED_STEPS: dict[str, tuple[str, ...]] = {
     "end_to_end": (), "projected": ("projected_signal", "stacked_credits"), "fa": ("propagate",)}
 
 
-class CreditRule(Component):
-    """Base class: one credit rule bound to one model.
+# Covariant: a rule of LocalFeedbackOptions is a rule of LocalOptions (the helpers below
+# that read options a rule may lack say which Options they need through ``self``'s type).
+OptionsT = TypeVar("OptionsT", covariant=True)
+# The options of the built-in rules' shared parents (all reach the common keys).
+RuleOptionsT = TypeVar("RuleOptionsT", bound=RuleOptions, covariant=True)
+
+
+class CreditRule(Component, Generic[OptionsT]):
+    """Base class: one credit rule bound to one model and its ``[method]`` section.
 
     A rule describes itself with class attributes, which the registry, the CLI, figures and
     reports read (so adding a rule touches no other file):
@@ -112,8 +135,10 @@ class CreditRule(Component):
     - ``Options``: a dataclass of the rule's own settings (:func:`creditaudit.config.opt`
       fields; combine :class:`SeededOptions`, :class:`ScaleOptions`,
       :class:`FeedbackOptions`, :class:`LocalOptions` with your own), set as
-      ``method.<option>`` in configs and read as ``self.config.<option>``; a rule that
-      declares ``feedback_seed`` draws from the generator it is given
+      ``method.<option>`` in configs and read as ``self.options.<option>``. Declared once,
+      as the parameter of the base class (``class MyRule(CreditRule[MyOptions])``), which
+      also types ``self.options``; ``Options = MyOptions`` in the class body works too. A
+      rule that declares ``feedback_seed`` draws from the generator it is given
       (:meth:`draws_feedback`);
     - ``id_version``: bump it when the rule starts computing something else for the same
       options (its records are then never reused as finished runs);
@@ -143,7 +168,13 @@ class CreditRule(Component):
 
     Subclasses implement :meth:`credits` and :meth:`train_step`, and extend
     :meth:`state_dict`, :meth:`load_state_dict` and :meth:`to` with what they own.
+
+    ``self.options`` is the ``[method]`` section the rule was built with: its ``Options``
+    fields (typed by ``OptionsT``) plus the keys every rule reads, such as ``penalty``
+    (:class:`RuleOptions`).
     """
+
+    options: OptionsT
 
     credit_formula: ClassVar[str] = ""
     feedback_kind: ClassVar[str] = "none"
@@ -156,11 +187,29 @@ class CreditRule(Component):
     baseline: ClassVar[bool] = False
     stacked_step: ClassVar[str | None] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Take ``Options`` from the base's parameter (``CreditRule[MyOptions]``) when the
+        class body does not set it."""
+        super().__init_subclass__(**kwargs)
+        named = options_parameters(cls)
+        if len(named) == 1 and "Options" not in cls.__dict__:
+            cls.Options = named[0]
+
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         self.model = model
-        self.config = config
+        # The section composed of MethodConfig and Options (creditaudit.config.composed).
+        self.options = cast(OptionsT, config)
         self.n_classes = n_classes
+
+    @property
+    def config(self) -> Any:
+        """The older name of :attr:`options` (the same object)."""
+        return self.options
+
+    @config.setter
+    def config(self, value: Any) -> None:
+        self.options = value
 
     @classmethod
     def draws_feedback(cls) -> bool:
@@ -194,8 +243,8 @@ class CreditRule(Component):
         """One optimiser step on a batch: (B, …) inputs, (B,) int64 labels."""
         raise NotImplementedError
 
-    def local_train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer,
-                         credits_of: Any) -> StepResult:
+    def local_train_step(self: CreditRule[LocalOptions], x: Tensor, y: Tensor,
+                         optimizer: torch.optim.Optimizer, credits_of: Any) -> StepResult:
         """One step of the local surrogate with the credits ``credits_of(local)`` returns
         for the step's :class:`LocalPass` (``[a_0 … a_L]``, detached): every block on
         ⟨f_l(h_l), â_{l+1}⟩ (+ the penalty), the embedding on ⟨h_0, â_0⟩, the readout on its
@@ -207,14 +256,14 @@ class CreditRule(Component):
             grads = [self.credit_gradient(a, y.shape[0]) for a in credits_of(local)]
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
-            local_backward(local, ce, grads, self.config.penalty)
+            local_backward(local, ce, grads, self.options.penalty)
             optimizer.step()
         return result
 
-    def credit_gradient(self, credit: Tensor, batch: int) -> Tensor:
+    def credit_gradient(self: CreditRule[LocalOptions], credit: Tensor, batch: int) -> Tensor:
         """What the local surrogate sends into a module's output for credit ``a``: â / B
         (or a / B with ``method.normalise_credit=false``); see :func:`credit_gradient`."""
-        return credit_gradient(credit, batch, normalise=self.config.normalise_credit)
+        return credit_gradient(credit, batch, normalise=self.options.normalise_credit)
 
     def weight_alignment(self) -> dict[str, list] | None:
         """Per-layer alignment of the rule's feedback with the forward weights, for rules
@@ -289,6 +338,20 @@ class CreditRule(Component):
         to ``device``; subclasses extend this for what they own."""
         self.model.to(device)
         return self
+
+
+def options_parameters(cls: type) -> tuple[type, ...]:
+    """The ``Options`` types ``cls`` names as the parameter of a rule base among its own
+    bases (``class EP(CreditRule[EPOptions])`` → ``(EPOptions,)``); empty when it
+    names none (it inherits its parent's, or sets ``Options`` in its body). More than one
+    is a mistake the rule registry refuses."""
+    found: list[type] = []
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin = get_origin(base)
+        if isinstance(origin, type) and issubclass(origin, CreditRule):
+            found += [a for a in get_args(base)[:1]
+                      if isinstance(a, type) and a not in found]
+    return tuple(found)
 
 
 def all_finite(tensor: Tensor) -> bool:

@@ -10,7 +10,15 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.methods import adapted
-from creditaudit.methods.base import CreditRule, StepResult, loss_precision, step_result
+from creditaudit.methods.base import (
+    CreditRule,
+    NoRuleOptions,
+    RuleOptions,
+    RuleOptionsT,
+    StepResult,
+    loss_precision,
+    step_result,
+)
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import branch_penalty
 from creditaudit.models.adapted import AdaptedModel
@@ -42,7 +50,7 @@ def bp_state_gradients(model: ResidualNet, x: Tensor, y: Tensor) -> list[Tensor]
     return [g.detach() for g in grads]
 
 
-class BackpropRule(CreditRule):
+class BackpropRule(CreditRule[RuleOptionsT]):
     """What BP and the frozen-blocks baseline share (not a rule of its own): credits are the
     exact state gradients g_l, and whatever trains is trained by end-to-end backprop of
     CE + λΣ‖f_l‖². Code that means "credit by backprop" (BP or frozen) tests this class."""
@@ -58,7 +66,7 @@ class BackpropRule(CreditRule):
 
 
 @register
-class BP(BackpropRule):
+class BP(BackpropRule[NoRuleOptions]):
     """a_l = g_l exactly; every parameter trained by end-to-end backprop of CE + λΣ‖f_l‖²."""
 
     name = "bp"
@@ -91,7 +99,8 @@ def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: floa
     return objective, ce, logits, states[-1]
 
 
-def end_to_end_step(rule: CreditRule, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer,
+def end_to_end_step(rule: CreditRule[RuleOptions], x: Tensor, y: Tensor,
+                    optimizer: torch.optim.Optimizer,
                     graph: contextlib.AbstractContextManager[Any] | None = None) -> StepResult:
     """One end-to-end training step of ``rule``: the objective of
     :func:`end_to_end_objective` built under the rule's autocast (and inside ``graph``, e.g.
@@ -100,7 +109,7 @@ def end_to_end_step(rule: CreditRule, x: Tensor, y: Tensor, optimizer: torch.opt
     optimizer.zero_grad(set_to_none=True)
     with rule.autocast(), graph or contextlib.nullcontext():
         objective, ce, logits, h_last = end_to_end_objective(rule.model, x, y,
-                                                             rule.config.penalty)
+                                                             rule.options.penalty)
     result = step_result(ce, logits, y, h_last)
     if result.finite:
         objective.backward()

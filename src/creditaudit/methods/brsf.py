@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.config import MethodConfig
+from creditaudit.methods.base import FeedbackOptions
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
     SignFeedback,
@@ -18,7 +19,7 @@ from creditaudit.models.contract import ResidualNet
 
 
 @register
-class BRSF(LinearFeedbackRule):
+class BRSF(LinearFeedbackRule[FeedbackOptions]):
     """B = |M_t| ∘ sign(W) for every Linear and Conv2d, magnitudes redrawn before every step.
 
     |M_t| has W's shape, entries |N(0, s²/n)| (n: the fan-in of the backward map, as for
@@ -47,7 +48,7 @@ class BRSF(LinearFeedbackRule):
     def draw_magnitudes(self) -> list[Tensor]:
         """A fresh |M| per layer from the rule's generator (W's dtype and device); on the CPU
         in float32 the tensors are the draw buffers, overwritten by the next draw."""
-        drawn = draw_layer_feedback(self.layers, scale=self.config.feedback_scale,
+        drawn = draw_layer_feedback(self.layers, scale=self.options.feedback_scale,
                                     generator=self.generator, out=self.draws)
         return [m.abs_().to(device=w.device, dtype=w.dtype)
                 for m, w in zip(drawn, self.weights())]

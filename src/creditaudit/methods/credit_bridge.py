@@ -116,7 +116,7 @@ class CreditBridgeOptions(FeedbackOptions, LocalOptions, BridgeOptions):
 
 
 @register
-class CreditBridge(CreditRule):
+class CreditBridge(CreditRule[CreditBridgeOptions]):
     """Credit a_l = ∇_{h_l} V_φ(h_l, l, e) after a DFA warm-up; V_φ fitted on the fly."""
 
     name = "credit-bridge"
@@ -125,7 +125,6 @@ class CreditBridge(CreditRule):
     credit_formula = "a_l = ∇_{h_l} V(h_l, l, e)"
     feedback_kind = "learned"
     local = True
-    Options = CreditBridgeOptions
     color, marker = "#5289C7", "P"
     rank = 50
 
@@ -138,13 +137,13 @@ class CreditBridge(CreditRule):
         # Not called ``feedback``: after the warm-up the credit no longer depends on these
         # matrices, so the fresh-B null of FA/DFA does not apply.
         self.warmup_feedback = draw_feedback([(n_classes, d)] * n_states,
-                                             scale=config.feedback_scale, generator=generator)
+                                             scale=self.options.feedback_scale, generator=generator)
         if value is None:
             with seeded_init(generator):
-                value = ValueNet(d, n_states, n_classes, hidden=config.bridge_hidden)
+                value = ValueNet(d, n_states, n_classes, hidden=self.options.bridge_hidden)
         self.value = value.to(self.dtype)
         self.target = copy.deepcopy(self.value).requires_grad_(False)
-        self.value_optimizer = make_adamw(self.value.parameters(), lr=config.bridge_lr,
+        self.value_optimizer = make_adamw(self.value.parameters(), lr=self.options.bridge_lr,
                                           weight_decay=AUX_WEIGHT_DECAY)
         self.epochs_done = 0
         self.n_epochs: int | None = None
@@ -158,7 +157,7 @@ class CreditBridge(CreditRule):
     # --- warm-up ------------------------------------------------------------------------
     def in_warmup(self) -> bool:
         """Whether the next epoch trains with DFA credit."""
-        fraction = self.config.warmup_fraction
+        fraction = self.options.warmup_fraction
         if fraction <= 0:
             return False
         if self.n_epochs is None:  # ceil(fraction × epochs) ≥ 1 whatever the epoch count
@@ -197,17 +196,17 @@ class CreditBridge(CreditRule):
     # --- fitting V ----------------------------------------------------------------------
     def consistency_targets(self, states: list[Tensor], e: Tensor) -> Tensor:
         """softmin_τ over K noisy copies of V̄(h_{l+1} + ξ, l+1, e), rows layer-major (L·B,)."""
-        batch, n_low, k = e.shape[0], len(states) - 1, self.config.bridge_copies
+        batch, n_low, k = e.shape[0], len(states) - 1, self.options.bridge_copies
         nxt = torch.cat([h.detach().to(self.dtype) for h in states[1:]])
         rms = nxt.flatten(1).pow(2).mean(dim=1).sqrt()
-        sigma = (self.config.bridge_noise * rms).view(1, -1, *([1] * (nxt.dim() - 1)))
+        sigma = (self.options.bridge_noise * rms).view(1, -1, *([1] * (nxt.dim() - 1)))
         noise = torch.randn((k, *nxt.shape), generator=self.generator, dtype=self.dtype)
         noisy = (nxt.unsqueeze(0) + sigma * noise.to(nxt.device)).flatten(0, 1)
         layers = torch.arange(1, n_low + 1, device=nxt.device).repeat_interleave(batch)
         e_rows = e.to(device=nxt.device, dtype=self.dtype).repeat(n_low * k, 1)
         with torch.no_grad():
             values = self.target(noisy, layers.repeat(k), e_rows).view(k, n_low * batch)
-        return soft_min(values, self.config.bridge_temperature, dim=0)
+        return soft_min(values, self.options.bridge_temperature, dim=0)
 
     def value_losses(self, states: list[Tensor], e: Tensor, y: Tensor,
                      logits: Tensor) -> dict[str, Tensor]:
@@ -243,7 +242,7 @@ class CreditBridge(CreditRule):
         self.value_optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.value_optimizer.step()
-        decay = self.config.ema_decay
+        decay = self.options.ema_decay
         with torch.no_grad():
             for p_target, p in zip(self.target.parameters(), self.value.parameters()):
                 p_target.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
@@ -265,7 +264,7 @@ class CreditBridge(CreditRule):
             self.fit_value(local.states, e, y, local.logits)
             self.sums["warmup_steps"] += float(warmup)
             local_backward(local, ce, [self.credit_gradient(a, y.shape[0]) for a in credits],
-                           self.config.penalty)
+                           self.options.penalty)
             optimizer.step()
         return result
 

@@ -4,6 +4,7 @@ what it shares with DRTP (:class:`DirectFeedbackRule`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -17,8 +18,10 @@ from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 
+LocalFeedbackT = TypeVar("LocalFeedbackT", bound=LocalFeedbackOptions, covariant=True)
 
-class DirectFeedbackRule(FixedFeedbackRule):
+
+class DirectFeedbackRule(FixedFeedbackRule[LocalFeedbackT]):
     """What DFA and DRTP share (not a rule of its own): every state gets a (B, C) signal
     projected by its own fixed random matrix, a_l = s @ feedback[l].
 
@@ -33,7 +36,7 @@ class DirectFeedbackRule(FixedFeedbackRule):
 
     local = True
     adapted_models = True
-    Options = LocalFeedbackOptions
+    Options = LocalFeedbackOptions  # for a subclass that names no options
 
     def feedback_shapes(self) -> list[tuple[int, ...]]:
         if isinstance(self.model, AdaptedModel):
@@ -79,7 +82,7 @@ class DirectFeedbackRule(FixedFeedbackRule):
         # The credits have rank C, so modules whose output is a Linear's take their update
         # from the projected output (methods/projected.py): no d-wide weight product.
         optimizer.zero_grad(set_to_none=True)
-        penalty = self.config.penalty
+        penalty = self.options.penalty
         with self.autocast():
             local = projected_forward(self.model, x, self.feedback, keep_branches=penalty > 0)
             ce = F.cross_entropy(local.logits, y)
@@ -87,14 +90,14 @@ class DirectFeedbackRule(FixedFeedbackRule):
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:
             scales = credit_scales(signal, self.feedback, y.shape[0],
-                                   normalise=self.config.normalise_credit)
+                                   normalise=self.options.normalise_credit)
             projected_backward(local, ce, signal, scales, self.feedback, penalty)
             optimizer.step()
         return result
 
 
 @register
-class DFA(DirectFeedbackRule):
+class DFA(DirectFeedbackRule[LocalFeedbackOptions]):
     """Every state gets the output error projected by its own fixed random matrix:
     a_l = e @ feedback[l], e the (B, C) output error (:class:`DirectFeedbackRule`)."""
 

@@ -6,11 +6,12 @@ from torch import Tensor
 
 from creditaudit.methods.base import loss_precision, one_hot
 from creditaudit.methods.dfa import DirectFeedbackRule
+from creditaudit.methods.feedback import LocalFeedbackOptions
 from creditaudit.methods.registry import register
 
 
 @register
-class DRTP(DirectFeedbackRule):
+class DRTP(DirectFeedbackRule[LocalFeedbackOptions]):
     """DFA's projection with the output error replaced by the target: every state gets the
     one-hot label projected by its own fixed random C×d matrix.
 

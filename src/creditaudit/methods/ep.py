@@ -66,7 +66,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig, opt
-from creditaudit.methods.base import CreditRule, StepResult, step_result
+from creditaudit.methods.base import CreditRule, RuleOptions, StepResult, step_result
 from creditaudit.methods.ep_relax import EP_SOLVERS, Relaxation, relax
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import branch_penalty, per_sample_dot
@@ -170,7 +170,7 @@ def _cosine(a: list[Tensor], b: list[Tensor]) -> float:
 
 
 @dataclass
-class EPOptions:
+class EPOptions(RuleOptions):
     ep_beta: float = opt(0.01, "EP: nudging strength β of the cross-entropy term (the credit's "
                          "bias grows with β: at 0.1 even a converged relaxation's weight update "
                          "has cosine ≈ 0.99 with BP's on a fresh d=256 L=4 net, at 0.01 ≈ 0.9999; "
@@ -192,7 +192,7 @@ class EPOptions:
 
 
 @register
-class EP(CreditRule):
+class EP(CreditRule[EPOptions]):
     """Equilibrium Propagation: credit a_l = −r_{l−1}/β at the nudged state (1/B-scaled)."""
 
     name = "ep"
@@ -200,7 +200,6 @@ class EP(CreditRule):
     credit_formula = "a_l = −r_{l−1}/β (nudged equilibrium)"
     feedback_kind = "symmetric"
     residual_reason = "it relaxes the residual energy ½Σ_l‖h_{l+1} − h_l − f_l(h_l)‖²"
-    Options = EPOptions
     # 1: the default relaxation became residual-cg (it was cg). 2: residual-cg's bound on the
     # nudged energy allows for the rounding of the logits (in float32 it had sent confident
     # samples back to their free states with zero credit).
@@ -216,8 +215,8 @@ class EP(CreditRule):
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
-        self.beta, self.steps = config.ep_beta, config.ep_steps
-        self.step_size, self.solver = config.ep_step_size, config.ep_solver
+        self.beta, self.steps = self.options.ep_beta, self.options.ep_steps
+        self.step_size, self.solver = self.options.ep_step_size, self.options.ep_solver
         self.ratio_sum, self.ratio_count, self.backoffs = 0.0, 0, 0
 
     # --- credit -------------------------------------------------------------------------
@@ -289,10 +288,10 @@ class EP(CreditRule):
             if relaxation is not None:
                 credits = self.credits_from(relaxation, y.shape[0])
                 objective = objective + self.contrastive_objective(x, relaxation, credits)
-            if self.config.penalty > 0:
+            if self.options.penalty > 0:
                 branches = [block(states[i].detach()) if block_is_trainable(block) else None
                             for i, block in enumerate(model.blocks)]
-                objective = objective + self.config.penalty * branch_penalty(branches)
+                objective = objective + self.options.penalty * branch_penalty(branches)
         checks = [h_last] + (relaxation.residuals if relaxation is not None else [])
         result = step_result(ce, logits, y, *checks)
         if result.finite:

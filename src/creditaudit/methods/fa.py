@@ -31,7 +31,7 @@ def readout_gradient(model: ResidualNet, h_last: Tensor, y: Tensor, *, create_gr
 
 
 @register
-class FA(FixedFeedbackRule):
+class FA(FixedFeedbackRule[LocalFeedbackOptions]):
     """``feedback[l]`` is a d×d matrix B_l; per sample a_l = a_{l+1} @ B_lᵀ (column form B_l a).
 
     With B_l set to the transposed Jacobian of block l (e.g. (I + W_l)ᵀ in a linear
@@ -44,7 +44,6 @@ class FA(FixedFeedbackRule):
     label = "FA"
     credit_formula = "a_l = B_l a_{l+1}, a_L exact"
     local = True
-    Options = LocalFeedbackOptions
     color, marker = "#F1932D", "s"
     rank = 10
     stacked_step = "fa"
@@ -88,6 +87,6 @@ class FA(FixedFeedbackRule):
         result = step_result(ce, logits, y, local.states[-1])
         if result.finite:
             # ce's readout graph was kept by readout_gradient: the readout params get ∂CE.
-            local_backward(local, ce, credit_grads, self.config.penalty)
+            local_backward(local, ce, credit_grads, self.options.penalty)
             optimizer.step()
         return result

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.config import MethodConfig
+from creditaudit.methods.base import FeedbackOptions
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
@@ -17,7 +18,7 @@ from creditaudit.models.contract import ResidualNet
 
 
 @register
-class FALinear(FixedFeedbackRule, LinearFeedbackRule):
+class FALinear(FixedFeedbackRule[FeedbackOptions], LinearFeedbackRule[FeedbackOptions]):
     """Every Linear's and Conv2d's input gradient uses a fixed random B instead of its W.
 
     ``feedback[i]`` has the shape of the i-th layer's W — (out, in) for a Linear,
@@ -45,7 +46,7 @@ class FALinear(FixedFeedbackRule, LinearFeedbackRule):
         return weight_shapes(self.layers)
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
-        return draw_layer_feedback(self.layers, scale=self.config.feedback_scale,
+        return draw_layer_feedback(self.layers, scale=self.options.feedback_scale,
                                    generator=generator)
 
     def feedback_matrices(self) -> list[Tensor]:

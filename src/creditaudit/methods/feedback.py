@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -67,11 +67,16 @@ class LocalFeedbackOptions(FeedbackOptions, LocalOptions):
     """Local rules with fixed random feedback (block FA, DFA, DRTP)."""
 
 
-class FixedFeedbackRule(CreditRule):
+FeedbackT = TypeVar("FeedbackT", bound=FeedbackOptions, covariant=True)
+
+
+class FixedFeedbackRule(CreditRule[FeedbackT]):
     """A rule whose credit uses ``self.feedback``: a list of fixed random matrices.
 
     Subclasses give the shapes (:meth:`feedback_shapes`) and use ``self.feedback`` in their
-    credits; drawing, the null's redraw, state_dict and device moves are handled here.
+    credits; drawing, the null's redraw, state_dict and device moves are handled here. A
+    subclass names its options (``FixedFeedbackRule[LocalFeedbackOptions]``); one that
+    names none has :class:`FeedbackOptions`.
     """
 
     feedback_kind: ClassVar[str] = "fixed_random"
@@ -87,7 +92,7 @@ class FixedFeedbackRule(CreditRule):
         raise NotImplementedError
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
-        return draw_feedback(self.feedback_shapes(), scale=self.config.feedback_scale,
+        return draw_feedback(self.feedback_shapes(), scale=self.options.feedback_scale,
                              generator=generator)
 
     @contextlib.contextmanager
@@ -105,7 +110,7 @@ class FixedFeedbackRule(CreditRule):
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.feedback = [b.clone() for b in state["feedback"]]
 
-    def to(self, device: torch.device) -> FixedFeedbackRule:
+    def to(self, device: torch.device) -> FixedFeedbackRule[FeedbackT]:
         super().to(device)
         self.feedback = [b.to(device) for b in self.feedback]
         return self

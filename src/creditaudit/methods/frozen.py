@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from creditaudit.config import MethodConfig
+from creditaudit.methods.base import NoRuleOptions
 from creditaudit.methods.bp import BackpropRule
 from creditaudit.methods.registry import register
 from creditaudit.models.adapted import AdaptedModel
@@ -12,7 +13,7 @@ from creditaudit.models.contract import ResidualNet, set_trainable_blocks
 
 
 @register
-class Frozen(BackpropRule):
+class Frozen(BackpropRule[NoRuleOptions]):
     """Blocks frozen at random init; embed, terminal LN and head trained by BP. What the
     trained blocks of any rule must beat by the (d) margin. On an adapted model everything
     but the readout is frozen."""

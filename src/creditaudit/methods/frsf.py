@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from creditaudit.methods.base import FeedbackOptions
 from creditaudit.methods.feedback import FixedFeedbackRule
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
@@ -17,7 +18,7 @@ from creditaudit.methods.registry import register
 
 
 @register
-class FRSF(FixedFeedbackRule, LinearFeedbackRule):
+class FRSF(FixedFeedbackRule[FeedbackOptions], LinearFeedbackRule[FeedbackOptions]):
     """B = |M| ∘ sign(W) for every Linear and Conv2d, with magnitudes |M| drawn once and kept.
 
     ``feedback[i]`` holds the magnitudes |M| (W's shape, |N(0, s²/n)| with n the fan-in of
@@ -37,7 +38,7 @@ class FRSF(FixedFeedbackRule, LinearFeedbackRule):
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
         return [m.abs() for m in draw_layer_feedback(
-            self.layers, scale=self.config.feedback_scale, generator=generator)]
+            self.layers, scale=self.options.feedback_scale, generator=generator)]
 
     def feedback_matrices(self) -> list[Tensor]:
         return sign_feedback(self.feedback, self.weights())

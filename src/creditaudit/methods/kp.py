@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.config import MethodConfig
-from creditaudit.methods.base import StepResult
+from creditaudit.methods.base import FeedbackOptions, StepResult
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
     draw_layer_feedback,
@@ -36,7 +36,7 @@ def group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict | None:
 
 
 @register
-class KolenPollack(LinearFeedbackRule):
+class KolenPollack(LinearFeedbackRule[FeedbackOptions]):
     """Per-layer feedback B trained to mirror W (see the module docstring)."""
 
     name = "kp"
@@ -49,7 +49,7 @@ class KolenPollack(LinearFeedbackRule):
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
-        drawn = draw_layer_feedback(self.layers, scale=config.feedback_scale,
+        drawn = draw_layer_feedback(self.layers, scale=self.options.feedback_scale,
                                     generator=generator)
         # The same initial B as fa-linear for the same seed; in W's dtype, as it is updated
         # with W's steps.

@@ -38,7 +38,13 @@ from torch.nn import functional as F
 from creditaudit.config import MethodConfig
 from creditaudit.methods import adapted_feedback
 from creditaudit.methods.adapted_feedback import Feedback
-from creditaudit.methods.base import CreditRule, FeedbackOptions, StepResult, loss_precision
+from creditaudit.methods.base import (
+    CreditRule,
+    FeedbackOptions,
+    RuleOptionsT,
+    StepResult,
+    loss_precision,
+)
 from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
 from creditaudit.methods.replaced_backward import (
@@ -116,7 +122,7 @@ def draw_layer_feedback(layers: Sequence[tuple[str, FeedbackLayer]], *, scale: f
                          fans=[backward_fan_in(layer) for _, layer in layers], out=out)
 
 
-class LinearFeedbackRule(CreditRule):
+class LinearFeedbackRule(CreditRule[RuleOptionsT]):
     """End-to-end training through a backward pass with per-layer feedback (every Linear and
     every Conv2d outside the embedding: :func:`feedback_layers`).
 

@@ -192,7 +192,7 @@ class StateBridgeOptions(SeededOptions, LocalOptions, BridgeOptions):
 
 
 @register
-class StateBridge(CreditRule):
+class StateBridge(CreditRule[StateBridgeOptions]):
     """Credit a_l = ∇_{h_l} CE(readout(G_ψ(h_l, l, e)), y); G_ψ fitted to h_L on the fly."""
 
     name = "state-bridge"
@@ -202,7 +202,6 @@ class StateBridge(CreditRule):
     credit_formula = "a_l = ∇_{h_l} CE(readout(G(h_l, l, e)), y)"
     feedback_kind = "learned"
     local = True
-    Options = StateBridgeOptions
     color, marker = "#AE76A3", "<"
     rank = 40
 
@@ -214,8 +213,8 @@ class StateBridge(CreditRule):
         if predictor is None:
             with seeded_init(generator):
                 predictor = BridgePredictor(state_width(model), model.n_blocks, n_classes,
-                                            hidden=config.bridge_hidden,
-                                            skip=config.bridge_skip).to(self.dtype)
+                                            hidden=self.options.bridge_hidden,
+                                            skip=self.options.bridge_skip).to(self.dtype)
         self.predictor: Predictor
         self.predictor_optimizer: torch.optim.Optimizer | None = None
         self.set_predictor(predictor)
@@ -231,7 +230,7 @@ class StateBridge(CreditRule):
         """
         self.predictor = predictor
         params = list(predictor.parameters()) if isinstance(predictor, nn.Module) else []
-        self.predictor_optimizer = (make_adamw(params, lr=self.config.bridge_lr,
+        self.predictor_optimizer = (make_adamw(params, lr=self.options.bridge_lr,
                                                weight_decay=AUX_WEIGHT_DECAY)
                                     if train and params else None)
 
@@ -333,7 +332,7 @@ class StateBridge(CreditRule):
             self.error_sum += self.fit_predictor(local.states, e, predicted)
             self.error_count += 1
             local_backward(local, ce, [self.credit_gradient(a, y.shape[0]) for a in credits],
-                           self.config.penalty)
+                           self.options.penalty)
             optimizer.step()
         return result
 

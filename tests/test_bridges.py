@@ -326,7 +326,7 @@ def test_credit_bridge_consistency_targets_use_rule_noise():
     layers = torch.arange(1, model.n_blocks + 1).repeat_interleave(x.shape[0])
     values = torch.stack([rule.target(nxt + sigma[:, None] * noise[k], layers,
                                       e.repeat(model.n_blocks, 1)) for k in range(5)])
-    assert torch.allclose(targets, soft_min(values, rule.config.bridge_temperature),
+    assert torch.allclose(targets, soft_min(values, rule.options.bridge_temperature),
                           rtol=1e-10)
     assert torch.equal(rule.generator.get_state(), replay.get_state())
 

@@ -65,12 +65,12 @@ class BPWithoutPenalty(BP):
     stacked_step = "end_to_end"
 
     def train_step(self, x, y, optimizer):
-        penalty = self.config.penalty
-        self.config.penalty = 0.0
+        penalty = self.options.penalty
+        self.options.penalty = 0.0
         try:
             return end_to_end_step(self, x, y, optimizer)
         finally:
-            self.config.penalty = penalty
+            self.options.penalty = penalty
 
 
 @pytest.mark.parametrize(("bad", "declared"), [

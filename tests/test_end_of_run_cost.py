@@ -504,7 +504,7 @@ def test_at_the_audit_table_size_the_defaults_change_no_number():
     block computed before either existed)."""
     torch.manual_seed(0)
     rule = make_rule(DFA)  # for its class; the audit-size model replaces the tiny one
-    rule = type(rule)(ResidualMLP(256, 256, 10, 4).eval(), rule.config, n_classes=10,
+    rule = type(rule)(ResidualMLP(256, 256, 10, 4).eval(), rule.options, n_classes=10,
                       generator=torch.Generator().manual_seed(7))
     x, y = torch.randn(1280, 256), torch.randint(0, 10, (1280,))
     default = credit_quality(rule, x, y, seed=42)

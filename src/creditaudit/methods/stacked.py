@@ -157,7 +157,7 @@ class StackedStep:
         self.embed_trains = any(p.requires_grad for p in template.embed.parameters())
         self.block_trains = [any(p.requires_grad for p in block.parameters())
                              for block in template.blocks]
-        self.penalties = [m.rule.config.penalty for m in self.members]
+        self.penalties = [m.rule.options.penalty for m in self.members]
         self.penalty = torch.tensor(self.penalties, dtype=torch.float64, device=self.device)
         feedback = getattr(rule, "feedback", None)
         self.feedback = None if feedback is None else [

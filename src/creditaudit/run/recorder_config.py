@@ -92,7 +92,7 @@ def _recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
                     else None)}
     data_section, spec = _data_section(data)
     given |= {("data", key) for key in data_section}
-    raw = merge_overrides({"method": dataclasses.asdict(rule.config), "model": model_section,
+    raw = merge_overrides({"method": dataclasses.asdict(rule.options), "model": model_section,
                            "data": data_section if spec is not None else {}}, overrides)
     resolved = config_from_dict(raw)
     if spec is None:  # data of the user's own: a section of no installed dataset

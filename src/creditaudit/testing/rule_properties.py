@@ -110,7 +110,7 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
     model = copy.deepcopy(rule.model)
     for p in model.parameters():
         p.grad = None
-    normalise = rms_normalise if rule.config.normalise_credit else (lambda a: a)
+    normalise = rms_normalise if rule.options.normalise_credit else (lambda a: a)
     if isinstance(model, AdaptedModel):
         return _adapted_surrogate_gradients(model, x, y, [normalise(a) for a in credits])
     h0 = model.embed(x)

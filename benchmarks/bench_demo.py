@@ -10,7 +10,7 @@ the worker processes). The 1-minute load average is printed before and after eac
 other work on the machine inflates the wall times; a single-thread run's CPU time is close to
 its wall time on an idle core, so CPU / workers estimates the idle wall time.
 
-Usage: python benchmarks/bench_demo.py [--dataset mnist1d] [--settings 8x48000 8x40000]
+Usage: python benchmarks/bench_demo.py [--dataset mnist1d] [--settings 8x32000 8x48000]
        [--n-test 4000] [--workers 2] [--seed 42]
 """
 
@@ -81,8 +81,8 @@ def bench(dataset: str, epochs: int, n_train: int, n_test: int, workers: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default="mnist1d")
-    parser.add_argument("--settings", nargs="+", default=["8x48000"],
-                        help="EPOCHSxN_TRAIN settings (default 8x48000, the demo's)")
+    parser.add_argument("--settings", nargs="+", default=["8x32000"],
+                        help="EPOCHSxN_TRAIN settings (default 8x32000, the demo's)")
     parser.add_argument("--n-test", type=int, default=None,
                         help="test samples (default: the demo's for the dataset)")
     parser.add_argument("--workers", type=int, default=2)

@@ -3,7 +3,7 @@
 credit-quality block and the protocol state.
 
 Their fields are declared like the entry's, documentation and domain in each field
-(:func:`~creditaudit.records.parts.doc`), from which ``docs/records.md`` is generated.
+(:func:`creditaudit.fields.doc`), from which ``docs/records.md`` is generated.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.errors import RunRecordError
-from creditaudit.records.parts import (
+from creditaudit.fields import (
     ACCURACY,
     CORRELATION,
     COSINE,

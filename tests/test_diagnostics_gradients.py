@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.deep_layers import deep_mean
-from creditaudit.epoch_measures import max_block_growth
+from creditaudit.descriptions import max_block_growth
 from creditaudit.measures.alignment import (
     ReferenceDirections,
     cosine_per_sample,

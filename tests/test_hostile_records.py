@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import pytest
 
 from creditaudit.config import RunConfig
+from creditaudit.descriptions.fields import ACCURACY, COSINE, FRACTION, NONNEGATIVE
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.fields import ACCURACY, COSINE, FRACTION, NONNEGATIVE
 from creditaudit.files.safe_files import MAX_TEXT_BYTES, read_text
 from creditaudit.files.strict_json import MAX_DEPTH, TooDeep, check_depth, nesting_depth
 from creditaudit.records import RECORD_FILE, EpochEntry, EpochMeasures, load_record

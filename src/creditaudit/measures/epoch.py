@@ -1,6 +1,6 @@
 """What is measured on the evaluation set at an epoch (science.md §2, §5, §6).
 
-:func:`epoch_diagnostics` returns an :class:`~creditaudit.epoch_measures.EpochMeasures` —
+:func:`epoch_diagnostics` returns an :class:`~creditaudit.descriptions.EpochMeasures` —
 the per-layer norms, reference gradient norms, cosines and their validity, each computed
 once — plus the raw :class:`StateGradients` the protocol's diagnostics may look at. The
 same object goes to the protocol (which reads its norms without recomputing them) and into
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from creditaudit.epoch_measures import EpochMeasures
+from creditaudit.descriptions import EpochMeasures
 from creditaudit.measures.alignment import layer_cosine_coverage
 from creditaudit.measures.gradients import (
     REFERENCE_FLOOR,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from creditaudit.epoch_measures import max_block_growth
+from creditaudit.descriptions import max_block_growth
 from creditaudit.measures.gradients import REFERENCE_FLOOR
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"

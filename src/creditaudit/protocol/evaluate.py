@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-from creditaudit.epoch_measures import EpochMeasures
+from creditaudit.descriptions import EpochMeasures
 from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
 from creditaudit.measures.alignment import gamma_aggregations, layer_cosine_table

@@ -9,9 +9,8 @@ Everything that reads or writes a run folder goes through this package::
 
 from __future__ import annotations
 
-from creditaudit.descriptions import DataIdentity
-from creditaudit.epoch_measures import EpochMeasures
-from creditaudit.fields import finite_number
+from creditaudit.descriptions import DataIdentity, EpochMeasures
+from creditaudit.descriptions.fields import finite_number
 from creditaudit.records.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_torch_save,

@@ -11,7 +11,7 @@ import types
 import typing
 
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.fields import DOMAIN_TOLERANCE, domain_text
+from creditaudit.descriptions.fields import DOMAIN_TOLERANCE, domain_text
 from creditaudit.records.parts import EpochEntry
 from creditaudit.records.reading import SCHEMA
 from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState

@@ -3,10 +3,10 @@ checked when read (:func:`check_domains`); the run-level parts (final results, e
 block, protocol state) are in :mod:`creditaudit.records.run_parts`.
 
 Each part is a dataclass whose fields carry their documentation and, for numbers, their
-domain (:func:`creditaudit.fields.doc`), from which ``docs/records.md`` is generated;
+domain (:func:`creditaudit.descriptions.fields.doc`), from which ``docs/records.md`` is generated;
 :mod:`creditaudit.records.schema` assembles them into a
 :class:`~creditaudit.records.schema.RunRecord`. An entry's diagnostics are the one typed
-:class:`~creditaudit.epoch_measures.EpochMeasures` the training loop measured, written as
+:class:`~creditaudit.descriptions.EpochMeasures` the training loop measured, written as
 keys of the entry.
 """
 
@@ -19,9 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.epoch_measures import MEASURES_DERIVED, EpochMeasures
-from creditaudit.errors import RunRecordError
-from creditaudit.fields import (
+from creditaudit.descriptions import MEASURES_DERIVED, EpochMeasures
+from creditaudit.descriptions.fields import (
     ACCURACY,
     DOMAIN_TOLERANCE,
     NONNEGATIVE,
@@ -30,6 +29,7 @@ from creditaudit.fields import (
     as_number,
     doc,
 )
+from creditaudit.errors import RunRecordError
 
 
 def check_domains(part: Any, where: str, prefix: str = "") -> None:

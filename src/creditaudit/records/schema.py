@@ -2,7 +2,7 @@
 
 A record is a :class:`RunRecord` holding the validated :class:`~creditaudit.config.RunConfig`,
 one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch (holding the
-epoch's :class:`~creditaudit.epoch_measures.EpochMeasures`), the final results,
+epoch's :class:`~creditaudit.descriptions.EpochMeasures`), the final results,
 the end-of-run credit-quality block and the protocol state of the four-diagnostic protocol
 (:mod:`creditaudit.records.run_parts`), and the :class:`DataIdentity` of the data it
 trained on. JSON keys are the field names (the per-epoch keys of the original study, such as
@@ -25,9 +25,8 @@ from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.deep_layers import deep_mean
-from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.epoch_measures import EpochMeasures
-from creditaudit.fields import as_number, doc, finite_number
+from creditaudit.descriptions import DataIdentity, EpochMeasures, ModelDescription
+from creditaudit.descriptions.fields import as_number, doc, finite_number
 from creditaudit.records.copies import stored_final, stored_protocol
 from creditaudit.records.parts import EpochEntry
 from creditaudit.records.reading import FINISHED, SCHEMA, record_parts

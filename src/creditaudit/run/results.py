@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from creditaudit.config import DiagnosticsConfig
-from creditaudit.epoch_measures import EpochMeasures
+from creditaudit.descriptions import EpochMeasures
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients

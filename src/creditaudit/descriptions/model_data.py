@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.fields import doc
+from creditaudit.descriptions.fields import doc
 
 # The provenance key of the sha256 of the arrays a generated dataset loaded from its cache,
 # verified against the digest signed when the generator made them.

@@ -1,7 +1,7 @@
 """How a stored field is declared: its documentation and the domain of its numbers.
 
 Every part of a run record (and the typed measures an epoch stores,
-:class:`creditaudit.epoch_measures.EpochMeasures`) is a dataclass whose fields are made by
+:class:`creditaudit.descriptions.EpochMeasures`) is a dataclass whose fields are made by
 :func:`doc`: the text ``docs/records.md`` is generated from and, for numbers, the
 :class:`Domain` a record's values are checked against when it is read
 (:func:`creditaudit.records.parts.check_domains`). It sits at the base so that the measures

@@ -5,9 +5,8 @@ computes it, the training loop and the :class:`~creditaudit.run.recorder.Recorde
 to the protocol and keep it in the epoch's entry
 (:class:`creditaudit.records.EpochEntry` ``.measures``), and the run record writes its
 fields as keys of the entry (the per-epoch keys of the original study). Each field carries
-its documentation and domain (:func:`creditaudit.fields.doc`; ``docs/records.md`` is
-generated from them). It sits at the base, beside the model and data descriptions, because
-the measures that compute it and the records that store it may not import each other.
+its documentation and domain (:func:`creditaudit.descriptions.fields.doc`;
+``docs/records.md`` is generated from them).
 """
 
 from __future__ import annotations
@@ -17,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from creditaudit.deep_layers import deep_mean
-from creditaudit.fields import COSINE, DEGREES, FRACTION, NONNEGATIVE, doc, finite_number
+from creditaudit.descriptions.fields import (
+    COSINE,
+    DEGREES,
+    FRACTION,
+    NONNEGATIVE,
+    doc,
+    finite_number,
+)
 
 
 def max_block_growth(norms: Sequence[float]) -> float:

@@ -53,7 +53,8 @@ def verdict_text(record: RunRecord, frozen_acc: float | None) -> str:
 
 
 def row(size: str, label: str, record: RunRecord, frozen: RunRecord) -> str:
-    last = record.log[-1]
+    last = record.log[-1].measures
+    assert last is not None, record.run_id
     if record is frozen:
         margin = "— (the baseline itself)"
     else:

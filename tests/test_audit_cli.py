@@ -54,7 +54,8 @@ def test_audit_json_has_the_four_diagnostics(runs, capsys):
     assert report["metadata"]["headline_acc"] == pytest.approx(record.log[-1].acc_eval)
     assert report["metadata"]["method"] == "dfa" and report["metadata"]["epoch"] == 1
     # The live audit sees what training recorded at the same epoch.
-    assert report["hidden_norms"] == pytest.approx(record.log[-1].hidden_norms, rel=1e-5)
+    assert report["hidden_norms"] == pytest.approx(record.log[-1].value("hidden_norms"),
+                                                rel=1e-5)
     assert report["metrics"]["fresh_b_null"]["n"] == 3
     assert len(report["layer_cosines"]) == 3
     assert main(["audit", str(runs["dfa"].run_dir), "--format", "json", "--no-metrics",

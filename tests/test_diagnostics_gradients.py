@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
 from creditaudit.deep_layers import deep_mean
+from creditaudit.descriptions import max_block_growth
 from creditaudit.measures.alignment import (
     ReferenceDirections,
     cosine_per_sample,
@@ -18,7 +19,6 @@ from creditaudit.measures.alignment import (
 )
 from creditaudit.measures.gradients import (
     REFERENCE_BATCH,
-    max_block_growth,
     median_norms,
     per_sample_norms,
     state_gradients,

@@ -90,7 +90,7 @@ def test_eval_indices_are_the_rows_of_the_eval_subset(tmp_path):
 def test_measured_epoch_reports_the_whole_test_split(tmp_path, method):
     t = trainer(tmp_path, method)
     entry = t.measure(1)  # the final epoch: diagnostics and protocol run
-    assert entry.cos_per_layer is not None
+    assert entry.measures is not None
     x, y = t.dataset.prepare(t.dataset.test_x, flatten=t.flatten), t.dataset.test_y
     want_loss, want_acc = by_hand(t.model, x, y)
     assert entry.test_loss == pytest.approx(want_loss, rel=1e-6)

@@ -288,7 +288,8 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
     statuses = {i: (FIRED if i in fired else PASSED) for i in "abc"}
     statuses["d"] = NOT_EVALUATED
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
-             "bp_grad_norms_per_sample_med": [1e-3, g_last], "cos_per_layer": [gamma, gamma],
+             "bp_grad_norms_per_sample_med": [1e-3, g_last], "g_L_zero_fraction": 0.0,
+             "g_L_nonzero_median": g_last, "cos_per_layer": [gamma, gamma],
              "protocol": statuses}
     # The protocol block holds each statistic beside its status, as training writes it.
     values = {"a": growth, "b": g_last, "c": 0.9 if "c" in fired else 0.1, "d": None}

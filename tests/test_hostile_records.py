@@ -25,11 +25,11 @@ from types import SimpleNamespace
 import pytest
 
 from creditaudit.config import RunConfig
+from creditaudit.descriptions.fields import ACCURACY, COSINE, FRACTION, NONNEGATIVE
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.files.safe_files import MAX_TEXT_BYTES, read_text
 from creditaudit.files.strict_json import MAX_DEPTH, TooDeep, check_depth, nesting_depth
-from creditaudit.records import RECORD_FILE, load_record
-from creditaudit.records.parts import ACCURACY, COSINE, FRACTION, NONNEGATIVE, EpochEntry
+from creditaudit.records import RECORD_FILE, EpochEntry, EpochMeasures, load_record
 from creditaudit.records.run_parts import EndOfRun, FinalResults
 from creditaudit.run.plan import run_id
 from integrity_support import sweep_toml, tiny_config, write_idx_dataset
@@ -314,7 +314,7 @@ def _with_non_finite(good: dict, marks: dict[str, str]) -> str:
 def test_rounding_slack_is_allowed_but_not_more(world, tmp_path, plant):
     path = tmp_path / RECORD_FILE
     plant(path, _modified(world.good, _set("log/1/cos_per_layer/1", 1.0000000002)))
-    assert load_record(path).log[1].cos_per_layer[1] == 1.0000000002
+    assert load_record(path).log[1].value("cos_per_layer")[1] == 1.0000000002
     plant(path, _modified(world.good, _set("log/1/cos_per_layer/1", 1.00001)))
     with pytest.raises(RunRecordError, match=r"cos_per_layer\[1\] = 1.00001"):
         load_record(path)
@@ -328,7 +328,9 @@ def test_nan_is_undefined_everywhere_and_inf_only_where_unbounded(world, tmp_pat
         "/log/1/cos_per_layer/1": "NaN", "/final/test_acc": "NaN",
         "/log/1/hidden_norms/2": "Infinity", "/log/1/test_loss": "Infinity"}))
     record = load_record(path)
-    assert math.isnan(record.log[1].cos_per_layer[1]) and record.log[1].max_block_growth > 1e308
+    measures = record.log[1].measures
+    assert measures is not None
+    assert math.isnan(measures.cos_per_layer[1]) and measures.max_block_growth > 1e308
     for pointer, name in (("/log/1/cos_per_layer/1", "Infinity"),
                           ("/diagnostics/deep_cos", "-Infinity"),
                           ("/log/1/hidden_norms/1", "-Infinity")):
@@ -342,7 +344,8 @@ def test_values_an_entry_derives_are_never_read_from_the_file(world, tmp_path, p
     schemas stored, or a tampered one) is ignored and derived again from the stored ones."""
     path = tmp_path / RECORD_FILE
     plant(path, _modified(world.good, _set("log/1/h_L_norm", -2.0)))
-    entry = load_record(path).log[1]
+    entry = load_record(path).log[1].measures
+    assert entry is not None
     assert entry.h_L_norm == entry.hidden_norms[-1] > 0
     assert entry.deep_cos == pytest.approx(sum(entry.cos_per_layer[1:]) /
                                            (len(entry.cos_per_layer) - 1))
@@ -356,7 +359,7 @@ def test_accuracy_cosine_fraction_and_norm_fields_declare_their_domain():
     expected = ((("acc",), ACCURACY), (("cos_per_layer", "deep_cos", "bp_cosine"), COSINE),
                 (("fraction", "defined"), FRACTION), (("norm",), NONNEGATIVE))
     checked = 0
-    for part in (EpochEntry, FinalResults, EndOfRun):
+    for part in (EpochEntry, EpochMeasures, FinalResults, EndOfRun):
         for f in dataclasses.fields(part):
             for words, domain in expected:
                 if any(word in f.name for word in words) and not f.name.endswith("_valid"):

@@ -297,10 +297,10 @@ def test_every_rule_trains_and_is_audited_on_image_architectures(tmp_path, arch,
     record = result.record
     assert result.status == "completed", record.error
     assert [e.epoch for e in record.log] == [0, 1]
-    last = record.log[-1]
-    assert last.hidden_norms is not None and len(last.hidden_norms) == 3
+    last = record.log[-1].measures
+    assert last is not None and len(last.hidden_norms) == 3
     assert all(v > 0 for v in last.hidden_norms)
-    assert len(last.cos_per_layer) == 3 and last.protocol is not None
+    assert len(last.cos_per_layer) == 3 and record.log[-1].protocol is not None
     if method == "bp":
         assert all(c == pytest.approx(1.0, abs=1e-5) for c in last.cos_per_layer)
     assert record.diagnostics.bp_cosine is not None and "credit_quality_error" not in \

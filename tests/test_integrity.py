@@ -40,6 +40,7 @@ from creditaudit.records import (
     INIT_FILE,
     RECORD_FILE,
     EpochEntry,
+    EpochMeasures,
     FinalResults,
     load_record,
     new_record,
@@ -251,8 +252,10 @@ def test_a_failed_run_is_retried_only_when_its_config_or_data_changed(
 # --- strict JSON ---------------------------------------------------------------------------------
 def test_non_finite_numbers_are_null_plus_a_reason(finished, tmp_path):
     record = new_record(finished.config, device="cpu")
-    record.log.append(EpochEntry(epoch=0, test_loss=math.inf,
-                                 cos_per_layer=[1.0, math.nan],
+    measures = EpochMeasures(hidden_norms=[1.0, 2.0], bp_grad_norms_per_sample_med=[0.1, 0.1],
+                             g_L_zero_fraction=0.0, g_L_nonzero_median=0.1,
+                             cos_per_layer=[1.0, math.nan])
+    record.log.append(EpochEntry(epoch=0, test_loss=math.inf, measures=measures,
                                  extras={"energy_gap": -math.inf}))  # a rule's own value
     record.final = FinalResults(epochs_completed=0, deep_cos=math.nan)
     path = save_record(tmp_path, record)

@@ -18,6 +18,7 @@ from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import bp_state_gradients, build_rule, rule_class
 from creditaudit.methods.linear_feedback import backward_fan_in, replaced_backward
 from creditaudit.models import ConvMixer, ResidualMLP, ResidualNet, ViTMini
+from creditaudit.records import EpochEntry
 from creditaudit.testing import CLASSES, IMAGE, make_rule, tiny_batch, tiny_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -357,17 +358,18 @@ def test_epoch_record_holds_the_weight_alignment(method, arch):
     rule = make_rule(rule_class(method), arch=arch)
     x, y = tiny_batch(arch=arch)
     measures, _ = epoch_diagnostics(rule, x, y)
-    fields = measures.record_fields()
     n = len(rule.layers)
-    assert fields["feedback_layers"] == [name for name, _ in rule.layers]
-    assert len(fields["feedback_angle"]) == len(fields["feedback_norm_ratio"]) == n
-    assert all(math.isfinite(v) for v in fields["feedback_angle"])
+    assert measures.feedback_layers == [name for name, _ in rule.layers]
+    assert measures.feedback_angle is not None and measures.feedback_norm_ratio is not None
+    assert len(measures.feedback_angle) == len(measures.feedback_norm_ratio) == n
+    assert all(math.isfinite(v) for v in measures.feedback_angle)
 
 
 @pytest.mark.parametrize("method", ["bp", "fa", "dfa", "drtp"])
 def test_rules_without_per_layer_feedback_record_no_alignment(method):
     measures, _ = epoch_diagnostics(make_rule(rule_class(method)), *tiny_batch())
-    fields = measures.record_fields()
+    assert measures.feedback_angle is None and measures.feedback_layers is None
+    fields = EpochEntry(measures=measures).to_dict()
     assert "feedback_angle" not in fields and "feedback_layers" not in fields
 
 
@@ -618,8 +620,9 @@ def test_fa_linear_trains_a_convmixer_end_to_end_and_records_conv_alignment(tmp_
                  "--set", "diagnostics.null_draws=2", "--out", str(tmp_path), "-q"]) == 0
     (_, record), = load_records(tmp_path)[0]
     assert record.status == "completed"
-    entry = record.log[-1]
-    convs = [name for name in entry.feedback_layers if name.endswith((".dw", ".pw"))]
+    entry = record.log[-1].measures
+    assert entry is not None and entry.feedback_angle and entry.feedback_norm_ratio
+    convs = [name for name in entry.feedback_layers or [] if name.endswith((".dw", ".pw"))]
     assert len(convs) == 2 * record.config.model.n_blocks
     for angle, ratio in zip(entry.feedback_angle, entry.feedback_norm_ratio, strict=True):
         assert 0.0 < angle < 180.0 and ratio > 0.0

@@ -314,7 +314,7 @@ def same_numbers(outcome: Outcome, twin: Callable[[Ctx], Outcome]) -> None:
     keys = ("train_loss", "test_acc", "test_loss", "hidden_norms", "cos_per_layer")
     (mine,), (theirs,) = outcome.records, other.records
     for a, b in zip(mine.log, theirs.log, strict=True):
-        assert [getattr(a, k) for k in keys] == [getattr(b, k) for k in keys]
+        assert [a.value(k) for k in keys] == [b.value(k) for k in keys]
 
 
 def ran_right(outcome: Outcome, epochs: int = 1) -> None:
@@ -327,7 +327,7 @@ def ran_right(outcome: Outcome, epochs: int = 1) -> None:
         assert 0.0 <= last.test_acc <= 1.0
         assert epochs == 0 or math.isfinite(last.train_loss)
         assert record.reference.verified is True, record.reference
-        assert all(-1.0 - 1e-6 <= c <= 1.0 + 1e-6 for c in last.cos_per_layer
+        assert all(-1.0 - 1e-6 <= c <= 1.0 + 1e-6 for c in last.value("cos_per_layer")
                    if c is not None and math.isfinite(c))
 
 
@@ -335,7 +335,8 @@ def diverged(outcome: Outcome) -> None:
     """Recorded as diverged, claiming no cosine."""
     (record,) = outcome.records
     assert record.status == "diverged"
-    assert all(c is None or math.isnan(c) for e in record.log for c in e.cos_per_layer)
+    assert all(c is None or math.isnan(c) for e in record.log
+               for c in e.value("cos_per_layer"))
 
 
 def reference_failed(where: str) -> Callable[[Outcome], None]:

@@ -264,7 +264,8 @@ def test_train_resume_and_audit_rebuild_the_model_from_the_factory(idx, tmp_path
     assert comparable(resumed.record) == comparable(whole.record)
     assert main(["audit", str(whole.run_dir), "--format", "json", "-q", "--no-metrics"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["hidden_norms"] == pytest.approx(whole.record.log[-1].hidden_norms, rel=1e-5)
+    assert report["hidden_norms"] == pytest.approx(whole.record.log[-1].value("hidden_norms"),
+                                                rel=1e-5)
     assert report["metadata"]["arch"] == "TransformerClassifier d=8, 2 states h_0…h_1"
 
 
@@ -297,7 +298,8 @@ def cli_sweep_and_audit(idx: Path, out: Path, model: str, rules: list[str], caps
         report = json.loads(capsys.readouterr().out)
         assert set(report["diagnostics"]) == {"a", "b", "c", "d"}
         assert report["metadata"]["method"] == record.method
-        assert report["hidden_norms"] == pytest.approx(record.log[-1].hidden_norms, rel=1e-4)
+        assert report["hidden_norms"] == pytest.approx(record.log[-1].value("hidden_norms"),
+                                                    rel=1e-4)
         if record.method != "frozen":  # (d) against the frozen run beside it
             assert report["metadata"]["frozen_from_runs"] == 1
             assert report["diagnostics"]["d"]["status"] != "not evaluated"
@@ -415,7 +417,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
         fields, _ = epoch_record(dfa, eval_x, eval_y)
     last = record.log[-1]
     assert "test_acc" not in fields  # the loop's accuracy, not a measure
-    assert {k: getattr(last, k) for k in fields} == fields
+    assert {k: last.value(k) for k in fields} == fields
     assert record.final.test_acc == last.acc_eval and record.final.epochs_completed == 2
     assert record.diagnostics.drift and record.diagnostics.bp_cosine is not None
     assert record.diagnostics.fresh_b_null["n"] == 2
@@ -572,7 +574,7 @@ def test_the_recorder_and_the_training_loop_share_one_finite_check(small, tmp_pa
         rec.epoch(1, train_loss=0.5)
     quiet = load_record(tmp_path / "quiet")
     assert quiet.status == "completed" and quiet.final.from_epoch is None
-    assert quiet.final.h_L_norm == quiet.log[-1].h_L_norm is not None
+    assert quiet.final.h_L_norm == quiet.log[-1].value("h_L_norm") is not None
     with Recorder(trained, x, y, out=tmp_path, name="overflow", config=off) as rec:
         rec.epoch(0, test_loss=2.0, test_acc=0.25)
         rec.epoch(1, test_loss=1.0, test_acc=0.5, train_loss=math.inf)

@@ -30,8 +30,8 @@ def trajectory(tmp_path, method: str) -> tuple[list[float], list[float]]:
     assert result.status == "completed"
     log = result.record.log
     assert [e.epoch for e in log] == list(range(EPOCHS + 1))
-    h = [e.h_L_norm for e in log]
-    g = [e.g_L_norm for e in log]
+    h = [e.value("h_L_norm") for e in log]
+    g = [e.value("g_L_norm") for e in log]
     acc = [e.acc_eval for e in log]
     print(f"\n{method}: epoch  h_L_norm  g_L_norm  acc")
     for epoch, (hn, gn, a) in enumerate(zip(h, g, acc)):

@@ -16,7 +16,7 @@ import pytest
 import creditaudit
 from creditaudit import RunConfig
 from creditaudit.errors import RunRecordError
-from creditaudit.records import RECORD_FILE, EpochEntry, RunRecord, load_record
+from creditaudit.records import RECORD_FILE, EpochEntry, EpochMeasures, RunRecord, load_record
 from creditaudit.run.results import final_results
 
 LEGACY = Path(__file__).parent / "legacy_records"
@@ -54,14 +54,14 @@ def test_a_new_record_stores_the_last_epochs_numbers_once(tiny_run):
         return [p for p in occurrences(raw, value)
                 if not any(p.startswith(o) for o in others)]
 
-    g_paths = count(last.g_L_norm)
+    g_paths = count(last.measures.g_L_norm)
     assert len(g_paths) <= 2, g_paths
     assert "/protocol/report/diagnostics/b/value" in g_paths, g_paths
     # ‖h_L‖ and the accuracy in the entry, and under the original study's names
     # (`h_L_norm`, `test_acc`) that scripts reading record.json expect; the verdict in the
     # entry and in the report (scripts rebuild the report from it): never in final or
     # beside the report
-    for name, value, twice in (("h_L", last.h_L_norm, "/log/2/h_L_norm"),
+    for name, value, twice in (("h_L", last.measures.h_L_norm, "/log/2/h_L_norm"),
                                ("test accuracy", last.acc_eval, "/log/2/test_acc"),
                                ("verdict", last.verdict, "/protocol/report/verdict")):
         paths = count(value)
@@ -72,7 +72,7 @@ def test_a_new_record_reads_back_what_the_run_held(tiny_run):
     held = tiny_run.record
     read = load_record(tiny_run.run_dir / RECORD_FILE)
     assert read.final == held.final and read.final is not None
-    assert read.final.g_L_norm == held.log[-1].g_L_norm
+    assert read.final.g_L_norm == held.log[-1].value("g_L_norm")
     assert read.protocol == held.protocol
     assert read.protocol.report == held.protocol.report
     assert list(read.protocol.report) == list(held.protocol.report)  # key order kept
@@ -104,9 +104,10 @@ def test_a_schema_3_record_reads_to_the_values_it_stored():
 
 def _entry(epoch: int, loss: float, g: float) -> EpochEntry:
     return EpochEntry(epoch=epoch, test_loss=loss, acc_eval=0.5, train_loss=loss,
-                      hidden_norms=[1.0, 2.0, 3.0], bp_grad_norms_per_sample_med=[g, g, g],
-                      g_L_zero_fraction=0.0, g_L_nonzero_median=g,
-                      cos_per_layer=[0.1, 0.2, 0.3])
+                      measures=EpochMeasures(
+                          hidden_norms=[1.0, 2.0, 3.0], bp_grad_norms_per_sample_med=[g, g, g],
+                          g_L_zero_fraction=0.0, g_L_nonzero_median=g,
+                          cos_per_layer=[0.1, 0.2, 0.3]))
 
 
 @pytest.mark.parametrize("losses", [(1.0, 0.5), (1.0, math.nan), (math.nan, math.nan)])
@@ -118,7 +119,7 @@ def test_final_results_are_those_of_the_last_finite_epoch_after_reading(losses):
     read = RunRecord.from_dict(json.loads(json.dumps(record.to_dict(stored=True))), "r")
     assert read.final == record.final
     finite = [e for e in log if math.isfinite(e.test_loss)]
-    assert read.final.g_L_norm == (finite[-1].g_L_norm if finite else None)
+    assert read.final.g_L_norm == (finite[-1].value("g_L_norm") if finite else None)
     assert read.final.from_epoch == (finite[-1].epoch if finite and finite[-1] is not log[-1]
                                      else None)
 

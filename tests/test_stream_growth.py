@@ -143,13 +143,14 @@ def test_a_run_whose_stem_grows_fires_a_and_its_audit_agrees(guests, tmp_path, m
     the checkpoint says the same."""
     result = train(stem_run(tmp_path / "runs", 2.0, method))
     record = result.record
-    entry = record.log[-1]
+    entry, first = record.log[-1].measures, record.log[0].measures
+    assert entry is not None and first is not None
     blocks = entry.max_block_growth
     assert blocks is not None and blocks < 2
     a = record.protocol.report["diagnostics"]["a"]
     assert a["status"] == "fired", a["reason"]
     assert a["details"]["embed_growth"] == pytest.approx(
-        entry.hidden_norms[0] / record.log[0].hidden_norms[0])
+        entry.hidden_norms[0] / first.hidden_norms[0])
     assert a["details"]["embed_growth"] > 50
     assert record.first_fired()["a"] is not None
     audited = audit_run(result.run_dir, metrics=False).diagnostic("a")

@@ -113,7 +113,8 @@ class ConsoleLogger(RunLogger):
             parts.append(f"train loss {fmt(entry.train_loss, '.4g')}")
         parts += [f"test loss {fmt(entry.test_loss, '.4g')}",
                   f"test acc {fmt(entry.acc_eval, '.3f')}",
-                  f"‖h_L‖ {fmt(entry.h_L_norm, '.3g')}", f"‖g_L‖ {fmt(entry.g_L_norm, '.3g')}",
+                  f"‖h_L‖ {fmt(entry.value('h_L_norm'), '.3g')}",
+                  f"‖g_L‖ {fmt(entry.value('g_L_norm'), '.3g')}",
                   self.verdict,
                   f"{duration(now - self.started)} elapsed, ETA {duration(eta)}"]
         return " | ".join(parts)

@@ -48,19 +48,23 @@ def _per_layer(out: dict[str, float], prefix: str, values: Sequence[Any] | None,
 def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
     """Every number of one epoch entry under its grouped tag (missing values left out)."""
     out: dict[str, float] = {}
-    for tag, value in (("train/loss", entry.train_loss), ("train/acc", entry.train_acc),
-                       ("train/test_loss", entry.test_loss), ("train/test_acc", entry.acc_eval),
-                       ("train/lr", entry.lr), ("train/seconds", entry.seconds),
-                       ("norms/h_L", entry.h_L_norm), ("norms/g_L", entry.g_L_norm),
-                       ("norms/g_2", entry.g_2_norm),
-                       ("norms/max_block_growth", entry.max_block_growth),
-                       ("norms/g_L_zero_fraction", entry.g_L_zero_fraction),
-                       ("norms/g_L_nonzero_median", entry.g_L_nonzero_median),
-                       ("credit/deep_cos", entry.deep_cos)):
+    numbers = [("train/loss", entry.train_loss), ("train/acc", entry.train_acc),
+               ("train/test_loss", entry.test_loss), ("train/test_acc", entry.acc_eval),
+               ("train/lr", entry.lr), ("train/seconds", entry.seconds)]
+    measures = entry.measures
+    if measures is not None:
+        numbers += [("norms/h_L", measures.h_L_norm), ("norms/g_L", measures.g_L_norm),
+                    ("norms/g_2", measures.g_2_norm),
+                    ("norms/max_block_growth", measures.max_block_growth),
+                    ("norms/g_L_zero_fraction", measures.g_L_zero_fraction),
+                    ("norms/g_L_nonzero_median", measures.g_L_nonzero_median),
+                    ("credit/deep_cos", measures.deep_cos)]
+    for tag, value in numbers:
         _put(out, tag, value)
-    _per_layer(out, "norms/hidden", entry.hidden_norms)
-    _per_layer(out, "norms/grad", entry.bp_grad_norms_per_sample_med)
-    _per_layer(out, "credit/cos", entry.cos_per_layer)
+    if measures is not None:
+        _per_layer(out, "norms/hidden", measures.hidden_norms)
+        _per_layer(out, "norms/grad", measures.bp_grad_norms_per_sample_med)
+        _per_layer(out, "credit/cos", measures.cos_per_layer)
     for key, value in entry.extras.items():
         _put(out, f"train/{key}", value)
     for diagnostic, status in (entry.protocol or {}).items():

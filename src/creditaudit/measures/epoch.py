@@ -1,25 +1,22 @@
-"""What is measured on the evaluation set at an epoch (science.md §2, §5, §6), typed.
+"""What is measured on the evaluation set at an epoch (science.md §2, §5, §6).
 
-:func:`epoch_diagnostics` returns an :class:`EpochMeasures` — the per-layer norms, reference
-gradient norms, cosines and their validity, each computed once — plus the raw
-:class:`StateGradients` the protocol's diagnostics may look at. The run record stores the
-measures field for field (:class:`creditaudit.records.EpochEntry` has the same names) and the
-protocol reads them without recomputing.
+:func:`epoch_diagnostics` returns an :class:`~creditaudit.descriptions.EpochMeasures` —
+the per-layer norms, reference gradient norms, cosines and their validity, each computed
+once — plus the raw :class:`StateGradients` the protocol's diagnostics may look at. The
+same object goes to the protocol (which reads its norms without recomputing them) and into
+the epoch's entry of the run record (:class:`creditaudit.records.EpochEntry` ``.measures``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from creditaudit.deep_layers import deep_mean
+from creditaudit.descriptions import EpochMeasures
 from creditaudit.measures.alignment import layer_cosine_coverage
 from creditaudit.measures.gradients import (
     REFERENCE_FLOOR,
     StateGradients,
-    max_block_growth,
     median_norms,
     state_gradients,
     zero_gradient_stats,
@@ -27,66 +24,6 @@ from creditaudit.measures.gradients import (
 from creditaudit.methods.base import CreditRule
 from creditaudit.methods.bp import BackpropRule
 from creditaudit.models.contract import summary_vectors
-
-
-@dataclass
-class EpochMeasures:
-    """The diagnostics of one evaluation set (names as the run record stores them).
-
-    Norms are medians over samples of per-sample L2 norms; gradients follow the
-    (1/128)·∂CE_i/∂h_l convention. Per-layer lists run over h_0 … h_L. ``cos_valid[l]`` is
-    False where the reference ‖g_l‖ is below the floor (1e-7); ``cos_defined[l]`` is the
-    share of samples the cosine averages over (a zero credit has no direction).
-    ``feedback_*``: the rule's per-layer feedback alignment, where it has one.
-    """
-
-    hidden_norms: list[float]
-    bp_grad_norms_per_sample_med: list[float]
-    g_L_zero_fraction: float
-    g_L_nonzero_median: float
-    cos_per_layer: list[float]
-    cos_valid: list[bool]
-    cos_defined: list[float]
-    layout: str = "vectors"
-    feedback_layers: list[str] | None = None
-    feedback_angle: list[float] | None = None
-    feedback_norm_ratio: list[float] | None = None
-
-    @property
-    def grad_norms(self) -> list[float]:
-        return self.bp_grad_norms_per_sample_med
-
-    @property
-    def h_L_norm(self) -> float:
-        return self.hidden_norms[-1]
-
-    @property
-    def g_L_norm(self) -> float:
-        return self.bp_grad_norms_per_sample_med[-1]
-
-    @property
-    def max_block_growth(self) -> float:
-        return max_block_growth(self.hidden_norms)
-
-    @property
-    def deep_cos(self) -> float | None:
-        return deep_mean(self.cos_per_layer)
-
-    def record_fields(self) -> dict[str, object]:
-        """The fields a run record's epoch entry takes over, by name."""
-        fields: dict[str, object] = {
-            "hidden_norms": self.hidden_norms,
-            "bp_grad_norms_per_sample_med": self.bp_grad_norms_per_sample_med,
-            "g_L_zero_fraction": self.g_L_zero_fraction,
-            "g_L_nonzero_median": self.g_L_nonzero_median,
-            "cos_per_layer": self.cos_per_layer, "cos_valid": self.cos_valid,
-            "cos_defined": self.cos_defined,
-        }
-        if self.feedback_layers is not None:
-            fields.update(feedback_layers=self.feedback_layers,
-                          feedback_angle=self.feedback_angle,
-                          feedback_norm_ratio=self.feedback_norm_ratio)
-        return fields
 
 
 def rule_credits(rule: CreditRule, x: Tensor, y: Tensor, *, chunk: int = 512) -> list[Tensor]:
@@ -115,14 +52,14 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor
     grads = median_norms(sg.grads)
     cos, defined = layer_cosine_coverage(credits, sg.grads)
     zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
+    alignment = rule.weight_alignment()
+    feedback = {} if alignment is None else {
+        "feedback_layers": list(alignment["layers"]),
+        "feedback_angle": [float(v) for v in alignment["angle"]],
+        "feedback_norm_ratio": [float(v) for v in alignment["norm_ratio"]]}
     measures = EpochMeasures(
         hidden_norms=median_norms(sg.states), bp_grad_norms_per_sample_med=grads,
         g_L_zero_fraction=zero_fraction, g_L_nonzero_median=nonzero_median,
         cos_per_layer=cos, cos_valid=[bool(g >= REFERENCE_FLOOR) for g in grads],
-        cos_defined=defined, layout=sg.layout)
-    alignment = rule.weight_alignment()
-    if alignment is not None:
-        measures.feedback_layers = list(alignment["layers"])
-        measures.feedback_angle = [float(v) for v in alignment["angle"]]
-        measures.feedback_norm_ratio = [float(v) for v in alignment["norm_ratio"]]
+        cos_defined=defined, **feedback)
     return measures, sg

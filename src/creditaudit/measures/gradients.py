@@ -99,9 +99,3 @@ def zero_gradient_stats(grad: Tensor) -> tuple[float, float]:
     zero = norms == 0
     rest = norms[~zero]
     return float(zero.double().mean()), float(rest.median()) if rest.numel() else float("nan")
-
-
-def max_block_growth(norms: list[float]) -> float:
-    """max_l ‖h_{l+1}‖/‖h_l‖ over consecutive median norms (diagnostic (a))."""
-    ratios = [b / a if a > 0 else float("inf") for a, b in zip(norms[:-1], norms[1:])]
-    return max(ratios) if ratios else 1.0

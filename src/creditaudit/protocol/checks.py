@@ -17,10 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from creditaudit.measures.gradients import (
-    REFERENCE_FLOOR,
-    max_block_growth,
-)
+from creditaudit.descriptions import max_block_growth
+from creditaudit.measures.gradients import REFERENCE_FLOOR
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
 STATUSES = (FIRED, PASSED, NOT_EVALUATED)

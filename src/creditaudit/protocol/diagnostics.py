@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from creditaudit.config import opt
-from creditaudit.measures.gradients import REFERENCE_FLOOR, max_block_growth
+from creditaudit.descriptions import max_block_growth
+from creditaudit.measures.gradients import REFERENCE_FLOOR
 from creditaudit.protocol.base import (
     OPERATORS,
     SCALES,

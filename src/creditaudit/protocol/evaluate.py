@@ -14,10 +14,10 @@ from typing import Any
 
 from torch import Tensor
 
+from creditaudit.descriptions import EpochMeasures
 from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
 from creditaudit.measures.alignment import gamma_aggregations, layer_cosine_table
-from creditaudit.measures.epoch import EpochMeasures
 from creditaudit.measures.gradients import StateGradients, median_norms, zero_gradient_stats
 from creditaudit.protocol.checks import (
     HEADLINE_GAMMA,
@@ -198,7 +198,8 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
         hidden, grads = median_norms(sg.states), median_norms(sg.grads)
         zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
     else:
-        hidden, grads = list(measures.hidden_norms), list(measures.grad_norms)
+        hidden = list(measures.hidden_norms)
+        grads = list(measures.bp_grad_norms_per_sample_med)
         zero_fraction, nonzero_median = (measures.g_L_zero_fraction,
                                          measures.g_L_nonzero_median)
     evidence = Evidence(hidden_norms=hidden, grad_norms=grads, g_L_zero_fraction=zero_fraction,

@@ -222,10 +222,11 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
     if not record.protocol.report:
         return None
     entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
+    measures = entry.measures if entry is not None else None
     report = DiagnosticReport.from_dict(
         json.loads(json.dumps(record.protocol.report)),
-        hidden_norms=entry.hidden_norms if entry is not None else None,
-        grad_norms=entry.bp_grad_norms_per_sample_med if entry is not None else None)
+        hidden_norms=measures.hidden_norms if measures is not None else None,
+        grad_norms=measures.bp_grad_norms_per_sample_med if measures is not None else None)
     # Judged with the run's reference check, as every reading of the record is.
     report.metadata["reference_check"] = record.reference.to_dict()
     end = record.diagnostics

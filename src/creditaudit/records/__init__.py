@@ -9,6 +9,8 @@ Everything that reads or writes a run folder goes through this package::
 
 from __future__ import annotations
 
+from creditaudit.descriptions import DataIdentity, EpochMeasures
+from creditaudit.descriptions.fields import finite_number
 from creditaudit.records.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_torch_save,
@@ -33,20 +35,14 @@ from creditaudit.records.files import (
     save_record,
     scan_records,
 )
-from creditaudit.records.parts import DERIVED, EpochEntry, finite_number
+from creditaudit.records.parts import DERIVED, EpochEntry
+from creditaudit.records.reading import FINISHED, SCHEMA, STATUSES
+from creditaudit.records.recipes import NOT_RECORDED, recipe_key
 from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
-from creditaudit.records.schema import (
-    FINISHED,
-    NOT_RECORDED,
-    SCHEMA,
-    STATUSES,
-    DataIdentity,
-    RunRecord,
-    recipe_key,
-)
+from creditaudit.records.schema import RunRecord
 
 __all__ = [
-    "RunRecord", "DERIVED", "EpochEntry", "FinalResults", "EndOfRun",
+    "RunRecord", "DERIVED", "EpochEntry", "EpochMeasures", "FinalResults", "EndOfRun",
     "ProtocolState", "ReferenceState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED",
     "NOT_RECORDED",
     "RECORD_FILE",

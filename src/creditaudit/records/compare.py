@@ -1,13 +1,14 @@
 """How two run records compare: equal computations (:func:`comparable`, the record without
 its wall-clock fields) and the first recipe field where two runs differ
-(:func:`recipe_difference`; a recipe is :func:`~creditaudit.records.schema.recipe`)."""
+(:func:`recipe_difference`; a recipe is :func:`~creditaudit.records.recipes.recipe`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from creditaudit.config import config_from_dict, non_semantic
-from creditaudit.records.schema import RunRecord, recipe
+from creditaudit.records.recipes import recipe
+from creditaudit.records.schema import RunRecord
 
 # Per-epoch fields that depend on wall-clock time, not on what was computed.
 TIMING_KEYS = ("seconds",)

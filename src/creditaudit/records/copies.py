@@ -83,10 +83,19 @@ def read_final(raw: dict[str, Any], log: Sequence[EpochEntry], where: str = "run
     if kept is None:
         raise RunRecordError(f"{where}: final.numbers_from {numbers_from!r} names no logged "
                              "epoch; the record was not written by creditaudit as it is")
+    return final_from_entry(kept, epochs)
+
+
+def final_from_entry(kept: EpochEntry, epochs_completed: int) -> FinalResults:
+    """The final results of a run whose last evaluated epoch is ``epochs_completed``, read
+    from the entry ``kept`` (that epoch's, or an earlier one's when it was not finite)."""
+    measures = kept.measures
     return FinalResults(
-        epochs_completed=epochs, test_acc=kept.acc_eval, test_loss=kept.test_loss,
-        h_L_norm=kept.h_L_norm, g_L_norm=kept.g_L_norm, deep_cos=kept.deep_cos,
-        from_epoch=None if kept.epoch == epochs else kept.epoch)
+        epochs_completed=epochs_completed, test_acc=kept.acc_eval, test_loss=kept.test_loss,
+        h_L_norm=None if measures is None else measures.h_L_norm,
+        g_L_norm=None if measures is None else measures.g_L_norm,
+        deep_cos=None if measures is None else measures.deep_cos,
+        from_epoch=None if kept.epoch == epochs_completed else kept.epoch)
 
 
 # --- protocol -------------------------------------------------------------------------------

@@ -11,16 +11,24 @@ import types
 import typing
 
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.records.parts import DOMAIN_TOLERANCE, EpochEntry, domain_text
+from creditaudit.descriptions.fields import DOMAIN_TOLERANCE, domain_text
+from creditaudit.records.parts import EpochEntry
+from creditaudit.records.reading import SCHEMA
 from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
-from creditaudit.records.schema import SCHEMA, RunRecord
+from creditaudit.records.schema import RunRecord
 
 MARKER = "<!-- generated -->"
 SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("Top level", RunRecord, "The keys of `record.json`."),
     ("Per-epoch entries (`log`)", EpochEntry,
-     "One object per evaluated epoch. Rule-specific values (`extras`) are written as keys of "
-     "the entry itself, beside the others. Each number is stored once; values derived from "
+     "One object per evaluated epoch. The diagnostics keys, `hidden_norms` to "
+     "`feedback_norm_ratio`, are the epoch's measures (in Python `entry.measures`, an "
+     "`EpochMeasures`): an epoch the diagnostics did not measure (`diagnostics.every`) has "
+     "none of them, and one they measured has at least those whose type below is not "
+     "`or null` (records from before `cos_valid` and `cos_defined` lack those; rules "
+     "without feedback matrices, the `feedback_` keys). Rule-specific values (`extras`) "
+     "are written as keys "
+     "of the entry itself, beside the others. Each number is stored once; values derived from "
      "the stored ones are read with `entry.value(key)` or `record.series(key)`: `test_acc` "
      "(= `acc_eval`), `h_L_norm` and `g_L_norm` (the deepest state's norms), `g_2_norm`, "
      "`max_block_growth` (the statistic of diagnostic (a)), `deep_cos` (mean cosine over "
@@ -72,17 +80,30 @@ def _type_text(tp: object) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def field_rows(cls: type) -> list[str]:
-    """The table of ``cls``'s fields; with a domain column when a field has a domain."""
+def _keys(cls: type) -> list[tuple[dataclasses.Field[object], object]]:
+    """(field, type) of each JSON key of ``cls``'s object, in order: an inline field's own
+    fields stand in its place."""
     hints = typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)
-    domains = [domain_text(f.metadata.get("domain")) for f in fields]
+    out: list[tuple[dataclasses.Field[object], object]] = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("inline"):
+            inner = next(a for a in typing.get_args(hints[f.name]) if a is not type(None))
+            out += _keys(inner)
+        else:
+            out.append((f, hints[f.name]))
+    return out
+
+
+def field_rows(cls: type) -> list[str]:
+    """The table of ``cls``'s keys; with a domain column when a field has a domain."""
+    keys = _keys(cls)
+    domains = [domain_text(f.metadata.get("domain")) for f, _ in keys]
     with_domain = any(domains)
     rows = (["| key | type | domain | meaning |", "|---|---|---|---|"] if with_domain
             else ["| key | type | meaning |", "|---|---|---|"])
-    for f, domain in zip(fields, domains):
+    for (f, tp), domain in zip(keys, domains):
         doc = f.metadata.get("doc", "").replace("|", "/")
-        cells = [f"`{f.name}`", f"`{_type_text(hints[f.name])}`",
+        cells = [f"`{f.name}`", f"`{_type_text(tp)}`",
                  *([domain] if with_domain else []), doc]
         rows.append("| " + " | ".join(cells) + " |")
     return rows

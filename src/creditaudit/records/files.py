@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig, load_config
-from creditaudit.descriptions import ModelDescription
+from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import (
@@ -31,7 +31,7 @@ from creditaudit.files.safe_files import (
     describe_os_error,
     read_text,
 )
-from creditaudit.records.schema import DataIdentity, RunRecord
+from creditaudit.records.schema import RunRecord
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 credit-quality block and the protocol state.
 
 Their fields are declared like the entry's, documentation and domain in each field
-(:func:`~creditaudit.records.parts.doc`), from which ``docs/records.md`` is generated.
+(:func:`creditaudit.descriptions.fields.doc`), from which ``docs/records.md`` is generated.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.errors import RunRecordError
-from creditaudit.records.parts import (
+from creditaudit.descriptions.fields import (
     ACCURACY,
     CORRELATION,
     COSINE,
@@ -22,6 +21,7 @@ from creditaudit.records.parts import (
     NONNEGATIVE,
     doc,
 )
+from creditaudit.errors import RunRecordError
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.version import OWN_PACKAGE
 

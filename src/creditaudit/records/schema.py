@@ -1,13 +1,16 @@
 """Typed run records: what a run writes to ``record.json`` and every reader reads back.
 
 A record is a :class:`RunRecord` holding the validated :class:`~creditaudit.config.RunConfig`,
-one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch, the final results,
+one :class:`~creditaudit.records.parts.EpochEntry` per evaluated epoch (holding the
+epoch's :class:`~creditaudit.descriptions.EpochMeasures`), the final results,
 the end-of-run credit-quality block and the protocol state of the four-diagnostic protocol
 (:mod:`creditaudit.records.run_parts`), and the :class:`DataIdentity` of the data it
 trained on. JSON keys are the field names (the per-epoch keys of the original study, such as
 ``hidden_norms`` and ``bp_grad_norms_per_sample_med``, are kept). Field documentation lives
 in each field's metadata; ``docs/records.md`` is generated from it
-(``scripts/gen_records_doc.py``). How two records compare: :mod:`creditaudit.records.compare`.
+(``scripts/gen_records_doc.py``). How a record's JSON is checked and older schemas migrated:
+:mod:`creditaudit.records.reading`; a run's recipe: :mod:`creditaudit.records.recipes`; how
+two records compare: :mod:`creditaudit.records.compare`.
 
 Readers never index the JSON: they use the accessors here (``final_acc``, ``deep_cos``,
 ``series``, ``recipe_key``, …), so a change of layout is made in one place.
@@ -16,40 +19,20 @@ Readers never index the JSON: they use the accessors here (``final_acc``, ``deep
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.config import RunConfig, config_from_dict, non_semantic
+from creditaudit.config import RunConfig
 from creditaudit.deep_layers import deep_mean
-from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.errors import CreditAuditError, RunRecordError
-from creditaudit.records.copies import read_final, read_protocol, stored_final, stored_protocol
-from creditaudit.records.parts import (
-    EpochEntry,
-    as_number,
-    check_domains,
-    doc,
-    finite_number,
-    nonzero_median_restored,
-)
-from creditaudit.records.run_parts import (
-    EndOfRun,
-    FinalResults,
-    ProtocolState,
-    ReferenceState,
-    own_architecture,
-)
+from creditaudit.descriptions import DataIdentity, EpochMeasures, ModelDescription
+from creditaudit.descriptions.fields import as_number, doc, finite_number
+from creditaudit.records.copies import stored_final, stored_protocol
+from creditaudit.records.parts import EpochEntry
+from creditaudit.records.reading import FINISHED, SCHEMA, record_parts
+from creditaudit.records.recipes import recipe_key
+from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
 from creditaudit.registry import DATASETS
-
-SCHEMA = "creditaudit.run/4"  # 4: each number once (records.copies)
-LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2", "creditaudit.run/3")
-STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
-FINISHED = ("completed", "diverged")
-# What a config key a run did not record holds in recipes and reports.
-NOT_RECORDED = "not recorded"
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -169,6 +152,11 @@ class RunRecord:
         """The last log entry with diagnostics (norms, gradients, cosines)."""
         return next((e for e in reversed(self.log) if e.has_diagnostics), None)
 
+    def last_measures(self) -> EpochMeasures | None:
+        """The diagnostics of the last epoch that measured them."""
+        last = self.last_entry()
+        return None if last is None else last.measures
+
     def last_value(self, key: str) -> Any:
         """The last non-None value of per-epoch ``key`` (a field or a rule extra)."""
         for entry in reversed(self.log):
@@ -214,12 +202,8 @@ class RunRecord:
                       self.final.deep_cos if self.final else None):
             if finite_number(value) is not None:
                 return float(value)  # type: ignore[arg-type]
-        last = self.last_entry()
-        if last is None:
-            return None
-        if finite_number(last.deep_cos) is not None:
-            return float(last.deep_cos)  # type: ignore[arg-type]
-        return finite_number(deep_mean(last.cos_per_layer))
+        last = self.last_measures()
+        return None if last is None else last.deep_cos
 
     @property
     def deep_cos_valid(self) -> bool | None:
@@ -227,7 +211,7 @@ class RunRecord:
         table = self.diagnostics.cosine_table
         if table:
             return all(bool(row.get("valid_reference")) for row in table[1:])
-        last = self.last_entry()
+        last = self.last_measures()
         return None if last is None else last.deep_cos_valid
 
     @property
@@ -239,7 +223,7 @@ class RunRecord:
         if table:
             shares = [row.get("defined") for row in table]
         else:
-            last = self.last_entry()
+            last = self.last_measures()
             shares = (last.cos_defined or []) if last else []
         kept = [v for v in (finite_number(x) for x in shares[1:]) if v is not None]
         return min(kept) if kept else None
@@ -252,8 +236,8 @@ class RunRecord:
         value = finite_number(gamma.get("samples_then_layers"))
         if value is not None:
             return value
-        last = self.last_entry()
-        kept = [v for v in (finite_number(x) for x in (last.cos_per_layer or []))
+        last = self.last_measures()
+        kept = [v for v in (finite_number(x) for x in last.cos_per_layer)
                 if v is not None] if last else []
         return sum(kept) / len(kept) if kept else None
 
@@ -332,101 +316,6 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "<record>") -> RunRecord:
-        """Validate and build a record (older schemas are migrated)."""
-        return _from_dict(raw, where)
-
-
-# --- recipes --------------------------------------------------------------------------------
-def recipe(config: RunConfig, source: str | None = None, not_recorded: Sequence[str] = ()
-           ) -> dict[str, dict[str, Any]]:
-    """The recipe of a run: data (minus its folder), model, optimiser and precision;
-    ``source`` identifies the data's content (seed aside) when known; keys the run did not
-    record (``not_recorded``, dotted) are :data:`NOT_RECORDED`, equal to no value."""
-    raw = config.to_dict()
-    for key in not_recorded:
-        section, _, name = key.partition(".")
-        if name in raw.get(section, {}):
-            raw[section][name] = NOT_RECORDED
-    skip = non_semantic(config)
-    data = {k: v for k, v in raw["data"].items() if ("data", k) not in skip}
-    if source:
-        data["source"] = source
-    return {"data": data, "model": raw["model"], "optim": raw["optim"],
-            "run": {"precision": raw["run"]["precision"]}}
-
-
-def recipe_key(config: RunConfig, source: str | None = None,
-               not_recorded: Sequence[str] = ()) -> str:
-    """See :attr:`RunRecord.recipe_key`."""
-    return json.dumps(recipe(config, source, not_recorded), sort_keys=True)
-
-
-# --- validation and migration ----------------------------------------------------------------
-_REQUIRED: dict[str, Any] = {
-    "schema": str, "run_id": str, "config": dict, "status": str, "log": list,
-    "final": (dict, type(None)), "diagnostics": dict, "protocol": dict,
-}
-
-
-def _from_dict(raw: Any, where: str) -> RunRecord:
-    if not isinstance(raw, dict):
-        raise RunRecordError(f"run record {where} must be a JSON object")
-    schema = raw.get("schema")
-    if schema not in (SCHEMA, *LEGACY_SCHEMAS):
-        raise RunRecordError(f"run record {where} has schema {schema!r}; this version of "
-                             f"creditaudit reads {SCHEMA!r} (and migrates "
-                             f"{', '.join(map(repr, LEGACY_SCHEMAS))})")
-    for key, kind in _REQUIRED.items():
-        if key not in raw:
-            raise RunRecordError(f"run record {where} lacks the key {key!r}")
-        if not isinstance(raw[key], kind):
-            raise RunRecordError(f"run record {where}: {key!r} has the wrong type "
-                                 f"({type(raw[key]).__name__})")
-    if raw["status"] not in STATUSES:
-        raise RunRecordError(f"run record {where}: status {raw['status']!r} is not one of "
-                             f"{', '.join(STATUSES)}")
-    try:
-        config = config_from_dict(raw["config"], strict=False)
-    except CreditAuditError as err:
-        raise RunRecordError(f"run record {where} holds an invalid config: {err}") from None
-    current = schema == SCHEMA  # earlier schemas stored the copies: read as they are
-    log = [EpochEntry.from_dict(nonzero_median_restored(e) if current else e,
-                                f"run record {where}: log entry {i}")
-           for i, e in enumerate(raw["log"])]
-    try:
-        final = (None if raw["final"] is None
-                 else read_final(raw["final"], log, f"run record {where}") if current
-                 else FinalResults(**raw["final"]))
-        data = raw.get("data")
-        data = None if data is None else DataIdentity(**data)
-        model = raw.get("model")
-        model = None if model is None else ModelDescription(**model)
-        protocol = (read_protocol(raw["protocol"], log, f"run record {where}") if current
-                    else ProtocolState(**raw["protocol"]))
-        reference = ReferenceState.from_dict(raw.get("reference"), f"run record {where}",
-                                             own_model=own_architecture(
-                                                 config.model.arch,
-                                                 getattr(config.model, "factory", None)))
-    except TypeError as err:
-        raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
-    diagnostics = EndOfRun.from_dict(raw["diagnostics"])
-    parts = [*((entry, f"log[{i}].") for i, entry in enumerate(log)), (final, "final."),
-             (diagnostics, "diagnostics.")]
-    for part, prefix in parts:
-        if part is not None:
-            check_domains(part, f"run record {where}", prefix)
-    return RunRecord(
-        run_id=raw["run_id"], config=config, status=raw["status"], log=log, final=final,
-        diagnostics=diagnostics, protocol=protocol, reference=reference, data=data,
-        model=model,
-        environment=dict(raw.get("environment") or {}), created=raw.get("created"),
-        updated=raw.get("updated"), error=raw.get("error"),
-        divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
-        not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
-
-
-def _keys(value: Any, where: str) -> list[str]:
-    """``not_recorded``: a list of dotted config keys (absent: every key recorded)."""
-    if isinstance(value, list) and all(isinstance(k, str) for k in value):
-        return list(value)
-    raise RunRecordError(f"run record {where}: 'not_recorded' must be a list of config keys")
+        """Validate and build a record (older schemas are migrated:
+        :mod:`creditaudit.records.reading`)."""
+        return cls(**record_parts(raw, where))

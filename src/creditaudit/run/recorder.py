@@ -224,11 +224,11 @@ class Recorder:
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
                            acc_eval=numbers["test_acc"], train_loss=numbers["train_loss"],
                            train_acc=numbers["train_acc"], extras=kept,
-                           **measures.record_fields())
+                           measures=measures)
         settings, optim = self.config.diagnostics, self.config.optim
         if protocol_due(epoch, settings.protocol_every,
                         optim.epochs if self._epochs_given else None):
-            record_protocol(self.record, entry, sg, measures, protocol=self.protocol,
+            record_protocol(self.record, entry, sg, protocol=self.protocol,
                             frozen_acc=settings.frozen_acc,
                             terminal_ln=_terminal_ln(model))
         now = time.perf_counter()

@@ -11,6 +11,7 @@ the same record. :func:`epoch_record` is an epoch's diagnostic fields in one cal
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import torch
 
 from creditaudit.config import DiagnosticsConfig
+from creditaudit.descriptions import EpochMeasures
 from creditaudit.measures.drift import feature_drift
-from creditaudit.measures.epoch import EpochMeasures, epoch_diagnostics
+from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.measures.reference_check import checked_reference
@@ -29,6 +31,7 @@ from creditaudit.protocol import evaluate_protocol
 from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import DERIVED, EpochEntry, FinalResults, ReferenceState, RunRecord
+from creditaudit.records.copies import final_from_entry
 
 # Step sizes of the end-of-run nudging test.
 NUDGING_ETAS = (0.01, 0.1)
@@ -42,24 +45,27 @@ def protocol_due(epoch: int, every: int, last_epoch: int | None) -> bool:
     return every > 0 and ((epoch >= 1 and epoch % every == 0) or last)
 
 
-def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients,
-                    measures: EpochMeasures, *, protocol: Protocol, frozen_acc: float | None,
+def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
+                    protocol: Protocol, frozen_acc: float | None,
                     terminal_ln: bool | None) -> None:
-    """Evaluate the protocol on an epoch's own measures and gradients (no second backward):
-    its statuses and verdict (judged with ``record.reference``, the check made when the run
-    started) go into ``entry``, the report and the first epoch each diagnostic fired into
-    ``record.protocol``. ``frozen_acc``: the baseline of (d) (a
-    fraction, None = not evaluated); ``terminal_ln``: whether the model ends in a
-    LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
+    """Evaluate the protocol on an epoch's own measures (``entry.measures``) and gradients
+    ``sg`` (no second backward): its statuses and verdict (judged with
+    ``record.reference``, the check made when the run started) go into ``entry``, the report
+    and the first epoch each diagnostic fired into ``record.protocol``. ``frozen_acc``: the
+    baseline of (d) (a fraction, None = not evaluated); ``terminal_ln``: whether the model
+    ends in a LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
     initialisation, when recorded) let (a) judge the growth before h_0."""
-    epoch = entry.epoch
+    epoch, measures = entry.epoch, entry.measures
+    if measures is None:
+        raise ValueError(f"epoch {epoch}: the protocol is evaluated on a measured epoch")
     start = entry if epoch == 0 else record.entry(0)
+    initial = None if start is None or start.measures is None else start.measures.hidden_norms
     report = evaluate_protocol(
         sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
         measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
         metadata={**record_metadata(record), "epoch": epoch},
         reference=record.reference.to_dict(),
-        initial_hidden_norms=start.hidden_norms if start is not None else None)
+        initial_hidden_norms=initial)
     entry.protocol = {r.id: r.status for r in report.diagnostics}
     entry.verdict = report.verdict
     state = record.protocol
@@ -97,10 +103,7 @@ def final_results(log: Sequence[EpochEntry]) -> FinalResults:
     kept = next((e for e in reversed(log) if finite_entry(e)), None)
     if kept is None:
         return FinalResults(epochs_completed=last.epoch)
-    return FinalResults(
-        epochs_completed=last.epoch, test_acc=kept.acc_eval, test_loss=kept.test_loss,
-        h_L_norm=kept.h_L_norm, g_L_norm=kept.g_L_norm, deep_cos=kept.deep_cos,
-        from_epoch=None if kept is last else kept.epoch)
+    return final_from_entry(kept, last.epoch)
 
 
 def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Tensor, *,
@@ -131,14 +134,15 @@ def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor
     """(the epoch entry's diagnostic fields, the state gradients) on an evaluation set: what
     an epoch of training records, for one call from a notebook or a test."""
     measures, sg = epoch_diagnostics(rule, x, y)
-    entry = EpochEntry(**measures.record_fields())
-    derived = {key: entry.value(key) for key in DERIVED}  # test_acc: no test pass here
-    return {**measures.record_fields(),
-            **{k: v for k, v in derived.items() if v is not None}}, sg
+    entry = EpochEntry(measures=measures)
+    keys = [*(f.name for f in dataclasses.fields(EpochMeasures)), *DERIVED]
+    values = {key: entry.value(key) for key in keys}  # test_acc: no test pass here
+    return {key: value for key, value in values.items() if value is not None}, sg
 
 
 def finite_entry(entry: EpochEntry) -> bool:
     """False when a recorded loss (test or train) or any state norm is NaN/Inf; a loss not
     recorded (None: a user's loop that passes none) says nothing either way."""
-    values = [entry.test_loss, entry.train_loss, *(entry.hidden_norms or [])]
+    norms = entry.measures.hidden_norms if entry.measures is not None else []
+    values = [entry.test_loss, entry.train_loss, *norms]
     return all(math.isfinite(v) for v in values if v is not None)

@@ -193,17 +193,16 @@ class Trainer:
     def _measure(self, epoch: int) -> EpochEntry:
         every = self.config.diagnostics.every
         protocol_due = self._protocol_due(epoch)
-        fields: dict[str, Any] = {}
         known = sg = measures = None
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
-            fields = measures.record_fields()
             known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
         evaluation = self.test_evaluation if known is not None else self.full_evaluation
         test_loss, test_acc = evaluation.run(self.model, self.device, known)
-        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc, **fields)
-        if protocol_due and sg is not None and measures is not None:
-            record_protocol(self.record, entry, sg, measures, protocol=self.protocol,
+        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc,
+                           measures=measures)
+        if protocol_due and sg is not None:
+            record_protocol(self.record, entry, sg, protocol=self.protocol,
                             frozen_acc=self.config.diagnostics.frozen_acc,
                             terminal_ln=self.model.terminal_ln)
         return entry

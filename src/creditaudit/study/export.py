@@ -328,8 +328,8 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         members = [r for r in students if float(r.config.data.alpha) == alpha]
         pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
         family = choose_family(members, [x for v in pairs.values() for x in v], None)
-        depth = next((len(r.log[0].hidden_norms) - 1 for r in family.values()
-                      if r.log and r.log[0].hidden_norms), 4)
+        depth = next((len(r.log[0].measures.hidden_norms) - 1 for r in family.values()
+                      if r.log and r.log[0].measures), 4)
         for seed in seeds:
             writer.file(f"{base}/snapshot_synth_v1/snapshot_synth_a{alpha}_L{depth}_s{seed}.json",
                         pairs[seed], family, _logs,

@@ -9,34 +9,30 @@ config name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from creditaudit.descriptions.fields import doc
 
 # The provenance key of the sha256 of the arrays a generated dataset loaded from its cache,
 # verified against the digest signed when the generator made them.
 CONTENT_DIGEST = "content_sha256"
 
 
-def _doc(text: str, default: Any = None, *, factory: Any = None) -> Any:
-    if factory is not None:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
-
-
 @dataclass
 class ModelDescription:
     """The model a run trained, as the built model describes itself."""
 
-    arch: str = _doc("the architecture's name (model.arch)", "")
-    label: str = _doc("how tables and figures name it, e.g. `ResMLP d=256 L=4`", "")
-    terminal_ln: bool | None = _doc("whether the readout applies a LayerNorm to h_L")
-    d: int | None = _doc("state width d (features per token or channels per position)")
-    n_blocks: int | None = _doc("number of blocks L (states h_0 … h_L)")
-    residual: bool | None = _doc("whether blocks add their branch to a skip")
-    input_shape: list[int] | None = _doc("shape of one input as the model reads it")
-    layout: str | None = _doc("states: `vectors` (B, d), `tokens` (B, T, d) or `maps` "
+    arch: str = doc("the architecture's name (model.arch)", "")
+    label: str = doc("how tables and figures name it, e.g. `ResMLP d=256 L=4`", "")
+    terminal_ln: bool | None = doc("whether the readout applies a LayerNorm to h_L")
+    d: int | None = doc("state width d (features per token or channels per position)")
+    n_blocks: int | None = doc("number of blocks L (states h_0 … h_L)")
+    residual: bool | None = doc("whether blocks add their branch to a skip")
+    input_shape: list[int] | None = doc("shape of one input as the model reads it")
+    layout: str | None = doc("states: `vectors` (B, d), `tokens` (B, T, d) or `maps` "
                               "(B, d, H, W)")
-    parameters: int | None = _doc("number of parameters")
+    parameters: int | None = doc("number of parameters")
 
     @property
     def short_label(self) -> str:
@@ -55,23 +51,23 @@ class DataIdentity:
     task share a recipe; ``arrays_sha256`` identifies the arrays that were loaded.
     """
 
-    name: str = _doc("dataset name (data.name)", "")
-    fingerprint: str = _doc(
+    name: str = doc("dataset name (data.name)", "")
+    fingerprint: str = doc(
         "sha256 of the data actually loaded: the decoded content of every file read, or the "
         "generator's arguments (seed included) for generated data, whose arrays are verified "
         "against the digest recorded when they were generated; part of the run id", "")
-    source: str = _doc(
+    source: str = doc(
         "the same without the seed (equal to `fingerprint` for file datasets): runs with "
         "different seeds on one task share a recipe", "")
-    n_train: int | None = _doc("training samples used (after data.train_subset)")
-    n_test: int | None = _doc("test samples")
-    n_classes: int | None = _doc("number of classes")
-    input_shape: list[int] | None = _doc("shape of one sample as stored (C, H, W) or (D,)")
-    provenance: dict[str, Any] = _doc(
+    n_train: int | None = doc("training samples used (after data.train_subset)")
+    n_test: int | None = doc("test samples")
+    n_classes: int | None = doc("number of classes")
+    input_shape: list[int] | None = doc("shape of one sample as stored (C, H, W) or (D,)")
+    provenance: dict[str, Any] = doc(
         "per-file digests, or the generator's arguments (and, for data read from a cache, "
         "`content_sha256`: the digest of the arrays trained on, verified against the "
         "generator's)", factory=dict)
-    arrays_sha256: str | None = _doc(
+    arrays_sha256: str | None = doc(
         "sha256 of the arrays actually trained and evaluated on, as loaded (train and test "
         "inputs and labels after data.train_subset: dtype, shape and bytes); a finished run "
         "is served, resumed or audited only on data with this digest. null: not known "

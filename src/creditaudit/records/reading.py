@@ -1,0 +1,103 @@
+"""How the JSON object of a run record becomes its typed parts: checked, and migrated from
+earlier schemas.
+
+:func:`record_parts` validates the object (schema, required keys and their types, status,
+config, each number within its field's domain) and returns the parts
+:class:`~creditaudit.records.schema.RunRecord` is built from. Schema 4 stores each number
+once (:mod:`creditaudit.records.copies` puts the copies back); records of schemas 1–3
+stored the copies and are read as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from creditaudit.config import config_from_dict
+from creditaudit.descriptions import DataIdentity, ModelDescription
+from creditaudit.errors import CreditAuditError, RunRecordError
+from creditaudit.records.copies import read_final, read_protocol
+from creditaudit.records.parts import EpochEntry, check_domains, nonzero_median_restored
+from creditaudit.records.run_parts import (
+    EndOfRun,
+    FinalResults,
+    ProtocolState,
+    ReferenceState,
+    own_architecture,
+)
+
+SCHEMA = "creditaudit.run/4"  # 4: each number once (records.copies)
+LEGACY_SCHEMAS = ("creditaudit.run/1", "creditaudit.run/2", "creditaudit.run/3")
+STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
+FINISHED = ("completed", "diverged")  # the trajectory is final (a diverged run keeps its epochs)
+
+_REQUIRED: dict[str, Any] = {
+    "schema": str, "run_id": str, "config": dict, "status": str, "log": list,
+    "final": (dict, type(None)), "diagnostics": dict, "protocol": dict,
+}
+
+
+def record_parts(raw: Any, where: str) -> dict[str, Any]:
+    """The fields of a :class:`~creditaudit.records.schema.RunRecord` read from its JSON
+    object ``raw`` (``where``: the file or checkpoint, for messages), in the current schema;
+    a record that is not one raises a one-line :class:`RunRecordError`."""
+    if not isinstance(raw, dict):
+        raise RunRecordError(f"run record {where} must be a JSON object")
+    schema = raw.get("schema")
+    if schema not in (SCHEMA, *LEGACY_SCHEMAS):
+        raise RunRecordError(f"run record {where} has schema {schema!r}; this version of "
+                             f"creditaudit reads {SCHEMA!r} (and migrates "
+                             f"{', '.join(map(repr, LEGACY_SCHEMAS))})")
+    for key, kind in _REQUIRED.items():
+        if key not in raw:
+            raise RunRecordError(f"run record {where} lacks the key {key!r}")
+        if not isinstance(raw[key], kind):
+            raise RunRecordError(f"run record {where}: {key!r} has the wrong type "
+                                 f"({type(raw[key]).__name__})")
+    if raw["status"] not in STATUSES:
+        raise RunRecordError(f"run record {where}: status {raw['status']!r} is not one of "
+                             f"{', '.join(STATUSES)}")
+    try:
+        config = config_from_dict(raw["config"], strict=False)
+    except CreditAuditError as err:
+        raise RunRecordError(f"run record {where} holds an invalid config: {err}") from None
+    current = schema == SCHEMA  # earlier schemas stored the copies: read as they are
+    log = [EpochEntry.from_dict(nonzero_median_restored(e) if current else e,
+                                f"run record {where}", i)
+           for i, e in enumerate(raw["log"])]
+    try:
+        final = (None if raw["final"] is None
+                 else read_final(raw["final"], log, f"run record {where}") if current
+                 else FinalResults(**raw["final"]))
+        data = raw.get("data")
+        data = None if data is None else DataIdentity(**data)
+        model = raw.get("model")
+        model = None if model is None else ModelDescription(**model)
+        protocol = (read_protocol(raw["protocol"], log, f"run record {where}") if current
+                    else ProtocolState(**raw["protocol"]))
+        reference = ReferenceState.from_dict(raw.get("reference"), f"run record {where}",
+                                             own_model=own_architecture(
+                                                 config.model.arch,
+                                                 getattr(config.model, "factory", None)))
+    except TypeError as err:
+        raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
+    diagnostics = EndOfRun.from_dict(raw["diagnostics"])
+    parts = [*((entry, f"log[{i}].") for i, entry in enumerate(log)), (final, "final."),
+             (diagnostics, "diagnostics.")]
+    for part, prefix in parts:
+        if part is not None:
+            check_domains(part, f"run record {where}", prefix)
+    return dict(
+        run_id=raw["run_id"], config=config, status=raw["status"], log=log, final=final,
+        diagnostics=diagnostics, protocol=protocol, reference=reference, data=data,
+        model=model,
+        environment=dict(raw.get("environment") or {}), created=raw.get("created"),
+        updated=raw.get("updated"), error=raw.get("error"),
+        divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
+        not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
+
+
+def _keys(value: Any, where: str) -> list[str]:
+    """``not_recorded``: a list of dotted config keys (absent: every key recorded)."""
+    if isinstance(value, list) and all(isinstance(k, str) for k in value):
+        return list(value)
+    raise RunRecordError(f"run record {where}: 'not_recorded' must be a list of config keys")

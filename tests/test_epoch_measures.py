@@ -127,6 +127,23 @@ def test_an_epoch_without_diagnostics_has_no_measures_keys():
     assert EpochEntry.from_dict(out) == entry and entry.value("h_L_norm") is None
 
 
+def test_the_older_attribute_spelling_reads_the_measures():
+    """Code written before the measures had a type (``entry.hidden_norms``,
+    ``entry.h_L_norm``, ``entry.max_block_growth``) keeps reading the same numbers; an epoch
+    without diagnostics gives None, as it did; any other name is still an AttributeError."""
+    record = RunRecord.from_dict(json.loads((LEGACY / "run4_fa_linear.json").read_text()),
+                                 "run4")
+    last = record.log[-1]
+    for key in ("hidden_norms", "cos_per_layer", "h_L_norm", "g_L_norm", "max_block_growth",
+                "deep_cos", "feedback_angle"):
+        assert getattr(last, key) == getattr(last.measures, key) is not None
+    bare = EpochEntry(epoch=3, test_loss=1.0, acc_eval=0.5)
+    assert bare.hidden_norms is None and bare.h_L_norm is None
+    with pytest.raises(AttributeError, match="no_such_measure"):
+        last.no_such_measure  # noqa: B018
+    assert copy.deepcopy(last) == last
+
+
 @pytest.mark.parametrize("missing", ["hidden_norms", "cos_per_layer", "g_L_zero_fraction"])
 def test_an_entry_with_part_of_the_diagnostics_is_refused_in_one_line(tmp_path, missing):
     raw = json.loads((LEGACY / "run4_fa_linear.json").read_text())

@@ -128,6 +128,14 @@ class EpochEntry:
     def has_diagnostics(self) -> bool:
         return self.measures is not None
 
+    def __getattr__(self, name: str) -> Any:
+        # The spelling before the measures had a type of their own (entry.hidden_norms,
+        # entry.h_L_norm, …) reads the epoch's measures: None on an epoch without them.
+        if name in _MEASURE_KEYS:
+            measures = self.__dict__.get("measures")
+            return None if measures is None else getattr(measures, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def value(self, key: str) -> Any:
         """A stored field (the entry's or its measures'), a derived value (:data:`DERIVED`)
         or a rule extra by its record key (None when absent): the one way a series is

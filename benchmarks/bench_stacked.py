@@ -2,7 +2,7 @@
 
 1. ``steps``: ms per step and run of a ResidualMLP (in_dim 3072, d=256, L=4, terminal LN,
    batch 128, fp32) — alone: ``rule.train_step`` with training's fused AdamW; stacked K:
-   one :class:`~creditaudit.run.steps.stepping.StackedStep` (vmapped forward, one backward)
+   one :class:`~creditaudit.methods.stacked.StackedStep` (vmapped forward, one backward)
    plus the K runs' AdamW steps, divided by K. Each round times alone, then every K (order rotated
    by one each round, so drifting load hits all alike); ratios stacked/alone are paired
    within a round; median and range over ``--rounds``.
@@ -39,11 +39,11 @@ from torch import Tensor
 
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.methods import build_rule
+from creditaudit.methods.stacked import StackedStep
 from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
 from creditaudit.run.plan import plan_run
 from creditaudit.run.stacked import epoch_runner
-from creditaudit.run.steps.stepping import StackedStep
 from creditaudit.run.trainer import Trainer
 
 IN_DIM, D, BLOCKS, N_CLASSES, BATCH = 3072, 256, 4, 10, 128

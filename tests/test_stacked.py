@@ -18,11 +18,11 @@ from creditaudit.config import RunConfig
 from creditaudit.data import Dataset
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.errors import ConfigError
+from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
 from creditaudit.records import CHECKPOINT_FILE, comparable, load_checkpoint, load_record
 from creditaudit.run.plan import run_id
 from creditaudit.run.stacked import stack_groups, stack_key, train_stacked
 from creditaudit.run.steps.epochs import StackedEpochs
-from creditaudit.run.steps.stepping import stack_refusal, stacked_rule_names
 from creditaudit.run.trainer import Trainer, train
 from creditaudit.testing import make_rule
 
@@ -324,7 +324,7 @@ def test_stacked_step_on_every_architecture_that_stacks(method, arch, float64):
     batches = [tiny_batch(seed=s, arch=arch) for s in (1, 2)]
     for run, (x, y) in zip(alone, batches, strict=True):
         assert run.rule.train_step(x, y, run.optimizer).finite
-    from creditaudit.run.steps.stepping import StackedStep
+    from creditaudit.methods.stacked import StackedStep
 
     step = StackedStep(runs)
     step.stack()
@@ -477,7 +477,7 @@ def test_a_stacked_group_trains_the_runs_it_claims(tmp_path):
 
 
 def test_a_stack_whose_step_fails_records_every_run_failed(tmp_path, monkeypatch):
-    from creditaudit.run.steps.stepping import StackedStep
+    from creditaudit.methods.stacked import StackedStep
     from creditaudit.sweep.worker import run_group
 
     def boom(self, x, y):

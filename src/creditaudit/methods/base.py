@@ -109,7 +109,7 @@ class LocalOptions(RuleOptions):
         "raw credit on the batch-mean scale")
 
 
-# The steps the stacked training loop has (creditaudit.run.steps.stepping), each with the
+# The steps a stack of runs takes (creditaudit.methods.stacked), each with the
 # rule methods it calls: end to end (CE + λΣ‖f_l‖² backpropagated, as BP's), projected
 # (a_l = s·B_l for the rule's projected_signal s, on the local surrogate, as DFA's) and block
 # FA (a_l = B_l a_{l+1} from the rule's propagate).

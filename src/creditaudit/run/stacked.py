@@ -4,7 +4,7 @@ Runs whose configs differ only in :data:`VARYING` keys (seeds, learning rates, w
 λ, feedback seeds and scales, diagnostics settings) and whose rule steps stacked (its class
 declares a ``stacked_step``, :meth:`~creditaudit.methods.CreditRule.stacks_as`) share one
 training step per batch
-(:mod:`creditaudit.run.steps.stepping`); everything else — data order, optimiser, schedule,
+(:mod:`creditaudit.methods.stacked`); everything else — data order, optimiser, schedule,
 evaluation, diagnostics, checkpoints, resume, the record — is each run's own, as if it
 trained alone. :func:`stack_groups` finds such groups in a list of configs (``creditaudit
 sweep --stack K``); :func:`train_stacked` trains one group.
@@ -30,11 +30,11 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods import CreditRule, rule_class
+from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
-from creditaudit.run.steps.stepping import stack_refusal, stacked_rule_names
 from creditaudit.run.trainer import Trainer
 
 log = logging.getLogger(__name__)

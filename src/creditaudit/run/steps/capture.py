@@ -3,7 +3,7 @@
 A step of the study's small models is bound by kernel launches, not arithmetic: replaying
 the step's kernels from a CUDA graph took BP's step from 3.3 to 0.55 ms on an H200
 (docs/benchmarks.md). The captured step is the stacked step of
-:mod:`creditaudit.run.steps.stepping` (one run or several): forward under vmap, backward,
+:mod:`creditaudit.methods.stacked` (one run or several): forward under vmap, backward,
 and every run's fused AdamW with ``capturable=True`` and its learning rate in a device tensor
 (:class:`CapturableAdamW`), so the schedule, stepped on the host, changes the rate the graph
 reads. Nothing is read back
@@ -25,9 +25,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from creditaudit.methods.stacked import StepTensors
 from creditaudit.run.setup import make_schedule
 from creditaudit.run.steps.epochs import StackedEpochs
-from creditaudit.run.steps.stepping import StackMember, StepTensors
+from creditaudit.run.steps.stepping import StackMember
 
 # Eager steps (real training steps, on a side stream) before the capture, as the CUDA-graph
 # documentation asks: autograd and the libraries allocate their workspaces there.

@@ -2,7 +2,7 @@
 
 :class:`StackedEpochs` draws every run's batch from its own loader (its own generator: the
 batches it gets alone), steps the K runs as one
-:class:`~creditaudit.run.steps.stepping.StackedStep`,
+:class:`~creditaudit.methods.stacked.StackedStep`,
 and keeps each run's loss sum, correct count and first non-finite step in device tensors,
 read once per epoch (``check="epoch"``) or every step (``check="step"``, the CPU default,
 where a read costs nothing). An epoch in which a run turned non-finite is trained again from
@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from creditaudit.run.steps.stepping import StackedStep, StackMember, StepTensors
+from creditaudit.methods.stacked import StackedStep, StepTensors
+from creditaudit.run.steps.stepping import StackMember
 
 
 @dataclass

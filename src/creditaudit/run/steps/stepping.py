@@ -4,7 +4,8 @@ in a CUDA graph (:func:`cuda_graphs_decision`).
 
 The stacked step itself — K runs of one shape as one vmapped model — is the rules' own
 (:mod:`creditaudit.methods.stacked`), where the conformance suite checks it against each
-rule's ``train_step``; its names are imported here for the training loop.
+rule's ``train_step``; its names stay importable from here for code written before the
+move.
 """
 
 from __future__ import annotations

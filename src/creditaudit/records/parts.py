@@ -140,10 +140,8 @@ class EpochEntry:
         """A stored field (the entry's or its measures'), a derived value (:data:`DERIVED`)
         or a rule extra by its record key (None when absent): the one way a series is
         read."""
-        if key in _OWN_FIELDS or key == "test_acc":
-            return getattr(self, key)
-        if key in _MEASURE_KEYS:
-            return None if self.measures is None else getattr(self.measures, key)
+        if key in _OWN_FIELDS or key == "test_acc" or key in _MEASURE_KEYS:
+            return getattr(self, key)  # a measure through __getattr__
         return self.extras.get(key)
 
     def to_dict(self, *, token_states: bool = False, copies: bool = True) -> dict[str, Any]:

@@ -38,54 +38,21 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from creditaudit.errors import ConfigError
 from creditaudit.guests import Guest, make_guest, plugin_sources
+from creditaudit.registry.component import (
+    Component,
+    NoOptions,
+    defines,
+    hook,
+    older_hook,
+)
 
 log = logging.getLogger(__name__)
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """The options of a component that has none of its own."""
-
-
-class Component:
-    """What every pluggable class declares (see the module docstring).
-
-    ``Options`` is a dataclass whose fields are declared with
-    :func:`creditaudit.config.opt` (a default and help text at least); a config file,
-    ``--set`` and sweep grids set them as keys of the component's config section
-    (``method.ep_beta``, ``model.d``, ``data.n_train``). ``rank``: listings order (lower
-    first, ties by name).
-    """
-
-    name: ClassVar[str] = ""
-    label: ClassVar[str] = ""
-    Options: ClassVar[type] = NoOptions
-    id_version: ClassVar[int] = 0
-    rank: ClassVar[int] = 100
-    # For keys a user may expect the component to read but it does not: what to do instead.
-    hints: ClassVar[dict[str, str]] = {}
-
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        """The names of the component's own options, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls.Options))
-
-    @classmethod
-    def options_from(cls, values: Any) -> Any:
-        """An ``Options`` instance from any object carrying those attributes (a config
-        section) or a mapping; options it lacks take their defaults."""
-        names = cls.option_names()
-        if isinstance(values, dict):
-            given = {k: values[k] for k in names if k in values}
-        else:
-            given = {k: getattr(values, k) for k in names if hasattr(values, k)}
-        return cls.Options(**given)
 
 
 @dataclass(frozen=True)
@@ -358,5 +325,6 @@ def reload_plugins() -> None:
         registry.reload()
 
 
-__all__ = ["Component", "NoOptions", "Origin", "Registry", "RULES", "ARCHITECTURES",
-           "DATASETS", "DIAGNOSTICS", "REGISTRIES", "NAME_PATTERN", "reload_plugins", "own_rank"]
+__all__ = ["Component", "hook", "older_hook", "defines", "NoOptions", "Origin", "Registry",
+           "RULES", "ARCHITECTURES", "DATASETS", "DIAGNOSTICS", "REGISTRIES", "NAME_PATTERN",
+           "reload_plugins", "own_rank"]

@@ -1,0 +1,155 @@
+"""What every pluggable class is: a :class:`Component` — a self-describing class whose
+instances hold their options — and the :class:`hook` methods an axis calls on it.
+
+:mod:`creditaudit.registry` finds components by name; this module says what one is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a component that has none of its own."""
+
+
+class Component:
+    """What every pluggable class declares (see the module docstring).
+
+    ``Options`` is a dataclass whose fields are declared with
+    :func:`creditaudit.config.opt` (a default and help text at least); a config file,
+    ``--set`` and sweep grids set them as keys of the component's config section
+    (``method.ep_beta``, ``model.d``, ``data.n_train``). ``rank``: listings order (lower
+    first, ties by name).
+
+    A component is used as an instance holding its options, as a scikit-learn estimator
+    holds its parameters: ``ResMLPArchitecture(config.model).build(input_shape=(40,),
+    n_classes=10)``; the methods an axis calls on it (its ``hooks``) read ``self.options``.
+    Components written for the older interface — those methods as classmethods taking the
+    options first — keep working (:class:`older_hook`).
+    """
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    id_version: ClassVar[int] = 0
+    rank: ClassVar[int] = 100
+    # For keys a user may expect the component to read but it does not: what to do instead.
+    hints: ClassVar[dict[str, str]] = {}
+    # The methods the axis calls on an instance (each reads ``self.options``).
+    hooks: ClassVar[tuple[str, ...]] = ()
+
+    options: Any
+
+    def __init__(self, options: Any = None) -> None:
+        """``options``: the component's config section (``config.model``, ``config.data``,
+        ``config.diagnostics.a``), an ``Options`` instance, or None for the defaults."""
+        self.options = self.Options() if options is None else options
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Make every hook the class defines an instance method (:class:`hook`); one written
+        as a classmethod taking the options first becomes an :class:`older_hook`."""
+        super().__init_subclass__(**kwargs)
+        for name in cls.hooks:
+            value = cls.__dict__.get(name)
+            if isinstance(value, classmethod):
+                setattr(cls, name, older_hook(value.__func__))
+            elif isinstance(value, types.FunctionType):
+                setattr(cls, name, hook(value))
+
+    def __repr__(self) -> str:
+        names = [n for n in self.option_names() if hasattr(self.options, n)]
+        values = ", ".join(f"{n}={getattr(self.options, n)!r}" for n in names)
+        return f"{type(self).__name__}({values})"
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The names of the component's own options, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls.Options))
+
+    @classmethod
+    def options_from(cls, values: Any) -> Any:
+        """An ``Options`` instance from any object carrying those attributes (a config
+        section) or a mapping; options it lacks take their defaults."""
+        names = cls.option_names()
+        if isinstance(values, dict):
+            given = {k: values[k] for k in names if k in values}
+        else:
+            given = {k: getattr(values, k) for k in names if hasattr(values, k)}
+        return cls.Options(**given)
+
+
+S = TypeVar("S", bound=Component)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class hook(Generic[S, P, R]):
+    """A method of a component that reads its options (an axis's ``hooks``).
+
+    On an instance it is the method. Reached through the class — how code written for the
+    older interface calls it, ``Spec.n_classes(options)`` — it takes the options first,
+    builds the component from them and calls the method there (with a DeprecationWarning
+    that names the newer spelling).
+    """
+
+    def __init__(self, method: Callable[Concatenate[S, P], R]) -> None:
+        self.method = method
+        self.name = method.__name__
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[S]) -> Callable[..., R]: ...
+    @overload
+    def __get__(self, obj: S, owner: type[S] | None = None) -> Callable[P, R]: ...
+    def __get__(self, obj: S | None, owner: type[S] | None = None) -> Callable[..., R]:
+        if obj is not None:
+            return types.MethodType(self.method, obj)
+        component = owner if owner is not None else Component
+
+        def older_call(options: Any, *args: Any, **kwargs: Any) -> R:
+            warnings.warn(f"{component.__qualname__}.{self.name}(options, …) is the older "
+                          f"spelling of {component.__qualname__}(options).{self.name}(…)",
+                          DeprecationWarning, stacklevel=2)
+            return self.method(component(options), *args, **kwargs)  # type: ignore[arg-type]
+        return older_call
+
+
+class older_hook(Generic[R]):
+    """A hook written for the older interface: a classmethod taking the options first
+    (``def build(cls, options, *, input_shape, n_classes)``). Called on an instance, it
+    receives the instance's options; through the class, it is the classmethod it was."""
+
+    def __init__(self, function: Callable[..., R]) -> None:
+        self.function = function
+        functools.update_wrapper(self, function)
+
+    def __get__(self, obj: Component | None, owner: type | None = None) -> Callable[..., R]:
+        if obj is None:
+            return types.MethodType(self.function, owner)
+        return functools.partial(self.function, type(obj), obj.options)
+
+
+def defines(cls: type, name: str, base: type) -> bool:
+    """Whether ``cls`` (or a class between it and ``base``) defines ``name`` itself rather
+    than inheriting ``base``'s: what a validator asks of a hook a component must
+    implement."""
+    for klass in cls.__mro__:
+        if klass is base:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
+
+
+__all__ = ["Component", "NoOptions", "hook", "older_hook", "defines"]

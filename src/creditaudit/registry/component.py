@@ -12,7 +12,7 @@ import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class hook(Generic[S, P, R]):
     def __init__(self, method: Callable[Concatenate[S, P], R]) -> None:
         self.method = method
         self.name = method.__name__
-        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+        self.__doc__ = method.__doc__
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -115,13 +115,13 @@ class hook(Generic[S, P, R]):
     def __get__(self, obj: S | None, owner: type[S] | None = None) -> Callable[..., R]:
         if obj is not None:
             return types.MethodType(self.method, obj)
-        component = owner if owner is not None else Component
+        component = cast("type[S]", owner if owner is not None else Component)
 
         def older_call(options: Any, *args: Any, **kwargs: Any) -> R:
             warnings.warn(f"{component.__qualname__}.{self.name}(options, …) is the older "
                           f"spelling of {component.__qualname__}(options).{self.name}(…)",
                           DeprecationWarning, stacklevel=2)
-            return self.method(component(options), *args, **kwargs)  # type: ignore[arg-type]
+            return self.method(component(options), *args, **kwargs)
         return older_call
 
 

@@ -162,3 +162,26 @@ def test_contradicting_options_are_refused_in_one_line():
 
     with pytest.raises(ConfigError, match="names 2 Options types"):
         validate_rule_class(Two, "credit rule plugin 'two'")
+
+
+def test_the_rule_says_which_seed_its_generator_is_drawn_from() -> None:
+    """The seed of a rule's generator is the rule's to say (its own ``feedback_seed``, else
+    the run seed), not read from the section by whoever builds it; a rule that draws nothing
+    has none — and building the rule uses exactly that seed."""
+    from creditaudit.config import config_from_dict
+
+    def section(name: str, **options: object) -> object:
+        return config_from_dict({"method": {"name": name, **options}}).method
+
+    assert RULES.get("fa").generator_seed(section("fa"), 7) == 7
+    assert RULES.get("fa").generator_seed(section("fa", feedback_seed=3), 7) == 3
+    assert RULES.get("bp").generator_seed(section("bp"), 7) is None
+
+    def feedback(run_seed: int, **options: object) -> list[object]:
+        rule = build_rule(tiny_model(), section("dfa", **options), n_classes=CLASSES,
+                          seed=run_seed)
+        return list(rule.feedback)  # B_0 … B_L
+
+    own_7, own_9 = feedback(7, feedback_seed=3), feedback(9, feedback_seed=3)
+    assert own_7 and all(a.equal(b) for a, b in zip(own_7, own_9, strict=True))
+    assert not all(a.equal(b) for a, b in zip(feedback(7), feedback(9), strict=True))

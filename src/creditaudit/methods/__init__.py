@@ -61,9 +61,9 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
 
     ``cls``: the rule's class when the caller has resolved it (a run plan); by default the
-    one ``config.name`` names. Feedback matrices come from their own generator derived from
-    ``config.feedback_seed`` (default: the run seed;
-    :func:`~creditaudit.methods.feedback.feedback_generator`), so they never consume the
+    one ``config.name`` names. Feedback matrices come from their own generator, seeded as
+    the rule says (:meth:`CreditRule.generator_seed`: its ``feedback_seed``, default the run
+    seed; :func:`~creditaudit.methods.feedback.feedback_generator`), so they never consume the
     training RNG and never repeat the model's initial draws. ConfigError when the rule is
     not installed; ModelContractError when ``model`` is an adapted model
     (:func:`creditaudit.adapt`) and the rule does not declare ``adapted_models``.
@@ -71,8 +71,8 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     cls = rule_class(config.name) if cls is None else cls
     check_binding(cls, model)
     set_trainable(model, config.trainable_blocks)
-    feedback_seed = config.feedback_seed if cls.draws_feedback() else None
-    generator = feedback_generator(seed if feedback_seed is None else feedback_seed)
+    own_seed = cls.generator_seed(config, seed)
+    generator = feedback_generator(seed if own_seed is None else own_seed)
     return cls(model, config, n_classes=n_classes, generator=generator)
 
 

@@ -218,6 +218,16 @@ class CreditRule(Component, Generic[OptionsT]):
         return "feedback_seed" in cls.option_names()
 
     @classmethod
+    def generator_seed(cls, options: Any, run_seed: int) -> int | None:
+        """The seed the rule's generator is derived from when it is built with ``options``
+        (its ``[method]`` section): its own ``feedback_seed``, else the run seed; None for a
+        rule that draws nothing (:meth:`draws_feedback`)."""
+        if not cls.draws_feedback():
+            return None
+        own = getattr(options, "feedback_seed", None)
+        return run_seed if own is None else int(own)
+
+    @classmethod
     def style(cls, attribute: str) -> str | None:
         """The rule's own ``color`` or ``marker`` — declared on this class itself, never
         inherited from a parent rule (a DFA variant must not look like DFA)."""

@@ -20,13 +20,9 @@ from typing import Any
 
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ConfigError
-from creditaudit.methods.base import (
-    FEEDBACK_KINDS,
-    STACKED_STEPS,
-    CreditRule,
-    options_parameters,
-)
+from creditaudit.methods.base import FEEDBACK_KINDS, STACKED_STEPS, CreditRule
 from creditaudit.registry import RULES
+from creditaudit.registry.component import options_parameters
 
 ENTRY_POINT_GROUP = RULES.group
 

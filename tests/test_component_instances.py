@@ -17,9 +17,10 @@ import torch
 
 from creditaudit import RunConfig, train
 from creditaudit.data import DATASETS, DatasetSpec, GeneratedDataset, data_dir, load_dataset
+from creditaudit.data.registry import SyntheticOptions
 from creditaudit.errors import ConfigError
 from creditaudit.models import ARCHITECTURES, Architecture, ResidualNet
-from creditaudit.models.registry import ResidualOptions, ResMLPArchitecture
+from creditaudit.models.registry import ResidualOptions, ResMLPArchitecture, StudentOptions
 from creditaudit.protocol.records import arch_variant, model_description
 from creditaudit.records import load_record
 from creditaudit.run.plan import plan_run
@@ -168,6 +169,22 @@ def test_a_class_lacking_a_hook_it_must_implement_is_refused():
         DATASETS.validate(NoIdentity, "here")
     assert ARCHITECTURES.validate(OlderBuild, "here") is OlderBuild  # a classmethod hook
     assert DATASETS.validate(Generated, "here") is Generated  # inherited from a parent
+
+
+def test_options_come_from_the_parameter_of_the_base_and_are_declared_once():
+    assert ResMLPArchitecture.Options is ResidualOptions  # Architecture[ResidualOptions]
+    assert DATASETS.get("synthetic").Options is SyntheticOptions
+    assert repr(ResMLPArchitecture(ResidualOptions(d=8))).startswith("ResMLPArchitecture(d=8,")
+
+    class Contradicts(Architecture[ResidualOptions]):
+        name, label, Options = "contradicts", "Contradicts", StudentOptions
+
+        def build(self, *, input_shape, n_classes):
+            raise NotImplementedError
+
+    with pytest.raises(ConfigError, match=r"^here \(contradicts\) sets Options = "
+                       r"StudentOptions but its base is parameterised by ResidualOptions"):
+        ARCHITECTURES.validate(Contradicts, "here")
 
 
 def test_a_plugin_lacking_a_hook_is_refused_in_one_line_naming_it(tmp_path):

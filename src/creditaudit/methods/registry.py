@@ -22,7 +22,6 @@ from creditaudit.config import MethodConfig
 from creditaudit.errors import ConfigError
 from creditaudit.methods.base import FEEDBACK_KINDS, STACKED_STEPS, CreditRule
 from creditaudit.registry import RULES
-from creditaudit.registry.component import options_parameters
 
 ENTRY_POINT_GROUP = RULES.group
 
@@ -46,15 +45,6 @@ def _validate(cls: type[CreditRule], source: str) -> None:
     if missing:
         raise ConfigError(f"{source} ({name}) declares stacked_step {stacked!r} but has no "
                           f"{', '.join(missing)} method; define it or leave stacked_step None")
-    named = options_parameters(cls)
-    if len(named) > 1:
-        raise ConfigError(f"{source} ({name}) names {len(named)} Options types as parameters "
-                          f"of its bases ({', '.join(t.__qualname__ for t in named)}); name "
-                          "one")
-    if named and not issubclass(cls.Options, named[0]):
-        raise ConfigError(f"{source} ({name}) sets Options = {cls.Options.__qualname__} but "
-                          f"its base is parameterised by {named[0].__qualname__}; declare "
-                          "the options once, as that parameter")
     failures = getattr(cls, "expected_failures", {})
     if not isinstance(failures, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and v for k, v in failures.items()):

@@ -106,15 +106,15 @@ class Component:
         return cls.Options(**given)
 
 
-def options_parameters(cls: type, base: type = Component) -> tuple[type, ...]:
-    """The ``Options`` types ``cls`` names as the parameter of a ``base`` subclass among its
+def options_parameters(cls: type) -> tuple[type, ...]:
+    """The ``Options`` types ``cls`` names as the parameter of a component class among its
     own bases (``class EP(CreditRule[EPOptions])`` → ``(EPOptions,)``); empty when it names
     none (it inherits its parent's, or sets ``Options`` in its body). More than one is a
     mistake the registries refuse."""
     found: list[type] = []
     for parent in cls.__dict__.get("__orig_bases__", ()):
         origin = get_origin(parent)
-        if isinstance(origin, type) and issubclass(origin, base):
+        if isinstance(origin, type) and issubclass(origin, Component):
             found += [a for a in get_args(parent)[:1] if isinstance(a, type) and a not in found]
     return tuple(found)
 

@@ -10,6 +10,7 @@ declaration against what was loaded::
     from creditaudit.testing import check_dataset
     check_dataset(MyDataset)                               # a generated dataset
     check_dataset(MyFiles, {"data_dir": "tiny"}, other={"data_dir": "tiny-2"})
+    check_dataset(MyDataset(my_options))                   # an instance: its own options
 
 The checks:
 

@@ -11,6 +11,7 @@ them; inputs (6,) for vector architectures and 2×8×8 images for image ones unl
     from creditaudit.testing import check_model
     check_model(MyArchitecture)                      # AssertionError naming what failed
     check_model(MyArchitecture, {"width": 16}, input_shape=(3, 16, 16))
+    check_model(MyArchitecture(my_options))          # an instance: with its own options
 
 The checks:
 

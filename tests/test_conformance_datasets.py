@@ -96,17 +96,15 @@ def test_the_data_check_runs_only_with_other_options():
 class IgnoresSeed(SyntheticData):
     name, label = "ignores-seed", "Ignores its seed"
 
-    @classmethod
-    def load(cls, options, seed):
-        return super().load(options, 0)
+    def load(self, seed):
+        return super().load(0)
 
 
 class Int32Labels(SyntheticData):
     name, label = "int32-labels", "int32 labels"
 
-    @classmethod
-    def load(cls, options, seed):
-        dataset = super().load(options, seed)
+    def load(self, seed):
+        dataset = super().load(seed)
         dataset.test_y = dataset.test_y.to(torch.int32)
         return dataset
 
@@ -114,9 +112,8 @@ class Int32Labels(SyntheticData):
 class DoubleFeatures(SyntheticData):
     name, label = "float64", "float64 features"
 
-    @classmethod
-    def load(cls, options, seed):
-        dataset = super().load(options, seed)
+    def load(self, seed):
+        dataset = super().load(seed)
         dataset.train_x, dataset.test_x = dataset.train_x.double(), dataset.test_x.double()
         return dataset
 
@@ -124,13 +121,11 @@ class DoubleFeatures(SyntheticData):
 class LabelsOutOfRange(SyntheticData):
     name, label = "labels-out", "Labels out of range"
 
-    @classmethod
-    def n_classes(cls, options):
+    def n_classes(self):
         return 3  # the teacher labels 10 classes
 
-    @classmethod
-    def load(cls, options, seed):
-        dataset = super().load(options, seed)
+    def load(self, seed):
+        dataset = super().load(seed)
         dataset.n_classes = 3
         return dataset
 
@@ -138,26 +133,23 @@ class LabelsOutOfRange(SyntheticData):
 class DrawsFromTheGlobalRNG(SyntheticData):
     name, label = "global-rng", "Global RNG"
 
-    @classmethod
-    def load(cls, options, seed):
+    def load(self, seed):
         np.random.rand()
-        return super().load(options, seed)
+        return super().load(seed)
 
 
 class MiscountsItsSizes(SyntheticData):
     name, label = "miscounts", "Miscounts"
 
-    @classmethod
-    def sizes(cls, options):
-        return options.n_train + 1, options.n_test
+    def sizes(self):
+        return self.options.n_train + 1, self.options.n_test
 
 
 class SeedInTheSource(SyntheticData):
     name, label = "seeded-source", "Seeded source"
 
-    @classmethod
-    def identity(cls, options, seed):
-        identity = super().identity(options, seed)
+    def identity(self, seed):
+        identity = super().identity(seed)
         identity.source = identity.fingerprint
         return identity
 
@@ -167,9 +159,8 @@ class UnhashedFiles(MNIST):
 
     name, label = "unhashed", "Unhashed"
 
-    @classmethod
-    def identity(cls, options, seed):
-        return DataIdentity(cls.name, "same", "same", n_classes=10, input_shape=[1, 28, 28])
+    def identity(self, seed):
+        return DataIdentity(self.name, "same", "same", n_classes=10, input_shape=[1, 28, 28])
 
 
 @pytest.mark.parametrize("cls,check", [

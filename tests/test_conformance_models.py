@@ -211,4 +211,4 @@ def test_image_architectures_refuse_flat_features_with_a_config_error():
         cls = ARCHITECTURES.get(name)
         options = cls.Options(d=8, n_blocks=1, patch=2)
         with pytest.raises(ConfigError, match="needs images"):
-            cls.check(options, (40,))
+            cls(options).check((40,))

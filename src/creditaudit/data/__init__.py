@@ -23,19 +23,19 @@ from creditaudit.data.synthetic import make_teacher_student
 from creditaudit.errors import ConfigError, DataError, LoadedDataError
 
 
-def load_dataset(options: Any, *, seed: int, spec: type[DatasetSpec] | None = None
+def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = None
                  ) -> Dataset:
     """Load (or generate) the dataset ``options.name`` selects (``options``: a config's data
-    section; ``spec``: its class, when the caller has resolved it — a run plan); ``seed``:
-    the run seed (generated data uses ``data.data_seed`` when set).
+    section; ``spec``: the dataset holding those options, when the caller has resolved it —
+    a run plan); ``seed``: the run seed (generated data uses ``data.data_seed`` when set).
 
     Checks what was loaded against what the dataset declares (sample shape, classes, equal
     train and test shapes) and applies ``data.train_subset``.
     """
-    spec = dataset_spec(options.name) if spec is None else spec
-    spec.check(options)
-    dataset = spec.load(options, spec.data_seed(options, seed))
-    check_loaded(spec, options, dataset)
+    spec = dataset_spec(options.name)(options) if spec is None else spec
+    spec.check()
+    dataset = spec.load(spec.data_seed(seed))
+    check_loaded(spec, dataset)
     if options.train_subset is not None:
         available = dataset.train_x.shape[0]
         if options.train_subset > available:
@@ -47,10 +47,10 @@ def load_dataset(options: Any, *, seed: int, spec: type[DatasetSpec] | None = No
     return dataset
 
 
-def check_loaded(spec: type[DatasetSpec], options: Any, dataset: Dataset) -> None:
-    """LoadedDataError (one line) when the loaded arrays are not what ``spec`` declares
-    (sample shape, classes, labels within them)."""
-    declared = tuple(spec.input_shape(options))
+def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
+    """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
+    holding its options) declares (sample shape, classes, labels within them)."""
+    declared = tuple(spec.input_shape())
     wrong = LoadedDataError
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
                         ("test", dataset.test_x, dataset.test_y)):
@@ -68,17 +68,17 @@ def check_loaded(spec: type[DatasetSpec], options: Any, dataset: Dataset) -> Non
         if low < 0 or high >= dataset.n_classes:  # the loss would index out of its logits
             raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "
                         f"{dataset.n_classes - 1} (its {dataset.n_classes} classes)")
-    if dataset.n_classes != spec.n_classes(options):
+    if dataset.n_classes != spec.n_classes():
         raise wrong(f"{spec.name} loaded {dataset.n_classes} classes but declares "
-                    f"{spec.n_classes(options)}")
+                    f"{spec.n_classes()}")
 
 
 def data_dir(options: Any) -> Any:
     """The dataset folder of a file dataset (DataError when none is configured)."""
-    spec = dataset_spec(options.name)
-    if not issubclass(spec, FileDataset):
+    spec = dataset_spec(options.name)(options)
+    if not isinstance(spec, FileDataset):
         raise DataError(f"dataset {spec.name!r} is generated; it has no data folder")
-    return spec.folder(options)
+    return spec.folder()
 
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",

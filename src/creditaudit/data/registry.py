@@ -1,6 +1,7 @@
 """Datasets: self-describing loaders found by name.
 
-A :class:`DatasetSpec` is the ``data.name`` a config selects. Its ``Options`` are the
+A :class:`DatasetSpec` is the ``data.name`` a config selects, used as an instance holding
+its options (``SyntheticData(config.data)``). Its ``Options`` are the
 ``data.*`` keys it reads; it declares what one sample looks like and how many classes there
 are before anything is loaded (:meth:`~DatasetSpec.input_shape`, :meth:`~DatasetSpec.n_classes`
 — what a run plan checks an architecture against), computes the identity of the data it
@@ -19,7 +20,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from creditaudit.config import opt
 from creditaudit.data import transforms
@@ -27,7 +28,7 @@ from creditaudit.data.dataset import Dataset
 from creditaudit.data.identity import file_digest
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError, DataError
-from creditaudit.registry import DATASETS, Component
+from creditaudit.registry import DATASETS, Component, defines
 
 KINDS = ("generated", "files")
 MAX_DATA_SEED = 2**32 - 1  # numpy's generators (mnist1d) take 32-bit seeds
@@ -38,8 +39,14 @@ def digest_text(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-class DatasetSpec(Component):
-    """A dataset (see the module docstring).
+# Covariant: a dataset of SyntheticOptions is a dataset of GeneratedOptions.
+OptionsT = TypeVar("OptionsT", covariant=True)
+
+
+class DatasetSpec(Component, Generic[OptionsT]):
+    """A dataset (see the module docstring), used as an instance holding its options
+    (``self.options``: its config section, ``config.data``, or ``Options`` instance),
+    declared as the parameter of the base (``class MyData(DatasetSpec[MyOptions])``).
 
     ``kind``: ``"generated"`` (made from a seed: ``data.data_seed``, default the run seed)
     or ``"files"`` (read from ``data.data_dir``). ``hints``: for keys a user may expect this
@@ -48,39 +55,37 @@ class DatasetSpec(Component):
     """
 
     kind: ClassVar[str] = "files"
+    hooks = ("input_shape", "n_classes", "sizes", "check", "identity", "load", "data_seed",
+             "provenance", "folder", "files", "arrays")
 
-    @classmethod
-    def input_shape(cls, options: Any) -> tuple[int, ...]:
+    options: OptionsT
+
+    def input_shape(self) -> tuple[int, ...]:
         """The shape of one sample: ``(C, H, W)`` images or ``(D,)`` features."""
         raise NotImplementedError
 
-    @classmethod
-    def n_classes(cls, options: Any) -> int:
+    def n_classes(self) -> int:
+        """How many classes the labels run over (0 … n_classes − 1)."""
         return 10
 
-    @classmethod
-    def sizes(cls, options: Any) -> tuple[int, int] | None:
+    def sizes(self) -> tuple[int, int] | None:
         """(training, test) samples the dataset holds, before ``data.train_subset``, when
         they are known without reading the data (what a run plan checks the evaluation set
         against before anything is loaded); None otherwise."""
         return None
 
-    @classmethod
-    def check(cls, options: Any) -> None:
+    def check(self) -> None:
         """ConfigError (one line) for option values that cannot load."""
 
-    @classmethod
-    def identity(cls, options: Any, seed: int) -> DataIdentity:
+    def identity(self, seed: int) -> DataIdentity:
         """Fingerprint of the data these options load (seed: of generated data)."""
         raise NotImplementedError
 
-    @classmethod
-    def load(cls, options: Any, seed: int) -> Dataset:
+    def load(self, seed: int) -> Dataset:
         """The data, in memory (``seed``: of generated data)."""
         raise NotImplementedError
 
-    @classmethod
-    def data_seed(cls, options: Any, run_seed: int) -> int:
+    def data_seed(self, run_seed: int) -> int:
         """The seed the data is made from (files: none; the run seed is passed through)."""
         return run_seed
 
@@ -90,7 +95,7 @@ def _validate(cls: type[DatasetSpec], source: str) -> None:
         raise ConfigError(f"{source} ({cls.name}): kind must be one of "
                           f"{', '.join(KINDS)}")
     for method in ("input_shape", "identity", "load"):
-        if getattr(cls, method).__func__ is getattr(DatasetSpec, method).__func__:
+        if not defines(cls, method, DatasetSpec):
             raise ConfigError(f"{source} ({cls.name}) must implement {method}()")
 
 
@@ -130,38 +135,38 @@ FILE_HINTS = {
 }
 
 
-class GeneratedDataset(DatasetSpec):
+GeneratedOptionsT = TypeVar("GeneratedOptionsT", bound=GeneratedOptions, covariant=True)
+FileOptionsT = TypeVar("FileOptionsT", bound=FileOptions, covariant=True)
+
+
+class GeneratedDataset(DatasetSpec[GeneratedOptionsT]):
     """Generated in memory from a seed: identity = the generator's arguments."""
 
     kind = "generated"
     hints = {"data_dir": "it is generated from its seed, not read from a folder: drop "
                          "--data-dir"}
 
-    @classmethod
-    def sizes(cls, options: Any) -> tuple[int, int] | None:
-        return options.n_train, options.n_test
+    def sizes(self) -> tuple[int, int] | None:
+        return self.options.n_train, self.options.n_test
 
-    @classmethod
-    def data_seed(cls, options: Any, run_seed: int) -> int:
+    def data_seed(self, run_seed: int) -> int:
         """The seed the data is generated from: ``data.data_seed``, else the run seed."""
-        return run_seed if options.data_seed is None else options.data_seed
+        return run_seed if self.options.data_seed is None else self.options.data_seed
 
-    @classmethod
-    def provenance(cls, options: Any, seed: int) -> dict[str, Any]:
+    def provenance(self, seed: int) -> dict[str, Any]:
         """``{"generator", "version"?, "args"}``: what determines the arrays."""
         raise NotImplementedError
 
-    @classmethod
-    def identity(cls, options: Any, seed: int) -> DataIdentity:
-        provenance = cls.provenance(options, seed)
+    def identity(self, seed: int) -> DataIdentity:
+        provenance = self.provenance(seed)
         seedless = {**provenance, "args": {k: v for k, v in provenance["args"].items()
                                            if k != "seed"}}
-        return DataIdentity(cls.name, digest_text(provenance), digest_text(seedless),
-                            n_classes=cls.n_classes(options),
-                            input_shape=list(cls.input_shape(options)), provenance=provenance)
+        return DataIdentity(self.name, digest_text(provenance), digest_text(seedless),
+                            n_classes=self.n_classes(),
+                            input_shape=list(self.input_shape()), provenance=provenance)
 
 
-class FileDataset(DatasetSpec):
+class FileDataset(DatasetSpec[FileOptionsT]):
     """Read from files: identity = sha256 of the decoded content of every file read."""
 
     kind = "files"
@@ -171,42 +176,37 @@ class FileDataset(DatasetSpec):
     std: ClassVar[tuple[float, ...]] = ()
     augment_default: ClassVar[bool] = False
 
-    @classmethod
-    def folder(cls, options: Any) -> Path:
+    def folder(self) -> Path:
         """The dataset folder (DataError when none is configured)."""
-        if options.data_dir is None:
-            raise DataError(f"dataset {cls.name!r} needs a data folder: pass --data-dir")
-        return Path(options.data_dir).expanduser()
+        if self.options.data_dir is None:
+            raise DataError(f"dataset {self.name!r} needs a data folder: pass --data-dir")
+        return Path(self.options.data_dir).expanduser()
 
-    @classmethod
-    def check(cls, options: Any) -> None:
-        if options.data_dir is None:
-            raise ConfigError(f"data.name={cls.name!r} needs data.data_dir (--data-dir) "
+    def check(self) -> None:
+        if self.options.data_dir is None:
+            raise ConfigError(f"data.name={self.name!r} needs data.data_dir (--data-dir) "
                               "pointing at the dataset folder")
 
-    @classmethod
-    def files(cls, options: Any) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
+    def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         """(logical name, path, decoder) of every file the loader reads."""
         raise NotImplementedError
 
-    @classmethod
-    def identity(cls, options: Any, seed: int) -> DataIdentity:
-        digests = {name: file_digest(path, decode) for name, path, decode in cls.files(options)}
-        digest = digest_text({"name": cls.name, "files": digests})
-        return DataIdentity(cls.name, digest, digest, n_classes=cls.n_classes(options),
-                            input_shape=list(cls.input_shape(options)),
+    def identity(self, seed: int) -> DataIdentity:
+        digests = {name: file_digest(path, decode) for name, path, decode in self.files()}
+        digest = digest_text({"name": self.name, "files": digests})
+        return DataIdentity(self.name, digest, digest, n_classes=self.n_classes(),
+                            input_shape=list(self.input_shape()),
                             provenance={"files": digests})
 
-    @classmethod
-    def arrays(cls, options: Any) -> tuple[Any, Any, Any, Any]:
+    def arrays(self) -> tuple[Any, Any, Any, Any]:
         """(train_x, train_y, test_x, test_y) as read from the files."""
         raise NotImplementedError
 
-    @classmethod
-    def load(cls, options: Any, seed: int) -> Dataset:
-        augment = cls.augment_default if options.augment is None else options.augment
-        return Dataset(cls.name, *cls.arrays(options), n_classes=cls.n_classes(options),
-                       mean=cls.mean, std=cls.std, augment=augment)
+    def load(self, seed: int) -> Dataset:
+        augment = self.options.augment
+        augment = self.augment_default if augment is None else augment
+        return Dataset(self.name, *self.arrays(), n_classes=self.n_classes(),
+                       mean=self.mean, std=self.std, augment=augment)
 
 
 # --- the built-ins --------------------------------------------------------------------------
@@ -221,93 +221,82 @@ class SyntheticOptions(GeneratedOptions):
 
 
 @register
-class SyntheticData(GeneratedDataset):
+class SyntheticData(GeneratedDataset[SyntheticOptions]):
     """The teacher–student task: Gaussian inputs labelled by a fixed random teacher."""
 
     name = "synthetic"
     label = "synthetic teacher–student"
-    Options = SyntheticOptions
     rank = 0
     hints = {**GeneratedDataset.hints,
              "images": "set data.in_dim=3072 to view its inputs as 3×32×32 images"}
 
-    @classmethod
-    def input_shape(cls, options: Any) -> tuple[int, ...]:
-        return (options.in_dim,)
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.options.in_dim,)
 
-    @classmethod
-    def provenance(cls, options: Any, seed: int) -> dict[str, Any]:
+    def provenance(self, seed: int) -> dict[str, Any]:
         from creditaudit.data.synthetic import synthetic_provenance
 
+        options = self.options
         return synthetic_provenance(
             n_train=options.n_train, n_test=options.n_test, in_dim=options.in_dim,
             alpha=options.alpha, seed=seed, teacher_width=options.teacher_width,
             teacher_depth=options.teacher_depth)
 
-    @classmethod
-    def load(cls, options: Any, seed: int) -> Dataset:
+    def load(self, seed: int) -> Dataset:
         from creditaudit.data.synthetic import make_teacher_student
 
-        provenance = cls.provenance(options, seed)
-        return Dataset(cls.name, *make_teacher_student(**provenance["args"]), n_classes=10,
+        provenance = self.provenance(seed)
+        return Dataset(self.name, *make_teacher_student(**provenance["args"]), n_classes=10,
                        provenance=provenance)
 
 
 @register
-class MNIST1D(GeneratedDataset):
+class MNIST1D(GeneratedDataset[GeneratedOptions]):
     """MNIST-1D (Greydanus 2020): a procedurally generated 1-D digit task, cached on disk."""
 
     name = "mnist1d"
     label = "MNIST-1D"
-    Options = GeneratedOptions
     rank = 10
     LENGTH = 40
 
-    @classmethod
-    def input_shape(cls, options: Any) -> tuple[int, ...]:
-        return (cls.LENGTH,)
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.LENGTH,)
 
-    @classmethod
-    def check(cls, options: Any) -> None:
-        if (options.n_train + options.n_test) % 10:
+    def check(self) -> None:
+        if (self.options.n_train + self.options.n_test) % 10:
             raise ConfigError(f"data.name='mnist1d' generates equally many samples per digit: "
                               f"data.n_train + data.n_test must be a multiple of 10, got "
-                              f"{options.n_train} + {options.n_test}")
+                              f"{self.options.n_train} + {self.options.n_test}")
 
-    @classmethod
-    def provenance(cls, options: Any, seed: int) -> dict[str, Any]:
+    def provenance(self, seed: int) -> dict[str, Any]:
         from creditaudit.data.mnist1d import mnist1d_provenance
 
-        return mnist1d_provenance(options, seed)
+        return mnist1d_provenance(self.options, seed)
 
-    @classmethod
-    def load(cls, options: Any, seed: int) -> Dataset:
+    def load(self, seed: int) -> Dataset:
         from creditaudit.data.mnist1d import load_mnist1d
 
-        arrays, provenance = load_mnist1d(options, seed=seed)
-        return Dataset(cls.name, *arrays, n_classes=10, provenance=provenance)
+        arrays, provenance = load_mnist1d(self.options, seed=seed)
+        return Dataset(self.name, *arrays, n_classes=10, provenance=provenance)
 
 
-class IDXDataset(FileDataset):
+class IDXDataset(FileDataset[FileOptions]):
     """MNIST-format IDX files (raw or gzip): 60 000 + 10 000 grey 28×28 images."""
 
 
-    @classmethod
-    def input_shape(cls, options: Any) -> tuple[int, ...]:
+    def input_shape(self) -> tuple[int, ...]:
         return (1, 28, 28)
 
-    @classmethod
-    def files(cls, options: Any) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
+    def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         from creditaudit.data.idx import idx_files, read_idx_bytes
 
-        return [(stem, p, read_idx_bytes) for stem, p in idx_files(cls.folder(options),
-                                                                   cls.name)]
+        return [(stem, p, read_idx_bytes) for stem, p in idx_files(self.folder(),
+                                                                   self.name)]
 
-    @classmethod
-    def arrays(cls, options: Any) -> tuple[Any, Any, Any, Any]:
+    def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.idx import load_idx_dataset
 
-        return load_idx_dataset(cls.folder(options), name=cls.name)
+        return load_idx_dataset(self.folder(), name=self.name)
 
 
 @register
@@ -326,34 +315,30 @@ class FashionMNIST(IDXDataset):
     rank = 30
 
 
-class CIFAR(FileDataset):
+class CIFAR(FileDataset[CifarOptions]):
     """CIFAR python batches (downloaded on request): 50 000 + 10 000 colour 32×32 images."""
 
-    Options = CifarOptions
     augment_default = True
     classes: ClassVar[int] = 10
 
-    @classmethod
-    def input_shape(cls, options: Any) -> tuple[int, ...]:
+    def input_shape(self) -> tuple[int, ...]:
         return (3, 32, 32)
 
-    @classmethod
-    def n_classes(cls, options: Any) -> int:
-        return cls.classes
+    def n_classes(self) -> int:
+        return self.classes
 
 
-    @classmethod
-    def files(cls, options: Any) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
+    def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         from creditaudit.data.cifar import cifar_files
 
-        return [(p.name, p, None) for p in cifar_files(cls.folder(options), cls.classes,
-                                                       download=options.download)]
+        return [(p.name, p, None) for p in cifar_files(self.folder(), self.classes,
+                                                       download=self.options.download)]
 
-    @classmethod
-    def arrays(cls, options: Any) -> tuple[Any, Any, Any, Any]:
+    def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.cifar import load_cifar
 
-        return load_cifar(cls.folder(options), n_classes=cls.classes, download=options.download)
+        return load_cifar(self.folder(), n_classes=self.classes,
+                          download=self.options.download)
 
 
 @register
@@ -373,8 +358,9 @@ class CIFAR100(CIFAR):
     rank = 50
 
 
-def dataset_spec(name: str) -> type[DatasetSpec]:
-    """The dataset called ``name`` (ConfigError naming the choices otherwise)."""
+def dataset_spec(name: str) -> type[DatasetSpec[Any]]:
+    """The dataset class called ``name`` (ConfigError naming the choices otherwise);
+    ``dataset_spec(name)(config.data)`` is the instance that loads."""
     return DATASETS.get(name)
 
 

@@ -13,7 +13,7 @@ import contextlib
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -187,14 +187,6 @@ class CreditRule(Component, Generic[OptionsT]):
     baseline: ClassVar[bool] = False
     stacked_step: ClassVar[str | None] = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Take ``Options`` from the base's parameter (``CreditRule[MyOptions]``) when the
-        class body does not set it."""
-        super().__init_subclass__(**kwargs)
-        named = options_parameters(cls)
-        if len(named) == 1 and "Options" not in cls.__dict__:
-            cls.Options = named[0]
-
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         self.model = model
@@ -348,20 +340,6 @@ class CreditRule(Component, Generic[OptionsT]):
         to ``device``; subclasses extend this for what they own."""
         self.model.to(device)
         return self
-
-
-def options_parameters(cls: type) -> tuple[type, ...]:
-    """The ``Options`` types ``cls`` names as the parameter of a rule base among its own
-    bases (``class EP(CreditRule[EPOptions])`` → ``(EPOptions,)``); empty when it
-    names none (it inherits its parent's, or sets ``Options`` in its body). More than one
-    is a mistake the rule registry refuses."""
-    found: list[type] = []
-    for base in cls.__dict__.get("__orig_bases__", ()):
-        origin = get_origin(base)
-        if isinstance(origin, type) and issubclass(origin, CreditRule):
-            found += [a for a in get_args(base)[:1]
-                      if isinstance(a, type) and a not in found]
-    return tuple(found)
 
 
 def all_finite(tensor: Tensor) -> bool:

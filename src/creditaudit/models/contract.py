@@ -48,8 +48,8 @@ class ResidualNet(nn.Module):
     n_classes: int
     d: int
     state_layout: ClassVar[str] = "vectors"
-    # Set by creditaudit.models.build_model: the registered architecture and the shape of
-    # one input as the model receives it.
+    # Set by creditaudit.models.build_model: the architecture that built it (an instance
+    # holding its options) and the shape of one input as the model receives it.
     architecture: Any = None
     input_shape: tuple[int, ...] = ()
 

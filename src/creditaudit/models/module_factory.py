@@ -121,17 +121,16 @@ def factory_args(options: Any) -> dict[str, Any]:
 
 
 @register
-class ModuleArchitecture(AdaptedArchitecture):
+class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
     """Any ``nn.Module``: ``model.factory(**model.args)`` adapted with ``model.states``
     (:func:`creditaudit.adapt`), for samples as the dataset stores them."""
 
     name = "module"
     label = "Module"
-    Options = ModuleOptions
     rank = 40
 
-    @classmethod
-    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
+    def check(self, input_shape: tuple[int, ...]) -> None:
+        options = self.options
         load_factory(options.factory)
         _check_names(options.states, "model.states", 2)
         if options.readout is not None:
@@ -152,14 +151,12 @@ class ModuleArchitecture(AdaptedArchitecture):
             raise ConfigError(f"model.none_args must be a list of argument names, got "
                               f"{none_args!r}; e.g. --set 'model.none_args=[\"weights\"]'")
 
-    @classmethod
-    def guest_code(cls, options: Any) -> Guest | None:
-        return factory_guest(options.factory)
+    def guest_code(self) -> Guest | None:
+        return factory_guest(self.options.factory)
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> AdaptedModel:
-        cls.check(options, input_shape)
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> AdaptedModel:
+        self.check(input_shape)
+        options = self.options
         factory, args = load_factory(options.factory), factory_args(options)
         what = f"model factory {options.factory!r}"
         try:

@@ -1,6 +1,7 @@
 """Architectures: self-describing builders of contract models, found by name.
 
-An :class:`Architecture` is the ``model.arch`` a config selects: its ``Options`` are the
+An :class:`Architecture` is the ``model.arch`` a config selects, used as an instance
+holding its options (``ResMLPArchitecture(config.model)``): its ``Options`` are the
 ``model.*`` keys it reads, :meth:`Architecture.check` validates them against the input shape
 the dataset declares (before any data is loaded), and :meth:`Architecture.build` returns a
 :class:`~creditaudit.models.contract.ResidualNet`. What the built model is — its terminal
@@ -22,7 +23,7 @@ never builds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from creditaudit.config import opt
 from creditaudit.errors import ConfigError
@@ -31,16 +32,20 @@ from creditaudit.models.convmixer import ConvMixer
 from creditaudit.models.images import image_shape
 from creditaudit.models.resmlp import ResidualMLP
 from creditaudit.models.vit import ViTMini
-from creditaudit.registry import ARCHITECTURES, Component
+from creditaudit.registry import ARCHITECTURES, Component, defines
 
 if TYPE_CHECKING:
     from creditaudit.guests import Guest
 
 INPUT_KINDS = ("vector", "image", "stored")
+# Covariant: an architecture of ViTOptions is an architecture of PatchOptions.
+OptionsT = TypeVar("OptionsT", covariant=True)
 
 
-class Architecture(Component):
-    """A model architecture (see the module docstring).
+class Architecture(Component, Generic[OptionsT]):
+    """A model architecture (see the module docstring); ``self.options``: its config section
+    (``config.model``) or ``Options`` instance, declared as the parameter of the base
+    (``class MyArch(Architecture[MyOptions])``).
 
     ``input_kind``: ``"vector"`` — the model reads flat ``(B, D)`` features (image data is
     flattened) —, ``"image"`` — it reads ``(B, C, H, W)`` images — or ``"stored"`` — it
@@ -57,22 +62,21 @@ class Architecture(Component):
     adapted: ClassVar[bool] = False
     unbuildable: ClassVar[str] = ""
     task: ClassVar[str] = ""
+    hooks = ("check", "build", "guest_code")
 
-    @classmethod
-    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
-        """ConfigError (one line) when ``options`` cannot build a model for inputs of
+    options: OptionsT
+
+    def check(self, input_shape: tuple[int, ...]) -> None:
+        """ConfigError (one line) when the options cannot build a model for inputs of
         ``input_shape`` (one sample, as the dataset declares it)."""
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> ResidualNet:
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
         """The model for inputs of ``input_shape`` (one sample, flattened for vector
-        architectures) and ``n_classes`` logits; ``options`` holds the ``Options`` fields."""
+        architectures) and ``n_classes`` logits."""
         raise NotImplementedError
 
-    @classmethod
-    def guest_code(cls, options: Any) -> Guest | None:
-        """Code from outside creditaudit that ``options`` make this architecture run (the
+    def guest_code(self) -> Guest | None:
+        """Code from outside creditaudit that the options make this architecture run (the
         ``module`` architecture's factory), as a :class:`~creditaudit.guests.Guest` whose
         digest joins the run id; None when there is none (the default). A plugin
         architecture is a guest itself (:meth:`creditaudit.registry.Registry.guest`)."""
@@ -90,7 +94,7 @@ def _validate(cls: type[Architecture], source: str) -> None:
     if cls.input_kind not in INPUT_KINDS:
         raise ConfigError(f"{source} ({cls.name}): input_kind must be one of "
                           f"{', '.join(INPUT_KINDS)}")
-    if cls.build is Architecture.build:
+    if not defines(cls, "build", Architecture):
         raise ConfigError(f"{source} ({cls.name}) must implement build()")
 
 
@@ -118,6 +122,9 @@ class PatchOptions:
                      "side)", min=1)
 
 
+PatchOptionsT = TypeVar("PatchOptionsT", bound=PatchOptions, covariant=True)
+
+
 @dataclass
 class ViTOptions(PatchOptions, ResidualOptions):
     heads: int = opt(4, "ViT: attention heads", min=1)
@@ -136,96 +143,87 @@ class StudentOptions:
 
 
 @register
-class ResMLPArchitecture(Architecture):
+class ResMLPArchitecture(Architecture[ResidualOptions]):
     """The pre-LN ResidualMLP (the main audited model)."""
 
     name = "resmlp"
     label = "ResMLP"
-    Options = ResidualOptions
     rank = 0
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> ResidualNet:
-        return ResidualMLP(cls.flat_dim(input_shape), options.d, n_classes, options.n_blocks,
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
+        options = self.options
+        return ResidualMLP(self.flat_dim(input_shape), options.d, n_classes, options.n_blocks,
                            out_ln=options.out_ln, residual=options.residual,
                            w2_std=options.w2_std)
 
 
 @register
-class StudentArchitecture(Architecture):
+class StudentArchitecture(Architecture[StudentOptions]):
     """StudentNet of the teacher–student task: a preset ResidualMLP, d=128, L=4, without a
     terminal LayerNorm (width, depth and the LayerNorm are fixed by the preset)."""
 
     name = "student"
     label = "StudentNet"
-    Options = StudentOptions
     rank = 30
     task = "synthetic"  # the student of the synthetic teacher–student task
     WIDTH, BLOCKS = 128, 4
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> ResidualNet:
-        return ResidualMLP(cls.flat_dim(input_shape), cls.WIDTH, n_classes, cls.BLOCKS,
-                           out_ln=False, residual=options.residual, w2_std=options.w2_std)
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
+        return ResidualMLP(self.flat_dim(input_shape), self.WIDTH, n_classes, self.BLOCKS,
+                           out_ln=False, residual=self.options.residual,
+                           w2_std=self.options.w2_std)
 
 
-class ImageArchitecture(Architecture):
+class ImageArchitecture(Architecture[PatchOptionsT]):
     """ViT-Mini and ConvMixer: C×H×W images (or 3072 features viewed as 3×32×32) whose
     sides the patch size divides."""
 
     input_kind = "image"
 
-    @classmethod
-    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
-        image_shape(input_shape, cls.name, options.patch)
+    def check(self, input_shape: tuple[int, ...]) -> None:
+        image_shape(input_shape, self.name, self.options.patch)
 
 
 @register
-class ViTArchitecture(ImageArchitecture):
+class ViTArchitecture(ImageArchitecture[ViTOptions]):
     """ViT-Mini: patch tokens + CLS, pre-LN transformer blocks, head on the CLS token."""
 
     name = "vit"
     label = "ViT-Mini"
-    Options = ViTOptions
     rank = 10
 
-    @classmethod
-    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
-        super().check(options, input_shape)
+    def check(self, input_shape: tuple[int, ...]) -> None:
+        super().check(input_shape)
+        options = self.options
         if options.d % options.heads:
             raise ConfigError(f"model.d={options.d} is not divisible by model.heads="
                               f"{options.heads}: ViT-Mini splits the width evenly across its "
                               "attention heads")
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> ResidualNet:
-        cls.check(options, input_shape)
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
+        self.check(input_shape)
+        options = self.options
         return ViTMini(n_classes=n_classes, d=options.d, n_blocks=options.n_blocks,
                        heads=options.heads, mlp_ratio=options.mlp_ratio, patch=options.patch,
-                       image_shape=image_shape(input_shape, cls.name, options.patch),
+                       image_shape=image_shape(input_shape, self.name, options.patch),
                        out_ln=options.out_ln, residual=options.residual,
                        w2_std=options.w2_std)
 
 
 @register
-class ConvMixerArchitecture(ImageArchitecture):
+class ConvMixerArchitecture(ImageArchitecture[ConvMixerOptions]):
     """ConvMixer: patch embedding, residual depthwise → GELU → BatchNorm → pointwise blocks,
     global pooling, linear head."""
 
     name = "convmixer"
     label = "ConvMixer"
-    Options = ConvMixerOptions
     rank = 20
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int
-              ) -> ResidualNet:
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
+        options = self.options
         return ConvMixer(n_classes=n_classes, d=options.d, n_blocks=options.n_blocks,
                          patch=options.patch, kernel=options.kernel,
-                         image_shape=image_shape(input_shape, cls.name, options.patch),
+                         image_shape=image_shape(input_shape, self.name, options.patch),
                          out_ln=options.out_ln, residual=options.residual,
                          w2_std=options.w2_std)
 
@@ -236,7 +234,7 @@ STATES_HELP = ("submodules whose outputs are the states h_0 … h_L, in the orde
 READOUT_HELP = "submodules of the head (None = everything after the last state)"
 
 
-class AdaptedArchitecture(Architecture):
+class AdaptedArchitecture(Architecture[OptionsT]):
     """Architectures of adapted models: their samples reach the module as stored."""
 
     input_kind = "stored"
@@ -252,30 +250,28 @@ class OwnLoopOptions:
 
 
 @register
-class OwnLoopArchitecture(AdaptedArchitecture):
+class OwnLoopArchitecture(AdaptedArchitecture[OwnLoopOptions]):
     """A model trained in the user's own loop and recorded with
     :class:`creditaudit.Recorder`: its record describes it (``describe()`` of the model);
     creditaudit cannot build it again, so audit, resume and train refuse it in one line."""
 
     name = "own-loop"
     label = "Own loop"
-    Options = OwnLoopOptions
     rank = 50
     unbuildable = ("it was trained in its own loop (creditaudit.Recorder), and only runs the "
                    "command line trained can be rebuilt; audit it in that loop with "
                    "creditaudit.diagnose")
 
-    @classmethod
-    def check(cls, options: Any, input_shape: tuple[int, ...]) -> None:
-        raise ConfigError(f"model.arch={cls.name!r}: {cls.unbuildable}")
+    def check(self, input_shape: tuple[int, ...]) -> None:
+        raise ConfigError(f"model.arch={self.name!r}: {self.unbuildable}")
 
-    @classmethod
-    def build(cls, options: Any, *, input_shape: tuple[int, ...], n_classes: int) -> Any:
-        cls.check(options, input_shape)
+    def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> Any:
+        self.check(input_shape)
 
 
-def architecture(name: str) -> type[Architecture]:
-    """The architecture called ``name`` (ConfigError naming the choices otherwise)."""
+def architecture(name: str) -> type[Architecture[Any]]:
+    """The architecture class called ``name`` (ConfigError naming the choices otherwise);
+    ``architecture(name)(config.model)`` is the instance that builds."""
     return ARCHITECTURES.get(name)
 
 
@@ -284,17 +280,18 @@ def build_model(options: Any, *, input_shape: tuple[int, ...], n_classes: int
     """Build the architecture ``options.arch`` selects (``options``: a config's model
     section) for inputs of ``input_shape`` (without batch) and ``n_classes`` classes; the
     model remembers its architecture and input shape (:meth:`ResidualNet.describe`)."""
-    return build_architecture(architecture(options.arch), options,
+    return build_architecture(architecture(options.arch)(options),
                               input_shape=input_shape, n_classes=n_classes)
 
 
-def build_architecture(arch: type[Architecture], options: Any, *,
-                       input_shape: tuple[int, ...], n_classes: int) -> ResidualNet:
-    """:func:`build_model` for the class ``arch`` itself (``options``: its ``Options``
-    fields), registered or not: checked, built, and told its architecture and input shape."""
+def build_architecture(arch: Architecture[Any], *, input_shape: tuple[int, ...],
+                       n_classes: int) -> ResidualNet:
+    """:func:`build_model` for the architecture instance ``arch`` itself (holding its
+    options), registered or not: checked, built, and told its architecture (``arch``) and
+    input shape."""
     shape = tuple(input_shape)
-    arch.check(options, shape)
-    model = arch.build(options, input_shape=shape, n_classes=n_classes)
+    arch.check(shape)
+    model = arch.build(input_shape=shape, n_classes=n_classes)
     model.architecture = arch
     model.input_shape = (arch.flat_dim(shape),) if arch.input_kind == "vector" else shape
     return model

@@ -75,7 +75,7 @@ def _describe(record: RunRecord) -> ModelDescription | None:
         return None
     try:
         shape = (tuple(record.data.input_shape) if record.data and record.data.input_shape
-                 else tuple(spec.input_shape(record.config.data)))
+                 else tuple(spec(record.config.data).input_shape()))
         with on_meta_device():
             model = build_model(record.config.model, input_shape=shape,
                                 n_classes=record.n_classes)

@@ -105,7 +105,7 @@ class RunRecord:
         if self.data is not None and self.data.n_classes:
             return self.data.n_classes
         spec = DATASETS.find(self.dataset)
-        return spec.n_classes(self.config.data) if spec is not None else 10
+        return spec(self.config.data).n_classes() if spec is not None else 10
 
     @property
     def chance(self) -> float:

@@ -12,7 +12,18 @@ import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
+from typing import (
+    Any,
+    ClassVar,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    cast,
+    get_args,
+    get_origin,
+    overload,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,10 @@ class Component:
     ``--set`` and sweep grids set them as keys of the component's config section
     (``method.ep_beta``, ``model.d``, ``data.n_train``). ``rank``: listings order (lower
     first, ties by name).
+
+    ``Options`` is declared once, as the parameter of the axis base
+    (``class MyArch(Architecture[MyOptions])``), which also types ``self.options``;
+    ``Options = MyOptions`` in the class body works too.
 
     A component is used as an instance holding its options, as a scikit-learn estimator
     holds its parameters: ``ResMLPArchitecture(config.model).build(input_shape=(40,),
@@ -54,9 +69,14 @@ class Component:
         self.options = self.Options() if options is None else options
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Make every hook the class defines an instance method (:class:`hook`); one written
-        as a classmethod taking the options first becomes an :class:`older_hook`."""
+        """Take ``Options`` from the base's parameter (``Architecture[MyOptions]``) when the
+        class body does not set it; make every hook the class defines an instance method
+        (:class:`hook`), one written as a classmethod taking the options first an
+        :class:`older_hook`."""
         super().__init_subclass__(**kwargs)
+        named = options_parameters(cls)
+        if len(named) == 1 and "Options" not in cls.__dict__:
+            cls.Options = named[0]
         for name in cls.hooks:
             value = cls.__dict__.get(name)
             if isinstance(value, classmethod):
@@ -84,6 +104,19 @@ class Component:
         else:
             given = {k: getattr(values, k) for k in names if hasattr(values, k)}
         return cls.Options(**given)
+
+
+def options_parameters(cls: type) -> tuple[type, ...]:
+    """The ``Options`` types ``cls`` names as the parameter of a component class among its
+    own bases (``class EP(CreditRule[EPOptions])`` → ``(EPOptions,)``); empty when it names
+    none (it inherits its parent's, or sets ``Options`` in its body). More than one is a
+    mistake the registries refuse."""
+    found: list[type] = []
+    for parent in cls.__dict__.get("__orig_bases__", ()):
+        origin = get_origin(parent)
+        if isinstance(origin, type) and issubclass(origin, Component):
+            found += [a for a in get_args(parent)[:1] if isinstance(a, type) and a not in found]
+    return tuple(found)
 
 
 S = TypeVar("S", bound=Component)
@@ -152,4 +185,4 @@ def defines(cls: type, name: str, base: type) -> bool:
     return False
 
 
-__all__ = ["Component", "NoOptions", "hook", "older_hook", "defines"]
+__all__ = ["Component", "NoOptions", "hook", "older_hook", "defines", "options_parameters"]

@@ -54,7 +54,9 @@ TRAINING_BYTES_PER_PARAMETER = 16
 class RunPlan:
     """A config resolved: its components, its data identity, its run id and folder.
 
-    ``eval_samples``: the evaluation-set size actually used (``diagnostics.eval_samples``,
+    ``architecture`` and ``dataset``: the components the config selects, as instances
+    holding their options (``config.model``, ``config.data``). ``eval_samples``: the
+    evaluation-set size actually used (``diagnostics.eval_samples``,
     shrunk to the test split when the default does not fit). ``model``: the model's
     description as built (on the meta device). ``protocol``: the diagnostics the run
     evaluates, with their thresholds.
@@ -62,8 +64,8 @@ class RunPlan:
 
     config: RunConfig
     rule: type[CreditRule]
-    architecture: type[Architecture]
-    dataset: type[DatasetSpec]
+    architecture: Architecture[Any]  # holding config.model
+    dataset: DatasetSpec[Any]  # holding config.data
     data_seed: int
     identity: DataIdentity
     code: RunCode
@@ -84,10 +86,10 @@ class RunPlan:
 
     @property
     def n_classes(self) -> int:
-        return self.dataset.n_classes(self.config.data)
+        return self.dataset.n_classes()
 
     def load_data(self) -> Dataset:
-        """The run's data (loaded once per plan, by the dataset class the plan resolved)."""
+        """The run's data (loaded once per plan, by the dataset the plan resolved)."""
         if self._data is None:
             guest = DATASETS.guest(self.dataset.name)
             try:
@@ -117,12 +119,12 @@ class RunPlan:
                        arrays_sha256=data.content_digest())
 
     def build_model(self) -> ResidualNet:
-        """The model, built by the architecture class the plan resolved (drawing its
-        initial weights from torch's global RNG)."""
+        """The model, built by the architecture the plan resolved (drawing its initial
+        weights from torch's global RNG)."""
         data = self.load_data()
         with blame(ARCHITECTURES.guest(self.architecture.name)):
-            return build_architecture(self.architecture, self.config.model,
-                                      input_shape=data.input_shape, n_classes=data.n_classes)
+            return build_architecture(self.architecture, input_shape=data.input_shape,
+                                      n_classes=data.n_classes)
 
     def build_rule(self, model: ResidualNet) -> CreditRule:
         """The rule the plan resolved, bound to ``model`` (feedback drawn from its own
@@ -158,36 +160,38 @@ def plan_run(config: RunConfig) -> RunPlan:
     model (:func:`~creditaudit.methods.check_binding`), a model too large for this
     machine's memory, an evaluation set larger than the test split, missing data files."""
     rule = rule_class(config.method.name)
-    arch = architecture(config.model.arch)
-    if arch.unbuildable:  # e.g. a run recorded from the user's own loop
-        raise ConfigError(f"model.arch={arch.name!r}: {arch.unbuildable}")
-    spec = dataset_spec(config.data.name)
-    options = config.data
-    data_guest = DATASETS.guest(spec.name)
+    arch_class = architecture(config.model.arch)
+    if arch_class.unbuildable:  # e.g. a run recorded from the user's own loop
+        raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")
+    spec_class = dataset_spec(config.data.name)
+    data_guest = DATASETS.guest(spec_class.name)
     with blame(data_guest):
-        spec.check(options)
-        input_shape = tuple(spec.input_shape(options))
-        n_classes = spec.n_classes(options)
-    arch_guest = ARCHITECTURES.guest(arch.name)
+        spec = spec_class(config.data)
+        spec.check()
+        input_shape = tuple(spec.input_shape())
+        n_classes = spec.n_classes()
+    arch_guest = ARCHITECTURES.guest(arch_class.name)
+    with blame(arch_guest):
+        arch = arch_class(config.model)
     try:
         with blame(arch_guest):
-            arch.check(config.model, input_shape)
+            arch.check(input_shape)
     except ConfigError as err:
         hint = spec.hints.get("images") if arch.input_kind == "image" else None
         if hint is None:
             raise
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
-    factory = arch.guest_code(config.model)  # code a built-in architecture runs
+    factory = arch.guest_code()  # code a built-in architecture runs
     with blame(arch_guest):
-        model = _describe_on_meta(config, arch, rule, input_shape, n_classes)
+        model = _describe_on_meta(arch, rule, input_shape, n_classes)
     tb = config.method.trainable_blocks
     if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
                           f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
     with blame(data_guest):
         eval_samples = _eval_samples(config, spec)
-        seed = spec.data_seed(options, config.run.seed)
-        identity = spec.identity(options, seed)
+        seed = spec.data_seed(config.run.seed)
+        identity = spec.identity(seed)
     protocol = Protocol.from_config(config.diagnostics)
     admitted = _admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
     diagnostics = tuple(
@@ -203,8 +207,8 @@ def plan_run(config: RunConfig) -> RunPlan:
                    model=model, protocol=protocol)
 
 
-def _admit(config: RunConfig, rule: type[CreditRule], arch: type[Architecture],
-           spec: type[DatasetSpec], protocol: Protocol, input_shape: tuple[int, ...],
+def _admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
+           spec: DatasetSpec[Any], protocol: Protocol, input_shape: tuple[int, ...],
            n_classes: int, factory: Guest | None) -> dict[str, door.Admission]:
     """Every guest of the run through the door (:mod:`creditaudit.run.door`), by the key of
     its component in the record's code block; built-ins pass without checks."""
@@ -212,11 +216,12 @@ def _admit(config: RunConfig, rule: type[CreditRule], arch: type[Architecture],
     if (guest := RULES.guest(rule.name)) is not None:
         admitted["method"] = door.rule_door(rule, guest)
     if (guest := ARCHITECTURES.guest(arch.name)) is not None:
-        admitted["model"] = door.architecture_door(arch, guest, config.model, input_shape)
+        admitted["model"] = door.architecture_door(type(arch), guest, arch.options,
+                                                   input_shape)
     elif factory is not None:
         admitted["model"] = door.factory_door(factory, config.model, input_shape, n_classes)
     if (guest := DATASETS.guest(spec.name)) is not None:
-        admitted["data"] = door.dataset_door(spec, guest, config.data)
+        admitted["data"] = door.dataset_door(type(spec), guest, spec.options)
     for diagnostic in protocol.diagnostics:
         if (guest := DIAGNOSTICS.guest(diagnostic.name)) is not None:
             admitted[f"diagnostic:{diagnostic.name}"] = door.diagnostic_door(
@@ -229,7 +234,7 @@ def run_id(config: RunConfig) -> str:
     return plan_run(config).run_id
 
 
-def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[CreditRule],
+def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
                       input_shape: tuple[int, ...], n_classes: int) -> ModelDescription:
     """The model's description, built on the meta device (no memory, no random draws; on
     the CPU under a forked RNG when the meta build raises); a
@@ -237,8 +242,7 @@ def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[Cr
     model) or when training it would not fit in this machine's memory."""
     try:
         with on_meta_device():
-            model = build_architecture(arch, config.model, input_shape=input_shape,
-                                       n_classes=n_classes)
+            model = build_architecture(arch, input_shape=input_shape, n_classes=n_classes)
     except Exception as err:  # noqa: BLE001 - code that cannot run on meta (BioTorch frsf)
         if isinstance(err, ConfigError | ModelContractError):
             raise  # the options' fault, on any device
@@ -247,8 +251,7 @@ def _describe_on_meta(config: RunConfig, arch: type[Architecture], rule: type[Cr
         log.debug("building %s on the meta device failed (%s: %s); describing a CPU build",
                   arch.name, type(err).__name__, err)
         with torch.random.fork_rng(devices=[]):
-            model = build_architecture(arch, config.model, input_shape=input_shape,
-                                       n_classes=n_classes)
+            model = build_architecture(arch, input_shape=input_shape, n_classes=n_classes)
     try:
         check_binding(rule, model)
     except ModelContractError as err:
@@ -280,11 +283,11 @@ def available_memory() -> int | None:
         return None
 
 
-def _eval_samples(config: RunConfig, spec: type[DatasetSpec]) -> int:
+def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:
     """``diagnostics.eval_samples``, or the whole test split when the default 1280 exceeds
     it (said in one log line); ConfigError when a value the user chose exceeds it."""
     wanted = config.diagnostics.eval_samples
-    sizes = spec.sizes(config.data)
+    sizes = spec.sizes()
     if sizes is None or wanted <= sizes[1]:
         return wanted
     n_test = sizes[1]

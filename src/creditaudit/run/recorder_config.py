@@ -168,7 +168,7 @@ def _data_section(data: str | Mapping[str, Any] | None
     return section, spec
 
 
-def data_identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Tensor,
+def data_identity(spec: type[DatasetSpec[Any]] | None, config: RunConfig, eval_x: Tensor,
                   eval_y: Tensor, n_classes: int) -> DataIdentity:
     """The data's identity: the dataset's own (files or generator arguments) for a dataset
     creditaudit knows — once the evaluation arrays are checked to be samples of its test
@@ -181,21 +181,22 @@ def data_identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Ten
         raise in_callers_words(err) from None
 
 
-def _data_identity(spec: type[DatasetSpec] | None, config: RunConfig, eval_x: Tensor,
+def _data_identity(spec_class: type[DatasetSpec[Any]] | None, config: RunConfig, eval_x: Tensor,
                    eval_y: Tensor, n_classes: int) -> DataIdentity:
     arrays = {"sha256": array_fingerprint(eval_x, eval_y), "samples": int(eval_x.shape[0]),
               "x": f"{str(eval_x.dtype).removeprefix('torch.')} {tuple(eval_x.shape)}",
               "y": f"{str(eval_y.dtype).removeprefix('torch.')} {tuple(eval_y.shape)}"}
-    if spec is not None:
-        spec.check(config.data)
-        classes = spec.n_classes(config.data)
+    if spec_class is not None:
+        spec = spec_class(config.data)
+        spec.check()
+        classes = spec.n_classes()
         if classes != n_classes:
             raise ConfigError(f"the rule's model has {n_classes} logits, but {spec.label} has "
                               f"{classes} classes: record it with data of your own "
                               "(data='my-data'), or a model with one logit per class")
-        identity = spec.identity(config.data, spec.data_seed(config.data, config.run.seed))
-        check_test_rows(load_dataset(config.data, seed=config.run.seed), eval_x, eval_y,
-                        spec.label)
+        identity = spec.identity(spec.data_seed(config.run.seed))
+        check_test_rows(load_dataset(config.data, seed=config.run.seed, spec=spec), eval_x,
+                        eval_y, spec.label)
         arrays["checked"] = f"rows of the {spec.label} test split as loaded with these options"
         identity.provenance = {**identity.provenance, "evaluation_arrays": arrays}
         return identity

@@ -54,7 +54,7 @@ def registered_tiny_arch(name: str, input_shape: tuple[int, ...], **options: Any
 
     def build() -> ResidualNet:
         arch = architecture(name)
-        return build_architecture(arch, arch.Options(**options), input_shape=input_shape,
+        return build_architecture(arch(arch.Options(**options)), input_shape=input_shape,
                                   n_classes=CLASSES)
 
     return TinyArch(build, tuple(input_shape))
@@ -143,6 +143,14 @@ def resolve_options(cls: type, options: Any = None, tiny: Mapping[str, Any] | No
                           f"{', '.join(names) or 'none'}")
     defaults = {k: v for k, v in (tiny or {}).items() if k in names}
     return cls.Options(**{**defaults, **(options or {})})
+
+
+def class_and_options(subject: Any, options: Any = None) -> tuple[type, Any]:
+    """The class a suite checks and the options it was given: ``subject`` is the class, or
+    an instance holding its options (which ``options``, when given, replace)."""
+    if isinstance(subject, type):
+        return subject, options
+    return type(subject), subject.options if options is None else options
 
 
 # --- the check machinery ------------------------------------------------------------------------

@@ -10,15 +10,16 @@ declaration against what was loaded::
     from creditaudit.testing import check_dataset
     check_dataset(MyDataset)                               # a generated dataset
     check_dataset(MyFiles, {"data_dir": "tiny"}, other={"data_dir": "tiny-2"})
+    check_dataset(MyDataset(my_options))                   # an instance: its own options
 
 The checks:
 
-- ``loads_what_it_declares``: ``check(options)`` accepts the options and ``load`` gives
-  non-empty train and test splits of samples shaped ``input_shape(options)`` — uint8 images
+- ``loads_what_it_declares``: ``check()`` accepts the options and ``load`` gives
+  non-empty train and test splits of samples shaped ``input_shape()`` — uint8 images
   ``(N, C, H, W)`` or finite float32 features ``(N, D)`` — with int64 labels ``(N,)`` in
-  0 … ``n_classes(options)`` − 1, as many classes as declared — the loader, the models and
+  0 … ``n_classes()`` − 1, as many classes as declared — the loader, the models and
   the records rely on these types;
-- ``sizes_match_what_was_loaded``: ``sizes(options)``, when not None, is (training, test)
+- ``sizes_match_what_was_loaded``: ``sizes()``, when not None, is (training, test)
   samples as loaded — a run plan checks the evaluation set against it before loading;
 - ``identity_is_deterministic``: two calls of ``identity`` agree, name the dataset, declare
   its classes and sample shape, carry a fingerprint and a source (equal for file datasets)
@@ -50,6 +51,7 @@ from creditaudit.descriptions import DataIdentity
 from creditaudit.testing.common import (
     Check,
     Report,
+    class_and_options,
     declared_failures,
     reason_for,
     resolve_options,
@@ -62,9 +64,10 @@ SEED = 0
 FILES_KIND = "files"
 
 
-def _load(cls: type[DatasetSpec], options: Any, seed: int = SEED) -> Dataset:
-    cls.check(options)
-    return cls.load(options, seed)
+def _load(cls: type[DatasetSpec[Any]], options: Any, seed: int = SEED) -> Dataset:
+    spec = cls(options)
+    spec.check()
+    return spec.load(seed)
 
 
 def _arrays(dataset: Dataset) -> tuple[torch.Tensor, ...]:
@@ -77,7 +80,7 @@ def _same_arrays(a: Dataset, b: Dataset) -> bool:
 
 
 def _identity(cls: type[DatasetSpec], options: Any, seed: int = SEED) -> dict[str, Any]:
-    return dataclasses.asdict(cls.identity(options, seed))
+    return dataclasses.asdict(cls(options).identity(seed))
 
 
 # --- the checks ---------------------------------------------------------------------------
@@ -85,8 +88,8 @@ def loads_what_it_declares(cls: type[DatasetSpec], options: Any, other: Any) -> 
     dataset = _load(cls, options)
     assert isinstance(dataset, Dataset), \
         f"load() returned a {type(dataset).__name__}, not a creditaudit.data.Dataset"
-    check_loaded(cls, options, dataset)  # declared shape and classes, non-empty splits
-    n_classes = cls.n_classes(options)
+    check_loaded(cls(options), dataset)  # declared shape and classes, non-empty splits
+    n_classes = cls(options).n_classes()
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
                         ("test", dataset.test_x, dataset.test_y)):
         if x.dim() == 4:
@@ -104,7 +107,7 @@ def loads_what_it_declares(cls: type[DatasetSpec], options: Any, other: Any) -> 
 
 
 def sizes_match_what_was_loaded(cls: type[DatasetSpec], options: Any, other: Any) -> None:
-    declared = cls.sizes(options)
+    declared = cls(options).sizes()
     if declared is None:
         return
     dataset = _load(cls, options)
@@ -114,17 +117,18 @@ def sizes_match_what_was_loaded(cls: type[DatasetSpec], options: Any, other: Any
 
 
 def identity_is_deterministic(cls: type[DatasetSpec], options: Any, other: Any) -> None:
-    identity = cls.identity(options, SEED)
+    spec = cls(options)
+    identity = spec.identity(SEED)
     assert isinstance(identity, DataIdentity), \
         f"identity() returned a {type(identity).__name__}, not a DataIdentity"
     first, again = _identity(cls, options), _identity(cls, options)
     assert first == again, "two calls of identity() with the same options and seed differ"
     assert first["name"] == cls.name, f"identity() names {first['name']!r}, not {cls.name!r}"
-    assert first["n_classes"] == cls.n_classes(options), \
-        f"identity() says {first['n_classes']} classes, n_classes() {cls.n_classes(options)}"
-    assert first["input_shape"] == list(cls.input_shape(options)), \
+    assert first["n_classes"] == spec.n_classes(), \
+        f"identity() says {first['n_classes']} classes, n_classes() {spec.n_classes()}"
+    assert first["input_shape"] == list(spec.input_shape()), \
         f"identity() says samples of shape {first['input_shape']}, input_shape() " \
-        f"{list(cls.input_shape(options))}"
+        f"{list(spec.input_shape())}"
     for key in ("fingerprint", "source"):
         assert isinstance(first[key], str) and first[key], f"identity() has no {key}"
     if cls.kind == FILES_KIND:
@@ -163,7 +167,7 @@ def load_is_deterministic_and_leaves_global_rngs_untouched(cls: type[DatasetSpec
                                                            options: Any, other: Any) -> None:
     states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     first = _load(cls, options)
-    cls.identity(options, SEED)
+    cls(options).identity(SEED)
     again = _load(cls, options)
     assert torch.equal(torch.get_rng_state(), states[0]), \
         "load() or identity() moved torch's global RNG (use a generator of its own)"
@@ -180,10 +184,13 @@ DATASET_CHECKS = (
     load_is_deterministic_and_leaves_global_rngs_untouched)
 
 
-def dataset_checks(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = None, *,
+def dataset_checks(spec: type[DatasetSpec[Any]] | DatasetSpec[Any],
+                   options: Mapping[str, Any] | Any = None, *,
                    other: Mapping[str, Any] | Any = None,
                    expected_failures: Mapping[str, str] | None = None) -> list[Check]:
-    """The checks of ``cls``, one by one (see :func:`check_dataset`)."""
+    """The checks of ``spec`` (a class, or an instance holding its options), one by one
+    (see :func:`check_dataset`)."""
+    cls, options = class_and_options(spec, options)
     DATASETS.validate(cls, cls.__qualname__)
     resolved = resolve_options(cls, options, TINY_DATA_OPTIONS)
     resolved_other = None if other is None else resolve_options(cls, other, TINY_DATA_OPTIONS)
@@ -195,20 +202,23 @@ def dataset_checks(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = No
             if check is not identity_follows_the_data or resolved_other is not None]
 
 
-def check_dataset(cls: type[DatasetSpec], options: Mapping[str, Any] | Any = None, *,
+def check_dataset(spec: type[DatasetSpec[Any]] | DatasetSpec[Any],
+                  options: Mapping[str, Any] | Any = None, *,
                   other: Mapping[str, Any] | Any = None,
                   expected_failures: Mapping[str, str] | None = None) -> Report:
-    """Load the dataset ``cls`` and check it against what it declares (the module docstring
-    lists the checks); AssertionError listing every check that failed, else a
-    :class:`~creditaudit.testing.common.Report`.
+    """Load the dataset ``spec`` (a class, or an instance holding its options) and check it
+    against what it declares (the module docstring lists the checks); AssertionError
+    listing every check that failed, else a :class:`~creditaudit.testing.common.Report`.
 
     ``options``: its ``Options`` fields (a mapping laid over the tiny sizes, or an
-    ``Options`` instance; a file dataset's folder as ``data_dir``); ``other``: options that
+    ``Options`` instance; a file dataset's folder as ``data_dir``; default: an instance's
+    own options); ``other``: options that
     load other data (another folder, other generator options) for ``identity_follows_the_
     data``, which is skipped without them; ``expected_failures``: ``{check name: reason}``
     of checks it fails by design. ConfigError when the class does not describe itself or
     the options name one it does not have.
     """
+    cls, options = class_and_options(spec, options)
     checks = dataset_checks(cls, options, other=other, expected_failures=expected_failures)
     return run_checks(checks, f"{cls.__name__} ({cls.name})")
 

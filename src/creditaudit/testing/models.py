@@ -11,6 +11,7 @@ them; inputs (6,) for vector architectures and 2×8×8 images for image ones unl
     from creditaudit.testing import check_model
     check_model(MyArchitecture)                      # AssertionError naming what failed
     check_model(MyArchitecture, {"width": 16}, input_shape=(3, 16, 16))
+    check_model(MyArchitecture(my_options))          # an instance: with its own options
 
 The checks:
 
@@ -78,6 +79,7 @@ from creditaudit.testing.common import (
     IN_DIM,
     Check,
     Report,
+    class_and_options,
     declared_failures,
     reason_for,
     relative_error,
@@ -102,7 +104,7 @@ def _build(cls: type[Architecture], options: Any, input_shape: tuple[int, ...],
     """``cls`` built under ``seed``, in float64 for the checks (``native``: as built)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = build_architecture(cls, options, input_shape=input_shape, n_classes=CLASSES)
+        model = build_architecture(cls(options), input_shape=input_shape, n_classes=CLASSES)
     return model if native else model.to(F64)
 
 
@@ -288,7 +290,7 @@ def check_refuses_what_build_cannot_build(cls: type[Architecture], options: Any,
                                           input_shape: tuple[int, ...]) -> None:
     for shape in dict.fromkeys((tuple(input_shape), *PROBE_SHAPES)):
         try:
-            cls.check(options, shape)
+            cls(options).check(shape)
         except ConfigError as err:
             assert shape != tuple(input_shape), f"check() refuses the inputs under test: {err}"
             assert "\n" not in str(err), f"check()'s refusal of {shape} is not one line"
@@ -328,10 +330,13 @@ MODEL_CHECKS = (
     building_is_deterministic_under_a_seed)
 
 
-def model_checks(cls: type[Architecture], options: Mapping[str, Any] | Any = None, *,
+def model_checks(arch: type[Architecture[Any]] | Architecture[Any],
+                 options: Mapping[str, Any] | Any = None, *,
                  input_shape: tuple[int, ...] | None = None,
                  expected_failures: Mapping[str, str] | None = None) -> list[Check]:
-    """The checks of ``cls``, one by one (see :func:`check_model`)."""
+    """The checks of ``arch`` (a class, or an instance holding its options), one by one
+    (see :func:`check_model`)."""
+    cls, options = class_and_options(arch, options)
     ARCHITECTURES.validate(cls, cls.__qualname__)
     resolved = resolve_options(cls, options, TINY_MODEL_OPTIONS)
     shape = tuple(input_shape) if input_shape is not None else _default_shape(cls)
@@ -340,19 +345,22 @@ def model_checks(cls: type[Architecture], options: Mapping[str, Any] | Any = Non
             for check in MODEL_CHECKS]
 
 
-def check_model(cls: type[Architecture], options: Mapping[str, Any] | Any = None, *,
+def check_model(arch: type[Architecture[Any]] | Architecture[Any],
+                options: Mapping[str, Any] | Any = None, *,
                 input_shape: tuple[int, ...] | None = None,
                 expected_failures: Mapping[str, str] | None = None) -> Report:
-    """Check the architecture ``cls`` against the model contract (the module docstring lists
-    the checks); AssertionError listing every check that failed, else a
-    :class:`~creditaudit.testing.common.Report`.
+    """Check the architecture ``arch`` (a class, or an instance holding its options) against
+    the model contract (the module docstring lists the checks); AssertionError listing every
+    check that failed, else a :class:`~creditaudit.testing.common.Report`.
 
     ``options``: its ``Options`` fields (a mapping laid over the tiny defaults, or an
-    ``Options`` instance); ``input_shape``: one input, as a dataset declares it (default
-    (6,) for vector architectures, 2×8×8 images for image ones); ``expected_failures``:
+    ``Options`` instance; default: an instance's own options); ``input_shape``: one input,
+    as a dataset declares it (default (6,) for vector architectures, 2×8×8 images for image
+    ones); ``expected_failures``:
     ``{check name: reason}`` of checks it fails by design. ConfigError when the class does
     not describe itself or ``options`` names an option it does not have.
     """
+    cls, options = class_and_options(arch, options)
     checks = model_checks(cls, options, input_shape=input_shape,
                           expected_failures=expected_failures)
     return run_checks(checks, f"{cls.__name__} ({cls.name})")

@@ -47,7 +47,7 @@ from creditaudit.testing.common import (
 def _build(options: Any, input_shape: tuple[int, ...], n_classes: int, seed: int = 0) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return build_architecture(ModuleArchitecture, options, input_shape=input_shape,
+        return build_architecture(ModuleArchitecture(options), input_shape=input_shape,
                                   n_classes=n_classes)
 
 

@@ -19,29 +19,25 @@ class GaussianMixtureOptions(GeneratedOptions):   # + data.n_train, n_test, data
     separation: float = opt(3.0, "distance scale of the class means (noise std 1)", min=0.0)
 
 
-class GaussianMixture(GeneratedDataset):
+class GaussianMixture(GeneratedDataset[GaussianMixtureOptions]):
     name = "gaussian-mixture"     # what --dataset and data.name accept
     label = "Gaussian mixture"
-    Options = GaussianMixtureOptions
 
-    @classmethod
-    def input_shape(cls, options):
-        return (options.dim,)
+    def input_shape(self):
+        return (self.options.dim,)
 
-    @classmethod
-    def n_classes(cls, options):
-        return options.classes
+    def n_classes(self):
+        return self.options.classes
 
-    @classmethod
-    def provenance(cls, options, seed):   # everything that determines the arrays
+    def provenance(self, seed):   # everything that determines the arrays
+        options = self.options    # the data section it was made with
         return {"generator": "gaussian-mixture", "version": 1,
                 "args": {"n_train": options.n_train, "n_test": options.n_test,
                          "dim": options.dim, "classes": options.classes,
                          "separation": options.separation, "seed": seed}}
 
-    @classmethod
-    def load(cls, options, seed):
-        provenance = cls.provenance(options, seed)
+    def load(self, seed):
+        options, provenance = self.options, self.provenance(seed)
         generator = torch.Generator().manual_seed(seed)
         means = torch.randn(options.classes, options.dim, generator=generator)
         means *= options.separation / options.dim ** 0.5
@@ -49,5 +45,5 @@ class GaussianMixture(GeneratedDataset):
         y = torch.randint(0, options.classes, (n,), generator=generator)
         x = means[y] + torch.randn(n, options.dim, generator=generator)
         cut = options.n_train
-        return Dataset(cls.name, x[:cut], y[:cut], x[cut:], y[cut:],
+        return Dataset(self.name, x[:cut], y[:cut], x[cut:], y[cut:],
                        n_classes=options.classes, provenance=provenance)

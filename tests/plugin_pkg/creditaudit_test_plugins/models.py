@@ -38,13 +38,12 @@ class PlainMLPOptions:
     activation: str = opt("relu", "hidden nonlinearity", choices=tuple(ACTIVATIONS))
 
 
-class PlainMLPArchitecture(Architecture):
+class PlainMLPArchitecture(Architecture[PlainMLPOptions]):  # model.width, depth, activation
     name = "plain-mlp"            # what --arch and model.arch accept
     label = "Plain MLP"
-    Options = PlainMLPOptions     # model.width, model.depth, model.activation
     input_kind = "vector"         # reads flat (B, D) features; image data is flattened
 
-    @classmethod
-    def build(cls, options, *, input_shape, n_classes):
-        return PlainMLP(cls.flat_dim(input_shape), options.width, options.depth, n_classes,
+    def build(self, *, input_shape, n_classes):
+        options = self.options    # the model section it was made with
+        return PlainMLP(self.flat_dim(input_shape), options.width, options.depth, n_classes,
                         options.activation)

@@ -141,7 +141,7 @@ def image_view(scale: str, dataset: str | None) -> tuple[int, int, int] | None:
     spec = dataset_spec(scale_dataset(scale, dataset))
     if "in_dim" in spec.option_names():
         return FLAT_IMAGE
-    shape = tuple(spec.input_shape(RunConfig().replace(**{"data.name": spec.name}).data))
+    shape = tuple(spec(RunConfig().replace(**{"data.name": spec.name}).data).input_shape())
     return shape if len(shape) == 3 else None
 
 

@@ -13,7 +13,7 @@ import contextlib
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from creditaudit.config import MAX_SEED, MethodConfig, opt
 from creditaudit.methods.surrogate import credit_gradient, local_backward, local_forward
 from creditaudit.models.contract import ResidualNet
-from creditaudit.registry import Component
+from creditaudit.registry import Component, options_parameters
 
 
 @dataclass
@@ -338,20 +338,6 @@ class CreditRule(Component, Generic[OptionsT]):
         to ``device``; subclasses extend this for what they own."""
         self.model.to(device)
         return self
-
-
-def options_parameters(cls: type) -> tuple[type, ...]:
-    """The ``Options`` types ``cls`` names as the parameter of a rule base among its own
-    bases (``class EP(CreditRule[EPOptions])`` → ``(EPOptions,)``); empty when it
-    names none (it inherits its parent's, or sets ``Options`` in its body). More than one
-    is a mistake the rule registry refuses."""
-    found: list[type] = []
-    for base in cls.__dict__.get("__orig_bases__", ()):
-        origin = get_origin(base)
-        if isinstance(origin, type) and issubclass(origin, CreditRule):
-            found += [a for a in get_args(base)[:1]
-                      if isinstance(a, type) and a not in found]
-    return tuple(found)
 
 
 def all_finite(tensor: Tensor) -> bool:

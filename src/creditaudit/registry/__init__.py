@@ -48,6 +48,7 @@ from creditaudit.registry.component import (
     defines,
     hook,
     older_hook,
+    options_parameters,
 )
 
 log = logging.getLogger(__name__)
@@ -325,6 +326,6 @@ def reload_plugins() -> None:
         registry.reload()
 
 
-__all__ = ["Component", "hook", "older_hook", "defines", "NoOptions", "Origin", "Registry",
-           "RULES", "ARCHITECTURES", "DATASETS", "DIAGNOSTICS", "REGISTRIES", "NAME_PATTERN",
-           "reload_plugins", "own_rank"]
+__all__ = ["Component", "hook", "older_hook", "defines", "options_parameters", "NoOptions",
+           "Origin", "Registry", "RULES", "ARCHITECTURES", "DATASETS", "DIAGNOSTICS",
+           "REGISTRIES", "NAME_PATTERN", "reload_plugins", "own_rank"]

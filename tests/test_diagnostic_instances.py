@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
 from creditaudit.protocol import (
     FIRED,
     PASSED,
@@ -174,3 +175,22 @@ def test_an_older_style_diagnostic_passes_the_door_and_records_as_its_twin(twins
     admitted = next(c for c in components["diagnostics"] if c["name"] == OLDER)
     assert admitted["origin"].startswith("creditaudit-guests==")
     assert "threshold_decides_the_status" in admitted["checks"]
+
+
+def test_a_diagnostic_names_its_options_once_as_its_bases_parameter():
+    class Named(ProtocolDiagnostic[GrowthOptions]):
+        name, label, statistic, hint, threshold = "named", "N", "s", "h", "growth"
+
+        def evaluate(self, evidence):
+            return self.judge(1.0, "one")
+
+    assert Named.Options is GrowthOptions and Named().options == GrowthOptions()
+    DIAGNOSTICS.validate(Named, "test")
+
+    class Twice(ProtocolDiagnostic[GrowthOptions]):
+        name, label, statistic, hint, threshold = "twice", "T", "s", "h", "growth"
+        Options = StabilityOptions
+
+    with pytest.raises(ConfigError, match=r"^test \(twice\) sets Options = StabilityOptions "
+                                          r"but its base is parameterised by GrowthOptions"):
+        DIAGNOSTICS.validate(Twice, "test")

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from creditaudit.config import MAX_SEED, MethodConfig, opt
 from creditaudit.methods.surrogate import credit_gradient, local_backward, local_forward
 from creditaudit.models.contract import ResidualNet
-from creditaudit.registry import Component, options_parameters
+from creditaudit.registry import Component
 
 
 @dataclass
@@ -186,14 +186,6 @@ class CreditRule(Component, Generic[OptionsT]):
     expected_failures: ClassVar[dict[str, str]] = {}
     baseline: ClassVar[bool] = False
     stacked_step: ClassVar[str | None] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Take ``Options`` from the base's parameter (``CreditRule[MyOptions]``) when the
-        class body does not set it."""
-        super().__init_subclass__(**kwargs)
-        named = options_parameters(cls)
-        if len(named) == 1 and "Options" not in cls.__dict__:
-            cls.Options = named[0]
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -24,7 +24,6 @@ from creditaudit.methods.base import (
     FEEDBACK_KINDS,
     STACKED_STEPS,
     CreditRule,
-    options_parameters,
 )
 from creditaudit.registry import RULES
 
@@ -50,15 +49,6 @@ def _validate(cls: type[CreditRule], source: str) -> None:
     if missing:
         raise ConfigError(f"{source} ({name}) declares stacked_step {stacked!r} but has no "
                           f"{', '.join(missing)} method; define it or leave stacked_step None")
-    named = options_parameters(cls)
-    if len(named) > 1:
-        raise ConfigError(f"{source} ({name}) names {len(named)} Options types as parameters "
-                          f"of its bases ({', '.join(t.__qualname__ for t in named)}); name "
-                          "one")
-    if named and not issubclass(cls.Options, named[0]):
-        raise ConfigError(f"{source} ({name}) sets Options = {cls.Options.__qualname__} but "
-                          f"its base is parameterised by {named[0].__qualname__}; declare "
-                          "the options once, as that parameter")
     failures = getattr(cls, "expected_failures", {})
     if not isinstance(failures, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and v for k, v in failures.items()):

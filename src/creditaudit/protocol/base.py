@@ -26,7 +26,7 @@ from creditaudit.protocol.checks import (
     DiagnosticResult,
     unfounded,
 )
-from creditaudit.registry import DIAGNOSTICS, Component, defines, options_parameters, own_rank
+from creditaudit.registry import DIAGNOSTICS, Component, defines, own_rank
 
 OPERATORS = (">", "<")
 SCALES = ("linear", "log")
@@ -107,13 +107,6 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
                      "checked": 1}
 
     options: OptionsT
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Take ``Options`` from the base's parameter when the class body does not set it."""
-        super().__init_subclass__(**kwargs)
-        named = options_parameters(cls)
-        if len(named) == 1 and "Options" not in cls.__dict__:
-            cls.Options = named[0]
 
     def evaluate(self, evidence: Evidence) -> DiagnosticResult:
         """The diagnostic's result on ``evidence`` with its options (its thresholds)."""

@@ -70,9 +70,14 @@ class Component:
         self.options = self.Options() if options is None else options
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Make every hook the class defines an instance method (:class:`hook`); one written
-        as a classmethod taking the options becomes an :class:`older_hook`."""
+        """Take ``Options`` from the base's parameter (``CreditRule[MyOptions]``) when the
+        class body does not set it; make every hook the class defines an instance method
+        (:class:`hook`), one written as a classmethod taking the options an
+        :class:`older_hook`."""
         super().__init_subclass__(**kwargs)
+        named = options_parameters(cls)
+        if len(named) == 1 and "Options" not in cls.__dict__:
+            cls.Options = named[0]
         for name in cls.hooks:
             value = cls.__dict__.get(name)
             at = cls.older_options.get(name, 0)

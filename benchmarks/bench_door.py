@@ -50,10 +50,10 @@ def doors(work: Path) -> dict[str, Callable[[], door.Admission]]:
         "data.name": "gaussian-mixture", "model.arch": "plain-mlp",
         "method.name": "sparse-dfa", "diagnostics.protocol": ["a", "b", "c", "d", "e"]})
     rule, arch = RULES.get("sparse-dfa"), ARCHITECTURES.get("plain-mlp")
-    data, diagnostic = DATASETS.get("gaussian-mixture"), DIAGNOSTICS.get("e")
+    data = DATASETS.get("gaussian-mixture")
     module = RunConfig().replace(**{"model.arch": "module", "model.factory": "own_nets:net",
                                     "model.args": {"in_channels": 1}, "model.states": STATES})
-    options = Protocol.from_config(config.diagnostics).options["e"]
+    diagnostic = Protocol.from_config(config.diagnostics).diagnostic("e")  # with its options
     return {
         "rule (check_rule, resmlp)": lambda: door.rule_door(rule, RULES.guest(rule.name)),
         "architecture (check_model)": lambda: door.architecture_door(
@@ -61,7 +61,7 @@ def doors(work: Path) -> dict[str, Callable[[], door.Admission]]:
         "dataset (check_dataset)": lambda: door.dataset_door(
             data, DATASETS.guest(data.name), config.data),
         "diagnostic (check_diagnostic)": lambda: door.diagnostic_door(
-            diagnostic, DIAGNOSTICS.guest(diagnostic.name), options),
+            diagnostic, DIAGNOSTICS.guest(diagnostic.name)),
         "factory (check_module, ResNet-20)": lambda: door.factory_door(
             factory_guest("own_nets:net"), module.model, (1, 28, 28), 10),
     }

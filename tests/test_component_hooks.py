@@ -90,3 +90,50 @@ def test_an_older_call_of_a_new_hook_builds_the_component_and_warns() -> None:
 def test_defines_tells_an_implemented_hook_from_an_inherited_one() -> None:
     assert defines(NewStyle, "size", Axis) and defines(OldStyle, "doubled", Axis)
     assert not defines(NewStyle, "doubled", Axis)
+
+
+class Judge(Component):
+    """An axis base like ProtocolDiagnostic, whose older hooks took the options second."""
+
+    hooks: ClassVar[tuple[str, ...]] = ("judge", "limit", "wider")
+    older_options: ClassVar[dict[str, int]] = {"judge": 1}
+    Options = WidthOptions
+
+    def limit(self) -> int:
+        return self.options.width
+
+    def judge(self, value: int, reason: str = "") -> tuple[bool, str]:
+        return value > self.limit(), reason
+
+    def wider(self, by: int) -> Judge:
+        return type(self)(WidthOptions(width=self.options.width + by))
+
+
+class OlderJudge(Judge):
+    name, label = "older-judge", "Older judge"
+
+    @classmethod
+    def judge(cls, value: int, options: Any, reason: str = "") -> tuple[bool, str]:
+        return value > options.width + 10, f"older {reason}"
+
+
+def test_an_older_hook_gets_the_options_where_the_axis_says_it_took_them() -> None:
+    assert isinstance(OlderJudge.__dict__["judge"], older_hook)
+    component = OlderJudge(WidthOptions(width=1))
+    assert component.judge(12, "x") == (True, "older x")  # (cls, 12, options, "x")
+    assert component.judge(11) == (False, "older ")
+    assert component.judge(value=12, reason="k") == (True, "older k")  # options by keyword
+    assert OlderJudge.judge(12, WidthOptions(width=5), "y") == (False, "older y")
+
+
+def test_a_new_hook_called_the_older_way_takes_the_options_from_their_place() -> None:
+    with pytest.warns(DeprecationWarning, match=r"Judge\.judge\(…, options, …\)"):
+        assert Judge.judge(4, WidthOptions(width=3), "r") == (True, "r")
+    with pytest.warns(DeprecationWarning):
+        assert Judge.judge(2, "s", options=WidthOptions(width=3)) == (False, "s")
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="needs its options"):
+        Judge.judge(2)
+    # The older interface dealt in options: a component returned comes back as its options.
+    with pytest.warns(DeprecationWarning):
+        assert Judge.wider(WidthOptions(width=3), 2) == WidthOptions(width=5)
+    assert Judge(WidthOptions(width=3)).wider(2).limit() == 5

@@ -22,7 +22,6 @@ from creditaudit.protocol import (
     PASSED,
     DiagnosticReport,
     DiagnosticResult,
-    Thresholds,
     protocol,
     verdict_of,
 )
@@ -303,8 +302,8 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
              "protocol": statuses}
     # The protocol block holds each statistic beside its status, as training writes it.
     values = {"a": growth, "b": g_last, "c": 0.9 if "c" in fired else 0.1, "d": None}
-    results = [DiagnosticResult(i, cls.label, values[i], cls.limit(Thresholds()), statuses[i],
-                                "") for i, cls in ((c.name, c) for c in protocol())]
+    results = [DiagnosticResult(d.name, d.label, values[d.name], d.limit(), statuses[d.name], "")
+               for d in protocol()]
     verdict, fired_ids, skipped = verdict_of(results)
     report = DiagnosticReport([1.0, growth], [1e-3, g_last], results, verdict, fired_ids,
                               skipped)

@@ -82,10 +82,10 @@ def test_an_overflowed_stream_still_fires_a_but_an_infinite_gradient_never_passe
     results = {r.id: r for r in protocol.evaluate(overflowed)}
     assert results["a"].status == FIRED
     assert results["b"].status == NOT_EVALUATED and "inf" in results["b"].reason
-    options = ReferenceValidity.Options()
-    assert ReferenceValidity.status_of(math.inf, options) == NOT_EVALUATED
-    assert ReferenceValidity.status_of(1e-3, options) == PASSED
-    assert ResidualStreamScale.status_of(math.inf, ResidualStreamScale.Options()) == FIRED
+    validity = ReferenceValidity(ReferenceValidity.Options())
+    assert validity.status_of(math.inf) == NOT_EVALUATED
+    assert validity.status_of(1e-3) == PASSED
+    assert ResidualStreamScale().status_of(math.inf) == FIRED
 
 
 def test_a_run_with_such_a_diagnostic_records_and_reports_it_not_evaluated(guests, tmp_path,

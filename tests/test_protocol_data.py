@@ -39,7 +39,7 @@ class MarginOptions:
                             min=0.0)
 
 
-class LogitMargin(ProtocolDiagnostic):
+class LogitMargin(ProtocolDiagnostic[MarginOptions]):
     """A fifth diagnostic: the median gap between the two largest logits."""
 
     name = "e"
@@ -50,18 +50,16 @@ class LogitMargin(ProtocolDiagnostic):
     short = "top-1 − top-2 logit"
     sensitivity = (0.01, 0.1, 1.0, 10.0)
     needs = "runs whose evaluation logits are finite"
-    Options = MarginOptions
     rank = 50
 
-    @classmethod
-    def evaluate(cls, evidence, options):
+    def evaluate(self, evidence):
         if evidence.logits is None:
-            return cls.result(None, options, NOT_EVALUATED, "needs the evaluation logits")
+            return self.result(None, NOT_EVALUATED, "needs the evaluation logits")
         top = evidence.logits.topk(2, dim=1).values
         value = float((top[:, 0] - top[:, 1]).median())
         if not math.isfinite(value):
-            return cls.result(None, options, NOT_EVALUATED, "the logits are NaN/Inf")
-        return cls.judge(value, options, f"median top-1 − top-2 logit {value:.3g}")
+            return self.result(None, NOT_EVALUATED, "the logits are NaN/Inf")
+        return self.judge(value, f"median top-1 − top-2 logit {value:.3g}")
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ TINY = {"data.n_train": 256, "data.n_test": 256, "data.in_dim": 8, "optim.epochs
 
 
 def judge(hidden: list[float], initial: list[float] | None):
-    return ResidualStreamScale.evaluate(Evidence(hidden, [1e-3] * len(hidden),
-                                                 initial_hidden_norms=initial), OPTIONS)
+    return ResidualStreamScale(OPTIONS).evaluate(Evidence(hidden, [1e-3] * len(hidden),
+                                                          initial_hidden_norms=initial))
 
 
 # --- the statistic -------------------------------------------------------------------------
@@ -78,10 +78,10 @@ def test_b_names_ln_cancellation_when_the_stream_grew_before_h0():
     when it grew anywhere, the segment before h_0 included."""
     evidence = Evidence([300.0, 310.0], [1e-3, 1e-9], g_L_zero_fraction=0.0,
                         g_L_nonzero_median=1e-9, terminal_ln=None)
-    assert ReferenceValidity.evaluate(
-        evidence, ReferenceOptions()).details["cause"] == "gradient below floor"
+    validity = ReferenceValidity(ReferenceOptions())
+    assert validity.evaluate(evidence).details["cause"] == "gradient below floor"
     evidence.initial_hidden_norms = [1.0, 1.1]
-    result = ReferenceValidity.evaluate(evidence, ReferenceOptions())
+    result = validity.evaluate(evidence)
     assert result.details["stream_grew"] and "LN cancellation" in result.details["cause"]
 
 

@@ -101,7 +101,7 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
         return []
     d = DepthUtility
     lines = [f"{d.id_label()} {d.label}: margin over frozen blocks (test acc "
-             f"{frozen.final_acc:.3f}); fires below {d.limit(d.Options()):g} pp"]
+             f"{frozen.final_acc:.3f}); fires below {d().limit():g} pp"]
     for record in records:
         verdict = index.verdict(record)
         if is_frozen_baseline(record) or verdict.margin_pp is None:

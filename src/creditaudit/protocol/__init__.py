@@ -76,8 +76,8 @@ def depth_utility_diagnostic(headline_acc: float | None, frozen_acc: float | Non
                              thresholds: Thresholds) -> DiagnosticResult:
     """(d) on two accuracies (fractions): what re-judging a record against a frozen baseline
     needs."""
-    return DepthUtility.evaluate(Evidence([], [], headline_acc=headline_acc,
-                                          frozen_acc=frozen_acc), thresholds)
+    return DepthUtility(thresholds).evaluate(Evidence([], [], headline_acc=headline_acc,
+                                                      frozen_acc=frozen_acc))
 
 
 __all__ = [

@@ -1,5 +1,6 @@
 """What a protocol diagnostic is: the evidence it reads, the class every diagnostic derives
-from, and the protocol as the tuple of registered diagnostics a config selects.
+from, and the protocol as the diagnostics a config selects, each an instance holding its
+options.
 
 :mod:`creditaudit.protocol.diagnostics` holds the four built-ins; a diagnostic of another
 package derives from :class:`ProtocolDiagnostic` and registers through the
@@ -9,11 +10,10 @@ package derives from :class:`ProtocolDiagnostic` and registers through the
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor
 
@@ -26,7 +26,7 @@ from creditaudit.protocol.checks import (
     DiagnosticResult,
     unfounded,
 )
-from creditaudit.registry import DIAGNOSTICS, Component, own_rank
+from creditaudit.registry import DIAGNOSTICS, Component, defines, own_rank
 
 OPERATORS = (">", "<")
 SCALES = ("linear", "log")
@@ -59,13 +59,21 @@ class Evidence:
     initial_hidden_norms: list[float] | None = None
 
 
-class ProtocolDiagnostic(Component):
-    """One diagnostic of the protocol (see the module docstring).
+OptionsT = TypeVar("OptionsT", covariant=True)
 
-    Subclasses declare the class attributes and implement :meth:`evaluate`; ``default``:
-    part of the protocol unless a config's ``diagnostics.protocol`` leaves it out (the
-    built-ins; a plugin is added by listing it). The ``threshold`` option is what
-    :meth:`fires` compares the statistic with, by ``operator``.
+
+class ProtocolDiagnostic(Component, Generic[OptionsT]):
+    """One diagnostic of the protocol (see the module docstring): an instance holds its
+    options (``self.options``, its config table ``[diagnostics.NAME]``; the ``threshold``
+    option is what :meth:`fires` compares the statistic with, by ``operator``).
+
+    Subclasses declare the class attributes, name their ``Options`` as the parameter of this
+    base (``class Margin(ProtocolDiagnostic[MarginOptions])``, which also types
+    ``self.options``; ``Options = MarginOptions`` in the body works too) and implement
+    :meth:`evaluate`; ``default``: part of the protocol unless a config's
+    ``diagnostics.protocol`` leaves it out (the built-ins; a plugin is added by listing it).
+    A diagnostic written for the older interface — ``evaluate(cls, evidence, options)`` a
+    classmethod calling ``cls.judge(value, options, reason)`` — keeps working.
 
     What the readers of records need besides (all optional): ``short``, the statistic in a
     few words for axes and table columns (default: the ``label``); ``scale``, ``"log"``
@@ -92,34 +100,36 @@ class ProtocolDiagnostic(Component):
     before_training: ClassVar[bool] = True
     per_layer: ClassVar[bool] = False
     needs: ClassVar[str] = ""
+    hooks = ("evaluate", "limit", "fires", "result", "judge", "status_of", "checked",
+             "with_threshold")
+    # The older spelling took the options after the value: ``cls.judge(value, options, …)``.
+    older_options = {"evaluate": 1, "fires": 1, "result": 1, "judge": 1, "status_of": 1,
+                     "checked": 1}
 
-    @classmethod
-    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
-        """The diagnostic's result on ``evidence`` with ``options`` (its thresholds)."""
+    options: OptionsT
+
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        """The diagnostic's result on ``evidence`` with its options (its thresholds)."""
         raise NotImplementedError
 
     # --- what every diagnostic shares ------------------------------------------------------
-    @classmethod
-    def limit(cls, options: Any) -> float:
-        return float(getattr(options, cls.threshold))
+    def limit(self) -> float:
+        """The threshold its options set."""
+        return float(getattr(self.options, self.threshold))
 
-    @classmethod
-    def fires(cls, value: float, options: Any) -> bool:
-        limit = cls.limit(options)
-        return value > limit if cls.operator == ">" else value < limit
+    def fires(self, value: float) -> bool:
+        limit = self.limit()
+        return value > limit if self.operator == ">" else value < limit
 
-    @classmethod
-    def result(cls, value: float | None, options: Any, status: str, reason: str,
-               **details: Any) -> DiagnosticResult:
-        return DiagnosticResult(cls.name, cls.label, value, cls.limit(options), status, reason,
+    def result(self, value: float | None, status: str, reason: str, **details: Any
+               ) -> DiagnosticResult:
+        return DiagnosticResult(self.name, self.label, value, self.limit(), status, reason,
                                 details)
 
-    @classmethod
-    def judge(cls, value: float, options: Any, reason: str, **details: Any
-              ) -> DiagnosticResult:
+    def judge(self, value: float, reason: str, **details: Any) -> DiagnosticResult:
         """Fired or passed by comparing ``value`` with the threshold."""
-        status = FIRED if cls.fires(value, options) else PASSED
-        return cls.result(value, options, status, reason, **details)
+        status = FIRED if self.fires(value) else PASSED
+        return self.result(value, status, reason, **details)
 
     @classmethod
     def value_text(cls, value: float | None) -> str:
@@ -145,45 +155,42 @@ class ProtocolDiagnostic(Component):
         name = cls.short or cls.label
         return f"{name} ({unit})" if unit else name
 
-    @classmethod
-    def with_threshold(cls, options: Any, threshold: float) -> Any:
-        """``options`` with the threshold replaced (what re-judging a stored value at
-        another threshold compares it with)."""
-        return dataclasses.replace(options, **{cls.threshold: threshold})
+    def with_threshold(self, threshold: float) -> ProtocolDiagnostic[OptionsT]:
+        """The diagnostic with its threshold replaced, its other options kept (what
+        re-judging a stored value at another threshold compares it with)."""
+        return type(self)(dataclasses.replace(self.options, **{self.threshold: threshold}))
 
-    @classmethod
-    def status_of(cls, value: float | None, options: Any) -> str:
+    def status_of(self, value: float | None) -> str:
         """Fired or passed for a stored statistic; not evaluated when there is none, or when
         it is infinite and would pass."""
         if value is None or math.isnan(value):
             return NOT_EVALUATED
-        status = FIRED if cls.fires(value, options) else PASSED
+        status = FIRED if self.fires(value) else PASSED
         return NOT_EVALUATED if unfounded(status, value) else status
 
-    @classmethod
-    def checked(cls, result: Any, options: Any) -> DiagnosticResult:
+    def checked(self, result: Any) -> DiagnosticResult:
         """``result`` as :meth:`evaluate` gave it — unless it claims what it cannot show:
         not a :class:`DiagnosticResult` of this diagnostic, or a status its statistic cannot
         carry (:func:`~creditaudit.protocol.checks.unfounded`; an infinite statistic fires
         only where the threshold says so). Then it is *not evaluated*, the reason naming
         what was wrong and what it claimed: never a silent pass."""
         if not isinstance(result, DiagnosticResult):
-            return cls.result(None, options, NOT_EVALUATED,
-                              f"evaluate() returned {type(result).__name__}, not a "
-                              "DiagnosticResult")
-        if result.id != cls.name:
-            return cls.result(None, options, NOT_EVALUATED,
-                              f"evaluate() returned the result of ({result.id}), not "
-                              f"({cls.name})")
+            return self.result(None, NOT_EVALUATED,
+                               f"evaluate() returned {type(result).__name__}, not a "
+                               "DiagnosticResult")
+        if result.id != self.name:
+            return self.result(None, NOT_EVALUATED,
+                               f"evaluate() returned the result of ({result.id}), not "
+                               f"({self.name})")
         why = unfounded(result.status, result.value)
         if why is None and result.status == FIRED and math.isinf(result.value) \
-                and not cls.fires(result.value, options):
+                and not self.fires(result.value):
             why = f"its statistic is {result.value}, which does not fire"
         if why is None:
             return result
-        return cls.result(None, options, NOT_EVALUATED,
-                          f"{why} (it said {result.status!r}: {result.reason})",
-                          **{**result.details, "claimed": result.status})
+        return self.result(None, NOT_EVALUATED,
+                           f"{why} (it said {result.status!r}: {result.reason})",
+                           **{**result.details, "claimed": result.status})
 
 
 def _validate(cls: type[ProtocolDiagnostic], source: str) -> None:
@@ -200,7 +207,7 @@ def _validate(cls: type[ProtocolDiagnostic], source: str) -> None:
     for attribute in ("statistic", "hint"):
         if not isinstance(getattr(cls, attribute), str) or not getattr(cls, attribute):
             raise ConfigError(f"{source} ({name}) needs a non-empty `{attribute}` string")
-    if inspect.getattr_static(cls, "evaluate") is vars(ProtocolDiagnostic)["evaluate"]:
+    if not defines(cls, "evaluate", ProtocolDiagnostic):
         raise ConfigError(f"{source} ({name}) must implement evaluate()")
     if cls.scale not in SCALES:
         raise ConfigError(f"{source} ({name}): scale must be one of {SCALES}")
@@ -216,19 +223,31 @@ DIAGNOSTICS.configure(ProtocolDiagnostic, _validate)
 register = DIAGNOSTICS.register
 
 
-def protocol(names: Sequence[str] | None = None) -> tuple[type[ProtocolDiagnostic], ...]:
-    """The diagnostics of a protocol, in listing order: those named (a config's
-    ``diagnostics.protocol``), or the default ones (the four built-ins)."""
+def protocol(names: Sequence[str] | None = None, options: Any = None
+             ) -> tuple[ProtocolDiagnostic[Any], ...]:
+    """The diagnostics of a protocol, in listing order, each an instance holding its
+    options: those named (a config's ``diagnostics.protocol``), or the default ones (the
+    four built-ins). ``options``: where each finds its own — a config's ``[diagnostics]``
+    section (its table ``[diagnostics.NAME]``) or a mapping name → ``Options``; a
+    diagnostic it has none for (or None) takes its defaults."""
     if names is None:  # the built-ins' default set: no plugin needs importing
-        return tuple(cls for cls in DIAGNOSTICS.builtin_classes() if cls.default)
-    check_distinct(names)
-    classes = [DIAGNOSTICS.get(name) for name in names]
-    # Listing order (rank, then name) among those named only: the others stay unimported.
-    return tuple(sorted(classes, key=lambda cls: (own_rank(cls), cls.name)))
+        classes = [cls for cls in DIAGNOSTICS.builtin_classes() if cls.default]
+    else:
+        check_distinct(names)
+        # Listing order (rank, then name) among those named only: the others stay unimported.
+        classes = sorted((DIAGNOSTICS.get(name) for name in names),
+                         key=lambda cls: (own_rank(cls), cls.name))
+    return tuple(cls(_own_options(options, cls.name)) for cls in classes)
+
+
+def _own_options(options: Any, name: str) -> Any:
+    if isinstance(options, Mapping):
+        return options.get(name)
+    return getattr(options, name, None)
 
 
 def default_names() -> list[str]:
-    return [cls.name for cls in protocol()]
+    return [d.name for d in protocol()]
 
 
 __all__ = ["Evidence", "ProtocolDiagnostic", "protocol", "default_names", "register",

@@ -1,12 +1,12 @@
 """The protocol as data: each diagnostic is a self-describing class, the protocol a tuple of
-them.
+its instances, each holding its options.
 
 A :class:`ProtocolDiagnostic` declares what it is — ``name`` (its id, ``"a"``), ``label``
 (``"residual-stream scale"``), ``statistic``, ``operator`` and ``unit`` of its threshold,
-``value_format``, the ``threshold`` option, a ``hint`` — and computes its result from the
-:class:`Evidence` of one evaluation set with its ``Options`` (the thresholds). Verdicts,
-reports in every format, audit panels, threshold sensitivity and random-init summaries
-iterate :func:`protocol`; a diagnostic another package registers through the
+``value_format``, the ``threshold`` option, a ``hint`` — and an instance, holding its
+``Options`` (the thresholds), computes its result from the :class:`Evidence` of one
+evaluation set. Verdicts, reports in every format, audit panels, threshold sensitivity and
+random-init summaries iterate :func:`protocol`; a diagnostic another package registers through the
 ``creditaudit.diagnostics`` entry point joins them when a config lists it in
 ``diagnostics.protocol``.
 
@@ -81,7 +81,7 @@ class DepthOptions:
 
 
 @register
-class ResidualStreamScale(ProtocolDiagnostic):
+class ResidualStreamScale(ProtocolDiagnostic[GrowthOptions]):
     """(a): the largest growth of the stream anywhere in the network.
 
     Each block's growth ‖h_{l+1}‖/‖h_l‖ sees blocks 0 … L−1; the segment before h_0 (an
@@ -99,28 +99,26 @@ class ResidualStreamScale(ProtocolDiagnostic):
     value_unit = ""  # a table's value column reads "694", its threshold column "> 50×"
     hint = ("the rule lets the residual stream grow without bound; a terminal LayerNorm hides "
             "the scale from the loss")
-    Options = GrowthOptions
     default = True
     rank = 0
     short, scale, per_layer = "max stream growth", "log", True
     sensitivity = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
     needs = "runs whose states stay finite"
 
-    @classmethod
-    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
         hidden = evidence.hidden_norms
-        limit = cls.limit(options)
+        limit = self.limit()
         embed = embed_growth(hidden, evidence.initial_hidden_norms)
         if len(hidden) < 2 and embed is None:
-            return cls.result(None, options, NOT_EVALUATED, "needs the state norms of at "
-                              "least two states, or of h_0 at initialisation",
-                              block_growth=[], block=None, embed_growth=None)
+            return self.result(None, NOT_EVALUATED, "needs the state norms of at "
+                               "least two states, or of h_0 at initialisation",
+                               block_growth=[], block=None, embed_growth=None)
         if not all(math.isfinite(v) for v in hidden):
             # NaN/Inf states mean the stream overflowed: the failure (a) exists to catch.
-            return cls.result(math.inf, options, FIRED, "state norms are NaN/Inf: the "
-                              "residual stream overflowed (diverged model)",
-                              block_growth=block_growths(hidden), block=None,
-                              embed_growth=embed)
+            return self.result(math.inf, FIRED, "state norms are NaN/Inf: the "
+                               "residual stream overflowed (diverged model)",
+                               block_growth=block_growths(hidden), block=None,
+                               embed_growth=embed)
         growths = block_growths(hidden)
         largest = max_block_growth(list(hidden)) if len(hidden) > 1 else None
         block = growths.index(largest) if growths else None
@@ -131,26 +129,25 @@ class ResidualStreamScale(ProtocolDiagnostic):
         else:
             where = f"block {block} grows the residual stream {value:.3g}×"
         before = ("" if embed is None else f"; ‖h_0‖ {embed:.3g}× its initial value")
-        if cls.fires(value, options):
-            return cls.result(value, options, FIRED,
-                              f"{where} (> {limit:g}×); ‖h_L‖ = {hidden[-1]:.3g}", **details)
+        if self.fires(value):
+            return self.result(value, FIRED,
+                               f"{where} (> {limit:g}×); ‖h_L‖ = {hidden[-1]:.3g}", **details)
         if largest is None:
             text = f"‖h_0‖ {embed:.3g}× its initial value (≤ {limit:g}×)"
         else:
             text = f"largest block growth {largest:.3g}× at block {block}{before} (≤ {limit:g}×)"
         if embed is None:
             text += "; ‖h_0‖ at initialisation not known: the segment before h_0 is not judged"
-        return cls.result(value, options, PASSED, text, **details)
+        return self.result(value, PASSED, text, **details)
 
 
 @register
-class ReferenceValidity(ProtocolDiagnostic):
+class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
     name = "b"
     label = "reference validity"
     statistic = "median per-sample ‖g_L‖ (1/128 scale)"
     operator, unit, value_format, threshold = "<", "", ".3g", "grad_floor"
     hint = "the reference gradient sits at the numerical floor: cosines against it are noise"
-    Options = ReferenceOptions
     default = True
     rank = 1
     short, scale, per_layer = "median ‖g_L‖ (1/128 scale)", "log", True
@@ -161,14 +158,13 @@ class ReferenceValidity(ProtocolDiagnostic):
     def threshold_text(cls, threshold: float) -> str:
         return f"{cls.operator} {threshold:.0e}"
 
-    @classmethod
-    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
-        floor = cls.limit(options)
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        floor = self.limit()
         hidden = evidence.hidden_norms
         value = evidence.grad_norms[-1] if evidence.grad_norms else math.nan
         zero_fraction = evidence.g_L_zero_fraction
         nonzero_median = evidence.g_L_nonzero_median
-        growth = ResidualStreamScale.limit(GrowthOptions())
+        growth = ResidualStreamScale().limit()
         before = embed_growth(hidden, evidence.initial_hidden_norms)  # before h_0, since init
         grew = ((len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
                 or (before is not None and before > growth))
@@ -178,14 +174,14 @@ class ReferenceValidity(ProtocolDiagnostic):
                                    "stream_grew": bool(grew), "cause": None}
         zero_text = "" if zero_fraction is None else f"{zero_fraction:.0%}"
         if not evidence.grad_norms:
-            return cls.result(None, options, NOT_EVALUATED, "no gradient norms given", **details)
+            return self.result(None, NOT_EVALUATED, "no gradient norms given", **details)
         if math.isnan(value):
-            return cls.result(None, options, NOT_EVALUATED,
-                              "‖g_L‖ is NaN (diverged model): no reference gradient", **details)
+            return self.result(None, NOT_EVALUATED,
+                               "‖g_L‖ is NaN (diverged model): no reference gradient", **details)
         if value >= floor:
-            return cls.result(value, options, PASSED,
-                              f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
-                              "samples have an exactly-zero gradient", **details)
+            return self.result(value, PASSED,
+                               f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
+                               "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
             cause = CAUSE_SATURATION
         elif evidence.terminal_ln is False:
@@ -198,20 +194,19 @@ class ReferenceValidity(ProtocolDiagnostic):
             cause = CAUSE_FLOOR
         details["cause"] = cause
         median = "" if nonzero_median is None else f", non-zero median {nonzero_median:.3g}"
-        return cls.result(value, options, FIRED,
-                          f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
-                          f"fraction {zero_text}{median}", **details)
+        return self.result(value, FIRED,
+                           f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
+                           f"fraction {zero_text}{median}", **details)
 
 
 @register
-class DirectionStability(ProtocolDiagnostic):
+class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
     name = "c"
     label = "cross-batch direction stability"
     statistic = "mean pairwise cos of K ≥ 8 batch-mean g at L//2"
     operator, unit, value_format, threshold = ">", "", ".3f", "stability"
     hint = ("batch-mean gradients share one direction: the drift sub-mode (bimodal: (c) tells "
             "sub-modes apart rather than detecting)")
-    Options = StabilityOptions
     default = True
     rank = 2
     short = "mean pairwise cos (state L//2)"
@@ -219,50 +214,48 @@ class DirectionStability(ProtocolDiagnostic):
     sensitivity = ()
     needs = "runs with diagnostics.eval_samples ≥ 1024 (8 batches of 128)"
 
-    @classmethod
-    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
-        limit, size = cls.limit(options), options.stability_batch_size
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        limit, size = self.limit(), self.options.stability_batch_size
         layer = (len(evidence.grad_norms) - 1) // 2
         if evidence.grads is None:
-            return cls.result(None, options, NOT_EVALUATED,
-                              "needs the per-sample gradients of the evaluation set",
-                              layer=layer, batch_size=size, n_batches=0)
+            return self.result(None, NOT_EVALUATED,
+                               "needs the per-sample gradients of the evaluation set",
+                               layer=layer, batch_size=size, n_batches=0)
         grad = evidence.grads[layer]
         full = grad.shape[0] // size
         details: dict[str, Any] = {"layer": layer, "batch_size": size, "n_batches": full}
-        if full < options.stability_batches:
-            return cls.result(None, options, NOT_EVALUATED,
-                              f"needs {options.stability_batches} full batches of {size} "
-                              f"evaluation samples, got {grad.shape[0]} samples ({full} "
-                              "batches)", **details)
+        if full < self.options.stability_batches:
+            return self.result(None, NOT_EVALUATED,
+                               f"needs {self.options.stability_batches} full batches of {size} "
+                               f"evaluation samples, got {grad.shape[0]} samples ({full} "
+                               "batches)", **details)
         if not bool(torch.isfinite(grad).all()):
-            return cls.result(None, options, NOT_EVALUATED,
-                              f"gradients at state {layer} are NaN/Inf (diverged model)",
-                              **details)
+            return self.result(None, NOT_EVALUATED,
+                               f"gradients at state {layer} are NaN/Inf (diverged model)",
+                               **details)
         value, k = cross_batch_stability(grad, size)
         details["n_batches"] = k
-        if k < options.stability_batches:
-            return cls.result(None, options, NOT_EVALUATED,
-                              f"only {k} of {full} batch-mean gradients at state {layer} are "
-                              "non-zero", **details)
-        if cls.fires(value, options):
-            return cls.result(value, options, FIRED,
-                              f"batch-mean gradients at state {layer} share one direction "
-                              f"(mean pairwise cos {value:.3f} > {limit:g} over {k} batches): "
-                              "drift sub-mode", **details)
-        return cls.result(value, options, PASSED,
-                          f"mean pairwise cos {value:.3f} at state {layer} over {k} batches "
-                          f"(≤ {limit:g})", **details)
+        if k < self.options.stability_batches:
+            return self.result(None, NOT_EVALUATED,
+                               f"only {k} of {full} batch-mean gradients at state {layer} are "
+                               "non-zero", **details)
+        if self.fires(value):
+            return self.result(value, FIRED,
+                               f"batch-mean gradients at state {layer} share one direction "
+                               f"(mean pairwise cos {value:.3f} > {limit:g} over {k} batches): "
+                               "drift sub-mode", **details)
+        return self.result(value, PASSED,
+                           f"mean pairwise cos {value:.3f} at state {layer} over {k} batches "
+                           f"(≤ {limit:g})", **details)
 
 
 @register
-class DepthUtility(ProtocolDiagnostic):
+class DepthUtility(ProtocolDiagnostic[DepthOptions]):
     name = "d"
     label = "depth utility"
     statistic = "headline acc − frozen-blocks acc (pp)"
     operator, unit, value_format, threshold = "<", " pp", "+.2f", "margin_pp"
     hint = "the trained blocks add too little over blocks frozen at initialisation"
-    Options = DepthOptions
     default = True
     rank = 3
     short = "accuracy − frozen"
@@ -272,27 +265,26 @@ class DepthUtility(ProtocolDiagnostic):
     needs = ("frozen-blocks runs (--method frozen) of the same recipe with "
              "--frozen-from-runs, or runs trained with diagnostics.frozen_acc,")
 
-    @classmethod
-    def evaluate(cls, evidence: Evidence, options: Any) -> DiagnosticResult:
-        limit = cls.limit(options)
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        limit = self.limit()
         headline, frozen = evidence.headline_acc, evidence.frozen_acc
         details = {"headline_acc": headline, "frozen_acc": frozen}
         if headline is None:
-            return cls.result(None, options, NOT_EVALUATED, "no headline accuracy given",
-                              **details)
+            return self.result(None, NOT_EVALUATED, "no headline accuracy given",
+                               **details)
         if frozen is None:
-            return cls.result(None, options, NOT_EVALUATED, NO_FROZEN_REASON, **details)
+            return self.result(None, NOT_EVALUATED, NO_FROZEN_REASON, **details)
         if math.isnan(headline) or math.isnan(frozen):
-            return cls.result(None, options, NOT_EVALUATED, "an accuracy is NaN", **details)
+            return self.result(None, NOT_EVALUATED, "an accuracy is NaN", **details)
         margin = 100.0 * (headline - frozen)
-        if cls.fires(margin, options):
-            return cls.result(margin, options, FIRED,
-                              f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "
-                              f"{margin:+.2f} pp (< {limit:g} pp), the trained blocks add too "
-                              "little", **details)
-        return cls.result(margin, options, PASSED,
-                          f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "
-                          f"{margin:+.2f} pp (≥ {limit:g} pp)", **details)
+        if self.fires(margin):
+            return self.result(margin, FIRED,
+                               f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "
+                               f"{margin:+.2f} pp (< {limit:g} pp), the trained blocks add too "
+                               "little", **details)
+        return self.result(margin, PASSED,
+                           f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "
+                           f"{margin:+.2f} pp (≥ {limit:g} pp)", **details)
 
 
 __all__ = ["Evidence", "ProtocolDiagnostic", "protocol", "default_names", "register",

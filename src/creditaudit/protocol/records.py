@@ -39,8 +39,8 @@ from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 def depth_utility(headline_acc: float | None, frozen_acc: float | None,
                   thresholds: Thresholds) -> DiagnosticResult:
     """(d) judged again on two accuracies (fractions)."""
-    return DepthUtility.evaluate(Evidence([], [], headline_acc=headline_acc,
-                                          frozen_acc=frozen_acc), thresholds)
+    return DepthUtility(thresholds).evaluate(Evidence([], [], headline_acc=headline_acc,
+                                                      frozen_acc=frozen_acc))
 
 
 # --- what a record is ---------------------------------------------------------------------

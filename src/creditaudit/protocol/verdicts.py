@@ -14,7 +14,7 @@ cannot be evaluated is never counted as passed. Reports (:attr:`DiagnosticReport
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.guests.blame import blame
@@ -191,42 +191,38 @@ def statuses_of(results: Sequence[DiagnosticResult]) -> dict[str, str]:
 
 @dataclass
 class Protocol:
-    """The diagnostics a run is judged by and the options (thresholds) of each.
+    """The diagnostics a run is judged by, each an instance holding its options (its
+    thresholds: an ``Options`` instance, or any object with its fields — a
+    :class:`Thresholds` serves the four built-ins)."""
 
-    ``options[name]`` is the diagnostic's ``Options`` instance (or any object with its
-    fields — a :class:`Thresholds` serves the four built-ins).
-    """
-
-    diagnostics: tuple[type[ProtocolDiagnostic], ...]
-    options: dict[str, Any] = field(default_factory=dict)
+    diagnostics: tuple[ProtocolDiagnostic[Any], ...]
 
     @classmethod
     def default(cls, thresholds: Thresholds | None = None) -> Protocol:
         """The four built-ins with ``thresholds`` (default: the calibrated ones)."""
         thresholds = thresholds or Thresholds()
-        diagnostics = protocol()
-        return cls(diagnostics, {d.name: d.options_from(thresholds) for d in diagnostics})
+        return cls(tuple(type(d)(d.options_from(thresholds)) for d in protocol()))
 
     @classmethod
     def of(cls, names: Sequence[str], options: Mapping[str, Any] | None = None,
            thresholds: Thresholds | None = None) -> Protocol:
         """The diagnostics ``names`` with ``options`` (name → Options; the built-ins fall
         back to ``thresholds``, everything else to its own defaults)."""
-        diagnostics = protocol(names)
         given = dict(options or {})
         thresholds = thresholds or Thresholds()
-        resolved = {d.name: given[d.name] if d.name in given else d.options_from(thresholds)
-                    for d in diagnostics}
-        return cls(diagnostics, resolved)
+        return cls(tuple(d if d.name in given else type(d)(d.options_from(thresholds))
+                         for d in protocol(names, given)))
 
     @classmethod
     def from_config(cls, diagnostics: Any) -> Protocol:
         """The protocol a config's ``[diagnostics]`` section selects (``protocol``, default
         the built-in four) with each diagnostic's options table (its thresholds)."""
-        names = diagnostics.protocol or default_names()
-        chosen = protocol(names)
-        return cls(chosen, {d.name: getattr(diagnostics, d.name, None) or d.Options()
-                            for d in chosen})
+        return cls(protocol(diagnostics.protocol or default_names(), diagnostics))
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """name → the options that diagnostic holds."""
+        return {d.name: d.options for d in self.diagnostics}
 
     def thresholds(self) -> Thresholds:
         """The built-ins' thresholds of this protocol (defaults where one is not in it)."""
@@ -234,7 +230,7 @@ class Protocol:
         for d in self.diagnostics:
             for name in d.option_names():
                 if name in Thresholds.__dataclass_fields__:
-                    values[name] = getattr(self.options[d.name], name)
+                    values[name] = getattr(d.options, name)
         return Thresholds(**values)
 
     @property
@@ -248,19 +244,18 @@ class Protocol:
         line naming it (:func:`creditaudit.guests.blame.blame`)."""
         results = []
         for d in self.diagnostics:
-            options = self.options[d.name]
             with blame(DIAGNOSTICS.guest(d.name)):
-                results.append(d.checked(d.evaluate(evidence, options), options))
+                results.append(d.checked(d.evaluate(evidence)))
         return results
 
-    def diagnostic(self, name: str) -> type[ProtocolDiagnostic]:
+    def diagnostic(self, name: str) -> ProtocolDiagnostic[Any]:
         return next(d for d in self.diagnostics if d.name == name)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """name → its options as a plain dict (what reports record)."""
         import dataclasses
 
-        return {d.name: {f: getattr(self.options[d.name], f) for f in d.option_names()}
+        return {d.name: {f: getattr(d.options, f) for f in d.option_names()}
                 for d in self.diagnostics if dataclasses.is_dataclass(d.Options)}
 
 

@@ -296,8 +296,8 @@ def _reason(err: BaseException) -> str:
 
 def _check_options(cls: type, source: str) -> None:
     """``Options`` must be a dataclass whose every field has a default and help text,
-    declared once: as the parameter of one base (``CreditRule[MyOptions]``) or in the
-    class body, not both differently."""
+    declared once: the parameter of its base (``CreditRule[MyOptions]``) or the class
+    body's ``Options``, not two that disagree."""
     options = getattr(cls, "Options", None)
     if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
         raise ConfigError(f"{source} ({cls.name}): `Options` must be a dataclass")

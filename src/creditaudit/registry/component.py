@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import types
 import warnings
 from collections.abc import Callable
@@ -48,7 +49,8 @@ class Component:
     holds its parameters: ``ResMLPArchitecture(config.model).build(input_shape=(40,),
     n_classes=10)``; the methods an axis calls on it (its ``hooks``) read ``self.options``.
     Components written for the older interface — those methods as classmethods taking the
-    options first — keep working (:class:`older_hook`).
+    options (first, unless the axis's ``older_options`` says where) — keep working
+    (:class:`older_hook`).
     """
 
     name: ClassVar[str] = ""
@@ -60,6 +62,9 @@ class Component:
     hints: ClassVar[dict[str, str]] = {}
     # The methods the axis calls on an instance (each reads ``self.options``).
     hooks: ClassVar[tuple[str, ...]] = ()
+    # Where the older, classmethod spelling of a hook took its options: the index of that
+    # parameter after ``cls``, by hook name (a hook not named took them first).
+    older_options: ClassVar[dict[str, int]] = {}
 
     options: Any
 
@@ -69,9 +74,9 @@ class Component:
         self.options = self.Options() if options is None else options
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Take ``Options`` from the base's parameter (``Architecture[MyOptions]``) when the
+        """Take ``Options`` from the base's parameter (``CreditRule[MyOptions]``) when the
         class body does not set it; make every hook the class defines an instance method
-        (:class:`hook`), one written as a classmethod taking the options first an
+        (:class:`hook`), one written as a classmethod taking the options an
         :class:`older_hook`."""
         super().__init_subclass__(**kwargs)
         named = options_parameters(cls)
@@ -79,10 +84,11 @@ class Component:
             cls.Options = named[0]
         for name in cls.hooks:
             value = cls.__dict__.get(name)
+            at = cls.older_options.get(name, 0)
             if isinstance(value, classmethod):
-                setattr(cls, name, older_hook(value.__func__))
+                setattr(cls, name, older_hook(value.__func__, at))
             elif isinstance(value, types.FunctionType):
-                setattr(cls, name, hook(value))
+                setattr(cls, name, hook(value, at))
 
     def __repr__(self) -> str:
         names = [n for n in self.option_names() if hasattr(self.options, n)]
@@ -128,14 +134,18 @@ class hook(Generic[S, P, R]):
     """A method of a component that reads its options (an axis's ``hooks``).
 
     On an instance it is the method. Reached through the class — how code written for the
-    older interface calls it, ``Spec.n_classes(options)`` — it takes the options first,
-    builds the component from them and calls the method there (with a DeprecationWarning
-    that names the newer spelling).
+    older interface calls it, ``Spec.n_classes(options)``, ``Diag.judge(value, options,
+    reason)`` — it takes the options where the older spelling had them (``at``: their index
+    among the arguments, or the keyword ``options``), builds the component from them and
+    calls the method there, with a DeprecationWarning that names the newer spelling. The
+    older interface knew no instances: a component the method returns is given back as its
+    options (``Diag.with_threshold(options, t)``).
     """
 
-    def __init__(self, method: Callable[Concatenate[S, P], R]) -> None:
+    def __init__(self, method: Callable[Concatenate[S, P], R], at: int = 0) -> None:
         self.method = method
         self.name = method.__name__
+        self.at = at
         self.__doc__ = method.__doc__
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -149,28 +159,50 @@ class hook(Generic[S, P, R]):
         if obj is not None:
             return types.MethodType(self.method, obj)
         component = cast("type[S]", owner if owner is not None else Component)
+        older = "options, …" if self.at == 0 else "…, options, …"
 
-        def older_call(options: Any, *args: Any, **kwargs: Any) -> R:
-            warnings.warn(f"{component.__qualname__}.{self.name}(options, …) is the older "
+        def older_call(*args: Any, **kwargs: Any) -> R:
+            warnings.warn(f"{component.__qualname__}.{self.name}({older}) is the older "
                           f"spelling of {component.__qualname__}(options).{self.name}(…)",
                           DeprecationWarning, stacklevel=2)
-            return self.method(component(options), *args, **kwargs)
+            if "options" in kwargs:
+                options = kwargs.pop("options")
+            elif len(args) > self.at:
+                options, args = args[self.at], args[:self.at] + args[self.at + 1:]
+            else:
+                raise TypeError(f"{component.__qualname__}.{self.name}() called the older "
+                                "way needs its options")
+            result = self.method(component(options), *args, **kwargs)
+            return cast("R", result.options) if isinstance(result, Component) else result
         return older_call
 
 
 class older_hook(Generic[R]):
-    """A hook written for the older interface: a classmethod taking the options first
-    (``def build(cls, options, *, input_shape, n_classes)``). Called on an instance, it
-    receives the instance's options; through the class, it is the classmethod it was."""
+    """A hook written for the older interface: a classmethod taking the options (``def
+    build(cls, options, *, input_shape, n_classes)``; ``def evaluate(cls, evidence,
+    options)``: ``at`` = 1). Called on an instance, it receives the instance's options at
+    that place (by keyword when fewer arguments come before it); through the class, it is
+    the classmethod it was."""
 
-    def __init__(self, function: Callable[..., R]) -> None:
+    def __init__(self, function: Callable[..., R], at: int = 0) -> None:
         self.function = function
+        self.at = at
+        parameters = list(inspect.signature(function).parameters)[1:]  # after cls
+        self.keyword = parameters[at] if at < len(parameters) else "options"
         functools.update_wrapper(self, function)
 
     def __get__(self, obj: Component | None, owner: type | None = None) -> Callable[..., R]:
         if obj is None:
             return types.MethodType(self.function, owner)
-        return functools.partial(self.function, type(obj), obj.options)
+        cls, options, at = type(obj), obj.options, self.at
+        if at == 0:
+            return functools.partial(self.function, cls, options)
+
+        def call(*args: Any, **kwargs: Any) -> R:
+            if len(args) < at:
+                return self.function(cls, *args, **{self.keyword: options}, **kwargs)
+            return self.function(cls, *args[:at], options, *args[at:], **kwargs)
+        return call
 
 
 def defines(cls: type, name: str, base: type) -> bool:

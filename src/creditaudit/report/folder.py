@@ -226,7 +226,7 @@ def thresholds_text(ids: Sequence[str]) -> str:
         if diagnostic is None:
             parts.append(f"({id_}) as its records say")
             continue
-        limit = diagnostic.limit(diagnostic.Options())
+        limit = diagnostic().limit()
         parts.append(f"{diagnostic.id_label()} {diagnostic.short or diagnostic.label} "
                      f"{diagnostic.threshold_text(limit)}")
     return ", ".join(parts)

@@ -201,11 +201,16 @@ def dataset_door(cls: type, guest: Guest, options: Any) -> Admission:
                  lambda: dataset_checks(cls, values))
 
 
-def diagnostic_door(cls: type, guest: Guest, options: Any) -> Admission:
-    """``check_diagnostic`` with the run's options of the diagnostic."""
+def diagnostic_door(diagnostic: Any, guest: Guest, options: Any = None) -> Admission:
+    """``check_diagnostic`` with the run's options of the diagnostic: the instance of the
+    run's protocol, holding them (or a class and ``options``)."""
     from creditaudit.testing.diagnostics import diagnostic_checks
 
-    values = _values(cls, options)
+    if isinstance(diagnostic, type):
+        cls, held = diagnostic, options
+    else:
+        cls, held = type(diagnostic), diagnostic.options if options is None else options
+    values = _values(cls, held)
     return admit(guest, "diagnostics", {"options": values},
                  lambda: diagnostic_checks(cls, values))
 

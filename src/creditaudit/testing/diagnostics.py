@@ -1,4 +1,5 @@
-"""The conformance suite of protocol diagnostics — ``check_diagnostic(DiagnosticClass)``.
+"""The conformance suite of protocol diagnostics — ``check_diagnostic(DiagnosticClass)``, or
+of an instance holding its options, ``check_diagnostic(MyDiagnostic(options))``.
 
 Verdicts, reports, audit panels and records read a diagnostic through what it declares and
 the :class:`~creditaudit.protocol.DiagnosticResult` it returns. The suite evaluates it on a
@@ -11,6 +12,7 @@ after a divergence)::
     from creditaudit.testing import check_diagnostic
     check_diagnostic(MyDiagnostic)                   # AssertionError naming what failed
     check_diagnostic(MyDiagnostic, {"limit": 0.5})   # with other options
+    check_diagnostic(MyDiagnostic(my_options))       # the options an instance holds
 
 The checks:
 
@@ -22,7 +24,7 @@ The checks:
   DiagnosticResult with the diagnostic's own id and label, the threshold of its options, a
   status among fired / passed / not evaluated, a reason, plain-JSON details, and a value
   that is None or finite (an infinite one only when fired: an overflowed stream); fired and
-  passed carry a value, and ``fires(value, options)`` says which — verdicts and threshold
+  passed carry a value, and ``fires(value)`` says which — verdicts and threshold
   sensitivity recompute the status from the value;
 - ``threshold_decides_the_status`` (``Options`` a dataclass): moving the threshold past a
   finite value flips fired ↔ passed — the status must come from the threshold it reports;
@@ -104,20 +106,20 @@ def evidence_cases(seed: int = 0) -> dict[str, Evidence]:
     }
 
 
-def _results(cls: type[ProtocolDiagnostic], options: Any) -> dict[str, DiagnosticResult]:
-    return {name: cls.evaluate(evidence, options)
-            for name, evidence in evidence_cases().items()}
+def _results(diagnostic: ProtocolDiagnostic[Any]) -> dict[str, DiagnosticResult]:
+    return {name: diagnostic.evaluate(evidence) for name, evidence in evidence_cases().items()}
 
 
 # --- the checks ---------------------------------------------------------------------------
-def describes_itself(cls: type[ProtocolDiagnostic], options: Any) -> None:
+def describes_itself(cls: type[ProtocolDiagnostic[Any]], diagnostic: ProtocolDiagnostic[Any]
+                     ) -> None:
     try:
         DIAGNOSTICS.validate(cls, cls.__qualname__)
     except ConfigError as err:
         raise AssertionError(str(err)) from None
     assert cls.operator in OPERATORS, f"operator {cls.operator!r} is not one of {OPERATORS}"
     assert isinstance(cls.unit, str), f"unit is a {type(cls.unit).__name__}, not a string"
-    limit = cls.limit(options)
+    limit = diagnostic.limit()
     assert math.isfinite(limit), f"the threshold {cls.threshold} is {limit}, not finite"
     for text in (cls.value_text(1.0), cls.value_text(None), cls.threshold_text(limit),
                  cls.id_label()):
@@ -125,8 +127,9 @@ def describes_itself(cls: type[ProtocolDiagnostic], options: Any) -> None:
                                                "must render non-empty strings"
 
 
-def results_are_its_own_and_consistent(cls: type[ProtocolDiagnostic], options: Any) -> None:
-    for case, result in _results(cls, options).items():
+def results_are_its_own_and_consistent(cls: type[ProtocolDiagnostic[Any]],
+                                       diagnostic: ProtocolDiagnostic[Any]) -> None:
+    for case, result in _results(diagnostic).items():
         where = f"on {case} evidence"
         assert isinstance(result, DiagnosticResult), \
             f"{where} evaluate() returned a {type(result).__name__}, not a DiagnosticResult"
@@ -135,9 +138,9 @@ def results_are_its_own_and_consistent(cls: type[ProtocolDiagnostic], options: A
             f"{cls.label!r}"
         assert result.status in STATUSES, \
             f"{where} the status is {result.status!r}, not one of {', '.join(STATUSES)}"
-        assert result.threshold == cls.limit(options), \
+        assert result.threshold == diagnostic.limit(), \
             f"{where} the result reports threshold {result.threshold}, its options " \
-            f"{cls.limit(options)}"
+            f"{diagnostic.limit()}"
         assert isinstance(result.reason, str) and result.reason, f"{where} no reason given"
         try:
             json.dumps(result.details)
@@ -152,40 +155,41 @@ def results_are_its_own_and_consistent(cls: type[ProtocolDiagnostic], options: A
                 f"{where} the value is {value} with status {result.status!r}"
         if result.status in (FIRED, PASSED):
             assert value is not None, f"{where} {result.status} without a value"
-            fires = cls.fires(value, options)
+            fires = diagnostic.fires(value)
             assert fires == (result.status == FIRED), \
                 f"{where} the status is {result.status!r}, but fires({value:g}) is {fires}"
 
 
-def threshold_decides_the_status(cls: type[ProtocolDiagnostic], options: Any) -> None:
-    if not dataclasses.is_dataclass(options):
+def threshold_decides_the_status(cls: type[ProtocolDiagnostic[Any]],
+                                 diagnostic: ProtocolDiagnostic[Any]) -> None:
+    if not dataclasses.is_dataclass(diagnostic.options):
         return
-    for case, result in _results(cls, options).items():
+    for case, result in _results(diagnostic).items():
         value = result.value
         if result.status not in (FIRED, PASSED) or value is None or not math.isfinite(value):
             continue
         above = result.status == FIRED if cls.operator == ">" else result.status == PASSED
         moved = value + abs(value) + 1.0 if above else value - abs(value) - 1.0
-        flipped = cls.evaluate(evidence_cases()[case],
-                               dataclasses.replace(options, **{cls.threshold: moved}))
+        flipped = diagnostic.with_threshold(moved).evaluate(evidence_cases()[case])
         want = PASSED if result.status == FIRED else FIRED
         assert flipped.status == want, \
             f"on {case} evidence the value {value:g} {result.status} at threshold " \
             f"{result.threshold:g}, and is still {flipped.status!r} at {moved:g}"
 
 
-def never_passes_without_evidence(cls: type[ProtocolDiagnostic], options: Any) -> None:
-    results = _results(cls, options)
+def never_passes_without_evidence(cls: type[ProtocolDiagnostic[Any]],
+                                  diagnostic: ProtocolDiagnostic[Any]) -> None:
+    results = _results(diagnostic)
     assert results["empty"].status == NOT_EVALUATED, \
         f"on empty evidence the status is {results['empty'].status!r}, not 'not evaluated'"
     assert results["nan"].status != PASSED, "on NaN evidence the diagnostic passed"
 
 
-def is_deterministic_and_leaves_the_evidence_alone(cls: type[ProtocolDiagnostic],
-                                                   options: Any) -> None:
+def is_deterministic_and_leaves_the_evidence_alone(cls: type[ProtocolDiagnostic[Any]],
+                                                   diagnostic: ProtocolDiagnostic[Any]) -> None:
     for case, evidence in evidence_cases().items():
         before = copy.deepcopy(dataclasses.asdict(evidence))
-        first, again = cls.evaluate(evidence, options), cls.evaluate(evidence, options)
+        first, again = diagnostic.evaluate(evidence), diagnostic.evaluate(evidence)
         differ = same_state(first.to_dict(), again.to_dict())
         assert not differ, f"on {case} evidence two evaluations differ at {differ[0]}"
         changed = same_state(before, dataclasses.asdict(evidence))
@@ -197,26 +201,41 @@ DIAGNOSTIC_CHECKS = (
     never_passes_without_evidence, is_deterministic_and_leaves_the_evidence_alone)
 
 
-def diagnostic_checks(cls: type[ProtocolDiagnostic], options: Mapping[str, Any] | Any = None,
-                      *, expected_failures: Mapping[str, str] | None = None) -> list[Check]:
-    """The checks of ``cls``, one by one (see :func:`check_diagnostic`)."""
-    resolved = resolve_options(cls, options)
+def diagnostic_checks(diagnostic: type[ProtocolDiagnostic[Any]] | ProtocolDiagnostic[Any],
+                      options: Mapping[str, Any] | Any = None, *,
+                      expected_failures: Mapping[str, str] | None = None) -> list[Check]:
+    """The checks of ``diagnostic``, one by one (see :func:`check_diagnostic`)."""
+    cls, checked = _instance(diagnostic, options)
     failures = declared_failures(cls, expected_failures,
                                  (c.__name__ for c in DIAGNOSTIC_CHECKS))
-    return [Check(check, cls, resolved, expected_failure=reason_for(failures, check, ""))
+    return [Check(check, cls, checked, expected_failure=reason_for(failures, check, ""))
             for check in DIAGNOSTIC_CHECKS]
 
 
-def check_diagnostic(cls: type[ProtocolDiagnostic], options: Mapping[str, Any] | Any = None,
-                     *, expected_failures: Mapping[str, str] | None = None) -> Report:
-    """Evaluate the protocol diagnostic ``cls`` on fixed evidence and check its results (the
-    module docstring lists the checks); AssertionError listing every check that failed,
-    else a :class:`~creditaudit.testing.common.Report`.
+def _instance(diagnostic: type[ProtocolDiagnostic[Any]] | ProtocolDiagnostic[Any],
+              options: Any) -> tuple[type[ProtocolDiagnostic[Any]], ProtocolDiagnostic[Any]]:
+    """(its class, the instance checked): a class with ``options`` (None: its defaults), an
+    instance with its own options unless ``options`` are given."""
+    if isinstance(diagnostic, ProtocolDiagnostic):
+        cls = type(diagnostic)
+        return cls, diagnostic if options is None else cls(resolve_options(cls, options))
+    return diagnostic, diagnostic(resolve_options(diagnostic, options))
+
+
+def check_diagnostic(diagnostic: type[ProtocolDiagnostic[Any]] | ProtocolDiagnostic[Any],
+                     options: Mapping[str, Any] | Any = None, *,
+                     expected_failures: Mapping[str, str] | None = None) -> Report:
+    """Evaluate the protocol diagnostic ``diagnostic`` — a class, or an instance holding its
+    options — on fixed evidence and check its results (the module docstring lists the
+    checks); AssertionError listing every check that failed, else a
+    :class:`~creditaudit.testing.common.Report`.
 
     ``options``: its ``Options`` fields (a mapping, or any object carrying them; None = the
-    defaults); ``expected_failures``: ``{check name: reason}`` of checks it fails by design.
+    defaults, or an instance's own); ``expected_failures``: ``{check name: reason}`` of
+    checks it fails by design.
     """
-    checks = diagnostic_checks(cls, options, expected_failures=expected_failures)
+    checks = diagnostic_checks(diagnostic, options, expected_failures=expected_failures)
+    cls = diagnostic if isinstance(diagnostic, type) else type(diagnostic)
     return run_checks(checks, f"{cls.__name__} ({cls.name})")
 
 

@@ -23,22 +23,21 @@ class SaturationOptions:
                             "probability is at least this", min=0.0, max=1.0)
 
 
-class SoftmaxSaturation(ProtocolDiagnostic):
+class SoftmaxSaturation(ProtocolDiagnostic[SaturationOptions]):
     name = "e"                    # its id: diagnostics.protocol lists it, [diagnostics.e]
     label = "softmax saturation"
     statistic = "share of evaluation samples with top softmax ≥ confidence"
     operator, threshold = ">", "max_share"   # fires when the statistic > options.max_share
     value_format = ".3f"
     hint = "most samples sit on a saturated softmax: their output error and g_L vanish"
-    Options = SaturationOptions
 
-    @classmethod
-    def evaluate(cls, evidence, options):
+    def evaluate(self, evidence):
         if evidence.logits is None:   # a record judged again from its stored numbers
-            return cls.result(None, options, NOT_EVALUATED, "needs the evaluation logits")
+            return self.result(None, NOT_EVALUATED, "needs the evaluation logits")
         top = torch.softmax(evidence.logits.double(), dim=1).amax(dim=1)
         if not bool(torch.isfinite(top).all()):
-            return cls.result(None, options, NOT_EVALUATED, "logits are NaN/Inf")
-        share = float((top >= options.confidence).double().mean())
-        return cls.judge(share, options, f"{share:.1%} of {top.numel()} samples have a top "
-                         f"softmax probability ≥ {options.confidence:g}")
+            return self.result(None, NOT_EVALUATED, "logits are NaN/Inf")
+        confidence = self.options.confidence
+        share = float((top >= confidence).double().mean())
+        return self.judge(share, f"{share:.1%} of {top.numel()} samples have a top softmax "
+                          f"probability ≥ {confidence:g}")

@@ -224,7 +224,7 @@ def threshold_sweep(diagnostic: str, cells: list[dict[str, Any]]) -> dict[str, A
         return sum(status_at(diagnostic, seed["stats"], threshold) == FIRED
                    for cell, seed in runs if net is None or cell["net"] == net)
 
-    return {"diagnostic": diagnostic, "default": cls.limit(cls.Options()),
+    return {"diagnostic": diagnostic, "default": cls().limit(),
             "operator": cls.operator, "runs": len(runs),
             "thresholds": list(SWEEPS[diagnostic]),
             "fired": [fired(t) for t in SWEEPS[diagnostic]],

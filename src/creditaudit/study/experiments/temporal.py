@@ -64,15 +64,15 @@ def depth_utility_trace(record: RunRecord, frozen: dict[int, float] | None,
                         options: Any = None) -> dict[str, Any]:
     """Per-epoch (d) margin (pp) against the frozen run's accuracy at the same epoch, judged
     by (d) itself with ``options`` (default: its own defaults)."""
-    options = options or DepthUtility.Options()
+    depth = DepthUtility(options)
     if not frozen:
         return {"first": None, "at_end": None, "margins": {}, "evaluated": False}
     margins = {epoch: 100.0 * (acc - frozen[epoch]) for epoch, acc in _accs(record).items()
                if epoch >= 1 and epoch in frozen}
-    fired = [epoch for epoch, m in sorted(margins.items()) if DepthUtility.fires(m, options)]
+    fired = [epoch for epoch, m in sorted(margins.items()) if depth.fires(m)]
     last = max(margins, default=None)
     return {"first": fired[0] if fired else None,
-            "at_end": None if last is None else DepthUtility.fires(margins[last], options),
+            "at_end": None if last is None else depth.fires(margins[last]),
             "margins": margins, "evaluated": bool(margins)}
 
 

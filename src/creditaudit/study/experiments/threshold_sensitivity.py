@@ -36,7 +36,7 @@ from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experime
 
 
 def default_threshold(diagnostic: type[ProtocolDiagnostic]) -> float:
-    return diagnostic.limit(diagnostic.Options())
+    return diagnostic().limit()
 
 
 def run_statistics(record: RunRecord, index: RecordSet) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def status_at(diagnostic: str, stats: dict[str, Any], threshold: float | None = 
     if cls is None or recorded == NOT_EVALUATED or value is None:
         return recorded
     limit = default_threshold(cls) if threshold is None else threshold
-    return cls.status_of(value, cls.with_threshold(cls.Options(), limit))
+    return cls().with_threshold(limit).status_of(value)
 
 
 def _stable_band(cls: type[ProtocolDiagnostic], runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -57,9 +57,9 @@ def doors(work: Path) -> dict[str, Callable[[], door.Admission]]:
     return {
         "rule (check_rule, resmlp)": lambda: door.rule_door(rule, RULES.guest(rule.name)),
         "architecture (check_model)": lambda: door.architecture_door(
-            arch, ARCHITECTURES.guest(arch.name), config.model, (16,)),
+            arch(config.model), ARCHITECTURES.guest(arch.name), (16,)),
         "dataset (check_dataset)": lambda: door.dataset_door(
-            data, DATASETS.guest(data.name), config.data),
+            data(config.data), DATASETS.guest(data.name)),
         "diagnostic (check_diagnostic)": lambda: door.diagnostic_door(
             diagnostic, DIAGNOSTICS.guest(diagnostic.name)),
         "factory (check_module, ResNet-20)": lambda: door.factory_door(

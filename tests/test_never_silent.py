@@ -94,7 +94,7 @@ def test_a_run_with_such_a_diagnostic_records_and_reports_it_not_evaluated(guest
     diagnostic whose statistic turns NaN only on a run's real evidence meets the second guard,
     which this test reaches by letting them through the door."""
     from creditaudit.run import door
-    monkeypatch.setattr(door, "diagnostic_door", lambda cls, guest, options: door.Admission(
+    monkeypatch.setattr(door, "diagnostic_door", lambda diagnostic, guest: door.Admission(
         checks=(), declared_failures={}))
     config = RunConfig().replace(**TINY, **{
         "run.out_dir": str(tmp_path), "diagnostics.protocol": ["a", "b", "c", "d", *GUEST_NAMES]})

@@ -110,7 +110,7 @@ def draws_default_feedback(record: RunRecord) -> bool:
     rule = RULES.find(record.method)
     if rule is None or not rule.draws_feedback():
         return True
-    return record.config.method.feedback_seed is None  # type: ignore[attr-defined]
+    return getattr(record.config.method, "feedback_seed", None) is None
 
 
 def record_metadata(record: RunRecord) -> dict[str, Any]:
@@ -119,11 +119,8 @@ def record_metadata(record: RunRecord) -> dict[str, Any]:
     config = record.config
     model = model_description(record)
     rule = RULES.find(config.method.name)
-    draws = rule is not None and rule.draws_feedback()
-    feedback_seed = None
-    if draws:
-        own = config.method.feedback_seed  # type: ignore[attr-defined]
-        feedback_seed = config.run.seed if own is None else own
+    feedback_seed = (None if rule is None
+                     else rule.generator_seed(config.method, config.run.seed))
     return {
         "method": config.method.name,
         "arch": model.label if model is not None else config.model.arch,

@@ -162,14 +162,14 @@ def rule_door(cls: type, guest: Guest) -> Admission:
     return admit(guest, "rules", {"archs": archs}, lambda: rule_checks(cls, archs))
 
 
-def architecture_door(cls: type, guest: Guest, options: Any,
-                      input_shape: tuple[int, ...]) -> Admission:
-    """``check_model`` with the run's options at the suite's tiny sizes, on samples of
-    ``input_shape`` (the data's)."""
+def architecture_door(arch: Any, guest: Guest, input_shape: tuple[int, ...]) -> Admission:
+    """``check_model`` with the run's options (those the architecture instance ``arch``
+    holds) at the suite's tiny sizes, on samples of ``input_shape`` (the data's)."""
     from creditaudit.testing.models import TINY_MODEL_OPTIONS, model_checks
 
+    cls = type(arch)
     names = cls.option_names()
-    values = {**_values(cls, options),
+    values = {**_values(cls, arch.options),
               **{k: v for k, v in TINY_MODEL_OPTIONS.items() if k in names}}
     shape = tuple(input_shape)
     return admit(guest, "models", {"options": values, "input_shape": list(shape)},
@@ -190,27 +190,26 @@ def factory_door(guest: Guest, options: Any, input_shape: tuple[int, ...],
                  lambda: module_checks(values, input_shape=shape, n_classes=n_classes))
 
 
-def dataset_door(cls: type, guest: Guest, options: Any) -> Admission:
-    """``check_dataset`` with the run's options at the suite's tiny sizes."""
+def dataset_door(spec: Any, guest: Guest) -> Admission:
+    """``check_dataset`` with the run's options (those the dataset instance ``spec`` holds)
+    at the suite's tiny sizes."""
     from creditaudit.testing.datasets import TINY_DATA_OPTIONS, dataset_checks
 
+    cls = type(spec)
     names = cls.option_names()
-    values = {**_values(cls, options),
+    values = {**_values(cls, spec.options),
               **{k: v for k, v in TINY_DATA_OPTIONS.items() if k in names}}
     return admit(guest, "datasets", {"options": values},
                  lambda: dataset_checks(cls, values))
 
 
-def diagnostic_door(diagnostic: Any, guest: Guest, options: Any = None) -> Admission:
-    """``check_diagnostic`` with the run's options of the diagnostic: the instance of the
-    run's protocol, holding them (or a class and ``options``)."""
+def diagnostic_door(diagnostic: Any, guest: Guest) -> Admission:
+    """``check_diagnostic`` with the run's options of the diagnostic (those the instance of
+    the run's protocol holds)."""
     from creditaudit.testing.diagnostics import diagnostic_checks
 
-    if isinstance(diagnostic, type):
-        cls, held = diagnostic, options
-    else:
-        cls, held = type(diagnostic), diagnostic.options if options is None else options
-    values = _values(cls, held)
+    cls = type(diagnostic)
+    values = _values(cls, diagnostic.options)
     return admit(guest, "diagnostics", {"options": values},
                  lambda: diagnostic_checks(cls, values))
 

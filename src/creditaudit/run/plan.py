@@ -216,16 +216,15 @@ def _admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
     if (guest := RULES.guest(rule.name)) is not None:
         admitted["method"] = door.rule_door(rule, guest)
     if (guest := ARCHITECTURES.guest(arch.name)) is not None:
-        admitted["model"] = door.architecture_door(type(arch), guest, arch.options,
-                                                   input_shape)
+        admitted["model"] = door.architecture_door(arch, guest, input_shape)
     elif factory is not None:
         admitted["model"] = door.factory_door(factory, config.model, input_shape, n_classes)
     if (guest := DATASETS.guest(spec.name)) is not None:
-        admitted["data"] = door.dataset_door(type(spec), guest, spec.options)
+        admitted["data"] = door.dataset_door(spec, guest)
     for diagnostic in protocol.diagnostics:
         if (guest := DIAGNOSTICS.guest(diagnostic.name)) is not None:
-            admitted[f"diagnostic:{diagnostic.name}"] = door.diagnostic_door(
-                diagnostic, guest, protocol.options[diagnostic.name])
+            admitted[f"diagnostic:{diagnostic.name}"] = door.diagnostic_door(diagnostic,
+                                                                             guest)
     return admitted
 
 

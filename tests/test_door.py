@@ -165,3 +165,16 @@ def test_the_refusal_the_docs_show_is_the_one_the_door_gives(tmp_path):
             pytest.raises(GuestError) as err:
         plan_run(tiny_config(tmp_path / "runs", **{"model.arch": "door-hidden-ln"}))
     assert str(err.value).startswith(shown), (str(err.value), shown)
+
+
+def test_a_rule_is_checked_on_the_tiny_version_of_the_runs_own_architecture(tmp_path):
+    """A plugin rule honest on flat states but lying on a ViT's tokens passes the door of a
+    ResidualMLP run and is refused at the door of a ViT-Mini run, the check naming [vit]."""
+    with guests(tmp_path / "site", "door-token-liar", "door-mixture"):
+        plan_run(tiny_config(tmp_path / "runs", **{"method.name": "door-token-liar"}))
+        vit = tiny_config(tmp_path / "runs", **{
+            "method.name": "door-token-liar", "model.arch": "vit", "model.heads": 2,
+            "data.name": "synthetic", "data.in_dim": 3072})
+        with pytest.raises(GuestError, match=re.escape(
+                "the conformance check blocks_train_on_the_reported_credit[vit]:")):
+            plan_run(vit)

@@ -153,12 +153,20 @@ def _values(cls: type, options: Any) -> dict[str, Any]:
     return dataclasses.asdict(cls.options_from(options))
 
 
-def rule_door(cls: type, guest: Guest) -> Admission:
-    """``check_rule`` on a tiny ResidualMLP (and an adapted ResNet when the rule declares
-    ``adapted_models``), with the rule's default options."""
+def rule_door(cls: type, guest: Guest, arch: str | None = None) -> Admission:
+    """``check_rule`` with the rule's default options on a tiny ResidualMLP, on the tiny
+    version of the run's architecture ``arch`` when the suite has one (a ViT-Mini run's
+    rule is checked on token states, its stacked step on a stacked ViT-Mini), and on an
+    adapted ResNet when the rule declares ``adapted_models``."""
+    from creditaudit.testing.common import TINY_ARCHS
     from creditaudit.testing.rules import rule_checks
 
-    archs = ("resmlp", "adapted-resnet") if cls.adapted_models else ("resmlp",)
+    archs = ("resmlp",)
+    if arch is not None and arch != "resmlp" and arch in TINY_ARCHS \
+            and not TINY_ARCHS[arch].adapted:
+        archs += (arch,)
+    if cls.adapted_models:
+        archs += ("adapted-resnet",)
     return admit(guest, "rules", {"archs": archs}, lambda: rule_checks(cls, archs))
 
 

@@ -46,3 +46,21 @@ class StepRaises(BP):
         if x.shape[0] > 16:
             raise RuntimeError("the step lost its feedback")
         return super().train_step(x, y, optimizer)
+
+
+class TokenLiar(BP):
+    """``door-token-liar``: backprop on flat states; on a ViT's images it trains its
+    readout alone while still reporting backprop's gradients as its credit — a lie only
+    the tiny version of the run's own architecture shows."""
+
+    name = "door-token-liar"
+    label = "Token liar"
+    adapted_models = False
+
+    def train_step(self, x, y, optimizer):
+        if x.dim() == 2:
+            return super().train_step(x, y, optimizer)
+        return ReadoutLiar.train_step(self, x, y, optimizer)
+
+    def trainable_parameters(self):
+        return [p for p in self.model.parameters() if p.requires_grad]

@@ -11,7 +11,10 @@
    over ``--rounds`` (≥ 9) rounds are reported, beside each rule's matmul FLOP floor
    (benchmarks/step_flops.py). FA, DFA and State Bridge are also timed with every block's
    LayerNorm → Linear run by plain autograd (``plain_autograd()``: the step without the
-   single-product backward), which shows what that change alone saves. Targets at 1
+   single-product backward), which shows what that change alone saves. ``fa/no-dxd`` is a
+   timing floor, not a rule: FA with the single-product backward's d×d work skipped (the
+   γ-gradient Σ_k W_kj M_kj, M·diag(γ) + (Gᵀ1)βᵀ and Wᵀ(Gᵀ1); its updates are wrong),
+   which shows what FA would cost if that work were free. Targets at 1
    thread: DFA/BP ≤ 0.97 at d=512 L=12 and ≤ 1.00 at d=256 L=4; FA/BP ≤ 1.09 and State
    Bridge/BP ≤ 1.7 at d=512 L=12.
 2. ``epoch_diagnostics`` on the default 1280 evaluation samples (BP and DFA, d=256 L=4)
@@ -37,17 +40,19 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
 
 from creditaudit.config import RunConfig
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.quality import credit_quality
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP
-from creditaudit.models.fused import plain_autograd
+from creditaudit.models.fused import _DetachedLayerNormLinear, plain_autograd
 from creditaudit.optim import make_adamw
 from step_flops import step_flops
 
@@ -59,9 +64,12 @@ METHODS = ("bp", "fa", "dfa", "state-bridge", "credit-bridge")
 # the same rules with every block's LayerNorm → Linear run by plain autograd (the step
 # before the fused backward), to show what that change alone saves
 PLAIN_LN = ("fa/plain-ln", "dfa/plain-ln", "state-bridge/plain-ln")
+# FA with the single-product backward's d×d work skipped: a timing floor (wrong updates)
+NO_DXD = "fa/no-dxd"
 LABELS = {"bp": "BP", "fa": "FA", "dfa": "DFA", "state-bridge": "State Bridge",
           "credit-bridge": "Credit Bridge"}
 LABELS |= {v: f"{LABELS[v.split('/')[0]]}, plain-autograd LN" for v in PLAIN_LN}
+LABELS[NO_DXD] = "FA without its d×d passes (floor, wrong updates)"
 DIAG_CONFIG = (256, 4)
 DIAG_METHODS = ("bp", "dfa")
 EVAL_SAMPLES = 1280
@@ -142,10 +150,41 @@ def run_steps(rule: CreditRule, optimizer: torch.optim.Optimizer,
             raise RuntimeError(f"{rule.name}: non-finite step; the timing would skip backward")
 
 
+@once_differentiable
+def _backward_without_dxd(ctx: FunctionCtx, grad_z: Tensor) -> tuple[Tensor | None, ...]:
+    """The single-product backward with its d×d passes left out: M = Gᵀn̂ is returned as
+    ∂W unscaled, ∂γ and ∂β are zeros (wrong updates; the ``fa/no-dxd`` timing floor)."""
+    rows, mean, rstd, gamma, beta, weight = ctx.saved_tensors
+    g = grad_z.reshape(-1, weight.shape[0])
+    m = g.t().mm((rows - mean) * rstd)
+    return (None, torch.zeros_like(gamma), torch.zeros_like(beta), m,
+            g.sum(dim=0) if ctx.has_bias else None, None)
+
+
+@contextlib.contextmanager
+def without_dxd() -> Iterator[None]:
+    """Within the block, the fused LayerNorm → Linear backward skips its d×d work."""
+    function = _DetachedLayerNormLinear
+    kept = function.backward
+    function.backward = staticmethod(_backward_without_dxd)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        function.backward = kept  # type: ignore[method-assign]
+
+
+def variant_context(variant: str) -> contextlib.AbstractContextManager:
+    """How ``variant`` runs: plain-autograd LayerNorm → Linear, without the d×d passes, or
+    as it is."""
+    if variant in PLAIN_LN:
+        return plain_autograd()
+    return without_dxd() if variant == NO_DXD else contextlib.nullcontext()
+
+
 def time_steps(variant: str, rule: CreditRule, optimizer: torch.optim.Optimizer,
                batches: list[tuple[Tensor, Tensor]], steps: int) -> float:
     """ms per step over ``steps`` timed steps, after one untimed step (caches, allocator)."""
-    with plain_autograd() if variant in PLAIN_LN else contextlib.nullcontext():
+    with variant_context(variant):
         run_steps(rule, optimizer, batches, 1)
         started = time.perf_counter()
         run_steps(rule, optimizer, batches, steps)
@@ -177,7 +216,7 @@ def bench_steps(d: int, n_blocks: int, rounds: int, steps: int,
     """Rotated, paired timings of every variant (and the matmul reference) over ``rounds``."""
     rules = {v: make_rule(v, d, n_blocks) for v in variants}
     for variant, (rule, optimizer) in rules.items():
-        with plain_autograd() if variant in PLAIN_LN else contextlib.nullcontext():
+        with variant_context(variant):
             run_steps(rule, optimizer, batches, WARMUP_STEPS)
     gen = torch.Generator().manual_seed(1)
     a, w = torch.randn(BATCH, d, generator=gen), torch.randn(d, d, generator=gen)
@@ -267,7 +306,7 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for d, n_blocks in (((64, 2),) if args.quick else CONFIGS):
-            variants = METHODS if args.no_plain_ln else METHODS + PLAIN_LN
+            variants = (METHODS if args.no_plain_ln else METHODS + PLAIN_LN) + (NO_DXD,)
             times, rules = bench_steps(d, n_blocks, args.rounds, args.steps, batches, variants)
             round_loads += times.loads
             step_rows += step_table(threads, d, n_blocks, times)

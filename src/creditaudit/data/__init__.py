@@ -49,7 +49,8 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
 
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
-    holding its options) declares (sample shape, classes, labels within them)."""
+    holding its options) declares (sample shape, classes, labels within them), or their
+    augmentation is one the loader cannot apply."""
     declared = tuple(spec.input_shape())
     wrong = LoadedDataError
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
@@ -71,6 +72,12 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     if dataset.n_classes != spec.n_classes():
         raise wrong(f"{spec.name} loaded {dataset.n_classes} classes but declares "
                     f"{spec.n_classes()}")
+    padding = dataset.augment_padding
+    if dataset.augment and (isinstance(padding, bool) or not isinstance(padding, int)
+                            or padding < 0 or not isinstance(dataset.augment_flip, bool)):
+        raise wrong(f"{spec.name} loaded data augmented with a crop padding of {padding!r} "
+                    f"and flip={dataset.augment_flip!r}: the padding must be a whole number "
+                    "of pixels >= 0 and flip true or false")
 
 
 def data_dir(options: Any) -> Any:

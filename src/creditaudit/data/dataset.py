@@ -37,6 +37,10 @@ class Dataset:
     augment: bool = False
     # How a generated dataset was made ({"generator", "version", "args"}); empty for files.
     provenance: dict[str, Any] = field(default_factory=dict)
+    # When ``augment``: the random crop's zero padding (pixels) and whether it also flips
+    # (after ``provenance``: a Dataset built with positional arguments reads as before).
+    augment_padding: int = transforms.CROP_PADDING
+    augment_flip: bool = True
     # (the arrays hashed, their versions, their digest): hashed once while they stay put
     _digest: tuple[tuple[Tensor, ...], tuple[int, ...], str] | None = field(
         default=None, init=False, repr=False, compare=False)
@@ -62,6 +66,14 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train_x.shape[1:])
 
+    def augmentation(self) -> dict[str, Any] | None:
+        """How training batches are augmented, as a record states it: ``{"crop_padding":
+        pixels of zero padding of the random crop, "flip": random horizontal flips}``, or
+        None when they are not (test batches never are)."""
+        if not (self.augment and self.is_image):
+            return None
+        return {"crop_padding": self.augment_padding, "flip": self.augment_flip}
+
     def loader(self, split: str, batch_size: int, *, flatten: bool, shuffle: bool = False,
                generator: torch.Generator | None = None, random_targets: int | None = None,
                draw_per_epoch: bool | None = None) -> InMemoryLoader:
@@ -70,7 +82,8 @@ class Dataset:
         x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
         return InMemoryLoader(
             x, y, batch_size, shuffle=shuffle, generator=generator,
-            augment=self.augment and split == "train", mean=self.mean, std=self.std,
+            augment=self.augment and split == "train", crop_padding=self.augment_padding,
+            flip=self.augment_flip, mean=self.mean, std=self.std,
             flatten=flatten, random_targets=random_targets, draw_per_epoch=draw_per_epoch,
         )
 

@@ -17,14 +17,12 @@ import torch
 from torch import Tensor
 
 from creditaudit.data.transforms import (
+    CROP_PADDING,
     apply_normalization,
     crop_flip,
     crop_flip_draws,
     normalization,
 )
-
-# Zero padding of the random crop (the standard CIFAR augmentation).
-CROP_PADDING = 4
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,8 @@ class InMemoryLoader:
     Two kinds of input:
 
     * uint8 images (N, C, H, W): each batch is optionally augmented with
-      :func:`random_crop_flip`, then converted to float32 — standardised with ``mean``/``std``
+      :func:`random_crop_flip` (zero padding ``crop_padding`` pixels; horizontal flips
+      unless ``flip`` is False), then converted to float32 — standardised with ``mean``/``std``
       when given, else scaled to [0, 1] — and flattened to (B, C·H·W) when ``flatten``.
     * float features (N, D): batches pass through unchanged (``augment``, ``mean`` and ``std``
       are not allowed).
@@ -64,6 +63,10 @@ class InMemoryLoader:
     ``draw_per_epoch`` (default: whenever ``x`` is not on the CPU) makes the epoch's draws at
     its start (:class:`EpochDraws`) instead of batch by batch: the same numbers from the same
     generator, so the same batches bit for bit, with no host work per batch.
+
+    With ``flip=False`` the flips are still drawn, then ignored: the loader draws exactly
+    the numbers a flipping one draws (permutations, crop offsets, random targets), so two
+    runs that differ only in ``flip`` see the same samples, crops and labels in every batch.
     """
 
     def __init__(
@@ -75,6 +78,8 @@ class InMemoryLoader:
         shuffle: bool,
         generator: torch.Generator | None = None,
         augment: bool = False,
+        crop_padding: int = CROP_PADDING,
+        flip: bool = True,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         flatten: bool = False,
@@ -102,6 +107,9 @@ class InMemoryLoader:
                 "x must be uint8 images (N, C, H, W) or float features (N, D), "
                 f"got {x.dtype} with shape {tuple(x.shape)}"
             )
+        if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or \
+                crop_padding < 0:
+            raise ValueError(f"crop_padding must be an integer >= 0, got {crop_padding!r}")
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         if mean is not None and std is not None and not len(mean) == len(std) == x.shape[1]:
@@ -121,6 +129,8 @@ class InMemoryLoader:
         self.shuffle = shuffle
         self.generator = generator
         self.augment = augment
+        self.crop_padding = crop_padding
+        self.flip = bool(flip)
         self.mean = tuple(mean) if mean is not None else None
         self.std = tuple(std) if std is not None else None
         self.flatten = flatten
@@ -175,8 +185,7 @@ class InMemoryLoader:
         for i in range(len(self)):
             size = min(self.batch_size, self.n_samples - i * self.batch_size)
             if augment:
-                assert gen is not None  # checked in __init__
-                crops.append(crop_flip_draws(size, gen, CROP_PADDING))
+                crops.append(self._crop_draws(size, torch.device("cpu")))
             if self.random_targets is not None:
                 targets.append(torch.randint(0, self.random_targets, (size,), generator=gen))
         rows, cols, flips = (torch.cat(parts) for parts in zip(*crops)) if crops else (
@@ -196,7 +205,7 @@ class InMemoryLoader:
             if draws.rows is not None:
                 assert draws.cols is not None and draws.flips is not None
                 xb = crop_flip(xb, draws.rows[start:stop], draws.cols[start:stop],
-                               draws.flips[start:stop], CROP_PADDING)
+                               draws.flips[start:stop], self.crop_padding)
             if draws.targets is not None:
                 yb = draws.targets[start:stop]
             yield self._normalize(xb), yb
@@ -206,11 +215,16 @@ class InMemoryLoader:
         if not self._images:
             return xb
         if self.augment:
-            assert self.generator is not None  # checked in __init__
-            rows, cols, flips = crop_flip_draws(xb.shape[0], self.generator, CROP_PADDING,
-                                                xb.device)
-            xb = crop_flip(xb, rows, cols, flips, CROP_PADDING)
+            rows, cols, flips = self._crop_draws(xb.shape[0], xb.device)
+            xb = crop_flip(xb, rows, cols, flips, self.crop_padding)
         return self._normalize(xb)
+
+    def _crop_draws(self, size: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """One batch's crop offsets and flips ((size,) each); the flips are drawn even when
+        ``flip`` is off (then all False), so the generator advances as a flipping loader's."""
+        assert self.generator is not None  # checked in __init__
+        rows, cols, flips = crop_flip_draws(size, self.generator, self.crop_padding, device)
+        return rows, cols, flips if self.flip else torch.zeros_like(flips)
 
     def _normalize(self, xb: Tensor) -> Tensor:
         """uint8 (B, C, H, W) → float32 model input (standardised or scaled to [0, 1],

@@ -122,6 +122,11 @@ class FileOptions:
                                role="place", path=True)
     augment: bool | None = opt(None, "random crop + flip of training images (default: on for "
                                "CIFAR, off otherwise)")
+    augment_padding: int = opt(transforms.CROP_PADDING, "augmentation: zero padding of the "
+                               "random crop in pixels (2 = the MNIST jitter of ±2 px; read "
+                               "only when data.augment is on)", min=0)
+    augment_flip: bool = opt(True, "augmentation: random horizontal flips (read only when "
+                             "data.augment is on)")
 
 
 @dataclass
@@ -182,10 +187,41 @@ class FileDataset(DatasetSpec[FileOptionsT]):
             raise DataError(f"dataset {self.name!r} needs a data folder: pass --data-dir")
         return Path(self.options.data_dir).expanduser()
 
+    def augments(self) -> bool:
+        """Whether training images are augmented: ``data.augment``, else the dataset's
+        default."""
+        augment = self.options.augment
+        return self.augment_default if augment is None else augment
+
     def check(self) -> None:
         if self.options.data_dir is None:
             raise ConfigError(f"data.name={self.name!r} needs data.data_dir (--data-dir) "
                               "pointing at the dataset folder")
+        self.check_augmentation()
+
+    def check_augmentation(self) -> None:
+        """ConfigError (one line) for an augmentation option set where no augmentation
+        reads it — the run would train on images neither padded nor flipped, unlike what
+        its config says — or a padding as wide as the images, whose crops could then hold
+        padding only."""
+        options = self.options
+        changed = [key for key, default in (("augment_padding", transforms.CROP_PADDING),
+                                            ("augment_flip", True))
+                   if getattr(options, key) != default]
+        if changed and not self.augments():
+            given = " and ".join(f"data.{key}={json.dumps(getattr(options, key))}"
+                                 for key in changed)
+            why = ("data.augment=false" if options.augment is False
+                   else f"{self.name} is not augmented by default")
+            raise ConfigError(f"{given} {'is' if len(changed) == 1 else 'are'} read only when "
+                              f"training images are augmented, and {why}: set "
+                              f"data.augment=true, or drop "
+                              f"{' and '.join(f'data.{key}' for key in changed)}")
+        side = min(self.input_shape()[1:], default=None)
+        if self.augments() and side is not None and options.augment_padding >= side:
+            raise ConfigError(f"data.augment_padding={options.augment_padding} is as wide as "
+                              f"the {side}-pixel side of {self.name}'s images, so a crop "
+                              f"could hold padding only; use at most {side - 1}")
 
     def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         """(logical name, path, decoder) of every file the loader reads."""
@@ -203,10 +239,10 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         raise NotImplementedError
 
     def load(self, seed: int) -> Dataset:
-        augment = self.options.augment
-        augment = self.augment_default if augment is None else augment
         return Dataset(self.name, *self.arrays(), n_classes=self.n_classes(),
-                       mean=self.mean, std=self.std, augment=augment)
+                       mean=self.mean, std=self.std, augment=self.augments(),
+                       augment_padding=self.options.augment_padding,
+                       augment_flip=self.options.augment_flip)
 
 
 # --- the built-ins --------------------------------------------------------------------------

@@ -20,6 +20,8 @@ MNIST_MEAN: tuple[float, ...] = (0.1307,)
 MNIST_STD: tuple[float, ...] = (0.3081,)
 FASHION_MNIST_MEAN: tuple[float, ...] = (0.2860,)
 FASHION_MNIST_STD: tuple[float, ...] = (0.3530,)
+# Zero padding of the random crop by default, in pixels (the standard CIFAR augmentation).
+CROP_PADDING = 4
 
 
 def _check_images(x: Tensor, name: str = "x") -> None:
@@ -76,7 +78,7 @@ def apply_normalization(x_uint8: Tensor, scale: Tensor, shift: Tensor) -> Tensor
     return x_uint8.to(torch.float32).mul_(scale).add_(shift)
 
 
-def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
+def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = CROP_PADDING) -> Tensor:
     """Zero-pad, take a random H×W crop per sample, then flip it horizontally with p = 0.5.
 
     Random draws, all from ``generator`` and in this order: row offsets (B,) and column
@@ -101,7 +103,7 @@ def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) ->
     return crop_flip(x, rows, cols, flip, padding)
 
 
-def crop_flip_draws(b: int, generator: torch.Generator, padding: int = 4,
+def crop_flip_draws(b: int, generator: torch.Generator, padding: int = CROP_PADDING,
                     device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, Tensor]:
     """:func:`random_crop_flip`'s draws for ``b`` samples, in its order: (row offsets (B,)
     and column offsets (B,) int64 in [0, 2·padding], flips (B,) bool)."""
@@ -111,8 +113,8 @@ def crop_flip_draws(b: int, generator: torch.Generator, padding: int = 4,
     return rows, cols, flip
 
 
-def crop_flip(x: Tensor, row_off: Tensor, col_off: Tensor, flip: Tensor, padding: int = 4
-              ) -> Tensor:
+def crop_flip(x: Tensor, row_off: Tensor, col_off: Tensor, flip: Tensor,
+              padding: int = CROP_PADDING) -> Tensor:
     """The crops and flips of :func:`random_crop_flip` for given draws (no randomness).
 
     ``x`` (B, C, H, W); ``row_off``, ``col_off`` (B,) int64 in [0, 2·padding]; ``flip`` (B,)

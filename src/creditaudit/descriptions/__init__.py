@@ -12,7 +12,12 @@ numbers (``docs/records.md`` is generated from them).
 from __future__ import annotations
 
 from creditaudit.descriptions.epoch import MEASURES_DERIVED, EpochMeasures, max_block_growth
-from creditaudit.descriptions.model_data import CONTENT_DIGEST, DataIdentity, ModelDescription
+from creditaudit.descriptions.model_data import (
+    AUGMENTATION,
+    CONTENT_DIGEST,
+    DataIdentity,
+    ModelDescription,
+)
 
-__all__ = ["CONTENT_DIGEST", "DataIdentity", "EpochMeasures", "MEASURES_DERIVED",
+__all__ = ["AUGMENTATION", "CONTENT_DIGEST", "DataIdentity", "EpochMeasures", "MEASURES_DERIVED",
            "ModelDescription", "max_block_growth"]

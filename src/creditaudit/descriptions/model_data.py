@@ -17,6 +17,9 @@ from creditaudit.descriptions.fields import doc
 # The provenance key of the sha256 of the arrays a generated dataset loaded from its cache,
 # verified against the digest signed when the generator made them.
 CONTENT_DIGEST = "content_sha256"
+# The provenance key of how the loaded images' training batches were augmented:
+# {"crop_padding": pixels, "flip": bool}, or None when they were not.
+AUGMENTATION = "augmentation"
 
 
 @dataclass
@@ -66,7 +69,10 @@ class DataIdentity:
     provenance: dict[str, Any] = doc(
         "per-file digests, or the generator's arguments (and, for data read from a cache, "
         "`content_sha256`: the digest of the arrays trained on, verified against the "
-        "generator's)", factory=dict)
+        "generator's); for images, `augmentation`: how training batches were augmented, "
+        "`{crop_padding: pixels of zero padding of the random crop, flip: random horizontal "
+        "flips}`, or null when they were not (absent in records before it was kept)",
+        factory=dict)
     arrays_sha256: str | None = doc(
         "sha256 of the arrays actually trained and evaluated on, as loaded (train and test "
         "inputs and labels after data.train_subset: dtype, shape and bytes); a finished run "
@@ -75,4 +81,4 @@ class DataIdentity:
         "arrays creditaudit never sees)")
 
 
-__all__ = ["ModelDescription", "DataIdentity", "CONTENT_DIGEST"]
+__all__ = ["ModelDescription", "DataIdentity", "CONTENT_DIGEST", "AUGMENTATION"]

@@ -32,7 +32,12 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
-from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity, ModelDescription
+from creditaudit.descriptions import (
+    AUGMENTATION,
+    CONTENT_DIGEST,
+    DataIdentity,
+    ModelDescription,
+)
 from creditaudit.errors import ConfigError, GuestError, LoadedDataError, ModelContractError
 from creditaudit.guests import Guest
 from creditaudit.guests.blame import blame
@@ -109,11 +114,15 @@ class RunPlan:
 
     def data_identity(self) -> DataIdentity:
         """The data identity with the sizes and the content digest of the loaded data (and
-        the digest of the arrays a generated dataset read from its cache)."""
+        the digest of the arrays a generated dataset read from its cache), and for images
+        how the loaded data augments training batches (``augmentation``: its crop padding
+        and flip, or None)."""
         data = self.load_data()
         provenance = self.identity.provenance
         if CONTENT_DIGEST in data.provenance:
             provenance = {**provenance, CONTENT_DIGEST: data.provenance[CONTENT_DIGEST]}
+        if data.is_image:
+            provenance = {**provenance, AUGMENTATION: data.augmentation()}
         return replace(self.identity, n_train=int(data.train_x.shape[0]),
                        n_test=int(data.test_x.shape[0]), provenance=provenance,
                        arrays_sha256=data.content_digest())

@@ -188,8 +188,7 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         return Path(self.options.data_dir).expanduser()
 
     def augments(self) -> bool:
-        """Whether training images are augmented: ``data.augment``, else the dataset's
-        default."""
+        """Whether training images are augmented (``data.augment``, else the default)."""
         augment = self.options.augment
         return self.augment_default if augment is None else augment
 
@@ -319,7 +318,6 @@ class MNIST1D(GeneratedDataset[GeneratedOptions]):
 class IDXDataset(FileDataset[FileOptions]):
     """MNIST-format IDX files (raw or gzip): 60 000 + 10 000 grey 28×28 images."""
 
-
     def input_shape(self) -> tuple[int, ...]:
         return (1, 28, 28)
 
@@ -362,7 +360,6 @@ class CIFAR(FileDataset[CifarOptions]):
 
     def n_classes(self) -> int:
         return self.classes
-
 
     def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         from creditaudit.data.cifar import cifar_files

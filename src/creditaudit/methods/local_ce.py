@@ -180,9 +180,12 @@ class LocalCE(CreditRule[LocalCEOptions]):
 
     def to(self, device: torch.device) -> LocalCE:
         super().to(device)
-        for p in [*self.weights, *self.biases]:
-            p.data = p.data.to(device)  # the same Parameter: the optimiser keeps holding it
+        n = len(self.weights)
+        moved = [nn.Parameter(p.detach().to(device)) for p in [*self.weights, *self.biases]]
+        self.weights, self.biases = moved[:n], moved[n:]
+        state = self.classifier_optimizer.state_dict()
+        self.classifier_optimizer = make_adamw(moved, lr=0.0, weight_decay=0.0)
         # load_state_dict casts the moments (and a fused AdamW's step) to the parameters'
         # device
-        self.classifier_optimizer.load_state_dict(self.classifier_optimizer.state_dict())
+        self.classifier_optimizer.load_state_dict(state)
         return self

@@ -269,3 +269,29 @@ def test_creditaudit_train_runs_local_ce_on_the_residual_mlp(tmp_path):
     assert record.protocol.verdict is not None
     assert record.diagnostics.fresh_b_null is None
     assert record.final is not None and 0.0 <= record.final.test_acc <= 1.0
+
+
+def test_a_killed_local_ce_run_resumes_to_the_uninterrupted_run(tmp_path, kill_run_at):
+    """The checkpoint holds the classifiers and their AdamW moments: killed after epoch 1
+    and resumed, the run ends with the uninterrupted run's record, weights and classifiers
+    (the cosine schedule sets both optimisers' lr in every epoch)."""
+    from creditaudit.records import comparable, load_record
+    from creditaudit.run.plan import run_id
+    from creditaudit.run.trainer import train
+    from test_training import assert_state_dicts_equal, checkpoint, tiny
+
+    options = {"method.name": "local-ce", "optim.epochs": 3}
+    straight = train(tiny(tmp_path / "a", **options))
+    config = tiny(tmp_path / "b", **options)
+    kill_run_at(config)
+    run_dir = tmp_path / "b" / run_id(config)
+    assert load_record(run_dir).status == "interrupted"
+    resumed = train(config, resume=True)
+    assert resumed.status == "completed"
+    assert comparable(resumed.record) == comparable(straight.record)
+    a, b = checkpoint(straight.run_dir), checkpoint(run_dir)
+    assert_state_dicts_equal(a["model"], b["model"])
+    rule_a, rule_b = (c["rule"] for c in (a, b))
+    assert any(w.any() for w in rule_a["weights"])  # the classifiers trained
+    for key in ("weights", "biases"):
+        assert all(torch.equal(x, y) for x, y in zip(rule_a[key], rule_b[key], strict=True))

@@ -86,7 +86,7 @@ class LocalCE(CreditRule[LocalCEOptions]):
     feedback_kind = "learned"
     local = True
     adapted_models = True
-    color, marker = "#994F88", "8"
+    color, marker = "#4400EE", "|"
     rank = 24
     stacked_step = None
 

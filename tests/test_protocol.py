@@ -419,7 +419,7 @@ def test_docs_example_audits_a_plain_module(capsys):
 @pytest.mark.parametrize("method,draws", [
     ("fa", True), ("dfa", True), ("drtp", True), ("fa-linear", True), ("frsf", True),
     ("brsf", True), ("kp", True), ("state-bridge", True), ("credit-bridge", True),
-    ("bp", False), ("usf", False), ("ep", False), ("frozen", False)])
+    ("bp", False), ("usf", False), ("ep", False), ("frozen", False), ("local-ce", False)])
 def test_metadata_shows_the_feedback_seed_of_every_rule_that_draws_from_it(method, draws):
     from creditaudit.protocol.records import record_metadata
     from creditaudit.records import RunRecord

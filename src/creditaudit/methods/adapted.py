@@ -9,13 +9,13 @@ refuses the others in one line. The built-in ones:
   ``brsf``, ``frsf``, ``kp``): one backward pass of CE + λ·P through the model as it is
   (:func:`end_to_end_objective`); the feedback rules replace the weight layers' backward
   (:mod:`~creditaudit.methods.adapted_feedback`).
-- **Local, credits e·B_l** (``dfa``, ``drtp``; :func:`projected_local_step`): each state's
-  output takes the rule's normalised credit â_l/B as its gradient instead of the one coming
+- **Local** (``dfa``, ``drtp``, ``local-ce``; :func:`local_state_step`): each state's
+  output takes the rule's (normalised) credit â_l/B as its gradient instead of the one coming
   down from the layers above (the network reads every state detached, so nothing else flows
   between segments); the parameters between h_{l−1} and h_l are trained by it, those before
-  h_0 by â_0, the readout by its exact cross-entropy. B_l is (C, d_l), d_l the state's
-  feature width, and the credit is broadcast over tokens and positions as for the contract's
-  models.
+  h_0 by â_0, the readout by its exact cross-entropy. DFA's and DRTP's credits e·B_l
+  (:func:`projected_local_step`) have B_l of shape (C, d_l), d_l the state's feature width,
+  and are broadcast over tokens and positions as for the contract's models.
 
 The penalty λ (``method.penalty``) acts on the *state increments*
 Δ_l = h_l − h_{l−1} (l = 1 … L) where the two states have the same shape, and on h_l itself
@@ -26,7 +26,7 @@ contract's branch penalty; blocks without trainable parameters are left out, as 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -39,20 +39,30 @@ from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import set_trainable_blocks
 
 
-class ProjectingRule(Protocol):
-    """What :func:`projected_local_step` reads of a rule (DFA and DRTP have it)."""
+class LocalStateRule(Protocol):
+    """What :func:`local_state_step` reads of a rule."""
 
     model: AdaptedModel
-    feedback: list[Tensor]
 
     @property
     def options(self) -> LocalOptions: ...
 
-    def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor: ...
-
     def credit_gradient(self, credit: Tensor, batch: int) -> Tensor: ...
 
     def autocast(self): ...  # noqa: ANN201 - a context manager
+
+
+class ProjectingRule(LocalStateRule, Protocol):
+    """What :func:`projected_local_step` reads of a rule (DFA and DRTP have it)."""
+
+    feedback: list[Tensor]
+
+    def projected_signal(self, logits: Tensor, y: Tensor) -> Tensor: ...
+
+
+# (the step's state outputs [out_0 … out_L] (with their graphs), logits) -> the credit a_l of
+# state l, called for the states whose segment trains (after the step's finiteness check).
+CreditsOf = Callable[[list[Tensor], Tensor], Callable[[int], Tensor]]
 
 
 def set_trainable(model: nn.Module, trainable: int | None) -> None:
@@ -109,32 +119,33 @@ def projected_credits(signal: Tensor, feedback: Sequence[Tensor], states: Sequen
             for b, h in zip(feedback, states)]
 
 
-def projected_local_step(rule: ProjectingRule, x: Tensor, y: Tensor,
-                         optimizer: torch.optim.Optimizer) -> StepResult:
-    """One step of DFA or DRTP on an adapted model (module docstring): one forward pass,
+def local_state_step(rule: LocalStateRule, x: Tensor, y: Tensor,
+                     optimizer: torch.optim.Optimizer, credits_of: CreditsOf) -> StepResult:
+    """One step of a local rule on an adapted model (module docstring): one forward pass,
     one backward pass from the cross-entropy and every state output at once.
 
-    State l's output gets â_l/B (+ 2λ·Δ_l/B for l ≥ 1 with a penalty), â_l from the rule's
-    :meth:`credit_gradient` of a_l = signal·B_l; outputs without a graph (frozen segments)
-    are skipped. The parameter gradients are those of the local surrogate
-    Σ_l ⟨out_l, â_l⟩ + λ·P + CE(readout(h_L detached)), h_{l−1} detached in out_l.
+    ``credits_of(outputs, logits)`` runs inside the step's autocast and returns the function
+    giving a_l (shaped like h_l, or (B, d_l) to broadcast) for state l. State l's output gets
+    â_l/B (+ 2λ·Δ_l/B for l ≥ 1 with a penalty), â_l from the rule's :meth:`credit_gradient`;
+    outputs without a graph (frozen segments) are skipped. The parameter gradients are those
+    of the local surrogate Σ_l ⟨out_l, â_l⟩ + λ·P + CE(readout(h_L detached)), h_{l−1}
+    detached in out_l.
     """
     optimizer.zero_grad(set_to_none=True)
     model, penalty, batch = rule.model, rule.options.penalty, y.shape[0]
     with rule.autocast():
         outputs, logits = model.local_states(x)
         ce = F.cross_entropy(loss_precision(logits), y)
-        signal = rule.projected_signal(logits, y)
+        credit_of = credits_of(outputs, logits)
     result = step_result(ce, logits, y, outputs[-1])
     if not result.finite:
         return result
     increments = [None, *state_increments([out.detach() for out in outputs])]
     roots, grads = [ce], [torch.ones_like(ce)]
-    for out, b, delta in zip(outputs, rule.feedback, increments):
+    for index, (out, delta) in enumerate(zip(outputs, increments)):
         if not out.requires_grad:
             continue
-        credit = signal @ b.to(device=signal.device, dtype=signal.dtype)
-        grad = state_credit_shape(rule.credit_gradient(credit, batch), out)
+        grad = state_credit_shape(rule.credit_gradient(credit_of(index), batch), out)
         if delta is not None and penalty > 0:
             grad = torch.add(grad, delta, alpha=2.0 * penalty / batch)
         roots.append(out)
@@ -144,5 +155,19 @@ def projected_local_step(rule: ProjectingRule, x: Tensor, y: Tensor,
     return result
 
 
+def projected_local_step(rule: ProjectingRule, x: Tensor, y: Tensor,
+                         optimizer: torch.optim.Optimizer) -> StepResult:
+    """One step of DFA or DRTP on an adapted model (:func:`local_state_step`) with
+    a_l = signal·B_l, the signal the rule's :meth:`projected_signal` of the logits."""
+
+    def credits_of(outputs: list[Tensor], logits: Tensor) -> Callable[[int], Tensor]:
+        signal = rule.projected_signal(logits, y)
+        return lambda index: signal @ rule.feedback[index].to(device=signal.device,
+                                                              dtype=signal.dtype)
+
+    return local_state_step(rule, x, y, optimizer, credits_of)
+
+
 __all__ = ["set_trainable", "state_increments", "state_penalty", "end_to_end_objective",
-           "state_feedback_shapes", "projected_credits", "projected_local_step"]
+           "state_feedback_shapes", "projected_credits", "local_state_step",
+           "projected_local_step"]

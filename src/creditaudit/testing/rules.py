@@ -33,7 +33,9 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   every trainable parameter's gradient equals the analytic gradient of the local surrogate —
   Σ_l ⟨f_l(h_l), â_{l+1}⟩ with h_l detached, ⟨embed(x), â_0⟩ and the readout's exact
   cross-entropy on the detached h_L, with â = a / (RMS(a) + 1e-6) of the credits the rule
-  reports — so the credit the audit scores is the credit that trained the network;
+  reports — so the credit the audit scores is the credit that trained the network (rules
+  whose ``feedback_kind`` is ``"learned"`` take two training steps first, so their feedback
+  is checked once it has trained, not only at an init that may give zero credits);
 - ``blocks_train_on_the_reported_credit`` (rules with ``local = False``, on architectures
   with a block whose branch ends in one ``nn.Linear``:
   :func:`~creditaudit.models.contract.split_branch`): after one zero-learning-rate step,

@@ -29,6 +29,7 @@ SMOKE_CELLS = {  # table → rows the smoke scale trains (one seed, stand-in dat
     "biotorch-mnist": ["BP", "FA", "uSF", "brSF", "frSF", "DFA", "DFA, normalised credit",
                        "frozen (baseline of (d))"],
     "mnist1d": ["MLP", "CNN", "MLP frozen (baseline of (d))", "CNN frozen (baseline of (d))"],
+    "local-loss-mlp": ["Global loss (BP)", "Local loss 'pred'", "frozen (baseline of (d))"],
 }
 
 
@@ -47,7 +48,7 @@ def _cells(summary):
 def test_smoke_runs_every_row_and_writes_its_summary(smoke):
     folder, summary = smoke
     meta = summary["meta"]
-    assert meta["runs_found"] == meta["runs_needed"] == 12 and not meta["missing"]
+    assert meta["runs_found"] == meta["runs_needed"] == 15 and not meta["missing"]
     assert {t["key"]: [r["row"] for r in t["columns"][0]["rows"]]
             for t in summary["tables"]} == SMOKE_CELLS
     written = json.loads((folder / "experiments" / "literature.smoke.synthetic.json").read_text())
@@ -164,10 +165,49 @@ def test_cpu_scale_plans_the_published_recipes():
     assert [c.data.name for c in built[:48]] == ["mnist"] * 24 + ["fashion-mnist"] * 24
 
 
+def test_local_loss_table_trains_the_source_recipe():
+    """Nøkland & Eidnes's MLP: BP and local-ce at Adam's 5e-4 without decay, each column
+    with the source's augmentation (±2 px; flips on Fashion-MNIST only), the local rule with
+    its raw local gradient, every row on one network (the frozen baseline's)."""
+    planned = [c for c in configs("cpu", dataset=None, data_dir=None, out_dir="x")
+               if c.model.factory.endswith(":local_loss_mlp")]
+    # The budget check: BP and 'pred' on MNIST at the source's 100 epochs, one seed.
+    assert {(c.method.name, c.run.seed, c.data.name) for c in planned
+            if c.optim.epochs == 100} == {("bp", 42, "mnist"), ("local-ce", 42, "mnist")}
+    built = [c for c in planned if c.optim.epochs != 100]
+    assert len(built) == 2 * 3 * 3  # data, rows, seeds
+    assert {(c.optim.lr, c.optim.weight_decay, c.optim.batch_size, c.optim.epochs)
+            for c in built} == {(5e-4, 0.0, 128, 10)}
+    assert {(c.data.name, c.data.augment, c.data.augment_padding, c.data.augment_flip)
+            for c in built} == {("mnist", True, 2, False), ("fashion-mnist", True, 2, True)}
+    local = [c for c in built if c.method.name == "local-ce"]
+    assert local and all(c.method.normalise_credit is False for c in local)
+    assert {(tuple(c.model.states), str(c.model.args)) for c in built} == {
+        (("blocks.0.act", "blocks.1.act", "blocks.2.act"), "None")}
+
+
+def test_local_loss_mlp_is_the_source_network():
+    """3 × (Linear → BatchNorm → LeakyReLU(0.01) → dropout) → Linear, 2.9 M parameters as the
+    source's table says; states before each dropout; zero_out zeroes the output weights."""
+    from creditaudit.study.experiments.literature_nets import local_loss_mlp
+
+    net = local_loss_mlp()
+    n_params = sum(p.numel() for p in net.parameters())
+    assert round(n_params / 1e6, 1) == 2.9
+    block = net.blocks[0]
+    assert [type(m).__name__ for m in block] == ["Linear", "BatchNorm1d", "LeakyReLU",
+                                                 "Dropout"]
+    assert block.act.negative_slope == 0.01 and block.drop.p == 0.1
+    assert net(torch.randn(4, 1, 28, 28)).shape == (4, 10)
+    assert net.out.weight.abs().sum() > 0
+    assert torch.count_nonzero(local_loss_mlp(zero_out=True).out.weight) == 0
+
+
 def test_table_networks_adapt_with_their_states():
     """Every network a table names builds from its factory and adapts at its states."""
     shapes = {"lenet_mnist": (1, 28, 28), "lenet_cifar": (3, 32, 32),
-              "mnist1d_mlp": (40,), "mnist1d_cnn": (40,), "resnet20": (3, 32, 32)}
+              "mnist1d_mlp": (40,), "mnist1d_cnn": (40,), "resnet20": (3, 32, 32),
+              "local_loss_mlp": (1, 28, 28)}
     nets = {row.net for table in TABLES for row in table.rows}
     for net in nets:
         module, name = net.factory.split(":")
@@ -250,7 +290,8 @@ def test_figure_draws_the_published_rows(smoke, tmp_path):
     from creditaudit.study.figures.literature import published_panels, save_literature_figure
 
     panels = published_panels(smoke[1])
-    assert [len(rows) for _, rows in panels] == [6, 2]  # BioTorch's six rules; MLP and CNN
+    # BioTorch's six rules; MNIST-1D's MLP and CNN; local-loss's global and 'pred'
+    assert [len(rows) for _, rows in panels] == [6, 2, 2]
     assert all(row["published"] is not None for _, rows in panels for row in rows)
     paths = save_literature_figure(smoke[1], tmp_path)
     assert sorted(p.suffix for p in paths) == [".pdf", ".png"]

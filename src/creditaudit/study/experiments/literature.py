@@ -95,7 +95,7 @@ def run_config(table: Table, column: Column, row: Row, seed: int, *, scale: str,
     table's recipe."""
     recipe = table.recipe
     name = column.dataset
-    data = dict(recipe.data.get(scale, ()))
+    data = {**dict(recipe.data.get(scale, ())), **dict(column.data)}
     if scale == "smoke" and dataset is None and table.smoke_data is not None:
         name, data = SMOKE_DATA, dict(table.smoke_data)  # the stand-in has its own sizes
     chosen = dataset or get_scale(scale).dataset  # the dataset --data-dir is for

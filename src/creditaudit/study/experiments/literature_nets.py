@@ -16,6 +16,7 @@ and ``model.states``); nothing in the package knows these classes.
   (Greydanus 2020, ``notebooks/models.py``: ``MLPBase`` with a residual second layer and
   ``ConvBase``, three stride-2 Conv1d layers of 25 channels).
 - :func:`tanh_mlp`: fully connected networks with tanh hidden units (Nøkland 2016).
+- :func:`local_loss_mlp`: Nøkland & Eidnes's (2019) BatchNorm/LeakyReLU/dropout MLP.
 
 BioTorch initialises every convolution and linear layer with Xavier-uniform weights and
 zero biases (``init: "xavier"`` in its benchmark configurations); the LeNets do the same.
@@ -24,6 +25,7 @@ zero biases (``init: "xavier"`` in its benchmark configurations); the LeNets do 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from torch import Tensor, nn
@@ -173,6 +175,31 @@ class TanhMLP(nn.Module):
         return self.head(h)
 
 
+class LocalLossMLP(nn.Module):
+    """Nøkland & Eidnes's (2019) fully connected network (the ``mlp`` of their local-loss
+    train.py): (B, …) flattened → ``n_layers`` blocks ``blocks.{i}`` of Linear → BatchNorm1d
+    → LeakyReLU(0.01) → Dropout(``dropout``) → ``out`` = Linear(``hidden``, n_classes).
+
+    The states are the LeakyReLU outputs ``blocks.{i}.act``: what the source's local
+    classifier of layer i reads (the dropout after it feeds only the next layer).
+    ``zero_out`` zeroes the output layer's weights, as the source does when it trains with
+    local losses."""
+
+    def __init__(self, in_features: int = 784, hidden: int = 1024, n_layers: int = 3,
+                 n_classes: int = 10, dropout: float = 0.1, zero_out: bool = False) -> None:
+        super().__init__()
+        widths = [in_features] + [hidden] * n_layers
+        self.blocks = nn.Sequential(*(nn.Sequential(OrderedDict(
+            linear=nn.Linear(a, b), bn=nn.BatchNorm1d(b), act=nn.LeakyReLU(0.01),
+            drop=nn.Dropout(dropout))) for a, b in zip(widths, widths[1:])))
+        self.out = nn.Linear(hidden, n_classes)
+        if zero_out:
+            nn.init.zeros_(self.out.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.blocks(x.flatten(1)))
+
+
 def lenet_mnist(in_channels: int = 1, n_classes: int = 10) -> LeNetMNIST:
     """BioTorch's LeNet MNIST (states: ``pool1``, ``pool2``, ``relu3``, ``relu4``)."""
     return LeNetMNIST(in_channels=in_channels, n_classes=n_classes)
@@ -198,5 +225,13 @@ def tanh_mlp(widths: Sequence[int] = (800, 800), n_classes: int = 10) -> TanhMLP
     return TanhMLP(widths=tuple(widths), n_classes=n_classes)
 
 
-__all__ = ["LeNetMNIST", "LeNetCIFAR", "MNIST1DMLP", "MNIST1DCNN", "TanhMLP", "xavier_init",
-           "lenet_mnist", "lenet_cifar", "mnist1d_mlp", "mnist1d_cnn", "tanh_mlp"]
+def local_loss_mlp(hidden: int = 1024, n_layers: int = 3, n_classes: int = 10,
+                   dropout: float = 0.1, zero_out: bool = False) -> LocalLossMLP:
+    """Nøkland & Eidnes's MLP on 28×28 images (states: ``blocks.{i}.act``)."""
+    return LocalLossMLP(hidden=hidden, n_layers=n_layers, n_classes=n_classes,
+                        dropout=dropout, zero_out=zero_out)
+
+
+__all__ = ["LeNetMNIST", "LeNetCIFAR", "MNIST1DMLP", "MNIST1DCNN", "TanhMLP", "LocalLossMLP",
+           "xavier_init", "lenet_mnist", "lenet_cifar", "mnist1d_mlp", "mnist1d_cnn",
+           "tanh_mlp", "local_loss_mlp"]

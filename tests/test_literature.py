@@ -171,9 +171,10 @@ def test_local_loss_table_trains_the_source_recipe():
     its raw local gradient, every row on one network (the frozen baseline's)."""
     planned = [c for c in configs("cpu", dataset=None, data_dir=None, out_dir="x")
                if c.model.factory.endswith(":local_loss_mlp")]
-    # The budget check: BP and 'pred' on MNIST at the source's 100 epochs, one seed.
+    # The budget check: BP and 'pred' at the source's 100 epochs, one seed.
     assert {(c.method.name, c.run.seed, c.data.name) for c in planned
-            if c.optim.epochs == 100} == {("bp", 42, "mnist"), ("local-ce", 42, "mnist")}
+            if c.optim.epochs == 100} == {(rule, 42, data) for rule in ("bp", "local-ce")
+                                          for data in ("mnist", "fashion-mnist")}
     built = [c for c in planned if c.optim.epochs != 100]
     assert len(built) == 2 * 3 * 3  # data, rows, seeds
     assert {(c.optim.lr, c.optim.weight_decay, c.optim.batch_size, c.optim.epochs)

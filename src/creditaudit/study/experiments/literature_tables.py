@@ -356,7 +356,7 @@ RESNET20_CIFAR_TABLE = Table(
 )
 
 TABLES: tuple[Table, ...] = (BIOTORCH_MNIST, MNIST1D, PROTOCOL_RESNET, BIOTORCH_MNIST_LONG,
-                             LOCAL_LOSS_LONG, LOCAL_LOSS, LENET_CIFAR_TABLE,
+                             LOCAL_LOSS, LOCAL_LOSS_LONG, LENET_CIFAR_TABLE,
                              RESNET20_CIFAR_TABLE)
 
 __all__ = ["Net", "Row", "Column", "Recipe", "Table", "TABLES", "BASELINE", "biotorch_rows"]

@@ -10,6 +10,7 @@ literature.SCALE.DATASET.json``), so the figure is regenerated from files.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from creditaudit.figures.common import add_grid, new_figure, save
 from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR
 
 PUBLISHED_COLOR = "#000000"
+PANELS_PER_ROW = 4
+TITLE_WIDTH = 46  # characters per line of a panel title
 
 
 def published_panels(summary: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -29,7 +32,8 @@ def published_panels(summary: dict[str, Any]) -> list[tuple[str, list[dict[str, 
         for column in table["columns"]:
             rows = [r for r in column["rows"] if r["published"] is not None]
             if rows:
-                panels.append((f"{table['title']}\n{column['label']}", rows))
+                title = "\n".join(textwrap.wrap(table["title"], TITLE_WIDTH))
+                panels.append((f"{title}\n{column['label']}", rows))
     return panels
 
 
@@ -40,8 +44,15 @@ def _finite(value: Any) -> bool:
 def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
     """The figure (module docstring); a figure saying "no published rows" when none ran."""
     panels = published_panels(summary)
-    fig, axes = new_figure(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.6))
-    for ax, (title, rows) in zip(axes[0], panels):
+    n_cols = min(max(len(panels), 1), PANELS_PER_ROW)
+    n_rows = max(math.ceil(len(panels) / n_cols), 1)
+    fig, axes = new_figure(n_rows, n_cols, figsize=(4.2 * n_cols, 4.0 * n_rows))
+    if n_rows > 1:  # room for the next row's two-line titles under the tick labels
+        fig.subplots_adjust(hspace=0.75)
+    cells = [ax for row in axes for ax in row]
+    for ax in cells[len(panels):] if panels else ():
+        ax.set_visible(False)
+    for ax, (title, rows) in zip(cells, panels):
         for x, row in enumerate(rows):
             color = WALK_BACK_COLOR if row["verdict"]["walked_back"] else PASS_COLOR
             seeds = [s["best_error"] for s in row["seeds"] if _finite(s["best_error"])]
@@ -61,8 +72,8 @@ def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
         ax.set_title(title, fontsize=8)
         add_grid(ax)
     if not panels:
-        axes[0][0].text(0.5, 0.5, "no published rows in this summary", ha="center",
-                        va="center", transform=axes[0][0].transAxes)
+        cells[0].text(0.5, 0.5, "no published rows in this summary", ha="center",
+                      va="center", transform=cells[0].transAxes)
     handles = [Line2D([], [], marker="D", ls="", color=PUBLISHED_COLOR, label="published"),
                Line2D([], [], marker="_", ls="", color=PASS_COLOR, markersize=12,
                       label="best epoch, mean ± sd (dots: seeds)"),
@@ -71,7 +82,7 @@ def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
                Line2D([], [], marker="o", ls="", color=WALK_BACK_COLOR,
                       label="walked back by the protocol")]
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, -0.08))
+               bbox_to_anchor=(0.5, -0.08 / n_rows))
     return fig
 
 

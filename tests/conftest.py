@@ -115,6 +115,19 @@ def restore_sigterm():
     signal.signal(signal.SIGTERM, handler)
 
 
+@pytest.fixture
+def default_ctrl_c():
+    """Ctrl-C as a fresh process has it (KeyboardInterrupt here; the default disposition
+    for child processes), whatever an earlier test in this worker left installed (a sweep
+    worker's start-up or ray.init run in-process install their own); restored after."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 @pytest.fixture(scope="session")
 def figure_results(tmp_path_factory) -> Path:
     """Tiny runs of every method a figure draws (tests/figure_support.py), trained once."""

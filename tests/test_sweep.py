@@ -263,8 +263,8 @@ def deaf_run(task: dict) -> dict:
     return {"run_id": task["run_id"], "status": "completed"}
 
 
-def test_an_interrupted_local_sweep_does_not_wait_for_a_worker_that_ignores_it(tmp_path,
-                                                                                monkeypatch):
+def test_an_interrupted_local_sweep_does_not_wait_for_a_worker_that_ignores_it(
+        tmp_path, monkeypatch, default_ctrl_c):
     """Ctrl-C: the workers get SIGTERM and some time to record 'interrupted'; one that does
     not stop is killed after executors.UNWIND_SECONDS instead of holding the sweep."""
     from creditaudit.sweep import executors

@@ -239,7 +239,7 @@ def test_a_sweep_on_a_stale_cluster_file_stops_at_once(tmp_path):
 
 
 @needs_ray
-def test_ctrl_c_ends_a_sweep_while_ray_init_hangs(tmp_path):
+def test_ctrl_c_ends_a_sweep_while_ray_init_hangs(tmp_path, default_ctrl_c):
     """Something answers at the cluster file's address but is no Ray head: ray.init retries
     it for minutes without reacting to signals. Ctrl-C still ends the sweep in seconds."""
     path, out = sweep_file(tmp_path)

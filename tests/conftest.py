@@ -107,19 +107,25 @@ def kill_run_at(monkeypatch):
     return kill
 
 
-@pytest.fixture
-def restore_sigterm():
-    """The CLI installs a SIGTERM handler: put the previous one back after the test."""
-    handler = signal.getsignal(signal.SIGTERM)
+@pytest.fixture(autouse=True)
+def signal_handlers_left_as_found(request):
+    """A test that leaves SIGINT's or SIGTERM's handler changed fails: the next tests in
+    its worker (and the processes they start) would meet Ctrl-C handled otherwise (the
+    command's SIGTERM handler, once left behind by every in-process ``main()``)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     yield
-    signal.signal(signal.SIGTERM, handler)
+    changed = [signal.Signals(s).name for s, handler in saved.items()
+               if signal.getsignal(s) != handler]
+    for signum, handler in saved.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+    assert not changed, f"{request.node.nodeid} left the handler of {changed} changed"
 
 
 @pytest.fixture
 def default_ctrl_c():
     """Ctrl-C as a fresh process has it (KeyboardInterrupt here; the default disposition
-    for child processes), whatever an earlier test in this worker left installed (a sweep
-    worker's start-up or ray.init run in-process install their own); restored after."""
+    for child processes), whatever this worker had; restored after."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

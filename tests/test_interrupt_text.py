@@ -13,7 +13,7 @@ from creditaudit.records import load_record
 from creditaudit.run.trainer import Trainer
 from integrity_support import toml_of
 
-pytestmark = pytest.mark.usefixtures("single_thread", "restore_sigterm")
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher_width": 16,
         "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,

@@ -61,8 +61,7 @@ def dfa_run(tmp_path_factory):
                                         "run.out_dir": str(out)}))
 
 
-def test_audit_asks_in_python_terms_and_the_command_line_in_its_own(dfa_run, capsys,
-                                                                    restore_sigterm):
+def test_audit_asks_in_python_terms_and_the_command_line_in_its_own(dfa_run, capsys):
     report = audit_run(dfa_run.run_dir, metrics=False, frozen_from_runs=False)
     assert "pass frozen=RUN_OR_ACC" in report.diagnostic("d").reason
     assert main(["audit", str(dfa_run.run_dir), "--no-metrics", "--no-frozen-from-runs",

@@ -68,7 +68,7 @@ def close(a: float, b: float) -> bool:
 
 
 # --- console -----------------------------------------------------------------------------------
-def test_piped_train_prints_one_line_per_epoch(tmp_path, capsys, restore_sigterm):
+def test_piped_train_prints_one_line_per_epoch(tmp_path, capsys):
     assert main(cli_args(tmp_path)) == 0
     out = capsys.readouterr().out
     record = train(tiny(tmp_path))  # the finished run, not rerun
@@ -92,15 +92,14 @@ def test_piped_train_prints_one_line_per_epoch(tmp_path, capsys, restore_sigterm
         ["ρ", "nudging", "fresh-feedback null"]
 
 
-def test_quiet_train_prints_no_progress(tmp_path, capsys, restore_sigterm):
+def test_quiet_train_prints_no_progress(tmp_path, capsys):
     assert main(cli_args(tmp_path, "-q")) == 0
     out, err = capsys.readouterr()
     assert " epoch " not in out and "%" not in err
     assert "record:" in out  # the summary is still printed
 
 
-def test_terminal_train_draws_one_run_level_bar(tmp_path, capsys, monkeypatch,
-                                               restore_sigterm):
+def test_terminal_train_draws_one_run_level_bar(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert main(cli_args(tmp_path)) == 0
@@ -208,7 +207,7 @@ def test_a_finished_run_replays_its_record_into_new_loggers(tmp_path):
     assert (first.run_dir / CHECKPOINT_FILE).read_bytes() == checkpoint  # not retrained
 
 
-def test_stop_on_walkback_says_where_and_why(tmp_path, capsys, restore_sigterm):
+def test_stop_on_walkback_says_where_and_why(tmp_path, capsys):
     assert main(cli_args(tmp_path, "--frozen-acc", "1.0", "--stop-on-walkback")) == 0
     out = capsys.readouterr().out
     record = load_record(next(tmp_path.glob("*/record.json")).parent)
@@ -228,8 +227,7 @@ def test_tensorboard_holds_every_epoch_protocol_end_metrics_and_hparams(tmp_path
 
 
 @needs_tensorboard
-def test_tensorboard_on_a_finished_run_replays_its_record(tmp_path, capsys, caplog,
-                                                          restore_sigterm):
+def test_tensorboard_on_a_finished_run_replays_its_record(tmp_path, capsys, caplog):
     """A finished run is not retrained; --tensorboard on it logs everything a live run logs."""
     assert main(cli_args(tmp_path / "runs", "-q")) == 0
     record = train(tiny(tmp_path / "runs")).record

@@ -56,9 +56,14 @@ def ray_2cpu():
         pytest.skip("ray is not installed (pip install 'creditaudit[ray]')")
     import ray
 
+    # ray.init installs its own SIGTERM handler and Ray's shutdown leaves it: the tests
+    # after this module in the same worker get the handlers of before.
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 # --- pure helpers ----------------------------------------------------------------------------

@@ -452,7 +452,7 @@ def test_a_component_id_version_moves_its_own_ids_only(monkeypatch):
 
 
 # --- CLI ----------------------------------------------------------------------------------------
-def test_cli_bad_key_is_one_line_exit_2(capsys, restore_sigterm):
+def test_cli_bad_key_is_one_line_exit_2(capsys):
     from creditaudit.cli import main
 
     assert main(["train", "--set", "model.foo=1"]) == 2
@@ -461,7 +461,31 @@ def test_cli_bad_key_is_one_line_exit_2(capsys, restore_sigterm):
     assert "model.foo" in err and "Traceback" not in err
 
 
-def test_cli_train_tiny_run(tmp_path, capsys, restore_sigterm):
+def test_the_command_leaves_its_callers_signal_handlers_as_they_were(capsys):
+    """main() run in-process (a notebook, a test) puts SIGTERM's handler back on its way
+    out, after a refusal too; while a command runs, SIGTERM interrupts it as Ctrl-C
+    does."""
+    import os
+    import signal
+
+    from creditaudit.cli import main, sigterm_interrupts
+
+    def mine(signum, frame):
+        raise AssertionError("the caller's handler ran")
+
+    kept = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert main(["train", "--set", "model.foo=1"]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(KeyboardInterrupt), sigterm_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, kept)
+    capsys.readouterr()
+
+
+def test_cli_train_tiny_run(tmp_path, capsys):
     from creditaudit.cli import main
 
     def text(value):

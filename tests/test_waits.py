@@ -144,7 +144,7 @@ def screen_lines(text: str) -> list[str]:
 
 
 def test_in_a_terminal_the_end_of_run_stages_are_lines_and_the_full_bar_names_what_runs(
-        tmp_path, capsys, monkeypatch, restore_sigterm):
+        tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert main(["train", *TINY, "--out", str(tmp_path)]) == 0

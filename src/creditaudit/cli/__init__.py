@@ -14,13 +14,15 @@ as ``python -m`` puts it there, so a factory in a file beside the config is foun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from creditaudit.errors import CreditAuditError, GuestError
@@ -63,6 +65,23 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the body runs, SIGTERM interrupts it as Ctrl-C does (a run records
+    'interrupted' and says what it saved). The handler before is put back after, so a
+    caller of :func:`main` in its own process keeps its own; outside the main thread, which
+    alone may set handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler not set from Python, left alone
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -72,10 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(message)s")
-    signal.signal(signal.SIGTERM, _terminate)
     working_folder_on_path()
     try:
-        with guest_output_to_stderr():
+        with sigterm_interrupts(), guest_output_to_stderr():
             return int(args.handler(args) or 0)
     except CreditAuditError as err:
         if args.verbose and isinstance(err, GuestError) and err.__cause__ is not None:

@@ -14,7 +14,11 @@
    single-product backward), which shows what that change alone saves. ``fa/no-dxd`` is a
    timing floor, not a rule: FA with the single-product backward's d×d work skipped (the
    γ-gradient Σ_k W_kj M_kj, M·diag(γ) + (Gᵀ1)βᵀ and Wᵀ(Gᵀ1); its updates are wrong),
-   which shows what FA would cost if that work were free. Targets at 1
+   which shows what FA would cost if that work were free. ``fa/compiled-epilogue``
+   (``--compiled-epilogue``; needs a C++ compiler for torch.compile) is FA with that d×d work
+   done by one kernel torch.compile generates (same updates to rounding; checked before the
+   rounds): how much a fused elementwise pass, short of fusing it into the product, saves.
+   Targets at 1
    thread: DFA/BP ≤ 0.97 at d=512 L=12 and ≤ 1.00 at d=256 L=4; FA/BP ≤ 1.09 and State
    Bridge/BP ≤ 1.7 at d=512 L=12.
 2. ``epoch_diagnostics`` on the default 1280 evaluation samples (BP and DFA, d=256 L=4)
@@ -28,7 +32,7 @@ round and at the end. Trust only runs whose 1-minute load stayed below the core 
 minus the torch threads.
 
 Usage: python benchmarks/bench_steps.py [--threads 1 [2]] [--rounds 9] [--steps 10]
-       [--no-plain-ln] [--no-diagnostics] [--quick] [--out FILE]
+       [--no-plain-ln] [--no-diagnostics] [--compiled-epilogue] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ LABELS = {"bp": "BP", "fa": "FA", "dfa": "DFA", "state-bridge": "State Bridge",
           "credit-bridge": "Credit Bridge"}
 LABELS |= {v: f"{LABELS[v.split('/')[0]]}, plain-autograd LN" for v in PLAIN_LN}
 LABELS[NO_DXD] = "FA without its d×d passes (floor, wrong updates)"
+# FA with those passes as one compiled kernel (--compiled-epilogue)
+COMPILED = "fa/compiled-epilogue"
+LABELS[COMPILED] = "FA, its d×d passes as one compiled kernel"
 DIAG_CONFIG = (256, 4)
 DIAG_METHODS = ("bp", "dfa")
 EVAL_SAMPLES = 1280
@@ -161,24 +168,65 @@ def _backward_without_dxd(ctx: FunctionCtx, grad_z: Tensor) -> tuple[Tensor | No
             g.sum(dim=0) if ctx.has_bias else None, None)
 
 
+def _epilogue(weight: Tensor, m: Tensor, s: Tensor, gamma: Tensor, beta: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """(∂W, ∂γ, ∂β) from M = Gᵀn̂ and s = Gᵀ1 (models/fused.py's d×d work, written for
+    torch.compile to generate as one kernel)."""
+    return m * gamma + s[:, None] * beta[None, :], (weight * m).sum(dim=0), s @ weight
+
+
+_compiled_epilogue = None
+
+
+@once_differentiable
+def _backward_compiled_epilogue(ctx: FunctionCtx, grad_z: Tensor
+                                ) -> tuple[Tensor | None, ...]:
+    """The single-product backward with its d×d work done by the compiled :func:`_epilogue`."""
+    rows, mean, rstd, gamma, beta, weight = ctx.saved_tensors
+    g = grad_z.reshape(-1, weight.shape[0])
+    m = g.t().mm((rows - mean) * rstd)
+    s = g.sum(dim=0)
+    d_weight, d_gamma, d_beta = _compiled_epilogue(weight, m, s, gamma, beta)
+    return None, d_gamma, d_beta, d_weight, s if ctx.has_bias else None, None
+
+
 @contextlib.contextmanager
-def without_dxd() -> Iterator[None]:
-    """Within the block, the fused LayerNorm → Linear backward skips its d×d work."""
+def fused_backward(backward) -> Iterator[None]:
+    """Within the block, the fused LayerNorm → Linear runs ``backward``."""
     function = _DetachedLayerNormLinear
     kept = function.backward
-    function.backward = staticmethod(_backward_without_dxd)  # type: ignore[method-assign]
+    function.backward = staticmethod(backward)  # type: ignore[method-assign]
     try:
         yield
     finally:
         function.backward = kept  # type: ignore[method-assign]
 
 
+def check_compiled_epilogue(d: int, n_blocks: int, batches: list[tuple[Tensor, Tensor]]) -> None:
+    """Compile the epilogue (torch.compile; a C++ compiler is needed) and check that one FA
+    step with it takes FA's gradients to fp32 rounding, so the rounds time the same step."""
+    global _compiled_epilogue
+    _compiled_epilogue = torch.compile(_epilogue, dynamic=False)
+    grads = []
+    for variant in ("fa", COMPILED):
+        rule, optimizer = make_rule(variant, d, n_blocks)
+        with variant_context(variant):
+            run_steps(rule, optimizer, batches, 1)  # the step leaves its gradients in .grad
+        grads.append([p.grad.clone() for p in rule.model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
 def variant_context(variant: str) -> contextlib.AbstractContextManager:
-    """How ``variant`` runs: plain-autograd LayerNorm → Linear, without the d×d passes, or
-    as it is."""
+    """How ``variant`` runs: plain-autograd LayerNorm → Linear, without the d×d passes, with
+    them compiled, or as it is."""
     if variant in PLAIN_LN:
         return plain_autograd()
-    return without_dxd() if variant == NO_DXD else contextlib.nullcontext()
+    if variant == NO_DXD:
+        return fused_backward(_backward_without_dxd)
+    if variant == COMPILED:
+        return fused_backward(_backward_compiled_epilogue)
+    return contextlib.nullcontext()
 
 
 def time_steps(variant: str, rule: CreditRule, optimizer: torch.optim.Optimizer,
@@ -283,6 +331,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 2 rounds of 2 steps at d=64 L=2, no diagnostics "
                              "timings (ratios meaningless; what the docs tests run)")
+    parser.add_argument("--compiled-epilogue", action="store_true",
+                        help="also time FA with its d×d passes as one torch.compile kernel "
+                             "(needs a C++ compiler; compiles for about 20 s)")
     parser.add_argument("--out", default=None, help="also write the Markdown report here")
     args = parser.parse_args()
     if args.quick:
@@ -307,6 +358,9 @@ def main() -> None:
         torch.set_num_threads(threads)
         for d, n_blocks in (((64, 2),) if args.quick else CONFIGS):
             variants = (METHODS if args.no_plain_ln else METHODS + PLAIN_LN) + (NO_DXD,)
+            if args.compiled_epilogue:
+                check_compiled_epilogue(d, n_blocks, batches)
+                variants += (COMPILED,)
             times, rules = bench_steps(d, n_blocks, args.rounds, args.steps, batches, variants)
             round_loads += times.loads
             step_rows += step_table(threads, d, n_blocks, times)

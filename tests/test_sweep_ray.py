@@ -28,7 +28,11 @@ from creditaudit.sweep import (
     prepare_configs,
     run_sweep,
 )
-from creditaudit.sweep.ray_cluster import check_one_run_fits, parallel_runs
+from creditaudit.sweep.ray_cluster import (
+    check_one_run_fits,
+    keep_signal_handlers,
+    parallel_runs,
+)
 from integrity_support import assert_one_line_error
 from sweep_files import interrupt_sweep, write_tiny_sweep
 
@@ -58,12 +62,10 @@ def ray_2cpu():
 
     # ray.init installs its own SIGTERM handler and Ray's shutdown leaves it: the tests
     # after this module in the same worker get the handlers of before.
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+    with keep_signal_handlers():
+        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+        yield ray
+        ray.shutdown()
 
 
 # --- pure helpers ----------------------------------------------------------------------------

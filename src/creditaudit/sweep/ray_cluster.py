@@ -163,7 +163,7 @@ def check_one_run_fits(total: dict[str, float], num_cpus: float, num_gpus: float
 
 
 @contextlib.contextmanager
-def _keep_signal_handlers() -> Iterator[None]:
+def keep_signal_handlers() -> Iterator[None]:
     """Restore SIGINT's and SIGTERM's handlers after the body: ``ray.init`` installs its own
     (SIGTERM → SystemExit, then an abort in Ray's core), which would end a sweep without
     cancelling its runs or saying why."""
@@ -235,7 +235,7 @@ class RayExecutor:
         if not ray.is_initialized():
             check_address_answers(self.address)
             try:
-                with _keep_signal_handlers():
+                with keep_signal_handlers():
                     ray.init(address=self.address, include_dashboard=False,
                              log_to_driver=False)
             except (ConnectionError, ValueError, RuntimeError) as err:

@@ -39,7 +39,7 @@ LIARS = [
     ("door-hidden-ln", "architecture", {"model.arch": "door-hidden-ln"},
      "terminal_ln_is_what_the_readout_does", "hides a terminal LayerNorm"),
     ("door-nan-features", "dataset", {"data.name": "door-nan-features"},
-     "loads_what_it_declares", "not all finite"),
+     "loads_what_it_declares", "NaN or infinite values"),
     ("door-shifting", "dataset", {"data.name": "door-shifting"},
      "load_is_deterministic_and_leaves_global_rngs_untouched", "two loads"),
     ("door-readout-liar", "credit rule", {"method.name": "door-readout-liar"},

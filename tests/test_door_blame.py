@@ -93,6 +93,19 @@ def test_labels_outside_a_plugin_datasets_classes_name_the_plugin(tmp_path):
             plan.load_data()
 
 
+def test_nan_features_in_a_plugin_datasets_run_load_name_the_plugin(tmp_path):
+    """Past the door's tiny sizes, one NaN feature: refused at the load, not trained into a
+    run recorded as diverged by its rule."""
+    with guests(tmp_path / "api", "door-late-nan"):
+        plan = plan_run(tiny_config(tmp_path / "runs", **{"data.name": "door-late-nan"}))
+        with pytest.raises(GuestError) as error:
+            plan.load_data()
+    assert str(error.value).startswith(
+        f"dataset plugin 'door-late-nan' ({ORIGIN}) loaded data creditaudit cannot use: the "
+        "training samples of door-late-nan hold NaN or infinite values (1 of 256, the first "
+        "at index 150)")
+
+
 def test_a_module_network_given_the_wrong_input_size_is_one_line(tmp_path):
     site = site_with(tmp_path)  # the guests' package, no entry point
     done = cli(site, "train", "--arch", f"module:{FACTORIES}:FlatNet",

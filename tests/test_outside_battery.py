@@ -437,7 +437,8 @@ PLUGINS = [
     # datasets
     *[C(f"data {name}", PLUGIN, REFUSED, train(name, **{"data.name": name}), data(name),
         says) for name, says in [
-        ("battery-inf-features", "the training features are not all finite"),
+        ("battery-inf-features", "the training samples of battery-inf-features hold NaN or "
+                                 "infinite values"),
         ("battery-float64-features", "torch.float64"),
         ("battery-integer-features", "torch.int64"),
         ("battery-float-labels", "the training labels are torch.float32, not int64"),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from creditaudit.data.dataset import EVAL_SUBSET_SEED, Dataset
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.data.registry import (
@@ -49,7 +51,8 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
 
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
-    holding its options) declares (sample shape, classes, labels within them), or their
+    holding its options) declares (sample shape, classes, labels within them, finite
+    features), or their
     augmentation is one the loader cannot apply."""
     declared = tuple(spec.input_shape())
     wrong = LoadedDataError
@@ -65,6 +68,13 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         if y.shape != (x.shape[0],):
             raise wrong(f"the {split} labels of {spec.name} have shape {tuple(y.shape)} for "
                         f"{x.shape[0]} samples")
+        if x.is_floating_point():
+            finite = torch.isfinite(x.flatten(1)).all(dim=1)
+            if not bool(finite.all()):
+                bad, first = int((~finite).sum()), int((~finite).nonzero()[0])
+                raise wrong(f"the {split} samples of {spec.name} hold NaN or infinite values "
+                            f"({bad} of {x.shape[0]}, the first at index {first}): training "
+                            "on them would diverge; give finite features")
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= dataset.n_classes:  # the loss would index out of its logits
             raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "

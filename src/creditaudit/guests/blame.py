@@ -4,7 +4,9 @@ prints never lands in creditaudit's output.
 - :func:`blame` wraps a call into guest code (a plugin's ``build``/``load``/``evaluate``, a
   factory call): an exception out of it — or a ``sys.exit`` — becomes one
   :class:`~creditaudit.errors.GuestError` line naming the guest, its exception and where in
-  its code it was raised; its stdout goes to stderr meanwhile. A
+  its code it was raised; its stdout goes to stderr meanwhile. A change it leaves in torch's
+  process-wide settings (default dtype, threads, …) is put back and refused the same way
+  (:mod:`~creditaudit.guests.settings`). A
   :class:`~creditaudit.errors.CreditAuditError` a guest raises on purpose (a plugin refusing
   an option) is its message to the user and passes unchanged.
 - :func:`guest_failure` tells, after the fact, whether an exception came out of a known
@@ -30,6 +32,7 @@ from typing import Any, TextIO
 
 from creditaudit.errors import CreditAuditError, GuestError
 from creditaudit.guests.code import Guest, guests_owning, known_paths, resolved
+from creditaudit.guests.settings import settings_kept
 
 ADVICE = ("an error in its code, not in creditaudit: fix it or report it to its authors "
           "(--verbose shows the traceback)")
@@ -44,7 +47,7 @@ def blame(guest: Guest | str | None) -> Iterator[None]:
         return
     what = guest if isinstance(guest, str) else guest.what
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), settings_kept(what):
             yield
     except (CreditAuditError, KeyboardInterrupt):
         raise

@@ -27,6 +27,7 @@ from creditaudit.config import opt
 from creditaudit.errors import ConfigError, CreditAuditError, GuestError
 from creditaudit.guests import Guest, make_guest, module_sources
 from creditaudit.guests.blame import blame, exit_message
+from creditaudit.guests.settings import settings_kept
 from creditaudit.models.adapted import AdaptedModel, adapt
 from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
 from creditaudit.version import OWN_PACKAGE
@@ -160,7 +161,7 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
         factory, args = load_factory(options.factory), factory_args(options)
         what = f"model factory {options.factory!r}"
         try:
-            with contextlib.redirect_stdout(sys.stderr):
+            with contextlib.redirect_stdout(sys.stderr), settings_kept(what):
                 net = factory(**args)
         except CreditAuditError:
             raise

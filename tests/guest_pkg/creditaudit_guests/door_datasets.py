@@ -7,7 +7,8 @@ Each is a small Gaussian-mixture-like generated dataset of 8 features and 4 clas
   set);
 - ``door-bad-labels``: labels up to 4 (of 4 classes) once more than 100 training samples
   are asked for — past the door's tiny sizes, so only the run's own load can tell;
-- ``door-load-raises``: ``load()`` raises for more than 100 training samples.
+- ``door-load-raises``: ``load()`` raises for more than 100 training samples;
+- ``door-late-nan``: one NaN feature once more than 100 training samples are asked for.
 """
 
 import itertools
@@ -80,6 +81,17 @@ class BadLabels(Mixture):
         x, y = super().arrays(options, seed)
         if options.n_train > 100:
             y[5] = CLASSES
+        return x, y
+
+
+class LateNaN(Mixture):
+    name, label = "door-late-nan", "Late NaN"
+
+    @classmethod
+    def arrays(cls, options, seed):
+        x, y = super().arrays(options, seed)
+        if options.n_train > 100:
+            x[150, 2] = float("nan")
         return x, y
 
 

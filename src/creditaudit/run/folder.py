@@ -33,6 +33,7 @@ from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
+    check_same_run,
     no_run_to_resume,
     restartable,
 )
@@ -106,6 +107,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             existing = load_record(record_path)
         except RunRecordError as err:
             raise RunRecordError(f"{err}; pass --force to start this run over") from None
+        check_same_run(existing, plan.run_id, record_path)
         # Served, resumed or restarted only on the arrays it trained on: load them now
         # (training would load them next anyway; the plan keeps them).
         check_same_data(existing, plan.data_identity(), record_path)

@@ -3,9 +3,10 @@
 ``train --resume`` and ``audit`` rebuild a model, a credit rule (and, to resume, the optimiser,
 the schedule and the RNG streams) from a run's config, then load its ``checkpoint.pt`` into
 them. A checkpoint of another method or shape, a damaged optimiser or schedule state, an RNG
-state of the wrong size, an epoch outside ``0 … optim.epochs``, or data that changed since
-the run trained, each end in one :class:`~creditaudit.errors.RunRecordError` line naming the
-file — never in a KeyError from ``load_state_dict`` halfway through loading.
+state of the wrong size, an epoch outside ``0 … optim.epochs``, data that changed since the
+run trained, or a record or checkpoint of another run (copied into this run's folder) each
+end in one :class:`~creditaudit.errors.RunRecordError` line naming the file — never in a
+KeyError from ``load_state_dict`` halfway through loading.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
             raise RunRecordError(f"checkpoint {path} does not fit this run's "
                                  f"{config.method.name} {model.describe().label}: {problem}; "
                                  f"{FORCE_HINT}")
+
+
+def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
+    """One-line RunRecordError when the record read from ``path`` (a run folder's
+    record.json, or the copy inside its checkpoint) is of another run than ``run_id``, the
+    run whose folder holds it: a file copied from another run's folder would otherwise be
+    resumed or served as this run's."""
+    if record.run_id and record.run_id != run_id:
+        raise RunRecordError(f"{path} holds the record of run {record.run_id}, not of "
+                             f"{run_id} whose folder it is in (a file copied from another "
+                             f"run's folder?): {FORCE_HINT}")
 
 
 def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:

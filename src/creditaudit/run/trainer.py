@@ -62,6 +62,7 @@ from creditaudit.run.results import (
 from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
+    check_same_run,
     load_into,
 )
 from creditaudit.run.setup import make_schedule, resolve_device
@@ -163,6 +164,7 @@ class Trainer:
                                  "over with --force")
         state = load_checkpoint(path, map_location=self.device)
         record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
+        check_same_run(record, self.run_id, path)
         check_same_data(record, self.data_identity, path)
         check_same_question(record.config, self.config, path)
         load_into(state, path, self.config, model=self.model, rule=self.rule,

@@ -219,6 +219,18 @@ class Conv1dNet(nn.Module):
         return self.head(self.block(self.embed(x)))
 
 
+class AlwaysDropoutNet(nn.Module):
+    """Dropout that ignores eval mode: random, which is not mixing samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.block(self.embed(x))
+        return self.head(nn.functional.dropout(h, 0.5, training=True))
+
+
 def batch_stat_resnet() -> CifarResNet:
     net = resnet()
     net.layer2[0].bn1 = nn.BatchNorm2d(32, track_running_stats=False)
@@ -236,6 +248,9 @@ REFUSALS = [
      "order the forward pass computes them: 'layer2.0' runs after 'layer1.0'"),
     ("mixes samples", batch_stat_resnet, RESNET_STATES, {},
      "mixes samples in eval mode (BatchNorm 'layer2.0.bn1' has track_running_stats=False"),
+    ("random", AlwaysDropoutNet, ["embed", "block"], {"input_shape": (4,)},
+     "the model's eval-mode forward is random: two passes over the same batch differ at "
+     "'the logits'"),
     ("called twice", TwiceNet, ["embed", "block"], {"input_shape": (4,)},
      "state 'block' is called more than once"),
     ("does not reach", TwiceNet, ["embed", "aux"], {"input_shape": (4,)},

@@ -201,15 +201,27 @@ class AdaptProbe:
         return change < SCALE_INVARIANT_RTOL
 
     def _check_independence(self, x: Tensor) -> None:
-        """Eval-mode outputs of sample 0 must not move when the other samples change."""
+        """Eval-mode outputs must be the same on a second pass over the same batch, and
+        sample 0's must not move when the other samples change."""
         if x.shape[0] < 2:
             raise ModelContractError(f"the probe batch has {x.shape[0]} sample(s): give "
                                      "adapt() at least 2 (example=x[:8])")
         rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
         with torch.no_grad():
             states, logits = self._trace(x, detach=False, leaf=False)
+            again, again_logits = self._trace(x, detach=False, leaf=False)
             other_states, other_logits = self._trace(torch.cat([x[:1], rest]), detach=False,
                                                      leaf=False)
+        names = [*self.state_names, "the logits"]
+        for name, a, b in zip(names, [*states, logits], [*again, again_logits], strict=True):
+            # the mixing tolerance: a device's own non-determinism in sums is not randomness
+            if float((a - b).abs().max()) > MIXING_RTOL * (float(a.abs().max()) + 1.0):
+                raise ModelContractError(
+                    f"the model's eval-mode forward is random: two passes over the same batch "
+                    f"differ at {name!r} (dropout called with training=True, or torch.rand… "
+                    "in its forward?), and the diagnostics compare outputs of the same "
+                    "samples; make the forward deterministic in eval mode (nn.Dropout, or "
+                    "F.dropout(..., training=self.training))")
         pairs = [*zip(self.state_names, states, other_states), ("the logits", logits,
                                                                 other_logits)]
         for name, a, b in pairs:

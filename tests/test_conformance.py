@@ -7,12 +7,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, GuestError
 from creditaudit.methods import BP, DFA, EP, rule_class, rule_names
 from creditaudit.methods.base import step_result
+from creditaudit.run.trainer import train
 from creditaudit.testing import check_rule, make_rule, rule_checks, tiny_batch
 from creditaudit.testing.common import EXPECTED_FAILURE, relative_error
 from creditaudit.testing.rule_properties import output_layer_errors
+from door_support import ORIGIN, guests, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -127,6 +129,47 @@ def test_a_readout_only_liar_on_blocks_without_a_linear_end_is_caught():
     assert f"{TRAINED}[convmixer]" in str(err.value)
     assert NEW_CHECK not in str(err.value)
     check_rule(BP, archs=("convmixer",))  # the honest rule passes it
+
+
+# Backprop whose gradients are backprop's but whose real step leaves credited parts at init
+# (tests/guest_pkg, creditaudit_guests.fx1_rules): (entry point, the part left still on the
+# tiny ResidualMLP, what the message says is wrong)
+LEFT_OUT = "trainable_parameters() leaves them out"
+NOT_APPLIED = "the step gives them a gradient but does not apply its update"
+STILL = [("fx1-readout-params", "the embedding", LEFT_OUT),
+         ("fx1-omits-a-block", "blocks[1]", LEFT_OUT),
+         ("fx1-restores-blocks", "blocks[0]", NOT_APPLIED),
+         ("fx1-restores-a-block", "blocks[1]", NOT_APPLIED),
+         ("fx1-skips-the-step", "the embedding", NOT_APPLIED)]
+
+
+@pytest.mark.parametrize("name,part,why", STILL, ids=[c[0] for c in STILL])
+def test_a_rule_whose_real_step_leaves_credited_parts_still_fails_the_suite(
+        tmp_path, name, part, why):
+    """Their .grad after a zero-learning-rate step is backprop's, so only a real step shows
+    that embedding or blocks never train (the suite passed all five before)."""
+    with guests(tmp_path / "site", name), pytest.raises(AssertionError) as err:
+        check_rule(rule_class(name))
+    message = str(err.value)
+    assert "fails 3 conformance check(s)" in message  # that check, on every architecture
+    assert all(f"{TRAINED}[{arch}]" in message for arch in ("resmlp", "vit", "convmixer"))
+    first = message.splitlines()[1]
+    assert f" of {part} unchanged although the rule reports a non-zero credit" in first
+    assert why in first
+
+
+@pytest.mark.parametrize("name,part,why", STILL, ids=[c[0] for c in STILL])
+def test_a_rule_whose_real_step_leaves_credited_parts_still_is_refused_at_the_door(
+        tmp_path, name, part, why):
+    """The probe's case: such a plugin was trained and recorded with cos +1.000."""
+    out = tmp_path / "runs"
+    with guests(tmp_path / "site", name, "door-mixture"), pytest.raises(GuestError) as err:
+        train(tiny_config(out, **{"method.name": name}))
+    line = str(err.value)
+    assert line.startswith(f"credit rule plugin {name!r} ({ORIGIN}) fails the conformance "
+                           f"check {TRAINED}[resmlp]: a real training step "), line
+    assert part in line and why in line and "\n" not in line
+    assert not list(out.rglob("record.json"))
 
 
 def test_ep_trains_its_output_layers_on_its_credit_at_the_nudged_states():

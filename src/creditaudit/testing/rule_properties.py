@@ -332,16 +332,57 @@ def _parts(model: Any) -> list[tuple[str, list[Tensor], int]]:
               for i, block in enumerate(model.blocks))]
 
 
+# A real step's learning rate: on the tiny float64 networks SGD with it changes every weight
+# tensor whose gradient is not zero (a tensor stays put only if |lr·g| < 1e-16·|w| everywhere).
+REAL_STEP_LR = 0.1
+
+
 def credited_parts_are_trained(cls: type[CreditRule], arch: str = "resmlp") -> None:
     rule = make_rule(cls, arch=arch)
     x, y = tiny_batch(arch=arch)
     _zero_lr_step(rule, x, y)
     credits = rule.credits(x, y)  # after the step, as output_layer_errors reads them
+    credited = []
     for name, params, state in _parts(rule.model):
         trainable = [p for p in params if p.requires_grad]
         if not trainable or not bool(credits[state].abs().max() > 0):
             continue
-        assert any(p.grad is not None and bool(p.grad.abs().max() > 0) for p in trainable), (
+        assert any(_has_gradient(p) for p in trainable), (
             f"the rule reports a non-zero credit for state {state}, but its training step "
             f"gives {name}, which writes that state, no gradient: the audit would score a "
             "credit that trains nothing (freeze the part, or train it with its credit)")
+        credited.append((name, trainable, state))
+    _real_step_moves(rule, x, y, credited)
+
+
+def _has_gradient(p: Tensor) -> bool:
+    return p.grad is not None and bool(p.grad.abs().max() > 0)
+
+
+def _real_step_moves(rule: CreditRule, x: Tensor, y: Tensor,
+                     credited: list[tuple[str, list[Tensor], int]]) -> None:
+    """One step with a fresh ``SGD(rule.trainable_parameters(), lr=REAL_STEP_LR)``: every
+    parameter of a credited part the step gives a non-zero gradient must move. Gradients
+    alone do not show training: an optimizer never handed the parameter, a step that is
+    skipped or whose update is undone, leave ``.grad`` as backprop's and the weights at init."""
+    names = {id(p): name for name, p in rule.model.named_parameters()}
+    before = {id(p): p.detach().clone() for _, params, _ in credited for p in params}
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=REAL_STEP_LR)
+    assert rule.train_step(x, y, optimizer).finite, \
+        "a training step on a tiny float64 net was not finite"
+    handed = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for part, params, state in credited:
+        still = [p for p in params if _has_gradient(p) and torch.equal(p.detach(), before[id(p)])]
+        if not still:
+            continue
+        left_out = [names[id(p)] for p in still if id(p) not in handed]
+        listed = left_out or [names[id(p)] for p in still]
+        shown = ", ".join(listed[:3]) + (", …" if len(listed) > 3 else "")
+        why = ("trainable_parameters() leaves them out, so no optimizer updates them (return "
+               "every parameter the step trains)" if left_out else
+               "the step gives them a gradient but does not apply its update (call "
+               "optimizer.step() after backward, and keep the weights it writes)")
+        raise AssertionError(
+            f"a real training step (SGD, lr {REAL_STEP_LR}) leaves {shown} of {part} "
+            f"unchanged although the rule reports a non-zero credit for state {state}: {why}; "
+            "the audit would score a credit that trains nothing")

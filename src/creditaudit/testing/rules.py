@@ -50,9 +50,12 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
 - ``credited_parts_are_trained`` (every rule, every architecture): after one
   zero-learning-rate step, each trainable part — the embedding, each block; an adapted
   model's segments — whose state the rule reports a non-zero credit for got a non-zero
-  gradient. A rule that trains only its readout while reporting backprop's gradients would
-  otherwise be audited cos +1.000; this holds it where no block splits into a last
-  ``nn.Linear`` (the check above) too;
+  gradient; and one real step (``SGD(rule.trainable_parameters(), lr=0.1)``, the rule's own
+  ``train_step``) changes every parameter of those parts that it gives a non-zero gradient.
+  A rule that trains only its readout while reporting backprop's gradients would otherwise
+  be audited cos +1.000; this holds it where no block splits into a last ``nn.Linear`` (the
+  check above) too, and holds the rule whose gradients are backprop's but whose weights stay
+  at init — left out of ``trainable_parameters()``, an optimizer step skipped or undone;
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);

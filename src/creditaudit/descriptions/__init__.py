@@ -11,7 +11,17 @@ numbers (``docs/records.md`` is generated from them).
 
 from __future__ import annotations
 
-from creditaudit.descriptions.epoch import MEASURES_DERIVED, EpochMeasures, max_block_growth
+from creditaudit.descriptions.epoch import (
+    BELOW_FLOOR,
+    COSINE_INVALID,
+    CREDIT_NOT_FINITE,
+    GRADIENT_NOT_FINITE,
+    MEASURES_DERIVED,
+    NOT_FINITE,
+    EpochMeasures,
+    deep_invalid,
+    max_block_growth,
+)
 from creditaudit.descriptions.model_data import (
     AUGMENTATION,
     CONTENT_DIGEST,
@@ -19,5 +29,7 @@ from creditaudit.descriptions.model_data import (
     ModelDescription,
 )
 
-__all__ = ["AUGMENTATION", "CONTENT_DIGEST", "DataIdentity", "EpochMeasures", "MEASURES_DERIVED",
-           "ModelDescription", "max_block_growth"]
+__all__ = ["AUGMENTATION", "BELOW_FLOOR", "CONTENT_DIGEST", "COSINE_INVALID",
+           "CREDIT_NOT_FINITE", "DataIdentity", "EpochMeasures", "GRADIENT_NOT_FINITE",
+           "MEASURES_DERIVED", "ModelDescription", "NOT_FINITE", "deep_invalid",
+           "max_block_growth"]

@@ -25,6 +25,23 @@ from creditaudit.descriptions.fields import (
     finite_number,
 )
 
+# Why a state's cosine cos(a_l, g_l) is not a valid measurement (``cos_invalid``), the most
+# fundamental first: a non-finite reference gradient, then a non-finite credit (neither has a
+# direction, so no cosine can be measured), then a reference below the numerical floor (a
+# cosine is measured, against noise).
+GRADIENT_NOT_FINITE = "gradient_not_finite"
+CREDIT_NOT_FINITE = "credit_not_finite"
+BELOW_FLOOR = "reference_below_floor"
+COSINE_INVALID = (GRADIENT_NOT_FINITE, CREDIT_NOT_FINITE, BELOW_FLOOR)
+NOT_FINITE = (GRADIENT_NOT_FINITE, CREDIT_NOT_FINITE)
+
+
+def deep_invalid(reasons: Sequence[str | None]) -> tuple[str, ...]:
+    """The distinct reasons among the deep states' (l ≥ 1) of a per-state ``cos_invalid``
+    list, most fundamental first; () when every deep cosine is valid."""
+    found = set(reasons[1:])
+    return tuple(reason for reason in COSINE_INVALID if reason in found)
+
 
 def max_block_growth(norms: Sequence[float]) -> float:
     """max_l ‖h_{l+1}‖/‖h_l‖ over consecutive median norms (diagnostic (a)); inf after a
@@ -55,11 +72,19 @@ class EpochMeasures:
         "cos(a_l, g_l) per state: per sample, then mean over samples", required=True,
         domain=COSINE)
     cos_valid: list[bool] | None = doc(
-        "per state: whether the reference ‖g_l‖ is at or above the floor (1e-7); a cosine "
-        "against a gradient below the floor is measured against numerical noise")
+        "per state: whether the cosine is a valid measurement: the reference ‖g_l‖ is at or "
+        "above the floor (1e-7; a cosine against a gradient below the floor is measured "
+        "against numerical noise) and no sample's credit or reference gradient is NaN/Inf "
+        "(`cos_invalid` says which failed)")
+    cos_invalid: list[str | None] | None = doc(
+        "per state: why the cosine is not valid, null where it is: `gradient_not_finite` "
+        "(some sample's reference gradient is NaN/Inf), `credit_not_finite` (some sample's "
+        "credit is NaN/Inf: the rule's credit could not be measured), "
+        "`reference_below_floor` (‖g_l‖ below the floor). Records from before it lack it")
     cos_defined: list[float] | None = doc(
         "per state: the fraction of samples cos_per_layer averages over (a sample whose "
-        "credit or gradient is exactly zero has no direction and is left out)",
+        "credit or gradient is exactly zero has no direction and is left out, as is one "
+        "whose credit or gradient is NaN/Inf, which `cos_invalid` then names)",
         domain=FRACTION)
     feedback_layers: list[str] | None = doc(
         "rules whose feedback matrix B stands in for one weight matrix W in the backward "
@@ -104,8 +129,19 @@ class EpochMeasures:
 
     @property
     def deep_cos_valid(self) -> bool | None:
-        """Whether every deep state's reference gradient is valid (None: not recorded)."""
+        """Whether every deep state's cosine is valid (None: not recorded)."""
         return None if self.cos_valid is None else all(self.cos_valid[1:])
+
+    @property
+    def deep_cos_invalid(self) -> tuple[str, ...] | None:
+        """Why some deep state's cosine is not valid (:func:`deep_invalid`; () when all are,
+        None: not recorded). Records from before ``cos_invalid``: an invalid cosine there
+        was one against a reference below the floor, the only check made then."""
+        if self.cos_invalid is not None:
+            return deep_invalid(self.cos_invalid)
+        if self.cos_valid is None:
+            return None
+        return deep_invalid([None if ok else BELOW_FLOOR for ok in self.cos_valid])
 
 
 # The values EpochMeasures derives from its fields (properties), by record key.

@@ -36,6 +36,8 @@ from creditaudit.guests.settings import settings_kept
 
 ADVICE = ("an error in its code, not in creditaudit: fix it or report it to its authors "
           "(--verbose shows the traceback)")
+# For a guest that returned a wrong value: no exception, so no traceback to show.
+VALUE_ADVICE = "an error in its code, not in creditaudit: fix it or report it to its authors"
 
 
 @contextlib.contextmanager
@@ -70,6 +72,12 @@ def failure_message(what: str, err: BaseException, frame: traceback.FrameSummary
     text = str(err).strip().splitlines()
     detail = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
     return f"{what} raised {detail}{_where(frame)}; {ADVICE}"
+
+
+def value_message(what: str, detail: str) -> str:
+    """``WHAT DETAIL; ADVICE``: a guest whose call returned but whose value is wrong (NaN
+    credits), named as its own in the one line of :func:`failure_message`."""
+    return f"{what} {detail}; {VALUE_ADVICE}"
 
 
 def guest_failure(err: BaseException) -> str | None:
@@ -164,5 +172,5 @@ def guest_output_to_stderr() -> Iterator[None]:
         sys.stdout = previous
 
 
-__all__ = ["blame", "guest_failure", "failure_message", "exit_message",
-           "guest_output_to_stderr", "GuestAwareStdout", "ADVICE"]
+__all__ = ["blame", "guest_failure", "failure_message", "exit_message", "value_message",
+           "guest_output_to_stderr", "GuestAwareStdout", "ADVICE", "VALUE_ADVICE"]

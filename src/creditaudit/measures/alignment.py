@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.deep_layers import deep_mean
+from creditaudit.descriptions import BELOW_FLOOR, CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
 from creditaudit.measures.gradients import median_norms
 
 
@@ -63,6 +64,28 @@ def layer_cosine_coverage(credits: list[Tensor], grads: list[Tensor]
         means.append(_mean_defined(per_sample))
         defined.append(float((~torch.isnan(per_sample)).double().mean()))
     return means, defined
+
+
+def cosine_invalid(credits: list[Tensor], grads: list[Tensor], grad_norms: list[float],
+                   floor: float) -> list[str | None]:
+    """Per layer l = 0 … L: why cos(a_l, g_l) is not a valid measurement, None where it is.
+
+    ``credits[l]``/``grads[l]`` are ``(N, d_l)`` per-sample vectors, ``grad_norms[l]`` the
+    median ‖g_l‖ (1/128 scale). A NaN/Inf entry in any sample's gradient
+    (:data:`~creditaudit.descriptions.GRADIENT_NOT_FINITE`) or credit
+    (:data:`~creditaudit.descriptions.CREDIT_NOT_FINITE`) leaves that sample without a
+    direction: unlike an exactly-zero vector, that is a fault, not a property of the
+    sample, so the layer's cosine is not valid; else a median ‖g_l‖ below ``floor``
+    (:data:`~creditaudit.descriptions.BELOW_FLOOR`)."""
+    out: list[str | None] = []
+    for a, g, norm in zip(credits, grads, grad_norms):
+        if not bool(torch.isfinite(g).all()):
+            out.append(GRADIENT_NOT_FINITE)
+        elif not bool(torch.isfinite(a).all()):
+            out.append(CREDIT_NOT_FINITE)
+        else:
+            out.append(None if norm >= floor else BELOW_FLOOR)
+    return out
 
 
 class ReferenceDirections:
@@ -131,9 +154,13 @@ def layer_cosine_table(credits: list[Tensor], grads: list[Tensor], floor: float
     against a gradient at the numerical floor and means nothing. ``defined`` is the fraction
     of the N samples the cosine averages over: a sample whose credit (or gradient) is exactly
     zero has no direction and is left out, so below 1 the cosine describes only the rest.
+    ``cos_invalid``: why the cosine is not valid, None where it is (:func:`cosine_invalid`:
+    a NaN/Inf credit or gradient, or the reference below the floor).
     """
     means, defined = layer_cosine_coverage(credits, grads)
+    norms = median_norms(grads)
+    invalid = cosine_invalid(credits, grads, norms, floor)
     return [{"layer": layer, "cos": cos, "g_norm": g_norm,
-             "valid_reference": bool(g_norm >= floor), "defined": share}
-            for layer, (cos, g_norm, share) in enumerate(zip(means, median_norms(grads),
-                                                             defined))]
+             "valid_reference": bool(g_norm >= floor), "defined": share, "cos_invalid": why}
+            for layer, (cos, g_norm, share, why) in enumerate(zip(means, norms, defined,
+                                                                  invalid))]

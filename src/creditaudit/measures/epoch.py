@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.descriptions import EpochMeasures
-from creditaudit.measures.alignment import layer_cosine_coverage
+from creditaudit.measures.alignment import cosine_invalid, layer_cosine_coverage
 from creditaudit.measures.gradients import (
     REFERENCE_FLOOR,
     StateGradients,
@@ -51,6 +51,7 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor
         credits = sg.grads if exact else rule_credits(rule, x, y)
     grads = median_norms(sg.grads)
     cos, defined = layer_cosine_coverage(credits, sg.grads)
+    invalid = cosine_invalid(credits, sg.grads, grads, REFERENCE_FLOOR)
     zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])
     alignment = rule.weight_alignment()
     feedback = {} if alignment is None else {
@@ -60,6 +61,6 @@ def epoch_diagnostics(rule: CreditRule, x: Tensor, y: Tensor
     measures = EpochMeasures(
         hidden_norms=median_norms(sg.states), bp_grad_norms_per_sample_med=grads,
         g_L_zero_fraction=zero_fraction, g_L_nonzero_median=nonzero_median,
-        cos_per_layer=cos, cos_valid=[bool(g >= REFERENCE_FLOOR) for g in grads],
+        cos_per_layer=cos, cos_valid=[why is None for why in invalid], cos_invalid=invalid,
         cos_defined=defined, **feedback)
     return measures, sg

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.descriptions import MEASURES_DERIVED, EpochMeasures
+from creditaudit.descriptions import COSINE_INVALID, MEASURES_DERIVED, EpochMeasures
 from creditaudit.descriptions.fields import (
     ACCURACY,
     DOMAIN_TOLERANCE,
@@ -226,7 +226,24 @@ def _measures(raw: Mapping[str, Any], where: str, record: str, prefix: str
                 _check_domain(measured[name], domain, record, prefix + name)
         raise RunRecordError(f"{where} holds diagnostics without {', '.join(missing)}; the "
                              "record was not written by creditaudit as it is")
+    _check_invalid(measured.get("cos_invalid"), measured.get("cos_valid"), where)
     return EpochMeasures(**measured)
+
+
+def _check_invalid(reasons: Any, valid: Any, where: str) -> None:
+    """``cos_invalid``: null or one of :data:`COSINE_INVALID` per state, null exactly where
+    ``cos_valid`` says valid (None: a record from before the field)."""
+    if reasons is None:
+        return
+    fine = isinstance(reasons, list) and all(r is None or r in COSINE_INVALID for r in reasons)
+    if fine and isinstance(valid, list):
+        fine = len(valid) == len(reasons) and all(
+            (r is None) == (v is True) for r, v in zip(reasons, valid))
+    if not fine:
+        raise RunRecordError(
+            f"{where}: cos_invalid = {reprlib.repr(reasons)} is not a list of null or "
+            f"{', '.join(COSINE_INVALID)} agreeing with cos_valid; the record was not "
+            "written by creditaudit as it is")
 
 
 def nonzero_median_restored(raw: Any) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import config_from_dict
-from creditaudit.descriptions import DataIdentity, ModelDescription
+from creditaudit.descriptions import COSINE_INVALID, DataIdentity, ModelDescription
 from creditaudit.errors import CreditAuditError, RunRecordError
 from creditaudit.records.copies import read_final, read_protocol
 from creditaudit.records.parts import EpochEntry, check_domains, nonzero_median_restored
@@ -81,6 +81,7 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
     except TypeError as err:
         raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
     diagnostics = EndOfRun.from_dict(raw["diagnostics"])
+    _check_table_reasons(diagnostics.cosine_table, where)
     parts = [*((entry, f"log[{i}].") for i, entry in enumerate(log)), (final, "final."),
              (diagnostics, "diagnostics.")]
     for part, prefix in parts:
@@ -93,6 +94,7 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
         environment=dict(raw.get("environment") or {}), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
+        credit_not_finite=_credit_not_finite(raw.get("credit_not_finite"), where),
         not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
 
 
@@ -101,3 +103,36 @@ def _keys(value: Any, where: str) -> list[str]:
     if isinstance(value, list) and all(isinstance(k, str) for k in value):
         return list(value)
     raise RunRecordError(f"run record {where}: 'not_recorded' must be a list of config keys")
+
+
+def _check_table_reasons(table: Any, where: str) -> None:
+    """The end-of-run cosine table's ``cos_invalid`` per row: absent (records from before
+    it), null or one of :data:`COSINE_INVALID`."""
+    for index, row in enumerate(table if isinstance(table, list) else []):
+        reason = row.get("cos_invalid") if isinstance(row, dict) else None
+        if reason is not None and reason not in COSINE_INVALID:
+            raise RunRecordError(
+                f"run record {where}: diagnostics.cosine_table[{index}].cos_invalid = "
+                f"{reason!r} is not null or one of {', '.join(COSINE_INVALID)}; the record "
+                "was not written by creditaudit as it is")
+
+
+def _credit_not_finite(value: Any, where: str) -> dict[str, Any] | None:
+    """``credit_not_finite`` (absent: none): the first epoch, the states (integers), the
+    rule's name (text) and whether it is a guest's code."""
+    if value is None:
+        return None
+    fine = (isinstance(value, dict) and isinstance(value.get("rule"), str)
+            and isinstance(value.get("guest", False), bool)
+            and _integers([value.get("epoch")]) and isinstance(value.get("states"), list)
+            and _integers(value["states"]))
+    if not fine:
+        raise RunRecordError(f"run record {where}: 'credit_not_finite' must be an object with "
+                             "an integer 'epoch', a list of integer 'states', the 'rule' as "
+                             "text and 'guest' true or false; the record was not written "
+                             "by creditaudit as it is")
+    return dict(value)
+
+
+def _integers(values: list[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)

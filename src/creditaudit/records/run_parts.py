@@ -64,8 +64,10 @@ class EndOfRun:
                                         domain=COSINE)
     deep_cos: float | None = doc("mean of bp_cosine over l ≥ 1", domain=COSINE)
     cosine_table: list[dict[str, Any]] | None = doc(
-        "per state: cos, median ‖g_l‖, `valid_reference` (‖g_l‖ ≥ floor) and `defined` "
-        "(the fraction of samples the cosine averages over: a zero credit has no direction)",
+        "per state: cos, median ‖g_l‖, `valid_reference` (‖g_l‖ ≥ floor), `defined` "
+        "(the fraction of samples the cosine averages over: a zero credit has no direction) "
+        "and `cos_invalid` (why the cosine is not valid, null where it is: as the epochs' "
+        "`cos_invalid`; rows from before it lack it)",
         domain={"cos": COSINE, "g_norm": NONNEGATIVE, "defined": FRACTION})
     cosine_controls: dict[str, list[float]] | None = doc(
         "cosines of the BP credit (`bp`, = 1) and a random credit (`random`)", domain=COSINE)

@@ -25,7 +25,13 @@ from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.deep_layers import deep_mean
-from creditaudit.descriptions import DataIdentity, EpochMeasures, ModelDescription
+from creditaudit.descriptions import (
+    BELOW_FLOOR,
+    DataIdentity,
+    EpochMeasures,
+    ModelDescription,
+    deep_invalid,
+)
 from creditaudit.descriptions.fields import as_number, doc, finite_number
 from creditaudit.records.copies import stored_final, stored_protocol
 from creditaudit.records.parts import EpochEntry
@@ -68,6 +74,13 @@ class RunRecord:
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")
     divergence: dict[str, Any] | None = doc("diverged runs: epoch, step and reason")
+    credit_not_finite: dict[str, Any] | None = doc(
+        "runs whose rule returned NaN/Inf credits on the evaluation set (so no cosine of them "
+        "is valid; the run's training and accuracy are its own): the first `epoch` it did "
+        "(the last one when only the end-of-run block met them), the `states` where, the "
+        "`rule` as creditaudit names it (a plugin: with its distribution) and whether it is "
+        "a `guest`'s code (a plugin, or a user's own class) rather than creditaudit's. "
+        "Absent otherwise")
     stopped_early: dict[str, Any] | None = doc("runs stopped by --stop-on-walkback: epoch, "
                                                "reason")
     not_recorded: list[str] = doc(
@@ -207,12 +220,24 @@ class RunRecord:
 
     @property
     def deep_cos_valid(self) -> bool | None:
-        """Whether the deep cosine was measured against valid reference gradients."""
+        """Whether the deep cosine is a valid measurement: finite credits and reference
+        gradients, the references at or above the floor (None: not recorded)."""
+        reasons = self.deep_cos_invalid
+        return None if reasons is None else not reasons
+
+    @property
+    def deep_cos_invalid(self) -> tuple[str, ...] | None:
+        """Why the deep cosine is not valid (the ``cos_invalid`` reasons at the deep states,
+        most fundamental first; () when it is; None: not recorded): end of run, else the
+        last evaluated epoch. End-of-run rows from before ``cos_invalid`` say only whether
+        the reference was at the floor."""
         table = self.diagnostics.cosine_table
         if table:
-            return all(bool(row.get("valid_reference")) for row in table[1:])
+            return deep_invalid([row.get("cos_invalid") if "cos_invalid" in row
+                                 else None if row.get("valid_reference") else BELOW_FLOOR
+                                 for row in table])
         last = self.last_measures()
-        return None if last is None else last.deep_cos_valid
+        return None if last is None else last.deep_cos_invalid
 
     @property
     def deep_cos_coverage(self) -> float | None:
@@ -310,6 +335,8 @@ class RunRecord:
             "reference": self.reference.to_dict(),
             "error": self.error,
             **({"divergence": self.divergence} if self.divergence else {}),
+            **({"credit_not_finite": self.credit_not_finite} if self.credit_not_finite
+               else {}),
             **({"stopped_early": self.stopped_early} if self.stopped_early else {}),
             **({"not_recorded": list(self.not_recorded)} if self.not_recorded else {}),
         }

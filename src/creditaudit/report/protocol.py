@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from creditaudit.descriptions import CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
 from creditaudit.formatting import fmt
 from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
@@ -75,6 +76,12 @@ def _latex_escape(text: str) -> str:
     return "".join(_LATEX.get(c, c if c.isascii() else "?") for c in text)
 
 
+# A layer's flag where some sample's credit or gradient is NaN/Inf (``cos_invalid``).
+NOT_FINITE_FLAGS = {
+    CREDIT_NOT_FINITE: "credit NaN/Inf at some samples: no valid cos",
+    GRADIENT_NOT_FINITE: "‖g‖ NaN/Inf at some samples: no valid cos"}
+
+
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
     """Per-layer cells: layer, ‖h_l‖, growth into l (for h_0: since initialisation, as (a)
     measured it), ‖g_l‖, cos (marked when the reference is not verified), flags."""
@@ -94,7 +101,10 @@ def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
             flags.append("‖g‖ below floor: invalid reference")
         cos = cosines[layer]["cos"] if layer < len(cosines) else None
         defined = cosines[layer].get("defined") if layer < len(cosines) else None
-        if defined is not None and defined < 1:
+        invalid = cosines[layer].get("cos_invalid") if layer < len(cosines) else None
+        if invalid in NOT_FINITE_FLAGS:
+            flags.append(NOT_FINITE_FLAGS[invalid])
+        elif defined is not None and defined < 1:
             flags.append(f"cos over {defined:.0%} of samples (the rest: zero credit or gradient)")
         rows.append((str(layer), fmt(h), fmt(growth, ".3g"), fmt(g),
                      judged.mark(fmt(cos, "+.3f")), ", ".join(flags)))

@@ -5,12 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from creditaudit.descriptions import BELOW_FLOOR, CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
 from creditaudit.formatting import fmt
+from creditaudit.guests.blame import value_message
 from creditaudit.protocol import FIRED, UNVERIFIED_MARK, DepthUtility, ResidualStreamScale
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
 
 BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
+# The § footnote's cause, by ``cos_invalid`` reason.
+NOT_FINITE_TEXT = {GRADIENT_NOT_FINITE: "the reference gradients",
+                   CREDIT_NOT_FINITE: "the rule's credits"}
 
 
 def stopped_early_text(record: RunRecord) -> str | None:
@@ -45,6 +50,27 @@ def diverged_text(record: RunRecord) -> str | None:
                    "finite (a network that overflowed)")
 
 
+def credit_not_finite_text(record: RunRecord) -> str | None:
+    """One line naming the rule whose credits were NaN/Inf on the evaluation set (a guest's
+    — a plugin, a class of the user's own — as :mod:`creditaudit.guests.blame` names a
+    guest's failure: its own error), where and when, and what that leaves unmeasured; None
+    when they never were."""
+    fault = record.credit_not_finite
+    if not fault:
+        return None
+    states = fault["states"]
+    where = f"state{'s' if len(states) != 1 else ''} {', '.join(map(str, states))}"
+    detail = (f"returned NaN/Inf credits at {where} of the evaluation set in epoch "
+              f"{fault['epoch']}, where the reference gradients are finite: no cosine of "
+              "its credits is valid (nor Γ, ρ or nudging, which read them); its training and "
+              "accuracy are recorded as they are")
+    if fault.get("guest"):
+        return value_message(fault["rule"], detail)
+    return (f"{fault['rule']} {detail}; it computes them from the network's own outputs: "
+            "check that the network's forward is finite in eval mode, with and without "
+            "gradients, else report it to creditaudit")
+
+
 # A credit whose deep cosine with the reference gradient is this close to 1 is that gradient.
 EXACT_COSINE = 1.0 - 1e-6
 
@@ -70,8 +96,10 @@ def reference_growth_text(record: RunRecord, statuses: dict[str, str]) -> str | 
 
 def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
     """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
-    line for each run that stopped early, saying at which epoch and why, and for each that
-    diverged (its accuracy marked ‡), which epoch its numbers are from.
+    line for each run that stopped early, saying at which epoch and why, for each that
+    diverged (its accuracy marked ‡), which epoch its numbers are from, and for each whose
+    rule returned NaN/Inf credits, the rule (its deep cosine marked §: not valid, for that
+    cause, never the † of exactly-zero vectors).
 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
@@ -82,6 +110,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     index = RecordSet(records, use_frozen_runs=use_frozen_runs)
     rows = []
     partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
+    causes: dict[str, None] = {}  # NaN/Inf credits or gradients, for the § footnote
     unverified: list[str] = []  # why a run's reference is not verified, for the footnote
     notes: list[str] = []
     for record in records:
@@ -97,14 +126,20 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             if note is not None:
                 notes.append(f"{record.method}: {note}")
         cos = record.deep_cos
-        valid = record.deep_cos_valid
+        invalid = record.deep_cos_invalid or ()
+        # A NaN/Inf credit or gradient leaves its samples out of the cosine too: § says so,
+        # and † is kept for samples left out because their vectors are exactly zero.
+        not_finite = [why for why in invalid if why in NOT_FINITE_TEXT]
+        below_floor = BELOW_FLOOR in invalid
+        causes.update(dict.fromkeys(not_finite))
         coverage = record.deep_cos_coverage
-        incomplete = coverage is not None and coverage < 1
+        incomplete = coverage is not None and coverage < 1 and not not_finite
         if incomplete:
             partial.append(coverage)
         acc_text = fmt(record.final_acc, ".3f") + ("‡" if record.status == "diverged" else "")
         cos_text = judged.mark(fmt(cos, "+.3f")
-                               + ("*" if valid is False and cos is not None else "")
+                               + ("§" if not_finite else "")
+                               + ("*" if below_floor and cos is not None else "")
                                + ("†" if incomplete else ""))
         if cos_text.endswith(UNVERIFIED_MARK):
             unverified.append(f"{record.method}: {judged.reference_note}")
@@ -126,9 +161,14 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         for note in (stopped_early_text(record), diverged_text(record)):
             if note is not None:
                 lines.append(f"{record.method} {note}")
-    if any(r.deep_cos_valid is False for r in records):
+    lines += dict.fromkeys(filter(None, map(credit_not_finite_text, records)))
+    if any(BELOW_FLOOR in (r.deep_cos_invalid or ()) for r in records):
         lines.append("* measured against reference gradients below the 1e-7 floor: not a "
                      "valid cosine")
+    if causes:
+        what = " or ".join(NOT_FINITE_TEXT[why] for why in causes)
+        lines.append(f"§ not a valid cosine: at some deep state {what} are NaN or Inf (not "
+                     "zero): those samples have no direction")
     if unverified:
         lines.append(f"{UNVERIFIED_MARK} the reference gradient every cosine, Γ and (b) "
                      "compares with is not verified: " + "; ".join(dict.fromkeys(unverified)))

@@ -77,6 +77,8 @@ from creditaudit.run.results import (
     end_of_run_metrics,
     final_results,
     finite_entry,
+    note_credit_not_finite,
+    note_end_of_run_credits,
     protocol_due,
     record_protocol,
     reference_at_start,
@@ -221,6 +223,7 @@ class Recorder:
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
         with eval_mode(model):
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+        note_credit_not_finite(self.record, self.rule, epoch, measures.cos_invalid)
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
                            acc_eval=numbers["test_acc"], train_loss=numbers["train_loss"],
                            train_acc=numbers["train_acc"], extras=kept,
@@ -267,6 +270,7 @@ class Recorder:
                 self.rule, self.eval_x, self.eval_y, initial=self.initial,
                 settings=self.config.diagnostics, seed=self.config.run.seed,
                 progress=lambda text: say(f"end of run: {text}")))
+            note_end_of_run_credits(self.record, self.rule)
             say(f"end of run: done in {duration(time.perf_counter() - started)}")
         self.finished = True
         self._write()

@@ -2,7 +2,8 @@
 
 The reference check as a run starts (:func:`reference_at_start`), the protocol of an epoch
 (:func:`record_protocol`, when :func:`protocol_due`), the final
-results (:func:`final_results`), the end-of-run block (:func:`end_of_run_metrics`) and
+results (:func:`final_results`), the end-of-run block (:func:`end_of_run_metrics`),
+a rule's NaN/Inf credits (:func:`note_credit_not_finite`) and
 whether an epoch's numbers are finite (:func:`finite_entry`) are functions of the record,
 the rule and the evaluation set: :class:`creditaudit.run.trainer.Trainer` and
 :class:`creditaudit.run.recorder.Recorder` (a user's own loop) call the same ones, so both write
@@ -12,6 +13,7 @@ the same record. :func:`epoch_record` is an epoch's diagnostic fields in one cal
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from creditaudit.config import DiagnosticsConfig
-from creditaudit.descriptions import EpochMeasures
+from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
@@ -32,6 +34,10 @@ from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import DERIVED, EpochEntry, FinalResults, ReferenceState, RunRecord
 from creditaudit.records.copies import final_from_entry
+from creditaudit.registry import RULES
+from creditaudit.report.runs import credit_not_finite_text
+
+log = logging.getLogger(__name__)
 
 # Step sizes of the end-of-run nudging test.
 NUDGING_ETAS = (0.01, 0.1)
@@ -138,6 +144,43 @@ def epoch_record(rule: CreditRule, x: torch.Tensor, y: torch.Tensor
     keys = [*(f.name for f in dataclasses.fields(EpochMeasures)), *DERIVED]
     values = {key: entry.value(key) for key in keys}  # test_acc: no test pass here
     return {key: value for key, value in values.items() if value is not None}, sg
+
+
+def note_credit_not_finite(record: RunRecord, rule: CreditRule, epoch: int,
+                           invalid: Sequence[str | None] | None) -> None:
+    """Keep in ``record.credit_not_finite`` the first epoch whose per-state ``invalid``
+    reasons (an epoch's ``cos_invalid``, or the end-of-run table's) say the rule's credits
+    were NaN/Inf, where, and the rule as the registry names it (a plugin: as its guest, with
+    its distribution), and say so once in a warning naming it. The run goes on: its
+    training and accuracy are its own, only the measures of its credits are void."""
+    states = [state for state, why in enumerate(invalid or []) if why == CREDIT_NOT_FINITE]
+    if not states or record.credit_not_finite is not None:
+        return
+    what, guest = rule_named(rule)
+    record.credit_not_finite = {"epoch": epoch, "states": states, "rule": what,
+                                "guest": guest}
+    log.warning("warning: %s", credit_not_finite_text(record))
+
+
+def rule_named(rule: CreditRule) -> tuple[str, bool]:
+    """How messages name ``rule`` (as the registry does: a plugin with its distribution) and
+    whether it is a guest's code: a plugin, or a class of the user's own that the registry
+    does not hold under its name."""
+    cls = type(rule)
+    if RULES.find(rule.name) is not cls:
+        return f"{RULES.noun} {cls.__module__}.{cls.__qualname__} (your own class)", True
+    guest = RULES.guest(rule.name)
+    if guest is not None:
+        return guest.what, True
+    return f"{RULES.noun} {rule.name!r}", False
+
+
+def note_end_of_run_credits(record: RunRecord, rule: CreditRule) -> None:
+    """:func:`note_credit_not_finite` for the end-of-run block's cosine table (measured on
+    the network of the last epoch)."""
+    table = record.diagnostics.cosine_table or []
+    note_credit_not_finite(record, rule, record.log[-1].epoch,
+                           [row.get("cos_invalid") for row in table])
 
 
 def finite_entry(entry: EpochEntry) -> bool:

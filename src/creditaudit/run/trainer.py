@@ -55,6 +55,8 @@ from creditaudit.run.results import (
     end_of_run_metrics,
     final_results,
     finite_entry,
+    note_credit_not_finite,
+    note_end_of_run_credits,
     protocol_due,
     record_protocol,
     reference_at_start,
@@ -198,6 +200,7 @@ class Trainer:
         known = sg = measures = None
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
+            note_credit_not_finite(self.record, self.rule, epoch, measures.cos_invalid)
             known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
         evaluation = self.test_evaluation if known is not None else self.full_evaluation
         test_loss, test_acc = evaluation.run(self.model, self.device, known)
@@ -363,6 +366,7 @@ class Trainer:
                 self.rule, self.eval_x, self.eval_y, initial=initial,
                 settings=self.config.diagnostics, seed=self.config.run.seed,
                 progress=self.loggers.log_stage))
+            note_end_of_run_credits(self.record, self.rule)
         self._write()
 
     def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:

@@ -40,6 +40,8 @@ from creditaudit.methods.bp import BP
 from creditaudit.models import ResidualMLP
 from creditaudit.records import RECORD_FILE, RunRecord, load_record
 from creditaudit.report import format_run_summary
+from creditaudit.report.folder import render_report_markdown
+from creditaudit.results import RunIndex
 from creditaudit.run.results import epoch_record, rule_named
 from door_support import ORIGIN, cli_args, guests, site_with
 from plugin_support import cli
@@ -151,6 +153,18 @@ def test_the_summary_names_nan_not_zero_and_the_plugin(nan_run):
     assert len(named) == 1 and "returned NaN/Inf credits at states 0, 1, 2" in named[0]
     # the same from the record alone (report, sweep)
     assert named[0] in format_run_summary([load_record(run_dir)])
+
+
+def test_the_reports_tables_mark_the_deep_cosine_as_the_summary_does(nan_run):
+    """report.md's audit and seed-summary tables carry the § of the printed summary, and
+    say under the audit table what it means."""
+    _, run_dir = nan_run
+    markdown = render_report_markdown(RunIndex.from_records([load_record(run_dir)]))
+    marked = [line for line in markdown.splitlines()
+              if line.startswith("|") and f"| {RULE} |" in line and "| —§ |" in line]
+    assert len(marked) == 2, markdown  # the audit table's row and the seed summary's
+    assert "§ not a valid cosine: at some deep state the rule's credits are NaN or Inf" \
+        in markdown
 
 
 def test_one_warning_line_names_the_plugin_as_its_own_error(nan_run):

@@ -40,6 +40,7 @@ from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.protocol import render_markdown
+from creditaudit.report.runs import deep_cos_footnotes
 from creditaudit.report.tables import (
     NO_PROTOCOL,
     RECOMPUTED_MARK,
@@ -130,6 +131,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines.append("")
         lines += _frozen_notes(index, table.rows)
         lines += _reference_notes(index, finished)
+        lines += _deep_cos_notes(finished)
     else:
         lines += ["No finished run records found." if runs else "No run records found.", ""]
 
@@ -242,6 +244,11 @@ def _reference_notes(index: RunIndex, runs: Sequence[Any]) -> list[str]:
     return [f"{UNVERIFIED_MARK}: the number was measured against a reference gradient that "
             "is not verified, so a cosine, Γ, (b) or (c) there need not measure anything "
             f"(the verdict says why): {len(why)} run(s).", ""]
+
+
+def _deep_cos_notes(runs: Sequence[Any]) -> list[str]:
+    """What the deep-cosine marks of the tables (§ * †) mean, for the marks shown."""
+    return [line for note in deep_cos_footnotes(runs).values() for line in (note + ".", "")]
 
 
 def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:

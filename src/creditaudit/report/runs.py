@@ -109,8 +109,6 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     """
     index = RecordSet(records, use_frozen_runs=use_frozen_runs)
     rows = []
-    partial: list[float] = []  # deep-cosine coverages below 1, for the † footnote
-    causes: dict[str, None] = {}  # NaN/Inf credits or gradients, for the § footnote
     unverified: list[str] = []  # why a run's reference is not verified, for the footnote
     notes: list[str] = []
     for record in records:
@@ -125,22 +123,8 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             note = reference_growth_text(record, statuses)
             if note is not None:
                 notes.append(f"{record.method}: {note}")
-        cos = record.deep_cos
-        invalid = record.deep_cos_invalid or ()
-        # A NaN/Inf credit or gradient leaves its samples out of the cosine too: § says so,
-        # and † is kept for samples left out because their vectors are exactly zero.
-        not_finite = [why for why in invalid if why in NOT_FINITE_TEXT]
-        below_floor = BELOW_FLOOR in invalid
-        causes.update(dict.fromkeys(not_finite))
-        coverage = record.deep_cos_coverage
-        incomplete = coverage is not None and coverage < 1 and not not_finite
-        if incomplete:
-            partial.append(coverage)
         acc_text = fmt(record.final_acc, ".3f") + ("‡" if record.status == "diverged" else "")
-        cos_text = judged.mark(fmt(cos, "+.3f")
-                               + ("§" if not_finite else "")
-                               + ("*" if below_floor and cos is not None else "")
-                               + ("†" if incomplete else ""))
+        cos_text = judged.mark(fmt(record.deep_cos, "+.3f") + deep_cos_marks(record))
         if cos_text.endswith(UNVERIFIED_MARK):
             unverified.append(f"{record.method}: {judged.reference_note}")
         rows.append((record, acc_text, cos_text, verdict))
@@ -162,18 +146,54 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             if note is not None:
                 lines.append(f"{record.method} {note}")
     lines += dict.fromkeys(filter(None, map(credit_not_finite_text, records)))
-    if any(BELOW_FLOOR in (r.deep_cos_invalid or ()) for r in records):
-        lines.append("* measured against reference gradients below the 1e-7 floor: not a "
-                     "valid cosine")
-    if causes:
-        what = " or ".join(NOT_FINITE_TEXT[why] for why in causes)
-        lines.append(f"§ not a valid cosine: at some deep state {what} are NaN or Inf (not "
-                     "zero): those samples have no direction")
+    footnotes = deep_cos_footnotes(records)
+    lines += [footnotes[mark] for mark in ("*", "§") if mark in footnotes]
     if unverified:
         lines.append(f"{UNVERIFIED_MARK} the reference gradient every cosine, Γ and (b) "
                      "compares with is not verified: " + "; ".join(dict.fromkeys(unverified)))
-    if partial:
-        lines.append(f"† at some deep state the cosine averages over fewer than all samples "
-                     f"(as few as {min(partial):.0%}): the others' credits or gradients are "
-                     "exactly zero")
+    if "†" in footnotes:
+        lines.append(footnotes["†"])
     return "\n".join(lines)
+
+
+def _not_finite(record: RunRecord) -> list[str]:
+    return [why for why in record.deep_cos_invalid or () if why in NOT_FINITE_TEXT]
+
+
+def _partial_coverage(record: RunRecord) -> float | None:
+    """The deep cosine's smallest sample coverage when below 1 because some vectors are
+    exactly zero (a NaN/Inf one is § instead), else None."""
+    coverage = record.deep_cos_coverage
+    if coverage is None or coverage >= 1 or _not_finite(record):
+        return None
+    return coverage
+
+
+def deep_cos_marks(record: RunRecord) -> str:
+    """The marks of a run's deep cosine, wherever it is shown: § not valid (NaN/Inf credits
+    or reference gradients at a deep state), * not valid (reference below the floor), †
+    averaged over fewer than all samples (the others' vectors exactly zero); footnotes:
+    :func:`deep_cos_footnotes`."""
+    invalid = record.deep_cos_invalid or ()
+    return (("§" if _not_finite(record) else "")
+            + ("*" if BELOW_FLOOR in invalid and record.deep_cos is not None else "")
+            + ("†" if _partial_coverage(record) is not None else ""))
+
+
+def deep_cos_footnotes(records: Sequence[RunRecord]) -> dict[str, str]:
+    """Mark → its footnote line, for the marks :func:`deep_cos_marks` gives ``records``."""
+    notes = {}
+    if any(BELOW_FLOOR in (r.deep_cos_invalid or ()) for r in records):
+        notes["*"] = ("* measured against reference gradients below the 1e-7 floor: not a "
+                      "valid cosine")
+    causes = dict.fromkeys(why for r in records for why in _not_finite(r))
+    if causes:
+        what = " or ".join(NOT_FINITE_TEXT[why] for why in causes)
+        notes["§"] = (f"§ not a valid cosine: at some deep state {what} are NaN or Inf (not "
+                      "zero): those samples have no direction")
+    partial = [c for r in records if (c := _partial_coverage(r)) is not None]
+    if partial:
+        notes["†"] = (f"† at some deep state the cosine averages over fewer than all samples "
+                      f"(as few as {min(partial):.0%}): the others' credits or gradients are "
+                      "exactly zero")
+    return notes

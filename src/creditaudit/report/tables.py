@@ -30,7 +30,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.records import NOT_RECORDED, RunRecord
 from creditaudit.report.protocol import value_text
-from creditaudit.report.runs import diverged_text
+from creditaudit.report.runs import deep_cos_marks, diverged_text
 from creditaudit.results import (
     RunIndex,
     figure_recipe,
@@ -209,7 +209,7 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
         **setting_cells(values, settings),
         "status": run.status,
         "acc": fmt(run.final_acc, ".3f") + acc_note(run),
-        "deep cos": judged.mark(fmt(run.deep_cos, "+.3f")),
+        "deep cos": judged.mark(fmt(run.deep_cos, "+.3f") + deep_cos_marks(run)),
         GAMMA_COLUMN: judged.mark(fmt(run.headline_gamma, "+.3f")),
         **{f"({i})": diagnostic_cell(report, i)
            for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
@@ -297,7 +297,8 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             **setting_cells(values, settings),
             "seeds": ", ".join(str(r.seed) for r in group.runs),
             "test acc": ms((r.final_acc for r in group.runs), ".3f"),
-            "deep cos": mark(ms((r.deep_cos for r in group.runs), "+.3f")),
+            "deep cos": mark(ms((r.deep_cos for r in group.runs), "+.3f") + "".join(
+                m for m in "§*†" if any(m in deep_cos_marks(r) for r in group.runs))),
             "Γ": mark(ms((r.headline_gamma for r in group.runs), "+.3f")),
             "walked back": f"{walked}/{len(audited)}" if audited else "—",
             "fired": " ".join(f"({i})×{fired[i]}" for i in in_order(fired)) or "—",

@@ -46,9 +46,11 @@ from creditaudit.models import Architecture, ResidualNet, architecture
 from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
 from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
+from creditaudit.run.resume import check_same_code
 
 log = logging.getLogger(__name__)
 # Bytes per parameter a training step holds: fp32 weight, gradient and AdamW's two moments.
@@ -162,12 +164,16 @@ def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
                        checks=admission.checks if admission is not None else None)
 
 
-def plan_run(config: RunConfig) -> RunPlan:
+def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     """Resolve ``config`` (see the module docstring). One-line ConfigError/DataError when
     it cannot run: a component not installed, an option its component refuses, an
     architecture that cannot read the dataset's samples, a rule that cannot train the
     model (:func:`~creditaudit.methods.check_binding`), a model too large for this
-    machine's memory, an evaluation set larger than the test split, missing data files."""
+    machine's memory, an evaluation set larger than the test split, missing data files.
+
+    ``trained``: the record of the finished run this plan rebuilds (audit): a guest whose
+    code is not the code that run recorded is refused before it builds a network, loads
+    data or is checked at the door (:func:`~creditaudit.run.resume.check_same_code`)."""
     rule = rule_class(config.method.name)
     arch_class = architecture(config.model.arch)
     if arch_class.unbuildable:  # e.g. a run recorded from the user's own loop
@@ -191,6 +197,10 @@ def plan_run(config: RunConfig) -> RunPlan:
             raise
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
     factory = arch.guest_code()  # code a built-in architecture runs
+    protocol = Protocol.from_config(config.diagnostics)
+    guests = _guests(rule, arch, spec, protocol, factory)
+    if trained is not None:  # before the guests build, load or are checked
+        check_same_code(trained, guests)
     with blame(arch_guest):
         model = _describe_on_meta(arch, rule, input_shape, n_classes)
     tb = config.method.trainable_blocks
@@ -201,19 +211,34 @@ def plan_run(config: RunConfig) -> RunPlan:
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)
         identity = spec.identity(seed)
-    protocol = Protocol.from_config(config.diagnostics)
     admitted = _admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
     diagnostics = tuple(
-        code_version(DIAGNOSTICS, d, admission=admitted.get(f"diagnostic:{d.name}"))
+        code_version(DIAGNOSTICS, d, guests.get(f"diagnostic:{d.name}"),
+                     admitted.get(f"diagnostic:{d.name}"))
         for d in protocol.diagnostics)
-    code = RunCode(method=code_version(RULES, rule, admission=admitted.get("method")),
-                   model=code_version(ARCHITECTURES, arch, factory, admitted.get("model")),
-                   data=code_version(DATASETS, spec, admission=admitted.get("data")),
+    code = RunCode(method=code_version(RULES, rule, guests.get("method"),
+                                       admitted.get("method")),
+                   model=code_version(ARCHITECTURES, arch, guests.get("model"),
+                                      admitted.get("model")),
+                   data=code_version(DATASETS, spec, guests.get("data"), admitted.get("data")),
                    diagnostics=diagnostics)
     run_id = compute_run_id(config, identity.fingerprint, code)
     return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
                    model=model, protocol=protocol)
+
+
+def _guests(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],
+            protocol: Protocol, factory: Guest | None) -> dict[str, Guest]:
+    """Every guest of the run, by the key of its component in the record's code block
+    (``diagnostic:NAME`` for a diagnostic): the plugins, and the code a built-in
+    architecture runs (a ``module`` factory), whose digest is the model's."""
+    found = {"method": RULES.guest(rule.name),
+             "model": factory or ARCHITECTURES.guest(arch.name),
+             "data": DATASETS.guest(spec.name),
+             **{f"diagnostic:{d.name}": DIAGNOSTICS.guest(d.name)
+                for d in protocol.diagnostics}}
+    return {key: guest for key, guest in found.items() if guest is not None}
 
 
 def _admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],

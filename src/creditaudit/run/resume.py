@@ -4,14 +4,17 @@
 the schedule and the RNG streams) from a run's config, then load its ``checkpoint.pt`` into
 them. A checkpoint of another method or shape, a damaged optimiser or schedule state, an RNG
 state of the wrong size, an epoch outside ``0 … optim.epochs``, data that changed since the
-run trained, or a record or checkpoint of another run (copied into this run's folder) each
-end in one :class:`~creditaudit.errors.RunRecordError` line naming the file — never in a
-KeyError from ``load_state_dict`` halfway through loading.
+run trained, a record or checkpoint of another run (copied into this run's folder), or a
+guest's code (a plugin's, a ``module`` factory's) that changed since, each end in one
+:class:`~creditaudit.errors.RunRecordError` line naming the file, the run or the guest — never
+in a KeyError from ``load_state_dict`` halfway through loading, nor in numbers of other code
+shown as the run's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import torch
 from creditaudit.config import RunConfig, keys_with_role, semantic_dict
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
+from creditaudit.guests import Guest
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.records import (
@@ -100,6 +104,54 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             "a dataset whose load() gives other data each call, or files changed in place); "
             "train it again on the data loaded now with --force, or restore the data it "
             "trained on")
+
+
+def check_same_code(record: RunRecord, guests: Mapping[str, Guest]) -> None:
+    """One-line RunRecordError when the code that would rebuild ``record``'s run is not the
+    code it trained with: a guest (``guests``: by the key of its component in the record's
+    code block, ``method``, ``model``, ``data`` or ``diagnostic:NAME``) whose digest differs
+    from the ``code_digest`` its record keeps (``environment.components``), or a component
+    that ran a guest's code then and creditaudit's own now. A record from before code
+    digests is rebuilt with its guests' code as it is now, said in one warning."""
+    recorded = recorded_code_digests(record)
+    unchecked = []
+    for key, guest in guests.items():
+        then = recorded.get(key)
+        if then is None:
+            unchecked.append(guest.what)
+        elif then != guest.digest:
+            raise RunRecordError(
+                f"{record.run_id} was trained with other code of {guest.what} (code digest "
+                f"{then[:12]}… then, {guest.digest[:12]}… now): restore the code the run "
+                "was trained with to rebuild it, or train it again (the code as it is now "
+                "is a new run)")
+    for key, then in recorded.items():
+        if key not in guests:
+            raise RunRecordError(
+                f"{record.run_id} ran outside code for its {key.replace(':', ' ')} (code "
+                f"digest {then[:12]}…), but creditaudit's own code runs it now: install the "
+                "code the run was trained with to rebuild it, or train it again")
+    if unchecked:
+        log.warning("%s: its record keeps no digest of the code of %s (it was written "
+                    "before creditaudit kept them), so that code is rebuilt as it is now, "
+                    "unchecked against the code the run trained with", record.run_id,
+                    " and ".join(unchecked))
+
+
+def recorded_code_digests(record: RunRecord) -> dict[str, str]:
+    """The guests' code digests ``record`` keeps, by component key (``method``, ``model``,
+    ``data``, ``diagnostic:NAME``); empty for a record from before digests (anything
+    there that is not a digest is left out: the environment block is free-form)."""
+    components = record.environment.get("components")
+    if not isinstance(components, dict):
+        return {}
+    entries = [(axis, components.get(axis)) for axis in ("method", "model", "data")]
+    diagnostics = components.get("diagnostics")
+    if isinstance(diagnostics, list):
+        entries += [(f"diagnostic:{d.get('name')}", d) for d in diagnostics
+                    if isinstance(d, dict)]
+    return {key: entry["code_digest"] for key, entry in entries
+            if isinstance(entry, dict) and isinstance(entry.get("code_digest"), str)}
 
 
 def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str) -> None:

@@ -56,11 +56,14 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
                 ) -> RebuiltRun:
     """The run in ``run_dir`` at its checkpointed epoch, on the CPU.
 
-    Checks that the data on disk is the data the run trained on (its fingerprint) and loads
+    Checks that each guest's code is the code the run trained with (its digest; guests
+    then pass the door as in training: :func:`~creditaudit.run.plan.plan_run`), that the
+    data on disk is the data the run trained on (its fingerprint), and loads
     ``checkpoint.pt`` without unpickling anything but tensors and plain containers. The
     caller's RNG is untouched (the random init that the checkpoint overwrites is forked).
-    Raises RunRecordError for a run without a checkpoint or one that does not fit, and
-    ConfigError when a component it used is not installed here.
+    Raises RunRecordError for a run without a checkpoint or one that does not fit, or
+    whose guest's code changed, and ConfigError when a component it used is not installed
+    here.
     """
     config = record.config
     arch = ARCHITECTURES.find(config.model.arch)
@@ -71,7 +74,7 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
         raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
                              "train it (creditaudit train … --resume) first")
     state = load_checkpoint(checkpoint)
-    plan = plan_run(config)
+    plan = plan_run(config, trained=record)
     if dataset is not None:
         plan.use_data(dataset)
     check_same_data(record, plan.data_identity(), run_dir / RECORD_FILE)

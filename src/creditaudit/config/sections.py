@@ -8,7 +8,9 @@ train --help`` and docs/configuration.md show), its allowed values or range (whi
 - ``"record"``: changes what the run records but no weight (``diagnostics.frozen_acc``):
   not part of the run id, and a resumed run must keep it;
 - ``"place"``: where or how visibly a run is written (output folder, data folder, device,
-  threads, progress, loggers): neither.
+  threads, progress, loggers): neither. The device and the thread count can change the last
+  bits of a sum (the order its pieces are added in), not what is computed: a run's record
+  says what it ran on, and a resumed run keeps the thread count it ran on.
 
 The ``[data]``, ``[model]`` and ``[method]`` sections hold a few common keys plus the own
 options of the dataset, architecture and credit rule they select (each component declares
@@ -149,7 +151,9 @@ class RunSettings:
                       role="place")
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
                          choices=PRECISIONS)
-    threads: int | None = opt(None, "torch CPU threads (None = torch default)", min=1,
+    threads: int | None = opt(None, "torch CPU threads (None = torch default); not in the "
+                              "run id, though the count can change the last bits of sums; a "
+                              "resumed run goes on with the count it ran on", min=1,
                               role="place")
     device_data: str = opt("auto", "keep the train and test sets on the run's device and draw "
                            "each batch there: the same batches, no host copy per batch (auto "

@@ -38,12 +38,19 @@ from creditaudit.records.files import (
 from creditaudit.records.parts import DERIVED, EpochEntry
 from creditaudit.records.reading import FINISHED, SCHEMA, STATUSES
 from creditaudit.records.recipes import NOT_RECORDED, recipe_key
-from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
+from creditaudit.records.run_parts import (
+    EndOfRun,
+    FinalResults,
+    ProtocolState,
+    ReferenceState,
+    ResumedPart,
+)
 from creditaudit.records.schema import RunRecord
 
 __all__ = [
     "RunRecord", "DERIVED", "EpochEntry", "EpochMeasures", "FinalResults", "EndOfRun",
-    "ProtocolState", "ReferenceState", "DataIdentity", "SCHEMA", "STATUSES", "FINISHED",
+    "ProtocolState", "ReferenceState", "ResumedPart", "DataIdentity", "SCHEMA", "STATUSES",
+    "FINISHED",
     "NOT_RECORDED",
     "RECORD_FILE",
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",

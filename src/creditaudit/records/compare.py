@@ -29,15 +29,16 @@ def recipe_difference(a: RunRecord, b: RunRecord) -> str | None:
 
 
 def comparable(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
-    """The record without wall-clock fields, as a dict: equal for equal computations (tests,
-    resume). NaN values are replaced by the string "NaN" so equal records compare equal."""
+    """The record without wall-clock fields and without what it ran on (``environment``,
+    the parts of a resumed run), as a dict: equal for equal computations (tests, resume).
+    NaN values are replaced by the string "NaN" so equal records compare equal."""
     if isinstance(record, RunRecord):
         raw, skip = record.to_dict(), non_semantic(record.config)
     else:
         raw = dict(record)
         skip = non_semantic(config_from_dict(raw["config"], strict=False))
     out = {k: v for k, v in raw.items()
-           if k not in ("environment", "created", "updated", "timing")}
+           if k not in ("environment", "resumed", "created", "updated", "timing")}
     out["config"] = {section: {k: v for k, v in values.items() if (section, k) not in skip}
                      for section, values in raw["config"].items()}
     out["log"] = [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in raw["log"]]

@@ -14,7 +14,13 @@ from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.descriptions.fields import DOMAIN_TOLERANCE, domain_text
 from creditaudit.records.parts import EpochEntry
 from creditaudit.records.reading import SCHEMA
-from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
+from creditaudit.records.run_parts import (
+    EndOfRun,
+    FinalResults,
+    ProtocolState,
+    ReferenceState,
+    ResumedPart,
+)
 from creditaudit.records.schema import RunRecord
 
 MARKER = "<!-- generated -->"
@@ -60,6 +66,12 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "`diagnostics.allow_unverified_reference` is on; then `how` is `failed`, the verdict "
      "is *unverified* and every cosine, Γ and (b) is shown marked unverified. Records "
      "written before creditaudit checked it have no block and read as `not checked`."),
+    ("The parts of a resumed run (`resumed`)", ResumedPart,
+     "One object per time the run was resumed, in order; absent for a run that never was "
+     "(and in records written before the parts were kept). A resumed run goes on with the "
+     "torch thread count its epochs ran on, so its numbers equal the uninterrupted run's; "
+     "when `source` differs between parts, its numbers come from more than one version of "
+     "creditaudit, and `creditaudit train`'s summary and `creditaudit report` say so."),
     ("Data identity (`data`)", DataIdentity, ""),
     ("The model as built (`model`)", ModelDescription,
      "Asked of the model itself when the run started; records before schema 3 lack it "

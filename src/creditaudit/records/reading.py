@@ -22,6 +22,7 @@ from creditaudit.records.run_parts import (
     FinalResults,
     ProtocolState,
     ReferenceState,
+    ResumedPart,
     own_architecture,
 )
 
@@ -91,11 +92,22 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
         run_id=raw["run_id"], config=config, status=raw["status"], log=log, final=final,
         diagnostics=diagnostics, protocol=protocol, reference=reference, data=data,
         model=model,
-        environment=dict(raw.get("environment") or {}), created=raw.get("created"),
+        environment=dict(raw.get("environment") or {}),
+        resumed=_resumed(raw.get("resumed", []), where), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
         credit_not_finite=_credit_not_finite(raw.get("credit_not_finite"), where),
         not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
+
+
+def _resumed(value: Any, where: str) -> list[ResumedPart]:
+    """``resumed``: one object per resumed part (absent: never resumed, or written before
+    the parts were kept)."""
+    if not isinstance(value, list):
+        raise RunRecordError(f"run record {where}: 'resumed' must be a list of the run's "
+                             "resumed parts")
+    return [ResumedPart.from_dict(part, f"run record {where}: resumed[{i}]")
+            for i, part in enumerate(value)]
 
 
 def _keys(value: Any, where: str) -> list[str]:

@@ -10,8 +10,13 @@ files (:mod:`creditaudit.guests`). So the same config on other data is another r
 data copied elsewhere is the same run, and a plugin upgraded — or a factory edited — never
 has its old records returned as finished. Built-in components carry no digest (their code
 is creditaudit's version), so their run ids do not move when a guest's rules change. Options
-that change no weight and no recorded number (output folder, threads, device, progress bars,
-loggers) are left out.
+that change no weight and no recorded number (output folder, progress bars, loggers) are left
+out, and so are the torch thread count and the device: they change no option of the
+computation, but they can change the last bits of its sums (the order torch adds their
+pieces in). A run's record says what it ran on (``environment.torch_threads``, ``device``);
+a completed run found for the same config is served whatever thread count it ran on (the
+same computation up to rounding), and a resumed run goes on with the count its epochs used
+(:func:`creditaudit.run.resume.resume_threads`), so it equals the uninterrupted run.
 
 This module only hashes; :func:`creditaudit.run.plan.plan_run` resolves what goes in
 (``creditaudit.run.plan.run_id(config)`` is the one-call form).

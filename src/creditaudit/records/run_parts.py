@@ -1,6 +1,7 @@
 """The run-level parts of a run record, one of each per run (beside the per-epoch
 :class:`~creditaudit.records.parts.EpochEntry`): the final results, the end-of-run
-credit-quality block and the protocol state.
+credit-quality block, the protocol state, the reference-gradient check — and one
+:class:`ResumedPart` per time the run was resumed.
 
 Their fields are declared like the entry's, documentation and domain in each field
 (:func:`creditaudit.descriptions.fields.doc`), from which ``docs/records.md`` is generated.
@@ -248,3 +249,46 @@ class ReferenceState:
             raise RunRecordError(f"{where}: reference.verified={str(state.verified).lower()} "
                                  f"contradicts how {state.how!r}")
         return state
+
+
+# --- the parts of a resumed run ------------------------------------------------------------
+@dataclass
+class ResumedPart:
+    """One resumed part of a run (an item of the record's ``resumed``): the epoch it went on
+    from and what it ran on. The record's ``environment`` and ``config`` are those of the
+    part that started the run."""
+
+    epoch: int = doc("the first epoch this part trained (it resumed from the checkpoint of "
+                     "the epoch before)", 1, domain=NONNEGATIVE)
+    started: str | None = doc("time this part started (ISO 8601)")
+    environment: dict[str, Any] = doc(
+        "what this part ran on, with the keys of the record's `environment`: `source` (the "
+        "creditaudit commit), package versions, `components`, device, `torch_threads`, "
+        "`execution`", factory=dict)
+    settings: dict[str, Any] = doc(
+        "the options of role `place` (device, threads, folders, loggers, progress) this part "
+        "was given where they differ from the record's `config`, which holds the first "
+        "part's: dotted key → value", factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str) -> ResumedPart:
+        """The part as stored, checked (one-line RunRecordError naming ``where``)."""
+        if not isinstance(raw, dict):
+            raise RunRecordError(f"{where} must be an object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise RunRecordError(f"{where} has an unexpected field {unknown[0]!r}")
+        if "epoch" not in raw:
+            raise RunRecordError(f"{where} lacks the key 'epoch'")
+        part = cls(**raw)
+        if isinstance(part.epoch, bool) or not isinstance(part.epoch, int) or part.epoch < 0:
+            raise RunRecordError(f"{where}.epoch must be an epoch number, got {part.epoch!r}")
+        for name, kind in (("started", (str, type(None))), ("environment", dict),
+                           ("settings", dict)):
+            if not isinstance(getattr(part, name), kind):
+                raise RunRecordError(f"{where}.{name} has the wrong type "
+                                     f"({type(getattr(part, name)).__name__})")
+        return part

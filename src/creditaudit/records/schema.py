@@ -37,7 +37,13 @@ from creditaudit.records.copies import stored_final, stored_protocol
 from creditaudit.records.parts import EpochEntry
 from creditaudit.records.reading import FINISHED, SCHEMA, record_parts
 from creditaudit.records.recipes import recipe_key
-from creditaudit.records.run_parts import EndOfRun, FinalResults, ProtocolState, ReferenceState
+from creditaudit.records.run_parts import (
+    EndOfRun,
+    FinalResults,
+    ProtocolState,
+    ReferenceState,
+    ResumedPart,
+)
 from creditaudit.registry import DATASETS
 
 
@@ -69,7 +75,12 @@ class RunRecord:
         "dist==version; for a plugin or an outside model factory its `code_digest` and the "
         "conformance `checks` it passed before training), device, threads, `execution` "
         "(`device_data`, `cuda_graphs`: on, or off and why; `stacked_runs`: how many runs "
-        "trained in its stack)", factory=dict)
+        "trained in its stack) — of the part that started the run: a resumed run lists its "
+        "other parts' in `resumed`", factory=dict)
+    resumed: list[ResumedPart] = doc(
+        "one entry per time the run was resumed, in order: the epoch that part went on from, "
+        "its own environment and its `place` options that differ from `config`. Written only "
+        "for a resumed run", factory=list)
     created: str | None = doc("time the run started (ISO 8601)")
     updated: str | None = doc("time the record was last written")
     error: str | None = doc("failed runs: the error")
@@ -133,6 +144,34 @@ class RunRecord:
     @property
     def is_failed(self) -> bool:
         return self.status == "failed"
+
+    # --- parts (a resumed run has several) --------------------------------------------------
+    def parts(self) -> list[tuple[int, dict[str, Any]]]:
+        """(first epoch trained, environment) of each part of the run, in order: the part
+        that started it, then each resumed part."""
+        return [(1, self.environment), *((p.epoch, p.environment) for p in self.resumed)]
+
+    @property
+    def torch_threads(self) -> int | None:
+        """The torch thread count the run's latest part ran on (None: not recorded)."""
+        threads = self.parts()[-1][1].get("torch_threads")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            return None
+        return threads
+
+    def code_versions(self) -> list[tuple[int, str]]:
+        """(first epoch, creditaudit code) of each part that ran other code than the part
+        before it: one entry when the whole run ran one version. The code is named by its
+        source commit (``+dirty``: with changes), or ``creditaudit VERSION`` for an
+        installed package."""
+        out: list[tuple[int, str]] = []
+        for epoch, environment in self.parts():
+            code = environment.get("source") or (
+                f"creditaudit {environment['creditaudit']}" if environment.get("creditaudit")
+                else "unknown")
+            if not out or out[-1][1] != code:
+                out.append((epoch, str(code)))
+        return out
 
     @property
     def is_plain(self) -> bool:
@@ -326,7 +365,9 @@ class RunRecord:
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
             "data": None if self.data is None else dataclasses.asdict(self.data),
             "model": None if self.model is None else dataclasses.asdict(self.model),
-            "environment": self.environment, "status": self.status,
+            "environment": self.environment,
+            **({"resumed": [part.to_dict() for part in self.resumed]} if self.resumed else {}),
+            "status": self.status,
             "created": self.created, "updated": self.updated,
             "log": self.log_dicts(copies=not stored), "final": final,
             "diagnostics": self.diagnostics.to_dict(),

@@ -40,7 +40,7 @@ from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.protocol import render_markdown
-from creditaudit.report.runs import deep_cos_footnotes
+from creditaudit.report.runs import code_versions_text, deep_cos_footnotes
 from creditaudit.report.tables import (
     NO_PROTOCOL,
     RECOMPUTED_MARK,
@@ -113,6 +113,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     status_text = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
     lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
     lines.append("")
+    lines += _code_notes(runs)
     if index.skipped:
         lines += ["Records that could not be read (left out):", ""]
         lines += [f"- `{path}`: {one_line(reason)}" for path, reason in index.skipped]
@@ -249,6 +250,16 @@ def _reference_notes(index: RunIndex, runs: Sequence[Any]) -> list[str]:
 def _deep_cos_notes(runs: Sequence[Any]) -> list[str]:
     """What the deep-cosine marks of the tables (§ * †) mean, for the marks shown."""
     return [line for note in deep_cos_footnotes(runs).values() for line in (note + ".", "")]
+
+
+def _code_notes(runs: Sequence[Any]) -> list[str]:
+    """One line per run resumed on another version of creditaudit than its first part."""
+    notes = [f"- `{run.run_id}` {text}" for run in runs
+             if (text := code_versions_text(run)) is not None]
+    if not notes:
+        return []
+    return ["Runs resumed on another version of creditaudit (the commit changed between an "
+            "interruption and the resume):", "", *notes, ""]
 
 
 def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:

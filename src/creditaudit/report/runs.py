@@ -71,6 +71,26 @@ def credit_not_finite_text(record: RunRecord) -> str | None:
             "gradients, else report it to creditaudit")
 
 
+def code_versions_text(record: RunRecord) -> str | None:
+    """``resumed on other code: … from epoch 1 on aaaaaaaaaaaa, from epoch 3 on
+    bbbbbbbbbbbb+dirty`` for a run whose parts ran different versions of creditaudit (the
+    commit changed between an interruption and its resume), else None."""
+    versions = record.code_versions()
+    if len(versions) < 2:
+        return None
+    parts = ", ".join(f"from epoch {epoch} on {_short(code)}" for epoch, code in versions)
+    return (f"was resumed on another version of creditaudit: its numbers come from "
+            f"{len(versions)} versions of the code ({parts})")
+
+
+def _short(code: str) -> str:
+    """A 40-digit commit cut to 12 (``+dirty`` kept); other names as they are."""
+    commit, plus, rest = code.partition("+")
+    if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+        return commit[:12] + plus + rest
+    return code
+
+
 # A credit whose deep cosine with the reference gradient is this close to 1 is that gradient.
 EXACT_COSINE = 1.0 - 1e-6
 
@@ -97,9 +117,10 @@ def reference_growth_text(record: RunRecord, statuses: dict[str, str]) -> str | 
 def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
     """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
     line for each run that stopped early, saying at which epoch and why, for each that
-    diverged (its accuracy marked ‡), which epoch its numbers are from, and for each whose
-    rule returned NaN/Inf credits, the rule (its deep cosine marked §: not valid, for that
-    cause, never the † of exactly-zero vectors).
+    diverged (its accuracy marked ‡), which epoch its numbers are from, for each whose rule
+    returned NaN/Inf credits, the rule (its deep cosine marked §: not valid, for that cause,
+    never the † of exactly-zero vectors), and for each resumed on another version of
+    creditaudit, which versions its epochs ran.
 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
@@ -142,7 +163,8 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             f"{verdict}")
     lines += notes
     for record in records:
-        for note in (stopped_early_text(record), diverged_text(record)):
+        for note in (stopped_early_text(record), diverged_text(record),
+                     code_versions_text(record)):
             if note is not None:
                 lines.append(f"{record.method} {note}")
     lines += dict.fromkeys(filter(None, map(credit_not_finite_text, records)))

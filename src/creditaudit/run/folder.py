@@ -3,8 +3,9 @@
 :func:`prepare_run` reads ``OUT_DIR/RUN_ID`` once: a finished run with the same run id, on
 the same arrays (their digest: the data is loaded to check it), is not rerun (its
 :class:`RunResult`, its record replayed into the loggers asked for now); an unfinished one
-is resumed (``resume``) or started over (``force``, its files removed); any other case —
-other arrays included — is one RunRecordError line. :func:`creditaudit.run.trainer.train` and
+is resumed (``resume``: with the options its record's epochs used, on the torch thread count
+they ran on) or started over (``force``, its files removed); any other case — other arrays
+included — is one RunRecordError line. :func:`creditaudit.run.trainer.train` and
 the stacked runs of :mod:`creditaudit.run.stacked` start here.
 """
 
@@ -36,6 +37,7 @@ from creditaudit.run.resume import (
     check_same_run,
     no_run_to_resume,
     restartable,
+    resume_threads,
 )
 from creditaudit.run.setup import rebuild_run
 
@@ -120,6 +122,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             force = True
         elif resume:
             check_same_question(existing.config, config, record_path)
+            resume_threads(existing, config, record_path)
         else:
             hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
                     if existing.is_failed else "")

@@ -9,6 +9,11 @@ guest's code (a plugin's, a ``module`` factory's) that changed since, each end i
 :class:`~creditaudit.errors.RunRecordError` line naming the file, the run or the guest — never
 in a KeyError from ``load_state_dict`` halfway through loading, nor in numbers of other code
 shown as the run's.
+
+A resumed run goes on with the torch thread count its epochs so far ran on
+(:func:`resume_threads`): the count changes no option of the computation — it is not part of
+the run id — but it changes the order in which a sum's pieces are added, so the last bits
+of the numbers; on the recorded count the resumed run equals the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -167,6 +172,39 @@ def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str
                 f"cannot resume {path} with {section}.{key}={now!r}: its epochs so far were "
                 f"recorded with {section}.{key}={before!r}; resume with that value, or start "
                 "the run over with --force")
+
+
+def resume_threads(record: RunRecord, config: RunConfig, path: Path | str) -> int | None:
+    """The torch thread count resuming ``record`` with ``config`` trains on: the count its
+    latest part ran on, which ``config`` may repeat (``run.threads``) or leave unset; the
+    count ``config`` asks for when the record does not say (records written before the
+    environment held it). One-line RunRecordError when ``config`` asks for another count:
+    the run would go on adding up its sums in another order, and end with other last bits
+    than the uninterrupted run."""
+    recorded, asked = record.torch_threads, config.run.threads
+    if recorded is None:
+        return asked
+    if asked is not None and asked != recorded:
+        plural = "s" if recorded != 1 else ""
+        raise RunRecordError(
+            f"cannot resume {path} with run.threads={asked}: its epochs so far ran on "
+            f"{recorded} torch thread{plural}, and another count adds up every sum in another "
+            "order (other last bits than the uninterrupted run); resume without --threads "
+            f"(it goes on with {recorded}) or with --threads {recorded}, or start the run "
+            "over with --force")
+    return recorded
+
+
+def changed_settings(recorded: RunConfig, config: RunConfig) -> dict[str, Any]:
+    """The options of role ``place`` (device, threads, folders, loggers) of ``config``
+    that differ from ``recorded`` (the config of the run's first part): dotted key →
+    value, what a resumed part's record lists."""
+    out: dict[str, Any] = {}
+    for section, key in sorted(keys_with_role(config, "place")):
+        now = getattr(getattr(config, section), key)
+        if getattr(getattr(recorded, section), key, None) != now:
+            out[f"{section}.{key}"] = now
+    return out
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:

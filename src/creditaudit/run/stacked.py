@@ -138,7 +138,8 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     ``resume`` and ``force`` (one for all, or one per config) mean what they mean for
     :func:`~creditaudit.run.trainer.train`; finished runs are returned without training, and
     a run that cannot stack (its rule, a model with buffers) trains alone, after the
-    others. Runs resumed from different epochs train in one stack per starting epoch. An
+    others. Runs resumed from different epochs, or on different torch thread counts (each
+    goes on with the count it ran on), train in one stack per starting epoch and count. An
     error in the shared step fails every run still training in the stack (and is raised);
     one in a run's evaluation or end-of-run block fails that run alone. ConfigError when
     the configs differ in more than :data:`VARYING`; RunRecordError as :func:`train`
@@ -168,9 +169,12 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
         trainer.loggers.loggers.extend(loggers)
         with _own_rng(rng, trainer):
             trainer._start(resume_run)
-        trainer.record.environment["execution"]["stacked_runs"] = len(stacked)
-    for start in sorted({t.start_epoch for _, t, _ in stacked}):
-        group = [t for _, t, _ in stacked if t.start_epoch == start]
+    # One stack per starting epoch and thread count (a resumed run keeps the count it ran on).
+    for start, threads in sorted({(t.start_epoch, t.threads) for _, t, _ in stacked}):
+        group = [t for _, t, _ in stacked if (t.start_epoch, t.threads) == (start, threads)]
+        for trainer in group:
+            trainer.environment["execution"]["stacked_runs"] = len(group)
+        torch.set_num_threads(threads)
         for trainer, result in zip(group, _train_group(group, rng), strict=True):
             results[next(i for i, t, _ in stacked if t is trainer)] = result
     for index, trainer, resume_run in alone:

@@ -41,6 +41,7 @@ from creditaudit.records import (
     CONFIG_FILE,
     INIT_FILE,
     EpochEntry,
+    ResumedPart,
     RunRecord,
     atomic_torch_save,
     load_checkpoint,
@@ -48,6 +49,7 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
+from creditaudit.records.files import environment, now
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
@@ -62,10 +64,12 @@ from creditaudit.run.results import (
     reference_at_start,
 )
 from creditaudit.run.resume import (
+    changed_settings,
     check_same_data,
     check_same_question,
     check_same_run,
     load_into,
+    resume_threads,
 )
 from creditaudit.run.setup import make_schedule, resolve_device
 from creditaudit.run.steps.capture import CapturedEpochs
@@ -93,6 +97,8 @@ class Trainer:
         self.device = resolve_device(config.run.device)
         if config.run.threads is not None:
             torch.set_num_threads(config.run.threads)
+        # The torch thread count the epochs run on (a resumed run: the recorded one).
+        self.threads = torch.get_num_threads()
         self.dataset = plan.load_data()
         # Data on a GPU: batches drawn and prepared there (the same batches as on the host).
         self.device_data = uses_device_data(config.run.device_data, self.device)
@@ -136,6 +142,9 @@ class Trainer:
         self.record.environment["execution"] = {
             "device_data": self.device_data, "cuda_graphs": self.cuda_graphs.text,
             "stacked_runs": 1}
+        # What the part of the run this trainer trains runs on: the record's environment, or
+        # (resumed) that of its latest part.
+        self.environment = self.record.environment
         self._captured: CapturedEpochs | None = None
         self.start_epoch = 1
         self.checkpointed: int | None = None  # the last epoch saved in checkpoint.pt
@@ -169,10 +178,22 @@ class Trainer:
         check_same_run(record, self.run_id, path)
         check_same_data(record, self.data_identity, path)
         check_same_question(record.config, self.config, path)
+        threads = resume_threads(record, self.config, path)
         load_into(state, path, self.config, model=self.model, rule=self.rule,
                   optimizer=self.optimizer, scheduler=self.scheduler,
                   generator=self.data_generator)
         self.rule.to(self.device)
+        if threads is not None:
+            self.threads = threads
+            torch.set_num_threads(threads)
+        # The record says what ran in every part: the first part's environment and config
+        # stay; this part's own environment (threads as just set) and options are added.
+        part = ResumedPart(epoch=state["epoch"] + 1, started=now(), environment={
+            **environment(str(self.device), self.plan.code.to_dict()),
+            "execution": self.record.environment["execution"]},
+            settings=changed_settings(record.config, self.config))
+        record.resumed.append(part)
+        self.environment = part.environment
         self.record = record
         # The check of the model as built now (the same model a fresh start builds): a
         # checkpoint written before the check existed gets it, and code that changed the
@@ -264,6 +285,7 @@ class Trainer:
 
     def _run(self, resume: bool) -> RunResult:
         self._start(resume)
+        torch.set_num_threads(self.threads)  # another run in this process may have set others
         try:
             for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
                 started = time.perf_counter()

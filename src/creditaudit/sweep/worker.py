@@ -4,6 +4,7 @@ resume or skip, release; plus the start-up of worker processes."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -148,6 +149,9 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
         action, kwargs = "trained", {"force": has_checkpoint}
     elif status in ("running", "interrupted", "failed") and has_checkpoint:
         action, kwargs = "resumed", {"resume": True}
+        # The sweep's thread count is for the runs it starts: a resumed run goes on with the
+        # count its epochs ran on (another would change the last bits of its numbers).
+        plan = dataclasses.replace(plan, config=plan.config.replace(**{"run.threads": None}))
     else:  # corrupt record, or died before its first checkpoint: start over
         action, kwargs = "restarted", {"force": True}
         if status == "corrupt":

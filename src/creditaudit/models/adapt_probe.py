@@ -208,8 +208,10 @@ class AdaptProbe:
                                      "adapt() at least 2 (example=x[:8])")
         rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
         with torch.no_grad():
+            # the first pass on a copy: a forward that edits its input in place is not
+            # random (the mixing check below sees it)
+            again, again_logits = self._trace(x.clone(), detach=False, leaf=False)
             states, logits = self._trace(x, detach=False, leaf=False)
-            again, again_logits = self._trace(x, detach=False, leaf=False)
             other_states, other_logits = self._trace(torch.cat([x[:1], rest]), detach=False,
                                                      leaf=False)
         names = [*self.state_names, "the logits"]

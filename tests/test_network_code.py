@@ -221,7 +221,9 @@ def test_a_class_without_a_source_file_says_so_and_keeps_its_id(tmp_path, monkey
     model = load_record(tmp_path / record.run_id).environment["components"]["model"]
     assert model["code_digest"] is None and "has no source file" in model["code_digest_reason"]
     assert record.model_code_digest is None
-    # no digest: the recipe is exactly what it was before digests joined it
+    # no digest: the run id and the recipe are what they were before digests joined them
+    monkeypatch.setattr("creditaudit.run.recorder.network_code", lambda net: (None, None))
+    assert record_net(notebook.Net, tmp_path / "before").run_id == record.run_id
     assert record.recipe_key == recipe_key(record.config, record.data.source,
                                            record.not_recorded)
     assert "code_digest" not in record.recipe_key

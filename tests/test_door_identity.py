@@ -2,7 +2,8 @@
 the modules of its own code it imports (not the standard library, not other installed
 distributions), a plugin's source files as well as its distribution version — so editing a
 guest makes a new run, never an old record served as "already completed". The record keeps
-each guest's digest. Built-in run ids do not move.
+each guest's digest, and the recipe covers it: (d) of an edited factory's run is not judged
+against the frozen run of the code before the edit. Built-in run ids do not move.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 
 from creditaudit.config import config_from_dict
 from creditaudit.models.module_factory import factory_guest
+from creditaudit.protocol.records import RecordSet
+from creditaudit.records.compare import recipe_difference
 from creditaudit.run.plan import plan_run, run_id
 from creditaudit.run.trainer import train
 from door_support import ORIGIN, cli_args, guests, image_run, tiny_config
@@ -166,3 +169,22 @@ def test_the_record_keeps_the_factorys_code_digest(own_package, tmp_path):
     assert model["code_digest"] == factory_guest("mynets.build:make").digest
     assert model["origin"] == "creditaudit"  # the module architecture itself is built in
     assert "builds_for_the_data" in model["checks"]
+
+
+def test_an_edited_factorys_run_is_not_judged_against_the_old_codes_frozen_run(own_package,
+                                                                              tmp_path):
+    data = write_idx_dataset(tmp_path / "mnist")
+    out = tmp_path / "runs"
+    config = tiny_config(out, **image_run(data, **{
+        "model.arch": "module", "model.factory": "mynets.build:make"}))
+    frozen = train(config.replace(**{"method.name": "frozen"})).record
+    before = train(config.replace(**{"method.name": "dfa"})).record
+    (own_package / "mynets" / "layers.py").write_text(LAYERS.replace("torch.relu",
+                                                                     "torch.tanh"))
+    after = train(config.replace(**{"method.name": "dfa"})).record
+    assert before.recipe_key == frozen.recipe_key != after.recipe_key
+    assert recipe_difference(after, frozen) == "the network's code"
+    records = RecordSet.from_folder(out)
+    loaded = {r.run_id: r for r in records}
+    assert records.frozen_baseline(loaded[before.run_id]) == (frozen.final_acc, 1)
+    assert records.frozen_baseline(loaded[after.run_id]) is None

@@ -73,7 +73,8 @@ def load_run(path: str | Path) -> LoadedRun:
 
 def frozen_accuracy(text: str, record: RunRecord) -> float:
     """An accuracy fraction from ``--frozen``: a number in [0, 1] or a frozen run's folder
-    (which must share the audited run's recipe: data, model, optimiser, precision)."""
+    (which must share the audited run's recipe: data, model and its code, optimiser,
+    precision)."""
     try:
         value = float(text)
     except ValueError:
@@ -87,8 +88,8 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
     difference = recipe_difference(frozen, record)
     if difference is not None:
         raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
-                          "a frozen baseline must share the data, model, optimiser and "
-                          "precision")
+                          "a frozen baseline must share the data, model (and its code), "
+                          "optimiser and precision")
     if not is_frozen_baseline(frozen):
         log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
                     frozen.method)

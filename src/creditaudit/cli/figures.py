@@ -31,7 +31,8 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
                         default=True,
                         help="evaluate protocol diagnostic (d) of each run against the mean "
                              "final accuracy of the frozen-blocks runs of its recipe (same "
-                             "data, model, optimiser, precision) when there are any, instead "
+                             "data, model and its code, optimiser, precision) when there are "
+                             "any, instead "
                              "of the record's own (d) (default: on; --no-frozen-from-runs "
                              "keeps each record's own (d))")
 

@@ -1,6 +1,7 @@
 """Guests: code creditaudit runs but did not write (a plugin, a ``module`` architecture's
-factory) — identified by the content of its source files (:mod:`~creditaudit.guests.code`)
-and blamed by name when it fails (:mod:`~creditaudit.guests.blame`)."""
+factory, the network a ``Recorder`` records) — identified by the content of its source files
+(:mod:`~creditaudit.guests.code`) and blamed by name when it fails
+(:mod:`~creditaudit.guests.blame`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from creditaudit.guests.code import (
     Guest,
     file_sha256,
     guests_owning,
+    has_source_file,
     known_paths,
+    main_module_name,
     make_guest,
     module_sources,
+    own_sources,
     package_sources,
     plugin_sources,
     resolved,
@@ -18,4 +22,5 @@ from creditaudit.guests.code import (
 )
 
 __all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
-           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources"]
+           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources",
+           "own_sources", "main_module_name", "has_source_file"]

@@ -9,7 +9,9 @@ editing a guest's code is a new run even when its version number stays. Which fi
 - a plugin: the ``.py`` files its distribution installed (``RECORD``); for a distribution
   that lists none (an editable install, a folder on ``PYTHONPATH``), the files of the
   top-level package its entry point lives in;
-- a factory: its module and, transitively, every module of its own code that it imports
+- a factory (and the network class of a user's own loop, recorded by ``Recorder``): its
+  module (a script's ``__main__``: the script) and, transitively, every module of its own
+  code that it imports
   (found by reading the import statements, not by what happens to be loaded): the modules of
   its top-level package, and, when its folder is not the standard library's or an
   installed-packages folder (``site-packages``), the other modules of that folder. The
@@ -29,9 +31,12 @@ import os
 import site
 import sys
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+
+from creditaudit.version import OWN_PACKAGE
 
 # sha256 of one file's bytes, by (path, size, mtime, ctime): a source read once per process.
 _FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
@@ -157,9 +162,44 @@ def package_sources(top: str) -> tuple[Path, list[Path]]:
 
 
 # --- a factory's files ------------------------------------------------------------------------
+def own_sources(modules: Iterable[str]) -> tuple[Path, list[Path]] | None:
+    """(root, files) of the imported ``modules``, each with every module of its own code it
+    imports (:func:`module_sources`; the root is that of the first one with files),
+    creditaudit's own modules left out — its version names their code: None when no module
+    is left. Both a factory (:func:`creditaudit.models.module_factory.factory_guest`) and
+    the network of a user's own loop (:func:`creditaudit.run.recorder_config.network_code`)
+    are identified so."""
+    names = [m for m in dict.fromkeys(main_module_name(m) for m in modules)
+             if m in sys.modules and m.split(".")[0] != OWN_PACKAGE]
+    if not names:
+        return None
+    found = [module_sources(m) for m in names]
+    root = next((root for root, files in found if files), found[0][0])
+    return root, [f for _, part in found for f in part]
+
+
+def main_module_name(name: str) -> str:
+    """``name``, or for ``__main__`` run as ``python -m pkg.mod`` the module it is
+    (``pkg.mod``): its source is found as that module's. A script's ``__main__`` stays."""
+    spec = getattr(sys.modules.get(name), "__spec__", None) if name == "__main__" else None
+    spec_name = getattr(spec, "name", None)
+    return spec_name if isinstance(spec_name, str) and spec_name != "__main__" else name
+
+
+def has_source_file(name: str) -> bool:
+    """Whether the imported module ``name`` was loaded from a file or a folder (a notebook's
+    or the interpreter's ``__main__`` was not; nor is a module no longer imported)."""
+    module = sys.modules.get(main_module_name(name))
+    return isinstance(getattr(module, "__file__", None), str) or bool(
+        getattr(module, "__path__", None))
+
+
 def module_sources(name: str) -> tuple[Path, list[Path]]:
     """(root, files) of the imported module ``name`` and every module of its own code it
-    imports, transitively (module docstring)."""
+    imports, transitively (module docstring); a script's ``__main__`` is its file, in its
+    folder. No files when ``name`` has no source file (a notebook's or the interpreter's
+    ``__main__``)."""
+    name = main_module_name(name)
     top = name.split(".")[0]
     top_module = sys.modules.get(top)
     folders = [Path(p).resolve() for p in getattr(top_module, "__path__", [])]
@@ -178,6 +218,8 @@ def module_sources(name: str) -> tuple[Path, list[Path]]:
         if current in seen:
             continue
         path = _find_source(root, current)
+        if path is None and current == "__main__":  # a script: its file, whatever its name
+            path = _script_file(top_file)
         if path is None:
             continue
         seen[current] = path
@@ -211,6 +253,14 @@ def _find_source(root: Path, name: str) -> Path | None:
             # Only files of that folder: no site-packages of a virtualenv kept inside it.
             return None if _is_installed_folder(found.parent) else found
     return None
+
+
+def _script_file(file: object) -> Path | None:
+    """A script's source file (``__main__.__file__``), or None when it has none."""
+    if not isinstance(file, str) or not file.endswith(".py"):
+        return None
+    path = Path(file).resolve()
+    return path if path.is_file() else None
 
 
 def _parents(name: str) -> list[str]:
@@ -248,4 +298,5 @@ def _imports(path: Path, package: str) -> list[str]:
 
 
 __all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
-           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources"]
+           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources",
+           "own_sources", "main_module_name", "has_source_file"]

@@ -25,14 +25,13 @@ from torch import nn
 
 from creditaudit.config import opt
 from creditaudit.errors import ConfigError, CreditAuditError, GuestError
-from creditaudit.guests import Guest, make_guest, module_sources
+from creditaudit.guests import Guest, make_guest, own_sources
 from creditaudit.guests.blame import blame, exit_message
 from creditaudit.guests.settings import settings_kept
 from creditaudit.models.adapted import AdaptedModel, adapt
 from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
-from creditaudit.version import OWN_PACKAGE
 
-# Modules whose code is creditaudit's own (its version identifies it): not guests.
+# The layers whose input shape says what a network reads (first_layer_mismatch).
 FIRST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
@@ -88,19 +87,16 @@ def load_factory(path: Any) -> Callable[..., Any]:
 def factory_guest(path: str) -> Guest | None:
     """The factory ``path`` names as a guest: the module ``path`` names and the module that
     defines the callable (they differ for a re-export), each with every module of its own
-    code it imports (:func:`creditaudit.guests.module_sources`); creditaudit's own modules
+    code it imports (:func:`creditaudit.guests.own_sources`); creditaudit's own modules
     (``creditaudit.testing.zoo``) are left out, as its version names their code: None when nothing
     else is left."""
     factory = load_factory(path)
     named = path.partition(":")[0] if ":" in path else path.rpartition(".")[0]
     defining = getattr(factory, "__module__", None)
-    modules = [m for m in dict.fromkeys((named, defining))
-               if isinstance(m, str) and m in sys.modules and m.split(".")[0] != OWN_PACKAGE]
-    if not modules:
+    found = own_sources(m for m in (named, defining) if isinstance(m, str))
+    if found is None:
         return None
-    found = [module_sources(m) for m in modules]
-    files = [f for _, part in found for f in part]
-    return make_guest(f"model factory {path!r}", found[0][0], files)
+    return make_guest(f"model factory {path!r}", *found)
 
 
 def _first_line(err: BaseException) -> str:

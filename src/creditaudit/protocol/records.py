@@ -4,11 +4,11 @@ says about each run.
 Records store what was measured and what the training-time protocol decided at each
 evaluated epoch; deciding anew — (d) against the frozen-blocks runs of the same recipe,
 another threshold — happens here, never in the record layer. (d) compares a run's accuracy
-with the frozen-blocks baseline of the *same recipe* (same data, model, optimiser and
-precision; :attr:`RunRecord.recipe_key`). Runs are trained without
-``diagnostics.frozen_acc``, so wherever the frozen-blocks runs of a recipe are among the
-records, (d) is evaluated against their mean final accuracy (:class:`RecordSet`, by
-default; ``use_frozen_runs=False`` keeps each record's own (d)).
+with the frozen-blocks baseline of the *same recipe* (same data, model — and its code,
+where it is not creditaudit's —, optimiser and precision; :attr:`RunRecord.recipe_key`).
+Runs are trained without ``diagnostics.frozen_acc``, so wherever the frozen-blocks runs of
+a recipe are among the records, (d) is evaluated against their mean final accuracy
+(:class:`RecordSet`, by default; ``use_frozen_runs=False`` keeps each record's own (d)).
 """
 
 from __future__ import annotations

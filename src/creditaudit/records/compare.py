@@ -10,6 +10,8 @@ from creditaudit.config import config_from_dict, non_semantic
 from creditaudit.records.recipes import recipe
 from creditaudit.records.schema import RunRecord
 
+# Recipe keys that hold a digest of content: named, not printed.
+CONTENT_KEYS = {"source": "the data", "code_digest": "the network's code"}
 # Per-epoch fields that depend on wall-clock time, not on what was computed.
 TIMING_KEYS = ("seconds",)
 
@@ -17,14 +19,18 @@ TIMING_KEYS = ("seconds",)
 def recipe_difference(a: RunRecord, b: RunRecord) -> str | None:
     """The first recipe field where ``a`` and ``b`` differ (``"model.n_blocks: 3 vs 2"``),
     or None when they share a recipe."""
-    ra = recipe(a.config, a.data.source if a.data else None, a.not_recorded)
-    rb = recipe(b.config, b.data.source if b.data else None, b.not_recorded)
+    ra = recipe(a.config, a.data.source if a.data else None, a.not_recorded,
+                a.model_code_digest)
+    rb = recipe(b.config, b.data.source if b.data else None, b.not_recorded,
+                b.model_code_digest)
     for section, values in ra.items():
-        for key, value in values.items():
+        only_b = {key: None for key in rb[section] if key not in values}
+        for key, value in {**values, **only_b}.items():
             other = rb[section].get(key)
             if value != other:
-                name = "the data" if key == "source" else f"{section}.{key}"
-                return f"{name}: {value!r} vs {other!r}" if key != "source" else name
+                if key in CONTENT_KEYS:
+                    return CONTENT_KEYS[key]
+                return f"{section}.{key}: {value!r} vs {other!r}"
     return None
 
 

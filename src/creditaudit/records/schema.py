@@ -73,7 +73,9 @@ class RunRecord:
         "its tracked files under src/ differ; null for an installed wheel), `components` (the "
         "rule's, model's and dataset's name, id_version and origin: creditaudit or a plugin's "
         "dist==version; for a plugin or an outside model factory its `code_digest` and the "
-        "conformance `checks` it passed before training), device, threads, `execution` "
+        "conformance `checks` it passed before training; for a `Recorder` run the "
+        "`code_digest` of the user's network — null with `code_digest_reason` when its class "
+        "has no source file), device, threads, `execution` "
         "(`device_data`, `cuda_graphs`: on, or off and why; `stacked_runs`: how many runs "
         "trained in its stack) — of the part that started the run: a resumed run lists its "
         "other parts' in `resumed`", factory=dict)
@@ -194,10 +196,22 @@ class RunRecord:
     @property
     def recipe_key(self) -> str:
         """Equal for runs that share how the network was trained apart from the credit rule
-        and the seed: the data (its identity, not its folder), the model, the optimiser and
-        the precision. A frozen-blocks run of the same recipe is the baseline of (d)."""
+        and the seed: the data (its identity, not its folder), the model (with the digest of
+        its code, when the record has one), the optimiser and the precision. A frozen-blocks
+        run of the same recipe is the baseline of (d)."""
         return recipe_key(self.config, self.data.source if self.data else None,
-                          self.not_recorded)
+                          self.not_recorded, self.model_code_digest)
+
+    @property
+    def model_code_digest(self) -> str | None:
+        """The digest of the network's code where it is not creditaudit's (a ``module``
+        factory's, a plugin architecture's, a ``Recorder`` run's network):
+        ``environment.components.model.code_digest``; None for built-ins and records
+        without it."""
+        components = self.environment.get("components")
+        model = components.get("model") if isinstance(components, dict) else None
+        digest = model.get("code_digest") if isinstance(model, dict) else None
+        return digest if isinstance(digest, str) and digest else None
 
     # --- epochs -----------------------------------------------------------------------------
     def last_entry(self) -> EpochEntry | None:

@@ -9,8 +9,9 @@ named by its config key, so no two rows read alike.
 
 By default (``frozen_from_runs``; ``creditaudit report --no-frozen-from-runs`` turns it off)
 diagnostic (d) of each run is evaluated against the mean final accuracy of the frozen-blocks
-runs of the same recipe (same data, model, optimiser and precision), when there are any; the
-table marks those rows with †, and the frozen runs' own rows are labelled as the baseline.
+runs of the same recipe (same data, model and its code, optimiser and precision), when there
+are any; the table marks those rows with †, and the frozen runs' own rows are labelled as the
+baseline.
 
 The HTML is the same Markdown rendered by markdown-it-py (:mod:`creditaudit.report.html`),
 with figures embedded, verdicts coloured by meaning (and always spelled out), sortable and
@@ -268,9 +269,9 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     recomputed = [r for r in rows if r["verdict"].endswith(RECOMPUTED_MARK)]
     if recomputed:
         notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
-                     "the frozen-blocks runs of the same recipe (same data, architecture and "
-                     f"optimiser; `--frozen-from-runs`), not the record's own {d}; the verdict "
-                     f"follows. {len(recomputed)} run(s).")
+                     "the frozen-blocks runs of the same recipe (same data, network and its "
+                     f"code, and optimiser; `--frozen-from-runs`), not the record's own {d}; the "
+                     f"verdict follows. {len(recomputed)} run(s).")
     elif not index.frozen_from_runs:
         could = [run for run in index.runs if not is_frozen_baseline(run)
                  and index.frozen_baseline(run) is not None

@@ -17,7 +17,8 @@ writes ``OUT/NAME/record.json`` atomically; :meth:`Recorder.finish` adds the end
 ``export`` read such records beside the command line's. The record says what was trained:
 the model's own description, the rule and its options, the data (a built-in dataset's
 identity, or a fingerprint of the evaluation arrays) and the code
-(``environment.components``). Its ``model.arch`` is ``own-loop``, which describes and never
+(``environment.components``; the network's ``code_digest``, which the run id and the recipe
+cover, as a ``module`` factory's). Its ``model.arch`` is ``own-loop``, which describes and never
 builds: ``audit`` and ``resume`` refuse such a run in one line (audit it in the loop with
 :func:`creditaudit.diagnose`).
 
@@ -69,6 +70,7 @@ from creditaudit.run.recorder_config import (
     array_fingerprint,
     data_identity,
     distribution,
+    network_code,
     not_recorded,
     recorder_config,
     user_network,
@@ -96,9 +98,11 @@ class Recorder:
     ``(N,)``: the held-out evaluation set every epoch's diagnostics run on, on the model's
     device (N ≥ 1024 for diagnostic (c); the command line uses 1280 test samples).
     ``out``/``name``: the record goes to ``out/name/record.json`` (default name: a run id
-    from the rule, the data, the seed and a hash of the config, the data and the model's
-    description). ``data``: what the data is — a dataset creditaudit knows (a name, or its
-    ``[data]`` section as a mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
+    from the rule, the data, the seed and a hash of the config, the data, the model's
+    description and the network's code: the source files of the modules defining its
+    classes — a script's file — and of the modules of your own they import). ``data``: what
+    the data is — a dataset creditaudit knows (a name, or its ``[data]`` section as a
+    mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
     whose identity is asked of the dataset (file digests, generator arguments) once
     ``eval_x``/``eval_y`` are checked to be samples of its test split; or a name of your
     own (lower-case letters, digits, ``-``, ``_``; default ``own-data``; with
@@ -160,8 +164,12 @@ class Recorder:
                                        fix=RECORDER_FIX)
         identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
         description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name)
+        # The network is identified by its code, as a `module` factory is: two classes of
+        # one name, or one edited between runs, are two runs and two recipes.
+        network = user_network(model)
+        digest, no_digest = network_code(network)
         code = RunCode(method=code_version(RULES, type(rule)),
-                       model=CodeVersion(OwnLoopArchitecture.name),
+                       model=CodeVersion(OwnLoopArchitecture.name, digest=digest),
                        data=(code_version(DATASETS, spec) if spec is not None
                              else CodeVersion(identity.name)))
         if name is None:  # the config names the class, not its sizes: add the description
@@ -172,9 +180,10 @@ class Recorder:
         _claim(self.run_dir, overwrite)
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
-        components["model"]["module_origin"] = distribution(type(user_network(model)).__module__)
-        components["model"]["module_packages"] = network_packages(user_network(model),
-                                                                  versions=True)
+        if no_digest is not None:
+            components["model"].update(code_digest=None, code_digest_reason=no_digest)
+        components["model"]["module_origin"] = distribution(type(network).__module__)
+        components["model"]["module_packages"] = network_packages(network, versions=True)
         if spec is None:
             components["data"]["origin"] = "the user's own loop"
         self.record = new_record(self.config, device=str(device), data=identity,

@@ -4,8 +4,9 @@ A run trained in a user's own loop has no config file: :func:`recorder_config` c
 from the credit rule (the method section), the model's own-loop description (the model
 section), ``data=`` (the data section) and the caller's ``config=`` keys;
 :func:`data_identity` asks a dataset creditaudit knows for its identity, or fingerprints the
-evaluation arrays (:func:`array_fingerprint`); :func:`distribution` names the installed
-package that provides the user's network. :class:`creditaudit.run.recorder.Recorder` writes them
+evaluation arrays (:func:`array_fingerprint`); :func:`network_code` identifies the user's
+network by the digest of its code, and :func:`distribution` names the installed package that
+provides it. :class:`creditaudit.run.recorder.Recorder` writes them
 into the record.
 """
 
@@ -36,10 +37,12 @@ from creditaudit.data.identity import tensor_digest
 from creditaudit.data.rows import check_test_rows
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.guests import has_source_file, main_module_name, own_sources, source_digest
 from creditaudit.methods import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.registry import OwnLoopArchitecture
 from creditaudit.registry import DATASETS
+from creditaudit.version import OWN_PACKAGE
 
 # What data= names when the caller says nothing about the data.
 OWN_DATA = "own-data"
@@ -218,6 +221,32 @@ def array_fingerprint(*arrays: Tensor) -> str:
 def user_network(model: Any) -> Any:
     """The user's own module: the one an adapted model wraps, or the model itself."""
     return model.net if isinstance(model, AdaptedModel) else model
+
+
+def network_code(net: Any) -> tuple[str | None, str | None]:
+    """(digest, why there is none) of the code of the user's network ``net``: the sha256 of
+    the source files of the modules defining the classes it is made of (its own and its
+    submodules': an ``nn.Sequential`` of your blocks is your blocks' code; a script's
+    ``__main__`` is its file) and of the modules of the user's own code they import, found
+    as a ``module`` factory's are (:func:`creditaudit.guests.own_sources`). (None, None)
+    when no such file is the user's: creditaudit's classes (its version names their code)
+    and installed distributions' (``module_packages`` names their versions). (None,
+    reason) when a class was defined where there is no source file (a notebook, the
+    interpreter prompt): the code is not identified."""
+    classes: dict[str, type] = {}
+    for module in net.modules():  # the network first: each module named by its outermost class
+        classes.setdefault(type(module).__module__, type(module))
+    modules = [m for m in classes if main_module_name(m).partition(".")[0] != OWN_PACKAGE]
+    sourceless = [classes[m] for m in modules if not has_source_file(m)]
+    if sourceless:
+        cls = sourceless[0]
+        return None, (f"{cls.__module__}:{cls.__qualname__} has no source file (a notebook or "
+                      "the interpreter prompt), so the run id cannot tell its code from other "
+                      "code: pass name= to tell such runs apart")
+    found = own_sources(modules)
+    if found is None or not found[1]:
+        return None, None
+    return source_digest(*found), None
 
 
 def distribution(module: str) -> str | None:

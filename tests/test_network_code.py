@@ -1,0 +1,243 @@
+"""A Recorder identifies the user's network by its code, as the command line identifies a
+``module`` factory: the digest of the source files of the module defining the network's
+class (a script's ``__main__``: the script) and of the modules of the user's own code it
+imports joins the run id and the recipe, so
+
+- two scripts that each define a ``Net`` (tanh in one, ReLU in the other) are two runs, not
+  one run id refused the second time as "holds a run record already";
+- (d) of the ReLU network's run, in ``report``, is never judged against the tanh network's
+  frozen-blocks run, while the tanh network's own runs are judged against it;
+- a module edited between runs (itself, or a module of its own that it imports) is another
+  run and another recipe; the same code again is the same run;
+- a class with no source file (a notebook's ``__main__``) is recorded as such, its run id
+  and recipe derived as before; creditaudit's own classes carry no digest.
+"""
+
+from __future__ import annotations
+
+import importlib
+import runpy
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from creditaudit import Recorder, adapt, rule
+from creditaudit.cli import main
+from creditaudit.protocol.records import RecordSet
+from creditaudit.records import load_record, recipe_key
+from creditaudit.records.compare import recipe_difference
+from creditaudit.run.recorder_config import network_code
+from creditaudit.testing.zoo import TransformerClassifier
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# A user's script, as `python rec.py` runs it: its own Net, trained in its own loop with the
+# rule RULE and recorded under OUT with the default name (the run id).
+SCRIPT = '''\
+import torch
+from torch import nn
+
+from creditaudit import Recorder, adapt, rule
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, h):
+        return h + torch.ACTIVATION(self.lin(h))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(16, 16)
+        self.b0, self.b1 = Block(16), Block(16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.b1(self.b0(self.embed(x))))
+
+
+torch.manual_seed(0)
+model = adapt(Net(), states=["embed", "b0", "b1"], example=TRAIN_X[:8])
+trained = rule(RULE, model)
+optimizer = torch.optim.AdamW(trained.trainable_parameters(), lr=1e-2)
+with Recorder(trained, EVAL_X, EVAL_Y, out=OUT, data="ts", progress=False,
+              config={"optim.lr": 1e-2, "run.seed": 0,
+                      "diagnostics.end_of_run": False}) as rec:
+    rec.epoch(0)
+    for batch in torch.arange(len(TRAIN_Y)).split(32):
+        trained.train_step(TRAIN_X[batch], TRAIN_Y[batch], optimizer)
+    model.eval()
+    with torch.no_grad():
+        accuracy = float((model(EVAL_X).argmax(1) == EVAL_Y).float().mean())
+    rec.epoch(1, test_acc=accuracy)
+    RECORD = rec.finish()
+'''
+NETS = '''\
+import torch
+from torch import nn
+
+from fx5_layers import Block
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.b0, self.head = nn.Linear(16, 16), Block(16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.b0(self.embed(x)))
+'''
+LAYERS = '''\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, h):
+        return h + torch.tanh(self.lin(h))
+'''
+
+
+def data() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(160, 16, generator=generator)
+    y = torch.randint(0, 10, (160,), generator=generator)
+    return {"TRAIN_X": x[:96], "TRAIN_Y": y[:96], "EVAL_X": x[96:], "EVAL_Y": y[96:]}
+
+
+def run_script(script: Path, rule_name: str, out: Path):
+    """``python script`` with rule ``rule_name``: the script's module is ``__main__``."""
+    globals_ = runpy.run_path(str(script), run_name="__main__",
+                              init_globals={"RULE": rule_name, "OUT": str(out), **data()})
+    return globals_["RECORD"]
+
+
+def scripts(tmp_path: Path) -> dict[str, Path]:
+    """Two folders, each with a rec.py defining its own Net: tanh in one, ReLU in the other."""
+    out = {}
+    for activation in ("tanh", "relu"):
+        script = tmp_path / activation / "rec.py"
+        script.parent.mkdir()
+        script.write_text(SCRIPT.replace("ACTIVATION", activation))
+        out[activation] = script
+    return out
+
+
+def test_two_scripts_with_a_net_of_one_name_are_two_runs_and_two_recipes(tmp_path, capsys):
+    out = tmp_path / "runs"
+    script = scripts(tmp_path)
+    frozen = run_script(script["tanh"], "frozen", out)
+    relu = run_script(script["relu"], "dfa", out)  # refused before: the tanh run's id
+    tanh = run_script(script["tanh"], "dfa", out)
+    models = {r.run_id: r.environment["components"]["model"] for r in (frozen, relu, tanh)}
+    assert all(m["module"] == "__main__:Net" for m in models.values())
+    assert relu.config.model == tanh.config.model  # the config names the class, no more
+    digests = {r.run_id: r.model_code_digest for r in (frozen, relu, tanh)}
+    assert digests[frozen.run_id] == digests[tanh.run_id] != digests[relu.run_id]
+    assert all(m["code_digest"] == digests[i] for i, m in models.items())
+    assert len({frozen.run_id, relu.run_id, tanh.run_id}) == 3
+    # the same script again is the same run: refused, not recorded twice
+    with pytest.raises(Exception, match="holds a run record already"):
+        run_script(script["relu"], "dfa", out)
+    # (d): the tanh network's frozen run is the baseline of its own DFA run only
+    assert relu.recipe_key != frozen.recipe_key == tanh.recipe_key
+    assert recipe_difference(relu, frozen) == "the network's code"
+    records = RecordSet.from_folder(out)
+    loaded = {r.run_id: r for r in records}
+    assert records.frozen_baseline(loaded[tanh.run_id]) == (frozen.final_acc, 1)
+    assert records.frozen_baseline(loaded[relu.run_id]) is None
+    assert records.verdict(loaded[relu.run_id]).statuses["d"] == "not evaluated"
+    assert main(["report", str(out)]) == 0
+    capsys.readouterr()
+    report = (out / "report" / "report.md").read_text()
+    assert "re-evaluated against" in report and "1 run(s)." in report
+    sections = {part.split("\n", 1)[0].strip(): part for part in report.split("### ")[1:]}
+    against = {run_id: "vs frozen blocks" in sections[run_id] for run_id in loaded}
+    assert against == {frozen.run_id: False, tanh.run_id: True, relu.run_id: False}
+
+
+@pytest.fixture
+def own_module(tmp_path, monkeypatch):
+    """``fx5_nets`` (its Net imports ``Block`` from ``fx5_layers``) in a folder on the path."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "fx5_nets.py").write_text(NETS)
+    (folder / "fx5_layers.py").write_text(LAYERS)
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    for name in ("fx5_nets", "fx5_layers"):
+        sys.modules.pop(name, None)
+
+
+def record_net(make, out: Path, rule_name: str = "dfa"):
+    x = data()
+    model = adapt(make(), states=["embed", "b0"], example=x["TRAIN_X"][:8])
+    with Recorder(rule(rule_name, model), x["EVAL_X"], x["EVAL_Y"], out=out, data="ts",
+                  progress=False, config={"diagnostics.end_of_run": False}) as rec:
+        rec.epoch(0, test_acc=0.1)
+    return rec.record
+
+
+def test_a_module_edited_between_runs_is_another_run_and_recipe(own_module, tmp_path):
+    out = tmp_path / "runs"
+    nets = importlib.import_module("fx5_nets")
+    first = record_net(nets.Net, out)
+    assert first.model_code_digest == network_code(nets.Net())[0] is not None
+    nets_file, layers_file = own_module / "fx5_nets.py", own_module / "fx5_layers.py"
+    nets_file.write_text(NETS.replace("self.b0(self.embed(x))", "self.b0(self.embed(x) * 2)"))
+    nets = importlib.reload(nets)
+    edited = record_net(nets.Net, out)  # refused before: the first run's id
+    assert edited.run_id != first.run_id
+    assert edited.model_code_digest != first.model_code_digest
+    assert edited.recipe_key != first.recipe_key
+    # a module of its own that it imports is its code too
+    nets_file.write_text(NETS)
+    nets = importlib.reload(nets)
+    assert network_code(nets.Net())[0] == first.model_code_digest  # the same code again
+    layers_file.write_text(LAYERS.replace("torch.tanh", "torch.sigmoid"))
+    importlib.reload(sys.modules["fx5_layers"])
+    nets = importlib.reload(nets)
+    assert network_code(nets.Net())[0] not in (None, first.model_code_digest)
+
+
+def test_a_class_without_a_source_file_says_so_and_keeps_its_id(tmp_path, monkeypatch):
+    notebook = types.ModuleType("__main__")  # a notebook's __main__: no __file__
+    monkeypatch.setitem(sys.modules, "__main__", notebook)
+    exec(NETS.replace("from fx5_layers import Block", LAYERS.split("\n", 3)[3]),  # noqa: S102
+         notebook.__dict__)
+    record = record_net(notebook.Net, tmp_path)
+    model = load_record(tmp_path / record.run_id).environment["components"]["model"]
+    assert model["code_digest"] is None and "has no source file" in model["code_digest_reason"]
+    assert record.model_code_digest is None
+    # no digest: the run id and the recipe are what they were before digests joined them
+    monkeypatch.setattr("creditaudit.run.recorder.network_code", lambda net: (None, None))
+    assert record_net(notebook.Net, tmp_path / "before").run_id == record.run_id
+    assert record.recipe_key == recipe_key(record.config, record.data.source,
+                                           record.not_recorded)
+    assert "code_digest" not in record.recipe_key
+
+
+def test_a_container_is_its_blocks_code_and_installed_code_carries_no_digest(own_module):
+    """An ``nn.Sequential`` of the user's blocks is identified by the blocks' code; classes
+    of creditaudit (its version) and of torch (``module_packages``) carry no digest."""
+    layers = importlib.import_module("fx5_layers")
+    blocks = nn.Sequential(nn.Linear(16, 16), layers.Block(16), nn.Linear(16, 10))
+    digest, why = network_code(blocks)
+    assert digest is not None and why is None
+    (own_module / "fx5_layers.py").write_text(LAYERS.replace("torch.tanh", "torch.sigmoid"))
+    assert network_code(blocks)[0] not in (None, digest)  # the file is what is identified
+    assert network_code(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 10))) == (None, None)
+    zoo = TransformerClassifier((1, 1, 16), patch=(1, 4), d=8, depth=1, heads=2)
+    assert network_code(zoo) == (None, None)

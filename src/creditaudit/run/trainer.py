@@ -175,13 +175,14 @@ class Trainer:
                                  "over with --force")
         state = load_checkpoint(path, map_location=self.device)
         record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
-        check_same_run(record, self.run_id, path)
         check_same_data(record, self.data_identity, path)
         check_same_question(record.config, self.config, path)
         threads = resume_threads(record, self.config, path)
         load_into(state, path, self.config, model=self.model, rule=self.rule,
                   optimizer=self.optimizer, scheduler=self.scheduler,
                   generator=self.data_generator)
+        # after the method and shape checks of load_into, which say more about a foreign file
+        check_same_run(record, self.run_id, path)
         self.rule.to(self.device)
         if threads is not None:
             self.threads = threads

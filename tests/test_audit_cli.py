@@ -174,3 +174,47 @@ def test_audit_help_documents_every_option(capsys):
     text = capsys.readouterr().out
     for option in ("--frozen", "--format", "--output", "--metrics", "--no-metrics", "RUN"):
         assert option in text
+
+
+def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, capsys,
+                                                                      monkeypatch):
+    """A frozen run interrupted after epoch 1 has no final test accuracy (its final_acc
+    falls back to the last logged epoch): --frozen used to take it as (d)'s baseline; the
+    look-up beside the run counts only finished frozen runs, and so does --frozen now."""
+    from creditaudit.run.trainer import Trainer
+
+    root = tmp_path / "runs"
+    dfa = str(_train(root, **{"method.name": "dfa", "optim.epochs": 2}).run_dir)
+    original = Trainer.train_epoch
+
+    def interrupted_at_2(self, current):  # noqa: ANN001
+        if current == 2:
+            raise KeyboardInterrupt
+        return original(self, current)
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(Trainer, "train_epoch", interrupted_at_2)
+        _train(root, **{"method.name": "frozen", "optim.epochs": 2})
+    (frozen,) = [p for p in root.iterdir() if str(p) != dfa]
+    assert (frozen / RECORD_FILE).exists()
+    capsys.readouterr()
+    assert main(["audit", dfa, "--frozen", str(frozen), "--no-metrics"]) == 2
+    config = frozen / "config.toml"
+    assert _one_line_error(capsys) == (
+        f"creditaudit: error: --frozen run {frozen} is interrupted (1 of 2 epochs done), so "
+        f"it has no final test accuracy: finish it with creditaudit train --config {config} "
+        "--resume, then audit again")
+    # without --frozen the unfinished run is not a baseline either: (d) is not evaluated
+    assert main(["audit", dfa, "--no-metrics", "--format", "json"]) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert "frozen_from_runs" not in metadata and metadata["frozen_acc"] is None
+    assert main(["train", "--config", str(config), "--resume", "-q"]) == 0  # as it says
+    capsys.readouterr()
+    assert main(["audit", dfa, "--frozen", str(frozen), "--no-metrics", "--format",
+                 "json"]) == 0
+    from creditaudit.records import load_record
+
+    finished = load_record(frozen)
+    assert finished.status == "completed"
+    report = json.loads(capsys.readouterr().out)
+    assert report["metadata"]["frozen_acc"] == pytest.approx(finished.final_acc)

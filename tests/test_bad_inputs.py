@@ -311,6 +311,11 @@ CASES = [
      ["run.precision='fp16' is not allowed"]),
     ("trainable-blocks-too-many", lambda w, t: train_args(w, "--set", "method.trainable_blocks=3"),
      ["exceeds model.n_blocks=2"]),
+    ("set-empty-protocol", lambda w, t: train_args(w, "--set", "diagnostics.protocol=[]"),
+     ["diagnostics.protocol=[] names no diagnostic", "leave the key out"]),
+    ("set-options-of-unlisted-diagnostic", lambda w, t: train_args(
+        w, "--set", 'diagnostics.protocol=["b"]', "--set", "diagnostics.a.growth=9"),
+     ["diagnostics.a holds the options of diagnostic (a)", "drop [diagnostics.a]"]),
     ("frozen-acc-above-one", lambda w, t: train_args(w, "--frozen-acc", "34.9"),
      ["diagnostics.frozen_acc=34.9", "out of range"]),
     ("flag-not-an-int", lambda w, t: train_args(w, "--epochs", "ten"), ["invalid int value"]),
@@ -336,6 +341,9 @@ CASES = [
         w, t, lambda r: {**r, "schema": "other.tool/9"}))], ["has schema 'other.tool/9'"]),
     ("record-lacks-log", lambda w, t: ["audit", str(with_record(
         w, t, lambda r: {k: v for k, v in r.items() if k != "log"}))], ["lacks the key 'log'"]),
+    ("frozen-run-unfinished", lambda w, t: ["audit", str(w.run_dir), "--frozen", str(
+        with_record(w, t, lambda r: {**r, "status": "interrupted", "final": None}))],
+     ["is interrupted", "no final test accuracy", "--resume"]),
     ("record-bad-status", lambda w, t: ["audit", str(with_record(
         w, t, lambda r: {**r, "status": "exploded"}))], ["status 'exploded'"]),
     ("record-invalid-config", lambda w, t: ["audit", str(with_record(

@@ -33,6 +33,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
 from creditaudit.records import (
+    CONFIG_FILE,
     EpochEntry,
     RunRecord,
     load_record,
@@ -85,6 +86,13 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
                               "e.g. 0.349 (not 34.9) or a frozen run's folder")
         return value
     frozen = load_record(text)
+    if not frozen.is_finished:  # as the runs looked up beside RUN: completed or diverged
+        done = frozen.log[-1].epoch if frozen.log else 0
+        config = record_path(text).parent / CONFIG_FILE
+        raise RunRecordError(f"--frozen run {text} is {frozen.status} ({done} of {frozen.epochs} "
+                             f"epochs done), so it has no final test accuracy: finish it "
+                             f"with creditaudit train --config {config} --resume, then audit "
+                             "again")
     difference = recipe_difference(frozen, record)
     if difference is not None:
         raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "

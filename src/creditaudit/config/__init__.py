@@ -159,7 +159,12 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     new = config_from_dict(merge_overrides(config.to_dict(), overrides, dropped))
     for key in dropped:
         section, name = split_key(key)
-        if name in defaults.get(section, {}):
+        if name not in defaults.get(section, {}):
+            continue
+        if section == "diagnostics":  # a diagnostic's table (merge_overrides)
+            log.warning("warning: %s=%r holds the options of a diagnostic diagnostics.protocol "
+                        "no longer lists; left out", key, defaults[section][name])
+        else:
             log.warning("warning: %s=%r is an option of the %s replaced; left out", key,
                         defaults[section][name], section)
     return new

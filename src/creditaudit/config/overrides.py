@@ -11,8 +11,8 @@ import dataclasses
 import sys
 from typing import Any
 
-from creditaudit.config.composed import BASES, SELECTORS
-from creditaudit.config.sections import LEGACY_DEFAULTS, SECTION_TYPES
+from creditaudit.config.composed import BASES, SELECTORS, protocol_names
+from creditaudit.config.sections import LEGACY_DEFAULTS, SECTION_TYPES, DiagnosticsConfig
 from creditaudit.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -82,6 +82,7 @@ def merge_overrides(raw: dict[str, Any], overrides: dict[str, Any],
                             if k not in keep and f"{section}.{k}" not in overrides
                             and ((section, k) not in LEGACY_DEFAULTS
                                  or LEGACY_DEFAULTS[(section, k)] != v)]
+    _keep_protocol_tables(merged, overrides, dropped)
     for key, value in overrides.items():
         section, name = split_key(key)
         table, _, leaf = name.partition(".")
@@ -91,6 +92,24 @@ def merge_overrides(raw: dict[str, Any], overrides: dict[str, Any],
         else:
             merged.setdefault(section, {})[name] = value
     return merged
+
+
+def _keep_protocol_tables(merged: dict[str, Any], overrides: dict[str, Any],
+                          dropped: list[str] | None) -> None:
+    """Selecting another protocol (``diagnostics.protocol``) keeps only the option tables of
+    the diagnostics it lists (``[diagnostics.a]`` does not apply to a protocol without (a);
+    listed in ``dropped`` when given), as selecting another component keeps its options."""
+    names = overrides.get("diagnostics.protocol")
+    old = merged.get("diagnostics", {})
+    if "diagnostics.protocol" not in overrides or names == old.get("protocol"):
+        return
+    if names is not None and not (isinstance(names, list | tuple)
+                                  and all(isinstance(n, str) for n in names)):
+        return  # not a list of names: validation says so
+    keep = {f.name for f in dataclasses.fields(DiagnosticsConfig)} | set(protocol_names(names))
+    merged["diagnostics"] = {k: v for k, v in old.items() if k in keep}
+    if dropped is not None:
+        dropped += [f"diagnostics.{k}" for k in old if k not in keep]
 
 
 __all__ = ["parse_value", "parse_override", "device_overrides", "split_key", "merge_overrides"]

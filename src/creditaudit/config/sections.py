@@ -96,9 +96,9 @@ class DiagnosticsConfig:
     adds a table of its own options (its thresholds), e.g. ``[diagnostics.a] growth = 50``."""
 
     protocol: list[str] | None = opt(
-        None, "the protocol's diagnostics by name (None = the built-in four, a b c d; list a "
-        "diagnostic an installed package registers to add it, e.g. [\"a\", \"b\", \"c\", "
-        "\"d\", \"e\"])")
+        None, "the protocol's diagnostics by name (None = the built-in four, a b c d; a list "
+        "runs those it names, at least one, e.g. [\"b\"]; list a diagnostic an installed "
+        "package registers to add it, e.g. [\"a\", \"b\", \"c\", \"d\", \"e\"])")
     eval_samples: int = opt(1280, "held-out samples for per-epoch diagnostics (10 × 128; "
                             "the default shrinks to the test split when it is smaller)",
                             min=1)

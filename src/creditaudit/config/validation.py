@@ -30,6 +30,7 @@ from creditaudit.config.sections import (
     SECTION_TYPES,
 )
 from creditaudit.errors import ConfigError
+from creditaudit.registry import DIAGNOSTICS
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,12 @@ def _section_class(section: str, given: dict[str, Any], strict: bool) -> type:
                 isinstance(n, str) for n in names)):
             raise ConfigError(f"diagnostics.protocol must be a list of diagnostic names, got "
                               f"{names!r}")
+        if strict and names is not None and not names:  # records before this check keep []
+            default = protocol_names(None)
+            example = ", ".join(f'"{name}"' for name in default[:2])
+            raise ConfigError(f"diagnostics.protocol=[] names no diagnostic: name at least one, "
+                              f"e.g. [{example}]; leave the key out for the default "
+                              f"{len(default)} ({' '.join(default)})")
         return diagnostics_class(protocol_names(names), strict)
     if section not in SELECTORS:
         return SECTION_TYPES[section]
@@ -167,6 +174,10 @@ def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
         dropped.append(f"{section}.{key}")
         return
     allowed = ", ".join(f.name for f in dataclasses.fields(cls))
+    if section == "diagnostics" and DIAGNOSTICS.find(key) is not None:
+        raise ConfigError(f"diagnostics.{key} holds the options of diagnostic ({key}), which "
+                          f"diagnostics.protocol does not list: add \"{key}\" to "
+                          f"diagnostics.protocol or drop [diagnostics.{key}]")
     component = component_of_class(cls)
     if section in SELECTORS and component is not None:
         owners = _owners(section, key)

@@ -101,6 +101,10 @@ def _refuse_unread_base(raw: dict[str, Any], given: set[str], config: RunConfig,
         if key not in given:
             continue
         section, _, name = key.partition(".")
+        if section not in SELECTORS:  # a diagnostic's table the run's protocol leaves out
+            raise ConfigError(f"[base] {key}={raw[section][name]!r} holds the options of a "
+                              f"diagnostic that the protocol of {where} does not list: set "
+                              "it only for the runs that list it, or drop it from [base]")
         selector = SELECTORS[section][0]
         component = getattr(getattr(config, section), selector)
         owners = [cls.name for cls in SELECTORS[section][1].classes()

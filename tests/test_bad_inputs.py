@@ -530,6 +530,8 @@ CASES = [
      ["a_file.txt", "a file stands where a folder is needed"]),
     ("train-out-below-a-file", lambda w, t: train_args(w, "--out", str(w.a_file / "runs")),
      ["a_file.txt", "a file stands where a folder is needed"]),
+    ("train-wandb-empty", lambda w, t: train_args(w, "--out", str(t / "o"), "--wandb", ""),
+     ["run.wandb_project=''", "empty name"]),
     ("train-tensorboard-below-a-file", lambda w, t: train_args(
         w, "--out", str(t / "o"), "--tensorboard", str(w.a_file / "tb")), ["tensorboard"]),
     ("device-unknown", lambda w, t: train_args(w, "--device", "tpu"), ["invalid choice: 'tpu'"]),

@@ -617,3 +617,37 @@ def test_an_experiment_audits_a_plugin_rule(noisy_bp, tmp_path, capsys):
     assert not (out / "experiments" / "audit_table.smoke.synthetic.json").exists()
     listing = capsys.readouterr().out
     assert "# Experiment `audit_table`" in listing
+
+
+GENERATED = ("synthetic", "mnist1d")
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])
+@pytest.mark.parametrize("dataset", [*GENERATED, pytest.param(
+    "fashion-mnist", marks=pytest.mark.skipif(not FASHION.is_dir(),
+                                              reason="Fashion-MNIST not installed"))])
+def test_every_experiment_plans_at_every_scale_on_every_dataset(scale, dataset, tmp_path):
+    """docs/experiments.md: ``--dataset`` takes the generated datasets at any scale (smoke
+    MNIST-1D: 600 train / 200 test). Smoke MNIST-1D once asked for 256 evaluation samples of
+    its 200 and refused to plan, and ``experiment`` has no --set to lower them."""
+    from creditaudit.sweep import plan_runs
+
+    for name in all_names():
+        configs = get_experiment(name).configs(scale, dataset=dataset, data_dir=None,
+                                               out_dir=str(tmp_path))
+        plans = plan_runs(configs)  # raises ConfigError when a run's sizes do not fit
+        assert len(plans) == len(configs) > 0, name
+        for config in configs:
+            if config.data.name == "mnist1d" and scale == "smoke":
+                assert (config.data.n_train, config.data.n_test) == (600, 200)
+                assert config.diagnostics.eval_samples <= config.data.n_test
+
+
+def test_smoke_mnist1d_experiment_no_train_plans(tmp_path, capsys):
+    """The probe's command: it plans every run, finds none finished, and exits 1 (missing
+    runs), not 2 (a config error the user cannot fix)."""
+    assert main(["experiment", "penalty_sweep", "--scale", "smoke", "--dataset", "mnist1d",
+                 "--no-train", "--out", str(tmp_path)]) == 1
+    assert "eval_samples" not in capsys.readouterr().err
+    assert (tmp_path / "experiments" / "penalty_sweep.smoke.mnist1d.json").is_file()

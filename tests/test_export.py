@@ -185,3 +185,49 @@ def test_export_command(results, tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not exist" in err
+
+
+def test_dataset_restricts_the_files_to_runs_on_it(results, tmp_path, capsys):
+    """``--dataset`` once only preferred a dataset: on a folder of synthetic runs,
+    ``--dataset fashion-mnist`` wrote snapshot files from the synthetic runs and a manifest
+    naming a synthetic run beside "needs … fashion-mnist". Now every file but the StudentNet
+    ones takes runs on that dataset only; the others are skipped with what they need."""
+    folder, records = results
+    out = tmp_path / "out"
+    assert main(["export", str(folder), str(out), "--dataset", "fashion-mnist"]) == 0
+    printed = capsys.readouterr().out
+    assert "skipped results/snapshot_evolution_v2/snapshot_evolution_s42.json" in printed
+    written = json.loads((out / MANIFEST_FILE).read_text())["written"]
+    datasets = {r["run_id"]: (r["config"]["data"]["name"], r["config"]["model"]["arch"])
+                for r in records}
+    used = {datasets[run] for entry in written for run in entry["runs"].values()}
+    assert used and all(arch == "student" for _, arch in used)  # StudentNet: synthetic task
+    assert all("snapshot_synth_v1" in entry["path"] for entry in written)
+    assert not (out / "results" / "snapshot_evolution_v2").exists()
+    assert not (out / "results" / "snapshot_vit_v1").exists()
+    skipped = json.loads((out / MANIFEST_FILE).read_text())["skipped"]
+    evolution = next(e for e in skipped if e["path"].endswith("snapshot_evolution_s42.json"))
+    assert "fashion-mnist" in evolution["needs"]
+    # the dataset the runs are on still exports them
+    same = export(folder, tmp_path / "same", dataset="synthetic")
+    assert any("snapshot_evolution_s42" in e["path"] for e in same.written)
+
+
+def test_unknown_dataset_is_refused_naming_the_folders_datasets(results, tmp_path, capsys):
+    folder, _ = results
+    assert main(["export", str(folder), str(tmp_path / "out"), "--dataset", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "'nosuch'" in err and "it holds: synthetic" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_results_folder_that_is_a_file_or_empty_is_refused(tmp_path, capsys):
+    a_file = tmp_path / "afile"
+    a_file.write_text("x\n")
+    assert main(["export", str(a_file), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a file, not a folder" in err and "does not exist" not in err
+    assert main(["export", "", str(tmp_path / "out")]) == 2
+    assert "empty path" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -460,3 +460,43 @@ def test_missing_wandb_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"pip install 'creditaudit\[wandb\]'"):
         train(tiny(tmp_path / "runs", **{"run.wandb_project": "p"}))
+
+
+@needs_wandb
+def test_wandb_refused_project_name_says_to_choose_another(tmp_path, offline_wandb, capsys):
+    """W&B refuses 'a/b c' even offline; the message once said to log in or set
+    WANDB_MODE=offline (already set). Now it says the name is what to change."""
+    assert main(cli_args(tmp_path / "runs", "--wandb", "a/b c")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "run.wandb_project='a/b c' is not a project name Weights & Biases accepts" in err
+    assert "choose another name" in err
+    assert "wandb login" not in err and "WANDB_MODE" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_project_name_refused_by_wandb_settings_is_a_name_error(tmp_path, monkeypatch):
+    """The same through a stand-in wandb module (runs where wandb is not installed): any
+    refusal of ``Settings(project=…)`` is about the name, before a run starts."""
+    import types
+
+    def settings(**kwargs: object) -> None:
+        raise ValueError(f"Invalid project name {kwargs['project']!r}: too odd")
+
+    fake = types.ModuleType("wandb")
+    fake.Settings = settings  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with pytest.raises(ConfigError, match=r"run.wandb_project='x' is not a project name .*"
+                                          r"too odd.*choose another name") as err:
+        train(tiny(tmp_path / "runs", **{"run.wandb_project": "x"}))
+    assert "wandb login" not in str(err.value)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("project", ["", " "])
+def test_empty_wandb_project_is_refused(tmp_path, capsys, project):
+    assert main(cli_args(tmp_path / "runs", "--wandb", project)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"run.wandb_project={project!r} is an empty name" in err
+    assert not (tmp_path / "runs").exists()

@@ -427,3 +427,28 @@ def test_compact_png_keeps_the_picture_and_its_colours(tmp_path):
     Image.new("RGBA", (8, 8), (0, 0, 0, 0)).save(transparent, format="PNG")
     assert compact_png(transparent.getvalue()) == transparent.getvalue()
     assert compact_png(b"not a png") == b"not a png"
+
+
+@pytest.mark.parametrize("command", ["report", "figures"])
+def test_dataset_without_runs_is_refused_naming_those_held(results, tmp_path, capsys,
+                                                           command):
+    """``--dataset nosuch`` once wrote a report of "0 run records" saying the folder held
+    no finished runs, although it did; now one line names the datasets it holds."""
+    out = tmp_path / "out"
+    assert main([command, str(results), "--dataset", "nosuch", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"no run records of dataset 'nosuch' in {results} (it holds: synthetic)" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["report", "figures"])
+def test_empty_or_file_results_path_is_refused(tmp_path, capsys, monkeypatch, command):
+    """An empty RESULTS_DIR once read the current folder silently."""
+    monkeypatch.chdir(tmp_path)
+    assert main([command, ""]) == 2
+    assert "empty path" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x\n")
+    assert main([command, "afile"]) == 2
+    assert "afile is a file, not a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

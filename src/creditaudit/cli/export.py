@@ -16,15 +16,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "under OUT. Only files whose runs exist are written; the list of written "
                     "and skipped files (with the runs each missing file needs) is printed and "
                     "saved as OUT/export_manifest.json. See docs/experiments.md.")
-    parser.add_argument("results_dir", metavar="RESULTS_DIR",
+    parser.add_argument("results_dir", metavar="RESULTS_DIR", type=folder,
                         help="folder holding run folders (the --out of train/sweep/experiment)")
     parser.add_argument("out", metavar="OUT", type=folder, help="folder to write the layout into")
     parser.add_argument("--layout", choices=("faeval",), default="faeval",
                         help="faeval: the original study's results/ layout (default)")
     parser.add_argument("--dataset", default=None, metavar="NAME",
-                        help="take the ResidualMLP runs from this dataset (default: the most "
-                             "paper-like one present: cifar10, cifar100, fashion-mnist, mnist, "
-                             "mnist1d, synthetic)")
+                        help="take the runs of every file but the StudentNet ones from this "
+                             "dataset only (default: the most paper-like one present: cifar10, "
+                             "cifar100, fashion-mnist, mnist, mnist1d, synthetic)")
     parser.set_defaults(handler=run)
 
 

@@ -23,10 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_index_options(parser: argparse.ArgumentParser) -> None:
     """RESULTS_DIR, --dataset and --frozen-from-runs (shared with ``creditaudit report``)."""
-    parser.add_argument("results", metavar="RESULTS_DIR",
+    parser.add_argument("results", metavar="RESULTS_DIR", type=folder,
                         help="results folder (every record.json below it is read)")
     parser.add_argument("--dataset", default=None, metavar="NAME",
-                        help="only runs on this dataset (default: all)")
+                        help="only runs on this dataset (default: all); one the folder "
+                             "has no runs of is refused")
     parser.add_argument("--frozen-from-runs", action=argparse.BooleanOptionalAction,
                         default=True,
                         help="evaluate protocol diagnostic (d) of each run against the mean "

@@ -38,15 +38,18 @@ ROLES = ("compute", "record", "place")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None, role: str = "compute", path: bool = False) -> Any:
+        max: float | None = None, role: str = "compute", path: bool = False,
+        name: bool = False) -> Any:
     """A dataclass field with help text, validation metadata and its role (module doc).
 
     ``path``: the value is a file or folder path, which must not be empty (an empty path
-    silently means the current folder)."""
+    silently means the current folder). ``name``: the value names something (a project),
+    which must not be empty either."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return field(default=default, metadata={"help": help, "choices": choices, "min": min,
-                                            "max": max, "role": role, "path": path})
+                                            "max": max, "role": role, "path": path,
+                                            "name": name})
 
 
 @dataclass
@@ -167,7 +170,8 @@ class RunSettings:
                                   "and the config to this TensorBoard folder (DIR/RUN_ID/)",
                                   role="place", path=True)
     wandb_project: str | None = opt(None, "log the same to this Weights & Biases project "
-                                    "(WANDB_MODE=offline writes it to disk)", role="place")
+                                    "(WANDB_MODE=offline writes it to disk)", role="place",
+                                    name=True)
     progress: bool = opt(True, "console progress: a run-level bar in a terminal, one line "
                          "per epoch when stdout is not a terminal", role="place")
 

@@ -93,6 +93,8 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("path") and isinstance(value, str) and not value.strip():
         raise ConfigError(f"{key}={value!r} is an empty path, which would mean the current "
                           f"folder; give a folder ({key}=. for the current one)")
+    if meta.get("name") and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{key}={value!r} is an empty name; give a name, or leave {key} out")
     if meta.get("choices") and value not in meta["choices"]:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of "
                           f"{', '.join(map(str, meta['choices']))}")

@@ -31,6 +31,13 @@ class WandbLogger(RunLogger):
         except ImportError:
             raise ConfigError("run.wandb_project needs the wandb package: pip install "
                               "'creditaudit[wandb]'") from None
+        try:  # W&B's own rules for a project name, asked before any run starts
+            wandb.Settings(project=project)
+        except Exception as err:  # noqa: BLE001 — only the project is set: it is the name
+            reason = " ".join(str(err).split()) or type(err).__name__
+            raise ConfigError(f"run.wandb_project={project!r} is not a project name Weights & "
+                              f"Biases accepts ({reason}); choose another name (--wandb NAME)"
+                              ) from None
         self.wandb = wandb
         self.project = project
         self.run: Any = None

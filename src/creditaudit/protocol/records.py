@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.descriptions import ModelDescription
-from creditaudit.errors import CreditAuditError
+from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.models import build_model
 from creditaudit.models.meta import on_meta_device
 from creditaudit.protocol.checks import (
@@ -32,7 +32,7 @@ from creditaudit.protocol.checks import (
 from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_names
 from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
-from creditaudit.records import RunRecord, load_records
+from creditaudit.records import RunRecord, load_records, results_folder
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 
 
@@ -279,13 +279,18 @@ class RecordSet:
     def from_folder(cls, root: str | Path, *, dataset: str | None = None,
                     use_frozen_runs: bool = True) -> RecordSet:
         """Every record below ``root`` (``dataset``: only runs on that dataset); unreadable
-        records are named in one warning each and listed in ``skipped``."""
-        root = Path(root)
-        if not root.is_dir():
-            raise CreditAuditError(f"results folder {root} does not exist: pass the folder "
-                                   "your runs were written to (train/sweep --out)")
+        records are named in one warning each and listed in ``skipped``.
+
+        ConfigError when ``root`` is empty (it would silently mean the current folder), is
+        not a folder, or holds records but none on ``dataset``.
+        """
+        root = results_folder(root)
         good, bad = load_records(root)
         kept = [(p, r) for p, r in good if dataset is None or r.dataset == dataset]
+        if good and not kept:
+            raise ConfigError(f"no run records of dataset {dataset!r} in {root} (it holds: "
+                              f"{', '.join(sorted({r.dataset for _, r in good}))}); name one "
+                              "of those, or leave the dataset out for every run")
         return cls([r for _, r in kept], paths=[p for p, _ in kept], skipped=bad, root=root,
                    use_frozen_runs=use_frozen_runs)
 

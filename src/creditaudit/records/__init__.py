@@ -32,6 +32,7 @@ from creditaudit.records.files import (
     load_records,
     new_record,
     record_path,
+    results_folder,
     save_record,
     scan_records,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "load_config_file",
     "load_record_cached",
     "load_records", "scan_records", "find_records", "save_record", "new_record",
-    "record_path", "comparable", "finite_number", "recipe_key", "atomic_write_json",
+    "record_path", "results_folder", "comparable", "finite_number", "recipe_key",
+    "atomic_write_json",
     "atomic_torch_save", "load_checkpoint", "load_parameters", "structure_mismatch",
 ]

@@ -156,6 +156,20 @@ def load_record_cached(path: Path | str) -> RunRecord:
     return record
 
 
+def results_folder(root: Path | str) -> Path:
+    """``root`` as a results folder to read: ConfigError (one line) when it is empty, which
+    would silently mean the current folder, missing, or a file."""
+    if not str(root).strip():
+        raise ConfigError("the results folder is an empty path, which would mean the current "
+                          "folder; give a folder (. for the current one)")
+    root = Path(root)
+    if not root.is_dir():
+        state = "is a file, not a folder" if root.exists() else "does not exist"
+        raise ConfigError(f"results folder {root} {state}: pass the folder your runs were "
+                          "written to (the --out of train/sweep/experiment)")
+    return root
+
+
 def find_records(root: Path | str) -> list[Path]:
     """Every record.json below ``root`` (sorted), whatever it is: a folder, pipe or device
     of that name is listed too, so that readers name it as unreadable; unreadable folders

@@ -31,9 +31,12 @@ MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32), for the synthet
 StudentNet. ConvMixer runs have no file in this layout (the original study had no
 ConvMixer). When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
-one family fills a whole group of files: the preferred dataset (``dataset`` if given, else
-CIFAR-10, CIFAR-100, Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most
-of the needed runs, then the most epochs. Only files for which runs exist are written; a file with
+one family fills a whole group of files: the preferred dataset (CIFAR-10, CIFAR-100,
+Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most of the needed runs,
+then the most epochs. ``dataset`` restricts every file but the StudentNet ones (always the
+synthetic task) to runs on that dataset; a file none of whose runs it holds is skipped like
+any other with missing runs, and a name that is neither an installed dataset nor one the
+folder's runs used is refused. Only files for which runs exist are written; a file with
 some of its runs missing is written with the keys it has. ``export_manifest.json`` in OUT
 lists every file written (and the run id behind each key) and every file skipped with the
 runs it needs.
@@ -64,6 +67,7 @@ from creditaudit.protocol.records import (
     model_description,
 )
 from creditaudit.records import RunRecord
+from creditaudit.registry import DATASETS
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +156,7 @@ class Slot:
     penalty: float = 0.0
 
 
-def _dataset_rank(dataset: str, wanted: str | None) -> int:
-    if wanted is not None:
-        return 0 if dataset == wanted else 1
+def _dataset_rank(dataset: str) -> int:
     return (DATASET_PREFERENCE.index(dataset) if dataset in DATASET_PREFERENCE
             else len(DATASET_PREFERENCE))
 
@@ -162,8 +164,7 @@ def _dataset_rank(dataset: str, wanted: str | None) -> int:
 Family = dict[tuple[str, int, float], RunRecord]
 
 
-def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
-                  wanted_dataset: str | None) -> Family:
+def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot]) -> Family:
     """The runs of the best family (one recipe) for ``slots``: {(method, seed, penalty):
     record}."""
     families: dict[str, Family] = {}
@@ -178,7 +179,7 @@ def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
     def score(item: tuple[str, Family]) -> tuple[int, int, int, str]:
         key, members = item
         sample = next(iter(members.values()))
-        return (_dataset_rank(sample.dataset, wanted_dataset), -len(members), -sample.epochs,
+        return (_dataset_rank(sample.dataset), -len(members), -sample.epochs,
                 key)
 
     return min(families.items(), key=score)[1]
@@ -254,23 +255,35 @@ def _logs(found: dict[str, RunRecord]) -> dict[str, Any]:
     return {key: snapshot_log(record) for key, record in found.items()}
 
 
+def _check_dataset(dataset: str, found: RecordSet, results_dir: str | Path) -> None:
+    """ConfigError when ``dataset`` names no installed dataset and no dataset of the runs
+    in the folder (a typo would otherwise export nothing, silently)."""
+    held = sorted({r.dataset for r in found.records})
+    if dataset not in held and dataset not in DATASETS.names(warn=False):
+        raise ConfigError(f"--dataset {dataset!r} is not a dataset of the runs in {results_dir} "
+                          f"(it holds: {', '.join(held) or 'no runs'}) nor an installed one; "
+                          "name one of those")
+
+
 def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | None = None
                   ) -> ExportResult:
     """Write the original study's result files from the run records below ``results_dir``.
 
-    ``dataset`` restricts the ResidualMLP files to runs on that dataset (default: the most
-    paper-like dataset present). Returns what was written and skipped; also writes
-    ``OUT/export_manifest.json``.
+    ``dataset`` restricts every file but the StudentNet ones to runs on that dataset
+    (default: the most paper-like dataset present); ConfigError when it is neither an
+    installed dataset nor one the folder's runs used. Returns what was written and skipped;
+    also writes ``OUT/export_manifest.json``.
     """
-    results_dir, out = Path(results_dir), Path(out)
-    if not results_dir.is_dir():
-        raise ConfigError(f"results folder {results_dir} does not exist: pass the --out folder "
-                          "of creditaudit train/sweep/experiment")
+    out = Path(out)
     result = ExportResult(out=out)
     found = RecordSet.from_folder(results_dir)
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     # 0-epoch (random-init) runs have no trajectory to export.
     records = [r for r in found.finished if _is_canonical(r) and r.epochs > 0]
+    if dataset is not None:
+        _check_dataset(dataset, found, results_dir)
+        # StudentNet runs on the teacher–student task whatever the dataset asked for.
+        records = [r for r in records if r.dataset == dataset or _variant(r) == "student"]
     for record in [r for r in records if r.reference.failed]:
         judged = found.verdict(record).judgement
         result.unverified.append({"run_id": record.run_id, "reason": (
@@ -290,7 +303,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
 
     # ResidualMLP with out_ln: snapshot evolution.
     slots = {s: [Slot(f"{m}_log", m, s) for m in ("bp", "dfa", "fa")] for s in seeds}
-    family = choose_family(plain("resmlp"), [x for v in slots.values() for x in v], dataset)
+    family = choose_family(plain("resmlp"), [x for v in slots.values() for x in v])
     for seed in seeds:
         writer.file(f"{base}/snapshot_evolution_v2/snapshot_evolution_s{seed}.json",
                     slots[seed], family, _logs, lambda s: _needs("resmlp", s, dataset))
@@ -299,7 +312,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     penalised = [r for r in by_variant.get("resmlp", []) if r.method == "dfa"]
     lambdas = sorted({*PENALTIES, *(float(r.penalty) for r in penalised)})
     pen_slots = [Slot("log", "dfa", s, lam) for lam in lambdas for s in seeds]
-    family = choose_family(penalised, pen_slots, dataset)
+    family = choose_family(penalised, pen_slots)
     for slot in pen_slots:
         writer.file(f"{base}/dfa_residual_penalty/dfa_pen_lam{_lambda_name(slot.penalty)}"
                     f"_s{slot.seed}.json", [slot], family,
@@ -314,7 +327,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
         fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
         family = choose_family(plain(variant), [x for v in (*pairs.values(), *fas.values())
-                                                for x in v], dataset)
+                                                for x in v])
         for seed in seeds:
             writer.file(f"{base}/{folder}/{name}_s{seed}.json", pairs[seed], family, _logs,
                         lambda s, v=variant: _needs(v, s, dataset))
@@ -327,7 +340,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     for alpha in alphas:
         members = [r for r in students if float(r.config.data.alpha) == alpha]
         pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
-        family = choose_family(members, [x for v in pairs.values() for x in v], None)
+        family = choose_family(members, [x for v in pairs.values() for x in v])
         depth = next((len(r.log[0].measures.hidden_norms) - 1 for r in family.values()
                       if r.log and r.log[0].measures), 4)
         for seed in seeds:
@@ -337,7 +350,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     fa_alpha = 1.0 if 1.0 in alphas else alphas[-1]
     members = [r for r in students if float(r.config.data.alpha) == fa_alpha]
     fas = {s: [Slot("fa_log", "fa", s)] for s in seeds}
-    family = choose_family(members, [x for v in fas.values() for x in v], None)
+    family = choose_family(members, [x for v in fas.values() for x in v])
     for seed in seeds:
         writer.file(f"{base}/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json", fas[seed],
                     family, _logs, lambda s: _needs("student", s, None, f" α={fa_alpha}"))
@@ -345,7 +358,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     # results_{dataset}.json: one family per dataset, one file per seed.
     resmlp = plain("resmlp")
     datasets = sorted({r.dataset for r in resmlp} | {"cifar10"},
-                      key=lambda d: _dataset_rank(d, None))
+                      key=_dataset_rank)
     if dataset is not None:
         datasets = [dataset]
     for name in datasets:
@@ -353,7 +366,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         seed_list = sorted({r.seed for r in members}) or seeds
         slots = {s: [Slot(key, method, s) for key, method in RESULTS_METHODS.items()]
                  for s in seed_list}
-        family = choose_family(members, [x for v in slots.values() for x in v], name)
+        family = choose_family(members, [x for v in slots.values() for x in v])
         for seed in seed_list:
             folder = name if seed == MAIN_SEED else f"{name}_seed{seed}"
             writer.file(f"{base}/{folder}/results_{name}.json", slots[seed], family,

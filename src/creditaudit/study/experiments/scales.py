@@ -22,9 +22,10 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DEFAULT_DATA_DIRS = {"fashion-mnist": FASHION_MNIST_DIR}
 # Per (scale, dataset) sizes that replace the scale's: MNIST-1D generates equally many
 # samples of each digit, so n_train + n_test must be a multiple of 10; the smoke scale's
-# 512 + 256 is not.
+# 512 + 256 is not, and its 256 evaluation samples would exceed the 200 test samples.
 DATASET_OVERRIDES: dict[tuple[str, str], tuple[tuple[str, Any], ...]] = {
-    ("smoke", "mnist1d"): (("data.n_train", 600), ("data.n_test", 200)),
+    ("smoke", "mnist1d"): (("data.n_train", 600), ("data.n_test", 200),
+                           ("diagnostics.eval_samples", 200)),
 }
 
 

@@ -156,3 +156,14 @@ def test_a_declaration_the_probe_confirms_is_kept():
     with torch.device("meta"):  # no values: nothing to probe, the declaration stands
         planned = adapt(Net(), STATES, input_shape=(8,), terminal_ln=True, n_classes=10)
     assert planned.terminal_ln is True
+
+
+def test_train_refuses_resume_and_force_together(tmp_path):
+    """force deletes the checkpoint resume would continue from: one of them, not both."""
+    from creditaudit import RunConfig, train
+    from creditaudit.errors import ConfigError
+
+    config = RunConfig().replace(**{"run.out_dir": str(tmp_path), "run.progress": False})
+    with pytest.raises(ConfigError, match="resume=True and force=True contradict each other"):
+        train(config, resume=True, force=True)
+    assert not list(tmp_path.iterdir())

@@ -386,6 +386,8 @@ CASES = [
     ("resume-other-shape", lambda w, t: train_args(
         w, "--resume", "--out", str(with_checkpoint(w, t, w.other_shape).parent)),
      ["does not fit"]),
+    ("resume-and-force", lambda w, t: train_args(w, "--resume", "--force"),
+     ["argument --force: not allowed with argument --resume"]),
     ("resume-other-method", lambda w, t: train_args(
         w, "--resume", "--out", str(with_checkpoint(w, t, w.other_method).parent)),
      ["written by method 'bp'"]),

@@ -19,10 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "per epoch (loss, accuracy, ‖h_L‖, ‖g_L‖, verdict, elapsed, ETA) when "
                     "stdout is piped to a file; -q for none.")
     add_config_options(parser)
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted run from its last checkpoint")
-    parser.add_argument("--force", action="store_true",
-                        help="start over even if the run folder exists")
+    # one or the other: --force deletes the checkpoint --resume would continue from
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true",
+                          help="continue an interrupted run from its last checkpoint")
+    existing.add_argument("--force", action="store_true",
+                          help="start over even if the run folder exists (its record and "
+                               "checkpoint are deleted)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config of the given flags as TOML (what "
                              "--config reads back) and exit without training")

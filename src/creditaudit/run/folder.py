@@ -18,7 +18,7 @@ from pathlib import Path
 
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset
-from creditaudit.errors import RunRecordError
+from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.loggers import RunLogger, build_loggers, replay
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
@@ -97,6 +97,10 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
     the run's config, or its plan when the caller has one (a sweep worker, a stack): it is
     not planned again. Raises RunRecordError for an unfinished run without
     ``resume``/``force`` and for ``resume`` without a run."""
+    if resume and force:
+        raise ConfigError("resume=True and force=True contradict each other: resume continues "
+                          "the run from its checkpoint, force deletes it and starts over; "
+                          "pass one of them")
     plan = config if isinstance(config, RunPlan) else plan_run(config)
     config = plan.config
     if dataset is not None:

@@ -581,6 +581,15 @@ def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, plant, monk
     assert not (tmp_path / "marker").exists(), "a planted payload ran"
 
 
+def test_a_bad_word_in_creditaudit_set_names_the_variable(monkeypatch, capsys):
+    """No flag of the command holds the word: the error says where it came from."""
+    monkeypatch.setenv("CREDITAUDIT_SET", "optim.epochs=1 foo")
+    assert main(["train", "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "CREDITAUDIT_SET='optim.epochs=1 foo': override 'foo' "
+                                    "must look like section.key=value")
+
+
 def test_the_battery_is_large_and_covers_every_subcommand():
     from creditaudit.cli import SUBCOMMANDS
 

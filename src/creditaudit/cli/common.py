@@ -173,7 +173,10 @@ def env_overrides() -> dict[str, Any]:
     except ValueError as err:
         raise ConfigError(f"{ENV_OVERRIDES}={text!r} is not a list of KEY=VALUE words: {err}; "
                           "quote values that hold spaces") from None
-    overrides = dict(parse_override(item) for item in items)
+    try:
+        overrides = dict(parse_override(item) for item in items)
+    except ConfigError as err:  # say where the word came from: no flag of the command has it
+        raise ConfigError(f"{ENV_OVERRIDES}={text!r}: {err}") from None
     print(f"creditaudit: {ENV_OVERRIDES} overrides every run: {' '.join(items)}",
           file=sys.stderr)
     return overrides

@@ -164,14 +164,23 @@ def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str
     still to come record but not the run id: an option of role ``"record"`` (such as
     ``diagnostics.frozen_acc``, the baseline of (d)) that differs from ``recorded``, the
     config every epoch so far used. A record's config is the config of all its epochs."""
-    for section, key in sorted(keys_with_role(config, "record")):
+    for key, (before, now) in differing_options(recorded, config, "record").items():
+        raise RunRecordError(
+            f"cannot resume {path} with {key}={now!r}: its epochs so far were recorded with "
+            f"{key}={before!r}; resume with that value, or start the run over with --force")
+
+
+def differing_options(recorded: RunConfig, config: RunConfig, role: str
+                      ) -> dict[str, tuple[Any, Any]]:
+    """The options of ``role`` whose value in ``config`` differs from ``recorded``'s:
+    dotted key → (recorded value, value now), in key order."""
+    out = {}
+    for section, key in sorted(keys_with_role(config, role)):
         before = getattr(getattr(recorded, section), key, None)
         now = getattr(getattr(config, section), key)
         if before != now:
-            raise RunRecordError(
-                f"cannot resume {path} with {section}.{key}={now!r}: its epochs so far were "
-                f"recorded with {section}.{key}={before!r}; resume with that value, or start "
-                "the run over with --force")
+            out[f"{section}.{key}"] = (before, now)
+    return out
 
 
 def resume_threads(record: RunRecord, config: RunConfig, path: Path | str) -> int | None:
@@ -199,12 +208,7 @@ def changed_settings(recorded: RunConfig, config: RunConfig) -> dict[str, Any]:
     """The options of role ``place`` (device, threads, folders, loggers) of ``config``
     that differ from ``recorded`` (the config of the run's first part): dotted key →
     value, what a resumed part's record lists."""
-    out: dict[str, Any] = {}
-    for section, key in sorted(keys_with_role(config, "place")):
-        now = getattr(getattr(config, section), key)
-        if getattr(getattr(recorded, section), key, None) != now:
-            out[f"{section}.{key}"] = now
-    return out
+    return {key: now for key, (_, now) in differing_options(recorded, config, "place").items()}
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:

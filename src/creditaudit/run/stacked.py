@@ -168,7 +168,7 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
         trainer.loggers = build_loggers(trainer.config, trainer.run_id)
         trainer.loggers.loggers.extend(loggers)
         with _own_rng(rng, trainer):
-            trainer._start(resume_run)
+            trainer.start(resume_run)
     # One stack per starting epoch and thread count (a resumed run keeps the count it ran on).
     for start, threads in sorted({(t.start_epoch, t.threads) for _, t, _ in stacked}):
         group = [t for _, t, _ in stacked if (t.start_epoch, t.threads) == (start, threads)]
@@ -215,9 +215,9 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
     def finish(trainer: Trainer) -> None:
         with _own_rng(rng, trainer):
             try:
-                trainer._finish()
+                trainer.finish()
             except Exception as err:  # noqa: BLE001 — one run's failure ends it alone
-                trainer._stopped("failed", err)
+                trainer.record_stop("failed", err)
                 results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
                 return
         trainer.loggers.finish(trainer.record)
@@ -233,10 +233,10 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
             for trainer, run_stats in zip(live, stats, strict=True):
                 with _own_rng(rng, trainer):
                     try:
-                        if trainer._close_epoch(epoch, run_stats, time.perf_counter() - share):
+                        if trainer.close_epoch(epoch, run_stats, time.perf_counter() - share):
                             ended.append(trainer)
                     except Exception as err:  # noqa: BLE001 — fails this run only
-                        trainer._stopped("failed", err)
+                        trainer.record_stop("failed", err)
                         trainer.loggers.close()
                         results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
             for trainer in ended:
@@ -254,13 +254,13 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
     except KeyboardInterrupt:
         for trainer in live:
             if id(trainer) not in results:
-                trainer._stopped("interrupted")
+                trainer.record_stop("interrupted")
                 trainer.loggers.close()
         raise
     except Exception as err:
         for trainer in live:
             if id(trainer) not in results:
-                trainer._stopped("failed", err)
+                trainer.record_stop("failed", err)
                 trainer.loggers.close()
         raise
     return [results[id(t)] for t in group]

@@ -24,7 +24,7 @@ import torch
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.errors import DiskFullError, OutputError, RunRecordError
+from creditaudit.errors import DiskFullError, OutputError
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -37,19 +37,17 @@ from creditaudit.protocol import (
 )
 from creditaudit.records import (
     CHECKPOINT_FILE,
-    CHECKPOINT_FORMAT,
     CONFIG_FILE,
     INIT_FILE,
     EpochEntry,
     ResumedPart,
-    RunRecord,
     atomic_torch_save,
-    load_checkpoint,
     load_parameters,
     new_record,
     save_record,
 )
 from creditaudit.records.files import environment, now
+from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
@@ -63,14 +61,7 @@ from creditaudit.run.results import (
     record_protocol,
     reference_at_start,
 )
-from creditaudit.run.resume import (
-    changed_settings,
-    check_same_data,
-    check_same_question,
-    check_same_run,
-    load_into,
-    resume_threads,
-)
+from creditaudit.run.resume import changed_settings
 from creditaudit.run.setup import make_schedule, resolve_device
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.stepping import cuda_graphs_decision, uses_device_data
@@ -151,45 +142,29 @@ class Trainer:
         self.loggers = LoggerGroup([])
 
     # --- persistence --------------------------------------------------------------------
+    @property
+    def training_state(self) -> TrainingState:
+        """What the checkpoint saves: model, rule, optimiser, schedule, data-order RNG."""
+        return TrainingState(self.model, self.rule, self.optimizer, self.scheduler,
+                             self.data_generator)
+
     def checkpoint(self, epoch: int) -> None:
-        self._save_checkpoint(epoch)
+        self.training_state.save(
+            self.run_dir / CHECKPOINT_FILE, method=self.config.method.name, epoch=epoch,
+            record=self.record)
         self.checkpointed = epoch
 
-    def _save_checkpoint(self, epoch: int) -> None:
-        atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
-            "format": CHECKPOINT_FORMAT,
-            "method": self.config.method.name,
-            "epoch": epoch,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rule": self.rule.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "data": self.data_generator.get_state()},
-            "record": self.record.to_dict(),
-        })
-
     def restore(self) -> None:
-        path = self.run_dir / CHECKPOINT_FILE
-        if not path.exists():
-            raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
-                                 "over with --force")
-        state = load_checkpoint(path, map_location=self.device)
-        record = RunRecord.from_dict(state["record"], f"in checkpoint {path}")
-        check_same_data(record, self.data_identity, path)
-        check_same_question(record.config, self.config, path)
-        threads = resume_threads(record, self.config, path)
-        load_into(state, path, self.config, model=self.model, rule=self.rule,
-                  optimizer=self.optimizer, scheduler=self.scheduler,
-                  generator=self.data_generator)
-        # after the method and shape checks of load_into, which say more about a foreign file
-        check_same_run(record, self.run_id, path)
-        self.rule.to(self.device)
-        if threads is not None:
-            self.threads = threads
-            torch.set_num_threads(threads)
+        """Continue from the run folder's checkpoint (checked against this run first)."""
+        restored = restore(self.run_dir / CHECKPOINT_FILE, self.training_state, self.plan,
+                           identity=self.data_identity, device=self.device)
+        record = restored.record
+        if restored.threads is not None:
+            self.threads = restored.threads
+            torch.set_num_threads(restored.threads)
         # The record says what ran in every part: the first part's environment and config
         # stay; this part's own environment (threads as just set) and options are added.
-        part = ResumedPart(epoch=state["epoch"] + 1, started=now(), environment={
+        part = ResumedPart(epoch=restored.epoch + 1, started=now(), environment={
             **environment(str(self.device), self.plan.code.to_dict()),
             "execution": self.record.environment["execution"]},
             settings=changed_settings(record.config, self.config))
@@ -201,8 +176,8 @@ class Trainer:
         # backward since is judged as it now is.
         self.record.reference = self.reference
         self.record.status = "running"
-        self.start_epoch = state["epoch"] + 1
-        self.checkpointed = state["epoch"]
+        self.start_epoch = restored.epoch + 1
+        self.checkpointed = restored.epoch
 
     # --- one epoch ----------------------------------------------------------------------
     def measure(self, epoch: int) -> EpochEntry:
@@ -285,32 +260,32 @@ class Trainer:
             self.loggers.close()
 
     def _run(self, resume: bool) -> RunResult:
-        self._start(resume)
+        self.start(resume)
         torch.set_num_threads(self.threads)  # another run in this process may have set others
         try:
             for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
                 started = time.perf_counter()
-                if self._close_epoch(epoch, self.train_epoch(epoch), started):
+                if self.close_epoch(epoch, self.train_epoch(epoch), started):
                     break
             else:
                 self.record.status = "completed"
-            self._finish()
+            self.finish()
         except KeyboardInterrupt as interrupt:
-            self._stopped("interrupted")
+            self.record_stop("interrupted")
             interrupt.add_note(self.interrupted_note())  # what the command line says
             raise
         except DiskFullError:
             # Nothing is wrong with the run: it resumes from its last checkpoint once space
             # is freed.
-            self._stopped("interrupted", disk_full=True)
+            self.record_stop("interrupted", disk_full=True)
             raise
         except Exception as err:
-            self._stopped("failed", err)
+            self.record_stop("failed", err)
             raise
         self.loggers.finish(self.record)
         return RunResult(self.run_dir, self.record, self.rule)
 
-    def _start(self, resume: bool) -> None:
+    def start(self, resume: bool) -> None:
         """Before the first epoch: restore a resumed run, or write a new run's folder (config,
         initial weights, the epoch-0 record and checkpoint)."""
         if resume:
@@ -331,7 +306,7 @@ class Trainer:
             self.checkpoint(0)
             self.loggers.log_epoch(self.record.log[-1])
 
-    def _close_epoch(self, epoch: int, stats: dict[str, Any] | None, started: float) -> bool:
+    def close_epoch(self, epoch: int, stats: dict[str, Any] | None, started: float) -> bool:
         """Record trained epoch ``epoch`` (``stats`` from :meth:`train_epoch`, None when it
         diverged; ``started``: its perf_counter start): evaluate, check, checkpoint, write,
         log. True when the run ends here (status set: diverged, or completed when the
@@ -364,7 +339,7 @@ class Trainer:
         return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
                 "is saved): run the same command again to start it")
 
-    def _stopped(self, status: str, err: Exception | None = None, *,
+    def record_stop(self, status: str, err: Exception | None = None, *,
                  disk_full: bool = False) -> None:
         """The run stopped on an interrupt or an error: record why and tell the loggers.
         On a full disk the write may fail again; the record then keeps its last state,
@@ -380,7 +355,7 @@ class Trainer:
         self._write()
         self.loggers.finish_quietly(self.record)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
         self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:

@@ -1,0 +1,93 @@
+"""A run's checkpoint: the live training state written after every epoch and read back to
+resume.
+
+``checkpoint.pt`` holds the model, the credit rule's own state, the optimiser, the schedule,
+both RNG streams (torch's global one and the data order's) and the record as of its epoch.
+:func:`restore` checks a checkpoint against the run being rebuilt
+(:mod:`creditaudit.run.resume`) before anything of it is loaded, so a foreign or damaged file
+ends in one line naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditaudit.descriptions import DataIdentity
+from creditaudit.errors import RunRecordError
+from creditaudit.methods import CreditRule
+from creditaudit.models import ResidualNet
+from creditaudit.records import (
+    CHECKPOINT_FORMAT,
+    RunRecord,
+    atomic_torch_save,
+    load_checkpoint,
+)
+from creditaudit.run.plan import RunPlan
+from creditaudit.run.resume import (
+    check_same_data,
+    check_same_question,
+    check_same_run,
+    load_into,
+    resume_threads,
+)
+
+
+@dataclass
+class TrainingState:
+    """The live objects of a run that a checkpoint saves and a resume loads back into."""
+
+    model: ResidualNet
+    rule: CreditRule
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a torch LR scheduler (its state_dict and load_state_dict)
+    generator: torch.Generator  # the data order's RNG
+
+    def save(self, path: Path, *, method: str, epoch: int, record: RunRecord) -> None:
+        """Write the state after ``epoch`` (0: before training) with ``record`` as of then,
+        atomically (a kill mid-write leaves the previous checkpoint)."""
+        atomic_torch_save(path, {
+            "format": CHECKPOINT_FORMAT,
+            "method": method,
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rule": self.rule.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "data": self.generator.get_state()},
+            "record": record.to_dict(),
+        })
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`restore` read besides the state it loaded."""
+
+    record: RunRecord  # the record as of the checkpoint's epoch
+    epoch: int  # the last trained epoch the checkpoint holds
+    threads: int | None  # the torch thread count to go on with (None: as configured)
+
+
+def restore(path: Path, state: TrainingState, plan: RunPlan, *, identity: DataIdentity,
+            device: torch.device) -> Restored:
+    """Check the checkpoint at ``path`` against ``plan`` (same data ``identity``, same
+    question, same run, a thread count it can go on with), then load it into ``state``.
+    One-line RunRecordError naming the file when any check fails."""
+    if not path.exists():
+        raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
+                             "over with --force")
+    saved = load_checkpoint(path, map_location=device)
+    record = RunRecord.from_dict(saved["record"], f"in checkpoint {path}")
+    check_same_data(record, identity, path)
+    check_same_question(record.config, plan.config, path)
+    threads = resume_threads(record, plan.config, path)
+    load_into(saved, path, plan.config, model=state.model, rule=state.rule,
+              optimizer=state.optimizer, scheduler=state.scheduler,
+              generator=state.generator)
+    # after the method and shape checks of load_into, which say more about a foreign file
+    check_same_run(record, plan.run_id, path)
+    state.rule.to(device)
+    return Restored(record=record, epoch=saved["epoch"], threads=threads)

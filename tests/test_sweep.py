@@ -210,6 +210,25 @@ def test_failing_and_diverging_runs_do_not_stop_the_sweep(tmp_path, monkeypatch)
     assert len(events(out, "start")) == 4
 
 
+def test_a_file_where_a_runs_folder_should_be_fails_that_run_only(tmp_path):
+    """A plain file named like a run's folder (a stray download, a copy gone wrong) fails
+    that run, named, in the summary; the sweep trains the others and the file is kept."""
+    out = tmp_path / "out"
+    configs = [tiny(out), tiny(out, **{"method.name": "dfa"})]
+    blocked = out / run_id(configs[0])
+    out.mkdir()
+    blocked.write_text("not a folder")
+    result = sweep(configs)
+    first, second = result.outcomes
+    assert first["status"] == "failed" and first["action"] == "refused"
+    assert first["error"].startswith("OutputError") and str(blocked) in first["error"]
+    assert "move it away" in first["error"]
+    assert second["status"] == "completed"
+    assert blocked.read_text() == "not a folder"
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert [run["status"] for run in summary["runs"]] == ["failed", "completed"]
+
+
 def test_worker_with_another_run_id_refuses_the_run(tmp_path):
     from creditaudit.sweep import run_one
 

@@ -57,8 +57,8 @@ def ensure_folder(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise OutputError(f"{path}: a file stands where a folder is needed; choose another "
-                          "output folder") from None
+        raise OutputError(f"{path}: a file stands where a folder is needed; move it away or "
+                          "choose another output folder") from None
     except OSError as err:
         raise OutputError(f"cannot create folder {describe_os_error(err, path)}") from None
 

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from creditaudit.errors import OutputError
-from creditaudit.files.safe_files import describe_os_error
+from creditaudit.files.safe_files import describe_os_error, ensure_folder, write_error
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +56,12 @@ def _process_alive(pid: int) -> bool:
 
 
 def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float | None]:
-    """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone."""
+    """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone
+    (or if a file stands where the run's folder should be: no claim can be there)."""
     try:
         raw = path.read_bytes()
         mtime = path.stat().st_mtime
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None, None, None
     try:
         holder = json.loads(raw)
@@ -118,8 +118,10 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
     """Atomically claim ``run_dir``: (claim, None), or (None, holder) if another holds it.
 
     ``holder`` is the other claim's content, None if that claim is still being written.
+    OutputError (DiskFullError when space ran out) when the claim cannot be written: a
+    file stands where the run's folder should be, a read-only folder, a full disk.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_folder(run_dir)
     path = run_dir / CLAIM_FILE
     token = uuid.uuid4().hex
     body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
@@ -143,13 +145,16 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
                 continue
             time.sleep(0.05)
             continue
+        except OSError as err:  # a read-only folder, a full disk: the run cannot start here
+            raise write_error(err)(f"cannot claim the run: "
+                                   f"{describe_os_error(err, path)}") from None
         try:
             os.write(fd, body)
             os.fsync(fd)
         except OSError as err:  # full disk: no empty claim may block the run for others
             os.close(fd)
             path.unlink(missing_ok=True)
-            raise OutputError(f"cannot write {describe_os_error(err, path)}") from None
+            raise write_error(err)(f"cannot write {describe_os_error(err, path)}") from None
         os.close(fd)
         return Claim(path, token), None
     return None, holder

@@ -134,7 +134,14 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 
     if skip_reason():
         return outcome, None
-    claim, holder = try_claim(run_dir, stale_after=stale_after, events=event)
+    try:
+        claim, holder = try_claim(run_dir, stale_after=stale_after, events=event)
+    except DiskFullError:
+        raise  # no run can be written: the sweep stops, and the next one goes on from here
+    except OutputError as err:  # this run's folder cannot be claimed; the others go on
+        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
+        event("end", status="failed", error=outcome["error"])
+        return outcome, None
     if claim is None:
         event("busy", holder=holder)
         outcome.update(status="busy", action="busy", holder=holder)

@@ -83,9 +83,21 @@ def per_sample_norms(vectors: Tensor) -> Tensor:
     return torch.linalg.vector_norm(vectors.double(), ord=2, dim=-1)
 
 
+def median(values: Tensor) -> float:
+    """The median of a 1-D tensor: the middle value, or the mean of the two middle values
+    when there is an even number of them (``Tensor.median`` returns the lower of the two,
+    which, with half the samples' gradients exactly zero, reads as a zero median); NaN when
+    any value is NaN. ``values``: ``(N,)``, N ≥ 1."""
+    ordered = values.sort().values  # NaNs last
+    n = ordered.numel()
+    if bool(torch.isnan(ordered[-1])):
+        return float("nan")  # as Tensor.median: a NaN sample leaves no median
+    return float((ordered[(n - 1) // 2] + ordered[n // 2]) / 2)
+
+
 def median_norms(vectors: list[Tensor]) -> list[float]:
     """Median over samples of the per-sample L2 norm, one value per layer."""
-    return [float(per_sample_norms(v).median()) for v in vectors]
+    return [median(per_sample_norms(v)) for v in vectors]
 
 
 def zero_gradient_stats(grad: Tensor) -> tuple[float, float]:
@@ -98,4 +110,4 @@ def zero_gradient_stats(grad: Tensor) -> tuple[float, float]:
     norms = per_sample_norms(grad)
     zero = norms == 0
     rest = norms[~zero]
-    return float(zero.double().mean()), float(rest.median()) if rest.numel() else float("nan")
+    return float(zero.double().mean()), median(rest) if rest.numel() else float("nan")

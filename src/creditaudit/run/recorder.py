@@ -100,7 +100,9 @@ class Recorder:
     ``out``/``name``: the record goes to ``out/name/record.json`` (default name: a run id
     from the rule, the data, the seed and a hash of the config, the data, the model's
     description and the network's code: the source files of the modules defining its
-    classes — a script's file — and of the modules of your own they import). ``data``: what
+    classes — a script's file — and of the modules of your own they import, or the module
+    tree of a network made only of installed classes; the description includes the
+    parameters' dtype and those frozen outside the rule). ``data``: what
     the data is — a dataset creditaudit knows (a name, or its ``[data]`` section as a
     mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
     whose identity is asked of the dataset (file digests, generator arguments) once

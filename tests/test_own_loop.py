@@ -388,7 +388,8 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     on_disk = load_record(out / "resnet-dfa")
     assert comparable(on_disk) == comparable(record)
     # the model, the rule, the data and the code, as they are
-    assert record.model == dataclasses.replace(dfa.model.describe(), arch="own-loop")
+    assert record.model == dataclasses.replace(dfa.model.describe(), arch="own-loop",
+                                               frozen_parameters={})  # nothing frozen
     assert record.model.label == "CifarResNet d=4–8, 4 states h_0…h_3"
     assert record.model.terminal_ln is False
     assert dataclasses.asdict(record.config.method) == dataclasses.asdict(dfa.config)

@@ -70,10 +70,16 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     """
     cls = rule_class(config.name) if cls is None else cls
     check_binding(cls, model)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
     set_trainable(model, config.trainable_blocks)
     own_seed = cls.generator_seed(config, seed)
     generator = feedback_generator(seed if own_seed is None else own_seed)
-    return cls(model, config, n_classes=n_classes, generator=generator)
+    bound = cls(model, config, n_classes=n_classes, generator=generator)
+    # What binding froze is the rule's doing; anything else frozen is the caller's
+    # (CreditRule.frozen_outside), which a record must say.
+    bound.frozen_by_binding = frozenset(id(p) for p in model.parameters()
+                                        if id(p) in trainable and not p.requires_grad)
+    return bound
 
 
 def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int = 0,

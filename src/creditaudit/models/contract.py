@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
+from creditaudit.models.structure import parameter_dtype
 
 LAYOUTS = ("vectors", "tokens", "maps")
 
@@ -73,7 +74,8 @@ class ResidualNet(nn.Module):
             arch=name, label=label, terminal_ln=bool(self.terminal_ln), d=int(self.d),
             n_blocks=self.n_blocks, residual=bool(self.residual),
             input_shape=list(self.input_shape) or None, layout=self.state_layout,
-            parameters=sum(p.numel() for p in self.parameters()))
+            parameters=sum(p.numel() for p in self.parameters()),
+            dtype=parameter_dtype(self))
 
     def readout(self, h: Tensor) -> Tensor:
         raise NotImplementedError

@@ -6,6 +6,7 @@ Importing this package registers the built-in rules; rules of other packages com
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from typing import Any
@@ -103,6 +104,11 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
         raise ConfigError(f"n_classes={n_classes!r} must be a positive integer (the number of "
                           "logits) or None (the model's)")
     config = config_from_dict({"method": {"name": name, **method_options}}).method
+    if rule_class(name).draws_feedback() and hasattr(config, "feedback_seed") \
+            and config.feedback_seed is None:
+        # The seed the feedback is drawn from is part of the rule's options, so a record of
+        # it (Recorder) says which feedback trained — not the run seed of its config.
+        config = dataclasses.replace(config, feedback_seed=seed)
     if not isinstance(model, AdaptedModel):
         try:
             check_contract(model)

@@ -46,7 +46,7 @@ from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.progress import Say, say_to
 from creditaudit.measures.user_models import check_inputs
 from creditaudit.methods import CreditRule
-from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.contract import measurement_mode, parameter_snapshot
 from creditaudit.models.packages import network_packages
 from creditaudit.models.registry import OwnLoopArchitecture
 from creditaudit.protocol.verdicts import Protocol
@@ -233,7 +233,7 @@ class Recorder:
         kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
         model = self.rule.model
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
-        with eval_mode(model):
+        with measurement_mode(model):
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
         note_credit_not_finite(self.record, self.rule, epoch, measures.cos_invalid)
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],

@@ -19,10 +19,10 @@ from creditaudit.methods import build_rule, rule_class, rule_names
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models import ConvMixer, ViTMini, architecture, build_model, image_shape
 from creditaudit.models.contract import (
-    eval_mode,
     feature_rows,
     from_feature_rows,
     held_batch_statistics,
+    measurement_mode,
     restored_buffers,
     summary_vectors,
 )
@@ -181,7 +181,7 @@ def test_eval_mode_restores_the_training_flag():
     model = convmixer()
     for training in (True, False):
         model.train(training)
-        with eval_mode(model):
+        with measurement_mode(model):
             assert not model.training and not model.blocks[0].bn.training
         assert model.training == training and model.blocks[0].bn.training == training
 

@@ -10,13 +10,20 @@ imports joins the run id and the recipe, so
 - a module edited between runs (itself, or a module of its own that it imports) is another
   run and another recipe; the same code again is the same run;
 - a class with no source file (a notebook's ``__main__``) is recorded as such, its run id
-  and recipe derived as before; creditaudit's own classes carry no digest.
+  and recipe derived as before;
+- a network of installed classes only (an ``nn.Sequential`` of torch's layers written in a
+  script, creditaudit's zoo), which no source file of the user's defines, is identified by
+  its module tree (classes, settings, parameter and buffer names, shapes, dtypes; not
+  values, not ``requires_grad``), the same in any process: a tanh and a ReLU ``Sequential``
+  are two runs and two recipes.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -27,6 +34,7 @@ from torch import nn
 
 from creditaudit import Recorder, adapt, rule
 from creditaudit.cli import main
+from creditaudit.models.structure import structure_digest
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import load_record, recipe_key
 from creditaudit.records.compare import recipe_difference
@@ -222,8 +230,10 @@ def test_a_class_without_a_source_file_says_so_and_keeps_its_id(tmp_path, monkey
     assert model["code_digest"] is None and "has no source file" in model["code_digest_reason"]
     assert record.model_code_digest is None
     # no digest: the run id and the recipe are what they were before digests joined them
-    monkeypatch.setattr("creditaudit.run.recorder.network_code", lambda net: (None, None))
-    assert record_net(notebook.Net, tmp_path / "before").run_id == record.run_id
+    # (and before the record kept the parameters' dtype and those frozen outside the rule);
+    # the id moved once since, when rule() began to keep its feedback seed in the method
+    # section (it was cef4e00b17 before)
+    assert record.run_id == "dfa-own-loop-ts-s42-e1903fc8ac"
     assert record.recipe_key == recipe_key(record.config, record.data.source,
                                            record.not_recorded)
     assert "code_digest" not in record.recipe_key
@@ -231,7 +241,8 @@ def test_a_class_without_a_source_file_says_so_and_keeps_its_id(tmp_path, monkey
 
 def test_a_container_is_its_blocks_code_and_installed_code_carries_no_digest(own_module):
     """An ``nn.Sequential`` of the user's blocks is identified by the blocks' code; classes
-    of creditaudit (its version) and of torch (``module_packages``) carry no digest."""
+    of creditaudit (its version) and of torch (``module_packages``) carry no code digest
+    (their networks are identified by their module tree instead, below)."""
     layers = importlib.import_module("fx5_layers")
     blocks = nn.Sequential(nn.Linear(16, 16), layers.Block(16), nn.Linear(16, 10))
     digest, why = network_code(blocks)
@@ -241,3 +252,87 @@ def test_a_container_is_its_blocks_code_and_installed_code_carries_no_digest(own
     assert network_code(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 10))) == (None, None)
     zoo = TransformerClassifier((1, 1, 16), patch=(1, 4), d=8, depth=1, heads=2)
     assert network_code(zoo) == (None, None)
+
+
+# A user's script whose network is torch's classes only: nothing of the user's defines it.
+SEQUENTIAL = '''\
+import torch
+from torch import nn
+
+from creditaudit import Recorder, adapt, rule
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(16, 16), nn.Sequential(nn.Linear(16, 16), nn.ACTIVATION()),
+                    nn.Sequential(nn.Linear(16, 16), nn.ACTIVATION()), nn.Linear(16, 10))
+model = adapt(net, states=["0", "1", "2"], example=TRAIN_X[:8])
+trained = rule(RULE, model)
+optimizer = torch.optim.Adam(trained.trainable_parameters(), lr=1e-2)
+with Recorder(trained, EVAL_X, EVAL_Y, out=OUT, data="ts", progress=False,
+              config={"optim.lr": 1e-2, "run.seed": 0,
+                      "diagnostics.end_of_run": False}) as rec:
+    rec.epoch(0)
+    for batch in torch.arange(len(TRAIN_Y)).split(32):
+        trained.train_step(TRAIN_X[batch], TRAIN_Y[batch], optimizer)
+    with torch.no_grad():
+        accuracy = float((model(EVAL_X).argmax(1) == EVAL_Y).float().mean())
+    rec.epoch(1, test_acc=accuracy)
+    RECORD = rec.finish()
+'''
+
+
+def test_a_network_of_torch_classes_is_identified_by_its_module_tree(tmp_path):
+    out = tmp_path / "runs"
+    script = {}
+    for activation in ("Tanh", "ReLU"):
+        script[activation] = tmp_path / activation / "rec.py"
+        script[activation].parent.mkdir()
+        script[activation].write_text(SEQUENTIAL.replace("ACTIVATION", activation))
+    frozen = run_script(script["Tanh"], "frozen", out)
+    relu = run_script(script["ReLU"], "dfa", out)
+    tanh = run_script(script["Tanh"], "dfa", out)  # refused before: the ReLU run's id
+    models = {r.run_id: r.environment["components"]["model"] for r in (frozen, relu, tanh)}
+    assert all(m["code_digest_of"] == "structure" and "code_digest_reason" not in m
+               for m in models.values())
+    assert frozen.model_code_digest == tanh.model_code_digest != relu.model_code_digest
+    assert len({frozen.run_id, relu.run_id, tanh.run_id}) == 3
+    assert relu.recipe_key != frozen.recipe_key == tanh.recipe_key
+    assert recipe_difference(relu, frozen) == "the network's code"
+    records = RecordSet.from_folder(out)
+    loaded = {r.run_id: r for r in records}
+    assert records.frozen_baseline(loaded[tanh.run_id]) == (frozen.final_acc, 1)
+    assert records.frozen_baseline(loaded[relu.run_id]) is None
+
+
+def tree(activation: type[nn.Module] = nn.Tanh, width: int = 16, eps: float = 1e-5,
+         dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, width), activation(), nn.LayerNorm(width, eps=eps),
+                         nn.BatchNorm1d(width), nn.Linear(width, 3)).to(dtype)
+
+
+def test_the_module_tree_digest_is_content_not_values_flags_or_process():
+    digest = structure_digest(tree())
+    assert len(digest) == 64 and structure_digest(tree()) == digest
+    # weights, requires_grad, the train/eval mode, adapt() and a rule's step leave it
+    net = tree()
+    with torch.no_grad():
+        net[0].weight.add_(1.0)
+    net[0].bias.requires_grad_(False)
+    model = adapt(net.eval(), states=["0", "2"], example=torch.randn(4, 8))
+    bound = rule("frozen", model)
+    bound.train_step(torch.randn(8, 8), torch.randint(0, 3, (8,)),
+                     torch.optim.SGD(bound.trainable_parameters(), lr=0.1))
+    assert structure_digest(net) == digest
+    # a class, a width, a setting, a dtype, a module's place make another network
+    others = [tree(nn.ReLU), tree(width=32), tree(eps=1e-6), tree(dtype=torch.float64),
+              nn.Sequential(*list(tree().children())[::-1])]
+    digests = {structure_digest(other) for other in others}
+    assert len(digests) == len(others) and digest not in digests
+    # another process builds the same network: the same digest (no ids, no addresses)
+    code = ("import torch, sys; sys.path.insert(0, sys.argv[1]); "
+            "from test_network_code import tree; "
+            "from creditaudit.models.structure import structure_digest; "
+            "print(structure_digest(tree()))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+                          capture_output=True, text=True, check=True, env=env, timeout=120)
+    assert done.stdout.strip() == digest

@@ -22,7 +22,7 @@ from creditaudit.errors import ConfigError, CreditAuditError, ModelContractError
 from creditaudit.figures import RunIndex
 from creditaudit.figures.audit_panels import category
 from creditaudit.loggers import RunLogger
-from creditaudit.models.contract import eval_mode
+from creditaudit.models.contract import measurement_mode
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, comparable
 from creditaudit.report import format_run_summary
@@ -388,7 +388,8 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     on_disk = load_record(out / "resnet-dfa")
     assert comparable(on_disk) == comparable(record)
     # the model, the rule, the data and the code, as they are
-    assert record.model == dataclasses.replace(dfa.model.describe(), arch="own-loop")
+    assert record.model == dataclasses.replace(dfa.model.describe(), arch="own-loop",
+                                               frozen_parameters={})  # nothing frozen
     assert record.model.label == "CifarResNet d=4–8, 4 states h_0…h_3"
     assert record.model.terminal_ln is False
     assert dataclasses.asdict(record.config.method) == dataclasses.asdict(dfa.config)
@@ -413,7 +414,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert [e.epoch for e in record.log] == [0, 1, 2]
     assert record.log[0].protocol is None and record.log[2].protocol is not None
     assert record.log[2].protocol["d"] == "not evaluated"  # no frozen baseline given
-    with eval_mode(dfa.model):  # what `creditaudit train` records (in eval mode: BatchNorm)
+    with measurement_mode(dfa.model):  # what `creditaudit train` records (in eval mode: BatchNorm)
         fields, _ = epoch_record(dfa, eval_x, eval_y)
     last = record.log[-1]
     assert "test_acc" not in fields  # the loop's accuracy, not a measure

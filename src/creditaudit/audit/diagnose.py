@@ -45,7 +45,7 @@ from creditaudit.measures.user_models import (
 )
 from creditaudit.methods.base import CreditRule
 from creditaudit.models.adapted import AdaptedModel
-from creditaudit.models.contract import ResidualNet, summary_vectors
+from creditaudit.models.contract import ResidualNet, measurement_mode, summary_vectors
 from creditaudit.protocol import (
     NO_FROZEN_REASON,
     NOT_EVALUATED,
@@ -109,27 +109,22 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     out the refusal names (a caller's own option). Leaves every
     parameter, buffer, ``.grad`` field and RNG state (global CPU, and CUDA when the inputs
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
-    states only, and restores the model's training flag.
+    states only, and restores every submodule's training flag.
     """
     args = checked_arguments(model, eval_x, eval_y, credit=credit, states_fn=states_fn,
                              forward_from=forward_from, thresholds=thresholds,
                              protocol=protocol, metrics=metrics, metric_options=metric_options,
                              initial_hidden_norms=initial_hidden_norms)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)
-            reference = (checked_reference(model, args.states_fn, eval_x, eval_y,
-                                           forward_from=args.forward_from,
-                                           allow=allow_unverified_reference, fix=reference_fix)
-                         if verify_reference else SKIPPED)
-            measured = _credit(model, credit, args, eval_x, eval_y)
-            quality, precision = (_metrics(measured, logits, args, eval_x, eval_y, progress)
-                                  if metrics else (None, None))
-    finally:
-        model.train(was_training)
+    with measurement_mode(model), torch.random.fork_rng(devices=devices):
+        logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)
+        reference = (checked_reference(model, args.states_fn, eval_x, eval_y,
+                                       forward_from=args.forward_from,
+                                       allow=allow_unverified_reference, fix=reference_fix)
+                     if verify_reference else SKIPPED)
+        measured = _credit(model, credit, args, eval_x, eval_y)
+        quality, precision = (_metrics(measured, logits, args, eval_x, eval_y, progress)
+                              if metrics else (None, None))
     meta, terminal_ln = _metadata(model, measured.rule, precision, metadata)
     return _report(measured, meta, terminal_ln, reference, args, quality=quality,
                    headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol)

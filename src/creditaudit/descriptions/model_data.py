@@ -9,7 +9,7 @@ config name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from creditaudit.descriptions.fields import doc
@@ -20,6 +20,9 @@ CONTENT_DIGEST = "content_sha256"
 # The provenance key of how the loaded images' training batches were augmented:
 # {"crop_padding": pixels, "flip": bool}, or None when they were not.
 AUGMENTATION = "augmentation"
+# Fields of ModelDescription kept since schema 3's: a run id and a recipe cover them only
+# where they differ from what every earlier run was (ModelDescription.recipe_facts).
+LATER_FIELDS = ("dtype", "frozen_parameters")
 
 
 @dataclass
@@ -36,6 +39,43 @@ class ModelDescription:
     layout: str | None = doc("states: `vectors` (B, d), `tokens` (B, T, d) or `maps` "
                               "(B, d, H, W)")
     parameters: int | None = doc("number of parameters")
+    dtype: str | None = doc(
+        "the dtype the parameters are held in, as the model holds them (`float32`; "
+        "`bfloat16` for a network cast with `.to(torch.bfloat16)`; several joined with `+`); "
+        "another than `float32` is part of the recipe (and of a `Recorder` run's id). Absent "
+        "(null when read) in records before it was kept")
+    frozen_parameters: dict[str, int] | None = doc(
+        "`Recorder` runs: the parameters the rule does not train that binding it did not "
+        "freeze — frozen by your code (`requires_grad` off) or by an earlier rule bound to the "
+        "same network — as {name in your network: number of values}, `{}` when none; part of "
+        "the run id and the recipe. Absent (null when read) in runs of the command line "
+        "(creditaudit builds their networks) and records before it was kept")
+
+    def recipe_facts(self) -> dict[str, Any]:
+        """How the network was held in training where it differs from what every run
+        before these facts were kept had: ``dtype`` when not ``float32``,
+        ``frozen_parameters`` when any. The run id of a ``Recorder`` run and every recipe
+        cover them, so runs of a bf16 network, or with parameters frozen outside the rule,
+        are other runs and recipes, while the ids and recipes of the rest stay as they were."""
+        facts: dict[str, Any] = {}
+        if self.dtype not in (None, "float32"):
+            facts["dtype"] = self.dtype
+        if self.frozen_parameters:
+            facts["frozen_parameters"] = self.frozen_parameters
+        return facts
+
+    def to_dict(self) -> dict[str, Any]:
+        """The description as a record stores it: the two fields kept later
+        (``dtype``, ``frozen_parameters``) only when known, so a record read without them
+        is written back as it was."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in LATER_FIELDS and v is None)}
+
+    def identity(self) -> dict[str, Any]:
+        """The description as a run id covers it: every field but the two kept later
+        (``dtype``, ``frozen_parameters``), which join only as :meth:`recipe_facts`."""
+        fields = {k: v for k, v in asdict(self).items() if k not in LATER_FIELDS}
+        return {**fields, **self.recipe_facts()}
 
     @property
     def short_label(self) -> str:

@@ -29,7 +29,7 @@ from creditaudit.measures.perturbation import BP_CREDIT, DEFAULT_EPS, rho_table
 from creditaudit.measures.progress import release_freed_memory
 from creditaudit.measures.working import DEFAULT_MEMORY_GB, WorkingCopy, measure_footprint
 from creditaudit.methods.base import CreditRule
-from creditaudit.models.contract import summary_vectors
+from creditaudit.models.contract import measurement_mode, summary_vectors
 
 GRAD_FLOOR = REFERENCE_FLOOR
 Progress = Callable[[str], None]
@@ -119,19 +119,14 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
     model = rule.model
     check_finite(model)
     devices = [x.device] if x.device.type == "cuda" else []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            return _credit_quality(rule, x, y, rho_samples=rho_samples,
-                                   rho_directions=rho_directions, eps=eps,
-                                   null_draws=null_draws, null_seed=null_seed, etas=etas,
-                                   seed=seed, grad_floor=grad_floor, initial=initial,
-                                   dtype=dtype, rho_flops=rho_flops,
-                                   memory_bytes=memory_gb * 1e9,
-                                   say=progress or (lambda text: None))
-    finally:
-        model.train(was_training)
+    with measurement_mode(model), torch.random.fork_rng(devices=devices):
+        return _credit_quality(rule, x, y, rho_samples=rho_samples,
+                               rho_directions=rho_directions, eps=eps,
+                               null_draws=null_draws, null_seed=null_seed, etas=etas,
+                               seed=seed, grad_floor=grad_floor, initial=initial,
+                               dtype=dtype, rho_flops=rho_flops,
+                               memory_bytes=memory_gb * 1e9,
+                               say=progress or (lambda text: None))
 
 
 def _credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *, rho_samples: int,

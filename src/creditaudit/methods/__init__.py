@@ -6,6 +6,7 @@ Importing this package registers the built-in rules; rules of other packages com
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from typing import Any
@@ -70,10 +71,16 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     """
     cls = rule_class(config.name) if cls is None else cls
     check_binding(cls, model)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
     set_trainable(model, config.trainable_blocks)
     own_seed = cls.generator_seed(config, seed)
     generator = feedback_generator(seed if own_seed is None else own_seed)
-    return cls(model, config, n_classes=n_classes, generator=generator)
+    bound = cls(model, config, n_classes=n_classes, generator=generator)
+    # What binding froze is the rule's doing; anything else frozen is the caller's
+    # (CreditRule.frozen_outside), which a record must say.
+    bound.frozen_by_binding = frozenset(id(p) for p in model.parameters()
+                                        if id(p) in trainable and not p.requires_grad)
+    return bound
 
 
 def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int = 0,
@@ -97,6 +104,11 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
         raise ConfigError(f"n_classes={n_classes!r} must be a positive integer (the number of "
                           "logits) or None (the model's)")
     config = config_from_dict({"method": {"name": name, **method_options}}).method
+    if rule_class(name).draws_feedback() and hasattr(config, "feedback_seed") \
+            and config.feedback_seed is None:
+        # The seed the feedback is drawn from is part of the rule's options, so a record of
+        # it (Recorder) says which feedback trained — not the run seed of its config.
+        config = dataclasses.replace(config, feedback_seed=seed)
     if not isinstance(model, AdaptedModel):
         try:
             check_contract(model)

@@ -14,7 +14,9 @@ projections inside, which are exact), so masks, dropout and the attention itself
 PyTorch's. A packed projection's B is (3E, E), its fan-in 3E, as for a Linear of that shape.
 
 Layers whose weights act on an input but which this cannot replace (Conv1d/3d, transposed
-convolutions, ``nn.Bilinear``) are refused in one line rather than left exact.
+convolutions, ``nn.Bilinear``), subclasses with a forward of their own, and layers the probe
+of :func:`creditaudit.adapt` did not see called are refused in one line when the rule is
+bound (:mod:`creditaudit.methods.replaceable`) rather than left exact or replaced wrongly.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from creditaudit.errors import ModelContractError
+from creditaudit.methods.replaceable import check_own_forward, did_not_run, used_directly
 from creditaudit.models.adapted import AdaptedModel
 
 # B as a tensor, or as the function that builds it when the backward pass needs it.
@@ -71,6 +74,7 @@ def feedback_sites(model: AdaptedModel, rule: str) -> list[tuple[str, Any]]:
                           else ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
             sites += [(f"{name}.{a}", ProjectionWeight(module, a)) for a in attributes]
         elif isinstance(module, nn.Linear | nn.Conv2d):
+            check_own_forward(repr(name), module, rule)
             sites.append((name, module))
         elif isinstance(module, UNSUPPORTED):
             raise ModelContractError(
@@ -81,7 +85,30 @@ def feedback_sites(model: AdaptedModel, rule: str) -> list[tuple[str, Any]]:
         raise ModelContractError(f"--method {rule} needs nn.Linear, nn.Conv2d or "
                                  f"nn.MultiheadAttention layers; {type(model.net).__name__} "
                                  "has none")
+    check_called(model, sites, rule)
     return sites
+
+
+def check_called(model: AdaptedModel, sites: Sequence[tuple[str, Any]], rule: str) -> None:
+    """ModelContractError (one line, naming the layer and the cause) for a site that
+    adapt()'s probe did not see called as a module in the eval-mode forward the credits run
+    (:mod:`~creditaudit.methods.replaceable`); nothing to check on the meta device."""
+    calls = model.probe_calls
+    if calls is None:
+        return
+    outputs = {id(site.attention.out_proj) for _, site in sites
+               if isinstance(site, ProjectionWeight)}
+    parameters = {id(p): name for name, p in model.net.named_parameters()}
+    for name, site in sites:
+        # An attention runs its projections itself: it, not they, must be called.
+        attention = isinstance(site, ProjectionWeight)
+        module = name.rpartition(".")[0] if attention else name
+        if module in calls or id(site) in outputs:
+            continue
+        cls = type(site.attention if attention else site).__name__
+        if model.probe_reads(parameters.get(id(site.weight), "")):
+            raise used_directly(rule, module, cls)
+        raise did_not_run(rule, module, cls, "eval")
 
 
 @dataclass

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from creditaudit.config import MAX_SEED, MethodConfig, opt
 from creditaudit.methods.surrogate import credit_gradient, local_backward, local_forward
+from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet
 from creditaudit.registry import Component
 
@@ -175,6 +176,9 @@ class CreditRule(Component, Generic[OptionsT]):
     """
 
     options: OptionsT
+    # ids of the model's parameters that binding the rule froze (build_rule): the rule's own
+    # doing (``frozen``, ``trainable_blocks``), never reported as frozen outside it.
+    frozen_by_binding: frozenset[int] = frozenset()
 
     credit_formula: ClassVar[str] = ""
     feedback_kind: ClassVar[str] = "none"
@@ -287,6 +291,18 @@ class CreditRule(Component, Generic[OptionsT]):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Model parameters this rule updates (auxiliary nets have their own optimisers)."""
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def frozen_outside(self) -> dict[str, int]:
+        """{name: number of values} of the model's parameters this rule does not train
+        (not in :meth:`trainable_parameters`) though binding it did not freeze them: what
+        the caller froze (``requires_grad`` off, before binding or since) or an earlier
+        rule bound to the same network froze. Names are the user's network's (an adapted
+        model's, without its ``net.`` prefix). What binding froze is known to rules bound
+        by :func:`~creditaudit.methods.build_rule` (``creditaudit.rule``)."""
+        net = self.model.net if isinstance(self.model, AdaptedModel) else self.model
+        trained = {id(p) for p in self.trainable_parameters()}
+        return {name: p.numel() for name, p in net.named_parameters()
+                if id(p) not in trained and id(p) not in self.frozen_by_binding}
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
         """Hook after each epoch; returns extra per-epoch record fields (e.g. bridge errors)."""

@@ -47,6 +47,7 @@ from creditaudit.methods.base import (
 )
 from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
+from creditaudit.methods.replaceable import LayersNotCalled, not_called_cause
 from creditaudit.methods.replaced_backward import (
     FeedbackLayer,
     _FeedbackLinear,
@@ -161,16 +162,22 @@ class LinearFeedbackRule(CreditRule[RuleOptionsT]):
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
         """The modified backward's signal at h_0 … h_L for the batch-mean CE (detached)."""
-        with torch.enable_grad(), self.feedback_backward(self.feedback_matrices()):
-            states, logits = self.model.forward_states(x)
-            ce = F.cross_entropy(loss_precision(logits), y)
-            # States only: no parameter's .grad is touched.
-            grads = torch.autograd.grad(ce, states)
+        try:
+            with torch.enable_grad(), self.feedback_backward(self.feedback_matrices()):
+                states, logits = self.model.forward_states(x)
+                ce = F.cross_entropy(loss_precision(logits), y)
+                # States only: no parameter's .grad is touched.
+                grads = torch.autograd.grad(ce, states)
+        except LayersNotCalled as err:
+            raise not_called_cause(self.model, x, err, type(self).name) from None
         return [g.detach() for g in grads]
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
         feedback = self.step_feedback()
-        return end_to_end_step(self, x, y, optimizer, self.feedback_backward(feedback))
+        try:
+            return end_to_end_step(self, x, y, optimizer, self.feedback_backward(feedback))
+        except LayersNotCalled as err:
+            raise not_called_cause(self.model, x, err, type(self).name) from None
 
     @contextlib.contextmanager
     def feedback_backward(self, feedback: Sequence[Feedback]) -> Iterator[None]:

@@ -35,6 +35,7 @@ from torch.nn import functional as F
 
 from creditaudit.errors import ModelContractError
 from creditaudit.methods.adapted_feedback import Feedback
+from creditaudit.methods.replaceable import LayersNotCalled, check_own_forward
 
 # Layers whose weights act on an input the rule would have to feed a replaced backward
 # through, but which this module cannot patch (only nn.Linear and nn.Conv2d are supported).
@@ -173,9 +174,13 @@ def _feedback_forward(layer: FeedbackLayer, feedback: Feedback, called: set[int]
                       ) -> Tensor:
     called.add(id(layer))
     if isinstance(layer, nn.Conv2d):
-        x, padding = _conv_input(layer, x)
-        return _FeedbackConv2d.apply(x, layer.weight, layer.bias, feedback, layer.stride,
-                                     padding, layer.dilation, layer.groups)
+        # An unbatched (C, H, W) input, which nn.Conv2d takes, as a batch of one: the
+        # convolution's backward op wants four dimensions.
+        unbatched = x.dim() == 3
+        x, padding = _conv_input(layer, x.unsqueeze(0) if unbatched else x)
+        y = _FeedbackConv2d.apply(x, layer.weight, layer.bias, feedback, layer.stride,
+                                  padding, layer.dilation, layer.groups)
+        return y.squeeze(0) if unbatched else y
     return _FeedbackLinear.apply(x, layer.weight, layer.bias, feedback)
 
 
@@ -185,13 +190,16 @@ def feedback_layers(model: nn.Module, rule: str) -> list[tuple[str, FeedbackLaye
 
     ModelContractError when a block or the readout holds a weight layer whose backward this
     module cannot replace (Conv1d/3d, transposed convolutions, ``nn.MultiheadAttention``,
-    ``nn.Bilinear``). The embedding may hold such layers and keeps its convolutions exact:
-    it reads the data, so nothing trainable sits below it to receive their input gradient.
+    ``nn.Bilinear``; a subclass with a forward of its own:
+    :func:`~creditaudit.methods.replaceable.check_own_forward`). The embedding may hold
+    such layers and keeps its convolutions exact: it reads the data, so nothing trainable
+    sits below it to receive their input gradient.
     """
     layers = []
     for name, module in model.named_modules():
         in_embed = name.split(".")[0] == "embed"
         if isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and not in_embed):
+            check_own_forward(f"{type(model).__name__}.{name}", module, rule)
             layers.append((name, module))
         elif isinstance(module, UNSUPPORTED) and not in_embed:
             raise ModelContractError(
@@ -210,9 +218,9 @@ def replaced_backward(layers: Sequence[tuple[str, FeedbackLayer]], feedback: Seq
     """Inside the block, layer i's forward builds a graph whose backward uses feedback[i].
 
     Graphs built inside keep their feedback after the block ends (autograd saved it), so the
-    backward pass may run outside. ModelContractError when a layer was not called as a
-    module (its weight used directly, e.g. by a functional attention): its backward would
-    silently stay exact.
+    backward pass may run outside. :class:`~creditaudit.methods.replaceable.LayersNotCalled`
+    when a layer was not called as a module (it did not run, or its weight was used
+    directly, e.g. by a functional attention): its backward would silently stay exact.
     """
     called: set[int] = set()
     own = [layer.__dict__.get("forward") for _, layer in layers]
@@ -228,9 +236,7 @@ def replaced_backward(layers: Sequence[tuple[str, FeedbackLayer]], feedback: Seq
                 del layer.__dict__["forward"]
             else:
                 layer.__dict__["forward"] = previous
-    skipped = [name for name, layer in layers if id(layer) not in called]
+    skipped = [(name, layer) for name, layer in layers if id(layer) not in called]
     if skipped:
-        raise ModelContractError(
-            f"the layer(s) {', '.join(skipped[:3])} were not called as modules in the forward "
-            "pass (their weights are used directly), so their backward cannot be replaced; "
-            "call every nn.Linear and nn.Conv2d as a module")
+        raise LayersNotCalled([name for name, _ in skipped], [layer for _, layer in skipped],
+                              "training" if skipped[0][1].training else "eval")

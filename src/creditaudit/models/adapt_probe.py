@@ -45,7 +45,13 @@ class AdaptProbe:
     methods read its ``net``, ``state_names``, ``readout_names``, ``n_blocks``, ``_trace``
     and ``forward_from``, and set ``state_shapes``, ``state_widths``, ``n_classes``,
     ``terminal_ln`` (unless declared) and the ``_prefixes``, ``_segments`` and ``_readout``
-    that ``forward_from`` and the segments read."""
+    that ``forward_from`` and the segments read.
+
+    ``probe_calls``: the names of the submodules called in the probe's eval-mode forward
+    with gradients on, as the diagnostics' credits run it (None on the meta device, where
+    nothing runs) — what a rule that replaces layers checks when it is bound."""
+
+    probe_calls: frozenset[str] | None
 
     def _probe(self, x: Tensor, source: str, n_classes: int | None) -> None:
         """Learn the shapes and segments on ``x`` (``source``: what the caller passed, for
@@ -115,6 +121,13 @@ class AdaptProbe:
                    "its weights and the probe inputs are finite, so an operation overflows")
             raise ModelContractError(f"{name} gives NaN/Inf logits on the probe batch: {why}")
 
+    def probe_reads(self, parameter: str) -> bool:
+        """Whether the states or logits of the probe's eval-mode forward depend on
+        ``parameter`` (a name of ``net.named_parameters()``); False on the meta device."""
+        if self.probe_calls is None:
+            return False
+        return any(parameter in segment for segment in (*self._segments, self._readout))
+
     def _check_classes(self, declared: int | None) -> None:
         if declared is not None and declared != self.n_classes:
             raise ModelContractError(
@@ -137,8 +150,20 @@ class AdaptProbe:
                 "is scaled ×4): leave terminal_ln out to use what the probe finds")
 
     def _check_states(self, x: Tensor) -> None:
+        """Check the states and learn :attr:`probe_calls` from a pass run as the credits'
+        is (eval mode, gradients on, every parameter requiring one, states in the graph: so
+        neither PyTorch's attention fast path nor a fused detached-input path skips a
+        submodule the credits' pass calls)."""
         order: list[int] = []
-        states, logits = self._trace(x, detach=False, leaf=True, order=order)
+        called: set[str] = set()
+        handles = [module.register_forward_pre_hook(functools.partial(_record_call, called, name))
+                   for name, module in self.net.named_modules()]
+        try:
+            states, logits = self._trace(x, detach=False, leaf=True, order=order)
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.probe_calls = frozenset(called)
         if order != sorted(order):
             first, second = (self.state_names[i] for i in _first_inversion(order))
             raise ModelContractError(
@@ -184,6 +209,7 @@ class AdaptProbe:
         self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
                                   for h in states)
         self.n_classes = int(logits.shape[1])
+        self.probe_calls = None
         self._check_classes(n_classes)
 
     def _readout_is_scale_invariant(self, x: Tensor) -> bool:
@@ -312,6 +338,10 @@ class AdaptProbe:
                 f"readout: parameter {missing[0]!r} also acts after the last state "
                 f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
                 "(it is then everything after the last state)")
+
+
+def _record_call(called: set[str], name: str, module: nn.Module, args: Any) -> None:
+    called.add(name)
 
 
 def _first_line(err: BaseException) -> str:

@@ -37,6 +37,7 @@ from creditaudit.errors import ModelContractError
 from creditaudit.models.adapt_probe import AdaptProbe
 from creditaudit.models.contract import LAYOUTS, restored_buffers
 from creditaudit.models.packages import network_packages
+from creditaudit.models.structure import parameter_dtype
 
 PROBE_SAMPLES = 4  # the probe batch (at least 2: sample independence compares samples)
 
@@ -98,7 +99,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
         four blocks is L=3, ResNet-18 at its eight blocks L=7); the state
         layout (vectors, tokens or maps, when every state has one); ``terminal_ln`` as
         declared or probed; ``residual`` is unknown (None): an adapted model's blocks are
-        whatever lies between its states."""
+        whatever lies between its states; ``dtype`` the parameters' own."""
         low, high = min(self.state_widths), max(self.state_widths)
         width = f"{low}" if low == high else f"{low}–{high}"
         dims = {len(shape) for shape in self.state_shapes}  # (d,), (T, d) or (C, H, W)
@@ -111,7 +112,8 @@ class AdaptedModel(AdaptProbe, nn.Module):
                               f"{self.n_blocks + 1} states h_0…h_{self.n_blocks}"),
             terminal_ln=self.terminal_ln, d=low if low == high else None,
             n_blocks=self.n_blocks, residual=None, input_shape=list(self.input_shape),
-            layout=layout, parameters=sum(p.numel() for p in self.net.parameters()))
+            layout=layout, parameters=sum(p.numel() for p in self.net.parameters()),
+            dtype=parameter_dtype(self.net))
 
     # --- the contract ---------------------------------------------------------------------
     @property

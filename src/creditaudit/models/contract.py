@@ -10,7 +10,7 @@ Each block returns only its *branch* ``f_l(h_l)``; the network adds the skip. St
 ``(B, d, H, W)`` feature maps (ConvMixer); per-sample diagnostics read the CLS token
 (index 0) of token tensors and the spatial average of feature maps.
 
-Diagnostics run a model in eval mode (:func:`eval_mode`): a BatchNorm then applies its
+Diagnostics run a model in eval mode (:func:`measurement_mode`): a BatchNorm then applies its
 running statistics instead of the batch's, so no operation mixes samples.
 """
 
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
+from creditaudit.models.structure import parameter_dtype
 
 LAYOUTS = ("vectors", "tokens", "maps")
 
@@ -73,7 +74,8 @@ class ResidualNet(nn.Module):
             arch=name, label=label, terminal_ln=bool(self.terminal_ln), d=int(self.d),
             n_blocks=self.n_blocks, residual=bool(self.residual),
             input_shape=list(self.input_shape) or None, layout=self.state_layout,
-            parameters=sum(p.numel() for p in self.parameters()))
+            parameters=sum(p.numel() for p in self.parameters()),
+            dtype=parameter_dtype(self))
 
     def readout(self, h: Tensor) -> Tensor:
         raise NotImplementedError
@@ -137,18 +139,28 @@ def from_feature_rows(rows: Tensor, like: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run the block with ``model`` in eval mode, then restore its training flag.
+def measurement_mode(model: nn.Module) -> Iterator[None]:
+    """Run the block as every measurement runs: ``model`` in eval mode and in fp32 (no
+    autocast from the caller), then restore each submodule's own training flag.
 
     In eval mode BatchNorm applies its running statistics (no op mixes samples, nothing is
-    updated); the other layers of the contract models act the same in both modes.
+    updated); the other layers of the contract models act the same in both modes. Each
+    module's flag is put back as it was — a BatchNorm the user holds in eval mode inside a
+    training network stays held, and a network the user put in eval mode under an
+    :func:`~creditaudit.adapt` wrapper stays there. An autocast the caller opened (a user's
+    bf16 loop) is closed inside: diagnostics are always computed in the model's own dtype.
     """
-    was_training = model.training
+    flags = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            for device_type in ("cpu", "cuda"):
+                if torch.is_autocast_enabled(device_type):
+                    stack.enter_context(torch.autocast(device_type, enabled=False))
+            yield
     finally:
-        model.train(was_training)
+        for module, training in flags:
+            module.training = training
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_nam
 from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
 from creditaudit.records import RunRecord, load_records, results_folder
+from creditaudit.records.recipes import NOT_RECORDED
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 
 
@@ -119,13 +120,19 @@ def record_metadata(record: RunRecord) -> dict[str, Any]:
     config = record.config
     model = model_description(record)
     rule = RULES.find(config.method.name)
-    feedback_seed = (None if rule is None
-                     else rule.generator_seed(config.method, config.run.seed))
+    feedback_seed: int | str | None = (
+        None if rule is None else rule.generator_seed(config.method, config.run.seed))
+    seed = str(config.run.seed)
+    # a user's loop that did not say: the config holds a default
+    if "run.seed" in record.not_recorded:
+        seed = NOT_RECORDED
+        if feedback_seed is not None and draws_default_feedback(record):
+            feedback_seed = NOT_RECORDED  # records before rule() kept its feedback seed
     return {
         "method": config.method.name,
         "arch": model.label if model is not None else config.model.arch,
         "terminal_ln": model.terminal_ln if model is not None else None,
-        "dataset": config.data.name, "seeds": str(config.run.seed),
+        "dataset": config.data.name, "seeds": seed,
         "feedback_seed": feedback_seed, "penalty": config.method.penalty,
         "run_id": record.run_id,
     }

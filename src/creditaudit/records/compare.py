@@ -10,8 +10,11 @@ from creditaudit.config import config_from_dict, non_semantic
 from creditaudit.records.recipes import recipe
 from creditaudit.records.schema import RunRecord
 
-# Recipe keys that hold a digest of content: named, not printed.
-CONTENT_KEYS = {"source": "the data", "code_digest": "the network's code"}
+# Recipe keys that hold a digest of content, or are absent from one side when at their
+# default (a float32 network, nothing frozen): named, not printed.
+CONTENT_KEYS = {"source": "the data", "code_digest": "the network's code",
+                "frozen_parameters": "the parameters frozen outside the rule",
+                "dtype": "the parameters' dtype"}
 # Per-epoch fields that depend on wall-clock time, not on what was computed.
 TIMING_KEYS = ("seconds",)
 
@@ -20,9 +23,9 @@ def recipe_difference(a: RunRecord, b: RunRecord) -> str | None:
     """The first recipe field where ``a`` and ``b`` differ (``"model.n_blocks: 3 vs 2"``),
     or None when they share a recipe."""
     ra = recipe(a.config, a.data.source if a.data else None, a.not_recorded,
-                a.model_code_digest)
+                a.model_code_digest, a.model)
     rb = recipe(b.config, b.data.source if b.data else None, b.not_recorded,
-                b.model_code_digest)
+                b.model_code_digest, b.model)
     for section, values in ra.items():
         only_b = {key: None for key in rb[section] if key not in values}
         for key, value in {**values, **only_b}.items():

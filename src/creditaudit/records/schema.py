@@ -74,8 +74,10 @@ class RunRecord:
         "rule's, model's and dataset's name, id_version and origin: creditaudit or a plugin's "
         "dist==version; for a plugin or an outside model factory its `code_digest` and the "
         "conformance `checks` it passed before training; for a `Recorder` run the "
-        "`code_digest` of the user's network — null with `code_digest_reason` when its class "
-        "has no source file), device, threads, `execution` "
+        "`code_digest` of the user's network and `code_digest_of`: `source` (its source "
+        "files) or `structure` (its module tree, for a network of installed classes only) — "
+        "null with `code_digest_reason` when its class has no source file), device, threads, "
+        "`execution` "
         "(`device_data`, `cuda_graphs`: on, or off and why; `stacked_runs`: how many runs "
         "trained in its stack) — of the part that started the run: a resumed run lists its "
         "other parts' in `resumed`", factory=dict)
@@ -197,10 +199,11 @@ class RunRecord:
     def recipe_key(self) -> str:
         """Equal for runs that share how the network was trained apart from the credit rule
         and the seed: the data (its identity, not its folder), the model (with the digest of
-        its code, when the record has one), the optimiser and the precision. A frozen-blocks
-        run of the same recipe is the baseline of (d)."""
+        its code, when the record has one, and how it was held: a dtype other than float32,
+        parameters frozen outside the rule), the optimiser and the precision. A
+        frozen-blocks run of the same recipe is the baseline of (d)."""
         return recipe_key(self.config, self.data.source if self.data else None,
-                          self.not_recorded, self.model_code_digest)
+                          self.not_recorded, self.model_code_digest, self.model)
 
     @property
     def model_code_digest(self) -> str | None:
@@ -378,7 +381,7 @@ class RunRecord:
         return {
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
             "data": None if self.data is None else dataclasses.asdict(self.data),
-            "model": None if self.model is None else dataclasses.asdict(self.model),
+            "model": None if self.model is None else self.model.to_dict(),
             "environment": self.environment,
             **({"resumed": [part.to_dict() for part in self.resumed]} if self.resumed else {}),
             "status": self.status,

@@ -65,6 +65,12 @@ def setting_text(value: Any) -> str:
     return fmt(value, "") if value is None or isinstance(value, bool) else str(value)
 
 
+def seed_text(run: RunRecord) -> str:
+    """The run's seed as cell text; "not recorded" for a run from a user's own loop that
+    was not told its seed (its config holds only the default)."""
+    return NOT_RECORDED if "run.seed" in run.not_recorded else str(run.seed)
+
+
 def run_settings(run: RunRecord) -> dict[str, str]:
     """Every setting that makes ``run`` the run it is, as cell text by dotted config key:
     the config values its run id covers (output folder, threads, device, … left out; "not
@@ -205,7 +211,7 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
         "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
         "arch": arch_text(run),
         "out_ln": fmt(terminal_ln(run)),
-        "dataset": run.dataset, "seed": str(run.seed),
+        "dataset": run.dataset, "seed": seed_text(run),
         **setting_cells(values, settings),
         "status": run.status,
         "acc": fmt(run.final_acc, ".3f") + acc_note(run),
@@ -295,7 +301,7 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
             "arch": arch_text(run), "dataset": run.dataset,
             **setting_cells(values, settings),
-            "seeds": ", ".join(str(r.seed) for r in group.runs),
+            "seeds": ", ".join(seed_text(r) for r in group.runs),
             "test acc": ms((r.final_acc for r in group.runs), ".3f"),
             "deep cos": mark(ms((r.deep_cos for r in group.runs), "+.3f") + "".join(
                 m for m in "§*†" if any(m in deep_cos_marks(r) for r in group.runs))),
@@ -323,7 +329,7 @@ def unfinished_table(runs: Sequence[RunRecord]) -> Table:
             error = error[:ERROR_CHARS - 1] + "…"
         rows.append({
             "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
-            "arch": arch_text(run), "dataset": run.dataset, "seed": str(run.seed),
+            "arch": arch_text(run), "dataset": run.dataset, "seed": seed_text(run),
             **setting_cells(values, settings), "status": run.status,
             "epochs logged": str(run.log[-1].epoch if run.log else 0),
             "error": error,

@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.data import Dataset
-from creditaudit.models.contract import eval_mode
+from creditaudit.models.contract import measurement_mode
 
 EVAL_BATCH = 1024
 
@@ -90,6 +90,6 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, device: torch.device, *, 
     flag back. For an evaluation every epoch, set up a :class:`TestEvaluation` once instead.
     """
     shared = None if known is None else known.indices
-    with eval_mode(model):
+    with measurement_mode(model):
         return TestEvaluation(dataset, flatten=flatten, shared=shared).run(model, device,
                                                                            known)

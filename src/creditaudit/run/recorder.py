@@ -46,7 +46,7 @@ from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.progress import Say, say_to
 from creditaudit.measures.user_models import check_inputs
 from creditaudit.methods import CreditRule
-from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.contract import measurement_mode, parameter_snapshot
 from creditaudit.models.packages import network_packages
 from creditaudit.models.registry import OwnLoopArchitecture
 from creditaudit.protocol.verdicts import Protocol
@@ -70,7 +70,7 @@ from creditaudit.run.recorder_config import (
     array_fingerprint,
     data_identity,
     distribution,
-    network_code,
+    network_identity,
     not_recorded,
     recorder_config,
     user_network,
@@ -100,7 +100,9 @@ class Recorder:
     ``out``/``name``: the record goes to ``out/name/record.json`` (default name: a run id
     from the rule, the data, the seed and a hash of the config, the data, the model's
     description and the network's code: the source files of the modules defining its
-    classes — a script's file — and of the modules of your own they import). ``data``: what
+    classes — a script's file — and of the modules of your own they import, or the module
+    tree of a network made only of installed classes; the description includes the
+    parameters' dtype and those frozen outside the rule). ``data``: what
     the data is — a dataset creditaudit knows (a name, or its ``[data]`` section as a
     mapping, e.g. ``{"name": "fashion-mnist", "data_dir": …}``),
     whose identity is asked of the dataset (file digests, generator arguments) once
@@ -163,25 +165,26 @@ class Recorder:
                                        allow=settings.allow_unverified_reference,
                                        fix=RECORDER_FIX)
         identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
-        description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name)
+        description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name,
+                                          frozen_parameters=rule.frozen_outside())
         # The network is identified by its code, as a `module` factory is: two classes of
-        # one name, or one edited between runs, are two runs and two recipes.
+        # one name, or one edited between runs, are two runs and two recipes; a network of
+        # installed classes only, by its module tree.
         network = user_network(model)
-        digest, no_digest = network_code(network)
+        digest, identified = network_identity(network)
         code = RunCode(method=code_version(RULES, type(rule)),
                        model=CodeVersion(OwnLoopArchitecture.name, digest=digest),
                        data=(code_version(DATASETS, spec) if spec is not None
                              else CodeVersion(identity.name)))
         if name is None:  # the config names the class, not its sizes: add the description
             name = compute_run_id(self.config, digest_text(
-                {"data": identity.fingerprint, "model": dataclasses.asdict(description)}), code)
+                {"data": identity.fingerprint, "model": description.identity()}), code)
         self.run_dir = Path(out) / _folder_name(name)
         self._say.prefix = f"Recorder {self.run_dir.name}: "
         _claim(self.run_dir, overwrite)
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
-        if no_digest is not None:
-            components["model"].update(code_digest=None, code_digest_reason=no_digest)
+        components["model"].update(identified)
         components["model"]["module_origin"] = distribution(type(network).__module__)
         components["model"]["module_packages"] = network_packages(network, versions=True)
         if spec is None:
@@ -230,7 +233,7 @@ class Recorder:
         kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
         model = self.rule.model
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
-        with eval_mode(model):
+        with measurement_mode(model):
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
         note_credit_not_finite(self.record, self.rule, epoch, measures.cos_invalid)
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],

@@ -4,9 +4,10 @@ A run trained in a user's own loop has no config file: :func:`recorder_config` c
 from the credit rule (the method section), the model's own-loop description (the model
 section), ``data=`` (the data section) and the caller's ``config=`` keys;
 :func:`data_identity` asks a dataset creditaudit knows for its identity, or fingerprints the
-evaluation arrays (:func:`array_fingerprint`); :func:`network_code` identifies the user's
-network by the digest of its code, and :func:`distribution` names the installed package that
-provides it. :class:`creditaudit.run.recorder.Recorder` writes them
+evaluation arrays (:func:`array_fingerprint`); :func:`network_identity` identifies the
+user's network by the digest of its code (:func:`network_code`), or of its module tree when
+it is built only of installed classes, and :func:`distribution` names the installed package
+that provides it. :class:`creditaudit.run.recorder.Recorder` writes them
 into the record.
 """
 
@@ -41,6 +42,7 @@ from creditaudit.guests import has_source_file, main_module_name, own_sources, s
 from creditaudit.methods import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.registry import OwnLoopArchitecture
+from creditaudit.models.structure import parameter_dtype, structure_digest
 from creditaudit.registry import DATASETS
 from creditaudit.version import OWN_PACKAGE
 
@@ -98,6 +100,13 @@ def _recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
     raw = merge_overrides({"method": dataclasses.asdict(rule.options), "model": model_section,
                            "data": data_section if spec is not None else {}}, overrides)
     resolved = config_from_dict(raw)
+    held = parameter_dtype(net)
+    if ("run", "precision") in given and resolved.run.precision == "fp32" \
+            and held not in (None, "float32"):
+        # fp32 says the loop trained float32 weights; these are held in another dtype
+        raise ConfigError(f"config sets run.precision='fp32', but the network's parameters "
+                          f"are {held}: leave run.precision out (the record keeps the "
+                          "parameters' dtype as model.dtype)")
     if spec is None:  # data of the user's own: a section of no installed dataset
         resolved = dataclasses.replace(resolved, data=rebuild_section("data", data_section))
     return resolved, spec, given
@@ -247,6 +256,26 @@ def network_code(net: Any) -> tuple[str | None, str | None]:
     if found is None or not found[1]:
         return None, None
     return source_digest(*found), None
+
+
+def network_identity(net: Any) -> tuple[str | None, dict[str, str | None]]:
+    """(the digest the run id and the recipe cover, what the record's
+    ``components.model`` keeps of it) for the user's network ``net``: the digest of its code
+    (:func:`network_code`) where source files of the user's define its classes
+    (``code_digest_of: "source"``); for a network built only of installed classes — an
+    ``nn.Sequential`` of torch's layers in a script, a package's or creditaudit's network —
+    the digest of its module tree (:func:`~creditaudit.models.structure.structure_digest`:
+    classes, settings, parameter and buffer names, shapes and dtypes;
+    ``code_digest_of: "structure"``), whose classes' code the versions in
+    ``module_packages`` and the environment name; None, with ``code_digest_reason``, when
+    a class has no source file."""
+    digest, reason = network_code(net)
+    if reason is not None:
+        return None, {"code_digest": None, "code_digest_reason": reason}
+    if digest is not None:
+        return digest, {"code_digest": digest, "code_digest_of": "source"}
+    structure = structure_digest(net)
+    return structure, {"code_digest": structure, "code_digest_of": "structure"}
 
 
 def distribution(module: str) -> str | None:

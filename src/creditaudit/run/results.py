@@ -28,7 +28,7 @@ from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.measures.reference_check import checked_reference
 from creditaudit.methods import CreditRule
-from creditaudit.models.contract import eval_mode
+from creditaudit.models.contract import measurement_mode
 from creditaudit.protocol import evaluate_protocol
 from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
@@ -93,7 +93,7 @@ def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: tor
     gradient raises the one-line refusal naming the module, whose way out is ``fix``;
     ``allow`` (``diagnostics.allow_unverified_reference``) records it instead."""
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), eval_mode(model):
+    with torch.random.fork_rng(devices=devices), measurement_mode(model):
         check = checked_reference(model, model.forward_states, eval_x, eval_y,
                                   forward_from=model.forward_from, allow=allow, fix=fix)
     return ReferenceState(verified=check.verified, how=check.how, where=check.where,

@@ -29,7 +29,7 @@ from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import CreditRule
-from creditaudit.models.contract import eval_mode, parameter_snapshot
+from creditaudit.models.contract import measurement_mode, parameter_snapshot
 from creditaudit.optim import make_adamw
 from creditaudit.protocol import (
     WALK_BACK,
@@ -188,7 +188,7 @@ class Trainer:
         mode: BatchNorm uses (and leaves) its running statistics, so the test set never moves
         them and every diagnostic is per sample.
         """
-        with eval_mode(self.model):
+        with measurement_mode(self.model):
             return self._measure(epoch)
 
     def _measure(self, epoch: int) -> EpochEntry:

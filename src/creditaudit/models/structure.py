@@ -1,0 +1,78 @@
+"""A network identified by what it is made of, where no source file of the user's says it.
+
+A network built only from installed classes — an ``nn.Sequential`` of ``nn.Linear`` and
+``nn.Tanh`` written in a script, a torchvision ResNet — has no code of the user's to
+digest: the classes' code is named by the versions of their distributions. What tells two
+such networks apart is how they are put together, so :func:`structure_digest` hashes the
+module tree: each module's name and class (``torch.nn.modules.activation.Tanh``), its
+settings (the plain public attributes its constructor keeps, ``in_features``, ``eps``,
+``batch_first``, …, and its ``extra_repr``), and the name, shape and dtype of each
+parameter and buffer — never their values, nor ``requires_grad`` (a rule freezes
+parameters; the network stays the same), nor anything of the process (ids, addresses), so
+the same network built in another process has the same digest.
+:func:`parameter_dtype` names the dtype the parameters are held in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+# Object addresses (`<function relu at 0x7f…>`) differ between processes: never hashed.
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# Attributes a module keeps that are no setting of the network: the train/eval mode.
+NOT_SETTINGS = frozenset({"training"})
+PLAIN = (bool, int, float, str, type(None))
+
+
+def structure_digest(net: nn.Module) -> str:
+    """sha256 (hex) of the module tree of ``net`` (module docstring): equal for two
+    networks built the same way, whatever their weights, their ``requires_grad`` flags or
+    the process; different when a module's class, a setting, or a parameter's or buffer's
+    name, shape or dtype differs."""
+    text = json.dumps([_module_row(name, module) for name, module in net.named_modules()],
+                      sort_keys=True)
+    return hashlib.sha256(ADDRESS.sub("", text).encode()).hexdigest()
+
+
+def parameter_dtype(net: nn.Module) -> str | None:
+    """The dtype the parameters of ``net`` are held in (``float32``; ``bfloat16`` for a
+    network cast with ``.to(torch.bfloat16)``); several in order of first appearance,
+    joined with ``+`` (``bfloat16+float32``); None for a network without parameters."""
+    dtypes = dict.fromkeys(_dtype_name(p.dtype) for p in net.parameters())
+    return "+".join(dtypes) or None
+
+
+def _module_row(name: str, module: nn.Module) -> dict[str, Any]:
+    cls = type(module)
+    settings = {key: value for key, value in vars(module).items()
+                if not key.startswith("_") and key not in NOT_SETTINGS and _plain(value)}
+    return {"name": name, "class": f"{cls.__module__}.{cls.__qualname__}",
+            "settings": settings, "extra_repr": module.extra_repr(),
+            "parameters": _tensors(module.named_parameters(recurse=False)),
+            "buffers": _tensors(module.named_buffers(recurse=False))}
+
+
+def _tensors(named: Any) -> list[list[Any]]:
+    return [[key, list(tensor.shape), _dtype_name(tensor.dtype)] for key, tensor in named
+            if tensor is not None]
+
+
+def _plain(value: Any) -> bool:
+    """A setting JSON keeps as it is: a number, string, bool or None, or a tuple or list
+    of them (``normalized_shape``, ``kernel_size``)."""
+    if isinstance(value, tuple | list):
+        return all(isinstance(v, PLAIN) for v in value)
+    return isinstance(value, PLAIN)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+__all__ = ["structure_digest", "parameter_dtype"]

@@ -1,0 +1,143 @@
+"""A Recorder's record says how the user's network was held in training, asked of the
+network and the rule, not assumed:
+
+- parameters frozen outside the rule — ``requires_grad`` off in the user's code, or an
+  earlier ``rule("frozen", model)`` on the same network — are listed in
+  ``model.frozen_parameters`` (name → values) and join the run id and the recipe: a ``bp``
+  run that trains 467 of 739 parameters is no plain ``bp`` run, and (d) judges it only
+  against a frozen-blocks run of the same partly frozen network; what binding the rule
+  froze itself (``frozen``, ``trainable_blocks``) is the rule's and is not listed;
+- the parameters' dtype is ``model.dtype`` (``bfloat16`` for a network cast with
+  ``.to(torch.bfloat16)``), and ``run.precision='fp32'`` for such a network is refused;
+- records without these fields (written before them) load, and runs of float32 networks
+  with nothing frozen keep the run ids and recipes they had.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from creditaudit import Recorder, adapt, rule
+from creditaudit.errors import ConfigError
+from creditaudit.protocol.records import RecordSet
+from creditaudit.records import RECORD_FILE, load_record, recipe_key
+from creditaudit.records.compare import recipe_difference
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+OFF = {"diagnostics.end_of_run": False, "run.seed": 0}
+BLOCK = {"1.0.weight": 256, "1.0.bias": 16}  # net[1]'s Linear(16, 16)
+
+
+def network(dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
+                             nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
+                             nn.Linear(16, 3)).to(dtype)
+
+
+def samples(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return (torch.randn(64, 8, generator=generator).to(dtype),
+            torch.randint(0, 3, (64,), generator=generator))
+
+
+def record(net: nn.Module, rule_name: str, out, *, model=None, config=None, dtype=torch.float32):
+    x, y = samples(dtype)
+    model = adapt(net, states=["0", "1", "2"], example=x[:8]) if model is None else model
+    rec = Recorder(rule(rule_name, model), x, y, out=out, data="mine", progress=False,
+                   config={**OFF, **(config or {})})
+    rec.epoch(0, test_acc=0.4 if rule_name == "frozen" else 0.5)
+    return rec.finish()
+
+
+def frozen_block() -> nn.Sequential:
+    net = network()
+    for p in net[1].parameters():
+        p.requires_grad_(False)
+    return net
+
+
+def test_parameters_frozen_outside_the_rule_are_recorded_in_the_run_id_and_recipe(tmp_path):
+    out = tmp_path / "runs"
+    plain = record(network(), "bp", out)
+    held = record(frozen_block(), "bp", out)  # the same run id as `plain` before
+    assert plain.model.frozen_parameters == {}
+    assert held.model.frozen_parameters == BLOCK
+    assert held.run_id != plain.run_id and held.recipe_key != plain.recipe_key
+    assert recipe_difference(held, plain) == "the parameters frozen outside the rule"
+    # what `frozen` freezes itself is the rule's: the baseline of the plain network's runs
+    baseline = record(network(), "frozen", out)
+    assert baseline.model.frozen_parameters == {} and baseline.recipe_key == plain.recipe_key
+    # the baseline of the partly frozen network: the same block frozen by the user
+    held_baseline = record(frozen_block(), "frozen", out)
+    assert held_baseline.model.frozen_parameters == BLOCK
+    assert held_baseline.recipe_key == held.recipe_key != baseline.recipe_key
+    runs = {r.run_id: r for r in RecordSet.from_folder(out)}
+    records = RecordSet.from_folder(out)
+    assert records.frozen_baseline(runs[plain.run_id]) == (0.4, 1)
+    assert records.frozen_baseline(runs[held.run_id]) == (0.4, 1)
+    assert len({plain.run_id, held.run_id, baseline.run_id, held_baseline.run_id}) == 4
+    # written and read back
+    assert load_record(out / held.run_id).model.frozen_parameters == BLOCK
+
+
+def test_an_earlier_frozen_rule_on_the_network_is_recorded_by_a_later_rule(tmp_path):
+    x, _ = samples()
+    model = adapt(network(), states=["0", "1", "2"], example=x[:8])
+    rule("frozen", model)  # freezes all but the readout on the network itself
+    later = record(None, "bp", tmp_path, model=model)
+    assert later.model.frozen_parameters == {
+        "0.weight": 128, "0.bias": 16, **BLOCK, "2.0.weight": 256, "2.0.bias": 16}
+    assert later.recipe_key != record(network(), "bp", tmp_path / "plain").recipe_key
+
+
+def test_freezing_after_binding_is_the_callers_and_trainable_blocks_the_rules(tmp_path):
+    x, _ = samples()
+    model = adapt(network(), states=["0", "1", "2"], example=x[:8])
+    bound = rule("bp", model, trainable_blocks=1)  # freezes block 0 (net[1]) itself
+    assert bound.frozen_outside() == {}
+    for p in model.net[3].parameters():  # the head, frozen by the caller after binding
+        p.requires_grad_(False)
+    assert bound.frozen_outside() == {"3.weight": 48, "3.bias": 3}
+
+
+def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp_path):
+    bf16 = record(network(torch.bfloat16), "bp", tmp_path, dtype=torch.bfloat16)
+    assert bf16.model.dtype == "bfloat16"
+    assert load_record(tmp_path / bf16.run_id).model.dtype == "bfloat16"
+    assert '"dtype": "bfloat16"' in bf16.recipe_key
+    f64 = record(network(torch.float64), "bp", tmp_path, dtype=torch.float64)
+    assert f64.model.dtype == "float64" and '"dtype": "float64"' in f64.recipe_key
+    f32 = record(network(), "bp", tmp_path)
+    assert f32.model.dtype == "float32" and "dtype" not in f32.recipe_key
+    for dtype in (torch.bfloat16, torch.float64):
+        with pytest.raises(ConfigError) as error:
+            record(network(dtype), "bp", tmp_path / "told", dtype=dtype,
+                   config={"run.precision": "fp32"})
+        name = str(dtype).removeprefix("torch.")
+        assert str(error.value) == (
+            f"config sets run.precision='fp32', but the network's parameters are {name}: "
+            "leave run.precision out (the record keeps the parameters' dtype as model.dtype)")
+    assert not (tmp_path / "told").exists()
+    told = record(network(torch.bfloat16), "bp", tmp_path / "bf16", dtype=torch.bfloat16,
+                  config={"run.precision": "bf16"})
+    assert told.config.run.precision == "bf16" and told.model.dtype == "bfloat16"
+
+
+def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):
+    held = record(frozen_block(), "bp", tmp_path)
+    path = tmp_path / held.run_id / RECORD_FILE
+    raw = json.loads(path.read_text())
+    for key in ("dtype", "frozen_parameters"):
+        del raw["model"][key]
+    path.write_text(json.dumps(raw))
+    old = load_record(tmp_path / held.run_id)
+    assert old.model.dtype is None and old.model.frozen_parameters is None
+    assert old.recipe_key == recipe_key(old.config, old.data.source, old.not_recorded,
+                                        old.model_code_digest)

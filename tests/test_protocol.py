@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -304,7 +305,7 @@ def test_diagnose_plain_module_with_states_fn():
     model.eval()
     with torch.no_grad():
         states, _ = model.states(x)
-    expected = [float(h.double().norm(dim=1).median()) for h in states]
+    expected = [statistics.median(h.double().norm(dim=1).tolist()) for h in states]
     assert report.hidden_norms == pytest.approx(expected)
     assert report.metadata["terminal_ln"] is None and report.metadata["model"] == "Plain"
     assert report.diagnostic("c").status == "not evaluated"  # 256 samples = 2 batches
@@ -326,7 +327,7 @@ def test_diagnose_token_states_read_the_cls_token():
     with torch.no_grad():
         states, _ = states_fn(x)
     assert report.hidden_norms == pytest.approx(
-        [float(h[:, 0].double().norm(dim=1).median()) for h in states])
+        [statistics.median(h[:, 0].double().norm(dim=1).tolist()) for h in states])
     assert report.metadata["layout"] == "tokens"
 
 

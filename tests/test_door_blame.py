@@ -23,8 +23,9 @@ from door_support import (
     image_run,
     site_with,
     tiny_config,
+    tiny_values,
 )
-from integrity_support import write_idx_dataset
+from integrity_support import sweep_toml, write_idx_dataset
 from plugin_support import cli
 
 RAISES = "raised"
@@ -125,6 +126,26 @@ def test_a_factory_raising_in_its_forward_during_training_is_named(tmp_path):
                *cli_args(tmp_path / "runs", **image_run(data)), cwd=tmp_path)
     _named(error_line(done), f"model factory '{FACTORIES}:forward_raises_net'", "ValueError",
            "the forward lost its way (at door_factories.py:")
+
+
+def test_a_factory_raising_during_training_in_a_sweep_is_named_in_its_record(tmp_path):
+    """In a sweep the run fails, the others go on, and the record's error, the summary and
+    the sweep's output name the factory as `train` does."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    keys = tiny_values(tmp_path / "runs", **image_run(
+        data, **{"model.arch": "module", "model.factory": f"{FACTORIES}:forward_raises_net"}))
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(sweep_toml(keys, '[grid]\n"method.name" = ["bp", "dfa"]\n'))
+    done = cli(site_with(tmp_path), "sweep", str(sweep), "--workers", "0", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    what = f"model factory '{FACTORIES}:forward_raises_net' {RAISES} ValueError"
+    records = [json.loads(path.read_text())
+               for path in sorted((tmp_path / "runs").glob("*/record.json"))]
+    assert [r["status"] for r in records] == ["failed", "failed"]
+    assert all(r["error"].startswith(what) for r in records), [r["error"] for r in records]
+    summary = json.loads((tmp_path / "runs" / "sweep_summary.json").read_text())
+    assert all(run["error"].startswith(what) for run in summary["runs"])
+    assert f"failed: {records[0]['run_id']}: {what}" in done.stdout + done.stderr
 
 
 def test_a_factory_calling_sys_exit_is_named(tmp_path):

@@ -26,6 +26,7 @@ from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
 from creditaudit.errors import DiskFullError, OutputError
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder
+from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import CreditRule
@@ -350,8 +351,8 @@ class Trainer:
                 self._write()
             self.loggers.finish_quietly(self.record)
             return
-        if err is not None:
-            self.record.error = f"{type(err).__name__}: {err}"
+        if err is not None:  # a guest's exception (a factory's forward) names the guest
+            self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
         self._write()
         self.loggers.finish_quietly(self.record)
 

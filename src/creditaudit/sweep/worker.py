@@ -25,6 +25,7 @@ from creditaudit.errors import (
     RunRecordError,
 )
 from creditaudit.files.safe_files import describe_os_error
+from creditaudit.guests.blame import guest_failure
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
@@ -170,7 +171,7 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 
 def _failed(run: _Claimed, err: Exception) -> None:
     """A run that raised: its outcome, and a failed record where none says more."""
-    error = f"{type(err).__name__}: {err}"
+    error = guest_failure(err) or f"{type(err).__name__}: {err}"
     if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):
         # Not even a failed record can replace a folder named record.json: the
         # outcome still says why the run failed.

@@ -117,7 +117,8 @@ class LocalExecutor:
             return
         pool = ProcessPoolExecutor(max_workers=min(self.workers, len(tasks)),
                                    mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=init_worker, initargs=(self.threads,))
+                                   initializer=init_worker,
+                                   initargs=(self.threads, os.getpid()))
         try:
             futures = {pool.submit(pool_call, fn, task): task for task in tasks}
             for future in as_completed(futures):

@@ -1,5 +1,6 @@
 """A local sweep's worker processes, for real: a sweep killed while its workers start leaves
-none running."""
+none running, and one worker killed (as by the out-of-memory killer) does not end the sweep;
+a run whose worker dies twice is recorded failed, with the cause, and resumes later."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from creditaudit.records import RECORD_FILE, load_record
-from creditaudit.sweep import CLAIM_FILE, SWEEP_LOG_FILE
+from creditaudit.sweep import CLAIM_FILE, SUMMARY_FILE, SWEEP_LOG_FILE
 from creditaudit.sweep.claims import read_claim
 from integrity_support import alive, children, sweep_toml, tiny_config, write_idx_dataset
 
@@ -130,3 +131,97 @@ def test_killing_the_sweep_while_its_workers_start_leaves_nothing_running(
         time.sleep(0.1)
     assert not any(map(alive, workers)), "workers of a dead sweep still run after 60 s"
     assert not list(out.glob("*/*")), "a worker of the dead sweep claimed or trained a run"
+
+
+# --- a worker that dies -----------------------------------------------------------------
+def test_one_dead_worker_does_not_end_the_sweep(data, tmp_path, started):
+    sweep, out = _sweep(tmp_path, data, '[grid]\n"method.name" = ["bp", "dfa"]\n'
+                        '"run.seed" = [1, 2]\n', "--workers", "2")
+    started.append(sweep.pid)
+    runs = _wait(lambda: (lambda r: len(r) == 2 and min(n for n, _ in r.values()) >= 2
+                          and r)(_training(out)), 120, "two runs were under way", sweep)
+    (killed, (_, pid)), (other, _) = sorted(runs.items())
+    started.extend(_spawned_workers(sweep.pid))
+    os.kill(pid, signal.SIGKILL)  # as the out-of-memory killer does
+    err = _end(sweep, tmp_path)
+    assert sweep.returncode == 0, err
+    assert "SIGKILL" in err and killed in err
+    run_dirs = sorted(path.parent for path in out.glob(f"*/{RECORD_FILE}"))
+    assert len(run_dirs) == 4
+    for run_dir in run_dirs:
+        record = load_record(run_dir)
+        assert record.status == "completed", (run_dir.name, record.error)
+        assert [e.epoch for e in record.log] == list(range(EPOCHS + 1))
+        assert not (run_dir / CLAIM_FILE).exists()
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["counts"] == {"completed": 4}
+    events = _log(out)
+    died = [e for e in events if e["event"] == "worker_died"]
+    assert [(e["run_id"], e["deaths"]) for e in died] == [(killed, 1)]
+    assert f"worker process {pid} was killed by SIGKILL" in died[0]["cause"]
+    starts: dict[str, list[str]] = {}
+    for event in events:
+        if event["event"] == "start":
+            starts.setdefault(event["run_id"], []).append(event["action"])
+    assert starts.pop(killed) == ["trained", "resumed"]
+    assert starts.pop(other) == ["trained", "resumed"]  # interrupted by the pool, goes on
+    assert sorted(starts.values()) == [["trained"], ["trained"]]  # not started: once
+
+
+def test_a_run_whose_worker_dies_twice_is_failed_with_the_cause(data, tmp_path, started,
+                                                                 capsys):
+    from creditaudit.cli import main
+
+    sweep, out = _sweep(tmp_path, data, '[grid]\n"run.seed" = [1, 2]\n', "--workers", "1")
+    started.append(sweep.pid)
+    runs = _wait(lambda: (lambda r: r and min(n for n, _ in r.values()) >= 2 and r)(
+        _training(out)), 120, "a run was under way", sweep)
+    ((victim, (epochs, pid)),) = runs.items()
+    os.kill(pid, signal.SIGKILL)
+    again = _wait(lambda: (lambda r: victim in r and r[victim][1] != pid
+                           and r[victim][0] > epochs and r)(_training(out)),
+                  120, "the run went on in a new worker", sweep)
+    second = again[victim][1]
+    started.extend([pid, second])
+    os.kill(second, signal.SIGKILL)
+    err = _end(sweep, tmp_path)
+    assert sweep.returncode == 1, err  # a failed run: the sweep says so
+    record = load_record(out / victim)
+    assert record.status == "failed"
+    assert "died 2 times" in record.error
+    assert f"worker process {pid} was killed by SIGKILL" in record.error
+    assert f"worker process {second} was killed by SIGKILL" in record.error
+    assert not (out / victim / CLAIM_FILE).exists()
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["counts"] == {"completed": 1, "failed": 1}
+    assert [r["error"] for r in summary["runs"] if r["run_id"] == victim] == [record.error]
+    # --retry-failed resumes it from its last checkpoint, to the end.
+    status = main(["sweep", str(tmp_path / "s.toml"), "--workers", "0", "--retry-failed", "-q"])
+    capsys.readouterr()
+    assert status == 0
+    record = load_record(out / victim)
+    assert record.status == "completed"
+    assert [e.epoch for e in record.log] == list(range(EPOCHS + 1))
+    assert [e["action"] for e in _log(out) if e["event"] == "start"
+            and e["run_id"] == victim] == ["trained", "resumed", "resumed"]
+
+
+def _die(task: dict) -> None:
+    """A task whose worker dies before it claims anything (as at start-up)."""
+    (Path(task["config"]["run"]["out_dir"]) / f"{task['run_id']}.{os.getpid()}").touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_workers_that_die_before_any_run_end_the_sweep_after_one_new_pool(tmp_path):
+    from creditaudit.sweep import LocalExecutor
+
+    tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": name}
+             for name in ("a", "b")]
+    outcomes = list(LocalExecutor(workers=1).map(_die, tasks))
+    assert sorted(o["run_id"] for o in outcomes) == ["a", "b"]
+    for outcome in outcomes:
+        assert (outcome["status"], outcome["action"]) == ("failed", "not started")
+        assert "was killed by SIGKILL" in outcome["error"]
+        assert "never started" in outcome["error"]
+    # Two pools (the first broken one, then one new one), a worker each: two deaths.
+    assert len(list(tmp_path.glob("a.*"))) == 2

@@ -348,11 +348,11 @@ def _watch_parent(parent: int) -> None:
 def interrupted_outcome(task: dict[str, Any]) -> Outcome | list[Outcome]:
     """The outcome of a task (a list for a stacked group's task) stopped by an interrupt."""
     outcomes = [new_outcome(run_id, status="interrupted", action="interrupted")
-                for run_id in _task_ids(task)]
+                for run_id in task_ids(task)]
     return outcomes if "run_ids" in task else outcomes[0]
 
 
-def _task_ids(task: dict[str, Any]) -> list[str]:
+def task_ids(task: dict[str, Any]) -> list[str]:
     return list(task["run_ids"]) if "run_ids" in task else [task["run_id"]]
 
 
@@ -374,7 +374,7 @@ def failed_outcome(task: dict[str, Any], error: str, action: str = "trained"
     """The outcome of a task whose worker gave none (it died, or never started: action
     ``not started``); one per run, as a list, for a stacked group's task."""
     outcomes = [{"run_id": run_id, "status": "failed", "action": action, "error": error,
-                 "seconds": 0.0, "pid": None, "host": None} for run_id in _task_ids(task)]
+                 "seconds": 0.0, "pid": None, "host": None} for run_id in task_ids(task)]
     return outcomes if "run_ids" in task else outcomes[0]
 
 

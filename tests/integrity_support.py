@@ -1,6 +1,6 @@
 """Shared pieces of the integrity tests (test_bad_inputs.py, test_integrity.py): tiny IDX and
 CIFAR datasets written on the spot, a tiny run config, planted pickle payloads, snapshots of
-folders and the one-line error check."""
+folders, the one-line error check and the processes of a running sweep (from /proc)."""
 
 from __future__ import annotations
 
@@ -115,3 +115,27 @@ def assert_one_line_error(out: str, err: str, *fragments: str, progress: str | N
     for fragment in fragments:
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     return lines[0]
+
+
+# --- processes ----------------------------------------------------------------------------
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc; zombies count as gone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -50,7 +50,9 @@ from creditaudit.run.plan import run_id
 from creditaudit.sweep import CLAIM_FILE, SWEEP_LOG_FILE
 from integrity_support import (
     Payload,
+    alive,
     assert_one_line_error,
+    children,
     snapshot,
     sweep_toml,
     tiny_config,
@@ -437,28 +439,6 @@ def test_an_unreadable_record_is_named_in_one_warning_and_skipped(
 
 
 # --- processes --------------------------------------------------------------------------------
-def _children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (from /proc; zombies count as gone)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_killing_the_sweep_parent_takes_its_workers_down(finished, tmp_path, capsys):
     out = tmp_path / "out"
@@ -483,17 +463,17 @@ def test_killing_the_sweep_parent_takes_its_workers_down(finished, tmp_path, cap
             time.sleep(0.05)
         else:
             pytest.fail("the sweep never had both runs under way")
-        workers = _children(parent.pid)
+        workers = children(parent.pid)
         assert len(workers) >= 2
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.time() + 10
-        while any(map(_alive, workers)) and time.time() < deadline:
+        while any(map(alive, workers)) and time.time() < deadline:
             time.sleep(0.1)
-        assert not any(map(_alive, workers)), "workers outlived their parent by 10 s"
+        assert not any(map(alive, workers)), "workers outlived their parent by 10 s"
     finally:
         for pid in [parent.pid, *workers]:  # only the processes this test started
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     for run_dir in run_dirs:
         assert load_record(run_dir).status == "interrupted"

@@ -52,9 +52,10 @@ pid not alive) or whose mtime is older than ``stale_after`` seconds is broken an
 
 A completed or diverged run is never rerun; an interrupted run (killed sweep) resumes from
 its checkpoint; a failed run is skipped unless ``retry_failed``. A run that raises is
-recorded as failed (record status ``failed`` plus ``error``) and the sweep goes on.
+recorded as failed (record status ``failed`` plus ``error``) and the sweep goes on; so
+does it when a worker process dies (:mod:`creditaudit.sweep.deaths`).
 ``OUT/sweep_log.jsonl`` is an append-only log of what each process did (start, end, skip,
-busy, break_claim), one JSON object per line.
+busy, break_claim, worker_died), one JSON object per line.
 """
 
 

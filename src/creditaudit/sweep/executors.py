@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.sweep.deaths import MAX_DEATHS, after_break, death_cause
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.ray_cluster import RayExecutor
 from creditaudit.sweep.worker import failed_outcome, init_worker, pool_call
@@ -109,23 +110,59 @@ class LocalExecutor:
         self.close()
 
     def map(self, fn: RunFn, tasks: list[dict[str, Any]]) -> Iterator[Outcome]:
+        """Each task's outcome as it ends. A worker process that dies breaks the pool: the
+        tasks without an outcome go to a new pool (:mod:`creditaudit.sweep.deaths`), so
+        one dead worker does not end the sweep, and a task is never run after its
+        outcome came back."""
+        left = list(tasks)
+        deaths: dict[str, list[str]] = {}  # run id → causes of its workers' deaths
+        unblamed = 0  # pools in a row that broke with no run to blame (death at start-up)
+        while left:
+            unfinished, dead, ended = yield from self._pool_round(fn, left)
+            if not unfinished:
+                return
+            known = sum(map(len, deaths.values()))
+            retry, failed = after_break(unfinished, dead, deaths)
+            yield from failed
+            progress = ended or sum(map(len, deaths.values())) > known
+            unblamed = 0 if progress else unblamed + 1
+            if unblamed >= MAX_DEATHS:  # the workers die before any run: no new pool helps
+                cause = "; ".join(dead.values()) or "worker process died"
+                for task in retry:
+                    yield failed_outcome(task, f"{cause} before it started a run; it never "
+                                         "started, so the next sweep trains it",
+                                         action="not started")
+                return
+            left = retry
+
+    def _pool_round(self, fn: RunFn, tasks: list[dict[str, Any]]
+                    ) -> Generator[Outcome, None,
+                                   tuple[list[dict[str, Any]], dict[int, str], int]]:
+        """Run ``tasks`` on one pool, yielding outcomes; returns the tasks left without an
+        outcome when a worker died (in submission order), the dead workers (pid → cause)
+        and how many outcomes came back."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
         from concurrent.futures.process import BrokenProcessPool
 
-        if not tasks:
-            return
         pool = ProcessPoolExecutor(max_workers=min(self.workers, len(tasks)),
                                    mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=init_worker, initargs=(self.threads,))
+                                   initializer=init_worker,
+                                   initargs=(self.threads, os.getpid()))
+        unfinished: set[int] = set()
+        ended = 0
         try:
-            futures = {pool.submit(pool_call, fn, task): task for task in tasks}
+            futures = {pool.submit(pool_call, fn, task): i for i, task in enumerate(tasks)}
+            # Every worker is spawned by now (one per submit up to max_workers).
+            processes = list(getattr(pool, "_processes", {}).values())
             for future in as_completed(futures):
                 try:
-                    yield future.result()
-                except BrokenProcessPool as err:
-                    yield failed_outcome(futures[future], f"worker process died ({err}); the run "
-                                                   "resumes from its checkpoint next time")
+                    outcome = future.result()
+                except BrokenProcessPool:
+                    unfinished.add(futures[future])
+                    continue
+                ended += 1
+                yield outcome
         except BaseException:
             # Interrupt the workers (SIGTERM → KeyboardInterrupt: they record 'interrupted'
             # and release their claims), drop what has not started.
@@ -135,7 +172,14 @@ class LocalExecutor:
                     process.terminate()
             _shut_down(pool, processes, UNWIND_SECONDS)
             raise
-        pool.shutdown(wait=True)
+        if not unfinished:
+            pool.shutdown(wait=True)
+            return [], {}, ended
+        # The pool interrupted its other workers: wait until they have recorded it.
+        _shut_down(pool, processes, UNWIND_SECONDS)
+        dead = {process.pid: death_cause(process.pid, process.exitcode)
+                for process in processes if process.exitcode not in (0, None)}
+        return [tasks[i] for i in sorted(unfinished)], dead, ended
 
 
 Executor = InlineExecutor | LocalExecutor | RayExecutor

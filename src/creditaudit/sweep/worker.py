@@ -277,10 +277,16 @@ RunFn = Callable[[dict[str, Any]], Outcome | list[Outcome]]
 _WORKER = {"terminating": False, "in_run": False}
 
 
-def init_worker(threads: int) -> None:
-    """Worker start-up: torch threads; SIGTERM/SIGINT interrupt the current run cleanly."""
+def init_worker(threads: int, parent: int) -> None:
+    """Worker start-up: torch threads; SIGTERM/SIGINT interrupt the current run cleanly.
+
+    ``parent`` is the pid of the sweep that started this worker, passed by the sweep: a
+    worker whose sweep died while it was starting (``kill -9``: it is re-parented, so its
+    own ``getppid()`` already names another process) leaves at once, before it could take
+    a task still queued in the pipe, so it claims and trains nothing."""
     import signal
 
+    _leave_if_orphaned(parent)  # before the torch import: seconds on a busy machine
     import torch
 
     torch.set_num_threads(threads)
@@ -301,7 +307,15 @@ def init_worker(threads: int) -> None:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
-    _watch_parent(os.getppid())
+    _leave_if_orphaned(parent)  # the sweep may have died during the imports
+    _watch_parent(parent)
+
+
+def _leave_if_orphaned(parent: int) -> None:
+    """Exit this worker at once (no run of its own yet) if ``parent`` is no longer its
+    parent process; ``os._exit``: a normal exit could hang joining the pool's queues."""
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 PARENT_POLL_SECONDS = 1.0
@@ -335,11 +349,11 @@ def _watch_parent(parent: int) -> None:
 def interrupted_outcome(task: dict[str, Any]) -> Outcome | list[Outcome]:
     """The outcome of a task (a list for a stacked group's task) stopped by an interrupt."""
     outcomes = [new_outcome(run_id, status="interrupted", action="interrupted")
-                for run_id in _task_ids(task)]
+                for run_id in task_ids(task)]
     return outcomes if "run_ids" in task else outcomes[0]
 
 
-def _task_ids(task: dict[str, Any]) -> list[str]:
+def task_ids(task: dict[str, Any]) -> list[str]:
     return list(task["run_ids"]) if "run_ids" in task else [task["run_id"]]
 
 
@@ -361,7 +375,7 @@ def failed_outcome(task: dict[str, Any], error: str, action: str = "trained"
     """The outcome of a task whose worker gave none (it died, or never started: action
     ``not started``); one per run, as a list, for a stacked group's task."""
     outcomes = [{"run_id": run_id, "status": "failed", "action": action, "error": error,
-                 "seconds": 0.0, "pid": None, "host": None} for run_id in _task_ids(task)]
+                 "seconds": 0.0, "pid": None, "host": None} for run_id in task_ids(task)]
     return outcomes if "run_ids" in task else outcomes[0]
 
 

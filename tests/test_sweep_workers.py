@@ -1,0 +1,227 @@
+"""A local sweep's worker processes, for real: a sweep killed while its workers start leaves
+none running, and one worker killed (as by the out-of-memory killer) does not end the sweep;
+a run whose worker dies twice is recorded failed, with the cause, and resumes later."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.sweep import CLAIM_FILE, SUMMARY_FILE, SWEEP_LOG_FILE
+from creditaudit.sweep.claims import read_claim
+from integrity_support import alive, children, sweep_toml, tiny_config, write_idx_dataset
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+EPOCHS = 200  # ≈ 10 s a run on one thread: long enough to kill a worker mid-run
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_idx_dataset(tmp_path_factory.mktemp("workers") / "mnist")
+
+
+def _sweep(tmp_path: Path, data: Path, grid: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "out"
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(sweep_toml(tiny_config(data, out, **{"optim.epochs": EPOCHS}), grid))
+    command = [sys.executable, "-m", "creditaudit", "sweep", str(sweep), *args]
+    with (tmp_path / "stderr.txt").open("w") as err:  # a file: a full pipe would block it
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True)
+    return process, out
+
+
+def _end(sweep: subprocess.Popen, tmp_path: Path) -> str:
+    """The sweep's stderr once it has ended."""
+    sweep.wait(timeout=300)
+    return (tmp_path / "stderr.txt").read_text()
+
+
+@pytest.fixture
+def started() -> Iterator[list[int]]:
+    """Pids this test started (sweeps and their workers), killed at the end if still alive."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait(condition: Callable[[], object], seconds: float, what: str,
+          sweep: subprocess.Popen | None = None) -> object:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        if sweep is not None and sweep.poll() is not None:
+            pytest.fail(f"the sweep ended (exit {sweep.returncode}) before {what}")
+        time.sleep(0.05)
+    pytest.fail(f"waited {seconds} s for {what}")
+
+
+def _spawned_workers(pid: int) -> list[int]:
+    """The multiprocessing workers among ``pid``'s children (not its resource tracker)."""
+    found = []
+    for child in children(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            continue
+    return found
+
+
+def _training(out: Path) -> dict[str, tuple[int, int]]:
+    """run id → (epochs logged, pid of the live worker holding it) for runs under way."""
+    runs = {}
+    for claim in out.glob(f"*/{CLAIM_FILE}"):
+        holder, _, _ = read_claim(claim)
+        try:
+            record = load_record(claim.parent)
+        except Exception:  # noqa: BLE001 — not written yet, or being replaced right now
+            continue
+        if holder and alive(holder.get("pid", -1)) and record.status == "running":
+            runs[claim.parent.name] = (len(record.log), holder["pid"])
+    return runs
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / SWEEP_LOG_FILE).read_text().splitlines()]
+
+
+# --- a sweep killed while its workers start ---------------------------------------------
+def test_a_worker_whose_sweep_is_gone_exits_in_its_initializer(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    script = ("import sys; from creditaudit.sweep.worker import init_worker; "
+              "init_worker(1, int(sys.argv[1])); print('went on')")
+    orphan = subprocess.run([sys.executable, "-c", script, str(gone.pid)],
+                            capture_output=True, text=True, timeout=120)
+    assert (orphan.returncode, orphan.stdout, orphan.stderr) == (0, "", "")
+    # Its parent alive, the same initializer returns (the worker goes on to take tasks).
+    child = subprocess.run([sys.executable, "-c", script, str(os.getpid())],
+                           capture_output=True, text=True, timeout=120)
+    assert (child.returncode, child.stdout) == (0, "went on\n"), child.stderr
+
+
+def test_killing_the_sweep_while_its_workers_start_leaves_nothing_running(
+        data, tmp_path, started):
+    sweep, out = _sweep(tmp_path, data, '[grid]\n"run.seed" = [1, 2]\n', "--workers", "2")
+    started.append(sweep.pid)
+    workers = _wait(lambda: len(_spawned_workers(sweep.pid)) == 2 and
+                    _spawned_workers(sweep.pid), 60, "two workers were spawned", sweep)
+    started.extend(workers)
+    time.sleep(0.5)  # the workers are importing (seconds): none has run its initializer
+    assert not list(out.glob(f"*/{RECORD_FILE}")), "a run started before the kill"
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+    deadline = time.time() + 60  # a worker on a busy 2-core machine imports torch slowly
+    while any(map(alive, workers)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, workers)), "workers of a dead sweep still run after 60 s"
+    assert not list(out.glob("*/*")), "a worker of the dead sweep claimed or trained a run"
+
+
+# --- a worker that dies -----------------------------------------------------------------
+def test_one_dead_worker_does_not_end_the_sweep(data, tmp_path, started):
+    sweep, out = _sweep(tmp_path, data, '[grid]\n"method.name" = ["bp", "dfa"]\n'
+                        '"run.seed" = [1, 2]\n', "--workers", "2")
+    started.append(sweep.pid)
+    runs = _wait(lambda: (lambda r: len(r) == 2 and min(n for n, _ in r.values()) >= 2
+                          and r)(_training(out)), 120, "two runs were under way", sweep)
+    (killed, (_, pid)), (other, _) = sorted(runs.items())
+    started.extend(_spawned_workers(sweep.pid))
+    os.kill(pid, signal.SIGKILL)  # as the out-of-memory killer does
+    err = _end(sweep, tmp_path)
+    assert sweep.returncode == 0, err
+    assert "SIGKILL" in err and killed in err
+    run_dirs = sorted(path.parent for path in out.glob(f"*/{RECORD_FILE}"))
+    assert len(run_dirs) == 4
+    for run_dir in run_dirs:
+        record = load_record(run_dir)
+        assert record.status == "completed", (run_dir.name, record.error)
+        assert [e.epoch for e in record.log] == list(range(EPOCHS + 1))
+        assert not (run_dir / CLAIM_FILE).exists()
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["counts"] == {"completed": 4}
+    events = _log(out)
+    died = [e for e in events if e["event"] == "worker_died"]
+    assert [(e["run_id"], e["deaths"]) for e in died] == [(killed, 1)]
+    assert f"worker process {pid} was killed by SIGKILL" in died[0]["cause"]
+    starts: dict[str, list[str]] = {}
+    for event in events:
+        if event["event"] == "start":
+            starts.setdefault(event["run_id"], []).append(event["action"])
+    assert starts.pop(killed) == ["trained", "resumed"]
+    assert starts.pop(other) == ["trained", "resumed"]  # interrupted by the pool, goes on
+    assert sorted(starts.values()) == [["trained"], ["trained"]]  # not started: once
+
+
+def test_a_run_whose_worker_dies_twice_is_failed_with_the_cause(data, tmp_path, started,
+                                                                 capsys):
+    from creditaudit.cli import main
+
+    sweep, out = _sweep(tmp_path, data, '[grid]\n"run.seed" = [1, 2]\n', "--workers", "1")
+    started.append(sweep.pid)
+    runs = _wait(lambda: (lambda r: r and min(n for n, _ in r.values()) >= 2 and r)(
+        _training(out)), 120, "a run was under way", sweep)
+    ((victim, (epochs, pid)),) = runs.items()
+    os.kill(pid, signal.SIGKILL)
+    again = _wait(lambda: (lambda r: victim in r and r[victim][1] != pid
+                           and r[victim][0] > epochs and r)(_training(out)),
+                  120, "the run went on in a new worker", sweep)
+    second = again[victim][1]
+    started.extend([pid, second])
+    os.kill(second, signal.SIGKILL)
+    err = _end(sweep, tmp_path)
+    assert sweep.returncode == 1, err  # a failed run: the sweep says so
+    record = load_record(out / victim)
+    assert record.status == "failed"
+    assert "died 2 times" in record.error
+    assert f"worker process {pid} was killed by SIGKILL" in record.error
+    assert f"worker process {second} was killed by SIGKILL" in record.error
+    assert not (out / victim / CLAIM_FILE).exists()
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["counts"] == {"completed": 1, "failed": 1}
+    assert [r["error"] for r in summary["runs"] if r["run_id"] == victim] == [record.error]
+    # --retry-failed resumes it from its last checkpoint, to the end.
+    status = main(["sweep", str(tmp_path / "s.toml"), "--workers", "0", "--retry-failed", "-q"])
+    capsys.readouterr()
+    assert status == 0
+    record = load_record(out / victim)
+    assert record.status == "completed"
+    assert [e.epoch for e in record.log] == list(range(EPOCHS + 1))
+    assert [e["action"] for e in _log(out) if e["event"] == "start"
+            and e["run_id"] == victim] == ["trained", "resumed", "resumed"]
+
+
+def _die(task: dict) -> None:
+    """A task whose worker dies before it claims anything (as at start-up)."""
+    (Path(task["config"]["run"]["out_dir"]) / f"{task['run_id']}.{os.getpid()}").touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_workers_that_die_before_any_run_end_the_sweep_after_one_new_pool(tmp_path):
+    from creditaudit.sweep import LocalExecutor
+
+    tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": name}
+             for name in ("a", "b")]
+    outcomes = list(LocalExecutor(workers=1).map(_die, tasks))
+    assert sorted(o["run_id"] for o in outcomes) == ["a", "b"]
+    for outcome in outcomes:
+        assert (outcome["status"], outcome["action"]) == ("failed", "not started")
+        assert "was killed by SIGKILL" in outcome["error"]
+        assert "never started" in outcome["error"]
+    # Two pools (the first broken one, then one new one), a worker each: two deaths.
+    assert len(list(tmp_path.glob("a.*"))) == 2

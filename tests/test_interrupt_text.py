@@ -65,7 +65,7 @@ def test_ctrl_c_elsewhere_claims_no_checkpoint(tmp_path, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("creditaudit.records.load_records", interrupt)
-    monkeypatch.setattr("creditaudit.protocol.records.load_records", interrupt)
+    monkeypatch.setattr("creditaudit.protocol.records.find_runs", interrupt)
     (tmp_path / "runs").mkdir()
     code, err = run(capsys, ["report", str(tmp_path / "runs")])
     assert code == 130

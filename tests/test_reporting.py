@@ -57,7 +57,9 @@ def results(tmp_path_factory) -> Path:
     # A failed run without protocol block: a row in the section of unfinished runs.
     source = next(out.glob("dfa-*"))
     record = json.loads((source / "record.json").read_text())
-    record.update(status="failed", protocol={}, final=None, error="RuntimeError: boom")
+    # Its own run id: a copy of the dfa run's id would be that run, counted once.
+    record.update(status="failed", protocol={}, final=None, error="RuntimeError: boom",
+                  run_id=record["run_id"].rsplit("-", 1)[0] + "-0000000000")
     failed = out / "failed-copy"
     failed.mkdir()
     (failed / "record.json").write_text(json.dumps(record))

@@ -430,7 +430,7 @@ def test_a_diverged_runs_headline_numbers_are_its_last_finite_epochs(tmp_path, c
     assert record.final.test_loss == last_finite.test_loss
     assert record.final.from_epoch == 1 and record.final.epochs_completed == 2
     assert record.log[2].acc_eval != last_finite.acc_eval  # the NaN network's share
-    said = "diverged in epoch 2: test acc of epoch 1, the last whose evaluation was finite"
+    said = "diverged in epoch 2: ‡ numbers of epoch 1, the last whose evaluation was finite"
     summary = format_run_summary([record])
     assert f"{record.final_acc:.3f}‡" in summary and f"bp {said}" in summary
     code, _, err = run_cli(capsys, ["report", str(out), "--out", str(tmp_path / "report")])

@@ -32,7 +32,7 @@ from creditaudit.protocol.checks import (
 from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_names
 from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
-from creditaudit.records import RunRecord, load_records, results_folder
+from creditaudit.records import Copies, RunRecord, find_runs, results_folder
 from creditaudit.records.recipes import NOT_RECORDED
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 
@@ -273,8 +273,9 @@ class RecordSet:
 
     def __init__(self, records: Iterable[RunRecord], *, paths: Iterable[Path] | None = None,
                  skipped: Iterable[tuple[Path, str]] = (), root: Path | None = None,
-                 use_frozen_runs: bool = True) -> None:
+                 use_frozen_runs: bool = True, copies: Iterable[Copies] = ()) -> None:
         self.records = list(records)
+        self.copies = list(copies)  # run ids found more than once: which copy was read
         self.paths = list(paths) if paths is not None else [Path(r.run_id)
                                                             for r in self.records]
         self.skipped = list(skipped)
@@ -285,21 +286,25 @@ class RecordSet:
     @classmethod
     def from_folder(cls, root: str | Path, *, dataset: str | None = None,
                     use_frozen_runs: bool = True) -> RecordSet:
-        """Every record below ``root`` (``dataset``: only runs on that dataset); unreadable
-        records are named in one warning each and listed in ``skipped``.
+        """Every record below ``root``, each run id once (``dataset``: only runs on that
+        dataset); unreadable records are named in one warning each and listed in
+        ``skipped``; a run found in several folders is read once (``copies`` says which
+        copy; copies that differ with none to choose are left out and listed in
+        ``skipped``: :mod:`creditaudit.records.duplicates`).
 
         ConfigError when ``root`` is empty (it would silently mean the current folder), is
         not a folder, or holds records but none on ``dataset``.
         """
         root = results_folder(root)
-        good, bad = load_records(root)
+        found = find_runs(root)
+        good, bad = found.records, found.unreadable
         kept = [(p, r) for p, r in good if dataset is None or r.dataset == dataset]
         if good and not kept:
             raise ConfigError(f"no run records of dataset {dataset!r} in {root} (it holds: "
                               f"{', '.join(sorted({r.dataset for _, r in good}))}); name one "
                               "of those, or leave the dataset out for every run")
         return cls([r for _, r in kept], paths=[p for p, _ in kept], skipped=bad, root=root,
-                   use_frozen_runs=use_frozen_runs)
+                   use_frozen_runs=use_frozen_runs, copies=found.copies)
 
     def __len__(self) -> int:
         return len(self.records)

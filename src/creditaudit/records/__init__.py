@@ -19,13 +19,16 @@ from creditaudit.records.checkpoint import (
     structure_mismatch,
 )
 from creditaudit.records.compare import comparable
+from creditaudit.records.duplicates import Copies
 from creditaudit.records.files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     INIT_FILE,
     RECORD_FILE,
+    FoundRecords,
     atomic_write_json,
     find_records,
+    find_runs,
     load_config_file,
     load_record,
     load_record_cached,
@@ -57,7 +60,8 @@ __all__ = [
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CHECKPOINT_FORMAT", "load_record",
     "load_config_file",
     "load_record_cached",
-    "load_records", "scan_records", "find_records", "save_record", "new_record",
+    "load_records", "scan_records", "find_records", "find_runs", "FoundRecords",
+    "Copies", "save_record", "new_record",
     "record_path", "results_folder", "comparable", "finite_number", "recipe_key",
     "atomic_write_json",
     "atomic_torch_save", "load_checkpoint", "load_parameters", "structure_mismatch",

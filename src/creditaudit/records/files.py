@@ -19,6 +19,7 @@ import os
 import platform
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from creditaudit.files.safe_files import (
     describe_os_error,
     read_text,
 )
+from creditaudit.records.duplicates import Copies, distinct_runs
 from creditaudit.records.schema import RunRecord
 
 log = logging.getLogger(__name__)
@@ -194,15 +196,42 @@ def scan_records(root: Path | str) -> Iterator[tuple[Path, RunRecord | RunRecord
             yield path, err
 
 
-def load_records(root: Path | str) -> tuple[list[tuple[Path, RunRecord]],
-                                            list[tuple[Path, str]]]:
-    """(readable records, [(path, reason) of the unreadable ones]) below ``root``; every
-    unreadable record is named in one warning."""
-    good, bad = [], []
+@dataclass
+class FoundRecords:
+    """The records below a folder, one per run id (:mod:`creditaudit.records.duplicates`)."""
+
+    records: list[tuple[Path, RunRecord]]  # (path, record), one per run id
+    unreadable: list[tuple[Path, str]]  # (path, reason): unreadable, or copies that differ
+    copies: list[Copies]  # run ids found more than once, and which copy was read
+
+
+def find_runs(root: Path | str) -> FoundRecords:
+    """Every readable record below ``root``, each run id once. Every unreadable record is
+    named in one warning and listed with its reason; copies of one run say in one line
+    which was counted (a warning where they differ), and copies that differ with none to
+    choose are listed as left out, with that line as the reason."""
+    good: list[tuple[Path, RunRecord]] = []
+    bad: list[tuple[Path, str]] = []
     for path, item in scan_records(root):
         if isinstance(item, RunRecordError):
             log.warning("warning: skipping an unreadable record: %s", item)
             bad.append((path, str(item)))
         else:
             good.append((path, item))
-    return good, bad
+    distinct, copies = distinct_runs(good)
+    for found in copies:
+        if found.differ:
+            log.warning("warning: %s", found.text())
+        else:
+            log.info("%s", found.text())
+        if found.kept is None:
+            bad += [(path, found.text()) for path in found.paths]
+    return FoundRecords(distinct, bad, copies)
+
+
+def load_records(root: Path | str) -> tuple[list[tuple[Path, RunRecord]],
+                                            list[tuple[Path, str]]]:
+    """(readable records, one per run id; [(path, reason) of the records left out]) below
+    ``root``: :func:`find_runs`."""
+    found = find_runs(root)
+    return found.records, found.unreadable

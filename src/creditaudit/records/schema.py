@@ -217,14 +217,38 @@ class RunRecord:
         return digest if isinstance(digest, str) and digest else None
 
     # --- epochs -----------------------------------------------------------------------------
-    def last_entry(self) -> EpochEntry | None:
-        """The last log entry with diagnostics (norms, gradients, cosines)."""
-        return next((e for e in reversed(self.log) if e.has_diagnostics), None)
-
     def last_measures(self) -> EpochMeasures | None:
         """The diagnostics of the last epoch that measured them."""
-        last = self.last_entry()
-        return None if last is None else last.measures
+        return next((e.measures for e in reversed(self.log) if e.has_diagnostics), None)
+
+    @property
+    def numbers_epoch(self) -> int | None:
+        """The epoch whose entry holds the headline numbers: the final results' (a diverged
+        run's are those of its last epoch whose evaluation was finite), else the last
+        logged one; None where there are none (no epoch logged; a diverged run with no
+        finite evaluation)."""
+        final = self.final
+        if final is None:
+            return self.log[-1].epoch if self.log else None
+        if self.status == "diverged" and final.test_acc is None:
+            return None
+        return final.epochs_completed if final.from_epoch is None else final.from_epoch
+
+    def headline_entries(self) -> list[EpochEntry]:
+        """The log up to :attr:`numbers_epoch`: where the headline numbers, and what is
+        shown beside them, are read (a diverged run's overflowed epoch is not)."""
+        epoch = self.numbers_epoch
+        return [] if epoch is None else [e for e in self.log if e.epoch <= epoch]
+
+    def headline_measures(self) -> EpochMeasures | None:
+        """The diagnostics of the last epoch that measured them, up to :attr:`numbers_epoch`."""
+        return next((e.measures for e in reversed(self.headline_entries())
+                     if e.has_diagnostics), None)
+
+    def headline_value(self, key: str) -> Any:
+        """The last non-None value of per-epoch ``key`` up to :attr:`numbers_epoch`."""
+        return next((v for e in reversed(self.headline_entries())
+                     if (v := e.value(key)) is not None), None)
 
     def last_value(self, key: str) -> Any:
         """The last non-None value of per-epoch ``key`` (a field or a rule extra)."""
@@ -266,12 +290,12 @@ class RunRecord:
 
     @property
     def deep_cos(self) -> float | None:
-        """Deep cosine (mean over l ≥ 1): end of run, else the last evaluated epoch."""
+        """Deep cosine (mean over l ≥ 1): end of run, else that of :attr:`numbers_epoch`."""
         for value in (self.diagnostics.deep_cos,
                       self.final.deep_cos if self.final else None):
             if finite_number(value) is not None:
                 return float(value)  # type: ignore[arg-type]
-        last = self.last_measures()
+        last = self.headline_measures()
         return None if last is None else last.deep_cos
 
     @property
@@ -284,40 +308,40 @@ class RunRecord:
     @property
     def deep_cos_invalid(self) -> tuple[str, ...] | None:
         """Why the deep cosine is not valid (the ``cos_invalid`` reasons at the deep states,
-        most fundamental first; () when it is; None: not recorded): end of run, else the
-        last evaluated epoch. End-of-run rows from before ``cos_invalid`` say only whether
+        most fundamental first; () when it is; None: not recorded): end of run, else at
+        :attr:`numbers_epoch`. End-of-run rows from before ``cos_invalid`` say only whether
         the reference was at the floor."""
         table = self.diagnostics.cosine_table
         if table:
             return deep_invalid([row.get("cos_invalid") if "cos_invalid" in row
                                  else None if row.get("valid_reference") else BELOW_FLOOR
                                  for row in table])
-        last = self.last_measures()
+        last = self.headline_measures()
         return None if last is None else last.deep_cos_invalid
 
     @property
     def deep_cos_coverage(self) -> float | None:
         """The smallest fraction of samples a deep state's cosine averages over (below 1:
-        some credits or gradients are exactly zero); end of run, else the last epoch; None
+        some credits or gradients are exactly zero); end of run, else at the numbers' epoch; None
         for records that predate the field."""
         table = self.diagnostics.cosine_table
         if table:
             shares = [row.get("defined") for row in table]
         else:
-            last = self.last_measures()
+            last = self.headline_measures()
             shares = (last.cos_defined or []) if last else []
         kept = [v for v in (finite_number(x) for x in shares[1:]) if v is not None]
         return min(kept) if kept else None
 
     @property
     def headline_gamma(self) -> float | None:
-        """Headline Γ (samples then layers): end of run, else the last epoch's cosines
+        """Headline Γ (samples then layers): end of run, else the cosines of :attr:`numbers_epoch`
         averaged over layers (the same aggregation)."""
         gamma = self.diagnostics.gamma or {}
         value = finite_number(gamma.get("samples_then_layers"))
         if value is not None:
             return value
-        last = self.last_measures()
+        last = self.headline_measures()
         kept = [v for v in (finite_number(x) for x in last.cos_per_layer)
                 if v is not None] if last else []
         return sum(kept) / len(kept) if kept else None

@@ -41,7 +41,7 @@ from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.protocol import render_markdown
-from creditaudit.report.runs import code_versions_text, deep_cos_footnotes
+from creditaudit.report.runs import code_versions_text, deep_cos_footnotes, diverged_footnote
 from creditaudit.report.tables import (
     NO_PROTOCOL,
     RECOMPUTED_MARK,
@@ -115,9 +115,16 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
     lines.append("")
     lines += _code_notes(runs)
-    if index.skipped:
+    if index.copies:  # one run id is one run, wherever its folders are
+        lines += ["Runs found in more than one folder:", ""]
+        lines += [f"- {copies.text()}" for copies in index.copies]
+        lines.append("")
+    left_out = {path for copies in index.copies if copies.kept is None
+                for path in copies.paths}
+    unreadable = [(path, reason) for path, reason in index.skipped if path not in left_out]
+    if unreadable:
         lines += ["Records that could not be read (left out):", ""]
-        lines += [f"- `{path}`: {one_line(reason)}" for path, reason in index.skipped]
+        lines += [f"- `{path}`: {one_line(reason)}" for path, reason in unreadable]
         lines.append("")
     ids = diagnostic_ids(index.protocol_report(run) for run in finished)
     lines += ["Every number below is read from the run records. Statuses: **fired**, passed, "
@@ -134,6 +141,8 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += _frozen_notes(index, table.rows)
         lines += _reference_notes(index, finished)
         lines += _deep_cos_notes(finished)
+        diverged = diverged_footnote(finished)
+        lines += [f"{diverged} (the acc column says which).", ""] if diverged else []
     else:
         lines += ["No finished run records found." if runs else "No run records found.", ""]
 
@@ -142,7 +151,10 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += summary_table(index, finished).lines()
         lines += ["", "Mean ± std (population) over the seeds of each row (runs that differ "
                       "only in the seed); walked back = runs whose verdict needs walk-back / "
-                      "runs with a protocol block.", ""]
+                      "runs with a protocol block. A mark of one run marks its row's mean.",
+                  ""]
+        diverged = diverged_footnote(finished)
+        lines += [f"{diverged}.", ""] if diverged else []
 
     if unfinished:
         lines += ["## Runs that did not finish", "",

@@ -8,11 +8,19 @@ from collections.abc import Sequence
 from creditaudit.descriptions import BELOW_FLOOR, CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
 from creditaudit.formatting import fmt
 from creditaudit.guests.blame import value_message
-from creditaudit.protocol import FIRED, UNVERIFIED_MARK, DepthUtility, ResidualStreamScale
+from creditaudit.protocol import (
+    FIRED,
+    UNVERIFIED_MARK,
+    DepthUtility,
+    Judgement,
+    ResidualStreamScale,
+)
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
 
 BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
+# After each headline number of a diverged run: it is of the run's last finite epoch.
+DIVERGED_MARK = "‡"
 # The § footnote's cause, by ``cos_invalid`` reason.
 NOT_FINITE_TEXT = {GRADIENT_NOT_FINITE: "the reference gradients",
                    CREDIT_NOT_FINITE: "the rule's credits"}
@@ -29,25 +37,25 @@ def stopped_early_text(record: RunRecord) -> str | None:
 
 
 def diverged_text(record: RunRecord) -> str | None:
-    """``diverged in epoch 3: test acc of epoch 2, the last whose evaluation was finite`` for
-    a diverged run (whose headline numbers are those of that epoch), else None."""
+    """``diverged in epoch 3: ‡ numbers of epoch 2, the last whose evaluation was finite``
+    for a diverged run (whose headline numbers, each marked ‡ by :func:`headline_cell`, are
+    those of that epoch), else None."""
     if record.status != "diverged":
         return None
     at = (record.divergence or {}).get("epoch")
     text = "diverged" + (f" in epoch {at}" if at is not None else "")
-    final = record.final
-    if final is None:
+    if record.final is None:
         return text
-    if final.test_acc is None:
-        return text + ": no epoch's evaluation was finite, so no test acc"
-    epoch = final.from_epoch if final.from_epoch is not None else final.epochs_completed
+    epoch = record.numbers_epoch
+    if epoch is None:
+        return text + ": no epoch's evaluation was finite, so no test acc nor any other number"
     entry = record.entry(epoch)
     finite = entry is not None and entry.test_loss is not None \
         and math.isfinite(entry.test_loss)
     # Records written before final.from_epoch existed may hold the overflowed network's.
-    return text + (f": test acc of epoch {epoch}, the last whose evaluation was finite"
-                   if finite else f": test acc of epoch {epoch}, whose evaluation was not "
-                   "finite (a network that overflowed)")
+    return text + (f": {DIVERGED_MARK} numbers of epoch {epoch}, the last whose evaluation "
+                   "was finite" if finite else f": {DIVERGED_MARK} numbers of epoch {epoch}, "
+                   "whose evaluation was not finite (a network that overflowed)")
 
 
 def credit_not_finite_text(record: RunRecord) -> str | None:
@@ -117,7 +125,7 @@ def reference_growth_text(record: RunRecord, statuses: dict[str, str]) -> str | 
 def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
     """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
     line for each run that stopped early, saying at which epoch and why, for each that
-    diverged (its accuracy marked ‡), which epoch its numbers are from, for each whose rule
+    diverged (its numbers marked ‡), which epoch its numbers are from, for each whose rule
     returned NaN/Inf credits, the rule (its deep cosine marked §: not valid, for that cause,
     never the † of exactly-zero vectors), and for each resumed on another version of
     creditaudit, which versions its epochs ran.
@@ -125,8 +133,9 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
     as the baseline. "trustworthy" is printed only when all four diagnostics were evaluated
-    and the reference gradient was verified; a deep cosine measured against a reference
-    that was not is marked "(unverified)", with the reason under the table.
+    and the reference gradient was verified; a number measured against a reference that was
+    not (deep cos, ‖g_L‖: (b)'s) is marked "(unverified)", with the reason under the table.
+    Every number is marked by :func:`headline_cell`, as in the report's tables.
     """
     index = RecordSet(records, use_frozen_runs=use_frozen_runs)
     rows = []
@@ -144,23 +153,24 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             note = reference_growth_text(record, statuses)
             if note is not None:
                 notes.append(f"{record.method}: {note}")
-        acc_text = fmt(record.final_acc, ".3f") + ("‡" if record.status == "diverged" else "")
-        cos_text = judged.mark(fmt(record.deep_cos, "+.3f") + deep_cos_marks(record))
-        if cos_text.endswith(UNVERIFIED_MARK):
+        cells = [headline_cell(text, what, [record], [judged]) for text, what in (
+            (fmt(record.final_acc, ".3f"), ACC),
+            (fmt(record.headline_value("h_L_norm"), ".3g"), H_NORM),
+            (fmt(record.headline_value("g_L_norm"), ".3g"), G_NORM),
+            (fmt(record.deep_cos, "+.3f"), DEEP_COS))]
+        if any(cell.endswith(UNVERIFIED_MARK) for cell in cells):
             unverified.append(f"{record.method}: {judged.reference_note}")
-        rows.append((record, acc_text, cos_text, verdict))
-    cos_width = max([10, *(len(row[2]) + 2 for row in rows)])
-    header = (f"{'method':<14}{'status':<12}{'epochs':>6}{'test acc':>10}{'‖h_L‖':>11}"
-              f"{'‖g_L‖':>11}{'deep cos':>{cos_width}}  verdict")
+        rows.append((record, cells, verdict))
+    titles, least = ("test acc", "‖h_L‖", "‖g_L‖", "deep cos"), (10, 11, 11, 10)
+    widths = [max([least[i], *(len(cells[i]) + 2 for _, cells, _ in rows)])
+              for i in range(len(titles))]
+    header = (f"{'method':<14}{'status':<12}{'epochs':>6}"
+              + "".join(f"{t:>{w}}" for t, w in zip(titles, widths)) + "  verdict")
     lines = [header, "-" * len(header)]
-    for record, acc_text, cos_text, verdict in rows:
+    for record, cells, verdict in rows:
         last = record.log[-1] if record.log else None
-        lines.append(
-            f"{record.method:<14}{record.status:<12}"
-            f"{last.epoch if last else 0:>6}{acc_text:>10}"
-            f"{fmt(record.last_value('h_L_norm'), '.3g'):>11}"
-            f"{fmt(record.last_value('g_L_norm'), '.3g'):>11}{cos_text:>{cos_width}}  "
-            f"{verdict}")
+        lines.append(f"{record.method:<14}{record.status:<12}{last.epoch if last else 0:>6}"
+                     + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)) + f"  {verdict}")
     lines += notes
     for record in records:
         for note in (stopped_early_text(record), diverged_text(record),
@@ -219,3 +229,35 @@ def deep_cos_footnotes(records: Sequence[RunRecord]) -> dict[str, str]:
                       f"(as few as {min(partial):.0%}): the others' credits or gradients are "
                       "exactly zero")
     return notes
+
+
+# The headline numbers tables show, by the marks each can carry; ‖g_L‖ is (b)'s statistic,
+# and it, the cosines and Γ read the reference gradient.
+ACC, H_NORM, G_NORM, DEEP_COS, GAMMA = "acc", "h_L", "g_L", "deep cos", "Γ"
+READS_REFERENCE = frozenset({G_NORM, DEEP_COS, GAMMA})
+
+
+def headline_cell(text: str, what: str, records: Sequence[RunRecord],
+                  judgements: Sequence[Judgement]) -> str:
+    """``text``, the headline number ``what`` (:data:`ACC` … :data:`GAMMA`) of ``records``
+    (one run, or the runs a summary row averages), with every mark it carries, in one
+    order in every table: the deep cosine's validity marks (§ * †, :func:`deep_cos_marks`),
+    :data:`DIVERGED_MARK` where a run diverged (its numbers are of its last finite epoch),
+    :data:`UNVERIFIED_MARK` where the number reads the reference gradient and a run's
+    judgement (``judgements``) says it is not verified. A missing value (—) is not a number
+    of any epoch: no ‡."""
+    number = text.strip() not in ("", "—")
+    if what == DEEP_COS:
+        text += "".join(m for m in "§*†" if any(m in deep_cos_marks(r) for r in records))
+    if number and any(r.status == "diverged" for r in records):
+        text += DIVERGED_MARK
+    unverified = next((j for j in judgements if j.reference_verified is False), None)
+    return text if what not in READS_REFERENCE or unverified is None else unverified.mark(text)
+
+
+def diverged_footnote(records: Sequence[RunRecord]) -> str | None:
+    """What :data:`DIVERGED_MARK` means, where one of ``records`` diverged, else None."""
+    if not any(r.status == "diverged" for r in records):
+        return None
+    return (f"{DIVERGED_MARK} of a diverged run: its numbers are those of its last epoch "
+            "whose evaluation was finite, not of the epoch it diverged in")

@@ -30,7 +30,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.records import NOT_RECORDED, RunRecord
 from creditaudit.report.protocol import value_text
-from creditaudit.report.runs import deep_cos_marks, diverged_text
+from creditaudit.report.runs import ACC, DEEP_COS, GAMMA, diverged_text, headline_cell
 from creditaudit.results import (
     RunIndex,
     figure_recipe,
@@ -214,9 +214,9 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
         "dataset": run.dataset, "seed": seed_text(run),
         **setting_cells(values, settings),
         "status": run.status,
-        "acc": fmt(run.final_acc, ".3f") + acc_note(run),
-        "deep cos": judged.mark(fmt(run.deep_cos, "+.3f") + deep_cos_marks(run)),
-        GAMMA_COLUMN: judged.mark(fmt(run.headline_gamma, "+.3f")),
+        "acc": headline_cell(fmt(run.final_acc, ".3f"), ACC, [run], [judged]) + acc_note(run),
+        "deep cos": headline_cell(fmt(run.deep_cos, "+.3f"), DEEP_COS, [run], [judged]),
+        GAMMA_COLUMN: headline_cell(fmt(run.headline_gamma, "+.3f"), GAMMA, [run], [judged]),
         **{f"({i})": diagnostic_cell(report, i)
            for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
         "verdict": verdict_cell(report, run)[0],
@@ -290,9 +290,8 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
 
         audited = [r for r in group.reports if r is not None]
         walked = sum(r.judgement.walked_back for r in audited)
-        # One run measured against an unverified reference marks the group's mean.
-        mark = next((j.mark for j in (index.records.verdict(r).judgement for r in group.runs)
-                     if j.reference_verified is False), lambda text: text)
+        # A mark of one run (unverified, diverged, …) marks the group's mean.
+        judged = [index.records.verdict(r).judgement for r in group.runs]
         fired: dict[str, int] = {}
         for report in audited:
             for id_ in report.fired:
@@ -302,10 +301,12 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             "arch": arch_text(run), "dataset": run.dataset,
             **setting_cells(values, settings),
             "seeds": ", ".join(seed_text(r) for r in group.runs),
-            "test acc": ms((r.final_acc for r in group.runs), ".3f"),
-            "deep cos": mark(ms((r.deep_cos for r in group.runs), "+.3f") + "".join(
-                m for m in "§*†" if any(m in deep_cos_marks(r) for r in group.runs))),
-            "Γ": mark(ms((r.headline_gamma for r in group.runs), "+.3f")),
+            "test acc": headline_cell(ms((r.final_acc for r in group.runs), ".3f"), ACC,
+                                      group.runs, judged),
+            "deep cos": headline_cell(ms((r.deep_cos for r in group.runs), "+.3f"), DEEP_COS,
+                                      group.runs, judged),
+            "Γ": headline_cell(ms((r.headline_gamma for r in group.runs), "+.3f"), GAMMA,
+                               group.runs, judged),
             "walked back": f"{walked}/{len(audited)}" if audited else "—",
             "fired": " ".join(f"({i})×{fired[i]}" for i in in_order(fired)) or "—",
         })

@@ -25,7 +25,7 @@ import numpy as np
 from creditaudit.deep_layers import deep_mean
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
-from creditaudit.records import RunRecord
+from creditaudit.records import Copies, RunRecord
 from creditaudit.results.labels import method_rank
 
 
@@ -87,11 +87,12 @@ class RunIndex:
     """
 
     def __init__(self, records: Iterable[RunRecord], *, root: Path | None = None,
-                 skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True
-                 ) -> None:
+                 skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True,
+                 copies: Sequence[Copies] = ()) -> None:
         self.all_runs: list[RunRecord] = sorted(records, key=_listing_order)
         self.root = root
         self.skipped = list(skipped)
+        self.copies = list(copies)  # run ids found in several folders, each counted once
         self.frozen_from_runs = frozen_from_runs
         self.records = RecordSet(self.all_runs, use_frozen_runs=frozen_from_runs)
 
@@ -99,10 +100,11 @@ class RunIndex:
     def from_dir(cls, root: str | Path, *, dataset: str | None = None,
                  frozen_from_runs: bool = True) -> RunIndex:
         """Load every record.json below ``root`` (``dataset``: only runs on it); unreadable
-        records are skipped (one warning each) and listed in ``skipped``."""
+        records are skipped (one warning each) and listed in ``skipped``; a run found in
+        several folders is counted once (``copies``: :meth:`RecordSet.from_folder`)."""
         records = RecordSet.from_folder(root, dataset=dataset)
         return cls(records.records, root=Path(root), skipped=records.skipped,
-                   frozen_from_runs=frozen_from_runs)
+                   frozen_from_runs=frozen_from_runs, copies=records.copies)
 
     @classmethod
     def from_records(cls, records: Iterable[RunRecord], **kwargs: Any) -> RunIndex:

@@ -1,0 +1,225 @@
+"""One run id is one run, and every number of a row carries the marks of what it is.
+
+- A run found in two folders below a results folder (two experiments that share runs) is
+  counted once by every reader (report, figures, export, the frozen baseline of (d));
+  copies that differ are never merged silently: the finished one is taken when only one is,
+  else none, in one line naming both.
+- A diverged run's numbers are all of its last finite epoch, and each carries ‡ in every
+  table (the run summary and sweep table, the report's audit and summary tables).
+- A run trained with an unverified reference gradient has every number that reads it —
+  deep cos, Γ, ‖g_L‖ ((b)'s statistic) — marked "(unverified)" in every table.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.protocol import NOT_EVALUATED, UNVERIFIED_MARK
+from creditaudit.protocol.records import RecordSet
+from creditaudit.records import RECORD_FILE, load_records
+from creditaudit.report import format_run_summary
+from creditaudit.report.folder import render_report_markdown
+from creditaudit.results import RunIndex
+from creditaudit.run.trainer import Trainer, train
+from integrity_support import sweep_toml
+from plugin_support import GUESTS
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher_width": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "run.progress": False}
+
+
+def tiny(out: Path, **overrides: object) -> RunConfig:
+    return RunConfig().replace(**{**TINY, "run.out_dir": str(out), **overrides})
+
+
+def table(markdown: str, heading: str) -> list[dict[str, str]]:
+    """The rows of the table under ``## heading``, as {column: cell}."""
+    section = markdown.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    return [dict(zip(cells[0], row)) for row in cells[1:]]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    """``res/a``: bp, dfa and frozen runs; ``res/b``: the same frozen run trained again
+    (another experiment sharing it: the same run id, its own timestamps and times)."""
+    root = tmp_path_factory.mktemp("shared")
+    for method in ("bp", "dfa", "frozen"):
+        train(tiny(root / "res" / "a", **{"method.name": method}))
+    train(tiny(root / "res" / "b", **{"method.name": "frozen"}))
+    return root / "res"
+
+
+def copy_of(res: Path, method: str, where: str) -> Path:
+    """A copy of ``res/a``'s ``method`` run under ``res/where`` (its record.json)."""
+    source = next((res / "a").glob(f"{method}-*"))
+    target = res / where / source.name
+    shutil.copytree(source, target)
+    return target / RECORD_FILE
+
+
+# --- 1. one run id is one run ---------------------------------------------------------------
+def test_a_run_in_two_folders_is_counted_once_by_every_reader(shared, tmp_path, caplog):
+    frozen = next((shared / "a").glob("frozen-*")).name
+    assert (shared / "b" / frozen).is_dir()  # trained twice: same id, other timestamps
+    caplog.set_level("INFO")
+    found, bad = load_records(shared)
+    assert sorted(r.run_id for _, r in found) == sorted(p.name for p in
+                                                        (shared / "a").iterdir())
+    assert bad == []
+    assert f"2 copies of run {frozen}: counted once" in caplog.text
+    records = RecordSet.from_folder(shared)
+    assert len(records) == 3 and [c.run_id for c in records.copies] == [frozen]
+    dfa = next(r for r in records if r.method == "dfa")
+    assert records.frozen_baseline(dfa)[1] == 1  # one frozen run, not two
+    # (d) is the same read from the parent as from the folder holding every run
+    margin = records.protocol_report(dfa).diagnostics
+    alone = RecordSet.from_folder(shared / "a").protocol_report(dfa).diagnostics
+    assert [d.value for d in margin] == [d.value for d in alone]
+    index = RunIndex.from_dir(shared)
+    assert len(index) == 3
+    markdown = render_report_markdown(index)
+    assert markdown.splitlines()[2].startswith("3 run records")
+    assert f"- 2 copies of run {frozen}: counted once (" in markdown
+    rows = table(markdown, "Audit table")
+    assert sorted(row["run"] for row in rows) == sorted(r.run_id for r in records)
+    frozen_row = next(row for row in table(markdown, "Summary across seeds")
+                      if row["method"] == "Frozen blocks")
+    assert frozen_row["seeds"] == str(dfa.seed)  # not "42, 42"
+
+
+def test_an_unfinished_copy_beside_its_finished_run_gives_way(shared, tmp_path, caplog):
+    res = tmp_path / "res"
+    shutil.copytree(shared / "a", res / "a")
+    path = copy_of(res, "dfa", "old")
+    raw = json.loads(path.read_text())
+    raw.update(status="interrupted", final=None, log=raw["log"][:1], protocol={})
+    path.write_text(json.dumps(raw))
+    records = RecordSet.from_folder(res)
+    assert len(records) == 3 and records.skipped == []
+    dfa = next(r for r in records if r.method == "dfa")
+    assert dfa.status == "completed" and records.paths[records.records.index(dfa)].parent \
+        .parent.name == "a"
+    line = records.copies[0].text()
+    assert line.startswith(f"2 copies of run {dfa.run_id} differ: counted the finished one")
+    assert str(path.parent) in line and "interrupted" in line and "\n" not in line
+    markdown = render_report_markdown(RunIndex.from_dir(res))
+    assert "## Runs that did not finish" not in markdown
+
+
+def test_copies_that_differ_and_are_both_finished_are_not_merged(shared, tmp_path, caplog):
+    res = tmp_path / "res"
+    shutil.copytree(shared / "a", res / "a")
+    path = copy_of(res, "frozen", "other")
+    raw = json.loads(path.read_text())
+    raw["log"][-1]["acc_eval"] = raw["log"][-1]["test_acc"] = 0.5  # another final accuracy
+    path.write_text(json.dumps(raw))
+    records = RecordSet.from_folder(res)
+    frozen = path.parent.name
+    assert frozen not in {r.run_id for r in records}  # neither copy chosen for the user
+    assert {p.parent for p, _ in records.skipped} == {path.parent, res / "a" / frozen}
+    dfa = next(r for r in records if r.method == "dfa")
+    d = next(r for r in records.protocol_report(dfa).diagnostics if r.id == "d")
+    assert d.status == NOT_EVALUATED  # no baseline: not evaluated, never passed
+    caplog.clear()
+    assert main(["report", str(res), "--out", str(tmp_path / "rep")]) == 0
+    said = [r.getMessage() for r in caplog.records if frozen in r.getMessage()]
+    assert len(said) == 1 and "differ" in said[0] and "none is counted" in said[0]
+    assert str(path.parent) in said[0] and str(res / "a" / frozen) in said[0]
+    markdown = (tmp_path / "rep" / "report.md").read_text()
+    assert "none is counted" in markdown and "could not be read" not in markdown
+
+
+# --- 2. a diverged run: every number of its row is of one epoch, and marked ‡ ---------------
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory) -> Path:
+    """A run whose epoch-2 update leaves the weights NaN: diverged in epoch 2, its numbers
+    those of epoch 1; and a completed run beside it."""
+    out = tmp_path_factory.mktemp("diverged")
+    original = Trainer.train_epoch
+
+    def overflow(self, epoch):  # noqa: ANN001
+        stats = original(self, epoch)
+        if epoch == 2:
+            with torch.no_grad():
+                for parameter in self.model.parameters():
+                    parameter.fill_(float("nan"))
+        return stats
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch", overflow)
+        train(tiny(out, **{"optim.epochs": 3, "method.name": "dfa"}))
+    train(tiny(out, **{"method.name": "bp"}))
+    return out
+
+
+def test_a_diverged_runs_numbers_are_all_of_its_last_finite_epoch(diverged):
+    record = next(r for _, r in load_records(diverged)[0] if r.status == "diverged")
+    assert record.numbers_epoch == 1 and [e.epoch for e in record.log] == [0, 1, 2]
+    kept = record.log[1].measures
+    assert record.headline_measures() == kept
+    cosines = [c for c in kept.cos_per_layer if c == c]
+    assert record.headline_gamma == pytest.approx(sum(cosines) / len(cosines))
+    assert record.headline_value("h_L_norm") == kept.h_L_norm != record.last_value("h_L_norm")
+
+
+def test_every_number_of_a_diverged_row_is_marked_in_every_table(diverged):
+    records = [r for _, r in load_records(diverged)[0]]
+    record = next(r for r in records if r.status == "diverged")
+    summary = format_run_summary(records)
+    row = next(line for line in summary.splitlines() if line.startswith("dfa"))
+    kept = record.log[1].measures
+    for number in (f"{record.final_acc:.3f}", f"{kept.h_L_norm:.3g}", f"{kept.g_L_norm:.3g}",
+                   f"{record.deep_cos:+.3f}"):
+        assert f"{number}‡" in row, (number, row)
+    assert "dfa diverged in epoch 2: ‡ numbers of epoch 1" in summary
+    completed = next(line for line in summary.splitlines() if line.startswith("bp"))
+    assert "‡" not in completed
+
+    markdown = render_report_markdown(RunIndex.from_records(records))
+    audit = next(r for r in table(markdown, "Audit table") if r["run"] == record.run_id)
+    for column in ("acc", "deep cos", "Γ (samples then layers)"):
+        assert audit[column].split(" (")[0].endswith("‡"), (column, audit[column])
+    group = next(r for r in table(markdown, "Summary across seeds") if r["method"] == "DFA")
+    for column in ("test acc", "deep cos", "Γ"):
+        assert group[column].endswith("‡"), (column, group[column])
+    assert "‡ of a diverged run: its numbers are those of its last epoch" in markdown
+
+
+# --- 3. an unverified reference: every number that reads it, in every table ------------------
+def test_the_sweep_table_marks_every_number_that_reads_an_unverified_reference(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(GUESTS.folder))
+    try:
+        sweep = tmp_path / "s.toml"
+        sweep.write_text(sweep_toml(
+            {**{k: v for k, v in TINY.items() if not k.startswith("model.")},
+             "model.arch": "module",
+             "model.factory": "creditaudit_guests.ref_factories:doubled_backward",
+             "model.states": ["embed", "res"], "data.in_dim": 16,
+             "diagnostics.allow_unverified_reference": True},
+            '[grid]\n"method.name" = ["bp", "dfa"]\n'))
+        assert main(["sweep", str(sweep), "--workers", "0", "--out", str(tmp_path / "runs"),
+                     "-q"]) == 0
+    finally:
+        GUESTS.forget()
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "‖g_L‖" in line)
+    rows = [line for line in out.splitlines() if line.startswith(("name=bp", "name=dfa"))]
+    assert len(rows) == 2
+    g_at = header.index("‖g_L‖") + len("‖g_L‖")  # right-aligned under its title
+    for row in rows:
+        assert row[:g_at].endswith(UNVERIFIED_MARK), row
+        assert row.count(UNVERIFIED_MARK) == 2  # ‖g_L‖ and deep cos; ‖h_L‖ reads no gradient

@@ -142,6 +142,32 @@ def test_copies_that_differ_and_are_both_finished_are_not_merged(shared, tmp_pat
     assert "none is counted" in markdown and "could not be read" not in markdown
 
 
+def test_runs_of_users_loops_that_share_a_name_are_each_counted(tmp_path):
+    """A Recorder run's id is the name its user gave: two experiments' folders that each
+    hold a run named "dfa" hold two runs, whose numbers differ; an identical copy of one is
+    still counted once."""
+    from torch import nn
+
+    from creditaudit import Recorder, adapt, rule
+
+    res = tmp_path / "res"
+    for folder, seed in (("a", 0), ("b", 1)):
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
+                            nn.Linear(16, 3))
+        x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+        recorder = Recorder(rule("dfa", adapt(net, states=["0", "1"], example=x[:8])), x, y,
+                            out=res / folder, name="dfa", progress=False,
+                            config={"diagnostics.end_of_run": False})
+        recorder.epoch(0)
+        recorder.epoch(1, test_acc=0.5)
+        recorder.finish()
+    shutil.copytree(res / "a" / "dfa", res / "c" / "dfa")  # an identical copy of a's
+    records, unreadable = load_records(res)
+    assert not unreadable
+    assert sorted(path.parent.parent.name for path, _ in records) == ["a", "b"]
+
+
 # --- 2. a diverged run: every number of its row is of one epoch, and marked ‡ ---------------
 @pytest.fixture(scope="module")
 def diverged(tmp_path_factory) -> Path:

@@ -13,6 +13,11 @@ baseline of (d)) count each run once:
 - copies that differ otherwise (two finished runs with other numbers: another device,
   another version of creditaudit) are left out, both named: no reader picks one of two
   answers for the researcher.
+
+A run of a user's own loop (``Recorder``) may have a name its user gave for its id, which
+says nothing of what ran (and what its user's loop did unrecorded, a seed, may differ):
+records of such runs that share an id but differ are different runs, and each is counted;
+only identical copies are counted once.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from typing import Any
 from creditaudit.files import strict_json
 from creditaudit.records.reading import FINISHED
 from creditaudit.records.schema import RunRecord
+
+# The architecture of runs trained in a user's own loop (models.registry.OwnLoopArchitecture).
+OWN_LOOP = "own-loop"
 
 # What a copy may differ in and still be the same run: when and where it ran (the output
 # folder is in the config, which the run id already covers).
@@ -84,23 +92,35 @@ def distinct_runs(found: Sequence[tuple[Path, RunRecord]]
     by_id: dict[str, list[tuple[Path, RunRecord]]] = {}
     for path, record in found:
         by_id.setdefault(record.run_id, []).append((path, record))
-    kept: dict[str, Path | None] = {}
+    kept: set[Path] = set()
     copies: list[Copies] = []
     for run_id, group in by_id.items():
-        if len(group) == 1:
-            kept[run_id] = group[0][0]
+        texts = [results_text(record) for _, record in group] if len(group) > 1 else []
+        if len(set(texts)) > 1 and any(_named_by_user(r) for _, r in group):
+            # runs of users' loops that share only a name: one run per distinct record
+            first = {text: path for (path, _), text in reversed(list(zip(group, texts)))}
+            kept.update(first.values())
             continue
-        texts = [results_text(record) for _, record in group]
+        if len(group) == 1:
+            kept.add(group[0][0])
+            continue
         differ = len(set(texts)) > 1
         choice: Path | None = group[0][0]
         if differ:
             finished = {text for text, (_, r) in zip(texts, group) if r.status in FINISHED}
             choice = (next(p for (p, r), t in zip(group, texts) if t in finished)
                       if len(finished) == 1 else None)
-        kept[run_id] = choice
+        if choice is not None:
+            kept.add(choice)
         copies.append(Copies(run_id, tuple(p for p, _ in group), choice, differ,
                              tuple(r.status for _, r in group)))
-    return [(p, r) for p, r in found if kept[r.run_id] == p], copies
+    return [(p, r) for p, r in found if p in kept], copies
+
+
+def _named_by_user(record: RunRecord) -> bool:
+    """Whether the record's id is a name its user gave (a ``Recorder`` run of a user's own
+    loop: its config's architecture is ``own-loop``), not an id computed from what ran."""
+    return record.config.model.arch == OWN_LOOP
 
 
 __all__ = ["Copies", "distinct_runs", "results_text"]

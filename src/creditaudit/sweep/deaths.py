@@ -25,10 +25,10 @@ from creditaudit.sweep.claims import CLAIM_FILE, read_claim, release_claim, try_
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.worker import (
     FINISHED,
-    _append_event,
-    _write_failed_record,
+    append_event,
     disk_status,
     failed_outcome,
+    write_failed_record,
 )
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def _record_failed(config: dict[str, Any], run_dir: Path, error: str) -> None:
         if status in FINISHED or status == "failed":
             return
         if status in (None, "corrupt"):
-            _write_failed_record(config_from_dict(config), run_dir, error)
+            write_failed_record(config_from_dict(config), run_dir, error)
         else:
             record = load_record(run_dir)
             record.status, record.error = "failed", error
@@ -113,7 +113,7 @@ def after_break(unfinished: list[dict[str, Any]], dead: dict[int, str],
         for run_id, cause in held.items():
             deaths.setdefault(run_id, []).append(cause)
             out_dir = _runs(task)[0][2].parent
-            _append_event(out_dir, "worker_died", run_id, cause=cause,
+            append_event(out_dir, "worker_died", run_id, cause=cause,
                           deaths=len(deaths[run_id]))
         if not any(len(deaths[run_id]) >= MAX_DEATHS for run_id in held):
             for run_id, cause in held.items():

@@ -44,7 +44,7 @@ FINISHED = ("completed", "diverged")
 
 
 # --- one run -----------------------------------------------------------------------------
-def _append_event(out_dir: Path, event: str, run_id: str, **fields: Any) -> None:
+def append_event(out_dir: Path, event: str, run_id: str, **fields: Any) -> None:
     """One line in OUT/sweep_log.jsonl (O_APPEND: concurrent writers do not interleave)."""
     line = json.dumps({"event": event, "run_id": run_id, "pid": os.getpid(),
                        "host": socket.gethostname(), "time": time.time(), **fields},
@@ -78,7 +78,7 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
     return record.status, record.error
 
 
-def _write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
+def write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
     """Record a run that raised before the training loop wrote its first record."""
     from creditaudit.records import new_record, save_record
 
@@ -124,7 +124,7 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
     run_dir = plan.run_dir
 
     def event(name: str, **fields: Any) -> None:
-        _append_event(out_dir, name, own_id, **fields)
+        append_event(out_dir, name, own_id, **fields)
 
     def skip_reason() -> bool:
         status, error = disk_status(run_dir)
@@ -176,7 +176,7 @@ def _failed(run: _Claimed, err: Exception) -> None:
         # Not even a failed record can replace a folder named record.json: the
         # outcome still says why the run failed.
         with contextlib.suppress(OutputError):
-            _write_failed_record(run.plan.config, run.run_dir, error)
+            write_failed_record(run.plan.config, run.run_dir, error)
     run.outcome.update(status="failed", error=error)
     log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
 

@@ -139,3 +139,24 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def nan_weights_after(epoch: int):  # noqa: ANN201 - a Trainer.train_epoch replacement
+    """A ``Trainer.train_epoch`` that trains as usual, then, after epoch ``epoch``, fills
+    every weight with NaN: the epoch's steps were finite but its last update overflowed, so
+    its evaluation is the NaN network's (a run diverged in that epoch)."""
+    import torch
+
+    from creditaudit.run.trainer import Trainer
+
+    original = Trainer.train_epoch
+
+    def overflow(self, n):  # noqa: ANN001, ANN202
+        stats = original(self, n)
+        if n == epoch:
+            with torch.no_grad():
+                for parameter in self.model.parameters():
+                    parameter.fill_(float("nan"))
+        return stats
+
+    return overflow

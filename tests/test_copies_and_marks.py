@@ -28,7 +28,7 @@ from creditaudit.report import format_run_summary
 from creditaudit.report.folder import render_report_markdown
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import Trainer, train
-from integrity_support import sweep_toml
+from integrity_support import nan_weights_after, sweep_toml
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -174,18 +174,8 @@ def diverged(tmp_path_factory) -> Path:
     """A run whose epoch-2 update leaves the weights NaN: diverged in epoch 2, its numbers
     those of epoch 1; and a completed run beside it."""
     out = tmp_path_factory.mktemp("diverged")
-    original = Trainer.train_epoch
-
-    def overflow(self, epoch):  # noqa: ANN001
-        stats = original(self, epoch)
-        if epoch == 2:
-            with torch.no_grad():
-                for parameter in self.model.parameters():
-                    parameter.fill_(float("nan"))
-        return stats
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Trainer, "train_epoch", overflow)
+        patch.setattr(Trainer, "train_epoch", nan_weights_after(2))
         train(tiny(out, **{"optim.epochs": 3, "method.name": "dfa"}))
     train(tiny(out, **{"method.name": "bp"}))
     return out

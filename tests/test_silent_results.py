@@ -45,6 +45,7 @@ from creditaudit.run.trainer import Trainer, train
 from creditaudit.sweep import SWEEP_LOG_FILE
 from integrity_support import (
     assert_one_line_error,
+    nan_weights_after,
     snapshot,
     sweep_toml,
     tiny_config,
@@ -409,17 +410,7 @@ def test_a_diverged_runs_headline_numbers_are_its_last_finite_epochs(tmp_path, c
                                                                      monkeypatch):
     """Epoch 2's steps are finite but leave the weights NaN (an overflow in the last
     update): its evaluation is the NaN network's, which predicts one class."""
-    original = Trainer.train_epoch
-
-    def overflow(self, epoch):  # noqa: ANN001
-        stats = original(self, epoch)
-        if epoch == 2:
-            with torch.no_grad():
-                for parameter in self.model.parameters():
-                    parameter.fill_(float("nan"))
-        return stats
-
-    monkeypatch.setattr(Trainer, "train_epoch", overflow)
+    monkeypatch.setattr(Trainer, "train_epoch", nan_weights_after(2))
     out = tmp_path / "out"
     result = train(RunConfig().replace(**tiny(out, **{"optim.epochs": 3})))
     record = load_record(result.run_dir)

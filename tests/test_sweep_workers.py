@@ -225,3 +225,60 @@ def test_workers_that_die_before_any_run_end_the_sweep_after_one_new_pool(tmp_pa
         assert "never started" in outcome["error"]
     # Two pools (the first broken one, then one new one), a worker each: two deaths.
     assert len(list(tmp_path.glob("a.*"))) == 2
+
+
+def test_a_ctrl_c_while_a_broken_pool_unwinds_stops_the_sweep(tmp_path, monkeypatch):
+    """A Ctrl-C that arrives while the sweep waits for the workers of a pool a dead worker
+    broke is the sweep's first interrupt: the sweep stops there (no new pool trains on)."""
+    from creditaudit.sweep import LocalExecutor, executors
+
+    waits: list[bool] = []
+
+    def interrupted_while_waiting(pool, processes, seconds, *, patient=False):  # noqa: ANN001
+        waits.append(patient)
+        pool.shutdown(wait=True)
+        return True  # a KeyboardInterrupt arrived meanwhile
+
+    monkeypatch.setattr(executors, "_shut_down", interrupted_while_waiting)
+    tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": name}
+             for name in ("a", "b")]
+    with pytest.raises(KeyboardInterrupt):
+        list(LocalExecutor(workers=1).map(_die, tasks))
+    assert waits == [True]
+    assert len(list(tmp_path.glob("a.*"))) == 1  # one pool only: no new one was started
+
+
+class _SlowPool:
+    """A pool whose shutdown takes ``seconds`` (its workers recording their interrupt)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.done = seconds, False
+
+    def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        time.sleep(self.seconds)
+        self.done = True
+
+
+class _Process:
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@pytest.mark.parametrize("patient", [True, False])
+def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient):
+    """Waiting for a broken pool (patient), a first Ctrl-C lets the workers finish recording
+    it; unwinding after an interrupt, a Ctrl-C is the second one and kills them. Either way
+    the caller learns that an interrupt arrived."""
+    import threading
+
+    from creditaudit.sweep.executors import _shut_down
+
+    pool, process = _SlowPool(1.0), _Process()
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    assert _shut_down(pool, [process], 10, patient=patient) is True
+    assert process.killed is not patient
+    time.sleep(1.0)
+    assert pool.done

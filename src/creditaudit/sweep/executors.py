@@ -29,25 +29,47 @@ RunFn = Callable[[dict[str, Any]], Outcome]
 UNWIND_SECONDS = 30.0
 
 
-def _shut_down(pool: Any, processes: list[Any], seconds: float) -> None:
+def _shut_down(pool: Any, processes: list[Any], seconds: float, *,
+               patient: bool = False) -> bool:
     """``pool.shutdown`` once the interrupted worker ``processes`` are done; those still
-    running after ``seconds``, or at a second KeyboardInterrupt, are killed, so a sweep
-    never waits on a worker that does not stop."""
+    running after ``seconds``, or at a KeyboardInterrupt while waiting, are killed, so a
+    sweep never waits on a worker that does not stop. ``patient``: the sweep was not
+    interrupted yet (a dead worker broke the pool, which interrupted the others): a first
+    KeyboardInterrupt while waiting lets the workers finish recording it, a second kills
+    them. Returns whether a KeyboardInterrupt arrived (the caller must then stop)."""
     import threading
+    import time
 
-    closer = threading.Thread(target=pool.shutdown, kwargs={"wait": True,
-                                                            "cancel_futures": True},
-                              name="creditaudit-pool-shutdown", daemon=True)
-    closer.start()
-    try:
-        closer.join(seconds)
-    except KeyboardInterrupt:
-        log.warning("interrupted again: killing the sweep's worker processes")
-    if closer.is_alive():
+    # An Event, not Thread.is_alive(): a join interrupted by KeyboardInterrupt can leave the
+    # thread reading as finished while it still runs (CPython), and the workers unkilled.
+    done = threading.Event()
+
+    def close() -> None:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=close, name="creditaudit-pool-shutdown", daemon=True).start()
+    deadline = time.monotonic() + seconds
+    interrupted = False
+    while not done.is_set() and time.monotonic() < deadline:
+        try:
+            done.wait(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            if interrupted or not patient:
+                log.warning("interrupted again: killing the sweep's worker processes")
+                interrupted = True
+                break
+            interrupted = True
+            log.warning("interrupted: waiting for the sweep's worker processes to record "
+                        "it (interrupt again to kill them)")
+    if not done.is_set():
         for process in processes:
             with contextlib.suppress(Exception):
                 process.kill()
-        closer.join(5)
+        done.wait(5)
+    return interrupted
 
 
 class InlineExecutor:
@@ -175,8 +197,10 @@ class LocalExecutor:
         if not unfinished:
             pool.shutdown(wait=True)
             return [], {}, ended
-        # The pool interrupted its other workers: wait until they have recorded it.
-        _shut_down(pool, processes, UNWIND_SECONDS)
+        # The pool interrupted its other workers: wait until they have recorded it. A
+        # Ctrl-C meanwhile is the sweep's: it stops here, no new pool is started.
+        if _shut_down(pool, processes, UNWIND_SECONDS, patient=True):
+            raise KeyboardInterrupt
         dead = {process.pid: death_cause(process.pid, process.exitcode)
                 for process in processes if process.exitcode not in (0, None)}
         return [tasks[i] for i in sorted(unfinished)], dead, ended

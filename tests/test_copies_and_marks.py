@@ -212,6 +212,12 @@ def test_every_number_of_a_diverged_row_is_marked_in_every_table(diverged):
     for column in ("test acc", "deep cos", "Γ"):
         assert group[column].endswith("‡"), (column, group[column])
     assert "‡ of a diverged run: its numbers are those of its last epoch" in markdown
+    # its per-run template is the protocol's last evaluation, of the epoch it diverged in:
+    # the report says so above it
+    assert (record.protocol.epoch, record.numbers_epoch) == (2, 1)
+    template = markdown.split(f"### {record.run_id}", 1)[1].split("\n### ", 1)[0]
+    assert ("This run diverged: the template below is its protocol's last evaluation, at "
+            "epoch 2; its numbers in the tables above are of epoch 1") in template
 
 
 # --- 3. an unverified reference: every number that reads it, in every table ------------------

@@ -38,10 +38,16 @@ from creditaudit.protocol import (
     DepthUtility,
 )
 from creditaudit.protocol.records import is_frozen_baseline
+from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.protocol import render_markdown
-from creditaudit.report.runs import code_versions_text, deep_cos_footnotes, diverged_footnote
+from creditaudit.report.runs import (
+    DIVERGED_MARK,
+    code_versions_text,
+    deep_cos_footnotes,
+    diverged_footnote,
+)
 from creditaudit.report.tables import (
     NO_PROTOCOL,
     RECOMPUTED_MARK,
@@ -189,8 +195,22 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     parts: list[str | Folded] = ["\n".join(lines)]
     for (run, report), template in zip(audited, templates):
         parts.append(Folded(run.run_id, *verdict_cell(report, run),
-                            drop_columns(template, unfilled)))
+                            epochs_note(run) + drop_columns(template, unfilled)))
     return parts
+
+
+def epochs_note(run: RunRecord) -> str:
+    """For a diverged run whose protocol was last evaluated after its last finite epoch:
+    one line saying that its template's numbers (the protocol's evaluation) are of another
+    epoch than its rows in the tables above (marked ‡); else ""."""
+    numbers, protocol = run.numbers_epoch, run.protocol.epoch
+    if run.status != "diverged" or protocol is None or numbers == protocol:
+        return ""
+    rows = ("of no epoch (none was evaluated finite)" if numbers is None
+            else f"of epoch {numbers}, its last whose evaluation was finite "
+                 f"({DIVERGED_MARK})")
+    return (f"This run diverged: the template below is its protocol's last evaluation, at "
+            f"epoch {protocol}; its numbers in the tables above are {rows}.\n\n")
 
 
 def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),

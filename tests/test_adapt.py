@@ -262,7 +262,23 @@ REFUSALS = [
      "acts before the last state 'layer3.0'"),
     ("readout short", transformer, TRANSFORMER_STATES, {"readout": "head"},
      "readout: parameter 'norm.bias' also acts after the last state"),
+    ("lazy", lambda: lazy_net(), ["1", "3"], {"input_shape": (8,)},
+     "LazyLinear '2' has not taken its shapes yet: run one forward pass on a batch"),
+    ("lazy norm", lambda: lazy_net(nn.LazyBatchNorm1d()), ["1", "3"], {"input_shape": (8,)},
+     "LazyLinear '2' and LazyBatchNorm1d '3' have not taken their shapes yet"),
 ]
+
+
+def lazy_net(activation: nn.Module | None = None) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.LazyLinear(8),
+                         activation or nn.Tanh(), nn.Linear(8, 4))
+
+
+def test_a_lazy_layer_that_took_its_shapes_is_adapted():
+    net = lazy_net()
+    net(torch.randn(2, 8))  # the forward pass the refusal asks for
+    model = adapt(net, ["1", "3"], input_shape=(8,))
+    assert model.state_widths == (8, 8)
 
 
 @pytest.mark.parametrize("make,states,options,fragment", [r[1:] for r in REFUSALS],

@@ -1,11 +1,13 @@
 """Layers the per-layer feedback rules (fa-linear, usf, brsf, frsf, kp) cannot replace are
 refused in one line naming the layer, its class and the true cause: a subclass with a
-forward of its own, a layer that did not run in the eval-mode forward the diagnostics use
-(a training-only auxiliary head, a left-over layer), a layer whose weight the forward uses
-directly. Where adapt()'s probe ran that forward the refusal comes when the rule is bound;
-elsewhere at the first pass that misses the layer. What the rules do replace — subclasses
-that keep nn.Linear's or nn.Conv2d's forward, every nn.Conv2d option — is replaced exactly
-(with B = W the replaced layer is the layer, to round-off).
+forward of its own, a layer not called on the batch of the eval-mode forward the
+diagnostics use (a training-only auxiliary head, a routed expert skipped on that batch, a
+left-over layer: the message names all three, as it cannot tell them apart), a layer whose
+weight the forward uses directly. Where adapt()'s probe ran that forward the refusal
+comes when the rule is bound; elsewhere at the first pass that misses the layer. What
+the rules do replace — subclasses that keep nn.Linear's or nn.Conv2d's forward, every
+nn.Conv2d option — is replaced exactly (with B = W the replaced layer is the layer, to
+round-off).
 """
 
 from __future__ import annotations
@@ -192,8 +194,9 @@ def test_attentions_out_proj_a_linear_subclass_without_a_forward_of_its_own_stil
 # --- layers that do not run in the forward pass the diagnostics use -----------------------
 class FlatNet(nn.Module):
     """(B, 6) → a, b, c (states) → head; ``extra`` says what else it holds: an auxiliary
-    head run only in training, a left-over Linear never run, or a Linear whose weight the
-    forward uses directly."""
+    head run only in training, a left-over Linear never run, a Linear whose weight the
+    forward uses directly, or a routed expert (``side`` in place of ``b`` for batches whose
+    first feature's mean is above 1, which the probe batch's is not)."""
 
     def __init__(self, extra: str) -> None:
         super().__init__()
@@ -202,7 +205,8 @@ class FlatNet(nn.Module):
         self.head, self.side = nn.Linear(8, CLASSES), nn.Linear(8, 8)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.b(torch.tanh(self.a(x)))
+        expert = self.side if self.extra == "routed" and x[:, 0].mean() > 1 else self.b
+        h = expert(torch.tanh(self.a(x)))
         if self.extra == "aux" and self.training:
             self.aux_logits = self.side(h)  # Inception's auxiliary classifier
         if self.extra == "direct":
@@ -222,11 +226,18 @@ def flat_net(extra: str) -> FlatNet:
         return FlatNet(extra).to(F64)
 
 
+# Not called on the probe batch: a layer of the batch's (routed), of the mode's (aux) or
+# of none (unused); the message says what is known and names the three.
+NOT_CALLED_ON_PROBE = ("it was not called on adapt()'s example batch in eval mode, the pass "
+                       "where the diagnostics measure credits; a layer called only for some "
+                       "batches (a routed expert), only in training (an auxiliary head) or "
+                       "never cannot have its backward replaced reliably: call it on every "
+                       "batch in both modes or remove it, or use a rule that does not "
+                       "replace layers (dfa, bp)")
 NOT_CALLED = {
-    "aux": "it did not run in the model's eval-mode forward pass (adapt()'s probe), where "
-           "the diagnostics measure credits; remove layers that run only in training (an "
-           "auxiliary head) or not at all",
-    "unused": "it did not run in the model's eval-mode forward pass",
+    "aux": NOT_CALLED_ON_PROBE,
+    "unused": NOT_CALLED_ON_PROBE,
+    "routed": NOT_CALLED_ON_PROBE,
     "direct": "the model's forward uses its weight directly instead of calling it as a module",
 }
 
@@ -269,9 +280,12 @@ class ContractNet(ResidualNet):
 
 
 @pytest.mark.parametrize("extra,train_cause,eval_cause", [
-    ("unused", "it did not run in the model's training-mode forward pass; remove layers that "
-               "do not run", "it did not run in the model's eval-mode forward pass"),
-    ("aux", None, "it did not run in the model's eval-mode forward pass"),
+    ("unused", "it was not called on the batch it was given in training mode; a layer called "
+               "only for some batches (a routed expert) or never cannot",
+     "it was not called on the batch it was given in eval mode, the pass where the "
+     "diagnostics measure credits; a layer called only for some batches (a routed expert), "
+     "only in training (an auxiliary head) or never cannot"),
+    ("aux", None, "it was not called on the batch it was given in eval mode"),
     ("direct", NOT_CALLED["direct"], NOT_CALLED["direct"]),
 ])
 def test_without_a_probe_the_first_pass_that_misses_a_layer_names_its_cause(
@@ -330,7 +344,8 @@ def test_every_conv2d_option_with_b_equal_w_is_the_layers_own_forward_and_backwa
 # --- the command line ------------------------------------------------------------------------
 @pytest.mark.parametrize("factory,layer", [("MaskedNet", "'b1' (MaskedLinear): its forward "
                                             "is its own"),
-                                           ("AuxHeadNet", "'aux' (Linear): it did not run")])
+                                           ("AuxHeadNet", "'aux' (Linear): it was not "
+                                            "called on adapt()'s example batch in eval mode")])
 def test_the_command_line_refuses_such_a_network_in_one_line(factory, layer, tmp_path):
     done = cli(site_with(tmp_path), "train", "--method", "fa-linear",
                "--arch", f"module:{FACTORIES}:{factory}",

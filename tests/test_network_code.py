@@ -15,11 +15,14 @@ imports joins the run id and the recipe, so
   script, creditaudit's zoo), which no source file of the user's defines, is identified by
   its module tree (classes, settings, parameter and buffer names, shapes, dtypes; not
   values, not ``requires_grad``), the same in any process: a tanh and a ReLU ``Sequential``
-  are two runs and two recipes.
+  are two runs and two recipes; so are two encoder layers whose activations are two
+  functions (``torch.tanh``, ``torch.sigmoid``), and a module's kept tensors and forward
+  hooks count by shape, dtype and name.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import runpy
@@ -309,6 +312,62 @@ def tree(activation: type[nn.Module] = nn.Tanh, width: int = 16, eps: float = 1e
                          nn.BatchNorm1d(width), nn.Linear(width, 3)).to(dtype)
 
 
+def double(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output * 2
+
+
+def halve(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output / 2
+
+
+def kept(activation: object = torch.tanh, scale: torch.Tensor | None = None,
+         hook: object = double) -> nn.Sequential:
+    """A network whose modules keep what is no plain setting: a callable (the encoder
+    layer's activation), a tensor that is no parameter or buffer, a forward hook."""
+    net = nn.Sequential(nn.Unflatten(1, (2, 8)),
+                        nn.TransformerEncoderLayer(8, 2, 16, activation=activation,
+                                                   batch_first=True, dropout=0.0),
+                        nn.Flatten(), nn.Linear(16, 10))
+    net[3].scale = torch.ones(3) if scale is None else scale
+    if hook is not None:
+        net[3].register_forward_hook(hook)
+    return net
+
+
+def test_what_a_module_keeps_beyond_plain_settings_makes_another_network():
+    digest = structure_digest(kept())
+    assert structure_digest(kept()) == digest
+    # values of a kept tensor are no part of it, as of parameters
+    assert structure_digest(kept(scale=torch.full((3,), 5.0))) == digest
+    # the activation named or given as the function it names is the same network
+    assert structure_digest(kept("gelu")) == structure_digest(kept(nn.functional.gelu))
+    others = [kept(torch.sigmoid), kept(nn.functional.gelu),
+              kept(functools.partial(nn.functional.leaky_relu, negative_slope=0.1)),
+              kept(functools.partial(nn.functional.leaky_relu, negative_slope=0.2)),
+              kept(nn.Tanh().forward), kept(nn.Sigmoid().forward),
+              kept(scale=torch.ones(4)), kept(scale=torch.ones(3, dtype=torch.float64)),
+              kept(hook=halve), kept(hook=None)]
+    digests = {structure_digest(other) for other in others}
+    assert len(digests) == len(others) and digest not in digests
+    pre = kept()
+    pre[0].register_forward_pre_hook(lambda module, inputs: None)
+    assert structure_digest(pre) not in digests | {digest}
+    # another process builds the same network: the same digest (no ids, no addresses)
+    assert digest_in_another_process("kept") == digest
+
+
+def digest_in_another_process(builder: str) -> str:
+    """structure_digest of ``<builder>()`` of this test module, computed by a new Python."""
+    code = ("import torch, sys; sys.path.insert(0, sys.argv[1]); "
+            f"from test_network_code import {builder}; "
+            "from creditaudit.models.structure import structure_digest; "
+            f"print(structure_digest({builder}()))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+                          capture_output=True, text=True, check=True, env=env, timeout=120)
+    return done.stdout.strip()
+
+
 def test_the_module_tree_digest_is_content_not_values_flags_or_process():
     digest = structure_digest(tree())
     assert len(digest) == 64 and structure_digest(tree()) == digest
@@ -328,11 +387,4 @@ def test_the_module_tree_digest_is_content_not_values_flags_or_process():
     digests = {structure_digest(other) for other in others}
     assert len(digests) == len(others) and digest not in digests
     # another process builds the same network: the same digest (no ids, no addresses)
-    code = ("import torch, sys; sys.path.insert(0, sys.argv[1]); "
-            "from test_network_code import tree; "
-            "from creditaudit.models.structure import structure_digest; "
-            "print(structure_digest(tree()))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
-                          capture_output=True, text=True, check=True, env=env, timeout=120)
-    assert done.stdout.strip() == digest
+    assert digest_in_another_process("tree") == digest

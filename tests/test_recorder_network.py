@@ -9,6 +9,9 @@ network and the rule, not assumed:
   froze itself (``frozen``, ``trainable_blocks``) is the rule's and is not listed;
 - the parameters' dtype is ``model.dtype`` (``bfloat16`` for a network cast with
   ``.to(torch.bfloat16)``), and ``run.precision='fp32'`` for such a network is refused;
+- parameters frozen (or unfrozen) after the Recorder was created, which its record and run
+  id would not say, are refused by the next ``epoch()`` or ``finish()`` in one line naming
+  them;
 - records without these fields (written before them) load, and runs of float32 networks
   with nothing frozen keep the run ids and recipes they had.
 """
@@ -105,6 +108,47 @@ def test_freezing_after_binding_is_the_callers_and_trainable_blocks_the_rules(tm
     for p in model.net[3].parameters():  # the head, frozen by the caller after binding
         p.requires_grad_(False)
     assert bound.frozen_outside() == {"3.weight": 48, "3.bias": 3}
+
+
+def recorder(net: nn.Module, out) -> Recorder:
+    x, y = samples()
+    model = adapt(net, states=["0", "1", "2"], example=x[:8])
+    return Recorder(rule("dfa", model), x, y, out=out, data="mine", progress=False, config=OFF)
+
+
+def test_parameters_frozen_after_the_recorder_was_created_are_refused(tmp_path):
+    net = network()
+    rec = recorder(net, tmp_path / "epoch")
+    net[1][0].weight.requires_grad_(False)  # the record says nothing is frozen
+    with pytest.raises(ConfigError) as refused:
+        rec.epoch(0, test_acc=0.5)
+    message = str(refused.value)
+    assert "\n" not in message and "1.0.weight" in message and "1.0.bias" not in message
+    assert "before creating the Recorder" in message
+    assert rec.record.log == [] and rec.record.model.frozen_parameters == {}
+    # frozen after an epoch: finish() refuses, nothing is marked completed
+    net = network()
+    rec = recorder(net, tmp_path / "finish")
+    rec.epoch(0, test_acc=0.5)
+    net[3].bias.requires_grad_(False)
+    with pytest.raises(ConfigError, match="3.bias"):
+        rec.finish()
+    assert not rec.finished and load_record(rec.run_dir).status != "completed"
+    # unfrozen after creation: the record's frozen_parameters would be wrong too
+    net = frozen_block()
+    rec = recorder(net, tmp_path / "unfrozen")
+    assert rec.record.model.frozen_parameters == BLOCK
+    for parameter in net[1].parameters():
+        parameter.requires_grad_(True)
+    with pytest.raises(ConfigError, match=r"1\.0\.weight.*no longer frozen"):
+        rec.epoch(0, test_acc=0.5)
+    # frozen and unfrozen again before the epoch: as recorded, recorded
+    net = network()
+    rec = recorder(net, tmp_path / "again")
+    net[3].bias.requires_grad_(False)
+    net[3].bias.requires_grad_(True)
+    rec.epoch(0, test_acc=0.5)
+    assert rec.finish().status == "completed"
 
 
 def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp_path):

@@ -108,7 +108,7 @@ def check_called(model: AdaptedModel, sites: Sequence[tuple[str, Any]], rule: st
         cls = type(site.attention if attention else site).__name__
         if model.probe_reads(parameters.get(id(site.weight), "")):
             raise used_directly(rule, module, cls)
-        raise did_not_run(rule, module, cls, "eval")
+        raise did_not_run(rule, module, cls, "eval", probe=True)
 
 
 @dataclass

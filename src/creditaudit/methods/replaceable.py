@@ -78,17 +78,23 @@ def used_directly(rule: str, name: str, cls: str) -> ModelContractError:
         f"{OTHER_RULES}")
 
 
-def did_not_run(rule: str, name: str, cls: str, mode: str) -> ModelContractError:
-    """The refusal of layer ``name`` (class ``cls``) that did not run in a forward pass in
-    ``mode`` ("eval": adapt()'s probe, the pass the diagnostics' credits run; "training")."""
-    if mode == "eval":
-        where = "eval-mode forward pass (adapt()'s probe), where the diagnostics measure credits"
-        fix = "remove layers that run only in training (an auxiliary head) or not at all"
-    else:
-        where, fix = f"{mode}-mode forward pass", "remove layers that do not run"
-    return ModelContractError(f"--method {rule} cannot replace the backward of {name!r} "
-                              f"({cls}): it did not run in the model's {where}; {fix}, "
-                              f"{OTHER_RULES}")
+def did_not_run(rule: str, name: str, cls: str, mode: str, *, probe: bool = False
+                ) -> ModelContractError:
+    """The refusal of layer ``name`` (class ``cls``) that was not called in a forward pass
+    in ``mode`` ("eval", the pass the diagnostics' credits run; "training") on one batch:
+    adapt()'s example batch when ``probe``, else the batch of the pass that missed it. Its
+    cause may be the batch (a routed expert skipped on it) as well as the mode (an
+    auxiliary head run only in training) or the network (a left-over layer): the message
+    says only what is known, and why either way the backward cannot be replaced."""
+    batch = "adapt()'s example batch" if probe else "the batch it was given"
+    where = (f"{mode} mode, the pass where the diagnostics measure credits" if mode == "eval"
+             else f"{mode} mode")
+    training = ", only in training (an auxiliary head)" if mode == "eval" else ""
+    return ModelContractError(
+        f"--method {rule} cannot replace the backward of {name!r} ({cls}): it was not called "
+        f"on {batch} in {where}; a layer called only for some batches (a routed expert)"
+        f"{training} or never cannot have its backward replaced reliably: call it on every "
+        f"batch in both modes or remove it, {OTHER_RULES}")
 
 
 def not_called_cause(model: nn.Module, x: Tensor, error: LayersNotCalled, rule: str

@@ -40,6 +40,21 @@ MIXING_RTOL = 1e-5
 SCALE_INVARIANT_RTOL = 1e-3
 
 
+def check_shapes_taken(net: nn.Module) -> None:
+    """One-line ModelContractError naming the modules of ``net`` whose parameters or buffers
+    are still uninitialized (``nn.LazyLinear``, ``nn.LazyConv2d``, … before their first
+    forward): the probe and every rule need each parameter's shape."""
+    lazy = [f"{type(module).__name__} {name!r}" for name, module in net.named_modules()
+            if any(nn.parameter.is_lazy(t) for t in (*module.parameters(recurse=False),
+                                                     *module.buffers(recurse=False)))]
+    if lazy:
+        names = lazy[0] if len(lazy) == 1 else f"{', '.join(lazy[:-1])} and {lazy[-1]}"
+        verb, their = ("has", "its") if len(lazy) == 1 else ("have", "their")
+        raise ModelContractError(
+            f"{names} {verb} not taken {their} shapes yet: run one forward pass on a batch "
+            "(net(x)) before adapt(), so the lazy layers take their shapes")
+
+
 class AdaptProbe:
     """The probe of :class:`~creditaudit.models.adapted.AdaptedModel`, its one subclass: the
     methods read its ``net``, ``state_names``, ``readout_names``, ``n_blocks``, ``_trace``
@@ -361,4 +376,4 @@ def _first_inversion(order: list[int]) -> tuple[int, int]:
     raise AssertionError("no inversion")  # pragma: no cover
 
 
-__all__ = ["AdaptProbe"]
+__all__ = ["check_shapes_taken", "AdaptProbe"]

@@ -9,15 +9,22 @@ settings (the plain public attributes its constructor keeps, ``in_features``, ``
 ``batch_first``, …, and its ``extra_repr``), and the name, shape and dtype of each
 parameter and buffer — never their values, nor ``requires_grad`` (a rule freezes
 parameters; the network stays the same), nor anything of the process (ids, addresses), so
-the same network built in another process has the same digest.
+the same network built in another process has the same digest. What a module keeps that is
+no plain setting still tells networks apart where it changes what they compute: a callable
+attribute (``TransformerEncoderLayer(activation=torch.tanh)`` against ``torch.sigmoid``) by
+its module and qualified name, a tensor attribute that is no parameter or buffer by its
+shape and dtype, and each forward (pre-)hook registered on a module by its module and
+qualified name. A module with none of these hashes as it did before they were counted.
 :func:`parameter_dtype` names the dtype the parameters are held in.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+import types
 from typing import Any
 
 import torch
@@ -50,12 +57,48 @@ def parameter_dtype(net: nn.Module) -> str | None:
 
 def _module_row(name: str, module: nn.Module) -> dict[str, Any]:
     cls = type(module)
-    settings = {key: value for key, value in vars(module).items()
-                if not key.startswith("_") and key not in NOT_SETTINGS and _plain(value)}
-    return {"name": name, "class": f"{cls.__module__}.{cls.__qualname__}",
-            "settings": settings, "extra_repr": module.extra_repr(),
-            "parameters": _tensors(module.named_parameters(recurse=False)),
-            "buffers": _tensors(module.named_buffers(recurse=False))}
+    public = {key: value for key, value in vars(module).items()
+              if not key.startswith("_") and key not in NOT_SETTINGS}
+    row = {"name": name, "class": f"{cls.__module__}.{cls.__qualname__}",
+           "settings": {key: value for key, value in public.items() if _plain(value)},
+           "extra_repr": module.extra_repr(),
+           "parameters": _tensors(module.named_parameters(recurse=False)),
+           "buffers": _tensors(module.named_buffers(recurse=False))}
+    # Added only where present, so that a module without them keeps the digest it had
+    # before they were counted (records written then still match runs made now).
+    callables = {key: _callable_name(value) for key, value in public.items()
+                 if callable(value) and not isinstance(value, nn.Module | torch.Tensor)}
+    tensors = {key: [list(value.shape), _dtype_name(value.dtype)]
+               for key, value in public.items() if isinstance(value, torch.Tensor)}
+    hooks = {kind: [_callable_name(hook) for hook in getattr(module, kind).values()]
+             for kind in ("_forward_hooks", "_forward_pre_hooks") if getattr(module, kind)}
+    extras = {"callables": callables, "tensors": tensors, "hooks": hooks}
+    row.update({key: value for key, value in extras.items() if value})
+    return row
+
+
+def _callable_name(value: Any) -> Any:
+    """What a callable is, the same in any process: ``module.qualname`` of a function, a
+    builtin or a class; a bound method's function's; a ``functools.partial``'s function
+    with its plain arguments (others by their type); a callable object's class."""
+    if isinstance(value, functools.partial):
+        return {"partial": _callable_name(value.func),
+                "args": [_argument(arg) for arg in value.args],
+                "keywords": {key: _argument(arg) for key, arg in value.keywords.items()}}
+    if isinstance(value, types.MethodType):
+        return _callable_name(value.__func__)
+    named = value if hasattr(value, "__qualname__") else type(value)
+    owner = getattr(named, "__module__", None) or getattr(
+        getattr(named, "__objclass__", None), "__module__", None)
+    return f"{owner}.{named.__qualname__}"
+
+
+def _argument(value: Any) -> Any:
+    """A ``functools.partial`` argument as hashed: itself when plain, a callable by its
+    name, anything else by its type (never its repr, which may hold an address)."""
+    if _plain(value):
+        return value
+    return _callable_name(value) if callable(value) else _callable_name(type(value))
 
 
 def _tensors(named: Any) -> list[list[Any]]:

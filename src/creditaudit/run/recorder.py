@@ -68,6 +68,7 @@ from creditaudit.run.plan import code_version
 from creditaudit.run.recorder_config import (
     OWN_DATA,
     array_fingerprint,
+    check_frozen_as_recorded,
     data_identity,
     distribution,
     network_identity,
@@ -226,6 +227,7 @@ class Recorder:
             after = f" after the last recorded epoch {last}" if last is not None else ""
             raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
                               "epoch once, in order")
+        check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
         numbers = {"test_acc": _number("test_acc", test_acc, fraction=True),
                    "test_loss": _number("test_loss", test_loss, loss=True),
                    "train_loss": _number("train_loss", train_loss),
@@ -267,6 +269,7 @@ class Recorder:
         if not self.record.log:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
+        check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
         last = self.record.log[-1]
         self.record.status = "completed" if finite_entry(last) else "diverged"
         if self.record.status == "diverged":

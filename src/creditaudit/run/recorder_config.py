@@ -278,6 +278,24 @@ def network_identity(net: Any) -> tuple[str | None, dict[str, str | None]]:
     return structure, {"code_digest": structure, "code_digest_of": "structure"}
 
 
+def check_frozen_as_recorded(recorded: Mapping[str, int] | None, rule: CreditRule) -> None:
+    """ConfigError (one line) when the parameters frozen outside ``rule`` now
+    (:meth:`~creditaudit.methods.CreditRule.frozen_outside`) are not those the record lists
+    (``recorded``, taken when the Recorder was created): the run id and the recipe cover
+    them, so a parameter frozen or unfrozen since would leave the record untrue."""
+    now, before = rule.frozen_outside(), dict(recorded or {})
+    if now == before:
+        return
+    changes = [f"{', '.join(names)} {what}" for names, what in (
+        ([n for n in now if n not in before], "frozen"),
+        ([n for n in before if n not in now], "no longer frozen"),
+        ([n for n in now if n in before and now[n] != before[n]], "resized")) if names]
+    raise ConfigError("the parameters frozen outside the rule changed after the Recorder "
+                      f"was created ({'; '.join(changes)}), which its record and run id "
+                      "would not say: set requires_grad before creating the Recorder, then "
+                      "keep it for the whole run")
+
+
 def distribution(module: str) -> str | None:
     """``dist==version`` of the installed distribution that provides ``module``, or None
     (a script's ``__main__``, a folder on the path)."""

@@ -30,9 +30,7 @@ from typing import Any
 from creditaudit.files import strict_json
 from creditaudit.records.reading import FINISHED
 from creditaudit.records.schema import RunRecord
-
-# The architecture of runs trained in a user's own loop (models.registry.OwnLoopArchitecture).
-OWN_LOOP = "own-loop"
+from creditaudit.registry import ARCHITECTURES
 
 # What a copy may differ in and still be the same run: when and where it ran (the output
 # folder is in the config, which the run id already covers).
@@ -118,9 +116,11 @@ def distinct_runs(found: Sequence[tuple[Path, RunRecord]]
 
 
 def _named_by_user(record: RunRecord) -> bool:
-    """Whether the record's id is a name its user gave (a ``Recorder`` run of a user's own
-    loop: its config's architecture is ``own-loop``), not an id computed from what ran."""
-    return record.config.model.arch == OWN_LOOP
+    """Whether the record's id may be a name its user gave, not an id computed from what
+    ran: a run of an architecture creditaudit only describes (``unbuildable``: a network
+    trained in its user's own loop and recorded by a ``Recorder``)."""
+    arch = ARCHITECTURES.find(record.config.model.arch)
+    return arch is not None and bool(arch.unbuildable)
 
 
 __all__ = ["Copies", "distinct_runs", "results_text"]

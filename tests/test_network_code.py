@@ -46,6 +46,24 @@ from creditaudit.testing.zoo import TransformerClassifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
+# The end of every user's script below: the rule RULE trained on `model` in the script's own
+# loop, recorded under OUT with the default name (the run id).
+RECORDED_LOOP = '''\
+trained = rule(RULE, model)
+optimizer = torch.optim.AdamW(trained.trainable_parameters(), lr=1e-2)
+with Recorder(trained, EVAL_X, EVAL_Y, out=OUT, data="ts", progress=False,
+              config={"optim.lr": 1e-2, "run.seed": 0,
+                      "diagnostics.end_of_run": False}) as rec:
+    rec.epoch(0)
+    for batch in torch.arange(len(TRAIN_Y)).split(32):
+        trained.train_step(TRAIN_X[batch], TRAIN_Y[batch], optimizer)
+    model.eval()
+    with torch.no_grad():
+        accuracy = float((model(EVAL_X).argmax(1) == EVAL_Y).float().mean())
+    rec.epoch(1, test_acc=accuracy)
+    RECORD = rec.finish()
+'''
+
 # A user's script, as `python rec.py` runs it: its own Net, trained in its own loop with the
 # rule RULE and recorded under OUT with the default name (the run id).
 SCRIPT = '''\
@@ -77,20 +95,7 @@ class Net(nn.Module):
 
 torch.manual_seed(0)
 model = adapt(Net(), states=["embed", "b0", "b1"], example=TRAIN_X[:8])
-trained = rule(RULE, model)
-optimizer = torch.optim.AdamW(trained.trainable_parameters(), lr=1e-2)
-with Recorder(trained, EVAL_X, EVAL_Y, out=OUT, data="ts", progress=False,
-              config={"optim.lr": 1e-2, "run.seed": 0,
-                      "diagnostics.end_of_run": False}) as rec:
-    rec.epoch(0)
-    for batch in torch.arange(len(TRAIN_Y)).split(32):
-        trained.train_step(TRAIN_X[batch], TRAIN_Y[batch], optimizer)
-    model.eval()
-    with torch.no_grad():
-        accuracy = float((model(EVAL_X).argmax(1) == EVAL_Y).float().mean())
-    rec.epoch(1, test_acc=accuracy)
-    RECORD = rec.finish()
-'''
+''' + RECORDED_LOOP
 NETS = '''\
 import torch
 from torch import nn
@@ -135,13 +140,15 @@ def run_script(script: Path, rule_name: str, out: Path):
     return globals_["RECORD"]
 
 
-def scripts(tmp_path: Path) -> dict[str, Path]:
-    """Two folders, each with a rec.py defining its own Net: tanh in one, ReLU in the other."""
+def scripts(tmp_path: Path, source: str = SCRIPT,
+            activations: tuple[str, ...] = ("tanh", "relu")) -> dict[str, Path]:
+    """A folder per activation, each with a rec.py: ``source`` with that activation (by
+    default its own Net: tanh in one, ReLU in the other)."""
     out = {}
-    for activation in ("tanh", "relu"):
+    for activation in activations:
         script = tmp_path / activation / "rec.py"
         script.parent.mkdir()
-        script.write_text(SCRIPT.replace("ACTIVATION", activation))
+        script.write_text(source.replace("ACTIVATION", activation))
         out[activation] = script
     return out
 
@@ -268,28 +275,12 @@ torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(16, 16), nn.Sequential(nn.Linear(16, 16), nn.ACTIVATION()),
                     nn.Sequential(nn.Linear(16, 16), nn.ACTIVATION()), nn.Linear(16, 10))
 model = adapt(net, states=["0", "1", "2"], example=TRAIN_X[:8])
-trained = rule(RULE, model)
-optimizer = torch.optim.Adam(trained.trainable_parameters(), lr=1e-2)
-with Recorder(trained, EVAL_X, EVAL_Y, out=OUT, data="ts", progress=False,
-              config={"optim.lr": 1e-2, "run.seed": 0,
-                      "diagnostics.end_of_run": False}) as rec:
-    rec.epoch(0)
-    for batch in torch.arange(len(TRAIN_Y)).split(32):
-        trained.train_step(TRAIN_X[batch], TRAIN_Y[batch], optimizer)
-    with torch.no_grad():
-        accuracy = float((model(EVAL_X).argmax(1) == EVAL_Y).float().mean())
-    rec.epoch(1, test_acc=accuracy)
-    RECORD = rec.finish()
-'''
+''' + RECORDED_LOOP
 
 
 def test_a_network_of_torch_classes_is_identified_by_its_module_tree(tmp_path):
     out = tmp_path / "runs"
-    script = {}
-    for activation in ("Tanh", "ReLU"):
-        script[activation] = tmp_path / activation / "rec.py"
-        script[activation].parent.mkdir()
-        script[activation].write_text(SEQUENTIAL.replace("ACTIVATION", activation))
+    script = scripts(tmp_path, SEQUENTIAL, ("Tanh", "ReLU"))
     frozen = run_script(script["Tanh"], "frozen", out)
     relu = run_script(script["ReLU"], "dfa", out)
     tanh = run_script(script["Tanh"], "dfa", out)  # refused before: the ReLU run's id

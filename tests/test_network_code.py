@@ -153,6 +153,19 @@ def scripts(tmp_path: Path, source: str = SCRIPT,
     return out
 
 
+def frozen_baseline_is_its_own_networks(out: Path, frozen, relu, tanh):  # noqa: ANN001, ANN201
+    """Check (d)'s pairing of the runs under ``out``: the tanh network's frozen run is the
+    baseline of the tanh DFA run only, the ReLU run has another recipe (the network's code)
+    and no baseline; returns the record set and its records by run id."""
+    assert relu.recipe_key != frozen.recipe_key == tanh.recipe_key
+    assert recipe_difference(relu, frozen) == "the network's code"
+    records = RecordSet.from_folder(out)
+    loaded = {r.run_id: r for r in records}
+    assert records.frozen_baseline(loaded[tanh.run_id]) == (frozen.final_acc, 1)
+    assert records.frozen_baseline(loaded[relu.run_id]) is None
+    return records, loaded
+
+
 def test_two_scripts_with_a_net_of_one_name_are_two_runs_and_two_recipes(tmp_path, capsys):
     out = tmp_path / "runs"
     script = scripts(tmp_path)
@@ -170,12 +183,7 @@ def test_two_scripts_with_a_net_of_one_name_are_two_runs_and_two_recipes(tmp_pat
     with pytest.raises(Exception, match="holds a run record already"):
         run_script(script["relu"], "dfa", out)
     # (d): the tanh network's frozen run is the baseline of its own DFA run only
-    assert relu.recipe_key != frozen.recipe_key == tanh.recipe_key
-    assert recipe_difference(relu, frozen) == "the network's code"
-    records = RecordSet.from_folder(out)
-    loaded = {r.run_id: r for r in records}
-    assert records.frozen_baseline(loaded[tanh.run_id]) == (frozen.final_acc, 1)
-    assert records.frozen_baseline(loaded[relu.run_id]) is None
+    records, loaded = frozen_baseline_is_its_own_networks(out, frozen, relu, tanh)
     assert records.verdict(loaded[relu.run_id]).statuses["d"] == "not evaluated"
     assert main(["report", str(out)]) == 0
     capsys.readouterr()
@@ -289,12 +297,7 @@ def test_a_network_of_torch_classes_is_identified_by_its_module_tree(tmp_path):
                for m in models.values())
     assert frozen.model_code_digest == tanh.model_code_digest != relu.model_code_digest
     assert len({frozen.run_id, relu.run_id, tanh.run_id}) == 3
-    assert relu.recipe_key != frozen.recipe_key == tanh.recipe_key
-    assert recipe_difference(relu, frozen) == "the network's code"
-    records = RecordSet.from_folder(out)
-    loaded = {r.run_id: r for r in records}
-    assert records.frozen_baseline(loaded[tanh.run_id]) == (frozen.final_acc, 1)
-    assert records.frozen_baseline(loaded[relu.run_id]) is None
+    frozen_baseline_is_its_own_networks(out, frozen, relu, tanh)
 
 
 def tree(activation: type[nn.Module] = nn.Tanh, width: int = 16, eps: float = 1e-5,

@@ -96,6 +96,9 @@ RULE = [
     ("seed not a number", lambda: rule("dfa", adapted(), seed="a"), "seed='a' must be an"),
     ("class count not a number", lambda: rule("dfa", adapted(), n_classes="10"),
      "n_classes='10' must be a positive integer"),
+    ("trainable blocks of the frozen baseline", lambda: rule("frozen", adapted(),
+                                                             trainable_blocks=1),
+     "method.trainable_blocks=1 has no effect with method.name='frozen'"),
 ]
 DIAGNOSE = [
     ("inputs of another float dtype", lambda: diagnose(adapted(), X.double(), Y),

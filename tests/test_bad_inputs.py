@@ -311,6 +311,9 @@ CASES = [
      ["run.precision='fp16' is not allowed"]),
     ("trainable-blocks-too-many", lambda w, t: train_args(w, "--set", "method.trainable_blocks=3"),
      ["exceeds model.n_blocks=2"]),
+    ("trainable-blocks-of-frozen", lambda w, t: train_args(
+        w, "--method", "frozen", "--set", "method.trainable_blocks=1"),
+     ["method.trainable_blocks=1 has no effect with method.name='frozen'", "leave it out"]),
     ("set-empty-protocol", lambda w, t: train_args(w, "--set", "diagnostics.protocol=[]"),
      ["diagnostics.protocol=[] names no diagnostic", "leave the key out"]),
     ("set-options-of-unlisted-diagnostic", lambda w, t: train_args(

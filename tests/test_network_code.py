@@ -41,7 +41,7 @@ from creditaudit.models.structure import structure_digest
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import load_record, recipe_key
 from creditaudit.records.compare import recipe_difference
-from creditaudit.run.recorder_config import network_code
+from creditaudit.run.recorder_config import network_code, network_identity
 from creditaudit.testing.zoo import TransformerClassifier
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -220,7 +220,10 @@ def test_a_module_edited_between_runs_is_another_run_and_recipe(own_module, tmp_
     out = tmp_path / "runs"
     nets = importlib.import_module("fx5_nets")
     first = record_net(nets.Net, out)
-    assert first.model_code_digest == network_code(nets.Net())[0] is not None
+    assert first.model_code_digest == network_identity(nets.Net())[0] is not None
+    model = first.environment["components"]["model"]
+    assert model["source_digest"] == network_code(nets.Net())[0]
+    assert model["structure_digest"] == structure_digest(nets.Net())
     nets_file, layers_file = own_module / "fx5_nets.py", own_module / "fx5_layers.py"
     nets_file.write_text(NETS.replace("self.b0(self.embed(x))", "self.b0(self.embed(x) * 2)"))
     nets = importlib.reload(nets)
@@ -231,11 +234,36 @@ def test_a_module_edited_between_runs_is_another_run_and_recipe(own_module, tmp_
     # a module of its own that it imports is its code too
     nets_file.write_text(NETS)
     nets = importlib.reload(nets)
-    assert network_code(nets.Net())[0] == first.model_code_digest  # the same code again
+    assert network_identity(nets.Net())[0] == first.model_code_digest  # the same code again
     layers_file.write_text(LAYERS.replace("torch.tanh", "torch.sigmoid"))
     importlib.reload(sys.modules["fx5_layers"])
     nets = importlib.reload(nets)
     assert network_code(nets.Net())[0] not in (None, first.model_code_digest)
+
+
+# A user's script whose own Block takes its activation from the command line
+# (`python rec.py Tanh`): one file, two networks.
+ARGV_CHOICE = SCRIPT.replace("import torch\n", "import sys\n\nimport torch\n", 1).replace(
+    "self.lin = nn.Linear(d, d)", "self.lin, self.act = nn.Linear(d, d), getattr(nn, sys.argv[1])()"
+).replace("torch.ACTIVATION(self.lin(h))", "self.act(self.lin(h))")
+
+
+def test_a_choice_read_at_run_time_that_builds_another_network_is_another_run(
+        tmp_path, monkeypatch):
+    out = tmp_path / "runs"
+    script = scripts(tmp_path, ARGV_CHOICE, ("argv",))["argv"]
+    runs = {}
+    for choice, rule_name in (("Tanh", "frozen"), ("ReLU", "dfa"), ("Tanh", "dfa")):
+        monkeypatch.setattr(sys, "argv", [str(script), choice])
+        runs[choice, rule_name] = run_script(script, rule_name, out)  # ReLU/dfa: refused before
+    frozen, relu, tanh = runs["Tanh", "frozen"], runs["ReLU", "dfa"], runs["Tanh", "dfa"]
+    models = [r.environment["components"]["model"] for r in (frozen, relu, tanh)]
+    assert all(m["code_digest_of"] == "source+structure" for m in models)
+    assert len({m["source_digest"] for m in models}) == 1  # one file
+    assert models[0]["structure_digest"] == models[2]["structure_digest"]
+    assert models[0]["structure_digest"] != models[1]["structure_digest"]
+    assert len({frozen.run_id, relu.run_id, tanh.run_id}) == 3
+    frozen_baseline_is_its_own_networks(out, frozen, relu, tanh)
 
 
 def test_a_class_without_a_source_file_says_so_and_keeps_its_id(tmp_path, monkeypatch):

@@ -57,6 +57,16 @@ def check_binding(cls: type[CreditRule], model: nn.Module) -> None:
             f"{cls.residual_reason}; adapted models support {', '.join(able)}")
 
 
+def check_options(cls: type[CreditRule], config: MethodConfig) -> None:
+    """ConfigError (one line) when ``config`` asks of rule ``cls`` what it cannot do: the
+    frozen-blocks baseline trains no block, so ``trainable_blocks`` would be recorded and
+    never applied (and would make its runs a depth-ladder variant, no baseline for (d))."""
+    if cls.baseline and config.trainable_blocks is not None:
+        raise ConfigError(f"method.trainable_blocks={config.trainable_blocks} has no effect "
+                          f"with method.name={cls.name!r}, which trains no block: leave it "
+                          "out (the depth ladder trains the last k blocks with another rule)")
+
+
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int,
                cls: type[CreditRule] | None = None) -> CreditRule:
     """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
@@ -70,6 +80,7 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     (:func:`creditaudit.adapt`) and the rule does not declare ``adapted_models``.
     """
     cls = rule_class(config.name) if cls is None else cls
+    check_options(cls, config)
     check_binding(cls, model)
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     set_trainable(model, config.trainable_blocks)
@@ -126,6 +137,6 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
            "BackpropRule", "DirectFeedbackRule",
            "CreditBridge", "EP", "build_rule", "check_binding", "rule", "bp_state_gradients",
-           "rms_normalise",
+           "rms_normalise", "check_options",
            "rule_class", "rule_names", "rule_label", "credit_formula", "find_rule",
            "check_method", "ENTRY_POINT_GROUP"]

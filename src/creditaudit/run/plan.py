@@ -41,7 +41,13 @@ from creditaudit.descriptions import (
 from creditaudit.errors import ConfigError, GuestError, LoadedDataError, ModelContractError
 from creditaudit.guests import Guest
 from creditaudit.guests.blame import blame
-from creditaudit.methods import CreditRule, build_rule, check_binding, rule_class
+from creditaudit.methods import (
+    CreditRule,
+    build_rule,
+    check_binding,
+    check_options,
+    rule_class,
+)
 from creditaudit.models import Architecture, ResidualNet, architecture
 from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
@@ -175,6 +181,7 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     code is not the code that run recorded is refused before it builds a network, loads
     data or is checked at the door (:func:`~creditaudit.run.resume.check_same_code`)."""
     rule = rule_class(config.method.name)
+    check_options(rule, config.method)
     arch_class = architecture(config.model.arch)
     if arch_class.unbuildable:  # e.g. a run recorded from the user's own loop
         raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")

@@ -5,15 +5,16 @@ from the credit rule (the method section), the model's own-loop description (the
 section), ``data=`` (the data section) and the caller's ``config=`` keys;
 :func:`data_identity` asks a dataset creditaudit knows for its identity, or fingerprints the
 evaluation arrays (:func:`array_fingerprint`); :func:`network_identity` identifies the
-user's network by the digest of its code (:func:`network_code`), or of its module tree when
-it is built only of installed classes, and :func:`distribution` names the installed package
-that provides it. :class:`creditaudit.run.recorder.Recorder` writes them
-into the record.
+user's network by the digest of its code (:func:`network_code`) and its module tree, or of
+its module tree alone when it is built only of installed classes, and
+:func:`distribution` names the installed package that provides it.
+:class:`creditaudit.run.recorder.Recorder` writes them into the record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import re
 import typing
@@ -261,21 +262,26 @@ def network_code(net: Any) -> tuple[str | None, str | None]:
 def network_identity(net: Any) -> tuple[str | None, dict[str, str | None]]:
     """(the digest the run id and the recipe cover, what the record's
     ``components.model`` keeps of it) for the user's network ``net``: the digest of its code
-    (:func:`network_code`) where source files of the user's define its classes
-    (``code_digest_of: "source"``); for a network built only of installed classes — an
-    ``nn.Sequential`` of torch's layers in a script, a package's or creditaudit's network —
-    the digest of its module tree (:func:`~creditaudit.models.structure.structure_digest`:
-    classes, settings, parameter and buffer names, shapes and dtypes;
-    ``code_digest_of: "structure"``), whose classes' code the versions in
-    ``module_packages`` and the environment name; None, with ``code_digest_reason``, when
-    a class has no source file."""
-    digest, reason = network_code(net)
+    (:func:`network_code`) together with its module tree where source files of the user's
+    define its classes (``code_digest_of: "source+structure"``, each part kept as
+    ``source_digest`` and ``structure_digest``); for a network built only of installed
+    classes — an ``nn.Sequential`` of torch's layers in a script, a package's or
+    creditaudit's network — the digest of its module tree
+    (:func:`~creditaudit.models.structure.structure_digest`: classes, settings, parameter
+    and buffer names, shapes and dtypes; ``code_digest_of: "structure"``), whose classes'
+    code the versions in ``module_packages`` and the environment name; None, with
+    ``code_digest_reason``, when a class has no source file."""
+    source, reason = network_code(net)
     if reason is not None:
         return None, {"code_digest": None, "code_digest_reason": reason}
-    if digest is not None:
-        return digest, {"code_digest": digest, "code_digest_of": "source"}
     structure = structure_digest(net)
-    return structure, {"code_digest": structure, "code_digest_of": "structure"}
+    if source is None:
+        return structure, {"code_digest": structure, "code_digest_of": "structure"}
+    # The files say what the classes do, the tree which of them were built and how: a
+    # script that picks its activation from sys.argv is one file and two networks.
+    both = hashlib.sha256(f"source {source}\nstructure {structure}".encode()).hexdigest()
+    return both, {"code_digest": both, "code_digest_of": "source+structure",
+                  "source_digest": source, "structure_digest": structure}
 
 
 def check_frozen_as_recorded(recorded: Mapping[str, int] | None, rule: CreditRule) -> None:

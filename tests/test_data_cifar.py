@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import pickle
@@ -31,18 +32,21 @@ def _batch(n: int, seed: int, n_classes: int = 10) -> tuple[np.ndarray, list[int
     return data, labels
 
 
-def _dump(path: Path, obj: object) -> None:
+def _dump(path: Path, obj: object, protocol: int | None = None) -> None:
     with open(path, "wb") as f:
-        pickle.dump(obj, f)
+        pickle.dump(obj, f, protocol=protocol)
 
 
-def _write_cifar10(parent: Path, sizes: tuple[int, ...] = (2, 3, 1, 2, 2, 3)) -> Path:
-    """Write data_batch_1..5 and test_batch (sizes in that order); return the folder."""
+def _write_cifar10(parent: Path, sizes: tuple[int, ...] = (2, 3, 1, 2, 2, 3),
+                   protocol: int | None = None) -> Path:
+    """Write data_batch_1..5 and test_batch (sizes in that order) with pickle ``protocol``
+    (Python's default when None); return the folder."""
     folder = parent / C10.folder
     folder.mkdir(parents=True)
     for name, n, seed in zip(C10.files, sizes, range(len(sizes))):
         data, labels = _batch(n, seed)
-        _dump(folder / name, {b"batch_label": b"x", b"data": data, b"labels": labels})
+        _dump(folder / name, {b"batch_label": b"x", b"data": data, b"labels": labels},
+              protocol)
     return folder
 
 
@@ -67,6 +71,43 @@ def test_cifar10_round_trip_exact(tmp_path: Path, point_at_folder: bool) -> None
     # Row layout is R plane, G plane, B plane: channel 1 starts at byte 1024.
     first = _batch(2, 0)[0][0]
     assert train_x[0, 1, 0, 0].item() == first[1024]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_batch_written_with_any_pickle_protocol_reads_the_same(tmp_path: Path,
+                                                                  protocol: int) -> None:
+    """Protocols 0–2 from Python 3 write bytes as ``_codecs.encode(str, 'latin1')`` and
+    protocol 5 (Python 3.14's default) rebuilds arrays with numpy's ``_frombuffer``."""
+    _write_cifar10(tmp_path, protocol=protocol)
+    loaded = load_cifar(tmp_path)
+    for got, want in zip(loaded, _expected((2, 3, 1, 2, 2, 3)), strict=True):
+        assert np.array_equal(got.numpy(), want)
+
+
+class _Call:
+    """Pickles as ``function(*args)``: a hand-made pickle naming an allowed global."""
+
+    def __init__(self, function: object, *args: object) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return self.function, self.args
+
+
+@pytest.mark.parametrize("call", [
+    _Call(codecs.encode, "payload", "rot13"),
+    _Call(codecs.encode, b"payload", "base64"),
+    _Call(np._core.numeric._frombuffer, b"\0" * 8, np.dtype(object), (1,), "C"),
+    _Call(np._core.numeric._frombuffer, b"\0" * 8, np.dtype("u1"), (8,), "K"),
+], ids=["rot13", "base64", "object-dtype", "order"])
+def test_the_stand_ins_for_codecs_and_frombuffer_refuse_other_uses(tmp_path: Path,
+                                                                   call: _Call) -> None:
+    folder = _write_cifar10(tmp_path)
+    path = folder / "data_batch_1"
+    _dump(path, {b"data": call, b"labels": [0]}, 5)
+    with pytest.raises(DataError, match="refusing") as info:
+        load_cifar(tmp_path)
+    assert str(path) in str(info.value)
 
 
 def test_cifar100_uses_fine_labels(tmp_path: Path) -> None:

@@ -211,19 +211,50 @@ def _locate(root: Path, spec: CifarSpec) -> Path:
     return nested
 
 
-# The only globals an official CIFAR batch pickle names: numpy's array reconstruction.
+def _latin1(text: Any, encoding: Any = "utf-8") -> bytes:
+    """``_codecs.encode`` as pickle protocols 0–2 use it from Python 3: a ``bytes`` object
+    written as its latin-1 string. Nothing else is encoded."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError("refusing _codecs.encode of anything but a latin-1 "
+                                     "string: a CIFAR batch holds only bytes there")
+    return text.encode("latin1")
+
+
+def _array_from_buffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """numpy's ``_frombuffer``, as pickle protocol 5 rebuilds an array: plain bytes read as a
+    plain (no objects, no fields) dtype, a tuple shape and C or F order, nothing else."""
+    plain = isinstance(dtype, np.dtype) and not dtype.hasobject and dtype.fields is None
+    if not (isinstance(buffer, bytes | bytearray | pickle.PickleBuffer) and plain
+            and isinstance(shape, tuple) and all(type(n) is int for n in shape)
+            and order in ("C", "F")):
+        raise pickle.UnpicklingError("refusing numpy _frombuffer of anything but bytes as "
+                                     "a plain dtype: a CIFAR batch holds only such arrays")
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
+
+
+# The only globals a CIFAR batch pickle names: numpy's array reconstruction (the official
+# files, protocol 2 from Python 2), its protocol-5 form, and the latin-1 bytes of protocols
+# 0–2 written from Python 3. The last two resolve to the checked stand-ins above.
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy", "ndarray"), ("numpy", "dtype"),
 }
+_STAND_INS: dict[tuple[str, str], Any] = {
+    ("_codecs", "encode"): _latin1,
+    ("numpy.core.numeric", "_frombuffer"): _array_from_buffer,
+    ("numpy._core.numeric", "_frombuffer"): _array_from_buffer,
+}
 
 
 class BatchUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only numpy's ndarray/dtype reconstruction."""
+    """An unpickler that resolves only numpy's ndarray/dtype reconstruction (and checked
+    stand-ins for the two other globals a batch written by any pickle protocol names)."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) in _STAND_INS:
+            return _STAND_INS[module, name]
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a CIFAR batch holds "
                                      "only dicts, lists, bytes and numpy arrays")
 

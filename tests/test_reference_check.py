@@ -174,6 +174,81 @@ def test_a_custom_backward_outside_any_module_is_placed_between_two_states():
                               "forward (no single module's backward differs"), message
 
 
+class KernelGradient(torch.autograd.Function):
+    """Identity forward; a backward right only where ``exact(grad)`` says so and 3× the
+    gradient elsewhere: a hand-written kernel's bug on the inputs the float64 probes never
+    give it."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, exact) -> Tensor:  # noqa: ANN001
+        ctx.exact = exact
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return (grad if ctx.exact(grad) else 3 * grad), None
+
+
+class KernelSkipMLP(ResidualMLP):
+    """A ResidualMLP whose residual add runs the branch through :class:`KernelGradient`."""
+
+    def next_state(self, h: Tensor, branch: Tensor) -> Tensor:
+        return h + KernelGradient.apply(branch, self.exact)
+
+
+def kernel_model(exact, dtype: torch.dtype = torch.float32) -> KernelSkipMLP:  # noqa: ANN001
+    torch.manual_seed(0)
+    model = KernelSkipMLP(6, 8, 4, 3).to(dtype)
+    model.exact = exact
+    return model
+
+
+def everywhere(grad: Tensor) -> bool:
+    return True
+
+
+@pytest.mark.parametrize(("exact", "dtype"), [
+    (lambda grad: grad.dtype == torch.float64, torch.float32),
+    (lambda grad: grad.shape[0] <= 8, torch.float32),
+    (lambda grad: grad.shape[0] <= 8, torch.float64),
+], ids=["float64 only", "batches of 8 at most", "batches of 8 at most, float64 model"])
+def test_a_backward_wrong_only_in_the_models_dtype_or_batch_is_refused(exact, dtype):
+    """The float64 probes (four samples on a float64 copy) meet a right backward; the
+    diagnostics, on the model's own dtype and batches of up to 512, would meet the wrong
+    one. The backward as the diagnostics use it is compared with the verified one."""
+    x, y = tiny_batch(dtype=dtype)
+    assert x.shape[0] > 8
+    message = refused(kernel_model(exact, dtype), x, y)
+    kind = str(dtype).removeprefix("torch.")
+    assert message.startswith(f"the model's own {kind} backward on a batch of {x.shape[0]} "
+                              "samples, which the diagnostics use, differs at h_0 by"), message
+    assert "depends on the dtype or the batch size" in message
+    # the same kernel where it is right everywhere: verified, and the detail says how far
+    report = diagnose(kernel_model(everywhere, dtype), x, y)
+    check = report.metadata["reference_check"]
+    assert check["verified"] and check["how"] == "states", check
+    assert f"its own {kind} backward on a batch of {x.shape[0]} samples gives the same" \
+        in check["detail"], check
+
+
+class BatchMeanShift(nn.Module):
+    """Subtracts half the batch mean in eval mode too: samples interact, so the model
+    computes another function on another batch (its backward is autograd's)."""
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h - 0.5 * h.mean(dim=0, keepdim=True)
+
+
+def test_a_model_whose_samples_interact_is_verified_by_the_probes_alone():
+    torch.manual_seed(0)
+    model = ResidualMLP(6, 8, 4, 3).double()
+    model.embed = nn.Sequential(model.embed, BatchMeanShift())
+    x, y = tiny_batch()
+    check = diagnose(model, x, y).metadata["reference_check"]
+    assert check["verified"] and check["how"] == "states", check
+    assert "backward on a batch" not in check["detail"], check
+
+
 # --- passed -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("closure", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

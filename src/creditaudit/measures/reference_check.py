@@ -62,6 +62,7 @@ from creditaudit.measures.central_differences import (
 )
 from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.gradients import StatesFn
+from creditaudit.measures.reference_as_used import check_as_used
 from creditaudit.measures.reference_modules import (
     FIX,
     ReferenceGradientError,
@@ -129,26 +130,30 @@ def check_reference(model: nn.Module, states_fn: StatesFn, x: Tensor, y: Tensor,
     be (``verified=False``). Leaves parameters, buffers and ``.grad`` unchanged: it works on
     a float64 copy or on detached inputs, and takes gradients w.r.t. states and inputs only.
     """
-    xs, ys, dtype = _probes(states_fn, x, y)
+    keep, xs, ys, dtype = _probes(states_fn, x, y)
     x64 = _as64(xs)
     work = (_float64_contract(model, states_fn, forward_from, x64, dtype)
             if forward_from is not None else None)
-    if work is not None:
-        return _check_states(work, x64, ys)
-    return _check_modules(model, states_fn, xs)
+    if work is None:
+        return _check_modules(model, states_fn, xs)
+    check = _check_states(work, x64, ys)
+    if check.how == "states":  # verified state by state: is that the backward in use?
+        detail = check_as_used(states_fn, work, x, y, keep, xs, x64)
+        check = dataclasses.replace(check, detail=check.detail + detail)
+    return check
 
 
 def _probes(states_fn: StatesFn, x: Tensor, y: Tensor
-            ) -> tuple[Tensor, Tensor, torch.dtype]:
-    """(inputs, labels) of the :data:`PROBE_SAMPLES` samples of largest loss among the
-    first :data:`PROBE_POOL` (a confidently right sample's loss may be flat at float64
-    resolution), and the dtype of the model's logits."""
+            ) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
+    """(indices, inputs, labels) of the :data:`PROBE_SAMPLES` samples of largest loss among
+    the first :data:`PROBE_POOL` (a confidently right sample's loss may be flat at float64
+    resolution), the inputs moved off ties, and the dtype of the model's logits."""
     pool_x, pool_y = x[:PROBE_POOL], y[:PROBE_POOL]
     with torch.no_grad():
         logits = states_fn(pool_x)[1]
     losses = F.cross_entropy(logits.double(), pool_y, reduction="none")
     keep = losses.topk(min(PROBE_SAMPLES, losses.shape[0])).indices.sort().values
-    return _off_ties(pool_x[keep]), pool_y[keep], logits.dtype
+    return keep, _off_ties(pool_x[keep]), pool_y[keep], logits.dtype
 
 
 def _off_ties(xs: Tensor) -> Tensor:

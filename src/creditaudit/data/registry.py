@@ -238,8 +238,9 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         raise NotImplementedError
 
     def load(self, seed: int) -> Dataset:
+        # mean/std left at () mean none: right for features; images are refused without them
         return Dataset(self.name, *self.arrays(), n_classes=self.n_classes(),
-                       mean=self.mean, std=self.std, augment=self.augments(),
+                       mean=self.mean or None, std=self.std or None, augment=self.augments(),
                        augment_padding=self.options.augment_padding,
                        augment_flip=self.options.augment_flip)
 

@@ -3,7 +3,8 @@ conformance check (``check_dataset``) and by the run's own check of what it load
 (``check_loaded``) — in one line naming the dataset plugin and what to set, never an
 internal error in the middle of a run: uint8 images without a mean and std (a
 ``FileDataset`` left at ``()``, a ``Dataset`` built without them), a mean/std of another
-channel count, float features marked augmented.
+channel count, float features marked augmented; and, past the door's tiny sizes, samples
+or labels of a dtype the loader and the loss do not take (float64 features, int32 labels).
 """
 
 from __future__ import annotations
@@ -133,3 +134,26 @@ def test_the_runs_own_check_refuses_normalised_or_augmented_features():
         with pytest.raises(LoadedDataError, match=says):
             check_loaded(_Spec((3,)), Dataset("tiny", x[:4], y[:4], x[4:], y[4:],
                                               n_classes=2, **extra))
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("fx20-late-float64", "the training samples of fx20-late-float64: x must be uint8 "
+                          "images (N, C, H, W) or float32 features (N, D), got torch.float64 "
+                          "with shape (256, 8)"),
+    ("fx20-late-int32-labels", "the training labels of fx20-late-int32-labels are "
+                               "torch.int32, not int64: give int64 labels (N,)"),
+])
+def test_dtypes_past_the_doors_sizes_are_refused_at_the_runs_load_naming_the_plugin(
+        tmp_path, name, says):
+    """The door checked (and remembers) the tiny sizes, where the dtypes are right; the
+    run's own load at its real size is checked too, before any training."""
+    with guests(tmp_path / "api", name):
+        plan = plan_run(tiny_config(tmp_path / "runs", **{"data.name": name}))
+        with pytest.raises(GuestError) as error:
+            plan.load_data()
+    assert str(error.value) == (f"dataset plugin '{name}' ({ORIGIN}) loaded data creditaudit "
+                                f"cannot use: {says}")
+    site = site_with(tmp_path, name)
+    line = error_line(cli(site, "train", *cli_args(tmp_path / "runs", **{"data.name": name}),
+                          cwd=tmp_path))
+    assert line == f"creditaudit: error: {error.value}", line

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from creditaudit.data.dataset import EVAL_SUBSET_SEED, Dataset
-from creditaudit.data.loader import InMemoryLoader
+from creditaudit.data.loader import InMemoryLoader, samples_problem
 from creditaudit.data.registry import (
     DATASETS,
     DatasetSpec,
@@ -53,8 +53,9 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
     holding its options) declares (sample shape, classes, labels within them, finite
-    features), or their normalisation (:func:`check_normalisation`) or augmentation is one
-    the loader cannot apply."""
+    features) or what the loader reads (uint8 images or float32 features, int64 labels),
+    or their normalisation (:func:`check_normalisation`) or augmentation is one the loader
+    cannot apply."""
     declared = tuple(spec.input_shape())
     wrong = LoadedDataError
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
@@ -69,6 +70,11 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         if y.shape != (x.shape[0],):
             raise wrong(f"the {split} labels of {spec.name} have shape {tuple(y.shape)} for "
                         f"{x.shape[0]} samples")
+        if (problem := samples_problem(x)) is not None:  # what the loader reads
+            raise wrong(f"the {split} samples of {spec.name}: {problem}")
+        if y.dtype != torch.int64:  # what the loss takes as class indices
+            raise wrong(f"the {split} labels of {spec.name} are {y.dtype}, not int64: give "
+                        f"int64 labels (N,)")
         if x.is_floating_point():
             finite = torch.isfinite(x.flatten(1)).all(dim=1)
             if not bool(finite.all()):

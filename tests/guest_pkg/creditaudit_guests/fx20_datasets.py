@@ -7,6 +7,10 @@
 - ``fx20-npy-normalised``: the same images with one mean and std (well-behaved);
 - ``fx20-images-without-mean``: generated uint8 images in a ``Dataset`` built without mean;
 - ``fx20-augmented-features``: float features in a ``Dataset`` built with ``augment=True``;
+- ``fx20-late-float64``: float64 features once more than 100 training samples are asked for
+  (past the door's tiny sizes);
+- ``fx20-late-int32-labels``: int32 labels once more than 100 training samples are asked
+  for.
 """
 
 import numpy as np
@@ -94,3 +98,19 @@ class AugmentedFeatures(_Generated):
     def load(self, seed):
         return self.dataset(seed, *self.arrays(seed), augment=True)
 
+
+
+class LateFloat64(_Generated):
+    name, label = "fx20-late-float64", "late float64"
+
+    def load(self, seed):
+        x, y = self.arrays(seed)
+        return self.dataset(seed, x.double() if self.options.n_train > 100 else x, y)
+
+
+class LateInt32Labels(_Generated):
+    name, label = "fx20-late-int32-labels", "late int32 labels"
+
+    def load(self, seed):
+        x, y = self.arrays(seed)
+        return self.dataset(seed, x, y.int() if self.options.n_train > 100 else y)

@@ -43,6 +43,7 @@ from creditaudit.guests import Guest
 from creditaudit.guests.blame import blame
 from creditaudit.methods import CreditRule, build_rule, check_binding, rule_class
 from creditaudit.models import Architecture, ResidualNet, architecture
+from creditaudit.models.images import image_view
 from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
 from creditaudit.protocol.verdicts import Protocol
@@ -201,7 +202,9 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         with blame(arch_guest):
             arch.check(input_shape)
     except ConfigError as err:
-        hint = spec.hints.get("images") if arch.input_kind == "image" else None
+        # the dataset's hint makes its samples images: said only while they are not
+        hint = (spec.hints.get("images") if arch.input_kind == "image"
+                and image_view(input_shape) is None else None)
         if hint is None:
             raise
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None

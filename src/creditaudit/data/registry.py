@@ -341,7 +341,7 @@ class IDXDataset(FileDataset[FileOptions]):
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.idx import load_idx_dataset
 
-        return load_idx_dataset(self.folder(), name=self.name)
+        return load_idx_dataset(self.folder(), name=self.name, side=self.input_shape()[-1])
 
 
 @register

@@ -215,9 +215,11 @@ def test_a_loaded_dataset_whose_augmentation_cannot_apply_is_refused(dataset, ma
     spec = dataset_spec("mnist")()
     x = torch.zeros(4, 1, 28, 28, dtype=torch.uint8)
     y = torch.zeros(4, dtype=torch.int64)
+    stats = {"mean": spec.mean, "std": spec.std}  # images are normalised by these
     with pytest.raises(LoadedDataError, match=match):
-        check_loaded(spec, Dataset("mnist", x, y, x, y, n_classes=10, **dataset))
-    check_loaded(spec, Dataset("mnist", x, y, x, y, n_classes=10, augment_padding=-2))  # off
+        check_loaded(spec, Dataset("mnist", x, y, x, y, n_classes=10, **stats, **dataset))
+    check_loaded(spec, Dataset("mnist", x, y, x, y, n_classes=10, **stats,
+                               augment_padding=-2))  # off
 
 
 # --- run ids: those of before, computed with b0873bc's code ---------------------------------

@@ -184,3 +184,24 @@ def test_real_fashion_mnist() -> None:
     assert train_x.shape == (60000, 1, 28, 28) and test_x.shape == (10000, 1, 28, 28)
     assert torch.equal(train_y.bincount(), torch.full((10,), 6000))
     assert torch.equal(test_y.bincount(), torch.full((10,), 1000))
+
+
+def test_a_test_images_file_of_other_sides_is_refused_naming_it_and_its_folder(
+        tmp_path: Path) -> None:
+    """32×32 test images in a fashion-mnist folder: the message names the file (and so its
+    folder), not only the shapes."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    _write_dataset(tmp_path / "fm", gz=False)
+    path = _write(tmp_path / "fm" / "t10k-images-idx3-ubyte", np.zeros((3, 32, 32), np.uint8))
+    config = RunConfig().replace(**{"data.name": "fashion-mnist",
+                                    "data.data_dir": str(tmp_path / "fm"),
+                                    "run.out_dir": str(tmp_path / "runs"),
+                                    "diagnostics.eval_samples": 3})
+    with pytest.raises(DataError) as info:
+        train(config)
+    assert str(info.value) == (f"IDX image file {path} holds 32×32 images, but fashion-mnist "
+                               "has 28×28: point data.data_dir at a folder of fashion-mnist's "
+                               "own files")
+    assert load_idx_dataset(tmp_path / "fm", name="fashion-mnist")[2].shape == (3, 1, 32, 32)

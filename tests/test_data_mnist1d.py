@@ -333,3 +333,24 @@ def test_tiny_training_run_on_mnist1d(tmp_path, single_thread):
     # Three epochs of BP on 600 samples learn something (chance is 0.1; measured 0.36 / 0.25).
     assert log[-1]["train_acc"] > 0.25 and log[-1]["acc_eval"] > 0.15
     assert all(np.isfinite(e["h_L_norm"]) for e in log)
+
+
+def test_a_run_seed_past_32_bits_is_refused_before_generating_unless_data_seed_is_set(
+        cache, generator_calls):
+    """Seeds may be 0 … 2⁶³−1, but mnist1d's numpy generator takes 32-bit seeds: the data
+    seed (by default the run seed) is refused in one line, before anything is generated;
+    an explicit data.data_seed runs, and seeds that fit keep their data."""
+    big = 2**32
+    config = RunConfig().replace(**{"data.name": "mnist1d", "data.n_train": N_TRAIN,
+                                    "data.n_test": N_TEST, "run.seed": big})
+    with pytest.raises(ConfigError) as error:
+        plan_run(config)
+    message = str(error.value)
+    assert "\n" not in message and "32-bit seed" in message
+    assert "--set data.data_seed=0" in message and f"run.seed={big}" in message
+    with pytest.raises(ConfigError, match="32-bit seed"):
+        load_dataset(config.data, seed=big)
+    assert generator_calls == []
+    assert plan_run(config.replace(**{"data.data_seed": 0})).data_seed == 0
+    largest = 2**32 - 1  # the largest seed that fits is still the run seed
+    assert load_dataset(data_config(), seed=largest).provenance["args"]["seed"] == largest

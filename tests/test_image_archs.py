@@ -7,6 +7,7 @@ Identities are checked in float64 so that "equal" means equal to rounding.
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -465,3 +466,18 @@ def test_bridges_score_feature_maps_per_position(name):
         a, b = rule.value(h, 1, e), rule.value(moved, 1, e)
         assert a.shape == (6,) and (a != b).tolist() == [False, False, True, False, False,
                                                          False]
+
+
+def test_the_synthetic_hint_to_view_inputs_as_images_is_given_only_until_followed():
+    """in_dim=256 gets the hint to set data.in_dim=3072; at 3072 the inputs are images
+    already, and a patch that does not divide them is refused without it."""
+    from creditaudit.run.plan import plan_run
+
+    hint = "set data.in_dim=3072 to view its inputs as 3×32×32 images"
+    base = {"model.arch": "convmixer", "model.d": 16, "model.n_blocks": 2}
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        plan_run(RunConfig().replace(**base))
+    with pytest.raises(ConfigError) as error:
+        plan_run(RunConfig().replace(**base, **{"data.in_dim": 3072, "model.patch": 5}))
+    assert str(error.value).startswith("model.patch=5 does not divide the 32×32 images")
+    assert hint not in str(error.value)

@@ -441,7 +441,8 @@ PLUGINS = [
                                  "infinite values"),
         ("battery-float64-features", "torch.float64"),
         ("battery-integer-features", "torch.int64"),
-        ("battery-float-labels", "the training labels are torch.float32, not int64"),
+        ("battery-float-labels", "the training labels of battery-float-labels are "
+                                 "torch.float32, not int64"),
         ("battery-negative-labels", "run -1 … 2, outside 0 … 3"),
         ("battery-wrong-shape", "have shape (9,), but battery-wrong-shape declares (8,)"),
         ("battery-2d-labels", "have shape (40, 1) for 40 samples"),

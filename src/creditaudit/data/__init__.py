@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from creditaudit.data.dataset import EVAL_SUBSET_SEED, Dataset
-from creditaudit.data.loader import InMemoryLoader
+from creditaudit.data.loader import InMemoryLoader, samples_problem
 from creditaudit.data.registry import (
     DATASETS,
     DatasetSpec,
@@ -22,6 +22,7 @@ from creditaudit.data.registry import (
     register,
 )
 from creditaudit.data.synthetic import make_teacher_student
+from creditaudit.data.transforms import normalization
 from creditaudit.errors import ConfigError, DataError, LoadedDataError
 
 
@@ -52,8 +53,9 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
     holding its options) declares (sample shape, classes, labels within them, finite
-    features), or their
-    augmentation is one the loader cannot apply."""
+    features) or what the loader reads (uint8 images or float32 features, int64 labels),
+    or their normalisation (:func:`check_normalisation`) or augmentation is one the loader
+    cannot apply."""
     declared = tuple(spec.input_shape())
     wrong = LoadedDataError
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
@@ -68,6 +70,11 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         if y.shape != (x.shape[0],):
             raise wrong(f"the {split} labels of {spec.name} have shape {tuple(y.shape)} for "
                         f"{x.shape[0]} samples")
+        if (problem := samples_problem(x)) is not None:  # what the loader reads
+            raise wrong(f"the {split} samples of {spec.name}: {problem}")
+        if y.dtype != torch.int64:  # what the loss takes as class indices
+            raise wrong(f"the {split} labels of {spec.name} are {y.dtype}, not int64: give "
+                        f"int64 labels (N,)")
         if x.is_floating_point():
             finite = torch.isfinite(x.flatten(1)).all(dim=1)
             if not bool(finite.all()):
@@ -88,6 +95,38 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         raise wrong(f"{spec.name} loaded data augmented with a crop padding of {padding!r} "
                     f"and flip={dataset.augment_flip!r}: the padding must be a whole number "
                     "of pixels >= 0 and flip true or false")
+    check_normalisation(spec, dataset)
+
+
+def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
+    """LoadedDataError (one line) unless ``dataset`` turns its samples into model inputs the
+    way the loader can: uint8 images with a mean and a positive std per channel (every batch
+    is standardised with them); float features with neither, and not augmented (they pass
+    unchanged)."""
+    name, mean, std = spec.name, dataset.mean, dataset.std
+    wrong = LoadedDataError
+    given = f"mean={mean!r} and std={std!r}"
+    if dataset.train_x.dtype == torch.uint8:
+        channels = dataset.train_x.shape[1]
+        fix = (f"set mean and std, one value per channel ({channels}) of the [0, 1]-scaled "
+               "pixels (a FileDataset: its class attributes mean and std; a Dataset built by "
+               "hand: Dataset(..., mean=..., std=...))")
+        if not mean or not std:
+            raise wrong(f"{name} loaded uint8 images but no normalisation for them ({given}): "
+                        f"{fix}")
+        try:
+            normalization(mean, std, channels)
+        except ValueError as err:
+            raise wrong(f"{name} loaded {channels}-channel images with {given}: {err}; "
+                        f"{fix}") from None
+        return
+    if dataset.augment:
+        raise wrong(f"{name} loaded float features with augment=True, but only uint8 images "
+                    "are augmented: set data.augment=false (a Dataset built by hand: "
+                    "augment=False)")
+    if mean is not None or std is not None:
+        raise wrong(f"{name} loaded float features with {given}, but features pass to the "
+                    "model unchanged: leave mean and std unset (None)")
 
 
 def data_dir(options: Any) -> Any:
@@ -100,4 +139,5 @@ def data_dir(options: Any) -> Any:
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_loaded",
+           "check_normalisation",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

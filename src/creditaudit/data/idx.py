@@ -164,13 +164,16 @@ def idx_files(root: str | Path, name: str) -> list[tuple[str, Path]]:
     return [(stem, _find_file(folder, stem, name)) for stem in _IDX_FILES]
 
 
-def load_idx_dataset(root: str | Path, *, name: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def load_idx_dataset(root: str | Path, *, name: str, side: int | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Load an MNIST-style data set from the four IDX files in ``root``.
 
     Args:
         root: folder with ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
             ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte``, each raw or ``.gz``.
         name: data set name used in messages (e.g. "mnist", "fashion-mnist").
+        side: the images' height and width in pixels the data set has (None: any);
+            a file of other images is refused naming it.
 
     Returns:
         train_x uint8 (N, 1, H, W), train_y int64 (N,), test_x uint8 (M, 1, H, W),
@@ -182,6 +185,11 @@ def load_idx_dataset(root: str | Path, *, name: str) -> tuple[Tensor, Tensor, Te
     for img_path, lbl_path in (paths[:2], paths[2:]):
         images, labels = read_idx(img_path), read_idx(lbl_path)
         _check_split(images, labels, img_path, lbl_path)
+        # (a file of no images is refused as empty by the caller's check)
+        if side is not None and images.shape[0] and tuple(images.shape[1:]) != (side, side):
+            raise DataError(f"IDX image file {img_path} holds {images.shape[1]}×"
+                            f"{images.shape[2]} images, but {name} has {side}×{side}: point "
+                            f"data.data_dir at a folder of {name}'s own files")
         splits += [images.unsqueeze(1), labels.to(torch.int64)]
     logger.info(
         "loaded %s from %s: %d train, %d test",

@@ -24,6 +24,19 @@ from creditaudit.data.transforms import (
     normalization,
 )
 
+# What a loader reads, and so what every dataset loads (the models compute in float32).
+SAMPLES = "uint8 images (N, C, H, W) or float32 features (N, D)"
+
+
+def samples_problem(x: Tensor) -> str | None:
+    """Why ``x`` is not :data:`SAMPLES` (one line), or None when it is."""
+    if x.dtype == torch.uint8:
+        return None if x.dim() == 4 else (
+            f"uint8 images must be (N, C, H, W), got {tuple(x.shape)}")
+    if x.dtype == torch.float32 and x.dim() == 2:
+        return None
+    return f"x must be {SAMPLES}, got {x.dtype} with shape {tuple(x.shape)}"
+
 
 @dataclass(frozen=True)
 class EpochDraws:
@@ -52,7 +65,7 @@ class InMemoryLoader:
       :func:`random_crop_flip` (zero padding ``crop_padding`` pixels; horizontal flips
       unless ``flip`` is False), then converted to float32 — standardised with ``mean``/``std``
       when given, else scaled to [0, 1] — and flattened to (B, C·H·W) when ``flatten``.
-    * float features (N, D): batches pass through unchanged (``augment``, ``mean`` and ``std``
+    * float32 features (N, D): batches pass through unchanged (``augment``, ``mean`` and ``std``
       are not allowed).
 
     Labels ``y`` (N,) are returned as stored (int64 for classification), or replaced by
@@ -93,20 +106,15 @@ class InMemoryLoader:
             raise ValueError(
                 f"y must be (N,) with N = len(x) = {x.shape[0]}, got shape {tuple(y.shape)}"
             )
+        problem = samples_problem(x)
+        if problem is not None:
+            raise ValueError(problem)
         self._images = x.dtype == torch.uint8
-        if self._images:
-            if x.dim() != 4:
-                raise ValueError(f"uint8 images must be (N, C, H, W), got {tuple(x.shape)}")
-        elif x.is_floating_point() and x.dim() == 2:
+        if not self._images:
             if augment:
                 raise ValueError("augment=True needs uint8 images (N, C, H, W), got features")
             if mean is not None or std is not None:
                 raise ValueError("mean/std apply to uint8 images only; features pass unchanged")
-        else:
-            raise ValueError(
-                "x must be uint8 images (N, C, H, W) or float features (N, D), "
-                f"got {x.dtype} with shape {tuple(x.shape)}"
-            )
         if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or \
                 crop_padding < 0:
             raise ValueError(f"crop_padding must be an integer >= 0, got {crop_padding!r}")

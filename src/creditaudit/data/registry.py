@@ -238,8 +238,9 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         raise NotImplementedError
 
     def load(self, seed: int) -> Dataset:
+        # mean/std left at () mean none: right for features; images are refused without them
         return Dataset(self.name, *self.arrays(), n_classes=self.n_classes(),
-                       mean=self.mean, std=self.std, augment=self.augments(),
+                       mean=self.mean or None, std=self.std or None, augment=self.augments(),
                        augment_padding=self.options.augment_padding,
                        augment_flip=self.options.augment_flip)
 
@@ -303,6 +304,16 @@ class MNIST1D(GeneratedDataset[GeneratedOptions]):
                               f"data.n_train + data.n_test must be a multiple of 10, got "
                               f"{self.options.n_train} + {self.options.n_test}")
 
+    def data_seed(self, run_seed: int) -> int:
+        """The seed the data is generated from; ConfigError (before anything is generated)
+        when the run seed it defaults to does not fit the generator's 32-bit seed."""
+        seed = super().data_seed(run_seed)
+        if seed > MAX_DATA_SEED:  # data.data_seed's own range is checked by the config
+            raise ConfigError(f"run.seed={run_seed} is also the data seed, but {self.name} "
+                              f"draws its data with a 32-bit seed (0 … {MAX_DATA_SEED}): "
+                              "set data.data_seed explicitly (e.g. --set data.data_seed=0)")
+        return seed
+
     def provenance(self, seed: int) -> dict[str, Any]:
         from creditaudit.data.mnist1d import mnist1d_provenance
 
@@ -330,7 +341,7 @@ class IDXDataset(FileDataset[FileOptions]):
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.idx import load_idx_dataset
 
-        return load_idx_dataset(self.folder(), name=self.name)
+        return load_idx_dataset(self.folder(), name=self.name, side=self.input_shape()[-1])
 
 
 @register

@@ -119,6 +119,10 @@ class DataIdentity:
         "is served, resumed or audited only on data with this digest. null: not known "
         "(records before it existed; runs recorded from a user's own loop, whose training "
         "arrays creditaudit never sees)")
+    eval_samples: int | None = doc(
+        "test samples of the fixed evaluation subset every epoch's diagnostics were measured "
+        "on: diagnostics.eval_samples, or the whole test split where the default exceeds it "
+        "(null: records before it was kept, and runs recorded from a user's own loop)")
 
 
 __all__ = ["ModelDescription", "DataIdentity", "CONTENT_DIGEST", "AUGMENTATION"]

@@ -16,17 +16,24 @@ FLAT_IMAGE: ImageShape = (3, 32, 32)  # how 3072 features are viewed
 SYNTHETIC_IMAGE_DIM = 3 * 32 * 32  # features that image architectures view as FLAT_IMAGE
 
 
+def image_view(input_shape: tuple[int, ...]) -> ImageShape | None:
+    """(C, H, W) as an image architecture views samples of ``input_shape`` (without batch):
+    ``(C, H, W)`` stays, ``(3072,)`` features are 3×32×32; None for any other shape."""
+    shape = tuple(input_shape)
+    if shape == (SYNTHETIC_IMAGE_DIM,):
+        shape = FLAT_IMAGE
+    return (shape[0], shape[1], shape[2]) if len(shape) == 3 else None
+
+
 def image_shape(input_shape: tuple[int, ...], arch: str, patch: int) -> ImageShape:
     """(C, H, W) of inputs of ``input_shape`` (without batch) for an image architecture.
 
     ``(C, H, W)`` stays; ``(3072,)`` features are viewed as 3×32×32. Raises ConfigError for
     any other shape, or when ``patch`` does not divide H and W.
     """
-    shape = tuple(input_shape)
-    if shape == (SYNTHETIC_IMAGE_DIM,):
-        shape = FLAT_IMAGE
-    if len(shape) != 3:
-        held = "feature vectors" if len(shape) == 1 else "inputs"
+    shape = image_view(input_shape)
+    if shape is None:
+        held = "feature vectors" if len(input_shape) == 1 else "inputs"
         raise ConfigError(f"model.arch={arch!r} needs images, and the data holds {held} of "
                           f"shape {tuple(input_shape)}: use C×H×W image data, "
                           f"{SYNTHETIC_IMAGE_DIM} features (viewed as 3×32×32), or a vector "

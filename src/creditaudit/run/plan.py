@@ -49,6 +49,7 @@ from creditaudit.methods import (
     rule_class,
 )
 from creditaudit.models import Architecture, ResidualNet, architecture
+from creditaudit.models.images import image_view
 from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
 from creditaudit.protocol.verdicts import Protocol
@@ -70,7 +71,8 @@ class RunPlan:
     ``architecture`` and ``dataset``: the components the config selects, as instances
     holding their options (``config.model``, ``config.data``). ``eval_samples``: the
     evaluation-set size actually used (``diagnostics.eval_samples``,
-    shrunk to the test split when the default does not fit). ``model``: the model's
+    shrunk to the test split when the default does not fit; for a dataset that does not
+    declare its sizes, known once the data is loaded). ``model``: the model's
     description as built (on the meta device). ``protocol``: the diagnostics the run
     evaluates, with their thresholds.
     """
@@ -114,11 +116,19 @@ class RunPlan:
                     raise
                 raise GuestError(f"{guest.what} loaded data creditaudit cannot use: {err}"
                                  ) from None
+            self._fit_eval_samples(self._data)
         return self._data
 
     def use_data(self, dataset: Dataset) -> None:
         """Train on ``dataset`` (already loaded by the caller) instead of loading it."""
         self._data = dataset
+        self._fit_eval_samples(dataset)
+
+    def _fit_eval_samples(self, data: Dataset) -> None:
+        """``eval_samples`` fitted to the test split as loaded: a dataset that does not
+        declare its sizes (files) is known only now."""
+        self.eval_samples = fit_eval_samples(self.config, self.dataset.name,
+                                             int(data.test_x.shape[0]))
 
     def data_identity(self) -> DataIdentity:
         """The data identity with the sizes and the content digest of the loaded data (and
@@ -133,7 +143,7 @@ class RunPlan:
             provenance = {**provenance, AUGMENTATION: data.augmentation()}
         return replace(self.identity, n_train=int(data.train_x.shape[0]),
                        n_test=int(data.test_x.shape[0]), provenance=provenance,
-                       arrays_sha256=data.content_digest())
+                       arrays_sha256=data.content_digest(), eval_samples=self.eval_samples)
 
     def build_model(self) -> ResidualNet:
         """The model, built by the architecture the plan resolved (drawing its initial
@@ -199,7 +209,9 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         with blame(arch_guest):
             arch.check(input_shape)
     except ConfigError as err:
-        hint = spec.hints.get("images") if arch.input_kind == "image" else None
+        # the dataset's hint makes its samples images: said only while they are not
+        hint = (spec.hints.get("images") if arch.input_kind == "image"
+                and image_view(input_shape) is None else None)
         if hint is None:
             raise
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
@@ -324,19 +336,28 @@ def available_memory() -> int | None:
 
 
 def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:
-    """``diagnostics.eval_samples``, or the whole test split when the default 1280 exceeds
-    it (said in one log line); ConfigError when a value the user chose exceeds it."""
-    wanted = config.diagnostics.eval_samples
+    """``diagnostics.eval_samples`` fitted to the test split the dataset declares
+    (:func:`fit_eval_samples`); as asked when it declares no sizes (fitted once loaded)."""
     sizes = spec.sizes()
-    if sizes is None or wanted <= sizes[1]:
+    if sizes is None:
+        return config.diagnostics.eval_samples
+    return fit_eval_samples(config, spec.name, sizes[1])
+
+
+def fit_eval_samples(config: RunConfig, dataset: str, n_test: int) -> int:
+    """``diagnostics.eval_samples``, or the whole test split of ``n_test`` samples when the
+    default 1280 exceeds it (said in one log line); ConfigError when a value the user chose
+    exceeds it. The shrunk default needs no place in the run id: ``n_test`` follows from
+    what the id holds (the generator's options, the files' content)."""
+    wanted = config.diagnostics.eval_samples
+    if wanted <= n_test:
         return wanted
-    n_test = sizes[1]
     if wanted == type(config.diagnostics)().eval_samples:
         log.info("diagnostics.eval_samples: the default %d exceeds the %d test samples of "
-                 "%s; evaluating on all %d", wanted, n_test, spec.name, n_test)
+                 "%s; evaluating on all %d", wanted, n_test, dataset, n_test)
         return n_test
     raise ConfigError(f"diagnostics.eval_samples={wanted} exceeds the {n_test} test samples "
-                      f"of {spec.name}; use at most {n_test}")
+                      f"of {dataset}; use at most {n_test}")
 
 
 __all__ = ["RunPlan", "plan_run", "run_id", "available_memory", "code_version"]

@@ -88,22 +88,9 @@ def loads_what_it_declares(cls: type[DatasetSpec], options: Any, other: Any) -> 
     dataset = _load(cls, options)
     assert isinstance(dataset, Dataset), \
         f"load() returned a {type(dataset).__name__}, not a creditaudit.data.Dataset"
-    # declared shape and classes, non-empty splits, finite features, labels within the classes
+    # declared shape and classes, non-empty splits, finite features, labels within the
+    # classes, the dtypes the loader reads and a normalisation it can apply
     check_loaded(cls(options), dataset)
-    n_classes = cls(options).n_classes()
-    for split, x, y in (("training", dataset.train_x, dataset.train_y),
-                        ("test", dataset.test_x, dataset.test_y)):
-        if x.dim() == 4:
-            assert x.dtype == torch.uint8, f"the {split} images are {x.dtype}; keep images " \
-                                           "as uint8 (N, C, H, W)"
-        else:
-            assert x.dim() == 2 and x.dtype == torch.float32, \
-                f"the {split} samples are {x.dtype} of shape {tuple(x.shape)}: use uint8 " \
-                "images (N, C, H, W) or float32 features (N, D)"
-        assert y.dtype == torch.int64, f"the {split} labels are {y.dtype}, not int64"
-        low, high = int(y.min()), int(y.max())
-        assert low >= 0 and high < n_classes, \
-            f"the {split} labels run {low} … {high}, outside 0 … {n_classes - 1}"
 
 
 def sizes_match_what_was_loaded(cls: type[DatasetSpec], options: Any, other: Any) -> None:

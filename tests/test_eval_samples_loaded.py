@@ -1,0 +1,50 @@
+"""``diagnostics.eval_samples``'s default shrinks to the test split also where it is known
+only once the data is loaded (a file dataset: its folder may hold fewer test samples than
+the default 1280), the record says the value used, and a value the user chose that exceeds
+the split is still refused in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from creditaudit import RunConfig
+from creditaudit.errors import ConfigError
+from creditaudit.records import load_record
+from creditaudit.run.plan import plan_run
+from creditaudit.run.trainer import train
+from integrity_support import write_idx_dataset
+
+N_TEST = 200
+
+
+def fashion(tmp_path, **overrides: object) -> RunConfig:
+    folder = write_idx_dataset(tmp_path / "fm", n_train=128, n_test=N_TEST, side=28)
+    return RunConfig().replace(**{
+        "data.name": "fashion-mnist", "data.data_dir": str(folder), "model.d": 16,
+        "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "diagnostics.rho_samples": 16, "diagnostics.rho_directions": 2,
+        "diagnostics.null_draws": 2, "run.progress": False,
+        "run.out_dir": str(tmp_path / "runs"), **overrides})
+
+
+def test_the_default_shrinks_to_a_loaded_test_split_and_the_record_says_so(tmp_path):
+    plan = plan_run(fashion(tmp_path))
+    plan.load_data()
+    assert plan.eval_samples == N_TEST
+    result = train(plan)
+    record = load_record(result.run_dir)
+    assert record.data is not None and record.data.eval_samples == N_TEST
+    assert record.config.diagnostics.eval_samples == 1280  # the config as given: same id
+    assert plan_run(record.config).run_id == record.run_id
+
+
+def test_a_chosen_value_past_the_loaded_test_split_is_refused_and_ids_stay_apart(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        plan_run(fashion(tmp_path, **{"diagnostics.eval_samples": 300})).load_data()
+    assert str(error.value) == ("diagnostics.eval_samples=300 exceeds the 200 test samples "
+                                "of fashion-mnist; use at most 200")
+    shrunk = plan_run(fashion(tmp_path))
+    chosen = plan_run(fashion(tmp_path, **{"diagnostics.eval_samples": 100}))
+    chosen.load_data()
+    assert chosen.eval_samples == 100 and chosen.run_id != shrunk.run_id

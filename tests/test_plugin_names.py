@@ -1,7 +1,8 @@
 """Names that collide: a name two installed distributions register in one entry-point group
 is refused in one line naming both (which one ran used to depend on sys.path order), and
 their other names keep working; a plugin registered under a built-in's name is ignored, said
-in one warning line when that name is used.
+in one warning line when that name is used; a diagnostic named after a common key of
+``[diagnostics]`` (its options table would be that key) is refused in one line naming it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from creditaudit.config import config_from_dict
 from creditaudit.errors import ConfigError
 from creditaudit.models.registry import ResMLPArchitecture
-from creditaudit.registry import ARCHITECTURES, DATASETS, reload_plugins
-from door_support import ORIGIN, error_line, guests, site_with
+from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, reload_plugins
+from door_support import ORIGIN, cli_args, error_line, guests, site_with
 from plugin_support import cli
 
 RIVAL = "fx21-rival==1.0"
@@ -73,3 +75,28 @@ def test_a_plugin_under_a_builtins_name_is_one_warning_line_on_stderr(tmp_path):
     warned = [line for line in done.stderr.splitlines() if "shadowed" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: ")
     assert f"{ORIGIN}'s architecture 'resmlp'" in warned[0]
+
+
+@pytest.mark.parametrize("name", ["every", "frozen_acc"])
+def test_a_diagnostic_named_after_a_common_key_is_refused_naming_it(tmp_path, name):
+    with guests(tmp_path / "site", name):
+        with pytest.raises(ConfigError) as caught:
+            DIAGNOSTICS.get(name)
+        message = str(caught.value)
+        assert "\n" not in message
+        assert f"entry point {name!r}" in message and "creditaudit-guests 0.1.0" in message
+        assert "common key of [diagnostics]" in message and "rename" in message
+        assert message.count("protocol diagnostic plugin") == 1  # said once, not nested
+        with pytest.raises(ConfigError) as selected:
+            config_from_dict({"diagnostics": {"protocol": ["a", name]}})
+        assert str(selected.value) == message
+        assert config_from_dict({"diagnostics": {"protocol": ["a", "b"]}})  # others work
+
+
+def test_a_diagnostic_named_after_a_common_key_is_one_error_line(tmp_path):
+    site = site_with(tmp_path, "every")
+    done = cli(site, "train", "--set", 'diagnostics.protocol=["a","every"]',
+               *cli_args(tmp_path / "runs", **{"data.name": "synthetic"}), cwd=tmp_path)
+    line = error_line(done)
+    assert "entry point 'every'" in line and "common key of [diagnostics]" in line
+    assert not list((tmp_path / "runs").glob("*/record.json"))

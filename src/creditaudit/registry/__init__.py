@@ -197,6 +197,11 @@ class Registry(Generic[C]):
                 cls = self.validate(_load(entry), source)
         except KeyboardInterrupt:
             raise
+        except ConfigError as err:  # the checks' own one line already names the plugin
+            text = str(err)
+            self._broken[entry.name] = (text if text.startswith(source)
+                                        else f"{source} cannot be used: {text}")
+            return
         except BaseException as err:  # noqa: BLE001 - a broken plugin must not break the tool
             self._broken[entry.name] = f"{source} cannot be used: {_reason(err)}"
             return

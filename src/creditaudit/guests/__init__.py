@@ -11,16 +11,16 @@ from creditaudit.guests.code import (
     guests_owning,
     has_source_file,
     known_paths,
+    loaded_sources,
     main_module_name,
     make_guest,
     module_sources,
     own_sources,
-    package_sources,
     plugin_sources,
     resolved,
     source_digest,
 )
 
 __all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
-           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources",
+           "file_sha256", "resolved", "plugin_sources", "loaded_sources", "module_sources",
            "own_sources", "main_module_name", "has_source_file"]

@@ -6,9 +6,14 @@ A :class:`Guest` names itself for messages (``credit rule plugin 'sparse-dfa'
 :attr:`~Guest.digest` (sha256 over their names and contents) is part of the run id, so
 editing a guest's code is a new run even when its version number stays. Which files:
 
-- a plugin: the ``.py`` files its distribution installed (``RECORD``); for a distribution
-  that lists none (an editable install, a folder on ``PYTHONPATH``), the files of the
-  top-level package its entry point lives in;
+- a plugin: the code that was imported — every ``.py`` file of the package (or module) its
+  entry point lives in, as loaded: the outermost regular package of the entry point's
+  module (``sys.modules``: its ``__path__`` or ``__file__``) — together with the other
+  ``.py`` files its distribution installed (``RECORD``: a distribution may ship more
+  than one top-level package). So an editable install (whose ``RECORD`` lists only a
+  finder or a ``.pth``) is identified by its source folder, and a copy of the package
+  that shadows the installed one on ``sys.path`` by the copy's files; an ordinary install
+  is the files its ``RECORD`` lists, named relative to its site folder as before;
 - a factory (and the network class of a user's own loop, recorded by ``Recorder``): its
   module (a script's ``__main__``: the script) and, transitively, every module of its own
   code that it imports
@@ -134,31 +139,51 @@ def source_digest(root: Path, files: tuple[Path, ...] | list[Path]) -> str:
 
 # --- a plugin's files -------------------------------------------------------------------------
 def plugin_sources(entry: metadata.EntryPoint) -> tuple[Path, list[Path]]:
-    """(root, ``.py`` files) of the distribution that installed ``entry`` (module
-    docstring); call it after the entry point was loaded."""
+    """(root, ``.py`` files) of the code ``entry`` runs (module docstring); call it after the
+    entry point was loaded. The root is the distribution's folder when the imported package
+    lies in it (an ordinary install), else the folder the imported package was found in."""
+    unit, root, loaded = loaded_sources(entry.module)
     dist = getattr(entry, "dist", None)
-    listed = [Path(str(dist.locate_file(f))) for f in (dist.files or [])
-              if f.suffix == ".py"] if dist is not None else []
-    files = [p.resolve() for p in listed if p.is_file()]
-    if files and dist is not None:
-        return Path(str(dist.locate_file(""))).resolve(), files
-    return package_sources(entry.module.split(".")[0])
+    if dist is None:
+        return root, loaded
+    base = Path(str(dist.locate_file(""))).resolve()
+    prefix = unit.replace(".", "/")
+    listed = []
+    for name in dist.files or []:
+        posix = name.as_posix()
+        # The imported package's own files stand for those RECORD lists for it: they are
+        # what runs (an editable source folder, a shadowing copy), and the same files when
+        # the installed package is the one imported.
+        ours = posix == f"{prefix}.py" or posix.startswith(f"{prefix}/")
+        if name.suffix == ".py" and not (ours and loaded):
+            path = Path(str(dist.locate_file(name))).resolve()
+            if path.is_file():
+                listed.append(path)
+    if all(base in path.parents for path in loaded):
+        root = base
+    return root, sorted(set(listed) | set(loaded))
 
 
-def package_sources(top: str) -> tuple[Path, list[Path]]:
-    """(root, files) of the imported top-level module or package ``top``: every ``.py``
-    file below a package's folders, or the module's own file."""
-    module = sys.modules.get(top)
-    folders = [Path(p).resolve() for p in getattr(module, "__path__", [])]
-    if folders:
-        files = [p.resolve() for folder in folders for p in folder.rglob("*.py")
-                 if "__pycache__" not in p.parts]
-        return folders[0].parent, files
-    file = getattr(module, "__file__", None)
-    if isinstance(file, str):
+def loaded_sources(module: str) -> tuple[str, Path, list[Path]]:
+    """(unit, root, files) of the imported module ``module``'s outermost regular package
+    (or module) ``unit`` — namespace packages are passed through, their portions may be
+    other distributions' — : every ``.py`` file below its folders, or the module's own
+    file; ``root`` is the ``sys.path`` folder it was found in."""
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        loaded = sys.modules.get(name)
+        file = getattr(loaded, "__file__", None)
+        if loaded is None or not isinstance(file, str):
+            continue  # a namespace package (or not imported): look one level deeper
+        folders = [Path(p).resolve() for p in getattr(loaded, "__path__", [])]
+        if folders:
+            files = [p.resolve() for folder in folders for p in folder.rglob("*.py")
+                     if "__pycache__" not in p.parts]
+            return name, folders[0].parents[depth - 1], files
         path = Path(file).resolve()
-        return path.parent, [path]
-    return Path.cwd(), []
+        return name, path.parents[depth - 1], [path]
+    return parts[0], Path.cwd(), []
 
 
 # --- a factory's files ------------------------------------------------------------------------
@@ -298,5 +323,5 @@ def _imports(path: Path, package: str) -> list[str]:
 
 
 __all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
-           "file_sha256", "resolved", "plugin_sources", "package_sources", "module_sources",
+           "file_sha256", "resolved", "plugin_sources", "loaded_sources", "module_sources",
            "own_sources", "main_module_name", "has_source_file"]

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from torch import Tensor
 
 from creditaudit.config.composed import check_distinct
+from creditaudit.config.sections import DiagnosticsConfig
 from creditaudit.errors import ConfigError
 from creditaudit.protocol.checks import (
     FIRED,
@@ -193,12 +194,20 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
                            **{**result.details, "claimed": result.status})
 
 
+# A diagnostic's options are the table [diagnostics.NAME]: no name may be a common key.
+DIAGNOSTICS_KEYS = frozenset(f.name for f in dataclasses.fields(DiagnosticsConfig))
+
+
 def _validate(cls: type[ProtocolDiagnostic], source: str) -> None:
     name = cls.name
     if not name.isidentifier():
         raise ConfigError(f"{source} ({name}): a diagnostic's name must be a Python "
                           "identifier (letters, digits, _): it is a config table "
                           "[diagnostics.NAME]")
+    if name in DIAGNOSTICS_KEYS:
+        raise ConfigError(f"{source}: its name {name!r} is a common key of [diagnostics] "
+                          "(its options would be the table [diagnostics.NAME]); rename the "
+                          "diagnostic and its entry point")
     if cls.operator not in OPERATORS:
         raise ConfigError(f"{source} ({name}): operator must be one of {OPERATORS}")
     if cls.threshold not in cls.option_names():

@@ -18,7 +18,10 @@ asks for its name (or lists every component of an axis), so a plugin that breaks
 fails to import — an exception, a ``sys.exit()``, a class that does not describe itself —
 is named in one line when it is asked for (and in a warning when an axis is listed), and
 the built-ins keep working; what it prints while imported goes to stderr. The entry point's
-name must be the class's ``name``; a plugin cannot replace a built-in. Each loaded plugin
+name must be the class's ``name``. A plugin cannot replace a built-in: a plugin registered
+under a built-in's name is ignored, said in one warning when that name is used. A name two
+installed distributions register in one group is refused in one line naming both (which
+would run depends on ``sys.path`` order); their other names keep working. Each loaded plugin
 is known as a :class:`~creditaudit.guests.Guest` (:meth:`Registry.guest`): its code's files
 and digest, and how messages name it.
 
@@ -98,6 +101,7 @@ class Registry(Generic[C]):
         self._guests: dict[str, Guest] = {}
         self._entry_points: dict[str, list[metadata.EntryPoint]] | None = None
         self._loaded: set[str] = set()
+        self._shadow_warned: set[str] = set()
         self._builtins_loaded = False
 
     # --- set-up ----------------------------------------------------------------------------
@@ -159,8 +163,29 @@ class Registry(Generic[C]):
         if name in self._loaded:
             return
         self._loaded.add(name)
-        for entry in self._entries().get(name, []):
+        entries = self._entries().get(name, [])
+        if len(entries) > 1:  # neither is imported: the one found last would win
+            self._broken[name] = (
+                f"{self.noun} {name!r} is registered by {len(entries)} installed "
+                f"distributions ({'; '.join(_described(e) for e in entries)}; entry-point "
+                f"group {self.group}), so which one runs would depend on the order of "
+                "sys.path; uninstall all but one of them")
+            return
+        for entry in entries:
             self._load_entry(entry)
+
+    def _warn_shadowed(self, name: str) -> None:
+        """Say once that plugins registered under the built-in ``name`` are ignored."""
+        if name in self._shadow_warned:
+            return
+        self._shadow_warned.add(name)
+        entries = self._entries().get(name, [])
+        if entries:
+            log.warning("warning: %s's %s %r (%s; entry-point group %s) is shadowed by the "
+                        "built-in %s and ignored; rename the plugin's entry point and "
+                        "`name` to use it", " and ".join(_dist_text(e) for e in entries),
+                        self.noun, name, "; ".join(e.value for e in entries), self.group,
+                        self.noun)
 
     def _load_entry(self, entry: metadata.EntryPoint) -> None:
         dist = getattr(entry, "dist", None)
@@ -172,6 +197,11 @@ class Registry(Generic[C]):
                 cls = self.validate(_load(entry), source)
         except KeyboardInterrupt:
             raise
+        except ConfigError as err:  # the checks' own one line already names the plugin
+            text = str(err)
+            self._broken[entry.name] = (text if text.startswith(source)
+                                        else f"{source} cannot be used: {text}")
+            return
         except BaseException as err:  # noqa: BLE001 - a broken plugin must not break the tool
             self._broken[entry.name] = f"{source} cannot be used: {_reason(err)}"
             return
@@ -204,6 +234,7 @@ class Registry(Generic[C]):
         self._broken.clear()
         self._guests.clear()
         self._loaded.clear()
+        self._shadow_warned.clear()
         self._entry_points = None
         for name in [n for n, o in self._origins.items() if not o.builtin]:
             del self._origins[name]
@@ -241,7 +272,23 @@ class Registry(Generic[C]):
 
     def get(self, name: str) -> type[C]:
         """The class called ``name``; a one-line ConfigError naming the choices (or what is
-        wrong with the plugin of that name) otherwise. Imports only the plugin asked for."""
+        wrong with the plugin of that name) otherwise. Imports only the plugin asked for. A
+        command asks here for what it uses: plugins ignored because a built-in has their
+        name are said here, once (not by :meth:`find`'s look-ups for records and
+        defaults)."""
+        cls = self._resolve(name)
+        if name in self._builtin:
+            self._warn_shadowed(name)
+        return cls
+
+    def find(self, name: str) -> type[C] | None:
+        """The class called ``name``, or None (e.g. a record of a plugin not installed)."""
+        try:
+            return self._resolve(name)
+        except ConfigError:
+            return None
+
+    def _resolve(self, name: str) -> type[C]:
         self._load_builtins()
         if name in self._builtin:
             return self._builtin[name]
@@ -253,13 +300,6 @@ class Registry(Generic[C]):
         raise ConfigError(f"{self.key}={name!r} is not a known {self.noun}; choose one of "
                           f"{', '.join(self.listed_names())} ({self.noun}s of other "
                           f"packages register through the entry-point group {self.group})")
-
-    def find(self, name: str) -> type[C] | None:
-        """The class called ``name``, or None (e.g. a record of a plugin not installed)."""
-        try:
-            return self.get(name)
-        except ConfigError:
-            return None
 
     def origin(self, name: str) -> Origin | None:
         """Where ``name`` comes from (None when it is not installed)."""
@@ -281,6 +321,17 @@ def own_rank(cls: type) -> int:
     beside its parent)."""
     rank = cls.__dict__.get("rank", Component.rank)
     return rank if isinstance(rank, int) else Component.rank
+
+
+def _dist_text(entry: metadata.EntryPoint) -> str:
+    """``dist==version`` of the distribution that registered ``entry`` (``?`` unknown)."""
+    dist = getattr(entry, "dist", None)
+    return f"{dist.name}=={dist.version}" if dist is not None else "?"
+
+
+def _described(entry: metadata.EntryPoint) -> str:
+    """``dist==version: module:Class`` of ``entry``."""
+    return f"{_dist_text(entry)}: {entry.value}"
 
 
 def _load(entry: metadata.EntryPoint) -> Any:

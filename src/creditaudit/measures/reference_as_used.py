@@ -78,9 +78,10 @@ def check_as_used(states_fn: StatesFn, work: _Float64States, x: Tensor, y: Tenso
                   keep: Tensor, probes: Tensor, probes64: Tensor) -> str:
     """Compare the model's own backward on the diagnostics' batch with the verified float64
     one (module docstring). ``states_fn``: the model as the diagnostics run it; ``work``:
-    its float64 copy, whose backward agreed with central differences at ``probes64``; ``x`` ``(N, …)``, ``y`` ``(N,)``: the evaluation set;
-    ``keep`` ``(k,)``: the probes' indices among its first samples; ``probes``: the probe
-    inputs in ``x``'s dtype (moved off ties), ``probes64`` the same in float64.
+    its float64 copy, whose backward agreed with central differences at ``probes64``;
+    ``x`` ``(N, …)``, ``y`` ``(N,)``: the evaluation set; ``keep`` ``(k,)``: the probes'
+    indices among its first samples; ``probes``: the probe inputs in ``x``'s dtype (moved
+    off ties), ``probes64`` the same in float64.
 
     Raises :class:`ReferenceGradientError` when most compared probes disagree at h_0 or at
     h_L; returns what was compared, to end the check's detail ("" when nothing was)."""

@@ -65,8 +65,9 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "a batch of up to 512 samples — against that verified one; docs/protocol.md). A model "
      "whose backward is not the gradient of its forward is refused before the run's folder "
      "is written, unless `diagnostics.allow_unverified_reference` is on; then `how` is "
-     "`failed`, the verdict is *unverified* and every cosine, Γ and (b) is shown marked unverified. Records "
-     "written before creditaudit checked it have no block and read as `not checked`."),
+     "`failed`, the verdict is *unverified* and every cosine, Γ and (b) is shown marked "
+     "unverified. Records written before creditaudit checked it have no block and read as "
+     "`not checked`."),
     ("The parts of a resumed run (`resumed`)", ResumedPart,
      "One object per time the run was resumed, in order; absent for a run that never was "
      "(and in records written before the parts were kept). A resumed run goes on with the "

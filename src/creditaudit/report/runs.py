@@ -180,9 +180,9 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     lines += dict.fromkeys(filter(None, map(credit_not_finite_text, records)))
     footnotes = deep_cos_footnotes(records)
     lines += [footnotes[mark] for mark in ("*", "§") if mark in footnotes]
-    if unverified:
-        lines.append(f"{UNVERIFIED_MARK} the reference gradient every cosine, Γ and (b) "
-                     "compares with is not verified: " + "; ".join(dict.fromkeys(unverified)))
+    unverified_note = unverified_footnote(unverified)
+    if unverified_note is not None:
+        lines.append(unverified_note)
     if "†" in footnotes:
         lines.append(footnotes["†"])
     return "\n".join(lines)
@@ -261,3 +261,13 @@ def diverged_footnote(records: Sequence[RunRecord]) -> str | None:
         return None
     return (f"{DIVERGED_MARK} of a diverged run: its numbers are those of its last epoch "
             "whose evaluation was finite, not of the epoch it diverged in")
+
+
+def unverified_footnote(reasons: Sequence[str]) -> str | None:
+    """What :data:`UNVERIFIED_MARK` means, with ``reasons`` (why each marked run's reference
+    is not verified: ``dfa: reference gradient failed its check …``; repeats shown once),
+    where there are any, else None."""
+    if not reasons:
+        return None
+    return (f"{UNVERIFIED_MARK} the reference gradient every cosine, Γ and (b) compares with "
+            "is not verified: " + "; ".join(dict.fromkeys(reasons)))

@@ -13,6 +13,7 @@ from typing import Any
 from creditaudit.config import RunConfig
 from creditaudit.protocol import HEADLINE_GAMMA, DepthUtility
 from creditaudit.records import RunRecord
+from creditaudit.report.runs import ACC, DEEP_COS, GAMMA
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
     AUDIT_METHODS,
@@ -30,6 +31,7 @@ from creditaudit.study.experiments.groups import (
     markdown_table,
     verdicts,
 )
+from creditaudit.study.experiments.marks import TableMarks
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -89,14 +91,16 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
 def to_markdown(summary: dict[str, Any]) -> str:
     frozen = summary.get("frozen_acc")
     d = DepthUtility.id_label()
+    mark = TableMarks(summary)
     rows = []
     for row in summary["rows"]:
         gamma = row["gamma"]
         rows.append([
-            row["label"], format_aggregate(row["test_acc"]),
-            fmt(row["headline_gamma"]["mean"], "+.3f"), fmt(row["deep_cos"]["mean"], "+.3f"),
-            " / ".join(fmt(gamma[k]["mean"], "+.3f") for k in GAMMA_KEYS),
-            "—" if row["baseline"] else fmt(row["margin_pp"]["mean"], "+.1f"),
+            row["label"], mark(format_aggregate(row["test_acc"]), row, ACC),
+            mark(fmt(row["headline_gamma"]["mean"], "+.3f"), row, GAMMA),
+            mark(fmt(row["deep_cos"]["mean"], "+.3f"), row, DEEP_COS),
+            " / ".join(mark(fmt(gamma[k]["mean"], "+.3f"), row, GAMMA) for k in GAMMA_KEYS),
+            "—" if row["baseline"] else mark(fmt(row["margin_pp"]["mean"], "+.1f"), row, ACC),
             (f"baseline for {d}" if row["baseline"] else
              "<br>".join(f"s{s['seed']}: {s['verdict']}" for s in row["seeds"])),
         ])
@@ -104,14 +108,14 @@ def to_markdown(summary: dict[str, Any]) -> str:
                       "Γ: layers→samples / samples→layers / pooled / deep", f"{d} margin pp",
                       "verdict per seed"], rows)
     notes = [
-        "", f"Frozen-blocks baseline: {format_aggregate(frozen)}.",
+        "", f"Frozen-blocks baseline: {mark(format_aggregate(frozen), frozen, ACC)}.",
         "", f"Verdicts: {summary['d_rule']}.",
         "", "Published (science.md §7; CIFAR-10 d=256 L=4, 100 epochs, 3 seeds): BP .615 ± .004 "
         "trustworthy; FA .401 ± .009; EP .316 ± .037 trustworthy; DFA .306 ± .008 walked back "
         "by (a)(b)(d); Credit Bridge .289 ± .031 and State Bridge .205 ± .039 walked back by "
         "(a)(b)(d); frozen .349.",
     ]
-    return table + "\n" + "\n".join(notes)
+    return table + mark.notes_text() + "\n" + "\n".join(notes)
 
 
 EXPERIMENT = register(Experiment(

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
+from creditaudit.report.runs import ACC
 from creditaudit.study.experiments.aggregate import format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -25,6 +27,7 @@ from creditaudit.study.experiments.groups import (
     markdown_table,
     rule_groups,
 )
+from creditaudit.study.experiments.marks import TableMarks, marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -51,11 +54,18 @@ def _pp(a: float | None, b: float | None) -> float | None:
 
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     cells: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[RunRecord]] = {"frozen": [r for r in records if is_frozen_baseline(r)]}
     frozen = frozen_accuracy(records)
     for members, row in rule_groups(records):
         key = (members[0].method, members[0].penalty)
         if key in CELLS:
             cells[f"{key[0]}|{key[1]:g}"] = row
+            runs[f"{key[0]}|{key[1]:g}"] = members
+    index = RecordSet(records)
+
+    def effect_marks(a: str, b: str) -> dict[str, str]:
+        """The marks of a difference of two cells' accuracies: those of both cells' runs."""
+        return marks_of([*runs.get(a, []), *runs.get(b, [])], index)
 
     def cell(method: str, lam: float) -> dict[str, Any] | None:
         return cells.get(f"{method}|{lam:g}")
@@ -76,27 +86,40 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "dfa_penalty_over_frozen": _pp(dfa1, frozen_mean),
             "bp_penalty_over_frozen": _pp(bp1, frozen_mean),
         },
+        "effects_marks": {
+            "bp_penalty_cost": effect_marks(f"bp|{PENALTY:g}", "bp|0"),
+            "dfa_penalty_gain": effect_marks(f"dfa|{PENALTY:g}", "dfa|0"),
+            "credit_quality_gap": effect_marks(f"bp|{PENALTY:g}", f"dfa|{PENALTY:g}"),
+            "dfa_penalty_over_frozen": effect_marks(f"dfa|{PENALTY:g}", "frozen"),
+            "bp_penalty_over_frozen": effect_marks(f"bp|{PENALTY:g}", "frozen"),
+        },
     }
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
+    mark = TableMarks(summary)
     rows = []
     for method in ("bp", "dfa"):
         row = [method.upper()]
         for lam in (0.0, summary["penalty"]):
             entry = summary["cells"].get(f"{method}|{lam:g}")
-            row.append(format_aggregate(entry["test_acc"]) if entry else "—")
+            row.append(mark(format_aggregate(entry["test_acc"]), entry, ACC) if entry else "—")
             row.append(entry["verdict"]["text"] if entry else "—")
         rows.append(row)
     header = ["method", "no penalty", "verdict", f"λ={summary['penalty']:g}", "verdict"]
     table = markdown_table(header, rows)
-    e = summary["effects_pp"]
-    return (table + f"\n\nFrozen baseline: {format_aggregate(summary['frozen_acc'])}.\n\n"
-            f"- penalty cost for BP: {fmt(e['bp_penalty_cost'], '+.1f')} pp\n"
-            f"- penalty gain for DFA: {fmt(e['dfa_penalty_gain'], '+.1f')} pp\n"
+    e, e_marks = summary["effects_pp"], summary.get("effects_marks") or {}
+
+    def effect(name: str) -> str:
+        return mark(fmt(e[name], "+.1f"), {"marks": e_marks.get(name)}, ACC)
+
+    frozen = mark(format_aggregate(summary["frozen_acc"]), summary["frozen_acc"], ACC)
+    return (table + f"\n\nFrozen baseline: {frozen}." + mark.notes_text() + "\n\n"
+            f"- penalty cost for BP: {effect('bp_penalty_cost')} pp\n"
+            f"- penalty gain for DFA: {effect('dfa_penalty_gain')} pp\n"
             f"- credit-quality gap at equal constraint (BP+λ − DFA+λ): "
-            f"{fmt(e['credit_quality_gap'], '+.1f')} pp\n"
-            f"- DFA+λ over frozen: {fmt(e['dfa_penalty_over_frozen'], '+.1f')} pp\n\n"
+            f"{effect('credit_quality_gap')} pp\n"
+            f"- DFA+λ over frozen: {effect('dfa_penalty_over_frozen')} pp\n\n"
             "Published (science.md §7; CIFAR-10, 30 epochs): BP .585 → .532, DFA .301 → .360, "
             "frozen .349 (BP penalty cost −5.5 pp; gap 17 pp = credit quality).\n")
 

@@ -15,6 +15,7 @@ from creditaudit.errors import ConfigError
 from creditaudit.protocol import DepthUtility
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
+from creditaudit.report.runs import ACC
 from creditaudit.study.experiments.aggregate import format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -29,6 +30,7 @@ from creditaudit.study.experiments.groups import (
     markdown_table,
     rule_groups,
 )
+from creditaudit.study.experiments.marks import TableMarks
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -74,22 +76,24 @@ def to_markdown(summary: dict[str, Any]) -> str:
     ks = sorted({r["k"] for r in summary["rows"]})
     methods = summary.get("methods") or [m for m in METHODS
                                          if any(r["method"] == m for r in summary["rows"])]
+    mark = TableMarks(summary)
     rows = []
     for k in ks:
         row: list[Any] = [k]
         for method in methods:
             entry = by_key.get((method, k))
-            row += ([format_aggregate(entry["test_acc"]), fmt(entry["margin_pp"]["mean"], "+.1f"),
+            row += ([mark(format_aggregate(entry["test_acc"]), entry, ACC),
+                     mark(fmt(entry["margin_pp"]["mean"], "+.1f"), entry, ACC),
                      entry["verdict"]["text"]] if entry else ["—", "—", "—"])
         rows.append(row)
     header = ["trainable blocks k"]
     for method in methods:
         header += [f"{method} acc", f"{method} {DepthUtility.id_label()} margin pp",
                    f"{method} verdict"]
-    return (markdown_table(header, rows) + f"\n\nFrozen baseline: "
-            f"{format_aggregate(summary['frozen_acc'])}. k = L is the run with every block "
-            "trainable; k = 0 trains only the embedding and readout (for BP that is the frozen "
-            "baseline's recipe).\n")
+    frozen = mark(format_aggregate(summary["frozen_acc"]), summary["frozen_acc"], ACC)
+    return (markdown_table(header, rows) + f"\n\nFrozen baseline: {frozen}. k = L is the run "
+            "with every block trainable; k = 0 trains only the embedding and readout (for BP "
+            "that is the frozen baseline's recipe)." + mark.notes_text() + "\n")
 
 
 EXPERIMENT = register(Experiment(

@@ -18,11 +18,14 @@ from typing import Any
 from creditaudit.config import RunConfig
 from creditaudit.deep_layers import deep_mean
 from creditaudit.errors import ConfigError
+from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord, finite_number
 from creditaudit.registry import RULES
+from creditaudit.report.runs import DEEP_COS, G_NORM
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import arch_config, method_overrides, single_arch
 from creditaudit.study.experiments.groups import fmt, group_records, markdown_table, method_label
+from creditaudit.study.experiments.marks import TableMarks, marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -71,6 +74,7 @@ def seed_null(record: RunRecord) -> dict[str, Any]:
 
 
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
+    index = RecordSet(records)
     rows = []
     for members in group_records(records).values():
         seeds = [seed_null(r) for r in members]
@@ -95,6 +99,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "deep_rho_random": aggregate(s["deep_rho_random"] for s in seeds),
             "rho_measurable": all(s["rho_measurable"] for s in seeds),
             "deep_cos_bp": aggregate(s["deep_cos_bp"] for s in seeds),
+            "marks": marks_of(members, index),
             "seeds": seeds,
         })
     order = [method for method, _ in conditions(choices)]
@@ -104,23 +109,27 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
+    mark = TableMarks(summary)
     rows = []
     for r in summary["rows"]:
         pooled = r["pooled_null"]
         null_text = ("—" if pooled["mean"] is None else
                      f"{pooled['mean']:+.3f} ± {fmt(pooled['std'], '.3f')} (n={pooled['n']})")
-        rows.append([r["label"], format_aggregate(r["training_deep_cos"], "+.3f"), null_text,
-                     fmt(r["distance_in_null_std"], "+.1f"),
+        # The cosines, training B's, fresh B's and BP's, all compare with the reference.
+        rows.append([r["label"], mark(format_aggregate(r["training_deep_cos"], "+.3f"), r,
+                                      DEEP_COS), mark(null_text, r, G_NORM),
+                     mark(fmt(r["distance_in_null_std"], "+.1f"), r, G_NORM),
                      format_aggregate(r["deep_rho"], "+.3f"),
                      format_aggregate(r["deep_rho_bp"], "+.3f")
                      + ("" if r["rho_measurable"] else " (ρ unmeasurable)"),
-                     fmt(r["deep_cos_bp"]["mean"], "+.3f")])
+                     mark(fmt(r["deep_cos_bp"]["mean"], "+.3f"), r, G_NORM)])
     table = markdown_table(["condition", "deep cos, training B", "deep cos, fresh B (pooled)",
                       "distance (null std)", "deep ρ", "deep ρ, BP control",
                       "deep cos, BP control"], rows)
-    return (table + "\n\nTraining-B values: mean ± std over seeds; fresh-B: every draw of every "
-            "seed pooled. Published (science.md §6): penalised DFA +0.163 (training B) vs +0.002 ± "
-            "0.022 (fresh); ρ controls: BP ≈ +0.9965, random ≈ +0.0056.\n")
+    return (table + mark.notes_text() + "\n\nTraining-B values: mean ± std over seeds; "
+            "fresh-B: every draw of every seed pooled. Published (science.md §6): penalised "
+            "DFA +0.163 (training B) vs +0.002 ± 0.022 (fresh); ρ controls: BP ≈ +0.9965, "
+            "random ≈ +0.0056.\n")
 
 
 EXPERIMENT = register(Experiment(

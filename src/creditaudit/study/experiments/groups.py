@@ -34,6 +34,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import RecordSet, Verdict, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.study.experiments.aggregate import aggregate
+from creditaudit.study.experiments.marks import marks_of, row_marks
 
 
 def method_label(record: RunRecord) -> str:
@@ -74,9 +75,12 @@ def verdicts(records: Sequence[RunRecord]) -> dict[str, Verdict]:
 
 
 def frozen_accuracy(records: Sequence[RunRecord]) -> dict[str, Any] | None:
-    """:func:`aggregate` of the final accuracy of the frozen baselines among ``records``."""
+    """:func:`aggregate` of the final accuracy of the frozen baselines among ``records``,
+    with the ``marks`` of their numbers (:func:`~.marks.marks_of`)."""
     frozen = [r for r in records if is_frozen_baseline(r)]
-    return aggregate(r.final_acc for r in frozen) if frozen else None
+    if not frozen:
+        return None
+    return {**aggregate(r.final_acc for r in frozen), "marks": marks_of(frozen)}
 
 
 def diagnostics_of(verdicts: Iterable[Verdict]) -> list[str]:
@@ -123,20 +127,22 @@ def verdict_overview(group: Sequence[Verdict]) -> dict[str, Any]:
 
 
 def seed_row(record: RunRecord, verdict: Verdict) -> dict[str, Any]:
-    """One seed of a group: its headline numbers and verdict."""
+    """One seed of a group: its headline numbers (a diverged run's all of its last finite
+    epoch, as its accuracy is) and verdict."""
     return {"seed": record.seed, "run_id": record.run_id, "status": record.status,
             "test_acc": record.final_acc, "headline_gamma": record.headline_gamma,
             "deep_cos": record.deep_cos, "deep_cos_valid": record.deep_cos_valid,
-            "h_L_norm": record.last_value("h_L_norm"),
-            "g_L_norm": record.last_value("g_L_norm"),
-            "max_block_growth": record.last_value("max_block_growth"),
+            "h_L_norm": record.headline_value("h_L_norm"),
+            "g_L_norm": record.headline_value("g_L_norm"),
+            "max_block_growth": record.headline_value("max_block_growth"),
             "statuses": verdict.statuses, "verdict": verdict.text,
             "margin_pp": verdict.margin_pp, "first_fired": record.first_fired()}
 
 
 def group_summary(members: Sequence[RunRecord], verdict_of: dict[str, Verdict]
                   ) -> dict[str, Any]:
-    """Seed aggregates of one group (runs equal but for the seed) and its per-seed rows."""
+    """Seed aggregates of one group (runs equal but for the seed), the marks its numbers
+    carry (:func:`~creditaudit.study.experiments.marks.row_marks`) and its per-seed rows."""
     first = members[0]
     seeds = [seed_row(r, verdict_of[r.run_id]) for r in members]
     frozen = [verdict_of[r.run_id].frozen_acc for r in members]
@@ -155,6 +161,7 @@ def group_summary(members: Sequence[RunRecord], verdict_of: dict[str, Verdict]
         "margin_pp": aggregate(s["margin_pp"] for s in seeds),
         "frozen_acc": next((f for f in frozen if f is not None), None),
         "verdict": verdict_overview([verdict_of[r.run_id] for r in members]),
+        "marks": row_marks(members, [verdict_of[r.run_id].judgement for r in members]),
         "seeds": seeds,
     }
 

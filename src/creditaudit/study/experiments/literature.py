@@ -36,9 +36,11 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import pre_move_spelling
 from creditaudit.registry import DIAGNOSTICS
+from creditaudit.report.runs import ACC
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.groups import fmt, markdown_table, verdict_overview
 from creditaudit.study.experiments.literature_tables import TABLES, Column, Row, Table
+from creditaudit.study.experiments.marks import TableMarks, marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import DEFAULT_DATA_DIRS, base_config, get_scale
 from creditaudit.study.experiments.threshold_sensitivity import run_statistics, status_at
@@ -209,6 +211,7 @@ def cell_summary(table: Table, column: Column, row: Row, members: list[RunRecord
             "best_vs_published": compare(published, best),
             "last_vs_published": compare(published, last),
             "verdict": overview, "curve": error_curve(seeds),
+            "marks": marks_of(members, index),
             "epochs": members[0].epochs if members else None, "seeds": seeds}
 
 
@@ -272,13 +275,17 @@ def _delta(comparison: dict[str, Any]) -> str:
     return f"{comparison['delta']:+.2f}{z}"
 
 
-def table_markdown(table: dict[str, Any]) -> str:
+def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
     parts = [f"### {table['title']}", "", f"Source: {table['source']}."]
     for column in table["columns"]:
         header = ["rule", "published", "best-epoch error", "Δ (sd)", "last-epoch error",
                   "protocol verdict", "fired (seeds)"]
+        # The last-epoch error is the headline accuracy's complement: marked as it is (a
+        # diverged run's is of its last finite epoch); the best epoch is one of the runs'
+        # finite epochs whatever became of them later.
         body = [[c["row"], fmt(c["published"], ".2f"), format_aggregate(c["best_error"], ".2f"),
-                 _delta(c["best_vs_published"]), format_aggregate(c["last_error"], ".2f"),
+                 _delta(c["best_vs_published"]),
+                 mark(format_aggregate(c["last_error"], ".2f"), c, ACC),
                  c["verdict"]["text"], _fired(c)] for c in column["rows"]]
         epochs = column["rows"][0]["epochs"]
         parts += ["", f"**{column['label']}** ({epochs} epochs; test error %, mean ± sd over "
@@ -289,7 +296,8 @@ def table_markdown(table: dict[str, Any]) -> str:
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
-    parts = [table_markdown(t) for t in summary["tables"]]
+    mark = TableMarks(summary)
+    parts = [table_markdown(t, mark) for t in summary["tables"]]
     for sweep in summary["sweeps"].values():
         if not sweep["runs"]:
             continue

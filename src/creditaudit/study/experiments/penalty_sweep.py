@@ -15,6 +15,7 @@ from typing import Any
 from creditaudit.config import RunConfig
 from creditaudit.protocol import DepthUtility
 from creditaudit.records import RunRecord
+from creditaudit.report.runs import ACC, DEEP_COS, G_NORM, H_NORM
 from creditaudit.results import method_rank
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
@@ -33,6 +34,7 @@ from creditaudit.study.experiments.groups import (
     rule_groups,
     trajectory,
 )
+from creditaudit.study.experiments.marks import TableMarks
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -63,7 +65,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     rows = []
     for members, row in rule_groups(records):
         row["lambda"] = members[0].penalty
-        row["g_2_norm"] = aggregate(r.last_value("g_2_norm") for r in members)
+        row["g_2_norm"] = aggregate(r.headline_value("g_2_norm") for r in members)
         row["trajectory"] = trajectory(members)
         rows.append(row)
     rows.sort(key=lambda r: (method_rank(r["method"]), r["lambda"]))
@@ -74,20 +76,25 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
 def to_markdown(summary: dict[str, Any]) -> str:
     ids = summary.get("first_fired", [])
     several = len({r["method"] for r in summary["rows"]}) > 1
+    mark = TableMarks(summary)
     rows = [[*([r["method"]] if several else []), format_lambda(r["lambda"]),
-             format_aggregate(r["test_acc"]),
-             fmt(r["h_L_norm"]["mean"]), fmt(r["g_2_norm"]["mean"]), fmt(r["g_L_norm"]["mean"]),
-             fmt(r["max_block_growth"]["mean"]), fmt(r["deep_cos"]["mean"], "+.3f"),
-             fmt(r["margin_pp"]["mean"], "+.1f"), *(_first(r, i) for i in ids),
+             mark(format_aggregate(r["test_acc"]), r, ACC),
+             mark(fmt(r["h_L_norm"]["mean"]), r, H_NORM),
+             mark(fmt(r["g_2_norm"]["mean"]), r, G_NORM),
+             mark(fmt(r["g_L_norm"]["mean"]), r, G_NORM),
+             mark(fmt(r["max_block_growth"]["mean"]), r, H_NORM),
+             mark(fmt(r["deep_cos"]["mean"], "+.3f"), r, DEEP_COS),
+             mark(fmt(r["margin_pp"]["mean"], "+.1f"), r, ACC), *(_first(r, i) for i in ids),
              r["verdict"]["text"]] for r in summary["rows"]]
     table = markdown_table([*(["rule"] if several else []), "λ", "test acc", "‖h_L‖", "‖g_2‖",
                             "‖g_L‖", "max growth", "deep cos",
                             f"{DepthUtility.id_label()} margin pp",
                             *(f"({i}) first" for i in ids), "verdict"], rows)
-    return (table + f"\n\nFrozen baseline (control epochs): "
-            f"{format_aggregate(summary['frozen_acc'])}. Norms are means over seeds of the "
-            "last epoch's medians.\n\nPublished (science.md §7): the penalty contains the "
-            "residual stream ((a) and (b) stop firing) while whether (d) passes depends on λ.\n")
+    frozen = mark(format_aggregate(summary["frozen_acc"]), summary["frozen_acc"], ACC)
+    return (table + f"\n\nFrozen baseline (control epochs): {frozen}. Norms are means over "
+            "seeds of the last epoch's medians." + mark.notes_text() + "\n\nPublished "
+            "(science.md §7): the penalty contains the residual stream ((a) and (b) stop "
+            "firing) while whether (d) passes depends on λ.\n")
 
 
 EXPERIMENT = register(Experiment(

@@ -18,9 +18,11 @@ from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.protocol import FIRED, NOT_EVALUATED, default_names, in_order, labels
-from creditaudit.protocol.records import arch_variant, recorded_statuses
+from creditaudit.protocol.records import RecordSet, arch_variant, recorded_statuses
+from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
+from creditaudit.report.runs import ACC, G_NORM, H_NORM
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -29,6 +31,7 @@ from creditaudit.study.experiments.configs import (
     rule_list,
 )
 from creditaudit.study.experiments.groups import fmt, group_records, markdown_table
+from creditaudit.study.experiments.marks import TableMarks, marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -58,6 +61,7 @@ def untrained_diagnostics(recorded: Iterable[str]) -> tuple[list[str], list[str]
 
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     ids, skip = untrained_diagnostics(i for r in records for i in r.recorded_statuses())
+    index = RecordSet(records)
     rows = []
     for members in group_records(records).values():
         seeds = []
@@ -73,8 +77,8 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                 "statuses": statuses, "fired": fired,
                 "trustworthy": not fired,
                 "values": {i: record.recorded_value(i) for i in ids},
-                "max_block_growth": record.last_value("max_block_growth"),
-                "g_L_norm": record.last_value("g_L_norm"),
+                "max_block_growth": record.headline_value("max_block_growth"),
+                "g_L_norm": record.headline_value("g_L_norm"),
             })
         first = members[0]
         rows.append({
@@ -84,6 +88,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "values": {i: aggregate(s["values"][i] for s in seeds) for i in ids},
             "trustworthy": all(s["trustworthy"] for s in seeds),
             "at_chance": all(s["at_chance"] for s in seeds),
+            "marks": marks_of(members, index),
             "seeds": seeds,
         })
     all_seeds = [s for row in rows for s in row["seeds"]]
@@ -108,15 +113,18 @@ def _value(diagnostic: str, value: float | None) -> str:
 
 def to_markdown(summary: dict[str, Any]) -> str:
     ids = summary["diagnostics"]
+    mark = TableMarks(summary)
     rows = []
     for row in summary["rows"]:
         fired = in_order(i for s in row["seeds"] for i in s["fired"])
         n_fired = sum(bool(s["fired"]) for s in row["seeds"])
         verdict = ("trustworthy" if row["trustworthy"] else
                    f"fired {labels(fired)} in {n_fired}/{len(row['seeds'])} seeds")
-        rows.append([row["arch"], row["method"], format_aggregate(row["test_acc"]),
+        rows.append([row["arch"], row["method"],
+                     mark(format_aggregate(row["test_acc"]), row, ACC),
                      fmt(row["chance"], ".3f"),
-                     *(_value(i, row["values"][i]["mean"]) for i in ids),
+                     *(mark(_value(i, row["values"][i]["mean"]), row,
+                            G_NORM if reads_reference(i) else H_NORM) for i in ids),
                      verdict, "yes" if row["at_chance"] else "no"])
     columns = [f"({i}) {cls.short or cls.label}" if (cls := DIAGNOSTICS.find(i)) is not None
                else f"({i})" for i in ids]
@@ -125,8 +133,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
     return (f"**{summary['n_trustworthy']}/{summary['n_runs']} untrained runs trustworthy, "
             f"{summary['n_at_chance']}/{summary['n_runs']} at chance** (accuracy < 2/C; "
             f"verdict over {summary['verdict_over']}).\n\n"
-            + table + "\n\nReference (science.md §5, §8): random init gives max block growth "
-            "≈ 1.01, ‖g_L‖ ≈ 7.5e-3, (c) 0.08–0.18; nothing fires.\n")
+            + table + mark.notes_text() + "\n\nReference (science.md §5, §8): random init "
+            "gives max block growth ≈ 1.01, ‖g_L‖ ≈ 7.5e-3, (c) 0.08–0.18; nothing fires.\n")
 
 
 EXPERIMENT = register(Experiment(

@@ -20,6 +20,7 @@ from creditaudit.errors import ConfigError
 from creditaudit.records import RunRecord
 from creditaudit.registry import RULES
 from creditaudit.study.experiments.configs import arch_of
+from creditaudit.study.experiments.marks import footnotes, judgements_of
 from creditaudit.study.experiments.scales import get_scale
 from creditaudit.sweep import dedupe
 
@@ -121,8 +122,12 @@ class Experiment:
 
     def summarise(self, records: Sequence[RunRecord], choices: Choices | None = None
                   ) -> dict[str, Any]:
-        """The summary of the finished ``records`` (others are ignored)."""
-        return self.summarise_fn([r for r in records if r.is_finished], choices or Choices())
+        """The summary of the finished ``records`` (others are ignored), with the
+        ``footnotes`` of the marks its numbers may carry (:mod:`.marks`)."""
+        finished = [r for r in records if r.is_finished]
+        summary = self.summarise_fn(finished, choices or Choices())
+        summary["footnotes"] = footnotes(finished, judgements_of(finished))
+        return summary
 
     def to_markdown(self, summary: dict[str, Any]) -> str:
         """Title, question, run bookkeeping (when ``summary["meta"]`` exists) and body."""

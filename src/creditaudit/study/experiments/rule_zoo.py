@@ -26,6 +26,7 @@ from creditaudit.data import dataset_spec
 from creditaudit.protocol import DepthUtility, ResidualStreamScale, in_order
 from creditaudit.records import RunRecord
 from creditaudit.registry import RULES as RULES_REGISTRY
+from creditaudit.report.runs import ACC, DEEP_COS, GAMMA, H_NORM
 from creditaudit.study.experiments.aggregate import format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -44,6 +45,7 @@ from creditaudit.study.experiments.groups import (
     markdown_table,
     verdicts,
 )
+from creditaudit.study.experiments.marks import TableMarks
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -98,8 +100,9 @@ def _status_quo_accepts(record: RunRecord, statuses: dict[str, str]) -> bool:
 
 
 def _feedback_angle(record: RunRecord) -> float | None:
-    """Mean angle between B and W over the feedback layers at the last epoch (degrees)."""
-    angles = record.last_value("feedback_angle")
+    """Mean angle between B and W over the feedback layers at the last epoch (degrees; a
+    diverged run's last finite one, as its other numbers)."""
+    angles = record.headline_value("feedback_angle")
     if not angles:
         return None
     finite = [a for a in angles if a == a]
@@ -143,6 +146,7 @@ def _fired(row: dict[str, Any]) -> str:
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
+    mark = TableMarks(summary)
     sections = []
     archs: dict[str, list[dict[str, Any]]] = {}
     for row in summary["rows"]:
@@ -156,16 +160,19 @@ def to_markdown(summary: dict[str, Any]) -> str:
                 continue
             table_rows.append([
                 row["label"], (row["feedback_kind"] or "—").replace("_", " "),
-                format_aggregate(row["test_acc"]), fmt(row["deep_cos"]["mean"], "+.3f"),
-                fmt(row["headline_gamma"]["mean"], "+.3f"),
-                fmt(row["h_L_norm"]["mean"], ".3g"),
+                mark(format_aggregate(row["test_acc"]), row, ACC),
+                mark(fmt(row["deep_cos"]["mean"], "+.3f"), row, DEEP_COS),
+                mark(fmt(row["headline_gamma"]["mean"], "+.3f"), row, GAMMA),
+                mark(fmt(row["h_L_norm"]["mean"], ".3g"), row, H_NORM),
                 "—" if row["feedback_angle"] is None else f"{row['feedback_angle']:.0f}°",
                 _fired(row), "—" if row["first_a"] is None else str(row["first_a"]),
                 f"{row['status_quo_accepts']}/{row['verdict']['n']}",
                 row["verdict"]["text"],
             ])
+        baseline = (mark(format_aggregate(frozen["test_acc"]), frozen, ACC) if frozen
+                    else "not run")
         title = (f"### {arch} — {head['dataset']}, {head['epochs']} epochs; frozen baseline "
-                 f"{format_aggregate(frozen['test_acc']) if frozen else 'not run'}")
+                 f"{baseline}")
         table = markdown_table(
             ["rule", "feedback", "test acc", "deep cos", "Γ", "‖h_L‖", "∠(B, W)",
              "fired (seeds)", f"{ResidualStreamScale.id_label()} first epoch",
@@ -176,7 +183,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
                 f"seed: {', '.join(hidden)}." if hidden else
                 "No rule that the status quo accepts is walked back by the protocol here.")
         sections.append(f"{title}\n\n{table}\n\n{note}")
-    return ("\n\n".join(sections) + "\n\nStatus quo: " + summary["status_quo"] + ". "
+    return ("\n\n".join(sections) + mark.notes_text() + "\n\nStatus quo: "
+            + summary["status_quo"] + ". "
             "Verdicts: " + summary["d_rule"] + ". Feedback: what carries the credit down — "
             "fixed random matrices, sign-concordant matrices, learned ones (auxiliary nets, "
             "Kolen–Pollack's B), or the forward weights themselves (symmetric: BP, EP). "

@@ -22,8 +22,9 @@ from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.protocol import FIRED, DepthUtility, default_names, in_order
-from creditaudit.protocol.records import arch_variant, is_frozen_baseline
+from creditaudit.protocol.records import RecordSet, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
+from creditaudit.report.runs import ACC
 from creditaudit.results import method_rank
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import (
@@ -41,6 +42,7 @@ from creditaudit.study.experiments.groups import (
     markdown_table,
     trajectory,
 )
+from creditaudit.study.experiments.marks import TableMarks, marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -99,6 +101,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     for record in records:
         if is_frozen_baseline(record):
             frozen_by_seed[(record.recipe_key, record.seed)] = _accs(record)
+    index = RecordSet(records)
     rows = []
     for members in group_records(r for r in records if not is_frozen_baseline(r)).values():
         seeds = []
@@ -121,6 +124,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "fires_at_end": {i: sum(bool(s["fires_at_end"][i]) for s in seeds) for i in ids},
             "test_acc": aggregate(s["test_acc"] for s in seeds),
             "trajectory": trajectory(members),
+            "marks": marks_of(members, index),
             "seeds": seeds,
         })
     order = {name: index for index, name in enumerate(choices.archs or ARCH_VARIANTS)}
@@ -143,13 +147,15 @@ def _cell(spread: dict[str, Any], at_end: int) -> str:
 
 def to_markdown(summary: dict[str, Any]) -> str:
     ids = summary["diagnostics"]
-    rows = [[row["arch"], row["method"], fmt(row["test_acc"]["mean"], ".3f"),
+    mark = TableMarks(summary)
+    rows = [[row["arch"], row["method"], mark(fmt(row["test_acc"]["mean"], ".3f"), row, ACC),
              *(_cell(row["first_fired"][i], row["fires_at_end"][i]) for i in ids)]
             for row in summary["rows"]]
     table = markdown_table(["architecture", "method", "final acc",
                             *(f"({i}) first epoch" for i in ids)], rows)
     return (table + "\n\nCells: first firing epoch over seeds (min–max), seeds where it fired, "
-            "and seeds where it still fires at the last epoch. " + summary["d_rule"] + ".\n\n"
+            "and seeds where it still fires at the last epoch. " + summary["d_rule"] + "."
+            + mark.notes_text() + "\n\n"
             "Published (science.md §7; CIFAR-10): DFA on ResidualMLP fires (b) at epochs 3–4 and "
             "(a) at 8–11; on ViT-Mini (a) at epoch 1; without out_ln (b) never (accuracy stayed "
             "below 50%, so the median sample was misclassified).\n")

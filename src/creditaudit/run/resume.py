@@ -31,6 +31,7 @@ from creditaudit.errors import RunRecordError
 from creditaudit.guests import Guest
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
+from creditaudit.optim import optimizer_state_mismatch
 from creditaudit.records import (
     RECORD_FILE,
     RunRecord,
@@ -43,9 +44,12 @@ FORCE_HINT = "it belongs to another run: start this one again with --force"
 
 
 def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: CreditRule,
-                          config: RunConfig, path: Path) -> None:
-    """One-line RunRecordError when a checkpoint belongs to another method or shape, or
-    claims an epoch this run does not have."""
+                          config: RunConfig, path: Path,
+                          optimizer: torch.optim.Optimizer | None = None) -> None:
+    """One-line RunRecordError when a checkpoint belongs to another method or shape, claims
+    an epoch this run does not have, or holds a damaged optimiser state: the rule's own
+    optimisers' (:meth:`~creditaudit.methods.CreditRule.optimizers`) and, when given,
+    ``optimizer``'s (the model's), each tensor against its parameter."""
     method = state.get("method")
     if method is not None and method != config.method.name:
         raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
@@ -61,6 +65,18 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
             raise RunRecordError(f"checkpoint {path} does not fit this run's "
                                  f"{config.method.name} {model.describe().label}: {problem}; "
                                  f"{FORCE_HINT}")
+    # Checked here, not by load_state_dict: an optimiser's state is empty until its first
+    # step, so the layout checks above pass any saved moments, which torch loads unchecked.
+    optimizers = [(f"rule.{key}", live, state["rule"].get(key))
+                  for key, live in rule.optimizers().items()]
+    if optimizer is not None:
+        optimizers.insert(0, ("optimizer", optimizer, state["optimizer"]))
+    for where, live, saved in optimizers:
+        problem = optimizer_state_mismatch(live, saved, where)
+        if problem:
+            raise RunRecordError(f"checkpoint {path} holds a damaged optimiser state "
+                                 f"({problem}); it cannot be resumed: start the run over "
+                                 "with --force")
 
 
 def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
@@ -254,7 +270,7 @@ def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,
     """Check ``state`` (a :func:`~creditaudit.records.load_checkpoint` dict read from
     ``path``) against the run, then load it into ``model`` and ``rule`` — and, when given,
     ``optimizer``, ``scheduler``, the global torch RNG and the data-order ``generator``."""
-    check_checkpoint_fits(state, model, rule, config, path)
+    check_checkpoint_fits(state, model, rule, config, path, optimizer)
     if scheduler is not None:
         expected, got = set(scheduler.state_dict()), set(state["scheduler"])
         if expected != got:  # torch's schedulers accept any dict silently

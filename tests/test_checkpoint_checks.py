@@ -1,0 +1,131 @@
+"""A run's checkpoint and init file are checked before they are used, each refusal one line
+naming the file. A probe found: an optimiser state with param 0's Adam moment replaced by a
+3×3 tensor resumed into a segfault, an out-of-memory kill or an internal error, and one
+transposed resumed silently into another run; a checkpoint copied from another run was
+audited and served as this run's; after a failed record write, audit paired the epoch-2
+model with epoch 1's accuracy; init.pt was never checked on resume (an extra tensor, a
+missing file, another run's init.pt surfaced after all epochs trained, or never); and
+checkpoints of unknown formats were loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.records import CHECKPOINT_FILE, load_record
+from integrity_support import toml_of
+from test_interrupt_text import TINY, interrupted_at
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def config_file(tmp_path: Path, name: str = "run", **overrides: object) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(toml_of({**TINY, "run.out_dir": str(tmp_path / "runs"), **overrides}))
+    return path
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip()
+
+
+def stopped_after_epoch_1(tmp_path: Path, capsys, monkeypatch, name: str = "run",
+                          **overrides: object) -> tuple[Path, Path]:
+    """(config file, run folder) of a run interrupted after epoch 1, checkpointed."""
+    config = config_file(tmp_path, name, **overrides)
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, 2)
+        assert cli(capsys, "train", "-q", "--config", str(config))[0] == 130
+    (folder,) = [d for d in (tmp_path / "runs").iterdir()
+                 if load_record(d).config.run.seed == overrides.get("run.seed", 42)]
+    return config, folder
+
+
+def edit_checkpoint(folder: Path, edit: Callable[[dict[str, Any]], None]) -> bytes:
+    """Apply ``edit`` to the folder's checkpoint; the bytes written."""
+    path = folder / CHECKPOINT_FILE
+    state = torch.load(path, weights_only=True)
+    edit(state)
+    torch.save(state, path)
+    return path.read_bytes()
+
+
+def assert_refused(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("creditaudit: error: "), err
+    for word in words:
+        assert word in err, (word, err)
+
+
+# --- 1. a damaged optimiser state ---------------------------------------------------------
+def first_moments(state: dict[str, Any]) -> dict[str, Any]:
+    """The Adam state of the model's first parameter (embed.weight, (16, 8))."""
+    moments = state["optimizer"]["state"]
+    return moments[sorted(moments)[0]]
+
+
+DAMAGES = {
+    "moment-3x3": (lambda m: m.__setitem__("exp_avg", torch.zeros(3, 3)),
+                   ".exp_avg has shape (3, 3), its parameter (16, 8)"),
+    "moment-transposed": (lambda m: m.__setitem__("exp_avg", m["exp_avg"].t().contiguous()),
+                          ".exp_avg has shape (8, 16), its parameter (16, 8)"),
+    "step-not-scalar": (lambda m: m.__setitem__("step", torch.ones(16, 8)),
+                        ".step is a torch.float32 tensor of shape (16, 8), not a floating "
+                        "scalar"),
+    "moment-integer": (lambda m: m.__setitem__("exp_avg_sq", m["exp_avg_sq"].long()),
+                       ".exp_avg_sq is a torch.int64 tensor, not floating"),
+    "moment-missing": (lambda m: m.pop("exp_avg_sq"), " lacks 'exp_avg_sq', which other "
+                       "parameters' states hold"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_optimiser_state_is_refused_before_it_is_loaded(tmp_path, capsys,
+                                                                  monkeypatch, damage):
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch)
+    edit, words = DAMAGES[damage]
+    written = edit_checkpoint(folder, lambda state: edit(first_moments(state)))
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert_refused(code, err, f"checkpoint {folder / CHECKPOINT_FILE} holds a damaged "
+                   "optimiser state", f"optimizer.state[0]{words}", "--force")
+    assert load_record(folder).status == "interrupted"  # nothing trained, nothing written
+    assert (folder / CHECKPOINT_FILE).read_bytes() == written
+
+
+def test_a_damaged_state_of_a_rules_own_optimiser_is_refused(tmp_path, capsys, monkeypatch):
+    """local-ce trains its classifiers with an optimiser of its own, saved in the rule's
+    state: the same checks hold there, for resume and for audit."""
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch,
+                                           **{"method.name": "local-ce"})
+
+    def transpose(state: dict[str, Any]) -> None:
+        moments = state["rule"]["optimizer"]["state"]
+        first = moments[sorted(moments)[0]]
+        assert first["exp_avg"].ndim == 2 and first["exp_avg"].shape[0] != \
+            first["exp_avg"].shape[1]
+        first["exp_avg"] = first["exp_avg"].t().contiguous()
+
+    edit_checkpoint(folder, transpose)
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert_refused(code, err, "holds a damaged optimiser state", "rule.optimizer.state[0]"
+                   ".exp_avg has shape")
+    code, _, err = cli(capsys, "audit", str(folder), "--no-metrics", "-q")
+    assert_refused(code, err, "holds a damaged optimiser state", "rule.optimizer.state[0]")
+    assert load_record(folder).status == "interrupted"
+
+
+def test_an_undamaged_optimiser_state_resumes(tmp_path, capsys, monkeypatch):
+    """The control: the same run resumed from its own checkpoint completes."""
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch,
+                                           **{"method.name": "local-ce"})
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert code == 0, err
+    assert load_record(folder).status == "completed"

@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 import torch
 
+from creditaudit import train
 from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.errors import RunRecordError
 from creditaudit.records import CHECKPOINT_FILE, load_record
 from integrity_support import toml_of
 from test_interrupt_text import TINY, interrupted_at
@@ -129,3 +132,27 @@ def test_an_undamaged_optimiser_state_resumes(tmp_path, capsys, monkeypatch):
     code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
     assert code == 0, err
     assert load_record(folder).status == "completed"
+
+
+# --- 2. a checkpoint copied from another run ----------------------------------------------
+@pytest.mark.parametrize("other", [{"optim.lr": 3e-3}, {"model.residual": False}],
+                         ids=["other-lr", "not-residual"])
+def test_a_checkpoint_copied_from_another_run_is_neither_audited_nor_served(tmp_path, capsys,
+                                                                           other):
+    """Both runs have the same parameter shapes; B's weights were audited as A's."""
+    a, b = config_file(tmp_path, "a"), config_file(tmp_path, "b", **other)
+    for config in (a, b):
+        assert cli(capsys, "train", "-q", "--config", str(config))[0] == 0
+    (run_a,) = [d for d in (tmp_path / "runs").iterdir()
+                if load_record(d).config.optim.lr == 1e-3 and load_record(d).config.model.residual]
+    (run_b,) = [d for d in (tmp_path / "runs").iterdir() if d != run_a]
+    code, _, err = cli(capsys, "audit", str(run_a), "--no-metrics", "-q")
+    assert code == 0, err  # the control: its own checkpoint is audited
+    (run_a / CHECKPOINT_FILE).write_bytes((run_b / CHECKPOINT_FILE).read_bytes())
+    code, _, err = cli(capsys, "audit", str(run_a), "--no-metrics", "-q")
+    assert_refused(code, err, f"{run_a / CHECKPOINT_FILE} holds the record of run "
+                   f"{run_b.name}, not of {run_a.name}")
+    served = train(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path / "runs")}))
+    assert served.run_dir == run_a and served.status == "completed"
+    with pytest.raises(RunRecordError, match=f"holds the record of run {run_b.name}"):
+        served.model  # noqa: B018

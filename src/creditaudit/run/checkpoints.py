@@ -30,9 +30,9 @@ from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
-    check_same_run,
     load_into,
     resume_threads,
+    saved_record,
 )
 
 
@@ -80,14 +80,12 @@ def restore(path: Path, state: TrainingState, plan: RunPlan, *, identity: DataId
         raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
                              "over with --force")
     saved = load_checkpoint(path, map_location=device)
-    record = RunRecord.from_dict(saved["record"], f"in checkpoint {path}")
+    record = saved_record(saved, path)
     check_same_data(record, identity, path)
     check_same_question(record.config, plan.config, path)
     threads = resume_threads(record, plan.config, path)
-    load_into(saved, path, plan.config, model=state.model, rule=state.rule,
-              optimizer=state.optimizer, scheduler=state.scheduler,
+    load_into(saved, path, plan.config, saved=record, run_id=plan.run_id, model=state.model,
+              rule=state.rule, optimizer=state.optimizer, scheduler=state.scheduler,
               generator=state.generator)
-    # after the method and shape checks of load_into, which say more about a foreign file
-    check_same_run(record, plan.run_id, path)
     state.rule.to(device)
     return Restored(record=record, epoch=saved["epoch"], threads=threads)

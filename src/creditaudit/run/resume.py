@@ -263,14 +263,25 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
     return RunRecordError(f"cannot resume: no run at {run_dir}")
 
 
-def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,
-              model: ResidualNet, rule: CreditRule,
+def saved_record(state: dict[str, Any], path: Path) -> RunRecord:
+    """The record a checkpoint (``state``, read from ``path``) holds: its run as of its
+    epoch."""
+    return RunRecord.from_dict(state["record"], f"in checkpoint {path}")
+
+
+def load_into(state: dict[str, Any], path: Path, config: RunConfig, *, saved: RunRecord,
+              run_id: str, model: ResidualNet, rule: CreditRule,
               optimizer: torch.optim.Optimizer | None = None,
               scheduler: Any = None, generator: torch.Generator | None = None) -> None:
     """Check ``state`` (a :func:`~creditaudit.records.load_checkpoint` dict read from
-    ``path``) against the run, then load it into ``model`` and ``rule`` — and, when given,
-    ``optimizer``, ``scheduler``, the global torch RNG and the data-order ``generator``."""
+    ``path``, holding the record ``saved``) against the run ``run_id``, then load it into
+    ``model`` and ``rule`` — and, when given, ``optimizer``, ``scheduler``, the global torch
+    RNG and the data-order ``generator``."""
     check_checkpoint_fits(state, model, rule, config, path, optimizer)
+    # after the method and shape checks, which say more about a foreign file; a checkpoint
+    # of another run with this run's shapes (another seed, lr, even model.residual) would
+    # otherwise be resumed, audited or served as this run's
+    check_same_run(saved, run_id, path)
     if scheduler is not None:
         expected, got = set(scheduler.state_dict()), set(state["scheduler"])
         if expected != got:  # torch's schedulers accept any dict silently

@@ -20,7 +20,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord, load_checkpoint
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.resume import check_same_data, load_into
+from creditaudit.run.resume import check_same_data, load_into, saved_record
 
 
 def resolve_device(name: str) -> torch.device:
@@ -59,11 +59,11 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     Checks that each guest's code is the code the run trained with (its digest; guests
     then pass the door as in training: :func:`~creditaudit.run.plan.plan_run`), that the
     data on disk is the data the run trained on (its fingerprint), and loads
-    ``checkpoint.pt`` without unpickling anything but tensors and plain containers. The
-    caller's RNG is untouched (the random init that the checkpoint overwrites is forked).
-    Raises RunRecordError for a run without a checkpoint or one that does not fit, or
-    whose guest's code changed, and ConfigError when a component it used is not installed
-    here.
+    ``checkpoint.pt`` — this run's, by the record it holds — without unpickling anything
+    but tensors and plain containers. The caller's RNG is untouched (the random init that
+    the checkpoint overwrites is forked). Raises RunRecordError for a run without a
+    checkpoint, one that does not fit or is another run's, or whose guest's code changed,
+    and ConfigError when a component it used is not installed here.
     """
     config = record.config
     arch = ARCHITECTURES.find(config.model.arch)
@@ -81,5 +81,6 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     with torch.random.fork_rng(devices=[]):
         model = plan.build_model()
         rule = plan.build_rule(model)
-    load_into(state, checkpoint, config, model=model, rule=rule)
+    load_into(state, checkpoint, config, saved=saved_record(state, checkpoint),
+              run_id=record.run_id or run_dir.name, model=model, rule=rule)
     return RebuiltRun(plan, rule, plan.load_data(), int(state["epoch"]))

@@ -9,6 +9,8 @@ checkpoints of unknown formats were loaded."""
 
 from __future__ import annotations
 
+import errno
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,51 @@ def test_a_checkpoint_copied_from_another_run_is_neither_audited_nor_served(tmp_
     assert served.run_dir == run_a and served.status == "completed"
     with pytest.raises(RunRecordError, match=f"holds the record of run {run_b.name}"):
         served.model  # noqa: B018
+
+
+# --- 3. record.json an epoch behind the checkpoint ----------------------------------------
+def record_write_fails_after(monkeypatch, epoch: int) -> None:
+    """The record write after ``epoch`` fails with a full disk (the checkpoint of that
+    epoch is already written): the state §1 of docs/reliability.md calls resumable."""
+    import creditaudit.run.trainer as trainer
+
+    real = trainer.save_record
+
+    def save_record(run_dir, record):  # noqa: ANN001
+        if record.log and record.log[-1].epoch == epoch:
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir))
+        return real(run_dir, record)
+
+    monkeypatch.setattr(trainer, "save_record", save_record)
+
+
+def test_audit_of_a_record_behind_its_checkpoint_reads_the_checkpointed_epoch(tmp_path, capsys,
+                                                                              monkeypatch,
+                                                                              caplog):
+    learns = {"optim.lr": 3e-2}  # the accuracy moves between epochs 1 and 2
+    reference = config_file(tmp_path, "ref", **learns, **{"run.out_dir": str(tmp_path / "ref")})
+    assert cli(capsys, "train", "-q", "--config", str(reference))[0] == 0
+    (ref,) = (tmp_path / "ref").iterdir()
+    accuracy = {e.epoch: e.acc_eval for e in load_record(ref).log}
+    assert accuracy[1] != accuracy[2]  # else the test could not tell the epochs apart
+    config = config_file(tmp_path, **learns)
+    with monkeypatch.context() as patch:
+        record_write_fails_after(patch, 2)
+        assert cli(capsys, "train", "-q", "--config", str(config))[0] == 2
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert [e.epoch for e in load_record(folder).log] == [0, 1]
+    assert torch.load(folder / CHECKPOINT_FILE, weights_only=True)["epoch"] == 2
+    caplog.clear()
+    code, out, err = cli(capsys, "audit", str(folder), "--no-metrics", "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["metadata"]["epoch"] == 2
+    assert report["metadata"]["headline_acc"] == accuracy[2]  # was epoch 1's
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "logs epochs up to 1, but the checkpoint is of epoch 2" in warning, warning
+    assert "--resume" in warning
+    # a checkpoint whose own record lacks its epoch too is refused, naming it
+    edit_checkpoint(folder, lambda state: state["record"]["log"].pop())
+    code, _, err = cli(capsys, "audit", str(folder), "--no-metrics", "-q")
+    assert_refused(code, err, f"{folder / CHECKPOINT_FILE} is of epoch 2, but neither "
+                   "record.json nor the record it holds logs that epoch", "--force")

@@ -22,7 +22,8 @@ from creditaudit import train
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import RunRecordError
-from creditaudit.records import CHECKPOINT_FILE, load_record
+from creditaudit.records import CHECKPOINT_FILE, INIT_FILE, load_record
+from creditaudit.run.trainer import Trainer
 from integrity_support import toml_of
 from test_interrupt_text import TINY, interrupted_at
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def config_file(tmp_path: Path, name: str = "run", **overrides: object) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"{name}.toml"
     path.write_text(toml_of({**TINY, "run.out_dir": str(tmp_path / "runs"), **overrides}))
     return path
@@ -206,3 +208,72 @@ def test_audit_of_a_record_behind_its_checkpoint_reads_the_checkpointed_epoch(tm
     code, _, err = cli(capsys, "audit", str(folder), "--no-metrics", "-q")
     assert_refused(code, err, f"{folder / CHECKPOINT_FILE} is of epoch 2, but neither "
                    "record.json nor the record it holds logs that epoch", "--force")
+
+
+# --- 4. init.pt, checked when the run resumes ---------------------------------------------
+def other_runs_init(tmp_path: Path, capsys, monkeypatch) -> bytes:
+    _, other = stopped_after_epoch_1(tmp_path, capsys, monkeypatch, "other",
+                                     **{"run.seed": 7, "diagnostics.end_of_run": True})
+    return (other / INIT_FILE).read_bytes()
+
+
+def with_extra_tensor(folder: Path) -> None:
+    state = torch.load(folder / INIT_FILE, weights_only=True)
+    torch.save({**state, "extra": torch.zeros(3)}, folder / INIT_FILE)
+
+
+def in_float64(folder: Path) -> None:
+    state = torch.load(folder / INIT_FILE, weights_only=True)
+    torch.save({name: t.double() for name, t in state.items()}, folder / INIT_FILE)
+
+
+INIT_DAMAGES = {
+    "extra-tensor": (with_extra_tensor, "holds 'extra', which is no parameter of this run's "
+                     "model"),
+    "missing": (lambda folder: (folder / INIT_FILE).unlink(), "is missing, and the end-of-run "
+                "drift compares the trained weights with it"),
+    "other-dtype": (in_float64, "holds embed.weight of shape (16, 8) and torch.float64, but "
+                    "the model's is (16, 8) and torch.float32"),
+    "another-runs": (None, "is not this run's initial weights"),
+}
+
+
+@pytest.mark.parametrize("damage", list(INIT_DAMAGES))
+def test_init_pt_is_checked_when_the_run_resumes_before_training(tmp_path, capsys, monkeypatch,
+                                                                damage):
+    trained = []
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch,
+                                           **{"diagnostics.end_of_run": True})
+    edit, words = INIT_DAMAGES[damage]
+    if edit is None:  # another run of the same shapes (seed 7)
+        (folder / INIT_FILE).write_bytes(other_runs_init(tmp_path, capsys, monkeypatch))
+    else:
+        edit(folder)
+    original = Trainer.train_epoch
+    monkeypatch.setattr(Trainer, "train_epoch",
+                        lambda self, epoch: trained.append(epoch) or original(self, epoch))
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert_refused(code, err, f"cannot resume: {folder / INIT_FILE} {words}",
+                   "restore the run's own init.pt, or start the run over with --force")
+    assert trained == []  # refused before training, not after every epoch
+    assert load_record(folder).status == "interrupted"
+
+
+def test_a_run_without_an_init_digest_or_without_end_of_run_metrics_resumes(tmp_path, capsys,
+                                                                           monkeypatch):
+    """Checkpoints written before init.pt's digest was kept resume as before (init.pt's
+    names, shapes and dtypes are still checked); a run that never reads init.pt (no
+    end-of-run metrics) resumes without one."""
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch,
+                                           **{"diagnostics.end_of_run": True})
+    edit_checkpoint(folder, lambda state: state.pop("init_sha256"))
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert code == 0, err
+    assert load_record(folder).diagnostics.drift  # read from init.pt at the end
+    config, folder = stopped_after_epoch_1(tmp_path / "plain", capsys, monkeypatch)
+    digest = torch.load(folder / CHECKPOINT_FILE, weights_only=True)["init_sha256"]
+    (folder / INIT_FILE).unlink()
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert code == 0, err
+    # the resumed part's checkpoints keep the digest
+    assert torch.load(folder / CHECKPOINT_FILE, weights_only=True)["init_sha256"] == digest

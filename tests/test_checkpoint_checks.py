@@ -277,3 +277,17 @@ def test_a_run_without_an_init_digest_or_without_end_of_run_metrics_resumes(tmp_
     assert code == 0, err
     # the resumed part's checkpoints keep the digest
     assert torch.load(folder / CHECKPOINT_FILE, weights_only=True)["init_sha256"] == digest
+
+
+# --- 5. a checkpoint of an unknown format -------------------------------------------------
+def test_a_checkpoint_of_an_unknown_format_is_refused(tmp_path, capsys, monkeypatch):
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch)
+    edit_checkpoint(folder, lambda state: state.__setitem__("format",
+                                                            "creditaudit.checkpoint/99"))
+    words = (f"checkpoint {folder / CHECKPOINT_FILE} is of format 'creditaudit.checkpoint/99', "
+             "which this creditaudit does not read (it reads 'creditaudit.checkpoint/1')")
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert_refused(code, err, words, "--force")
+    code, _, err = cli(capsys, "audit", str(folder), "--no-metrics", "-q")
+    assert_refused(code, err, words)
+    assert load_record(folder).status == "interrupted"

@@ -143,10 +143,10 @@ def test_planted_payloads_never_run(finished, tmp_path, capsys, kill_run_at):
     assert_one_line_error(out, err, "never unpickles")
     (run_dir / CHECKPOINT_FILE).write_bytes(good_checkpoint)
     (run_dir / INIT_FILE).write_bytes(torch_bytes({"blocks.0.weight": Payload(marker)}))
-    code, out, err = run_cli(capsys, argv)  # trains epoch 2, then reads init.pt for drift
+    code, out, err = run_cli(capsys, argv)  # init.pt is checked before epoch 2 trains
     assert code == 2
     assert_one_line_error(out, err, "parameter file", "never unpickles")
-    assert load_record(run_dir).status == "failed"
+    assert load_record(run_dir).status == "interrupted"
     # train on a CIFAR folder with a payload batch
     folder = write_cifar10(tmp_path / "cifar")
     (folder / "data_batch_3").write_bytes(pickle.dumps(

@@ -51,13 +51,14 @@ Progress = Callable[[str], None]
 @dataclass
 class LoadedRun:
     """A run rebuilt from its folder: its record, its rule (``rule.model`` is the model at
-    the checkpointed epoch), its data, and that epoch."""
+    the checkpointed epoch), its data, that epoch and its record entry."""
 
     record: RunRecord
     rule: CreditRule
     data: Dataset
     epoch: int
     plan: RunPlan
+    entry: EpochEntry
 
     @property
     def run_dir(self) -> Path:
@@ -69,7 +70,8 @@ def load_run(path: str | Path) -> LoadedRun:
     record_file = record_path(path)
     record = load_record(record_file)
     rebuilt = rebuild_run(record, record_file.parent)
-    return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan)
+    return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan,
+                     rebuilt.entry)
 
 
 def frozen_accuracy(text: str, record: RunRecord) -> float:
@@ -153,9 +155,10 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
                     if frozen_from_runs else None)
         if baseline is not None:
             frozen_acc, metadata["frozen_from_runs"] = baseline
-    # The checkpointed epoch's accuracy: a diverged epoch is logged but never checkpointed.
-    entry = record.entry(run.epoch) or (record.log[-1] if record.log else None)
-    headline = entry.acc_eval if entry is not None else None
+    # The checkpointed epoch's accuracy (a diverged epoch is logged but never checkpointed;
+    # record.json may lag the checkpoint by the epoch whose record write failed).
+    entry = run.entry
+    headline = entry.acc_eval
     # The evaluation set training used (the plan's: the default shrinks to a small test split).
     eval_x, eval_y = run.data.eval_subset(run.plan.eval_samples, flatten=run.plan.flatten)
     eval_x, eval_y = eval_x.to(target), eval_y.to(target)

@@ -351,6 +351,12 @@ class CreditRule(Component, Generic[OptionsT]):
     def load_state_dict(self, state: dict[str, object]) -> None:
         return None
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The optimisers the rule trains its own parts with (auxiliary nets, local
+        classifiers), by the key of their state in :meth:`state_dict`: a checkpoint's saved
+        state of each is checked against it before anything is loaded. None by default."""
+        return {}
+
     def to(self, device: torch.device) -> CreditRule:
         """Move the model and everything the rule owns (feedback matrices, auxiliary nets)
         to ``device``; subclasses extend this for what they own."""

@@ -305,6 +305,9 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         self.epochs_done, self.n_epochs = state["epochs_done"], state["n_epochs"]
         self.sums = dict(state["sums"])
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.value_optimizer}
+
     def to(self, device: torch.device) -> CreditBridge:
         super().to(device)
         self.warmup_feedback = [b.to(device) for b in self.warmup_feedback]

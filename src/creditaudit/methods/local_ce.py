@@ -178,6 +178,9 @@ class LocalCE(CreditRule[LocalCEOptions]):
         # a copy: Optimizer.load_state_dict would share a live state's moment tensors
         self.classifier_optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.classifier_optimizer}
+
     def to(self, device: torch.device) -> LocalCE:
         super().to(device)
         n = len(self.weights)

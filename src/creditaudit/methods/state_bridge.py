@@ -362,6 +362,10 @@ class StateBridge(CreditRule[StateBridgeOptions]):
         self.generator.set_state(state["generator"].cpu())
         self.error_sum, self.error_count = state["error_sum"], state["error_count"]
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        optimizer = self.predictor_optimizer  # None when the predictor is fixed
+        return {"optimizer": optimizer} if optimizer is not None else {}
+
     def to(self, device: torch.device) -> StateBridge:
         super().to(device)
         if isinstance(self.predictor, nn.Module):

@@ -76,6 +76,13 @@ def load_checkpoint(path: Path | str, *, map_location: Any = "cpu") -> dict[str,
     if not isinstance(state, Mapping):
         raise RunRecordError(f"checkpoint {path} holds a {type(state).__name__}, not a "
                              "creditaudit checkpoint")
+    # one without a format (written before formats were named) is checked by its layout
+    layout = state.get("format", CHECKPOINT_FORMAT)
+    if layout != CHECKPOINT_FORMAT:
+        raise RunRecordError(f"checkpoint {path} is of format {layout!r}, which this "
+                             f"creditaudit does not read (it reads {CHECKPOINT_FORMAT!r}): "
+                             "read it with the creditaudit that wrote it, or start the run "
+                             "again with --force")
     for key, kind in CHECKPOINT_KEYS.items():
         if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
             raise RunRecordError(f"checkpoint {path} is not a creditaudit checkpoint: its "

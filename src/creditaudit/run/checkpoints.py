@@ -2,7 +2,8 @@
 resume.
 
 ``checkpoint.pt`` holds the model, the credit rule's own state, the optimiser, the schedule,
-both RNG streams (torch's global one and the data order's) and the record as of its epoch.
+both RNG streams (torch's global one and the data order's), the record as of its epoch and
+the digest of the run's ``init.pt``.
 :func:`restore` checks a checkpoint against the run being rebuilt
 (:mod:`creditaudit.run.resume`) before anything of it is loaded, so a foreign or damaged file
 ends in one line naming it.
@@ -26,13 +27,14 @@ from creditaudit.records import (
     atomic_torch_save,
     load_checkpoint,
 )
+from creditaudit.run.init_file import INIT_DIGEST, check_initial
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
-    check_same_run,
     load_into,
     resume_threads,
+    saved_record,
 )
 
 
@@ -45,11 +47,14 @@ class TrainingState:
     optimizer: torch.optim.Optimizer
     scheduler: Any  # a torch LR scheduler (its state_dict and load_state_dict)
     generator: torch.Generator  # the data order's RNG
+    init_digest: str | None = None  # init.pt's (run.init_file), which ties it to the run
 
     def save(self, path: Path, *, method: str, epoch: int, record: RunRecord) -> None:
         """Write the state after ``epoch`` (0: before training) with ``record`` as of then,
         atomically (a kill mid-write leaves the previous checkpoint)."""
+        tie = {INIT_DIGEST: self.init_digest} if self.init_digest is not None else {}
         atomic_torch_save(path, {
+            **tie,
             "format": CHECKPOINT_FORMAT,
             "method": method,
             "epoch": epoch,
@@ -69,25 +74,31 @@ class Restored:
     record: RunRecord  # the record as of the checkpoint's epoch
     epoch: int  # the last trained epoch the checkpoint holds
     threads: int | None  # the torch thread count to go on with (None: as configured)
+    init_digest: str | None  # init.pt's digest (None: a checkpoint from before digests)
 
 
 def restore(path: Path, state: TrainingState, plan: RunPlan, *, identity: DataIdentity,
             device: torch.device) -> Restored:
     """Check the checkpoint at ``path`` against ``plan`` (same data ``identity``, same
-    question, same run, a thread count it can go on with), then load it into ``state``.
+    question, same run, a thread count it can go on with), then load it into ``state``,
+    and check the run's init.pt against the model and the digest the checkpoint keeps.
     One-line RunRecordError naming the file when any check fails."""
     if not path.exists():
         raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
                              "over with --force")
     saved = load_checkpoint(path, map_location=device)
-    record = RunRecord.from_dict(saved["record"], f"in checkpoint {path}")
+    record = saved_record(saved, path)
     check_same_data(record, identity, path)
     check_same_question(record.config, plan.config, path)
     threads = resume_threads(record, plan.config, path)
-    load_into(saved, path, plan.config, model=state.model, rule=state.rule,
-              optimizer=state.optimizer, scheduler=state.scheduler,
+    load_into(saved, path, plan.config, saved=record, run_id=plan.run_id, model=state.model,
+              rule=state.rule, optimizer=state.optimizer, scheduler=state.scheduler,
               generator=state.generator)
-    # after the method and shape checks of load_into, which say more about a foreign file
-    check_same_run(record, plan.run_id, path)
+    digest = saved.get(INIT_DIGEST)
+    if digest is not None and not isinstance(digest, str):
+        raise RunRecordError(f"checkpoint {path} is not a creditaudit checkpoint: its "
+                             f"{INIT_DIGEST!r} entry is malformed")
+    check_initial(path.parent, state.model, digest,
+                  needed=plan.config.diagnostics.end_of_run)
     state.rule.to(device)
-    return Restored(record=record, epoch=saved["epoch"], threads=threads)
+    return Restored(record=record, epoch=saved["epoch"], threads=threads, init_digest=digest)

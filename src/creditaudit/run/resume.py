@@ -31,6 +31,7 @@ from creditaudit.errors import RunRecordError
 from creditaudit.guests import Guest
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
+from creditaudit.optim import optimizer_state_mismatch
 from creditaudit.records import (
     RECORD_FILE,
     RunRecord,
@@ -43,9 +44,12 @@ FORCE_HINT = "it belongs to another run: start this one again with --force"
 
 
 def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: CreditRule,
-                          config: RunConfig, path: Path) -> None:
-    """One-line RunRecordError when a checkpoint belongs to another method or shape, or
-    claims an epoch this run does not have."""
+                          config: RunConfig, path: Path,
+                          optimizer: torch.optim.Optimizer | None = None) -> None:
+    """One-line RunRecordError when a checkpoint belongs to another method or shape, claims
+    an epoch this run does not have, or holds a damaged optimiser state: the rule's own
+    optimisers' (:meth:`~creditaudit.methods.CreditRule.optimizers`) and, when given,
+    ``optimizer``'s (the model's), each tensor against its parameter."""
     method = state.get("method")
     if method is not None and method != config.method.name:
         raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
@@ -61,6 +65,18 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
             raise RunRecordError(f"checkpoint {path} does not fit this run's "
                                  f"{config.method.name} {model.describe().label}: {problem}; "
                                  f"{FORCE_HINT}")
+    # Checked here, not by load_state_dict: an optimiser's state is empty until its first
+    # step, so the layout checks above pass any saved moments, which torch loads unchecked.
+    optimizers = [(f"rule.{key}", live, state["rule"].get(key))
+                  for key, live in rule.optimizers().items()]
+    if optimizer is not None:
+        optimizers.insert(0, ("optimizer", optimizer, state["optimizer"]))
+    for where, live, saved in optimizers:
+        problem = optimizer_state_mismatch(live, saved, where)
+        if problem:
+            raise RunRecordError(f"checkpoint {path} holds a damaged optimiser state "
+                                 f"({problem}); it cannot be resumed: start the run over "
+                                 "with --force")
 
 
 def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
@@ -247,14 +263,25 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
     return RunRecordError(f"cannot resume: no run at {run_dir}")
 
 
-def load_into(state: dict[str, Any], path: Path, config: RunConfig, *,
-              model: ResidualNet, rule: CreditRule,
+def saved_record(state: dict[str, Any], path: Path) -> RunRecord:
+    """The record a checkpoint (``state``, read from ``path``) holds: its run as of its
+    epoch."""
+    return RunRecord.from_dict(state["record"], f"in checkpoint {path}")
+
+
+def load_into(state: dict[str, Any], path: Path, config: RunConfig, *, saved: RunRecord,
+              run_id: str, model: ResidualNet, rule: CreditRule,
               optimizer: torch.optim.Optimizer | None = None,
               scheduler: Any = None, generator: torch.Generator | None = None) -> None:
     """Check ``state`` (a :func:`~creditaudit.records.load_checkpoint` dict read from
-    ``path``) against the run, then load it into ``model`` and ``rule`` — and, when given,
-    ``optimizer``, ``scheduler``, the global torch RNG and the data-order ``generator``."""
-    check_checkpoint_fits(state, model, rule, config, path)
+    ``path``, holding the record ``saved``) against the run ``run_id``, then load it into
+    ``model`` and ``rule`` — and, when given, ``optimizer``, ``scheduler``, the global torch
+    RNG and the data-order ``generator``."""
+    check_checkpoint_fits(state, model, rule, config, path, optimizer)
+    # after the method and shape checks, which say more about a foreign file; a checkpoint
+    # of another run with this run's shapes (another seed, lr, even model.residual) would
+    # otherwise be resumed, audited or served as this run's
+    check_same_run(saved, run_id, path)
     if scheduler is not None:
         expected, got = set(scheduler.state_dict()), set(state["scheduler"])
         if expected != got:  # torch's schedulers accept any dict silently

@@ -9,6 +9,7 @@ builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +18,18 @@ import torch
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
-from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord, load_checkpoint
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    RECORD_FILE,
+    EpochEntry,
+    RunRecord,
+    load_checkpoint,
+)
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.resume import check_same_data, load_into
+from creditaudit.run.resume import check_same_data, load_into, saved_record
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,12 +53,14 @@ def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
 @dataclass
 class RebuiltRun:
     """A run brought back from its folder: its plan, its rule (``rule.model`` inside), its
-    data and the checkpointed epoch."""
+    data, the checkpointed epoch and that epoch's record entry (its test accuracy, the
+    rule's own numbers)."""
 
     plan: RunPlan
     rule: CreditRule
     data: Dataset
     epoch: int
+    entry: EpochEntry
 
 
 def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
@@ -59,11 +70,11 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     Checks that each guest's code is the code the run trained with (its digest; guests
     then pass the door as in training: :func:`~creditaudit.run.plan.plan_run`), that the
     data on disk is the data the run trained on (its fingerprint), and loads
-    ``checkpoint.pt`` without unpickling anything but tensors and plain containers. The
-    caller's RNG is untouched (the random init that the checkpoint overwrites is forked).
-    Raises RunRecordError for a run without a checkpoint or one that does not fit, or
-    whose guest's code changed, and ConfigError when a component it used is not installed
-    here.
+    ``checkpoint.pt`` — this run's, by the record it holds — without unpickling anything
+    but tensors and plain containers. The caller's RNG is untouched (the random init that
+    the checkpoint overwrites is forked). Raises RunRecordError for a run without a
+    checkpoint, one that does not fit or is another run's, or whose guest's code changed,
+    and ConfigError when a component it used is not installed here.
     """
     config = record.config
     arch = ARCHITECTURES.find(config.model.arch)
@@ -81,5 +92,32 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     with torch.random.fork_rng(devices=[]):
         model = plan.build_model()
         rule = plan.build_rule(model)
-    load_into(state, checkpoint, config, model=model, rule=rule)
-    return RebuiltRun(plan, rule, plan.load_data(), int(state["epoch"]))
+    saved = saved_record(state, checkpoint)
+    load_into(state, checkpoint, config, saved=saved, run_id=record.run_id or run_dir.name,
+              model=model, rule=rule)
+    epoch = int(state["epoch"])
+    return RebuiltRun(plan, rule, plan.load_data(), epoch,
+                      checkpointed_entry(record, saved, epoch, run_dir))
+
+
+def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir: Path
+                       ) -> EpochEntry:
+    """The record entry of the checkpointed ``epoch``: record.json's (``record``), else the
+    one the checkpoint holds (``saved``: its record as of that epoch) — a record write that
+    failed after the checkpoint was written (a full disk) leaves record.json an epoch
+    behind, and another epoch's accuracy would be paired with these weights. One-line
+    RunRecordError when neither has it."""
+    entry = record.entry(epoch)
+    if entry is not None:
+        return entry
+    entry = saved.entry(epoch)
+    if entry is None:
+        raise RunRecordError(f"{run_dir / CHECKPOINT_FILE} is of epoch {epoch}, but neither "
+                             f"{RECORD_FILE} nor the record it holds logs that epoch: the "
+                             "checkpoint is damaged; start the run again with --force")
+    last = record.log[-1].epoch if record.log else None
+    log.warning("%s logs epochs up to %s, but the checkpoint is of epoch %d (its record "
+                "write failed?): the epoch's numbers are read from the checkpoint's own "
+                "record; resume the run (train … --resume) to bring %s up to date",
+                run_dir / RECORD_FILE, last, epoch, RECORD_FILE)
+    return entry

@@ -30,7 +30,7 @@ from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import CreditRule
-from creditaudit.models.contract import measurement_mode, parameter_snapshot
+from creditaudit.models.contract import measurement_mode
 from creditaudit.optim import make_adamw
 from creditaudit.protocol import (
     WALK_BACK,
@@ -42,7 +42,6 @@ from creditaudit.records import (
     INIT_FILE,
     EpochEntry,
     ResumedPart,
-    atomic_torch_save,
     load_parameters,
     new_record,
     save_record,
@@ -51,6 +50,7 @@ from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, prepare_run
+from creditaudit.run.init_file import write_initial
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.results import (
     end_of_run_metrics,
@@ -140,6 +140,7 @@ class Trainer:
         self._captured: CapturedEpochs | None = None
         self.start_epoch = 1
         self.checkpointed: int | None = None  # the last epoch saved in checkpoint.pt
+        self.init_digest: str | None = None  # init.pt's, kept in every checkpoint
         self.loggers = LoggerGroup([])
 
     # --- persistence --------------------------------------------------------------------
@@ -147,7 +148,7 @@ class Trainer:
     def training_state(self) -> TrainingState:
         """What the checkpoint saves: model, rule, optimiser, schedule, data-order RNG."""
         return TrainingState(self.model, self.rule, self.optimizer, self.scheduler,
-                             self.data_generator)
+                             self.data_generator, self.init_digest)
 
     def checkpoint(self, epoch: int) -> None:
         self.training_state.save(
@@ -179,6 +180,7 @@ class Trainer:
         self.record.status = "running"
         self.start_epoch = restored.epoch + 1
         self.checkpointed = restored.epoch
+        self.init_digest = restored.init_digest
 
     # --- one epoch ----------------------------------------------------------------------
     def measure(self, epoch: int) -> EpochEntry:
@@ -301,7 +303,7 @@ class Trainer:
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
                                config_to_toml(self.config).encode())
-            atomic_torch_save(self.run_dir / INIT_FILE, parameter_snapshot(self.model))
+            self.init_digest = write_initial(self.run_dir, self.model)
             self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
             self.checkpoint(0)

@@ -25,17 +25,17 @@ from creditaudit.data.transforms import (
 )
 
 # What a loader reads, and so what every dataset loads (the models compute in float32).
-SAMPLES = "uint8 images (N, C, H, W) or float32 features (N, D)"
-
-
 def samples_problem(x: Tensor) -> str | None:
-    """Why ``x`` is not :data:`SAMPLES` (one line), or None when it is."""
+    """Why ``x`` is not uint8 images (N, C, H, W) or features (N, D) in the dtype the
+    models are built in (torch's default: float32), in one line; None when it is."""
     if x.dtype == torch.uint8:
         return None if x.dim() == 4 else (
             f"uint8 images must be (N, C, H, W), got {tuple(x.shape)}")
-    if x.dtype == torch.float32 and x.dim() == 2:
+    features = str(torch.get_default_dtype()).removeprefix("torch.")
+    if x.dtype == torch.get_default_dtype() and x.dim() == 2:
         return None
-    return f"x must be {SAMPLES}, got {x.dtype} with shape {tuple(x.shape)}"
+    return (f"x must be uint8 images (N, C, H, W) or {features} features (N, D), got "
+            f"{x.dtype} with shape {tuple(x.shape)}")
 
 
 @dataclass(frozen=True)

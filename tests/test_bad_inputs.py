@@ -540,6 +540,18 @@ CASES = [
     ("train-tensorboard-empty", lambda w, t: train_args(w, "--out", str(t / "o"),
                                                         "--tensorboard", ""),
      ["run.tensorboard=''", "empty path"]),
+    ("train-out-nul", lambda w, t: ["train", "--config", str(file_in(
+        t, "c.toml", '[optim]\nepochs = 0\n[run]\nout_dir = "a\\u0000b"\n'))],
+     ["run.out_dir='a\\x00b'", "NUL character"]),
+    ("train-out-nul-set", lambda w, t: train_args(w, "--set", 'run.out_dir="a\\u0000b"'),
+     ["run.out_dir='a\\x00b'", "NUL character"]),
+    ("train-tensorboard-nul", lambda w, t: train_args(
+        w, "--out", str(t / "o"), "--set", 'run.tensorboard="tb\\u0000x"'),
+     ["run.tensorboard='tb\\x00x'", "NUL character"]),
+    ("data-dir-nul", lambda w, t: train_args(w, "--set", f'data.data_dir="{w.data}\\u0000"'),
+     ["data.data_dir=", "NUL character"]),
+    ("sweep-out-nul", lambda w, t: ["sweep", str(sweep_file(w, t, "")), "--out", "a\x00b"],
+     ["--out", "NUL character"]),
     ("train-out-is-a-file", lambda w, t: train_args(w, "--out", str(w.a_file)),
      ["a_file.txt", "a file stands where a folder is needed"]),
     ("train-out-below-a-file", lambda w, t: train_args(w, "--out", str(w.a_file / "runs")),

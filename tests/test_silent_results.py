@@ -314,6 +314,36 @@ def test_resume_refuses_a_record_option_that_differs(tmp_path, capsys, kill_run_
         assert "not evaluated" not in d_statuses
 
 
+@pytest.mark.parametrize(("trained", "given"), [(None, 0.9), (0.5, None), (0.5, 0.6)])
+def test_a_finished_run_is_not_served_for_a_record_option_that_differs(tmp_path, capsys,
+                                                                        trained, given):
+    base = tiny(tmp_path / "out", **{"optim.epochs": 1})
+    first = {**base, **({"diagnostics.frozen_acc": trained} if trained is not None else {})}
+    again = {**base, **({"diagnostics.frozen_acc": given} if given is not None else {})}
+    code, _, err = run_cli(capsys, ["train", "--config", config_file(tmp_path, first)])
+    assert code == 0, err
+    run_dir = tmp_path / "out" / run_id(RunConfig().replace(**first))
+    assert run_id(RunConfig().replace(**again)) == run_dir.name  # a "record" option
+    before = snapshot(tmp_path / "out")
+    code, out, err = run_cli(capsys, ["train", "--config", config_file(tmp_path, again)])
+    assert code == 2
+    fix = [f"creditaudit audit {run_dir} --frozen {given}"] if given is not None else []
+    assert_one_line_error(out, err, "already completed", f"diagnostics.frozen_acc={given!r}",
+                          f"diagnostics.frozen_acc={trained!r}", "--force", *fix)
+    with pytest.raises(RunRecordError, match="diagnostics.frozen_acc"):
+        train(RunConfig().replace(**again))  # the Python API too
+    assert snapshot(tmp_path / "out") == before
+    if given is not None:  # the advice works: (d) of the finished run against the value
+        code, out, err = run_cli(capsys, ["audit", str(run_dir), "--frozen", str(given),
+                                          "--no-metrics", "--format", "json", "-q"])
+        assert code == 0, err
+        assert json.loads(out)["diagnostics"]["d"]["status"] != "not evaluated"
+    # The recorded value is served as ever.
+    served = train(RunConfig().replace(**first))
+    assert served.run_dir == run_dir and served.record.config.diagnostics.frozen_acc == trained
+    assert snapshot(tmp_path / "out") == before
+
+
 # --- 4. the epoch-0 window ----------------------------------------------------------------
 @pytest.mark.parametrize("resume", [False, True], ids=["train", "train-resume"])
 def test_a_kill_before_the_first_checkpoint_restarts_without_force(tmp_path, capsys,

@@ -36,10 +36,13 @@ def finite_float(text: str) -> float:
 
 def folder(text: str) -> str:
     """argparse type of an output folder: not empty (an empty path silently means the
-    current folder)."""
+    current folder), no NUL character (no file path holds one)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path would mean the current folder; give "
                                          "a folder (. for the current one)")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a NUL character (\\x00), which no "
+                                         "file path can hold; give the path without it")
     return text
 
 

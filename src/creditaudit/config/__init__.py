@@ -58,7 +58,7 @@ from creditaudit.config.sections import (
     RunSettings,
     opt,
 )
-from creditaudit.config.validation import coerce, section_from_dict
+from creditaudit.config.validation import check_overrides_read, coerce, section_from_dict
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import read_text
 
@@ -157,6 +157,7 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     defaults = semantic_dict(config)
     dropped: list[str] = []
     new = config_from_dict(merge_overrides(config.to_dict(), overrides, dropped))
+    check_overrides_read(new, overrides)
     for key in dropped:
         section, name = split_key(key)
         if name not in defaults.get(section, {}):

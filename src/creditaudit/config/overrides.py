@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from creditaudit.config.composed import BASES, SELECTORS, protocol_names
-from creditaudit.config.sections import LEGACY_DEFAULTS, SECTION_TYPES, DiagnosticsConfig
+from creditaudit.config.sections import SECTION_TYPES, DiagnosticsConfig, legacy_default
 from creditaudit.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -80,8 +80,7 @@ def merge_overrides(raw: dict[str, Any], overrides: dict[str, Any],
             if dropped is not None:  # a legacy default counts once it holds another value
                 dropped += [f"{section}.{k}" for k, v in old.items()
                             if k not in keep and f"{section}.{k}" not in overrides
-                            and ((section, k) not in LEGACY_DEFAULTS
-                                 or LEGACY_DEFAULTS[(section, k)] != v)]
+                            and not legacy_default(section, k, v)]
     _keep_protocol_tables(merged, overrides, dropped)
     for key, value in overrides.items():
         section, name = split_key(key)

@@ -177,25 +177,37 @@ class RunSettings:
 
 
 # The values earlier versions wrote for keys that are now a component's own option. A config
-# file or record of an earlier version lists every key of its section; a key the selected
-# component does not read is dropped when it holds this value (it was a default, never
-# read), and refused otherwise (records: dropped — the run never read it).
-LEGACY_DEFAULTS: dict[tuple[str, str], Any] = {
-    ("data", "data_dir"): None, ("data", "download"): False, ("data", "n_train"): 50000,
-    ("data", "n_test"): 10000, ("data", "data_seed"): None, ("data", "in_dim"): 256,
-    ("data", "alpha"): 1.0, ("data", "teacher_width"): 256, ("data", "teacher_depth"): 2,
-    ("data", "augment"): None,
-    ("model", "d"): 256, ("model", "n_blocks"): 4, ("model", "out_ln"): True,
-    ("model", "residual"): True, ("model", "w2_std"): 0.01, ("model", "heads"): 4,
-    ("model", "mlp_ratio"): 4, ("model", "patch"): 4, ("model", "kernel"): 5,
-    ("method", "feedback_seed"): None, ("method", "feedback_scale"): 1.0,
-    ("method", "normalise_credit"): True, ("method", "bridge_hidden"): 256,
-    ("method", "bridge_lr"): 1e-3, ("method", "bridge_skip"): False,
-    ("method", "warmup_fraction"): 0.2, ("method", "bridge_noise"): 0.1,
-    ("method", "bridge_copies"): 8, ("method", "bridge_temperature"): 0.1,
-    ("method", "ema_decay"): 0.995, ("method", "ep_beta"): 0.01, ("method", "ep_steps"): 20,
-    ("method", "ep_step_size"): 0.25, ("method", "ep_solver"): "residual-cg",
+# file (``--print-config``, a run's config.toml) or record of an earlier version lists every
+# key of its section; a key the selected component does not read is dropped when it holds one
+# of these values (a default of some version, never read), and refused otherwise (records:
+# dropped — the run never read it). Found by printing the config of every rule, architecture
+# and dataset with each version since config files were written (c6b4234): EP's β was 0.1
+# before it became 0.01, its solver "cg" before "residual-cg".
+LEGACY_DEFAULTS: dict[tuple[str, str], tuple[Any, ...]] = {
+    ("data", "data_dir"): (None,), ("data", "download"): (False,),
+    ("data", "n_train"): (50000,), ("data", "n_test"): (10000,), ("data", "data_seed"): (None,),
+    ("data", "in_dim"): (256,), ("data", "alpha"): (1.0,), ("data", "teacher_width"): (256,),
+    ("data", "teacher_depth"): (2,), ("data", "augment"): (None,),
+    ("model", "d"): (256,), ("model", "n_blocks"): (4,), ("model", "out_ln"): (True,),
+    ("model", "residual"): (True,), ("model", "w2_std"): (0.01,), ("model", "heads"): (4,),
+    ("model", "mlp_ratio"): (4,), ("model", "patch"): (4,), ("model", "kernel"): (5,),
+    ("method", "feedback_seed"): (None,), ("method", "feedback_scale"): (1.0,),
+    ("method", "normalise_credit"): (True,), ("method", "bridge_hidden"): (256,),
+    ("method", "bridge_lr"): (1e-3,), ("method", "bridge_skip"): (False,),
+    ("method", "warmup_fraction"): (0.2,), ("method", "bridge_noise"): (0.1,),
+    ("method", "bridge_copies"): (8,), ("method", "bridge_temperature"): (0.1,),
+    ("method", "ema_decay"): (0.995,), ("method", "ep_beta"): (0.1, 0.01),
+    ("method", "ep_steps"): (20,), ("method", "ep_step_size"): (0.25,),
+    ("method", "ep_solver"): ("cg", "residual-cg"),
 }
+
+
+def legacy_default(section: str, key: str, value: Any) -> bool:
+    """Whether ``value`` is what an earlier version wrote by default for ``section.key``
+    (:data:`LEGACY_DEFAULTS`); a bool matches a bool only (``0`` is not ``false``)."""
+    return any(value == written and isinstance(value, bool) == isinstance(written, bool)
+               for written in LEGACY_DEFAULTS.get((section, key), ()))
+
 
 # The six sections of a RunConfig, by name, in the order of its fields.
 SECTION_TYPES: dict[str, type] = {

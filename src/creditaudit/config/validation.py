@@ -25,9 +25,9 @@ from creditaudit.config.composed import (
 )
 from creditaudit.config.sections import (
     COMPONENT_NAME,
-    LEGACY_DEFAULTS,
     RETIRED_KEYS,
     SECTION_TYPES,
+    legacy_default,
 )
 from creditaudit.errors import ConfigError
 from creditaudit.registry import DIAGNOSTICS
@@ -93,6 +93,9 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("path") and isinstance(value, str) and not value.strip():
         raise ConfigError(f"{key}={value!r} is an empty path, which would mean the current "
                           f"folder; give a folder ({key}=. for the current one)")
+    if meta.get("path") and isinstance(value, str) and "\0" in value:
+        raise ConfigError(f"{key}={value!r} holds a NUL character (\\x00), which no file "
+                          "path can hold; give the path without it")
     if meta.get("name") and isinstance(value, str) and not value.strip():
         raise ConfigError(f"{key}={value!r} is an empty name; give a name, or leave {key} out")
     if meta.get("choices") and value not in meta["choices"]:
@@ -158,15 +161,15 @@ def _owners(section: str, key: str) -> list[str]:
 
 
 def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
-                 dropped: list[str] | None) -> None:
+                 dropped: list[str] | None, *, legacy: bool = True) -> None:
     """Decide about a key the section's class lacks: drop it silently when it is a default an
-    earlier version wrote for every component, or when not ``strict`` (records: the run
-    never read it); drop it into ``dropped`` when that list is given and the key is an option
-    of another component (a sweep's base over several rules); raise a one-line ConfigError
-    otherwise."""
+    earlier version wrote for every component (``legacy``: the key comes from a file, not an
+    override given now), or when not ``strict`` (records: the run never read it); drop it
+    into ``dropped`` when that list is given and the key is an option of another component
+    (a sweep's base over several rules); raise a one-line ConfigError otherwise."""
     if not strict:
         return
-    if (section, key) in LEGACY_DEFAULTS and LEGACY_DEFAULTS[(section, key)] == value:
+    if legacy and legacy_default(section, key, value):
         return
     if (section, key) in RETIRED_KEYS:  # an old config still loads
         log.warning("warning: %s.%s is no longer read and is ignored: %s", section, key,
@@ -196,6 +199,20 @@ def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
     raise ConfigError(f"unknown key {section}.{key}; allowed keys in [{section}]: {allowed}")
 
 
+def check_overrides_read(config: Any, overrides: dict[str, Any]) -> None:
+    """One-line ConfigError for an override (``--set``, ``RunConfig.replace``) of a key the
+    component of its section in ``config`` does not read, even one holding a value an
+    earlier version wrote by default: a file of that version drops such a key, a value given
+    now is meant to be read."""
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        values = getattr(config, section, None)
+        if values is None or "." in key or (section, key) in RETIRED_KEYS \
+                or key in {f.name for f in dataclasses.fields(values)}:
+            continue
+        _unknown_key(section, type(values), key, value, True, None, legacy=False)
+
+
 def component_of_class(cls: type) -> type | None:
     return getattr(cls, "component", None)
 
@@ -218,4 +235,5 @@ def section_from_dict(section: str, given: dict[str, Any], strict: bool,
     return cls(**values)
 
 
-__all__ = ["coerce", "options_table", "section_from_dict", "component_of_class"]
+__all__ = ["coerce", "options_table", "section_from_dict", "check_overrides_read",
+           "component_of_class"]

@@ -56,7 +56,7 @@ class DatasetSpec(Component, Generic[OptionsT]):
 
     kind: ClassVar[str] = "files"
     hooks = ("input_shape", "n_classes", "sizes", "check", "identity", "load", "data_seed",
-             "provenance", "folder", "files", "arrays")
+             "provenance", "folder", "files", "arrays", "same_as_default")
 
     options: OptionsT
 
@@ -88,6 +88,11 @@ class DatasetSpec(Component, Generic[OptionsT]):
     def data_seed(self, run_seed: int) -> int:
         """The seed the data is made from (files: none; the run seed is passed through)."""
         return run_seed
+
+    def same_as_default(self, run_seed: int) -> dict[str, Any]:
+        """Own options whose value, given explicitly, loads what their default loads, by
+        name, with that default (the run is then the default's run: one id, one record)."""
+        return {}
 
 
 def _validate(cls: type[DatasetSpec], source: str) -> None:
@@ -157,6 +162,10 @@ class GeneratedDataset(DatasetSpec[GeneratedOptionsT]):
     def data_seed(self, run_seed: int) -> int:
         """The seed the data is generated from: ``data.data_seed``, else the run seed."""
         return run_seed if self.options.data_seed is None else self.options.data_seed
+
+    def same_as_default(self, run_seed: int) -> dict[str, Any]:
+        """``data_seed`` equal to the run seed is its default (None = the run seed)."""
+        return {"data_seed": None} if self.options.data_seed == run_seed else {}
 
     def provenance(self, seed: int) -> dict[str, Any]:
         """``{"generator", "version"?, "args"}``: what determines the arrays."""

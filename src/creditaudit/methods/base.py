@@ -224,6 +224,15 @@ class CreditRule(Component, Generic[OptionsT]):
         return run_seed if own is None else int(own)
 
     @classmethod
+    def same_as_default(cls, options: Any, run_seed: int) -> dict[str, Any]:
+        """Own options (in ``options``, its ``[method]`` section) whose value, given
+        explicitly, trains what their default trains, by name, with that default (the run is
+        then the default's run: one id, one record): a ``feedback_seed`` equal to the run
+        seed."""
+        seed = getattr(options, "feedback_seed", None)
+        return {"feedback_seed": None} if cls.draws_feedback() and seed == run_seed else {}
+
+    @classmethod
     def style(cls, attribute: str) -> str | None:
         """The rule's own ``color`` or ``marker`` — declared on this class itself, never
         inherited from a parent rule (a DFA variant must not look like DFA)."""

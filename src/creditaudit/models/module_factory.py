@@ -151,6 +151,11 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
     def guest_code(self) -> Guest | None:
         return factory_guest(self.options.factory)
 
+    def same_as_default(self) -> dict[str, Any]:
+        """An empty ``model.args`` or ``model.none_args`` passes the factory what none does."""
+        return {name: None for name in ("args", "none_args")
+                if getattr(self.options, name) is not None and not getattr(self.options, name)}
+
     def build(self, *, input_shape: tuple[int, ...], n_classes: int) -> AdaptedModel:
         self.check(input_shape)
         options = self.options

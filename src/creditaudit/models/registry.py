@@ -62,7 +62,7 @@ class Architecture(Component, Generic[OptionsT]):
     adapted: ClassVar[bool] = False
     unbuildable: ClassVar[str] = ""
     task: ClassVar[str] = ""
-    hooks = ("check", "build", "guest_code")
+    hooks = ("check", "build", "guest_code", "same_as_default")
 
     options: OptionsT
 
@@ -81,6 +81,11 @@ class Architecture(Component, Generic[OptionsT]):
         digest joins the run id; None when there is none (the default). A plugin
         architecture is a guest itself (:meth:`creditaudit.registry.Registry.guest`)."""
         return None
+
+    def same_as_default(self) -> dict[str, Any]:
+        """Own options whose value, given explicitly, builds what their default builds, by
+        name, with that default (the run is then the default's run: one id, one record)."""
+        return {}
 
     @classmethod
     def flat_dim(cls, input_shape: tuple[int, ...]) -> int:

@@ -34,6 +34,7 @@ from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
+    check_same_record,
     check_same_run,
     no_run_to_resume,
     restartable,
@@ -118,6 +119,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         # (training would load them next anyway; the plan keeps them).
         check_same_data(existing, plan.data_identity(), record_path)
         if existing.is_finished and not resume:
+            check_same_record(existing, config, run_dir)
             _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)
         if restartable(existing, run_dir, resume=resume):

@@ -57,6 +57,7 @@ from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
+from creditaudit.run.defaults import with_defaults
 from creditaudit.run.resume import check_same_code
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,13 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         if hint is None:
             raise
         raise ConfigError(f"{err}; data.name={spec.name!r}: {hint}") from None
+    config = with_defaults(config, rule, spec, arch)  # one computation, one run id
+    if config.data is not spec.options:
+        with blame(data_guest):
+            spec = spec_class(config.data)
+    if config.model is not arch.options:
+        with blame(arch_guest):
+            arch = arch_class(config.model)
     factory = arch.guest_code()  # code a built-in architecture runs
     protocol = Protocol.from_config(config.diagnostics)
     guests = _guests(rule, arch, spec, protocol, factory)

@@ -186,6 +186,26 @@ def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str
             f"{key}={before!r}; resume with that value, or start the run over with --force")
 
 
+def check_same_record(record: RunRecord, config: RunConfig, run_dir: Path | str) -> None:
+    """One-line RunRecordError when the finished ``record`` would be served for ``config``
+    though an option of role ``"record"`` differs (``diagnostics.frozen_acc``: the run id is
+    the same, the record is not what ``config`` asks for): serving it would drop the value
+    given now without a word."""
+    differs = differing_options(record.config, config, "record")
+    if not differs:
+        return
+    given = ", ".join(f"{key}={now!r}" for key, (_, now) in differs.items())
+    kept = ", ".join(f"{key}={before!r}" for key, (before, _) in differs.items())
+    frozen = differs.get("diagnostics.frozen_acc", (None, None))[1]
+    audit = (f" (`creditaudit audit {run_dir} --frozen {frozen}` evaluates (d) against it)"
+             if frozen is not None else "")
+    raise RunRecordError(
+        f"run {run_dir} already {record.status} with {kept}, which this command gives as "
+        f"{given}: that changes what the run records, not its run id, so its record is not "
+        f"served for it; give the recorded value, audit the finished run with yours{audit}, "
+        "or train it again with --force")
+
+
 def differing_options(recorded: RunConfig, config: RunConfig, role: str
                       ) -> dict[str, tuple[Any, Any]]:
     """The options of ``role`` whose value in ``config`` differs from ``recorded``'s:

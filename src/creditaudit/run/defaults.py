@@ -1,0 +1,71 @@
+"""Explicit values equal to their effective default: the default's run, not a new one.
+
+A run id covers the values that differ from their defaults (:func:`creditaudit.config.
+semantic_dict`), so a value given explicitly that computes exactly what its default
+computes — ``data.data_seed`` equal to the run seed, ``data.train_subset`` equal to every
+training sample, ``diagnostics.protocol`` naming the default diagnostics in their order, an
+empty ``model.none_args`` — would name the same computation twice. :func:`with_defaults`
+puts the default back before the id is computed, so such a run has the default's id, its
+record and its recipe (a frozen baseline of (d) is found either way).
+
+Which values those are is asked of the component that reads them (its
+``same_as_default``), and of the dataset for its size; what a guest answers is checked: it
+may only name its own options, each with its declared default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from creditaudit.config import RunConfig
+from creditaudit.config.composed import protocol_names
+from creditaudit.data import DatasetSpec
+from creditaudit.errors import GuestError
+from creditaudit.guests.blame import VALUE_ADVICE, blame
+from creditaudit.methods import CreditRule
+from creditaudit.models import Architecture
+from creditaudit.registry import ARCHITECTURES, DATASETS, RULES, Registry
+
+
+def with_defaults(config: RunConfig, rule: type[CreditRule], spec: DatasetSpec[Any],
+                  arch: Architecture[Any]) -> RunConfig:
+    """``config`` with every explicit value that computes what its default computes
+    replaced by that default (``config`` itself when there is none). ``rule``, ``spec`` and
+    ``arch``: the components ``config`` selects, ``spec`` and ``arch`` holding its
+    ``[data]`` and ``[model]`` sections."""
+    seed = config.run.seed
+    with blame(DATASETS.guest(spec.name)):
+        data = _checked(DATASETS, spec.name, spec.same_as_default(seed))
+        sizes = spec.sizes()
+    if sizes is not None and config.data.train_subset == sizes[0]:
+        data["train_subset"] = None  # the first N of N samples: all of them
+    with blame(ARCHITECTURES.guest(arch.name)):
+        model = _checked(ARCHITECTURES, arch.name, arch.same_as_default())
+    with blame(RULES.guest(rule.name)):
+        method = _checked(RULES, rule.name, rule.same_as_default(config.method, seed))
+    diagnostics = {}
+    protocol = config.diagnostics.protocol
+    if protocol is not None and list(protocol) == list(protocol_names(None)):
+        diagnostics["protocol"] = None
+    changes = {section: dataclasses.replace(getattr(config, section), **values)
+               for section, values in (("data", data), ("model", model), ("method", method),
+                                       ("diagnostics", diagnostics)) if values}
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _checked(registry: Registry[Any], name: str, answer: Any) -> dict[str, Any]:
+    """``answer`` of component ``name``'s ``same_as_default``, checked: a dict of its own
+    options, each with its declared default (a guest that names another value would give
+    two computations one run id)."""
+    cls = registry.get(name)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls.Options)}
+    if not isinstance(answer, dict) or any(
+            key not in defaults or defaults[key] is dataclasses.MISSING
+            or value != defaults[key] for key, value in answer.items()):
+        raise GuestError(f"{registry.noun} {name!r}: same_as_default() returned {answer!r}, "
+                         f"not its own options with their defaults; {VALUE_ADVICE}")
+    return dict(answer)
+
+
+__all__ = ["with_defaults"]

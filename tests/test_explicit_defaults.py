@@ -1,0 +1,90 @@
+"""A value given explicitly that computes what its default computes names the default's run:
+one run id, one recorded config, one recipe — never a second run of the same computation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from creditaudit import RunConfig
+from creditaudit.config import semantic_dict
+from creditaudit.records.recipes import recipe_key
+from creditaudit.run.plan import plan_run
+from creditaudit.run.trainer import train
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+TINY = {"data.n_train": 200, "data.n_test": 100, "model.d": 16, "model.n_blocks": 2,
+        "optim.epochs": 1, "diagnostics.eval_samples": 100, "diagnostics.end_of_run": False,
+        "run.progress": False}
+TRANSFORMER = {"data.name": "mnist1d", "model.arch": "module",
+               "model.factory": "creditaudit.testing.zoo:TransformerClassifier",
+               "model.args": {"image_shape": [1, 1, 40], "patch": [1, 4], "d": 16, "depth": 2,
+                              "heads": 2},
+               "model.states": ["encoder.layers.0", "encoder.layers.1"]}
+
+# (the run's settings, the same value given explicitly)
+PAIRS = {
+    "protocol": ({}, {"diagnostics.protocol": ["a", "b", "c", "d"]}),
+    "data_seed": ({"run.seed": 42}, {"data.data_seed": 42}),
+    "data_seed, another run seed": ({"run.seed": 7}, {"data.data_seed": 7}),
+    "train_subset": ({}, {"data.train_subset": 200}),
+    "feedback_seed": ({"method.name": "dfa", "run.seed": 123},
+                      {"method.feedback_seed": 123}),
+    "none_args": (TRANSFORMER, {"model.none_args": []}),
+    "args": ({**TRANSFORMER, "model.args": None, "data.name": "fashion-mnist",
+              "data.data_dir": FASHION,
+              "model.states": [f"encoder.layers.{i}" for i in range(4)]}, {"model.args": {}}),
+}
+
+
+def _config(tmp_path, **values) -> RunConfig:
+    overrides = {**TINY, "run.out_dir": str(tmp_path), **values}
+    if overrides.get("data.name", "synthetic") != "synthetic":  # not options of mnist(1d)
+        overrides = {k: v for k, v in overrides.items()
+                     if k not in ("data.n_train", "data.n_test", "model.d", "model.n_blocks")}
+    return RunConfig().replace(**{k: v for k, v in overrides.items() if v is not None})
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_an_explicit_default_names_the_default_run(tmp_path, name):
+    base, explicit = PAIRS[name]
+    if base.get("data.data_dir") and not Path(base["data.data_dir"]).exists():
+        pytest.skip("dataset-fashion-mnist is not installed")
+    default = plan_run(_config(tmp_path, **base))
+    given = _config(tmp_path, **{**base, **explicit})
+    assert semantic_dict(given) != semantic_dict(default.config)  # the value is explicit
+    plan = plan_run(given)
+    assert plan.run_id == default.run_id
+    assert plan.config.to_dict() == default.config.to_dict()  # what the record keeps
+    assert recipe_key(plan.config) == recipe_key(default.config)
+
+
+@pytest.mark.parametrize("explicit", [{"data.data_seed": 43}, {"data.train_subset": 199},
+                                      {"diagnostics.protocol": ["a", "b", "c"]},
+                                      {"diagnostics.protocol": ["b", "a", "c", "d"]},
+                                      {"method.feedback_seed": 43, "method.name": "dfa"}])
+def test_a_value_other_than_the_effective_default_stays_its_own_run(tmp_path, explicit):
+    default = plan_run(_config(tmp_path, **{k: v for k, v in explicit.items()
+                                            if k == "method.name"}))
+    plan = plan_run(_config(tmp_path, **explicit))
+    assert plan.run_id != default.run_id
+
+
+def test_a_run_given_its_data_seed_explicitly_is_served_as_the_default_run(tmp_path):
+    first = train(_config(tmp_path))
+    again = train(_config(tmp_path, **{"data.data_seed": 42}))
+    assert again.status == "completed" and again.run_dir == first.run_dir
+    assert again.record.config.data.data_seed is None
+
+
+@pytest.mark.parametrize("answer", [{"n_train": 200}, {"n_train": 50000, "no_such": None},
+                                    ["data_seed"]])
+def test_what_a_dataset_says_of_its_defaults_is_checked(tmp_path, monkeypatch, answer):
+    from creditaudit.data.registry import SyntheticData
+    from creditaudit.errors import GuestError
+
+    monkeypatch.setattr(SyntheticData, "same_as_default", lambda self, seed: answer)
+    with pytest.raises(GuestError, match="same_as_default"):
+        plan_run(_config(tmp_path))

@@ -24,6 +24,7 @@ from creditaudit.data.transforms import (
     normalization,
 )
 
+
 # What a loader reads, and so what every dataset loads (the models compute in float32).
 def samples_problem(x: Tensor) -> str | None:
     """Why ``x`` is not uint8 images (N, C, H, W) or features (N, D) in the dtype the

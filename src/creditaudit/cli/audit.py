@@ -65,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
     from creditaudit.errors import CreditAuditError
     from creditaudit.files.safe_files import atomic_write_bytes, check_output_file
+    from creditaudit.records import check_not_run_file
     from creditaudit.report import render
 
-    if args.output:
-        check_output_file(Path(args.output))  # before the audit's minutes of work
+    if args.output:  # before the audit's minutes of work
+        check_output_file(Path(args.output))
+        check_not_run_file(args.output)
     several = len(args.run_paths) > 1
 
     def progress(text: str) -> None:

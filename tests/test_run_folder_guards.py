@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -79,3 +80,48 @@ def test_folder_outputs_never_replace_a_run_file(finished, tmp_path, capsys, com
     assert code == 2
     assert_one_line_error(out, err, "record.json")
     assert snapshot(run_dir) == before
+
+
+# --- 2. the data folder: recorded absolute, and audit --data-dir ---------------------------
+def test_a_relative_data_folder_is_recorded_absolute_with_the_same_run_id(
+        finished, tmp_path, monkeypatch):
+    from creditaudit.records import load_record
+    from creditaudit.run.plan import run_id
+    from creditaudit.run.trainer import train
+
+    shutil.copytree(finished.data, tmp_path / "mnist")
+    monkeypatch.chdir(tmp_path)
+    relative = RunConfig().replace(**{**finished.overrides, "data.data_dir": "mnist",
+                                      "run.out_dir": "runs"})
+    absolute = relative.replace(**{"data.data_dir": str(tmp_path / "mnist")})
+    assert run_id(relative) == run_id(absolute) == finished.run.run_dir.name
+    run = train(relative)  # the finished run's id in another folder: trained here anew
+    record = load_record(run.run_dir)
+    assert record.config.data.data_dir == str(tmp_path / "mnist")
+    assert f'data_dir = "{tmp_path / "mnist"}"' in (run.run_dir / "config.toml").read_text()
+
+
+def test_audit_finds_moved_data_with_data_dir_and_checks_it(finished, tmp_path, capsys,
+                                                            monkeypatch):
+    run_dir = copy_run(finished, tmp_path)
+    record_file = run_dir / "record.json"
+    raw = json.loads(record_file.read_text())
+    raw["config"]["data"]["data_dir"] = "mnist"  # as older versions recorded `--data-dir mnist`
+    record_file.write_text(json.dumps(raw))
+    monkeypatch.chdir(tmp_path)  # no mnist/ here
+    argv = ["audit", str(run_dir), "--no-metrics", "-q"]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2
+    line = assert_one_line_error(out, err, "mnist", f"relative to {tmp_path}", "--data-dir")
+    assert "apt-get" not in line and "pip install" not in line
+    code, out, err = run_cli(capsys, [*argv, "--data-dir", str(finished.data)])
+    assert code == 0, err
+    assert "verdict" in out.lower()
+    # another folder of other data is refused by the recorded fingerprint, not audited
+    other = write_idx_dataset(tmp_path / "other", seed=1)
+    code, out, err = run_cli(capsys, [*argv, "--data-dir", str(other)])
+    assert code == 2
+    assert_one_line_error(out, err, "fingerprint")
+    code, out, err = run_cli(capsys, [*argv, "--data-dir", str(tmp_path / "gone")])
+    assert code == 2
+    assert_one_line_error(out, err, "--data-dir", "gone", "does not exist")

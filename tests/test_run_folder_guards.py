@@ -176,3 +176,17 @@ def test_options_outside_the_run_id_may_be_edited(finished, tmp_path, capsys):
     for legacy in sorted((Path(__file__).parent / "legacy_records").glob("*.json")):
         load_record(legacy)
 
+
+# --- 4. a checkpoint's NaN weights are named as the checkpoint's ----------------------------
+def test_a_checkpoint_with_a_nan_weight_is_named_by_audit(finished, tmp_path, capsys):
+    import torch
+
+    run_dir = copy_run(finished, tmp_path)
+    checkpoint = run_dir / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    state["model"]["blocks.1.w1.weight"][0, 0] = float("nan")
+    torch.save(state, checkpoint)
+    code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q"])
+    assert code == 2
+    line = assert_one_line_error(out, err, str(checkpoint), "blocks.1.w1.weight", "NaN")
+    assert "states_fn" not in line

@@ -33,6 +33,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
 from creditaudit.records import (
+    CHECKPOINT_FILE,
     CONFIG_FILE,
     EpochEntry,
     RunRecord,
@@ -76,7 +77,24 @@ def load_run(path: str | Path, *, data_dir: str | Path | None = None) -> LoadedR
     record_file = record_path(path)
     record = load_record(record_file)
     rebuilt = rebuild_run(with_data_dir(record, record_file, data_dir), record_file.parent)
+    check_finite_state(rebuilt.rule, record_file.parent / CHECKPOINT_FILE)
     return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan)
+
+
+def check_finite_state(rule: CreditRule, checkpoint: Path) -> None:
+    """One-line RunRecordError naming ``checkpoint`` and the first tensor of the rule's state
+    (its model's weights included) that holds NaN or ±inf: training never checkpoints a
+    diverged epoch, so such a file was damaged or edited, and the audit would otherwise fail
+    later on the model's NaN logits, naming none of this."""
+    parts = {"model": rule.model.state_dict(), "rule": rule.state_dict()}
+    for part, state in parts.items():
+        for name, tensor in state.items():
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() \
+                    and not bool(torch.isfinite(tensor).all()):
+                raise RunRecordError(
+                    f"checkpoint {checkpoint} holds NaN/Inf values in the {part}'s {name} "
+                    "(training never saves a diverged epoch: the file was damaged or "
+                    "edited); train the run again with --force")
 
 
 def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) -> RunRecord:

@@ -190,3 +190,33 @@ def test_a_checkpoint_with_a_nan_weight_is_named_by_audit(finished, tmp_path, ca
     assert code == 2
     line = assert_one_line_error(out, err, str(checkpoint), "blocks.1.w1.weight", "NaN")
     assert "states_fn" not in line
+
+
+# --- 5. a sweep meeting a killed run's truncated checkpoint ---------------------------------
+def test_a_sweep_keeps_a_killed_runs_log_and_says_what_works_for_it(finished, tmp_path,
+                                                                   capsys):
+    from creditaudit.records import load_record
+    from integrity_support import sweep_toml
+
+    run_dir = copy_run(finished, tmp_path)
+    record_file = run_dir / "record.json"
+    raw = json.loads(record_file.read_text())
+    raw["status"] = "running"  # as a kill -9 during the run leaves it
+    record_file.write_text(json.dumps(raw))
+    epochs = [entry["epoch"] for entry in raw["log"]]
+    checkpoint = run_dir / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])  # killed while writing it
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(sweep_toml({**finished.overrides, "run.out_dir": str(run_dir.parent)}))
+    code, out, err = run_cli(capsys, ["sweep", str(sweep), "--workers", "0"])
+    assert code == 1
+    record = load_record(run_dir)
+    assert record.status == "failed"
+    assert [entry.epoch for entry in record.log] == epochs  # the killed run's epochs kept
+    assert f"delete {checkpoint} and rerun the sweep with --retry-failed" in record.error
+    # what it says works: the run starts over and completes
+    checkpoint.unlink()
+    code, out, err = run_cli(capsys, ["sweep", str(sweep), "--workers", "0",
+                                      "--retry-failed"])
+    assert code == 0, out + err
+    assert load_record(run_dir).status == "completed"

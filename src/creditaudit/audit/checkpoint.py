@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,12 @@ import torch
 
 from creditaudit.audit.diagnose import diagnose, with_frozen_hint
 from creditaudit.data import Dataset
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.errors import ConfigError, DataError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
 from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
 from creditaudit.records import (
+    CHECKPOINT_FILE,
     CONFIG_FILE,
     EpochEntry,
     RunRecord,
@@ -65,13 +66,57 @@ class LoadedRun:
         return Path(self.record.config.run.out_dir) / self.record.run_id
 
 
-def load_run(path: str | Path) -> LoadedRun:
-    """Rebuild the run in folder ``path`` (or its record.json) on the CPU."""
+DATA_DIR_FIX = "pass --data-dir DIR (audit_run(..., data_dir=DIR))"
+
+
+def load_run(path: str | Path, *, data_dir: str | Path | None = None) -> LoadedRun:
+    """Rebuild the run in folder ``path`` (or its record.json) on the CPU.
+
+    ``data_dir``: the folder of the run's data files, when it is not where the record says
+    (a copied run, a relative folder recorded by an older version); the data found there
+    must still be the data the run trained on (its recorded fingerprint and digests)."""
     record_file = record_path(path)
     record = load_record(record_file)
-    rebuilt = rebuild_run(record, record_file.parent)
+    rebuilt = rebuild_run(with_data_dir(record, record_file, data_dir), record_file.parent)
+    check_finite_state(rebuilt.rule, record_file.parent / CHECKPOINT_FILE)
     return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan,
                      rebuilt.entry)
+
+
+def check_finite_state(rule: CreditRule, checkpoint: Path) -> None:
+    """One-line RunRecordError naming ``checkpoint`` and the first tensor of the rule's state
+    (its model's weights included) that holds NaN or ±inf: training never checkpoints a
+    diverged epoch, so such a file was damaged or edited, and the audit would otherwise fail
+    later on the model's NaN logits, naming none of this."""
+    parts = {"model": rule.model.state_dict(), "rule": rule.state_dict()}
+    for part, state in parts.items():
+        for name, tensor in state.items():
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() \
+                    and not bool(torch.isfinite(tensor).all()):
+                raise RunRecordError(
+                    f"checkpoint {checkpoint} holds NaN/Inf values in the {part}'s {name} "
+                    "(training never saves a diverged epoch: the file was damaged or "
+                    "edited); train the run again with --force")
+
+
+def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) -> RunRecord:
+    """``record`` to rebuild from: its config reading the data in ``data_dir`` when given;
+    DataError (one line) when the data folder it names is not there, saying how to point
+    at it. Only the rebuilt plan reads this copy: what is reported is the record as read."""
+    config = record.config
+    if data_dir is not None:
+        try:
+            config = config.replace(**{"data.data_dir": str(data_dir)})
+        except ConfigError as err:
+            raise ConfigError(f"--data-dir {data_dir}: {err}") from None
+    folder = getattr(config.data, "data_dir", None)
+    if isinstance(folder, str) and not Path(folder).expanduser().is_dir():
+        where = "" if Path(folder).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
+        state = "is not a folder" if Path(folder).expanduser().exists() else "does not exist"
+        given = "--data-dir" if data_dir is not None else f"run {path.parent.name} trained on"
+        raise DataError(f"{given} data folder {folder}{where} {state}: {DATA_DIR_FIX} "
+                        "pointing at the run's data (checked against its recorded digests)")
+    return replace(record, config=config) if config is not record.config else record
 
 
 def frozen_accuracy(text: str, record: RunRecord) -> float:
@@ -126,7 +171,8 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
               metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
               allow_unverified_reference: bool | None = None,
               frozen_hint: str = "pass frozen=RUN_OR_ACC, a frozen-blocks run's folder or "
-                                 "its test accuracy") -> DiagnosticReport:
+                                 "its test accuracy",
+              data_dir: str | Path | None = None) -> DiagnosticReport:
     """The :class:`~creditaudit.protocol.DiagnosticReport` of the run in ``path``.
 
     The reference gradient is checked on the checkpointed model first: one whose backward
@@ -135,14 +181,15 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     ``diagnostics.allow_unverified_reference``); then the report says where it failed and
     its verdict is *unverified*. ``frozen_hint``: what (d) says when no frozen-blocks
     accuracy was found, in the terms of the caller (the command line names its --frozen
-    flag).
+    flag). ``data_dir``: where the run's data files are now (:func:`load_run`).
 
     ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
     """
     say = progress or (lambda text: None)
     target = resolve_device(device)
-    run = load_run(path)  # every check of the user's files comes before the first stage
+    # every check of the user's files comes before the first stage
+    run = load_run(path, data_dir=data_dir)
     record, config = run.record, run.record.config
     run.rule.to(target)
     metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from creditaudit.cli.common import folder
 from creditaudit.config import DEVICES
 from creditaudit.report.protocol import FORMATS, render_latex
 
@@ -34,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "the frozen-blocks runs of RUN's recipe in RUN's results folder, "
                              "else diagnostics.frozen_acc of RUN's config, else (d) is not "
                              "evaluated")
+    parser.add_argument("--data-dir", metavar="DIR", default=None, type=folder,
+                        help="folder of the run's data files, when they are no longer where "
+                             "its record says (a moved or copied run); they must be the data "
+                             "it trained on (its recorded fingerprint is checked)")
     parser.add_argument("--no-frozen-from-runs", dest="frozen_from_runs",
                         action="store_false",
                         help="do not look for frozen-blocks runs beside RUN")
@@ -65,10 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
     from creditaudit.errors import CreditAuditError
     from creditaudit.files.safe_files import atomic_write_bytes, check_output_file
+    from creditaudit.records import check_not_run_file
     from creditaudit.report import render
 
-    if args.output:
-        check_output_file(Path(args.output))  # before the audit's minutes of work
+    if args.output:  # before the audit's minutes of work
+        check_output_file(Path(args.output))
+        check_not_run_file(args.output)
     several = len(args.run_paths) > 1
 
     def progress(text: str) -> None:
@@ -83,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                                frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
                                device=args.device, progress=None if args.quiet else progress,
                                allow_unverified_reference=args.allow_unverified_reference,
-                               frozen_hint="pass --frozen RUN_OR_ACC")
+                               frozen_hint="pass --frozen RUN_OR_ACC", data_dir=args.data_dir)
         except CreditAuditError as err:
             if not several:
                 raise

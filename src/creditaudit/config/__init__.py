@@ -32,6 +32,7 @@ from creditaudit.config.keys import (
     non_semantic,
     role,
     semantic_dict,
+    with_absolute_data_paths,
 )
 from creditaudit.config.overrides import (
     device_overrides,
@@ -184,7 +185,8 @@ __all__ = [
     "LEGACY_DEFAULTS", "DataConfig", "DiagnosticsConfig", "MethodConfig", "ModelConfig",
     "OptimConfig", "RunSettings", "opt", "RunConfig", "config_from_dict", "config_to_toml",
     "load_config", "parse_value", "parse_override", "device_overrides", "apply_overrides",
-    "merge_overrides", "apply_where_read", "split_key", "semantic_dict", "config_help",
+    "merge_overrides", "apply_where_read", "with_absolute_data_paths", "split_key",
+    "semantic_dict", "config_help",
     "component_help", "SECTIONS", "SECTION_TYPES", "role", "keys_with_role", "non_semantic",
     "coerce", "component_of", "bind", "composed_class", "SELECTORS", "tomllib",
 ]

@@ -9,6 +9,7 @@ help text and default make the rows of ``--help`` and docs/configuration.md
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,18 @@ def keys_with_role(config: RunConfig, *roles: str) -> set[tuple[str, str]]:
     return {(section, f.name) for section in SECTION_TYPES
             for f in dataclasses.fields(getattr(config, section))
             if f.metadata.get("role", "compute") in roles}
+
+
+def with_absolute_data_paths(config: RunConfig) -> RunConfig:
+    """``config`` with every path option of its data (``data.data_dir``, a plugin dataset's
+    own) made absolute against the current folder (``~`` expanded), so that its record still
+    finds the data from any folder. Path options are of role ``place``, never in the run id:
+    the id does not move."""
+    changes = {f"data.{f.name}": os.path.abspath(os.path.expanduser(value))
+               for f in dataclasses.fields(config.data)
+               if f.metadata.get("path") and isinstance(value := getattr(config.data, f.name), str)
+               and value.strip() and not os.path.isabs(os.path.expanduser(value))}
+    return config.replace(**changes) if changes else config
 
 
 def semantic_dict(config: RunConfig) -> dict[str, dict[str, Any]]:

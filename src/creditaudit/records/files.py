@@ -5,6 +5,8 @@ Layout of a run folder ``OUT_DIR/RUN_ID/``::
     record.json      the run record (:class:`~creditaudit.records.schema.RunRecord`)
     checkpoint.pt    latest epoch: model, optimiser, scheduler, rule state, RNG states
     init.pt          the model's parameters at initialisation (for feature drift)
+    config.toml      the run's config, to read or edit for a new run
+    claim.json       while a sweep worker trains the run: who holds it
 
 Every write goes to a temporary file in the same folder and is renamed over the target, so a
 reader sees the old file or the new one, never half of one; a failed write (disk full, folder
@@ -25,7 +27,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, load_config
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import (
     atomic_write_json,
@@ -33,12 +35,18 @@ from creditaudit.files.safe_files import (
     read_text,
 )
 from creditaudit.records.duplicates import Copies, distinct_runs
+from creditaudit.records.edited import check_not_edited
 from creditaudit.records.schema import RunRecord
 
 log = logging.getLogger(__name__)
 
 RECORD_FILE, CHECKPOINT_FILE, INIT_FILE = "record.json", "checkpoint.pt", "init.pt"
 CONFIG_FILE = "config.toml"
+CLAIM_FILE = "claim.json"  # held by the process that trains the run (creditaudit.sweep.claims)
+# The files a run writes for itself (``--force`` removes them), and every name a run folder
+# may hold (the claim and its break lock too): no report may be written over one of these.
+RUN_FILES = (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE)
+RUN_FOLDER_FILES = (*RUN_FILES, CLAIM_FILE, f"{CLAIM_FILE}.break")
 
 
 # --- records -------------------------------------------------------------------------------
@@ -82,6 +90,18 @@ def record_path(path: Path | str) -> Path:
     return path / RECORD_FILE if path.is_dir() and path.name != RECORD_FILE else path
 
 
+def check_not_run_file(path: Path | str) -> None:
+    """Refuse (OutputError, one line) an output file that is one of a run folder's own files
+    (:data:`RUN_FOLDER_FILES`, in a folder holding any of :data:`RUN_FILES`): writing a report
+    there would replace the run's record, checkpoint or claim and break every later read."""
+    path = Path(path)
+    if path.name in RUN_FOLDER_FILES and any((path.parent / name).exists()
+                                               for name in RUN_FILES):
+        raise OutputError(f"{path} is one of the run's own files ({', '.join(RUN_FOLDER_FILES)}"
+                          f" are); write the report to another file, e.g. "
+                          f"{path.parent / 'audit.txt'}")
+
+
 def save_record(run_dir: Path | str, record: RunRecord) -> Path:
     record.updated = now()
     path = Path(run_dir) / RECORD_FILE
@@ -97,7 +117,8 @@ def load_record(path: Path | str) -> RunRecord:
     folder, a named pipe, a device), for files over the size limit or nested too deeply
     (:func:`~creditaudit.files.safe_files.read_text`,
     :func:`~creditaudit.files.strict_json.check_depth`)
-    and for values outside their domain (an accuracy of 5).
+    and for values outside their domain (an accuracy of 5), and for a record edited since
+    it was written (:func:`~creditaudit.records.edited.check_not_edited`).
     """
     path = record_path(path)
     if not path.exists():
@@ -119,7 +140,9 @@ def load_record(path: Path | str) -> RunRecord:
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise RunRecordError(f"run record {path} has a malformed non_finite block ({err}); "
                              "it was not written by creditaudit as it is") from None
-    return RunRecord.from_dict(raw, str(path))
+    record = RunRecord.from_dict(raw, str(path))
+    check_not_edited(record, path)
+    return record
 
 
 def load_config_file(path: Path | str) -> RunConfig:

@@ -126,4 +126,40 @@ def compute_run_id(config: RunConfig, fingerprint: str, code: RunCode) -> str:
     return f"{label}-{digest}"
 
 
-__all__ = ["ID_VERSION", "CodeVersion", "RunCode", "compute_run_id", "pre_move_spelling"]
+def _recorded_code(entry: Any) -> CodeVersion:
+    """The :class:`CodeVersion` a record's ``environment.components`` entry was written from."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ValueError(f"not a component entry: {entry!r}")
+    origin = entry.get("origin")
+    return CodeVersion(entry["name"], int(entry.get("id_version") or 0),
+                       None if origin in (None, "creditaudit") else str(origin),
+                       digest=entry.get("code_digest"))
+
+
+def derived_run_id(config: RunConfig, fingerprint: str | None, components: Any
+                   ) -> str | None:
+    """The run id creditaudit derives from what a record keeps — its config, its data's
+    fingerprint and its components' code (``environment.components``) — or None when the
+    record keeps too little to say (written before fingerprints, components or the code
+    digests of its plugins were recorded). A record whose ``run_id`` differs was edited
+    since it was written."""
+    if not fingerprint or not isinstance(components, dict):
+        return None
+    try:
+        entries = [components.get(axis) for axis in VERSION_KEYS]
+        entries += list(components.get("diagnostics") or ())
+        if any(entry.get("origin", "creditaudit") != "creditaudit"
+               and not entry.get("code_digest") for entry in entries):
+            return None  # a plugin's digest, part of its id since, was not kept yet
+        code = RunCode(method=_recorded_code(components.get("method")),
+                       model=_recorded_code(components.get("model")),
+                       data=_recorded_code(components.get("data")),
+                       diagnostics=tuple(_recorded_code(d)
+                                         for d in components.get("diagnostics") or ()))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return compute_run_id(config, fingerprint, code)
+
+
+__all__ = ["ID_VERSION", "CodeVersion", "RunCode", "compute_run_id", "derived_run_id",
+           "pre_move_spelling"]

@@ -23,10 +23,8 @@ from creditaudit.loggers import RunLogger, build_loggers, replay
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.records import (
-    CHECKPOINT_FILE,
-    CONFIG_FILE,
-    INIT_FILE,
     RECORD_FILE,
+    RUN_FILES,
     RunRecord,
     load_record,
 )
@@ -138,7 +136,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
     elif resume and not record_path.exists():
         raise no_run_to_resume(config, run_dir, identity)
     if force and run_dir.exists():
-        for name in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
+        for name in RUN_FILES:
             (run_dir / name).unlink(missing_ok=True)
         resume = False
     return plan, resume

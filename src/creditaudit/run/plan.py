@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, with_absolute_data_paths
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
 from creditaudit.descriptions import (
     AUGMENTATION,
@@ -190,7 +190,11 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
 
     ``trained``: the record of the finished run this plan rebuilds (audit): a guest whose
     code is not the code that run recorded is refused before it builds a network, loads
-    data or is checked at the door (:func:`~creditaudit.run.resume.check_same_code`)."""
+    data or is checked at the door (:func:`~creditaudit.run.resume.check_same_code`).
+
+    The plan's config names its data folder by an absolute path (the run id does not cover
+    it): a record written from it finds its data from any folder."""
+    config = with_absolute_data_paths(config)
     rule = rule_class(config.method.name)
     check_options(rule, config.method)
     arch_class = architecture(config.model.arch)

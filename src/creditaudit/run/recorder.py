@@ -53,9 +53,9 @@ from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
-    CONFIG_FILE,
     INIT_FILE,
     RECORD_FILE,
+    RUN_FILES,
     EpochEntry,
     RunRecord,
     atomic_torch_save,
@@ -369,7 +369,7 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
     if not overwrite:
         raise RunRecordError(f"{run_dir} holds a run record already: pass another name= or "
                              "overwrite=True to replace it")
-    for file in (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE):
+    for file in RUN_FILES:
         (run_dir / file).unlink(missing_ok=True)
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.files.safe_files import describe_os_error, ensure_folder, write_error
+from creditaudit.records import CLAIM_FILE
 
 log = logging.getLogger(__name__)
 
-CLAIM_FILE = "claim.json"
-BREAK_LOCK_FILE = "claim.json.break"
+BREAK_LOCK_FILE = f"{CLAIM_FILE}.break"
 DEFAULT_STALE_AFTER = 900.0
 # A claim file that is empty or unreadable is being written right now, unless it is older.
 UNREADABLE_CLAIM_GRACE = 30.0

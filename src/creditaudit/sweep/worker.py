@@ -79,10 +79,15 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
 
 
 def write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
-    """Record a run that raised before the training loop wrote its first record."""
-    from creditaudit.records import new_record, save_record
+    """Record a run that raised outside the training loop's own records: the record in
+    ``run_dir`` marked failed when it is readable (a killed run's epochs stay in its log),
+    else a new one."""
+    from creditaudit.records import RECORD_FILE, load_record, new_record, save_record
 
-    record = new_record(config, device=config.run.device, run_id=run_dir.name)
+    try:
+        record = load_record(run_dir / RECORD_FILE)
+    except RunRecordError:  # none, or unreadable: nothing of it can be kept
+        record = new_record(config, device=config.run.device, run_id=run_dir.name)
     record.status = "failed"
     record.error = error
     save_record(run_dir, record)
@@ -172,6 +177,11 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 def _failed(run: _Claimed, err: Exception) -> None:
     """A run that raised: its outcome, and a failed record where none says more."""
     error = guest_failure(err) or f"{type(err).__name__}: {err}"
+    if "--force" in error:  # the advice of train, which a sweep has not
+        from creditaudit.records import CHECKPOINT_FILE
+
+        error += (f" (in a sweep: delete {run.run_dir / CHECKPOINT_FILE} and rerun the sweep "
+                  "with --retry-failed to start this run over)")
     if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):
         # Not even a failed record can replace a folder named record.json: the
         # outcome still says why the run failed.

@@ -1,0 +1,222 @@
+"""A run folder's own files are guarded where commands read and write beside them:
+
+- no command writes its output over a run's record, checkpoint, init, config or claim;
+- ``audit`` takes the data from ``--data-dir`` when the recorded folder is not there;
+- a record whose config was edited after it was written is refused where it is served,
+  audited or reported;
+- a checkpoint's non-finite weights are named as the checkpoint's;
+- a sweep that meets a truncated checkpoint says what works for ``sweep``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.records import RUN_FOLDER_FILES
+from integrity_support import assert_one_line_error, snapshot, tiny_config, write_idx_dataset
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, single_thread) -> SimpleNamespace:
+    """One finished tiny DFA run on tiny MNIST-layout IDX files, shared by the module."""
+    from creditaudit.run.trainer import train
+
+    root = tmp_path_factory.mktemp("guards")
+    data = write_idx_dataset(root / "mnist")
+    overrides = tiny_config(data, root / "results", **{"method.name": "dfa"})
+    run = train(RunConfig().replace(**overrides))
+    assert run.status == "completed"
+    return SimpleNamespace(root=root, data=data, results=root / "results", run=run,
+                           overrides=overrides)
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def copy_run(finished: SimpleNamespace, tmp_path: Path) -> Path:
+    """A copy of the finished run's folder in a results folder of its own."""
+    run_dir = tmp_path / "results" / finished.run.run_dir.name
+    shutil.copytree(finished.run.run_dir, run_dir)
+    return run_dir
+
+
+# --- 1. no output over a run's own files ---------------------------------------------------
+@pytest.mark.parametrize("name", RUN_FOLDER_FILES)
+def test_audit_refuses_to_write_its_report_over_a_run_file(finished, tmp_path, capsys, name):
+    run_dir = copy_run(finished, tmp_path)
+    (run_dir / "claim.json").write_text("{}")  # as while a sweep worker holds the run
+    before = snapshot(run_dir)
+    code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q",
+                                      "--output", str(run_dir / name)])
+    assert code == 2
+    assert_one_line_error(out, err, str(run_dir / name), "run's own files")
+    assert snapshot(run_dir) == before
+    # Another run's files are refused too, and a file of another name beside them is fine.
+    code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q",
+                                      "--output", str(run_dir / "audit.txt")])
+    assert code == 0, err
+    assert "verdict" in (run_dir / "audit.txt").read_text().lower()
+
+
+@pytest.mark.parametrize("command", [["report", "--out"], ["figures", "--out"], ["export"]])
+def test_folder_outputs_never_replace_a_run_file(finished, tmp_path, capsys, command):
+    """report, figures and export write fixed names (report.md, figures/*.png, the export
+    layout) into a folder: one that is a run's file is a file in the way."""
+    run_dir = copy_run(finished, tmp_path)
+    before = snapshot(run_dir)
+    argv = [command[0], str(run_dir.parent), *command[1:], str(run_dir / "record.json")]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2
+    assert_one_line_error(out, err, "record.json")
+    assert snapshot(run_dir) == before
+
+
+# --- 2. the data folder: recorded absolute, and audit --data-dir ---------------------------
+def test_a_relative_data_folder_is_recorded_absolute_with_the_same_run_id(
+        finished, tmp_path, monkeypatch):
+    from creditaudit.records import load_record
+    from creditaudit.run.plan import run_id
+    from creditaudit.run.trainer import train
+
+    shutil.copytree(finished.data, tmp_path / "mnist")
+    monkeypatch.chdir(tmp_path)
+    relative = RunConfig().replace(**{**finished.overrides, "data.data_dir": "mnist",
+                                      "run.out_dir": "runs"})
+    absolute = relative.replace(**{"data.data_dir": str(tmp_path / "mnist")})
+    assert run_id(relative) == run_id(absolute) == finished.run.run_dir.name
+    run = train(relative)  # the finished run's id in another folder: trained here anew
+    record = load_record(run.run_dir)
+    assert record.config.data.data_dir == str(tmp_path / "mnist")
+    assert f'data_dir = "{tmp_path / "mnist"}"' in (run.run_dir / "config.toml").read_text()
+
+
+def test_audit_finds_moved_data_with_data_dir_and_checks_it(finished, tmp_path, capsys,
+                                                            monkeypatch):
+    run_dir = copy_run(finished, tmp_path)
+    record_file = run_dir / "record.json"
+    raw = json.loads(record_file.read_text())
+    raw["config"]["data"]["data_dir"] = "mnist"  # as older versions recorded `--data-dir mnist`
+    record_file.write_text(json.dumps(raw))
+    monkeypatch.chdir(tmp_path)  # no mnist/ here
+    argv = ["audit", str(run_dir), "--no-metrics", "-q"]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2
+    line = assert_one_line_error(out, err, "mnist", f"relative to {tmp_path}", "--data-dir")
+    assert "apt-get" not in line and "pip install" not in line
+    code, out, err = run_cli(capsys, [*argv, "--data-dir", str(finished.data)])
+    assert code == 0, err
+    assert "verdict" in out.lower()
+    # another folder of other data is refused by the recorded fingerprint, not audited
+    other = write_idx_dataset(tmp_path / "other", seed=1)
+    code, out, err = run_cli(capsys, [*argv, "--data-dir", str(other)])
+    assert code == 2
+    assert_one_line_error(out, err, "fingerprint")
+    code, out, err = run_cli(capsys, [*argv, "--data-dir", str(tmp_path / "gone")])
+    assert code == 2
+    assert_one_line_error(out, err, "--data-dir", "gone", "does not exist")
+
+
+# --- 3. a record edited since it was written -----------------------------------------------
+def edit_lr(run_dir: Path, lr: float = 0.5) -> None:
+    record_file = run_dir / "record.json"
+    raw = json.loads(record_file.read_text())
+    raw["config"]["optim"]["lr"] = lr
+    record_file.write_text(json.dumps(raw))
+
+
+def test_an_edited_record_is_never_served_audited_or_reported(finished, tmp_path, capsys):
+    from creditaudit.errors import RunRecordError
+    from creditaudit.run.trainer import train
+
+    run_dir = copy_run(finished, tmp_path)
+    edit_lr(run_dir)
+    before = snapshot(run_dir)
+    config = RunConfig().replace(**{**finished.overrides, "run.out_dir": str(run_dir.parent)})
+    with pytest.raises(RunRecordError, match="edited since it was written.*--force"):
+        train(config)
+    code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q"])
+    assert code == 2
+    assert_one_line_error(out, err, str(run_dir / "record.json"), "edited since it was written",
+                          "--force")
+    # report lists it among the unreadable records, with the reason, and writes the rest
+    code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
+                                      str(tmp_path / "rep")])
+    assert code == 0, err
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "edited since it was written" in report
+    assert snapshot(run_dir) == before
+    # --force trains it again, with the config asked for
+    result = train(config.replace(**{"run.progress": False}), force=True)
+    assert result.record.config.optim.lr == config.optim.lr
+    assert result.record.run_id == finished.run.run_dir.name
+
+
+def test_options_outside_the_run_id_may_be_edited(finished, tmp_path, capsys):
+    """The check recomputes the id: a folder option (not in the id) edited is no edit of
+    the run, and the unedited record of every shipped schema reads."""
+    from creditaudit.records import load_record
+
+    run_dir = copy_run(finished, tmp_path)
+    record_file = run_dir / "record.json"
+    raw = json.loads(record_file.read_text())
+    raw["config"]["run"]["progress"] = True
+    record_file.write_text(json.dumps(raw))
+    assert load_record(run_dir).run_id == run_dir.name
+    for legacy in sorted((Path(__file__).parent / "legacy_records").glob("*.json")):
+        load_record(legacy)
+
+
+# --- 4. a checkpoint's NaN weights are named as the checkpoint's ----------------------------
+def test_a_checkpoint_with_a_nan_weight_is_named_by_audit(finished, tmp_path, capsys):
+    import torch
+
+    run_dir = copy_run(finished, tmp_path)
+    checkpoint = run_dir / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    state["model"]["blocks.1.w1.weight"][0, 0] = float("nan")
+    torch.save(state, checkpoint)
+    code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q"])
+    assert code == 2
+    line = assert_one_line_error(out, err, str(checkpoint), "blocks.1.w1.weight", "NaN")
+    assert "states_fn" not in line
+
+
+# --- 5. a sweep meeting a killed run's truncated checkpoint ---------------------------------
+def test_a_sweep_keeps_a_killed_runs_log_and_says_what_works_for_it(finished, tmp_path,
+                                                                   capsys):
+    from creditaudit.records import load_record
+    from integrity_support import sweep_toml
+
+    run_dir = copy_run(finished, tmp_path)
+    record_file = run_dir / "record.json"
+    raw = json.loads(record_file.read_text())
+    raw["status"] = "running"  # as a kill -9 during the run leaves it
+    record_file.write_text(json.dumps(raw))
+    epochs = [entry["epoch"] for entry in raw["log"]]
+    checkpoint = run_dir / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])  # killed while writing it
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(sweep_toml({**finished.overrides, "run.out_dir": str(run_dir.parent)}))
+    code, out, err = run_cli(capsys, ["sweep", str(sweep), "--workers", "0"])
+    assert code == 1
+    record = load_record(run_dir)
+    assert record.status == "failed"
+    assert [entry.epoch for entry in record.log] == epochs  # the killed run's epochs kept
+    assert f"delete {checkpoint} and rerun the sweep with --retry-failed" in record.error
+    # what it says works: the run starts over and completes
+    checkpoint.unlink()
+    code, out, err = run_cli(capsys, ["sweep", str(sweep), "--workers", "0",
+                                      "--retry-failed"])
+    assert code == 0, out + err
+    assert load_record(run_dir).status == "completed"

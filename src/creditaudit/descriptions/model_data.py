@@ -124,5 +124,11 @@ class DataIdentity:
         "on: diagnostics.eval_samples, or the whole test split where the default exceeds it "
         "(null: records before it was kept, and runs recorded from a user's own loop)")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The identity as a record stores it: ``eval_samples`` only when known, so a
+        record read without it is written back as it was."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k == "eval_samples" and v is None)}
+
 
 __all__ = ["ModelDescription", "DataIdentity", "CONTENT_DIGEST", "AUGMENTATION"]

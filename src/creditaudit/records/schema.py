@@ -19,7 +19,6 @@ Readers never index the JSON: they use the accessors of :class:`RunRecord` (``re
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +230,7 @@ class RunRecord(RecordAccessors):
                  else self.final.to_dict())
         return {
             "schema": self.schema, "run_id": self.run_id, "config": self.config.to_dict(),
-            "data": None if self.data is None else dataclasses.asdict(self.data),
+            "data": None if self.data is None else self.data.to_dict(),
             "model": None if self.model is None else self.model.to_dict(),
             "environment": self.environment,
             **({"resumed": [part.to_dict() for part in self.resumed]} if self.resumed else {}),

@@ -203,11 +203,12 @@ def check_overrides_read(config: Any, overrides: dict[str, Any]) -> None:
     """One-line ConfigError for an override (``--set``, ``RunConfig.replace``) of a key the
     component of its section in ``config`` does not read, even one holding a value an
     earlier version wrote by default: a file of that version drops such a key, a value given
-    now is meant to be read."""
+    now is meant to be read. None is no value (unset, as a key left out of a file), so an
+    override to None of a key the component does not read changes nothing and passes."""
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
         values = getattr(config, section, None)
-        if values is None or "." in key or (section, key) in RETIRED_KEYS \
+        if value is None or values is None or "." in key or (section, key) in RETIRED_KEYS \
                 or key in {f.name for f in dataclasses.fields(values)}:
             continue
         _unknown_key(section, type(values), key, value, True, None, legacy=False)

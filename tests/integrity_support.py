@@ -92,6 +92,23 @@ class Payload:
         return (open, (self.marker, "w"))
 
 
+def finished_dfa_run(root: Path):  # noqa: ANN201 - a SimpleNamespace
+    """One finished tiny DFA run on tiny MNIST-layout IDX files under ``root``: its data
+    folder, results folder, run (``train``'s result), overrides and config."""
+    from types import SimpleNamespace
+
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    data = write_idx_dataset(root / "mnist")
+    overrides = tiny_config(data, root / "results", **{"method.name": "dfa"})
+    config = RunConfig().replace(**overrides)
+    run = train(config)
+    assert run.status == "completed"
+    return SimpleNamespace(root=root, data=data, results=root / "results", run=run,
+                           overrides=overrides, config=config)
+
+
 def snapshot(*folders: Path) -> dict[str, str]:
     """path → sha256 of every file below ``folders`` (what a command must leave unchanged)."""
     out = {}

@@ -53,12 +53,12 @@ from integrity_support import (
     alive,
     assert_one_line_error,
     children,
+    finished_dfa_run,
     snapshot,
     sweep_toml,
     tiny_config,
     toml_of,
     write_cifar10,
-    write_idx_dataset,
 )
 
 TEST_IMAGES = "t10k-images-idx3-ubyte"
@@ -67,15 +67,7 @@ TEST_IMAGES = "t10k-images-idx3-ubyte"
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, single_thread) -> SimpleNamespace:
     """One finished tiny DFA run on tiny MNIST-layout IDX files, shared by the module."""
-    from creditaudit.run.trainer import train
-
-    root = tmp_path_factory.mktemp("integrity")
-    data = write_idx_dataset(root / "mnist")
-    overrides = tiny_config(data, root / "results", **{"method.name": "dfa"})
-    run = train(RunConfig().replace(**overrides))
-    assert run.status == "completed"
-    return SimpleNamespace(root=root, data=data, results=root / "results", run=run,
-                           overrides=overrides, config=RunConfig().replace(**overrides))
+    return finished_dfa_run(tmp_path_factory.mktemp("integrity"))
 
 
 def config_file(tmp: Path, overrides: dict) -> str:

@@ -20,21 +20,18 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.records import RUN_FOLDER_FILES
-from integrity_support import assert_one_line_error, snapshot, tiny_config, write_idx_dataset
+from integrity_support import (
+    assert_one_line_error,
+    finished_dfa_run,
+    snapshot,
+    write_idx_dataset,
+)
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, single_thread) -> SimpleNamespace:
     """One finished tiny DFA run on tiny MNIST-layout IDX files, shared by the module."""
-    from creditaudit.run.trainer import train
-
-    root = tmp_path_factory.mktemp("guards")
-    data = write_idx_dataset(root / "mnist")
-    overrides = tiny_config(data, root / "results", **{"method.name": "dfa"})
-    run = train(RunConfig().replace(**overrides))
-    assert run.status == "completed"
-    return SimpleNamespace(root=root, data=data, results=root / "results", run=run,
-                           overrides=overrides)
+    return finished_dfa_run(tmp_path_factory.mktemp("guards"))
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:

@@ -30,7 +30,6 @@ PAIRS = {
     "data_seed": ({"run.seed": 42}, {"data.data_seed": 42}),
     "data_seed, another run seed": ({"run.seed": 7}, {"data.data_seed": 7}),
     "train_subset": ({}, {"data.train_subset": 200}),
-    "eval_samples": ({"diagnostics.eval_samples": None}, {"diagnostics.eval_samples": 100}),
     "feedback_seed": ({"method.name": "dfa", "run.seed": 123},
                       {"method.feedback_seed": 123}),
     "none_args": (TRANSFORMER, {"model.none_args": []}),
@@ -64,7 +63,6 @@ def test_an_explicit_default_names_the_default_run(tmp_path, name):
 
 @pytest.mark.parametrize("explicit", [{"data.data_seed": 43}, {"data.train_subset": 199},
                                       {"diagnostics.protocol": ["a", "b", "c"]},
-                                      {"diagnostics.eval_samples": 99},
                                       {"diagnostics.protocol": ["b", "a", "c", "d"]},
                                       {"method.feedback_seed": 43, "method.name": "dfa"}])
 def test_a_value_other_than_the_effective_default_stays_its_own_run(tmp_path, explicit):

@@ -3,9 +3,8 @@
 A run id covers the values that differ from their defaults (:func:`creditaudit.config.
 semantic_dict`), so a value given explicitly that computes exactly what its default
 computes — ``data.data_seed`` equal to the run seed, ``data.train_subset`` equal to every
-training sample, ``diagnostics.protocol`` naming the default diagnostics in their order,
-``diagnostics.eval_samples`` equal to a test split smaller than the default (which shrinks
-to it), an empty ``model.none_args`` — would name the same computation twice. :func:`with_defaults`
+training sample, ``diagnostics.protocol`` naming the default diagnostics in their order, an
+empty ``model.none_args`` — would name the same computation twice. :func:`with_defaults`
 puts the default back before the id is computed, so such a run has the default's id, its
 record and its recipe (a frozen baseline of (d) is found either way).
 
@@ -45,10 +44,7 @@ def with_defaults(config: RunConfig, rule: type[CreditRule], spec: DatasetSpec[A
         model = _checked(ARCHITECTURES, arch.name, arch.same_as_default())
     with blame(RULES.guest(rule.name)):
         method = _checked(RULES, rule.name, rule.same_as_default(config.method, seed))
-    diagnostics: dict[str, Any] = {}
-    default_eval = type(config.diagnostics)().eval_samples
-    if sizes is not None and default_eval > sizes[1] == config.diagnostics.eval_samples:
-        diagnostics["eval_samples"] = default_eval  # the whole test split it shrinks to
+    diagnostics = {}
     protocol = config.diagnostics.protocol
     if protocol is not None and list(protocol) == list(protocol_names(None)):
         diagnostics["protocol"] = None

@@ -6,8 +6,7 @@ was edited by hand (``optim.lr`` 0.001 → 0.5) still sits in the folder of the 
 so it would be served for that run's config, audited and reported with numbers the edited
 config never produced. Recomputing the id from the record finds this. Runs whose id may be
 a name their user gave (a ``Recorder``'s ``name=``) and records too old to keep the
-fingerprint, the components or a plugin's code digest are not checked: there is nothing
-to recompute from.
+fingerprint or the components are not checked: there is nothing to recompute from.
 """
 
 from __future__ import annotations

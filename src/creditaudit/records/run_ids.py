@@ -140,23 +140,17 @@ def derived_run_id(config: RunConfig, fingerprint: str | None, components: Any
                    ) -> str | None:
     """The run id creditaudit derives from what a record keeps — its config, its data's
     fingerprint and its components' code (``environment.components``) — or None when the
-    record keeps too little to say (written before fingerprints, components or the code
-    digests of its plugins were recorded). A record whose ``run_id`` differs was edited
-    since it was written."""
+    record keeps too little to say (written before fingerprints or components were
+    recorded). A record whose ``run_id`` differs was edited since it was written."""
     if not fingerprint or not isinstance(components, dict):
         return None
     try:
-        entries = [components.get(axis) for axis in VERSION_KEYS]
-        entries += list(components.get("diagnostics") or ())
-        if any(entry.get("origin", "creditaudit") != "creditaudit"
-               and not entry.get("code_digest") for entry in entries):
-            return None  # a plugin's digest, part of its id since, was not kept yet
         code = RunCode(method=_recorded_code(components.get("method")),
                        model=_recorded_code(components.get("model")),
                        data=_recorded_code(components.get("data")),
                        diagnostics=tuple(_recorded_code(d)
                                          for d in components.get("diagnostics") or ()))
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return None
     return compute_run_id(config, fingerprint, code)
 

@@ -124,57 +124,6 @@ def test_audit_finds_moved_data_with_data_dir_and_checks_it(finished, tmp_path, 
     assert_one_line_error(out, err, "--data-dir", "gone", "does not exist")
 
 
-# --- 3. a record edited since it was written -----------------------------------------------
-def edit_lr(run_dir: Path, lr: float = 0.5) -> None:
-    record_file = run_dir / "record.json"
-    raw = json.loads(record_file.read_text())
-    raw["config"]["optim"]["lr"] = lr
-    record_file.write_text(json.dumps(raw))
-
-
-def test_an_edited_record_is_never_served_audited_or_reported(finished, tmp_path, capsys):
-    from creditaudit.errors import RunRecordError
-    from creditaudit.run.trainer import train
-
-    run_dir = copy_run(finished, tmp_path)
-    edit_lr(run_dir)
-    before = snapshot(run_dir)
-    config = RunConfig().replace(**{**finished.overrides, "run.out_dir": str(run_dir.parent)})
-    with pytest.raises(RunRecordError, match="edited since it was written.*--force"):
-        train(config)
-    code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q"])
-    assert code == 2
-    assert_one_line_error(out, err, str(run_dir / "record.json"), "edited since it was written",
-                          "--force")
-    # report lists it among the unreadable records, with the reason, and writes the rest
-    code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
-                                      str(tmp_path / "rep")])
-    assert code == 0, err
-    report = (tmp_path / "rep" / "report.md").read_text()
-    assert "edited since it was written" in report
-    assert snapshot(run_dir) == before
-    # --force trains it again, with the config asked for
-    result = train(config.replace(**{"run.progress": False}), force=True)
-    assert result.record.config.optim.lr == config.optim.lr
-    assert result.record.run_id == finished.run.run_dir.name
-
-
-def test_options_outside_the_run_id_may_be_edited(finished, tmp_path, capsys):
-    """The check recomputes the id: a folder option (not in the id) edited is no edit of
-    the run, and the unedited record of every shipped schema reads."""
-    from creditaudit.records import load_record
-
-    run_dir = copy_run(finished, tmp_path)
-    record_file = run_dir / "record.json"
-    raw = json.loads(record_file.read_text())
-    raw["config"]["run"]["progress"] = True
-    record_file.write_text(json.dumps(raw))
-    assert load_record(run_dir).run_id == run_dir.name
-    for legacy in sorted((Path(__file__).parent / "legacy_records").glob("*.json")):
-        load_record(legacy)
-
-
-# --- 4. a checkpoint's NaN weights are named as the checkpoint's ----------------------------
 def test_a_checkpoint_with_a_nan_weight_is_named_by_audit(finished, tmp_path, capsys):
     import torch
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.files import strict_json
-from creditaudit.records.edited import named_by_user
 from creditaudit.records.reading import FINISHED
 from creditaudit.records.schema import RunRecord
+from creditaudit.registry import ARCHITECTURES
 
 # What a copy may differ in and still be the same run: when and where it ran (the output
 # folder is in the config, which the run id already covers).
@@ -94,7 +94,7 @@ def distinct_runs(found: Sequence[tuple[Path, RunRecord]]
     copies: list[Copies] = []
     for run_id, group in by_id.items():
         texts = [results_text(record) for _, record in group] if len(group) > 1 else []
-        if len(set(texts)) > 1 and any(named_by_user(r) for _, r in group):
+        if len(set(texts)) > 1 and any(_named_by_user(r) for _, r in group):
             # runs of users' loops that share only a name: one run per distinct record
             first = {text: path for (path, _), text in reversed(list(zip(group, texts)))}
             kept.update(first.values())
@@ -113,6 +113,14 @@ def distinct_runs(found: Sequence[tuple[Path, RunRecord]]
         copies.append(Copies(run_id, tuple(p for p, _ in group), choice, differ,
                              tuple(r.status for _, r in group)))
     return [(p, r) for p, r in found if p in kept], copies
+
+
+def _named_by_user(record: RunRecord) -> bool:
+    """Whether the record's id may be a name its user gave, not an id computed from what
+    ran: a run of an architecture creditaudit only describes (``unbuildable``: a network
+    trained in its user's own loop and recorded by a ``Recorder``)."""
+    arch = ARCHITECTURES.find(record.config.model.arch)
+    return arch is not None and bool(arch.unbuildable)
 
 
 __all__ = ["Copies", "distinct_runs", "results_text"]

@@ -35,7 +35,6 @@ from creditaudit.files.safe_files import (
     read_text,
 )
 from creditaudit.records.duplicates import Copies, distinct_runs
-from creditaudit.records.edited import check_not_edited
 from creditaudit.records.schema import RunRecord
 
 log = logging.getLogger(__name__)
@@ -117,8 +116,7 @@ def load_record(path: Path | str) -> RunRecord:
     folder, a named pipe, a device), for files over the size limit or nested too deeply
     (:func:`~creditaudit.files.safe_files.read_text`,
     :func:`~creditaudit.files.strict_json.check_depth`)
-    and for values outside their domain (an accuracy of 5), and for a record edited since
-    it was written (:func:`~creditaudit.records.edited.check_not_edited`).
+    and for values outside their domain (an accuracy of 5).
     """
     path = record_path(path)
     if not path.exists():
@@ -140,9 +138,7 @@ def load_record(path: Path | str) -> RunRecord:
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise RunRecordError(f"run record {path} has a malformed non_finite block ({err}); "
                              "it was not written by creditaudit as it is") from None
-    record = RunRecord.from_dict(raw, str(path))
-    check_not_edited(record, path)
-    return record
+    return RunRecord.from_dict(raw, str(path))
 
 
 def load_config_file(path: Path | str) -> RunConfig:

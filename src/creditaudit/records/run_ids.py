@@ -126,34 +126,4 @@ def compute_run_id(config: RunConfig, fingerprint: str, code: RunCode) -> str:
     return f"{label}-{digest}"
 
 
-def _recorded_code(entry: Any) -> CodeVersion:
-    """The :class:`CodeVersion` a record's ``environment.components`` entry was written from."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-        raise ValueError(f"not a component entry: {entry!r}")
-    origin = entry.get("origin")
-    return CodeVersion(entry["name"], int(entry.get("id_version") or 0),
-                       None if origin in (None, "creditaudit") else str(origin),
-                       digest=entry.get("code_digest"))
-
-
-def derived_run_id(config: RunConfig, fingerprint: str | None, components: Any
-                   ) -> str | None:
-    """The run id creditaudit derives from what a record keeps — its config, its data's
-    fingerprint and its components' code (``environment.components``) — or None when the
-    record keeps too little to say (written before fingerprints or components were
-    recorded). A record whose ``run_id`` differs was edited since it was written."""
-    if not fingerprint or not isinstance(components, dict):
-        return None
-    try:
-        code = RunCode(method=_recorded_code(components.get("method")),
-                       model=_recorded_code(components.get("model")),
-                       data=_recorded_code(components.get("data")),
-                       diagnostics=tuple(_recorded_code(d)
-                                         for d in components.get("diagnostics") or ()))
-    except (ValueError, TypeError):
-        return None
-    return compute_run_id(config, fingerprint, code)
-
-
-__all__ = ["ID_VERSION", "CodeVersion", "RunCode", "compute_run_id", "derived_run_id",
-           "pre_move_spelling"]
+__all__ = ["ID_VERSION", "CodeVersion", "RunCode", "compute_run_id", "pre_move_spelling"]

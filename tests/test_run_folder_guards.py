@@ -2,8 +2,6 @@
 
 - no command writes its output over a run's record, checkpoint, init, config or claim;
 - ``audit`` takes the data from ``--data-dir`` when the recorded folder is not there;
-- a record whose config was edited after it was written is refused where it is served,
-  audited or reported;
 - a checkpoint's non-finite weights are named as the checkpoint's;
 - a sweep that meets a truncated checkpoint says what works for ``sweep``.
 """

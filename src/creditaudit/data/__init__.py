@@ -53,9 +53,9 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
     holding its options) declares (sample shape, classes, labels within them, finite
-    features) or what the loader reads (uint8 images or float32 features, int64 labels),
-    or their normalisation (:func:`check_normalisation`) or augmentation is one the loader
-    cannot apply."""
+    features) or what the loader reads (uint8 images or features in torch's default dtype,
+    int64 labels), or their normalisation (:func:`check_normalisation`) or augmentation is
+    one the loader cannot apply."""
     declared = tuple(spec.input_shape())
     wrong = LoadedDataError
     for split, x, y in (("training", dataset.train_x, dataset.train_y),

@@ -25,7 +25,8 @@ from creditaudit.data.transforms import (
 )
 
 
-# What a loader reads, and so what every dataset loads (the models compute in float32).
+# What a loader reads, and so what every dataset loads (features in the dtype models are
+# built in: torch's default, float32 unless a caller changed it).
 def samples_problem(x: Tensor) -> str | None:
     """Why ``x`` is not uint8 images (N, C, H, W) or features (N, D) in the dtype the
     models are built in (torch's default: float32), in one line; None when it is."""
@@ -66,8 +67,8 @@ class InMemoryLoader:
       :func:`random_crop_flip` (zero padding ``crop_padding`` pixels; horizontal flips
       unless ``flip`` is False), then converted to float32 — standardised with ``mean``/``std``
       when given, else scaled to [0, 1] — and flattened to (B, C·H·W) when ``flatten``.
-    * float32 features (N, D): batches pass through unchanged (``augment``, ``mean`` and ``std``
-      are not allowed).
+    * features (N, D) in torch's default dtype: batches pass through unchanged (``augment``,
+      ``mean`` and ``std`` are not allowed).
 
     Labels ``y`` (N,) are returned as stored (int64 for classification), or replaced by
     i.i.d. uniform labels in 0 … ``random_targets``−1 drawn afresh per batch (after the

@@ -14,7 +14,6 @@ its module tree alone when it is built only of installed classes, and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import re
 import typing
@@ -36,6 +35,7 @@ from creditaudit.config.composed import rebuild_section
 from creditaudit.config.sections import COMPONENT_NAME
 from creditaudit.data import DatasetSpec, load_dataset
 from creditaudit.data.identity import tensor_digest
+from creditaudit.data.registry import digest_text
 from creditaudit.data.rows import check_test_rows
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError, CreditAuditError
@@ -279,7 +279,7 @@ def network_identity(net: Any) -> tuple[str | None, dict[str, str | None]]:
         return structure, {"code_digest": structure, "code_digest_of": "structure"}
     # The files say what the classes do, the tree which of them were built and how: a
     # script that picks its activation from sys.argv is one file and two networks.
-    both = hashlib.sha256(f"source {source}\nstructure {structure}".encode()).hexdigest()
+    both = digest_text({"source": source, "structure": structure})
     return both, {"code_digest": both, "code_digest_of": "source+structure",
                   "source_digest": source, "structure_digest": structure}
 

@@ -109,6 +109,23 @@ def finished_dfa_run(root: Path):  # noqa: ANN201 - a SimpleNamespace
                            overrides=overrides, config=config)
 
 
+def as_written(raw: dict, *, digest: bool = True) -> str:
+    """The record.json text of a record dict a test edited (as ``json.loads`` reads it),
+    with its content digest recomputed, as if creditaudit had written it (a state a test
+    plants: a killed run, a copy), or, with ``digest`` False, without one (a record written
+    before digests were kept). A record edited and not rewritten this way is refused."""
+    import json
+
+    from creditaudit.files import strict_json
+    from creditaudit.records import CONTENT_KEY, content_digest
+
+    record = strict_json.decode(json.loads(json.dumps(raw)))
+    record.pop(CONTENT_KEY, None)
+    if digest:
+        record[CONTENT_KEY] = content_digest(record)
+    return strict_json.dumps(record)
+
+
 def snapshot(*folders: Path) -> dict[str, str]:
     """path → sha256 of every file below ``folders`` (what a command must leave unchanged)."""
     out = {}

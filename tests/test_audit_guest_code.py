@@ -20,7 +20,7 @@ from creditaudit.run.folder import RunResult
 from creditaudit.run.resume import check_same_code
 from creditaudit.run.trainer import train
 from door_support import cli_args, guests, image_run, tiny_config
-from integrity_support import write_idx_dataset
+from integrity_support import as_written, write_idx_dataset
 from plugin_support import GUESTS, cli
 
 NET = '''\
@@ -73,7 +73,7 @@ def _strip_digests(run_dir, *, components: bool = False) -> None:
                       *block.get("diagnostics", [])]:
             entry.pop("code_digest", None)
             entry.pop("checks", None)
-    path.write_text(json.dumps(raw))
+    path.write_text(as_written(raw, digest=False))
 
 
 def test_an_edited_factory_is_refused_by_audit_and_the_restored_one_audited(tmp_path):

@@ -24,6 +24,7 @@ from creditaudit.config import RunConfig
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE
 from integrity_support import (
     Payload,
+    as_written,
     assert_one_line_error,
     idx_bytes,
     snapshot,
@@ -91,7 +92,7 @@ def with_record(w: World, tmp: Path, edit) -> Path:  # noqa: ANN001 - dict → d
     copy = copy_run(w, tmp)
     content = edit(json.loads((copy / RECORD_FILE).read_text()))
     path = copy / RECORD_FILE
-    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    path.write_bytes(content if isinstance(content, bytes) else as_written(content).encode())
     return copy
 
 

@@ -215,7 +215,7 @@ def _comparable(run_dir: Path) -> dict:
     for older, newer in OLDER_NAMES.items():
         text = text.replace(f'"{older}"', f'"{newer}"')
     record = json.loads(text)
-    for key in ("created", "updated", "environment"):
+    for key in ("created", "updated", "environment", "content_sha256"):
         record.pop(key)
     record["config"]["run"].pop("out_dir")
     for entry in record["log"]:

@@ -28,7 +28,7 @@ from creditaudit.report import format_run_summary
 from creditaudit.report.folder import render_report_markdown
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import Trainer, train
-from integrity_support import nan_weights_after, sweep_toml
+from integrity_support import as_written, nan_weights_after, sweep_toml
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -106,7 +106,7 @@ def test_an_unfinished_copy_beside_its_finished_run_gives_way(shared, tmp_path, 
     path = copy_of(res, "dfa", "old")
     raw = json.loads(path.read_text())
     raw.update(status="interrupted", final=None, log=raw["log"][:1], protocol={})
-    path.write_text(json.dumps(raw))
+    path.write_text(as_written(raw))
     records = RecordSet.from_folder(res)
     assert len(records) == 3 and records.skipped == []
     dfa = next(r for r in records if r.method == "dfa")
@@ -125,7 +125,7 @@ def test_copies_that_differ_and_are_both_finished_are_not_merged(shared, tmp_pat
     path = copy_of(res, "frozen", "other")
     raw = json.loads(path.read_text())
     raw["log"][-1]["acc_eval"] = raw["log"][-1]["test_acc"] = 0.5  # another final accuracy
-    path.write_text(json.dumps(raw))
+    path.write_text(as_written(raw))
     records = RecordSet.from_folder(res)
     frozen = path.parent.name
     assert frozen not in {r.run_id for r in records}  # neither copy chosen for the user

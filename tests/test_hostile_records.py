@@ -32,7 +32,7 @@ from creditaudit.files.strict_json import MAX_DEPTH, TooDeep, check_depth, nesti
 from creditaudit.records import RECORD_FILE, EpochEntry, EpochMeasures, load_record
 from creditaudit.records.run_parts import EndOfRun, FinalResults
 from creditaudit.run.plan import run_id
-from integrity_support import sweep_toml, tiny_config, write_idx_dataset
+from integrity_support import as_written, sweep_toml, tiny_config, write_idx_dataset
 
 TIMEOUT_S = 240  # a command here takes seconds; a blocked one is killed and fails the test
 MEMORY_CAP = 4 << 30  # heap of a command: an endless read ends in MemoryError, not swapping
@@ -47,7 +47,7 @@ def _sparse(path: Path, size: int) -> None:
 def _modified(good: dict, edit: Callable[[dict], None]) -> str:
     record = json.loads(json.dumps(good))
     edit(record)
-    return json.dumps(record)
+    return as_written(record)
 
 
 def _set(pointer: str, value: object) -> Callable[[dict], None]:
@@ -308,7 +308,7 @@ def _with_non_finite(good: dict, marks: dict[str, str]) -> str:
     for pointer in marks:
         _set(pointer.lstrip("/"), None)(record)
     record["non_finite"] = marks
-    return json.dumps(record)
+    return as_written(record)
 
 
 def test_rounding_slack_is_allowed_but_not_more(world, tmp_path, plant):

@@ -29,6 +29,7 @@ from creditaudit.errors import ConfigError
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RECORD_FILE, load_record, recipe_key
 from creditaudit.records.compare import recipe_difference
+from integrity_support import as_written
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -180,7 +181,7 @@ def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):
     raw = json.loads(path.read_text())
     for key in ("dtype", "frozen_parameters"):
         del raw["model"][key]
-    path.write_text(json.dumps(raw))
+    path.write_text(as_written(raw, digest=False))
     old = load_record(tmp_path / held.run_id)
     assert old.model.dtype is None and old.model.frozen_parameters is None
     assert old.recipe_key == recipe_key(old.config, old.data.source, old.not_recorded,

@@ -28,6 +28,7 @@ from creditaudit.records.checkpoint import atomic_torch_save
 from creditaudit.report import render
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import Trainer, train
+from integrity_support import as_written
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -288,7 +289,7 @@ def strip_reference(run_dir: Path):
     """The run's record as written before the check existed (no ``reference`` block)."""
     raw = json.loads((run_dir / "record.json").read_text())
     del raw["reference"]
-    (run_dir / "record.json").write_text(json.dumps(raw))
+    (run_dir / "record.json").write_text(as_written(raw, digest=False))
     return load_record(run_dir)
 
 

@@ -34,6 +34,7 @@ from creditaudit.report.folder import (
 from creditaudit.report.html import compact_png, markdown_to_html
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
+from integrity_support import as_written
 
 SMOKE = {
     "data.n_train": 512, "data.n_test": 256, "data.in_dim": 16, "model.d": 16,
@@ -62,7 +63,7 @@ def results(tmp_path_factory) -> Path:
                   run_id=record["run_id"].rsplit("-", 1)[0] + "-0000000000")
     failed = out / "failed-copy"
     failed.mkdir()
-    (failed / "record.json").write_text(json.dumps(record))
+    (failed / "record.json").write_text(as_written(record))
     return out
 
 

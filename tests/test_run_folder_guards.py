@@ -19,6 +19,7 @@ from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.records import RUN_FOLDER_FILES
 from integrity_support import (
+    as_written,
     assert_one_line_error,
     finished_dfa_run,
     snapshot,
@@ -102,7 +103,7 @@ def test_audit_finds_moved_data_with_data_dir_and_checks_it(finished, tmp_path, 
     record_file = run_dir / "record.json"
     raw = json.loads(record_file.read_text())
     raw["config"]["data"]["data_dir"] = "mnist"  # as older versions recorded `--data-dir mnist`
-    record_file.write_text(json.dumps(raw))
+    record_file.write_text(as_written(raw, digest=False))
     monkeypatch.chdir(tmp_path)  # no mnist/ here
     argv = ["audit", str(run_dir), "--no-metrics", "-q"]
     code, out, err = run_cli(capsys, argv)
@@ -146,7 +147,7 @@ def test_a_sweep_keeps_a_killed_runs_log_and_says_what_works_for_it(finished, tm
     record_file = run_dir / "record.json"
     raw = json.loads(record_file.read_text())
     raw["status"] = "running"  # as a kill -9 during the run leaves it
-    record_file.write_text(json.dumps(raw))
+    record_file.write_text(as_written(raw))
     epochs = [entry["epoch"] for entry in raw["log"]]
     checkpoint = run_dir / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:100])  # killed while writing it
@@ -164,3 +165,78 @@ def test_a_sweep_keeps_a_killed_runs_log_and_says_what_works_for_it(finished, tm
                                       "--retry-failed"])
     assert code == 0, out + err
     assert load_record(run_dir).status == "completed"
+
+
+# --- 6. a record changed after it was written ---------------------------------------------
+def test_a_record_changed_after_it_was_written_is_never_served_audited_or_reported(
+        finished, tmp_path, capsys):
+    from creditaudit.errors import RunRecordError
+    from creditaudit.run.trainer import train
+
+    for change in ("config", "result"):
+        run_dir = copy_run(finished, tmp_path / change)
+        record_file = run_dir / "record.json"
+        raw = json.loads(record_file.read_text())
+        if change == "config":
+            raw["config"]["optim"]["lr"] = 0.5  # a run that did not happen
+        else:
+            raw["log"][-1]["acc_eval"] = 0.99  # a number the run did not reach
+        record_file.write_text(json.dumps(raw, indent=1))
+        before = snapshot(run_dir)
+        config = RunConfig().replace(**{**finished.overrides,
+                                        "run.out_dir": str(run_dir.parent)})
+        with pytest.raises(RunRecordError, match="changed after creditaudit wrote it"):
+            train(config)
+        code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics", "-q"])
+        assert code == 2
+        line = assert_one_line_error(out, err, str(record_file), "changed after", "--force")
+        assert line.count("--force") == 1
+        # report lists it among the unreadable records, with the reason
+        code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
+                                          str(tmp_path / change / "rep")])
+        assert code == 0, err
+        assert "changed after creditaudit wrote it" in (
+            tmp_path / change / "rep" / "report.md").read_text()
+        assert snapshot(run_dir) == before
+    # --force trains it again
+    result = train(config.replace(**{"run.progress": False}), force=True)
+    assert result.record.config.optim.lr == config.optim.lr
+    assert result.record.run_id == finished.run.run_dir.name
+
+
+def test_a_record_reformatted_or_without_a_digest_reads_and_an_edited_one_is_a_config(
+        finished, tmp_path):
+    from creditaudit.records import load_record
+    from creditaudit.records.files import CONTENT_KEY, load_config_file
+
+    run_dir = copy_run(finished, tmp_path)
+    record_file = run_dir / "record.json"
+    written = load_record(run_dir)
+    raw = json.loads(record_file.read_text())
+    assert CONTENT_KEY in raw
+    record_file.write_text(json.dumps(raw, indent=4, sort_keys=True))  # as `jq -S` leaves it
+    assert load_record(run_dir).to_dict() == written.to_dict()
+    del raw[CONTENT_KEY]  # as written before the digest was kept: nothing to check
+    record_file.write_text(json.dumps(raw))
+    assert load_record(run_dir).to_dict() == written.to_dict()
+    for legacy in sorted((Path(__file__).parent / "legacy_records").glob("*.json")):
+        load_record(legacy)
+    # `--config record.json` takes an edited record's config: the run gets that config's id
+    raw["config"]["optim"]["lr"] = 0.5
+    raw[CONTENT_KEY] = "0" * 64
+    record_file.write_text(json.dumps(raw))
+    assert load_config_file(record_file).optim.lr == 0.5
+
+
+def test_the_content_digest_survives_non_finite_numbers():
+    """A record's NaN and ±inf are written as null plus a mark: the digest read back is the
+    digest written, and a mark changed by hand (NaN → Infinity) is a change."""
+    from creditaudit.files import strict_json
+    from creditaudit.records.files import CONTENT_KEY, content_digest
+
+    stored = {"a": [1.0, float("nan"), 0.1 + 0.2], "b": {"c": float("inf"), "d": None}}
+    stored[CONTENT_KEY] = content_digest(stored)
+    read = strict_json.decode(json.loads(strict_json.dumps(stored)))
+    assert content_digest(read) == read[CONTENT_KEY]
+    text = strict_json.dumps(stored).replace('"Infinity"', '"-Infinity"')
+    assert content_digest(strict_json.decode(json.loads(text))) != stored[CONTENT_KEY]

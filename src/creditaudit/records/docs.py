@@ -128,7 +128,11 @@ def render_record_docs() -> str:
     """The generated part of docs/records.md (everything after the marker)."""
     out = [MARKER, "", f"Schema `{SCHEMA}`. Non-finite numbers are written as `null` and "
            "listed in a top-level `non_finite` object (JSON pointer → `NaN`, `Infinity` or "
-           "`-Infinity`), so strict parsers read every record and nothing is lost.", "",
+           "`-Infinity`), so strict parsers read every record and nothing is lost. The "
+           "key `content_sha256` is the digest of everything else "
+           "(`creditaudit.records.content_digest`, blind to key order and indentation): a "
+           "record changed after it was written is refused when read (records written "
+           "before 2026-11-29 have none).", "",
            "A record with a number outside its field's *domain* (each number of a list or "
            "object field, or of the keys named) is refused when read. NaN (undefined) is "
            "allowed in every domain, +inf only in `≥ 0`; the bounds have a rounding slack "

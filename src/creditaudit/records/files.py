@@ -15,6 +15,7 @@ read-only) leaves no partial file and raises a one-line error naming the path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -101,22 +102,47 @@ def check_not_run_file(path: Path | str) -> None:
                           f"{path.parent / 'audit.txt'}")
 
 
+# The digest of a record's content, written beside it: a record changed after it was written
+# (by hand, or by a script) describes a run that did not happen and is refused when read.
+CONTENT_KEY = "content_sha256"
+
+
+def content_digest(stored: dict[str, Any]) -> str:
+    """sha256 of a stored record's content (every key but :data:`CONTENT_KEY`), independent
+    of key order and indentation: a record reformatted (``jq -S``) keeps its digest, one with
+    any value changed does not. Non-finite numbers count by name (strict JSON marks)."""
+    clean, marks = strict_json.encode({k: v for k, v in stored.items() if k != CONTENT_KEY})
+    text = json.dumps([clean, marks], sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def save_record(run_dir: Path | str, record: RunRecord) -> Path:
     record.updated = now()
     path = Path(run_dir) / RECORD_FILE
-    atomic_write_json(path, record.to_dict(stored=True))
+    stored = record.to_dict(stored=True)
+    stored[CONTENT_KEY] = content_digest(stored)
+    atomic_write_json(path, stored)
     return path
 
 
-def load_record(path: Path | str) -> RunRecord:
+def _changed(raw: Any) -> bool:
+    """Whether a record's content no longer has the digest written with it (records written
+    before the digest was kept have none: not changed, as far as can be known)."""
+    return isinstance(raw, dict) and CONTENT_KEY in raw \
+        and raw[CONTENT_KEY] != content_digest(raw)
+
+
+def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     """Read and validate a run record (a run folder or its record.json).
 
     Raises RunRecordError with a one-line reason for missing, unreadable, binary,
     truncated, malformed or foreign-schema files, for anything but a regular file (a
     folder, a named pipe, a device), for files over the size limit or nested too deeply
     (:func:`~creditaudit.files.safe_files.read_text`,
-    :func:`~creditaudit.files.strict_json.check_depth`)
-    and for values outside their domain (an accuracy of 5).
+    :func:`~creditaudit.files.strict_json.check_depth`), for values outside their domain
+    (an accuracy of 5) and, unless ``check_content`` is False, for a record changed after it
+    was written (:func:`content_digest`).
     """
     path = record_path(path)
     if not path.exists():
@@ -138,18 +164,26 @@ def load_record(path: Path | str) -> RunRecord:
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise RunRecordError(f"run record {path} has a malformed non_finite block ({err}); "
                              "it was not written by creditaudit as it is") from None
-    return RunRecord.from_dict(raw, str(path))
+    changed = check_content and _changed(raw)  # before reading: that may fill raw in
+    record = RunRecord.from_dict(raw, str(path))  # its own errors first: they say more
+    if changed:
+        raise RunRecordError(
+            f"run record {path} was changed after creditaudit wrote it (its {CONTENT_KEY} "
+            "no longer matches its content), so its numbers may not be its run's: restore "
+            "the file, or train the run again with --force")
+    return record
 
 
 def load_config_file(path: Path | str) -> RunConfig:
     """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
-    config is taken; the record is validated like any other)."""
+    config is taken; the record is validated like any other, but may have been edited: only
+    its config is used, and the run it gives gets the id of that config)."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
     if path.suffix != ".json" and not text.lstrip().startswith("{"):
         return load_config(path)
     try:
-        return load_record(path).config
+        return load_record(path, check_content=False).config
     except RunRecordError as err:
         raise ConfigError(f"config file {path} is JSON but not a readable creditaudit run "
                           f"record ({err}); pass a TOML config or a run's record.json"

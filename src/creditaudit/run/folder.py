@@ -111,7 +111,8 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         try:
             existing = load_record(record_path)
         except RunRecordError as err:
-            raise RunRecordError(f"{err}; pass --force to start this run over") from None
+            advice = "" if "--force" in str(err) else "; pass --force to start this run over"
+            raise RunRecordError(f"{err}{advice}") from None
         check_same_run(existing, plan.run_id, record_path)
         # Served, resumed or restarted only on the arrays it trained on: load them now
         # (training would load them next anyway; the plan keeps them).

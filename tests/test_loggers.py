@@ -511,6 +511,27 @@ def test_wandb_on_a_finished_run_replays_its_record(tmp_path, offline_wandb):
     assert_wandb_holds(offline_wandb, record)
 
 
+@needs_wandb
+def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, offline_wandb,
+                                                                      kill_run_at):
+    """Each part is its own W&B run (no W&B resume): the killed part holds epochs 0–1 and
+    ends non-zero, the resumed one epochs 2–3; no step is logged twice in either."""
+    import wandb
+
+    config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
+                                        "optim.epochs": 3})
+    kill_run_at(config, epoch=2)
+    train(config, resume=True)
+    wandb.teardown()  # flush and close the run files
+    parts = []
+    for path in offline_wandb.glob("wandb/offline-run-*/run-*.wandb"):
+        records = wandb_records(path)
+        steps = [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]
+        exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
+        parts.append((steps, exit_code))
+    assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
+
+
 def assert_wandb_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord
     """The one offline W&B run below ``folder`` holds ``record``'s config, every epoch, the
     end-of-run metrics, the summary and a zero exit code."""

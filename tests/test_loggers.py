@@ -4,6 +4,7 @@ that is bit-identical with and without them."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import math
@@ -25,7 +26,7 @@ from creditaudit.loggers import (
 )
 from creditaudit.records import CHECKPOINT_FILE, load_checkpoint, load_record
 from creditaudit.run.plan import run_id
-from creditaudit.run.trainer import train
+from creditaudit.run.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -248,6 +249,117 @@ def test_tensorboard_on_a_finished_run_replays_its_record(tmp_path, capsys, capl
     assert sorted((tmp_path / "tb" / record.run_id).iterdir()) == events
 
 
+def tensorboard_points(folder: Path) -> dict[str, list[int]]:
+    """tag → the steps of its points, in order, as the TensorBoard server reads ``folder``
+    (every event file, restart marks applied; its Python loader, which keeps scalars and
+    text alike as tensors — the older ``event_accumulator`` drops only scalars at a mark)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import (
+        EventAccumulator,
+    )
+
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    return {tag: [e.step for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}
+
+
+def tensorboard_values(folder: Path) -> dict[str, dict[int, float]]:
+    """tag → {step: value} of the scalars, as the TensorBoard server reads ``folder``."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import (
+        EventAccumulator,
+    )
+    from tensorboard.util.tensor_util import make_ndarray
+
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    return {tag: {e.step: float(make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)}
+            for tag in events.Tags()["tensors"] if not tag.endswith("text_summary")
+            and not tag.startswith("_hparams_")}
+
+
+def assert_one_point_per_step(folder: Path) -> dict[str, list[int]]:
+    points = tensorboard_points(folder)
+    twice = {tag: steps for tag, steps in points.items() if len(set(steps)) != len(steps)}
+    assert not twice, f"points logged twice at one step: {twice}"
+    return points
+
+
+@needs_tensorboard
+def test_tensorboard_of_a_run_started_over_holds_each_point_once(tmp_path, kill_run_at):
+    """Killed in epoch 1 (epoch 0 logged), the run is started over into the same folder:
+    TensorBoard shows the new run's points only, epoch 0 once."""
+    config = tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb")})
+    kill_run_at(config, epoch=1)
+    folder = tmp_path / "tb" / run_id(config)
+    assert tensorboard_points(folder)["norms/h_L"] == [0]
+    record = train(config).record  # started over: nothing trained was saved
+    assert record.resumed == [] and len(list(folder.glob("events.out.tfevents.*"))) == 2
+    points = assert_one_point_per_step(folder)
+    assert points["norms/h_L"] == list(range(EPOCHS + 1))
+    assert points["run/config/text_summary"] == [0]
+    assert points["run/status/text_summary"] == [EPOCHS]  # the killed part's is dropped
+    values = tensorboard_values(folder)
+    for entry in record.log:
+        for tag, value in epoch_scalars(entry).items():
+            assert close(values[tag][entry.epoch], value), (tag, entry.epoch)
+
+
+@needs_tensorboard
+def test_tensorboard_of_a_run_resumed_twice_from_one_epoch_holds_each_point_once(
+        tmp_path, kill_run_at, monkeypatch):
+    """Killed in epoch 2, resumed and killed in epoch 2 again, resumed to the end: one
+    point per tag and step, each part's config text at its first epoch, one final status."""
+    config = tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb"),
+                                        "optim.epochs": 3})
+    kill_run_at(config, epoch=2)
+    original = Trainer.train_epoch
+
+    def killed(self, epoch):  # noqa: ANN001, ANN202
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, resume=True)
+    record = train(config, resume=True).record
+    assert record.status == "completed" and record.resumed[-1].epoch == 2
+    folder = tmp_path / "tb" / run_id(config)
+    points = assert_one_point_per_step(folder)
+    assert points["norms/h_L"] == [0, 1, 2, 3]
+    assert points["run/config/text_summary"] == [0, 2]
+    assert points["run/status/text_summary"] == [3]
+
+
+@needs_tensorboard
+def test_tensorboard_drops_a_killed_parts_points_after_the_resumed_epoch(tmp_path):
+    """A part that logged epochs 0–2 and was killed before epoch 2 was saved, then resumed
+    after epoch 1: epoch 2 holds the resumed part's values, once."""
+    from creditaudit.loggers import RunStart
+    from creditaudit.loggers.tensorboard import TensorBoardLogger
+
+    record = train(tiny(tmp_path / "runs", **{"diagnostics.end_of_run": False})).record
+    entries = {entry.epoch: entry for entry in record.log}
+    resumed_two = dataclasses.replace(entries[2], test_loss=123.0)
+
+    def part(first_epoch: int, logged: list) -> None:
+        logger = TensorBoardLogger(tmp_path / "tb", record.run_id)
+        logger.start(RunStart(config=record.config, run_id=record.run_id,
+                              run_dir=tmp_path, first_epoch=first_epoch, epochs=EPOCHS,
+                              steps_per_epoch=8))
+        for entry in logged:
+            logger.log_epoch(entry)
+        logger.close()  # killed: no finish
+
+    part(1, [entries[0], entries[1], entries[2]])
+    part(2, [resumed_two])
+    folder = tmp_path / "tb" / record.run_id
+    assert tensorboard_values(folder)["train/test_loss"] == \
+        {0: pytest.approx(entries[0].test_loss), 1: pytest.approx(entries[1].test_loss),
+         2: 123.0}
+    assert assert_one_point_per_step(folder)["run/config/text_summary"] == [0, 2]
+
+
 def assert_tensorboard_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord
     """``folder/RUN_ID`` holds every epoch of ``record``, its protocol, end-of-run metrics,
     config text and hparams, and its final status."""
@@ -397,6 +509,27 @@ def test_wandb_on_a_finished_run_replays_its_record(tmp_path, offline_wandb):
     again = train(tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test"}))
     assert again.record.to_dict() == record.to_dict()  # not retrained
     assert_wandb_holds(offline_wandb, record)
+
+
+@needs_wandb
+def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, offline_wandb,
+                                                                      kill_run_at):
+    """Each part is its own W&B run (no W&B resume): the killed part holds epochs 0–1 and
+    ends non-zero, the resumed one epochs 2–3; no step is logged twice in either."""
+    import wandb
+
+    config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
+                                        "optim.epochs": 3})
+    kill_run_at(config, epoch=2)
+    train(config, resume=True)
+    wandb.teardown()  # flush and close the run files
+    parts = []
+    for path in offline_wandb.glob("wandb/offline-run-*/run-*.wandb"):
+        records = wandb_records(path)
+        steps = [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]
+        exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
+        parts.append((steps, exit_code))
+    assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
 
 
 def assert_wandb_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord

@@ -8,7 +8,11 @@ The config is also written as hparams (flat ``section.key``) with the headline m
 TensorBoard's HPARAMS tab compares runs.
 
 A finished run replayed from its record is written only into a folder that does not hold
-the run yet: TensorBoard would show a second copy of every point beside the first.
+the run yet: TensorBoard would show a second copy of every point beside the first. A run
+started over (``--force``, or a run killed before its first trained epoch) and a resumed
+part write into the folder that holds the earlier part: each part's event file starts with
+a restart mark at the first epoch it logs (``SummaryWriter``'s ``purge_step``), so
+TensorBoard drops every earlier point from that epoch on — one point per tag and step.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class TensorBoardLogger(RunLogger):
         self.held_run = any(self.log_dir.glob("events.out.tfevents.*"))
         self.writer: Any = None  # opened by start(), unless a replay would duplicate
         self.reference: dict[str, Any] | None = None
-        self.step = 0
+        self.first_step = 0
 
     def start(self, run: RunStart) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -64,19 +68,22 @@ class TensorBoardLogger(RunLogger):
                      self.log_dir, run.run_id)
             return
         self.reference = run.reference
-        self.writer = SummaryWriter(str(self.log_dir))
+        # The first epoch this part logs: 0 for a new run (epoch 0 included), the first
+        # resumed epoch for a resumed part. An earlier part's points from there on (a run
+        # started over, a part killed after it logged) are dropped by the restart mark.
+        self.first_step = run.first_epoch if run.resumed else 0
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=self.first_step)
         config = run.config
         experiment, session_start, _ = hparams_summaries(
             hparams(config.to_dict(), run.run_id), dict.fromkeys(HPARAM_METRICS, 0.0))
-        self.writer.file_writer.add_summary(experiment)
-        self.writer.file_writer.add_summary(session_start)
+        self.writer.file_writer.add_summary(experiment, self.first_step)
+        self.writer.file_writer.add_summary(session_start, self.first_step)
         self.writer.add_text("run/config", "```toml\n" + config_to_toml(config) + "```",
-                             run.first_epoch - 1)
+                             self.first_step)
 
     def log_epoch(self, entry: EpochEntry) -> None:
         if self.writer is None:
             return
-        self.step = entry.epoch
         for tag, value in epoch_scalars(entry).items():
             self.writer.add_scalar(tag, value, entry.epoch)
         verdict = verdict_text(entry, self.reference)
@@ -87,7 +94,7 @@ class TensorBoardLogger(RunLogger):
     def finish(self, record: RunRecord) -> None:
         if self.writer is None:
             return
-        step = record.log[-1].epoch if record.log else self.step
+        step = _status_step(record, self.first_step)
         for tag, value in end_of_run_scalars(record).items():
             self.writer.add_scalar(tag, value, step)
         status = record.status + (f": {record.error}" if record.error else "")
@@ -98,6 +105,15 @@ class TensorBoardLogger(RunLogger):
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _status_step(record: RunRecord, first_step: int) -> int:
+    """The step of ``run/status``: a finished run's last epoch (beside its end-of-run
+    metrics); for a run that stopped unfinished, the epoch it stopped in (after its last
+    recorded one), which the part that resumes it logs again and so drops — a run resumed
+    twice from one epoch keeps one status there, not one per killed part."""
+    last = record.log[-1].epoch if record.log else -1
+    return max(last, 0) if record.is_finished else max(last + 1, first_step)
 
 
 def _session_end(status: str) -> Any:

@@ -1,7 +1,7 @@
 """A run's folder before training: its result when it has finished, else how to train it.
 
 :func:`prepare_run` reads ``OUT_DIR/RUN_ID`` once: a finished run with the same run id, on
-the same arrays (their digest: the data is loaded to check it), is not rerun (its
+the same arrays (their digest: the data is loaded to check it), is not rerun, ``resume`` or not (its
 :class:`RunResult`, its record replayed into the loggers asked for now); an unfinished one
 is resumed (``resume``: with the options its record's epochs used, on the torch thread count
 they ran on) or started over (``force``, its files removed); any other case — other arrays
@@ -117,7 +117,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         # Served, resumed or restarted only on the arrays it trained on: load them now
         # (training would load them next anyway; the plan keeps them).
         check_same_data(existing, plan.data_identity(), record_path)
-        if existing.is_finished and not resume:
+        if existing.is_finished:  # with --resume too: there is nothing left to continue
             check_same_record(existing, config, run_dir)
             _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)

@@ -220,6 +220,54 @@ def test_every_number_of_a_diverged_row_is_marked_in_every_table(diverged):
             "epoch 2; its numbers in the tables above are of epoch 1") in template
 
 
+@pytest.fixture(scope="module")
+def diverged_between_measures(tmp_path_factory) -> Path:
+    """Diagnostics every 3 epochs: a run diverged in epoch 2, whose last finite epoch (1)
+    took none, and a completed run of 4 epochs (its last epoch measured all the same)."""
+    out = tmp_path_factory.mktemp("between")
+    every = {"optim.epochs": 4, "diagnostics.every": 3, "diagnostics.protocol_every": 3}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch", nan_weights_after(2))
+        train(tiny(out, **every, **{"method.name": "dfa"}))
+    train(tiny(out, **every, **{"method.name": "bp"}))
+    return out
+
+
+def test_a_measure_its_numbers_epoch_did_not_take_is_not_measured(diverged_between_measures):
+    records = [r for _, r in load_records(diverged_between_measures)[0]]
+    record = next(r for r in records if r.status == "diverged")
+    assert record.numbers_epoch == 1 and [e.epoch for e in record.log] == [0, 1, 2]
+    assert record.log[0].has_diagnostics and not record.log[1].has_diagnostics
+    # epoch 0's (the untrained network's) are not epoch 1's: none is shown
+    for value in (record.headline_value("h_L_norm"), record.headline_value("g_L_norm"),
+                  record.deep_cos, record.headline_gamma, record.headline_measures()):
+        assert value is None
+    # nor the end-of-run block's: it measured the network the run diverged with
+    record.diagnostics.deep_cos, record.diagnostics.gamma = 0.5, {"samples_then_layers": 0.5}
+    assert record.deep_cos is None and record.headline_gamma is None
+    record.diagnostics.deep_cos = record.diagnostics.gamma = None
+
+    summary = format_run_summary(records)
+    row = next(line for line in summary.splitlines() if line.startswith("dfa")).split()
+    assert row[3:7] == [f"{record.final_acc:.3f}‡", "—", "—", "—"], row
+    assert ("dfa diverged in epoch 2: ‡ numbers of epoch 1, the last whose evaluation was "
+            "finite; epoch 1 took no diagnostics (diagnostics.every = 3), so its ‖h_L‖, "
+            "‖g_L‖, deep cos and Γ are not measured (—)") in summary
+    markdown = render_report_markdown(RunIndex.from_records(records))
+    audit = next(r for r in table(markdown, "Audit table") if r["run"] == record.run_id)
+    assert (audit["deep cos"], audit["Γ (samples then layers)"]) == ("—", "—")
+    group = next(r for r in table(markdown, "Summary across seeds") if r["method"] == "DFA")
+    assert (group["deep cos"], group["Γ"]) == ("—", "—")
+
+    # a completed run measures its last epoch whatever diagnostics.every says
+    completed = next(r for r in records if r.status == "completed")
+    last = completed.log[-1]
+    assert [e.epoch for e in completed.log if e.has_diagnostics] == [0, 3, 4]
+    assert completed.numbers_epoch == last.epoch == 4
+    assert completed.headline_value("h_L_norm") == last.measures.h_L_norm
+    assert completed.deep_cos == last.measures.deep_cos
+
+
 # --- 3. an unverified reference: every number that reads it, in every table ------------------
 def test_the_sweep_table_marks_every_number_that_reads_an_unverified_reference(
         tmp_path, capsys, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.study.experiments import run_experiments
-from creditaudit.study.export import MANIFEST_FILE, export
+from creditaudit.study.export import MANIFEST_FILE, export, manifest
 
 
 @pytest.fixture(scope="module")
@@ -231,3 +231,97 @@ def test_results_folder_that_is_a_file_or_empty_is_refused(tmp_path, capsys):
     assert main(["export", "", str(tmp_path / "out")]) == 2
     assert "empty path" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# --- copies of one run, empty end-of-run blocks, diverged runs -------------------------------
+TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher_width": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 128, "diagnostics.rho_samples": 16,
+        "diagnostics.null_draws": 2, "run.progress": False}
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory, single_thread):
+    """bp and fa runs (fa without its end-of-run block); a dfa run trained twice, with and
+    without it (two run ids, one recipe); a dfa run of the same recipe that diverged in
+    epoch 2 (a NaN update, its own seed)."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import Trainer, train
+    from integrity_support import nan_weights_after
+
+    out = tmp_path_factory.mktemp("copies")
+
+    def run(folder, **overrides):
+        config = RunConfig().replace(**{**TINY, "run.out_dir": str(out / folder), **overrides})
+        return train(config).record
+
+    runs = {"bp": run("all", **{"method.name": "bp"}),
+            "fa": run("all", **{"method.name": "fa", "diagnostics.end_of_run": False}),
+            "full": run("all", **{"method.name": "dfa"}),
+            "bare": run("all", **{"method.name": "dfa", "diagnostics.end_of_run": False})}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch", nan_weights_after(2))
+        runs["diverged"] = run("all", **{"method.name": "dfa", "run.seed": 7,
+                                         "diagnostics.end_of_run": False})
+    return out / "all", runs
+
+
+def _arranged(folder, tmp_path, name, first, *others):
+    """Runs of ``folder`` below ``tmp_path/name``: ``first`` in a/, ``others`` in b/
+    (readers list a/ before b/)."""
+    root = tmp_path / name
+    for sub, records in (("a", [first]), ("b", others)):
+        for record in records:
+            shutil.copytree(folder / record.run_id, root / sub / record.run_id)
+    return root
+
+
+def test_of_copies_of_one_run_the_one_that_fills_the_most_is_taken(copies, tmp_path):
+    folder, runs = copies
+    full, bare = runs["full"], runs["bare"]
+    assert full.diagnostics.drift and not bare.diagnostics.drift
+    for order in ((bare, full), (full, bare)):  # whichever the folder lists first
+        root = _arranged(folder, tmp_path, f"{order[0].run_id}-first", *order, runs["bp"],
+                         runs["fa"])
+        out = tmp_path / f"out-{order[0].run_id}"
+        result = export(root, out)
+        entry = next(e for e in result.written if e["path"].endswith("results_synthetic.json"))
+        assert entry["runs"]["dfa"] == full.run_id
+        assert [c["run_id"] for c in entry["left_out"]["dfa"]] == [bare.run_id]
+        assert "no end-of-run metrics; no drift" in entry["left_out"]["dfa"][0]["why"]
+        assert "dfa.diagnostics" not in entry.get("missing", [])
+        dfa = json.loads((out / entry["path"]).read_text())["42"]["dfa"]
+        assert dfa["diagnostics"] and dfa["drift"]
+        snapshot = next(e for e in result.written if "snapshot_evolution_s42" in e["path"])
+        assert snapshot["runs"]["dfa_log"] == full.run_id  # the same run in every file
+        assert manifest(out)["written"] == result.written
+        assert f"dfa: left out {bare.run_id}: a copy of the run of {full.run_id}" \
+            in result.format()
+
+
+def test_a_run_without_its_end_of_run_block_makes_its_results_file_partial(copies, tmp_path):
+    folder, runs = copies
+    root = tmp_path / "runs"
+    for key in ("bp", "bare"):
+        shutil.copytree(folder / runs[key].run_id, root / runs[key].run_id)
+    result = export(root, tmp_path / "out")
+    entry = next(e for e in result.written if e["path"].endswith("results_synthetic.json"))
+    assert entry["runs"]["dfa"] == runs["bare"].run_id
+    assert {"dfa.diagnostics", "dfa.drift"} <= set(entry["missing"])
+    assert "bp.diagnostics" not in entry["missing"]
+    assert f"{runs['bare'].run_id} was trained with diagnostics.end_of_run=false" \
+        in entry["needs"]
+    assert "dfa.diagnostics, dfa.drift" in result.format()
+
+
+def test_diverged_runs_are_named_in_the_manifest_and_the_output(copies, tmp_path):
+    folder, runs = copies
+    record = runs["diverged"]
+    assert record.status == "diverged"
+    root = tmp_path / "runs"
+    shutil.copytree(folder / record.run_id, root / record.run_id)
+    result = export(root, tmp_path / "out")
+    note = f"{record.run_id} diverged in epoch 2; its last finite epoch is 1"
+    entries = [e for e in manifest(tmp_path / "out")["written"] if e["runs"]]
+    assert entries and all(e["diverged"] == dict.fromkeys(e["runs"], note) for e in entries)
+    assert f"dfa_log: {note}" in result.format()

@@ -4,7 +4,9 @@
 :class:`~creditaudit.records.schema.RunRecord` (``final_acc``, ``deep_cos``, ``series``,
 ``first_fired``, …): readers never index the JSON, so a change of layout is made here.
 The headline numbers of a diverged run are read at its last epoch whose evaluation was
-finite (:attr:`RecordAccessors.numbers_epoch`), never at the epoch that overflowed.
+finite (:attr:`RecordAccessors.numbers_epoch`), never at the epoch that overflowed; every
+number of a row is of that one epoch, so a measure it did not take (``diagnostics.every`` >
+1) is None — not measured — rather than an earlier epoch's.
 """
 
 from __future__ import annotations
@@ -51,20 +53,32 @@ class RecordAccessors:
         return final.epochs_completed if final.from_epoch is None else final.from_epoch
 
     def headline_entries(self) -> list[EpochEntry]:
-        """The log up to :attr:`numbers_epoch`: where the headline numbers, and what is
-        shown beside them, are read (a diverged run's overflowed epoch is not)."""
+        """The log up to :attr:`numbers_epoch`: what is shown beside the headline numbers
+        (a diverged run's overflowed epoch is not)."""
         epoch = self.numbers_epoch
         return [] if epoch is None else [e for e in self.log if e.epoch <= epoch]
 
+    def headline_entry(self) -> EpochEntry | None:
+        """The entry of :attr:`numbers_epoch`, which holds every headline number."""
+        epoch = self.numbers_epoch
+        return None if epoch is None else self.entry(epoch)
+
     def headline_measures(self) -> EpochMeasures | None:
-        """The diagnostics of the last epoch that measured them, up to :attr:`numbers_epoch`."""
-        return next((e.measures for e in reversed(self.headline_entries())
-                     if e.has_diagnostics), None)
+        """The diagnostics of :attr:`numbers_epoch`; None where that epoch took none (an
+        epoch between ``diagnostics.every``'s: an earlier epoch's are of another network)."""
+        entry = self.headline_entry()
+        return None if entry is None else entry.measures
 
     def headline_value(self, key: str) -> Any:
-        """The last non-None value of per-epoch ``key`` up to :attr:`numbers_epoch`."""
-        return next((v for e in reversed(self.headline_entries())
-                     if (v := e.value(key)) is not None), None)
+        """Per-epoch ``key`` at :attr:`numbers_epoch` (None where that epoch lacks it)."""
+        entry = self.headline_entry()
+        return None if entry is None else entry.value(key)
+
+    def headline_end_of_run(self) -> EndOfRun | None:
+        """The end-of-run block where it measured the network of :attr:`numbers_epoch`: a
+        diverged run's measured the network it diverged with (trained past that epoch), so
+        none of its numbers is a headline number."""
+        return None if self.status == "diverged" else self.diagnostics
 
     def last_value(self, key: str) -> Any:
         """The last non-None value of per-epoch ``key`` (a field or a rule extra)."""
@@ -106,8 +120,10 @@ class RecordAccessors:
 
     @property
     def deep_cos(self) -> float | None:
-        """Deep cosine (mean over l ≥ 1): end of run, else that of :attr:`numbers_epoch`."""
-        for value in (self.diagnostics.deep_cos,
+        """Deep cosine (mean over l ≥ 1): end of run (:meth:`headline_end_of_run`), else
+        that of :attr:`numbers_epoch` (None where it took no diagnostics)."""
+        end = self.headline_end_of_run()
+        for value in (end.deep_cos if end else None,
                       self.final.deep_cos if self.final else None):
             if finite_number(value) is not None:
                 return float(value)  # type: ignore[arg-type]
@@ -127,7 +143,8 @@ class RecordAccessors:
         most fundamental first; () when it is; None: not recorded): end of run, else at
         :attr:`numbers_epoch`. End-of-run rows from before ``cos_invalid`` say only whether
         the reference was at the floor."""
-        table = self.diagnostics.cosine_table
+        end = self.headline_end_of_run()
+        table = end.cosine_table if end else None
         if table:
             return deep_invalid([row.get("cos_invalid") if "cos_invalid" in row
                                  else None if row.get("valid_reference") else BELOW_FLOOR
@@ -140,7 +157,8 @@ class RecordAccessors:
         """The smallest fraction of samples a deep state's cosine averages over (below 1:
         some credits or gradients are exactly zero); end of run, else at the numbers' epoch; None
         for records that predate the field."""
-        table = self.diagnostics.cosine_table
+        end = self.headline_end_of_run()
+        table = end.cosine_table if end else None
         if table:
             shares = [row.get("defined") for row in table]
         else:
@@ -153,7 +171,8 @@ class RecordAccessors:
     def headline_gamma(self) -> float | None:
         """Headline Γ (samples then layers): end of run, else the cosines of :attr:`numbers_epoch`
         averaged over layers (the same aggregation)."""
-        gamma = self.diagnostics.gamma or {}
+        end = self.headline_end_of_run()
+        gamma = (end.gamma if end else None) or {}
         value = finite_number(gamma.get("samples_then_layers"))
         if value is not None:
             return value

@@ -39,7 +39,8 @@ def stopped_early_text(record: RunRecord) -> str | None:
 def diverged_text(record: RunRecord) -> str | None:
     """``diverged in epoch 3: ‡ numbers of epoch 2, the last whose evaluation was finite``
     for a diverged run (whose headline numbers, each marked ‡ by :func:`headline_cell`, are
-    those of that epoch), else None."""
+    those of that epoch; where that epoch took no diagnostics, saying that its measures are
+    not measured), else None."""
     if record.status != "diverged":
         return None
     at = (record.divergence or {}).get("epoch")
@@ -53,9 +54,15 @@ def diverged_text(record: RunRecord) -> str | None:
     finite = entry is not None and entry.test_loss is not None \
         and math.isfinite(entry.test_loss)
     # Records written before final.from_epoch existed may hold the overflowed network's.
-    return text + (f": {DIVERGED_MARK} numbers of epoch {epoch}, the last whose evaluation "
-                   "was finite" if finite else f": {DIVERGED_MARK} numbers of epoch {epoch}, "
-                   "whose evaluation was not finite (a network that overflowed)")
+    text += (f": {DIVERGED_MARK} numbers of epoch {epoch}, the last whose evaluation "
+             "was finite" if finite else f": {DIVERGED_MARK} numbers of epoch {epoch}, "
+             "whose evaluation was not finite (a network that overflowed)")
+    if entry is not None and not entry.has_diagnostics:
+        # An earlier epoch's measures are of another network: the row shows none.
+        text += (f"; epoch {epoch} took no diagnostics (diagnostics.every = "
+                 f"{record.config.diagnostics.every}), so its ‖h_L‖, ‖g_L‖, deep cos and Γ "
+                 "are not measured (—)")
+    return text
 
 
 def credit_not_finite_text(record: RunRecord) -> str | None:

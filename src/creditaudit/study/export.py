@@ -33,13 +33,18 @@ ConvMixer). When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
 one family fills a whole group of files: the preferred dataset (CIFAR-10, CIFAR-100,
 Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most of the needed runs,
-then the most epochs. ``dataset`` restricts every file but the StudentNet ones (always the
-synthetic task) to runs on that dataset; a file none of whose runs it holds is skipped like
-any other with missing runs, and a name that is neither an installed dataset nor one the
-folder's runs used is refused. Only files for which runs exist are written; a file with
-some of its runs missing is written with the keys it has. ``export_manifest.json`` in OUT
-lists every file written (and the run id behind each key) and every file skipped with the
-runs it needs.
+then the most epochs; of copies of one run in a family (trained again with other
+diagnostics settings) the one that fills the most of the file is taken
+(:mod:`creditaudit.study.export_runs`), the others listed under ``left_out``. ``dataset``
+restricts every file but the StudentNet ones (always the synthetic task) to runs on that
+dataset; a file none of whose runs it holds is skipped like any other with missing runs,
+and a name that is neither an installed dataset nor one the folder's runs used is refused.
+Only files for which runs exist are written; a file with some of its runs missing, or a
+results-file method whose run has no end-of-run block, is written with the keys it has and
+listed as partial (``missing``: ``fa_log``, ``dfa.diagnostics``, ``dfa.drift``); a file
+filled from a diverged run names it (``diverged``). ``export_manifest.json`` in OUT lists
+every file written (and the run id behind each key) and every file skipped with the runs it
+needs.
 
 The original scripts read every cosine as measured against the true gradient, and these
 files cannot mark a number. So a run whose reference gradient failed its check (trained with
@@ -60,21 +65,25 @@ from typing import Any
 
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import atomic_write_bytes
-from creditaudit.protocol.records import (
-    RecordSet,
-    arch_variant,
-    draws_default_feedback,
-    model_description,
-)
+from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.registry import DATASETS
+from creditaudit.study.export_runs import (
+    Family,
+    Slot,
+    choose_family,
+    dataset_rank,
+    file_variant,
+    is_canonical,
+    results_fill,
+    why_left_out,
+)
 
 log = logging.getLogger(__name__)
 
 LAYOUTS = ("faeval",)
 MANIFEST_FILE = "export_manifest.json"
 FINISHED = ("completed", "diverged")
-DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
 DEFAULT_SEEDS = (42, 123, 456)
 PENALTIES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 RESULTS_METHODS = {"bp": "bp", "dfa": "dfa", "state_bridge": "state-bridge",
@@ -117,6 +126,11 @@ class ExportResult:
                 extra += (f" (reference not verified: {', '.join(entry['reference'])}; "
                           "cosines marked in the manifest)")
             lines.append(f"  wrote   {entry['path']}{extra}")
+            for key, note in entry.get("diverged", {}).items():
+                lines.append(f"    {key}: {note}")
+            for key, copies in entry.get("left_out", {}).items():
+                for copy in copies:
+                    lines.append(f"    {key}: left out {copy['run_id']}: {copy['why']}")
         for entry in self.unverified:
             lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
         for entry in self.skipped:
@@ -130,59 +144,6 @@ def write_json(path: Path, obj: Any) -> None:
     """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
     token, which its figure scripts (Python's ``json.load``) read back as a float."""
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
-
-
-# --- record selection ---------------------------------------------------------------------
-def _variant(record: RunRecord) -> str:
-    return arch_variant(record, residual_suffix=None)
-
-
-def _is_canonical(record: RunRecord) -> bool:
-    """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
-    config = record.config
-    model = model_description(record)
-    return ((model is None or model.residual is not False)
-            and config.method.trainable_blocks is None
-            and not config.data.random_targets and draws_default_feedback(record))
-
-
-@dataclass
-class Slot:
-    """One key of one file: the run of ``method`` (λ ``penalty``) at ``seed``."""
-
-    key: str
-    method: str
-    seed: int
-    penalty: float = 0.0
-
-
-def _dataset_rank(dataset: str) -> int:
-    return (DATASET_PREFERENCE.index(dataset) if dataset in DATASET_PREFERENCE
-            else len(DATASET_PREFERENCE))
-
-
-Family = dict[tuple[str, int, float], RunRecord]
-
-
-def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot]) -> Family:
-    """The runs of the best family (one recipe) for ``slots``: {(method, seed, penalty):
-    record}."""
-    families: dict[str, Family] = {}
-    needed = {(s.method, s.seed, float(s.penalty)) for s in slots}
-    for record in records:
-        key = (record.method, record.seed, float(record.penalty))
-        if key in needed:
-            families.setdefault(record.recipe_key, {}).setdefault(key, record)
-    if not families:
-        return {}
-
-    def score(item: tuple[str, Family]) -> tuple[int, int, int, str]:
-        key, members = item
-        sample = next(iter(members.values()))
-        return (_dataset_rank(sample.dataset), -len(members), -sample.epochs,
-                key)
-
-    return min(families.items(), key=score)[1]
 
 
 # --- file contents ------------------------------------------------------------------------
@@ -229,10 +190,13 @@ class _Writer:
         self.out, self.result, self.index = out, result, index
 
     def file(self, rel: str, slots: Sequence[Slot], family: Family,
-             build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str]
-             ) -> None:
-        found = {s.key: family[(s.method, s.seed, float(s.penalty))] for s in slots
-                 if (s.method, s.seed, float(s.penalty)) in family}
+             build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str],
+             gaps: Callable[[RunRecord], list[str]] = lambda record: []) -> None:
+        """Write ``rel`` from the runs of ``family`` that fill ``slots`` (``build``), and its
+        manifest entry: the run behind each key, the copies left out, the runs that diverged,
+        and as missing the keys without a run and the parts of a key its run leaves empty
+        (``gaps``: ``diagnostics``, ``drift``)."""
+        found = {s.key: family.runs[s.run_key] for s in slots if s.run_key in family.runs}
         missing = [s for s in slots if s.key not in found]
         if not found:
             self.result.skipped.append({"path": rel, "needs": "; ".join(needs(s)
@@ -241,14 +205,43 @@ class _Writer:
         write_json(self.out / rel, build(found))
         entry: dict[str, Any] = {"path": rel,
                                  "runs": {key: r.run_id for key, r in found.items()}}
+        left_out = {s.key: [{"run_id": r.run_id, "why": why_left_out(r, found[s.key])}
+                            for r in family.left_out[s.run_key]]
+                    for s in slots if s.key in found and s.run_key in family.left_out}
+        if left_out:
+            entry["left_out"] = left_out
+        diverged = {key: diverged_note(r) for key, r in found.items() if r.status == "diverged"}
+        if diverged:
+            entry["diverged"] = diverged
         notes = {key: judged.reference_note for key, r in found.items()
                  if (judged := self.index.verdict(r).judgement).reference_verified is False}
         if notes:
             entry["reference"] = notes
-        if missing:
-            entry["missing"] = [s.key for s in missing]
-            entry["needs"] = "; ".join(needs(s) for s in missing)
+        empty = [s for s in slots if s.key in found and gaps(found[s.key])]
+        if missing or empty:
+            entry["missing"] = [s.key for s in missing] + [
+                f"{s.key}.{part}" for s in empty for part in gaps(found[s.key])]
+            entry["needs"] = "; ".join([*(needs(s) for s in missing), *(
+                f"{s.method} seed {s.seed} with its end-of-run block ({found[s.key].run_id} "
+                "was trained with diagnostics.end_of_run=false: train it again without it)"
+                for s in empty)])
         self.result.written.append(entry)
+
+
+def diverged_note(record: RunRecord) -> str:
+    """``dfa-…: diverged in epoch 2; its last finite epoch is 1`` (the original layout has no
+    status: its scripts read the log as a whole run's)."""
+    at = (record.divergence or {}).get("epoch")
+    finite = record.numbers_epoch
+    return (f"{record.run_id} diverged" + (f" in epoch {at}" if at is not None else "")
+            + ("; no epoch's evaluation was finite" if finite is None
+               else f"; its last finite epoch is {finite}"))
+
+
+def results_gaps(record: RunRecord) -> list[str]:
+    """The parts of a results-file entry ``record`` leaves empty (no end-of-run block)."""
+    entry = results_entry(record)
+    return [part for part in ("diagnostics", "drift") if not entry[part]]
 
 
 def _logs(found: dict[str, RunRecord]) -> dict[str, Any]:
@@ -279,11 +272,11 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     found = RecordSet.from_folder(results_dir)
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     # 0-epoch (random-init) runs have no trajectory to export.
-    records = [r for r in found.finished if _is_canonical(r) and r.epochs > 0]
+    records = [r for r in found.finished if is_canonical(r) and r.epochs > 0]
     if dataset is not None:
         _check_dataset(dataset, found, results_dir)
         # StudentNet runs on the teacher–student task whatever the dataset asked for.
-        records = [r for r in records if r.dataset == dataset or _variant(r) == "student"]
+        records = [r for r in records if r.dataset == dataset or file_variant(r) == "student"]
     for record in [r for r in records if r.reference.failed]:
         judged = found.verdict(record).judgement
         result.unverified.append({"run_id": record.run_id, "reason": (
@@ -294,7 +287,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     seeds = sorted({r.seed for r in records}) or list(DEFAULT_SEEDS)
     by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
-        by_variant.setdefault(_variant(record), []).append(record)
+        by_variant.setdefault(file_variant(record), []).append(record)
     writer = _Writer(out, result, found)
     base = "results"
 
@@ -341,7 +334,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         members = [r for r in students if float(r.config.data.alpha) == alpha]
         pairs = {s: [Slot("bp_log", "bp", s), Slot("dfa_log", "dfa", s)] for s in seeds}
         family = choose_family(members, [x for v in pairs.values() for x in v])
-        depth = next((len(r.log[0].measures.hidden_norms) - 1 for r in family.values()
+        depth = next((len(r.log[0].measures.hidden_norms) - 1 for r in family.runs.values()
                       if r.log and r.log[0].measures), 4)
         for seed in seeds:
             writer.file(f"{base}/snapshot_synth_v1/snapshot_synth_a{alpha}_L{depth}_s{seed}.json",
@@ -358,7 +351,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     # results_{dataset}.json: one family per dataset, one file per seed.
     resmlp = plain("resmlp")
     datasets = sorted({r.dataset for r in resmlp} | {"cifar10"},
-                      key=_dataset_rank)
+                      key=dataset_rank)
     if dataset is not None:
         datasets = [dataset]
     for name in datasets:
@@ -366,13 +359,14 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         seed_list = sorted({r.seed for r in members}) or seeds
         slots = {s: [Slot(key, method, s) for key, method in RESULTS_METHODS.items()]
                  for s in seed_list}
-        family = choose_family(members, [x for v in slots.values() for x in v])
+        family = choose_family(members, [x for v in slots.values() for x in v],
+                               fill=results_fill)
         for seed in seed_list:
             folder = name if seed == MAIN_SEED else f"{name}_seed{seed}"
             writer.file(f"{base}/{folder}/results_{name}.json", slots[seed], family,
                         lambda found, s=seed: {str(s): {key: results_entry(record)
                                                         for key, record in found.items()}},
-                        lambda s, d=name: _needs("resmlp", s, d))
+                        lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps)
     write_json(out / MANIFEST_FILE, result.to_dict())
     return result
 

@@ -169,10 +169,12 @@ def _layer_cosines(ax, chosen: dict[str, list], first) -> None:
 
 
 def _gradient_norms(ax, chosen: dict[str, list], first) -> None:
-    """(C) per-layer median ‖g_l‖ at the last epoch, log axis, with the floor."""
+    """(C) per-layer median ‖g_l‖ at the last epoch (a diverged run's last finite one, as
+    its other numbers), log axis, with the floor."""
     n_layers = 0
     for method, runs in chosen.items():
-        mean, _ = layer_mean_std([r.last_value("bp_grad_norms_per_sample_med") for r in runs])
+        mean, _ = layer_mean_std([r.headline_value("bp_grad_norms_per_sample_med")
+                                   for r in runs])
         n_layers = max(n_layers, len(mean))
         ax.plot(np.arange(len(mean)), mean, color=method_color(method),
                 marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),

@@ -1,0 +1,141 @@
+"""Which run fills each key of the original study's files (:mod:`creditaudit.study.export`).
+
+A group of files is filled from one **family**: the runs of one recipe (same config but for
+method and seed). A family may hold copies of one run — the same recipe, method, seed and λ
+trained again with other diagnostics settings (``diagnostics.end_of_run``,
+``diagnostics.every``), which are not part of the recipe. Of those the one that fills the
+most of the file is taken (:func:`log_fill` for the snapshot and penalty files, which hold
+the per-epoch log; :func:`results_fill` for the results files, which also hold the
+end-of-run block), ties going to the smallest run id, so the choice never depends on the
+order the folder lists its runs in; the others are kept as left out, with why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from creditaudit.protocol.records import arch_variant, draws_default_feedback, model_description
+from creditaudit.records import RunRecord
+
+DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
+
+Key = tuple[str, int, float]  # (method, seed, λ)
+
+
+def file_variant(record: RunRecord) -> str:
+    return arch_variant(record, residual_suffix=None)
+
+
+def is_canonical(record: RunRecord) -> bool:
+    """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
+    config = record.config
+    model = model_description(record)
+    return ((model is None or model.residual is not False)
+            and config.method.trainable_blocks is None
+            and not config.data.random_targets and draws_default_feedback(record))
+
+
+@dataclass
+class Slot:
+    """One key of one file: the run of ``method`` (λ ``penalty``) at ``seed``."""
+
+    key: str
+    method: str
+    seed: int
+    penalty: float = 0.0
+
+    @property
+    def run_key(self) -> Key:
+        return (self.method, self.seed, float(self.penalty))
+
+
+def dataset_rank(dataset: str) -> int:
+    return (DATASET_PREFERENCE.index(dataset) if dataset in DATASET_PREFERENCE
+            else len(DATASET_PREFERENCE))
+
+
+# --- how much of a file a run fills -----------------------------------------------------
+def _measured(record: RunRecord) -> int:
+    return sum(e.has_diagnostics for e in record.log)
+
+
+def _end_of_run(record: RunRecord) -> tuple[bool, bool]:
+    """Whether the record's end-of-run block has its metrics and its drift."""
+    block = record.diagnostics.to_dict()
+    drift = block.pop("drift", None)
+    return bool(block), bool(drift)
+
+
+Fill = Callable[[RunRecord], tuple]
+
+
+def log_fill(record: RunRecord) -> tuple:
+    """How much of a per-epoch log file a run fills, larger is more: its entries with
+    diagnostics, then its entries (a diverged run's log stops early), then whether it
+    completed; then its end-of-run block, so that where it decides nothing else the run
+    taken is the one the results files take."""
+    return (_measured(record), len(record.log), record.status == "completed",
+            *_end_of_run(record))
+
+
+def results_fill(record: RunRecord) -> tuple:
+    """How much of a results file a run fills: its end-of-run metrics and drift, then its
+    log (:func:`log_fill`)."""
+    return (*_end_of_run(record), *log_fill(record)[:3])
+
+
+def why_left_out(record: RunRecord, taken: RunRecord) -> str:
+    """Why ``record``, a copy of ``taken``'s run, was not taken: what it lacks."""
+    lacks = []
+    (metrics, drift), (taken_metrics, taken_drift) = _end_of_run(record), _end_of_run(taken)
+    if taken_metrics and not metrics:
+        lacks.append("no end-of-run metrics")
+    if taken_drift and not drift:
+        lacks.append("no drift")
+    if _measured(record) < _measured(taken):
+        lacks.append(f"diagnostics at {_measured(record)} of its {len(record.log)} logged "
+                     f"epochs ({_measured(taken)} of {len(taken.log)} in {taken.run_id})")
+    elif len(record.log) < len(taken.log):
+        lacks.append(f"{len(record.log)} logged epochs ({len(taken.log)} in {taken.run_id})")
+    if record.status != taken.status:
+        lacks.append(f"{record.status}, {taken.run_id} {taken.status}")
+    what = "; ".join(lacks) if lacks else "fills as much; the smaller run id was taken"
+    return f"a copy of the run of {taken.run_id} (same recipe, method, seed, λ): {what}"
+
+
+@dataclass
+class Family:
+    """The runs of one recipe that fill a group of files: ``runs`` {(method, seed, λ):
+    record}, and ``left_out`` {(method, seed, λ): the other copies of that run}."""
+
+    runs: dict[Key, RunRecord] = field(default_factory=dict)
+    left_out: dict[Key, list[RunRecord]] = field(default_factory=dict)
+
+
+def choose_family(records: Sequence[RunRecord], slots: Sequence[Slot],
+                  fill: Fill = log_fill) -> Family:
+    """The runs of the best family (one recipe) for ``slots``: the preferred dataset, then
+    the most of the needed runs, then the most epochs; of copies of one run, the one that
+    ``fill``s the most (then the smallest run id)."""
+    families: dict[str, dict[Key, list[RunRecord]]] = {}
+    needed = {s.run_key for s in slots}
+    for record in records:
+        key = (record.method, record.seed, float(record.penalty))
+        if key in needed:
+            families.setdefault(record.recipe_key, {}).setdefault(key, []).append(record)
+    if not families:
+        return Family()
+
+    def score(item: tuple[str, dict[Key, list[RunRecord]]]) -> tuple[int, int, int, str]:
+        key, members = item
+        sample = next(iter(members.values()))[0]
+        return (dataset_rank(sample.dataset), -len(members), -sample.epochs, key)
+
+    family = Family()
+    for key, copies in min(families.items(), key=score)[1].items():
+        ranked = sorted(sorted(copies, key=lambda r: r.run_id), key=fill, reverse=True)
+        family.runs[key] = ranked[0]
+        if ranked[1:]:
+            family.left_out[key] = ranked[1:]
+    return family

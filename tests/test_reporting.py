@@ -174,7 +174,7 @@ def test_markdown_to_html(tmp_path):
     text = ("# Title <x>\n\nSome **bold** and `co|de` & text\nsame paragraph\n\n"
             "| a | b \\| c |\n|---|---|\n| 1 | <script> |\n\n"
             "```\nx < y\n```\n\n- item one\n- item two\n\n![fig](a.png)\n\n![gone](b.png)\n")
-    page = markdown_to_html(text, base_dir=tmp_path)
+    page = markdown_to_html(text, images={"a.png": image, "b.png": tmp_path / "b.png"})
     flat = " ".join(page.split())  # layout whitespace aside
     assert "<h1>Title &lt;x&gt;</h1>" in flat
     assert "<p>Some <strong>bold</strong> and <code>co|de</code> &amp; text same paragraph</p>" \

@@ -118,7 +118,9 @@ def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys
     # Only the audit panels can be drawn from bp/dfa/frozen; the rest say what they need.
     assert "![fig6_audit_panels](figures/fig6_audit_panels.png)" in markdown
     assert "Figure 1 — audit hero** — needs: FA runs" in markdown
-    assert "--frozen-from-runs` to evaluate (d)" in markdown
+    # --no-frozen-from-runs left (d) unevaluated: the note says that the default evaluates it.
+    assert "run `creditaudit report` without `--no-frozen-from-runs` (by default it " \
+        "evaluates (d) against them)" in markdown
 
 
 def test_report_html_is_self_contained(results, tmp_path):

@@ -306,8 +306,9 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     if recomputed:
         notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
                      "the frozen-blocks runs of the same recipe (same data, network and its "
-                     f"code, and optimiser; `--frozen-from-runs`), not the record's own {d}; the "
-                     f"verdict follows. {len(recomputed)} run(s).")
+                     f"code, and optimiser; the default, `--no-frozen-from-runs` turns it "
+                     f"off), not the record's own {d}; the verdict follows. "
+                     f"{len(recomputed)} run(s).")
     elif not index.frozen_from_runs:
         could = [run for run in index.runs if not is_frozen_baseline(run)
                  and index.frozen_baseline(run) is not None
@@ -316,8 +317,9 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
                          for r in report.diagnostics)]
         if could:
             notes.append(f"{len(could)} run(s) have {d} not evaluated although frozen-blocks "
-                         "runs of their recipe exist: run `creditaudit report "
-                         f"--frozen-from-runs` to evaluate {d} against them.")
+                         "runs of their recipe exist: run `creditaudit report` without "
+                         f"`--no-frozen-from-runs` (by default it evaluates {d} against "
+                         "them).")
     return [*notes, ""] if notes else []
 
 

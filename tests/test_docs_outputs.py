@@ -328,3 +328,27 @@ def test_reading_a_report_in_full(tmp_path):
                         "--no-metrics", "-q"], tmp_path)
     assert code == 0
     same_lines(row, out, rel=0.1, absolute=0.01)
+
+
+def test_frozen_from_runs_is_documented_as_the_default_it_is():
+    """``report`` and ``figures`` evaluate (d) against frozen runs unless told not to: the
+    docs say so, name the flag that turns it off, and never offer the default as an
+    opt-in flag."""
+    import argparse
+
+    from creditaudit.cli import build_parser
+
+    subcommands = next(a for a in build_parser()._actions
+                       if isinstance(a, argparse._SubParsersAction))
+    for command in ("report", "figures"):
+        parsed = subcommands.choices[command].parse_args(["."])
+        assert parsed.frozen_from_runs is True, command
+    text = " ".join(doc("docs/figures.md").split())
+    for command in ("figures", "report"):
+        usage = next(line for line in doc("docs/figures.md").splitlines()
+                     if line.startswith(f"creditaudit {command} "))
+        assert "[--no-frozen-from-runs]" in usage
+    assert "re-evaluate (d) of every run by default" in text
+    assert "With `--no-frozen-from-runs` each run keeps the (d) its record holds" in text
+    for name in ("docs/figures.md", "docs/results.md"):
+        assert "--frozen-from-runs" not in doc(name).replace("--no-frozen-from-runs", ""), name

@@ -119,7 +119,9 @@ def test_report_cli_writes_a_row_per_run_with_verdicts(results, tmp_path, capsys
     # Only the audit panels can be drawn from bp/dfa/frozen; the rest say what they need.
     assert "![fig6_audit_panels](figures/fig6_audit_panels.png)" in markdown
     assert "Figure 1 — audit hero** — needs: FA runs" in markdown
-    assert "--frozen-from-runs` to evaluate (d)" in markdown
+    # --no-frozen-from-runs left (d) unevaluated: the note says that the default evaluates it.
+    assert "run `creditaudit report` without `--no-frozen-from-runs` (by default it " \
+        "evaluates (d) against them)" in markdown
 
 
 def test_report_html_is_self_contained(results, tmp_path):
@@ -175,7 +177,7 @@ def test_markdown_to_html(tmp_path):
     text = ("# Title <x>\n\nSome **bold** and `co|de` & text\nsame paragraph\n\n"
             "| a | b \\| c |\n|---|---|\n| 1 | <script> |\n\n"
             "```\nx < y\n```\n\n- item one\n- item two\n\n![fig](a.png)\n\n![gone](b.png)\n")
-    page = markdown_to_html(text, base_dir=tmp_path)
+    page = markdown_to_html(text, images={"a.png": image, "b.png": tmp_path / "b.png"})
     flat = " ".join(page.split())  # layout whitespace aside
     assert "<h1>Title &lt;x&gt;</h1>" in flat
     assert "<p>Some <strong>bold</strong> and <code>co|de</code> &amp; text same paragraph</p>" \

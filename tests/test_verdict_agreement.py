@@ -18,7 +18,7 @@ from matplotlib.colors import to_hex
 from creditaudit import RunConfig
 from creditaudit.cli import main
 from creditaudit.figures import audit_panels
-from creditaudit.formatting import VERDICT_COLORS
+from creditaudit.formatting import VERDICT_COLORS, markdown_text
 from creditaudit.loggers.scalars import verdict_text
 from creditaudit.protocol import INCOMPLETE, TRUSTWORTHY, UNVERIFIED, WALK_BACK
 from creditaudit.report import format_run_summary, render
@@ -83,14 +83,15 @@ def test_every_output_shows_the_one_verdict(results, tmp_path, capsys):
         assert verdict_text(record.log[-1], record.reference.to_dict()) == judged.text
         # every format of the report
         assert f"verdict: {judged.text}" in render(report, "text").splitlines()
-        assert f"**Verdict: {judged.text}**" in render(report, "md")
+        # Markdown: the text escaped (a module name's backticks read as themselves)
+        assert f"**Verdict: {markdown_text(judged.text)}**" in render(report, "md")
         assert render(report, "latex").splitlines()[4].endswith(
             f"& {_latex_escape(judged.text)} \\\\")
         assert json.loads(render(report, "json"))["verdict"] == judged.verdict
         # the folder report: the audit-table row, its colour, the folded template
         row = next(line for line in markdown.splitlines()
                    if line.startswith(f"| {record.run_id} |"))
-        assert row.rstrip(" |").endswith(judged.text)
+        assert row.rstrip(" |").endswith(markdown_text(judged.text))
         cell = re.escape(judged.text.split("`")[0])
         assert re.search(rf'<td class="{judged.kind}">{cell}', page), judged.text
         assert re.search(rf'<code>{record.run_id}</code> <strong class="{judged.kind}">',

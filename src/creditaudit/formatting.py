@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,12 +46,32 @@ def format_lambda(value: float) -> str:
 
 
 def one_line(text: Any) -> str:
-    return " ".join(str(text).split("\n"))
+    """``text`` on one line: every line break Python knows (``\\n``, ``\\r``, ``\\x0b``,
+    ``\\x0c``, ``\\x1c``–``\\x1e``, ``\\x85``, ``\\u2028``, ``\\u2029``) becomes a
+    space, as a Markdown renderer, a terminal or an editor may break a line at any of them."""
+    return " ".join(str(text).splitlines())
+
+
+# What could make text read as Markdown markup rather than as itself: backslash escapes,
+# code spans, emphasis, links and images (``[``; ``![`` needs it), autolinks and raw HTML,
+# table cells, headings, GFM strikethrough; ``&`` only where it would start an entity;
+# ``_`` inside a word (``out_ln``) opens no emphasis, so it stays readable.
+_MARKUP = re.compile(r"[\\`*\[\]<>#|~]|&(?=#?[0-9A-Za-z]+;)|_(?![^\W_])|(?<![^\W_])_")
+
+_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def markdown_text(text: Any) -> str:
+    """``text`` (a run id, a name, an error, a path: anything read from a record or a file
+    name) as Markdown that reads as exactly that text, on one line: it can form no link,
+    image, heading or emphasis, nor end a table cell."""
+    return _MARKUP.sub(lambda m: "\\" + m.group(0), one_line(text))
 
 
 def cell(text: Any) -> str:
-    """Text for a Markdown table cell (one line, pipes escaped)."""
-    return one_line(text).replace("|", "\\|")
+    """A Markdown table cell of ``text`` (Markdown: text from records is
+    :func:`markdown_text` already): on one line, its pipes escaped (those that are not)."""
+    return _PIPE.sub("\\\\|", one_line(text))
 
 
 def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:

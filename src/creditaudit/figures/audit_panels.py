@@ -46,7 +46,7 @@ TITLE = "Figure 6 — audit panels"
 requirements = ("at least one completed or diverged run with a protocol block (training "
                 "runs the protocol every diagnostics.protocol_every epochs; any method). (c) "
                 "needs diagnostics.eval_samples ≥ 1024; (d) needs diagnostics.frozen_acc or "
-                "--frozen-from-runs with frozen-blocks runs.")
+                "frozen-blocks runs of the same recipe (read unless --no-frozen-from-runs).")
 
 
 @dataclass(frozen=True)

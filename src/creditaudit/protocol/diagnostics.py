@@ -262,8 +262,8 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
     sensitivity = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
     # Before training it would compare an untrained net with a trained baseline.
     before_training = False
-    needs = ("frozen-blocks runs (--method frozen) of the same recipe with "
-             "--frozen-from-runs, or runs trained with diagnostics.frozen_acc,")
+    needs = ("frozen-blocks runs (--method frozen) of the same recipe (read unless "
+             "--no-frozen-from-runs), or runs trained with diagnostics.frozen_acc,")
 
     def evaluate(self, evidence: Evidence) -> DiagnosticResult:
         limit = self.limit()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.files.safe_files import atomic_write_bytes
-from creditaudit.formatting import one_line
+from creditaudit.formatting import markdown_text
 from creditaudit.protocol import (
     FIRED,
     INCOMPLETE,
@@ -113,24 +113,25 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     finished = [run for run in runs if run.is_finished]
     unfinished = [run for run in runs if not run.is_finished]
     lines = ["# creditaudit report", ""]
-    where = f" in `{index.root}`" if index.root is not None else ""
+    where = f" in {markdown_text(index.root)}" if index.root is not None else ""
     statuses: dict[str, int] = {}
     for run in runs:
         statuses[run.status] = statuses.get(run.status, 0) + 1
-    status_text = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    status_text = ", ".join(f"{n} {markdown_text(s)}" for s, n in sorted(statuses.items()))
     lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
     lines.append("")
     lines += _code_notes(runs)
     if index.copies:  # one run id is one run, wherever its folders are
         lines += ["Runs found in more than one folder:", ""]
-        lines += [f"- {copies.text()}" for copies in index.copies]
+        lines += [f"- {markdown_text(copies.text())}" for copies in index.copies]
         lines.append("")
     left_out = {path for copies in index.copies if copies.kept is None
                 for path in copies.paths}
     unreadable = [(path, reason) for path, reason in index.skipped if path not in left_out]
     if unreadable:
         lines += ["Records that could not be read (left out):", ""]
-        lines += [f"- `{path}`: {one_line(reason)}" for path, reason in unreadable]
+        lines += [f"- {markdown_text(path)}: {markdown_text(reason)}"
+                  for path, reason in unreadable]
         lines.append("")
     ids = diagnostic_ids(index.protocol_report(run) for run in finished)
     lines += ["Every number below is read from the run records. Statuses: **fired**, passed, "
@@ -171,16 +172,18 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
 
     lines += ["## Figures", ""]
     for figure in rendered:
-        lines += [f"### {figure.title}", ""]
+        lines += [f"### {markdown_text(figure.title)}", ""]
         for png in figure.pngs:
-            lines += [f"![{png.stem}]({figures_dir}/{png.name})", ""]
+            lines += [f"![{markdown_text(png.stem)}]({figure_destination(figures_dir, png)})",
+                      ""]
     if not rendered:
         lines += ["No figure could be drawn from these runs.", ""]
     if missing:
         lines += ["Figures the runs do not support yet:", ""]
         for module, err in missing:
-            lines.append(f"- **{module.TITLE}** — needs: {one_line('; '.join(err.needs))}. "
-                         f"Runs it reads: {one_line(module.requirements)}")
+            lines.append(f"- **{markdown_text(module.TITLE)}** — needs: "
+                         f"{markdown_text('; '.join(err.needs))}. "
+                         f"Runs it reads: {markdown_text(module.requirements)}")
         lines.append("")
 
     lines += ["## Reporting template, per run", ""]
@@ -226,28 +229,29 @@ def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
 def parts_markdown(parts: Sequence[str | Folded]) -> str:
     """report.md of :func:`report_parts`: each folded part under a ``###`` heading."""
     text = "\n".join(part if isinstance(part, str) else
-                     f"### {part.title}\n\n{part.markdown}\n" for part in parts)
+                     f"### {markdown_text(part.title)}\n\n{part.markdown}\n" for part in parts)
     return text.rstrip() + "\n"
 
 
-def render_report_html(parts: Sequence[str | Folded], *, base_dir: str | Path = ".",
+def render_report_html(parts: Sequence[str | Folded], *, images: Mapping[str, Path] | None = None,
                        classes: Mapping[str, str] | None = None) -> str:
     """The report's page: the parts' Markdown, its tables sortable and filterable, each
     run's template folded under a line with its run id and verdict, verdicts coloured by
-    their kind (``classes``: :func:`verdict_classes`), figures embedded as compacted PNG
-    (:func:`creditaudit.report.html.compact_png`)."""
+    their kind (``classes``: :func:`verdict_classes`), the figures ``images`` names
+    (:func:`figure_files`) embedded as compacted PNG
+    (:func:`creditaudit.report.html.compact_png`) and no other file."""
     classify = classifier(classes or {})
     body = []
     for part in parts:
         if isinstance(part, str):
-            body.append(markdown_fragment(part, base_dir=base_dir, classify=classify,
+            body.append(markdown_fragment(part, images=images, classify=classify,
                                           interactive=True, compact_images=True))
             continue
         css = part.kind
         verdict = (f'<strong class="{css}">' if css else "<strong>") + \
             f"{html.escape(part.verdict)}</strong>"
         body.append(f"<details>\n<summary><code>{html.escape(part.title)}</code> {verdict}"
-                    "</summary>\n" + markdown_fragment(part.markdown, base_dir=base_dir,
+                    "</summary>\n" + markdown_fragment(part.markdown, images=images,
                                                        classify=classify)
                     + "</details>\n")
     return html_page("".join(body), script=True)
@@ -260,7 +264,7 @@ def thresholds_text(ids: Sequence[str]) -> str:
     for id_ in ids:
         diagnostic = DIAGNOSTICS.find(id_)
         if diagnostic is None:
-            parts.append(f"({id_}) as its records say")
+            parts.append(f"({markdown_text(id_)}) as its records say")
             continue
         limit = diagnostic().limit()
         parts.append(f"{diagnostic.id_label()} {diagnostic.short or diagnostic.label} "
@@ -287,7 +291,7 @@ def _deep_cos_notes(runs: Sequence[Any]) -> list[str]:
 
 def _code_notes(runs: Sequence[Any]) -> list[str]:
     """One line per run resumed on another version of creditaudit than its first part."""
-    notes = [f"- `{run.run_id}` {text}" for run in runs
+    notes = [f"- {markdown_text(run.run_id)} {markdown_text(text)}" for run in runs
              if (text := code_versions_text(run)) is not None]
     if not notes:
         return []
@@ -302,8 +306,9 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     if recomputed:
         notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
                      "the frozen-blocks runs of the same recipe (same data, network and its "
-                     f"code, and optimiser; `--frozen-from-runs`), not the record's own {d}; the "
-                     f"verdict follows. {len(recomputed)} run(s).")
+                     f"code, and optimiser; the default, `--no-frozen-from-runs` turns it "
+                     f"off), not the record's own {d}; the verdict follows. "
+                     f"{len(recomputed)} run(s).")
     elif not index.frozen_from_runs:
         could = [run for run in index.runs if not is_frozen_baseline(run)
                  and index.frozen_baseline(run) is not None
@@ -312,12 +317,35 @@ def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
                          for r in report.diagnostics)]
         if could:
             notes.append(f"{len(could)} run(s) have {d} not evaluated although frozen-blocks "
-                         "runs of their recipe exist: run `creditaudit report "
-                         f"--frozen-from-runs` to evaluate {d} against them.")
+                         "runs of their recipe exist: run `creditaudit report` without "
+                         f"`--no-frozen-from-runs` (by default it evaluates {d} against "
+                         "them).")
     return [*notes, ""] if notes else []
 
 
 # --- writing ------------------------------------------------------------------------------
+def figure_destination(figures_dir: str, png: Path) -> str:
+    """Where report.md points for the figure file ``png``: ``figures_dir/NAME.png``."""
+    return f"{figures_dir}/{png.name}"
+
+
+def figure_files(rendered: Sequence[Any], out_dir: str | Path, figures_dir: str
+                 ) -> dict[str, Path]:
+    """The figures report.html may embed, by their destination in report.md: the PNGs of
+    ``rendered`` (the figures drawn for the report) that are files inside ``out_dir``,
+    links resolved — a figure module's list of files is a guest's word, and the page must
+    not carry a file from elsewhere (the file is read only if regular:
+    :func:`creditaudit.report.html.read_regular_file`)."""
+    root = Path(out_dir).resolve()
+    files = {}
+    for figure in rendered:
+        for png in figure.pngs:
+            path = Path(png).resolve()
+            if path.is_relative_to(root):
+                files[figure_destination(figures_dir, png)] = path
+    return files
+
+
 @dataclass
 class ReportFiles:
     """What :func:`write_report` wrote, and the figures it embedded or listed as missing."""
@@ -336,8 +364,8 @@ def write_report(index: RunIndex, out_dir: str | Path, *, rendered: Sequence[Any
     ``title`` and its ``pngs``), ``missing`` the (figure, reason) pairs of those that could
     not be (the figure with ``TITLE`` and ``requirements``, the reason with ``needs``) —
     what :func:`creditaudit.figures.render_all` returns. Their PNGs are referenced where
-    they are (relative to ``out_dir``; by convention ``out_dir/figures``) and embedded in
-    the HTML.
+    they are (relative to ``out_dir``; by convention ``out_dir/figures``) and those inside
+    ``out_dir`` embedded in the HTML (:func:`figure_files`): the page carries no other file.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -350,8 +378,9 @@ def write_report(index: RunIndex, out_dir: str | Path, *, rendered: Sequence[Any
     parts = report_parts(index, rendered=rendered, missing=missing, figures_dir=figures_dir)
     md_path, html_path = out / REPORT_MD, out / REPORT_HTML
     atomic_write_bytes(md_path, parts_markdown(parts).encode())
-    atomic_write_bytes(html_path, render_report_html(parts, base_dir=out,
-                                                     classes=verdict_classes(index)).encode())
+    page = render_report_html(parts, images=figure_files(rendered, out, figures_dir),
+                              classes=verdict_classes(index))
+    atomic_write_bytes(html_path, page.encode())
     return ReportFiles(md_path, html_path, rendered, missing)
 
 

@@ -1,5 +1,6 @@
 """A self-contained HTML page from the reports' Markdown (markdown-it-py, CommonMark with
-tables); images are embedded as base64 data URIs so the page opens anywhere on its own.
+tables); images are embedded as base64 data URIs so the page opens anywhere on its own —
+only the files the caller hands over by name, never a path the Markdown's text names.
 
 Two things Markdown cannot say are added while rendering: a CSS class on table cells and
 bold text that ``classify`` names (the report colours verdicts by meaning with it), and the
@@ -13,11 +14,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-import re
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from creditaudit.formatting import TEXT_ON, VERDICT_COLORS, WALK_BACK_COLOR
 
@@ -127,7 +130,6 @@ SCRIPT = r"""
   });
 })();
 """
-_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 Classify = Callable[[str, str], "str | None"]
 
 
@@ -153,51 +155,85 @@ def compact_png(data: bytes) -> bytes:
     return buffer.getvalue() if buffer.tell() < len(data) else data
 
 
-def _data_uri(path: Path, compact: bool) -> str | None:
+def read_regular_file(path: Path) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file (after links), else None: opened
+    without blocking, so a FIFO or a device named there can neither hang nor feed the
+    page."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _data_uri(path: Path, compact: bool) -> str | None:
+    data = read_regular_file(path)
+    if data is None:
         return None
     if compact:
         data = compact_png(data)
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def _embed_images(text: str, base: Path, compact: bool) -> str:
-    """Replace ``![alt](file.png)`` by a data-URI image, or a note when unreadable."""
+def _embed_images(renderer: MarkdownIt, tokens: list[Token], images: Mapping[str, Path],
+                  compact: bool) -> None:
+    """Give each image of ``tokens`` whose destination ``images`` names its file as a
+    data URI; any other image — one the Markdown names but the caller did not hand over,
+    or a file that cannot be read — becomes a line of text saying so."""
+    files = {renderer.normalizeLink(src): (src, path) for src, path in images.items()}
+    for token in tokens:
+        children = token.children or []
+        for i, child in enumerate(children):
+            if child.type != "image":
+                continue
+            src = str(child.attrGet("src") or "")
+            name, path = files.get(src, (src, None))
+            uri = None if path is None else _data_uri(path, compact)
+            if uri is not None:
+                child.attrSet("src", uri)
+                continue
+            note = Token("text", "", 0)
+            note.content = (f"image {name} could not be read" if path is not None else
+                            f"image {name} is not one of this page's figures")
+            children[i] = note
 
-    def embed(match: re.Match[str]) -> str:
-        alt, src = match.groups()
-        if src.startswith("data:"):
-            return match.group(0)
-        uri = _data_uri(base / src, compact)
-        return f"![{alt}]({uri})" if uri else f"*image {src} could not be read*"
 
-    return _IMAGE.sub(embed, text)
-
-
-def markdown_fragment(text: str, *, base_dir: str | Path = ".",
+def markdown_fragment(text: str, *, images: Mapping[str, Path] | None = None,
                       classify: Classify | None = None, interactive: bool = False,
                       compact_images: bool = False) -> str:
     """The HTML of Markdown ``text`` (no page around it; raw HTML in ``text`` is escaped).
 
-    Images are read relative to ``base_dir`` and embedded (``compact_images``: through
-    :func:`compact_png`). ``classify(tag, text)`` is asked for a CSS class of every table
-    cell (``tag`` ``"td"``, ``text`` its Markdown without ``*``) and bold span (``"strong"``,
-    its text); ``interactive`` marks the tables for the page's sort-and-filter script.
+    ``images``: the image files the page may embed, by their destination in ``text``
+    (``figures/fig1.png`` → its path); they are embedded as data URIs
+    (``compact_images``: through :func:`compact_png`), and no other file is read, whatever
+    ``text`` names. ``classify(tag, text)`` is asked for a CSS class of every table cell
+    (``tag`` ``"td"``, ``text`` the cell's text as read, code spans in their backticks)
+    and bold span (``"strong"``, its
+    text); ``interactive`` marks the tables for the page's sort-and-filter script.
     """
     renderer = MarkdownIt("commonmark", {"html": False}).enable("table")
-    tokens = renderer.parse(_embed_images(text, Path(base_dir), compact_images))
+    tokens = renderer.parse(text)
+    _embed_images(renderer, tokens, images or {}, compact_images)
     for i, token in enumerate(tokens):
         if token.type == "table_open" and interactive:
             token.attrSet("class", "interactive")
         if classify is None or token.type != "inline":
             continue
+        children = token.children or []
         if i > 0 and tokens[i - 1].type == "td_open":
-            css = classify("td", token.content.replace("*", "").strip())
+            read = "".join(c.markup + c.content + c.markup if c.type == "code_inline"
+                           else c.content for c in children if c.type != "image")
+            css = classify("td", read.strip())
             if css:
                 tokens[i - 1].attrSet("class", css)
-        children = token.children or []
         for j, child in enumerate(children[:-1]):
             if child.type == "strong_open" and children[j + 1].type == "text":
                 css = classify("strong", children[j + 1].content.strip())
@@ -216,8 +252,8 @@ def html_page(body: str, *, title: str = "creditaudit report", script: bool = Fa
             + body + tail + "</body>\n</html>\n")
 
 
-def markdown_to_html(text: str, *, base_dir: str | Path = ".", title: str = "creditaudit report"
-                     ) -> str:
-    """A self-contained HTML page of Markdown ``text``; images are read relative to
-    ``base_dir`` and embedded."""
-    return html_page(markdown_fragment(text, base_dir=base_dir), title=title)
+def markdown_to_html(text: str, *, images: Mapping[str, Path] | None = None,
+                     title: str = "creditaudit report") -> str:
+    """A self-contained HTML page of Markdown ``text``; ``images`` (destination → file)
+    are embedded, and only they (:func:`markdown_fragment`)."""
+    return html_page(markdown_fragment(text, images=images), title=title)

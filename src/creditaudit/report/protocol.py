@@ -9,11 +9,12 @@ formats numbers a report already holds::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.descriptions import CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
-from creditaudit.formatting import fmt
+from creditaudit.formatting import fmt, markdown_text, one_line
 from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
     HEADLINE_GAMMA,
@@ -173,15 +174,18 @@ def render_markdown(report: DiagnosticReport) -> str:
     frozen = meta.get("frozen_acc")
     method = meta.get("method") or "—"
     own = template_results(report)
-    row = [method, credit_formula(method) or meta.get("credit_formula", "—"),
-           meta.get("arch", meta.get("model", "—")), fmt(meta.get("terminal_ln")),
-           str(meta.get("dataset", "—")), str(meta.get("seeds", "—")),
-           str(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),
+    # Every text the report holds (names, labels, reasons: a record's, a guest's) enters as
+    # markdown_text, so it reads as itself and keeps to its cell.
+    text = markdown_text
+    row = [text(method), text(credit_formula(method) or meta.get("credit_formula", "—")),
+           text(meta.get("arch", meta.get("model", "—"))), fmt(meta.get("terminal_ln")),
+           text(meta.get("dataset", "—")), text(meta.get("seeds", "—")),
+           text(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),
            gamma, per_layer_gamma, "not given" if frozen is None else f"{frozen:.3f}",
-           *(value_text(r, judged) for r in own), judged.text]
+           *(text(value_text(r, judged)) for r in own), text(judged.text)]
     header = ["method", "credit", "architecture", "terminal LN", "dataset", "seeds",
               "feedback seed", "test acc", "Γ (aggregation)", "per-layer Γ", "frozen acc",
-              *(r.label for r in own), "verdict"]
+              *(text(r.label) for r in own), "verdict"]
     out = [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(row),
@@ -191,10 +195,11 @@ def render_markdown(report: DiagnosticReport) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in report.diagnostics:
-        out.append(f"| {r.label} | {r.name} | {value_text(r, judged)} | {threshold_text(r)} | "
-                   f"{r.status} | {r.reason} |")
+        out.append(f"| {text(r.label)} | {text(r.name)} | {text(value_text(r, judged))} | "
+                   f"{text(threshold_text(r))} | {text(r.status)} | {text(r.reason)} |")
     note = reference_line(judged)
-    out += ["", f"**Verdict: {judged.text}**", "", *([note, ""] if note else []),
+    out += ["", f"**Verdict: {text(judged.text)}**", "",
+            *([text(note), ""] if note else []),
             f"Per layer (medians over {meta.get('n_samples', '?')} samples; ‖g_l‖ as "
             "(1/128)·∂CE_i/∂h_l):", "",
             "| layer | ‖h_l‖ | growth into l | ‖g_l‖ | cos(a_l, g_l) | flags |",
@@ -203,10 +208,18 @@ def render_markdown(report: DiagnosticReport) -> str:
     if report.gamma is not None:
         out += ["", "| Γ aggregation | value |", "|---|---|"]
         out += [f"| {k} | {judged.mark(fmt(v, '+.3f'))} |" for k, v in report.gamma.items()]
-    metric_lines = metrics_lines(report.metrics, judged)
+    metric_lines = [one_line(line) for line in metrics_lines(report.metrics, judged)]
     if metric_lines:
-        out += ["", "```", *metric_lines, "```"]
+        out += ["", *code_block(metric_lines)]
     return "\n".join(out)
+
+
+def code_block(lines: Sequence[str]) -> list[str]:
+    """``lines`` as a fenced Markdown code block: its fence longer than any run of
+    backticks in them, so no line can close it."""
+    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
 
 def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
     """A complete ``tabular`` (no packages needed): a header row, then one row per report —

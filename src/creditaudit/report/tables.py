@@ -1,10 +1,11 @@
 """The tables of a folder report: the audit table (one row per finished run), the summary
 across seeds and the runs that did not finish.
 
-Cells are Markdown text read from run records. Wherever runs differ in a setting that no
-fixed column shows (epochs, data size, learning rate, …), a table gets a column for it,
-named by its config key, so no two rows read alike; the keys of one option table
-(``model.args.*``) share a column, and past four columns all of them share one.
+Cells are Markdown; every text read from a run record enters them through
+:func:`~creditaudit.formatting.markdown_text`, so it reads as itself. Wherever runs differ
+in a setting that no fixed column shows (epochs, data size, learning rate, …), a table gets
+a column for it, named by its config key, so no two rows read alike; the keys of one option
+table (``model.args.*``) share a column, and past four columns all of them share one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from creditaudit.config import non_semantic
-from creditaudit.formatting import fmt, markdown_table, one_line
+from creditaudit.formatting import fmt, markdown_table, markdown_text, one_line
 from creditaudit.protocol import (
     FIRED,
     HEADLINE_GAMMA,
@@ -136,11 +137,11 @@ def setting_cells(values: dict[str, str], keys: Sequence[str]) -> dict[str, str]
     cells = {}
     for column, members in setting_columns(keys).items():
         if members == [column]:
-            cells[column] = values.get(column, "—")
+            cells[column] = markdown_text(values.get(column, "—"))
             continue
         prefix = "" if column == SETTINGS_COLUMN else column + "."
-        cells[column] = ", ".join(f"{key.removeprefix(prefix)}={values.get(key, '—')}"
-                                  for key in members)
+        cells[column] = markdown_text(", ".join(f"{key.removeprefix(prefix)}="
+                                                f"{values.get(key, '—')}" for key in members))
     return cells
 
 
@@ -193,6 +194,15 @@ def arch_text(run: RunRecord) -> str:
     return model.label if model is not None else run.config.model.arch
 
 
+def run_cells(run: RunRecord) -> dict[str, str]:
+    """The cells that say which run a row is — run id, method, λ, arch, dataset — as
+    Markdown that reads as the record's text (:func:`markdown_text`); a summary row shows
+    all but the run id."""
+    return {"run": markdown_text(run.run_id), "method": markdown_text(method_label(run.method)),
+            "λ": fmt(run.penalty, "g"), "arch": markdown_text(arch_text(run)),
+            "dataset": markdown_text(run.dataset)}
+
+
 def acc_note(run: RunRecord) -> str:
     """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, else ``""``."""
     text = diverged_text(run)
@@ -208,25 +218,22 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
     values = run_settings(run)
     judged = index.records.verdict(run).judgement
     return {
-        "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
-        "arch": arch_text(run),
-        "out_ln": fmt(terminal_ln(run)),
-        "dataset": run.dataset, "seed": seed_text(run),
+        **run_cells(run), "out_ln": fmt(terminal_ln(run)), "seed": markdown_text(seed_text(run)),
         **setting_cells(values, settings),
-        "status": run.status,
+        "status": markdown_text(run.status),
         "acc": headline_cell(fmt(run.final_acc, ".3f"), ACC, [run], [judged]) + acc_note(run),
         "deep cos": headline_cell(fmt(run.deep_cos, "+.3f"), DEEP_COS, [run], [judged]),
         GAMMA_COLUMN: headline_cell(fmt(run.headline_gamma, "+.3f"), GAMMA, [run], [judged]),
         **{f"({i})": diagnostic_cell(report, i)
            for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
-        "verdict": verdict_cell(report, run)[0],
+        "verdict": markdown_text(verdict_cell(report, run)[0]),
     }
 
 
 def dict_table(columns: Sequence[str], rows: Sequence[dict[str, str]]) -> list[str]:
     """Markdown table lines of dict ``rows`` (one column per key in ``columns``)."""
-    return markdown_table(columns, [[row.get(c, "") for c in columns] for row in rows]
-                          ).splitlines()
+    return markdown_table([markdown_text(c) for c in columns],
+                          [[row.get(c, "") for c in columns] for row in rows]).splitlines()
 
 
 @dataclass
@@ -297,10 +304,8 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             for id_ in report.fired:
                 fired[id_] = fired.get(id_, 0) + 1
         rows.append({
-            "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
-            "arch": arch_text(run), "dataset": run.dataset,
-            **setting_cells(values, settings),
-            "seeds": ", ".join(seed_text(r) for r in group.runs),
+            **run_cells(run), **setting_cells(values, settings),
+            "seeds": markdown_text(", ".join(seed_text(r) for r in group.runs)),
             "test acc": headline_cell(ms((r.final_acc for r in group.runs), ".3f"), ACC,
                                       group.runs, judged),
             "deep cos": headline_cell(ms((r.deep_cos for r in group.runs), "+.3f"), DEEP_COS,
@@ -308,7 +313,8 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             "Γ": headline_cell(ms((r.headline_gamma for r in group.runs), "+.3f"), GAMMA,
                                group.runs, judged),
             "walked back": f"{walked}/{len(audited)}" if audited else "—",
-            "fired": " ".join(f"({i})×{fired[i]}" for i in in_order(fired)) or "—",
+            "fired": markdown_text(" ".join(f"({i})×{fired[i]}" for i in in_order(fired))
+                                   or "—"),
         })
     return rows
 
@@ -329,11 +335,10 @@ def unfinished_table(runs: Sequence[RunRecord]) -> Table:
         if len(error) > ERROR_CHARS:
             error = error[:ERROR_CHARS - 1] + "…"
         rows.append({
-            "run": run.run_id, "method": method_label(run.method), "λ": fmt(run.penalty, "g"),
-            "arch": arch_text(run), "dataset": run.dataset, "seed": seed_text(run),
-            **setting_cells(values, settings), "status": run.status,
+            **run_cells(run), "seed": markdown_text(seed_text(run)),
+            **setting_cells(values, settings), "status": markdown_text(run.status),
             "epochs logged": str(run.log[-1].epoch if run.log else 0),
-            "error": error,
+            "error": markdown_text(error),
         })
     return Table([*UNFINISHED_HEAD, *setting_columns(settings), *UNFINISHED_TAIL], rows)
 

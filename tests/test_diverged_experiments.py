@@ -138,3 +138,33 @@ def test_an_older_summary_without_evaluated_seeds_still_renders(records):
             del seed["evaluated"]
     table = rows(get_experiment("penalty_sweep").to_markdown(summary), "rule")
     assert all(r["(a) first"] == "not evaluated" for r in table if r["rule"] == RULE)
+
+
+def test_threshold_sensitivity_counts_every_run_and_marks_the_diverged(records):
+    """Runs that diverged at once are judged on (d) as decision_utility judges them, named
+    with why where a diagnostic left them out; a diverged run carries ‡ where it is named."""
+    summary, markdown = render("threshold_sensitivity", records)
+    audited = [r for r in records if r.method != "frozen"]
+    assert summary["n_runs"] == len(audited) == 6
+    d = next(r for r in summary["diagnostics"]["d"]["rows"] if r["default"])
+    assert d["n_evaluated"] == len(audited)
+    assert sum(RULE in label for label in d["fired"]) == 3  # at chance: (d) fires
+    # decision_utility judges the same runs on (d)
+    decisions = get_experiment("decision_utility").summarise(records)
+    judged = [s for m in decisions["methods"] for s in m["seeds"]]
+    assert len(judged) == len(audited)
+    assert sum(s["statuses"]["d"] == "fired" for s in judged) == d["n_fired"]
+    # (a): the three runs it left out, named with the reason, marked ‡
+    a = summary["diagnostics"]["a"]
+    assert {r["label"] for r in a["not_evaluated"]} == {
+        f"{RULE} s42", f"{RULE} k=1 s42", f"{RULE}+λ=1e-2 s42"}
+    section = markdown.split("## (a)", 1)[1].split("\n## ", 1)[0]
+    assert "Not evaluated in 3 of the 6 runs" in section
+    assert f"{RULE} s42{DIVERGED_MARK}" in section
+    assert "diverged in epoch 1, before the protocol's first evaluation" in section
+    # dfa s7 diverged in epoch 2: counted, and marked where the table names it
+    table = rows(section, "threshold")
+    default = next(r for r in table if "(default)" in r["threshold"])
+    assert default["which"] == f"dfa s7{DIVERGED_MARK}"
+    assert default["runs walked back"] == "6/6"
+    assert f"{DIVERGED_MARK} of a diverged run" in markdown

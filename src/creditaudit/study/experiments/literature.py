@@ -113,7 +113,7 @@ def run_config(table: Table, column: Column, row: Row, seed: int, *, scale: str,
                       "diagnostics.end_of_run": False})
     overrides.update({f"method.{key}": value for key, value in row.options})
     base = base_config(scale, dataset=name, data_dir=folder or default_data_dir(name),
-                       out_dir=out_dir)
+                       out_dir=out_dir, arch=overrides.pop("model.arch"))
     return base.replace(**overrides)
 
 

@@ -325,3 +325,24 @@ def test_diverged_runs_are_named_in_the_manifest_and_the_output(copies, tmp_path
     entries = [e for e in manifest(tmp_path / "out")["written"] if e["runs"]]
     assert entries and all(e["diverged"] == dict.fromkeys(e["runs"], note) for e in entries)
     assert f"dfa_log: {note}" in result.format()
+
+
+@pytest.mark.parametrize("dataset", ["mnist1d", "fashion-mnist"])
+def test_the_advice_for_a_missing_vit_file_is_a_command_that_trains_it_or_says_none(
+        tmp_path, dataset):
+    """``export --dataset mnist1d`` advised ``experiment temporal --dataset mnist1d`` for the
+    ViT-Mini files, which trains no ViT there (MNIST-1D's signals hold no images). Advice
+    names a command only where that command plans the runs; otherwise it says none does."""
+    from creditaudit.study.experiments import get_experiment
+
+    (tmp_path / "runs").mkdir()
+    result = export(tmp_path / "runs", tmp_path / "out", dataset=dataset)
+    needs = [e["needs"] for e in result.skipped if "snapshot_vit_v1" in e["path"]]
+    assert needs
+    plans_vit = any(c.model.arch == "vit" for c in get_experiment("temporal").configs(
+        "smoke", dataset=dataset, out_dir=tmp_path / "plan"))
+    advice = f"creditaudit experiment temporal --dataset {dataset}"
+    for text in needs:
+        assert (advice in text) == plans_vit, text
+        assert ("no experiment trains it" in text) == (not plans_vit), text
+    assert plans_vit == (dataset == "fashion-mnist")

@@ -297,3 +297,51 @@ def test_figure_draws_the_published_rows(smoke, tmp_path):
     paths = save_literature_figure(smoke[1], tmp_path)
     assert sorted(p.suffix for p in paths) == [".pdf", ".png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_labels_and_sizes_are_those_of_the_records_and_no_delta_off_the_published_setting(
+        smoke):
+    """Smoke trains the MNIST columns on synthetic stand-ins and MNIST-1D on 400 / 260
+    samples for 2 epochs: the tables say so (read from the records), and no Δ is computed
+    against a published number the runs were not trained to compare with."""
+    folder, summary = smoke
+    columns = {t["key"]: t["columns"][0] for t in summary["tables"]}
+    for key in ("biotorch-mnist", "local-loss-mlp"):
+        column = columns[key]
+        assert column["dataset"] == "synthetic"
+        assert column["label"] == "synthetic teacher–student (standing in for MNIST)"
+        assert column["not_compared"] == "trained on synthetic teacher–student, not MNIST"
+    mnist1d = columns["mnist1d"]
+    record = load_record(folder / mnist1d["rows"][0]["seeds"][0]["run_id"] / RECORD_FILE)
+    assert (mnist1d["setting"]["n_train"], mnist1d["setting"]["n_test"]) == (
+        record.data.n_train, record.data.n_test) == (400, 260)
+    assert mnist1d["setting"]["epochs"] == record.epochs == 2
+    assert mnist1d["not_compared"] == "400 train / 260 test samples, not the 4 000 / 1 000 compared"
+    for column in columns.values():
+        for cell in column["rows"]:
+            assert cell["best_vs_published"]["delta"] is None
+            assert cell["last_vs_published"]["delta"] is None
+    markdown = (folder / "experiments" / "literature.smoke.synthetic.md").read_text()
+    assert "**MNIST**" not in markdown
+    assert ("**MNIST-1D** (400 train / 260 test samples, 2 epochs; test error %, mean ± sd "
+            "over seeds; no Δ against the published MNIST-1D numbers: 400 train / 260 test "
+            "samples, not the 4 000 / 1 000 compared)") in markdown
+    assert ("The notes describe the recipe whose runs are compared with the published "
+            "numbers, not the runs above (synthetic teacher–student, 256 train / 256 test "
+            "samples, 1 epoch):") in markdown
+
+
+def test_a_delta_is_computed_only_at_the_published_setting():
+    from creditaudit.study.experiments.literature import not_compared
+
+    table = next(t for t in TABLES if t.key == "biotorch-mnist")
+    mnist = table.columns[0]
+    at = {"dataset": "mnist", "label": "MNIST", "n_train": 60000, "n_test": 10000,
+          "epochs": 10}
+    assert not_compared(table, mnist, at) is None
+    assert not_compared(table, mnist, {**at, "epochs": 1}) == "1 epoch, not the 10 compared"
+    assert not_compared(table, mnist, {**at, "n_train": 256}) == (
+        "256 train / 10 000 test samples, not the 60 000 / 10 000 compared")
+    assert not_compared(table, mnist, {**at, "dataset": "fashion-mnist",
+                                       "label": "Fashion-MNIST"}) == (
+        "trained on Fashion-MNIST, not MNIST")

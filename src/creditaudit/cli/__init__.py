@@ -2,7 +2,8 @@
 
 Each subcommand module defines ``add_parser(subparsers)`` and ``run(args) -> int``. User
 errors (:class:`~creditaudit.errors.CreditAuditError`, and operating-system errors on the
-user's files) end in one line on stderr and exit code 2; an interrupted run exits 130. An
+user's files) end in one line on stderr and exit code 2; an interrupted run exits 130; a
+reader that closed stdout (``| head -1``) ends the command quietly, exit 141. An
 unexpected error — or a ``sys.exit`` — out of a guest's code (a plugin, a model factory:
 :mod:`creditaudit.guests.blame`) is that guest's, named in one line (exit 2); any other unexpected
 error (a bug) prints one line asking for a report (exit 1). ``--verbose`` shows the
@@ -18,6 +19,7 @@ import contextlib
 import importlib
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -94,7 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     working_folder_on_path()
     try:
         with sigterm_interrupts(), guest_output_to_stderr():
-            return int(args.handler(args) or 0)
+            code = int(args.handler(args) or 0)
+            sys.stdout.flush()  # a reader that closed stdout is met here, not at exit
+            return code
+    except BrokenPipeError as err:
+        if not stdout_closed():
+            print(f"creditaudit: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
+            return 2
+        return quiet_after_closed_stdout()
     except CreditAuditError as err:
         if args.verbose and isinstance(err, GuestError) and err.__cause__ is not None:
             traceback.print_exception(err.__cause__, file=sys.stderr)
@@ -125,6 +134,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"creditaudit: internal error: {type(err).__name__}: {_one_line(str(err))}; "
               "rerun with --verbose for the traceback and please report it", file=sys.stderr)
         return 1
+
+
+def stdout_closed() -> bool:
+    """Whether whoever reads stdout has closed it (``creditaudit … | head -1``): the write
+    end of a pipe without a reader polls as an error (a broken pipe elsewhere — a worker's —
+    is no such thing). Where stdout cannot be polled, flushing it tells."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), or no file descriptor
+        pass
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+# What a shell reports for a writer that a closed pipe ended (128 + SIGPIPE).
+CLOSED_STDOUT_EXIT = 128 + 13
+
+
+def quiet_after_closed_stdout() -> int:
+    """End without a word when the reader of stdout has gone: what is left unwritten is
+    dropped (stdout pointed at the null device, so the interpreter's last flush does not
+    complain either); the exit status is a closed pipe's, :data:`CLOSED_STDOUT_EXIT`."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return CLOSED_STDOUT_EXIT
 
 
 def working_folder_on_path() -> None:

@@ -182,7 +182,23 @@ def _needs(variant: str, slot: Slot, dataset: str | None, extra: str = "") -> st
         where += f", {dataset}"
         how += f" --dataset {dataset}" + (" --data-dir DIR" if dataset.startswith("cifar")
                                           else "")
+        why_not = _not_trained(variant, dataset)
+        if why_not is not None:
+            how = f"no experiment trains it: {why_not}"
     return f"{what} on {where}{extra}, seed {slot.seed} ({how})"
+
+
+def _not_trained(variant: str, dataset: str) -> str | None:
+    """Why no experiment trains ``variant`` on ``dataset`` (an image architecture on
+    MNIST-1D's signals), or None when the advised one does."""
+    from creditaudit.study.experiments.configs import arch_of, image_view
+
+    try:  # image_view: any scale, the dataset decides
+        if arch_of(variant)[0].input_kind == "image" and image_view("cpu", dataset) is None:
+            return f"{dataset} holds no images for it to read; export an image dataset's files"
+    except ConfigError as err:  # an architecture or dataset not installed here
+        return str(err)
+    return None
 
 
 class _Writer:

@@ -36,16 +36,18 @@ _CONFIG_CACHE: dict[tuple[Any, ...], RunConfig] = {}
 
 
 def scale_config(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: str,
-                 control: bool = False, **overrides: Any) -> RunConfig:
+                 control: bool = False, arch: str | None = None,
+                 **overrides: Any) -> RunConfig:
     """``base_config(scale, …)`` with dotted ``overrides`` given as ``section__key=value``.
 
     Memoised (config validation is the slow part of building an experiment's runs, and the
     experiments share most of theirs); every call returns a fresh copy.
     """
-    key = (scale, dataset, data_dir, str(out_dir), control, tuple(sorted(overrides.items())))
+    key = (scale, dataset, data_dir, str(out_dir), control, arch,
+           tuple(sorted(overrides.items())))
     if key not in _CONFIG_CACHE:
         config = base_config(scale, dataset=dataset, data_dir=data_dir, out_dir=str(out_dir),
-                             control=control)
+                             control=control, arch=arch)
         if overrides:
             config = config.replace(**{k.replace("__", "."): value
                                        for k, value in overrides.items()})
@@ -110,8 +112,6 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
     """
     arch, no_ln = arch_of(variant)
     extra: dict[str, Any] = {}
-    if arch.name != ModelConfig().arch:  # the default keeps the scale's own configs
-        extra["model__arch"] = arch.name
     if no_ln:
         extra["model__out_ln"] = False
     if arch.task:  # the model of one task (StudentNet: the synthetic teacher–student task)
@@ -130,8 +130,9 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
             extra["model__patch"] = shape[1] // grid
         if "in_dim" in dataset_spec(scale_dataset(scale, dataset)).option_names():
             extra["data__in_dim"] = FLAT_IMAGE_DIM
+    # the architecture from the start: the scale's model sizes go only where it reads them
     return scale_config(scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,
-                        control=control, **extra, **overrides)
+                        control=control, arch=arch.name, **extra, **overrides)
 
 
 def image_view(scale: str, dataset: str | None) -> tuple[int, int, int] | None:

@@ -136,7 +136,8 @@ def seed_row(record: RunRecord, verdict: Verdict) -> dict[str, Any]:
             "g_L_norm": record.headline_value("g_L_norm"),
             "max_block_growth": record.headline_value("max_block_growth"),
             "statuses": verdict.statuses, "verdict": verdict.text,
-            "margin_pp": verdict.margin_pp, "first_fired": record.first_fired()}
+            "margin_pp": verdict.margin_pp, "first_fired": record.first_fired(),
+            "evaluated": evaluated_in_training([record])}
 
 
 def group_summary(members: Sequence[RunRecord], verdict_of: dict[str, Verdict]
@@ -203,6 +204,33 @@ def epoch_text(value: int | None) -> str:
     return "never" if value is None else str(value)
 
 
+def evaluated_seeds(seeds: Sequence[dict[str, Any]], diagnostic: str
+                    ) -> list[dict[str, Any]]:
+    """The seed rows (:func:`seed_row`) whose training-time protocol evaluated
+    ``diagnostic``. A run that diverged in its first epoch evaluated none, and its
+    ``first_fired`` None would otherwise read as "never fired"; summaries written before
+    ``evaluated`` was kept count a seed whose ``first_fired`` names the diagnostic."""
+    return [s for s in seeds
+            if diagnostic in (s["evaluated"] if "evaluated" in s else s["first_fired"])]
+
+
+def first_fired_cell(epochs: Sequence[int | None], not_evaluated: int = 0,
+                     at_end: int | None = None) -> str:
+    """``3–5 (2/3; at end 1; not evaluated in 1)``: the first firing epochs of the seeds
+    that evaluated a diagnostic (None: never fired) — their span, how many fired, how many
+    still fire at the end (``at_end``, when given) — and how many seeds never evaluated it;
+    ``not evaluated`` when no seed did."""
+    n = len(epochs)
+    if not n:
+        return "not evaluated"
+    skipped = f"; not evaluated in {not_evaluated}" if not_evaluated else ""
+    fired = [e for e in epochs if e is not None]
+    if not fired:
+        return f"never (0/{n}{skipped})"
+    lo, hi = min(fired), max(fired)
+    span = str(lo) if lo == hi else f"{lo}–{hi}"
+    end = "" if at_end is None else f"; at end {at_end}"
+    return f"{span} ({len(fired)}/{n}{end}{skipped})"
 
 
 def evaluated_in_training(records: Iterable[RunRecord]) -> list[str]:
@@ -214,4 +242,5 @@ def evaluated_in_training(records: Iterable[RunRecord]) -> list[str]:
 
 __all__ = ["method_label", "group_records", "verdicts", "verdict_overview", "seed_row",
            "group_summary", "trajectory", "markdown_table", "epoch_text", "fmt", "format_lambda",
+           "evaluated_seeds", "first_fired_cell",
            "frozen_accuracy", "rule_groups", "diagnostics_of", "evaluated_in_training"]

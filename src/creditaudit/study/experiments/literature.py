@@ -35,7 +35,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import pre_move_spelling
-from creditaudit.registry import DIAGNOSTICS
+from creditaudit.registry import DATASETS, DIAGNOSTICS
 from creditaudit.report.runs import ACC
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.groups import fmt, markdown_table, verdict_overview
@@ -113,7 +113,7 @@ def run_config(table: Table, column: Column, row: Row, seed: int, *, scale: str,
                       "diagnostics.end_of_run": False})
     overrides.update({f"method.{key}": value for key, value in row.options})
     base = base_config(scale, dataset=name, data_dir=folder or default_data_dir(name),
-                       out_dir=out_dir)
+                       out_dir=out_dir, arch=overrides.pop("model.arch"))
     return base.replace(**overrides)
 
 
@@ -198,6 +198,51 @@ def error_curve(seeds: list[dict[str, Any]]) -> list[list[float]]:
     return [[epoch, sum(v) / len(v)] for epoch, v in sorted(by_epoch.items())]
 
 
+def run_setting(record: RunRecord) -> dict[str, Any]:
+    """What a run trained on, asked of its record: the dataset (name and its class's label),
+    the train and test samples loaded, and the epochs."""
+    spec = DATASETS.find(record.dataset)
+    data = record.data
+    return {"dataset": record.dataset,
+            "label": spec.label if spec is not None else record.dataset,
+            "n_train": data.n_train if data is not None else None,
+            "n_test": data.n_test if data is not None else None,
+            "epochs": record.epochs}
+
+
+def _count(n: Any) -> str:
+    """``60 000``: a sample count as the notes write it ("?" when not recorded)."""
+    return "?" if n is None else f"{n:,}".replace(",", " ")
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch{'s' * (n != 1)}"
+
+
+def setting_text(setting: dict[str, Any], dataset: bool = True) -> str:
+    """``synthetic teacher–student, 256 train / 256 test samples, 1 epoch`` (without the
+    dataset when ``dataset`` is false)."""
+    sizes = (f"{_count(setting['n_train'])} train / {_count(setting['n_test'])} test samples, "
+             f"{_epochs(setting['epochs'])}")
+    return f"{setting['label']}, {sizes}" if dataset else sizes
+
+
+def not_compared(table: Table, column: Column, setting: dict[str, Any]) -> str | None:
+    """Why runs of ``setting`` are not the setting the column's published numbers are
+    compared at (its dataset, :attr:`Column.sizes`, the table's longest budget), or None
+    when they are."""
+    if setting["dataset"] != column.dataset:
+        return f"trained on {setting['label']}, not {column.label}"
+    sizes = (setting["n_train"], setting["n_test"])
+    if column.sizes is not None and sizes != column.sizes:
+        return (f"{_count(sizes[0])} train / {_count(sizes[1])} test samples, not the "
+                f"{_count(column.sizes[0])} / {_count(column.sizes[1])} compared")
+    budget = max(table.recipe.epochs.values())
+    if setting["epochs"] != budget:
+        return f"{_epochs(setting['epochs'])}, not the {budget} compared"
+    return None
+
+
 def cell_summary(table: Table, column: Column, row: Row, members: list[RunRecord],
                  index: RecordSet) -> dict[str, Any]:
     seeds = [seed_summary(r, index) for r in members]
@@ -205,11 +250,15 @@ def cell_summary(table: Table, column: Column, row: Row, members: list[RunRecord
     best = aggregate(s["best_error"] for s in seeds)
     last = aggregate(s["last_error"] for s in seeds)
     published = column.published.get(row.label)
+    setting = run_setting(members[0])  # seeds of one cell differ in their seed only
+    why_not = not_compared(table, column, setting) if published is not None else None
+    compared = None if why_not is not None else published
     return {"row": row.label, "rule": row.rule, "net": row.net.label, "baseline": row.baseline,
             "options": dict(row.options), "note": row.note, "published": published,
+            "setting": setting, "not_compared": why_not,
             "best_error": best, "last_error": last,
-            "best_vs_published": compare(published, best),
-            "last_vs_published": compare(published, last),
+            "best_vs_published": compare(compared, best),
+            "last_vs_published": compare(compared, last),
             "verdict": overview, "curve": error_curve(seeds),
             "marks": marks_of(members, index),
             "epochs": members[0].epochs if members else None, "seeds": seeds}
@@ -249,7 +298,12 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                     for row in rows_of(table, choices)
                     if (members := cell_records(table, column, row, records))]
             if rows:
-                columns.append({"dataset": column.dataset, "label": column.label,
+                setting = rows[0]["setting"]
+                label = (column.label if setting["dataset"] == column.dataset
+                         else f"{setting['label']} (standing in for {column.label})")
+                columns.append({"dataset": setting["dataset"], "label": label,
+                                "published_for": column.label, "setting": setting,
+                                "not_compared": not_compared(table, column, setting),
                                 "rows": rows})
                 cells += [{**row, "table": table.key} for row in rows]
         if columns:
@@ -287,10 +341,20 @@ def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
                  _delta(c["best_vs_published"]),
                  mark(format_aggregate(c["last_error"], ".2f"), c, ACC),
                  c["verdict"]["text"], _fired(c)] for c in column["rows"]]
-        epochs = column["rows"][0]["epochs"]
-        parts += ["", f"**{column['label']}** ({epochs} epochs; test error %, mean ± sd over "
-                  "seeds; Δ = best-epoch mean − published, in pp and seed sd)", "",
-                  markdown_table(header, body)]
+        setting = column.get("setting")
+        trained = (setting_text(setting, dataset=False) if setting is not None
+                   else f"{column['rows'][0]['epochs']} epochs")  # a summary from before
+        why_not = column.get("not_compared")
+        delta = (f"no Δ against the published {column.get('published_for')} numbers: "
+                 f"{why_not}" if why_not is not None
+                 else "Δ = best-epoch mean − published, in pp and seed sd")
+        parts += ["", f"**{column['label']}** ({trained}; test error %, mean ± sd over "
+                  f"seeds; {delta})", "", markdown_table(header, body)]
+    away = [c for c in table["columns"] if c.get("not_compared")]
+    if away and table["notes"]:
+        parts += ["", "The notes describe the recipe whose runs are compared with the "
+                  "published numbers, not the runs above ("
+                  + "; ".join(setting_text(c["setting"]) for c in away) + "):"]
     parts += ["", *[f"- {note}" for note in table["notes"]]]
     return "\n".join(parts)
 

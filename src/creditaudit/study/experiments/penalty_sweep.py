@@ -27,6 +27,8 @@ from creditaudit.study.experiments.configs import (
 )
 from creditaudit.study.experiments.groups import (
     evaluated_in_training,
+    evaluated_seeds,
+    first_fired_cell,
     fmt,
     format_lambda,
     frozen_accuracy,
@@ -53,12 +55,11 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
 
 
 def _first(row: dict[str, Any], diagnostic: str) -> str:
-    epochs = [s["first_fired"][diagnostic] for s in row["seeds"]]
-    fired = [e for e in epochs if e is not None]
-    if not fired:
-        return "never"
-    lo, hi = min(fired), max(fired)
-    return (str(lo) if lo == hi else f"{lo}–{hi}") + f" ({len(fired)}/{len(epochs)})"
+    """When ``diagnostic`` first fired over the row's seeds that evaluated it (a run that
+    diverged in its first epoch evaluated nothing: counted as not evaluated, not as never)."""
+    evaluated = evaluated_seeds(row["seeds"], diagnostic)
+    return first_fired_cell([s["first_fired"].get(diagnostic) for s in evaluated],
+                            len(row["seeds"]) - len(evaluated))
 
 
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:

@@ -75,7 +75,9 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                 "chance": record.chance,
                 "at_chance": acc is not None and acc < 2 * record.chance,
                 "statuses": statuses, "fired": fired,
-                "trustworthy": not fired,
+                # nothing fired is no pass when nothing was evaluated (a record without
+                # protocol statuses, such as a run that diverged before its first epoch's)
+                "trustworthy": not fired and any(v != NOT_EVALUATED for v in statuses.values()),
                 "values": {i: record.recorded_value(i) for i in ids},
                 "max_block_growth": record.headline_value("max_block_growth"),
                 "g_L_norm": record.headline_value("g_L_norm"),
@@ -117,9 +119,11 @@ def to_markdown(summary: dict[str, Any]) -> str:
     rows = []
     for row in summary["rows"]:
         fired = in_order(i for s in row["seeds"] for i in s["fired"])
-        n_fired = sum(bool(s["fired"]) for s in row["seeds"])
-        verdict = ("trustworthy" if row["trustworthy"] else
-                   f"fired {labels(fired)} in {n_fired}/{len(row['seeds'])} seeds")
+        n, n_fired = len(row["seeds"]), sum(bool(s["fired"]) for s in row["seeds"])
+        unjudged = sum(not s["fired"] and not s["trustworthy"] for s in row["seeds"])
+        verdict = "trustworthy" if row["trustworthy"] else "; ".join(
+            [*([f"fired {labels(fired)} in {n_fired}/{n} seeds"] if n_fired else []),
+             *([f"nothing evaluated in {unjudged}/{n} seeds"] if unjudged else [])])
         rows.append([row["arch"], row["method"],
                      mark(format_aggregate(row["test_acc"]), row, ACC),
                      fmt(row["chance"], ".3f"),

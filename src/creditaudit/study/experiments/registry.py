@@ -144,7 +144,9 @@ class Experiment:
             if meta.get("missing"):
                 lines.append("")
                 lines.append("Missing runs (not summarised): " + ", ".join(
-                    f"`{m['run_id']}` ({m['status']})" for m in meta["missing"]))
+                    f"`{m['run_id']}` ({m['status']}"
+                    + (f": {m['error']})" if m.get("error") else ")")
+                    for m in meta["missing"]))
             lines.append("")
         lines.append(self.markdown_fn(summary).rstrip())
         return "\n".join(lines) + "\n"

@@ -103,16 +103,32 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     return record.status, record, record.error
 
 
-def _load(plans: Sequence[RunPlan]) -> tuple[list[RunRecord], list[dict[str, Any]]]:
-    """(finished records, missing runs) of the runs of ``plans``."""
+def _not_on_disk(outcome: dict[str, Any] | None) -> tuple[str, str | None]:
+    """(status, why) of a run without a record: what this invocation's sweep did with it
+    (``refused`` — its folder could not be claimed —, ``busy``, ``interrupted``, with the
+    reason the sweep gave) or ``not started``."""
+    if outcome is None or outcome.get("action") in (None, "skipped"):
+        return "not started", None
+    action = outcome["action"]
+    why = outcome.get("error")
+    if why is None and outcome.get("holder"):
+        why = f"another process holds it: {outcome['holder']}"
+    return action, why
+
+
+def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None = None
+          ) -> tuple[list[RunRecord], list[dict[str, Any]]]:
+    """(finished records, missing runs) of the runs of ``plans``; a missing run without a
+    record says what ``outcomes`` (this invocation's sweep, by run id) did with it."""
     records, missing = [], []
     for plan in plans:
         status, record, error = run_state(plan)
         if record is not None and record.is_finished:
             records.append(record)
-        else:
-            missing.append({"run_id": plan.run_id, "status": status or "not started",
-                            "error": error})
+            continue
+        if status is None:
+            status, error = _not_on_disk((outcomes or {}).get(plan.run_id))
+        missing.append({"run_id": plan.run_id, "status": status, "error": error})
     return records, missing
 
 
@@ -130,7 +146,7 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
                          choices: Choices = NO_CHOICES) -> dict[str, Any]:
     """Load the records of the runs of ``plans``, summarise, write
     ``OUT/experiments/NAME.SCALE.DATASET.{json,md}`` (:func:`summary_stem`)."""
-    records, missing = _load(plans)
+    records, missing = _load(plans, outcomes)
     summary = experiment.summarise(records, choices)
     ids = [plan.run_id for plan in plans]
     actions: dict[str, int] = {}

@@ -12,9 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.config import DataConfig, RunConfig, split_key
+from creditaudit.config import DataConfig, ModelConfig, RunConfig, split_key
 from creditaudit.data import dataset_spec
 from creditaudit.errors import ConfigError
+from creditaudit.registry import ARCHITECTURES
 
 SCALES = ("smoke", "cpu", "paper")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -68,25 +69,33 @@ def get_scale(name: str) -> Scale:
 
 
 def base_config(scale: str, *, dataset: str | None = None, data_dir: str | None = None,
-                out_dir: str = "results", control: bool = False) -> RunConfig:
+                out_dir: str = "results", control: bool = False,
+                arch: str | None = None) -> RunConfig:
     """The starting config of every run of an experiment at ``scale``.
 
     ``dataset`` defaults to the scale's (synthetic for smoke, Fashion-MNIST for cpu,
     CIFAR-10 for paper); ``data_dir`` defaults to /usr/share/datasets/fashion-mnist for
     Fashion-MNIST and is ignored for the generated datasets (synthetic, mnist1d), which keep
     the scale's sample counts. ``control=True`` uses the shorter epoch count of penalty and control
-    runs (science.md §4: 30 epochs at paper scale).
+    runs (science.md §4: 30 epochs at paper scale). ``arch``: the architecture (default:
+    the config's), which gets the scale's model sizes it takes — StudentNet, whose size is
+    its task's, none — so no option is handed to a model that does not read it.
     """
     spec = get_scale(scale)
     dataset = dataset or spec.dataset
     data = dataset_spec(dataset)
     overrides: dict[str, Any] = {"data.name": dataset}
-    reads = {*data.option_names(), *(f.name for f in dataclasses.fields(DataConfig))}
+    model = ARCHITECTURES.get(arch if arch is not None else ModelConfig().arch)
+    if model.name != ModelConfig().arch:
+        overrides["model.arch"] = model.name
+    reads = {"data": {*data.option_names(), *(f.name for f in dataclasses.fields(DataConfig))},
+             "model": {*model.option_names(), *(f.name for f in dataclasses.fields(ModelConfig))}}
     for key, value in spec.overrides:
         section, name = split_key(key)
-        # The scale's sizes apply where the dataset reads them: generated data get n_train,
-        # n_test and in_dim; file datasets the training subset.
-        if section != "data" or name in reads:
+        # The scale's sizes apply where the dataset and the model read them: generated data
+        # get n_train, n_test and in_dim, file datasets the training subset; models their
+        # width and depth.
+        if section not in reads or name in reads[section]:
             overrides[key] = value
     if data.kind == "generated":
         overrides.pop("data.train_subset", None)

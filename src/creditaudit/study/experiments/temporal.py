@@ -36,7 +36,9 @@ from creditaudit.study.experiments.configs import (
     rule_list,
 )
 from creditaudit.study.experiments.groups import (
-    epoch_text,
+    evaluated_in_training,
+    evaluated_seeds,
+    first_fired_cell,
     fmt,
     group_records,
     markdown_table,
@@ -86,9 +88,15 @@ def _at_end(record: RunRecord, ids: Sequence[str]) -> dict[str, bool]:
     return dict.fromkeys(ids, False)
 
 
-def _spread(epochs: list[int | None]) -> dict[str, Any]:
+def _spread(seeds: list[dict[str, Any]], diagnostic: str) -> dict[str, Any]:
+    """The first firing epochs (None: never) of ``diagnostic`` over the seeds that
+    evaluated it, and how many seeds did not (``not_evaluated``)."""
+    evaluated = evaluated_seeds(seeds, diagnostic)
+    epochs = [s["first_fired"][diagnostic] for s in evaluated]
+    not_evaluated = len(seeds) - len(evaluated)
     fired = [e for e in epochs if e is not None]
     return {"per_seed": epochs, "n_fired": len(fired), "n": len(epochs),
+            "not_evaluated": not_evaluated,
             "min": min(fired, default=None), "max": max(fired, default=None),
             "median": statistics.median(fired) if fired else None}
 
@@ -113,14 +121,18 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             first[DepthUtility.name] = d["first"]
             at_end: dict[str, bool | None] = dict(_at_end(record, ids))
             at_end[DepthUtility.name] = d["at_end"]
+            # A run that diverged in its first epoch evaluated nothing: not "never fired".
+            evaluated = [*evaluated_in_training([record]),
+                         *([DepthUtility.name] if d["evaluated"] else [])]
             seeds.append({"seed": record.seed, "run_id": record.run_id,
                           "first_fired": first, "fires_at_end": at_end,
-                          "d_evaluated": d["evaluated"], "test_acc": record.final_acc})
+                          "d_evaluated": d["evaluated"], "evaluated": evaluated,
+                          "test_acc": record.final_acc})
         head = members[0]
         rows.append({
             "arch": arch_variant(head), "method": head.method,
             "dataset": head.dataset, "epochs": head.epochs,
-            "first_fired": {i: _spread([s["first_fired"][i] for s in seeds]) for i in ids},
+            "first_fired": {i: _spread(seeds, i) for i in ids},
             "fires_at_end": {i: sum(bool(s["fires_at_end"][i]) for s in seeds) for i in ids},
             "test_acc": aggregate(s["test_acc"] for s in seeds),
             "trajectory": trajectory(members),
@@ -138,11 +150,8 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
 
 
 def _cell(spread: dict[str, Any], at_end: int) -> str:
-    if not spread["n_fired"]:
-        return f"never (0/{spread['n']})"
-    lo, hi = spread["min"], spread["max"]
-    span = epoch_text(lo) if lo == hi else f"{lo}–{hi}"
-    return f"{span} ({spread['n_fired']}/{spread['n']}; at end {at_end})"
+    return first_fired_cell(spread["per_seed"], spread.get("not_evaluated", 0),
+                            at_end if spread["n_fired"] else None)
 
 
 def to_markdown(summary: dict[str, Any]) -> str:

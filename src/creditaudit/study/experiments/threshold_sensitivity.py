@@ -23,15 +23,19 @@ from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
     PASSED,
+    DepthUtility,
     ProtocolDiagnostic,
     default_names,
     in_order,
 )
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
+from creditaudit.report.runs import ACC, G_NORM, H_NORM
 from creditaudit.study.experiments.audit_table import audit_configs
 from creditaudit.study.experiments.groups import fmt, markdown_table, method_label
+from creditaudit.study.experiments.marks import TableMarks, marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 
 
@@ -39,13 +43,41 @@ def default_threshold(diagnostic: type[ProtocolDiagnostic]) -> float:
     return diagnostic().limit()
 
 
+def _no_report_reason(record: RunRecord) -> str:
+    """Why a run has no protocol report to read its statistics from."""
+    divergence = record.divergence or {}
+    if record.status == "diverged" and divergence.get("epoch") is not None:
+        return (f"diverged in epoch {divergence['epoch']}, before the protocol's first "
+                "evaluation")
+    return "no protocol evaluation recorded"
+
+
 def run_statistics(record: RunRecord, index: RecordSet) -> dict[str, Any]:
-    """Each diagnostic's stored statistic (None where it was not evaluated) and status at
-    the run's last protocol evaluation, (d) against its recipe's frozen runs."""
+    """Each diagnostic's stored statistic (None where it was not evaluated), status and, where
+    not evaluated, why — at the run's last protocol evaluation, (d) against its recipe's
+    frozen runs. A run with no protocol report (one that diverged before the first
+    evaluation) is read as its verdict reads it in every other table
+    (:meth:`RecordSet.verdict`: (d) against the frozen runs, the rest not evaluated), so it
+    is counted as decision_utility counts it."""
     report = index.protocol_report(record)
-    results = report.diagnostics if report is not None else []
-    return {"values": {r.id: r.value for r in results},
-            "statuses": {r.id: r.status for r in results}}
+    if report is not None:
+        results = report.diagnostics
+        return {"values": {r.id: r.value for r in results},
+                "statuses": {r.id: r.status for r in results},
+                "reasons": {r.id: r.reason for r in results if r.status == NOT_EVALUATED}}
+    verdict = index.verdict(record)
+    why = _no_report_reason(record)
+    return {"values": {DepthUtility.name: verdict.margin_pp},
+            "statuses": dict(verdict.statuses),
+            "reasons": {i: why for i, status in verdict.statuses.items()
+                        if status == NOT_EVALUATED}}
+
+
+def _kind(diagnostic: str) -> str:
+    """The kind of headline number (:mod:`.marks`) a diagnostic's statistic is."""
+    if diagnostic == DepthUtility.name:
+        return ACC
+    return G_NORM if reads_reference(diagnostic) else H_NORM
 
 
 def status_at(diagnostic: str, stats: dict[str, Any], threshold: float | None = None) -> str:
@@ -89,9 +121,12 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     for record in sorted((r for r in records if not is_frozen_baseline(r)),
                          key=lambda r: (method_label(r), r.seed)):
         runs.append({"label": f"{method_label(record)} s{record.seed}",
-                     "run_id": record.run_id, "stats": run_statistics(record, index)})
+                     "run_id": record.run_id, "stats": run_statistics(record, index),
+                     "marks": marks_of([record], index)})
     ids = in_order(i for r in runs for i in r["stats"]["statuses"]) or default_names()
-    out: dict[str, Any] = {"n_runs": len(runs), "diagnostics": {}}
+    # each run's marks (kind → marks), shown beside its label wherever a table names it
+    out: dict[str, Any] = {"n_runs": len(runs), "diagnostics": {},
+                           "marks": {r["label"]: r["marks"] for r in runs}}
     for diagnostic in ids:
         cls = DIAGNOSTICS.find(diagnostic)
         if cls is None or not cls.sensitivity:
@@ -115,18 +150,44 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "statistic": cls.axis_label(), "operator": cls.operator, "rows": rows,
             "stable_band": _stable_band(cls, runs),
             "values": {r["label"]: r["stats"]["values"].get(diagnostic) for r in runs},
+            "kind": _kind(diagnostic),
+            "not_evaluated": [
+                {"label": r["label"], "reason": r["stats"]["reasons"].get(diagnostic, "")}
+                for r in runs if status_at(diagnostic, r["stats"]) == NOT_EVALUATED],
         }
     out["judged_at_default"] = [i for i in ids if i not in out["diagnostics"]]
     return out
 
 
+def _left_out(block: dict[str, Any], n_runs: int, named: Any) -> list[str]:
+    """The runs a diagnostic did not evaluate (left out of its "runs fired" counts, still
+    in "runs walked back"), grouped by why."""
+    skipped = block.get("not_evaluated") or []
+    if not skipped:
+        return []
+    by_reason: dict[str, list[str]] = {}
+    for run in skipped:
+        by_reason.setdefault(run["reason"] or "not evaluated", []).append(named(run["label"]))
+    reasons = "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in by_reason.items())
+    return ["", f"Not evaluated in {len(skipped)} of the {n_runs} runs (left out of the runs "
+                f"fired, counted in the runs walked back): {reasons}."]
+
+
 def to_markdown(summary: dict[str, Any]) -> str:
-    parts = [f"{summary['n_runs']} audit runs (frozen baselines excluded)."]
+    mark = TableMarks(summary)
+    marks = summary.get("marks") or {}
+    n_runs = summary["n_runs"]
+    parts = [f"{n_runs} audit runs (frozen baselines excluded)."]
     for diagnostic, block in summary["diagnostics"].items():
+        kind = block.get("kind", H_NORM)
+
+        def named(label: str, kind: str = kind) -> str:
+            return mark(label, {"marks": marks.get(label)}, kind)
+
         rows = [[(f"**{fmt(r['threshold'], 'g')}** (default)" if r["default"]
                   else fmt(r["threshold"], "g")),
-                 f"{r['n_fired']}/{r['n_evaluated']}", r["n_walked_back"],
-                 ", ".join(r["fired"]) or "—"] for r in block["rows"]]
+                 f"{r['n_fired']}/{r['n_evaluated']}", f"{r['n_walked_back']}/{n_runs}",
+                 ", ".join(map(named, r["fired"])) or "—"] for r in block["rows"]]
         band = block["stable_band"]
         unit = band["gap_unit"]
         gap = ("—" if band["gap"] is None else
@@ -137,11 +198,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
                                  rows), "",
                   f"Stable band around the default: closest firing value "
                   f"{fmt(band['closest_fired'])}, closest passing value "
-                  f"{fmt(band['closest_passed'])}, gap {gap}."]
+                  f"{fmt(band['closest_passed'])}, gap {gap}.",
+                  *_left_out(block, n_runs, named)]
     fixed = summary.get("judged_at_default") or []
     if fixed:
         parts += ["", "Judged at the default threshold only (no range to sweep): "
                       + "".join(f"({i})" for i in fixed) + "."]
+    notes = mark.notes_text().strip()
+    if notes:
+        parts += ["", notes]
     parts += ["", "Reference (science.md §5): (a) healthy max 11.0 vs degenerate min 694 "
               "(63× gap); (b) healthy min 1.02e-4 vs degenerate max 4.18e-9 (24,338× gap)."]
     return "\n".join(parts) + "\n"

@@ -1,0 +1,56 @@
+"""A run an experiment's sweep refused is listed as refused, with why, even under ``-q``.
+
+A run whose folder cannot be claimed (a file stands where its folder is needed) is refused
+by the sweep while the others go on. The experiment's missing list — on stderr, which
+``-q`` keeps — and its summary (``meta.missing`` and the Markdown) say ``refused`` and the
+sweep's reason, not "not started" with no reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.study.experiments import get_experiment
+from creditaudit.sweep import plan_runs
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+WHY = "a file stands where a folder is needed"
+
+
+def test_refused_runs_are_listed_as_refused_with_why_under_quiet(tmp_path, capsys):
+    out = tmp_path / "b"
+    out.mkdir()
+    # a file at every run's folder: every run is refused, so nothing trains
+    ids = [plan.run_id for plan in plan_runs(
+        get_experiment("fresh_null").configs("smoke", out_dir=out))]
+    for run_id in ids:
+        (out / run_id).write_text("x\n")
+    code = main(["experiment", "fresh_null", "--scale", "smoke", "--out", str(out), "-q"])
+    captured = capsys.readouterr()
+    assert code == 1
+    lines = [line for line in captured.err.splitlines() if line.startswith("missing: ")]
+    assert len(lines) == len(ids)
+    for run_id, line in zip(ids, lines):
+        assert line.startswith(f"missing: {run_id} (refused): OutputError: ")
+        assert WHY in line
+    summary = json.loads((out / "experiments" / "fresh_null.smoke.synthetic.json").read_text())
+    meta = summary["meta"]
+    assert meta["execution"]["actions"] == {"refused": len(ids)}
+    assert [m["status"] for m in meta["missing"]] == ["refused"] * len(ids)
+    assert all(WHY in m["error"] for m in meta["missing"])
+    markdown = (out / "experiments" / "fresh_null.smoke.synthetic.md").read_text()
+    assert f"`{ids[0]}` (refused: OutputError: " in markdown
+
+
+def test_a_run_not_trained_with_no_train_stays_not_started(tmp_path, capsys):
+    """--no-train starts nothing: its missing runs are "not started" (no sweep outcome)."""
+    out = tmp_path / "c"
+    code = main(["experiment", "fresh_null", "--scale", "smoke", "--out", str(out), "-q",
+                 "--no-train"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "(not started)" in err and "refused" not in err

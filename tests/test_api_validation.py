@@ -99,6 +99,11 @@ RULE = [
     ("trainable blocks of the frozen baseline", lambda: rule("frozen", adapted(),
                                                              trainable_blocks=1),
      "method.trainable_blocks=1 has no effect with method.name='frozen'"),
+    ("penalty of the frozen baseline", lambda: rule("frozen", adapted(), penalty=0.1),
+     "method.penalty=0.1 has no effect with method.name='frozen', where no block trains"),
+    ("penalty where no block trains", lambda: rule("dfa", contract_model(), penalty=0.1,
+                                                   trainable_blocks=0),
+     "method.penalty=0.1 has no effect with method.trainable_blocks=0"),
 ]
 DIAGNOSE = [
     ("inputs of another float dtype", lambda: diagnose(adapted(), X.double(), Y),

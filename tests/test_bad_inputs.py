@@ -315,6 +315,11 @@ CASES = [
     ("trainable-blocks-of-frozen", lambda w, t: train_args(
         w, "--method", "frozen", "--set", "method.trainable_blocks=1"),
      ["method.trainable_blocks=1 has no effect with method.name='frozen'", "leave it out"]),
+    ("penalty-of-frozen", lambda w, t: train_args(w, "--method", "frozen", "--penalty", "0.1"),
+     ["method.penalty=0.1 has no effect with method.name='frozen'", "leave it out"]),
+    ("penalty-where-no-block-trains", lambda w, t: train_args(
+        w, "--penalty", "0.1", "--set", "method.trainable_blocks=0"),
+     ["method.penalty=0.1 has no effect with method.trainable_blocks=0", "leave it out"]),
     ("set-empty-protocol", lambda w, t: train_args(w, "--set", "diagnostics.protocol=[]"),
      ["diagnostics.protocol=[] names no diagnostic", "leave the key out"]),
     ("set-options-of-unlisted-diagnostic", lambda w, t: train_args(

@@ -317,6 +317,11 @@ CASES = [
      ["method.trainable_blocks=1 has no effect with method.name='frozen'", "leave it out"]),
     ("penalty-of-frozen", lambda w, t: train_args(w, "--method", "frozen", "--penalty", "0.1"),
      ["method.penalty=0.1 has no effect with method.name='frozen'", "leave it out"]),
+    ("feedback-scale-of-credit-bridge-without-warm-up", lambda w, t: train_args(
+        w, "--method", "credit-bridge", "--set", "method.warmup_fraction=0",
+        "--set", "method.feedback_scale=0.5"),
+     ["method.feedback_scale=0.5 has no effect with method.name='credit-bridge'",
+      "method.warmup_fraction=0 skips the DFA warm-up", "leave it out"]),
     ("penalty-where-no-block-trains", lambda w, t: train_args(
         w, "--penalty", "0.1", "--set", "method.trainable_blocks=0"),
      ["method.penalty=0.1 has no effect with method.trainable_blocks=0", "leave it out"]),

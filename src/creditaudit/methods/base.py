@@ -233,6 +233,13 @@ class CreditRule(Component, Generic[OptionsT]):
         return {"feedback_seed": None} if cls.draws_feedback() and seed == run_seed else {}
 
     @classmethod
+    def ignored_options(cls, options: Any) -> dict[str, str]:
+        """Own options set (in ``options``) to a value other than their default that these
+        options leave unread, by name, with why: refused, as they would be recorded and name
+        a run of their own yet change nothing (:func:`~creditaudit.methods.check_options`)."""
+        return {}
+
+    @classmethod
     def style(cls, attribute: str) -> str | None:
         """The rule's own ``color`` or ``marker`` — declared on this class itself, never
         inherited from a parent rule (a DFA variant must not look like DFA)."""

@@ -154,6 +154,17 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         return {"consistency": 0.0, "anchor": 0.0, "terminal_cos": 0.0, "steps": 0.0,
                 "warmup_steps": 0.0}
 
+    @classmethod
+    def ignored_options(cls, options: Any) -> dict[str, str]:
+        """``feedback_scale`` with ``warmup_fraction=0``: the warm-up's DFA matrices, the
+        only thing it scales, are then drawn (the same draws, whatever the scale) but never
+        used."""
+        default = CreditBridgeOptions.__dataclass_fields__["feedback_scale"].default
+        if options.warmup_fraction == 0 and options.feedback_scale != default:
+            return {"feedback_scale": "method.warmup_fraction=0 skips the DFA warm-up, the "
+                                      "only use of the matrices it scales"}
+        return {}
+
     # --- warm-up ------------------------------------------------------------------------
     def in_warmup(self) -> bool:
         """Whether the next epoch trains with DFA credit."""

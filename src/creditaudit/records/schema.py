@@ -176,10 +176,17 @@ class RunRecord(RecordAccessors):
         return out
 
     @property
+    def trains_every_block(self) -> bool:
+        """``method.trainable_blocks`` unset, or equal to the model's number of blocks (a
+        record written before a run id mapped that value to the default's: the same
+        training, not a depth-ladder step)."""
+        tb = self.config.method.trainable_blocks
+        return tb is None or (self.model is not None and tb == self.model.n_blocks)
+
+    @property
     def is_plain(self) -> bool:
         """No penalty, all blocks trainable, real labels: the canonical run of its method."""
-        method = self.config.method
-        return (method.penalty == 0 and method.trainable_blocks is None
+        return (self.config.method.penalty == 0 and self.trains_every_block
                 and not self.config.data.random_targets)
 
     @property
@@ -190,7 +197,7 @@ class RunRecord(RecordAccessors):
         c = self.config
         residual = (self.model.residual if self.model is not None
                     else getattr(c.model, "residual", None))
-        return (c.method.trainable_blocks is None and not c.data.random_targets
+        return (self.trains_every_block and not c.data.random_targets
                 and residual is not False)
 
     @property

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from creditaudit.config import RunConfig, with_absolute_data_paths
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
@@ -57,7 +58,7 @@ from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
-from creditaudit.run.defaults import with_defaults
+from creditaudit.run.defaults import with_all_blocks_default, with_defaults
 from creditaudit.run.resume import check_same_code
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,8 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     it): a record written from it finds its data from any folder."""
     config = with_absolute_data_paths(config)
     rule = rule_class(config.method.name)
-    check_options(rule, config.method)
+    with blame(RULES.guest(rule.name)):
+        check_options(rule, config.method)
     arch_class = architecture(config.model.arch)
     if arch_class.unbuildable:  # e.g. a run recorded from the user's own loop
         raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")
@@ -233,11 +235,12 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     if trained is not None:  # before the guests build, load or are checked
         check_same_code(trained, guests)
     with blame(arch_guest):
-        model = _describe_on_meta(arch, rule, input_shape, n_classes)
+        model, built = _describe_on_meta(arch, rule, input_shape, n_classes)
     tb = config.method.trainable_blocks
     if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
                           f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
+    config = with_all_blocks_default(config, built, model.n_blocks)
     with blame(data_guest):
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)
@@ -299,9 +302,10 @@ def run_id(config: RunConfig) -> str:
 
 
 def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
-                      input_shape: tuple[int, ...], n_classes: int) -> ModelDescription:
-    """The model's description, built on the meta device (no memory, no random draws; on
-    the CPU under a forked RNG when the meta build raises); a
+                      input_shape: tuple[int, ...], n_classes: int
+                      ) -> tuple[ModelDescription, nn.Module]:
+    """The model's description and the model, built on the meta device (no memory, no
+    random draws; on the CPU under a forked RNG when the meta build raises); a
     refusal when ``rule`` cannot train it (a rule without ``adapted_models`` on an adapted
     model) or when training it would not fit in this machine's memory."""
     try:
@@ -329,7 +333,7 @@ def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
                           f"parameters: training it needs about {needed / 2**30:,.1f} GiB "
                           f"(weights, gradients, optimiser state) but this machine has "
                           f"{available / 2**30:,.1f} GiB available; choose a smaller model")
-    return description
+    return description, model
 
 
 def available_memory() -> int | None:

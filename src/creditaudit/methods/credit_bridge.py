@@ -127,6 +127,8 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
     local = True
     color, marker = "#5289C7", "P"
     rank = 50
+    own_parts = {"value": ("value net V_φ", ("bridge_lr", "bridge_temperature")),
+                 "target": ("EMA target V̄", ("bridge_lr", "ema_decay"))}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator, value: nn.Module | None = None) -> None:

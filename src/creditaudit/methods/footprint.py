@@ -1,5 +1,7 @@
-"""How much memory a bound rule holds besides its model: what a run plan adds to the model's
-own training memory before it decides whether a run fits on this machine."""
+"""What a bound rule holds besides its model: how much memory (what a run plan adds to the
+model's own training memory before it decides whether a run fits on this machine), and which
+of the parts it trains itself holds NaN/Inf (what a run names when its credits are not
+finite)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 from torch import Tensor
 
-from creditaudit.methods.base import CreditRule
+from creditaudit.methods.base import CreditRule, all_finite
 
 # What each parameter an auxiliary optimiser trains adds beside its value (counted with the
 # rule's state): a gradient and AdamW's two moments.
@@ -39,4 +41,18 @@ def rule_bytes(rule: CreditRule[Any]) -> int:
     return held + TRAINED_COPIES * trained
 
 
-__all__ = ["rule_bytes"]
+def nonfinite_part(rule: CreditRule[Any]) -> str | None:
+    """``its value net V_φ holds NaN/Inf (method.bridge_lr=1e+30, …)``: the first of the
+    rule's own parts (:attr:`CreditRule.own_parts`) whose floating tensors hold NaN/Inf, and
+    the settings of the options that drive it; None when every part is finite."""
+    state = rule.state_dict()
+    for key, (what, options) in rule.own_parts.items():
+        if all(all_finite(t) for t in _tensors(state.get(key)) if t.is_floating_point()):
+            continue
+        settings = ", ".join(f"method.{name}={getattr(rule.options, name)!r}"
+                             for name in options)
+        return f"its {what} holds NaN/Inf (it trains with {settings})"
+    return None
+
+
+__all__ = ["rule_bytes", "nonfinite_part"]

@@ -206,6 +206,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
     local = True
     color, marker = "#AE76A3", "<"
     rank = 40
+    own_parts = {"predictor": ("predictor G_ψ", ("bridge_lr",))}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator, predictor: Predictor | None = None) -> None:

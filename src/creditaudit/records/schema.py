@@ -92,8 +92,10 @@ class RunRecord(RecordAccessors):
         "is valid; the run's training and accuracy are its own): the first `epoch` it did "
         "(the last one when only the end-of-run block met them), the `states` where, the "
         "`rule` as creditaudit names it (a plugin: with its distribution) and whether it is "
-        "a `guest`'s code (a plugin, or a user's own class) rather than creditaudit's. "
-        "Absent otherwise")
+        "a `guest`'s code (a plugin, or a user's own class) rather than creditaudit's; "
+        "`part`: which of the rule's own parts (auxiliary net, local classifiers) held "
+        "NaN/Inf then, with the options that drive it (absent when none did). Absent "
+        "otherwise")
     stopped_early: dict[str, Any] | None = doc("runs stopped by --stop-on-walkback: epoch, "
                                                "reason")
     not_recorded: list[str] = doc(

@@ -22,12 +22,14 @@ import torch
 
 from creditaudit.config import DiagnosticsConfig
 from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
+from creditaudit.guests.blame import blame
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.measures.reference_check import checked_reference
 from creditaudit.methods import CreditRule
+from creditaudit.methods.footprint import nonfinite_part
 from creditaudit.models.contract import measurement_mode
 from creditaudit.protocol import evaluate_protocol
 from creditaudit.protocol.records import record_metadata
@@ -159,6 +161,10 @@ def note_credit_not_finite(record: RunRecord, rule: CreditRule, epoch: int,
     what, guest = rule_named(rule)
     record.credit_not_finite = {"epoch": epoch, "states": states, "rule": what,
                                 "guest": guest}
+    with blame(RULES.guest(rule.name) if guest else None):
+        part = nonfinite_part(rule)
+    if part is not None:  # the rule's own net, not the network, went non-finite
+        record.credit_not_finite["part"] = part
     log.warning("warning: %s", credit_not_finite_text(record))
 
 

@@ -322,6 +322,9 @@ CASES = [
         "--set", "method.feedback_scale=0.5"),
      ["method.feedback_scale=0.5 has no effect with method.name='credit-bridge'",
       "method.warmup_fraction=0 skips the DFA warm-up", "leave it out"]),
+    ("ep-step-size-zero", lambda w, t: train_args(
+        w, "--method", "ep", "--set", "method.ep_step_size=0"),
+     ["method.ep_step_size=0.0 is out of range; it must be > 0.0"]),
     ("penalty-where-no-block-trains", lambda w, t: train_args(
         w, "--penalty", "0.1", "--set", "method.trainable_blocks=0"),
      ["method.penalty=0.1 has no effect with method.trainable_blocks=0", "leave it out"]),

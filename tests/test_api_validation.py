@@ -99,6 +99,14 @@ RULE = [
     ("trainable blocks of the frozen baseline", lambda: rule("frozen", adapted(),
                                                              trainable_blocks=1),
      "method.trainable_blocks=1 has no effect with method.name='frozen'"),
+    ("penalty of the frozen baseline", lambda: rule("frozen", adapted(), penalty=0.1),
+     "method.penalty=0.1 has no effect with method.name='frozen', where no block trains"),
+    ("feedback scale of the Credit Bridge without warm-up", lambda: rule(
+        "credit-bridge", contract_model(), warmup_fraction=0.0, feedback_scale=2.0),
+     "method.feedback_scale=2.0 has no effect with method.name='credit-bridge'"),
+    ("penalty where no block trains", lambda: rule("dfa", contract_model(), penalty=0.1,
+                                                   trainable_blocks=0),
+     "method.penalty=0.1 has no effect with method.trainable_blocks=0"),
 ]
 DIAGNOSE = [
     ("inputs of another float dtype", lambda: diagnose(adapted(), X.double(), Y),

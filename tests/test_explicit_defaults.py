@@ -33,6 +33,9 @@ PAIRS = {
     "feedback_seed": ({"method.name": "dfa", "run.seed": 123},
                       {"method.feedback_seed": 123}),
     "none_args": (TRANSFORMER, {"model.none_args": []}),
+    "trainable_blocks = L": ({}, {"method.trainable_blocks": 2}),
+    "trainable_blocks = L, dfa": ({"method.name": "dfa"}, {"method.trainable_blocks": 2}),
+    "trainable_blocks = L, adapted": (TRANSFORMER, {"method.trainable_blocks": 1}),
     "args": ({**TRANSFORMER, "model.args": None, "data.name": "fashion-mnist",
               "data.data_dir": FASHION,
               "model.states": [f"encoder.layers.{i}" for i in range(4)]}, {"model.args": {}}),
@@ -62,6 +65,7 @@ def test_an_explicit_default_names_the_default_run(tmp_path, name):
 
 
 @pytest.mark.parametrize("explicit", [{"data.data_seed": 43}, {"data.train_subset": 199},
+                                      {"method.trainable_blocks": 1},
                                       {"diagnostics.protocol": ["a", "b", "c"]},
                                       {"diagnostics.protocol": ["b", "a", "c", "d"]},
                                       {"method.feedback_seed": 43, "method.name": "dfa"}])
@@ -88,3 +92,52 @@ def test_what_a_dataset_says_of_its_defaults_is_checked(tmp_path, monkeypatch, a
     monkeypatch.setattr(SyntheticData, "same_as_default", lambda self, seed: answer)
     with pytest.raises(GuestError, match="same_as_default"):
         plan_run(_config(tmp_path))
+
+
+def test_minus_zero_names_the_run_of_zero(tmp_path):
+    """``-0.0`` and ``0.0`` compare equal and train the same: one run id, not two."""
+    zero = plan_run(_config(tmp_path, **{"method.name": "dfa", "method.feedback_scale": 0.0}))
+    minus = plan_run(_config(tmp_path, **{"method.name": "dfa",
+                                          "method.feedback_scale": -0.0}))
+    assert minus.run_id == zero.run_id
+
+
+def test_all_blocks_of_an_adapted_model_whose_builder_froze_one_stay_apart():
+    """On an adapted model ``trainable_blocks = L`` unfreezes what its builder froze between
+    named states, which the default leaves frozen: another computation, kept as given."""
+    import dataclasses
+
+    import torch
+    from torch import nn
+
+    from creditaudit import adapt
+    from creditaudit.run.defaults import with_all_blocks_default
+
+    def built(frozen: bool) -> nn.Module:
+        net = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3))
+        net[2].weight.requires_grad_(not frozen)
+        return adapt(net, ["0", "1", "2"], example=torch.randn(2, 4))
+
+    config = RunConfig().replace(**{"method.trainable_blocks": 2})
+    assert with_all_blocks_default(config, built(False), 2).method.trainable_blocks is None
+    assert with_all_blocks_default(config, built(True), 2).method.trainable_blocks == 2
+    other = dataclasses.replace(config, method=dataclasses.replace(config.method,
+                                                                   trainable_blocks=1))
+    assert with_all_blocks_default(other, built(False), 2) is other
+
+
+def test_a_record_of_all_blocks_given_explicitly_is_standard(tmp_path):
+    """A record written before k = L was mapped to the default (its config keeps k = L) is
+    the ordinary run: standard, plain, in the default's figure group."""
+    import dataclasses
+
+    from creditaudit.results.runs import figure_recipe
+
+    record = train(_config(tmp_path)).record
+    assert record.is_standard and record.is_plain
+    method = record.config.method
+    for k, standard in ((2, True), (1, False)):
+        old = dataclasses.replace(record, config=dataclasses.replace(
+            record.config, method=dataclasses.replace(method, trainable_blocks=k)))
+        assert old.is_standard is standard and old.is_plain is standard
+        assert (figure_recipe(old) == figure_recipe(record)) is standard

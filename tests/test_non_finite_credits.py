@@ -230,3 +230,47 @@ def test_the_own_loop_names_the_rule_and_points_at_the_network(tmp_path, caplog)
     lines = [r.getMessage() for r in caplog.records if "NaN/Inf credits" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("warning: credit rule 'dfa' returned")
     assert "check that the network's forward is finite in eval mode" in lines[0]
+
+
+def test_a_bridge_whose_value_net_overflowed_is_named_with_its_options(tmp_path):
+    """bridge_lr=1e30 makes the Credit Bridge's value net NaN within an epoch; its credits ∇V
+    are then NaN. The record and the summary name the value net and the options that train
+    it, not the network's forward."""
+    from creditaudit import RunConfig
+    from creditaudit.run.trainer import train
+
+    config = RunConfig().replace(**{
+        "method.name": "credit-bridge", "method.warmup_fraction": 1.0,
+        "method.bridge_lr": 1e30, "method.bridge_hidden": 16, "data.n_train": 128,
+        "data.n_test": 128, "data.in_dim": 16, "model.d": 16, "model.n_blocks": 2,
+        "optim.epochs": 2, "diagnostics.end_of_run": False, "diagnostics.eval_samples": 128,
+        "run.progress": False, "run.out_dir": str(tmp_path)})
+    record = train(config).record
+    fault = record.credit_not_finite
+    assert fault is not None and not fault["guest"]
+    assert "value net V_φ holds NaN/Inf" in fault["part"]
+    assert "method.bridge_lr=1e+30" in fault["part"]
+    again = load_record(tmp_path / record.run_id / RECORD_FILE)
+    assert again.credit_not_finite == fault
+    summary = format_run_summary([again])
+    assert "value net V_φ holds NaN/Inf" in summary and "network's forward" not in summary
+
+
+@pytest.mark.parametrize(("name", "key", "option"), [
+    ("state-bridge", "predictor", "bridge_lr"),
+    ("local-ce", "weights", "classifier_lr_scale")])
+def test_each_rule_names_its_own_part_that_went_non_finite(name, key, option):
+    from creditaudit.methods.footprint import nonfinite_part
+
+    model = ResidualMLP(in_dim=8, d=8, n_blocks=2, n_classes=4)
+    options = {"bridge_hidden": 8} if "bridge" in name else {}
+    bound = build_rule(model, MethodConfig(name=name, **options), n_classes=4, seed=0)
+    assert nonfinite_part(bound) is None
+    with torch.no_grad():
+        part = bound.predictor if key == "predictor" else None
+        first = next(part.parameters()) if part is not None else bound.weights[0]
+        first.view(-1)[0] = math.inf
+    text = nonfinite_part(bound)
+    assert text is not None and f"method.{option}=" in text
+    assert torch.isfinite(torch.stack([p.detach().abs().sum() for p in model.parameters()])
+                          ).all()  # the network itself is finite

@@ -56,13 +56,16 @@ def float64():
 
 def configs(out: Path, method: str, **extra: Any) -> list[RunConfig]:
     """The three :data:`VARIANTS` of a tiny run (the feedback seed only where the rule has
-    one)."""
+    one, the penalty only where a block trains)."""
     from creditaudit.methods import rule_class
 
-    draws = rule_class(method).draws_feedback()
+    cls = rule_class(method)
+    # the feedback seed only where the rule has one; no penalty where no block trains
+    left_out = {*(() if cls.draws_feedback() else ("method.feedback_seed",)),
+                *(("method.penalty",) if cls.baseline else ())}
     return [RunConfig().replace(**{**TINY, "method.name": method, "run.out_dir": str(out),
-                                   **{k: v for k, v in variant.items()
-                                      if draws or k != "method.feedback_seed"}, **extra})
+                                   **{k: v for k, v in variant.items() if k not in left_out},
+                                   **extra})
             for variant in VARIANTS]
 
 

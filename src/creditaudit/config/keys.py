@@ -71,10 +71,25 @@ def semantic_dict(config: RunConfig) -> dict[str, dict[str, Any]]:
             default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
                        else f.default)
             if value != default:
-                kept[f.name] = (dataclasses.asdict(value) if dataclasses.is_dataclass(value)
-                                else value)
+                kept[f.name] = signless_zeros(dataclasses.asdict(value)
+                                              if dataclasses.is_dataclass(value) else value)
         out[section] = kept
     return out
+
+
+def signless_zeros(value: Any) -> Any:
+    """``value`` with every float −0.0 (also inside lists and tables) made 0.0: the two
+    compare equal and compute the same, but JSON spells them apart, which would give one
+    computation two run ids."""
+    if isinstance(value, float):
+        return 0.0 if value == 0.0 else value
+    if isinstance(value, dict):
+        return {key: signless_zeros(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [signless_zeros(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(signless_zeros(item) for item in value)
+    return value
 
 
 def iter_fields(cls: type, section: str) -> Iterator[tuple[str, str, str]]:

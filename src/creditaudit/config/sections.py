@@ -39,8 +39,11 @@ ROLES = ("compute", "record", "place")
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
         max: float | None = None, role: str = "compute", path: bool = False,
-        name: bool = False) -> Any:
+        name: bool = False, above: float | None = None) -> Any:
     """A dataclass field with help text, validation metadata and its role (module doc).
+
+    ``min``/``max``: inclusive bounds; ``above``: an exclusive lower bound (a value that must
+    be positive: ``above=0.0``).
 
     ``path``: the value is a file or folder path, which must not be empty (an empty path
     silently means the current folder). ``name``: the value names something (a project),
@@ -49,7 +52,7 @@ def opt(default: Any, help: str, *, choices: tuple | None = None, min: float | N
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return field(default=default, metadata={"help": help, "choices": choices, "min": min,
                                             "max": max, "role": role, "path": path,
-                                            "name": name})
+                                            "name": name, "above": above})
 
 
 @dataclass

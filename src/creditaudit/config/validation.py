@@ -103,6 +103,8 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
                           f"{', '.join(map(str, meta['choices']))}")
     if meta.get("min") is not None and value < meta["min"]:
         raise ConfigError(f"{key}={value!r} is out of range; it must be >= {meta['min']}")
+    if meta.get("above") is not None and value <= meta["above"]:
+        raise ConfigError(f"{key}={value!r} is out of range; it must be > {meta['above']}")
     if meta.get("max") is not None and value > meta["max"]:
         raise ConfigError(f"{key}={value!r} is out of range; it must be <= {meta['max']}")
     return value

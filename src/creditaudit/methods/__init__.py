@@ -60,11 +60,24 @@ def check_binding(cls: type[CreditRule], model: nn.Module) -> None:
 def check_options(cls: type[CreditRule], config: MethodConfig) -> None:
     """ConfigError (one line) when ``config`` asks of rule ``cls`` what it cannot do: the
     frozen-blocks baseline trains no block, so ``trainable_blocks`` would be recorded and
-    never applied (and would make its runs a depth-ladder variant, no baseline for (d))."""
+    never applied (and would make its runs a depth-ladder variant, no baseline for (d));
+    where no block trains (that baseline, ``trainable_blocks=0``) the residual-branch
+    ``penalty`` has no branch to act on (it penalises trainable blocks only), so it too
+    would be recorded, name a run of its own and change nothing; so would an option the
+    rule says its other options leave unread (:meth:`CreditRule.ignored_options`)."""
     if cls.baseline and config.trainable_blocks is not None:
         raise ConfigError(f"method.trainable_blocks={config.trainable_blocks} has no effect "
                           f"with method.name={cls.name!r}, which trains no block: leave it "
                           "out (the depth ladder trains the last k blocks with another rule)")
+    for key, why in cls.ignored_options(config).items():
+        raise ConfigError(f"method.{key}={getattr(config, key)!r} has no effect with "
+                          f"method.name={cls.name!r}: {why}; leave it out")
+    if config.penalty > 0 and (cls.baseline or config.trainable_blocks == 0):
+        where = (f"method.name={cls.name!r}" if cls.baseline
+                 else "method.trainable_blocks=0")
+        raise ConfigError(f"method.penalty={config.penalty:g} has no effect with {where}, "
+                          "where no block trains (the penalty acts on trainable blocks' "
+                          "branches only): leave it out")
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int,

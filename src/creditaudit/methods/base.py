@@ -160,6 +160,10 @@ class CreditRule(Component, Generic[OptionsT]):
     - ``rank``: where listings put it (lower first; ties by name);
     - ``baseline``: True for the frozen-blocks baseline of diagnostic (d) (its runs are the
       baseline other rules' accuracy is compared with, and are not judged on (d));
+    - ``own_parts``: ``{key of its state_dict: (what it is, the options that drive it)}`` of
+      the parts the rule trains itself (auxiliary nets, local classifiers): what a run
+      names when one of them holds NaN/Inf (:func:`~creditaudit.methods.footprint.
+      nonfinite_part`);
     - ``expected_failures``: ``{check name: reason}`` of conformance checks
       (:func:`creditaudit.testing.check_rule`) the rule fails by design;
     - ``stacked_step``: which of the :data:`STACKED_STEPS` computes the rule's step when K
@@ -188,6 +192,7 @@ class CreditRule(Component, Generic[OptionsT]):
     color: ClassVar[str | None] = None
     marker: ClassVar[str | None] = None
     expected_failures: ClassVar[dict[str, str]] = {}
+    own_parts: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}
     baseline: ClassVar[bool] = False
     stacked_step: ClassVar[str | None] = None
 
@@ -231,6 +236,13 @@ class CreditRule(Component, Generic[OptionsT]):
         seed."""
         seed = getattr(options, "feedback_seed", None)
         return {"feedback_seed": None} if cls.draws_feedback() and seed == run_seed else {}
+
+    @classmethod
+    def ignored_options(cls, options: Any) -> dict[str, str]:
+        """Own options set (in ``options``) to a value other than their default that these
+        options leave unread, by name, with why: refused, as they would be recorded and name
+        a run of their own yet change nothing (:func:`~creditaudit.methods.check_options`)."""
+        return {}
 
     @classmethod
     def style(cls, attribute: str) -> str | None:

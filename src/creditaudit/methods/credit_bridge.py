@@ -127,6 +127,8 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
     local = True
     color, marker = "#5289C7", "P"
     rank = 50
+    own_parts = {"value": ("value net V_φ", ("bridge_lr", "bridge_temperature")),
+                 "target": ("EMA target V̄", ("bridge_lr", "ema_decay"))}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator, value: nn.Module | None = None) -> None:
@@ -153,6 +155,17 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
     def _empty_sums() -> dict[str, float]:
         return {"consistency": 0.0, "anchor": 0.0, "terminal_cos": 0.0, "steps": 0.0,
                 "warmup_steps": 0.0}
+
+    @classmethod
+    def ignored_options(cls, options: Any) -> dict[str, str]:
+        """``feedback_scale`` with ``warmup_fraction=0``: the warm-up's DFA matrices, the
+        only thing it scales, are then drawn (the same draws, whatever the scale) but never
+        used."""
+        default = CreditBridgeOptions.__dataclass_fields__["feedback_scale"].default
+        if options.warmup_fraction == 0 and options.feedback_scale != default:
+            return {"feedback_scale": "method.warmup_fraction=0 skips the DFA warm-up, the "
+                                      "only use of the matrices it scales"}
+        return {}
 
     # --- warm-up ------------------------------------------------------------------------
     def in_warmup(self) -> bool:

@@ -181,7 +181,8 @@ class EPOptions(RuleOptions):
     ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
                               "(stable while η < 2/λ_max of the energy Hessian; halved when "
                               "‖∇F‖ grows), the CG solvers' first and shortest curvature "
-                              "probe", min=0.0)
+                              "probe; > 0: at 0 no state moves, every credit is 0 and no block "
+                              "trains", above=0.0)
     ep_solver: str = opt(
         "residual-cg", "EP: relaxation solver. residual-cg = conjugate gradients per sample "
         "over the residuals r_l, the states following by one forward pass (same fixed point; "

@@ -88,6 +88,8 @@ class LocalCE(CreditRule[LocalCEOptions]):
     adapted_models = True
     color, marker = "#4400EE", "|"
     rank = 24
+    own_parts = {"weights": ("local classifiers' weights", ("classifier_lr_scale",)),
+                 "biases": ("local classifiers' biases", ("classifier_lr_scale",))}
     stacked_step = None
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

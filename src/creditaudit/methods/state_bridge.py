@@ -85,7 +85,9 @@ def seeded_init(generator: torch.Generator) -> Iterator[None]:
     The global CPU stream is forked and reseeded from ``generator`` inside the block, so
     building a rule never moves the random stream that training and data use.
     """
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    # on the generator's own device, also where tensors default to another (a run plan
+    # sizes the rule on the meta device)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
@@ -204,6 +206,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
     local = True
     color, marker = "#AE76A3", "<"
     rank = 40
+    own_parts = {"predictor": ("predictor G_ψ", ("bridge_lr",))}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator, predictor: Predictor | None = None) -> None:

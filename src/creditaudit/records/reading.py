@@ -136,12 +136,14 @@ def _credit_not_finite(value: Any, where: str) -> dict[str, Any] | None:
         return None
     fine = (isinstance(value, dict) and isinstance(value.get("rule"), str)
             and isinstance(value.get("guest", False), bool)
+            and isinstance(value.get("part", ""), str)
             and _integers([value.get("epoch")]) and isinstance(value.get("states"), list)
             and _integers(value["states"]))
     if not fine:
         raise RunRecordError(f"run record {where}: 'credit_not_finite' must be an object with "
                              "an integer 'epoch', a list of integer 'states', the 'rule' as "
-                             "text and 'guest' true or false; the record was not written "
+                             "text, 'guest' true or false and any 'part' as text; the record "
+                             "was not written "
                              "by creditaudit as it is")
     return dict(value)
 

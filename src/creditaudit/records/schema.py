@@ -92,8 +92,10 @@ class RunRecord(RecordAccessors):
         "is valid; the run's training and accuracy are its own): the first `epoch` it did "
         "(the last one when only the end-of-run block met them), the `states` where, the "
         "`rule` as creditaudit names it (a plugin: with its distribution) and whether it is "
-        "a `guest`'s code (a plugin, or a user's own class) rather than creditaudit's. "
-        "Absent otherwise")
+        "a `guest`'s code (a plugin, or a user's own class) rather than creditaudit's; "
+        "`part`: which of the rule's own parts (auxiliary net, local classifiers) held "
+        "NaN/Inf then, with the options that drive it (absent when none did). Absent "
+        "otherwise")
     stopped_early: dict[str, Any] | None = doc("runs stopped by --stop-on-walkback: epoch, "
                                                "reason")
     not_recorded: list[str] = doc(
@@ -176,10 +178,17 @@ class RunRecord(RecordAccessors):
         return out
 
     @property
+    def trains_every_block(self) -> bool:
+        """``method.trainable_blocks`` unset, or equal to the model's number of blocks (a
+        record written before a run id mapped that value to the default's: the same
+        training, not a depth-ladder step)."""
+        tb = self.config.method.trainable_blocks
+        return tb is None or (self.model is not None and tb == self.model.n_blocks)
+
+    @property
     def is_plain(self) -> bool:
         """No penalty, all blocks trainable, real labels: the canonical run of its method."""
-        method = self.config.method
-        return (method.penalty == 0 and method.trainable_blocks is None
+        return (self.config.method.penalty == 0 and self.trains_every_block
                 and not self.config.data.random_targets)
 
     @property
@@ -190,7 +199,7 @@ class RunRecord(RecordAccessors):
         c = self.config
         residual = (self.model.residual if self.model is not None
                     else getattr(c.model, "residual", None))
-        return (c.method.trainable_blocks is None and not c.data.random_targets
+        return (self.trains_every_block and not c.data.random_targets
                 and residual is not False)
 
     @property

@@ -79,6 +79,9 @@ def credit_not_finite_text(record: RunRecord) -> str | None:
               f"{fault['epoch']}, where the reference gradients are finite: no cosine of "
               "its credits is valid (nor Γ, ρ or nudging, which read them); its training and "
               "accuracy are recorded as they are")
+    if fault.get("part"):
+        return (f"{fault['rule']} {detail}; {fault['part']}, not the network: check those "
+                "settings")
     if fault.get("guest"):
         return value_message(fault["rule"], detail)
     return (f"{fault['rule']} {detail}; it computes them from the network's own outputs: "

@@ -49,7 +49,8 @@ def terminal_ln(record: RunRecord) -> bool:
 def figure_recipe(record: RunRecord) -> str:
     """The record's recipe key plus the trainable blocks: the runs a figure compares (a
     depth-ladder step is its own figure group)."""
-    return f"{record.recipe_key}|{record.config.method.trainable_blocks}"
+    blocks = None if record.trains_every_block else record.config.method.trainable_blocks
+    return f"{record.recipe_key}|{blocks}"
 
 
 def matches(value: Any, wanted: Any) -> bool:

@@ -18,12 +18,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torch import nn
+
 from creditaudit.config import RunConfig
 from creditaudit.config.composed import protocol_names
 from creditaudit.data import DatasetSpec
 from creditaudit.errors import GuestError
 from creditaudit.guests.blame import VALUE_ADVICE, blame
 from creditaudit.methods import CreditRule
+from creditaudit.methods.adapted import set_trainable
 from creditaudit.models import Architecture
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES, Registry
 
@@ -54,6 +57,24 @@ def with_defaults(config: RunConfig, rule: type[CreditRule], spec: DatasetSpec[A
     return dataclasses.replace(config, **changes) if changes else config
 
 
+def with_all_blocks_default(config: RunConfig, model: nn.Module, n_blocks: int | None
+                            ) -> RunConfig:
+    """``config`` with ``method.trainable_blocks`` equal to the model's ``n_blocks`` put
+    back to None (all blocks, the default) when it trains what the default trains: the
+    ordinary run, one id, standard in figures. ``model``: the run's model as built (on the
+    meta device; its flags may change). Training the last L of L blocks only ever turns
+    ``requires_grad`` on, so it is the default's run when under the default (None) every
+    parameter trains; where the builder froze one (an adapted model's default leaves it
+    frozen, L would unfreeze it if it lies between named states) the value is kept."""
+    if n_blocks is None or config.method.trainable_blocks != n_blocks:
+        return config
+    set_trainable(model, None)
+    if not all(p.requires_grad for p in model.parameters()):
+        return config
+    return dataclasses.replace(config, method=dataclasses.replace(config.method,
+                                                                  trainable_blocks=None))
+
+
 def _checked(registry: Registry[Any], name: str, answer: Any) -> dict[str, Any]:
     """``answer`` of component ``name``'s ``same_as_default``, checked: a dict of its own
     options, each with its declared default (a guest that names another value would give
@@ -68,4 +89,4 @@ def _checked(registry: Registry[Any], name: str, answer: Any) -> dict[str, Any]:
     return dict(answer)
 
 
-__all__ = ["with_defaults"]
+__all__ = ["with_defaults", "with_all_blocks_default"]

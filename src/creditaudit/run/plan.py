@@ -23,12 +23,12 @@ resume, audit and experiments take the plan; none of them resolves a name again.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from creditaudit.config import RunConfig, with_absolute_data_paths
 from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
@@ -57,12 +57,11 @@ from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
-from creditaudit.run.defaults import with_defaults
+from creditaudit.run.defaults import with_all_blocks_default, with_defaults
+from creditaudit.run.memory import available_memory, check_fits
 from creditaudit.run.resume import check_same_code
 
 log = logging.getLogger(__name__)
-# Bytes per parameter a training step holds: fp32 weight, gradient and AdamW's two moments.
-TRAINING_BYTES_PER_PARAMETER = 16
 
 
 @dataclass
@@ -196,7 +195,8 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     it): a record written from it finds its data from any folder."""
     config = with_absolute_data_paths(config)
     rule = rule_class(config.method.name)
-    check_options(rule, config.method)
+    with blame(RULES.guest(rule.name)):
+        check_options(rule, config.method)
     arch_class = architecture(config.model.arch)
     if arch_class.unbuildable:  # e.g. a run recorded from the user's own loop
         raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")
@@ -233,11 +233,13 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     if trained is not None:  # before the guests build, load or are checked
         check_same_code(trained, guests)
     with blame(arch_guest):
-        model = _describe_on_meta(arch, rule, input_shape, n_classes)
+        model, built = _describe_on_meta(arch, rule, input_shape, n_classes)
     tb = config.method.trainable_blocks
     if tb is not None and model.n_blocks is not None and tb > model.n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds the model's "
                           f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
+    config = with_all_blocks_default(config, built, model.n_blocks)
+    check_fits(model, built, rule, config, n_classes)
     with blame(data_guest):
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)
@@ -299,11 +301,12 @@ def run_id(config: RunConfig) -> str:
 
 
 def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
-                      input_shape: tuple[int, ...], n_classes: int) -> ModelDescription:
-    """The model's description, built on the meta device (no memory, no random draws; on
-    the CPU under a forked RNG when the meta build raises); a
+                      input_shape: tuple[int, ...], n_classes: int
+                      ) -> tuple[ModelDescription, nn.Module]:
+    """The model's description and the model, built on the meta device (no memory, no
+    random draws; on the CPU under a forked RNG when the meta build raises); a
     refusal when ``rule`` cannot train it (a rule without ``adapted_models`` on an adapted
-    model) or when training it would not fit in this machine's memory."""
+    model)."""
     try:
         with on_meta_device():
             model = build_architecture(arch, input_shape=input_shape, n_classes=n_classes)
@@ -321,30 +324,7 @@ def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
     except ModelContractError as err:
         raise ConfigError(f"method.name={rule.name!r} cannot train model.arch="
                           f"{arch.name!r}: {err}") from None
-    description = model.describe()
-    needed = (description.parameters or 0) * TRAINING_BYTES_PER_PARAMETER
-    available = available_memory()
-    if available is not None and needed > available:
-        raise ConfigError(f"the {description.label} model has {description.parameters:,} "
-                          f"parameters: training it needs about {needed / 2**30:,.1f} GiB "
-                          f"(weights, gradients, optimiser state) but this machine has "
-                          f"{available / 2**30:,.1f} GiB available; choose a smaller model")
-    return description
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return model.describe(), model
 
 
 def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:

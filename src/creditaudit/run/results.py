@@ -19,15 +19,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from creditaudit.config import DiagnosticsConfig
 from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
+from creditaudit.guests.blame import blame
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.measures.reference_check import checked_reference
 from creditaudit.methods import CreditRule
+from creditaudit.methods.base import all_finite
+from creditaudit.methods.footprint import nonfinite_part
 from creditaudit.models.contract import measurement_mode
 from creditaudit.protocol import evaluate_protocol
 from creditaudit.protocol.records import record_metadata
@@ -159,6 +163,10 @@ def note_credit_not_finite(record: RunRecord, rule: CreditRule, epoch: int,
     what, guest = rule_named(rule)
     record.credit_not_finite = {"epoch": epoch, "states": states, "rule": what,
                                 "guest": guest}
+    with blame(RULES.guest(rule.name) if guest else None):
+        part = nonfinite_part(rule)
+    if part is not None:  # the rule's own net, not the network, went non-finite
+        record.credit_not_finite["part"] = part
     log.warning("warning: %s", credit_not_finite_text(record))
 
 
@@ -189,3 +197,26 @@ def finite_entry(entry: EpochEntry) -> bool:
     norms = entry.measures.hidden_norms if entry.measures is not None else []
     values = [entry.test_loss, entry.train_loss, *norms]
     return all(math.isfinite(v) for v in values if v is not None)
+
+
+def training_state_fault(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why the network can no longer train though every step's loss and state were finite,
+    in one line, else None: a parameter that holds NaN/Inf, or a moment of its optimiser
+    that does. A huge finite setting (a penalty, a feedback or learning-rate scale of 1e30)
+    overflows AdamW's second moment to inf; every update of that parameter is then
+    m/(√inf + ε) = 0, so training stops silently and the run would read as completed with
+    the accuracy it had then. Read once per epoch (one min/max pass over each tensor, never
+    in the step)."""
+    for name, p in model.named_parameters():
+        if not all_finite(p):
+            return f"non-finite parameter {name}"
+    names = {id(p): name for name, p in model.named_parameters()}
+    for p, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() \
+                    and value.dim() > 0 and not all_finite(value):
+                return (f"the optimiser's {key} of {names.get(id(p), 'a parameter')} "
+                        "overflowed to NaN/Inf, so its updates are 0 and training stopped: "
+                        "a method.* setting that scales the loss or the credit (or the "
+                        "learning rate) is too large")
+    return None

@@ -61,6 +61,7 @@ from creditaudit.run.results import (
     protocol_due,
     record_protocol,
     reference_at_start,
+    training_state_fault,
 )
 from creditaudit.run.resume import changed_settings
 from creditaudit.run.setup import make_schedule, resolve_device
@@ -319,10 +320,11 @@ class Trainer:
             return True
         entry = replace(self.measure(epoch), **stats)
         self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
-        if not finite_entry(entry):
+        reason = ("non-finite evaluation loss or state norms" if not finite_entry(entry)
+                  else training_state_fault(self.model, self.optimizer))
+        if reason is not None:
             self.record.status = "diverged"
-            self.record.divergence = {"epoch": epoch, "reason":
-                                      "non-finite evaluation loss or state norms"}
+            self.record.divergence = {"epoch": epoch, "reason": reason}
             self._write()
             self.loggers.log_epoch(entry)
             return True

@@ -32,7 +32,7 @@ def is_canonical(record: RunRecord) -> bool:
     config = record.config
     model = model_description(record)
     return ((model is None or model.residual is not False)
-            and config.method.trainable_blocks is None
+            and record.trains_every_block
             and not config.data.random_targets and draws_default_feedback(record))
 
 

@@ -119,7 +119,10 @@ def as_written(raw: dict, *, digest: bool = True) -> str:
     from creditaudit.files import strict_json
     from creditaudit.records import CONTENT_KEY, content_digest
 
-    record = strict_json.decode(json.loads(json.dumps(raw)))
+    try:
+        record = strict_json.decode(json.loads(json.dumps(raw)))
+    except (ValueError, KeyError, IndexError, TypeError):
+        return json.dumps(raw)  # a malformed non_finite block: refused before any digest
     record.pop(CONTENT_KEY, None)
     if digest:
         record[CONTENT_KEY] = content_digest(record)

@@ -96,14 +96,21 @@ def with_record(w: World, tmp: Path, edit) -> Path:  # noqa: ANN001 - dict → d
     return copy
 
 
-def with_checkpoint(w: World, tmp: Path, content) -> Path:  # noqa: ANN001 - bytes or a Path
-    """A run copy whose checkpoint.pt is ``content`` (bytes, or a file to copy)."""
+def with_checkpoint(w: World, tmp: Path, content,  # noqa: ANN001 - bytes or a Path
+                    *, killed: bool = False) -> Path:
+    """A run copy whose checkpoint.pt is ``content`` (bytes, or a file to copy); ``killed``:
+    its record says interrupted, as a run killed after that checkpoint leaves it (only an
+    unfinished run is resumed: ``--resume`` serves a finished one as it is)."""
     copy = copy_run(w, tmp)
     target = copy / CHECKPOINT_FILE
     if isinstance(content, Path):
         shutil.copyfile(content, target)
     else:
         target.write_bytes(content)
+    if killed:
+        record = json.loads((copy / RECORD_FILE).read_text())
+        record["status"] = "interrupted"
+        (copy / RECORD_FILE).write_text(as_written(record))
     return copy
 
 
@@ -139,7 +146,8 @@ def checkpoint_with(w: World, **entries: object) -> bytes:
 
 
 def resume_with(w: World, tmp: Path, content: bytes) -> list[str]:
-    return train_args(w, "--resume", "--out", str(with_checkpoint(w, tmp, content).parent))
+    return train_args(w, "--resume", "--out", str(with_checkpoint(w, tmp, content,
+                                                                  killed=True).parent))
 
 
 def data_copy(w: World, tmp: Path, **files: bytes) -> Path:
@@ -402,15 +410,18 @@ CASES = [
     ("checkpoint-other-method", lambda w, t: ["audit", str(with_checkpoint(
         w, t, w.other_method))], ["written by method 'bp'"]),
     ("resume-other-shape", lambda w, t: train_args(
-        w, "--resume", "--out", str(with_checkpoint(w, t, w.other_shape).parent)),
+        w, "--resume", "--out", str(with_checkpoint(w, t, w.other_shape,
+                                                              killed=True).parent)),
      ["does not fit"]),
     ("resume-and-force", lambda w, t: train_args(w, "--resume", "--force"),
      ["argument --force: not allowed with argument --resume"]),
     ("resume-other-method", lambda w, t: train_args(
-        w, "--resume", "--out", str(with_checkpoint(w, t, w.other_method).parent)),
+        w, "--resume", "--out", str(with_checkpoint(w, t, w.other_method,
+                                                              killed=True).parent)),
      ["written by method 'bp'"]),
     ("resume-payload", lambda w, t: train_args(w, "--resume", "--out", str(with_checkpoint(
-        w, t, torch_bytes({"x": Payload(t / "marker")})).parent)), ["never unpickles"]),
+        w, t, torch_bytes({"x": Payload(t / "marker")}), killed=True).parent)),
+     ["never unpickles"]),
     ("resume-optimizer-damaged", lambda w, t: resume_with(w, t, checkpoint_with(
         w, optimizer={})), ["damaged optimiser state", "param_groups"]),
     ("resume-scheduler-damaged", lambda w, t: resume_with(w, t, checkpoint_with(

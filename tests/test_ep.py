@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from creditaudit.audit import audit_run
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import markdown_text
 from creditaudit.measures.alignment import layer_cosines
 from creditaudit.methods import EP, build_rule
 from creditaudit.methods.bp import bp_state_gradients
@@ -595,7 +596,7 @@ def test_run_record_and_audit_report_show_the_convergence(tmp_path):
     text = render(report, "text")
     assert f"EP weight update vs BP: cos {diagnostics['ep_update_cos']:.4f}" in text
     assert f"‖∇_ρF‖ end/start {epoch['ep_relax_grad_ratio']:.3g} (epoch mean" in text
-    assert "−r_{l−1}/β" in render(report, "md")
+    assert markdown_text("−r_{l−1}/β") in render(report, "md")  # record text, escaped
     quick = audit_run(str(result.run_dir), metrics=False)
     assert "ep_update_cos" not in quick.metrics
     assert "‖∇_ρF‖ end/start" in render(quick, "text")

@@ -16,6 +16,7 @@ import torch
 
 from creditaudit import RunConfig
 from creditaudit.config import config_from_dict
+from creditaudit.formatting import markdown_text
 from creditaudit.protocol import FIRED, PASSED, WALK_BACK
 from creditaudit.records import load_record
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, reload_plugins
@@ -309,7 +310,7 @@ def test_report_and_export_of_the_folder(results):
     # The reporting template of each run: the terminal-LN cell says no, never yes.
     columns, rows = table_rows(text, "| method | credit |")
     assert rows and all(r[columns.index("terminal LN")] == "no" for r in rows)
-    assert "| (e) | softmax saturation | 1.000 | > 0.5 | fired |" in text
+    assert f"| (e) | softmax saturation | 1.000 | {markdown_text('> 0.5')} | fired |" in text
     assert (root / "report" / "figures" / "fig6_audit_panels.png").is_file()
     exported = cli(site, "export", str(out), str(root / "exported"), cwd=root)
     assert exported.returncode == 0, exported.stderr

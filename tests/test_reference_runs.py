@@ -21,6 +21,7 @@ from creditaudit import Recorder, RunConfig, adapt, load_record, rule
 from creditaudit.cli import main
 from creditaudit.errors import RunRecordError
 from creditaudit.figures.audit_panels import panel_points
+from creditaudit.formatting import markdown_text
 from creditaudit.measures.reference_check import ReferenceGradientError
 from creditaudit.protocol import UNVERIFIED, UNVERIFIED_MARK
 from creditaudit.records import CHECKPOINT_FILE, ReferenceState, comparable, load_checkpoint
@@ -144,7 +145,8 @@ def test_an_allowed_run_is_unverified_in_every_output(name, guests, tmp_path, ca
             assert report["verdict"] == UNVERIFIED
             assert report["metadata"]["reference_check"]["where"] == where
             continue
-        assert f"unverified: reference gradient failed its check at `{where}`" in out
+        said = f"unverified: reference gradient failed its check at `{where}`"
+        assert (markdown_text(said) if form == "md" else said) in out  # md: record text escaped
         assert_marked(out, form)
 
     # report: the audit table, the template, the HTML colour

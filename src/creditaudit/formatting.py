@@ -53,10 +53,13 @@ def one_line(text: Any) -> str:
 
 
 # What could make text read as Markdown markup rather than as itself: backslash escapes,
-# code spans, emphasis, links and images (``[``; ``![`` needs it), autolinks and raw HTML,
-# table cells, headings, GFM strikethrough; ``&`` only where it would start an entity;
-# ``_`` inside a word (``out_ln``) opens no emphasis, so it stays readable.
-_MARKUP = re.compile(r"[\\`*\[\]<>#|~]|&(?=#?[0-9A-Za-z]+;)|_(?![^\W_])|(?<![^\W_])_")
+# code spans, emphasis, links and images (``[``; ``![`` needs it), table cells, GFM
+# strikethrough; ``<`` only where it could open an autolink or raw HTML (before a letter,
+# ``/``, ``!`` or ``?``: ``< 1 nats`` stays readable); ``&`` only where it would start an
+# entity; ``_`` inside a word (``out_ln``) opens no emphasis, so it stays readable; ``#``
+# and ``>`` only at the start, where they would begin a heading or a quote.
+_MARKUP = re.compile(r"[\\`*\[\]|~]|<(?=[A-Za-z/!?])|&(?=#?[0-9A-Za-z]+;)|_(?![^\W_])"
+                     r"|(?<![^\W_])_|^\s*[#>]")
 
 _PIPE = re.compile(r"(?<!\\)\|")
 
@@ -65,7 +68,7 @@ def markdown_text(text: Any) -> str:
     """``text`` (a run id, a name, an error, a path: anything read from a record or a file
     name) as Markdown that reads as exactly that text, on one line: it can form no link,
     image, heading or emphasis, nor end a table cell."""
-    return _MARKUP.sub(lambda m: "\\" + m.group(0), one_line(text))
+    return _MARKUP.sub(lambda m: m.group(0)[:-1] + "\\" + m.group(0)[-1], one_line(text))
 
 
 def cell(text: Any) -> str:

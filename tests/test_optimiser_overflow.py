@@ -55,3 +55,16 @@ def test_a_non_finite_parameter_or_moment_is_named():
     with torch.no_grad():
         model[0].weight[0, 0] = float("nan")
     assert training_state_fault(model, optimizer) == "non-finite parameter 0.weight"
+
+
+def test_a_frozen_parameter_holding_inf_by_design_is_no_fault():
+    """A parameter that does not train may hold ±inf on purpose (a -inf attention or input
+    mask): only trained parameters and their moments are checked."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    model.mask = torch.nn.Parameter(torch.tensor([0.0, -float("inf")]), requires_grad=False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    assert training_state_fault(model, optimizer) is None
+    model.mask.requires_grad_(True)  # the same value in a parameter that trains is a fault
+    assert training_state_fault(model, optimizer) == "non-finite parameter mask"

@@ -240,3 +240,19 @@ def test_the_content_digest_survives_non_finite_numbers():
     assert content_digest(read) == read[CONTENT_KEY]
     text = strict_json.dumps(stored).replace('"Infinity"', '"-Infinity"')
     assert content_digest(strict_json.decode(json.loads(text))) != stored[CONTENT_KEY]
+
+
+def test_a_record_holding_a_guests_int_keys_reads_back(tmp_path):
+    """A guest's extras or components may use int keys, which JSON writes as strings (and
+    a dict of ten or more sorts another way then): the digest is of the content as the file
+    holds it, so such a record is written and reads back."""
+    from creditaudit.records import content_digest, load_record, save_record
+    from creditaudit.records.files import new_record
+
+    record = new_record(RunConfig(), device="cpu", run_id="r")
+    record.environment["guest"] = {i: float(i) for i in range(12)}
+    record.environment["mixed"] = {3: 0.5, "a": 1.0}
+    save_record(tmp_path, record)
+    assert load_record(tmp_path).environment["guest"]["11"] == 11.0
+    assert content_digest({"k": {2: 1.0, 10: 2.0}}) == content_digest({"k": {"2": 1.0,
+                                                                           "10": 2.0}})

@@ -112,8 +112,9 @@ def content_digest(stored: dict[str, Any]) -> str:
     of key order and indentation: a record reformatted (``jq -S``) keeps its digest, one with
     any value changed does not. Non-finite numbers count by name (strict JSON marks)."""
     clean, marks = strict_json.encode({k: v for k, v in stored.items() if k != CONTENT_KEY})
-    text = json.dumps([clean, marks], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)
+    # as the file holds it (a guest's int keys are strings there), then in one key order
+    as_read = json.loads(json.dumps([clean, marks], allow_nan=False))
+    text = json.dumps(as_read, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -201,14 +201,16 @@ def finite_entry(entry: EpochEntry) -> bool:
 
 def training_state_fault(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
     """Why the network can no longer train though every step's loss and state were finite,
-    in one line, else None: a parameter that holds NaN/Inf, or a moment of its optimiser
-    that does. A huge finite setting (a penalty, a feedback or learning-rate scale of 1e30)
-    overflows AdamW's second moment to inf; every update of that parameter is then
+    in one line, else None: a trained parameter that holds NaN/Inf, or a moment of its
+    optimiser that does (a frozen one may hold ±inf by design, as a -inf mask does). A huge
+    finite setting (a penalty, a feedback or learning-rate scale of 1e30) overflows AdamW's
+    second moment to inf; every update of that parameter is then
     m/(√inf + ε) = 0, so training stops silently and the run would read as completed with
     the accuracy it had then. Read once per epoch (one min/max pass over each tensor, never
     in the step)."""
     for name, p in model.named_parameters():
-        if not all_finite(p):
+        # a parameter that does not train may hold ±inf by design (a -inf mask)
+        if p.requires_grad and not all_finite(p):
             return f"non-finite parameter {name}"
     names = {id(p): name for name, p in model.named_parameters()}
     for p, state in optimizer.state.items():

@@ -22,6 +22,8 @@ from creditaudit.study.experiments import experiment_names, get_experiment
 from door_support import guests
 from integrity_support import nan_weights_after
 from test_copies_and_marks import tiny
+from test_experiment_marks import rows
+from test_experiment_marks import summary_md as render
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -51,27 +53,6 @@ def records(folder) -> list:
     found, unreadable = load_records(folder)
     assert not unreadable
     return [r for _, r in found]
-
-
-def rows(markdown: str, first: str) -> list[dict[str, str]]:
-    """The rows of every table whose first column is titled ``first``, as {column: cell}."""
-    out, header = [], None
-    for line in markdown.splitlines():
-        if not line.startswith("|"):
-            header = None
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if header is None:
-            header = cells if cells[0] == first else []
-        elif header and not set(cells[0]) <= {"-"}:
-            out.append(dict(zip(header, cells)))
-    return out
-
-
-def render(name: str, records: list) -> tuple[dict, str]:
-    experiment = get_experiment(name)
-    summary = experiment.summarise(records)
-    return summary, experiment.to_markdown(summary)
 
 
 def test_the_blow_up_runs_diverged_before_any_protocol(records):

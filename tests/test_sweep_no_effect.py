@@ -1,0 +1,102 @@
+"""A grid value that changes nothing in some runs is left out of them, as an option another
+rule reads is: a penalty of the frozen baseline (no block trains) is that baseline's run.
+Experiments never generate such runs; a single run that asks for one is still refused."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.errors import ConfigError
+from creditaudit.study.experiments import get_experiment
+from creditaudit.study.experiments.registry import Choices
+from creditaudit.sweep import load_sweep, plan_runs
+from integrity_support import assert_one_line_error
+from sweep_files import write_tiny_sweep
+
+
+def tiny_sweep(tmp_path: Path, body: str, **base: object) -> Path:
+    return write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out", body, base=base)
+
+
+def _runs(path: Path) -> list[tuple[str, float, int | None]]:
+    return [(c.method.name, c.method.penalty, c.method.trainable_blocks)
+            for c in load_sweep(path).configs()]
+
+
+def test_a_grid_penalty_of_the_frozen_baseline_is_left_out_with_a_warning(tmp_path, caplog,
+                                                                           capsys):
+    """The review's sweep: bp and frozen × λ ∈ {0, 0.01}. The penalised frozen point is the
+    frozen run (λ left out, said in a warning), so 3 runs, every one of them plannable."""
+    path = tiny_sweep(tmp_path, """
+        [grid]
+        "method.name" = ["bp", "frozen"]
+        "method.penalty" = [0.0, 0.01]
+    """)
+    with caplog.at_level(logging.WARNING):
+        runs = _runs(path)
+    assert runs == [("bp", 0.0, None), ("bp", 0.01, None), ("frozen", 0.0, None)]
+    warned = [r.getMessage() for r in caplog.records if "method.penalty" in r.getMessage()]
+    assert warned and "left out of those runs" in warned[0] and "'frozen'" in warned[0]
+    plan_runs(load_sweep(path).configs())  # nothing refused
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs" in out and "name=frozen penalty=0.0" in out
+
+
+def test_a_penalty_where_the_grid_trains_no_block_is_left_out(tmp_path):
+    """trainable_blocks=0 trains no block either: its penalised point is its λ = 0 run."""
+    path = tiny_sweep(tmp_path, """
+        [grid]
+        "method.trainable_blocks" = [0, 1]
+        "method.penalty" = [0.0, 0.01]
+    """, **{"method.name": "dfa"})
+    assert _runs(path) == [("dfa", 0.0, 0), ("dfa", 0.0, 1), ("dfa", 0.01, 1)]
+
+
+def test_an_include_run_with_a_penalty_of_the_baseline_is_the_baseline_run(tmp_path):
+    path = tiny_sweep(tmp_path, """
+        [grid]
+        "method.name" = ["bp", "frozen"]
+
+        [[include]]
+        "method.name" = "frozen"
+        "method.penalty" = 0.1
+    """)
+    assert _runs(path) == [("bp", 0.0, None), ("frozen", 0.0, None)]
+
+
+def test_a_penalty_axis_that_changes_nothing_in_any_run_is_refused(tmp_path, capsys):
+    path = tiny_sweep(tmp_path, '[grid]\n"method.penalty" = [0.0, 0.01]\n',
+                      **{"method.name": "frozen"})
+    with pytest.raises(ConfigError, match="grid axis method.penalty changes nothing"):
+        load_sweep(path)
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "method.penalty changes nothing in any run",
+                          "drop the axis")
+
+
+def test_a_single_penalised_frozen_run_is_still_refused(tmp_path, capsys):
+    assert main(["train", "--method", "frozen", "--penalty", "0.1", "--dataset", "synthetic",
+                 "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "method.penalty=0.1 has no effect with "
+                          "method.name='frozen'", "leave it out")
+
+
+@pytest.mark.parametrize("name", ["penalty_sweep", "depth_ladder"])
+def test_experiments_with_the_baseline_among_their_rules_plan_every_run(tmp_path, name):
+    """`--rules dfa,frozen`: the baseline is added once per seed, never penalised nor given
+    a ladder of trainable blocks (each refused: it trains no block)."""
+    experiment = get_experiment(name)
+    configs = experiment.configs("smoke", dataset=None, data_dir=None,
+                                 out_dir=str(tmp_path), choices=Choices(rules=("dfa", "frozen")))
+    frozen = [c for c in configs if c.method.name == "frozen"]
+    assert frozen and all(c.method.penalty == 0 and c.method.trainable_blocks is None
+                          for c in frozen)
+    assert len(frozen) == len({c.run.seed for c in configs})
+    plan_runs(configs)  # nothing refused

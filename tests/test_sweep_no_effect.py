@@ -4,6 +4,7 @@ Experiments never generate such runs; a single run that asks for one is still re
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -100,3 +101,38 @@ def test_experiments_with_the_baseline_among_their_rules_plan_every_run(tmp_path
                           for c in frozen)
     assert len(frozen) == len({c.run.seed for c in configs})
     plan_runs(configs)  # nothing refused
+
+
+# --- trainable_blocks = L: the default's run, labelled as the user wrote it ----------------
+LADDER = '[grid]\n"method.trainable_blocks" = [1, 2]\n'
+
+
+def test_the_dry_run_says_why_all_blocks_is_the_default_run(tmp_path, capsys):
+    """dfa with 2 blocks, trainable_blocks ∈ {1, 2} and the default run as an include: the
+    row of 2 keeps its label, and the include is its run for the true reason (not 'the
+    same data in another folder')."""
+    path = tiny_sweep(tmp_path, LADDER + '\n[[include]]\n"method.name" = "dfa"\n',
+                      **{"method.name": "dfa"})
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.startswith("trainable_blocks=")}
+    assert set(rows) == {"trainable_blocks=1", "trainable_blocks=2", "trainable_blocks=None"}
+    assert rows["trainable_blocks=2"].endswith("to run")
+    assert rows["trainable_blocks=None"].endswith(
+        "the run of trainable_blocks=2 (trainable_blocks=2 trains every block: the default "
+        "run): runs once")
+    assert "another folder" not in out
+    assert "note: run trainable_blocks=2: trainable_blocks=2 trains every block" in out
+
+
+def test_the_table_and_summary_keep_the_value_the_user_gave(tmp_path, capsys):
+    path = tiny_sweep(tmp_path, LADDER, **{"method.name": "dfa"})
+    assert main(["sweep", str(path), "--workers", "0", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "trainable_blocks=2" in out and "trainable_blocks=None" not in out
+    summary = json.loads((tmp_path / "out" / "sweep_summary.json").read_text())
+    assert [run["grid"]["method.trainable_blocks"] for run in summary["runs"]] == [1, 2]
+    record = json.loads((tmp_path / "out" / summary["runs"][1]["run_id"] / "record.json")
+                        .read_text())
+    assert record["config"]["method"]["trainable_blocks"] is None  # the default's run

@@ -136,3 +136,28 @@ def test_the_table_and_summary_keep_the_value_the_user_gave(tmp_path, capsys):
     record = json.loads((tmp_path / "out" / summary["runs"][1]["run_id"] / "record.json")
                         .read_text())
     assert record["config"]["method"]["trainable_blocks"] is None  # the default's run
+
+
+# --- a record changed after it was written: the sweep starts the run over ----------------
+def test_a_sweep_says_it_starts_a_changed_record_over_without_load_records_advice(
+        tmp_path, capsys, caplog):
+    """load_record's advice (restore the file, or train again with --force) is for a
+    command that stops there; the sweep starts the run over itself and says so."""
+    path = tiny_sweep(tmp_path, '[grid]\n"method.name" = ["bp"]\n')
+    assert main(["sweep", str(path), "--workers", "0", "-q"]) == 0
+    (run_dir,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
+    raw = json.loads((run_dir / "record.json").read_text())
+    raw["log"][-1]["acc_eval"] = 0.99  # a number the run did not reach
+    (run_dir / "record.json").write_text(json.dumps(raw))
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith(run_dir.name))
+    assert "to restart" in row and "changed after creditaudit wrote it" in row
+    assert "--force" not in row and "restore the file" not in row
+    with caplog.at_level(logging.WARNING):
+        assert main(["sweep", str(path), "--workers", "0", "-q"]) == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "changed after" in r.getMessage()]
+    assert warning.startswith(f"warning: starting {run_dir.name} over, replacing its record")
+    assert "--force" not in warning and "restore the file" not in warning
+    assert json.loads((run_dir / "record.json").read_text())["log"][-1]["acc_eval"] != 0.99

@@ -32,6 +32,16 @@ class RunRecordError(CreditAuditError):
     """A run record or checkpoint is missing, malformed, truncated or of another schema."""
 
 
+class ChangedRecordError(RunRecordError):
+    """A run record changed after creditaudit wrote it (its content digest no longer
+    matches). ``fact``: what is wrong, without the advice the message ends with, for a
+    caller that acts on it itself (a sweep starts the run over)."""
+
+    def __init__(self, fact: str, advice: str = "") -> None:
+        super().__init__(f"{fact}: {advice}" if advice else fact)
+        self.fact = fact
+
+
 class OutputError(CreditAuditError):
     """A file or folder could not be written (read-only, a file where a folder should be,
     full disk, …)."""

@@ -114,7 +114,9 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
              stale_after: float) -> int:
     """Print what the sweep would do with its ``plans`` (one per config, before run ids
     are deduplicated: a run of two data folders is shown on both rows)."""
+    from creditaudit.run.defaults import why_default
     from creditaudit.sweep import run_labels, run_states, unique_plans
+    from creditaudit.sweep.plans import same_run_reasons
 
     out_dir = Path(plans[0].config.run.out_dir)
     print(describe_plan(sweep, expansion, out_dir))
@@ -127,6 +129,9 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
         print(f"note: {line}")
     rows = run_states(plans, retry_failed=args.retry_failed, stale_after=stale_after)
     labels = run_labels(plans, sweep.grid_keys)
+    for plan, label in zip(plans, labels):  # its run id is the default's: say why
+        for key, value in plan.explicit_defaults.items():
+            print(f"note: run {label}: {why_default(key, value)}")
     first: dict[str, int] = {}
     for index, row in enumerate(rows):
         first.setdefault(row["run_id"], index)
@@ -136,8 +141,9 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
     for index, (label, row) in enumerate(zip(labels, rows)):
         status = row["status"]
         if first[row["run_id"]] != index:
-            state = (f"the run of {labels[first[row['run_id']]]} (the same data in another "
-                     "folder): runs once")
+            earlier = first[row["run_id"]]
+            why = "; ".join(same_run_reasons(plans[index], plans[earlier]))
+            state = f"the run of {labels[earlier]} ({why}): runs once"
         elif row["holder"] is not None:
             holder = row["holder"]
             state = f"running now (pid {holder.get('pid')} on {holder.get('host')})"

@@ -57,27 +57,48 @@ def check_binding(cls: type[CreditRule], model: nn.Module) -> None:
             f"{cls.residual_reason}; adapted models support {', '.join(able)}")
 
 
-def check_options(cls: type[CreditRule], config: MethodConfig) -> None:
-    """ConfigError (one line) when ``config`` asks of rule ``cls`` what it cannot do: the
-    frozen-blocks baseline trains no block, so ``trainable_blocks`` would be recorded and
-    never applied (and would make its runs a depth-ladder variant, no baseline for (d));
-    where no block trains (that baseline, ``trainable_blocks=0``) the residual-branch
+def no_effect_options(cls: type[CreditRule], config: MethodConfig) -> dict[str, str]:
+    """The ``method.*`` options ``config`` sets that change nothing with rule ``cls``, by
+    name, each with why (one clause, e.g. ``method.penalty=0.1 has no effect with
+    method.name='frozen', where no block trains (…)``), in the order :func:`check_options`
+    refuses them. A sweep's grid leaves such a value out of the runs it changes nothing in
+    (:mod:`creditaudit.sweep.grid`), as it leaves out an option another rule reads.
+
+    The frozen-blocks baseline trains no block, so ``trainable_blocks`` would be recorded
+    and never applied (and would make its runs a depth-ladder variant, no baseline for
+    (d)); where no block trains (that baseline, ``trainable_blocks=0``) the residual-branch
     ``penalty`` has no branch to act on (it penalises trainable blocks only), so it too
     would be recorded, name a run of its own and change nothing; so would an option the
     rule says its other options leave unread (:meth:`CreditRule.ignored_options`)."""
+    out: dict[str, str] = {}
     if cls.baseline and config.trainable_blocks is not None:
-        raise ConfigError(f"method.trainable_blocks={config.trainable_blocks} has no effect "
-                          f"with method.name={cls.name!r}, which trains no block: leave it "
-                          "out (the depth ladder trains the last k blocks with another rule)")
+        out["trainable_blocks"] = (
+            f"method.trainable_blocks={config.trainable_blocks} has no effect with "
+            f"method.name={cls.name!r}, which trains no block")
     for key, why in cls.ignored_options(config).items():
-        raise ConfigError(f"method.{key}={getattr(config, key)!r} has no effect with "
-                          f"method.name={cls.name!r}: {why}; leave it out")
+        out.setdefault(key, f"method.{key}={getattr(config, key)!r} has no effect with "
+                            f"method.name={cls.name!r}: {why}")
     if config.penalty > 0 and (cls.baseline or config.trainable_blocks == 0):
         where = (f"method.name={cls.name!r}" if cls.baseline
                  else "method.trainable_blocks=0")
-        raise ConfigError(f"method.penalty={config.penalty:g} has no effect with {where}, "
+        out["penalty"] = (f"method.penalty={config.penalty:g} has no effect with {where}, "
                           "where no block trains (the penalty acts on trainable blocks' "
-                          "branches only): leave it out")
+                          "branches only)")
+    return out
+
+
+# How check_options ends each refusal (default: "; leave it out").
+_ADVICE = {"trainable_blocks": ": leave it out (the depth ladder trains the last k blocks "
+                               "with another rule)",
+           "penalty": ": leave it out"}
+
+
+def check_options(cls: type[CreditRule], config: MethodConfig) -> None:
+    """ConfigError (one line) when ``config`` asks of rule ``cls`` what it cannot do: an
+    option that would be recorded, name a run of its own and change nothing
+    (:func:`no_effect_options`)."""
+    for key, why in no_effect_options(cls, config).items():
+        raise ConfigError(why + _ADVICE.get(key, "; leave it out"))
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int,
@@ -150,6 +171,6 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",
            "BackpropRule", "DirectFeedbackRule",
            "CreditBridge", "EP", "build_rule", "check_binding", "rule", "bp_state_gradients",
-           "rms_normalise", "check_options",
+           "rms_normalise", "check_options", "no_effect_options",
            "rule_class", "rule_names", "rule_label", "credit_formula", "find_rule",
            "check_method", "ENTRY_POINT_GROUP"]

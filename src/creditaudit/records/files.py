@@ -28,7 +28,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, load_config
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.errors import ConfigError, OutputError, RunRecordError
+from creditaudit.errors import ChangedRecordError, ConfigError, OutputError, RunRecordError
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import (
     atomic_write_json,
@@ -168,10 +168,10 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     changed = check_content and _changed(raw)  # before reading: that may fill raw in
     record = RunRecord.from_dict(raw, str(path))  # its own errors first: they say more
     if changed:
-        raise RunRecordError(
+        raise ChangedRecordError(
             f"run record {path} was changed after creditaudit wrote it (its {CONTENT_KEY} "
-            "no longer matches its content), so its numbers may not be its run's: restore "
-            "the file, or train the run again with --force")
+            "no longer matches its content), so its numbers may not be its run's",
+            "restore the file, or train the run again with --force")
     return record
 
 

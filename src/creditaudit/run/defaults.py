@@ -75,6 +75,25 @@ def with_all_blocks_default(config: RunConfig, model: nn.Module, n_blocks: int |
                                                                   trainable_blocks=None))
 
 
+def explicit_defaults(given: RunConfig, planned: RunConfig) -> dict[str, Any]:
+    """Each explicit value of ``given`` that its plan (``planned``, after
+    :func:`with_defaults` and :func:`with_all_blocks_default`) put back to its default, by
+    dotted key (``{"method.trainable_blocks": 2}``): what the user asked, to label the run
+    with, where the plan's config holds the default."""
+    asked, kept = given.to_dict(), planned.to_dict()
+    return {f"{section}.{key}": value for section, values in asked.items()
+            for key, value in values.items() if kept.get(section, {}).get(key) != value}
+
+
+def why_default(key: str, value: Any) -> str:
+    """Why the explicit ``value`` of dotted ``key`` is the default's run, in one clause
+    (``trainable_blocks=2 trains every block: the default run``)."""
+    name = key.rpartition(".")[2]
+    if key == "method.trainable_blocks":
+        return f"{name}={value} trains every block: the default run"
+    return f"{name}={value!r} computes what its default computes: the default run"
+
+
 def _checked(registry: Registry[Any], name: str, answer: Any) -> dict[str, Any]:
     """``answer`` of component ``name``'s ``same_as_default``, checked: a dict of its own
     options, each with its declared default (a guest that names another value would give
@@ -89,4 +108,4 @@ def _checked(registry: Registry[Any], name: str, answer: Any) -> dict[str, Any]:
     return dict(answer)
 
 
-__all__ = ["with_defaults", "with_all_blocks_default"]
+__all__ = ["with_defaults", "with_all_blocks_default", "explicit_defaults", "why_default"]

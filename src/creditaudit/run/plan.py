@@ -57,7 +57,7 @@ from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
-from creditaudit.run.defaults import with_all_blocks_default, with_defaults
+from creditaudit.run.defaults import explicit_defaults, with_all_blocks_default, with_defaults
 from creditaudit.run.memory import available_memory, check_fits
 from creditaudit.run.resume import check_same_code
 
@@ -74,7 +74,9 @@ class RunPlan:
     shrunk to the test split when the default does not fit; for a dataset that does not
     declare its sizes, known once the data is loaded). ``model``: the model's
     description as built (on the meta device). ``protocol``: the diagnostics the run
-    evaluates, with their thresholds.
+    evaluates, with their thresholds. ``explicit_defaults``: the values the config asked
+    for explicitly that compute what their defaults compute (:mod:`creditaudit.run.
+    defaults`), as asked, by dotted key: ``config`` holds their defaults (one run id).
     """
 
     config: RunConfig
@@ -88,6 +90,7 @@ class RunPlan:
     eval_samples: int
     model: ModelDescription
     protocol: Protocol
+    explicit_defaults: dict[str, Any] = field(default_factory=dict)
     _data: Dataset | None = field(default=None, repr=False)
 
     @property
@@ -160,6 +163,16 @@ class RunPlan:
             return build_rule(model, self.config.method, n_classes=self.n_classes,
                               seed=self.config.run.seed, cls=self.rule)
 
+    def as_given(self) -> dict[str, Any]:
+        """The config's sections (``config.to_dict()``) with the values the plan put back to
+        their defaults as they were asked (``method.trainable_blocks = 2`` of 2 blocks): what
+        labels a run by the values its user wrote."""
+        raw = self.config.to_dict()
+        for key, value in self.explicit_defaults.items():
+            section, _, name = key.partition(".")
+            raw[section][name] = value
+        return raw
+
     def describe(self) -> dict[str, Any]:
         """What a plan says in a dry run: run id, rule, model, data, code."""
         return {"run_id": self.run_id, "rule": self.rule.label, "model": self.model.label,
@@ -193,7 +206,7 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
 
     The plan's config names its data folder by an absolute path (the run id does not cover
     it): a record written from it finds its data from any folder."""
-    config = with_absolute_data_paths(config)
+    config = given = with_absolute_data_paths(config)
     rule = rule_class(config.method.name)
     with blame(RULES.guest(rule.name)):
         check_options(rule, config.method)
@@ -258,7 +271,8 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     run_id = compute_run_id(config, identity.fingerprint, code)
     return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
-                   model=model, protocol=protocol)
+                   model=model, protocol=protocol,
+                   explicit_defaults=explicit_defaults(given, config))
 
 
 def _guests(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],

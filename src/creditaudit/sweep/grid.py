@@ -22,8 +22,16 @@ from creditaudit.config import (
     semantic_dict,
 )
 from creditaudit.errors import ConfigError
-from creditaudit.registry import DIAGNOSTICS
-from creditaudit.sweep.distinct import check_run_count, collapsed_axes, dedupe, run_key
+from creditaudit.guests.blame import blame
+from creditaudit.methods import no_effect_options
+from creditaudit.registry import DIAGNOSTICS, RULES
+from creditaudit.sweep.distinct import (
+    check_run_count,
+    collapsed_axes,
+    config_value,
+    dedupe,
+    run_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +148,29 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     return dedupe(_every_run(base, grid, include, max_runs=max_runs))
 
 
+def _without_no_effect(config: RunConfig, overrides: dict[str, Any]
+                       ) -> tuple[RunConfig, dict[str, str]]:
+    """``config`` with each ``method.*`` value its grid combination or ``[[include]]`` run
+    sets (``overrides``) that changes nothing with its rule put back to its default (the
+    penalty of the frozen baseline: it is then that baseline's run), and those keys with why
+    (:func:`~creditaudit.methods.no_effect_options`). A value ``[base]`` sets is left for
+    the run's plan to refuse: the file asks it of every run."""
+    cls = RULES.get(config.method.name)
+    defaults = {f.name: f.default for f in dataclasses.fields(type(config.method))}
+    left_out: dict[str, str] = {}
+    while True:  # putting one back may make another matter again (trainable_blocks=0)
+        with blame(RULES.guest(cls.name)):
+            found = no_effect_options(cls, config.method)
+        key = next((k for k in found if f"method.{k}" in overrides
+                    and f"method.{k}" not in left_out
+                    and defaults.get(k, dataclasses.MISSING) is not dataclasses.MISSING), None)
+        if key is None:
+            return config, left_out
+        left_out[f"method.{key}"] = found[key]
+        config = dataclasses.replace(
+            config, method=dataclasses.replace(config.method, **{key: defaults[key]}))
+
+
 def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
                include: Iterable[dict[str, Any]], *, max_runs: int | None
                ) -> list[RunConfig]:
@@ -171,6 +202,7 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     combos += include
     configs: list[RunConfig] = []
     not_read: dict[str, set[str]] = {}  # option → the components that do not read it
+    no_effect: dict[str, list[str]] = {}  # option → why, per run it changes nothing in
     dropped_in: dict[str, int] = {}  # option → in how many runs it was left out
     for index, overrides in enumerate(combos):
         dropped: list[str] = []
@@ -182,6 +214,12 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
             where = "grid combination" if index < n_grid else "[[include]] run"
             raise ConfigError(f"{where} {{{_describe(overrides)}}} is not a valid run: "
                               f"{err}") from None
+        config, left_out = _without_no_effect(config, overrides)
+        for key, why in left_out.items():
+            no_effect.setdefault(key, []).append(why)
+            not_read.setdefault(key, set())
+            if index < n_grid:
+                dropped_in[key] = dropped_in.get(key, 0) + 1
         configs.append(config)
         where = "grid combination" if index < n_grid else "[[include]] run"
         _refuse_unread_base(raw, given, config, overrides,
@@ -199,7 +237,18 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
                               f"{', '.join(sorted(not_read[key]))}: its {len(grid[key])} "
                               "values give 1 run; drop the axis or select a component that "
                               "reads it")
+    for key, whys in sorted(no_effect.items()):
+        if len(grid.get(key, [])) > 1 and len({repr(config_value(c, key))
+                                               for c in configs[:n_grid]}) == 1:
+            raise ConfigError(f"grid axis {key} changes nothing in any run ({whys[0]}): its "
+                              f"{len(grid[key])} values give 1 run; drop the axis")
+        more = (f" (and {len(whys) - 1} more run{'s' if len(whys) > 2 else ''})"
+                if len(whys) > 1 else "")
+        log.warning("warning: %s changes nothing in some runs: left out of those runs (and "
+                    "of their run ids): %s%s", key, whys[0], more)
     for key, names in sorted(not_read.items()):
+        if not names:  # only where it changes nothing (said above)
+            continue
         log.warning("warning: %s is not read by %s: left out of those runs (and of their run "
                     "ids)", key, ", ".join(sorted(names)))
     # An axis that cannot add runs is a mistake in the file: its later values would be

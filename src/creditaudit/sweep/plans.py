@@ -11,9 +11,11 @@ and the workers' tasks read these plans; nothing plans a run twice in the sweep'
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
+from creditaudit.run.defaults import why_default
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.sweep.distinct import config_value
 
@@ -24,8 +26,9 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
     return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
 
 
-def value_labels(configs: Sequence[RunConfig], keys: Sequence[str]) -> list[str]:
-    """Each config's values of the ``keys`` that vary between the configs
+def value_labels(configs: Sequence[RunConfig | dict[str, Any]], keys: Sequence[str]
+                 ) -> list[str]:
+    """Each config's (or config dict's) values of the ``keys`` that vary between the configs
     (``name=bp seed=42``); empty where none varies."""
     varying = [key for key in keys
                if len({repr(config_value(config, key)) for config in configs}) > 1]
@@ -35,9 +38,24 @@ def value_labels(configs: Sequence[RunConfig], keys: Sequence[str]) -> list[str]
 
 
 def run_labels(plans: Sequence[RunPlan], keys: Sequence[str]) -> list[str]:
-    """Each run's values of the sweep keys that vary between runs, or its run id."""
-    labels = value_labels([plan.config for plan in plans], keys)
+    """Each run's values of the sweep keys that vary between runs, as the user gave them
+    (``trainable_blocks=2`` of 2 blocks, though its plan holds the default;
+    :meth:`RunPlan.as_given`), or its run id."""
+    labels = value_labels([plan.as_given() for plan in plans], keys)
     return [label or plan.run_id for label, plan in zip(labels, plans)]
+
+
+def same_run_reasons(plan: RunPlan, first: RunPlan) -> list[str]:
+    """Why ``plan`` is the run of the earlier ``first`` (one run id, two configs as given):
+    an explicit value of either that is its default's run (``trainable_blocks=2 trains every
+    block: the default run``), and data in another folder that is the same data."""
+    reasons = [why_default(key, value)
+               for key, value in {**first.explicit_defaults, **plan.explicit_defaults}.items()
+               if config_value(first.as_given(), key) != config_value(plan.as_given(), key)]
+    if config_value(plan.config, "data.data_dir") != config_value(first.config,
+                                                                   "data.data_dir"):
+        reasons.append("the same data in another folder")
+    return reasons or ["the same run"]
 
 
 def plan_runs(configs: Sequence[RunConfig | RunPlan], keys: Sequence[str] = ()
@@ -71,4 +89,4 @@ def unique_plans(plans: Sequence[RunPlan]) -> list[RunPlan]:
     return list(out.values())
 
 
-__all__ = ["plan_runs", "unique_plans", "run_labels", "value_labels"]
+__all__ = ["plan_runs", "unique_plans", "run_labels", "value_labels", "same_run_reasons"]

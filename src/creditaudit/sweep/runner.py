@@ -236,7 +236,7 @@ def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: 
     runs = []
     counts: dict[str, int] = {}
     for plan, outcome in zip(plans, outcomes):
-        config, run_dir = plan.config, plan.run_dir
+        run_dir = plan.run_dir
         status, error = disk_status(run_dir)
         if outcome.get("status") == "busy" and status not in FINISHED:
             status = "busy"  # another process holds it right now
@@ -244,7 +244,8 @@ def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: 
         error = error if error is not None else outcome.get("error")
         counts[status] = counts.get(status, 0) + 1
         runs.append({"run_id": run_dir.name,
-                     "grid": {key: config_value(config, key) for key in grid_keys},
+                     # as the user wrote them (trainable_blocks=2, not the default's None)
+                     "grid": {key: config_value(plan.as_given(), key) for key in grid_keys},
                      "status": status, "error": error, "action": outcome.get("action"),
                      "seconds": round(float(outcome.get("seconds") or 0.0), 3),
                      "record": str(run_dir / "record.json")})

@@ -18,6 +18,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import (
+    ChangedRecordError,
     ConfigError,
     CreditAuditError,
     DiskFullError,
@@ -64,7 +65,9 @@ def append_event(out_dir: Path, event: str, run_id: str, **fields: Any) -> None:
 def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
     """(status, error) of the run record in ``run_dir``; (None, None) without one.
 
-    An unreadable record reads as ("corrupt", reason).
+    An unreadable record reads as ("corrupt", reason); for a record changed after it was
+    written, the reason without load_record's advice (restore it, or --force): a sweep
+    starts such a run over itself.
     """
     from creditaudit.records import RECORD_FILE, load_record
 
@@ -73,6 +76,8 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
         return None, None
     try:
         record = load_record(path)
+    except ChangedRecordError as err:
+        return "corrupt", err.fact
     except RunRecordError as err:
         return "corrupt", str(err)
     return record.status, record.error
@@ -168,7 +173,8 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
     else:  # corrupt record, or died before its first checkpoint: start over
         action, kwargs = "restarted", {"force": True}
         if status == "corrupt":
-            log.warning("warning: starting %s over: %s", own_id, reason)
+            log.warning("warning: starting %s over, replacing its record: %s", own_id,
+                        reason)
     outcome["action"] = action
     event("start", action=action)
     return outcome, _Claimed(plan, run_dir, claim, kwargs, event, outcome)

@@ -163,6 +163,14 @@ def rule_list(chosen: Sequence[str] | None, default: Sequence[str]) -> list[str]
     return list(default if chosen is None else chosen)
 
 
+def trained_rules(chosen: Sequence[str] | None, default: Sequence[str]) -> list[str]:
+    """:func:`rule_list` without the frozen-blocks baseline, for the runs an experiment
+    varies what blocks train with (a penalty λ, a ladder of trainable blocks): the baseline
+    trains no block, so each variant would change nothing (and is refused); the experiment
+    adds its one baseline run per seed itself (:func:`baseline_rule`)."""
+    return [name for name in rule_list(chosen, default) if not RULES.get(name).baseline]
+
+
 def single_arch(chosen: Sequence[str] | None) -> str:
     """The architecture variant of a one-architecture experiment: the one ``--arch`` names,
     else the default architecture (the scale's ResidualMLP)."""

@@ -23,6 +23,7 @@ from creditaudit.study.experiments.configs import (
     method_overrides,
     rule_list,
     single_arch,
+    trained_rules,
 )
 from creditaudit.study.experiments.groups import (
     fmt,
@@ -46,7 +47,7 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
         raise ConfigError(f"experiment depth_ladder steps through model.n_blocks: --arch "
                           f"{variant} has no such option (its depth is fixed)")
     out = []
-    for method in rule_list(choices.rules, METHODS):
+    for method in trained_rules(choices.rules, METHODS):
         for k in range(n_blocks + 1):
             ladder = {} if k == n_blocks else {"method__trainable_blocks": k}
             out += [arch_config(variant, scale, **common, **method_overrides(method), **ladder,

@@ -22,8 +22,8 @@ from creditaudit.study.experiments.configs import (
     arch_config,
     baseline_rule,
     method_overrides,
-    rule_list,
     single_arch,
+    trained_rules,
 )
 from creditaudit.study.experiments.groups import (
     evaluated_in_training,
@@ -46,7 +46,7 @@ PENALISED = ("dfa",)
 
 def configs(scale: str, *, dataset: str | None, data_dir: str | None,
             out_dir: str, choices: Choices = NO_CHOICES) -> list[RunConfig]:
-    runs = [(rule, lam) for rule in rule_list(choices.rules, PENALISED) for lam in LAMBDAS]
+    runs = [(rule, lam) for rule in trained_rules(choices.rules, PENALISED) for lam in LAMBDAS]
     runs.append((baseline_rule(), 0.0))
     variant = single_arch(choices.archs)
     return [arch_config(variant, scale, dataset=dataset, data_dir=data_dir, out_dir=out_dir,

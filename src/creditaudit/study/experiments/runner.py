@@ -35,6 +35,11 @@ from creditaudit.sweep.distinct import run_key
 
 EXPERIMENTS_DIR = "experiments"
 EXECUTORS = ("local", "inline", "ray")
+# What names an experiment's run that cannot be planned (those of them that vary between
+# its runs, e.g. "run name=frozen seed=42"), rather than its place in a list the user
+# never saw.
+RUN_KEYS = ("model.arch", "data.name", "method.name", "method.penalty",
+            "method.trainable_blocks", "run.seed")
 
 
 def summary_stem(name: str, scale: str, dataset: str, choices: Choices = NO_CHOICES) -> str:
@@ -213,7 +218,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     everything = dedupe([c for configs in per_experiment.values() for c in configs])
     if any(c.run.progress for c in everything):  # a worker's progress bars (paper scale)
         everything = prepare_configs(everything, threads=None)
-    planned = dict(zip(map(run_key, everything), plan_runs(everything)))
+    planned = dict(zip(map(run_key, everything), plan_runs(everything, RUN_KEYS)))
     per_plans = {name: [planned[run_key(c)] for c in configs]
                  for name, configs in per_experiment.items()}
     outcomes: dict[str, dict[str, Any]] = {}

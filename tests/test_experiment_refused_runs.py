@@ -54,3 +54,21 @@ def test_a_run_not_trained_with_no_train_stays_not_started(tmp_path, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "(not started)" in err and "refused" not in err
+
+
+def test_a_changed_record_is_reported_without_advice_the_experiment_does_not_need(tmp_path):
+    """An experiment starts a run whose record changed after it was written over (its
+    sweep does), so its state says what is wrong, not "train it again with --force"."""
+    from types import SimpleNamespace
+
+    from creditaudit.config import RunConfig
+    from creditaudit.records import RECORD_FILE, new_record, save_record
+    from creditaudit.study.experiments.runner import run_state
+
+    save_record(tmp_path, new_record(RunConfig(), device="cpu", run_id=tmp_path.name))
+    raw = json.loads((tmp_path / RECORD_FILE).read_text())
+    raw["status"] = "completed"  # edited by hand
+    (tmp_path / RECORD_FILE).write_text(json.dumps(raw))
+    status, record, why = run_state(SimpleNamespace(run_dir=tmp_path))
+    assert status == "corrupt" and record is None
+    assert "changed after creditaudit wrote it" in why and "--force" not in why

@@ -326,8 +326,8 @@ class Sweep:
             else:
                 repeats += 1
         if repeats and not warnings:
-            notes.append(f"{repeats} grid combination{'s' if repeats != 1 else ''} give the "
-                         "run of an earlier combination: each run runs once")
+            notes.append(f"{repeats} grid combination{'s give' if repeats != 1 else ' gives'}"
+                         " the run of an earlier combination: each run runs once")
         return Expansion(kept, n_grid, len(include), warnings, notes)
 
     @property

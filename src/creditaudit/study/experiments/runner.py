@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import device_overrides
-from creditaudit.errors import ConfigError, CreditAuditError
+from creditaudit.errors import ChangedRecordError, ConfigError, CreditAuditError
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import atomic_write_bytes
 from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
@@ -103,6 +103,8 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         return None, None, None
     try:
         record = load_record_cached(path)
+    except ChangedRecordError as err:  # the fact: the experiment's sweep starts it over
+        return "corrupt", None, err.fact
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
     return record.status, record, record.error

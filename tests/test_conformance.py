@@ -151,8 +151,10 @@ def test_a_rule_whose_real_step_leaves_credited_parts_still_fails_the_suite(
     with guests(tmp_path / "site", name), pytest.raises(AssertionError) as err:
         check_rule(rule_class(name))
     message = str(err.value)
-    assert "fails 3 conformance check(s)" in message  # that check, on every architecture
-    assert all(f"{TRAINED}[{arch}]" in message for arch in ("resmlp", "vit", "convmixer"))
+    # that check and the optimizer step's, on every architecture
+    assert "fails 6 conformance check(s)" in message
+    assert all(f"{check}[{arch}]" in message for arch in ("resmlp", "vit", "convmixer")
+               for check in (TRAINED, "step_is_one_optimizer_step"))
     first = message.splitlines()[1]
     assert f" of {part} unchanged although the rule reports a non-zero credit" in first
     assert why in first

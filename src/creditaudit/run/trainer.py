@@ -66,6 +66,7 @@ from creditaudit.run.results import (
 from creditaudit.run.resume import changed_settings
 from creditaudit.run.setup import make_schedule, resolve_device
 from creditaudit.run.steps.capture import CapturedEpochs
+from creditaudit.run.steps.reported import checked_step
 from creditaudit.run.steps.stepping import cuda_graphs_decision, uses_device_data
 
 TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverified-reference) "
@@ -237,7 +238,8 @@ class Trainer:
         loss_sum, correct, n = 0.0, 0, 0
         for step, (x, y) in enumerate(self.train_loader):
             x, y = x.to(self.device), y.to(self.device)
-            result = self.rule.train_step(x, y, self.optimizer)
+            result = checked_step(self.rule.train_step(x, y, self.optimizer), y.shape[0],
+                                  self.rule)
             if not result.finite:
                 self.record.divergence = {"epoch": epoch, "step": step,
                                           "reason": "non-finite loss or state"}

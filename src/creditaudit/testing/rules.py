@@ -56,6 +56,13 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   be audited cos +1.000; this holds it where no block splits into a last ``nn.Linear`` (the
   check above) too, and holds the rule whose gradients are backprop's but whose weights stay
   at init — left out of ``trainable_parameters()``, an optimizer step skipped or undone;
+- ``step_reports_its_batch``: a training step (train mode, zero learning rate) reports
+  the batch size, the number its model's logits classify correctly and their cross-entropy
+  (to 1e-9 in float64) — the run records them as training loss and accuracy — and leaves
+  its input batch, its labels and every module's train/eval mode as it found them;
+- ``step_is_one_optimizer_step``: one step with ``SGD(lr=0.1)`` moves every model
+  parameter by exactly −lr·(the gradient it leaves), and no parameter without one: the
+  optimizer the run hands the step is applied once, and nothing else writes the weights;
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);
@@ -71,6 +78,9 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   them exactly as before afterwards; ``credits_under`` gives, draw by draw, the credits
   ``using_feedback`` gives (to 1e-12 in float64: an override may batch differently) — the
   fresh-feedback null swaps feedback this way;
+- ``fixed_feedback_stays_fixed`` (``feedback_kind == "fixed_random"``): the feedback in
+  the rule's state is bit-identical after three training steps — the fresh-feedback null
+  compares it with fresh draws of its initial distribution;
 - ``stacked_step_is_the_rule_step`` (rules that declare a ``stacked_step``, on the tiny
   networks a stacked step takes: no adapted network, no buffers): one stacked step of two
   copies that differ in weights, batch, feedback draw and λ equals each copy's own
@@ -110,13 +120,19 @@ from creditaudit.testing.rule_properties import (
     state_dict_round_trips_and_resumes,
 )
 from creditaudit.testing.rule_stacking import stacked_step_is_the_rule_step, stacks_on
+from creditaudit.testing.rule_steps import (
+    fixed_feedback_stays_fixed,
+    step_is_one_optimizer_step,
+    step_reports_its_batch,
+)
 
 CHECKS: tuple[Callable[..., None], ...] = (
     credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
     local_update_is_the_surrogate_gradient, blocks_train_on_the_reported_credit,
-    credited_parts_are_trained, frozen_blocks_stay_untouched,
-    state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
-    fresh_feedback_is_swappable, stacked_step_is_the_rule_step)
+    credited_parts_are_trained, step_reports_its_batch, step_is_one_optimizer_step,
+    frozen_blocks_stay_untouched, state_dict_round_trips_and_resumes, moves_to_a_device,
+    bf16_step_is_finite, fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
+    stacked_step_is_the_rule_step)
 
 
 def _has_split_block(arch: str) -> bool:
@@ -137,6 +153,7 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
     blocks_train_on_the_reported_credit:
         lambda cls, arch: not cls.local and _has_split_block(arch),
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",
+    fixed_feedback_stays_fixed: lambda cls, arch: cls.feedback_kind == "fixed_random",
     stacked_step_is_the_rule_step: lambda cls, arch: (cls.stacks_as() is not None
                                                       and stacks_on(arch)),
 }

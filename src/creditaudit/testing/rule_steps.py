@@ -1,0 +1,123 @@
+"""The conformance checks of what a rule's training step does beside computing its update:
+what it reports of the batch, how it applies the optimizer, and whether the feedback it
+calls fixed stays fixed. One function each, like :mod:`creditaudit.testing.rule_properties`:
+``check(RuleClass, arch)`` returns when the rule conforms on the tiny architecture ``arch``
+and raises AssertionError saying what is wrong otherwise.
+
+A run records the training loss and accuracy the step reports, trains with the optimizer
+it hands the step, and re-draws "fixed" feedback for the fresh-feedback null of (b): a rule
+that misreports the batch, steps twice or learns its fixed feedback would leave every
+number recorded and still pass the checks of the credit itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit.methods.base import CreditRule, StepResult
+from creditaudit.testing.common import flat_state, same, tiny_batch
+from creditaudit.testing.rule_properties import REAL_STEP_LR, make_rule
+
+# Relative tolerance of the reported loss against the cross-entropy of the step's own
+# forward pass, in float64 (a rule may order the forward's sums its own way).
+LOSS_TOLERANCE = 1e-9
+# Relative tolerance of an SGD step's change against −lr·grad, in float64.
+STEP_TOLERANCE = 1e-12
+
+
+def _modes(model: nn.Module) -> dict[str, bool]:
+    return {name: module.training for name, module in model.named_modules()}
+
+
+def step_reports_its_batch(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
+    rule.model.train()  # as the trainer steps
+    with torch.no_grad():  # the forward the step makes, on a copy (BatchNorm statistics)
+        logits = copy.deepcopy(rule.model).forward_states(x)[1].to(torch.float64)
+    want_loss = float(F.cross_entropy(logits, y))
+    want_correct = int((logits.argmax(dim=1) == y).sum())
+    x_before, y_before, modes = x.clone(), y.clone(), _modes(rule.model)
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=0.0)
+    result = rule.train_step(x, y, optimizer)
+    assert isinstance(result, StepResult), \
+        f"train_step() returned a {type(result).__name__}, not a StepResult"
+    assert torch.equal(x, x_before), \
+        "train_step() changed its input batch in place (the run's data would change with it)"
+    assert torch.equal(y, y_before), "train_step() changed the batch's labels in place"
+    changed = [name or "the model" for name, training in _modes(rule.model).items()
+               if modes.get(name) != training]
+    assert not changed, (f"train_step() left {', '.join(changed[:3])} in another "
+                         "train/eval mode than it found (the rest of the epoch would train "
+                         "in that mode)")
+    assert result.n == y.shape[0], \
+        f"train_step() reports n={result.n} for a batch of {y.shape[0]}"
+    assert result.correct == want_correct, (
+        f"train_step() reports {result.correct} correct where the model's logits classify "
+        f"{want_correct} of {y.shape[0]} correctly (the run records it as training accuracy)")
+    assert math.isfinite(result.loss) and result.finite, \
+        f"train_step() reports loss {result.loss} (finite={result.finite}) on a tiny net"
+    error = abs(result.loss - want_loss) / max(abs(want_loss), 1e-300)
+    assert error < LOSS_TOLERANCE, (
+        f"train_step() reports loss {result.loss:.12g} where the cross-entropy of the "
+        f"model's logits is {want_loss:.12g} (the run records it as training loss)")
+
+
+def step_is_one_optimizer_step(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
+    before = {name: p.detach().clone() for name, p in rule.model.named_parameters()}
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=REAL_STEP_LR)
+    assert rule.train_step(x, y, optimizer).finite, \
+        "a training step on a tiny float64 net was not finite"
+    for name, p in rule.model.named_parameters():
+        moved = p.detach() - before[name]
+        if p.grad is None:
+            assert torch.equal(moved, torch.zeros_like(moved)), (
+                f"train_step() changed {name}, which has no gradient: it writes weights "
+                "beside the optimizer step (train them through the optimizer it is handed)")
+            continue
+        want = -REAL_STEP_LR * p.grad
+        error = float((moved - want).abs().max()) / max(float(want.abs().max()), 1e-300)
+        assert error < STEP_TOLERANCE, (
+            f"one training step with SGD (lr {REAL_STEP_LR}) moves {name} by "
+            f"{_ratio(moved, want)} its −lr·gradient: the step must apply the optimizer it "
+            "is handed once, to the gradients it leaves (no second step, no own update)")
+
+
+def _ratio(moved: Tensor, want: Tensor) -> str:
+    """How far ``moved`` is from ``want``, in words (``2.000×``, or ``not a multiple of``)."""
+    scale = float((moved * want).sum() / (want * want).sum())
+    if torch.allclose(moved, scale * want, rtol=1e-9, atol=0.0):
+        return f"{scale:.3f}×"
+    return "something other than a multiple of"
+
+
+def _feedback_state(rule: CreditRule) -> dict[str, object]:
+    """The rule's feedback as its state holds it, by dotted path: the state's ``feedback``
+    entry, else the whole state."""
+    state = rule.state_dict()
+    return flat_state({"feedback": state["feedback"]} if "feedback" in state else state)
+
+
+def fixed_feedback_stays_fixed(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    before = copy.deepcopy(_feedback_state(rule))
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
+    for step in range(3):
+        assert rule.train_step(*tiny_batch(seed=step, arch=arch), optimizer).finite
+    after = _feedback_state(rule)
+    changed = [key for key in before if not same(before[key], after.get(key))]
+    assert not changed, (
+        f"the rule declares feedback_kind 'fixed_random' but training changed "
+        f"{', '.join(changed[:3])}: the fresh-feedback null would compare it with draws of "
+        "its initial distribution (declare 'learned')")
+
+
+__all__ = ["step_reports_its_batch", "step_is_one_optimizer_step",
+           "fixed_feedback_stays_fixed"]

@@ -231,6 +231,17 @@ class AlwaysDropoutNet(nn.Module):
         return self.head(nn.functional.dropout(h, 0.5, training=True))
 
 
+class EditsItsInputNet(nn.Module):
+    """Scales its input batch in place: every pass over one batch sees other samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x.mul_(2.0))))
+
+
 def batch_stat_resnet() -> CifarResNet:
     net = resnet()
     net.layer2[0].bn1 = nn.BatchNorm2d(32, track_running_stats=False)
@@ -251,6 +262,8 @@ REFUSALS = [
     ("random", AlwaysDropoutNet, ["embed", "block"], {"input_shape": (4,)},
      "the model's eval-mode forward is random: two passes over the same batch differ at "
      "'the logits'"),
+    ("edits its input", EditsItsInputNet, ["embed", "block"], {"input_shape": (4,)},
+     "the model's forward changes its input batch in place"),
     ("called twice", TwiceNet, ["embed", "block"], {"input_shape": (4,)},
      "state 'block' is called more than once"),
     ("does not reach", TwiceNet, ["embed", "aux"], {"input_shape": (4,)},

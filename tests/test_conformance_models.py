@@ -180,7 +180,30 @@ class LiesInDescribe(ResMLPArchitecture):
         return _mlp(MiscountsBlocks, options, input_shape, n_classes)
 
 
+class ClampsInPlace(nn.Module):
+    """An embedding that clamps its input in place (idempotent: every pass sees the same
+    values, so only the edited batch shows it)."""
+
+    def __init__(self, embed: nn.Module) -> None:
+        super().__init__()
+        self.inner = embed
+
+    def forward(self, x):
+        return self.inner(x.clamp_(-0.5, 0.5))
+
+
+class EditsItsInput(ResMLPArchitecture):
+    name, label = "edits", "Edits its input"
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        model = _mlp(ResidualMLP, options, input_shape, n_classes)
+        model.embed = ClampsInPlace(model.embed)
+        return model
+
+
 @pytest.mark.parametrize("cls,check", [
+    (EditsItsInput, "forward_leaves_its_input_alone"),
     (ClaimsLN, "terminal_ln_is_what_the_readout_does"),
     (HidesLN, "terminal_ln_is_what_the_readout_does"),
     (AcceptsAnyInput, "check_refuses_what_build_cannot_build"),

@@ -4,8 +4,9 @@
 training and raises one-line :class:`~creditaudit.errors.ModelContractError`\\ s: unknown names
 (with close matches), a state whose output is not one floating tensor of shape (B, d),
 (B, T, d) or (B, C, H, W), a state module called twice or not at all, states listed out of
-order, a state that does not reach the output, a state that is not a cut, and a model that
-mixes samples in eval mode (the diagnostics run there and need per-sample independence) —
+order, a state that does not reach the output, a state that is not a cut, a forward that
+changes its input batch in place, and a model that mixes samples in eval mode (the
+diagnostics run there and need per-sample independence) —
 and, before these, a network that fails on the probe inputs (named with its error), gives
 NaN/Inf logits (the parameter holding NaN/Inf named), or replaces its parameters on every
 forward (BioTorch's uSF/brSF layers). It also learns the states' shapes, the segments, the
@@ -249,9 +250,16 @@ class AdaptProbe:
                                      "adapt() at least 2 (example=x[:8])")
         rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
         with torch.no_grad():
-            # the first pass on a copy: a forward that edits its input in place is not
-            # random (the mixing check below sees it)
-            again, again_logits = self._trace(x.clone(), detach=False, leaf=False)
+            probe = x.clone()  # the first pass on a copy: did the forward edit it?
+            again, again_logits = self._trace(probe, detach=False, leaf=False)
+            if not torch.equal(probe, x) and not (
+                    x.is_floating_point() and torch.allclose(probe, x, rtol=0.0, atol=0.0,
+                                                             equal_nan=True)):
+                raise ModelContractError(
+                    "the model's forward changes its input batch in place (an in-place op "
+                    "on its input, such as x.mul_(…) or x -= …?), and the diagnostics "
+                    "forward one batch many times: make the forward work on a copy "
+                    "(x = x * …)")
             states, logits = self._trace(x, detach=False, leaf=False)
             other_states, other_logits = self._trace(torch.cat([x[:1], rest]), detach=False,
                                                      leaf=False)

@@ -30,6 +30,9 @@ The checks:
 - ``samples_are_independent_in_eval_mode``: in eval mode, changing the other samples of a
   batch changes neither sample 0's states nor its logits — per-sample diagnostics run in
   eval mode and assume it;
+- ``forward_leaves_its_input_alone``: ``forward_states``, ``forward`` and ``forward_from``,
+  in training and eval mode, leave the batch (and the state) they are given as they were —
+  the diagnostics forward one evaluation batch many times and must see the same samples;
 - ``branch_split_adds_up_to_the_block`` (blocks with a split,
   :func:`~creditaudit.models.contract.split_branch`): ``last(hidden(h))`` (or
   ``skip + last(u)``) equals the block's output — DFA and DRTP train that layer through the
@@ -201,6 +204,27 @@ def samples_are_independent_in_eval_mode(cls: type[Architecture], options: Any,
         "in eval mode, the logits of sample 0 depend on the other samples"
 
 
+def forward_leaves_its_input_alone(cls: type[Architecture], options: Any,
+                                   input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape)
+    for mode in ("training", "eval"):
+        model.train(mode == "training")
+        x = _inputs(model)
+        kept = x.clone()
+        with torch.no_grad():
+            states, _ = model.forward_states(x)
+            assert torch.equal(x, kept), \
+                f"forward_states() changed its input batch in place ({mode} mode)"
+            model(x)
+            assert torch.equal(x, kept), \
+                f"forward() changed its input batch in place ({mode} mode)"
+            for layer, h in enumerate(states):
+                h_kept = h.clone()
+                model.forward_from(layer, h)
+                assert torch.equal(h, h_kept), \
+                    f"forward_from({layer}, h) changed h in place ({mode} mode)"
+
+
 def branch_split_adds_up_to_the_block(cls: type[Architecture], options: Any,
                                       input_shape: tuple[int, ...]) -> None:
     model = _build(cls, options, input_shape).eval()
@@ -324,7 +348,8 @@ def building_is_deterministic_under_a_seed(cls: type[Architecture], options: Any
 
 MODEL_CHECKS = (
     builds_a_contract_model, states_follow_the_declared_layout, states_are_the_residual_chain,
-    samples_are_independent_in_eval_mode, branch_split_adds_up_to_the_block,
+    samples_are_independent_in_eval_mode, forward_leaves_its_input_alone,
+    branch_split_adds_up_to_the_block,
     terminal_ln_is_what_the_readout_does, description_matches_the_model,
     parameters_belong_to_one_part, check_refuses_what_build_cannot_build,
     building_is_deterministic_under_a_seed)

@@ -528,6 +528,8 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     trained, x, y = small
     with pytest.raises(ModelContractError, match="eval_y must hold integer class labels"):
         Recorder(trained, x, y.float(), out=tmp_path)
+    with pytest.raises(ModelContractError, match="eval_y is uint8, but class labels are int64"):
+        Recorder(trained, x, y.to(torch.uint8), out=tmp_path)
     with pytest.raises(ConfigError, match="labels outside 0 … 9"):
         Recorder(trained, x, y + 10, out=tmp_path)
     with pytest.raises(ConfigError, match="records a credit rule, got AdaptedModel"):

@@ -139,6 +139,8 @@ def _off_by_one(net: MyNet):
      "states_fn returned states without a graph (detached): h_0"),
     ("float labels", lambda net, rule, x, y: dict(eval_y=y.float()),
      "eval_y must hold integer class labels, got float32"),
+    ("int32 labels", lambda net, rule, x, y: dict(eval_y=y.int()),
+     "eval_y is int32, but class labels are int64 (what cross-entropy takes): pass eval_y.long()"),
     ("one-hot labels", lambda net, rule, x, y: dict(eval_y=F.one_hot(y, 4)),
      "eval_y must be (256,) labels"),
     ("labels out of range", lambda net, rule, x, y: dict(eval_y=y + 4),

@@ -552,6 +552,18 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     assert load_record(tmp_path / "run").log == []
 
 
+def test_the_recorder_refuses_an_epoch_past_the_optim_epochs_it_was_given(small, tmp_path):
+    # the record would say a 1-epoch recipe while its log and final results run to epoch 2
+    rec = Recorder(*small, out=tmp_path, name="run",
+                   config={"optim.epochs": 1, "diagnostics.end_of_run": False})
+    rec.epoch(0)
+    rec.epoch(1, test_acc=0.5)
+    with pytest.raises(ConfigError, match="epoch=2 is past optim.epochs=1"):
+        rec.epoch(2, test_acc=0.5)
+    record = rec.finish()
+    assert record.config.optim.epochs == 1 and record.final.epochs_completed == 1
+
+
 def test_a_loop_that_fails_leaves_a_failed_record_and_a_diverged_one_says_so(small, tmp_path):
     trained, x, y = small
     with pytest.raises(RuntimeError), Recorder(trained, x, y, out=tmp_path, name="failed") as rec:

@@ -115,7 +115,8 @@ class Recorder:
     ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3, "optim.batch_size": 64,
     "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); data, optimiser and run keys left out
     are listed in ``record.not_recorded`` (reports print "not recorded"), ``optim.epochs``
-    follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N.
+    follows the last recorded epoch unless given (an epoch past it is then refused),
+    ``diagnostics.eval_samples`` is N.
     ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
     beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
     (refused otherwise). ``allow_unverified_reference`` (or the config key
@@ -227,6 +228,11 @@ class Recorder:
             after = f" after the last recorded epoch {last}" if last is not None else ""
             raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
                               "epoch once, in order")
+        if self._epochs_given and epoch > self.config.optim.epochs:
+            raise ConfigError(f"epoch={epoch} is past optim.epochs={self.config.optim.epochs}, "
+                              "which the config gives as the run's length: give the epochs "
+                              "your loop runs, or leave optim.epochs out (the record then "
+                              "follows the last recorded epoch)")
         check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
         numbers = {"test_acc": _number("test_acc", test_acc, fraction=True),
                    "test_loss": _number("test_loss", test_loss, loss=True),

@@ -103,3 +103,45 @@ def test_the_docs_wrapper_fits_a_three_channel_network_to_one_channel_images(tmp
         assert plan.build_model().n_classes == 10
     finally:
         sys.modules.pop("my_nets", None)
+
+
+RANDOM_FACTORIES = '''
+import random
+
+from torch import nn
+
+
+def random_width(n_classes=10):
+    """Its width drawn from Python's RNG, which no run.seed seeds."""
+    width = random.choice([4, 8, 16, 32, 64, 128, 256, 512])
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, width), nn.Linear(width, width),
+                         nn.Linear(width, n_classes))
+
+
+def random_init(n_classes=10):
+    """Its weights drawn from Python's RNG: one run seed, another network each time."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 8), nn.Linear(8, n_classes))
+    net[1].weight.data.fill_(random.random())
+    return net
+'''
+
+
+@pytest.mark.parametrize(("factory", "differs"), [
+    ("random_width", "'1.weight' is ("), ("random_init", "at '1.weight'")])
+def test_a_factory_that_builds_another_network_under_one_seed_is_refused(
+        tmp_path, monkeypatch, factory, differs):
+    """A factory drawing from Python's RNG trains one network and gives audit and --resume
+    another (which then called its checkpoint 'another run's'): the door builds it twice
+    under one seed."""
+    from creditaudit.testing import check_module
+
+    (tmp_path / "random_nets.py").write_text(RANDOM_FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    random = __import__("random")
+    random.seed(0)  # not a chance draw of the same width or value twice (they would pass)
+    with pytest.raises(AssertionError) as err:
+        check_module({"factory": f"random_nets:{factory}", "states": ["1", "2"]},
+                     input_shape=(1, 3, 4), n_classes=10)
+    message = str(err.value)
+    assert "initial_weights_follow_the_seed" in message and differs in message, message
+    assert "draws from a random source other than torch's" in message

@@ -60,6 +60,12 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
                                  f"{dtype_name(reference.dtype)} inputs: pass "
                                  f"eval_x.to(torch.{dtype_name(reference.dtype)})")
+    probed = model.input_dtype if isinstance(model, AdaptedModel) else None
+    if probed is not None and not probed.is_floating_point and eval_x.is_floating_point():
+        raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
+                                 f"{dtype_name(probed)} inputs (as adapt() probed it: token "
+                                 f"ids or other indices): pass eval_x.to(torch."
+                                 f"{dtype_name(probed)})")
     if eval_x.is_floating_point() and reference is not None \
             and eval_x.dtype != reference.dtype:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model's "

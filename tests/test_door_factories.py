@@ -81,6 +81,13 @@ def test_none_arguments_have_a_spelling_a_config_file_can_hold(tmp_path):
         plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
             "model.arch": "module", "model.factory": factory,
             "model.args": {"weights": None}})))
+    # An argument in both: the factory got None while the record said model.args' value.
+    with guests(tmp_path / "site"), pytest.raises(
+            ConfigError, match=r"model.none_args names 'weights', which model.args gives as "
+                               r"'DEFAULT': give the argument in one of them"):
+        plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
+            "model.arch": "module", "model.factory": factory,
+            "model.args": {"weights": "DEFAULT"}, "model.none_args": ["weights"]})))
 
 
 def test_the_docs_wrapper_fits_a_three_channel_network_to_one_channel_images(tmp_path,

@@ -147,6 +147,10 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
                 isinstance(n, str) and n for n in none_args)):
             raise ConfigError(f"model.none_args must be a list of argument names, got "
                               f"{none_args!r}; e.g. --set 'model.none_args=[\"weights\"]'")
+        both = sorted(set(none_args or ()) & set(args or {}))
+        if both:  # the factory would get None, the record would say the model.args value
+            raise ConfigError(f"model.none_args names {both[0]!r}, which model.args gives as "
+                              f"{args[both[0]]!r}: give the argument in one of them")
 
     def guest_code(self) -> Guest | None:
         return factory_guest(self.options.factory)

@@ -281,6 +281,33 @@ def test_a_lazy_layer_that_took_its_shapes_is_adapted():
     assert model.state_widths == (8, 8)
 
 
+class IndexTable(nn.Module):
+    """Keeps a permutation as an integer parameter (requires_grad=False, as it must)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 8)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(8, 4)
+        self.order = nn.Parameter(torch.randperm(8), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.stem(x)[:, self.order]))
+
+
+def test_an_integer_parameter_is_adapted_and_left_as_it_was():
+    # the probe turned requires_grad on for every parameter, which an integer one cannot
+    # take: adapt() said the network raised RuntimeError
+    torch.manual_seed(0)
+    net, x, y = IndexTable(), torch.randn(16, 8), torch.randint(0, 4, (16,))
+    model = adapt(net, ["stem", "block"], example=x[:4])
+    assert not net.order.requires_grad and net.order.dtype == torch.int64
+    assert {id(p) for p in model.segment_parameters(1)} == {id(p) for p in net.block.parameters()}
+    dfa = rule("dfa", model)
+    dfa.train_step(x, y, torch.optim.SGD(dfa.trainable_parameters(), lr=0.1))
+    assert dfa.frozen_outside() == {"order": 8}
+
+
 @pytest.mark.parametrize("make,states,options,fragment", [r[1:] for r in REFUSALS],
                          ids=[r[0] for r in REFUSALS])
 def test_adapt_refuses_what_cannot_work_in_one_line(make, states, options, fragment):

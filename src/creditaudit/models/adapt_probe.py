@@ -73,7 +73,7 @@ class AdaptProbe:
         messages) and check every state (module docstring) and the declared facts
         (``terminal_ln``, ``n_classes``: refused when the probe contradicts them).
 
-        Runs in eval mode under a forked RNG with every parameter temporarily requiring
+        Runs in eval mode under a forked RNG with every floating parameter temporarily requiring
         grad (to find the segments); restores every module's training flag and every
         ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched. An
         exception the network raises is a one-line ModelContractError naming it.
@@ -85,7 +85,8 @@ class AdaptProbe:
             with torch.random.fork_rng(devices=devices), torch.enable_grad():
                 self.net.eval()
                 for p, _ in flags:
-                    p.requires_grad_(True)
+                    if p.is_floating_point():  # an integer parameter (an index table) has none
+                        p.requires_grad_(True)
                 self._check_runs(x, source)
                 self._check_independence(x)  # its passes need no gradient
                 self._find_prefixes(x)
@@ -321,8 +322,8 @@ class AdaptProbe:
         self._prefixes: list[tuple[tuple[str, tuple[int, ...]], ...]] = prefixes
 
     def _find_segments(self, x: Tensor) -> None:
-        names = [name for name, _ in self.net.named_parameters()]
-        params = list(self.net.parameters())
+        named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
+        names, params = [name for name, _ in named], [p for _, p in named]
         outputs, logits = self._trace(x, detach=True, leaf=False)
 
         def reached(out: Tensor) -> list[str]:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from creditaudit.errors import ConfigError
 from creditaudit.models.module_factory import factory_args
@@ -152,3 +153,21 @@ def test_a_factory_that_builds_another_network_under_one_seed_is_refused(
     message = str(err.value)
     assert "initial_weights_follow_the_seed" in message and differs in message, message
     assert "draws from a random source other than torch's" in message
+
+
+def test_a_factory_module_that_changes_a_torch_setting_on_import_is_named(tmp_path,
+                                                                         monkeypatch):
+    """``torch.set_default_dtype(torch.float64)`` at the top of the factory's file: the run
+    trained in float64 and its record said fp32 (or a dataset refused its own arrays)."""
+    from creditaudit.errors import GuestError
+    from creditaudit.models.module_factory import load_factory
+
+    (tmp_path / "f64_nets.py").write_text(
+        "import torch\nfrom torch import nn\n\ntorch.set_default_dtype(torch.float64)\n\n\n"
+        "def net(n_classes=10):\n    return nn.Linear(4, n_classes)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "f64_nets", raising=False)
+    with pytest.raises(GuestError, match=r"model factory 'f64_nets:net' changed torch's "
+                                         r"default dtype from float32 to float64"):
+        load_factory("f64_nets:net")
+    assert torch.get_default_dtype() == torch.float32

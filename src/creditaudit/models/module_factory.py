@@ -56,14 +56,17 @@ def load_factory(path: Any) -> Callable[..., Any]:
     """The callable ``model.factory`` names (``package.module:name`` or
     ``package.module.name``); a one-line ConfigError when it cannot be imported or called.
     Importing runs the module's code, as installing a plugin does (what it prints goes to
-    stderr)."""
+    stderr; a torch setting it changes, ``torch.set_default_dtype`` at the top of the file,
+    is put back and refused in one GuestError line naming the factory)."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("model.arch='module' needs model.factory: the callable that builds "
                           "your network, as package.module:name (e.g. "
                           "creditaudit.testing.zoo:resnet20)")
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
+    try:  # importing runs the module's code: a setting it changes is its doing, not ours
+        with contextlib.redirect_stdout(sys.stderr), settings_kept(f"model factory {path!r}"):
             factory = pkgutil.resolve_name(path)
+    except GuestError:
+        raise
     except ValueError:
         raise ConfigError(f"model.factory={path!r} is not a module path: write "
                           "package.module:name, e.g. creditaudit.testing.zoo:resnet20") from None

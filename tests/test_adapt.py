@@ -266,6 +266,16 @@ REFUSALS = [
      "LazyLinear '2' has not taken its shapes yet: run one forward pass on a batch"),
     ("lazy norm", lambda: lazy_net(nn.LazyBatchNorm1d()), ["1", "3"], {"input_shape": (8,)},
      "LazyLinear '2' and LazyBatchNorm1d '3' have not taken their shapes yet"),
+    # TorchScript runs no forward hooks: a traced network's states were "not called" and a
+    # scripted block's refusal of the hooks read as the network raising RuntimeError
+    ("traced", lambda: torch.jit.trace(nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)),
+        torch.randn(2, 8)), ["1", "3"],
+     {"input_shape": (8,)}, "the model is a TorchScript module (TopLevelTracedModule)"),
+    ("scripted block", lambda: nn.Sequential(nn.Linear(8, 8), torch.jit.script(
+        nn.Sequential(nn.Linear(8, 8), nn.Tanh())), nn.Linear(8, 4)), ["0", "1"],
+     {"input_shape": (8,)}, "Sequential's submodule '1' is a TorchScript module "
+     "(RecursiveScriptModule), whose forward runs no forward hooks"),
 ]
 
 

@@ -552,6 +552,22 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     assert load_record(tmp_path / "run").log == []
 
 
+def test_the_recorder_refuses_evaluation_arrays_changed_in_place(small, tmp_path):
+    # the record's data fingerprint was of the arrays as given, the epochs measured others
+    trained, x, y = small
+    x = x.clone()
+    rec = Recorder(trained, x, y, out=tmp_path, name="run",
+                   config={"diagnostics.end_of_run": False})
+    rec.epoch(0)
+    x.mul_(100.0)
+    with pytest.raises(ConfigError, match="eval_x or eval_y was changed in place since the "
+                                          "Recorder was created"):
+        rec.epoch(1)
+    with pytest.raises(ConfigError, match="changed in place"):
+        rec.finish()
+    assert [e.epoch for e in load_record(tmp_path / "run").log] == [0]
+
+
 def test_the_recorder_refuses_an_epoch_past_the_optim_epochs_it_was_given(small, tmp_path):
     # the record would say a 1-epoch recipe while its log and final results run to epoch 2
     rec = Recorder(*small, out=tmp_path, name="run",

@@ -171,3 +171,23 @@ def test_a_factory_module_that_changes_a_torch_setting_on_import_is_named(tmp_pa
                                          r"default dtype from float32 to float64"):
         load_factory("f64_nets:net")
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_factory_network_in_float64_is_refused_naming_the_factory(tmp_path, monkeypatch):
+    """A network of torch's own layers cast with .double() on the data's float32 samples:
+    the first forward raised inside torch's Linear, with no frame of the factory's code to
+    blame, so the command line called it an internal error of creditaudit."""
+    from creditaudit.errors import GuestError
+
+    (tmp_path / "double_nets.py").write_text(
+        "from torch import nn\n\n\ndef net(n_classes=10):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 8), nn.Linear(8, 8),\n"
+        "                         nn.Linear(8, n_classes)).double()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = write_idx_dataset(tmp_path / "mnist")
+    with pytest.raises(GuestError, match=r"model factory 'double_nets:net' builds a Sequential "
+                                         r"with float64 parameters, but the command line "
+                                         r"trains float32 networks"):
+        plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
+            "model.arch": "module", "model.factory": "double_nets:net",
+            "model.states": ["1", "2"]})))

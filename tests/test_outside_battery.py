@@ -507,7 +507,7 @@ MODULES = [
         ("returns_function",), ("returns_class",), ("raises", "ValueError", "no such width"),
         ("exits_zero", "sys.exit(0)"), ("exits_text", "sys.exit('the factory gave up')"),
         ("nan_weights", "'b1.f.0.weight' holds NaN/Inf"), ("inf_bias", "'head.bias' holds"),
-        ("float64", "Float and Double"), ("in_place_input", "mixes samples"),
+        ("float64", "with float64 parameters"), ("in_place_input", "mixes samples"),
         ("skips_past_states", "is not a cut"), ("detached_head", "does not reach the output")]],
     C("factory no_parameters", MODULE, REFUSED, factory("no_parameters"),
       factory_named("no_parameters"), "nothing to train (it has no parameters)"),

@@ -190,6 +190,13 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
                    else "it has no parameters")
             raise GuestError(f"{what} builds a {type(net).__name__} with nothing to train "
                              f"({why}): return a network with trainable parameters")
+        held = sorted({str(p.dtype).removeprefix("torch.") for p in net.parameters()
+                       if p.is_floating_point() and p.dtype != torch.float32})
+        if held:  # the command line feeds float32 samples (bf16 by autocast, not weights)
+            raise GuestError(f"{what} builds a {type(net).__name__} with {held[0]} parameters, "
+                             "but the command line trains float32 networks on float32 "
+                             "samples (--precision bf16 autocasts them): return it in float32 "
+                             "(without .double() or .to(dtype))")
         try:
             with blame(what):
                 model = adapt(net, options.states, options.readout, input_shape=input_shape,

@@ -279,6 +279,16 @@ REFUSALS = [
      "LazyLinear '2' has not taken its shapes yet: run one forward pass on a batch"),
     ("lazy norm", lambda: lazy_net(nn.LazyBatchNorm1d()), ["1", "3"], {"input_shape": (8,)},
      "LazyLinear '2' and LazyBatchNorm1d '3' have not taken their shapes yet"),
+    # TorchScript runs no forward hooks: a traced network's states were "not called" and a
+    # scripted block's refusal of the hooks read as the network raising RuntimeError
+    ("traced", lambda: torch.jit.trace(nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)),
+        torch.randn(2, 8)), ["1", "3"],
+     {"input_shape": (8,)}, "the model is a TorchScript module (TopLevelTracedModule)"),
+    ("scripted block", lambda: nn.Sequential(nn.Linear(8, 8), torch.jit.script(
+        nn.Sequential(nn.Linear(8, 8), nn.Tanh())), nn.Linear(8, 4)), ["0", "1"],
+     {"input_shape": (8,)}, "Sequential's submodule '1' is a TorchScript module "
+     "(RecursiveScriptModule), whose forward runs no forward hooks"),
 ]
 
 
@@ -292,6 +302,33 @@ def test_a_lazy_layer_that_took_its_shapes_is_adapted():
     net(torch.randn(2, 8))  # the forward pass the refusal asks for
     model = adapt(net, ["1", "3"], input_shape=(8,))
     assert model.state_widths == (8, 8)
+
+
+class IndexTable(nn.Module):
+    """Keeps a permutation as an integer parameter (requires_grad=False, as it must)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 8)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(8, 4)
+        self.order = nn.Parameter(torch.randperm(8), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.stem(x)[:, self.order]))
+
+
+def test_an_integer_parameter_is_adapted_and_left_as_it_was():
+    # the probe turned requires_grad on for every parameter, which an integer one cannot
+    # take: adapt() said the network raised RuntimeError
+    torch.manual_seed(0)
+    net, x, y = IndexTable(), torch.randn(16, 8), torch.randint(0, 4, (16,))
+    model = adapt(net, ["stem", "block"], example=x[:4])
+    assert not net.order.requires_grad and net.order.dtype == torch.int64
+    assert {id(p) for p in model.segment_parameters(1)} == {id(p) for p in net.block.parameters()}
+    dfa = rule("dfa", model)
+    dfa.train_step(x, y, torch.optim.SGD(dfa.trainable_parameters(), lr=0.1))
+    assert dfa.frozen_outside() == {"order": 8}
 
 
 @pytest.mark.parametrize("make,states,options,fragment", [r[1:] for r in REFUSALS],

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from creditaudit.errors import ConfigError
 from creditaudit.models.module_factory import factory_args
@@ -81,6 +82,13 @@ def test_none_arguments_have_a_spelling_a_config_file_can_hold(tmp_path):
         plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
             "model.arch": "module", "model.factory": factory,
             "model.args": {"weights": None}})))
+    # An argument in both: the factory got None while the record said model.args' value.
+    with guests(tmp_path / "site"), pytest.raises(
+            ConfigError, match=r"model.none_args names 'weights', which model.args gives as "
+                               r"'DEFAULT': give the argument in one of them"):
+        plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
+            "model.arch": "module", "model.factory": factory,
+            "model.args": {"weights": "DEFAULT"}, "model.none_args": ["weights"]})))
 
 
 def test_the_docs_wrapper_fits_a_three_channel_network_to_one_channel_images(tmp_path,
@@ -103,3 +111,83 @@ def test_the_docs_wrapper_fits_a_three_channel_network_to_one_channel_images(tmp
         assert plan.build_model().n_classes == 10
     finally:
         sys.modules.pop("my_nets", None)
+
+
+RANDOM_FACTORIES = '''
+import random
+
+from torch import nn
+
+
+def random_width(n_classes=10):
+    """Its width drawn from Python's RNG, which no run.seed seeds."""
+    width = random.choice([4, 8, 16, 32, 64, 128, 256, 512])
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, width), nn.Linear(width, width),
+                         nn.Linear(width, n_classes))
+
+
+def random_init(n_classes=10):
+    """Its weights drawn from Python's RNG: one run seed, another network each time."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 8), nn.Linear(8, n_classes))
+    net[1].weight.data.fill_(random.random())
+    return net
+'''
+
+
+@pytest.mark.parametrize(("factory", "differs"), [
+    ("random_width", "'1.weight' is ("), ("random_init", "at '1.weight'")])
+def test_a_factory_that_builds_another_network_under_one_seed_is_refused(
+        tmp_path, monkeypatch, factory, differs):
+    """A factory drawing from Python's RNG trains one network and gives audit and --resume
+    another (which then called its checkpoint 'another run's'): the door builds it twice
+    under one seed."""
+    from creditaudit.testing import check_module
+
+    (tmp_path / "random_nets.py").write_text(RANDOM_FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    random = __import__("random")
+    random.seed(0)  # not a chance draw of the same width or value twice (they would pass)
+    with pytest.raises(AssertionError) as err:
+        check_module({"factory": f"random_nets:{factory}", "states": ["1", "2"]},
+                     input_shape=(1, 3, 4), n_classes=10)
+    message = str(err.value)
+    assert "initial_weights_follow_the_seed" in message and differs in message, message
+    assert "draws from a random source other than torch's" in message
+
+
+def test_a_factory_module_that_changes_a_torch_setting_on_import_is_named(tmp_path,
+                                                                         monkeypatch):
+    """``torch.set_default_dtype(torch.float64)`` at the top of the factory's file: the run
+    trained in float64 and its record said fp32 (or a dataset refused its own arrays)."""
+    from creditaudit.errors import GuestError
+    from creditaudit.models.module_factory import load_factory
+
+    (tmp_path / "f64_nets.py").write_text(
+        "import torch\nfrom torch import nn\n\ntorch.set_default_dtype(torch.float64)\n\n\n"
+        "def net(n_classes=10):\n    return nn.Linear(4, n_classes)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "f64_nets", raising=False)
+    with pytest.raises(GuestError, match=r"model factory 'f64_nets:net' changed torch's "
+                                         r"default dtype from float32 to float64"):
+        load_factory("f64_nets:net")
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_factory_network_in_float64_is_refused_naming_the_factory(tmp_path, monkeypatch):
+    """A network of torch's own layers cast with .double() on the data's float32 samples:
+    the first forward raised inside torch's Linear, with no frame of the factory's code to
+    blame, so the command line called it an internal error of creditaudit."""
+    from creditaudit.errors import GuestError
+
+    (tmp_path / "double_nets.py").write_text(
+        "from torch import nn\n\n\ndef net(n_classes=10):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 8), nn.Linear(8, 8),\n"
+        "                         nn.Linear(8, n_classes)).double()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = write_idx_dataset(tmp_path / "mnist")
+    with pytest.raises(GuestError, match=r"model factory 'double_nets:net' builds a Sequential "
+                                         r"with float64 parameters, but the command line "
+                                         r"trains float32 networks"):
+        plan_run(tiny_config(tmp_path / "runs", **image_run(data, **{
+            "model.arch": "module", "model.factory": "double_nets:net",
+            "model.states": ["1", "2"]})))

@@ -528,6 +528,8 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     trained, x, y = small
     with pytest.raises(ModelContractError, match="eval_y must hold integer class labels"):
         Recorder(trained, x, y.float(), out=tmp_path)
+    with pytest.raises(ModelContractError, match="eval_y is uint8, but class labels are int64"):
+        Recorder(trained, x, y.to(torch.uint8), out=tmp_path)
     with pytest.raises(ConfigError, match="labels outside 0 … 9"):
         Recorder(trained, x, y + 10, out=tmp_path)
     with pytest.raises(ConfigError, match="records a credit rule, got AdaptedModel"):
@@ -548,6 +550,34 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     assert [e.epoch for e in load_record(tmp_path / "run").log] == [1]
     Recorder(trained, x, y, out=tmp_path, name="run", overwrite=True)
     assert load_record(tmp_path / "run").log == []
+
+
+def test_the_recorder_refuses_evaluation_arrays_changed_in_place(small, tmp_path):
+    # the record's data fingerprint was of the arrays as given, the epochs measured others
+    trained, x, y = small
+    x = x.clone()
+    rec = Recorder(trained, x, y, out=tmp_path, name="run",
+                   config={"diagnostics.end_of_run": False})
+    rec.epoch(0)
+    x.mul_(100.0)
+    with pytest.raises(ConfigError, match="eval_x or eval_y was changed in place since the "
+                                          "Recorder was created"):
+        rec.epoch(1)
+    with pytest.raises(ConfigError, match="changed in place"):
+        rec.finish()
+    assert [e.epoch for e in load_record(tmp_path / "run").log] == [0]
+
+
+def test_the_recorder_refuses_an_epoch_past_the_optim_epochs_it_was_given(small, tmp_path):
+    # the record would say a 1-epoch recipe while its log and final results run to epoch 2
+    rec = Recorder(*small, out=tmp_path, name="run",
+                   config={"optim.epochs": 1, "diagnostics.end_of_run": False})
+    rec.epoch(0)
+    rec.epoch(1, test_acc=0.5)
+    with pytest.raises(ConfigError, match="epoch=2 is past optim.epochs=1"):
+        rec.epoch(2, test_acc=0.5)
+    record = rec.finish()
+    assert record.config.optim.epochs == 1 and record.final.epochs_completed == 1
 
 
 def test_a_loop_that_fails_leaves_a_failed_record_and_a_diverged_one_says_so(small, tmp_path):

@@ -5,6 +5,7 @@ name the argument; the package ships py.typed."""
 from __future__ import annotations
 
 import importlib.resources
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import creditaudit
-from creditaudit import RunConfig, diagnose, train
+from creditaudit import RunConfig, adapt, diagnose, train
 from creditaudit.config import MethodConfig
 from creditaudit.errors import ModelContractError
 from creditaudit.methods import build_rule
@@ -139,6 +140,8 @@ def _off_by_one(net: MyNet):
      "states_fn returned states without a graph (detached): h_0"),
     ("float labels", lambda net, rule, x, y: dict(eval_y=y.float()),
      "eval_y must hold integer class labels, got float32"),
+    ("int32 labels", lambda net, rule, x, y: dict(eval_y=y.int()),
+     "eval_y is int32, but class labels are int64 (what cross-entropy takes): pass eval_y.long()"),
     ("one-hot labels", lambda net, rule, x, y: dict(eval_y=F.one_hot(y, 4)),
      "eval_y must be (256,) labels"),
     ("labels out of range", lambda net, rule, x, y: dict(eval_y=y + 4),
@@ -203,3 +206,33 @@ def test_the_package_ships_py_typed():
     assert importlib.resources.files("creditaudit").joinpath("py.typed").is_file()
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert 'creditaudit = ["py.typed"]' in pyproject
+
+
+class TokenNet(nn.Module):
+    """Token ids in, logits out: what adapt() probes with an integer example."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.embed(ids)).mean(dim=1))
+
+
+def test_float_inputs_for_a_model_of_token_ids_are_one_line(tmp_path):
+    # float32 ids passed the dtype check (the parameters are float32) and reached the
+    # embedding, which raised inside the diagnostics with a torch traceback
+    torch.manual_seed(0)
+    ids, labels = torch.randint(0, 16, (16, 6)), torch.randint(0, 4, (16,))
+    model = adapt(TokenNet(), ["embed", "block"], example=ids[:8])
+    bound = creditaudit.rule("dfa", model)
+    fragment = ("eval_x is float32 but the model takes int64 inputs (as adapt() probed it: "
+                "token ids or other indices): pass eval_x.to(torch.int64)")
+    with pytest.raises(ModelContractError, match=re.escape(fragment)):
+        diagnose(model, ids.float(), labels, credit=bound)
+    with pytest.raises(ModelContractError, match=re.escape(fragment)):
+        creditaudit.Recorder(bound, ids.float(), labels, out=tmp_path, progress=False)
+    assert not list(tmp_path.iterdir())
+

@@ -60,6 +60,12 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
                                  f"{dtype_name(reference.dtype)} inputs: pass "
                                  f"eval_x.to(torch.{dtype_name(reference.dtype)})")
+    probed = model.input_dtype if isinstance(model, AdaptedModel) else None
+    if probed is not None and not probed.is_floating_point and eval_x.is_floating_point():
+        raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
+                                 f"{dtype_name(probed)} inputs (as adapt() probed it: token "
+                                 f"ids or other indices): pass eval_x.to(torch."
+                                 f"{dtype_name(probed)})")
     if eval_x.is_floating_point() and reference is not None \
             and eval_x.dtype != reference.dtype:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model's "
@@ -80,7 +86,7 @@ def _model_inputs(model: nn.Module) -> tuple[tuple[int, ...] | None, bool]:
 
 
 def check_labels(eval_x: Tensor, eval_y: Tensor) -> None:
-    """``eval_y``: ``(N,)`` integer class labels for the N inputs."""
+    """``eval_y``: ``(N,)`` int64 class labels for the N inputs."""
     if not isinstance(eval_y, Tensor):
         raise ModelContractError(f"eval_y must be a tensor of integer class labels, got "
                                  f"{type(eval_y).__name__}")
@@ -88,6 +94,9 @@ def check_labels(eval_x: Tensor, eval_y: Tensor) -> None:
         raise ModelContractError(f"eval_y must hold integer class labels, got "
                                  f"{dtype_name(eval_y.dtype)}: pass eval_y.long() (class "
                                  "indices, not one-hot rows or probabilities)")
+    if eval_y.dtype != torch.long:  # cross-entropy and the output error index with int64
+        raise ModelContractError(f"eval_y is {dtype_name(eval_y.dtype)}, but class labels are "
+                                 "int64 (what cross-entropy takes): pass eval_y.long()")
     if eval_y.dim() != 1 or eval_y.shape[0] != eval_x.shape[0]:
         raise ModelContractError(f"eval_y must be ({eval_x.shape[0]},) labels for the "
                                  f"{eval_x.shape[0]} inputs, got shape {tuple(eval_y.shape)}")

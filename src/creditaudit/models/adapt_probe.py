@@ -56,6 +56,21 @@ def check_shapes_taken(net: nn.Module) -> None:
             "(net(x)) before adapt(), so the lazy layers take their shapes")
 
 
+def check_eager(net: nn.Module) -> None:
+    """One-line ModelContractError naming the first TorchScript module of ``net``
+    (``torch.jit.script`` or ``torch.jit.trace``): adapt() reads states and checks the
+    network with forward hooks, which such modules refuse or never call."""
+    scripted = next(((name, module) for name, module in net.named_modules()
+                     if isinstance(module, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        name, module = scripted
+        where = f"{type(net).__name__}'s submodule {name!r}" if name else "the model"
+        raise ModelContractError(
+            f"{where} is a TorchScript module ({type(module).__name__}), whose forward runs "
+            "no forward hooks, and adapt() reads the states with them: adapt the eager "
+            "nn.Module (before torch.jit.script or torch.jit.trace)")
+
+
 class AdaptProbe:
     """The probe of :class:`~creditaudit.models.adapted.AdaptedModel`, its one subclass: the
     methods read its ``net``, ``state_names``, ``readout_names``, ``n_blocks``, ``_trace``
@@ -74,7 +89,7 @@ class AdaptProbe:
         messages) and check every state (module docstring) and the declared facts
         (``terminal_ln``, ``n_classes``: refused when the probe contradicts them).
 
-        Runs in eval mode under a forked RNG with every parameter temporarily requiring
+        Runs in eval mode under a forked RNG with every floating parameter temporarily requiring
         grad (to find the segments); restores every module's training flag and every
         ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched. An
         exception the network raises is a one-line ModelContractError naming it.
@@ -86,7 +101,8 @@ class AdaptProbe:
             with torch.random.fork_rng(devices=devices), torch.enable_grad():
                 self.net.eval()
                 for p, _ in flags:
-                    p.requires_grad_(True)
+                    if p.is_floating_point():  # an integer parameter (an index table) has none
+                        p.requires_grad_(True)
                 self._check_runs(x, source)
                 self._check_independence(x)  # its passes need no gradient
                 self._find_prefixes(x)
@@ -329,8 +345,8 @@ class AdaptProbe:
         self._prefixes: list[tuple[tuple[str, tuple[int, ...]], ...]] = prefixes
 
     def _find_segments(self, x: Tensor) -> None:
-        names = [name for name, _ in self.net.named_parameters()]
-        params = list(self.net.parameters())
+        named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
+        names, params = [name for name, _ in named], [p for _, p in named]
         outputs, logits = self._trace(x, detach=True, leaf=False)
 
         def reached(out: Tensor) -> list[str]:
@@ -384,4 +400,4 @@ def _first_inversion(order: list[int]) -> tuple[int, int]:
     raise AssertionError("no inversion")  # pragma: no cover
 
 
-__all__ = ["check_shapes_taken", "AdaptProbe"]
+__all__ = ["check_eager", "check_shapes_taken", "AdaptProbe"]

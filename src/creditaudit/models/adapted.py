@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
-from creditaudit.models.adapt_probe import AdaptProbe, check_shapes_taken
+from creditaudit.models.adapt_probe import AdaptProbe, check_eager, check_shapes_taken
 from creditaudit.models.contract import LAYOUTS, restored_buffers
 from creditaudit.models.packages import network_packages
 from creditaudit.models.structure import parameter_dtype
@@ -309,6 +309,7 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
     """
     if not isinstance(model, nn.Module):
         raise ModelContractError(f"adapt() takes an nn.Module, got {type(model).__name__}")
+    check_eager(model)
     check_shapes_taken(model)
     if isinstance(states, str):
         states = [states]

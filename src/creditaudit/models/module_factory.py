@@ -56,14 +56,17 @@ def load_factory(path: Any) -> Callable[..., Any]:
     """The callable ``model.factory`` names (``package.module:name`` or
     ``package.module.name``); a one-line ConfigError when it cannot be imported or called.
     Importing runs the module's code, as installing a plugin does (what it prints goes to
-    stderr)."""
+    stderr; a torch setting it changes, ``torch.set_default_dtype`` at the top of the file,
+    is put back and refused in one GuestError line naming the factory)."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigError("model.arch='module' needs model.factory: the callable that builds "
                           "your network, as package.module:name (e.g. "
                           "creditaudit.testing.zoo:resnet20)")
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
+    try:  # importing runs the module's code: a setting it changes is its doing, not ours
+        with contextlib.redirect_stdout(sys.stderr), settings_kept(f"model factory {path!r}"):
             factory = pkgutil.resolve_name(path)
+    except GuestError:
+        raise
     except ValueError:
         raise ConfigError(f"model.factory={path!r} is not a module path: write "
                           "package.module:name, e.g. creditaudit.testing.zoo:resnet20") from None
@@ -147,6 +150,10 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
                 isinstance(n, str) and n for n in none_args)):
             raise ConfigError(f"model.none_args must be a list of argument names, got "
                               f"{none_args!r}; e.g. --set 'model.none_args=[\"weights\"]'")
+        both = sorted(set(none_args or ()) & set(args or {}))
+        if both:  # the factory would get None, the record would say the model.args value
+            raise ConfigError(f"model.none_args names {both[0]!r}, which model.args gives as "
+                              f"{args[both[0]]!r}: give the argument in one of them")
 
     def guest_code(self) -> Guest | None:
         return factory_guest(self.options.factory)
@@ -183,6 +190,13 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
                    else "it has no parameters")
             raise GuestError(f"{what} builds a {type(net).__name__} with nothing to train "
                              f"({why}): return a network with trainable parameters")
+        held = sorted({str(p.dtype).removeprefix("torch.") for p in net.parameters()
+                       if p.is_floating_point() and p.dtype != torch.float32})
+        if held:  # the command line feeds float32 samples (bf16 by autocast, not weights)
+            raise GuestError(f"{what} builds a {type(net).__name__} with {held[0]} parameters, "
+                             "but the command line trains float32 networks on float32 "
+                             "samples (--precision bf16 autocasts them): return it in float32 "
+                             "(without .double() or .to(dtype))")
         try:
             with blame(what):
                 model = adapt(net, options.states, options.readout, input_shape=input_shape,

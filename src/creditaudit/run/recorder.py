@@ -115,7 +115,8 @@ class Recorder:
     ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3, "optim.batch_size": 64,
     "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); data, optimiser and run keys left out
     are listed in ``record.not_recorded`` (reports print "not recorded"), ``optim.epochs``
-    follows the last recorded epoch unless given, ``diagnostics.eval_samples`` is N.
+    follows the last recorded epoch unless given (an epoch past it is then refused),
+    ``diagnostics.eval_samples`` is N.
     ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
     beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
     (refused otherwise). ``allow_unverified_reference`` (or the config key
@@ -151,6 +152,7 @@ class Recorder:
             raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
+        self._eval_versions = _versions(eval_x, eval_y)
         self._say = _Says(progress)
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
@@ -227,7 +229,13 @@ class Recorder:
             after = f" after the last recorded epoch {last}" if last is not None else ""
             raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
                               "epoch once, in order")
+        if self._epochs_given and epoch > self.config.optim.epochs:
+            raise ConfigError(f"epoch={epoch} is past optim.epochs={self.config.optim.epochs}, "
+                              "which the config gives as the run's length: give the epochs "
+                              "your loop runs, or leave optim.epochs out (the record then "
+                              "follows the last recorded epoch)")
         check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
+        self._check_eval_unchanged()
         numbers = {"test_acc": _number("test_acc", test_acc, fraction=True),
                    "test_loss": _number("test_loss", test_loss, loss=True),
                    "train_loss": _number("train_loss", train_loss),
@@ -270,6 +278,7 @@ class Recorder:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
         check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
+        self._check_eval_unchanged()
         last = self.record.log[-1]
         self.record.status = "completed" if finite_entry(last) else "diverged"
         if self.record.status == "diverged":
@@ -290,6 +299,16 @@ class Recorder:
         self.finished = True
         self._write()
         return self.record
+
+    def _check_eval_unchanged(self) -> None:
+        """ConfigError (one line) when ``eval_x`` or ``eval_y`` changed in place since the
+        Recorder was created: the record's data identity (their fingerprint, the check
+        against a dataset's test split) is of the arrays as they were then."""
+        if _versions(self.eval_x, self.eval_y) != self._eval_versions:
+            raise ConfigError("eval_x or eval_y was changed in place since the Recorder was "
+                              "created, and the record identifies the data by the arrays as "
+                              "they were then: change a copy (x = x * 2, not x.mul_(2)), or "
+                              "create a new Recorder with the arrays your loop evaluates on")
 
     # --- with-statement: a loop that raises leaves a failed (or interrupted) record -------
     def __enter__(self) -> Recorder:
@@ -347,6 +366,18 @@ class _Says:
             self.line(f"epoch {epoch} recorded in {duration(seconds)}"
                       + (f" ({verdict})" if verdict else ""))
         self.last = seconds
+
+
+def _versions(*tensors: Tensor) -> tuple[int | None, ...]:
+    """Each tensor's version counter (bumped by every in-place change; None for an
+    inference-mode tensor, which keeps none)."""
+    versions: list[int | None] = []
+    for tensor in tensors:
+        try:
+            versions.append(tensor._version)
+        except RuntimeError:
+            versions.append(None)
+    return tuple(versions)
 
 
 def _terminal_ln(model: Any) -> bool | None:

@@ -19,9 +19,11 @@ The checks:
 - ``terminal_ln_is_what_the_readout_does`` (when ``model.terminal_ln`` is declared): the
   declaration agrees with the readout's behaviour (the logits do not move when h_L is
   scaled exactly when it normalises h_L) — the protocol's diagnosis of (b) rests on it;
-- ``initial_weights_follow_the_seed``: builds under seeds 0 and 1 are two networks with
-  different initial weights (a factory that seeds torch itself, or hands back one network
-  object, makes every ``run.seed`` of a sweep the same run).
+- ``initial_weights_follow_the_seed``: two builds under seed 0 are the same network with the
+  same initial weights (a factory that draws from ``random``, numpy or the clock could not
+  be reproduced, nor rebuilt by ``audit`` and ``--resume``), and builds under seeds 0 and 1
+  are two networks with different initial weights (a factory that seeds torch itself, or
+  hands back one network object, makes every ``run.seed`` of a sweep the same run).
 """
 
 from __future__ import annotations
@@ -77,9 +79,17 @@ def terminal_ln_is_what_the_readout_does(cls: type, options: Any,
 
 def initial_weights_follow_the_seed(cls: type, options: Any, input_shape: tuple[int, ...],
                                     n_classes: int) -> None:
-    # the converse of the architectures' building_is_deterministic_under_a_seed: a factory
-    # that seeds torch itself makes every run.seed of a sweep the same initial network
+    # the architectures' building_is_deterministic_under_a_seed: a factory that draws from
+    # another RNG cannot be rebuilt, one that seeds torch itself makes every run.seed of a
+    # sweep the same initial network
     first = _build(options, input_shape, n_classes, seed=0)
+    again = _build(options, input_shape, n_classes, seed=0)
+    differs = _first_difference(first.net.state_dict(), again.net.state_dict())
+    assert differs is None, (
+        f"two builds under seed 0 differ ({differs}): the factory draws from a random source "
+        "other than torch's (random, numpy, the clock), so a run cannot be reproduced, nor "
+        "rebuilt by audit and --resume; draw from torch's RNG, which creditaudit seeds from "
+        "run.seed")
     other = _build(options, input_shape, n_classes, seed=1)
     assert first.net is not other.net, \
         "the factory returns the same network object on every call: return a new one"
@@ -88,6 +98,20 @@ def initial_weights_follow_the_seed(cls: type, options: Any, input_shape: tuple[
         ("builds under seeds 0 and 1 are identical: the factory reseeds torch, so initial "
          "weights ignore run.seed; remove its torch.manual_seed (creditaudit seeds torch "
          "from run.seed before building)")
+
+
+def _first_difference(first: Mapping[str, torch.Tensor], again: Mapping[str, torch.Tensor]
+                      ) -> str | None:
+    """Where two state dicts first differ (names, shapes, values), or None."""
+    if list(first) != list(again):
+        return f"entries {sorted(set(first) ^ set(again))[:3] or list(first)[:3]}"
+    for name, a in first.items():
+        b = again[name]
+        if a.shape != b.shape:
+            return f"{name!r} is {tuple(a.shape)} and {tuple(b.shape)}"
+        if not torch.equal(a, b):
+            return f"at {name!r}"
+    return None
 
 
 MODULE_CHECKS = (builds_for_the_data, terminal_ln_is_what_the_readout_does,

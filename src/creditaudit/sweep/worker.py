@@ -269,6 +269,10 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                         force=[run.kwargs.get("force", False) for run in runs])
                 for run, result in zip(runs, results, strict=True):
                     run.outcome.update(status=result.status, error=result.record.error)
+            except DiskFullError as err:  # as in run_one: the runs resume once space is freed
+                for run in runs:
+                    run.outcome.update(status="interrupted",
+                                       error=f"{type(err).__name__}: {err}")
             except Exception as err:  # noqa: BLE001 — a failing stack must not stop the sweep
                 for run in runs:
                     _failed(run, err)

@@ -372,6 +372,22 @@ def test_claim_staleness_rules():
         is None
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_claim_of_a_killed_process_not_yet_reaped_is_of_a_dead_process():
+    """A killed worker stays a zombie until its parent waits for it (a Ray worker until the
+    raylet does): its claim is a dead process's, broken at once, not held for 15 minutes."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 60
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.time() < deadline, "the child never exited"
+        time.sleep(0.05)
+    try:
+        assert claim_is_stale({"pid": zombie.pid, "host": socket.gethostname()}, age=0.0,
+                              stale_after=900) == "dead process"
+    finally:
+        zombie.wait()
+
+
 def test_stale_claim_of_a_dead_process_is_broken(tmp_path):
     out = tmp_path / "out"
     config = tiny(out)

@@ -638,3 +638,20 @@ def test_asking_for_a_missing_gpu_fails_the_sweep_up_front(tmp_path):
     with pytest.raises(ConfigError, match="no CUDA device"):
         run_sweep(configs, InlineExecutor(threads=1))
     assert not list(tmp_path.glob("*/record.json"))  # no run was recorded as failed
+
+
+def test_a_run_whose_worker_died_does_not_count_as_a_run_of_no_seconds_in_the_eta(tmp_path):
+    """A run failed because its worker died has no time of its own (0 s): counted, it made
+    the status line say 'ETA 0m00s' with every other run still to train."""
+    from creditaudit.sweep.worker import failed_outcome
+
+    class DyingWorkers(InlineExecutor):
+        def map(self, fn, tasks):  # noqa: ANN001, ANN202
+            for task in tasks:
+                yield failed_outcome(task, "its worker process died 2 times")
+
+    etas = []
+    configs = [tiny(tmp_path / "out", **{"run.seed": seed}) for seed in (1, 2)]
+    sweep(configs, DyingWorkers(), on_progress=lambda state, _: etas.append(state.eta_seconds))
+    assert etas and set(etas) == {None}
+

@@ -195,7 +195,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
             else:
                 state.count(outcome["status"])
             if outcome["action"] in ("trained", "resumed", "restarted") \
-                    and outcome["status"] in (*FINISHED, "failed"):
+                    and outcome["status"] in (*FINISHED, "failed") \
+                    and outcome.get("pid") is not None:  # timed by its worker (not one that died)
                 state.run_seconds.append(outcome["seconds"])
             report(outcome)
         if not busy or not wait_for_others:

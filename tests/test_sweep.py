@@ -655,3 +655,49 @@ def test_a_run_whose_worker_died_does_not_count_as_a_run_of_no_seconds_in_the_et
     sweep(configs, DyingWorkers(), on_progress=lambda state, _: etas.append(state.eta_seconds))
     assert etas and set(etas) == {None}
 
+
+
+EXITING_NET = '''
+import sys
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """An MLP whose forward calls sys.exit(3) from its ``exit_at``-th training batch on."""
+
+    def __init__(self, exit_at=0):
+        super().__init__()
+        self.exit_at, self.calls = exit_at, 0
+        self.l1, self.l2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.exit_at and self.calls >= self.exit_at:
+                sys.exit(3)
+        return self.head(torch.relu(self.l2(torch.relu(self.l1(x)))))
+'''
+
+
+def test_a_factory_calling_sys_exit_in_training_fails_its_run_not_the_sweep(
+        tmp_path, monkeypatch):
+    """sys.exit in a factory's forward, in one grid point: that run is failed, named as the
+    factory's (as `train` names it), and the sweep goes on; it used to end the whole sweep
+    (a worker's SystemExit reached the sweep: exit code 3, no message, no summary)."""
+    (tmp_path / "exiting_net.py").write_text(EXITING_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = {key: value for key, value in TINY.items() if not key.startswith("model.")}
+    configs = [RunConfig().replace(**{
+        **base, "optim.epochs": 2, "run.out_dir": str(tmp_path / "out"),
+        "model.arch": "module", "model.factory": "exiting_net:Net",
+        "model.states": ["l1", "l2"], "model.args": {"exit_at": exit_at}})
+        for exit_at in (6, 0)]
+    result = sweep(configs)
+    assert [o["status"] for o in result.outcomes] == ["failed", "completed"]
+    record = load_record(result.plans[0].run_dir)
+    assert record.status == "failed"
+    assert "model factory 'exiting_net:Net' called sys.exit(3)" in record.error
+    assert json.loads(result.summary_path.read_text())["counts"] == {"failed": 1,
+                                                                    "completed": 1}

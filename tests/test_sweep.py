@@ -419,6 +419,41 @@ def test_live_claim_is_respected_and_old_claim_of_another_host_is_broken(tmp_pat
     assert [e["reason"] for e in events(out, "break_claim")] == ["stale"]
 
 
+def test_a_sweep_waits_for_a_run_another_process_holds_without_starting_workers(tmp_path):
+    """While another process trains a run, the sweep watches its claim from its own
+    process; it used to give the run to a new pool every poll (each local worker paying
+    spawn and torch import: a core burnt for as long as the other run trained). The run
+    the other process completes is reported skipped, with no worker started for it."""
+    from creditaudit.run.trainer import train
+
+    out = tmp_path / "out"
+    config = prepare_configs([tiny(out)], threads=1)[0]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    claim = write_claim(out / run_id(config), holder.pid)
+    calls = []
+
+    class Counting(InlineExecutor):
+        def map(self, fn, tasks):  # noqa: ANN001, ANN202
+            calls.append([task["run_id"] for task in tasks])
+            yield from super().map(fn, tasks)
+
+    def other_process_trains() -> None:
+        time.sleep(0.5)
+        train(config)
+        claim.unlink()
+
+    thread = threading.Thread(target=other_process_trains)
+    thread.start()
+    try:
+        result = sweep([config], Counting(), poll_seconds=0.05)
+    finally:
+        thread.join()
+        holder.kill()
+        holder.wait()
+    assert calls == [[run_id(config)]]  # the first look only
+    assert [(o["status"], o["action"]) for o in result.outcomes] == [("completed", "skipped")]
+
+
 # --- processes: concurrent sweeps, a killed sweep --------------------------------------------
 CLI = [sys.executable, "-c", "import sys; from creditaudit.cli import main; sys.exit(main())"]
 

@@ -493,3 +493,50 @@ def test_a_stack_whose_step_fails_records_every_run_failed(tmp_path, monkeypatch
     for config in runs:
         record = load_record(Path(config.run.out_dir) / run_id(config))
         assert record.status == "failed" and "step exploded" in record.error
+
+
+def test_a_full_disk_interrupts_a_stack_as_it_interrupts_a_run_alone(tmp_path, monkeypatch):
+    """No space for a checkpoint: every run of the stack is recorded 'interrupted' (as a run
+    trained alone is, docs/reliability.md), not 'failed', so the next sweep resumes them
+    without --retry-failed."""
+    from creditaudit.errors import DiskFullError
+    from creditaudit.sweep.worker import run_group
+
+    original = Trainer.checkpoint
+
+    def full(self, epoch):
+        if epoch == 1:
+            raise DiskFullError(f"cannot write {self.run_dir / CHECKPOINT_FILE}: no space "
+                                "left on the device")
+        return original(self, epoch)
+
+    runs = configs(tmp_path, "bp", **{"optim.epochs": 2})
+    ids = [run_id(c) for c in runs]
+    monkeypatch.setattr(Trainer, "checkpoint", full)
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=ids)
+    assert [o["status"] for o in outcomes] == ["interrupted"] * 3
+    assert all("no space left" in o["error"] for o in outcomes)
+    assert {load_record(tmp_path / i).status for i in ids} == {"interrupted"}
+    monkeypatch.setattr(Trainer, "checkpoint", original)  # space freed: the runs go on
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=ids)
+    assert [(o["status"], o["action"]) for o in outcomes] == [("completed", "resumed")] * 3
+
+
+def test_an_interrupt_while_a_stack_starts_leaves_no_run_recorded_running(tmp_path,
+                                                                          monkeypatch):
+    """Ctrl-C while the stack writes its runs' folders (each run's epoch-0 evaluation,
+    seconds at scale): the runs started so far say 'interrupted', not 'running'."""
+    original = Trainer.start
+    calls = []
+
+    def start(self, resume):
+        calls.append(self.run_id)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, resume)
+
+    runs = configs(tmp_path, "bp", **{"optim.epochs": 1})
+    monkeypatch.setattr(Trainer, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(runs)
+    assert [load_record(tmp_path / run_id(c)).status for c in runs[:2]] == ["interrupted"] * 2

@@ -372,6 +372,22 @@ def test_claim_staleness_rules():
         is None
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_claim_of_a_killed_process_not_yet_reaped_is_of_a_dead_process():
+    """A killed worker stays a zombie until its parent waits for it (a Ray worker until the
+    raylet does): its claim is a dead process's, broken at once, not held for 15 minutes."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 60
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.time() < deadline, "the child never exited"
+        time.sleep(0.05)
+    try:
+        assert claim_is_stale({"pid": zombie.pid, "host": socket.gethostname()}, age=0.0,
+                              stale_after=900) == "dead process"
+    finally:
+        zombie.wait()
+
+
 def test_stale_claim_of_a_dead_process_is_broken(tmp_path):
     out = tmp_path / "out"
     config = tiny(out)
@@ -401,6 +417,41 @@ def test_live_claim_is_respected_and_old_claim_of_another_host_is_broken(tmp_pat
     result = sweep([config], stale_after=60)
     assert result.outcomes[0]["status"] == "completed"
     assert [e["reason"] for e in events(out, "break_claim")] == ["stale"]
+
+
+def test_a_sweep_waits_for_a_run_another_process_holds_without_starting_workers(tmp_path):
+    """While another process trains a run, the sweep watches its claim from its own
+    process; it used to give the run to a new pool every poll (each local worker paying
+    spawn and torch import: a core burnt for as long as the other run trained). The run
+    the other process completes is reported skipped, with no worker started for it."""
+    from creditaudit.run.trainer import train
+
+    out = tmp_path / "out"
+    config = prepare_configs([tiny(out)], threads=1)[0]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    claim = write_claim(out / run_id(config), holder.pid)
+    calls = []
+
+    class Counting(InlineExecutor):
+        def map(self, fn, tasks):  # noqa: ANN001, ANN202
+            calls.append([task["run_id"] for task in tasks])
+            yield from super().map(fn, tasks)
+
+    def other_process_trains() -> None:
+        time.sleep(0.5)
+        train(config)
+        claim.unlink()
+
+    thread = threading.Thread(target=other_process_trains)
+    thread.start()
+    try:
+        result = sweep([config], Counting(), poll_seconds=0.05)
+    finally:
+        thread.join()
+        holder.kill()
+        holder.wait()
+    assert calls == [[run_id(config)]]  # the first look only
+    assert [(o["status"], o["action"]) for o in result.outcomes] == [("completed", "skipped")]
 
 
 # --- processes: concurrent sweeps, a killed sweep --------------------------------------------
@@ -622,3 +673,66 @@ def test_asking_for_a_missing_gpu_fails_the_sweep_up_front(tmp_path):
     with pytest.raises(ConfigError, match="no CUDA device"):
         run_sweep(configs, InlineExecutor(threads=1))
     assert not list(tmp_path.glob("*/record.json"))  # no run was recorded as failed
+
+
+def test_a_run_whose_worker_died_does_not_count_as_a_run_of_no_seconds_in_the_eta(tmp_path):
+    """A run failed because its worker died has no time of its own (0 s): counted, it made
+    the status line say 'ETA 0m00s' with every other run still to train."""
+    from creditaudit.sweep.worker import failed_outcome
+
+    class DyingWorkers(InlineExecutor):
+        def map(self, fn, tasks):  # noqa: ANN001, ANN202
+            for task in tasks:
+                yield failed_outcome(task, "its worker process died 2 times")
+
+    etas = []
+    configs = [tiny(tmp_path / "out", **{"run.seed": seed}) for seed in (1, 2)]
+    sweep(configs, DyingWorkers(), on_progress=lambda state, _: etas.append(state.eta_seconds))
+    assert etas and set(etas) == {None}
+
+
+
+EXITING_NET = '''
+import sys
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """An MLP whose forward calls sys.exit(3) from its ``exit_at``-th training batch on."""
+
+    def __init__(self, exit_at=0):
+        super().__init__()
+        self.exit_at, self.calls = exit_at, 0
+        self.l1, self.l2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.exit_at and self.calls >= self.exit_at:
+                sys.exit(3)
+        return self.head(torch.relu(self.l2(torch.relu(self.l1(x)))))
+'''
+
+
+def test_a_factory_calling_sys_exit_in_training_fails_its_run_not_the_sweep(
+        tmp_path, monkeypatch):
+    """sys.exit in a factory's forward, in one grid point: that run is failed, named as the
+    factory's (as `train` names it), and the sweep goes on; it used to end the whole sweep
+    (a worker's SystemExit reached the sweep: exit code 3, no message, no summary)."""
+    (tmp_path / "exiting_net.py").write_text(EXITING_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = {key: value for key, value in TINY.items() if not key.startswith("model.")}
+    configs = [RunConfig().replace(**{
+        **base, "optim.epochs": 2, "run.out_dir": str(tmp_path / "out"),
+        "model.arch": "module", "model.factory": "exiting_net:Net",
+        "model.states": ["l1", "l2"], "model.args": {"exit_at": exit_at}})
+        for exit_at in (6, 0)]
+    result = sweep(configs)
+    assert [o["status"] for o in result.outcomes] == ["failed", "completed"]
+    record = load_record(result.plans[0].run_dir)
+    assert record.status == "failed"
+    assert "model factory 'exiting_net:Net' called sys.exit(3)" in record.error
+    assert json.loads(result.summary_path.read_text())["counts"] == {"failed": 1,
+                                                                    "completed": 1}

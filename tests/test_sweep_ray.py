@@ -164,6 +164,39 @@ def test_unschedulable_runs_fail_with_the_reason_then_train_next_time(ray_2cpu, 
 
 
 @needs_ray
+def test_a_run_whose_ray_worker_dies_is_recorded_failed_with_the_cause(ray_2cpu, tmp_path):
+    """A Ray worker killed under a run (the out-of-memory killer): Ray does not run the task
+    again, so the run is recorded failed with the cause, its claim broken, instead of a
+    record that says 'running' with nothing running it; its error names --retry-failed."""
+    from creditaudit.sweep import RayExecutor
+
+    path, out = sweep_file(tmp_path)
+    config = prepare_configs(load_sweep(path).configs(), threads=1)[0]
+    run_dir = out / run_id(config)
+
+    def dies_mid_run(task: dict) -> dict:  # a worker that started the run, then was killed
+        from creditaudit.config import config_from_dict
+        from creditaudit.records import new_record, save_record
+        from creditaudit.sweep.claims import try_claim
+
+        claim, _ = try_claim(run_dir)
+        assert claim is not None
+        save_record(run_dir, new_record(config_from_dict(task["config"]), device="cpu",
+                                        run_id=run_dir.name))
+        os.kill(os.getpid(), signal.SIGKILL)
+        return {}
+
+    executor = RayExecutor(num_cpus_per_run=1, poll_seconds=0.1)
+    (outcome,) = executor.map(dies_mid_run, [{"config": config.to_dict(),
+                                             "run_id": run_dir.name}])
+    assert outcome["status"] == "failed" and "worker died" in outcome["error"]
+    assert "--retry-failed" in outcome["error"]
+    record = load_record(run_dir)
+    assert (record.status, record.error) == ("failed", outcome["error"])
+    assert not (run_dir / "claim.json").exists()
+
+
+@needs_ray
 def test_unschedulable_after_must_be_positive_and_is_for_ray_only(ray_2cpu, tmp_path, capsys):
     path, _ = sweep_file(tmp_path)
     assert main(["sweep", str(path), "--executor", "ray", "--unschedulable-after", "0"]) == 2

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from creditaudit.config import RunConfig
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, DiskFullError
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods import CreditRule, rule_class
 from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
@@ -164,19 +164,28 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     alone = [(i, t, r) for i, t, r in trainers if stack_refusal(t.rule) is not None
              or len(t.train_loader) != len(trainers[0][1].train_loader)]
     stacked = [item for item in trainers if item not in alone]
-    for _, trainer, resume_run in stacked:
-        trainer.loggers = build_loggers(trainer.config, trainer.run_id)
-        trainer.loggers.loggers.extend(loggers)
-        with _own_rng(rng, trainer):
-            trainer.start(resume_run)
-    # One stack per starting epoch and thread count (a resumed run keeps the count it ran on).
-    for start, threads in sorted({(t.start_epoch, t.threads) for _, t, _ in stacked}):
-        group = [t for _, t, _ in stacked if (t.start_epoch, t.threads) == (start, threads)]
-        for trainer in group:
-            trainer.environment["execution"]["stacked_runs"] = len(group)
-        torch.set_num_threads(threads)
-        for trainer, result in zip(group, _train_group(group, rng), strict=True):
-            results[next(i for i, t, _ in stacked if t is trainer)] = result
+    started: list[Trainer] = []
+    try:
+        for _, trainer, resume_run in stacked:
+            trainer.loggers = build_loggers(trainer.config, trainer.run_id)
+            trainer.loggers.loggers.extend(loggers)
+            with _own_rng(rng, trainer):
+                trainer.start(resume_run)
+            started.append(trainer)
+        # One stack per starting epoch and thread count (a resumed run keeps the count it
+        # ran on).
+        for start, threads in sorted({(t.start_epoch, t.threads) for _, t, _ in stacked}):
+            group = [t for _, t, _ in stacked if (t.start_epoch, t.threads) == (start, threads)]
+            for trainer in group:
+                trainer.environment["execution"]["stacked_runs"] = len(group)
+            torch.set_num_threads(threads)
+            for trainer, result in zip(group, _train_group(group, rng), strict=True):
+                results[next(i for i, t, _ in stacked if t is trainer)] = result
+    except (KeyboardInterrupt, DiskFullError) as stop:
+        # The runs started and not stopped yet (those of a stack still to train, one started
+        # before the others) are interrupted too: each resumes from its last checkpoint.
+        _interrupt([t for t in started if t.record.status == "running"], stop)
+        raise
     for index, trainer, resume_run in alone:
         log.info("run %s trains alone: %s", trainer.run_id, stack_refusal(trainer.rule)
                  or "its data give another number of batches per epoch")
@@ -216,6 +225,8 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
         with _own_rng(rng, trainer):
             try:
                 trainer.finish()
+            except DiskFullError:
+                raise  # no run of the stack can write: all stop, resumable (below)
             except Exception as err:  # noqa: BLE001 — one run's failure ends it alone
                 trainer.record_stop("failed", err)
                 results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
@@ -235,6 +246,8 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
                     try:
                         if trainer.close_epoch(epoch, run_stats, time.perf_counter() - share):
                             ended.append(trainer)
+                    except DiskFullError:
+                        raise
                     except Exception as err:  # noqa: BLE001 — fails this run only
                         trainer.record_stop("failed", err)
                         trainer.loggers.close()
@@ -251,11 +264,10 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
                 if id(trainer) not in results:
                     trainer.record.status = "completed"
                     finish(trainer)
-    except KeyboardInterrupt:
-        for trainer in live:
-            if id(trainer) not in results:
-                trainer.record_stop("interrupted")
-                trainer.loggers.close()
+    except (KeyboardInterrupt, DiskFullError) as stop:
+        # Nothing is wrong with the runs: each resumes from its last checkpoint, as a run
+        # trained alone does (a full disk is 'interrupted', not 'failed').
+        _interrupt([t for t in live if id(t) not in results], stop)
         raise
     except Exception as err:
         for trainer in live:
@@ -264,6 +276,14 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
                 trainer.loggers.close()
         raise
     return [results[id(t)] for t in group]
+
+
+def _interrupt(trainers: list[Trainer], stop: BaseException) -> None:
+    """Record ``trainers`` (started, not finished) as interrupted by ``stop`` (an interrupt,
+    or a full disk: their records may then keep their last state, which resumes too)."""
+    for trainer in trainers:
+        trainer.record_stop("interrupted", disk_full=isinstance(stop, DiskFullError))
+        trainer.loggers.close()
 
 
 __all__ = ["VARYING", "check_stackable", "epoch_runner", "stack_key", "stack_groups",

@@ -44,6 +44,8 @@ class Claim:
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs; a zombie (killed, not yet reaped by its
+    parent: a Ray worker until the raylet waits for it) does not."""
     if pid <= 0:
         return False
     try:
@@ -51,8 +53,14 @@ def _process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
+        pass
+    try:  # Linux: the state follows the command name, which may hold spaces and ')'
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # gone meanwhile, unless there is no /proc (macOS)
+        return not Path("/proc/self/stat").exists()
+    except (OSError, IndexError):
         return True
-    return True
+    return state not in ("Z", "X")
 
 
 def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float | None]:

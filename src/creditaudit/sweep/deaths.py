@@ -125,6 +125,16 @@ def after_break(unfinished: list[dict[str, Any]], dead: dict[int, str],
     return retry, failed
 
 
+def record_lost(task: dict[str, Any], cause: str) -> str:
+    """Record the runs of a task whose worker died with no outcome and no second chance (a
+    Ray worker: Ray does not run the task again) as failed with ``cause``, so that record,
+    summary and the next sweep agree; the error they get, which says how to go on."""
+    error = f"{cause}; --retry-failed runs it again (from its last checkpoint)"
+    for _, config, run_dir in _runs(task):
+        _record_failed(config, run_dir, error)
+    return error
+
+
 def _fail(task: dict[str, Any], held: dict[str, str],
           deaths: dict[str, list[str]]) -> list[Outcome]:
     """Record the task's runs held by the dead worker as failed; their outcomes."""

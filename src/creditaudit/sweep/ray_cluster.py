@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.sweep.deaths import record_lost
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.worker import failed_outcome
 
@@ -292,8 +293,9 @@ class RayExecutor:
                 ready, _ = ray.wait([*waiting, *running], num_returns=1,
                                     timeout=self.poll_seconds)
                 for generator in ready:
+                    started = generator in running
                     task = waiting.pop(generator, None) or running.pop(generator)
-                    item = self._next_item(generator, task)
+                    item = self._next_item(generator, task, started=started)
                     if item == STARTED:
                         running[generator] = task
                     self.running = len(running)
@@ -353,9 +355,11 @@ class RayExecutor:
         except Exception:  # noqa: BLE001 — the interrupt being handled matters, not this
             log.debug("waiting for cancelled Ray tasks failed", exc_info=True)
 
-    def _next_item(self, generator: Any, task: dict[str, Any]) -> Any:
+    def _next_item(self, generator: Any, task: dict[str, Any], *, started: bool) -> Any:
         """The next item a task yielded: the start marker or its outcome (a failed outcome
-        when the task itself failed)."""
+        when the task itself failed). A run whose worker died under it (``started``: the
+        worker had begun it) is recorded failed with the cause: its record would say
+        'running' with nothing running it."""
         ray = self.ray
         try:
             return ray.get(next(generator))
@@ -363,7 +367,11 @@ class RayExecutor:
             return failed_outcome(task, "Ray task ended without an outcome")
         except ray.exceptions.RayError as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            return failed_outcome(task, f"Ray task failed: {reason}")
+            error = f"Ray task failed: {reason}"
+            lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)
+            if started and isinstance(err, lost):
+                error = record_lost(task, error)
+            return failed_outcome(task, error)
 
     def _room(self) -> str:
         """What a run asks for against what the cluster has now (for messages)."""

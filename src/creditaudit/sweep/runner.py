@@ -16,7 +16,7 @@ from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
-from creditaudit.sweep.outcome import Outcome
+from creditaudit.sweep.outcome import Outcome, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
 from creditaudit.sweep.worker import disk_status, run_task
 
@@ -175,6 +175,16 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                                    "action": "skipped", "error": row["error"], "seconds": 0.0}
         state.count(row["status"])
     report(None)
+
+    def skipped(row: dict[str, Any]) -> None:
+        """A run another process held, finished (or failed) now: skipped here."""
+        outcome = new_outcome(row["run_id"], status=row["status"], action="skipped")
+        outcome["error"] = row["error"]
+        outcomes[row["run_id"]] = outcome
+        state.busy -= 1
+        state.count(row["status"])
+        report(outcome)
+
     fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after)
     while todo:
         state.outstanding, state.busy = len(todo), 0
@@ -195,13 +205,14 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
             else:
                 state.count(outcome["status"])
             if outcome["action"] in ("trained", "resumed", "restarted") \
-                    and outcome["status"] in (*FINISHED, "failed"):
+                    and outcome["status"] in (*FINISHED, "failed") \
+                    and outcome.get("pid") is not None:  # timed by its worker (not one that died)
                 state.run_seconds.append(outcome["seconds"])
             report(outcome)
         if not busy or not wait_for_others:
             break
-        time.sleep(poll_seconds)
-        todo = busy
+        todo = _await_release(busy, by_id, poll_seconds, retry_failed=retry_failed,
+                              stale_after=stale_after, skipped=skipped)
     ordered = [outcomes.get(plan.run_id, {"run_id": plan.run_id, "status": None,
                                           "action": "not started", "error": None})
                for plan in plans]
@@ -211,6 +222,30 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     path = out_dir / SUMMARY_FILE
     atomic_write_json(path, summary)
     return SweepResult(ordered, summary, path, plans)
+
+
+def _await_release(busy: list[str], by_id: dict[str, RunPlan], poll_seconds: float, *,
+                   retry_failed: bool, stale_after: float,
+                   skipped: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Wait, in this process, until a run of ``busy`` (held by other processes) is released;
+    the runs to give to workers again: those left to train, with those still held (a pool
+    that starts for the first checks them too). Runs finished by their holder are
+    ``skipped`` here; [] when all are. No worker is started only to find a claim still
+    held: each would pay its start-up (spawn, torch import) every poll, for as long as the
+    other process trains."""
+    waiting = list(busy)
+    while True:
+        time.sleep(poll_seconds)
+        rows = run_states([by_id[run_id] for run_id in waiting], retry_failed=retry_failed,
+                          stale_after=stale_after)
+        released = [row for row in rows if row["holder"] is None]
+        for row in released:
+            if not row["todo"]:
+                skipped(row)
+        left = {row["run_id"] for row in released if not row["todo"]}
+        waiting = [run_id for run_id in waiting if run_id not in left]
+        if not waiting or any(row["todo"] for row in released):
+            return waiting
 
 
 def _tasks(plans: list[RunPlan], stack: int) -> list[dict[str, Any]]:

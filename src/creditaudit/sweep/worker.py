@@ -180,8 +180,9 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
     return outcome, _Claimed(plan, run_dir, claim, kwargs, event, outcome)
 
 
-def _failed(run: _Claimed, err: Exception) -> None:
-    """A run that raised: its outcome, and a failed record where none says more."""
+def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
+    """A run that raised (or whose guest called ``sys.exit``): its outcome, and a failed
+    record where none says more."""
     error = guest_failure(err) or f"{type(err).__name__}: {err}"
     if "--force" in error:  # the advice of train, which a sweep has not
         from creditaudit.records import CHECKPOINT_FILE
@@ -234,7 +235,9 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
             outcome.update(status=result.status, error=result.record.error)
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
             outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
-        except Exception as err:  # noqa: BLE001 — one failing run must not stop the sweep
+        except (Exception, SystemExit) as err:  # noqa: BLE001
+            # One failing run must not stop the sweep, nor a guest's sys.exit in it (a
+            # factory's forward): the run fails, named as the guest's.
             _failed(run, err)
         except KeyboardInterrupt:
             outcome.update(status="interrupted")
@@ -269,7 +272,11 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                         force=[run.kwargs.get("force", False) for run in runs])
                 for run, result in zip(runs, results, strict=True):
                     run.outcome.update(status=result.status, error=result.record.error)
-            except Exception as err:  # noqa: BLE001 — a failing stack must not stop the sweep
+            except DiskFullError as err:  # as in run_one: the runs resume once space is freed
+                for run in runs:
+                    run.outcome.update(status="interrupted",
+                                       error=f"{type(err).__name__}: {err}")
+            except (Exception, SystemExit) as err:  # noqa: BLE001 — as in run_one
                 for run in runs:
                     _failed(run, err)
             except KeyboardInterrupt:

@@ -22,7 +22,9 @@ resume, audit and experiments take the plan; none of them resolves a name again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,13 @@ import torch
 from torch import nn
 
 from creditaudit.config import RunConfig, with_absolute_data_paths
-from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
+from creditaudit.data import (
+    Dataset,
+    DatasetSpec,
+    check_declared,
+    dataset_spec,
+    load_dataset,
+)
 from creditaudit.descriptions import (
     AUGMENTATION,
     CONTENT_DIGEST,
@@ -109,16 +117,9 @@ class RunPlan:
     def load_data(self) -> Dataset:
         """The run's data (loaded once per plan, by the dataset the plan resolved)."""
         if self._data is None:
-            guest = DATASETS.guest(self.dataset.name)
-            try:
-                with blame(guest):
-                    self._data = load_dataset(self.config.data, seed=self.config.run.seed,
-                                              spec=self.dataset)
-            except LoadedDataError as err:
-                if guest is None:
-                    raise
-                raise GuestError(f"{guest.what} loaded data creditaudit cannot use: {err}"
-                                 ) from None
+            with dataset_at_fault(self.dataset, "loaded data"):
+                self._data = load_dataset(self.config.data, seed=self.config.run.seed,
+                                          spec=self.dataset)
             self._fit_eval_samples(self._data)
         return self._data
 
@@ -215,11 +216,10 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")
     spec_class = dataset_spec(config.data.name)
     data_guest = DATASETS.guest(spec_class.name)
-    with blame(data_guest):
+    with dataset_at_fault(spec_class, "declares what"):
         spec = spec_class(config.data)
         spec.check()
-        input_shape = tuple(spec.input_shape())
-        n_classes = spec.n_classes()
+        input_shape, n_classes = check_declared(spec)
     arch_guest = ARCHITECTURES.guest(arch_class.name)
     with blame(arch_guest):
         arch = arch_class(config.model)
@@ -273,6 +273,22 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
                    model=model, protocol=protocol,
                    explicit_defaults=explicit_defaults(given, config))
+
+
+@contextlib.contextmanager
+def dataset_at_fault(spec: DatasetSpec[Any] | type[DatasetSpec[Any]], what: str
+                     ) -> Iterator[None]:
+    """Run a dataset's code (:func:`blame` for a plugin); a LoadedDataError it leads to —
+    arrays or declarations creditaudit cannot use — is a GuestError naming the plugin
+    (``WHAT`` creditaudit cannot use: …)."""
+    guest = DATASETS.guest(spec.name)
+    try:
+        with blame(guest):
+            yield
+    except LoadedDataError as err:
+        if guest is None:
+            raise
+        raise GuestError(f"{guest.what} {what} creditaudit cannot use: {err}") from None
 
 
 def _guests(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],

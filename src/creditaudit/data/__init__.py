@@ -148,7 +148,7 @@ def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
                         f"{fix}")
         try:
             normalization(mean, std, channels)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:  # TypeError: a value that is no number
             raise wrong(f"{name} loaded {channels}-channel images with {given}: {err}; "
                         f"{fix}") from None
         return

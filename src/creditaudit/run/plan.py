@@ -66,7 +66,7 @@ from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
 from creditaudit.run.defaults import explicit_defaults, with_all_blocks_default, with_defaults
-from creditaudit.run.memory import available_memory, check_fits
+from creditaudit.run.memory import available_memory, check_data_fits, check_fits
 from creditaudit.run.resume import check_same_code
 
 log = logging.getLogger(__name__)
@@ -254,6 +254,7 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     config = with_all_blocks_default(config, built, model.n_blocks)
     check_fits(model, built, rule, config, n_classes)
     with blame(data_guest):
+        check_data_fits(spec.name, spec.sizes(), input_shape)
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)
         identity = spec.identity(seed)

@@ -2,7 +2,8 @@
 or loads a ``Dataset`` whose class count or mean/std are not the Python values the loader
 and the records take, is refused in one line naming it — before a run folder exists where
 the plan can tell — never an internal error (a numpy int in a record's JSON, a float class
-count sizing the readout) or a ValueError of creditaudit's own checks blamed on it.
+count sizing the readout) or a ValueError of creditaudit's own checks blamed on it; so is
+a file dataset that lists two files under one name.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from creditaudit.run.plan import plan_run
 from creditaudit.testing import check_dataset
 from door_support import ORIGIN, cli_args, error_line, guests, site_with, tiny_config
 from plugin_support import cli
+from test_data_at_the_door import npy_folder, npy_run
 
 DECLARED = [
     ("decl-numpy-classes", "declares what", "n_classes() of decl-numpy-classes is "
@@ -66,3 +68,17 @@ def test_the_cli_refuses_a_numpy_class_count_in_one_line(tmp_path):
     assert "internal error" not in line
     assert line.startswith("creditaudit: error: dataset plugin 'decl-numpy-classes'"), line
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_two_files_under_one_name_are_refused_they_would_share_one_digest(tmp_path):
+    """files() keys a digest by name: the second file's content would be left out of the run
+    id, and changing it would not change the id of the data it trains on."""
+    folder = npy_folder(tmp_path)
+    (folder / "y.npy").write_bytes(b"labels")
+    with guests(tmp_path / "api", "decl-two-files-one-name"), \
+            pytest.raises(GuestError) as error:
+        plan_run(tiny_config(tmp_path / "runs", **npy_run(folder, "decl-two-files-one-name")))
+    assert str(error.value) == (
+        f"dataset plugin 'decl-two-files-one-name' ({ORIGIN}) declares what creditaudit "
+        "cannot use: files() of decl-two-files-one-name lists more than one file as 'x': "
+        "give every file it reads a name of its own")

@@ -253,7 +253,7 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
                           f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
     config = with_all_blocks_default(config, built, model.n_blocks)
     check_fits(model, built, rule, config, n_classes)
-    with blame(data_guest):
+    with dataset_at_fault(spec, "declares what"):
         check_data_fits(spec.name, spec.sizes(), input_shape)
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)

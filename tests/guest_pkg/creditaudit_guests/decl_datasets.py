@@ -1,13 +1,13 @@
-"""Datasets that declare, or load a ``Dataset`` holding, numbers of the wrong type: numpy or
-float numbers where Python ints belong, a numpy mean and std
-(tests/test_data_declarations.py). Each is fx20's generated base (8 features, 4 classes)
-otherwise; each ended its run in an internal error.
+"""Datasets that declare, or load a ``Dataset`` holding, what creditaudit cannot use:
+numpy or float numbers where Python ints belong, a numpy mean and std (each ended its run
+in an internal error), two files under one name (a run id that does not follow one of
+them). Each is one of fx20's datasets otherwise (tests/test_data_declarations.py).
 """
 
 import numpy as np
 import torch
 
-from .fx20_datasets import CLASSES, DIM, _Generated
+from .fx20_datasets import CLASSES, DIM, NpyNormalised, _Generated
 
 
 class NumpyClasses(_Generated):
@@ -54,3 +54,13 @@ class NumpyMean(_Generated):
         x, y = self.arrays(seed)
         images = (x.clamp(-4, 4) * 30 + 128).to(torch.uint8).view(-1, 1, 2, DIM // 2)
         return self.dataset(seed, images, y, mean=np.array([0.5]), std=np.array([0.25]))
+
+
+class TwoFilesOneName(NpyNormalised):
+    """Lists DATA_DIR/x.npy and DATA_DIR/y.npy both as "x": one digest per name, so the run
+    id would not follow y.npy."""
+
+    name, label = "decl-two-files-one-name", "two files, one name"
+
+    def files(self):
+        return [("x", self.folder() / "x.npy", None), ("x", self.folder() / "y.npy", None)]

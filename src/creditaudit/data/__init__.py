@@ -40,14 +40,19 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
     if options.train_subset is not None:
-        available = dataset.train_x.shape[0]
-        if options.train_subset > available:
-            raise ConfigError(f"data.train_subset={options.train_subset} exceeds the "
-                              f"{available} training samples of {spec.name}; use at most "
-                              f"{available}")
+        check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
     return dataset
+
+
+def check_train_subset(options: Any, name: str, available: int) -> None:
+    """ConfigError (one line) when ``data.train_subset`` (of ``options``, a data section)
+    asks for more than the ``available`` training samples of dataset ``name``."""
+    subset = options.train_subset
+    if subset is not None and subset > available:
+        raise ConfigError(f"data.train_subset={subset} exceeds the {available} training "
+                          f"samples of {name}; use at most {available}")
 
 
 def _whole(value: Any) -> bool:
@@ -171,5 +176,5 @@ def data_dir(options: Any) -> Any:
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
-           "check_normalisation",
+           "check_train_subset", "check_normalisation",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

@@ -37,6 +37,7 @@ from creditaudit.data import (
     Dataset,
     DatasetSpec,
     check_declared,
+    check_train_subset,
     dataset_spec,
     load_dataset,
 )
@@ -360,10 +361,12 @@ def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
 
 def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:
     """``diagnostics.eval_samples`` fitted to the test split the dataset declares
-    (:func:`fit_eval_samples`); as asked when it declares no sizes (fitted once loaded)."""
+    (:func:`fit_eval_samples`); as asked when it declares no sizes (fitted once loaded).
+    ConfigError, too, when ``data.train_subset`` exceeds the training split it declares."""
     sizes = spec.sizes()
     if sizes is None:
         return config.diagnostics.eval_samples
+    check_train_subset(config.data, spec.name, sizes[0])
     return fit_eval_samples(config, spec.name, sizes[1])
 
 

@@ -146,6 +146,21 @@ def test_the_runs_own_check_refuses_normalised_or_augmented_features():
                                               n_classes=2, **extra))
 
 
+@pytest.mark.parametrize("split", ["train_x", "train_y", "test_x"])
+def test_numpy_arrays_are_refused_as_no_tensors(split):
+    """A numpy float32 array is not torch's float32: the refusal said 'must be … float32
+    features, got float32'."""
+    x, y = torch.zeros(6, 3), torch.arange(6) % 2
+    data = Dataset("tiny", x[:4], y[:4], x[4:], y[4:], n_classes=2)
+    setattr(data, split, getattr(data, split).numpy())
+    role = {"train_x": "training samples", "train_y": "training labels",
+            "test_x": "test samples"}[split]
+    with pytest.raises(LoadedDataError) as error:
+        check_loaded(_Spec((3,)), data)
+    assert str(error.value) == (f"the {role} of tiny are a numpy.ndarray, not a torch.Tensor: "
+                                "give tensors (torch.from_numpy(array))")
+
+
 @pytest.mark.parametrize(("name", "says"), [
     ("fx20-late-float64", "the training samples of fx20-late-float64: x must be uint8 "
                           "images (N, C, H, W) or float32 features (N, D), got torch.float64 "

@@ -90,6 +90,12 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
                        "a Python int"))
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
                         ("test", dataset.test_x, dataset.test_y)):
+        for what, array in (("samples", x), ("labels", y)):
+            if not isinstance(array, torch.Tensor):  # a numpy array's float32 is no torch's
+                kind = type(array)
+                raise wrong(f"the {split} {what} of {spec.name} are a {kind.__module__}."
+                            f"{kind.__qualname__}, not a torch.Tensor: give tensors "
+                            "(torch.from_numpy(array))")
         if x.shape[0] == 0:
             raise wrong(f"the {split} split of {spec.name} holds 0 samples: nothing to train "
                         "or evaluate on")

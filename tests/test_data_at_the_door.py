@@ -9,6 +9,7 @@ or labels of a dtype the loader and the loss do not take (float64 features, int3
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -119,6 +120,15 @@ class _Spec:
     ({"mean": (0.5,), "std": None}, "no normalisation"),
     ({"mean": (0.5, 0.5), "std": (0.2, 0.2)}, "need one value per channel (1), got 2 and 2"),
     ({"mean": (0.5,), "std": (0.0,)}, "std must be positive"),
+    # an infinite std trained on a channel of zeros; a NaN mean, on NaN (a "diverged" rule)
+    ({"mean": (0.5,), "std": (math.inf,)}, "std must be positive and finite, got (inf,)"),
+    ({"mean": (0.5,), "std": (math.nan,)}, "std must be positive and finite, got (nan,)"),
+    ({"mean": (math.nan,), "std": (0.2,)}, "mean must be finite, got (nan,)"),
+    ({"mean": (-math.inf,), "std": (0.2,)}, "mean must be finite, got (-inf,)"),
+    ({"mean": ("0.5",), "std": (0.2,)}, "must be real number, not str"),
+    # creditaudit's own truth test of a numpy mean raised ValueError, blamed on the plugin
+    ({"mean": np.array([0.5]), "std": np.array([0.2])}, "a mean of type ndarray and a std "
+                                                         "of type ndarray"),
 ])
 def test_the_runs_own_check_refuses_images_it_cannot_normalise(extra, says):
     """Past the door (its check is remembered), the run's own check of the loaded data."""
@@ -134,6 +144,21 @@ def test_the_runs_own_check_refuses_normalised_or_augmented_features():
         with pytest.raises(LoadedDataError, match=says):
             check_loaded(_Spec((3,)), Dataset("tiny", x[:4], y[:4], x[4:], y[4:],
                                               n_classes=2, **extra))
+
+
+@pytest.mark.parametrize("split", ["train_x", "train_y", "test_x"])
+def test_numpy_arrays_are_refused_as_no_tensors(split):
+    """A numpy float32 array is not torch's float32: the refusal said 'must be … float32
+    features, got float32'."""
+    x, y = torch.zeros(6, 3), torch.arange(6) % 2
+    data = Dataset("tiny", x[:4], y[:4], x[4:], y[4:], n_classes=2)
+    setattr(data, split, getattr(data, split).numpy())
+    role = {"train_x": "training samples", "train_y": "training labels",
+            "test_x": "test samples"}[split]
+    with pytest.raises(LoadedDataError) as error:
+        check_loaded(_Spec((3,)), data)
+    assert str(error.value) == (f"the {role} of tiny are a numpy.ndarray, not a torch.Tensor: "
+                                "give tensors (torch.from_numpy(array))")
 
 
 @pytest.mark.parametrize(("name", "says"), [

@@ -210,6 +210,9 @@ def test_default_values_need_no_augmentation(tmp_path):
     (dict(augment=True, augment_padding=-2), "crop padding of -2"),
     (dict(augment=True, augment_padding=2.0), "crop padding of 2.0"),
     (dict(augment=True, augment_flip="yes"), "flip='yes'"),
+    (dict(augment=True, augment_padding=28), "crop padding of 28 pixels, as wide as their "
+                                             "28-pixel side, so a crop could hold padding "
+                                             "only: use at most 27"),
 ])
 def test_a_loaded_dataset_whose_augmentation_cannot_apply_is_refused(dataset, match):
     spec = dataset_spec("mnist")()

@@ -76,3 +76,19 @@ def test_a_rule_that_cannot_bind_on_meta_counts_nothing_and_refuses_no_run(monke
     refused = config.replace(**{"method.penalty": 0.1, "method.trainable_blocks": 0})
     with pytest.raises(ConfigError, match="method.penalty=0.1 has no effect"):
         memory.rule_on_meta_bytes(cls, meta_model, refused, 10)
+
+
+def test_generated_data_too_large_for_the_machine_is_one_line_exit_2(tmp_path, capsys,
+                                                                      monkeypatch):
+    """50 million synthetic samples of 256 float32 features need 48 GiB: refused by the
+    plan, not an allocation failure ('internal error') while generating them."""
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * GIB)
+    args = ["train", "--set", "data.n_train=50000000", "--set", "data.n_test=100", "--epochs",
+            "1", "--width", "16", "--blocks", "2", "-q", "--out", str(tmp_path)]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "synthetic would hold 50,000,000 + 100 samples of shape "
+                          "(256,): at least 48.1 GiB, but this machine has 2.0 GiB "
+                          "available; use fewer samples (data.n_train, data.n_test)")
+    assert not any(tmp_path.iterdir())
+    plan_run(_config(tmp_path, **{"data.n_train": 1_000_000}))  # 1 GiB fits

@@ -65,6 +65,22 @@ def test_one_key_spelled_twice_is_one_line_on_the_command_line(tmp_path, capsys)
     assert "bp-" not in out and "fa-" not in out  # no plan printed
 
 
+def test_a_train_subset_larger_than_generated_data_stops_the_plan_before_any_run(tmp_path,
+                                                                                 capsys):
+    """Generated data declare their sizes: a subset past them cannot start, so the sweep
+    (and its dry run) stops at planning, naming the run, instead of training the others and
+    recording this one failed."""
+    path = sweep_file(tmp_path, """
+        [grid]
+        "data.train_subset" = [100, 500]
+    """)
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "run train_subset=500: data.train_subset=500 exceeds the "
+                          "256 training samples of synthetic; use at most 256")
+    assert "to run" not in out
+
+
 # --- axes that cannot add runs -------------------------------------------------------------
 @pytest.mark.parametrize(("axis", "fragment"), [
     ('"run.out_dir" = ["a", "b"]',

@@ -566,6 +566,24 @@ def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
     assert "depth utility" in capsys.readouterr().out
 
 
+def test_demo_refusals_speak_of_the_demos_own_flags(tmp_path, capsys, monkeypatch):
+    """A seed past MNIST-1D's 32-bit data seed was refused with the advice
+    '--set data.data_seed=0' (no flag of the demo's) as 'run 1'; a run the plan refuses is
+    named by its method."""
+    from creditaudit.cli import main
+
+    monkeypatch.delenv("CREDITAUDIT_SET", raising=False)
+    assert main(["demo", "--seed", str(2**32), "--out", str(tmp_path / "a")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == (f"creditaudit: error: --seed {2**32} is also the seed MNIST-1D draws its "
+                    "data from, a 32-bit seed: use --seed 0 … 4294967295, or --dataset "
+                    "synthetic"), line
+    assert main(["demo", "--n-train", "105", "--out", str(tmp_path / "b")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("creditaudit: error: run name=bp: data.name='mnist1d' "), line
+    assert not (tmp_path / "a").exists() and not any((tmp_path / "b").iterdir())
+
+
 def test_demo_keeps_the_synthetic_task(tmp_path):
     from creditaudit.cli import build_parser
     from creditaudit.cli.demo import DEMO_TASKS, demo_config

@@ -21,7 +21,8 @@ class DataError(CreditAuditError):
 
 class LoadedDataError(DataError):
     """The arrays a dataset loaded are not what it declares (sample shape, classes, labels
-    outside its classes): the dataset's code is at fault, not the files' location."""
+    outside its classes), or what it declares cannot be used (a numpy class count, two
+    files under one name): the dataset's code is at fault, not the files' location."""
 
 
 class ModelContractError(CreditAuditError):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from creditaudit.cli.common import add_device_options, env_overrides, folder
 from creditaudit.cli.run_watch import RunWatch
 from creditaudit.config import RunConfig, apply_where_read, device_overrides
+from creditaudit.errors import ConfigError
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
@@ -112,6 +113,7 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from creditaudit.data.spec import MAX_DATA_SEED
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.sweep import LocalExecutor, plan_runs, run_sweep
 
@@ -126,12 +128,18 @@ def run(args: argparse.Namespace) -> int:
     shrink = env_overrides()
     if shrink:
         configs = [apply_where_read(config, shrink) for config in configs]
+    data = configs[0].data
+    if data.name == "mnist1d" and data.data_seed is None and args.seed > MAX_DATA_SEED:
+        # the plan's advice (--set data.data_seed=0) is no flag of the demo's
+        raise ConfigError(f"--seed {args.seed} is also the seed MNIST-1D draws its data from, "
+                          f"a 32-bit seed: use --seed 0 … {MAX_DATA_SEED}, or --dataset "
+                          "synthetic")
     from creditaudit.files.safe_files import ensure_folder
     from creditaudit.run.setup import resolve_device
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated
-    plans = plan_runs(configs)  # every run planned once, before any trains
+    plans = plan_runs(configs, ("method.name",))  # every run planned before any trains
     # Load (generate) the data once here, not in every worker: generated data are cached,
     # so the parallel runs read the cache.
     plan = plans[0]

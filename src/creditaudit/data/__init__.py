@@ -40,26 +40,62 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
     if options.train_subset is not None:
-        available = dataset.train_x.shape[0]
-        if options.train_subset > available:
-            raise ConfigError(f"data.train_subset={options.train_subset} exceeds the "
-                              f"{available} training samples of {spec.name}; use at most "
-                              f"{available}")
+        check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
     return dataset
 
 
+def check_train_subset(options: Any, name: str, available: int) -> None:
+    """ConfigError (one line) when ``data.train_subset`` (of ``options``, a data section)
+    asks for more than the ``available`` training samples of dataset ``name``."""
+    subset = options.train_subset
+    if subset is not None and subset > available:
+        raise ConfigError(f"data.train_subset={subset} exceeds the {available} training "
+                          f"samples of {name}; use at most {available}")
+
+
+def _whole(value: Any) -> bool:
+    """Whether ``value`` is a Python int >= 1 (not a bool, not a numpy number)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_declared(spec: DatasetSpec[Any]) -> tuple[tuple[int, ...], int]:
+    """The sample shape and the number of classes ``spec`` declares (``input_shape()``,
+    ``n_classes()``); LoadedDataError (one line) unless they are Python ints >= 1 — the
+    model is sized by them and every record holds them as JSON."""
+    shape, classes = spec.input_shape(), spec.n_classes()
+    if not (isinstance(shape, tuple | list) and shape and all(map(_whole, shape))):
+        raise LoadedDataError(f"input_shape() of {spec.name} is {shape!r}: return a "
+                              "tuple of Python ints >= 1, (C, H, W) or (D,) (int() of a "
+                              "numpy or float number)")
+    if not _whole(classes):
+        raise LoadedDataError(f"n_classes() of {spec.name} is {classes!r}: return a "
+                              "Python int >= 1 (int() of a numpy or float number)")
+    return tuple(shape), classes
+
+
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
-    """LoadedDataError (one line) when the loaded arrays are not what ``spec`` (a dataset
-    holding its options) declares (sample shape, classes, labels within them, finite
+    """LoadedDataError (one line) when what ``spec`` (a dataset holding its options)
+    declares is not whole numbers (:func:`check_declared`), or the loaded arrays are not
+    what it declares (sample shape, classes, labels within them, finite
     features) or what the loader reads (uint8 images or features in torch's default dtype,
     int64 labels), or their normalisation (:func:`check_normalisation`) or augmentation is
     one the loader cannot apply."""
-    declared = tuple(spec.input_shape())
+    declared, classes = check_declared(spec)
     wrong = LoadedDataError
+    if not _whole(dataset.n_classes) or dataset.n_classes != classes:
+        raise wrong(f"{spec.name} loaded {dataset.n_classes!r} classes but declares {classes}"
+                    + ("" if _whole(dataset.n_classes) else ": give Dataset(..., n_classes=) "
+                       "a Python int"))
     for split, x, y in (("training", dataset.train_x, dataset.train_y),
                         ("test", dataset.test_x, dataset.test_y)):
+        for what, array in (("samples", x), ("labels", y)):
+            if not isinstance(array, torch.Tensor):  # a numpy array's float32 is no torch's
+                kind = type(array)
+                raise wrong(f"the {split} {what} of {spec.name} are a {kind.__module__}."
+                            f"{kind.__qualname__}, not a torch.Tensor: give tensors "
+                            "(torch.from_numpy(array))")
         if x.shape[0] == 0:
             raise wrong(f"the {split} split of {spec.name} holds 0 samples: nothing to train "
                         "or evaluate on")
@@ -86,15 +122,17 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         if low < 0 or high >= dataset.n_classes:  # the loss would index out of its logits
             raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "
                         f"{dataset.n_classes - 1} (its {dataset.n_classes} classes)")
-    if dataset.n_classes != spec.n_classes():
-        raise wrong(f"{spec.name} loaded {dataset.n_classes} classes but declares "
-                    f"{spec.n_classes()}")
     padding = dataset.augment_padding
     if dataset.augment and (isinstance(padding, bool) or not isinstance(padding, int)
                             or padding < 0 or not isinstance(dataset.augment_flip, bool)):
         raise wrong(f"{spec.name} loaded data augmented with a crop padding of {padding!r} "
                     f"and flip={dataset.augment_flip!r}: the padding must be a whole number "
                     "of pixels >= 0 and flip true or false")
+    side = min(dataset.train_x.shape[2:], default=None)
+    if dataset.augment and dataset.is_image and side is not None and padding >= side:
+        raise wrong(f"{spec.name} loaded images augmented with a crop padding of {padding} "
+                    f"pixels, as wide as their {side}-pixel side, so a crop could hold padding "
+                    f"only: use at most {side - 1}")
     check_normalisation(spec, dataset)
 
 
@@ -111,12 +149,17 @@ def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         fix = (f"set mean and std, one value per channel ({channels}) of the [0, 1]-scaled "
                "pixels (a FileDataset: its class attributes mean and std; a Dataset built by "
                "hand: Dataset(..., mean=..., std=...))")
+        if mean is not None and std is not None and not (
+                isinstance(mean, tuple | list) and isinstance(std, tuple | list)):
+            raise wrong(f"{name} loaded uint8 images with a mean of type "
+                        f"{type(mean).__name__} and a std of type {type(std).__name__}: "
+                        f"{fix}, as tuples of floats")
         if not mean or not std:
             raise wrong(f"{name} loaded uint8 images but no normalisation for them ({given}): "
                         f"{fix}")
         try:
             normalization(mean, std, channels)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:  # TypeError: a value that is no number
             raise wrong(f"{name} loaded {channels}-channel images with {given}: {err}; "
                         f"{fix}") from None
         return
@@ -138,6 +181,6 @@ def data_dir(options: Any) -> Any:
 
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
-           "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_loaded",
-           "check_normalisation",
+           "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
+           "check_train_subset", "check_normalisation",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

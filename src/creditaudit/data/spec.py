@@ -26,7 +26,7 @@ from creditaudit.data import transforms
 from creditaudit.data.dataset import Dataset
 from creditaudit.data.identity import file_digest
 from creditaudit.descriptions import DataIdentity
-from creditaudit.errors import ConfigError, DataError
+from creditaudit.errors import ConfigError, DataError, LoadedDataError
 from creditaudit.registry import DATASETS, Component, defines
 
 KINDS = ("generated", "files")
@@ -240,7 +240,14 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         raise NotImplementedError
 
     def identity(self, seed: int) -> DataIdentity:
-        digests = {name: file_digest(path, decode) for name, path, decode in self.files()}
+        files = self.files()
+        names = [name for name, _, _ in files]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            # one digest per name: the other files' content would be left out of the id
+            raise LoadedDataError(f"files() of {self.name} lists more than one file as "
+                                  f"{', '.join(map(repr, twice))}: give every file it reads "
+                                  "a name of its own")
+        digests = {name: file_digest(path, decode) for name, path, decode in files}
         digest = digest_text({"name": self.name, "files": digests})
         return DataIdentity(self.name, digest, digest, n_classes=self.n_classes(),
                             input_shape=list(self.input_shape()),

@@ -7,6 +7,7 @@ with 0 is black, and moving bytes instead of floats keeps the loader cheap.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import torch
@@ -34,8 +35,8 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
 
     Args:
         x_uint8: (B, C, H, W) uint8 pixels in [0, 255].
-        mean: C per-channel means of the [0, 1]-scaled pixels.
-        std: C per-channel standard deviations of the [0, 1]-scaled pixels (all > 0).
+        mean: C per-channel means of the [0, 1]-scaled pixels (finite).
+        std: C per-channel standard deviations of the [0, 1]-scaled pixels (finite, > 0).
 
     Returns:
         (B, C, H, W) float32 ``(x / 255 - mean[c]) / std[c]`` (to float32 rounding).
@@ -59,8 +60,10 @@ def normalization(mean: Sequence[float], std: Sequence[float], n_channels: int
         raise ValueError(
             f"mean/std need one value per channel ({n_channels}), got {len(mean)} and {len(std)}"
         )
-    if any(s <= 0 for s in std):
-        raise ValueError(f"std must be positive, got {tuple(std)}")
+    if not all(math.isfinite(m) for m in mean):  # a NaN mean makes every input NaN
+        raise ValueError(f"mean must be finite, got {tuple(mean)}")
+    if not all(0 < s < math.inf for s in std):  # an infinite std zeroes its channel
+        raise ValueError(f"std must be positive and finite, got {tuple(std)}")
     mean_t = torch.tensor(mean, dtype=torch.float64)
     std_t = torch.tensor(std, dtype=torch.float64)
     # Folded into one affine map (computed in float64, so only the final float32 rounding

@@ -1,10 +1,11 @@
 """Whether a run fits in this machine's memory, decided by its plan before anything is built:
 the model's training memory and what its rule builds beside it, both sized on the meta
-device (no memory, no random draws)."""
+device (no memory, no random draws), and the data a dataset declares it would generate."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 from torch import nn
@@ -46,6 +47,27 @@ def check_fits(description: ModelDescription, model: nn.Module, rule: type[Credi
                       f"{' or smaller method options' if aux else ''}")
 
 
+def check_data_fits(name: str, sizes: tuple[int, int] | None,
+                    input_shape: tuple[int, ...]) -> None:
+    """One-line ConfigError when the samples dataset ``name`` declares (``sizes``: training
+    and test samples; None: unknown before loading, not checked) of ``input_shape`` cannot
+    fit in this machine's available memory: at least one byte per value of an image
+    (C, H, W), four per feature (D,), and eight per int64 label — a lower bound, so only a
+    dataset that cannot load is refused (an allocation failure in generation otherwise)."""
+    available = available_memory()
+    if sizes is None or available is None:
+        return
+    n_samples = sum(sizes)
+    value_bytes = 1 if len(input_shape) == 3 else 4
+    needed = n_samples * (math.prod(input_shape) * value_bytes + 8)
+    if needed <= available:
+        return
+    raise ConfigError(f"{name} would hold {sizes[0]:,} + {sizes[1]:,} samples of shape "
+                      f"{tuple(input_shape)}: at least {needed / 2**30:,.1f} GiB, but this "
+                      f"machine has {available / 2**30:,.1f} GiB available; use fewer samples "
+                      "(data.n_train, data.n_test)")
+
+
 def rule_on_meta_bytes(rule: type[CreditRule], model: nn.Module, config: RunConfig,
                        n_classes: int) -> int:
     """Bytes ``rule`` holds beside ``model`` (built on the meta device) once bound with
@@ -80,5 +102,5 @@ def available_memory() -> int | None:
         return None
 
 
-__all__ = ["check_fits", "rule_on_meta_bytes", "available_memory",
+__all__ = ["check_fits", "check_data_fits", "rule_on_meta_bytes", "available_memory",
            "TRAINING_BYTES_PER_PARAMETER"]

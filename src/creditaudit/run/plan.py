@@ -22,7 +22,9 @@ resume, audit and experiments take the plan; none of them resolves a name again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,14 @@ import torch
 from torch import nn
 
 from creditaudit.config import RunConfig, with_absolute_data_paths
-from creditaudit.data import Dataset, DatasetSpec, dataset_spec, load_dataset
+from creditaudit.data import (
+    Dataset,
+    DatasetSpec,
+    check_declared,
+    check_train_subset,
+    dataset_spec,
+    load_dataset,
+)
 from creditaudit.descriptions import (
     AUGMENTATION,
     CONTENT_DIGEST,
@@ -58,7 +67,7 @@ from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
 from creditaudit.run.defaults import explicit_defaults, with_all_blocks_default, with_defaults
-from creditaudit.run.memory import available_memory, check_fits
+from creditaudit.run.memory import available_memory, check_data_fits, check_fits
 from creditaudit.run.resume import check_same_code
 
 log = logging.getLogger(__name__)
@@ -109,16 +118,9 @@ class RunPlan:
     def load_data(self) -> Dataset:
         """The run's data (loaded once per plan, by the dataset the plan resolved)."""
         if self._data is None:
-            guest = DATASETS.guest(self.dataset.name)
-            try:
-                with blame(guest):
-                    self._data = load_dataset(self.config.data, seed=self.config.run.seed,
-                                              spec=self.dataset)
-            except LoadedDataError as err:
-                if guest is None:
-                    raise
-                raise GuestError(f"{guest.what} loaded data creditaudit cannot use: {err}"
-                                 ) from None
+            with dataset_at_fault(self.dataset, "loaded data"):
+                self._data = load_dataset(self.config.data, seed=self.config.run.seed,
+                                          spec=self.dataset)
             self._fit_eval_samples(self._data)
         return self._data
 
@@ -215,11 +217,10 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")
     spec_class = dataset_spec(config.data.name)
     data_guest = DATASETS.guest(spec_class.name)
-    with blame(data_guest):
+    with dataset_at_fault(spec_class, "declares what"):
         spec = spec_class(config.data)
         spec.check()
-        input_shape = tuple(spec.input_shape())
-        n_classes = spec.n_classes()
+        input_shape, n_classes = check_declared(spec)
     arch_guest = ARCHITECTURES.guest(arch_class.name)
     with blame(arch_guest):
         arch = arch_class(config.model)
@@ -253,7 +254,8 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
                           f"{model.n_blocks} blocks; use 0…{model.n_blocks}")
     config = with_all_blocks_default(config, built, model.n_blocks)
     check_fits(model, built, rule, config, n_classes)
-    with blame(data_guest):
+    with dataset_at_fault(spec, "declares what"):
+        check_data_fits(spec.name, spec.sizes(), input_shape)
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)
         identity = spec.identity(seed)
@@ -273,6 +275,22 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
                    model=model, protocol=protocol,
                    explicit_defaults=explicit_defaults(given, config))
+
+
+@contextlib.contextmanager
+def dataset_at_fault(spec: DatasetSpec[Any] | type[DatasetSpec[Any]], what: str
+                     ) -> Iterator[None]:
+    """Run a dataset's code (:func:`blame` for a plugin); a LoadedDataError it leads to —
+    arrays or declarations creditaudit cannot use — is a GuestError naming the plugin
+    (``WHAT`` creditaudit cannot use: …)."""
+    guest = DATASETS.guest(spec.name)
+    try:
+        with blame(guest):
+            yield
+    except LoadedDataError as err:
+        if guest is None:
+            raise
+        raise GuestError(f"{guest.what} {what} creditaudit cannot use: {err}") from None
 
 
 def _guests(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],
@@ -343,10 +361,12 @@ def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
 
 def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:
     """``diagnostics.eval_samples`` fitted to the test split the dataset declares
-    (:func:`fit_eval_samples`); as asked when it declares no sizes (fitted once loaded)."""
+    (:func:`fit_eval_samples`); as asked when it declares no sizes (fitted once loaded).
+    ConfigError, too, when ``data.train_subset`` exceeds the training split it declares."""
     sizes = spec.sizes()
     if sizes is None:
         return config.diagnostics.eval_samples
+    check_train_subset(config.data, spec.name, sizes[0])
     return fit_eval_samples(config, spec.name, sizes[1])
 
 

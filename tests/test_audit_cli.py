@@ -161,7 +161,11 @@ def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, ca
     shutil.copytree(runs["dfa"].run_dir, copy)
     (copy / CHECKPOINT_FILE).unlink()
     assert main(["audit", str(copy)]) == 2
-    assert "no checkpoint" in _one_line_error(capsys)
+    error = _one_line_error(capsys)
+    # the completed run wrote a checkpoint with its epoch: the file was removed, and
+    # `train --resume` (the advice for a run that never trained) would only serve the record
+    assert "no checkpoint" in error and "moved or deleted" in error and "--force" in error
+    assert "never finished an epoch" not in error and "--resume" not in error
     plant(copy / RECORD_FILE, '{"schema": "creditaudit.run/1", "log": [')
     assert main(["audit", str(copy)]) == 2
     assert "truncated or not JSON" in _one_line_error(capsys)

@@ -314,6 +314,12 @@ CASES = [
      ["unknown key optim.learning_rate"]),
     ("set-float-for-int", lambda w, t: train_args(w, "--set", "optim.epochs=1.5"),
      ["optim.epochs must be an integer"]),
+    # a named flag and --set of one key: --set used to win whatever their order, silently
+    ("set-against-its-flag", lambda w, t: train_args(w, "--epochs", "2", "--set",
+                                                      "optim.epochs=1"),
+     ["--epochs and --set optim.epochs=1 give optim.epochs two values (2 and 1)"]),
+    ("set-against-a-switch", lambda w, t: train_args(w, "-q", "--set", "run.progress=true"),
+     ["--no-progress/-q and --set run.progress=true give run.progress two values"]),
     ("epochs-negative", lambda w, t: train_args(w, "--epochs", "-1"), ["optim.epochs=-1"]),
     ("threads-zero", lambda w, t: train_args(w, "--threads", "0"), ["run.threads=0"]),
     ("width-zero", lambda w, t: train_args(w, "--width", "0"), ["model.d=0"]),
@@ -620,6 +626,16 @@ def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, plant, monk
     assert_one_line_error(out, err, *fragments)
     assert snapshot(world.root, tmp_path) == before, f"{name} changed files"
     assert not (tmp_path / "marker").exists(), "a planted payload ran"
+
+
+def test_a_flag_and_a_set_that_agree_are_one_value(capsys):
+    """``--epochs 1 --set optim.epochs=1`` (or ``--penalty 1`` and ``method.penalty=1.0``)
+    give one value: not a conflict."""
+    assert main(["train", "--epochs", "1", "--set", "optim.epochs=1", "--penalty", "1",
+                 "--set", "method.penalty=1.0", "-q", "--set", "run.progress=false",
+                 "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "epochs = 1\n" in out and "penalty = 1.0\n" in out
 
 
 def test_a_bad_word_in_creditaudit_set_names_the_variable(monkeypatch, capsys):

@@ -443,6 +443,11 @@ CASES = [
      ["run record in checkpoint", "schema None"]),
     ("resume-without-run", lambda w, t: train_args(w, "--resume", "--out", str(t / "o")),
      ["cannot resume: no run"]),
+    # more epochs is another schedule, so another run id: the run of the other value is
+    # named (the message used to be "no run at" alone, as if the run had been lost)
+    ("resume-with-more-epochs", lambda w, t: train_args(w, "--resume", "--epochs", "3"),
+     ["cannot resume: no run at", "is completed with optim.epochs=1 (not 3)",
+      "train this config without --resume"]),
     ("train-over-unreadable-record", lambda w, t: train_args(w, "--out", str(with_record(
         w, t, lambda r: b"\xff\xfe binary").parent)), ["not UTF-8", "--force"]),
     # --- audit options ---------------------------------------------------------------------

@@ -96,6 +96,14 @@ def with_record(w: World, tmp: Path, edit) -> Path:  # noqa: ANN001 - dict → d
     return copy
 
 
+def _config_edit(section: str, key: str, value: object):  # noqa: ANN202 - dict → dict
+    """An edit of a record dict that sets ``config.section.key`` to ``value``."""
+    def edit(record: dict) -> dict:
+        record["config"][section][key] = value
+        return record
+    return edit
+
+
 def with_checkpoint(w: World, tmp: Path, content,  # noqa: ANN001 - bytes or a Path
                     *, killed: bool = False) -> Path:
     """A run copy whose checkpoint.pt is ``content`` (bytes, or a file to copy); ``killed``:
@@ -257,6 +265,14 @@ CASES = [
      lambda w, t: cifar_args(w, cifar_with(t, "test_batch", pickle.dumps([1, 2]))),
      ["holds a list"]),
     # --- config files ----------------------------------------------------------------------
+    # a run's record.json as --config: its config is checked as a config file's (a key its
+    # rule does not read, or a misspelt one, was dropped without a word)
+    ("config-record-unknown-key", lambda w, t: ["train", "--config", str(with_record(
+        w, t, _config_edit("optim", "learning_rate", 0.5)) / RECORD_FILE), "--print-config"],
+     ["(a run record): unknown key optim.learning_rate"]),
+    ("config-record-other-rules-option", lambda w, t: ["train", "--config", str(with_record(
+        w, t, _config_edit("method", "ep_beta", 0.5)) / RECORD_FILE), "--print-config"],
+     ["(a run record): method.ep_beta is not read by dfa"]),
     ("config-missing", lambda w, t: ["train", "--config", str(t / "nope.toml")],
      ["nope.toml", "does not exist"]),
     ("config-is-a-folder", lambda w, t: ["train", "--config", str(t)], ["is a folder"]),

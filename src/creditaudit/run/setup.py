@@ -27,7 +27,7 @@ from creditaudit.records import (
 )
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.resume import check_same_data, load_into, saved_record
+from creditaudit.run.resume import check_same_data, check_same_run, load_into, saved_record
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     if not checkpoint.exists():
         raise RunRecordError(f"no checkpoint at {checkpoint}: {missing_checkpoint(record)}")
     state = load_checkpoint(checkpoint)
+    saved = saved_record(state, checkpoint)
+    if saved.run_id == run_dir.name != record.run_id:  # the folder's checkpoint, another record
+        check_same_run(record, run_dir.name, run_dir / RECORD_FILE)
     plan = plan_run(config, trained=record)
     if dataset is not None:
         plan.use_data(dataset)
@@ -91,7 +94,6 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     with torch.random.fork_rng(devices=[]):
         model = plan.build_model()
         rule = plan.build_rule(model)
-    saved = saved_record(state, checkpoint)
     load_into(state, checkpoint, config, saved=saved, run_id=record.run_id or run_dir.name,
               model=model, rule=rule)
     epoch = int(state["epoch"])

@@ -161,7 +161,11 @@ def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, ca
     shutil.copytree(runs["dfa"].run_dir, copy)
     (copy / CHECKPOINT_FILE).unlink()
     assert main(["audit", str(copy)]) == 2
-    assert "no checkpoint" in _one_line_error(capsys)
+    error = _one_line_error(capsys)
+    # the completed run wrote a checkpoint with its epoch: the file was removed, and
+    # `train --resume` (the advice for a run that never trained) would only serve the record
+    assert "no checkpoint" in error and "moved or deleted" in error and "--force" in error
+    assert "never finished an epoch" not in error and "--resume" not in error
     plant(copy / RECORD_FILE, '{"schema": "creditaudit.run/1", "log": [')
     assert main(["audit", str(copy)]) == 2
     assert "truncated or not JSON" in _one_line_error(capsys)
@@ -218,3 +222,16 @@ def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, c
     assert finished.status == "completed"
     report = json.loads(capsys.readouterr().out)
     assert report["metadata"]["frozen_acc"] == pytest.approx(finished.final_acc)
+
+
+def test_load_run_names_the_folder_it_read_not_the_one_recorded(runs, tmp_path):
+    """A copied run's ``run.out_dir`` names the folder it trained in: ``load_run(...).run_dir``
+    used to be built from it, so it named the original (or a folder that no longer exists)."""
+    import shutil
+
+    from creditaudit.audit import load_run
+
+    copy = tmp_path / "moved" / runs["dfa"].run_dir.name
+    shutil.copytree(runs["dfa"].run_dir, copy)
+    assert load_run(copy).run_dir == copy
+    assert load_run(copy / RECORD_FILE).run_dir == copy

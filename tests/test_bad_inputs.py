@@ -96,6 +96,14 @@ def with_record(w: World, tmp: Path, edit) -> Path:  # noqa: ANN001 - dict → d
     return copy
 
 
+def _config_edit(section: str, key: str, value: object):  # noqa: ANN202 - dict → dict
+    """An edit of a record dict that sets ``config.section.key`` to ``value``."""
+    def edit(record: dict) -> dict:
+        record["config"][section][key] = value
+        return record
+    return edit
+
+
 def with_checkpoint(w: World, tmp: Path, content,  # noqa: ANN001 - bytes or a Path
                     *, killed: bool = False) -> Path:
     """A run copy whose checkpoint.pt is ``content`` (bytes, or a file to copy); ``killed``:
@@ -257,6 +265,14 @@ CASES = [
      lambda w, t: cifar_args(w, cifar_with(t, "test_batch", pickle.dumps([1, 2]))),
      ["holds a list"]),
     # --- config files ----------------------------------------------------------------------
+    # a run's record.json as --config: its config is checked as a config file's (a key its
+    # rule does not read, or a misspelt one, was dropped without a word)
+    ("config-record-unknown-key", lambda w, t: ["train", "--config", str(with_record(
+        w, t, _config_edit("optim", "learning_rate", 0.5)) / RECORD_FILE), "--print-config"],
+     ["(a run record): unknown key optim.learning_rate"]),
+    ("config-record-other-rules-option", lambda w, t: ["train", "--config", str(with_record(
+        w, t, _config_edit("method", "ep_beta", 0.5)) / RECORD_FILE), "--print-config"],
+     ["(a run record): method.ep_beta is not read by dfa"]),
     ("config-missing", lambda w, t: ["train", "--config", str(t / "nope.toml")],
      ["nope.toml", "does not exist"]),
     ("config-is-a-folder", lambda w, t: ["train", "--config", str(t)], ["is a folder"]),
@@ -314,6 +330,12 @@ CASES = [
      ["unknown key optim.learning_rate"]),
     ("set-float-for-int", lambda w, t: train_args(w, "--set", "optim.epochs=1.5"),
      ["optim.epochs must be an integer"]),
+    # a named flag and --set of one key: --set used to win whatever their order, silently
+    ("set-against-its-flag", lambda w, t: train_args(w, "--epochs", "2", "--set",
+                                                      "optim.epochs=1"),
+     ["--epochs and --set optim.epochs=1 give optim.epochs two values (2 and 1)"]),
+    ("set-against-a-switch", lambda w, t: train_args(w, "-q", "--set", "run.progress=true"),
+     ["--no-progress/-q and --set run.progress=true give run.progress two values"]),
     ("epochs-negative", lambda w, t: train_args(w, "--epochs", "-1"), ["optim.epochs=-1"]),
     ("threads-zero", lambda w, t: train_args(w, "--threads", "0"), ["run.threads=0"]),
     ("width-zero", lambda w, t: train_args(w, "--width", "0"), ["model.d=0"]),
@@ -437,6 +459,11 @@ CASES = [
      ["run record in checkpoint", "schema None"]),
     ("resume-without-run", lambda w, t: train_args(w, "--resume", "--out", str(t / "o")),
      ["cannot resume: no run"]),
+    # more epochs is another schedule, so another run id: the run of the other value is
+    # named (the message used to be "no run at" alone, as if the run had been lost)
+    ("resume-with-more-epochs", lambda w, t: train_args(w, "--resume", "--epochs", "3"),
+     ["cannot resume: no run at", "is completed with optim.epochs=1 (not 3)",
+      "train this config without --resume"]),
     ("train-over-unreadable-record", lambda w, t: train_args(w, "--out", str(with_record(
         w, t, lambda r: b"\xff\xfe binary").parent)), ["not UTF-8", "--force"]),
     # --- audit options ---------------------------------------------------------------------
@@ -620,6 +647,16 @@ def test_bad_input_is_refused_with_one_line(world, tmp_path, capsys, plant, monk
     assert_one_line_error(out, err, *fragments)
     assert snapshot(world.root, tmp_path) == before, f"{name} changed files"
     assert not (tmp_path / "marker").exists(), "a planted payload ran"
+
+
+def test_a_flag_and_a_set_that_agree_are_one_value(capsys):
+    """``--epochs 1 --set optim.epochs=1`` (or ``--penalty 1`` and ``method.penalty=1.0``)
+    give one value: not a conflict."""
+    assert main(["train", "--epochs", "1", "--set", "optim.epochs=1", "--penalty", "1",
+                 "--set", "method.penalty=1.0", "-q", "--set", "run.progress=false",
+                 "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "epochs = 1\n" in out and "penalty = 1.0\n" in out
 
 
 def test_a_bad_word_in_creditaudit_set_names_the_variable(monkeypatch, capsys):

@@ -60,3 +60,20 @@ def test_a_record_copied_from_another_run_is_not_served(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"creditaudit: error: {runs[1e-3] / RECORD_FILE} holds the record of "
                           f"run {runs[3e-3].name}, not of {runs[1e-3].name}"), err
+
+
+def test_audit_names_the_record_copied_into_a_run_folder(tmp_path, capsys):
+    """The folder and its checkpoint are of one run, record.json of another: audit blamed the
+    run's own checkpoint ("holds the record of run A, not of B whose folder it is in", in A's
+    folder) instead of the copied record."""
+    a, b = config_file(tmp_path, "a", 1e-3), config_file(tmp_path, "b", 3e-3)
+    assert train(capsys, "--config", str(a))[0] == 0
+    assert train(capsys, "--config", str(b))[0] == 0
+    runs = folders(tmp_path)
+    shutil.copy(runs[3e-3] / RECORD_FILE, runs[1e-3] / RECORD_FILE)
+    capsys.readouterr()
+    assert main(["audit", str(runs[1e-3]), "--no-metrics", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"creditaudit: error: {runs[1e-3] / RECORD_FILE} holds the record of "
+                          f"run {runs[3e-3].name}, not of {runs[1e-3].name}"), err

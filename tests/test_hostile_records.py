@@ -301,6 +301,39 @@ def test_a_value_outside_its_domain_is_one_line_naming_field_and_value(
     assert "\n" not in str(caught.value)
 
 
+# Values of the wrong kind where the reading code used to index or iterate them: each was a
+# TypeError, KeyError or OverflowError (an "internal error") instead of a one-line refusal.
+WRONG_KIND = [
+    ("log/1/hidden_norms", 2.5, "hidden_norms must be a list"),
+    ("log/1/cos_per_layer", {"a": 1}, "cos_per_layer must be a list"),
+    ("environment", 1.5, "'environment' must be an object"),
+    ("environment", "linux", "'environment' must be an object"),
+]
+
+
+@pytest.mark.parametrize(("pointer", "value", "named"), WRONG_KIND,
+                         ids=[f"{p}={v!r}" for p, v, _ in WRONG_KIND])
+def test_a_value_of_the_wrong_kind_is_one_line(world, tmp_path, plant, pointer, value, named):
+    path = plant(tmp_path / RECORD_FILE, _modified(world.good, _set(pointer, value)))
+    with pytest.raises(RunRecordError) as caught:
+        load_record(path)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_report_copy_placed_outside_its_object_is_one_line(world, tmp_path, plant):
+    """``protocol.report_copies`` gives each copy's place in its object: one beyond the
+    object (a huge index overflowed list.insert; a merely large one was appended) is
+    refused."""
+    copies = world.good["protocol"].get("report_copies")
+    assert copies, "the good run's protocol stores its report's copies once"
+    label = next(iter(copies))
+    for index in (10**30, 99, -1):
+        path = plant(tmp_path / RECORD_FILE, _modified(
+            world.good, _set(f"protocol/report_copies/{label}", index)))
+        with pytest.raises(RunRecordError, match="report_copies has an unexpected entry"):
+            load_record(path)
+
+
 def _with_non_finite(good: dict, marks: dict[str, str]) -> str:
     """A record whose values at ``marks``' pointers are NaN or ±inf, written as creditaudit
     writes them (null plus a mark)."""

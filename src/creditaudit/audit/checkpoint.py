@@ -52,7 +52,9 @@ Progress = Callable[[str], None]
 @dataclass
 class LoadedRun:
     """A run rebuilt from its folder: its record, its rule (``rule.model`` is the model at
-    the checkpointed epoch), its data, that epoch and its record entry."""
+    the checkpointed epoch), its data, that epoch and its record entry, and the folder it
+    was read from (``run_dir``: where it is now, which a moved or copied run's
+    ``run.out_dir`` does not say)."""
 
     record: RunRecord
     rule: CreditRule
@@ -60,10 +62,7 @@ class LoadedRun:
     epoch: int
     plan: RunPlan
     entry: EpochEntry
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.record.config.run.out_dir) / self.record.run_id
+    run_dir: Path
 
 
 DATA_DIR_FIX = "pass --data-dir DIR (audit_run(..., data_dir=DIR))"
@@ -80,7 +79,7 @@ def load_run(path: str | Path, *, data_dir: str | Path | None = None) -> LoadedR
     rebuilt = rebuild_run(with_data_dir(record, record_file, data_dir), record_file.parent)
     check_finite_state(rebuilt.rule, record_file.parent / CHECKPOINT_FILE)
     return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan,
-                     rebuilt.entry)
+                     rebuilt.entry, record_file.parent)
 
 
 def check_finite_state(rule: CreditRule, checkpoint: Path) -> None:

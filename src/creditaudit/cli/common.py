@@ -133,6 +133,9 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     from creditaudit.records import load_config_file
 
     config = load_config_file(args.config) if args.config else (base or RunConfig())
+    flags = {key: flag for flag, key, _ in SHORTCUTS}
+    flags.update({key: flag for flag, key, _, _ in SWITCHES})
+    flags["run.progress"] = "--no-progress/-q"
     overrides = {key: value for _, key, _ in SHORTCUTS
                  if (value := getattr(args, key, None)) is not None}
     for _, key, _, _ in SWITCHES:
@@ -141,10 +144,22 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     arch = overrides.get("model.arch")
     if isinstance(arch, str) and ":" in arch:  # --arch module:package.module:factory
         overrides["model.arch"], _, overrides["model.factory"] = arch.partition(":")
-    overrides.update(parse_override(item) for item in args.set)
+        flags["model.factory"] = "--arch"
+    for item in args.set:
+        key, value = parse_override(item)
+        if key in overrides and key in flags and not _same_value(overrides[key], value):
+            raise ConfigError(f"{flags[key]} and --set {item.strip()} give {key} two values "
+                              f"({overrides[key]!r} and {value!r}); give one of them")
+        overrides[key] = value
     config = apply_overrides(config, overrides)
     shrink = env_overrides()
     return apply_where_read(config, shrink) if shrink else config
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether a flag's value and a ``--set`` value are one value (``--epochs 2`` and
+    ``optim.epochs=2``; ``--penalty 1`` and ``method.penalty=1.0``), a bool only a bool."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
 def registry_choices(registry: Registry) -> str:

@@ -139,7 +139,8 @@ def read_protocol(raw: dict[str, Any], log: Sequence[EpochEntry], where: str = "
         for label, index in reversed(list(copies.items())):
             path, source = REPORT_COPIES.get(label, ((), ""))
             parent = _parent(report, path) if path else None
-            if parent is None or isinstance(index, bool) or not isinstance(index, int):
+            if parent is None or isinstance(index, bool) or not isinstance(index, int) \
+                    or not 0 <= index <= len(parent):
                 raise RunRecordError(f"{where}: protocol.report_copies has an unexpected "
                                      f"entry {label!r}")
             items = list(parent.items())

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import RunConfig, load_config
+from creditaudit.config import RunConfig, config_from_dict, load_config
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import ChangedRecordError, ConfigError, OutputError, RunRecordError
 from creditaudit.files import strict_json
@@ -177,18 +177,26 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
 
 def load_config_file(path: Path | str) -> RunConfig:
     """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
-    config is taken; the record is validated like any other, but may have been edited: only
-    its config is used, and the run it gives gets the id of that config)."""
+    config is taken, checked as a config file's; the record is validated like any other, but
+    may have been edited: only its config is used, and the run it gives gets the id of that
+    config)."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
     if path.suffix != ".json" and not text.lstrip().startswith("{"):
         return load_config(path)
     try:
-        return load_record(path, check_content=False).config
+        load_record(path, check_content=False)
     except RunRecordError as err:
         raise ConfigError(f"config file {path} is JSON but not a readable creditaudit run "
                           f"record ({err}); pass a TOML config or a run's record.json"
                           ) from None
+    # Read as a record, its config drops every key its run did not read; given as a config,
+    # its keys are checked as a config file's (an edited key the rule does not read, or a
+    # misspelt one, is refused, not dropped without a word).
+    try:
+        return config_from_dict(json.loads(text)["config"])
+    except ConfigError as err:
+        raise ConfigError(f"config file {path} (a run record): {err}") from None
 
 
 _CACHE: dict[str, tuple[tuple[int, int, int], RunRecord]] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import reprlib
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -219,6 +220,11 @@ def _measures(raw: Mapping[str, Any], where: str, record: str, prefix: str
     measured = {k: raw[k] for k in _MEASURE_FIELDS if raw.get(k) is not None}
     if not measured:
         return None
+    for name in _LIST_MEASURES:  # a number where a list belongs reads as no list
+        if name in measured and not isinstance(measured[name], list):
+            raise RunRecordError(f"{where}: {name} must be a list (one value per state), got "
+                                 f"{reprlib.repr(measured[name])}; the record was not written "
+                                 "by creditaudit as it is")
     missing = [name for name in _REQUIRED_MEASURES if name not in measured]
     if missing:
         for name, domain in _field_domains(EpochMeasures):
@@ -265,6 +271,10 @@ _MEASURE_FIELDS = tuple(f.name for f in dataclasses.fields(EpochMeasures))
 _REQUIRED_MEASURES = tuple(f.name for f in dataclasses.fields(EpochMeasures)
                            if f.default is dataclasses.MISSING)
 _MEASURE_KEYS = (*_MEASURE_FIELDS, *MEASURES_DERIVED)
+# The measures that hold one value per state or layer (their type is a list).
+_LIST_MEASURES = tuple(name for name, tp in typing.get_type_hints(EpochMeasures).items()
+                       if name in _MEASURE_FIELDS and list in (
+                           typing.get_origin(tp), *map(typing.get_origin, typing.get_args(tp))))
 # Values an entry derives from its stored fields (properties), and the keys earlier schemas
 # stored for them: read again, never from the file.
 DERIVED = ("test_acc", *MEASURES_DERIVED)

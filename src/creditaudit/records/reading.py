@@ -61,6 +61,9 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
         config = config_from_dict(raw["config"], strict=False)
     except CreditAuditError as err:
         raise RunRecordError(f"run record {where} holds an invalid config: {err}") from None
+    if not isinstance(raw.get("environment") or {}, dict):
+        raise RunRecordError(f"run record {where}: 'environment' must be an object, got "
+                             f"{type(raw['environment']).__name__}")
     current = schema == SCHEMA  # earlier schemas stored the copies: read as they are
     log = [EpochEntry.from_dict(nonzero_median_restored(e) if current else e,
                                 f"run record {where}", i)

@@ -33,6 +33,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.optim import optimizer_state_mismatch
 from creditaudit.records import (
+    CONFIG_FILE,
     RECORD_FILE,
     RunRecord,
     load_record,
@@ -264,9 +265,12 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
                      ) -> RunRecordError:
     """The error for ``--resume`` when ``run_dir`` (the config's run id on the data found
     now) holds no run: it names the run of the same config on other data, if there is one —
-    the data changed since that run started."""
+    the data changed since that run started — else the run of the same method, architecture,
+    dataset and seed whose config differs least (e.g. ``--epochs`` raised to extend it: the
+    schedule spans every epoch, so that is another run), with the values that differ."""
     label = run_dir.name.rsplit("-", 1)[0]  # method-arch-dataset-sSEED
     wanted = semantic_dict(config)
+    nearest: tuple[int, Path, RunRecord, list[str]] | None = None  # of another config
     for path in sorted(run_dir.parent.glob(f"{label}-*/{RECORD_FILE}")):
         try:
             record = load_record(path)
@@ -280,7 +284,34 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
                 f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
                 f"more (no run at {run_dir.name}); point data.data_dir at the run's data, or "
                 "train without --resume")
-    return RunRecordError(f"cannot resume: no run at {run_dir}")
+        differ = _differing_keys(semantic_dict(record.config), wanted)
+        if differ and (nearest is None or len(differ) < nearest[0]):
+            nearest = (len(differ), path.parent, record, differ)
+    if nearest is None:
+        return RunRecordError(f"cannot resume: no run at {run_dir}")
+    # e.g. --epochs raised to extend a run: another schedule, so another run id
+    _, other, record, differ = nearest
+    values = ", ".join(f"{key}={_value(record.config, key)!r} (not {_value(config, key)!r})"
+                       for key in differ)
+    advice = (f"resume that run with its own config (creditaudit train --config "
+              f"{other / CONFIG_FILE} --resume), or " if not record.is_finished else "")
+    return RunRecordError(
+        f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
+        f"another run (the run id covers every option that changes what is computed): "
+        f"{advice}train this config without --resume")
+
+
+def _value(config: RunConfig, dotted: str) -> Any:
+    section, _, key = dotted.partition(".")
+    return getattr(getattr(config, section), key, None)
+
+
+def _differing_keys(recorded: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]
+                    ) -> list[str]:
+    """The dotted keys whose non-default values (:func:`semantic_dict`) differ, sorted."""
+    return sorted(f"{section}.{key}" for section in recorded.keys() | wanted.keys()
+                  for key in recorded.get(section, {}).keys() | wanted.get(section, {}).keys()
+                  if recorded.get(section, {}).get(key) != wanted.get(section, {}).get(key))
 
 
 def saved_record(state: dict[str, Any], path: Path) -> RunRecord:

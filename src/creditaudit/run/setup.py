@@ -27,7 +27,7 @@ from creditaudit.records import (
 )
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.resume import check_same_data, load_into, saved_record
+from creditaudit.run.resume import check_same_data, check_same_run, load_into, saved_record
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,11 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
         raise RunRecordError(f"cannot rebuild {run_dir}: {arch.unbuildable}")
     checkpoint = run_dir / CHECKPOINT_FILE
     if not checkpoint.exists():
-        raise RunRecordError(f"no checkpoint at {checkpoint}: the run never finished an epoch; "
-                             "train it (creditaudit train … --resume) first")
+        raise RunRecordError(f"no checkpoint at {checkpoint}: {missing_checkpoint(record)}")
     state = load_checkpoint(checkpoint)
+    saved = saved_record(state, checkpoint)
+    if saved.run_id == run_dir.name != record.run_id:  # the folder's checkpoint, another record
+        check_same_run(record, run_dir.name, run_dir / RECORD_FILE)
     plan = plan_run(config, trained=record)
     if dataset is not None:
         plan.use_data(dataset)
@@ -92,12 +94,24 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     with torch.random.fork_rng(devices=[]):
         model = plan.build_model()
         rule = plan.build_rule(model)
-    saved = saved_record(state, checkpoint)
     load_into(state, checkpoint, config, saved=saved, run_id=record.run_id or run_dir.name,
               model=model, rule=rule)
     epoch = int(state["epoch"])
     return RebuiltRun(plan, rule, plan.load_data(), epoch,
                       checkpointed_entry(record, saved, epoch, run_dir))
+
+
+def missing_checkpoint(record: RunRecord) -> str:
+    """Why a run folder holds no checkpoint, and what to do: a run that stopped before its
+    first checkpoint never trained, but one whose record is finished or logs a trained
+    epoch wrote a checkpoint with every epoch, so its file was moved or deleted (resuming
+    cannot make it again: a finished run is served as it is)."""
+    trained = [entry.epoch for entry in record.log if entry.epoch >= 1]
+    if not record.is_finished and not trained:
+        return "the run never finished an epoch; train it (creditaudit train … --resume) first"
+    done = f"logs training up to epoch {max(trained)}" if trained else f"is {record.status}"
+    return (f"its record {done}, so the file was moved or deleted: restore the run's "
+            "checkpoint.pt, or train the run again with --force")
 
 
 def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir: Path

@@ -30,7 +30,6 @@ recorder.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 from torch import Tensor
 
 from creditaudit.data.registry import digest_text
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.formatting import duration
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -54,8 +53,6 @@ from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     INIT_FILE,
-    RECORD_FILE,
-    RUN_FILES,
     EpochEntry,
     RunRecord,
     atomic_torch_save,
@@ -75,6 +72,12 @@ from creditaudit.run.recorder_config import (
     not_recorded,
     recorder_config,
     user_network,
+)
+from creditaudit.run.recorder_inputs import (
+    checked_number,
+    claim_folder,
+    folder_name,
+    tensor_versions,
 )
 from creditaudit.run.results import (
     end_of_run_metrics,
@@ -152,7 +155,7 @@ class Recorder:
             raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
-        self._eval_versions = _versions(eval_x, eval_y)
+        self._eval_versions = tensor_versions(eval_x, eval_y)
         self._say = _Says(progress)
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
@@ -182,9 +185,9 @@ class Recorder:
         if name is None:  # the config names the class, not its sizes: add the description
             name = compute_run_id(self.config, digest_text(
                 {"data": identity.fingerprint, "model": description.identity()}), code)
-        self.run_dir = Path(out) / _folder_name(name)
+        self.run_dir = Path(out) / folder_name(name)
         self._say.prefix = f"Recorder {self.run_dir.name}: "
-        _claim(self.run_dir, overwrite)
+        claim_folder(self.run_dir, overwrite)
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
         components["model"].update(identified)
@@ -236,11 +239,11 @@ class Recorder:
                               "follows the last recorded epoch)")
         check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
         self._check_eval_unchanged()
-        numbers = {"test_acc": _number("test_acc", test_acc, fraction=True),
-                   "test_loss": _number("test_loss", test_loss, loss=True),
-                   "train_loss": _number("train_loss", train_loss),
-                   "train_acc": _number("train_acc", train_acc, fraction=True)}
-        kept = {str(k): _number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
+        numbers = {"test_acc": checked_number("test_acc", test_acc, fraction=True),
+                   "test_loss": checked_number("test_loss", test_loss, loss=True),
+                   "train_loss": checked_number("train_loss", train_loss),
+                   "train_acc": checked_number("train_acc", train_acc, fraction=True)}
+        kept = {str(k): checked_number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
         model = self.rule.model
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
         with measurement_mode(model):
@@ -304,7 +307,7 @@ class Recorder:
         """ConfigError (one line) when ``eval_x`` or ``eval_y`` changed in place since the
         Recorder was created: the record's data identity (their fingerprint, the check
         against a dataset's test split) is of the arrays as they were then."""
-        if _versions(self.eval_x, self.eval_y) != self._eval_versions:
+        if tensor_versions(self.eval_x, self.eval_y) != self._eval_versions:
             raise ConfigError("eval_x or eval_y was changed in place since the Recorder was "
                               "created, and the record identifies the data by the arrays as "
                               "they were then: change a copy (x = x * 2, not x.mul_(2)), or "
@@ -368,65 +371,9 @@ class _Says:
         self.last = seconds
 
 
-def _versions(*tensors: Tensor) -> tuple[int | None, ...]:
-    """Each tensor's version counter (bumped by every in-place change; None for an
-    inference-mode tensor, which keeps none)."""
-    versions: list[int | None] = []
-    for tensor in tensors:
-        try:
-            versions.append(tensor._version)
-        except RuntimeError:
-            versions.append(None)
-    return tuple(versions)
-
-
 def _terminal_ln(model: Any) -> bool | None:
     value = model.terminal_ln
     return value if isinstance(value, bool) else None
-
-
-def _folder_name(name: Any) -> str:
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
-            or "\\" in name or "\0" in name:
-        raise ConfigError(f"name={name!r} must be one folder name (no / or \\), e.g. "
-                          "'resnet20-dfa'")
-    return name
-
-
-def _claim(run_dir: Path, overwrite: bool) -> None:
-    """Refuse a folder that holds a record unless ``overwrite``; then clear it."""
-    if not (run_dir / RECORD_FILE).exists():
-        return
-    if not overwrite:
-        raise RunRecordError(f"{run_dir} holds a run record already: pass another name= or "
-                             "overwrite=True to replace it")
-    for file in RUN_FILES:
-        (run_dir / file).unlink(missing_ok=True)
-
-
-def _number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
-            ) -> float | None:
-    """``value`` as a float (None stays None); ConfigError for a non-number, an accuracy
-    outside [0, 1] (NaN and ±inf included: a count of right answers is never NaN, even a
-    diverged network's) or a negative cross-entropy. A loss's NaN and ±inf are kept: the
-    record marks the run diverged."""
-    if value is None:
-        return None
-    if isinstance(value, Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if fraction and not math.isfinite(number):
-        raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: an accuracy counts "
-                          "right answers, so it is never NaN or Inf; pass the fraction your "
-                          "loop measured (a diverged network still scores one)")
-    if fraction and not 0.0 <= number <= 1.0:
-        raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: pass e.g. 0.349, not "
-                          "34.9")
-    if loss and number < 0:
-        raise ConfigError(f"{name}={value!r} is negative; a cross-entropy is ≥ 0")
-    return number
 
 
 __all__ = ["Recorder", "array_fingerprint", "OWN_DATA"]

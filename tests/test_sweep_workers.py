@@ -104,7 +104,7 @@ def _log(out: Path) -> list[dict]:
 def test_a_worker_whose_sweep_is_gone_exits_in_its_initializer(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    script = ("import sys; from creditaudit.sweep.worker import init_worker; "
+    script = ("import sys; from creditaudit.sweep.worker_process import init_worker; "
               "init_worker(1, int(sys.argv[1])); print('went on')")
     orphan = subprocess.run([sys.executable, "-c", script, str(gone.pid)],
                             capture_output=True, text=True, timeout=120)

@@ -18,7 +18,8 @@ from creditaudit.errors import ConfigError
 from creditaudit.sweep.deaths import MAX_DEATHS, after_break, death_cause
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.ray_cluster import RayExecutor
-from creditaudit.sweep.worker import failed_outcome, init_worker, pool_call
+from creditaudit.sweep.worker import failed_outcome, pool_call
+from creditaudit.sweep.worker_process import init_worker
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The interface every credit rule implements (:class:`CreditRule`): what a training step
-reports, the options several rules share, and the output error e = softmax − onehot that
-feedback credits start from.
+reports, the options several rules share (defined in :mod:`creditaudit.methods.options`),
+and the output error e = softmax − onehot that feedback credits start from.
 
 A rule produces a *credit* a_l for every state h_0 … h_L (its estimate of ∂CE/∂h_l, same
 sign as the gradient) and takes training steps. Local rules train every module on the local
@@ -19,7 +19,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.config import MAX_SEED, MethodConfig, opt
+from creditaudit.config import MethodConfig
+from creditaudit.methods.options import (  # the shared options, importable from here too
+    FeedbackOptions,
+    LocalOptions,
+    NoRuleOptions,
+    RuleOptions,
+    ScaleOptions,
+    SeededOptions,
+)
 from creditaudit.methods.surrogate import credit_gradient, local_backward, local_forward
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet
@@ -59,55 +67,6 @@ def output_error(logits: Tensor, y: Tensor) -> Tensor:
 
 
 FEEDBACK_KINDS = ("none", "fixed_random", "learned", "symmetric", "sign_concordant")
-
-
-# --- options several rules share (a rule's ``Options`` combines them with its own) ---------
-class RuleOptions:
-    """Base of a rule's ``Options``: declares, for readers and type checkers, the keys of
-    ``[method]`` every rule reads beside its own options. They are not fields of ``Options``:
-    :class:`~creditaudit.config.MethodConfig` holds them, and the section a rule is given
-    (:attr:`CreditRule.options`) is composed of both."""
-
-    name: str
-    penalty: float  # the residual-branch penalty λ
-    trainable_blocks: int | None
-
-
-@dataclass(frozen=True)
-class NoRuleOptions(RuleOptions):
-    """The options of a rule that has none of its own (BP, the frozen baseline)."""
-
-
-@dataclass
-class SeededOptions(RuleOptions):
-    """Rules that draw anything (feedback, auxiliary nets' weights, noise) from their own
-    generator."""
-
-    feedback_seed: int | None = opt(
-        None, "seed the rule's generator (feedback, auxiliary nets, noise) is derived from "
-        "(None = run seed)", min=0, max=MAX_SEED)
-
-
-@dataclass
-class ScaleOptions(RuleOptions):
-    """Rules whose feedback has a scale."""
-
-    feedback_scale: float = opt(1.0, "feedback entries ~ N(0, scale²/fan_in) (FA, DFA, DRTP, "
-                                "fa-linear, KP; the magnitudes of uSF, brSF, frSF)", min=0.0)
-
-
-@dataclass
-class FeedbackOptions(SeededOptions, ScaleOptions):
-    """Rules with random feedback drawn from their generator."""
-
-
-@dataclass
-class LocalOptions(RuleOptions):
-    """Rules that train every module on the local surrogate with their credit."""
-
-    normalise_credit: bool = opt(
-        True, "train on the per-sample RMS-normalised credit â = a/(RMS(a)+1e-6); false = the "
-        "raw credit on the batch-mean scale")
 
 
 # The steps a stack of runs takes (creditaudit.methods.stacked), each with the
@@ -405,3 +364,7 @@ def step_result(loss: Tensor, logits: Tensor, y: Tensor, *extra_finite: Tensor) 
     correct = int((logits.detach().argmax(dim=1) == y).sum())
     return StepResult(loss=loss_value, correct=correct, n=int(y.shape[0]), finite=finite)
 
+
+__all__ = ["StepResult", "loss_precision", "one_hot", "output_error", "FEEDBACK_KINDS",
+           "RuleOptions", "NoRuleOptions", "SeededOptions", "ScaleOptions", "FeedbackOptions",
+           "LocalOptions", "STACKED_STEPS", "CreditRule", "all_finite", "step_result"]

@@ -580,6 +580,24 @@ def test_the_recorder_refuses_an_epoch_past_the_optim_epochs_it_was_given(small,
     assert record.config.optim.epochs == 1 and record.final.epochs_completed == 1
 
 
+def test_a_recorder_finished_before_its_optim_epochs_says_it_stopped_early(small, tmp_path):
+    # the record's recipe says 3 epochs; the loop (early stopping) ran 1
+    rec = Recorder(*small, out=tmp_path, name="early",
+                   config={"optim.epochs": 3, "diagnostics.end_of_run": False})
+    rec.epoch(0)
+    rec.epoch(1, test_acc=0.5)
+    record = rec.finish()
+    assert record.status == "completed" and record.final.epochs_completed == 1
+    assert record.stopped_early == {"epoch": 1,
+                                    "reason": "finish() after epoch 1 of optim.epochs=3"}
+    assert load_record(tmp_path / "early").stopped_early == record.stopped_early
+    whole = Recorder(*small, out=tmp_path, name="whole",
+                     config={"optim.epochs": 1, "diagnostics.end_of_run": False})
+    whole.epoch(0)
+    whole.epoch(1, test_acc=0.5)
+    assert whole.finish().stopped_early is None
+
+
 def test_a_loop_that_fails_leaves_a_failed_record_and_a_diverged_one_says_so(small, tmp_path):
     trained, x, y = small
     with pytest.raises(RuntimeError), Recorder(trained, x, y, out=tmp_path, name="failed") as rec:

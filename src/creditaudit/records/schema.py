@@ -96,8 +96,9 @@ class RunRecord(RecordAccessors):
         "`part`: which of the rule's own parts (auxiliary net, local classifiers) held "
         "NaN/Inf then, with the options that drive it (absent when none did). Absent "
         "otherwise")
-    stopped_early: dict[str, Any] | None = doc("runs stopped by --stop-on-walkback: epoch, "
-                                               "reason")
+    stopped_early: dict[str, Any] | None = doc("runs stopped by --stop-on-walkback, or a "
+                                               "Recorder finished before its optim.epochs: "
+                                               "epoch, reason")
     not_recorded: list[str] = doc(
         "config keys (`optim.schedule`, `run.seed`, …) a run recorded from a user's own loop "
         "(creditaudit.Recorder) was not told: `config` holds their defaults, which say nothing "

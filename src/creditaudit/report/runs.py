@@ -28,7 +28,8 @@ NOT_FINITE_TEXT = {GRADIENT_NOT_FINITE: "the reference gradients",
 
 def stopped_early_text(record: RunRecord) -> str | None:
     """``stopped early at epoch 3: protocol verdict needs walk-back: (a)`` for a run that
-    ``--stop-on-walkback`` ended (its status still says completed), else None."""
+    ``--stop-on-walkback`` ended, or a Recorder finished before its ``optim.epochs`` (its
+    status still says completed), else None."""
     stop = record.stopped_early
     if not stop:
         return None

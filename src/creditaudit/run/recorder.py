@@ -272,7 +272,8 @@ class Recorder:
 
     def finish(self) -> RunRecord:
         """End the run: status ``completed`` (``diverged`` when the last epoch's numbers
-        or state norms are NaN/Inf), the final results and, unless
+        or state norms are NaN/Inf; a run finished before the ``optim.epochs`` its config
+        gives is recorded as stopped early at its last epoch), the final results and, unless
         ``diagnostics.end_of_run`` is off, the end-of-run block. Returns the record."""
         if self.finished:
             return self.record
@@ -287,6 +288,11 @@ class Recorder:
         if self.record.status == "diverged":
             self.record.divergence = {"epoch": last.epoch,
                                       "reason": "non-finite loss or state norms"}
+        epochs = self.config.optim.epochs
+        if self.record.status == "completed" and last.epoch < epochs:  # its loop stopped
+            self.record.stopped_early = {
+                "epoch": last.epoch,
+                "reason": f"finish() after epoch {last.epoch} of optim.epochs={epochs}"}
         self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:
             say = self._say.line

@@ -227,3 +227,24 @@ def test_dry_run_names_the_ray_executor_without_contacting_it(tmp_path, capsys):
                  "10.0.0.1:6379", "--threads-per-worker", "2", "--gpus-per-run", "0.25"]) == 0
     assert ("executor: ray executor on the Ray cluster at 10.0.0.1:6379, each run asking for 2 "
             "CPU, 0.25 GPU (--dry-run does not contact Ray)") in capsys.readouterr().out
+
+
+def test_a_grid_varies_a_factory_argument_as_set_does(tmp_path):
+    """``model.args.d`` is a grid key as it is a --set key: each run gets its own value in
+    the factory's arguments (and its own id), and the sweep's labels say which."""
+    from creditaudit.sweep.plans import plan_runs, run_labels
+
+    base = {"data": {"name": "synthetic", "n_train": 64, "n_test": 32},
+            "model": {"arch": "module", "factory": "creditaudit.testing.zoo:TransformerClassifier",
+                      "states": ["encoder.layers.0", "encoder.layers.1"],
+                      "args": {"image_shape": [1, 16, 16], "patch": [4, 4], "d": 16,
+                               "depth": 2, "heads": 2}},
+            "run": {"out_dir": str(tmp_path)}}
+    configs = expand_grid(base, {"model.args.d": [16, 32]})
+    assert [c.model.args["d"] for c in configs] == [16, 32]
+    assert all(c.model.args["depth"] == 2 for c in configs)  # the rest of the table kept
+    plans = plan_runs(configs, ["model.args.d"])
+    assert len({plan.run_id for plan in plans}) == 2
+    assert run_labels(plans, ["model.args.d"]) == ["d=16", "d=32"]
+    with pytest.raises(ConfigError, match="sweep key 'model.argz.d' is not a config field"):
+        expand_grid(base, {"model.argz.d": [16]})

@@ -119,7 +119,13 @@ def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
 
 
 def config_value(config: RunConfig | dict[str, Any], key: str) -> Any:
-    """The value of a dotted key in a config (or its dict)."""
+    """The value of a dotted key in a config (or its dict); a key of a table field
+    (``model.args.d``) reads that table's entry."""
     raw = config.to_dict() if isinstance(config, RunConfig) else config
     section, _, name = key.partition(".")
-    return raw.get(section, {}).get(name)
+    values = raw.get(section, {})
+    if name not in values and "." in name:
+        table, _, leaf = name.partition(".")
+        inner = values.get(table)
+        return inner.get(leaf) if isinstance(inner, dict) else None
+    return values.get(name)

@@ -183,7 +183,9 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     fields = known_keys()
     for key in [*grid, *(k for extra in include for k in extra)]:
         section, _, name = key.partition(".")
-        if section not in fields or name not in fields[section]:
+        # a key of a table field, as --set takes it: model.args.d, diagnostics.a.growth
+        table = name.partition(".")[0]
+        if section not in fields or (name not in fields[section] and table not in fields[section]):
             allowed = (", ".join(f"{section}.{f}" for f in fields[section])
                        if section in fields else ", ".join(f"{s}.…" for s in fields))
             raise ConfigError(f"sweep key {key!r} is not a config field; allowed: {allowed}")

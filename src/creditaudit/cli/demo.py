@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from creditaudit.cli.common import add_device_options, env_overrides, folder
 from creditaudit.cli.run_watch import RunWatch
+from creditaudit.cli.sweep_output import as_reported
 from creditaudit.config import RunConfig, apply_where_read, device_overrides
 from creditaudit.errors import ConfigError
 from creditaudit.formatting import duration
@@ -214,10 +215,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if watch is not None:
             watch.stop()
+    reported = {run["run_id"]: run["status"] for run in result.summary["runs"]}
     records = []
     for run in plans:
         if (run.run_dir / RECORD_FILE).exists():
-            records.append(load_record(run.run_dir))
+            records.append(as_reported(load_record(run.run_dir), reported.get(run.run_id)))
     if not args.quiet:
         print()
     print(format_run_summary(records))

@@ -578,7 +578,7 @@ CASES = [
     ("demo-seed-too-large", lambda w, t: ["demo", "--seed", BIG_SEED, "--out", str(t / "o")],
      ["run.seed"]),
     ("demo-workers-negative", lambda w, t: ["demo", "--workers", "-1", "--epochs", "0",
-                                            "--out", str(t / "o")], ["--workers must be >= 1"]),
+                                            "--out", str(t / "o")], ["--workers must be >= 0"]),
     ("demo-out-empty", lambda w, t: ["demo", "--epochs", "0", "--out", ""],
      ["--out", "empty path"]),
     ("demo-out-is-a-file", lambda w, t: ["demo", "--epochs", "0", "--n-train", "60",

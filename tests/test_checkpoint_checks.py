@@ -210,6 +210,35 @@ def test_audit_of_a_record_behind_its_checkpoint_reads_the_checkpointed_epoch(tm
                    "record.json nor the record it holds logs that epoch", "--force")
 
 
+def test_a_run_whose_record_is_behind_its_first_trained_checkpoint_resumes_from_it(
+        tmp_path, capsys, monkeypatch, caplog):
+    """Stopped between writing checkpoint(1) and rewriting record.json (which still logs only
+    epoch 0), the run was started over as one that "stopped before its first checkpoint"."""
+    import logging
+
+    reference = config_file(tmp_path, "ref", **{"run.out_dir": str(tmp_path / "ref")})
+    assert cli(capsys, "train", "-q", "--config", str(reference))[0] == 0
+    (ref,) = (tmp_path / "ref").iterdir()
+    config = config_file(tmp_path)
+    with monkeypatch.context() as patch:
+        record_write_fails_after(patch, 1)
+        assert cli(capsys, "train", "-q", "--config", str(config))[0] == 2
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert [e.epoch for e in load_record(folder).log] == [0]
+    assert load_record(folder).status == "running"
+    assert torch.load(folder / CHECKPOINT_FILE, weights_only=True)["epoch"] == 1
+    # without --resume it is refused as any run with a trained epoch is, not started over
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config))
+    assert_refused(code, err, "exists with status 'running'", "--resume")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="creditaudit"):
+        assert cli(capsys, "train", "-q", "--config", str(config), "--resume")[0] == 0
+    assert not any("starting it over" in r.getMessage() for r in caplog.records)
+    record = load_record(folder)
+    assert [part.epoch for part in record.resumed] == [2]  # went on from checkpoint(1)
+    assert [e.acc_eval for e in record.log] == [e.acc_eval for e in load_record(ref).log]
+
+
 # --- 4. init.pt, checked when the run resumes ---------------------------------------------
 def other_runs_init(tmp_path: Path, capsys, monkeypatch) -> bytes:
     _, other = stopped_after_epoch_1(tmp_path, capsys, monkeypatch, "other",

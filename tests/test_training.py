@@ -569,7 +569,7 @@ def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
 def test_demo_refusals_speak_of_the_demos_own_flags(tmp_path, capsys, monkeypatch):
     """A seed past MNIST-1D's 32-bit data seed was refused with the advice
     '--set data.data_seed=0' (no flag of the demo's) as 'run 1'; a run the plan refuses is
-    named by its method."""
+    named by its method (--n-train's own refusals: tests/test_demo.py)."""
     from creditaudit.cli import main
 
     monkeypatch.delenv("CREDITAUDIT_SET", raising=False)
@@ -578,8 +578,9 @@ def test_demo_refusals_speak_of_the_demos_own_flags(tmp_path, capsys, monkeypatc
     assert line == (f"creditaudit: error: --seed {2**32} is also the seed MNIST-1D draws its "
                     "data from, a 32-bit seed: use --seed 0 … 4294967295, or --dataset "
                     "synthetic"), line
-    assert main(["demo", "--n-train", "105", "--out", str(tmp_path / "b")]) == 2
-    line = capsys.readouterr().err.strip()
+    monkeypatch.setenv("CREDITAUDIT_SET", "data.n_test=1001")  # the user's own words
+    assert main(["demo", "--n-train", "100", "--out", str(tmp_path / "b")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("creditaudit: error: run name=bp: data.name='mnist1d' "), line
     assert not (tmp_path / "a").exists() and not any((tmp_path / "b").iterdir())
 

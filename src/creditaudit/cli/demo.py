@@ -8,16 +8,18 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from creditaudit.cli.common import add_device_options, env_overrides, folder
 from creditaudit.cli.run_watch import RunWatch
+from creditaudit.cli.sweep_output import as_reported
 from creditaudit.config import RunConfig, apply_where_read, device_overrides
 from creditaudit.errors import ConfigError
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
 if TYPE_CHECKING:
+    from creditaudit.config import DataConfig
     from creditaudit.records import RunRecord
 
 DEMO_METHODS = ("bp", "fa", "dfa", "frozen")
@@ -29,16 +31,20 @@ MEASURED_SECONDS = 50
 
 @dataclass(frozen=True)
 class DemoTask:
-    """A demo dataset and its default size (chosen so the four runs fit on two cores)."""
+    """A demo dataset and its default size (chosen so the four runs fit on two cores).
+    ``n_train_step``: ``--n-train`` must be a multiple of it (the demo has no flag for the
+    test split, ``n_test``, which is one already)."""
 
     label: str
     epochs: int
     n_train: int
     n_test: int
+    n_train_step: int = 1
 
 
 DEMO_TASKS = {
-    "mnist1d": DemoTask("MNIST-1D", epochs=8, n_train=32000, n_test=4000),
+    # MNIST-1D generates equally many samples of each of its 10 digits
+    "mnist1d": DemoTask("MNIST-1D", epochs=8, n_train=32000, n_test=4000, n_train_step=10),
     "synthetic": DemoTask("synthetic teacher–student task", epochs=8, n_train=20000,
                           n_test=2000),
 }
@@ -80,7 +86,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "synthetic)")
     parser.add_argument("--seed", type=int, default=42, help="seed (default 42)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="parallel single-thread runs (default: number of cores, at most 4)")
+                        help="parallel single-thread runs (default: number of cores, at most "
+                             "4); 0: one run after another in this process, as in sweep")
     add_device_options(parser)
     parser.add_argument("--end-of-run", action="store_true",
                         help="also compute the end-of-run credit-quality metrics (ρ, nudging, "
@@ -112,13 +119,50 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
     return lines
 
 
+def check_sample_counts(args: argparse.Namespace, data: DataConfig,
+                        overrides: dict[str, Any]) -> None:
+    """``--n-train`` refused in the demo's own words, before the plan would name
+    ``data.n_test`` (no flag of the demo's): not a multiple of its dataset's step, or more
+    samples than this machine's memory holds. Left to the plan when ``CREDITAUDIT_SET``
+    changes the data (its words are then the user's)."""
+    from creditaudit.data import dataset_spec
+    from creditaudit.run.memory import check_data_fits
+
+    if data.name != args.dataset or {"data.n_train", "data.n_test"} & overrides.keys():
+        return
+    task = DEMO_TASKS[args.dataset]
+    if data.n_train % task.n_train_step:
+        nearest = max(task.n_train_step, data.n_train - data.n_train % task.n_train_step)
+        raise ConfigError(f"--n-train {data.n_train} is not a multiple of "
+                          f"{task.n_train_step}: {task.label} generates equally many samples "
+                          f"of each class; use e.g. --n-train {nearest}")
+    spec = dataset_spec(data.name)(data)
+    check_data_fits(task.label, spec.sizes(), spec.input_shape(),
+                    fix=f"use a smaller --n-train (the demo also tests on {data.n_test:,})")
+
+
+def demo_executor(workers: int | None, n_runs: int) -> Any:
+    """The executor of ``--workers``: ``workers`` single-thread worker processes (default:
+    one per core, at most one per run); 0 runs them one after another in this process, one
+    thread each, as ``sweep --workers 0`` does."""
+    from creditaudit.sweep import InlineExecutor, LocalExecutor
+
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 = one run after another in this "
+                          f"process), got {workers}")
+    if workers == 0:
+        return InlineExecutor(threads=1)
+    return LocalExecutor(workers=workers or min(n_runs, os.cpu_count() or 1))
+
+
 def run(args: argparse.Namespace) -> int:
     from creditaudit.data.spec import MAX_DATA_SEED
     from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.sweep import LocalExecutor, plan_runs, run_sweep
+    from creditaudit.sweep import plan_runs, run_sweep
 
     started = time.perf_counter()
     task = DEMO_TASKS[args.dataset]
+    executor = demo_executor(args.workers, len(DEMO_METHODS))
     epochs = task.epochs if args.epochs is None else args.epochs
     n_train = task.n_train if args.n_train is None else args.n_train
     configs = [demo_config(method, dataset=args.dataset, epochs=epochs, n_train=n_train,
@@ -129,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if shrink:
         configs = [apply_where_read(config, shrink) for config in configs]
     data = configs[0].data
+    check_sample_counts(args, data, shrink)
     if data.name == "mnist1d" and data.data_seed is None and args.seed > MAX_DATA_SEED:
         # the plan's advice (--set data.data_seed=0) is no flag of the demo's
         raise ConfigError(f"--seed {args.seed} is also the seed MNIST-1D draws its data from, "
@@ -148,10 +193,11 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
     plan.load_data()
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
-    workers = args.workers or min(len(configs), os.cpu_count() or 1)
     if not args.quiet:
+        how = (f"{executor.slots} parallel runs" if executor.name == "local"
+               else "one after another in this process")
         print(f"training {', '.join(DEMO_METHODS)} ({configs[0].optim.epochs} epochs each, "
-              f"{workers} parallel runs) on {task.label} …", flush=True)
+              f"{how}) on {plan.dataset.label} …", flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
@@ -164,15 +210,16 @@ def run(args: argparse.Namespace) -> int:
                          plans[0].config.optim.epochs,
                          lambda line: print(line, flush=True)).start()
     try:
-        result = run_sweep(plans, LocalExecutor(workers=workers),
+        result = run_sweep(plans, executor,
                            on_progress=None if args.quiet else progress)
     finally:
         if watch is not None:
             watch.stop()
+    reported = {run["run_id"]: run["status"] for run in result.summary["runs"]}
     records = []
     for run in plans:
         if (run.run_dir / RECORD_FILE).exists():
-            records.append(load_record(run.run_dir))
+            records.append(as_reported(load_record(run.run_dir), reported.get(run.run_id)))
     if not args.quiet:
         print()
     print(format_run_summary(records))

@@ -363,7 +363,8 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     print()
-    print(format_sweep_table(plans, grid_keys))
+    print(format_sweep_table(plans, grid_keys, {run["run_id"]: run["status"]
+                                                for run in result.summary["runs"]}))
     problems = [run for run in result.summary["runs"]
                 if run["status"] not in ("completed", "diverged")]
     for entry in problems:

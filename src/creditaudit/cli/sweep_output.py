@@ -10,6 +10,7 @@ how ``--stack`` groups its runs, before anything runs. Every table reads the run
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -80,9 +81,12 @@ class SweepProgress:
 
 
 # --- tables ------------------------------------------------------------------------------
-def format_sweep_table(plans: list[Any], grid_keys: list[str]) -> str:
+def format_sweep_table(plans: list[Any], grid_keys: list[str],
+                       statuses: Mapping[str, str] | None = None) -> str:
     """format_run_summary of the runs (their plans) that have a record, each row led by its
-    grid values."""
+    grid values (which name it in the lines under the table too). ``statuses``: run id →
+    the status the sweep reports (sweep_summary.json's): shown for a record left
+    ``running`` by a run that ended (:func:`as_reported`)."""
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.report import format_run_summary
     from creditaudit.sweep import run_labels
@@ -92,18 +96,31 @@ def format_sweep_table(plans: list[Any], grid_keys: list[str]) -> str:
         path = plan.run_dir / RECORD_FILE
         if path.exists():
             try:
-                records.append(load_record(path))
+                record = load_record(path)
             except CreditAuditError:  # an unreadable record is listed below, not fatal
                 continue
+            records.append(as_reported(record, (statuses or {}).get(plan.run_id)))
             labels.append(label)
     if not records:
         return "no run has a record yet"
     width = max(len("run"), *(len(label) for label in labels))
-    lines = format_run_summary(records).splitlines()
+    lines = format_run_summary(records, names=labels).splitlines()
     out = [f"{'run':<{width}}  {lines[0]}", "-" * (width + 2 + len(lines[1]))]
     out += [f"{label:<{width}}  {line}" for label, line in zip(labels, lines[2:])]
     out += lines[2 + len(labels):]  # footnotes
     return "\n".join(out)
+
+
+def as_reported(record: Any, reported: str | None) -> Any:
+    """``record`` (a RunRecord) as a sweep's table shows it: with the status the sweep
+    reports (``reported``, sweep_summary.json's;
+    :func:`creditaudit.sweep.runner.reported_status`) where its record was left
+    ``running`` by a run that ended; the file is not changed."""
+    import dataclasses
+
+    if record.status != "running" or reported in (None, "running", "busy"):
+        return record
+    return dataclasses.replace(record, status=reported)
 
 
 def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:

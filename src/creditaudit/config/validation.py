@@ -84,7 +84,7 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
     elif base is str and not isinstance(value, str):
-        raise ConfigError(f"{key} must be a string, got {value!r}")
+        raise ConfigError(f"{key} must be a string, got {value!r}{_quote_hint(key, value)}")
     elif typing.get_origin(base) in (list, tuple) and not isinstance(value, list | tuple):
         raise ConfigError(f"{key} must be a list, got {value!r}")
     elif isinstance(base, type) and dataclasses.is_dataclass(base):
@@ -108,6 +108,17 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("max") is not None and value > meta["max"]:
         raise ConfigError(f"{key}={value!r} is out of range; it must be <= {meta['max']}")
     return value
+
+
+def _quote_hint(key: str, value: Any) -> str:
+    """For a number or true/false given to a string key (``--set run.out_dir=2024`` reads
+    2024 as TOML, a number): how to write it as a string, in a file and in ``--set``."""
+    if not isinstance(value, bool | int | float):
+        return ""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    table, _, name = key.rpartition(".")
+    return (f"; quote it to mean the text: --set '{key}=\"{text}\"' (in a config file, "
+            f"{name} = \"{text}\" under [{table}])")
 
 
 def options_table(key: str, options: type, value: Any) -> Any:

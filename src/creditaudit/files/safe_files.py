@@ -127,7 +127,9 @@ def _kind_of(mode: int) -> str | None:
 
 
 def read_text(path: Path, what: str, error: type[CreditAuditError] = RunRecordError) -> str:
-    """A user's text file, UTF-8, with every failure turned into one line.
+    """A user's text file, UTF-8, with every failure turned into one line. A leading UTF-8
+    byte-order mark (which some Windows editors write) is dropped: it is no text of the file,
+    and TOML and JSON readers refuse it.
 
     Only a regular file (after following symlinks) is read: a folder, a named pipe (opening
     one blocks until a writer appears), a device such as /dev/zero (endless) or a socket is
@@ -156,7 +158,7 @@ def read_text(path: Path, what: str, error: type[CreditAuditError] = RunRecordEr
         if len(data) > MAX_TEXT_BYTES:
             raise error(f"{what} {path} is over the {limit} creditaudit reads (its files are "
                         "a few MB); is it the right file?")
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except FileNotFoundError:
         raise error(f"{what} {path} does not exist") from None
     except UnicodeDecodeError:

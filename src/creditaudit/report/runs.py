@@ -133,7 +133,8 @@ def reference_growth_text(record: RunRecord, statuses: dict[str, str]) -> str | 
             "view fig2_temporal) before reading it")
 
 
-def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True) -> str:
+def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = True,
+                       names: Sequence[str] | None = None) -> str:
     """One line per run: method, status, accuracy, ‖h_L‖, ‖g_L‖, deep cos, verdict; then a
     line for each run that stopped early, saying at which epoch and why, for each that
     diverged (its numbers marked ‡), which epoch its numbers are from, for each whose rule
@@ -147,12 +148,17 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     and the reference gradient was verified; a number measured against a reference that was
     not (deep cos, ‖g_L‖: (b)'s) is marked "(unverified)", with the reason under the table.
     Every number is marked by :func:`headline_cell`, as in the report's tables.
+
+    ``names``: how the lines under the table name each run (default: its method; a sweep,
+    whose runs may share one, gives each its label).
     """
     index = RecordSet(records, use_frozen_runs=use_frozen_runs)
+    named = list(zip(records, [r.method for r in records] if names is None else names,
+                     strict=True))
     rows = []
     unverified: list[str] = []  # why a run's reference is not verified, for the footnote
     notes: list[str] = []
-    for record in records:
+    for record, name in named:
         run_verdict = index.verdict(record)
         judged, statuses = run_verdict.judgement, run_verdict.statuses
         if is_frozen_baseline(record):
@@ -163,14 +169,14 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             verdict = judged.text
             note = reference_growth_text(record, statuses)
             if note is not None:
-                notes.append(f"{record.method}: {note}")
+                notes.append(f"{name}: {note}")
         cells = [headline_cell(text, what, [record], [judged]) for text, what in (
             (fmt(record.final_acc, ".3f"), ACC),
             (fmt(record.headline_value("h_L_norm"), ".3g"), H_NORM),
             (fmt(record.headline_value("g_L_norm"), ".3g"), G_NORM),
             (fmt(record.deep_cos, "+.3f"), DEEP_COS))]
         if any(cell.endswith(UNVERIFIED_MARK) for cell in cells):
-            unverified.append(f"{record.method}: {judged.reference_note}")
+            unverified.append(f"{name}: {judged.reference_note}")
         rows.append((record, cells, verdict))
     titles, least = ("test acc", "‖h_L‖", "‖g_L‖", "deep cos"), (10, 11, 11, 10)
     widths = [max([least[i], *(len(cells[i]) + 2 for _, cells, _ in rows)])
@@ -183,11 +189,11 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         lines.append(f"{record.method:<14}{record.status:<12}{last.epoch if last else 0:>6}"
                      + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)) + f"  {verdict}")
     lines += notes
-    for record in records:
+    for record, name in named:
         for note in (stopped_early_text(record), diverged_text(record),
                      code_versions_text(record)):
             if note is not None:
-                lines.append(f"{record.method} {note}")
+                lines.append(f"{name} {note}")
     lines += dict.fromkeys(filter(None, map(credit_not_finite_text, records)))
     footnotes = deep_cos_footnotes(records)
     lines += [footnotes[mark] for mark in ("*", "§") if mark in footnotes]

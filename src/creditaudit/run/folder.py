@@ -122,8 +122,8 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             _replay_finished(config, existing, run_dir, loggers)
             return RunResult(run_dir, existing)
         if restartable(existing, run_dir, resume=resume):
-            log.info("run %s stopped before its first checkpoint (status %s); starting it "
-                     "over", existing.run_id, existing.status)
+            log.info("run %s stopped before it saved a trained epoch (status %s); starting "
+                     "it over", existing.run_id, existing.status)
             force = True
         elif resume:
             check_same_question(existing.config, config, record_path)

@@ -48,12 +48,14 @@ def check_fits(description: ModelDescription, model: nn.Module, rule: type[Credi
 
 
 def check_data_fits(name: str, sizes: tuple[int, int] | None,
-                    input_shape: tuple[int, ...]) -> None:
+                    input_shape: tuple[int, ...],
+                    fix: str = "use fewer samples (data.n_train, data.n_test)") -> None:
     """One-line ConfigError when the samples dataset ``name`` declares (``sizes``: training
     and test samples; None: unknown before loading, not checked) of ``input_shape`` cannot
     fit in this machine's available memory: at least one byte per value of an image
     (C, H, W), four per feature (D,), and eight per int64 label — a lower bound, so only a
-    dataset that cannot load is refused (an allocation failure in generation otherwise)."""
+    dataset that cannot load is refused (an allocation failure in generation otherwise).
+    ``fix`` ends the message: what to change (a command's own flag, where it has one)."""
     available = available_memory()
     if sizes is None or available is None:
         return
@@ -64,8 +66,7 @@ def check_data_fits(name: str, sizes: tuple[int, int] | None,
         return
     raise ConfigError(f"{name} would hold {sizes[0]:,} + {sizes[1]:,} samples of shape "
                       f"{tuple(input_shape)}: at least {needed / 2**30:,.1f} GiB, but this "
-                      f"machine has {available / 2**30:,.1f} GiB available; use fewer samples "
-                      "(data.n_train, data.n_test)")
+                      f"machine has {available / 2**30:,.1f} GiB available; {fix}")
 
 
 def rule_on_meta_bytes(rule: type[CreditRule], model: nn.Module, config: RunConfig,

@@ -33,9 +33,11 @@ from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.optim import optimizer_state_mismatch
 from creditaudit.records import (
+    CHECKPOINT_FILE,
     CONFIG_FILE,
     RECORD_FILE,
     RunRecord,
+    load_checkpoint,
     load_record,
     structure_mismatch,
 )
@@ -249,16 +251,34 @@ def changed_settings(recorded: RunConfig, config: RunConfig) -> dict[str, Any]:
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
-    """Whether an unfinished run stopped before its first trained epoch was recorded
-    (killed between its epoch-0 record and checkpoint, during epoch 1, or the disk filled
-    there): nothing was trained — a checkpoint holds at most the initial weights — so
-    starting it over loses nothing and gives the same run. Without ``resume``, a failed
-    run is left for the user to retry (its error may recur)."""
+    """Whether an unfinished run stopped before its first trained epoch was saved (killed
+    between its epoch-0 record and checkpoint, during epoch 1, or the disk filled there):
+    neither its record nor a readable checkpoint holds a trained epoch — a checkpoint holds
+    at most the initial weights — so starting it over loses nothing and gives the same run.
+    A checkpoint of a trained epoch whose record.json was not rewritten after it (killed
+    between the two writes, a full disk) is resumed instead: it holds the record as of its
+    epoch. Without ``resume``, a failed run is left for the user to retry (its error may
+    recur)."""
     if record.is_finished:
         return False
     if record.is_failed and not resume:
         return False
-    return all(entry.epoch <= 0 for entry in record.log)
+    if any(entry.epoch > 0 for entry in record.log):
+        return False
+    return (checkpointed_epoch(run_dir) or 0) <= 0
+
+
+def checkpointed_epoch(run_dir: Path) -> int | None:
+    """The epoch of the checkpoint in ``run_dir`` (0: the initial weights); None without
+    one, or for one that cannot be read as a checkpoint (resuming from it would refuse it
+    too)."""
+    path = run_dir / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    try:
+        return int(load_checkpoint(path)["epoch"])
+    except RunRecordError:
+        return None
 
 
 def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity

@@ -265,17 +265,30 @@ def _tasks(plans: list[RunPlan], stack: int) -> list[dict[str, Any]]:
     return tasks
 
 
+def reported_status(recorded: str | None, outcome: Outcome | dict[str, Any]) -> str:
+    """A run's status after the sweep: its record's (``recorded``; None without one), except
+    ``busy`` for an unfinished run another process holds, and the sweep's own ``outcome``
+    for a record left ``running`` by a run that ended (a record says running only while a
+    process holds its claim; one whose worker died, or whose last record write failed on a
+    full disk, could not be updated)."""
+    said = outcome.get("status")
+    if said == "busy" and recorded not in FINISHED:
+        return "busy"  # another process holds it right now
+    if recorded == "running" and said is not None and said != "running":
+        return said
+    return recorded or said or "not started"
+
+
 def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: list[str],
                   *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The content of sweep_summary.json: one entry per run, status read from its record."""
+    """The content of sweep_summary.json: one entry per run, status read from its record
+    (:func:`reported_status`)."""
     runs = []
     counts: dict[str, int] = {}
     for plan, outcome in zip(plans, outcomes):
         run_dir = plan.run_dir
         status, error = disk_status(run_dir)
-        if outcome.get("status") == "busy" and status not in FINISHED:
-            status = "busy"  # another process holds it right now
-        status = status or outcome.get("status") or "not started"
+        status = reported_status(status, outcome)
         error = error if error is not None else outcome.get("error")
         counts[status] = counts.get(status, 0) + 1
         runs.append({"run_id": run_dir.name,

@@ -1,0 +1,54 @@
+"""How config text is read: a file saved with a byte-order mark, a number given to a string
+key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from creditaudit.config import (
+    RunConfig,
+    apply_overrides,
+    config_to_toml,
+    load_config,
+    parse_override,
+)
+from creditaudit.errors import ConfigError
+from creditaudit.records import load_config_file
+from creditaudit.sweep import load_sweep
+from sweep_files import write_tiny_sweep
+
+BOM = "\ufeff".encode()
+
+
+def test_a_config_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path):
+    """Windows editors save UTF-8 with a BOM; it was "Invalid statement (at line 1,
+    column 1)"."""
+    config = RunConfig().replace(**{"method.name": "fa", "optim.epochs": 3})
+    path = tmp_path / "config.toml"
+    path.write_bytes(BOM + config_to_toml(config).encode())
+    assert load_config(path) == config
+    assert load_config_file(path) == config  # --config FILE reads it the same way
+
+
+def test_a_sweep_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path):
+    path = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "runs",
+                            '[grid]\n"method.name" = ["bp", "fa"]\n')
+    path.write_bytes(BOM + path.read_bytes())
+    assert len(load_sweep(path).configs()) == 2
+
+
+@pytest.mark.parametrize("text, shown", [("2024", "2024"), ("true", "true")])
+def test_a_number_for_a_string_key_says_how_to_quote_it(text: str, shown: str):
+    """``--set run.out_dir=2024`` reads 2024 as a number: the refusal says how to give the
+    folder name."""
+    key, value = parse_override(f"run.out_dir={text}")
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(RunConfig(), {key: value})
+    message = str(err.value)
+    assert message.startswith(f"run.out_dir must be a string, got {value!r}")
+    assert f"""--set 'run.out_dir="{shown}"'""" in message
+    assert f'out_dir = "{shown}" under [run]' in message
+    quoted = dict([parse_override(f'run.out_dir="{shown}"')])
+    assert apply_overrides(RunConfig(), quoted).run.out_dir == shown  # the advice works

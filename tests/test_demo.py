@@ -1,0 +1,74 @@
+"""``creditaudit demo``: what it says it trains on, ``--workers 0``, and refusals in the words
+of its own flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.records import load_record
+
+# A tiny synthetic task in place of the demo's MNIST-1D, as CREDITAUDIT_SET gives it.
+TINY_SYNTHETIC = ("data.name=synthetic data.n_test=200 data.in_dim=8 model.d=16 "
+                  "diagnostics.eval_samples=100")
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    threads = torch.get_num_threads()  # --workers 0 trains here, on one thread
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_demo_names_the_data_it_ran_on_and_workers_0_trains_in_this_process(
+        tmp_path: Path, capsys, monkeypatch):
+    """With CREDITAUDIT_SET="data.name=synthetic" the demo said "on MNIST-1D"; --workers 0
+    was the default (worker processes) without a word."""
+    import creditaudit.sweep
+
+    def no_workers(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--workers 0 started worker processes")
+
+    monkeypatch.setattr(creditaudit.sweep, "LocalExecutor", no_workers)
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("training "))
+    assert line.endswith("(1 epochs each, one after another in this process) on synthetic "
+                         "teacher–student …"), line
+    assert "MNIST-1D" not in out
+    records = [load_record(path.parent) for path in tmp_path.glob("*/record.json")]
+    assert len(records) == 4 and {r.dataset for r in records} == {"synthetic"}
+
+
+def test_negative_workers_are_refused_in_one_line(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.delenv("CREDITAUDIT_SET", raising=False)
+    assert main(["demo", "--workers", "-1", "--out", str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "creditaudit: error: --workers must be >= 0 (0 = one run after another in this "
+        "process), got -1")
+    assert not (tmp_path / "a").exists()
+
+
+def test_n_train_refusals_speak_of_the_demos_flags(tmp_path: Path, capsys, monkeypatch):
+    """They named data.n_test, which no flag of the demo's sets."""
+    import creditaudit.run.memory
+
+    monkeypatch.delenv("CREDITAUDIT_SET", raising=False)
+    assert main(["demo", "--n-train", "105", "--out", str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "creditaudit: error: --n-train 105 is not a multiple of 10: MNIST-1D generates "
+        "equally many samples of each class; use e.g. --n-train 100")
+    monkeypatch.setattr(creditaudit.run.memory, "available_memory", lambda: 2**20)
+    assert main(["demo", "--dataset", "synthetic", "--n-train", "20000",
+                 "--out", str(tmp_path / "b")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("creditaudit: error: synthetic teacher–student task would hold "
+                           "20,000 + 2,000 samples"), line
+    assert line.endswith("use a smaller --n-train (the demo also tests on 2,000)"), line
+    assert "data.n_" not in line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

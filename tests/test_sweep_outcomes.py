@@ -1,0 +1,79 @@
+"""What a sweep reports of its runs: the lines under its table name the run each is about,
+and a record left ``running`` by a run that ended shows how the run ended."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.cli.sweep_output import format_sweep_table
+from creditaudit.config import RunConfig
+from creditaudit.errors import OutputError
+from creditaudit.records import load_record
+from creditaudit.sweep import SUMMARY_FILE, InlineExecutor, prepare_configs, run_sweep
+from sweep_files import TINY_SWEEP_BASE
+
+TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False}
+
+
+def sweep(out: Path, grid_keys: list[str], *runs: dict[str, object]):
+    configs = [RunConfig().replace(**{**TINY, "run.out_dir": str(out), **run}) for run in runs]
+    return run_sweep(prepare_configs(configs, threads=1), InlineExecutor(),
+                     grid_keys=grid_keys)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_each_divergence_note_names_its_run(tmp_path: Path):
+    """Two diverged bp runs printed "bp diverged in epoch 1 …" twice."""
+    diverges = {"optim.lr": 1e8, "optim.schedule": "constant"}
+    result = sweep(tmp_path, ["run.seed"], {**diverges, "run.seed": 1},
+                   {**diverges, "run.seed": 2})
+    assert [o["status"] for o in result.outcomes] == ["diverged", "diverged"]
+    notes = [line for line in format_sweep_table(result.plans, ["run.seed"]).splitlines()
+             if "diverged in epoch" in line]
+    assert [note.split(" diverged")[0] for note in notes] == ["seed=1", "seed=2"], notes
+
+
+def test_a_record_left_running_by_a_failed_run_is_reported_failed(tmp_path: Path,
+                                                                   monkeypatch):
+    """The run failed, but neither its trainer nor the worker could rewrite its record (a
+    full disk): sweep_summary.json and the table said 'running', though nothing runs it."""
+    import creditaudit.run.trainer as trainer
+    import creditaudit.sweep.worker as worker
+    from creditaudit.run.trainer import Trainer
+
+    real_save = trainer.save_record
+
+    def save_running_only(run_dir: Path, record) -> None:  # noqa: ANN001
+        if record.status != "running":
+            raise OutputError(f"cannot write {run_dir}: no space left on device")
+        real_save(run_dir, record)
+
+    def fails(self, epoch: int) -> None:  # noqa: ANN001
+        raise RuntimeError("a bad batch")
+
+    def cannot_write(*args: object) -> None:
+        raise OutputError("no space left on device")
+
+    monkeypatch.setattr(trainer, "save_record", save_running_only)
+    monkeypatch.setattr(Trainer, "train_epoch", fails)
+    monkeypatch.setattr(worker, "write_failed_record", cannot_write)
+    result = sweep(tmp_path, [], {})
+    (plan,) = result.plans
+    assert load_record(plan.run_dir).status == "running"  # the stale record
+    (entry,) = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
+    assert entry["status"] == "failed", entry
+    assert "no space left on device" in entry["error"]  # the outcome's: the record has none
+    assert result.summary["counts"] == {"failed": 1}
+    table = format_sweep_table(result.plans, [], {entry["run_id"]: entry["status"]})
+    row = table.splitlines()[2]
+    assert " failed " in row and "running" not in row, table

@@ -38,7 +38,7 @@ def test_the_demo_names_the_data_it_ran_on_and_workers_0_trains_in_this_process(
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("training "))
-    assert line.endswith("(1 epochs each, one after another in this process) on synthetic "
+    assert line.endswith("(1 epoch each, one after another in this process) on synthetic "
                          "teacher–student …"), line
     assert "MNIST-1D" not in out
     records = [load_record(path.parent) for path in tmp_path.glob("*/record.json")]

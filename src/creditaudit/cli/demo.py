@@ -196,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         how = (f"{executor.slots} parallel runs" if executor.name == "local"
                else "one after another in this process")
-        print(f"training {', '.join(DEMO_METHODS)} ({configs[0].optim.epochs} epochs each, "
+        epochs = configs[0].optim.epochs
+        print(f"training {', '.join(DEMO_METHODS)} ({epochs} epoch{'s' if epochs != 1 else ''} "
+              "each, "
               f"{how}) on {plan.dataset.label} …", flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback

@@ -138,6 +138,17 @@ class DrawsFromTheGlobalRNG(SyntheticData):
         return super().load(seed)
 
 
+class ReseedsNumpy(SyntheticData):
+    """Reseeds numpy's global RNG: loads are deterministic, and the RNG training draws from
+    afterwards is reset (passed while the RNG happened to be in that seed's state)."""
+
+    name, label = "reseeds-numpy", "Reseeds numpy"
+
+    def load(self, seed):
+        np.random.seed(0)
+        return super().load(seed)
+
+
 class MiscountsItsSizes(SyntheticData):
     name, label = "miscounts", "Miscounts"
 
@@ -169,6 +180,7 @@ class UnhashedFiles(MNIST):
     (DoubleFeatures, "loads_what_it_declares"),
     (LabelsOutOfRange, "loads_what_it_declares"),
     (DrawsFromTheGlobalRNG, "load_is_deterministic_and_leaves_global_rngs_untouched"),
+    (ReseedsNumpy, "load_is_deterministic_and_leaves_global_rngs_untouched"),
     (MiscountsItsSizes, "sizes_match_what_was_loaded"),
     (SeedInTheSource, "identity_follows_the_seed"),
     (UnhashedFiles, "identity_follows_the_data"),

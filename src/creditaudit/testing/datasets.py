@@ -39,11 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
@@ -53,9 +51,11 @@ from creditaudit.testing.common import (
     Report,
     class_and_options,
     declared_failures,
+    moved_rngs,
     reason_for,
     resolve_options,
     run_checks,
+    watched_global_rngs,
 )
 
 TINY_DATA_OPTIONS: dict[str, Any] = {"n_train": 40, "n_test": 20, "in_dim": 12,
@@ -152,16 +152,13 @@ def identity_follows_the_data(cls: type[DatasetSpec], options: Any, other: Any) 
 
 def load_is_deterministic_and_leaves_global_rngs_untouched(cls: type[DatasetSpec],
                                                            options: Any, other: Any) -> None:
-    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-    first = _load(cls, options)
-    cls(options).identity(SEED)
-    again = _load(cls, options)
-    assert torch.equal(torch.get_rng_state(), states[0]), \
-        "load() or identity() moved torch's global RNG (use a generator of its own)"
-    numpy_now = np.random.get_state()
-    assert numpy_now[0] == states[1][0] and np.array_equal(numpy_now[1], states[1][1]) \
-        and numpy_now[2:] == states[1][2:], "load() or identity() moved numpy's global RNG"
-    assert random.getstate() == states[2], "load() or identity() moved Python's global RNG"
+    with watched_global_rngs() as states:
+        first = _load(cls, options)
+        cls(options).identity(SEED)
+        again = _load(cls, options)
+        moved = moved_rngs(states)
+    assert not moved, (f"load() or identity() moved {' and '.join(moved)} global RNG (use a "
+                       "generator of its own)")
     assert _same_arrays(first, again), "two loads with the same options and seed differ"
 
 

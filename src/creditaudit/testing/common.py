@@ -362,6 +362,23 @@ def same_state(a: Any, b: Any) -> list[str]:
             or not same(flat_a[k], flat_b[k])]
 
 
+def changes_of_the_forward(model: torch.nn.Module, forward: Callable[[], Any], *,
+                           buffers: bool) -> list[str]:
+    """The names of the parameters (and, with ``buffers``, the buffers) of ``model`` that
+    calling ``forward()`` changes (values, shapes or dtypes)."""
+    tensors = dict(model.named_parameters())
+    if buffers:
+        tensors.update(model.named_buffers())
+    before = {name: t.detach().clone() for name, t in tensors.items()}
+    forward()
+    now = dict(model.named_parameters())
+    if buffers:
+        now.update(model.named_buffers())
+    return [name for name, was in before.items()
+            if name not in now or now[name].shape != was.shape
+            or now[name].dtype != was.dtype or not torch.equal(now[name].detach(), was)]
+
+
 def relative_error(got: Tensor, want: Tensor) -> float:
     """max |got − want| / max |want| (max |got − want| when want is 0)."""
     scale = want.abs().max().clamp_min(1e-300)
@@ -373,5 +390,6 @@ __all__ = ["TinyArch", "TINY_ARCHS", "ADAPTED_ARCHS", "adapted_tiny_arch", "regi
            "tiny_batch", "resolve_options", "Check", "global_rng_states", "moved_rngs",
            "watched_global_rngs", "WATCHED_SEED", "Outcome", "Report", "run_checks",
            "declared_failures", "reason_for", "flat_state", "same", "same_state",
-           "relative_error", "F64", "IN_DIM", "WIDTH", "BLOCKS", "CLASSES", "BATCH", "IMAGE",
+           "relative_error", "changes_of_the_forward", "F64", "IN_DIM", "WIDTH", "BLOCKS",
+           "CLASSES", "BATCH", "IMAGE",
            "TOLERANCE", "PASSED", "FAILED", "EXPECTED_FAILURE", "UNEXPECTED_PASS"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from creditaudit.data import DATASETS
+from creditaudit.data import DATASETS, Dataset
 from creditaudit.data.registry import MNIST, SyntheticData
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError
@@ -138,6 +138,17 @@ class DrawsFromTheGlobalRNG(SyntheticData):
         return super().load(seed)
 
 
+class ReseedsNumpy(SyntheticData):
+    """Reseeds numpy's global RNG: loads are deterministic, and the RNG training draws from
+    afterwards is reset (passed while the RNG happened to be in that seed's state)."""
+
+    name, label = "reseeds-numpy", "Reseeds numpy"
+
+    def load(self, seed):
+        np.random.seed(0)
+        return super().load(seed)
+
+
 class MiscountsItsSizes(SyntheticData):
     name, label = "miscounts", "Miscounts"
 
@@ -152,6 +163,49 @@ class SeedInTheSource(SyntheticData):
         identity = super().identity(seed)
         identity.source = identity.fingerprint
         return identity
+
+
+class HoldsOutNothing(SyntheticData):
+    """Its test split is the first training samples: test accuracy would be memorisation."""
+
+    name, label = "tests-on-training", "Tests on training"
+
+    def load(self, seed):
+        dataset = super().load(seed)
+        n = dataset.test_x.shape[0]
+        dataset.test_x, dataset.test_y = dataset.train_x[:n].clone(), dataset.train_y[:n].clone()
+        return dataset
+
+
+class ReadsTrainingFilesAsTest(MNIST):
+    """Reads the training files as its test split too."""
+
+    name, label = "tests-on-training-files", "Tests on training files"
+
+    def load(self, seed):
+        dataset = super().load(seed)
+        dataset.test_x, dataset.test_y = dataset.train_x.clone(), dataset.train_y.clone()
+        return dataset
+
+
+class UnhashedAlpha(SyntheticData):
+    """Generates with data.alpha but leaves it out of its provenance, so of its fingerprint:
+    runs on two teachers' data would record one fingerprint (without ``other`` options, as
+    at the door, nothing compared two settings)."""
+
+    name, label = "unhashed-alpha", "Unhashed alpha"
+
+    def provenance(self, seed):
+        provenance = super().provenance(seed)
+        provenance["args"] = {k: v for k, v in provenance["args"].items() if k != "alpha"}
+        return provenance
+
+    def load(self, seed):
+        from creditaudit.data.synthetic import make_teacher_student
+
+        provenance = super().provenance(seed)  # the generator's own arguments, alpha too
+        return Dataset(self.name, *make_teacher_student(**provenance["args"]), n_classes=10,
+                       provenance=provenance)
 
 
 class UnhashedFiles(MNIST):
@@ -169,9 +223,13 @@ class UnhashedFiles(MNIST):
     (DoubleFeatures, "loads_what_it_declares"),
     (LabelsOutOfRange, "loads_what_it_declares"),
     (DrawsFromTheGlobalRNG, "load_is_deterministic_and_leaves_global_rngs_untouched"),
+    (ReseedsNumpy, "load_is_deterministic_and_leaves_global_rngs_untouched"),
     (MiscountsItsSizes, "sizes_match_what_was_loaded"),
     (SeedInTheSource, "identity_follows_the_seed"),
     (UnhashedFiles, "identity_follows_the_data"),
+    (HoldsOutNothing, "test_split_is_held_out"),
+    (ReadsTrainingFilesAsTest, "test_split_is_held_out"),
+    (UnhashedAlpha, "identity_follows_every_option"),
 ], ids=lambda v: v if isinstance(v, str) else v.name)
 def test_the_suite_catches_datasets_that_break_their_declarations(cls, check, tmp_path):
     options, other = options_of(cls, tmp_path) if cls.kind == "generated" else \
@@ -180,3 +238,11 @@ def test_the_suite_catches_datasets_that_break_their_declarations(cls, check, tm
         check_dataset(cls, options, other=other)
     assert "fails 1 conformance check(s)" in str(err.value)  # that one, and only that one
     assert f"- {check}:" in str(err.value)
+
+
+def test_the_door_catches_an_option_the_fingerprint_leaves_out():
+    """The door gives no ``other`` options: the varied option is found by the suite itself."""
+    with pytest.raises(AssertionError) as err:
+        check_dataset(UnhashedAlpha)
+    assert ("identity_follows_every_option: alpha=0.5 loads other arrays than alpha=1.0 under "
+            "the same fingerprint") in str(err.value)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+import torch
 
 from creditaudit.protocol import (
     FIRED,
@@ -127,6 +129,28 @@ class Moody(ResidualStreamScale):
         return result
 
 
+class ReseedsTorch(ResidualStreamScale):
+    """Seeds torch for a 'reproducible' projection: every evaluation between epochs resets
+    the RNG training goes on drawing from (deterministic, so the determinism check passes)."""
+
+    name = "reseeds_torch"
+
+    @classmethod
+    def evaluate(cls, evidence, options):
+        torch.manual_seed(0)
+        return super().evaluate(evidence, options)
+
+
+class DrawsFromNumpy(ResidualStreamScale):
+    name = "draws_numpy"
+
+    @classmethod
+    def evaluate(cls, evidence, options):
+        np.random.seed(0)
+        np.random.rand()
+        return super().evaluate(evidence, options)
+
+
 class NoStatistic(ResidualStreamScale):
     name = "no_statistic"
     statistic = ""
@@ -141,8 +165,20 @@ class NoStatistic(ResidualStreamScale):
     (SortsTheEvidence, "is_deterministic_and_leaves_the_evidence_alone"),
     (Moody, "is_deterministic_and_leaves_the_evidence_alone"),
     (NoStatistic, "describes_itself"),
+    (ReseedsTorch, "leaves_global_rngs_untouched"),
+    (DrawsFromNumpy, "leaves_global_rngs_untouched"),
 ], ids=lambda v: v if isinstance(v, str) else v.name)
 def test_the_suite_catches_diagnostics_that_misreport(cls, check):
     with pytest.raises(AssertionError) as err:
         check_diagnostic(cls)
     assert f"- {check}:" in str(err.value)
+
+
+def test_a_diagnostic_that_reseeds_a_global_rng_fails_only_that_check():
+    rng = torch.get_rng_state()
+    with pytest.raises(AssertionError) as err:
+        check_diagnostic(ReseedsTorch)
+    message = str(err.value)
+    assert "fails 1 conformance check(s)" in message, message
+    assert "evaluate() moved or reseeded torch's global RNG" in message
+    assert torch.equal(torch.get_rng_state(), rng)  # the suite puts it back

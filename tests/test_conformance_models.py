@@ -202,7 +202,33 @@ class EditsItsInput(ResMLPArchitecture):
         return model
 
 
+class WarmUpCounter(nn.Module):
+    """An embedding whose training-mode warm-up counts forwards in a buffer, eval-mode ones
+    too: the diagnostics' forwards would shorten the warm-up training goes through."""
+
+    def __init__(self, embed: nn.Module) -> None:
+        super().__init__()
+        self.inner = embed
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.calls += 1
+        scale = min(1.0, float(self.calls) / 100.0) if self.training else 1.0
+        return scale * self.inner(x)
+
+
+class CountsEvalForwards(ResMLPArchitecture):
+    name, label = "counts-eval", "Counts eval forwards"
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        model = _mlp(ResidualMLP, options, input_shape, n_classes)
+        model.embed = WarmUpCounter(model.embed)
+        return model
+
+
 @pytest.mark.parametrize("cls,check", [
+    (CountsEvalForwards, "forward_leaves_the_model_alone"),
     (EditsItsInput, "forward_leaves_its_input_alone"),
     (ClaimsLN, "terminal_ln_is_what_the_readout_does"),
     (HidesLN, "terminal_ln_is_what_the_readout_does"),

@@ -134,6 +134,45 @@ def random_init(n_classes=10):
 '''
 
 
+COUNTING_FACTORY = '''
+import torch
+from torch import nn
+
+
+class Counted(nn.Module):
+    """Counts its forwards in a buffer, eval-mode ones too (a warm-up's clock, say)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(12, 8)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.inner(x)
+
+
+def net(n_classes=10):
+    return nn.Sequential(nn.Flatten(), Counted(), nn.Linear(8, 8), nn.Linear(8, n_classes))
+'''
+
+
+def test_a_factory_whose_eval_forward_changes_a_buffer_is_refused(tmp_path, monkeypatch):
+    """The diagnostics forward the network in eval mode between training steps: a buffer
+    they change would make training depend on what was measured."""
+    from creditaudit.testing import check_module
+
+    (tmp_path / "counting_nets.py").write_text(COUNTING_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AssertionError) as err:
+        check_module({"factory": "counting_nets:net", "states": ["1", "2"]},
+                     input_shape=(1, 3, 4), n_classes=10)
+    message = str(err.value)
+    assert "fails 1 conformance check(s)" in message, message
+    assert ("eval_forward_leaves_the_network_alone: an eval-mode forward of the network "
+            "changed 1.calls") in message
+
+
 @pytest.mark.parametrize(("factory", "differs"), [
     ("random_width", "'1.weight' is ("), ("random_init", "at '1.weight'")])
 def test_a_factory_that_builds_another_network_under_one_seed_is_refused(

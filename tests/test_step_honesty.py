@@ -30,6 +30,8 @@ LIARS = [
     ("step-scales-its-input", "step_reports_its_batch", "changed its input batch in place"),
     ("step-leaves-eval", "step_reports_its_batch", "in another train/eval mode"),
     ("step-learns-its-feedback", "fixed_feedback_stays_fixed", "training changed feedback.0"),
+    ("step-redraws-each-epoch", "fixed_feedback_stays_fixed", "(in train_step or end_epoch)"),
+    ("step-decays-its-lr", "step_is_one_optimizer_step", "changed 'lr' (0.1 -> 0.05)"),
     ("step-nan-but-finite", "step_reports_its_batch", "reports loss nan (finite=True)"),
 ]
 

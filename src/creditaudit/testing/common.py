@@ -13,11 +13,14 @@ failure, and an error once it passes, so the declaration cannot outlive the fail
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -278,6 +281,49 @@ def run_checks(checks: Iterable[Check], what: str) -> Report:
     return Report(passed, expected)
 
 
+# --- global RNGs ---------------------------------------------------------------------------------
+# Seeds the global RNGs are set to while a check watches them: not a seed a component would
+# reseed with, so a component that reseeds one is seen to move it.
+WATCHED_SEED = 8_675_309
+
+
+@contextlib.contextmanager
+def watched_global_rngs() -> Iterator[tuple[Any, ...]]:
+    """Seed torch's, numpy's and Python's global RNGs with :data:`WATCHED_SEED` and yield
+    their states (for :func:`moved_rngs`); every RNG is put back as it was on exit."""
+    saved = global_rng_states()
+    try:
+        torch.manual_seed(WATCHED_SEED)
+        np.random.seed(WATCHED_SEED)
+        random.seed(WATCHED_SEED)
+        yield global_rng_states()
+    finally:
+        torch.set_rng_state(saved[0])
+        np.random.set_state(saved[1])
+        random.setstate(saved[2])
+
+
+def global_rng_states() -> tuple[Any, ...]:
+    """The states of torch's (CPU), numpy's and Python's global RNGs, for :func:`moved_rngs`."""
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def moved_rngs(before: tuple[Any, ...]) -> list[str]:
+    """Which global RNGs ("torch's", "numpy's", "Python's") are not in the states
+    ``before`` (:func:`global_rng_states`) — moved by draws, or reseeded."""
+    now = global_rng_states()
+    moved = []
+    if not torch.equal(now[0], before[0]):
+        moved.append("torch's")
+    numpy_now, numpy_before = now[1], before[1]
+    if not (numpy_now[0] == numpy_before[0] and bool((numpy_now[1] == numpy_before[1]).all())
+            and numpy_now[2:] == numpy_before[2:]):
+        moved.append("numpy's")
+    if now[2] != before[2]:
+        moved.append("Python's")
+    return moved
+
+
 # --- comparing states ---------------------------------------------------------------------------
 def flat_state(state: Any, prefix: str = "") -> dict[str, Any]:
     """Every leaf of a nested state (dicts, lists, tuples) by its dotted path."""
@@ -316,6 +362,23 @@ def same_state(a: Any, b: Any) -> list[str]:
             or not same(flat_a[k], flat_b[k])]
 
 
+def changes_of_the_forward(model: torch.nn.Module, forward: Callable[[], Any], *,
+                           buffers: bool) -> list[str]:
+    """The names of the parameters (and, with ``buffers``, the buffers) of ``model`` that
+    calling ``forward()`` changes (values, shapes or dtypes)."""
+    tensors = dict(model.named_parameters())
+    if buffers:
+        tensors.update(model.named_buffers())
+    before = {name: t.detach().clone() for name, t in tensors.items()}
+    forward()
+    now = dict(model.named_parameters())
+    if buffers:
+        now.update(model.named_buffers())
+    return [name for name, was in before.items()
+            if name not in now or now[name].shape != was.shape
+            or now[name].dtype != was.dtype or not torch.equal(now[name].detach(), was)]
+
+
 def relative_error(got: Tensor, want: Tensor) -> float:
     """max |got − want| / max |want| (max |got − want| when want is 0)."""
     scale = want.abs().max().clamp_min(1e-300)
@@ -324,7 +387,9 @@ def relative_error(got: Tensor, want: Tensor) -> float:
 
 __all__ = ["TinyArch", "TINY_ARCHS", "ADAPTED_ARCHS", "adapted_tiny_arch", "registered_tiny_arch",
            "tiny_arch", "tiny_model",
-           "tiny_batch", "resolve_options", "Check", "Outcome", "Report", "run_checks",
+           "tiny_batch", "resolve_options", "Check", "global_rng_states", "moved_rngs",
+           "watched_global_rngs", "WATCHED_SEED", "Outcome", "Report", "run_checks",
            "declared_failures", "reason_for", "flat_state", "same", "same_state",
-           "relative_error", "F64", "IN_DIM", "WIDTH", "BLOCKS", "CLASSES", "BATCH", "IMAGE",
+           "relative_error", "changes_of_the_forward", "F64", "IN_DIM", "WIDTH", "BLOCKS",
+           "CLASSES", "BATCH", "IMAGE",
            "TOLERANCE", "PASSED", "FAILED", "EXPECTED_FAILURE", "UNEXPECTED_PASS"]

@@ -21,6 +21,9 @@ The checks:
   the records rely on these types;
 - ``sizes_match_what_was_loaded``: ``sizes()``, when not None, is (training, test)
   samples as loaded — a run plan checks the evaluation set against it before loading;
+- ``test_split_is_held_out``: at most half the test samples (input and label, exactly) are
+  also training samples — a test split loaded from the training files, or cut from the
+  training arrays, would report memorisation as test accuracy;
 - ``identity_is_deterministic``: two calls of ``identity`` agree, name the dataset, declare
   its classes and sample shape, carry a fingerprint and a source (equal for file datasets)
   and a provenance that strict JSON can hold — it is part of every run id and record;
@@ -30,20 +33,23 @@ The checks:
 - ``identity_follows_the_data`` (when ``other`` options are given: other generator options,
   or another folder of files): other data, another fingerprint — a changed file must not
   reuse old runs;
+- ``identity_follows_every_option``: each option that computes (not a folder or a
+  download switch), set to another valid value (the next number within its bounds, the
+  other bool, another choice), either loads the same arrays or changes the fingerprint —
+  a record's fingerprint says which data the run trained on (and ``identity_follows_the_
+  data`` runs only when the caller gives other options, which the door does not);
 - ``load_is_deterministic_and_leaves_global_rngs_untouched``: two loads give identical arrays,
-  and neither ``load`` nor ``identity`` moves torch's, numpy's or Python's global RNG —
-  training draws from them after the data is loaded.
+  and neither ``load`` nor ``identity`` moves (or reseeds) torch's, numpy's or Python's
+  global RNG — training draws from them after the data is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
@@ -53,15 +59,20 @@ from creditaudit.testing.common import (
     Report,
     class_and_options,
     declared_failures,
+    moved_rngs,
     reason_for,
     resolve_options,
     run_checks,
+    watched_global_rngs,
 )
 
 TINY_DATA_OPTIONS: dict[str, Any] = {"n_train": 40, "n_test": 20, "in_dim": 12,
                                      "teacher_width": 16}
 SEED = 0
 FILES_KIND = "files"
+# The share of test samples that may also be training samples (exact duplicates of input and
+# label): real datasets hold a few, a test split that is (part of) the training split more.
+HELD_OUT_SHARE = 0.5
 
 
 def _load(cls: type[DatasetSpec[Any]], options: Any, seed: int = SEED) -> Dataset:
@@ -150,25 +161,84 @@ def identity_follows_the_data(cls: type[DatasetSpec], options: Any, other: Any) 
         "other data has the same fingerprint"
 
 
+def test_split_is_held_out(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    dataset = _load(cls, options)
+    seen = _sample_keys(dataset.train_x, dataset.train_y)
+    test = _sample_keys(dataset.test_x, dataset.test_y)
+    shared = sum(key in seen for key in test)
+    assert shared <= HELD_OUT_SHARE * len(test), (
+        f"{shared} of the {len(test)} test samples (inputs and labels) are also training "
+        "samples: the test accuracy would measure memorisation, not generalisation; load "
+        "the held-out split as the test split (a dataset whose inputs repeat by design "
+        "declares this check in expected_failures)")
+
+
+def _sample_keys(x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, int]]:
+    """One hash per sample: of its input's bytes, and its label."""
+    rows = x.detach().cpu().reshape(x.shape[0], -1).contiguous().numpy()
+    return [(hash(row.tobytes()), int(label)) for row, label in zip(rows, y.tolist())]
+
+
+def identity_follows_every_option(cls: type[DatasetSpec], options: Any, other: Any) -> None:
+    values = dataclasses.asdict(cls.options_from(options))
+    data = _load(cls, options)
+    fingerprint = _identity(cls, options)["fingerprint"]
+    for field in dataclasses.fields(cls.Options):
+        changed = _another_value(field, values[field.name])
+        if changed is None:
+            continue
+        varied = cls.Options(**{**values, field.name: changed})
+        try:
+            varied_data = _load(cls, varied)
+        except Exception:  # noqa: BLE001 - a value it refuses varies nothing
+            continue
+        if _same_arrays(data, varied_data):
+            continue
+        assert _identity(cls, varied)["fingerprint"] != fingerprint, (
+            f"{field.name}={changed!r} loads other arrays than {field.name}="
+            f"{values[field.name]!r} under the same fingerprint, which records then give as "
+            "the data both runs trained on; put "
+            f"{field.name} in what identity() hashes (a generated dataset's provenance args)")
+
+
+def _another_value(field: dataclasses.Field, value: Any) -> Any:
+    """A valid value of the option ``field`` other than ``value`` (another choice, the other
+    bool, a number one step away within its bounds), or None for one not varied: an option
+    of another role than computing (a folder, a download switch), or of no such value."""
+    meta = field.metadata
+    if meta.get("role", "compute") != "compute" or value is None:
+        return None
+    if meta.get("choices"):
+        return next((c for c in meta["choices"] if c != value), None)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        candidates: list[Any] = [value + 1, value - 1]
+    elif isinstance(value, float):
+        candidates = [value / 2 if value else 0.5, value * 2 if value else -0.5]
+    else:
+        return None
+    low, high = meta.get("min"), meta.get("max")
+    return next((c for c in candidates if (low is None or c >= low)
+                 and (high is None or c <= high)), None)
+
+
 def load_is_deterministic_and_leaves_global_rngs_untouched(cls: type[DatasetSpec],
                                                            options: Any, other: Any) -> None:
-    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-    first = _load(cls, options)
-    cls(options).identity(SEED)
-    again = _load(cls, options)
-    assert torch.equal(torch.get_rng_state(), states[0]), \
-        "load() or identity() moved torch's global RNG (use a generator of its own)"
-    numpy_now = np.random.get_state()
-    assert numpy_now[0] == states[1][0] and np.array_equal(numpy_now[1], states[1][1]) \
-        and numpy_now[2:] == states[1][2:], "load() or identity() moved numpy's global RNG"
-    assert random.getstate() == states[2], "load() or identity() moved Python's global RNG"
+    with watched_global_rngs() as states:
+        first = _load(cls, options)
+        cls(options).identity(SEED)
+        again = _load(cls, options)
+        moved = moved_rngs(states)
+    assert not moved, (f"load() or identity() moved {' and '.join(moved)} global RNG (use a "
+                       "generator of its own)")
     assert _same_arrays(first, again), "two loads with the same options and seed differ"
 
 
 DATASET_CHECKS = (
-    loads_what_it_declares, sizes_match_what_was_loaded, identity_is_deterministic,
-    identity_follows_the_seed, identity_follows_the_data,
-    load_is_deterministic_and_leaves_global_rngs_untouched)
+    loads_what_it_declares, sizes_match_what_was_loaded, test_split_is_held_out,
+    identity_is_deterministic, identity_follows_the_seed, identity_follows_the_data,
+    identity_follows_every_option, load_is_deterministic_and_leaves_global_rngs_untouched)
 
 
 def dataset_checks(spec: type[DatasetSpec[Any]] | DatasetSpec[Any],

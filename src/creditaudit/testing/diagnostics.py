@@ -31,7 +31,11 @@ The checks:
 - ``never_passes_without_evidence``: ``empty`` evidence is not evaluated, ``nan`` evidence
   is never passed — a diagnostic that cannot look must not vouch for a run;
 - ``is_deterministic_and_leaves_the_evidence_alone``: two evaluations agree and the evidence
-  (lists, tensors) is unchanged — one evidence object is shared by every diagnostic.
+  (lists, tensors) is unchanged — one evidence object is shared by every diagnostic;
+- ``leaves_global_rngs_untouched``: ``evaluate`` neither draws from nor reseeds torch's,
+  numpy's or Python's global RNG — diagnostics run between epochs and training goes on
+  drawing from torch's (a checkpoint saves its state), so a diagnostic that moved one would
+  make a run's weights depend on whether, and how often, it was measured.
 """
 
 from __future__ import annotations
@@ -60,10 +64,12 @@ from creditaudit.testing.common import (
     Check,
     Report,
     declared_failures,
+    moved_rngs,
     reason_for,
     resolve_options,
     run_checks,
     same_state,
+    watched_global_rngs,
 )
 
 STATUSES = (FIRED, PASSED, NOT_EVALUATED)
@@ -196,9 +202,22 @@ def is_deterministic_and_leaves_the_evidence_alone(cls: type[ProtocolDiagnostic[
         assert not changed, f"evaluate() changed the {case} evidence at {changed[0]}"
 
 
+def leaves_global_rngs_untouched(cls: type[ProtocolDiagnostic[Any]],
+                                 diagnostic: ProtocolDiagnostic[Any]) -> None:
+    for case, evidence in evidence_cases().items():
+        with watched_global_rngs() as states:
+            diagnostic.evaluate(evidence)
+            moved = moved_rngs(states)
+        assert not moved, (
+            f"on {case} evidence evaluate() moved or reseeded {' and '.join(moved)} global "
+            "RNG, which training draws from after it: draw from a torch.Generator of its "
+            "own")
+
+
 DIAGNOSTIC_CHECKS = (
     describes_itself, results_are_its_own_and_consistent, threshold_decides_the_status,
-    never_passes_without_evidence, is_deterministic_and_leaves_the_evidence_alone)
+    never_passes_without_evidence, is_deterministic_and_leaves_the_evidence_alone,
+    leaves_global_rngs_untouched)
 
 
 def diagnostic_checks(diagnostic: type[ProtocolDiagnostic[Any]] | ProtocolDiagnostic[Any],

@@ -33,6 +33,10 @@ The checks:
 - ``forward_leaves_its_input_alone``: ``forward_states``, ``forward`` and ``forward_from``,
   in training and eval mode, leave the batch (and the state) they are given as they were —
   the diagnostics forward one evaluation batch many times and must see the same samples;
+- ``forward_leaves_the_model_alone``: ``forward_states``, ``forward`` and ``forward_from``
+  change no parameter in either mode and no buffer in eval mode — the diagnostics forward
+  the model between training steps, so a forward that writes its weights or counts its
+  calls in a buffer training reads would make a run depend on what was measured;
 - ``branch_split_adds_up_to_the_block`` (blocks with a split,
   :func:`~creditaudit.models.contract.split_branch`): ``last(hidden(h))`` (or
   ``skip + last(u)``) equals the block's output — DFA and DRTP train that layer through the
@@ -82,6 +86,7 @@ from creditaudit.testing.common import (
     IN_DIM,
     Check,
     Report,
+    changes_of_the_forward,
     class_and_options,
     declared_failures,
     reason_for,
@@ -225,6 +230,32 @@ def forward_leaves_its_input_alone(cls: type[Architecture], options: Any,
                     f"forward_from({layer}, h) changed h in place ({mode} mode)"
 
 
+def forward_leaves_the_model_alone(cls: type[Architecture], options: Any,
+                                   input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape)
+    x = _inputs(model)
+    model.eval()
+    changed = changes_of_the_forward(model, lambda: _forward_everything(model, x), buffers=True)
+    assert not changed, (
+        f"an eval-mode forward changed {', '.join(changed[:3])}: the diagnostics forward the "
+        "model in eval mode between training steps, so training would depend on what was "
+        "measured; leave parameters and buffers as they are in eval mode")
+    model.train()
+    changed = changes_of_the_forward(model, lambda: _forward_everything(model, x),
+                                     buffers=False)
+    assert not changed, (
+        f"a training-mode forward changed the parameters {', '.join(changed[:3])}: only the "
+        "optimizer the rule is handed may write them")
+
+
+def _forward_everything(model: ResidualNet, x: Tensor) -> None:
+    with torch.no_grad():
+        states, _ = model.forward_states(x)
+        model(x)
+        for layer, h in enumerate(states):
+            model.forward_from(layer, h)
+
+
 def branch_split_adds_up_to_the_block(cls: type[Architecture], options: Any,
                                       input_shape: tuple[int, ...]) -> None:
     model = _build(cls, options, input_shape).eval()
@@ -349,7 +380,7 @@ def building_is_deterministic_under_a_seed(cls: type[Architecture], options: Any
 MODEL_CHECKS = (
     builds_a_contract_model, states_follow_the_declared_layout, states_are_the_residual_chain,
     samples_are_independent_in_eval_mode, forward_leaves_its_input_alone,
-    branch_split_adds_up_to_the_block,
+    forward_leaves_the_model_alone, branch_split_adds_up_to_the_block,
     terminal_ln_is_what_the_readout_does, description_matches_the_model,
     parameters_belong_to_one_part, check_refuses_what_build_cannot_build,
     building_is_deterministic_under_a_seed)

@@ -23,7 +23,11 @@ The checks:
   same initial weights (a factory that draws from ``random``, numpy or the clock could not
   be reproduced, nor rebuilt by ``audit`` and ``--resume``), and builds under seeds 0 and 1
   are two networks with different initial weights (a factory that seeds torch itself, or
-  hands back one network object, makes every ``run.seed`` of a sweep the same run).
+  hands back one network object, makes every ``run.seed`` of a sweep the same run);
+- ``eval_forward_leaves_the_network_alone``: an eval-mode forward changes none of the
+  network's parameters and buffers — the diagnostics forward it in eval mode between
+  training steps, so a layer that updates running statistics or counts calls in eval mode
+  would make training depend on what was measured.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ from creditaudit.models.registry import build_architecture
 from creditaudit.testing.common import (
     Check,
     Report,
+    changes_of_the_forward,
     declared_failures,
     reason_for,
     resolve_options,
     run_checks,
 )
+
+PROBE_BATCH = 4
 
 
 def _build(options: Any, input_shape: tuple[int, ...], n_classes: int, seed: int = 0) -> Any:
@@ -100,6 +107,20 @@ def initial_weights_follow_the_seed(cls: type, options: Any, input_shape: tuple[
          "from run.seed before building)")
 
 
+def eval_forward_leaves_the_network_alone(cls: type, options: Any,
+                                          input_shape: tuple[int, ...], n_classes: int
+                                          ) -> None:
+    model = _build(options, input_shape, n_classes).eval()
+    x = torch.randn(PROBE_BATCH, *input_shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        changed = changes_of_the_forward(model.net, lambda: model.forward_states(x),
+                                         buffers=True)
+    assert not changed, (
+        f"an eval-mode forward of the network changed {', '.join(changed[:3])}: the "
+        "diagnostics forward it in eval mode between training steps, so training would "
+        "depend on what was measured; leave parameters and buffers as they are in eval mode")
+
+
 def _first_difference(first: Mapping[str, torch.Tensor], again: Mapping[str, torch.Tensor]
                       ) -> str | None:
     """Where two state dicts first differ (names, shapes, values), or None."""
@@ -115,7 +136,7 @@ def _first_difference(first: Mapping[str, torch.Tensor], again: Mapping[str, tor
 
 
 MODULE_CHECKS = (builds_for_the_data, terminal_ln_is_what_the_readout_does,
-                 initial_weights_follow_the_seed)
+                 initial_weights_follow_the_seed, eval_forward_leaves_the_network_alone)
 
 
 def module_checks(options: Mapping[str, Any] | Any, *, input_shape: tuple[int, ...],

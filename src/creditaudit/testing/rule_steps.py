@@ -5,9 +5,10 @@ calls fixed stays fixed. One function each, like :mod:`creditaudit.testing.rule_
 and raises AssertionError saying what is wrong otherwise.
 
 A run records the training loss and accuracy the step reports, trains with the optimizer
-it hands the step, and re-draws "fixed" feedback for the fresh-feedback null of (b): a rule
-that misreports the batch, steps twice or learns its fixed feedback would leave every
-number recorded and still pass the checks of the credit itself.
+(and the schedule) it hands the step, and re-draws "fixed" feedback for the fresh-feedback
+null of (b): a rule that misreports the batch, steps twice, changes the optimizer's settings
+or learns (or re-draws) its fixed feedback would leave every number recorded and still pass
+the checks of the credit itself.
 """
 
 from __future__ import annotations
@@ -68,13 +69,22 @@ def step_reports_its_batch(cls: type[CreditRule], arch: str = "resmlp") -> None:
         f"model's logits is {want_loss:.12g} (the run records it as training loss)")
 
 
+def _settings(optimizer: torch.optim.Optimizer) -> list[dict[str, object]]:
+    """Each param group's hyperparameters (lr, weight decay, momentum, …) and the ids of
+    its parameters, in order."""
+    return [{key: ([id(p) for p in value] if key == "params" else copy.deepcopy(value))
+             for key, value in group.items()} for group in optimizer.param_groups]
+
+
 def step_is_one_optimizer_step(cls: type[CreditRule], arch: str = "resmlp") -> None:
     rule = make_rule(cls, arch=arch)
     x, y = tiny_batch(arch=arch)
     before = {name: p.detach().clone() for name, p in rule.model.named_parameters()}
     optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=REAL_STEP_LR)
+    settings = _settings(optimizer)
     assert rule.train_step(x, y, optimizer).finite, \
         "a training step on a tiny float64 net was not finite"
+    _same_settings(settings, _settings(optimizer))
     for name, p in rule.model.named_parameters():
         moved = p.detach() - before[name]
         if p.grad is None:
@@ -88,6 +98,23 @@ def step_is_one_optimizer_step(cls: type[CreditRule], arch: str = "resmlp") -> N
             f"one training step with SGD (lr {REAL_STEP_LR}) moves {name} by "
             f"{_ratio(moved, want)} its −lr·gradient: the step must apply the optimizer it "
             "is handed once, to the gradients it leaves (no second step, no own update)")
+
+
+def _same_settings(before: list[dict[str, object]], after: list[dict[str, object]]) -> None:
+    """AssertionError naming the first optimizer setting a training step changed."""
+    assert len(after) == len(before), (
+        f"train_step() changed the optimizer's param groups ({len(before)} before, "
+        f"{len(after)} after): the run's optimizer and schedule own them; train the rule's "
+        "own parts with an optimizer of its own (optimizers())")
+    for index, (was, now) in enumerate(zip(before, after)):
+        for key in dict.fromkeys([*was, *now]):
+            if key not in was or key not in now or not same(was[key], now[key]):
+                change = ("the parameters" if key == "params" else
+                          f"{key!r} ({was.get(key, 'absent')!r} -> {now.get(key, 'absent')!r})")
+                raise AssertionError(
+                    f"train_step() changed {change} of the optimizer's param group {index}: "
+                    "the run records the optimizer settings of its config and its schedule "
+                    "sets them, so leave the optimizer's settings as the step is handed them")
 
 
 def _ratio(moved: Tensor, want: Tensor) -> str:
@@ -109,14 +136,16 @@ def fixed_feedback_stays_fixed(cls: type[CreditRule], arch: str = "resmlp") -> N
     rule = make_rule(cls, arch=arch)
     before = copy.deepcopy(_feedback_state(rule))
     optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
-    for step in range(3):
+    for step in range(3):  # three epochs of one step each, as the trainer ends them
         assert rule.train_step(*tiny_batch(seed=step, arch=arch), optimizer).finite
+        rule.end_epoch(step + 1, 3)
     after = _feedback_state(rule)
     changed = [key for key in before if not same(before[key], after.get(key))]
     assert not changed, (
         f"the rule declares feedback_kind 'fixed_random' but training changed "
-        f"{', '.join(changed[:3])}: the fresh-feedback null would compare it with draws of "
-        "its initial distribution (declare 'learned')")
+        f"{', '.join(changed[:3])} (in train_step or end_epoch): the fresh-feedback null "
+        "would compare it with draws of its initial distribution (keep it fixed, or declare "
+        "'learned')")
 
 
 __all__ = ["step_reports_its_batch", "step_is_one_optimizer_step",

@@ -61,8 +61,10 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   (to 1e-9 in float64) — the run records them as training loss and accuracy — and leaves
   its input batch, its labels and every module's train/eval mode as it found them;
 - ``step_is_one_optimizer_step``: one step with ``SGD(lr=0.1)`` moves every model
-  parameter by exactly −lr·(the gradient it leaves), and no parameter without one: the
-  optimizer the run hands the step is applied once, and nothing else writes the weights;
+  parameter by exactly −lr·(the gradient it leaves), and no parameter without one, and
+  leaves the optimizer's param groups and settings (lr, weight decay, …) as it found them:
+  the optimizer the run hands the step is applied once, nothing else writes the weights,
+  and the step runs no schedule or regulariser of its own beside the run's recorded one;
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);
@@ -79,8 +81,9 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
   ``using_feedback`` gives (to 1e-12 in float64: an override may batch differently) — the
   fresh-feedback null swaps feedback this way;
 - ``fixed_feedback_stays_fixed`` (``feedback_kind == "fixed_random"``): the feedback in
-  the rule's state is bit-identical after three training steps — the fresh-feedback null
-  compares it with fresh draws of its initial distribution;
+  the rule's state is bit-identical after three epochs of one training step each (their
+  ``end_epoch`` included) — the fresh-feedback null compares it with fresh draws of its
+  initial distribution;
 - ``stacked_step_is_the_rule_step`` (rules that declare a ``stacked_step``, on the tiny
   networks a stacked step takes: no adapted network, no buffers): one stacked step of two
   copies that differ in weights, batch, feedback draw and λ equals each copy's own

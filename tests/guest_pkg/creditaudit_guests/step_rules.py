@@ -7,6 +7,9 @@ Each computes a correct update; what is wrong is beside it:
 - ``step-scales-its-input``: scales its input batch in place after the step;
 - ``step-leaves-eval``: puts the model in eval mode and leaves it there;
 - ``step-learns-its-feedback``: DFA whose "fixed" feedback grows 1% every step;
+- ``step-redraws-each-epoch``: DFA whose "fixed" feedback is redrawn at every epoch's end;
+- ``step-decays-its-lr``: halves the optimizer's learning rate after every step (a schedule
+  of its own, beside the run's);
 - ``step-nan-but-finite``: reports a NaN loss as finite;
 - ``step-miscounts-past-the-door``: reports twice the batch size on batches larger than the
   door's (it passes the conformance suite, and meets the trainer's check);
@@ -82,6 +85,25 @@ class LearnsItsFeedback(DFA):
         with torch.no_grad():
             for matrix in self.feedback:
                 matrix.mul_(1.01)
+        return result
+
+
+class RedrawsEachEpoch(DFA):
+    name, label = "step-redraws-each-epoch", "Redraws each epoch"
+
+    def end_epoch(self, epoch, n_epochs):
+        self.load_state_dict({"feedback": self.draw_feedback(
+            torch.Generator().manual_seed(1000 + epoch))})
+        return {}
+
+
+class DecaysItsLr(BP):
+    name, label = "step-decays-its-lr", "Decays its lr"
+
+    def train_step(self, x, y, optimizer):
+        result = super().train_step(x, y, optimizer)
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.5
         return result
 
 

@@ -13,7 +13,6 @@ from creditaudit.config import semantic_dict
 from creditaudit.records.recipes import recipe_key
 from creditaudit.run.plan import plan_run
 from creditaudit.run.trainer import train
-from integrity_support import write_cifar10
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 TINY = {"data.n_train": 200, "data.n_test": 100, "model.d": 16, "model.n_blocks": 2,
@@ -37,10 +36,6 @@ PAIRS = {
     "trainable_blocks = L": ({}, {"method.trainable_blocks": 2}),
     "trainable_blocks = L, dfa": ({"method.name": "dfa"}, {"method.trainable_blocks": 2}),
     "trainable_blocks = L, adapted": (TRANSFORMER, {"method.trainable_blocks": 1}),
-    "augment, fashion-mnist": ({"data.name": "fashion-mnist", "data.data_dir": FASHION},
-                               {"data.augment": False}),
-    "augment, cifar10": ({"data.name": "cifar10", "data.data_dir": "CIFAR"},
-                         {"data.augment": True}),
     "args": ({**TRANSFORMER, "model.args": None, "data.name": "fashion-mnist",
               "data.data_dir": FASHION,
               "model.states": [f"encoder.layers.{i}" for i in range(4)]}, {"model.args": {}}),
@@ -58,8 +53,6 @@ def _config(tmp_path, **values) -> RunConfig:
 @pytest.mark.parametrize("name", PAIRS)
 def test_an_explicit_default_names_the_default_run(tmp_path, name):
     base, explicit = PAIRS[name]
-    if base.get("data.data_dir") == "CIFAR":
-        base = {**base, "data.data_dir": str(write_cifar10(tmp_path))}
     if base.get("data.data_dir") and not Path(base["data.data_dir"]).exists():
         pytest.skip("dataset-fashion-mnist is not installed")
     default = plan_run(_config(tmp_path, **base))

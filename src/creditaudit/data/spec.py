@@ -200,11 +200,6 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         augment = self.options.augment
         return self.augment_default if augment is None else augment
 
-    def same_as_default(self, run_seed: int) -> dict[str, Any]:
-        """``augment`` equal to the dataset's own default (on for CIFAR, off for the other
-        files) is its default (None)."""
-        return {"augment": None} if self.options.augment == self.augment_default else {}
-
     def check(self) -> None:
         if self.options.data_dir is None:
             raise ConfigError(f"data.name={self.name!r} needs data.data_dir (--data-dir) "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +74,24 @@ def held_by_dead(task: dict[str, Any], dead: dict[int, str]) -> dict[str, str]:
     return held
 
 
-def _record_failed(config: dict[str, Any], run_dir: Path, error: str) -> None:
+# How long a worker reported dead may still look alive: SIGKILL closes its sockets (how Ray
+# learns of the death) before the kernel has finished the process, which then holds its claim.
+DYING_SECONDS = 10.0
+
+
+def _record_failed(config: dict[str, Any], run_dir: Path, error: str,
+                   dying_seconds: float = 0.0) -> None:
     """Mark a run failed on disk (its log and checkpoint kept: ``--retry-failed`` resumes
-    it), under a claim of this process; nothing when another process holds the run now."""
+    it), under a claim of this process; nothing when another process holds the run now
+    (``dying_seconds``: how long to wait for a holder reported dead to be gone)."""
     from creditaudit.records import load_record, save_record
 
+    deadline = time.monotonic() + dying_seconds
     try:
         claim, _ = try_claim(run_dir)  # breaks the dead worker's claim
+        while claim is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            claim, _ = try_claim(run_dir)
     except OutputError as err:
         log.warning("warning: cannot record %s as failed: %s", run_dir.name, err)
         return
@@ -131,7 +143,7 @@ def record_lost(task: dict[str, Any], cause: str) -> str:
     summary and the next sweep agree; the error they get, which says how to go on."""
     error = f"{cause}; --retry-failed runs it again (from its last checkpoint)"
     for _, config, run_dir in _runs(task):
-        _record_failed(config, run_dir, error)
+        _record_failed(config, run_dir, error, dying_seconds=DYING_SECONDS)
     return error
 
 

@@ -13,7 +13,10 @@ from creditaudit.methods.base import step_result
 from creditaudit.run.trainer import train
 from creditaudit.testing import check_rule, make_rule, rule_checks, tiny_batch
 from creditaudit.testing.common import EXPECTED_FAILURE, relative_error
-from creditaudit.testing.rule_properties import output_layer_errors
+from creditaudit.testing.rule_properties import (
+    output_layer_errors,
+    state_dict_round_trips_and_resumes,
+)
 from door_support import ORIGIN, guests, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -96,6 +99,28 @@ class ReadoutOnlyBP(BP):
         ce.backward()
         optimizer.step()
         return result
+
+
+class ZeroingDFA(DFA):
+    """A broken rule: its end_epoch zeroes the model's first weight (the same on every call,
+    so a rule resumed from a checkpoint taken after it repeats it to the same effect)."""
+
+    name = "zeroing-dfa"
+
+    def end_epoch(self, epoch, n_epochs):
+        with torch.no_grad():
+            next(self.model.parameters()).zero_()
+        return super().end_epoch(epoch, n_epochs)
+
+
+def test_an_end_epoch_that_writes_the_weights_is_caught_and_named():
+    # the check took the model's live state_dict next to end_epoch: a write it repeats to
+    # the same effect (zeroing, clamping) passed; one it does not, failed as a divergence
+    weight = next(iter(make_rule(DFA).model.named_parameters()))[0]
+    with pytest.raises(AssertionError, match=f"end_epoch changed the model's weight "
+                                             f"'{weight}'"):
+        state_dict_round_trips_and_resumes(ZeroingDFA)
+    state_dict_round_trips_and_resumes(DFA)
 
 
 def test_the_suite_catches_rules_that_break_the_contract():

@@ -552,6 +552,23 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     assert load_record(tmp_path / "run").log == []
 
 
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_the_recorder_clears_another_runs_files_from_a_folder_without_a_record(
+        small, tmp_path, checkpoint):
+    # no record.json, but a checkpoint and initial weights of some other run: an audit or a
+    # resume must never take them for the new record's
+    trained, x, y = small
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in (CHECKPOINT_FILE, INIT_FILE, "config.toml"):
+        (folder / name).write_bytes(b"another run's")
+    Recorder(trained, x, y, out=tmp_path, name="run", checkpoint=checkpoint,
+             config={"diagnostics.end_of_run": False})
+    for name in (CHECKPOINT_FILE, INIT_FILE, "config.toml"):
+        assert not (folder / name).exists() or (folder / name).read_bytes() != b"another run's"
+    assert (folder / INIT_FILE).exists() == checkpoint
+
+
 def test_the_recorder_refuses_evaluation_arrays_changed_in_place(small, tmp_path):
     # the record's data fingerprint was of the arrays as given, the epochs measured others
     trained, x, y = small

@@ -236,3 +236,22 @@ def test_float_inputs_for_a_model_of_token_ids_are_one_line(tmp_path):
         creditaudit.Recorder(bound, ids.float(), labels, out=tmp_path, progress=False)
     assert not list(tmp_path.iterdir())
 
+
+@pytest.mark.parametrize("bad_id", [16, -1])
+def test_token_ids_outside_the_vocabulary_are_one_line(tmp_path, bad_id):
+    # an id past the embedding's 16 rows raised the embedding's bare IndexError inside the
+    # Recorder's reference check (a device-side assert on CUDA)
+    torch.manual_seed(0)
+    ids, labels = torch.randint(0, 16, (16, 6)), torch.randint(0, 4, (16,))
+    model = adapt(TokenNet(), ["embed", "block"], example=ids[:8])
+    bound = creditaudit.rule("dfa", model)
+    bad = ids.clone()
+    bad[5, 2] = bad_id
+    fragment = (f"eval_x holds token id {bad_id}, but the model's embedding 'embed' has 16 "
+                "rows: token ids must be 0 … 15")
+    with pytest.raises(ModelContractError, match=re.escape(fragment)):
+        diagnose(model, bad, labels, credit=bound)
+    with pytest.raises(ModelContractError, match=re.escape(fragment)):
+        creditaudit.Recorder(bound, bad, labels, out=tmp_path, progress=False)
+    assert not list(tmp_path.iterdir())
+

@@ -435,6 +435,56 @@ def test_a_full_disk_under_train_is_one_line_and_an_interrupted_run(tmp_path, ca
     assert [e.epoch for e in load_record(run_dir).log] == [0, 1, 2]
 
 
+def _fails_then_disk_full(monkeypatch) -> None:
+    """Epoch 2 raises RuntimeError('boom'); from then on no record.json can be written."""
+    failed: list[bool] = []
+    real_train_epoch, real_replace = Trainer.train_epoch, os.replace
+
+    def train_epoch(self, epoch):  # noqa: ANN001, ANN202 - Trainer.train_epoch's arguments
+        if epoch == 2:
+            failed.append(True)
+            raise RuntimeError("boom")
+        return real_train_epoch(self, epoch)
+
+    def replace(src, dst):  # noqa: ANN001, ANN202 - os.replace's arguments
+        if failed and Path(dst).name == RECORD_FILE:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(Trainer, "train_epoch", train_epoch)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_a_failed_run_whose_record_cannot_be_written_names_its_cause_first(
+        tmp_path, capsys, monkeypatch):
+    overrides = tiny(tmp_path / "out")
+    with monkeypatch.context() as patch:
+        _fails_then_disk_full(patch)
+        code, _, err = run_cli(capsys, ["train", "--config", config_file(tmp_path, overrides)])
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert "RuntimeError: boom" in err and "no space left" in err.lower(), err
+    assert err.index("RuntimeError: boom") < err.index("could not be marked failed"), err
+    run_dir = tmp_path / "out" / run_id(RunConfig().replace(**overrides))
+    assert load_record(run_dir).status == "running"  # its last state, which resumes
+
+
+def test_a_sweep_run_that_fails_on_a_full_disk_is_failed_with_its_cause(
+        tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(sweep_toml(tiny(out)))
+    with monkeypatch.context() as patch:
+        _fails_then_disk_full(patch)
+        run_cli(capsys, ["sweep", str(sweep), "--workers", "0"])
+    events = [json.loads(line) for line in (out / SWEEP_LOG_FILE).read_text().splitlines()]
+    [end] = [e for e in events if e["event"] == "end"]
+    assert end["status"] == "failed", end
+    assert end["error"].startswith("RuntimeError: boom; "), end
+    assert "could not be marked failed" in end["error"], end
+    assert "no space left" in end["error"].lower(), end
+
+
 # --- 6. a diverged run's final accuracy ----------------------------------------------------
 def test_a_diverged_runs_headline_numbers_are_its_last_finite_epochs(tmp_path, capsys,
                                                                      monkeypatch):

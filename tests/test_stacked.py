@@ -452,6 +452,44 @@ def test_a_sweep_with_stack_trains_each_shape_as_one_stack(tmp_path, capsys):
     assert "6 runs (6 completed)" in capsys.readouterr().out  # nothing trained again
 
 
+def test_the_dry_run_and_header_describe_the_stacks_and_workers_of_the_runs_to_train(
+        tmp_path, capsys):
+    # they grouped every run, finished ones too, while the sweep groups only those left, and
+    # counted --workers slots (or one run per slot) whatever the tasks
+    from creditaudit.cli import main
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(out=tmp_path / "runs"))
+    first = tmp_path / "first.toml"  # dfa with seed 1: one run of the grid, trained first
+    first.write_text(SWEEP.format(out=tmp_path / "runs").replace(
+        '"method.name" = ["dfa", "fa-linear"]\n"run.seed" = [1, 2, 3]',
+        '"method.name" = ["dfa"]\n"run.seed" = [1]'))
+    assert main(["sweep", str(first), "--workers", "0", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--stack", "4", "--workers", "8", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stacks: 2 runs in 1 stack of up to 4, 3 runs alone" in out, out
+    assert "executor: local executor, 4 worker processes × 1 thread (5 runs at once)" in out
+    assert "6 runs: 1 done or skipped, 5 to run" in out
+    assert main(["sweep", str(path), "--stack", "4", "--workers", "0", "-q"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith("(inline executor, 1 parallel task (2 runs at once) × 1 thread; "
+                           "2 runs in 1 stack of up to 4, 3 runs alone)"), header
+    assert ": 6 runs, 5 to train → " in header, header
+
+
+def test_the_eta_and_running_count_a_stack_as_one_task():
+    from creditaudit.sweep import SweepState
+
+    stacks = [["a", "b", "c", "d"], ["e", "f", "g", "h"]]
+    state = SweepState(total=8, slots=2, outstanding=8, tasks=stacks, run_seconds=[10.0])
+    assert (state.running, state.eta_seconds) == (8, 10.0)  # two stacks train at once
+    for ended in "abcd":
+        state.task_ended(ended)
+        state.count("completed")
+    assert (state.tasks, state.running, state.eta_seconds) == ([list("efgh")], 4, 10.0)
+
+
 def test_stack_flag_errors_are_one_line(tmp_path, capsys):
     from creditaudit.cli import main
 

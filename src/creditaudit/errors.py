@@ -53,6 +53,25 @@ class DiskFullError(OutputError):
     with the run, which can go on once space is freed."""
 
 
+# A run that failed and whose record could then not be written raises its own error with
+# this note (:func:`note_unrecorded`): the cause comes first, the lost record after it.
+UNRECORDED = "and its record could not be marked failed"
+
+
+def note_unrecorded(err: BaseException, write_error: OutputError) -> None:
+    """Note on a run's error ``err`` that writing its failed record raised ``write_error``
+    (once: the runs of a stack that one error fails note the first record lost)."""
+    if not unrecorded_note(err):
+        err.add_note(f"{UNRECORDED}: {write_error}")
+
+
+def unrecorded_note(err: BaseException) -> str:
+    """``'; and its record could not …: WHY'`` when :func:`note_unrecorded` noted ``err``,
+    else ``''``: what a one-line message about ``err`` ends with."""
+    notes = getattr(err, "__notes__", ())
+    return "".join(f"; {note}" for note in notes if note.startswith(UNRECORDED))
+
+
 class GuestError(CreditAuditError):
     """Code creditaudit runs but did not write — a plugin, a model factory — failed, or
     failed its conformance checks: the message names it (``credit rule plugin 'x'

@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
-from creditaudit.errors import CreditAuditError, GuestError
+from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.guests.blame import guest_failure, guest_output_to_stderr
 from creditaudit.version import __version__
@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CreditAuditError as err:
         if args.verbose and isinstance(err, GuestError) and err.__cause__ is not None:
             traceback.print_exception(err.__cause__, file=sys.stderr)
-        print(f"creditaudit: error: {_one_line(str(err))}", file=sys.stderr)
+        print(f"creditaudit: error: {_one_line(str(err) + unrecorded_note(err))}",
+              file=sys.stderr)
         return 2
     except SystemExit as err:
         blamed = guest_failure(err)
@@ -129,10 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         blamed = guest_failure(err)
         if blamed is not None:
-            print(f"creditaudit: error: {_one_line(blamed)}", file=sys.stderr)
+            print(f"creditaudit: error: {_one_line(blamed + unrecorded_note(err))}",
+                  file=sys.stderr)
             return 2
         print(f"creditaudit: internal error: {type(err).__name__}: {_one_line(str(err))}; "
-              "rerun with --verbose for the traceback and please report it", file=sys.stderr)
+              "rerun with --verbose for the traceback and please report it"
+              f"{_one_line(unrecorded_note(err))}", file=sys.stderr)
         return 1
 
 

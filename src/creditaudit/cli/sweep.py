@@ -22,9 +22,12 @@ from typing import Any
 from creditaudit.cli.common import add_device_options, env_overrides, finite_float, folder
 from creditaudit.cli.sweep_output import (
     SweepProgress,
+    at_once,
     describe_plan,
     describe_stacks,
     format_sweep_table,
+    plans_to_train,
+    task_sizes,
 )
 from creditaudit.config import device_overrides
 from creditaudit.errors import ConfigError
@@ -94,8 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # --- dry run ------------------------------------------------------------------------------
-def describe_planned_executor(args: argparse.Namespace) -> str:
-    """The executor the command line asks for, without starting or joining anything."""
+def describe_planned_executor(args: argparse.Namespace, tasks: list[int]) -> str:
+    """The executor the command line asks for, without starting or joining anything, for
+    ``tasks`` (the runs each task to train trains at once: 1, or a --stack group's size):
+    local worker processes are started for the tasks there are, at most ``--workers``."""
     threads = args.threads_per_worker
     per_run = f"{threads} thread{'s' if threads != 1 else ''}"
     if args.executor == "ray":
@@ -105,9 +110,11 @@ def describe_planned_executor(args: argparse.Namespace) -> str:
                 f"{_gpus_per_run(args):g} GPU (--dry-run does not contact Ray)")
     if args.workers == 0:
         return f"inline executor: one run after another in this process, {per_run}"
-    workers = args.workers or os.cpu_count() or 1
+    workers = min(args.workers or os.cpu_count() or 1, len(tasks))
+    if not workers:
+        return "local executor, no worker process (nothing to train)"
     return (f"local executor, {workers} worker process{'es' if workers != 1 else ''} × "
-            f"{per_run}")
+            f"{per_run}{at_once(tasks, workers)}")
 
 
 def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namespace,
@@ -115,19 +122,20 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
     """Print what the sweep would do with its ``plans`` (one per config, before run ids
     are deduplicated: a run of two data folders is shown on both rows)."""
     from creditaudit.run.defaults import why_default
-    from creditaudit.sweep import run_labels, run_states, unique_plans
+    from creditaudit.sweep import run_labels, run_states
     from creditaudit.sweep.plans import same_run_reasons
 
     out_dir = Path(plans[0].config.run.out_dir)
+    rows = run_states(plans, retry_failed=args.retry_failed, stale_after=stale_after)
+    to_train = plans_to_train(plans, rows)  # what the sweep would group and hand out
     print(describe_plan(sweep, expansion, out_dir))
-    print(f"executor: {describe_planned_executor(args)}")
+    print(f"executor: {describe_planned_executor(args, task_sizes(to_train, args.stack))}")
     if args.stack > 1:
-        print(f"stacks: {describe_stacks(unique_plans(plans), args.stack)}")
+        print(f"stacks: {describe_stacks(to_train, args.stack)}")
     for line in expansion.warnings:
         print(f"warning: {line}")
     for line in expansion.notes:
         print(f"note: {line}")
-    rows = run_states(plans, retry_failed=args.retry_failed, stale_after=stale_after)
     labels = run_labels(plans, sweep.grid_keys)
     for plan, label in zip(plans, labels):  # its run id is the default's: say why
         for key, value in plan.explicit_defaults.items():
@@ -268,17 +276,22 @@ def exit_on_signal(message: str, grace: float = 2.0) -> Iterator[None]:
         writer.close()
 
 
-def describe_executor(executor: Any, n_runs: int, threads: int) -> str:
+def describe_executor(executor: Any, tasks: list[int], threads: int) -> str:
     """``local executor, 2 parallel runs × 1 thread`` (Ray: with the cluster's resources),
-    after ``executor.connect()``: runs at once = the executor's slots, at most ``n_runs``."""
-    parallel = min(executor.slots, n_runs)
+    after ``executor.connect()``, for ``tasks`` (:func:`task_sizes` of the runs to train):
+    tasks at once = the executor's slots, at most the tasks there are; with --stack groups,
+    how many runs they train at once."""
+    parallel = min(executor.slots, len(tasks))
     text = f"{executor.name} executor"
     if getattr(executor, "cluster", None) is not None:
         from creditaudit.sweep.ray_cluster import describe_resources
 
         text += f" on {describe_resources(executor.cluster)}"
-    return (f"{text}, {parallel} parallel run{'s' if parallel != 1 else ''} × {threads} "
-            f"thread{'s' if threads != 1 else ''}")
+    if not parallel:
+        return f"{text}, nothing to train"
+    unit = "run" if sum(tasks[:parallel]) == parallel else "task"
+    return (f"{text}, {parallel} parallel {unit}{'s' if parallel != 1 else ''}"
+            f"{at_once(tasks, parallel)} × {threads} thread{'s' if threads != 1 else ''}")
 
 
 @contextlib.contextmanager
@@ -305,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
         load_sweep,
         plan_runs,
         prepare_configs,
+        run_states,
         run_sweep,
         unique_plans,
     )
@@ -328,6 +342,10 @@ def run(args: argparse.Namespace) -> int:
     for line in expansion.warnings:
         print(f"creditaudit: warning: {line}", file=sys.stderr)
     plans = unique_plans(plans)
+    # What the sweep will hand out (runs not finished, grouped by --stack), for the header.
+    to_train = plans_to_train(plans, run_states(plans, retry_failed=args.retry_failed,
+                                                stale_after=stale_after))
+    tasks = task_sizes(to_train, args.stack)
     executor = build_executor(args)
     progress: SweepProgress | None = None
     started = time.perf_counter()
@@ -338,10 +356,10 @@ def run(args: argparse.Namespace) -> int:
             with exit_on_signal("sweep interrupted while joining the executor; no run had "
                                 "started"):
                 stack.enter_context(executor)
-            print(f"sweep {args.sweep_file}: {len(plans)} runs → "
+            print(f"sweep {args.sweep_file}: {len(plans)} runs, {len(to_train)} to train → "
                   f"{plans[0].config.run.out_dir} "
-                  f"({describe_executor(executor, len(plans), args.threads_per_worker)}"
-                  + (f"; {describe_stacks(plans, args.stack)}" if args.stack > 1 else "")
+                  f"({describe_executor(executor, tasks, args.threads_per_worker)}"
+                  + (f"; {describe_stacks(to_train, args.stack)}" if args.stack > 1 else "")
                   + ")", flush=True)
             progress = SweepProgress(len(plans), quiet=args.quiet)
             if not args.quiet and executor.name != "ray":  # runs write records here: read

@@ -3,8 +3,9 @@
 :class:`SweepProgress` is the one status line while runs train (``creditaudit experiment``
 draws it too); :func:`format_sweep_table` the summary of the runs' records led by their grid
 values; :func:`describe_plan` and :func:`describe_stacks` what a sweep file expands to and
-how ``--stack`` groups its runs, before anything runs. Every table reads the runs' plans
-(:func:`creditaudit.sweep.plan_runs`): nothing here plans a run again.
+how ``--stack`` groups its runs — only those still to train (:func:`plans_to_train`,
+:func:`task_sizes`), as the sweep does — before anything runs. Every table reads the runs'
+plans (:func:`creditaudit.sweep.plan_runs`): nothing here plans a run again.
 """
 
 from __future__ import annotations
@@ -144,12 +145,37 @@ def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
 
 def describe_stacks(plans: list[Any], size: int) -> str:
     """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs (their
-    plans, one per run id)."""
+    plans, one per run id: those to train, as the sweep groups only those)."""
     from creditaudit.run.stacked import stack_groups
 
+    if not plans:
+        return "no run to train"
     groups = stack_groups(plans, size)
     stacks = [g for g in groups if len(g) > 1]
     alone = len(groups) - len(stacks)
     text = (f"{sum(map(len, stacks))} runs in {len(stacks)} stack"
             f"{'s' if len(stacks) != 1 else ''} of up to {size}")
     return text + (f", {alone} run{'s' if alone != 1 else ''} alone" if alone else "")
+
+
+def at_once(tasks: list[int], slots: int) -> str:
+    """``' (8 runs at once)'`` where the first ``slots`` tasks hold more runs than one
+    each (--stack groups), else ``''``."""
+    runs = sum(tasks[:slots])
+    return f" ({runs} runs at once)" if runs > min(slots, len(tasks)) else ""
+
+
+def task_sizes(plans: list[Any], stack: int) -> list[int]:
+    """How many runs each task of ``plans`` (those to train, one per run id) trains at once,
+    in the order the sweep hands them out: 1 each, or the --stack groups' sizes."""
+    from creditaudit.run.stacked import stack_groups
+
+    return [len(group) for group in stack_groups(plans, stack)]
+
+
+def plans_to_train(plans: list[Any], rows: list[dict[str, Any]]) -> list[Any]:
+    """The plans of ``rows`` (:func:`~creditaudit.sweep.run_states` of ``plans``) still to
+    train, one per run id: what the sweep hands to its workers."""
+    from creditaudit.sweep import unique_plans
+
+    return unique_plans([plan for plan, row in zip(plans, rows, strict=True) if row["todo"]])

@@ -66,6 +66,8 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
                                  f"{dtype_name(probed)} inputs (as adapt() probed it: token "
                                  f"ids or other indices): pass eval_x.to(torch."
                                  f"{dtype_name(probed)})")
+    if probed is not None and not probed.is_floating_point and not eval_x.is_floating_point():
+        check_token_ids(model, eval_x)
     if eval_x.is_floating_point() and reference is not None \
             and eval_x.dtype != reference.dtype:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model's "
@@ -73,6 +75,29 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
                                  f"eval_x.to(torch.{dtype_name(reference.dtype)})")
     if eval_x.is_floating_point() and not bool(torch.isfinite(eval_x).all()):
         raise ModelContractError("eval_x holds NaN/Inf: the diagnostics need finite inputs")
+
+
+def check_token_ids(model: AdaptedModel, eval_x: Tensor) -> None:
+    """Integer ``eval_x`` (N, …) for a model adapt() probed with integer inputs: when the
+    probe's forward called embeddings (``nn.Embedding``/``nn.EmbeddingBag``), every id must
+    be ≥ 0 and below the largest one's rows — an id past every embedding is past the one
+    that reads it (which one that is, is not known: an id between the sizes of a token and
+    a position embedding passes). One-line ModelContractError otherwise, instead of the
+    embedding's bare IndexError (a device-side assert on CUDA)."""
+    called = model.probe_calls
+    tables = [(name, int(module.num_embeddings)) for name, module in model.net.named_modules()
+              if isinstance(module, nn.Embedding | nn.EmbeddingBag)
+              and (called is None or name in called)]
+    if not tables or eval_x.is_meta or eval_x.dtype == torch.bool:
+        return
+    name, rows = max(tables, key=lambda table: table[1])
+    low, high = int(eval_x.min()), int(eval_x.max())
+    if low < 0 or high >= rows:
+        which = f"embedding {name!r}" if len(tables) == 1 else f"largest embedding {name!r}"
+        raise ModelContractError(
+            f"eval_x holds token id {low if low < 0 else high}, but the model's {which} has "
+            f"{rows} rows: token ids must be 0 … {rows - 1}; pass ids of the model's "
+            "vocabulary (as the inputs adapt() probed it with)")
 
 
 def _model_inputs(model: nn.Module) -> tuple[tuple[int, ...] | None, bool]:

@@ -11,7 +11,8 @@ from typing import Any
 
 from torch import Tensor
 
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.errors import ConfigError, OutputError, RunRecordError
+from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import RECORD_FILE, RUN_FILES
 
 
@@ -36,14 +37,20 @@ def folder_name(name: Any) -> str:
 
 
 def claim_folder(run_dir: Path, overwrite: bool) -> None:
-    """Refuse a folder that holds a record unless ``overwrite``; then clear it."""
-    if not (run_dir / RECORD_FILE).exists():
-        return
-    if not overwrite:
+    """Refuse a folder that holds a record unless ``overwrite``; then clear every run file
+    (:data:`~creditaudit.records.RUN_FILES`). Files without a record — a run killed before
+    its record was written, one whose record was deleted — belong to no record, and must not
+    lie beside the new one (an audit or a resume would take another run's checkpoint or
+    initial weights for this run's), so they go too."""
+    if (run_dir / RECORD_FILE).exists() and not overwrite:
         raise RunRecordError(f"{run_dir} holds a run record already: pass another name= or "
                              "overwrite=True to replace it")
     for file in RUN_FILES:
-        (run_dir / file).unlink(missing_ok=True)
+        try:
+            (run_dir / file).unlink(missing_ok=True)
+        except OSError as err:
+            raise OutputError(f"cannot clear {describe_os_error(err, run_dir / file)}: "
+                              "remove it, or pass another name=") from None
 
 
 def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool = False

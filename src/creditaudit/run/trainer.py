@@ -24,7 +24,7 @@ import torch
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.errors import DiskFullError, OutputError
+from creditaudit.errors import DiskFullError, OutputError, note_unrecorded
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder
 from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
@@ -350,7 +350,9 @@ class Trainer:
                  disk_full: bool = False) -> None:
         """The run stopped on an interrupt or an error: record why and tell the loggers.
         On a full disk the write may fail again; the record then keeps its last state,
-        which resumes too."""
+        which resumes too. When the failed record of ``err`` cannot be written, ``err``
+        stays the run's error, noted with why (:func:`note_unrecorded`): the caller raises
+        it, so the cause is not replaced by the write's OutputError."""
         self.record.status = status
         if disk_full:
             with contextlib.suppress(OutputError):
@@ -359,7 +361,12 @@ class Trainer:
             return
         if err is not None:  # a guest's exception (a factory's forward) names the guest
             self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
-        self._write()
+        try:
+            self._write()
+        except OutputError as write_error:
+            if err is None:
+                raise
+            note_unrecorded(err, write_error)
         self.loggers.finish_quietly(self.record)
 
     def finish(self) -> None:

@@ -18,7 +18,7 @@ from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import Outcome, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
-from creditaudit.sweep.worker import disk_status, run_task
+from creditaudit.sweep.worker import disk_status, run_task, task_ids
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +42,27 @@ class SweepState:
     outstanding: int = 0
     slots: int = 1
     run_seconds: list[float] = field(default_factory=list)
-    # Runs a worker has started, where the executor knows (Ray); else runs are assumed to
-    # fill the slots.
+    # Runs a worker has started, where the executor knows (Ray); else the outstanding tasks
+    # are assumed to fill the slots in the order they were handed out.
     started: int | None = None
+    # The run ids of each task handed to the executor whose runs have not all ended, in
+    # that order (a task: one run, or a --stack group that one worker trains at once).
+    tasks: list[list[str]] = field(default_factory=list)
 
     @property
     def running(self) -> int:
         if self.started is not None:
             return self.started
+        if self.tasks:
+            return sum(len(task) for task in self.tasks[:self.slots])
         return min(self.slots, self.outstanding)
+
+    def task_ended(self, run_id: str) -> None:
+        """Run ``run_id`` ended: it leaves its task (a task of no run left leaves too)."""
+        for task in self.tasks:
+            if run_id in task:
+                task.remove(run_id)
+        self.tasks = [task for task in self.tasks if task]
 
     @property
     def left(self) -> int:
@@ -72,11 +84,13 @@ class SweepState:
 
     @property
     def eta_seconds(self) -> float | None:
-        """Left runs × mean run time / parallel slots (None before the first trained run)."""
+        """Left tasks × mean run time / parallel slots, a stack of runs that train at once
+        counting once (None before the first trained run)."""
         if not self.run_seconds:
             return None
         mean = sum(self.run_seconds) / len(self.run_seconds)
-        return mean * self.left / max(1, min(self.slots, self.left))
+        left = self.left - sum(len(task) for task in self.tasks) + len(self.tasks)
+        return mean * left / max(1, min(self.slots, left))
 
 
 @dataclass
@@ -189,6 +203,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     while todo:
         state.outstanding, state.busy = len(todo), 0
         tasks = _tasks([by_id[run_id] for run_id in todo], stack)
+        state.tasks = [task_ids(task) for task in tasks]
         busy = []
         stream = (outcome for item in executor.map(fn, tasks)
                   for outcome in (item if isinstance(item, list) else [item]))
@@ -198,6 +213,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
             state.slots = executor.slots
             state.started = getattr(executor, "running", None)
             state.outstanding -= 1
+            state.task_ended(outcome["run_id"])
             outcomes[outcome["run_id"]] = outcome
             if outcome["status"] == "busy":
                 busy.append(outcome["run_id"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import (
+    UNRECORDED,
     ChangedRecordError,
     ConfigError,
     CreditAuditError,
@@ -183,7 +184,8 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 
 def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
     """A run that raised (or whose guest called ``sys.exit``): its outcome, and a failed
-    record where none says more."""
+    record where none says more. The outcome names the cause first, then a failed record
+    that could not be written (a full disk): the write's error never replaces the cause."""
     error = guest_failure(err) or f"{type(err).__name__}: {err}"
     if "--force" in error:  # the advice of train, which a sweep has not
         from creditaudit.records import CHECKPOINT_FILE
@@ -193,8 +195,10 @@ def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
     if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):
         # Not even a failed record can replace a folder named record.json: the
         # outcome still says why the run failed.
-        with contextlib.suppress(OutputError):
+        try:
             write_failed_record(run.plan.config, run.run_dir, error)
+        except OutputError as write_error:
+            error += f"; {UNRECORDED}: {write_error}"
     run.outcome.update(status="failed", error=error)
     log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
 

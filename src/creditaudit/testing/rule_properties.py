@@ -195,11 +195,15 @@ def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resml
     straight = make_rule(cls, arch=arch)
     optimizer = torch.optim.AdamW(straight.trainable_parameters(), lr=1e-2)
     trained(straight, optimizer, range(2))
+    # The state before end_epoch, copied (state_dict() shares the live tensors): both rules
+    # end epoch 1 from it, so a resumed rule must follow from the state alone.
     buffer = io.BytesIO()
     torch.save({"model": straight.model.state_dict(), "rule": straight.state_dict(),
-                "optimizer": optimizer.state_dict(), "end_epoch": straight.end_epoch(1, 3)},
-               buffer)
+                "optimizer": optimizer.state_dict()}, buffer)
     buffer.seek(0)
+    weights, buffers = _parameters(straight), _buffers(straight)
+    straight.end_epoch(1, 3)
+    _end_epoch_leaves_the_model_alone(straight, weights, buffers)
     try:
         saved = torch.load(buffer, weights_only=True)
     except Exception as err:  # noqa: BLE001 - the message is the point
@@ -220,6 +224,19 @@ def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resml
     x, y = tiny_batch(seed=9, arch=arch)
     for layer, (a, b) in enumerate(zip(straight.credits(x, y), resumed.credits(x, y))):
         assert torch.equal(a, b), f"restored rule's credit {layer} differs"
+
+
+def _end_epoch_leaves_the_model_alone(rule: CreditRule, weights: dict[str, Tensor],
+                                      buffers: dict[str, Tensor]) -> None:
+    """The model's parameters and buffers after ``rule.end_epoch`` equal ``weights`` and
+    ``buffers``, copied before it: the optimizer alone writes the weights."""
+    after = {**_parameters(rule), **_buffers(rule)}
+    changed = next((name for name, before in {**weights, **buffers}.items()
+                    if not torch.equal(before, after[name])), None)
+    assert changed is None, (
+        f"end_epoch changed the model's {'weight' if changed in weights else 'buffer'} "
+        f"{changed!r}: the optimizer the run hands train_step alone writes the weights — "
+        "end_epoch returns the epoch's extra fields and updates the rule's own state only")
 
 
 def moves_to_a_device(cls: type[CreditRule], arch: str = "resmlp") -> None:

@@ -71,7 +71,8 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`):
 - ``state_dict_round_trips_and_resumes``: the rule's state loads with
   ``torch.load(weights_only=True)`` (tensors and plain containers only) and a rule restored
   from it continues bit-identically, parameters and buffers — resumed runs must equal
-  uninterrupted ones;
+  uninterrupted ones; ``end_epoch`` leaves the model's parameters and buffers as they were
+  (the optimizer alone writes the weights), checked on a copy taken before it;
 - ``moves_to_a_device``: ``rule.to(device)`` moves the model and everything the rule owns;
 - ``bf16_step_is_finite``: a training step under bf16 autocast is finite and keeps fp32
   parameters;

@@ -14,18 +14,22 @@ arguments the caller passed.
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 from torch import nn
 
 from creditaudit import Recorder, adapt, rule
+from creditaudit.audit.checkpoint import frozen_accuracy
 from creditaudit.config import RunConfig
 from creditaudit.data import load_dataset
 from creditaudit.errors import ConfigError, CreditAuditError, DataError
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.records.compare import recipe_difference
-from creditaudit.report.tables import run_settings
+from creditaudit.report import format_run_summary
+from creditaudit.report.tables import audit_row, run_settings
+from creditaudit.results import RunIndex
 from integrity_support import as_written, write_idx_dataset
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -154,3 +158,43 @@ def test_errors_name_the_arguments_the_caller_passed(tmp_path, data, config, fra
     message = str(error.value)
     assert fragment in message and absent not in message.replace(fragment, ""), message
     assert "\n" not in message
+
+
+def recorded(out, name: str, method: str, ran: int, epochs: int = 3):
+    """A Recorder run of ``method`` whose loop stopped after ``ran`` of ``epochs`` epochs."""
+    x, y = random_set()
+    bound_rule = bound(x)
+    if method != "dfa":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            bound_rule = rule(method, adapt(Flat(), ["a", "b"], example=x))
+    with Recorder(bound_rule, x, y, out=out, name=name,
+                  config={"optim.epochs": epochs, **OFF}) as rec:
+        rec.epoch(0)
+        for epoch in range(1, ran + 1):
+            rec.epoch(epoch, test_acc=0.1 * epoch)
+        return rec.finish()
+
+
+def test_a_frozen_run_stopped_early_is_no_baseline_and_reports_say_it_stopped(tmp_path,
+                                                                            caplog):
+    # a frozen run whose loop stopped at epoch 1 of 3: its readout trained a third as long,
+    # so it is no baseline of (d) for the full runs of its recipe; the audit table says so
+    full = recorded(tmp_path, "dfa-full", "dfa", 3)
+    early = recorded(tmp_path, "frozen-early", "frozen", 1)
+    assert early.stopped_early and full.recipe_key == early.recipe_key
+    index = RunIndex.from_dir(tmp_path)
+    assert index.records.frozen_baseline(full) is None
+    rows = {row["run"]: row for row in (audit_row(index, run) for run in index.all_runs)}
+    assert "(stopped early at epoch 1: finish() after epoch 1 of optim.epochs=3)" \
+        in rows["frozen-early"]["acc"]
+    assert rows["frozen-early"]["verdict"] == "no baseline of (d): stopped early"
+    assert "stopped early" not in rows["dfa-full"]["acc"]
+    assert "no frozen baseline of (d): stopped early" in format_run_summary([early, full])
+    # named as the audit's --frozen, it is taken, with a warning saying it stopped early
+    with caplog.at_level(logging.WARNING):
+        assert frozen_accuracy(str(tmp_path / "frozen-early"), full) == pytest.approx(0.1)
+    assert "stopped early at epoch 1 of optim.epochs=3" in caplog.text
+    # the whole frozen run of that recipe is its baseline
+    recorded(tmp_path, "frozen-full", "frozen", 3)
+    assert RunIndex.from_dir(tmp_path).records.frozen_baseline(full) == (pytest.approx(0.3), 1)

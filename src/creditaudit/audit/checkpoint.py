@@ -147,6 +147,10 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
     if not is_frozen_baseline(frozen):
         log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
                     frozen.method)
+    if frozen.stopped_early:
+        log.warning("--frozen run %s stopped early at epoch %s of optim.epochs=%d: its "
+                    "accuracy is of a readout trained for fewer epochs than its recipe's",
+                    text, frozen.stopped_early.get("epoch"), frozen.config.optim.epochs)
     acc = frozen.final_acc
     if acc is None:
         raise RunRecordError(f"--frozen run {text} has no finished epoch with a test accuracy")

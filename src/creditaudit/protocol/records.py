@@ -260,11 +260,12 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
 def frozen_baseline(record: RunRecord, records: Iterable[RunRecord]) -> tuple[float, int] | None:
     """(mean final accuracy, number of runs) of the finished frozen-blocks runs of
     ``record``'s recipe among ``records``, or None when there are none — the one place the
-    baseline of (d) is chosen."""
+    baseline of (d) is chosen. A frozen run that stopped early (``stopped_early``: fewer
+    epochs than its recipe's ``optim.epochs``) is no baseline: its readout trained less."""
     key = record.recipe_key
     accs = [r.final_acc for r in records
-            if is_frozen_baseline(r) and r.is_finished and r.recipe_key == key
-            and r.final_acc is not None]
+            if is_frozen_baseline(r) and r.is_finished and not r.stopped_early
+            and r.recipe_key == key and r.final_acc is not None]
     return (sum(accs) / len(accs), len(accs)) if accs else None
 
 

@@ -162,7 +162,8 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         run_verdict = index.verdict(record)
         judged, statuses = run_verdict.judgement, run_verdict.statuses
         if is_frozen_baseline(record):
-            verdict = BASELINE_TEXT
+            verdict = f"no {BASELINE_TEXT}: stopped early" if record.stopped_early \
+                else BASELINE_TEXT
         elif record.protocol.epoch is None:
             verdict = "—"
         else:

@@ -31,7 +31,14 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.records import NOT_RECORDED, RunRecord
 from creditaudit.report.protocol import value_text
-from creditaudit.report.runs import ACC, DEEP_COS, GAMMA, diverged_text, headline_cell
+from creditaudit.report.runs import (
+    ACC,
+    DEEP_COS,
+    GAMMA,
+    diverged_text,
+    headline_cell,
+    stopped_early_text,
+)
 from creditaudit.results import (
     RunIndex,
     figure_recipe,
@@ -176,6 +183,8 @@ def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> tuple[str, 
     ``unverified``: :attr:`Judgement.kind`, the colour report.html gives it — or None for
     a frozen baseline's label)."""
     if is_frozen_baseline(run) and run.is_finished:
+        if run.stopped_early:
+            return f"no baseline of {DepthUtility.id_label()}: stopped early", None
         return f"baseline of {DepthUtility.id_label()}", None
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
@@ -204,9 +213,10 @@ def run_cells(run: RunRecord) -> dict[str, str]:
 
 
 def acc_note(run: RunRecord) -> str:
-    """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, else ``""``."""
-    text = diverged_text(run)
-    return "" if text is None else f" ({text})"
+    """`` (diverged in epoch 3: test acc of epoch 2, …)`` for a diverged run, `` (stopped
+    early at epoch 1: …)`` for one that stopped before its ``optim.epochs``, else ``""``."""
+    notes = [text for text in (stopped_early_text(run), diverged_text(run)) if text]
+    return "".join(f" ({text})" for text in notes)
 
 
 def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),

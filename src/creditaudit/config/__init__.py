@@ -180,8 +180,22 @@ def apply_where_read(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     return config_from_dict(merge_overrides(config.to_dict(), overrides), dropped=[])
 
 
+def config_value(config: RunConfig | dict[str, Any], key: str) -> Any:
+    """The value of a dotted key in a config (or its dict); a key of a table field
+    (``model.args.d``) reads that table's entry."""
+    raw = config.to_dict() if isinstance(config, RunConfig) else config
+    section, _, name = key.partition(".")
+    values = raw.get(section, {})
+    if name not in values and "." in name:
+        table, _, leaf = name.partition(".")
+        inner = values.get(table)
+        return inner.get(leaf) if isinstance(inner, dict) else None
+    return values.get(name)
+
+
 __all__ = [
-    "DEVICES", "MAX_SEED", "METHOD_NAME", "COMPONENT_NAME", "PRECISIONS", "SCHEDULES",
+    "config_value", "DEVICES", "MAX_SEED", "METHOD_NAME", "COMPONENT_NAME", "PRECISIONS",
+    "SCHEDULES",
     "LEGACY_DEFAULTS", "DataConfig", "DiagnosticsConfig", "MethodConfig", "ModelConfig",
     "OptimConfig", "RunSettings", "opt", "RunConfig", "config_from_dict", "config_to_toml",
     "load_config", "parse_value", "parse_override", "device_overrides", "apply_overrides",

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from creditaudit.config import RunConfig, keys_with_role, semantic_dict
+from creditaudit.config import RunConfig, config_value, keys_with_role, semantic_dict
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.guests import Guest
@@ -311,19 +311,14 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
         return RunRecordError(f"cannot resume: no run at {run_dir}")
     # e.g. --epochs raised to extend a run: another schedule, so another run id
     _, other, record, differ = nearest
-    values = ", ".join(f"{key}={_value(record.config, key)!r} (not {_value(config, key)!r})"
-                       for key in differ)
+    values = ", ".join(f"{key}={config_value(record.config, key)!r} "
+                       f"(not {config_value(config, key)!r})" for key in differ)
     advice = (f"resume that run with its own config (creditaudit train --config "
               f"{other / CONFIG_FILE} --resume), or " if not record.is_finished else "")
     return RunRecordError(
         f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
         f"another run (the run id covers every option that changes what is computed): "
         f"{advice}train this config without --resume")
-
-
-def _value(config: RunConfig, dotted: str) -> Any:
-    section, _, key = dotted.partition(".")
-    return getattr(getattr(config, section), key, None)
 
 
 def _differing_keys(recorded: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]

@@ -61,6 +61,7 @@ busy, break_claim, worker_died), one JSON object per line.
 
 from __future__ import annotations
 
+from creditaudit.config import config_value
 from creditaudit.sweep.claims import (
     CLAIM_FILE,
     DEFAULT_STALE_AFTER,
@@ -69,7 +70,7 @@ from creditaudit.sweep.claims import (
     release_claim,
     try_claim,
 )
-from creditaudit.sweep.distinct import config_value, count_runs, dedupe
+from creditaudit.sweep.distinct import count_runs, dedupe
 from creditaudit.sweep.executors import Executor, InlineExecutor, LocalExecutor, RayExecutor
 from creditaudit.sweep.grid import (
     DEFAULT_MAX_RUNS,

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditaudit.config import RunConfig, apply_where_read, semantic_dict
+from creditaudit.config import RunConfig, apply_where_read, config_value, semantic_dict
 from creditaudit.errors import ConfigError
 
 
@@ -116,16 +116,3 @@ def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:
             seen.add(key)
             out.append(config)
     return out
-
-
-def config_value(config: RunConfig | dict[str, Any], key: str) -> Any:
-    """The value of a dotted key in a config (or its dict); a key of a table field
-    (``model.args.d``) reads that table's entry."""
-    raw = config.to_dict() if isinstance(config, RunConfig) else config
-    section, _, name = key.partition(".")
-    values = raw.get(section, {})
-    if name not in values and "." in name:
-        table, _, leaf = name.partition(".")
-        inner = values.get(table)
-        return inner.get(leaf) if isinstance(inner, dict) else None
-    return values.get(name)

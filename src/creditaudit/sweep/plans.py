@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, config_value
 from creditaudit.errors import CreditAuditError
 from creditaudit.run.defaults import why_default
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.sweep.distinct import config_value
 
 
 def _short_keys(keys: list[str]) -> dict[str, str]:

@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import RunConfig, apply_overrides
+from creditaudit.config import RunConfig, apply_overrides, config_value
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
-from creditaudit.sweep.distinct import config_value
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import Outcome, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans

@@ -13,10 +13,8 @@ from creditaudit.methods.base import step_result
 from creditaudit.run.trainer import train
 from creditaudit.testing import check_rule, make_rule, rule_checks, tiny_batch
 from creditaudit.testing.common import EXPECTED_FAILURE, relative_error
-from creditaudit.testing.rule_properties import (
-    output_layer_errors,
-    state_dict_round_trips_and_resumes,
-)
+from creditaudit.testing.rule_lifecycle import state_dict_round_trips_and_resumes
+from creditaudit.testing.rule_properties import output_layer_errors
 from door_support import ORIGIN, guests, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")

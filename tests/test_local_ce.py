@@ -24,7 +24,8 @@ from creditaudit.methods.local_ce import LocalCE
 from creditaudit.optim import make_adamw
 from creditaudit.testing import check_rule
 from creditaudit.testing.common import tiny_batch
-from creditaudit.testing.rule_properties import make_rule, state_dict_round_trips_and_resumes
+from creditaudit.testing.rule_lifecycle import state_dict_round_trips_and_resumes
+from creditaudit.testing.rule_properties import make_rule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

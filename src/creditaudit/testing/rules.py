@@ -21,7 +21,8 @@ A check the rule fails by design is declared, with the reason, in the class attr
 or the ``expected_failures`` argument: it is reported as an expected failure, and an error
 once it passes.
 
-The checks (functions of :mod:`creditaudit.testing.rule_properties`):
+The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
+:mod:`creditaudit.testing.rule_lifecycle` for the state, device, bf16 and feedback checks):
 
 - ``credits_are_detached_and_shaped_like_the_states``: L + 1 finite credits, no graph, each
   shaped like its state — every diagnostic compares them with the states' gradients;
@@ -111,17 +112,19 @@ from creditaudit.testing.common import (
     tiny_arch,
     tiny_model,
 )
-from creditaudit.testing.rule_properties import (
+from creditaudit.testing.rule_lifecycle import (
     bf16_step_is_finite,
+    fresh_feedback_is_swappable,
+    moves_to_a_device,
+    state_dict_round_trips_and_resumes,
+)
+from creditaudit.testing.rule_properties import (
     blocks_train_on_the_reported_credit,
     credited_parts_are_trained,
     credits_are_detached_and_shaped_like_the_states,
     credits_have_no_side_effects,
-    fresh_feedback_is_swappable,
     frozen_blocks_stay_untouched,
     local_update_is_the_surrogate_gradient,
-    moves_to_a_device,
-    state_dict_round_trips_and_resumes,
 )
 from creditaudit.testing.rule_stacking import stacked_step_is_the_rule_step, stacks_on
 from creditaudit.testing.rule_steps import (

@@ -7,6 +7,7 @@ import json
 import math
 import random
 import statistics
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,6 +32,8 @@ from creditaudit.protocol import (
 )
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.report import render, render_markdown, render_text
+from creditaudit.study.experiments.decision_utility import seed_decisions
+from creditaudit.study.experiments.temporal import depth_utility_trace
 
 
 def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
@@ -168,6 +171,24 @@ def test_depth_utility_in_percentage_points():
     with pytest.raises(ConfigError, match="fraction"):
         evaluate_protocol(make_sg(), headline_acc=61.5, frozen_acc=0.349)
 
+
+
+@pytest.mark.parametrize(("headline", "frozen"), [(0.35, 0.33), (0.09, 0.07), (0.12, 0.10)])
+def test_depth_utility_margin_of_exactly_the_threshold_passes(headline, frozen):
+    # 100·(0.35 − 0.33) is 1.9999999999999996 in floating point: (d) fired at 2.00 pp.
+    d = evaluate_protocol(make_sg(), headline_acc=headline,
+                          frozen_acc=frozen).diagnostic("d")
+    assert d.value == 2.0 and d.status == "passed"
+    # the temporal experiment's per-epoch (d) margin reads the same
+    record = SimpleNamespace(series=lambda key: ([1], [headline]))
+    assert depth_utility_trace(record, {1: frozen})["margins"] == {1: 2.0}
+
+
+def test_decision_utility_accuracy_exactly_2pp_above_chance_is_not_at_chance():
+    record = SimpleNamespace(final_acc=0.12, chance=0.1, headline_gamma=0.5, seed=42,
+                             run_id="r")
+    decision = seed_decisions(record, {})
+    assert decision["above_chance_pp"] == 2.0 and not decision["walked_back"]["S0"]
 
 # --- verdicts -----------------------------------------------------------------------------
 HEALTHY = {"headline_acc": 0.60, "frozen_acc": 0.349}

@@ -45,6 +45,7 @@ from creditaudit.protocol.checks import (
     block_growths,
     cross_batch_stability,
     embed_growth,
+    margin_pp,
 )
 from creditaudit.protocol.diagnostics import (
     DepthUtility,
@@ -86,7 +87,7 @@ __all__ = [
     "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport", "DiagnosticResult",
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
-    "block_growths", "embed_growth", "cross_batch_stability", "depth_utility_diagnostic",
-    "evaluate_protocol", "in_order", "labels", "statuses_of", "verdict_of", "verdict_phrase",
-    "judge", "Judgement", "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
+    "block_growths", "embed_growth", "margin_pp", "cross_batch_stability",
+    "depth_utility_diagnostic", "evaluate_protocol", "in_order", "labels", "statuses_of",
+    "verdict_of", "verdict_phrase", "judge", "Judgement", "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
 ]

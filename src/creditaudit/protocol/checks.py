@@ -100,6 +100,18 @@ def unfounded(status: Any, value: Any) -> str | None:
     return None
 
 
+# Decimal places a margin in percentage points is rounded to (far below any test set's 1/n).
+MARGIN_DECIMALS = 9
+
+
+def margin_pp(accuracy: float, baseline: float) -> float:
+    """``accuracy`` − ``baseline`` (fractions) in percentage points, rounded to
+    :data:`MARGIN_DECIMALS` places. Accuracies are fractions k/n of a test set, whose
+    binary rounding would otherwise put a margin of exactly 2 pp on either side of a 2 pp
+    threshold: 100·(0.35 − 0.33) is 1.9999999999999996, and (d) fired at its threshold."""
+    return round(100.0 * (accuracy - baseline), MARGIN_DECIMALS)
+
+
 def block_growths(hidden_norms: Sequence[float]) -> list[float]:
     """‖h_{l+1}‖/‖h_l‖ for every block l (inf where ‖h_l‖ = 0)."""
     return [max_block_growth([a, b]) for a, b in zip(hidden_norms[:-1], hidden_norms[1:])]

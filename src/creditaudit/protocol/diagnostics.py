@@ -48,6 +48,7 @@ from creditaudit.protocol.checks import (
     block_growths,
     cross_batch_stability,
     embed_growth,
+    margin_pp,
 )
 
 
@@ -276,7 +277,7 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
             return self.result(None, NOT_EVALUATED, NO_FROZEN_REASON, **details)
         if math.isnan(headline) or math.isnan(frozen):
             return self.result(None, NOT_EVALUATED, "an accuracy is NaN", **details)
-        margin = 100.0 * (headline - frozen)
+        margin = margin_pp(headline, frozen)
         if self.fires(margin):
             return self.result(margin, FIRED,
                                f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "

@@ -214,6 +214,7 @@ def test_max_block_growth():
     assert max_block_growth([4.0, 2.0, 1.0]) == 0.5
     assert max_block_growth([0.0, 1.0]) == float("inf")
     assert max_block_growth([3.0]) == 1.0
+    assert max_block_growth([2.0, 0.0, 0.0]) == 1.0  # a stream that stays 0 does not grow
 
 
 def test_epoch_diagnostics_bp_record():

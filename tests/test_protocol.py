@@ -162,6 +162,14 @@ def test_overflowed_states_fire_a_and_leave_b_c_not_evaluated():
     assert report.verdict == "needs walk-back" and report.not_evaluated == ["b", "c"]
 
 
+def test_a_stream_that_stays_exactly_zero_does_not_grow():
+    # dead ReLUs: the median ‖h‖ is 0 from state 3 on; 0 → 0 read as inf growth, (a) fired
+    report = evaluate_protocol(make_sg(h_norms=(5.0, 5.0, 5.0, 0.0, 0.0)), headline_acc=None,
+                               frozen_acc=None)
+    a = report.diagnostic("a")
+    assert a.details["block_growth"][2:] == [0.0, 1.0]
+    assert a.status == "passed" and a.value == pytest.approx(1.0)
+
 def test_depth_utility_in_percentage_points():
     report = evaluate_protocol(make_sg(), headline_acc=0.365, frozen_acc=0.349)
     d = report.diagnostic("d")

@@ -113,7 +113,7 @@ def margin_pp(accuracy: float, baseline: float) -> float:
 
 
 def block_growths(hidden_norms: Sequence[float]) -> list[float]:
-    """‖h_{l+1}‖/‖h_l‖ for every block l (inf where ‖h_l‖ = 0)."""
+    """‖h_{l+1}‖/‖h_l‖ for every block l (inf where ‖h_l‖ = 0 < ‖h_{l+1}‖, 1 where both are 0)."""
     return [max_block_growth([a, b]) for a, b in zip(hidden_norms[:-1], hidden_norms[1:])]
 
 

@@ -23,6 +23,7 @@ from creditaudit.models import ResidualMLP
 from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     NO_FROZEN_REASON,
@@ -97,8 +98,9 @@ def test_reference_gradient_median_zero_fraction_and_nonzero_median():
     grad_last[4] = torch.tensor([2e-3, 0.0, 0.0])
     grad_last[5] = torch.tensor([0.0, 1e-3, 0.0])
     grad_last[6] = torch.tensor([0.0, 0.0, 3e-3])
+    saturated = torch.tensor([[200.0, 0.0]] * 4 + [[1.0, 0.0]] * 3)  # softmax one-hot
     sg = StateGradients(states=[torch.ones(7, 3)] * 2, grads=[torch.ones(7, 3), grad_last],
-                        logits=torch.zeros(7, 2), losses=torch.zeros(7))
+                        logits=saturated, losses=torch.zeros(7))
     b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
                           terminal_ln=True).diagnostic("b")
     # Sorted norms [0, 0, 0, 0, 1e-3, 2e-3, 3e-3]: median 0, 4/7 zero, median of rest 2e-3.
@@ -108,6 +110,18 @@ def test_reference_gradient_median_zero_fraction_and_nonzero_median():
     assert b.status == "fired"
     assert b.details["cause"] == CAUSE_SATURATION  # saturation wins even with an LN
 
+
+
+def test_reference_gradient_exactly_zero_without_saturation_is_no_path_to_h_L():
+    # A zero (or dead) head: every g_L is exactly 0 while the softmax is uniform. It read
+    # "saturated softmax"; the output error is not 0, the gradient never reaches h_L.
+    model = ResidualMLP(in_dim=8, d=8, n_classes=4, n_blocks=2)
+    with torch.no_grad():
+        model.out_head.weight.zero_()
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    b = diagnose(model, x, y).diagnostic("b")
+    assert b.status == "fired" and b.details["zero_fraction"] == 1.0
+    assert b.details["cause"] == CAUSE_NO_PATH and "not saturated" in b.reason
 
 @pytest.mark.parametrize(("terminal_ln", "h_last", "cause"), [
     (True, 5.0, CAUSE_LN), (False, 5e4, CAUSE_SATURATION_NO_LN), (None, 5e4, CAUSE_LN),

@@ -30,6 +30,7 @@ gradients as (1/128)·∂CE_i/∂h_l.
 from creditaudit.protocol.checks import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     FIRED,
@@ -82,8 +83,8 @@ def depth_utility_diagnostic(headline_acc: float | None, frozen_acc: float | Non
 
 
 __all__ = [
-    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN", "FIRED",
-    "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON", "NOT_EVALUATED", "PASSED",
+    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_NO_PATH", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN",
+    "FIRED", "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON", "NOT_EVALUATED", "PASSED",
     "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport", "DiagnosticResult",
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",

@@ -38,6 +38,7 @@ from creditaudit.protocol.base import (
 from creditaudit.protocol.checks import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     FIRED,
@@ -49,6 +50,7 @@ from creditaudit.protocol.checks import (
     cross_batch_stability,
     embed_growth,
     margin_pp,
+    unsaturated_share,
 )
 
 
@@ -184,7 +186,10 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
                                "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
-            cause = CAUSE_SATURATION
+            unsaturated = (None if evidence.grads is None or evidence.logits is None
+                           else unsaturated_share(evidence.grads[-1], evidence.logits))
+            cause = (CAUSE_NO_PATH if unsaturated is not None and unsaturated > 0.5
+                     else CAUSE_SATURATION)
         elif evidence.terminal_ln is False:
             # Without a terminal LN, g_L = W_headᵀ e / 128: it can only vanish when the
             # output error e = softmax − onehot does (a saturated softmax).

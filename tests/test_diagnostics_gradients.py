@@ -116,6 +116,20 @@ def test_median_norms_on_tiny_values_do_not_underflow():
     assert median_norms([v])[0] == pytest.approx(5e-30, rel=1e-6)
 
 
+
+@pytest.mark.parametrize("scale", [1e-170, 1e-300, 1e160])
+def test_float64_norms_neither_underflow_nor_overflow(scale):
+    # a float64 model's 1e-170 gradients squared underflow to 0: the norm read exactly 0,
+    # and (b) named a saturated softmax (every sample's gradient "exactly zero")
+    v = torch.tensor([[3.0, 4.0], [6.0, 8.0], [0.0, 1.0]], dtype=F64) * scale
+    assert per_sample_norms(v).tolist() == pytest.approx([5 * scale, 10 * scale, scale],
+                                                         rel=1e-15)
+    assert median_norms([v])[0] == pytest.approx(5 * scale, rel=1e-15)
+    assert zero_gradient_stats(v)[0] == 0.0
+    edge = torch.tensor([[0.0, 0.0], [math.inf, 1.0], [math.nan, 1.0]], dtype=F64)
+    assert per_sample_norms(edge)[:2].tolist() == [0.0, math.inf]
+    assert math.isnan(per_sample_norms(edge)[2])
+
 @pytest.mark.parametrize("scale", [1e-10, 1e-200])
 def test_cosine_per_sample_exact_on_tiny_vectors(scale):
     gen = torch.Generator().manual_seed(3)
@@ -200,6 +214,7 @@ def test_max_block_growth():
     assert max_block_growth([4.0, 2.0, 1.0]) == 0.5
     assert max_block_growth([0.0, 1.0]) == float("inf")
     assert max_block_growth([3.0]) == 1.0
+    assert max_block_growth([2.0, 0.0, 0.0]) == 1.0  # a stream that stays 0 does not grow
 
 
 def test_epoch_diagnostics_bp_record():

@@ -223,6 +223,21 @@ def test_rho_positive_and_negative_controls(trained_tiny):
     assert controls["bp"][0] >= 0.99 and abs(controls["random"][0]) < 0.05
 
 
+@pytest.mark.parametrize("scale", [1e-200, 1e200])
+def test_rho_and_its_error_are_scale_free_at_float64_extremes(scale):
+    # a float64 credit of 1e200 scored ρ = 0.0 (its sums of squares overflowed), one of
+    # 1e-200 NaN ("flat"): ρ promises any scale
+    gen = torch.Generator().manual_seed(0)
+    predicted = torch.randn(16, 8, generator=gen, dtype=torch.float64)
+    true = predicted + torch.randn(16, 8, generator=gen, dtype=torch.float64)
+    rho = perturbation.pearson(predicted, true)
+    assert 0.5 < rho < 0.9
+    assert perturbation.pearson(predicted * scale, true) == pytest.approx(rho, rel=1e-12)
+    assert perturbation.pearson(predicted * scale, true * scale) == pytest.approx(rho,
+                                                                                  rel=1e-12)
+    se = perturbation.jackknife_se(predicted, true)
+    assert perturbation.jackknife_se(predicted * scale, true) == pytest.approx(se, rel=1e-9)
+
 def test_rho_batches_all_directions_in_one_forward_and_matches_a_loop(trained_tiny):
     model, x, y = trained_tiny
     n, m, layer, eps = 32, 5, 1, 1e-3

@@ -7,6 +7,7 @@ import json
 import math
 import random
 import statistics
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from creditaudit.models import ResidualMLP
 from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     NO_FROZEN_REASON,
@@ -31,6 +33,8 @@ from creditaudit.protocol import (
 )
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.report import render, render_markdown, render_text
+from creditaudit.study.experiments.decision_utility import seed_decisions
+from creditaudit.study.experiments.temporal import depth_utility_trace
 
 
 def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
@@ -94,8 +98,9 @@ def test_reference_gradient_median_zero_fraction_and_nonzero_median():
     grad_last[4] = torch.tensor([2e-3, 0.0, 0.0])
     grad_last[5] = torch.tensor([0.0, 1e-3, 0.0])
     grad_last[6] = torch.tensor([0.0, 0.0, 3e-3])
+    saturated = torch.tensor([[200.0, 0.0]] * 4 + [[1.0, 0.0]] * 3)  # softmax one-hot
     sg = StateGradients(states=[torch.ones(7, 3)] * 2, grads=[torch.ones(7, 3), grad_last],
-                        logits=torch.zeros(7, 2), losses=torch.zeros(7))
+                        logits=saturated, losses=torch.zeros(7))
     b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
                           terminal_ln=True).diagnostic("b")
     # Sorted norms [0, 0, 0, 0, 1e-3, 2e-3, 3e-3]: median 0, 4/7 zero, median of rest 2e-3.
@@ -105,6 +110,18 @@ def test_reference_gradient_median_zero_fraction_and_nonzero_median():
     assert b.status == "fired"
     assert b.details["cause"] == CAUSE_SATURATION  # saturation wins even with an LN
 
+
+
+def test_reference_gradient_exactly_zero_without_saturation_is_no_path_to_h_L():
+    # A zero (or dead) head: every g_L is exactly 0 while the softmax is uniform. It read
+    # "saturated softmax"; the output error is not 0, the gradient never reaches h_L.
+    model = ResidualMLP(in_dim=8, d=8, n_classes=4, n_blocks=2)
+    with torch.no_grad():
+        model.out_head.weight.zero_()
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    b = diagnose(model, x, y).diagnostic("b")
+    assert b.status == "fired" and b.details["zero_fraction"] == 1.0
+    assert b.details["cause"] == CAUSE_NO_PATH and "not saturated" in b.reason
 
 @pytest.mark.parametrize(("terminal_ln", "h_last", "cause"), [
     (True, 5.0, CAUSE_LN), (False, 5e4, CAUSE_SATURATION_NO_LN), (None, 5e4, CAUSE_LN),
@@ -159,6 +176,14 @@ def test_overflowed_states_fire_a_and_leave_b_c_not_evaluated():
     assert report.verdict == "needs walk-back" and report.not_evaluated == ["b", "c"]
 
 
+def test_a_stream_that_stays_exactly_zero_does_not_grow():
+    # dead ReLUs: the median ‖h‖ is 0 from state 3 on; 0 → 0 read as inf growth, (a) fired
+    report = evaluate_protocol(make_sg(h_norms=(5.0, 5.0, 5.0, 0.0, 0.0)), headline_acc=None,
+                               frozen_acc=None)
+    a = report.diagnostic("a")
+    assert a.details["block_growth"][2:] == [0.0, 1.0]
+    assert a.status == "passed" and a.value == pytest.approx(1.0)
+
 def test_depth_utility_in_percentage_points():
     report = evaluate_protocol(make_sg(), headline_acc=0.365, frozen_acc=0.349)
     d = report.diagnostic("d")
@@ -168,6 +193,24 @@ def test_depth_utility_in_percentage_points():
     with pytest.raises(ConfigError, match="fraction"):
         evaluate_protocol(make_sg(), headline_acc=61.5, frozen_acc=0.349)
 
+
+
+@pytest.mark.parametrize(("headline", "frozen"), [(0.35, 0.33), (0.09, 0.07), (0.12, 0.10)])
+def test_depth_utility_margin_of_exactly_the_threshold_passes(headline, frozen):
+    # 100·(0.35 − 0.33) is 1.9999999999999996 in floating point: (d) fired at 2.00 pp.
+    d = evaluate_protocol(make_sg(), headline_acc=headline,
+                          frozen_acc=frozen).diagnostic("d")
+    assert d.value == 2.0 and d.status == "passed"
+    # the temporal experiment's per-epoch (d) margin reads the same
+    record = SimpleNamespace(series=lambda key: ([1], [headline]))
+    assert depth_utility_trace(record, {1: frozen})["margins"] == {1: 2.0}
+
+
+def test_decision_utility_accuracy_exactly_2pp_above_chance_is_not_at_chance():
+    record = SimpleNamespace(final_acc=0.12, chance=0.1, headline_gamma=0.5, seed=42,
+                             run_id="r")
+    decision = seed_decisions(record, {})
+    assert decision["above_chance_pp"] == 2.0 and not decision["walked_back"]["S0"]
 
 # --- verdicts -----------------------------------------------------------------------------
 HEALTHY = {"headline_acc": 0.60, "frozen_acc": 0.349}

@@ -45,8 +45,10 @@ def deep_invalid(reasons: Sequence[str | None]) -> tuple[str, ...]:
 
 def max_block_growth(norms: Sequence[float]) -> float:
     """max_l ‖h_{l+1}‖/‖h_l‖ over consecutive median norms (diagnostic (a)); inf after a
-    zero norm, 1 for a single state."""
-    ratios = [b / a if a > 0 else math.inf for a, b in zip(norms[:-1], norms[1:])]
+    zero norm, except 1 from a zero norm to a zero norm (a stream that stays exactly 0,
+    e.g. behind dead ReLUs, does not grow); 1 for a single state."""
+    ratios = [b / a if a > 0 else (1.0 if b == 0 else math.inf)
+              for a, b in zip(norms[:-1], norms[1:])]
     return max(ratios) if ratios else 1.0
 
 

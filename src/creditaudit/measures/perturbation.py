@@ -58,9 +58,24 @@ SAMPLE_CHUNK = 256
 MAX_ELEMENTS = 1 << 19
 
 
+# Beyond 2^±200 sums of squares, and their products, could under- or overflow float64.
+_SAFE_PEAK = 2.0 ** 200
+
+
+def _in_range(x: Tensor) -> Tensor:
+    """``x`` (float64) divided by its largest |entry| when that lies beyond 2^±200, where
+    the sums of squares of a correlation would under- or overflow (a correlation is
+    scale-free); else ``x`` as it is, so ordinary values give the same bits as before."""
+    peak = float(x.abs().max()) if x.numel() else 0.0
+    if peak > 0 and math.isfinite(peak) and not 1 / _SAFE_PEAK < peak < _SAFE_PEAK:
+        return x / peak
+    return x
+
+
 def pearson(a: Tensor, b: Tensor) -> float:
-    """Pearson correlation of two equally long 1-D tensors, in float64 (NaN if either is flat)."""
-    a64, b64 = a.double().flatten(), b.double().flatten()
+    """Pearson correlation of two equally long 1-D tensors, in float64 (NaN if either is
+    flat), at any scale of either (credits of 1e-200 or 1e200 included)."""
+    a64, b64 = _in_range(a.double().flatten()), _in_range(b.double().flatten())
     a64, b64 = a64 - a64.mean(), b64 - b64.mean()
     denom = torch.sqrt((a64 * a64).sum() * (b64 * b64).sum())
     return float((a64 * b64).sum() / denom) if denom > 0 else float("nan")
@@ -76,7 +91,7 @@ def jackknife_se(predicted: Tensor, true: Tensor) -> float:
     n, m = predicted.shape
     if n < 2:
         return float("nan")
-    p, t = predicted.double(), true.double()
+    p, t = _in_range(predicted.double()), _in_range(true.double())
     p, t = p - p.mean(), t - t.mean()
     rows = torch.stack([p.sum(1), t.sum(1), (p * p).sum(1), (t * t).sum(1), (p * t).sum(1)])
     rest = rows.sum(dim=1, keepdim=True) - rows  # each statistic without sample i

@@ -30,6 +30,7 @@ gradients as (1/128)·∂CE_i/∂h_l.
 from creditaudit.protocol.checks import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     FIRED,
@@ -45,6 +46,7 @@ from creditaudit.protocol.checks import (
     block_growths,
     cross_batch_stability,
     embed_growth,
+    margin_pp,
 )
 from creditaudit.protocol.diagnostics import (
     DepthUtility,
@@ -81,12 +83,12 @@ def depth_utility_diagnostic(headline_acc: float | None, frozen_acc: float | Non
 
 
 __all__ = [
-    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN", "FIRED",
-    "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON", "NOT_EVALUATED", "PASSED",
+    "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_NO_PATH", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN",
+    "FIRED", "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON", "NOT_EVALUATED", "PASSED",
     "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport", "DiagnosticResult",
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",
-    "block_growths", "embed_growth", "cross_batch_stability", "depth_utility_diagnostic",
-    "evaluate_protocol", "in_order", "labels", "statuses_of", "verdict_of", "verdict_phrase",
-    "judge", "Judgement", "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
+    "block_growths", "embed_growth", "margin_pp", "cross_batch_stability",
+    "depth_utility_diagnostic", "evaluate_protocol", "in_order", "labels", "statuses_of",
+    "verdict_of", "verdict_phrase", "judge", "Judgement", "KINDS", "UNVERIFIED", "UNVERIFIED_MARK",
 ]

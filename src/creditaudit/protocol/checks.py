@@ -27,6 +27,9 @@ CAUSE_SATURATION = ("saturated softmax (most per-sample gradients are exactly 0;
                     "cancellation)")
 CAUSE_SATURATION_NO_LN = ("saturated softmax (no terminal LN: g_L is the head's transpose times "
                           "a vanishing output error on confident samples; not LN cancellation)")
+CAUSE_NO_PATH = ("no gradient reaches h_L (most per-sample gradients are exactly 0 while "
+                 "the softmax is not saturated: zero or dead weights between h_L and the "
+                 "logits; not LN cancellation)")
 CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown residual stream)"
 CAUSE_FLOOR = "gradient below floor"
 # Neutral: each surface says how to give it there (with_frozen_hint in audit/diagnose.py).
@@ -100,8 +103,20 @@ def unfounded(status: Any, value: Any) -> str | None:
     return None
 
 
+# Decimal places a margin in percentage points is rounded to (far below any test set's 1/n).
+MARGIN_DECIMALS = 9
+
+
+def margin_pp(accuracy: float, baseline: float) -> float:
+    """``accuracy`` − ``baseline`` (fractions) in percentage points, rounded to
+    :data:`MARGIN_DECIMALS` places. Accuracies are fractions k/n of a test set, whose
+    binary rounding would otherwise put a margin of exactly 2 pp on either side of a 2 pp
+    threshold: 100·(0.35 − 0.33) is 1.9999999999999996, and (d) fired at its threshold."""
+    return round(100.0 * (accuracy - baseline), MARGIN_DECIMALS)
+
+
 def block_growths(hidden_norms: Sequence[float]) -> list[float]:
-    """‖h_{l+1}‖/‖h_l‖ for every block l (inf where ‖h_l‖ = 0)."""
+    """‖h_{l+1}‖/‖h_l‖ for every block l (inf where ‖h_l‖ = 0 < ‖h_{l+1}‖, 1 where both are 0)."""
     return [max_block_growth([a, b]) for a, b in zip(hidden_norms[:-1], hidden_norms[1:])]
 
 
@@ -117,6 +132,22 @@ def embed_growth(hidden_norms: Sequence[float],
     if not math.isfinite(start) or start <= 0:
         return None
     return max_block_growth([start, hidden_norms[0]])
+
+
+def unsaturated_share(grad: Tensor, logits: Tensor) -> float | None:
+    """Of the samples whose gradient ``grad`` ``(N, d)`` is exactly 0, the share whose
+    softmax over ``logits`` ``(N, C)`` is not saturated (not one-hot in the logits'
+    precision): their output error softmax − onehot is not 0, so their gradient vanished
+    between the logits and the state. None when no sample's gradient is 0, or the two
+    do not describe the same samples."""
+    if grad.shape[0] != logits.shape[0] or logits.dim() != 2:
+        return None
+    zero = (grad.flatten(1) == 0).all(dim=1)
+    if not bool(zero.any()):
+        return None
+    probs = torch.softmax(logits[zero], dim=1)
+    one_hot = (probs == 0).sum(dim=1) == logits.shape[1] - 1
+    return float((~one_hot).double().mean())
 
 
 def cross_batch_stability(grad: Tensor, batch_size: int = 128) -> tuple[float, int]:

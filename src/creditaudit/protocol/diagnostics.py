@@ -38,6 +38,7 @@ from creditaudit.protocol.base import (
 from creditaudit.protocol.checks import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     FIRED,
@@ -48,6 +49,8 @@ from creditaudit.protocol.checks import (
     block_growths,
     cross_batch_stability,
     embed_growth,
+    margin_pp,
+    unsaturated_share,
 )
 
 
@@ -183,7 +186,10 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
                                "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
-            cause = CAUSE_SATURATION
+            unsaturated = (None if evidence.grads is None or evidence.logits is None
+                           else unsaturated_share(evidence.grads[-1], evidence.logits))
+            cause = (CAUSE_NO_PATH if unsaturated is not None and unsaturated > 0.5
+                     else CAUSE_SATURATION)
         elif evidence.terminal_ln is False:
             # Without a terminal LN, g_L = W_headᵀ e / 128: it can only vanish when the
             # output error e = softmax − onehot does (a saturated softmax).
@@ -276,7 +282,7 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
             return self.result(None, NOT_EVALUATED, NO_FROZEN_REASON, **details)
         if math.isnan(headline) or math.isnan(frozen):
             return self.result(None, NOT_EVALUATED, "an accuracy is NaN", **details)
-        margin = 100.0 * (headline - frozen)
+        margin = margin_pp(headline, frozen)
         if self.fires(margin):
             return self.result(margin, FIRED,
                                f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "

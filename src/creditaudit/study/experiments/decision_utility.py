@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.protocol import FIRED, Thresholds, default_names, in_order
+from creditaudit.protocol import FIRED, Thresholds, default_names, in_order, margin_pp
 from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.study.experiments.audit_table import (
@@ -60,7 +60,7 @@ def seed_decisions(record: RunRecord, statuses: dict[str, str],
     thresholds = thresholds or Thresholds()
     plan = strategies(in_order(statuses) or default_names()) if plan is None else plan
     acc, gamma = record.final_acc, record.headline_gamma
-    above = None if acc is None else 100.0 * (acc - record.chance)
+    above = None if acc is None else margin_pp(acc, record.chance)
     acc_fails = above is None or above < thresholds.margin_pp
     gamma_fails = gamma is not None and not gamma > 0
     walked = {}

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.protocol import FIRED, DepthUtility, default_names, in_order
+from creditaudit.protocol import FIRED, DepthUtility, default_names, in_order, margin_pp
 from creditaudit.protocol.records import RecordSet, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC
@@ -71,7 +71,7 @@ def depth_utility_trace(record: RunRecord, frozen: dict[int, float] | None,
     depth = DepthUtility(options)
     if not frozen:
         return {"first": None, "at_end": None, "margins": {}, "evaluated": False}
-    margins = {epoch: 100.0 * (acc - frozen[epoch]) for epoch, acc in _accs(record).items()
+    margins = {epoch: margin_pp(acc, frozen[epoch]) for epoch, acc in _accs(record).items()
                if epoch >= 1 and epoch in frozen}
     fired = [epoch for epoch, m in sorted(margins.items()) if depth.fires(m)]
     last = max(margins, default=None)

@@ -110,6 +110,20 @@ def test_nan_features_in_a_plugin_datasets_run_load_name_the_plugin(tmp_path):
         "at index 150)")
 
 
+def test_a_plugin_datasets_sizes_that_disagree_with_its_run_load_name_the_plugin(tmp_path):
+    """sizes() says 256 training samples, the run's own load gives 100 (the door's tiny load
+    gives what sizes() says): refused at the load, naming the plugin."""
+    site = site_with(tmp_path, "door-capped")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{"data.name": "door-capped"}),
+               cwd=tmp_path)
+    line = error_line(done)
+    assert line.startswith(f"creditaudit: error: dataset plugin 'door-capped' ({ORIGIN}) "
+                           "loaded data creditaudit cannot use: door-capped loaded 100 "
+                           "training and 256 test samples, but its sizes() says 256 and 256"
+                           ), line
+    assert not list((tmp_path / "runs").glob("*/record.json"))
+
+
 def test_a_module_network_given_the_wrong_input_size_is_one_line(tmp_path):
     site = site_with(tmp_path)  # the guests' package, no entry point
     done = cli(site, "train", "--arch", f"module:{FACTORIES}:FlatNet",

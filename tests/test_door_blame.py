@@ -8,9 +8,12 @@ it; a factory's ``sys.exit`` is named.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
+import torch
+from torch import nn
 
 from creditaudit.errors import GuestError
 from creditaudit.run.plan import plan_run
@@ -107,6 +110,20 @@ def test_nan_features_in_a_plugin_datasets_run_load_name_the_plugin(tmp_path):
         "at index 150)")
 
 
+def test_a_plugin_datasets_sizes_that_disagree_with_its_run_load_name_the_plugin(tmp_path):
+    """sizes() says 256 training samples, the run's own load gives 100 (the door's tiny load
+    gives what sizes() says): refused at the load, naming the plugin."""
+    site = site_with(tmp_path, "door-capped")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{"data.name": "door-capped"}),
+               cwd=tmp_path)
+    line = error_line(done)
+    assert line.startswith(f"creditaudit: error: dataset plugin 'door-capped' ({ORIGIN}) "
+                           "loaded data creditaudit cannot use: door-capped loaded 100 "
+                           "training and 256 test samples, but its sizes() says 256 and 256"
+                           ), line
+    assert not list((tmp_path / "runs").glob("*/record.json"))
+
+
 def test_a_module_network_given_the_wrong_input_size_is_one_line(tmp_path):
     site = site_with(tmp_path)  # the guests' package, no entry point
     done = cli(site, "train", "--arch", f"module:{FACTORIES}:FlatNet",
@@ -126,6 +143,45 @@ def test_a_factory_raising_in_its_forward_during_training_is_named(tmp_path):
                *cli_args(tmp_path / "runs", **image_run(data)), cwd=tmp_path)
     _named(error_line(done), f"model factory '{FACTORIES}:forward_raises_net'", "ValueError",
            "the forward lost its way (at door_factories.py:")
+
+
+def test_a_factory_network_of_torch_layers_raising_during_training_is_named(tmp_path):
+    """No frame of the factory's code on the traceback (an nn.Sequential of torch's layers):
+    the factory is named, with the module that raised, in the line and in the record."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    done = cli(site_with(tmp_path), "train", "--arch", f"module:{FACTORIES}:torch_layers_net",
+               *cli_args(tmp_path / "runs", **image_run(data, **{"optim.batch_size": 63})),
+               cwd=tmp_path)
+    line = error_line(done)
+    what = f"model factory '{FACTORIES}:torch_layers_net'"
+    _named(line, what, "ValueError", "Expected more than 1 value per channel when training")
+    assert "(in its module 'b1.1' (BatchNorm1d), at functional.py:" in line, line
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/record.json")]
+    assert record["status"] == "failed" and record["error"].startswith(f"{what} {RAISES}")
+
+
+def test_creditaudits_own_code_inside_a_factory_network_is_not_blamed_on_it():
+    """A failure in a hook of creditaudit's while the network runs is creditaudit's: not
+    marked as the network's."""
+    from creditaudit.guests.blame import guest_failure, mark_network_failure
+    from creditaudit.models.adapted import _hook
+
+    def broken(index, output):
+        raise TypeError("a bug of creditaudit's hook")
+
+    def run(net):
+        try:
+            net(torch.zeros(2, 3))
+        except (TypeError, RuntimeError) as err:
+            mark_network_failure(err, "model factory 'm:f'", net)
+            return guest_failure(err)
+        raise AssertionError("did not raise")
+
+    net = nn.Sequential(nn.Linear(3, 2))
+    net[0].register_forward_hook(functools.partial(_hook, 0, broken))
+    assert run(net) is None
+    plain = nn.Sequential(nn.Linear(4, 2))  # torch's own refusal: the network's
+    assert run(plain).startswith("model factory 'm:f' raised RuntimeError")
 
 
 def test_a_factory_raising_during_training_in_a_sweep_is_named_in_its_record(tmp_path):

@@ -33,12 +33,14 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     a run plan); ``seed``: the run seed (generated data uses ``data.data_seed`` when set).
 
     Checks what was loaded against what the dataset declares (sample shape, classes, equal
-    train and test shapes) and applies ``data.train_subset``.
+    train and test shapes: :func:`check_loaded`; the sizes of ``sizes()``:
+    :func:`check_sizes`) and applies ``data.train_subset``.
     """
     spec = dataset_spec(options.name)(options) if spec is None else spec
     spec.check()
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
+    check_sizes(spec, dataset)
     if options.train_subset is not None:
         check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
@@ -136,6 +138,22 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     check_normalisation(spec, dataset)
 
 
+def check_sizes(spec: DatasetSpec[Any], dataset: Dataset) -> None:
+    """LoadedDataError (one line) when ``spec.sizes()`` declares (training, test) sizes that
+    the arrays ``dataset`` holds are not: a run plan fits the evaluation set and the
+    training subset to the declared sizes before anything is loaded."""
+    declared = spec.sizes()
+    if declared is None:
+        return
+    loaded = (int(dataset.train_x.shape[0]), int(dataset.test_x.shape[0]))
+    if tuple(declared) != loaded:
+        train, test = declared
+        raise LoadedDataError(
+            f"{spec.name} loaded {loaded[0]} training and {loaded[1]} test samples, but its "
+            f"sizes() says {train} and {test}: make sizes() return what load() gives (or None "
+            "when the sizes are known only once loaded)")
+
+
 def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) unless ``dataset`` turns its samples into model inputs the
     way the loader can: uint8 images with a mean and a positive std per channel (every batch
@@ -182,5 +200,5 @@ def data_dir(options: Any) -> Any:
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
-           "check_train_subset", "check_normalisation",
+           "check_sizes", "check_train_subset", "check_normalisation",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

@@ -13,6 +13,11 @@ prints never lands in creditaudit's output.
   guest's code (any frame of its traceback lies in a guest's files — the command line asks
   this of every unexpected error, e.g. one raised in a plugin model's forward during
   training) and says so in one line.
+- :func:`mark_network_failure` marks an exception raised while a network that guest code
+  built ran (the ``module`` architecture's factory's ``nn.Sequential`` of torch's own
+  layers): no frame of the traceback lies in the guest's files, but none lies in
+  creditaudit's either, so :func:`guest_failure` names the guest that built the network and
+  the module of it that raised.
 - :func:`guest_output_to_stderr`: while it is active, anything written to ``sys.stdout``
   by a call whose stack passes through a guest's files goes to stderr, so machine-readable
   output (``audit --format json``) stays parseable.
@@ -23,6 +28,7 @@ prints never lands in creditaudit's output.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -36,6 +42,10 @@ from creditaudit.guests.settings import settings_kept
 
 ADVICE = ("an error in its code, not in creditaudit: fix it or report it to its authors "
           "(--verbose shows the traceback)")
+# creditaudit's own source folder: a frame in it is creditaudit's code.
+OWN_FOLDER = str(Path(__file__).resolve().parents[1]) + os.sep
+# The attribute mark_network_failure sets on an exception: (guest, where in its network).
+_RAISED_IN_NETWORK = "_creditaudit_raised_in_network"
 # For a guest that returned a wrong value: no exception, so no traceback to show.
 VALUE_ADVICE = "an error in its code, not in creditaudit: fix it or report it to its authors"
 
@@ -66,12 +76,16 @@ def exit_message(what: str, err: SystemExit) -> str:
             "or report it to its authors")
 
 
-def failure_message(what: str, err: BaseException, frame: traceback.FrameSummary | None
-                    ) -> str:
-    """``WHAT raised TYPE: first line of the message (at FILE:LINE in FUNCTION); ADVICE``."""
+def failure_message(what: str, err: BaseException, frame: traceback.FrameSummary | None,
+                    within: str = "") -> str:
+    """``WHAT raised TYPE: first line of the message (at FILE:LINE in FUNCTION); ADVICE``;
+    ``within`` (``its module 'NAME' (CLASS)``) joins the parenthesis: ``(in WITHIN, at …)``."""
     text = str(err).strip().splitlines()
     detail = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-    return f"{what} raised {detail}{_where(frame)}; {ADVICE}"
+    where = _where(frame)
+    if within:
+        where = f" (in {within}, {where[2:]}" if where else f" (in {within})"
+    return f"{what} raised {detail}{where}; {ADVICE}"
 
 
 def value_message(what: str, detail: str) -> str:
@@ -89,12 +103,47 @@ def guest_failure(err: BaseException) -> str | None:
         if owners:
             found = (_owner(owners, frame), frame, line)
     if found is None:
-        return None
+        return _network_failure(err)
     what, frame, line = found
     summary = traceback.FrameSummary(frame.f_code.co_filename, line, frame.f_code.co_name)
     if isinstance(err, SystemExit):
         return exit_message(what, err)
     return failure_message(what, err, summary)
+
+
+def mark_network_failure(err: BaseException, what: str, net: Any) -> None:
+    """Mark ``err``, raised out of a call of ``net`` (an ``nn.Module`` built by the guest
+    ``what``) and caught in the frame that called it, as the network's own failure when no
+    frame below that call is creditaudit's code (a hook of creditaudit's that failed is
+    creditaudit's error); :func:`guest_failure` then names ``what`` and the innermost module
+    of ``net`` whose ``forward`` was running."""
+    if isinstance(err, CreditAuditError | KeyboardInterrupt):
+        return
+    frames = list(traceback.walk_tb(err.__traceback__))[1:]  # the caller's frame left out
+    if not frames or any(resolved(frame.f_code.co_filename).startswith(OWN_FOLDER)
+                         for frame, _ in frames):
+        return
+    names = {id(module): name for name, module in net.named_modules()}
+    module = ""
+    for frame, _ in frames:
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "forward" else None
+        if id(owner) in names:
+            name = names[id(owner)]
+            module = f"its module {name!r} ({type(owner).__name__})" if name else (
+                f"its {type(owner).__name__}")
+    with contextlib.suppress(AttributeError, TypeError):  # an exception without a __dict__
+        setattr(err, _RAISED_IN_NETWORK, (what, module))
+
+
+def _network_failure(err: BaseException) -> str | None:
+    """:func:`guest_failure` of an exception :func:`mark_network_failure` marked: ``WHAT
+    raised TYPE: message (in its module 'NAME' (CLASS), at FILE:LINE in FUNCTION); ADVICE``;
+    None when unmarked."""
+    marked = getattr(err, _RAISED_IN_NETWORK, None)
+    if marked is None:
+        return None
+    what, module = marked
+    return failure_message(what, err, _innermost(err.__traceback__, what), module)
 
 
 def _owner(owners: list[Guest], frame: FrameType) -> str:
@@ -172,5 +221,5 @@ def guest_output_to_stderr() -> Iterator[None]:
         sys.stdout = previous
 
 
-__all__ = ["blame", "guest_failure", "failure_message", "exit_message", "value_message",
-           "guest_output_to_stderr", "GuestAwareStdout", "ADVICE", "VALUE_ADVICE"]
+__all__ = ["blame", "guest_failure", "mark_network_failure", "failure_message", "exit_message",
+           "value_message", "guest_output_to_stderr", "GuestAwareStdout", "ADVICE", "VALUE_ADVICE"]

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
+from creditaudit.guests.blame import mark_network_failure
 from creditaudit.models.adapt_probe import AdaptProbe, check_eager, check_shapes_taken
 from creditaudit.models.contract import LAYOUTS, restored_buffers
 from creditaudit.models.packages import network_packages
@@ -62,6 +63,8 @@ class AdaptedModel(AdaptProbe, nn.Module):
     terminal_ln: bool | None
     # Set by creditaudit.models.build_model when a registered architecture built it.
     architecture: Any = None
+    # The guest that built ``net`` (``model factory 'pkg.mod:fn'``), named when it raises.
+    origin: str | None = None
 
     def __init__(self, net: nn.Module, states: Sequence[str], readout: Sequence[str] | None,
                  probe: Tensor, terminal_ln: bool | None = None, *,
@@ -121,7 +124,17 @@ class AdaptedModel(AdaptProbe, nn.Module):
         return len(self.state_names) - 1
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        return self._run(x)
+
+    def _run(self, x: Tensor) -> Tensor:
+        """``net(x)``; an exception out of the network's code marks ``origin`` as its cause
+        (:func:`~creditaudit.guests.blame.mark_network_failure`)."""
+        try:
+            return self.net(x)
+        except Exception as err:
+            if self.origin is not None:
+                mark_network_failure(err, self.origin, self.net)
+            raise
 
     def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
         """([h_0 … h_L], logits) of ``net(x)``, every state in the autograd graph.
@@ -170,7 +183,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
 
         buffers = restored_buffers(self.net) if self.net.training else contextlib.nullcontext()
         with buffers, self._hooked(replace), self._skipped(self._prefixes[layer], h):
-            return self.net(zeros)
+            return self._run(zeros)
 
     # --- segments -------------------------------------------------------------------------
     def segment_parameters(self, segment: int) -> list[nn.Parameter]:
@@ -266,7 +279,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
             return output.detach() if detach else output
 
         with self._hooked(capture, only):
-            logits = self.net(x)
+            logits = self._run(x)
         if only is not None:
             outputs, versions = outputs[only:only + 1], versions[only:only + 1]
         names = self.state_names if only is None else self.state_names[only:only + 1]

@@ -5,10 +5,12 @@
 :func:`creditaudit.adapt` names its states ``model.states``. The factory is a guest
 (:mod:`creditaudit.guests`): its module and the modules of its own code that it imports are
 part of the run id (:meth:`ModuleArchitecture.guest_code`); what it prints goes to stderr;
-an exception or ``sys.exit`` in it is one line naming it. A network whose first layer does
-not read the data's samples (3-channel convolutions on 1-channel images, a Linear of other
-width) is refused in one line saying what the layer expects, what the data holds and how to
-adapt the network.
+an exception or ``sys.exit`` in it is one line naming it, and so is one its network raises
+while training (an ``nn.Sequential`` of torch's layers has no code of the factory's: the
+model's :attr:`~creditaudit.models.adapted.AdaptedModel.origin` names it). A network whose
+first layer does not read the data's samples (3-channel convolutions on 1-channel images, a
+Linear of other width) is refused in one line saying what the layer expects, what the data
+holds and how to adapt the network.
 """
 
 from __future__ import annotations
@@ -206,6 +208,7 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
             if mismatch is None:
                 raise
             raise ConfigError(f"model.factory={options.factory!r}: {mismatch}") from err
+        model.origin = what  # the network's failures in training are the factory's
         if model.n_classes != n_classes:
             raise ConfigError(f"{type(net).__name__} returns {model.n_classes} logits but the "
                               f"data has {n_classes} classes: give the factory its number "

@@ -58,6 +58,7 @@ from creditaudit.methods import (
     rule_class,
 )
 from creditaudit.models import Architecture, ResidualNet, architecture
+from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.images import image_view
 from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
@@ -152,11 +153,16 @@ class RunPlan:
 
     def build_model(self) -> ResidualNet:
         """The model, built by the architecture the plan resolved (drawing its initial
-        weights from torch's global RNG)."""
+        weights from torch's global RNG); an adapted network a plugin built has the plugin
+        as its ``origin``, named when the network raises."""
         data = self.load_data()
-        with blame(ARCHITECTURES.guest(self.architecture.name)):
-            return build_architecture(self.architecture, input_shape=data.input_shape,
-                                      n_classes=data.n_classes)
+        guest = ARCHITECTURES.guest(self.architecture.name)
+        with blame(guest):
+            model = build_architecture(self.architecture, input_shape=data.input_shape,
+                                       n_classes=data.n_classes)
+        if guest is not None and isinstance(model, AdaptedModel) and model.origin is None:
+            model.origin = guest.what  # a plugin's network of torch's layers raising in training
+        return model
 
     def build_rule(self, model: ResidualNet) -> CreditRule:
         """The rule the plan resolved, bound to ``model`` (feedback drawn from its own

@@ -8,7 +8,9 @@ Each is a small Gaussian-mixture-like generated dataset of 8 features and 4 clas
 - ``door-bad-labels``: labels up to 4 (of 4 classes) once more than 100 training samples
   are asked for — past the door's tiny sizes, so only the run's own load can tell;
 - ``door-load-raises``: ``load()`` raises for more than 100 training samples;
-- ``door-late-nan``: one NaN feature once more than 100 training samples are asked for.
+- ``door-late-nan``: one NaN feature once more than 100 training samples are asked for;
+- ``door-capped``: at most 100 training samples, whatever ``sizes()`` (``data.n_train``)
+  says — right at the door's tiny sizes, wrong at a run's.
 """
 
 import itertools
@@ -103,3 +105,13 @@ class LoadRaises(Mixture):
         if options.n_train > 100:
             raise OSError(28, "the mixture ran out of room")
         return super().arrays(options, seed)
+
+
+class Capped(Mixture):
+    name, label = "door-capped", "Capped"
+
+    @classmethod
+    def load(cls, options, seed):
+        dataset = super().load(options, seed)
+        dataset.train_x, dataset.train_y = dataset.train_x[:100], dataset.train_y[:100]
+        return dataset

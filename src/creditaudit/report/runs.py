@@ -17,6 +17,7 @@ from creditaudit.protocol import (
 )
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
+from creditaudit.results import stopped_early_text
 
 BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
 # After each headline number of a diverged run: it is of the run's last finite epoch.
@@ -24,17 +25,6 @@ DIVERGED_MARK = "‡"
 # The § footnote's cause, by ``cos_invalid`` reason.
 NOT_FINITE_TEXT = {GRADIENT_NOT_FINITE: "the reference gradients",
                    CREDIT_NOT_FINITE: "the rule's credits"}
-
-
-def stopped_early_text(record: RunRecord) -> str | None:
-    """``stopped early at epoch 3: protocol verdict needs walk-back: (a)`` for a run that
-    ``--stop-on-walkback`` ended, or a Recorder finished before its ``optim.epochs`` (its
-    status still says completed), else None."""
-    stop = record.stopped_early
-    if not stop:
-        return None
-    reason = stop.get("reason")
-    return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
 
 
 def diverged_text(record: RunRecord) -> str | None:

@@ -21,8 +21,10 @@ from creditaudit.results.runs import (
     deep_mean,
     figure_recipe,
     mean_std,
+    stopped_early_text,
     terminal_ln,
 )
 
 __all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean", "figure_recipe",
-           "mean_std", "method_label", "method_rank", "sort_methods", "terminal_ln"]
+           "mean_std", "method_label", "method_rank", "sort_methods", "stopped_early_text",
+           "terminal_ln"]

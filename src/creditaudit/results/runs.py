@@ -169,6 +169,18 @@ class RunIndex:
             default_names()
 
 
+def stopped_early_text(record: RunRecord) -> str | None:
+    """``stopped early at epoch 3: protocol verdict needs walk-back: (a)`` for a run that
+    ``--stop-on-walkback`` ended, or a Recorder finished before its ``optim.epochs`` (its
+    status still says completed), else None: the words every output (report, export,
+    figures, the console) uses for it."""
+    stop = record.stopped_early
+    if not stop:
+        return None
+    reason = stop.get("reason")
+    return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
+
+
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:
     """Mean and (population) std across seeds, NaN values left out; (NaN, NaN) if none."""
     arr = np.array([as_float(v) for v in values], dtype=float)
@@ -180,4 +192,4 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
 
 
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
-           "figure_recipe", "mean_std", "matches", "terminal_ln"]
+           "figure_recipe", "mean_std", "matches", "stopped_early_text", "terminal_ln"]

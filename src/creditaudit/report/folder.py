@@ -167,7 +167,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += ["## Runs that did not finish", "",
                   f"{len(unfinished)} run(s) failed, were interrupted or are still running; "
                   "they are left out of the tables above and of the figures.", ""]
-        lines += unfinished_table(unfinished).lines()
+        lines += unfinished_table(unfinished, index).lines()
         lines.append("")
 
     lines += ["## Figures", ""]

@@ -37,6 +37,7 @@ from creditaudit.report.runs import (
     GAMMA,
     diverged_text,
     headline_cell,
+    status_text,
     stopped_early_text,
 )
 from creditaudit.results import (
@@ -335,8 +336,10 @@ def summary_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
                  summary_rows(index, runs, settings))
 
 
-def unfinished_table(runs: Sequence[RunRecord]) -> Table:
-    """Failed, interrupted and running runs: what they are, how far they got, the error."""
+def unfinished_table(runs: Sequence[RunRecord], index: RunIndex | None = None) -> Table:
+    """Failed, interrupted and running runs: what they are, how far they got, the error; a
+    running one's status says whether a process holds it (:func:`status_text`, from the
+    folder ``index`` read it from)."""
     settings = differing_settings(runs)
     rows = []
     for run in runs:
@@ -346,7 +349,8 @@ def unfinished_table(runs: Sequence[RunRecord]) -> Table:
             error = error[:ERROR_CHARS - 1] + "…"
         rows.append({
             **run_cells(run), "seed": markdown_text(seed_text(run)),
-            **setting_cells(values, settings), "status": markdown_text(run.status),
+            **setting_cells(values, settings),
+            "status": markdown_text(status_text(run, index and index.folder(run))),
             "epochs logged": str(run.log[-1].epoch if run.log else 0),
             "error": markdown_text(error),
         })

@@ -89,7 +89,11 @@ class RunIndex:
 
     def __init__(self, records: Iterable[RunRecord], *, root: Path | None = None,
                  skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True,
-                 copies: Sequence[Copies] = ()) -> None:
+                 copies: Sequence[Copies] = (), paths: Sequence[Path] | None = None) -> None:
+        records = list(records)
+        # Each record's folder (``paths``: its record.json, in the order of ``records``).
+        self._folders = {id(record): path.parent
+                         for record, path in zip(records, paths or (), strict=False)}
         self.all_runs: list[RunRecord] = sorted(records, key=_listing_order)
         self.root = root
         self.skipped = list(skipped)
@@ -105,7 +109,8 @@ class RunIndex:
         several folders is counted once (``copies``: :meth:`RecordSet.from_folder`)."""
         records = RecordSet.from_folder(root, dataset=dataset)
         return cls(records.records, root=Path(root), skipped=records.skipped,
-                   frozen_from_runs=frozen_from_runs, copies=records.copies)
+                   frozen_from_runs=frozen_from_runs, copies=records.copies,
+                   paths=records.paths)
 
     @classmethod
     def from_records(cls, records: Iterable[RunRecord], **kwargs: Any) -> RunIndex:
@@ -114,6 +119,10 @@ class RunIndex:
 
     def __len__(self) -> int:
         return len(self.all_runs)
+
+    def folder(self, record: RunRecord) -> Path | None:
+        """The folder ``record`` was read from (None for an in-memory record)."""
+        return self._folders.get(id(record))
 
     @property
     def runs(self) -> list[RunRecord]:

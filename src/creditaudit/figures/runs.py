@@ -22,8 +22,6 @@ from creditaudit.results import (
     RunIndex,
     as_float,
     mean_std,
-    method_label,
-    stopped_early_text,
 )
 from creditaudit.results.runs import matches
 
@@ -105,32 +103,6 @@ def need_methods(group: Sequence[RunRecord], wants: Sequence[tuple[str, Predicat
                  ) -> list[str]:
     """For ``wants`` = [(method, penalty predicate, description)], those absent in group."""
     return [text for method, penalty, text in wants if not seed_runs(group, method, penalty)]
-
-
-# --- runs that stopped early ----------------------------------------------------------------
-def full_length(runs: Iterable[RunRecord]) -> list[RunRecord]:
-    """``runs`` but those that stopped early (``record.stopped_early``: ``--stop-on-walkback``,
-    a Recorder finished before its ``optim.epochs``). Their end-of-run values — final
-    accuracy, Γ, per-layer cosines, drift, last-epoch norms — are of an earlier epoch than
-    their recipe's, so a mean across seeds holding one would be a mean over runs of
-    different lengths: figures leave them out of such means and say so
-    (:func:`stopped_early_note`). Per-epoch curves keep them for the epochs they logged, as
-    they keep a diverged run's."""
-    return [run for run in runs if not run.stopped_early]
-
-
-def stopped_early_note(runs: Iterable[RunRecord], *, curves: bool = True) -> str | None:
-    """``Left out of the end-of-run means (…): DFA seed 42 stopped early at epoch 3: …``
-    naming each run of ``runs`` that stopped early (once), in the report's words, and —
-    where the figure draws per-epoch curves of them (``curves``) — that those show the epochs
-    it logged; None when none did."""
-    early = list({id(r): r for r in runs if r.stopped_early}.values())
-    if not early:
-        return None
-    return ("Left out of the end-of-run means (they would mix runs of different lengths): "
-            + "; ".join(f"{method_label(r.method, r.penalty)} seed {r.seed} "
-                        f"{stopped_early_text(r)}" for r in early)
-            + (". Per-epoch curves show the epochs each logged." if curves else "."))
 
 
 # --- statistics ---------------------------------------------------------------------------

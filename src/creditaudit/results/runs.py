@@ -26,7 +26,7 @@ from creditaudit.deep_layers import deep_mean
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
 from creditaudit.records import Copies, RunRecord
-from creditaudit.results.labels import method_rank
+from creditaudit.results.labels import method_label, method_rank
 
 
 def arch_label(record: RunRecord) -> str:
@@ -190,6 +190,31 @@ def stopped_early_text(record: RunRecord) -> str | None:
     return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
 
 
+def full_length(runs: Iterable[RunRecord]) -> list[RunRecord]:
+    """``runs`` but those that stopped early (``record.stopped_early``: ``--stop-on-walkback``,
+    a Recorder finished before its ``optim.epochs``). Their end-of-run values — final
+    accuracy, Γ, per-layer cosines, drift, last-epoch norms — are of an earlier epoch than
+    their recipe's, so a mean across seeds holding one would be a mean over runs of
+    different lengths: the report's summary and the figures leave them out of such means
+    and say so. Per-epoch curves keep them for the epochs they logged, as they keep a
+    diverged run's."""
+    return [run for run in runs if not run.stopped_early]
+
+
+def stopped_early_note(runs: Iterable[RunRecord], *, curves: bool = True) -> str | None:
+    """``Left out of the end-of-run means (…): DFA seed 42 stopped early at epoch 3: …``
+    naming each run of ``runs`` that stopped early (once), in the report's words, and —
+    where the figure draws per-epoch curves of them (``curves``) — that those show the epochs
+    it logged; None when none did."""
+    early = list({id(r): r for r in runs if r.stopped_early}.values())
+    if not early:
+        return None
+    return ("Left out of the end-of-run means (they would mix runs of different lengths): "
+            + "; ".join(f"{method_label(r.method, r.penalty)} seed {r.seed} "
+                        f"{stopped_early_text(r)}" for r in early)
+            + (". Per-epoch curves show the epochs each logged." if curves else "."))
+
+
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:
     """Mean and (population) std across seeds, NaN values left out; (NaN, NaN) if none."""
     arr = np.array([as_float(v) for v in values], dtype=float)
@@ -201,4 +226,5 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
 
 
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
-           "figure_recipe", "mean_std", "matches", "stopped_early_text", "terminal_ln"]
+           "figure_recipe", "full_length", "mean_std", "matches", "stopped_early_note",
+           "stopped_early_text", "terminal_ln"]

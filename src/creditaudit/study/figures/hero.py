@@ -37,12 +37,10 @@ from creditaudit.figures.runs import (
     MissingRuns,
     choose_group,
     describe_recipe,
-    full_length,
     layer_mean_std,
     need_methods,
     reference_verified,
     seed_runs,
-    stopped_early_note,
     valid_layers,
 )
 from creditaudit.protocol import HEADLINE_GAMMA
@@ -50,9 +48,11 @@ from creditaudit.results import (
     RunIndex,
     arch_label,
     as_float,
+    full_length,
     mean_std,
     method_label,
     sort_methods,
+    stopped_early_note,
 )
 
 DEFAULT_ARCH = ModelConfig().arch  # the figure prefers runs of the default architecture

@@ -30,14 +30,12 @@ from creditaudit.figures.runs import (
     choose_group,
     describe_recipe,
     epoch_mean_std,
-    full_length,
     penalties,
     seed_runs,
-    stopped_early_note,
 )
 from creditaudit.protocol import Thresholds
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, mean_std
+from creditaudit.results import RunIndex, full_length, mean_std, stopped_early_note
 
 NAME = "fig4_lambda_sweep"
 TITLE = "Figure 4 — λ-sweep trajectories"

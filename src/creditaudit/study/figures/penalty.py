@@ -40,15 +40,13 @@ from creditaudit.figures.runs import (
     choose_group,
     describe_recipe,
     epoch_mean_std,
-    full_length,
     penalties,
     reference_verified,
     seed_runs,
-    stopped_early_note,
 )
 from creditaudit.formatting import format_lambda
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, deep_mean, mean_std
+from creditaudit.results import RunIndex, deep_mean, full_length, mean_std, stopped_early_note
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"
@@ -101,7 +99,7 @@ def select(index: RunIndex) -> dict[str, object]:
 
 def ended(chosen: dict) -> dict:
     """``chosen`` (:func:`select`) with every list of runs cut to those that trained all
-    their epochs (:func:`~creditaudit.figures.runs.full_length`): what end-of-run means
+    their epochs (:func:`~creditaudit.results.full_length`): what end-of-run means
     average."""
     return {key: full_length(value) if isinstance(value, list)
             else {p: full_length(runs) for p, runs in value.items()}

@@ -41,16 +41,21 @@ from creditaudit.figures.runs import (
     choose_group,
     describe_recipe,
     epoch_mean_std,
-    full_length,
     layer_mean_std,
     need_methods,
     seed_runs,
-    stopped_early_note,
     valid_layers,
 )
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, mean_std, method_label, sort_methods
+from creditaudit.results import (
+    RunIndex,
+    full_length,
+    mean_std,
+    method_label,
+    sort_methods,
+    stopped_early_note,
+)
 
 NAME = "fig5_summary"
 NAMES = ("fig5a_accuracy", "fig5b_per_layer", "fig5c_drift", "fig5d_bridge",

@@ -327,6 +327,27 @@ def test_diverged_runs_are_named_in_the_manifest_and_the_output(copies, tmp_path
     assert f"dfa_log: {note}" in result.format()
 
 
+def test_a_run_that_stopped_early_is_named_in_the_manifest_and_the_output(copies, tmp_path):
+    """A completed run whose log stops before its optim.epochs (--stop-on-walkback, a
+    Recorder finished early) filled the files as if it were a whole run's: the manifest and
+    the output name it, in the report's words."""
+    from creditaudit.records import save_record
+
+    folder, runs = copies
+    record = load_record(folder / runs["full"].run_id)
+    record.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
+    record.log = [entry for entry in record.log if entry.epoch <= 1]
+    save_record(tmp_path / "runs" / record.run_id, record)
+    result = export(tmp_path / "runs", tmp_path / "out")
+    note = (f"{record.run_id} stopped early at epoch 1: protocol verdict needs walk-back: "
+            "(a)")
+    entries = [e for e in manifest(tmp_path / "out")["written"] if e["runs"]]
+    assert entries and all(e["stopped_early"] == dict.fromkeys(e["runs"], note)
+                           for e in entries)
+    assert "diverged" not in entries[0]
+    assert f"dfa_log: {note}" in result.format()
+
+
 @pytest.mark.parametrize("dataset", ["mnist1d", "fashion-mnist"])
 def test_the_advice_for_a_missing_vit_file_is_a_command_that_trains_it_or_says_none(
         tmp_path, dataset):

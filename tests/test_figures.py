@@ -247,6 +247,66 @@ def test_summary_set_values_come_from_records(index, records):
         [mean([final_acc(r) for r in pick(records, m)]) for m in order], rtol=1e-12)
 
 
+@pytest.fixture(scope="module")
+def early_index(results) -> RunIndex:
+    """The runs, with DFA's and the frozen runs' seed 123 stopped early at epoch 1 (as
+    --stop-on-walkback leaves a run: completed, its log ending at that epoch)."""
+    runs = [load_record(p) for p in sorted(results.rglob("record.json"))]
+    for run in runs:
+        if run.method in ("dfa", "frozen") and run.penalty == 0 and run.seed == SEEDS[1] \
+                and run.config.model.arch == "resmlp":
+            run.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
+            run.log = [entry for entry in run.log if entry.epoch <= 1]
+    return RunIndex.from_records(runs)
+
+
+def notes(fig) -> list[str]:
+    return [t.get_text().replace("\n", " ") for t in fig.texts
+            if t.get_gid() == "stopped_early"]
+
+
+def test_runs_that_stopped_early_are_left_out_of_end_of_run_means_and_named(early_index,
+                                                                          records):
+    """A run that stopped early mixed into a mean over seeds of full-length runs made a mean
+    over runs of different lengths: end-of-run means leave it out, a line under the figure
+    names it in the report's words, and per-epoch curves keep the epochs it logged."""
+    dfa, frozen = pick(records, "dfa")[:1], pick(records, "frozen")[:1]  # seed 42 only
+    named = ("DFA seed 123 stopped early at epoch 1: protocol verdict needs walk-back: (a)",
+             "Frozen blocks seed 123 stopped early at epoch 1")
+    fig = hero.build(early_index)[hero.NAME]
+    np.testing.assert_allclose(line_y(fig, "point:dfa"), [final_acc(dfa[0])], rtol=1e-12)
+    np.testing.assert_allclose(line_x(fig, "point:dfa"),
+                               [dfa[0]["diagnostics"]["gamma"]["samples_then_layers"]])
+    np.testing.assert_allclose(line_y(fig, "cos:dfa"), dfa[0]["diagnostics"]["bp_cosine"])
+    [note] = notes(fig)
+    assert named[0] in note and "Frozen" not in note  # the hero draws no frozen run
+    figs = summary.build(early_index)
+    logged = {}  # epoch → test accs: seed 123's up to epoch 1, seed 42's all
+    for run, last in zip(pick(records, "dfa"), (2, 1)):
+        for entry in run["log"]:
+            if entry["epoch"] <= last and entry.get("test_acc") is not None:
+                logged.setdefault(entry["epoch"], []).append(entry["test_acc"])
+    assert [len(logged[e]) for e in sorted(logged)][-1] == 1
+    np.testing.assert_allclose(line_y(figs["fig5a_accuracy"], "test_acc:dfa"),
+                               [np.mean(logged[e]) for e in sorted(logged)], rtol=1e-12)
+    heights = dict(zip(("bp", "fa", "fa-linear", "kp", "dfa", "state-bridge",
+                        "credit-bridge", "frozen"),
+                       bar_heights(figs["fig5e_final_accuracy"], "final_acc")))
+    assert heights["dfa"] == pytest.approx(final_acc(dfa[0]), rel=1e-12)
+    assert heights["frozen"] == pytest.approx(final_acc(frozen[0]), rel=1e-12)
+    assert not notes(figs["fig5a_accuracy"])
+    for name in summary.NAMES[1:]:
+        assert all(text in notes(figs[name])[0] for text in named)
+    fig = penalty.build(early_index)[penalty.NAME]
+    assert bar_heights(fig, "b:cos")[0] == pytest.approx(dfa[0]["diagnostics"]["deep_cos"])
+    np.testing.assert_allclose(line_y(fig, "c:frozen"), [final_acc(frozen[0])] * 2)
+    assert all(text in notes(fig)[0] for text in named)
+    fig = lambda_sweep.build(early_index)[lambda_sweep.NAME]
+    np.testing.assert_allclose(line_y(fig, "frozen"), [final_acc(frozen[0])] * 2)
+    [note] = notes(fig)
+    assert named[1] in note and "DFA" not in note
+
+
 def test_weight_alignment_values_come_from_records(index, records):
     fig = weight_alignment.build(index)[weight_alignment.NAME]
     assert len(fig.axes) == 2 * 2  # kp and fa-linear columns; BP, FA, DFA have no pairing

@@ -317,6 +317,64 @@ def test_unfinished_runs_have_their_own_section_and_no_summary_row(results):
     assert len(dfa_rows) == 1 and "| 42 |" in dfa_rows[0]  # not "42, 42": the failed copy
 
 
+def test_a_run_that_stopped_early_stays_out_of_its_summary_rows_means(results):
+    """Its numbers are of an earlier epoch than its row's other runs': a mean over both was
+    a mean over runs of different lengths. Its seed is marked, its verdict counted, and a
+    line under the table names it."""
+    dfa = first(results, "dfa")
+    early = variant(dfa, "dfa-early", **{"run.seed": 7})
+    early["stopped_early"] = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
+    early["final"]["test_acc"] = 0.5
+    index = index_of([dfa, early])
+    assert index.runs[0].final_acc != index.runs[1].final_acc
+    [row] = summary_table(index, index.runs).rows
+    assert row["seeds"] == "7 (stopped early), 42"
+    assert row["test acc"] == f"{dfa['final']['test_acc']:.3f} ± 0.000"
+    assert row["walked back"].endswith("/2")
+    markdown = render_report_markdown(index)
+    assert ("Left out of the end-of-run means (they would mix runs of different lengths): "
+            "DFA seed 7 stopped early at epoch 1: protocol verdict needs walk-back: (a).") \
+        in markdown.split("## Summary across seeds", 1)[1]
+
+
+def test_a_running_record_says_whether_a_process_holds_it(results, tmp_path):
+    """A record left running by a sweep's worker that was killed (or whose failure could
+    not be written) read as running; its claim file says whether a process still holds it.
+    Runs without a claim (creditaudit train, own loops) stay plain 'running'."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from creditaudit.records import CLAIM_FILE
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    claims = {"dfa-live": (os.getpid(), host, 0), "dfa-killed": (gone.pid, host, 0),
+              "dfa-silent": (1, "another-host", 3600), "dfa-unclaimed": None}
+    dfa = first(results, "dfa")
+    for run_id, claim in claims.items():
+        raw = variant(dfa, run_id)
+        raw.update(status="running", final=None, protocol={})
+        folder = tmp_path / "runs" / run_id
+        folder.mkdir(parents=True)
+        (folder / "record.json").write_text(as_written(raw))
+        if claim is not None:
+            pid, where, age = claim
+            path = folder / CLAIM_FILE
+            path.write_text(json.dumps({"pid": pid, "host": where, "token": "t"}))
+            os.utime(path, (path.stat().st_mtime - age,) * 2)
+    rows = {run_id: line for line in unfinished_lines(render_report_markdown(
+        RunIndex.from_dir(tmp_path / "runs"))) for run_id in claims if run_id in line}
+    assert f"| running (held by pid {os.getpid()} on {host}) |" in rows["dfa-live"]
+    assert (f"| running (no process holds it: interrupted? pid {gone.pid} on {host} is "
+            "gone) |") in rows["dfa-killed"]
+    assert ("| running (no process holds it: interrupted? the claim of pid 1 on "
+            "another-host has had no heartbeat for 60 min) |") in rows["dfa-silent"]
+    assert "| running |" in rows["dfa-unclaimed"]
+
+
 def test_verdicts_are_coloured_by_meaning_and_spelled_out():
     """Each verdict's colour class is its judgement's kind (never read back from its words);
     four colours apart in every colour vision, text on each readable."""

@@ -229,6 +229,23 @@ def empty_note(ax: Any, text: str) -> None:
             bbox={"boxstyle": "round,pad=0.5", "facecolor": "#f7f7f7", "edgecolor": "#cccccc"})
 
 
+def notes_below(fig: Figure, axes: Sequence[Any], notes: dict[str, str],
+                width: int = 120) -> None:
+    """Each of ``notes`` (gid → text) as grey lines of at most ``width`` characters under
+    ``axes`` and every legend of ``fig``, one below the other, so none covers the figure."""
+    import textwrap
+
+    renderer = fig.canvas.get_renderer()
+    below = min([_bottom_in(fig, axes),
+                 *(legend.get_window_extent(renderer).y0 / fig.bbox.height
+                   for legend in fig.legends)])
+    for gid, text in notes.items():
+        lines = textwrap.wrap(text, width, break_on_hyphens=False)
+        note = fig.text(0.5, below - 0.02, "\n".join(lines), ha="center", va="top",
+                        fontsize=8, color="#555555", gid=gid)
+        below = note.get_window_extent(renderer).y0 / fig.bbox.height
+
+
 END_OF_RUN_HINT = ("runs with end-of-run metrics (diagnostics.end_of_run = true, the default) "
                    "would fill it")
 

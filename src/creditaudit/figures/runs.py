@@ -17,7 +17,12 @@ import numpy as np
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
-from creditaudit.results import Predicate, RunIndex, as_float, mean_std
+from creditaudit.results import (
+    Predicate,
+    RunIndex,
+    as_float,
+    mean_std,
+)
 from creditaudit.results.runs import matches
 
 

@@ -58,7 +58,7 @@ from creditaudit.report.tables import (
     verdict_cell,
 )
 from creditaudit.report.templates import drop_columns, unfilled_columns, unfilled_note
-from creditaudit.results import RunIndex
+from creditaudit.results import RunIndex, stopped_early_note
 
 REPORT_MD, REPORT_HTML, FIGURES_DIR = "report.md", "report.html", "figures"
 
@@ -162,12 +162,14 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
                   ""]
         diverged = diverged_footnote(finished)
         lines += [f"{diverged}.", ""] if diverged else []
+        stopped = stopped_early_note(finished, curves=False)
+        lines += [markdown_text(stopped), ""] if stopped else []
 
     if unfinished:
         lines += ["## Runs that did not finish", "",
                   f"{len(unfinished)} run(s) failed, were interrupted or are still running; "
                   "they are left out of the tables above and of the figures.", ""]
-        lines += unfinished_table(unfinished).lines()
+        lines += unfinished_table(unfinished, index).lines()
         lines.append("")
 
     lines += ["## Figures", ""]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from creditaudit.descriptions import BELOW_FLOOR, CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
 from creditaudit.formatting import fmt
@@ -17,6 +18,8 @@ from creditaudit.protocol import (
 )
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
+from creditaudit.records.claim_files import claim_state
+from creditaudit.results import stopped_early_text
 
 BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
 # After each headline number of a diverged run: it is of the run's last finite epoch.
@@ -26,15 +29,27 @@ NOT_FINITE_TEXT = {GRADIENT_NOT_FINITE: "the reference gradients",
                    CREDIT_NOT_FINITE: "the rule's credits"}
 
 
-def stopped_early_text(record: RunRecord) -> str | None:
-    """``stopped early at epoch 3: protocol verdict needs walk-back: (a)`` for a run that
-    ``--stop-on-walkback`` ended, or a Recorder finished before its ``optim.epochs`` (its
-    status still says completed), else None."""
-    stop = record.stopped_early
-    if not stop:
-        return None
-    reason = stop.get("reason")
-    return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
+def status_text(record: RunRecord, folder: Path | None = None) -> str:
+    """The run's status; for one whose record says ``running``, what the claim in its
+    ``folder`` says of the process (:mod:`creditaudit.records.claim_files`): ``running
+    (held by pid 123 on host-a)``, or ``running (no process holds it: interrupted? …)``
+    where the claim's process is gone or its heartbeat stopped (a sweep's worker killed:
+    out of memory, a lost machine). Only a sweep's worker holds a claim, and it releases it
+    however the run ends — also when the run's failure could not be written (a full disk) —
+    so such a run, and one of ``creditaudit train`` or of a loop of one's own, says
+    ``running`` whether its process lives or not: nothing on disk tells."""
+    if record.status != "running" or folder is None:
+        return record.status
+    claim = claim_state(folder)
+    if claim is None:
+        return record.status
+    holder = claim.holder or {}
+    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    if claim.stale is None:
+        return f"running (held by {who})"
+    why = (f"{who} is gone" if claim.stale == "dead process"
+           else f"the claim of {who} has had no heartbeat for {claim.age / 60:.0f} min")
+    return f"running (no process holds it: interrupted? {why})"
 
 
 def diverged_text(record: RunRecord) -> str | None:

@@ -37,11 +37,13 @@ from creditaudit.report.runs import (
     GAMMA,
     diverged_text,
     headline_cell,
+    status_text,
     stopped_early_text,
 )
 from creditaudit.results import (
     RunIndex,
     figure_recipe,
+    full_length,
     mean_std,
     method_label,
     sort_methods,
@@ -295,7 +297,9 @@ def summary_groups(index: RunIndex, runs: Sequence[RunRecord] | None = None
 def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
                  settings: Sequence[str] = ()) -> list[dict[str, str]]:
     """Across seeds: one row per group of :func:`summary_groups` (finished runs only);
-    ``settings``: the keys of :func:`run_settings` that get a column."""
+    ``settings``: the keys of :func:`run_settings` that get a column. A run that stopped
+    early is counted in its row's verdicts and seeds (marked), not in its means
+    (:func:`~creditaudit.results.full_length`)."""
     rows = []
     for group in summary_groups(index, runs):
         run = group.runs[0]
@@ -307,21 +311,26 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
 
         audited = [r for r in group.reports if r is not None]
         walked = sum(r.judgement.walked_back for r in audited)
+        # End-of-run numbers of a run that stopped early are of an earlier epoch: its
+        # verdict counts, its numbers stay out of the means (a line under the table).
+        ended = full_length(group.runs)
         # A mark of one run (unverified, diverged, …) marks the group's mean.
-        judged = [index.records.verdict(r).judgement for r in group.runs]
+        judged = [index.records.verdict(r).judgement for r in ended]
         fired: dict[str, int] = {}
         for report in audited:
             for id_ in report.fired:
                 fired[id_] = fired.get(id_, 0) + 1
         rows.append({
             **run_cells(run), **setting_cells(values, settings),
-            "seeds": markdown_text(", ".join(seed_text(r) for r in group.runs)),
-            "test acc": headline_cell(ms((r.final_acc for r in group.runs), ".3f"), ACC,
-                                      group.runs, judged),
-            "deep cos": headline_cell(ms((r.deep_cos for r in group.runs), "+.3f"), DEEP_COS,
-                                      group.runs, judged),
-            "Γ": headline_cell(ms((r.headline_gamma for r in group.runs), "+.3f"), GAMMA,
-                               group.runs, judged),
+            "seeds": markdown_text(", ".join(
+                seed_text(r) + (" (stopped early)" if r.stopped_early else "")
+                for r in group.runs)),
+            "test acc": headline_cell(ms((r.final_acc for r in ended), ".3f"), ACC,
+                                      ended, judged),
+            "deep cos": headline_cell(ms((r.deep_cos for r in ended), "+.3f"), DEEP_COS,
+                                      ended, judged),
+            "Γ": headline_cell(ms((r.headline_gamma for r in ended), "+.3f"), GAMMA,
+                               ended, judged),
             "walked back": f"{walked}/{len(audited)}" if audited else "—",
             "fired": markdown_text(" ".join(f"({i})×{fired[i]}" for i in in_order(fired))
                                    or "—"),
@@ -335,8 +344,10 @@ def summary_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
                  summary_rows(index, runs, settings))
 
 
-def unfinished_table(runs: Sequence[RunRecord]) -> Table:
-    """Failed, interrupted and running runs: what they are, how far they got, the error."""
+def unfinished_table(runs: Sequence[RunRecord], index: RunIndex | None = None) -> Table:
+    """Failed, interrupted and running runs: what they are, how far they got, the error; a
+    running one's status says whether a process holds it (:func:`status_text`, from the
+    folder ``index`` read it from)."""
     settings = differing_settings(runs)
     rows = []
     for run in runs:
@@ -346,7 +357,8 @@ def unfinished_table(runs: Sequence[RunRecord]) -> Table:
             error = error[:ERROR_CHARS - 1] + "…"
         rows.append({
             **run_cells(run), "seed": markdown_text(seed_text(run)),
-            **setting_cells(values, settings), "status": markdown_text(run.status),
+            **setting_cells(values, settings),
+            "status": markdown_text(status_text(run, index and index.folder(run))),
             "epochs logged": str(run.log[-1].epoch if run.log else 0),
             "error": markdown_text(error),
         })

@@ -20,9 +20,13 @@ from creditaudit.results.runs import (
     as_float,
     deep_mean,
     figure_recipe,
+    full_length,
     mean_std,
+    stopped_early_note,
+    stopped_early_text,
     terminal_ln,
 )
 
 __all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean", "figure_recipe",
-           "mean_std", "method_label", "method_rank", "sort_methods", "terminal_ln"]
+           "full_length", "mean_std", "method_label", "method_rank", "sort_methods",
+           "stopped_early_note", "stopped_early_text", "terminal_ln"]

@@ -26,7 +26,7 @@ from creditaudit.deep_layers import deep_mean
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
 from creditaudit.records import Copies, RunRecord
-from creditaudit.results.labels import method_rank
+from creditaudit.results.labels import method_label, method_rank
 
 
 def arch_label(record: RunRecord) -> str:
@@ -89,7 +89,11 @@ class RunIndex:
 
     def __init__(self, records: Iterable[RunRecord], *, root: Path | None = None,
                  skipped: Sequence[tuple[Path, str]] = (), frozen_from_runs: bool = True,
-                 copies: Sequence[Copies] = ()) -> None:
+                 copies: Sequence[Copies] = (), paths: Sequence[Path] | None = None) -> None:
+        records = list(records)
+        # Each record's folder (``paths``: its record.json, in the order of ``records``).
+        self._folders = {id(record): path.parent
+                         for record, path in zip(records, paths or (), strict=False)}
         self.all_runs: list[RunRecord] = sorted(records, key=_listing_order)
         self.root = root
         self.skipped = list(skipped)
@@ -105,7 +109,8 @@ class RunIndex:
         several folders is counted once (``copies``: :meth:`RecordSet.from_folder`)."""
         records = RecordSet.from_folder(root, dataset=dataset)
         return cls(records.records, root=Path(root), skipped=records.skipped,
-                   frozen_from_runs=frozen_from_runs, copies=records.copies)
+                   frozen_from_runs=frozen_from_runs, copies=records.copies,
+                   paths=records.paths)
 
     @classmethod
     def from_records(cls, records: Iterable[RunRecord], **kwargs: Any) -> RunIndex:
@@ -114,6 +119,10 @@ class RunIndex:
 
     def __len__(self) -> int:
         return len(self.all_runs)
+
+    def folder(self, record: RunRecord) -> Path | None:
+        """The folder ``record`` was read from (None for an in-memory record)."""
+        return self._folders.get(id(record))
 
     @property
     def runs(self) -> list[RunRecord]:
@@ -169,6 +178,43 @@ class RunIndex:
             default_names()
 
 
+def stopped_early_text(record: RunRecord) -> str | None:
+    """``stopped early at epoch 3: protocol verdict needs walk-back: (a)`` for a run that
+    ``--stop-on-walkback`` ended, or a Recorder finished before its ``optim.epochs`` (its
+    status still says completed), else None: the words every output (report, export,
+    figures, the console) uses for it."""
+    stop = record.stopped_early
+    if not stop:
+        return None
+    reason = stop.get("reason")
+    return f"stopped early at epoch {stop.get('epoch')}" + (f": {reason}" if reason else "")
+
+
+def full_length(runs: Iterable[RunRecord]) -> list[RunRecord]:
+    """``runs`` but those that stopped early (``record.stopped_early``: ``--stop-on-walkback``,
+    a Recorder finished before its ``optim.epochs``). Their end-of-run values — final
+    accuracy, Γ, per-layer cosines, drift, last-epoch norms — are of an earlier epoch than
+    their recipe's, so a mean across seeds holding one would be a mean over runs of
+    different lengths: the report's summary and the figures leave them out of such means
+    and say so. Per-epoch curves keep them for the epochs they logged, as they keep a
+    diverged run's."""
+    return [run for run in runs if not run.stopped_early]
+
+
+def stopped_early_note(runs: Iterable[RunRecord], *, curves: bool = True) -> str | None:
+    """``Left out of the end-of-run means (…): DFA seed 42 stopped early at epoch 3: …``
+    naming each run of ``runs`` that stopped early (once), in the report's words, and —
+    where the figure draws per-epoch curves of them (``curves``) — that those show the epochs
+    it logged; None when none did."""
+    early = list({id(r): r for r in runs if r.stopped_early}.values())
+    if not early:
+        return None
+    return ("Left out of the end-of-run means (they would mix runs of different lengths): "
+            + "; ".join(f"{method_label(r.method, r.penalty)} seed {r.seed} "
+                        f"{stopped_early_text(r)}" for r in early)
+            + (". Per-epoch curves show the epochs each logged." if curves else "."))
+
+
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:
     """Mean and (population) std across seeds, NaN values left out; (NaN, NaN) if none."""
     arr = np.array([as_float(v) for v in values], dtype=float)
@@ -180,4 +226,5 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
 
 
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
-           "figure_recipe", "mean_std", "matches", "terminal_ln"]
+           "figure_recipe", "full_length", "mean_std", "matches", "stopped_early_note",
+           "stopped_early_text", "terminal_ln"]

@@ -42,9 +42,11 @@ and a name that is neither an installed dataset nor one the folder's runs used i
 Only files for which runs exist are written; a file with some of its runs missing, or a
 results-file method whose run has no end-of-run block, is written with the keys it has and
 listed as partial (``missing``: ``fa_log``, ``dfa.diagnostics``, ``dfa.drift``); a file
-filled from a diverged run names it (``diverged``). ``export_manifest.json`` in OUT lists
-every file written (and the run id behind each key) and every file skipped with the runs it
-needs.
+filled from a diverged run names it (``diverged``), and one filled from a run that stopped
+early (``--stop-on-walkback``, a Recorder finished before its ``optim.epochs``: its log is
+shorter than its recipe's) names it and why, in the report's words (``stopped_early``).
+``export_manifest.json`` in OUT lists every file written (and the run id behind each key)
+and every file skipped with the runs it needs.
 
 The original scripts read every cosine as measured against the true gradient, and these
 files cannot mark a number. So a run whose reference gradient failed its check (trained with
@@ -68,6 +70,7 @@ from creditaudit.files.safe_files import atomic_write_bytes
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.registry import DATASETS
+from creditaudit.results import stopped_early_text
 from creditaudit.study.export_runs import (
     Family,
     Slot,
@@ -126,7 +129,8 @@ class ExportResult:
                 extra += (f" (reference not verified: {', '.join(entry['reference'])}; "
                           "cosines marked in the manifest)")
             lines.append(f"  wrote   {entry['path']}{extra}")
-            for key, note in entry.get("diverged", {}).items():
+            for key, note in (*entry.get("diverged", {}).items(),
+                              *entry.get("stopped_early", {}).items()):
                 lines.append(f"    {key}: {note}")
             for key, copies in entry.get("left_out", {}).items():
                 for copy in copies:
@@ -209,9 +213,9 @@ class _Writer:
              build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str],
              gaps: Callable[[RunRecord], list[str]] = lambda record: []) -> None:
         """Write ``rel`` from the runs of ``family`` that fill ``slots`` (``build``), and its
-        manifest entry: the run behind each key, the copies left out, the runs that diverged,
-        and as missing the keys without a run and the parts of a key its run leaves empty
-        (``gaps``: ``diagnostics``, ``drift``)."""
+        manifest entry: the run behind each key, the copies left out, the runs that diverged
+        or stopped early, and as missing the keys without a run and the parts of a key its
+        run leaves empty (``gaps``: ``diagnostics``, ``drift``)."""
         found = {s.key: family.runs[s.run_key] for s in slots if s.run_key in family.runs}
         missing = [s for s in slots if s.key not in found]
         if not found:
@@ -229,6 +233,10 @@ class _Writer:
         diverged = {key: diverged_note(r) for key, r in found.items() if r.status == "diverged"}
         if diverged:
             entry["diverged"] = diverged
+        stopped = {key: f"{r.run_id} {stopped_early_text(r)}" for key, r in found.items()
+                   if r.stopped_early}
+        if stopped:
+            entry["stopped_early"] = stopped
         notes = {key: judged.reference_note for key, r in found.items()
                  if (judged := self.index.verdict(r).judgement).reference_verified is False}
         if notes:

@@ -3,7 +3,8 @@
 A worker claims a run by creating ``OUT/RUN_ID/claim.json`` with ``O_CREAT | O_EXCL`` (pid,
 host, time, token), refreshes its mtime while the run trains and removes it at the end. A
 claim whose process is gone (same host, pid not alive) or whose mtime is older than
-``stale_after`` seconds is broken and retaken.
+``stale_after`` seconds is broken and retaken (what a claim says is read by
+:mod:`creditaudit.records.claim_files`, which reports read too).
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from typing import Any
 
 from creditaudit.files.safe_files import describe_os_error, ensure_folder, write_error
 from creditaudit.records import CLAIM_FILE
+from creditaudit.records.claim_files import (  # what a claim says: read by reports too
+    DEFAULT_STALE_AFTER,
+    claim_is_stale,
+    read_claim,
+)
 
 log = logging.getLogger(__name__)
 
 BREAK_LOCK_FILE = f"{CLAIM_FILE}.break"
-DEFAULT_STALE_AFTER = 900.0
-# A claim file that is empty or unreadable is being written right now, unless it is older.
-UNREADABLE_CLAIM_GRACE = 30.0
 # A break lock left by a process that died while breaking a claim.
 BREAK_LOCK_STALE = 60.0
 
@@ -41,56 +44,6 @@ class Claim:
 
     path: Path
     token: str
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs; a zombie (killed, not yet reaped by its
-    parent: a Ray worker until the raylet waits for it) does not."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    try:  # Linux: the state follows the command name, which may hold spaces and ')'
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:  # gone meanwhile, unless there is no /proc (macOS)
-        return not Path("/proc/self/stat").exists()
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
-def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float | None]:
-    """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone
-    (or if a file stands where the run's folder should be: no claim can be there)."""
-    try:
-        raw = path.read_bytes()
-        mtime = path.stat().st_mtime
-    except (FileNotFoundError, NotADirectoryError):
-        return None, None, None
-    try:
-        holder = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None, raw, mtime
-    return (holder if isinstance(holder, dict) else None), raw, mtime
-
-
-def claim_is_stale(holder: dict[str, Any] | None, age: float, stale_after: float) -> str | None:
-    """Why a claim may be broken ("dead process", "stale"), or None while it holds.
-
-    ``age`` is seconds since the claim file was last refreshed.
-    """
-    if holder is None:
-        return "stale" if age > min(UNREADABLE_CLAIM_GRACE, stale_after) else None
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
-            and not _process_alive(holder["pid"]):
-        return "dead process"
-    if age > stale_after:
-        return "stale"
-    return None
 
 
 def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:

@@ -3,12 +3,13 @@
 (A) final test accuracy against the headline aggregate Γ, with quadrant shading at chance
 (1/C) and Γ = 0; (B) end-of-run per-layer cosine cos(a_l, g_l) per method; (C) per-layer
 median ‖g_l‖ at the last epoch on a log axis with the 1e-7 floor. Every point is the mean
-across seeds (error bars ± std).
+across seeds (error bars ± std) of the runs that trained all their epochs: every panel shows
+end-of-run values, so a run that stopped early is left out, and a line under the figure
+names it.
 """
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from creditaudit.figures.common import (
     method_marker,
     new_figure,
     note_invalid,
+    notes_below,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -46,9 +48,11 @@ from creditaudit.results import (
     RunIndex,
     arch_label,
     as_float,
+    full_length,
     mean_std,
     method_label,
     sort_methods,
+    stopped_early_note,
 )
 
 DEFAULT_ARCH = ModelConfig().arch  # the figure prefers runs of the default architecture
@@ -75,6 +79,9 @@ def select(index: RunIndex) -> dict[str, list]:
 def build(index: RunIndex) -> dict[str, Figure]:
     chosen = select(index)
     first = next(iter(chosen.values()))[0]
+    # Every panel shows end-of-run values: a run that stopped early is left out of them.
+    stopped = stopped_early_note((r for runs in chosen.values() for r in runs), curves=False)
+    chosen = {m: ended for m, runs in chosen.items() if (ended := full_length(runs))}
     # A panel no run can fill is left out (one line under the title says why), not drawn
     # empty; (C) reads the per-epoch norms every run logs, so one panel always remains.
     left_out = []
@@ -92,15 +99,13 @@ def build(index: RunIndex) -> dict[str, Figure]:
         draw(ax, chosen, first)
         add_grid(ax, log_scale=draw is _gradient_norms)
     fig.suptitle(f"Audit hero — {describe_recipe(first)}", y=1.02)
-    legend = legend_below(fig, axes[0])  # one legend for the panels, under them
+    legend_below(fig, axes[0])  # one legend for the panels, under them
+    notes = {}
     if left_out:
-        renderer = fig.canvas.get_renderer()
-        below = (legend.get_window_extent(renderer).y0 / fig.bbox.height if legend else
-                 min(ax.get_tightbbox(renderer).y0 for ax in axes[0]) / fig.bbox.height)
-        note = "Left out: " + "; ".join(left_out) + f" — {END_OF_RUN_HINT}."
-        lines = textwrap.wrap(note, 40 * len(panels), break_on_hyphens=False)
-        fig.text(0.5, below - 0.02, "\n".join(lines), ha="center", va="top", fontsize=8,
-                 color="#555555", gid="left_out")
+        notes["left_out"] = "Left out: " + "; ".join(left_out) + f" — {END_OF_RUN_HINT}."
+    if stopped:
+        notes["stopped_early"] = stopped
+    notes_below(fig, axes[0], notes, width=40 * len(panels))
     return {NAME: fig}
 
 

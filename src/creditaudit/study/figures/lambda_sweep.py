@@ -2,7 +2,9 @@
 
 Per epoch, one line per λ (λ = 0 is vanilla DFA; mean across seeds, ± std band): (a) ‖h_L‖
 (log), (b) ‖g_2‖ (log) with the 1e-7 floor, (c) test accuracy with the frozen-blocks
-accuracy and the frozen + margin line of diagnostic (d) (2 pp by default).
+accuracy and the frozen + margin line of diagnostic (d) (2 pp by default), the mean final
+accuracy of the frozen runs that trained all their epochs (one that stopped early is no
+baseline of (d): a line under the figure names it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from creditaudit.figures.common import (
     mean_line,
     method_color,
     new_figure,
+    notes_below,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -32,7 +35,7 @@ from creditaudit.figures.runs import (
 )
 from creditaudit.protocol import Thresholds
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, mean_std
+from creditaudit.results import RunIndex, full_length, mean_std, stopped_early_note
 
 NAME = "fig4_lambda_sweep"
 TITLE = "Figure 4 — λ-sweep trajectories"
@@ -82,7 +85,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         if key == "g_2_norm":
             floor_line(ax)
         if key == "acc_eval":
-            frozen, _ = mean_std(r.final_acc for r in chosen["frozen"])
+            frozen, _ = mean_std(r.final_acc for r in full_length(chosen["frozen"]))
             ax.axhline(frozen, color="k", ls="--", lw=1.0, label=f"frozen blocks {frozen:.3f}",
                        gid="frozen")
             ax.axhline(frozen + margin, color="purple", ls=":", lw=1.0,
@@ -96,6 +99,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
     first = next(iter(chosen["lambdas"].values()))[0]
     fig.suptitle(f"Penalty λ sweep — {describe_recipe(first)}", y=1.03)
     legend_below(fig, list(axes[0]))  # every λ, the floor and the (d) lines, under the panels
+    stopped = stopped_early_note(chosen["frozen"], curves=False)
+    if stopped:
+        notes_below(fig, list(axes[0]), {"stopped_early": stopped})
     return {NAME: fig}
 
 

@@ -9,7 +9,9 @@ seeds; (c) final accuracy of BP and DFA without and with the penalty, with the f
 accuracy as a line.
 
 All runs come from one recipe, so at paper scale the 30-epoch control runs are compared
-with each other, not with the 100-epoch audit runs.
+with each other, not with the 100-epoch audit runs. (b), (c) and the frozen line show
+end-of-run values: a run that stopped early is left out of their means (a line under the
+figure names it); (a) draws the epochs it logged.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from creditaudit.figures.common import (
     mean_line,
     method_color,
     new_figure,
+    notes_below,
     save_all,
     unique_handles,
 )
@@ -43,7 +46,7 @@ from creditaudit.figures.runs import (
 )
 from creditaudit.formatting import format_lambda
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, deep_mean, mean_std
+from creditaudit.results import RunIndex, deep_mean, full_length, mean_std, stopped_early_note
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"
@@ -94,8 +97,20 @@ def select(index: RunIndex) -> dict[str, object]:
     }
 
 
+def ended(chosen: dict) -> dict:
+    """``chosen`` (:func:`select`) with every list of runs cut to those that trained all
+    their epochs (:func:`~creditaudit.results.full_length`): what end-of-run means
+    average."""
+    return {key: full_length(value) if isinstance(value, list)
+            else {p: full_length(runs) for p, runs in value.items()}
+            if isinstance(value, dict) else value
+            for key, value in chosen.items()}
+
+
 def conditions(chosen: dict) -> list[dict]:
-    """Panel (b)'s bars: label, (cos mean, std), (ρ mean, std) — NaN where not measured."""
+    """Panel (b)'s bars: label, (cos mean, std), (ρ mean, std) — NaN where not measured —
+    over the runs of ``chosen`` that trained all their epochs (:func:`ended`)."""
+    chosen = ended(chosen)
     lam = chosen["penalty"]
     headline = chosen["dfa_penalised"][lam]
     rows = [{"label": "vanilla\nDFA", "key": "dfa",
@@ -196,14 +211,15 @@ def build(index: RunIndex) -> dict[str, Figure]:
     # (c) 2×2 capacity-cost
     ax = axes[0, 2]
     x = np.arange(2)
-    plain = [mean_std(r.final_acc for r in chosen[k]) for k in ("bp", "dfa")]
-    pen = [mean_std(r.final_acc for r in chosen["bp_penalised"]),
-           mean_std(r.final_acc for r in chosen["dfa_penalised"][lam])]
+    final = ended(chosen)
+    plain = [mean_std(r.final_acc for r in final[k]) for k in ("bp", "dfa")]
+    pen = [mean_std(r.final_acc for r in final["bp_penalised"]),
+           mean_std(r.final_acc for r in final["dfa_penalised"][lam])]
     ax.bar(x - w / 2, [m for m, _ in plain], w, yerr=[s for _, s in plain], capsize=3,
            color="#4682b4", label="no penalty", gid="c:plain")
     ax.bar(x + w / 2, [m for m, _ in pen], w, yerr=[s for _, s in pen], capsize=3,
            color="#cc4444", label=f"with penalty λ={lam:g}", gid="c:penalised")
-    frozen, _ = mean_std(r.final_acc for r in chosen["frozen"])
+    frozen, _ = mean_std(r.final_acc for r in final["frozen"])
     ax.axhline(frozen, color="black", ls="--", lw=1, label=f"frozen blocks {frozen:.3f}",
                gid="c:frozen")
     ax.set_xticks(x)
@@ -217,11 +233,24 @@ def build(index: RunIndex) -> dict[str, Figure]:
     legend_below(fig, [axes[0, 0]], ncol=2, handles=unique_handles(axis_a))
     legend_below(fig, [axes[0, 1]], ncol=2)
     legend_below(fig, [axes[0, 2]], ncol=1)
+    drawn = [*chosen["dfa"], *chosen["dfa_penalised"][lam]]  # (a)'s curves
+    stopped = stopped_early_note(_all_runs(chosen),
+                                 curves=any(r.stopped_early for r in drawn))
+    if stopped:
+        notes_below(fig, list(axes[0]), {"stopped_early": stopped})
     return {NAME: fig}
+
+
+def _all_runs(chosen: dict) -> list[RunRecord]:
+    """Every run of ``chosen`` (:func:`select`), (b)'s and (c)'s."""
+    return [run for value in chosen.values()
+            for runs in (value.values() if isinstance(value, dict) else [value])
+            if isinstance(runs, list) for run in runs]
 
 
 def render(index: RunIndex, out_dir: str | Path) -> list[Path]:
     return save_all(build(index), out_dir)
 
 
-__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select", "conditions"]
+__all__ = ["NAME", "TITLE", "requirements", "build", "render", "select", "conditions",
+           "ended"]

@@ -7,6 +7,9 @@
 - ``fig5d_bridge``: the State Bridge's state-prediction error per epoch (one line per seed)
   beside the final accuracy of DFA and the two bridges;
 - ``fig5e_final_accuracy``: final test accuracy per method, mean ± std.
+
+5b–5e show end-of-run values: a run that stopped early is left out of their means (a line
+under each names it); 5a and 5d's prediction error draw the epochs it logged.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from creditaudit.figures.common import (
     method_marker,
     new_figure,
     note_invalid,
+    notes_below,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -44,7 +48,14 @@ from creditaudit.figures.runs import (
 )
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, mean_std, method_label, sort_methods
+from creditaudit.results import (
+    RunIndex,
+    full_length,
+    mean_std,
+    method_label,
+    sort_methods,
+    stopped_early_note,
+)
 
 NAME = "fig5_summary"
 NAMES = ("fig5a_accuracy", "fig5b_per_layer", "fig5c_drift", "fig5d_bridge",
@@ -86,16 +97,20 @@ def drift_keys(run: RunRecord) -> list[str]:
 
 def build(index: RunIndex) -> dict[str, Figure]:
     chosen = select(index)
-    credited = {m: runs for m, runs in chosen.items() if m != "frozen"}
     where = describe_recipe(next(iter(chosen.values()))[0])
     n_seeds = max(len(runs) for runs in chosen.values())
     figures: dict[str, Figure] = {}
+    # 5b–5e show end-of-run values: their means leave out the runs that stopped early.
+    curves = chosen
+    stopped = stopped_early_note((r for runs in chosen.values() for r in runs), curves=False)
+    chosen = {m: full_length(runs) for m, runs in chosen.items()}
+    credited = {m: runs for m, runs in chosen.items() if m != "frozen"}
 
     # 5a accuracy curves
     fig, axes = new_figure(1, 2, figsize=(12, 4.5))
     for ax, key, title in ((axes[0, 0], "train_acc", "train accuracy"),
                            (axes[0, 1], "test_acc", "test accuracy")):
-        for method, runs in chosen.items():
+        for method, runs in curves.items():
             epochs, mean, std = epoch_mean_std(runs, key)
             mean_line(ax, epochs, mean, std, label=method_label(method),
                       color=method_color(method), gid=f"{key}:{method}")
@@ -153,6 +168,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
     fig, axes = new_figure(1, 1, figsize=(8, 5))
     ax = axes[0, 0]
     for method, runs in chosen.items():
+        if not runs:  # every run of it stopped early
+            continue
         keys = drift_keys(runs[0])
         mean, std = layer_mean_std([[(r.diagnostics.drift or {}).get(k) for k in keys]
                                     for r in runs])
@@ -174,7 +191,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     # 5d bridge prediction error vs accuracy
     fig, axes = new_figure(1, 2, figsize=(12, 4.5))
     ax = axes[0, 0]
-    for run in chosen["state-bridge"]:
+    for run in curves["state-bridge"]:
         epochs, values = run.series("state_pred_error")
         ax.plot(epochs, values, alpha=0.8, label=f"seed {run.seed}",
                 gid=f"state_pred_error:{run.seed}")
@@ -210,14 +227,20 @@ def build(index: RunIndex) -> dict[str, Figure]:
                   yerr=[s for _, s in stats], color=[method_color(m) for m in methods],
                   capsize=5, alpha=0.85, gid="final_acc")
     for bar, (mean, std) in zip(bars, stats):
+        if np.isnan(mean):  # no run of it trained all its epochs (or none recorded one)
+            continue
         ax.text(bar.get_x() + bar.get_width() / 2, mean + std + 0.005, f"{mean:.1%}",
                 ha="center", va="bottom", fontweight="bold")
     ax.set_xticks(np.arange(len(methods)))
     ax.set_xticklabels([method_label(m) for m in methods])
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"Final test accuracy ({n_seeds} seed(s)) — {where}")
+    n_ended = max(len(runs) for runs in chosen.values())
+    ax.set_title(f"Final test accuracy ({n_ended} seed(s)) — {where}")
     add_grid(ax)
     figures["fig5e_final_accuracy"] = fig
+    if stopped:
+        for name in NAMES[1:]:
+            notes_below(figures[name], figures[name].axes, {"stopped_early": stopped})
     return figures
 
 

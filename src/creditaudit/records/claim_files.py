@@ -1,0 +1,100 @@
+"""Reading a run folder's claim: whether a process holds the run now.
+
+A sweep's worker holds ``RUN_DIR/claim.json`` (pid, host, time, token) while it trains the
+run, refreshes its mtime (a heartbeat) and removes it at the end
+(:mod:`creditaudit.sweep.claims` takes, breaks and releases claims). A claim whose process
+is gone (same host, pid not alive) or whose mtime is older than ``stale_after`` seconds
+holds nothing. ``creditaudit train`` and a loop of one's own (``Recorder``) hold no claim, so
+for their runs no file tells whether the process still lives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from creditaudit.records.files import CLAIM_FILE
+
+DEFAULT_STALE_AFTER = 900.0  # seconds without a heartbeat after which a claim holds nothing
+# A claim file that is empty or unreadable is being written right now, unless it is older.
+UNREADABLE_CLAIM_GRACE = 30.0
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs; a zombie (killed, not yet reaped by its
+    parent: a Ray worker until the raylet waits for it) does not."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        pass
+    try:  # Linux: the state follows the command name, which may hold spaces and ')'
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # gone meanwhile, unless there is no /proc (macOS)
+        return not Path("/proc/self/stat").exists()
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float | None]:
+    """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone
+    (or if a file stands where the run's folder should be: no claim can be there)."""
+    try:
+        raw = path.read_bytes()
+        mtime = path.stat().st_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None, None
+    try:
+        holder = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, raw, mtime
+    return (holder if isinstance(holder, dict) else None), raw, mtime
+
+
+def claim_is_stale(holder: dict[str, Any] | None, age: float, stale_after: float) -> str | None:
+    """Why a claim may be broken ("dead process", "stale"), or None while it holds.
+
+    ``age`` is seconds since the claim file was last refreshed.
+    """
+    if holder is None:
+        return "stale" if age > min(UNREADABLE_CLAIM_GRACE, stale_after) else None
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
+            and not process_alive(holder["pid"]):
+        return "dead process"
+    if age > stale_after:
+        return "stale"
+    return None
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    """A run folder's claim as found: its content (None while unreadable), seconds since
+    its last heartbeat, and why it holds nothing ("dead process", "stale") or None while a
+    process holds the run."""
+
+    holder: dict[str, Any] | None
+    age: float
+    stale: str | None
+
+
+def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> ClaimState | None:
+    """The claim on ``run_dir``, or None where there is none (no sweep's worker holds the
+    run, or it was never trained by a sweep: then nothing tells whether a process does)."""
+    holder, raw, mtime = read_claim(Path(run_dir) / CLAIM_FILE)
+    if raw is None or mtime is None:
+        return None
+    age = max(0.0, time.time() - mtime)
+    return ClaimState(holder, age, claim_is_stale(holder, age, stale_after))
+
+
+__all__ = ["ClaimState", "DEFAULT_STALE_AFTER", "UNREADABLE_CLAIM_GRACE", "claim_is_stale",
+           "claim_state", "process_alive", "read_claim"]

@@ -86,7 +86,6 @@ log = logging.getLogger(__name__)
 
 LAYOUTS = ("faeval",)
 MANIFEST_FILE = "export_manifest.json"
-FINISHED = ("completed", "diverged")
 DEFAULT_SEEDS = (42, 123, 456)
 PENALTIES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 RESULTS_METHODS = {"bp": "bp", "dfa": "dfa", "state_bridge": "state-bridge",

@@ -12,6 +12,7 @@ from typing import Any
 from creditaudit.config import RunConfig, apply_overrides, config_value
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
+from creditaudit.records import FINISHED
 from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor
@@ -23,8 +24,6 @@ log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "sweep_summary.json"
 SUMMARY_SCHEMA = "creditaudit.sweep/1"
-FINISHED = ("completed", "diverged")
-
 
 
 # --- the sweep ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from creditaudit.errors import (
 )
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.guests.blame import guest_failure
+from creditaudit.records import FINISHED
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.sweep.claims import (
     DEFAULT_STALE_AFTER,
@@ -42,8 +43,6 @@ from creditaudit.sweep.worker_process import WORKER_STATE
 log = logging.getLogger(__name__)
 
 SWEEP_LOG_FILE = "sweep_log.jsonl"
-FINISHED = ("completed", "diverged")
-
 
 
 # --- one run -----------------------------------------------------------------------------

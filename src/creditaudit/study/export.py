@@ -60,26 +60,30 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from creditaudit.errors import ConfigError
-from creditaudit.files.safe_files import atomic_write_bytes
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.registry import DATASETS
-from creditaudit.results import stopped_early_text
+from creditaudit.study.export_files import (
+    ExportResult,
+    FileWriter,
+    logs_of,
+    results_entry,
+    results_gaps,
+    results_log,
+    snapshot_log,
+    write_json,
+)
 from creditaudit.study.export_runs import (
-    Family,
     Slot,
     choose_family,
     dataset_rank,
     file_variant,
     is_canonical,
     results_fill,
-    why_left_out,
 )
 
 log = logging.getLogger(__name__)
@@ -90,7 +94,6 @@ DEFAULT_SEEDS = (42, 123, 456)
 PENALTIES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 RESULTS_METHODS = {"bp": "bp", "dfa": "dfa", "state_bridge": "state-bridge",
                    "credit_bridge": "credit-bridge"}
-LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
 MAIN_SEED = 42
 # How to produce the runs a missing file needs.
 HOW = {
@@ -100,74 +103,6 @@ HOW = {
     "vit": "creditaudit experiment temporal",
     "student": "creditaudit experiment temporal",
 }
-
-
-@dataclass
-class ExportResult:
-    """What an export wrote and skipped (paths relative to OUT)."""
-
-    out: Path
-    written: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    records_read: int = 0
-    unreadable: list[str] = field(default_factory=list)
-    unverified: list[dict[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
-                "unreadable": self.unreadable, "written": self.written,
-                "skipped": self.skipped, "unverified": self.unverified}
-
-    def format(self) -> str:
-        lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
-                 f"file(s) under {self.out}"]
-        for entry in self.written:
-            extra = (f" (partial: missing {', '.join(entry['missing'])})"
-                     if entry.get("missing") else "")
-            if entry.get("reference"):
-                extra += (f" (reference not verified: {', '.join(entry['reference'])}; "
-                          "cosines marked in the manifest)")
-            lines.append(f"  wrote   {entry['path']}{extra}")
-            for key, note in (*entry.get("diverged", {}).items(),
-                              *entry.get("stopped_early", {}).items()):
-                lines.append(f"    {key}: {note}")
-            for key, copies in entry.get("left_out", {}).items():
-                for copy in copies:
-                    lines.append(f"    {key}: left out {copy['run_id']}: {copy['why']}")
-        for entry in self.unverified:
-            lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
-        for entry in self.skipped:
-            lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
-        for path in self.unreadable:
-            lines.append(f"  unreadable record: {path}")
-        return "\n".join(lines)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
-    token, which its figure scripts (Python's ``json.load``) read back as a float."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
-
-
-# --- file contents ------------------------------------------------------------------------
-def snapshot_log(record: RunRecord) -> list[dict[str, Any]]:
-    """The per-epoch entries as recorded (the record's own keys)."""
-    return record.log_dicts()
-
-
-def results_log(record: RunRecord) -> dict[str, list[Any]]:
-    """Per-epoch lists over the trained epochs (1 … E), the original ``log`` dict."""
-    entries = [e for e in record.log if e.epoch >= 1]
-    out = {key: [e.value(key) for e in entries] for key in LOG_LIST_KEYS}
-    if any(e.value("state_pred_error") is not None for e in entries):
-        out["state_pred_error"] = [e.value("state_pred_error") for e in entries]
-    return out
-
-
-def results_entry(record: RunRecord) -> dict[str, Any]:
-    diagnostics = record.diagnostics.to_dict()
-    drift = diagnostics.pop("drift", {})
-    return {"log": results_log(record), "diagnostics": diagnostics, "drift": drift}
 
 
 def _lambda_name(value: float) -> str:
@@ -202,73 +137,6 @@ def _not_trained(variant: str, dataset: str) -> str | None:
     except ConfigError as err:  # an architecture or dataset not installed here
         return str(err)
     return None
-
-
-class _Writer:
-    def __init__(self, out: Path, result: ExportResult, index: RecordSet) -> None:
-        self.out, self.result, self.index = out, result, index
-
-    def file(self, rel: str, slots: Sequence[Slot], family: Family,
-             build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str],
-             gaps: Callable[[RunRecord], list[str]] = lambda record: []) -> None:
-        """Write ``rel`` from the runs of ``family`` that fill ``slots`` (``build``), and its
-        manifest entry: the run behind each key, the copies left out, the runs that diverged
-        or stopped early, and as missing the keys without a run and the parts of a key its
-        run leaves empty (``gaps``: ``diagnostics``, ``drift``)."""
-        found = {s.key: family.runs[s.run_key] for s in slots if s.run_key in family.runs}
-        missing = [s for s in slots if s.key not in found]
-        if not found:
-            self.result.skipped.append({"path": rel, "needs": "; ".join(needs(s)
-                                                                       for s in missing)})
-            return
-        write_json(self.out / rel, build(found))
-        entry: dict[str, Any] = {"path": rel,
-                                 "runs": {key: r.run_id for key, r in found.items()}}
-        left_out = {s.key: [{"run_id": r.run_id, "why": why_left_out(r, found[s.key])}
-                            for r in family.left_out[s.run_key]]
-                    for s in slots if s.key in found and s.run_key in family.left_out}
-        if left_out:
-            entry["left_out"] = left_out
-        diverged = {key: diverged_note(r) for key, r in found.items() if r.status == "diverged"}
-        if diverged:
-            entry["diverged"] = diverged
-        stopped = {key: f"{r.run_id} {stopped_early_text(r)}" for key, r in found.items()
-                   if r.stopped_early}
-        if stopped:
-            entry["stopped_early"] = stopped
-        notes = {key: judged.reference_note for key, r in found.items()
-                 if (judged := self.index.verdict(r).judgement).reference_verified is False}
-        if notes:
-            entry["reference"] = notes
-        empty = [s for s in slots if s.key in found and gaps(found[s.key])]
-        if missing or empty:
-            entry["missing"] = [s.key for s in missing] + [
-                f"{s.key}.{part}" for s in empty for part in gaps(found[s.key])]
-            entry["needs"] = "; ".join([*(needs(s) for s in missing), *(
-                f"{s.method} seed {s.seed} with its end-of-run block ({found[s.key].run_id} "
-                "was trained with diagnostics.end_of_run=false: train it again without it)"
-                for s in empty)])
-        self.result.written.append(entry)
-
-
-def diverged_note(record: RunRecord) -> str:
-    """``dfa-…: diverged in epoch 2; its last finite epoch is 1`` (the original layout has no
-    status: its scripts read the log as a whole run's)."""
-    at = (record.divergence or {}).get("epoch")
-    finite = record.numbers_epoch
-    return (f"{record.run_id} diverged" + (f" in epoch {at}" if at is not None else "")
-            + ("; no epoch's evaluation was finite" if finite is None
-               else f"; its last finite epoch is {finite}"))
-
-
-def results_gaps(record: RunRecord) -> list[str]:
-    """The parts of a results-file entry ``record`` leaves empty (no end-of-run block)."""
-    entry = results_entry(record)
-    return [part for part in ("diagnostics", "drift") if not entry[part]]
-
-
-def _logs(found: dict[str, RunRecord]) -> dict[str, Any]:
-    return {key: snapshot_log(record) for key, record in found.items()}
 
 
 def _check_dataset(dataset: str, found: RecordSet, results_dir: str | Path) -> None:
@@ -311,7 +179,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
         by_variant.setdefault(file_variant(record), []).append(record)
-    writer = _Writer(out, result, found)
+    writer = FileWriter(out, result, found)
     base = "results"
 
     def plain(variant: str) -> list[RunRecord]:
@@ -322,7 +190,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     family = choose_family(plain("resmlp"), [x for v in slots.values() for x in v])
     for seed in seeds:
         writer.file(f"{base}/snapshot_evolution_v2/snapshot_evolution_s{seed}.json",
-                    slots[seed], family, _logs, lambda s: _needs("resmlp", s, dataset))
+                    slots[seed], family, logs_of, lambda s: _needs("resmlp", s, dataset))
 
     # DFA residual penalty.
     penalised = [r for r in by_variant.get("resmlp", []) if r.method == "dfa"]
@@ -345,9 +213,9 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
         family = choose_family(plain(variant), [x for v in (*pairs.values(), *fas.values())
                                                 for x in v])
         for seed in seeds:
-            writer.file(f"{base}/{folder}/{name}_s{seed}.json", pairs[seed], family, _logs,
+            writer.file(f"{base}/{folder}/{name}_s{seed}.json", pairs[seed], family, logs_of,
                         lambda s, v=variant: _needs(v, s, dataset))
-            writer.file(f"{base}/{folder}/{fa_name}_s{seed}.json", fas[seed], family, _logs,
+            writer.file(f"{base}/{folder}/{fa_name}_s{seed}.json", fas[seed], family, logs_of,
                         lambda s, v=variant: _needs(v, s, dataset))
 
     # StudentNet on the teacher–student task, one family per α.
@@ -361,7 +229,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
                       if r.log and r.log[0].measures), 4)
         for seed in seeds:
             writer.file(f"{base}/snapshot_synth_v1/snapshot_synth_a{alpha}_L{depth}_s{seed}.json",
-                        pairs[seed], family, _logs,
+                        pairs[seed], family, logs_of,
                         lambda s, a=alpha: _needs("student", s, None, f" α={a}"))
     fa_alpha = 1.0 if 1.0 in alphas else alphas[-1]
     members = [r for r in students if float(r.config.data.alpha) == fa_alpha]
@@ -369,7 +237,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     family = choose_family(members, [x for v in fas.values() for x in v])
     for seed in seeds:
         writer.file(f"{base}/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json", fas[seed],
-                    family, _logs, lambda s: _needs("student", s, None, f" α={fa_alpha}"))
+                    family, logs_of, lambda s: _needs("student", s, None, f" α={fa_alpha}"))
 
     # results_{dataset}.json: one family per dataset, one file per seed.
     resmlp = plain("resmlp")

@@ -1,0 +1,167 @@
+"""The files an export writes (:mod:`creditaudit.study.export`): what each holds (the
+snapshot files' per-epoch entries as recorded, the results files' per-epoch lists and
+end-of-run blocks) and the manifest entry written beside each — the run behind every key,
+the copies left out, the runs that diverged or stopped early, unverified references and
+missing keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.protocol.records import RecordSet
+from creditaudit.records import RunRecord
+from creditaudit.results import stopped_early_text
+from creditaudit.study.export_runs import Family, Slot, why_left_out
+
+LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote and skipped (paths relative to OUT)."""
+
+    out: Path
+    written: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    records_read: int = 0
+    unreadable: list[str] = field(default_factory=list)
+    unverified: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
+                "unreadable": self.unreadable, "written": self.written,
+                "skipped": self.skipped, "unverified": self.unverified}
+
+    def format(self) -> str:
+        lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
+                 f"file(s) under {self.out}"]
+        for entry in self.written:
+            extra = (f" (partial: missing {', '.join(entry['missing'])})"
+                     if entry.get("missing") else "")
+            if entry.get("reference"):
+                extra += (f" (reference not verified: {', '.join(entry['reference'])}; "
+                          "cosines marked in the manifest)")
+            lines.append(f"  wrote   {entry['path']}{extra}")
+            for key, note in (*entry.get("diverged", {}).items(),
+                              *entry.get("stopped_early", {}).items()):
+                lines.append(f"    {key}: {note}")
+            for key, copies in entry.get("left_out", {}).items():
+                for copy in copies:
+                    lines.append(f"    {key}: left out {copy['run_id']}: {copy['why']}")
+        for entry in self.unverified:
+            lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
+        for entry in self.skipped:
+            lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
+        for path in self.unreadable:
+            lines.append(f"  unreadable record: {path}")
+        return "\n".join(lines)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
+    token, which its figure scripts (Python's ``json.load``) read back as a float."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+# --- file contents ------------------------------------------------------------------------
+def snapshot_log(record: RunRecord) -> list[dict[str, Any]]:
+    """The per-epoch entries as recorded (the record's own keys)."""
+    return record.log_dicts()
+
+
+def results_log(record: RunRecord) -> dict[str, list[Any]]:
+    """Per-epoch lists over the trained epochs (1 … E), the original ``log`` dict."""
+    entries = [e for e in record.log if e.epoch >= 1]
+    out = {key: [e.value(key) for e in entries] for key in LOG_LIST_KEYS}
+    if any(e.value("state_pred_error") is not None for e in entries):
+        out["state_pred_error"] = [e.value("state_pred_error") for e in entries]
+    return out
+
+
+def results_entry(record: RunRecord) -> dict[str, Any]:
+    diagnostics = record.diagnostics.to_dict()
+    drift = diagnostics.pop("drift", {})
+    return {"log": results_log(record), "diagnostics": diagnostics, "drift": drift}
+
+
+# --- writing files and their manifest entries ------------------------------------------
+class FileWriter:
+    """Writes the export's files into ``out`` and records each in ``result``'s manifest
+    entries, with what ``index`` says of each run's reference gradient."""
+
+
+    def __init__(self, out: Path, result: ExportResult, index: RecordSet) -> None:
+        self.out, self.result, self.index = out, result, index
+
+    def file(self, rel: str, slots: Sequence[Slot], family: Family,
+             build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str],
+             gaps: Callable[[RunRecord], list[str]] = lambda record: []) -> None:
+        """Write ``rel`` from the runs of ``family`` that fill ``slots`` (``build``), and its
+        manifest entry: the run behind each key, the copies left out, the runs that diverged
+        or stopped early, and as missing the keys without a run and the parts of a key its
+        run leaves empty (``gaps``: ``diagnostics``, ``drift``)."""
+        found = {s.key: family.runs[s.run_key] for s in slots if s.run_key in family.runs}
+        missing = [s for s in slots if s.key not in found]
+        if not found:
+            self.result.skipped.append({"path": rel, "needs": "; ".join(needs(s)
+                                                                       for s in missing)})
+            return
+        write_json(self.out / rel, build(found))
+        entry: dict[str, Any] = {"path": rel,
+                                 "runs": {key: r.run_id for key, r in found.items()}}
+        left_out = {s.key: [{"run_id": r.run_id, "why": why_left_out(r, found[s.key])}
+                            for r in family.left_out[s.run_key]]
+                    for s in slots if s.key in found and s.run_key in family.left_out}
+        if left_out:
+            entry["left_out"] = left_out
+        diverged = {key: diverged_note(r) for key, r in found.items() if r.status == "diverged"}
+        if diverged:
+            entry["diverged"] = diverged
+        stopped = {key: f"{r.run_id} {stopped_early_text(r)}" for key, r in found.items()
+                   if r.stopped_early}
+        if stopped:
+            entry["stopped_early"] = stopped
+        notes = {key: judged.reference_note for key, r in found.items()
+                 if (judged := self.index.verdict(r).judgement).reference_verified is False}
+        if notes:
+            entry["reference"] = notes
+        empty = [s for s in slots if s.key in found and gaps(found[s.key])]
+        if missing or empty:
+            entry["missing"] = [s.key for s in missing] + [
+                f"{s.key}.{part}" for s in empty for part in gaps(found[s.key])]
+            entry["needs"] = "; ".join([*(needs(s) for s in missing), *(
+                f"{s.method} seed {s.seed} with its end-of-run block ({found[s.key].run_id} "
+                "was trained with diagnostics.end_of_run=false: train it again without it)"
+                for s in empty)])
+        self.result.written.append(entry)
+
+
+def diverged_note(record: RunRecord) -> str:
+    """``dfa-…: diverged in epoch 2; its last finite epoch is 1`` (the original layout has no
+    status: its scripts read the log as a whole run's)."""
+    at = (record.divergence or {}).get("epoch")
+    finite = record.numbers_epoch
+    return (f"{record.run_id} diverged" + (f" in epoch {at}" if at is not None else "")
+            + ("; no epoch's evaluation was finite" if finite is None
+               else f"; its last finite epoch is {finite}"))
+
+
+def results_gaps(record: RunRecord) -> list[str]:
+    """The parts of a results-file entry ``record`` leaves empty (no end-of-run block)."""
+    entry = results_entry(record)
+    return [part for part in ("diagnostics", "drift") if not entry[part]]
+
+
+def logs_of(found: dict[str, RunRecord]) -> dict[str, Any]:
+    """The snapshot files' ``*_log`` of each run found, by key."""
+    return {key: snapshot_log(record) for key, record in found.items()}
+
+
+__all__ = ["ExportResult", "FileWriter", "LOG_LIST_KEYS", "write_json", "snapshot_log",
+           "results_log", "results_entry", "results_gaps", "diverged_note", "logs_of"]

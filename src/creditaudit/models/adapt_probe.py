@@ -41,36 +41,6 @@ MIXING_RTOL = 1e-5
 SCALE_INVARIANT_RTOL = 1e-3
 
 
-def check_shapes_taken(net: nn.Module) -> None:
-    """One-line ModelContractError naming the modules of ``net`` whose parameters or buffers
-    are still uninitialized (``nn.LazyLinear``, ``nn.LazyConv2d``, … before their first
-    forward): the probe and every rule need each parameter's shape."""
-    lazy = [f"{type(module).__name__} {name!r}" for name, module in net.named_modules()
-            if any(nn.parameter.is_lazy(t) for t in (*module.parameters(recurse=False),
-                                                     *module.buffers(recurse=False)))]
-    if lazy:
-        names = lazy[0] if len(lazy) == 1 else f"{', '.join(lazy[:-1])} and {lazy[-1]}"
-        verb, their = ("has", "its") if len(lazy) == 1 else ("have", "their")
-        raise ModelContractError(
-            f"{names} {verb} not taken {their} shapes yet: run one forward pass on a batch "
-            "(net(x)) before adapt(), so the lazy layers take their shapes")
-
-
-def check_eager(net: nn.Module) -> None:
-    """One-line ModelContractError naming the first TorchScript module of ``net``
-    (``torch.jit.script`` or ``torch.jit.trace``): adapt() reads states and checks the
-    network with forward hooks, which such modules refuse or never call."""
-    scripted = next(((name, module) for name, module in net.named_modules()
-                     if isinstance(module, torch.jit.ScriptModule)), None)
-    if scripted is not None:
-        name, module = scripted
-        where = f"{type(net).__name__}'s submodule {name!r}" if name else "the model"
-        raise ModelContractError(
-            f"{where} is a TorchScript module ({type(module).__name__}), whose forward runs "
-            "no forward hooks, and adapt() reads the states with them: adapt the eager "
-            "nn.Module (before torch.jit.script or torch.jit.trace)")
-
-
 class AdaptProbe:
     """The probe of :class:`~creditaudit.models.adapted.AdaptedModel`, its one subclass: the
     methods read its ``net``, ``state_names``, ``readout_names``, ``n_blocks``, ``_trace``
@@ -400,4 +370,4 @@ def _first_inversion(order: list[int]) -> tuple[int, int]:
     raise AssertionError("no inversion")  # pragma: no cover
 
 
-__all__ = ["check_eager", "check_shapes_taken", "AdaptProbe"]
+__all__ = ["AdaptProbe"]

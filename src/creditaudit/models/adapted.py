@@ -18,13 +18,13 @@ rewritten. What the rules and diagnostics need then follows from running it:
 
 :func:`adapt` checks the states on a probe batch before any training, and learns their
 shapes, the segments and whether the readout ends in a LayerNorm
-(:mod:`creditaudit.models.adapt_probe`).
+(:mod:`creditaudit.models.adapt_probe`), after checking what it was given
+(:mod:`creditaudit.models.adapt_arguments`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -35,7 +35,15 @@ from torch import Tensor, nn
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
 from creditaudit.guests.blame import mark_network_failure
-from creditaudit.models.adapt_probe import AdaptProbe, check_eager, check_shapes_taken
+from creditaudit.models.adapt_arguments import (
+    check_eager,
+    check_example,
+    check_names,
+    check_shapes_taken,
+    describe_value,
+    input_shape_of,
+)
+from creditaudit.models.adapt_probe import AdaptProbe
 from creditaudit.models.contract import LAYOUTS, restored_buffers
 from creditaudit.models.packages import network_packages
 from creditaudit.models.structure import parameter_dtype
@@ -72,7 +80,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
         super().__init__()
         self.net = net
         self.state_names = tuple(states)
-        _check_names(net, self.state_names, "states")
+        check_names(net, self.state_names, "states")
         if len(self.state_names) < 2:
             raise ModelContractError(
                 f"states={list(self.state_names)} names {len(self.state_names)} module(s): "
@@ -83,7 +91,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
                                      "module's output")
         self.readout_names = None if readout is None else tuple(readout)
         if self.readout_names is not None:
-            _check_names(net, self.readout_names, "readout")
+            check_names(net, self.readout_names, "readout")
         self.input_shape: tuple[int, ...] = tuple(probe.shape[1:])
         self.input_dtype = probe.dtype
         self.terminal_ln = terminal_ln
@@ -269,7 +277,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
                     "that contains it)")
             if not (isinstance(output, Tensor) and output.is_floating_point()):
                 raise ModelContractError(
-                    f"state {name!r} returns {_describe(output)}, not one floating tensor: "
+                    f"state {name!r} returns {describe_value(output)}, not one floating tensor: "
                     "name a submodule whose output is the state itself")
             if leaf and not output.requires_grad and torch.is_grad_enabled():
                 output = output.detach().requires_grad_(True)
@@ -297,7 +305,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
         if not (isinstance(logits, Tensor) and logits.dim() == 2
                 and logits.shape[0] == x.shape[0]):
             raise ModelContractError(f"{type(self.net).__name__}'s output must be "
-                                     f"(batch, classes) logits, got {_describe(logits)}")
+                                     f"(batch, classes) logits, got {describe_value(logits)}")
         return outputs, logits
 
 
@@ -333,7 +341,7 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
                                  "(one input's shape, e.g. (3, 32, 32)) to probe the model")
     reference = next((p for p in model.parameters() if p.is_floating_point()), None)
     if example is None:
-        shape = _shape(input_shape)
+        shape = input_shape_of(input_shape)
         dtype = reference.dtype if reference is not None else torch.float32
         device = reference.device if reference is not None else torch.device("cpu")
         generator = torch.Generator().manual_seed(0)
@@ -341,7 +349,7 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
                               dtype=dtype).to(device)
         source = f"input_shape={shape}"
     else:
-        _check_example(example, reference, type(model).__name__)
+        check_example(example, reference, type(model).__name__)
         source = "example"
     if terminal_ln is not None and not isinstance(terminal_ln, bool):
         raise ModelContractError(f"terminal_ln must be True, False or None (probed), got "
@@ -354,35 +362,6 @@ def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] 
                         terminal_ln, n_classes=n_classes, probe_source=source)
 
 
-def _shape(input_shape: Any) -> tuple[int, ...]:
-    """``input_shape`` as a tuple of positive ints (one-line refusal otherwise)."""
-    try:
-        shape = tuple(input_shape)
-    except TypeError:
-        shape = None
-    if shape is None or not shape or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
-        raise ModelContractError(f"input_shape must be one input's shape, positive integers "
-                                 f"such as (3, 32, 32), got {input_shape!r}")
-    return shape
-
-
-def _check_example(example: Any, reference: Tensor | None, name: str) -> None:
-    """A batch of finite inputs in the dtype of the model's parameters (floating ones)."""
-    if not isinstance(example, Tensor) or example.dim() < 1:
-        raise ModelContractError(f"example must be a batch of inputs (B, …), got "
-                                 f"{_describe(example)}")
-    if not example.is_floating_point():
-        return  # token ids and other integer inputs: the forward decides
-    if reference is not None and example.dtype != reference.dtype and not example.is_meta:
-        have, want = (str(t).removeprefix("torch.") for t in (example.dtype, reference.dtype))
-        raise ModelContractError(f"example is {have} but {name}'s parameters are {want}: pass "
-                                 f"example.to(torch.{want}), or convert the model first")
-    if not example.is_meta and not bool(torch.isfinite(example).all()):
-        raise ModelContractError("example holds NaN/Inf: adapt() probes the model on finite "
-                                 "inputs")
-
-
 def _hook(index: int, on_output: OnOutput, module: nn.Module, args: Any, output: Any) -> Any:
     return on_output(index, output)
 
@@ -390,25 +369,6 @@ def _hook(index: int, on_output: OnOutput, module: nn.Module, args: Any, output:
 def _zeros(shape: tuple[int, ...], like: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """A skipped module's output: zeros of ``shape`` in ``like``'s dtype and device."""
     return torch.zeros(shape, dtype=like.dtype, device=like.device)
-
-
-def _check_names(net: nn.Module, names: Sequence[str], argument: str) -> None:
-    known = [name for name, _ in net.named_modules() if name]
-    for name in names:
-        if not isinstance(name, str) or name not in known:
-            close = difflib.get_close_matches(str(name), known, n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else (
-                "; names are those of model.named_modules()")
-            raise ModelContractError(f"{argument}: {name!r} is not a submodule of "
-                                     f"{type(net).__name__}{hint}")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
-    if isinstance(value, list | tuple):
-        return f"a {type(value).__name__} of {len(value)}"
-    return f"a {type(value).__name__}"
 
 
 __all__ = ["AdaptedModel", "adapt"]

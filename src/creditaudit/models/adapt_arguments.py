@@ -1,0 +1,101 @@
+"""What :func:`~creditaudit.models.adapted.adapt` is given, checked before its probe runs:
+a model that runs forward hooks (eager, not TorchScript) and whose lazy layers have their
+shapes, state and readout names of its submodules, and an example batch or one input's
+shape. Each refusal is a one-line :class:`~creditaudit.errors.ModelContractError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from creditaudit.errors import ModelContractError
+
+
+def check_shapes_taken(net: nn.Module) -> None:
+    """One-line ModelContractError naming the modules of ``net`` whose parameters or buffers
+    are still uninitialized (``nn.LazyLinear``, ``nn.LazyConv2d``, … before their first
+    forward): the probe and every rule need each parameter's shape."""
+    lazy = [f"{type(module).__name__} {name!r}" for name, module in net.named_modules()
+            if any(nn.parameter.is_lazy(t) for t in (*module.parameters(recurse=False),
+                                                     *module.buffers(recurse=False)))]
+    if lazy:
+        names = lazy[0] if len(lazy) == 1 else f"{', '.join(lazy[:-1])} and {lazy[-1]}"
+        verb, their = ("has", "its") if len(lazy) == 1 else ("have", "their")
+        raise ModelContractError(
+            f"{names} {verb} not taken {their} shapes yet: run one forward pass on a batch "
+            "(net(x)) before adapt(), so the lazy layers take their shapes")
+
+
+def check_eager(net: nn.Module) -> None:
+    """One-line ModelContractError naming the first TorchScript module of ``net``
+    (``torch.jit.script`` or ``torch.jit.trace``): adapt() reads states and checks the
+    network with forward hooks, which such modules refuse or never call."""
+    scripted = next(((name, module) for name, module in net.named_modules()
+                     if isinstance(module, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        name, module = scripted
+        where = f"{type(net).__name__}'s submodule {name!r}" if name else "the model"
+        raise ModelContractError(
+            f"{where} is a TorchScript module ({type(module).__name__}), whose forward runs "
+            "no forward hooks, and adapt() reads the states with them: adapt the eager "
+            "nn.Module (before torch.jit.script or torch.jit.trace)")
+
+
+def input_shape_of(input_shape: Any) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of positive ints (one-line refusal otherwise)."""
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        shape = None
+    if shape is None or not shape or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
+        raise ModelContractError(f"input_shape must be one input's shape, positive integers "
+                                 f"such as (3, 32, 32), got {input_shape!r}")
+    return shape
+
+
+def check_example(example: Any, reference: Tensor | None, name: str) -> None:
+    """A batch of finite inputs in the dtype of the model's parameters (floating ones)."""
+    if not isinstance(example, Tensor) or example.dim() < 1:
+        raise ModelContractError(f"example must be a batch of inputs (B, …), got "
+                                 f"{describe_value(example)}")
+    if not example.is_floating_point():
+        return  # token ids and other integer inputs: the forward decides
+    if reference is not None and example.dtype != reference.dtype and not example.is_meta:
+        have, want = (str(t).removeprefix("torch.") for t in (example.dtype, reference.dtype))
+        raise ModelContractError(f"example is {have} but {name}'s parameters are {want}: pass "
+                                 f"example.to(torch.{want}), or convert the model first")
+    if not example.is_meta and not bool(torch.isfinite(example).all()):
+        raise ModelContractError("example holds NaN/Inf: adapt() probes the model on finite "
+                                 "inputs")
+
+
+def check_names(net: nn.Module, names: Sequence[str], argument: str) -> None:
+    """One-line ModelContractError for the first of ``names`` (given as ``argument``) that is
+    not a submodule of ``net``, with the closest names it has."""
+    known = [name for name, _ in net.named_modules() if name]
+    for name in names:
+        if not isinstance(name, str) or name not in known:
+            close = difflib.get_close_matches(str(name), known, n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else (
+                "; names are those of model.named_modules()")
+            raise ModelContractError(f"{argument}: {name!r} is not a submodule of "
+                                     f"{type(net).__name__}{hint}")
+
+
+def describe_value(value: Any) -> str:
+    """What ``value`` is, for messages: ``a float32 tensor of shape (4, 8)``, ``a tuple of 2``."""
+    if isinstance(value, Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+__all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
+           "input_shape_of", "describe_value"]

@@ -247,17 +247,22 @@ def test_summary_set_values_come_from_records(index, records):
         [mean([final_acc(r) for r in pick(records, m)]) for m in order], rtol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def early_index(results) -> RunIndex:
-    """The runs, with DFA's and the frozen runs' seed 123 stopped early at epoch 1 (as
-    --stop-on-walkback leaves a run: completed, its log ending at that epoch)."""
+def stopped_early_index(results, methods) -> RunIndex:
+    """The runs, with the ResMLP λ = 0 runs of ``methods`` of seed 123 stopped early at
+    epoch 1 (as --stop-on-walkback leaves a run: completed, its log ending at that epoch)."""
     runs = [load_record(p) for p in sorted(results.rglob("record.json"))]
     for run in runs:
-        if run.method in ("dfa", "frozen") and run.penalty == 0 and run.seed == SEEDS[1] \
+        if run.method in methods and run.penalty == 0 and run.seed == SEEDS[1] \
                 and run.config.model.arch == "resmlp":
             run.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
             run.log = [entry for entry in run.log if entry.epoch <= 1]
     return RunIndex.from_records(runs)
+
+
+@pytest.fixture(scope="module")
+def early_index(results) -> RunIndex:
+    """The runs, with DFA's and the frozen runs' seed 123 stopped early at epoch 1."""
+    return stopped_early_index(results, ("dfa", "frozen"))
 
 
 def notes(fig) -> list[str]:
@@ -305,6 +310,37 @@ def test_runs_that_stopped_early_are_left_out_of_end_of_run_means_and_named(earl
     np.testing.assert_allclose(line_y(fig, "frozen"), [final_acc(frozen[0])] * 2)
     [note] = notes(fig)
     assert named[1] in note and "DFA" not in note
+
+
+def test_figure_3_says_only_the_curves_it_draws_show_a_stopped_runs_epochs(results):
+    """Panel (a) draws DFA's curves, not BP's: with both stopped early, the note says DFA's
+    curve shows the epochs it logged, and nothing of a BP curve."""
+    fig = penalty.build(stopped_early_index(results, ("bp", "dfa")))[penalty.NAME]
+    [note] = notes(fig)
+    assert "BP seed 123 stopped early at epoch 1" in note
+    assert "DFA seed 123 stopped early at epoch 1" in note
+    assert note.endswith("Per-epoch curves show the epochs DFA seed 123 logged.")
+    assert "each logged" not in note
+
+
+def test_audit_panels_ring_and_name_a_run_that_stopped_early(early_index):
+    """Its protocol values are of an earlier epoch than its recipe's other runs': every
+    point of it is ringed, and a line under the figure names it in the report's words."""
+    fig = audit_panels.build(early_index)[audit_panels.NAME]
+    early = [run for run in early_index.runs if run.stopped_early]
+    assert len(early) == 2
+    for id_ in "abc":
+        values = [result.value for run in early
+                  for result in early_index.protocol_report(run).diagnostics
+                  if result.id == id_]
+        np.testing.assert_allclose(drawn(fig, f"{id_}:stopped_early"),
+                                   sorted(v for v in values if v is not None and v > 0),
+                                   rtol=1e-12)
+    [note] = notes(fig)
+    assert note.startswith("Ringed: runs that stopped early")
+    for name in ("DFA seed 123", "Frozen blocks seed 123"):
+        assert f"{name} stopped early at epoch 1: protocol verdict needs walk-back: (a)" in note
+    assert "end-of-run means" not in note and "Per-epoch" not in note
 
 
 def test_weight_alignment_values_come_from_records(index, records):

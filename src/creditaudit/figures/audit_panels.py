@@ -10,7 +10,10 @@ runs' protocol blocks hold — the four built-ins, and any diagnostic a config a
 the statistic it compares with its threshold, on the axis it describes (``axis_label``; log
 where its ``scale`` is, as for (a)'s block growth and (b)'s ‖g_L‖). Runs where a diagnostic
 was not evaluated (or whose value cannot be drawn on a log axis, e.g. ‖g_L‖ exactly 0) are
-counted in the panel instead of drawn.
+counted in the panel instead of drawn. A run that stopped early (``record.stopped_early``:
+``--stop-on-walkback``, a Recorder finished before its ``optim.epochs``) judged an earlier
+epoch than its recipe's other runs: its points are ringed and a line under the figure names
+it in the report's words.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from creditaudit.figures.common import (
     legend_right,
     log_scale,
     new_figure,
+    notes_below,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -39,10 +43,13 @@ from creditaudit.protocol import KINDS, WALK_BACK, DiagnosticReport, in_order
 from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
-from creditaudit.results import RunIndex, arch_label, method_label
+from creditaudit.results import RunIndex, arch_label, method_label, stopped_early_note
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"
+# What the figure does with a run that stopped early (the note under it names each).
+STOPPED_EARLY = ("Ringed: runs that stopped early, their protocol values of an earlier epoch "
+                 "than their recipe's other runs'")
 requirements = ("at least one completed or diverged run with a protocol block (training "
                 "runs the protocol every diagnostics.protocol_every epochs; any method). (c) "
                 "needs diagnostics.eval_samples ≥ 1024; (d) needs diagnostics.frozen_acc or "
@@ -104,10 +111,11 @@ def select(index: RunIndex) -> list[tuple[RunRecord, DiagnosticReport]]:
 
 def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
                  ) -> tuple[list[str], dict[str, list[dict]]]:
-    """(categories, {diagnostic id: [{x, value, verdict, kind, walked_back, hollow, run_id,
-    status, threshold}]}): one entry per diagnostic the reports hold, in listing order;
-    ``verdict``/``kind`` are the run's judgement, ``hollow`` marks a value computed from a
-    reference gradient that is not verified."""
+    """(categories, {diagnostic id: [{x, value, verdict, kind, walked_back, hollow,
+    stopped_early, run_id, status, threshold}]}): one entry per diagnostic the reports hold,
+    in listing order; ``verdict``/``kind`` are the run's judgement, ``hollow`` marks a value
+    computed from a reference gradient that is not verified, ``stopped_early`` one of a run
+    that stopped early (ringed)."""
     multi_arch = len({arch_label(r) for r, _ in pairs}) > 1
     multi_data = len({r.dataset for r, _ in pairs}) > 1
     cats: list[str] = []
@@ -132,6 +140,7 @@ def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
                 "verdict": judged.verdict, "kind": judged.kind,
                 "walked_back": judged.verdict == WALK_BACK,
                 "hollow": reads_reference(result.id) and judged.reference_verified is False,
+                "stopped_early": bool(run.stopped_early),
                 "run_id": run.run_id, "status": result.status,
                 "threshold": result.threshold})
     return cats, points
@@ -169,6 +178,11 @@ def build(index: RunIndex) -> dict[str, Figure]:
                            label=verdict + (" (reference unverified: hollow)" if hollow
                                             else ""),
                            gid=f"{id_}:{kind}" + (":hollow" if hollow else ""))
+        early = [p for p in pts if p["stopped_early"] and drawable(p, on_log)]
+        if early:
+            ax.scatter([p["x"] for p in early], [p["value"] for p in early], s=130,
+                       facecolors="none", edgecolors="black", linewidths=1.0, zorder=4,
+                       label="stopped early (ringed)", gid=f"{id_}:stopped_early")
         threshold = pts[0]["threshold"] if pts else None
         if threshold is not None:
             ax.axhline(threshold, color="black", ls="--", lw=1,
@@ -199,6 +213,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
     n_walk = sum(report.judgement.walked_back for _, report in pairs)
     fig.suptitle(f"Protocol diagnostics of {len(pairs)} runs ({n_walk} need walk-back)",
                  y=0.93)
+    stopped = stopped_early_note((run for run, _ in pairs), curves=False, lead=STOPPED_EARLY)
+    if stopped:
+        notes_below(fig, list(axes.flat), {"stopped_early": stopped})
     return {NAME: fig}
 
 

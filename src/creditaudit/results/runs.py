@@ -201,18 +201,36 @@ def full_length(runs: Iterable[RunRecord]) -> list[RunRecord]:
     return [run for run in runs if not run.stopped_early]
 
 
-def stopped_early_note(runs: Iterable[RunRecord], *, curves: bool = True) -> str | None:
+LEFT_OUT = "Left out of the end-of-run means (they would mix runs of different lengths)"
+
+
+def _run_name(record: RunRecord) -> str:
+    return f"{method_label(record.method, record.penalty)} seed {record.seed}"
+
+
+def stopped_early_note(runs: Iterable[RunRecord], *,
+                       curves: bool | Iterable[RunRecord] = True,
+                       lead: str = LEFT_OUT) -> str | None:
     """``Left out of the end-of-run means (…): DFA seed 42 stopped early at epoch 3: …``
-    naming each run of ``runs`` that stopped early (once), in the report's words, and —
-    where the figure draws per-epoch curves of them (``curves``) — that those show the epochs
-    it logged; None when none did."""
+    naming each run of ``runs`` that stopped early (once), in the report's words, after
+    ``lead`` (what the output does with them), and — where the figure draws per-epoch
+    curves of them — that those show the epochs they logged: ``curves`` True (every run
+    named is drawn), False (none is) or the runs drawn as curves (only those of them that
+    stopped early are said to be); None when none stopped early."""
     early = list({id(r): r for r in runs if r.stopped_early}.values())
     if not early:
         return None
-    return ("Left out of the end-of-run means (they would mix runs of different lengths): "
-            + "; ".join(f"{method_label(r.method, r.penalty)} seed {r.seed} "
-                        f"{stopped_early_text(r)}" for r in early)
-            + (". Per-epoch curves show the epochs each logged." if curves else "."))
+    if isinstance(curves, bool):
+        drawn = early if curves else []
+    else:
+        ids = {id(r) for r in curves}
+        drawn = [r for r in early if id(r) in ids]
+    shown = ("" if not drawn else " Per-epoch curves show the epochs each logged."
+             if len(drawn) == len(early) else
+             " Per-epoch curves show the epochs " + ", ".join(map(_run_name, drawn))
+             + " logged.")
+    return (f"{lead}: " + "; ".join(f"{_run_name(r)} {stopped_early_text(r)}" for r in early)
+            + "." + shown)
 
 
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:

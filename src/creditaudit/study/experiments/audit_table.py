@@ -14,6 +14,7 @@ from creditaudit.config import RunConfig
 from creditaudit.protocol import HEADLINE_GAMMA, DepthUtility
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC, DEEP_COS, GAMMA
+from creditaudit.results import full_length
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
     AUDIT_METHODS,
@@ -73,7 +74,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     rows = []
     for members in group_records(records).values():
         row = group_summary(members, verdict_of)
-        gammas = [r.diagnostics.gamma or {} for r in members]
+        gammas = [r.diagnostics.gamma or {} for r in full_length(members)]
         row["gamma"] = {key: aggregate(g.get(key) for g in gammas) for key in GAMMA_KEYS}
         rows.append(row)
     order = labels_of(audit_methods(choices))

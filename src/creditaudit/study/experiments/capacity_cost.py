@@ -14,6 +14,7 @@ from creditaudit.config import RunConfig
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC
+from creditaudit.results import full_length
 from creditaudit.study.experiments.aggregate import format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -54,13 +55,14 @@ def _pp(a: float | None, b: float | None) -> float | None:
 
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     cells: dict[str, dict[str, Any]] = {}
-    runs: dict[str, list[RunRecord]] = {"frozen": [r for r in records if is_frozen_baseline(r)]}
+    # The runs whose accuracies each cell's mean averages (:func:`full_length`).
+    runs = {"frozen": full_length(r for r in records if is_frozen_baseline(r))}
     frozen = frozen_accuracy(records)
     for members, row in rule_groups(records):
         key = (members[0].method, members[0].penalty)
         if key in CELLS:
             cells[f"{key[0]}|{key[1]:g}"] = row
-            runs[f"{key[0]}|{key[1]:g}"] = members
+            runs[f"{key[0]}|{key[1]:g}"] = full_length(members)
     index = RecordSet(records)
 
     def effect_marks(a: str, b: str) -> dict[str, str]:

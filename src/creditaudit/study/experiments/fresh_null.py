@@ -22,6 +22,7 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord, finite_number
 from creditaudit.registry import RULES
 from creditaudit.report.runs import DEEP_COS, G_NORM
+from creditaudit.results import full_length, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import arch_config, method_overrides, single_arch
 from creditaudit.study.experiments.groups import fmt, group_records, markdown_table, method_label
@@ -70,6 +71,7 @@ def seed_null(record: RunRecord) -> dict[str, Any]:
         "rho_measurable": bool(measurable) and all(measurable[1:]),
         "deep_cos_bp": finite_number(deep_mean(cos_controls.get("bp"))),
         "error": end.credit_quality_error,
+        "stopped_early": stopped_early_text(record),
     }
 
 
@@ -77,7 +79,9 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     index = RecordSet(records)
     rows = []
     for members in group_records(records).values():
-        seeds = [seed_null(r) for r in members]
+        every = [seed_null(r) for r in members]
+        # End-of-run values: a run that stopped early stays out of the means and the pool.
+        seeds = [s for s, r in zip(every, members) if not r.stopped_early]
         pooled = [v for s in seeds for v in s["values"] if v is not None and math.isfinite(v)]
         pooled_mean = statistics.fmean(pooled) if pooled else None
         pooled_std = statistics.stdev(pooled) if len(pooled) > 1 else None
@@ -99,8 +103,8 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "deep_rho_random": aggregate(s["deep_rho_random"] for s in seeds),
             "rho_measurable": all(s["rho_measurable"] for s in seeds),
             "deep_cos_bp": aggregate(s["deep_cos_bp"] for s in seeds),
-            "marks": marks_of(members, index),
-            "seeds": seeds,
+            "marks": marks_of(full_length(members), index),
+            "seeds": every,
         })
     order = [method for method, _ in conditions(choices)]
     rows.sort(key=lambda r: (order.index(r["method"]) if r["method"] in order else len(order),

@@ -6,7 +6,10 @@ Runs are trained without ``diagnostics.frozen_acc`` (it would tie every run to a
 (:class:`~creditaudit.protocol.records.RecordSet`):
 headline accuracy against the mean final accuracy of the frozen-blocks runs of the same
 recipe, while (a), (b) and (c) keep the status the training-time protocol recorded at the
-run's last evaluated epoch.
+run's last evaluated epoch. A run that stopped early (``record.stopped_early``) keeps its
+seed row and counts in its group's verdicts, but its end-of-run numbers are of an earlier
+epoch than the group's other runs': they stay out of the group's means
+(:func:`~creditaudit.results.full_length`), as in the report's summary.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from creditaudit.protocol import (
 )
 from creditaudit.protocol.records import RecordSet, Verdict, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
+from creditaudit.results import full_length, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.marks import marks_of, row_marks
 
@@ -75,12 +79,14 @@ def verdicts(records: Sequence[RunRecord]) -> dict[str, Verdict]:
 
 
 def frozen_accuracy(records: Sequence[RunRecord]) -> dict[str, Any] | None:
-    """:func:`aggregate` of the final accuracy of the frozen baselines among ``records``,
-    with the ``marks`` of their numbers (:func:`~.marks.marks_of`)."""
+    """:func:`aggregate` of the final accuracy of the frozen baselines among ``records``
+    that trained all their epochs (:func:`~creditaudit.results.full_length`), with the
+    ``marks`` of their numbers (:func:`~.marks.marks_of`); None without frozen runs."""
     frozen = [r for r in records if is_frozen_baseline(r)]
     if not frozen:
         return None
-    return {**aggregate(r.final_acc for r in frozen), "marks": marks_of(frozen)}
+    ended = full_length(frozen)
+    return {**aggregate(r.final_acc for r in ended), "marks": marks_of(ended)}
 
 
 def diagnostics_of(verdicts: Iterable[Verdict]) -> list[str]:
@@ -128,8 +134,10 @@ def verdict_overview(group: Sequence[Verdict]) -> dict[str, Any]:
 
 def seed_row(record: RunRecord, verdict: Verdict) -> dict[str, Any]:
     """One seed of a group: its headline numbers (a diverged run's all of its last finite
-    epoch, as its accuracy is) and verdict."""
+    epoch, as its accuracy is), verdict and — for a run that stopped early — the report's
+    words for it (``stopped_early``; None otherwise)."""
     return {"seed": record.seed, "run_id": record.run_id, "status": record.status,
+            "stopped_early": stopped_early_text(record),
             "test_acc": record.final_acc, "headline_gamma": record.headline_gamma,
             "deep_cos": record.deep_cos, "deep_cos_valid": record.deep_cos_valid,
             "h_L_norm": record.headline_value("h_L_norm"),
@@ -143,26 +151,30 @@ def seed_row(record: RunRecord, verdict: Verdict) -> dict[str, Any]:
 def group_summary(members: Sequence[RunRecord], verdict_of: dict[str, Verdict]
                   ) -> dict[str, Any]:
     """Seed aggregates of one group (runs equal but for the seed), the marks its numbers
-    carry (:func:`~creditaudit.study.experiments.marks.row_marks`) and its per-seed rows."""
+    carry (:func:`~creditaudit.study.experiments.marks.row_marks`) and its per-seed rows.
+    The aggregates and marks are of the runs that trained all their epochs
+    (:func:`~creditaudit.results.full_length`); every run has a seed row and a verdict."""
     first = members[0]
     seeds = [seed_row(r, verdict_of[r.run_id]) for r in members]
+    ended = full_length(members)
+    kept = [s for s, r in zip(seeds, members) if not r.stopped_early]  # ``ended``'s rows
     frozen = [verdict_of[r.run_id].frozen_acc for r in members]
     return {
         "label": method_label(first), "method": first.method, "penalty": first.penalty,
         "trainable_blocks": first.config.method.trainable_blocks,
         "arch": arch_variant(first), "dataset": first.dataset, "epochs": first.epochs,
         "baseline": is_frozen_baseline(first),
-        "test_acc": aggregate(s["test_acc"] for s in seeds),
-        "headline_gamma": aggregate(s["headline_gamma"] for s in seeds),
-        "deep_cos": aggregate(s["deep_cos"] for s in seeds),
-        "deep_cos_valid": all(s["deep_cos_valid"] is not False for s in seeds),
-        "h_L_norm": aggregate(s["h_L_norm"] for s in seeds),
-        "g_L_norm": aggregate(s["g_L_norm"] for s in seeds),
-        "max_block_growth": aggregate(s["max_block_growth"] for s in seeds),
-        "margin_pp": aggregate(s["margin_pp"] for s in seeds),
+        "test_acc": aggregate(s["test_acc"] for s in kept),
+        "headline_gamma": aggregate(s["headline_gamma"] for s in kept),
+        "deep_cos": aggregate(s["deep_cos"] for s in kept),
+        "deep_cos_valid": all(s["deep_cos_valid"] is not False for s in kept),
+        "h_L_norm": aggregate(s["h_L_norm"] for s in kept),
+        "g_L_norm": aggregate(s["g_L_norm"] for s in kept),
+        "max_block_growth": aggregate(s["max_block_growth"] for s in kept),
+        "margin_pp": aggregate(s["margin_pp"] for s in kept),
         "frozen_acc": next((f for f in frozen if f is not None), None),
         "verdict": verdict_overview([verdict_of[r.run_id] for r in members]),
-        "marks": row_marks(members, [verdict_of[r.run_id].judgement for r in members]),
+        "marks": row_marks(ended, [verdict_of[r.run_id].judgement for r in ended]),
         "seeds": seeds,
     }
 

@@ -37,6 +37,7 @@ from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import pre_move_spelling
 from creditaudit.registry import DATASETS, DIAGNOSTICS
 from creditaudit.report.runs import ACC
+from creditaudit.results import full_length, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.groups import fmt, markdown_table, verdict_overview
 from creditaudit.study.experiments.literature_tables import TABLES, Column, Row, Table
@@ -174,7 +175,8 @@ def seed_summary(record: RunRecord, index: RecordSet) -> dict[str, Any]:
             "verdict": verdict.text, "statuses": verdict.statuses,
             "first_fired": record.first_fired(),
             "stats": stats,
-            "deep_cos": record.deep_cos, "_verdict": verdict}
+            "deep_cos": record.deep_cos, "stopped_early": stopped_early_text(record),
+            "_verdict": verdict}
 
 
 def compare(published: float | None, reproduced: dict[str, Any]) -> dict[str, Any]:
@@ -247,8 +249,9 @@ def cell_summary(table: Table, column: Column, row: Row, members: list[RunRecord
                  index: RecordSet) -> dict[str, Any]:
     seeds = [seed_summary(r, index) for r in members]
     overview = verdict_overview([s.pop("_verdict") for s in seeds])
-    best = aggregate(s["best_error"] for s in seeds)
-    last = aggregate(s["last_error"] for s in seeds)
+    ended = [s for s, r in zip(seeds, members) if not r.stopped_early]  # no mixed lengths
+    best = aggregate(s["best_error"] for s in ended)
+    last = aggregate(s["last_error"] for s in ended)
     published = column.published.get(row.label)
     setting = run_setting(members[0])  # seeds of one cell differ in their seed only
     why_not = not_compared(table, column, setting) if published is not None else None
@@ -260,7 +263,7 @@ def cell_summary(table: Table, column: Column, row: Row, members: list[RunRecord
             "best_vs_published": compare(compared, best),
             "last_vs_published": compare(compared, last),
             "verdict": overview, "curve": error_curve(seeds),
-            "marks": marks_of(members, index),
+            "marks": marks_of(full_length(members), index),
             "epochs": members[0].epochs if members else None, "seeds": seeds}
 
 

@@ -16,7 +16,7 @@ from creditaudit.config import RunConfig
 from creditaudit.protocol import DepthUtility
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC, DEEP_COS, G_NORM, H_NORM
-from creditaudit.results import method_rank
+from creditaudit.results import full_length, method_rank
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -66,7 +66,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     rows = []
     for members, row in rule_groups(records):
         row["lambda"] = members[0].penalty
-        row["g_2_norm"] = aggregate(r.headline_value("g_2_norm") for r in members)
+        row["g_2_norm"] = aggregate(r.headline_value("g_2_norm") for r in full_length(members))
         row["trajectory"] = trajectory(members)
         rows.append(row)
     rows.sort(key=lambda r: (method_rank(r["method"]), r["lambda"]))

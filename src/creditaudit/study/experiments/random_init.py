@@ -23,6 +23,7 @@ from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.runs import ACC, G_NORM, H_NORM
+from creditaudit.results import full_length
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -83,14 +84,15 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                 "g_L_norm": record.headline_value("g_L_norm"),
             })
         first = members[0]
+        ended = [s for s, r in zip(seeds, members) if not r.stopped_early]
         rows.append({
             "arch": arch_variant(first), "method": first.method,
             "dataset": first.dataset, "chance": first.chance,
-            "test_acc": aggregate(s["test_acc"] for s in seeds),
-            "values": {i: aggregate(s["values"][i] for s in seeds) for i in ids},
+            "test_acc": aggregate(s["test_acc"] for s in ended),
+            "values": {i: aggregate(s["values"][i] for s in ended) for i in ids},
             "trustworthy": all(s["trustworthy"] for s in seeds),
             "at_chance": all(s["at_chance"] for s in seeds),
-            "marks": marks_of(members, index),
+            "marks": marks_of(full_length(members), index),
             "seeds": seeds,
         })
     all_seeds = [s for row in rows for s in row["seeds"]]

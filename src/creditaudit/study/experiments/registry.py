@@ -19,6 +19,7 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.records import RunRecord
 from creditaudit.registry import RULES
+from creditaudit.results import stopped_early_note
 from creditaudit.study.experiments.configs import arch_of
 from creditaudit.study.experiments.marks import footnotes, judgements_of
 from creditaudit.study.experiments.scales import get_scale
@@ -78,7 +79,10 @@ class Experiment:
     ``refuses`` (default: the experiment has no such axis). ``one_arch``: ``--arch`` names
     exactly one architecture (the experiment runs on one). ``in_all``: whether ``all`` runs
     it (False for one run by name only, such as the literature reproduction, which trains
-    datasets and networks of its own for hours).
+    datasets and networks of its own for hours). ``means``: whether its summary averages
+    end-of-run values over seeds; a run that stopped early is left out of those means, and
+    the summary's ``stopped_early`` (printed under its tables) names it in the report's
+    words.
     """
 
     name: str
@@ -91,6 +95,7 @@ class Experiment:
     refuses: Mapping[str, str] = field(default_factory=dict)
     one_arch: bool = True
     in_all: bool = True
+    means: bool = True
 
     def check(self, choices: Choices) -> Choices:
         """``choices`` validated for this experiment: every rule and architecture installed,
@@ -123,10 +128,15 @@ class Experiment:
     def summarise(self, records: Sequence[RunRecord], choices: Choices | None = None
                   ) -> dict[str, Any]:
         """The summary of the finished ``records`` (others are ignored), with the
-        ``footnotes`` of the marks its numbers may carry (:mod:`.marks`)."""
+        ``footnotes`` of the marks its numbers may carry (:mod:`.marks`) and, where it
+        averages over seeds (``means``), the runs that stopped early and so stay out of its
+        means (``stopped_early``: :func:`~creditaudit.results.stopped_early_note`)."""
         finished = [r for r in records if r.is_finished]
         summary = self.summarise_fn(finished, choices or Choices())
         summary["footnotes"] = footnotes(finished, judgements_of(finished))
+        stopped = stopped_early_note(finished, curves=False) if self.means else None
+        if stopped:
+            summary["stopped_early"] = stopped
         return summary
 
     def to_markdown(self, summary: dict[str, Any]) -> str:
@@ -149,6 +159,8 @@ class Experiment:
                     for m in meta["missing"]))
             lines.append("")
         lines.append(self.markdown_fn(summary).rstrip())
+        if summary.get("stopped_early"):
+            lines += ["", summary["stopped_early"]]
         return "\n".join(lines) + "\n"
 
 

@@ -27,6 +27,7 @@ from creditaudit.protocol import DepthUtility, ResidualStreamScale, in_order
 from creditaudit.records import RunRecord
 from creditaudit.registry import RULES as RULES_REGISTRY
 from creditaudit.report.runs import ACC, DEEP_COS, GAMMA, H_NORM
+from creditaudit.results import full_length
 from creditaudit.study.experiments.aggregate import format_aggregate
 from creditaudit.study.experiments.configs import (
     arch_config,
@@ -120,7 +121,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
         row["status_quo_accepts"] = sum(accepted)
         row["hidden"] = sum(a and verdict_of[r.run_id].walked_back
                             for a, r in zip(accepted, members))
-        angles = [a for a in (_feedback_angle(r) for r in members) if a is not None]
+        angles = [a for a in map(_feedback_angle, full_length(members)) if a is not None]
         row["feedback_angle"] = sum(angles) / len(angles) if angles else None
         # The diagnostic that fires first in the published runs: its first epoch.
         row["first_a"] = min((s["first_fired"].get(GROWTH) for s in row["seeds"]

@@ -25,7 +25,7 @@ from creditaudit.protocol import FIRED, DepthUtility, default_names, in_order, m
 from creditaudit.protocol.records import RecordSet, arch_variant, is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC
-from creditaudit.results import method_rank
+from creditaudit.results import full_length, method_rank, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import (
     ARCH_VARIANTS,
@@ -127,16 +127,18 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             seeds.append({"seed": record.seed, "run_id": record.run_id,
                           "first_fired": first, "fires_at_end": at_end,
                           "d_evaluated": d["evaluated"], "evaluated": evaluated,
-                          "test_acc": record.final_acc})
+                          "test_acc": record.final_acc,
+                          "stopped_early": stopped_early_text(record)})
         head = members[0]
         rows.append({
             "arch": arch_variant(head), "method": head.method,
             "dataset": head.dataset, "epochs": head.epochs,
             "first_fired": {i: _spread(seeds, i) for i in ids},
             "fires_at_end": {i: sum(bool(s["fires_at_end"][i]) for s in seeds) for i in ids},
-            "test_acc": aggregate(s["test_acc"] for s in seeds),
+            "test_acc": aggregate(s["test_acc"] for s, r in zip(seeds, members)
+                                  if not r.stopped_early),
             "trajectory": trajectory(members),
-            "marks": marks_of(members, index),
+            "marks": marks_of(full_length(members), index),
             "seeds": seeds,
         })
     order = {name: index for index, name in enumerate(choices.archs or ARCH_VARIANTS)}

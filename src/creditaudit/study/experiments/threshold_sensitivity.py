@@ -220,6 +220,7 @@ EXPERIMENT = register(Experiment(
     build_configs=audit_configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,
+    means=False,  # each run's statistic, counted: no mean of end-of-run values
     takes={"rules": "the audited rules, each at λ = 0 (the frozen-blocks baseline is always "
                     "added)",
            "arch": "the ResidualMLP: one architecture"},

@@ -234,8 +234,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     legend_below(fig, [axes[0, 1]], ncol=2)
     legend_below(fig, [axes[0, 2]], ncol=1)
     drawn = [*chosen["dfa"], *chosen["dfa_penalised"][lam]]  # (a)'s curves
-    stopped = stopped_early_note(_all_runs(chosen),
-                                 curves=any(r.stopped_early for r in drawn))
+    stopped = stopped_early_note(_all_runs(chosen), curves=drawn)
     if stopped:
         notes_below(fig, list(axes[0]), {"stopped_early": stopped})
     return {NAME: fig}

@@ -233,7 +233,8 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
                           else allow_unverified_reference),
                       reference_fix=AUDIT_FIX,
                       initial_hidden_norms=(start.measures.hidden_norms
-                                            if start is not None and start.measures else None))
+                                            if start is not None and start.measures else None),
+                      trained=run.epoch > 0)  # epoch 0: the network at initialisation
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}

@@ -68,7 +68,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
              progress: Callable[[str], None] | None = None,
              verify_reference: bool = True, protocol: Protocol | None = None,
              allow_unverified_reference: bool = False, reference_fix: str = FIX,
-             initial_hidden_norms: Sequence[float] | None = None) -> DiagnosticReport:
+             initial_hidden_norms: Sequence[float] | None = None,
+             trained: bool = True) -> DiagnosticReport:
     """Run the four-diagnostic protocol on ``model`` over a held-out evaluation set.
 
     ``eval_x`` ``(N, …)`` model inputs, ``eval_y`` ``(N,)`` integer class labels; use
@@ -82,7 +83,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     which adds the diagnostics a config lists; default: the built-in four with
     ``thresholds``). ``initial_hidden_norms``: the ``hidden_norms`` of a report on the same
     network at initialisation, on the same evaluation set; with them (a) also judges the
-    segment before h_0 (embedding, stem), which no ratio of two states sees.
+    segment before h_0 (embedding, stem), which no ratio of two states sees. ``trained``:
+    False for a network before any training step, on which (d) is not evaluated (it would
+    compare an untrained network with a trained baseline).
 
     ``metrics=True`` adds the credit-quality block (ρ, nudging; the fresh-feedback null for
     rules with fixed random feedback, FA and DFA). It needs a credit and a way to run the
@@ -127,7 +130,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                               if metrics else (None, None))
     meta, terminal_ln = _metadata(model, measured.rule, precision, metadata)
     return _report(measured, meta, terminal_ln, reference, args, quality=quality,
-                   headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol)
+                   headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol,
+                   trained=trained)
 
 
 def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor,
@@ -239,14 +243,14 @@ def _terminal_ln(model: nn.Module) -> bool | None:
 def _report(measured: _Measured, meta: dict[str, Any], terminal_ln: bool | None,
             reference: ReferenceCheck, args: Arguments, *, quality: dict[str, Any] | None,
             headline_acc: float | None, frozen_acc: float | None,
-            protocol: Protocol | None) -> DiagnosticReport:
+            protocol: Protocol | None, trained: bool) -> DiagnosticReport:
     """Step 6: the protocol evaluated on the measurements; (b) says when the reference is
     unchecked, (d) how to give a frozen-blocks accuracy."""
     report = evaluate_protocol(measured.sg, headline_acc=headline_acc, frozen_acc=frozen_acc,
                                thresholds=args.thresholds, terminal_ln=terminal_ln,
                                credits=measured.summaries, metrics=quality, metadata=meta,
                                protocol=protocol, reference=reference.to_dict(),
-                               initial_hidden_norms=args.initial)
+                               initial_hidden_norms=args.initial, trained=trained)
     # (b) judges the reference: its reason says it is unchecked
     b = ReferenceValidity.name
     if not reference.verified and any(r.id == b for r in report.diagnostics):

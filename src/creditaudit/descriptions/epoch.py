@@ -68,8 +68,9 @@ class EpochMeasures:
         domain=NONNEGATIVE)
     g_L_zero_fraction: float = doc("fraction of samples whose g_L is exactly 0",
                                    required=True, domain=FRACTION)
-    g_L_nonzero_median: float = doc("median ‖g_L‖ over the samples where it is not 0",
-                                    required=True, domain=NONNEGATIVE)
+    g_L_nonzero_median: float = doc("median ‖g_L‖ over the samples where it is not 0 (NaN "
+                                    "where every sample's g_L is 0)", required=True,
+                                    domain=NONNEGATIVE)
     cos_per_layer: list[float] = doc(
         "cos(a_l, g_l) per state: per sample, then mean over samples", required=True,
         domain=COSINE)

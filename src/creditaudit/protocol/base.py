@@ -24,6 +24,7 @@ from creditaudit.protocol.checks import (
     FIRED,
     NOT_EVALUATED,
     PASSED,
+    UNTRAINED_REASON,
     DiagnosticResult,
     unfounded,
 )
@@ -44,7 +45,9 @@ class Evidence:
     again from its stored numbers); accuracies are fractions; ``terminal_ln``: whether the
     model ends in a LayerNorm (None = unknown); ``initial_hidden_norms``: ``hidden_norms`` of
     the same network at initialisation on the same evaluation set (a run's epoch 0), when
-    known.
+    known; ``trained``: False for a network at initialisation, before any training step (a
+    run's epoch 0), where every diagnostic whose ``before_training`` is False is not
+    evaluated.
     """
 
     hidden_norms: list[float]
@@ -58,6 +61,7 @@ class Evidence:
     frozen_acc: float | None = None
     terminal_ln: bool | None = None
     initial_hidden_norms: list[float] | None = None
+    trained: bool = True
 
 
 OptionsT = TypeVar("OptionsT", covariant=True)
@@ -112,6 +116,14 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
     def evaluate(self, evidence: Evidence) -> DiagnosticResult:
         """The diagnostic's result on ``evidence`` with its options (its thresholds)."""
         raise NotImplementedError
+
+    def assess(self, evidence: Evidence) -> DiagnosticResult:
+        """Its result on ``evidence`` as readers take it: :meth:`evaluate`, :meth:`checked`;
+        on an untrained network (``evidence.trained`` False) a diagnostic that means nothing
+        before training (``before_training`` False) is not evaluated, never judged."""
+        if not evidence.trained and not self.before_training:
+            return self.result(None, NOT_EVALUATED, UNTRAINED_REASON)
+        return self.checked(self.evaluate(evidence))
 
     # --- what every diagnostic shares ------------------------------------------------------
     def limit(self) -> float:

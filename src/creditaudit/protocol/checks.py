@@ -34,6 +34,8 @@ CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown resid
 CAUSE_FLOOR = "gradient below floor"
 # Neutral: each surface says how to give it there (with_frozen_hint in audit/diagnose.py).
 NO_FROZEN_REASON = "no frozen-blocks accuracy given"
+# A diagnostic whose ``before_training`` is False, on a network before any training step.
+UNTRAINED_REASON = "untrained network (it means nothing before any training step)"
 HEADLINE_GAMMA = "samples_then_layers"
 
 

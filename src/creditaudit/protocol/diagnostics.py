@@ -194,15 +194,30 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
             # Without a terminal LN, g_L = W_headᵀ e / 128: it can only vanish when the
             # output error e = softmax − onehot does (a saturated softmax).
             cause = CAUSE_SATURATION_NO_LN
-        elif evidence.terminal_ln or (evidence.terminal_ln is None and grew):
+        elif grew:
+            # A terminal LN (declared, or not said) hides a grown stream's scale from the
+            # loss, so g_L shrinks like 1/‖h_L‖: LN cancellation needs both.
             cause = CAUSE_LN
         else:
+            # A stream that did not grow cancels nothing, LN or not (tiny head weights, a
+            # confident network): the evidence names no cause beyond the floor.
             cause = CAUSE_FLOOR
         details["cause"] = cause
-        median = "" if nonzero_median is None else f", non-zero median {nonzero_median:.3g}"
+        if cause == CAUSE_FLOOR and evidence.terminal_ln:
+            cause += f" (the stream did not grow by more than {growth:g}×: not LN cancellation)"
         return self.result(value, FIRED,
                            f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
-                           f"fraction {zero_text}{median}", **details)
+                           f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
+
+
+def _nonzero_text(nonzero_median: float | None) -> str:
+    """The median ‖g_L‖ over the samples whose gradient is not 0, as (b)'s reason ends it
+    (in words when no sample has one: the median of nothing is NaN)."""
+    if nonzero_median is None:
+        return ""
+    if math.isnan(nonzero_median):
+        return " (every per-sample gradient is exactly 0)"
+    return f", non-zero median {nonzero_median:.3g}"
 
 
 @register

@@ -174,8 +174,8 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                       protocol: Protocol | None = None,
                       measures: EpochMeasures | None = None,
                       reference: dict[str, Any] | None = None,
-                      initial_hidden_norms: Sequence[float] | None = None
-                      ) -> DiagnosticReport:
+                      initial_hidden_norms: Sequence[float] | None = None,
+                      trained: bool = True) -> DiagnosticReport:
     """The protocol's diagnostics from precomputed per-sample states and gradients.
 
     ``sg``: :class:`StateGradients` on the evaluation set (``(N, d)`` summaries, gradients
@@ -189,7 +189,9 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     gradient of ``sg`` was checked (a check's ``to_dict()``; kept as
     ``metadata["reference_check"]`` and judged with the diagnostics — None: not stated);
     ``initial_hidden_norms``: the median ‖h_l‖ of the same network at initialisation on the
-    same set, which lets (a) judge the segment before h_0. Pure: no autograd, no RNG.
+    same set, which lets (a) judge the segment before h_0; ``trained``: False for a network
+    before any training step (a run's epoch 0), on which (d) — every diagnostic whose
+    ``before_training`` is False — is not evaluated. Pure: no autograd, no RNG.
     """
     headline_acc = _check_fraction("headline_acc", headline_acc)
     frozen_acc = _check_fraction("frozen_acc", frozen_acc)
@@ -207,7 +209,8 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                         headline_acc=headline_acc, frozen_acc=frozen_acc,
                         terminal_ln=terminal_ln,
                         initial_hidden_norms=(None if initial_hidden_norms is None
-                                              else list(initial_hidden_norms)))
+                                              else list(initial_hidden_norms)),
+                        trained=trained)
     results = protocol.evaluate(evidence)
     meta = {"n_samples": int(sg.states[0].shape[0]), "layout": sg.layout,
             "terminal_ln": terminal_ln, "headline_acc": headline_acc, "frozen_acc": frozen_acc,

@@ -25,6 +25,7 @@ from creditaudit.models import build_model
 from creditaudit.models.meta import on_meta_device
 from creditaudit.protocol.checks import (
     NOT_EVALUATED,
+    UNTRAINED_REASON,
     DiagnosticResult,
     Thresholds,
     unfounded,
@@ -34,14 +35,26 @@ from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
 from creditaudit.records import Copies, RunRecord, find_runs, results_folder
 from creditaudit.records.recipes import NOT_RECORDED
-from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
+from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES
 
 
 def depth_utility(headline_acc: float | None, frozen_acc: float | None,
-                  thresholds: Thresholds) -> DiagnosticResult:
-    """(d) judged again on two accuracies (fractions)."""
-    return DepthUtility(thresholds).evaluate(Evidence([], [], headline_acc=headline_acc,
-                                                      frozen_acc=frozen_acc))
+                  thresholds: Thresholds, *, trained: bool = True) -> DiagnosticResult:
+    """(d) judged again on two accuracies (fractions); not evaluated where ``headline_acc``
+    is that of the untrained network (``trained`` False: a run's epoch 0)."""
+    return DepthUtility(thresholds).assess(Evidence([], [], headline_acc=headline_acc,
+                                                    frozen_acc=frozen_acc, trained=trained))
+
+
+def before_training(result: DiagnosticResult) -> DiagnosticResult:
+    """``result`` as judged on an untrained network (a run's epoch 0): not evaluated when
+    its diagnostic means nothing before training (``before_training`` False), as records
+    written before the training-time protocol knew it are read too."""
+    cls = DIAGNOSTICS.find(result.id)
+    if cls is None or cls.before_training or result.status == NOT_EVALUATED:
+        return result
+    return DiagnosticResult(result.id, result.name, None, result.threshold, NOT_EVALUATED,
+                            UNTRAINED_REASON, {**result.details, "claimed": result.status})
 
 
 # --- what a record is ---------------------------------------------------------------------
@@ -197,7 +210,8 @@ def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_ru
         statuses.setdefault(i, NOT_EVALUATED)
     margin = record.recorded_value(DepthUtility.name)
     if frozen_acc is not None and not is_frozen_baseline(record):
-        d = depth_utility(record.final_acc, frozen_acc, thresholds or Thresholds())
+        d = depth_utility(record.final_acc, frozen_acc, thresholds or Thresholds(),
+                          trained=record.numbers_epoch != 0)
         statuses[d.id], margin = d.status, d.value
     return Verdict(statuses, judge(statuses, record.reference.to_dict()), margin, frozen_acc,
                    frozen_runs)
@@ -233,6 +247,8 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         grad_norms=measures.bp_grad_norms_per_sample_med if measures is not None else None)
     # Judged with the run's reference check, as every reading of the record is.
     report.metadata["reference_check"] = record.reference.to_dict()
+    if record.protocol.epoch == 0:  # the untrained network (a 0-epoch run)
+        report.diagnostics = [before_training(r) for r in report.diagnostics]
     end = record.diagnostics
     if report.gamma is None and end.gamma:
         report.gamma = dict(end.gamma)
@@ -247,7 +263,8 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         headline = report.metadata.get("headline_acc")
         if headline is None:
             headline = record.final_acc
-        d = depth_utility(headline, frozen_acc, thresholds or report.thresholds)
+        d = depth_utility(headline, frozen_acc, thresholds or report.thresholds,
+                          trained=record.protocol.epoch != 0)
         d.details["frozen_runs"] = frozen_runs
         report.diagnostics = [d if r.id == d.id else r for r in report.diagnostics]
         report.metadata["frozen_acc"] = frozen_acc

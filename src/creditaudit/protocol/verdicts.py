@@ -241,11 +241,13 @@ class Protocol:
         """Every diagnostic's result on ``evidence``, in protocol order; a result that
         claims what its statistic cannot show is not evaluated
         (:meth:`ProtocolDiagnostic.checked`), and what a plugin's ``evaluate`` raises is one
-        line naming it (:func:`creditaudit.guests.blame.blame`)."""
+        line naming it (:func:`creditaudit.guests.blame.blame`). On an untrained network
+        (``evidence.trained`` False) a diagnostic that means nothing before training is not
+        evaluated (:meth:`ProtocolDiagnostic.assess`)."""
         results = []
         for d in self.diagnostics:
             with blame(DIAGNOSTICS.guest(d.name)):
-                results.append(d.checked(d.evaluate(evidence)))
+                results.append(d.assess(evidence))
         return results
 
     def diagnostic(self, name: str) -> ProtocolDiagnostic[Any]:

@@ -64,7 +64,8 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
     and the first epoch each diagnostic fired into ``record.protocol``. ``frozen_acc``: the
     baseline of (d) (a fraction, None = not evaluated); ``terminal_ln``: whether the model
     ends in a LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
-    initialisation, when recorded) let (a) judge the growth before h_0."""
+    initialisation, when recorded) let (a) judge the growth before h_0; at epoch 0 itself
+    (a 0-epoch run) the network is untrained, and (d) is not evaluated."""
     epoch, measures = entry.epoch, entry.measures
     if measures is None:
         raise ValueError(f"epoch {epoch}: the protocol is evaluated on a measured epoch")
@@ -75,7 +76,7 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
         measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
         metadata={**record_metadata(record), "epoch": epoch},
         reference=record.reference.to_dict(),
-        initial_hidden_norms=initial)
+        initial_hidden_norms=initial, trained=epoch > 0)
     entry.protocol = {r.id: r.status for r in report.diagnostics}
     entry.verdict = report.verdict
     state = record.protocol

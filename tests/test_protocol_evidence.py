@@ -1,0 +1,101 @@
+"""The protocol says no more than its evidence: (b) names LN cancellation only for a stream
+that grew and says in words when every gradient is 0; (d) is not evaluated on an untrained
+network (a 0-epoch run), in the record, `audit` and `report`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from creditaudit.audit.checkpoint import audit_run
+from creditaudit.audit.diagnose import diagnose
+from creditaudit.models import ResidualMLP
+from creditaudit.protocol import CAUSE_FLOOR, CAUSE_LN, NOT_EVALUATED, evaluate_protocol
+from creditaudit.protocol.records import record_report, record_verdict
+from creditaudit.records import load_record
+from creditaudit.run.trainer import train
+from test_protocol import make_sg, tiny_config
+
+
+# --- (b): the cause the evidence supports ----------------------------------------------------
+@pytest.mark.parametrize(("h_last", "cause", "grew"), [(5.0, CAUSE_FLOOR, False),
+                                                        (5e4, CAUSE_LN, True)])
+def test_b_names_ln_cancellation_only_when_the_stream_grew(h_last, cause, grew):
+    """A model with a terminal LN whose ‖g_L‖ is below the floor although its stream did not
+    grow read "LN cancellation of a grown residual stream"."""
+    sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, h_last), g_norms=(1e-3,) * 4 + (1e-9,))
+    b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
+                          terminal_ln=True).diagnostic("b")
+    assert b.status == "fired" and b.details["stream_grew"] is grew
+    assert b.details["cause"] == cause
+    assert ("LN cancellation of a grown" in b.reason) is grew
+    if not grew:
+        assert "did not grow by more than 50×: not LN cancellation" in b.reason
+
+
+def test_b_on_a_live_ln_model_with_tiny_head_weights_is_no_ln_cancellation():
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=8, d=8, n_classes=4, n_blocks=2)
+    with torch.no_grad():
+        model.out_head.weight.mul_(1e-6)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    report = diagnose(model, x, y)
+    b = report.diagnostic("b")
+    assert report.diagnostic("a").status == "passed"
+    assert b.status == "fired" and b.details["cause"] == CAUSE_FLOOR
+
+
+def test_b_says_in_words_that_every_gradient_is_zero():
+    model = ResidualMLP(in_dim=8, d=8, n_classes=4, n_blocks=2)
+    with torch.no_grad():
+        model.out_head.weight.zero_()
+    report = diagnose(model, torch.randn(16, 8), torch.randint(0, 4, (16,)))
+    b = report.diagnostic("b")
+    assert b.details["zero_fraction"] == 1.0
+    assert "nan" not in b.reason.lower()
+    assert "every per-sample gradient is exactly 0" in b.reason
+    assert "nan" not in json.loads(report.to_json())["diagnostics"]["b"]["reason"].lower()
+
+
+# --- (d) on an untrained network -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def untrained_run(tmp_path_factory):
+    """A 0-epoch run given a frozen-blocks accuracy: the protocol judges the network at
+    initialisation once."""
+    out = tmp_path_factory.mktemp("untrained")
+    return train(tiny_config(out, **{"optim.epochs": 0, "method.name": "bp",
+                                      "diagnostics.frozen_acc": 0.5,
+                                      "diagnostics.end_of_run": False})).run_dir
+
+
+def test_a_zero_epoch_run_records_d_not_evaluated(untrained_run):
+    record = load_record(untrained_run)
+    assert record.protocol.first_fired["d"] is None
+    assert record.protocol.epoch == 0 and "d" not in record.protocol.fired
+    d = record.protocol.report["diagnostics"]["d"]
+    assert d["status"] == NOT_EVALUATED and "untrained network" in d["reason"]
+    assert record.log[0].protocol["d"] == NOT_EVALUATED
+    assert "d" in record.protocol.report["not_evaluated"]
+    verdict = record_verdict(record, frozen_acc=0.9, frozen_runs=1)
+    assert verdict.statuses["d"] == NOT_EVALUATED and "d" not in verdict.fired
+
+
+def test_audit_of_a_zero_epoch_run_leaves_d_not_evaluated(untrained_run):
+    report = audit_run(untrained_run, frozen="0.5", metrics=False)
+    d = report.diagnostic("d")
+    assert d.status == NOT_EVALUATED and "untrained network" in d.reason
+    assert "d" in report.not_evaluated and "d" not in report.fired
+
+
+def test_a_record_that_judged_d_at_epoch_0_reads_it_not_evaluated(untrained_run):
+    """Records written before: (d) fired at epoch 0 (first_fired d = 0)."""
+    record = load_record(untrained_run)
+    stored = record.protocol.report["diagnostics"]["d"]
+    stored.update(status="fired", value=-38.4, reason="accuracy 0.116 vs frozen blocks 0.500")
+    record.protocol.report["verdict"], record.protocol.report["fired"] = "needs walk-back", ["d"]
+    report = record_report(record)
+    assert report.diagnostic("d").status == NOT_EVALUATED
+    assert report.diagnostic("d").details["claimed"] == "fired"
+    assert "d" not in report.fired

@@ -299,6 +299,24 @@ def test_figure_draws_the_published_rows(smoke, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_figure_rings_a_seed_that_stopped_early_and_writes_the_summarys_line(smoke):
+    import copy
+
+    from creditaudit.study.figures.literature import published_panels, published_vs_reproduced
+
+    summary = copy.deepcopy(smoke[1])
+    row = published_panels(summary)[0][1][0]
+    row["seeds"][0]["stopped_early"] = "stopped early at epoch 1: finish() after epoch 1"
+    summary["stopped_early"] = "Left out of the end-of-run means: BP seed 0 stopped early"
+    fig = published_vs_reproduced(summary)
+    rings = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "stopped_early"]
+    assert len(rings) == 1 and len(rings[0].get_offsets()) == 1
+    assert any(t.get_gid() == "stopped_early_note" and "BP seed 0" in t.get_text()
+               for t in fig.texts)
+    plain = published_vs_reproduced(smoke[1])
+    assert not any(c.get_gid() == "stopped_early" for ax in plain.axes for c in ax.collections)
+
+
 def test_labels_and_sizes_are_those_of_the_records_and_no_delta_off_the_published_setting(
         smoke):
     """Smoke trains the MNIST columns on synthetic stand-ins and MNIST-1D on 400 / 260

@@ -3,7 +3,9 @@
 One panel per published column (a table's dataset): for every row with a published number,
 the published error (black diamond), creditaudit's best-epoch error per seed (dots) and its
 mean ± sd (bar), and the last-epoch mean (open circle); a row the protocol walks back in any
-seed is drawn in the walk-back colour. Reads the summary dict only (``OUT/experiments/
+seed is drawn in the walk-back colour. A seed that stopped early (its best epoch is of a
+shorter run, and the means leave it out) is ringed, and the summary's line naming it is
+written under the figure. Reads the summary dict only (``OUT/experiments/
 literature.SCALE.DATASET.json``), so the figure is regenerated from files.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from creditaudit.figures.common import add_grid, new_figure, save
+from creditaudit.figures.common import add_grid, new_figure, notes_below, save
 from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR
 
 PUBLISHED_COLOR = "#000000"
@@ -57,6 +59,12 @@ def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
             color = WALK_BACK_COLOR if row["verdict"]["walked_back"] else PASS_COLOR
             seeds = [s["best_error"] for s in row["seeds"] if _finite(s["best_error"])]
             ax.scatter([x + 0.12] * len(seeds), seeds, s=9, color=color, alpha=0.6, zorder=3)
+            early = [s["best_error"] for s in row["seeds"]
+                     if s.get("stopped_early") and _finite(s["best_error"])]
+            if early:
+                ax.scatter([x + 0.12] * len(early), early, s=60, facecolors="none",
+                           edgecolors="black", linewidths=0.8, zorder=4,
+                           gid="stopped_early")
             best, last = row["best_error"], row["last_error"]
             if _finite(best.get("mean")):
                 sd = best["std"] if _finite(best.get("std")) else 0.0
@@ -81,8 +89,14 @@ def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
                       label="last epoch, mean"),
                Line2D([], [], marker="o", ls="", color=WALK_BACK_COLOR,
                       label="walked back by the protocol")]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, -0.08 / n_rows))
+    stopped = summary.get("stopped_early")
+    if stopped:
+        handles.append(Line2D([], [], marker="o", ls="", mfc="none", mec="black",
+                              markersize=8, label="seed that stopped early (ringed)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, -0.08 / n_rows))
+    if stopped:
+        notes_below(fig, [ax for ax in cells if ax.get_visible()], {"stopped_early_note": stopped})
     return fig
 
 

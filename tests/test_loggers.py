@@ -249,6 +249,34 @@ def test_tensorboard_on_a_finished_run_replays_its_record(tmp_path, capsys, capl
     assert sorted((tmp_path / "tb" / record.run_id).iterdir()) == events
 
 
+@needs_tensorboard
+def test_tensorboard_holding_part_of_a_run_gets_the_whole_record_on_replay(tmp_path,
+                                                                          kill_run_at):
+    """Interrupted in epoch 2 with --tensorboard (epochs 0–1 and an 'interrupted' status
+    logged), resumed to the end without it: asked for TensorBoard again, the finished run
+    replays its whole record there, each point once. It used to count the partial folder as
+    holding the run and leave it without epoch 2, the end-of-run metrics and the status."""
+    tb = tmp_path / "tb"
+    config = tiny(tmp_path / "runs", **{"run.tensorboard": str(tb)})
+    kill_run_at(config, epoch=2)
+    record = train(config.replace(**{"run.tensorboard": None}), resume=True).record
+    assert record.status == "completed"
+    assert tensorboard_points(tb / record.run_id)["norms/h_L"] == [0, 1]
+    train(config)  # replayed
+    points = assert_one_point_per_step(tb / record.run_id)
+    assert points["norms/h_L"] == [0, 1, 2]
+    assert points["run/status/text_summary"] == [EPOCHS]  # the interrupted one is dropped
+    values = tensorboard_values(tb / record.run_id)
+    for entry in record.log:
+        for tag, value in epoch_scalars(entry).items():
+            assert close(values[tag][entry.epoch], value), (tag, entry.epoch)
+    end = end_of_run_scalars(record)
+    assert end and all(close(values[tag][EPOCHS], value) for tag, value in end.items())
+    events = sorted((tb / record.run_id).iterdir())
+    train(config)  # now it holds the whole run: nothing is added
+    assert sorted((tb / record.run_id).iterdir()) == events
+
+
 def tensorboard_points(folder: Path) -> dict[str, list[int]]:
     """tag → the steps of its points, in order, as the TensorBoard server reads ``folder``
     (every event file, restart marks applied; its Python loader, which keeps scalars and
@@ -332,11 +360,20 @@ def test_tensorboard_of_a_run_resumed_twice_from_one_epoch_holds_each_point_once
 
 
 @needs_tensorboard
-def test_tensorboard_drops_a_killed_parts_points_after_the_resumed_epoch(tmp_path):
+@pytest.mark.parametrize("file_number", [0, 9])
+def test_tensorboard_drops_a_killed_parts_points_after_the_resumed_epoch(
+        tmp_path, monkeypatch, file_number):
     """A part that logged epochs 0–2 and was killed before epoch 2 was saved, then resumed
-    after epoch 1: epoch 2 holds the resumed part's values, once."""
+    after epoch 1: epoch 2 holds the resumed part's values, once. With ``file_number`` 9 the
+    parts' event files, written by one process, end in .9 and .10: in one second their
+    names would sort the resumed part first, and the killed part's mark would drop it."""
+    from tensorboard.summary.writer import event_file_writer
+
     from creditaudit.loggers import RunStart
     from creditaudit.loggers.tensorboard import TensorBoardLogger
+
+    monkeypatch.setattr(event_file_writer, "_global_uid",
+                        event_file_writer.AtomicCounter(file_number))
 
     record = train(tiny(tmp_path / "runs", **{"diagnostics.end_of_run": False})).record
     entries = {entry.epoch: entry for entry in record.log}

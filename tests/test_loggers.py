@@ -209,15 +209,33 @@ def test_a_finished_run_replays_its_record_into_new_loggers(tmp_path):
 
 
 def test_stop_on_walkback_says_where_and_why(tmp_path, capsys):
-    assert main(cli_args(tmp_path, "--frozen-acc", "1.0", "--stop-on-walkback")) == 0
+    """On the console, and in TensorBoard's run/status (which said only 'completed')."""
+    args = ["--frozen-acc", "1.0", "--stop-on-walkback"]
+    if HAS_TENSORBOARD:
+        args += ["--tensorboard", str(tmp_path / "tb")]
+    assert main(cli_args(tmp_path / "runs", *args)) == 0
     out = capsys.readouterr().out
-    record = load_record(next(tmp_path.glob("*/record.json")).parent)
+    record = load_record(next((tmp_path / "runs").glob("*/record.json")).parent)
     assert record.status == "completed" and record.stopped_early["epoch"] == 1 < EPOCHS
     said = (f"stopped early at epoch 1: {record.stopped_early['reason']}")
     assert "protocol verdict needs walk-back: (d)" in said
     finished = next(line for line in out.splitlines() if ": completed after " in line)
     assert finished.endswith(said)  # the console's last line
     assert f"dfa {said}" in out.splitlines()  # and the run summary
+    if HAS_TENSORBOARD:
+        from tensorboard.backend.event_processing.plugin_event_accumulator import (
+            EventAccumulator,
+        )
+
+        events = EventAccumulator(str(tmp_path / "tb" / record.run_id))
+        events.Reload()
+        (status,) = events.Tensors("run/status/text_summary")
+        assert status.step == 1
+        assert status.tensor_proto.string_val[0].decode() == f"completed, {said}"
+        # replayed: the folder holds the whole run, so nothing is added
+        files = sorted((tmp_path / "tb" / record.run_id).iterdir())
+        assert main(cli_args(tmp_path / "runs", *args, "-q")) == 0
+        assert sorted((tmp_path / "tb" / record.run_id).iterdir()) == files
 
 
 # --- TensorBoard -------------------------------------------------------------------------------
@@ -567,6 +585,30 @@ def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, 
         exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
         parts.append((steps, exit_code))
     assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
+
+
+@needs_wandb
+def test_wandb_summary_says_a_run_stopped_early(tmp_path, offline_wandb):
+    """A --stop-on-walkback run's status is completed: the summary says where and why it
+    stopped (it did not say it at all)."""
+    import json
+
+    import wandb
+
+    record = train(tiny(tmp_path / "runs", **{
+        "run.wandb_project": "creditaudit-test", "diagnostics.frozen_acc": 1.0,
+        "diagnostics.stop_on_walkback": True})).record
+    assert record.stopped_early["epoch"] == 1
+    wandb.teardown()
+    (path,) = offline_wandb.glob("wandb/offline-run-*/run-*.wandb")
+    summary: dict = {}
+    for r in wandb_records(path):
+        if r.WhichOneof("record_type") == "summary":
+            summary.update({key_of(item): json.loads(item.value_json)
+                            for item in r.summary.update})
+    assert summary["status"] == "completed"
+    assert summary["stopped_early"] == ("stopped early at epoch 1: "
+                                        f"{record.stopped_early['reason']}")
 
 
 def assert_wandb_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord

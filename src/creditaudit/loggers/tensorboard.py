@@ -33,6 +33,7 @@ from creditaudit.loggers.scalars import (
     end_of_run_scalars,
     epoch_scalars,
     hparams,
+    status_text,
     verdict_text,
 )
 from creditaudit.records import FINISHED, EpochEntry, RunRecord
@@ -103,8 +104,7 @@ class TensorBoardLogger(RunLogger):
         step = _status_step(record, self.first_step)
         for tag, value in end_of_run_scalars(record).items():
             self.writer.add_scalar(tag, value, step)
-        status = record.status + (f": {record.error}" if record.error else "")
-        self.writer.add_text("run/status", status, step)
+        self.writer.add_text("run/status", status_text(record), step)
         self.writer.file_writer.add_summary(_session_end(record.status), step)
         self.writer.flush()
 
@@ -156,7 +156,8 @@ def _holds_finished_run(log_dir: Path) -> bool:
                         statuses[event.step] = value.tensor.string_val[0].decode()
         except Exception:  # noqa: BLE001 — a damaged file holds no finished run we can trust
             log.debug("cannot read TensorBoard file %s", path, exc_info=True)
-    return any(text.split(":")[0] in FINISHED for text in statuses.values())
+    # status_text: the status first, then ", stopped early …" or ": ERROR"
+    return any(text.split(":")[0].split(",")[0] in FINISHED for text in statuses.values())
 
 
 def _session_end(status: str) -> Any:

@@ -60,7 +60,6 @@ class TensorBoardLogger(RunLogger):
             raise OutputError(f"TensorBoard folder (--tensorboard, run.tensorboard): {err}"
                               ) from None
         self.held_run = any(self.log_dir.glob("events.out.tfevents.*"))
-        self.held_finished = self.held_run and _holds_finished_run(self.log_dir)
         self.writer: Any = None  # opened by start(), unless a replay would duplicate
         self.reference: dict[str, Any] | None = None
         self.first_step = 0
@@ -69,7 +68,7 @@ class TensorBoardLogger(RunLogger):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-        if run.replayed and self.held_finished:
+        if run.replayed and self.held_run and _holds_finished_run(self.log_dir):
             log.info("TensorBoard folder %s already holds run %s: not replayed into it",
                      self.log_dir, run.run_id)
             return

@@ -209,15 +209,33 @@ def test_a_finished_run_replays_its_record_into_new_loggers(tmp_path):
 
 
 def test_stop_on_walkback_says_where_and_why(tmp_path, capsys):
-    assert main(cli_args(tmp_path, "--frozen-acc", "1.0", "--stop-on-walkback")) == 0
+    """On the console, and in TensorBoard's run/status (which said only 'completed')."""
+    args = ["--frozen-acc", "1.0", "--stop-on-walkback"]
+    if HAS_TENSORBOARD:
+        args += ["--tensorboard", str(tmp_path / "tb")]
+    assert main(cli_args(tmp_path / "runs", *args)) == 0
     out = capsys.readouterr().out
-    record = load_record(next(tmp_path.glob("*/record.json")).parent)
+    record = load_record(next((tmp_path / "runs").glob("*/record.json")).parent)
     assert record.status == "completed" and record.stopped_early["epoch"] == 1 < EPOCHS
     said = (f"stopped early at epoch 1: {record.stopped_early['reason']}")
     assert "protocol verdict needs walk-back: (d)" in said
     finished = next(line for line in out.splitlines() if ": completed after " in line)
     assert finished.endswith(said)  # the console's last line
     assert f"dfa {said}" in out.splitlines()  # and the run summary
+    if HAS_TENSORBOARD:
+        from tensorboard.backend.event_processing.plugin_event_accumulator import (
+            EventAccumulator,
+        )
+
+        events = EventAccumulator(str(tmp_path / "tb" / record.run_id))
+        events.Reload()
+        (status,) = events.Tensors("run/status/text_summary")
+        assert status.step == 1
+        assert status.tensor_proto.string_val[0].decode() == f"completed, {said}"
+        # replayed: the folder holds the whole run, so nothing is added
+        files = sorted((tmp_path / "tb" / record.run_id).iterdir())
+        assert main(cli_args(tmp_path / "runs", *args, "-q")) == 0
+        assert sorted((tmp_path / "tb" / record.run_id).iterdir()) == files
 
 
 # --- TensorBoard -------------------------------------------------------------------------------
@@ -247,6 +265,34 @@ def test_tensorboard_on_a_finished_run_replays_its_record(tmp_path, capsys, capl
         assert main(cli_args(tmp_path / "runs", "--tensorboard", str(tmp_path / "tb"))) == 0
     assert "already holds run" in caplog.text
     assert sorted((tmp_path / "tb" / record.run_id).iterdir()) == events
+
+
+@needs_tensorboard
+def test_tensorboard_holding_part_of_a_run_gets_the_whole_record_on_replay(tmp_path,
+                                                                          kill_run_at):
+    """Interrupted in epoch 2 with --tensorboard (epochs 0–1 and an 'interrupted' status
+    logged), resumed to the end without it: asked for TensorBoard again, the finished run
+    replays its whole record there, each point once. It used to count the partial folder as
+    holding the run and leave it without epoch 2, the end-of-run metrics and the status."""
+    tb = tmp_path / "tb"
+    config = tiny(tmp_path / "runs", **{"run.tensorboard": str(tb)})
+    kill_run_at(config, epoch=2)
+    record = train(config.replace(**{"run.tensorboard": None}), resume=True).record
+    assert record.status == "completed"
+    assert tensorboard_points(tb / record.run_id)["norms/h_L"] == [0, 1]
+    train(config)  # replayed
+    points = assert_one_point_per_step(tb / record.run_id)
+    assert points["norms/h_L"] == [0, 1, 2]
+    assert points["run/status/text_summary"] == [EPOCHS]  # the interrupted one is dropped
+    values = tensorboard_values(tb / record.run_id)
+    for entry in record.log:
+        for tag, value in epoch_scalars(entry).items():
+            assert close(values[tag][entry.epoch], value), (tag, entry.epoch)
+    end = end_of_run_scalars(record)
+    assert end and all(close(values[tag][EPOCHS], value) for tag, value in end.items())
+    events = sorted((tb / record.run_id).iterdir())
+    train(config)  # now it holds the whole run: nothing is added
+    assert sorted((tb / record.run_id).iterdir()) == events
 
 
 def tensorboard_points(folder: Path) -> dict[str, list[int]]:
@@ -332,11 +378,20 @@ def test_tensorboard_of_a_run_resumed_twice_from_one_epoch_holds_each_point_once
 
 
 @needs_tensorboard
-def test_tensorboard_drops_a_killed_parts_points_after_the_resumed_epoch(tmp_path):
+@pytest.mark.parametrize("file_number", [0, 9])
+def test_tensorboard_drops_a_killed_parts_points_after_the_resumed_epoch(
+        tmp_path, monkeypatch, file_number):
     """A part that logged epochs 0–2 and was killed before epoch 2 was saved, then resumed
-    after epoch 1: epoch 2 holds the resumed part's values, once."""
+    after epoch 1: epoch 2 holds the resumed part's values, once. With ``file_number`` 9 the
+    parts' event files, written by one process, end in .9 and .10: in one second their
+    names would sort the resumed part first, and the killed part's mark would drop it."""
+    from tensorboard.summary.writer import event_file_writer
+
     from creditaudit.loggers import RunStart
     from creditaudit.loggers.tensorboard import TensorBoardLogger
+
+    monkeypatch.setattr(event_file_writer, "_global_uid",
+                        event_file_writer.AtomicCounter(file_number))
 
     record = train(tiny(tmp_path / "runs", **{"diagnostics.end_of_run": False})).record
     entries = {entry.epoch: entry for entry in record.log}
@@ -530,6 +585,30 @@ def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, 
         exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
         parts.append((steps, exit_code))
     assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
+
+
+@needs_wandb
+def test_wandb_summary_says_a_run_stopped_early(tmp_path, offline_wandb):
+    """A --stop-on-walkback run's status is completed: the summary says where and why it
+    stopped (it did not say it at all)."""
+    import json
+
+    import wandb
+
+    record = train(tiny(tmp_path / "runs", **{
+        "run.wandb_project": "creditaudit-test", "diagnostics.frozen_acc": 1.0,
+        "diagnostics.stop_on_walkback": True})).record
+    assert record.stopped_early["epoch"] == 1
+    wandb.teardown()
+    (path,) = offline_wandb.glob("wandb/offline-run-*/run-*.wandb")
+    summary: dict = {}
+    for r in wandb_records(path):
+        if r.WhichOneof("record_type") == "summary":
+            summary.update({key_of(item): json.loads(item.value_json)
+                            for item in r.summary.update})
+    assert summary["status"] == "completed"
+    assert summary["stopped_early"] == ("stopped early at epoch 1: "
+                                        f"{record.stopped_early['reason']}")
 
 
 def assert_wandb_holds(folder: Path, record) -> None:  # noqa: ANN001 — a RunRecord

@@ -43,6 +43,12 @@ class ChangedRecordError(RunRecordError):
         self.fact = fact
 
 
+class NewerRecordError(RunRecordError):
+    """A run record written by a newer version of creditaudit (a later record schema): this
+    version cannot read it, and must not replace it either — the run is not lost, it needs
+    the newer version."""
+
+
 class OutputError(CreditAuditError):
     """A file or folder could not be written (read-only, a file where a folder should be,
     full disk, …)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from creditaudit.protocol import FIRED, PASSED, WALK_BACK, judge
 from creditaudit.records import EpochEntry, RunRecord
+from creditaudit.report.runs import stopped_early_text
 
 
 def _number(value: Any) -> float | None:
@@ -82,6 +83,15 @@ def verdict_text(entry: EpochEntry, reference: dict[str, Any] | None = None) -> 
     if not entry.protocol:
         return None
     return judge(entry.protocol, reference).text
+
+
+def status_text(record: RunRecord) -> str:
+    """How the run ended, in words: ``completed``, ``completed, stopped early at epoch 3:
+    protocol verdict needs walk-back: (a)`` (its status alone does not say so), ``failed:
+    ERROR``."""
+    stopped = stopped_early_text(record)
+    return (record.status + (f", {stopped}" if stopped else "")
+            + (f": {record.error}" if record.error else ""))
 
 
 def end_of_run_scalars(record: RunRecord) -> dict[str, float]:

@@ -8,7 +8,10 @@ The config is also written as hparams (flat ``section.key``) with the headline m
 TensorBoard's HPARAMS tab compares runs.
 
 A finished run replayed from its record is written only into a folder that does not hold
-the run yet: TensorBoard would show a second copy of every point beside the first. A run
+the whole run yet (its finished status): TensorBoard would show a second copy of every
+point beside the first. A folder that holds only part of it (a part killed or interrupted
+there, then resumed without ``--tensorboard``) gets the whole record, behind a restart mark
+at epoch 0 that drops the partial points. A run
 started over (``--force``, or a run killed before its first trained epoch) and a resumed
 part write into the folder that holds the earlier part: each part's event file starts with
 a restart mark at the first epoch it logs (``SummaryWriter``'s ``purge_step``), so
@@ -18,6 +21,7 @@ TensorBoard drops every earlier point from that epoch on — one point per tag a
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,10 @@ from creditaudit.loggers.scalars import (
     end_of_run_scalars,
     epoch_scalars,
     hparams,
+    status_text,
     verdict_text,
 )
-from creditaudit.records import EpochEntry, RunRecord
+from creditaudit.records import FINISHED, EpochEntry, RunRecord
 
 log = logging.getLogger(__name__)
 # The metrics the HPARAMS tab shows beside the config: scalars every epoch logs.
@@ -63,7 +68,7 @@ class TensorBoardLogger(RunLogger):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-        if run.replayed and self.held_run:
+        if run.replayed and self.held_run and _holds_finished_run(self.log_dir):
             log.info("TensorBoard folder %s already holds run %s: not replayed into it",
                      self.log_dir, run.run_id)
             return
@@ -72,6 +77,7 @@ class TensorBoardLogger(RunLogger):
         # resumed epoch for a resumed part. An earlier part's points from there on (a run
         # started over, a part killed after it logged) are dropped by the restart mark.
         self.first_step = run.first_epoch if run.resumed else 0
+        _wait_for_a_later_second(self.log_dir)
         self.writer = SummaryWriter(str(self.log_dir), purge_step=self.first_step)
         config = run.config
         experiment, session_start, _ = hparams_summaries(
@@ -97,8 +103,7 @@ class TensorBoardLogger(RunLogger):
         step = _status_step(record, self.first_step)
         for tag, value in end_of_run_scalars(record).items():
             self.writer.add_scalar(tag, value, step)
-        status = record.status + (f": {record.error}" if record.error else "")
-        self.writer.add_text("run/status", status, step)
+        self.writer.add_text("run/status", status_text(record), step)
         self.writer.file_writer.add_summary(_session_end(record.status), step)
         self.writer.flush()
 
@@ -114,6 +119,44 @@ def _status_step(record: RunRecord, first_step: int) -> int:
     twice from one epoch keeps one status there, not one per killed part."""
     last = record.log[-1].epoch if record.log else -1
     return max(last, 0) if record.is_finished else max(last + 1, first_step)
+
+
+def _wait_for_a_later_second(log_dir: Path) -> None:
+    """Sleep (under a second) until the clock's second is later than that of every event
+    file in ``log_dir``. TensorBoard reads a folder's files in the order of their names,
+    ``events.out.tfevents.SECOND.HOST.PID.N``: a part written in the same second by the same
+    process as the part before it (a killed run resumed at once from Python) sorts by its
+    ``N`` as text, so the 10th file would come before the 9th, and the earlier part's restart
+    mark would drop the later part's points. (A file from a clock ahead costs 1 s at most.)"""
+    seconds = [int(name.split(".")[3]) for name in
+               (path.name for path in log_dir.glob("events.out.tfevents.*"))
+               if len(name.split(".")) > 3 and name.split(".")[3].isdigit()]
+    if seconds:
+        time.sleep(min(1.0, max(0.0, max(seconds) + 1 - time.time())))
+
+
+def _holds_finished_run(log_dir: Path) -> bool:
+    """Whether the event files in ``log_dir``, read as TensorBoard reads them (in order, a
+    restart mark dropping the points from its step on), keep a ``run/status`` of a finished
+    run (completed or diverged): the run was logged there to its end."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.proto.event_pb2 import SessionLog
+
+    statuses: dict[int, str] = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        try:
+            for event in EventFileLoader(str(path)).Load():
+                if (event.HasField("session_log")
+                        and event.session_log.status == SessionLog.START):
+                    statuses = {step: text for step, text in statuses.items()
+                                if step < event.step}
+                for value in event.summary.value:
+                    if value.tag == "run/status/text_summary" and value.tensor.string_val:
+                        statuses[event.step] = value.tensor.string_val[0].decode()
+        except Exception:  # noqa: BLE001 — a damaged file holds no finished run we can trust
+            log.debug("cannot read TensorBoard file %s", path, exc_info=True)
+    # status_text: the status first, then ", stopped early …" or ": ERROR"
+    return any(text.split(":")[0].split(",")[0] in FINISHED for text in statuses.values())
 
 
 def _session_end(status: str) -> Any:

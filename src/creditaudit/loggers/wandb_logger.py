@@ -20,6 +20,7 @@ from creditaudit.loggers.scalars import (
     verdict_text,
 )
 from creditaudit.records import EpochEntry, RunRecord
+from creditaudit.report.runs import stopped_early_text
 
 
 class WandbLogger(RunLogger):
@@ -79,7 +80,8 @@ class WandbLogger(RunLogger):
         self.run.summary.update({**final_scalars(record), **end, "status": record.status,
                                  "verdict": record.protocol.verdict or "not evaluated",
                                  "reference": record.reference.how,
-                                 "error": record.error or ""})
+                                 "error": record.error or "",
+                                 "stopped_early": stopped_early_text(record) or ""})
         self.run.finish(exit_code=0 if record.is_finished else 1)
         self.run = None
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from creditaudit.config import config_from_dict
 from creditaudit.descriptions import COSINE_INVALID, DataIdentity, ModelDescription
-from creditaudit.errors import CreditAuditError, RunRecordError
+from creditaudit.errors import CreditAuditError, NewerRecordError, RunRecordError
 from creditaudit.records.copies import read_final, read_protocol
 from creditaudit.records.parts import EpochEntry, check_domains, nonzero_median_restored
 from creditaudit.records.run_parts import (
@@ -44,6 +44,10 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise RunRecordError(f"run record {where} must be a JSON object")
     schema = raw.get("schema")
+    if _newer(schema):
+        raise NewerRecordError(f"run record {where} was written by a newer version of "
+                               f"creditaudit (schema {schema!r}; this version reads up to "
+                               f"{SCHEMA!r}): upgrade creditaudit to read it")
     if schema not in (SCHEMA, *LEGACY_SCHEMAS):
         raise RunRecordError(f"run record {where} has schema {schema!r}; this version of "
                              f"creditaudit reads {SCHEMA!r} (and migrates "
@@ -101,6 +105,16 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
         credit_not_finite=_credit_not_finite(raw.get("credit_not_finite"), where),
         not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
+
+
+def _newer(schema: Any) -> bool:
+    """Whether ``schema`` is a run-record schema after :data:`SCHEMA` (``creditaudit.run/N``,
+    N larger than this version's)."""
+    prefix, _, version = SCHEMA.rpartition("/")
+    if not isinstance(schema, str) or not schema.startswith(prefix + "/"):
+        return False
+    number = schema[len(prefix) + 1:]
+    return number.isascii() and number.isdigit() and int(number) > int(version)
 
 
 def _resumed(value: Any, where: str) -> list[ResumedPart]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset
-from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.errors import ConfigError, NewerRecordError, RunRecordError
 from creditaudit.loggers import RunLogger, build_loggers, replay
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
@@ -110,6 +110,9 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
     if record_path.exists() and not force:
         try:
             existing = load_record(record_path)
+        except NewerRecordError as err:  # the newer version's run: --force would delete it
+            raise NewerRecordError(f"{err} (--force would delete it and train the run again "
+                                   "with this version)") from None
         except RunRecordError as err:
             advice = "" if "--force" in str(err) else "; pass --force to start this run over"
             raise RunRecordError(f"{err}{advice}") from None

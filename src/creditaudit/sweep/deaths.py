@@ -99,7 +99,7 @@ def _record_failed(config: dict[str, Any], run_dir: Path, error: str,
         return
     try:
         status, _ = disk_status(run_dir)
-        if status in FINISHED or status == "failed":
+        if status in FINISHED or status in ("failed", "newer"):
             return
         if status in (None, "corrupt"):
             write_failed_record(config_from_dict(config), run_dir, error)

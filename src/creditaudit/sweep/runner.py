@@ -127,7 +127,8 @@ def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,
         holder, raw, mtime = read_claim(run.run_dir / CLAIM_FILE)
         live = raw is not None and claim_is_stale(holder, time.time() - mtime,
                                                   stale_after) is None
-        todo = not (status in FINISHED or (status == "failed" and not retry_failed))
+        todo = not (status in FINISHED or status == "newer"
+                    or (status == "failed" and not retry_failed))
         rows.append({"run_id": run.run_id, "status": status, "error": error, "todo": todo,
                      "holder": holder if live else None})
     return rows

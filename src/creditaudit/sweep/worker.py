@@ -23,6 +23,7 @@ from creditaudit.errors import (
     ConfigError,
     CreditAuditError,
     DiskFullError,
+    NewerRecordError,
     OutputError,
     RunRecordError,
 )
@@ -68,7 +69,8 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
 
     An unreadable record reads as ("corrupt", reason); for a record changed after it was
     written, the reason without load_record's advice (restore it, or --force): a sweep
-    starts such a run over itself.
+    starts such a run over itself. A record written by a newer creditaudit reads as
+    ("newer", reason): a sweep leaves it alone (refused), for the newer version to read.
     """
     from creditaudit.records import RECORD_FILE, load_record
 
@@ -79,6 +81,8 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
         record = load_record(path)
     except ChangedRecordError as err:
         return "corrupt", err.fact
+    except NewerRecordError as err:
+        return "newer", str(err)
     except RunRecordError as err:
         return "corrupt", str(err)
     return record.status, record.error
@@ -139,6 +143,9 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 
     def skip_reason() -> bool:
         status, error = disk_status(run_dir)
+        if status == "newer":  # never replaced: it holds a newer version's run
+            outcome.update(status="failed", error=error, action="refused")
+            return True
         if status in FINISHED or (status == "failed" and not retry_failed):
             outcome.update(status=status, error=error, action="skipped")
             return True
@@ -191,7 +198,7 @@ def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
 
         error += (f" (in a sweep: delete {run.run_dir / CHECKPOINT_FILE} and rerun the sweep "
                   "with --retry-failed to start this run over)")
-    if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):
+    if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):  # not "newer"
         # Not even a failed record can replace a folder named record.json: the
         # outcome still says why the run failed.
         try:

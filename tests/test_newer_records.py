@@ -81,3 +81,20 @@ def test_train_says_to_upgrade_before_it_offers_force(tmp_path, capsys):
                                  "upgrade creditaudit to read it")
     assert "--force would delete it" in line
     assert (run_dir / RECORD_FILE).read_bytes() == written
+
+
+def test_an_experiment_leaves_a_newer_versions_run_alone_and_says_why(tmp_path):
+    """The experiment runner read such a record as corrupt, so it sent the run to its sweep
+    to start over; it now refuses it before the sweep, naming the newer version."""
+    from creditaudit.config import load_config
+    from creditaudit.run.plan import plan_run
+    from creditaudit.study.experiments.runner import run_state
+
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out",
+                             '[grid]\n"method.name" = ["bp"]\n')
+    assert main(["sweep", str(sweep), "--workers", "0", "-q"]) == 0
+    (run_dir,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
+    make_newer(run_dir / RECORD_FILE)
+    status, record, error = run_state(plan_run(load_config(run_dir / "config.toml")))
+    assert (status, record) == ("newer", None)
+    assert "upgrade creditaudit to read it" in error

@@ -15,10 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import device_overrides
-from creditaudit.errors import ChangedRecordError, ConfigError, CreditAuditError
+from creditaudit.errors import (
+    ChangedRecordError,
+    ConfigError,
+    CreditAuditError,
+    NewerRecordError,
+)
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import atomic_write_bytes
-from creditaudit.records import RECORD_FILE, RunRecord, atomic_write_json, load_record_cached
+from creditaudit.records import (
+    FINISHED,
+    RECORD_FILE,
+    RunRecord,
+    atomic_write_json,
+    load_record_cached,
+)
 from creditaudit.run.plan import RunPlan
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
@@ -97,7 +108,8 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
 
 def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     """(status, record, error) of a run (its plan) on disk; status None when it has no
-    record, and "corrupt" (with the reason) when its record cannot be read."""
+    record, "newer" (with the reason) when a newer creditaudit wrote it — left alone, for that
+    version — and "corrupt" (with the reason) when its record cannot be read."""
     path = plan.run_dir / RECORD_FILE
     if not path.exists():
         return None, None, None
@@ -105,6 +117,8 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         record = load_record_cached(path)
     except ChangedRecordError as err:  # the fact: the experiment's sweep starts it over
         return "corrupt", None, err.fact
+    except NewerRecordError as err:
+        return "newer", None, str(err)
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
     return record.status, record, record.error
@@ -227,7 +241,10 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     todo = []
     for plan in unique_plans(list(planned.values())):
         status, _, error = run_state(plan)
-        if status in ("completed", "diverged") or (status == "failed" and not retry_failed):
+        if status == "newer":  # never replaced: it holds a newer version's run
+            outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
+                                     "action": "refused", "error": error}
+        elif status in FINISHED or (status == "failed" and not retry_failed):
             outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
                                      "action": "skipped", "error": error}
         else:

@@ -48,3 +48,19 @@ def test_a_chosen_value_past_the_loaded_test_split_is_refused_and_ids_stay_apart
     chosen = plan_run(fashion(tmp_path, **{"diagnostics.eval_samples": 100}))
     chosen.load_data()
     assert chosen.eval_samples == 100 and chosen.run_id != shrunk.run_id
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_the_shrunk_default_is_said_once(tmp_path, caplog, declared):
+    """Fitted twice — to the declared sizes when planned, to the loaded split when loaded —
+    and said once: the generator declares its sizes, the files' folder does not."""
+    import logging
+
+    config = (RunConfig().replace(**{"data.name": "mnist1d", "data.n_train": 250,
+                                     "data.n_test": 500})
+              if declared else fashion(tmp_path))
+    with caplog.at_level(logging.INFO, logger="creditaudit.run.plan"):
+        plan = plan_run(config)
+        plan.load_data()
+    said = [r for r in caplog.records if "evaluating on all" in r.getMessage()]
+    assert len(said) == 1 and plan.eval_samples == (500 if declared else N_TEST)

@@ -132,9 +132,11 @@ class RunPlan:
 
     def _fit_eval_samples(self, data: Dataset) -> None:
         """``eval_samples`` fitted to the test split as loaded: a dataset that does not
-        declare its sizes (files) is known only now."""
-        self.eval_samples = fit_eval_samples(self.config, self.dataset.name,
-                                             int(data.test_x.shape[0]))
+        declare its sizes (files) is known only now. A shrunk default the plan already fitted
+        to the same split (declared sizes) is not said twice."""
+        n_test = int(data.test_x.shape[0])
+        self.eval_samples = fit_eval_samples(self.config, self.dataset.name, n_test,
+                                             say=self.eval_samples != n_test)
 
     def data_identity(self) -> DataIdentity:
         """The data identity with the sizes and the content digest of the loaded data (and
@@ -376,17 +378,19 @@ def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:
     return fit_eval_samples(config, spec.name, sizes[1])
 
 
-def fit_eval_samples(config: RunConfig, dataset: str, n_test: int) -> int:
+def fit_eval_samples(config: RunConfig, dataset: str, n_test: int, *, say: bool = True) -> int:
     """``diagnostics.eval_samples``, or the whole test split of ``n_test`` samples when the
-    default 1280 exceeds it (said in one log line); ConfigError when a value the user chose
-    exceeds it. The shrunk default needs no place in the run id: ``n_test`` follows from
-    what the id holds (the generator's options, the files' content)."""
+    default 1280 exceeds it (said in one log line, unless ``say`` is False); ConfigError
+    when a value the user chose exceeds it. The shrunk default needs no place in the run
+    id: ``n_test`` follows from what the id holds (the generator's options, the files'
+    content)."""
     wanted = config.diagnostics.eval_samples
     if wanted <= n_test:
         return wanted
     if wanted == type(config.diagnostics)().eval_samples:
-        log.info("diagnostics.eval_samples: the default %d exceeds the %d test samples of "
-                 "%s; evaluating on all %d", wanted, n_test, dataset, n_test)
+        if say:
+            log.info("diagnostics.eval_samples: the default %d exceeds the %d test samples of "
+                     "%s; evaluating on all %d", wanted, n_test, dataset, n_test)
         return n_test
     raise ConfigError(f"diagnostics.eval_samples={wanted} exceeds the {n_test} test samples "
                       f"of {dataset}; use at most {n_test}")

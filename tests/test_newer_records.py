@@ -98,3 +98,16 @@ def test_an_experiment_leaves_a_newer_versions_run_alone_and_says_why(tmp_path):
     status, record, error = run_state(plan_run(load_config(run_dir / "config.toml")))
     assert (status, record) == ("newer", None)
     assert "upgrade creditaudit to read it" in error
+
+
+def test_a_newer_record_given_as_config_says_to_upgrade_only(tmp_path, capsys):
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out",
+                             '[grid]\n"method.name" = ["bp"]\n')
+    assert main(["sweep", str(sweep), "--workers", "0", "-q"]) == 0
+    (run_dir,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
+    make_newer(run_dir / RECORD_FILE)
+    capsys.readouterr()
+    assert main(["train", "--config", str(run_dir / RECORD_FILE), "-q"]) == 2
+    out, err = capsys.readouterr()
+    line = assert_one_line_error(out, err, "upgrade creditaudit to read it")
+    assert "pass a TOML config" not in line and "not a readable" not in line

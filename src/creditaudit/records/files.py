@@ -28,7 +28,13 @@ from typing import Any
 
 from creditaudit.config import RunConfig, config_from_dict, load_config
 from creditaudit.descriptions import DataIdentity, ModelDescription
-from creditaudit.errors import ChangedRecordError, ConfigError, OutputError, RunRecordError
+from creditaudit.errors import (
+    ChangedRecordError,
+    ConfigError,
+    NewerRecordError,
+    OutputError,
+    RunRecordError,
+)
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import (
     atomic_write_json,
@@ -186,6 +192,8 @@ def load_config_file(path: Path | str) -> RunConfig:
         return load_config(path)
     try:
         load_record(path, check_content=False)
+    except NewerRecordError as err:  # a record, of a version that can read it
+        raise ConfigError(f"config file {path}: {err}") from None
     except RunRecordError as err:
         raise ConfigError(f"config file {path} is JSON but not a readable creditaudit run "
                           f"record ({err}); pass a TOML config or a run's record.json"

@@ -1,6 +1,6 @@
 """The protocol says no more than its evidence: (b) names LN cancellation only for a stream
 that grew and says in words when every gradient is 0; (d) is not evaluated on an untrained
-network (a 0-epoch run), in the record, `audit` and `report`."""
+network (a 0-epoch run), in the record, `audit`, `report` and `depth_utility_diagnostic`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ import torch
 from creditaudit.audit.checkpoint import audit_run
 from creditaudit.audit.diagnose import diagnose
 from creditaudit.models import ResidualMLP
-from creditaudit.protocol import CAUSE_FLOOR, CAUSE_LN, NOT_EVALUATED, evaluate_protocol
+from creditaudit.protocol import (
+    CAUSE_FLOOR,
+    CAUSE_LN,
+    NOT_EVALUATED,
+    Thresholds,
+    depth_utility_diagnostic,
+    evaluate_protocol,
+)
 from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import load_record
 from creditaudit.run.trainer import train
@@ -57,6 +64,19 @@ def test_b_says_in_words_that_every_gradient_is_zero():
     assert "nan" not in b.reason.lower()
     assert "every per-sample gradient is exactly 0" in b.reason
     assert "nan" not in json.loads(report.to_json())["diagnostics"]["b"]["reason"].lower()
+
+
+# --- (d) on two accuracies --------------------------------------------------------------
+def test_depth_utility_diagnostic_is_the_one_rejudging_function():
+    """The public depth_utility_diagnostic duplicated protocol.records' function and could
+    not say that the accuracy is of an untrained network."""
+    from creditaudit.protocol.records import depth_utility
+
+    fired = depth_utility_diagnostic(0.30, 0.50, Thresholds())
+    assert fired.status == "fired" and fired.value == pytest.approx(-20.0)
+    assert depth_utility_diagnostic(0.30, 0.50, Thresholds(), trained=False).status \
+        == NOT_EVALUATED
+    assert depth_utility_diagnostic is depth_utility
 
 
 # --- (d) on an untrained network -------------------------------------------------------------

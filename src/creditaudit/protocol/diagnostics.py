@@ -46,6 +46,7 @@ from creditaudit.protocol.checks import (
     NOT_EVALUATED,
     PASSED,
     DiagnosticResult,
+    Thresholds,
     block_growths,
     cross_batch_stability,
     embed_growth,
@@ -308,7 +309,17 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
                            f"{margin:+.2f} pp (≥ {limit:g} pp)", **details)
 
 
+def depth_utility(headline_acc: float | None, frozen_acc: float | None,
+                  thresholds: Thresholds | DepthOptions, *, trained: bool = True
+                  ) -> DiagnosticResult:
+    """(d) on two accuracies (fractions) at ``thresholds``' ``margin_pp``: what re-judging a
+    record against a frozen baseline needs. Not evaluated where ``headline_acc`` is that of
+    the untrained network (``trained`` False: a run's epoch 0)."""
+    return DepthUtility(thresholds).assess(Evidence([], [], headline_acc=headline_acc,
+                                                    frozen_acc=frozen_acc, trained=trained))
+
+
 __all__ = ["Evidence", "ProtocolDiagnostic", "protocol", "default_names", "register",
            "OPERATORS", "SCALES", "ResidualStreamScale", "ReferenceValidity",
            "DirectionStability", "DepthUtility", "GrowthOptions", "ReferenceOptions",
-           "StabilityOptions", "DepthOptions"]
+           "StabilityOptions", "DepthOptions", "depth_utility"]

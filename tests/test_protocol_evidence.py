@@ -1,6 +1,7 @@
 """The protocol says no more than its evidence: (b) names LN cancellation only for a stream
-that grew and says in words when every gradient is 0; (d) is not evaluated on an untrained
-network (a 0-epoch run), in the record, `audit`, `report` and `depth_utility_diagnostic`."""
+that grew (by the run's own (a) threshold) and says in words when every gradient is 0; (d)
+is not evaluated on an untrained network (a 0-epoch run), in the record, `audit`, `report`
+and `depth_utility_diagnostic`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import torch
 
 from creditaudit.audit.checkpoint import audit_run
 from creditaudit.audit.diagnose import diagnose
+from creditaudit.config import RunConfig
 from creditaudit.models import ResidualMLP
 from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
     NOT_EVALUATED,
+    Protocol,
     Thresholds,
     depth_utility_diagnostic,
     evaluate_protocol,
@@ -64,6 +67,28 @@ def test_b_says_in_words_that_every_gradient_is_zero():
     assert "nan" not in b.reason.lower()
     assert "every per-sample gradient is exactly 0" in b.reason
     assert "nan" not in json.loads(report.to_json())["diagnostics"]["b"]["reason"].lower()
+
+
+# --- (b) judges growth by the run's own (a) threshold -------------------------------------
+@pytest.mark.parametrize(("growth", "h_last", "a_status", "grew", "cause"), [
+    (10.0, 100.0, "fired", True, CAUSE_LN),      # 20×: grown by the run's 10, not by 50
+    (100.0, 300.0, "passed", False, CAUSE_FLOOR)])  # 60×: grown by 50, not by the run's 100
+def test_b_calls_the_stream_grown_by_the_runs_own_a_threshold(growth, h_last, a_status,
+                                                                grew, cause):
+    """(b) decided stream_grew against (a)'s default 50× whatever the run configured, so
+    (a) could fire on a stream (b) called not grown, and the reverse."""
+    config = RunConfig().replace(**{"diagnostics.a.growth": growth})
+    sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, h_last), g_norms=(1e-3,) * 4 + (1e-9,))
+    for protocol, thresholds in [(Protocol.from_config(config.diagnostics), None),
+                                 (None, Thresholds(growth=growth))]:
+        report = evaluate_protocol(sg, headline_acc=None, frozen_acc=None, terminal_ln=True,
+                                   protocol=protocol,
+                                   **({} if thresholds is None else {"thresholds": thresholds}))
+        b = report.diagnostic("b")
+        assert report.diagnostic("a").status == a_status
+        assert b.details["stream_grew"] is grew and b.details["cause"] == cause
+        if not grew:
+            assert f"did not grow by more than {growth:g}×" in b.reason
 
 
 # --- (d) on two accuracies --------------------------------------------------------------

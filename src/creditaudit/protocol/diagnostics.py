@@ -168,7 +168,9 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         value = evidence.grad_norms[-1] if evidence.grad_norms else math.nan
         zero_fraction = evidence.g_L_zero_fraction
         nonzero_median = evidence.g_L_nonzero_median
-        growth = ResidualStreamScale().limit()
+        # A grown stream by the protocol's own (a) threshold: the two never disagree.
+        growth = (ResidualStreamScale().limit() if evidence.growth_limit is None
+                  else evidence.growth_limit)
         before = embed_growth(hidden, evidence.initial_hidden_norms)  # before h_0, since init
         grew = ((len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
                 or (before is not None and before > growth))

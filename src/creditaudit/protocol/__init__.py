@@ -33,6 +33,7 @@ from creditaudit.protocol.checks import (
     CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
+    CAUSE_WEAK_HEAD,
     FIRED,
     HEADLINE_GAMMA,
     INCOMPLETE,

@@ -41,6 +41,7 @@ from creditaudit.protocol.checks import (
     CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
+    CAUSE_WEAK_HEAD,
     FIRED,
     NO_FROZEN_REASON,
     NOT_EVALUATED,
@@ -189,14 +190,14 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
                                "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
-            unsaturated = (None if evidence.grads is None or evidence.logits is None
-                           else unsaturated_share(evidence.grads[-1], evidence.logits))
-            cause = (CAUSE_NO_PATH if unsaturated is not None and unsaturated > 0.5
+            cause = (CAUSE_NO_PATH if _mostly_unsaturated(evidence, 0.0)
                      else CAUSE_SATURATION)
         elif evidence.terminal_ln is False:
-            # Without a terminal LN, g_L = W_headᵀ e / 128: it can only vanish when the
-            # output error e = softmax − onehot does (a saturated softmax).
-            cause = CAUSE_SATURATION_NO_LN
+            # Without a terminal LN, g_L = W_headᵀ e / 128 is small when the output error
+            # e = softmax − onehot is (a saturated softmax) or the head's weights are: the
+            # logits tell which; without them, saturation (the usual cause).
+            cause = (CAUSE_WEAK_HEAD if _mostly_unsaturated(evidence, floor)
+                     else CAUSE_SATURATION_NO_LN)
         elif grew:
             # A terminal LN (declared, or not said) hides a grown stream's scale from the
             # loss, so g_L shrinks like 1/‖h_L‖: LN cancellation needs both.
@@ -211,6 +212,16 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         return self.result(value, FIRED,
                            f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
                            f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
+
+
+def _mostly_unsaturated(evidence: Evidence, below: float) -> bool:
+    """Whether the softmax of most samples whose ‖g_L‖ is at most ``below`` is not saturated
+    (:func:`~creditaudit.protocol.checks.unsaturated_share`); False when the evidence has
+    no per-sample gradients and logits (a record judged again from its stored numbers)."""
+    if evidence.grads is None or evidence.logits is None:
+        return False
+    share = unsaturated_share(evidence.grads[-1], evidence.logits, below=below)
+    return share is not None and share > 0.5
 
 
 def _nonzero_text(nonzero_median: float | None) -> str:

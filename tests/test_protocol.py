@@ -25,7 +25,7 @@ from creditaudit.protocol import (
     CAUSE_LN,
     CAUSE_NO_PATH,
     CAUSE_SATURATION,
-    CAUSE_SATURATION_NO_LN,
+    CAUSE_WEAK_HEAD,
     NO_FROZEN_REASON,
     DiagnosticReport,
     cross_batch_stability,
@@ -124,7 +124,7 @@ def test_reference_gradient_exactly_zero_without_saturation_is_no_path_to_h_L():
     assert b.details["cause"] == CAUSE_NO_PATH and "not saturated" in b.reason
 
 @pytest.mark.parametrize(("terminal_ln", "h_last", "cause"), [
-    (True, 5e4, CAUSE_LN), (True, 5.0, CAUSE_FLOOR), (False, 5e4, CAUSE_SATURATION_NO_LN),
+    (True, 5e4, CAUSE_LN), (True, 5.0, CAUSE_FLOOR), (False, 5e4, CAUSE_WEAK_HEAD),
     (None, 5e4, CAUSE_LN), (None, 5.0, CAUSE_FLOOR)])
 def test_reference_cause_without_saturation(terminal_ln, h_last, cause):
     sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, h_last),

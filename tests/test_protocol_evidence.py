@@ -1,18 +1,34 @@
 """The protocol says no more than its evidence: (b) names LN cancellation only for a stream
-that grew and says in words when every gradient is 0; (d) is not evaluated on an untrained
-network (a 0-epoch run), in the record, `audit` and `report`."""
+that grew (by the run's own (a) threshold), a saturated softmax only where the logits show
+one, and says in words when every gradient is 0; (d) is not evaluated on an untrained
+network (a 0-epoch run), in the record, `audit`, `report` and `depth_utility_diagnostic`."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from creditaudit.audit.checkpoint import audit_run
 from creditaudit.audit.diagnose import diagnose
+from creditaudit.config import RunConfig
 from creditaudit.models import ResidualMLP
-from creditaudit.protocol import CAUSE_FLOOR, CAUSE_LN, NOT_EVALUATED, evaluate_protocol
+from creditaudit.protocol import (
+    CAUSE_FLOOR,
+    CAUSE_LN,
+    CAUSE_SATURATION_NO_LN,
+    CAUSE_WEAK_HEAD,
+    NOT_EVALUATED,
+    Evidence,
+    Protocol,
+    ReferenceValidity,
+    Thresholds,
+    depth_utility_diagnostic,
+    evaluate_protocol,
+)
+from creditaudit.protocol.checks import unsaturated_share
 from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import load_record
 from creditaudit.run.trainer import train
@@ -57,6 +73,89 @@ def test_b_says_in_words_that_every_gradient_is_zero():
     assert "nan" not in b.reason.lower()
     assert "every per-sample gradient is exactly 0" in b.reason
     assert "nan" not in json.loads(report.to_json())["diagnostics"]["b"]["reason"].lower()
+
+
+# --- (b) without a terminal LN: saturation only where the softmax is saturated ------------
+@pytest.mark.parametrize(("top_logit", "cause"), [(0.0, CAUSE_WEAK_HEAD),
+                                                   (40.0, CAUSE_SATURATION_NO_LN)])
+def test_b_without_ln_names_saturation_only_for_a_saturated_softmax(top_logit, cause):
+    """Without a terminal LN a sub-floor ‖g_L‖ read "saturated softmax" even when the
+    softmax was uniform (g_L = W_headᵀ e / 128 small because the head's weights are)."""
+    sg = make_sg(g_norms=(1e-3,) * 4 + (1e-9,))
+    sg.logits[:, 0] = top_logit  # 0: uniform; 40: 1 − max softmax ≈ 4e-17
+    b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
+                          terminal_ln=False).diagnostic("b")
+    assert b.status == "fired" and b.details["cause"] == cause and cause in b.reason
+
+
+def test_b_without_logits_keeps_saturation_as_the_cause():
+    """A record judged again from its stored numbers has no logits: today's cause stays."""
+    evidence = Evidence(hidden_norms=[5.0] * 3, grad_norms=[1e-3, 1e-3, 1e-9],
+                        g_L_zero_fraction=0.0, g_L_nonzero_median=1e-9, terminal_ln=False)
+    b = ReferenceValidity().evaluate(evidence)
+    assert b.status == "fired" and b.details["cause"] == CAUSE_SATURATION_NO_LN
+
+
+@pytest.mark.parametrize(("head_scale", "top_bias", "cause"), [
+    (1e-6, 0.0, CAUSE_WEAK_HEAD),              # tiny head weights, softmax near uniform
+    (1.0, 30.0, CAUSE_SATURATION_NO_LN)])      # ordinary head, 1 − max softmax ≈ 8e-13
+def test_b_on_a_live_model_without_ln_names_what_made_g_L_small(head_scale, top_bias, cause):
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=8, d=8, n_classes=4, n_blocks=2, out_ln=False)
+    with torch.no_grad():
+        model.out_head.weight.mul_(head_scale)
+        model.out_head.bias.zero_()
+        model.out_head.bias[0] = top_bias
+    b = diagnose(model, torch.randn(16, 8), torch.zeros(16, dtype=torch.long)).diagnostic("b")
+    assert b.status == "fired" and b.details["zero_fraction"] == 0.0
+    assert b.details["cause"] == cause
+
+
+@pytest.mark.parametrize(("g_norm", "unsaturated"), [(1e-9, 1.0), (1e-8, 0.0)])
+def test_the_softmax_is_saturated_when_the_error_is_further_from_1_than_the_head_from_init(
+        g_norm, unsaturated):
+    """1 − max softmax = 1e-3: 128·‖g‖ = 1.28e-7 is a head of gain 1.3e-4 (4 500× below
+    1/√3, the error 1 000× below 1): the head's doing; 1.28e-6, gain 1.3e-3: the error's."""
+    logits = torch.tensor([[math.log(999.0), 0.0]], dtype=torch.float64)  # p = 0.999, 0.001
+    grad = torch.tensor([[g_norm, 0.0]])
+    assert unsaturated_share(grad, logits, below=1e-7) == unsaturated
+    assert unsaturated_share(torch.zeros(1, 2), logits) == 1.0  # exactly 0: not one-hot
+    assert unsaturated_share(torch.zeros(1, 2), torch.tensor([[200.0, 0.0]])) == 0.0
+
+
+# --- (b) judges growth by the run's own (a) threshold -------------------------------------
+@pytest.mark.parametrize(("growth", "h_last", "a_status", "grew", "cause"), [
+    (10.0, 100.0, "fired", True, CAUSE_LN),      # 20×: grown by the run's 10, not by 50
+    (100.0, 300.0, "passed", False, CAUSE_FLOOR)])  # 60×: grown by 50, not by the run's 100
+def test_b_calls_the_stream_grown_by_the_runs_own_a_threshold(growth, h_last, a_status,
+                                                                grew, cause):
+    """(b) decided stream_grew against (a)'s default 50× whatever the run configured, so
+    (a) could fire on a stream (b) called not grown, and the reverse."""
+    config = RunConfig().replace(**{"diagnostics.a.growth": growth})
+    sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, h_last), g_norms=(1e-3,) * 4 + (1e-9,))
+    for protocol, thresholds in [(Protocol.from_config(config.diagnostics), None),
+                                 (None, Thresholds(growth=growth))]:
+        report = evaluate_protocol(sg, headline_acc=None, frozen_acc=None, terminal_ln=True,
+                                   protocol=protocol,
+                                   **({} if thresholds is None else {"thresholds": thresholds}))
+        b = report.diagnostic("b")
+        assert report.diagnostic("a").status == a_status
+        assert b.details["stream_grew"] is grew and b.details["cause"] == cause
+        if not grew:
+            assert f"did not grow by more than {growth:g}×" in b.reason
+
+
+# --- (d) on two accuracies --------------------------------------------------------------
+def test_depth_utility_diagnostic_is_the_one_rejudging_function():
+    """The public depth_utility_diagnostic duplicated protocol.records' function and could
+    not say that the accuracy is of an untrained network."""
+    from creditaudit.protocol.records import depth_utility
+
+    fired = depth_utility_diagnostic(0.30, 0.50, Thresholds())
+    assert fired.status == "fired" and fired.value == pytest.approx(-20.0)
+    assert depth_utility_diagnostic(0.30, 0.50, Thresholds(), trained=False).status \
+        == NOT_EVALUATED
+    assert depth_utility_diagnostic is depth_utility
 
 
 # --- (d) on an untrained network -------------------------------------------------------------

@@ -33,6 +33,7 @@ from creditaudit.protocol.checks import (
     CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
+    CAUSE_WEAK_HEAD,
     FIRED,
     HEADLINE_GAMMA,
     INCOMPLETE,
@@ -58,6 +59,11 @@ from creditaudit.protocol.diagnostics import (
     default_names,
     protocol,
 )
+from creditaudit.protocol.diagnostics import (
+    # (d) on two accuracies, as re-judging a record against a frozen baseline needs
+    # (``trained=False``: a run's epoch 0): the one function, under its exported name.
+    depth_utility as depth_utility_diagnostic,
+)
 from creditaudit.protocol.evaluate import CreditFn, DiagnosticReport, evaluate_protocol
 from creditaudit.protocol.verdicts import (
     KINDS,
@@ -73,18 +79,10 @@ from creditaudit.protocol.verdicts import (
     verdict_phrase,
 )
 
-
-def depth_utility_diagnostic(headline_acc: float | None, frozen_acc: float | None,
-                             thresholds: Thresholds) -> DiagnosticResult:
-    """(d) on two accuracies (fractions): what re-judging a record against a frozen baseline
-    needs."""
-    return DepthUtility(thresholds).evaluate(Evidence([], [], headline_acc=headline_acc,
-                                                      frozen_acc=frozen_acc))
-
-
 __all__ = [
     "CAUSE_FLOOR", "CAUSE_LN", "CAUSE_NO_PATH", "CAUSE_SATURATION", "CAUSE_SATURATION_NO_LN",
-    "FIRED", "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON", "NOT_EVALUATED", "PASSED",
+    "CAUSE_WEAK_HEAD", "FIRED", "HEADLINE_GAMMA", "INCOMPLETE", "NO_FROZEN_REASON",
+    "NOT_EVALUATED", "PASSED",
     "TRUSTWORTHY", "WALK_BACK", "CreditFn", "DiagnosticReport", "DiagnosticResult",
     "Thresholds", "Evidence", "ProtocolDiagnostic", "Protocol", "protocol", "default_names",
     "ResidualStreamScale", "ReferenceValidity", "DirectionStability", "DepthUtility",

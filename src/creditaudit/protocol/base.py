@@ -47,7 +47,9 @@ class Evidence:
     the same network at initialisation on the same evaluation set (a run's epoch 0), when
     known; ``trained``: False for a network at initialisation, before any training step (a
     run's epoch 0), where every diagnostic whose ``before_training`` is False is not
-    evaluated.
+    evaluated; ``growth_limit``: the growth factor above which the protocol's (a) fires —
+    what (b) calls a grown stream (None: (a)'s default; :meth:`Protocol.evaluate
+    <creditaudit.protocol.verdicts.Protocol.evaluate>` sets its own (a)'s).
     """
 
     hidden_norms: list[float]
@@ -62,6 +64,7 @@ class Evidence:
     terminal_ln: bool | None = None
     initial_hidden_norms: list[float] | None = None
     trained: bool = True
+    growth_limit: float | None = None
 
 
 OptionsT = TypeVar("OptionsT", covariant=True)

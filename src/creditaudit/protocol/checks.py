@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.descriptions import max_block_growth
-from creditaudit.measures.gradients import REFERENCE_FLOOR
+from creditaudit.measures.gradients import REFERENCE_BATCH, REFERENCE_FLOOR
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
 STATUSES = (FIRED, PASSED, NOT_EVALUATED)
@@ -30,6 +30,10 @@ CAUSE_SATURATION_NO_LN = ("saturated softmax (no terminal LN: g_L is the head's 
 CAUSE_NO_PATH = ("no gradient reaches h_L (most per-sample gradients are exactly 0 while "
                  "the softmax is not saturated: zero or dead weights between h_L and the "
                  "logits; not LN cancellation)")
+CAUSE_WEAK_HEAD = ("weak head (no terminal LN and the softmax is not saturated: g_L = "
+                   "W_headᵀ e / 128 is small because the head maps the output error e to "
+                   "almost nothing — tiny or equal weights —, not because e vanishes; not LN "
+                   "cancellation)")
 CAUSE_LN = "reference gradient below the floor (LN cancellation of a grown residual stream)"
 CAUSE_FLOOR = "gradient below floor"
 # Neutral: each surface says how to give it there (with_frozen_hint in audit/diagnose.py).
@@ -136,20 +140,33 @@ def embed_growth(hidden_norms: Sequence[float],
     return max_block_growth([start, hidden_norms[0]])
 
 
-def unsaturated_share(grad: Tensor, logits: Tensor) -> float | None:
-    """Of the samples whose gradient ``grad`` ``(N, d)`` is exactly 0, the share whose
-    softmax over ``logits`` ``(N, C)`` is not saturated (not one-hot in the logits'
-    precision): their output error softmax − onehot is not 0, so their gradient vanished
-    between the logits and the state. None when no sample's gradient is 0, or the two
-    do not describe the same samples."""
+# The gain ‖W_headᵀ e‖/‖e‖ of a head at initialisation on an output error e (nn.Linear's
+# Kaiming-uniform rows: 1/√3): what a head's gain is measured against.
+HEAD_GAIN = 3 ** -0.5
+
+
+def unsaturated_share(grad: Tensor, logits: Tensor, *, below: float = 0.0) -> float | None:
+    """Of the samples whose gradient ``grad`` ``(N, d)`` (1/128 scale) has a norm of at most
+    ``below`` (default: exactly 0), the share whose softmax over ``logits`` ``(N, C)`` is not
+    saturated: not what made the gradient small. 128·g = W_headᵀ e for the output error
+    e = softmax − onehot, so g is small when ‖e‖ is or when the head's gain 128·‖g‖/‖e‖ is;
+    the softmax is not saturated when ‖e‖ (at least 1 − max softmax, in the logits'
+    precision) is nearer its unsaturated size 1 than the gain is to a head's at
+    initialisation (:data:`HEAD_GAIN`): 128·‖g‖ < HEAD_GAIN·‖e‖². For a gradient that is
+    exactly 0 this reads: the softmax is not one-hot. None when no sample's gradient is
+    that small, or the two do not describe the same samples."""
     if grad.shape[0] != logits.shape[0] or logits.dim() != 2:
         return None
-    zero = (grad.flatten(1) == 0).all(dim=1)
-    if not bool(zero.any()):
+    norms = torch.linalg.vector_norm(grad.flatten(1).double(), dim=1)
+    small = norms <= below
+    if not bool(small.any()):
         return None
-    probs = torch.softmax(logits[zero], dim=1)
-    one_hot = (probs == 0).sum(dim=1) == logits.shape[1] - 1
-    return float((~one_hot).double().mean())
+    probs = torch.softmax(logits[small], dim=1)
+    top = torch.nn.functional.one_hot(probs.argmax(dim=1), logits.shape[1]).bool()
+    error = probs.masked_fill(top, 0).double().sum(dim=1)  # exactly 0 when one-hot
+    # NaN logits are not shown saturated.
+    saturated = HEAD_GAIN * error ** 2 <= REFERENCE_BATCH * norms[small]
+    return float((~saturated).double().mean())
 
 
 def cross_batch_stability(grad: Tensor, batch_size: int = 128) -> tuple[float, int]:

@@ -41,11 +41,13 @@ from creditaudit.protocol.checks import (
     CAUSE_NO_PATH,
     CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
+    CAUSE_WEAK_HEAD,
     FIRED,
     NO_FROZEN_REASON,
     NOT_EVALUATED,
     PASSED,
     DiagnosticResult,
+    Thresholds,
     block_growths,
     cross_batch_stability,
     embed_growth,
@@ -167,7 +169,9 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         value = evidence.grad_norms[-1] if evidence.grad_norms else math.nan
         zero_fraction = evidence.g_L_zero_fraction
         nonzero_median = evidence.g_L_nonzero_median
-        growth = ResidualStreamScale().limit()
+        # A grown stream by the protocol's own (a) threshold: the two never disagree.
+        growth = (ResidualStreamScale().limit() if evidence.growth_limit is None
+                  else evidence.growth_limit)
         before = embed_growth(hidden, evidence.initial_hidden_norms)  # before h_0, since init
         grew = ((len(hidden) > 1 and hidden[0] > 0 and hidden[-1] / hidden[0] > growth)
                 or (before is not None and before > growth))
@@ -186,14 +190,14 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
                                "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
-            unsaturated = (None if evidence.grads is None or evidence.logits is None
-                           else unsaturated_share(evidence.grads[-1], evidence.logits))
-            cause = (CAUSE_NO_PATH if unsaturated is not None and unsaturated > 0.5
+            cause = (CAUSE_NO_PATH if _mostly_unsaturated(evidence, 0.0)
                      else CAUSE_SATURATION)
         elif evidence.terminal_ln is False:
-            # Without a terminal LN, g_L = W_headᵀ e / 128: it can only vanish when the
-            # output error e = softmax − onehot does (a saturated softmax).
-            cause = CAUSE_SATURATION_NO_LN
+            # Without a terminal LN, g_L = W_headᵀ e / 128 is small when the output error
+            # e = softmax − onehot is (a saturated softmax) or the head's weights are: the
+            # logits tell which; without them, saturation (the usual cause).
+            cause = (CAUSE_WEAK_HEAD if _mostly_unsaturated(evidence, floor)
+                     else CAUSE_SATURATION_NO_LN)
         elif grew:
             # A terminal LN (declared, or not said) hides a grown stream's scale from the
             # loss, so g_L shrinks like 1/‖h_L‖: LN cancellation needs both.
@@ -208,6 +212,16 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         return self.result(value, FIRED,
                            f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
                            f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
+
+
+def _mostly_unsaturated(evidence: Evidence, below: float) -> bool:
+    """Whether the softmax of most samples whose ‖g_L‖ is at most ``below`` is not saturated
+    (:func:`~creditaudit.protocol.checks.unsaturated_share`); False when the evidence has
+    no per-sample gradients and logits (a record judged again from its stored numbers)."""
+    if evidence.grads is None or evidence.logits is None:
+        return False
+    share = unsaturated_share(evidence.grads[-1], evidence.logits, below=below)
+    return share is not None and share > 0.5
 
 
 def _nonzero_text(nonzero_median: float | None) -> str:
@@ -308,7 +322,17 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
                            f"{margin:+.2f} pp (≥ {limit:g} pp)", **details)
 
 
+def depth_utility(headline_acc: float | None, frozen_acc: float | None,
+                  thresholds: Thresholds | DepthOptions, *, trained: bool = True
+                  ) -> DiagnosticResult:
+    """(d) on two accuracies (fractions) at ``thresholds``' ``margin_pp``: what re-judging a
+    record against a frozen baseline needs. Not evaluated where ``headline_acc`` is that of
+    the untrained network (``trained`` False: a run's epoch 0)."""
+    return DepthUtility(thresholds).assess(Evidence([], [], headline_acc=headline_acc,
+                                                    frozen_acc=frozen_acc, trained=trained))
+
+
 __all__ = ["Evidence", "ProtocolDiagnostic", "protocol", "default_names", "register",
            "OPERATORS", "SCALES", "ResidualStreamScale", "ReferenceValidity",
            "DirectionStability", "DepthUtility", "GrowthOptions", "ReferenceOptions",
-           "StabilityOptions", "DepthOptions"]
+           "StabilityOptions", "DepthOptions", "depth_utility"]

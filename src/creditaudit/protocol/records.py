@@ -30,20 +30,12 @@ from creditaudit.protocol.checks import (
     Thresholds,
     unfounded,
 )
-from creditaudit.protocol.diagnostics import DepthUtility, Evidence, default_names
+from creditaudit.protocol.diagnostics import DepthUtility, default_names, depth_utility
 from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
 from creditaudit.records import Copies, RunRecord, find_runs, results_folder
 from creditaudit.records.recipes import NOT_RECORDED
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES
-
-
-def depth_utility(headline_acc: float | None, frozen_acc: float | None,
-                  thresholds: Thresholds, *, trained: bool = True) -> DiagnosticResult:
-    """(d) judged again on two accuracies (fractions); not evaluated where ``headline_acc``
-    is that of the untrained network (``trained`` False: a run's epoch 0)."""
-    return DepthUtility(thresholds).assess(Evidence([], [], headline_acc=headline_acc,
-                                                    frozen_acc=frozen_acc, trained=trained))
 
 
 def before_training(result: DiagnosticResult) -> DiagnosticResult:

@@ -13,6 +13,7 @@ cannot be evaluated is never counted as passed. Reports (:attr:`DiagnosticReport
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from creditaudit.protocol.diagnostics import (
     Evidence,
     ProtocolDiagnostic,
     ReferenceValidity,
+    ResidualStreamScale,
     default_names,
     protocol,
 )
@@ -243,20 +245,29 @@ class Protocol:
         (:meth:`ProtocolDiagnostic.checked`), and what a plugin's ``evaluate`` raises is one
         line naming it (:func:`creditaudit.guests.blame.blame`). On an untrained network
         (``evidence.trained`` False) a diagnostic that means nothing before training is not
-        evaluated (:meth:`ProtocolDiagnostic.assess`)."""
+        evaluated (:meth:`ProtocolDiagnostic.assess`). (b) calls the stream grown by this
+        protocol's (a) threshold (``evidence.growth_limit``, unless the evidence sets it), so
+        the two never disagree."""
+        if evidence.growth_limit is None:
+            evidence = dataclasses.replace(evidence, growth_limit=self.growth_limit())
         results = []
         for d in self.diagnostics:
             with blame(DIAGNOSTICS.guest(d.name)):
                 results.append(d.assess(evidence))
         return results
 
+    def growth_limit(self) -> float:
+        """The growth factor above which this protocol's (a) fires (its default when the
+        protocol has no (a))."""
+        a = next((d for d in self.diagnostics if isinstance(d, ResidualStreamScale)),
+                 ResidualStreamScale())
+        return a.limit()
+
     def diagnostic(self, name: str) -> ProtocolDiagnostic[Any]:
         return next(d for d in self.diagnostics if d.name == name)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """name → its options as a plain dict (what reports record)."""
-        import dataclasses
-
         return {d.name: {f: getattr(d.options, f) for f in d.option_names()}
                 for d in self.diagnostics if dataclasses.is_dataclass(d.Options)}
 

@@ -54,6 +54,12 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "Computed once after the last epoch on the evaluation subset "
      "(`diagnostics.end_of_run`). Rule-specific metrics (`extras`) are keys of this object."),
     ("Protocol during training (`protocol`)", ProtocolState,
+     "What the training-time protocol decided, read back as written (`record.protocol`, "
+     "`record.first_fired()`, `record.recorded_statuses()`, each entry's `protocol`); the "
+     "run's verdict, as reports show it, is judged from them anew "
+     "(`protocol.records.record_verdict`, `RecordSet.verdict`): a record written before (d) "
+     "was left out at epoch 0 holds a 0-epoch run's (d) as fired (`first_fired` d = 0), "
+     "which the verdict reads as not evaluated (`details.claimed` keeps what it said). "
      "`verdict` and `fired` are stored once, in `report`. The values of `report` that equal "
      "the entry of its epoch (the headline accuracy, (b)'s median over the non-zero "
      "gradients) are left out of the file and listed in `report_copies` (label → "

@@ -1,5 +1,7 @@
-"""optim.batch_size against the training set: a last batch of one sample that a BatchNorm
-cannot normalise in training is refused before the run starts, in one line."""
+"""The [optim] options as docs/configuration.md describes them: weight decay on every trained
+parameter, the cosine schedule ending at 0, and a batch size against the training set (a
+last batch of one sample that a BatchNorm cannot normalise in training is refused before
+the run starts, in one line)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from creditaudit import adapt
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.run.setup import refuse_one_sample_batch
-from creditaudit.run.trainer import train
+from creditaudit.run.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -71,3 +73,20 @@ def test_batchnorm_over_feature_maps_takes_a_batch_of_one_sample():
     before = net[1].running_mean.clone()
     refuse_one_sample_batch(model, torch.randn(3, 1, 2, 2), n_train=9, batch_size=4)
     assert torch.equal(net[1].running_mean, before)
+
+
+def test_weight_decay_applies_to_every_trained_parameter_and_cosine_ends_at_zero(tmp_path):
+    """What the key table says: biases and LayerNorm gains decay like the weights."""
+    config = RunConfig().replace(**{
+        "data.in_dim": 8, "data.n_train": 128, "data.n_test": 128, "model.d": 8,
+        "model.n_blocks": 1, "optim.epochs": 1, "optim.batch_size": 64,
+        "optim.weight_decay": 0.25, "diagnostics.eval_samples": 128,
+        "diagnostics.end_of_run": False, "run.progress": False, "run.out_dir": str(tmp_path)})
+    trainer = Trainer(config)
+    decayed = {id(p) for group in trainer.optimizer.param_groups
+               if group["weight_decay"] == 0.25 for p in group["params"]}
+    names = [name for name, p in trainer.model.named_parameters() if id(p) not in decayed]
+    assert names == []
+    assert any("ln" in name or "norm" in name for name, _ in trainer.model.named_parameters())
+    record = trainer.run().record
+    assert record.log[0].lr == 1e-3 and record.log[-1].lr == 0.0

@@ -65,6 +65,22 @@ def test_a_factory_networks_batchnorm_is_named_as_the_user_names_it():
     assert all(m.training for m in model.modules())  # flags as they were
 
 
+class SqueezedNet(nn.Module):
+    """Fails on any batch of one sample by its own fault (squeeze drops the batch axis)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.norm, self.head = nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(x.squeeze())))
+
+
+def test_a_network_that_fails_on_one_sample_by_itself_is_left_to_training():
+    """The probe adds no failure of its own: training names the network's."""
+    refuse_one_sample_batch(SqueezedNet(), torch.randn(2, 4), n_train=9, batch_size=4)
+
+
 def test_batchnorm_over_feature_maps_takes_a_batch_of_one_sample():
     """BatchNorm2d over 2×2 maps normalises 4 values per channel: not refused, nothing
     updated by the probe."""

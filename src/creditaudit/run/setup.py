@@ -66,8 +66,9 @@ def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int
     that in training, so the run would fail at the end of its first epoch as if the model
     (a built-in, or a user's factory) were broken.
 
-    ``sample``: ``(1, …)`` one model-ready input, forwarded once in eval mode without
-    gradients (nothing is drawn from an RNG or updated) to see what each BatchNorm gets.
+    ``sample``: ``(N, …)`` model-ready inputs, the first forwarded once in eval mode
+    without gradients (nothing is drawn from an RNG or updated) to see what each BatchNorm
+    gets. A forward that fails otherwise is left to training, which names whose it is.
     """
     last = n_train - (math.ceil(n_train / batch_size) - 1) * batch_size if n_train else 0
     net = model.net if isinstance(model, AdaptedModel) else model  # the user's names
@@ -95,6 +96,8 @@ def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int
             f"{left}, where the model's BatchNorm {found.args[0]!r} sees one value per "
             "channel, which it cannot normalise in training; choose a batch size B ≥ 2 "
             f"with {n_train} mod B ≠ 1") from None
+    except Exception:  # noqa: BLE001 — the network's own failure: training names it
+        return
     finally:
         for hook in hooks:
             hook.remove()

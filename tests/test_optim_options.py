@@ -106,3 +106,19 @@ def test_weight_decay_applies_to_every_trained_parameter_and_cosine_ends_at_zero
     assert any("ln" in name or "norm" in name for name, _ in trainer.model.named_parameters())
     record = trainer.run().record
     assert record.log[0].lr == 1e-3 and record.log[-1].lr == 0.0
+
+
+def test_a_runs_thread_count_is_its_own(tmp_path):
+    """run.threads=1 applies to that run: the caller's count is back after train(), and the
+    next run with run.threads unset trains (and records) the caller's count. Before, the
+    process kept 1 thread, so the next run depended on which run came before it."""
+    base = {"data.in_dim": 8, "data.n_train": 64, "data.n_test": 128, "model.d": 8,
+            "model.n_blocks": 1, "optim.epochs": 1, "diagnostics.eval_samples": 128,
+            "diagnostics.end_of_run": False, "run.progress": False}
+    torch.set_num_threads(2)  # the single_thread fixture puts its own count back
+    one = train(RunConfig().replace(**base, **{"run.threads": 1,
+                                               "run.out_dir": str(tmp_path / "a")}))
+    assert one.record.environment["torch_threads"] == 1
+    assert torch.get_num_threads() == 2
+    unset = train(RunConfig().replace(**base, **{"run.out_dir": str(tmp_path / "b")}))
+    assert unset.record.environment["torch_threads"] == 2

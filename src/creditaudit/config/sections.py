@@ -164,7 +164,9 @@ class RunSettings:
                       role="place")
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
                          choices=PRECISIONS)
-    threads: int | None = opt(None, "torch CPU threads (None = torch default); not in the "
+    threads: int | None = opt(None, "torch CPU threads of the run (None = the process's "
+                              "count, torch's default in a command; train() puts the caller's "
+                              "count back after the run); not in the "
                               "run id, though the count can change the last bits of sums; a "
                               "resumed run goes on with the count it ran on", min=1,
                               role="place")

@@ -9,8 +9,10 @@ builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,18 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("run.device='cuda' but no CUDA device is available; use --device cpu")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def caller_threads() -> Iterator[None]:
+    """Inside the block runs may set torch's CPU thread count (``run.threads``, a resumed
+    run's recorded count); after it the caller's count is back, so a later run with
+    ``run.threads`` unset trains on the caller's count, not on the last run's."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int

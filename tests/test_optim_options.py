@@ -122,3 +122,16 @@ def test_a_runs_thread_count_is_its_own(tmp_path):
     assert torch.get_num_threads() == 2
     unset = train(RunConfig().replace(**base, **{"run.out_dir": str(tmp_path / "b")}))
     assert unset.record.environment["torch_threads"] == 2
+
+
+@pytest.mark.parametrize("method", ["state-bridge", "credit-bridge"])
+def test_the_bridges_auxiliary_nets_keep_a_constant_rate(tmp_path, method):
+    """method.bridge_lr is constant: the run's cosine schedule reaches 0, theirs does not."""
+    result = train(RunConfig().replace(**{
+        "method.name": method, "method.bridge_lr": 0.004, "data.in_dim": 8,
+        "data.n_train": 64, "data.n_test": 128, "model.d": 8, "model.n_blocks": 1,
+        "optim.epochs": 1, "optim.batch_size": 32, "diagnostics.eval_samples": 128,
+        "diagnostics.end_of_run": False, "run.progress": False, "run.out_dir": str(tmp_path)}))
+    aux = getattr(result.rule, "value_optimizer", None) or result.rule.predictor_optimizer
+    assert result.record.log[-1].lr == 0.0
+    assert [group["lr"] for group in aux.param_groups] == [0.004]

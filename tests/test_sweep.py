@@ -675,6 +675,22 @@ def test_asking_for_a_missing_gpu_fails_the_sweep_up_front(tmp_path):
     assert not list(tmp_path.glob("*/record.json"))  # no run was recorded as failed
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_the_dry_run_of_a_sweep_on_a_missing_gpu_says_so(tmp_path, capsys):
+    """Before, the dry run listed every run 'to run', and the sweep itself printed its
+    header and made its results folder before the error."""
+    from creditaudit.cli import main
+
+    out = tmp_path / "out"
+    path = write_sweep(tmp_path / "s.toml", out, "")
+    for extra in (["--dry-run"], []):
+        assert main(["sweep", str(path), "--device", "cuda", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "", captured.out
+        assert "no CUDA device is available; use --device cpu" in captured.err
+    assert not out.exists()
+
+
 def test_a_run_whose_worker_died_does_not_count_as_a_run_of_no_seconds_in_the_eta(tmp_path):
     """A run failed because its worker died has no time of its own (0 s): counted, it made
     the status line say 'ETA 0m00s' with every other run still to train."""

@@ -317,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.sweep import (
         DEFAULT_MAX_RUNS,
         DEFAULT_STALE_AFTER,
+        check_devices,
         load_sweep,
         plan_runs,
         prepare_configs,
@@ -339,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
     # Every run planned before any trains: a run that cannot (a rule that cannot train the
     # model, missing data) stops the sweep here, and its dry run, in one line naming it.
     plans = plan_runs(configs, grid_keys)
+    check_devices(plans, args.executor)  # a missing GPU: the dry run says so too
     if args.dry_run:
         return _dry_run(sweep, expansion, plans, args, stale_after)
     for line in expansion.warnings:

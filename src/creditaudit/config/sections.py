@@ -90,10 +90,17 @@ class MethodConfig:
 @dataclass
 class OptimConfig:
     epochs: int = opt(10, "training epochs", min=0)
-    batch_size: int = opt(128, "batch size", min=1)
-    lr: float = opt(1e-3, "AdamW learning rate", min=0.0)
-    weight_decay: float = opt(0.01, "AdamW weight decay", min=0.0)
-    schedule: str = opt("cosine", "learning-rate schedule over all steps", choices=SCHEDULES)
+    batch_size: int = opt(128, "batch size; an epoch's last batch holds the samples left "
+                          "over (one larger than the training set: every step trains on all "
+                          "of it)", min=1)
+    lr: float = opt(1e-3, "AdamW learning rate (where the schedule starts)", min=0.0)
+    weight_decay: float = opt(0.01, "AdamW (decoupled) weight decay of every model parameter "
+                              "the rule trains, biases and LayerNorm gains included; "
+                              "local-ce's classifiers take none and the bridges' auxiliary "
+                              "nets keep the recipe's 0.01 (methods.md)", min=0.0)
+    schedule: str = opt("cosine", "learning-rate schedule over all steps, stepped after "
+                        "every batch: cosine decays optim.lr to 0 by the end of the last epoch",
+                        choices=SCHEDULES)
 
 
 @dataclass
@@ -157,7 +164,9 @@ class RunSettings:
                       role="place")
     precision: str = opt("fp32", "training precision; diagnostics always fp32",
                          choices=PRECISIONS)
-    threads: int | None = opt(None, "torch CPU threads (None = torch default); not in the "
+    threads: int | None = opt(None, "torch CPU threads of the run (None = the process's "
+                              "count, torch's default in a command; train() puts the caller's "
+                              "count back after the run); not in the "
                               "run id, though the count can change the last bits of sums; a "
                               "resumed run goes on with the count it ran on", min=1,
                               role="place")

@@ -183,7 +183,7 @@ class BridgeOptions:
     bridge_hidden: int = opt(256, "State/Credit Bridge: hidden width of the auxiliary net",
                              min=1)
     bridge_lr: float = opt(1e-3, "State/Credit Bridge: AdamW learning rate of the auxiliary "
-                           "net", min=0.0)
+                           "net, constant (optim.schedule does not apply to it)", min=0.0)
 
 
 @dataclass

@@ -9,15 +9,21 @@ builds its optimiser with :func:`creditaudit.optim.make_adamw` and its schedule 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.methods import CreditRule
+from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.contract import measurement_mode
 from creditaudit.records import (
     CHECKPOINT_FILE,
     RECORD_FILE,
@@ -40,6 +46,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+@contextlib.contextmanager
+def caller_threads() -> Iterator[None]:
+    """Inside the block runs may set torch's CPU thread count (``run.threads``, a resumed
+    run's recorded count); after it the caller's count is back, so a later run with
+    ``run.threads`` unset trains on the caller's count, not on the last run's."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
                   ) -> torch.optim.lr_scheduler.LRScheduler:
     """``cosine``: decay from the base rate to 0 over ``total_steps`` (torch's
@@ -48,6 +66,55 @@ def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1),
                                                           eta_min=0.0)
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+
+
+class _OneValuePerChannel(Exception):
+    """Raised inside :func:`refuse_one_sample_batch`'s probe: the name of the BatchNorm."""
+
+
+def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int,
+                            batch_size: int) -> None:
+    """ConfigError when the last batch of every epoch holds one sample (``n_train``
+    training samples in batches of ``batch_size``) and a BatchNorm of ``model`` sees one
+    value per channel there (BatchNorm1d, or a feature map of 1×1): torch cannot normalise
+    that in training, so the run would fail at the end of its first epoch as if the model
+    (a built-in, or a user's factory) were broken.
+
+    ``sample``: ``(N, …)`` model-ready inputs, the first forwarded once in eval mode
+    without gradients (nothing is drawn from an RNG or updated) to see what each BatchNorm
+    gets. A forward that fails otherwise is left to training, which names whose it is.
+    """
+    last = n_train - (math.ceil(n_train / batch_size) - 1) * batch_size if n_train else 0
+    net = model.net if isinstance(model, AdaptedModel) else model  # the user's names
+    norms = [(name, module) for name, module in net.named_modules()
+             if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+    if last != 1 or not norms:
+        return
+
+    def probe(name: str):  # noqa: ANN202
+        def check(module: nn.Module, args: tuple) -> None:
+            if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2 \
+                    and args[0].numel() == args[0].shape[1]:
+                raise _OneValuePerChannel(name)
+        return check
+
+    hooks = [module.register_forward_pre_hook(probe(name)) for name, module in norms]
+    try:
+        with torch.no_grad(), measurement_mode(model):
+            model(sample[:1])
+    except _OneValuePerChannel as found:
+        left = (f"optim.batch_size={batch_size} leaves 1 of the {n_train} training samples "
+                "for the last batch of every epoch" if batch_size > 1 else
+                "optim.batch_size=1 trains on batches of 1 sample")
+        raise ConfigError(
+            f"{left}, where the model's BatchNorm {found.args[0]!r} sees one value per "
+            "channel, which it cannot normalise in training; choose a batch size B ≥ 2 "
+            f"with {n_train} mod B ≠ 1") from None
+    except Exception:  # noqa: BLE001 — the network's own failure: training names it
+        return
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 @dataclass

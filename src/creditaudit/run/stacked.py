@@ -33,6 +33,7 @@ from creditaudit.methods import CreditRule, rule_class
 from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan
+from creditaudit.run.setup import caller_threads
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
 from creditaudit.run.trainer import Trainer
@@ -143,8 +144,16 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     error in the shared step fails every run still training in the stack (and is raised);
     one in a run's evaluation or end-of-run block fails that run alone. ConfigError when
     the configs differ in more than :data:`VARYING`; RunRecordError as :func:`train`
-    raises it; both before anything trains.
+    raises it; both before anything trains. The caller's torch thread count is back
+    afterwards.
     """
+    with caller_threads():
+        return _train_stacked(configs, resume=resume, force=force, loggers=loggers)
+
+
+def _train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool],
+                   force: bool | Sequence[bool], loggers: Sequence[RunLogger]
+                   ) -> list[RunResult]:
     check_stackable(configs)
     n = len(configs)
     resumes = [resume] * n if isinstance(resume, bool) else list(resume)

@@ -64,7 +64,12 @@ from creditaudit.run.results import (
     training_state_fault,
 )
 from creditaudit.run.resume import changed_settings
-from creditaudit.run.setup import make_schedule, resolve_device
+from creditaudit.run.setup import (
+    caller_threads,
+    make_schedule,
+    refuse_one_sample_batch,
+    resolve_device,
+)
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.reported import checked_step
 from creditaudit.run.steps.stepping import cuda_graphs_decision, uses_device_data
@@ -128,6 +133,8 @@ class Trainer:
         self.reference = reference_at_start(
             self.model, self.eval_x, self.eval_y,
             allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX)
+        refuse_one_sample_batch(self.model, self.eval_x, self.dataset.train_y.shape[0],
+                                config.optim.batch_size)
         self.record = new_record(config, device=str(self.device), data=self.data_identity,
                                  run_id=self.run_id, model=self.model.describe(),
                                  code=plan.code.to_dict())
@@ -404,4 +411,5 @@ def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = Fa
     if isinstance(ready, RunResult):
         return ready
     plan, resume = ready
-    return Trainer(plan).run(resume=resume, loggers=loggers)
+    with caller_threads():  # run.threads is the run's, not the caller's process's
+        return Trainer(plan).run(resume=resume, loggers=loggers)

@@ -85,6 +85,7 @@ from creditaudit.sweep.runner import (
     SUMMARY_FILE,
     SweepResult,
     SweepState,
+    check_devices,
     prepare_configs,
     run_states,
     run_sweep,
@@ -95,7 +96,8 @@ from creditaudit.sweep.worker import SWEEP_LOG_FILE, disk_status, run_one, run_t
 __all__ = [
     "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
     "dedupe", "count_runs", "DEFAULT_MAX_RUNS", "plan_runs", "unique_plans", "run_labels",
-    "run_one", "run_task", "run_sweep", "run_states", "prepare_configs", "sweep_summary",
+    "run_one", "run_task", "run_sweep", "run_states", "check_devices", "prepare_configs",
+    "sweep_summary",
     "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
     "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",
     "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status",

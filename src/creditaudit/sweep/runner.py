@@ -115,6 +115,18 @@ def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[Ru
     return out
 
 
+def check_devices(plans: Sequence[RunPlan], executor: str) -> None:
+    """ConfigError, in one line, when runs that train on this machine (every executor but
+    ``ray``) ask for a device it lacks (``run.device='cuda'`` without a GPU): one error
+    before the sweep starts, and in its dry run, not a failed record per run."""
+    if executor == "ray":
+        return
+    from creditaudit.run.setup import resolve_device
+
+    for device in sorted({plan.config.run.device for plan in plans}):
+        resolve_device(device)
+
+
 def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,
                stale_after: float = DEFAULT_STALE_AFTER) -> list[dict[str, Any]]:
     """What a sweep would do with each run now: ``{"run_id", "status", "todo", "holder"}``.
@@ -165,12 +177,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     if stack > 1 and executor.name == "ray":
         raise ConfigError("--stack is for the local executor; Ray runs one run per task: "
                           "drop --stack, or use --executor local")
+    check_devices(plans, executor.name)
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
-    if executor.name != "ray":  # runs train on this machine: a missing GPU is one error here,
-        from creditaudit.run.setup import resolve_device  # not a failed record per run
-
-        for device in sorted({plan.config.run.device for plan in plans}):
-            resolve_device(device)
     by_id = {plan.run_id: plan for plan in plans}
     outcomes: dict[str, Outcome] = {}
     state = SweepState(total=len(plans), slots=executor.slots)

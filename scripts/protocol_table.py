@@ -3,7 +3,8 @@
 Trains (or finds, in OUT) the runs of the table — BP, DFA, DFA without the terminal LN and
 frozen blocks, 8 epochs, at 20 000 and 50 000 samples per epoch, plus an untrained network —
 as 2 single-thread worker processes, then prints the table rows: every number from the run
-records, (d) against the frozen run of the same data size.
+records, (d) against the frozen run of the same data size — then, for each row whose (b)
+fired, the cause (b) names.
 
     python scripts/protocol_table.py [OUT]          (default runs/protocol_table; ~10 min)
 """
@@ -14,7 +15,7 @@ import sys
 
 from creditaudit.config import RunConfig
 from creditaudit.protocol import FIRED, default_names
-from creditaudit.protocol.records import record_verdict
+from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import RunRecord, load_record
 from creditaudit.run.plan import run_id
 from creditaudit.sweep import LocalExecutor, prepare_configs, run_sweep
@@ -59,7 +60,8 @@ def row(size: str, label: str, record: RunRecord, frozen: RunRecord) -> str:
         margin = "— (the baseline itself)"
     else:
         verdict = record_verdict(record, frozen_acc=frozen.final_acc)
-        margin = f"{verdict.margin_pp:+.1f} pp → {verdict_text(record, frozen.final_acc)}"
+        margin = ("(d) not evaluated (untrained network)" if verdict.margin_pp is None else
+                  f"{verdict.margin_pp:+.1f} pp → {verdict_text(record, frozen.final_acc)}")
     cells = [size, label, f"{record.final_acc:.3f}", f"{last.h_L_norm:.3g}",
              f"{last.max_block_growth:.3g}", f"{last.g_L_norm:.2g}",
              f"{last.g_L_zero_fraction:.2f}", f"{record.recorded_value('c'):.3f}",
@@ -78,6 +80,11 @@ def main(out: str = "runs/protocol_table") -> None:
     frozen = {size: records[id(c)] for size, label, c in rows if label == "frozen"}
     for size, label, config in rows:
         print(row(size, label, records[id(config)], frozen[size]))
+    print()
+    for size, label, config in rows:
+        b = next(r for r in record_report(records[id(config)]).diagnostics if r.id == "b")
+        if b.status == FIRED:
+            print(f"{size} {label}: (b) {b.details.get('cause')}")
 
 
 if __name__ == "__main__":

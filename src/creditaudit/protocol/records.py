@@ -38,6 +38,15 @@ from creditaudit.records.recipes import NOT_RECORDED
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES
 
 
+def untrained(record: RunRecord) -> bool:
+    """Whether ``record``'s verdict is of a network that never trained: its last protocol
+    evaluation (else its numbers) is of epoch 0 — a 0-epoch run — and it did not diverge. A
+    run that diverged in its first epoch did train: its epoch-0 numbers stand in for its
+    last finite ones, and it is judged on them, (d) included."""
+    epoch = record.protocol.epoch if record.protocol.epoch is not None else record.numbers_epoch
+    return epoch == 0 and record.status != "diverged"
+
+
 def before_training(result: DiagnosticResult) -> DiagnosticResult:
     """``result`` as judged on an untrained network (a run's epoch 0): not evaluated when
     its diagnostic means nothing before training (``before_training`` False), as records
@@ -203,7 +212,7 @@ def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_ru
     margin = record.recorded_value(DepthUtility.name)
     if frozen_acc is not None and not is_frozen_baseline(record):
         d = depth_utility(record.final_acc, frozen_acc, thresholds or Thresholds(),
-                          trained=record.numbers_epoch != 0)
+                          trained=not untrained(record))
         statuses[d.id], margin = d.status, d.value
     return Verdict(statuses, judge(statuses, record.reference.to_dict()), margin, frozen_acc,
                    frozen_runs)
@@ -239,7 +248,7 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         grad_norms=measures.bp_grad_norms_per_sample_med if measures is not None else None)
     # Judged with the run's reference check, as every reading of the record is.
     report.metadata["reference_check"] = record.reference.to_dict()
-    if record.protocol.epoch == 0:  # the untrained network (a 0-epoch run)
+    if untrained(record):  # a 0-epoch run
         report.diagnostics = [before_training(r) for r in report.diagnostics]
     end = record.diagnostics
     if report.gamma is None and end.gamma:
@@ -256,7 +265,7 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         if headline is None:
             headline = record.final_acc
         d = depth_utility(headline, frozen_acc, thresholds or report.thresholds,
-                          trained=record.protocol.epoch != 0)
+                          trained=not untrained(record))
         d.details["frozen_runs"] = frozen_runs
         report.diagnostics = [d if r.id == d.id else r for r in report.diagnostics]
         report.metadata["frozen_acc"] = frozen_acc

@@ -65,6 +65,31 @@ def test_a_factory_networks_batchnorm_is_named_as_the_user_names_it():
     assert all(m.training for m in model.modules())  # flags as they were
 
 
+class FrozenBatchNorm(nn.BatchNorm1d):
+    """Held in eval mode (its running statistics) even while the network trains."""
+
+    def train(self, mode: bool = True) -> FrozenBatchNorm:
+        return super().train(False)
+
+
+def test_a_batchnorm_held_in_eval_mode_takes_a_last_batch_of_one_sample():
+    """A frozen BatchNorm normalises by its running statistics in training too: a batch of
+    one sample trains. Before, the probe refused it as if it normalised by its batch."""
+    net = nn.Sequential(nn.Linear(4, 6), nn.Sequential(nn.Linear(6, 6), FrozenBatchNorm(6)),
+                        nn.Linear(6, 3))
+    model = adapt(net, states=["0", "1"], input_shape=(4,))
+    model.train()
+    model(torch.randn(1, 4)).sum().backward()  # what training's last step does
+    refuse_one_sample_batch(model, torch.randn(2, 4), n_train=9, batch_size=4)
+    assert not net[1][1].training and net[0].training  # flags as they were
+    stats_free = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, track_running_stats=False),
+                               nn.Linear(6, 3))
+    stats_free[1].train = lambda mode=True: nn.Module.train(stats_free[1], False)
+    # no running statistics: it normalises by its batch in eval mode too
+    with pytest.raises(ConfigError, match="BatchNorm '1' sees one value per channel"):
+        refuse_one_sample_batch(stats_free, torch.randn(2, 4), n_train=9, batch_size=4)
+
+
 class SqueezedNet(nn.Module):
     """Fails on any batch of one sample by its own fault (squeeze drops the batch axis)."""
 

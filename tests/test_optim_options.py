@@ -90,6 +90,28 @@ def test_a_batchnorm_held_in_eval_mode_takes_a_last_batch_of_one_sample():
         refuse_one_sample_batch(stats_free, torch.randn(2, 4), n_train=9, batch_size=4)
 
 
+class NoisyNet(nn.Module):
+    """Draws from torch's RNG in every forward, eval mode too (a noise layer of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x)) + 0.01 * torch.rand_like(x)
+        return self.head(h.flatten(1))
+
+
+def test_the_one_sample_probe_leaves_the_rng_training_draws_from():
+    """The probe forwards the network once before training: one that draws from the RNG
+    moved training's random streams (and its results) away from the same run's before."""
+    model, sample = NoisyNet(), torch.randn(3, 1, 2, 2)
+    before = torch.get_rng_state()
+    refuse_one_sample_batch(model, sample, n_train=9, batch_size=4)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 class SqueezedNet(nn.Module):
     """Fails on any batch of one sample by its own fault (squeeze drops the batch axis)."""
 

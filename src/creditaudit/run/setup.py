@@ -82,8 +82,9 @@ def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int
     (a built-in, or a user's factory) were broken.
 
     ``sample``: ``(N, …)`` model-ready inputs, the first forwarded once in eval mode
-    without gradients (nothing is drawn from an RNG or updated) to see what each BatchNorm
-    gets. A forward that fails otherwise is left to training, which names whose it is.
+    without gradients, under a forked RNG (nothing training draws from advances, nothing
+    is updated) to see what each BatchNorm gets. A forward that fails otherwise is left
+    to training, which names whose it is.
     """
     last = n_train - (math.ceil(n_train / batch_size) - 1) * batch_size if n_train else 0
     if last != 1:
@@ -104,8 +105,10 @@ def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int
         return check
 
     hooks = [module.register_forward_pre_hook(probe(name)) for name, module in norms]
+    devices = [sample.device] if sample.device.type == "cuda" else []
     try:
-        with torch.no_grad(), measurement_mode(model):
+        # A forked RNG: a network that draws in eval mode leaves training's streams alone.
+        with torch.no_grad(), measurement_mode(model), torch.random.fork_rng(devices=devices):
             model(sample[:1])
     except _OneValuePerChannel as found:
         left = (f"optim.batch_size={batch_size} leaves 1 of the {n_train} training samples "

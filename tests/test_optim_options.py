@@ -65,6 +65,53 @@ def test_a_factory_networks_batchnorm_is_named_as_the_user_names_it():
     assert all(m.training for m in model.modules())  # flags as they were
 
 
+class FrozenBatchNorm(nn.BatchNorm1d):
+    """Held in eval mode (its running statistics) even while the network trains."""
+
+    def train(self, mode: bool = True) -> FrozenBatchNorm:
+        return super().train(False)
+
+
+def test_a_batchnorm_held_in_eval_mode_takes_a_last_batch_of_one_sample():
+    """A frozen BatchNorm normalises by its running statistics in training too: a batch of
+    one sample trains. Before, the probe refused it as if it normalised by its batch."""
+    net = nn.Sequential(nn.Linear(4, 6), nn.Sequential(nn.Linear(6, 6), FrozenBatchNorm(6)),
+                        nn.Linear(6, 3))
+    model = adapt(net, states=["0", "1"], input_shape=(4,))
+    model.train()
+    model(torch.randn(1, 4)).sum().backward()  # what training's last step does
+    refuse_one_sample_batch(model, torch.randn(2, 4), n_train=9, batch_size=4)
+    assert not net[1][1].training and net[0].training  # flags as they were
+    stats_free = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, track_running_stats=False),
+                               nn.Linear(6, 3))
+    stats_free[1].train = lambda mode=True: nn.Module.train(stats_free[1], False)
+    # no running statistics: it normalises by its batch in eval mode too
+    with pytest.raises(ConfigError, match="BatchNorm '1' sees one value per channel"):
+        refuse_one_sample_batch(stats_free, torch.randn(2, 4), n_train=9, batch_size=4)
+
+
+class NoisyNet(nn.Module):
+    """Draws from torch's RNG in every forward, eval mode too (a noise layer of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x)) + 0.01 * torch.rand_like(x)
+        return self.head(h.flatten(1))
+
+
+def test_the_one_sample_probe_leaves_the_rng_training_draws_from():
+    """The probe forwards the network once before training: one that draws from the RNG
+    moved training's random streams (and its results) away from the same run's before."""
+    model, sample = NoisyNet(), torch.randn(3, 1, 2, 2)
+    before = torch.get_rng_state()
+    refuse_one_sample_batch(model, sample, n_train=9, batch_size=4)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 class SqueezedNet(nn.Module):
     """Fails on any batch of one sample by its own fault (squeeze drops the batch axis)."""
 

@@ -75,22 +75,33 @@ def state_gradients(states_fn: StatesFn, x: Tensor, y: Tensor, *, chunk: int = 5
     )
 
 
+# A float64 norm in (2^-480, 2^480) was summed from squares that neither underflowed nor
+# overflowed; a row's norm outside it (0, tiny, huge, inf, NaN) is computed again, rescaled.
+_SAFE_NORM = 2.0 ** 480
+
+
 def per_sample_norms(vectors: Tensor) -> Tensor:
     """L2 norm of each sample's feature vector: ``(N, d)`` → ``(N,)``.
 
     Always ``dim=-1``: ``x.norm(-1)`` would be the L₋₁ norm of the whole tensor. Computed
-    in float64; float64 inputs are divided by their rows' max-abs entry first (and the norm
-    multiplied back), so entries of 1e-170 do not underflow to a norm of exactly 0 when
-    squared, nor entries of 1e160 overflow to inf (a float32 or bf16 entry squared in
-    float64 never does, and is left as it is).
+    in float64; a float64 row whose norm lies outside (2^-480, 2^480) is divided by its
+    max-abs entry first (and the norm multiplied back), so entries of 1e-170 do not
+    underflow to a norm of exactly 0 when squared, nor entries of 1e160 overflow to inf;
+    every other row keeps torch's norm bit for bit (a float32 or bf16 entry squared in
+    float64 never under- or overflows, and is left as it is).
     """
-    v64 = vectors.double()
+    norms = torch.linalg.vector_norm(vectors.double(), ord=2, dim=-1)
     if vectors.dtype != torch.float64:
-        return torch.linalg.vector_norm(v64, ord=2, dim=-1)
-    peak = v64.abs().amax(dim=-1, keepdim=True)
+        return norms
+    risky = ~((norms > 1 / _SAFE_NORM) & (norms < _SAFE_NORM))  # NaN included
+    if not bool(risky.any()):
+        return norms
+    rows = vectors[risky]
+    peak = rows.abs().amax(dim=-1, keepdim=True)
     # a zero row stays 0, a row holding inf or NaN keeps its norm (inf, NaN) unscaled
     peak = torch.where((peak > 0) & torch.isfinite(peak), peak, torch.ones_like(peak))
-    return torch.linalg.vector_norm(v64 / peak, ord=2, dim=-1) * peak.squeeze(-1)
+    norms[risky] = torch.linalg.vector_norm(rows / peak, ord=2, dim=-1) * peak.squeeze(-1)
+    return norms
 
 
 def median(values: Tensor) -> float:

@@ -75,20 +75,26 @@ class _OneValuePerChannel(Exception):
 def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int,
                             batch_size: int) -> None:
     """ConfigError when the last batch of every epoch holds one sample (``n_train``
-    training samples in batches of ``batch_size``) and a BatchNorm of ``model`` sees one
-    value per channel there (BatchNorm1d, or a feature map of 1×1): torch cannot normalise
+    training samples in batches of ``batch_size``) and a BatchNorm of ``model`` that
+    normalises by its batch in training (not one held in eval mode) sees one value per
+    channel there (BatchNorm1d, or a feature map of 1×1): torch cannot normalise
     that in training, so the run would fail at the end of its first epoch as if the model
     (a built-in, or a user's factory) were broken.
 
     ``sample``: ``(N, …)`` model-ready inputs, the first forwarded once in eval mode
-    without gradients (nothing is drawn from an RNG or updated) to see what each BatchNorm
-    gets. A forward that fails otherwise is left to training, which names whose it is.
+    without gradients, under a forked RNG (nothing training draws from advances, nothing
+    is updated) to see what each BatchNorm gets. A forward that fails otherwise is left
+    to training, which names whose it is.
     """
     last = n_train - (math.ceil(n_train / batch_size) - 1) * batch_size if n_train else 0
+    if last != 1:
+        return
     net = model.net if isinstance(model, AdaptedModel) else model  # the user's names
-    norms = [(name, module) for name, module in net.named_modules()
-             if isinstance(module, nn.modules.batchnorm._BatchNorm)]
-    if last != 1 or not norms:
+    try:
+        norms = _batch_statistics_in_training(model, net)
+    except Exception:  # noqa: BLE001 — the network's own failure: training names it
+        return
+    if not norms:
         return
 
     def probe(name: str):  # noqa: ANN202
@@ -99,8 +105,10 @@ def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int
         return check
 
     hooks = [module.register_forward_pre_hook(probe(name)) for name, module in norms]
+    devices = [sample.device] if sample.device.type == "cuda" else []
     try:
-        with torch.no_grad(), measurement_mode(model):
+        # A forked RNG: a network that draws in eval mode leaves training's streams alone.
+        with torch.no_grad(), measurement_mode(model), torch.random.fork_rng(devices=devices):
             model(sample[:1])
     except _OneValuePerChannel as found:
         left = (f"optim.batch_size={batch_size} leaves 1 of the {n_train} training samples "
@@ -115,6 +123,23 @@ def refuse_one_sample_batch(model: nn.Module, sample: torch.Tensor, n_train: int
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def _batch_statistics_in_training(model: nn.Module, net: nn.Module
+                                  ) -> list[tuple[str, nn.Module]]:
+    """(name in ``net``, module) of each BatchNorm that normalises by its batch's statistics
+    once the trainer puts ``model`` in training mode (``model.train()``): not one a network
+    holds in eval mode (a frozen BatchNorm whose ``train`` keeps it there uses its running
+    statistics, and takes a batch of one sample). Every module's flag is put back."""
+    flags = [(module, module.training) for module in model.modules()]
+    try:
+        model.train()
+        return [(name, module) for name, module in net.named_modules()
+                if isinstance(module, nn.modules.batchnorm._BatchNorm)
+                and (module.training or module.running_mean is None)]
+    finally:
+        for module, training in flags:
+            module.training = training
 
 
 @dataclass

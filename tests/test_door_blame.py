@@ -183,6 +183,26 @@ def test_creditaudits_own_code_inside_a_factory_network_is_not_blamed_on_it():
     assert run(plain).startswith("model factory 'm:f' raised RuntimeError")
 
 
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory"),
+                                   MemoryError("cannot allocate")])
+def test_running_out_of_memory_in_a_factory_network_is_not_blamed_on_it(error):
+    """Memory is the machine's, not the factory's code: left unmarked (no 'an error in its
+    code' line), while torch's refusal of the network's own shapes is marked."""
+    from creditaudit.guests.blame import guest_failure, mark_network_failure
+
+    net = nn.Sequential(nn.Linear(3, 2))
+
+    def exhausted(module, args):
+        raise error
+
+    net[0].register_forward_pre_hook(exhausted)
+    with pytest.raises(type(error)) as caught:
+        net(torch.zeros(2, 3))
+    mark_network_failure(caught.value, "model factory 'm:f'", net)
+    assert guest_failure(caught.value) is None
+
+
 def test_a_factory_raising_during_training_in_a_sweep_is_named_in_its_record(tmp_path):
     """In a sweep the run fails, the others go on, and the record's error, the summary and
     the sweep's output name the factory as `train` does."""

@@ -116,8 +116,12 @@ def mark_network_failure(err: BaseException, what: str, net: Any) -> None:
     ``what``) and caught in the frame that called it, as the network's own failure when no
     frame below that call is creditaudit's code (a hook of creditaudit's that failed is
     creditaudit's error); :func:`guest_failure` then names ``what`` and the innermost module
-    of ``net`` whose ``forward`` was running."""
-    if isinstance(err, CreditAuditError | KeyboardInterrupt):
+    of ``net`` whose ``forward`` was running. Running out of memory (host or device) is
+    no one's code: not marked."""
+    import torch  # only on this failure path
+
+    if isinstance(err, CreditAuditError | KeyboardInterrupt | MemoryError
+                  | torch.OutOfMemoryError):
         return
     frames = list(traceback.walk_tb(err.__traceback__))[1:]  # the caller's frame left out
     if not frames or any(resolved(frame.f_code.co_filename).startswith(OWN_FOLDER)

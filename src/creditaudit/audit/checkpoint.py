@@ -190,7 +190,7 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
     """
     say = progress or (lambda text: None)
-    target = resolve_device(device)
+    target = resolve_device(device, option="device")
     # every check of the user's files comes before the first stage
     run = load_run(path, data_dir=data_dir)
     record, config = run.record, run.record.config

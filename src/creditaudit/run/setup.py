@@ -38,11 +38,13 @@ from creditaudit.run.resume import check_same_data, check_same_run, load_into, s
 log = logging.getLogger(__name__)
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, option: str = "run.device") -> torch.device:
+    """The device ``name`` (``auto``: CUDA when available, else the CPU); ConfigError naming
+    ``option`` (how the caller's user gave it) when it asks for CUDA on a machine without."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run.device='cuda' but no CUDA device is available; use --device cpu")
+        raise ConfigError(f"{option}='cuda' but no CUDA device is available; use --device cpu")
     return torch.device(name)
 
 

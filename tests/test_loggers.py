@@ -24,7 +24,9 @@ from creditaudit.loggers import (
     end_of_run_scalars,
     epoch_scalars,
 )
+from creditaudit.loggers.scalars import verdict_text
 from creditaudit.records import CHECKPOINT_FILE, load_checkpoint, load_record
+from creditaudit.records.compare import comparable
 from creditaudit.run.plan import run_id
 from creditaudit.run.trainer import Trainer, train
 
@@ -143,6 +145,33 @@ def test_resumed_run_elapsed_time_counts_the_earlier_epochs(monkeypatch):
     lines = stream.getvalue().splitlines()
     assert "resuming at epoch 3" in lines[0]
     assert lines[1].endswith("1m45s elapsed, ETA 0m10s")  # 100 s before + 5 s now; 5 s × 2 left
+
+
+def test_resumed_part_prints_the_epoch_it_resumes_after(tmp_path, capsys, monkeypatch):
+    """Killed after epoch 1 was saved but before the console printed it: the resumed part's
+    output starts with epoch 1's line (with the verdict so far), then epochs 2 and 3. Epoch
+    1 used to be printed nowhere, and the resumed part showed 'no verdict yet'."""
+    config = tiny(tmp_path, **{"run.progress": True, "optim.epochs": 3,
+                               "diagnostics.end_of_run": False})
+    original = ConsoleLogger.log_epoch
+
+    def killed_before_printing(self, entry):  # noqa: ANN001, ANN202
+        if entry.epoch == 1:
+            raise KeyboardInterrupt
+        return original(self, entry)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ConsoleLogger, "log_epoch", killed_before_printing)
+        with pytest.raises(KeyboardInterrupt):
+            train(config)
+    assert " epoch 1/" not in capsys.readouterr().out
+    record = train(config, resume=True).record
+    lines = [line for line in capsys.readouterr().out.splitlines() if " epoch " in line]
+    assert "resuming at epoch 2" in lines[0]
+    assert [line.split(" | ")[0] for line in lines[1:]] == \
+        ["dfa epoch 1/3", "dfa epoch 2/3", "dfa epoch 3/3"]
+    assert lines[1].endswith("ETA ?") and verdict_text(record.log[1], record.reference.to_dict()) \
+        in lines[1]
 
 
 class Calls(RunLogger):
@@ -373,8 +402,46 @@ def test_tensorboard_of_a_run_resumed_twice_from_one_epoch_holds_each_point_once
     folder = tmp_path / "tb" / run_id(config)
     points = assert_one_point_per_step(folder)
     assert points["norms/h_L"] == [0, 1, 2, 3]
-    assert points["run/config/text_summary"] == [0, 2]
+    # each part's config at its first step: the resumed parts' at epoch 1, logged again
+    assert points["run/config/text_summary"] == [0, 1]
     assert points["run/status/text_summary"] == [3]
+
+
+@needs_tensorboard
+def test_tensorboard_holds_an_epoch_saved_but_not_logged_before_a_kill(tmp_path, monkeypatch):
+    """Killed after epoch 1 was saved (record and checkpoint) but before TensorBoard logged
+    it: the resumed part, which starts at epoch 2, logs epoch 1 again behind its restart
+    mark, so TensorBoard holds every epoch once. It used to hold no epoch 1 at all. The
+    record is that of the run trained without a kill."""
+    from creditaudit.loggers.tensorboard import TensorBoardLogger
+
+    config = tiny(tmp_path / "runs", **{"run.tensorboard": str(tmp_path / "tb"),
+                                        "optim.epochs": 3})
+    original = TensorBoardLogger.log_epoch
+
+    def killed_before_logging(self, entry):  # noqa: ANN001, ANN202
+        if entry.epoch == 1:
+            raise KeyboardInterrupt  # the kill, after close_epoch saved epoch 1
+        return original(self, entry)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TensorBoardLogger, "log_epoch", killed_before_logging)
+        with pytest.raises(KeyboardInterrupt):
+            train(config)
+    folder = tmp_path / "tb" / run_id(config)
+    assert load_checkpoint(tmp_path / "runs" / run_id(config) / CHECKPOINT_FILE)["epoch"] == 1
+    assert tensorboard_points(folder)["norms/h_L"] == [0]
+    record = train(config, resume=True).record
+    assert record.status == "completed" and record.resumed[-1].epoch == 2
+    points = assert_one_point_per_step(folder)
+    assert points["norms/h_L"] == [0, 1, 2, 3]
+    assert points["run/status/text_summary"] == [3]
+    values = tensorboard_values(folder)
+    for entry in record.log:
+        for tag, value in epoch_scalars(entry).items():
+            assert close(values[tag][entry.epoch], value), (tag, entry.epoch)
+    uninterrupted = train(tiny(tmp_path / "again", **{"optim.epochs": 3})).record
+    assert comparable(record) == comparable(uninterrupted)
 
 
 @needs_tensorboard
@@ -576,6 +643,67 @@ def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, 
     config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
                                         "optim.epochs": 3})
     kill_run_at(config, epoch=2)
+    train(config, resume=True)
+    wandb.teardown()  # flush and close the run files
+    parts = []
+    for path in offline_wandb.glob("wandb/offline-run-*/run-*.wandb"):
+        records = wandb_records(path)
+        steps = [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]
+        exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
+        parts.append((steps, exit_code))
+    assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
+
+
+def killed_between_saving_and_logging(monkeypatch, config: RunConfig, epoch: int,
+                                      loggers: list) -> None:
+    """Train ``config`` and interrupt it (KeyboardInterrupt, as Ctrl-C or SIGTERM) after
+    ``epoch`` was saved — record and checkpoint written — but before any logger got it."""
+    from creditaudit.loggers import LoggerGroup
+
+    original = LoggerGroup.log_epoch
+
+    def killed(self, entry):  # noqa: ANN001, ANN202
+        if entry.epoch == epoch:
+            raise KeyboardInterrupt
+        return original(self, entry)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LoggerGroup, "log_epoch", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, loggers=loggers)
+    saved = load_checkpoint(Path(config.run.out_dir) / run_id(config) / CHECKPOINT_FILE)
+    assert saved["epoch"] == epoch
+
+
+def test_loggers_get_a_saved_epoch_before_an_interrupted_part_finishes(tmp_path,
+                                                                       monkeypatch):
+    """Interrupted between saving epoch 1 and logging it: the loggers get epoch 1 before
+    ``finish`` (it used to reach none of them); the resumed part logs epochs 2–3 only."""
+    config = tiny(tmp_path, **{"optim.epochs": 3, "diagnostics.end_of_run": False})
+    killed_part = Calls()
+    killed_between_saving_and_logging(monkeypatch, config, 1, [killed_part])
+    kinds = [kind for kind, _ in killed_part.calls if kind != "step"]
+    assert kinds == ["start", "epoch", "epoch", "finish", "close"]
+    assert [entry.epoch for entry in killed_part.of("epoch")] == [0, 1]
+    assert killed_part.of("finish")[0].status == "interrupted"
+    resumed_part = Calls()
+    record = train(config, resume=True, loggers=[resumed_part]).record
+    assert [entry.epoch for entry in resumed_part.of("epoch")] == [2, 3]
+    assert resumed_part.of("start")[0].resumed_after.to_dict() == record.log[1].to_dict()
+
+
+@needs_wandb
+def test_wandb_holds_an_epoch_saved_before_an_interrupt_once(tmp_path, offline_wandb,
+                                                             monkeypatch):
+    """Interrupted between saving epoch 1 and logging it: the interrupted part's W&B run
+    logs it before it ends, the resumed part's starts at epoch 2 — every epoch once (W&B
+    cannot drop a point: the resumed part does not log epoch 1 again). Epoch 1 used to be in
+    neither."""
+    import wandb
+
+    config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
+                                        "optim.epochs": 3, "diagnostics.end_of_run": False})
+    killed_between_saving_and_logging(monkeypatch, config, 1, [])
     train(config, resume=True)
     wandb.teardown()  # flush and close the run files
     parts = []

@@ -25,6 +25,10 @@ class RunStart:
     ``log_step`` and ``log_stage`` are not called and ``steps_per_epoch`` is 0).
     ``reference``: the run's reference check (the record's ``reference`` block), which
     every verdict a logger shows is judged with (:func:`~creditaudit.protocol.judge`).
+    ``resumed_after``: for a resumed part, the record's last epoch (k, the one its
+    checkpoint saved; None otherwise). It is not passed to ``log_epoch``: the earlier part
+    saved it before logging it and may have been stopped in between, so it may hold it or
+    not; a backend that can replace an earlier part's points (TensorBoard) logs it again.
     """
 
     config: RunConfig
@@ -36,6 +40,7 @@ class RunStart:
     elapsed_before: float = 0.0
     replayed: bool = False
     reference: dict[str, Any] | None = None
+    resumed_after: EpochEntry | None = None
 
     @property
     def resumed(self) -> bool:
@@ -52,7 +57,9 @@ class RunLogger:
     - ``log_stage(text)`` as each end-of-run stage starts (ρ, nudging, the null: minutes on
       a large run);
     - ``finish(record)`` once the record is final (completed, diverged, failed or
-      interrupted), with the end-of-run metrics of completed and diverged runs;
+      interrupted), with the end-of-run metrics of completed and diverged runs; a run
+      stopped between saving an epoch and logging it calls ``log_epoch`` for the saved
+      epochs the logger missed first (:meth:`LoggerGroup.catch_up`);
     - ``close()`` always, last.
 
     A run that had finished before is replayed from its record (:func:`replay`): ``start``
@@ -86,15 +93,20 @@ class RunLogger:
 class LoggerGroup(RunLogger):
     """Several loggers as one. ``finish`` and ``close`` reach every logger even when one
     raises (the first error is raised afterwards), so one broken backend cannot leave
-    another's files open."""
+    another's files open. It keeps the last epoch handed to each logger, so that
+    :meth:`catch_up` gives a stopped part's loggers the saved epochs they missed."""
 
     def __init__(self, loggers: Sequence[RunLogger]) -> None:
         self.loggers = list(loggers)
+        self.handed: dict[int, int] = {}  # a logger's index → the last epoch handed to it
+        self.first_epoch = 0  # the first epoch this part logs
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
 
     def start(self, run: RunStart) -> None:
+        self.handed = {}
+        self.first_epoch = run.first_epoch if run.resumed else 0
         for logger in self.loggers:
             logger.start(run)
 
@@ -103,8 +115,23 @@ class LoggerGroup(RunLogger):
             logger.log_step(loss)
 
     def log_epoch(self, entry: EpochEntry) -> None:
-        for logger in self.loggers:
+        for index, logger in enumerate(self.loggers):
+            self.handed[index] = entry.epoch  # before: a logger stopped inside is not retried
             logger.log_epoch(entry)
+
+    def catch_up(self, saved: Sequence[EpochEntry]) -> None:
+        """Hand each logger the epochs of ``saved`` (the record's epochs its checkpoint holds)
+        from this part's first on that it was not handed yet: the part was stopped (Ctrl-C,
+        SIGTERM, an error) after saving an epoch and before logging it. Called before
+        ``finish`` while the stop unwinds: a logger's own error ends its catching up
+        quietly."""
+        for index, logger in enumerate(self.loggers):
+            missed = [entry for entry in saved if entry.epoch >= self.first_epoch
+                      and entry.epoch > self.handed.get(index, -1)]
+            with contextlib.suppress(Exception):
+                for entry in missed:
+                    self.handed[index] = entry.epoch
+                    logger.log_epoch(entry)
 
     def log_stage(self, text: str) -> None:
         for logger in self.loggers:
@@ -126,8 +153,12 @@ class LoggerGroup(RunLogger):
         if error is not None:
             raise error
 
-    def finish_quietly(self, record: RunRecord) -> None:
-        """``finish`` while another error unwinds: a logger's own error must not hide it."""
+    def finish_quietly(self, record: RunRecord, *, saved_through: int | None = None) -> None:
+        """``finish`` while another error unwinds: a logger's own error must not hide it.
+        First, the epochs of ``record`` up to ``saved_through`` (the last one its checkpoint
+        holds) that a logger missed (:meth:`catch_up`)."""
+        if saved_through is not None:
+            self.catch_up([entry for entry in record.log if entry.epoch <= saved_through])
         with contextlib.suppress(Exception):
             self.finish(record)
 

@@ -7,10 +7,11 @@ a bar would print nothing useful until it ends, so each evaluated epoch prints o
     dfa epoch 3/10 | train loss 1.52 | test loss 1.61 | test acc 0.412 | ‖h_L‖ 3.1e+05 |
     ‖g_L‖ 2.4e-07 | needs walk-back (a) | 0m41s elapsed, ETA 1m36s
 
-(on one line). The elapsed time counts the run's earlier epochs too when it resumed; the
-ETA is the mean time of the epochs this process trained so far times the epochs left. The
-last line says how the run ended, and at which epoch and why when ``--stop-on-walkback``
-stopped it early.
+(on one line). A resumed part starts with the line of the epoch it resumes after (the part
+before may have been stopped before it printed it), and its elapsed time counts the run's
+earlier epochs too; the ETA is the mean time of the epochs this process trained so far
+times the epochs left. The last line says how the run ended, and at which epoch and why
+when ``--stop-on-walkback`` stopped it early.
 """
 
 from __future__ import annotations
@@ -68,10 +69,12 @@ class ConsoleLogger(RunLogger):
             self.bar = terminal_bar(epochs_left * run.steps_per_epoch, self.bar_stream,
                                     desc=run.config.method.name + first, unit="step",
                                     leave=False)
-            return
-        what = (f"resuming at epoch {run.first_epoch}" if run.resumed
-                else f"{run.epochs} epochs of {run.steps_per_epoch} steps")
-        self._print(f"{run.config.method.name} run {run.run_id}: {what} → {run.run_dir}")
+        else:
+            what = (f"resuming at epoch {run.first_epoch}" if run.resumed
+                    else f"{run.epochs} epochs of {run.steps_per_epoch} steps")
+            self._print(f"{run.config.method.name} run {run.run_id}: {what} → {run.run_dir}")
+        if run.resumed_after is not None:  # where it goes on from, and the verdict so far
+            self.log_epoch(run.resumed_after)
 
     def log_step(self, loss: float) -> None:
         if self.bar is None or self.run is None:

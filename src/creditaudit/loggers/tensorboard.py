@@ -15,7 +15,9 @@ at epoch 0 that drops the partial points. A run
 started over (``--force``, or a run killed before its first trained epoch) and a resumed
 part write into the folder that holds the earlier part: each part's event file starts with
 a restart mark at the first epoch it logs (``SummaryWriter``'s ``purge_step``), so
-TensorBoard drops every earlier point from that epoch on — one point per tag and step.
+TensorBoard drops every earlier point from that epoch on — one point per tag and step. A
+resumed part starts at the epoch it resumes after and logs it again: the part before saved
+that epoch before logging it, and may have been killed in between.
 """
 
 from __future__ import annotations
@@ -73,10 +75,11 @@ class TensorBoardLogger(RunLogger):
                      self.log_dir, run.run_id)
             return
         self.reference = run.reference
-        # The first epoch this part logs: 0 for a new run (epoch 0 included), the first
-        # resumed epoch for a resumed part. An earlier part's points from there on (a run
-        # started over, a part killed after it logged) are dropped by the restart mark.
-        self.first_step = run.first_epoch if run.resumed else 0
+        # The first epoch this part logs: 0 for a new run (epoch 0 included); for a resumed
+        # part the epoch it resumes after, logged again below (the part before saved it, but
+        # may have been stopped before it logged it). An earlier part's points from there on
+        # (a run started over, a part killed after it logged) are dropped by the restart mark.
+        self.first_step = _first_step(run)
         _wait_for_a_later_second(self.log_dir)
         self.writer = SummaryWriter(str(self.log_dir), purge_step=self.first_step)
         config = run.config
@@ -86,6 +89,8 @@ class TensorBoardLogger(RunLogger):
         self.writer.file_writer.add_summary(session_start, self.first_step)
         self.writer.add_text("run/config", "```toml\n" + config_to_toml(config) + "```",
                              self.first_step)
+        if run.resumed_after is not None:
+            self.log_epoch(run.resumed_after)
 
     def log_epoch(self, entry: EpochEntry) -> None:
         if self.writer is None:
@@ -112,11 +117,20 @@ class TensorBoardLogger(RunLogger):
             self.writer.close()
 
 
+def _first_step(run: RunStart) -> int:
+    """The step of a part's restart mark: 0 for a new run; for a resumed part the epoch
+    it resumes after (its ``first_epoch`` when it is not told which: a logger started by
+    hand)."""
+    if run.resumed_after is not None:
+        return run.resumed_after.epoch
+    return run.first_epoch if run.resumed else 0
+
+
 def _status_step(record: RunRecord, first_step: int) -> int:
     """The step of ``run/status``: a finished run's last epoch (beside its end-of-run
     metrics); for a run that stopped unfinished, the epoch it stopped in (after its last
-    recorded one), which the part that resumes it logs again and so drops — a run resumed
-    twice from one epoch keeps one status there, not one per killed part."""
+    recorded one), which the part that resumes it drops with its restart mark — a run
+    resumed twice from one epoch keeps one status there, not one per killed part."""
     last = record.log[-1].epoch if record.log else -1
     return max(last, 0) if record.is_finished else max(last + 1, first_step)
 

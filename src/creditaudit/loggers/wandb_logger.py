@@ -2,6 +2,10 @@
 run id, with the config, every epoch's scalars (step = epoch, the grouped tags of
 :mod:`creditaudit.loggers.scalars`), the end-of-run metrics and the status in its summary.
 
+A resumed part's W&B run starts at the first epoch it trains: W&B cannot drop a point, so
+the epoch it resumes after (``RunStart.resumed_after``, logged by the part before unless
+that part was killed outright between saving and logging it) is not logged twice.
+
 W&B's own settings apply: ``WANDB_MODE=offline`` writes the run to disk for a later
 ``wandb sync`` (no account needed), ``WANDB_DIR`` says where (default: ``./wandb``),
 ``WANDB_ENTITY`` the team. W&B's console capture is off so the epoch lines stay plain.

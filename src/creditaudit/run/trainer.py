@@ -308,7 +308,8 @@ class Trainer:
             first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
             steps_per_epoch=len(self.train_loader),
             elapsed_before=sum(e.seconds or 0.0 for e in self.record.log),
-            reference=self.record.reference.to_dict()))
+            reference=self.record.reference.to_dict(),
+            resumed_after=self.record.log[-1] if resume and self.record.log else None))
         ensure_folder(self.run_dir)
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
@@ -364,7 +365,7 @@ class Trainer:
         if disk_full:
             with contextlib.suppress(OutputError):
                 self._write()
-            self.loggers.finish_quietly(self.record)
+            self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
             return
         if err is not None:  # a guest's exception (a factory's forward) names the guest
             self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
@@ -374,7 +375,7 @@ class Trainer:
             if err is None:
                 raise
             note_unrecorded(err, write_error)
-        self.loggers.finish_quietly(self.record)
+        self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
 
     def finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""

@@ -120,6 +120,32 @@ def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[Ru
     return out
 
 
+# A sweep's torch threads per run when neither the command line nor the sweep file says.
+DEFAULT_THREADS = 1
+
+
+def sweep_threads(configs: Sequence[RunConfig], given: int | None) -> tuple[int, str | None]:
+    """(torch threads per run, a one-line warning or None) of a sweep of ``configs``:
+    ``given`` (``--threads-per-worker``) when given, else the ``run.threads`` every run
+    sets alike (the sweep file's), else :data:`DEFAULT_THREADS`. The warning names the
+    ``run.threads`` not followed: one that ``given`` overrides, or one that only some runs
+    set or that differs between runs (a sweep trains every run on one count). The count is
+    no part of a run id: no choice here changes one."""
+    asked = sorted({c.run.threads for c in configs if c.run.threads is not None})
+    counts = ", ".join(map(str, asked))
+    if given is not None:
+        overridden = [t for t in asked if t != given]
+        return given, (f"--threads-per-worker {given} overrides the sweep's run.threads = "
+                       f"{', '.join(map(str, overridden))}" if overridden else None)
+    if len(asked) == 1 and all(c.run.threads == asked[0] for c in configs):
+        return asked[0], None
+    if asked:
+        return DEFAULT_THREADS, (f"the sweep's runs do not all set one run.threads (they "
+                                 f"set {counts}): every run trains on {DEFAULT_THREADS} "
+                                 "thread; set it in [base], or pass --threads-per-worker T")
+    return DEFAULT_THREADS, None
+
+
 def check_devices(plans: Sequence[RunPlan], executor: str) -> None:
     """ConfigError, in one line, when runs that train on this machine (every executor but
     ``ray``) ask for a device it lacks (``run.device='cuda'`` without a GPU): one error

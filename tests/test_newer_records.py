@@ -111,3 +111,39 @@ def test_a_newer_record_given_as_config_says_to_upgrade_only(tmp_path, capsys):
     out, err = capsys.readouterr()
     line = assert_one_line_error(out, err, "upgrade creditaudit to read it")
     assert "pass a TOML config" not in line and "not a readable" not in line
+
+
+def test_a_newer_versions_run_counts_as_newer_not_failed(tmp_path, capsys):
+    """The sweep's progress line counted a refused newer-version run as failed while its
+    summary said newer; both say newer now, and the sweep still exits 1."""
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out",
+                             '[grid]\n"method.name" = ["bp", "dfa"]\n')
+    assert main(["sweep", str(sweep), "--workers", "0", "-q"]) == 0
+    run_dir = next(d for d in (tmp_path / "out").iterdir() if d.name.startswith("dfa-"))
+    make_newer(run_dir / RECORD_FILE)
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--workers", "0"]) == 1
+    progress = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "done 1," in progress and "failed 0," in progress and "newer 1," in progress
+    summary = json.loads((tmp_path / "out" / "sweep_summary.json").read_text())
+    assert summary["counts"] == {"completed": 1, "newer": 1}
+    [refused] = [run for run in summary["runs"] if run["status"] == "newer"]
+    assert refused["action"] == "refused"
+
+
+def test_a_worker_that_finds_a_newer_versions_run_says_newer(tmp_path):
+    """A record rewritten by a newer version after the sweep looked (the worker's own
+    check): the worker's outcome was status failed; it is newer, refused, and says why."""
+    from creditaudit.config import load_config
+    from creditaudit.sweep.worker import run_task
+
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out",
+                             '[grid]\n"method.name" = ["bp"]\n')
+    assert main(["sweep", str(sweep), "--workers", "0", "-q"]) == 0
+    (run_dir,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
+    written = make_newer(run_dir / RECORD_FILE)
+    config = load_config(run_dir / "config.toml").to_dict()
+    outcome = run_task({"config": config, "run_id": run_dir.name}, retry_failed=True)
+    assert (outcome["status"], outcome["action"]) == ("newer", "refused")
+    assert "upgrade creditaudit to read it" in outcome["error"]
+    assert (run_dir / RECORD_FILE).read_bytes() == written

@@ -50,9 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="local executor: worker processes (default: number of CPUs; "
                              "0 = run in this process, one after another)")
-    parser.add_argument("--threads-per-worker", type=int, default=1, metavar="T",
-                        help="torch CPU threads per run (default 1); with --executor ray also "
-                             "the CPUs Ray reserves per run")
+    parser.add_argument("--threads-per-worker", type=int, default=None, metavar="T",
+                        help="torch CPU threads per run (default: the sweep file's "
+                             "run.threads, else 1); with --executor ray also the CPUs Ray "
+                             "reserves per run")
     parser.add_argument("--gpus-per-run", type=finite_float, default=None, metavar="G",
                         help="ray executor: GPUs reserved per run, fractions allowed (default "
                              "1 with --device cuda, else 0)")
@@ -183,7 +184,7 @@ RAY_ONLY = ("address", "gpus_per_run", "unschedulable_after")
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse, in one line each, flags that do not apply to the chosen executor or have
     impossible values — before anything is read, so ``--dry-run`` checks them too."""
-    if args.threads_per_worker < 1:
+    if args.threads_per_worker is not None and args.threads_per_worker < 1:
         raise ConfigError(f"--threads-per-worker must be >= 1, got {args.threads_per_worker}")
     if args.stack < 1:
         raise ConfigError(f"--stack must be >= 1 (1 = every run alone), got {args.stack}")
@@ -323,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
         prepare_configs,
         run_states,
         run_sweep,
+        sweep_threads,
         unique_plans,
     )
 
@@ -335,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         overrides["run.out_dir"] = args.out
     expansion = sweep.expand(overrides, max_runs=max_runs)
+    # one count for every run, which the executor reserves and sets (flag, file's, else 1)
+    args.threads_per_worker, warning = sweep_threads(expansion.configs, args.threads_per_worker)
+    expansion.warnings.extend([warning] if warning else [])
     configs = prepare_configs(expansion.configs, threads=args.threads_per_worker)
     grid_keys = sweep.grid_keys
     # Every run planned before any trains: a run that cannot (a rule that cannot train the

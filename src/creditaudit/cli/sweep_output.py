@@ -39,6 +39,7 @@ class SweepProgress:
     def status(state: Any) -> str:
         return (f"done {state.done}, running {state.running}, failed {state.failed}, "
                 + (f"interrupted {state.interrupted}, " if state.interrupted else "")
+                + (f"newer {state.newer}, " if state.newer else "")
                 + f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
                 + f", ETA {duration(state.eta_seconds)}")
 

@@ -275,15 +275,21 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
 
 
 # --- sets of records ------------------------------------------------------------------------
-def frozen_baseline(record: RunRecord, records: Iterable[RunRecord]) -> tuple[float, int] | None:
-    """(mean final accuracy, number of runs) of the finished frozen-blocks runs of
-    ``record``'s recipe among ``records``, or None when there are none — the one place the
-    baseline of (d) is chosen. A frozen run that stopped early (``stopped_early``: fewer
-    epochs than its recipe's ``optim.epochs``) is no baseline: its readout trained less."""
+def baseline_runs(record: RunRecord, records: Iterable[RunRecord]) -> list[RunRecord]:
+    """The finished frozen-blocks runs of ``record``'s recipe among ``records`` that have a
+    final accuracy — the one place the baseline of (d) is chosen. A frozen run that stopped
+    early (``stopped_early``: fewer epochs than its recipe's ``optim.epochs``) is no
+    baseline: its readout trained less."""
     key = record.recipe_key
-    accs = [r.final_acc for r in records
+    return [r for r in records
             if is_frozen_baseline(r) and r.is_finished and not r.stopped_early
             and r.recipe_key == key and r.final_acc is not None]
+
+
+def frozen_baseline(record: RunRecord, records: Iterable[RunRecord]) -> tuple[float, int] | None:
+    """(mean final accuracy, number of runs) of :func:`baseline_runs` of ``record`` among
+    ``records``, or None when there are none."""
+    accs = [r.final_acc for r in baseline_runs(record, records)]
     return (sum(accs) / len(accs), len(accs)) if accs else None
 
 
@@ -361,5 +367,5 @@ class RecordSet:
 
 
 __all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "recorded_statuses",
-           "frozen_baseline", "is_frozen_baseline", "model_description", "record_metadata",
-           "arch_variant", "draws_default_feedback"]
+           "baseline_runs", "frozen_baseline", "is_frozen_baseline", "model_description",
+           "record_metadata", "arch_variant", "draws_default_feedback"]

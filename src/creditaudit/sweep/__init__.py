@@ -90,6 +90,7 @@ from creditaudit.sweep.runner import (
     run_states,
     run_sweep,
     sweep_summary,
+    sweep_threads,
 )
 from creditaudit.sweep.worker import SWEEP_LOG_FILE, disk_status, run_one, run_task
 
@@ -97,7 +98,7 @@ __all__ = [
     "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
     "dedupe", "count_runs", "DEFAULT_MAX_RUNS", "plan_runs", "unique_plans", "run_labels",
     "run_one", "run_task", "run_sweep", "run_states", "check_devices", "prepare_configs",
-    "sweep_summary",
+    "sweep_summary", "sweep_threads",
     "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
     "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",
     "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status",

@@ -14,8 +14,10 @@ class Outcome(TypedDict):
     """One run's outcome in a sweep.
 
     ``status`` is the run's status afterwards (completed, diverged, failed, interrupted,
-    busy; None before the worker knows it); ``action`` what the call did (trained, resumed,
-    restarted, skipped, refused, busy, interrupted); ``seconds`` the wall time of the call;
+    busy, newer — its record was written by a newer creditaudit: :data:`NEWER`; None before
+    the worker knows it); ``action`` what the call did (trained, resumed, restarted,
+    skipped, refused — a newer version's run is always refused: :func:`left_alone` —,
+    busy, interrupted); ``seconds`` the wall time of the call;
     ``pid`` and ``host`` the worker process that made it (None when the worker died);
     ``holder`` (busy runs only) the claim of the process that holds the run.
     """
@@ -30,6 +32,17 @@ class Outcome(TypedDict):
     holder: NotRequired[str | None]
 
 
+# The status of a run whose record a newer creditaudit wrote: never replaced, never read.
+NEWER = "newer"
+
+
+def left_alone(status: str | None) -> str:
+    """The action of a sweep that does not train a run whose record says ``status``:
+    ``refused`` for a newer version's run (the sweep cannot read it and must not replace
+    it), ``skipped`` for a run that is done (or failed, without --retry-failed)."""
+    return "refused" if status == NEWER else "skipped"
+
+
 def new_outcome(run_id: str | None, *, status: str | None = None,
                 action: str = "skipped") -> Outcome:
     """An outcome of this process for ``run_id``, no time spent and no error yet."""
@@ -37,4 +50,4 @@ def new_outcome(run_id: str | None, *, status: str | None = None,
             "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
 
 
-__all__ = ["Outcome", "new_outcome"]
+__all__ = ["NEWER", "Outcome", "left_alone", "new_outcome"]

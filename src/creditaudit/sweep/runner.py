@@ -16,7 +16,7 @@ from creditaudit.records import FINISHED
 from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor
-from creditaudit.sweep.outcome import Outcome, new_outcome
+from creditaudit.sweep.outcome import NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
 from creditaudit.sweep.worker import disk_status, run_task, task_ids
 
@@ -30,12 +30,14 @@ SUMMARY_SCHEMA = "creditaudit.sweep/1"
 @dataclass
 class SweepState:
     """Counts for the progress line: ``done`` (completed or diverged), ``failed``,
-    ``interrupted`` (stopped by a signal; resumable), ``busy`` (claimed by another sweep)."""
+    ``interrupted`` (stopped by a signal; resumable), ``newer`` (refused: a newer
+    creditaudit's run), ``busy`` (claimed by another sweep)."""
 
     total: int
     done: int = 0
     failed: int = 0
     interrupted: int = 0
+    newer: int = 0
     busy: int = 0
     outstanding: int = 0
     slots: int = 1
@@ -69,14 +71,17 @@ class SweepState:
     @property
     def ended(self) -> int:
         """Runs this sweep is finished with, whatever their status."""
-        return self.done + self.failed + self.interrupted
+        return self.done + self.failed + self.interrupted + self.newer
 
     def count(self, status: str) -> None:
-        """Count one run's end status (anything but completed/diverged/interrupted failed)."""
+        """Count one run's end status (anything but completed/diverged/interrupted/newer
+        failed)."""
         if status in FINISHED:
             self.done += 1
         elif status == "interrupted":
             self.interrupted += 1
+        elif status == NEWER:
+            self.newer += 1
         else:
             self.failed += 1
 
@@ -115,6 +120,32 @@ def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[Ru
     return out
 
 
+# A sweep's torch threads per run when neither the command line nor the sweep file says.
+DEFAULT_THREADS = 1
+
+
+def sweep_threads(configs: Sequence[RunConfig], given: int | None) -> tuple[int, str | None]:
+    """(torch threads per run, a one-line warning or None) of a sweep of ``configs``:
+    ``given`` (``--threads-per-worker``) when given, else the ``run.threads`` every run
+    sets alike (the sweep file's), else :data:`DEFAULT_THREADS`. The warning names the
+    ``run.threads`` not followed: one that ``given`` overrides, or one that only some runs
+    set or that differs between runs (a sweep trains every run on one count). The count is
+    no part of a run id: no choice here changes one."""
+    asked = sorted({c.run.threads for c in configs if c.run.threads is not None})
+    counts = ", ".join(map(str, asked))
+    if given is not None:
+        overridden = [t for t in asked if t != given]
+        return given, (f"--threads-per-worker {given} overrides the sweep's run.threads = "
+                       f"{', '.join(map(str, overridden))}" if overridden else None)
+    if len(asked) == 1 and all(c.run.threads == asked[0] for c in configs):
+        return asked[0], None
+    if asked:
+        return DEFAULT_THREADS, (f"the sweep's runs do not all set one run.threads (they "
+                                 f"set {counts}): every run trains on {DEFAULT_THREADS} "
+                                 "thread; set it in [base], or pass --threads-per-worker T")
+    return DEFAULT_THREADS, None
+
+
 def check_devices(plans: Sequence[RunPlan], executor: str) -> None:
     """ConfigError, in one line, when runs that train on this machine (every executor but
     ``ray``) ask for a device it lacks (``run.device='cuda'`` without a GPU): one error
@@ -139,7 +170,7 @@ def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,
         holder, raw, mtime = read_claim(run.run_dir / CLAIM_FILE)
         live = raw is not None and claim_is_stale(holder, time.time() - mtime,
                                                   stale_after) is None
-        todo = not (status in FINISHED or status == "newer"
+        todo = not (status in FINISHED or status == NEWER
                     or (status == "failed" and not retry_failed))
         rows.append({"run_id": run.run_id, "status": status, "error": error, "todo": todo,
                      "holder": holder if live else None})
@@ -193,13 +224,16 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
             todo.append(row["run_id"])
             continue
         outcomes[row["run_id"]] = {"run_id": row["run_id"], "status": row["status"],
-                                   "action": "skipped", "error": row["error"], "seconds": 0.0}
+                                   "action": left_alone(row["status"]), "error": row["error"],
+                                   "seconds": 0.0}
         state.count(row["status"])
     report(None)
 
     def skipped(row: dict[str, Any]) -> None:
-        """A run another process held, finished (or failed) now: skipped here."""
-        outcome = new_outcome(row["run_id"], status=row["status"], action="skipped")
+        """A run another process held, finished (or failed) now: skipped here (refused,
+        if a newer version wrote it)."""
+        outcome = new_outcome(row["run_id"], status=row["status"],
+                              action=left_alone(row["status"]))
         outcome["error"] = row["error"]
         outcomes[row["run_id"]] = outcome
         state.busy -= 1

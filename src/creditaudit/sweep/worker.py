@@ -38,7 +38,7 @@ from creditaudit.sweep.claims import (
     release_claim,
     try_claim,
 )
-from creditaudit.sweep.outcome import Outcome, new_outcome
+from creditaudit.sweep.outcome import NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.worker_process import WORKER_STATE
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
     except ChangedRecordError as err:
         return "corrupt", err.fact
     except NewerRecordError as err:
-        return "newer", str(err)
+        return NEWER, str(err)
     except RunRecordError as err:
         return "corrupt", str(err)
     return record.status, record.error
@@ -143,11 +143,9 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 
     def skip_reason() -> bool:
         status, error = disk_status(run_dir)
-        if status == "newer":  # never replaced: it holds a newer version's run
-            outcome.update(status="failed", error=error, action="refused")
-            return True
-        if status in FINISHED or (status == "failed" and not retry_failed):
-            outcome.update(status=status, error=error, action="skipped")
+        # a newer version's run is never replaced (refused), a finished one skipped
+        if status == NEWER or status in FINISHED or (status == "failed" and not retry_failed):
+            outcome.update(status=status, error=error, action=left_alone(status))
             return True
         return False
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC
 from creditaudit.results import full_length
@@ -25,6 +25,7 @@ from creditaudit.study.experiments.configs import (
 from creditaudit.study.experiments.groups import (
     fmt,
     frozen_accuracy,
+    frozen_runs,
     markdown_table,
     rule_groups,
 )
@@ -56,7 +57,7 @@ def _pp(a: float | None, b: float | None) -> float | None:
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     cells: dict[str, dict[str, Any]] = {}
     # The runs whose accuracies each cell's mean averages (:func:`full_length`).
-    runs = {"frozen": full_length(r for r in records if is_frozen_baseline(r))}
+    runs = {"frozen": frozen_runs(records)}
     frozen = frozen_accuracy(records)
     for members, row in rule_groups(records):
         key = (members[0].method, members[0].penalty)

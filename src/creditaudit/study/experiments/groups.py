@@ -34,7 +34,13 @@ from creditaudit.protocol import (
     judge,
     labels,
 )
-from creditaudit.protocol.records import RecordSet, Verdict, arch_variant, is_frozen_baseline
+from creditaudit.protocol.records import (
+    RecordSet,
+    Verdict,
+    arch_variant,
+    baseline_runs,
+    is_frozen_baseline,
+)
 from creditaudit.records import RunRecord
 from creditaudit.results import full_length, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate
@@ -78,15 +84,24 @@ def verdicts(records: Sequence[RunRecord]) -> dict[str, Verdict]:
     return {r.run_id: index.verdict(r) for r in records}
 
 
+def frozen_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """The frozen-blocks runs that are the baseline of (d) for the runs among ``records``,
+    chosen as the report chooses them (:func:`~creditaudit.protocol.records.baseline_runs`:
+    finished, trained all their epochs, of the same recipe); none when the runs are of
+    recipes with different baselines (each row's ``frozen_acc`` is its own then)."""
+    trained = [r for r in records if not is_frozen_baseline(r)] or list(records)
+    recipes = {r.recipe_key: r for r in trained}
+    found = [runs for runs in (baseline_runs(r, records) for r in recipes.values()) if runs]
+    return found[0] if len(found) == 1 else []
+
+
 def frozen_accuracy(records: Sequence[RunRecord]) -> dict[str, Any] | None:
-    """:func:`aggregate` of the final accuracy of the frozen baselines among ``records``
-    that trained all their epochs (:func:`~creditaudit.results.full_length`), with the
-    ``marks`` of their numbers (:func:`~.marks.marks_of`); None without frozen runs."""
-    frozen = [r for r in records if is_frozen_baseline(r)]
+    """:func:`aggregate` of the final accuracy of :func:`frozen_runs` of ``records``, with
+    the ``marks`` of their numbers (:func:`~.marks.marks_of`); None without such runs."""
+    frozen = frozen_runs(records)
     if not frozen:
         return None
-    ended = full_length(frozen)
-    return {**aggregate(r.final_acc for r in ended), "marks": marks_of(ended)}
+    return {**aggregate(r.final_acc for r in frozen), "marks": marks_of(frozen)}
 
 
 def diagnostics_of(verdicts: Iterable[Verdict]) -> list[str]:
@@ -254,5 +269,5 @@ def evaluated_in_training(records: Iterable[RunRecord]) -> list[str]:
 
 __all__ = ["method_label", "group_records", "verdicts", "verdict_overview", "seed_row",
            "group_summary", "trajectory", "markdown_table", "epoch_text", "fmt", "format_lambda",
-           "evaluated_seeds", "first_fired_cell",
-           "frozen_accuracy", "rule_groups", "diagnostics_of", "evaluated_in_training"]
+           "evaluated_seeds", "first_fired_cell", "frozen_runs", "frozen_accuracy",
+           "rule_groups", "diagnostics_of", "evaluated_in_training"]

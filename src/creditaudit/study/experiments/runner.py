@@ -43,6 +43,7 @@ from creditaudit.study.experiments.registry import (
 from creditaudit.study.experiments.scales import get_scale
 from creditaudit.sweep import dedupe, unique_plans
 from creditaudit.sweep.distinct import run_key
+from creditaudit.sweep.outcome import NEWER, left_alone
 
 EXPERIMENTS_DIR = "experiments"
 EXECUTORS = ("local", "inline", "ray")
@@ -118,7 +119,7 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     except ChangedRecordError as err:  # the fact: the experiment's sweep starts it over
         return "corrupt", None, err.fact
     except NewerRecordError as err:
-        return "newer", None, str(err)
+        return NEWER, None, str(err)
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
     return record.status, record, record.error
@@ -241,12 +242,10 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     todo = []
     for plan in unique_plans(list(planned.values())):
         status, _, error = run_state(plan)
-        if status == "newer":  # never replaced: it holds a newer version's run
+        # a newer version's run is never replaced (refused), a finished one skipped
+        if status == NEWER or status in FINISHED or (status == "failed" and not retry_failed):
             outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
-                                     "action": "refused", "error": error}
-        elif status in FINISHED or (status == "failed" and not retry_failed):
-            outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
-                                     "action": "skipped", "error": error}
+                                     "action": left_alone(status), "error": error}
         else:
             todo.append(plan)
     started = time.perf_counter()

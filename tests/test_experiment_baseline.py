@@ -1,0 +1,71 @@
+"""The experiments' frozen-blocks baseline line is the report's baseline of (d).
+
+``creditaudit report`` (:class:`~creditaudit.protocol.records.RecordSet`) evaluates (d)
+against the frozen runs of the same recipe that finished and trained all their epochs; the
+experiments that print a "Frozen baseline" (and capacity_cost's effects over it) take the
+same runs of the records they are given — not every frozen run among them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from creditaudit.protocol.records import RecordSet
+from creditaudit.study.experiments import get_experiment
+from creditaudit.study.experiments.registry import NO_CHOICES
+from test_experiments import fake_record
+
+# The experiments that print one frozen-blocks baseline for their rows.
+WITH_BASELINE = ["audit_table", "depth_ladder", "penalty_sweep", "capacity_cost"]
+BASELINE = 0.2  # the final accuracy of the one frozen run the report takes
+
+
+def other(record, run_id: str, **overrides):
+    """``record`` as another run: ``run_id``, its config with dotted ``overrides``."""
+    record.config = record.config.replace(**overrides)
+    record.run_id = run_id
+    return record
+
+
+def records() -> list:
+    """bp, dfa and dfa+λ with one frozen run of their recipe, and frozen runs the report
+    does not take: of other recipes (more epochs, another width), one that failed, one
+    that stopped early."""
+    failed = fake_record("frozen", 7, acc=0.8)
+    failed.status = "failed"
+    early = fake_record("frozen", 8, acc=0.7)
+    early.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
+    return [fake_record("bp", 42, acc=0.5), fake_record("dfa", 42, acc=0.3),
+            fake_record("dfa", 42, acc=0.3, penalty=1e-2),
+            fake_record("frozen", 42, acc=BASELINE),
+            other(fake_record("frozen", 42, acc=0.9), "frozen-longer", **{"optim.epochs": 9}),
+            other(fake_record("frozen", 42, acc=0.6), "frozen-wider", **{"model.d": 7}),
+            failed, early]
+
+
+@pytest.mark.parametrize("name", WITH_BASELINE)
+def test_the_frozen_baseline_is_the_reports(name):
+    runs = records()
+    assert RecordSet(runs).frozen_baseline(runs[1]) == (BASELINE, 1)
+    summary = get_experiment(name).summarise_fn(runs, NO_CHOICES)
+    assert summary["frozen_acc"]["n"] == 1
+    assert summary["frozen_acc"]["mean"] == pytest.approx(BASELINE)
+    assert "0.200 (n=1)" in get_experiment(name).to_markdown(summary)
+
+
+def test_capacity_cost_effects_are_over_the_reports_baseline():
+    summary = get_experiment("capacity_cost").summarise_fn(records(), NO_CHOICES)
+    assert summary["effects_pp"]["dfa_penalty_over_frozen"] == pytest.approx(
+        100 * (0.3 - BASELINE))
+
+
+def test_runs_of_recipes_with_different_baselines_print_none():
+    """Each row's (d) is against its own recipe's frozen runs: no one baseline line."""
+    runs = [fake_record("dfa", 42, acc=0.3), fake_record("frozen", 42, acc=BASELINE),
+            other(fake_record("dfa", 42, acc=0.3), "dfa-longer", **{"optim.epochs": 9}),
+            other(fake_record("frozen", 42, acc=0.9), "frozen-longer", **{"optim.epochs": 9})]
+    summary = get_experiment("audit_table").summarise_fn(runs, NO_CHOICES)
+    assert summary["frozen_acc"] is None
+    margins = {s["run_id"]: s["margin_pp"] for row in summary["rows"] for s in row["seeds"]}
+    assert margins["dfa-0.0-s42"] == pytest.approx(100 * (0.3 - BASELINE))
+    assert margins["dfa-longer"] == pytest.approx(100 * (0.3 - 0.9))

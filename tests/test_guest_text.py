@@ -154,3 +154,12 @@ def test_a_model_label_of_a_record_is_drawn_as_itself():
     index = RunIndex.from_records([_record("bp", model=label), _record("dfa", model=label)])
     drawn = _drawn_texts(run_curves.build(index)[run_curves.NAME])
     assert any(label in text and not math for text, math in drawn)
+
+
+def test_a_sweep_progress_line_keeps_a_guest_error_on_it():
+    from creditaudit.cli.sweep_output import SweepProgress
+
+    outcome = {"run_id": "r1", "status": "failed", "action": "refused",
+               "error": f"ConfigError: plugin raised RuntimeError: boom\n# x {ESCAPE}[2J"}
+    line = SweepProgress.describe(outcome)
+    assert line == "r1 failed (refused): ConfigError: plugin raised RuntimeError: boom # x  [2J"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,14 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).splitlines())
 
 
+def plain_line(text: Any) -> str:
+    """``text`` (a guest's: a plugin's label, an exception's message, a record's string) on
+    one line (:func:`one_line`) and with every other control character (``\\x1b``,
+    ``\\t``, ``\\x00``, …) as a space: no terminal runs its escape sequences, no font
+    needs a glyph for it, and LaTeX and HTML accept it."""
+    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in one_line(text))
+
+
 # What could make text read as Markdown markup rather than as itself: backslash escapes,
 # code spans, emphasis, links and images (``[``; ``![`` needs it), table cells, GFM
 # strikethrough; ``<`` only where it could open an autolink or raw HTML (before a letter,
@@ -66,9 +75,9 @@ _PIPE = re.compile(r"(?<!\\)\|")
 
 def markdown_text(text: Any) -> str:
     """``text`` (a run id, a name, an error, a path: anything read from a record or a file
-    name) as Markdown that reads as exactly that text, on one line: it can form no link,
-    image, heading or emphasis, nor end a table cell."""
-    return _MARKUP.sub(lambda m: m.group(0)[:-1] + "\\" + m.group(0)[-1], one_line(text))
+    name) as Markdown that reads as exactly that text, on one line (:func:`plain_line`): it
+    can form no link, image, heading or emphasis, nor end a table cell."""
+    return _MARKUP.sub(lambda m: m.group(0)[:-1] + "\\" + m.group(0)[-1], plain_line(text))
 
 
 def cell(text: Any) -> str:

@@ -29,6 +29,7 @@ from typing import NoReturn
 
 from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
+from creditaudit.formatting import plain_line
 from creditaudit.guests.blame import guest_failure, guest_output_to_stderr
 from creditaudit.version import __version__
 
@@ -183,7 +184,9 @@ def working_folder_on_path() -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """``text`` on one line, its runs of spaces as one, no control character (a guest's
+    error message may hold terminal escape sequences: :func:`plain_line`)."""
+    return " ".join(plain_line(text).split())
 
 
 if __name__ == "__main__":  # pragma: no cover

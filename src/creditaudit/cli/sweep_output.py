@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from creditaudit.errors import CreditAuditError
-from creditaudit.formatting import duration
+from creditaudit.formatting import duration, plain_line
 
 
 # --- progress ------------------------------------------------------------------------------
@@ -63,8 +63,8 @@ class SweepProgress:
         if outcome.get("seconds"):
             text += f", {outcome['seconds']:.1f} s"
         text += ")"
-        if outcome.get("error"):
-            text += f": {outcome['error']}"
+        if outcome.get("error"):  # a guest's message may hold line breaks, escape sequences
+            text += f": {plain_line(outcome['error'])}"
         return text
 
     def say(self, line: str) -> None:

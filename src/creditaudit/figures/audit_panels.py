@@ -30,9 +30,11 @@ from creditaudit.figures.common import (
     add_grid,
     empty_note,
     legend_right,
+    literal,
     log_scale,
     new_figure,
     notes_below,
+    rule_text,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -43,7 +45,7 @@ from creditaudit.protocol import KINDS, WALK_BACK, DiagnosticReport, in_order
 from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
-from creditaudit.results import RunIndex, arch_label, method_label, stopped_early_note
+from creditaudit.results import RunIndex, arch_label, stopped_early_note
 
 NAME = "fig6_audit_panels"
 TITLE = "Figure 6 — audit panels"
@@ -71,9 +73,10 @@ class Panel:
     def of(cls, id_: str, name: str) -> Panel:
         diagnostic = DIAGNOSTICS.find(id_)
         if diagnostic is None:
-            return cls(id_, f"({id_}) {name}", name, False, "")
-        return cls(id_, f"{diagnostic.id_label()} {diagnostic.label}",
-                   diagnostic.axis_label(), diagnostic.scale == "log", diagnostic.needs)
+            return cls(id_, literal(f"({id_}) {name}"), literal(name), False, "")
+        return cls(id_, literal(f"{diagnostic.id_label()} {diagnostic.label}"),
+                   literal(diagnostic.axis_label()), diagnostic.scale == "log",
+                   diagnostic.needs)
 
     def empty_text(self) -> str:
         """What an empty panel says: no value to draw, and which runs would fill it."""
@@ -82,11 +85,11 @@ class Panel:
 
 
 def category(run: RunRecord, multi_arch: bool, multi_data: bool) -> str:
-    label = method_label(run.method, run.penalty)
+    label = rule_text(run.method, run.penalty)
     if multi_arch:
-        label += f"\n{ARCH_LABELS.get(arch_label(run), arch_label(run))}"
+        label += f"\n{literal(ARCH_LABELS.get(arch_label(run), arch_label(run)))}"
     if multi_data:
-        label += f"\n{run.dataset}"
+        label += f"\n{literal(run.dataset)}"
     if run.epochs == 0:  # random-init controls sit apart from the trained runs
         label += "\nuntrained"
     config = run.config  # control variants get their own columns too

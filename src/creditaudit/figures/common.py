@@ -26,9 +26,11 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from creditaudit.files.safe_files import atomic_write_bytes  # noqa: E402
+from creditaudit.formatting import plain_line  # noqa: E402
 from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
 from creditaudit.registry import RULES  # noqa: E402
+from creditaudit.results import method_label  # noqa: E402
 
 # The built-in rules each declare their own `color` and `marker`: 12 of Paul Tol's discrete
 # rainbow of 14 colours (SRON technical note "Colour schemes", fig. 22; the two lightest,
@@ -57,6 +59,21 @@ STYLE = {
     "font.size": 9, "axes.labelsize": 10, "axes.titlesize": 10, "legend.fontsize": 8,
     "xtick.labelsize": 8, "ytick.labelsize": 8, "font.family": "serif",
 }
+
+
+# --- text ---------------------------------------------------------------------------------
+def literal(text: object) -> str:
+    """``text`` (a name, a label, a note: anything a record or a plugin wrote) as a figure
+    draws it as itself: on one line (a line break would read as another label line),
+    control characters as spaces (no font draws them) and every ``$`` escaped, so no
+    mathtext is parsed — an even number of ``$`` would typeset what lies between them,
+    and an invalid expression (``$\\frac$``) would stop the figure from being drawn."""
+    return plain_line(text).replace("$", r"\$")
+
+
+def rule_text(method: str, penalty: float = 0.0) -> str:
+    """The rule's label (:func:`~creditaudit.results.method_label`) as figure text."""
+    return literal(method_label(method, penalty))
 
 
 # --- drawing ------------------------------------------------------------------------------
@@ -224,7 +241,7 @@ def empty_note(ax: Any, text: str) -> None:
     """Say in the middle of an empty panel which runs (or record fields) would fill it."""
     import textwrap
 
-    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(text, 44)), transform=ax.transAxes,
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(literal(text), 44)), transform=ax.transAxes,
             ha="center", va="center", fontsize=8, color="#555555", gid="empty_note",
             bbox={"boxstyle": "round,pad=0.5", "facecolor": "#f7f7f7", "edgecolor": "#cccccc"})
 
@@ -240,7 +257,7 @@ def notes_below(fig: Figure, axes: Sequence[Any], notes: dict[str, str],
                  *(legend.get_window_extent(renderer).y0 / fig.bbox.height
                    for legend in fig.legends)])
     for gid, text in notes.items():
-        lines = textwrap.wrap(text, width, break_on_hyphens=False)
+        lines = textwrap.wrap(literal(text), width, break_on_hyphens=False)
         note = fig.text(0.5, below - 0.02, "\n".join(lines), ha="center", va="top",
                         fontsize=8, color="#555555", gid=gid)
         below = note.get_window_extent(renderer).y0 / fig.bbox.height

@@ -19,14 +19,16 @@ from creditaudit.figures.common import (
     floor_line,
     integer_x,
     legend_below,
+    literal,
     log_scale,
     method_color,
     new_figure,
+    rule_text,
     save_all,
 )
 from creditaudit.figures.runs import MissingRuns, describe_recipe
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, method_label
+from creditaudit.results import RunIndex
 
 NAME = "fig8_run_curves"
 TITLE = "Figure 8 — per-run curves"
@@ -84,7 +86,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                 epochs, values = run.series(key)
                 ax.plot(epochs, values, color=method_color(run.method), lw=1.3,
                         ls=LINESTYLES[order % len(LINESTYLES)],
-                        label=method_label(run.method, run.penalty),
+                        label=rule_text(run.method, run.penalty),
                         gid=f"{row}:{key}:{run.run_id}")
             if key != "acc_eval":
                 log_scale(ax)
@@ -94,7 +96,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
             if row == len(rows) - 1:
                 ax.set_xlabel("epoch")
             if col == 0:  # the recipe, above its row
-                ax.annotate(label, xy=(0.0, 1.2), xycoords="axes fraction", fontsize=9,
+                ax.annotate(literal(label), xy=(0.0, 1.2), xycoords="axes fraction", fontsize=9,
                             ha="left", va="bottom", fontweight="bold")
             integer_x(ax)
             add_grid(ax, log_scale=key != "acc_eval")

@@ -20,9 +20,11 @@ from creditaudit.figures.common import (
     add_grid,
     integer_x,
     legend_right,
+    literal,
     log_scale,
     mean_line,
     new_figure,
+    rule_text,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -32,7 +34,7 @@ from creditaudit.figures.runs import (
     seed_runs,
 )
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, method_label, sort_methods
+from creditaudit.results import RunIndex, sort_methods
 
 NAME = "fig7_weight_alignment"
 TITLE = "Figure 7 — weight alignment of per-layer feedback"
@@ -88,10 +90,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
             for ax, key, tag in ((top, "feedback_angle", "angle"),
                                  (bottom, "feedback_norm_ratio", "ratio")):
                 epochs, mean, std = epoch_mean_std(runs, key, layer)
-                mean_line(ax, epochs, mean, std, label=name, color=color, lw=1.2,
+                mean_line(ax, epochs, mean, std, label=literal(name), color=color, lw=1.2,
                           gid=f"{tag}:{method}:{penalty:g}:{name}")
         top.axhline(90.0, color="black", ls=":", lw=0.8, gid=f"unrelated:{method}")
-        top.set_title(method_label(method, penalty))
+        top.set_title(rule_text(method, penalty))
         top.set_ylim(0.0, 180.0)
         top.set_yticks([0, 45, 90, 135, 180])
         log_scale(bottom)

@@ -261,7 +261,8 @@ def render_report_html(parts: Sequence[str | Folded], *, images: Mapping[str, Pa
 
 def thresholds_text(ids: Sequence[str]) -> str:
     """``(a) max stream growth > 50×, …``: when each diagnostic fires at its default
-    threshold (a diagnostic not installed here: as its records say)."""
+    threshold (a diagnostic not installed here: as its records say), each as Markdown that
+    reads as the diagnostic's own words (a plugin's label is a guest's text)."""
     parts = []
     for id_ in ids:
         diagnostic = DIAGNOSTICS.find(id_)
@@ -269,8 +270,9 @@ def thresholds_text(ids: Sequence[str]) -> str:
             parts.append(f"({markdown_text(id_)}) as its records say")
             continue
         limit = diagnostic().limit()
-        parts.append(f"{diagnostic.id_label()} {diagnostic.short or diagnostic.label} "
-                     f"{diagnostic.threshold_text(limit)}")
+        parts.append(markdown_text(f"{diagnostic.id_label()} "
+                                   f"{diagnostic.short or diagnostic.label} "
+                                   f"{diagnostic.threshold_text(limit)}"))
     return ", ".join(parts)
 
 

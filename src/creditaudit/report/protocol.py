@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.descriptions import CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
-from creditaudit.formatting import fmt, markdown_text, one_line
+from creditaudit.formatting import fmt, markdown_text, one_line, plain_line
 from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
     HEADLINE_GAMMA,
@@ -72,9 +72,10 @@ _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"
 
 
 def _latex_escape(text: str) -> str:
-    """``text`` as LaTeX: specials escaped, the reports' non-ASCII characters as commands,
-    any other non-ASCII character as ``?`` (a table that compiles beats an exact glyph)."""
-    return "".join(_LATEX.get(c, c if c.isascii() else "?") for c in text)
+    """``text`` as LaTeX: on one line, control characters as spaces (:func:`plain_line`),
+    specials escaped, the reports' non-ASCII characters as commands, any other non-ASCII
+    character as ``?`` (a table that compiles beats an exact glyph)."""
+    return "".join(_LATEX.get(c, c if c.isascii() else "?") for c in plain_line(text))
 
 
 # A layer's flag where some sample's credit or gradient is NaN/Inf (``cos_invalid``).
@@ -122,22 +123,25 @@ def render(report: DiagnosticReport, form: str = "text") -> str:
 
 
 def render_text(report: DiagnosticReport) -> str:
-    """A readable plain-text table of the diagnostics, the verdict and the layers."""
+    """A readable plain-text table of the diagnostics, the verdict and the layers; every
+    text the report holds (a guest's label or reason too) on its line (:func:`plain_line`),
+    so none can print a line of its own."""
     meta = report.metadata
     judged = report.judgement
-    lines = [f"creditaudit protocol — {meta.get('model', 'model')}"
-             f" ({meta.get('method') or 'no credit'}), {meta.get('n_samples', '?')} "
-             "evaluation samples"]
+    text = plain_line
+    lines = [text(f"creditaudit protocol — {meta.get('model', 'model')}"
+                  f" ({meta.get('method') or 'no credit'}), {meta.get('n_samples', '?')} "
+                  "evaluation samples")]
     note = reference_line(judged)
     if note is not None:
-        lines.append(note)
+        lines.append(text(note))
     header = f"  {'id':<4} {'diagnostic':<32} {'value':>12} {'fires when':>12}  status"
     lines += [header, "  " + "-" * (len(header) - 2)]
     for r in report.diagnostics:
-        lines.append(f"  {r.label:<4} {r.name:<32} {value_text(r, judged):>12} "
-                     f"{threshold_text(r):>12}  {r.status.upper()}")
-        lines.append(f"       {r.reason}")
-    lines.append(f"verdict: {judged.text}")
+        lines.append(f"  {text(r.label):<4} {text(r.name):<32} {text(value_text(r, judged)):>12} "
+                     f"{text(threshold_text(r)):>12}  {text(r.status.upper())}")
+        lines.append(f"       {text(r.reason)}")
+    lines.append(f"verdict: {text(judged.text)}")
     lines.append("")
     lines.append(f"  {'layer':>5} {'‖h_l‖':>10} {'growth':>8} {'‖g_l‖':>10} "
                  f"{'cos':>7}  flags")

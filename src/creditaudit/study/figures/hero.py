@@ -25,12 +25,14 @@ from creditaudit.figures.common import (
     has_data,
     hollow_invalid,
     legend_below,
+    literal,
     log_scale,
     method_color,
     method_marker,
     new_figure,
     note_invalid,
     notes_below,
+    rule_text,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -50,7 +52,6 @@ from creditaudit.results import (
     as_float,
     full_length,
     mean_std,
-    method_label,
     sort_methods,
     stopped_early_note,
 )
@@ -98,7 +99,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for draw, ax in zip(panels, axes[0]):
         draw(ax, chosen, first)
         add_grid(ax, log_scale=draw is _gradient_norms)
-    fig.suptitle(f"Audit hero — {describe_recipe(first)}", y=1.02)
+    fig.suptitle(f"Audit hero — {literal(describe_recipe(first))}", y=1.02)
     legend_below(fig, axes[0])  # one legend for the panels, under them
     notes = {}
     if left_out:
@@ -136,7 +137,7 @@ def _reporting_pair(ax, chosen: dict[str, list], first) -> None:
         ax.errorbar([g], [acc], xerr=[g_sd], yerr=[acc_sd], fmt=method_marker(method),
                     color=method_color(method), mec=method_color(method) if hollow else "k",
                     mfc="white" if hollow else method_color(method), mew=1.5 if hollow else 0.5,
-                    ms=8, capsize=2, zorder=5, label=method_label(method),
+                    ms=8, capsize=2, zorder=5, label=rule_text(method),
                     gid=f"point:{method}" + (":unverified" if hollow else ""))
     note_invalid(ax, bool(unverified))
     ax.set_xlim(x_lo, x_hi)
@@ -158,7 +159,7 @@ def _layer_cosines(ax, chosen: dict[str, list], first) -> None:
         n_layers = max(n_layers, len(mean))
         ax.errorbar(layers, mean, yerr=std, color=method_color(method),
                     marker=method_marker(method), ms=5, lw=1.8, capsize=2,
-                    label=method_label(method), gid=f"cos:{method}")
+                    label=rule_text(method), gid=f"cos:{method}")
         valid = valid_layers(runs)
         any_invalid |= not all(valid)
         hollow_invalid(ax, layers, mean, valid, color=method_color(method),
@@ -182,7 +183,7 @@ def _gradient_norms(ax, chosen: dict[str, list], first) -> None:
                                    for r in runs])
         n_layers = max(n_layers, len(mean))
         ax.plot(np.arange(len(mean)), mean, color=method_color(method),
-                marker=method_marker(method), ms=5, lw=1.8, label=method_label(method),
+                marker=method_marker(method), ms=5, lw=1.8, label=rule_text(method),
                 gid=f"grad:{method}")
     log_scale(ax)
     floor_line(ax)

@@ -19,6 +19,7 @@ from creditaudit.figures.common import (
     floor_line,
     integer_x,
     legend_below,
+    literal,
     log_scale,
     mean_line,
     method_color,
@@ -97,7 +98,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         ax.set_title(title)
         add_grid(ax, log_scale=key != "acc_eval")
     first = next(iter(chosen["lambdas"].values()))[0]
-    fig.suptitle(f"Penalty λ sweep — {describe_recipe(first)}", y=1.03)
+    fig.suptitle(f"Penalty λ sweep — {literal(describe_recipe(first))}", y=1.03)
     legend_below(fig, list(axes[0]))  # every λ, the floor and the (d) lines, under the panels
     stopped = stopped_early_note(chosen["frozen"], curves=False)
     if stopped:

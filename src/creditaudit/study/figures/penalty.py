@@ -28,6 +28,7 @@ from creditaudit.figures.common import (
     floor_line,
     integer_x,
     legend_below,
+    literal,
     log_scale,
     mean_line,
     method_color,
@@ -228,7 +229,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_title("(c) 2×2 capacity-cost control")
     ax.set_ylim(0, max([frozen, *(m + s for m, s in plain + pen if math.isfinite(m))]) * 1.25)
     add_grid(ax)
-    fig.suptitle(f"Penalty rescue — {describe_recipe(chosen['dfa'][0])}", y=1.02)
+    fig.suptitle(f"Penalty rescue — {literal(describe_recipe(chosen['dfa'][0]))}", y=1.02)
     # Each panel's legend under it (panel (a) lists both of its y axes): none covers data.
     legend_below(fig, [axes[0, 0]], ncol=2, handles=unique_handles(axis_a))
     legend_below(fig, [axes[0, 1]], ncol=2)

@@ -28,6 +28,7 @@ from creditaudit.figures.common import (
     integer_x,
     legend_below,
     legend_right,
+    literal,
     log_scale,
     mean_line,
     method_color,
@@ -35,6 +36,7 @@ from creditaudit.figures.common import (
     new_figure,
     note_invalid,
     notes_below,
+    rule_text,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -52,7 +54,6 @@ from creditaudit.results import (
     RunIndex,
     full_length,
     mean_std,
-    method_label,
     sort_methods,
     stopped_early_note,
 )
@@ -97,7 +98,7 @@ def drift_keys(run: RunRecord) -> list[str]:
 
 def build(index: RunIndex) -> dict[str, Figure]:
     chosen = select(index)
-    where = describe_recipe(next(iter(chosen.values()))[0])
+    where = literal(describe_recipe(next(iter(chosen.values()))[0]))
     n_seeds = max(len(runs) for runs in chosen.values())
     figures: dict[str, Figure] = {}
     # 5b–5e show end-of-run values: their means leave out the runs that stopped early.
@@ -112,7 +113,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                            (axes[0, 1], "test_acc", "test accuracy")):
         for method, runs in curves.items():
             epochs, mean, std = epoch_mean_std(runs, key)
-            mean_line(ax, epochs, mean, std, label=method_label(method),
+            mean_line(ax, epochs, mean, std, label=rule_text(method),
                       color=method_color(method), gid=f"{key}:{method}")
         ax.set_xlabel("epoch")
         integer_x(ax)
@@ -144,7 +145,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
             layers = np.arange(first_layer, first_layer + mean.size)
             ax.errorbar(layers, mean, yerr=std,
                         color=method_color(method), marker=method_marker(method), ms=4,
-                        capsize=2, label=method_label(method), gid=f"{key}:{method}")
+                        capsize=2, label=rule_text(method), gid=f"{key}:{method}")
             if key == "bp_cosine":
                 valid = valid_layers(runs)
                 invalid_cos |= not all(valid)
@@ -176,7 +177,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         if mean.size == 0:
             continue
         ax.errorbar(np.arange(mean.size), mean, yerr=std, color=method_color(method),
-                    marker=method_marker(method), ms=4, capsize=2, label=method_label(method),
+                    marker=method_marker(method), ms=4, capsize=2, label=rule_text(method),
                     gid=f"drift:{method}")
     ax.set_xlabel("block $l$ (blocks.$l$.w1.weight)")
     integer_x(ax)
@@ -210,7 +211,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.bar(np.arange(len(methods)), [m for m, _ in stats], yerr=[s for _, s in stats],
            color=[method_color(m) for m in methods], capsize=5, alpha=0.85, gid="bridge_acc")
     ax.set_xticks(np.arange(len(methods)))
-    ax.set_xticklabels([method_label(m) for m in methods])
+    ax.set_xticklabels([rule_text(m) for m in methods])
     ax.set_ylabel("test accuracy")
     ax.set_title("final test accuracy")
     add_grid(ax)
@@ -232,7 +233,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         ax.text(bar.get_x() + bar.get_width() / 2, mean + std + 0.005, f"{mean:.1%}",
                 ha="center", va="bottom", fontweight="bold")
     ax.set_xticks(np.arange(len(methods)))
-    ax.set_xticklabels([method_label(m) for m in methods])
+    ax.set_xticklabels([rule_text(m) for m in methods])
     ax.set_ylabel("test accuracy")
     n_ended = max(len(runs) for runs in chosen.values())
     ax.set_title(f"Final test accuracy ({n_ended} seed(s)) — {where}")

@@ -25,6 +25,7 @@ from creditaudit.figures.common import (
     method_color,
     new_figure,
     positive,
+    rule_text,
     save_all,
 )
 from creditaudit.figures.runs import (
@@ -35,7 +36,7 @@ from creditaudit.figures.runs import (
     seed_runs,
 )
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, method_label, sort_methods
+from creditaudit.results import RunIndex, sort_methods
 
 NAME = "fig2_temporal"
 TITLE = "Figure 2 — cross-architecture temporal grid"
@@ -84,7 +85,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
             ax = axes[row, col]
             for method, runs in methods.items():
                 epochs, mean, std = epoch_mean_std(runs, key)
-                mean_line(ax, epochs, mean, std, label=method_label(method),
+                mean_line(ax, epochs, mean, std, label=rule_text(method),
                           color=method_color(method), lw=1.5, gid=f"{label}:{key}:{method}")
                 if key == "g_L_norm":
                     g_values.extend(positive(mean))

@@ -1,0 +1,165 @@
+"""A guest's words — a plugin's label, a diagnostic's short name or reason, a name a record
+holds — read as themselves in every output: a figure draws them without parsing mathtext
+(an invalid ``$\\frac$`` stopped the figure, and with it ``creditaudit report``, as our
+internal error), report.md's sentence of thresholds cannot turn them into a heading or a
+link, and no plain-text output, LaTeX table or error line carries a line break or a
+terminal escape sequence of theirs. The guests: tests/guest_pkg ``text_*``."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+from matplotlib.text import Text
+
+from creditaudit.config import RunConfig
+from creditaudit.figures import audit_panels, run_curves
+from creditaudit.protocol import (
+    FIRED,
+    PASSED,
+    DiagnosticReport,
+    DiagnosticResult,
+    protocol,
+    verdict_of,
+)
+from creditaudit.records import SCHEMA, RunRecord
+from creditaudit.registry import DIAGNOSTICS, RULES
+from creditaudit.report import render
+from creditaudit.report.folder import thresholds_text
+from creditaudit.report.html import markdown_fragment
+from creditaudit.results import RunIndex
+from door_support import guests
+
+RULE_NAMES = ("text-math-label", "text-dollar-label", "text-control-label")
+DIAGNOSTIC = "text_markup"
+ESCAPE = "\x1b"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    with guests(tmp_path_factory.mktemp("site"), *RULE_NAMES, DIAGNOSTIC):
+        yield
+
+
+def _record(method: str, extra: DiagnosticResult | None = None, model: str | None = None
+            ) -> RunRecord:
+    """A finished record of ``method`` (one trained epoch), its protocol block holding the
+    four diagnostics and ``extra``; ``model``: the label its model described itself by."""
+    config = RunConfig().to_dict()
+    config["method"]["name"] = method
+    results = [DiagnosticResult(d.name, d.label, value, d.limit(), PASSED, "")
+               for d, value in zip(protocol(), (1.2, 4e-4, 0.1, 5.0))]
+    results += [extra] if extra is not None else []
+    verdict, fired, skipped = verdict_of(results)
+    report = DiagnosticReport([1.0, 1.2], [1e-3, 4e-4], results, verdict, fired, skipped)
+    entry = {"epoch": 1, "acc_eval": 0.5, "test_acc": 0.5, "hidden_norms": [1.0, 1.2],
+             "bp_grad_norms_per_sample_med": [1e-3, 4e-4], "g_L_zero_fraction": 0.0,
+             "g_L_nonzero_median": 4e-4, "cos_per_layer": [0.5, 0.5],
+             "protocol": {r.id: r.status for r in results}}
+    return RunRecord.from_dict(copy.deepcopy({
+        "schema": SCHEMA, "run_id": f"{method}-s42", "config": config, "status": "completed",
+        "log": [{"epoch": 0, "acc_eval": 0.1}, entry], "final": {"test_acc": 0.5},
+        "diagnostics": {"gamma": {"samples_then_layers": 0.5}},
+        "protocol": {"epoch": 1, "verdict": verdict, "fired": fired,
+                     "report": report.to_dict()},
+        "reference": {"verified": True, "how": "states", "where": None, "detail": "agrees"},
+        **({"model": {"arch": "resmlp", "label": model}} if model else {})}))
+
+
+def _drawn_as(text: Text) -> tuple[str, bool]:
+    """What matplotlib draws of ``text``: (its characters, whether as mathtext)."""
+    return text._preprocess_math(text.get_text())
+
+
+def _drawn_texts(fig) -> list[tuple[str, bool]]:
+    fig.savefig(io.BytesIO(), format="png", dpi=40)  # raised on an invalid expression
+    return [_drawn_as(t) for t in fig.findobj(Text) if t.get_text()]
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_rule_label_is_drawn_as_itself_never_as_mathtext():
+    index = RunIndex.from_records([_record(name) for name in RULE_NAMES])
+    labels = [RULES.get(name).label for name in RULE_NAMES]
+    flat = [" ".join(label.replace(ESCAPE, " ").splitlines()) for label in labels]
+    for module in (run_curves, audit_panels):
+        fig = module.build(index)[module.NAME]
+        drawn = _drawn_texts(fig)
+        for text in flat:  # as the legend, a tick label: the label's characters, not math
+            assert (text, False) in drawn or any(text in t for t, _ in drawn), (module, text)
+        # No guest text is typeset as math (our own axis labels are).
+        assert not any(math and ("frac" in t or "$5" in t or "5 or" in t) for t, math in drawn)
+        assert not any(ESCAPE in t for t, _ in drawn)
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_diagnostic_label_is_drawn_as_itself():
+    extra = DiagnosticResult(DIAGNOSTIC, "(text_markup)", 0.7, 0.5, FIRED, "reason")
+    fig = audit_panels.build(RunIndex.from_records([_record("bp", extra)]))[audit_panels.NAME]
+    drawn = _drawn_texts(fig)
+    label = DIAGNOSTICS.get(DIAGNOSTIC).label
+    assert (f"({DIAGNOSTIC}) {' '.join(label.splitlines())}", False) in drawn
+    # A diagnostic not installed here is drawn by its record's name, as it is.
+    panel = audit_panels.Panel.of("zz", r"stored $\sqrt$ name")
+    title = Text(text=panel.title)
+    assert _drawn_as(title) == (r"(zz) stored $\sqrt$ name", False)
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_thresholds_sentence_reads_a_plugin_label_as_itself():
+    page = markdown_fragment(f"Diagnostics fire when: {thresholds_text(['a', DIAGNOSTIC])}.\n")
+    assert page.count("<p>") == 1 and "<h2>" not in page and "<a " not in page
+    assert "<em>" not in page
+    assert "[link](http://evil.example)" in page
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_text_report_keeps_a_guest_reason_on_its_line():
+    from creditaudit_guests.text_diagnostics import REASON
+
+    extra = DiagnosticResult(DIAGNOSTIC, "markup\nname", 0.7, 0.5, FIRED, REASON)
+    record = _record("bp", extra)
+    report = RunIndex.from_records([record]).protocol_report(record)
+    text = render(report, "text")
+    assert ESCAPE not in text
+    verdicts = [line for line in text.splitlines() if line.startswith("verdict:")]
+    assert verdicts == [f"verdict: {report.judgement.text}"]  # no forged verdict line
+    assert "share 0.7 verdict: trustworthy" in text
+    assert ESCAPE not in render(report, "latex") and ESCAPE not in render(report, "md")
+
+
+@pytest.mark.usefixtures("installed")
+def test_report_of_runs_of_a_rule_labelled_with_mathtext_is_written(tmp_path, capsys):
+    from creditaudit.cli import main
+    from creditaudit.records import save_record
+
+    for name in RULE_NAMES:
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        save_record(tmp_path / "runs" / name, _record(name))
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    assert "internal error" not in capsys.readouterr().err
+    assert (tmp_path / "rep" / "figures" / "fig6_audit_panels.png").is_file()
+
+
+def test_an_error_line_carries_no_terminal_escape_sequence(tmp_path, capsys):
+    from creditaudit.cli import main
+
+    assert main(["report", str(tmp_path / f"gone{ESCAPE}[2J")]) == 2
+    err = capsys.readouterr().err
+    assert ESCAPE not in err and err.startswith("creditaudit: error: ") and err.count("\n") == 1
+
+
+def test_a_model_label_of_a_record_is_drawn_as_itself():
+    label = r"Net $\frac$ d=8"
+    index = RunIndex.from_records([_record("bp", model=label), _record("dfa", model=label)])
+    drawn = _drawn_texts(run_curves.build(index)[run_curves.NAME])
+    assert any(label in text and not math for text, math in drawn)
+
+
+def test_a_sweep_progress_line_keeps_a_guest_error_on_it():
+    from creditaudit.cli.sweep_output import SweepProgress
+
+    outcome = {"run_id": "r1", "status": "failed", "action": "refused",
+               "error": f"ConfigError: plugin raised RuntimeError: boom\n# x {ESCAPE}[2J"}
+    line = SweepProgress.describe(outcome)
+    assert line == "r1 failed (refused): ConfigError: plugin raised RuntimeError: boom # x  [2J"

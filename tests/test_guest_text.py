@@ -163,3 +163,18 @@ def test_a_sweep_progress_line_keeps_a_guest_error_on_it():
                "error": f"ConfigError: plugin raised RuntimeError: boom\n# x {ESCAPE}[2J"}
     line = SweepProgress.describe(outcome)
     assert line == "r1 failed (refused): ConfigError: plugin raised RuntimeError: boom # x  [2J"
+
+
+def test_the_console_run_table_keeps_each_name_on_its_line():
+    """A sweep names its runs by their grid values (the user's strings): a line break or an
+    escape sequence in one neither splits the table nor reaches the terminal."""
+    from creditaudit.report import format_run_summary
+    from test_experiments import fake_record
+
+    record = fake_record("dfa", 1, acc=0.5)
+    record.stopped_early = {"epoch": 1, "reason": "finish() after epoch 1 of optim.epochs=2"}
+    table = format_run_summary([record], names=[f"lr=0.1\nverdict: trustworthy {ESCAPE}[2J"])
+    assert ESCAPE not in table
+    assert not any(line.startswith("verdict:") for line in table.splitlines())
+    assert any(line.startswith("lr=0.1 verdict: trustworthy") and "stopped early" in line
+               for line in table.splitlines())

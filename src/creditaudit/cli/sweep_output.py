@@ -102,7 +102,7 @@ def format_sweep_table(plans: list[Any], grid_keys: list[str],
             except CreditAuditError:  # an unreadable record is listed below, not fatal
                 continue
             records.append(as_reported(record, (statuses or {}).get(plan.run_id)))
-            labels.append(label)
+            labels.append(plain_line(label))  # grid values: one table line, no escapes
     if not records:
         return "no run has a record yet"
     width = max(len("run"), *(len(label) for label in labels))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from creditaudit.descriptions import BELOW_FLOOR, CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
-from creditaudit.formatting import fmt
+from creditaudit.formatting import fmt, plain_line
 from creditaudit.guests.blame import value_message
 from creditaudit.protocol import (
     FIRED,
@@ -162,7 +162,9 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     as the baseline. "trustworthy" is printed only when all four diagnostics were evaluated
     and the reference gradient was verified; a number measured against a reference that was
     not (deep cos, ‖g_L‖: (b)'s) is marked "(unverified)", with the reason under the table.
-    Every number is marked by :func:`headline_cell`, as in the report's tables.
+    Every number is marked by :func:`headline_cell`, as in the report's tables. Every line
+    is one line of plain text (:func:`~creditaudit.formatting.plain_line`): a guest's name
+    or note cannot break the table or reach the terminal as an escape sequence.
 
     ``names``: how the lines under the table name each run (default: its method; a sweep,
     whose runs may share one, gives each its label).
@@ -218,7 +220,9 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         lines.append(unverified_note)
     if "†" in footnotes:
         lines.append(footnotes["†"])
-    return "\n".join(lines)
+    # Names, labels and notes may be a guest's (a plugin's label, a sweep's grid values): one
+    # table line each, no terminal escape sequence.
+    return "\n".join(map(plain_line, lines))
 
 
 def _not_finite(record: RunRecord) -> list[str]:

@@ -840,3 +840,50 @@ def test_empty_wandb_project_is_refused(tmp_path, capsys, project):
     assert len(err.splitlines()) == 1
     assert f"run.wandb_project={project!r} is an empty name" in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("raised", "status"), [(KeyboardInterrupt, "interrupted"),
+                                                (RuntimeError, "failed")])
+def test_a_run_stopped_while_logging_its_epoch_0_says_how_it_ended(tmp_path, monkeypatch,
+                                                                  raised, status):
+    """Stopped once the epoch-0 record was written — while it was checkpointed or logged — the
+    record said 'running' (the start of a run was outside the code that records a stop); now
+    interrupted (the command says to run it again) or failed with the error."""
+    from creditaudit.loggers import LoggerGroup
+
+    config = tiny(tmp_path, **{"optim.epochs": 2, "diagnostics.end_of_run": False})
+
+    def stopped(self, entry):  # noqa: ANN001, ANN202
+        raise raised("stopped at epoch 0")
+
+    monkeypatch.setattr(LoggerGroup, "log_epoch", stopped)
+    with pytest.raises(raised) as caught:
+        train(config)
+    record = load_record(Path(config.run.out_dir) / run_id(config))
+    assert record.status == status and [e.epoch for e in record.log] == [0]
+    if raised is KeyboardInterrupt:
+        assert "stopped before its first epoch finished" in " ".join(caught.value.__notes__)
+    else:
+        assert "stopped at epoch 0" in record.error
+
+
+def test_a_resume_stopped_while_reading_its_checkpoint_leaves_the_record(tmp_path,
+                                                                        monkeypatch):
+    """Stopped inside the checkpoint's reading, a resumed part writes nothing: the record
+    keeps what its earlier part wrote, and the note says to resume."""
+    import creditaudit.run.trainer as trainer_module
+
+    config = tiny(tmp_path, **{"optim.epochs": 2, "diagnostics.end_of_run": False})
+    killed_between_saving_and_logging(monkeypatch, config, 1, [])
+    folder = Path(config.run.out_dir) / run_id(config)
+    before = (folder / "record.json").read_bytes()
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module, "restore", interrupted)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        train(config, resume=True)
+    assert (folder / "record.json").read_bytes() == before
+    assert "stopped while resuming, before it trained: continue with --resume" in " ".join(
+        caught.value.__notes__)

@@ -151,6 +151,7 @@ class Trainer:
         self.checkpointed: int | None = None  # the last epoch saved in checkpoint.pt
         self.init_digest: str | None = None  # init.pt's, kept in every checkpoint
         self.loggers = LoggerGroup([])
+        self.resuming = False  # set by start()
 
     # --- persistence --------------------------------------------------------------------
     @property
@@ -273,9 +274,12 @@ class Trainer:
             self.loggers.close()
 
     def _run(self, resume: bool) -> RunResult:
-        self.start(resume)
-        torch.set_num_threads(self.threads)  # another run in this process may have set others
         try:
+            # An interrupt or error once the epoch-0 record is written (its checkpoint, its
+            # first logging) ends the run like one in an epoch; before, the folder keeps
+            # what it held (:meth:`record_stop`).
+            self.start(resume)
+            torch.set_num_threads(self.threads)  # another run in this process may set others
             for epoch in range(self.start_epoch, self.config.optim.epochs + 1):
                 started = time.perf_counter()
                 if self.close_epoch(epoch, self.train_epoch(epoch), started):
@@ -301,6 +305,7 @@ class Trainer:
     def start(self, resume: bool) -> None:
         """Before the first epoch: restore a resumed run, or write a new run's folder (config,
         initial weights, the epoch-0 record and checkpoint)."""
+        self.resuming = resume
         if resume:
             self.restore()
         self.loggers.start(RunStart(
@@ -348,6 +353,9 @@ class Trainer:
 
     def interrupted_note(self) -> str:
         """What an interrupt leaves, in one line: the epoch to resume from, or nothing."""
+        if self.resuming and not self.record.log:  # stopped while its checkpoint was read
+            return (f"run {self.run_id} stopped while resuming, before it trained: continue "
+                    "with --resume")
         if self.checkpointed:
             return (f"run {self.run_id} stopped after epoch {self.checkpointed}, which is "
                     "checkpointed: continue with --resume")
@@ -360,7 +368,11 @@ class Trainer:
         On a full disk the write may fail again; the record then keeps its last state,
         which resumes too. When the failed record of ``err`` cannot be written, ``err``
         stays the run's error, noted with why (:func:`note_unrecorded`): the caller raises
-        it, so the cause is not replaced by the write's OutputError."""
+        it, so the cause is not replaced by the write's OutputError. Stopped before this
+        part had a record to write (the epoch-0 evaluation of a new run, the reading of a
+        resumed one's checkpoint), it writes nothing: the folder keeps what it held."""
+        if not self.record.log:
+            return
         self.record.status = status
         if disk_full:
             with contextlib.suppress(OutputError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 
 import pytest
 from matplotlib.text import Text
@@ -178,3 +179,32 @@ def test_the_console_run_table_keeps_each_name_on_its_line():
     assert not any(line.startswith("verdict:") for line in table.splitlines())
     assert any(line.startswith("lr=0.1 verdict: trustworthy") and "stopped early" in line
                for line in table.splitlines())
+
+
+@pytest.fixture
+def verdict_label_installed(tmp_path):
+    with guests(tmp_path / "site", "text-verdict-label"):
+        yield
+
+
+@pytest.mark.usefixtures("verdict_label_installed")
+def test_report_html_badges_only_the_verdict_cells():
+    """A rule labelled like a verdict, a dataset named like one and an error reading like
+    one are coloured as nothing: report.html colours the cells of the verdict columns (the
+    audit table's, each template's) and the templates' bold verdict line, and only those."""
+    from creditaudit.report.folder import render_report_html, report_parts, verdict_classes
+
+    guest = _record("text-verdict-label")
+    verdict = guest.protocol.verdict
+    assert RULES.get("text-verdict-label").label == verdict == "trustworthy"
+    named = _record("bp")
+    named.config.data.name = verdict
+    failed = _record("dfa")
+    failed.status, failed.error, failed.protocol = "failed", verdict, type(failed.protocol)()
+    index = RunIndex.from_records([guest, named, failed])
+    page = render_report_html(report_parts(index), classes=verdict_classes(index))
+    badges = re.findall(r'<td class="pass">([^<]*)</td>', page)
+    # One per finished run in the audit table and in its template; nothing else.
+    assert badges == [verdict] * 4, badges
+    assert page.count(f"<td>{verdict}</td>") >= 4  # the method, dataset and error cells
+    assert page.count(f'<strong class="pass">Verdict: {verdict}</strong>') == 2

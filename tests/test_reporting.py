@@ -392,10 +392,14 @@ def test_verdicts_are_coloured_by_meaning_and_spelled_out():
     assert {kind: j.kind for kind, j in judged.items()} == {k: k for k in judged}
     classify = classifier({j.text: j.kind for j in judged.values()})
     for css, j in judged.items():
-        assert classify("td", j.text) == css
-        assert classify("strong", f"Verdict: {j.text}") == css
-    assert classify("td", "baseline of (d)") is None and classify("td", "0.9") is None
-    assert classify("strong", "fired") == "fired"
+        assert classify("td", j.text, "verdict") == css
+        assert classify("strong", f"Verdict: {j.text}", "") == css
+        # Only a verdict column's cell, or the bold verdict line, is a verdict.
+        assert classify("td", j.text, "method") is None
+        assert classify("strong", j.text, "") is None
+    assert classify("td", "baseline of (d)", "verdict") is None
+    assert classify("td", "0.9", "verdict") is None
+    assert classify("strong", "fired", "") == "fired"
     table = "| run | verdict |\n|---|---|\n" + "".join(f"| r{i} | {j.text} |\n"
                                                       for i, j in enumerate(judged.values()))
     fragment = markdown_fragment(table + "\n**Verdict: trustworthy**\n", classify=classify)

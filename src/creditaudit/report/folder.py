@@ -41,7 +41,7 @@ from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
-from creditaudit.report.protocol import render_markdown
+from creditaudit.report.protocol import VERDICT_COLUMN, render_markdown
 from creditaudit.report.runs import (
     DIVERGED_MARK,
     code_versions_text,
@@ -80,16 +80,20 @@ def verdict_classes(index: RunIndex) -> dict[str, str]:
     return classes
 
 
-def classifier(classes: Mapping[str, str]) -> Callable[[str, str], str | None]:
-    """``classify(tag, text)`` of :func:`~creditaudit.report.html.markdown_fragment`: the
-    kind of a verdict cell or of the templates' bold ``Verdict: …`` line (``classes``:
-    :func:`verdict_classes`), ``fired`` for a bold **fired**, None for any other text."""
-    def classify(tag: str, text: str) -> str | None:
+def classifier(classes: Mapping[str, str]) -> Callable[[str, str, str], str | None]:
+    """``classify(tag, text, column)`` of
+    :func:`~creditaudit.report.html.markdown_fragment`: the kind of a verdict — a cell of a
+    verdict column (header :data:`VERDICT_COLUMN`) or the templates' bold ``Verdict: …``
+    line (``classes``: :func:`verdict_classes`) — ``fired`` for a bold **fired**, None for
+    any other text: a cell elsewhere (a rule's label, a setting, an error) that reads like a
+    verdict is no verdict."""
+    def classify(tag: str, text: str, column: str) -> str | None:
         if tag == "strong":
             if text == FIRED:
                 return "fired"
-            text = text.removeprefix("Verdict: ")
-        return classes.get(text)
+            verdict = text.removeprefix("Verdict: ")
+            return classes.get(verdict) if verdict != text else None
+        return classes.get(text) if column == VERDICT_COLUMN else None
     return classify
 
 
@@ -306,7 +310,7 @@ def _code_notes(runs: Sequence[Any]) -> list[str]:
 def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     notes = []
     d = DepthUtility.id_label()
-    recomputed = [r for r in rows if r["verdict"].endswith(RECOMPUTED_MARK)]
+    recomputed = [r for r in rows if r[VERDICT_COLUMN].endswith(RECOMPUTED_MARK)]
     if recomputed:
         notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
                      "the frozen-blocks runs of the same recipe (same data, network and its "

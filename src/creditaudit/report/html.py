@@ -3,7 +3,8 @@ tables); images are embedded as base64 data URIs so the page opens anywhere on i
 only the files the caller hands over by name, never a path the Markdown's text names.
 
 Two things Markdown cannot say are added while rendering: a CSS class on table cells and
-bold text that ``classify`` names (the report colours verdicts by meaning with it), and the
+bold text that ``classify`` names (the report colours verdicts by meaning with it: it is
+told each cell's column, so only a verdict column's cells are coloured), and the
 class ``interactive`` on the tables of a fragment rendered with ``interactive=True``: the
 page's one inline script (:data:`SCRIPT`) gives those a filter box and sortable columns.
 Without JavaScript the tables read as plain tables.
@@ -130,7 +131,8 @@ SCRIPT = r"""
   });
 })();
 """
-Classify = Callable[[str, str], "str | None"]
+# classify(tag, text, column): a CSS class or None; see markdown_fragment.
+Classify = Callable[[str, str, str], "str | None"]
 
 
 def compact_png(data: bytes) -> bytes:
@@ -206,6 +208,43 @@ def _embed_images(renderer: MarkdownIt, tokens: list[Token], images: Mapping[str
             children[i] = note
 
 
+def _inline_text(token: Token) -> str:
+    """The text of an inline token as read, code spans in their backticks, images left
+    out, stripped."""
+    return "".join(c.markup + c.content + c.markup if c.type == "code_inline" else c.content
+                   for c in token.children or [] if c.type != "image").strip()
+
+
+def _classify_tokens(tokens: list[Token], classify: Classify) -> None:
+    """Set the class ``classify`` names on each table cell (told its column's header) and
+    bold span (column ``""``) of ``tokens``."""
+    headers: list[str] = []
+    column = 0
+    for i, token in enumerate(tokens):
+        if token.type == "thead_open":
+            headers = []
+        elif token.type == "tr_open":
+            column = 0
+        elif token.type in ("th_open", "td_open") and tokens[i + 1].type == "inline":
+            text = _inline_text(tokens[i + 1])
+            if token.type == "th_open":
+                headers.append(text)
+            else:
+                header = headers[column] if column < len(headers) else ""
+                css = classify("td", text, header)
+                if css:
+                    token.attrSet("class", css)
+            column += 1
+        if token.type != "inline":
+            continue
+        children = token.children or []
+        for j, child in enumerate(children[:-1]):
+            if child.type == "strong_open" and children[j + 1].type == "text":
+                css = classify("strong", children[j + 1].content.strip(), "")
+                if css:
+                    child.attrSet("class", css)
+
+
 def markdown_fragment(text: str, *, images: Mapping[str, Path] | None = None,
                       classify: Classify | None = None, interactive: bool = False,
                       compact_images: bool = False) -> str:
@@ -214,31 +253,21 @@ def markdown_fragment(text: str, *, images: Mapping[str, Path] | None = None,
     ``images``: the image files the page may embed, by their destination in ``text``
     (``figures/fig1.png`` → its path); they are embedded as data URIs
     (``compact_images``: through :func:`compact_png`), and no other file is read, whatever
-    ``text`` names. ``classify(tag, text)`` is asked for a CSS class of every table cell
-    (``tag`` ``"td"``, ``text`` the cell's text as read, code spans in their backticks)
-    and bold span (``"strong"``, its
-    text); ``interactive`` marks the tables for the page's sort-and-filter script.
+    ``text`` names. ``classify(tag, text, column)`` is asked for a CSS class of every table
+    cell (``tag`` ``"td"``, ``text`` the cell's text as read, code spans in their
+    backticks, ``column`` its column's header read the same way) and bold span
+    (``"strong"``, its text, ``""``); ``interactive`` marks the tables for the page's
+    sort-and-filter script.
     """
     renderer = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = renderer.parse(text)
     _embed_images(renderer, tokens, images or {}, compact_images)
-    for i, token in enumerate(tokens):
-        if token.type == "table_open" and interactive:
-            token.attrSet("class", "interactive")
-        if classify is None or token.type != "inline":
-            continue
-        children = token.children or []
-        if i > 0 and tokens[i - 1].type == "td_open":
-            read = "".join(c.markup + c.content + c.markup if c.type == "code_inline"
-                           else c.content for c in children if c.type != "image")
-            css = classify("td", read.strip())
-            if css:
-                tokens[i - 1].attrSet("class", css)
-        for j, child in enumerate(children[:-1]):
-            if child.type == "strong_open" and children[j + 1].type == "text":
-                css = classify("strong", children[j + 1].content.strip())
-                if css:
-                    child.attrSet("class", css)
+    if interactive:
+        for token in tokens:
+            if token.type == "table_open":
+                token.attrSet("class", "interactive")
+    if classify is not None:
+        _classify_tokens(tokens, classify)
     return renderer.renderer.render(tokens, renderer.options, {})
 
 

@@ -30,6 +30,8 @@ from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.registry import DIAGNOSTICS
 
 FORMATS = ("text", "md", "json", "latex")
+# The header of the tables' verdict column (report.html colours its cells, and only them).
+VERDICT_COLUMN = "verdict"
 
 
 def threshold_text(result: DiagnosticResult) -> str:
@@ -189,7 +191,7 @@ def render_markdown(report: DiagnosticReport) -> str:
            *(text(value_text(r, judged)) for r in own), text(judged.text)]
     header = ["method", "credit", "architecture", "terminal LN", "dataset", "seeds",
               "feedback seed", "test acc", "Γ (aggregation)", "per-layer Γ", "frozen acc",
-              *(text(r.label) for r in own), "verdict"]
+              *(text(r.label) for r in own), VERDICT_COLUMN]
     out = [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(row),

@@ -30,7 +30,7 @@ from creditaudit.protocol import (
 )
 from creditaudit.protocol.records import is_frozen_baseline, model_description
 from creditaudit.records import NOT_RECORDED, RunRecord
-from creditaudit.report.protocol import value_text
+from creditaudit.report.protocol import VERDICT_COLUMN, value_text
 from creditaudit.report.runs import (
     ACC,
     DEEP_COS,
@@ -238,7 +238,7 @@ def audit_row(index: RunIndex, run: RunRecord, settings: Sequence[str] = (),
         GAMMA_COLUMN: headline_cell(fmt(run.headline_gamma, "+.3f"), GAMMA, [run], [judged]),
         **{f"({i})": diagnostic_cell(report, i)
            for i in (diagnostic_ids([report]) if diagnostics is None else diagnostics)},
-        "verdict": markdown_text(verdict_cell(report, run)[0]),
+        VERDICT_COLUMN: markdown_text(verdict_cell(report, run)[0]),
     }
 
 
@@ -264,7 +264,7 @@ def audit_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
     settings = differing_settings(runs)
     ids = diagnostic_ids(index.protocol_report(run) for run in runs)
     return Table([*AUDIT_HEAD, *setting_columns(settings), *AUDIT_TAIL,
-                  *(f"({i})" for i in ids), "verdict"],
+                  *(f"({i})" for i in ids), VERDICT_COLUMN],
                  [audit_row(index, run, settings, ids) for run in runs])
 
 

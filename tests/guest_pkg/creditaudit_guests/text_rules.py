@@ -4,7 +4,9 @@ guest's label is drawn as itself.
 - ``text-math-label``: a label holding an invalid mathtext expression (``$\\frac$``), which
   stopped every figure that drew it;
 - ``text-dollar-label``: a label with two dollar signs, whose middle was typeset as math;
-- ``text-control-label``: a label with a line break and a terminal escape sequence.
+- ``text-control-label``: a label with a line break and a terminal escape sequence;
+- ``text-verdict-label``: a label that reads exactly like a verdict (``trustworthy``), which
+  report.html coloured as one in the method cell.
 """
 
 from creditaudit.methods.bp import BP
@@ -23,3 +25,8 @@ class DollarLabel(BP):
 class ControlLabel(BP):
     name = "text-control-label"
     label = "BP\nrandom labels \x1b[31mred"
+
+
+class VerdictLabel(BP):
+    name = "text-verdict-label"
+    label = "trustworthy"

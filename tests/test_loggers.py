@@ -638,12 +638,18 @@ def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, 
                                                                       kill_run_at):
     """Each part is its own W&B run (no W&B resume): the killed part holds epochs 0–1 and
     ends non-zero, the resumed one epochs 2–3; no step is logged twice in either."""
-    import wandb
-
     config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
                                         "optim.epochs": 3})
     kill_run_at(config, epoch=2)
     train(config, resume=True)
+    assert wandb_parts(offline_wandb) == [([0, 1], 1), ([2, 3], 0)]
+
+
+def wandb_parts(offline_wandb: Path) -> list[tuple[list[int], int]]:
+    """(steps logged, exit code) of each offline W&B run written under ``offline_wandb``,
+    sorted, once every run's files are flushed and closed."""
+    import wandb
+
     wandb.teardown()  # flush and close the run files
     parts = []
     for path in offline_wandb.glob("wandb/offline-run-*/run-*.wandb"):
@@ -651,7 +657,7 @@ def test_wandb_parts_of_a_resumed_run_each_hold_their_own_epochs_once(tmp_path, 
         steps = [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]
         exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
         parts.append((steps, exit_code))
-    assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
+    return sorted(parts)
 
 
 def killed_between_saving_and_logging(monkeypatch, config: RunConfig, epoch: int,
@@ -699,20 +705,11 @@ def test_wandb_holds_an_epoch_saved_before_an_interrupt_once(tmp_path, offline_w
     logs it before it ends, the resumed part's starts at epoch 2 — every epoch once (W&B
     cannot drop a point: the resumed part does not log epoch 1 again). Epoch 1 used to be in
     neither."""
-    import wandb
-
     config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
                                         "optim.epochs": 3, "diagnostics.end_of_run": False})
     killed_between_saving_and_logging(monkeypatch, config, 1, [])
     train(config, resume=True)
-    wandb.teardown()  # flush and close the run files
-    parts = []
-    for path in offline_wandb.glob("wandb/offline-run-*/run-*.wandb"):
-        records = wandb_records(path)
-        steps = [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]
-        exit_code = next(r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit")
-        parts.append((steps, exit_code))
-    assert sorted(parts) == [([0, 1], 1), ([2, 3], 0)]
+    assert wandb_parts(offline_wandb) == [([0, 1], 1), ([2, 3], 0)]
 
 
 @needs_wandb

@@ -363,7 +363,8 @@ def test_a_kill_before_the_first_checkpoint_restarts_without_force(tmp_path, cap
             train(RunConfig().replace(**overrides))
     run_dir = tmp_path / "out" / straight.run_dir.name
     record = load_record(run_dir)
-    assert record.status == "running" and [e.epoch for e in record.log] == [0]
+    # the stop is recorded (it used to leave 'running'); nothing trained is saved
+    assert record.status == "interrupted" and [e.epoch for e in record.log] == [0]
     assert not (run_dir / CHECKPOINT_FILE).exists()
     argv = ["train", "--config", config_file(tmp_path, overrides)]
     code, _, err = run_cli(capsys, [*argv, "--resume"] if resume else argv)

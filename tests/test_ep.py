@@ -198,6 +198,32 @@ def test_unknown_solver_is_a_config_error():
     assert tuple(SOLVERS) == EP_SOLVERS  # every allowed choice has a solver, and only those
 
 
+@pytest.mark.parametrize("solver", ["residual-cg", "cg"])
+def test_one_cg_step_moves_no_state_and_is_refused_before_a_run(solver, tmp_path):
+    """A CG solver's first step is the free states' gradient: with ep_steps=1 every credit
+    is exactly 0 and no block trains, so the value is refused before a run folder exists,
+    naming the key, the solver and what to give; gd's first step moves the states."""
+    model = mlp()
+    x, y = batch()
+    states, _ = model.forward_states(x)
+    relaxation = relax(model, states, y, beta=0.01, steps=1, step_size=0.25, solver=solver)
+    assert all(float(r.abs().max()) == 0.0 for r in relaxation.residuals)
+    with pytest.raises(ConfigError, match=rf"^method.ep_steps=1 with method.ep_solver="
+                                          rf"'{solver}' moves no state: .* no block would "
+                                          r"train; give method.ep_steps >= 2"):
+        ep_rule(mlp(), ep_steps=1, ep_solver=solver)
+    config = RunConfig().replace(**{
+        "method.name": "ep", "method.ep_steps": 1, "method.ep_solver": solver,
+        "data.n_train": 64, "data.n_test": 64, "data.in_dim": 8, "model.d": 8,
+        "model.n_blocks": 2, "optim.epochs": 1, "run.out_dir": str(tmp_path / "runs")})
+    with pytest.raises(ConfigError, match="method.ep_steps=1"):
+        train(config)
+    assert not (tmp_path / "runs").exists()
+    gd = relax(model, states, y, beta=0.01, steps=1, step_size=0.25, solver="gd")
+    assert float(gd.residuals[-1].abs().max()) > 0
+    ep_rule(mlp(), ep_steps=1, ep_solver="gd")  # accepted
+
+
 def residual_energy(model, states: list[Tensor], y: Tensor, beta: float,
                     rho: list[Tensor]) -> Tensor:
     """F over the residuals, literally: h_0 = free h_0 + ρ_{−1}, h_{l+1} = h_l + f_l(h_l) + ρ_l,

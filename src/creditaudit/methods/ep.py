@@ -177,7 +177,9 @@ class EPOptions(RuleOptions):
                          "0.957 on one trained 20 epochs on Fashion-MNIST)",
                          min=1e-12)
     ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
-                        "input-gradient pass through the blocks)", min=1)
+                        "input-gradient pass through the blocks); at least 2 with the CG "
+                        "solvers, whose first step is the free states' gradient (at 1 no "
+                        "state moves)", min=1)
     ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
                               "(stable while η < 2/λ_max of the energy Hessian; halved when "
                               "‖∇F‖ grows), the CG solvers' first and shortest curvature "
@@ -212,6 +214,18 @@ class EP(CreditRule[EPOptions]):
             "EP trains block l at its nudged input h_l + δ_l (module doc: Weights), so the "
             "output layer's gradient is Σ a ⊗ u(h_l + δ_l), not Σ a ⊗ u(h_l); δ_l = O(β), a "
             "gap that vanishes linearly as β → 0"}
+
+    @classmethod
+    def refused_options(cls, options: Any) -> dict[str, str]:
+        """``ep_steps=1`` with a CG solver: its one gradient evaluation is the free states'
+        own, so the relaxation returns them — every residual, so every credit, is 0."""
+        if options.ep_steps < 2 and options.ep_solver != "gd":
+            return {"ep_steps": (
+                f"with method.ep_solver={options.ep_solver!r} moves no state: the CG "
+                "solvers spend their first step on the free states' gradient, so every "
+                "credit would be 0 and no block would train; give method.ep_steps >= 2 "
+                "(or method.ep_solver='gd', whose first step moves the states)")}
+        return {}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -308,6 +308,22 @@ def test_soft_min_between_min_and_mean():
     assert mid == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.parametrize("temperature", [2.0, 1e3, 1e5, 1e8, 1e30])
+def test_soft_min_at_a_large_temperature_is_the_mean_in_float32(temperature):
+    """τ → ∞ gives the mean, and the float32 targets must say so: written directly, the
+    log of the mean cancels against log K and leaves rounding × τ (0.03 at τ = 1e5, 2.5 at
+    1e8 on values ≈ 2). |softmin − mean| ≤ spread²/(2τ) bounds how far the exact value is."""
+    generator = torch.Generator().manual_seed(0)
+    v = torch.randn(8, 256, generator=generator) * 0.5 + 2.0
+    got = soft_min(v, temperature)
+    exact = soft_min(v.double(), temperature)
+    mean = v.double().mean(dim=0)
+    spread = float((v.amax(dim=0) - v.amin(dim=0)).max())
+    assert got.dtype == torch.float32
+    assert float((got - exact).abs().max()) < 1e-6
+    assert float((exact - mean).abs().max()) <= spread ** 2 / (2 * temperature) + 1e-12
+
+
 def test_credit_bridge_consistency_targets_use_rule_noise():
     model = mlp()
     rule = rule_for(model, "credit-bridge", bridge_copies=5, bridge_noise=0.2)

@@ -175,12 +175,24 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
     def ignored_options(cls, options: Any) -> dict[str, str]:
         """``feedback_scale`` with ``warmup_fraction=0``: the warm-up's DFA matrices, the
         only thing it scales, are then drawn (the same draws, whatever the scale) but never
-        used."""
-        default = CreditBridgeOptions.__dataclass_fields__["feedback_scale"].default
-        if options.warmup_fraction == 0 and options.feedback_scale != default:
-            return {"feedback_scale": "method.warmup_fraction=0 skips the DFA warm-up, the "
-                                      "only use of the matrices it scales"}
-        return {}
+        used. ``bridge_copies`` with ``bridge_noise=0``, and ``bridge_temperature`` then or
+        with one copy: the soft-min target is over copies of one value, which is that value
+        (to rounding) whatever their number and τ."""
+        defaults = {f: CreditBridgeOptions.__dataclass_fields__[f].default
+                    for f in ("feedback_scale", "bridge_copies", "bridge_temperature")}
+        out = {}
+        if options.warmup_fraction == 0 and options.feedback_scale != defaults["feedback_scale"]:
+            out["feedback_scale"] = ("method.warmup_fraction=0 skips the DFA warm-up, the only "
+                                     "use of the matrices it scales")
+        if options.bridge_noise == 0 and options.bridge_copies != defaults["bridge_copies"]:
+            out["bridge_copies"] = ("with method.bridge_noise=0 every copy is h_{l+1} itself, "
+                                    "so the soft-min target is V̄(h_{l+1}) whatever their number")
+        single = ("method.bridge_noise=0" if options.bridge_noise == 0
+                  else "method.bridge_copies=1" if options.bridge_copies == 1 else None)
+        if single and options.bridge_temperature != defaults["bridge_temperature"]:
+            out["bridge_temperature"] = (f"with {single} the soft-min target is over one value, "
+                                         "which it equals whatever τ")
+        return out
 
     # --- warm-up ------------------------------------------------------------------------
     def in_warmup(self) -> bool:

@@ -635,3 +635,24 @@ def test_reports_say_when_the_nudged_relaxation_diverged():
     assert len(converged) == 1 and "0.05" in converged[0]
     diverged = ep_convergence_lines({"ep_relax_grad_ratio": 4.2e4, "ep_backoff_fraction": 0.0})
     assert len(diverged) == 2 and "farther from equilibrium" in diverged[1]
+
+
+def test_a_relaxation_that_moves_no_state_is_said_and_has_no_update_cosine(tmp_path):
+    """A probe η so large that every probe lands above the bound: each nudged phase returns
+    the free states, every credit is 0 and no block trains. The record must not read as an
+    update orthogonal to BP's (ep_update_cos 0.0): EP's update has no direction, so the
+    cosine is None, and the audit says why (the epoch's ratio is exactly 1)."""
+    model, (x, y) = mlp(), batch()
+    out = update_agreement(model, x, y, beta=0.01, steps=20, step_size=1e30,
+                           solver="residual-cg")
+    assert out["ep_eval_relax_grad_ratio"] == 1.0
+    assert out["ep_update_cos"] is None and out["ep_update_cos_layers"] == [None] * 4
+    config = RunConfig().replace(**{**TINY_RUN, "optim.epochs": 1, "method.ep_step_size": 1e30,
+                                    "diagnostics.rho_samples": 16, "diagnostics.null_draws": 2,
+                                    "run.out_dir": str(tmp_path)})
+    result = train(config)
+    assert result.record.log[-1].to_dict()["ep_relax_grad_ratio"] == 1.0
+    assert result.record.diagnostics.to_dict()["ep_update_cos"] is None
+    text = render(audit_run(str(result.run_dir)), "text")
+    assert "EP weight update vs BP: cos — (embed, blocks: [—, —, —]" in text
+    assert "no relaxation moved a state: every nudged phase returned the free states" in text

@@ -118,7 +118,9 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
     (relaxations of ``AGREEMENT_CHUNK`` samples with the given settings, averaged over all
     N samples) against the gradient of the mean CE over the N samples. Returns
     ``ep_update_cos`` (all those parameters flattened together), ``ep_update_cos_layers``
-    ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) and
+    ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) — each None
+    where either update is exactly zero, which has no direction (a relaxation that moved
+    no state gives EP none) — and
     ``ep_eval_relax_grad_ratio`` (‖∇_ρF‖ end / start, mean over the chunks); or
     ``ep_update_error`` when the model's states are not finite. Leaves ``model`` alone.
     ``relaxer`` relaxes each chunk, called with :func:`relax`'s arguments (benchmarks pass a
@@ -161,12 +163,13 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
             "ep_eval_relax_grad_ratio": sum(ratios) / len(ratios)}
 
 
-def _cosine(a: list[Tensor], b: list[Tensor]) -> float:
-    """Cosine of two parameter lists flattened together (0 when either is exactly zero)."""
+def _cosine(a: list[Tensor], b: list[Tensor]) -> float | None:
+    """Cosine of two parameter lists flattened together (None when either is exactly zero:
+    it has no direction, and 0 would read as an update orthogonal to BP's)."""
     flat_a = torch.cat([t.flatten() for t in a])
     flat_b = torch.cat([t.flatten() for t in b])
     norms = float(flat_a.norm() * flat_b.norm())
-    return float(flat_a @ flat_b) / norms if norms > 0 else 0.0
+    return float(flat_a @ flat_b) / norms if norms > 0 else None
 
 
 @dataclass

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from creditaudit.config import DataConfig, MethodConfig, RunConfig
 from creditaudit.data import load_dataset
+from creditaudit.formatting import fmt
 from creditaudit.methods import build_rule
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_energy import NudgedEnergy
@@ -157,10 +158,11 @@ def agreement_rows(models: dict[str, ResidualMLP], x: Tensor, y: Tensor,
             started = time.perf_counter()
             out = update_agreement(models[name], x, y, beta=beta, steps=steps, step_size=eta,
                                    solver=solver)
-            layers = ", ".join(f"{v:.3f}" for v in out["ep_update_cos_layers"])
-            cells.append(f"**{out['ep_update_cos']:.4f}** ({layers})")
+            layers = ", ".join(fmt(v, ".3f") for v in out["ep_update_cos_layers"])
+            cells.append(f"**{fmt(out['ep_update_cos'], '.4f')}** ({layers})")
             ratios.append(f"{out['ep_eval_relax_grad_ratio']:.2g}")
-            print(f"  {solver} {steps} η={eta} β={beta} {name}: cos {out['ep_update_cos']:.4f} "
+            cos = fmt(out["ep_update_cos"], ".4f")
+            print(f"  {solver} {steps} η={eta} β={beta} {name}: cos {cos} "
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
         rows.append(f"| {solver} | {steps} | {eta:g} | {beta:g} | " + " | ".join(cells) +
                     " | " + " | ".join(ratios) + " |")

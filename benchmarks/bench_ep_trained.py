@@ -33,6 +33,7 @@ import torch
 from bench_ep import load_average, write_report
 from creditaudit.config import RunConfig, load_config
 from creditaudit.data import load_dataset
+from creditaudit.formatting import fmt
 from creditaudit.methods.ep import update_agreement
 from creditaudit.methods.ep_energy import NudgedEnergy, ResidualEnergy
 from creditaudit.methods.ep_relax import Relaxation
@@ -153,7 +154,8 @@ def main() -> None:
                                    beta=config.method.ep_beta if beta is None else beta,
                                    step_size=config.method.ep_step_size,
                                    **(reference if solver == "lbfgs" else {"solver": solver}))
-            cells.append(f"{out['ep_update_cos']:.4f} ({out['ep_eval_relax_grad_ratio']:.2g})"
+            cells.append(f"{fmt(out['ep_update_cos'], '.4f')} "
+                         f"({out['ep_eval_relax_grad_ratio']:.2g})"
                          if "ep_update_cos" in out else out.get("ep_update_error", "-"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)

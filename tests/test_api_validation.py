@@ -104,6 +104,14 @@ RULE = [
     ("feedback scale of the Credit Bridge without warm-up", lambda: rule(
         "credit-bridge", contract_model(), warmup_fraction=0.0, feedback_scale=2.0),
      "method.feedback_scale=2.0 has no effect with method.name='credit-bridge'"),
+    ("soft-min copies of the Credit Bridge without noise", lambda: rule(
+        "credit-bridge", contract_model(), bridge_noise=0.0, bridge_copies=4),
+     "method.bridge_copies=4 has no effect with method.name='credit-bridge': with "
+     "method.bridge_noise=0"),
+    ("soft-min temperature of the Credit Bridge with one copy", lambda: rule(
+        "credit-bridge", contract_model(), bridge_copies=1, bridge_temperature=1.0),
+     "method.bridge_temperature=1.0 has no effect with method.name='credit-bridge': with "
+     "method.bridge_copies=1"),
     ("penalty where no block trains", lambda: rule("dfa", contract_model(), penalty=0.1,
                                                    trainable_blocks=0),
      "method.penalty=0.1 has no effect with method.trainable_blocks=0"),

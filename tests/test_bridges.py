@@ -4,6 +4,7 @@ locality of the block updates, state_dict round trips and exact resume (issue #5
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 from pathlib import Path
@@ -306,6 +307,51 @@ def test_soft_min_between_min_and_mean():
     assert 0.3 < mid < float(v.mean())
     want = -0.5 * float(torch.log(torch.exp(-v / 0.5).mean()))
     assert mid == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [2.0, 1e3, 1e5, 1e8, 1e30])
+def test_soft_min_at_a_large_temperature_is_the_mean_in_float32(temperature):
+    """τ → ∞ gives the mean, and the float32 targets must say so: written directly, the
+    log of the mean cancels against log K and leaves rounding × τ (0.03 at τ = 1e5, 2.5 at
+    1e8 on values ≈ 2). |softmin − mean| ≤ spread²/(2τ) bounds how far the exact value is."""
+    generator = torch.Generator().manual_seed(0)
+    v = torch.randn(8, 256, generator=generator) * 0.5 + 2.0
+    got = soft_min(v, temperature)
+    exact = soft_min(v.double(), temperature)
+    mean = v.double().mean(dim=0)
+    spread = float((v.amax(dim=0) - v.amin(dim=0)).max())
+    assert got.dtype == torch.float32
+    assert float((got - exact).abs().max()) < 1e-6
+    assert float((exact - mean).abs().max()) <= spread ** 2 / (2 * temperature) + 1e-12
+
+
+@pytest.mark.parametrize("copies,temperature", [(1, 1e-3), (1, 0.1), (3, 0.1), (3, 5.0)])
+def test_noiseless_or_single_copy_targets_are_the_target_value_whatever_k_and_tau(
+        copies, temperature):
+    """With bridge_noise=0 every copy is h_{l+1}, and one copy is one value: the soft-min
+    target is V̄(h_{l+1}) itself (to rounding) whatever K and τ, so a K or τ set there
+    changes nothing and is refused, naming why (a sweep leaves it out of those runs)."""
+    model = mlp()
+    noiseless = rule_for(model, "credit-bridge", bridge_noise=0.0)
+    noiseless.options = dataclasses.replace(noiseless.options, bridge_copies=copies,
+                                            bridge_temperature=temperature)
+    randomise(noiseless.target)
+    x, y = batch()
+    states = [h.detach() for h in model.forward_states(x)[0]]
+    e = error_of(model, x, y).double()
+    layers = torch.arange(1, model.n_blocks + 1).repeat_interleave(x.shape[0])
+    with torch.no_grad():
+        value = noiseless.target(torch.cat(states[1:]), layers, e.repeat(model.n_blocks, 1))
+    targets = noiseless.consistency_targets(states, e)
+    assert torch.allclose(targets, value, rtol=0, atol=1e-12)
+    with pytest.raises(ConfigError, match="method.bridge_copies=3 has no effect .* with "
+                                          r"method.bridge_noise=0 every copy is h_\{l\+1\}"):
+        rule_for(model, "credit-bridge", bridge_noise=0.0, bridge_copies=3)
+    with pytest.raises(ConfigError, match="method.bridge_temperature=5.0 has no effect .* "
+                                          "with method.bridge_copies=1 the soft-min target is "
+                                          "over one value"):
+        rule_for(model, "credit-bridge", bridge_copies=1, bridge_temperature=5.0)
+    rule_for(model, "credit-bridge", bridge_copies=3, bridge_temperature=5.0)  # both read
 
 
 def test_credit_bridge_consistency_targets_use_rule_noise():

@@ -198,6 +198,32 @@ def test_unknown_solver_is_a_config_error():
     assert tuple(SOLVERS) == EP_SOLVERS  # every allowed choice has a solver, and only those
 
 
+@pytest.mark.parametrize("solver", ["residual-cg", "cg"])
+def test_one_cg_step_moves_no_state_and_is_refused_before_a_run(solver, tmp_path):
+    """A CG solver's first step is the free states' gradient: with ep_steps=1 every credit
+    is exactly 0 and no block trains, so the value is refused before a run folder exists,
+    naming the key, the solver and what to give; gd's first step moves the states."""
+    model = mlp()
+    x, y = batch()
+    states, _ = model.forward_states(x)
+    relaxation = relax(model, states, y, beta=0.01, steps=1, step_size=0.25, solver=solver)
+    assert all(float(r.abs().max()) == 0.0 for r in relaxation.residuals)
+    with pytest.raises(ConfigError, match=rf"^method.ep_steps=1 with method.ep_solver="
+                                          rf"'{solver}' moves no state: .* no block would "
+                                          r"train; give method.ep_steps >= 2"):
+        ep_rule(mlp(), ep_steps=1, ep_solver=solver)
+    config = RunConfig().replace(**{
+        "method.name": "ep", "method.ep_steps": 1, "method.ep_solver": solver,
+        "data.n_train": 64, "data.n_test": 64, "data.in_dim": 8, "model.d": 8,
+        "model.n_blocks": 2, "optim.epochs": 1, "run.out_dir": str(tmp_path / "runs")})
+    with pytest.raises(ConfigError, match="method.ep_steps=1"):
+        train(config)
+    assert not (tmp_path / "runs").exists()
+    gd = relax(model, states, y, beta=0.01, steps=1, step_size=0.25, solver="gd")
+    assert float(gd.residuals[-1].abs().max()) > 0
+    ep_rule(mlp(), ep_steps=1, ep_solver="gd")  # accepted
+
+
 def residual_energy(model, states: list[Tensor], y: Tensor, beta: float,
                     rho: list[Tensor]) -> Tensor:
     """F over the residuals, literally: h_0 = free h_0 + ρ_{−1}, h_{l+1} = h_l + f_l(h_l) + ρ_l,
@@ -609,3 +635,24 @@ def test_reports_say_when_the_nudged_relaxation_diverged():
     assert len(converged) == 1 and "0.05" in converged[0]
     diverged = ep_convergence_lines({"ep_relax_grad_ratio": 4.2e4, "ep_backoff_fraction": 0.0})
     assert len(diverged) == 2 and "farther from equilibrium" in diverged[1]
+
+
+def test_a_relaxation_that_moves_no_state_is_said_and_has_no_update_cosine(tmp_path):
+    """A probe η so large that every probe lands above the bound: each nudged phase returns
+    the free states, every credit is 0 and no block trains. The record must not read as an
+    update orthogonal to BP's (ep_update_cos 0.0): EP's update has no direction, so the
+    cosine is None, and the audit says why (the epoch's ratio is exactly 1)."""
+    model, (x, y) = mlp(), batch()
+    out = update_agreement(model, x, y, beta=0.01, steps=20, step_size=1e30,
+                           solver="residual-cg")
+    assert out["ep_eval_relax_grad_ratio"] == 1.0
+    assert out["ep_update_cos"] is None and out["ep_update_cos_layers"] == [None] * 4
+    config = RunConfig().replace(**{**TINY_RUN, "optim.epochs": 1, "method.ep_step_size": 1e30,
+                                    "diagnostics.rho_samples": 16, "diagnostics.null_draws": 2,
+                                    "run.out_dir": str(tmp_path)})
+    result = train(config)
+    assert result.record.log[-1].to_dict()["ep_relax_grad_ratio"] == 1.0
+    assert result.record.diagnostics.to_dict()["ep_update_cos"] is None
+    text = render(audit_run(str(result.run_dir)), "text")
+    assert "EP weight update vs BP: cos — (embed, blocks: [—, —, —]" in text
+    assert "no relaxation moved a state: every nudged phase returned the free states" in text

@@ -17,11 +17,14 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit import adapt, diagnose, rule
+from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.measures.null import fresh_feedback_null, has_feedback
 from creditaudit.methods import rule_class
 from creditaudit.methods.local_ce import LocalCE
+from creditaudit.models import ResidualMLP
 from creditaudit.optim import make_adamw
+from creditaudit.run.trainer import train
 from creditaudit.testing import check_rule
 from creditaudit.testing.common import tiny_batch
 from creditaudit.testing.rule_lifecycle import state_dict_round_trips_and_resumes
@@ -214,6 +217,26 @@ def test_to_moves_the_classifiers_and_their_optimiser_state():
     moments = [t for p in held for k, t in rule_.classifier_optimizer.state[p].items()
                if k != "step"]
     assert len(moments) == 2 * len(held) and all(t.device == meta for t in moments)
+
+
+def test_a_zero_classifier_rate_is_refused_before_a_run(tmp_path):
+    """The classifiers start at zero: at classifier_lr_scale=0 they never move, every
+    credit stays 0 and no block trains, so the value is refused in one line, before a run
+    folder exists."""
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=6, d=8, n_classes=3, n_blocks=2)
+    with pytest.raises(ConfigError, match=r"^method.classifier_lr_scale=0.0 keeps the local "
+                                          r"classifiers at their zero init: .* give a "
+                                          r"positive scale$"):
+        rule("local-ce", model, classifier_lr_scale=0)
+    config = RunConfig().replace(**{
+        "method.name": "local-ce", "method.classifier_lr_scale": 0.0, "data.n_train": 64,
+        "data.n_test": 64, "data.in_dim": 8, "model.d": 8, "model.n_blocks": 2,
+        "optim.epochs": 1, "run.out_dir": str(tmp_path / "runs")})
+    with pytest.raises(ConfigError, match="method.classifier_lr_scale=0.0"):
+        train(config)
+    assert not (tmp_path / "runs").exists()
+    rule("local-ce", model, classifier_lr_scale=1e-12)  # tiny but positive: accepted
 
 
 def test_learned_classifiers_have_no_fresh_feedback_null_as_kolen_pollack():

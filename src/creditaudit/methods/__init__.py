@@ -96,9 +96,12 @@ _ADVICE = {"trainable_blocks": ": leave it out (the depth ladder trains the last
 def check_options(cls: type[CreditRule], config: MethodConfig) -> None:
     """ConfigError (one line) when ``config`` asks of rule ``cls`` what it cannot do: an
     option that would be recorded, name a run of its own and change nothing
-    (:func:`no_effect_options`)."""
+    (:func:`no_effect_options`), or options that together would train no block
+    (:meth:`CreditRule.refused_options`)."""
     for key, why in no_effect_options(cls, config).items():
         raise ConfigError(why + _ADVICE.get(key, "; leave it out"))
+    for key, why in cls.refused_options(config).items():
+        raise ConfigError(f"method.{key}={getattr(config, key)!r} {why}")
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int,

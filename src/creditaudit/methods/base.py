@@ -204,6 +204,15 @@ class CreditRule(Component, Generic[OptionsT]):
         return {}
 
     @classmethod
+    def refused_options(cls, options: Any) -> dict[str, str]:
+        """Own options whose values (in ``options``, its ``[method]`` section), each legal
+        alone, together leave every credit zero, so that no block ever trains, by name,
+        each with why and what to give instead (a clause that follows ``method.KEY=VALUE``):
+        refused before a run starts (:func:`~creditaudit.methods.check_options`), as a
+        value out of its own range is."""
+        return {}
+
+    @classmethod
     def style(cls, attribute: str) -> str | None:
         """The rule's own ``color`` or ``marker`` — declared on this class itself, never
         inherited from a parent rule (a DFA variant must not look like DFA)."""

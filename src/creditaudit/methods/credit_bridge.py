@@ -87,10 +87,25 @@ class ValueNet(nn.Module):
         return v.flatten(1).sum(dim=1) if v.dim() > 1 else v
 
 
+# Up to this temperature (nats) soft_min takes the direct form, whose absolute error is about
+# τ·eps·log K; above it, the form shifted to the minimum, exact however large τ grows.
+DIRECT_SOFT_MIN_UP_TO = 1.0
+
+
 def soft_min(values: Tensor, temperature: float, dim: int = 0) -> Tensor:
-    """−τ·log(mean_k exp(−v_k/τ)) along ``dim``: between min (τ→0) and mean (τ→∞)."""
+    """−τ·log(mean_k exp(−v_k/τ)) along ``dim``: between min (τ→0) and mean (τ→∞).
+
+    Written directly, the log of the mean is log K plus a term of order spread/τ, so for a
+    large τ the difference cancels to rounding times τ (float32, values ≈ 2: off by 0.03 at
+    τ = 1e5 and by 2.5 at 1e8, where it should be their mean). Above
+    :data:`DIRECT_SOFT_MIN_UP_TO` it is min_k v_k − τ·log1p(mean_k expm1(−(v_k − min)/τ)),
+    the same value with every term computed to full precision."""
     k = values.shape[dim]
-    return -temperature * (torch.logsumexp(-values / temperature, dim=dim) - math.log(k))
+    if temperature <= DIRECT_SOFT_MIN_UP_TO:
+        return -temperature * (torch.logsumexp(-values / temperature, dim=dim) - math.log(k))
+    low = values.amin(dim=dim, keepdim=True)
+    shortfall = torch.expm1((low - values) / temperature).mean(dim=dim)
+    return low.squeeze(dim) - temperature * torch.log1p(shortfall)
 
 
 def unit_cosine(a: Tensor, b: Tensor) -> Tensor:
@@ -160,12 +175,24 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
     def ignored_options(cls, options: Any) -> dict[str, str]:
         """``feedback_scale`` with ``warmup_fraction=0``: the warm-up's DFA matrices, the
         only thing it scales, are then drawn (the same draws, whatever the scale) but never
-        used."""
-        default = CreditBridgeOptions.__dataclass_fields__["feedback_scale"].default
-        if options.warmup_fraction == 0 and options.feedback_scale != default:
-            return {"feedback_scale": "method.warmup_fraction=0 skips the DFA warm-up, the "
-                                      "only use of the matrices it scales"}
-        return {}
+        used. ``bridge_copies`` with ``bridge_noise=0``, and ``bridge_temperature`` then or
+        with one copy: the soft-min target is over copies of one value, which is that value
+        (to rounding) whatever their number and τ."""
+        defaults = {f: CreditBridgeOptions.__dataclass_fields__[f].default
+                    for f in ("feedback_scale", "bridge_copies", "bridge_temperature")}
+        out = {}
+        if options.warmup_fraction == 0 and options.feedback_scale != defaults["feedback_scale"]:
+            out["feedback_scale"] = ("method.warmup_fraction=0 skips the DFA warm-up, the only "
+                                     "use of the matrices it scales")
+        if options.bridge_noise == 0 and options.bridge_copies != defaults["bridge_copies"]:
+            out["bridge_copies"] = ("with method.bridge_noise=0 every copy is h_{l+1} itself, "
+                                    "so the soft-min target is V̄(h_{l+1}) whatever their number")
+        single = ("method.bridge_noise=0" if options.bridge_noise == 0
+                  else "method.bridge_copies=1" if options.bridge_copies == 1 else None)
+        if single and options.bridge_temperature != defaults["bridge_temperature"]:
+            out["bridge_temperature"] = (f"with {single} the soft-min target is over one value, "
+                                         "which it equals whatever τ")
+        return out
 
     # --- warm-up ------------------------------------------------------------------------
     def in_warmup(self) -> bool:

@@ -118,7 +118,9 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
     (relaxations of ``AGREEMENT_CHUNK`` samples with the given settings, averaged over all
     N samples) against the gradient of the mean CE over the N samples. Returns
     ``ep_update_cos`` (all those parameters flattened together), ``ep_update_cos_layers``
-    ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) and
+    ([embed, block 0, …]: per module writing h_0 … h_L; None for a frozen one) — each None
+    where either update is exactly zero, which has no direction (a relaxation that moved
+    no state gives EP none) — and
     ``ep_eval_relax_grad_ratio`` (‖∇_ρF‖ end / start, mean over the chunks); or
     ``ep_update_error`` when the model's states are not finite. Leaves ``model`` alone.
     ``relaxer`` relaxes each chunk, called with :func:`relax`'s arguments (benchmarks pass a
@@ -161,12 +163,13 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
             "ep_eval_relax_grad_ratio": sum(ratios) / len(ratios)}
 
 
-def _cosine(a: list[Tensor], b: list[Tensor]) -> float:
-    """Cosine of two parameter lists flattened together (0 when either is exactly zero)."""
+def _cosine(a: list[Tensor], b: list[Tensor]) -> float | None:
+    """Cosine of two parameter lists flattened together (None when either is exactly zero:
+    it has no direction, and 0 would read as an update orthogonal to BP's)."""
     flat_a = torch.cat([t.flatten() for t in a])
     flat_b = torch.cat([t.flatten() for t in b])
     norms = float(flat_a.norm() * flat_b.norm())
-    return float(flat_a @ flat_b) / norms if norms > 0 else 0.0
+    return float(flat_a @ flat_b) / norms if norms > 0 else None
 
 
 @dataclass
@@ -177,7 +180,9 @@ class EPOptions(RuleOptions):
                          "0.957 on one trained 20 epochs on Fashion-MNIST)",
                          min=1e-12)
     ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
-                        "input-gradient pass through the blocks)", min=1)
+                        "input-gradient pass through the blocks); at least 2 with the CG "
+                        "solvers, whose first step is the free states' gradient (at 1 no "
+                        "state moves)", min=1)
     ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
                               "(stable while η < 2/λ_max of the energy Hessian; halved when "
                               "‖∇F‖ grows), the CG solvers' first and shortest curvature "
@@ -212,6 +217,18 @@ class EP(CreditRule[EPOptions]):
             "EP trains block l at its nudged input h_l + δ_l (module doc: Weights), so the "
             "output layer's gradient is Σ a ⊗ u(h_l + δ_l), not Σ a ⊗ u(h_l); δ_l = O(β), a "
             "gap that vanishes linearly as β → 0"}
+
+    @classmethod
+    def refused_options(cls, options: Any) -> dict[str, str]:
+        """``ep_steps=1`` with a CG solver: its one gradient evaluation is the free states'
+        own, so the relaxation returns them — every residual, so every credit, is 0."""
+        if options.ep_steps < 2 and options.ep_solver != "gd":
+            return {"ep_steps": (
+                f"with method.ep_solver={options.ep_solver!r} moves no state: the CG "
+                "solvers spend their first step on the free states' gradient, so every "
+                "credit would be 0 and no block would train; give method.ep_steps >= 2 "
+                "(or method.ep_solver='gd', whose first step moves the states)")}
+        return {}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -54,7 +54,8 @@ class LocalCEOptions(LocalOptions):
     normalise_credit: bool = opt(False, _NORMALISE_HELP)
     classifier_lr_scale: float = opt(
         1.0, "local-ce: the classifiers' learning rate as a multiple of the run's (read from "
-        "its optimiser at every step, schedules included)", min=0.0)
+        "its optimiser at every step, schedules included); > 0: they start at zero, so at 0 "
+        "every credit stays 0 and no block trains", min=0.0)
 
 
 def pooled(state: Tensor) -> Tensor:
@@ -91,6 +92,17 @@ class LocalCE(CreditRule[LocalCEOptions]):
     own_parts = {"weights": ("local classifiers' weights", ("classifier_lr_scale",)),
                  "biases": ("local classifiers' biases", ("classifier_lr_scale",))}
     stacked_step = None
+
+    @classmethod
+    def refused_options(cls, options: Any) -> dict[str, str]:
+        """``classifier_lr_scale=0``: the classifiers never leave their zero init, so every
+        credit stays 0."""
+        if options.classifier_lr_scale == 0:
+            return {"classifier_lr_scale": (
+                "keeps the local classifiers at their zero init: every credit would stay 0 "
+                "and no block would train (they are learned, never fixed random); give a "
+                "positive scale")}
+        return {}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:

@@ -330,6 +330,10 @@ def ep_convergence_lines(metrics: dict[str, Any]) -> list[str]:
                          "the credits that trained the blocks were not EP's estimate (the "
                          "default method.ep_solver=residual-cg, more method.ep_steps, or "
                          "train in a mode without batch-coupled layers)")
+        elif ratio == 1.0:
+            lines.append("  no relaxation moved a state: every nudged phase returned the free "
+                         "states, so every credit was 0 and no block trained (a smaller "
+                         "method.ep_beta or method.ep_step_size)")
     if "ep_update_cos" in metrics:
         layers = ", ".join(fmt(v, ".4f") for v in metrics.get("ep_update_cos_layers") or [])
         lines.append(f"EP weight update vs BP: cos {fmt(metrics['ep_update_cos'], '.4f')} "

@@ -244,3 +244,28 @@ def test_audit_on_a_missing_gpu_names_its_own_option(tmp_path, capsys):
     (line,) = [text for text in (out + err).splitlines() if text.strip()]
     assert "device='cuda' but no CUDA device is available; use --device cpu" in line
     assert "run.device" not in line
+
+
+@pytest.mark.parametrize("method, options", [
+    ("frozen", {"method.penalty": 0.1}),
+    ("credit-bridge", {"method.bridge_copies": 2, "method.bridge_noise": 0.0}),
+])
+def test_a_run_trained_before_its_options_were_refused_is_audited_as_trained(
+        tmp_path, capsys, monkeypatch, method, options):
+    """Options refused today as changing nothing (the frozen baseline's penalty; bridge
+    copies without noise) were accepted by earlier versions: their runs exist, and audit
+    rebuilds them with the options they recorded instead of refusing their own record."""
+    import creditaudit.methods
+    import creditaudit.run.plan
+
+    with monkeypatch.context() as older_version:
+        for module in (creditaudit.methods, creditaudit.run.plan):
+            older_version.setattr(module, "check_options", lambda cls, config: None)
+        run = _train(tmp_path, **{"method.name": method, **options})
+    assert run.record.status == "completed"
+    assert main(["train", "--config", str(run.run_dir / RECORD_FILE), "--out",
+                 str(tmp_path / "again"), "-q"]) == 2  # training it anew is still refused
+    assert "has no effect" in _one_line_error(capsys)
+    assert main(["audit", str(run.run_dir), "--format", "json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["metadata"]["method"] == method and report["metadata"]["epoch"] == 1

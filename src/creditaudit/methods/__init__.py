@@ -105,7 +105,7 @@ def check_options(cls: type[CreditRule], config: MethodConfig) -> None:
 
 
 def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed: int,
-               cls: type[CreditRule] | None = None) -> CreditRule:
+               cls: type[CreditRule] | None = None, check: bool = True) -> CreditRule:
     """Bind the configured rule to ``model``: freezes blocks as asked, draws feedback.
 
     ``cls``: the rule's class when the caller has resolved it (a run plan); by default the
@@ -115,9 +115,12 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     training RNG and never repeat the model's initial draws. ConfigError when the rule is
     not installed; ModelContractError when ``model`` is an adapted model
     (:func:`creditaudit.adapt`) and the rule does not declare ``adapted_models``.
+    ``check=False``: ``config`` is not refused by :func:`check_options` — a run plan checked
+    it already, or it is the config of a trained run being rebuilt (which keeps its options).
     """
     cls = rule_class(config.name) if cls is None else cls
-    check_options(cls, config)
+    if check:
+        check_options(cls, config)
     check_binding(cls, model)
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     set_trainable(model, config.trainable_blocks)

@@ -171,7 +171,7 @@ class RunPlan:
         generator)."""
         with blame(RULES.guest(self.rule.name)):
             return build_rule(model, self.config.method, n_classes=self.n_classes,
-                              seed=self.config.run.seed, cls=self.rule)
+                              seed=self.config.run.seed, cls=self.rule, check=False)
 
     def as_given(self) -> dict[str, Any]:
         """The config's sections (``config.to_dict()``) with the values the plan put back to
@@ -212,14 +212,18 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
 
     ``trained``: the record of the finished run this plan rebuilds (audit): a guest whose
     code is not the code that run recorded is refused before it builds a network, loads
-    data or is checked at the door (:func:`~creditaudit.run.resume.check_same_code`).
+    data or is checked at the door (:func:`~creditaudit.run.resume.check_same_code`). Its
+    rule options are not refused again (:func:`~creditaudit.methods.check_options`): a
+    run trained before a refusal existed (an option found later to change nothing) is
+    audited as it was trained.
 
     The plan's config names its data folder by an absolute path (the run id does not cover
     it): a record written from it finds its data from any folder."""
     config = given = with_absolute_data_paths(config)
     rule = rule_class(config.method.name)
-    with blame(RULES.guest(rule.name)):
-        check_options(rule, config.method)
+    if trained is None:
+        with blame(RULES.guest(rule.name)):
+            check_options(rule, config.method)
     arch_class = architecture(config.model.arch)
     if arch_class.unbuildable:  # e.g. a run recorded from the user's own loop
         raise ConfigError(f"model.arch={arch_class.name!r}: {arch_class.unbuildable}")

@@ -294,8 +294,17 @@ class CreditRule(Component, Generic[OptionsT]):
                 if id(p) not in trained and id(p) not in self.frozen_by_binding}
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
-        """Hook after each epoch; returns extra per-epoch record fields (e.g. bridge errors)."""
+        """Hook after each trained epoch (``epoch`` ≥ 1 of ``n_epochs``), called by
+        ``creditaudit train`` and by :class:`~creditaudit.run.recorder.Recorder`'s
+        ``epoch()``; returns extra per-epoch record fields (e.g. bridge errors)."""
         return {}
+
+    def reads_run_length(self) -> str | None:
+        """Why this bound rule's training depends on the run's length in epochs (the
+        ``n_epochs`` :meth:`end_epoch` is given), as a clause; None when it does not. A
+        :class:`~creditaudit.run.recorder.Recorder` refuses such a rule unless its config
+        gives ``optim.epochs``."""
+        return None
 
     # --- feedback (feedback_kind "fixed_random") --------------------------------------------
     def draw_feedback(self, generator: torch.Generator) -> Any:

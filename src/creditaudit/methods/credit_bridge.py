@@ -195,6 +195,13 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         return out
 
     # --- warm-up ------------------------------------------------------------------------
+    def reads_run_length(self) -> str | None:
+        fraction = self.options.warmup_fraction
+        if fraction <= 0:
+            return None
+        return (f"method.warmup_fraction={fraction:g} trains the first "
+                f"ceil({fraction:g} × optim.epochs) epochs with DFA credit")
+
     def in_warmup(self) -> bool:
         """Whether the next epoch trains with DFA credit."""
         fraction = self.options.warmup_fraction

@@ -160,6 +160,10 @@ class Recorder:
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
         self._epochs_given = ("optim", "epochs") in given
+        self._needs_length = rule.reads_run_length()
+        if self._needs_length and not self._epochs_given:
+            raise ConfigError(f"{rule.name}: {self._needs_length}: give the epochs your loop "
+                              "runs as config={'optim.epochs': N}")
         settings = self.config.diagnostics
         if not isinstance(allow_unverified_reference, bool):
             raise ConfigError(f"allow_unverified_reference={allow_unverified_reference!r} must "
@@ -218,7 +222,10 @@ class Recorder:
         ``test_acc`` (a fraction) and ``test_loss`` (mean cross-entropy, nats): your loop's
         numbers on its test split — the headline accuracy diagnostic (d) judges (left out:
         (d) is not evaluated); ``train_loss``/``train_acc``: the epoch's training numbers;
-        ``extras``: further numbers to keep with the epoch. Measures the diagnostics on the
+        ``extras``: further numbers to keep with the epoch. For ``epoch`` ≥ 1 it ends the
+        rule's epoch as ``creditaudit train`` does (a Credit Bridge's warm-up ends on time;
+        its fields — bridge errors, EP's relaxation ratios — join ``extras``; call it after
+        each trained epoch, with the epoch's number). Measures the diagnostics on the
         evaluation set and, every ``diagnostics.protocol_every`` epochs (and at
         ``optim.epochs`` when the config gives it), the protocol; writes the record (and
         the checkpoint when asked). Returns the entry.
@@ -232,6 +239,9 @@ class Recorder:
             after = f" after the last recorded epoch {last}" if last is not None else ""
             raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
                               "epoch once, in order")
+        if self._needs_length and epoch >= 1 and epoch != (last or 0) + 1:
+            raise ConfigError(f"epoch={epoch} skips epoch {(last or 0) + 1}: {self.rule.name} "
+                              f"ends each epoch ({self._needs_length}): record every epoch")
         if self._epochs_given and epoch > self.config.optim.epochs:
             raise ConfigError(f"epoch={epoch} is past optim.epochs={self.config.optim.epochs}, "
                               "which the config gives as the run's length: give the epochs "
@@ -244,6 +254,13 @@ class Recorder:
                    "train_loss": checked_number("train_loss", train_loss),
                    "train_acc": checked_number("train_acc", train_acc, fraction=True)}
         kept = {str(k): checked_number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
+        if epoch >= 1:  # the rule's end of a trained epoch, as `creditaudit train` ends it
+            own = self.rule.end_epoch(epoch, self.config.optim.epochs if self._epochs_given
+                                      else epoch)
+            if clash := sorted(own.keys() & kept.keys()):
+                raise ConfigError(f"extras {clash} are {self.rule.name}'s own per-epoch "
+                                  "fields: give yours other names")
+            kept = {**own, **kept}
         model = self.rule.model
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
         with measurement_mode(model):

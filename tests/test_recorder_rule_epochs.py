@@ -1,0 +1,77 @@
+"""A Recorder ends each trained epoch of the rule as ``creditaudit train`` does.
+
+A Credit Bridge trains its first ⌈warmup_fraction × optim.epochs⌉ epochs with DFA credit;
+in a loop of the user's own, the epochs the Recorder records are the only epochs the rule
+hears of. Without them the warm-up never ended (the whole loop trained DFA under the name
+credit-bridge) and the record held none of the rule's per-epoch fields.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from creditaudit import Recorder, rule
+from creditaudit.errors import ConfigError
+from creditaudit.models import ResidualMLP
+from creditaudit.records import load_record
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+OFF = {"diagnostics.end_of_run": False}
+
+
+def bridge(**options):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = ResidualMLP(8, 16, 4, 2)
+    return rule("credit-bridge", model, **options)
+
+
+def data(n: int = 64):
+    generator = torch.Generator().manual_seed(3)
+    return torch.randn(n, 8, generator=generator), torch.randint(0, 4, (n,),
+                                                                 generator=generator)
+
+
+def test_the_warm_up_ends_after_its_share_of_the_loop_and_the_record_says_so(tmp_path):
+    credit = bridge(warmup_fraction=0.5)
+    x, y = data()
+    optimizer = torch.optim.AdamW(credit.trainable_parameters(), lr=1e-3)
+    warm = []
+    with Recorder(credit, x, y, out=tmp_path, name="cb", progress=False,
+                  config={"optim.epochs": 2, **OFF}) as rec:
+        rec.epoch(0)
+        for epoch in (1, 2):
+            warm.append(credit.in_warmup())
+            credit.train_step(x, y, optimizer)
+            rec.epoch(epoch)
+    assert warm == [True, False]  # ⌈0.5 × 2⌉ = 1 epoch of DFA credit, as `train` gives
+    log = load_record(tmp_path / "cb").log
+    assert [entry.extras.get("bridge_warmup") for entry in log] == [None, 1.0, 0.0]
+    assert all("bridge_consistency_error" in entry.extras for entry in log[1:])
+
+
+def test_a_warm_up_needs_the_loop_length_and_every_epoch(tmp_path):
+    x, y = data()
+    with pytest.raises(ConfigError, match=r"credit-bridge: method.warmup_fraction=0.2 .*"
+                                          r"config=\{'optim.epochs': N\}"):
+        Recorder(bridge(), x, y, out=tmp_path, name="no-length", progress=False, config=OFF)
+    # without a warm-up the bridge does not read the run's length
+    Recorder(bridge(warmup_fraction=0.0), x, y, out=tmp_path, name="none", progress=False,
+             config=OFF).epoch(1)
+    rec = Recorder(bridge(), x, y, out=tmp_path, name="skips", progress=False,
+                   config={"optim.epochs": 4, **OFF})
+    rec.epoch(1)
+    with pytest.raises(ConfigError, match="epoch=3 skips epoch 2: credit-bridge ends each "
+                                          "epoch .* record every epoch"):
+        rec.epoch(3)
+
+
+def test_extras_of_the_rules_own_names_are_refused(tmp_path):
+    x, y = data()
+    rec = Recorder(bridge(), x, y, out=tmp_path, name="clash", progress=False,
+                   config={"optim.epochs": 2, **OFF})
+    with pytest.raises(ConfigError, match=r"extras \['bridge_warmup'\] are credit-bridge's "
+                                          "own per-epoch fields"):
+        rec.epoch(1, extras={"bridge_warmup": 1.0, "mine": 2.0})

@@ -190,6 +190,18 @@ class TwiceNet(nn.Module):
         return self.head(self.block(self.block(h)))
 
 
+class DetachedNet(nn.Module):
+    """Its logits depend on the block's output, but only through .detach()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.embed(x)
+        return self.head(h + self.block(h).detach())
+
+
 class InPlaceNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -268,6 +280,10 @@ REFUSALS = [
      "state 'block' is called more than once"),
     ("does not reach", TwiceNet, ["embed", "aux"], {"input_shape": (4,)},
      "state 'aux' does not reach the output"),
+    # the logits do depend on it: the message said they did not
+    ("detached", DetachedNet, ["embed", "block"], {"input_shape": (4,)},
+     "state 'block' does not reach the output: no gradient of the logits flows back to it "
+     "(they do not depend on it, or the forward uses it through .detach()"),
     ("in place", InPlaceNet, ["embed", "norm"], {"input_shape": (4,)},
      "state 'norm' is modified in place"),
     ("one state", resnet, ["stem"], {}, "name at least two"),

@@ -183,9 +183,11 @@ class AdaptProbe:
         grads = torch.autograd.grad(logits.sum(), states, allow_unused=True)
         for name, grad in zip(self.state_names, grads):
             if grad is None:
-                raise ModelContractError(f"state {name!r} does not reach the output: the "
-                                         "logits do not depend on it; name modules on the "
-                                         "path from the input to the logits")
+                raise ModelContractError(
+                    f"state {name!r} does not reach the output: no gradient of the logits "
+                    "flows back to it (they do not depend on it, or the forward uses it "
+                    "through .detach() or under torch.no_grad()); name modules on the path "
+                    "from the input to the logits, and keep that path differentiable")
         scale = float(logits.detach().abs().max()) + 1.0
         with torch.no_grad():
             for layer, (name, h) in enumerate(zip(self.state_names, states)):

@@ -202,6 +202,14 @@ class DetachedNet(nn.Module):
         return self.head(h + self.block(h).detach())
 
 
+class TupleOutNet(DetachedNet):
+    """Returns (logits, an auxiliary output), as many published networks do."""
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.embed(x)
+        return self.head(self.block(h)), h
+
+
 class InPlaceNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -284,6 +292,9 @@ REFUSALS = [
     ("detached", DetachedNet, ["embed", "block"], {"input_shape": (4,)},
      "state 'block' does not reach the output: no gradient of the logits flows back to it "
      "(they do not depend on it, or the forward uses it through .detach()"),
+    ("tuple out", TupleOutNet, ["embed", "block"], {"input_shape": (4,)},
+     "TupleOutNet's output must be (batch, classes) logits, got a tuple of 2: adapt a module "
+     "of your own whose forward returns them"),
     ("in place", InPlaceNet, ["embed", "norm"], {"input_shape": (4,)},
      "state 'norm' is modified in place"),
     ("one state", resnet, ["stem"], {}, "name at least two"),

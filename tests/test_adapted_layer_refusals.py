@@ -404,3 +404,17 @@ def test_kp_refuses_a_layer_whose_weight_is_computed_from_other_parameters(case)
     assert "kp" in one_line(error) and "'b1.0'" in one_line(error)
     assert "weight_norm or spectral_norm" in one_line(error)
     rule("fa-linear", adapted(net))  # B drawn once, W read as it is: nothing to mirror
+
+
+@pytest.mark.parametrize("method", ["fa-linear", "kp"])
+def test_a_layer_replaced_after_binding_is_named_as_replaced(method):
+    """The bound layer is no longer called (its replacement runs with its exact backward):
+    the line blamed a routed expert or an auxiliary head for it."""
+    net = conv_net()
+    bound = rule(method, adapted(net))
+    net.b1[0] = nn.Conv2d(4, 4, 3, padding=1).to(F64)
+    x, y = image_batch()
+    with pytest.raises(ModelContractError) as error:
+        bound.train_step(x, y, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert f"--method {method} was bound to the layer 'b1.0' (Conv2d), which is no longer in " \
+           "the network: it was replaced or removed after the rule was bound" in one_line(error)

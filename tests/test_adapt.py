@@ -190,6 +190,35 @@ class TwiceNet(nn.Module):
         return self.head(self.block(self.block(h)))
 
 
+class DetachedNet(nn.Module):
+    """Its logits depend on the block's output, but only through .detach()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.embed(x)
+        return self.head(h + self.block(h).detach())
+
+
+class NoGradNet(DetachedNet):
+    """A frozen feature extractor run under torch.no_grad() inside the forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            h = self.embed(x)
+        return self.head(self.block(h))
+
+
+class TupleOutNet(DetachedNet):
+    """Returns (logits, an auxiliary output), as many published networks do."""
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.embed(x)
+        return self.head(self.block(h)), h
+
+
 class InPlaceNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -268,6 +297,19 @@ REFUSALS = [
      "state 'block' is called more than once"),
     ("does not reach", TwiceNet, ["embed", "aux"], {"input_shape": (4,)},
      "state 'aux' does not reach the output"),
+    # the logits do depend on it: the message said they did not
+    ("detached", DetachedNet, ["embed", "block"], {"input_shape": (4,)},
+     "state 'block' does not reach the output: no gradient of the logits flows back to it "
+     "(they do not depend on it, or the forward uses it through .detach()"),
+    # adapt's own gradient call failed, and the line blamed the network: "NoGradNet raised
+    # RuntimeError while adapt() probed it on input_shape=(4,): One of the differentiated …"
+    ("no_grad state", NoGradNet, ["embed", "block"], {"input_shape": (4,)},
+     "state 'embed' is computed under torch.no_grad() inside the forward, so no gradient can "
+     "be measured at it: to keep what it computes from training, remove the torch.no_grad() "
+     "and freeze its parameters"),
+    ("tuple out", TupleOutNet, ["embed", "block"], {"input_shape": (4,)},
+     "TupleOutNet's output must be (batch, classes) logits, got a tuple of 2: adapt a module "
+     "of your own whose forward returns them"),
     ("in place", InPlaceNet, ["embed", "norm"], {"input_shape": (4,)},
      "state 'norm' is modified in place"),
     ("one state", resnet, ["stem"], {}, "name at least two"),

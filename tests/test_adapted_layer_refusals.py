@@ -373,3 +373,48 @@ def test_biotorchs_converted_layers_are_refused_naming_their_module():
     assert one_line(error).startswith("--method fa-linear cannot train '0' "
                                       "(biotorch.layers.fa_constructor.linear.Linear): its forward "
                                       "is its own")
+
+
+# --- kp: a weight computed from other parameters ------------------------------------------
+def weight_norm_of(net: nn.Module, layer: str) -> nn.Module:
+    with warnings.catch_warnings():  # torch.nn.utils.weight_norm is deprecated
+        warnings.simplefilter("ignore")
+        torch.nn.utils.weight_norm(net.get_submodule(layer))
+    return net
+
+
+COMPUTED_WEIGHTS = {  # how b1.0's weight is computed from other parameters on each forward
+    "parametrizations.weight_norm":
+        lambda net: nn.utils.parametrizations.weight_norm(net.b1[0]) and net,
+    "parametrizations.spectral_norm":
+        lambda net: nn.utils.parametrizations.spectral_norm(net.b1[0]) and net,
+    "weight_norm": lambda net: weight_norm_of(net, "b1.0"),
+    "spectral_norm": lambda net: nn.utils.spectral_norm(net.b1[0]) and net,
+}
+
+
+@pytest.mark.parametrize("case", COMPUTED_WEIGHTS)
+def test_kp_refuses_a_layer_whose_weight_is_computed_from_other_parameters(case):
+    """The optimiser steps weight_norm's g and v (or a parametrization's original), never W:
+    KP's B, which takes W's step from W's parameter group, stayed at its initial draw — the
+    layer silently trained as fa-linear's."""
+    net = COMPUTED_WEIGHTS[case](conv_net())
+    with pytest.raises(ModelContractError) as error:
+        rule("kp", adapted(net))
+    assert "kp" in one_line(error) and "'b1.0'" in one_line(error)
+    assert "weight_norm or spectral_norm" in one_line(error)
+    rule("fa-linear", adapted(net))  # B drawn once, W read as it is: nothing to mirror
+
+
+@pytest.mark.parametrize("method", ["fa-linear", "kp"])
+def test_a_layer_replaced_after_binding_is_named_as_replaced(method):
+    """The bound layer is no longer called (its replacement runs with its exact backward):
+    the line blamed a routed expert or an auxiliary head for it."""
+    net = conv_net()
+    bound = rule(method, adapted(net))
+    net.b1[0] = nn.Conv2d(4, 4, 3, padding=1).to(F64)
+    x, y = image_batch()
+    with pytest.raises(ModelContractError) as error:
+        bound.train_step(x, y, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert f"--method {method} was bound to the layer 'b1.0' (Conv2d), which is no longer in " \
+           "the network: it was replaced or removed after the rule was bound" in one_line(error)

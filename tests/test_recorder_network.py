@@ -12,6 +12,10 @@ network and the rule, not assumed:
 - parameters frozen (or unfrozen) after the Recorder was created, which its record and run
   id would not say, are refused by the next ``epoch()`` or ``finish()`` in one line naming
   them;
+- a network changed after the Recorder was created — a module added or replaced, a
+  parameter replaced by a new object (the optimiser steps the old one), resized or cast —
+  is refused by the next ``epoch()`` or ``finish()`` in one line naming it: the record's
+  model, parameter count and run id are of the network as it was;
 - records without these fields (written before them) load, and runs of float32 networks
   with nothing frozen keep the run ids and recipes they had.
 """
@@ -149,6 +153,49 @@ def test_parameters_frozen_after_the_recorder_was_created_are_refused(tmp_path):
     net[3].bias.requires_grad_(False)
     net[3].bias.requires_grad_(True)
     rec.epoch(0, test_acc=0.5)
+    assert rec.finish().status == "completed"
+
+
+CHANGES = {  # a change made to network() after its Recorder was created → what is named
+    "layer added": (lambda net: net.add_module("4", nn.Linear(3, 3)), "module '4' added"),
+    "parameter swapped": (lambda net: setattr(net[1][0], "weight", nn.Parameter(
+        torch.zeros(16, 16))), "'1.0.weight' replaced"),
+    "layer replaced": (lambda net: net[1].__setitem__(0, nn.Linear(16, 16, bias=False)),
+                       "'1.0.bias' removed"),
+    "activation swapped": (lambda net: net[2].__setitem__(1, nn.ReLU()),
+                           "module '2.1' replaced by a ReLU"),
+    "cast": (lambda net: net[3].double(), "'3.weight' resized or cast"),
+}
+
+
+@pytest.mark.parametrize("case", CHANGES)
+def test_a_network_changed_after_the_recorder_was_created_is_refused(case, tmp_path):
+    """The record said 739 float32 parameters of the network as created, and the epochs
+    measured another one (a bias=False replacement crashed with KeyError '1.0.bias')."""
+    change, named = CHANGES[case]
+    net = network()
+    rec = recorder(net, tmp_path / "run")
+    rec.epoch(0, test_acc=0.5)
+    change(net)
+    for step in (lambda: rec.epoch(1, test_acc=0.5), rec.finish):
+        with pytest.raises(ConfigError) as refused:
+            step()
+        message = str(refused.value)
+        assert "\n" not in message and named in message
+        assert "the network changed after the Recorder was created" in message
+    assert not rec.finished and [e.epoch for e in load_record(rec.run_dir).log] == [0]
+
+
+def test_training_and_in_place_changes_keep_the_network_recorded(tmp_path):
+    """Steps, load_state_dict and BatchNorm's running statistics change values in place."""
+    net = network()
+    rec = recorder(net, tmp_path / "run")
+    rec.epoch(0, test_acc=0.5)
+    optimizer = torch.optim.AdamW(rec.rule.trainable_parameters(), lr=1e-3)
+    x, y = samples()
+    rec.rule.train_step(x, y, optimizer)
+    net.load_state_dict(network().state_dict())
+    rec.epoch(1, test_acc=0.5)
     assert rec.finish().status == "completed"
 
 

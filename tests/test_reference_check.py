@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit import diagnose
+from creditaudit import adapt, diagnose, rule
 from creditaudit.measures.reference_check import ReferenceGradientError, check_reference
 from creditaudit.models import ResidualMLP
 from creditaudit.report import metrics_lines, render
@@ -430,3 +430,35 @@ def test_a_correct_backward_on_real_images_with_a_constant_background_is_verifie
     else:
         assert check_reference(model, model.forward_states, x.double(), y,
                                forward_from=model.forward_from).verified
+
+
+def old_style_normed(kind: str) -> nn.Sequential:
+    """A network with torch.nn.utils.weight_norm or spectral_norm on its middle Linear: its
+    ``weight`` is a plain attribute the pre-hook recomputes before every forward."""
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.nn.utils.weight_norm is deprecated
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
+                            nn.Sequential(nn.Linear(16, 16), nn.Tanh()), nn.Linear(16, 3))
+        getattr(torch.nn.utils, kind)(net[1][0])
+    return net
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm"])
+def test_an_old_style_normed_network_after_a_training_step_is_audited_with_metrics(kind):
+    """After a forward with gradients its ``weight`` is a graph's output, which deepcopy
+    refuses: the float64 copy of the metrics (diagnose(metrics=True), Recorder.finish())
+    raised torch's RuntimeError with a traceback after the whole run."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 8, generator=generator)
+    y = torch.randint(0, 3, (32,), generator=generator)
+    net = old_style_normed(kind)
+    model = adapt(net, ["0", "1", "2"], example=x[:8])
+    fa = rule("fa-linear", model)
+    fa.train_step(x, y, torch.optim.SGD(fa.trainable_parameters(), lr=0.1))
+    assert not net[1][0].weight.is_leaf  # what deepcopy refused
+    report = diagnose(model, x, y, credit=fa, metrics=True,
+                      metric_options={"rho_samples": 4, "rho_directions": 2, "etas": [0.01],
+                                      "null_draws": 2})
+    assert report.metadata["metrics_precision"] == "float64"
+    assert not net[1][0].weight.is_leaf  # the model's own attribute is left as it was

@@ -178,10 +178,21 @@ def _off_ties(xs: Tensor) -> Tensor:
 def model_copy(model: Module, dtype: torch.dtype) -> Module:
     """An eval-mode copy of ``model`` in ``dtype``, of its type (the caller's model stays as
     it is)."""
-    clone = copy.deepcopy(model)
+    clone = copy.deepcopy(model, graph_attributes_detached(model))
     clone.to(dtype=dtype)
     clone.eval()
     return clone
+
+
+def graph_attributes_detached(model: Module) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo giving each tensor that a module of ``model`` keeps as a plain
+    attribute and that is the output of a graph a detached copy: such a tensor — the
+    ``weight`` of ``torch.nn.utils.weight_norm``/``spectral_norm``, which their pre-hook
+    recomputes from the parameters before every forward — refuses deepcopy once a forward
+    ran with gradients."""
+    return {id(value): value.detach().clone() for module in model.modules()
+            for value in vars(module).values()
+            if isinstance(value, Tensor) and not value.is_leaf}
 
 
 class StatesNet(nn.Module):

@@ -14,10 +14,13 @@ included). A parameter outside the optimiser, e.g. a frozen block's, leaves its 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from creditaudit.config import MethodConfig
+from creditaudit.errors import ModelContractError
 from creditaudit.methods.base import FeedbackOptions, StepResult
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
@@ -35,6 +38,22 @@ def group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict | None:
     return None
 
 
+def check_weights_are_parameters(layers: list[tuple[str, Any]]) -> None:
+    """ModelContractError (one line, naming the layer) for a layer whose ``weight`` is not a
+    parameter of its own but computed from others on each forward (a
+    ``torch.nn.utils.parametrize`` parametrization, ``weight_norm``, ``spectral_norm``): the
+    optimiser steps those others, so no group holds W and its B would never take W's step —
+    the rule would silently be fa-linear there."""
+    for name, layer in layers:
+        if not isinstance(layer.weight, nn.Parameter):
+            raise ModelContractError(
+                f"--method kp cannot mirror the updates of {name!r} "
+                f"({type(layer).__name__}): its weight is computed from other parameters on "
+                "each forward (a parametrization such as weight_norm or spectral_norm), not a "
+                "parameter the optimiser steps, so its B would never take W's step; use a "
+                "plain layer there, or a rule with fixed or sign feedback (fa-linear, usf)")
+
+
 @register
 class KolenPollack(LinearFeedbackRule[FeedbackOptions]):
     """Per-layer feedback B trained to mirror W (see the module docstring)."""
@@ -49,6 +68,7 @@ class KolenPollack(LinearFeedbackRule[FeedbackOptions]):
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
+        check_weights_are_parameters(self.layers)
         drawn = draw_layer_feedback(self.layers, scale=self.options.feedback_scale,
                                     generator=generator)
         # The same initial B as fa-linear for the same seed; in W's dtype, as it is updated

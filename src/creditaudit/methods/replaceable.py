@@ -104,6 +104,12 @@ def not_called_cause(model: nn.Module, x: Tensor, error: LayersNotCalled, rule: 
     directly) or not (the layer did not run). Runs only on this failure path, under a forked
     RNG and with the buffers restored, so the diagnosis changes nothing."""
     name, layer = error.names[0], error.layers[0]
+    if not any(module is layer for module in model.modules()):
+        raise ModelContractError(
+            f"--method {rule} was bound to the layer {name!r} ({type(layer).__name__}), which "
+            "is no longer in the network: it was replaced or removed after the rule was "
+            "bound; change the network before binding the rule, or bind it again (and build "
+            "the optimiser again) on the network as it is now")
     weight, requires = layer.weight, layer.weight.requires_grad
     devices = [x.device] if x.device.type == "cuda" else []
     try:

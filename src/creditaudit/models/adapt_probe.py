@@ -180,12 +180,24 @@ class AdaptProbe:
         self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
                                   for h in states)
         self.n_classes = int(logits.shape[1])
+        # (_trace makes a state without a graph a leaf: one without is computed with
+        # gradients switched off inside the forward)
+        cut = next((name for name, h in zip(self.state_names, states) if not h.requires_grad),
+                   None)
+        if cut is not None:
+            raise ModelContractError(
+                f"state {cut!r} is computed under torch.no_grad() inside the forward, so no "
+                "gradient can be measured at it: to keep what it computes from training, "
+                "remove the torch.no_grad() and freeze its parameters "
+                "(p.requires_grad_(False)) instead, which the record then lists")
         grads = torch.autograd.grad(logits.sum(), states, allow_unused=True)
         for name, grad in zip(self.state_names, grads):
             if grad is None:
-                raise ModelContractError(f"state {name!r} does not reach the output: the "
-                                         "logits do not depend on it; name modules on the "
-                                         "path from the input to the logits")
+                raise ModelContractError(
+                    f"state {name!r} does not reach the output: no gradient of the logits "
+                    "flows back to it (they do not depend on it, or the forward uses it "
+                    "through .detach() or under torch.no_grad()); name modules on the path "
+                    "from the input to the logits, and keep that path differentiable")
         scale = float(logits.detach().abs().max()) + 1.0
         with torch.no_grad():
             for layer, (name, h) in enumerate(zip(self.state_names, states)):

@@ -304,8 +304,10 @@ class AdaptedModel(AdaptProbe, nn.Module):
                 "make it not in place")
         if not (isinstance(logits, Tensor) and logits.dim() == 2
                 and logits.shape[0] == x.shape[0]):
-            raise ModelContractError(f"{type(self.net).__name__}'s output must be "
-                                     f"(batch, classes) logits, got {describe_value(logits)}")
+            raise ModelContractError(
+                f"{type(self.net).__name__}'s output must be (batch, classes) logits, got "
+                f"{describe_value(logits)}: adapt a module of your own whose forward returns "
+                "them (e.g. `return self.net(x)[0]` or `self.net(x).logits`)")
         return outputs, logits
 
 

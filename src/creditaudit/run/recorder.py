@@ -74,9 +74,11 @@ from creditaudit.run.recorder_config import (
     user_network,
 )
 from creditaudit.run.recorder_inputs import (
+    check_network_unchanged,
     checked_number,
     claim_folder,
     folder_name,
+    network_layout,
     tensor_versions,
 )
 from creditaudit.run.results import (
@@ -156,6 +158,7 @@ class Recorder:
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
         self._eval_versions = tensor_versions(eval_x, eval_y)
+        self._layout = network_layout(user_network(model))
         self._say = _Says(progress)
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
@@ -247,8 +250,7 @@ class Recorder:
                               "which the config gives as the run's length: give the epochs "
                               "your loop runs, or leave optim.epochs out (the record then "
                               "follows the last recorded epoch)")
-        check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
-        self._check_eval_unchanged()
+        self._check_unchanged()
         numbers = {"test_acc": checked_number("test_acc", test_acc, fraction=True),
                    "test_loss": checked_number("test_loss", test_loss, loss=True),
                    "train_loss": checked_number("train_loss", train_loss),
@@ -298,8 +300,7 @@ class Recorder:
         if not self.record.log:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
-        check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
-        self._check_eval_unchanged()
+        self._check_unchanged()
         last = self.record.log[-1]
         self.record.status = "completed" if finite_entry(last) else "diverged"
         if self.record.status == "diverged":
@@ -326,10 +327,13 @@ class Recorder:
         self._write()
         return self.record
 
-    def _check_eval_unchanged(self) -> None:
-        """ConfigError (one line) when ``eval_x`` or ``eval_y`` changed in place since the
-        Recorder was created: the record's data identity (their fingerprint, the check
-        against a dataset's test split) is of the arrays as they were then."""
+    def _check_unchanged(self) -> None:
+        """ConfigError (one line) when the network (its modules, parameters, what is frozen)
+        or ``eval_x`` or ``eval_y`` changed in place since the Recorder was created: the
+        record's model, run id and data identity (the arrays' fingerprint, the check against
+        a dataset's test split) are of them as they were then."""
+        check_network_unchanged(self._layout, user_network(self.rule.model))
+        check_frozen_as_recorded(self.record.model.frozen_parameters, self.rule)
         if tensor_versions(self.eval_x, self.eval_y) != self._eval_versions:
             raise ConfigError("eval_x or eval_y was changed in place since the Recorder was "
                               "created, and the record identifies the data by the arrays as "

@@ -1,7 +1,7 @@
 """What a :class:`~creditaudit.run.recorder.Recorder` is handed, checked before it records
 anything: the run's folder name and whether it may be claimed, the numbers a loop reports
-for an epoch, and the version counters that tell whether the evaluation arrays were changed
-in place since."""
+for an epoch, the version counters that tell whether the evaluation arrays were changed
+in place since, and the network's modules and parameters, which must stay those it had."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
@@ -26,6 +26,46 @@ def tensor_versions(*tensors: Tensor) -> tuple[int | None, ...]:
         except RuntimeError:
             versions.append(None)
     return tuple(versions)
+
+
+# (name → class) per module, (name → (id, shape, dtype)) per parameter and buffer
+NetworkLayout = tuple[dict[str, str], dict[str, tuple[int, tuple[int, ...], str]]]
+
+
+def network_layout(net: nn.Module) -> NetworkLayout:
+    """What :func:`check_network_unchanged` compares: each module's class and each
+    parameter's object, shape and dtype (a buffer's shape and dtype: BatchNorm updates its
+    statistics in place, a buffer may be reassigned)."""
+    modules = {name: type(module).__qualname__ for name, module in net.named_modules()}
+    tensors = {name: (id(p), tuple(p.shape), str(p.dtype)) for name, p in net.named_parameters()}
+    tensors |= {f"{name} (buffer)": (0, tuple(b.shape), str(b.dtype))
+                for name, b in net.named_buffers()}
+    return modules, tensors
+
+
+def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
+    """ConfigError (one line, naming the first change) when ``net`` is no longer the network
+    whose ``before`` layout the Recorder took: a module added, removed or replaced by one of
+    another class, a parameter replaced by a new object (the optimiser steps the old one),
+    resized or cast. The record (its model, parameter count and dtype, run id) describes the
+    network as it was then."""
+    (modules, tensors), (now_modules, now_tensors) = before, network_layout(net)
+    changes = [f"module {n!r} {what}" for n, what in (
+        *((n, "added") for n in now_modules if n not in modules),
+        *((n, "removed") for n in modules if n not in now_modules),
+        *((n, f"replaced by a {now_modules[n]}") for n in modules
+          if n in now_modules and now_modules[n] != modules[n]))]
+    changes += [f"{n!r} {what}" for n, what in (
+        *((n, "added") for n in now_tensors if n not in tensors),
+        *((n, "removed") for n in tensors if n not in now_tensors),
+        *((n, "replaced" if now_tensors[n][0] != tensors[n][0] else "resized or cast")
+          for n in tensors if n in now_tensors and now_tensors[n] != tensors[n]))]
+    if changes:
+        raise ConfigError(
+            f"the network changed after the Recorder was created ({'; '.join(changes[:3])}), "
+            "which its record and run id would not say: build the network completely before "
+            "creating the Recorder and change its weights in place only (load_state_dict, "
+            "not new nn.Parameter objects), or start a new Recorder for the new network")
 
 
 def folder_name(name: Any) -> str:

@@ -74,6 +74,7 @@ from creditaudit.run.recorder_config import (
     user_network,
 )
 from creditaudit.run.recorder_inputs import (
+    check_epoch_number,
     check_network_unchanged,
     checked_number,
     claim_folder,
@@ -236,20 +237,10 @@ class Recorder:
         if self.finished:
             raise ConfigError("epoch() after finish(): the run is finished; start a new "
                               "Recorder for another run")
-        last = self.record.log[-1].epoch if self.record.log else None
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or (
-                last is not None and epoch <= last):
-            after = f" after the last recorded epoch {last}" if last is not None else ""
-            raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
-                              "epoch once, in order")
-        if self._needs_length and epoch >= 1 and epoch != (last or 0) + 1:
-            raise ConfigError(f"epoch={epoch} skips epoch {(last or 0) + 1}: {self.rule.name} "
-                              f"ends each epoch ({self._needs_length}): record every epoch")
-        if self._epochs_given and epoch > self.config.optim.epochs:
-            raise ConfigError(f"epoch={epoch} is past optim.epochs={self.config.optim.epochs}, "
-                              "which the config gives as the run's length: give the epochs "
-                              "your loop runs, or leave optim.epochs out (the record then "
-                              "follows the last recorded epoch)")
+        check_epoch_number(epoch, self.record.log[-1].epoch if self.record.log else None,
+                           epochs=self.config.optim.epochs if self._epochs_given else None,
+                           every_epoch=self._needs_length and f"{self.rule.name} ends each "
+                           f"epoch ({self._needs_length})")
         self._check_unchanged()
         numbers = {"test_acc": checked_number("test_acc", test_acc, fraction=True),
                    "test_loss": checked_number("test_loss", test_loss, loss=True),

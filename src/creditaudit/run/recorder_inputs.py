@@ -68,6 +68,26 @@ def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
             "not new nn.Parameter objects), or start a new Recorder for the new network")
 
 
+def check_epoch_number(epoch: Any, last: int | None, *, epochs: int | None,
+                       every_epoch: str | None) -> None:
+    """ConfigError (one line) unless ``epoch`` may be recorded after the ``last`` recorded
+    one: an integer ≥ 0 past it, within ``epochs`` (the run's length, when the config gives
+    it), and ``last + 1`` when ``every_epoch`` says why the rule must hear of every epoch."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or (
+            last is not None and epoch <= last):
+        after = f" after the last recorded epoch {last}" if last is not None else ""
+        raise ConfigError(f"epoch={epoch!r} must be an integer ≥ 0{after}: record each "
+                          "epoch once, in order")
+    if every_epoch and epoch >= 1 and epoch != (last or 0) + 1:
+        raise ConfigError(f"epoch={epoch} skips epoch {(last or 0) + 1}: {every_epoch}: "
+                          "record every epoch")
+    if epochs is not None and epoch > epochs:
+        raise ConfigError(f"epoch={epoch} is past optim.epochs={epochs}, which the config "
+                          "gives as the run's length: give the epochs your loop runs, or "
+                          "leave optim.epochs out (the record then follows the last "
+                          "recorded epoch)")
+
+
 def folder_name(name: Any) -> str:
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
             or "\\" in name or "\0" in name:

@@ -261,6 +261,32 @@ def test_failed_run_is_reported_missing_not_fatal(smoke, tmp_path):
                               ).read_text()
 
 
+def test_another_runs_record_in_a_runs_folder_is_not_summarised_as_it(smoke, tmp_path):
+    # A folder copied by hand over another run's: its record (of DFA λ=0) would count as
+    # the λ=1e-2 run, so one seed twice in the λ=0 row's mean and the λ=1e-2 row one short.
+    folder, summaries, _ = smoke
+    ids = summaries["fresh_null"]["meta"]["run_ids"]
+    for run_id in ids:
+        shutil.copytree(folder / run_id, tmp_path / run_id)
+    by_key = {(r["penalty"], s["seed"]): s["run_id"]
+              for r in summaries["fresh_null"]["rows"] if r["method"] == "dfa"
+              for s in r["seeds"]}
+    source, target = by_key[(0.0, 42)], by_key[(1e-2, 42)]
+    shutil.rmtree(tmp_path / target)
+    shutil.copytree(folder / source, tmp_path / target)
+    for train in (False, True):
+        summary = run_experiment("fresh_null", scale="smoke", out_dir=tmp_path, train=train)
+        assert summary["meta"]["execution"]["trained"] == 0  # never replaced
+        [missing] = summary["meta"]["missing"]
+        assert missing["run_id"] == target and missing["status"] == "refused"
+        assert f"holds the record of run {source}" in missing["error"]
+        seeds = {r["penalty"]: [s["run_id"] for s in r["seeds"]]
+                 for r in summary["rows"] if r["method"] == "dfa"}
+        assert seeds[0.0] == [source, by_key[(0.0, 123)]]  # once
+        assert seeds[1e-2] == [by_key[(1e-2, 123)]]
+    assert load_record(tmp_path / target).run_id == source  # left as it was
+
+
 # --- aggregation ---------------------------------------------------------------------------
 def test_aggregate_against_hand_computation():
     agg = aggregate([1.0, 2.0, 3.0, 4.0])

@@ -107,10 +107,17 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
+# The status of a run whose folder holds another run's record: neither summarised as this
+# run nor replaced (the record is another run's work), and listed as missing with why.
+FOREIGN = "refused"
+
+
 def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     """(status, record, error) of a run (its plan) on disk; status None when it has no
     record, "newer" (with the reason) when a newer creditaudit wrote it — left alone, for that
-    version — and "corrupt" (with the reason) when its record cannot be read."""
+    version —, "corrupt" (with the reason) when its record cannot be read, and
+    :data:`FOREIGN` (with the reason) when its folder holds the record of another run (a
+    folder copied or renamed by hand): its numbers are not this run's."""
     path = plan.run_dir / RECORD_FILE
     if not path.exists():
         return None, None, None
@@ -122,6 +129,10 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         return NEWER, None, str(err)
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
+    if record.run_id and record.run_id != plan.run_id:
+        return FOREIGN, None, (f"{path} holds the record of run {record.run_id}, not of this "
+                               "run (a folder copied or renamed by hand?): move it away and "
+                               "run the experiment again")
     return record.status, record, record.error
 
 
@@ -242,10 +253,13 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     todo = []
     for plan in unique_plans(list(planned.values())):
         status, _, error = run_state(plan)
-        # a newer version's run is never replaced (refused), a finished one skipped
-        if status == NEWER or status in FINISHED or (status == "failed" and not retry_failed):
+        # a newer version's run, or another run's record in its folder, is never replaced
+        # (refused), a finished one skipped
+        if status in (NEWER, FOREIGN) or status in FINISHED or (
+                status == "failed" and not retry_failed):
             outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
-                                     "action": left_alone(status), "error": error}
+                                     "action": "refused" if status == FOREIGN
+                                     else left_alone(status), "error": error}
         else:
             todo.append(plan)
     started = time.perf_counter()

@@ -315,12 +315,14 @@ BASE_CONFIG = RunConfig().to_dict()
 
 
 def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e-4,
-                penalty=0.0, out_dir="runs"):
-    """A minimal finished record: one trained epoch with the given headline numbers."""
+                penalty=0.0, out_dir="runs", skipped=""):
+    """A minimal finished record: one trained epoch with the given headline numbers
+    (``skipped``: the diagnostics among (a)–(c) the protocol did not evaluate)."""
     config = copy.deepcopy(BASE_CONFIG)
     config["method"].update(name=method, penalty=penalty)
     config["run"].update(seed=seed, out_dir=out_dir)
-    statuses = {i: (FIRED if i in fired else PASSED) for i in "abc"}
+    statuses = {i: (NOT_EVALUATED if i in skipped else FIRED if i in fired else PASSED)
+                for i in "abc"}
     statuses["d"] = NOT_EVALUATED
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
              "bp_grad_norms_per_sample_med": [1e-3, g_last], "g_L_zero_fraction": 0.0,
@@ -328,6 +330,7 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
              "protocol": statuses}
     # The protocol block holds each statistic beside its status, as training writes it.
     values = {"a": growth, "b": g_last, "c": 0.9 if "c" in fired else 0.1, "d": None}
+    values.update(dict.fromkeys(skipped))
     results = [DiagnosticResult(d.name, d.label, values[d.name], d.limit(), statuses[d.name], "")
                for d in protocol()]
     verdict, fired_ids, skipped = verdict_of(results)
@@ -344,6 +347,26 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
 
 # What a run of this version records when its reference gradient passed its check.
 VERIFIED = {"verified": True, "how": "states", "where": None, "detail": "agrees"}
+
+
+def test_decision_utility_says_where_a_strategys_diagnostic_was_not_evaluated():
+    # (c) not evaluated (e.g. too few evaluation samples, as at smoke scale) walks nothing
+    # back: S4 = S1 + (c) equal to S1 must not read as "(c) passed every rule".
+    records = [fake_record(m, s, acc=a, gamma=g, fired=f.replace("c", ""),
+                           skipped="c" if m == "ep" or s == 1 else "")
+               for m, s, a, g, f in DECISION_RECORDS]
+    experiment = get_experiment("decision_utility")
+    summary = experiment.summarise(records)
+    strategies = {s["name"]: s for s in summary["strategies"]}
+    # the counted rules' 10 runs: ep's two and seed 1 of the other four
+    assert strategies["S4"]["not_evaluated"] == {"diagnostics": ["c"], "runs": 6, "of": 10}
+    assert strategies["S_full"]["not_evaluated"]["runs"] == 6
+    assert strategies["S2"]["not_evaluated"]["runs"] == 0
+    # (d) is recomputed against the frozen runs here: evaluated in every run
+    assert strategies["S5"]["not_evaluated"]["runs"] == 0
+    text = experiment.to_markdown(summary)
+    assert "| S4 | S1 + (c) | 1/5 ((c) not evaluated in 6/10 runs) |" in text
+    assert "| S2 | S1 + (a) | 3/5 |" in text
 
 
 def test_group_records_ignores_seed_and_output_folder():
@@ -394,6 +417,7 @@ def test_decision_utility_on_hand_built_records():
     assert all(s["of"] == 5 for s in summary["strategies"])
     bp = next(m for m in summary["methods"] if m["label"] == "bp")
     assert not bp["counted"] and not any(v["walked_back"] for v in bp["strategies"].values())
+    assert all(s["not_evaluated"]["runs"] == 0 for s in summary["strategies"])
     # Accuracy at chance (0.1 + < 2 pp) is what S0 walks back.
     at_chance = [fake_record("fa", 1, acc=0.11), fake_record("fa", 2, acc=0.115)]
     summary = get_experiment("decision_utility").summarise(at_chance)

@@ -155,7 +155,11 @@ def test_random_init_runs_are_untrained_and_trustworthy(smoke):
     _, summaries, records = smoke
     summary = summaries["random_init"]
     # 5 architectures (the image ones on the synthetic task viewed as 3×32×32) × 3 × 2 seeds
-    assert summary["n_runs"] == 30 and summary["all_trustworthy"] and summary["all_at_chance"]
+    assert summary["n_runs"] == 30 and summary["all_at_chance"] and summary["n_fired"] == 0
+    # at smoke scale (c) is not evaluated (256 evaluation samples): nothing fired is no pass
+    assert summary["not_evaluated"] == {"c": 30} and summary["n_trustworthy"] == 0
+    assert "0/30 fired; (c) not evaluated in 30/30" in get_experiment("random_init").to_markdown(
+        summary)
     assert {r["arch"] for r in summary["rows"]} == {"resmlp", "resmlp-noLN", "student", "vit",
                                                     "convmixer"}
     for row in summary["rows"]:
@@ -367,6 +371,22 @@ def test_decision_utility_says_where_a_strategys_diagnostic_was_not_evaluated():
     text = experiment.to_markdown(summary)
     assert "| S4 | S1 + (c) | 1/5 ((c) not evaluated in 6/10 runs) |" in text
     assert "| S2 | S1 + (a) | 3/5 |" in text
+
+
+def test_random_init_does_not_call_a_run_with_a_diagnostic_not_evaluated_trustworthy():
+    # (c) not evaluated (too few evaluation samples) and nothing fired: no walk-back, but
+    # no pass of (c) either — the protocol's "trustworthy" needs every diagnostic evaluated.
+    records = [fake_record("bp", 1, acc=0.1), fake_record("bp", 2, acc=0.1, skipped="c")]
+    experiment = get_experiment("random_init")
+    summary = experiment.summarise(records)
+    [row] = summary["rows"]
+    assert [s["trustworthy"] for s in row["seeds"]] == [True, False]
+    assert not row["trustworthy"] and not summary["all_trustworthy"]
+    assert summary["n_trustworthy"] == 1 and summary["n_fired"] == 0
+    assert summary["not_evaluated"] == {"c": 1}
+    text = experiment.to_markdown(summary)
+    assert "**1/2 untrained runs trustworthy" in text and "(c) not evaluated in 1/2)" in text
+    assert "| nothing fired; (c) not evaluated in 1/2 seeds |" in text
 
 
 def test_group_records_ignores_seed_and_output_folder():

@@ -557,6 +557,32 @@ def test_no_train_summarises_what_is_there(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name != "experiments"]
 
 
+def test_a_summary_of_other_precision_runs_has_its_own_file(smoke, capsys):
+    # bf16 runs are other runs (the precision is in the run id): their summary, even of
+    # none found, must not replace the fp32 one, and says which precision it is of.
+    folder, summaries, _ = smoke
+    fp32 = folder / "experiments" / "capacity_cost.smoke.synthetic.json"
+    before = fp32.read_bytes()
+    summary = run_experiment("capacity_cost", scale="smoke", out_dir=folder, train=False,
+                             precision="bf16")
+    assert fp32.read_bytes() == before
+    assert summary["meta"]["precision"] == "bf16" and summary["meta"]["runs_found"] == 0
+    assert summary["meta"]["files"][0].endswith("capacity_cost.smoke.synthetic.bf16.json")
+    assert "precision `bf16`" in Path(summary["meta"]["files"][1]).read_text()
+    assert summaries["capacity_cost"]["meta"]["precision"] == "fp32"
+    from creditaudit.study.experiments.runner import find_summary
+    assert find_summary(folder, "capacity_cost", "smoke", "synthetic", precision="bf16"
+                        ) == Path(summary["meta"]["files"][0])
+    assert find_summary(folder, "capacity_cost", "smoke", "synthetic") == fp32
+    # --list counts the runs of the precision asked for
+    capsys.readouterr()
+    main(["experiment", "--list", "--scale", "smoke", "--out", str(folder)])
+    assert "smoke: 10 runs, 10 finished" in capsys.readouterr().out
+    main(["experiment", "--list", "--scale", "smoke", "--precision", "bf16", "--out",
+          str(folder)])
+    assert "smoke: 10 runs, 0 finished" in capsys.readouterr().out
+
+
 # --- the cross-architecture variants ------------------------------------------------------
 def test_image_architectures_run_wherever_the_data_are_images():
     from creditaudit.study.experiments.configs import arch_config, arch_variants

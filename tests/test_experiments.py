@@ -389,6 +389,22 @@ def test_random_init_does_not_call_a_run_with_a_diagnostic_not_evaluated_trustwo
     assert "| nothing fired; (c) not evaluated in 1/2 seeds |" in text
 
 
+def test_threshold_sensitivity_says_where_a_diagnostic_judged_at_default_was_not_evaluated():
+    # (c) has no range to sweep; where it was not evaluated it walks no run back in the
+    # counts, which the summary must say rather than let it read as passed.
+    records = [fake_record(m, s, acc=a, gamma=g, fired=f.replace("c", ""),
+                           skipped="c" if s == 1 else "")
+               for m, s, a, g, f in DECISION_RECORDS]
+    experiment = get_experiment("threshold_sensitivity")
+    summary = experiment.summarise(records)
+    assert summary["judged_at_default"] == ["c"] and summary["n_runs"] == 12
+    assert summary["not_evaluated_at_default"] == {"c": 6}
+    assert ("Judged at the default threshold only (no range to sweep): (c); (c) not "
+            "evaluated in 6 of the 12 runs.") in experiment.to_markdown(summary)
+    every = experiment.summarise([fake_record("bp", 1, acc=0.6)])
+    assert every["not_evaluated_at_default"] == {}
+
+
 def test_group_records_ignores_seed_and_output_folder():
     records = [fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.3, out_dir="x"),
                fake_record("fa", 42, acc=0.4), fake_record("dfa", 42, acc=0.3, penalty=1e-2)]

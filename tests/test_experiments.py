@@ -155,7 +155,11 @@ def test_random_init_runs_are_untrained_and_trustworthy(smoke):
     _, summaries, records = smoke
     summary = summaries["random_init"]
     # 5 architectures (the image ones on the synthetic task viewed as 3×32×32) × 3 × 2 seeds
-    assert summary["n_runs"] == 30 and summary["all_trustworthy"] and summary["all_at_chance"]
+    assert summary["n_runs"] == 30 and summary["all_at_chance"] and summary["n_fired"] == 0
+    # at smoke scale (c) is not evaluated (256 evaluation samples): nothing fired is no pass
+    assert summary["not_evaluated"] == {"c": 30} and summary["n_trustworthy"] == 0
+    assert "0/30 fired; (c) not evaluated in 30/30" in get_experiment("random_init").to_markdown(
+        summary)
     assert {r["arch"] for r in summary["rows"]} == {"resmlp", "resmlp-noLN", "student", "vit",
                                                     "convmixer"}
     for row in summary["rows"]:
@@ -261,6 +265,32 @@ def test_failed_run_is_reported_missing_not_fatal(smoke, tmp_path):
                               ).read_text()
 
 
+def test_another_runs_record_in_a_runs_folder_is_not_summarised_as_it(smoke, tmp_path):
+    # A folder copied by hand over another run's: its record (of DFA λ=0) would count as
+    # the λ=1e-2 run, so one seed twice in the λ=0 row's mean and the λ=1e-2 row one short.
+    folder, summaries, _ = smoke
+    ids = summaries["fresh_null"]["meta"]["run_ids"]
+    for run_id in ids:
+        shutil.copytree(folder / run_id, tmp_path / run_id)
+    by_key = {(r["penalty"], s["seed"]): s["run_id"]
+              for r in summaries["fresh_null"]["rows"] if r["method"] == "dfa"
+              for s in r["seeds"]}
+    source, target = by_key[(0.0, 42)], by_key[(1e-2, 42)]
+    shutil.rmtree(tmp_path / target)
+    shutil.copytree(folder / source, tmp_path / target)
+    for train in (False, True):
+        summary = run_experiment("fresh_null", scale="smoke", out_dir=tmp_path, train=train)
+        assert summary["meta"]["execution"]["trained"] == 0  # never replaced
+        [missing] = summary["meta"]["missing"]
+        assert missing["run_id"] == target and missing["status"] == "refused"
+        assert f"holds the record of run {source}" in missing["error"]
+        seeds = {r["penalty"]: [s["run_id"] for s in r["seeds"]]
+                 for r in summary["rows"] if r["method"] == "dfa"}
+        assert seeds[0.0] == [source, by_key[(0.0, 123)]]  # once
+        assert seeds[1e-2] == [by_key[(1e-2, 123)]]
+    assert load_record(tmp_path / target).run_id == source  # left as it was
+
+
 # --- aggregation ---------------------------------------------------------------------------
 def test_aggregate_against_hand_computation():
     agg = aggregate([1.0, 2.0, 3.0, 4.0])
@@ -289,12 +319,14 @@ BASE_CONFIG = RunConfig().to_dict()
 
 
 def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e-4,
-                penalty=0.0, out_dir="runs"):
-    """A minimal finished record: one trained epoch with the given headline numbers."""
+                penalty=0.0, out_dir="runs", skipped=""):
+    """A minimal finished record: one trained epoch with the given headline numbers
+    (``skipped``: the diagnostics among (a)–(c) the protocol did not evaluate)."""
     config = copy.deepcopy(BASE_CONFIG)
     config["method"].update(name=method, penalty=penalty)
     config["run"].update(seed=seed, out_dir=out_dir)
-    statuses = {i: (FIRED if i in fired else PASSED) for i in "abc"}
+    statuses = {i: (NOT_EVALUATED if i in skipped else FIRED if i in fired else PASSED)
+                for i in "abc"}
     statuses["d"] = NOT_EVALUATED
     entry = {"epoch": 1, "acc_eval": acc, "test_acc": acc, "hidden_norms": [1.0, growth],
              "bp_grad_norms_per_sample_med": [1e-3, g_last], "g_L_zero_fraction": 0.0,
@@ -302,6 +334,7 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
              "protocol": statuses}
     # The protocol block holds each statistic beside its status, as training writes it.
     values = {"a": growth, "b": g_last, "c": 0.9 if "c" in fired else 0.1, "d": None}
+    values.update(dict.fromkeys(skipped))
     results = [DiagnosticResult(d.name, d.label, values[d.name], d.limit(), statuses[d.name], "")
                for d in protocol()]
     verdict, fired_ids, skipped = verdict_of(results)
@@ -318,6 +351,58 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
 
 # What a run of this version records when its reference gradient passed its check.
 VERIFIED = {"verified": True, "how": "states", "where": None, "detail": "agrees"}
+
+
+def test_decision_utility_says_where_a_strategys_diagnostic_was_not_evaluated():
+    # (c) not evaluated (e.g. too few evaluation samples, as at smoke scale) walks nothing
+    # back: S4 = S1 + (c) equal to S1 must not read as "(c) passed every rule".
+    records = [fake_record(m, s, acc=a, gamma=g, fired=f.replace("c", ""),
+                           skipped="c" if m == "ep" or s == 1 else "")
+               for m, s, a, g, f in DECISION_RECORDS]
+    experiment = get_experiment("decision_utility")
+    summary = experiment.summarise(records)
+    strategies = {s["name"]: s for s in summary["strategies"]}
+    # the counted rules' 10 runs: ep's two and seed 1 of the other four
+    assert strategies["S4"]["not_evaluated"] == {"diagnostics": ["c"], "runs": 6, "of": 10}
+    assert strategies["S_full"]["not_evaluated"]["runs"] == 6
+    assert strategies["S2"]["not_evaluated"]["runs"] == 0
+    # (d) is recomputed against the frozen runs here: evaluated in every run
+    assert strategies["S5"]["not_evaluated"]["runs"] == 0
+    text = experiment.to_markdown(summary)
+    assert "| S4 | S1 + (c) | 1/5 ((c) not evaluated in 6/10 runs) |" in text
+    assert "| S2 | S1 + (a) | 3/5 |" in text
+
+
+def test_random_init_does_not_call_a_run_with_a_diagnostic_not_evaluated_trustworthy():
+    # (c) not evaluated (too few evaluation samples) and nothing fired: no walk-back, but
+    # no pass of (c) either — the protocol's "trustworthy" needs every diagnostic evaluated.
+    records = [fake_record("bp", 1, acc=0.1), fake_record("bp", 2, acc=0.1, skipped="c")]
+    experiment = get_experiment("random_init")
+    summary = experiment.summarise(records)
+    [row] = summary["rows"]
+    assert [s["trustworthy"] for s in row["seeds"]] == [True, False]
+    assert not row["trustworthy"] and not summary["all_trustworthy"]
+    assert summary["n_trustworthy"] == 1 and summary["n_fired"] == 0
+    assert summary["not_evaluated"] == {"c": 1}
+    text = experiment.to_markdown(summary)
+    assert "**1/2 untrained runs trustworthy" in text and "(c) not evaluated in 1/2)" in text
+    assert "| nothing fired; (c) not evaluated in 1/2 seeds |" in text
+
+
+def test_threshold_sensitivity_says_where_a_diagnostic_judged_at_default_was_not_evaluated():
+    # (c) has no range to sweep; where it was not evaluated it walks no run back in the
+    # counts, which the summary must say rather than let it read as passed.
+    records = [fake_record(m, s, acc=a, gamma=g, fired=f.replace("c", ""),
+                           skipped="c" if s == 1 else "")
+               for m, s, a, g, f in DECISION_RECORDS]
+    experiment = get_experiment("threshold_sensitivity")
+    summary = experiment.summarise(records)
+    assert summary["judged_at_default"] == ["c"] and summary["n_runs"] == 12
+    assert summary["not_evaluated_at_default"] == {"c": 6}
+    assert ("Judged at the default threshold only (no range to sweep): (c); (c) not "
+            "evaluated in 6 of the 12 runs.") in experiment.to_markdown(summary)
+    every = experiment.summarise([fake_record("bp", 1, acc=0.6)])
+    assert every["not_evaluated_at_default"] == {}
 
 
 def test_group_records_ignores_seed_and_output_folder():
@@ -368,6 +453,7 @@ def test_decision_utility_on_hand_built_records():
     assert all(s["of"] == 5 for s in summary["strategies"])
     bp = next(m for m in summary["methods"] if m["label"] == "bp")
     assert not bp["counted"] and not any(v["walked_back"] for v in bp["strategies"].values())
+    assert all(s["not_evaluated"]["runs"] == 0 for s in summary["strategies"])
     # Accuracy at chance (0.1 + < 2 pp) is what S0 walks back.
     at_chance = [fake_record("fa", 1, acc=0.11), fake_record("fa", 2, acc=0.115)]
     summary = get_experiment("decision_utility").summarise(at_chance)
@@ -485,6 +571,32 @@ def test_no_train_summarises_what_is_there(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "0 trained now" in captured.out and "missing:" in captured.err
     assert not [p for p in tmp_path.iterdir() if p.name != "experiments"]
+
+
+def test_a_summary_of_other_precision_runs_has_its_own_file(smoke, capsys):
+    # bf16 runs are other runs (the precision is in the run id): their summary, even of
+    # none found, must not replace the fp32 one, and says which precision it is of.
+    folder, summaries, _ = smoke
+    fp32 = folder / "experiments" / "capacity_cost.smoke.synthetic.json"
+    before = fp32.read_bytes()
+    summary = run_experiment("capacity_cost", scale="smoke", out_dir=folder, train=False,
+                             precision="bf16")
+    assert fp32.read_bytes() == before
+    assert summary["meta"]["precision"] == "bf16" and summary["meta"]["runs_found"] == 0
+    assert summary["meta"]["files"][0].endswith("capacity_cost.smoke.synthetic.bf16.json")
+    assert "precision `bf16`" in Path(summary["meta"]["files"][1]).read_text()
+    assert summaries["capacity_cost"]["meta"]["precision"] == "fp32"
+    from creditaudit.study.experiments.runner import find_summary
+    assert find_summary(folder, "capacity_cost", "smoke", "synthetic", precision="bf16"
+                        ) == Path(summary["meta"]["files"][0])
+    assert find_summary(folder, "capacity_cost", "smoke", "synthetic") == fp32
+    # --list counts the runs of the precision asked for
+    capsys.readouterr()
+    main(["experiment", "--list", "--scale", "smoke", "--out", str(folder)])
+    assert "smoke: 10 runs, 10 finished" in capsys.readouterr().out
+    main(["experiment", "--list", "--scale", "smoke", "--precision", "bf16", "--out",
+          str(folder)])
+    assert "smoke: 10 runs, 0 finished" in capsys.readouterr().out
 
 
 # --- the cross-architecture variants ------------------------------------------------------

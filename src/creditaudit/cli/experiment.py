@@ -106,12 +106,16 @@ def _list(args: argparse.Namespace) -> int:
 def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Experiment
     """"N runs, M finished in OUT" (finished runs are found by run id, which needs the data's
     fingerprint: without the data, only the number of runs)."""
+    from creditaudit.config import device_overrides
     from creditaudit.run.plan import plan_run
     from creditaudit.study.experiments.runner import run_state
 
+    overrides = device_overrides(args.device, args.precision)  # the precision is in the id
+
     def configs(data_dir: str | None) -> list:
-        return experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
-                                  out_dir=Path(args.out).resolve())  # the experiment's own
+        found = experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
+                                   out_dir=Path(args.out).resolve())  # the experiment's own
+        return [c.replace(**overrides) for c in found] if overrides else found
 
     try:
         found = configs(args.data_dir)  # None: the scale's default folder

@@ -22,7 +22,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.protocol import FIRED, Thresholds, default_names, in_order, margin_pp
+from creditaudit.protocol import (
+    FIRED,
+    NOT_EVALUATED,
+    Thresholds,
+    default_names,
+    in_order,
+    labels,
+    margin_pp,
+)
 from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.study.experiments.audit_table import (
@@ -75,6 +83,18 @@ def seed_decisions(record: RunRecord, statuses: dict[str, str],
             "walked_back": {k: bool(v) for k, v in walked.items()}, "reasons": walked}
 
 
+def _not_evaluated(diagnostics: Sequence[str], seeds: Sequence[dict[str, Any]]
+                   ) -> dict[str, Any]:
+    """The counted runs (``seeds``: :func:`seed_decisions`) where a diagnostic a strategy
+    demands was not evaluated (e.g. (c) on fewer evaluation samples than it needs): such a
+    diagnostic walks nothing back, which is no pass, so the table says how often."""
+    missing = [i for i in diagnostics
+               if any(s["statuses"].get(i, NOT_EVALUATED) == NOT_EVALUATED for s in seeds)]
+    runs = sum(any(s["statuses"].get(i, NOT_EVALUATED) == NOT_EVALUATED for i in diagnostics)
+               for s in seeds)
+    return {"diagnostics": missing, "runs": runs, "of": len(seeds)}
+
+
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     verdict_of = verdicts(records)
     plan = strategies(diagnostics_of(verdict_of.values()))
@@ -95,22 +115,34 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     order = labels_of(audit_methods(choices))
     methods.sort(key=lambda m: _order(m["label"], order))
     rules = [m for m in methods if m["counted"]]
+    counted_seeds = [s for m in rules for s in m["seeds"]]
     judged = []
     for name, description, diagnostics in plan:
         walked = [m["label"] for m in rules if m["strategies"][name]["walked_back"]]
         judged.append({"name": name, "description": description,
                        "diagnostics": list(diagnostics), "walked_back": walked,
                        "count": len(walked), "of": len(rules),
-                       "text": f"{len(walked)}/{len(rules)}"})
+                       "text": f"{len(walked)}/{len(rules)}",
+                       "not_evaluated": _not_evaluated(diagnostics, counted_seeds)})
     return {"rules": [m["label"] for m in rules], "strategies": judged,
             "methods": methods,
             "rule": "a method is walked back when at least half of its seeds are; S0 walks "
                     "back accuracy < chance + 2 pp"}
 
 
+def _not_evaluated_text(strategy: dict[str, Any]) -> str:
+    """`` ((c) not evaluated in 10/10 runs)`` where a demanded diagnostic was not evaluated
+    (summaries written before this was kept say nothing)."""
+    skipped = strategy.get("not_evaluated") or {}
+    if not skipped.get("runs"):
+        return ""
+    return (f" ({labels(skipped['diagnostics'])} not evaluated in "
+            f"{skipped['runs']}/{skipped['of']} runs)")
+
+
 def to_markdown(summary: dict[str, Any]) -> str:
-    rows = [[s["name"], s["description"], s["text"], ", ".join(s["walked_back"]) or "—"]
-            for s in summary["strategies"]]
+    rows = [[s["name"], s["description"], s["text"] + _not_evaluated_text(s),
+             ", ".join(s["walked_back"]) or "—"] for s in summary["strategies"]]
     table = markdown_table(["strategy", "evidence demanded", "rules walked back", "which"], rows)
     names = [s["name"] for s in summary["strategies"]]
     detail = []

@@ -70,15 +70,17 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             recorded = recorded_statuses(record)
             statuses = {i: recorded.get(i, NOT_EVALUATED) for i in ids}
             fired = [i for i in ids if statuses[i] == FIRED]
+            skipped = [i for i in ids if statuses[i] == NOT_EVALUATED]
             acc = record.final_acc
             seeds.append({
                 "seed": record.seed, "run_id": record.run_id, "test_acc": acc,
                 "chance": record.chance,
                 "at_chance": acc is not None and acc < 2 * record.chance,
-                "statuses": statuses, "fired": fired,
-                # nothing fired is no pass when nothing was evaluated (a record without
+                "statuses": statuses, "fired": fired, "not_evaluated": skipped,
+                # nothing fired is no pass where a diagnostic was not evaluated ((c) on
+                # fewer evaluation samples than it needs; every one in a record without
                 # protocol statuses, such as a run that diverged before its first epoch's)
-                "trustworthy": not fired and any(v != NOT_EVALUATED for v in statuses.values()),
+                "trustworthy": not fired and not skipped,
                 "values": {i: record.recorded_value(i) for i in ids},
                 "max_block_growth": record.headline_value("max_block_growth"),
                 "g_L_norm": record.headline_value("g_L_norm"),
@@ -101,6 +103,9 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
         "n_runs": len(all_seeds),
         "n_trustworthy": sum(s["trustworthy"] for s in all_seeds),
         "n_at_chance": sum(s["at_chance"] for s in all_seeds),
+        "n_fired": sum(bool(s["fired"]) for s in all_seeds),
+        "not_evaluated": {i: n for i in ids
+                          if (n := sum(i in s.get("not_evaluated", ()) for s in all_seeds))},
         "all_trustworthy": bool(all_seeds) and all(s["trustworthy"] for s in all_seeds),
         "all_at_chance": bool(all_seeds) and all(s["at_chance"] for s in all_seeds),
         "diagnostics": ids, "verdict_over": over,
@@ -122,9 +127,16 @@ def to_markdown(summary: dict[str, Any]) -> str:
     for row in summary["rows"]:
         fired = in_order(i for s in row["seeds"] for i in s["fired"])
         n, n_fired = len(row["seeds"]), sum(bool(s["fired"]) for s in row["seeds"])
-        unjudged = sum(not s["fired"] and not s["trustworthy"] for s in row["seeds"])
+        unjudged = sum(not s["fired"] and all(v == NOT_EVALUATED for v in s["statuses"].values())
+                       for s in row["seeds"])
+        partly = [s for s in row["seeds"] if any(v != NOT_EVALUATED for v in s["statuses"].values())
+                  and s.get("not_evaluated")]
+        skipped = in_order(i for s in partly for i in s["not_evaluated"])
         verdict = "trustworthy" if row["trustworthy"] else "; ".join(
-            [*([f"fired {labels(fired)} in {n_fired}/{n} seeds"] if n_fired else []),
+            [*([f"fired {labels(fired)} in {n_fired}/{n} seeds"] if n_fired
+               else ["nothing fired"] if not unjudged else []),
+             *([f"{labels(skipped)} not evaluated in {len(partly)}/{n} seeds"] if partly
+               else []),
              *([f"nothing evaluated in {unjudged}/{n} seeds"] if unjudged else [])])
         rows.append([row["arch"], row["method"],
                      mark(format_aggregate(row["test_acc"]), row, ACC),
@@ -136,9 +148,14 @@ def to_markdown(summary: dict[str, Any]) -> str:
                else f"({i})" for i in ids]
     table = markdown_table(["architecture", "method", "test acc", "chance", *columns,
                             f"verdict {labels(ids)}", "at chance"], rows)
+    skipped = summary.get("not_evaluated") or {}
+    unevaluated = "".join(f"; {labels([i])} not evaluated in {k}/{summary['n_runs']}"
+                          for i, k in skipped.items())
+    fired = ("" if "n_fired" not in summary else
+             f"; {summary['n_fired']}/{summary['n_runs']} fired{unevaluated}")
     return (f"**{summary['n_trustworthy']}/{summary['n_runs']} untrained runs trustworthy, "
             f"{summary['n_at_chance']}/{summary['n_runs']} at chance** (accuracy < 2/C; "
-            f"verdict over {summary['verdict_over']}).\n\n"
+            f"verdict over {summary['verdict_over']}{fired}).\n\n"
             + table + mark.notes_text() + "\n\nReference (science.md §5, §8): random init "
             "gives max block growth ≈ 1.01, ‖g_L‖ ≈ 7.5e-3, (c) 0.08–0.18; nothing fires.\n")
 

@@ -148,6 +148,9 @@ class Experiment:
             lists = "".join(f", {what} `{', '.join(chosen[key])}`"
                             for key, what in (("rules", "rules"), ("archs", "architectures"))
                             if chosen.get(key) is not None)
+            precision = meta.get("precision")
+            if precision not in (None, RunConfig().run.precision):  # other runs than fp32's
+                lists += f", precision `{precision}`"
             lines.append(f"Scale `{meta['scale']}`, dataset `{meta['dataset']}`{lists}; "
                          f"{meta['runs_found']} of {meta['runs_needed']} runs have finished "
                          f"records in `{meta['out_dir']}`.")

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from creditaudit.config import device_overrides
+from creditaudit.config import RunConfig, device_overrides
 from creditaudit.errors import (
     ChangedRecordError,
     ConfigError,
@@ -54,12 +54,19 @@ RUN_KEYS = ("model.arch", "data.name", "method.name", "method.penalty",
             "method.trainable_blocks", "run.seed")
 
 
-def summary_stem(name: str, scale: str, dataset: str, choices: Choices = NO_CHOICES) -> str:
+# The training precision of runs whose summaries carry no precision in their file name.
+DEFAULT_PRECISION = RunConfig().run.precision
+
+
+def summary_stem(name: str, scale: str, dataset: str, choices: Choices = NO_CHOICES,
+                 precision: str | None = None) -> str:
     """File stem of an experiment's summary in OUT/experiments/: ``NAME.SCALE.DATASET``
-    (``.rules=…`` and ``.arch=…`` appended for lists a user chose), so every scale, dataset
-    and choice of one experiment can share a results folder."""
+    (``.rules=…`` and ``.arch=…`` appended for lists a user chose, then the precision when
+    it is not the default fp32: ``.bf16``, whose runs are other runs), so every scale,
+    dataset, choice and precision of one experiment can share a results folder."""
     stem = f"{name}.{get_scale(scale).name}.{dataset}"
-    return f"{stem}.{choices.tag()}" if choices.tag() else stem
+    stem = f"{stem}.{choices.tag()}" if choices.tag() else stem
+    return stem if precision in (None, DEFAULT_PRECISION) else f"{stem}.{precision}"
 
 
 def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
@@ -70,17 +77,17 @@ def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
 
 
 def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str,
-                 choices: Choices = NO_CHOICES) -> Path | None:
+                 choices: Choices = NO_CHOICES, precision: str | None = None) -> Path | None:
     """The JSON summary of experiment ``name`` at ``scale`` on ``dataset`` (with the lists
-    ``choices`` names) in ``out_dir/experiments`` (its Markdown twin has the same stem), or
-    None: the current file name first, else the older one if its ``meta`` names this scale
-    and dataset."""
+    ``choices`` names, of runs at ``precision``) in ``out_dir/experiments`` (its Markdown
+    twin has the same stem), or None: the current file name first, else the older one if
+    its ``meta`` names this scale and dataset."""
     folder = Path(out_dir) / EXPERIMENTS_DIR
-    current = folder / f"{summary_stem(name, scale, dataset, choices)}.json"
+    current = folder / f"{summary_stem(name, scale, dataset, choices, precision)}.json"
     if current.is_file():
         return current
-    if choices.tag():
-        return None  # older versions took no --rules/--arch
+    if choices.tag() or precision not in (None, DEFAULT_PRECISION):
+        return None  # older versions took no --rules/--arch and named no precision
     legacy = folder / f"{legacy_summary_stem(name, scale, dataset)}.json"
     if not legacy.is_file():
         return None
@@ -107,10 +114,17 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
+# The status of a run whose folder holds another run's record: neither summarised as this
+# run nor replaced (the record is another run's work), and listed as missing with why.
+FOREIGN = "refused"
+
+
 def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     """(status, record, error) of a run (its plan) on disk; status None when it has no
     record, "newer" (with the reason) when a newer creditaudit wrote it — left alone, for that
-    version — and "corrupt" (with the reason) when its record cannot be read."""
+    version —, "corrupt" (with the reason) when its record cannot be read, and
+    :data:`FOREIGN` (with the reason) when its folder holds the record of another run (a
+    folder copied or renamed by hand): its numbers are not this run's."""
     path = plan.run_dir / RECORD_FILE
     if not path.exists():
         return None, None, None
@@ -122,6 +136,10 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         return NEWER, None, str(err)
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
+    if record.run_id and record.run_id != plan.run_id:
+        return FOREIGN, None, (f"{path} holds the record of run {record.run_id}, not of this "
+                               "run (a folder copied or renamed by hand?): move it away and "
+                               "run the experiment again")
     return record.status, record, record.error
 
 
@@ -165,9 +183,11 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
                          scale: str, dataset: str, out_dir: Path,
                          outcomes: dict[str, dict[str, Any]] | None = None,
                          wall_seconds: float | None = None,
-                         choices: Choices = NO_CHOICES) -> dict[str, Any]:
+                         choices: Choices = NO_CHOICES,
+                         precision: str | None = None) -> dict[str, Any]:
     """Load the records of the runs of ``plans``, summarise, write
-    ``OUT/experiments/NAME.SCALE.DATASET.{json,md}`` (:func:`summary_stem`)."""
+    ``OUT/experiments/NAME.SCALE.DATASET.{json,md}`` (:func:`summary_stem`; ``precision``:
+    the runs' training precision, None for the default)."""
     records, missing = _load(plans, outcomes)
     summary = experiment.summarise(records, choices)
     ids = [plan.run_id for plan in plans]
@@ -180,7 +200,7 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
     summary["meta"] = {
         "experiment": experiment.name, "question": experiment.question,
         "scale": scale, "dataset": dataset, "out_dir": str(out_dir),
-        "choices": choices.to_dict(),
+        "choices": choices.to_dict(), "precision": precision or DEFAULT_PRECISION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs_needed": len(plans), "runs_found": len(records),
         "run_ids": ids, "missing": missing,
@@ -189,7 +209,7 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
         "epoch_seconds": _epoch_seconds(records),
     }
     folder = out_dir / EXPERIMENTS_DIR
-    stem = summary_stem(experiment.name, scale, dataset, choices)
+    stem = summary_stem(experiment.name, scale, dataset, choices, precision)
     summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
     atomic_write_json(folder / f"{stem}.json", summary)
     atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
@@ -242,10 +262,13 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     todo = []
     for plan in unique_plans(list(planned.values())):
         status, _, error = run_state(plan)
-        # a newer version's run is never replaced (refused), a finished one skipped
-        if status == NEWER or status in FINISHED or (status == "failed" and not retry_failed):
+        # a newer version's run, or another run's record in its folder, is never replaced
+        # (refused), a finished one skipped
+        if status in (NEWER, FOREIGN) or status in FINISHED or (
+                status == "failed" and not retry_failed):
             outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
-                                     "action": left_alone(status), "error": error}
+                                     "action": "refused" if status == FOREIGN
+                                     else left_alone(status), "error": error}
         else:
             todo.append(plan)
     started = time.perf_counter()
@@ -266,7 +289,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     return {e.name: summarise_experiment(e, per_plans[e.name], scale=scale,
                                          dataset=name_of_dataset, out_dir=out_dir,
                                          outcomes=outcomes, wall_seconds=wall,
-                                         choices=choices)
+                                         choices=choices, precision=precision)
             for e in experiments}
 
 

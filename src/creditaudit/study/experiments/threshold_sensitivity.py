@@ -156,6 +156,10 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                 for r in runs if status_at(diagnostic, r["stats"]) == NOT_EVALUATED],
         }
     out["judged_at_default"] = [i for i in ids if i not in out["diagnostics"]]
+    # such a diagnostic not evaluated walks no run back in the counts above: say how often
+    out["not_evaluated_at_default"] = {
+        i: n for i in out["judged_at_default"]
+        if (n := sum(status_at(i, r["stats"]) == NOT_EVALUATED for r in runs))}
     return out
 
 
@@ -202,8 +206,11 @@ def to_markdown(summary: dict[str, Any]) -> str:
                   *_left_out(block, n_runs, named)]
     fixed = summary.get("judged_at_default") or []
     if fixed:
+        skipped = summary.get("not_evaluated_at_default") or {}
         parts += ["", "Judged at the default threshold only (no range to sweep): "
-                      + "".join(f"({i})" for i in fixed) + "."]
+                      + "".join(f"({i})" for i in fixed)
+                      + "".join(f"; ({i}) not evaluated in {n} of the {n_runs} runs"
+                                for i, n in skipped.items()) + "."]
     notes = mark.notes_text().strip()
     if notes:
         parts += ["", notes]

@@ -31,6 +31,7 @@ from creditaudit.records import (
     load_record_cached,
 )
 from creditaudit.run.plan import RunPlan
+from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
 from creditaudit.study.experiments.registry import (
@@ -43,7 +44,7 @@ from creditaudit.study.experiments.registry import (
 from creditaudit.study.experiments.scales import get_scale
 from creditaudit.sweep import dedupe, unique_plans
 from creditaudit.sweep.distinct import run_key
-from creditaudit.sweep.outcome import NEWER, left_alone
+from creditaudit.sweep.outcome import FOREIGN, NEWER, left_alone
 
 EXPERIMENTS_DIR = "experiments"
 EXECUTORS = ("local", "inline", "ray")
@@ -114,11 +115,6 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
-# The status of a run whose folder holds another run's record: neither summarised as this
-# run nor replaced (the record is another run's work), and listed as missing with why.
-FOREIGN = "refused"
-
-
 def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     """(status, record, error) of a run (its plan) on disk; status None when it has no
     record, "newer" (with the reason) when a newer creditaudit wrote it — left alone, for that
@@ -136,10 +132,9 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         return NEWER, None, str(err)
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
-    if record.run_id and record.run_id != plan.run_id:
-        return FOREIGN, None, (f"{path} holds the record of run {record.run_id}, not of this "
-                               "run (a folder copied or renamed by hand?): move it away and "
-                               "run the experiment again")
+    foreign = other_runs_record(record, plan.run_id, path)
+    if foreign is not None:  # neither summarised as this run nor replaced; listed as missing
+        return FOREIGN, None, f"{foreign}: move it away and run the experiment again"
     return record.status, record, record.error
 
 
@@ -267,8 +262,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         if status in (NEWER, FOREIGN) or status in FINISHED or (
                 status == "failed" and not retry_failed):
             outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
-                                     "action": "refused" if status == FOREIGN
-                                     else left_alone(status), "error": error}
+                                     "action": left_alone(status), "error": error}
         else:
             todo.append(plan)
     started = time.perf_counter()

@@ -20,14 +20,14 @@ from creditaudit.errors import (
     ConfigError,
     CreditAuditError,
     NewerRecordError,
+    OutputError,
 )
 from creditaudit.files import strict_json
-from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.files.safe_files import atomic_write_files, json_bytes
 from creditaudit.records import (
     FINISHED,
     RECORD_FILE,
     RunRecord,
-    atomic_write_json,
     load_record_cached,
 )
 from creditaudit.run.plan import RunPlan
@@ -206,8 +206,10 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
     folder = out_dir / EXPERIMENTS_DIR
     stem = summary_stem(experiment.name, scale, dataset, choices, precision)
     summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
-    atomic_write_json(folder / f"{stem}.json", summary)
-    atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
+    # One pair: both rendered and staged before either replaces its old file (a write that
+    # fails leaves both old, never a new .json beside an old .md).
+    atomic_write_files({folder / f"{stem}.md": experiment.to_markdown(summary).encode(),
+                        folder / f"{stem}.json": json_bytes(summary)})
     return summary
 
 
@@ -280,11 +282,19 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         outcomes.update({o["run_id"]: o for o in result.outcomes})
     wall = time.perf_counter() - started
     name_of_dataset = scale_dataset(scale, dataset)
-    return {e.name: summarise_experiment(e, per_plans[e.name], scale=scale,
-                                         dataset=name_of_dataset, out_dir=out_dir,
-                                         outcomes=outcomes, wall_seconds=wall,
-                                         choices=choices, precision=precision)
-            for e in experiments}
+    summaries, unwritten = {}, []
+    for e in experiments:  # a summary that cannot be written stops no other's
+        try:
+            summaries[e.name] = summarise_experiment(
+                e, per_plans[e.name], scale=scale, dataset=name_of_dataset, out_dir=out_dir,
+                outcomes=outcomes, wall_seconds=wall, choices=choices, precision=precision)
+        except OutputError as err:
+            unwritten.append(f"the summary of {e.name}: {err}")
+    if unwritten:
+        written = f" ({len(summaries)} other summaries were written)" if summaries else ""
+        raise OutputError("; ".join(unwritten) + written + ": the runs are kept; free the "
+                          "files and run the same command with --no-train to summarise them")
+    return summaries
 
 
 def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str | None = None,

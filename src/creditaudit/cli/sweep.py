@@ -148,7 +148,7 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
                      "--retry-failed)") + f": {row['error']}"
         elif status in ("running", "interrupted"):
             state = "to resume (interrupted)"
-        elif status == "newer":
+        elif status in ("newer", "refused"):  # a newer version's, or another run's record
             state = f"refused: {row['error']}"
         elif status == "corrupt":
             state = f"to restart (unreadable record: {row['error']})"

@@ -40,6 +40,7 @@ class SweepProgress:
         return (f"done {state.done}, running {state.running}, failed {state.failed}, "
                 + (f"interrupted {state.interrupted}, " if state.interrupted else "")
                 + (f"newer {state.newer}, " if state.newer else "")
+                + (f"refused {state.refused}, " if state.refused else "")
                 + f"left {state.left}" + (f" (busy elsewhere {state.busy})" if state.busy else "")
                 + f", ETA {duration(state.eta_seconds)}")
 

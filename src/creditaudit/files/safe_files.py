@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,32 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     results folder shared by a group or a cluster stays readable. Raises OutputError (one
     line naming the path) when the folder cannot be written; no partial file is left.
     """
-    path = Path(path)
+    atomic_write_files({path: data})
+
+
+def atomic_write_files(files: Mapping[Path | str, bytes]) -> None:
+    """Write several files (path → bytes) as :func:`atomic_write_bytes` writes one, and as
+    a set: each is written and synced to a temporary file beside it before any replaces its
+    old file, in the order given, so a write that fails (a full disk, a folder where a file
+    should be, a read-only folder) leaves every one of them old. Raises OutputError (one
+    line naming the path); no temporary file is left."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            staged.append((_staged(path, data), path))
+        for tmp, path in staged:
+            try:
+                os.replace(tmp, path)
+            except OSError as err:
+                raise write_error(err)(f"cannot write {describe_os_error(err, path)}") from None
+    finally:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _staged(path: Path, data: bytes) -> str:
+    """A temporary file beside ``path`` holding ``data``, synced (its name)."""
     if path.is_dir():
         raise OutputError(f"{path} is a folder: give a file name to write to")
     ensure_folder(path.parent)
@@ -104,18 +130,24 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
         raise write_error(err)(f"cannot write {describe_os_error(err, path)}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return tmp
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Strict JSON (no NaN/Infinity tokens: see :mod:`creditaudit.files.strict_json`) and a
+    final newline, as :func:`atomic_write_json` writes it."""
+    return (strict_json.dumps(obj) + "\n").encode()
 
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:
     """Strict JSON (no NaN/Infinity tokens: see :mod:`creditaudit.files.strict_json`)."""
-    atomic_write_bytes(path, (strict_json.dumps(obj) + "\n").encode())
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def _kind_of(mode: int) -> str | None:

@@ -82,15 +82,25 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
                                  "with --force")
 
 
-def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
-    """One-line RunRecordError when the record read from ``path`` (a run folder's
-    record.json, or the copy inside its checkpoint) is of another run than ``run_id``, the
-    run whose folder holds it: a file copied from another run's folder would otherwise be
-    resumed or served as this run's."""
+def other_runs_record(record: RunRecord, run_id: str, path: Path | str) -> str | None:
+    """What is wrong, in words (no advice), when the record read from ``path`` (a run
+    folder's record.json, or the copy inside its checkpoint) is of another run than
+    ``run_id``, the run whose folder holds it; None when it is this run's (or too old to
+    say). ``train``, ``sweep`` and ``experiment`` each add what to do about it."""
     if record.run_id and record.run_id != run_id:
-        raise RunRecordError(f"{path} holds the record of run {record.run_id}, not of "
-                             f"{run_id} whose folder it is in (a file copied from another "
-                             f"run's folder?): {FORCE_HINT}")
+        return (f"{path} holds the record of run {record.run_id}, not of {run_id} whose "
+                "folder it is in (a file copied from another run's folder, or a folder "
+                "copied or renamed by hand?)")
+    return None
+
+
+def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
+    """One-line RunRecordError when the record read from ``path`` is of another run than
+    ``run_id`` (:func:`other_runs_record`): a file copied from another run's folder would
+    otherwise be resumed or served as this run's."""
+    fact = other_runs_record(record, run_id, path)
+    if fact is not None:
+        raise RunRecordError(f"{fact}: {FORCE_HINT}")
 
 
 def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:

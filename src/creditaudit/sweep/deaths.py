@@ -23,7 +23,7 @@ from typing import Any
 from creditaudit.config import config_from_dict
 from creditaudit.errors import OutputError
 from creditaudit.sweep.claims import CLAIM_FILE, read_claim, release_claim, try_claim
-from creditaudit.sweep.outcome import Outcome
+from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome
 from creditaudit.sweep.worker import (
     FINISHED,
     append_event,
@@ -99,7 +99,7 @@ def _record_failed(config: dict[str, Any], run_dir: Path, error: str,
         return
     try:
         status, _ = disk_status(run_dir)
-        if status in FINISHED or status in ("failed", "newer"):
+        if status in FINISHED or status in ("failed", NEWER, FOREIGN):
             return
         if status in (None, "corrupt"):
             write_failed_record(config_from_dict(config), run_dir, error)

@@ -14,9 +14,10 @@ class Outcome(TypedDict):
     """One run's outcome in a sweep.
 
     ``status`` is the run's status afterwards (completed, diverged, failed, interrupted,
-    busy, newer — its record was written by a newer creditaudit: :data:`NEWER`; None before
-    the worker knows it); ``action`` what the call did (trained, resumed, restarted,
-    skipped, refused — a newer version's run is always refused: :func:`left_alone` —,
+    busy, newer — its record was written by a newer creditaudit: :data:`NEWER`; refused —
+    its folder holds another run's record: :data:`FOREIGN`; None before the worker knows
+    it); ``action`` what the call did (trained, resumed, restarted, skipped, refused — a
+    newer version's run, or another run's record, is always refused: :func:`left_alone` —,
     busy, interrupted); ``seconds`` the wall time of the call;
     ``pid`` and ``host`` the worker process that made it (None when the worker died);
     ``holder`` (busy runs only) the claim of the process that holds the run.
@@ -34,13 +35,18 @@ class Outcome(TypedDict):
 
 # The status of a run whose record a newer creditaudit wrote: never replaced, never read.
 NEWER = "newer"
+# The status of a run whose folder holds the record of another run (a folder copied or
+# renamed by hand): its numbers are not this run's, and the record is another run's work —
+# neither counted as this run nor trained over.
+FOREIGN = "refused"
 
 
 def left_alone(status: str | None) -> str:
     """The action of a sweep that does not train a run whose record says ``status``:
     ``refused`` for a newer version's run (the sweep cannot read it and must not replace
-    it), ``skipped`` for a run that is done (or failed, without --retry-failed)."""
-    return "refused" if status == NEWER else "skipped"
+    it) and for a folder holding another run's record (:data:`FOREIGN`), ``skipped`` for a
+    run that is done (or failed, without --retry-failed)."""
+    return "refused" if status in (NEWER, FOREIGN) else "skipped"
 
 
 def new_outcome(run_id: str | None, *, status: str | None = None,
@@ -50,4 +56,4 @@ def new_outcome(run_id: str | None, *, status: str | None = None,
             "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
 
 
-__all__ = ["NEWER", "Outcome", "left_alone", "new_outcome"]
+__all__ = ["FOREIGN", "NEWER", "Outcome", "left_alone", "new_outcome"]

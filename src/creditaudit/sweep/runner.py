@@ -16,7 +16,7 @@ from creditaudit.records import FINISHED
 from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor
-from creditaudit.sweep.outcome import NEWER, Outcome, left_alone, new_outcome
+from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
 from creditaudit.sweep.worker import disk_status, run_task, task_ids
 
@@ -31,13 +31,15 @@ SUMMARY_SCHEMA = "creditaudit.sweep/1"
 class SweepState:
     """Counts for the progress line: ``done`` (completed or diverged), ``failed``,
     ``interrupted`` (stopped by a signal; resumable), ``newer`` (refused: a newer
-    creditaudit's run), ``busy`` (claimed by another sweep)."""
+    creditaudit's run), ``refused`` (its folder holds another run's record), ``busy``
+    (claimed by another sweep)."""
 
     total: int
     done: int = 0
     failed: int = 0
     interrupted: int = 0
     newer: int = 0
+    refused: int = 0
     busy: int = 0
     outstanding: int = 0
     slots: int = 1
@@ -71,17 +73,19 @@ class SweepState:
     @property
     def ended(self) -> int:
         """Runs this sweep is finished with, whatever their status."""
-        return self.done + self.failed + self.interrupted + self.newer
+        return self.done + self.failed + self.interrupted + self.newer + self.refused
 
     def count(self, status: str) -> None:
-        """Count one run's end status (anything but completed/diverged/interrupted/newer
-        failed)."""
+        """Count one run's end status (anything but completed/diverged/interrupted/newer/
+        refused failed)."""
         if status in FINISHED:
             self.done += 1
         elif status == "interrupted":
             self.interrupted += 1
         elif status == NEWER:
             self.newer += 1
+        elif status == FOREIGN:
+            self.refused += 1
         else:
             self.failed += 1
 
@@ -170,7 +174,7 @@ def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,
         holder, raw, mtime = read_claim(run.run_dir / CLAIM_FILE)
         live = raw is not None and claim_is_stale(holder, time.time() - mtime,
                                                   stale_after) is None
-        todo = not (status in FINISHED or status == NEWER
+        todo = not (status in FINISHED or status in (NEWER, FOREIGN)
                     or (status == "failed" and not retry_failed))
         rows.append({"run_id": run.run_id, "status": status, "error": error, "todo": todo,
                      "holder": holder if live else None})
@@ -231,7 +235,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
 
     def skipped(row: dict[str, Any]) -> None:
         """A run another process held, finished (or failed) now: skipped here (refused,
-        if a newer version wrote it)."""
+        if a newer version wrote it or another run's record is in its folder)."""
         outcome = new_outcome(row["run_id"], status=row["status"],
                               action=left_alone(row["status"]))
         outcome["error"] = row["error"]

@@ -38,7 +38,7 @@ from creditaudit.sweep.claims import (
     release_claim,
     try_claim,
 )
-from creditaudit.sweep.outcome import NEWER, Outcome, left_alone, new_outcome
+from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.worker_process import WORKER_STATE
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,12 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
     An unreadable record reads as ("corrupt", reason); for a record changed after it was
     written, the reason without load_record's advice (restore it, or --force): a sweep
     starts such a run over itself. A record written by a newer creditaudit reads as
-    ("newer", reason): a sweep leaves it alone (refused), for the newer version to read.
+    ("newer", reason): a sweep leaves it alone (refused), for the newer version to read. A
+    record of another run than the folder's (a folder copied or renamed by hand) reads as
+    (:data:`FOREIGN`, reason): neither this run's result nor to be trained over (refused).
     """
     from creditaudit.records import RECORD_FILE, load_record
+    from creditaudit.run.resume import other_runs_record
 
     path = run_dir / RECORD_FILE
     if not path.exists():
@@ -85,6 +88,9 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
         return NEWER, str(err)
     except RunRecordError as err:
         return "corrupt", str(err)
+    foreign = other_runs_record(record, run_dir.name, path)
+    if foreign is not None:
+        return FOREIGN, f"{foreign}: move it away, then run again"
     return record.status, record.error
 
 
@@ -143,8 +149,10 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
 
     def skip_reason() -> bool:
         status, error = disk_status(run_dir)
-        # a newer version's run is never replaced (refused), a finished one skipped
-        if status == NEWER or status in FINISHED or (status == "failed" and not retry_failed):
+        # a newer version's run, or another run's record, is never replaced (refused), a
+        # finished one skipped
+        if status in (NEWER, FOREIGN) or status in FINISHED or (
+                status == "failed" and not retry_failed):
             outcome.update(status=status, error=error, action=left_alone(status))
             return True
         return False

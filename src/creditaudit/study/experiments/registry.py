@@ -36,15 +36,28 @@ MarkdownFn = Callable[[dict[str, Any]], str]
 OPTIONS = ("rules", "arch")  # what a user may choose instead of an experiment's own lists
 
 
+def as_names(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Names given as one str (one name) or a sequence of them, as a tuple."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 @dataclass(frozen=True)
 class Choices:
     """What a user chose instead of an experiment's own lists: ``rules`` (registered credit
     rule names, plugins included) and ``archs`` (architecture variants: a registered
     architecture's name, or ``NAME-noLN`` for one without its terminal LayerNorm); None
-    keeps the experiment's."""
+    keeps the experiment's. Each is a sequence of names, or one name as a str (as
+    ``adapt(states=...)`` takes one: ``rules="dfa"`` is ``("dfa",)``, never its letters);
+    stored as a tuple."""
 
     rules: tuple[str, ...] | None = None
     archs: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for option in ("rules", "archs"):
+            value = getattr(self, option)
+            if value is not None:
+                object.__setattr__(self, option, as_names(value))
 
     def given(self) -> list[str]:
         """The options chosen (``rules``, ``arch``)."""
@@ -105,8 +118,14 @@ class Experiment:
                 why = self.refuses.get(option, "it has no such axis")
                 raise ConfigError(f"experiment {self.name} takes no --{option}: {why}")
         if choices.rules is not None:
-            for name in choices.rules:
-                RULES.get(name)  # a one-line error naming the installed rules
+            # a one-line error naming the installed rules
+            baselines = [RULES.get(name).baseline for name in choices.rules]
+            if all(baselines):  # the frozen-blocks baseline only: nothing to compare
+                raise ConfigError(
+                    f"experiment {self.name} needs a rule that trains the blocks: --rules "
+                    f"{','.join(choices.rules) or '(none)'} names no rule but the "
+                    "frozen-blocks baseline, which leaves it nothing to compare; name at "
+                    f"least one other (--rules replaces {self.takes['rules']})")
         if choices.archs is not None:
             if self.one_arch and len(choices.archs) != 1:
                 raise ConfigError(f"experiment {self.name} runs on one architecture: give "

@@ -20,17 +20,18 @@ from creditaudit.errors import (
     ConfigError,
     CreditAuditError,
     NewerRecordError,
+    OutputError,
 )
 from creditaudit.files import strict_json
-from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.files.safe_files import atomic_write_files, json_bytes
 from creditaudit.records import (
     FINISHED,
     RECORD_FILE,
     RunRecord,
-    atomic_write_json,
     load_record_cached,
 )
 from creditaudit.run.plan import RunPlan
+from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
 from creditaudit.study.experiments.registry import (
@@ -43,7 +44,7 @@ from creditaudit.study.experiments.registry import (
 from creditaudit.study.experiments.scales import get_scale
 from creditaudit.sweep import dedupe, unique_plans
 from creditaudit.sweep.distinct import run_key
-from creditaudit.sweep.outcome import NEWER, left_alone
+from creditaudit.sweep.outcome import FOREIGN, NEWER, left_alone
 
 EXPERIMENTS_DIR = "experiments"
 EXECUTORS = ("local", "inline", "ray")
@@ -114,11 +115,6 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
-# The status of a run whose folder holds another run's record: neither summarised as this
-# run nor replaced (the record is another run's work), and listed as missing with why.
-FOREIGN = "refused"
-
-
 def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
     """(status, record, error) of a run (its plan) on disk; status None when it has no
     record, "newer" (with the reason) when a newer creditaudit wrote it — left alone, for that
@@ -136,10 +132,9 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         return NEWER, None, str(err)
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
-    if record.run_id and record.run_id != plan.run_id:
-        return FOREIGN, None, (f"{path} holds the record of run {record.run_id}, not of this "
-                               "run (a folder copied or renamed by hand?): move it away and "
-                               "run the experiment again")
+    foreign = other_runs_record(record, plan.run_id, path)
+    if foreign is not None:  # neither summarised as this run nor replaced; listed as missing
+        return FOREIGN, None, f"{foreign}: move it away and run the experiment again"
     return record.status, record, record.error
 
 
@@ -211,8 +206,10 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
     folder = out_dir / EXPERIMENTS_DIR
     stem = summary_stem(experiment.name, scale, dataset, choices, precision)
     summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
-    atomic_write_json(folder / f"{stem}.json", summary)
-    atomic_write_bytes(folder / f"{stem}.md", experiment.to_markdown(summary).encode())
+    # One pair: both rendered and staged before either replaces its old file (a write that
+    # fails leaves both old, never a new .json beside an old .md).
+    atomic_write_files({folder / f"{stem}.md": experiment.to_markdown(summary).encode(),
+                        folder / f"{stem}.json": json_bytes(summary)})
     return summary
 
 
@@ -267,8 +264,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         if status in (NEWER, FOREIGN) or status in FINISHED or (
                 status == "failed" and not retry_failed):
             outcomes[plan.run_id] = {"run_id": plan.run_id, "status": status,
-                                     "action": "refused" if status == FOREIGN
-                                     else left_alone(status), "error": error}
+                                     "action": left_alone(status), "error": error}
         else:
             todo.append(plan)
     started = time.perf_counter()
@@ -286,11 +282,19 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         outcomes.update({o["run_id"]: o for o in result.outcomes})
     wall = time.perf_counter() - started
     name_of_dataset = scale_dataset(scale, dataset)
-    return {e.name: summarise_experiment(e, per_plans[e.name], scale=scale,
-                                         dataset=name_of_dataset, out_dir=out_dir,
-                                         outcomes=outcomes, wall_seconds=wall,
-                                         choices=choices, precision=precision)
-            for e in experiments}
+    summaries, unwritten = {}, []
+    for e in experiments:  # a summary that cannot be written stops no other's
+        try:
+            summaries[e.name] = summarise_experiment(
+                e, per_plans[e.name], scale=scale, dataset=name_of_dataset, out_dir=out_dir,
+                outcomes=outcomes, wall_seconds=wall, choices=choices, precision=precision)
+        except OutputError as err:
+            unwritten.append(f"the summary of {e.name}: {err}")
+    if unwritten:
+        written = f" ({len(summaries)} other summaries were written)" if summaries else ""
+        raise OutputError("; ".join(unwritten) + written + ": the runs are kept; free the "
+                          "files and run the same command with --no-train to summarise them")
+    return summaries
 
 
 def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str | None = None,

@@ -16,13 +16,19 @@ on ViT (a) at epoch 1; without out_ln (b) never.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.config import RunConfig
 from creditaudit.protocol import FIRED, DepthUtility, default_names, in_order, margin_pp
-from creditaudit.protocol.records import RecordSet, arch_variant, is_frozen_baseline
+from creditaudit.protocol.records import (
+    RecordSet,
+    arch_variant,
+    baseline_runs,
+    is_frozen_baseline,
+)
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC
 from creditaudit.results import full_length, method_rank, stopped_early_text
@@ -61,23 +67,63 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
 
 
 def _accs(record: RunRecord) -> dict[int, float]:
-    return dict(zip(*record.series("acc_eval")))
+    """Test accuracy per epoch, up to the run's last finite evaluation: a diverged run's
+    overflowed epoch logs the NaN network's share of one class, no accuracy
+    (:attr:`~creditaudit.records.RunRecord.numbers_epoch`)."""
+    accs = dict(zip(*record.series("acc_eval")))
+    if getattr(record, "status", None) != "diverged":
+        return accs
+    last = record.numbers_epoch
+    return {} if last is None else {epoch: acc for epoch, acc in accs.items() if epoch <= last}
 
 
 def depth_utility_trace(record: RunRecord, frozen: dict[int, float] | None,
                         options: Any = None) -> dict[str, Any]:
     """Per-epoch (d) margin (pp) against the frozen run's accuracy at the same epoch, judged
-    by (d) itself with ``options`` (default: its own defaults)."""
+    by (d) itself with ``options`` (default: its own defaults; ``frozen``: epoch → accuracy,
+    :func:`_accs`). An epoch without a finite accuracy on either side (after a run
+    diverged) is not evaluated — never a pass; ``at_end`` is None unless the run's own last
+    epoch was evaluated."""
     depth = DepthUtility(options)
-    if not frozen:
-        return {"first": None, "at_end": None, "margins": {}, "evaluated": False}
-    margins = {epoch: margin_pp(acc, frozen[epoch]) for epoch, acc in _accs(record).items()
-               if epoch >= 1 and epoch in frozen}
+    own = {epoch: acc for epoch, acc in _accs(record).items() if epoch >= 1}
+    margins = {epoch: margin_pp(acc, frozen[epoch]) for epoch, acc in own.items()
+               if frozen and epoch in frozen and math.isfinite(frozen[epoch])
+               and math.isfinite(acc)}
     fired = [epoch for epoch, m in sorted(margins.items()) if depth.fires(m)]
-    last = max(margins, default=None)
+    last = max(own, default=None)
     return {"first": fired[0] if fired else None,
-            "at_end": None if last is None else depth.fires(margins[last]),
+            "at_end": depth.fires(margins[last]) if last in margins else None,
             "margins": margins, "evaluated": bool(margins)}
+
+
+def _frozen_run(record: RunRecord, frozen_runs: Sequence[RunRecord]
+                ) -> tuple[RunRecord | None, str | None]:
+    """(the frozen-blocks run (d) compares ``record`` with, None and why (d) is not
+    evaluated): among ``frozen_runs`` — those of its architecture, data and seed — one that
+    :func:`~creditaudit.protocol.records.baseline_runs` takes as a baseline."""
+    usable = baseline_runs(record, frozen_runs)
+    if usable:
+        return usable[0], None
+    if not frozen_runs:
+        return None, "no frozen-blocks run of the same architecture, data and seed"
+    run = frozen_runs[0]
+    what = stopped_early_text(run) or (
+        f"diverged in epoch {(run.divergence or {}).get('epoch')} with no finite accuracy"
+        if run.status == "diverged" else f"is {run.status}")
+    return None, f"its frozen-blocks run {run.run_id} {what}: no baseline"
+
+
+def _why_not_at_end(record: RunRecord, frozen: RunRecord | None, why: str | None,
+                    d: dict[str, Any]) -> str | None:
+    """Why (d) was not evaluated at ``record``'s last epoch (None when it was)."""
+    if d["at_end"] is not None:
+        return None
+    if why is not None or frozen is None:
+        return why
+    if frozen.status == "diverged":
+        return (f"its frozen-blocks run {frozen.run_id} diverged in epoch "
+                f"{(frozen.divergence or {}).get('epoch')}: no baseline from then on")
+    return "no finite accuracy at the run's last epoch"
 
 
 def _at_end(record: RunRecord, ids: Sequence[str]) -> dict[str, bool]:
@@ -105,17 +151,18 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     # The training-time statuses of every diagnostic the records hold; (d) per epoch here.
     ids = in_order([*default_names(), *(i for r in records for e in r.log
                                         for i in e.protocol or {}), DepthUtility.name])
-    frozen_by_seed: dict[tuple[str, int], dict[int, float]] = {}
+    frozen_by_seed: dict[tuple[str, int], list[RunRecord]] = {}
     for record in records:
         if is_frozen_baseline(record):
-            frozen_by_seed[(record.recipe_key, record.seed)] = _accs(record)
+            frozen_by_seed.setdefault((record.recipe_key, record.seed), []).append(record)
     index = RecordSet(records)
     rows = []
     for members in group_records(r for r in records if not is_frozen_baseline(r)).values():
         seeds = []
         for record in members:
-            frozen = frozen_by_seed.get((record.recipe_key, record.seed))
-            d = depth_utility_trace(record, frozen)
+            frozen, why = _frozen_run(record, frozen_by_seed.get((record.recipe_key,
+                                                                 record.seed), []))
+            d = depth_utility_trace(record, None if frozen is None else _accs(frozen))
             recorded = record.first_fired()
             first: dict[str, int | None] = {i: recorded.get(i) for i in ids}
             first[DepthUtility.name] = d["first"]
@@ -127,6 +174,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             seeds.append({"seed": record.seed, "run_id": record.run_id,
                           "first_fired": first, "fires_at_end": at_end,
                           "d_evaluated": d["evaluated"], "evaluated": evaluated,
+                          "d_not_evaluated": _why_not_at_end(record, frozen, why, d),
                           "test_acc": record.final_acc,
                           "stopped_early": stopped_early_text(record)})
         head = members[0]
@@ -164,9 +212,14 @@ def to_markdown(summary: dict[str, Any]) -> str:
             for row in summary["rows"]]
     table = markdown_table(["architecture", "method", "final acc",
                             *(f"({i}) first epoch" for i in ids)], rows)
+    unjudged = [f"{row['arch']} {row['method']} seed {seed['seed']}: {seed['d_not_evaluated']}"
+                for row in summary["rows"] for seed in row["seeds"]
+                if seed.get("d_not_evaluated")]
+    d_note = (f" ({DepthUtility.name}) not evaluated (at the last epoch, or at all) for "
+              + "; ".join(unjudged) + ".") if unjudged else ""
     return (table + "\n\nCells: first firing epoch over seeds (min–max), seeds where it fired, "
             "and seeds where it still fires at the last epoch. " + summary["d_rule"] + "."
-            + mark.notes_text() + "\n\n"
+            + d_note + mark.notes_text() + "\n\n"
             "Published (science.md §7; CIFAR-10): DFA on ResidualMLP fires (b) at epochs 3–4 and "
             "(a) at 8–11; on ViT-Mini (a) at epoch 1; without out_ln (b) never (accuracy stayed "
             "below 50%, so the median sample was misclassified).\n")

@@ -30,9 +30,11 @@ def other(record, run_id: str, **overrides):
 def records() -> list:
     """bp, dfa and dfa+λ with one frozen run of their recipe, and frozen runs the report
     does not take: of other recipes (more epochs, another width), one that failed, one
-    that stopped early."""
+    that stopped early, one that diverged (its accuracy is of its last finite epoch)."""
     failed = fake_record("frozen", 7, acc=0.8)
     failed.status = "failed"
+    diverged = fake_record("frozen", 9, acc=0.05)
+    diverged.status, diverged.divergence = "diverged", {"epoch": 2, "reason": "non-finite"}
     early = fake_record("frozen", 8, acc=0.7)
     early.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
     return [fake_record("bp", 42, acc=0.5), fake_record("dfa", 42, acc=0.3),
@@ -40,7 +42,7 @@ def records() -> list:
             fake_record("frozen", 42, acc=BASELINE),
             other(fake_record("frozen", 42, acc=0.9), "frozen-longer", **{"optim.epochs": 9}),
             other(fake_record("frozen", 42, acc=0.6), "frozen-wider", **{"model.d": 7}),
-            failed, early]
+            failed, early, diverged]
 
 
 @pytest.mark.parametrize("name", WITH_BASELINE)

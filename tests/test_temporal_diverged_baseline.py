@@ -44,11 +44,13 @@ def seeds(summary):
     return {s["seed"]: s for s in row["seeds"]}
 
 
-def test_epochs_after_the_baselines_divergence_are_not_evaluated(summary):
+def test_a_baseline_that_diverged_later_is_no_baseline_either(summary):
+    """A frozen run that diverged is no baseline of (d) (protocol.records.baseline_runs),
+    even at the epochs before it diverged."""
     seed = seeds(summary)[42]
-    assert seed["d_evaluated"]  # epoch 1: a finite baseline
-    assert seed["fires_at_end"]["d"] is None  # epoch 3 has none: not a pass
-    assert "diverged in epoch 2" in seed["d_not_evaluated"]
+    assert not seed["d_evaluated"] and "d" not in seed["evaluated"]
+    assert seed["fires_at_end"]["d"] is None  # not a pass
+    assert "diverged in epoch 2: no baseline" in seed["d_not_evaluated"]
 
 
 def test_a_baseline_diverged_in_its_first_epoch_evaluates_nothing(summary):
@@ -61,7 +63,7 @@ def test_a_baseline_diverged_in_its_first_epoch_evaluates_nothing(summary):
 
 def test_the_table_says_not_evaluated_and_why(summary):
     _, markdown = summary
-    assert "not evaluated in 1" in markdown
+    assert "seed 42:" in markdown
     assert "(d) not evaluated" in markdown and "seed 7:" in markdown
 
 

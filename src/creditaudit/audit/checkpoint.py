@@ -151,6 +151,9 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
         log.warning("--frozen run %s stopped early at epoch %s of optim.epochs=%d: its "
                     "accuracy is of a readout trained for fewer epochs than its recipe's",
                     text, frozen.stopped_early.get("epoch"), frozen.config.optim.epochs)
+    if frozen.status == "diverged":
+        log.warning("--frozen run %s diverged in epoch %s: its accuracy is of its last finite "
+                    "epoch", text, (frozen.divergence or {}).get("epoch"))
     acc = frozen.final_acc
     if acc is None:
         raise RunRecordError(f"--frozen run {text} has no finished epoch with a test accuracy")

@@ -279,10 +279,11 @@ def baseline_runs(record: RunRecord, records: Iterable[RunRecord]) -> list[RunRe
     """The finished frozen-blocks runs of ``record``'s recipe among ``records`` that have a
     final accuracy — the one place the baseline of (d) is chosen. A frozen run that stopped
     early (``stopped_early``: fewer epochs than its recipe's ``optim.epochs``) is no
-    baseline: its readout trained less."""
+    baseline: its readout trained less; nor is one that diverged, whose final accuracy is
+    of its last finite epoch (or of a readout already broken)."""
     key = record.recipe_key
     return [r for r in records
-            if is_frozen_baseline(r) and r.is_finished and not r.stopped_early
+            if is_frozen_baseline(r) and r.status == "completed" and not r.stopped_early
             and r.recipe_key == key and r.final_acc is not None]
 
 

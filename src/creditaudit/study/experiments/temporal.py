@@ -108,7 +108,7 @@ def _frozen_run(record: RunRecord, frozen_runs: Sequence[RunRecord]
         return None, "no frozen-blocks run of the same architecture, data and seed"
     run = frozen_runs[0]
     what = stopped_early_text(run) or (
-        f"diverged in epoch {(run.divergence or {}).get('epoch')} with no finite accuracy"
+        f"diverged in epoch {(run.divergence or {}).get('epoch')}"
         if run.status == "diverged" else f"is {run.status}")
     return None, f"its frozen-blocks run {run.run_id} {what}: no baseline"
 
@@ -120,9 +120,6 @@ def _why_not_at_end(record: RunRecord, frozen: RunRecord | None, why: str | None
         return None
     if why is not None or frozen is None:
         return why
-    if frozen.status == "diverged":
-        return (f"its frozen-blocks run {frozen.run_id} diverged in epoch "
-                f"{(frozen.divergence or {}).get('epoch')}: no baseline from then on")
     return "no finite accuracy at the run's last epoch"
 
 

@@ -89,6 +89,22 @@ def test_read_idx_unknown_dtype(tmp_path: Path) -> None:
         read_idx(path)
 
 
+def test_read_idx_damaged_dimension_count_is_one_short_line(tmp_path: Path) -> None:
+    """A damaged ndim byte (255) reads image bytes as dimensions: the message names the
+    file and says what is wrong without listing them all."""
+    path = tmp_path / "train-images-idx3-ubyte"
+    header = bytes([0, 0, 8, 3]) + struct.pack(">3i", 2, 28, 28)
+    pixels = np.full(2 * 28 * 28, 200, np.uint8).tobytes()  # 0xc8c8c8c8 < 0 as int32
+    path.write_bytes(header + pixels)
+    data = bytearray(path.read_bytes())
+    data[3] = 255
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="255 dimensions") as info:
+        read_idx(path)
+    message = str(info.value)
+    assert str(path) in message and len(message) < 300
+
+
 def test_read_idx_corrupt_gzip(tmp_path: Path) -> None:
     path = tmp_path / "bad.gz"
     path.write_bytes(gzip.compress(_idx_bytes(np.zeros((50,), np.uint8)))[:15])

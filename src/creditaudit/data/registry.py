@@ -28,6 +28,7 @@ from creditaudit.data.spec import (
     digest_text,
     register,
 )
+from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError
 
 
@@ -123,6 +124,15 @@ class IDXDataset(FileDataset[FileOptions]):
 
         return [(stem, p, read_idx_bytes) for stem, p in idx_files(self.folder(),
                                                                    self.name)]
+
+    def identity(self, seed: int) -> DataIdentity:
+        """The files' fingerprint; DataError when the folder holds the other built-in IDX
+        dataset's official files (:func:`~creditaudit.data.idx.check_own_files`)."""
+        from creditaudit.data.idx import check_own_files
+
+        identity = super().identity(seed)
+        check_own_files(self.name, identity.provenance["files"], self.folder())
+        return identity
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.idx import load_idx_dataset

@@ -145,6 +145,19 @@ def test_a_planted_payload_is_named_as_refused_not_as_a_corrupt_file(tmp_path: P
     assert "truncated" not in message and "nothing it names was run" in message
 
 
+def test_a_test_batch_copied_from_a_training_batch_is_refused(tmp_path: Path) -> None:
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+
+    folder = _write_cifar10(tmp_path, sizes=(4, 3, 1, 2, 2, 3))
+    (folder / "test_batch").write_bytes((folder / "data_batch_1").read_bytes())
+    config = RunConfig().replace(**{"data.name": "cifar10", "data.data_dir": str(tmp_path)})
+    with pytest.raises(DataError, match=re.escape(
+            f"cifar10 folder {tmp_path}: 4 of the 4 test samples (the test batch) are also "
+            "training samples")):
+        load_dataset(config.data, seed=0)
+
+
 def test_cifar100_uses_fine_labels(tmp_path: Path) -> None:
     folder = tmp_path / C100.folder
     folder.mkdir()

@@ -257,3 +257,22 @@ def test_a_folder_of_the_other_datasets_official_files_is_refused_naming_it(
 def test_the_real_fashion_mnist_files_are_not_mnist() -> None:
     with pytest.raises(DataError, match="holds fashion-mnist's official"):
         _identity("mnist", FASHION)
+
+
+def test_a_test_split_copied_from_the_training_files_is_refused(tmp_path: Path) -> None:
+    """t10k files that are copies of the training files would make the test accuracy a
+    training accuracy: refused in one line naming the folder."""
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+
+    _write_dataset(tmp_path, gz=False, n_train=6, n_test=3)
+    for kind in ("images-idx3", "labels-idx1"):
+        (tmp_path / f"t10k-{kind}-ubyte").write_bytes(
+            (tmp_path / f"train-{kind}-ubyte").read_bytes())
+    config = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path)})
+    with pytest.raises(DataError) as info:
+        load_dataset(config.data, seed=0)
+    assert str(info.value) == (
+        f"mnist folder {tmp_path}: 6 of the 6 test samples (the t10k files) are also training "
+        "samples (same image and label), so the test accuracy would measure memorisation: "
+        "put the held-out test split there")

@@ -136,8 +136,11 @@ class IDXDataset(FileDataset[FileOptions]):
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.idx import load_idx_dataset
+        from creditaudit.data.rows import check_held_out
 
-        return load_idx_dataset(self.folder(), name=self.name, side=self.input_shape()[-1])
+        arrays = load_idx_dataset(self.folder(), name=self.name, side=self.input_shape()[-1])
+        check_held_out(self.name, self.folder(), arrays, "the t10k files")
+        return arrays
 
 
 @register
@@ -176,9 +179,12 @@ class CIFAR(FileDataset[CifarOptions]):
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.cifar import load_cifar
+        from creditaudit.data.rows import check_held_out
 
-        return load_cifar(self.folder(), n_classes=self.classes,
-                          download=self.options.download)
+        arrays = load_cifar(self.folder(), n_classes=self.classes,
+                            download=self.options.download)
+        check_held_out(self.name, self.folder(), arrays, "the test batch")
+        return arrays
 
 
 @register

@@ -276,3 +276,20 @@ def test_a_test_split_copied_from_the_training_files_is_refused(tmp_path: Path) 
         f"mnist folder {tmp_path}: 6 of the 6 test samples (the t10k files) are also training "
         "samples (same image and label), so the test accuracy would measure memorisation: "
         "put the held-out test split there")
+
+
+def test_a_raw_and_a_gzip_copy_of_other_data_in_one_folder_are_refused(tmp_path: Path) -> None:
+    """With both ``stem`` and ``stem.gz`` there, the raw file is read: refused when the two
+    hold other data (which was meant cannot be told), read when they agree."""
+    _write_dataset(tmp_path, gz=False)
+    labels = tmp_path / "train-labels-idx1-ubyte"
+    packed = tmp_path / "train-labels-idx1-ubyte.gz"
+    packed.write_bytes(gzip.compress(labels.read_bytes()))
+    assert load_idx_dataset(tmp_path, name="mnist")[1].shape == (5,)
+    _write(packed, np.zeros(5, np.uint8), gz=True)
+    with pytest.raises(DataError) as info:
+        load_idx_dataset(tmp_path, name="mnist")
+    assert str(info.value) == (
+        f"mnist folder {tmp_path} holds both train-labels-idx1-ubyte and "
+        "train-labels-idx1-ubyte.gz, and they hold other data: delete the one that is not "
+        "the data you mean")

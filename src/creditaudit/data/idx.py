@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from creditaudit.data.identity import file_digest
 from creditaudit.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -153,7 +154,14 @@ def _install_hint(name: str) -> str:
 
 
 def _find_file(folder: Path, stem: str, name: str) -> Path:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
+    """``folder/stem``, else ``folder/stem.gz``; DataError when neither is there, or when
+    both are and hold other data (which one was meant cannot be told)."""
+    raw, packed = folder / stem, folder / f"{stem}.gz"
+    if raw.is_file() and packed.is_file() and (
+            file_digest(raw, read_idx_bytes) != file_digest(packed, read_idx_bytes)):
+        raise DataError(f"{name} folder {folder} holds both {stem} and {stem}.gz, and they "
+                        "hold other data: delete the one that is not the data you mean")
+    for candidate in (raw, packed):
         if candidate.is_file():
             return candidate
     raise DataError(

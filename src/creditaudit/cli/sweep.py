@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     check_flags(args)
     stale_after = DEFAULT_STALE_AFTER if args.stale_after is None else args.stale_after
     max_runs = DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs
-    sweep = load_sweep(args.sweep_file, max_runs=max_runs)
+    sweep = load_sweep(args.sweep_file, max_runs=max_runs, validate=False)
     overrides = device_overrides(args.device, args.precision)
     overrides.update(env_overrides())
     if args.out is not None:

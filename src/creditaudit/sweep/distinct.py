@@ -88,7 +88,7 @@ def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
             continue
         repeated = next(group for group in groups.values() if len(group) > 1)
         if overrides and key in overrides:
-            reason, detail = "overridden", repr(config_value(line[0], key))
+            reason, detail = "overridden", repr(overrides[key])
         elif len({repr(config_value(config, key)) for _, config in repeated}) == 1:
             reason, detail = "same value", " and ".join(repr(value) for value, _ in repeated)
         else:

@@ -148,6 +148,14 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     return dedupe(_every_run(base, grid, include, max_runs=max_runs))
 
 
+def _left_out(dropped: list[str], overrides: dict[str, Any]) -> list[str]:
+    """The keys of ``overrides`` a run leaves out: each key in ``dropped`` (the options of a
+    component the run does not select) or an entry of a table in it (``model.args.d`` where
+    ``model.args`` is not read)."""
+    return [key for key in overrides
+            if key in dropped or key.rpartition(".")[0] in dropped]
+
+
 def _without_no_effect(config: RunConfig, overrides: dict[str, Any]
                        ) -> tuple[RunConfig, dict[str, str]]:
     """``config`` with each ``method.*`` value its grid combination or ``[[include]]`` run
@@ -190,7 +198,10 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
                        if section in fields else ", ".join(f"{s}.…" for s in fields))
             raise ConfigError(f"sweep key {key!r} is not a config field; allowed: {allowed}")
     for key, values in grid.items():
-        if not isinstance(values, list) or not values:
+        if values == []:
+            raise ConfigError(f"grid key {key!r} lists no value: give it at least one, or "
+                              "drop it to keep the value of [base]")
+        if not isinstance(values, list):
             raise ConfigError(f"grid key {key!r} must map to a non-empty list of values, got "
                               f"{values!r}; e.g. \"{key}\" = [{values!r}]")
     check_run_count(grid, include, max_runs)
@@ -227,7 +238,7 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
         _refuse_unread_base(raw, given, config, overrides,
                             [k for k in dropped if k not in overrides],
                             f"{where} {{{_describe(overrides)}}}")
-        for key in set(dropped) & set(overrides):
+        for key in _left_out(dropped, overrides):
             section = key.partition(".")[0]
             selected = getattr(getattr(config, section), SELECTORS[section][0])
             not_read.setdefault(key, set()).add(selected)
@@ -303,12 +314,22 @@ class Sweep:
         """The runs (as :meth:`configs`) and why some combinations give no run of their own."""
         grid = flatten_keys(self.grid)
         include = [flatten_keys(extra) for extra in self.include]
-        every = _every_run(self.base, grid, include, max_runs=max_runs)
+        try:
+            every = _every_run(self.base, grid, include, max_runs=max_runs)
+        except ConfigError as err:
+            if self.source is None:
+                raise
+            raise ConfigError(f"sweep file {self.source}: {err}") from None
         n_grid = len(every) - len(include)
         # Command-line and CREDITAUDIT_SET overrides apply where a run's components read
         # them (data.n_train shrinks generated data and leaves a file dataset alone).
         runs = [apply_where_read(c, overrides) for c in every] if overrides else every
-        warnings = [axis.message for axis in collapsed_axes(grid, every[:n_grid], overrides)]
+        # Only what the overrides collapse: an axis that collapses without them is one that
+        # some runs do not read (_every_run refuses any other), named in a warning there.
+        by_file = ({axis.key for axis in collapsed_axes(grid, every[:n_grid])} - set(overrides)
+                   if overrides else set())
+        warnings = [axis.message for axis in collapsed_axes(grid, every[:n_grid], overrides)
+                    if axis.key not in by_file] if overrides else []
         notes = []
         first: dict[str, int] = {}  # run key → the index of its first config
         kept: list[RunConfig] = []  # as dedupe(runs), each key computed once (the slow part)
@@ -369,8 +390,11 @@ def sweep_from_dict(raw: dict[str, Any], source: str | None = None) -> Sweep:
     return Sweep(base=base, grid=flat[0], include=flat[1:], source=source)
 
 
-def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> Sweep:
-    """Read and validate a sweep TOML file (every run, if it has at most ``max_runs``)."""
+def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS,
+               validate: bool = True) -> Sweep:
+    """Read and validate a sweep TOML file: its tables, and with ``validate`` every run (if
+    it has at most ``max_runs``). ``validate=False`` suits a caller that expands the sweep
+    next (:meth:`Sweep.expand` validates the same, and its warnings are then said once)."""
     from creditaudit.config import tomllib
     from creditaudit.files.safe_files import read_text
 
@@ -383,8 +407,6 @@ def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> 
         raise ConfigError(f"sweep file {path} nests arrays or tables too deeply to be a "
                           "sweep file") from None
     sweep = sweep_from_dict(raw, source=str(path))
-    try:
-        sweep.configs(max_runs=max_runs)  # validate every combination before anything runs
-    except ConfigError as err:
-        raise ConfigError(f"sweep file {path}: {err}") from None
+    if validate:  # every combination, before anything runs
+        sweep.configs(max_runs=max_runs)
     return sweep

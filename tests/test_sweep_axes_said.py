@@ -99,3 +99,17 @@ def test_the_sweep_command_says_each_warning_once(tmp_path, capsys, caplog):
     said = [r.getMessage() for r in caplog.records if NOT_READ in r.getMessage()]
     assert len(said) == 1
     assert f"note: {REPEAT}" in capsys.readouterr().out
+
+
+def test_zero_and_minus_zero_are_one_value_listed_twice(tmp_path):
+    """Both are one run id (signless zeros): the axis was said not to be part of the run id."""
+    with pytest.raises(ConfigError, match=r"grid axis method\.penalty lists one value twice "
+                                          r"\(0\.0 and -0\.0\): its 2 values give 1 run"):
+        load_sweep(sweep_file(tmp_path, '[grid]\n"method.penalty" = [0.0, -0.0]\n'))
+
+
+def test_an_include_that_repeats_the_base_run_of_a_file_without_grid_says_so(tmp_path):
+    """Without a [grid] the first run is the [base] run, not 'grid combination {}'."""
+    expansion = load_sweep(sweep_file(tmp_path, '[[include]]\n"method.penalty" = 0.0\n')).expand()
+    assert expansion.notes == ["[[include]] run 1 {method.penalty=0.0} is the [base] run: it "
+                               "runs once"]

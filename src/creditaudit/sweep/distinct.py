@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.config import RunConfig, apply_where_read, config_value, semantic_dict
+from creditaudit.config.keys import signless_zeros
 from creditaudit.errors import ConfigError
 
 
@@ -32,6 +33,23 @@ def check_run_count(grid: dict[str, list[Any]], include: Sequence[Any],
                           f"{len(include)} [[include]] runs), more than --max-runs "
                           f"{max_runs:,}: split the grid into several sweep files, or raise "
                           "--max-runs")
+
+
+def combination_at(grid: dict[str, list[Any]], index: int) -> dict[str, Any]:
+    """The ``index``-th combination of ``grid`` in product order (last key fastest)."""
+    combo = {}
+    for key, values in reversed(grid.items()):
+        index, position = divmod(index, len(values))
+        combo[key] = values[position]
+    return dict(reversed(combo.items()))
+
+
+def left_out_keys(dropped: list[str], overrides: dict[str, Any]) -> list[str]:
+    """The keys of ``overrides`` a run leaves out: each key in ``dropped`` (the options of a
+    component the run does not select) or an entry of a table in it (``model.args.d`` where
+    ``model.args`` is not read)."""
+    return [key for key in overrides
+            if key in dropped or key.rpartition(".")[0] in dropped]
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,8 @@ def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
         repeated = next(group for group in groups.values() if len(group) > 1)
         if overrides and key in overrides:
             reason, detail = "overridden", repr(overrides[key])
-        elif len({repr(config_value(config, key)) for _, config in repeated}) == 1:
+        elif len({repr(signless_zeros(config_value(config, key)))  # 0.0 is -0.0
+                  for _, config in repeated}) == 1:
             reason, detail = "same value", " and ".join(repr(value) for value, _ in repeated)
         else:
             reason, detail = "not in run id", ""

@@ -28,8 +28,10 @@ from creditaudit.registry import DIAGNOSTICS, RULES
 from creditaudit.sweep.distinct import (
     check_run_count,
     collapsed_axes,
+    combination_at,
     config_value,
     dedupe,
+    left_out_keys,
     run_key,
 )
 
@@ -148,14 +150,6 @@ def expand_grid(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     return dedupe(_every_run(base, grid, include, max_runs=max_runs))
 
 
-def _left_out(dropped: list[str], overrides: dict[str, Any]) -> list[str]:
-    """The keys of ``overrides`` a run leaves out: each key in ``dropped`` (the options of a
-    component the run does not select) or an entry of a table in it (``model.args.d`` where
-    ``model.args`` is not read)."""
-    return [key for key in overrides
-            if key in dropped or key.rpartition(".")[0] in dropped]
-
-
 def _without_no_effect(config: RunConfig, overrides: dict[str, Any]
                        ) -> tuple[RunConfig, dict[str, str]]:
     """``config`` with each ``method.*`` value its grid combination or ``[[include]]`` run
@@ -238,7 +232,7 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
         _refuse_unread_base(raw, given, config, overrides,
                             [k for k in dropped if k not in overrides],
                             f"{where} {{{_describe(overrides)}}}")
-        for key in _left_out(dropped, overrides):
+        for key in left_out_keys(dropped, overrides):
             section = key.partition(".")[0]
             selected = getattr(getattr(config, section), SELECTORS[section][0])
             not_read.setdefault(key, set()).add(selected)
@@ -271,15 +265,6 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     if collapsed:
         raise ConfigError(collapsed[0].message)
     return configs
-
-
-def _combination(grid: dict[str, list[Any]], index: int) -> dict[str, Any]:
-    """The ``index``-th combination of ``grid`` in product order (last key fastest)."""
-    combo = {}
-    for key, values in reversed(grid.items()):
-        index, position = divmod(index, len(values))
-        combo[key] = values[position]
-    return dict(reversed(combo.items()))
 
 
 @dataclass
@@ -341,10 +326,12 @@ class Sweep:
                 kept.append(config)
             elif index >= n_grid:
                 earlier = first[key]
-                same = (f"grid combination {{{_describe(_combination(grid, earlier))}}}"
-                        if earlier < n_grid else f"[[include]] run {earlier - n_grid + 1}")
+                same = (f"the run of [[include]] run {earlier - n_grid + 1}"
+                        if earlier >= n_grid else "the [base] run" if not grid else
+                        f"the run of grid combination "
+                        f"{{{_describe(combination_at(grid, earlier))}}}")
                 notes.append(f"[[include]] run {index - n_grid + 1} "
-                             f"{{{_describe(include[index - n_grid])}}} is the run of {same}: "
+                             f"{{{_describe(include[index - n_grid])}}} is {same}: "
                              "it runs once")
             else:
                 repeats += 1

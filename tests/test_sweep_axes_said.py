@@ -113,3 +113,15 @@ def test_an_include_that_repeats_the_base_run_of_a_file_without_grid_says_so(tmp
     expansion = load_sweep(sweep_file(tmp_path, '[[include]]\n"method.penalty" = 0.0\n')).expand()
     assert expansion.notes == ["[[include]] run 1 {method.penalty=0.0} is the [base] run: it "
                                "runs once"]
+
+
+def test_an_axis_another_override_collapses_names_that_override(tmp_path):
+    """CREDITAUDIT_SET="method.name=bp" over fa and dfa: the seed axis then gives one run
+    because bp reads no seed, not because 1 and 2 are 'one value listed twice'."""
+    path = sweep_file(tmp_path, '[grid]\n"method.name" = ["fa", "dfa"]\n'
+                                '"method.feedback_seed" = [1, 2]\n')
+    assert load_sweep(path).expand({"method.name": "bp"}).warnings == [
+        "grid axis method.name is set for every run by the command line "
+        "(method.name='bp'): its 2 values give 1 run",
+        "grid axis method.feedback_seed gives fewer runs under the command line's "
+        "method.name='bp': its 2 values give 1 run"]

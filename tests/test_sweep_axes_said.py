@@ -5,6 +5,7 @@ by the dry run as by the sweep, and the sweep command warns once per warning."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -125,3 +126,29 @@ def test_an_axis_another_override_collapses_names_that_override(tmp_path):
         "(method.name='bp'): its 2 values give 1 run",
         "grid axis method.feedback_seed gives fewer runs under the command line's "
         "method.name='bp': its 2 values give 1 run"]
+
+
+def test_grid_values_with_control_characters_label_rows_on_one_plain_line(tmp_path, capsys):
+    """A folder's name may hold any character: the dry run printed an escape sequence (or a
+    line break) of a data_dir value into its table, which the final table already strips."""
+    from integrity_support import write_idx_dataset
+
+    plain, odd = tmp_path / "data", tmp_path / "data\x1b[31m\nx"
+    for folder in (plain, odd):
+        write_idx_dataset(folder)
+    path = tmp_path / "s.toml"  # JSON's string escapes are TOML's
+    path.write_text(f"""
+[base.data]
+name = "mnist"
+data_dir = {json.dumps(str(plain))}
+[base.run]
+out_dir = {json.dumps(str(tmp_path / "out"))}
+[grid]
+"method.name" = ["bp", "fa"]
+"data.data_dir" = [{json.dumps(str(plain))}, {json.dumps(str(odd))}]
+""")
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert any(line.startswith(f"name=bp data_dir={plain} [31m x ") for line in
+               out.splitlines())

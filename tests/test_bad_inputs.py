@@ -496,7 +496,7 @@ CASES = [
     ("sweep-grid-not-a-list", lambda w, t: ["sweep", str(sweep_file(
         w, t, '[grid]\n"optim.lr" = 0.1\n'))], ["non-empty list"]),
     ("sweep-grid-empty-list", lambda w, t: ["sweep", str(sweep_file(
-        w, t, '[grid]\n"optim.lr" = []\n'))], ["non-empty list"]),
+        w, t, '[grid]\n"optim.lr" = []\n'))], ["grid key 'optim.lr' lists no value"]),
     ("sweep-grid-nan", lambda w, t: ["sweep", str(sweep_file(
         w, t, '[grid]\n"optim.lr" = [0.1, nan]\n'))], ["optim.lr", "finite"]),
     ("sweep-base-invalid", lambda w, t: ["sweep", str(sweep_file(

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from creditaudit.cli.common import add_device_options, env_overrides, finite_float, folder
@@ -108,10 +107,10 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
     """Print what the sweep would do with its ``plans`` (one per config, before run ids
     are deduplicated: a run of two data folders is shown on both rows)."""
     from creditaudit.run.defaults import why_default
-    from creditaudit.sweep import run_labels, run_states
+    from creditaudit.sweep import results_folder, run_labels, run_states
     from creditaudit.sweep.plans import same_run_reasons
 
-    out_dir = Path(plans[0].config.run.out_dir)
+    out_dir = results_folder(plans)
     rows = run_states(plans, retry_failed=args.retry_failed, stale_after=stale_after)
     to_train = plans_to_train(plans, rows)  # what the sweep would group and hand out
     print(describe_plan(sweep, expansion, out_dir))
@@ -230,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         load_sweep,
         plan_runs,
         prepare_configs,
+        results_folder,
         run_states,
         run_sweep,
         sweep_threads,
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     check_flags(args)
     stale_after = DEFAULT_STALE_AFTER if args.stale_after is None else args.stale_after
     max_runs = DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs
-    sweep = load_sweep(args.sweep_file, max_runs=max_runs)
+    sweep = load_sweep(args.sweep_file, max_runs=max_runs, validate=False)
     overrides = device_overrides(args.device, args.precision)
     overrides.update(env_overrides())
     if args.out is not None:
@@ -254,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
     # model, missing data) stops the sweep here, and its dry run, in one line naming it.
     plans = plan_runs(configs, grid_keys)
     check_devices(plans, args.executor)  # a missing GPU: the dry run says so too
+    results_folder(plans)  # runs in two folders: the dry run says so too
     if args.dry_run:
         return _dry_run(sweep, expansion, plans, args, stale_after)
     for line in expansion.warnings:

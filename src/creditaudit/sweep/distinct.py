@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.config import RunConfig, apply_where_read, config_value, semantic_dict
+from creditaudit.config.keys import signless_zeros
 from creditaudit.errors import ConfigError
 
 
@@ -34,20 +35,39 @@ def check_run_count(grid: dict[str, list[Any]], include: Sequence[Any],
                           "--max-runs")
 
 
+def combination_at(grid: dict[str, list[Any]], index: int) -> dict[str, Any]:
+    """The ``index``-th combination of ``grid`` in product order (last key fastest)."""
+    combo = {}
+    for key, values in reversed(grid.items()):
+        index, position = divmod(index, len(values))
+        combo[key] = values[position]
+    return dict(reversed(combo.items()))
+
+
+def left_out_keys(dropped: list[str], overrides: dict[str, Any]) -> list[str]:
+    """The keys of ``overrides`` a run leaves out: each key in ``dropped`` (the options of a
+    component the run does not select) or an entry of a table in it (``model.args.d`` where
+    ``model.args`` is not read)."""
+    return [key for key in overrides
+            if key in dropped or key.rpartition(".")[0] in dropped]
+
+
 @dataclass(frozen=True)
 class AxisCollapse:
     """A grid axis whose ``n_values`` values give only ``n_runs`` different runs.
 
     ``reason``: ``"not in run id"`` (the key does not change what a run computes, e.g.
     ``run.out_dir``), ``"same value"`` (two values are one value once validated, e.g. 0 and
-    0.0) or ``"overridden"`` (the command line sets the key for every run).
+    0.0), ``"overridden"`` (the command line sets the key for every run) or
+    ``"overrides"`` (it sets other keys that make the axis's values one run, e.g.
+    ``method.name=bp`` under a feedback-seed axis).
     """
 
     key: str
     n_values: int
     n_runs: int
     reason: str
-    detail: str  # the repeated values, or the overriding value
+    detail: str  # the repeated values, or the overriding value(s)
 
     @property
     def message(self) -> str:
@@ -56,6 +76,9 @@ class AxisCollapse:
         if self.reason == "overridden":
             return (f"grid axis {self.key} is set for every run by the command line "
                     f"({self.key}={self.detail}): {gives}")
+        if self.reason == "overrides":
+            return (f"grid axis {self.key} gives fewer runs under the command line's "
+                    f"{self.detail}: {gives}")
         if self.reason == "same value":
             return (f"grid axis {self.key} lists one value twice ({self.detail}): {gives}; "
                     "list each value once")
@@ -78,7 +101,7 @@ def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
         if len(values) < 2:
             continue
         stride = math.prod(lengths[axis + 1:])
-        line = [configs[index * stride] for index in range(len(values))]
+        given = line = [configs[index * stride] for index in range(len(values))]
         if overrides:
             line = [apply_where_read(config, overrides) for config in line]
         groups: dict[str, list[tuple[Any, RunConfig]]] = {}
@@ -88,8 +111,14 @@ def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
             continue
         repeated = next(group for group in groups.values() if len(group) > 1)
         if overrides and key in overrides:
-            reason, detail = "overridden", repr(config_value(line[0], key))
-        elif len({repr(config_value(config, key)) for _, config in repeated}) == 1:
+            reason, detail = "overridden", repr(overrides[key])
+        elif overrides and len({run_key(config) for config in given}) == len(values):
+            # another key the command line sets collapses it (method.name=bp: no feedback seed)
+            near = {k: v for k, v in overrides.items() if k.partition(".")[0]
+                    == key.partition(".")[0]} or overrides
+            reason, detail = "overrides", ", ".join(f"{k}={v!r}" for k, v in near.items())
+        elif len({repr(signless_zeros(config_value(config, key)))  # 0.0 is -0.0
+                  for _, config in repeated}) == 1:
             reason, detail = "same value", " and ".join(repr(value) for value, _ in repeated)
         else:
             reason, detail = "not in run id", ""

@@ -28,8 +28,10 @@ from creditaudit.registry import DIAGNOSTICS, RULES
 from creditaudit.sweep.distinct import (
     check_run_count,
     collapsed_axes,
+    combination_at,
     config_value,
     dedupe,
+    left_out_keys,
     run_key,
 )
 
@@ -190,7 +192,10 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
                        if section in fields else ", ".join(f"{s}.…" for s in fields))
             raise ConfigError(f"sweep key {key!r} is not a config field; allowed: {allowed}")
     for key, values in grid.items():
-        if not isinstance(values, list) or not values:
+        if values == []:
+            raise ConfigError(f"grid key {key!r} lists no value: give it at least one, or "
+                              "drop it to keep the value of [base]")
+        if not isinstance(values, list):
             raise ConfigError(f"grid key {key!r} must map to a non-empty list of values, got "
                               f"{values!r}; e.g. \"{key}\" = [{values!r}]")
     check_run_count(grid, include, max_runs)
@@ -227,7 +232,7 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
         _refuse_unread_base(raw, given, config, overrides,
                             [k for k in dropped if k not in overrides],
                             f"{where} {{{_describe(overrides)}}}")
-        for key in set(dropped) & set(overrides):
+        for key in left_out_keys(dropped, overrides):
             section = key.partition(".")[0]
             selected = getattr(getattr(config, section), SELECTORS[section][0])
             not_read.setdefault(key, set()).add(selected)
@@ -262,15 +267,6 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
     return configs
 
 
-def _combination(grid: dict[str, list[Any]], index: int) -> dict[str, Any]:
-    """The ``index``-th combination of ``grid`` in product order (last key fastest)."""
-    combo = {}
-    for key, values in reversed(grid.items()):
-        index, position = divmod(index, len(values))
-        combo[key] = values[position]
-    return dict(reversed(combo.items()))
-
-
 @dataclass
 class Expansion:
     """What a sweep expands to: its runs, and why they are fewer than the grid combinations
@@ -303,12 +299,22 @@ class Sweep:
         """The runs (as :meth:`configs`) and why some combinations give no run of their own."""
         grid = flatten_keys(self.grid)
         include = [flatten_keys(extra) for extra in self.include]
-        every = _every_run(self.base, grid, include, max_runs=max_runs)
+        try:
+            every = _every_run(self.base, grid, include, max_runs=max_runs)
+        except ConfigError as err:
+            if self.source is None:
+                raise
+            raise ConfigError(f"sweep file {self.source}: {err}") from None
         n_grid = len(every) - len(include)
         # Command-line and CREDITAUDIT_SET overrides apply where a run's components read
         # them (data.n_train shrinks generated data and leaves a file dataset alone).
         runs = [apply_where_read(c, overrides) for c in every] if overrides else every
-        warnings = [axis.message for axis in collapsed_axes(grid, every[:n_grid], overrides)]
+        # Only what the overrides collapse: an axis that collapses without them is one that
+        # some runs do not read (_every_run refuses any other), named in a warning there.
+        by_file = ({axis.key for axis in collapsed_axes(grid, every[:n_grid])} - set(overrides)
+                   if overrides else set())
+        warnings = [axis.message for axis in collapsed_axes(grid, every[:n_grid], overrides)
+                    if axis.key not in by_file] if overrides else []
         notes = []
         first: dict[str, int] = {}  # run key → the index of its first config
         kept: list[RunConfig] = []  # as dedupe(runs), each key computed once (the slow part)
@@ -320,10 +326,12 @@ class Sweep:
                 kept.append(config)
             elif index >= n_grid:
                 earlier = first[key]
-                same = (f"grid combination {{{_describe(_combination(grid, earlier))}}}"
-                        if earlier < n_grid else f"[[include]] run {earlier - n_grid + 1}")
+                same = (f"the run of [[include]] run {earlier - n_grid + 1}"
+                        if earlier >= n_grid else "the [base] run" if not grid else
+                        f"the run of grid combination "
+                        f"{{{_describe(combination_at(grid, earlier))}}}")
                 notes.append(f"[[include]] run {index - n_grid + 1} "
-                             f"{{{_describe(include[index - n_grid])}}} is the run of {same}: "
+                             f"{{{_describe(include[index - n_grid])}}} is {same}: "
                              "it runs once")
             else:
                 repeats += 1
@@ -369,8 +377,11 @@ def sweep_from_dict(raw: dict[str, Any], source: str | None = None) -> Sweep:
     return Sweep(base=base, grid=flat[0], include=flat[1:], source=source)
 
 
-def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> Sweep:
-    """Read and validate a sweep TOML file (every run, if it has at most ``max_runs``)."""
+def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS,
+               validate: bool = True) -> Sweep:
+    """Read and validate a sweep TOML file: its tables, and with ``validate`` every run (if
+    it has at most ``max_runs``). ``validate=False`` suits a caller that expands the sweep
+    next (:meth:`Sweep.expand` validates the same, and its warnings are then said once)."""
     from creditaudit.config import tomllib
     from creditaudit.files.safe_files import read_text
 
@@ -383,8 +394,6 @@ def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS) -> 
         raise ConfigError(f"sweep file {path} nests arrays or tables too deeply to be a "
                           "sweep file") from None
     sweep = sweep_from_dict(raw, source=str(path))
-    try:
-        sweep.configs(max_runs=max_runs)  # validate every combination before anything runs
-    except ConfigError as err:
-        raise ConfigError(f"sweep file {path}: {err}") from None
+    if validate:  # every combination, before anything runs
+        sweep.configs(max_runs=max_runs)
     return sweep

@@ -15,6 +15,7 @@ from typing import Any
 
 from creditaudit.config import RunConfig, config_value
 from creditaudit.errors import CreditAuditError
+from creditaudit.formatting import plain_line
 from creditaudit.run.defaults import why_default
 from creditaudit.run.plan import RunPlan, plan_run
 
@@ -39,9 +40,10 @@ def value_labels(configs: Sequence[RunConfig | dict[str, Any]], keys: Sequence[s
 def run_labels(plans: Sequence[RunPlan], keys: Sequence[str]) -> list[str]:
     """Each run's values of the sweep keys that vary between runs, as the user gave them
     (``trainable_blocks=2`` of 2 blocks, though its plan holds the default;
-    :meth:`RunPlan.as_given`), or its run id."""
+    :meth:`RunPlan.as_given`) on one line without control characters (a folder's name may
+    hold any), or its run id."""
     labels = value_labels([plan.as_given() for plan in plans], keys)
-    return [label or plan.run_id for label, plan in zip(labels, plans)]
+    return [plain_line(label) or plan.run_id for label, plan in zip(labels, plans)]
 
 
 def same_run_reasons(plan: RunPlan, first: RunPlan) -> list[str]:

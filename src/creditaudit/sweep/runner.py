@@ -111,6 +111,16 @@ class SweepResult:
     plans: list[RunPlan] = field(default_factory=list)  # one per run, in sweep order
 
 
+def results_folder(plans: Sequence[RunPlan]) -> Path:
+    """The one results folder of a sweep's runs (their plans); ConfigError when they name
+    several (an ``[[include]]`` run with its own ``run.out_dir``)."""
+    out_dirs = {plan.config.run.out_dir for plan in plans}
+    if len(out_dirs) != 1:
+        raise ConfigError(f"all runs of a sweep must share one results folder, got "
+                          f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
+    return Path(out_dirs.pop())
+
+
 def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[RunConfig]:
     """Absolute results folders (workers may start elsewhere), no per-run progress bars,
     and the executor's thread count; none of these change a run id."""
@@ -204,11 +214,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     if not runs:
         raise ConfigError("the sweep has no runs")
     plans = unique_plans(plan_runs(runs, grid_keys or []))
-    out_dirs = {plan.config.run.out_dir for plan in plans}
-    if len(out_dirs) != 1:
-        raise ConfigError(f"all runs of a sweep must share one results folder, got "
-                          f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
-    out_dir = Path(out_dirs.pop())
+    out_dir = results_folder(plans)
     if stack > 1 and executor.name == "ray":
         raise ConfigError("--stack is for the local executor; Ray runs one run per task: "
                           "drop --stack, or use --executor local")

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
+from creditaudit.methods.optimizer_check import checks_optimizer
 from creditaudit.methods.options import (  # the shared options, importable from here too
     FeedbackOptions,
     LocalOptions,
@@ -234,8 +235,18 @@ class CreditRule(Component, Generic[OptionsT]):
         raise NotImplementedError
 
     # --- training -----------------------------------------------------------------------
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every ``train_step`` a rule defines checks, the first time, that its optimiser
+        holds the parameters the rule trains (:mod:`creditaudit.methods.optimizer_check`)."""
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("train_step")
+        if callable(step) and not getattr(step, "checks_optimizer", False):
+            cls.train_step = checks_optimizer(step)  # type: ignore[method-assign]
+
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
-        """One optimiser step on a batch: (B, …) inputs, (B,) int64 labels."""
+        """One optimiser step on a batch: (B, …) inputs, (B,) int64 labels; ``optimizer``
+        must hold every parameter of :meth:`trainable_parameters` (checked on its first
+        step with this rule: one-line ConfigError otherwise)."""
         raise NotImplementedError
 
     def local_train_step(self: CreditRule[LocalOptions], x: Tensor, y: Tensor,

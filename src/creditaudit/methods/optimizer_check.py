@@ -1,0 +1,65 @@
+"""The optimiser a rule's ``train_step`` is handed must step the rule's parameters.
+
+A loop of the user's own calls ``rule.train_step(x, y, optimizer)`` itself. Handed an
+optimiser over another model's parameters (or over only some of the rule's), the step would
+compute its credit, step nothing it reaches, and still report the batch's loss and accuracy
+as if it had trained — and a :class:`~creditaudit.run.recorder.Recorder` would record the run
+as trained by the rule. Every ``train_step`` a rule class defines is wrapped
+(:func:`checks_optimizer`, from :meth:`CreditRule.__init_subclass__
+<creditaudit.methods.base.CreditRule>`): the first step of each rule with each optimiser
+checks that the optimiser holds every parameter of ``rule.trainable_parameters()``; later
+steps pay one dictionary look-up. Extra parameters in the optimiser are the caller's.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from creditaudit.errors import ConfigError
+
+# The rules each optimiser has been checked against; an entry goes with its optimiser or rule.
+_checked: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.WeakSet[Any]] = (
+    weakref.WeakKeyDictionary())
+
+
+def check_optimizer(rule: Any, optimizer: torch.optim.Optimizer) -> None:
+    """ConfigError (one line) when ``optimizer`` does not hold every parameter ``rule``
+    trains (:meth:`~creditaudit.methods.base.CreditRule.trainable_parameters`)."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [p for p in rule.trainable_parameters() if id(p) not in held]
+    if not missing:
+        return
+    names = {id(p): name for name, p in rule.model.named_parameters()}
+    first = names.get(id(missing[0]), f"a parameter of shape {tuple(missing[0].shape)}")
+    total = len(rule.trainable_parameters())
+    raise ConfigError(
+        f"{rule.name}: the optimizer handed to train_step does not hold {len(missing)} of the "
+        f"{total} parameters the rule trains (e.g. {first!r}), so the step would train "
+        "nothing there: build it over rule.trainable_parameters(), e.g. "
+        "torch.optim.AdamW(rule.trainable_parameters(), lr=…); to leave parameters "
+        "untrained, set requires_grad_(False) on them before binding the rule")
+
+
+def checks_optimizer(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` (a rule's ``train_step(self, x, y, optimizer)``) checking its optimiser the
+    first time this rule is stepped with it (:func:`check_optimizer`)."""
+
+    @functools.wraps(step)
+    def checked(self: Any, x: Any, y: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(optimizer, torch.optim.Optimizer):
+            rules = _checked.setdefault(optimizer, weakref.WeakSet())
+            if self not in rules:
+                check_optimizer(self, optimizer)
+                rules.add(self)
+        return step(self, x, y, optimizer, *args, **kwargs)
+
+    checked.checks_optimizer = True  # type: ignore[attr-defined]
+    return checked
+
+
+__all__ = ["check_optimizer", "checks_optimizer"]

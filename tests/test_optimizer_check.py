@@ -1,0 +1,65 @@
+"""``rule.train_step(x, y, optimizer)`` with an optimiser that does not hold the rule's
+parameters (another model's, or only some of them) is refused in one line on its first step:
+it used to train nothing there and report the batch's loss and accuracy as a trained step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from creditaudit import rule
+from creditaudit.errors import ConfigError
+from creditaudit.models import ResidualMLP
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+RULES = ["bp", "fa", "dfa", "fa-linear", "kp", "local-ce", "credit-bridge", "state-bridge",
+         "ep", "frozen"]
+
+
+def net() -> ResidualMLP:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return ResidualMLP(8, 16, 4, 2)
+
+
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(16, 8, generator=generator), torch.randint(0, 4, (16,),
+                                                                  generator=generator)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_an_optimizer_over_another_models_parameters_is_refused(name):
+    bound = rule(name, net())
+    before = [p.detach().clone() for p in bound.model.parameters()]
+    with pytest.raises(ConfigError, match=rf"^{name}: the optimizer handed to train_step does "
+                                          r"not hold \d+ of the \d+ parameters the rule "
+                                          r"trains \(e.g. 'embed.weight'\)"):
+        bound.train_step(*batch(), torch.optim.AdamW(net().parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, bound.model.parameters()))
+
+
+def test_a_subset_is_refused_and_a_superset_is_the_callers():
+    bound = rule("dfa", net())
+    some = bound.trainable_parameters()[1:]
+    with pytest.raises(ConfigError, match="does not hold 1 of the"):
+        bound.train_step(*batch(), torch.optim.SGD(some, lr=0.1))
+    extra = torch.nn.Parameter(torch.zeros(3))
+    bound.train_step(*batch(), torch.optim.SGD([*bound.trainable_parameters(), extra], lr=0.1))
+
+
+def test_each_optimizer_is_checked_once_per_rule(monkeypatch):
+    from creditaudit.methods import optimizer_check
+
+    calls = []
+    check = optimizer_check.check_optimizer
+    monkeypatch.setattr(optimizer_check, "check_optimizer",
+                        lambda r, o: calls.append(r.name) or check(r, o))
+    bound = rule("kp", net())  # kp's step calls its parent's: one check still
+    optimizer = torch.optim.AdamW(bound.trainable_parameters(), lr=1e-3)
+    for _ in range(3):
+        bound.train_step(*batch(), optimizer)
+    assert calls == ["kp"]
+    bound.train_step(*batch(), torch.optim.AdamW(bound.trainable_parameters(), lr=1e-3))
+    assert calls == ["kp", "kp"]

@@ -275,6 +275,18 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
 
 
 # --- sets of records ------------------------------------------------------------------------
+def not_a_baseline(record: RunRecord) -> str | None:
+    """Why a finished frozen-blocks run is no baseline of (d) — ``stopped early`` (fewer
+    epochs than its recipe's ``optim.epochs``) or ``diverged`` (its accuracy is of its last
+    finite epoch, the untrained readout's where that is epoch 0), as the report labels it
+    (:func:`baseline_runs` leaves both out) — else None."""
+    if record.stopped_early:
+        return "stopped early"
+    if record.status == "diverged":
+        return "diverged"
+    return None
+
+
 def baseline_runs(record: RunRecord, records: Iterable[RunRecord]) -> list[RunRecord]:
     """The finished frozen-blocks runs of ``record``'s recipe among ``records`` that have a
     final accuracy — the one place the baseline of (d) is chosen. A frozen run that stopped
@@ -368,5 +380,5 @@ class RecordSet:
 
 
 __all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "recorded_statuses",
-           "baseline_runs", "frozen_baseline", "is_frozen_baseline", "model_description",
-           "record_metadata", "arch_variant", "draws_default_feedback"]
+           "baseline_runs", "not_a_baseline", "frozen_baseline", "is_frozen_baseline",
+           "model_description", "record_metadata", "arch_variant", "draws_default_feedback"]

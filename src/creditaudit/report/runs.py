@@ -16,7 +16,7 @@ from creditaudit.protocol import (
     Judgement,
     ResidualStreamScale,
 )
-from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline, not_a_baseline
 from creditaudit.records import RunRecord
 from creditaudit.records.claim_files import claim_state
 from creditaudit.results import stopped_early_text
@@ -179,8 +179,8 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         run_verdict = index.verdict(record)
         judged, statuses = run_verdict.judgement, run_verdict.statuses
         if is_frozen_baseline(record):
-            verdict = f"no {BASELINE_TEXT}: stopped early" if record.stopped_early \
-                else BASELINE_TEXT
+            why = not_a_baseline(record)
+            verdict = BASELINE_TEXT if why is None else f"no {BASELINE_TEXT}: {why}"
         elif record.protocol.epoch is None:
             verdict = "—"
         else:

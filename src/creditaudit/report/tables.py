@@ -28,7 +28,7 @@ from creditaudit.protocol import (
     default_names,
     in_order,
 )
-from creditaudit.protocol.records import is_frozen_baseline, model_description
+from creditaudit.protocol.records import is_frozen_baseline, model_description, not_a_baseline
 from creditaudit.records import NOT_RECORDED, RunRecord
 from creditaudit.report.protocol import VERDICT_COLUMN, value_text
 from creditaudit.report.runs import (
@@ -185,8 +185,9 @@ def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> tuple[str, 
     ``unverified``: :attr:`Judgement.kind`, the colour report.html gives it — or None for
     a frozen baseline's label)."""
     if is_frozen_baseline(run) and run.is_finished:
-        if run.stopped_early:
-            return f"no baseline of {DepthUtility.id_label()}: stopped early", None
+        why = not_a_baseline(run)
+        if why is not None:
+            return f"no baseline of {DepthUtility.id_label()}: {why}", None
         return f"baseline of {DepthUtility.id_label()}", None
     if report is None:
         if run.status in ("failed", "interrupted", "running"):

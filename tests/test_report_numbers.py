@@ -1,0 +1,81 @@
+"""The numbers of a folder report traced back to the records: a frozen-blocks run that
+diverged is no baseline of (d)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from creditaudit.config import RunConfig
+from creditaudit.protocol import NOT_EVALUATED
+from creditaudit.protocol.records import RecordSet
+from creditaudit.records import RunRecord
+from creditaudit.report import format_run_summary
+from creditaudit.report.folder import audit_table
+from creditaudit.results import RunIndex
+from creditaudit.run.trainer import train
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {"data.name": "synthetic", "data.n_train": 256, "data.n_test": 256, "data.in_dim": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.batch_size": 64, "optim.epochs": 2,
+        "diagnostics.eval_samples": 256, "diagnostics.end_of_run": False,
+        "run.progress": False}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """A DFA and a frozen-blocks run of one recipe, as record dicts by method."""
+    out = tmp_path_factory.mktemp("report_numbers")
+    records = {}
+    for method in ("dfa", "frozen"):
+        result = train(RunConfig().replace(**TINY, **{"method.name": method,
+                                                      "run.out_dir": str(out)}))
+        records[method] = result.record.to_dict()
+    return records
+
+
+def variant(record: dict, run_id: str, seed: int) -> dict:
+    copy = json.loads(json.dumps(record))
+    copy["run_id"] = run_id
+    copy["config"]["run"]["seed"] = seed
+    return copy
+
+
+def diverged_at_first_epoch(record: dict, run_id: str, seed: int) -> dict:
+    """``record`` as a run of another seed that diverged in epoch 1: its numbers are those
+    of epoch 0 (the untrained network) and epoch 1 measured nothing finite."""
+    copy = variant(record, run_id, seed)
+    untrained = copy["log"][0]
+    copy["status"] = "diverged"
+    copy["divergence"] = {"epoch": 1, "reason": "non-finite loss"}
+    copy["log"] = [untrained, {**copy["log"][1], "cos_per_layer": [None] * 3,
+                               "test_loss": float("nan")}]
+    copy["final"].update(epochs_completed=1, from_epoch=0, test_acc=untrained["test_acc"],
+                         test_loss=untrained["test_loss"], deep_cos=None)
+    return copy
+
+
+def index_of(raws: list[dict]) -> RunIndex:
+    return RunIndex.from_records([RunRecord.from_dict(raw) for raw in raws])
+
+
+def test_a_diverged_frozen_run_is_no_baseline_of_d(runs):
+    """A frozen-blocks run that diverged in its first epoch holds the untrained readout's
+    accuracy: as (d)'s baseline every run of its recipe cleared it. Like one that stopped
+    early, it is no baseline: (d) is not evaluated, and its row says why."""
+    dfa, frozen = runs["dfa"], runs["frozen"]
+    diverged = diverged_at_first_epoch(frozen, "frozen-diverged", 42)
+    index = index_of([dfa, diverged])
+    trained = next(run for run in index.runs if run.run_id == dfa["run_id"])
+    assert index.records.frozen_baseline(trained) is None
+    assert index.records.verdict(trained).statuses["d"] == NOT_EVALUATED
+    rows = {row["run"]: row for row in audit_table(index, index.runs).rows}
+    assert rows["frozen-diverged"]["verdict"] == "no baseline of (d): diverged"
+    assert rows[trained.run_id]["(d)"] == "n/e"
+    # Beside a frozen run that trained all its epochs, only that one is the baseline.
+    index = index_of([dfa, diverged, variant(frozen, "frozen-7", 7)])
+    assert index.records.frozen_baseline(trained) == (frozen["final"]["test_acc"], 1)
+    lines = format_run_summary(RecordSet([RunRecord.from_dict(diverged)]).records)
+    assert "no frozen baseline of (d): diverged" in lines

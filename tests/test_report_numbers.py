@@ -1,5 +1,5 @@
-"""The numbers of a folder report traced back to the records: a frozen-blocks run that
-diverged is no baseline of (d)."""
+"""The numbers of a folder report traced back to the records: a summary mean says over how
+many of its row's runs it is, and a frozen-blocks run that diverged is no baseline of (d)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from creditaudit.protocol import NOT_EVALUATED
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.report import format_run_summary
-from creditaudit.report.folder import audit_table
+from creditaudit.report.folder import audit_table, render_report_markdown, summary_table
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
 
@@ -59,6 +59,30 @@ def diverged_at_first_epoch(record: dict, run_id: str, seed: int) -> dict:
 
 def index_of(raws: list[dict]) -> RunIndex:
     return RunIndex.from_records([RunRecord.from_dict(raw) for raw in raws])
+
+
+def test_a_mean_over_fewer_runs_than_its_row_says_over_how_many(runs):
+    """Seed 2 diverged before any finite measure of its credit (deep cos —): the row's deep
+    cos and Γ are means over seed 1 alone while its accuracy is over both, and the table
+    said ``± 0.000`` for them as for a mean over the two seeds it lists."""
+    dfa = runs["dfa"]
+    broken = diverged_at_first_epoch(dfa, "dfa-diverged", 2)
+    broken["log"][0]["cos_per_layer"] = [None] * 3  # not even epoch 0's credit is finite
+    index = index_of([dfa, broken])
+    by_id = {run.run_id: run for run in index.runs}
+    assert by_id["dfa-diverged"].deep_cos is None
+    assert by_id["dfa-diverged"].final_acc is not None
+    [row] = summary_table(index, index.runs).rows
+    assert row["seeds"] == "2, 42"
+    assert "of 2 runs" not in row["test acc"]
+    measured = by_id[dfa["run_id"]].deep_cos
+    assert row["deep cos"].startswith(f"{measured:+.3f} ± 0.000 (1 of 2 runs)")
+    assert "(1 of 2 runs)" in row["Γ"]
+    markdown = render_report_markdown(index)
+    assert "(k of n runs): only k of the n runs the row's means are over" in markdown
+    # Every run measured: no count, no line.
+    whole = index_of([dfa, variant(dfa, "dfa-7", 7)])
+    assert "runs)" not in render_report_markdown(whole).split("## Summary across seeds")[1]
 
 
 def test_a_diverged_frozen_run_is_no_baseline_of_d(runs):

@@ -11,6 +11,7 @@ table (``model.args.*``) share a column, and past four columns all of them share
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from creditaudit.report.runs import (
 )
 from creditaudit.results import (
     RunIndex,
+    as_float,
     figure_recipe,
     full_length,
     mean_std,
@@ -56,6 +58,9 @@ AUDIT_HEAD = ("run", "method", "λ", "arch", "out_ln", "dataset", "seed")
 # … then one column per protocol diagnostic the runs hold, then the verdict.
 AUDIT_TAIL = ("status", "acc", "deep cos", GAMMA_COLUMN)
 SUMMARY_HEAD = ("method", "λ", "arch", "dataset")
+# A summary mean over fewer runs than its row's: those that have the number.
+PARTIAL_MEAN = "{} of {} runs"
+SUMMARY_MEANS = ("test acc", "deep cos", "Γ")
 SUMMARY_TAIL = ("seeds", "test acc", "deep cos", "Γ", "walked back", "fired")
 UNFINISHED_HEAD = ("run", "method", "λ", "arch", "dataset", "seed")
 UNFINISHED_TAIL = ("status", "epochs logged", "error")
@@ -307,8 +312,16 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
         values = run_settings(run)
 
         def ms(values: Any, spec: str) -> str:
+            values = list(values)
             mean, std = mean_std(values)
-            return "—" if math.isnan(mean) else f"{mean:{spec}} ± {std:.3f}"
+            if math.isnan(mean):
+                return "—"
+            # A run without the number (a diverged one with no finite measure, an epoch
+            # that took no diagnostics) is not in the mean: say over how many it is.
+            measured = sum(not math.isnan(as_float(v)) for v in values)
+            part = ("" if measured == len(values)
+                    else f" ({PARTIAL_MEAN.format(measured, len(values))})")
+            return f"{mean:{spec}} ± {std:.3f}{part}"
 
         audited = [r for r in group.reports if r is not None]
         walked = sum(r.judgement.walked_back for r in audited)
@@ -337,6 +350,19 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
                                    or "—"),
         })
     return rows
+
+
+def partial_means_note(table: Table) -> str | None:
+    """What ``(k of n runs)`` after a mean of ``table`` (:func:`summary_table`) means, where
+    one is; else None."""
+    partial = re.compile(re.escape(PARTIAL_MEAN).replace(r"\{\}", r"\d+"))
+    if not any(partial.search(row.get(column, "")) for row in table.rows
+               for column in SUMMARY_MEANS):
+        return None
+    return (f"({PARTIAL_MEAN.format('k', 'n')}): only k of the n runs the row's means are "
+            "over (runs that stopped early aside) have that number (a diverged run with no "
+            "finite one, an epoch that took no diagnostics: — in the audit table); the mean "
+            "and std are over those k.")
 
 
 def summary_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
@@ -371,5 +397,5 @@ def unfinished_table(runs: Sequence[RunRecord], index: RunIndex | None = None) -
 __all__ = ["Table", "audit_row", "audit_table", "summary_rows", "summary_table",
            "summary_groups", "unfinished_table", "run_settings", "differing_settings",
            "diagnostic_cell", "diagnostic_ids", "verdict_cell", "arch_text", "setting_text",
-           "NO_PROTOCOL", "RECOMPUTED_MARK", "GAMMA_COLUMN", "setting_columns",
-           "setting_cells", "MAX_SETTING_COLUMNS"]
+           "NO_PROTOCOL", "RECOMPUTED_MARK", "PARTIAL_MEAN", "partial_means_note",
+           "GAMMA_COLUMN", "setting_columns", "setting_cells", "MAX_SETTING_COLUMNS"]

@@ -1,5 +1,6 @@
 """The numbers of a folder report traced back to the records: a summary mean says over how
-many of its row's runs it is, and a frozen-blocks run that diverged is no baseline of (d)."""
+many of its row's runs it is, a frozen-blocks run that diverged is no baseline of (d), and
+a run's template shows its rule's own fields of the audited epoch (EP's relaxation)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ TINY = {"data.name": "synthetic", "data.n_train": 256, "data.n_test": 256, "data
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
-    """A DFA and a frozen-blocks run of one recipe, as record dicts by method."""
+    """A DFA, an EP and a frozen-blocks run of one recipe (EP's of one epoch), as record
+    dicts by method."""
     out = tmp_path_factory.mktemp("report_numbers")
     records = {}
-    for method in ("dfa", "frozen"):
-        result = train(RunConfig().replace(**TINY, **{"method.name": method,
-                                                      "run.out_dir": str(out)}))
+    for method in ("dfa", "frozen", "ep"):
+        result = train(RunConfig().replace(**{
+            **TINY, "method.name": method, "run.out_dir": str(out),
+            "optim.epochs": 1 if method == "ep" else 2}))
         records[method] = result.record.to_dict()
     return records
 
@@ -103,3 +106,23 @@ def test_a_diverged_frozen_run_is_no_baseline_of_d(runs):
     assert index.records.frozen_baseline(trained) == (frozen["final"]["test_acc"], 1)
     lines = format_run_summary(RecordSet([RunRecord.from_dict(diverged)]).records)
     assert "no frozen baseline of (d): diverged" in lines
+
+
+def test_the_template_shows_the_rules_own_fields_of_the_audited_epoch(runs):
+    """EP records its relaxation's ‖∇_ρF‖ end/start per epoch; `creditaudit audit` prints it
+    under the template, with a warning where it is above 1 (the blocks trained on credits
+    that are not EP's estimate), and docs/methods.md says the report does too — but the
+    report's templates never showed it."""
+    ep = runs["ep"]
+    audited = ep["log"][-1]
+    ratio = audited["ep_relax_grad_ratio"]
+    markdown = render_report_markdown(index_of([ep]))
+    assert f"EP relaxation: ‖∇_ρF‖ end/start {ratio:.3g}" in markdown
+    worse = variant(ep, "ep-worse", 7)
+    worse["log"][-1]["ep_relax_grad_ratio"] = 1.5
+    assert "the nudged phase ended farther from equilibrium than it started" in \
+        render_report_markdown(index_of([worse]))
+    # A loop's own extra named as an end-of-run metric is not taken for that metric.
+    named = variant(runs["dfa"], "dfa-extra", 8)
+    named["log"][-1]["bp_cosine"] = 0.5
+    assert "cos per layer" not in render_report_markdown(index_of([named]))

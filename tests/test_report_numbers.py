@@ -9,6 +9,7 @@ import json
 import pytest
 
 from creditaudit.config import RunConfig
+from creditaudit.descriptions.epoch import BELOW_FLOOR
 from creditaudit.protocol import NOT_EVALUATED
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
@@ -126,3 +127,31 @@ def test_the_template_shows_the_rules_own_fields_of_the_audited_epoch(runs):
     named = variant(runs["dfa"], "dfa-extra", 8)
     named["log"][-1]["bp_cosine"] = 0.5
     assert "cos per layer" not in render_report_markdown(index_of([named]))
+
+
+def test_footnotes_and_template_cells_say_what_the_cells_hold(runs):
+    """The * footnote (a deep cos measured against references below the floor) is printed
+    only where a cell carries *: a diverged run whose deep cos is — (no finite value), with
+    its references below the floor, printed the footnote beside no mark. A rule that draws
+    no feedback has no feedback seed: its template said ``None``, not —."""
+    broken = diverged_at_first_epoch(runs["dfa"], "dfa-diverged", 2)
+    for entry in broken["log"]:
+        entry.update(cos_per_layer=[None] * 3, cos_invalid=[None, BELOW_FLOOR, BELOW_FLOOR],
+                     cos_valid=[True, False, False])
+    index = index_of([broken])
+    assert index.runs[0].deep_cos is None
+    assert BELOW_FLOOR in index.runs[0].deep_cos_invalid
+    markdown = render_report_markdown(index)
+    assert "* measured against reference gradients below the 1e-7 floor" not in markdown
+    assert "* measured against" not in format_run_summary(index.runs)
+    both = render_report_markdown(index_of([runs["dfa"], runs["frozen"]]))
+    header, _, row = section_lines(both, "### " + runs["frozen"]["run_id"])[:3]
+    assert dict(zip(cells(header), cells(row)))["feedback seed"] == "—"
+
+
+def section_lines(markdown: str, heading: str) -> list[str]:
+    return [line for line in markdown.split(heading, 1)[1].splitlines() if line.startswith("|")]
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split(" | ")]

@@ -252,7 +252,7 @@ def deep_cos_marks(record: RunRecord) -> str:
 def deep_cos_footnotes(records: Sequence[RunRecord]) -> dict[str, str]:
     """Mark → its footnote line, for the marks :func:`deep_cos_marks` gives ``records``."""
     notes = {}
-    if any(BELOW_FLOOR in (r.deep_cos_invalid or ()) for r in records):
+    if any("*" in deep_cos_marks(r) for r in records):  # a deep cos "—" carries none
         notes["*"] = ("* measured against reference gradients below the 1e-7 floor: not a "
                       "valid cosine")
     causes = dict.fromkeys(why for r in records for why in _not_finite(r))

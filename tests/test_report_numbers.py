@@ -155,3 +155,24 @@ def section_lines(markdown: str, heading: str) -> list[str]:
 
 def cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+
+
+def test_runs_of_two_networks_of_the_users_own_code_read_apart(runs):
+    """Two scripts' networks of one config (a ReLU and a Tanh `Net` under a `Recorder`) are
+    two recipes, each its own summary row, yet no column told the rows apart: the network's
+    code joins the columns as the data source does (a hash prefix)."""
+    def with_code(seed: int, digest: str) -> dict:
+        record = variant(runs["dfa"], f"net-{digest[0]}-{seed}", seed)
+        components = record["environment"].setdefault("components", {})
+        components["model"] = {**components.get("model", {}), "code_digest": digest}
+        return record
+
+    index = index_of([with_code(seed, c * 64) for c in "ab" for seed in (1, 2)])
+    table = summary_table(index, index.runs)
+    assert "model code" in table.columns
+    assert sorted(row["model code"] for row in table.rows) == ["a" * 12, "b" * 12]
+    assert len({tuple(row.values()) for row in table.rows}) == 2
+    assert "model code" in audit_table(index, index.runs).columns
+    # One network's code for every run: no column.
+    same = index_of([with_code(seed, "a" * 64) for seed in (1, 2)])
+    assert "model code" not in summary_table(same, same.runs).columns

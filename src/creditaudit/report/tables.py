@@ -69,6 +69,7 @@ UNFINISHED_TAIL = ("status", "epochs logged", "error")
 SHOWN_SETTINGS = frozenset({"method.name", "method.penalty", "model.arch", "model.d",
                             "model.n_blocks", "model.out_ln", "data.name", "run.seed"})
 DATA_SOURCE = "data source"
+MODEL_CODE = "model code"
 RECOMPUTED_MARK = "†"
 ERROR_CHARS = 300
 
@@ -90,7 +91,8 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     """Every setting that makes ``run`` the run it is, as cell text by dotted config key:
     the config values its run id covers (output folder, threads, device, … left out; "not
     recorded" for those a run from a user's own loop was not told) and, as ``data
-    source``, what identifies its data apart from the seed (a hash prefix)."""
+    source`` and ``model code``, what identifies its data apart from the seed and its
+    network's code where it is not creditaudit's (hash prefixes)."""
     skip = non_semantic(run.config)
     unknown = set(run.not_recorded)
     settings: dict[str, str] = {}
@@ -108,19 +110,24 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     data = run.data
     if data is not None and data.source:
         settings[DATA_SOURCE] = data.source[:12]
+    code = run.model_code_digest
+    if code is not None:  # a network of the user's own code: two scripts' Nets
+        settings[MODEL_CODE] = code[:12]
     return settings
 
 
 def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     """The settings whose text differs between ``runs`` and that no fixed column shows, in
-    config order. The data source counts only where no ``data.*`` setting differs (else
-    it differs because they do)."""
+    config order. The data source (model code) counts only where no ``data.*``
+    (``model.*``) setting differs (else it differs because they do)."""
     table = [run_settings(run) for run in runs]
     keys = list(dict.fromkeys(key for settings in table for key in settings))
     differ = [key for key in keys if key not in SHOWN_SETTINGS
               and len({settings.get(key, "—") for settings in table}) > 1]
     if any(key.startswith("data.") for key in differ):
         differ = [key for key in differ if key != DATA_SOURCE]
+    if any(key.startswith("model.") for key in differ):
+        differ = [key for key in differ if key != MODEL_CODE]
     return differ
 
 

@@ -58,6 +58,7 @@ def diverged_at_first_epoch(record: dict, run_id: str, seed: int) -> dict:
                                "test_loss": float("nan")}]
     copy["final"].update(epochs_completed=1, from_epoch=0, test_acc=untrained["test_acc"],
                          test_loss=untrained["test_loss"], deep_cos=None)
+    copy["protocol"]["epoch"] = 1  # the protocol judged the network that diverged
     return copy
 
 
@@ -176,3 +177,16 @@ def test_runs_of_two_networks_of_the_users_own_code_read_apart(runs):
     # One network's code for every run: no column.
     same = index_of([with_code(seed, "a" * 64) for seed in (1, 2)])
     assert "model code" not in summary_table(same, same.runs).columns
+
+
+def test_a_diverged_row_says_its_verdict_is_of_a_later_epoch_than_its_numbers(runs):
+    """The protocol judged the network of epoch 1, which diverged; the row's accuracy is of
+    epoch 0 (‡). Its (a)–(d) values and verdict are epoch 1's, yet the row said only that
+    its numbers are epoch 0's (docs/figures.md: every number of its row is of that epoch)."""
+    broken = diverged_at_first_epoch(runs["dfa"], "dfa-diverged", 2)
+    index = index_of([broken])
+    [row] = audit_table(index, index.runs).rows
+    assert row["acc"].endswith("numbers of epoch 0, the last whose evaluation was finite; "
+                               "its verdict and diagnostics are of epoch 1, the protocol's "
+                               "last evaluation)")
+    assert "verdict and diagnostics are of epoch 1" in format_run_summary(index.runs)

@@ -56,7 +56,8 @@ def diverged_text(record: RunRecord) -> str | None:
     """``diverged in epoch 3: ‡ numbers of epoch 2, the last whose evaluation was finite``
     for a diverged run (whose headline numbers, each marked ‡ by :func:`headline_cell`, are
     those of that epoch; where that epoch took no diagnostics, saying that its measures are
-    not measured), else None."""
+    not measured; where the protocol was last evaluated at a later epoch, saying that its
+    verdict and diagnostics' values are of that one), else None."""
     if record.status != "diverged":
         return None
     at = (record.divergence or {}).get("epoch")
@@ -78,6 +79,10 @@ def diverged_text(record: RunRecord) -> str | None:
         text += (f"; epoch {epoch} took no diagnostics (diagnostics.every = "
                  f"{record.config.diagnostics.every}), so its ‖h_L‖, ‖g_L‖, deep cos and Γ "
                  "are not measured (—)")
+    protocol = record.protocol.epoch
+    if protocol is not None and protocol != epoch:  # the protocol judged a later network
+        text += (f"; its verdict and diagnostics are of epoch {protocol}, the protocol's "
+                 "last evaluation")
     return text
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from creditaudit.protocol.checks import (
 from creditaudit.protocol.diagnostics import DepthUtility, default_names, depth_utility
 from creditaudit.protocol.evaluate import DiagnosticReport
 from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
-from creditaudit.records import Copies, RunRecord, find_runs, results_folder
+from creditaudit.records import Copies, EndOfRun, EpochEntry, RunRecord, find_runs, results_folder
 from creditaudit.records.recipes import NOT_RECORDED
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES
 
@@ -231,13 +231,24 @@ def recorded_statuses(record: RunRecord) -> dict[str, str]:
     return statuses
 
 
+def epoch_fields(entry: EpochEntry | None) -> dict[str, float]:
+    """The per-epoch fields of ``entry`` beyond the tool's own (``extras``: a rule's — EP's
+    relaxation ratio and back-off share, a bridge's errors — or a loop's own), which the
+    report's metrics show as ``creditaudit audit`` does; one named as an end-of-run metric
+    (a loop's extra called ``bp_cosine``) is left out: it is not that metric."""
+    if entry is None:
+        return {}
+    reserved = {field.name for field in fields(EndOfRun)}
+    return {key: value for key, value in entry.extras.items() if key not in reserved}
+
+
 def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0,
                   thresholds: Thresholds | None = None) -> DiagnosticReport | None:
     """The run's last protocol report, with Γ, per-layer cosines and the credit-quality
-    metrics filled in from the end-of-run block, the record's reference check as
-    ``metadata["reference_check"]``, and (d) re-evaluated against ``frozen_acc`` when given
-    (``metadata["frozen_from_runs"]`` = ``frozen_runs``; at ``thresholds``, default the
-    report's own)."""
+    metrics filled in from the end-of-run block and the epoch's own fields
+    (:func:`epoch_fields`), the record's reference check as ``metadata["reference_check"]``,
+    and (d) re-evaluated against ``frozen_acc`` when given (``metadata["frozen_from_runs"]``
+    = ``frozen_runs``; at ``thresholds``, default the report's own)."""
     if not record.protocol.report:
         return None
     entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
@@ -260,6 +271,9 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
         for key in ("drift", "cosine_table"):
             metrics.pop(key, None)
         report.metrics = metrics
+    own = epoch_fields(entry)
+    if own:
+        report.metrics = {**(report.metrics or {}), **own}
     if frozen_acc is not None and not is_frozen_baseline(record):
         headline = report.metadata.get("headline_acc")
         if headline is None:
@@ -275,6 +289,18 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
 
 
 # --- sets of records ------------------------------------------------------------------------
+def not_a_baseline(record: RunRecord) -> str | None:
+    """Why a finished frozen-blocks run is no baseline of (d) — ``stopped early`` (fewer
+    epochs than its recipe's ``optim.epochs``) or ``diverged`` (its accuracy is of its last
+    finite epoch, the untrained readout's where that is epoch 0), as the report labels it
+    (:func:`baseline_runs` leaves both out) — else None."""
+    if record.stopped_early:
+        return "stopped early"
+    if record.status == "diverged":
+        return "diverged"
+    return None
+
+
 def baseline_runs(record: RunRecord, records: Iterable[RunRecord]) -> list[RunRecord]:
     """The finished frozen-blocks runs of ``record``'s recipe among ``records`` that have a
     final accuracy — the one place the baseline of (d) is chosen. A frozen run that stopped
@@ -368,5 +394,5 @@ class RecordSet:
 
 
 __all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "recorded_statuses",
-           "baseline_runs", "frozen_baseline", "is_frozen_baseline", "model_description",
-           "record_metadata", "arch_variant", "draws_default_feedback"]
+           "baseline_runs", "not_a_baseline", "frozen_baseline", "is_frozen_baseline",
+           "model_description", "record_metadata", "arch_variant", "draws_default_feedback"]

@@ -53,6 +53,7 @@ from creditaudit.report.tables import (
     RECOMPUTED_MARK,
     audit_table,
     diagnostic_ids,
+    partial_means_note,
     summary_table,
     unfinished_table,
     verdict_cell,
@@ -159,11 +160,14 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
 
     if finished:
         lines += ["## Summary across seeds", ""]
-        lines += summary_table(index, finished).lines()
+        summary = summary_table(index, finished)
+        lines += summary.lines()
         lines += ["", "Mean ± std (population) over the seeds of each row (runs that differ "
                       "only in the seed); walked back = runs whose verdict needs walk-back / "
                       "runs with a protocol block. A mark of one run marks its row's mean.",
                   ""]
+        partial = partial_means_note(summary)
+        lines += [partial, ""] if partial else []
         diverged = diverged_footnote(finished)
         lines += [f"{diverged}.", ""] if diverged else []
         stopped = stopped_early_note(finished, curves=False)

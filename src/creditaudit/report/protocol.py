@@ -186,7 +186,7 @@ def render_markdown(report: DiagnosticReport) -> str:
     row = [text(method), text(credit_formula(method) or meta.get("credit_formula", "—")),
            text(meta.get("arch", meta.get("model", "—"))), fmt(meta.get("terminal_ln")),
            text(meta.get("dataset", "—")), text(meta.get("seeds", "—")),
-           text(meta.get("feedback_seed", "—")), fmt(meta.get("headline_acc"), ".3f"),
+           text(fmt(meta.get("feedback_seed"), "")), fmt(meta.get("headline_acc"), ".3f"),
            gamma, per_layer_gamma, "not given" if frozen is None else f"{frozen:.3f}",
            *(text(value_text(r, judged)) for r in own), text(judged.text)]
     header = ["method", "credit", "architecture", "terminal LN", "dataset", "seeds",

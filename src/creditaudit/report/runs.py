@@ -16,7 +16,7 @@ from creditaudit.protocol import (
     Judgement,
     ResidualStreamScale,
 )
-from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline, not_a_baseline
 from creditaudit.records import RunRecord
 from creditaudit.records.claim_files import claim_state
 from creditaudit.results import stopped_early_text
@@ -56,7 +56,8 @@ def diverged_text(record: RunRecord) -> str | None:
     """``diverged in epoch 3: ‡ numbers of epoch 2, the last whose evaluation was finite``
     for a diverged run (whose headline numbers, each marked ‡ by :func:`headline_cell`, are
     those of that epoch; where that epoch took no diagnostics, saying that its measures are
-    not measured), else None."""
+    not measured; where the protocol was last evaluated at a later epoch, saying that its
+    verdict and diagnostics' values are of that one), else None."""
     if record.status != "diverged":
         return None
     at = (record.divergence or {}).get("epoch")
@@ -78,6 +79,10 @@ def diverged_text(record: RunRecord) -> str | None:
         text += (f"; epoch {epoch} took no diagnostics (diagnostics.every = "
                  f"{record.config.diagnostics.every}), so its ‖h_L‖, ‖g_L‖, deep cos and Γ "
                  "are not measured (—)")
+    protocol = record.protocol.epoch
+    if protocol is not None and protocol != epoch:  # the protocol judged a later network
+        text += (f"; its verdict and diagnostics are of epoch {protocol}, the protocol's "
+                 "last evaluation")
     return text
 
 
@@ -179,8 +184,8 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         run_verdict = index.verdict(record)
         judged, statuses = run_verdict.judgement, run_verdict.statuses
         if is_frozen_baseline(record):
-            verdict = f"no {BASELINE_TEXT}: stopped early" if record.stopped_early \
-                else BASELINE_TEXT
+            why = not_a_baseline(record)
+            verdict = BASELINE_TEXT if why is None else f"no {BASELINE_TEXT}: {why}"
         elif record.protocol.epoch is None:
             verdict = "—"
         else:
@@ -252,7 +257,7 @@ def deep_cos_marks(record: RunRecord) -> str:
 def deep_cos_footnotes(records: Sequence[RunRecord]) -> dict[str, str]:
     """Mark → its footnote line, for the marks :func:`deep_cos_marks` gives ``records``."""
     notes = {}
-    if any(BELOW_FLOOR in (r.deep_cos_invalid or ()) for r in records):
+    if any("*" in deep_cos_marks(r) for r in records):  # a deep cos "—" carries none
         notes["*"] = ("* measured against reference gradients below the 1e-7 floor: not a "
                       "valid cosine")
     causes = dict.fromkeys(why for r in records for why in _not_finite(r))

@@ -11,6 +11,7 @@ table (``model.args.*``) share a column, and past four columns all of them share
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from creditaudit.protocol import (
     default_names,
     in_order,
 )
-from creditaudit.protocol.records import is_frozen_baseline, model_description
+from creditaudit.protocol.records import is_frozen_baseline, model_description, not_a_baseline
 from creditaudit.records import NOT_RECORDED, RunRecord
 from creditaudit.report.protocol import VERDICT_COLUMN, value_text
 from creditaudit.report.runs import (
@@ -42,6 +43,7 @@ from creditaudit.report.runs import (
 )
 from creditaudit.results import (
     RunIndex,
+    as_float,
     figure_recipe,
     full_length,
     mean_std,
@@ -56,6 +58,9 @@ AUDIT_HEAD = ("run", "method", "λ", "arch", "out_ln", "dataset", "seed")
 # … then one column per protocol diagnostic the runs hold, then the verdict.
 AUDIT_TAIL = ("status", "acc", "deep cos", GAMMA_COLUMN)
 SUMMARY_HEAD = ("method", "λ", "arch", "dataset")
+# A summary mean over fewer runs than its row's: those that have the number.
+PARTIAL_MEAN = "{} of {} runs"
+SUMMARY_MEANS = ("test acc", "deep cos", "Γ")
 SUMMARY_TAIL = ("seeds", "test acc", "deep cos", "Γ", "walked back", "fired")
 UNFINISHED_HEAD = ("run", "method", "λ", "arch", "dataset", "seed")
 UNFINISHED_TAIL = ("status", "epochs logged", "error")
@@ -64,6 +69,7 @@ UNFINISHED_TAIL = ("status", "epochs logged", "error")
 SHOWN_SETTINGS = frozenset({"method.name", "method.penalty", "model.arch", "model.d",
                             "model.n_blocks", "model.out_ln", "data.name", "run.seed"})
 DATA_SOURCE = "data source"
+MODEL_CODE = "model code"
 RECOMPUTED_MARK = "†"
 ERROR_CHARS = 300
 
@@ -85,7 +91,8 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     """Every setting that makes ``run`` the run it is, as cell text by dotted config key:
     the config values its run id covers (output folder, threads, device, … left out; "not
     recorded" for those a run from a user's own loop was not told) and, as ``data
-    source``, what identifies its data apart from the seed (a hash prefix)."""
+    source`` and ``model code``, what identifies its data apart from the seed and its
+    network's code where it is not creditaudit's (hash prefixes)."""
     skip = non_semantic(run.config)
     unknown = set(run.not_recorded)
     settings: dict[str, str] = {}
@@ -103,19 +110,24 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     data = run.data
     if data is not None and data.source:
         settings[DATA_SOURCE] = data.source[:12]
+    code = run.model_code_digest
+    if code is not None:  # a network of the user's own code: two scripts' Nets
+        settings[MODEL_CODE] = code[:12]
     return settings
 
 
 def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     """The settings whose text differs between ``runs`` and that no fixed column shows, in
-    config order. The data source counts only where no ``data.*`` setting differs (else
-    it differs because they do)."""
+    config order. The data source (model code) counts only where no ``data.*``
+    (``model.*``) setting differs (else it differs because they do)."""
     table = [run_settings(run) for run in runs]
     keys = list(dict.fromkeys(key for settings in table for key in settings))
     differ = [key for key in keys if key not in SHOWN_SETTINGS
               and len({settings.get(key, "—") for settings in table}) > 1]
     if any(key.startswith("data.") for key in differ):
         differ = [key for key in differ if key != DATA_SOURCE]
+    if any(key.startswith("model.") for key in differ):
+        differ = [key for key in differ if key != MODEL_CODE]
     return differ
 
 
@@ -185,8 +197,9 @@ def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> tuple[str, 
     ``unverified``: :attr:`Judgement.kind`, the colour report.html gives it — or None for
     a frozen baseline's label)."""
     if is_frozen_baseline(run) and run.is_finished:
-        if run.stopped_early:
-            return f"no baseline of {DepthUtility.id_label()}: stopped early", None
+        why = not_a_baseline(run)
+        if why is not None:
+            return f"no baseline of {DepthUtility.id_label()}: {why}", None
         return f"baseline of {DepthUtility.id_label()}", None
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
@@ -306,8 +319,16 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
         values = run_settings(run)
 
         def ms(values: Any, spec: str) -> str:
+            values = list(values)
             mean, std = mean_std(values)
-            return "—" if math.isnan(mean) else f"{mean:{spec}} ± {std:.3f}"
+            if math.isnan(mean):
+                return "—"
+            # A run without the number (a diverged one with no finite measure, an epoch
+            # that took no diagnostics) is not in the mean: say over how many it is.
+            measured = sum(not math.isnan(as_float(v)) for v in values)
+            part = ("" if measured == len(values)
+                    else f" ({PARTIAL_MEAN.format(measured, len(values))})")
+            return f"{mean:{spec}} ± {std:.3f}{part}"
 
         audited = [r for r in group.reports if r is not None]
         walked = sum(r.judgement.walked_back for r in audited)
@@ -336,6 +357,19 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
                                    or "—"),
         })
     return rows
+
+
+def partial_means_note(table: Table) -> str | None:
+    """What ``(k of n runs)`` after a mean of ``table`` (:func:`summary_table`) means, where
+    one is; else None."""
+    partial = re.compile(re.escape(PARTIAL_MEAN).replace(r"\{\}", r"\d+"))
+    if not any(partial.search(row.get(column, "")) for row in table.rows
+               for column in SUMMARY_MEANS):
+        return None
+    return (f"({PARTIAL_MEAN.format('k', 'n')}): only k of the n runs the row's means are "
+            "over (runs that stopped early aside) have that number (a diverged run with no "
+            "finite one, an epoch that took no diagnostics: — in the audit table); the mean "
+            "and std are over those k.")
 
 
 def summary_table(index: RunIndex, runs: Sequence[RunRecord]) -> Table:
@@ -370,5 +404,5 @@ def unfinished_table(runs: Sequence[RunRecord], index: RunIndex | None = None) -
 __all__ = ["Table", "audit_row", "audit_table", "summary_rows", "summary_table",
            "summary_groups", "unfinished_table", "run_settings", "differing_settings",
            "diagnostic_cell", "diagnostic_ids", "verdict_cell", "arch_text", "setting_text",
-           "NO_PROTOCOL", "RECOMPUTED_MARK", "GAMMA_COLUMN", "setting_columns",
-           "setting_cells", "MAX_SETTING_COLUMNS"]
+           "NO_PROTOCOL", "RECOMPUTED_MARK", "PARTIAL_MEAN", "partial_means_note",
+           "GAMMA_COLUMN", "setting_columns", "setting_cells", "MAX_SETTING_COLUMNS"]

@@ -27,8 +27,8 @@ from creditaudit.protocol import (
 from creditaudit.records import SCHEMA, RunRecord
 from creditaudit.registry import DIAGNOSTICS, RULES
 from creditaudit.report import render
-from creditaudit.report.folder import thresholds_text
 from creditaudit.report.html import markdown_fragment
+from creditaudit.report.notes import thresholds_text
 from creditaudit.results import RunIndex
 from door_support import guests
 

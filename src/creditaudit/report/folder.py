@@ -33,24 +33,22 @@ from creditaudit.protocol import (
     FIRED,
     INCOMPLETE,
     KINDS,
-    NOT_EVALUATED,
-    UNVERIFIED_MARK,
-    DepthUtility,
 )
-from creditaudit.protocol.records import is_frozen_baseline
-from creditaudit.records import RunRecord
-from creditaudit.registry import DIAGNOSTICS
 from creditaudit.report.html import html_page, markdown_fragment
+from creditaudit.report.notes import (
+    code_notes,
+    deep_cos_notes,
+    epochs_note,
+    frozen_notes,
+    reference_notes,
+    thresholds_text,
+)
 from creditaudit.report.protocol import VERDICT_COLUMN, render_markdown
 from creditaudit.report.runs import (
-    DIVERGED_MARK,
-    code_versions_text,
-    deep_cos_footnotes,
     diverged_footnote,
 )
 from creditaudit.report.tables import (
     NO_PROTOCOL,
-    RECOMPUTED_MARK,
     audit_table,
     diagnostic_ids,
     partial_means_note,
@@ -125,7 +123,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     status_text = ", ".join(f"{n} {markdown_text(s)}" for s, n in sorted(statuses.items()))
     lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
     lines.append("")
-    lines += _code_notes(runs)
+    lines += code_notes(runs)
     if index.copies:  # one run id is one run, wherever its folders are
         lines += ["Runs found in more than one folder:", ""]
         lines += [f"- {markdown_text(copies.text())}" for copies in index.copies]
@@ -150,9 +148,9 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         table = audit_table(index, finished)
         lines += table.lines()
         lines.append("")
-        lines += _frozen_notes(index, table.rows)
-        lines += _reference_notes(index, finished)
-        lines += _deep_cos_notes(finished)
+        lines += frozen_notes(index, table.rows)
+        lines += reference_notes(index, finished)
+        lines += deep_cos_notes(finished)
         diverged = diverged_footnote(finished)
         lines += [f"{diverged} (the acc column says which).", ""] if diverged else []
     else:
@@ -212,20 +210,6 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     return parts
 
 
-def epochs_note(run: RunRecord) -> str:
-    """For a diverged run whose protocol was last evaluated after its last finite epoch:
-    one line saying that its template's numbers (the protocol's evaluation) are of another
-    epoch than its rows in the tables above (marked ‡); else ""."""
-    numbers, protocol = run.numbers_epoch, run.protocol.epoch
-    if run.status != "diverged" or protocol is None or numbers == protocol:
-        return ""
-    rows = ("of no epoch (none was evaluated finite)" if numbers is None
-            else f"of epoch {numbers}, its last whose evaluation was finite "
-                 f"({DIVERGED_MARK})")
-    return (f"This run diverged: the template below is its protocol's last evaluation, at "
-            f"epoch {protocol}; its numbers in the tables above are {rows}.\n\n")
-
-
 def render_report_markdown(index: RunIndex, *, rendered: Sequence[Any] = (),
                            missing: Sequence[tuple[Any, Any]] = (),
                            figures_dir: str = FIGURES_DIR) -> str:
@@ -265,74 +249,6 @@ def render_report_html(parts: Sequence[str | Folded], *, images: Mapping[str, Pa
                                                        classify=classify)
                     + "</details>\n")
     return html_page("".join(body), script=True)
-
-
-def thresholds_text(ids: Sequence[str]) -> str:
-    """``(a) max stream growth > 50×, …``: when each diagnostic fires at its default
-    threshold (a diagnostic not installed here: as its records say), each as Markdown that
-    reads as the diagnostic's own words (a plugin's label is a guest's text)."""
-    parts = []
-    for id_ in ids:
-        diagnostic = DIAGNOSTICS.find(id_)
-        if diagnostic is None:
-            parts.append(f"({markdown_text(id_)}) as its records say")
-            continue
-        limit = diagnostic().limit()
-        parts.append(markdown_text(f"{diagnostic.id_label()} "
-                                   f"{diagnostic.short or diagnostic.label} "
-                                   f"{diagnostic.threshold_text(limit)}"))
-    return ", ".join(parts)
-
-
-def _reference_notes(index: RunIndex, runs: Sequence[Any]) -> list[str]:
-    """What ``(unverified)`` means, and why, for each run whose reference gradient is not
-    verified."""
-    why = {run.run_id: judged.reference_note for run in runs
-           if (judged := index.records.verdict(run).judgement).reference_verified is False}
-    if not why:
-        return []
-    return [f"{UNVERIFIED_MARK}: the number was measured against a reference gradient that "
-            "is not verified, so a cosine, Γ, (b) or (c) there need not measure anything "
-            f"(the verdict says why): {len(why)} run(s).", ""]
-
-
-def _deep_cos_notes(runs: Sequence[Any]) -> list[str]:
-    """What the deep-cosine marks of the tables (§ * †) mean, for the marks shown."""
-    return [line for note in deep_cos_footnotes(runs).values() for line in (note + ".", "")]
-
-
-def _code_notes(runs: Sequence[Any]) -> list[str]:
-    """One line per run resumed on another version of creditaudit than its first part."""
-    notes = [f"- {markdown_text(run.run_id)} {markdown_text(text)}" for run in runs
-             if (text := code_versions_text(run)) is not None]
-    if not notes:
-        return []
-    return ["Runs resumed on another version of creditaudit (the commit changed between an "
-            "interruption and the resume):", "", *notes, ""]
-
-
-def _frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
-    notes = []
-    d = DepthUtility.id_label()
-    recomputed = [r for r in rows if r[VERDICT_COLUMN].endswith(RECOMPUTED_MARK)]
-    if recomputed:
-        notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
-                     "the frozen-blocks runs of the same recipe (same data, network and its "
-                     f"code, and optimiser; the default, `--no-frozen-from-runs` turns it "
-                     f"off), not the record's own {d}; the verdict follows. "
-                     f"{len(recomputed)} run(s).")
-    elif not index.frozen_from_runs:
-        could = [run for run in index.runs if not is_frozen_baseline(run)
-                 and index.frozen_baseline(run) is not None
-                 and (report := index.protocol_report(run)) is not None
-                 and any(r.id == DepthUtility.name and r.status == NOT_EVALUATED
-                         for r in report.diagnostics)]
-        if could:
-            notes.append(f"{len(could)} run(s) have {d} not evaluated although frozen-blocks "
-                         "runs of their recipe exist: run `creditaudit report` without "
-                         f"`--no-frozen-from-runs` (by default it evaluates {d} against "
-                         "them).")
-    return [*notes, ""] if notes else []
 
 
 # --- writing ------------------------------------------------------------------------------

@@ -367,3 +367,34 @@ def test_the_advice_for_a_missing_vit_file_is_a_command_that_trains_it_or_says_n
         assert (advice in text) == plans_vit, text
         assert ("no experiment trains it" in text) == (not plans_vit), text
     assert plans_vit == (dataset == "fashion-mnist")
+
+
+def _files(out):
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_an_export_into_a_folder_of_an_earlier_one_leaves_only_its_own_files(copies, tmp_path,
+                                                                                capsys):
+    """A second export into OUT left the first one's files that it did not write beside its
+    own, under a manifest that did not list them: the figure scripts read a mix of two
+    exports. Now those files go (and the output says so); other files in OUT stay, and an
+    export into a used OUT is byte-identical to one into an empty folder."""
+    folder, runs = copies
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    export(folder, out)
+    assert (out / "results/snapshot_evolution_v2/snapshot_evolution_s7.json").is_file()
+    (out / "results" / "notes.txt").write_text("mine\n")
+    only_bp = tmp_path / "only_bp"
+    shutil.copytree(folder / runs["bp"].run_id, only_bp / runs["bp"].run_id)
+    assert main(["export", str(only_bp), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "removed results/snapshot_evolution_v2/snapshot_evolution_s7.json" in printed
+    listed = {e["path"] for e in manifest(out)["written"]}
+    assert set(_files(out)) == listed | {MANIFEST_FILE, "results/notes.txt"}
+    assert not (out / "results" / "synthetic_seed7").exists()  # emptied folders go too
+    export(only_bp, fresh)
+    assert {k: v for k, v in _files(out).items() if k != "results/notes.txt"} == {
+        k: v.replace(str(fresh).encode(), str(out).encode()) for k, v in _files(fresh).items()}
+    before = _files(out)
+    export(only_bp, out)  # the same export again: the same bytes
+    assert _files(out) == before

@@ -46,7 +46,9 @@ filled from a diverged run names it (``diverged``), and one filled from a run th
 early (``--stop-on-walkback``, a Recorder finished before its ``optim.epochs``: its log is
 shorter than its recipe's) names it and why, in the report's words (``stopped_early``).
 ``export_manifest.json`` in OUT lists every file written (and the run id behind each key)
-and every file skipped with the runs it needs.
+and every file skipped with the runs it needs. A file an earlier export into OUT wrote (its
+manifest lists it) that this one does not write is removed (and said so), so the folder
+never mixes two exports; no other file in OUT is touched.
 
 The original scripts read every cosine as measured against the true gradient, and these
 files cannot mark a number. So a run whose reference gradient failed its check (trained with
@@ -71,6 +73,8 @@ from creditaudit.study.export_files import (
     ExportResult,
     FileWriter,
     logs_of,
+    previous_export,
+    remove_stale,
     results_entry,
     results_gaps,
     results_log,
@@ -179,6 +183,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
         by_variant.setdefault(file_variant(record), []).append(record)
+    previous = previous_export(out / MANIFEST_FILE)
     writer = FileWriter(out, result, found)
     base = "results"
 
@@ -258,6 +263,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
                         lambda found, s=seed: {str(s): {key: results_entry(record)
                                                         for key, record in found.items()}},
                         lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps)
+    remove_stale(out, previous, result)
     write_json(out / MANIFEST_FILE, result.to_dict())
     return result
 

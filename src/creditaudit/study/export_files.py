@@ -8,12 +8,13 @@ missing keys.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.errors import OutputError
+from creditaudit.files.safe_files import atomic_write_bytes, describe_os_error
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.results import stopped_early_text
@@ -24,7 +25,9 @@ LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
 
 @dataclass
 class ExportResult:
-    """What an export wrote and skipped (paths relative to OUT)."""
+    """What an export wrote and skipped (paths relative to OUT); ``removed``: the files of
+    an earlier export into OUT it removed (printed, not in the manifest, which depends on
+    the records only)."""
 
     out: Path
     written: list[dict[str, Any]] = field(default_factory=list)
@@ -32,6 +35,7 @@ class ExportResult:
     records_read: int = 0
     unreadable: list[str] = field(default_factory=list)
     unverified: list[dict[str, str]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
@@ -58,6 +62,9 @@ class ExportResult:
             lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
         for entry in self.skipped:
             lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
+        for path in self.removed:
+            lines.append(f"  removed {path}: the previous export into {self.out} wrote it, "
+                         "this one has no run for it")
         for path in self.unreadable:
             lines.append(f"  unreadable record: {path}")
         return "\n".join(lines)
@@ -67,6 +74,39 @@ def write_json(path: Path, obj: Any) -> None:
     """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
     token, which its figure scripts (Python's ``json.load``) read back as a float."""
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def previous_export(manifest: Path) -> list[str]:
+    """The files (relative to OUT) the manifest of an earlier export into OUT lists as
+    written; none when there is no readable manifest."""
+    try:
+        written = json.loads(manifest.read_text()).get("written", [])
+        return [e["path"] for e in written if isinstance(e.get("path"), str)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+
+
+def remove_stale(out: Path, previous: Iterable[str], result: ExportResult) -> None:
+    """Remove the files an earlier export into ``out`` wrote (``previous``) that this one
+    did not, so that OUT never mixes two exports' files under one manifest, and the folders
+    they leave empty; only files below ``out/results``. Adds each to ``result.removed``."""
+    written = {e["path"] for e in result.written}
+    root = (out / "results").resolve()
+    for rel in sorted(set(previous) - written):
+        path = out / rel
+        if (root not in path.resolve().parents or path.is_symlink()
+                or not path.is_file()):
+            continue
+        try:
+            path.unlink()
+            for folder in path.parents:
+                if folder.resolve() == root or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        except OSError as err:
+            raise OutputError(f"cannot remove the previous export's {describe_os_error(err)}"
+                              ) from None
+        result.removed.append(rel)
 
 
 # --- file contents ------------------------------------------------------------------------
@@ -163,5 +203,6 @@ def logs_of(found: dict[str, RunRecord]) -> dict[str, Any]:
     return {key: snapshot_log(record) for key, record in found.items()}
 
 
-__all__ = ["ExportResult", "FileWriter", "LOG_LIST_KEYS", "write_json", "snapshot_log",
+__all__ = ["ExportResult", "FileWriter", "LOG_LIST_KEYS", "write_json", "previous_export",
+           "remove_stale", "snapshot_log",
            "results_log", "results_entry", "results_gaps", "diverged_note", "logs_of"]

@@ -398,3 +398,23 @@ def test_an_export_into_a_folder_of_an_earlier_one_leaves_only_its_own_files(cop
     before = _files(out)
     export(only_bp, out)  # the same export again: the same bytes
     assert _files(out) == before
+
+
+def test_a_diverged_runs_end_of_run_block_without_metrics_is_missing(copies, tmp_path):
+    """A diverged model's end-of-run block holds only why it has no metrics
+    (``credit_quality_error``) and its drift: the results file's ``dfa.diagnostics`` was
+    that one string, and the manifest did not list it as missing. Now it does, with why."""
+    from creditaudit.records import save_record
+    from creditaudit.records.run_parts import EndOfRun
+
+    folder, runs = copies
+    record = load_record(folder / runs["full"].run_id)
+    error = "parameter embed.weight holds NaN/Inf: credit-quality metrics are undefined"
+    record.diagnostics = EndOfRun(drift=record.diagnostics.drift, credit_quality_error=error)
+    save_record(tmp_path / "runs" / record.run_id, record)
+    shutil.copytree(folder / runs["bp"].run_id, tmp_path / "runs" / runs["bp"].run_id)
+    result = export(tmp_path / "runs", tmp_path / "out")
+    entry = next(e for e in result.written if e["path"].endswith("results_synthetic.json"))
+    assert entry["missing"] == ["state_bridge", "credit_bridge", "dfa.diagnostics"]
+    assert f"{record.run_id} measured none: {error}" in entry["needs"]
+    assert "end_of_run=false" not in entry["needs"]

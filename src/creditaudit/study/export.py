@@ -40,11 +40,12 @@ restricts every file but the StudentNet ones (always the synthetic task) to runs
 dataset; a file none of whose runs it holds is skipped like any other with missing runs,
 and a name that is neither an installed dataset nor one the folder's runs used is refused.
 Only files for which runs exist are written; a file with some of its runs missing, or a
-results-file method whose run has no end-of-run block, is written with the keys it has and
-listed as partial (``missing``: ``fa_log``, ``dfa.diagnostics``, ``dfa.drift``); a file
-filled from a diverged run names it (``diverged``), and one filled from a run that stopped
-early (``--stop-on-walkback``, a Recorder finished before its ``optim.epochs``: its log is
-shorter than its recipe's) names it and why, in the report's words (``stopped_early``).
+results-file method whose run has no end-of-run block (or one without metrics: a diverged
+model's), is written with the keys it has and listed as partial (``missing``: ``fa_log``,
+``dfa.diagnostics``, ``dfa.drift``); a file filled from a diverged run names it
+(``diverged``), and one filled from a run that stopped early (``--stop-on-walkback``, a
+Recorder finished before its ``optim.epochs``: its log is shorter than its recipe's) names
+it and why, in the report's words (``stopped_early``).
 ``export_manifest.json`` in OUT lists every file written (and the run id behind each key)
 and every file skipped with the runs it needs. A file an earlier export into OUT wrote (its
 manifest lists it) that this one does not write is removed (and said so), so the folder

@@ -18,7 +18,7 @@ from creditaudit.files.safe_files import atomic_write_bytes, describe_os_error
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.results import stopped_early_text
-from creditaudit.study.export_runs import Family, Slot, why_left_out
+from creditaudit.study.export_runs import Family, Slot, end_of_run_parts, why_left_out
 
 LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
 
@@ -177,8 +177,7 @@ class FileWriter:
                 f"{s.key}.{part}" for s in empty for part in gaps(found[s.key])]
             entry["needs"] = "; ".join([*(needs(s) for s in missing), *(
                 f"{s.method} seed {s.seed} with its end-of-run block ({found[s.key].run_id} "
-                "was trained with diagnostics.end_of_run=false: train it again without it)"
-                for s in empty)])
+                f"{_why_no_block(found[s.key])})" for s in empty)])
         self.result.written.append(entry)
 
 
@@ -193,9 +192,18 @@ def diverged_note(record: RunRecord) -> str:
 
 
 def results_gaps(record: RunRecord) -> list[str]:
-    """The parts of a results-file entry ``record`` leaves empty (no end-of-run block)."""
-    entry = results_entry(record)
-    return [part for part in ("diagnostics", "drift") if not entry[part]]
+    """The parts of a results-file entry ``record`` leaves without numbers: no end-of-run
+    block, or one without its metrics (a diverged model's says why)."""
+    return [part for part, held in zip(("diagnostics", "drift"), end_of_run_parts(record))
+            if not held]
+
+
+def _why_no_block(record: RunRecord) -> str:
+    """Why ``record`` has no end-of-run metrics, and what to do."""
+    error = record.diagnostics.credit_quality_error
+    if error:
+        return f"measured none: {error}"
+    return "was trained with diagnostics.end_of_run=false: train it again without it"
 
 
 def logs_of(found: dict[str, RunRecord]) -> dict[str, Any]:

@@ -418,3 +418,26 @@ def test_a_diverged_runs_end_of_run_block_without_metrics_is_missing(copies, tmp
     assert entry["missing"] == ["state_bridge", "credit_bridge", "dfa.diagnostics"]
     assert f"{record.run_id} measured none: {error}" in entry["needs"]
     assert "end_of_run=false" not in entry["needs"]
+
+
+def test_epochs_without_diagnostics_are_named_in_the_manifest(tmp_path, single_thread):
+    """A run measured every 3rd epoch filled the snapshot files with entries holding no
+    ``hidden_norms`` (as recorded: never 0 or NaN), unmarked, so the original scripts failed
+    on a KeyError with no word why. The manifest and the output now name those epochs."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    config = RunConfig().replace(**{**TINY, "method.name": "dfa", "optim.epochs": 3,
+                                    "diagnostics.every": 3, "diagnostics.protocol_every": 3,
+                                    "run.out_dir": str(tmp_path / "runs")})
+    record = train(config).record
+    result = export(tmp_path / "runs", tmp_path / "out")
+    note = (f"{record.run_id} has no diagnostics at epochs 1, 2 (diagnostics.every=3): those "
+            "entries hold no hidden_norms")
+    snapshot = load(tmp_path / "out", "snapshot_evolution_v2/snapshot_evolution_s42.json")
+    assert ["hidden_norms" in e for e in snapshot["dfa_log"]] == [True, False, False, True]
+    entries = {e["path"].split("/")[1]: e for e in manifest(tmp_path / "out")["written"]}
+    assert entries["snapshot_evolution_v2"]["unmeasured"]["dfa_log"].startswith(note)
+    assert entries["dfa_residual_penalty"]["unmeasured"]["log"].startswith(note)
+    assert "unmeasured" not in entries["synthetic"]  # its log lists hold no measures
+    assert f"dfa_log: {note}" in result.format()

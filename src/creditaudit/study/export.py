@@ -45,7 +45,9 @@ model's), is written with the keys it has and listed as partial (``missing``: ``
 ``dfa.diagnostics``, ``dfa.drift``); a file filled from a diverged run names it
 (``diverged``), and one filled from a run that stopped early (``--stop-on-walkback``, a
 Recorder finished before its ``optim.epochs``: its log is shorter than its recipe's) names
-it and why, in the report's words (``stopped_early``).
+it and why, in the report's words (``stopped_early``); a run with epochs the diagnostics
+did not measure (``diagnostics.every``) fills the per-epoch files with those entries as
+recorded, without measures, and the manifest names those epochs (``unmeasured``).
 ``export_manifest.json`` in OUT lists every file written (and the run id behind each key)
 and every file skipped with the runs it needs. A file an earlier export into OUT wrote (its
 manifest lists it) that this one does not write is removed (and said so), so the folder
@@ -263,7 +265,8 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
             writer.file(f"{base}/{folder}/results_{name}.json", slots[seed], family,
                         lambda found, s=seed: {str(s): {key: results_entry(record)
                                                         for key, record in found.items()}},
-                        lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps)
+                        lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps,
+                        entries=False)
     remove_stale(out, previous, result)
     write_json(out / MANIFEST_FILE, result.to_dict())
     return result

@@ -53,7 +53,8 @@ class ExportResult:
                           "cosines marked in the manifest)")
             lines.append(f"  wrote   {entry['path']}{extra}")
             for key, note in (*entry.get("diverged", {}).items(),
-                              *entry.get("stopped_early", {}).items()):
+                              *entry.get("stopped_early", {}).items(),
+                              *entry.get("unmeasured", {}).items()):
                 lines.append(f"    {key}: {note}")
             for key, copies in entry.get("left_out", {}).items():
                 for copy in copies:
@@ -141,11 +142,13 @@ class FileWriter:
 
     def file(self, rel: str, slots: Sequence[Slot], family: Family,
              build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str],
-             gaps: Callable[[RunRecord], list[str]] = lambda record: []) -> None:
+             gaps: Callable[[RunRecord], list[str]] = lambda record: [],
+             entries: bool = True) -> None:
         """Write ``rel`` from the runs of ``family`` that fill ``slots`` (``build``), and its
         manifest entry: the run behind each key, the copies left out, the runs that diverged
-        or stopped early, and as missing the keys without a run and the parts of a key its
-        run leaves empty (``gaps``: ``diagnostics``, ``drift``)."""
+        or stopped early, as missing the keys without a run and the parts of a key its run
+        leaves empty (``gaps``: ``diagnostics``, ``drift``), and, for a file of the runs'
+        epoch ``entries``, the runs with epochs the diagnostics did not measure."""
         found = {s.key: family.runs[s.run_key] for s in slots if s.run_key in family.runs}
         missing = [s for s in slots if s.key not in found]
         if not found:
@@ -167,6 +170,10 @@ class FileWriter:
                    if r.stopped_early}
         if stopped:
             entry["stopped_early"] = stopped
+        unmeasured = {key: note for key, r in found.items()
+                      if entries and (note := unmeasured_note(r)) is not None}
+        if unmeasured:
+            entry["unmeasured"] = unmeasured
         notes = {key: judged.reference_note for key, r in found.items()
                  if (judged := self.index.verdict(r).judgement).reference_verified is False}
         if notes:
@@ -191,6 +198,19 @@ def diverged_note(record: RunRecord) -> str:
                else f"; its last finite epoch is {finite}"))
 
 
+def unmeasured_note(record: RunRecord) -> str | None:
+    """``dfa-…: no diagnostics at epochs 1, 2 (diagnostics.every=3): …`` when some logged
+    epoch has no measures (the original scripts read ``hidden_norms`` and the other
+    measures at every epoch, and fail on such an entry); None when every epoch has them."""
+    bare = [e.epoch for e in record.log if not e.has_diagnostics]
+    if not bare:
+        return None
+    every = record.config.diagnostics.every
+    return (f"{record.run_id} has no diagnostics at epoch{'s' if len(bare) > 1 else ''} "
+            f"{', '.join(map(str, bare))} (diagnostics.every={every}): those entries hold no "
+            "hidden_norms, bp_grad_norms_per_sample_med, cos_per_layer, …")
+
+
 def results_gaps(record: RunRecord) -> list[str]:
     """The parts of a results-file entry ``record`` leaves without numbers: no end-of-run
     block, or one without its metrics (a diverged model's says why)."""
@@ -212,5 +232,5 @@ def logs_of(found: dict[str, RunRecord]) -> dict[str, Any]:
 
 
 __all__ = ["ExportResult", "FileWriter", "LOG_LIST_KEYS", "write_json", "previous_export",
-           "remove_stale", "snapshot_log",
-           "results_log", "results_entry", "results_gaps", "diverged_note", "logs_of"]
+           "remove_stale", "snapshot_log", "results_log", "results_entry", "results_gaps",
+           "diverged_note", "unmeasured_note", "logs_of"]

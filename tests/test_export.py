@@ -367,3 +367,77 @@ def test_the_advice_for_a_missing_vit_file_is_a_command_that_trains_it_or_says_n
         assert (advice in text) == plans_vit, text
         assert ("no experiment trains it" in text) == (not plans_vit), text
     assert plans_vit == (dataset == "fashion-mnist")
+
+
+def _files(out):
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_an_export_into_a_folder_of_an_earlier_one_leaves_only_its_own_files(copies, tmp_path,
+                                                                                capsys):
+    """A second export into OUT left the first one's files that it did not write beside its
+    own, under a manifest that did not list them: the figure scripts read a mix of two
+    exports. Now those files go (and the output says so); other files in OUT stay, and an
+    export into a used OUT is byte-identical to one into an empty folder."""
+    folder, runs = copies
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    export(folder, out)
+    assert (out / "results/snapshot_evolution_v2/snapshot_evolution_s7.json").is_file()
+    (out / "results" / "notes.txt").write_text("mine\n")
+    only_bp = tmp_path / "only_bp"
+    shutil.copytree(folder / runs["bp"].run_id, only_bp / runs["bp"].run_id)
+    assert main(["export", str(only_bp), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "removed results/snapshot_evolution_v2/snapshot_evolution_s7.json" in printed
+    listed = {e["path"] for e in manifest(out)["written"]}
+    assert set(_files(out)) == listed | {MANIFEST_FILE, "results/notes.txt"}
+    assert not (out / "results" / "synthetic_seed7").exists()  # emptied folders go too
+    export(only_bp, fresh)
+    assert {k: v for k, v in _files(out).items() if k != "results/notes.txt"} == {
+        k: v.replace(str(fresh).encode(), str(out).encode()) for k, v in _files(fresh).items()}
+    before = _files(out)
+    export(only_bp, out)  # the same export again: the same bytes
+    assert _files(out) == before
+
+
+def test_a_diverged_runs_end_of_run_block_without_metrics_is_missing(copies, tmp_path):
+    """A diverged model's end-of-run block holds only why it has no metrics
+    (``credit_quality_error``) and its drift: the results file's ``dfa.diagnostics`` was
+    that one string, and the manifest did not list it as missing. Now it does, with why."""
+    from creditaudit.records import save_record
+    from creditaudit.records.run_parts import EndOfRun
+
+    folder, runs = copies
+    record = load_record(folder / runs["full"].run_id)
+    error = "parameter embed.weight holds NaN/Inf: credit-quality metrics are undefined"
+    record.diagnostics = EndOfRun(drift=record.diagnostics.drift, credit_quality_error=error)
+    save_record(tmp_path / "runs" / record.run_id, record)
+    shutil.copytree(folder / runs["bp"].run_id, tmp_path / "runs" / runs["bp"].run_id)
+    result = export(tmp_path / "runs", tmp_path / "out")
+    entry = next(e for e in result.written if e["path"].endswith("results_synthetic.json"))
+    assert entry["missing"] == ["state_bridge", "credit_bridge", "dfa.diagnostics"]
+    assert f"{record.run_id} measured none: {error}" in entry["needs"]
+    assert "end_of_run=false" not in entry["needs"]
+
+
+def test_epochs_without_diagnostics_are_named_in_the_manifest(tmp_path, single_thread):
+    """A run measured every 3rd epoch filled the snapshot files with entries holding no
+    ``hidden_norms`` (as recorded: never 0 or NaN), unmarked, so the original scripts failed
+    on a KeyError with no word why. The manifest and the output now name those epochs."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    config = RunConfig().replace(**{**TINY, "method.name": "dfa", "optim.epochs": 3,
+                                    "diagnostics.every": 3, "diagnostics.protocol_every": 3,
+                                    "run.out_dir": str(tmp_path / "runs")})
+    record = train(config).record
+    result = export(tmp_path / "runs", tmp_path / "out")
+    note = (f"{record.run_id} has no diagnostics at epochs 1, 2 (diagnostics.every=3): those "
+            "entries hold no hidden_norms")
+    snapshot = load(tmp_path / "out", "snapshot_evolution_v2/snapshot_evolution_s42.json")
+    assert ["hidden_norms" in e for e in snapshot["dfa_log"]] == [True, False, False, True]
+    entries = {e["path"].split("/")[1]: e for e in manifest(tmp_path / "out")["written"]}
+    assert entries["snapshot_evolution_v2"]["unmeasured"]["dfa_log"].startswith(note)
+    assert entries["dfa_residual_penalty"]["unmeasured"]["log"].startswith(note)
+    assert "unmeasured" not in entries["synthetic"]  # its log lists hold no measures
+    assert f"dfa_log: {note}" in result.format()

@@ -40,13 +40,18 @@ restricts every file but the StudentNet ones (always the synthetic task) to runs
 dataset; a file none of whose runs it holds is skipped like any other with missing runs,
 and a name that is neither an installed dataset nor one the folder's runs used is refused.
 Only files for which runs exist are written; a file with some of its runs missing, or a
-results-file method whose run has no end-of-run block, is written with the keys it has and
-listed as partial (``missing``: ``fa_log``, ``dfa.diagnostics``, ``dfa.drift``); a file
-filled from a diverged run names it (``diverged``), and one filled from a run that stopped
-early (``--stop-on-walkback``, a Recorder finished before its ``optim.epochs``: its log is
-shorter than its recipe's) names it and why, in the report's words (``stopped_early``).
+results-file method whose run has no end-of-run block (or one without metrics: a diverged
+model's), is written with the keys it has and listed as partial (``missing``: ``fa_log``,
+``dfa.diagnostics``, ``dfa.drift``); a file filled from a diverged run names it
+(``diverged``), and one filled from a run that stopped early (``--stop-on-walkback``, a
+Recorder finished before its ``optim.epochs``: its log is shorter than its recipe's) names
+it and why, in the report's words (``stopped_early``); a run with epochs the diagnostics
+did not measure (``diagnostics.every``) fills the per-epoch files with those entries as
+recorded, without measures, and the manifest names those epochs (``unmeasured``).
 ``export_manifest.json`` in OUT lists every file written (and the run id behind each key)
-and every file skipped with the runs it needs.
+and every file skipped with the runs it needs. A file an earlier export into OUT wrote (its
+manifest lists it) that this one does not write is removed (and said so), so the folder
+never mixes two exports; no other file in OUT is touched.
 
 The original scripts read every cosine as measured against the true gradient, and these
 files cannot mark a number. So a run whose reference gradient failed its check (trained with
@@ -71,6 +76,8 @@ from creditaudit.study.export_files import (
     ExportResult,
     FileWriter,
     logs_of,
+    previous_export,
+    remove_stale,
     results_entry,
     results_gaps,
     results_log,
@@ -179,6 +186,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
         by_variant.setdefault(file_variant(record), []).append(record)
+    previous = previous_export(out / MANIFEST_FILE)
     writer = FileWriter(out, result, found)
     base = "results"
 
@@ -257,7 +265,9 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
             writer.file(f"{base}/{folder}/results_{name}.json", slots[seed], family,
                         lambda found, s=seed: {str(s): {key: results_entry(record)
                                                         for key, record in found.items()}},
-                        lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps)
+                        lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps,
+                        entries=False)
+    remove_stale(out, previous, result)
     write_json(out / MANIFEST_FILE, result.to_dict())
     return result
 

@@ -8,23 +8,26 @@ missing keys.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.errors import OutputError
+from creditaudit.files.safe_files import atomic_write_bytes, describe_os_error
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.results import stopped_early_text
-from creditaudit.study.export_runs import Family, Slot, why_left_out
+from creditaudit.study.export_runs import Family, Slot, end_of_run_parts, why_left_out
 
 LOG_LIST_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
 
 
 @dataclass
 class ExportResult:
-    """What an export wrote and skipped (paths relative to OUT)."""
+    """What an export wrote and skipped (paths relative to OUT); ``removed``: the files of
+    an earlier export into OUT it removed (printed, not in the manifest, which depends on
+    the records only)."""
 
     out: Path
     written: list[dict[str, Any]] = field(default_factory=list)
@@ -32,6 +35,7 @@ class ExportResult:
     records_read: int = 0
     unreadable: list[str] = field(default_factory=list)
     unverified: list[dict[str, str]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
@@ -49,7 +53,8 @@ class ExportResult:
                           "cosines marked in the manifest)")
             lines.append(f"  wrote   {entry['path']}{extra}")
             for key, note in (*entry.get("diverged", {}).items(),
-                              *entry.get("stopped_early", {}).items()):
+                              *entry.get("stopped_early", {}).items(),
+                              *entry.get("unmeasured", {}).items()):
                 lines.append(f"    {key}: {note}")
             for key, copies in entry.get("left_out", {}).items():
                 for copy in copies:
@@ -58,6 +63,9 @@ class ExportResult:
             lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
         for entry in self.skipped:
             lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
+        for path in self.removed:
+            lines.append(f"  removed {path}: the previous export into {self.out} wrote it, "
+                         "this one has no run for it")
         for path in self.unreadable:
             lines.append(f"  unreadable record: {path}")
         return "\n".join(lines)
@@ -67,6 +75,39 @@ def write_json(path: Path, obj: Any) -> None:
     """The original study's files are plain ``json.dump`` output: NaN stays a bare ``NaN``
     token, which its figure scripts (Python's ``json.load``) read back as a float."""
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def previous_export(manifest: Path) -> list[str]:
+    """The files (relative to OUT) the manifest of an earlier export into OUT lists as
+    written; none when there is no readable manifest."""
+    try:
+        written = json.loads(manifest.read_text()).get("written", [])
+        return [e["path"] for e in written if isinstance(e.get("path"), str)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+
+
+def remove_stale(out: Path, previous: Iterable[str], result: ExportResult) -> None:
+    """Remove the files an earlier export into ``out`` wrote (``previous``) that this one
+    did not, so that OUT never mixes two exports' files under one manifest, and the folders
+    they leave empty; only files below ``out/results``. Adds each to ``result.removed``."""
+    written = {e["path"] for e in result.written}
+    root = (out / "results").resolve()
+    for rel in sorted(set(previous) - written):
+        path = out / rel
+        if (root not in path.resolve().parents or path.is_symlink()
+                or not path.is_file()):
+            continue
+        try:
+            path.unlink()
+            for folder in path.parents:
+                if folder.resolve() == root or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        except OSError as err:
+            raise OutputError(f"cannot remove the previous export's {describe_os_error(err)}"
+                              ) from None
+        result.removed.append(rel)
 
 
 # --- file contents ------------------------------------------------------------------------
@@ -101,11 +142,13 @@ class FileWriter:
 
     def file(self, rel: str, slots: Sequence[Slot], family: Family,
              build: Callable[[dict[str, RunRecord]], Any], needs: Callable[[Slot], str],
-             gaps: Callable[[RunRecord], list[str]] = lambda record: []) -> None:
+             gaps: Callable[[RunRecord], list[str]] = lambda record: [],
+             entries: bool = True) -> None:
         """Write ``rel`` from the runs of ``family`` that fill ``slots`` (``build``), and its
         manifest entry: the run behind each key, the copies left out, the runs that diverged
-        or stopped early, and as missing the keys without a run and the parts of a key its
-        run leaves empty (``gaps``: ``diagnostics``, ``drift``)."""
+        or stopped early, as missing the keys without a run and the parts of a key its run
+        leaves empty (``gaps``: ``diagnostics``, ``drift``), and, for a file of the runs'
+        epoch ``entries``, the runs with epochs the diagnostics did not measure."""
         found = {s.key: family.runs[s.run_key] for s in slots if s.run_key in family.runs}
         missing = [s for s in slots if s.key not in found]
         if not found:
@@ -127,6 +170,10 @@ class FileWriter:
                    if r.stopped_early}
         if stopped:
             entry["stopped_early"] = stopped
+        unmeasured = {key: note for key, r in found.items()
+                      if entries and (note := unmeasured_note(r)) is not None}
+        if unmeasured:
+            entry["unmeasured"] = unmeasured
         notes = {key: judged.reference_note for key, r in found.items()
                  if (judged := self.index.verdict(r).judgement).reference_verified is False}
         if notes:
@@ -137,8 +184,7 @@ class FileWriter:
                 f"{s.key}.{part}" for s in empty for part in gaps(found[s.key])]
             entry["needs"] = "; ".join([*(needs(s) for s in missing), *(
                 f"{s.method} seed {s.seed} with its end-of-run block ({found[s.key].run_id} "
-                "was trained with diagnostics.end_of_run=false: train it again without it)"
-                for s in empty)])
+                f"{_why_no_block(found[s.key])})" for s in empty)])
         self.result.written.append(entry)
 
 
@@ -152,10 +198,32 @@ def diverged_note(record: RunRecord) -> str:
                else f"; its last finite epoch is {finite}"))
 
 
+def unmeasured_note(record: RunRecord) -> str | None:
+    """``dfa-…: no diagnostics at epochs 1, 2 (diagnostics.every=3): …`` when some logged
+    epoch has no measures (the original scripts read ``hidden_norms`` and the other
+    measures at every epoch, and fail on such an entry); None when every epoch has them."""
+    bare = [e.epoch for e in record.log if not e.has_diagnostics]
+    if not bare:
+        return None
+    every = record.config.diagnostics.every
+    return (f"{record.run_id} has no diagnostics at epoch{'s' if len(bare) > 1 else ''} "
+            f"{', '.join(map(str, bare))} (diagnostics.every={every}): those entries hold no "
+            "hidden_norms, bp_grad_norms_per_sample_med, cos_per_layer, …")
+
+
 def results_gaps(record: RunRecord) -> list[str]:
-    """The parts of a results-file entry ``record`` leaves empty (no end-of-run block)."""
-    entry = results_entry(record)
-    return [part for part in ("diagnostics", "drift") if not entry[part]]
+    """The parts of a results-file entry ``record`` leaves without numbers: no end-of-run
+    block, or one without its metrics (a diverged model's says why)."""
+    return [part for part, held in zip(("diagnostics", "drift"), end_of_run_parts(record))
+            if not held]
+
+
+def _why_no_block(record: RunRecord) -> str:
+    """Why ``record`` has no end-of-run metrics, and what to do."""
+    error = record.diagnostics.credit_quality_error
+    if error:
+        return f"measured none: {error}"
+    return "was trained with diagnostics.end_of_run=false: train it again without it"
 
 
 def logs_of(found: dict[str, RunRecord]) -> dict[str, Any]:
@@ -163,5 +231,6 @@ def logs_of(found: dict[str, RunRecord]) -> dict[str, Any]:
     return {key: snapshot_log(record) for key, record in found.items()}
 
 
-__all__ = ["ExportResult", "FileWriter", "LOG_LIST_KEYS", "write_json", "snapshot_log",
-           "results_log", "results_entry", "results_gaps", "diverged_note", "logs_of"]
+__all__ = ["ExportResult", "FileWriter", "LOG_LIST_KEYS", "write_json", "previous_export",
+           "remove_stale", "snapshot_log", "results_log", "results_entry", "results_gaps",
+           "diverged_note", "unmeasured_note", "logs_of"]

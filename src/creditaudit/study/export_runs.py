@@ -60,11 +60,13 @@ def _measured(record: RunRecord) -> int:
     return sum(e.has_diagnostics for e in record.log)
 
 
-def _end_of_run(record: RunRecord) -> tuple[bool, bool]:
-    """Whether the record's end-of-run block has its metrics and its drift."""
+def end_of_run_parts(record: RunRecord) -> tuple[bool, bool]:
+    """Whether the record's end-of-run block has its metrics and its drift (a block whose
+    ``credit_quality_error`` says why its credit-quality metrics were not measured — a
+    diverged model — has no metrics)."""
     block = record.diagnostics.to_dict()
     drift = block.pop("drift", None)
-    return bool(block), bool(drift)
+    return bool(block) and "credit_quality_error" not in block, bool(drift)
 
 
 Fill = Callable[[RunRecord], tuple]
@@ -76,19 +78,20 @@ def log_fill(record: RunRecord) -> tuple:
     completed; then its end-of-run block, so that where it decides nothing else the run
     taken is the one the results files take."""
     return (_measured(record), len(record.log), record.status == "completed",
-            *_end_of_run(record))
+            *end_of_run_parts(record))
 
 
 def results_fill(record: RunRecord) -> tuple:
     """How much of a results file a run fills: its end-of-run metrics and drift, then its
     log (:func:`log_fill`)."""
-    return (*_end_of_run(record), *log_fill(record)[:3])
+    return (*end_of_run_parts(record), *log_fill(record)[:3])
 
 
 def why_left_out(record: RunRecord, taken: RunRecord) -> str:
     """Why ``record``, a copy of ``taken``'s run, was not taken: what it lacks."""
     lacks = []
-    (metrics, drift), (taken_metrics, taken_drift) = _end_of_run(record), _end_of_run(taken)
+    (metrics, drift) = end_of_run_parts(record)
+    taken_metrics, taken_drift = end_of_run_parts(taken)
     if taken_metrics and not metrics:
         lacks.append("no end-of-run metrics")
     if taken_drift and not drift:

@@ -464,6 +464,12 @@ CASES = [
     ("resume-with-more-epochs", lambda w, t: train_args(w, "--resume", "--epochs", "3"),
      ["cannot resume: no run at", "is completed with optim.epochs=1 (not 3)",
       "train this config without --resume"]),
+    # ... and on other data too: both reasons are named, not the first alone
+    ("resume-with-more-epochs-on-other-data", lambda w, t: data_args(
+        w, t, t10k_labels_idx1_ubyte=idx_of((32,), fill=1)) + ["--resume", "--epochs", "3"],
+     ["cannot resume: no run at", "is completed with optim.epochs=1 (not 3), and trained on "
+      "mnist data with fingerprint", "the data found now is",
+      "train this config without --resume"]),
     ("train-over-unreadable-record", lambda w, t: train_args(w, "--out", str(with_record(
         w, t, lambda r: b"\xff\xfe binary").parent)), ["not UTF-8", "--force"]),
     # --- audit options ---------------------------------------------------------------------

@@ -251,12 +251,25 @@ def test_a_folder_of_the_other_datasets_official_files_is_refused_naming_it(
         "not mnist's: train with --dataset fashion-mnist (data.name='fashion-mnist'), or "
         "point data.data_dir at mnist's own files")
     assert _identity("fashion-mnist", tmp_path).name == "fashion-mnist"
+    # the Python API's load_dataset refuses them too (it computed no identity)
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+
+    config = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path)})
+    with pytest.raises(DataError, match="holds fashion-mnist's official"):
+        load_dataset(config.data, seed=0)
 
 
 @pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist is not installed")
 def test_the_real_fashion_mnist_files_are_not_mnist() -> None:
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+
     with pytest.raises(DataError, match="holds fashion-mnist's official"):
         _identity("mnist", FASHION)
+    config = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(FASHION)})
+    with pytest.raises(DataError, match="holds fashion-mnist's official"):
+        load_dataset(config.data, seed=0)
 
 
 def test_a_test_split_copied_from_the_training_files_is_refused(tmp_path: Path) -> None:

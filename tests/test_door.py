@@ -131,6 +131,23 @@ def test_a_pass_is_remembered_per_machine_in_a_signed_cache(tmp_path, monkeypatc
     assert first.code.data.checks and first.code.method.checks
 
 
+def test_a_pass_is_found_for_an_option_of_minus_zero(tmp_path, monkeypatch):
+    """A diagnostic's option -0.0 is its option 0.0 (one value, as in run ids): the pass
+    remembered for one is the other's, not a second run of the checks in one sweep."""
+    monkeypatch.setenv("CREDITAUDIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(door, "_MEMORY", {})
+    runs = _count_checks(monkeypatch)
+    with guests(tmp_path / "site", "door-mixture", "door_raises"):
+        protocol = {"diagnostics.protocol": ["a", "b", "c", "d", "door_raises"]}
+        plan_run(tiny_config(tmp_path / "runs", **protocol,
+                             **{"diagnostics.door_raises.limit": 0.0}))
+        assert runs
+        runs.clear()
+        plan_run(tiny_config(tmp_path / "runs", **protocol, **{
+            "diagnostics.door_raises.limit": -0.0, "run.seed": 7}))
+        assert runs == []
+
+
 def test_the_record_lists_the_checks_each_guest_passed(tmp_path):
     with guests(tmp_path / "site", "door-mixture"):
         record = train(tiny_config(tmp_path / "runs")).record

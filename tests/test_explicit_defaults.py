@@ -102,6 +102,17 @@ def test_minus_zero_names_the_run_of_zero(tmp_path):
     assert minus.run_id == zero.run_id
 
 
+def test_minus_zero_of_a_generator_names_the_run_of_zero(tmp_path):
+    """A generator's argument −0.0 makes the data 0.0 makes: one data fingerprint, one run
+    id (the fingerprint hashes the generator's arguments, where JSON spelled −0.0 apart)."""
+    zero = plan_run(_config(tmp_path, **{"data.alpha": 0.0}))
+    minus = plan_run(_config(tmp_path, **{"data.alpha": -0.0}))
+    assert minus.identity.fingerprint == zero.identity.fingerprint
+    assert minus.identity.source == zero.identity.source  # the recipe's
+    assert minus.run_id == zero.run_id
+    assert minus.load_data().content_digest() == zero.load_data().content_digest()
+
+
 def test_all_blocks_of_an_adapted_model_whose_builder_froze_one_stay_apart():
     """On an adapted model ``trainable_blocks = L`` unfreezes what its builder froze between
     named states, which the default leaves frozen: another computation, kept as given."""

@@ -102,6 +102,48 @@ def test_a_grid_axis_that_cannot_add_runs_is_an_error(tmp_path, axis, fragment):
     assert fragment in str(err.value)
 
 
+def _one_folder_three_ways(tmp_path: Path, monkeypatch, body: str) -> Path:
+    """A sweep file over MNIST-layout files in ``tmp_path``/x, run from ``tmp_path``."""
+    monkeypatch.chdir(tmp_path)
+    write_idx_dataset(tmp_path / "x")
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(f"""
+        [base.data]
+        name = "mnist"
+        data_dir = "x"
+        [base.run]
+        out_dir = "{tmp_path / 'out'}"
+    """) + textwrap.dedent(body))
+    return path
+
+
+def test_one_data_folder_spelled_three_ways_is_one_value(tmp_path, monkeypatch):
+    """``x``, its absolute path and ``./x/`` are one folder: an axis of them is one value
+    listed three times, refused as a repeated value is (it said 3 runs, and ran 1)."""
+    path = _one_folder_three_ways(tmp_path, monkeypatch, f"""
+        [grid]
+        "data.data_dir" = ["x", "{tmp_path / 'x'}", "./x/"]
+    """)
+    with pytest.raises(ConfigError, match=r"grid axis data\.data_dir lists one value 3 times "
+                                          r"\('x' and '.*' and '\./x/'\): its 3 values give 1 "
+                                          r"run; list each value once"):
+        load_sweep(path)
+
+
+def test_a_dry_run_header_counts_each_folder_once(tmp_path, monkeypatch, capsys):
+    """An [[include]] run that names the [base] folder another way is the [base] run: the
+    dry run's first line counts one run, as its last does."""
+    path = _one_folder_three_ways(tmp_path, monkeypatch, """
+        [[include]]
+        "data.data_dir" = "./x/"
+    """)
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"sweep {path}: the [base] run + 1 [[include]] run → 1 run in "
+                        f"{tmp_path / 'out'}")
+    assert "1 run: 0 done or skipped, 1 to run" in lines[-1]
+
+
 def test_a_command_line_override_of_an_axis_is_a_named_warning(tmp_path, capsys):
     """--precision bf16 over a run.precision axis: the user asked for it, so the sweep runs,
     and says that the axis collapsed."""
@@ -205,7 +247,7 @@ def test_dry_run_says_what_would_run_and_why_runs_collapse(tmp_path, capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == (f"sweep {path}: 2 × 2 grid combinations (method.name × data.data_dir)"
-                        f" + 2 [[include]] runs → 5 runs in {tmp_path / 'out'}")
+                        f" + 2 [[include]] runs → 5 configs, 3 runs in {tmp_path / 'out'}")
     assert lines[1] == "executor: local executor, 2 worker processes × 1 thread"
     # An include that repeats a grid combination.
     one = tmp_path / "one"

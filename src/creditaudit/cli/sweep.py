@@ -113,7 +113,7 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
     out_dir = results_folder(plans)
     rows = run_states(plans, retry_failed=args.retry_failed, stale_after=stale_after)
     to_train = plans_to_train(plans, rows)  # what the sweep would group and hand out
-    print(describe_plan(sweep, expansion, out_dir))
+    print(describe_plan(sweep, expansion, out_dir, len({plan.run_id for plan in plans})))
     print(f"executor: {describe_planned_executor(args, task_sizes(to_train, args.stack))}")
     if args.stack > 1:
         print(f"stacks: {describe_stacks(to_train, args.stack)}")
@@ -156,7 +156,8 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
         print(f"{label:<{width}}  {row['run_id']:<{id_width}}  {state}")
     unique = {row["run_id"]: row for row in rows}.values()
     n_todo = sum(row["todo"] for row in unique)
-    print(f"\n{len(unique)} runs: {len(unique) - n_todo} done or skipped, {n_todo} to run "
+    print(f"\n{len(unique)} run{'s' if len(unique) != 1 else ''}: {len(unique) - n_todo} "
+          f"done or skipped, {n_todo} to run "
           f"(results in {out_dir})")
     return 0
 

@@ -126,9 +126,12 @@ def as_reported(record: Any, reported: str | None) -> Any:
     return dataclasses.replace(record, status=reported)
 
 
-def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
+def describe_plan(sweep: Any, expansion: Any, out_dir: Path, n_runs: int | None = None
+                  ) -> str:
     """``sweep s.toml: 2 × 3 grid combinations (method.name × run.seed) + 1 [[include]] run
-    → 7 runs in OUT``: what the sweep file expands to, before anything runs."""
+    → 7 runs in OUT``: what the sweep file expands to, before anything runs. ``n_runs``: the
+    distinct run ids of its plans, when known; fewer than its configs (the same data in two
+    folders is one run) is said as ``→ 7 configs, 6 runs in OUT``."""
     from creditaudit.sweep import flatten_keys
 
     grid = flatten_keys(sweep.grid)
@@ -141,8 +144,10 @@ def describe_plan(sweep: Any, expansion: Any, out_dir: Path) -> str:
         text += "the [base] run"
     if expansion.n_include:
         text += f" + {expansion.n_include} [[include]] run{'s' if expansion.n_include != 1 else ''}"
-    n_runs = len(expansion.configs)
-    return text + f" → {n_runs} run{'s' if n_runs != 1 else ''} in {out_dir}"
+    n_configs = len(expansion.configs)
+    n_runs = n_configs if n_runs is None else n_runs
+    configs = f"{n_configs} config{'s' if n_configs != 1 else ''}, " if n_runs < n_configs else ""
+    return text + f" → {configs}{n_runs} run{'s' if n_runs != 1 else ''} in {out_dir}"
 
 
 def describe_stacks(plans: list[Any], size: int) -> str:

@@ -29,15 +29,24 @@ from creditaudit.errors import ConfigError, DataError, LoadedDataError
 def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = None
                  ) -> Dataset:
     """Load (or generate) the dataset ``options.name`` selects (``options``: a config's data
-    section; ``spec``: the dataset holding those options, when the caller has resolved it —
-    a run plan); ``seed``: the run seed (generated data uses ``data.data_seed`` when set).
+    section; ``spec``: the dataset holding those options, when the caller has resolved it
+    and computed its identity — a run plan); ``seed``: the run seed (generated data uses
+    ``data.data_seed`` when set).
 
-    Checks what was loaded against what the dataset declares (sample shape, classes, equal
-    train and test shapes: :func:`check_loaded`; the sizes of ``sizes()``:
-    :func:`check_sizes`) and applies ``data.train_subset``.
+    Without ``spec`` the dataset's identity is computed here first
+    (:meth:`~creditaudit.data.spec.DatasetSpec.identity`), so the data a run would refuse is
+    refused here too (e.g. Fashion-MNIST's files given as ``mnist``); a file's digest is
+    computed once per machine (:func:`~creditaudit.data.identity.file_digest`). Checks what
+    was loaded against what the dataset declares (sample shape, classes, equal train and
+    test shapes: :func:`check_loaded`; the sizes of ``sizes()``: :func:`check_sizes`) and
+    applies ``data.train_subset``.
     """
-    spec = dataset_spec(options.name)(options) if spec is None else spec
-    spec.check()
+    if spec is None:
+        spec = dataset_spec(options.name)(options)
+        spec.check()
+        spec.identity(spec.data_seed(seed))
+    else:
+        spec.check()
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
     check_sizes(spec, dataset)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from creditaudit.config import opt
+from creditaudit.config.keys import signless_zeros
 from creditaudit.data import transforms
 from creditaudit.data.dataset import Dataset
 from creditaudit.data.identity import file_digest
@@ -34,8 +35,10 @@ MAX_DATA_SEED = 2**32 - 1  # numpy's generators (mnist1d) take 32-bit seeds
 
 
 def digest_text(payload: Any) -> str:
-    """sha256 of a JSON-able payload (sorted keys)."""
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    """sha256 of a JSON-able payload (sorted keys; every float −0.0 in it hashed as 0.0, as
+    in run ids: a generator's argument −0.0 makes the data 0.0 makes)."""
+    return hashlib.sha256(json.dumps(signless_zeros(payload), sort_keys=True).encode()
+                          ).hexdigest()
 
 
 # Covariant: a dataset of SyntheticOptions is a dataset of GeneratedOptions.

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from creditaudit.config.keys import signless_zeros
 from creditaudit.errors import GuestError
 from creditaudit.files.cache import load_json_cache, sign, store_json_cache, verify
 from creditaudit.guests import Guest, source_digest
@@ -79,8 +80,9 @@ def admit(guest: Guest, axis: str, checked_with: Mapping[str, Any],
     (options, input shape), plain JSON."""
     identity = {"axis": axis, "guest": guest.what, "code": guest.digest,
                 "suites": suites_digest(), "with": checked_with}
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()
-                         ).hexdigest()
+    # -0.0 is 0.0, as in run ids: JSON spelled them apart, and the pass went unfound
+    key = hashlib.sha256(json.dumps(signless_zeros(identity), sort_keys=True, default=str
+                                    ).encode()).hexdigest()
     if key in _MEMORY:
         return dataclasses.replace(_MEMORY[key], cached=True, seconds=0.0)
     remembered = _remembered(key)

@@ -323,12 +323,21 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
     _, other, record, differ = nearest
     values = ", ".join(f"{key}={config_value(record.config, key)!r} "
                        f"(not {config_value(config, key)!r})" for key in differ)
+    data = record.data
+    data_changed = data is not None and data.fingerprint != identity.fingerprint
+    if data is not None and data_changed:  # a second reason: each is named
+        values += (f", and trained on {data.name} data with fingerprint "
+                   f"{data.fingerprint[:12]}… (the data found now is "
+                   f"{identity.fingerprint[:12]}…)")
+    on_its_data = " with data.data_dir at that run's data" if data_changed else ""
     advice = (f"resume that run with its own config (creditaudit train --config "
-              f"{other / CONFIG_FILE} --resume), or " if not record.is_finished else "")
+              f"{other / CONFIG_FILE} --resume){on_its_data}, or "
+              if not record.is_finished else "")
+    covers = " and the data" if data_changed else ""
     return RunRecordError(
         f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
-        f"another run (the run id covers every option that changes what is computed): "
-        f"{advice}train this config without --resume")
+        f"another run (the run id covers every option that changes what is computed"
+        f"{covers}): {advice}train this config without --resume")
 
 
 def _differing_keys(recorded: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]

@@ -4,8 +4,10 @@ they list (:class:`AxisCollapse`, with the reason a message states)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,7 @@ class AxisCollapse:
     n_runs: int
     reason: str
     detail: str  # the repeated values, or the overriding value(s)
+    n_repeated: int = 2  # how many of the values are the repeated one ("same value")
 
     @property
     def message(self) -> str:
@@ -80,7 +83,8 @@ class AxisCollapse:
             return (f"grid axis {self.key} gives fewer runs under the command line's "
                     f"{self.detail}: {gives}")
         if self.reason == "same value":
-            return (f"grid axis {self.key} lists one value twice ({self.detail}): {gives}; "
+            times = "twice" if self.n_repeated == 2 else f"{self.n_repeated} times"
+            return (f"grid axis {self.key} lists one value {times} ({self.detail}): {gives}; "
                     "list each value once")
         return (f"grid axis {self.key} does not change what a run computes (it is not part "
                 f"of the run id): {gives}; give it one value in [base]")
@@ -118,19 +122,35 @@ def collapsed_axes(grid: dict[str, list[Any]], configs: Sequence[RunConfig],
                     == key.partition(".")[0]} or overrides
             reason, detail = "overrides", ", ".join(f"{k}={v!r}" for k, v in near.items())
         elif len({repr(signless_zeros(config_value(config, key)))  # 0.0 is -0.0
-                  for _, config in repeated}) == 1:
+                  for _, config in repeated}) == 1 or _one_folder(key, repeated):
             reason, detail = "same value", " and ".join(repr(value) for value, _ in repeated)
         else:
             reason, detail = "not in run id", ""
-        out.append(AxisCollapse(key, len(values), len(groups), reason, detail))
+        out.append(AxisCollapse(key, len(values), len(groups), reason, detail, len(repeated)))
     return out
+
+
+def _one_folder(key: str, repeated: list[tuple[Any, RunConfig]]) -> bool:
+    """Whether ``key`` is a data path option whose ``repeated`` values name one folder."""
+    section, _, name = key.partition(".")
+    folders = {data_folders(config).get(name) for _, config in repeated}
+    return section == "data" and len(folders) == 1 and None not in folders
 
 
 def run_key(config: RunConfig) -> str:
     """Equal for configs that compute the same thing on the same data folder (the run id
-    without the data fingerprint, which would need the data read)."""
-    return json.dumps([semantic_dict(config), config.to_dict()["data"].get("data_dir")],
-                      sort_keys=True)
+    without the data fingerprint, which would need the data read). A folder is compared by
+    its absolute, normalised path: ``x``, ``./x/`` and ``/cwd/x`` are one folder."""
+    return json.dumps([semantic_dict(config), data_folders(config)], sort_keys=True)
+
+
+def data_folders(config: RunConfig) -> dict[str, str]:
+    """Each path option of ``config``'s data (``data_dir``, a plugin dataset's own) that is
+    set, as an absolute, normalised path (against the current folder, ``~`` expanded)."""
+    return {f.name: os.path.normpath(os.path.abspath(os.path.expanduser(value)))
+            for f in dataclasses.fields(config.data)
+            if f.metadata.get("path") and isinstance(value := getattr(config.data, f.name), str)
+            and value.strip()}
 
 
 def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:

@@ -63,7 +63,7 @@ def test_what_the_plan_counts_is_what_the_rule_holds(name):
 
 def test_a_rule_that_cannot_bind_on_meta_counts_nothing_and_refuses_no_run(monkeypatch):
     """Code that needs values to bind is sized once the run binds it: the plan goes on; a
-    refusal of the rule's options still stops it."""
+    refusal of the rule's options still stops the plan (it checks them before sizing)."""
     def fails(rule):
         raise RuntimeError("needs values")
 
@@ -75,7 +75,7 @@ def test_a_rule_that_cannot_bind_on_meta_counts_nothing_and_refuses_no_run(monke
     assert memory.rule_on_meta_bytes(cls, meta_model, config, 10) == 0
     refused = config.replace(**{"method.penalty": 0.1, "method.trainable_blocks": 0})
     with pytest.raises(ConfigError, match="method.penalty=0.1 has no effect"):
-        memory.rule_on_meta_bytes(cls, meta_model, refused, 10)
+        plan_run(refused)
 
 
 def test_generated_data_too_large_for_the_machine_is_one_line_exit_2(tmp_path, capsys,

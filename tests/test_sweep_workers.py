@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -249,12 +250,14 @@ def test_a_ctrl_c_while_a_broken_pool_unwinds_stops_the_sweep(tmp_path, monkeypa
 
 
 class _SlowPool:
-    """A pool whose shutdown takes ``seconds`` (its workers recording their interrupt)."""
+    """A pool whose shutdown (its workers recording their interrupt) ends ``seconds`` after
+    ``sent`` is set: the interrupt was sent, however late a loaded machine sent it."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.done = seconds, False
+    def __init__(self, sent: threading.Event, seconds: float) -> None:
+        self.sent, self.seconds, self.done = sent, seconds, False
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        self.sent.wait(60)
         time.sleep(self.seconds)
         self.done = True
 
@@ -272,13 +275,18 @@ def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient):
     """Waiting for a broken pool (patient), a first Ctrl-C lets the workers finish recording
     it; unwinding after an interrupt, a Ctrl-C is the second one and kills them. Either way
     the caller learns that an interrupt arrived."""
-    import threading
-
     from creditaudit.sweep.executors import _shut_down
 
-    pool, process = _SlowPool(1.0), _Process()
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-    assert _shut_down(pool, [process], 10, patient=patient) is True
+    sent = threading.Event()
+
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        sent.set()
+
+    pool, process = _SlowPool(sent, 1.0), _Process()
+    threading.Timer(0.2, interrupt).start()
+    assert _shut_down(pool, [process], 30, patient=patient) is True
     assert process.killed is not patient
-    time.sleep(1.0)
+    sent.wait(60)
+    time.sleep(1.5)
     assert pool.done

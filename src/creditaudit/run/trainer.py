@@ -188,7 +188,10 @@ class Trainer:
         # backward since is judged as it now is.
         self.record.reference = self.reference
         self.record.status = "running"
-        self.start_epoch = restored.epoch + 1
+        # A run that stopped on its walk-back verdict (killed before its final write, in
+        # its end-of-run metrics) trains no further epoch: it only finishes, as it would have.
+        self.start_epoch = (self.config.optim.epochs + 1 if record.stopped_early
+                            else restored.epoch + 1)
         self.checkpointed = restored.epoch
         self.init_digest = restored.init_digest
 

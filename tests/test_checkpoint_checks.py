@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -320,3 +321,18 @@ def test_a_checkpoint_of_an_unknown_format_is_refused(tmp_path, capsys, monkeypa
     code, _, err = cli(capsys, "audit", str(folder), "--no-metrics", "-q")
     assert_refused(code, err, words)
     assert load_record(folder).status == "interrupted"
+
+
+# --- 6. a checkpoint that is no regular file ----------------------------------------------
+@pytest.mark.parametrize("plant", ["named-pipe", "symlink-to-dev-zero"])
+def test_a_checkpoint_that_is_no_regular_file_is_not_called_missing(tmp_path, plant):
+    from creditaudit.records import load_checkpoint
+
+    path = tmp_path / CHECKPOINT_FILE
+    if plant == "named-pipe":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(RunRecordError, match="is not a regular file") as refused:
+        load_checkpoint(path)
+    assert "missing" not in str(refused.value)

@@ -163,6 +163,19 @@ def test_a_checkpoint_copied_from_another_run_is_neither_audited_nor_served(tmp_
         served.model  # noqa: B018
 
 
+def test_a_checkpoint_of_another_seed_is_not_resumed_as_other_data(tmp_path, capsys,
+                                                                   monkeypatch):
+    """The synthetic data is drawn from the seed: the seed-7 run's checkpoint was refused as
+    the data having changed, with the advice to point data.data_dir at the run's data."""
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch)
+    _, other = stopped_after_epoch_1(tmp_path, capsys, monkeypatch, "other", **{"run.seed": 7})
+    (folder / CHECKPOINT_FILE).write_bytes((other / CHECKPOINT_FILE).read_bytes())
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert_refused(code, err, f"{folder / CHECKPOINT_FILE} holds the record of run "
+                   f"{other.name}, not of {folder.name}", "--force")
+    assert "data_dir" not in err
+
+
 # --- 3. record.json an epoch behind the checkpoint ----------------------------------------
 def record_write_fails_after(monkeypatch, epoch: int) -> None:
     """The record write after ``epoch`` fails with a full disk (the checkpoint of that
@@ -262,6 +275,9 @@ INIT_DAMAGES = {
                      "model"),
     "missing": (lambda folder: (folder / INIT_FILE).unlink(), "is missing, and the end-of-run "
                 "drift compares the trained weights with it"),
+    "a-folder": (lambda folder: (folder / INIT_FILE).unlink() or (folder / INIT_FILE).mkdir(),
+                 "is not a regular file, and the end-of-run drift compares the trained weights "
+                 "with it"),
     "other-dtype": (in_float64, "holds embed.weight of shape (16, 8) and torch.float64, but "
                     "the model's is (16, 8) and torch.float32"),
     "another-runs": (None, "is not this run's initial weights"),

@@ -33,6 +33,7 @@ from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
     load_into,
+    other_runs_record,
     resume_threads,
     saved_record,
 )
@@ -88,7 +89,8 @@ def restore(path: Path, state: TrainingState, plan: RunPlan, *, identity: DataId
                              "over with --force")
     saved = load_checkpoint(path, map_location=device)
     record = saved_record(saved, path)
-    check_same_data(record, identity, path)
+    if other_runs_record(record, plan.run_id, path) is None:  # else load_into says whose
+        check_same_data(record, identity, path)
     check_same_question(record.config, plan.config, path)
     threads = resume_threads(record, plan.config, path)
     load_into(saved, path, plan.config, saved=record, run_id=plan.run_id, model=state.model,

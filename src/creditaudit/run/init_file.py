@@ -48,7 +48,8 @@ def check_initial(run_dir: Path, model: nn.Module, digest: str | None, *,
     if not path.exists() and not needed:
         return
     if not path.is_file():
-        raise RunRecordError(f"cannot resume: {path} is missing, and the end-of-run drift "
+        state = "is not a regular file" if path.exists() else "is missing"
+        raise RunRecordError(f"cannot resume: {path} {state}, and the end-of-run drift "
                              f"compares the trained weights with it: {INIT_FIX}")
     saved = load_parameters(path)
     expected = dict(model.named_parameters())

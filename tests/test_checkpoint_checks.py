@@ -305,6 +305,28 @@ def test_init_pt_is_checked_when_the_run_resumes_before_training(tmp_path, capsy
     assert load_record(folder).status == "interrupted"
 
 
+def test_init_pt_replaced_while_the_run_trains_gives_no_drift(tmp_path, capsys, monkeypatch):
+    """The drift read init.pt unchecked at the end: another run's file copied over it during
+    training gave a drift of the wrong weights in a completed record."""
+    other = other_runs_init(tmp_path, capsys, monkeypatch)
+    config = config_file(tmp_path, **{"diagnostics.end_of_run": True})
+    original = Trainer.train_epoch
+
+    def replaced(self, epoch):  # noqa: ANN001, ANN202
+        if epoch == 2:
+            (self.run_dir / INIT_FILE).write_bytes(other)
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", replaced)
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config))
+    assert_refused(code, err, "cannot compute the end-of-run drift",
+                   "is not this run's initial weights")
+    (folder,) = [d for d in (tmp_path / "runs").iterdir()
+                 if load_record(d).config.run.seed == 42]
+    assert load_record(folder).status == "failed"
+    assert not load_record(folder).diagnostics.drift
+
+
 def test_a_run_without_an_init_digest_or_without_end_of_run_metrics_resumes(tmp_path, capsys,
                                                                            monkeypatch):
     """Checkpoints written before init.pt's digest was kept resume as before (init.pt's

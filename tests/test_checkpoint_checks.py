@@ -163,17 +163,21 @@ def test_a_checkpoint_copied_from_another_run_is_neither_audited_nor_served(tmp_
         served.model  # noqa: B018
 
 
-def test_a_checkpoint_of_another_seed_is_not_resumed_as_other_data(tmp_path, capsys,
-                                                                   monkeypatch):
+@pytest.mark.parametrize("frozen_acc", [None, 0.5], ids=["seed", "seed-and-frozen-acc"])
+def test_a_checkpoint_of_another_seed_is_named_as_another_runs(tmp_path, capsys, monkeypatch,
+                                                               frozen_acc):
     """The synthetic data is drawn from the seed: the seed-7 run's checkpoint was refused as
-    the data having changed, with the advice to point data.data_dir at the run's data."""
+    the data having changed, with the advice to point data.data_dir at the run's data (and,
+    had it another frozen_acc, as resumed with another value of it)."""
     config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch)
-    _, other = stopped_after_epoch_1(tmp_path, capsys, monkeypatch, "other", **{"run.seed": 7})
+    frozen = {} if frozen_acc is None else {"diagnostics.frozen_acc": frozen_acc}
+    _, other = stopped_after_epoch_1(tmp_path, capsys, monkeypatch, "other",
+                                     **{"run.seed": 7, **frozen})
     (folder / CHECKPOINT_FILE).write_bytes((other / CHECKPOINT_FILE).read_bytes())
     code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
     assert_refused(code, err, f"{folder / CHECKPOINT_FILE} holds the record of run "
                    f"{other.name}, not of {folder.name}", "--force")
-    assert "data_dir" not in err
+    assert "data_dir" not in err and "frozen_acc" not in err
 
 
 # --- 3. record.json an epoch behind the checkpoint ----------------------------------------

@@ -421,6 +421,12 @@ CASES = [
      ["cannot be read"]),
     ("checkpoint-truncated", lambda w, t: ["audit", str(with_checkpoint(
         w, t, (w.run_dir / CHECKPOINT_FILE).read_bytes()[:4000]))], ["cannot be read"]),
+    # a text file (torch's reader raised IndexError) and a cut legacy pickle (struct.error)
+    # used to end in "internal error"
+    ("checkpoint-text", lambda w, t: ["audit", str(with_checkpoint(
+        w, t, b"root:x:0:0:root:/root:/bin/bash\n"))], ["cannot be read"]),
+    ("checkpoint-cut-legacy-pickle", lambda w, t: ["audit", str(with_checkpoint(
+        w, t, pickle.dumps({"model": [1, 2.0]}, protocol=2)[:-5]))], ["cannot be read"]),
     ("checkpoint-payload", lambda w, t: ["audit", str(with_checkpoint(
         w, t, torch_bytes({"model": Payload(t / "marker")})))], ["never unpickles"]),
     ("checkpoint-plain-tensor", lambda w, t: ["audit", str(with_checkpoint(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,23 @@ def test_a_checkpoint_copied_from_another_run_is_neither_audited_nor_served(tmp_
         served.model  # noqa: B018
 
 
+@pytest.mark.parametrize("frozen_acc", [None, 0.5], ids=["seed", "seed-and-frozen-acc"])
+def test_a_checkpoint_of_another_seed_is_named_as_another_runs(tmp_path, capsys, monkeypatch,
+                                                               frozen_acc):
+    """The synthetic data is drawn from the seed: the seed-7 run's checkpoint was refused as
+    the data having changed, with the advice to point data.data_dir at the run's data (and,
+    had it another frozen_acc, as resumed with another value of it)."""
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch)
+    frozen = {} if frozen_acc is None else {"diagnostics.frozen_acc": frozen_acc}
+    _, other = stopped_after_epoch_1(tmp_path, capsys, monkeypatch, "other",
+                                     **{"run.seed": 7, **frozen})
+    (folder / CHECKPOINT_FILE).write_bytes((other / CHECKPOINT_FILE).read_bytes())
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config), "--resume")
+    assert_refused(code, err, f"{folder / CHECKPOINT_FILE} holds the record of run "
+                   f"{other.name}, not of {folder.name}", "--force")
+    assert "data_dir" not in err and "frozen_acc" not in err
+
+
 # --- 3. record.json an epoch behind the checkpoint ----------------------------------------
 def record_write_fails_after(monkeypatch, epoch: int) -> None:
     """The record write after ``epoch`` fails with a full disk (the checkpoint of that
@@ -261,6 +279,9 @@ INIT_DAMAGES = {
                      "model"),
     "missing": (lambda folder: (folder / INIT_FILE).unlink(), "is missing, and the end-of-run "
                 "drift compares the trained weights with it"),
+    "a-folder": (lambda folder: (folder / INIT_FILE).unlink() or (folder / INIT_FILE).mkdir(),
+                 "is not a regular file, and the end-of-run drift compares the trained weights "
+                 "with it"),
     "other-dtype": (in_float64, "holds embed.weight of shape (16, 8) and torch.float64, but "
                     "the model's is (16, 8) and torch.float32"),
     "another-runs": (None, "is not this run's initial weights"),
@@ -286,6 +307,28 @@ def test_init_pt_is_checked_when_the_run_resumes_before_training(tmp_path, capsy
                    "restore the run's own init.pt, or start the run over with --force")
     assert trained == []  # refused before training, not after every epoch
     assert load_record(folder).status == "interrupted"
+
+
+def test_init_pt_replaced_while_the_run_trains_gives_no_drift(tmp_path, capsys, monkeypatch):
+    """The drift read init.pt unchecked at the end: another run's file copied over it during
+    training gave a drift of the wrong weights in a completed record."""
+    other = other_runs_init(tmp_path, capsys, monkeypatch)
+    config = config_file(tmp_path, **{"diagnostics.end_of_run": True})
+    original = Trainer.train_epoch
+
+    def replaced(self, epoch):  # noqa: ANN001, ANN202
+        if epoch == 2:
+            (self.run_dir / INIT_FILE).write_bytes(other)
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", replaced)
+    code, _, err = cli(capsys, "train", "-q", "--config", str(config))
+    assert_refused(code, err, "cannot compute the end-of-run drift",
+                   "is not this run's initial weights")
+    (folder,) = [d for d in (tmp_path / "runs").iterdir()
+                 if load_record(d).config.run.seed == 42]
+    assert load_record(folder).status == "failed"
+    assert not load_record(folder).diagnostics.drift
 
 
 def test_a_run_without_an_init_digest_or_without_end_of_run_metrics_resumes(tmp_path, capsys,
@@ -320,3 +363,18 @@ def test_a_checkpoint_of_an_unknown_format_is_refused(tmp_path, capsys, monkeypa
     code, _, err = cli(capsys, "audit", str(folder), "--no-metrics", "-q")
     assert_refused(code, err, words)
     assert load_record(folder).status == "interrupted"
+
+
+# --- 6. a checkpoint that is no regular file ----------------------------------------------
+@pytest.mark.parametrize("plant", ["named-pipe", "symlink-to-dev-zero"])
+def test_a_checkpoint_that_is_no_regular_file_is_not_called_missing(tmp_path, plant):
+    from creditaudit.records import load_checkpoint
+
+    path = tmp_path / CHECKPOINT_FILE
+    if plant == "named-pipe":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(RunRecordError, match="is not a regular file") as refused:
+        load_checkpoint(path)
+    assert "missing" not in str(refused.value)

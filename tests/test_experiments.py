@@ -554,6 +554,10 @@ def test_find_summary_reads_current_and_older_file_names(tmp_path, plant):
     assert find_summary(tmp_path, "audit_table", "smoke", "synthetic") == current
     plant(folder / "temporal.json", "{not json")
     assert find_summary(tmp_path, "temporal", "smoke", "synthetic") is None
+    # valid JSON of another shape ended in AttributeError
+    for text in ('{"meta": ["smoke", "synthetic"]}', '["meta"]'):
+        plant(folder / "temporal.json", text)
+        assert find_summary(tmp_path, "temporal", "smoke", "synthetic") is None
 
 
 def test_summary_meta_names_the_files_written(smoke):

@@ -266,6 +266,40 @@ def test_fingerprint_cache_entries_are_signed_verified_and_recomputed_quietly(
     assert len(reads) == 1 + len(bad_entries)  # each bad entry: hashed again
 
 
+@pytest.mark.parametrize("plant", ["named-pipe", "deep-nesting"])
+def test_a_fingerprint_cache_that_is_no_json_file_only_means_hashing_again(
+        fingerprints, tmp_path, plant):
+    """The cache is never required: a named pipe there blocked every run forever (opening it
+    waits for a writer), and 200 000 nested ``[`` ended in RecursionError."""
+    import hashlib
+    import threading
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"\x01\x02\x03")
+    fingerprints.parent.mkdir(parents=True, exist_ok=True)
+    if plant == "named-pipe":
+        os.mkfifo(fingerprints)
+    else:
+        fingerprints.write_text("[" * 200_000)
+    found: list[object] = []
+
+    def digest() -> None:
+        try:
+            found.append(identity.file_digest(path))
+        except BaseException as err:  # noqa: BLE001 - the test reports it
+            found.append(err)
+
+    worker = threading.Thread(target=digest, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    blocked = worker.is_alive()
+    if blocked:  # opening the pipe: give it a writer, so that the thread ends
+        os.close(os.open(fingerprints, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(timeout=10)
+    assert not blocked
+    assert found == [hashlib.sha256(b"\x01\x02\x03").hexdigest()]
+
+
 def test_a_files_digest_is_cached_by_how_it_is_read(fingerprints, tmp_path, monkeypatch):
     """A gzip file hashed gunzipped (the IDX loader) is not served as the digest of its raw
     bytes to a dataset reading it raw, in this process or the next: a plugin's fingerprint

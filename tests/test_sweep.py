@@ -372,6 +372,37 @@ def test_claim_staleness_rules():
         is None
 
 
+def test_a_claim_of_an_impossible_pid_is_of_a_dead_process():
+    """Valid JSON of a pid past any there can be ended the sweep in 'internal error:
+    OverflowError' (os.kill takes a C int)."""
+    host = socket.gethostname()
+    for pid in (2**31, 10**30):
+        assert claim_is_stale({"pid": pid, "host": host}, age=0.0, stale_after=900) \
+            == "dead process"
+
+
+@pytest.mark.parametrize("plant", ["named-pipe", "symlink-to-dev-zero"])
+def test_a_claim_that_is_no_regular_file_reads_as_unreadable(tmp_path, plant):
+    """Reading the claim used to block on a named pipe, and read /dev/zero forever."""
+    from creditaudit.records.claim_files import read_claim
+
+    path = tmp_path / CLAIM_FILE
+    found: list[object] = []
+    if plant == "named-pipe":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    worker = threading.Thread(target=lambda: found.append(read_claim(path)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    blocked = worker.is_alive()
+    if blocked and plant == "named-pipe":  # give the pipe a writer, so that the thread ends
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked
+    holder, raw, mtime = found[0]
+    assert holder is None and raw == b"" and mtime is not None
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_a_claim_of_a_killed_process_not_yet_reaped_is_of_a_dead_process():
     """A killed worker stays a zombie until its parent waits for it (a Ray worker until the

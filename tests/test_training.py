@@ -182,6 +182,33 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path, kill_run_at)
     assert a["epoch"] == b["epoch"] == 3
 
 
+@pytest.mark.parametrize("killed_in", ["checkpoint", "finish"])
+def test_a_run_stopped_on_walk_back_and_killed_resumes_to_the_same_stop(tmp_path, monkeypatch,
+                                                                       killed_in):
+    # killed after the stopping epoch's checkpoint, or in the end-of-run work: the record
+    # holds stopped_early, and resuming only finishes the run (it trains no further epoch)
+    options = {"optim.epochs": 3, "diagnostics.frozen_acc": 1.0,
+               "diagnostics.stop_on_walkback": True}
+    straight = train(tiny(tmp_path / "a", **options))
+    assert [e.epoch for e in straight.record.log] == [0, 1]
+    original = getattr(Trainer, killed_in)
+
+    def killed(self, *args):
+        if killed_in == "checkpoint":
+            original(self, *args)
+            if args[0] < 1:
+                return
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, killed_in, killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(tmp_path / "b", **options))
+    monkeypatch.setattr(Trainer, killed_in, original)
+    resumed = train(tiny(tmp_path / "b", **options), resume=True)
+    assert [e.epoch for e in resumed.record.log] == [0, 1]
+    assert comparable(resumed.record) == comparable(straight.record)
+
+
 def test_resume_without_a_run_raises(tmp_path):
     with pytest.raises(RunRecordError, match="cannot resume"):
         train(tiny(tmp_path), resume=True)

@@ -84,6 +84,28 @@ def test_a_finished_run_counts_in_full_and_a_missing_record_as_not_started(tmp_p
     assert watch.counts() == {"a": 8}  # stopped early by the protocol, yet finished
 
 
+def test_a_record_that_is_no_json_file_reads_as_not_started(tmp_path):
+    """The watch reads the sweep's record files from the command's own thread when it
+    starts: a named pipe there blocked the sweep, /dev/zero filled memory (MemoryError,
+    an internal error), and deep nesting ended in RecursionError."""
+    import threading
+
+    deep, pipe, zero = tmp_path / "deep.json", tmp_path / "pipe.json", tmp_path / "zero.json"
+    deep.write_text("[" * 200_000)
+    os.mkfifo(pipe)
+    zero.symlink_to("/dev/zero")
+    assert epochs_done(deep) is None
+    found: list[object] = []
+    worker = threading.Thread(target=lambda: found.append(epochs_done(pipe)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    blocked = worker.is_alive()
+    if blocked:  # give the pipe a writer, so that the thread ends
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked and found == [None]
+    assert epochs_done(zero) is None
+
+
 def test_a_sweeps_line_lists_the_runs_training_now_and_counts_the_others(tmp_path):
     runs = {f"seed={s}": tmp_path / f"{s}" / "progress.json" for s in range(8)}
     write_record(runs["seed=0"], 2, "completed")  # finished before the watch: no ETA pace

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from creditaudit.errors import CreditAuditError
+from creditaudit.files.safe_files import read_text
 from creditaudit.formatting import duration
 
 Say = Callable[[str], None]
@@ -25,11 +27,12 @@ MAX_LISTED = 6  # more runs than this: a line lists only those training now
 def epochs_done(record_file: Path) -> tuple[int, str] | None:
     """(the last recorded epoch, the status) of a run's record; None while there is none
     (a run not started, or a file another version wrote that does not parse)."""
-    try:
-        data = json.loads(record_file.read_text())
+    try:  # a regular file only, boundedly: a named pipe or /dev/zero there is no record
+        data = json.loads(read_text(record_file, "run record"))
         log = data.get("log") or []
         return (int(log[-1]["epoch"]) if log else 0), str(data.get("status"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+    except (CreditAuditError, ValueError, KeyError, TypeError, AttributeError, IndexError,
+            RecursionError):
         return None
 
 

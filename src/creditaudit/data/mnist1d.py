@@ -41,7 +41,14 @@ from torch import Tensor
 from creditaudit.config import DataConfig
 from creditaudit.descriptions import CONTENT_DIGEST
 from creditaudit.errors import DataError, OutputError
-from creditaudit.files.cache import cache_dir, load_json_cache, sign, store_json_cache, verify
+from creditaudit.files.cache import (
+    cache_dir,
+    load_json_cache,
+    read_cache_json,
+    sign,
+    store_json_cache,
+    verify,
+)
 from creditaudit.files.safe_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -211,10 +218,7 @@ def digest_path(path: Path) -> Path:
 def _recorded_digest(path: Path) -> str | None:
     """The digest recorded when the arrays in ``path`` were generated, or None when there
     is none this machine signed (missing, unreadable, or edited since)."""
-    try:
-        entry = json.loads(digest_path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    entry = read_cache_json(digest_path(path))
     digest = entry.get("sha256") if isinstance(entry, dict) else None
     if isinstance(digest, str) and verify(entry.get("mac"), DIGEST_SCOPE, path.name, digest):
         return digest

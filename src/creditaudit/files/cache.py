@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.errors import OutputError
-from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.files.safe_files import atomic_write_bytes, read_text
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,20 @@ def cache_dir() -> Path:
     return base / "creditaudit"
 
 
+def read_cache_json(path: Path) -> Any:
+    """The JSON value in cache file ``path``, or None when it is absent or unreadable: read
+    as :func:`~creditaudit.files.safe_files.read_text` reads a user's file (a regular file
+    only, boundedly), so a named pipe, a symlink to /dev/zero or a huge file in the cache
+    neither blocks, nor fills memory — it only means recomputing."""
+    try:
+        return json.loads(read_text(path, "cache file", OutputError))
+    except (OutputError, ValueError, RecursionError):
+        return None
+
+
 def load_json_cache(name: str) -> dict[str, Any]:
     """The JSON object cached as ``name`` ({} when absent or unreadable)."""
-    path = cache_dir() / name
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    data = read_cache_json(cache_dir() / name)
     return data if isinstance(data, dict) else {}
 
 
@@ -144,5 +151,5 @@ def verify(signature: Any, *parts: str) -> bool:
             and hmac.compare_digest(signature, _mac(key, parts)))
 
 
-__all__ = ["cache_dir", "load_json_cache", "store_json_cache", "cache_key", "sign", "verify",
-           "KEY_FILE"]
+__all__ = ["cache_dir", "read_cache_json", "load_json_cache", "store_json_cache", "cache_key",
+           "sign", "verify", "KEY_FILE"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,8 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
     """``torch.load(weights_only=True)`` with every failure as one RunRecordError line."""
     path = Path(path)
     if not path.is_file():
-        kind = "a folder" if path.is_dir() else "missing"
+        kind = ("a folder" if path.is_dir() else "not a regular file (creditaudit reads only "
+                "regular files)" if path.exists() else "missing")
         raise RunRecordError(f"{what} {path} is {kind}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
@@ -62,8 +62,8 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
         raise RunRecordError(f"{what} {path} cannot be read (not a file torch.save wrote); "
                              "it is corrupt or not a creditaudit file: start the run again "
                              "with --force") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError,
-            AttributeError, TypeError) as err:
+    except Exception as err:  # noqa: BLE001 - whatever the bytes make torch's reader raise
+        # (IndexError, struct.error, … for a text file or a truncated legacy pickle)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise RunRecordError(f"{what} {path} cannot be read ({reason[:120]}); it is "
                              "truncated or not a creditaudit file: start the run again with "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from creditaudit.records.files import CLAIM_FILE
 DEFAULT_STALE_AFTER = 900.0  # seconds without a heartbeat after which a claim holds nothing
 # A claim file that is empty or unreadable is being written right now, unless it is older.
 UNREADABLE_CLAIM_GRACE = 30.0
+MAX_CLAIM_BYTES = 1 << 16  # a claim is ~150 bytes; more is read as unreadable
 
 
 def process_alive(pid: int) -> bool:
@@ -32,7 +34,7 @@ def process_alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: past any pid there can be
         return False
     except PermissionError:  # exists, owned by someone else
         pass
@@ -49,13 +51,18 @@ def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float |
     """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone
     (or if a file stands where the run's folder should be: no claim can be there)."""
     try:
-        raw = path.read_bytes()
-        mtime = path.stat().st_mtime
+        # O_NONBLOCK and a regular file only: a named pipe there would block the opening,
+        # a symlink to /dev/zero the reading (such a claim reads as unreadable, so stale)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return None, None, None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        raw = handle.read(MAX_CLAIM_BYTES) if stat.S_ISREG(info.st_mode) else b""
+        mtime = info.st_mtime
     try:
         holder = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None, raw, mtime
     return (holder if isinstance(holder, dict) else None), raw, mtime
 

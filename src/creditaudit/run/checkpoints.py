@@ -30,9 +30,12 @@ from creditaudit.records import (
 from creditaudit.run.init_file import INIT_DIGEST, check_initial
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import (
+    check_checkpoint_fits,
     check_same_data,
     check_same_question,
+    check_same_run,
     load_into,
+    other_runs_record,
     resume_threads,
     saved_record,
 )
@@ -88,6 +91,11 @@ def restore(path: Path, state: TrainingState, plan: RunPlan, *, identity: DataId
                              "over with --force")
     saved = load_checkpoint(path, map_location=device)
     record = saved_record(saved, path)
+    if other_runs_record(record, plan.run_id, path) is not None:
+        # said as another run's (after the method and shape checks, which say more), not as
+        # its data, options or thread count differing from this run's
+        check_checkpoint_fits(saved, state.model, state.rule, plan.config, path)
+        check_same_run(record, plan.run_id, path)
     check_same_data(record, identity, path)
     check_same_question(record.config, plan.config, path)
     threads = resume_threads(record, plan.config, path)

@@ -39,10 +39,8 @@ from creditaudit.protocol import (
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
-    INIT_FILE,
     EpochEntry,
     ResumedPart,
-    load_parameters,
     new_record,
     save_record,
 )
@@ -50,7 +48,7 @@ from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, prepare_run
-from creditaudit.run.init_file import write_initial
+from creditaudit.run.init_file import read_initial, write_initial
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.results import (
     end_of_run_metrics,
@@ -188,7 +186,10 @@ class Trainer:
         # backward since is judged as it now is.
         self.record.reference = self.reference
         self.record.status = "running"
-        self.start_epoch = restored.epoch + 1
+        # A run that stopped on its walk-back verdict (killed before its final write, in
+        # its end-of-run metrics) trains no further epoch: it only finishes, as it would have.
+        self.start_epoch = (self.config.optim.epochs + 1 if record.stopped_early
+                            else restored.epoch + 1)
         self.checkpointed = restored.epoch
         self.init_digest = restored.init_digest
 
@@ -393,7 +394,11 @@ class Trainer:
         """Final results and end-of-run metrics for completed or diverged runs."""
         self.record.final = final_results(self.record.log)
         if self.config.diagnostics.end_of_run:
-            initial = load_parameters(self.run_dir / INIT_FILE, map_location=self.device)
+            # checked again here: replaced while the run trained, another run's file would
+            # give a wrong drift without a word
+            initial = read_initial(self.run_dir, self.model, self.init_digest,
+                                   doing="cannot compute the end-of-run drift",
+                                   map_location=self.device)
             self.record.diagnostics.update(end_of_run_metrics(
                 self.rule, self.eval_x, self.eval_y, initial=initial,
                 settings=self.config.diagnostics, seed=self.config.run.seed,

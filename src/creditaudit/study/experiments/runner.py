@@ -23,7 +23,7 @@ from creditaudit.errors import (
     OutputError,
 )
 from creditaudit.files import strict_json
-from creditaudit.files.safe_files import atomic_write_files, json_bytes
+from creditaudit.files.safe_files import atomic_write_files, json_bytes, read_text
 from creditaudit.records import (
     FINISHED,
     RECORD_FILE,
@@ -92,10 +92,13 @@ def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str,
     legacy = folder / f"{legacy_summary_stem(name, scale, dataset)}.json"
     if not legacy.is_file():
         return None
-    try:
-        meta = strict_json.loads(legacy.read_text()).get("meta", {})
-    except (OSError, ValueError, AttributeError):
+    try:  # a regular file only, boundedly (a named pipe, /dev/zero: refused unread)
+        summary = strict_json.loads(read_text(legacy, "experiment summary", ConfigError))
+    except (ConfigError, ValueError, RecursionError):
         return None  # unreadable: not evidence of this scale's summary
+    meta = summary.get("meta") if isinstance(summary, dict) else None
+    if not isinstance(meta, dict):  # valid JSON of another shape: no summary of ours
+        return None
     return legacy if (meta.get("scale"), meta.get("dataset")) == (scale, dataset) else None
 
 

@@ -9,7 +9,7 @@ The original figure scripts (``/work/shared/seeds``) read these files, relative 
     results/snapshot_no_outln_v1/snapshot_noLN_s{seed}.json           bp_log, dfa_log
     results/snapshot_no_outln_v1/snapshot_fa_canonical_noln_s{seed}.json   fa_log
     results/snapshot_synth_v1/snapshot_synth_a{α}_L{L}_s{seed}.json   bp_log, dfa_log
-    results/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json      fa_log (α = 1.0, else the largest α)
+    results/snapshot_synth_v1/snapshot_fa_canonical_s{seed}.json      fa_log (α = 1.0, else max α)
     results/{dataset}/results_{dataset}.json              seed 42     {seed: {method: …}}
     results/{dataset}_seed{seed}/results_{dataset}.json   other seeds
 

@@ -236,6 +236,32 @@ def test_a_run_left_alone_in_its_stack_trains_as_it_does_alone(tmp_path):
     assert checkpoint_gap(alone.run_dir, stacked.run_dir) == 0.0
 
 
+def test_a_run_of_a_group_that_trains_alone_fails_alone(tmp_path, monkeypatch):
+    """Runs of one shape whose model cannot stack (BatchNorm's buffers) train one after
+    another; one's failure is its own: the others train, and no record of a run that never
+    trained names another run's error."""
+    from creditaudit.sweep.worker import run_group
+
+    runs = [RunConfig().replace(**{
+        **TINY, "data.n_train": 64, "data.n_test": 32, "data.in_dim": 3072,
+        "model.arch": "convmixer", "optim.epochs": 1, "optim.batch_size": 32,
+        "diagnostics.eval_samples": 32, "method.name": "dfa", "run.out_dir": str(tmp_path),
+        "run.seed": seed}) for seed in (1, 2)]
+    original = Trainer.train_epoch
+
+    def first_fails(self, epoch):
+        if self.config.run.seed == 1:
+            raise RuntimeError("seed 1 exploded")
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", first_fails)
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=[run_id(c) for c in runs])
+    assert [o["status"] for o in outcomes] == ["failed", "completed"]
+    records = [load_record(tmp_path / run_id(c)) for c in runs]
+    assert [r.status for r in records] == ["failed", "completed"]
+    assert "seed 1 exploded" in records[0].error and records[1].error is None
+
+
 def test_a_run_listed_twice_in_a_stack_is_refused(tmp_path):
     """Both would train into its one folder, its record counting it twice in its stack."""
     config = configs(tmp_path, "bp")[0]

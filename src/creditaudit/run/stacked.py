@@ -140,12 +140,13 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     ``resume`` and ``force`` (one for all, or one per config) mean what they mean for
     :func:`~creditaudit.run.trainer.train`; finished runs are returned without training, and
     a run that cannot stack (its rule, a model with buffers) trains alone, after the
-    others. Runs resumed from different epochs, or on different torch thread counts (each
-    goes on with the count it ran on), train in one stack per starting epoch and count; a
-    run left alone in its stack (there, or once the others have ended) takes its own step,
-    bit for bit the run trained alone. An error in the shared step fails every run still
-    training in the stack (and is raised); one in a run's start (its checkpoint read), its
-    evaluation or end-of-run block fails that run alone. ConfigError when the configs
+    others (its failure fails it alone, as below). Runs resumed from different epochs, or
+    on different torch thread counts (each goes on with the count it ran on), train in one
+    stack per starting epoch and count; a run left alone in its stack (there, or once the
+    others have ended) takes its own step, bit for bit the run trained alone. An error in
+    the shared step fails every run still training in the stack (and is raised); one in a
+    run's start (its checkpoint read), its evaluation or end-of-run block fails that run
+    alone. ConfigError when the configs
     differ in more than :data:`VARYING` or list one run twice; RunRecordError as
     :func:`train` raises it; both before anything trains. The caller's torch thread count
     is back afterwards.
@@ -211,7 +212,12 @@ def _train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool],
         log.info("run %s trains alone: %s", trainer.run_id, stack_refusal(trainer.rule)
                  or "its data give another number of batches per epoch")
         with _own_rng(rng, trainer):
-            results[index] = trainer.run(resume=resume_run, loggers=loggers)
+            try:
+                results[index] = trainer.run(resume=resume_run, loggers=loggers)
+            except DiskFullError:
+                raise
+            except Exception as err:  # noqa: BLE001 — recorded by run(); the rest train on
+                results[index] = _failed(trainer, err)
     return [results[i] for i in range(n)]
 
 
@@ -232,6 +238,12 @@ def _failed_start(trainer: Trainer, err: Exception) -> RunResult:
     it held when nothing of this part was recorded yet, as when it runs alone."""
     trainer.record_stop("failed", err)
     trainer.loggers.close()
+    return _failed(trainer, err)
+
+
+def _failed(trainer: Trainer, err: Exception) -> RunResult:
+    """The failed result of ``trainer``'s run, ended by ``err`` (recorded where its record
+    could say it: :meth:`Trainer.record_stop`)."""
     record = trainer.record
     record.status = "failed"
     record.error = record.error or guest_failure(err) or f"{type(err).__name__}: {err}"

@@ -201,6 +201,75 @@ def test_a_killed_stack_resumes_to_the_uninterrupted_result(tmp_path, float64, m
     assert [comparable(r.record) for r in again] == [comparable(r.record) for r in resumed]
 
 
+def test_a_run_whose_resume_fails_fails_alone_and_the_stack_trains_on(tmp_path, monkeypatch):
+    """One run's damaged checkpoint fails that run, as alone; the others of its stack resume
+    and finish instead of failing with it (in a sweep, on every rerun)."""
+    runs = configs(tmp_path, "bp", **{"optim.epochs": 2})
+    original = StackedEpochs.train_epoch
+
+    def kill(self, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(StackedEpochs, "train_epoch", kill)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(runs)
+    monkeypatch.setattr(StackedEpochs, "train_epoch", original)
+    damaged = tmp_path / run_id(runs[1]) / CHECKPOINT_FILE
+    damaged.write_bytes(b"not a checkpoint")
+    results = train_stacked(runs, resume=True)
+    assert [r.status for r in results] == ["completed", "failed", "completed"]
+    assert "cannot be read" in results[1].record.error
+    assert [load_record(tmp_path / run_id(c)).status for c in runs] == [
+        "completed", "interrupted", "completed"]  # the damaged run's folder as it was
+
+
+def test_a_run_left_alone_in_its_stack_trains_as_it_does_alone(tmp_path):
+    """A group of one (a stack of one, or resumed from its own epoch) records
+    stacked_runs = 1, as a run trained alone does: its numbers are that run's, bit for bit."""
+    config = configs(tmp_path / "a", "dfa")[0]
+    alone = train(config)
+    (stacked,) = train_stacked([config.replace(**{"run.out_dir": str(tmp_path / "s")})])
+    assert stacked.record.environment["execution"]["stacked_runs"] == 1
+    assert comparable(stacked.record) == comparable(alone.record)
+    assert checkpoint_gap(alone.run_dir, stacked.run_dir) == 0.0
+
+
+def test_a_run_of_a_group_that_trains_alone_fails_alone(tmp_path, monkeypatch):
+    """Runs of one shape whose model cannot stack (BatchNorm's buffers) train one after
+    another; one's failure is its own: the others train, and no record of a run that never
+    trained names another run's error."""
+    from creditaudit.sweep.worker import run_group
+
+    runs = [RunConfig().replace(**{
+        **TINY, "data.n_train": 64, "data.n_test": 32, "data.in_dim": 3072,
+        "model.arch": "convmixer", "optim.epochs": 1, "optim.batch_size": 32,
+        "diagnostics.eval_samples": 32, "method.name": "dfa", "run.out_dir": str(tmp_path),
+        "run.seed": seed}) for seed in (1, 2)]
+    original = Trainer.train_epoch
+
+    def first_fails(self, epoch):
+        if self.config.run.seed == 1:
+            raise RuntimeError("seed 1 exploded")
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", first_fails)
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=[run_id(c) for c in runs])
+    assert [o["status"] for o in outcomes] == ["failed", "completed"]
+    records = [load_record(tmp_path / run_id(c)) for c in runs]
+    assert [r.status for r in records] == ["failed", "completed"]
+    assert "seed 1 exploded" in records[0].error and records[1].error is None
+
+
+def test_a_run_listed_twice_in_a_stack_is_refused(tmp_path):
+    """Both would train into its one folder, its record counting it twice in its stack."""
+    config = configs(tmp_path, "bp")[0]
+    with pytest.raises(ConfigError, match=r"runs 1 and 3 of the stack are the same run"):
+        train_stacked([config, config.replace(**{"run.seed": 5}), config])
+    assert not (tmp_path / run_id(config)).exists()
+
+
 # --- what stacks, and what trains alone ----------------------------------------------------
 def test_stack_groups_follow_the_shared_shape(tmp_path):
     base = RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path)})

@@ -28,11 +28,12 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, DiskFullError
+from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods import CreditRule, rule_class
 from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
 from creditaudit.run.folder import RunResult, prepare_run
-from creditaudit.run.plan import RunPlan
+from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.setup import caller_threads
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
@@ -139,13 +140,16 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     ``resume`` and ``force`` (one for all, or one per config) mean what they mean for
     :func:`~creditaudit.run.trainer.train`; finished runs are returned without training, and
     a run that cannot stack (its rule, a model with buffers) trains alone, after the
-    others. Runs resumed from different epochs, or on different torch thread counts (each
-    goes on with the count it ran on), train in one stack per starting epoch and count. An
-    error in the shared step fails every run still training in the stack (and is raised);
-    one in a run's evaluation or end-of-run block fails that run alone. ConfigError when
-    the configs differ in more than :data:`VARYING`; RunRecordError as :func:`train`
-    raises it; both before anything trains. The caller's torch thread count is back
-    afterwards.
+    others (its failure fails it alone, as below). Runs resumed from different epochs, or
+    on different torch thread counts (each goes on with the count it ran on), train in one
+    stack per starting epoch and count; a run left alone in its stack (there, or once the
+    others have ended) takes its own step, bit for bit the run trained alone. An error in
+    the shared step fails every run still training in the stack (and is raised); one in a
+    run's start (its checkpoint read), its evaluation or end-of-run block fails that run
+    alone. ConfigError when the configs
+    differ in more than :data:`VARYING` or list one run twice; RunRecordError as
+    :func:`train` raises it; both before anything trains. The caller's torch thread count
+    is back afterwards.
     """
     with caller_threads():
         return _train_stacked(configs, resume=resume, force=force, loggers=loggers)
@@ -158,8 +162,10 @@ def _train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool],
     n = len(configs)
     resumes = [resume] * n if isinstance(resume, bool) else list(resume)
     forces = [force] * n if isinstance(force, bool) else list(force)
-    ready = [prepare_run(c, resume=r, force=f, loggers=loggers)
-             for c, r, f in zip(configs, resumes, forces, strict=True)]
+    plans = [c if isinstance(c, RunPlan) else plan_run(c) for c in configs]
+    _refuse_repeated_runs(plans)
+    ready = [prepare_run(p, resume=r, force=f, loggers=loggers)
+             for p, r, f in zip(plans, resumes, forces, strict=True)]
     results: dict[int, RunResult] = {i: r for i, r in enumerate(ready)
                                      if isinstance(r, RunResult)}
     todo = [(i, r) for i, r in enumerate(ready) if not isinstance(r, RunResult)]
@@ -175,11 +181,18 @@ def _train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool],
     stacked = [item for item in trainers if item not in alone]
     started: list[Trainer] = []
     try:
-        for _, trainer, resume_run in stacked:
+        for index, trainer, resume_run in list(stacked):
             trainer.loggers = build_loggers(trainer.config, trainer.run_id)
             trainer.loggers.loggers.extend(loggers)
             with _own_rng(rng, trainer):
-                trainer.start(resume_run)
+                try:
+                    trainer.start(resume_run)
+                except (KeyboardInterrupt, DiskFullError):
+                    raise
+                except Exception as err:  # noqa: BLE001 — its checkpoint, say: it fails alone
+                    results[index] = _failed_start(trainer, err)
+                    stacked.remove((index, trainer, resume_run))
+                    continue
             started.append(trainer)
         # One stack per starting epoch and thread count (a resumed run keeps the count it
         # ran on).
@@ -199,8 +212,42 @@ def _train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool],
         log.info("run %s trains alone: %s", trainer.run_id, stack_refusal(trainer.rule)
                  or "its data give another number of batches per epoch")
         with _own_rng(rng, trainer):
-            results[index] = trainer.run(resume=resume_run, loggers=loggers)
+            try:
+                results[index] = trainer.run(resume=resume_run, loggers=loggers)
+            except DiskFullError:
+                raise
+            except Exception as err:  # noqa: BLE001 — recorded by run(); the rest train on
+                results[index] = _failed(trainer, err)
     return [results[i] for i in range(n)]
+
+
+def _refuse_repeated_runs(plans: list[RunPlan]) -> None:
+    """ConfigError when two of ``plans`` are one run (the same run id): both would train
+    into its one folder, and its record would count it twice in its stack."""
+    first: dict[str, int] = {}
+    for index, plan in enumerate(plans, start=1):
+        if plan.run_id in first:
+            raise ConfigError(f"runs {first[plan.run_id]} and {index} of the stack are the "
+                              f"same run ({plan.run_id}): list each run once")
+        first[plan.run_id] = index
+
+
+def _failed_start(trainer: Trainer, err: Exception) -> RunResult:
+    """The result of a run whose start (its checkpoint read, its epoch-0 record) raised
+    ``err``: failed, with the other runs of its stack training on. Its folder keeps what
+    it held when nothing of this part was recorded yet, as when it runs alone."""
+    trainer.record_stop("failed", err)
+    trainer.loggers.close()
+    return _failed(trainer, err)
+
+
+def _failed(trainer: Trainer, err: Exception) -> RunResult:
+    """The failed result of ``trainer``'s run, ended by ``err`` (recorded where its record
+    could say it: :meth:`Trainer.record_stop`)."""
+    record = trainer.record
+    record.status = "failed"
+    record.error = record.error or guest_failure(err) or f"{type(err).__name__}: {err}"
+    return RunResult(trainer.run_dir, record)
 
 
 def _share_data(plans: list[RunPlan]) -> None:
@@ -214,11 +261,25 @@ def _share_data(plans: list[RunPlan]) -> None:
             loaded[key] = plan.load_data()
 
 
-def epoch_runner(group: list[Trainer]) -> StackedEpochs:
-    """The group's epoch runner: captured on CUDA where the first run's decision says so,
-    else eager, checked every step on the CPU (a read costs nothing there) and once per
-    epoch on a GPU."""
+class AloneEpochs:
+    """The epochs of a group of one run: its own step (:meth:`Trainer.train_epoch`), bit for
+    bit the run trained alone, as its record's ``stacked_runs`` = 1 says."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def train_epoch(self, epoch: int) -> list[dict[str, Any] | None]:
+        """The run's training stats of ``epoch`` (None: diverged), as a list of one."""
+        return [self.trainer.train_epoch(epoch)]
+
+
+def epoch_runner(group: list[Trainer]) -> StackedEpochs | AloneEpochs:
+    """The group's epoch runner: a run left alone takes its own step; a stack is captured
+    on CUDA where the first run's decision says so, else eager, checked every step on the
+    CPU (a read costs nothing there) and once per epoch on a GPU."""
     first = group[0]
+    if len(group) == 1:
+        return AloneEpochs(first)
     if first.cuda_graphs.on:
         return CapturedEpochs(group)
     return StackedEpochs(group, check="step" if first.device.type == "cpu" else "epoch")
@@ -295,5 +356,5 @@ def _interrupt(trainers: list[Trainer], stop: BaseException) -> None:
         trainer.loggers.close()
 
 
-__all__ = ["VARYING", "check_stackable", "epoch_runner", "stack_key", "stack_groups",
+__all__ = ["VARYING", "AloneEpochs", "check_stackable", "epoch_runner", "stack_key", "stack_groups",
            "train_stacked"]

@@ -271,7 +271,7 @@ class _Process:
 
 
 @pytest.mark.parametrize("patient", [True, False])
-def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient):
+def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient, default_ctrl_c):
     """Waiting for a broken pool (patient), a first Ctrl-C lets the workers finish recording
     it; unwinding after an interrupt, a Ctrl-C is the second one and kills them. Either way
     the caller learns that an interrupt arrived."""
@@ -279,8 +279,8 @@ def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient):
 
     sent = threading.Event()
 
-    def interrupt() -> None:
-        os.kill(os.getpid(), signal.SIGINT)
+    def interrupt() -> None:  # to the main thread, which waits: no other thread takes it
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         sent.set()
 
     pool, process = _SlowPool(sent, 1.0), _Process()

@@ -269,3 +269,25 @@ def test_a_run_trained_before_its_options_were_refused_is_audited_as_trained(
     assert main(["audit", str(run.run_dir), "--format", "json", "-q"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["metadata"]["method"] == method and report["metadata"]["epoch"] == 1
+
+
+def test_a_rule_extra_named_as_a_metric_does_not_replace_the_measured_one(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A rule's per-epoch field named like an end-of-run metric (a plugin's end_epoch
+    returning {"bp_cosine": 0.5}) replaced audit's measured per-layer cosines with 0.5, and
+    the text report then crashed as an internal error; the report of the record leaves such
+    a field out (``epoch_fields``), and so does audit now."""
+    from creditaudit.methods.dfa import DFA
+
+    monkeypatch.setattr(DFA, "end_epoch",
+                        lambda self, epoch, n_epochs: {"bp_cosine": 0.5, "own_error": 0.25})
+    run = _train(tmp_path, **{"method.name": "dfa"})
+    assert run.record.log[-1].extras == {"bp_cosine": 0.5, "own_error": 0.25}
+    assert main(["audit", str(run.run_dir), "--format", "json", "-q"]) == 0
+    metrics = json.loads(capsys.readouterr().out)["metrics"]
+    assert metrics["bp_cosine"] == pytest.approx(run.record.diagnostics.bp_cosine)
+    assert metrics["own_error"] == 0.25  # the rule's own field is still shown
+    assert main(["audit", str(run.run_dir), "--no-metrics", "--format", "json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"] == {"own_error": 0.25}
+    assert main(["audit", str(run.run_dir), "-q"]) == 0
+    assert "cos per layer   [" in capsys.readouterr().out

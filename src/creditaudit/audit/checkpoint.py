@@ -31,7 +31,12 @@ from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, DataError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
-from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
+from creditaudit.protocol.records import (
+    epoch_fields,
+    frozen_baseline,
+    is_frozen_baseline,
+    record_metadata,
+)
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -247,9 +252,10 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
 def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor,
                 eval_y: torch.Tensor, *, metrics: bool) -> dict[str, Any]:
     """The rule's own numbers: what it recorded for the audited epoch (e.g. EP's relaxation
-    ratio) and, with ``metrics``, its end-of-run metrics recomputed now (e.g. EP's update
-    cosine with BP), under a forked RNG."""
-    fields: dict[str, Any] = dict(entry.extras) if entry is not None else {}
+    ratio; one named as an end-of-run metric is left out, as the report leaves it:
+    :func:`~creditaudit.protocol.records.epoch_fields`) and, with ``metrics``, its end-of-run
+    metrics recomputed now (e.g. EP's update cosine with BP), under a forked RNG."""
+    fields: dict[str, Any] = dict(epoch_fields(entry))
     if metrics:
         devices = [eval_x.device] if eval_x.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):

@@ -96,6 +96,18 @@ def test_audit_rejects_accuracies_outside_unit_interval(runs, capsys, frozen):
     assert "fraction in [0, 1]" in _one_line_error(capsys)
 
 
+def test_audit_names_frozen_when_its_run_is_missing(runs, capsys, tmp_path):
+    """A --frozen that is neither a fraction nor a run (a typo, 34,9) said only "no run
+    record at 34,9": among several runs, after the audited run's name, it read as that
+    run's record missing."""
+    dfa = str(runs["dfa"].run_dir)
+    assert main(["audit", dfa, dfa, "--frozen", "34,9", "--no-metrics", "-q"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"creditaudit: error: {dfa}: --frozen 34,9 is neither an accuracy "
+                     "fraction in [0, 1] (e.g. 0.349) nor a frozen run: no run record at "
+                     "34,9: pass a run folder that holds record.json or the file itself"] * 2
+
+
 def test_audit_rejects_a_frozen_run_of_another_architecture(runs, capsys):
     code = main(["audit", str(runs["dfa"].run_dir), "--frozen",
                  str(runs["other_arch"].run_dir), "--no-metrics"])

@@ -136,7 +136,11 @@ def frozen_accuracy(text: str, record: RunRecord) -> float:
             raise ConfigError(f"--frozen {text} is not an accuracy fraction in [0, 1]: pass "
                               "e.g. 0.349 (not 34.9) or a frozen run's folder")
         return value
-    frozen = load_record(text)
+    try:
+        frozen = load_record(text)
+    except RunRecordError as err:  # said of --frozen, not of the audited run
+        raise RunRecordError(f"--frozen {text} is neither an accuracy fraction in [0, 1] "
+                             f"(e.g. 0.349) nor a frozen run: {err}") from None
     if not frozen.is_finished:  # as the runs looked up beside RUN: completed or diverged
         done = frozen.log[-1].epoch if frozen.log else 0
         config = record_path(text).parent / CONFIG_FILE

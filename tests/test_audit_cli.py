@@ -303,3 +303,18 @@ def test_a_rule_extra_named_as_a_metric_does_not_replace_the_measured_one(tmp_pa
     assert json.loads(capsys.readouterr().out)["metrics"] == {"own_error": 0.25}
     assert main(["audit", str(run.run_dir), "-q"]) == 0
     assert "cos per layer   [" in capsys.readouterr().out
+
+
+def test_a_frozen_run_audited_is_not_judged_against_a_frozen_baseline(runs, capsys, caplog):
+    """`audit runs/*-s42-* --frozen FROZEN` audits the frozen run too: (d) judged it against
+    itself (margin 0 pp: "the trained blocks add too little", needs walk-back), where every
+    report of its record calls it the frozen baseline of (d) and leaves (d) as trained."""
+    frozen = str(runs["frozen"].run_dir)
+    for baseline in (frozen, "0.05"):
+        assert main(["audit", frozen, "--frozen", baseline, "--no-metrics", "--format",
+                     "json", "-q"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        d = report["diagnostics"]["d"]
+        assert d["status"] == "not evaluated" and report["metadata"]["frozen_acc"] is None
+        assert "this frozen-blocks run is the baseline" in d["reason"]
+        assert "--frozen is not applied to it" in caplog.text

@@ -13,7 +13,7 @@ anything but tensors and plain containers. :func:`audit_run` evaluates the four 
 baseline of (d) is, in this order, ``frozen`` (an accuracy or a frozen run's folder), the
 mean final accuracy of the frozen-blocks runs of the same recipe found beside the run (in
 its results folder; ``frozen_from_runs=False`` turns this off), or the config's
-``diagnostics.frozen_acc``.
+``diagnostics.frozen_acc`` — for a frozen-blocks run, the baseline itself, only the last.
 """
 
 from __future__ import annotations
@@ -178,6 +178,7 @@ def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int]
     return frozen_baseline(record, [r for _, r in records])
 
 
+SELF_BASELINE_HINT = "this frozen-blocks run is the baseline (d) compares other runs with"
 AUDIT_FIX = ("audit it with --allow-unverified-reference (audit_run(..., "
              "allow_unverified_reference=True)) to see its numbers marked unverified")
 
@@ -209,8 +210,16 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     run.rule.to(target)
     metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,
                                 "status": record.status}
-    if frozen is not None:
-        frozen_acc: float | None = frozen_accuracy(frozen, record)
+    if is_frozen_baseline(record):
+        # The baseline of (d) itself: judged on (d) only as trained (config's frozen_acc),
+        # as reports of its record judge it; against a frozen run, its margin is ~0.
+        frozen_acc: float | None = config.diagnostics.frozen_acc
+        if frozen is not None:
+            log.warning("%s is a frozen-blocks run, the baseline of (d) itself: --frozen "
+                        "is not applied to it", path)
+        frozen_hint = SELF_BASELINE_HINT
+    elif frozen is not None:
+        frozen_acc = frozen_accuracy(frozen, record)
     else:
         frozen_acc = config.diagnostics.frozen_acc
         baseline = (frozen_baseline_beside(record, record_path(path).parent.parent)

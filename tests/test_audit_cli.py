@@ -318,3 +318,18 @@ def test_a_frozen_run_audited_is_not_judged_against_a_frozen_baseline(runs, caps
         assert d["status"] == "not evaluated" and report["metadata"]["frozen_acc"] is None
         assert "this frozen-blocks run is the baseline" in d["reason"]
         assert "--frozen is not applied to it" in caplog.text
+
+
+def test_audit_of_a_diverged_run_says_which_epoch_it_audited(tmp_path, capsys):
+    """A diverged run's checkpoint is its last finite epoch (here epoch 0): the text and
+    Markdown reports gave its numbers and verdict without saying that they are not of the
+    run's end (only -q-less stderr and the json's metadata named the epoch)."""
+    run = _train(tmp_path, **{"method.name": "bp", "optim.lr": 1e4, "optim.epochs": 2})
+    assert run.record.status == "diverged"
+    line = "run status diverged: audited at its last checkpoint, epoch 0"
+    for form in ("text", "md"):
+        assert main(["audit", str(run.run_dir), "--no-metrics", "-q", "--format", form]) == 0
+        assert line in capsys.readouterr().out.splitlines()
+    assert main(["audit", str(run.run_dir), "--no-metrics", "-q", "--format", "json"]) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert (metadata["status"], metadata["epoch"]) == ("diverged", 0)

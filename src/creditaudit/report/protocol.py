@@ -81,7 +81,8 @@ _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"
           "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
           "^": r"\textasciicircum{}", "—": "---", "–": "--", "−": "$-$", "×": r"$\times$",
           "±": r"$\pm$", "Γ": r"$\Gamma$", "λ": r"$\lambda$", "‖": r"$\|$", "≥": r"$\geq$",
-          "≤": r"$\leq$", "→": r"$\to$", "†": r"\dag{}", "·": r"$\cdot$"}
+          "≤": r"$\leq$", "→": r"$\to$", "†": r"\dag{}", "·": r"$\cdot$",
+          "…": r"\ldots{}"}
 
 
 def _latex_escape(text: str) -> str:

@@ -186,3 +186,17 @@ def test_train_refuses_resume_and_force_together(tmp_path):
     with pytest.raises(ConfigError, match="resume=True and force=True contradict each other"):
         train(config, resume=True, force=True)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("accuracies", [{"headline_acc": 74.1}, {"frozen_acc": 34.9}])
+def test_diagnose_refuses_a_percentage_before_the_metrics_run(accuracies):
+    """An accuracy given in percent was refused only once the report was assembled, after
+    ρ, nudging and the null had run (minutes on a real model); diagnose's docstring
+    promises its bad arguments are refused before any real work."""
+    model = adapted()
+    stages: list[str] = []
+    with pytest.raises(CreditAuditError, match="must be an accuracy fraction in"):
+        diagnose(model, X, Y, credit=rule("dfa", model), metrics=True, progress=stages.append,
+                 metric_options={"rho_samples": 8, "rho_directions": 2, "null_draws": 2,
+                                 "etas": [0.01]}, **accuracies)
+    assert stages == []

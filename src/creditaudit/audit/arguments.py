@@ -20,6 +20,7 @@ from creditaudit.measures.gradients import StatesFn
 from creditaudit.measures.user_models import ForwardFrom, check_inputs
 from creditaudit.methods.base import CreditRule
 from creditaudit.protocol import CreditFn, Protocol, Thresholds
+from creditaudit.protocol.evaluate import check_fraction
 
 METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
                   "seed", "rho_flops", "memory_gb")
@@ -44,8 +45,13 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                       forward_from: ForwardFrom | None, thresholds: Thresholds | None,
                       protocol: Protocol | None, metrics: bool,
                       metric_options: dict[str, Any] | None,
-                      initial_hidden_norms: Sequence[float] | None) -> Arguments:
+                      initial_hidden_norms: Sequence[float] | None,
+                      headline_acc: float | None = None,
+                      frozen_acc: float | None = None) -> Arguments:
     """``diagnose``'s arguments (as it documents them) checked, with their defaults."""
+    # the accuracies before the metrics' minutes, not when the report is assembled
+    check_fraction("headline_acc", headline_acc)
+    check_fraction("frozen_acc", frozen_acc)
     if protocol is not None and not isinstance(protocol, Protocol):
         raise ConfigError(f"protocol= must be a creditaudit.protocol.Protocol (e.g. "
                           f"Protocol.from_config(config.diagnostics)) or None for the built-in "

@@ -117,7 +117,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     args = checked_arguments(model, eval_x, eval_y, credit=credit, states_fn=states_fn,
                              forward_from=forward_from, thresholds=thresholds,
                              protocol=protocol, metrics=metrics, metric_options=metric_options,
-                             initial_hidden_norms=initial_hidden_norms)
+                             initial_hidden_norms=initial_hidden_norms,
+                             headline_acc=headline_acc, frozen_acc=frozen_acc)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     with measurement_mode(model), torch.random.fork_rng(devices=devices):
         logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)

@@ -333,3 +333,16 @@ def test_audit_of_a_diverged_run_says_which_epoch_it_audited(tmp_path, capsys):
     assert main(["audit", str(run.run_dir), "--no-metrics", "-q", "--format", "json"]) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert (metadata["status"], metadata["epoch"]) == ("diverged", 0)
+
+
+def test_audit_run_takes_a_frozen_run_as_a_path(runs):
+    """``audit_run(..., frozen=Path(...))`` (load_run takes a Path) raised a TypeError from
+    float(); a Path is a frozen run's folder, and what is neither is one line."""
+    from creditaudit.audit import audit_run
+    from creditaudit.errors import ConfigError
+
+    report = audit_run(runs["dfa"].run_dir, frozen=runs["frozen"].run_dir, metrics=False)
+    assert report.metadata["frozen_acc"] == pytest.approx(runs["frozen"].record.final_acc)
+    for bad in (True, [0.5]):
+        with pytest.raises(ConfigError, match="must be an accuracy fraction in"):
+            audit_run(runs["dfa"].run_dir, frozen=bad, metrics=False)

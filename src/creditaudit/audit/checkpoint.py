@@ -123,14 +123,19 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
     return replace(record, config=config) if config is not record.config else record
 
 
-def frozen_accuracy(text: str, record: RunRecord) -> float:
-    """An accuracy fraction from ``--frozen``: a number in [0, 1] or a frozen run's folder
-    (which must share the audited run's recipe: data, model and its code, optimiser,
-    precision)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
+    """An accuracy fraction from ``--frozen``: a number in [0, 1] (or its text) or a frozen
+    run's folder or record.json (which must share the audited run's recipe: data, model and
+    its code, optimiser, precision)."""
+    if isinstance(text, bool) or not isinstance(text, str | int | float | Path):
+        raise ConfigError(f"--frozen (frozen=) must be an accuracy fraction in [0, 1] or a "
+                          f"frozen run's folder, got {type(text).__name__} {text!r:.40}")
+    value = None
+    if not isinstance(text, Path):
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
     if value is not None:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"--frozen {text} is not an accuracy fraction in [0, 1]: pass "
@@ -183,8 +188,9 @@ AUDIT_FIX = ("audit it with --allow-unverified-reference (audit_run(..., "
              "allow_unverified_reference=True)) to see its numbers marked unverified")
 
 
-def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
-              metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
+def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
+              frozen_from_runs: bool = True, metrics: bool = True, device: str = "cpu",
+              progress: Progress | None = None,
               allow_unverified_reference: bool | None = None,
               frozen_hint: str = "pass frozen=RUN_OR_ACC, a frozen-blocks run's folder or "
                                  "its test accuracy",
@@ -195,9 +201,10 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     is not the gradient is refused in one line naming the module, unless
     ``allow_unverified_reference`` (default: as the run was trained,
     ``diagnostics.allow_unverified_reference``); then the report says where it failed and
-    its verdict is *unverified*. ``frozen_hint``: what (d) says when no frozen-blocks
-    accuracy was found, in the terms of the caller (the command line names its --frozen
-    flag). ``data_dir``: where the run's data files are now (:func:`load_run`).
+    its verdict is *unverified*. ``frozen``: (d)'s baseline, an accuracy fraction or a
+    frozen-blocks run's folder (:func:`frozen_accuracy`). ``frozen_hint``: what (d) says
+    when no frozen-blocks accuracy was found, in the terms of the caller (the command line
+    names its --frozen flag). ``data_dir``: where the run's data files are now (:func:`load_run`).
 
     ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.

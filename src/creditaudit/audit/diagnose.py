@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.audit.arguments import METRIC_OPTIONS, Arguments, checked_arguments
+from creditaudit.errors import ConfigError
 from creditaudit.measures.epoch import rule_credits
 from creditaudit.measures.gradients import StateGradients, StatesFn, state_gradients
 from creditaudit.measures.quality import credit_quality
@@ -140,6 +141,10 @@ def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor
     """Step 2: the user's functions on two samples (one-line errors naming the one at
     fault); returns the probe's logits ``(2, C)``, whose dtype is the model's precision."""
     states, logits = probe_states(args.states_fn, eval_x, eval_y)
+    if args.initial is not None and len(args.initial) != len(states):
+        raise ConfigError(f"initial_hidden_norms holds {len(args.initial)} norms but the model "
+                          f"has {len(states)} states h_0 … h_{len(states) - 1}: pass the "
+                          "hidden_norms of a report on this network at initialisation")
     if metrics and args.forward_from is not None:  # (metrics without one was refused)
         check_forward_from(args.forward_from, states, logits)
     if credit is not None and not isinstance(credit, CreditRule):

@@ -132,6 +132,22 @@ DIAGNOSE = [
      "eval_y holds labels 10 … 19 but the model has 10 logits"),
     ("a rule of another model", lambda: diagnose(adapted(), X, Y, credit=rule("dfa", adapted())),
      "credit= is a rule bound to another model"),
+    ("thresholds not a Thresholds", lambda: diagnose(adapted(), X, Y, thresholds={"growth": 3}),
+     "thresholds= must be a creditaudit.protocol.Thresholds"),
+    ("no ρ directions", lambda: diagnose(adapted(), X, Y, metric_options={"rho_directions": 0}),
+     "metric_options['rho_directions'] must be an integer ≥ 1, got int 0"),
+    ("negative ρ samples", lambda: diagnose(adapted(), X, Y, metric_options={"rho_samples": -1}),
+     "metric_options['rho_samples'] must be an integer ≥ 1, got int -1"),
+    ("one nudging step as text", lambda: diagnose(adapted(), X, Y,
+                                                  metric_options={"etas": "0.1"}),
+     "metric_options['etas'] must be a list of step sizes > 0"),
+    ("a seed as text", lambda: diagnose(adapted(), X, Y, metric_options={"seed": "a"}),
+     "metric_options['seed'] must be an integer, got str 'a'"),
+    ("one null draw", lambda: diagnose(adapted(), X, Y, metric_options={"null_draws": 1}),
+     "metric_options['null_draws'] must be an integer ≥ 2"),
+    ("initial norms of another network", lambda: diagnose(adapted(), X, Y,
+                                                          initial_hidden_norms=[1.0]),
+     "initial_hidden_norms holds 1 norms but the model has 2 states h_0 … h_1"),
     ("a contract model's input shape", lambda: diagnose(
         contract_model(), torch.randn(32, 9), Y[:32] % 4),
      "eval_x holds samples of shape (9,) but the model takes (8,)"),
@@ -186,3 +202,17 @@ def test_train_refuses_resume_and_force_together(tmp_path):
     with pytest.raises(ConfigError, match="resume=True and force=True contradict each other"):
         train(config, resume=True, force=True)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("accuracies", [{"headline_acc": 74.1}, {"frozen_acc": 34.9}])
+def test_diagnose_refuses_a_percentage_before_the_metrics_run(accuracies):
+    """An accuracy given in percent was refused only once the report was assembled, after
+    ρ, nudging and the null had run (minutes on a real model); diagnose's docstring
+    promises its bad arguments are refused before any real work."""
+    model = adapted()
+    stages: list[str] = []
+    with pytest.raises(CreditAuditError, match="must be an accuracy fraction in"):
+        diagnose(model, X, Y, credit=rule("dfa", model), metrics=True, progress=stages.append,
+                 metric_options={"rho_samples": 8, "rho_directions": 2, "null_draws": 2,
+                                 "etas": [0.01]}, **accuracies)
+    assert stages == []

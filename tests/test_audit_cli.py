@@ -96,6 +96,18 @@ def test_audit_rejects_accuracies_outside_unit_interval(runs, capsys, frozen):
     assert "fraction in [0, 1]" in _one_line_error(capsys)
 
 
+def test_audit_names_frozen_when_its_run_is_missing(runs, capsys, tmp_path):
+    """A --frozen that is neither a fraction nor a run (a typo, 34,9) said only "no run
+    record at 34,9": among several runs, after the audited run's name, it read as that
+    run's record missing."""
+    dfa = str(runs["dfa"].run_dir)
+    assert main(["audit", dfa, dfa, "--frozen", "34,9", "--no-metrics", "-q"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"creditaudit: error: {dfa}: --frozen 34,9 is neither an accuracy "
+                     "fraction in [0, 1] (e.g. 0.349) nor a frozen run: no run record at "
+                     "34,9: pass a run folder that holds record.json or the file itself"] * 2
+
+
 def test_audit_rejects_a_frozen_run_of_another_architecture(runs, capsys):
     code = main(["audit", str(runs["dfa"].run_dir), "--frozen",
                  str(runs["other_arch"].run_dir), "--no-metrics"])
@@ -269,3 +281,68 @@ def test_a_run_trained_before_its_options_were_refused_is_audited_as_trained(
     assert main(["audit", str(run.run_dir), "--format", "json", "-q"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["metadata"]["method"] == method and report["metadata"]["epoch"] == 1
+
+
+def test_a_rule_extra_named_as_a_metric_does_not_replace_the_measured_one(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A rule's per-epoch field named like an end-of-run metric (a plugin's end_epoch
+    returning {"bp_cosine": 0.5}) replaced audit's measured per-layer cosines with 0.5, and
+    the text report then crashed as an internal error; the report of the record leaves such
+    a field out (``epoch_fields``), and so does audit now."""
+    from creditaudit.methods.dfa import DFA
+
+    monkeypatch.setattr(DFA, "end_epoch",
+                        lambda self, epoch, n_epochs: {"bp_cosine": 0.5, "own_error": 0.25})
+    run = _train(tmp_path, **{"method.name": "dfa"})
+    assert run.record.log[-1].extras == {"bp_cosine": 0.5, "own_error": 0.25}
+    assert main(["audit", str(run.run_dir), "--format", "json", "-q"]) == 0
+    metrics = json.loads(capsys.readouterr().out)["metrics"]
+    assert metrics["bp_cosine"] == pytest.approx(run.record.diagnostics.bp_cosine)
+    assert metrics["own_error"] == 0.25  # the rule's own field is still shown
+    assert main(["audit", str(run.run_dir), "--no-metrics", "--format", "json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"] == {"own_error": 0.25}
+    assert main(["audit", str(run.run_dir), "-q"]) == 0
+    assert "cos per layer   [" in capsys.readouterr().out
+
+
+def test_a_frozen_run_audited_is_not_judged_against_a_frozen_baseline(runs, capsys, caplog):
+    """`audit runs/*-s42-* --frozen FROZEN` audits the frozen run too: (d) judged it against
+    itself (margin 0 pp: "the trained blocks add too little", needs walk-back), where every
+    report of its record calls it the frozen baseline of (d) and leaves (d) as trained."""
+    frozen = str(runs["frozen"].run_dir)
+    for baseline in (frozen, "0.05"):
+        assert main(["audit", frozen, "--frozen", baseline, "--no-metrics", "--format",
+                     "json", "-q"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        d = report["diagnostics"]["d"]
+        assert d["status"] == "not evaluated" and report["metadata"]["frozen_acc"] is None
+        assert "this frozen-blocks run is the baseline" in d["reason"]
+        assert "--frozen is not applied to it" in caplog.text
+
+
+def test_audit_of_a_diverged_run_says_which_epoch_it_audited(tmp_path, capsys):
+    """A diverged run's checkpoint is its last finite epoch (here epoch 0): the text and
+    Markdown reports gave its numbers and verdict without saying that they are not of the
+    run's end (only -q-less stderr and the json's metadata named the epoch)."""
+    run = _train(tmp_path, **{"method.name": "bp", "optim.lr": 1e4, "optim.epochs": 2})
+    assert run.record.status == "diverged"
+    line = "run status diverged: audited at its last checkpoint, epoch 0"
+    for form in ("text", "md"):
+        assert main(["audit", str(run.run_dir), "--no-metrics", "-q", "--format", form]) == 0
+        assert line in capsys.readouterr().out.splitlines()
+    assert main(["audit", str(run.run_dir), "--no-metrics", "-q", "--format", "json"]) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert (metadata["status"], metadata["epoch"]) == ("diverged", 0)
+
+
+def test_audit_run_takes_a_frozen_run_as_a_path(runs):
+    """``audit_run(..., frozen=Path(...))`` (load_run takes a Path) raised a TypeError from
+    float(); a Path is a frozen run's folder, and what is neither is one line."""
+    from creditaudit.audit import audit_run
+    from creditaudit.errors import ConfigError
+
+    report = audit_run(runs["dfa"].run_dir, frozen=runs["frozen"].run_dir, metrics=False)
+    assert report.metadata["frozen_acc"] == pytest.approx(runs["frozen"].record.final_acc)
+    for bad in (True, [0.5]):
+        with pytest.raises(ConfigError, match="must be an accuracy fraction in"):
+            audit_run(runs["dfa"].run_dir, frozen=bad, metrics=False)

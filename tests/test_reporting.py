@@ -210,7 +210,7 @@ def latex_reports(results: Path) -> list[DiagnosticReport]:
     """The audited runs' reports; one given a method and architecture full of specials."""
     reports = [DiagnosticReport.from_dict(r["protocol"]["report"]) for r in records(results)
                if r["protocol"]]
-    reports[0].metadata.update(method="my_rule&co #1 50%", arch="x{d}~^\\ λ — Γ")
+    reports[0].metadata.update(method="my_rule&co #1 50%", arch="x{d}~^\\ λ — Γ h_0…h_3")
     return reports
 
 
@@ -229,6 +229,8 @@ def test_latex_is_a_whole_table_with_a_header_and_a_row_per_run(results):
     assert r"my\_rule\&co \#1 50\%" in rows[1]
     assert r"x\{d\}\textasciitilde{}\textasciicircum{}\textbackslash{} $\lambda$ --- $\Gamma$" \
         in rows[1]
+    # an adapted model's own label (``4 states h_0…h_3``): its ellipsis, not a ?
+    assert r"$\Gamma$ h\_0\ldots{}h\_3 &" in rows[1]
     for row, report in zip(rows[1:], reports):
         assert report.verdict_text.replace("–", "--") in row
     assert render_latex(reports).isascii()  # pdflatex without inputenc reads it

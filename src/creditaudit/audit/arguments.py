@@ -9,7 +9,8 @@ Each check raises a one-line :class:`~creditaudit.errors.ConfigError` or
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from creditaudit.measures.gradients import StatesFn
 from creditaudit.measures.user_models import ForwardFrom, check_inputs
 from creditaudit.methods.base import CreditRule
 from creditaudit.protocol import CreditFn, Protocol, Thresholds
+from creditaudit.protocol.evaluate import check_fraction
 
 METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_seed", "etas",
                   "seed", "rho_flops", "memory_gb")
@@ -44,8 +46,13 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                       forward_from: ForwardFrom | None, thresholds: Thresholds | None,
                       protocol: Protocol | None, metrics: bool,
                       metric_options: dict[str, Any] | None,
-                      initial_hidden_norms: Sequence[float] | None) -> Arguments:
+                      initial_hidden_norms: Sequence[float] | None,
+                      headline_acc: float | None = None,
+                      frozen_acc: float | None = None) -> Arguments:
     """``diagnose``'s arguments (as it documents them) checked, with their defaults."""
+    # the accuracies before the metrics' minutes, not when the report is assembled
+    check_fraction("headline_acc", headline_acc)
+    check_fraction("frozen_acc", frozen_acc)
     if protocol is not None and not isinstance(protocol, Protocol):
         raise ConfigError(f"protocol= must be a creditaudit.protocol.Protocol (e.g. "
                           f"Protocol.from_config(config.diagnostics)) or None for the built-in "
@@ -53,6 +60,10 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     if credit is not None and not isinstance(credit, CreditRule) and not callable(credit):
         raise ConfigError(f"credit= must be a CreditRule, a function (x, y) -> [a_0, …, a_L] "
                           f"or None, got {type(credit).__name__} {credit!r:.40}")
+    if thresholds is not None and not isinstance(thresholds, Thresholds):
+        raise ConfigError(f"thresholds= must be a creditaudit.protocol.Thresholds (e.g. "
+                          f"Thresholds(growth=100.0)) or None for the defaults, got "
+                          f"{type(thresholds).__name__} {thresholds!r:.40}")
     if thresholds is None:
         thresholds = protocol.thresholds() if protocol is not None else Thresholds()
     if states_fn is None:
@@ -73,6 +84,10 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     if unknown:
         raise ConfigError(f"unknown metric option {unknown[0]!r}; allowed: "
                           f"{', '.join(METRIC_OPTIONS)}")
+    if _listable(options.get("etas")):
+        options["etas"] = list(options["etas"])  # an iterator is read once: by the check
+    for name, value in options.items():
+        check_metric_option(name, value)
     if forward_from is None:
         forward_from = getattr(model, "forward_from", None)
     if metrics and credit is None:
@@ -85,6 +100,45 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
             "no forward_from, and ρ and nudging run the network on from a moved state; pass "
             "metrics=False to run the four diagnostics only")
     return Arguments(states_fn, forward_from, thresholds, initial, options)
+
+
+# What each metric option must be: (whether its value is one, what it must be).
+_COUNT = "an integer ≥ {}"
+_OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "rho_samples": (lambda v: _integer(v) and v >= 1, _COUNT.format(1)),
+    "rho_directions": (lambda v: _integer(v) and v >= 1, _COUNT.format(1)),
+    "null_draws": (lambda v: _integer(v) and v >= 2, _COUNT.format(2)),
+    "null_seed": (lambda v: _integer(v), "an integer"),
+    "seed": (lambda v: _integer(v), "an integer"),
+    "eps": (lambda v: _number(v) and v > 0, "a finite number > 0"),
+    "etas": (lambda v: _listable(v) and all(_number(eta) and eta > 0 for eta in v),
+             "a list of step sizes > 0, e.g. [0.01, 0.1]"),
+    "rho_flops": (lambda v: v is None or (_number(v) and v >= 0),
+                  "a number of floating-point operations ≥ 0, or None for no budget"),
+    "memory_gb": (lambda v: _number(v) and v > 0, "a finite number of GB > 0"),
+}
+
+
+def _listable(value: Any) -> bool:
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def check_metric_option(name: str, value: Any) -> None:
+    """A one-line ConfigError naming metric option ``name`` unless ``value`` is what it must
+    be (before the metrics run, which would fail on it deep inside, or after minutes)."""
+    valid, want = _OPTION_RULES[name]
+    if not valid(value):
+        raise ConfigError(f"metric_options[{name!r}] must be {want}, got "
+                          f"{type(value).__name__} {value!r:.40}")
 
 
 def check_norms(name: str, norms: Sequence[float] | None) -> list[float] | None:

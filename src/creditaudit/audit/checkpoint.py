@@ -13,7 +13,7 @@ anything but tensors and plain containers. :func:`audit_run` evaluates the four 
 baseline of (d) is, in this order, ``frozen`` (an accuracy or a frozen run's folder), the
 mean final accuracy of the frozen-blocks runs of the same recipe found beside the run (in
 its results folder; ``frozen_from_runs=False`` turns this off), or the config's
-``diagnostics.frozen_acc``.
+``diagnostics.frozen_acc`` — for a frozen-blocks run, the baseline itself, only the last.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, DataError, RunRecordError
 from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
-from creditaudit.protocol.records import frozen_baseline, is_frozen_baseline, record_metadata
+from creditaudit.protocol.records import (
+    epoch_fields,
+    frozen_baseline,
+    is_frozen_baseline,
+    record_metadata,
+)
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -118,20 +123,29 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
     return replace(record, config=config) if config is not record.config else record
 
 
-def frozen_accuracy(text: str, record: RunRecord) -> float:
-    """An accuracy fraction from ``--frozen``: a number in [0, 1] or a frozen run's folder
-    (which must share the audited run's recipe: data, model and its code, optimiser,
-    precision)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
+    """An accuracy fraction from ``--frozen``: a number in [0, 1] (or its text) or a frozen
+    run's folder or record.json (which must share the audited run's recipe: data, model and
+    its code, optimiser, precision)."""
+    if isinstance(text, bool) or not isinstance(text, str | int | float | Path):
+        raise ConfigError(f"--frozen (frozen=) must be an accuracy fraction in [0, 1] or a "
+                          f"frozen run's folder, got {type(text).__name__} {text!r:.40}")
+    value = None
+    if not isinstance(text, Path):
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
     if value is not None:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"--frozen {text} is not an accuracy fraction in [0, 1]: pass "
                               "e.g. 0.349 (not 34.9) or a frozen run's folder")
         return value
-    frozen = load_record(text)
+    try:
+        frozen = load_record(text)
+    except RunRecordError as err:  # said of --frozen, not of the audited run
+        raise RunRecordError(f"--frozen {text} is neither an accuracy fraction in [0, 1] "
+                             f"(e.g. 0.349) nor a frozen run: {err}") from None
     if not frozen.is_finished:  # as the runs looked up beside RUN: completed or diverged
         done = frozen.log[-1].epoch if frozen.log else 0
         config = record_path(text).parent / CONFIG_FILE
@@ -169,12 +183,14 @@ def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int]
     return frozen_baseline(record, [r for _, r in records])
 
 
+SELF_BASELINE_HINT = "this frozen-blocks run is the baseline (d) compares other runs with"
 AUDIT_FIX = ("audit it with --allow-unverified-reference (audit_run(..., "
              "allow_unverified_reference=True)) to see its numbers marked unverified")
 
 
-def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: bool = True,
-              metrics: bool = True, device: str = "cpu", progress: Progress | None = None,
+def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
+              frozen_from_runs: bool = True, metrics: bool = True, device: str = "cpu",
+              progress: Progress | None = None,
               allow_unverified_reference: bool | None = None,
               frozen_hint: str = "pass frozen=RUN_OR_ACC, a frozen-blocks run's folder or "
                                  "its test accuracy",
@@ -185,9 +201,10 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     is not the gradient is refused in one line naming the module, unless
     ``allow_unverified_reference`` (default: as the run was trained,
     ``diagnostics.allow_unverified_reference``); then the report says where it failed and
-    its verdict is *unverified*. ``frozen_hint``: what (d) says when no frozen-blocks
-    accuracy was found, in the terms of the caller (the command line names its --frozen
-    flag). ``data_dir``: where the run's data files are now (:func:`load_run`).
+    its verdict is *unverified*. ``frozen``: (d)'s baseline, an accuracy fraction or a
+    frozen-blocks run's folder (:func:`frozen_accuracy`). ``frozen_hint``: what (d) says
+    when no frozen-blocks accuracy was found, in the terms of the caller (the command line
+    names its --frozen flag). ``data_dir``: where the run's data files are now (:func:`load_run`).
 
     ``progress`` (e.g. ``print``) receives one line per stage: the diagnostics, then (with
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
@@ -200,8 +217,16 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
     run.rule.to(target)
     metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,
                                 "status": record.status}
-    if frozen is not None:
-        frozen_acc: float | None = frozen_accuracy(frozen, record)
+    if is_frozen_baseline(record):
+        # The baseline of (d) itself: judged on (d) only as trained (config's frozen_acc),
+        # as reports of its record judge it; against a frozen run, its margin is ~0.
+        frozen_acc: float | None = config.diagnostics.frozen_acc
+        if frozen is not None:
+            log.warning("%s is a frozen-blocks run, the baseline of (d) itself: --frozen "
+                        "is not applied to it", path)
+        frozen_hint = SELF_BASELINE_HINT
+    elif frozen is not None:
+        frozen_acc = frozen_accuracy(frozen, record)
     else:
         frozen_acc = config.diagnostics.frozen_acc
         baseline = (frozen_baseline_beside(record, record_path(path).parent.parent)
@@ -247,9 +272,10 @@ def audit_run(path: str | Path, *, frozen: str | None = None, frozen_from_runs: 
 def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor,
                 eval_y: torch.Tensor, *, metrics: bool) -> dict[str, Any]:
     """The rule's own numbers: what it recorded for the audited epoch (e.g. EP's relaxation
-    ratio) and, with ``metrics``, its end-of-run metrics recomputed now (e.g. EP's update
-    cosine with BP), under a forked RNG."""
-    fields: dict[str, Any] = dict(entry.extras) if entry is not None else {}
+    ratio; one named as an end-of-run metric is left out, as the report leaves it:
+    :func:`~creditaudit.protocol.records.epoch_fields`) and, with ``metrics``, its end-of-run
+    metrics recomputed now (e.g. EP's update cosine with BP), under a forked RNG."""
+    fields: dict[str, Any] = dict(epoch_fields(entry))
     if metrics:
         devices = [eval_x.device] if eval_x.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):

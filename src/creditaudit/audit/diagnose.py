@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.audit.arguments import METRIC_OPTIONS, Arguments, checked_arguments
+from creditaudit.errors import ConfigError
 from creditaudit.measures.epoch import rule_credits
 from creditaudit.measures.gradients import StateGradients, StatesFn, state_gradients
 from creditaudit.measures.quality import credit_quality
@@ -117,7 +118,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     args = checked_arguments(model, eval_x, eval_y, credit=credit, states_fn=states_fn,
                              forward_from=forward_from, thresholds=thresholds,
                              protocol=protocol, metrics=metrics, metric_options=metric_options,
-                             initial_hidden_norms=initial_hidden_norms)
+                             initial_hidden_norms=initial_hidden_norms,
+                             headline_acc=headline_acc, frozen_acc=frozen_acc)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     with measurement_mode(model), torch.random.fork_rng(devices=devices):
         logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)
@@ -139,6 +141,10 @@ def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor
     """Step 2: the user's functions on two samples (one-line errors naming the one at
     fault); returns the probe's logits ``(2, C)``, whose dtype is the model's precision."""
     states, logits = probe_states(args.states_fn, eval_x, eval_y)
+    if args.initial is not None and len(args.initial) != len(states):
+        raise ConfigError(f"initial_hidden_norms holds {len(args.initial)} norms but the model "
+                          f"has {len(states)} states h_0 … h_{len(states) - 1}: pass the "
+                          "hidden_norms of a report on this network at initialisation")
     if metrics and args.forward_from is not None:  # (metrics without one was refused)
         check_forward_from(args.forward_from, states, logits)
     if credit is not None and not isinstance(credit, CreditRule):

@@ -157,7 +157,9 @@ def _not_evaluated(result: DiagnosticResult) -> DiagnosticResult:
 
 
 # --- running it ---------------------------------------------------------------------------
-def _check_fraction(name: str, value: float | None) -> float | None:
+def check_fraction(name: str, value: float | None) -> float | None:
+    """``value`` as a float; a one-line ConfigError naming ``name`` unless it is None or an
+    accuracy fraction in [0, 1]."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
@@ -193,8 +195,8 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     before any training step (a run's epoch 0), on which (d) — every diagnostic whose
     ``before_training`` is False — is not evaluated. Pure: no autograd, no RNG.
     """
-    headline_acc = _check_fraction("headline_acc", headline_acc)
-    frozen_acc = _check_fraction("frozen_acc", frozen_acc)
+    headline_acc = check_fraction("headline_acc", headline_acc)
+    frozen_acc = check_fraction("frozen_acc", frozen_acc)
     protocol = protocol or Protocol.default(thresholds)
     if measures is None:
         hidden, grads = median_norms(sg.states), median_norms(sg.grads)

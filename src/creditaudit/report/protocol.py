@@ -64,13 +64,25 @@ def reference_line(judged: Judgement) -> str | None:
             "against it and marked (unverified)")
 
 
+def checkpoint_line(metadata: dict[str, Any]) -> str | None:
+    """``run status diverged: audited at its last checkpoint, epoch 2`` for a report of
+    ``creditaudit audit`` on a run that did not complete (its numbers are not of the run's
+    last logged epoch), else None (a completed run's checkpoint is its last epoch; reports
+    of ``diagnose`` or of a record carry no status)."""
+    status, epoch = metadata.get("status"), metadata.get("epoch")
+    if status in (None, "completed") or epoch is None:
+        return None
+    return f"run status {status}: audited at its last checkpoint, epoch {epoch}"
+
+
 # LaTeX's special characters, and the non-ASCII ones the reports print, as text a plain
 # `pdflatex` document compiles without packages.
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
           "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
           "^": r"\textasciicircum{}", "—": "---", "–": "--", "−": "$-$", "×": r"$\times$",
           "±": r"$\pm$", "Γ": r"$\Gamma$", "λ": r"$\lambda$", "‖": r"$\|$", "≥": r"$\geq$",
-          "≤": r"$\leq$", "→": r"$\to$", "†": r"\dag{}", "·": r"$\cdot$"}
+          "≤": r"$\leq$", "→": r"$\to$", "†": r"\dag{}", "·": r"$\cdot$",
+          "…": r"\ldots{}"}
 
 
 def _latex_escape(text: str) -> str:
@@ -134,9 +146,9 @@ def render_text(report: DiagnosticReport) -> str:
     lines = [text(f"creditaudit protocol — {meta.get('model', 'model')}"
                   f" ({meta.get('method') or 'no credit'}), {meta.get('n_samples', '?')} "
                   "evaluation samples")]
-    note = reference_line(judged)
-    if note is not None:
-        lines.append(text(note))
+    for note in (checkpoint_line(meta), reference_line(judged)):
+        if note is not None:
+            lines.append(text(note))
     header = f"  {'id':<4} {'diagnostic':<32} {'value':>12} {'fires when':>12}  status"
     lines += [header, "  " + "-" * (len(header) - 2)]
     for r in report.diagnostics:
@@ -203,9 +215,9 @@ def render_markdown(report: DiagnosticReport) -> str:
     for r in report.diagnostics:
         out.append(f"| {text(r.label)} | {text(r.name)} | {text(value_text(r, judged))} | "
                    f"{text(threshold_text(r))} | {text(r.status)} | {text(r.reason)} |")
-    note = reference_line(judged)
+    notes = [text(note) for note in (checkpoint_line(meta), reference_line(judged)) if note]
     out += ["", f"**Verdict: {text(judged.text)}**", "",
-            *([text(note), ""] if note else []),
+            *(line for note in notes for line in (note, "")),
             f"Per layer (medians over {meta.get('n_samples', '?')} samples; ‖g_l‖ as "
             "(1/128)·∂CE_i/∂h_l):", "",
             "| layer | ‖h_l‖ | growth into l | ‖g_l‖ | cos(a_l, g_l) | flags |",

@@ -176,9 +176,8 @@ def test_the_once_per_epoch_check_trains_a_diverged_epoch_again_bit_for_bit(tmp_
         assert torch.equal(x.data_generator.get_state(), y.data_generator.get_state())
 
 
-def test_a_killed_stack_resumes_to_the_uninterrupted_result(tmp_path, float64, monkeypatch):
-    straight = train_stacked(configs(tmp_path / "a", "fa", **{"optim.epochs": 3}))
-    killed = configs(tmp_path / "b", "fa", **{"optim.epochs": 3})
+def interrupt_in_epoch_2(runs, monkeypatch) -> None:
+    """Train the stack of ``runs`` with a Ctrl-C as its epoch 2 starts (epoch 1 saved)."""
     original = StackedEpochs.train_epoch
 
     def kill(self, epoch):
@@ -188,8 +187,14 @@ def test_a_killed_stack_resumes_to_the_uninterrupted_result(tmp_path, float64, m
 
     monkeypatch.setattr(StackedEpochs, "train_epoch", kill)
     with pytest.raises(KeyboardInterrupt):
-        train_stacked(killed)
+        train_stacked(runs)
     monkeypatch.setattr(StackedEpochs, "train_epoch", original)
+
+
+def test_a_killed_stack_resumes_to_the_uninterrupted_result(tmp_path, float64, monkeypatch):
+    straight = train_stacked(configs(tmp_path / "a", "fa", **{"optim.epochs": 3}))
+    killed = configs(tmp_path / "b", "fa", **{"optim.epochs": 3})
+    interrupt_in_epoch_2(killed, monkeypatch)
     assert {load_record(Path(c.run.out_dir) / run_id(c)).status for c in killed} == {
         "interrupted"}
     resumed = train_stacked(killed, resume=True)
@@ -205,17 +210,7 @@ def test_a_run_whose_resume_fails_fails_alone_and_the_stack_trains_on(tmp_path, 
     """One run's damaged checkpoint fails that run, as alone; the others of its stack resume
     and finish instead of failing with it (in a sweep, on every rerun)."""
     runs = configs(tmp_path, "bp", **{"optim.epochs": 2})
-    original = StackedEpochs.train_epoch
-
-    def kill(self, epoch):
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return original(self, epoch)
-
-    monkeypatch.setattr(StackedEpochs, "train_epoch", kill)
-    with pytest.raises(KeyboardInterrupt):
-        train_stacked(runs)
-    monkeypatch.setattr(StackedEpochs, "train_epoch", original)
+    interrupt_in_epoch_2(runs, monkeypatch)
     damaged = tmp_path / run_id(runs[1]) / CHECKPOINT_FILE
     damaged.write_bytes(b"not a checkpoint")
     results = train_stacked(runs, resume=True)

@@ -207,21 +207,26 @@ def test_resumed_parts_read_back_and_a_malformed_one_is_refused(tmp_path, kill_r
 
 def test_a_stack_resumes_each_run_on_its_own_thread_count(tmp_path, kill_run_at,
                                                           monkeypatch):
-    from creditaudit.run.stacked import train_stacked
+    from creditaudit.run.stacked import AloneEpochs, train_stacked
     from creditaudit.run.steps.epochs import StackedEpochs
 
     runs = [tiny(tmp_path, **{"method.name": "fa", "run.seed": seed, "run.threads": threads})
             for seed, threads in ((1, 1), (2, 2), (3, 1))]
     for config in runs:  # each killed alone, on its own count
         kill_run_at(config)
-    seen: list[tuple[int, int]] = []  # (threads, runs in the stack) of each stacked epoch
-    original = StackedEpochs.train_epoch
+    seen: list[tuple[int, int]] = []  # (threads, runs in the group) of each group's epoch
 
-    def counting(self, epoch):  # noqa: ANN001
-        seen.append((torch.get_num_threads(), len(self.members)))
-        return original(self, epoch)
+    def counting(runner, size):  # noqa: ANN001 - an epoch runner class
+        original = runner.train_epoch
 
-    monkeypatch.setattr(StackedEpochs, "train_epoch", counting)
+        def train_epoch(self, epoch):  # noqa: ANN001
+            seen.append((torch.get_num_threads(), size(self)))
+            return original(self, epoch)
+
+        monkeypatch.setattr(runner, "train_epoch", train_epoch)
+
+    counting(StackedEpochs, lambda stack: len(stack.members))
+    counting(AloneEpochs, lambda alone: 1)  # a group of one takes the run's own step
     torch.set_num_threads(2)
     results = train_stacked([c.replace(**{"run.threads": None}) for c in runs], resume=True)
     assert [r.status for r in results] == ["completed"] * 3

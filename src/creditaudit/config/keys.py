@@ -41,15 +41,22 @@ def keys_with_role(config: RunConfig, *roles: str) -> set[tuple[str, str]]:
             if f.metadata.get("role", "compute") in roles}
 
 
+def data_path_options(config: RunConfig) -> dict[str, str]:
+    """Each path option of ``config``'s data (``data_dir``, a plugin dataset's own) that is
+    set, by name, as the config spells it."""
+    return {f.name: value for f in dataclasses.fields(config.data)
+            if f.metadata.get("path") and isinstance(value := getattr(config.data, f.name), str)
+            and value.strip()}
+
+
 def with_absolute_data_paths(config: RunConfig) -> RunConfig:
-    """``config`` with every path option of its data (``data.data_dir``, a plugin dataset's
-    own) made absolute against the current folder (``~`` expanded), so that its record still
-    finds the data from any folder. Path options are of role ``place``, never in the run id:
-    the id does not move."""
-    changes = {f"data.{f.name}": os.path.abspath(os.path.expanduser(value))
-               for f in dataclasses.fields(config.data)
-               if f.metadata.get("path") and isinstance(value := getattr(config.data, f.name), str)
-               and value.strip() and not os.path.isabs(os.path.expanduser(value))}
+    """``config`` with every path option of its data (:func:`data_path_options`) made
+    absolute against the current folder (``~`` expanded), so that its record still finds the
+    data from any folder. Path options are of role ``place``, never in the run id: the id
+    does not move."""
+    changes = {f"data.{name}": os.path.abspath(os.path.expanduser(value))
+               for name, value in data_path_options(config).items()
+               if not os.path.isabs(os.path.expanduser(value))}
     return config.replace(**changes) if changes else config
 
 

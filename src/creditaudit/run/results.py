@@ -27,6 +27,7 @@ from creditaudit.guests.blame import blame
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
+from creditaudit.measures.nudging import DEFAULT_ETAS
 from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.measures.reference_check import checked_reference
 from creditaudit.methods import CreditRule
@@ -43,8 +44,8 @@ from creditaudit.report.runs import credit_not_finite_text
 
 log = logging.getLogger(__name__)
 
-# Step sizes of the end-of-run nudging test.
-NUDGING_ETAS = (0.01, 0.1)
+# Step sizes of the end-of-run nudging test: the measure's own defaults, which audit uses.
+NUDGING_ETAS = DEFAULT_ETAS
 
 
 def protocol_due(epoch: int, every: int, last_epoch: int | None) -> bool:

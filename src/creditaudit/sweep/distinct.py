@@ -4,7 +4,6 @@ they list (:class:`AxisCollapse`, with the reason a message states)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.config import RunConfig, apply_where_read, config_value, semantic_dict
-from creditaudit.config.keys import signless_zeros
+from creditaudit.config.keys import data_path_options, signless_zeros
 from creditaudit.errors import ConfigError
 
 
@@ -147,10 +146,8 @@ def run_key(config: RunConfig) -> str:
 def data_folders(config: RunConfig) -> dict[str, str]:
     """Each path option of ``config``'s data (``data_dir``, a plugin dataset's own) that is
     set, as an absolute, normalised path (against the current folder, ``~`` expanded)."""
-    return {f.name: os.path.normpath(os.path.abspath(os.path.expanduser(value)))
-            for f in dataclasses.fields(config.data)
-            if f.metadata.get("path") and isinstance(value := getattr(config.data, f.name), str)
-            and value.strip()}
+    return {name: os.path.normpath(os.path.abspath(os.path.expanduser(value)))
+            for name, value in data_path_options(config).items()}
 
 
 def dedupe(configs: Iterable[RunConfig]) -> list[RunConfig]:

@@ -346,3 +346,21 @@ def test_audit_run_takes_a_frozen_run_as_a_path(runs):
     for bad in (True, [0.5]):
         with pytest.raises(ConfigError, match="must be an accuracy fraction in"):
             audit_run(runs["dfa"].run_dir, frozen=bad, metrics=False)
+
+
+def test_a_report_that_cannot_be_written_is_printed_not_lost(runs, capsys, tmp_path,
+                                                             monkeypatch):
+    from creditaudit.errors import OutputError
+    from creditaudit.files import safe_files
+
+    def full_disk(path, data):
+        raise OutputError(f"cannot write {path}: no space left on device")
+
+    monkeypatch.setattr(safe_files, "atomic_write_bytes", full_disk)
+    out = tmp_path / "report.md"
+    assert main(["audit", str(runs["dfa"].run_dir), "--format", "md", "--no-metrics", "-q",
+                 "--output", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("| method |") and "| (d) | depth utility |" in captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "the report is printed above instead" in err

@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
-    from creditaudit.errors import CreditAuditError
+    from creditaudit.errors import CreditAuditError, OutputError
     from creditaudit.files.safe_files import atomic_write_bytes, check_output_file
     from creditaudit.records import check_not_run_file
     from creditaudit.report import render
@@ -106,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
         text = _joined([(path, render(report, args.format)) for path, report in reports],
                        args.format, several=several)
     if args.output and reports:
-        atomic_write_bytes(Path(args.output), (text + "\n").encode())
+        try:
+            atomic_write_bytes(Path(args.output), (text + "\n").encode())
+        except OutputError as err:
+            # The audit's minutes of work are not lost: the report goes to stdout instead.
+            print(text)
+            raise type(err)(f"{err}; the report is printed above instead") from None
         verdicts = "; ".join(report.judgement.text for _, report in reports)
         print(f"report: {args.output} ({verdicts})")
     elif reports:

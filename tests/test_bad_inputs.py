@@ -359,6 +359,10 @@ CASES = [
     ("penalty-where-no-block-trains", lambda w, t: train_args(
         w, "--penalty", "0.1", "--set", "method.trainable_blocks=0"),
      ["method.penalty=0.1 has no effect with method.trainable_blocks=0", "leave it out"]),
+    # a None inside a table has no TOML spelling: --print-config was an internal TypeError
+    ("set-none-in-a-table-printed", lambda w, t: [
+        "train", "--arch", "module:creditaudit.testing.zoo:resnet20", "--set",
+        "model.args.w=none", "--print-config"], ["model.args.w is None", "model.none_args"]),
     ("set-empty-protocol", lambda w, t: train_args(w, "--set", "diagnostics.protocol=[]"),
      ["diagnostics.protocol=[] names no diagnostic", "leave the key out"]),
     ("set-options-of-unlisted-diagnostic", lambda w, t: train_args(

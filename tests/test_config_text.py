@@ -52,3 +52,14 @@ def test_a_number_for_a_string_key_says_how_to_quote_it(text: str, shown: str):
     assert f'out_dir = "{shown}" under [run]' in message
     quoted = dict([parse_override(f'run.out_dir="{shown}"')])
     assert apply_overrides(RunConfig(), quoted).run.out_dir == shown  # the advice works
+
+
+def test_a_path_under_the_home_folder_is_the_home_folder(tmp_path: Path, monkeypatch):
+    """``out_dir = "~/runs"`` in a config file (no shell expands it) made a folder named ``~``
+    in the current folder, as did ``--set run.tensorboard=~/tb``."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\nout_dir = "~/runs"\n')
+    assert load_config(path).run.out_dir == str(tmp_path / "runs")
+    config = RunConfig().replace(**{"run.tensorboard": "~/tb"})
+    assert config.run.tensorboard == str(tmp_path / "tb")

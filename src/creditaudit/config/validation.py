@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import typing
 from typing import Any
 
@@ -96,6 +97,8 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("path") and isinstance(value, str) and "\0" in value:
         raise ConfigError(f"{key}={value!r} holds a NUL character (\\x00), which no file "
                           "path can hold; give the path without it")
+    if meta.get("path") and isinstance(value, str):  # "~/runs" is the home's, not ./~/runs
+        value = os.path.expanduser(value)
     if meta.get("name") and isinstance(value, str) and not value.strip():
         raise ConfigError(f"{key}={value!r} is an empty name; give a name, or leave {key} out")
     if meta.get("choices") and value not in meta["choices"]:

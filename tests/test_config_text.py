@@ -63,3 +63,25 @@ def test_a_path_under_the_home_folder_is_the_home_folder(tmp_path: Path, monkeyp
     assert load_config(path).run.out_dir == str(tmp_path / "runs")
     config = RunConfig().replace(**{"run.tensorboard": "~/tb"})
     assert config.run.tensorboard == str(tmp_path / "tb")
+
+
+def test_a_record_given_as_config_keeps_a_non_finite_factory_argument(tmp_path: Path):
+    """A record writes NaN as null plus a mark (strict JSON); ``--config record.json`` read
+    the null, so the run's own record named another config (refused: "model.args.t is
+    None") instead of the run that wrote it."""
+    import math
+    import shutil
+
+    from creditaudit.records import load_record
+    from creditaudit.records.files import save_record
+
+    legacy = Path(__file__).parent / "legacy_records" / "run3_dfa.json"
+    shutil.copyfile(legacy, tmp_path / "record.json")
+    record = load_record(tmp_path / "record.json")
+    record.config = record.config.replace(**{
+        "model.arch": "module", "model.factory": "creditaudit.testing.zoo:resnet20",
+        "model.args": {"t": math.nan, "n": 1}})
+    save_record(tmp_path, record)
+    assert "null" in (tmp_path / "record.json").read_text()  # strict JSON: NaN is marked
+    args = load_config_file(tmp_path / "record.json").model.args
+    assert args["n"] == 1 and math.isnan(args["t"])

@@ -680,6 +680,18 @@ def test_a_flag_and_a_set_that_agree_are_one_value(capsys):
     assert "epochs = 1\n" in out and "penalty = 1.0\n" in out
 
 
+def test_the_last_set_of_a_key_counts_after_a_table_that_holds_it(monkeypatch, capsys):
+    """A key given again after its table was applied before the table (dict order of its
+    first --set), so the record held the table's value, not the last one given."""
+    argv = ["train", "--set", "diagnostics.a.growth=10", "--set", "diagnostics.a={growth=20}",
+            "--set", "diagnostics.a.growth=30", "--print-config"]
+    assert main(argv) == 0
+    assert "[diagnostics.a]\ngrowth = 30.0\n" in capsys.readouterr().out
+    monkeypatch.setenv("CREDITAUDIT_SET", " ".join(argv[2:-1:2]))
+    assert main(["train", "--print-config"]) == 0
+    assert "[diagnostics.a]\ngrowth = 30.0\n" in capsys.readouterr().out
+
+
 def test_a_bad_word_in_creditaudit_set_names_the_variable(monkeypatch, capsys):
     """No flag of the command holds the word: the error says where it came from."""
     monkeypatch.setenv("CREDITAUDIT_SET", "optim.epochs=1 foo")

@@ -359,6 +359,15 @@ CASES = [
     ("penalty-where-no-block-trains", lambda w, t: train_args(
         w, "--penalty", "0.1", "--set", "method.trainable_blocks=0"),
      ["method.penalty=0.1 has no effect with method.trainable_blocks=0", "leave it out"]),
+    # a None inside a table has no TOML spelling: --print-config was an internal TypeError
+    ("set-none-in-a-table-printed", lambda w, t: [
+        "train", "--arch", "module:creditaudit.testing.zoo:resnet20", "--set",
+        "model.args.w=none", "--print-config"], ["model.args.w is None", "model.none_args"]),
+    # a TOML date in a table: the run id's JSON could not hold it (an internal TypeError)
+    ("set-date-in-a-table", lambda w, t: [
+        "train", "--arch", "module:creditaudit.testing.zoo:resnet20", "--set",
+        "model.args={when = [1979-05-27]}", "--print-config"],
+     ['model.args.when[0]=1979-05-27 is a TOML date or time', 'quote it']),
     ("set-empty-protocol", lambda w, t: train_args(w, "--set", "diagnostics.protocol=[]"),
      ["diagnostics.protocol=[] names no diagnostic", "leave the key out"]),
     ("set-options-of-unlisted-diagnostic", lambda w, t: train_args(
@@ -669,6 +678,18 @@ def test_a_flag_and_a_set_that_agree_are_one_value(capsys):
                  "--print-config"]) == 0
     out = capsys.readouterr().out
     assert "epochs = 1\n" in out and "penalty = 1.0\n" in out
+
+
+def test_the_last_set_of_a_key_counts_after_a_table_that_holds_it(monkeypatch, capsys):
+    """A key given again after its table was applied before the table (dict order of its
+    first --set), so the record held the table's value, not the last one given."""
+    argv = ["train", "--set", "diagnostics.a.growth=10", "--set", "diagnostics.a={growth=20}",
+            "--set", "diagnostics.a.growth=30", "--print-config"]
+    assert main(argv) == 0
+    assert "[diagnostics.a]\ngrowth = 30.0\n" in capsys.readouterr().out
+    monkeypatch.setenv("CREDITAUDIT_SET", " ".join(argv[2:-1:2]))
+    assert main(["train", "--print-config"]) == 0
+    assert "[diagnostics.a]\ngrowth = 30.0\n" in capsys.readouterr().out
 
 
 def test_a_bad_word_in_creditaudit_set_names_the_variable(monkeypatch, capsys):

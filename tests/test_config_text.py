@@ -52,3 +52,36 @@ def test_a_number_for_a_string_key_says_how_to_quote_it(text: str, shown: str):
     assert f'out_dir = "{shown}" under [run]' in message
     quoted = dict([parse_override(f'run.out_dir="{shown}"')])
     assert apply_overrides(RunConfig(), quoted).run.out_dir == shown  # the advice works
+
+
+def test_a_path_under_the_home_folder_is_the_home_folder(tmp_path: Path, monkeypatch):
+    """``out_dir = "~/runs"`` in a config file (no shell expands it) made a folder named ``~``
+    in the current folder, as did ``--set run.tensorboard=~/tb``."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\nout_dir = "~/runs"\n')
+    assert load_config(path).run.out_dir == str(tmp_path / "runs")
+    config = RunConfig().replace(**{"run.tensorboard": "~/tb"})
+    assert config.run.tensorboard == str(tmp_path / "tb")
+
+
+def test_a_record_given_as_config_keeps_a_non_finite_factory_argument(tmp_path: Path):
+    """A record writes NaN as null plus a mark (strict JSON); ``--config record.json`` read
+    the null, so the run's own record named another config (refused: "model.args.t is
+    None") instead of the run that wrote it."""
+    import math
+    import shutil
+
+    from creditaudit.records import load_record
+    from creditaudit.records.files import save_record
+
+    legacy = Path(__file__).parent / "legacy_records" / "run3_dfa.json"
+    shutil.copyfile(legacy, tmp_path / "record.json")
+    record = load_record(tmp_path / "record.json")
+    record.config = record.config.replace(**{
+        "model.arch": "module", "model.factory": "creditaudit.testing.zoo:resnet20",
+        "model.args": {"t": math.nan, "n": 1}})
+    save_record(tmp_path, record)
+    assert "null" in (tmp_path / "record.json").read_text()  # strict JSON: NaN is marked
+    args = load_config_file(tmp_path / "record.json").model.args
+    assert args["n"] == 1 and math.isnan(args["t"])

@@ -132,6 +132,25 @@ def test_config_errors_read_as_the_docs_show(tmp_path):
         assert printed.startswith(line.rstrip("…").rstrip()), (printed, line)
 
 
+
+def test_every_key_outside_the_run_id_is_named_where_the_docs_say_what_it_covers():
+    """run.device_data, run.cuda_graphs and diagnostics.end_of_run_memory_gb were left out of
+    the list of keys the run id does not cover."""
+    import dataclasses
+
+    from creditaudit.config import RunConfig, non_semantic
+    from creditaudit.config.composed import SELECTORS
+
+    text = (ROOT / "docs/configuration.md").read_text()
+    paragraph = text[text.index("**Run ids.**"):]
+    paragraph = paragraph[:paragraph.index("\n\n")]
+    keys = {f"{section}.{name}" for section, name in non_semantic(RunConfig())}
+    for section, (_, registry) in SELECTORS.items():
+        keys |= {f"{section}.{f.name}" for component in registry.classes()
+                 for f in dataclasses.fields(component.Options)
+                 if f.metadata.get("role", "compute") != "compute"}
+    assert [key for key in sorted(keys) if f"`{key}`" not in paragraph] == []
+
 # --- the example on your own model ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def own_model_output() -> str:

@@ -150,10 +150,18 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
         if key in overrides and key in flags and not _same_value(overrides[key], value):
             raise ConfigError(f"{flags[key]} and --set {item.strip()} give {key} two values "
                               f"({overrides[key]!r} and {value!r}); give one of them")
-        overrides[key] = value
+        set_last(overrides, key, value)
     config = apply_overrides(config, overrides)
     shrink = env_overrides()
     return apply_where_read(config, shrink) if shrink else config
+
+
+def set_last(overrides: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` as the last override: overrides are merged in order, so a key given again
+    after a table that holds it (``diagnostics.a.growth=3``, ``diagnostics.a={…}``,
+    ``diagnostics.a.growth=5``) is applied after the table, as the last given."""
+    overrides.pop(key, None)
+    overrides[key] = value
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -191,8 +199,10 @@ def env_overrides() -> dict[str, Any]:
     except ValueError as err:
         raise ConfigError(f"{ENV_OVERRIDES}={text!r} is not a list of KEY=VALUE words: {err}; "
                           "quote values that hold spaces") from None
+    overrides: dict[str, Any] = {}
     try:
-        overrides = dict(parse_override(item) for item in items)
+        for item in items:
+            set_last(overrides, *parse_override(item))
     except ConfigError as err:  # say where the word came from: no flag of the command has it
         raise ConfigError(f"{ENV_OVERRIDES}={text!r}: {err}") from None
     print(f"creditaudit: {ENV_OVERRIDES} overrides every run: {' '.join(items)}",

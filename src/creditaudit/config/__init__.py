@@ -126,13 +126,30 @@ def config_to_toml(config: RunConfig) -> str:
     """The config as a TOML file that :func:`load_config` reads back to an equal config.
 
     Fields set to None are left out (TOML has no null; every optional field defaults to
-    None, so leaving it out restores it).
+    None, so leaving it out restores it). A None inside a field's table or list (``--set
+    model.args.w=none``) has no TOML spelling: a one-line ConfigError names it.
     """
     import tomli_w
 
     raw = {section: {k: v for k, v in values.items() if v is not None}
            for section, values in config.to_dict().items()}
+    for section, values in raw.items():
+        for name, value in values.items():
+            _refuse_inner_none(f"{section}.{name}", value)
     return tomli_w.dumps(raw)
+
+
+def _refuse_inner_none(key: str, value: Any) -> None:
+    """ConfigError naming the first None inside ``value`` (a field's table or list)."""
+    inner = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list | tuple) else ())
+    for name, item in inner:
+        where = f"{key}.{name}" if isinstance(value, dict) else f"{key}[{name}]"
+        if item is None:
+            raise ConfigError(f"{where} is None, which a TOML config cannot hold (TOML has "
+                              "no null): leave it out, or for an argument of model.factory "
+                              "list it in model.none_args")
+        _refuse_inner_none(where, item)
 
 
 def load_config(path: str | Path) -> RunConfig:

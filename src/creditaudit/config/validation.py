@@ -10,8 +10,10 @@ gives; :func:`coerce` checks one value against its field's type and
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import math
+import os
 import typing
 from typing import Any
 
@@ -62,6 +64,7 @@ def _field_types(cls: type) -> dict[str, Any]:
 def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     """``value`` checked against the field's type and its :func:`opt` metadata; one-line
     ConfigError naming ``key`` otherwise."""
+    _refuse_dates(key, value)
     args = typing.get_args(tp)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp) if args else tp
@@ -96,6 +99,8 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("path") and isinstance(value, str) and "\0" in value:
         raise ConfigError(f"{key}={value!r} holds a NUL character (\\x00), which no file "
                           "path can hold; give the path without it")
+    if meta.get("path") and isinstance(value, str):  # "~/runs" is the home's, not ./~/runs
+        value = os.path.expanduser(value)
     if meta.get("name") and isinstance(value, str) and not value.strip():
         raise ConfigError(f"{key}={value!r} is an empty name; give a name, or leave {key} out")
     if meta.get("choices") and value not in meta["choices"]:
@@ -108,6 +113,20 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("max") is not None and value > meta["max"]:
         raise ConfigError(f"{key}={value!r} is out of range; it must be <= {meta['max']}")
     return value
+
+
+def _refuse_dates(key: str, value: Any) -> None:
+    """ConfigError for a TOML date or time (``1979-05-27``, ``07:32:00``), also inside a
+    table or list (``model.args``): no key takes one, and a run record (JSON) cannot hold
+    it (it was an internal TypeError when the run id was computed)."""
+    if isinstance(value, datetime.date | datetime.time):
+        text = value.isoformat()
+        raise ConfigError(f"{key}={text} is a TOML date or time, which no config key takes; "
+                          f"quote it to mean the text: \"{text}\"")
+    inner = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list | tuple) else ())
+    for name, item in inner:
+        _refuse_dates(f"{key}.{name}" if isinstance(value, dict) else f"{key}[{name}]", item)
 
 
 def _quote_hint(key: str, value: Any) -> str:

@@ -202,7 +202,7 @@ def load_config_file(path: Path | str) -> RunConfig:
     # its keys are checked as a config file's (an edited key the rule does not read, or a
     # misspelt one, is refused, not dropped without a word).
     try:
-        return config_from_dict(json.loads(text)["config"])
+        return config_from_dict(strict_json.loads(text)["config"])
     except ConfigError as err:
         raise ConfigError(f"config file {path} (a run record): {err}") from None
 

@@ -432,6 +432,12 @@ def test_overrides():
     assert parse_override("method.trainable_blocks=none") == ("method.trainable_blocks", None)
     with pytest.raises(ConfigError, match="section.key=value"):
         parse_override("method.penalty")
+    # TOML would read only the start of these; the rest is refused, not dropped.
+    for text in ("optim.lr=1e-3 # fast", "optim.lr=1e-3#x", "optim.lr=1\nfoo = 2"):
+        with pytest.raises(ConfigError, match="the rest dropped"):
+            parse_override(text)
+    assert parse_override("run.out_dir=runs/#2") == ("run.out_dir", "runs/#2")
+    assert parse_override('run.name="a # b"') == ("run.name", "a # b")
     with pytest.raises(ConfigError, match="model.foo"):
         apply_overrides(RunConfig(), {"model.foo": 1})
     with pytest.raises(ConfigError, match="nosection"):

@@ -22,13 +22,31 @@ else:  # pragma: no cover
 
 
 def parse_value(text: str) -> Any:
-    """Parse an override value with TOML syntax (``3``, ``1e-3``, ``true``), else a string."""
+    """Parse an override value with TOML syntax (``3``, ``1e-3``, ``true``), else a string.
+
+    ConfigError for a value TOML would read only the start of (``1e-3 # fast``: the rest is
+    a comment; a second line): the rest would be dropped without a word."""
     if text.lower() in ("none", "null"):
         return None
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
         return text
+    if len(value) > 1 or _ends_in_comment(text):
+        raise ConfigError(f"the value {text!r} is read as {value['v']!r} and the rest dropped "
+                          "(a # comment or a second line); leave the rest out, or write the "
+                          "whole value as a quoted TOML string to mean the text")
+    return value["v"]
+
+
+def _ends_in_comment(text: str) -> bool:
+    """Whether TOML reads the end of ``text`` as a comment: only then does a character
+    appended to a valid value leave it valid (``3x`` is not TOML, ``3 # fast x`` is)."""
+    try:
+        tomllib.loads(f"v = {text}x")
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
 
 
 def parse_override(item: str) -> tuple[str, Any]:

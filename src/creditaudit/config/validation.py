@@ -176,8 +176,8 @@ def _section_class(section: str, given: dict[str, Any], strict: bool) -> type:
     base = BASES[section]
     name = given.get(key, next(f.default for f in dataclasses.fields(base) if f.name == key))
     if not isinstance(name, str) or not COMPONENT_NAME.match(name):
-        raise ConfigError(f"{section}.{key}={name!r} is not a {registry.noun} name (lower-case "
-                          "letters, digits, - and _)")
+        raise ConfigError(f"{section}.{key}={name!r} cannot name any {registry.noun}: names "
+                          "are lower-case letters, digits, - and _")
     if strict:
         return composed_class(section, registry.get(name))
     component = registry.find(name)

@@ -368,6 +368,10 @@ CASES = [
         "train", "--arch", "module:creditaudit.testing.zoo:resnet20", "--set",
         "model.args={when = [1979-05-27]}", "--print-config"],
      ['model.args.when[0]=1979-05-27 is a TOML date or time', 'quote it']),
+    # two config files: the second replaced the first without a word (they are not merged)
+    ("config-given-twice", lambda w, t: [
+        "train", "--config", "a.toml", "--config", "b.toml"],
+     ["--config is given twice (a.toml and b.toml)", "--set"]),
     ("set-empty-protocol", lambda w, t: train_args(w, "--set", "diagnostics.protocol=[]"),
      ["diagnostics.protocol=[] names no diagnostic", "leave the key out"]),
     ("set-options-of-unlisted-diagnostic", lambda w, t: train_args(

@@ -97,8 +97,20 @@ def add_device_options(parser: argparse.ArgumentParser, *, precision: bool = Tru
                                  "trains under autocast, diagnostics stay fp32")
 
 
+class OneConfig(argparse.Action):
+    """``--config FILE``, given once: a second file would silently replace the first (the
+    files are not merged)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"--config is given twice ({getattr(namespace, self.dest)} and "
+                         f"{values}); give one config file and change its keys with --set")
+        setattr(namespace, self.dest, values)
+
+
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE",
+    parser.add_argument("--config", metavar="FILE", action=OneConfig,
                         help="TOML config with [data] [model] [method] [optim] [diagnostics] "
                              "[run] sections (e.g. a run folder's config.toml), or a run's "
                              "record.json; flags and --set override it")

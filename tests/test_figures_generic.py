@@ -98,3 +98,21 @@ def test_render_all_draws_the_generic_figures_of_any_folder(runs, tmp_path):
     assert {r.name for r in rendered} >= {"fig6_audit_panels", run_curves.NAME}
     assert all(NOT_EMPTY not in str(err) for _, err in missing)
     assert any(m is weight_alignment for m, _ in missing)  # no per-layer feedback rule
+
+
+def _run(method: str, seed: int, **settings) -> RunRecord:
+    config = RunConfig().replace(**{"method.name": method, "run.seed": seed, **settings})
+    return RunRecord(config=config, status="completed")
+
+
+def test_a_figure_never_averages_seeds_of_a_rule_run_with_other_options():
+    # DFA seed 1 with the default feedback scale; seeds 1 and 2 with another: one recipe.
+    default = _run("dfa", 1)
+    scaled = [_run("dfa", seed, **{"method.feedback_scale": 100.0}) for seed in (1, 2)]
+    others = [_run("bp", 1), _run("fa", 1)]
+    index = RunIndex.from_records([default, *scaled, *others])
+    assert len(index.recipes()) == 1
+    drawn = hero.select(index)["dfa"]
+    assert [run.seed for run in drawn] == [1, 2]
+    assert all(run.config.method.feedback_scale == 100.0 for run in drawn)
+

@@ -9,6 +9,7 @@ Values a record lacks are None; the statistics read them as NaN (figures draw ga
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -43,11 +44,26 @@ def by_seed(runs: Iterable[RunRecord]) -> dict[int, RunRecord]:
     return dict(sorted(out.items()))
 
 
+def rule_options(run: RunRecord) -> str:
+    """The run's credit-rule options (its config's ``method`` section but λ) as a key: runs
+    of one rule whose options differ (``method.feedback_scale``, ``method.ep_beta``, …)
+    are not seeds of one another, whatever their recipe."""
+    options = {k: v for k, v in run.config.to_dict()["method"].items() if k != "penalty"}
+    return json.dumps(options, sort_keys=True, default=str)
+
+
 def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
               ) -> list[RunRecord]:
-    """One run per seed of ``method`` at ``penalty`` within a recipe group."""
-    return list(by_seed(r for r in group if r.method == method
-                        and matches(r.penalty, penalty)).values())
+    """One run per seed of ``method`` at ``penalty`` within a recipe group, all with the
+    same rule options (:func:`rule_options`): where the group's runs of the rule differ in
+    them, those of the options most seeds ran (the first such in index order), so a mean
+    across seeds never mixes settings."""
+    options: dict[str, list[RunRecord]] = {}
+    for run in group:
+        if run.method == method and matches(run.penalty, penalty):
+            options.setdefault(rule_options(run), []).append(run)
+    most = max(options.values(), key=lambda runs: len(by_seed(runs)), default=[])
+    return list(by_seed(most).values())
 
 
 def penalties(group: Sequence[RunRecord], method: str) -> list[float]:

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from creditaudit.config import RunConfig
-from creditaudit.figures import MissingRuns, render_all, run_curves, weight_alignment
+from creditaudit.figures import (
+    MissingRuns,
+    audit_panels,
+    render_all,
+    run_curves,
+    weight_alignment,
+)
 from creditaudit.records import RunRecord
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
@@ -116,3 +122,20 @@ def test_a_figure_never_averages_seeds_of_a_rule_run_with_other_options():
     assert [run.seed for run in drawn] == [1, 2]
     assert all(run.config.method.feedback_scale == 100.0 for run in drawn)
 
+
+def test_audit_panels_draw_each_runs_own_threshold_where_runs_differ(tmp_path):
+    # Two DFA seeds judged against other (a) thresholds: no point is drawn against a line
+    # at the other run's threshold.
+    for seed, growth in ((1, 10.0), (2, 1.01)):
+        train(RunConfig().replace(**{**TINY, "optim.epochs": 1, "run.out_dir": str(tmp_path),
+                                     "method.name": "dfa", "run.seed": seed,
+                                     "diagnostics.a": {"growth": growth}}))
+    index = RunIndex.from_dir(tmp_path)
+    fig = audit_panels.build(index)[audit_panels.NAME]
+    _, points = audit_panels.panel_points(audit_panels.select(index))
+    marks = {ax.get_title()[:3]: line for ax in fig.axes for line in ax.get_lines()
+             if (line.get_gid() or "").endswith(":threshold")}
+    drawn = sorted(zip(marks["(a)"].get_xdata(), marks["(a)"].get_ydata()))
+    assert drawn == sorted((p["x"], p["threshold"]) for p in points["a"])
+    assert sorted(p["threshold"] for p in points["a"]) == [1.01, 10.0]
+    assert list(marks["(b)"].get_ydata()) == [1e-7, 1e-7]  # shared: one line, as before

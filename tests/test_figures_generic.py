@@ -121,6 +121,11 @@ def test_a_figure_never_averages_seeds_of_a_rule_run_with_other_options():
     drawn = hero.select(index)["dfa"]
     assert [run.seed for run in drawn] == [1, 2]
     assert all(run.config.method.feedback_scale == 100.0 for run in drawn)
+    # and the run left out is named under the figure
+    fig = hero.build(index)[hero.NAME]
+    note = next(t.get_text() for t in fig.texts if t.get_gid() == "other_options")
+    assert "DFA seed 1 (method.feedback_scale 1.0 where the drawn runs have 100.0)" in \
+        note.replace("\n", " ")
 
 
 def test_audit_panels_draw_each_runs_own_threshold_where_runs_differ(tmp_path):
@@ -139,3 +144,4 @@ def test_audit_panels_draw_each_runs_own_threshold_where_runs_differ(tmp_path):
     assert drawn == sorted((p["x"], p["threshold"]) for p in points["a"])
     assert sorted(p["threshold"] for p in points["a"]) == [1.01, 10.0]
     assert list(marks["(b)"].get_ydata()) == [1e-7, 1e-7]  # shared: one line, as before
+

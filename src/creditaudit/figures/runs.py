@@ -22,7 +22,9 @@ from creditaudit.results import (
     Predicate,
     RunIndex,
     as_float,
+    figure_recipe,
     mean_std,
+    method_label,
 )
 from creditaudit.results.runs import matches
 
@@ -64,6 +66,27 @@ def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
             options.setdefault(rule_options(run), []).append(run)
     most = max(options.values(), key=lambda runs: len(by_seed(runs)), default=[])
     return list(by_seed(most).values())
+
+
+def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:
+    """``Not drawn (…): DFA seed 42 (method.feedback_scale 1 where the drawn runs have
+    100)``, naming each run of a drawn run's recipe, rule and λ that :func:`seed_runs` left
+    out for its other rule options; None when there is none."""
+    drawn = list(drawn)
+    ids = {id(run) for run in drawn}
+    kinds = {(figure_recipe(run), run.method, run.penalty): run for run in drawn}
+    left: list[str] = []
+    for run in index.select(standard=None):
+        like = kinds.get((figure_recipe(run), run.method, run.penalty))
+        if like is None or id(run) in ids or rule_options(run) == rule_options(like):
+            continue
+        own, theirs = run.config.to_dict()["method"], like.config.to_dict()["method"]
+        differ = ", ".join(f"method.{key} {own.get(key)} where the drawn runs have "
+                           f"{theirs.get(key)}" for key in sorted({*own, *theirs})
+                           if own.get(key) != theirs.get(key))
+        left.append(f"{method_label(run.method, run.penalty)} seed {run.seed} ({differ})")
+    return ("Not drawn (a mean across seeds holds runs of one set of rule options): "
+            + "; ".join(left) + ".") if left else None
 
 
 def penalties(group: Sequence[RunRecord], method: str) -> list[float]:

@@ -24,6 +24,7 @@ from creditaudit.figures.common import (
     mean_line,
     method_color,
     new_figure,
+    notes_below,
     positive,
     rule_text,
     save_all,
@@ -33,6 +34,7 @@ from creditaudit.figures.runs import (
     choose_group,
     epoch_mean_std,
     need_methods,
+    other_options_note,
     seed_runs,
 )
 from creditaudit.records import RunRecord
@@ -107,6 +109,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for row in range(len(rows)):
         axes[row, 1].set_ylim(lo, hi)
     legend_below(fig, list(axes.flat))  # every row's methods and the floor, under the grid
+    other = other_options_note(index, (run for methods in rows.values()
+                                       for runs in methods.values() for run in runs))
+    if other:
+        notes_below(fig, list(axes.flat), {"other_options": other})
     return {NAME: fig}
 
 

@@ -145,3 +145,13 @@ def test_audit_panels_draw_each_runs_own_threshold_where_runs_differ(tmp_path):
     assert sorted(p["threshold"] for p in points["a"]) == [1.01, 10.0]
     assert list(marks["(b)"].get_ydata()) == [1e-7, 1e-7]  # shared: one line, as before
 
+
+def test_runs_whose_seed_is_not_recorded_are_each_drawn():
+    # Two runs of a loop of one's own not told their seed (both read the default): two
+    # runs, not two copies of one seed of which a figure keeps the first.
+    runs = [RunRecord(config=RunConfig().replace(**{"method.name": method}),
+                      status="completed", run_id=f"{method}-{name}", not_recorded=["run.seed"])
+            for method in ("bp", "fa", "dfa") for name in ("mine", "yours")]
+    drawn = hero.select(RunIndex.from_records(runs))
+    assert {m: [r.run_id for r in rs] for m, rs in drawn.items()} == {
+        m: [f"{m}-mine", f"{m}-yours"] for m in ("bp", "fa", "dfa")}

@@ -38,12 +38,15 @@ class MissingRuns(CreditAuditError):
         super().__init__(f"{figure} needs " + "; ".join(self.needs))
 
 
-def by_seed(runs: Iterable[RunRecord]) -> dict[int, RunRecord]:
-    """One run per seed (the first in index order when a seed repeats)."""
-    out: dict[int, RunRecord] = {}
+def by_seed(runs: Iterable[RunRecord]) -> list[RunRecord]:
+    """One run per seed (the first in index order when a seed repeats), in seed order; a
+    run whose seed is not recorded (a ``Recorder`` not told it: its config holds only the
+    default) is one of its own, after them: it is no repeat of another such run."""
+    out: dict[tuple[int, Any], RunRecord] = {}
     for run in runs:
-        out.setdefault(run.seed, run)
-    return dict(sorted(out.items()))
+        unknown = "run.seed" in run.not_recorded
+        out.setdefault((1, run.run_id) if unknown else (0, run.seed), run)
+    return [out[key] for key in sorted(out)]
 
 
 def rule_options(run: RunRecord) -> str:
@@ -65,7 +68,7 @@ def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
         if run.method == method and matches(run.penalty, penalty):
             options.setdefault(rule_options(run), []).append(run)
     most = max(options.values(), key=lambda runs: len(by_seed(runs)), default=[])
-    return list(by_seed(most).values())
+    return by_seed(most)
 
 
 def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:

@@ -155,3 +155,20 @@ def test_runs_whose_seed_is_not_recorded_are_each_drawn():
     drawn = hero.select(RunIndex.from_records(runs))
     assert {m: [r.run_id for r in rs] for m, rs in drawn.items()} == {
         m: [f"{m}-mine", f"{m}-yours"] for m in ("bp", "fa", "dfa")}
+
+
+def test_per_run_curves_say_when_a_log_panel_cannot_show_a_runs_values(runs, monkeypatch):
+    # ‖g_L‖ collapsed to exactly 0 (what diagnostic (b) looks for) leaves no line on a log
+    # axis: the panel says so instead of standing empty.
+    logged = RunRecord.series
+
+    def collapsed(self, key, index=None):
+        epochs, values = logged(self, key, index)
+        return (epochs, [0.0] * len(values)) if key == "g_L_norm" else (epochs, values)
+
+    monkeypatch.setattr(RunRecord, "series", collapsed)
+    fig = run_curves.build(runs)[run_curves.NAME]
+    notes = [text.get_text().replace("\n", " ") for ax in fig.axes for text in ax.texts
+             if text.get_gid() == "empty_note"]
+    assert sorted(notes) == [f"{n} of {n} runs logged ‖g_L‖ ≤ 0 at some epoch, which a log "
+                             "axis cannot show" for n in (1, 3)]  # one per recipe's row

@@ -172,3 +172,11 @@ def test_per_run_curves_say_when_a_log_panel_cannot_show_a_runs_values(runs, mon
              if text.get_gid() == "empty_note"]
     assert sorted(notes) == [f"{n} of {n} runs logged ‖g_L‖ ≤ 0 at some epoch, which a log "
                              "axis cannot show" for n in (1, 3)]  # one per recipe's row
+
+
+def test_runs_of_other_rule_options_with_as_many_seeds_give_way_to_the_defaults():
+    scaled = [_run("dfa", seed, **{"method.feedback_scale": 100.0}) for seed in (1, 2)]
+    default = [_run("dfa", seed) for seed in (1, 2)]
+    for runs in (scaled + default, default + scaled):
+        drawn = hero.select(RunIndex.from_records([*runs, _run("bp", 1), _run("fa", 1)]))
+        assert [r.config.method.feedback_scale for r in drawn["dfa"]] == [1.0, 1.0]

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
@@ -61,14 +62,17 @@ def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
               ) -> list[RunRecord]:
     """One run per seed of ``method`` at ``penalty`` within a recipe group, all with the
     same rule options (:func:`rule_options`): where the group's runs of the rule differ in
-    them, those of the options most seeds ran (the first such in index order), so a mean
-    across seeds never mixes settings."""
+    them, those of the options most seeds ran (on a tie the rule's defaults, else the first
+    in index order), so a mean across seeds never mixes settings."""
     options: dict[str, list[RunRecord]] = {}
     for run in group:
         if run.method == method and matches(run.penalty, penalty):
             options.setdefault(rule_options(run), []).append(run)
-    most = max(options.values(), key=lambda runs: len(by_seed(runs)), default=[])
-    return by_seed(most)
+    default = rule_options(RunRecord(config=RunConfig().replace(**{"method.name": method})))
+    # Ties go to the rule's default options (max keeps the first of equals: index order).
+    most = max(options.items(), key=lambda item: (len(by_seed(item[1])), item[0] == default),
+               default=("", []))
+    return by_seed(most[1])
 
 
 def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:

@@ -10,19 +10,17 @@ where its record stops.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
     add_grid,
-    empty_note,
     floor_line,
     integer_x,
     legend_below,
     literal,
+    log_panel_note,
     log_scale,
     method_color,
     new_figure,
@@ -40,7 +38,6 @@ requirements = ("any completed or diverged run that logged at least one epoch �
                 "row, each run a line.")
 COLUMNS = (("acc_eval", "test accuracy"), ("h_L_norm", r"$\|h_L\|_2$ (residual norm)"),
            ("g_L_norm", r"$\|g_L\|_2$ (BP gradient at $h_L$)"))
-PLAIN_NAMES = {"h_L_norm": "‖h_L‖", "g_L_norm": "‖g_L‖"}  # the log columns, in notes
 LINESTYLES = ("-", "--", ":", "-.")  # the seeds of one rule and λ, in seed order
 
 
@@ -74,23 +71,6 @@ def _row_label(run: RunRecord, rows: dict[str, list[RunRecord]]) -> str:
     return label if not same else f"{label} (recipe {same + 1})"
 
 
-def unlogged_note(ax: Any, runs: list[RunRecord], key: str) -> None:
-    """Say on a log panel which runs logged ``key`` ≤ 0 (a log axis drops such epochs: a
-    ‖g_L‖ collapsed to exactly 0 would leave no trace): in its middle when no run has a
-    value it can draw, else in its corner."""
-    hidden = [run for run in runs if any(v <= 0 for v in run.series(key)[1])]
-    if not hidden:
-        return
-    drawn = any(v > 0 and math.isfinite(v) for run in runs for v in run.series(key)[1])
-    what = (f"{len(hidden)} of {len(runs)} runs logged {PLAIN_NAMES[key]} ≤ 0 at some "
-            "epoch, which a log axis cannot show")
-    if drawn:
-        ax.text(0.99, 0.02, literal(what), transform=ax.transAxes, ha="right", va="bottom",
-                fontsize=7, color="gray", gid="not_drawable")
-    else:
-        empty_note(ax, what)
-
-
 def build(index: RunIndex) -> dict[str, Figure]:
     rows = select(index)
     fig, axes = new_figure(len(rows), len(COLUMNS), figsize=(10.5, 2.8 * len(rows) + 0.8))
@@ -111,7 +91,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                         gid=f"{row}:{key}:{run.run_id}")
             if key != "acc_eval":
                 log_scale(ax)
-                unlogged_note(ax, runs, key)
+                log_panel_note(ax, runs, key)
             if key == "g_L_norm":
                 floor_line(ax)
             ax.set_title(title, fontsize=9)

@@ -20,6 +20,7 @@ from creditaudit.figures.common import (
     floor_line,
     integer_x,
     legend_below,
+    log_panel_note,
     log_scale,
     mean_line,
     method_color,
@@ -93,6 +94,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                     g_values.extend(positive(mean))
             if key != "acc_eval":
                 log_scale(ax)
+                log_panel_note(ax, [run for runs in methods.values() for run in runs], key)
             if key == "g_L_norm":
                 floor_line(ax)
             if row == 0:

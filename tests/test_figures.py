@@ -23,7 +23,7 @@ from creditaudit.figures import (
     run_curves,
     weight_alignment,
 )
-from creditaudit.records import load_record
+from creditaudit.records import RunRecord, load_record
 from creditaudit.study.figures import hero, lambda_sweep, penalty, summary, temporal
 from figure_support import SEEDS
 
@@ -164,6 +164,21 @@ def test_temporal_rows_and_values(index, records):
                                        [e["epoch"] for e in runs[0]["log"]])
     g_axes = [fig.axes[1], fig.axes[4], fig.axes[7]]
     assert g_axes[0].get_ylim() == g_axes[1].get_ylim() == g_axes[2].get_ylim()  # shared
+
+
+def test_temporal_says_when_a_log_panel_cannot_show_its_norms(index, monkeypatch):
+    # ‖g_L‖ collapsed to exactly 0 leaves a log panel empty: each row's says so.
+    logged = RunRecord.series
+
+    def collapsed(self, key, index=None):
+        epochs, values = logged(self, key, index)
+        return (epochs, [0.0] * len(values)) if key == "g_L_norm" else (epochs, values)
+
+    monkeypatch.setattr(RunRecord, "series", collapsed)
+    fig = temporal.build(index)[temporal.NAME]
+    notes = [text.get_text().replace("\n", " ") for ax in fig.axes[1::3] for text in ax.texts]
+    assert len(notes) == 3 and all("runs logged ‖g_L‖ ≤ 0 at some epoch, which a log axis "
+                                   "cannot show" in note for note in notes)
 
 
 def test_penalty_values_come_from_records(index, records):

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from creditaudit.config import RunConfig
-from creditaudit.figures import MissingRuns, render_all, run_curves, weight_alignment
+from creditaudit.figures import (
+    MissingRuns,
+    audit_panels,
+    render_all,
+    run_curves,
+    weight_alignment,
+)
 from creditaudit.records import RunRecord
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
@@ -98,3 +104,79 @@ def test_render_all_draws_the_generic_figures_of_any_folder(runs, tmp_path):
     assert {r.name for r in rendered} >= {"fig6_audit_panels", run_curves.NAME}
     assert all(NOT_EMPTY not in str(err) for _, err in missing)
     assert any(m is weight_alignment for m, _ in missing)  # no per-layer feedback rule
+
+
+def _run(method: str, seed: int, **settings) -> RunRecord:
+    config = RunConfig().replace(**{"method.name": method, "run.seed": seed, **settings})
+    return RunRecord(config=config, status="completed")
+
+
+def test_a_figure_never_averages_seeds_of_a_rule_run_with_other_options():
+    # DFA seed 1 with the default feedback scale; seeds 1 and 2 with another: one recipe.
+    default = _run("dfa", 1)
+    scaled = [_run("dfa", seed, **{"method.feedback_scale": 100.0}) for seed in (1, 2)]
+    others = [_run("bp", 1), _run("fa", 1)]
+    index = RunIndex.from_records([default, *scaled, *others])
+    assert len(index.recipes()) == 1
+    drawn = hero.select(index)["dfa"]
+    assert [run.seed for run in drawn] == [1, 2]
+    assert all(run.config.method.feedback_scale == 100.0 for run in drawn)
+    # and the run left out is named under the figure
+    fig = hero.build(index)[hero.NAME]
+    note = next(t.get_text() for t in fig.texts if t.get_gid() == "other_options")
+    assert "DFA seed 1 (method.feedback_scale 1.0 where the drawn runs have 100.0)" in \
+        note.replace("\n", " ")
+
+
+def test_audit_panels_draw_each_runs_own_threshold_where_runs_differ(tmp_path):
+    # Two DFA seeds judged against other (a) thresholds: no point is drawn against a line
+    # at the other run's threshold.
+    for seed, growth in ((1, 10.0), (2, 1.01)):
+        train(RunConfig().replace(**{**TINY, "optim.epochs": 1, "run.out_dir": str(tmp_path),
+                                     "method.name": "dfa", "run.seed": seed,
+                                     "diagnostics.a": {"growth": growth}}))
+    index = RunIndex.from_dir(tmp_path)
+    fig = audit_panels.build(index)[audit_panels.NAME]
+    _, points = audit_panels.panel_points(audit_panels.select(index))
+    marks = {ax.get_title()[:3]: line for ax in fig.axes for line in ax.get_lines()
+             if (line.get_gid() or "").endswith(":threshold")}
+    drawn = sorted(zip(marks["(a)"].get_xdata(), marks["(a)"].get_ydata()))
+    assert drawn == sorted((p["x"], p["threshold"]) for p in points["a"])
+    assert sorted(p["threshold"] for p in points["a"]) == [1.01, 10.0]
+    assert list(marks["(b)"].get_ydata()) == [1e-7, 1e-7]  # shared: one line, as before
+
+
+def test_runs_whose_seed_is_not_recorded_are_each_drawn():
+    # Two runs of a loop of one's own not told their seed (both read the default): two
+    # runs, not two copies of one seed of which a figure keeps the first.
+    runs = [RunRecord(config=RunConfig().replace(**{"method.name": method}),
+                      status="completed", run_id=f"{method}-{name}", not_recorded=["run.seed"])
+            for method in ("bp", "fa", "dfa") for name in ("mine", "yours")]
+    drawn = hero.select(RunIndex.from_records(runs))
+    assert {m: [r.run_id for r in rs] for m, rs in drawn.items()} == {
+        m: [f"{m}-mine", f"{m}-yours"] for m in ("bp", "fa", "dfa")}
+
+
+def test_per_run_curves_say_when_a_log_panel_cannot_show_a_runs_values(runs, monkeypatch):
+    # ‖g_L‖ collapsed to exactly 0 (what diagnostic (b) looks for) leaves no line on a log
+    # axis: the panel says so instead of standing empty.
+    logged = RunRecord.series
+
+    def collapsed(self, key, index=None):
+        epochs, values = logged(self, key, index)
+        return (epochs, [0.0] * len(values)) if key == "g_L_norm" else (epochs, values)
+
+    monkeypatch.setattr(RunRecord, "series", collapsed)
+    fig = run_curves.build(runs)[run_curves.NAME]
+    notes = [text.get_text().replace("\n", " ") for ax in fig.axes for text in ax.texts
+             if text.get_gid() == "empty_note"]
+    assert sorted(notes) == [f"{n} of {n} runs logged ‖g_L‖ ≤ 0 at some epoch, which a log "
+                             "axis cannot show" for n in (1, 3)]  # one per recipe's row
+
+
+def test_runs_of_other_rule_options_with_as_many_seeds_give_way_to_the_defaults():
+    scaled = [_run("dfa", seed, **{"method.feedback_scale": 100.0}) for seed in (1, 2)]
+    default = [_run("dfa", seed) for seed in (1, 2)]
+    for runs in (scaled + default, default + scaled):
+        drawn = hero.select(RunIndex.from_records([*runs, _run("bp", 1), _run("fa", 1)]))
+        assert [r.config.method.feedback_scale for r in drawn["dfa"]] == [1.0, 1.0]

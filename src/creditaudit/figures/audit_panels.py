@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -154,6 +155,22 @@ def drawable(point: dict, log_scale: bool) -> bool:
     return value is not None and math.isfinite(value) and (value > 0 or not log_scale)
 
 
+def threshold_marks(ax: Any, id_: str, pts: list[dict]) -> None:
+    """The threshold each run was judged against: one line where the runs share it, else a
+    dash at each run's point (runs with their own ``[diagnostics.ID]`` options), so no point
+    is read against another run's threshold."""
+    judged = [p for p in pts if p["threshold"] is not None]
+    thresholds = sorted({p["threshold"] for p in judged})
+    if len(thresholds) == 1:
+        ax.axhline(thresholds[0], color="black", ls="--", lw=1,
+                   label=f"threshold {thresholds[0]:g}", gid=f"{id_}:threshold")
+    elif thresholds:
+        ax.plot([p["x"] for p in judged], [p["threshold"] for p in judged], ls="none",
+                marker="_", ms=14, mew=1.5, color="black", zorder=2,
+                label="each run's threshold (" + ", ".join(f"{t:g}" for t in thresholds)
+                + ")", gid=f"{id_}:threshold")
+
+
 def build(index: RunIndex) -> dict[str, Figure]:
     pairs = select(index)
     cats, points = panel_points(pairs)
@@ -186,10 +203,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
             ax.scatter([p["x"] for p in early], [p["value"] for p in early], s=130,
                        facecolors="none", edgecolors="black", linewidths=1.0, zorder=4,
                        label="stopped early (ringed)", gid=f"{id_}:stopped_early")
-        threshold = pts[0]["threshold"] if pts else None
-        if threshold is not None:
-            ax.axhline(threshold, color="black", ls="--", lw=1,
-                       label=f"threshold {threshold:g}", gid=f"{id_}:threshold")
+        threshold_marks(ax, id_, pts)
         hidden = [p for p in pts if not drawable(p, on_log)]
         if pts and len(hidden) == len(pts):
             empty_note(ax, f"{panel.empty_text()} ({len(hidden)} of {len(pts)} runs: "

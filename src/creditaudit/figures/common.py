@@ -29,6 +29,7 @@ from creditaudit.files.safe_files import atomic_write_bytes  # noqa: E402
 from creditaudit.formatting import plain_line  # noqa: E402
 from creditaudit.methods import find_rule  # noqa: E402
 from creditaudit.protocol import FIRED, DiagnosticReport, Thresholds  # noqa: E402
+from creditaudit.records import RunRecord  # noqa: E402
 from creditaudit.registry import RULES  # noqa: E402
 from creditaudit.results import method_label  # noqa: E402
 
@@ -261,6 +262,27 @@ def notes_below(fig: Figure, axes: Sequence[Any], notes: dict[str, str],
         note = fig.text(0.5, below - 0.02, "\n".join(lines), ha="center", va="top",
                         fontsize=8, color="#555555", gid=gid)
         below = note.get_window_extent(renderer).y0 / fig.bbox.height
+
+
+# The per-epoch norms drawn on log axes, as notes name them.
+PLAIN_NAMES = {"h_L_norm": "‖h_L‖", "g_L_norm": "‖g_L‖", "g_2_norm": "‖g_2‖"}
+
+
+def log_panel_note(ax: Any, runs: list[RunRecord], key: str) -> None:
+    """Say on a log panel of per-epoch ``key`` how many of ``runs`` logged it ≤ 0 (a log
+    axis drops such epochs: a ‖g_L‖ collapsed to exactly 0 would leave no trace): in its
+    middle when no run has a value it can draw, else in its corner."""
+    hidden = [run for run in runs if any(v <= 0 for v in run.series(key)[1])]
+    if not hidden:
+        return
+    drawn = any(v > 0 and math.isfinite(v) for run in runs for v in run.series(key)[1])
+    what = (f"{len(hidden)} of {len(runs)} runs logged {PLAIN_NAMES[key]} ≤ 0 at some "
+            "epoch, which a log axis cannot show")
+    if drawn:
+        ax.text(0.99, 0.02, literal(what), transform=ax.transAxes, ha="right", va="bottom",
+                fontsize=7, color="gray", gid="not_drawable")
+    else:
+        empty_note(ax, what)
 
 
 END_OF_RUN_HINT = ("runs with end-of-run metrics (diagnostics.end_of_run = true, the default) "

@@ -20,6 +20,7 @@ from creditaudit.figures.common import (
     integer_x,
     legend_below,
     literal,
+    log_panel_note,
     log_scale,
     method_color,
     new_figure,
@@ -90,6 +91,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                         gid=f"{row}:{key}:{run.run_id}")
             if key != "acc_eval":
                 log_scale(ax)
+                log_panel_note(ax, runs, key)
             if key == "g_L_norm":
                 floor_line(ax)
             ax.set_title(title, fontsize=9)

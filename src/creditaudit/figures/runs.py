@@ -9,11 +9,13 @@ Values a record lacks are None; the statistics read them as NaN (figures draw ga
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
@@ -21,7 +23,9 @@ from creditaudit.results import (
     Predicate,
     RunIndex,
     as_float,
+    figure_recipe,
     mean_std,
+    method_label,
 )
 from creditaudit.results.runs import matches
 
@@ -35,19 +39,61 @@ class MissingRuns(CreditAuditError):
         super().__init__(f"{figure} needs " + "; ".join(self.needs))
 
 
-def by_seed(runs: Iterable[RunRecord]) -> dict[int, RunRecord]:
-    """One run per seed (the first in index order when a seed repeats)."""
-    out: dict[int, RunRecord] = {}
+def by_seed(runs: Iterable[RunRecord]) -> list[RunRecord]:
+    """One run per seed (the first in index order when a seed repeats), in seed order; a
+    run whose seed is not recorded (a ``Recorder`` not told it: its config holds only the
+    default) is one of its own, after them: it is no repeat of another such run."""
+    out: dict[tuple[int, Any], RunRecord] = {}
     for run in runs:
-        out.setdefault(run.seed, run)
-    return dict(sorted(out.items()))
+        unknown = "run.seed" in run.not_recorded
+        out.setdefault((1, run.run_id) if unknown else (0, run.seed), run)
+    return [out[key] for key in sorted(out)]
+
+
+def rule_options(run: RunRecord) -> str:
+    """The run's credit-rule options (its config's ``method`` section but λ) as a key: runs
+    of one rule whose options differ (``method.feedback_scale``, ``method.ep_beta``, …)
+    are not seeds of one another, whatever their recipe."""
+    options = {k: v for k, v in run.config.to_dict()["method"].items() if k != "penalty"}
+    return json.dumps(options, sort_keys=True, default=str)
 
 
 def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
               ) -> list[RunRecord]:
-    """One run per seed of ``method`` at ``penalty`` within a recipe group."""
-    return list(by_seed(r for r in group if r.method == method
-                        and matches(r.penalty, penalty)).values())
+    """One run per seed of ``method`` at ``penalty`` within a recipe group, all with the
+    same rule options (:func:`rule_options`): where the group's runs of the rule differ in
+    them, those of the options most seeds ran (on a tie the rule's defaults, else the first
+    in index order), so a mean across seeds never mixes settings."""
+    options: dict[str, list[RunRecord]] = {}
+    for run in group:
+        if run.method == method and matches(run.penalty, penalty):
+            options.setdefault(rule_options(run), []).append(run)
+    default = rule_options(RunRecord(config=RunConfig().replace(**{"method.name": method})))
+    # Ties go to the rule's default options (max keeps the first of equals: index order).
+    most = max(options.items(), key=lambda item: (len(by_seed(item[1])), item[0] == default),
+               default=("", []))
+    return by_seed(most[1])
+
+
+def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:
+    """``Not drawn (…): DFA seed 42 (method.feedback_scale 1 where the drawn runs have
+    100)``, naming each run of a drawn run's recipe, rule and λ that :func:`seed_runs` left
+    out for its other rule options; None when there is none."""
+    drawn = list(drawn)
+    ids = {id(run) for run in drawn}
+    kinds = {(figure_recipe(run), run.method, run.penalty): run for run in drawn}
+    left: list[str] = []
+    for run in index.select(standard=None):
+        like = kinds.get((figure_recipe(run), run.method, run.penalty))
+        if like is None or id(run) in ids or rule_options(run) == rule_options(like):
+            continue
+        own, theirs = run.config.to_dict()["method"], like.config.to_dict()["method"]
+        differ = ", ".join(f"method.{key} {own.get(key)} where the drawn runs have "
+                           f"{theirs.get(key)}" for key in sorted({*own, *theirs})
+                           if own.get(key) != theirs.get(key))
+        left.append(f"{method_label(run.method, run.penalty)} seed {run.seed} ({differ})")
+    return ("Not drawn (a mean across seeds holds runs of one set of rule options): "
+            + "; ".join(left) + ".") if left else None
 
 
 def penalties(group: Sequence[RunRecord], method: str) -> list[float]:

@@ -24,6 +24,7 @@ from creditaudit.figures.common import (
     log_scale,
     mean_line,
     new_figure,
+    notes_below,
     rule_text,
     save_all,
 )
@@ -31,6 +32,7 @@ from creditaudit.figures.runs import (
     MissingRuns,
     choose_group,
     epoch_mean_std,
+    other_options_note,
     seed_runs,
 )
 from creditaudit.records import RunRecord
@@ -105,6 +107,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
             top.set_ylabel(r"$\angle(B, W)$ (degrees)")
             bottom.set_ylabel(r"$\|B\| / \|W\|$")
     legend_right(axes[0, -1], title="layer", title_fontsize=7)
+    other = other_options_note(index, (run for runs in columns.values() for run in runs))
+    if other:
+        notes_below(fig, list(axes.flat), {"other_options": other})
     return {NAME: fig}
 
 

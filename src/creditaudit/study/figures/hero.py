@@ -41,6 +41,7 @@ from creditaudit.figures.runs import (
     describe_recipe,
     layer_mean_std,
     need_methods,
+    other_options_note,
     reference_verified,
     seed_runs,
     valid_layers,
@@ -82,6 +83,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     first = next(iter(chosen.values()))[0]
     # Every panel shows end-of-run values: a run that stopped early is left out of them.
     stopped = stopped_early_note((r for runs in chosen.values() for r in runs), curves=False)
+    other = other_options_note(index, (r for runs in chosen.values() for r in runs))
     chosen = {m: ended for m, runs in chosen.items() if (ended := full_length(runs))}
     # A panel no run can fill is left out (one line under the title says why), not drawn
     # empty; (C) reads the per-epoch norms every run logs, so one panel always remains.
@@ -106,6 +108,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
         notes["left_out"] = "Left out: " + "; ".join(left_out) + f" — {END_OF_RUN_HINT}."
     if stopped:
         notes["stopped_early"] = stopped
+    if other:
+        notes["other_options"] = other
     notes_below(fig, axes[0], notes, width=40 * len(panels))
     return {NAME: fig}
 

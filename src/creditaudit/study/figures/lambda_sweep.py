@@ -31,6 +31,7 @@ from creditaudit.figures.runs import (
     choose_group,
     describe_recipe,
     epoch_mean_std,
+    other_options_note,
     penalties,
     seed_runs,
 )
@@ -101,8 +102,11 @@ def build(index: RunIndex) -> dict[str, Figure]:
     fig.suptitle(f"Penalty λ sweep — {literal(describe_recipe(first))}", y=1.03)
     legend_below(fig, list(axes[0]))  # every λ, the floor and the (d) lines, under the panels
     stopped = stopped_early_note(chosen["frozen"], curves=False)
-    if stopped:
-        notes_below(fig, list(axes[0]), {"stopped_early": stopped})
+    other = other_options_note(index, [*chosen["frozen"], *(run for runs in
+                                                            chosen["lambdas"].values()
+                                                            for run in runs)])
+    notes = {"stopped_early": stopped, "other_options": other}
+    notes_below(fig, list(axes[0]), {gid: text for gid, text in notes.items() if text})
     return {NAME: fig}
 
 

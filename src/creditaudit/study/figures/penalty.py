@@ -41,6 +41,7 @@ from creditaudit.figures.runs import (
     choose_group,
     describe_recipe,
     epoch_mean_std,
+    other_options_note,
     penalties,
     reference_verified,
     seed_runs,
@@ -236,8 +237,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
     legend_below(fig, [axes[0, 2]], ncol=1)
     drawn = [*chosen["dfa"], *chosen["dfa_penalised"][lam]]  # (a)'s curves
     stopped = stopped_early_note(_all_runs(chosen), curves=drawn)
-    if stopped:
-        notes_below(fig, list(axes[0]), {"stopped_early": stopped})
+    other = other_options_note(index, _all_runs(chosen))
+    notes = {"stopped_early": stopped, "other_options": other}
+    notes_below(fig, list(axes[0]), {gid: text for gid, text in notes.items() if text})
     return {NAME: fig}
 
 

@@ -45,6 +45,7 @@ from creditaudit.figures.runs import (
     epoch_mean_std,
     layer_mean_std,
     need_methods,
+    other_options_note,
     seed_runs,
     valid_layers,
 )
@@ -104,6 +105,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     # 5b–5e show end-of-run values: their means leave out the runs that stopped early.
     curves = chosen
     stopped = stopped_early_note((r for runs in chosen.values() for r in runs), curves=False)
+    other = other_options_note(index, (r for runs in chosen.values() for r in runs))
     chosen = {m: full_length(runs) for m, runs in chosen.items()}
     credited = {m: runs for m, runs in chosen.items() if m != "frozen"}
 
@@ -239,9 +241,12 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_title(f"Final test accuracy ({n_ended} seed(s)) — {where}")
     add_grid(ax)
     figures["fig5e_final_accuracy"] = fig
-    if stopped:
-        for name in NAMES[1:]:
-            notes_below(figures[name], figures[name].axes, {"stopped_early": stopped})
+    for name in NAMES:
+        notes = {"stopped_early": stopped if name != NAMES[0] else None,
+                 "other_options": other}
+        notes = {gid: text for gid, text in notes.items() if text}
+        if notes:
+            notes_below(figures[name], figures[name].axes, notes)
     return figures
 
 

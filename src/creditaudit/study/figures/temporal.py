@@ -20,10 +20,12 @@ from creditaudit.figures.common import (
     floor_line,
     integer_x,
     legend_below,
+    log_panel_note,
     log_scale,
     mean_line,
     method_color,
     new_figure,
+    notes_below,
     positive,
     rule_text,
     save_all,
@@ -33,6 +35,7 @@ from creditaudit.figures.runs import (
     choose_group,
     epoch_mean_std,
     need_methods,
+    other_options_note,
     seed_runs,
 )
 from creditaudit.records import RunRecord
@@ -91,6 +94,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                     g_values.extend(positive(mean))
             if key != "acc_eval":
                 log_scale(ax)
+                log_panel_note(ax, [run for runs in methods.values() for run in runs], key)
             if key == "g_L_norm":
                 floor_line(ax)
             if row == 0:
@@ -107,6 +111,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for row in range(len(rows)):
         axes[row, 1].set_ylim(lo, hi)
     legend_below(fig, list(axes.flat))  # every row's methods and the floor, under the grid
+    other = other_options_note(index, (run for methods in rows.values()
+                                       for runs in methods.values() for run in runs))
+    if other:
+        notes_below(fig, list(axes.flat), {"other_options": other})
     return {NAME: fig}
 
 

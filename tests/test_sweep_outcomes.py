@@ -77,3 +77,25 @@ def test_a_record_left_running_by_a_failed_run_is_reported_failed(tmp_path: Path
     table = format_sweep_table(result.plans, [], {entry["run_id"]: entry["status"]})
     row = table.splitlines()[2]
     assert " failed " in row and "running" not in row, table
+
+
+def test_a_run_whose_ray_worker_is_shut_down_is_interrupted_not_failed(tmp_path: Path,
+                                                                       monkeypatch):
+    """Ray ends a worker it shuts down (a sweep interrupted past its unwind time) with a
+    SystemExit under the run: recorded 'failed: SystemExit: 1', the run was skipped by the
+    next sweep instead of resumed."""
+    raylet = pytest.importorskip("ray._raylet")
+    from creditaudit.run.trainer import Trainer
+    from creditaudit.sweep.worker import run_one
+
+    def shut_down(self, epoch: int) -> None:  # noqa: ANN001
+        raylet.raise_sys_exit_with_custom_error_message("worker shut down", 1)
+
+    monkeypatch.setattr(Trainer, "train_epoch", shut_down)
+    (config,) = prepare_configs([RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path)})],
+                                threads=1)
+    with pytest.raises(SystemExit):
+        run_one(config.to_dict())
+    (run_dir,) = [path.parent for path in tmp_path.glob("*/record.json")]
+    assert load_record(run_dir).status == "interrupted"
+    assert not (run_dir / "claim.json").exists()

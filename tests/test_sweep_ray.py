@@ -197,6 +197,27 @@ def test_a_run_whose_ray_worker_dies_is_recorded_failed_with_the_cause(ray_2cpu,
 
 
 @needs_ray
+def test_an_interrupt_waits_at_most_unwind_seconds_for_a_run_that_does_not_stop(ray_2cpu):
+    """Ctrl-C while a run hangs in a call that Ray's cancel does not interrupt (a guest
+    blocked in C code: the cancel's KeyboardInterrupt waits for it to return): the sweep
+    stops waiting after unwind_seconds, not when the task ends."""
+    from creditaudit.sweep import RayExecutor
+
+    def task(task: dict) -> dict:
+        if task["run_id"] == "hangs":
+            time.sleep(12)  # one blocking call
+        return {"run_id": task["run_id"], "status": "completed"}
+
+    executor = RayExecutor(num_cpus_per_run=1, poll_seconds=0.1, unwind_seconds=2)
+    outcomes = executor.map(task, [{"run_id": "hangs"}, {"run_id": "quick"}])
+    assert next(outcomes)["run_id"] == "quick"
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        outcomes.throw(KeyboardInterrupt)
+    assert time.monotonic() - started < 8
+
+
+@needs_ray
 def test_unschedulable_after_must_be_positive_and_is_for_ray_only(ray_2cpu, tmp_path, capsys):
     path, _ = sweep_file(tmp_path)
     assert main(["sweep", str(path), "--executor", "ray", "--unschedulable-after", "0"]) == 2

@@ -290,3 +290,27 @@ def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient, default_c
     sent.wait(60)
     time.sleep(1.5)
     assert pool.done
+
+
+def _claim_and_exit(task: dict) -> None:
+    """A task whose run's code ends its worker with ``os._exit(0)`` while it holds the run
+    (as a model factory's forward calling it would)."""
+    from creditaudit.sweep.claims import try_claim
+
+    try_claim(Path(task["config"]["run"]["out_dir"]) / task["run_id"])
+    os._exit(0)
+
+
+def test_a_run_whose_worker_exits_with_code_0_is_failed_as_a_death(tmp_path):
+    """Exit code 0 is a death too when the worker held a run: not retried for ever, not
+    reported as never started, its claim not left behind."""
+    from creditaudit.sweep import LocalExecutor
+
+    tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": "a"}]
+    (outcome,) = list(LocalExecutor(workers=1).map(_claim_and_exit, tasks))
+    assert (outcome["status"], outcome["action"]) == ("failed", "trained")
+    assert "died 2 times" in outcome["error"]
+    assert "exited with code 0" in outcome["error"] and "os._exit" in outcome["error"]
+    assert not (tmp_path / "a" / CLAIM_FILE).exists()
+    assert load_record(tmp_path / "a").status == "failed"
+    assert [e["deaths"] for e in _log(tmp_path) if e["event"] == "worker_died"] == [1, 2]

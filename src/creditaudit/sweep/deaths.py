@@ -40,9 +40,14 @@ MAX_DEATHS = 2
 
 def death_cause(pid: int, exitcode: int | None) -> str:
     """``"worker process 123 was killed by SIGKILL (…)"`` from a process's exit code
-    (negative: the signal that ended it, as multiprocessing reports it)."""
-    if exitcode is None or exitcode >= 0:
-        return f"worker process {pid} exited with code {exitcode}"
+    (negative: the signal that ended it, as multiprocessing reports it; 0 or more: the
+    process ended itself, which no run's code may do)."""
+    if exitcode is None:
+        return f"worker process {pid} exited"
+    if exitcode >= 0:
+        return (f"worker process {pid} exited with code {exitcode} (code the run ran — a "
+                "model factory, a plugin, or a library they call — ended the process, e.g. "
+                "with os._exit; a run's code must return or raise)")
     try:
         name = signal.Signals(-exitcode).name
     except ValueError:

@@ -145,12 +145,15 @@ class LocalExecutor:
             if not unfinished:
                 return
             known = sum(map(len, deaths.values()))
-            retry, failed = after_break(unfinished, dead, deaths)
+            retry, failed = after_break(
+                unfinished, {pid: death_cause(pid, code) for pid, code in dead.items()},
+                deaths)
             yield from failed
             progress = ended or sum(map(len, deaths.values())) > known
             unblamed = 0 if progress else unblamed + 1
             if unblamed >= MAX_DEATHS:  # the workers die before any run: no new pool helps
-                cause = "; ".join(dead.values()) or "worker process died"
+                cause = "; ".join(death_cause(pid, code) for pid, code in dead.items()
+                                  if code != 0) or "worker process died"
                 for task in retry:
                     yield failed_outcome(task, f"{cause} before it started a run; it never "
                                          "started, so the next sweep trains it",
@@ -160,10 +163,11 @@ class LocalExecutor:
 
     def _pool_round(self, fn: RunFn, tasks: list[dict[str, Any]]
                     ) -> Generator[Outcome, None,
-                                   tuple[list[dict[str, Any]], dict[int, str], int]]:
+                                   tuple[list[dict[str, Any]], dict[int, int], int]]:
         """Run ``tasks`` on one pool, yielding outcomes; returns the tasks left without an
-        outcome when a worker died (in submission order), the dead workers (pid → cause)
-        and how many outcomes came back."""
+        outcome when a worker died (in submission order), the workers that ended (pid →
+        exit code: also 0, as a run's code calling ``os._exit(0)`` ends its worker; a
+        claim still naming one is a run it died holding) and how many outcomes came back."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
         from concurrent.futures.process import BrokenProcessPool
@@ -202,8 +206,8 @@ class LocalExecutor:
         # Ctrl-C meanwhile is the sweep's: it stops here, no new pool is started.
         if _shut_down(pool, processes, UNWIND_SECONDS, patient=True):
             raise KeyboardInterrupt
-        dead = {process.pid: death_cause(process.pid, process.exitcode)
-                for process in processes if process.exitcode not in (0, None)}
+        dead = {process.pid: process.exitcode
+                for process in processes if process.exitcode is not None}
         return [tasks[i] for i in sorted(unfinished)], dead, ended
 
 

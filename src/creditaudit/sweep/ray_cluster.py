@@ -337,18 +337,18 @@ class RayExecutor:
         claim, which a Ray shut down under it would not, leaving a claim that blocks the
         run for --stale-after seconds when it was on another node."""
         ray = self.ray
-        pending = list(generators)
+        # A task's end, not its next item: next() on a cancelled task's stream waits, with
+        # no deadline, for the task to end, which a run hung in a guest's code never does.
+        pending = [generator.completed() for generator in generators]
         deadline = time.monotonic() + self.unwind_seconds
         try:
             while pending and (left := deadline - time.monotonic()) > 0:
-                ready, _ = ray.wait(pending, num_returns=1, timeout=min(left, 0.5))
-                for generator in ready:
-                    try:
-                        item = ray.get(next(generator))
-                    except (StopIteration, ray.exceptions.RayError):
-                        item = None  # ended: cancelled, or failed
-                    if item != STARTED:
-                        pending.remove(generator)
+                _, pending = ray.wait(pending, num_returns=len(pending),
+                                      timeout=min(left, 0.5), fetch_local=False)
+            if pending:
+                log.warning("%d cancelled Ray task(s) did not end within %.0f s; their runs "
+                            "resume from their last checkpoint next time", len(pending),
+                            self.unwind_seconds)
         except KeyboardInterrupt:
             log.warning("stopped waiting for %d cancelled Ray task(s); their runs resume "
                         "from their last checkpoint next time", len(pending))

@@ -215,6 +215,27 @@ def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
     log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
 
 
+def ended_by_ray(err: BaseException) -> bool:
+    """Whether ``err`` is the ``SystemExit`` Ray raises in a worker it shuts down (a sweep
+    interrupted past its unwind time, a cluster stopped): the run was stopped, it did not
+    fail, so it is recorded ``interrupted`` and resumes, as after a Ctrl-C."""
+    return isinstance(err, SystemExit) and hasattr(err, "ray_terminate_msg")
+
+
+def _stopped(run: _Claimed) -> None:
+    """A run stopped by its worker's shutdown (:func:`ended_by_ray`): its record, left
+    'running' by the training loop, says ``interrupted``."""
+    from creditaudit.records import load_record, save_record
+
+    with contextlib.suppress(RunRecordError, OutputError):  # no record: nothing to mark
+        if disk_status(run.run_dir)[0] == "running":
+            record = load_record(run.run_dir)
+            record.status = "interrupted"
+            save_record(run.run_dir, record)
+    run.outcome.update(status="interrupted")
+    run.event("end", status="interrupted")
+
+
 def _end(run: _Claimed, started: float) -> Outcome:
     run.outcome["seconds"] = time.perf_counter() - started
     run.event("end", status=run.outcome["status"], seconds=run.outcome["seconds"],
@@ -253,6 +274,9 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
             outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
         except (Exception, SystemExit) as err:  # noqa: BLE001
+            if ended_by_ray(err):
+                _stopped(run)
+                raise
             # One failing run must not stop the sweep, nor a guest's sys.exit in it (a
             # factory's forward): the run fails, named as the guest's.
             _failed(run, err)

@@ -85,3 +85,15 @@ def test_a_record_given_as_config_keeps_a_non_finite_factory_argument(tmp_path: 
     assert "null" in (tmp_path / "record.json").read_text()  # strict JSON: NaN is marked
     args = load_config_file(tmp_path / "record.json").model.args
     assert args["n"] == 1 and math.isnan(args["t"])
+
+
+def test_a_dotted_key_below_a_table_is_a_nested_table_as_in_toml(tmp_path):
+    base = RunConfig().replace(**{"model.arch": "module",
+                                  "model.factory": "creditaudit.testing.zoo:resnet20"})
+    flags = apply_overrides(base, {"model.args.t.u": 3, "model.args.t.v": 4,
+                                   "diagnostics.a.growth": 9})
+    assert flags.model.args == {"t": {"u": 3, "v": 4}}
+    toml = tmp_path / "c.toml"
+    toml.write_text('[model]\narch = "module"\nfactory = "creditaudit.testing.zoo:resnet20"\n'
+                    '[model.args]\nt.u = 3\nt.v = 4\n[diagnostics.a]\ngrowth = 9\n')
+    assert load_config(toml).model.args == flags.model.args

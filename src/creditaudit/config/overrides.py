@@ -103,12 +103,21 @@ def merge_overrides(raw: dict[str, Any], overrides: dict[str, Any],
     for key, value in overrides.items():
         section, name = split_key(key)
         table, _, leaf = name.partition(".")
-        if leaf:  # a key of a nested table: diagnostics.a.growth
+        if leaf:  # a key of a nested table: diagnostics.a.growth, model.args.t.u
             inner = merged.setdefault(section, {}).get(table)
-            merged[section][table] = {**(inner if isinstance(inner, dict) else {}), leaf: value}
+            merged[section][table] = _with_path(inner, leaf.split("."), value)
         else:
             merged.setdefault(section, {})[name] = value
     return merged
+
+
+def _with_path(table: Any, path: list[str], value: Any) -> dict[str, Any]:
+    """``table`` (a dict, else a new one) with ``value`` at the dotted ``path`` of nested
+    tables, as TOML reads ``t.u = 3`` in a table: ``model.args.t.u=3`` sets {t = {u = 3}}."""
+    out = dict(table) if isinstance(table, dict) else {}
+    head, *rest = path
+    out[head] = _with_path(out.get(head), rest, value) if rest else value
+    return out
 
 
 def _keep_protocol_tables(merged: dict[str, Any], overrides: dict[str, Any],

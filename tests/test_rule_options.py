@@ -111,6 +111,25 @@ class _Rule(CreditRule[WidthOptions]):
     credit_formula = "a_l = g_l"
 
 
+@dataclass
+class MaybeGainOptions(LocalOptions):
+    gain: float | None = opt(1.0, "a gain; None: no gain")
+
+
+class _MaybeGainRule(CreditRule[MaybeGainOptions]):
+    name = "maybe-gain"
+    label = "Maybe gain"
+    credit_formula = "a_l = g_l"
+
+
+def test_an_option_that_may_be_none_but_defaults_to_a_value_is_refused():
+    # Set to None, it was left out of the run's config.toml (TOML has no null), which then
+    # reran with the default 1.0: another run.
+    with pytest.raises(ConfigError, match=r"_MaybeGainRule \(maybe-gain\): option "
+                       r"method.gain may be None but defaults to 1.0"):
+        bind(_MaybeGainRule, "method", gain=None)
+
+
 def test_options_come_from_the_parameter_and_types_self_options():
     assert _Rule.Options is WidthOptions
     assert _Rule.option_names() == ("normalise_credit", "width")

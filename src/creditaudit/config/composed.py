@@ -51,6 +51,7 @@ def composed_class(section: str, component: type) -> type:
         if f.name in common:
             raise ConfigError(f"{component.__qualname__} ({component.name}): option {f.name!r} "
                               f"is a common key of [{section}]; rename it")
+        _refuse_unwritable_none(component, section, f, hints[f.name])
         copied = dataclasses.field(default=f.default, default_factory=f.default_factory,
                                    metadata=f.metadata)
         fields.append((f.name, hints[f.name], copied))
@@ -60,6 +61,22 @@ def composed_class(section: str, component: type) -> type:
                    "__module__": base.__module__})
     cls.__qualname__ = cls.__name__
     return cls
+
+
+def _refuse_unwritable_none(component: type, section: str, f: dataclasses.Field,
+                            tp: Any) -> None:
+    """ConfigError for an option that may be None but defaults to something else: a run
+    setting it to None could not be written to its ``config.toml`` (TOML has no null; a
+    None is left out) and would rerun with the default, another run."""
+    default = f.default
+    if default is None or default is dataclasses.MISSING \
+            or type(None) not in typing.get_args(tp):
+        return
+    raise ConfigError(f"{component.__qualname__} ({component.name}): option "
+                      f"{section}.{f.name} may be None but defaults to {default!r}, so a run "
+                      "setting it to None could not be written to its config.toml (TOML has "
+                      "no null); make None its default (and read None as "
+                      f"{default!r}), or drop None from its type")
 
 
 @functools.cache

@@ -224,6 +224,28 @@ def test_one_cg_step_moves_no_state_and_is_refused_before_a_run(solver, tmp_path
     ep_rule(mlp(), ep_steps=1, ep_solver="gd")  # accepted
 
 
+@pytest.mark.parametrize("solver", ["residual-cg", "cg"])
+def test_two_cg_steps_are_one_step_along_the_free_states_gradient(solver):
+    """ep_steps=2 is one CG iteration (the first step is the free states' gradient): over ρ
+    every credit is, per sample, a multiple of backprop's state gradient (the line search's
+    α, within O(β) of 1); over δ only h_L moves, its
+    credit parallel to ∂CE/∂h_L. An iteration count one off either way (no step, or two)
+    fails it; with ep_steps=1 nothing moves (test above)."""
+    model = mlp(w2_std=0.3)
+    x, y = batch()
+    g = bp_state_gradients(model, x, y)
+    credits = ep_rule(model, ep_solver=solver, ep_steps=2).credits(x, y)
+    moved = range(len(g)) if solver == "residual-cg" else [len(g) - 1]
+    for state, (a, grad) in enumerate(zip(credits, g)):
+        if state not in moved:
+            assert float(a.abs().max()) == 0.0, state
+            continue
+        cos = F.cosine_similarity(a.flatten(1), grad.flatten(1), dim=1)
+        assert float((1 - cos).abs().max()) < 1e-12, (state, cos)
+        scale = a.flatten(1).norm(dim=1) / grad.flatten(1).norm(dim=1)
+        assert bool(((scale - 1).abs() < 0.1).all()), (state, scale)
+
+
 def residual_energy(model, states: list[Tensor], y: Tensor, beta: float,
                     rho: list[Tensor]) -> Tensor:
     """F over the residuals, literally: h_0 = free h_0 + ρ_{−1}, h_{l+1} = h_l + f_l(h_l) + ρ_l,

@@ -202,7 +202,7 @@ def test_unknown_solver_is_a_config_error():
 def test_one_cg_step_moves_no_state_and_is_refused_before_a_run(solver, tmp_path):
     """A CG solver's first step is the free states' gradient: with ep_steps=1 every credit
     is exactly 0 and no block trains, so the value is refused before a run folder exists,
-    naming the key, the solver and what to give; gd's first step moves the states."""
+    naming the key, the solver and what to give; gd's first step moves h_L."""
     model = mlp()
     x, y = batch()
     states, _ = model.forward_states(x)
@@ -222,6 +222,46 @@ def test_one_cg_step_moves_no_state_and_is_refused_before_a_run(solver, tmp_path
     gd = relax(model, states, y, beta=0.01, steps=1, step_size=0.25, solver="gd")
     assert float(gd.residuals[-1].abs().max()) > 0
     ep_rule(mlp(), ep_steps=1, ep_solver="gd")  # accepted
+
+
+def test_gd_credits_one_more_state_per_step_and_the_refusal_says_so():
+    """gd moves the states one layer per step: after k ≤ L steps only h_{L−k+1} … h_L have
+    a credit, so the embedding trains only from ep_steps = L + 1 on — the refusal of
+    ep_steps=1 with a CG solver must not offer gd as if its first step credited every
+    state (it said "gd, whose first step moves the states")."""
+    model = mlp(n_blocks=3)
+    x, y = batch()
+    n_states = 4
+    for steps in range(1, n_states + 1):
+        credits = ep_rule(model, ep_solver="gd", ep_steps=steps).credits(x, y)
+        moved = [float(a.abs().max()) > 0 for a in credits]
+        assert moved == [state >= n_states - steps for state in range(n_states)], (steps,
+                                                                                   moved)
+    with pytest.raises(ConfigError, match=r"method.ep_solver='gd' moves the states one layer "
+                                          r"per step.*ep_steps >= L \+ 1"):
+        ep_rule(mlp(), ep_steps=1, ep_solver="cg")
+
+
+@pytest.mark.parametrize("solver", ["residual-cg", "cg"])
+def test_two_cg_steps_are_one_step_along_the_free_states_gradient(solver):
+    """ep_steps=2 is one CG iteration (the first step is the free states' gradient): over ρ
+    every credit is, per sample, a multiple of backprop's state gradient (the line search's
+    α, within O(β) of 1); over δ only h_L moves, its
+    credit parallel to ∂CE/∂h_L. An iteration count one off either way (no step, or two)
+    fails it; with ep_steps=1 nothing moves (test above)."""
+    model = mlp(w2_std=0.3)
+    x, y = batch()
+    g = bp_state_gradients(model, x, y)
+    credits = ep_rule(model, ep_solver=solver, ep_steps=2).credits(x, y)
+    moved = range(len(g)) if solver == "residual-cg" else [len(g) - 1]
+    for state, (a, grad) in enumerate(zip(credits, g)):
+        if state not in moved:
+            assert float(a.abs().max()) == 0.0, state
+            continue
+        cos = F.cosine_similarity(a.flatten(1), grad.flatten(1), dim=1)
+        assert float((1 - cos).abs().max()) < 1e-12, (state, cos)
+        scale = a.flatten(1).norm(dim=1) / grad.flatten(1).norm(dim=1)
+        assert bool(((scale - 1).abs() < 0.1).all()), (state, scale)
 
 
 def residual_energy(model, states: list[Tensor], y: Tensor, beta: float,

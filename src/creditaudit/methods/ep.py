@@ -182,7 +182,9 @@ class EPOptions(RuleOptions):
     ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
                         "input-gradient pass through the blocks); at least 2 with the CG "
                         "solvers, whose first step is the free states' gradient (at 1 no "
-                        "state moves)", min=1)
+                        "state moves); gd moves the states one layer per step, so below "
+                        "L + 1 steps h_0 … h_{L−steps} get credit 0 and the modules "
+                        "writing them do not train", min=1)
     ep_step_size: float = opt(0.25, "EP: state step size η of the nudged relaxation: gd's step "
                               "(stable while η < 2/λ_max of the energy Hessian; halved when "
                               "‖∇F‖ grows), the CG solvers' first and shortest curvature "
@@ -227,7 +229,8 @@ class EP(CreditRule[EPOptions]):
                 f"with method.ep_solver={options.ep_solver!r} moves no state: the CG "
                 "solvers spend their first step on the free states' gradient, so every "
                 "credit would be 0 and no block would train; give method.ep_steps >= 2 "
-                "(or method.ep_solver='gd', whose first step moves the states)")}
+                "(method.ep_solver='gd' moves the states one layer per step, so its first "
+                "step credits h_L alone: the embedding's credit needs ep_steps >= L + 1)")}
         return {}
 
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.records import RecordSet, is_frozen_baseline, not_a_baseline
 from creditaudit.records import RunRecord
 from creditaudit.records.claim_files import claim_state
-from creditaudit.results import stopped_early_text
+from creditaudit.results import diverged_epoch_text, stopped_early_text
 
 BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
 # After each headline number of a diverged run: it is of the run's last finite epoch.
@@ -58,22 +57,12 @@ def diverged_text(record: RunRecord) -> str | None:
     those of that epoch; where that epoch took no diagnostics, saying that its measures are
     not measured; where the protocol was last evaluated at a later epoch, saying that its
     verdict and diagnostics' values are of that one), else None."""
-    if record.status != "diverged":
-        return None
-    at = (record.divergence or {}).get("epoch")
-    text = "diverged" + (f" in epoch {at}" if at is not None else "")
-    if record.final is None:
-        return text
+    text = diverged_epoch_text(record, mark=DIVERGED_MARK,
+                               nothing="so no test acc nor any other number")
     epoch = record.numbers_epoch
-    if epoch is None:
-        return text + ": no epoch's evaluation was finite, so no test acc nor any other number"
+    if text is None or record.final is None or epoch is None:
+        return text
     entry = record.entry(epoch)
-    finite = entry is not None and entry.test_loss is not None \
-        and math.isfinite(entry.test_loss)
-    # Records written before final.from_epoch existed may hold the overflowed network's.
-    text += (f": {DIVERGED_MARK} numbers of epoch {epoch}, the last whose evaluation "
-             "was finite" if finite else f": {DIVERGED_MARK} numbers of epoch {epoch}, "
-             "whose evaluation was not finite (a network that overflowed)")
     if entry is not None and not entry.has_diagnostics:
         # An earlier epoch's measures are of another network: the row shows none.
         text += (f"; epoch {epoch} took no diagnostics (diagnostics.every = "

@@ -19,6 +19,8 @@ from creditaudit.results.runs import (
     arch_label,
     as_float,
     deep_mean,
+    diverged_epoch_text,
+    diverged_note,
     figure_recipe,
     full_length,
     mean_std,
@@ -27,6 +29,7 @@ from creditaudit.results.runs import (
     terminal_ln,
 )
 
-__all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean", "figure_recipe",
-           "full_length", "mean_std", "method_label", "method_rank", "sort_methods",
-           "stopped_early_note", "stopped_early_text", "terminal_ln"]
+__all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean",
+           "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
+           "method_label", "method_rank", "sort_methods", "stopped_early_note",
+           "stopped_early_text", "terminal_ln"]

@@ -233,6 +233,50 @@ def stopped_early_note(runs: Iterable[RunRecord], *,
             + "." + shown)
 
 
+NO_FINITE_EPOCH = "no epoch's evaluation was finite"
+
+
+def diverged_epoch_text(record: RunRecord, *, mark: str = "",
+                        nothing: str = "so no end-of-run point") -> str | None:
+    """``diverged in epoch 3: numbers of epoch 2, the last whose evaluation was finite`` for
+    a diverged run (``mark`` before ``numbers``: the report's ‡), ``diverged in epoch 1: no
+    epoch's evaluation was finite, so no end-of-run point`` (``nothing``: what that leaves)
+    for one with no finite epoch, else None: the words the report and the figures use for
+    which epoch a diverged run's end-of-run numbers are of."""
+    if record.status != "diverged":
+        return None
+    at = (record.divergence or {}).get("epoch")
+    text = "diverged" + (f" in epoch {at}" if at is not None else "")
+    if record.final is None:
+        return text
+    epoch = record.numbers_epoch
+    if epoch is None:
+        return f"{text}: {NO_FINITE_EPOCH}, {nothing}"
+    entry = record.entry(epoch)
+    finite = entry is not None and entry.test_loss is not None \
+        and math.isfinite(entry.test_loss)
+    numbers = f"{mark} numbers of epoch {epoch}" if mark else f"numbers of epoch {epoch}"
+    # Records written before final.from_epoch existed may hold the overflowed network's.
+    return (f"{text}: {numbers}, the last whose evaluation was finite" if finite else
+            f"{text}: {numbers}, whose evaluation was not finite (a network that overflowed)")
+
+
+DIVERGED = "Diverged (their end-of-run points are of their last finite epoch)"
+
+
+def diverged_note(runs: Iterable[RunRecord], *, lead: str = DIVERGED) -> str | None:
+    """``Diverged (…): DFA seed 42 diverged in epoch 2: numbers of epoch 1, the last whose
+    evaluation was finite.`` naming each diverged run of ``runs`` (once) — the runs an
+    output keeps in its end-of-run means, whose numbers are of an earlier epoch than their
+    recipe's — in the report's words (:func:`diverged_epoch_text`), after ``lead``; None
+    when none diverged."""
+    diverged = list({id(r): r for r in runs if r.status == "diverged"}.values())
+    if not diverged:
+        return None
+    return (f"{lead}: " + "; ".join(f"{_run_name(r)} {diverged_epoch_text(r)}"
+                                    for r in diverged) + ".")
+
+
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:
     """Mean and (population) std across seeds, NaN values left out; (NaN, NaN) if none."""
     arr = np.array([as_float(v) for v in values], dtype=float)
@@ -244,5 +288,5 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
 
 
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
-           "figure_recipe", "full_length", "mean_std", "matches", "stopped_early_note",
-           "stopped_early_text", "terminal_ln"]
+           "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
+           "matches", "stopped_early_note", "stopped_early_text", "terminal_ln"]

@@ -5,7 +5,8 @@
 median ‖g_l‖ at the last epoch on a log axis with the 1e-7 floor. Every point is the mean
 across seeds (error bars ± std) of the runs that trained all their epochs: every panel shows
 end-of-run values, so a run that stopped early is left out, and a line under the figure
-names it.
+names it; a diverged run is kept with the numbers of its last finite epoch, and a line under
+the figure names it and that epoch.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from creditaudit.results import (
     RunIndex,
     arch_label,
     as_float,
+    diverged_note,
     full_length,
     mean_std,
     sort_methods,
@@ -85,6 +87,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
     stopped = stopped_early_note((r for runs in chosen.values() for r in runs), curves=False)
     other = other_options_note(index, (r for runs in chosen.values() for r in runs))
     chosen = {m: ended for m, runs in chosen.items() if (ended := full_length(runs))}
+    # A diverged run stays in them, with the numbers of its last finite epoch: named too.
+    diverged = diverged_note(r for runs in chosen.values() for r in runs)
     # A panel no run can fill is left out (one line under the title says why), not drawn
     # empty; (C) reads the per-epoch norms every run logs, so one panel always remains.
     left_out = []
@@ -108,6 +112,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
         notes["left_out"] = "Left out: " + "; ".join(left_out) + f" — {END_OF_RUN_HINT}."
     if stopped:
         notes["stopped_early"] = stopped
+    if diverged:
+        notes["diverged"] = diverged
     if other:
         notes["other_options"] = other
     notes_below(fig, axes[0], notes, width=40 * len(panels))

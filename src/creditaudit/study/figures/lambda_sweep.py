@@ -4,7 +4,8 @@ Per epoch, one line per λ (λ = 0 is vanilla DFA; mean across seeds, ± std ban
 (log), (b) ‖g_2‖ (log) with the 1e-7 floor, (c) test accuracy with the frozen-blocks
 accuracy and the frozen + margin line of diagnostic (d) (2 pp by default), the mean final
 accuracy of the frozen runs that trained all their epochs (one that stopped early is no
-baseline of (d): a line under the figure names it).
+baseline of (d): a line under the figure names it; a diverged one is kept with the
+numbers of its last finite epoch, and a line names it and that epoch).
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from creditaudit.figures.runs import (
 )
 from creditaudit.protocol import Thresholds
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, full_length, mean_std, stopped_early_note
+from creditaudit.results import (
+    RunIndex,
+    diverged_note,
+    full_length,
+    mean_std,
+    stopped_early_note,
+)
 
 NAME = "fig4_lambda_sweep"
 TITLE = "Figure 4 — λ-sweep trajectories"
@@ -105,7 +112,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
     other = other_options_note(index, [*chosen["frozen"], *(run for runs in
                                                             chosen["lambdas"].values()
                                                             for run in runs)])
-    notes = {"stopped_early": stopped, "other_options": other}
+    # The frozen line, the one end-of-run value drawn, keeps a diverged frozen run.
+    diverged = diverged_note(full_length(chosen["frozen"]))
+    notes = {"stopped_early": stopped, "diverged": diverged, "other_options": other}
     notes_below(fig, list(axes[0]), {gid: text for gid, text in notes.items() if text})
     return {NAME: fig}
 

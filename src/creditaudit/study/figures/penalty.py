@@ -11,7 +11,8 @@ accuracy as a line.
 All runs come from one recipe, so at paper scale the 30-epoch control runs are compared
 with each other, not with the 100-epoch audit runs. (b), (c) and the frozen line show
 end-of-run values: a run that stopped early is left out of their means (a line under the
-figure names it); (a) draws the epochs it logged.
+figure names it); (a) draws the epochs it logged. A diverged run stays in those means with
+the numbers of its last finite epoch, and a line under the figure names it and that epoch.
 """
 
 from __future__ import annotations
@@ -48,7 +49,14 @@ from creditaudit.figures.runs import (
 )
 from creditaudit.formatting import format_lambda
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, deep_mean, full_length, mean_std, stopped_early_note
+from creditaudit.results import (
+    RunIndex,
+    deep_mean,
+    diverged_note,
+    full_length,
+    mean_std,
+    stopped_early_note,
+)
 
 NAME = "fig3_penalty"
 TITLE = "Figure 3 — penalty rescue"
@@ -238,7 +246,9 @@ def build(index: RunIndex) -> dict[str, Figure]:
     drawn = [*chosen["dfa"], *chosen["dfa_penalised"][lam]]  # (a)'s curves
     stopped = stopped_early_note(_all_runs(chosen), curves=drawn)
     other = other_options_note(index, _all_runs(chosen))
-    notes = {"stopped_early": stopped, "other_options": other}
+    # (b), (c) and the frozen line keep a diverged run, with its last finite epoch's numbers.
+    diverged = diverged_note(_all_runs(ended(chosen)))
+    notes = {"stopped_early": stopped, "diverged": diverged, "other_options": other}
     notes_below(fig, list(axes[0]), {gid: text for gid, text in notes.items() if text})
     return {NAME: fig}
 

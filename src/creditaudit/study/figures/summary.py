@@ -9,7 +9,8 @@
 - ``fig5e_final_accuracy``: final test accuracy per method, mean ± std.
 
 5b–5e show end-of-run values: a run that stopped early is left out of their means (a line
-under each names it); 5a and 5d's prediction error draw the epochs it logged.
+under each names it); 5a and 5d's prediction error draw the epochs it logged. A diverged
+run stays in those means with its last finite epoch's numbers; a line under each names it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
 from creditaudit.results import (
     RunIndex,
+    diverged_note,
     full_length,
     mean_std,
     sort_methods,
@@ -107,6 +109,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
     stopped = stopped_early_note((r for runs in chosen.values() for r in runs), curves=False)
     other = other_options_note(index, (r for runs in chosen.values() for r in runs))
     chosen = {m: full_length(runs) for m, runs in chosen.items()}
+    # A diverged run stays in those means, with its last finite epoch's numbers: named.
+    diverged = diverged_note(r for runs in chosen.values() for r in runs)
     credited = {m: runs for m, runs in chosen.items() if m != "frozen"}
 
     # 5a accuracy curves
@@ -243,6 +247,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     figures["fig5e_final_accuracy"] = fig
     for name in NAMES:
         notes = {"stopped_early": stopped if name != NAMES[0] else None,
+                 "diverged": diverged if name != NAMES[0] else None,
                  "other_options": other}
         notes = {gid: text for gid, text in notes.items() if text}
         if notes:

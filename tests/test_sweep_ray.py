@@ -349,3 +349,78 @@ def test_sigterm_ends_a_ray_sweep_with_its_runs_resumable(ray_2cpu, tmp_path):
                                 address, "-q"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     interrupt_sweep(process, run_dirs, signal.SIGTERM)
+
+
+# --- a worker that dies: what the sweep says of its run ---------------------------------------
+class _DiesWhenUnpickled:
+    """A task function whose unpickling ends the process: a Ray worker that dies before it
+    begins the run (as one that cannot start)."""
+
+    def __reduce__(self) -> tuple:
+        return os._exit, (3,)
+
+
+@needs_ray
+def test_a_ray_worker_that_dies_before_it_begins_the_run_says_not_started(ray_2cpu, tmp_path):
+    """Nothing of the run ran: no record, and the outcome says not started, and that the
+    next sweep trains it (it said action 'trained')."""
+    from creditaudit.sweep import RayExecutor
+
+    path, out = sweep_file(tmp_path)
+    config = prepare_configs(load_sweep(path).configs(), threads=1)[0]
+    executor = RayExecutor(num_cpus_per_run=1, poll_seconds=0.1)
+    (outcome,) = executor.map(_DiesWhenUnpickled(), [{"config": config.to_dict(),
+                                                      "run_id": run_id(config)}])
+    assert (outcome["status"], outcome["action"]) == ("failed", "not started"), outcome
+    assert "worker died" in outcome["error"] and "never started" in outcome["error"]
+    assert not (out / run_id(config)).exists()
+
+
+@needs_ray
+def test_a_ray_worker_ended_by_the_run_names_itself_and_the_attempts_action(ray_2cpu,
+                                                                             tmp_path):
+    """A run whose code calls os._exit in a Ray worker while it resumes the run: failed with
+    the action resumed (it said trained) and the worker's pid, with both usual causes —
+    the run's own code, or a kill — named (it said only Ray's 'the worker died
+    unexpectedly')."""
+    from creditaudit.sweep import RayExecutor
+    from creditaudit.sweep.worker import append_event
+
+    path, out = sweep_file(tmp_path)
+    config = prepare_configs(load_sweep(path).configs(), threads=1)[0]
+    run_dir = out / run_id(config)
+
+    def exits_while_resuming(task: dict) -> dict:
+        from creditaudit.config import config_from_dict
+        from creditaudit.records import new_record, save_record
+        from creditaudit.sweep.claims import try_claim
+
+        try_claim(run_dir)
+        save_record(run_dir, new_record(config_from_dict(task["config"]), device="cpu",
+                                        run_id=run_dir.name))
+        append_event(out, "start", run_dir.name, action="resumed")
+        (tmp_path / "pid").write_text(str(os.getpid()))
+        os._exit(3)
+
+    executor = RayExecutor(num_cpus_per_run=1, poll_seconds=0.1)
+    (outcome,) = executor.map(exits_while_resuming, [{"config": config.to_dict(),
+                                                      "run_id": run_dir.name}])
+    assert (outcome["status"], outcome["action"]) == ("failed", "resumed"), outcome
+    pid = (tmp_path / "pid").read_text()
+    assert f"Ray worker process {pid} died" in outcome["error"]
+    assert "os._exit" in outcome["error"] and "out-of-memory" in outcome["error"]
+    assert load_record(run_dir).status == "failed"
+
+
+def test_a_ray_errors_exit_detail_is_said_as_a_local_workers_death():
+    from creditaudit.sweep.deaths import ray_death_cause, ray_exit_code
+
+    assert ray_exit_code("Worker exits with an exit code 3.") == 3
+    assert ray_exit_code("Worker exits unexpectedly by a signal. SIGKILL") == -9
+    assert ray_exit_code("The worker died unexpectedly while executing this task.") is None
+    assert ray_death_cause(12, "Worker exits with an exit code 3.") == (
+        "Ray worker process 12 exited with code 3 (code the run ran — a model factory, a "
+        "plugin, or a library they call — ended the process, e.g. with os._exit; a run's "
+        "code must return or raise)")
+    assert "killed by SIGKILL (as the kernel's out-of-memory killer does: fewer runs at " \
+        "once" in ray_death_cause(12, "Worker exits unexpectedly by a signal. signal 9")

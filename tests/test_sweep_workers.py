@@ -303,13 +303,14 @@ def _claim_and_exit(task: dict) -> None:
 
 def test_a_run_whose_worker_exits_with_code_0_is_failed_as_a_death(tmp_path):
     """Exit code 0 is a death too when the worker held a run: not retried for ever, not
-    reported as never started, its claim not left behind."""
+    reported as never started (its next sweep runs it only with --retry-failed), its claim
+    not left behind; it died before it began training: action "not started"."""
     from creditaudit.sweep import LocalExecutor
 
     tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": "a"}]
     (outcome,) = list(LocalExecutor(workers=1).map(_claim_and_exit, tasks))
-    assert (outcome["status"], outcome["action"]) == ("failed", "trained")
-    assert "died 2 times" in outcome["error"]
+    assert (outcome["status"], outcome["action"]) == ("failed", "not started")
+    assert "died 2 times" in outcome["error"] and "never started" not in outcome["error"]
     assert "exited with code 0" in outcome["error"] and "os._exit" in outcome["error"]
     assert not (tmp_path / "a" / CLAIM_FILE).exists()
     assert load_record(tmp_path / "a").status == "failed"

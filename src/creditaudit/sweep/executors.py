@@ -15,10 +15,10 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
-from creditaudit.sweep.deaths import MAX_DEATHS, after_break, death_cause
+from creditaudit.sweep.deaths import MAX_DEATHS, after_break, death_cause, left_outcomes
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.ray_cluster import RayExecutor
-from creditaudit.sweep.worker import failed_outcome, pool_call
+from creditaudit.sweep.worker import pool_call
 from creditaudit.sweep.worker_process import init_worker
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,12 @@ class LocalExecutor:
         left = list(tasks)
         deaths: dict[str, list[str]] = {}  # run id → causes of its workers' deaths
         unblamed = 0  # pools in a row that broke with no run to blame (death at start-up)
+        workers: set[int] = set()  # the pids of the pools' workers so far
         while left:
             unfinished, dead, ended = yield from self._pool_round(fn, left)
             if not unfinished:
                 return
+            workers.update(dead)
             known = sum(map(len, deaths.values()))
             retry, failed = after_break(
                 unfinished, {pid: death_cause(pid, code) for pid, code in dead.items()},
@@ -154,10 +156,9 @@ class LocalExecutor:
             if unblamed >= MAX_DEATHS:  # the workers die before any run: no new pool helps
                 cause = "; ".join(death_cause(pid, code) for pid, code in dead.items()
                                   if code != 0) or "worker process died"
-                for task in retry:
-                    yield failed_outcome(task, f"{cause} before it started a run; it never "
-                                         "started, so the next sweep trains it",
-                                         action="not started")
+                for task in retry:  # runs never started, and runs the breaks interrupted
+                    yield from left_outcomes(task, f"{cause} before it started a run",
+                                             workers)
                 return
             left = retry
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
-from creditaudit.sweep.deaths import record_lost
+from creditaudit.sweep.deaths import left_outcomes, ray_death_cause, record_lost
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.worker import failed_outcome
 
@@ -60,8 +60,9 @@ RunFn = Callable[[dict[str, Any]], Outcome]
 
 
 def _run_streaming(fn: RunFn, task: dict[str, Any]) -> Iterator[Any]:
-    """The Ray task body: a marker as soon as a worker runs it, then the run's outcome."""
-    yield STARTED
+    """The Ray task body: a marker as soon as a worker runs it (``(STARTED, pid, host)``:
+    which process runs it), then the run's outcome."""
+    yield STARTED, os.getpid(), socket.gethostname()
     yield fn(task)
 
 
@@ -285,6 +286,7 @@ class RayExecutor:
                             num_returns="streaming")(_run_streaming)
         waiting = {remote.remote(fn, task): task for task in tasks}  # no worker has it yet
         running: dict[Any, dict[str, Any]] = {}
+        workers: dict[Any, tuple[int, str]] = {}  # a started task's worker: (pid, host)
         self.running = 0
         stalled_since: float | None = None
         warned = False
@@ -295,11 +297,13 @@ class RayExecutor:
                 for generator in ready:
                     started = generator in running
                     task = waiting.pop(generator, None) or running.pop(generator)
-                    item = self._next_item(generator, task, started=started)
-                    if item == STARTED:
-                        running[generator] = task
+                    item = self._next_item(generator, task, workers.pop(generator, None)
+                                           if started else None, started=started)
+                    marker = isinstance(item, tuple) and item[:1] == (STARTED,)
+                    if marker:
+                        running[generator], workers[generator] = task, item[1:]
                     self.running = len(running)
-                    if item != STARTED:
+                    if not marker:
                         yield item
                 if running or not waiting:
                     stalled_since, warned = None, False
@@ -315,12 +319,11 @@ class RayExecutor:
                 if stalled >= self.unschedulable_after:
                     reason = (f"unschedulable: no Ray worker started this run for "
                               f"{stalled:.0f} s (--unschedulable-after "
-                              f"{self.unschedulable_after:g}): {self._room()}; it never "
-                              "started, so the next sweep trains it")
+                              f"{self.unschedulable_after:g}): {self._room()}")
                     for generator, task in waiting.items():
                         with contextlib.suppress(Exception):
                             ray.cancel(generator)
-                        yield failed_outcome(task, reason, action="not started")
+                        yield from left_outcomes(task, reason, ())
                     waiting.clear()
         except BaseException:
             for generator in [*waiting, *running]:
@@ -355,11 +358,14 @@ class RayExecutor:
         except Exception:  # noqa: BLE001 — the interrupt being handled matters, not this
             log.debug("waiting for cancelled Ray tasks failed", exc_info=True)
 
-    def _next_item(self, generator: Any, task: dict[str, Any], *, started: bool) -> Any:
+    def _next_item(self, generator: Any, task: dict[str, Any],
+                   worker: tuple[int, str] | None, *, started: bool) -> Any:
         """The next item a task yielded: the start marker or its outcome (a failed outcome
-        when the task itself failed). A run whose worker died under it (``started``: the
-        worker had begun it) is recorded failed with the cause: its record would say
-        'running' with nothing running it."""
+        when the task itself failed). A run whose worker (``worker``: its pid and host)
+        died under it (``started``: the worker had begun it) is recorded failed with the
+        cause and the action the worker had begun: its record would say 'running' with
+        nothing running it. A task whose worker died before it began the run did nothing:
+        ``not started``."""
         ray = self.ray
         try:
             return ray.get(next(generator))
@@ -368,10 +374,19 @@ class RayExecutor:
         except ray.exceptions.RayError as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             error = f"Ray task failed: {reason}"
-            lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)
-            if started and isinstance(err, lost):
-                error = record_lost(task, error)
-            return failed_outcome(task, error)
+            # killed, crashed, its node lost, or ended by Ray's memory monitor (it says so)
+            lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                    ray.exceptions.OutOfMemoryError)
+            if not started:  # nothing of the run ran: what its record says stands
+                outcomes = left_outcomes(task, error + (" (its worker died before it began "
+                                         "the run)" if isinstance(err, lost) else ""), ())
+                return outcomes if "run_ids" in task else outcomes[0]
+            pid, host = worker or (None, None)
+            if not isinstance(err, lost):
+                return failed_outcome(task, error)
+            if isinstance(err, ray.exceptions.WorkerCrashedError):
+                error = ray_death_cause(pid, reason)
+            return record_lost(task, error, pid, host)
 
     def _room(self) -> str:
         """What a run asks for against what the cluster has now (for messages)."""

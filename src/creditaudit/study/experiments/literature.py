@@ -36,7 +36,7 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import pre_move_spelling
 from creditaudit.registry import DATASETS, DIAGNOSTICS
-from creditaudit.report.runs import ACC
+from creditaudit.report.runs import ACC, diverged_text
 from creditaudit.results import full_length, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.groups import fmt, markdown_table, verdict_overview
@@ -176,6 +176,7 @@ def seed_summary(record: RunRecord, index: RecordSet) -> dict[str, Any]:
             "first_fired": record.first_fired(),
             "stats": stats,
             "deep_cos": record.deep_cos, "stopped_early": stopped_early_text(record),
+            "diverged": diverged_text(record),
             "_verdict": verdict}
 
 
@@ -332,6 +333,16 @@ def _delta(comparison: dict[str, Any]) -> str:
     return f"{comparison['delta']:+.2f}{z}"
 
 
+def diverged_lines(column: dict[str, Any]) -> list[str]:
+    """A paragraph naming each seed of ``column`` that diverged (the report's words) and
+    whether it is out of its row's means (no trained epoch with a finite test error)."""
+    named = [f"{c['row']} seed {s['seed']} {s['diverged']}"
+             + ("; it has no trained epoch with a finite test error and is not in the row's "
+                "means" if s["best_error"] is None else "")
+             for c in column["rows"] for s in c["seeds"] if s.get("diverged")]
+    return ["", "Diverged: " + ". ".join(named) + "."] if named else []
+
+
 def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
     parts = [f"### {table['title']}", "", f"Source: {table['source']}."]
     for column in table["columns"]:
@@ -352,7 +363,7 @@ def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
                  f"{why_not}" if why_not is not None
                  else "Δ = best-epoch mean − published, in pp and seed sd")
         parts += ["", f"**{column['label']}** ({trained}; test error %, mean ± sd over "
-                  f"seeds; {delta})", "", markdown_table(header, body)]
+                  f"seeds; {delta})", "", markdown_table(header, body), *diverged_lines(column)]
     away = [c for c in table["columns"] if c.get("not_compared")]
     if away and table["notes"]:
         parts += ["", "The notes describe the recipe whose runs are compared with the "
@@ -365,6 +376,8 @@ def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
 def to_markdown(summary: dict[str, Any]) -> str:
     mark = TableMarks(summary)
     parts = [table_markdown(t, mark) for t in summary["tables"]]
+    if mark.footnotes():  # what the marks of the numbers above mean
+        parts.append(mark.notes_text().strip())
     for sweep in summary["sweeps"].values():
         if not sweep["runs"]:
             continue

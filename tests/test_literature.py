@@ -389,3 +389,18 @@ def test_a_diverged_seed_is_named_and_its_mark_explained(tmp_path, single_thread
     assert "Diverged: MLP seed 123 diverged in epoch 1" in markdown
     assert "is not in the row's means" in markdown
     assert "‡ of a diverged run" in markdown
+
+
+@pytest.mark.parametrize("dataset, rules, words", [
+    ("digits", None, "no table on dataset digits at scale smoke: --dataset takes mnist"),
+    (None, ("fa",), "no row of --rules fa in the tables it runs here: their rules are bp, "
+                    "fa-linear"),
+    ("mnist1d", ("dfa",), "no row of --rules dfa in the tables it runs here: their rules "
+                          "are bp")])
+def test_a_choice_that_plans_no_run_is_refused(tmp_path, dataset, rules, words):
+    """A --dataset no table has, or --rules no row has (BioTorch's FA is fa-linear), used to
+    plan nothing and write an empty summary with exit status 0."""
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+        run_experiment("literature", scale="smoke", out_dir=tmp_path, dataset=dataset,
+                       choices=Choices(rules=rules))
+    assert not (tmp_path / "experiments").exists()

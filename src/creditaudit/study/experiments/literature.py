@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
 from creditaudit.protocol import (
     FIRED,
     DepthUtility,
@@ -124,11 +125,29 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: s
     column, seed by seed (so an interrupted experiment has every row at some seeds)."""
     scale_seeds = get_scale(scale).seeds
     scale_seeds = scale_seeds[:SEEDS_PER_SCALE.get(scale, len(scale_seeds))]
-    return [run_config(table, column, row, seed, scale=scale, dataset=dataset,
+    runs = [run_config(table, column, row, seed, scale=scale, dataset=dataset,
                        data_dir=data_dir, out_dir=out_dir)
             for table, column in planned(scale, dataset)
             for seed in scale_seeds[:table.seeds or len(scale_seeds)]
             for row in rows_of(table, choices)]
+    if not runs:  # an empty summary would read as if the tables had been run
+        raise nothing_to_run(scale, dataset, choices)
+    return runs
+
+
+def nothing_to_run(scale: str, dataset: str | None, choices: Choices) -> ConfigError:
+    """The one-line error of a ``--dataset`` no table of ``scale`` has, or ``--rules`` no
+    row of its tables has, saying what they have."""
+    columns = list(planned(scale, dataset))
+    if not columns:
+        have = dict.fromkeys(c.dataset for t in TABLES for c in t.columns
+                             if scale in t.recipe.epochs)
+        return ConfigError(f"experiment literature has no table on dataset {dataset} at "
+                           f"scale {scale}: --dataset takes {', '.join(have)}")
+    have = dict.fromkeys(r.rule for t, _ in columns for r in t.rows if not r.baseline)
+    return ConfigError(f"experiment literature has no row of --rules "
+                       f"{','.join(choices.rules or ())} in the tables it runs here: their "
+                       f"rules are {', '.join(have)}")
 
 
 # --- summary --------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = ("bash", "python", "toml", "json", "text")
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
+# A fence may be indented (a block inside a list item): its closing fence has the same indent.
+FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", flags=re.S | re.M)
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,9 @@ def doc_blocks(docs: list[Path] = DOCS) -> list[Block]:
         text = path.read_text()
         for match in FENCE.finditer(text):
             line = text[:match.start()].count("\n") + 1
-            blocks.append(Block(str(path.relative_to(ROOT)), line, match.group(1),
-                                match.group(2)))
+            indent, lang, body = match.groups()
+            body = re.sub(rf"^{indent}", "", body, flags=re.M)  # as if not indented
+            blocks.append(Block(str(path.relative_to(ROOT)), line, lang, body))
     return blocks
 
 

@@ -371,3 +371,14 @@ def test_frozen_from_runs_is_documented_as_the_default_it_is():
     assert "With `--no-frozen-from-runs` each run keeps the (d) its record holds" in text
     for name in ("docs/figures.md", "docs/results.md"):
         assert "--frozen-from-runs" not in doc(name).replace("--no-frozen-from-runs", ""), name
+
+
+def test_literature_section_quotes_the_shipped_summary():
+    """docs/results.md §4 copies its means ± sd and Δs from the summary the shipped records
+    give (docs/results/literature/literature.md, rebuilt by scripts/build_literature_docs.sh):
+    each one it quotes to the summary's digits is in that summary."""
+    section = doc("docs/results.md").split("## 4. ")[1].split("\n## ")[0].replace("−", "-")
+    summary = doc("docs/results/literature/literature.md")
+    quoted = re.findall(r"\d+\.\d\d ± \d+\.\d\d|[-+]\d+\.\d\d \([-+]\d+\.\d sd\)", section)
+    assert len(quoted) > 40
+    assert not [q for q in quoted if q not in summary]

@@ -566,3 +566,16 @@ def run_python_block(block: Block, workdir: Path) -> None:
     for fragment in printed_fragments(block):
         assert fragment in proc.stdout, f"{block.key} should print {fragment!r}; it printed " \
                                         f"{proc.stdout[-2000:]!r}"
+
+
+def test_a_fenced_block_inside_a_list_item_is_read(tmp_path, monkeypatch):
+    """An indented fence (a block in a list item) is a block too, read without its indent:
+    a command there would otherwise escape every test of the docs."""
+    import docs_support
+
+    monkeypatch.setattr(docs_support, "ROOT", tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text("- a step:\n\n  ```bash\n  creditaudit demo\n  ```\n\n```\nplain\n```\n")
+    blocks = doc_blocks([page])
+    assert [(b.lang, b.text) for b in blocks] == [("bash", "creditaudit demo\n"),
+                                                  ("", "plain\n")]

@@ -363,3 +363,44 @@ def test_a_delta_is_computed_only_at_the_published_setting():
     assert not_compared(table, mnist, {**at, "dataset": "fashion-mnist",
                                        "label": "Fashion-MNIST"}) == (
         "trained on Fashion-MNIST, not MNIST")
+
+
+def test_a_diverged_seed_is_named_and_its_mark_explained(tmp_path, single_thread):
+    """A seed that diverged in its first epoch has no finite test error: the row's means are
+    over the other seeds, and the table says which seed diverged and that it is left out;
+    the ‡ its last-epoch error carries is explained under the tables."""
+    from creditaudit import train
+    from creditaudit.study.experiments.literature import EXPERIMENT, run_config
+    from creditaudit.study.experiments.literature_tables import MNIST1D
+
+    column, (mlp, frozen) = MNIST1D.columns[0], (MNIST1D.rows[0], MNIST1D.rows[2])
+    records = []
+    for seed, row in ((42, mlp), (123, mlp), (42, frozen)):
+        config = run_config(MNIST1D, column, row, seed, scale="smoke", dataset=None,
+                            data_dir=None, out_dir=str(tmp_path))
+        if seed == 123:
+            config = config.replace(**{"optim.lr": 1e30})
+        records.append(train(config).record)
+    assert [r.status for r in records] == ["completed", "diverged", "completed"]
+    summary = EXPERIMENT.summarise(records)
+    markdown = EXPERIMENT.to_markdown(summary)
+    cell = summary["tables"][0]["columns"][0]["rows"][0]
+    assert cell["best_error"]["n"] == 1 and "‡" in markdown
+    assert "Diverged: MLP seed 123 diverged in epoch 1" in markdown
+    assert "is not in the row's means" in markdown
+    assert "‡ of a diverged run" in markdown
+
+
+@pytest.mark.parametrize("dataset, rules, words", [
+    ("digits", None, "no table on dataset digits at scale smoke: --dataset takes mnist"),
+    (None, ("fa",), "no row of --rules fa in the tables it runs here: their rules are bp, "
+                    "fa-linear"),
+    ("mnist1d", ("dfa",), "no row of --rules dfa in the tables it runs here: their rules "
+                          "are bp")])
+def test_a_choice_that_plans_no_run_is_refused(tmp_path, dataset, rules, words):
+    """A --dataset no table has, or --rules no row has (BioTorch's FA is fa-linear), used to
+    plan nothing and write an empty summary with exit status 0."""
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+        run_experiment("literature", scale="smoke", out_dir=tmp_path, dataset=dataset,
+                       choices=Choices(rules=rules))
+    assert not (tmp_path / "experiments").exists()

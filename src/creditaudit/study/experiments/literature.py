@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError
 from creditaudit.protocol import (
     FIRED,
     DepthUtility,
@@ -36,7 +37,7 @@ from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import pre_move_spelling
 from creditaudit.registry import DATASETS, DIAGNOSTICS
-from creditaudit.report.runs import ACC
+from creditaudit.report.runs import ACC, diverged_text
 from creditaudit.results import full_length, stopped_early_text
 from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.groups import fmt, markdown_table, verdict_overview
@@ -124,11 +125,29 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: s
     column, seed by seed (so an interrupted experiment has every row at some seeds)."""
     scale_seeds = get_scale(scale).seeds
     scale_seeds = scale_seeds[:SEEDS_PER_SCALE.get(scale, len(scale_seeds))]
-    return [run_config(table, column, row, seed, scale=scale, dataset=dataset,
+    runs = [run_config(table, column, row, seed, scale=scale, dataset=dataset,
                        data_dir=data_dir, out_dir=out_dir)
             for table, column in planned(scale, dataset)
             for seed in scale_seeds[:table.seeds or len(scale_seeds)]
             for row in rows_of(table, choices)]
+    if not runs:  # an empty summary would read as if the tables had been run
+        raise nothing_to_run(scale, dataset, choices)
+    return runs
+
+
+def nothing_to_run(scale: str, dataset: str | None, choices: Choices) -> ConfigError:
+    """The one-line error of a ``--dataset`` no table of ``scale`` has, or ``--rules`` no
+    row of its tables has, saying what they have."""
+    columns = list(planned(scale, dataset))
+    if not columns:
+        have = dict.fromkeys(c.dataset for t in TABLES for c in t.columns
+                             if scale in t.recipe.epochs)
+        return ConfigError(f"experiment literature has no table on dataset {dataset} at "
+                           f"scale {scale}: --dataset takes {', '.join(have)}")
+    have = dict.fromkeys(r.rule for t, _ in columns for r in t.rows if not r.baseline)
+    return ConfigError(f"experiment literature has no row of --rules "
+                       f"{','.join(choices.rules or ())} in the tables it runs here: their "
+                       f"rules are {', '.join(have)}")
 
 
 # --- summary --------------------------------------------------------------------------------
@@ -176,6 +195,7 @@ def seed_summary(record: RunRecord, index: RecordSet) -> dict[str, Any]:
             "first_fired": record.first_fired(),
             "stats": stats,
             "deep_cos": record.deep_cos, "stopped_early": stopped_early_text(record),
+            "diverged": diverged_text(record),
             "_verdict": verdict}
 
 
@@ -332,6 +352,16 @@ def _delta(comparison: dict[str, Any]) -> str:
     return f"{comparison['delta']:+.2f}{z}"
 
 
+def diverged_lines(column: dict[str, Any]) -> list[str]:
+    """A paragraph naming each seed of ``column`` that diverged (the report's words) and
+    whether it is out of its row's means (no trained epoch with a finite test error)."""
+    named = [f"{c['row']} seed {s['seed']} {s['diverged']}"
+             + ("; it has no trained epoch with a finite test error and is not in the row's "
+                "means" if s["best_error"] is None else "")
+             for c in column["rows"] for s in c["seeds"] if s.get("diverged")]
+    return ["", "Diverged: " + ". ".join(named) + "."] if named else []
+
+
 def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
     parts = [f"### {table['title']}", "", f"Source: {table['source']}."]
     for column in table["columns"]:
@@ -352,7 +382,7 @@ def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
                  f"{why_not}" if why_not is not None
                  else "Δ = best-epoch mean − published, in pp and seed sd")
         parts += ["", f"**{column['label']}** ({trained}; test error %, mean ± sd over "
-                  f"seeds; {delta})", "", markdown_table(header, body)]
+                  f"seeds; {delta})", "", markdown_table(header, body), *diverged_lines(column)]
     away = [c for c in table["columns"] if c.get("not_compared")]
     if away and table["notes"]:
         parts += ["", "The notes describe the recipe whose runs are compared with the "
@@ -365,6 +395,8 @@ def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
 def to_markdown(summary: dict[str, Any]) -> str:
     mark = TableMarks(summary)
     parts = [table_markdown(t, mark) for t in summary["tables"]]
+    if mark.footnotes():  # what the marks of the numbers above mean
+        parts.append(mark.notes_text().strip())
     for sweep in summary["sweeps"].values():
         if not sweep["runs"]:
             continue

@@ -27,22 +27,24 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.protocol import (
     FIRED,
-    DepthUtility,
     DirectionStability,
     ReferenceValidity,
-    in_order,
-    labels,
 )
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import pre_move_spelling
 from creditaudit.registry import DATASETS, DIAGNOSTICS
-from creditaudit.report.runs import ACC, diverged_text
+from creditaudit.report.runs import diverged_text
 from creditaudit.results import full_length, stopped_early_text
-from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
-from creditaudit.study.experiments.groups import fmt, markdown_table, verdict_overview
+from creditaudit.study.experiments.aggregate import aggregate
+from creditaudit.study.experiments.groups import verdict_overview
+from creditaudit.study.experiments.literature_markdown import (
+    count_text,
+    epochs_text,
+    to_markdown,
+)
 from creditaudit.study.experiments.literature_tables import TABLES, Column, Row, Table
-from creditaudit.study.experiments.marks import TableMarks, marks_of
+from creditaudit.study.experiments.marks import marks_of
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import DEFAULT_DATA_DIRS, base_config, get_scale
 from creditaudit.study.experiments.threshold_sensitivity import run_statistics, status_at
@@ -232,23 +234,6 @@ def run_setting(record: RunRecord) -> dict[str, Any]:
             "epochs": record.epochs}
 
 
-def _count(n: Any) -> str:
-    """``60 000``: a sample count as the notes write it ("?" when not recorded)."""
-    return "?" if n is None else f"{n:,}".replace(",", " ")
-
-
-def _epochs(n: int) -> str:
-    return f"{n} epoch{'s' * (n != 1)}"
-
-
-def setting_text(setting: dict[str, Any], dataset: bool = True) -> str:
-    """``synthetic teacher–student, 256 train / 256 test samples, 1 epoch`` (without the
-    dataset when ``dataset`` is false)."""
-    sizes = (f"{_count(setting['n_train'])} train / {_count(setting['n_test'])} test samples, "
-             f"{_epochs(setting['epochs'])}")
-    return f"{setting['label']}, {sizes}" if dataset else sizes
-
-
 def not_compared(table: Table, column: Column, setting: dict[str, Any]) -> str | None:
     """Why runs of ``setting`` are not the setting the column's published numbers are
     compared at (its dataset, :attr:`Column.sizes`, the table's longest budget), or None
@@ -257,11 +242,11 @@ def not_compared(table: Table, column: Column, setting: dict[str, Any]) -> str |
         return f"trained on {setting['label']}, not {column.label}"
     sizes = (setting["n_train"], setting["n_test"])
     if column.sizes is not None and sizes != column.sizes:
-        return (f"{_count(sizes[0])} train / {_count(sizes[1])} test samples, not the "
-                f"{_count(column.sizes[0])} / {_count(column.sizes[1])} compared")
+        return (f"{count_text(sizes[0])} train / {count_text(sizes[1])} test samples, not the "
+                f"{count_text(column.sizes[0])} / {count_text(column.sizes[1])} compared")
     budget = max(table.recipe.epochs.values())
     if setting["epochs"] != budget:
-        return f"{_epochs(setting['epochs'])}, not the {budget} compared"
+        return f"{epochs_text(setting['epochs'])}, not the {budget} compared"
     return None
 
 
@@ -336,85 +321,6 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     return {"within_rule": f"|mean − published| ≤ {WITHIN:g} seed standard deviations",
             "tables": tables,
             "sweeps": {d: threshold_sweep(d, cells) for d in SWEEPS}}
-
-
-# --- Markdown -------------------------------------------------------------------------------
-def _fired(cell: dict[str, Any]) -> str:
-    counts, n = cell["verdict"]["fired_counts"], cell["verdict"]["n"]
-    fired = [f"({i}) {counts[i]}/{n}" for i in in_order(counts) if counts[i]]
-    return ", ".join(fired) if fired else "none"
-
-
-def _delta(comparison: dict[str, Any]) -> str:
-    if comparison["delta"] is None:
-        return "—"
-    z = "" if comparison["z"] is None else f" ({comparison['z']:+.1f} sd)"
-    return f"{comparison['delta']:+.2f}{z}"
-
-
-def diverged_lines(column: dict[str, Any]) -> list[str]:
-    """A paragraph naming each seed of ``column`` that diverged (the report's words) and
-    whether it is out of its row's means (no trained epoch with a finite test error)."""
-    named = [f"{c['row']} seed {s['seed']} {s['diverged']}"
-             + ("; it has no trained epoch with a finite test error and is not in the row's "
-                "means" if s["best_error"] is None else "")
-             for c in column["rows"] for s in c["seeds"] if s.get("diverged")]
-    return ["", "Diverged: " + ". ".join(named) + "."] if named else []
-
-
-def table_markdown(table: dict[str, Any], mark: TableMarks) -> str:
-    parts = [f"### {table['title']}", "", f"Source: {table['source']}."]
-    for column in table["columns"]:
-        header = ["rule", "published", "best-epoch error", "Δ (sd)", "last-epoch error",
-                  "protocol verdict", "fired (seeds)"]
-        # The last-epoch error is the headline accuracy's complement: marked as it is (a
-        # diverged run's is of its last finite epoch); the best epoch is one of the runs'
-        # finite epochs whatever became of them later.
-        body = [[c["row"], fmt(c["published"], ".2f"), format_aggregate(c["best_error"], ".2f"),
-                 _delta(c["best_vs_published"]),
-                 mark(format_aggregate(c["last_error"], ".2f"), c, ACC),
-                 c["verdict"]["text"], _fired(c)] for c in column["rows"]]
-        setting = column.get("setting")
-        trained = (setting_text(setting, dataset=False) if setting is not None
-                   else f"{column['rows'][0]['epochs']} epochs")  # a summary from before
-        why_not = column.get("not_compared")
-        delta = (f"no Δ against the published {column.get('published_for')} numbers: "
-                 f"{why_not}" if why_not is not None
-                 else "Δ = best-epoch mean − published, in pp and seed sd")
-        parts += ["", f"**{column['label']}** ({trained}; test error %, mean ± sd over "
-                  f"seeds; {delta})", "", markdown_table(header, body), *diverged_lines(column)]
-    away = [c for c in table["columns"] if c.get("not_compared")]
-    if away and table["notes"]:
-        parts += ["", "The notes describe the recipe whose runs are compared with the "
-                  "published numbers, not the runs above ("
-                  + "; ".join(setting_text(c["setting"]) for c in away) + "):"]
-    parts += ["", *[f"- {note}" for note in table["notes"]]]
-    return "\n".join(parts)
-
-
-def to_markdown(summary: dict[str, Any]) -> str:
-    mark = TableMarks(summary)
-    parts = [table_markdown(t, mark) for t in summary["tables"]]
-    if mark.footnotes():  # what the marks of the numbers above mean
-        parts.append(mark.notes_text().strip())
-    for sweep in summary["sweeps"].values():
-        if not sweep["runs"]:
-            continue
-        header = ["network (runs)", *(f"{t:g}" for t in sweep["thresholds"])]
-        rows = [[f"all ({sweep['runs']})", *sweep["fired"]]]
-        rows += [[f"{net} ({v['runs']})", *v["fired"]] for net, v in sweep["by_net"].items()]
-        parts.append(f"### Diagnostic ({sweep['diagnostic']}) at other thresholds\n\nRuns "
-                     f"(baselines left out) that ({sweep['diagnostic']}) flags at each "
-                     f"threshold (fires when the statistic is {sweep['operator']} the "
-                     f"threshold; default {sweep['default']:g}), from the statistic each run "
-                     "stored at its last protocol evaluation.\n\n"
-                     + markdown_table(header, rows))
-    parts.append(f"Within the seed spread: {summary['within_rule']}. Verdicts: (a)–(c) as the "
-                 "training-time protocol recorded them at the last evaluated epoch, (d) against "
-                 "the frozen runs of the same network, data and recipe; "
-                 f"{labels([DepthUtility.name])} is not evaluated where a recipe has no frozen "
-                 "runs.")
-    return "\n\n".join(parts) + "\n"
 
 
 EXPERIMENT = register(Experiment(

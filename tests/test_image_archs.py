@@ -481,3 +481,21 @@ def test_the_synthetic_hint_to_view_inputs_as_images_is_given_only_until_followe
         plan_run(RunConfig().replace(**base, **{"data.in_dim": 3072, "model.patch": 5}))
     assert str(error.value).startswith("model.patch=5 does not divide the 32×32 images")
     assert hint not in str(error.value)
+
+
+def test_w2_std_starts_the_layers_its_help_names():
+    """model.w2_std sets ViT-Mini's MLP output *and* attention output projection (both end
+    the branch's two summands) and ConvMixer's pointwise convolution, as its help says."""
+    import dataclasses
+
+    from creditaudit.models.registry import ViTOptions
+    help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(ViTOptions)}["w2_std"]
+    assert "attention" in help_text and "pointwise" in help_text
+    vit = ViTMini(n_classes=C, d=8, n_blocks=2, heads=2, mlp_ratio=2, patch=2,
+                  image_shape=(2, 8, 8), w2_std=0.0)
+    zero = {name for name, p in vit.named_parameters() if p.dim() > 1 and not p.any()}
+    assert zero - {"embed.cls_token"} == {f"blocks.{l}.{m}.weight" for l in range(2)
+                                          for m in ("proj", "w2")}
+    mixer = convmixer(w2_std=0.0)
+    zero = {name for name, p in mixer.named_parameters() if p.dim() > 1 and not p.any()}
+    assert zero == {f"blocks.{l}.pw.weight" for l in range(3)}

@@ -13,7 +13,7 @@ from torch import nn
 
 from creditaudit import Recorder, adapt, diagnose, rule
 from creditaudit.errors import CreditAuditError
-from creditaudit.models import ResidualMLP
+from creditaudit.models import PlainMLP, ResidualMLP
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -101,6 +101,10 @@ RULE = [
      "method.trainable_blocks=1 has no effect with method.name='frozen'"),
     ("penalty of the frozen baseline", lambda: rule("frozen", adapted(), penalty=0.1),
      "method.penalty=0.1 has no effect with method.name='frozen', where no block trains"),
+    ("a contract model without blocks", lambda: rule("dfa", ResidualMLP(8, 16, 4, 0)),
+     "ResidualMLP has no blocks (n_blocks=0)"),
+    ("a plain MLP without blocks", lambda: rule("bp", PlainMLP(8, 16, 4, 0)),
+     "PlainMLP has no blocks (n_blocks=0)"),
     ("feedback scale of the Credit Bridge without warm-up", lambda: rule(
         "credit-bridge", contract_model(), warmup_fraction=0.0, feedback_scale=2.0),
      "method.feedback_scale=2.0 has no effect with method.name='credit-bridge'"),

@@ -481,3 +481,51 @@ def test_the_synthetic_hint_to_view_inputs_as_images_is_given_only_until_followe
         plan_run(RunConfig().replace(**base, **{"data.in_dim": 3072, "model.patch": 5}))
     assert str(error.value).startswith("model.patch=5 does not divide the 32×32 images")
     assert hint not in str(error.value)
+
+
+def test_w2_std_starts_the_layers_its_help_names():
+    """model.w2_std sets ViT-Mini's MLP output *and* attention output projection (both end
+    the branch's two summands) and ConvMixer's pointwise convolution, as its help says."""
+    import dataclasses
+
+    from creditaudit.models.registry import ViTOptions
+    help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(ViTOptions)}["w2_std"]
+    assert "attention" in help_text and "pointwise" in help_text
+    vit = ViTMini(n_classes=C, d=8, n_blocks=2, heads=2, mlp_ratio=2, patch=2,
+                  image_shape=(2, 8, 8), w2_std=0.0)
+    zero = {name for name, p in vit.named_parameters() if p.dim() > 1 and not p.any()}
+    assert zero - {"embed.cls_token"} == {f"blocks.{l}.{m}.weight" for l in range(2)
+                                          for m in ("proj", "w2")}
+    mixer = convmixer(w2_std=0.0)
+    zero = {name for name, p in mixer.named_parameters() if p.dim() > 1 and not p.any()}
+    assert zero == {f"blocks.{l}.pw.weight" for l in range(3)}
+
+
+def test_an_image_architecture_is_given_the_shape_the_dataset_declares():
+    """docs/extending.md: build (and check) get the declared shape, flat features too."""
+    from pathlib import Path
+
+    from creditaudit.models.registry import (
+        Architecture,
+        ResidualOptions,
+        ResMLPArchitecture,
+        build_architecture,
+    )
+
+    seen: list[tuple[int, ...]] = []
+
+    class Probe(Architecture[ResidualOptions]):
+        name, input_kind = "image-probe", "image"
+
+        def build(self, *, input_shape, n_classes):
+            seen.append(tuple(input_shape))
+            return ResMLPArchitecture(self.options).build(input_shape=input_shape,
+                                                          n_classes=n_classes)
+
+    options = RunConfig().replace(**{"model.d": 4, "model.n_blocks": 1}).model
+    for shape in [(3072,), (1, 8, 8)]:
+        model = build_architecture(Probe(options), input_shape=shape, n_classes=C)
+        assert model.input_shape == shape
+    assert seen == [(3072,), (1, 8, 8)]
+    text = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    assert "`(3072,)` for the synthetic task's features" in " ".join(text.split())

@@ -378,6 +378,35 @@ def test_what_a_module_keeps_beyond_plain_settings_makes_another_network():
     assert digest_in_another_process("kept") == digest
 
 
+def scaled(factor: float):  # noqa: ANN201 - a closure: one qualified name for every factor
+    def activation(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * factor
+    return activation
+
+
+def kept_lambda() -> nn.Sequential:
+    return kept(lambda x: torch.tanh(x), hook=lambda module, inputs, output: output * 2)
+
+
+def test_lambdas_and_closures_are_told_apart_by_what_they_compute():
+    """Every lambda is ``<lambda>`` and every closure of ``scaled`` is
+    ``scaled.<locals>.activation``: their names alone made two networks one."""
+    digest = structure_digest(kept_lambda())
+    assert structure_digest(kept_lambda()) == digest
+    others = [kept(lambda x: torch.sigmoid(x), hook=lambda module, inputs, output: output * 2),
+              kept(lambda x: torch.tanh(x), hook=lambda module, inputs, output: output * 3),
+              kept(scaled(1.0)), kept(scaled(2.0)),
+              kept(lambda x: torch.tanh(x)), kept(lambda x: torch.relu(x))]
+    digests = {structure_digest(other) for other in others}
+    assert len(digests) == len(others) and digest not in digests
+    assert structure_digest(kept(scaled(2.0))) == structure_digest(kept(scaled(2.0)))
+
+    def recursive(x: torch.Tensor) -> torch.Tensor:  # holds itself in its closure
+        return x if x.dim() else recursive(x)
+    assert structure_digest(kept(recursive)) not in digests
+    assert digest_in_another_process("kept_lambda") == digest
+
+
 def digest_in_another_process(builder: str) -> str:
     """structure_digest of ``<builder>()`` of this test module, computed by a new Python."""
     code = ("import torch, sys; sys.path.insert(0, sys.argv[1]); "

@@ -49,7 +49,12 @@ def check_binding(cls: type[CreditRule], model: nn.Module) -> None:
     """ModelContractError (one line) when rule ``cls`` cannot train ``model``: an adapted
     model (:func:`creditaudit.adapt`, ``model.arch = "module"``) and a rule that does not
     declare ``adapted_models``. A run plan asks this of the model built on the meta device,
-    so a sweep refuses such a run before any run trains."""
+    so a sweep refuses such a run before any run trains. Also a residual network without
+    blocks: every rule and diagnostic reads states h_0 … h_L with L ≥ 1."""
+    if not isinstance(model, AdaptedModel) and len(getattr(model, "blocks", ())) == 0:
+        raise ModelContractError(
+            f"{type(model).__name__} has no blocks (n_blocks=0): credit rules and the "
+            "diagnostics need states h_0 … h_L with L ≥ 1; build it with at least one block")
     if isinstance(model, AdaptedModel) and not cls.adapted_models:
         able = [name for name in rule_names() if rule_class(name).adapted_models]
         raise ModelContractError(

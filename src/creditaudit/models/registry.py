@@ -118,7 +118,8 @@ class ResidualOptions:
                        "vector)")
     residual: bool = opt(True, "skip connections (False = no-residual control)")
     w2_std: float = opt(0.01, "init std of each block's last linear layer (ConvMixer: its "
-                        "pointwise convolution)", min=0.0)
+                        "pointwise convolution; ViT: its MLP's and its attention's output "
+                        "projections)", min=0.0)
 
 
 @dataclass

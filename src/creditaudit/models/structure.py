@@ -12,9 +12,11 @@ parameters; the network stays the same), nor anything of the process (ids, addre
 the same network built in another process has the same digest. What a module keeps that is
 no plain setting still tells networks apart where it changes what they compute: a callable
 attribute (``TransformerEncoderLayer(activation=torch.tanh)`` against ``torch.sigmoid``) by
-its module and qualified name, a tensor attribute that is no parameter or buffer by its
-shape and dtype, and each forward (pre-)hook registered on a module by its module and
-qualified name. A module with none of these hashes as it did before they were counted.
+its module and qualified name (a lambda or a nested function, whose name is no identity,
+also by its source, the names and constants its code reads and its closure's values), a
+tensor attribute that is no parameter or buffer by its shape and dtype, and each forward
+(pre-)hook registered on a module as a callable attribute is. A module with none of these
+hashes as it did before they were counted.
 :func:`parameter_dtype` names the dtype the parameters are held in.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import re
 import types
@@ -35,6 +38,9 @@ ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 # Attributes a module keeps that are no setting of the network: the train/eval mode.
 NOT_SETTINGS = frozenset({"training"})
 PLAIN = (bool, int, float, str, type(None))
+# How deep lambdas and nested functions held in closures are hashed by their bodies (a
+# function whose closure holds itself would recurse forever); deeper ones by name.
+MAX_DEPTH = 4
 
 
 def structure_digest(net: nn.Module) -> str:
@@ -77,28 +83,64 @@ def _module_row(name: str, module: nn.Module) -> dict[str, Any]:
     return row
 
 
-def _callable_name(value: Any) -> Any:
+def _callable_name(value: Any, depth: int = 0) -> Any:
     """What a callable is, the same in any process: ``module.qualname`` of a function, a
     builtin or a class; a bound method's function's; a ``functools.partial``'s function
     with its plain arguments (others by their type); a callable object's class."""
     if isinstance(value, functools.partial):
-        return {"partial": _callable_name(value.func),
-                "args": [_argument(arg) for arg in value.args],
-                "keywords": {key: _argument(arg) for key, arg in value.keywords.items()}}
+        return {"partial": _callable_name(value.func, depth),
+                "args": [_argument(arg, depth) for arg in value.args],
+                "keywords": {key: _argument(arg, depth) for key, arg in value.keywords.items()}}
     if isinstance(value, types.MethodType):
-        return _callable_name(value.__func__)
+        return _callable_name(value.__func__, depth)
     named = value if hasattr(value, "__qualname__") else type(value)
     owner = getattr(named, "__module__", None) or getattr(
         getattr(named, "__objclass__", None), "__module__", None)
-    return f"{owner}.{named.__qualname__}"
+    name = f"{owner}.{named.__qualname__}"
+    if isinstance(value, types.FunctionType) and _unnamed(value) and depth < MAX_DEPTH:
+        return {"function": name, **_function_body(value, depth + 1)}
+    return name
 
 
-def _argument(value: Any) -> Any:
+def _unnamed(function: types.FunctionType) -> bool:
+    """Whether the qualified name leaves the function open: a lambda (every one is
+    ``<lambda>``) or a function defined inside another (``make.<locals>.act``, one name for
+    every closure the outer function returns)."""
+    return "<lambda>" in function.__qualname__ or "<locals>" in function.__qualname__
+
+
+def _function_body(function: types.FunctionType, depth: int) -> dict[str, Any]:
+    """What a lambda or nested function computes, the same in any process: its source text
+    (where there is a file), the global and attribute names and the plain constants its code
+    reads (two lambdas on one line differ there), and its closure's and defaults' values as
+    ``functools.partial`` arguments are hashed."""
+    code = function.__code__
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        source = None
+    cells = [cell.cell_contents for cell in function.__closure__ or ()
+             if _filled(cell)]
+    return {"source": source, "names": list(code.co_names),
+            "constants": [c for c in code.co_consts if _plain(c) and c is not None],
+            "closure": [_argument(value, depth) for value in cells],
+            "defaults": [_argument(value, depth) for value in function.__defaults__ or ()]}
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _argument(value: Any, depth: int = 0) -> Any:
     """A ``functools.partial`` argument as hashed: itself when plain, a callable by its
     name, anything else by its type (never its repr, which may hold an address)."""
     if _plain(value):
         return value
-    return _callable_name(value) if callable(value) else _callable_name(type(value))
+    return _callable_name(value, depth) if callable(value) else _callable_name(type(value))
 
 
 def _tensors(named: Any) -> list[list[Any]]:

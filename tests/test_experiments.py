@@ -767,3 +767,24 @@ def test_smoke_mnist1d_experiment_no_train_plans(tmp_path, capsys):
                  "--no-train", "--out", str(tmp_path)]) == 1
     assert "eval_samples" not in capsys.readouterr().err
     assert (tmp_path / "experiments" / "penalty_sweep.smoke.mnist1d.json").is_file()
+
+
+def test_a_groups_verdict_counts_the_seeds_that_evaluated_each_diagnostic():
+    from creditaudit.protocol import judge
+    from creditaudit.protocol.records import Verdict
+    from creditaudit.study.experiments.groups import verdict_overview
+
+    def seed(statuses: dict[str, str]) -> Verdict:
+        return Verdict(statuses=statuses, judgement=judge(statuses))
+
+    passed = seed(dict.fromkeys("abcd", "passed"))
+    blown = seed(dict.fromkeys("abcd", "not evaluated"))  # diverged before any evaluation
+    no_d = seed({**dict.fromkeys("abc", "passed"), "d": "not evaluated"})
+    # Two of three seeds evaluated (a)–(d) and passed: said so, not "not evaluated" alone.
+    assert verdict_overview([passed, passed, blown])["text"] == \
+        "no walk-back in (a)–(d) (2/3 seeds); (a)–(d) not evaluated in 1/3 seeds"
+    assert verdict_overview([passed, no_d, blown])["text"] == (
+        "no walk-back in (a)–(c) (2/3 seeds); no walk-back in (d) (1/3 seeds); (a)–(c) not "
+        "evaluated in 1/3 seeds; (d) not evaluated in 2/3 seeds")
+    assert verdict_overview([no_d, no_d])["text"] == \
+        "no walk-back in (a)–(c) (2/2 seeds); (d) not evaluated"

@@ -131,20 +131,31 @@ def verdict_overview(group: Sequence[Verdict]) -> dict[str, Any]:
     judged = judge(merged, reference)
     note = ([f"{worst.reference_note} in {len(unchecked)}/{n} seeds"]
             if worst is not None else [])
-    not_evaluated = [f"{labels(skipped)} not evaluated"] if skipped else []
-    evaluated = [i for i in ids if i not in skipped]
+    # Seeds that evaluated each diagnostic: one seed that diverged before any evaluation
+    # leaves the others' diagnostics evaluated, in fewer seeds.
+    evaluated_in = {i: sum(i not in v.not_evaluated for v in group) for i in ids}
+    not_evaluated = [f"{labels(names)} not evaluated" + ("" if k == 0 else f" in {n - k}/{n} "
+                                                         "seeds")
+                     for k, names in _by_count(skipped, evaluated_in)]
     if judged.verdict == WALK_BACK:
         parts = [f"needs walk-back {labels([i for i in ids if counts[i]])} in {walked}/{n} "
                  "seeds", *not_evaluated, *note]
     elif judged.verdict == UNVERIFIED:
         parts = [f"{UNVERIFIED}: {note[0]}", *not_evaluated]
     elif judged.verdict == INCOMPLETE:
-        parts = [*([f"no walk-back in {labels(evaluated)} ({n}/{n} seeds)"] if evaluated
-                   else []), *not_evaluated, *note]
+        evaluated = [i for i in ids if evaluated_in[i]]
+        parts = [*(f"no walk-back in {labels(names)} ({k}/{n} seeds)"
+                   for k, names in _by_count(evaluated, evaluated_in)), *not_evaluated, *note]
     else:
         parts = [f"trustworthy ({n}/{n} seeds)"]
     return {"n": n, "walked_back": walked, "fired_counts": counts, "not_evaluated": skipped,
             "verdict": judged.verdict, "kind": judged.kind, "text": "; ".join(parts)}
+
+
+def _by_count(ids: list[str], count: dict[str, int]) -> list[tuple[int, list[str]]]:
+    """``ids`` grouped by ``count`` (most first), each group in listing order."""
+    return [(k, [i for i in ids if count[i] == k])
+            for k in sorted({count[i] for i in ids}, reverse=True)]
 
 
 def seed_row(record: RunRecord, verdict: Verdict) -> dict[str, Any]:

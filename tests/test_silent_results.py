@@ -431,6 +431,38 @@ def test_a_kill_before_the_first_checkpoint_restarts_without_force(tmp_path, cap
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
 
 
+@pytest.mark.parametrize("resume", [False, True], ids=["train", "train-resume"])
+def test_a_kill_before_the_first_record_restarts_with_or_without_resume(tmp_path, capsys,
+                                                                        monkeypatch, resume):
+    # killed while its epoch 0 was measured: config.toml and init.pt, no record.json;
+    # `train --resume` said "cannot resume: no run at …" of the folder holding them
+    overrides = tiny(tmp_path / "out")
+    straight = train(RunConfig().replace(**tiny(tmp_path / "straight")))
+
+    def killed(self, epoch):  # noqa: ANN001 - a kill in the epoch-0 measurement
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "measure", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(RunConfig().replace(**overrides))
+    run_dir = tmp_path / "out" / straight.run_dir.name
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.toml", "init.pt"]
+    argv = ["train", "--config", config_file(tmp_path, overrides)]
+    code, _, err = run_cli(capsys, [*argv, "--resume"] if resume else argv)
+    assert code == 0, err
+    assert comparable(load_record(run_dir)) == comparable(straight.record)
+
+
+def test_resume_of_a_folder_without_run_files_still_says_there_is_no_run(tmp_path, capsys):
+    overrides = tiny(tmp_path / "out")
+    straight = train(RunConfig().replace(**tiny(tmp_path / "straight")))
+    (tmp_path / "out" / straight.run_dir.name).mkdir(parents=True)
+    code, _, err = run_cli(capsys, ["train", "--config", config_file(tmp_path, overrides),
+                                    "--resume"])
+    assert code == 2 and "cannot resume: no run at" in err
+
+
 # --- 5. a full disk -------------------------------------------------------------------------
 def test_a_full_disk_interrupts_the_run_and_the_next_sweep_resumes_it(tmp_path, capsys,
                                                                       monkeypatch):

@@ -36,6 +36,7 @@ from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     RECORD_FILE,
+    RUN_FILES,
     RunRecord,
     load_checkpoint,
     load_record,
@@ -274,6 +275,18 @@ def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
     if record.is_failed and not resume:
         return False
     if any(entry.epoch > 0 for entry in record.log):
+        return False
+    return (checkpointed_epoch(run_dir) or 0) <= 0
+
+
+def started_without_record(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run's first files but no record.json: it was killed
+    while it wrote its config and initial weights or measured its epoch 0, before its
+    first record (a checkpoint of a trained epoch, which only follows a record, is not
+    there). It trained nothing: starting it over loses nothing and gives the same run."""
+    if (run_dir / RECORD_FILE).exists():
+        return False
+    if not any((run_dir / name).exists() for name in RUN_FILES):
         return False
     return (checkpointed_epoch(run_dir) or 0) <= 0
 

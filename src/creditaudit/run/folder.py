@@ -140,7 +140,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                                  "over")
     elif resume and not record_path.exists():
         if not started_without_record(run_dir):
-            raise no_run_to_resume(config, run_dir, identity)
+            raise no_run_to_resume(config, run_dir, identity, plan.code.to_dict())
         log.info("run %s stopped before its first record was written; starting it over",
                  plan.run_id)
         force = True

@@ -463,6 +463,23 @@ def test_resume_of_a_folder_without_run_files_still_says_there_is_no_run(tmp_pat
     assert code == 2 and "cannot resume: no run at" in err
 
 
+def test_temporary_files_left_by_a_kill_mid_write_go_when_the_run_goes_on(tmp_path,
+                                                                          kill_run_at):
+    # kill -9 between a write's temporary file and its rename leaves `.checkpoint.pt.….tmp`
+    # (a checkpoint's size) that no later command removed, resumed or started over
+    config = RunConfig().replace(**tiny(tmp_path / "out", **{"optim.epochs": 3}))
+    kill_run_at(config)
+    run_dir = next((tmp_path / "out").iterdir())
+    left = [run_dir / ".checkpoint.pt.k3naa1x_.tmp", run_dir / ".record.json._vv7nm1u.tmp",
+            run_dir / ".init.pt.fk_xcl1d.tmp"]
+    for path in left:
+        path.write_bytes(b"half a file")
+    mine = run_dir / ".notes.tmp"
+    mine.write_text("not creditaudit's")
+    assert train(config, resume=True).status == "completed"
+    assert not any(path.exists() for path in left) and mine.exists()
+
+
 # --- 5. a full disk -------------------------------------------------------------------------
 def test_a_full_disk_interrupts_the_run_and_the_next_sweep_resumes_it(tmp_path, capsys,
                                                                       monkeypatch):

@@ -341,10 +341,10 @@ class Trainer:
         reason = ("non-finite evaluation loss or state norms" if not finite_entry(entry)
                   else training_state_fault(self.model, self.optimizer))
         if reason is not None:
-            self.record.status = "diverged"
             self.record.divergence = {"epoch": epoch, "reason": reason}
-            self._write()
-            self.loggers.log_epoch(entry)
+            self._write()  # 'running' until finish() writes its results: a kill between
+            self.loggers.log_epoch(entry)  # leaves a run to resume, not a bare 'diverged'
+            self.record.status = "diverged"
             return True
         stop = self._walkback_stop(entry)
         self.checkpoint(epoch)

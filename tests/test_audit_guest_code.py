@@ -182,3 +182,20 @@ def test_check_same_code_reads_every_component_of_the_code_block(tmp_path):
     # A free-form environment that holds no digest is read as a record from before them.
     check_same_code(_record({"method": "bp", "diagnostics": ["e", None]}), {})
 
+
+
+@pytest.mark.slow
+def test_resume_after_the_factory_changed_names_the_run_of_the_old_code(tmp_path):
+    """`train --resume` after an edit of the factory's file said "cannot resume: no run at
+    …" (the run id covers the code), not that the run of this config had other code."""
+    (tmp_path / "mynet.py").write_text(NET)
+    data = write_idx_dataset(tmp_path / "mnist")
+    argv = ["train", "--arch", "module:mynet:make",
+            *cli_args(tmp_path / "runs", **image_run(data))]
+    trained = cli(None, *argv, cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    (run_dir,) = (p.parent for p in (tmp_path / "runs").glob(f"*/{RECORD_FILE}"))
+    (tmp_path / "mynet.py").write_text(NET.replace("torch.tanh", "torch.relu"))
+    line = _one_line_error(cli(None, *argv, "--resume", cwd=tmp_path))
+    assert str(run_dir) in line and "other code of its model" in line
+    assert "restore the code the run was trained with" in line

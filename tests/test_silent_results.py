@@ -431,6 +431,55 @@ def test_a_kill_before_the_first_checkpoint_restarts_without_force(tmp_path, cap
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
 
 
+@pytest.mark.parametrize("resume", [False, True], ids=["train", "train-resume"])
+def test_a_kill_before_the_first_record_restarts_with_or_without_resume(tmp_path, capsys,
+                                                                        monkeypatch, resume):
+    # killed while its epoch 0 was measured: config.toml and init.pt, no record.json;
+    # `train --resume` said "cannot resume: no run at …" of the folder holding them
+    overrides = tiny(tmp_path / "out")
+    straight = train(RunConfig().replace(**tiny(tmp_path / "straight")))
+
+    def killed(self, epoch):  # noqa: ANN001 - a kill in the epoch-0 measurement
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "measure", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(RunConfig().replace(**overrides))
+    run_dir = tmp_path / "out" / straight.run_dir.name
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.toml", "init.pt"]
+    argv = ["train", "--config", config_file(tmp_path, overrides)]
+    code, _, err = run_cli(capsys, [*argv, "--resume"] if resume else argv)
+    assert code == 0, err
+    assert comparable(load_record(run_dir)) == comparable(straight.record)
+
+
+def test_resume_of_a_folder_without_run_files_still_says_there_is_no_run(tmp_path, capsys):
+    overrides = tiny(tmp_path / "out")
+    straight = train(RunConfig().replace(**tiny(tmp_path / "straight")))
+    (tmp_path / "out" / straight.run_dir.name).mkdir(parents=True)
+    code, _, err = run_cli(capsys, ["train", "--config", config_file(tmp_path, overrides),
+                                    "--resume"])
+    assert code == 2 and "cannot resume: no run at" in err
+
+
+def test_temporary_files_left_by_a_kill_mid_write_go_when_the_run_goes_on(tmp_path,
+                                                                          kill_run_at):
+    # kill -9 between a write's temporary file and its rename leaves `.checkpoint.pt.….tmp`
+    # (a checkpoint's size) that no later command removed, resumed or started over
+    config = RunConfig().replace(**tiny(tmp_path / "out", **{"optim.epochs": 3}))
+    kill_run_at(config)
+    run_dir = next((tmp_path / "out").iterdir())
+    left = [run_dir / ".checkpoint.pt.k3naa1x_.tmp", run_dir / ".record.json._vv7nm1u.tmp",
+            run_dir / ".init.pt.fk_xcl1d.tmp"]
+    for path in left:
+        path.write_bytes(b"half a file")
+    mine = run_dir / ".notes.tmp"
+    mine.write_text("not creditaudit's")
+    assert train(config, resume=True).status == "completed"
+    assert not any(path.exists() for path in left) and mine.exists()
+
+
 # --- 5. a full disk -------------------------------------------------------------------------
 def test_a_full_disk_interrupts_the_run_and_the_next_sweep_resumes_it(tmp_path, capsys,
                                                                       monkeypatch):

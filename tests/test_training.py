@@ -209,6 +209,40 @@ def test_a_run_stopped_on_walk_back_and_killed_resumes_to_the_same_stop(tmp_path
     assert comparable(resumed.record) == comparable(straight.record)
 
 
+class Killed(BaseException):
+    """A kill -9 in a test: no handler of the run sees it, so nothing more is written."""
+
+
+def test_a_run_diverged_on_its_evaluation_and_killed_in_its_end_resumes_to_its_results(
+        tmp_path, monkeypatch):
+    # non-finite evaluation at epoch 2 (close_epoch's divergence), then killed in the
+    # end-of-run metrics: record.json said 'diverged' with no final results and no
+    # end-of-run metrics, and --resume served it as finished
+    from creditaudit.run import trainer as trainer_module
+
+    finite = trainer_module.finite_entry
+    monkeypatch.setattr(trainer_module, "finite_entry",
+                        lambda entry: entry.epoch != 2 and finite(entry))
+    options = {"optim.epochs": 3, "diagnostics.end_of_run": True,
+               "diagnostics.rho_samples": 16, "diagnostics.rho_directions": 2,
+               "diagnostics.null_draws": 2}
+    straight = train(tiny(tmp_path / "a", **options))
+    assert straight.status == "diverged" and straight.record.final is not None
+    metrics = trainer_module.end_of_run_metrics
+
+    def killed(*args, **kwargs):  # noqa: ANN002, ANN003 - end_of_run_metrics's arguments
+        raise Killed
+
+    monkeypatch.setattr(trainer_module, "end_of_run_metrics", killed)
+    with pytest.raises(Killed):
+        train(tiny(tmp_path / "b", **options))
+    monkeypatch.setattr(trainer_module, "end_of_run_metrics", metrics)
+    run_dir = tmp_path / "b" / straight.run_dir.name
+    assert not load_record(run_dir).is_finished
+    resumed = train(tiny(tmp_path / "b", **options), resume=True)
+    assert comparable(resumed.record) == comparable(straight.record)
+
+
 def test_resume_without_a_run_raises(tmp_path):
     with pytest.raises(RunRecordError, match="cannot resume"):
         train(tiny(tmp_path), resume=True)

@@ -10,11 +10,13 @@ boundedly (:func:`read_text`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ def _umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's files are 0600
+_TMP = ".tmp"  # the suffix of a temporary file beside its target (``.NAME.XXXXXXXX.tmp``)
 
 
 def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
@@ -115,13 +118,24 @@ def atomic_write_files(files: Mapping[Path | str, bytes]) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
+def remove_leftovers(folder: Path, names: Iterable[str]) -> None:
+    """Remove the temporary files of ``names`` in ``folder`` that a write killed before its
+    rename left (``kill -9``: nothing could remove them; ``.NAME.XXXXXXXX.tmp``, hidden).
+    Only for a folder no other process writes these files in at the same time (a run's
+    folder while its trainer starts): another writer's file would be taken from it."""
+    for name in names:
+        for tmp in folder.glob(f".{glob.escape(name)}.*{_TMP}"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
 def _staged(path: Path, data: bytes) -> str:
     """A temporary file beside ``path`` holding ``data``, synced (its name)."""
     if path.is_dir():
         raise OutputError(f"{path} is a folder: give a file name to write to")
     ensure_folder(path.parent)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP)
     except OSError as err:
         raise write_error(err)(f"cannot write {describe_os_error(err, path.parent)}") from None
     try:

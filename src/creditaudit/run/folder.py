@@ -37,6 +37,7 @@ from creditaudit.run.resume import (
     no_run_to_resume,
     restartable,
     resume_threads,
+    started_without_record,
 )
 from creditaudit.run.setup import rebuild_run
 
@@ -138,7 +139,11 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                                  f"{hint}: pass --resume to continue it or --force to start "
                                  "over")
     elif resume and not record_path.exists():
-        raise no_run_to_resume(config, run_dir, identity)
+        if not started_without_record(run_dir):
+            raise no_run_to_resume(config, run_dir, identity, plan.code.to_dict())
+        log.info("run %s stopped before its first record was written; starting it over",
+                 plan.run_id)
+        force = True
     if force and run_dir.exists():
         for name in RUN_FILES:
             (run_dir / name).unlink(missing_ok=True)

@@ -36,6 +36,7 @@ from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     RECORD_FILE,
+    RUN_FILES,
     RunRecord,
     load_checkpoint,
     load_record,
@@ -176,7 +177,12 @@ def recorded_code_digests(record: RunRecord) -> dict[str, str]:
     """The guests' code digests ``record`` keeps, by component key (``method``, ``model``,
     ``data``, ``diagnostic:NAME``); empty for a record from before digests (anything
     there that is not a digest is left out: the environment block is free-form)."""
-    components = record.environment.get("components")
+    return code_digests(record.environment.get("components"))
+
+
+def code_digests(components: Any) -> dict[str, str]:
+    """The guests' code digests of a record's ``components`` block (a run plan's
+    ``code.to_dict()``), by component key: see :func:`recorded_code_digests`."""
     if not isinstance(components, dict):
         return {}
     entries = [(axis, components.get(axis)) for axis in ("method", "model", "data")]
@@ -278,6 +284,18 @@ def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
     return (checkpointed_epoch(run_dir) or 0) <= 0
 
 
+def started_without_record(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run's first files but no record.json: it was killed
+    while it wrote its config and initial weights or measured its epoch 0, before its
+    first record (a checkpoint of a trained epoch, which only follows a record, is not
+    there). It trained nothing: starting it over loses nothing and gives the same run."""
+    if (run_dir / RECORD_FILE).exists():
+        return False
+    if not any((run_dir / name).exists() for name in RUN_FILES):
+        return False
+    return (checkpointed_epoch(run_dir) or 0) <= 0
+
+
 def checkpointed_epoch(run_dir: Path) -> int | None:
     """The epoch of the checkpoint in ``run_dir`` (0: the initial weights); None without
     one, or for one that cannot be read as a checkpoint (resuming from it would refuse it
@@ -291,13 +309,15 @@ def checkpointed_epoch(run_dir: Path) -> int | None:
         return None
 
 
-def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
-                     ) -> RunRecordError:
+def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
+                     code: Mapping[str, Any] | None = None) -> RunRecordError:
     """The error for ``--resume`` when ``run_dir`` (the config's run id on the data found
-    now) holds no run: it names the run of the same config on other data, if there is one —
-    the data changed since that run started — else the run of the same method, architecture,
-    dataset and seed whose config differs least (e.g. ``--epochs`` raised to extend it: the
-    schedule spans every epoch, so that is another run), with the values that differ."""
+    now and the guests' ``code`` now, a run plan's ``code.to_dict()``) holds no run: it
+    names the run of the same config on other data, if there is one — the data changed
+    since that run started —, or trained with other code of a guest (a factory edited
+    since), else the run of the same method, architecture, dataset and seed whose config
+    differs least (e.g. ``--epochs`` raised to extend it: the schedule spans every epoch, so
+    that is another run), with the values that differ."""
     label = run_dir.name.rsplit("-", 1)[0]  # method-arch-dataset-sSEED
     wanted = semantic_dict(config)
     nearest: tuple[int, Path, RunRecord, list[str]] | None = None  # of another config
@@ -314,6 +334,14 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
                 f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
                 f"more (no run at {run_dir.name}); point data.data_dir at the run's data, or "
                 "train without --resume")
+        changed = _changed_code(record, code)
+        if semantic_dict(record.config) == wanted and changed:
+            return RunRecordError(
+                f"cannot resume: {path.parent} has this config but was trained with other "
+                f"code of its {changed} (the run id covers a guest's code, so the code as it "
+                f"is now is another run: no run at {run_dir.name}); restore the code the run "
+                "was trained with to resume it, or train the code as it is now without "
+                "--resume")
         differ = _differing_keys(semantic_dict(record.config), wanted)
         if differ and (nearest is None or len(differ) < nearest[0]):
             nearest = (len(differ), path.parent, record, differ)
@@ -338,6 +366,18 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity
         f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
         f"another run (the run id covers every option that changes what is computed"
         f"{covers}): {advice}train this config without --resume")
+
+
+def _changed_code(record: RunRecord, code: Mapping[str, Any] | None) -> str | None:
+    """The components (``model``, ``diagnostic a``, …) whose guest code digest in
+    ``record`` differs from ``code``'s (a run plan's ``code.to_dict()``), said in words;
+    None when none does or ``code`` is not given."""
+    if code is None:
+        return None
+    then, now = recorded_code_digests(record), code_digests(code)
+    changed = [key.replace(":", " ") for key in sorted(then.keys() | now.keys())
+               if then.get(key) != now.get(key)]
+    return " and ".join(changed) or None
 
 
 def _differing_keys(recorded: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]

@@ -25,7 +25,7 @@ import torch
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
 from creditaudit.errors import DiskFullError, OutputError, note_unrecorded
-from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder
+from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder, remove_leftovers
 from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -39,6 +39,7 @@ from creditaudit.protocol import (
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
+    RUN_FILES,
     EpochEntry,
     ResumedPart,
     new_record,
@@ -317,6 +318,7 @@ class Trainer:
             reference=self.record.reference.to_dict(),
             resumed_after=self.record.log[-1] if resume and self.record.log else None))
         ensure_folder(self.run_dir)
+        remove_leftovers(self.run_dir, RUN_FILES)  # temporary files of writes killed (-9)
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
                                config_to_toml(self.config).encode())
@@ -339,10 +341,10 @@ class Trainer:
         reason = ("non-finite evaluation loss or state norms" if not finite_entry(entry)
                   else training_state_fault(self.model, self.optimizer))
         if reason is not None:
-            self.record.status = "diverged"
             self.record.divergence = {"epoch": epoch, "reason": reason}
-            self._write()
-            self.loggers.log_epoch(entry)
+            self._write()  # 'running' until finish() writes its results: a kill between
+            self.loggers.log_epoch(entry)  # leaves a run to resume, not a bare 'diverged'
+            self.record.status = "diverged"
             return True
         stop = self._walkback_stop(entry)
         self.checkpoint(epoch)

@@ -72,3 +72,38 @@ def test_n_train_refusals_speak_of_the_demos_flags(tmp_path: Path, capsys, monke
     assert line.endswith("use a smaller --n-train (the demo also tests on 2,000)"), line
     assert "data.n_" not in line
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_second_demo_says_it_reuses_finished_runs_and_retries_a_failed_one(
+        tmp_path: Path, capsys, monkeypatch):
+    """A second demo said "training bp, fa, dfa, frozen" and trained nothing, without a
+    word of the runs it reused; a run that failed (here: dfa, out of memory) was skipped by
+    every later demo, which has no --retry-failed, so the demo could never finish it."""
+    from creditaudit.methods.dfa import DirectFeedbackRule
+
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    demo = ["demo", "--epochs", "1", "--n-train", "200", "--workers", "0",
+            "--out", str(tmp_path)]
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError("simulated")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DirectFeedbackRule, "train_step", out_of_memory)
+        assert main(demo) == 1
+    assert "dfa" in capsys.readouterr().out
+    finished = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/record.json")
+                if load_record(p.parent).status == "completed"}
+    assert len(finished) == 3
+    assert main(demo) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"bp, fa, frozen finished earlier in {tmp_path}: reused, not retrained" in out
+    assert any(line.startswith("training dfa (1 epoch each") for line in out), out
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished  # nothing retrained
+    assert {load_record(p.parent).status for p in tmp_path.glob("*/record.json")} == \
+        {"completed"}
+    assert main(demo) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert (f"bp, fa, dfa, frozen finished earlier in {tmp_path}: reused, not retrained "
+            "(nothing to train)") in out
+    assert not any(line.startswith("training ") for line in out), out

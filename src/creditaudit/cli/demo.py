@@ -155,6 +155,31 @@ def demo_executor(workers: int | None, n_runs: int) -> Any:
     return LocalExecutor(workers=workers or min(n_runs, os.cpu_count() or 1))
 
 
+def start_lines(plans: list[Any], executor: Any, out: str, data_label: str) -> list[str]:
+    """What the demo is about to do with its ``plans``: the runs it trains (and which of
+    them resume from a checkpoint) and the runs an earlier demo in ``out`` finished, which
+    it reuses as they are."""
+    from creditaudit.sweep import run_states
+
+    rows = run_states(plans, retry_failed=True)
+    names = [plan.config.method.name for plan in plans]
+    reused = [n for n, row in zip(names, rows) if row["status"] in ("completed", "diverged")
+              and not row["todo"]]
+    trained = [n + (" (resumes)" if row["status"] in ("running", "interrupted") else "")
+               for n, row in zip(names, rows) if row["todo"]]
+    lines = []
+    if reused:
+        lines.append(f"{', '.join(reused)} finished earlier in {out}: reused, not retrained"
+                     + ("" if trained else " (nothing to train)"))
+    if trained:
+        how = (f"{executor.slots} parallel runs" if executor.name == "local"
+               else "one after another in this process")
+        epochs = plans[0].config.optim.epochs
+        lines.append(f"training {', '.join(trained)} ({epochs} epoch"
+                     f"{'s' if epochs != 1 else ''} each, {how}) on {data_label} …")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from creditaudit.data.spec import MAX_DATA_SEED
     from creditaudit.records import RECORD_FILE, load_record
@@ -194,12 +219,8 @@ def run(args: argparse.Namespace) -> int:
     plan.load_data()
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     if not args.quiet:
-        how = (f"{executor.slots} parallel runs" if executor.name == "local"
-               else "one after another in this process")
-        epochs = configs[0].optim.epochs
-        print(f"training {', '.join(DEMO_METHODS)} ({epochs} epoch{'s' if epochs != 1 else ''} "
-              "each, "
-              f"{how}) on {plan.dataset.label} …", flush=True)
+        print("\n".join(start_lines(plans, executor, args.out, plan.dataset.label)),
+              flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
@@ -212,7 +233,9 @@ def run(args: argparse.Namespace) -> int:
                          plans[0].config.optim.epochs,
                          lambda line: print(line, flush=True)).start()
     try:
-        result = run_sweep(plans, executor,
+        # A failed run is tried again: the demo has no --retry-failed, and rerunning the
+        # demo is how its user asks for that.
+        result = run_sweep(plans, executor, retry_failed=True,
                            on_progress=None if args.quiet else progress)
     finally:
         if watch is not None:

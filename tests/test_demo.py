@@ -107,3 +107,31 @@ def test_a_second_demo_says_it_reuses_finished_runs_and_retries_a_failed_one(
     assert (f"bp, fa, dfa, frozen finished earlier in {tmp_path}: reused, not retrained "
             "(nothing to train)") in out
     assert not any(line.startswith("training ") for line in out), out
+
+
+def test_a_run_that_diverged_before_its_protocol_ran_gets_no_margin_over_frozen(
+        tmp_path: Path, capsys, monkeypatch):
+    """A DFA run that diverged in epoch 1 had "—" for its verdict in the table (no protocol
+    evaluation after training), yet the (d) lines said "dfa -2.0 pp fired" from the
+    untrained network's accuracy, which `creditaudit audit` calls not evaluated."""
+    from creditaudit.methods.dfa import DirectFeedbackRule
+
+    step = DirectFeedbackRule.train_step
+
+    def diverging(self, x, y, optimizer):  # noqa: ANN001, ANN202
+        result = step(self, x, y, optimizer)
+        with torch.no_grad():
+            for parameter in self.model.parameters():
+                parameter.fill_(float("nan"))
+        return result
+
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    monkeypatch.setattr(DirectFeedbackRule, "train_step", diverging)
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith("dfa "))
+    assert "diverged" in row and row.endswith("  —"), row
+    margins = lines[next(i for i, line in enumerate(lines) if line.startswith("(d) ")):]
+    assert any(line.startswith("  bp ") for line in margins), margins
+    assert not any(line.startswith("  dfa ") for line in margins), margins

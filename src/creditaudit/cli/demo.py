@@ -99,7 +99,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def depth_utility_lines(records: list[RunRecord]) -> list[str]:
-    """Diagnostic (d) of every trained method: its margin over the frozen run."""
+    """Diagnostic (d) of every trained method: its margin over the frozen run; none for a
+    run whose protocol was never evaluated after training (a run that diverged in its first
+    epoch: its verdict in the table is "—", and its accuracy is the untrained network's)."""
     from creditaudit.protocol import DepthUtility
     from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 
@@ -112,7 +114,8 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
              f"{frozen.final_acc:.3f}); fires below {d().limit():g} pp"]
     for record in records:
         verdict = index.verdict(record)
-        if is_frozen_baseline(record) or verdict.margin_pp is None:
+        if is_frozen_baseline(record) or record.protocol.epoch is None \
+                or verdict.margin_pp is None:
             continue
         lines.append(f"  {record.method:<12}{verdict.margin_pp:+7.1f} pp  "
                      f"{verdict.statuses[d.name]}")

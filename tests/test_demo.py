@@ -135,3 +135,21 @@ def test_a_run_that_diverged_before_its_protocol_ran_gets_no_margin_over_frozen(
     margins = lines[next(i for i, line in enumerate(lines) if line.startswith("(d) ")):]
     assert any(line.startswith("  bp ") for line in margins), margins
     assert not any(line.startswith("  dfa ") for line in margins), margins
+
+
+def test_the_audit_command_reads_a_results_folder_named_like_an_option_as_a_path(
+        tmp_path: Path, capsys, monkeypatch):
+    """`demo --out=-o` printed `creditaudit audit -o/dfa-…`, which audit reads as an
+    option: "the following arguments are required: RUN"."""
+    import shlex
+
+    from creditaudit.cli import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0", "-q",
+                 "--out=-o"]) == 0
+    command = shlex.split(capsys.readouterr().out.splitlines()[-1])
+    assert command[:2] == ["creditaudit", "audit"], command
+    args = build_parser().parse_args(command[1:])
+    assert [(Path(p) / "record.json").is_file() for p in args.run_paths] == [True], args

@@ -263,8 +263,15 @@ def run(args: argparse.Namespace) -> int:
     pick = audit_pick(records)
     if pick is not None:
         print(f"audit the {pick.method} run from its checkpoint ((d) uses the frozen run "
-              f"beside it):\n  creditaudit audit {shlex.quote(str(Path(args.out) / pick.run_id))}")
+              f"beside it):\n  creditaudit audit {shell_word(Path(args.out) / pick.run_id)}")
     return 1 if failed else 0
+
+
+def shell_word(path: Path) -> str:
+    """``path`` as one word of a shell command that reads it as a path: quoted where it
+    needs to be, and ``./``-prefixed where it would read as an option (``--out=-o``)."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def audit_pick(records: list[RunRecord]) -> RunRecord | None:

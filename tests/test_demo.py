@@ -153,3 +153,30 @@ def test_the_audit_command_reads_a_results_folder_named_like_an_option_as_a_path
     assert command[:2] == ["creditaudit", "audit"], command
     args = build_parser().parse_args(command[1:])
     assert [(Path(p) / "record.json").is_file() for p in args.run_paths] == [True], args
+
+
+def test_an_interrupted_run_is_named_with_how_to_resume_it_not_with_none(
+        tmp_path: Path, capsys, monkeypatch):
+    """Ctrl-C during `demo --workers 2`: the workers record their runs as interrupted, the
+    sweep returns, and the demo printed "dfa-… interrupted: None" for each."""
+    import creditaudit.sweep
+
+    sweep = creditaudit.sweep.run_sweep
+
+    def interrupted_dfa(*args: object, **kwargs: object) -> object:
+        result = sweep(*args, **kwargs)
+        for outcome in result.outcomes:
+            if outcome["run_id"].startswith("dfa-"):
+                outcome.update(status="interrupted", error=None)
+        return result
+
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    monkeypatch.setattr(creditaudit.sweep, "run_sweep", interrupted_dfa)
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0", "-q",
+                 "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "None" not in out
+    line = next(line for line in out.splitlines() if line.startswith("dfa-"))
+    assert line.endswith(" interrupted"), line
+    assert ("interrupted runs resume from their last finished epoch: run the same demo "
+            "command again") in out.splitlines()

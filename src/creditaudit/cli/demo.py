@@ -257,7 +257,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(utility))
     failed = [o for o in result.outcomes if o["status"] not in ("completed", "diverged")]
     for outcome in failed:
-        print(f"{outcome['run_id']} {outcome['status']}: {outcome.get('error')}")
+        error = outcome.get("error")
+        print(f"{outcome['run_id']} {outcome['status']}" + (f": {error}" if error else ""))
+    if any(outcome["status"] == "interrupted" for outcome in failed):
+        print("interrupted runs resume from their last finished epoch: run the same demo "
+              "command again")
     print(f"\nrecords: {args.out}/<run id>/record.json  "
           f"({time.perf_counter() - started:.0f} s)")
     pick = audit_pick(records)

@@ -147,6 +147,24 @@ def test_runs_of_different_lengths_count_their_own_epochs(tmp_path):
     assert watch.counts() == {"epochs=2": 2, "epochs=8": 1}
 
 
+def test_a_failed_run_reads_failed_and_is_not_waited_for(tmp_path):
+    """A run that failed at epoch 1 of 4 read "1/4" as if it trained on, its 3 epochs that
+    never come stayed in the ETA, and a sweep's line listed it among the runs training now."""
+    now = [0.0]
+    runs = {"a": tmp_path / "a.json", "b": tmp_path / "b.json"}
+    watch = RunWatch(runs, epochs=4, say=print, clock=lambda: now[0])
+    write_record(runs["a"], 1, "failed")
+    write_record(runs["b"], 2)
+    now[0] = 9.0
+    assert watch.poll() == "  a 1/4 failed · b 2/4 | 0m09s elapsed, ETA 0m06s"  # 3 s × 2
+    many = {f"seed={s}": tmp_path / f"{s}.json" for s in range(8)}
+    write_record(many["seed=0"], 1, "failed")
+    write_record(many["seed=1"], 1)
+    sweep = RunWatch(many, epochs=4, say=print, clock=lambda: now[0])
+    assert sweep.line(sweep.counts(), 9.0).startswith(
+        "  seed=1 1/4, 0 finished, 1 failed, 6 not started |")
+
+
 def test_a_record_whose_epoch_is_no_count_reads_as_not_started(tmp_path):
     """An epoch of Infinity (JSON that Python reads) raised OverflowError in the watch
     thread: a traceback, and no more progress lines."""

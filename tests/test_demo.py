@@ -135,6 +135,8 @@ def test_a_run_that_diverged_before_its_protocol_ran_gets_no_margin_over_frozen(
     margins = lines[next(i for i, line in enumerate(lines) if line.startswith("(d) ")):]
     assert any(line.startswith("  bp ") for line in margins), margins
     assert not any(line.startswith("  dfa ") for line in margins), margins
+    # nor is its untrained checkpoint the run the demo suggests auditing
+    assert lines[-1].startswith("  creditaudit audit ") and "/bp-" in lines[-1], lines[-1]
 
 
 def test_the_audit_command_reads_a_results_folder_named_like_an_option_as_a_path(

@@ -280,8 +280,11 @@ def shell_word(path: Path) -> str:
 
 def audit_pick(records: list[RunRecord]) -> RunRecord | None:
     """The run the demo suggests auditing: DFA's (its audit has the most to say), else the
-    first finished trained method's; None when none finished."""
+    first finished trained method's; None when none finished. A run whose protocol never
+    ran after training (diverged in its first epoch: its checkpoint is the untrained
+    network) is no such run."""
     from creditaudit.protocol.records import is_frozen_baseline
 
-    trained = [r for r in records if r.is_finished and not is_frozen_baseline(r)]
+    trained = [r for r in records if r.is_finished and not is_frozen_baseline(r)
+               and r.protocol.epoch is not None]
     return next((r for r in trained if r.method == "dfa"), trained[0] if trained else None)

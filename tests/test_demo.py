@@ -182,3 +182,25 @@ def test_an_interrupted_run_is_named_with_how_to_resume_it_not_with_none(
     assert line.endswith(" interrupted"), line
     assert ("interrupted runs resume from their last finished epoch: run the same demo "
             "command again") in out.splitlines()
+
+
+def test_the_demo_says_which_runs_another_process_trains_and_waits_for(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from creditaudit.cli.demo import DEMO_METHODS, demo_config, start_lines
+    from creditaudit.config import apply_where_read
+    from creditaudit.config.overrides import parse_override
+    from creditaudit.sweep import plan_runs
+    from creditaudit.sweep.claims import try_claim
+
+    shrink = dict(parse_override(item) for item in TINY_SYNTHETIC.split())
+    plans = plan_runs([apply_where_read(demo_config(m, epochs=1, n_train=200,
+                                                    out_dir=str(tmp_path), seed=0), shrink)
+                       for m in DEMO_METHODS], ("method.name",))
+    claim, _ = try_claim(plans[2].run_dir)  # this process, alive: another demo's worker
+    assert claim is not None
+    lines = start_lines(plans, SimpleNamespace(name="inline", slots=1), str(tmp_path),
+                        "synthetic")
+    assert lines == [f"dfa: another process is training it in {tmp_path}; waiting for it",
+                     "training bp, fa, frozen (1 epoch each, one after another in this "
+                     "process) on synthetic …"]

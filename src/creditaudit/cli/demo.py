@@ -159,21 +159,26 @@ def demo_executor(workers: int | None, n_runs: int) -> Any:
 
 
 def start_lines(plans: list[Any], executor: Any, out: str, data_label: str) -> list[str]:
-    """What the demo is about to do with its ``plans``: the runs it trains (and which of
-    them resume from a checkpoint) and the runs an earlier demo in ``out`` finished, which
-    it reuses as they are."""
+    """What the demo is about to do with its ``plans``: the runs an earlier demo in ``out``
+    finished, which it reuses as they are; those another process trains now, which it
+    waits for; and the runs it trains (and which of them resume from a checkpoint)."""
     from creditaudit.sweep import run_states
 
     rows = run_states(plans, retry_failed=True)
     names = [plan.config.method.name for plan in plans]
     reused = [n for n, row in zip(names, rows) if row["status"] in ("completed", "diverged")
               and not row["todo"]]
+    held = [n for n, row in zip(names, rows) if row["todo"] and row["holder"] is not None]
     trained = [n + (" (resumes)" if row["status"] in ("running", "interrupted") else "")
-               for n, row in zip(names, rows) if row["todo"]]
+               for n, row in zip(names, rows) if row["todo"] and row["holder"] is None]
     lines = []
     if reused:
         lines.append(f"{', '.join(reused)} finished earlier in {out}: reused, not retrained"
-                     + ("" if trained else " (nothing to train)"))
+                     + ("" if trained or held else " (nothing to train)"))
+    if held:
+        lines.append(f"{', '.join(held)}: another process is training "
+                     f"{'it' if len(held) == 1 else 'them'} in {out}; waiting for "
+                     f"{'it' if len(held) == 1 else 'them'}")
     if trained:
         how = (f"{executor.slots} parallel runs" if executor.name == "local"
                else "one after another in this process")

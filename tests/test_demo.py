@@ -204,3 +204,15 @@ def test_the_demo_says_which_runs_another_process_trains_and_waits_for(tmp_path:
     assert lines == [f"dfa: another process is training it in {tmp_path}; waiting for it",
                      "training bp, fa, frozen (1 epoch each, one after another in this "
                      "process) on synthetic …"]
+
+
+def test_runs_made_one_by_creditaudit_set_are_trained_and_shown_once(
+        tmp_path: Path, capsys, monkeypatch):
+    """CREDITAUDIT_SET="method.name=bp" makes the demo's four runs one: it said "training
+    bp, bp, bp, bp", trained one run and printed its record four times."""
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC + " method.name=bp")
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("training bp (1 epoch each") for line in lines), lines
+    assert sum(line.startswith("bp ") for line in lines) == 1, lines

@@ -191,7 +191,7 @@ def start_lines(plans: list[Any], executor: Any, out: str, data_label: str) -> l
 def run(args: argparse.Namespace) -> int:
     from creditaudit.data.spec import MAX_DATA_SEED
     from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.sweep import plan_runs, run_sweep
+    from creditaudit.sweep import plan_runs, run_sweep, unique_plans
 
     started = time.perf_counter()
     task = DEMO_TASKS[args.dataset]
@@ -217,7 +217,9 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated
-    plans = plan_runs(configs, ("method.name",))  # every run planned before any trains
+    # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
+    # makes the four one run, trained and shown once).
+    plans = unique_plans(plan_runs(configs, ("method.name",)))
     # Load (generate) the data once here, not in every worker: generated data are cached,
     # so the parallel runs read the cache.
     plan = plans[0]

@@ -132,6 +132,76 @@ def test_the_watch_thread_says_lines_and_stops(tmp_path):
     assert lines and lines[0].startswith("  bp – | ")
 
 
+def test_runs_of_different_lengths_count_their_own_epochs(tmp_path):
+    """A sweep over optim.epochs = [2, 8] counted every run out of 8: the 2-epoch run read
+    "1/8", and its 6 epochs that never come were in the ETA."""
+    runs = {"epochs=2": tmp_path / "a.json", "epochs=8": tmp_path / "b.json"}
+    now = [0.0]
+    watch = RunWatch(runs, epochs={"epochs=2": 2, "epochs=8": 8}, say=print,
+                     clock=lambda: now[0])
+    write_record(runs["epochs=2"], 1)
+    write_record(runs["epochs=8"], 1)
+    now[0] = 10.0
+    assert watch.poll() == "  epochs=2 1/2 · epochs=8 1/8 | 0m10s elapsed, ETA 0m40s"
+    write_record(runs["epochs=2"], 2, "completed")
+    assert watch.counts() == {"epochs=2": 2, "epochs=8": 1}
+
+
+def test_a_failed_run_reads_failed_and_is_not_waited_for(tmp_path):
+    """A run that failed at epoch 1 of 4 read "1/4" as if it trained on, its 3 epochs that
+    never come stayed in the ETA, and a sweep's line listed it among the runs training now."""
+    now = [0.0]
+    runs = {"a": tmp_path / "a.json", "b": tmp_path / "b.json"}
+    watch = RunWatch(runs, epochs=4, say=print, clock=lambda: now[0])
+    write_record(runs["a"], 1, "failed")
+    write_record(runs["b"], 2)
+    now[0] = 9.0
+    assert watch.poll() == "  a 1/4 failed · b 2/4 | 0m09s elapsed, ETA 0m06s"  # 3 s × 2
+    many = {f"seed={s}": tmp_path / f"{s}.json" for s in range(8)}
+    write_record(many["seed=0"], 1, "failed")
+    write_record(many["seed=1"], 1)
+    sweep = RunWatch(many, epochs=4, say=print, clock=lambda: now[0])
+    assert sweep.line(sweep.counts(), 9.0).startswith(
+        "  seed=1 1/4, 0 finished, 1 failed, 6 not started |")
+
+
+def test_a_record_whose_epoch_is_no_count_reads_as_not_started(tmp_path):
+    """An epoch of Infinity (JSON that Python reads) raised OverflowError in the watch
+    thread: a traceback, and no more progress lines."""
+    for i, epoch in enumerate(("Infinity", "-3", "2.5", "true", '"3"')):
+        path = tmp_path / f"{i}.json"
+        path.write_text(f'{{"status": "running", "log": [{{"epoch": {epoch}}}]}}')
+        assert epochs_done(path) is None, epoch
+    assert RunWatch({"a": tmp_path / "0.json"}, epochs=2, say=print).counts() == {"a": None}
+
+
+def test_the_watch_thread_ends_quietly_when_stdout_is_closed(tmp_path):
+    """`creditaudit demo | head -3`: the watch's print met the closed pipe, and the thread
+    died with a BrokenPipeError traceback on stderr."""
+    import threading
+
+    failures: list[object] = []
+    previous = threading.excepthook
+    threading.excepthook = failures.append
+    said: list[str] = []
+
+    def closed(line: str) -> None:
+        said.append(line)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    try:
+        watch = RunWatch({"bp": tmp_path / "r.json"}, epochs=2, say=closed,
+                         every=0.01).start()
+        for _ in range(500):
+            if said and watch._thread is not None and not watch._thread.is_alive():
+                break
+            time.sleep(0.01)
+        watch.stop()
+    finally:
+        threading.excepthook = previous
+    assert said == [said[0]] and failures == []
+
+
 # --- the terminal ----------------------------------------------------------------------------
 def test_a_terminal_without_a_size_still_draws_the_bar():
     """`script -qfc "creditaudit train …"` with stdin not a terminal opens a pty of 0×0:

@@ -99,7 +99,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def depth_utility_lines(records: list[RunRecord]) -> list[str]:
-    """Diagnostic (d) of every trained method: its margin over the frozen run."""
+    """Diagnostic (d) of every trained method: its margin over the frozen run; none for a
+    run whose protocol was never evaluated after training (a run that diverged in its first
+    epoch: its verdict in the table is "—", and its accuracy is the untrained network's)."""
     from creditaudit.protocol import DepthUtility
     from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 
@@ -112,7 +114,8 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
              f"{frozen.final_acc:.3f}); fires below {d().limit():g} pp"]
     for record in records:
         verdict = index.verdict(record)
-        if is_frozen_baseline(record) or verdict.margin_pp is None:
+        if is_frozen_baseline(record) or record.protocol.epoch is None \
+                or verdict.margin_pp is None:
             continue
         lines.append(f"  {record.method:<12}{verdict.margin_pp:+7.1f} pp  "
                      f"{verdict.statuses[d.name]}")
@@ -155,10 +158,40 @@ def demo_executor(workers: int | None, n_runs: int) -> Any:
     return LocalExecutor(workers=workers or min(n_runs, os.cpu_count() or 1))
 
 
+def start_lines(plans: list[Any], executor: Any, out: str, data_label: str) -> list[str]:
+    """What the demo is about to do with its ``plans``: the runs an earlier demo in ``out``
+    finished, which it reuses as they are; those another process trains now, which it
+    waits for; and the runs it trains (and which of them resume from a checkpoint)."""
+    from creditaudit.sweep import run_states
+
+    rows = run_states(plans, retry_failed=True)
+    names = [plan.config.method.name for plan in plans]
+    reused = [n for n, row in zip(names, rows) if row["status"] in ("completed", "diverged")
+              and not row["todo"]]
+    held = [n for n, row in zip(names, rows) if row["todo"] and row["holder"] is not None]
+    trained = [n + (" (resumes)" if row["status"] in ("running", "interrupted") else "")
+               for n, row in zip(names, rows) if row["todo"] and row["holder"] is None]
+    lines = []
+    if reused:
+        lines.append(f"{', '.join(reused)} finished earlier in {out}: reused, not retrained"
+                     + ("" if trained or held else " (nothing to train)"))
+    if held:
+        lines.append(f"{', '.join(held)}: another process is training "
+                     f"{'it' if len(held) == 1 else 'them'} in {out}; waiting for "
+                     f"{'it' if len(held) == 1 else 'them'}")
+    if trained:
+        how = (f"{executor.slots} parallel runs" if executor.name == "local"
+               else "one after another in this process")
+        epochs = plans[0].config.optim.epochs
+        lines.append(f"training {', '.join(trained)} ({epochs} epoch"
+                     f"{'s' if epochs != 1 else ''} each, {how}) on {data_label} …")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from creditaudit.data.spec import MAX_DATA_SEED
     from creditaudit.records import RECORD_FILE, load_record
-    from creditaudit.sweep import plan_runs, run_sweep
+    from creditaudit.sweep import plan_runs, run_sweep, unique_plans
 
     started = time.perf_counter()
     task = DEMO_TASKS[args.dataset]
@@ -184,7 +217,9 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
     ensure_folder(Path(args.out))           # before any data is generated
-    plans = plan_runs(configs, ("method.name",))  # every run planned before any trains
+    # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
+    # makes the four one run, trained and shown once).
+    plans = unique_plans(plan_runs(configs, ("method.name",)))
     # Load (generate) the data once here, not in every worker: generated data are cached,
     # so the parallel runs read the cache.
     plan = plans[0]
@@ -194,12 +229,8 @@ def run(args: argparse.Namespace) -> int:
     plan.load_data()
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     if not args.quiet:
-        how = (f"{executor.slots} parallel runs" if executor.name == "local"
-               else "one after another in this process")
-        epochs = configs[0].optim.epochs
-        print(f"training {', '.join(DEMO_METHODS)} ({epochs} epoch{'s' if epochs != 1 else ''} "
-              "each, "
-              f"{how}) on {plan.dataset.label} …", flush=True)
+        print("\n".join(start_lines(plans, executor, args.out, plan.dataset.label)),
+              flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
@@ -212,7 +243,9 @@ def run(args: argparse.Namespace) -> int:
                          plans[0].config.optim.epochs,
                          lambda line: print(line, flush=True)).start()
     try:
-        result = run_sweep(plans, executor,
+        # A failed run is tried again: the demo has no --retry-failed, and rerunning the
+        # demo is how its user asks for that.
+        result = run_sweep(plans, executor, retry_failed=True,
                            on_progress=None if args.quiet else progress)
     finally:
         if watch is not None:
@@ -231,20 +264,34 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(utility))
     failed = [o for o in result.outcomes if o["status"] not in ("completed", "diverged")]
     for outcome in failed:
-        print(f"{outcome['run_id']} {outcome['status']}: {outcome.get('error')}")
+        error = outcome.get("error")
+        print(f"{outcome['run_id']} {outcome['status']}" + (f": {error}" if error else ""))
+    if any(outcome["status"] == "interrupted" for outcome in failed):
+        print("interrupted runs resume from their last finished epoch: run the same demo "
+              "command again")
     print(f"\nrecords: {args.out}/<run id>/record.json  "
           f"({time.perf_counter() - started:.0f} s)")
     pick = audit_pick(records)
     if pick is not None:
         print(f"audit the {pick.method} run from its checkpoint ((d) uses the frozen run "
-              f"beside it):\n  creditaudit audit {shlex.quote(str(Path(args.out) / pick.run_id))}")
+              f"beside it):\n  creditaudit audit {shell_word(Path(args.out) / pick.run_id)}")
     return 1 if failed else 0
+
+
+def shell_word(path: Path) -> str:
+    """``path`` as one word of a shell command that reads it as a path: quoted where it
+    needs to be, and ``./``-prefixed where it would read as an option (``--out=-o``)."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def audit_pick(records: list[RunRecord]) -> RunRecord | None:
     """The run the demo suggests auditing: DFA's (its audit has the most to say), else the
-    first finished trained method's; None when none finished."""
+    first finished trained method's; None when none finished. A run whose protocol never
+    ran after training (diverged in its first epoch: its checkpoint is the untrained
+    network) is no such run."""
     from creditaudit.protocol.records import is_frozen_baseline
 
-    trained = [r for r in records if r.is_finished and not is_frozen_baseline(r)]
+    trained = [r for r in records if r.is_finished and not is_frozen_baseline(r)
+               and r.protocol.epoch is not None]
     return next((r for r in trained if r.method == "dfa"), trained[0] if trained else None)

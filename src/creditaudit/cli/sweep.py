@@ -213,9 +213,10 @@ def watching(plans: list[Any], grid_keys: list[str], say: Any) -> Iterator[None]
     from creditaudit.records import RECORD_FILE
     from creditaudit.sweep import run_labels
 
-    runs = {label: plan.run_dir / RECORD_FILE
-            for plan, label in zip(plans, run_labels(plans, grid_keys))}
-    watch = RunWatch(runs, max(plan.config.optim.epochs for plan in plans), say).start()
+    labels = run_labels(plans, grid_keys)
+    runs = {label: plan.run_dir / RECORD_FILE for plan, label in zip(plans, labels)}
+    epochs = {label: plan.config.optim.epochs for plan, label in zip(plans, labels)}
+    watch = RunWatch(runs, epochs, say).start()
     try:
         yield
     finally:

@@ -195,6 +195,17 @@ def test_report_on_missing_folder_is_one_line_error(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_a_report_html_that_cannot_be_written_leaves_the_old_report_md(results, tmp_path):
+    from creditaudit.errors import OutputError
+
+    out = tmp_path / "r"
+    (out / "report.html").mkdir(parents=True)  # a folder where the page goes
+    (out / "report.md").write_text("old report\n")
+    with pytest.raises(OutputError, match="report.html"):
+        write_report(RunIndex.from_dir(results), out, rendered=[], missing=[])
+    assert (out / "report.md").read_text() == "old report\n"  # not a new one beside no page
+
+
 def test_report_skips_unreadable_records(results, tmp_path, plant):
     copy = tmp_path / "runs"
     shutil.copytree(results, copy)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from creditaudit.files.safe_files import atomic_write_bytes
+from creditaudit.files.safe_files import atomic_write_files
 from creditaudit.formatting import markdown_text
 from creditaudit.protocol import (
     FIRED,
@@ -305,10 +305,11 @@ def write_report(index: RunIndex, out_dir: str | Path, *, rendered: Sequence[Any
         figures_dir = Path(os.path.relpath(folder, out.resolve())).as_posix()
     parts = report_parts(index, rendered=rendered, missing=missing, figures_dir=figures_dir)
     md_path, html_path = out / REPORT_MD, out / REPORT_HTML
-    atomic_write_bytes(md_path, parts_markdown(parts).encode())
     page = render_report_html(parts, images=figure_files(rendered, out, figures_dir),
                               classes=verdict_classes(index))
-    atomic_write_bytes(html_path, page.encode())
+    # Both or neither: a report.html that cannot be written (a folder in its place) leaves
+    # the old report.md, not a new one beside an old page.
+    atomic_write_files({md_path: parts_markdown(parts).encode(), html_path: page.encode()})
     return ReportFiles(md_path, html_path, rendered, missing)
 
 

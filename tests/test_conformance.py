@@ -14,7 +14,12 @@ from creditaudit.run.trainer import train
 from creditaudit.testing import check_rule, make_rule, rule_checks, tiny_batch
 from creditaudit.testing.common import EXPECTED_FAILURE, relative_error
 from creditaudit.testing.rule_lifecycle import state_dict_round_trips_and_resumes
-from creditaudit.testing.rule_properties import output_layer_errors
+from creditaudit.testing.rule_properties import (
+    credits_are_per_sample,
+    credits_are_seeded,
+    local_update_follows_its_options,
+    output_layer_errors,
+)
 from door_support import ORIGIN, guests, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -253,3 +258,112 @@ def test_a_check_declared_failing_that_passes_fails_when_called():
                  if c.__name__ == NEW_CHECK)
     with pytest.raises(AssertionError, match="passed: remove it"):
         check()
+
+
+class ShuffledDFA(DFA):
+    """A broken rule: each sample's credit projects the previous sample's error (an
+    indexing slip), trained and reported alike."""
+
+    name = "shuffled-dfa"
+
+    def projected_signal(self, logits, y):
+        return super().projected_signal(logits, y).roll(1, 0)
+
+
+class UnseededDFA(DFA):
+    """A broken rule: its feedback comes from a generator of its own, seeded from the
+    operating system's randomness — not from the one it is given."""
+
+    name = "unseeded-dfa"
+
+    def __init__(self, model, config, *, n_classes, generator):
+        own = torch.Generator()
+        own.seed()
+        super().__init__(model, config, n_classes=n_classes, generator=own)
+
+
+class ConstantSeedDFA(DFA):
+    """A broken rule: it draws its feedback from seed 0 whatever method.feedback_seed says."""
+
+    name = "constant-seed-dfa"
+
+    def __init__(self, model, config, *, n_classes, generator):
+        super().__init__(model, config, n_classes=n_classes,
+                         generator=torch.Generator().manual_seed(0))
+
+
+def _with_options(rule, step, **values):
+    """``step()`` with ``rule.options`` fields set to ``values`` for its duration (a rule that
+    ignores those options)."""
+    saved = {key: getattr(rule.options, key) for key in values}
+    for key, value in values.items():
+        object.__setattr__(rule.options, key, value)
+    try:
+        return step()
+    finally:
+        for key, value in saved.items():
+            object.__setattr__(rule.options, key, value)
+
+
+class PenaltyFreeDFA(DFA):
+    """A broken rule: its step ignores method.penalty (the run records λ, nothing applies it)."""
+
+    name = "penalty-free-dfa"
+
+    def train_step(self, x, y, optimizer):
+        return _with_options(self, lambda: super(PenaltyFreeDFA, self).train_step(
+            x, y, optimizer), penalty=0.0)
+
+
+class AlwaysNormalisedDFA(DFA):
+    """A broken rule: its step normalises the credit whatever normalise_credit says."""
+
+    name = "always-normalised-dfa"
+
+    def train_step(self, x, y, optimizer):
+        return _with_options(self, lambda: super(AlwaysNormalisedDFA, self).train_step(
+            x, y, optimizer), normalise_credit=True)
+
+
+class UnsavedDFA(DFA):
+    """A broken rule: its feedback is not in its state, so checkpoints do not hold it."""
+
+    name = "unsaved-dfa"
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_a_credit_that_mixes_in_another_sample_is_caught():
+    # trained and reported alike, it passed every check: the audit compared each sample's
+    # credit with its neighbour's gradient
+    with pytest.raises(AssertionError, match="changes the other samples' credit"):
+        credits_are_per_sample(ShuffledDFA)
+    credits_are_per_sample(DFA)
+
+
+def test_a_rule_that_ignores_its_generator_is_caught():
+    with pytest.raises(AssertionError, match="made with one seed"):
+        credits_are_seeded(UnseededDFA)
+    with pytest.raises(AssertionError, match="another seed gives the same credits"):
+        credits_are_seeded(ConstantSeedDFA)
+    credits_are_seeded(DFA)
+
+
+@pytest.mark.parametrize("cls,option", [(PenaltyFreeDFA, "method.penalty=0.01"),
+                                        (AlwaysNormalisedDFA, "normalise_credit=False")])
+def test_a_step_that_ignores_the_recorded_options_is_caught(cls, option):
+    # the suite stepped every rule with λ = 0 and its default normalisation only
+    with pytest.raises(AssertionError, match=option):
+        local_update_follows_its_options(cls)
+    local_update_follows_its_options(DFA)
+
+
+def test_feedback_left_out_of_the_state_is_caught():
+    # the restored rule was drawn from the same generator seed, so it got the same
+    # feedback without the file
+    with pytest.raises(AssertionError, match="diverges"):
+        state_dict_round_trips_and_resumes(UnsavedDFA)

@@ -38,7 +38,8 @@ def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resml
         raise AssertionError("the rule's state_dict does not load with weights_only=True "
                              f"(hold only tensors and plain containers): {err}") from None
     trained(straight, optimizer, range(2, 4))
-    resumed = make_rule(cls, seed=1, arch=arch)  # other init: all must come from the file
+    resumed = make_rule(cls, seed=1, arch=arch, draw=8)  # other init and draw: all
+    # must come from the file
     resumed.model.load_state_dict(saved["model"])
     resumed.load_state_dict(saved["rule"])
     resumed.end_epoch(1, 3)

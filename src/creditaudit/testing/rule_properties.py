@@ -114,6 +114,7 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
     normalise = rms_normalise if rule.options.normalise_credit else (lambda a: a)
     if isinstance(model, AdaptedModel):
         return _adapted_surrogate_gradients(model, x, y, [normalise(a) for a in credits])
+    penalty = rule.options.penalty  # λ·batch-mean ‖f_l‖² per trained block
     h0 = model.embed(x)
     states, _ = model.forward_states(x)
     objective = (h0 * normalise(credits[0])).flatten(1).sum(1).mean()
@@ -121,7 +122,7 @@ def _surrogate_gradients(rule: CreditRule, x: Tensor, y: Tensor, credits: list[T
         if any(p.requires_grad for p in block.parameters()):
             f = block(states[layer].detach())
             objective = objective + (f * normalise(credits[layer + 1])).flatten(1).sum(
-                1).mean()
+                1).mean() + penalty * f.flatten(1).pow(2).sum(1).mean()
     objective = objective + F.cross_entropy(model.readout(states[-1].detach()), y)
     objective.backward()
     return {name: None if p.grad is None else p.grad.detach().clone()
@@ -147,9 +148,9 @@ def _adapted_surrogate_gradients(model: AdaptedModel, x: Tensor, y: Tensor,
     return out
 
 
-def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "resmlp"
-                                           ) -> None:
-    rule = make_rule(cls, arch=arch)
+def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "resmlp",
+                                           **options: Any) -> None:
+    rule = make_rule(cls, arch=arch, **options)
     if cls.feedback_kind == "learned":
         # Learned feedback may start degenerate (local-ce's zero classifiers give zero
         # credits, which any step matches): check the rule once its feedback has trained.
@@ -170,6 +171,72 @@ def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "r
         error = relative_error(p.grad, want)
         assert error < TOLERANCE, \
             f"{name}: the step's gradient differs from the surrogate's by {error:.2e} (rel.)"
+
+
+# The settings local_update_follows_its_options checks the step under: a penalty λ and the
+# other normalisation than the rule's default.
+OPTIONS_PENALTY = 0.01
+
+
+def local_update_follows_its_options(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    defaults = bind(cls, "method")
+    options: dict[str, Any] = {"penalty": OPTIONS_PENALTY,
+                               "normalise_credit": not defaults.normalise_credit}
+    ignored = cls.ignored_options(bind(cls, "method", **options))
+    options = {key: value for key, value in options.items() if key not in ignored}
+    try:
+        local_update_is_the_surrogate_gradient(cls, arch, **options)
+    except AssertionError as err:
+        shown = ", ".join(f"method.{key}={value}" for key, value in options.items())
+        raise AssertionError(
+            f"with {shown}: {err} — the step must follow the options its run records "
+            "(the residual-branch penalty λ·mean_b‖f_l‖² on every trained block, the credit "
+            "normalised or not as normalise_credit says)") from None
+
+
+def credits_are_per_sample(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
+    for seed in (1, 2):  # trained first: learned feedback may start at zero credits
+        assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
+    rule.model.eval()  # as every diagnostic calls credits()
+    x, y = tiny_batch(seed=3, arch=arch)
+    credits = rule.credits(x, y)
+    # The first sample replaced by another input with another label: the others' credits
+    # (each an estimate of its own sample's gradient) must not move.
+    other_x, other_y = x.clone(), y.clone()
+    other_x[0] = tiny_batch(seed=4, arch=arch)[0][0]
+    other_y[0] = (y[0] + 1) % CLASSES
+    for layer, (a, b) in enumerate(zip(credits, rule.credits(other_x, other_y))):
+        error = relative_error(b[1:], a[1:])
+        assert error < TOLERANCE, (
+            f"replacing the batch's first sample changes the other samples' credit {layer} "
+            f"(by {error:.2e} rel.): a sample's credit mixes in another sample's input or "
+            "label, so the audit would compare it with a gradient it is not an estimate of "
+            "(index every per-sample signal by the sample it belongs to)")
+
+
+def credits_are_seeded(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    def trained(draw: int) -> list[Tensor]:
+        rule = make_rule(cls, arch=arch, draw=draw)
+        x, y = tiny_batch(arch=arch)
+        optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=REAL_STEP_LR)
+        assert rule.train_step(x, y, optimizer).finite, \
+            "a training step on a tiny float64 net was not finite"
+        return rule.credits(x, y)
+
+    first, again = trained(7), trained(7)
+    for layer, (a, b) in enumerate(zip(first, again)):
+        assert torch.equal(a, b), (
+            f"two rules made with one seed and stepped alike give other credits at state "
+            f"{layer}: the rule draws from something other than the generator it is given "
+            "(the same seed must give the same record)")
+    if cls.draws_feedback():
+        other = trained(8)
+        assert any(not torch.equal(a, b) for a, b in zip(first, other)), (
+            "the rule declares method.feedback_seed, but another seed gives the same credits "
+            "after a step: it does not draw its feedback from the generator it is given, so "
+            "runs of different feedback seeds would repeat one draw")
 
 
 def frozen_blocks_stay_untouched(cls: type[CreditRule], arch: str = "resmlp") -> None:

@@ -71,7 +71,9 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   baseline rely on it);
 - ``state_dict_round_trips_and_resumes``: the rule's state loads with
   ``torch.load(weights_only=True)`` (tensors and plain containers only) and a rule restored
-  from it continues bit-identically, parameters and buffers — resumed runs must equal
+  from it — made with another model seed and another generator seed, so feedback left out
+  of the state is not drawn again alike — continues bit-identically, parameters and
+  buffers — resumed runs must equal
   uninterrupted ones; ``end_epoch`` leaves the model's parameters and buffers as they were
   (the optimizer alone writes the weights), checked on a copy taken before it;
 - ``moves_to_a_device``: ``rule.to(device)`` moves the model and everything the rule owns;
@@ -91,7 +93,19 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   copies that differ in weights, batch, feedback draw and λ equals each copy's own
   ``train_step`` — updates, loss, correct count, the rule's state — since ``sweep --stack``
   and CUDA-graph capture run the declared step in place of the rule's own
-  (:mod:`creditaudit.testing.rule_stacking`).
+  (:mod:`creditaudit.testing.rule_stacking`);
+- ``local_update_follows_its_options`` (rules with ``local = True``, on the networks that
+  are not adapted): the surrogate check again, with ``method.penalty`` 0.01 (the surrogate
+  then adds λ·mean_b ‖f_l‖² for every trained block) and the other ``normalise_credit``
+  than the rule's default (an option the rule names in ``ignored_options`` is left as it
+  is) — a step that ignores an option the run records would train with other settings;
+- ``credits_are_per_sample``: after two training steps, replacing the first sample of a
+  batch (input and label) leaves every other sample's credit as it was (to 1e-10) — a
+  credit that mixes in another sample's error (an indexing slip) would be compared with a
+  gradient it does not estimate;
+- ``credits_are_seeded``: two rules made with one seed and given one step give identical
+  credits (the rule draws only from the generator it is given), and, for a rule that
+  declares ``method.feedback_seed``, another seed gives other credits.
 """
 
 from __future__ import annotations
@@ -122,8 +136,11 @@ from creditaudit.testing.rule_properties import (
     blocks_train_on_the_reported_credit,
     credited_parts_are_trained,
     credits_are_detached_and_shaped_like_the_states,
+    credits_are_per_sample,
+    credits_are_seeded,
     credits_have_no_side_effects,
     frozen_blocks_stay_untouched,
+    local_update_follows_its_options,
     local_update_is_the_surrogate_gradient,
 )
 from creditaudit.testing.rule_stacking import stacked_step_is_the_rule_step, stacks_on
@@ -139,7 +156,8 @@ CHECKS: tuple[Callable[..., None], ...] = (
     credited_parts_are_trained, step_reports_its_batch, step_is_one_optimizer_step,
     frozen_blocks_stay_untouched, state_dict_round_trips_and_resumes, moves_to_a_device,
     bf16_step_is_finite, fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
-    stacked_step_is_the_rule_step)
+    stacked_step_is_the_rule_step, local_update_follows_its_options, credits_are_per_sample,
+    credits_are_seeded)
 
 
 def _has_split_block(arch: str) -> bool:
@@ -157,6 +175,8 @@ def _runs_on(cls: type[CreditRule], arch: str) -> bool:
 
 CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] = {
     local_update_is_the_surrogate_gradient: lambda cls, arch: cls.local,
+    local_update_follows_its_options:
+        lambda cls, arch: cls.local and not tiny_arch(arch).adapted,
     blocks_train_on_the_reported_credit:
         lambda cls, arch: not cls.local and _has_split_block(arch),
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",

@@ -120,3 +120,32 @@ def cli(site: Path | None, *args: str, cwd: Path) -> subprocess.CompletedProcess
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
     return subprocess.run([sys.executable, "-m", "creditaudit", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
+
+
+def exiting_net_source(exit_call: str, *, once: bool) -> str:
+    """The source of a module factory ``Net(exit_at=0)``: an MLP (8 → 16 → 16 → 10) whose
+    forward runs ``exit_call`` (``"os._exit(0)"``, ``"sys.exit(3)"``) at its ``exit_at``-th
+    training batch of the process (``once``: then only; else from then on)."""
+    module = exit_call.split(".")[0]
+    when = ("self.calls == self.exit_at" if once
+            else "self.exit_at and self.calls >= self.exit_at")
+    return f'''
+import {module}
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, exit_at=0):
+        super().__init__()
+        self.exit_at, self.calls = exit_at, 0
+        self.l1, self.l2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if {when}:
+                {exit_call}
+        return self.head(torch.relu(self.l2(torch.relu(self.l1(x)))))
+'''

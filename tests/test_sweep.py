@@ -34,6 +34,7 @@ from creditaudit.sweep import (
     run_sweep,
     try_claim,
 )
+from plugin_support import exiting_net_source
 from sweep_files import TINY_SWEEP_BASE, interrupt_sweep, write_tiny_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -739,28 +740,8 @@ def test_a_run_whose_worker_died_does_not_count_as_a_run_of_no_seconds_in_the_et
 
 
 
-EXITING_NET = '''
-import sys
-
-import torch
-from torch import nn
-
-
-class Net(nn.Module):
-    """An MLP whose forward calls sys.exit(3) from its ``exit_at``-th training batch on."""
-
-    def __init__(self, exit_at=0):
-        super().__init__()
-        self.exit_at, self.calls = exit_at, 0
-        self.l1, self.l2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 10)
-
-    def forward(self, x):
-        if self.training:
-            self.calls += 1
-            if self.exit_at and self.calls >= self.exit_at:
-                sys.exit(3)
-        return self.head(torch.relu(self.l2(torch.relu(self.l1(x)))))
-'''
+# An MLP whose forward calls sys.exit(3) from its exit_at-th training batch on.
+EXITING_NET = exiting_net_source('sys.exit(3)', once=False)
 
 
 def test_a_factory_calling_sys_exit_in_training_fails_its_run_not_the_sweep(

@@ -18,33 +18,14 @@ from creditaudit.records import CHECKPOINT_FILE, load_record
 from creditaudit.run.plan import run_id
 from creditaudit.sweep import LocalExecutor, prepare_configs, run_sweep
 from creditaudit.sweep.worker import append_event
+from plugin_support import exiting_net_source
 from sweep_files import TINY_SWEEP_BASE
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
-EXITING_NET = '''
-import os
-
-import torch
-from torch import nn
-
-
-class Net(nn.Module):
-    """An MLP whose forward ends its process (os._exit) at its ``exit_at``-th training
-    batch of the process: every attempt dies, each after one more epoch."""
-
-    def __init__(self, exit_at=0):
-        super().__init__()
-        self.exit_at, self.calls = exit_at, 0
-        self.l1, self.l2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 10)
-
-    def forward(self, x):
-        if self.training:
-            self.calls += 1
-            if self.calls == self.exit_at:
-                os._exit(0)
-        return self.head(torch.relu(self.l2(torch.relu(self.l1(x)))))
-'''
+# An MLP whose forward ends its process (os._exit) at its exit_at-th training batch of
+# the process: every attempt dies, each after one more epoch.
+EXITING_NET = exiting_net_source('os._exit(0)', once=True)
 
 
 def _config(out: Path, **overrides: object) -> RunConfig:

@@ -112,6 +112,31 @@ def test_a_recorder_refuses_an_evaluation_set_size_it_did_not_measure(tmp_path):
         Recorder(bound(x), x, y, out=tmp_path, config={"diagnostics.eval_samples": 1280})
 
 
+@pytest.mark.parametrize(("config", "fix"), [
+    ({"run.device": "cuda"}, "environment.device"),
+    ({"run": {"threads": 7}}, "environment.torch_threads"),
+    ({"run.device_data": "on"}, "your loop decides it"),
+    ({"run.cuda_graphs": "off"}, "your loop decides it"),
+    ({"run.out_dir": "elsewhere"}, "out="),
+    ({"run.tensorboard": "tb"}, "your loop decides it"),
+])
+def test_a_recorder_refuses_run_options_it_does_not_apply(tmp_path, config, fix):
+    """Where and how the loop ran is the loop's: the Recorder recorded run.device='cuda'
+    beside a CPU model, run.threads=7 for a loop on 1 thread, an out_dir it did not write
+    to, in one line each instead of claiming them."""
+    x, y = random_set()
+    key = next(iter(config)) if "." in next(iter(config)) else "run.threads"
+    with pytest.raises(ConfigError, match=f"config sets {key}, which a Recorder does not "
+                       "apply") as err:
+        Recorder(bound(x), x, y, out=tmp_path, config={**OFF, **config})
+    assert fix in str(err.value) and "\n" not in str(err.value)
+    assert not any(tmp_path.iterdir())  # nothing written
+    # what it applies is kept: the seed, the precision, the end-of-run memory
+    rec = Recorder(bound(x), x, y, out=tmp_path, name="kept", progress=False, config={
+        **OFF, "run.seed": 3, "diagnostics.end_of_run_memory_gb": 0.5})
+    assert rec.config.run.seed == 3 and rec.config.diagnostics.end_of_run_memory_gb == 0.5
+
+
 def test_a_named_dataset_must_be_the_data_evaluated_on(mnist, tmp_path):
     folder, data = mnist
     named = {"name": "mnist", "data_dir": str(folder)}

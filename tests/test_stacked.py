@@ -472,6 +472,18 @@ def test_cuda_graphs_resolve_to_off_on_the_cpu_and_say_so(tmp_path):
     assert off.cuda_graphs.text == "off (run.cuda_graphs = off)"
 
 
+def test_the_records_doc_describes_the_execution_block_as_written(tmp_path):
+    """docs/records.md said `device_data` and `cuda_graphs` both hold "on, or off and why",
+    but `device_data` is written as true or false."""
+    result = train(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
+                                          "optim.epochs": 1}))
+    execution = load_record(result.run_dir).environment["execution"]
+    assert execution["device_data"] is False and execution["cuda_graphs"].startswith("off (")
+    text = (Path(__file__).parents[1] / "docs" / "records.md").read_text()
+    assert "`device_data`: true or false" in text
+    assert "`cuda_graphs`: on, or off and why" in text
+
+
 # --- sweeps with --stack -----------------------------------------------------------------------
 SWEEP = """
 [base.data]

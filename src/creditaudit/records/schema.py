@@ -76,9 +76,11 @@ class RunRecord(RecordAccessors):
         "network of installed classes only) — "
         "null with `code_digest_reason` when its class has no source file), device, threads, "
         "`execution` "
-        "(`device_data`, `cuda_graphs`: on, or off and why; `stacked_runs`: how many runs "
-        "trained in its stack) — of the part that started the run: a resumed run lists its "
-        "other parts' in `resumed`", factory=dict)
+        "(`device_data`: true or false, whether the train and test sets were kept on the "
+        "run's device with each epoch's draws made up front (`run.device_data`; on the CPU "
+        "only when set to on); `cuda_graphs`: on, or off and why; `stacked_runs`: how many "
+        "runs trained in its stack) — of the part that started the run: a resumed run lists "
+        "its other parts' in `resumed`", factory=dict)
     resumed: list[ResumedPart] = doc(
         "one entry per time the run was resumed, in order: the epoch that part went on from, "
         "its own environment and its `place` options that differ from `config`. Written only "

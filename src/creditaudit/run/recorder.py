@@ -119,7 +119,9 @@ class Recorder:
     fingerprint of ``eval_x`` and ``eval_y`` — the evaluation arrays only, not your
     training data. ``config``: the rest of the recipe as dotted keys or nested sections of
     ``optim``, ``diagnostics`` and ``run`` (``{"optim.lr": 1e-3, "optim.batch_size": 64,
-    "run.seed": 0, "diagnostics.frozen_acc": 0.41}``); data, optimiser and run keys left out
+    "run.seed": 0, "diagnostics.frozen_acc": 0.41}``; the run keys of role ``place`` —
+    ``run.device``, ``run.threads``, ``run.out_dir``, … — are refused: the loop decides them,
+    the record's environment says what ran); data, optimiser and run keys left out
     are listed in ``record.not_recorded`` (reports print "not recorded"), ``optim.epochs``
     follows the last recorded epoch unless given (an epoch past it is then refused),
     ``diagnostics.eval_samples`` is N.

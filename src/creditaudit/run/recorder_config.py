@@ -26,9 +26,11 @@ from creditaudit.config import (
     SECTION_TYPES,
     DataConfig,
     RunConfig,
+    RunSettings,
     coerce,
     config_from_dict,
     merge_overrides,
+    role,
     split_key,
 )
 from creditaudit.config.composed import rebuild_section
@@ -54,6 +56,17 @@ OWN_SECTIONS = ("method", "model", "data")  # said by the rule, the model and da
 # Recorder itself measures — the diagnostics), and keys it knows without being told.
 TOLD_SECTIONS = ("data", "optim", "run")
 KNOWN_UNTOLD = {("data", "name"), ("optim", "epochs")}
+# The run keys of role "place" a Recorder never applies — the loop runs where and how it
+# runs, and the record's environment says what ran (device, torch_threads) — with what to
+# do instead; recorded, they would claim what did not happen (run.device='cuda' beside a
+# CPU model). Any other place key of the run section: the loop's own business.
+NOT_APPLIED = {
+    "out_dir": "give the folder as Recorder(…, out=…)",
+    "progress": "give Recorder(…, progress=…)",
+    "device": "the record's environment.device says where the model is",
+    "threads": "the record's environment.torch_threads says torch's thread count as the "
+               "Recorder was created; set it with torch.set_num_threads",
+}
 # The keys every dataset reads, which data of the caller's own may give too.
 COMMON_DATA = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != "name")
 
@@ -74,6 +87,10 @@ def recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
                    "model": "the model describes itself (adapt(net, states=[…]))",
                    "data": f"give it in data=, e.g. data={{'name': …, '{key}': …}}"}[section]
             raise ConfigError(f"config sets {section}.{key}: {fix}")
+        if section == "run" and role(RunSettings, key) == "place":
+            fix = NOT_APPLIED.get(key, "your loop decides it")
+            raise ConfigError(f"config sets run.{key}, which a Recorder does not apply to "
+                              f"your loop; leave it out: {fix}")
     try:
         return _recorder_config(rule, data, overrides, given, n_eval)
     except CreditAuditError as err:

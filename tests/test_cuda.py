@@ -320,3 +320,61 @@ def test_a_captured_run_that_diverges_stops_where_the_eager_one_does(tmp_path: P
     captured = train(RunConfig().replace(**{**options, "run.out_dir": str(tmp_path / "c")}))
     assert eager.status == captured.status == "diverged"
     assert captured.record.divergence == eager.record.divergence
+
+
+DROPOUT_NET = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 10)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.relu(self.l2(torch.relu(self.l1(x))))))
+'''
+
+
+@needs_cuda
+def test_a_cuda_run_with_dropout_resumed_is_the_uninterrupted_run(tmp_path: Path, kill_run_at,
+                                                                   monkeypatch) -> None:
+    """The device's random stream (dropout's masks) is saved with the checkpoint: a resume
+    reseeded it, so the resumed epochs drew the first epochs' masks again."""
+    (tmp_path / "dropout_net.py").write_text(DROPOUT_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = {k: v for k, v in TINY.items() if not k.startswith("model.")}
+    configs = [RunConfig().replace(**{
+        **base, "optim.epochs": 3, "run.out_dir": str(tmp_path / out),
+        "run.device": "cuda", "model.arch": "module", "model.factory": "dropout_net:Net",
+        "model.states": ["l1", "l2"], "method.name": "dfa"}) for out in ("whole", "killed")]
+    whole = Trainer(configs[0]).run()
+    kill_run_at(configs[1])
+    resumed = Trainer(configs[1]).run(resume=True)
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
+
+
+def test_the_device_stream_is_saved_and_restored_for_a_model_on_cuda(monkeypatch) -> None:
+    """Runs everywhere: the checkpoint's ``cuda`` stream is read from and given back to the
+    model's device, and only for a model on one (the CUDA calls stand in on a CPU box)."""
+    from creditaudit.run import rng
+
+    calls: list[tuple[str, object]] = []
+    state = torch.arange(4, dtype=torch.uint8)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: calls.append(
+        ("get", device)) or state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device: calls.append(
+        ("set", device)))
+    model, generator = torch.nn.Linear(2, 2), torch.Generator().manual_seed(0)
+    on_cpu = rng.rng_states(model, generator)
+    assert set(on_cpu) == {"torch", "data"} and not calls  # a CPU run's checkpoint as before
+    monkeypatch.setattr(rng, "cuda_device", lambda m: torch.device("cuda", 1))
+    saved = rng.rng_states(model, generator)
+    assert saved["cuda"] is state and calls == [("get", torch.device("cuda", 1))]
+    rng.restore_rng_states(saved, model, generator)
+    assert calls[-1] == ("set", torch.device("cuda", 1))
+    rng.restore_rng_states(on_cpu, model, generator)  # a checkpoint without one: left seeded
+    assert len(calls) == 2

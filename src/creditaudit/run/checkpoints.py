@@ -39,6 +39,7 @@ from creditaudit.run.resume import (
     resume_threads,
     saved_record,
 )
+from creditaudit.run.rng import rng_states
 
 
 @dataclass
@@ -65,7 +66,7 @@ class TrainingState:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rule": self.rule.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "data": self.generator.get_state()},
+            "rng": rng_states(self.model, self.generator),
             "record": record.to_dict(),
         })
 

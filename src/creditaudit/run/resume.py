@@ -42,6 +42,7 @@ from creditaudit.records import (
     load_record,
     structure_mismatch,
 )
+from creditaudit.run.rng import restore_rng_states
 
 log = logging.getLogger(__name__)
 FORCE_HINT = "it belongs to another run: start this one again with --force"
@@ -421,8 +422,7 @@ def load_into(state: dict[str, Any], path: Path, config: RunConfig, *, saved: Ru
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         if generator is not None:
-            generator.set_state(state["rng"]["data"].cpu())
-            torch.set_rng_state(state["rng"]["torch"].cpu())
+            restore_rng_states(state["rng"], model, generator)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0][:160]
         raise RunRecordError(f"checkpoint {path} cannot be loaded into this run "

@@ -84,8 +84,8 @@ def frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     if recomputed:
         notes.append(f"{RECOMPUTED_MARK} {d} re-evaluated against the mean final accuracy of "
                      "the frozen-blocks runs of the same recipe (same data, network and its "
-                     f"code, optimiser and precision; the default, `--no-frozen-from-runs` turns it "
-                     f"off), not the record's own {d}; the verdict follows. "
+                     "code, optimiser and precision; the default, `--no-frozen-from-runs` "
+                     f"turns it off), not the record's own {d}; the verdict follows. "
                      f"{len(recomputed)} run(s).")
     elif not index.frozen_from_runs:
         could = [run for run in index.runs if not is_frozen_baseline(run)

@@ -184,7 +184,7 @@ def test_a_checkpoint_of_another_seed_is_named_as_another_runs(tmp_path, capsys,
 def record_write_fails_after(monkeypatch, epoch: int) -> None:
     """The record write after ``epoch`` fails with a full disk (the checkpoint of that
     epoch is already written): the state §1 of docs/reliability.md calls resumable."""
-    import creditaudit.run.trainer as trainer
+    import creditaudit.run.record_keeping as trainer  # where the trainer writes its record
 
     real = trainer.save_record
 

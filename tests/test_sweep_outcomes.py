@@ -47,7 +47,7 @@ def test_a_record_left_running_by_a_failed_run_is_reported_failed(tmp_path: Path
                                                                    monkeypatch):
     """The run failed, but neither its trainer nor the worker could rewrite its record (a
     full disk): sweep_summary.json and the table said 'running', though nothing runs it."""
-    import creditaudit.run.trainer as trainer
+    import creditaudit.run.record_keeping as trainer  # where the trainer writes its record
     import creditaudit.sweep.worker as worker
     from creditaudit.run.trainer import Trainer
 

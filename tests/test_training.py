@@ -228,15 +228,17 @@ def test_a_run_diverged_on_its_evaluation_and_killed_in_its_end_resumes_to_its_r
                "diagnostics.null_draws": 2}
     straight = train(tiny(tmp_path / "a", **options))
     assert straight.status == "diverged" and straight.record.final is not None
-    metrics = trainer_module.end_of_run_metrics
+    from creditaudit.run import record_keeping  # where the trainer finishes its record
+
+    metrics = record_keeping.end_of_run_metrics
 
     def killed(*args, **kwargs):  # noqa: ANN002, ANN003 - end_of_run_metrics's arguments
         raise Killed
 
-    monkeypatch.setattr(trainer_module, "end_of_run_metrics", killed)
+    monkeypatch.setattr(record_keeping, "end_of_run_metrics", killed)
     with pytest.raises(Killed):
         train(tiny(tmp_path / "b", **options))
-    monkeypatch.setattr(trainer_module, "end_of_run_metrics", metrics)
+    monkeypatch.setattr(record_keeping, "end_of_run_metrics", metrics)
     run_dir = tmp_path / "b" / straight.run_dir.name
     assert not load_record(run_dir).is_finished
     resumed = train(tiny(tmp_path / "b", **options), resume=True)

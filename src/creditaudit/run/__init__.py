@@ -4,8 +4,10 @@ train it, checkpoint and resume it, and record it.
 - :mod:`~creditaudit.run.plan`: the run plan, built once (:func:`~creditaudit.run.plan.plan_run`)
   and checked at the door (:mod:`~creditaudit.run.door`: a guest's conformance checks);
 - :mod:`~creditaudit.run.setup`, :mod:`~creditaudit.run.trainer` (``train``),
-  :mod:`~creditaudit.run.evaluation`, :mod:`~creditaudit.run.resume`: building and training;
-- :mod:`~creditaudit.run.folder`, :mod:`~creditaudit.run.results`: the run's folder and result;
+  :mod:`~creditaudit.run.evaluation`, :mod:`~creditaudit.run.resume`,
+  :mod:`~creditaudit.run.record_keeping`: building, training and resuming;
+- :mod:`~creditaudit.run.folder`, :mod:`~creditaudit.run.unresumable`,
+  :mod:`~creditaudit.run.results`: the run's folder and result;
 - :mod:`~creditaudit.run.recorder`, :mod:`~creditaudit.run.recorder_config`: the record a
   run writes, from the command line or from the user's own loop;
 - :mod:`~creditaudit.run.stacked`: several runs of one recipe trained as one stack;

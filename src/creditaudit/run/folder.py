@@ -34,12 +34,10 @@ from creditaudit.run.resume import (
     check_same_question,
     check_same_record,
     check_same_run,
-    no_run_to_resume,
-    restartable,
     resume_threads,
-    started_without_record,
 )
 from creditaudit.run.setup import rebuild_run
+from creditaudit.run.unresumable import no_run_to_resume, restartable, started_without_record
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ What a record holds beyond training — the protocol of an epoch, the final resu
 end-of-run metrics — comes from :mod:`creditaudit.run.results`, which
 :class:`creditaudit.run.recorder.Recorder` shares for runs trained in a user's own loop; what a
 run's folder says before training (finished, resume, start over) from
-:mod:`creditaudit.run.folder`.
+:mod:`creditaudit.run.folder`; how the record ends (finished, interrupted, failed) from
+:mod:`creditaudit.run.record_keeping`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -24,9 +24,8 @@ import torch
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.errors import DiskFullError, OutputError, note_unrecorded
+from creditaudit.errors import DiskFullError
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder, remove_leftovers
-from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import CreditRule
@@ -43,20 +42,17 @@ from creditaudit.records import (
     EpochEntry,
     ResumedPart,
     new_record,
-    save_record,
 )
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, prepare_run
-from creditaudit.run.init_file import read_initial, write_initial
+from creditaudit.run.init_file import write_initial
 from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.record_keeping import RecordKeeping
 from creditaudit.run.results import (
-    end_of_run_metrics,
-    final_results,
     finite_entry,
     note_credit_not_finite,
-    note_end_of_run_credits,
     protocol_due,
     record_protocol,
     reference_at_start,
@@ -77,7 +73,7 @@ TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverif
              "to train it with every cosine, Γ and (b) marked unverified")
 
 
-class Trainer:
+class Trainer(RecordKeeping):
     """Owns one run: its model, rule, optimiser, schedule, data streams and record.
 
     Constructing it checks the reference gradient on the model as built
@@ -354,67 +350,10 @@ class Trainer:
             self.record.status = "completed"
         return stop
 
-    def interrupted_note(self) -> str:
-        """What an interrupt leaves, in one line: the epoch to resume from, or nothing."""
-        if self.resuming and not self.record.log:  # stopped while its checkpoint was read
-            return (f"run {self.run_id} stopped while resuming, before it trained: continue "
-                    "with --resume")
-        if self.checkpointed:
-            return (f"run {self.run_id} stopped after epoch {self.checkpointed}, which is "
-                    "checkpointed: continue with --resume")
-        return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
-                "is saved): run the same command again to start it")
-
-    def record_stop(self, status: str, err: Exception | None = None, *,
-                 disk_full: bool = False) -> None:
-        """The run stopped on an interrupt or an error: record why and tell the loggers.
-        On a full disk the write may fail again; the record then keeps its last state,
-        which resumes too. When the failed record of ``err`` cannot be written, ``err``
-        stays the run's error, noted with why (:func:`note_unrecorded`): the caller raises
-        it, so the cause is not replaced by the write's OutputError. Stopped before this
-        part had a record to write (the epoch-0 evaluation of a new run, the reading of a
-        resumed one's checkpoint), it writes nothing: the folder keeps what it held."""
-        if not self.record.log:
-            return
-        self.record.status = status
-        if disk_full:
-            with contextlib.suppress(OutputError):
-                self._write()
-            self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
-            return
-        if err is not None:  # a guest's exception (a factory's forward) names the guest
-            self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
-        try:
-            self._write()
-        except OutputError as write_error:
-            if err is None:
-                raise
-            note_unrecorded(err, write_error)
-        self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
-
-    def finish(self) -> None:
-        """Final results and end-of-run metrics for completed or diverged runs."""
-        self.record.final = final_results(self.record.log)
-        if self.config.diagnostics.end_of_run:
-            # checked again here: replaced while the run trained, another run's file would
-            # give a wrong drift without a word
-            initial = read_initial(self.run_dir, self.model, self.init_digest,
-                                   doing="cannot compute the end-of-run drift",
-                                   map_location=self.device)
-            self.record.diagnostics.update(end_of_run_metrics(
-                self.rule, self.eval_x, self.eval_y, initial=initial,
-                settings=self.config.diagnostics, seed=self.config.run.seed,
-                progress=self.loggers.log_stage))
-            note_end_of_run_credits(self.record, self.rule)
-        self._write()
-
     def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:
         entry.lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor when captured
         entry.seconds = seconds
         return entry
-
-    def _write(self) -> None:
-        save_record(self.run_dir, self.record)
 
 
 def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,

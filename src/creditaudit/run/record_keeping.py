@@ -1,0 +1,106 @@
+"""How a trainer's run ends, in its record: finished (final results, end-of-run metrics), or
+stopped by an interrupt, a full disk or an error (what the record keeps, and the one line
+the command line adds to say what to do next).
+
+:class:`RecordKeeping` is the part of :class:`creditaudit.run.trainer.Trainer` that writes
+the record; the trainer (and the stacked runs of :mod:`creditaudit.run.stacked`, which
+finish and stop each of their trainers) call it. The epochs are the trainer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from creditaudit.errors import OutputError, note_unrecorded
+from creditaudit.guests.blame import guest_failure
+from creditaudit.records import save_record
+from creditaudit.run.init_file import read_initial
+from creditaudit.run.results import end_of_run_metrics, final_results, note_end_of_run_credits
+
+if TYPE_CHECKING:
+    from creditaudit.config import RunConfig
+    from creditaudit.loggers import LoggerGroup
+    from creditaudit.methods import CreditRule
+    from creditaudit.models import ResidualNet
+    from creditaudit.records import RunRecord
+
+
+class RecordKeeping:
+    """Writes, finishes and stops a run's record; mixed into the trainer, which sets what
+    it reads (below)."""
+
+    config: RunConfig
+    record: RunRecord
+    run_id: str
+    run_dir: Path
+    model: ResidualNet
+    rule: CreditRule
+    device: torch.device
+    eval_x: torch.Tensor  # the evaluation subset's inputs, (n_eval, …)
+    eval_y: torch.Tensor  # its labels, (n_eval,)
+    loggers: LoggerGroup
+    resuming: bool  # this part resumes the run
+    checkpointed: int | None  # the last epoch saved in checkpoint.pt
+    init_digest: str | None  # init.pt's digest, kept in every checkpoint
+
+    def interrupted_note(self) -> str:
+        """What an interrupt leaves, in one line: the epoch to resume from, or nothing."""
+        if self.resuming and not self.record.log:  # stopped while its checkpoint was read
+            return (f"run {self.run_id} stopped while resuming, before it trained: continue "
+                    "with --resume")
+        if self.checkpointed:
+            return (f"run {self.run_id} stopped after epoch {self.checkpointed}, which is "
+                    "checkpointed: continue with --resume")
+        return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
+                "is saved): run the same command again to start it")
+
+    def record_stop(self, status: str, err: Exception | None = None, *,
+                 disk_full: bool = False) -> None:
+        """The run stopped on an interrupt or an error: record why and tell the loggers.
+        On a full disk the write may fail again; the record then keeps its last state,
+        which resumes too. When the failed record of ``err`` cannot be written, ``err``
+        stays the run's error, noted with why (:func:`note_unrecorded`): the caller raises
+        it, so the cause is not replaced by the write's OutputError. Stopped before this
+        part had a record to write (the epoch-0 evaluation of a new run, the reading of a
+        resumed one's checkpoint), it writes nothing: the folder keeps what it held."""
+        if not self.record.log:
+            return
+        self.record.status = status
+        if disk_full:
+            with contextlib.suppress(OutputError):
+                self._write()
+            self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
+            return
+        if err is not None:  # a guest's exception (a factory's forward) names the guest
+            self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
+        try:
+            self._write()
+        except OutputError as write_error:
+            if err is None:
+                raise
+            note_unrecorded(err, write_error)
+        self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
+
+    def finish(self) -> None:
+        """Final results and end-of-run metrics for completed or diverged runs."""
+        self.record.final = final_results(self.record.log)
+        if self.config.diagnostics.end_of_run:
+            # checked again here: replaced while the run trained, another run's file would
+            # give a wrong drift without a word
+            initial = read_initial(self.run_dir, self.model, self.init_digest,
+                                   doing="cannot compute the end-of-run drift",
+                                   map_location=self.device)
+            self.record.diagnostics.update(end_of_run_metrics(
+                self.rule, self.eval_x, self.eval_y, initial=initial,
+                settings=self.config.diagnostics, seed=self.config.run.seed,
+                progress=self.loggers.log_stage))
+            note_end_of_run_credits(self.record, self.rule)
+        self._write()
+
+    def _write(self) -> None:
+        """Write the record to the run's folder (atomically)."""
+        save_record(self.run_dir, self.record)

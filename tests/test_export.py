@@ -441,3 +441,27 @@ def test_epochs_without_diagnostics_are_named_in_the_manifest(tmp_path, single_t
     assert entries["dfa_residual_penalty"]["unmeasured"]["log"].startswith(note)
     assert "unmeasured" not in entries["synthetic"]  # its log lists hold no measures
     assert f"dfa_log: {note}" in result.format()
+
+
+def test_a_legacy_diverged_record_is_not_said_to_end_on_a_finite_epoch(copies, tmp_path):
+    """A diverged run's record written before final.from_epoch (schema 1–3) holds the
+    numbers of the epoch that overflowed: the note says so, not that epoch 2 was finite."""
+    from creditaudit.files import strict_json
+    from creditaudit.records.copies import final_from_entry
+
+    folder, runs = copies
+    record = load_record(folder / runs["diverged"].run_id)
+    assert record.final.from_epoch == 1
+    legacy = record.to_dict()
+    legacy["schema"] = "creditaudit.run/3"
+    legacy["final"] = final_from_entry(record.log[-1], 2).to_dict()
+    run_dir = tmp_path / "runs" / record.run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / RECORD_FILE).write_text(strict_json.dumps(legacy))
+    assert load_record(run_dir).numbers_epoch == 2
+    result = export(tmp_path / "runs", tmp_path / "out")
+    note = (f"{record.run_id} diverged in epoch 2; its numbers are of epoch 2, whose "
+            "evaluation was not finite")
+    entries = [e for e in manifest(tmp_path / "out")["written"] if e["runs"]]
+    assert entries and all(v.startswith(note) for e in entries for v in e["diverged"].values())
+    assert "its last finite epoch is 2" not in result.format()

@@ -52,6 +52,15 @@ class RecordAccessors:
             return None
         return final.epochs_completed if final.from_epoch is None else final.from_epoch
 
+    @property
+    def numbers_finite(self) -> bool:
+        """Whether the evaluation of :attr:`numbers_epoch` was finite (False where there is
+        none; a test loss not recorded says nothing against it): a diverged run's record
+        written before ``final.from_epoch`` existed may hold the numbers of the epoch that
+        overflowed."""
+        entry = self.headline_entry()
+        return entry is not None and (entry.test_loss is None or math.isfinite(entry.test_loss))
+
     def headline_entries(self) -> list[EpochEntry]:
         """The log up to :attr:`numbers_epoch`: what is shown beside the headline numbers
         (a diverged run's overflowed epoch is not)."""

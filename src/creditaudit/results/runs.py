@@ -252,9 +252,7 @@ def diverged_epoch_text(record: RunRecord, *, mark: str = "",
     epoch = record.numbers_epoch
     if epoch is None:
         return f"{text}: {NO_FINITE_EPOCH}, {nothing}"
-    entry = record.entry(epoch)
-    finite = entry is not None and entry.test_loss is not None \
-        and math.isfinite(entry.test_loss)
+    finite = record.numbers_finite
     numbers = f"{mark} numbers of epoch {epoch}" if mark else f"numbers of epoch {epoch}"
     # Records written before final.from_epoch existed may hold the overflowed network's.
     return (f"{text}: {numbers}, the last whose evaluation was finite" if finite else

@@ -23,6 +23,7 @@ from creditaudit.loggers import RunLogger, build_loggers, replay
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.records import (
+    CHECKPOINT_FILE,
     RECORD_FILE,
     RUN_FILES,
     RunRecord,
@@ -36,7 +37,7 @@ from creditaudit.run.resume import (
     check_same_run,
     resume_threads,
 )
-from creditaudit.run.setup import rebuild_run
+from creditaudit.run.setup import missing_checkpoint, rebuild_run
 from creditaudit.run.unresumable import no_run_to_resume, restartable, started_without_record
 
 log = logging.getLogger(__name__)
@@ -133,9 +134,13 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         else:
             hint = (" (it failed: " + (existing.error or "no error recorded") + ")"
                     if existing.is_failed else "")
+            # without a checkpoint --resume could not continue it (a folder copied without
+            # its .pt files): say what was lost, not to resume
+            advice = ("pass --resume to continue it or --force to start over"
+                      if (run_dir / CHECKPOINT_FILE).exists() else
+                      f"no {CHECKPOINT_FILE}: {missing_checkpoint(existing)}")
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
-                                 f"{hint}: pass --resume to continue it or --force to start "
-                                 "over")
+                                 f"{hint}: {advice}")
     elif resume and not record_path.exists():
         if not started_without_record(run_dir):
             raise no_run_to_resume(config, run_dir, identity, plan.code.to_dict())

@@ -190,12 +190,17 @@ class FileWriter:
 
 def diverged_note(record: RunRecord) -> str:
     """``dfa-…: diverged in epoch 2; its last finite epoch is 1`` (the original layout has no
-    status: its scripts read the log as a whole run's)."""
+    status: its scripts read the log as a whole run's). A record written before creditaudit
+    kept a diverged run's last finite epoch holds the numbers of the one that overflowed:
+    the note says so rather than call that epoch finite."""
     at = (record.divergence or {}).get("epoch")
-    finite = record.numbers_epoch
+    epoch = record.numbers_epoch
     return (f"{record.run_id} diverged" + (f" in epoch {at}" if at is not None else "")
-            + ("; no epoch's evaluation was finite" if finite is None
-               else f"; its last finite epoch is {finite}"))
+            + ("; no epoch's evaluation was finite" if epoch is None
+               else f"; its last finite epoch is {epoch}" if record.numbers_finite
+               else f"; its numbers are of epoch {epoch}, whose evaluation was not finite "
+               "(a record written before creditaudit kept a diverged run's last finite "
+               "epoch)"))
 
 
 def unmeasured_note(record: RunRecord) -> str | None:

@@ -37,7 +37,8 @@ class Outcome(TypedDict):
 NEWER = "newer"
 # The status of a run whose folder holds the record of another run (a folder copied or
 # renamed by hand): its numbers are not this run's, and the record is another run's work —
-# neither counted as this run nor trained over.
+# neither counted as this run nor trained over. So is an interrupted run whose record logs
+# trained epochs but whose checkpoint is gone: starting it over would lose them.
 FOREIGN = "refused"
 
 

@@ -73,8 +73,11 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
     ("newer", reason): a sweep leaves it alone (refused), for the newer version to read. A
     record of another run than the folder's (a folder copied or renamed by hand) reads as
     (:data:`FOREIGN`, reason): neither this run's result nor to be trained over (refused).
+    So does an interrupted (or running) run whose record logs a trained epoch but whose
+    checkpoint is gone (a folder copied without its ``.pt`` files): it can be neither
+    resumed nor started over without losing the epochs its record holds.
     """
-    from creditaudit.records import RECORD_FILE, load_record
+    from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
     from creditaudit.run.resume import other_runs_record
 
     path = run_dir / RECORD_FILE
@@ -91,6 +94,12 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
     foreign = other_runs_record(record, run_dir.name, path)
     if foreign is not None:
         return FOREIGN, f"{foreign}: move it away, then run again"
+    trained = max((entry.epoch for entry in record.log), default=0)
+    if record.status in ("running", "interrupted") and trained > 0 \
+            and not (run_dir / CHECKPOINT_FILE).exists():
+        return FOREIGN, (f"{run_dir / CHECKPOINT_FILE} is missing, but the run's record logs "
+                         f"training up to epoch {trained}: restore the checkpoint to resume "
+                         "the run, or move the folder away to train it again")
     return record.status, record.error
 
 

@@ -51,7 +51,8 @@ def check_binding(cls: type[CreditRule], model: nn.Module) -> None:
     declare ``adapted_models``. A run plan asks this of the model built on the meta device,
     so a sweep refuses such a run before any run trains. Also a residual network without
     blocks: every rule and diagnostic reads states h_0 … h_L with L ≥ 1."""
-    if not isinstance(model, AdaptedModel) and len(getattr(model, "blocks", ())) == 0:
+    if not isinstance(model, AdaptedModel) and hasattr(model, "blocks") \
+            and len(model.blocks) == 0:  # no blocks attribute: the contract check says so
         raise ModelContractError(
             f"{type(model).__name__} has no blocks (n_blocks=0): credit rules and the "
             "diagnostics need states h_0 … h_L with L ≥ 1; build it with at least one block")

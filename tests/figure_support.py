@@ -43,3 +43,17 @@ def smoke_runs(out: Path, runs=RUNS) -> Path:
     finally:
         torch.set_num_threads(previous)
     return out
+
+
+def collapse_g_l_norms(monkeypatch) -> None:
+    """Make every record read ‖g_L‖ = 0 at every epoch (what diagnostic (b) looks for),
+    which a log axis cannot show."""
+    from creditaudit.records import RunRecord
+
+    logged = RunRecord.series
+
+    def collapsed(self, key, index=None):
+        epochs, values = logged(self, key, index)
+        return (epochs, [0.0] * len(values)) if key == "g_L_norm" else (epochs, values)
+
+    monkeypatch.setattr(RunRecord, "series", collapsed)

@@ -25,7 +25,7 @@ from creditaudit.figures import (
 )
 from creditaudit.records import RunRecord, load_record
 from creditaudit.study.figures import hero, lambda_sweep, penalty, summary, temporal
-from figure_support import SEEDS
+from figure_support import SEEDS, collapse_g_l_norms
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +168,7 @@ def test_temporal_rows_and_values(index, records):
 
 def test_temporal_says_when_a_log_panel_cannot_show_its_norms(index, monkeypatch):
     # ‖g_L‖ collapsed to exactly 0 leaves a log panel empty: each row's says so.
-    logged = RunRecord.series
-
-    def collapsed(self, key, index=None):
-        epochs, values = logged(self, key, index)
-        return (epochs, [0.0] * len(values)) if key == "g_L_norm" else (epochs, values)
-
-    monkeypatch.setattr(RunRecord, "series", collapsed)
+    collapse_g_l_norms(monkeypatch)
     fig = temporal.build(index)[temporal.NAME]
     notes = [text.get_text().replace("\n", " ") for ax in fig.axes[1::3] for text in ax.texts]
     assert len(notes) == 3 and all("runs logged ‖g_L‖ ≤ 0 at some epoch, which a log axis "
@@ -474,7 +468,6 @@ def test_run_index_selects_by_config_predicates(index, records):
 
 def test_the_index_holds_records_and_each_keyword_compares_one_fact_of_them(index):
     import creditaudit.results
-    from creditaudit.records import RunRecord
     from creditaudit.results import arch_label, figure_recipe, terminal_ln
     from creditaudit.results.runs import SELECT_KEYS
 
@@ -496,7 +489,6 @@ def test_the_index_holds_records_and_each_keyword_compares_one_fact_of_them(inde
 
 
 def test_audit_panels_put_untrained_runs_and_controls_in_their_own_columns():
-    from creditaudit.records import RunRecord
 
     def category(**settings) -> str:
         config = RunConfig().replace(**{"method.name": "bp", **settings})

@@ -20,6 +20,7 @@ from creditaudit.records import RunRecord
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
 from creditaudit.study.figures import hero, lambda_sweep, penalty, summary
+from figure_support import collapse_g_l_norms
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -160,13 +161,7 @@ def test_runs_whose_seed_is_not_recorded_are_each_drawn():
 def test_per_run_curves_say_when_a_log_panel_cannot_show_a_runs_values(runs, monkeypatch):
     # ‖g_L‖ collapsed to exactly 0 (what diagnostic (b) looks for) leaves no line on a log
     # axis: the panel says so instead of standing empty.
-    logged = RunRecord.series
-
-    def collapsed(self, key, index=None):
-        epochs, values = logged(self, key, index)
-        return (epochs, [0.0] * len(values)) if key == "g_L_norm" else (epochs, values)
-
-    monkeypatch.setattr(RunRecord, "series", collapsed)
+    collapse_g_l_norms(monkeypatch)
     fig = run_curves.build(runs)[run_curves.NAME]
     notes = [text.get_text().replace("\n", " ") for ax in fig.axes for text in ax.texts
              if text.get_gid() == "empty_note"]

@@ -59,7 +59,12 @@ from creditaudit.config.sections import (
     RunSettings,
     opt,
 )
-from creditaudit.config.validation import check_overrides_read, coerce, section_from_dict
+from creditaudit.config.validation import (
+    check_overrides_read,
+    coerce,
+    nested_values,
+    section_from_dict,
+)
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import read_text
 
@@ -141,15 +146,11 @@ def config_to_toml(config: RunConfig) -> str:
 
 def _refuse_inner_none(key: str, value: Any) -> None:
     """ConfigError naming the first None inside ``value`` (a field's table or list)."""
-    inner = (value.items() if isinstance(value, dict)
-             else enumerate(value) if isinstance(value, list | tuple) else ())
-    for name, item in inner:
-        where = f"{key}.{name}" if isinstance(value, dict) else f"{key}[{name}]"
-        if item is None:
+    for where, item in nested_values(key, value):
+        if item is None and where != key:
             raise ConfigError(f"{where} is None, which a TOML config cannot hold (TOML has "
                               "no null): leave it out, or for an argument of model.factory "
                               "list it in model.none_args")
-        _refuse_inner_none(where, item)
 
 
 def load_config(path: str | Path) -> RunConfig:

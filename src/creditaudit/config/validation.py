@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import typing
+from collections.abc import Iterator
 from typing import Any
 
 from creditaudit.config.composed import (
@@ -115,18 +116,26 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     return value
 
 
+def nested_values(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """``(key, value)`` and then every value inside it (a table's or a list's, depth first),
+    each with its dotted path: ``model.args.t``, ``model.args.when[0]``."""
+    yield key, value
+    inner = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list | tuple) else ())
+    for name, item in inner:
+        yield from nested_values(f"{key}.{name}" if isinstance(value, dict)
+                                 else f"{key}[{name}]", item)
+
+
 def _refuse_dates(key: str, value: Any) -> None:
     """ConfigError for a TOML date or time (``1979-05-27``, ``07:32:00``), also inside a
     table or list (``model.args``): no key takes one, and a run record (JSON) cannot hold
     it (it was an internal TypeError when the run id was computed)."""
-    if isinstance(value, datetime.date | datetime.time):
-        text = value.isoformat()
-        raise ConfigError(f"{key}={text} is a TOML date or time, which no config key takes; "
-                          f"quote it to mean the text: \"{text}\"")
-    inner = (value.items() if isinstance(value, dict)
-             else enumerate(value) if isinstance(value, list | tuple) else ())
-    for name, item in inner:
-        _refuse_dates(f"{key}.{name}" if isinstance(value, dict) else f"{key}[{name}]", item)
+    for where, item in nested_values(key, value):
+        if isinstance(item, datetime.date | datetime.time):
+            text = item.isoformat()
+            raise ConfigError(f"{where}={text} is a TOML date or time, which no config key "
+                              f"takes; quote it to mean the text: \"{text}\"")
 
 
 def _quote_hint(key: str, value: Any) -> str:

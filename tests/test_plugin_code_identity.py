@@ -147,3 +147,78 @@ def test_a_copy_shadowing_the_installed_package_is_identified_by_its_own_files(t
         shadowed, shadowed_run = digest_and_run_id(tmp_path / "runs")
         assert shadowed != installed
         assert shadowed_run != installed_run
+
+
+HELPED_PLUGIN = '''
+from dataclasses import dataclass
+
+import torch
+
+from creditaudit.config import opt
+from creditaudit.data import Dataset, GeneratedDataset
+from creditaudit.data.registry import GeneratedOptions
+import helped_scale
+
+
+@dataclass
+class HelpedOptions(GeneratedOptions):
+    dim: int = opt(8, "input dimension", min=1)
+
+
+class Helped(GeneratedDataset[HelpedOptions]):
+    name = "helped-mixture"
+    label = "Helped mixture"
+
+    def input_shape(self):
+        return (self.options.dim,)
+
+    def n_classes(self):
+        return 4
+
+    def provenance(self, seed):
+        o = self.options
+        return {"generator": "helped", "version": 1,
+                "args": {"n_train": o.n_train, "n_test": o.n_test, "dim": o.dim, "seed": seed}}
+
+    def load(self, seed):
+        o, g = self.options, torch.Generator().manual_seed(seed)
+        n = o.n_train + o.n_test
+        y = torch.randint(0, 4, (n,), generator=g)
+        means = helped_scale.SCALE * torch.randn(4, o.dim, generator=g)
+        x = means[y] + torch.randn(n, o.dim, generator=g)
+        return Dataset(self.name, x[:o.n_train], y[:o.n_train], x[o.n_train:],
+                       y[o.n_train:], n_classes=4, provenance=self.provenance(seed))
+'''
+
+
+def test_a_helper_module_beside_a_single_module_plugin_is_part_of_its_code(tmp_path):
+    """A plugin module (``helped:Helped``, installed without a RECORD, as an editable
+    install or a folder on PYTHONPATH is) that imports a helper module beside it: editing
+    the helper is other code — a new digest and run id, not the old run's record."""
+    site = tmp_path / "site"
+    info = site / "helped-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: helped\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[creditaudit.datasets]\n"
+                                           "helped-mixture = helped:Helped\n")
+    (site / "helped.py").write_text(HELPED_PLUGIN)
+    helper = site / "helped_scale.py"
+    helper.write_text("SCALE = 3.0\n")
+    sys.path.insert(0, str(site))
+    reload_plugins()
+    try:
+        guest = DATASETS.guest("helped-mixture")
+        assert guest is not None
+        assert helper.resolve() in guest.files
+        config = tiny_config(tmp_path / "runs", **{"data.name": "helped-mixture"})
+        before = plan_run(config)
+        helper.write_text("SCALE = 5.0\n")
+        after = plan_run(config)
+        assert (after.code.to_dict()["data"]["code_digest"]
+                != before.code.to_dict()["data"]["code_digest"])
+        assert after.run_id != before.run_id
+    finally:
+        sys.path.remove(str(site))
+        for name in ("helped", "helped_scale"):
+            sys.modules.pop(name, None)
+        reload_plugins()

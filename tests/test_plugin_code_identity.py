@@ -20,7 +20,7 @@ from creditaudit.guests import source_digest
 from creditaudit.registry import DATASETS, reload_plugins
 from creditaudit.run.plan import plan_run
 from door_support import cli_args, tiny_config
-from plugin_support import GUESTS, cli
+from plugin_support import GUESTS, cli, one_module_plugin
 
 NAME = "door-mixture"  # a well-behaved dataset plugin of tests/guest_pkg
 MODULE = "door_datasets.py"
@@ -195,18 +195,10 @@ def test_a_helper_module_beside_a_single_module_plugin_is_part_of_its_code(tmp_p
     """A plugin module (``helped:Helped``, installed without a RECORD, as an editable
     install or a folder on PYTHONPATH is) that imports a helper module beside it: editing
     the helper is other code — a new digest and run id, not the old run's record."""
-    site = tmp_path / "site"
-    info = site / "helped-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: helped\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[creditaudit.datasets]\n"
-                                           "helped-mixture = helped:Helped\n")
-    (site / "helped.py").write_text(HELPED_PLUGIN)
-    helper = site / "helped_scale.py"
-    helper.write_text("SCALE = 3.0\n")
-    sys.path.insert(0, str(site))
-    reload_plugins()
-    try:
+    modules = {"helped": HELPED_PLUGIN, "helped_scale": "SCALE = 3.0\n"}
+    with one_module_plugin(tmp_path / "site", "creditaudit.datasets",
+                           "helped-mixture = helped:Helped", modules) as site:
+        helper = site / "helped_scale.py"
         guest = DATASETS.guest("helped-mixture")
         assert guest is not None
         assert helper.resolve() in guest.files
@@ -217,8 +209,3 @@ def test_a_helper_module_beside_a_single_module_plugin_is_part_of_its_code(tmp_p
         assert (after.code.to_dict()["data"]["code_digest"]
                 != before.code.to_dict()["data"]["code_digest"])
         assert after.run_id != before.run_id
-    finally:
-        sys.path.remove(str(site))
-        for name in ("helped", "helped_scale"):
-            sys.modules.pop(name, None)
-        reload_plugins()

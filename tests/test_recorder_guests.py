@@ -4,8 +4,6 @@ id (``environment.components.diagnostics``: origin, code digest, the checks pass
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -13,8 +11,9 @@ from torch import nn
 from creditaudit import Recorder, adapt, rule
 from creditaudit.errors import GuestError
 from creditaudit.records import load_record
-from creditaudit.registry import DIAGNOSTICS, reload_plugins
+from creditaudit.registry import DIAGNOSTICS
 from door_support import ORIGIN, guests
+from plugin_support import one_module_plugin
 
 X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 Y = torch.randint(0, 4, (64,), generator=torch.Generator().manual_seed(2))
@@ -77,22 +76,10 @@ class Liar(BP):
 
 
 def test_a_recorders_plugin_rule_that_fails_check_rule_is_refused(tmp_path):
-    site = tmp_path / "site"
-    info = site / "liar-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: liar\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[creditaudit.rules]\ndoubled-liar = "
-                                           "doubled_liar:Liar\n")
-    (site / "doubled_liar.py").write_text(LIAR)
-    sys.path.insert(0, str(site))
-    reload_plugins()
-    try:
+    with one_module_plugin(tmp_path / "site", "creditaudit.rules",
+                           "doubled-liar = doubled_liar:Liar", {"doubled_liar": LIAR}):
         model = adapt(Net(), ["stem", "b1"], example=X[:8])
         with pytest.raises(GuestError, match="'doubled-liar' .*conformance check"):
             Recorder(rule("doubled-liar", model), X, Y, out=tmp_path / "runs",
                      progress=False)
-    finally:
-        sys.path.remove(str(site))
-        sys.modules.pop("doubled_liar", None)
-        reload_plugins()
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

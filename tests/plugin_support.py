@@ -11,11 +11,12 @@ tests/test_outside_plugins.py and tests/test_docs_run.py for docs/extending.md) 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,33 @@ GUESTS = OutsidePackage(ROOT / "tests" / "guest_pkg", "creditaudit_guests")
 # The well-behaved package's facts, as the tests that predate OutsidePackage import them.
 PACKAGE, MODULE = PLUGINS.folder, PLUGINS.module
 PROJECT, DISTRIBUTION, VERSION = PLUGINS.project, PLUGINS.distribution, PLUGINS.version
+
+
+@contextlib.contextmanager
+def one_module_plugin(site: Path, group: str, entry: str, modules: dict[str, str]
+                      ) -> Iterator[Path]:
+    """A distribution ``one-module==0.1.0`` of top-level modules (``modules``: name →
+    source) registering ``entry`` (``name = module:Class``) in ``group``, installed in
+    ``site`` without a RECORD (as an editable install or a folder on PYTHONPATH is) and found
+    in this process; gone afterwards. Yields ``site``."""
+    from creditaudit.registry import reload_plugins
+
+    info = site / "one_module-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: one-module\n"
+                                   "Version: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(site))
+    reload_plugins()
+    try:
+        yield site
+    finally:
+        sys.path.remove(str(site))
+        for name in modules:
+            sys.modules.pop(name, None)
+        reload_plugins()
 
 
 def entry_points_text() -> str:

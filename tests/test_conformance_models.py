@@ -227,7 +227,21 @@ class CountsEvalForwards(ResMLPArchitecture):
         return model
 
 
+class FourClassHead(ResMLPArchitecture):
+    """A readout written for a 4-class dataset: 4 logits whatever n_classes it is asked
+    for (the suite's own class count), while the model says n_classes as asked."""
+
+    name, label = "four-class-head", "Four-class head"
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        model = _mlp(ResidualMLP, options, input_shape, n_classes)
+        model.out_head = nn.Linear(options.d, 4)
+        return model
+
+
 @pytest.mark.parametrize("cls,check", [
+    (FourClassHead, "builds_a_contract_model"),
     (CountsEvalForwards, "forward_leaves_the_model_alone"),
     (EditsItsInput, "forward_leaves_its_input_alone"),
     (ClaimsLN, "terminal_ln_is_what_the_readout_does"),

@@ -20,7 +20,7 @@ from creditaudit.guests import source_digest
 from creditaudit.registry import DATASETS, reload_plugins
 from creditaudit.run.plan import plan_run
 from door_support import cli_args, tiny_config
-from plugin_support import GUESTS, cli
+from plugin_support import GUESTS, cli, one_module_plugin
 
 NAME = "door-mixture"  # a well-behaved dataset plugin of tests/guest_pkg
 MODULE = "door_datasets.py"
@@ -147,3 +147,65 @@ def test_a_copy_shadowing_the_installed_package_is_identified_by_its_own_files(t
         shadowed, shadowed_run = digest_and_run_id(tmp_path / "runs")
         assert shadowed != installed
         assert shadowed_run != installed_run
+
+
+HELPED_PLUGIN = '''
+from dataclasses import dataclass
+
+import torch
+
+from creditaudit.config import opt
+from creditaudit.data import Dataset, GeneratedDataset
+from creditaudit.data.registry import GeneratedOptions
+import helped_scale
+
+
+@dataclass
+class HelpedOptions(GeneratedOptions):
+    dim: int = opt(8, "input dimension", min=1)
+
+
+class Helped(GeneratedDataset[HelpedOptions]):
+    name = "helped-mixture"
+    label = "Helped mixture"
+
+    def input_shape(self):
+        return (self.options.dim,)
+
+    def n_classes(self):
+        return 4
+
+    def provenance(self, seed):
+        o = self.options
+        return {"generator": "helped", "version": 1,
+                "args": {"n_train": o.n_train, "n_test": o.n_test, "dim": o.dim, "seed": seed}}
+
+    def load(self, seed):
+        o, g = self.options, torch.Generator().manual_seed(seed)
+        n = o.n_train + o.n_test
+        y = torch.randint(0, 4, (n,), generator=g)
+        means = helped_scale.SCALE * torch.randn(4, o.dim, generator=g)
+        x = means[y] + torch.randn(n, o.dim, generator=g)
+        return Dataset(self.name, x[:o.n_train], y[:o.n_train], x[o.n_train:],
+                       y[o.n_train:], n_classes=4, provenance=self.provenance(seed))
+'''
+
+
+def test_a_helper_module_beside_a_single_module_plugin_is_part_of_its_code(tmp_path):
+    """A plugin module (``helped:Helped``, installed without a RECORD, as an editable
+    install or a folder on PYTHONPATH is) that imports a helper module beside it: editing
+    the helper is other code — a new digest and run id, not the old run's record."""
+    modules = {"helped": HELPED_PLUGIN, "helped_scale": "SCALE = 3.0\n"}
+    with one_module_plugin(tmp_path / "site", "creditaudit.datasets",
+                           "helped-mixture = helped:Helped", modules) as site:
+        helper = site / "helped_scale.py"
+        guest = DATASETS.guest("helped-mixture")
+        assert guest is not None
+        assert helper.resolve() in guest.files
+        config = tiny_config(tmp_path / "runs", **{"data.name": "helped-mixture"})
+        before = plan_run(config)
+        helper.write_text("SCALE = 5.0\n")
+        after = plan_run(config)
+        assert (after.code.to_dict()["data"]["code_digest"]
+                != before.code.to_dict()["data"]["code_digest"])
+        assert after.run_id != before.run_id

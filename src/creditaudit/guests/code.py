@@ -10,7 +10,9 @@ editing a guest's code is a new run even when its version number stays. Which fi
   entry point lives in, as loaded: the outermost regular package of the entry point's
   module (``sys.modules``: its ``__path__`` or ``__file__``) — together with the other
   ``.py`` files its distribution installed (``RECORD``: a distribution may ship more
-  than one top-level package). So an editable install (whose ``RECORD`` lists only a
+  than one top-level package), and the modules beside it that its code imports (found as a
+  factory's are, below: a helper module next to a one-module plugin, which ``RECORD`` does
+  not list in an editable install). So an editable install (whose ``RECORD`` lists only a
   finder or a ``.pth``) is identified by its source folder, and a copy of the package
   that shadows the installed one on ``sys.path`` by the copy's files; an ordinary install
   is the files its ``RECORD`` lists, named relative to its site folder as before;
@@ -143,6 +145,11 @@ def plugin_sources(entry: metadata.EntryPoint) -> tuple[Path, list[Path]]:
     entry point was loaded. The root is the distribution's folder when the imported package
     lies in it (an ordinary install), else the folder the imported package was found in."""
     unit, root, loaded = loaded_sources(entry.module)
+    # The modules beside it that its code imports (a helper module next to a single-module
+    # plugin, or a second top-level package of an editable install, which RECORD does not
+    # list): :func:`module_sources` adds them only outside an installed-packages folder.
+    _, imported = module_sources(entry.module)
+    loaded = sorted(set(loaded) | set(imported))
     dist = getattr(entry, "dist", None)
     if dist is None:
         return root, loaded
@@ -251,6 +258,8 @@ def module_sources(name: str) -> tuple[Path, list[Path]]:
         package = current if path.name == "__init__.py" else current.rpartition(".")[0]
         pending.extend(_parents(current))
         for imported in _imports(path, package):
+            if imported.split(".")[0] == OWN_PACKAGE:  # its version names that code
+                continue
             if imported.split(".")[0] == top or (foreign and _find_source(root, imported)):
                 pending.append(imported)
     return root, sorted(set(seen.values()))

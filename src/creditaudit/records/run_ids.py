@@ -50,13 +50,16 @@ class CodeVersion:
     a guest's code (a plugin, a factory), ``digest``, the sha256 of its source files.
 
     ``checks``: the conformance checks the guest passed at the door (recorded, not part of
-    the run id); None for built-ins, which the test suite checks."""
+    the run id); None for built-ins, which the test suite checks. ``declared_failures``:
+    ``(check, reason)`` of the checks it failed there that it declares it fails by design
+    (``expected_failures``; recorded, so a reader sees what its numbers do not claim)."""
 
     name: str
     id_version: int = 0
     plugin: str | None = None
     digest: str | None = None
     checks: tuple[str, ...] | None = None
+    declared_failures: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "id_version": self.id_version,
@@ -65,6 +68,8 @@ class CodeVersion:
             out["code_digest"] = self.digest
         if self.checks is not None:
             out["checks"] = list(self.checks)
+        if self.declared_failures:
+            out["declared_failures"] = dict(self.declared_failures)
         return out
 
 

@@ -59,6 +59,11 @@ class Admission:
     cached: bool = False
     seconds: float = 0.0
 
+    @property
+    def declared(self) -> tuple[tuple[str, str], ...]:
+        """``(check, reason)`` of the declared failures, in check order (for the record)."""
+        return tuple(sorted(self.declared_failures.items()))
+
 
 def suites_digest() -> str:
     """sha256 of the conformance suites' and this module's source: a new suite checks

@@ -194,13 +194,14 @@ def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
                  admission: door.Admission | None = None) -> CodeVersion:
     """The code identity of ``cls``: its ``id_version``, a plugin's ``dist==version``, and
     for a guest (the plugin itself, or ``guest``: code a built-in runs, e.g. a factory) the
-    digest of its code and the checks it passed at the door."""
+    digest of its code and the checks it passed (or declares it fails) at the door."""
     origin = registry.origin(cls.name)
     plugin = None if origin is None or origin.builtin else origin.text
     guest = guest or registry.guest(cls.name)
     return CodeVersion(cls.name, cls.id_version, plugin,
                        digest=guest.digest if guest is not None else None,
-                       checks=admission.checks if admission is not None else None)
+                       checks=None if admission is None else admission.checks,
+                       declared_failures=() if admission is None else admission.declared)
 
 
 def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:

@@ -60,7 +60,7 @@ from creditaudit.records import (
     save_record,
 )
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
-from creditaudit.registry import DATASETS, RULES
+from creditaudit.registry import DATASETS
 from creditaudit.run.plan import code_version
 from creditaudit.run.recorder_config import (
     OWN_DATA,
@@ -68,6 +68,7 @@ from creditaudit.run.recorder_config import (
     check_frozen_as_recorded,
     data_identity,
     distribution,
+    guest_code,
     network_identity,
     not_recorded,
     recorder_config,
@@ -188,10 +189,12 @@ class Recorder:
         # installed classes only, by its module tree.
         network = user_network(model)
         digest, identified = network_identity(network)
-        code = RunCode(method=code_version(RULES, type(rule)),
+        self.protocol = Protocol.from_config(self.config.diagnostics)
+        method, diagnostics = guest_code(type(rule), self.protocol)
+        code = RunCode(method=method,
                        model=CodeVersion(OwnLoopArchitecture.name, digest=digest),
                        data=(code_version(DATASETS, spec) if spec is not None
-                             else CodeVersion(identity.name)))
+                             else CodeVersion(identity.name)), diagnostics=diagnostics)
         if name is None:  # the config names the class, not its sizes: add the description
             name = compute_run_id(self.config, digest_text(
                 {"data": identity.fingerprint, "model": description.identity()}), code)
@@ -209,7 +212,6 @@ class Recorder:
                                  run_id=self.run_dir.name, model=description, code=components)
         self.record.not_recorded = not_recorded(self.config, given)
         self.record.reference = reference
-        self.protocol = Protocol.from_config(self.config.diagnostics)
         self.initial = parameter_snapshot(model)
         self.finished = False
         self._since = time.perf_counter()

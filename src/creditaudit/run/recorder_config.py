@@ -46,7 +46,11 @@ from creditaudit.methods import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.registry import OwnLoopArchitecture
 from creditaudit.models.structure import parameter_dtype, structure_digest
-from creditaudit.registry import DATASETS
+from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records.run_ids import CodeVersion
+from creditaudit.registry import DATASETS, DIAGNOSTICS, RULES
+from creditaudit.run import door
+from creditaudit.run.plan import code_version
 from creditaudit.version import OWN_PACKAGE
 
 # What data= names when the caller says nothing about the data.
@@ -243,6 +247,23 @@ def array_fingerprint(*arrays: Tensor) -> str:
     """sha256 over each tensor's dtype, shape and bytes (as stored, on the CPU): the data
     layer's :func:`~creditaudit.data.identity.tensor_digest`."""
     return tensor_digest(*arrays)
+
+
+def guest_code(rule: type[CreditRule], protocol: Protocol
+               ) -> tuple[CodeVersion, tuple[CodeVersion, ...]]:
+    """The code versions of a Recorder's credit rule and protocol diagnostics, as a run
+    plan's are (:func:`~creditaudit.run.plan.code_version`): a plugin's distribution and
+    code digest, for the run id and the record, once it passed the door
+    (:mod:`creditaudit.run.door`; a plugin that fails is refused in one line before any
+    file is written)."""
+    guest = RULES.guest(rule.name)
+    admitted = door.rule_door(rule, guest) if guest is not None else None
+    diagnostics = []
+    for diagnostic in protocol.diagnostics:
+        found = DIAGNOSTICS.guest(diagnostic.name)
+        admission = door.diagnostic_door(diagnostic, found) if found is not None else None
+        diagnostics.append(code_version(DIAGNOSTICS, type(diagnostic), found, admission))
+    return code_version(RULES, rule, guest, admitted), tuple(diagnostics)
 
 
 def user_network(model: Any) -> Any:

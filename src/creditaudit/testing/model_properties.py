@@ -76,6 +76,14 @@ def builds_a_contract_model(cls: type[Architecture], options: Any,
     assert model.n_classes == CLASSES, \
         f"asked for {CLASSES} classes, the model says n_classes={model.n_classes}"
     assert len(model.blocks) >= 1, "the model has no blocks"
+    # a run asks for its data's classes, not the suite's: a readout sized for 4 would pass
+    other = CLASSES + 3
+    with torch.random.fork_rng(devices=[]):
+        wider = build_architecture(cls(options), input_shape=input_shape, n_classes=other)
+    _, logits = wider.to(F64).eval().forward_states(_inputs(wider, batch=2))
+    assert tuple(logits.shape) == (2, other), \
+        f"asked for {other} classes, the logits have shape {tuple(logits.shape)}: size " \
+        "the readout by build()'s n_classes"
     # the checks run in float64; a run trains the model as built, on float32 data
     native = _build(cls, options, input_shape, native=True)
     odd = [(n, t.dtype) for n, t in [*native.named_parameters(), *native.named_buffers()]

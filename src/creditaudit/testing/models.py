@@ -17,8 +17,9 @@ The checks:
 
 - ``builds_a_contract_model``: ``build`` returns a :class:`~creditaudit.models.ResidualNet`
   with ``embed``, ``blocks`` and ``readout``, a declared ``terminal_ln`` (a bool) and a known
-  ``state_layout``, for the classes it was asked for, its parameters and buffers float32
-  (the data's precision);
+  ``state_layout``, for the classes it was asked for (logits for 4 classes and for 7: a
+  readout sized for the suite's 4 alone fails), its parameters and buffers float32 (the
+  data's precision);
 - ``states_follow_the_declared_layout``: ``forward_states`` gives L + 1 states shaped as
   ``state_layout`` says — (B, d), (B, T, d) or (B, d, H, W) with the declared ``d`` — and
   (B, n_classes) logits; every state is in the autograd graph of the logits (rules take

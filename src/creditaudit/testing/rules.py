@@ -105,7 +105,18 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   gradient it does not estimate;
 - ``credits_are_seeded``: two rules made with one seed and given one step give identical
   credits (the rule draws only from the generator it is given), and, for a rule that
-  declares ``method.feedback_seed``, another seed gives other credits.
+  declares ``method.feedback_seed``, another seed gives other credits;
+- ``learned_feedback_is_trained`` (``feedback_kind == "learned"``; of
+  :mod:`creditaudit.testing.rule_credits`, like the next): after three epochs of one training
+  step each (``end_epoch`` included), the credits differ from those of the same rule made
+  alike that took no step, given the trained weights — feedback called learned whose learning
+  step is a no-op, or trains a copy the credits never read, is fixed feedback under another
+  name;
+- ``credits_ignore_batch_position``: after two training steps, the credits of the batch in
+  reverse order are its credits reversed (to 1e-10) — or, for a rule that draws noise per
+  sample in batch order (the docs' NoisyBP), their difference changes after a
+  zero-learning-rate step that draws anew. A credit weighted by the sample's index, which
+  stays, would give one sample another update wherever the data order puts it.
 """
 
 from __future__ import annotations
@@ -125,6 +136,10 @@ from creditaudit.testing.common import (
     run_checks,
     tiny_arch,
     tiny_model,
+)
+from creditaudit.testing.rule_credits import (
+    credits_ignore_batch_position,
+    learned_feedback_is_trained,
 )
 from creditaudit.testing.rule_lifecycle import (
     bf16_step_is_finite,
@@ -157,7 +172,7 @@ CHECKS: tuple[Callable[..., None], ...] = (
     frozen_blocks_stay_untouched, state_dict_round_trips_and_resumes, moves_to_a_device,
     bf16_step_is_finite, fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
     stacked_step_is_the_rule_step, local_update_follows_its_options, credits_are_per_sample,
-    credits_are_seeded)
+    credits_are_seeded, learned_feedback_is_trained, credits_ignore_batch_position)
 
 
 def _has_split_block(arch: str) -> bool:
@@ -181,6 +196,7 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
         lambda cls, arch: not cls.local and _has_split_block(arch),
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",
     fixed_feedback_stays_fixed: lambda cls, arch: cls.feedback_kind == "fixed_random",
+    learned_feedback_is_trained: lambda cls, arch: cls.feedback_kind == "learned",
     stacked_step_is_the_rule_step: lambda cls, arch: (cls.stacks_as() is not None
                                                       and stacks_on(arch)),
 }

@@ -183,13 +183,14 @@ def holding_run(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER) -> I
     claimed the run before training it), the block runs under that claim. RunBusyError
     (one line naming the holder) when another live process holds it; a dead holder's claim
     (kill -9) or one without a heartbeat for ``stale_after`` seconds is broken. The claim
-    is refreshed while held and released however the block ends; a folder the claim
-    created is removed again when nothing else was written to it."""
+    is refreshed while held and released however the block ends; the folders the claim
+    created are removed again when nothing else was written to them."""
     run_dir = Path(run_dir)
     if run_dir.resolve() in _HELD:
         yield
         return
-    existed = run_dir.is_dir()
+    # The folders the claim creates (deepest first), removed again when left empty.
+    created = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
     claim, holder = try_claim(run_dir, stale_after=stale_after)
     if claim is None:
         raise RunBusyError(busy_message(run_dir, holder))
@@ -198,6 +199,8 @@ def holding_run(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER) -> I
             yield
     finally:
         release_claim(claim)
-        if not existed:
-            with contextlib.suppress(OSError):  # not empty: the run wrote its files
-                run_dir.rmdir()
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run wrote its files
+                break

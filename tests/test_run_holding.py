@@ -144,7 +144,7 @@ def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
     assert not (tmp_path / "raised" / CLAIM_FILE).exists()
 
 
-KILLED_MID_EPOCH = """
+IN_EPOCH_2 = """
 import json, sys, time
 from pathlib import Path
 from creditaudit.config import config_from_dict
@@ -154,11 +154,45 @@ original = Trainer.train_epoch
 def slow(self, epoch):
     if epoch == 2:
         Path(sys.argv[2]).touch()
-        time.sleep(60)
+        time.sleep(float(sys.argv[3]))
     return original(self, epoch)
 Trainer.train_epoch = slow
 train(config)
 """
+
+
+def train_in_subprocess(config: RunConfig, ready: Path, sleep: float) -> subprocess.Popen:
+    """``train(config)`` in a child process that sleeps ``sleep`` s once its epoch 2 starts;
+    returned when it is there (``ready`` exists)."""
+    child = subprocess.Popen([sys.executable, "-c", IN_EPOCH_2, json.dumps(config.to_dict()),
+                              str(ready), str(sleep)])
+    deadline = time.monotonic() + 60
+    while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not ready.exists():
+        child.kill()
+        child.wait()
+        pytest.fail("the run never reached its epoch 2")
+    return child
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_short_stale_after_leaves_a_live_train_alone(tmp_path):
+    """A sweep breaks claims older than its ``--stale-after``: the claim of a training
+    ``creditaudit train`` is refreshed often enough for one of a few seconds (before: the
+    run had no claim, and the sweep trained it beside the other process)."""
+    from creditaudit.sweep import InlineExecutor, prepare_configs, run_sweep
+
+    config = tiny(tmp_path / "out", **{"optim.epochs": 3})
+    child = train_in_subprocess(config, tmp_path / "in-epoch-2", sleep=12)
+    try:
+        time.sleep(7)
+        result = run_sweep(prepare_configs([config], threads=1), InlineExecutor(),
+                           stale_after=6, wait_for_others=False)
+        assert [o["status"] for o in result.outcomes] == ["busy"]
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.slow
@@ -169,13 +203,8 @@ def test_a_run_killed_mid_epoch_reads_running_then_interrupted_and_resumes(tmp_p
     config = tiny(tmp_path / "out", **{"optim.epochs": 3})
     run_dir = plan_run(config).run_dir
     ready = tmp_path / "in-epoch-2"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_EPOCH,
-                              json.dumps(config.to_dict()), str(ready)])
+    child = train_in_subprocess(config, ready, sleep=60)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready.exists(), "the run never reached its epoch 2"
         assert status_text(load_record(run_dir), run_dir).startswith(
             f"running (held by pid {child.pid} ")
         with pytest.raises(RunBusyError):

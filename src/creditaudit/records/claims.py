@@ -34,6 +34,7 @@ from creditaudit.records.claim_files import (  # what a claim says: read by repo
 
 log = logging.getLogger(__name__)
 
+HOLD_BEAT = 5.0  # seconds between the heartbeats of a claim holding_run takes
 # The claims this process holds (run folder, resolved → claim): a run this process has
 # claimed (a sweep's worker) trains under that claim (:func:`holding_run`).
 _HELD: dict[Path, Claim] = {}
@@ -195,7 +196,8 @@ def holding_run(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER) -> I
     if claim is None:
         raise RunBusyError(busy_message(run_dir, holder))
     try:
-        with heartbeat(claim, every=beat_every(stale_after)):
+        # Often: a sweep on the same folder may break claims older than its --stale-after.
+        with heartbeat(claim, every=min(HOLD_BEAT, beat_every(stale_after))):
             yield
     finally:
         release_claim(claim)

@@ -190,8 +190,8 @@ def test_the_demo_says_which_runs_another_process_trains_and_waits_for(tmp_path:
     from creditaudit.cli.demo import DEMO_METHODS, demo_config, start_lines
     from creditaudit.config import apply_where_read
     from creditaudit.config.overrides import parse_override
+    from creditaudit.records.claims import try_claim
     from creditaudit.sweep import plan_runs
-    from creditaudit.sweep.claims import try_claim
 
     shrink = dict(parse_override(item) for item in TINY_SYNTHETIC.split())
     plans = plan_runs([apply_where_read(demo_config(m, epochs=1, n_train=200,

@@ -456,12 +456,13 @@ def test_a_sweep_waits_for_a_run_another_process_holds_without_starting_workers(
     process; it used to give the run to a new pool every poll (each local worker paying
     spawn and torch import: a core burnt for as long as the other run trained). The run
     the other process completes is reported skipped, with no worker started for it."""
+    from creditaudit.records.claims import release_claim, try_claim
     from creditaudit.run.trainer import train
 
     out = tmp_path / "out"
     config = prepare_configs([tiny(out)], threads=1)[0]
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    claim = write_claim(out / run_id(config), holder.pid)
+    # The other process: this one's thread, holding the claim (train() trains under it).
+    claim, _ = try_claim(out / run_id(config))
     calls = []
 
     class Counting(InlineExecutor):
@@ -471,8 +472,10 @@ def test_a_sweep_waits_for_a_run_another_process_holds_without_starting_workers(
 
     def other_process_trains() -> None:
         time.sleep(0.5)
-        train(config)
-        claim.unlink()
+        try:
+            train(config)
+        finally:
+            release_claim(claim)
 
     thread = threading.Thread(target=other_process_trains)
     thread.start()
@@ -480,8 +483,6 @@ def test_a_sweep_waits_for_a_run_another_process_holds_without_starting_workers(
         result = sweep([config], Counting(), poll_seconds=0.05)
     finally:
         thread.join()
-        holder.kill()
-        holder.wait()
     assert calls == [[run_id(config)]]  # the first look only
     assert [(o["status"], o["action"]) for o in result.outcomes] == [("completed", "skipped")]
 

@@ -177,7 +177,7 @@ def test_a_run_whose_ray_worker_dies_is_recorded_failed_with_the_cause(ray_2cpu,
     def dies_mid_run(task: dict) -> dict:  # a worker that started the run, then was killed
         from creditaudit.config import config_from_dict
         from creditaudit.records import new_record, save_record
-        from creditaudit.sweep.claims import try_claim
+        from creditaudit.records.claims import try_claim
 
         claim, _ = try_claim(run_dir)
         assert claim is not None
@@ -393,7 +393,7 @@ def test_a_ray_worker_ended_by_the_run_names_itself_and_the_attempts_action(ray_
     def exits_while_resuming(task: dict) -> dict:
         from creditaudit.config import config_from_dict
         from creditaudit.records import new_record, save_record
-        from creditaudit.sweep.claims import try_claim
+        from creditaudit.records.claims import try_claim
 
         try_claim(run_dir)
         save_record(run_dir, new_record(config_from_dict(task["config"]), device="cpu",

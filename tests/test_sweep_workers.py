@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from creditaudit.records import RECORD_FILE, load_record
+from creditaudit.records.claims import read_claim
 from creditaudit.sweep import CLAIM_FILE, SUMMARY_FILE, SWEEP_LOG_FILE
-from creditaudit.sweep.claims import read_claim
 from integrity_support import alive, children, sweep_toml, tiny_config, write_idx_dataset
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -295,7 +295,7 @@ def test_shutting_down_a_pool_says_whether_it_was_interrupted(patient, default_c
 def _claim_and_exit(task: dict) -> None:
     """A task whose run's code ends its worker with ``os._exit(0)`` while it holds the run
     (as a model factory's forward calling it would)."""
-    from creditaudit.sweep.claims import try_claim
+    from creditaudit.records.claims import try_claim
 
     try_claim(Path(task["config"]["run"]["out_dir"]) / task["run_id"])
     os._exit(0)

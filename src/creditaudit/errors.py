@@ -49,6 +49,12 @@ class NewerRecordError(RunRecordError):
     the newer version."""
 
 
+class RunBusyError(RunRecordError):
+    """Another live process holds the run's folder (its ``claim.json``): it trains the run
+    now (``creditaudit train``, a sweep's worker, a :class:`~creditaudit.run.recorder.Recorder`).
+    Nothing of the run was touched."""
+
+
 class OutputError(CreditAuditError):
     """A file or folder could not be written (read-only, a file where a folder should be,
     full disk, …)."""

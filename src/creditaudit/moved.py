@@ -55,6 +55,7 @@ MOVED: dict[str, str] = {
     "creditaudit.diagnostics": "creditaudit.measures",
     "creditaudit.zoo": "creditaudit.testing.zoo",
     "creditaudit.torch_range": "creditaudit.version",
+    "creditaudit.sweep.claims": "creditaudit.records.claims",  # train() holds claims too
 }
 
 

@@ -1,11 +1,11 @@
 """Reading a run folder's claim: whether a process holds the run now.
 
-A sweep's worker holds ``RUN_DIR/claim.json`` (pid, host, time, token) while it trains the
+The process that trains a run — a sweep's worker, ``creditaudit train``, a loop of one's own
+(``Recorder``) — holds ``RUN_DIR/claim.json`` (pid, host, time, token) while it trains the
 run, refreshes its mtime (a heartbeat) and removes it at the end
-(:mod:`creditaudit.sweep.claims` takes, breaks and releases claims). A claim whose process
+(:mod:`creditaudit.records.claims` takes, breaks and releases claims). A claim whose process
 is gone (same host, pid not alive) or whose mtime is older than ``stale_after`` seconds
-holds nothing. ``creditaudit train`` and a loop of one's own (``Recorder``) hold no claim, so
-for their runs no file tells whether the process still lives.
+holds nothing.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 RECORD_FILE, CHECKPOINT_FILE, INIT_FILE = "record.json", "checkpoint.pt", "init.pt"
 CONFIG_FILE = "config.toml"
-CLAIM_FILE = "claim.json"  # held by the process that trains the run (creditaudit.sweep.claims)
+CLAIM_FILE = "claim.json"  # held by the process that trains the run (creditaudit.records.claims)
 # The files a run writes for itself (``--force`` removes them), and every name a run folder
 # may hold (the claim and its break lock too): no report may be written over one of these.
 RUN_FILES = (RECORD_FILE, CHECKPOINT_FILE, INIT_FILE, CONFIG_FILE)

@@ -32,11 +32,11 @@ def status_text(record: RunRecord, folder: Path | None = None) -> str:
     """The run's status; for one whose record says ``running``, what the claim in its
     ``folder`` says of the process (:mod:`creditaudit.records.claim_files`): ``running
     (held by pid 123 on host-a)``, or ``running (no process holds it: interrupted? …)``
-    where the claim's process is gone or its heartbeat stopped (a sweep's worker killed:
-    out of memory, a lost machine). Only a sweep's worker holds a claim, and it releases it
-    however the run ends — also when the run's failure could not be written (a full disk) —
-    so such a run, and one of ``creditaudit train`` or of a loop of one's own, says
-    ``running`` whether its process lives or not: nothing on disk tells."""
+    where the claim's process is gone or its heartbeat stopped (killed: out of memory, a
+    lost machine). The process that trains a run (a sweep's worker, ``creditaudit train``, a
+    ``Recorder``) holds the claim and releases it however the run ends — also when the
+    run's failure could not be written (a full disk) — so such a run says ``running``
+    whether its process lives or not: nothing on disk tells."""
     if record.status != "running" or folder is None:
         return record.status
     claim = claim_state(folder)

@@ -81,6 +81,7 @@ from creditaudit.run.recorder_inputs import (
     claim_folder,
     folder_name,
     network_layout,
+    released_on_error,
     tensor_versions,
 )
 from creditaudit.run.results import (
@@ -200,7 +201,6 @@ class Recorder:
                 {"data": identity.fingerprint, "model": description.identity()}), code)
         self.run_dir = Path(out) / folder_name(name)
         self._say.prefix = f"Recorder {self.run_dir.name}: "
-        claim_folder(self.run_dir, overwrite)
         components = code.to_dict()
         components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
         components["model"].update(identified)
@@ -215,10 +215,13 @@ class Recorder:
         self.initial = parameter_snapshot(model)
         self.finished = False
         self._since = time.perf_counter()
-        ensure_folder(self.run_dir)
-        if self.checkpointing:
-            atomic_torch_save(self.run_dir / INIT_FILE, self.initial)
-        self._write()
+        # Held until the run ends (finish(), the with-block's end, a failed write here).
+        self._held = claim_folder(self.run_dir, overwrite)
+        with released_on_error(self._held):
+            ensure_folder(self.run_dir)
+            if self.checkpointing:
+                atomic_torch_save(self.run_dir / INIT_FILE, self.initial)
+            self._write()
 
     # --- per epoch ----------------------------------------------------------------------
     def epoch(self, epoch: int, *, test_acc: float | None = None,
@@ -319,7 +322,8 @@ class Recorder:
             note_end_of_run_credits(self.record, self.rule)
             say(f"end of run: done in {duration(time.perf_counter() - started)}")
         self.finished = True
-        self._write()
+        with self._held:  # released, written or not
+            self._write()
         return self.record
 
     def _check_unchanged(self) -> None:
@@ -343,13 +347,15 @@ class Recorder:
                  traceback: Any) -> None:
         if self.finished:
             return
-        if kind is None:
-            if self.record.log:
-                self.finish()
-            return
-        self.record.status = "interrupted" if issubclass(kind, KeyboardInterrupt) else "failed"
-        self.record.error = f"{kind.__name__}: {error}"
-        self._write()
+        with self._held:  # the run's folder is released however the block ended
+            if kind is None:
+                if self.record.log:
+                    self.finish()
+                return
+            self.record.status = ("interrupted" if issubclass(kind, KeyboardInterrupt)
+                                  else "failed")
+            self.record.error = f"{kind.__name__}: {error}"
+            self._write()
 
     # --- files --------------------------------------------------------------------------
     def _write(self) -> None:

@@ -6,6 +6,8 @@ in place since, and the network's modules and parameters, which must stay those 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from torch import Tensor, nn
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import RECORD_FILE, RUN_FILES
+from creditaudit.records.claims import holding_run
 
 
 def tensor_versions(*tensors: Tensor) -> tuple[int | None, ...]:
@@ -96,21 +99,37 @@ def folder_name(name: Any) -> str:
     return name
 
 
-def claim_folder(run_dir: Path, overwrite: bool) -> None:
-    """Refuse a folder that holds a record unless ``overwrite``; then clear every run file
-    (:data:`~creditaudit.records.RUN_FILES`). Files without a record — a run killed before
-    its record was written, one whose record was deleted — belong to no record, and must not
-    lie beside the new one (an audit or a resume would take another run's checkpoint or
-    initial weights for this run's), so they go too."""
-    if (run_dir / RECORD_FILE).exists() and not overwrite:
-        raise RunRecordError(f"{run_dir} holds a run record already: pass another name= or "
-                             "overwrite=True to replace it")
-    for file in RUN_FILES:
-        try:
-            (run_dir / file).unlink(missing_ok=True)
-        except OSError as err:
-            raise OutputError(f"cannot clear {describe_os_error(err, run_dir / file)}: "
-                              "remove it, or pass another name=") from None
+@contextmanager
+def released_on_error(held: ExitStack) -> Iterator[None]:
+    """Close ``held`` (release the run's folder) when the block raises, and re-raise."""
+    try:
+        yield
+    except BaseException:
+        held.close()
+        raise
+
+
+def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
+    """Hold ``run_dir`` (its claim: RunBusyError while another process holds it, as
+    ``train`` holds a run's folder), refuse a folder that holds a record unless
+    ``overwrite``, then clear every run file (:data:`~creditaudit.records.RUN_FILES`).
+    Files without a record — a run killed before its record was written, one whose record
+    was deleted — belong to no record, and must not lie beside the new one (an audit or a
+    resume would take another run's checkpoint or initial weights for this run's), so they
+    go too. Returns the hold, which the Recorder closes when its run ends."""
+    held = ExitStack()
+    held.enter_context(holding_run(run_dir))
+    with released_on_error(held):
+        if (run_dir / RECORD_FILE).exists() and not overwrite:
+            raise RunRecordError(f"{run_dir} holds a run record already: pass another name= "
+                                 "or overwrite=True to replace it")
+        for file in RUN_FILES:
+            try:
+                (run_dir / file).unlink(missing_ok=True)
+            except OSError as err:
+                raise OutputError(f"cannot clear {describe_os_error(err, run_dir / file)}: "
+                                  "remove it, or pass another name=") from None
+    return held
 
 
 def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
@@ -138,4 +157,4 @@ def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool 
     return number
 
 
-__all__ = ["folder_name", "claim_folder", "checked_number", "tensor_versions"]
+__all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions"]

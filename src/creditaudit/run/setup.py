@@ -31,6 +31,7 @@ from creditaudit.records import (
     RunRecord,
     load_checkpoint,
 )
+from creditaudit.records.claim_files import claim_state
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.resume import check_same_data, check_same_run, load_into, saved_record
@@ -213,7 +214,8 @@ def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir:
     """The record entry of the checkpointed ``epoch``: record.json's (``record``), else the
     one the checkpoint holds (``saved``: its record as of that epoch) — a record write that
     failed after the checkpoint was written (a full disk) leaves record.json an epoch
-    behind, and another epoch's accuracy would be paired with these weights. One-line
+    behind, and another epoch's accuracy would be paired with these weights; so does a
+    run read while it trains, between its checkpoint's write and its record's. One-line
     RunRecordError when neither has it."""
     entry = record.entry(epoch)
     if entry is not None:
@@ -224,6 +226,13 @@ def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir:
                              f"{RECORD_FILE} nor the record it holds logs that epoch: the "
                              "checkpoint is damaged; start the run again with --force")
     last = record.log[-1].epoch if record.log else None
+    claim = claim_state(run_dir)
+    if claim is not None and claim.stale is None:  # training now: the write is under way
+        holder = claim.holder or {}
+        log.info("%s logs epochs up to %s while the run trains (pid %s on %s holds it): epoch "
+                 "%d's numbers are read from its checkpoint's own record", run_dir / RECORD_FILE,
+                 last, holder.get("pid", "?"), holder.get("host", "?"), epoch)
+        return entry
     log.warning("%s logs epochs up to %s, but the checkpoint is of epoch %d (its record "
                 "write failed?): the epoch's numbers are read from the checkpoint's own "
                 "record; resume the run (train … --resume) to bring %s up to date",

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods import CreditRule, rule_class
 from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
+from creditaudit.records.claims import holding_run
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.setup import caller_threads
@@ -149,21 +150,24 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     alone. ConfigError when the configs
     differ in more than :data:`VARYING` or list one run twice; RunRecordError as
     :func:`train` raises it; both before anything trains. The caller's torch thread count
-    is back afterwards.
+    is back afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError
+    while another process holds one, before anything trains).
     """
-    with caller_threads():
-        return _train_stacked(configs, resume=resume, force=force, loggers=loggers)
-
-
-def _train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool],
-                   force: bool | Sequence[bool], loggers: Sequence[RunLogger]
-                   ) -> list[RunResult]:
     check_stackable(configs)
-    n = len(configs)
-    resumes = [resume] * n if isinstance(resume, bool) else list(resume)
-    forces = [force] * n if isinstance(force, bool) else list(force)
     plans = [c if isinstance(c, RunPlan) else plan_run(c) for c in configs]
     _refuse_repeated_runs(plans)
+    with caller_threads(), ExitStack() as held:
+        for plan in plans:
+            held.enter_context(holding_run(plan.run_dir))
+        return _train_stacked(plans, resume=resume, force=force, loggers=loggers)
+
+
+def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
+                   force: bool | Sequence[bool], loggers: Sequence[RunLogger]
+                   ) -> list[RunResult]:
+    n = len(plans)
+    resumes = [resume] * n if isinstance(resume, bool) else list(resume)
+    forces = [force] * n if isinstance(force, bool) else list(force)
     ready = [prepare_run(p, resume=r, force=f, loggers=loggers)
              for p, r, f in zip(plans, resumes, forces, strict=True)]
     results: dict[int, RunResult] = {i: r for i, r in enumerate(ready)

@@ -43,6 +43,7 @@ from creditaudit.records import (
     ResumedPart,
     new_record,
 )
+from creditaudit.records.claims import holding_run
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
@@ -364,11 +365,18 @@ def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = Fa
     A completed run with the same config and data (same run id) is not rerun: its record is
     returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An
     unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
-    (start over).
+    (start over). The run's folder is held (its ``claim.json``) from the first look until
+    the run ends: RunBusyError, one line, while another process holds it.
     """
-    ready = prepare_run(config, resume=resume, force=force, dataset=dataset, loggers=loggers)
-    if isinstance(ready, RunResult):
-        return ready
-    plan, resume = ready
-    with caller_threads():  # run.threads is the run's, not the caller's process's
-        return Trainer(plan).run(resume=resume, loggers=loggers)
+    plan = config if isinstance(config, RunPlan) else plan_run(config)
+    if dataset is not None:
+        plan.use_data(dataset)
+    # One process at a time reads, clears and writes the run's folder (RunBusyError names
+    # the other); a sweep's worker trains under the claim it holds.
+    with holding_run(plan.run_dir):
+        ready = prepare_run(plan, resume=resume, force=force, loggers=loggers)
+        if isinstance(ready, RunResult):
+            return ready
+        plan, resume = ready
+        with caller_threads():  # run.threads is the run's, not the caller's process's
+            return Trainer(plan).run(resume=resume, loggers=loggers)

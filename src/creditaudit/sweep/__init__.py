@@ -62,7 +62,7 @@ busy, break_claim, worker_died), one JSON object per line.
 from __future__ import annotations
 
 from creditaudit.config import config_value
-from creditaudit.sweep.claims import (
+from creditaudit.records.claims import (
     CLAIM_FILE,
     DEFAULT_STALE_AFTER,
     Claim,

@@ -26,7 +26,7 @@ from typing import Any
 
 from creditaudit.config import config_from_dict
 from creditaudit.errors import OutputError
-from creditaudit.sweep.claims import CLAIM_FILE, read_claim, release_claim, try_claim
+from creditaudit.records.claims import CLAIM_FILE, read_claim, release_claim, try_claim
 from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone
 from creditaudit.sweep.worker import (
     FINISHED,

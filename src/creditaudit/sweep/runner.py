@@ -13,8 +13,8 @@ from creditaudit.config import RunConfig, apply_overrides, config_value
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.records import FINISHED
+from creditaudit.records.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.run.plan import RunPlan
-from creditaudit.sweep.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans

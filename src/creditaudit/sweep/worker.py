@@ -30,14 +30,15 @@ from creditaudit.errors import (
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import FINISHED
-from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.sweep.claims import (
+from creditaudit.records.claims import (
     DEFAULT_STALE_AFTER,
     Claim,
+    beat_every,
     heartbeat,
     release_claim,
     try_claim,
 )
+from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.worker_process import WORKER_STATE
 
@@ -252,10 +253,6 @@ def _end(run: _Claimed, started: float) -> Outcome:
     return run.outcome
 
 
-def _beat_every(stale_after: float) -> float:
-    return max(1.0, min(60.0, stale_after / 4))
-
-
 def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
             retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
     """Claim, train (or resume, or skip) one run and release it; never raises for the run.
@@ -277,7 +274,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         return outcome
     try:
         try:
-            with heartbeat(run.claim, every=_beat_every(stale_after)):
+            with heartbeat(run.claim, every=beat_every(stale_after)):
                 result = train(run.plan, **run.kwargs)
             outcome.update(status=result.status, error=result.record.error)
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
@@ -315,7 +312,7 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
             try:
                 with contextlib.ExitStack() as stack:
                     for run in runs:
-                        stack.enter_context(heartbeat(run.claim, every=_beat_every(stale_after)))
+                        stack.enter_context(heartbeat(run.claim, every=beat_every(stale_after)))
                     results = train_stacked(
                         [run.plan for run in runs],
                         resume=[run.kwargs.get("resume", False) for run in runs],

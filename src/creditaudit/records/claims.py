@@ -1,6 +1,7 @@
 """Claims: at most one process trains a run, across sweeps and machines sharing a folder.
 
-A worker claims a run by creating ``OUT/RUN_ID/claim.json`` with ``O_CREAT | O_EXCL`` (pid,
+A process claims a run (a sweep's worker, ``train``, a ``Recorder``: :func:`holding_run`) by
+creating ``OUT/RUN_ID/claim.json`` with ``O_CREAT | O_EXCL`` (pid,
 host, time, token), refreshes its mtime while the run trains and removes it at the end. A
 claim whose process is gone (same host, pid not alive) or whose mtime is older than
 ``stale_after`` seconds is broken and retaken (what a claim says is read by
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from creditaudit.errors import RunBusyError
 from creditaudit.files.safe_files import describe_os_error, ensure_folder, write_error
 from creditaudit.records import CLAIM_FILE
 from creditaudit.records.claim_files import (  # what a claim says: read by reports too
@@ -31,6 +33,11 @@ from creditaudit.records.claim_files import (  # what a claim says: read by repo
 )
 
 log = logging.getLogger(__name__)
+
+HOLD_BEAT = 5.0  # seconds between the heartbeats of a claim holding_run takes
+# The claims this process holds (run folder, resolved → claim): a run this process has
+# claimed (a sweep's worker) trains under that claim (:func:`holding_run`).
+_HELD: dict[Path, Claim] = {}
 
 BREAK_LOCK_FILE = f"{CLAIM_FILE}.break"
 # A break lock left by a process that died while breaking a claim.
@@ -117,15 +124,25 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
             path.unlink(missing_ok=True)
             raise write_error(err)(f"cannot write {describe_os_error(err, path)}") from None
         os.close(fd)
-        return Claim(path, token), None
+        claim = Claim(path, token)
+        _HELD[run_dir.resolve()] = claim
+        return claim, None
     return None, holder
 
 
 def release_claim(claim: Claim) -> None:
     """Remove the claim file if it is still ours."""
+    folder = claim.path.parent.resolve()
+    if _HELD.get(folder) is claim:
+        del _HELD[folder]
     holder, _, _ = read_claim(claim.path)
     if holder is not None and holder.get("token") == claim.token:
         claim.path.unlink(missing_ok=True)
+
+
+def beat_every(stale_after: float) -> float:
+    """Seconds between a held claim's heartbeats: well within ``stale_after``."""
+    return max(1.0, min(60.0, stale_after / 4))
 
 
 @contextlib.contextmanager
@@ -147,3 +164,45 @@ def heartbeat(claim: Claim, every: float) -> Iterator[None]:
         thread.join()
 
 
+
+
+def busy_message(run_dir: Path, holder: dict[str, Any] | None) -> str:
+    """One line: which process holds ``run_dir`` (``holder``: its claim, None while being
+    written) and what to do."""
+    who = ("another process (its claim is being written)" if holder is None else
+           f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} "
+           f"(since {holder.get('time', '?')})")
+    return (f"run {run_dir} is being trained by {who}: wait for it to finish or stop that "
+            f"process, then run this again (a claim whose process has died is broken "
+            f"automatically; {run_dir / CLAIM_FILE} says who holds it)")
+
+
+@contextlib.contextmanager
+def holding_run(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER) -> Iterator[None]:
+    """Hold ``run_dir``'s claim while the block runs (``train``, a ``Recorder``): at most one
+    process writes a run's folder. Held by this process already (a sweep's worker, which
+    claimed the run before training it), the block runs under that claim. RunBusyError
+    (one line naming the holder) when another live process holds it; a dead holder's claim
+    (kill -9) or one without a heartbeat for ``stale_after`` seconds is broken. The claim
+    is refreshed while held and released however the block ends; the folders the claim
+    created are removed again when nothing else was written to them."""
+    run_dir = Path(run_dir)
+    if run_dir.resolve() in _HELD:
+        yield
+        return
+    # The folders the claim creates (deepest first), removed again when left empty.
+    created = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
+    claim, holder = try_claim(run_dir, stale_after=stale_after)
+    if claim is None:
+        raise RunBusyError(busy_message(run_dir, holder))
+    try:
+        # Often: a sweep on the same folder may break claims older than its --stale-after.
+        with heartbeat(claim, every=min(HOLD_BEAT, beat_every(stale_after))):
+            yield
+    finally:
+        release_claim(claim)
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run wrote its files
+                break

@@ -1,0 +1,239 @@
+"""One process at a time writes a run's folder: ``train`` (and ``--resume``, ``--force``),
+stacked runs and a ``Recorder`` hold its claim (``claim.json``, as a sweep's worker does)
+while the run trains, refuse a folder another live process holds with one line naming it,
+release it however they end, and break the claim of a holder killed with ``kill -9``.
+Readers say a run its process holds is running, and one whose process is gone interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit import Recorder, adapt, rule
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.errors import ConfigError, RunBusyError
+from creditaudit.records import CLAIM_FILE, RECORD_FILE, load_record, save_record
+from creditaudit.report.runs import status_text
+from creditaudit.run.plan import plan_run
+from creditaudit.run.stacked import train_stacked
+from creditaudit.run.trainer import Trainer, train
+from integrity_support import assert_one_line_error
+from sweep_files import TINY_SWEEP_BASE
+
+TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False,
+        "run.threads": 1, "diagnostics.end_of_run": False}
+
+
+def tiny(out: Path, **overrides: object) -> RunConfig:
+    return RunConfig().replace(**{**TINY, "run.out_dir": str(out), **overrides})
+
+
+def write_claim(run_dir: Path, pid: int) -> Path:
+    """A claim of process ``pid`` of this host, as another process's train() writes it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CLAIM_FILE
+    path.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "time": "then",
+                                "token": "someone-else"}))
+    return path
+
+
+def folder_bytes(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
+
+
+@pytest.fixture
+def interrupted(tmp_path, kill_run_at) -> RunConfig:
+    """A 2-epoch run interrupted when its epoch 2 starts (epoch 1 checkpointed)."""
+    config = tiny(tmp_path / "out", **{"optim.epochs": 2})
+    kill_run_at(config, epoch=2)
+    return config
+
+
+def test_a_run_another_live_process_holds_is_refused_and_left_untouched(interrupted,
+                                                                        capsys):
+    """Before: a second ``train`` of the run (plain, ``--resume`` or ``--force``, alone or
+    in a stack) trained it into the same folder beside the first, with no word."""
+    run_dir = plan_run(interrupted).run_dir
+    other = os.getppid()  # a live process of this host that is not this one
+    write_claim(run_dir, other)
+    before = folder_bytes(run_dir)
+    for call in (lambda: train(interrupted), lambda: train(interrupted, resume=True),
+                 lambda: train(interrupted, force=True),
+                 lambda: train_stacked([interrupted], force=True)):
+        with pytest.raises(RunBusyError, match=f"being trained by pid {other} on "):
+            call()
+        assert folder_bytes(run_dir) == before
+    capsys.readouterr()
+    assert main(["train", "--config", str(run_dir / "config.toml"), "--resume"]) != 0
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, f"pid {other}", "wait for it to finish or stop that "
+                          "process", str(run_dir / CLAIM_FILE))
+    assert folder_bytes(run_dir) == before
+
+
+def test_a_dead_holders_claim_is_broken_and_train_releases_its_own(interrupted):
+    """A claim left by a process killed with kill -9 blocks nothing; the run's own claim is
+    gone once it ends (before: the dead claim stayed, and reports read the run as held)."""
+    run_dir = plan_run(interrupted).run_dir
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_claim(run_dir, dead.pid)
+    assert train(interrupted, resume=True).status == "completed"
+    assert not (run_dir / CLAIM_FILE).exists()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_train_holds_the_run_while_it_trains_and_releases_it_however_it_ends(
+        tmp_path, monkeypatch, stop):
+    config = tiny(tmp_path / "out")
+    run_dir = plan_run(config).run_dir
+    seen = {}
+
+    def stopped(self, epoch):
+        seen["claim"] = json.loads((run_dir / CLAIM_FILE).read_text())
+        seen["status"] = status_text(load_record(run_dir), run_dir)
+        raise stop("stopped in its epoch")
+
+    monkeypatch.setattr(Trainer, "train_epoch", stopped)
+    with pytest.raises(stop):
+        train(config)
+    assert seen["claim"]["pid"] == os.getpid()
+    assert seen["status"] == f"running (held by pid {os.getpid()} on {socket.gethostname()})"
+    assert not (run_dir / CLAIM_FILE).exists()
+    # Refused before any file was written (the model's reference check): no folder left.
+    def refused(self, config):
+        raise ConfigError("refused as the model is built")
+
+    monkeypatch.setattr(Trainer, "__init__", refused)
+    with pytest.raises(ConfigError):
+        train(tiny(tmp_path / "refused"))
+    assert not plan_run(tiny(tmp_path / "refused")).run_dir.exists()
+
+
+def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(32) % 4
+    net = adapt(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 4)), ["1", "3"], example=x)
+    write_claim(tmp_path / "held", os.getppid())
+    with pytest.raises(RunBusyError, match=f"pid {os.getppid()}"):
+        Recorder(rule("bp", net), x, y, out=tmp_path, name="held", progress=False)
+    assert not (tmp_path / "held" / RECORD_FILE).exists()
+    with Recorder(rule("bp", net), x, y, out=tmp_path, name="mine", progress=False,
+                  config={"diagnostics.end_of_run": False}) as rec:
+        claim = json.loads((tmp_path / "mine" / CLAIM_FILE).read_text())
+        assert claim["pid"] == os.getpid()
+        rec.epoch(0)
+    assert not (tmp_path / "mine" / CLAIM_FILE).exists()
+    with pytest.raises(ValueError), Recorder(rule("bp", net), x, y, out=tmp_path,  # noqa: PT012
+                                             name="raised", progress=False):
+        raise ValueError("the loop failed")
+    assert load_record(tmp_path / "raised").status == "failed"
+    assert not (tmp_path / "raised" / CLAIM_FILE).exists()
+
+
+IN_EPOCH_2 = """
+import json, sys, time
+from pathlib import Path
+from creditaudit.config import config_from_dict
+from creditaudit.run.trainer import Trainer, train
+config = config_from_dict(json.loads(sys.argv[1]))
+original = Trainer.train_epoch
+def slow(self, epoch):
+    if epoch == 2:
+        Path(sys.argv[2]).touch()
+        time.sleep(float(sys.argv[3]))
+    return original(self, epoch)
+Trainer.train_epoch = slow
+train(config)
+"""
+
+
+def train_in_subprocess(config: RunConfig, ready: Path, sleep: float) -> subprocess.Popen:
+    """``train(config)`` in a child process that sleeps ``sleep`` s once its epoch 2 starts;
+    returned when it is there (``ready`` exists)."""
+    child = subprocess.Popen([sys.executable, "-c", IN_EPOCH_2, json.dumps(config.to_dict()),
+                              str(ready), str(sleep)])
+    deadline = time.monotonic() + 60
+    while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not ready.exists():
+        child.kill()
+        child.wait()
+        pytest.fail("the run never reached its epoch 2")
+    return child
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_short_stale_after_leaves_a_live_train_alone(tmp_path):
+    """A sweep breaks claims older than its ``--stale-after``: the claim of a training
+    ``creditaudit train`` is refreshed often enough for one of a few seconds (before: the
+    run had no claim, and the sweep trained it beside the other process)."""
+    from creditaudit.sweep import InlineExecutor, prepare_configs, run_sweep
+
+    config = tiny(tmp_path / "out", **{"optim.epochs": 3})
+    child = train_in_subprocess(config, tmp_path / "in-epoch-2", sleep=12)
+    try:
+        time.sleep(7)
+        result = run_sweep(prepare_configs([config], threads=1), InlineExecutor(),
+                           stale_after=6, wait_for_others=False)
+        assert [o["status"] for o in result.outcomes] == ["busy"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_reads_running_then_interrupted_and_resumes(tmp_path):
+    """kill -9 of ``creditaudit train`` in its epoch 2: while it lived, readers said the
+    run was held by it; after, that its process is gone; ``--resume`` then breaks its
+    claim and finishes the run as an uninterrupted run of the same config would."""
+    config = tiny(tmp_path / "out", **{"optim.epochs": 3})
+    run_dir = plan_run(config).run_dir
+    ready = tmp_path / "in-epoch-2"
+    child = train_in_subprocess(config, ready, sleep=60)
+    try:
+        assert status_text(load_record(run_dir), run_dir).startswith(
+            f"running (held by pid {child.pid} ")
+        with pytest.raises(RunBusyError):
+            train(config, resume=True)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert status_text(load_record(run_dir), run_dir).startswith(
+        f"running (no process holds it: interrupted? pid {child.pid} ")
+    resumed = train(config, resume=True).record
+    whole = train(tiny(tmp_path / "whole", **{"optim.epochs": 3})).record
+    assert [e.test_loss for e in resumed.log] == [e.test_loss for e in whole.log]
+    assert not (run_dir / CLAIM_FILE).exists()
+
+
+def test_an_audit_between_a_training_runs_checkpoint_and_record_writes_says_it_trains(
+        interrupted, capsys, caplog):
+    """Read while its run trains, a folder's checkpoint may be an epoch ahead of its record
+    (written a moment later). Before: the audit warned that the record write had failed and
+    told to ``--resume`` the run another process was training."""
+    run_dir = plan_run(interrupted).run_dir
+    record = load_record(run_dir)
+    record.log = record.log[:-1]  # epoch 1 checkpointed, its record not yet written
+    record.status = "running"
+    save_record(run_dir, record)
+    write_claim(run_dir, os.getppid())
+    capsys.readouterr()
+    assert main(["audit", str(run_dir), "--no-metrics"]) == 0
+    out, err = capsys.readouterr()
+    said = out + err + caplog.text
+    assert "--resume" not in said and "write failed" not in said
+    assert "audited at its last checkpoint, epoch 1" in out

@@ -237,3 +237,29 @@ def test_an_audit_between_a_training_runs_checkpoint_and_record_writes_says_it_t
     said = out + err + caplog.text
     assert "--resume" not in said and "write failed" not in said
     assert "audited at its last checkpoint, epoch 1" in out
+
+
+def test_a_finished_run_in_a_folder_that_cannot_be_written_is_served_unfinished_not(
+        tmp_path, monkeypatch):
+    """A read-only copy of a lab's results: its finished run is served (nothing is written
+    there); an unfinished run, or --force, still needs the claim and says why not. The tests
+    run as root, where permission bits do not stop a write: the claim's write fails as on a
+    read-only file system."""
+    config = tiny(tmp_path / "out")
+    done = train(config)
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if Path(path).name == CLAIM_FILE and flags & os.O_CREAT:
+            raise OSError(30, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    served = train(config)
+    assert served.record.to_dict() == done.record.to_dict()
+    assert not (done.run_dir / CLAIM_FILE).exists()
+    with pytest.raises(Exception, match="cannot claim the run.*read-only"):
+        train(config, force=True)
+    other = tiny(tmp_path / "out", **{"optim.epochs": 2})
+    with pytest.raises(Exception, match="cannot claim the run.*read-only"):
+        train(other)

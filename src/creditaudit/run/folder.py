@@ -12,13 +12,21 @@ the stacked runs of :mod:`creditaudit.run.stacked` start here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset
-from creditaudit.errors import ConfigError, NewerRecordError, RunRecordError
+from creditaudit.errors import (
+    ConfigError,
+    CreditAuditError,
+    DiskFullError,
+    NewerRecordError,
+    OutputError,
+    RunRecordError,
+)
 from creditaudit.loggers import RunLogger, build_loggers, replay
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
@@ -29,6 +37,7 @@ from creditaudit.records import (
     RunRecord,
     load_record,
 )
+from creditaudit.records.claims import holding_run
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.resume import (
     check_same_data,
@@ -86,6 +95,31 @@ def _replay_finished(config: RunConfig, record: RunRecord, run_dir: Path,
     if group:
         replay(record, run_dir, group)
 
+
+
+@contextmanager
+def holding_for_train(run_dir: Path, *, force: bool) -> Iterator[None]:
+    """Hold ``run_dir`` while :func:`~creditaudit.run.trainer.train` reads, clears and writes
+    it (:func:`~creditaudit.records.claims.holding_run`: RunBusyError while another process
+    holds it). A finished run in a folder this process cannot write (a read-only copy of a
+    lab's results) is served without a claim, since serving writes nothing there; without
+    ``force`` only, and not for a full disk."""
+    with ExitStack() as held:
+        try:
+            held.enter_context(holding_run(run_dir))
+        except OutputError as err:
+            if force or isinstance(err, DiskFullError) or not _finished(run_dir):
+                raise
+            log.info("%s; serving its finished run without holding it", err)
+        yield
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds the record of a finished run (an unreadable one: no)."""
+    try:
+        return load_record(run_dir / RECORD_FILE).is_finished
+    except (CreditAuditError, OSError):
+        return False
 
 
 def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,

@@ -43,11 +43,10 @@ from creditaudit.records import (
     ResumedPart,
     new_record,
 )
-from creditaudit.records.claims import holding_run
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
-from creditaudit.run.folder import RunResult, prepare_run
+from creditaudit.run.folder import RunResult, holding_for_train, prepare_run
 from creditaudit.run.init_file import write_initial
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.record_keeping import RecordKeeping
@@ -366,14 +365,15 @@ def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = Fa
     returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An
     unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
     (start over). The run's folder is held (its ``claim.json``) from the first look until
-    the run ends: RunBusyError, one line, while another process holds it.
+    the run ends: RunBusyError, one line, while another process holds it (a finished run
+    in a folder this process cannot write is served without holding it).
     """
     plan = config if isinstance(config, RunPlan) else plan_run(config)
     if dataset is not None:
         plan.use_data(dataset)
     # One process at a time reads, clears and writes the run's folder (RunBusyError names
     # the other); a sweep's worker trains under the claim it holds.
-    with holding_run(plan.run_dir):
+    with holding_for_train(plan.run_dir, force=force):
         ready = prepare_run(plan, resume=resume, force=force, loggers=loggers)
         if isinstance(ready, RunResult):
             return ready

@@ -34,7 +34,7 @@ from creditaudit.methods import CreditRule, rule_class
 from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.setup import caller_threads
+from creditaudit.run.setup import caller_process
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
 from creditaudit.run.trainer import Trainer
@@ -148,10 +148,14 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     run's start (its checkpoint read), its evaluation or end-of-run block fails that run
     alone. ConfigError when the configs
     differ in more than :data:`VARYING` or list one run twice; RunRecordError as
-    :func:`train` raises it; both before anything trains. The caller's torch thread count
-    is back afterwards.
+    :func:`train` raises it; both before anything trains. Torch's settings are as
+    :func:`train` has them; the caller's settings, thread count and random streams are back
+    afterwards.
     """
-    with caller_threads():
+    first = configs[0] if configs else None
+    device = first.config.run.device if isinstance(first, RunPlan) else (
+        first.run.device if first is not None else "cpu")
+    with caller_process(device):
         return _train_stacked(configs, resume=resume, force=force, loggers=loggers)
 
 

@@ -24,7 +24,7 @@ import torch
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.errors import DiskFullError
+from creditaudit.errors import ConfigError, DiskFullError
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder, remove_leftovers
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -60,7 +60,7 @@ from creditaudit.run.results import (
 )
 from creditaudit.run.resume import changed_settings
 from creditaudit.run.setup import (
-    caller_threads,
+    caller_process,
     make_schedule,
     refuse_one_sample_batch,
     resolve_device,
@@ -365,10 +365,20 @@ def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = Fa
     returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An
     unfinished one needs ``resume=True`` (continue from its checkpoint) or ``force=True``
     (start over).
+
+    The run trains as the command would whatever torch settings the caller has (grad mode,
+    autocast, matmul precision, …), and leaves the caller's settings, thread count and random
+    streams as they were (:func:`~creditaudit.run.setup.caller_process`).
     """
-    ready = prepare_run(config, resume=resume, force=force, dataset=dataset, loggers=loggers)
-    if isinstance(ready, RunResult):
-        return ready
-    plan, resume = ready
-    with caller_threads():  # run.threads is the run's, not the caller's process's
+    if not isinstance(config, RunConfig | RunPlan):
+        raise ConfigError(f"train() takes a RunConfig, got {type(config).__name__}: build it "
+                          "with RunConfig().replace(**{'method.name': 'dfa', …}) or "
+                          "load_config(path)")
+    device = (config.config if isinstance(config, RunPlan) else config).run.device
+    with caller_process(device):  # torch as a command has it; the caller's settings after
+        ready = prepare_run(config, resume=resume, force=force, dataset=dataset,
+                            loggers=loggers)
+        if isinstance(ready, RunResult):
+            return ready
+        plan, resume = ready
         return Trainer(plan).run(resume=resume, loggers=loggers)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from creditaudit import RunConfig, train
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.records import RunRecord
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -108,3 +108,17 @@ def test_train_refuses_what_is_no_config_in_one_line(config):
         train(config)
     message = str(error.value)
     assert "RunConfig" in message and "\n" not in message, message
+
+
+def test_a_run_trained_in_another_default_dtype_is_refused_naming_the_dtype(tmp_path):
+    config = tiny(tmp_path)
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        trained = train(config)  # the default dtype is the caller's: a float64 run
+    assert trained.record.model.dtype == "float64"
+    with pytest.raises(RunRecordError) as error:
+        train(config)
+    message = str(error.value)
+    assert "default dtype float64" in message and "torch.set_default_dtype(torch.float64)" \
+        in message and "\n" not in message, message
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        assert numbers(train(config).record) == numbers(trained.record)  # served

@@ -166,9 +166,9 @@ class RunSettings:
                          choices=PRECISIONS)
     threads: int | None = opt(None, "torch CPU threads of the run (None = the process's "
                               "count, torch's default in a command; train() puts the caller's "
-                              "count back after the run); not in the "
-                              "run id, though the count can change the last bits of sums; a "
-                              "resumed run goes on with the count it ran on", min=1,
+                              "count, torch settings and random streams back after the run); "
+                              "not in the run id, though the count can change the last bits "
+                              "of sums; a resumed run goes on with the count it ran on", min=1,
                               role="place")
     device_data: str = opt("auto", "keep the train and test sets on the run's device and draw "
                            "each batch there: the same batches, no host copy per batch (auto "

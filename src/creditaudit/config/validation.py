@@ -38,11 +38,15 @@ from creditaudit.registry import DIAGNOSTICS
 log = logging.getLogger(__name__)
 
 
+# What a value of each type is called in a refusal (as the type checks below call it).
+_KINDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+          "list": "a list", "tuple": "a list"}
+
+
 def _type_name(tp: Any) -> str:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    base = args[0] if args else tp
-    name = getattr(base, "__name__", str(base))
-    return f"{name} or none" if type(None) in typing.get_args(tp) else name
+    """``tp`` (a field's type, not optional) as a refusal names it: "an integer", …"""
+    name = getattr(typing.get_origin(tp) or tp, "__name__", str(tp))
+    return _KINDS.get(name, f"a {name}")
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -74,7 +78,9 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if value is None or (optional and isinstance(value, str) and value.lower() == "none"):
         if optional:
             return None
-        raise ConfigError(f"{key} must be a {_type_name(tp)}, got none")
+        raise ConfigError(f"{key} must be {_type_name(tp)}, got none")
+    if f.metadata.get("path") and isinstance(value, os.PathLike):
+        value = os.fspath(value)  # a pathlib.Path from Python: the path it names
     if base is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")

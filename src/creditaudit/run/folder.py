@@ -60,7 +60,8 @@ class RunResult:
     (``rule.model``) are the live objects when the run trained in this call, on its training
     device, with the weights of its last epoch. For a run that had already finished they
     are rebuilt on first use, on the CPU, from ``checkpoint.pt`` — the last epoch whose
-    weights were finite (a diverged run's epoch that overflowed is logged, never saved).
+    weights were finite (a diverged run's epoch that overflowed is logged, never saved) —
+    with the rule's options and precision (a bf16 run's steps under bf16 autocast).
     """
 
     run_dir: Path

@@ -126,6 +126,15 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
                     "trains on, so the data was checked by its fingerprint only, not by its "
                     "content", path)
     elif arrays != loaded:
+        held = record.model.dtype if record.model is not None else None
+        default = str(torch.get_default_dtype()).removeprefix("torch.")
+        if held in ("float32", "float64") and held != default:
+            # features load in torch's default dtype: the caller's differs from the run's
+            raise RunRecordError(
+                f"{path}: the run trained with torch's default dtype {held} (its features "
+                f"and parameters), but this process has {default}, so its data loads as "
+                f"other arrays; call torch.set_default_dtype(torch.{held}) first to serve or "
+                f"resume it, or train it again in {default} with --force")
         raise RunRecordError(
             f"{path}: the data changed: {record.data.name} loads arrays with digest "
             f"{loaded[:12]}… now, but the run trained on {arrays[:12]}… (same fingerprint: "

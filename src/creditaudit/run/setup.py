@@ -21,6 +21,7 @@ from torch import nn
 
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.guests.settings import SETTINGS
 from creditaudit.methods import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import measurement_mode
@@ -50,15 +51,40 @@ def resolve_device(name: str, option: str = "run.device") -> torch.device:
 
 
 @contextlib.contextmanager
-def caller_threads() -> Iterator[None]:
-    """Inside the block runs may set torch's CPU thread count (``run.threads``, a resumed
-    run's recorded count); after it the caller's count is back, so a later run with
-    ``run.threads`` unset trains on the caller's count, not on the last run's."""
-    threads = torch.get_num_threads()
+def caller_process(device: str = "cpu") -> Iterator[None]:
+    """Around runs trained in a caller's process (:func:`~creditaudit.run.trainer.train`,
+    :func:`~creditaudit.run.stacked.train_stacked`; ``device``: their ``run.device``).
+
+    Inside, torch is as a command starts it — grad on, no inference mode, no autocast
+    (a bf16 run's steps take their own), the CPU default device, float32 matrix products
+    in full precision — so the record is the command's whatever the caller set (a run
+    trained under the caller's ``torch.no_grad()`` would fail, one under its autocast
+    would record other numbers under the same run id). The default dtype stays the
+    caller's: models are built in it, and the record says their dtype. After it, the
+    caller's torch settings (those of :data:`~creditaudit.guests.settings.SETTINGS`:
+    thread count — ``run.threads`` and a resumed run's recorded count are the run's only —
+    grad mode, default dtype and device, deterministic mode, matmul precision, cuDNN/TF32
+    switches) and random streams (the CPU's; a CUDA device's when CUDA is in use or the run
+    may use it) are back: each run seeds its own.
+    """
+    before = [(setting, setting.read()) for setting in SETTINGS]
+    cuda = torch.cuda.is_available() and (torch.cuda.is_initialized() or device != "cpu")
+    devices = list(range(torch.cuda.device_count())) if cuda else []
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=devices))
+            stack.enter_context(torch.inference_mode(False))
+            stack.enter_context(torch.enable_grad())
+            for kind in ("cpu", "cuda"):
+                if torch.is_autocast_enabled(kind):
+                    stack.enter_context(torch.autocast(kind, enabled=False))
+            torch.set_default_device(None)
+            torch.set_float32_matmul_precision("highest")
+            yield
     finally:
-        torch.set_num_threads(threads)
+        for setting, value in before:
+            if setting.read() != value:
+                setting.write(value)
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, kind: str, total_steps: int
@@ -166,10 +192,11 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     then pass the door as in training: :func:`~creditaudit.run.plan.plan_run`), that the
     data on disk is the data the run trained on (its fingerprint), and loads
     ``checkpoint.pt`` — this run's, by the record it holds — without unpickling anything
-    but tensors and plain containers. The caller's RNG is untouched (the random init that
-    the checkpoint overwrites is forked). Raises RunRecordError for a run without a
-    checkpoint, one that does not fit or is another run's, or whose guest's code changed,
-    and ConfigError when a component it used is not installed here.
+    but tensors and plain containers. The rule steps in the run's precision
+    (``run.precision``: bf16 under autocast on the CPU). The caller's RNG is untouched
+    (the random init that the checkpoint overwrites is forked). Raises RunRecordError for
+    a run without a checkpoint, one that does not fit or is another run's, or whose guest's
+    code changed, and ConfigError when a component it used is not installed here.
     """
     config = record.config
     arch = ARCHITECTURES.find(config.model.arch)
@@ -191,6 +218,8 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
         rule = plan.build_rule(model)
     load_into(state, checkpoint, config, saved=saved, run_id=record.run_id or run_dir.name,
               model=model, rule=rule)
+    # Its steps in the run's precision, as the trained rule's: a bf16 run's under autocast.
+    rule.set_precision(config.run.precision, "cpu")
     epoch = int(state["epoch"])
     return RebuiltRun(plan, rule, plan.load_data(), epoch,
                       checkpointed_entry(record, saved, epoch, run_dir))

@@ -35,7 +35,7 @@ from creditaudit.methods.stacked import stack_refusal, stacked_rule_names
 from creditaudit.records.claims import holding_run
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.setup import caller_threads
+from creditaudit.run.setup import caller_process
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
 from creditaudit.run.trainer import Trainer
@@ -149,17 +149,22 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     run's start (its checkpoint read), its evaluation or end-of-run block fails that run
     alone. ConfigError when the configs
     differ in more than :data:`VARYING` or list one run twice; RunRecordError as
-    :func:`train` raises it; both before anything trains. The caller's torch thread count
-    is back afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError
-    while another process holds one, before anything trains).
+    :func:`train` raises it; both before anything trains. Torch's settings are as
+    :func:`train` has them; the caller's settings, thread count and random streams are back
+    afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError while
+    another process holds one, before anything trains).
     """
-    check_stackable(configs)
-    plans = [c if isinstance(c, RunPlan) else plan_run(c) for c in configs]
-    _refuse_repeated_runs(plans)
-    with caller_threads(), ExitStack() as held:
-        for plan in plans:
-            held.enter_context(holding_run(plan.run_dir))
-        return _train_stacked(plans, resume=resume, force=force, loggers=loggers)
+    first = configs[0] if configs else None
+    device = first.config.run.device if isinstance(first, RunPlan) else (
+        first.run.device if first is not None else "cpu")
+    with caller_process(device):
+        check_stackable(configs)
+        plans = [c if isinstance(c, RunPlan) else plan_run(c) for c in configs]
+        _refuse_repeated_runs(plans)
+        with ExitStack() as held:
+            for plan in plans:
+                held.enter_context(holding_run(plan.run_dir))
+            return _train_stacked(plans, resume=resume, force=force, loggers=loggers)
 
 
 def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],

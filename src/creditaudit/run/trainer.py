@@ -24,7 +24,7 @@ import torch
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.errors import DiskFullError
+from creditaudit.errors import ConfigError, DiskFullError
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder, remove_leftovers
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -60,7 +60,7 @@ from creditaudit.run.results import (
 )
 from creditaudit.run.resume import changed_settings
 from creditaudit.run.setup import (
-    caller_threads,
+    caller_process,
     make_schedule,
     refuse_one_sample_batch,
     resolve_device,
@@ -367,16 +367,25 @@ def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = Fa
     (start over). The run's folder is held (its ``claim.json``) from the first look until
     the run ends: RunBusyError, one line, while another process holds it (a finished run
     in a folder this process cannot write is served without holding it).
+
+    The run trains as the command would whatever torch settings the caller has (grad mode,
+    autocast, matmul precision, …), and leaves the caller's settings, thread count and random
+    streams as they were (:func:`~creditaudit.run.setup.caller_process`).
     """
-    plan = config if isinstance(config, RunPlan) else plan_run(config)
-    if dataset is not None:
-        plan.use_data(dataset)
-    # One process at a time reads, clears and writes the run's folder (RunBusyError names
-    # the other); a sweep's worker trains under the claim it holds.
-    with holding_for_train(plan.run_dir, force=force):
-        ready = prepare_run(plan, resume=resume, force=force, loggers=loggers)
-        if isinstance(ready, RunResult):
-            return ready
-        plan, resume = ready
-        with caller_threads():  # run.threads is the run's, not the caller's process's
+    if not isinstance(config, RunConfig | RunPlan):
+        raise ConfigError(f"train() takes a RunConfig, got {type(config).__name__}: build it "
+                          "with RunConfig().replace(**{'method.name': 'dfa', …}) or "
+                          "load_config(path)")
+    device = (config.config if isinstance(config, RunPlan) else config).run.device
+    with caller_process(device):  # torch as a command has it; the caller's settings after
+        plan = config if isinstance(config, RunPlan) else plan_run(config)
+        if dataset is not None:
+            plan.use_data(dataset)
+        # One process at a time reads, clears and writes the run's folder (RunBusyError
+        # names the other); a sweep's worker trains under the claim it holds.
+        with holding_for_train(plan.run_dir, force=force):
+            ready = prepare_run(plan, resume=resume, force=force, loggers=loggers)
+            if isinstance(ready, RunResult):
+                return ready
+            plan, resume = ready
             return Trainer(plan).run(resume=resume, loggers=loggers)

@@ -1,0 +1,124 @@
+"""train() in a researcher's process: the run is the command's whatever torch settings the
+caller has (grad mode, autocast, matmul precision, default device), the caller's settings
+and random streams are back afterwards, and a served run's rule steps as the trained one
+did (its precision)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit import RunConfig, train
+from creditaudit.errors import ConfigError, RunRecordError
+from creditaudit.records import RunRecord
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {"method.name": "dfa", "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "run.progress": False, "run.device": "cpu"}
+
+
+def tiny(out: Path, **overrides: object) -> RunConfig:
+    return RunConfig().replace(**{**TINY, "run.out_dir": str(out), **overrides})
+
+
+def numbers(record: RunRecord) -> list[dict]:
+    """Every epoch's entry without its wall-clock seconds."""
+    return [{k: v for k, v in entry.to_dict().items() if k != "seconds"}
+            for entry in record.log]
+
+
+@contextlib.contextmanager
+def setting(write: Callable[[object], None], value: object, default: object
+            ) -> Iterator[None]:
+    write(value)
+    try:
+        yield
+    finally:
+        write(default)
+
+
+CALLER_SETTINGS = {
+    "no_grad": lambda: torch.no_grad(),
+    "inference_mode": lambda: torch.inference_mode(),
+    "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "matmul_precision_medium": lambda: setting(torch.set_float32_matmul_precision,
+                                               "medium", "highest"),
+    "default_device_meta": lambda: setting(torch.set_default_device, "meta", None),
+}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The tiny run trained with torch's defaults."""
+    return train(tiny(tmp_path_factory.mktemp("plain")))
+
+
+@pytest.mark.parametrize("name", list(CALLER_SETTINGS))
+def test_train_records_the_commands_run_whatever_the_caller_set(tmp_path, plain, name):
+    with CALLER_SETTINGS[name]():
+        result = train(tiny(tmp_path))
+    assert result.status == "completed", result.record.error
+    assert result.record.run_id == plain.record.run_id
+    assert numbers(result.record) == numbers(plain.record)
+
+
+def test_train_leaves_the_callers_settings_and_random_streams(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(4)  # what the caller's stream draws next, without train()
+    torch.manual_seed(123)
+    threads = torch.get_num_threads()
+    with setting(torch.use_deterministic_algorithms, True, False):
+        train(tiny(tmp_path, **{"run.threads": threads + 1}))
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.get_num_threads() == threads
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_served_bf16_run_steps_in_the_precision_it_trained_in(tmp_path):
+    config = tiny(tmp_path, **{"run.precision": "bf16"})
+    trained = train(config)
+    served = train(config)  # finished: rebuilt from its checkpoint
+    assert served._rule is None
+    rule, live = served.rule, trained.rule
+    assert (rule.precision, rule.device_type) == (live.precision, live.device_type) \
+        == ("bf16", "cpu")
+    assert rule.options == live.options
+    assert rule.model.training == live.model.training
+    for key, value in live.model.state_dict().items():
+        assert torch.equal(value, rule.model.state_dict()[key]), key
+    x, y = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2
+    losses = []
+    for each in (copy.deepcopy(live), copy.deepcopy(rule)):
+        step = each.train_step(x, y, torch.optim.SGD(each.trainable_parameters(), lr=0.0))
+        losses.append(step.loss)
+    assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("config", [{"method.name": "dfa"}, None, "config.toml"])
+def test_train_refuses_what_is_no_config_in_one_line(config):
+    with pytest.raises(ConfigError) as error:
+        train(config)
+    message = str(error.value)
+    assert "RunConfig" in message and "\n" not in message, message
+
+
+def test_a_run_trained_in_another_default_dtype_is_refused_naming_the_dtype(tmp_path):
+    config = tiny(tmp_path)
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        trained = train(config)  # the default dtype is the caller's: a float64 run
+    assert trained.record.model.dtype == "float64"
+    with pytest.raises(RunRecordError) as error:
+        train(config)
+    message = str(error.value)
+    assert "default dtype float64" in message and "torch.set_default_dtype(torch.float64)" \
+        in message and "\n" not in message, message
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        assert numbers(train(config).record) == numbers(trained.record)  # served

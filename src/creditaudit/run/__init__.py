@@ -2,7 +2,8 @@
 train it, checkpoint and resume it, and record it.
 
 - :mod:`~creditaudit.run.plan`: the run plan, built once (:func:`~creditaudit.run.plan.plan_run`)
-  and checked at the door (:mod:`~creditaudit.run.door`: a guest's conformance checks);
+  and checked at the door (:mod:`~creditaudit.run.door`: a guest's conformance checks;
+  :mod:`~creditaudit.run.run_code`: the run's guests and the record's code block);
 - :mod:`~creditaudit.run.setup`, :mod:`~creditaudit.run.trainer` (``train``),
   :mod:`~creditaudit.run.evaluation`, :mod:`~creditaudit.run.resume`,
   :mod:`~creditaudit.run.record_keeping`: building, training and resuming;

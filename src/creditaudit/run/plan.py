@@ -9,7 +9,8 @@ computes the run (each component's ``id_version``; for a guest — a plugin, a `
 factory from outside creditaudit — its distribution version and the digest of its code) and
 so the run id and folder. Every guest passes its conformance checks at the door
 (:mod:`creditaudit.run.door`) before the plan exists; the checks it passed go into the code
-block the record keeps. What a guest's code raises while the plan resolves, loads or builds
+block the record keeps (:mod:`creditaudit.run.run_code`: the guests, their admission and
+the code block). What a guest's code raises while the plan resolves, loads or builds
 it is one line naming the guest (:mod:`creditaudit.guests.blame`). Training, sweep workers,
 resume, audit and experiments take the plan; none of them resolves a name again.
 
@@ -22,9 +23,7 @@ resume, audit and experiments take the plan; none of them resolves a name again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,7 @@ from creditaudit.descriptions import (
     DataIdentity,
     ModelDescription,
 )
-from creditaudit.errors import ConfigError, GuestError, LoadedDataError, ModelContractError
-from creditaudit.guests import Guest
+from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.guests.blame import blame
 from creditaudit.methods import (
     CreditRule,
@@ -64,12 +62,12 @@ from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import RunRecord
-from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
-from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
-from creditaudit.run import door
+from creditaudit.records.run_ids import RunCode, compute_run_id
+from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 from creditaudit.run.defaults import explicit_defaults, with_all_blocks_default, with_defaults
 from creditaudit.run.memory import available_memory, check_data_fits, check_fits
 from creditaudit.run.resume import check_same_code
+from creditaudit.run.run_code import admit, code_version, dataset_at_fault, guests_of, run_code
 
 log = logging.getLogger(__name__)
 
@@ -190,20 +188,6 @@ class RunPlan:
                 "code": self.code.to_dict()}
 
 
-def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
-                 admission: door.Admission | None = None) -> CodeVersion:
-    """The code identity of ``cls``: its ``id_version``, a plugin's ``dist==version``, and
-    for a guest (the plugin itself, or ``guest``: code a built-in runs, e.g. a factory) the
-    digest of its code and the checks it passed (or declares it fails) at the door."""
-    origin = registry.origin(cls.name)
-    plugin = None if origin is None or origin.builtin else origin.text
-    guest = guest or registry.guest(cls.name)
-    return CodeVersion(cls.name, cls.id_version, plugin,
-                       digest=guest.digest if guest is not None else None,
-                       checks=None if admission is None else admission.checks,
-                       declared_failures=() if admission is None else admission.declared)
-
-
 def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     """Resolve ``config`` (see the module docstring). One-line ConfigError/DataError when
     it cannot run: a component not installed, an option its component refuses, an
@@ -256,7 +240,7 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
             arch = arch_class(config.model)
     factory = arch.guest_code()  # code a built-in architecture runs
     protocol = Protocol.from_config(config.diagnostics)
-    guests = _guests(rule, arch, spec, protocol, factory)
+    guests = guests_of(rule, arch, spec, protocol, factory)
     if trained is not None:  # before the guests build, load or are checked
         check_same_code(trained, guests)
     with blame(arch_guest):
@@ -272,72 +256,13 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         eval_samples = _eval_samples(config, spec)
         seed = spec.data_seed(config.run.seed)
         identity = spec.identity(seed)
-    admitted = _admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
-    diagnostics = tuple(
-        code_version(DIAGNOSTICS, d, guests.get(f"diagnostic:{d.name}"),
-                     admitted.get(f"diagnostic:{d.name}"))
-        for d in protocol.diagnostics)
-    code = RunCode(method=code_version(RULES, rule, guests.get("method"),
-                                       admitted.get("method")),
-                   model=code_version(ARCHITECTURES, arch, guests.get("model"),
-                                      admitted.get("model")),
-                   data=code_version(DATASETS, spec, guests.get("data"), admitted.get("data")),
-                   diagnostics=diagnostics)
+    admitted = admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
+    code = run_code(rule, arch, spec, protocol, guests, admitted)
     run_id = compute_run_id(config, identity.fingerprint, code)
     return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
                    model=model, protocol=protocol,
                    explicit_defaults=explicit_defaults(given, config))
-
-
-@contextlib.contextmanager
-def dataset_at_fault(spec: DatasetSpec[Any] | type[DatasetSpec[Any]], what: str
-                     ) -> Iterator[None]:
-    """Run a dataset's code (:func:`blame` for a plugin); a LoadedDataError it leads to —
-    arrays or declarations creditaudit cannot use — is a GuestError naming the plugin
-    (``WHAT`` creditaudit cannot use: …)."""
-    guest = DATASETS.guest(spec.name)
-    try:
-        with blame(guest):
-            yield
-    except LoadedDataError as err:
-        if guest is None:
-            raise
-        raise GuestError(f"{guest.what} {what} creditaudit cannot use: {err}") from None
-
-
-def _guests(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],
-            protocol: Protocol, factory: Guest | None) -> dict[str, Guest]:
-    """Every guest of the run, by the key of its component in the record's code block
-    (``diagnostic:NAME`` for a diagnostic): the plugins, and the code a built-in
-    architecture runs (a ``module`` factory), whose digest is the model's."""
-    found = {"method": RULES.guest(rule.name),
-             "model": factory or ARCHITECTURES.guest(arch.name),
-             "data": DATASETS.guest(spec.name),
-             **{f"diagnostic:{d.name}": DIAGNOSTICS.guest(d.name)
-                for d in protocol.diagnostics}}
-    return {key: guest for key, guest in found.items() if guest is not None}
-
-
-def _admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
-           spec: DatasetSpec[Any], protocol: Protocol, input_shape: tuple[int, ...],
-           n_classes: int, factory: Guest | None) -> dict[str, door.Admission]:
-    """Every guest of the run through the door (:mod:`creditaudit.run.door`), by the key of
-    its component in the record's code block; built-ins pass without checks."""
-    admitted: dict[str, door.Admission] = {}
-    if (guest := RULES.guest(rule.name)) is not None:
-        admitted["method"] = door.rule_door(rule, guest, arch.name)
-    if (guest := ARCHITECTURES.guest(arch.name)) is not None:
-        admitted["model"] = door.architecture_door(arch, guest, input_shape)
-    elif factory is not None:
-        admitted["model"] = door.factory_door(factory, config.model, input_shape, n_classes)
-    if (guest := DATASETS.guest(spec.name)) is not None:
-        admitted["data"] = door.dataset_door(spec, guest)
-    for diagnostic in protocol.diagnostics:
-        if (guest := DIAGNOSTICS.guest(diagnostic.name)) is not None:
-            admitted[f"diagnostic:{diagnostic.name}"] = door.diagnostic_door(diagnostic,
-                                                                             guest)
-    return admitted
 
 
 def run_id(config: RunConfig) -> str:
@@ -401,4 +326,5 @@ def fit_eval_samples(config: RunConfig, dataset: str, n_test: int, *, say: bool 
                       f"of {dataset}; use at most {n_test}")
 
 
+# code_version lives in run_code; re-exported here, where the recorders import it from
 __all__ = ["RunPlan", "plan_run", "run_id", "available_memory", "code_version"]

@@ -12,8 +12,9 @@
 Each :meth:`Recorder.epoch` measures what an epoch of ``creditaudit train`` measures — the
 per-layer norms, reference gradients and cosines on the evaluation set, then the protocol —
 with the training loop's own functions (:mod:`creditaudit.run.results`), and
-writes ``OUT/NAME/record.json`` atomically; :meth:`Recorder.finish` adds the end-of-run block
-(ρ, nudging, Γ, drift, the fresh-feedback null). ``creditaudit report``, ``figures`` and
+writes ``OUT/NAME/record.json`` atomically; :meth:`Recorder.finish` closes it with the
+status, the final results and the end-of-run block (ρ, nudging, Γ, drift, the fresh-feedback
+null: :mod:`creditaudit.run.recorder_finish`). ``creditaudit report``, ``figures`` and
 ``export`` read such records beside the command line's. The record says what was trained:
 the model's own description, the rule and its options, the data (a built-in dataset's
 identity, or a fingerprint of the evaluation arrays) and the code
@@ -74,6 +75,7 @@ from creditaudit.run.recorder_config import (
     recorder_config,
     user_network,
 )
+from creditaudit.run.recorder_finish import finish_record
 from creditaudit.run.recorder_inputs import (
     check_epoch_number,
     check_network_unchanged,
@@ -85,11 +87,7 @@ from creditaudit.run.recorder_inputs import (
     tensor_versions,
 )
 from creditaudit.run.results import (
-    end_of_run_metrics,
-    final_results,
-    finite_entry,
     note_credit_not_finite,
-    note_end_of_run_credits,
     protocol_due,
     record_protocol,
     reference_at_start,
@@ -299,28 +297,8 @@ class Recorder:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
         self._check_unchanged()
-        last = self.record.log[-1]
-        self.record.status = "completed" if finite_entry(last) else "diverged"
-        if self.record.status == "diverged":
-            self.record.divergence = {"epoch": last.epoch,
-                                      "reason": "non-finite loss or state norms"}
-        epochs = self.config.optim.epochs
-        if self.record.status == "completed" and last.epoch < epochs:  # its loop stopped
-            self.record.stopped_early = {
-                "epoch": last.epoch,
-                "reason": f"finish() after epoch {last.epoch} of optim.epochs={epochs}"}
-        self.record.final = final_results(self.record.log)
-        if self.config.diagnostics.end_of_run:
-            say = self._say.line
-            say(f"end of run: credit-quality block on {len(self.eval_y)} samples (cosines "
-                "and Γ, then ρ, nudging, the fresh-feedback null; diagnostics.end_of_run="
-                "False skips it) …")
-            self.record.diagnostics.update(end_of_run_metrics(
-                self.rule, self.eval_x, self.eval_y, initial=self.initial,
-                settings=self.config.diagnostics, seed=self.config.run.seed,
-                progress=lambda text: say(f"end of run: {text}")))
-            note_end_of_run_credits(self.record, self.rule)
-            say(f"end of run: done in {duration(time.perf_counter() - started)}")
+        finish_record(self.record, self.rule, self.eval_x, self.eval_y, config=self.config,
+                      initial=self.initial, say=self._say.line, started=started)
         self.finished = True
         with self._held:  # released, written or not
             self._write()

@@ -7,6 +7,7 @@ with numbers computed here straight from the record JSON.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,19 @@ def test_cli_renders_every_figure_png_and_pdf(results, tmp_path, capsys, monkeyp
             assert path.is_file() and path.stat().st_size > 1000, path
     assert (out / f"{hero.NAME}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / f"{hero.NAME}.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_the_same_records_draw_byte_identical_figures(results, tmp_path, monkeypatch):
+    """Drawn twice, a second apart, the files are the same bytes: no creation date in the
+    PDF (matplotlib writes the time of saving unless told not to)."""
+    monkeypatch.setattr("creditaudit.figures.common.PNG_DPI", 30)
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["figures", str(results), "--out", str(first)]) == 0
+    time.sleep(1.1)
+    assert main(["figures", str(results), "--out", str(second)]) == 0
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir()) and names
+    assert [n for n in names if (first / n).read_bytes() != (second / n).read_bytes()] == []
 
 
 # --- plotted values equal the records -----------------------------------------------------

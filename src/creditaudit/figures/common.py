@@ -330,18 +330,23 @@ def note_invalid(ax: Any, any_invalid: bool) -> None:
                 va="top", gid="invalid_note")
 
 
+# A PDF's metadata without its CreationDate (matplotlib writes the time of saving).
+NO_DATE: dict[str, Any] = {"CreationDate": None}
+
+
 def save(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
-    """Save ``fig`` as ``out_dir/name.png`` (``PNG_DPI``, 200) and ``.pdf``; closes it."""
+    """Save ``fig`` as ``out_dir/name.png`` (``PNG_DPI``, 200) and ``.pdf``; closes it. The
+    PDF carries no creation date, so the same records draw byte-identical files."""
     out = Path(out_dir)
     # One tight bounding box for both files: bbox_inches="tight" would lay out every text
     # twice per file, which dominates the time on a small machine.
     bbox = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
     paths = []
     try:
-        for ext, dpi in (("png", PNG_DPI), ("pdf", None)):
+        for ext, dpi, metadata in (("png", PNG_DPI, None), ("pdf", None, NO_DATE)):
             # Rendered in memory, then written atomically: a full disk leaves no half file.
             buffer = io.BytesIO()
-            fig.savefig(buffer, bbox_inches=bbox, dpi=dpi, format=ext)
+            fig.savefig(buffer, bbox_inches=bbox, dpi=dpi, format=ext, metadata=metadata)
             path = out / f"{name}.{ext}"
             atomic_write_bytes(path, buffer.getvalue())
             paths.append(path)

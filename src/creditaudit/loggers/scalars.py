@@ -6,7 +6,11 @@
 - ``norms/``: ``h_L``, ``g_L``, ``g_2`` (median per-sample norms; gradients in the
   1/128 convention), ``max_block_growth``, ``g_L_zero_fraction``, ``g_L_nonzero_median``,
   and per state ``hidden/l{l}``, ``grad/l{l}``;
-- ``credit/``: per epoch ``deep_cos`` and ``cos/l{l}``; at the end of the run ``rho/l{l}``
+- ``credit/``: per epoch ``deep_cos``, ``deep_cos_valid`` (1 when every deep cosine is a
+  valid measurement, 0 when one is not: the report's § or * mark; left out for records
+  without ``cos_valid``), ``cos/l{l}`` and, for rules with a feedback matrix per layer,
+  ``feedback_angle/{layer}`` (degrees) and ``feedback_norm_ratio/{layer}`` (‖B‖/‖W‖); at
+  the end of the run ``rho/l{l}``
   with ``rho_bp/l{l}`` and ``rho_random/l{l}`` (controls), ``nudging_{η}/l{l}`` with
   ``nudging_bp_{η}``/``nudging_random_{η}``, ``null/mean``, ``null/std``, ``null/z``,
   ``null/training`` (fresh-feedback null, FA/DFA) and ``gamma/{aggregation}``;
@@ -66,6 +70,13 @@ def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
         _per_layer(out, "norms/hidden", measures.hidden_norms)
         _per_layer(out, "norms/grad", measures.bp_grad_norms_per_sample_med)
         _per_layer(out, "credit/cos", measures.cos_per_layer)
+        if measures.deep_cos_valid is not None:
+            out["credit/deep_cos_valid"] = 1.0 if measures.deep_cos_valid else 0.0
+        for layer, angle, ratio in zip(measures.feedback_layers or (),
+                                       measures.feedback_angle or (),
+                                       measures.feedback_norm_ratio or (), strict=False):
+            _put(out, f"credit/feedback_angle/{layer}", angle)
+            _put(out, f"credit/feedback_norm_ratio/{layer}", ratio)
     for key, value in entry.extras.items():
         _put(out, f"train/{key}", value)
     for diagnostic, status in (entry.protocol or {}).items():

@@ -38,6 +38,7 @@ class Meddler(RunLogger):
 
     def start(self, run):  # noqa: ANN001
         run.reference.clear()
+        run.config.optim.epochs = 1  # the trainer's own config before: one epoch trained
 
     def log_epoch(self, entry):  # noqa: ANN001
         entry.acc_eval = 0.5
@@ -56,6 +57,7 @@ def test_a_logger_that_changes_what_it_is_given_changes_no_record(tmp_path):
     plain = train(tiny(tmp_path / "plain"))
     meddled = train(tiny(tmp_path / "meddled"), loggers=[Meddler()])
     assert meddled.record.status == "completed"
+    assert meddled.record.config.optim.epochs == 2 and len(meddled.record.log) == 3
     assert numbers(meddled.record) == numbers(plain.record)
     assert numbers(load_record(meddled.run_dir)) == numbers(plain.record)
     assert meddled.record.reference.to_dict() == plain.record.reference.to_dict()

@@ -108,3 +108,20 @@ def test_a_logger_that_exits_or_fails_at_the_end_is_named(tmp_path):
 def run_dir_name(out: Path) -> str:
     (folder,) = [p.name for p in out.iterdir() if p.is_dir()]
     return folder
+
+
+class FiveMethods:
+    """A logger without ``log_stage`` (which the end-of-run metrics call)."""
+
+    def start(self, run): ...  # noqa: ANN001
+    def log_step(self, loss): ...  # noqa: ANN001
+    def log_epoch(self, entry): ...  # noqa: ANN001
+    def finish(self, record): ...  # noqa: ANN001
+    def close(self): ...
+
+
+def test_a_logger_without_a_method_stops_the_run_before_it_starts(tmp_path):
+    with pytest.raises(GuestError, match=r"^logger FiveMethods has no log_stage method: .* "
+                       r"subclass creditaudit\.loggers\.RunLogger"):
+        train(tiny(tmp_path), loggers=[FiveMethods()])
+    assert not any(tmp_path.iterdir())  # nothing written, nothing trained

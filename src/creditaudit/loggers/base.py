@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.errors import CreditAuditError
+from creditaudit.errors import CreditAuditError, GuestError
 from creditaudit.guests.blame import guest_error
 from creditaudit.records import EpochEntry, RunRecord
 
@@ -93,6 +93,10 @@ class RunLogger:
         """Release files and processes (idempotent)."""
 
 
+# What the training loop calls on every logger.
+METHODS = ("start", "log_step", "log_epoch", "log_stage", "finish", "close")
+
+
 class LoggerGroup(RunLogger):
     """Several loggers as one. ``finish`` and ``close`` reach every logger even when one
     raises (the first error is raised afterwards), so one broken backend cannot leave
@@ -114,6 +118,16 @@ class LoggerGroup(RunLogger):
         return bool(self.loggers)
 
     def start(self, run: RunStart) -> None:
+        """Checks first that every logger has every method (GuestError naming the missing
+        ones: before the run writes or trains anything), then starts each."""
+        for logger in self.loggers:
+            missing = [name for name in METHODS if not callable(getattr(logger, name, None))]
+            if missing:
+                raise GuestError(
+                    f"logger {type(logger).__qualname__} has no {', '.join(missing)} "
+                    f"method{'s' if len(missing) > 1 else ''}: a logger needs all of "
+                    f"{', '.join(METHODS)}; subclass creditaudit.loggers.RunLogger, whose "
+                    "methods do nothing unless you override them")
         self.handed = {}
         self.first_epoch = run.first_epoch if run.resumed else 0
         for logger in self.loggers:

@@ -59,3 +59,18 @@ def test_an_invalid_deep_cosine_is_logged_as_not_valid(tmp_path):
     assert "credit/deep_cos_valid" not in epoch_scalars(dataclasses.replace(entry,
                                                                             measures=old))
     assert not any(tag.startswith("credit/feedback") for tag in scalars)  # dfa: no B per layer
+
+
+def test_an_extra_named_like_the_tools_own_number_does_not_replace_it(tmp_path):
+    entry = train(RunConfig().replace(**{**TINY, "method.name": "dfa",
+                                         "run.out_dir": str(tmp_path)})).record.log[-1]
+    mine = {"loss": 9.0, "acc": 0.9, "lr": 7.0, "seconds": 5.0, "my_metric": 1.5}
+    scalars = epoch_scalars(dataclasses.replace(entry, extras=mine))
+    assert scalars["train/loss"] == entry.train_loss  # the epoch's training loss
+    assert scalars["train/acc"] == entry.train_acc
+    assert scalars["train/lr"] == entry.lr
+    assert scalars["train/seconds"] == entry.seconds
+    assert {tag: scalars[tag] for tag in scalars if tag.startswith("train/extras/")} == {
+        "train/extras/loss": 9.0, "train/extras/acc": 0.9, "train/extras/lr": 7.0,
+        "train/extras/seconds": 5.0}
+    assert scalars["train/my_metric"] == 1.5

@@ -2,7 +2,7 @@
 
 - ``train/``: ``loss``, ``acc`` (training, over the epoch), ``test_loss``, ``test_acc`` (the
   whole test split), ``lr``, ``seconds`` and the rule's own per-epoch values
-  (``train/state_pred_error``, …);
+  (``train/state_pred_error``, …; one named like those six, ``train/extras/NAME``);
 - ``norms/``: ``h_L``, ``g_L``, ``g_2`` (median per-sample norms; gradients in the
   1/128 convention), ``max_block_growth``, ``g_L_zero_fraction``, ``g_L_nonzero_median``,
   and per state ``hidden/l{l}``, ``grad/l{l}``;
@@ -50,6 +50,11 @@ def _per_layer(out: dict[str, float], prefix: str, values: Sequence[Any] | None,
         _put(out, f"{prefix}/l{first + offset}", value)
 
 
+# The tool's own ``train/`` tags; a rule's or a loop's extra of one of these names is logged
+# as ``train/extras/NAME``.
+TRAIN_NAMES = ("loss", "acc", "test_loss", "test_acc", "lr", "seconds")
+
+
 def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
     """Every number of one epoch entry under its grouped tag (missing values left out)."""
     out: dict[str, float] = {}
@@ -77,8 +82,8 @@ def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
                                        measures.feedback_norm_ratio or (), strict=False):
             _put(out, f"credit/feedback_angle/{layer}", angle)
             _put(out, f"credit/feedback_norm_ratio/{layer}", ratio)
-    for key, value in entry.extras.items():
-        _put(out, f"train/{key}", value)
+    for key, value in entry.extras.items():  # never in place of the tool's own numbers
+        _put(out, f"train/extras/{key}" if key in TRAIN_NAMES else f"train/{key}", value)
     for diagnostic, status in (entry.protocol or {}).items():
         if status in (FIRED, PASSED):
             out[f"protocol/{diagnostic}"] = 1.0 if status == FIRED else 0.0

@@ -74,3 +74,17 @@ def test_an_extra_named_like_the_tools_own_number_does_not_replace_it(tmp_path):
         "train/extras/loss": 9.0, "train/extras/acc": 0.9, "train/extras/lr": 7.0,
         "train/extras/seconds": 5.0}
     assert scalars["train/my_metric"] == 1.5
+
+
+def test_a_diagnostic_named_like_the_verdicts_tags_does_not_replace_them(tmp_path):
+    entry = train(RunConfig().replace(**{**TINY, "method.name": "dfa",
+                                         "run.out_dir": str(tmp_path)})).record.log[-1]
+    judged = dataclasses.replace(entry, protocol={"a": "passed", "walk_back": "fired",
+                                                  "verdict": "passed"},
+                                 verdict="needs walk-back")
+    scalars = epoch_scalars(judged)
+    assert scalars["protocol/walk_back"] == 1.0  # the verdict
+    assert scalars["protocol/diagnostics/walk_back"] == 1.0
+    assert scalars["protocol/diagnostics/verdict"] == 0.0
+    assert "protocol/verdict" not in scalars  # W&B's verdict text
+    assert scalars["protocol/a"] == 0.0

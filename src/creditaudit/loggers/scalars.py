@@ -15,7 +15,8 @@
   ``nudging_bp_{η}``/``nudging_random_{η}``, ``null/mean``, ``null/std``, ``null/z``,
   ``null/training`` (fresh-feedback null, FA/DFA) and ``gamma/{aggregation}``;
 - ``protocol/``: one tag per diagnostic of the run's protocol, named by its id (``a`` …
-  ``d`` for the built-ins; 1 fired, 0 passed; a diagnostic not evaluated is not logged) and
+  ``d`` for the built-ins; 1 fired, 0 passed; a diagnostic not evaluated is not logged; one
+  named ``walk_back`` or ``verdict``: ``protocol/diagnostics/NAME``) and
   ``walk_back`` (1 when the verdict needs walk-back), at evaluated epochs.
 """
 
@@ -53,6 +54,9 @@ def _per_layer(out: dict[str, float], prefix: str, values: Sequence[Any] | None,
 # The tool's own ``train/`` tags; a rule's or a loop's extra of one of these names is logged
 # as ``train/extras/NAME``.
 TRAIN_NAMES = ("loss", "acc", "test_loss", "test_acc", "lr", "seconds")
+# The verdict's ``protocol/`` tags (``verdict``: W&B's text); a plugin diagnostic of one of
+# these names is logged as ``protocol/diagnostics/NAME``.
+PROTOCOL_NAMES = ("walk_back", "verdict")
 
 
 def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
@@ -86,7 +90,9 @@ def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
         _put(out, f"train/extras/{key}" if key in TRAIN_NAMES else f"train/{key}", value)
     for diagnostic, status in (entry.protocol or {}).items():
         if status in (FIRED, PASSED):
-            out[f"protocol/{diagnostic}"] = 1.0 if status == FIRED else 0.0
+            tag = (f"protocol/diagnostics/{diagnostic}" if diagnostic in PROTOCOL_NAMES
+                   else f"protocol/{diagnostic}")  # never in place of the verdict's tags
+            out[tag] = 1.0 if status == FIRED else 0.0
     if entry.verdict is not None:
         out["protocol/walk_back"] = 1.0 if entry.verdict == WALK_BACK else 0.0
     return out

@@ -88,6 +88,15 @@ def failure_message(what: str, err: BaseException, frame: traceback.FrameSummary
     return f"{what} raised {detail}{where}; {ADVICE}"
 
 
+def guest_error(what: str, err: BaseException) -> GuestError:
+    """The one-line :class:`GuestError` naming ``what`` for ``err`` (or a ``sys.exit``) raised
+    out of a call into its code — what :func:`blame` raises — for a caller that catches it
+    itself (a user's logger: :class:`~creditaudit.loggers.LoggerGroup`)."""
+    if isinstance(err, SystemExit):
+        return GuestError(exit_message(what, err))
+    return GuestError(failure_message(what, err, _innermost(err.__traceback__)))
+
+
 def value_message(what: str, detail: str) -> str:
     """``WHAT DETAIL; ADVICE``: a guest whose call returned but whose value is wrong (NaN
     credits), named as its own in the one line of :func:`failure_message`."""
@@ -96,7 +105,10 @@ def value_message(what: str, detail: str) -> str:
 
 def guest_failure(err: BaseException) -> str | None:
     """One line naming the guest ``err`` came out of (the innermost frame of its traceback
-    that lies in a known guest's files), or None when no guest's code is on it."""
+    that lies in a known guest's files), or None when no guest's code is on it. A
+    :class:`GuestError` already is that line."""
+    if isinstance(err, GuestError):
+        return str(err)
     found = None
     for frame, line in traceback.walk_tb(err.__traceback__):
         owners = guests_owning(frame.f_code.co_filename)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.errors import CreditAuditError, GuestError
+from creditaudit.guests.blame import guest_error
 from creditaudit.records import EpochEntry, RunRecord
 
 
@@ -90,11 +93,21 @@ class RunLogger:
         """Release files and processes (idempotent)."""
 
 
+# What the training loop calls on every logger.
+METHODS = ("start", "log_step", "log_epoch", "log_stage", "finish", "close")
+
+
 class LoggerGroup(RunLogger):
     """Several loggers as one. ``finish`` and ``close`` reach every logger even when one
     raises (the first error is raised afterwards), so one broken backend cannot leave
     another's files open. It keeps the last epoch handed to each logger, so that
-    :meth:`catch_up` gives a stopped part's loggers the saved epochs they missed."""
+    :meth:`catch_up` gives a stopped part's loggers the saved epochs they missed.
+
+    A user's logger (one whose class is not creditaudit's) is a guest: it gets its own
+    copy of what it is given (the run, an epoch entry, the record), so a logger that changes
+    them cannot change the record, and an exception out of it — or a ``sys.exit`` — is one
+    :class:`~creditaudit.errors.GuestError` line naming the logger
+    (:func:`~creditaudit.guests.blame.guest_error`)."""
 
     def __init__(self, loggers: Sequence[RunLogger]) -> None:
         self.loggers = list(loggers)
@@ -105,19 +118,29 @@ class LoggerGroup(RunLogger):
         return bool(self.loggers)
 
     def start(self, run: RunStart) -> None:
+        """Checks first that every logger has every method (GuestError naming the missing
+        ones: before the run writes or trains anything), then starts each."""
+        for logger in self.loggers:
+            missing = [name for name in METHODS if not callable(getattr(logger, name, None))]
+            if missing:
+                raise GuestError(
+                    f"logger {type(logger).__qualname__} has no {', '.join(missing)} "
+                    f"method{'s' if len(missing) > 1 else ''}: a logger needs all of "
+                    f"{', '.join(METHODS)}; subclass creditaudit.loggers.RunLogger, whose "
+                    "methods do nothing unless you override them")
         self.handed = {}
         self.first_epoch = run.first_epoch if run.resumed else 0
         for logger in self.loggers:
-            logger.start(run)
+            _call(logger, "start", run)
 
     def log_step(self, loss: float) -> None:
         for logger in self.loggers:
-            logger.log_step(loss)
+            _call(logger, "log_step", loss)
 
     def log_epoch(self, entry: EpochEntry) -> None:
         for index, logger in enumerate(self.loggers):
             self.handed[index] = entry.epoch  # before: a logger stopped inside is not retried
-            logger.log_epoch(entry)
+            _call(logger, "log_epoch", entry)
 
     def catch_up(self, saved: Sequence[EpochEntry]) -> None:
         """Hand each logger the epochs of ``saved`` (the record's epochs its checkpoint holds)
@@ -131,11 +154,11 @@ class LoggerGroup(RunLogger):
             with contextlib.suppress(Exception):
                 for entry in missed:
                     self.handed[index] = entry.epoch
-                    logger.log_epoch(entry)
+                    _call(logger, "log_epoch", entry)
 
     def log_stage(self, text: str) -> None:
         for logger in self.loggers:
-            logger.log_stage(text)
+            _call(logger, "log_stage", text)
 
     def finish(self, record: RunRecord) -> None:
         self._each("finish", record)
@@ -147,7 +170,7 @@ class LoggerGroup(RunLogger):
         error: BaseException | None = None
         for logger in self.loggers:
             try:
-                getattr(logger, method)(*args)
+                _call(logger, method, *args)
             except Exception as err:  # noqa: BLE001 — re-raised below, after the others
                 error = error or err
         if error is not None:
@@ -161,6 +184,21 @@ class LoggerGroup(RunLogger):
             self.catch_up([entry for entry in record.log if entry.epoch <= saved_through])
         with contextlib.suppress(Exception):
             self.finish(record)
+
+
+def _call(logger: RunLogger, method: str, *args: object) -> None:
+    """``logger.method(*args)``; for a user's logger (a guest), on copies of ``args``, and
+    its exception or ``sys.exit`` named as its own (a CreditAuditError it raises on purpose,
+    or an interrupt, passes unchanged)."""
+    if type(logger).__module__.startswith("creditaudit."):
+        getattr(logger, method)(*args)
+        return
+    try:
+        getattr(logger, method)(*copy.deepcopy(args))
+    except (CreditAuditError, KeyboardInterrupt):
+        raise
+    except (Exception, SystemExit) as err:  # noqa: BLE001 — the guest's, named as its own
+        raise guest_error(f"logger {type(logger).__qualname__}.{method}", err) from err
 
 
 def replay(record: RunRecord, run_dir: Path, logger: RunLogger) -> None:

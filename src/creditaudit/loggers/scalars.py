@@ -2,16 +2,21 @@
 
 - ``train/``: ``loss``, ``acc`` (training, over the epoch), ``test_loss``, ``test_acc`` (the
   whole test split), ``lr``, ``seconds`` and the rule's own per-epoch values
-  (``train/state_pred_error``, …);
+  (``train/state_pred_error``, …; one named like those six, ``train/extras/NAME``);
 - ``norms/``: ``h_L``, ``g_L``, ``g_2`` (median per-sample norms; gradients in the
   1/128 convention), ``max_block_growth``, ``g_L_zero_fraction``, ``g_L_nonzero_median``,
   and per state ``hidden/l{l}``, ``grad/l{l}``;
-- ``credit/``: per epoch ``deep_cos`` and ``cos/l{l}``; at the end of the run ``rho/l{l}``
+- ``credit/``: per epoch ``deep_cos``, ``deep_cos_valid`` (1 when every deep cosine is a
+  valid measurement, 0 when one is not: the report's § or * mark; left out for records
+  without ``cos_valid``), ``cos/l{l}`` and, for rules with a feedback matrix per layer,
+  ``feedback_angle/{layer}`` (degrees) and ``feedback_norm_ratio/{layer}`` (‖B‖/‖W‖); at
+  the end of the run ``rho/l{l}``
   with ``rho_bp/l{l}`` and ``rho_random/l{l}`` (controls), ``nudging_{η}/l{l}`` with
   ``nudging_bp_{η}``/``nudging_random_{η}``, ``null/mean``, ``null/std``, ``null/z``,
   ``null/training`` (fresh-feedback null, FA/DFA) and ``gamma/{aggregation}``;
 - ``protocol/``: one tag per diagnostic of the run's protocol, named by its id (``a`` …
-  ``d`` for the built-ins; 1 fired, 0 passed; a diagnostic not evaluated is not logged) and
+  ``d`` for the built-ins; 1 fired, 0 passed; a diagnostic not evaluated is not logged; one
+  named ``walk_back`` or ``verdict``: ``protocol/diagnostics/NAME``) and
   ``walk_back`` (1 when the verdict needs walk-back), at evaluated epochs.
 """
 
@@ -46,6 +51,14 @@ def _per_layer(out: dict[str, float], prefix: str, values: Sequence[Any] | None,
         _put(out, f"{prefix}/l{first + offset}", value)
 
 
+# The tool's own ``train/`` tags; a rule's or a loop's extra of one of these names is logged
+# as ``train/extras/NAME``.
+TRAIN_NAMES = ("loss", "acc", "test_loss", "test_acc", "lr", "seconds")
+# The verdict's ``protocol/`` tags (``verdict``: W&B's text); a plugin diagnostic of one of
+# these names is logged as ``protocol/diagnostics/NAME``.
+PROTOCOL_NAMES = ("walk_back", "verdict")
+
+
 def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
     """Every number of one epoch entry under its grouped tag (missing values left out)."""
     out: dict[str, float] = {}
@@ -66,11 +79,20 @@ def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
         _per_layer(out, "norms/hidden", measures.hidden_norms)
         _per_layer(out, "norms/grad", measures.bp_grad_norms_per_sample_med)
         _per_layer(out, "credit/cos", measures.cos_per_layer)
-    for key, value in entry.extras.items():
-        _put(out, f"train/{key}", value)
+        if measures.deep_cos_valid is not None:
+            out["credit/deep_cos_valid"] = 1.0 if measures.deep_cos_valid else 0.0
+        for layer, angle, ratio in zip(measures.feedback_layers or (),
+                                       measures.feedback_angle or (),
+                                       measures.feedback_norm_ratio or (), strict=False):
+            _put(out, f"credit/feedback_angle/{layer}", angle)
+            _put(out, f"credit/feedback_norm_ratio/{layer}", ratio)
+    for key, value in entry.extras.items():  # never in place of the tool's own numbers
+        _put(out, f"train/extras/{key}" if key in TRAIN_NAMES else f"train/{key}", value)
     for diagnostic, status in (entry.protocol or {}).items():
         if status in (FIRED, PASSED):
-            out[f"protocol/{diagnostic}"] = 1.0 if status == FIRED else 0.0
+            tag = (f"protocol/diagnostics/{diagnostic}" if diagnostic in PROTOCOL_NAMES
+                   else f"protocol/{diagnostic}")  # never in place of the verdict's tags
+            out[tag] = 1.0 if status == FIRED else 0.0
     if entry.verdict is not None:
         out["protocol/walk_back"] = 1.0 if entry.verdict == WALK_BACK else 0.0
     return out

@@ -56,6 +56,7 @@ from creditaudit.run.results import (
     protocol_due,
     record_protocol,
     reference_at_start,
+    rule_extras,
     training_state_fault,
 )
 from creditaudit.run.resume import changed_settings
@@ -255,7 +256,7 @@ class Trainer(RecordKeeping):
             correct += result.correct
             n += result.n
             self.loggers.log_step(result.loss)
-        extra = self.rule.end_epoch(epoch, self.config.optim.epochs)
+        extra = rule_extras(self.rule, self.rule.end_epoch(epoch, self.config.optim.epochs))
         return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1),
                 "extras": extra}
 

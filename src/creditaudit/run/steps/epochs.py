@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.methods.stacked import StackedStep, StepTensors
+from creditaudit.run.results import rule_extras
 from creditaudit.run.steps.stepping import StackMember
 
 
@@ -126,7 +127,9 @@ class StackedEpochs:
         sums, hits = loss_sum.tolist(), correct.tolist()
         epochs = self.members[0].config.optim.epochs
         return [{"train_loss": sums[k] / max(n, 1), "train_acc": hits[k] / max(n, 1),
-                 "extras": self.members[k].rule.end_epoch(epoch, epochs)} if k in live
+                 "extras": rule_extras(self.members[k].rule,
+                                       self.members[k].rule.end_epoch(epoch, epochs))}
+                if k in live
                 else None for k in range(size)]
 
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError, GuestError
 from creditaudit.guests.blame import guest_error
 from creditaudit.records import EpochEntry, RunRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -166,14 +169,23 @@ class LoggerGroup(RunLogger):
     def close(self) -> None:
         self._each("close")
 
-    def _each(self, method: str, *args: object) -> None:
+    def close_quietly(self) -> None:
+        """``close`` while another error unwinds (the run's own, which must reach the
+        caller): a logger's close failure is logged, one warning line naming it, and not
+        raised."""
+        self._each("close", quietly=True)
+
+    def _each(self, method: str, *args: object, quietly: bool = False) -> None:
         error: BaseException | None = None
         for logger in self.loggers:
             try:
                 _call(logger, method, *args)
             except Exception as err:  # noqa: BLE001 — re-raised below, after the others
+                if quietly:
+                    log.warning("warning: %s (not raised: the error that stopped the "
+                                "run is)", _one_line(logger, method, err))
                 error = error or err
-        if error is not None:
+        if error is not None and not quietly:
             raise error
 
     def finish_quietly(self, record: RunRecord, *, saved_through: int | None = None) -> None:
@@ -184,6 +196,16 @@ class LoggerGroup(RunLogger):
             self.catch_up([entry for entry in record.log if entry.epoch <= saved_through])
         with contextlib.suppress(Exception):
             self.finish(record)
+
+
+def _one_line(logger: RunLogger, method: str, err: BaseException) -> str:
+    """``err``, raised by ``logger.method``, as one line naming the logger (a guest's
+    GuestError already is that line)."""
+    if isinstance(err, GuestError):
+        return str(err)
+    text = str(err).strip().splitlines()
+    return (f"logger {type(logger).__qualname__}.{method} raised {type(err).__name__}"
+            + (f": {text[0]}" if text else ""))
 
 
 def _call(logger: RunLogger, method: str, *args: object) -> None:
@@ -204,14 +226,18 @@ def _call(logger: RunLogger, method: str, *args: object) -> None:
 def replay(record: RunRecord, run_dir: Path, logger: RunLogger) -> None:
     """Log a finished run from its record, as its training logged it: ``start``, every epoch
     (epoch 0 included), ``finish`` with the final record and its end-of-run metrics, and
-    ``close``. Reads only the record: nothing is trained or recomputed."""
+    ``close``. Reads only the record: nothing is trained or recomputed. A logger's error
+    before ``close`` is the one raised (a close failure after it is logged)."""
+    group = logger if isinstance(logger, LoggerGroup) else LoggerGroup([logger])
     try:
-        logger.start(RunStart(
+        group.start(RunStart(
             config=record.config, run_id=record.run_id, run_dir=run_dir, first_epoch=1,
             epochs=record.config.optim.epochs, steps_per_epoch=0,
             elapsed_before=0.0, replayed=True, reference=record.reference.to_dict()))
         for entry in record.log:
-            logger.log_epoch(entry)
-        logger.finish(record)
-    finally:
-        logger.close()
+            group.log_epoch(entry)
+        group.finish(record)
+    except BaseException:
+        group.close_quietly()
+        raise
+    group.close()

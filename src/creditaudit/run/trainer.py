@@ -268,9 +268,12 @@ class Trainer(RecordKeeping):
         self.loggers = build_loggers(self.config, self.run_id)
         self.loggers.loggers.extend(loggers)
         try:
-            return self._run(resume)
-        finally:
-            self.loggers.close()
+            result = self._run(resume)
+        except BaseException:
+            self.loggers.close_quietly()  # the run's own error is what the caller sees
+            raise
+        self.loggers.close()
+        return result
 
     def _run(self, resume: bool) -> RunResult:
         try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,17 @@ from creditaudit.guests.blame import guest_error
 from creditaudit.records import EpochEntry, RunRecord
 
 log = logging.getLogger(__name__)
+
+# The run whose event the loggers are handed now (LoggerGroup sets it around each call).
+_CURRENT_RUN: ContextVar[str | None] = ContextVar("creditaudit_logged_run", default=None)
+
+
+def current_run_id() -> str | None:
+    """The id of the run whose event a logger's method is handling, inside any of its six
+    methods (None outside them): a logger handed to several runs that train at once (the
+    runs of one stack, :func:`~creditaudit.run.stacked.train_stacked`) tells them apart by
+    it, as ``start(run)`` gave each its ``run.run_id``."""
+    return _CURRENT_RUN.get()
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,7 @@ class LoggerGroup(RunLogger):
         self.loggers = list(loggers)
         self.handed: dict[int, int] = {}  # a logger's index → the last epoch handed to it
         self.first_epoch = 0  # the first epoch this part logs
+        self.run_id: str | None = None  # the run started (current_run_id() in its calls)
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -133,17 +146,30 @@ class LoggerGroup(RunLogger):
                     "methods do nothing unless you override them")
         self.handed = {}
         self.first_epoch = run.first_epoch if run.resumed else 0
-        for logger in self.loggers:
-            _call(logger, "start", run)
+        self.run_id = run.run_id
+        with self._current():
+            for logger in self.loggers:
+                _call(logger, "start", run)
 
     def log_step(self, loss: float) -> None:
-        for logger in self.loggers:
-            _call(logger, "log_step", loss)
+        with self._current():
+            for logger in self.loggers:
+                _call(logger, "log_step", loss)
 
     def log_epoch(self, entry: EpochEntry) -> None:
-        for index, logger in enumerate(self.loggers):
-            self.handed[index] = entry.epoch  # before: a logger stopped inside is not retried
-            _call(logger, "log_epoch", entry)
+        with self._current():
+            for index, logger in enumerate(self.loggers):
+                self.handed[index] = entry.epoch  # before: one stopped inside is not retried
+                _call(logger, "log_epoch", entry)
+
+    @contextlib.contextmanager
+    def _current(self) -> Iterator[None]:
+        """:func:`current_run_id` is this group's run inside the block."""
+        token = _CURRENT_RUN.set(self.run_id)
+        try:
+            yield
+        finally:
+            _CURRENT_RUN.reset(token)
 
     def catch_up(self, saved: Sequence[EpochEntry]) -> None:
         """Hand each logger the epochs of ``saved`` (the record's epochs its checkpoint holds)
@@ -154,14 +180,15 @@ class LoggerGroup(RunLogger):
         for index, logger in enumerate(self.loggers):
             missed = [entry for entry in saved if entry.epoch >= self.first_epoch
                       and entry.epoch > self.handed.get(index, -1)]
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), self._current():
                 for entry in missed:
                     self.handed[index] = entry.epoch
                     _call(logger, "log_epoch", entry)
 
     def log_stage(self, text: str) -> None:
-        for logger in self.loggers:
-            _call(logger, "log_stage", text)
+        with self._current():
+            for logger in self.loggers:
+                _call(logger, "log_stage", text)
 
     def finish(self, record: RunRecord) -> None:
         self._each("finish", record)
@@ -179,7 +206,8 @@ class LoggerGroup(RunLogger):
         error: BaseException | None = None
         for logger in self.loggers:
             try:
-                _call(logger, method, *args)
+                with self._current():
+                    _call(logger, method, *args)
             except Exception as err:  # noqa: BLE001 — re-raised below, after the others
                 if quietly:
                     log.warning("warning: %s (not raised: the error that stopped the "

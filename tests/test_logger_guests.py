@@ -79,6 +79,10 @@ class Broken(RunLogger):
         if self.method == "finish":
             raise RuntimeError("finish broke")
 
+    def close(self):
+        if self.method == "close":
+            raise RuntimeError("close broke")
+
 
 def test_a_logger_that_raises_is_named_in_one_line_and_the_run_resumes(tmp_path):
     config = tiny(tmp_path)
@@ -103,6 +107,51 @@ def test_a_logger_that_exits_or_fails_at_the_end_is_named(tmp_path):
         train(tiny(tmp_path / "end"), loggers=[Broken("finish")])
     finished = load_record(tmp_path / "end" / run_dir_name(tmp_path / "end"))
     assert finished.status == "completed"  # its record was final before the logger's end
+
+
+def test_the_runs_own_error_wins_over_a_logger_that_fails_to_close(tmp_path, monkeypatch,
+                                                                    caplog):
+    """The logger's close() ran while the run's error unwound, and its error replaced the
+    run's: the caller saw 'close broke', the record said 'evaluation broke'."""
+    from creditaudit.run.trainer import Trainer
+
+    measure = Trainer.measure
+
+    def broken_measure(self, epoch):  # noqa: ANN001
+        if epoch == 1:
+            raise ArithmeticError("evaluation broke")
+        return measure(self, epoch)
+
+    monkeypatch.setattr(Trainer, "measure", broken_measure)
+    with pytest.raises(ArithmeticError, match="^evaluation broke$"):
+        train(tiny(tmp_path / "failed"), loggers=[Broken("close")])
+    failed = load_record(tmp_path / "failed" / run_dir_name(tmp_path / "failed"))
+    assert failed.status == "failed" and "evaluation broke" in failed.error
+    (line,) = [r.getMessage() for r in caplog.records if "close broke" in r.getMessage()]
+    assert line.startswith("warning: logger Broken.close raised RuntimeError: close broke")
+    assert "\n" not in line
+    monkeypatch.setattr(Trainer, "measure", measure)
+    # a run that succeeded: the logger's close failure is its one-line error, as before
+    with pytest.raises(GuestError, match=r"^logger Broken\.close raised RuntimeError: "
+                       "close broke"):
+        train(tiny(tmp_path / "done"), loggers=[Broken("close")])
+    assert load_record(tmp_path / "done" / run_dir_name(tmp_path / "done")).status == "completed"
+
+
+class BrokenEnd(RunLogger):
+    def finish(self, record):  # noqa: ANN001
+        raise RuntimeError("finish broke")
+
+    def close(self):
+        raise RuntimeError("close broke")
+
+
+def test_a_replay_raises_the_loggers_first_error_not_its_close_failure(tmp_path, caplog):
+    train(tiny(tmp_path))
+    with pytest.raises(GuestError, match=r"^logger BrokenEnd\.finish raised RuntimeError"):
+        train(tiny(tmp_path), loggers=[BrokenEnd()])  # finished: replayed into the logger
+    assert any("logger BrokenEnd.close raised RuntimeError: close broke" in r.getMessage()
+               for r in caplog.records)
 
 
 def run_dir_name(out: Path) -> str:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from creditaudit import Recorder, rule
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, GuestError
+from creditaudit.methods.credit_bridge import CreditBridge
 from creditaudit.models import ResidualMLP
 from creditaudit.records import load_record
 
@@ -75,3 +76,42 @@ def test_extras_of_the_rules_own_names_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"extras \['bridge_warmup'\] are credit-bridge's "
                                           "own per-epoch fields"):
         rec.epoch(1, extras={"bridge_warmup": 1.0, "mine": 2.0})
+
+
+def test_extras_named_like_a_record_key_are_refused_in_one_line(tmp_path):
+    """extras are written last, so one named like the entry's own key replaced it in
+    record.json (the file said train_loss 9.0 where the loop said 0.5)."""
+    x, y = data()
+    rec = Recorder(bridge(warmup_fraction=0.0), x, y, out=tmp_path, name="keys",
+                   progress=False, config=OFF)
+    with pytest.raises(ConfigError, match=r"^extras 'train_loss': keys the record writes for "
+                                          r"every epoch, .* give yours other names \(pass "
+                                          r"train_loss=… as its own argument\)$"):
+        rec.epoch(0, train_loss=0.5, extras={"train_loss": 9.0})
+    for key in ("epoch", "lr", "seconds", "test_acc", "h_L_norm", "cos_per_layer", "verdict",
+                "protocol", "extras"):
+        with pytest.raises(ConfigError, match=f"^extras '{key}': keys the record writes"):
+            rec.epoch(0, extras={key: 1.0})
+    rec.epoch(0, train_loss=0.5, extras={"mine": 9.0})  # nothing was recorded before
+    assert load_record(tmp_path / "keys").log[0].train_loss == 0.5
+
+
+class LoudBridge(CreditBridge):
+    """A user's own rule class whose per-epoch values take the record's names."""
+
+    def end_epoch(self, epoch, n_epochs):  # noqa: ANN001
+        return {**super().end_epoch(epoch, n_epochs), "lr": 5.0, "test_loss": 0.0}
+
+
+def test_a_rules_per_epoch_values_named_like_a_record_key_are_refused(tmp_path):
+    loud = bridge(warmup_fraction=0.0)
+    loud.__class__ = LoudBridge  # the same rule, of the user's own class
+    x, y = data()
+    rec = Recorder(loud, x, y, out=tmp_path, name="loud", progress=False, config=OFF)
+    rec.epoch(0)
+    with pytest.raises(GuestError, match=r"^credit rule .*LoudBridge \(your own class\): "
+                                         r"end_epoch\(\) returned per-epoch values named "
+                                         r"'lr', 'test_loss', keys the epoch entry writes "
+                                         r"itself, .* give them other names; an error in its "
+                                         r"code"):
+        rec.epoch(1, test_loss=1.0)

@@ -18,7 +18,7 @@ loggers, it replays its record into them (:func:`replay`).
 from __future__ import annotations
 
 from creditaudit.config import RunConfig
-from creditaudit.loggers.base import LoggerGroup, RunLogger, RunStart, replay
+from creditaudit.loggers.base import LoggerGroup, RunLogger, RunStart, current_run_id, replay
 from creditaudit.loggers.console import ConsoleLogger
 from creditaudit.loggers.scalars import end_of_run_scalars, epoch_scalars
 
@@ -45,4 +45,4 @@ def build_loggers(config: RunConfig, run_id: str, *, console: bool = True) -> Lo
 
 
 __all__ = ["RunLogger", "RunStart", "LoggerGroup", "ConsoleLogger", "build_loggers",
-           "replay", "epoch_scalars", "end_of_run_scalars"]
+           "replay", "epoch_scalars", "end_of_run_scalars", "current_run_id"]

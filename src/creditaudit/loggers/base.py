@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,19 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError, GuestError
 from creditaudit.guests.blame import guest_error
 from creditaudit.records import EpochEntry, RunRecord
+
+log = logging.getLogger(__name__)
+
+# The run whose event the loggers are handed now (LoggerGroup sets it around each call).
+_CURRENT_RUN: ContextVar[str | None] = ContextVar("creditaudit_logged_run", default=None)
+
+
+def current_run_id() -> str | None:
+    """The id of the run whose event a logger's method is handling, inside any of its six
+    methods (None outside them): a logger handed to several runs that train at once (the
+    runs of one stack, :func:`~creditaudit.run.stacked.train_stacked`) tells them apart by
+    it, as ``start(run)`` gave each its ``run.run_id``."""
+    return _CURRENT_RUN.get()
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,7 @@ class LoggerGroup(RunLogger):
         self.loggers = list(loggers)
         self.handed: dict[int, int] = {}  # a logger's index → the last epoch handed to it
         self.first_epoch = 0  # the first epoch this part logs
+        self.run_id: str | None = None  # the run started (current_run_id() in its calls)
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -130,17 +146,30 @@ class LoggerGroup(RunLogger):
                     "methods do nothing unless you override them")
         self.handed = {}
         self.first_epoch = run.first_epoch if run.resumed else 0
-        for logger in self.loggers:
-            _call(logger, "start", run)
+        self.run_id = run.run_id
+        with self._current():
+            for logger in self.loggers:
+                _call(logger, "start", run)
 
     def log_step(self, loss: float) -> None:
-        for logger in self.loggers:
-            _call(logger, "log_step", loss)
+        with self._current():
+            for logger in self.loggers:
+                _call(logger, "log_step", loss)
 
     def log_epoch(self, entry: EpochEntry) -> None:
-        for index, logger in enumerate(self.loggers):
-            self.handed[index] = entry.epoch  # before: a logger stopped inside is not retried
-            _call(logger, "log_epoch", entry)
+        with self._current():
+            for index, logger in enumerate(self.loggers):
+                self.handed[index] = entry.epoch  # before: one stopped inside is not retried
+                _call(logger, "log_epoch", entry)
+
+    @contextlib.contextmanager
+    def _current(self) -> Iterator[None]:
+        """:func:`current_run_id` is this group's run inside the block."""
+        token = _CURRENT_RUN.set(self.run_id)
+        try:
+            yield
+        finally:
+            _CURRENT_RUN.reset(token)
 
     def catch_up(self, saved: Sequence[EpochEntry]) -> None:
         """Hand each logger the epochs of ``saved`` (the record's epochs its checkpoint holds)
@@ -151,14 +180,15 @@ class LoggerGroup(RunLogger):
         for index, logger in enumerate(self.loggers):
             missed = [entry for entry in saved if entry.epoch >= self.first_epoch
                       and entry.epoch > self.handed.get(index, -1)]
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), self._current():
                 for entry in missed:
                     self.handed[index] = entry.epoch
                     _call(logger, "log_epoch", entry)
 
     def log_stage(self, text: str) -> None:
-        for logger in self.loggers:
-            _call(logger, "log_stage", text)
+        with self._current():
+            for logger in self.loggers:
+                _call(logger, "log_stage", text)
 
     def finish(self, record: RunRecord) -> None:
         self._each("finish", record)
@@ -166,14 +196,24 @@ class LoggerGroup(RunLogger):
     def close(self) -> None:
         self._each("close")
 
-    def _each(self, method: str, *args: object) -> None:
+    def close_quietly(self) -> None:
+        """``close`` while another error unwinds (the run's own, which must reach the
+        caller): a logger's close failure is logged, one warning line naming it, and not
+        raised."""
+        self._each("close", quietly=True)
+
+    def _each(self, method: str, *args: object, quietly: bool = False) -> None:
         error: BaseException | None = None
         for logger in self.loggers:
             try:
-                _call(logger, method, *args)
+                with self._current():
+                    _call(logger, method, *args)
             except Exception as err:  # noqa: BLE001 — re-raised below, after the others
+                if quietly:
+                    log.warning("warning: %s (not raised: the error that stopped the "
+                                "run is)", _one_line(logger, method, err))
                 error = error or err
-        if error is not None:
+        if error is not None and not quietly:
             raise error
 
     def finish_quietly(self, record: RunRecord, *, saved_through: int | None = None) -> None:
@@ -184,6 +224,16 @@ class LoggerGroup(RunLogger):
             self.catch_up([entry for entry in record.log if entry.epoch <= saved_through])
         with contextlib.suppress(Exception):
             self.finish(record)
+
+
+def _one_line(logger: RunLogger, method: str, err: BaseException) -> str:
+    """``err``, raised by ``logger.method``, as one line naming the logger (a guest's
+    GuestError already is that line)."""
+    if isinstance(err, GuestError):
+        return str(err)
+    text = str(err).strip().splitlines()
+    return (f"logger {type(logger).__qualname__}.{method} raised {type(err).__name__}"
+            + (f": {text[0]}" if text else ""))
 
 
 def _call(logger: RunLogger, method: str, *args: object) -> None:
@@ -204,14 +254,18 @@ def _call(logger: RunLogger, method: str, *args: object) -> None:
 def replay(record: RunRecord, run_dir: Path, logger: RunLogger) -> None:
     """Log a finished run from its record, as its training logged it: ``start``, every epoch
     (epoch 0 included), ``finish`` with the final record and its end-of-run metrics, and
-    ``close``. Reads only the record: nothing is trained or recomputed."""
+    ``close``. Reads only the record: nothing is trained or recomputed. A logger's error
+    before ``close`` is the one raised (a close failure after it is logged)."""
+    group = logger if isinstance(logger, LoggerGroup) else LoggerGroup([logger])
     try:
-        logger.start(RunStart(
+        group.start(RunStart(
             config=record.config, run_id=record.run_id, run_dir=run_dir, first_epoch=1,
             epochs=record.config.optim.epochs, steps_per_epoch=0,
             elapsed_before=0.0, replayed=True, reference=record.reference.to_dict()))
         for entry in record.log:
-            logger.log_epoch(entry)
-        logger.finish(record)
-    finally:
-        logger.close()
+            group.log_epoch(entry)
+        group.finish(record)
+    except BaseException:
+        group.close_quietly()
+        raise
+    group.close()

@@ -45,7 +45,7 @@ from creditaudit.records.files import (
     save_record,
     scan_records,
 )
-from creditaudit.records.parts import DERIVED, EpochEntry
+from creditaudit.records.parts import DERIVED, RECORD_KEYS, EpochEntry
 from creditaudit.records.reading import FINISHED, SCHEMA, STATUSES
 from creditaudit.records.recipes import NOT_RECORDED, recipe_key
 from creditaudit.records.run_parts import (
@@ -61,7 +61,7 @@ __all__ = [
     "RunRecord", "DERIVED", "EpochEntry", "EpochMeasures", "FinalResults", "EndOfRun",
     "ProtocolState", "ReferenceState", "ResumedPart", "DataIdentity", "SCHEMA", "STATUSES",
     "FINISHED",
-    "NOT_RECORDED",
+    "NOT_RECORDED", "RECORD_KEYS",
     "RECORD_FILE",
     "CHECKPOINT_FILE", "CONFIG_FILE", "INIT_FILE", "CLAIM_FILE", "RUN_FILES",
     "RUN_FOLDER_FILES", "check_not_run_file", "CHECKPOINT_FORMAT", "load_record",

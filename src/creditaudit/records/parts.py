@@ -279,3 +279,7 @@ _LIST_MEASURES = tuple(name for name, tp in typing.get_type_hints(EpochMeasures)
 # stored for them: read again, never from the file.
 DERIVED = ("test_acc", *MEASURES_DERIVED)
 WRITTEN_ALIASES = ("hidden_norms_cls",)
+# The keys an entry's own values are written under or read from (its fields, its measures,
+# what is derived from them): an extra named like one would replace that value in
+# record.json (extras are written last), or be dropped when the record is read.
+RECORD_KEYS = frozenset((*_OWN_FIELDS, *_MEASURE_FIELDS, *DERIVED, *WRITTEN_ALIASES))

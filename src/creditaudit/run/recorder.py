@@ -83,6 +83,7 @@ from creditaudit.run.recorder_inputs import (
     claim_folder,
     folder_name,
     network_layout,
+    refuse_record_keys,
     released_on_error,
     tensor_versions,
 )
@@ -91,6 +92,7 @@ from creditaudit.run.results import (
     protocol_due,
     record_protocol,
     reference_at_start,
+    rule_extras,
 )
 
 RECORDER_FIX = ("pass Recorder(..., allow_unverified_reference=True) to record it with every "
@@ -252,9 +254,10 @@ class Recorder:
                    "train_loss": checked_number("train_loss", train_loss),
                    "train_acc": checked_number("train_acc", train_acc, fraction=True)}
         kept = {str(k): checked_number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
+        refuse_record_keys(kept)
         if epoch >= 1:  # the rule's end of a trained epoch, as `creditaudit train` ends it
-            own = self.rule.end_epoch(epoch, self.config.optim.epochs if self._epochs_given
-                                      else epoch)
+            own = rule_extras(self.rule, self.rule.end_epoch(
+                epoch, self.config.optim.epochs if self._epochs_given else epoch))
             if clash := sorted(own.keys() & kept.keys()):
                 raise ConfigError(f"extras {clash} are {self.rule.name}'s own per-epoch "
                                   "fields: give yours other names")

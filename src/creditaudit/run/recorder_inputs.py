@@ -6,7 +6,7 @@ in place since, and the network's modules and parameters, which must stay those 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
-from creditaudit.records import RECORD_FILE, RUN_FILES
+from creditaudit.records import RECORD_FILE, RECORD_KEYS, RUN_FILES
 from creditaudit.records.claims import holding_run
 
 
@@ -157,4 +157,25 @@ def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool 
     return number
 
 
-__all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions"]
+def refuse_record_keys(extras: Mapping[str, float]) -> None:
+    """ConfigError (one line) when an extra is named like a key the epoch entry writes
+    itself (:data:`~creditaudit.records.RECORD_KEYS`): record.json would hold the extra in
+    its place."""
+    taken = sorted(key for key in extras if key in RECORD_KEYS)
+    if not taken:
+        return
+    own = [key for key in taken if key in _EPOCH_NUMBERS]
+    instead = (f" (pass {', '.join(f'{key}=…' for key in own)} as "
+               f"{'its own argument' if len(own) == 1 else 'their own arguments'})"
+               if own else "")
+    raise ConfigError(f"extras {', '.join(map(repr, taken))}: keys the record writes for "
+                      "every epoch, which an extra would replace in record.json: give yours "
+                      f"other names{instead}")
+
+
+# The epoch's numbers epoch() takes as arguments of their own.
+_EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
+
+
+__all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions",
+           "refuse_record_keys"]

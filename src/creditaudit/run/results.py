@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,8 @@ from torch import nn
 
 from creditaudit.config import DiagnosticsConfig
 from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
-from creditaudit.guests.blame import blame
+from creditaudit.errors import GuestError
+from creditaudit.guests.blame import VALUE_ADVICE, blame
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
@@ -37,7 +38,14 @@ from creditaudit.models.contract import measurement_mode
 from creditaudit.protocol import evaluate_protocol
 from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
-from creditaudit.records import DERIVED, EpochEntry, FinalResults, ReferenceState, RunRecord
+from creditaudit.records import (
+    DERIVED,
+    RECORD_KEYS,
+    EpochEntry,
+    FinalResults,
+    ReferenceState,
+    RunRecord,
+)
 from creditaudit.records.copies import final_from_entry
 from creditaudit.registry import RULES
 from creditaudit.report.runs import credit_not_finite_text
@@ -183,6 +191,27 @@ def rule_named(rule: CreditRule) -> tuple[str, bool]:
     if guest is not None:
         return guest.what, True
     return f"{RULES.noun} {rule.name!r}", False
+
+
+def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
+    """``values``, what ``rule.end_epoch`` returned (the epoch's own per-epoch fields), as
+    the entry's extras, once none is named like a key the entry writes itself
+    (:data:`~creditaudit.records.RECORD_KEYS`: it would replace that value in record.json).
+    One line naming the rule and the keys: a GuestError for a plugin's or your own class's,
+    RuntimeError (creditaudit's own fault) for a built-in's."""
+    problem = None
+    if not isinstance(values, Mapping):
+        problem = f"returned a {type(values).__name__}, not a dict of per-epoch values"
+    elif taken := sorted(str(key) for key in values if key in RECORD_KEYS):
+        problem = (f"returned per-epoch values named {', '.join(map(repr, taken))}, keys the "
+                   "epoch entry writes itself, which they would replace in record.json; give "
+                   "them other names")
+    if problem is None:
+        return dict(values)
+    what, guest = rule_named(rule)
+    if not guest:
+        raise RuntimeError(f"{what}: end_epoch() {problem}")
+    raise GuestError(f"{what}: end_epoch() {problem}; {VALUE_ADVICE}")
 
 
 def note_end_of_run_credits(record: RunRecord, rule: CreditRule) -> None:

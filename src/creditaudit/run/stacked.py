@@ -146,8 +146,11 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     stack per starting epoch and count; a run left alone in its stack (there, or once the
     others have ended) takes its own step, bit for bit the run trained alone. An error in
     the shared step fails every run still training in the stack (and is raised); one in a
-    run's start (its checkpoint read), its evaluation or end-of-run block fails that run
-    alone. ConfigError when the configs
+    run's start (its checkpoint read), its evaluation or end-of-run block, or its loggers
+    (``loggers`` go to every run: :func:`~creditaudit.loggers.current_run_id` tells them
+    which run a call is for) fails that run alone; a logger's error in ``finish`` or
+    ``close`` of a run that completed is raised once every run has ended. ConfigError when
+    the configs
     differ in more than :data:`VARYING` or list one run twice; RunRecordError as
     :func:`train` raises it; both before anything trains. Torch's settings are as
     :func:`train` has them; the caller's settings, thread count and random streams are back
@@ -189,6 +192,7 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
              or len(t.train_loader) != len(trainers[0][1].train_loader)]
     stacked = [item for item in trainers if item not in alone]
     started: list[Trainer] = []
+    logger_errors: list[Exception] = []  # raised once every run has ended (the first)
     try:
         for index, trainer, resume_run in list(stacked):
             trainer.loggers = build_loggers(trainer.config, trainer.run_id)
@@ -210,7 +214,8 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
             for trainer in group:
                 trainer.environment["execution"]["stacked_runs"] = len(group)
             torch.set_num_threads(threads)
-            for trainer, result in zip(group, _train_group(group, rng), strict=True):
+            for trainer, result in zip(group, _train_group(group, rng, logger_errors),
+                                       strict=True):
                 results[next(i for i, t, _ in stacked if t is trainer)] = result
     except (KeyboardInterrupt, DiskFullError) as stop:
         # The runs started and not stopped yet (those of a stack still to train, one started
@@ -227,6 +232,8 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
                 raise
             except Exception as err:  # noqa: BLE001 — recorded by run(); the rest train on
                 results[index] = _failed(trainer, err)
+    if logger_errors:
+        raise logger_errors[0]
     return [results[i] for i in range(n)]
 
 
@@ -246,7 +253,7 @@ def _failed_start(trainer: Trainer, err: Exception) -> RunResult:
     ``err``: failed, with the other runs of its stack training on. Its folder keeps what
     it held when nothing of this part was recorded yet, as when it runs alone."""
     trainer.record_stop("failed", err)
-    trainer.loggers.close()
+    trainer.loggers.close_quietly()
     return _failed(trainer, err)
 
 
@@ -294,8 +301,11 @@ def epoch_runner(group: list[Trainer]) -> StackedEpochs | AloneEpochs:
     return StackedEpochs(group, check="step" if first.device.type == "cpu" else "epoch")
 
 
-def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[RunResult]:
-    """Train runs that all start at the same epoch (their ``_start`` done)."""
+def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
+                 logger_errors: list[Exception]) -> list[RunResult]:
+    """Train runs that all start at the same epoch (their ``_start`` done). A logger's
+    error in ``finish`` or ``close`` of a run that ended goes to ``logger_errors``: the
+    run's record is final, and the others train on."""
     results: dict[int, RunResult] = {}
     live = list(group)
     runner = epoch_runner(live)
@@ -310,9 +320,17 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
                 trainer.record_stop("failed", err)
                 results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
                 return
-        trainer.loggers.finish(trainer.record)
-        trainer.loggers.close()
         results[id(trainer)] = RunResult(trainer.run_dir, trainer.record, trainer.rule)
+        try:  # its record is final: a logger's error there is raised once the stack ends
+            trainer.loggers.finish(trainer.record)
+        except Exception as err:  # noqa: BLE001 — kept for the caller, as train() raises it
+            trainer.loggers.close_quietly()
+            logger_errors.append(err)
+            return
+        try:
+            trainer.loggers.close()
+        except Exception as err:  # noqa: BLE001 — as above
+            logger_errors.append(err)
 
     try:
         for epoch in range(group[0].start_epoch, group[0].config.optim.epochs + 1):
@@ -323,13 +341,15 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
             for trainer, run_stats in zip(live, stats, strict=True):
                 with _own_rng(rng, trainer):
                     try:
+                        if isinstance(run_stats, Exception):  # its loggers' (log_step)
+                            raise run_stats
                         if trainer.close_epoch(epoch, run_stats, time.perf_counter() - share):
                             ended.append(trainer)
                     except DiskFullError:
                         raise
                     except Exception as err:  # noqa: BLE001 — fails this run only
                         trainer.record_stop("failed", err)
-                        trainer.loggers.close()
+                        trainer.loggers.close_quietly()
                         results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
             for trainer in ended:
                 finish(trainer)
@@ -352,7 +372,7 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor]) -> list[Run
         for trainer in live:
             if id(trainer) not in results:
                 trainer.record_stop("failed", err)
-                trainer.loggers.close()
+                trainer.loggers.close_quietly()
         raise
     return [results[id(t)] for t in group]
 
@@ -362,7 +382,7 @@ def _interrupt(trainers: list[Trainer], stop: BaseException) -> None:
     or a full disk: their records may then keep their last state, which resumes too)."""
     for trainer in trainers:
         trainer.record_stop("interrupted", disk_full=isinstance(stop, DiskFullError))
-        trainer.loggers.close()
+        trainer.loggers.close_quietly()
 
 
 __all__ = ["VARYING", "AloneEpochs", "check_stackable", "epoch_runner", "stack_key", "stack_groups",

@@ -56,6 +56,7 @@ from creditaudit.run.results import (
     protocol_due,
     record_protocol,
     reference_at_start,
+    rule_extras,
     training_state_fault,
 )
 from creditaudit.run.resume import changed_settings
@@ -255,7 +256,7 @@ class Trainer(RecordKeeping):
             correct += result.correct
             n += result.n
             self.loggers.log_step(result.loss)
-        extra = self.rule.end_epoch(epoch, self.config.optim.epochs)
+        extra = rule_extras(self.rule, self.rule.end_epoch(epoch, self.config.optim.epochs))
         return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1),
                 "extras": extra}
 
@@ -267,9 +268,12 @@ class Trainer(RecordKeeping):
         self.loggers = build_loggers(self.config, self.run_id)
         self.loggers.loggers.extend(loggers)
         try:
-            return self._run(resume)
-        finally:
-            self.loggers.close()
+            result = self._run(resume)
+        except BaseException:
+            self.loggers.close_quietly()  # the run's own error is what the caller sees
+            raise
+        self.loggers.close()
+        return result
 
     def _run(self, resume: bool) -> RunResult:
         try:

@@ -94,7 +94,7 @@ class CapturedEpochs(StackedEpochs):
         self.static: tuple[Tensor, Tensor, StepTensors] | None = None
         self.full_shape: torch.Size | None = None
 
-    def train_epoch(self, epoch: int) -> list[dict[str, Any] | None]:
+    def train_epoch(self, epoch: int) -> list[dict[str, Any] | Exception | None]:
         stats = super().train_epoch(epoch)
         if any(s is None for s in stats):
             # Trained again after a restore: the optimisers' state tensors are new ones.

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.methods.stacked import StackedStep, StepTensors
+from creditaudit.run.results import rule_extras
 from creditaudit.run.steps.stepping import StackMember
 
 
@@ -57,9 +58,10 @@ class StackedEpochs:
     def _make_step(self) -> StackedStep:
         return StackedStep(self.members)
 
-    def train_epoch(self, epoch: int) -> list[dict[str, Any] | None]:
-        """Train every run one epoch; per run its training stats, or None when it diverged
-        (its record's ``divergence`` then says where)."""
+    def train_epoch(self, epoch: int) -> list[dict[str, Any] | Exception | None]:
+        """Train every run one epoch; per run its training stats, None when it diverged
+        (its record's ``divergence`` then says where), or the exception its loggers raised
+        in ``log_step`` (that run fails, alone)."""
         if self.check == "step":
             return self._epoch(epoch, check_steps=True)
         snapshots = [self._snapshot(m) for m in self.members]
@@ -84,13 +86,15 @@ class StackedEpochs:
         self.step.optimize(range(self.step.size))
         return out
 
-    def _epoch(self, epoch: int, *, check_steps: bool) -> list[dict[str, Any] | None]:
+    def _epoch(self, epoch: int, *, check_steps: bool
+               ) -> list[dict[str, Any] | Exception | None]:
         size = len(self.members)
         device = self.step.device
         loss_sum = torch.zeros(size, dtype=torch.float64, device=device)
         correct = torch.zeros(size, dtype=torch.int64, device=device)
         first_bad = torch.full((size,), -1, dtype=torch.int64, device=device)
         live = list(range(size))
+        failed: dict[int, Exception] = {}  # a run whose loggers raised in log_step
         n = 0
         for member in self.members:
             member.model.train()
@@ -118,16 +122,30 @@ class StackedEpochs:
                 correct += out.correct
                 n += batch
                 for k in live:
-                    self.members[k].loggers.log_step(losses[k])
+                    if k not in failed:
+                        failed.update(self._log_step(k, losses[k]))
         finally:
             self.step.unstack()
         if not check_steps and bool((first_bad >= 0).any()):
             return [None] * size  # trained again with checks (train_epoch)
         sums, hits = loss_sum.tolist(), correct.tolist()
         epochs = self.members[0].config.optim.epochs
-        return [{"train_loss": sums[k] / max(n, 1), "train_acc": hits[k] / max(n, 1),
-                 "extras": self.members[k].rule.end_epoch(epoch, epochs)} if k in live
+        return [failed[k] if k in failed else
+                {"train_loss": sums[k] / max(n, 1), "train_acc": hits[k] / max(n, 1),
+                 "extras": rule_extras(self.members[k].rule,
+                                       self.members[k].rule.end_epoch(epoch, epochs))}
+                if k in live
                 else None for k in range(size)]
+
+    def _log_step(self, k: int, loss: float) -> dict[int, Exception]:
+        """Hand run ``k``'s step loss to its loggers; ``{k: error}`` when one of them raised
+        (the run fails alone after the epoch; its loggers hear no more of it), else ``{}``.
+        The step itself is the stack's: every run trains on as before."""
+        try:
+            self.members[k].loggers.log_step(loss)
+        except Exception as err:  # noqa: BLE001 — the run's own failure, returned
+            return {k: err}
+        return {}
 
     @staticmethod
     def _snapshot(member: StackMember) -> _Snapshot:

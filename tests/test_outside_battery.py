@@ -430,7 +430,7 @@ PLUGINS = [
         ("battery-nan-weights", "states_are_the_residual_chain"),
         ("battery-build-exits", "called sys.exit(4)"),
         ("battery-seeding", "builds under seeds 0 and 1 are identical"),
-        ("battery-wrong-input", "states_follow_the_declared_layout")]],
+        ("battery-wrong-input", "builds_a_contract_model")]],
     C("arch battery-float64", PLUGIN, REFUSED, plugin(
         "battery-float64", **{"model.arch": "battery-float64"}), arch("battery-float64"),
       "builds_a_contract_model", "parameters must be float32", "is torch.float64"),

@@ -96,3 +96,14 @@ def test_replace_hints_name_replace_and_the_cli_names_set(tmp_path, capsys):
     assert code == 2 and """quote it to mean the text: --set 'run.out_dir="2024"'""" in err, err
     code, err = cli(capsys, ["train", "--data-dir", str(tmp_path), "--out", str(tmp_path)])
     assert code == 2 and err.endswith("drop --data-dir"), err
+
+
+def test_a_sweeps_worker_spells_for_the_sweeps_caller(monkeypatch):
+    """A sweep's runs train in other threads, processes or hosts, which the command line's
+    context does not reach: the task carries it (the runner passes ``command_line``)."""
+    import creditaudit.sweep.worker as worker
+    from creditaudit.caller import FORCE
+
+    monkeypatch.setattr(worker, "_run_task", lambda task, **kwargs: f"with {FORCE}")
+    assert worker.run_task({}, command_line=True) == "with --force"
+    assert worker.run_task({}) == "with force=True"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from creditaudit.caller import for_command_line
 from creditaudit.config import (
     RunConfig,
     apply_overrides,
@@ -42,9 +43,10 @@ def test_a_sweep_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path):
 @pytest.mark.parametrize("text, shown", [("2024", "2024"), ("true", "true")])
 def test_a_number_for_a_string_key_says_how_to_quote_it(text: str, shown: str):
     """``--set run.out_dir=2024`` reads 2024 as a number: the refusal says how to give the
-    folder name."""
+    folder name (as the command line spells it: a Python caller is told RunConfig.replace,
+    test_caller_spelling)."""
     key, value = parse_override(f"run.out_dir={text}")
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError) as err, for_command_line():
         apply_overrides(RunConfig(), {key: value})
     message = str(err.value)
     assert message.startswith(f"run.out_dir must be a string, got {value!r}")

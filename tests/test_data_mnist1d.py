@@ -347,7 +347,7 @@ def test_a_run_seed_past_32_bits_is_refused_before_generating_unless_data_seed_i
         plan_run(config)
     message = str(error.value)
     assert "\n" not in message and "32-bit seed" in message
-    assert "--set data.data_seed=0" in message and f"run.seed={big}" in message
+    assert "RunConfig.replace(**{'data.data_seed': 0})" in message and f"run.seed={big}" in message
     with pytest.raises(ConfigError, match="32-bit seed"):
         load_dataset(config.data, seed=big)
     assert generator_calls == []

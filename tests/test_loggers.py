@@ -882,5 +882,5 @@ def test_a_resume_stopped_while_reading_its_checkpoint_leaves_the_record(tmp_pat
     with pytest.raises(KeyboardInterrupt) as caught:
         train(config, resume=True)
     assert (folder / "record.json").read_bytes() == before
-    assert "stopped while resuming, before it trained: continue with --resume" in " ".join(
+    assert "stopped while resuming, before it trained: continue with resume=True" in " ".join(
         caught.value.__notes__)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from creditaudit.audit.diagnose import diagnose, with_frozen_hint
+from creditaudit.caller import FORCE, Option, train_again
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, DataError, RunRecordError
 from creditaudit.methods import CreditRule
@@ -70,7 +71,7 @@ class LoadedRun:
     run_dir: Path
 
 
-DATA_DIR_FIX = "pass --data-dir DIR (audit_run(..., data_dir=DIR))"
+DATA_DIR_FIX = Option("--data-dir DIR (audit_run(..., data_dir=DIR))", "data_dir=DIR")
 
 
 def load_run(path: str | Path, *, data_dir: str | Path | None = None) -> LoadedRun:
@@ -100,7 +101,7 @@ def check_finite_state(rule: CreditRule, checkpoint: Path) -> None:
                 raise RunRecordError(
                     f"checkpoint {checkpoint} holds NaN/Inf values in the {part}'s {name} "
                     "(training never saves a diverged epoch: the file was damaged or "
-                    "edited); train the run again with --force")
+                    f"edited); train the run again with {FORCE}")
 
 
 def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) -> RunRecord:
@@ -112,13 +113,15 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
         try:
             config = config.replace(**{"data.data_dir": str(data_dir)})
         except ConfigError as err:
-            raise ConfigError(f"--data-dir {data_dir}: {err}") from None
+            given = Option(f"--data-dir {data_dir}", f"data_dir={str(data_dir)!r}")
+            raise ConfigError(f"{given}: {err}") from None
     folder = getattr(config.data, "data_dir", None)
     if isinstance(folder, str) and not Path(folder).expanduser().is_dir():
         where = "" if Path(folder).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
         state = "is not a folder" if Path(folder).expanduser().exists() else "does not exist"
-        given = "--data-dir" if data_dir is not None else f"run {path.parent.name} trained on"
-        raise DataError(f"{given} data folder {folder}{where} {state}: {DATA_DIR_FIX} "
+        given = (f"{Option('--data-dir', 'data_dir')}" if data_dir is not None
+                 else f"run {path.parent.name} trained on")
+        raise DataError(f"{given} data folder {folder}{where} {state}: pass {DATA_DIR_FIX} "
                         "pointing at the run's data (checked against its recorded digests)")
     return replace(record, config=config) if config is not record.config else record
 
@@ -151,7 +154,7 @@ def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
         config = record_path(text).parent / CONFIG_FILE
         raise RunRecordError(f"--frozen run {text} is {frozen.status} ({done} of {frozen.epochs} "
                              f"epochs done), so it has no final test accuracy: finish it "
-                             f"with creditaudit train --config {config} --resume, then audit "
+                             f"with {train_again(str(config))}, then audit "
                              "again")
     difference = recipe_difference(frozen, record)
     if difference is not None:

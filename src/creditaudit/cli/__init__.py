@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
+from creditaudit.caller import for_command_line
 from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.formatting import plain_line
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(message)s")
     working_folder_on_path()
     try:
-        with sigterm_interrupts(), guest_output_to_stderr():
+        with for_command_line(), sigterm_interrupts(), guest_output_to_stderr():
             code = int(args.handler(args) or 0)
             sys.stdout.flush()  # a reader that closed stdout is met here, not at exit
             return code

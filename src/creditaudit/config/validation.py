@@ -18,6 +18,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
+from creditaudit.caller import set_key
 from creditaudit.config.composed import (
     BASES,
     SELECTORS,
@@ -151,7 +152,8 @@ def _quote_hint(key: str, value: Any) -> str:
         return ""
     text = str(value).lower() if isinstance(value, bool) else str(value)
     table, _, name = key.rpartition(".")
-    return (f"; quote it to mean the text: --set '{key}=\"{text}\"' (in a config file, "
+    flag = set_key(f"--set '{key}=\"{text}\"'", key, text)
+    return (f"; quote it to mean the text: {flag} (in a config file, "
             f"{name} = \"{text}\" under [{table}])")
 
 

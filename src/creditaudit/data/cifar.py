@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from creditaudit.caller import set_key
 from creditaudit.data.cifar_pickle import BatchUnpickler, RefusedContent
 from creditaudit.errors import DataError
 
@@ -93,7 +94,8 @@ def _layout_hint(spec: CifarSpec) -> str:
     return (
         f"expected the standard python-batch folder {spec.folder} with "
         f"{', '.join(spec.files)} (download {spec.url} and extract it, or add "
-        "--set data.download=true on a machine with internet)"
+        f"{set_key('--set data.download=true', 'data.download', True)} on a machine with "
+        "internet)"
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from creditaudit.caller import set_key
 from creditaudit.config import opt
 from creditaudit.data import transforms
 from creditaudit.data.dataset import Dataset
@@ -98,7 +99,8 @@ class MNIST1D(GeneratedDataset[GeneratedOptions]):
         if seed > MAX_DATA_SEED:  # data.data_seed's own range is checked by the config
             raise ConfigError(f"run.seed={run_seed} is also the data seed, but {self.name} "
                               f"draws its data with a 32-bit seed (0 … {MAX_DATA_SEED}): "
-                              "set data.data_seed explicitly (e.g. --set data.data_seed=0)")
+                              "set data.data_seed explicitly (e.g. "
+                              f"{set_key('--set data.data_seed=0', 'data.data_seed', 0)})")
         return seed
 
     def provenance(self, seed: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
+from creditaudit.caller import DATA_DIR, Option, on_command_line
 from creditaudit.config import opt
 from creditaudit.config.keys import signless_zeros
 from creditaudit.data import transforms
@@ -155,8 +156,9 @@ class GeneratedDataset(DatasetSpec[GeneratedOptionsT]):
     """Generated in memory from a seed: identity = the generator's arguments."""
 
     kind = "generated"
-    hints = {"data_dir": "it is generated from its seed, not read from a folder: drop "
-                         "--data-dir"}
+    hints = {"data_dir": Option("it is generated from its seed, not read from a folder: drop "
+                                "--data-dir", "it is generated from its seed, not read from "
+                                "a folder: drop data.data_dir")}
 
     def sizes(self) -> tuple[int, int] | None:
         return self.options.n_train, self.options.n_test
@@ -195,7 +197,7 @@ class FileDataset(DatasetSpec[FileOptionsT]):
     def folder(self) -> Path:
         """The dataset folder (DataError when none is configured)."""
         if self.options.data_dir is None:
-            raise DataError(f"dataset {self.name!r} needs a data folder: pass --data-dir")
+            raise DataError(f"dataset {self.name!r} needs a data folder: pass {DATA_DIR}")
         return Path(self.options.data_dir).expanduser()
 
     def augments(self) -> bool:
@@ -205,7 +207,8 @@ class FileDataset(DatasetSpec[FileOptionsT]):
 
     def check(self) -> None:
         if self.options.data_dir is None:
-            raise ConfigError(f"data.name={self.name!r} needs data.data_dir (--data-dir) "
+            flag = " (--data-dir)" if on_command_line() else ""
+            raise ConfigError(f"data.name={self.name!r} needs data.data_dir{flag} "
                               "pointing at the dataset folder")
         self.check_augmentation()
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from creditaudit.caller import set_key
 from creditaudit.config import opt
 from creditaudit.errors import ConfigError, CreditAuditError, GuestError
 from creditaudit.guests import Guest, make_guest, own_sources
@@ -113,8 +114,9 @@ def _check_names(value: Any, key: str, minimum: int) -> None:
     if not (isinstance(value, list | tuple) and len(value) >= minimum
             and all(isinstance(n, str) and n for n in value)):
         need = "at least two names, h_0 … h_L" if minimum > 1 else "one or more names"
+        flag = f"--set {key}='[\"layer1\", \"layer2\"]'"
         raise ConfigError(f"{key} must be a list of submodule names ({need}), got {value!r}; "
-                          f"e.g. --set {key}='[\"layer1\", \"layer2\"]'")
+                          f"e.g. {set_key(flag, key, ['layer1', 'layer2'])}")
 
 
 def factory_args(options: Any) -> dict[str, Any]:
@@ -140,18 +142,23 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
         args = options.args
         if args is not None and not (isinstance(args, dict)
                                      and all(isinstance(k, str) for k in args)):
+            example = set_key("--set model.args.n=1", "model.args.n", 1)
             raise ConfigError(f"model.args must be a table of keyword arguments, got "
-                              f"{args!r}; e.g. --set model.args.n=1")
+                              f"{args!r}; e.g. {example}")
         empty = [k for k, v in (args or {}).items() if v is None]
         if empty:  # a run's config.toml could not hold it
+            example = set_key(f"--set 'model.none_args=[\"{empty[0]}\"]'", "model.none_args",
+                              [empty[0]])
             raise ConfigError(f"model.args.{empty[0]} is None, which a config file cannot "
                               f"hold (TOML has no null): list it in model.none_args instead, "
-                              f"e.g. --set 'model.none_args=[\"{empty[0]}\"]'")
+                              f"e.g. {example}")
         none_args = options.none_args
         if none_args is not None and not (isinstance(none_args, list | tuple) and all(
                 isinstance(n, str) and n for n in none_args)):
+            example = set_key("--set 'model.none_args=[\"weights\"]'", "model.none_args",
+                              ["weights"])
             raise ConfigError(f"model.none_args must be a list of argument names, got "
-                              f"{none_args!r}; e.g. --set 'model.none_args=[\"weights\"]'")
+                              f"{none_args!r}; e.g. {example}")
         both = sorted(set(none_args or ()) & set(args or {}))
         if both:  # the factory would get None, the record would say the model.args value
             raise ConfigError(f"model.none_args names {both[0]!r}, which model.args gives as "
@@ -259,9 +266,11 @@ def first_layer_mismatch(net: nn.Module, input_shape: tuple[int, ...]) -> str | 
         if channels == layer.in_channels:
             return None
         expects = f"{layer.in_channels} input channels"
+        wanted = input_shape[0] if input_shape else 1
+        example = set_key(f"--set model.args.in_channels={wanted}", "model.args.in_channels",
+                          wanted)
         hint = ("give the factory the data's channels in model.args if it takes them (e.g. "
-                "--set model.args.in_channels=" + (str(input_shape[0]) if input_shape else "1")
-                + ")")
+                f"{example})")
     return (f"the network's first layer {name!r} ({kind}) expects {expects}, but the data's "
             f"samples are {sample}; adapt the network to the data: {hint}, or write a factory "
             "of your own that wraps the network (e.g. a module that maps the data to what "

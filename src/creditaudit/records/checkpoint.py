@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from creditaudit.caller import FORCE
 from creditaudit.errors import RunRecordError
 from creditaudit.files.safe_files import atomic_write_bytes
 
@@ -58,16 +59,16 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
             raise RunRecordError(
                 f"{what} {path} holds objects other than tensors and plain containers; "
                 "creditaudit never unpickles such files (they can run code): it is not a "
-                "creditaudit file, delete it or start the run again with --force") from None
+                f"creditaudit file, delete it or start the run again with {FORCE}") from None
         raise RunRecordError(f"{what} {path} cannot be read (not a file torch.save wrote); "
                              "it is corrupt or not a creditaudit file: start the run again "
-                             "with --force") from None
+                             f"with {FORCE}") from None
     except Exception as err:  # noqa: BLE001 - whatever the bytes make torch's reader raise
         # (IndexError, struct.error, … for a text file or a truncated legacy pickle)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise RunRecordError(f"{what} {path} cannot be read ({reason[:120]}); it is "
                              "truncated or not a creditaudit file: start the run again with "
-                             "--force") from None
+                             f"{FORCE}") from None
 
 
 def load_checkpoint(path: Path | str, *, map_location: Any = "cpu") -> dict[str, Any]:
@@ -82,7 +83,7 @@ def load_checkpoint(path: Path | str, *, map_location: Any = "cpu") -> dict[str,
         raise RunRecordError(f"checkpoint {path} is of format {layout!r}, which this "
                              f"creditaudit does not read (it reads {CHECKPOINT_FORMAT!r}): "
                              "read it with the creditaudit that wrote it, or start the run "
-                             "again with --force")
+                             f"again with {FORCE}")
     for key, kind in CHECKPOINT_KEYS.items():
         if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
             raise RunRecordError(f"checkpoint {path} is not a creditaudit checkpoint: its "
@@ -90,7 +91,7 @@ def load_checkpoint(path: Path | str, *, map_location: Any = "cpu") -> dict[str,
     rng = state["rng"]
     if not all(isinstance(rng.get(k), Tensor) for k in ("torch", "data")):
         raise RunRecordError(f"checkpoint {path} has no RNG states; start the run again "
-                             "with --force")
+                             f"with {FORCE}")
     return dict(state)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from creditaudit.caller import FORCE, OUT
 from creditaudit.config import RunConfig, config_from_dict, load_config
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import (
@@ -177,7 +178,7 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
         raise ChangedRecordError(
             f"run record {path} was changed after creditaudit wrote it (its {CONTENT_KEY} "
             "no longer matches its content), so its numbers may not be its run's",
-            "restore the file, or train the run again with --force")
+            f"restore the file, or train the run again with {FORCE}")
     return record
 
 
@@ -238,7 +239,7 @@ def results_folder(root: Path | str) -> Path:
     if not root.is_dir():
         state = "is a file, not a folder" if root.exists() else "does not exist"
         raise ConfigError(f"results folder {root} {state}: pass the folder your runs were "
-                          "written to (the --out of train/sweep/experiment)")
+                          f"written to (the {OUT} of train/sweep/experiment)")
     return root
 
 

@@ -59,7 +59,8 @@ class Component:
     id_version: ClassVar[int] = 0
     rank: ClassVar[int] = 100
     # For keys a user may expect the component to read but it does not: what to do instead.
-    hints: ClassVar[dict[str, str]] = {}
+    # A hint may be an Option (creditaudit.caller): spelled for the caller when formatted.
+    hints: ClassVar[dict[str, object]] = {}
     # The methods the axis calls on an instance (each reads ``self.options``).
     hooks: ClassVar[tuple[str, ...]] = ()
     # Where the older, classmethod spelling of a hook took its options: the index of that

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from creditaudit.caller import FORCE
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.methods import CreditRule
@@ -89,7 +90,7 @@ def restore(path: Path, state: TrainingState, plan: RunPlan, *, identity: DataId
     One-line RunRecordError naming the file when any check fails."""
     if not path.exists():
         raise RunRecordError(f"cannot resume: no checkpoint at {path}; start the run "
-                             "over with --force")
+                             f"over with {FORCE}")
     saved = load_checkpoint(path, map_location=device)
     record = saved_record(saved, path)
     if other_runs_record(record, plan.run_id, path) is not None:

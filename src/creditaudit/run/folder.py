@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from creditaudit.caller import FORCE, RESUME
 from creditaudit.config import RunConfig
 from creditaudit.data import Dataset
 from creditaudit.errors import (
@@ -146,10 +147,10 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         try:
             existing = load_record(record_path)
         except NewerRecordError as err:  # the newer version's run: --force would delete it
-            raise NewerRecordError(f"{err} (--force would delete it and train the run again "
+            raise NewerRecordError(f"{err} ({FORCE} would delete it and train the run again "
                                    "with this version)") from None
         except RunRecordError as err:
-            advice = "" if "--force" in str(err) else "; pass --force to start this run over"
+            advice = "" if FORCE.named_in(str(err)) else f"; pass {FORCE} to start this run over"
             raise RunRecordError(f"{err}{advice}") from None
         check_same_run(existing, plan.run_id, record_path)
         # Served, resumed or restarted only on the arrays it trained on: load them now
@@ -171,7 +172,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                     if existing.is_failed else "")
             # without a checkpoint --resume could not continue it (a folder copied without
             # its .pt files): say what was lost, not to resume
-            advice = ("pass --resume to continue it or --force to start over"
+            advice = (f"pass {RESUME} to continue it or {FORCE} to start over"
                       if (run_dir / CHECKPOINT_FILE).exists() else
                       f"no {CHECKPOINT_FILE}: {missing_checkpoint(existing)}")
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"

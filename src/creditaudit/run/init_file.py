@@ -17,13 +17,18 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from creditaudit.caller import FORCE
 from creditaudit.data.identity import tensor_digest
 from creditaudit.errors import RunRecordError
 from creditaudit.models.contract import parameter_snapshot
 from creditaudit.records import INIT_FILE, atomic_torch_save, load_parameters
 
 INIT_DIGEST = "init_sha256"  # the checkpoint entry holding init.pt's digest
-INIT_FIX = "restore the run's own init.pt, or start the run over with --force"
+
+
+def init_fix() -> str:
+    """What to do about a run's init.pt that is missing, unreadable or another run's."""
+    return f"restore the run's own init.pt, or start the run over with {FORCE}"
 
 
 def initial_digest(parameters: Mapping[str, Tensor]) -> str:
@@ -60,7 +65,7 @@ def read_initial(run_dir: Path, model: nn.Module, digest: str | None, *, doing: 
     if not path.is_file():
         state = "is not a regular file" if path.exists() else "is missing"
         raise RunRecordError(f"{doing}: {path} {state}, and the end-of-run drift "
-                             f"compares the trained weights with it: {INIT_FIX}")
+                             f"compares the trained weights with it: {init_fix()}")
     saved = load_parameters(path, map_location=map_location)
     expected = dict(model.named_parameters())
     missing = [name for name in expected if name not in saved]
@@ -68,19 +73,19 @@ def read_initial(run_dir: Path, model: nn.Module, digest: str | None, *, doing: 
     if missing or extra:
         what = (f"lacks parameter {missing[0]!r}" if missing
                 else f"holds {extra[0]!r}, which is no parameter of this run's model")
-        raise RunRecordError(f"{doing}: {path} {what}: {INIT_FIX}")
+        raise RunRecordError(f"{doing}: {path} {what}: {init_fix()}")
     for name, param in expected.items():
         tensor = saved[name]
         if tensor.shape != param.shape or tensor.dtype != param.dtype:
             raise RunRecordError(
                 f"{doing}: {path} holds {name} of shape {tuple(tensor.shape)} and "
                 f"{tensor.dtype}, but the model's is {tuple(param.shape)} and {param.dtype}: "
-                f"{INIT_FIX}")
+                f"{init_fix()}")
     if digest is not None:
         found = initial_digest({name: saved[name] for name in expected})
         if found != digest:
             raise RunRecordError(
                 f"{doing}: {path} is not this run's initial weights (digest "
                 f"{found[:12]}…, its checkpoint records {digest[:12]}…: another run's "
-                f"init.pt?): {INIT_FIX}")
+                f"init.pt?): {init_fix()}")
     return saved

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from creditaudit.caller import RESUME
 from creditaudit.errors import OutputError, note_unrecorded
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import save_record
@@ -51,10 +52,10 @@ class RecordKeeping:
         """What an interrupt leaves, in one line: the epoch to resume from, or nothing."""
         if self.resuming and not self.record.log:  # stopped while its checkpoint was read
             return (f"run {self.run_id} stopped while resuming, before it trained: continue "
-                    "with --resume")
+                    f"with {RESUME}")
         if self.checkpointed:
             return (f"run {self.run_id} stopped after epoch {self.checkpointed}, which is "
-                    "checkpointed: continue with --resume")
+                    f"checkpointed: continue with {RESUME}")
         return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
                 "is saved): run the same command again to start it")
 

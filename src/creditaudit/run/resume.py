@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from creditaudit.caller import FORCE
 from creditaudit.config import RunConfig, keys_with_role
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
@@ -37,7 +38,11 @@ from creditaudit.records import RunRecord, structure_mismatch
 from creditaudit.run.rng import restore_rng_states
 
 log = logging.getLogger(__name__)
-FORCE_HINT = "it belongs to another run: start this one again with --force"
+
+
+def force_hint() -> str:
+    """What to do about a checkpoint or record of another run in a run's folder."""
+    return f"it belongs to another run: start this one again with {FORCE}"
 
 
 def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: CreditRule,
@@ -50,18 +55,18 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
     method = state.get("method")
     if method is not None and method != config.method.name:
         raise RunRecordError(f"checkpoint {path} was written by method {method!r}, not "
-                             f"{config.method.name!r}: {FORCE_HINT}")
+                             f"{config.method.name!r}: {force_hint()}")
     epoch = state["epoch"]
     if not 0 <= epoch <= config.optim.epochs:
         raise RunRecordError(f"checkpoint {path} is of epoch {epoch}, outside this run's "
-                             f"0…{config.optim.epochs}: {FORCE_HINT}")
+                             f"0…{config.optim.epochs}: {force_hint()}")
     for what, expected, got in (("model", model.state_dict(), state["model"]),
                                 ("rule", rule.state_dict(), state["rule"])):
         problem = structure_mismatch(expected, got, what)
         if problem:
             raise RunRecordError(f"checkpoint {path} does not fit this run's "
                                  f"{config.method.name} {model.describe().label}: {problem}; "
-                                 f"{FORCE_HINT}")
+                                 f"{force_hint()}")
     # Checked here, not by load_state_dict: an optimiser's state is empty until its first
     # step, so the layout checks above pass any saved moments, which torch loads unchecked.
     optimizers = [(f"rule.{key}", live, state["rule"].get(key))
@@ -73,7 +78,7 @@ def check_checkpoint_fits(state: dict[str, Any], model: ResidualNet, rule: Credi
         if problem:
             raise RunRecordError(f"checkpoint {path} holds a damaged optimiser state "
                                  f"({problem}); it cannot be resumed: start the run over "
-                                 "with --force")
+                                 f"with {FORCE}")
 
 
 def other_runs_record(record: RunRecord, run_id: str, path: Path | str) -> str | None:
@@ -94,7 +99,7 @@ def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
     otherwise be resumed or served as this run's."""
     fact = other_runs_record(record, run_id, path)
     if fact is not None:
-        raise RunRecordError(f"{fact}: {FORCE_HINT}")
+        raise RunRecordError(f"{fact}: {force_hint()}")
 
 
 def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
@@ -117,7 +122,7 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
         raise RunRecordError(
             f"{path}: the run trained on {record.data.name} arrays with digest "
             f"{str(recorded)[:12]}…, but its generator now makes {str(found)[:12]}… from the "
-            "same arguments (another numpy or generator build?); rerun it with --force")
+            f"same arguments (another numpy or generator build?); rerun it with {FORCE}")
     arrays, loaded = record.data.arrays_sha256, identity.arrays_sha256
     if loaded is None:
         return  # nothing loaded yet: the caller checks again once it is
@@ -134,12 +139,12 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
                 f"{path}: the run trained with torch's default dtype {held} (its features "
                 f"and parameters), but this process has {default}, so its data loads as "
                 f"other arrays; call torch.set_default_dtype(torch.{held}) first to serve or "
-                f"resume it, or train it again in {default} with --force")
+                f"resume it, or train it again in {default} with {FORCE}")
         raise RunRecordError(
             f"{path}: the data changed: {record.data.name} loads arrays with digest "
             f"{loaded[:12]}… now, but the run trained on {arrays[:12]}… (same fingerprint: "
             "a dataset whose load() gives other data each call, or files changed in place); "
-            "train it again on the data loaded now with --force, or restore the data it "
+            f"train it again on the data loaded now with {FORCE}, or restore the data it "
             "trained on")
 
 
@@ -204,7 +209,7 @@ def check_same_question(recorded: RunConfig, config: RunConfig, path: Path | str
     for key, (before, now) in differing_options(recorded, config, "record").items():
         raise RunRecordError(
             f"cannot resume {path} with {key}={now!r}: its epochs so far were recorded with "
-            f"{key}={before!r}; resume with that value, or start the run over with --force")
+            f"{key}={before!r}; resume with that value, or start the run over with {FORCE}")
 
 
 def check_same_record(record: RunRecord, config: RunConfig, run_dir: Path | str) -> None:
@@ -224,7 +229,7 @@ def check_same_record(record: RunRecord, config: RunConfig, run_dir: Path | str)
         f"run {run_dir} already {record.status} with {kept}, which this command gives as "
         f"{given}: that changes what the run records, not its run id, so its record is not "
         f"served for it; give the recorded value, audit the finished run with yours{audit}, "
-        "or train it again with --force")
+        f"or train it again with {FORCE}")
 
 
 def differing_options(recorded: RunConfig, config: RunConfig, role: str
@@ -257,7 +262,7 @@ def resume_threads(record: RunRecord, config: RunConfig, path: Path | str) -> in
             f"{recorded} torch thread{plural}, and another count adds up every sum in another "
             "order (other last bits than the uninterrupted run); resume without --threads "
             f"(it goes on with {recorded}) or with --threads {recorded}, or start the run "
-            "over with --force")
+            f"over with {FORCE}")
     return recorded
 
 
@@ -292,7 +297,7 @@ def load_into(state: dict[str, Any], path: Path, config: RunConfig, *, saved: Ru
         if expected != got:  # torch's schedulers accept any dict silently
             raise RunRecordError(f"checkpoint {path} cannot be loaded into this run (its "
                                  f"schedule state has keys {sorted(got)}, expected "
-                                 f"{sorted(expected)}); {FORCE_HINT}")
+                                 f"{sorted(expected)}); {force_hint()}")
     try:
         model.load_state_dict(state["model"])
         rule.load_state_dict(state["rule"])
@@ -305,4 +310,4 @@ def load_into(state: dict[str, Any], path: Path, config: RunConfig, *, saved: Ru
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0][:160]
         raise RunRecordError(f"checkpoint {path} cannot be loaded into this run "
-                             f"({type(err).__name__}: {reason}); {FORCE_HINT}") from None
+                             f"({type(err).__name__}: {reason}); {force_hint()}") from None

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from creditaudit.caller import FORCE, train_again
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.guests.settings import SETTINGS
@@ -232,10 +233,10 @@ def missing_checkpoint(record: RunRecord) -> str:
     cannot make it again: a finished run is served as it is)."""
     trained = [entry.epoch for entry in record.log if entry.epoch >= 1]
     if not record.is_finished and not trained:
-        return "the run never finished an epoch; train it (creditaudit train … --resume) first"
+        return f"the run never finished an epoch; train it ({train_again()}) first"
     done = f"logs training up to epoch {max(trained)}" if trained else f"is {record.status}"
     return (f"its record {done}, so the file was moved or deleted: restore the run's "
-            "checkpoint.pt, or train the run again with --force")
+            f"checkpoint.pt, or train the run again with {FORCE}")
 
 
 def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir: Path
@@ -253,7 +254,7 @@ def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir:
     if entry is None:
         raise RunRecordError(f"{run_dir / CHECKPOINT_FILE} is of epoch {epoch}, but neither "
                              f"{RECORD_FILE} nor the record it holds logs that epoch: the "
-                             "checkpoint is damaged; start the run again with --force")
+                             f"checkpoint is damaged; start the run again with {FORCE}")
     last = record.log[-1].epoch if record.log else None
     claim = claim_state(run_dir)
     if claim is not None and claim.stale is None:  # training now: the write is under way

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from creditaudit.caller import RESUME, train_again
 from creditaudit.config import RunConfig, config_value, semantic_dict
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import RunRecordError
@@ -98,7 +99,7 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
                 f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
                 f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
                 f"more (no run at {run_dir.name}); point data.data_dir at the run's data, or "
-                "train without --resume")
+                f"train without {RESUME}")
         changed = _changed_code(record, code)
         if semantic_dict(record.config) == wanted and changed:
             return RunRecordError(
@@ -106,7 +107,7 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
                 f"code of its {changed} (the run id covers a guest's code, so the code as it "
                 f"is now is another run: no run at {run_dir.name}); restore the code the run "
                 "was trained with to resume it, or train the code as it is now without "
-                "--resume")
+                f"{RESUME}")
         differ = _differing_keys(semantic_dict(record.config), wanted)
         if differ and (nearest is None or len(differ) < nearest[0]):
             nearest = (len(differ), path.parent, record, differ)
@@ -123,14 +124,14 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
                    f"{data.fingerprint[:12]}… (the data found now is "
                    f"{identity.fingerprint[:12]}…)")
     on_its_data = " with data.data_dir at that run's data" if data_changed else ""
-    advice = (f"resume that run with its own config (creditaudit train --config "
-              f"{other / CONFIG_FILE} --resume){on_its_data}, or "
+    advice = (f"resume that run with its own config "
+              f"({train_again(str(other / CONFIG_FILE))}){on_its_data}, or "
               if not record.is_finished else "")
     covers = " and the data" if data_changed else ""
     return RunRecordError(
         f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
         f"another run (the run id covers every option that changes what is computed"
-        f"{covers}): {advice}train this config without --resume")
+        f"{covers}): {advice}train this config without {RESUME}")
 
 
 def _changed_code(record: RunRecord, code: Mapping[str, Any] | None) -> str | None:

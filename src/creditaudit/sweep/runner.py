@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from creditaudit.caller import OUT, on_command_line
 from creditaudit.config import RunConfig, apply_overrides, config_value
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
@@ -117,7 +118,7 @@ def results_folder(plans: Sequence[RunPlan]) -> Path:
     out_dirs = {plan.config.run.out_dir for plan in plans}
     if len(out_dirs) != 1:
         raise ConfigError(f"all runs of a sweep must share one results folder, got "
-                          f"{sorted(out_dirs)}; set run.out_dir in [base] only, or --out")
+                          f"{sorted(out_dirs)}; set run.out_dir in [base] only, or {OUT}")
     return Path(out_dirs.pop())
 
 
@@ -250,7 +251,9 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
         state.count(row["status"])
         report(outcome)
 
-    fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after)
+    # the workers (other threads, processes, hosts) spell their messages for this caller
+    fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after,
+                           command_line=on_command_line())
     while todo:
         state.outstanding, state.busy = len(todo), 0
         tasks = _tasks([by_id[run_id] for run_id in todo], stack)

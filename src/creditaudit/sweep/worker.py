@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from creditaudit.caller import FORCE, for_command_line
 from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import (
     UNRECORDED,
@@ -209,7 +210,7 @@ def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
     record where none says more. The outcome names the cause first, then a failed record
     that could not be written (a full disk): the write's error never replaces the cause."""
     error = guest_failure(err) or f"{type(err).__name__}: {err}"
-    if "--force" in error:  # the advice of train, which a sweep has not
+    if FORCE.named_in(error):  # the advice of train, which a sweep has not
         from creditaudit.records import CHECKPOINT_FILE
 
         error += (f" (in a sweep: delete {run.run_dir / CHECKPOINT_FILE} and rerun the sweep "
@@ -377,9 +378,18 @@ def failed_outcome(task: dict[str, Any], error: str, action: str = "trained"
 
 
 def run_task(task: dict[str, Any], *, retry_failed: bool = False,
-             stale_after: float = DEFAULT_STALE_AFTER) -> Outcome | list[Outcome]:
+             stale_after: float = DEFAULT_STALE_AFTER, command_line: bool = False
+             ) -> Outcome | list[Outcome]:
     """What an executor runs: ``task = {"config": config dict, "run_id": id}``, or a stacked
-    group ``{"configs": [...], "run_ids": [...]}`` (one outcome per run, as a list)."""
+    group ``{"configs": [...], "run_ids": [...]}`` (one outcome per run, as a list).
+    ``command_line``: the sweep's caller is the command line, whose flags its messages
+    name (:mod:`creditaudit.caller`), in whichever thread or process runs the task."""
+    with for_command_line(command_line):
+        return _run_task(task, retry_failed=retry_failed, stale_after=stale_after)
+
+
+def _run_task(task: dict[str, Any], *, retry_failed: bool, stale_after: float
+              ) -> Outcome | list[Outcome]:
     if "run_ids" in task:
         return run_group(task["configs"], run_ids=task["run_ids"], retry_failed=retry_failed,
                          stale_after=stale_after)

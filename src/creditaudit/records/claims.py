@@ -6,6 +6,12 @@ host, time, token), refreshes its mtime while the run trains and removes it at t
 claim whose process is gone (same host, pid not alive) or whose mtime is older than
 ``stale_after`` seconds is broken and retaken (what a claim says is read by
 :mod:`creditaudit.records.claim_files`, which reports read too).
+
+A holder stopped for longer than another process's ``stale_after`` (Ctrl-Z, SIGSTOP, a
+suspended laptop, a stalled file system) finds its claim broken when it goes on: its
+heartbeat then never touches the claim file again (it is the other process's), and the
+holder checks its claim before each write of the run's files (:func:`check_held`), so it
+stops with one line and writes nothing more beside the process that now trains the run.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -28,6 +35,7 @@ from creditaudit.files.safe_files import describe_os_error, ensure_folder, write
 from creditaudit.records import CLAIM_FILE
 from creditaudit.records.claim_files import (  # what a claim says: read by reports too
     DEFAULT_STALE_AFTER,
+    MAX_CLAIM_BYTES,
     claim_is_stale,
     read_claim,
 )
@@ -47,10 +55,13 @@ BREAK_LOCK_STALE = 60.0
 # --- claims ------------------------------------------------------------------------------
 @dataclass
 class Claim:
-    """A held claim on one run folder."""
+    """A held claim on one run folder; ``lost`` once another process broke it (this one
+    made no heartbeat for longer than that one's ``stale_after``): the run is then the
+    other's, and this process writes nothing more to it."""
 
     path: Path
     token: str
+    lost: bool = False
 
 
 def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
@@ -135,6 +146,8 @@ def release_claim(claim: Claim) -> None:
     folder = claim.path.parent.resolve()
     if _HELD.get(folder) is claim:
         del _HELD[folder]
+    if claim.lost:  # another process's claim stands there now
+        return
     holder, _, _ = read_claim(claim.path)
     if holder is not None and holder.get("token") == claim.token:
         claim.path.unlink(missing_ok=True)
@@ -145,15 +158,44 @@ def beat_every(stale_after: float) -> float:
     return max(1.0, min(60.0, stale_after / 4))
 
 
+def _refresh(claim: Claim) -> bool:
+    """Refresh the claim file's mtime if it is still ``claim``'s (its token); False, touching
+    nothing, when it is gone or another process's. The file read is the file touched (by
+    its descriptor): a claim retaken in between is never refreshed by this process."""
+    try:
+        fd = os.open(claim.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:  # unreadable for now (a stalled file system): try again next beat
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        holder = json.loads(os.read(fd, MAX_CLAIM_BYTES))
+        if not isinstance(holder, dict) or holder.get("token") != claim.token:
+            return False
+        os.utime(fd if os.utime in os.supports_fd else claim.path)
+        return True
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return False  # ours is never rewritten: an unreadable claim is another's, being written
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def heartbeat(claim: Claim, every: float) -> Iterator[None]:
-    """Refresh the claim's mtime while a run trains, so long runs never look stale."""
+    """Refresh the claim's mtime while a run trains, so long runs never look stale. Once
+    the claim is gone or another process's (this one was stopped past that one's
+    ``stale_after``), ``claim.lost`` is set and the file is never touched again."""
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(every):
-            with contextlib.suppress(OSError):
-                os.utime(claim.path)
+            if not _refresh(claim):
+                claim.lost = True
+                return
 
     thread = threading.Thread(target=beat, name="creditaudit-claim-heartbeat", daemon=True)
     thread.start()
@@ -164,15 +206,47 @@ def heartbeat(claim: Claim, every: float) -> Iterator[None]:
         thread.join()
 
 
+def _who(holder: dict[str, Any] | None) -> str:
+    """The process a claim names, in words (``holder``: the claim, None while written)."""
+    return ("another process (its claim is being written)" if holder is None else
+            f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} "
+            f"(since {holder.get('time', '?')})")
+
+
+def lost_claim(run_dir: Path) -> str | None:
+    """One line when this process held ``run_dir``'s claim and another process has broken
+    it since (this one was stopped for longer than that one's ``stale_after``): who holds
+    the run now, and that this process wrote nothing more to it. None while the claim is
+    still this process's, or when this process holds no claim on ``run_dir``."""
+    claim = _HELD.get(Path(run_dir).resolve())
+    if claim is None:
+        return None
+    holder, raw, _ = read_claim(claim.path)
+    if not claim.lost and holder is not None and holder.get("token") == claim.token:
+        return None
+    claim.lost = True
+    now = (f"no process holds it now (its claim {claim.path} was removed), and its record "
+           "says how far the other process took it (--resume goes on from there)"
+           if raw is None else f"it is trained by {_who(holder)} now: let that process "
+           "finish it")
+    return (f"run {run_dir} was taken over by another process while this one was stopped "
+            "(no heartbeat for longer than that process's --stale-after), so this process "
+            f"wrote nothing more to the run and stopped: {now}")
+
+
+def check_held(run_dir: Path) -> None:
+    """Before a write of a run's files: RunBusyError (one line, :func:`lost_claim`) when
+    this process held ``run_dir``'s claim and another process has broken it since. A run
+    folder this process holds no claim on is not checked."""
+    message = lost_claim(run_dir)
+    if message is not None:
+        raise RunBusyError(message)
 
 
 def busy_message(run_dir: Path, holder: dict[str, Any] | None) -> str:
     """One line: which process holds ``run_dir`` (``holder``: its claim, None while being
     written) and what to do."""
-    who = ("another process (its claim is being written)" if holder is None else
-           f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} "
-           f"(since {holder.get('time', '?')})")
-    return (f"run {run_dir} is being trained by {who}: wait for it to finish or stop that "
+    return (f"run {run_dir} is being trained by {_who(holder)}: wait for it to finish or stop that "
             f"process, then run this again (a claim whose process has died is broken "
             f"automatically; {run_dir / CLAIM_FILE} says who holds it)")
 

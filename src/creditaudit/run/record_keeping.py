@@ -19,6 +19,7 @@ from creditaudit.caller import RESUME
 from creditaudit.errors import OutputError, note_unrecorded
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import save_record
+from creditaudit.records.claims import check_held, lost_claim
 from creditaudit.run.init_file import read_initial
 from creditaudit.run.results import end_of_run_metrics, final_results, note_end_of_run_credits
 
@@ -67,17 +68,21 @@ class RecordKeeping:
         stays the run's error, noted with why (:func:`note_unrecorded`): the caller raises
         it, so the cause is not replaced by the write's OutputError. Stopped before this
         part had a record to write (the epoch-0 evaluation of a new run, the reading of a
-        resumed one's checkpoint), it writes nothing: the folder keeps what it held."""
+        resumed one's checkpoint), it writes nothing: the folder keeps what it held. Nor
+        does it when another process took the run over (:func:`lost_claim`): the folder
+        is that process's."""
         if not self.record.log:
             return
         self.record.status = status
+        if err is not None and not disk_full:  # a guest's (a factory's forward) names it
+            self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
+        if lost_claim(self.run_dir) is not None:
+            return
         if disk_full:
             with contextlib.suppress(OutputError):
                 self._write()
             self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
             return
-        if err is not None:  # a guest's exception (a factory's forward) names the guest
-            self.record.error = guest_failure(err) or f"{type(err).__name__}: {err}"
         try:
             self._write()
         except OutputError as write_error:
@@ -103,5 +108,7 @@ class RecordKeeping:
         self._write()
 
     def _write(self) -> None:
-        """Write the record to the run's folder (atomically)."""
+        """Write the record to the run's folder (atomically); RunBusyError, writing nothing,
+        when another process took the run over (:func:`check_held`)."""
+        check_held(self.run_dir)
         save_record(self.run_dir, self.record)

@@ -60,6 +60,7 @@ from creditaudit.records import (
     new_record,
     save_record,
 )
+from creditaudit.records.claims import check_held, lost_claim
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import DATASETS
 from creditaudit.run.plan import code_version
@@ -333,6 +334,8 @@ class Recorder:
                 if self.record.log:
                     self.finish()
                 return
+            if lost_claim(self.run_dir) is not None:  # another process's run now
+                return
             self.record.status = ("interrupted" if issubclass(kind, KeyboardInterrupt)
                                   else "failed")
             self.record.error = f"{kind.__name__}: {error}"
@@ -340,11 +343,15 @@ class Recorder:
 
     # --- files --------------------------------------------------------------------------
     def _write(self) -> None:
+        """Write the record; RunBusyError, writing nothing, when another process took the
+        run over while this one was stopped (:func:`check_held`)."""
+        check_held(self.run_dir)
         save_record(self.run_dir, self.record)
 
     def _checkpoint(self, epoch: int) -> None:
         """Model and rule state as of ``epoch`` (tensors and plain containers, like the
         command line's checkpoints; no optimiser: the loop owns it)."""
+        check_held(self.run_dir)
         atomic_torch_save(self.run_dir / CHECKPOINT_FILE, {
             "format": CHECKPOINT_FORMAT, "method": self.rule.name, "epoch": epoch,
             "model": self.rule.model.state_dict(), "rule": self.rule.state_dict(),

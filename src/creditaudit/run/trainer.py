@@ -43,6 +43,7 @@ from creditaudit.records import (
     ResumedPart,
     new_record,
 )
+from creditaudit.records.claims import check_held
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
@@ -157,6 +158,7 @@ class Trainer(RecordKeeping):
                              self.data_generator, self.init_digest)
 
     def checkpoint(self, epoch: int) -> None:
+        check_held(self.run_dir)  # another process took the run over: write nothing
         self.training_state.save(
             self.run_dir / CHECKPOINT_FILE, method=self.config.method.name, epoch=epoch,
             record=self.record)
@@ -317,6 +319,7 @@ class Trainer(RecordKeeping):
             elapsed_before=sum(e.seconds or 0.0 for e in self.record.log),
             reference=self.record.reference.to_dict(),
             resumed_after=self.record.log[-1] if resume and self.record.log else None))
+        check_held(self.run_dir)  # another process took the run over: touch nothing
         ensure_folder(self.run_dir)
         remove_leftovers(self.run_dir, RUN_FILES)  # temporary files of writes killed (-9)
         if not resume:

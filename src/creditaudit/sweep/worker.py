@@ -36,6 +36,8 @@ from creditaudit.records.claims import (
     Claim,
     beat_every,
     heartbeat,
+    lost_claim,
+    read_claim,
     release_claim,
     try_claim,
 )
@@ -205,10 +207,24 @@ def _begin(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: boo
     return outcome, _Claimed(plan, run_dir, claim, kwargs, event, outcome)
 
 
+def _taken_over(run: _Claimed) -> bool:
+    """Whether another process broke the run's claim (this worker was stopped for longer
+    than that one's --stale-after): the run is then that process's, ``busy`` in the outcome,
+    and nothing more is written to its folder."""
+    message = lost_claim(run.run_dir)
+    if message is None:
+        return False
+    run.outcome.update(status="busy", error=message, holder=read_claim(run.claim.path)[0])
+    return True
+
+
 def _failed(run: _Claimed, err: Exception | SystemExit) -> None:
     """A run that raised (or whose guest called ``sys.exit``): its outcome, and a failed
     record where none says more. The outcome names the cause first, then a failed record
-    that could not be written (a full disk): the write's error never replaces the cause."""
+    that could not be written (a full disk): the write's error never replaces the cause. A
+    run another process took over (:func:`_taken_over`) is busy, and nothing is written."""
+    if _taken_over(run):
+        return
     error = guest_failure(err) or f"{type(err).__name__}: {err}"
     if FORCE.named_in(error):  # the advice of train, which a sweep has not
         from creditaudit.records import CHECKPOINT_FILE
@@ -239,7 +255,7 @@ def _stopped(run: _Claimed) -> None:
     from creditaudit.records import load_record, save_record
 
     with contextlib.suppress(RunRecordError, OutputError):  # no record: nothing to mark
-        if disk_status(run.run_dir)[0] == "running":
+        if lost_claim(run.run_dir) is None and disk_status(run.run_dir)[0] == "running":
             record = load_record(run.run_dir)
             record.status = "interrupted"
             save_record(run.run_dir, record)
@@ -319,7 +335,9 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                         resume=[run.kwargs.get("resume", False) for run in runs],
                         force=[run.kwargs.get("force", False) for run in runs])
                 for run, result in zip(runs, results, strict=True):
-                    run.outcome.update(status=result.status, error=result.record.error)
+                    # a run taken over in the stack failed there, writing nothing: busy
+                    if result.record.is_finished or not _taken_over(run):
+                        run.outcome.update(status=result.status, error=result.record.error)
             except DiskFullError as err:  # as in run_one: the runs resume once space is freed
                 for run in runs:
                     run.outcome.update(status="interrupted",

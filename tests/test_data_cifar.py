@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from creditaudit.caller import for_command_line
 from creditaudit.data import cifar
 from creditaudit.data.cifar import load_cifar, safe_extract, verify_md5
 from creditaudit.errors import DataError
@@ -172,11 +173,17 @@ def test_cifar100_uses_fine_labels(tmp_path: Path) -> None:
 
 
 def test_missing_folder_names_path(tmp_path: Path) -> None:
+    """The fix is spelled for the caller: RunConfig.replace from Python, --set on the
+    command line."""
     missing = tmp_path / "nope"
     with pytest.raises(DataError, match=re.escape(str(missing))) as info:
         load_cifar(missing)
-    assert "data_batch_1" in str(info.value) and "data.download=true" in str(info.value)
-    assert "\n" not in str(info.value)
+    text = str(info.value)
+    assert "data_batch_1" in text and "RunConfig.replace(**{'data.download': True})" in text
+    assert "\n" not in text
+    with for_command_line(), pytest.raises(DataError) as info:
+        load_cifar(missing)
+    assert "--set data.download=true" in str(info.value)
 
 
 def test_missing_file_names_it(tmp_path: Path) -> None:

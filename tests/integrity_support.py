@@ -197,3 +197,33 @@ def nan_weights_after(epoch: int):  # noqa: ANN201 - a Trainer.train_epoch repla
         return stats
 
     return overflow
+
+
+def interrupted_at(monkeypatch, epoch: int) -> None:  # noqa: ANN001 - pytest's MonkeyPatch
+    """Ctrl-C when the trainer starts epoch ``epoch`` (a KeyboardInterrupt out of
+    ``Trainer.train_epoch``)."""
+    from creditaudit.run.trainer import Trainer
+
+    original = Trainer.train_epoch
+
+    def train_epoch(self, current: int):  # noqa: ANN001, ANN202
+        if current == epoch:
+            raise KeyboardInterrupt
+        return original(self, current)
+
+    monkeypatch.setattr(Trainer, "train_epoch", train_epoch)
+
+
+def tiny_own_loop():  # noqa: ANN201 - (adapted model, x (32, 8), y (32,) in 4 classes)
+    """A user's tiny net adapted for its own loop (states after both Tanh layers), with a
+    batch to train and record it on."""
+    import torch
+
+    from creditaudit import adapt
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(32) % 4
+    net = adapt(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 4)), ["1", "3"], example=x)
+    return net, x, y

@@ -9,8 +9,7 @@ import pytest
 from creditaudit import RunConfig, train
 from creditaudit.cli import main
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.run.trainer import Trainer
-from integrity_support import toml_of
+from integrity_support import interrupted_at, toml_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -18,17 +17,6 @@ TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher
         "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
         "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
         "run.progress": False}
-
-
-def interrupted_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
-    original = Trainer.train_epoch
-
-    def train_epoch(self, current: int):  # noqa: ANN001
-        if current == epoch:
-            raise KeyboardInterrupt
-        return original(self, current)
-
-    monkeypatch.setattr(Trainer, "train_epoch", train_epoch)
 
 
 def cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:

@@ -10,8 +10,7 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.records import load_record
-from creditaudit.run.trainer import Trainer
-from integrity_support import toml_of
+from integrity_support import interrupted_at, toml_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -19,17 +18,6 @@ TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher
         "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2, "optim.batch_size": 64,
         "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
         "run.progress": False}
-
-
-def interrupted_at(monkeypatch, epoch: int) -> None:
-    original = Trainer.train_epoch
-
-    def train_epoch(self, current: int):  # noqa: ANN001
-        if current == epoch:
-            raise KeyboardInterrupt
-        return original(self, current)
-
-    monkeypatch.setattr(Trainer, "train_epoch", train_epoch)
 
 
 def run(capsys, argv: list[str]) -> tuple[int, str]:

@@ -13,15 +13,13 @@ from creditaudit.errors import GuestError
 from creditaudit.loggers import RunLogger
 from creditaudit.records import load_record
 from creditaudit.run.trainer import train
+from sweep_files import TINY_SWEEP_BASE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-TINY = {
-    "method.name": "dfa", "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8,
-    "data.teacher_width": 32, "model.d": 16, "model.n_blocks": 2, "optim.epochs": 2,
-    "optim.batch_size": 64, "diagnostics.eval_samples": 128,
-    "diagnostics.end_of_run": False, "run.progress": False,
-}
+TINY = {**TINY_SWEEP_BASE, "method.name": "dfa", "data.teacher_width": 32,
+        "optim.epochs": 2, "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "run.progress": False}
 
 
 def tiny(out: Path) -> RunConfig:

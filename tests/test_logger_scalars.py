@@ -11,15 +11,13 @@ import pytest
 from creditaudit.config import RunConfig
 from creditaudit.loggers import epoch_scalars
 from creditaudit.run.trainer import train
+from sweep_files import TINY_SWEEP_BASE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-TINY = {
-    "method.name": "fa-linear", "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8,
-    "data.teacher_width": 32, "model.d": 16, "model.n_blocks": 2, "optim.epochs": 1,
-    "optim.batch_size": 64, "diagnostics.eval_samples": 128,
-    "diagnostics.end_of_run": False, "run.progress": False,
-}
+TINY = {**TINY_SWEEP_BASE, "method.name": "fa-linear", "data.teacher_width": 32,
+        "optim.epochs": 1, "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "run.progress": False}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,

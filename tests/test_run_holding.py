@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from creditaudit import Recorder, adapt, rule
+from creditaudit import Recorder, rule
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, RunBusyError
@@ -28,7 +27,7 @@ from creditaudit.report.runs import status_text
 from creditaudit.run.plan import plan_run
 from creditaudit.run.stacked import train_stacked
 from creditaudit.run.trainer import Trainer, train
-from integrity_support import assert_one_line_error
+from integrity_support import assert_one_line_error, tiny_own_loop
 from sweep_files import TINY_SWEEP_BASE
 
 TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False,
@@ -122,11 +121,7 @@ def test_train_holds_the_run_while_it_trains_and_releases_it_however_it_ends(
 
 
 def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
-    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
-    y = torch.arange(32) % 4
-    net = adapt(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(),
-                                    torch.nn.Linear(8, 8), torch.nn.Tanh(),
-                                    torch.nn.Linear(8, 4)), ["1", "3"], example=x)
+    net, x, y = tiny_own_loop()
     write_claim(tmp_path / "held", os.getppid())
     with pytest.raises(RunBusyError, match=f"pid {os.getppid()}"):
         Recorder(rule("bp", net), x, y, out=tmp_path, name="held", progress=False)

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from creditaudit import Recorder, adapt, rule
+from creditaudit import Recorder, rule
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.errors import RunBusyError
 from creditaudit.records import CLAIM_FILE, RECORD_FILE, load_record
@@ -28,6 +27,7 @@ from creditaudit.records.claims import heartbeat, release_claim, try_claim
 from creditaudit.run.plan import plan_run
 from creditaudit.run.trainer import Trainer, train
 from creditaudit.sweep.worker import run_group, run_one
+from integrity_support import tiny_own_loop
 from sweep_files import TINY_SWEEP_BASE
 
 TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False,
@@ -136,11 +136,7 @@ def test_train_taken_over_stops_at_its_next_write_and_writes_nothing(tmp_path, m
 
 
 def test_a_recorder_taken_over_writes_nothing_more(tmp_path):
-    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
-    y = torch.arange(32) % 4
-    net = adapt(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(),
-                                    torch.nn.Linear(8, 8), torch.nn.Tanh(),
-                                    torch.nn.Linear(8, 4)), ["1", "3"], example=x)
+    net, x, y = tiny_own_loop()
     with pytest.raises(RunBusyError, match=f"pid {OTHER_PID}"), Recorder(  # noqa: PT012
             rule("bp", net), x, y, out=tmp_path, name="mine", progress=False,
             checkpoint=True, config={"diagnostics.end_of_run": False}) as rec:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from creditaudit.methods.base import CreditRule
 from creditaudit.testing.common import TOLERANCE, relative_error, tiny_batch
-from creditaudit.testing.rule_properties import copied_buffers, make_rule
+from creditaudit.testing.rule_properties import copied_buffers, make_rule, trained_for_credits
 
 # Epochs of one training step each that learned feedback gets before its credits are compared
 # with an untrained twin's (as fixed_feedback_stays_fixed trains fixed feedback).
@@ -77,11 +77,7 @@ def _position_dependence(rule: CreditRule, x: Tensor, y: Tensor
 
 
 def credits_ignore_batch_position(cls: type[CreditRule], arch: str = "resmlp") -> None:
-    rule = make_rule(cls, arch=arch)
-    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
-    for seed in (1, 2):  # trained first: learned feedback may start at zero credits
-        assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
-    rule.model.eval()  # as every diagnostic calls credits()
+    rule = trained_for_credits(cls, arch)
     x, y = tiny_batch(seed=3, arch=arch)
     first, moved = _position_dependence(rule, x, y)
     if moved < TOLERANCE:

@@ -194,12 +194,20 @@ def local_update_follows_its_options(cls: type[CreditRule], arch: str = "resmlp"
             "normalised or not as normalise_credit says)") from None
 
 
-def credits_are_per_sample(cls: type[CreditRule], arch: str = "resmlp") -> None:
+def trained_for_credits(cls: type[CreditRule], arch: str = "resmlp") -> CreditRule:
+    """A fresh rule of ``cls`` after two training steps (learned feedback may start at zero
+    credits), in eval mode as every diagnostic calls ``credits()``: the rule whose credits
+    of ``tiny_batch(seed=3)`` the per-sample checks compare."""
     rule = make_rule(cls, arch=arch)
     optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
-    for seed in (1, 2):  # trained first: learned feedback may start at zero credits
+    for seed in (1, 2):
         assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
-    rule.model.eval()  # as every diagnostic calls credits()
+    rule.model.eval()
+    return rule
+
+
+def credits_are_per_sample(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = trained_for_credits(cls, arch)
     x, y = tiny_batch(seed=3, arch=arch)
     credits = rule.credits(x, y)
     # The first sample replaced by another input with another label: the others' credits

@@ -378,8 +378,12 @@ def test_a_running_record_says_whether_a_process_holds_it(results, tmp_path):
             path = folder / CLAIM_FILE
             path.write_text(json.dumps({"pid": pid, "host": where, "token": "t"}))
             os.utime(path, (path.stat().st_mtime - age,) * 2)
-    rows = {run_id: line for line in unfinished_lines(render_report_markdown(
-        RunIndex.from_dir(tmp_path / "runs"))) for run_id in claims if run_id in line}
+    markdown = render_report_markdown(RunIndex.from_dir(tmp_path / "runs"))
+    rows = {run_id: line for line in unfinished_lines(markdown) for run_id in claims
+            if run_id in line}
+    # The first line counts the killed and the silent run apart from those that may run.
+    assert "4 run records in " in markdown
+    assert " (2 running, 2 running (no process holds it))." in markdown.splitlines()[2]
     assert f"| running (held by pid {os.getpid()} on {host}) |" in rows["dfa-live"]
     assert (f"| running (no process holds it: interrupted? pid {gone.pid} on {host} is "
             "gone) |") in rows["dfa-killed"]

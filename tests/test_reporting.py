@@ -536,3 +536,23 @@ def test_empty_or_file_results_path_is_refused(tmp_path, capsys, monkeypatch, co
     assert main([command, "afile"]) == 2
     assert "afile is a file, not a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_plugins_declared_failures_are_named_in_the_report(results):
+    """A plugin that fails a conformance check by design (``expected_failures``) runs, and
+    its record keeps the check and its reason "so a reader sees what its numbers do not
+    claim": the report, which no table of shows it, says so in one line each (the reason
+    is the guest's text: it reads as itself, on one line)."""
+    dfa = first(results, "dfa")
+    declared = variant(dfa, "dfa-declared")
+    model = declared["environment"]["components"]["model"]
+    model.update(origin="my-plugins==0.1.0", declared_failures={
+        "terminal_ln_is_what_the_readout_does": "hides a <b>LN</b> | by\ndesign"})
+    markdown = render_report_markdown(index_of([dfa, declared]))
+    line = ("- dfa-declared: architecture plugin 'resmlp' (my-plugins==0.1.0) fails "
+            "terminal_ln_is_what_the_readout_does by design: hides a \\<b>LN\\</b> \\| by "
+            "design")
+    assert line in markdown.splitlines()
+    assert markdown.count("by design:") == 1  # the plain run declares nothing
+    page = markdown_to_html(markdown)
+    assert "hides a &lt;b&gt;LN&lt;/b&gt; | by design" in page

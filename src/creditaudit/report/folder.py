@@ -37,6 +37,7 @@ from creditaudit.protocol import (
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.notes import (
     code_notes,
+    declared_failure_notes,
     deep_cos_notes,
     epochs_note,
     frozen_notes,
@@ -126,6 +127,7 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
     lines.append("")
     lines += code_notes(runs)
+    lines += declared_failure_notes(runs)
     if index.copies:  # one run id is one run, wherever its folders are
         lines += ["Runs found in more than one folder:", ""]
         lines += [f"- {markdown_text(copies.text())}" for copies in index.copies]

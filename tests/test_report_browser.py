@@ -187,3 +187,35 @@ def test_report_html_is_smaller_than_its_figures(report_dir):
     assert len(page) < 0.7 * sum(p.stat().st_size for p in pngs)
     # Without JavaScript the tables are plain tables: every row there, no dead controls.
     assert "<input" not in page and " hidden" not in page
+
+
+# Clicks the first column's header of the page's one table; writes that column's cells.
+SORT_FIRST = """<script>
+window.addEventListener("load", () => {
+  const table = document.querySelector("table.interactive");
+  table.tHead.rows[0].cells[0].querySelector("button").click();
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify([...table.tBodies[0].rows].map(
+    (row) => row.cells[0].textContent.trim()));
+  document.body.appendChild(probe);
+});
+</script>"""
+
+
+@pytest.mark.skipif(browser() is None, reason="Chromium is not installed")
+def test_a_hyphen_in_a_name_is_no_minus_sign(tmp_path):
+    """Runs a Recorder names ``rec-bp-1`` … sort 1, 2, 10 (not 10, 2, 1 as −10 < −2 < −1);
+    a number's own sign still counts."""
+    from creditaudit.report.html import html_page, markdown_fragment
+
+    cells = ["rec-bp-10", "rec-bp-2", "rec-bp-1", "cifar-100", "cifar-10", "-0.5", "+0.25",
+             "-2"]
+    table = "| name |\n|---|\n" + "".join(f"| {cell} |\n" for cell in cells)
+    page = html_page(markdown_fragment(table, interactive=True), script=True)
+    probed = tmp_path / "sort.html"
+    probed.write_text(page.replace("<head>", "<head>" + SORT_FIRST, 1))
+    order, console = load(probed, tmp_path / "profile")
+    assert console == [], console
+    assert order == ["-2", "-0.5", "+0.25", "cifar-10", "cifar-100", "rec-bp-1", "rec-bp-2",
+                     "rec-bp-10"]

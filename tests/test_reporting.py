@@ -378,8 +378,12 @@ def test_a_running_record_says_whether_a_process_holds_it(results, tmp_path):
             path = folder / CLAIM_FILE
             path.write_text(json.dumps({"pid": pid, "host": where, "token": "t"}))
             os.utime(path, (path.stat().st_mtime - age,) * 2)
-    rows = {run_id: line for line in unfinished_lines(render_report_markdown(
-        RunIndex.from_dir(tmp_path / "runs"))) for run_id in claims if run_id in line}
+    markdown = render_report_markdown(RunIndex.from_dir(tmp_path / "runs"))
+    rows = {run_id: line for line in unfinished_lines(markdown) for run_id in claims
+            if run_id in line}
+    # The first line counts the killed and the silent run apart from those that may run.
+    assert "4 run records in " in markdown
+    assert " (2 running, 2 running (no process holds it))." in markdown.splitlines()[2]
     assert f"| running (held by pid {os.getpid()} on {host}) |" in rows["dfa-live"]
     assert (f"| running (no process holds it: interrupted? pid {gone.pid} on {host} is "
             "gone) |") in rows["dfa-killed"]
@@ -532,3 +536,23 @@ def test_empty_or_file_results_path_is_refused(tmp_path, capsys, monkeypatch, co
     assert main([command, "afile"]) == 2
     assert "afile is a file, not a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_plugins_declared_failures_are_named_in_the_report(results):
+    """A plugin that fails a conformance check by design (``expected_failures``) runs, and
+    its record keeps the check and its reason "so a reader sees what its numbers do not
+    claim": the report, which no table of shows it, says so in one line each (the reason
+    is the guest's text: it reads as itself, on one line)."""
+    dfa = first(results, "dfa")
+    declared = variant(dfa, "dfa-declared")
+    model = declared["environment"]["components"]["model"]
+    model.update(origin="my-plugins==0.1.0", declared_failures={
+        "terminal_ln_is_what_the_readout_does": "hides a <b>LN</b> | by\ndesign"})
+    markdown = render_report_markdown(index_of([dfa, declared]))
+    line = ("- dfa-declared: architecture plugin 'resmlp' (my-plugins==0.1.0) fails "
+            "terminal_ln_is_what_the_readout_does by design: hides a \\<b>LN\\</b> \\| by "
+            "design")
+    assert line in markdown.splitlines()
+    assert markdown.count("by design:") == 1  # the plain run declares nothing
+    page = markdown_to_html(markdown)
+    assert "hides a &lt;b&gt;LN&lt;/b&gt; | by design" in page

@@ -37,6 +37,7 @@ from creditaudit.protocol import (
 from creditaudit.report.html import html_page, markdown_fragment
 from creditaudit.report.notes import (
     code_notes,
+    declared_failure_notes,
     deep_cos_notes,
     epochs_note,
     frozen_notes,
@@ -46,6 +47,7 @@ from creditaudit.report.notes import (
 from creditaudit.report.protocol import VERDICT_COLUMN, render_markdown
 from creditaudit.report.runs import (
     diverged_footnote,
+    status_count_text,
 )
 from creditaudit.report.tables import (
     NO_PROTOCOL,
@@ -118,12 +120,14 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
     lines = ["# creditaudit report", ""]
     where = f" in {markdown_text(index.root)}" if index.root is not None else ""
     statuses: dict[str, int] = {}
-    for run in runs:
-        statuses[run.status] = statuses.get(run.status, 0) + 1
+    for run in runs:  # a killed run's record still says running: its claim tells
+        status = status_count_text(run, index.folder(run))
+        statuses[status] = statuses.get(status, 0) + 1
     status_text = ", ".join(f"{n} {markdown_text(s)}" for s, n in sorted(statuses.items()))
     lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
     lines.append("")
     lines += code_notes(runs)
+    lines += declared_failure_notes(runs)
     if index.copies:  # one run id is one run, wherever its folders are
         lines += ["Runs found in more than one folder:", ""]
         lines += [f"- {markdown_text(copies.text())}" for copies in index.copies]

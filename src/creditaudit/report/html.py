@@ -59,18 +59,24 @@ th[aria-sort=ascending] button::after {{ content: " \\25B2"; }}
 th[aria-sort=descending] button::after {{ content: " \\25BC"; }}
 """
 # Sorting and filtering of table.interactive. A cell's sort key is the text before its
-# first number, then that number (so "0.9" < "10", "passed 2" < "passed 10"); empty and "—"
-# cells stay last in both directions; ties keep the page's order.
+# first number, then that number (so "0.9" < "10", "passed 2" < "passed 10"); a sign right
+# after a letter, digit or dot is a hyphen, not a minus ("rec-bp-2" < "rec-bp-10"); empty and
+# "—" cells stay last in both directions; ties keep the page's order.
 SCRIPT = r"""
 (function () {
   "use strict";
   var NUMBER = /[+\-\u2212]?(?:\d+\.?\d*|\.\d+)(?:e[+\-]?\d+)?/i;
   function key(cell) {
     var text = cell ? cell.textContent.trim() : "";
-    var found = text.match(NUMBER);
+    var found = text.match(NUMBER), at = found ? found.index : 0;
+    var number = found ? found[0] : "";
+    if (found && /^[+\-\u2212]/.test(number) && at > 0 && /[\w.]/.test(text.charAt(at - 1))) {
+      at += 1;  // a hyphen in a name: the number is unsigned
+      number = number.slice(1);
+    }
     return {empty: text === "" || text === "\u2014", text: text,
-            prefix: found ? text.slice(0, found.index) : text,
-            number: found ? parseFloat(found[0].replace("\u2212", "-")) : null};
+            prefix: found ? text.slice(0, at) : text,
+            number: found ? parseFloat(number.replace("\u2212", "-")) : null};
   }
   function compare(a, b) {
     var byPrefix = a.prefix.localeCompare(b.prefix, undefined, {numeric: true});

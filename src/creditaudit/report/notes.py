@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.formatting import markdown_text
+from creditaudit.formatting import markdown_text, one_line
 from creditaudit.protocol import NOT_EVALUATED, UNVERIFIED_MARK, DepthUtility
 from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.records import RunRecord
-from creditaudit.registry import DIAGNOSTICS
+from creditaudit.registry import DIAGNOSTICS, REGISTRIES
 from creditaudit.report.protocol import VERDICT_COLUMN
 from creditaudit.report.runs import DIVERGED_MARK, code_versions_text, deep_cos_footnotes
 from creditaudit.report.tables import RECOMPUTED_MARK
@@ -77,6 +77,36 @@ def code_notes(runs: Sequence[Any]) -> list[str]:
             "interruption and the resume):", "", *notes, ""]
 
 
+# A declared failure's reason is a guest's text: one line, this long at most.
+REASON_CHARS = 200
+
+
+def declared_failure_notes(runs: Sequence[Any]) -> list[str]:
+    """One line per conformance check a run's plugin fails by design and declares
+    (``environment.components.<axis>.declared_failures``: check → reason): its numbers do
+    not claim what that check checks, which no table shows."""
+    notes = []
+    for run in runs:
+        components = (run.environment or {}).get("components") or {}
+        for axis, entries in components.items():
+            for entry in entries if isinstance(entries, list) else [entries]:
+                declared = entry.get("declared_failures") if isinstance(entry, dict) else None
+                if not isinstance(declared, dict):
+                    continue
+                noun = next((r.noun for r in REGISTRIES if r.key.split(".")[0] == axis), axis)
+                who = f"{noun} plugin '{entry.get('name', '?')}' ({entry.get('origin', '?')})"
+                for check, reason in declared.items():
+                    reason = one_line(reason)
+                    if len(reason) > REASON_CHARS:
+                        reason = reason[:REASON_CHARS - 1] + "…"
+                    notes.append(f"- {markdown_text(run.run_id)}: {markdown_text(who)} fails "
+                                 f"{markdown_text(check)} by design: {markdown_text(reason)}")
+    if not notes:
+        return []
+    return ["Conformance checks a run's plugin fails and declares it fails by design (its "
+            "numbers do not claim what the check checks):", "", *notes, ""]
+
+
 def frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
     notes = []
     d = DepthUtility.id_label()
@@ -102,4 +132,4 @@ def frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
 
 
 __all__ = ["epochs_note", "thresholds_text", "reference_notes", "deep_cos_notes",
-           "code_notes", "frozen_notes"]
+           "code_notes", "frozen_notes", "declared_failure_notes"]

@@ -48,7 +48,19 @@ def status_text(record: RunRecord, folder: Path | None = None) -> str:
         return f"running (held by {who})"
     why = (f"{who} is gone" if claim.stale == "dead process"
            else f"the claim of {who} has had no heartbeat for {claim.age / 60:.0f} min")
-    return f"running (no process holds it: interrupted? {why})"
+    return f"running ({NOT_HELD}: interrupted? {why})"
+
+
+NOT_HELD = "no process holds it"
+
+
+def status_count_text(record: RunRecord, folder: Path | None = None) -> str:
+    """The run's status as a report's first line counts it: its record's, but ``running
+    (no process holds it)`` for a ``running`` record whose claim's process is gone or
+    silent (:func:`status_text`), so a killed run is not counted as running."""
+    if status_text(record, folder).startswith(f"running ({NOT_HELD}"):
+        return f"running ({NOT_HELD})"
+    return record.status
 
 
 def diverged_text(record: RunRecord) -> str | None:

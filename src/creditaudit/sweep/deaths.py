@@ -26,16 +26,11 @@ from typing import Any
 
 from creditaudit.config import config_from_dict
 from creditaudit.errors import OutputError
+from creditaudit.records import FINISHED
 from creditaudit.records.claims import CLAIM_FILE, read_claim, release_claim, try_claim
+from creditaudit.sweep.claiming import SWEEP_LOG_FILE, append_event, disk_status
 from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone
-from creditaudit.sweep.worker import (
-    FINISHED,
-    SWEEP_LOG_FILE,
-    append_event,
-    disk_status,
-    failed_outcome,
-    write_failed_record,
-)
+from creditaudit.sweep.worker import failed_outcome, write_failed_record
 
 log = logging.getLogger(__name__)
 

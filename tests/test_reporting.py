@@ -392,6 +392,37 @@ def test_a_running_record_says_whether_a_process_holds_it(results, tmp_path):
     assert "| running |" in rows["dfa-unclaimed"]
 
 
+def test_an_interrupted_run_a_live_process_holds_is_said_to_be_trained_again(results,
+                                                                             tmp_path):
+    """A resume (or --force) that has not yet written its first record leaves the record
+    interrupted (or failed) while the claim says a live process trains it again."""
+    import os
+    import socket
+
+    from creditaudit.records import CLAIM_FILE
+
+    dfa = first(results, "dfa")
+    for run_id, status in (("dfa-resuming", "interrupted"), ("dfa-forced", "failed"),
+                           ("dfa-left", "interrupted")):
+        raw = variant(dfa, run_id)
+        raw.update(status=status, final=None, protocol={})
+        folder = tmp_path / "runs" / run_id
+        folder.mkdir(parents=True)
+        (folder / "record.json").write_text(as_written(raw))
+        if run_id != "dfa-left":
+            (folder / CLAIM_FILE).write_text(json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "token": "t"}))
+    markdown = render_report_markdown(RunIndex.from_dir(tmp_path / "runs"))
+    rows = {line.split("|")[1].strip(): line for line in unfinished_lines(markdown)
+            if "dfa-" in line}
+    who = f"pid {os.getpid()} on {socket.gethostname()}"
+    assert [line for line in rows.values() if "dfa-resuming" in line][0].count(
+        f"| interrupted (being trained again by {who}) |") == 1
+    assert any(f"| failed (being trained again by {who}) |" in line and "dfa-forced" in line
+               for line in rows.values())
+    assert any("| interrupted |" in line and "dfa-left" in line for line in rows.values())
+
+
 def test_verdicts_are_coloured_by_meaning_and_spelled_out():
     """Each verdict's colour class is its judgement's kind (never read back from its words);
     four colours apart in every colour vision, text on each readable."""

@@ -28,6 +28,10 @@ NOT_FINITE_TEXT = {GRADIENT_NOT_FINITE: "the reference gradients",
                    CREDIT_NOT_FINITE: "the rule's credits"}
 
 
+# Statuses of an unfinished run that a process may be training again (resumed, forced).
+AGAIN = ("interrupted", "failed")
+
+
 def status_text(record: RunRecord, folder: Path | None = None) -> str:
     """The run's status; for one whose record says ``running``, what the claim in its
     ``folder`` says of the process (:mod:`creditaudit.records.claim_files`): ``running
@@ -36,14 +40,20 @@ def status_text(record: RunRecord, folder: Path | None = None) -> str:
     lost machine). The process that trains a run (a sweep's worker, ``creditaudit train``, a
     ``Recorder``) holds the claim and releases it however the run ends — also when the
     run's failure could not be written (a full disk) — so such a run says ``running``
-    whether its process lives or not: nothing on disk tells."""
-    if record.status != "running" or folder is None:
+    whether its process lives or not: nothing on disk tells. An ``interrupted`` or
+    ``failed`` record whose run a live process holds is being trained again (``--resume``,
+    ``--force``, a sweep's retry) and says so: ``interrupted (being trained again by pid
+    123 on host-a)``."""
+    if folder is None or record.status not in ("running", *AGAIN):
         return record.status
     claim = claim_state(folder)
     if claim is None:
         return record.status
     holder = claim.holder or {}
     who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    if record.status in AGAIN:
+        return (f"{record.status} (being trained again by {who})" if claim.stale is None
+                else record.status)
     if claim.stale is None:
         return f"running (held by {who})"
     why = (f"{who} is gone" if claim.stale == "dead process"

@@ -30,6 +30,7 @@ from creditaudit.records import (
     RunRecord,
     load_record_cached,
 )
+from creditaudit.records.claim_files import claim_state
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
@@ -154,10 +155,33 @@ def _not_on_disk(outcome: dict[str, Any] | None) -> tuple[str, str | None]:
     return action, why
 
 
+def _claimed(run_dir: Path, status: str) -> tuple[str, str] | None:
+    """What the claim in ``run_dir`` says of an unfinished run this invocation did not
+    train (``--no-train``, or a run its sweep never reached) whose status is ``status``
+    (``not started``: no record; ``running``: a record that says so): ``("busy", who)``
+    while a live process holds it — it is training now, elsewhere —, ``("interrupted",
+    why)`` for a ``running`` record whose holder is gone (killed) or silent — the next
+    experiment resumes it —; None where the claim tells nothing (none, or a dead holder of
+    a run without a record: still not started)."""
+    claim = claim_state(run_dir)
+    if claim is None:
+        return None
+    holder = claim.holder or {}
+    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    if claim.stale is None:
+        return "busy", f"another process holds it: {who}"
+    if status != "running":
+        return None
+    why = (f"{who} is gone" if claim.stale == "dead process"
+           else f"the claim of {who} has had no heartbeat for {claim.age / 60:.0f} min")
+    return "interrupted", f"its process stopped ({why}): run the experiment again to resume it"
+
+
 def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None = None
           ) -> tuple[list[RunRecord], list[dict[str, Any]]]:
     """(finished records, missing runs) of the runs of ``plans``; a missing run without a
-    record says what ``outcomes`` (this invocation's sweep, by run id) did with it."""
+    record says what ``outcomes`` (this invocation's sweep, by run id) did with it, and one
+    this invocation did not train what its claim says (:func:`_claimed`)."""
     records, missing = [], []
     for plan in plans:
         status, record, error = run_state(plan)
@@ -166,6 +190,8 @@ def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None =
             continue
         if status is None:
             status, error = _not_on_disk((outcomes or {}).get(plan.run_id))
+        if status in ("not started", "running"):
+            status, error = _claimed(plan.run_dir, status) or (status, error)
         missing.append({"run_id": plan.run_id, "status": status, "error": error})
     return records, missing
 

@@ -35,6 +35,7 @@ from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
+from creditaudit.study.experiments.options import LIST, SUMMARISE_AGAIN, argument, chosen
 from creditaudit.study.experiments.registry import (
     NO_CHOICES,
     Choices,
@@ -115,7 +116,7 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     if kind == "inline" or workers == 0 or (scale == "smoke" and workers is None):
         return InlineExecutor(threads=1)
     if workers is not None and workers < 0:
-        raise ConfigError(f"--workers must be >= 0, got {workers}")
+        raise ConfigError(f"{argument('workers')} must be >= 0, got {workers}")
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
@@ -268,9 +269,9 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     get_scale(scale)
     experiments = [get_experiment(name) for name in names]
     if choices.given() and len(experiments) != 1:
-        raise ConfigError(f"--{choices.given()[0]} applies to one experiment: name it instead "
-                          "of running several (each takes its own options; see "
-                          "creditaudit experiment --list)")
+        raise ConfigError(f"{chosen(choices.given()[0])} applies to one experiment: name it "
+                          "instead of running several (each takes its own options; see "
+                          f"{LIST})")
     out_dir = Path(out_dir).resolve()
     overrides = device_overrides(device, precision)
     per_experiment = {e.name: [c.replace(**overrides) if overrides else c
@@ -322,7 +323,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     if unwritten:
         written = f" ({len(summaries)} other summaries were written)" if summaries else ""
         raise OutputError("; ".join(unwritten) + written + ": the runs are kept; free the "
-                          "files and run the same command with --no-train to summarise them")
+                          f"files and {SUMMARISE_AGAIN} to summarise them")
     return summaries
 
 

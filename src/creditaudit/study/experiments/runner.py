@@ -156,10 +156,15 @@ def _not_on_disk(outcome: dict[str, Any] | None) -> tuple[str, str | None]:
     return action, why
 
 
+# The states of a run another process may be training now (a failed one: with
+# --retry-failed), as the record or this invocation's sweep left them.
+UNFINISHED = ("not started", "running", "interrupted", "failed")
+
+
 def _claimed(run_dir: Path, status: str) -> tuple[str, str] | None:
     """What the claim in ``run_dir`` says of an unfinished run this invocation did not
     train (``--no-train``, or a run its sweep never reached) whose status is ``status``
-    (``not started``: no record; ``running``: a record that says so): ``("busy", who)``
+    (one of :data:`UNFINISHED`; ``not started``: no record): ``("busy", who)``
     while a live process holds it — it is training now, elsewhere —, ``("interrupted",
     why)`` for a ``running`` record whose holder is gone (killed) or silent — the next
     experiment resumes it —; None where the claim tells nothing (none, or a dead holder of
@@ -191,7 +196,7 @@ def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None =
             continue
         if status is None:
             status, error = _not_on_disk((outcomes or {}).get(plan.run_id))
-        if status in ("not started", "running"):
+        if status in UNFINISHED:
             status, error = _claimed(plan.run_dir, status) or (status, error)
         missing.append({"run_id": plan.run_id, "status": status, "error": error})
     return records, missing

@@ -36,3 +36,35 @@ def test_rules_naming_only_the_baseline_are_refused(name, tmp_path, capsys):
     configs = get_experiment(name).configs("smoke", out_dir="r",
                                            choices=Choices(rules=("dfa", "frozen")))
     assert {c.method.name for c in configs} == {"dfa", "frozen"}
+
+
+@pytest.mark.parametrize("call, python, command_line", [
+    (dict(name="all", choices=Choices(rules="dfa")),
+     "Choices(rules=…) applies to one experiment", "--rules applies to one experiment"),
+    (dict(name="capacity_cost", choices=Choices(rules="dfa")),
+     "takes no Choices(rules=…): it separates", "takes no --rules: it separates"),
+    (dict(name="audit_table", choices=Choices(archs=("resmlp", "vit"))),
+     "give Choices(archs=…) one name", "give --arch one name"),
+    (dict(name="audit_table", choices=Choices(archs="student-noLN")),
+     "use Choices(archs=('student',))", "use --arch student"),
+    (dict(name="fresh_null", workers=-1, executor="local"),
+     "workers must be >= 0, got -1", "--workers must be >= 0, got -1"),
+])
+def test_a_python_caller_is_told_its_own_arguments(call, python, command_line, tmp_path):
+    """run_experiment's refusals named the command line's flags (--rules, --arch,
+    --workers, "see creditaudit experiment --list") to a Python caller, who passed
+    Choices(...) and keyword arguments; the command line keeps its flags."""
+    from creditaudit.caller import for_command_line
+    from creditaudit.errors import ConfigError
+    from creditaudit.study.experiments import run_experiment
+
+    call = dict(call)
+    name = call.pop("name")
+    with pytest.raises(ConfigError) as python_error:
+        run_experiment(name, scale="smoke", out_dir=tmp_path, **call)
+    assert python in str(python_error.value)
+    assert "--" not in str(python_error.value)
+    with for_command_line(), pytest.raises(ConfigError) as flag_error:
+        run_experiment(name, scale="smoke", out_dir=tmp_path, **call)
+    assert command_line in str(flag_error.value)
+    assert not (tmp_path / "experiments").exists()

@@ -9,6 +9,10 @@ sweep's reason, not "not started" with no reason.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +76,43 @@ def test_a_changed_record_is_reported_without_advice_the_experiment_does_not_nee
     status, record, why = run_state(SimpleNamespace(run_dir=tmp_path))
     assert status == "corrupt" and record is None
     assert "changed after creditaudit wrote it" in why and "--force" not in why
+
+
+def test_no_train_says_which_runs_another_process_trains_and_which_were_killed(tmp_path):
+    """--no-train beside a running experiment (the documented use): a run another live
+    process holds is ``busy`` (not "not started", nor the failure it is being trained again
+    after), one whose record says ``running`` but
+    whose process was killed is ``interrupted`` (the next experiment resumes it), each with
+    who and why."""
+    from creditaudit.records import CLAIM_FILE, new_record, save_record
+    from creditaudit.study.experiments import run_experiment
+
+    held, killed, retried, *_ = plan_runs(
+        get_experiment("fresh_null").configs("smoke", out_dir=tmp_path))
+
+    def claim(run_dir, pid):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CLAIM_FILE).write_text(json.dumps(
+            {"pid": pid, "host": socket.gethostname(), "time": "then",
+             "unix_time": 0.0, "token": "someone-else"}))
+
+    claim(held.run_dir, os.getpid())  # alive: training it now
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    save_record(killed.run_dir, new_record(killed.config, device="cpu", run_id=killed.run_id))
+    claim(killed.run_dir, gone.pid)  # kill -9 mid-run: its record still says running
+    failed = new_record(retried.config, device="cpu", run_id=retried.run_id)
+    failed.status, failed.error = "failed", "RuntimeError: boom"
+    save_record(retried.run_dir, failed)
+    claim(retried.run_dir, os.getpid())  # trained again elsewhere (--retry-failed)
+    summary = run_experiment("fresh_null", scale="smoke", out_dir=tmp_path, train=False)
+    by_id = {m["run_id"]: m for m in summary["meta"]["missing"]}
+    assert by_id[held.run_id]["status"] == "busy"
+    assert f"another process holds it: pid {os.getpid()}" in by_id[held.run_id]["error"]
+    assert by_id[killed.run_id]["status"] == "interrupted"
+    assert f"pid {gone.pid} on" in by_id[killed.run_id]["error"]
+    assert "resume" in by_id[killed.run_id]["error"]
+    assert by_id[retried.run_id]["status"] == "busy"
+    others = [m["status"] for m in summary["meta"]["missing"]
+              if m["run_id"] not in (held.run_id, killed.run_id, retried.run_id)]
+    assert others and set(others) == {"not started"}

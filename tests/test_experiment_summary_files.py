@@ -30,7 +30,8 @@ def test_a_summary_that_cannot_be_written_leaves_its_pair_old_and_stops_no_other
         run_experiments(NAMES, scale="smoke", out_dir=tmp_path, train=False)
     message = str(caught.value)
     assert "\n" not in message and f"{stem}.md is a folder" in message
-    assert "the summary of penalty_sweep" in message and "--no-train" in message
+    assert "the summary of penalty_sweep" in message
+    assert "call it again with train=False" in message and "--" not in message
     assert (tmp_path / "experiments" / f"{stem.name}.json").read_text() == "old json\n"
     other = tmp_path / "experiments" / "depth_ladder.smoke.synthetic"
     assert all(other.with_name(f"{other.name}.{suffix}").is_file() for suffix in ("json", "md"))
@@ -43,6 +44,7 @@ def test_the_command_fails_in_one_line_naming_the_file(tmp_path, capsys):
                  "--out", str(tmp_path)]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{stem}.md is a folder" in err, err
+    assert "run the same command with --no-train" in err
     assert (tmp_path / "experiments" / f"{stem.name}.json").read_text() == "old json\n"
 
 

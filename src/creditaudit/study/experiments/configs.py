@@ -17,6 +17,7 @@ from creditaudit.errors import ConfigError
 from creditaudit.models.images import FLAT_IMAGE
 from creditaudit.models.images import SYNTHETIC_IMAGE_DIM as FLAT_IMAGE_DIM
 from creditaudit.registry import ARCHITECTURES, RULES
+from creditaudit.study.experiments.options import chosen
 from creditaudit.study.experiments.scales import base_config, get_scale
 
 # The methods of the audit table (method, penalty λ), the frozen baseline last; --rules
@@ -92,10 +93,10 @@ def arch_of(variant: str) -> tuple[type, bool]:
     try:
         arch = ARCHITECTURES.get(name)
     except ConfigError as err:
-        raise ConfigError(f"--arch {variant}: {err}") from None
+        raise ConfigError(f"{chosen('arch', [variant])}: {err}") from None
     if no_ln and "out_ln" not in arch.option_names():
-        raise ConfigError(f"--arch {variant}: {name} has no terminal LayerNorm to leave out "
-                          f"(no model.out_ln option); use --arch {name}")
+        raise ConfigError(f"{chosen('arch', [variant])}: {name} has no terminal LayerNorm to "
+                          f"leave out (no model.out_ln option); use {chosen('arch', [name])}")
     return arch, no_ln
 
 
@@ -119,7 +120,7 @@ def arch_config(variant: str, scale: str, *, dataset: str | None, data_dir: str 
     if arch.input_kind == "image":
         shape = image_view(scale, dataset)
         if shape is None:
-            raise ConfigError(f"--arch {variant} reads images; the dataset "
+            raise ConfigError(f"{chosen('arch', [variant])} reads images; the dataset "
                               f"{scale_dataset(scale, dataset)} holds none (use an image "
                               "dataset or the synthetic task)")
         extra.update(IMAGE_SIZES.get((arch.name, scale),

@@ -32,6 +32,7 @@ from creditaudit.study.experiments.groups import (
     rule_groups,
 )
 from creditaudit.study.experiments.marks import TableMarks
+from creditaudit.study.experiments.options import chosen
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import get_scale
 
@@ -44,8 +45,9 @@ def configs(scale: str, *, dataset: str | None, data_dir: str | None,
     common = {"dataset": dataset, "data_dir": data_dir, "out_dir": out_dir}
     n_blocks = getattr(arch_config(variant, scale, **common).model, "n_blocks", None)
     if n_blocks is None:
-        raise ConfigError(f"experiment depth_ladder steps through model.n_blocks: --arch "
-                          f"{variant} has no such option (its depth is fixed)")
+        raise ConfigError(f"experiment depth_ladder steps through model.n_blocks: "
+                          f"{chosen('arch', [variant])} has no such option (its depth is "
+                          "fixed)")
     out = []
     for method in trained_rules(choices.rules, METHODS):
         for k in range(n_blocks + 1):

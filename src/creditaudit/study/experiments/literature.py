@@ -45,6 +45,7 @@ from creditaudit.study.experiments.literature_markdown import (
 )
 from creditaudit.study.experiments.literature_tables import TABLES, Column, Row, Table
 from creditaudit.study.experiments.marks import marks_of
+from creditaudit.study.experiments.options import argument, chosen
 from creditaudit.study.experiments.registry import NO_CHOICES, Choices, Experiment, register
 from creditaudit.study.experiments.scales import DEFAULT_DATA_DIRS, base_config, get_scale
 from creditaudit.study.experiments.threshold_sensitivity import run_statistics, status_at
@@ -145,10 +146,10 @@ def nothing_to_run(scale: str, dataset: str | None, choices: Choices) -> ConfigE
         have = dict.fromkeys(c.dataset for t in TABLES for c in t.columns
                              if scale in t.recipe.epochs)
         return ConfigError(f"experiment literature has no table on dataset {dataset} at "
-                           f"scale {scale}: --dataset takes {', '.join(have)}")
+                           f"scale {scale}: {argument('dataset')} takes {', '.join(have)}")
     have = dict.fromkeys(r.rule for t, _ in columns for r in t.rows if not r.baseline)
-    return ConfigError(f"experiment literature has no row of --rules "
-                       f"{','.join(choices.rules or ())} in the tables it runs here: their "
+    return ConfigError(f"experiment literature has no row of "
+                       f"{chosen('rules', choices.rules or ())} in the tables it runs here: their "
                        f"rules are {', '.join(have)}")
 
 

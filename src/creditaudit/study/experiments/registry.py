@@ -22,6 +22,7 @@ from creditaudit.registry import RULES
 from creditaudit.results import stopped_early_note
 from creditaudit.study.experiments.configs import arch_of
 from creditaudit.study.experiments.marks import footnotes, judgements_of
+from creditaudit.study.experiments.options import chosen
 from creditaudit.study.experiments.scales import get_scale
 from creditaudit.sweep import dedupe
 
@@ -116,20 +117,21 @@ class Experiment:
         for option in choices.given():
             if option not in self.takes:
                 why = self.refuses.get(option, "it has no such axis")
-                raise ConfigError(f"experiment {self.name} takes no --{option}: {why}")
+                raise ConfigError(f"experiment {self.name} takes no {chosen(option)}: {why}")
         if choices.rules is not None:
             # a one-line error naming the installed rules
             baselines = [RULES.get(name).baseline for name in choices.rules]
             if all(baselines):  # the frozen-blocks baseline only: nothing to compare
                 raise ConfigError(
-                    f"experiment {self.name} needs a rule that trains the blocks: --rules "
-                    f"{','.join(choices.rules) or '(none)'} names no rule but the "
+                    f"experiment {self.name} needs a rule that trains the blocks: "
+                    f"{chosen('rules', choices.rules)} names no rule but the "
                     "frozen-blocks baseline, which leaves it nothing to compare; name at "
-                    f"least one other (--rules replaces {self.takes['rules']})")
+                    f"least one other ({chosen('rules')} replaces {self.takes['rules']})")
         if choices.archs is not None:
             if self.one_arch and len(choices.archs) != 1:
                 raise ConfigError(f"experiment {self.name} runs on one architecture: give "
-                                  f"--arch one name, got {', '.join(choices.archs)}")
+                                  f"{chosen('arch')} one name, got "
+                                  f"{', '.join(choices.archs)}")
             for variant in choices.archs:
                 arch_of(variant)
         return choices

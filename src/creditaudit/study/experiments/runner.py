@@ -30,10 +30,12 @@ from creditaudit.records import (
     RunRecord,
     load_record_cached,
 )
+from creditaudit.records.claim_files import claim_state
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
+from creditaudit.study.experiments.options import LIST, SUMMARISE_AGAIN, argument, chosen
 from creditaudit.study.experiments.registry import (
     NO_CHOICES,
     Choices,
@@ -114,7 +116,7 @@ def _executor(kind: str, scale: str, workers: int | None, device: str | None = N
     if kind == "inline" or workers == 0 or (scale == "smoke" and workers is None):
         return InlineExecutor(threads=1)
     if workers is not None and workers < 0:
-        raise ConfigError(f"--workers must be >= 0, got {workers}")
+        raise ConfigError(f"{argument('workers')} must be >= 0, got {workers}")
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
@@ -154,10 +156,38 @@ def _not_on_disk(outcome: dict[str, Any] | None) -> tuple[str, str | None]:
     return action, why
 
 
+# The states of a run another process may be training now (a failed one: with
+# --retry-failed), as the record or this invocation's sweep left them.
+UNFINISHED = ("not started", "running", "interrupted", "failed")
+
+
+def _claimed(run_dir: Path, status: str) -> tuple[str, str] | None:
+    """What the claim in ``run_dir`` says of an unfinished run this invocation did not
+    train (``--no-train``, or a run its sweep never reached) whose status is ``status``
+    (one of :data:`UNFINISHED`; ``not started``: no record): ``("busy", who)``
+    while a live process holds it — it is training now, elsewhere —, ``("interrupted",
+    why)`` for a ``running`` record whose holder is gone (killed) or silent — the next
+    experiment resumes it —; None where the claim tells nothing (none, or a dead holder of
+    a run without a record: still not started)."""
+    claim = claim_state(run_dir)
+    if claim is None:
+        return None
+    holder = claim.holder or {}
+    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    if claim.stale is None:
+        return "busy", f"another process holds it: {who}"
+    if status != "running":
+        return None
+    why = (f"{who} is gone" if claim.stale == "dead process"
+           else f"the claim of {who} has had no heartbeat for {claim.age / 60:.0f} min")
+    return "interrupted", f"its process stopped ({why}): run the experiment again to resume it"
+
+
 def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None = None
           ) -> tuple[list[RunRecord], list[dict[str, Any]]]:
     """(finished records, missing runs) of the runs of ``plans``; a missing run without a
-    record says what ``outcomes`` (this invocation's sweep, by run id) did with it."""
+    record says what ``outcomes`` (this invocation's sweep, by run id) did with it, and one
+    this invocation did not train what its claim says (:func:`_claimed`)."""
     records, missing = [], []
     for plan in plans:
         status, record, error = run_state(plan)
@@ -166,6 +196,8 @@ def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None =
             continue
         if status is None:
             status, error = _not_on_disk((outcomes or {}).get(plan.run_id))
+        if status in UNFINISHED:
+            status, error = _claimed(plan.run_dir, status) or (status, error)
         missing.append({"run_id": plan.run_id, "status": status, "error": error})
     return records, missing
 
@@ -242,9 +274,9 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     get_scale(scale)
     experiments = [get_experiment(name) for name in names]
     if choices.given() and len(experiments) != 1:
-        raise ConfigError(f"--{choices.given()[0]} applies to one experiment: name it instead "
-                          "of running several (each takes its own options; see "
-                          "creditaudit experiment --list)")
+        raise ConfigError(f"{chosen(choices.given()[0])} applies to one experiment: name it "
+                          "instead of running several (each takes its own options; see "
+                          f"{LIST})")
     out_dir = Path(out_dir).resolve()
     overrides = device_overrides(device, precision)
     per_experiment = {e.name: [c.replace(**overrides) if overrides else c
@@ -296,7 +328,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     if unwritten:
         written = f" ({len(summaries)} other summaries were written)" if summaries else ""
         raise OutputError("; ".join(unwritten) + written + ": the runs are kept; free the "
-                          "files and run the same command with --no-train to summarise them")
+                          f"files and {SUMMARISE_AGAIN} to summarise them")
     return summaries
 
 

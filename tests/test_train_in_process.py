@@ -110,15 +110,39 @@ def test_train_refuses_what_is_no_config_in_one_line(config):
     assert "RunConfig" in message and "\n" not in message, message
 
 
-def test_a_run_trained_in_another_default_dtype_is_refused_naming_the_dtype(tmp_path):
+def test_a_run_trained_in_another_default_dtype_is_another_run(tmp_path):
+    """Features and parameters are made in torch's default dtype: a caller's float64 run is
+    another computation, under another id beside the float32 one (whose id is as before),
+    and each is served in its own dtype."""
     config = tiny(tmp_path)
+    single = train(config)
     with setting(torch.set_default_dtype, torch.float64, torch.float32):
-        trained = train(config)  # the default dtype is the caller's: a float64 run
+        double = train(config)  # the default dtype is the caller's: a float64 run
+    assert double.record.model.dtype == "float64" and single.record.model.dtype == "float32"
+    assert double.run_dir != single.run_dir
+    assert double.run_dir.name.rsplit("-", 1)[0] == single.run_dir.name.rsplit("-", 1)[0]
+    assert numbers(double.record) != numbers(single.record)
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        assert numbers(train(config).record) == numbers(double.record)  # served
+    assert numbers(train(config).record) == numbers(single.record)
+
+
+def test_an_older_float64_run_under_a_float32_id_is_refused_naming_the_dtype(tmp_path,
+                                                                            monkeypatch):
+    """A run trained in float64 before the dtype joined the run id holds the float32 id: a
+    float32 caller is told the dtype, not that the data changed."""
+    import creditaudit.run.plan as plan
+
+    as_before = plan.compute_run_id
+    config = tiny(tmp_path)
+    with monkeypatch.context() as patch, \
+            setting(torch.set_default_dtype, torch.float64, torch.float32):
+        patch.setattr(plan, "compute_run_id",
+                      lambda *args, **kw: as_before(*args, **{**kw, "dtype": "float32"}))
+        trained = train(config)
     assert trained.record.model.dtype == "float64"
     with pytest.raises(RunRecordError) as error:
         train(config)
     message = str(error.value)
     assert "default dtype float64" in message and "torch.set_default_dtype(torch.float64)" \
         in message and "\n" not in message, message
-    with setting(torch.set_default_dtype, torch.float64, torch.float32):
-        assert numbers(train(config).record) == numbers(trained.record)  # served

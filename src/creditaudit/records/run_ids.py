@@ -99,14 +99,19 @@ def pre_move_spelling(spec: str) -> str:
     return pre_move_path(module) + colon + name
 
 
-def compute_run_id(config: RunConfig, fingerprint: str, code: RunCode) -> str:
-    """The run's folder name from its config, its data's fingerprint and its code."""
+def compute_run_id(config: RunConfig, fingerprint: str, code: RunCode, *,
+                   dtype: str = "float32") -> str:
+    """The run's folder name from its config, its data's fingerprint, its code and the
+    dtype its features and parameters are made in (torch's default dtype where it was
+    planned; a float32 run's id leaves it out, as ids did before)."""
     semantic = semantic_dict(config)
     model = semantic.get("model", {})
     for key in SPELLED_KEYS:
         if isinstance(model.get(key), str):
             model[key] = pre_move_spelling(model[key])
     payload: dict[str, Any] = {"config": semantic, "data": fingerprint, "version": ID_VERSION}
+    if dtype != "float32":  # another computation: torch.set_default_dtype in the caller's code
+        payload["dtype"] = dtype
     plugins, digests = {}, {}
     for axis, key in VERSION_KEYS.items():
         version: CodeVersion = getattr(code, axis)

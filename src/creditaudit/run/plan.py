@@ -258,7 +258,10 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         identity = spec.identity(seed)
     admitted = admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
     code = run_code(rule, arch, spec, protocol, guests, admitted)
-    run_id = compute_run_id(config, identity.fingerprint, code)
+    # Features and parameters are made in torch's default dtype (a caller's float64 is
+    # another computation, under another id)
+    run_id = compute_run_id(config, identity.fingerprint, code,
+                            dtype=str(torch.get_default_dtype()).removeprefix("torch."))
     return RunPlan(config=config, rule=rule, architecture=arch, dataset=spec, data_seed=seed,
                    identity=identity, code=code, run_id=run_id, eval_samples=eval_samples,
                    model=model, protocol=protocol,

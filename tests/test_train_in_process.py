@@ -15,7 +15,7 @@ import torch
 
 from creditaudit import RunConfig, train
 from creditaudit.errors import ConfigError, RunRecordError
-from creditaudit.records import RunRecord
+from creditaudit.records import RunRecord, load_record
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -146,3 +146,20 @@ def test_an_older_float64_run_under_a_float32_id_is_refused_naming_the_dtype(tmp
     message = str(error.value)
     assert "default dtype float64" in message and "torch.set_default_dtype(torch.float64)" \
         in message and "\n" not in message, message
+
+
+def test_a_sweeps_workers_make_its_runs_in_the_callers_default_dtype(tmp_path):
+    """A Python caller's float64 sweep: its worker processes (started in float32) make the
+    runs in float64, under the ids the sweep planned (they refused every run before)."""
+    from creditaudit.run.plan import run_id
+    from creditaudit.sweep import run_sweep
+    from creditaudit.sweep.executors import LocalExecutor
+
+    config = tiny(tmp_path)
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        result = run_sweep([config], LocalExecutor(workers=1))
+        planned = run_id(config)
+    assert [o["status"] for o in result.outcomes] == ["completed"], result.outcomes
+    assert result.outcomes[0]["run_id"] == planned
+    record = load_record(tmp_path / planned / "record.json")
+    assert record.model.dtype == "float64"

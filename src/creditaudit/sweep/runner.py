@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from creditaudit.caller import OUT, on_command_line
 from creditaudit.config import RunConfig, apply_overrides, config_value
 from creditaudit.errors import ConfigError
@@ -251,9 +253,11 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
         state.count(row["status"])
         report(outcome)
 
-    # the workers (other threads, processes, hosts) spell their messages for this caller
+    # the workers (other threads, processes, hosts) spell their messages for this caller,
+    # and make their runs in its default dtype (a float64 caller's ids say float64)
     fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after,
-                           command_line=on_command_line())
+                           command_line=on_command_line(),
+                           dtype=str(torch.get_default_dtype()).removeprefix("torch."))
     while todo:
         state.outstanding, state.busy = len(todo), 0
         tasks = _tasks([by_id[run_id] for run_id in todo], stack)

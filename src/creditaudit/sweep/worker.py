@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from creditaudit.caller import FORCE, for_command_line
 from creditaudit.config import RunConfig
@@ -242,14 +244,27 @@ def failed_outcome(task: dict[str, Any], error: str, action: str = "trained"
 
 
 def run_task(task: dict[str, Any], *, retry_failed: bool = False,
-             stale_after: float = DEFAULT_STALE_AFTER, command_line: bool = False
-             ) -> Outcome | list[Outcome]:
+             stale_after: float = DEFAULT_STALE_AFTER, command_line: bool = False,
+             dtype: str = "float32") -> Outcome | list[Outcome]:
     """What an executor runs: ``task = {"config": config dict, "run_id": id}``, or a stacked
     group ``{"configs": [...], "run_ids": [...]}`` (one outcome per run, as a list).
     ``command_line``: the sweep's caller is the command line, whose flags its messages
-    name (:mod:`creditaudit.caller`), in whichever thread or process runs the task."""
-    with for_command_line(command_line):
+    name (:mod:`creditaudit.caller`), in whichever thread or process runs the task.
+    ``dtype``: torch's default dtype where the sweep planned its runs (a Python caller's
+    float64 is in their run ids), which the task's runs are made in wherever it runs."""
+    with for_command_line(command_line), _default_dtype(dtype):
         return _run_task(task, retry_failed=retry_failed, stale_after=stale_after)
+
+
+@contextlib.contextmanager
+def _default_dtype(name: str) -> Iterator[None]:
+    """torch's default dtype ``name`` ("float32", "float64") inside; the one before after."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, name))
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _run_task(task: dict[str, Any], *, retry_failed: bool, stale_after: float

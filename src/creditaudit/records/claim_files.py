@@ -82,6 +82,13 @@ def claim_is_stale(holder: dict[str, Any] | None, age: float, stale_after: float
     return None
 
 
+def holder_name(holder: dict[str, Any] | None) -> str:
+    """The process a claim names, in words: ``pid 123 on host-a`` (``?`` for what the claim
+    does not say)."""
+    holder = holder or {}
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+
+
 @dataclass(frozen=True)
 class ClaimState:
     """A run folder's claim as found: its content (None while unreadable), seconds since
@@ -91,6 +98,18 @@ class ClaimState:
     holder: dict[str, Any] | None
     age: float
     stale: str | None
+
+    @property
+    def who(self) -> str:
+        """The process the claim names (:func:`holder_name`)."""
+        return holder_name(self.holder)
+
+    def why_not_held(self) -> str:
+        """Why a stale claim holds nothing, in words: ``pid 123 on host-a is gone``, or
+        ``the claim of pid 123 on host-a has had no heartbeat for 20 min``."""
+        if self.stale == "dead process":
+            return f"{self.who} is gone"
+        return f"the claim of {self.who} has had no heartbeat for {self.age / 60:.0f} min"
 
 
 def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> ClaimState | None:
@@ -104,4 +123,4 @@ def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> Clai
 
 
 __all__ = ["ClaimState", "DEFAULT_STALE_AFTER", "UNREADABLE_CLAIM_GRACE", "claim_is_stale",
-           "claim_state", "process_alive", "read_claim"]
+           "claim_state", "holder_name", "process_alive", "read_claim"]

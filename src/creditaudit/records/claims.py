@@ -37,6 +37,7 @@ from creditaudit.records.claim_files import (  # what a claim says: read by repo
     DEFAULT_STALE_AFTER,
     MAX_CLAIM_BYTES,
     claim_is_stale,
+    holder_name,
     read_claim,
 )
 
@@ -209,8 +210,7 @@ def heartbeat(claim: Claim, every: float) -> Iterator[None]:
 def _who(holder: dict[str, Any] | None) -> str:
     """The process a claim names, in words (``holder``: the claim, None while written)."""
     return ("another process (its claim is being written)" if holder is None else
-            f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} "
-            f"(since {holder.get('time', '?')})")
+            f"{holder_name(holder)} (since {holder.get('time', '?')})")
 
 
 def lost_claim(run_dir: Path) -> str | None:

@@ -49,16 +49,12 @@ def status_text(record: RunRecord, folder: Path | None = None) -> str:
     claim = claim_state(folder)
     if claim is None:
         return record.status
-    holder = claim.holder or {}
-    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
     if record.status in AGAIN:
-        return (f"{record.status} (being trained again by {who})" if claim.stale is None
-                else record.status)
+        return (f"{record.status} (being trained again by {claim.who})"
+                if claim.stale is None else record.status)
     if claim.stale is None:
-        return f"running (held by {who})"
-    why = (f"{who} is gone" if claim.stale == "dead process"
-           else f"the claim of {who} has had no heartbeat for {claim.age / 60:.0f} min")
-    return f"running ({NOT_HELD}: interrupted? {why})"
+        return f"running (held by {claim.who})"
+    return f"running ({NOT_HELD}: interrupted? {claim.why_not_held()})"
 
 
 NOT_HELD = "no process holds it"

@@ -258,10 +258,9 @@ def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir:
     last = record.log[-1].epoch if record.log else None
     claim = claim_state(run_dir)
     if claim is not None and claim.stale is None:  # training now: the write is under way
-        holder = claim.holder or {}
-        log.info("%s logs epochs up to %s while the run trains (pid %s on %s holds it): epoch "
-                 "%d's numbers are read from its checkpoint's own record", run_dir / RECORD_FILE,
-                 last, holder.get("pid", "?"), holder.get("host", "?"), epoch)
+        log.info("%s logs epochs up to %s while the run trains (%s holds it): epoch %d's "
+                 "numbers are read from its checkpoint's own record", run_dir / RECORD_FILE,
+                 last, claim.who, epoch)
         return entry
     log.warning("%s logs epochs up to %s, but the checkpoint is of epoch %d (its record "
                 "write failed?): the epoch's numbers are read from the checkpoint's own "

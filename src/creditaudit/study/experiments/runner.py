@@ -172,15 +172,12 @@ def _claimed(run_dir: Path, status: str) -> tuple[str, str] | None:
     claim = claim_state(run_dir)
     if claim is None:
         return None
-    holder = claim.holder or {}
-    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
     if claim.stale is None:
-        return "busy", f"another process holds it: {who}"
+        return "busy", f"another process holds it: {claim.who}"
     if status != "running":
         return None
-    why = (f"{who} is gone" if claim.stale == "dead process"
-           else f"the claim of {who} has had no heartbeat for {claim.age / 60:.0f} min")
-    return "interrupted", f"its process stopped ({why}): run the experiment again to resume it"
+    return "interrupted", (f"its process stopped ({claim.why_not_held()}): run the "
+                           "experiment again to resume it")
 
 
 def _load(plans: Sequence[RunPlan], outcomes: dict[str, dict[str, Any]] | None = None

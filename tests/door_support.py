@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from creditaudit import RunConfig
-from creditaudit.registry import reload_plugins
-from plugin_support import GUESTS
+from plugin_support import GUESTS, plugins_on_path
 
 ORIGIN = f"{GUESTS.distribution}=={GUESTS.version}"
 # A tiny run on the well-behaved door-mixture dataset (8 features, 4 classes).
@@ -65,14 +63,8 @@ def guests(site: Path, *names: str) -> Iterator[Path]:
     """The entry points ``names`` of tests/guest_pkg installed in this process (gone
     afterwards); yields the site folder."""
     GUESTS.install(site, only=names)
-    sys.path.insert(0, str(site))
-    reload_plugins()
-    try:
+    with plugins_on_path(site, GUESTS.forget):
         yield site
-    finally:
-        sys.path.remove(str(site))
-        GUESTS.forget()
-        reload_plugins()
 
 
 def site_with(root: Path, *names: str) -> Path:

@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,8 +99,6 @@ def one_module_plugin(site: Path, group: str, entry: str, modules: dict[str, str
     source) registering ``entry`` (``name = module:Class``) in ``group``, installed in
     ``site`` without a RECORD (as an editable install or a folder on PYTHONPATH is) and found
     in this process; gone afterwards. Yields ``site``."""
-    from creditaudit.registry import reload_plugins
-
     info = site / "one_module-0.1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: one-module\n"
@@ -108,14 +106,29 @@ def one_module_plugin(site: Path, group: str, entry: str, modules: dict[str, str
     (info / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
     for name, source in modules.items():
         (site / f"{name}.py").write_text(source)
+
+    def forget() -> None:
+        for name in modules:
+            sys.modules.pop(name, None)
+
+    with plugins_on_path(site, forget):
+        yield site
+
+
+@contextlib.contextmanager
+def plugins_on_path(site: Path, forget: Callable[[], None]) -> Iterator[Path]:
+    """``site`` first on ``sys.path`` and the plugins it installs found, while the block
+    runs; afterwards off the path, ``forget()`` run (the modules it imported dropped) and the
+    plugins found again without it. Yields ``site``."""
+    from creditaudit.registry import reload_plugins
+
     sys.path.insert(0, str(site))
     reload_plugins()
     try:
         yield site
     finally:
         sys.path.remove(str(site))
-        for name in modules:
-            sys.modules.pop(name, None)
+        forget()
         reload_plugins()
 
 

@@ -162,6 +162,7 @@ class _LazyProgress:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.study.experiments import all_names, get_experiment, run_experiments
+    from creditaudit.study.experiments.execution import execution_text
 
     if args.list:
         return _list(args)
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         print(get_experiment(name).to_markdown(summary))
         print(f"→ {json_file} and {Path(md_file).name} "
               f"({meta['runs_found']}/{meta['runs_needed']} runs, "
-              f"{meta['execution']['trained']} trained now)\n")
+              f"{execution_text(meta['execution'])})\n")
         missing += len(meta["missing"])
         for entry in meta["missing"]:
             print(f"missing: {entry['run_id']} ({entry['status']})"

@@ -5,9 +5,16 @@ under ``-q``, while it waits for a run another process holds."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from types import SimpleNamespace
 
+from creditaudit.cli import experiment as experiment_cli
 from creditaudit.cli import main
+from creditaudit.records import CLAIM_FILE
+from creditaudit.study.experiments import get_experiment
+from creditaudit.sweep import plan_runs
 
 
 def test_runs_that_failed_diverged_or_were_busy_are_not_counted_trained(tmp_path, capsys,
@@ -42,3 +49,48 @@ def test_runs_that_failed_diverged_or_were_busy_are_not_counted_trained(tmp_path
         "trained": 4, "diverged": 1, "failed": 1, "interrupted": 1, "busy": 1, "skipped": 0,
         "refused": 0}
     assert execution["actions"] == {"trained": 6, "resumed": 1, "busy": 1}
+
+
+def test_quiet_experiment_says_which_run_it_waits_for_and_when_it_stops(tmp_path, capsys,
+                                                                         monkeypatch):
+    """``experiment -q`` waited silently for a run another process held: minutes without a
+    word. It names the run and its holder (the claim's words), and says when the wait ends."""
+    held = plan_runs(get_experiment("fresh_null").configs("smoke", out_dir=tmp_path))[0]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        held.run_dir.mkdir(parents=True)
+        (held.run_dir / CLAIM_FILE).write_text(json.dumps(
+            {"pid": holder.pid, "host": socket.gethostname(), "time": "then",
+             "unix_time": 0.0, "token": "someone-else"}))
+        report = experiment_cli._LazyProgress.__call__
+
+        def reported(self, state, outcome) -> None:  # noqa: ANN001
+            report(self, state, outcome)
+            if outcome is not None and outcome["status"] == "busy":
+                holder.kill()  # the holder ends once waited for: its claim holds nothing
+                holder.wait()
+
+        monkeypatch.setattr(experiment_cli._LazyProgress, "__call__", reported)
+        assert main(["experiment", "fresh_null", "--scale", "smoke", "--out", str(tmp_path),
+                     "-q"]) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.splitlines()
+    waits = [line for line in err if held.run_id in line]
+    assert waits == [
+        f"waiting for {held.run_id}: another process holds it: pid {holder.pid} on "
+        f"{socket.gethostname()}",
+        f"stopped waiting for {held.run_id}: its holder released it; training it here"]
+
+
+def test_a_run_its_holder_finishes_ends_the_wait_without_training_it(capsys):
+    progress = experiment_cli._LazyProgress(quiet=True)
+    state = SimpleNamespace(total=2, tasks=[])
+    progress(state, {"run_id": "r1", "status": "busy", "action": "busy", "error": None,
+                     "holder": {"pid": 7, "host": "elsewhere"}})
+    progress(state, {"run_id": "r1", "status": "completed", "action": "skipped",
+                     "error": None})
+    assert capsys.readouterr().err.splitlines() == [
+        "waiting for r1: another process holds it: pid 7 on elsewhere",
+        "stopped waiting for r1: its holder ended it (completed); not trained here"]

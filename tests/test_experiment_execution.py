@@ -94,3 +94,20 @@ def test_a_run_its_holder_finishes_ends_the_wait_without_training_it(capsys):
     assert capsys.readouterr().err.splitlines() == [
         "waiting for r1: another process holds it: pid 7 on elsewhere",
         "stopped waiting for r1: its holder ended it (completed); not trained here"]
+
+
+def test_a_busy_run_names_its_holder_in_words(tmp_path):
+    """A run busy in this invocation's sweep, without a record, was listed missing with its
+    claim's raw dict ("{'pid': 7, 'host': ...}") as the reason."""
+    from creditaudit.study.experiments.runner import summarise_experiment
+
+    experiment = get_experiment("fresh_null")
+    plans = plan_runs(experiment.configs("smoke", out_dir=tmp_path))
+    busy = {plans[0].run_id: {"run_id": plans[0].run_id, "status": "busy", "action": "busy",
+                              "error": None, "holder": {"pid": 7, "host": "elsewhere"}}}
+    summary = summarise_experiment(experiment, plans, scale="smoke", dataset="synthetic",
+                                   out_dir=tmp_path, outcomes=busy)
+    assert summary["meta"]["missing"][0] == {
+        "run_id": plans[0].run_id, "status": "busy",
+        "error": "another process holds it: pid 7 on elsewhere"}
+    assert summary["meta"]["execution"]["busy"] == 1

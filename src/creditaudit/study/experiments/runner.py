@@ -30,7 +30,7 @@ from creditaudit.records import (
     RunRecord,
     load_record_cached,
 )
-from creditaudit.records.claim_files import claim_state
+from creditaudit.records.claim_files import claim_state, holder_name
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
@@ -153,7 +153,7 @@ def _not_on_disk(outcome: dict[str, Any] | None) -> tuple[str, str | None]:
     action = outcome["action"]
     why = outcome.get("error")
     if why is None and outcome.get("holder"):
-        why = f"another process holds it: {outcome['holder']}"
+        why = f"another process holds it: {holder_name(outcome['holder'])}"
     return action, why
 
 

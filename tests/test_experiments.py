@@ -315,6 +315,19 @@ def test_aggregate_edge_cases():
     assert empty["n"] == 0 and math.isnan(empty["mean"]) and math.isnan(empty["ci_low"])
 
 
+def test_a_number_over_one_seed_shows_no_spread():
+    """One seed measures no spread: the .md cell has no ± part and names n, the .json's std
+    is null (a summary row over one seed never reads ``± 0.000``)."""
+    from creditaudit.files.safe_files import json_bytes
+    from creditaudit.study.experiments.aggregate import format_aggregate
+
+    one = aggregate([0.25])
+    assert format_aggregate(one) == "0.250 (n=1)"
+    assert json.loads(json_bytes({"acc": one}))["acc"] == {
+        "mean": 0.25, "std": None, "n": 1, "ci_low": 0.25, "ci_high": 0.25}
+    assert format_aggregate(aggregate([0.25, 0.25])) == "0.250 ± 0.000 (n=2)"  # measured
+
+
 BASE_CONFIG = RunConfig().to_dict()
 
 

@@ -66,6 +66,18 @@ def index_of(raws: list[dict]) -> RunIndex:
     return RunIndex.from_records([RunRecord.from_dict(raw) for raw in raws])
 
 
+def test_a_summary_row_of_one_seed_shows_no_spread(runs):
+    """A row of one run said ``± 0.000``, as if its seeds' spread had been measured as
+    zero: one seed measures none. Its cells are the value, saying it is one run's."""
+    index = index_of([runs["dfa"]])
+    [row] = summary_table(index, index.runs).rows
+    run = index.runs[0]
+    assert row["seeds"] == "42"
+    assert row["test acc"] == f"{run.final_acc:.3f} (1 run)"
+    assert row["deep cos"] == f"{run.deep_cos:+.3f} (1 run)"
+    assert "±" not in row["Γ"] and row["Γ"].endswith("(1 run)")
+
+
 def test_a_mean_over_fewer_runs_than_its_row_says_over_how_many(runs):
     """Seed 2 diverged before any finite measure of its credit (deep cos —): the row's deep
     cos and Γ are means over seed 1 alone while its accuracy is over both, and the table
@@ -81,7 +93,7 @@ def test_a_mean_over_fewer_runs_than_its_row_says_over_how_many(runs):
     assert row["seeds"] == "2, 42"
     assert "of 2 runs" not in row["test acc"]
     measured = by_id[dfa["run_id"]].deep_cos
-    assert row["deep cos"].startswith(f"{measured:+.3f} ± 0.000 (1 of 2 runs)")
+    assert row["deep cos"].startswith(f"{measured:+.3f} (1 of 2 runs)")  # one: no spread
     assert "(1 of 2 runs)" in row["Γ"]
     markdown = render_report_markdown(index)
     assert "(k of n runs): only k of the n runs the row's means are over" in markdown

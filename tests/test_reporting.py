@@ -342,7 +342,7 @@ def test_a_run_that_stopped_early_stays_out_of_its_summary_rows_means(results):
     assert index.runs[0].final_acc != index.runs[1].final_acc
     [row] = summary_table(index, index.runs).rows
     assert row["seeds"] == "7 (stopped early), 42"
-    assert row["test acc"] == f"{dfa['final']['test_acc']:.3f} ± 0.000"
+    assert row["test acc"] == f"{dfa['final']['test_acc']:.3f} (1 run)"  # no spread of one
     assert row["walked back"].endswith("/2")
     markdown = render_report_markdown(index)
     assert ("Left out of the end-of-run means (they would mix runs of different lengths): "

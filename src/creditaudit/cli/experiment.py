@@ -61,8 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="train nothing: summarise the runs already finished in --out "
                              "(missing ones are listed)")
     parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress lines while runs train (summaries and errors are "
-                             "still printed)")
+                        help="no progress lines while runs train (summaries, errors and "
+                             "waits for runs another process holds are still printed)")
     parser.add_argument("--list", action="store_true",
                         help="list the experiments and what each answers (with --scale: how "
                              "many runs each needs and how many are finished in --out)")
@@ -127,11 +127,15 @@ def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Ex
 
 
 class _LazyProgress:
-    """The sweep's progress line, opened once the number of runs to train is known."""
+    """The sweep's progress line, opened once the number of runs to train is known, and a
+    line — also when quiet — when the experiment starts and stops waiting for a run another
+    process holds (its sweep waits silently until the run is released)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self.bar = None
         self.quiet = quiet
+        self.waiting: set[str] = set()  # run ids held by other processes, waited for
+        self.run_dirs: dict[str, Path] = {}  # of the runs to train (:meth:`watch`)
 
     def __call__(self, state, outcome) -> None:  # noqa: ANN001 — SweepState, outcome dict
         from creditaudit.cli.sweep_output import SweepProgress
@@ -139,6 +143,47 @@ class _LazyProgress:
         if self.bar is None:
             self.bar = SweepProgress(state.total, quiet=self.quiet)
         self.bar(state, outcome)
+        self._waits(state, outcome)
+
+    def _waits(self, state, outcome) -> None:  # noqa: ANN001 — SweepState, outcome dict
+        """Say when a run turns busy (who holds it) and when the wait for it ends: its
+        holder finished it (its outcome, skipped here) or let it go (the sweep gives it to
+        a worker here again)."""
+        from creditaudit.records.claim_files import holder_name
+
+        if outcome is not None and outcome.get("status") == "busy":
+            run_id = outcome["run_id"]
+            if run_id not in self.waiting:
+                self.waiting.add(run_id)
+                self.tell(f"waiting for {run_id}: another process holds it: "
+                          f"{holder_name(outcome.get('holder'))}")
+            return
+        if outcome is not None and outcome.get("run_id") in self.waiting:
+            self.waiting.discard(outcome["run_id"])
+            self.tell(f"stopped waiting for {outcome['run_id']}: its holder ended it "
+                      f"({outcome.get('status')}); not trained here")
+        given = {run_id for task in getattr(state, "tasks", None) or () for run_id in task}
+        for run_id in sorted(self.waiting & given):  # handed to a worker here again
+            if not self._held(run_id):  # released (those still held are handed on too)
+                self.waiting.discard(run_id)
+                self.tell(f"stopped waiting for {run_id}: its holder released it; "
+                          "training it here")
+
+    def _held(self, run_id: str) -> bool:
+        """Whether a live process still holds the run's claim (False where unknown)."""
+        from creditaudit.records.claim_files import claim_state
+
+        run_dir = self.run_dirs.get(run_id)
+        claim = None if run_dir is None else claim_state(run_dir)
+        return claim is not None and claim.stale is None
+
+    def tell(self, line: str) -> None:
+        """A line on stderr even when quiet (above the bar on a terminal)."""
+        bar = getattr(self.bar, "bar", None)
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def say(self, line: str) -> None:
         """A line between the bar's updates (a RunWatch line); nothing when quiet."""
@@ -153,6 +198,7 @@ class _LazyProgress:
         seconds."""
         from creditaudit.cli.sweep import watching
 
+        self.run_dirs = {plan.run_id: plan.run_dir for plan in plans}
         return contextlib.nullcontext() if self.quiet else watching(plans, [], self.say)
 
     def close(self) -> None:
@@ -162,6 +208,7 @@ class _LazyProgress:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.study.experiments import all_names, get_experiment, run_experiments
+    from creditaudit.study.experiments.execution import execution_text
 
     if args.list:
         return _list(args)
@@ -195,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         print(get_experiment(name).to_markdown(summary))
         print(f"→ {json_file} and {Path(md_file).name} "
               f"({meta['runs_found']}/{meta['runs_needed']} runs, "
-              f"{meta['execution']['trained']} trained now)\n")
+              f"{execution_text(meta['execution'])})\n")
         missing += len(meta["missing"])
         for entry in meta["missing"]:
             print(f"missing: {entry['run_id']} ({entry['status']})"

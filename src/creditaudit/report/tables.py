@@ -71,6 +71,8 @@ AUDIT_TAIL = ("status", "acc", "deep cos", GAMMA_COLUMN)
 SUMMARY_HEAD = ("method", "λ", "arch", "dataset")
 # A summary mean over fewer runs than its row's: those that have the number.
 PARTIAL_MEAN = "{} of {} runs"
+# A summary cell of one run's value: one seed measures no spread, so no "± std" part.
+ONE_RUN = "1 run"
 SUMMARY_MEANS = ("test acc", "deep cos", "Γ")
 SUMMARY_TAIL = ("seeds", "test acc", "deep cos", "Γ", "walked back", "fired")
 UNFINISHED_HEAD = ("run", "method", "λ", "arch", "dataset", "seed")
@@ -247,6 +249,8 @@ def summary_rows(index: RunIndex, runs: Sequence[RunRecord] | None = None,
             measured = sum(not math.isnan(as_float(v)) for v in values)
             part = ("" if measured == len(values)
                     else f" ({PARTIAL_MEAN.format(measured, len(values))})")
+            if measured == 1:  # one run: no spread was measured (not ± 0.000)
+                return f"{mean:{spec}}{part or f' ({ONE_RUN})'}"
             return f"{mean:{spec}} ± {std:.3f}{part}"
 
         audited = [r for r in group.reports if r is not None]

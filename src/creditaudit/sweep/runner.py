@@ -21,6 +21,7 @@ from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
+from creditaudit.sweep.summary_file import write_summary
 from creditaudit.sweep.worker import disk_status, run_task, task_ids
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,9 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
               grid_keys: list[str] | None = None,
               on_progress: Callable[[SweepState, Outcome | None], None] | None = None,
               summary_extra: dict[str, Any] | None = None, stack: int = 1) -> SweepResult:
-    """Run every run not finished yet; write ``OUT/sweep_summary.json``.
+    """Run every run not finished yet; write ``OUT/sweep_summary.json`` (merged with the
+    runs other sweeps and experiments listed in it: :mod:`~creditaudit.sweep.summary_file`;
+    the result's ``summary`` is this sweep's runs only).
 
     ``runs``: run configs, or their plans (:func:`~creditaudit.sweep.plans.plan_runs`).
     Every config is planned before any run starts (a run that cannot train is one error
@@ -291,10 +294,9 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                                           "action": "not started", "error": None})
                for plan in plans]
     summary = sweep_summary(plans, ordered, grid_keys or [], extra=summary_extra)
-    from creditaudit.records import atomic_write_json
-
     path = out_dir / SUMMARY_FILE
-    atomic_write_json(path, summary)
+    # merged with the runs other sweeps and experiments listed in it (run at once, or before)
+    write_summary(path, summary, reported_status)
     return SweepResult(ordered, summary, path, plans)
 
 

@@ -30,11 +30,12 @@ from creditaudit.records import (
     RunRecord,
     load_record_cached,
 )
-from creditaudit.records.claim_files import claim_state
+from creditaudit.records.claim_files import claim_state, holder_name
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
+from creditaudit.study.experiments.execution import execution_counts
 from creditaudit.study.experiments.options import LIST, SUMMARISE_AGAIN, argument, chosen
 from creditaudit.study.experiments.registry import (
     NO_CHOICES,
@@ -152,7 +153,7 @@ def _not_on_disk(outcome: dict[str, Any] | None) -> tuple[str, str | None]:
     action = outcome["action"]
     why = outcome.get("error")
     if why is None and outcome.get("holder"):
-        why = f"another process holds it: {outcome['holder']}"
+        why = f"another process holds it: {holder_name(outcome['holder'])}"
     return action, why
 
 
@@ -218,12 +219,6 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
     records, missing = _load(plans, outcomes)
     summary = experiment.summarise(records, choices)
     ids = [plan.run_id for plan in plans]
-    actions: dict[str, int] = {}
-    for key, outcome in (outcomes or {}).items():
-        if key in ids:
-            action = outcome.get("action") or "not started"
-            actions[action] = actions.get(action, 0) + 1
-    trained = sum(actions.get(a, 0) for a in ("trained", "resumed", "restarted"))
     summary["meta"] = {
         "experiment": experiment.name, "question": experiment.question,
         "scale": scale, "dataset": dataset, "out_dir": str(out_dir),
@@ -231,8 +226,7 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs_needed": len(plans), "runs_found": len(records),
         "run_ids": ids, "missing": missing,
-        "execution": {"trained": trained, "actions": actions,
-                      "wall_seconds": wall_seconds},
+        "execution": {**execution_counts(outcomes or {}, ids), "wall_seconds": wall_seconds},
         "epoch_seconds": _epoch_seconds(records),
     }
     folder = out_dir / EXPERIMENTS_DIR

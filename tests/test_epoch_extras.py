@@ -5,13 +5,18 @@ trained alone or in a stack (the Recorder's own loop: tests/test_recorder_rule_e
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from creditaudit.errors import GuestError
 from creditaudit.methods.dfa import DFA
 from creditaudit.records import load_record
 from creditaudit.run.plan import run_id
+from creditaudit.run.results import rule_extras
 from creditaudit.run.stacked import train_stacked
 from creditaudit.run.trainer import train
 from test_stacked import configs
@@ -43,3 +48,51 @@ def test_it_fails_a_stack_the_same_way(tmp_path, loud_dfa):
     for config in runs:
         record = load_record(Path(config.run.out_dir) / run_id(config))
         assert record.status == "failed" and [entry.epoch for entry in record.log] == [0]
+
+
+# --- the values must be numbers a record holds ---------------------------------------------
+REFUSED = [("a string", "high"), ("a list", [1.0, 2.0]), ("a tensor of several elements",
+           torch.ones(3)), ("a bool", True), ("a dict", {"a": 1.0})]
+
+
+@pytest.mark.parametrize("value", [v for _, v in REFUSED], ids=[i for i, _ in REFUSED])
+def test_a_rule_value_that_is_no_number_fails_the_run_in_one_line(tmp_path, monkeypatch,
+                                                                   value):
+    """Before, a string was written and the record then refused by its reader; a list or a
+    tensor gave a traceback when the record was written."""
+    monkeypatch.setattr(DFA, "end_epoch", lambda self, epoch, n: {"mine": value})
+    config = configs(tmp_path, "dfa")[0]
+    with pytest.raises(RuntimeError, match=r"^credit rule 'dfa': end_epoch\(\) returned a "
+                                           r".* as the per-epoch value 'mine', which a record "
+                                           "cannot hold"):
+        train(config)
+    record = load_record(tmp_path / run_id(config))
+    assert record.status == "failed" and "'mine'" in record.error
+
+
+def test_numbers_of_every_kind_are_recorded_as_floats(tmp_path, monkeypatch):
+    """A tensor with grad (before: a traceback writing record.json), numpy scalars (before:
+    written as they could be, or a traceback), NaN and inf are kept as the floats they are."""
+    weight = torch.tensor(2.0, requires_grad=True)
+    values = {"grad": weight * 1.5, "f32": np.float32(0.25), "i64": np.int64(3), "int": 4,
+              "nan": float("nan"), "inf": np.float64("inf"), "one": torch.tensor([0.5])}
+    monkeypatch.setattr(DFA, "end_epoch", lambda self, epoch, n: dict(values))
+    config = configs(tmp_path, "dfa")[0]
+    assert train(config).status == "completed"
+    extras = load_record(tmp_path / run_id(config)).log[-1].extras
+    assert {k: type(v) for k, v in extras.items()} == {k: float for k in values}
+    assert extras["grad"] == 3.0 and extras["f32"] == 0.25 and extras["i64"] == 3.0
+    assert math.isnan(extras["nan"]) and extras["inf"] == math.inf and extras["one"] == 0.5
+
+
+def test_your_own_rules_value_is_its_own_failure():
+    class Mine(DFA):
+        pass
+
+    rule = Mine.__new__(Mine)
+    with pytest.raises(GuestError, match=r"\(your own class\): end_epoch\(\) returned a str as "
+                                         r"the per-epoch value 'mine'.* not in creditaudit"):
+        rule_extras(rule, {"mine": "x"})
+    with pytest.raises(GuestError, match=r"under the key 3, a int: name each value"):
+        rule_extras(rule, {3: 1.0})
+    assert rule_extras(rule, {"a": np.float32(1.5), "b": None}) == {"a": 1.5, "b": None}

@@ -115,3 +115,22 @@ def test_a_rules_per_epoch_values_named_like_a_record_key_are_refused(tmp_path):
                                          r"itself, .* give them other names; an error in its "
                                          r"code"):
         rec.epoch(1, test_loss=1.0)
+
+
+def test_extras_of_numpy_and_tensor_numbers_are_kept_and_others_refused(tmp_path):
+    """A numpy scalar other than float64 (float32, int64) was refused as no number though
+    the record holds it faithfully; a tensor with grad and NaN are kept as floats too."""
+    import numpy as np
+
+    x, y = data()
+    rec = Recorder(bridge(warmup_fraction=0.0), x, y, out=tmp_path, name="numbers",
+                   progress=False, config=OFF)
+    for value in ("high", [1.0], torch.ones(2), True):
+        with pytest.raises(ConfigError, match=r"^extras\['mine'\] must be a number, got "):
+            rec.epoch(0, extras={"mine": value})
+    weight = torch.tensor(2.0, requires_grad=True)
+    rec.epoch(0, extras={"f32": np.float32(0.5), "i64": np.int64(3), "grad": weight * 2,
+                         "nan": float("nan")})
+    extras = load_record(tmp_path / "numbers").log[0].extras
+    assert extras["f32"] == 0.5 and extras["i64"] == 3.0 and extras["grad"] == 4.0
+    assert extras["nan"] != extras["nan"]

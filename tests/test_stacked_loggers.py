@@ -11,7 +11,7 @@ import pytest
 
 from creditaudit.errors import GuestError
 from creditaudit.loggers import RunLogger, current_run_id
-from creditaudit.records import load_record
+from creditaudit.records import comparable, load_record
 from creditaudit.run.plan import run_id
 from creditaudit.run.stacked import train_stacked
 from creditaudit.run.trainer import train
@@ -97,3 +97,42 @@ def test_a_loggers_finish_error_leaves_every_record_completed(tmp_path):
                                          "finish broke"):
         train_stacked(runs, loggers=[BreaksOnce("finish")])
     assert {load_record(Path(c.run.out_dir) / run_id(c)).status for c in runs} == {"completed"}
+
+
+class BreaksFor(RunLogger):
+    """Raises in ``log_step`` for the run ``failing`` only (every call of it)."""
+
+    def __init__(self, failing: str) -> None:
+        self.failing = failing
+
+    def log_step(self, loss):  # noqa: ANN001
+        if current_run_id() == self.failing:
+            raise ValueError("log_step broke")
+
+
+def test_a_loggers_step_error_in_a_group_of_one_fails_only_that_run(tmp_path, monkeypatch,
+                                                                     kill_run_at):
+    """A run alone in its group (here: the one run starting at epoch 0, the others resumed
+    from epoch 2) takes its own step; before, its logger's log_step error left the stack
+    and no run of the later groups trained. Now it fails that run alone, and the others'
+    records are bit for bit those of the stack without the broken logger."""
+    from test_stacked import checkpoint_gap
+
+    def stack(out: Path) -> list:
+        runs = configs(out, "dfa", **{"optim.epochs": 3})
+        for config in runs[1:]:
+            kill_run_at(config, epoch=2)  # resumed from epoch 2: a group of two
+        return runs
+
+    plain = train_stacked(stack(tmp_path / "a"), resume=[False, True, True])
+    runs = stack(tmp_path / "b")
+    results = train_stacked(runs, resume=[False, True, True],
+                            loggers=[BreaksFor(run_id(runs[0]))])
+    assert [r.status for r in results] == ["failed", "completed", "completed"]
+    assert results[0].record.error.startswith(
+        "logger BreaksFor.log_step raised ValueError: log_step broke")
+    failed = load_record(Path(runs[0].run.out_dir) / run_id(runs[0]))
+    assert failed.status == "failed" and [e.epoch for e in failed.log] == [0]
+    for a, b in zip(plain[1:], results[1:], strict=True):
+        assert comparable(a.record) == comparable(b.record)
+        assert checkpoint_gap(a.run_dir, b.run_dir) == 0.0

@@ -129,6 +129,10 @@ class LoggerGroup(RunLogger):
         self.handed: dict[int, int] = {}  # a logger's index → the last epoch handed to it
         self.first_epoch = 0  # the first epoch this part logs
         self.run_id: str | None = None  # the run started (current_run_id() in its calls)
+        # While ``keep_step_errors``: log_step's error is kept here, not raised (the run's
+        # step goes on; its loggers hear no more steps of it) — see :meth:`kept_step_error`.
+        self.keep_step_errors = False
+        self.step_error: Exception | None = None
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -152,9 +156,35 @@ class LoggerGroup(RunLogger):
                 _call(logger, "start", run)
 
     def log_step(self, loss: float) -> None:
-        with self._current():
-            for logger in self.loggers:
-                _call(logger, "log_step", loss)
+        if self.step_error is not None:
+            return
+        try:
+            with self._current():
+                for logger in self.loggers:
+                    _call(logger, "log_step", loss)
+        except Exception as err:
+            self.step_failed(err)
+
+    def step_failed(self, err: Exception) -> None:
+        """A logger raised ``err`` in ``log_step``: raised, or kept for the epoch's end while
+        :attr:`keep_step_errors` is set."""
+        if not self.keep_step_errors:
+            raise err
+        self.step_error = err
+
+    @contextlib.contextmanager
+    def kept_step_error(self) -> Iterator[list[Exception]]:
+        """In the block, a logger's ``log_step`` error does not stop the step that logged it
+        (as in a stack, where one run's logger cannot stop the shared step): it is kept, the
+        loggers hear no more steps, and it is in the yielded list after the block."""
+        kept: list[Exception] = []
+        self.keep_step_errors, self.step_error = True, None
+        try:
+            yield kept
+        finally:
+            if self.step_error is not None:
+                kept.append(self.step_error)
+            self.keep_step_errors, self.step_error = False, None
 
     def log_epoch(self, entry: EpochEntry) -> None:
         with self._current():

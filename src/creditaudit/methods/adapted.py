@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.methods.base import LocalOptions, StepResult, loss_precision, step_result
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import set_trainable_blocks
@@ -100,10 +101,10 @@ def end_to_end_objective(model: AdaptedModel, x: Tensor, y: Tensor, penalty: flo
     :func:`creditaudit.methods.bp.end_to_end_objective` for an adapted model."""
     if penalty == 0:  # h_L alone is read: one hook instead of L + 1
         h_last, logits = model.run_last_state(x)
-        ce = F.cross_entropy(loss_precision(logits), y)
+        ce = F.cross_entropy(loss_precision(checked_logits(model, logits, y)), y)
         return ce, ce, logits, h_last
     states, logits = model.run_states(x)
-    ce = F.cross_entropy(loss_precision(logits), y)
+    ce = F.cross_entropy(loss_precision(checked_logits(model, logits, y)), y)
     return ce + penalty * state_penalty(model, states), ce, logits, states[-1]
 
 
@@ -135,7 +136,7 @@ def local_state_step(rule: LocalStateRule, x: Tensor, y: Tensor,
     model, penalty, batch = rule.model, rule.options.penalty, y.shape[0]
     with rule.autocast():
         outputs, logits = model.local_states(x)
-        ce = F.cross_entropy(loss_precision(logits), y)
+        ce = F.cross_entropy(loss_precision(checked_logits(model, logits, y)), y)
         credit_of = credits_of(outputs, logits)
     result = step_result(ce, logits, y, outputs[-1])
     if not result.finite:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.optimizer_check import checks_optimizer
 from creditaudit.methods.options import (  # the shared options, importable from here too
     FeedbackOptions,
@@ -258,7 +259,7 @@ class CreditRule(Component, Generic[OptionsT]):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x)
-            ce = F.cross_entropy(loss_precision(local.logits), y)
+            ce = F.cross_entropy(loss_precision(checked_logits(self.model, local.logits, y)), y)
             grads = [self.credit_gradient(a, y.shape[0]) for a in credits_of(local)]
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:

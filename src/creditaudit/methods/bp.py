@@ -19,6 +19,7 @@ from creditaudit.methods.base import (
     loss_precision,
     step_result,
 )
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import branch_penalty
 from creditaudit.models.adapted import AdaptedModel
@@ -45,7 +46,7 @@ def bp_state_gradients(model: ResidualNet, x: Tensor, y: Tensor) -> list[Tensor]
     """
     with torch.enable_grad():
         states, logits = model.forward_states(x)
-        ce = F.cross_entropy(logits, y)
+        ce = F.cross_entropy(checked_logits(model, logits, y), y)
         grads = torch.autograd.grad(ce, states)
     return [g.detach() for g in grads]
 
@@ -88,7 +89,7 @@ def end_to_end_objective(model: ResidualNet, x: Tensor, y: Tensor, penalty: floa
     if isinstance(model, AdaptedModel):
         return adapted.end_to_end_objective(model, x, y, penalty)
     states, branches, logits = forward_with_branches(model, x)
-    ce = F.cross_entropy(loss_precision(logits), y)
+    ce = F.cross_entropy(loss_precision(checked_logits(model, logits, y)), y)
     objective = ce
     if penalty > 0:
         # Only trainable blocks are penalised: a frozen block's branch still carries a graph

@@ -55,6 +55,7 @@ from creditaudit.methods.base import (
     step_result,
 )
 from creditaudit.methods.feedback import draw_feedback, state_width
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.state_bridge import (
     AUX_WEIGHT_DECAY,
@@ -302,7 +303,7 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x)
-            ce = F.cross_entropy(local.logits, y)
+            ce = F.cross_entropy(checked_logits(self.model, local.logits, y), y)
         e = output_error(local.logits, y)
         warmup = self.in_warmup()
         credits = self.step_credits(local.states, e, y)

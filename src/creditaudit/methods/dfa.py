@@ -13,6 +13,7 @@ from torch.nn import functional as F
 from creditaudit.methods import adapted
 from creditaudit.methods.base import StepResult, output_error, step_result
 from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.projected import credit_scales, projected_backward, projected_forward
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import state_credit_shape
@@ -85,7 +86,7 @@ class DirectFeedbackRule(FixedFeedbackRule[LocalFeedbackT]):
         penalty = self.options.penalty
         with self.autocast():
             local = projected_forward(self.model, x, self.feedback, keep_branches=penalty > 0)
-            ce = F.cross_entropy(local.logits, y)
+            ce = F.cross_entropy(checked_logits(self.model, local.logits, y), y)
             signal = self.projected_signal(local.logits, y)
         result = step_result(ce, local.logits, y, local.states[-1])
         if result.finite:

@@ -68,6 +68,7 @@ from torch.nn import functional as F
 from creditaudit.config import MethodConfig, opt
 from creditaudit.methods.base import CreditRule, RuleOptions, StepResult, step_result
 from creditaudit.methods.ep_relax import EP_SOLVERS, Relaxation, relax
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import branch_penalty, per_sample_dot
 from creditaudit.models.contract import (
@@ -304,7 +305,7 @@ class EP(CreditRule[EPOptions]):
         with self.autocast():
             h_last = states[-1].detach()
             logits = model.readout(h_last)
-            ce = F.cross_entropy(logits, y)  # autocast runs CE in fp32 anyway
+            ce = F.cross_entropy(checked_logits(model, logits, y), y)  # fp32 in autocast
             objective = ce
             if relaxation is not None:
                 credits = self.credits_from(relaxation, y.shape[0])

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from creditaudit.methods.logits import checked_logits
 from creditaudit.models.contract import ResidualNet
 
 
@@ -98,7 +99,8 @@ class NudgedEnergy:
 
     def _nudge(self, delta_last: Tensor) -> Tensor:
         """β·Σ_i CE_i(readout(h_L + δ_L))."""
-        logits = self.model.readout(self.free[-1] + delta_last)
+        logits = checked_logits(self.model, self.model.readout(self.free[-1] + delta_last),
+                                self.y)
         return self.beta * F.cross_entropy(logits, self.y, reduction="sum")
 
 
@@ -173,7 +175,8 @@ class ResidualEnergy:
         with torch.enable_grad():
             rho = x.detach().clone().requires_grad_(True)
             deltas = self._forward(energy.unflatten(rho))
-            logits = energy.model.readout(energy.free[-1] + deltas[-1])
+            logits = checked_logits(energy.model, energy.model.readout(
+                energy.free[-1] + deltas[-1]), energy.y)
             losses = F.cross_entropy(logits, energy.y, reduction="none")
             (grad,) = torch.autograd.grad(energy.beta * losses.sum(), [rho])
         with torch.no_grad():

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from creditaudit.methods.base import StepResult, loss_precision, step_result
 from creditaudit.methods.feedback import FixedFeedbackRule, LocalFeedbackOptions, state_width
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import local_backward, local_forward
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
@@ -24,7 +25,7 @@ def readout_gradient(model: ResidualNet, h_last: Tensor, y: Tensor, *, create_gr
     """
     h = h_last.detach().requires_grad_(True)
     with torch.enable_grad():
-        logits = model.readout(h)
+        logits = checked_logits(model, model.readout(h), y)
         ce = F.cross_entropy(loss_precision(logits), y)
         (grad,) = torch.autograd.grad(ce, h, retain_graph=True, create_graph=create_graph)
     return grad.detach(), logits, ce

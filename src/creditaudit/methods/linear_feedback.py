@@ -47,6 +47,7 @@ from creditaudit.methods.base import (
 )
 from creditaudit.methods.bp import end_to_end_step
 from creditaudit.methods.feedback import draw_feedback
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.replaceable import LayersNotCalled, not_called_cause
 from creditaudit.methods.replaced_backward import (
     FeedbackLayer,
@@ -165,7 +166,7 @@ class LinearFeedbackRule(CreditRule[RuleOptionsT]):
         try:
             with torch.enable_grad(), self.feedback_backward(self.feedback_matrices()):
                 states, logits = self.model.forward_states(x)
-                ce = F.cross_entropy(loss_precision(logits), y)
+                ce = F.cross_entropy(loss_precision(checked_logits(self.model, logits, y)), y)
                 # States only: no parameter's .grad is touched.
                 grads = torch.autograd.grad(ce, states)
         except LayersNotCalled as err:

@@ -43,6 +43,7 @@ from torch.nn import functional as F
 
 from creditaudit.methods.base import CreditRule, loss_precision
 from creditaudit.methods.bp import forward_with_branches
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import RULES
 from creditaudit.methods.surrogate import local_forward, state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
@@ -225,6 +226,7 @@ class StackedStep:
     def _ce(self, logits: Tensor, y: Tensor) -> Tensor:
         """(K,) batch-mean cross-entropy of each run."""
         k, b = y.shape
+        logits = checked_logits(self.members[0].rule.model, logits, y)  # (K, B, C)
         return F.cross_entropy(loss_precision(logits).flatten(0, 1), y.flatten(),
                                reduction="none").view(k, b).mean(dim=1)
 

@@ -51,6 +51,7 @@ from creditaudit.methods.base import (
     step_result,
 )
 from creditaudit.methods.feedback import state_width
+from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import local_backward, local_forward
 from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
@@ -144,7 +145,7 @@ def exact_top_credit(model: ResidualNet, h_last: Tensor, y: Tensor) -> Tensor:
     """a_L = ∂CE/∂h_L (batch-mean CE) through the readout (h_L's dtype); no param .grad."""
     h = h_last.detach().requires_grad_(True)
     with torch.enable_grad():
-        ce = F.cross_entropy(model.readout(h), y)
+        ce = F.cross_entropy(checked_logits(model, model.readout(h), y), y)
         (grad,) = torch.autograd.grad(ce, h)
     return grad.detach()
 
@@ -269,7 +270,9 @@ class StateBridge(CreditRule[StateBridgeOptions]):
             stacked, predicted = self.predict_low(states, e)
             with torch.enable_grad():
                 logits = self.model.readout(predicted)
-                ce = F.cross_entropy(logits, y.repeat(n_low), reduction="sum") / batch
+                labels = y.repeat(n_low)
+                ce = F.cross_entropy(checked_logits(self.model, logits, labels), labels,
+                                     reduction="sum") / batch
                 (grad,) = torch.autograd.grad(ce, stacked, retain_graph=keep_prediction)
             credits = split_rows(grad.detach(), batch)
             if keep_prediction:
@@ -324,7 +327,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
         optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             local = local_forward(self.model, x)
-            ce = F.cross_entropy(local.logits, y)
+            ce = F.cross_entropy(checked_logits(self.model, local.logits, y), y)
         e = output_error(local.logits, y)
         self.kept_prediction = None
         credits = self.step_credits(local.states, e, y)

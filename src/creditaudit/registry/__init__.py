@@ -53,6 +53,7 @@ from creditaudit.registry.component import (
     older_hook,
     options_parameters,
 )
+from creditaudit.registry.entry_points import group_entries, malformed
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class Registry(Generic[C]):
         self._broken: dict[str, str] = {}
         self._guests: dict[str, Guest] = {}
         self._entry_points: dict[str, list[metadata.EntryPoint]] | None = None
+        # Installed metadata whose entry points of this group cannot be used, one line each.
+        self._unreadable: list[str] = []
         self._loaded: set[str] = set()
         self._shadow_warned: set[str] = set()
         self._builtins_loaded = False
@@ -149,8 +152,19 @@ class Registry(Generic[C]):
         imported)."""
         if self._entry_points is None:
             found: dict[str, list[metadata.EntryPoint]] = {}
-            for entry in metadata.entry_points(group=self.group):
-                found.setdefault(entry.name, []).append(entry)
+            bad: dict[str, str] = {}
+            entries, self._unreadable = group_entries(self.group)
+            for entry in entries:
+                if (problem := malformed(entry, self.noun)) is None:
+                    found.setdefault(entry.name, []).append(entry)
+                elif entry.name.strip():  # asking for that name says what is wrong
+                    bad.setdefault(entry.name, problem)
+                else:
+                    self._unreadable.append(problem)
+            for name, problem in bad.items():
+                if name not in found:
+                    self._broken[name] = problem
+                    self._loaded.add(name)
             self._entry_points = found
         return self._entry_points
 
@@ -236,6 +250,7 @@ class Registry(Generic[C]):
         self._loaded.clear()
         self._shadow_warned.clear()
         self._entry_points = None
+        self._unreadable = []
         for name in [n for n, o in self._origins.items() if not o.builtin]:
             del self._origins[name]
 
@@ -249,7 +264,7 @@ class Registry(Generic[C]):
         named in one warning each. Imports every plugin of the axis."""
         members = self._all()
         if warn:
-            for message in self._broken.values():
+            for message in [*self._unreadable, *self._broken.values()]:
                 log.warning("warning: %s", message)
         return sorted(members, key=lambda name: (own_rank(members[name]), name))
 
@@ -297,9 +312,11 @@ class Registry(Generic[C]):
             return self._plugins[name]
         if name in self._broken:
             raise ConfigError(self._broken[name])
+        unread = "".join(f"; {text}" for text in self._unreadable)  # one may register it
         raise ConfigError(f"{self.key}={name!r} is not a known {self.noun}; choose one of "
                           f"{', '.join(self.listed_names())} ({self.noun}s of other "
-                          f"packages register through the entry-point group {self.group})")
+                          f"packages register through the entry-point group {self.group})"
+                          f"{unread}")
 
     def origin(self, name: str) -> Origin | None:
         """Where ``name`` comes from (None when it is not installed)."""

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from creditaudit.data import Dataset
+from creditaudit.methods.logits import checked_logits
 from creditaudit.models.contract import measurement_mode
 
 EVAL_BATCH = 1024
@@ -74,7 +75,7 @@ class TestEvaluation:
             correct += known.correct.to(device).sum()
         for x, y in self.rest:
             x, y = x.to(device), y.to(device)
-            logits = model(x).float()
+            logits = checked_logits(model, model(x), y).float()
             loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
             correct += (logits.argmax(dim=1) == y).sum()
         return float(loss_sum) / self.n_test, int(correct) / self.n_test

@@ -6,6 +6,7 @@ in place since, and the network's modules and parameters, which must stay those 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -132,6 +133,19 @@ def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
     return held
 
 
+def recordable_number(value: Any) -> float | None:
+    """``value`` as the float a record holds, when it is a number: a Python or numpy int or
+    float, or a one-element tensor of one (its grad left behind); NaN and ±inf kept. None for
+    anything else (a bool, a string, a list, a tensor of several elements)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.detach().item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
 def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool = False
             ) -> float | None:
     """``value`` as a float (None stays None); ConfigError for a non-number, an accuracy
@@ -140,11 +154,9 @@ def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool 
     record marks the run diverged."""
     if value is None:
         return None
-    if isinstance(value, Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    number = recordable_number(value)
+    if number is None:
         raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
     if fraction and not math.isfinite(number):
         raise ConfigError(f"{name}={value!r} is not a fraction in [0, 1]: an accuracy counts "
                           "right answers, so it is never NaN or Inf; pass the fraction your "
@@ -178,4 +190,4 @@ _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
 __all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions",
-           "refuse_record_keys"]
+           "refuse_record_keys", "recordable_number"]

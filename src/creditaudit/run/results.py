@@ -49,6 +49,7 @@ from creditaudit.records import (
 from creditaudit.records.copies import final_from_entry
 from creditaudit.registry import RULES
 from creditaudit.report.runs import credit_not_finite_text
+from creditaudit.run.recorder_inputs import recordable_number
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +196,12 @@ def rule_named(rule: CreditRule) -> tuple[str, bool]:
 
 def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
     """``values``, what ``rule.end_epoch`` returned (the epoch's own per-epoch fields), as
-    the entry's extras, once none is named like a key the entry writes itself
-    (:data:`~creditaudit.records.RECORD_KEYS`: it would replace that value in record.json).
-    One line naming the rule and the keys: a GuestError for a plugin's or your own class's,
-    RuntimeError (creditaudit's own fault) for a built-in's."""
+    the entry's extras (floats: :func:`recordable_number`, NaN and ±inf kept; None stays
+    None), once none is named like a key the entry writes itself
+    (:data:`~creditaudit.records.RECORD_KEYS`: it would replace that value in record.json)
+    and each is a number under a string key. One line naming the rule and the key: a
+    GuestError for a plugin's or your own class's, RuntimeError (creditaudit's own fault)
+    for a built-in's."""
     problem = None
     if not isinstance(values, Mapping):
         problem = f"returned a {type(values).__name__}, not a dict of per-epoch values"
@@ -206,12 +209,33 @@ def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
         problem = (f"returned per-epoch values named {', '.join(map(repr, taken))}, keys the "
                    "epoch entry writes itself, which they would replace in record.json; give "
                    "them other names")
-    if problem is None:
-        return dict(values)
+    else:
+        extras: dict[str, Any] = {}
+        for key, value in values.items():
+            number = None if value is None else recordable_number(value)
+            if not isinstance(key, str):
+                problem = (f"returned a per-epoch value under the key {key!r}, a "
+                           f"{type(key).__name__}: name each value with a string")
+            elif number is None and value is not None:
+                problem = (f"returned {_shown(value)} as the per-epoch value {key!r}, which a "
+                           "record cannot hold: return a number (a float, an int, a numpy or "
+                           "one-element tensor number)")
+            if problem is not None:
+                break
+            extras[key] = number
+        else:
+            return extras
     what, guest = rule_named(rule)
     if not guest:
         raise RuntimeError(f"{what}: end_epoch() {problem}")
     raise GuestError(f"{what}: end_epoch() {problem}; {VALUE_ADVICE}")
+
+
+def _shown(value: Any) -> str:
+    """How a refused per-epoch value is named: its type, and its shape for a tensor."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def note_end_of_run_credits(record: RunRecord, rule: CreditRule) -> None:

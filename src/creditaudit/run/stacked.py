@@ -284,9 +284,12 @@ class AloneEpochs:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
-    def train_epoch(self, epoch: int) -> list[dict[str, Any] | None]:
-        """The run's training stats of ``epoch`` (None: diverged), as a list of one."""
-        return [self.trainer.train_epoch(epoch)]
+    def train_epoch(self, epoch: int) -> list[dict[str, Any] | Exception | None]:
+        """The run's training stats of ``epoch`` (None: diverged), as a list of one; or the
+        exception its loggers raised in ``log_step`` (the run fails alone, as in a stack)."""
+        with self.trainer.loggers.kept_step_error() as kept:
+            stats = self.trainer.train_epoch(epoch)
+        return [kept[0] if kept else stats]
 
 
 def epoch_runner(group: list[Trainer]) -> StackedEpochs | AloneEpochs:

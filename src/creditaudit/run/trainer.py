@@ -242,7 +242,10 @@ class Trainer(RecordKeeping):
         if self.cuda_graphs.on:  # the step captured once and replayed (run.steps.capture)
             if self._captured is None:
                 self._captured = CapturedEpochs([self])
-            return self._captured.train_epoch(epoch)[0]
+            stats = self._captured.train_epoch(epoch)[0]
+            if isinstance(stats, Exception):  # its loggers' in log_step: raised, or kept
+                return self.loggers.step_failed(stats)  # (a stack's group of one): None
+            return stats
         self.model.train()
         loss_sum, correct, n = 0.0, 0, 0
         for step, (x, y) in enumerate(self.train_loader):

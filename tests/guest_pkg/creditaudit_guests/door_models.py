@@ -5,9 +5,12 @@
   ``terminal_ln = False`` (diagnostic (b) would name the wrong cause);
 - ``door-build-raises``: conforms on the suite's tiny inputs, but ``build()`` raises for
   wider ones (the error must name the plugin, not creditaudit);
-- ``door-chatty``: a well-behaved ResidualMLP whose forward prints (on stdout).
+- ``door-chatty``: a well-behaved ResidualMLP whose forward prints (on stdout);
+- ``door-wide-logits``, ``door-half-logits``: right logits on the door's batch, a class too
+  many or half the rows for batches of more than 64.
 """
 
+import torch
 from torch import nn
 
 from creditaudit.models import ResidualMLP
@@ -75,3 +78,42 @@ class Chatty(ResMLPArchitecture):
         return ChattyMLP(ResMLPArchitecture.flat_dim(input_shape), options.d, n_classes,
                          options.n_blocks, out_ln=options.out_ln, residual=options.residual,
                          w2_std=options.w2_std)
+
+
+class LogitsFromBatch65(ResidualMLP):
+    """Right logits for batches of up to 64 samples (the door's), wrong ones beyond: a
+    class too many (``extra``) or half the rows."""
+
+    extra = True
+
+    def readout(self, h):
+        logits = super().readout(h)
+        if h.shape[0] <= 64:
+            return logits
+        if self.extra:
+            return torch.cat([logits, logits[:, :1]], dim=1)
+        return logits[: h.shape[0] // 2]
+
+
+class HalfRows(LogitsFromBatch65):
+    extra = False
+
+
+class WideLogits(ResMLPArchitecture):
+    """``door-wide-logits``: (B, n_classes + 1) logits for batches of more than 64."""
+
+    name, label, rank = "door-wide-logits", "Wide logits", 100
+    network = LogitsFromBatch65
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        return cls.network(ResMLPArchitecture.flat_dim(input_shape), options.d, n_classes,
+                           options.n_blocks, out_ln=options.out_ln, residual=options.residual,
+                           w2_std=options.w2_std)
+
+
+class HalfLogits(WideLogits):
+    """``door-half-logits``: (B // 2, n_classes) logits for batches of more than 64."""
+
+    name, label = "door-half-logits", "Half logits"
+    network = HalfRows

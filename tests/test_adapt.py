@@ -331,7 +331,28 @@ REFUSALS = [
         nn.Sequential(nn.Linear(8, 8), nn.Tanh())), nn.Linear(8, 4)), ["0", "1"],
      {"input_shape": (8,)}, "Sequential's submodule '1' is a TorchScript module "
      "(RecursiveScriptModule), whose forward runs no forward hooks"),
+    # torch.compile's graph skips hooks added after it compiled: a compiled network read
+    # "'1' is not a submodule of OptimizedModule", its '_orig_mod.1' state "was not called",
+    # and a compiled block's Linear was refused by fa-linear as "used directly"
+    ("compiled", lambda: torch.compile(nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)),
+        backend="eager"), ["1", "3"],
+     {"input_shape": (8,)}, "the model is compiled with torch.compile (OptimizedModule)"),
+    ("compiled block", lambda: nn.Sequential(nn.Linear(8, 8), torch.compile(
+        nn.Sequential(nn.Linear(8, 8), nn.Tanh()), backend="eager"), nn.Linear(8, 4)),
+     ["0", "1"], {"input_shape": (8,)}, "Sequential's submodule '1' is compiled with "
+     "torch.compile (OptimizedModule), whose compiled graph may keep running the forward "
+     "hooks it was compiled with"),
+    ("compiled in place", lambda: compiled_in_place(nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))),
+     ["1", "3"], {"input_shape": (8,)},
+     "the model is compiled with torch.compile (Sequential), whose compiled graph"),
 ]
+
+
+def compiled_in_place(net: nn.Module) -> nn.Module:
+    net.compile(backend="eager")
+    return net
 
 
 def lazy_net(activation: nn.Module | None = None) -> nn.Sequential:

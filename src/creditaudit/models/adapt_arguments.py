@@ -1,5 +1,5 @@
 """What :func:`~creditaudit.models.adapted.adapt` is given, checked before its probe runs:
-a model that runs forward hooks (eager, not TorchScript) and whose lazy layers have their
+a model that runs forward hooks (eager: not TorchScript, not compiled) and whose lazy layers have their
 shapes, state and readout names of its submodules, and an example batch or one input's
 shape. Each refusal is a one-line :class:`~creditaudit.errors.ModelContractError`.
 """
@@ -33,8 +33,11 @@ def check_shapes_taken(net: nn.Module) -> None:
 
 def check_eager(net: nn.Module) -> None:
     """One-line ModelContractError naming the first TorchScript module of ``net``
-    (``torch.jit.script`` or ``torch.jit.trace``): adapt() reads states and checks the
-    network with forward hooks, which such modules refuse or never call."""
+    (``torch.jit.script`` or ``torch.jit.trace``) or the first module compiled with
+    ``torch.compile`` (its wrapper, or ``module.compile()`` in place): adapt() reads states
+    and checks the network with forward hooks, which TorchScript modules refuse or never
+    call and a compiled graph runs as they were when it was compiled (hooks added later —
+    the probe's, a rule's — are not guarded on)."""
     scripted = next(((name, module) for name, module in net.named_modules()
                      if isinstance(module, torch.jit.ScriptModule)), None)
     if scripted is not None:
@@ -44,6 +47,24 @@ def check_eager(net: nn.Module) -> None:
             f"{where} is a TorchScript module ({type(module).__name__}), whose forward runs "
             "no forward hooks, and adapt() reads the states with them: adapt the eager "
             "nn.Module (before torch.jit.script or torch.jit.trace)")
+    compiled = next(((name, module) for name, module in net.named_modules()
+                     if _compiled(module)), None)
+    if compiled is not None:
+        name, module = compiled
+        where = f"{type(net).__name__}'s submodule {name!r}" if name else "the model"
+        eager = ("the module torch.compile wraps (its ._orig_mod)"
+                 if hasattr(module, "_orig_mod") else "one built without .compile()")
+        raise ModelContractError(
+            f"{where} is compiled with torch.compile ({type(module).__name__}), whose "
+            "compiled graph may keep running the forward hooks it was compiled with and "
+            "skip those adapt() and the rules add to read and train the states: adapt the "
+            f"eager network ({eager})")
+
+
+def _compiled(module: nn.Module) -> bool:
+    """Whether ``module`` is torch.compile's wrapper or was compiled in place."""
+    return (hasattr(module, "_orig_mod") and hasattr(module, "dynamo_ctx")
+            or getattr(module, "_compiled_call_impl", None) is not None)
 
 
 def input_shape_of(input_shape: Any) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """What :func:`~creditaudit.models.adapted.adapt` is given, checked before its probe runs:
-a model that runs forward hooks (eager: not TorchScript, not compiled) and whose lazy layers have their
-shapes, state and readout names of its submodules, and an example batch or one input's
-shape. Each refusal is a one-line :class:`~creditaudit.errors.ModelContractError`.
+a model that runs forward hooks (eager: not TorchScript, not compiled) and whose lazy
+layers have their shapes, state and readout names of its submodules, and an example batch
+or one input's shape. Each refusal is a one-line :class:`~creditaudit.errors.ModelContractError`.
 """
 
 from __future__ import annotations

@@ -562,6 +562,30 @@ def test_weight_layers_whose_backward_cannot_be_replaced_are_refused():
     assert dfa.train_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), optimizer).finite
 
 
+class Recurrent(nn.Module):
+    """Token ids through an embedding, a recurrent layer and a block read at its last step."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.embed, self.rnn = nn.Embedding(12, 8), layer
+        self.block, self.head = nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.block(self.rnn(self.embed(ids))[0][:, -1]))
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU, nn.RNN])
+def test_a_recurrent_layer_is_refused_by_the_per_layer_rules(layer):
+    # Its weights pass the signal down (and back through time) with W: fa-linear trained
+    # them by exact backprop and recorded the run as fa-linear.
+    ids = torch.randint(0, 12, (4, 5), generator=torch.Generator().manual_seed(0))
+    adapted = adapt(Recurrent(layer(8, 8, batch_first=True)), ["embed", "block"], example=ids)
+    with pytest.raises(ModelContractError, match=f"'rnn' is a {layer.__name__}; use those"):
+        rule("fa-linear", adapted)
+    assert rule("dfa", adapted).train_step(ids, torch.tensor([0, 1, 2, 0]), torch.optim.SGD(
+        adapted.parameters(), lr=0.1)).finite
+
+
 # --- the proof: networks nobody here wrote, trained by each rule and audited --------------------
 ZOO = {"transformer": (transformer, TRANSFORMER_STATES, "head"),
        "resnet20": (resnet, RESNET_STATES, "fc")}  # n=1 block per stage, 16/32/64 channels

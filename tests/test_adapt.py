@@ -701,3 +701,16 @@ def test_an_adapted_model_is_an_nn_module_that_copies():
     x = images(3, dtype=F64)[0]
     assert isinstance(clone, AdaptedModel) and clone.forward_from(1, clone.forward_states(
         x)[0][1]).dtype == F64
+
+
+def test_encoder_layers_in_bfloat16_are_cuts():
+    # The cut check reran the network from each state under no_grad, where PyTorch's
+    # encoder layers take their fused fast path: 0.016 from the slow path in bfloat16,
+    # and every state was refused as "not a cut of the network".
+    torch.manual_seed(0)
+    layers = [nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+              for _ in range(2)]
+    net = nn.Sequential(nn.Linear(4, 8), *layers, nn.Flatten(), nn.Linear(24, 3))
+    net.to(torch.bfloat16)
+    model = adapt(net, ["0", "1", "2"], input_shape=(3, 4))
+    assert model.state_widths == (8, 8, 8)

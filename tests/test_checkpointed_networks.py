@@ -53,3 +53,36 @@ def test_a_checkpointed_block_trains_as_without_checkpointing(method: str) -> No
     # there too (it used W — backprop's signal — when the backward ran outside).
     for plain, recomputed in zip(trained(method, False), trained(method, True), strict=True):
         torch.testing.assert_close(recomputed, plain, rtol=0, atol=1e-12)
+
+
+class Encoder(nn.Module):
+    """Tokens through a checkpointed encoder layer (attention's projections get feedback)."""
+
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.inp = nn.Linear(3, 8)
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inp(x.view(-1, 2, 3))
+        h = (checkpoint(self.layer, h, use_reentrant=False) if self.checkpointed
+             else self.layer(h))
+        return self.head(h[:, 0])
+
+
+def test_a_checkpointed_encoder_layer_trains_with_fa_linear_as_without():
+    # Outside the replaced layers the recomputation saved other tensors than the forward
+    # and the step raised CheckpointError.
+    params = []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        net = Encoder(checkpointed).to(F64)
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1), dtype=F64)
+        bound = rule("fa-linear", adapt(net, ["inp", "layer"], example=x[:4]))
+        optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+        assert bound.train_step(x, torch.arange(8) % 3, optimizer).finite
+        params.append([p.detach().clone() for p in net.parameters()])
+    for plain, recomputed in zip(*params, strict=True):
+        torch.testing.assert_close(recomputed, plain, rtol=0, atol=1e-12)

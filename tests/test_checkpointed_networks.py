@@ -4,12 +4,15 @@ the same network without checkpointing."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from creditaudit import adapt, rule
+from creditaudit.errors import ModelContractError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -86,3 +89,32 @@ def test_a_checkpointed_encoder_layer_trains_with_fa_linear_as_without():
         params.append([p.detach().clone() for p in net.parameters()])
     for plain, recomputed in zip(*params, strict=True):
         torch.testing.assert_close(recomputed, plain, rtol=0, atol=1e-12)
+
+
+class Spanning(Net):
+    """One checkpointed region computes both blocks: state 'b1' lies inside it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inp(x)
+        h = checkpoint(lambda t: self.b2(self.b1(t)), h, use_reentrant=False)
+        return self.head(h)
+
+
+class Reentrant(Net):
+    def forward(self, x: Tensor) -> Tensor:
+        h = checkpoint(self.b1, self.inp(x), use_reentrant=True)
+        return self.head(self.b2(h))
+
+
+@pytest.mark.parametrize(("net", "fragment"), [
+    (Spanning, "Spanning computes a state inside a torch.utils.checkpoint region rather than "
+     "at its end"),
+    (Reentrant, "Reentrant runs torch.utils.checkpoint with use_reentrant=True, which refuses "
+     "torch.autograd.grad")])
+def test_checkpointing_adapt_cannot_work_with_is_one_line_saying_how(net, fragment):
+    # Both read as torch's own error raised by the network ("Spanning raised
+    # CheckpointError while adapt() probed it: … different metadata …").
+    with warnings.catch_warnings(), pytest.raises(ModelContractError) as err:
+        warnings.simplefilter("ignore")  # torch: "None of the inputs have requires_grad=True"
+        adapt(net(False), STATES, input_shape=(6,))
+    assert fragment in str(err.value) and "\n" not in str(err.value), str(err.value)

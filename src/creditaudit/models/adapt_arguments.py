@@ -118,5 +118,25 @@ def describe_value(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def checkpoint_cause(name: str, err: BaseException) -> str | None:
+    """Why activation checkpointing in network ``name`` failed under adapt()'s probe (the
+    error ``err`` it raised), and the fix (None: another error). The reentrant variant
+    refuses ``torch.autograd.grad``, which the probe and every rule take at the states; the
+    non-reentrant one recomputes its region in the backward pass without the hooks that read
+    a state inside it, and finds other tensors."""
+    from torch.utils.checkpoint import CheckpointError
+
+    if isinstance(err, CheckpointError):
+        return (f"{name} computes a state inside a torch.utils.checkpoint region rather than "
+                "at its end, and the region's recomputation in the backward pass runs without "
+                "the hooks that read and replace the states: checkpoint each block on its own "
+                "(checkpoint(block, h), the state module ending the region)")
+    if "use_reentrant=True" in str(err):
+        return (f"{name} runs torch.utils.checkpoint with use_reentrant=True, which refuses "
+                "torch.autograd.grad, and adapt() and the rules take the states' gradients "
+                "with it: pass use_reentrant=False")
+    return None
+
+
 __all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
-           "input_shape_of", "describe_value"]
+           "input_shape_of", "describe_value", "checkpoint_cause"]

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
+from creditaudit.models.adapt_arguments import checkpoint_cause
 
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
 # (the tolerance diagnose() holds a user's forward_from to).
@@ -83,7 +84,7 @@ class AdaptProbe:
         except ModelContractError:
             raise
         except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
-            checkpointed = _checkpoint_cause(type(self.net).__name__, err)
+            checkpointed = checkpoint_cause(type(self.net).__name__, err)
             if checkpointed:
                 raise ModelContractError(checkpointed) from None
             raise ModelContractError(
@@ -371,26 +372,6 @@ class AdaptProbe:
                 f"readout: parameter {missing[0]!r} also acts after the last state "
                 f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
                 "(it is then everything after the last state)")
-
-
-def _checkpoint_cause(name: str, err: BaseException) -> str | None:
-    """Why activation checkpointing in network ``name`` failed under the probe, and the fix
-    (None: another error). The reentrant variant refuses ``torch.autograd.grad``, which the
-    probe and every rule take at the states; the non-reentrant one recomputes its region in
-    the backward pass without the hooks that read a state inside it, and finds other
-    tensors."""
-    from torch.utils.checkpoint import CheckpointError
-
-    if isinstance(err, CheckpointError):
-        return (f"{name} computes a state inside a torch.utils.checkpoint region rather than "
-                "at its end, and the region's recomputation in the backward pass runs without "
-                "the hooks that read and replace the states: checkpoint each block on its own "
-                "(checkpoint(block, h), the state module ending the region)")
-    if "use_reentrant=True" in str(err):
-        return (f"{name} runs torch.utils.checkpoint with use_reentrant=True, which refuses "
-                "torch.autograd.grad, and adapt() and the rules take the states' gradients "
-                "with it: pass use_reentrant=False")
-    return None
 
 
 def _record_call(called: set[str], name: str, module: nn.Module, args: Any) -> None:

@@ -331,7 +331,28 @@ REFUSALS = [
         nn.Sequential(nn.Linear(8, 8), nn.Tanh())), nn.Linear(8, 4)), ["0", "1"],
      {"input_shape": (8,)}, "Sequential's submodule '1' is a TorchScript module "
      "(RecursiveScriptModule), whose forward runs no forward hooks"),
+    # torch.compile's graph skips hooks added after it compiled: a compiled network read
+    # "'1' is not a submodule of OptimizedModule", its '_orig_mod.1' state "was not called",
+    # and a compiled block's Linear was refused by fa-linear as "used directly"
+    ("compiled", lambda: torch.compile(nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)),
+        backend="eager"), ["1", "3"],
+     {"input_shape": (8,)}, "the model is compiled with torch.compile (OptimizedModule)"),
+    ("compiled block", lambda: nn.Sequential(nn.Linear(8, 8), torch.compile(
+        nn.Sequential(nn.Linear(8, 8), nn.Tanh()), backend="eager"), nn.Linear(8, 4)),
+     ["0", "1"], {"input_shape": (8,)}, "Sequential's submodule '1' is compiled with "
+     "torch.compile (OptimizedModule), whose compiled graph may keep running the forward "
+     "hooks it was compiled with"),
+    ("compiled in place", lambda: compiled_in_place(nn.Sequential(
+        nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))),
+     ["1", "3"], {"input_shape": (8,)},
+     "the model is compiled with torch.compile (Sequential), whose compiled graph"),
 ]
+
+
+def compiled_in_place(net: nn.Module) -> nn.Module:
+    net.compile(backend="eager")
+    return net
 
 
 def lazy_net(activation: nn.Module | None = None) -> nn.Sequential:
@@ -541,6 +562,30 @@ def test_weight_layers_whose_backward_cannot_be_replaced_are_refused():
     assert dfa.train_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), optimizer).finite
 
 
+class Recurrent(nn.Module):
+    """Token ids through an embedding, a recurrent layer and a block read at its last step."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.embed, self.rnn = nn.Embedding(12, 8), layer
+        self.block, self.head = nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.block(self.rnn(self.embed(ids))[0][:, -1]))
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU, nn.RNN])
+def test_a_recurrent_layer_is_refused_by_the_per_layer_rules(layer):
+    # Its weights pass the signal down (and back through time) with W: fa-linear trained
+    # them by exact backprop and recorded the run as fa-linear.
+    ids = torch.randint(0, 12, (4, 5), generator=torch.Generator().manual_seed(0))
+    adapted = adapt(Recurrent(layer(8, 8, batch_first=True)), ["embed", "block"], example=ids)
+    with pytest.raises(ModelContractError, match=f"'rnn' is a {layer.__name__}; use those"):
+        rule("fa-linear", adapted)
+    assert rule("dfa", adapted).train_step(ids, torch.tensor([0, 1, 2, 0]), torch.optim.SGD(
+        adapted.parameters(), lr=0.1)).finite
+
+
 # --- the proof: networks nobody here wrote, trained by each rule and audited --------------------
 ZOO = {"transformer": (transformer, TRANSFORMER_STATES, "head"),
        "resnet20": (resnet, RESNET_STATES, "fc")}  # n=1 block per stage, 16/32/64 channels
@@ -656,3 +701,16 @@ def test_an_adapted_model_is_an_nn_module_that_copies():
     x = images(3, dtype=F64)[0]
     assert isinstance(clone, AdaptedModel) and clone.forward_from(1, clone.forward_states(
         x)[0][1]).dtype == F64
+
+
+def test_encoder_layers_in_bfloat16_are_cuts():
+    # The cut check reran the network from each state under no_grad, where PyTorch's
+    # encoder layers take their fused fast path: 0.016 from the slow path in bfloat16,
+    # and every state was refused as "not a cut of the network".
+    torch.manual_seed(0)
+    layers = [nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+              for _ in range(2)]
+    net = nn.Sequential(nn.Linear(4, 8), *layers, nn.Flatten(), nn.Linear(24, 3))
+    net.to(torch.bfloat16)
+    model = adapt(net, ["0", "1", "2"], input_shape=(3, 4))
+    assert model.state_widths == (8, 8, 8)

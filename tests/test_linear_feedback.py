@@ -581,7 +581,8 @@ class FunctionalNet(ResidualNet):
 @pytest.mark.parametrize("method", PER_LINEAR)
 def test_models_the_rules_cannot_handle_are_one_line_errors(method):
     for layer in (nn.Conv1d(4, 4, 3), nn.Conv3d(4, 4, 3), nn.ConvTranspose2d(4, 4, 3),
-                  nn.Bilinear(4, 4, 4), nn.MultiheadAttention(4, 2)):
+                  nn.Bilinear(4, 4, 4), nn.MultiheadAttention(4, 2), nn.LSTM(4, 4),
+                  nn.GRUCell(4, 4)):
         name = type(layer).__name__
         with pytest.raises(ModelContractError, match=f"ConvNet.blocks.0 is a {name};") as err:
             build_rule(ConvNet(layer), MethodConfig(name=method), n_classes=CLASSES, seed=0)

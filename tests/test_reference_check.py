@@ -174,6 +174,34 @@ def test_a_custom_backward_outside_any_module_is_placed_between_two_states():
                               "forward (no single module's backward differs"), message
 
 
+@pytest.mark.parametrize("hook", ["register_full_backward_pre_hook", "global"])
+def test_a_backward_hook_that_rescales_a_gradient_is_named(hook):
+    """A module backward hook returning 3× the gradient: the module scan replays each
+    module's forward without its hooks, so the refusal asked "a torch.autograd.Function
+    with its own backward?"; it names the module holding the hook (or the global hook)."""
+    model = tiny_model(arch="resmlp", dtype=torch.float64)
+    x, y = tiny_batch()
+
+    def tripled(module: nn.Module, grad_output: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        return tuple(None if g is None else 3 * g for g in grad_output)
+
+    if hook == "global":
+        handle = torch.nn.modules.module.register_module_full_backward_pre_hook(tripled)
+    else:
+        handle = model.blocks[1].register_full_backward_pre_hook(tripled)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # hooks firing on outputs whose inputs need no grad
+            message = refused(model, x, y)
+    finally:
+        handle.remove()
+    expected = ("a backward hook is registered for every module" if hook == "global"
+                else "module `blocks.1` (MLPBlock) is not the gradient of its forward: it has "
+                "a backward hook")
+    assert "is not the gradient of " in message and expected in message, message
+    assert "remove the hook" in message
+
+
 class KernelGradient(torch.autograd.Function):
     """Identity forward; a backward right only where ``exact(grad)`` says so and 3× the
     gradient elsewhere: a hand-written kernel's bug on the inputs the float64 probes never
@@ -462,3 +490,20 @@ def test_an_old_style_normed_network_after_a_training_step_is_audited_with_metri
                                       "null_draws": 2})
     assert report.metadata["metrics_precision"] == "float64"
     assert not net[1][0].weight.is_leaf  # the model's own attribute is left as it was
+
+
+def test_a_backward_hook_on_a_state_module_of_an_adapted_network_is_named():
+    """A state module's backward pre-hook tripling its gradient: state by state the
+    segment above it disagrees and no module replayed alone does; the refusal named no
+    module ("a torch.autograd.Function with its own backward?") and now names the hook's."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.Linear(8, 8), nn.Tanh()),
+                        nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, CLASSES))
+    net.double()
+    net[2].register_full_backward_pre_hook(lambda module, grad: (3 * grad[0],))
+    x, y = tiny_batch()
+    model = adapt(net, ["0", "1", "2"], example=x[:4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the hook fires on outputs whose inputs need no grad
+        message = refused(model, x, y)
+    assert "module `net.2` (Sequential) has a backward hook" in message, message

@@ -259,8 +259,26 @@ def _module_message(model: nn.Module, found: tuple[_Call, str], prefix: str) -> 
                 "strict=False)) and pass the BioTorch credit as credit=, or " + FIX)
     label = f"module `{name}` ({type(module).__name__})" if name else (
         f"the forward of {type(model).__name__}")
+    hooked = _hook_cause(module)
+    if hooked is not None and not raised:
+        return (f"the backward of {label} is not the gradient of its forward: {hooked}, "
+                "which may change the gradient it passes on, so ∂CE/∂h_l would be that "
+                f"backward's credit, not the reference: remove the hook, or {FIX}")
     return (f"the backward of {label} {did}, so ∂CE/∂h_l would be that backward's credit, "
             f"not the reference: audit a copy with plain autograd modules, or {FIX}")
+
+
+def _hook_cause(module: nn.Module) -> str | None:
+    """Which module backward hook may change ``module``'s backward, said for a message: one
+    registered for every module, or its own; None when it has none."""
+    module_hooks = torch.nn.modules.module
+    if module_hooks._global_backward_hooks or module_hooks._global_backward_pre_hooks:
+        return ("a backward hook is registered for every module "
+                "(torch.nn.modules.module.register_module_full_backward_hook or _pre_hook)")
+    if module._backward_hooks or module._backward_pre_hooks:
+        return ("it has a backward hook (register_full_backward_hook or "
+                "register_full_backward_pre_hook)")
+    return None
 
 
 def _error_text(err: BaseException) -> str:
@@ -321,8 +339,34 @@ def _raise_for_segment(work: _Working, states: list[Tensor], layer: int, last: i
     if found is not None:
         raise ReferenceGradientError(_module_message(work.net, found, "net."),
                                      where=_module_name(found, "net."))
+    hooked = _backward_hooked(work, inside)
+    if hooked is not None:
+        raise ReferenceGradientError(
+            f"the backward {place} is not the gradient of the forward: {hooked}, which may "
+            "change the gradient it passes on, so ∂CE/∂h_l would be that backward's credit, "
+            f"not the reference: remove the hook, or {FIX}", where=place)
     raise ReferenceGradientError(
         f"the backward {place} is not the gradient of the forward (no single module's "
-        "backward differs: a torch.autograd.Function with its own backward?), so ∂CE/∂h_l "
-        f"would be that backward's credit, not the reference: make it plain autograd, or {FIX}",
+        "backward differs: a torch.autograd.Function with its own backward, or a tensor "
+        "hook (Tensor.register_hook) that changes a gradient?), so ∂CE/∂h_l would be that "
+        f"backward's credit, not the reference: make it plain autograd, or {FIX}",
         where=place)
+
+
+def _backward_hooked(work: _Working, inside: set[str]) -> str | None:
+    """What holds a module backward hook — every module (a global hook), or the first
+    module of the segment ``inside`` (else of the network) with one of its own — said for a
+    message; None when nothing does. Such a hook may return a gradient in place of the one
+    autograd computed."""
+    hooked = [(name, module) for name, module in work.named_modules()
+              if _hook_cause(module) is not None]
+    first = next(((n, m) for n, m in hooked if n in inside), hooked[0] if hooked else None)
+    if first is None:
+        return None
+    name, module = first
+    cause = _hook_cause(module)
+    if not (module._backward_hooks or module._backward_pre_hooks):
+        return cause  # the global hook
+    name = name.removeprefix("net.") if name != "net" else type(module).__name__
+    return (f"module `{name}` ({type(module).__name__}) has a backward hook "
+            "(register_full_backward_hook or register_full_backward_pre_hook)")

@@ -14,9 +14,11 @@ projections inside, which are exact), so masks, dropout and the attention itself
 PyTorch's. A packed projection's B is (3E, E), its fan-in 3E, as for a Linear of that shape.
 
 Layers whose weights act on an input but which this cannot replace (Conv1d/3d, transposed
-convolutions, ``nn.Bilinear``), subclasses with a forward of their own, and layers the probe
-of :func:`creditaudit.adapt` did not see called are refused in one line when the rule is
-bound (:mod:`creditaudit.methods.replaceable`) rather than left exact or replaced wrongly.
+convolutions, ``nn.Bilinear``, the recurrent layers ``nn.RNN``/``LSTM``/``GRU`` and their
+cells, whose weights carry the signal down through the sequence too), subclasses with a
+forward of their own, and layers the probe of :func:`creditaudit.adapt` did not see called
+are refused in one line when the rule is bound (:mod:`creditaudit.methods.replaceable`)
+rather than left exact or replaced wrongly.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ Feedback = Tensor | Callable[[], Tensor]
 # (x, W, b, B) -> x·Wᵀ + b whose backward passes δ·B down: linear_feedback's _FeedbackLinear.
 FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Feedback], Tensor]
 UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
-               nn.Bilinear)
+               nn.Bilinear, nn.RNNBase, nn.RNNCellBase)
 _ATTENTION_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 

@@ -106,13 +106,20 @@ def end_to_end_step(rule: CreditRule[RuleOptions], x: Tensor, y: Tensor,
     """One end-to-end training step of ``rule``: the objective of
     :func:`end_to_end_objective` built under the rule's autocast (and inside ``graph``, e.g.
     :func:`linear_feedback.replaced_backward`, which decides what its backward computes), then
-    its backward and the optimiser's step — both skipped when the loss is not finite."""
+    its backward and the optimiser's step — both skipped when the loss is not finite.
+
+    The backward runs inside ``graph`` too: a network that recomputes part of its forward in
+    the backward pass (``torch.utils.checkpoint``) recomputes it as the forward ran, with
+    the rule's replaced layers — outside, the recomputed layers would save W where the
+    graph holds B, and those layers would train on backprop's signal."""
     optimizer.zero_grad(set_to_none=True)
-    with rule.autocast(), graph or contextlib.nullcontext():
-        objective, ce, logits, h_last = end_to_end_objective(rule.model, x, y,
-                                                             rule.options.penalty)
-    result = step_result(ce, logits, y, h_last)
+    with graph or contextlib.nullcontext():
+        with rule.autocast():
+            objective, ce, logits, h_last = end_to_end_objective(rule.model, x, y,
+                                                                 rule.options.penalty)
+        result = step_result(ce, logits, y, h_last)
+        if result.finite:
+            objective.backward()
     if result.finite:
-        objective.backward()
         optimizer.step()
     return result

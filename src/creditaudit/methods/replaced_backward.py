@@ -42,7 +42,8 @@ from creditaudit.methods.replaceable import LayersNotCalled, check_own_forward
 # Transposed convolutions are not subclasses of nn.Conv2d: without this entry their backward
 # would silently stay exact.
 UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-               nn.ConvTranspose3d, nn.MultiheadAttention, nn.Bilinear)
+               nn.ConvTranspose3d, nn.MultiheadAttention, nn.Bilinear, nn.RNNBase,
+               nn.RNNCellBase)
 
 FeedbackLayer = nn.Linear | nn.Conv2d
 

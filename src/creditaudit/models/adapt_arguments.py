@@ -1,7 +1,7 @@
 """What :func:`~creditaudit.models.adapted.adapt` is given, checked before its probe runs:
-a model that runs forward hooks (eager, not TorchScript) and whose lazy layers have their
-shapes, state and readout names of its submodules, and an example batch or one input's
-shape. Each refusal is a one-line :class:`~creditaudit.errors.ModelContractError`.
+a model that runs forward hooks (eager: not TorchScript, not compiled) and whose lazy
+layers have their shapes, state and readout names of its submodules, and an example batch
+or one input's shape. Each refusal is a one-line :class:`~creditaudit.errors.ModelContractError`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ def check_shapes_taken(net: nn.Module) -> None:
 
 def check_eager(net: nn.Module) -> None:
     """One-line ModelContractError naming the first TorchScript module of ``net``
-    (``torch.jit.script`` or ``torch.jit.trace``): adapt() reads states and checks the
-    network with forward hooks, which such modules refuse or never call."""
+    (``torch.jit.script`` or ``torch.jit.trace``) or the first module compiled with
+    ``torch.compile`` (its wrapper, or ``module.compile()`` in place): adapt() reads states
+    and checks the network with forward hooks, which TorchScript modules refuse or never
+    call and a compiled graph runs as they were when it was compiled (hooks added later —
+    the probe's, a rule's — are not guarded on)."""
     scripted = next(((name, module) for name, module in net.named_modules()
                      if isinstance(module, torch.jit.ScriptModule)), None)
     if scripted is not None:
@@ -44,6 +47,24 @@ def check_eager(net: nn.Module) -> None:
             f"{where} is a TorchScript module ({type(module).__name__}), whose forward runs "
             "no forward hooks, and adapt() reads the states with them: adapt the eager "
             "nn.Module (before torch.jit.script or torch.jit.trace)")
+    compiled = next(((name, module) for name, module in net.named_modules()
+                     if _compiled(module)), None)
+    if compiled is not None:
+        name, module = compiled
+        where = f"{type(net).__name__}'s submodule {name!r}" if name else "the model"
+        eager = ("the module torch.compile wraps (its ._orig_mod)"
+                 if hasattr(module, "_orig_mod") else "one built without .compile()")
+        raise ModelContractError(
+            f"{where} is compiled with torch.compile ({type(module).__name__}), whose "
+            "compiled graph may keep running the forward hooks it was compiled with and "
+            "skip those adapt() and the rules add to read and train the states: adapt the "
+            f"eager network ({eager})")
+
+
+def _compiled(module: nn.Module) -> bool:
+    """Whether ``module`` is torch.compile's wrapper or was compiled in place."""
+    return (hasattr(module, "_orig_mod") and hasattr(module, "dynamo_ctx")
+            or getattr(module, "_compiled_call_impl", None) is not None)
 
 
 def input_shape_of(input_shape: Any) -> tuple[int, ...]:
@@ -97,5 +118,25 @@ def describe_value(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def checkpoint_cause(name: str, err: BaseException) -> str | None:
+    """Why activation checkpointing in network ``name`` failed under adapt()'s probe (the
+    error ``err`` it raised), and the fix (None: another error). The reentrant variant
+    refuses ``torch.autograd.grad``, which the probe and every rule take at the states; the
+    non-reentrant one recomputes its region in the backward pass without the hooks that read
+    a state inside it, and finds other tensors."""
+    from torch.utils.checkpoint import CheckpointError
+
+    if isinstance(err, CheckpointError):
+        return (f"{name} computes a state inside a torch.utils.checkpoint region rather than "
+                "at its end, and the region's recomputation in the backward pass runs without "
+                "the hooks that read and replace the states: checkpoint each block on its own "
+                "(checkpoint(block, h), the state module ending the region)")
+    if "use_reentrant=True" in str(err):
+        return (f"{name} runs torch.utils.checkpoint with use_reentrant=True, which refuses "
+                "torch.autograd.grad, and adapt() and the rules take the states' gradients "
+                "with it: pass use_reentrant=False")
+    return None
+
+
 __all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
-           "input_shape_of", "describe_value"]
+           "input_shape_of", "describe_value", "checkpoint_cause"]

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
+from creditaudit.models.adapt_arguments import checkpoint_cause
 
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
 # (the tolerance diagnose() holds a user's forward_from to).
@@ -83,6 +84,9 @@ class AdaptProbe:
         except ModelContractError:
             raise
         except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
+            checkpointed = checkpoint_cause(type(self.net).__name__, err)
+            if checkpointed:
+                raise ModelContractError(checkpointed) from None
             raise ModelContractError(
                 f"{type(self.net).__name__} raised {type(err).__name__} while adapt() probed "
                 f"it on {source}: {_first_line(err)}") from None
@@ -199,19 +203,28 @@ class AdaptProbe:
                     "through .detach() or under torch.no_grad()); name modules on the path "
                     "from the input to the logits, and keep that path differentiable")
         scale = float(logits.detach().abs().max()) + 1.0
-        with torch.no_grad():
-            for layer, (name, h) in enumerate(zip(self.state_names, states)):
-                gap = float((self.forward_from(layer, h.detach()) - logits).abs().max())
-                if not gap <= REPRODUCE_RTOL * scale and self._prefixes[layer]:
-                    # a prefix read by shape-dependent code: run it after all
-                    self._prefixes[layer] = ()
-                    gap = float((self.forward_from(layer, h.detach()) - logits).abs().max())
-                if not gap <= REPRODUCE_RTOL * scale:
-                    raise ModelContractError(
-                        f"state {name!r} is not a cut of the network: the logits depend on "
-                        f"the input other than through it (rerun from it they differ by "
-                        f"{gap:.3g}), e.g. a skip connection jumps over it; name block "
-                        "outputs, whose value is all the rest of the network reads")
+        logits = logits.detach()
+
+        def rerun_gap(layer: int, h: Tensor) -> float:
+            # Rerun as the logits were computed, with gradients (the state in the graph):
+            # under no_grad PyTorch's encoder layers take their fused fast path, which differs
+            # from the slow one by the dtype's rounding — 0.016 in bfloat16, a false "not a cut".
+            with torch.enable_grad():
+                rerun = self.forward_from(layer, h.detach().requires_grad_(True))
+            return float((rerun.detach() - logits).abs().max())
+
+        for layer, (name, h) in enumerate(zip(self.state_names, states)):
+            gap = rerun_gap(layer, h)
+            if not gap <= REPRODUCE_RTOL * scale and self._prefixes[layer]:
+                # a prefix read by shape-dependent code: run it after all
+                self._prefixes[layer] = ()
+                gap = rerun_gap(layer, h)
+            if not gap <= REPRODUCE_RTOL * scale:
+                raise ModelContractError(
+                    f"state {name!r} is not a cut of the network: the logits depend on "
+                    f"the input other than through it (rerun from it they differ by "
+                    f"{gap:.3g}), e.g. a skip connection jumps over it; name block "
+                    "outputs, whose value is all the rest of the network reads")
 
     def _learn_shapes(self, x: Tensor, n_classes: int | None) -> None:
         """On the meta device: the states' shapes and the classes from one traced forward

@@ -19,7 +19,8 @@ The checks:
 - ``terminal_ln_is_what_the_readout_does`` (when ``model.terminal_ln`` is declared): the
   declaration agrees with the readout's behaviour (the logits do not move when h_L is
   scaled exactly when it normalises h_L) — the protocol's diagnosis of (b) rests on it;
-- ``initial_weights_follow_the_seed``: two builds under seed 0 are the same network with the
+- ``initial_weights_follow_the_seed``: two builds under seed 0 are the same network (module
+  tree, settings, shapes: :func:`~creditaudit.models.structure.structure_digest`) with the
   same initial weights (a factory that draws from ``random``, numpy or the clock could not
   be reproduced, nor rebuilt by ``audit`` and ``--resume``), and builds under seeds 0 and 1
   are two networks with different initial weights (a factory that seeds torch itself, or
@@ -40,6 +41,7 @@ import torch
 from creditaudit.models.adapted import adapt
 from creditaudit.models.module_factory import ModuleArchitecture
 from creditaudit.models.registry import build_architecture
+from creditaudit.models.structure import structure_digest
 from creditaudit.testing.common import (
     Check,
     Report,
@@ -91,6 +93,11 @@ def initial_weights_follow_the_seed(cls: type, options: Any, input_shape: tuple[
     # sweep the same initial network
     first = _build(options, input_shape, n_classes, seed=0)
     again = _build(options, input_shape, n_classes, seed=0)
+    assert structure_digest(first.net) == structure_digest(again.net), (
+        f"two builds under seed 0 are different networks ({_tree_difference(first.net, again.net)}"
+        "): the factory builds another network on some calls (it reads a counter, a global, "
+        "random, numpy or the clock), so a run cannot be reproduced, nor rebuilt by audit "
+        "and --resume; build the network from model.args alone")
     differs = _first_difference(first.net.state_dict(), again.net.state_dict())
     assert differs is None, (
         f"two builds under seed 0 differ ({differs}): the factory draws from a random source "
@@ -119,6 +126,21 @@ def eval_forward_leaves_the_network_alone(cls: type, options: Any,
         f"an eval-mode forward of the network changed {', '.join(changed[:3])}: the "
         "diagnostics forward it in eval mode between training steps, so training would "
         "depend on what was measured; leave parameters and buffers as they are in eval mode")
+
+
+def _tree_difference(first: torch.nn.Module, again: torch.nn.Module) -> str:
+    """Where two builds' module trees first differ: a module's class, a module one of them
+    lacks, a parameter's or buffer's shape — else their settings."""
+    one, two = dict(first.named_modules()), dict(again.named_modules())
+    for name, module in one.items():
+        if name in two and type(module) is not type(two[name]):
+            where = repr(name) if name else "the network"
+            return f"{where} is a {type(module).__name__} and a {type(two[name]).__name__}"
+    extra = [name for name in [*one, *two] if (name in one) != (name in two)]
+    if extra:
+        return f"module {extra[0]!r} is in one of them only"
+    return (_first_difference(first.state_dict(), again.state_dict())
+            or "their modules' settings differ")
 
 
 def _first_difference(first: Mapping[str, torch.Tensor], again: Mapping[str, torch.Tensor]

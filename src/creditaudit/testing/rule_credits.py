@@ -1,6 +1,7 @@
 """The rule conformance suite's checks of what a rule's credit depends on, one function each
 like :mod:`creditaudit.testing.rule_properties`: feedback a rule calls learned is trained, and
-a sample's credit does not depend on where the sample sits in its batch.
+a sample's credit, and what training learns from it, do not depend on where the sample sits
+in its batch.
 
 A rule that declares ``feedback_kind = "learned"`` is read as one whose credit improves with
 training (KP's B mirroring W, the bridges' auxiliary nets, local classifiers); one whose
@@ -21,6 +22,13 @@ an optimiser of its own: local classifiers, the bridges) changes then too and pa
 whose per-sample noise comes from a generator no step advances fails, and rightly — its noise
 is then a fixed pattern by position.
 
+A weighting inside a rule's own learning step (local classifiers, a bridge's nets, trained
+by an optimiser of the rule's own) leaves its credits per sample and order-free, and passes
+that check; :func:`training_ignores_batch_order` trains two alike rules two steps, the first
+on the batch in order and reversed, and compares weights and credits. Sound, not complete
+either: a rule whose step draws from its generator (the Credit Bridge, brSF) is passed,
+since noise drawn per sample in batch order follows the order.
+
 The untrained twin of :func:`learned_feedback_is_trained` ends the same epochs without a step
 (an ``end_epoch`` that may switch credits, as the Credit Bridge's warm-up does, is then
 alike in both).
@@ -33,7 +41,12 @@ from torch import Tensor
 
 from creditaudit.methods.base import CreditRule
 from creditaudit.testing.common import TOLERANCE, relative_error, tiny_batch
-from creditaudit.testing.rule_properties import copied_buffers, make_rule, trained_for_credits
+from creditaudit.testing.rule_properties import (
+    REAL_STEP_LR,
+    copied_buffers,
+    make_rule,
+    trained_for_credits,
+)
 
 # Epochs of one training step each that learned feedback gets before its credits are compared
 # with an untrained twin's (as fixed_feedback_stays_fixed trains fixed feedback).
@@ -103,4 +116,51 @@ def credits_ignore_batch_position(cls: type[CreditRule], arch: str = "resmlp") -
         "sample alone (noise drawn per sample is fine: it changes with the draw)")
 
 
-__all__ = ["learned_feedback_is_trained", "credits_ignore_batch_position", "LEARNING_EPOCHS"]
+# Relative tolerance of training_ignores_batch_order: summing a batch in another order
+# changes the update by rounding (~1e-16), which an optimiser of the rule's own can amplify
+# (Adam's first step divides a near-zero gradient by its own size: 2e-10 on the ConvMixer
+# with local-ce); weighting samples by position changes weights and credits by 1e-1 or more.
+ORDER_TOLERANCE = 1e-6
+
+
+def _stepped(cls: type[CreditRule], arch: str, reverse_first: bool
+             ) -> tuple[CreditRule, bool]:
+    """A fresh rule after two SGD steps (the first batch reversed or not, then another
+    batch), and whether its generator moved during the steps (it draws per step)."""
+    generator = torch.Generator().manual_seed(7)
+    rule = make_rule(cls, arch=arch, generator=generator)
+    drawn = generator.get_state()
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=REAL_STEP_LR)
+    x, y = tiny_batch(seed=1, arch=arch)
+    if reverse_first:
+        order = torch.arange(x.shape[0] - 1, -1, -1)
+        x, y = x[order], y[order]
+    for batch in ((x, y), tiny_batch(seed=2, arch=arch)):
+        assert rule.train_step(*batch, optimizer).finite, \
+            "a training step on a tiny float64 net was not finite"
+    return rule, not torch.equal(generator.get_state(), drawn)
+
+
+def training_ignores_batch_order(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    forward, drawn = _stepped(cls, arch, reverse_first=False)
+    if drawn:  # noise drawn per sample in batch order may legally follow the order
+        return
+    backward, _ = _stepped(cls, arch, reverse_first=True)
+    weights = max(relative_error(b.detach(), a.detach()) for a, b in zip(
+        forward.model.parameters(), backward.model.parameters()))
+    forward.model.eval()
+    backward.model.eval()
+    x, y = tiny_batch(seed=3, arch=arch)
+    credits = max(relative_error(b, a) for a, b in zip(forward.credits(x, y),
+                                                        backward.credits(x, y)))
+    assert weights < ORDER_TOLERANCE and credits < ORDER_TOLERANCE, (
+        "training on a batch in reverse order leaves other weights (by "
+        f"{weights:.2e} rel.) and credits (by {credits:.2e} rel.) than training on it in "
+        "order, though the rule drew nothing in its steps: its training weights a sample "
+        "by its position in the batch (its own learning step — feedback, auxiliary nets — "
+        "included), so a run's numbers depend on the data order — weigh every sample of a "
+        "batch alike")
+
+
+__all__ = ["learned_feedback_is_trained", "credits_ignore_batch_position",
+           "training_ignores_batch_order", "LEARNING_EPOCHS"]

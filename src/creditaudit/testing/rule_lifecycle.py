@@ -23,29 +23,34 @@ def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resml
     straight = make_rule(cls, arch=arch)
     optimizer = torch.optim.AdamW(straight.trainable_parameters(), lr=1e-2)
     trained(straight, optimizer, range(2))
-    # The state before end_epoch, copied (state_dict() shares the live tensors): both rules
-    # end epoch 1 from it, so a resumed rule must follow from the state alone.
+    weights, buffers = copied_parameters(straight), copied_buffers(straight)
+    straight.end_epoch(1, 3)
+    _end_epoch_leaves_the_model_alone(straight, weights, buffers)
+    trained(straight, optimizer, range(2, 4))
+    # The state in epoch 2, before its end_epoch, copied (state_dict() shares the live
+    # tensors): both rules end epoch 2 from it, so a resumed rule must follow from the state
+    # alone — what it learned in epoch 1 (an epoch count, a warm-up's switch) included.
     buffer = io.BytesIO()
     torch.save({"model": straight.model.state_dict(), "rule": straight.state_dict(),
                 "optimizer": optimizer.state_dict()}, buffer)
     buffer.seek(0)
     weights, buffers = copied_parameters(straight), copied_buffers(straight)
-    straight.end_epoch(1, 3)
+    straight.end_epoch(2, 3)
     _end_epoch_leaves_the_model_alone(straight, weights, buffers)
     try:
         saved = torch.load(buffer, weights_only=True)
     except Exception as err:  # noqa: BLE001 - the message is the point
         raise AssertionError("the rule's state_dict does not load with weights_only=True "
                              f"(hold only tensors and plain containers): {err}") from None
-    trained(straight, optimizer, range(2, 4))
+    trained(straight, optimizer, range(4, 6))
     resumed = make_rule(cls, seed=1, arch=arch, draw=8)  # other init and draw: all
     # must come from the file
     resumed.model.load_state_dict(saved["model"])
     resumed.load_state_dict(saved["rule"])
-    resumed.end_epoch(1, 3)
+    resumed.end_epoch(2, 3)
     optimizer = torch.optim.AdamW(resumed.trainable_parameters(), lr=1e-2)
     optimizer.load_state_dict(saved["optimizer"])
-    trained(resumed, optimizer, range(2, 4))
+    trained(resumed, optimizer, range(4, 6))
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), f"a rule restored from its state_dict diverges at {name}"
     for (name, a), b in zip(straight.model.named_buffers(), resumed.model.buffers()):

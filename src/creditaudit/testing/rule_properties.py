@@ -34,15 +34,17 @@ from creditaudit.testing.common import (
 
 
 def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
-              arch: str = "resmlp", draw: int = 7, **options: Any) -> CreditRule:
+              arch: str = "resmlp", draw: int = 7, generator: torch.Generator | None = None,
+              **options: Any) -> CreditRule:
     """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields),
     its weights drawn under ``seed``, the rule's generator (feedback, auxiliary nets)
-    seeded with ``draw``."""
+    seeded with ``draw`` (or ``generator`` itself, for a check that watches it)."""
     model = tiny_model(seed, dtype, arch)
     config = bind(cls, "method", **options)
     set_trainable(model, config.trainable_blocks)
     return cls(model, config, n_classes=CLASSES,
-               generator=torch.Generator().manual_seed(draw))
+               generator=torch.Generator().manual_seed(draw) if generator is None
+               else generator)
 
 
 def _zero_lr_step(rule: CreditRule, x: Tensor, y: Tensor) -> None:
@@ -148,15 +150,20 @@ def _adapted_surrogate_gradients(model: AdaptedModel, x: Tensor, y: Tensor,
     return out
 
 
+# The batches (tiny_batch seeds) a rule trains on before the surrogate check's step on
+# tiny_batch(): other batches than the checked one.
+WARM_UP_BATCHES = (2, 3)
+
+
 def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "resmlp",
                                            **options: Any) -> None:
     rule = make_rule(cls, arch=arch, **options)
-    if cls.feedback_kind == "learned":
-        # Learned feedback may start degenerate (local-ce's zero classifiers give zero
-        # credits, which any step matches): check the rule once its feedback has trained.
-        optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
-        for seed in (1, 2):
-            assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
+    # Two steps on other batches first: learned feedback may start degenerate (local-ce's
+    # zero classifiers give zero credits, which any step matches), and a step that trains
+    # on a credit it kept from an earlier step or batch matches only on its first step.
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
+    for seed in WARM_UP_BATCHES:
+        assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
     x, y = tiny_batch(arch=arch)
     credits = rule.credits(x, y)
     expected = _surrogate_gradients(rule, x, y, credits)
@@ -173,15 +180,18 @@ def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "r
             f"{name}: the step's gradient differs from the surrogate's by {error:.2e} (rel.)"
 
 
-# The settings local_update_follows_its_options checks the step under: a penalty λ and the
-# other normalisation than the rule's default.
+# The settings local_update_follows_its_options checks the step under: a penalty λ, the
+# other normalisation than the rule's default, and the first block frozen (the depth ladder's
+# and (d)'s partly trainable networks).
 OPTIONS_PENALTY = 0.01
+OPTIONS_TRAINABLE_BLOCKS = BLOCKS - 1
 
 
 def local_update_follows_its_options(cls: type[CreditRule], arch: str = "resmlp") -> None:
     defaults = bind(cls, "method")
     options: dict[str, Any] = {"penalty": OPTIONS_PENALTY,
-                               "normalise_credit": not defaults.normalise_credit}
+                               "normalise_credit": not defaults.normalise_credit,
+                               "trainable_blocks": OPTIONS_TRAINABLE_BLOCKS}
     ignored = cls.ignored_options(bind(cls, "method", **options))
     options = {key: value for key, value in options.items() if key not in ignored}
     try:
@@ -191,7 +201,8 @@ def local_update_follows_its_options(cls: type[CreditRule], arch: str = "resmlp"
         raise AssertionError(
             f"with {shown}: {err} — the step must follow the options its run records "
             "(the residual-branch penalty λ·mean_b‖f_l‖² on every trained block, the credit "
-            "normalised or not as normalise_credit says)") from None
+            "normalised or not as normalise_credit says, each trained block on its own "
+            "state's credit when blocks before it are frozen)") from None
 
 
 def trained_for_credits(cls: type[CreditRule], arch: str = "resmlp") -> CreditRule:

@@ -34,9 +34,10 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   every trainable parameter's gradient equals the analytic gradient of the local surrogate —
   Σ_l ⟨f_l(h_l), â_{l+1}⟩ with h_l detached, ⟨embed(x), â_0⟩ and the readout's exact
   cross-entropy on the detached h_L, with â = a / (RMS(a) + 1e-6) of the credits the rule
-  reports — so the credit the audit scores is the credit that trained the network (rules
-  whose ``feedback_kind`` is ``"learned"`` take two training steps first, so their feedback
-  is checked once it has trained, not only at an init that may give zero credits);
+  reports — so the credit the audit scores is the credit that trained the network (every
+  rule takes two training steps on other batches first, so learned feedback is checked once
+  it has trained, not only at an init that may give zero credits, and a step that trains on
+  a credit kept from an earlier step or batch fails);
 - ``blocks_train_on_the_reported_credit`` (rules with ``local = False``, on architectures
   with a block whose branch ends in one ``nn.Linear``:
   :func:`~creditaudit.models.contract.split_branch`): after one zero-learning-rate step,
@@ -69,10 +70,12 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);
-- ``state_dict_round_trips_and_resumes``: the rule's state loads with
+- ``state_dict_round_trips_and_resumes``: the rule's state saved in epoch 2 loads with
   ``torch.load(weights_only=True)`` (tensors and plain containers only) and a rule restored
   from it — made with another model seed and another generator seed, so feedback left out
-  of the state is not drawn again alike — continues bit-identically, parameters and
+  of the state is not drawn again alike, and without epoch 1's ``end_epoch``, so a count
+  or switch kept outside the state is not repeated alike — continues bit-identically,
+  parameters and
   buffers — resumed runs must equal
   uninterrupted ones; ``end_epoch`` leaves the model's parameters and buffers as they were
   (the optimizer alone writes the weights), checked on a copy taken before it;
@@ -96,9 +99,11 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   (:mod:`creditaudit.testing.rule_stacking`);
 - ``local_update_follows_its_options`` (rules with ``local = True``, on the networks that
   are not adapted): the surrogate check again, with ``method.penalty`` 0.01 (the surrogate
-  then adds λ·mean_b ‖f_l‖² for every trained block) and the other ``normalise_credit``
-  than the rule's default (an option the rule names in ``ignored_options`` is left as it
-  is) — a step that ignores an option the run records would train with other settings;
+  then adds λ·mean_b ‖f_l‖² for every trained block), the other ``normalise_credit``
+  than the rule's default and ``method.trainable_blocks`` 2 (the first block frozen, as
+  the depth ladder freezes blocks; each trained block must still take its own state's
+  credit) (an option the rule names in ``ignored_options`` is left as it is) — a step that
+  ignores an option the run records would train with other settings;
 - ``credits_are_per_sample``: after two training steps, replacing the first sample of a
   batch (input and label) leaves every other sample's credit as it was (to 1e-10) — a
   credit that mixes in another sample's error (an indexing slip) would be compared with a
@@ -116,7 +121,12 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   reverse order are its credits reversed (to 1e-10) — or, for a rule that draws noise per
   sample in batch order (the docs' NoisyBP), their difference changes after a
   zero-learning-rate step that draws anew. A credit weighted by the sample's index, which
-  stays, would give one sample another update wherever the data order puts it.
+  stays, would give one sample another update wherever the data order puts it;
+- ``training_ignores_batch_order``: two training steps (SGD on the model; the rule's own
+  optimisers as it runs them), the first on a batch in order or reversed, give the same
+  weights and credits (to 1e-6) — its own learning step included (local classifiers, the
+  bridges' nets), which the check above cannot see. A rule whose step draws from its
+  generator is passed (noise drawn per sample in batch order follows the order).
 """
 
 from __future__ import annotations
@@ -140,6 +150,7 @@ from creditaudit.testing.common import (
 from creditaudit.testing.rule_credits import (
     credits_ignore_batch_position,
     learned_feedback_is_trained,
+    training_ignores_batch_order,
 )
 from creditaudit.testing.rule_lifecycle import (
     bf16_step_is_finite,
@@ -172,7 +183,8 @@ CHECKS: tuple[Callable[..., None], ...] = (
     frozen_blocks_stay_untouched, state_dict_round_trips_and_resumes, moves_to_a_device,
     bf16_step_is_finite, fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
     stacked_step_is_the_rule_step, local_update_follows_its_options, credits_are_per_sample,
-    credits_are_seeded, learned_feedback_is_trained, credits_ignore_batch_position)
+    credits_are_seeded, learned_feedback_is_trained, credits_ignore_batch_position,
+    training_ignores_batch_order)
 
 
 def _has_split_block(arch: str) -> bool:

@@ -118,7 +118,7 @@ class ResidualStreamScale(ProtocolDiagnostic[GrowthOptions]):
             return self.result(None, NOT_EVALUATED, "needs the state norms of at "
                                "least two states, or of h_0 at initialisation",
                                block_growth=[], block=None, embed_growth=None)
-        if not all(math.isfinite(v) for v in hidden):
+        if not _finite(hidden):
             # NaN/Inf states mean the stream overflowed: the failure (a) exists to catch.
             return self.result(math.inf, FIRED, "state norms are NaN/Inf: the "
                                "residual stream overflowed (diverged model)",
@@ -182,9 +182,15 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         zero_text = "" if zero_fraction is None else f"{zero_fraction:.0%}"
         if not evidence.grad_norms:
             return self.result(None, NOT_EVALUATED, "no gradient norms given", **details)
-        if math.isnan(value):
+        if not math.isfinite(value):
+            # a NaN, or an Inf in some sample's gradient (:func:`~creditaudit.measures.
+            # gradients.median`): no pass stands on it, as no cosine against it does
+            what = "NaN" if math.isnan(value) else "inf for some samples"
             return self.result(None, NOT_EVALUATED,
-                               "‖g_L‖ is NaN (diverged model): no reference gradient", **details)
+                               f"‖g_L‖ is {what} (diverged model): no reference gradient",
+                               **details)
+        if not _finite(hidden):
+            return self.result(None, NOT_EVALUATED, OVERFLOWED_STATES, **details)
         if value >= floor:
             return self.result(value, PASSED,
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
@@ -212,6 +218,16 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         return self.result(value, FIRED,
                            f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
                            f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
+
+
+# (b) and (c) on a network whose stream overflowed: its gradients are taken at NaN/Inf.
+OVERFLOWED_STATES = ("state norms are NaN/Inf (diverged model): gradients at an overflowed "
+                     "stream are no reference")
+
+
+def _finite(norms: list[float]) -> bool:
+    """Whether every median state norm is finite (one is NaN/Inf where any sample's is)."""
+    return all(math.isfinite(v) for v in norms)
 
 
 def _mostly_unsaturated(evidence: Evidence, below: float) -> bool:
@@ -258,6 +274,9 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
                                layer=layer, batch_size=size, n_batches=0)
         grad = evidence.grads[layer]
         full = grad.shape[0] // size
+        if not _finite(evidence.hidden_norms):
+            return self.result(None, NOT_EVALUATED, OVERFLOWED_STATES, layer=layer,
+                               batch_size=size, n_batches=full)
         details: dict[str, Any] = {"layer": layer, "batch_size": size, "n_batches": full}
         if full < self.options.stability_batches:
             return self.result(None, NOT_EVALUATED,

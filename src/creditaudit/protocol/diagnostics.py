@@ -196,8 +196,14 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
                                "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
-            cause = (CAUSE_NO_PATH if _mostly_unsaturated(evidence, 0.0)
-                     else CAUSE_SATURATION)
+            if not _mostly_unsaturated(evidence, 0.0):
+                cause = CAUSE_SATURATION
+            elif evidence.terminal_ln is not False and grew:
+                # A terminal LN on a stream grown past fp32's range (its variance overflows)
+                # gives every sample the same output and an exactly-zero gradient.
+                cause = CAUSE_LN
+            else:
+                cause = CAUSE_NO_PATH
         elif evidence.terminal_ln is False:
             # Without a terminal LN, g_L = W_headᵀ e / 128 is small when the output error
             # e = softmax − onehot is (a saturated softmax) or the head's weights are: the
@@ -236,7 +242,8 @@ def _mostly_unsaturated(evidence: Evidence, below: float) -> bool:
     no per-sample gradients and logits (a record judged again from its stored numbers)."""
     if evidence.grads is None or evidence.logits is None:
         return False
-    share = unsaturated_share(evidence.grads[-1], evidence.logits, below=below)
+    share = unsaturated_share(evidence.grads[-1], evidence.logits, below=below,
+                              losses=evidence.losses)
     return share is not None and share > 0.5
 
 

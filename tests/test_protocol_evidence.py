@@ -236,3 +236,17 @@ def test_a_record_that_judged_d_at_epoch_0_reads_it_not_evaluated(untrained_run)
     assert report.diagnostic("d").details["claimed"] == "fired"
     assert "d" not in report.fired
 
+
+def test_audit_of_a_run_diverged_in_its_first_epoch_judges_d_as_its_record_does(tmp_path):
+    """Its checkpoint is of epoch 0, the last finite one: `audit` said (d) not evaluated
+    (untrained network), where the record, `report` and docs judge (d) on epoch 0's
+    numbers — the run did train."""
+    run_dir = train(tiny_config(tmp_path, **{"method.name": "fa", "optim.lr": 1e9,
+                                             "data.n_test": 256, "optim.epochs": 1,
+                                             "diagnostics.eval_samples": 256,
+                                             "diagnostics.end_of_run": False})).run_dir
+    record = load_record(run_dir)
+    assert record.status == "diverged" and record.numbers_epoch == 0
+    d = audit_run(run_dir, frozen="0.5", metrics=False).diagnostic("d")
+    assert d.status == "fired" and d.value == pytest.approx(100 * (record.final_acc - 0.5))
+    assert record_verdict(record, frozen_acc=0.5).statuses["d"] == "fired"

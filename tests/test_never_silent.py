@@ -200,3 +200,18 @@ def test_an_infinite_reference_gradient_in_a_few_samples_never_passes_b():
     b = report.diagnostic("b")
     assert b.status == NOT_EVALUATED and "inf for some samples" in b.reason
     assert report.verdict_text != TRUSTWORTHY
+
+
+def test_a_nan_layer_norm_is_shown_as_nan_never_as_not_measured():
+    """The per-layer table wrote a NaN ‖g_0‖ as "—", the mark of a number not measured."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 4, generator=generator)
+    x[-100:] *= 100.0
+    y = torch.randint(0, 3, (1024,), generator=generator)
+    model = _OverflowingSamples()
+    report = diagnose(model, x, y, states_fn=model.states)
+    assert math.isnan(report.grad_norms[0])
+    for form in ("text", "md"):
+        row = next(line for line in render(report, form).splitlines()
+                   if "at some samples" in line)
+        assert "NaN" in row and "‖g‖ NaN/Inf at some samples" in row

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.descriptions import max_block_growth
+from creditaudit.errors import ConfigError
 from creditaudit.measures.gradients import REFERENCE_BATCH, REFERENCE_FLOOR
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
@@ -63,6 +64,21 @@ class Thresholds:
     margin_pp: float = 2.0
     stability_batches: int = 8
     stability_batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        """Each threshold a finite number (the batching fields integers), else a one-line
+        ConfigError: a NaN threshold never fires — (a) passed every stream, (d) every
+        margin. (Ranges are left to configs: a conformance check moves a threshold past its
+        range to flip a status.)"""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            whole = f.type in (int, "int")
+            if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+                raise ConfigError(f"Thresholds.{f.name} must be "
+                                  f"{'an integer' if whole else 'a number'}, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"Thresholds.{f.name}={value!r} is not a finite number; "
+                                  "give a finite value")
 
     def to_dict(self) -> dict[str, float | int]:
         return dataclasses.asdict(self)

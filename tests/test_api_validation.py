@@ -14,6 +14,7 @@ from torch import nn
 from creditaudit import Recorder, adapt, diagnose, rule
 from creditaudit.errors import CreditAuditError
 from creditaudit.models import PlainMLP, ResidualMLP
+from creditaudit.protocol import Thresholds
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -138,6 +139,16 @@ DIAGNOSE = [
      "credit= is a rule bound to another model"),
     ("thresholds not a Thresholds", lambda: diagnose(adapted(), X, Y, thresholds={"growth": 3}),
      "thresholds= must be a creditaudit.protocol.Thresholds"),
+    # a NaN threshold never fires: (a) passed every stream, (d) every margin
+    ("a NaN growth threshold", lambda: diagnose(adapted(), X, Y,
+                                                thresholds=Thresholds(growth=float("nan"))),
+     "Thresholds.growth=nan is not a finite number"),
+    ("an infinite margin", lambda: Thresholds(margin_pp=float("inf")),
+     "Thresholds.margin_pp=inf is not a finite number"),
+    ("a threshold as text", lambda: Thresholds(stability="0.3"),
+     "Thresholds.stability must be a number, got '0.3'"),
+    ("a fractional batch count", lambda: Thresholds(stability_batches=8.5),
+     "Thresholds.stability_batches must be an integer, got 8.5"),
     ("no ρ directions", lambda: diagnose(adapted(), X, Y, metric_options={"rho_directions": 0}),
      "metric_options['rho_directions'] must be an integer ≥ 1, got int 0"),
     ("negative ρ samples", lambda: diagnose(adapted(), X, Y, metric_options={"rho_samples": -1}),

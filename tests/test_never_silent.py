@@ -12,10 +12,13 @@ import json
 import math
 
 import pytest
+import torch
 
+from creditaudit.audit.diagnose import diagnose
 from creditaudit.cli import main
 from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import ConfigError
+from creditaudit.measures.gradients import median
 from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
@@ -26,6 +29,7 @@ from creditaudit.protocol import (
     Protocol,
     ReferenceValidity,
     ResidualStreamScale,
+    evaluate_protocol,
 )
 from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import RECORD_FILE, load_record
@@ -34,6 +38,7 @@ from creditaudit.report import render
 from creditaudit.run.trainer import train
 from integrity_support import as_written, assert_one_line_error, toml_of
 from plugin_support import GUESTS
+from test_protocol import make_sg
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -145,3 +150,68 @@ def test_a_diagnostic_listed_twice_is_refused_in_one_line(tmp_path, capsys):
     assert main(["train", "--config", str(path)]) == 2
     out, err = capsys.readouterr()
     assert_one_line_error(out, err, "diagnostics.protocol lists 'a' twice")
+
+
+class _OverflowingSamples(torch.nn.Module):
+    """A stream that overflows to ±inf for the few samples whose h_0 is large (expm1 of
+    ~100), elsewhere growing 1.01×; its tanh readout keeps every logit and loss finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+    def states(self, x):
+        h0 = self.embed(x)
+        h1 = h0 + torch.expm1(h0) * 0.01
+        return [h0, h1], self.head(torch.tanh(h1))
+
+    def forward(self, x):
+        return self.states(x)[1]
+
+
+def test_a_stream_overflowed_in_a_few_samples_is_no_finite_median_and_fires_a():
+    """The median over samples used to step over a tenth of them at inf: (a) passed at
+    1.01×, (b) passed, and the verdict read "no walk-back in (a)(b)(d)"."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 4, generator=generator)
+    x[-100:] *= 100.0
+    y = torch.randint(0, 3, (1024,), generator=generator)
+    model = _OverflowingSamples()
+    assert torch.isinf(model.states(x)[0][1]).any()
+    report = diagnose(model, x, y, states_fn=model.states, headline_acc=0.5, frozen_acc=0.3)
+    assert report.hidden_norms[-1] == math.inf
+    assert report.diagnostic("a").status == FIRED
+    for id_ in ("b", "c"):
+        assert report.diagnostic(id_).status == NOT_EVALUATED
+        assert "NaN/Inf" in report.diagnostic(id_).reason
+    assert report.verdict_text == "needs walk-back (a); (b)(c) not evaluated"
+    assert json.loads(report.to_json())["hidden_norms"][-1] is None  # strict JSON
+
+
+def test_an_infinite_reference_gradient_in_a_few_samples_never_passes_b():
+    """Their cosines were already marked gradient_not_finite, while (b) passed on the median
+    of the other samples."""
+    assert median(torch.tensor([1.0, math.inf, 2.0, 3.0])) == math.inf
+    assert math.isnan(median(torch.tensor([-math.inf, 1.0, math.inf])))
+    sg = make_sg(n=1024, d=8, h_norms=(5.0, 5.0, 5.0), g_norms=(1e-3, 1e-3, 1e-3))
+    sg.grads[-1][:100, 0] = math.inf
+    report = evaluate_protocol(sg, headline_acc=0.5, frozen_acc=0.3)
+    b = report.diagnostic("b")
+    assert b.status == NOT_EVALUATED and "inf for some samples" in b.reason
+    assert report.verdict_text != TRUSTWORTHY
+
+
+def test_a_nan_layer_norm_is_shown_as_nan_never_as_not_measured():
+    """The per-layer table wrote a NaN ‖g_0‖ as "—", the mark of a number not measured."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 4, generator=generator)
+    x[-100:] *= 100.0
+    y = torch.randint(0, 3, (1024,), generator=generator)
+    model = _OverflowingSamples()
+    report = diagnose(model, x, y, states_fn=model.states)
+    assert math.isnan(report.grad_norms[0])
+    for form in ("text", "md"):
+        row = next(line for line in render(report, form).splitlines()
+                   if "at some samples" in line)
+        assert "NaN" in row and "‖g‖ NaN/Inf at some samples" in row

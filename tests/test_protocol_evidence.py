@@ -18,6 +18,8 @@ from creditaudit.models import ResidualMLP
 from creditaudit.protocol import (
     CAUSE_FLOOR,
     CAUSE_LN,
+    CAUSE_NO_PATH,
+    CAUSE_SATURATION,
     CAUSE_SATURATION_NO_LN,
     CAUSE_WEAK_HEAD,
     NOT_EVALUATED,
@@ -123,6 +125,41 @@ def test_the_softmax_is_saturated_when_the_error_is_further_from_1_than_the_head
     assert unsaturated_share(torch.zeros(1, 2), torch.tensor([[200.0, 0.0]])) == 0.0
 
 
+def test_b_names_ln_cancellation_where_an_overflowed_terminal_ln_zeroes_every_gradient():
+    """A stream grown 1e19× overflows the terminal LayerNorm's variance in fp32: every sample
+    gets the same logits and an exactly-zero g_L. (b) said "no gradient reaches h_L (… zero
+    or dead weights between h_L and the logits; not LN cancellation)"."""
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=8, d=16, n_classes=4, n_blocks=2)
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    initial = diagnose(model, x, y).hidden_norms
+    with torch.no_grad():
+        model.embed.weight.mul_(1e19)
+        model.embed.bias.mul_(1e19)
+    b = diagnose(model, x, y, initial_hidden_norms=initial).diagnostic("b")
+    assert b.status == "fired" and b.details["zero_fraction"] >= 0.5
+    assert b.details["stream_grew"] and b.details["cause"] == CAUSE_LN
+
+
+@pytest.mark.parametrize(("terminal_ln", "cause"), [(True, CAUSE_LN), (False, CAUSE_NO_PATH)])
+def test_b_a_confidently_wrong_softmax_is_no_saturation(terminal_ln, cause):
+    """Every sample one-hot on class 0, labelled 1: the softmax is saturated on the wrong
+    class, so the output error is ‖e‖ = √2, not 0, and an exactly-zero g_L is the path's
+    doing. (b) named a saturated softmax (confidently-correct samples)."""
+    sg = make_sg(h_norms=(5.0, 5.0, 5.0, 5.0, 5e4), g_norms=(1e-3,) * 4 + (0.0,))
+    sg.logits[:, 0] = 200.0
+    sg.losses = torch.full_like(sg.losses, 200.0)  # CE of label 1
+    assert unsaturated_share(sg.grads[-1], sg.logits) == 0.0
+    assert unsaturated_share(sg.grads[-1], sg.logits, losses=sg.losses) == 1.0
+    b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
+                          terminal_ln=terminal_ln).diagnostic("b")
+    assert b.status == "fired" and b.details["cause"] == cause
+    sg.losses.zero_()  # labelled 0: confidently right, the softmax's doing
+    b = evaluate_protocol(sg, headline_acc=None, frozen_acc=None,
+                          terminal_ln=terminal_ln).diagnostic("b")
+    assert b.details["cause"] == CAUSE_SATURATION
+
+
 # --- (b) judges growth by the run's own (a) threshold -------------------------------------
 @pytest.mark.parametrize(("growth", "h_last", "a_status", "grew", "cause"), [
     (10.0, 100.0, "fired", True, CAUSE_LN),      # 20×: grown by the run's 10, not by 50
@@ -198,3 +235,18 @@ def test_a_record_that_judged_d_at_epoch_0_reads_it_not_evaluated(untrained_run)
     assert report.diagnostic("d").status == NOT_EVALUATED
     assert report.diagnostic("d").details["claimed"] == "fired"
     assert "d" not in report.fired
+
+
+def test_audit_of_a_run_diverged_in_its_first_epoch_judges_d_as_its_record_does(tmp_path):
+    """Its checkpoint is of epoch 0, the last finite one: `audit` said (d) not evaluated
+    (untrained network), where the record, `report` and docs judge (d) on epoch 0's
+    numbers — the run did train."""
+    run_dir = train(tiny_config(tmp_path, **{"method.name": "fa", "optim.lr": 1e9,
+                                             "data.n_test": 256, "optim.epochs": 1,
+                                             "diagnostics.eval_samples": 256,
+                                             "diagnostics.end_of_run": False})).run_dir
+    record = load_record(run_dir)
+    assert record.status == "diverged" and record.numbers_epoch == 0
+    d = audit_run(run_dir, frozen="0.5", metrics=False).diagnostic("d")
+    assert d.status == "fired" and d.value == pytest.approx(100 * (record.final_acc - 0.5))
+    assert record_verdict(record, frozen_acc=0.5).statuses["d"] == "fired"

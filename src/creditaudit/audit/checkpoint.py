@@ -265,7 +265,10 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
                       reference_fix=AUDIT_FIX,
                       initial_hidden_norms=(start.measures.hidden_norms
                                             if start is not None and start.measures else None),
-                      trained=run.epoch > 0)  # epoch 0: the network at initialisation
+                      # epoch 0: the network at initialisation — but a run that diverged
+                      # in its first epoch did train, and is judged on epoch 0's numbers
+                      # (d) included, as its record is (protocol.records.untrained)
+                      trained=run.epoch > 0 or record.status == "diverged")
     fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}

@@ -8,6 +8,7 @@ a contract model mixes samples (LayerNorm and attention act within a sample).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -108,11 +109,16 @@ def median(values: Tensor) -> float:
     """The median of a 1-D tensor: the middle value, or the mean of the two middle values
     when there is an even number of them (``Tensor.median`` returns the lower of the two,
     which, with half the samples' gradients exactly zero, reads as a zero median); NaN when
-    any value is NaN. ``values``: ``(N,)``, N ≥ 1."""
-    ordered = values.sort().values  # NaNs last
+    any value is NaN, ±inf when any is ±inf (NaN when both are): a sample whose norm
+    overflowed leaves no median either — a tenth of the samples at inf is not a finite
+    layer. ``values``: ``(N,)``, N ≥ 1."""
+    ordered = values.sort().values  # -inf first, NaNs last
     n = ordered.numel()
     if bool(torch.isnan(ordered[-1])):
         return float("nan")  # as Tensor.median: a NaN sample leaves no median
+    low, high = float(ordered[0]), float(ordered[-1])
+    if math.isinf(low) or math.isinf(high):
+        return high if not math.isinf(low) else low if not math.isinf(high) else float("nan")
     return float((ordered[(n - 1) // 2] + ordered[n // 2]) / 2)
 
 

@@ -41,9 +41,10 @@ class Evidence:
     ``hidden_norms[l]``/``grad_norms[l]``: median per-sample ‖h_l‖ and ‖g_l‖ (1/128 scale),
     l = 0 … L; ``g_L_zero_fraction``/``g_L_nonzero_median``: the share of samples whose
     g_L is exactly 0 and the median over the others; ``grads``: the per-sample gradient
-    summaries ``(N, d)`` per layer and ``logits`` ``(N, C)`` (None when a record is judged
-    again from its stored numbers); accuracies are fractions; ``terminal_ln``: whether the
-    model ends in a LayerNorm (None = unknown); ``initial_hidden_norms``: ``hidden_norms`` of
+    summaries ``(N, d)`` per layer, ``logits`` ``(N, C)`` and ``losses``, the per-sample
+    cross-entropy ``(N,)`` (None when a record is judged again from its stored numbers);
+    accuracies are fractions; ``terminal_ln``: whether the model ends in a LayerNorm (None =
+    unknown); ``initial_hidden_norms``: ``hidden_norms`` of
     the same network at initialisation on the same evaluation set (a run's epoch 0), when
     known; ``trained``: False for a network at initialisation, before any training step (a
     run's epoch 0), where every diagnostic whose ``before_training`` is False is not
@@ -59,6 +60,7 @@ class Evidence:
     grads: list[Tensor] | None = None
     logits: Tensor | None = None
     labels: Tensor | None = None
+    losses: Tensor | None = None
     headline_acc: float | None = None
     frozen_acc: float | None = None
     terminal_ln: bool | None = None

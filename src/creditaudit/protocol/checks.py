@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.descriptions import max_block_growth
+from creditaudit.errors import ConfigError
 from creditaudit.measures.gradients import REFERENCE_BATCH, REFERENCE_FLOOR
 
 FIRED, PASSED, NOT_EVALUATED = "fired", "passed", "not evaluated"
@@ -63,6 +64,21 @@ class Thresholds:
     margin_pp: float = 2.0
     stability_batches: int = 8
     stability_batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        """Each threshold a finite number (the batching fields integers), else a one-line
+        ConfigError: a NaN threshold never fires — (a) passed every stream, (d) every
+        margin. (Ranges are left to configs: a conformance check moves a threshold past its
+        range to flip a status.)"""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            whole = f.type in (int, "int")
+            if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+                raise ConfigError(f"Thresholds.{f.name} must be "
+                                  f"{'an integer' if whole else 'a number'}, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"Thresholds.{f.name}={value!r} is not a finite number; "
+                                  "give a finite value")
 
     def to_dict(self) -> dict[str, float | int]:
         return dataclasses.asdict(self)
@@ -145,7 +161,8 @@ def embed_growth(hidden_norms: Sequence[float],
 HEAD_GAIN = 3 ** -0.5
 
 
-def unsaturated_share(grad: Tensor, logits: Tensor, *, below: float = 0.0) -> float | None:
+def unsaturated_share(grad: Tensor, logits: Tensor, *, below: float = 0.0,
+                      losses: Tensor | None = None) -> float | None:
     """Of the samples whose gradient ``grad`` ``(N, d)`` (1/128 scale) has a norm of at most
     ``below`` (default: exactly 0), the share whose softmax over ``logits`` ``(N, C)`` is not
     saturated: not what made the gradient small. 128·g = W_headᵀ e for the output error
@@ -153,10 +170,15 @@ def unsaturated_share(grad: Tensor, logits: Tensor, *, below: float = 0.0) -> fl
     the softmax is not saturated when ‖e‖ (at least 1 − max softmax, in the logits'
     precision) is nearer its unsaturated size 1 than the gain is to a head's at
     initialisation (:data:`HEAD_GAIN`): 128·‖g‖ < HEAD_GAIN·‖e‖². For a gradient that is
-    exactly 0 this reads: the softmax is not one-hot. None when no sample's gradient is
-    that small, or the two do not describe the same samples."""
+    exactly 0 this reads: the softmax is not one-hot. ``losses`` ``(N,)``, the samples'
+    cross-entropies when known: a misclassified sample (CE > ln 2, so its label's
+    probability p_y < 1/2) has ‖e‖ ≥ 1 − p_y however saturated its softmax is on a wrong
+    class — its output error does not vanish. None when no sample's gradient is that small,
+    or the arguments do not describe the same samples."""
     if grad.shape[0] != logits.shape[0] or logits.dim() != 2:
         return None
+    if losses is not None and tuple(losses.shape) != (grad.shape[0],):
+        losses = None
     norms = torch.linalg.vector_norm(grad.flatten(1).double(), dim=1)
     small = norms <= below
     if not bool(small.any()):
@@ -164,6 +186,9 @@ def unsaturated_share(grad: Tensor, logits: Tensor, *, below: float = 0.0) -> fl
     probs = torch.softmax(logits[small], dim=1)
     top = torch.nn.functional.one_hot(probs.argmax(dim=1), logits.shape[1]).bool()
     error = probs.masked_fill(top, 0).double().sum(dim=1)  # exactly 0 when one-hot
+    if losses is not None:
+        ce = losses[small].double()
+        error = torch.where(ce > math.log(2), torch.maximum(error, -torch.expm1(-ce)), error)
     # NaN logits are not shown saturated.
     saturated = HEAD_GAIN * error ** 2 <= REFERENCE_BATCH * norms[small]
     return float((~saturated).double().mean())

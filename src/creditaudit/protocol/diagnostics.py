@@ -118,7 +118,7 @@ class ResidualStreamScale(ProtocolDiagnostic[GrowthOptions]):
             return self.result(None, NOT_EVALUATED, "needs the state norms of at "
                                "least two states, or of h_0 at initialisation",
                                block_growth=[], block=None, embed_growth=None)
-        if not all(math.isfinite(v) for v in hidden):
+        if not _finite(hidden):
             # NaN/Inf states mean the stream overflowed: the failure (a) exists to catch.
             return self.result(math.inf, FIRED, "state norms are NaN/Inf: the "
                                "residual stream overflowed (diverged model)",
@@ -182,16 +182,28 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         zero_text = "" if zero_fraction is None else f"{zero_fraction:.0%}"
         if not evidence.grad_norms:
             return self.result(None, NOT_EVALUATED, "no gradient norms given", **details)
-        if math.isnan(value):
+        if not math.isfinite(value):
+            # a NaN, or an Inf in some sample's gradient (:func:`~creditaudit.measures.
+            # gradients.median`): no pass stands on it, as no cosine against it does
+            what = "NaN" if math.isnan(value) else "inf for some samples"
             return self.result(None, NOT_EVALUATED,
-                               "‖g_L‖ is NaN (diverged model): no reference gradient", **details)
+                               f"‖g_L‖ is {what} (diverged model): no reference gradient",
+                               **details)
+        if not _finite(hidden):
+            return self.result(None, NOT_EVALUATED, OVERFLOWED_STATES, **details)
         if value >= floor:
             return self.result(value, PASSED,
                                f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
                                "samples have an exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
-            cause = (CAUSE_NO_PATH if _mostly_unsaturated(evidence, 0.0)
-                     else CAUSE_SATURATION)
+            if not _mostly_unsaturated(evidence, 0.0):
+                cause = CAUSE_SATURATION
+            elif evidence.terminal_ln is not False and grew:
+                # A terminal LN on a stream grown past fp32's range (its variance overflows)
+                # gives every sample the same output and an exactly-zero gradient.
+                cause = CAUSE_LN
+            else:
+                cause = CAUSE_NO_PATH
         elif evidence.terminal_ln is False:
             # Without a terminal LN, g_L = W_headᵀ e / 128 is small when the output error
             # e = softmax − onehot is (a saturated softmax) or the head's weights are: the
@@ -214,13 +226,24 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
                            f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
 
 
+# (b) and (c) on a network whose stream overflowed: its gradients are taken at NaN/Inf.
+OVERFLOWED_STATES = ("state norms are NaN/Inf (diverged model): gradients at an overflowed "
+                     "stream are no reference")
+
+
+def _finite(norms: list[float]) -> bool:
+    """Whether every median state norm is finite (one is NaN/Inf where any sample's is)."""
+    return all(math.isfinite(v) for v in norms)
+
+
 def _mostly_unsaturated(evidence: Evidence, below: float) -> bool:
     """Whether the softmax of most samples whose ‖g_L‖ is at most ``below`` is not saturated
     (:func:`~creditaudit.protocol.checks.unsaturated_share`); False when the evidence has
     no per-sample gradients and logits (a record judged again from its stored numbers)."""
     if evidence.grads is None or evidence.logits is None:
         return False
-    share = unsaturated_share(evidence.grads[-1], evidence.logits, below=below)
+    share = unsaturated_share(evidence.grads[-1], evidence.logits, below=below,
+                              losses=evidence.losses)
     return share is not None and share > 0.5
 
 
@@ -258,6 +281,9 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
                                layer=layer, batch_size=size, n_batches=0)
         grad = evidence.grads[layer]
         full = grad.shape[0] // size
+        if not _finite(evidence.hidden_norms):
+            return self.result(None, NOT_EVALUATED, OVERFLOWED_STATES, layer=layer,
+                               batch_size=size, n_batches=full)
         details: dict[str, Any] = {"layer": layer, "batch_size": size, "n_batches": full}
         if full < self.options.stability_batches:
             return self.result(None, NOT_EVALUATED,

@@ -9,6 +9,7 @@ formats numbers a report already holds::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -98,6 +99,12 @@ NOT_FINITE_FLAGS = {
     GRADIENT_NOT_FINITE: "‖g‖ NaN/Inf at some samples: no valid cos"}
 
 
+def measured(value: float | None, spec: str = ".3g") -> str:
+    """A measured number as it is: ``NaN`` where it is NaN (``fmt``'s ``—`` says *not
+    measured*), ``inf`` where infinite."""
+    return "NaN" if isinstance(value, float) and math.isnan(value) else fmt(value, spec)
+
+
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
     """Per-layer cells: layer, ‖h_l‖, growth into l (for h_0: since initialisation, as (a)
     measured it), ‖g_l‖, cos (marked when the reference is not verified), flags."""
@@ -120,9 +127,11 @@ def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
         invalid = cosines[layer].get("cos_invalid") if layer < len(cosines) else None
         if invalid in NOT_FINITE_FLAGS:
             flags.append(NOT_FINITE_FLAGS[invalid])
+        elif not math.isfinite(g):  # no credit given: the median says it alone
+            flags.append("‖g‖ NaN/Inf at some samples")
         elif defined is not None and defined < 1:
             flags.append(f"cos over {defined:.0%} of samples (the rest: zero credit or gradient)")
-        rows.append((str(layer), fmt(h), fmt(growth, ".3g"), fmt(g),
+        rows.append((str(layer), measured(h), measured(growth), measured(g),
                      judged.mark(fmt(cos, "+.3f")), ", ".join(flags)))
     return rows
 

@@ -158,3 +158,24 @@ def test_files_changed_after_planning_are_refused_not_trained_under_the_planned_
     again = plan_run(config)
     assert again.run_id != plan.run_id
     assert train(again).record.data.fingerprint == again.identity.fingerprint
+
+
+def test_a_generator_that_makes_other_data_is_named_not_sent_to_a_data_folder(
+        tmp_path, capsys, monkeypatch):
+    """A generated dataset has no data folder: when its generator makes other data from the
+    run's options (another version), audit and --resume say so, not "point data.data_dir"."""
+    overrides = {**SYNTHETIC, "run.out_dir": str(tmp_path / "runs")}
+    run = train(RunConfig().replace(**overrides))
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(toml_of(overrides))
+    monkeypatch.setattr("creditaudit.data.synthetic.GENERATOR",
+                        "creditaudit.data.make_teacher_student/2")
+    for argv in (["audit", str(run.run_dir), "--no-metrics"],
+                 ["train", "--config", str(config_file), "--resume"]):
+        code, stdout, err = run_cli(capsys, argv)
+        assert code == 2
+        assert_one_line_error(stdout, err, "its generator makes other data from the same "
+                              "options now: generator 'creditaudit.data.make_teacher_student/1' "
+                              "then, 'creditaudit.data.make_teacher_student/2' now",
+                              "the generator version the run was trained with")
+        assert "data_dir" not in err

@@ -106,3 +106,21 @@ def test_two_files_under_one_name_are_refused_they_would_share_one_digest(tmp_pa
         f"dataset plugin 'decl-two-files-one-name' ({ORIGIN}) declares what creditaudit "
         "cannot use: files() of decl-two-files-one-name lists more than one file as 'x': "
         "give every file it reads a name of its own")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("decl-no-files", "files() of decl-no-files lists no file, so its run ids would not follow "
+                      "the data: list every file arrays() reads, as (name, path, "
+                      "decoder or None)"),
+    ("decl-text-decoder", "the decoder _as_text of data file {folder}/x.npy returned a str, "
+                          "not bytes: return the decoded content as bytes")])
+def test_files_that_cannot_fingerprint_the_data_are_refused_naming_the_plugin(tmp_path, name,
+                                                                              says):
+    """No file listed trained every folder's data under one run id; a decoder giving str was
+    hashlib's TypeError "raised" by the plugin at identity.py."""
+    folder = npy_folder(tmp_path)
+    with guests(tmp_path / "api", name), pytest.raises(GuestError) as error:
+        plan_run(tiny_config(tmp_path / "runs", **npy_run(folder, name)))
+    assert str(error.value) == (f"dataset plugin '{name}' ({ORIGIN}) declares what creditaudit "
+                                f"cannot use: {says.format(folder=folder.resolve())}")
+    assert not (tmp_path / "runs").exists()

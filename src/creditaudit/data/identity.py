@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from creditaudit.errors import DataError
+from creditaudit.errors import DataError, LoadedDataError
 from creditaudit.files.cache import load_json_cache, sign, store_json_cache, verify
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,13 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
 def _content(path: Path, decode: Callable[[Path], bytes] | None) -> bytes:
     """The bytes a file is hashed by: ``decode(path)``, else its raw content."""
     if decode is not None:
-        return decode(path)
+        content = decode(path)
+        if not isinstance(content, bytes):  # what sha256 takes, and what it means
+            how = getattr(decode, "__qualname__", type(decode).__name__)
+            raise LoadedDataError(f"the decoder {how} of data file {path} returned a "
+                                  f"{type(content).__name__}, not bytes: return the decoded "
+                                  "content as bytes")
+        return content
     try:
         return path.read_bytes()
     except OSError as err:

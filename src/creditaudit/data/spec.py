@@ -261,7 +261,11 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         raise NotImplementedError
 
     def identity(self, seed: int) -> DataIdentity:
-        files = self.files()
+        files = [(name, Path(path), decode) for name, path, decode in self.files()]
+        if not files:  # the fingerprint would be the same for every folder's data
+            raise LoadedDataError(f"files() of {self.name} lists no file, so its run ids would "
+                                  "not follow the data: list every file arrays() reads, as "
+                                  "(name, path, decoder or None)")
         names = [name for name, _, _ in files]
         if twice := sorted({name for name in names if names.count(name) > 1}):
             # one digest per name: the other files' content would be left out of the id

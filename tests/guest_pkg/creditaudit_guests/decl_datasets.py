@@ -97,3 +97,25 @@ class NaNProvenance(_Generated):
         provenance = super().provenance(seed)
         provenance["args"]["noise"] = float("nan")
         return provenance
+
+
+class NoFiles(NpyNormalised):
+    """files() lists nothing: every folder's data would have one fingerprint, one run id."""
+
+    name, label = "decl-no-files", "no files"
+
+    def files(self):
+        return []
+
+
+def _as_text(path):
+    return path.read_bytes().hex()
+
+
+class TextDecoder(NpyNormalised):
+    """A decoder that returns str, not bytes (hashlib's TypeError, at identity.py)."""
+
+    name, label = "decl-text-decoder", "text decoder"
+
+    def files(self):
+        return [(name, path, _as_text) for name, path, _ in super().files()]

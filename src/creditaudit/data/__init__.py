@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from creditaudit.data.dataset import EVAL_SUBSET_SEED, Dataset
+from creditaudit.data.identity import changed_files
 from creditaudit.data.loader import InMemoryLoader, samples_problem
 from creditaudit.data.registry import (
     DATASETS,
@@ -69,9 +70,7 @@ def check_same_files(spec: DatasetSpec[Any], identity: DataIdentity, seed: int) 
     now = spec.identity(seed)
     if now.fingerprint == identity.fingerprint:
         return
-    then_files, now_files = identity.provenance.get("files", {}), now.provenance.get("files", {})
-    changed = sorted(name for name in {*then_files, *now_files}
-                     if then_files.get(name) != now_files.get(name))
+    changed = changed_files(identity.provenance, now.provenance)
     where = spec.folder() if isinstance(spec, FileDataset) else "its data folder"
     raise DataError(f"the files of {spec.name} in {where} changed after the run was planned "
                     f"({', '.join(changed) or 'their content'}: fingerprint "

@@ -41,6 +41,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -116,6 +117,16 @@ def _content(path: Path, decode: Callable[[Path], bytes] | None) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise DataError(f"cannot read data file {path}: {err.strerror}") from None
+
+
+def changed_files(then: Any, now: Any) -> list[str]:
+    """The names of the files whose digests differ between two file datasets' provenances
+    (``{"files": {name: sha256}}``, as their identities keep them), in name order; [] when
+    either holds no such table."""
+    before, after = (p.get("files") if isinstance(p, dict) else None for p in (then, now))
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    return sorted(str(name) for name in {*before, *after} if before.get(name) != after.get(name))
 
 
 def tensor_digest(*tensors: Tensor) -> str:

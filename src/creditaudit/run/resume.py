@@ -28,6 +28,7 @@ import torch
 
 from creditaudit.caller import FORCE
 from creditaudit.config import RunConfig, keys_with_role
+from creditaudit.data.identity import changed_files
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.guests import Guest
@@ -156,7 +157,10 @@ def data_change(then: DataIdentity, now: DataIdentity) -> tuple[str, str]:
     which no data folder can bring back."""
     before, after = then.provenance, now.provenance
     if not isinstance(before.get("args"), dict):
-        return ("the files changed or another folder holds other data",
+        changed = changed_files(before, after)
+        verb = "differs" if len(changed) == 1 else "differ"
+        which = f": {', '.join(changed)} {verb}" if changed else ""
+        return (f"the files changed or another folder holds other data{which}",
                 "point data.data_dir at the run's data")
     args_then, args_now = before["args"], after.get("args")
     args_now = args_now if isinstance(args_now, dict) else {}

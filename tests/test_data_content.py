@@ -21,12 +21,19 @@ from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.data import load_dataset
 from creditaudit.data.identity import tensor_digest
-from creditaudit.errors import RunRecordError
+from creditaudit.errors import DataError, RunRecordError
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.registry import reload_plugins
 from creditaudit.run.plan import plan_run
 from creditaudit.run.trainer import train
-from integrity_support import as_written, assert_one_line_error, snapshot, toml_of
+from integrity_support import (
+    as_written,
+    assert_one_line_error,
+    snapshot,
+    tiny_config,
+    toml_of,
+    write_idx_dataset,
+)
 from plugin_support import GUESTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -132,3 +139,43 @@ def test_a_record_without_the_digest_is_checked_by_fingerprint_only_and_says_so(
         served = train(config)
     assert served.record.log == run.record.log  # usable: served, not retrained
     assert "checked by its fingerprint only, not by its content" in caplog.text
+
+
+def test_files_changed_after_planning_are_refused_not_trained_under_the_planned_id(tmp_path):
+    """A sweep plans every run before the first trains: a data folder that changes meanwhile
+    must not give a run the old data's id (its fingerprint) beside the new data's arrays."""
+    data = write_idx_dataset(tmp_path / "data")
+    config = RunConfig().replace(**tiny_config(data, tmp_path / "runs"))
+    plan = plan_run(config)
+    labels = data / "train-labels-idx1-ubyte"
+    content = bytearray(labels.read_bytes())
+    content[-1] = (content[-1] + 1) % 10  # one label of the training split
+    labels.write_bytes(bytes(content))
+    with pytest.raises(DataError, match=r"^the files of mnist in .* changed after the run was "
+                       r"planned \(train-labels-idx1-ubyte: fingerprint"):
+        train(plan)
+    assert not (tmp_path / "runs").exists()
+    again = plan_run(config)
+    assert again.run_id != plan.run_id
+    assert train(again).record.data.fingerprint == again.identity.fingerprint
+
+
+def test_a_generator_that_makes_other_data_is_named_not_sent_to_a_data_folder(
+        tmp_path, capsys, monkeypatch):
+    """A generated dataset has no data folder: when its generator makes other data from the
+    run's options (another version), audit and --resume say so, not "point data.data_dir"."""
+    overrides = {**SYNTHETIC, "run.out_dir": str(tmp_path / "runs")}
+    run = train(RunConfig().replace(**overrides))
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(toml_of(overrides))
+    monkeypatch.setattr("creditaudit.data.synthetic.GENERATOR",
+                        "creditaudit.data.make_teacher_student/2")
+    for argv in (["audit", str(run.run_dir), "--no-metrics"],
+                 ["train", "--config", str(config_file), "--resume"]):
+        code, stdout, err = run_cli(capsys, argv)
+        assert code == 2
+        assert_one_line_error(stdout, err, "its generator makes other data from the same "
+                              "options now: generator 'creditaudit.data.make_teacher_student/1' "
+                              "then, 'creditaudit.data.make_teacher_student/2' now",
+                              "the generator version the run was trained with")
+        assert "data_dir" not in err

@@ -26,6 +26,16 @@ DECLARED = [
     ("decl-numpy-shape", "declares what", "input_shape() of decl-numpy-shape is "
                                           "(np.int64(8),): return a tuple of Python ints"),
 ]
+# What a generated dataset's provenance() returns is hashed into the run id and recorded.
+PROVENANCE = [
+    ("decl-provenance-without-args", "provenance() of decl-provenance-without-args returned "
+     "a dict without an 'args' dict (keys ['generator', 'seed']): return {'generator': ..., "
+     "'version': ..., 'args': {every argument"),
+    ("decl-numpy-provenance", "provenance() of decl-numpy-provenance is not strict JSON "
+     "(Object of type int64 is not JSON serializable)"),
+    ("decl-nan-provenance", "provenance() of decl-nan-provenance is not strict JSON (Out of "
+     "range float values are not JSON compliant"),
+]
 LOADED = [
     ("decl-numpy-loaded-classes", "decl-numpy-loaded-classes loaded np.int64(4) classes but "
                                   "declares 4: give Dataset(..., n_classes=) a Python int"),
@@ -45,6 +55,20 @@ def test_declarations_that_are_not_python_ints_are_refused_before_anything_runs(
     message = str(error.value)
     assert message.startswith(f"dataset plugin '{name}' ({ORIGIN}) {what} creditaudit "
                               f"cannot use: {says}"), message
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("name", "says"), PROVENANCE, ids=[p[0] for p in PROVENANCE])
+def test_a_provenance_that_cannot_be_hashed_or_recorded_is_refused_naming_the_plugin(
+        tmp_path, name, says):
+    """Not a KeyError or json's TypeError "raised" by the plugin at spec.py or encoder.py,
+    nor an identity() "not deterministic" because NaN != NaN."""
+    with guests(tmp_path / "api", name), pytest.raises(GuestError) as error:
+        plan_run(tiny_config(tmp_path / "runs", **{"data.name": name}))
+    message = str(error.value)
+    assert message.startswith(f"dataset plugin '{name}' ({ORIGIN}) declares what creditaudit "
+                              f"cannot use: {says}"), message
+    assert "\n" not in message
     assert not (tmp_path / "runs").exists()
 
 
@@ -82,3 +106,21 @@ def test_two_files_under_one_name_are_refused_they_would_share_one_digest(tmp_pa
         f"dataset plugin 'decl-two-files-one-name' ({ORIGIN}) declares what creditaudit "
         "cannot use: files() of decl-two-files-one-name lists more than one file as 'x': "
         "give every file it reads a name of its own")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("decl-no-files", "files() of decl-no-files lists no file, so its run ids would not follow "
+                      "the data: list every file arrays() reads, as (name, path, "
+                      "decoder or None)"),
+    ("decl-text-decoder", "the decoder _as_text of data file {folder}/x.npy returned a str, "
+                          "not bytes: return the decoded content as bytes")])
+def test_files_that_cannot_fingerprint_the_data_are_refused_naming_the_plugin(tmp_path, name,
+                                                                              says):
+    """No file listed trained every folder's data under one run id; a decoder giving str was
+    hashlib's TypeError "raised" by the plugin at identity.py."""
+    folder = npy_folder(tmp_path)
+    with guests(tmp_path / "api", name), pytest.raises(GuestError) as error:
+        plan_run(tiny_config(tmp_path / "runs", **npy_run(folder, name)))
+    assert str(error.value) == (f"dataset plugin '{name}' ({ORIGIN}) declares what creditaudit "
+                                f"cannot use: {says.format(folder=folder.resolve())}")
+    assert not (tmp_path / "runs").exists()

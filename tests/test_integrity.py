@@ -201,11 +201,14 @@ def test_audit_and_resume_refuse_data_that_changed(finished, tmp_path, capsys, k
     before = snapshot(tmp_path / "out")
     code, out, err = run_cli(capsys, ["audit", str(run_dir), "--no-metrics"])
     assert code == 2
-    assert_one_line_error(out, err, "fingerprint", "point data.data_dir at the run's data")
+    # the file that changed is named (the record keeps each file's digest)
+    assert_one_line_error(out, err, "fingerprint", f"other data: {TEST_IMAGES} differs); point "
+                          "data.data_dir at the run's data")
     code, out, err = run_cli(capsys, ["train", "--config", config_file(tmp_path, overrides),
                                       "--resume"])
     assert code == 2
-    assert_one_line_error(out, err, "cannot resume", run_dir.name, "not that data any more")
+    assert_one_line_error(out, err, "cannot resume", run_dir.name, "not that data any more",
+                          f"{TEST_IMAGES} differs;")
     assert snapshot(tmp_path / "out") == before
 
 

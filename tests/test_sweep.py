@@ -240,6 +240,27 @@ def test_worker_with_another_run_id_refuses_the_run(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_worker_names_data_that_changed_since_the_sweep_planned_its_run(tmp_path):
+    """A sweep plans every run first; a worker whose data folder changed meanwhile refuses
+    the run naming the data and its fingerprints, not "different creditaudit versions"."""
+    from creditaudit.run.plan import plan_run
+    from creditaudit.sweep.runner import _tasks
+    from creditaudit.sweep.worker import run_task
+    from integrity_support import tiny_config, write_idx_dataset
+
+    data = write_idx_dataset(tmp_path / "data")
+    plan = plan_run(RunConfig().replace(**tiny_config(data, tmp_path / "out")))
+    task, = _tasks([plan], 1)
+    write_idx_dataset(data, seed=1)  # the folder changes before the worker plans the run
+    outcome = run_task(task)
+    assert outcome["status"] == "failed" and outcome["action"] == "refused"
+    assert outcome["error"].startswith(
+        f"DataError: the mnist data changed since the sweep planned this run (fingerprint "
+        f"{plan.identity.fingerprint[:12]}… then, "), outcome["error"]
+    assert f"no longer the data of run {plan.run_id}" in outcome["error"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_outcome_has_the_typed_keys(tmp_path):
     """Workers, interrupts and dead workers all report an Outcome: its required keys, no
     other (the sweep's summary, progress line and log read them by name)."""

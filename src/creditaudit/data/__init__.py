@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from creditaudit.data.dataset import EVAL_SUBSET_SEED, Dataset
+from creditaudit.data.identity import changed_files
 from creditaudit.data.loader import InMemoryLoader, samples_problem
 from creditaudit.data.registry import (
     DATASETS,
@@ -23,6 +24,7 @@ from creditaudit.data.registry import (
 )
 from creditaudit.data.synthetic import make_teacher_student
 from creditaudit.data.transforms import normalization
+from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError, DataError, LoadedDataError
 
 
@@ -55,6 +57,26 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
     return dataset
+
+
+def check_same_files(spec: DatasetSpec[Any], identity: DataIdentity, seed: int) -> None:
+    """DataError (one line) when the files of ``spec`` (a file dataset holding its options)
+    no longer hold what ``identity`` — their fingerprint taken when the run was planned —
+    says: called once they are loaded, so the arrays a run trains on are the data its run
+    id names (a sweep planned before its data folder changed would record one dataset's id
+    beside another's arrays). Generated datasets are identified by their arguments: no-op."""
+    if spec.kind != "files":
+        return
+    now = spec.identity(seed)
+    if now.fingerprint == identity.fingerprint:
+        return
+    changed = changed_files(identity.provenance, now.provenance)
+    where = spec.folder() if isinstance(spec, FileDataset) else "its data folder"
+    raise DataError(f"the files of {spec.name} in {where} changed after the run was planned "
+                    f"({', '.join(changed) or 'their content'}: fingerprint "
+                    f"{identity.fingerprint[:12]}… planned, {now.fingerprint[:12]}… loaded), so "
+                    "its run id would name other data than it trains on: plan the run again "
+                    "once the data stops changing")
 
 
 def check_train_subset(options: Any, name: str, available: int) -> None:
@@ -209,5 +231,5 @@ def data_dir(options: Any) -> Any:
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
-           "check_sizes", "check_train_subset", "check_normalisation",
+           "check_sizes", "check_train_subset", "check_same_files", "check_normalisation",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

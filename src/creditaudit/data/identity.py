@@ -41,11 +41,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from creditaudit.errors import DataError
+from creditaudit.errors import DataError, LoadedDataError
 from creditaudit.files.cache import load_json_cache, sign, store_json_cache, verify
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,27 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
 def _content(path: Path, decode: Callable[[Path], bytes] | None) -> bytes:
     """The bytes a file is hashed by: ``decode(path)``, else its raw content."""
     if decode is not None:
-        return decode(path)
+        content = decode(path)
+        if not isinstance(content, bytes):  # what sha256 takes, and what it means
+            how = getattr(decode, "__qualname__", type(decode).__name__)
+            raise LoadedDataError(f"the decoder {how} of data file {path} returned a "
+                                  f"{type(content).__name__}, not bytes: return the decoded "
+                                  "content as bytes")
+        return content
     try:
         return path.read_bytes()
     except OSError as err:
         raise DataError(f"cannot read data file {path}: {err.strerror}") from None
+
+
+def changed_files(then: Any, now: Any) -> list[str]:
+    """The names of the files whose digests differ between two file datasets' provenances
+    (``{"files": {name: sha256}}``, as their identities keep them), in name order; [] when
+    either holds no such table."""
+    before, after = (p.get("files") if isinstance(p, dict) else None for p in (then, now))
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    return sorted(str(name) for name in {*before, *after} if before.get(name) != after.get(name))
 
 
 def tensor_digest(*tensors: Tensor) -> str:

@@ -177,11 +177,31 @@ class GeneratedDataset(DatasetSpec[GeneratedOptionsT]):
 
     def identity(self, seed: int) -> DataIdentity:
         provenance = self.provenance(seed)
+        check_provenance(self.name, provenance)
         seedless = {**provenance, "args": {k: v for k, v in provenance["args"].items()
                                            if k != "seed"}}
         return DataIdentity(self.name, digest_text(provenance), digest_text(seedless),
                             n_classes=self.n_classes(),
                             input_shape=list(self.input_shape()), provenance=provenance)
+
+
+def check_provenance(name: str, provenance: Any) -> None:
+    """LoadedDataError (one line) unless ``provenance`` — what a generated dataset ``name``
+    returns from ``provenance()`` — is a dict holding its generator's arguments as a dict
+    under ``"args"``, all strict JSON: it is hashed into the run id and kept in the record."""
+    shape = ("{'generator': ..., 'version': ..., 'args': {every argument that determines "
+             "the arrays, the seed included}}")
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("args"), dict):
+        what = (f"a dict without an 'args' dict (keys {sorted(map(str, provenance))})"
+                if isinstance(provenance, dict) else f"a {type(provenance).__name__}")
+        raise LoadedDataError(f"provenance() of {name} returned {what}: return {shape}")
+    try:
+        json.dumps(provenance, allow_nan=False)
+    except (TypeError, ValueError) as err:  # a numpy number, a NaN
+        raise LoadedDataError(f"provenance() of {name} is not strict JSON ({err}), but it "
+                              "goes into the run id and the record: give Python ints, finite "
+                              "floats, strings, lists and dicts (int() or float() of a numpy "
+                              "number)") from None
 
 
 class FileDataset(DatasetSpec[FileOptionsT]):
@@ -241,7 +261,11 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         raise NotImplementedError
 
     def identity(self, seed: int) -> DataIdentity:
-        files = self.files()
+        files = [(name, Path(path), decode) for name, path, decode in self.files()]
+        if not files:  # the fingerprint would be the same for every folder's data
+            raise LoadedDataError(f"files() of {self.name} lists no file, so its run ids would "
+                                  "not follow the data: list every file arrays() reads, as "
+                                  "(name, path, decoder or None)")
         names = [name for name, _, _ in files]
         if twice := sorted({name for name in names if names.count(name) > 1}):
             # one digest per name: the other files' content would be left out of the id
@@ -268,5 +292,5 @@ class FileDataset(DatasetSpec[FileOptionsT]):
 
 
 __all__ = ["DatasetSpec", "GeneratedDataset", "FileDataset", "GeneratedOptions", "FileOptions",
-           "CifarOptions", "FILE_HINTS", "KINDS", "MAX_DATA_SEED", "register", "digest_text",
-           "DATASETS"]
+           "CifarOptions", "FILE_HINTS", "check_provenance", "KINDS", "MAX_DATA_SEED",
+           "register", "digest_text", "DATASETS"]

@@ -36,6 +36,7 @@ from creditaudit.data import (
     Dataset,
     DatasetSpec,
     check_declared,
+    check_same_files,
     check_train_subset,
     dataset_spec,
     load_dataset,
@@ -115,11 +116,15 @@ class RunPlan:
         return self.dataset.n_classes()
 
     def load_data(self) -> Dataset:
-        """The run's data (loaded once per plan, by the dataset the plan resolved)."""
+        """The run's data (loaded once per plan, by the dataset the plan resolved); DataError
+        when a file dataset's files changed since the plan fingerprinted them
+        (:func:`~creditaudit.data.check_same_files`)."""
         if self._data is None:
             with dataset_at_fault(self.dataset, "loaded data"):
-                self._data = load_dataset(self.config.data, seed=self.config.run.seed,
-                                          spec=self.dataset)
+                data = load_dataset(self.config.data, seed=self.config.run.seed,
+                                    spec=self.dataset)
+                check_same_files(self.dataset, self.identity, self.data_seed)
+            self._data = data
             self._fit_eval_samples(self._data)
         return self._data
 

@@ -35,7 +35,7 @@ from creditaudit.config import (
 )
 from creditaudit.config.composed import rebuild_section
 from creditaudit.config.sections import COMPONENT_NAME
-from creditaudit.data import DatasetSpec, load_dataset
+from creditaudit.data import DatasetSpec, check_same_files, load_dataset
 from creditaudit.data.identity import tensor_digest
 from creditaudit.data.registry import digest_text
 from creditaudit.data.rows import check_test_rows
@@ -228,9 +228,11 @@ def _data_identity(spec_class: type[DatasetSpec[Any]] | None, config: RunConfig,
             raise ConfigError(f"the rule's model has {n_classes} logits, but {spec.label} has "
                               f"{classes} classes: record it with data of your own "
                               "(data='my-data'), or a model with one logit per class")
-        identity = spec.identity(spec.data_seed(config.run.seed))
-        check_test_rows(load_dataset(config.data, seed=config.run.seed, spec=spec), eval_x,
-                        eval_y, spec.label)
+        seed = spec.data_seed(config.run.seed)
+        identity = spec.identity(seed)
+        loaded = load_dataset(config.data, seed=config.run.seed, spec=spec)
+        check_same_files(spec, identity, seed)
+        check_test_rows(loaded, eval_x, eval_y, spec.label)
         arrays["checked"] = f"rows of the {spec.label} test split as loaded with these options"
         identity.provenance = {**identity.provenance, "evaluation_arrays": arrays}
         return identity

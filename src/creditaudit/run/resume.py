@@ -28,6 +28,7 @@ import torch
 
 from creditaudit.caller import FORCE
 from creditaudit.config import RunConfig, keys_with_role
+from creditaudit.data.identity import changed_files
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.guests import Guest
@@ -111,11 +112,11 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
     if record.data is None or not record.data.fingerprint:
         return  # records written before data fingerprints existed
     if record.data.fingerprint != identity.fingerprint:
+        why, fix = data_change(record.data, identity)
         raise RunRecordError(
             f"{path}: the run trained on {record.data.name} data with fingerprint "
             f"{record.data.fingerprint[:12]}…, but the data found now has "
-            f"{identity.fingerprint[:12]}… (the files changed or another folder holds other "
-            "data); point data.data_dir at the run's data")
+            f"{identity.fingerprint[:12]}… ({why}); {fix}")
     recorded = record.data.provenance.get(CONTENT_DIGEST)
     found = identity.provenance.get(CONTENT_DIGEST)
     if recorded and found and recorded != found:
@@ -146,6 +147,31 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             "a dataset whose load() gives other data each call, or files changed in place); "
             f"train it again on the data loaded now with {FORCE}, or restore the data it "
             "trained on")
+
+
+def data_change(then: DataIdentity, now: DataIdentity) -> tuple[str, str]:
+    """(why, what to do) for data whose fingerprint (``now``'s) is not the fingerprint of
+    the data a run trained on (``then``'s), said in one line: files that changed, or — a
+    generated dataset, whose provenance holds its generator's ``args`` — a generator that
+    makes other data from the same options (another version, other default arguments),
+    which no data folder can bring back."""
+    before, after = then.provenance, now.provenance
+    if not isinstance(before.get("args"), dict):
+        changed = changed_files(before, after)
+        verb = "differs" if len(changed) == 1 else "differ"
+        which = f": {', '.join(changed)} {verb}" if changed else ""
+        return (f"the files changed or another folder holds other data{which}",
+                "point data.data_dir at the run's data")
+    args_then, args_now = before["args"], after.get("args")
+    args_now = args_now if isinstance(args_now, dict) else {}
+    differ = [f"{key} {before.get(key)!r} then, {after.get(key)!r} now"
+              for key in ("generator", "version") if before.get(key) != after.get(key)]
+    if changed := sorted(k for k in {*args_then, *args_now}
+                         if args_then.get(k) != args_now.get(k)):
+        differ.append(f"arguments {', '.join(map(str, changed))} differ")
+    return (f"its generator makes other data from the same options now: "
+            f"{'; '.join(differ) or 'another build of it'}",
+            "use the generator version the run was trained with to rebuild it")
 
 
 def check_same_code(record: RunRecord, guests: Mapping[str, Guest]) -> None:

@@ -29,7 +29,7 @@ from creditaudit.records import (
     load_checkpoint,
     load_record,
 )
-from creditaudit.run.resume import code_digests, recorded_code_digests
+from creditaudit.run.resume import code_digests, data_change, recorded_code_digests
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
@@ -94,12 +94,12 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
             continue
         if semantic_dict(record.config) == wanted and record.data is not None \
                 and record.data.fingerprint != identity.fingerprint:
+            why, fix = data_change(record.data, identity)
             return RunRecordError(
                 f"cannot resume: {path.parent} has this config but trained on "
                 f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
                 f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
-                f"more (no run at {run_dir.name}); point data.data_dir at the run's data, or "
-                f"train without {RESUME}")
+                f"more ({why}; no run at {run_dir.name}); {fix}, or train without {RESUME}")
         changed = _changed_code(record, code)
         if semantic_dict(record.config) == wanted and changed:
             return RunRecordError(

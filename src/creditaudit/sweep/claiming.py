@@ -21,6 +21,7 @@ from creditaudit.errors import (
     ChangedRecordError,
     ConfigError,
     CreditAuditError,
+    DataError,
     DiskFullError,
     NewerRecordError,
     OutputError,
@@ -107,15 +108,23 @@ class ClaimedRun:
 
 
 def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: bool,
-              stale_after: float) -> tuple[Outcome, ClaimedRun | None]:
+              stale_after: float, fingerprint: str | None = None
+              ) -> tuple[Outcome, ClaimedRun | None]:
     """Plan (once, in this process), skip or claim one run: its outcome so far and, when it
-    is to train, the claim (released by the caller)."""
+    is to train, the claim (released by the caller). ``fingerprint``: of the data the sweep
+    planned the run on, which names the data in the refusal when the data changed since."""
     from creditaudit.records import CHECKPOINT_FILE
 
     outcome = new_outcome(run_id)
     try:
         plan = plan_run(config_from_dict(config_dict))
         own_id = plan.run_id
+        now = plan.identity.fingerprint
+        if run_id is not None and own_id != run_id and fingerprint not in (None, now):
+            raise DataError(f"the {plan.dataset.name} data changed since the sweep planned "
+                            f"this run (fingerprint {str(fingerprint)[:12]}… then, {now[:12]}… "
+                            f"now), so it is no longer the data of run {run_id}: run the sweep "
+                            "again once the data stops changing")
         if run_id is not None and own_id != run_id:
             raise ConfigError(f"this worker computes run id {own_id} for the run the sweep "
                               f"calls {run_id}: the sweep and its workers run different "

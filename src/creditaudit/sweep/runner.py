@@ -327,17 +327,20 @@ def _await_release(busy: list[str], by_id: dict[str, RunPlan], poll_seconds: flo
 def _tasks(plans: list[RunPlan], stack: int) -> list[dict[str, Any]]:
     """One task per run, or with ``stack`` > 1 one per group of runs that train stacked
     (``{"configs", "run_ids"}``; a run that cannot stack is a task of its own). A task
-    holds what a worker rebuilds the plan from — the config — and the run id to check."""
+    holds what a worker rebuilds the plan from — the config — and the run id (and the data
+    fingerprint: what changed, when it differs) to check."""
     from creditaudit.run.stacked import stack_groups
 
     tasks: list[dict[str, Any]] = []
     for group in stack_groups(plans, stack):
         if len(group) == 1:
             tasks.append({"config": plans[group[0]].config.to_dict(),
-                          "run_id": plans[group[0]].run_id})
+                          "run_id": plans[group[0]].run_id,
+                          "fingerprint": plans[group[0]].identity.fingerprint})
         else:
             tasks.append({"configs": [plans[i].config.to_dict() for i in group],
-                          "run_ids": [plans[i].run_id for i in group]})
+                          "run_ids": [plans[i].run_id for i in group],
+                          "fingerprints": [plans[i].identity.fingerprint for i in group]})
     return tasks
 
 

@@ -119,12 +119,14 @@ def _end(run: ClaimedRun, started: float) -> Outcome:
 
 
 def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
-            retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> Outcome:
+            retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER,
+            fingerprint: str | None = None) -> Outcome:
     """Claim, train (or resume, or skip) one run and release it; never raises for the run.
 
     ``run_id`` is the id the sweep computed for this config: a worker whose creditaudit
     computes another id (a different version on a cluster node) refuses the run instead of
-    writing it to another folder.
+    writing it to another folder; ``fingerprint`` (of the data the sweep planned it on) names
+    data that changed since as the reason.
 
     Returns ``{"run_id", "status", "action", "error", "seconds", "pid", "host"}`` where
     status is the run's status afterwards (completed, diverged, failed, interrupted, busy)
@@ -134,7 +136,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
 
     started = time.perf_counter()
     outcome, run = begin_run(config_dict, run_id, retry_failed=retry_failed,
-                          stale_after=stale_after)
+                             stale_after=stale_after, fingerprint=fingerprint)
     if run is None:
         return outcome
     try:
@@ -161,16 +163,18 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
 
 
 def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
-              retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER
-              ) -> list[Outcome]:
+              retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER,
+              fingerprints: list[str] | None = None) -> list[Outcome]:
     """:func:`run_one` for runs that train as one stack
     (:func:`creditaudit.run.stacked.train_stacked`): each is claimed, skipped or
     refused on its own; those claimed train together. Never raises for the runs."""
     from creditaudit.run.stacked import train_stacked
 
     started = time.perf_counter()
-    begun = [begin_run(c, r, retry_failed=retry_failed, stale_after=stale_after)
-             for c, r in zip(config_dicts, run_ids, strict=True)]
+    prints = fingerprints or [None] * len(run_ids)
+    begun = [begin_run(c, r, retry_failed=retry_failed, stale_after=stale_after,
+                       fingerprint=f) for c, r, f in zip(config_dicts, run_ids, prints,
+                                                          strict=True)]
     runs = [run for _, run in begun if run is not None]
     try:
         if runs:
@@ -246,8 +250,9 @@ def failed_outcome(task: dict[str, Any], error: str, action: str = "trained"
 def run_task(task: dict[str, Any], *, retry_failed: bool = False,
              stale_after: float = DEFAULT_STALE_AFTER, command_line: bool = False,
              dtype: str = "float32") -> Outcome | list[Outcome]:
-    """What an executor runs: ``task = {"config": config dict, "run_id": id}``, or a stacked
-    group ``{"configs": [...], "run_ids": [...]}`` (one outcome per run, as a list).
+    """What an executor runs: ``task = {"config": config dict, "run_id": id, "fingerprint":
+    of its data}``, or a stacked group ``{"configs": [...], "run_ids": [...],
+    "fingerprints": [...]}`` (one outcome per run, as a list; fingerprints optional).
     ``command_line``: the sweep's caller is the command line, whose flags its messages
     name (:mod:`creditaudit.caller`), in whichever thread or process runs the task.
     ``dtype``: torch's default dtype where the sweep planned its runs (a Python caller's
@@ -271,9 +276,9 @@ def _run_task(task: dict[str, Any], *, retry_failed: bool, stale_after: float
               ) -> Outcome | list[Outcome]:
     if "run_ids" in task:
         return run_group(task["configs"], run_ids=task["run_ids"], retry_failed=retry_failed,
-                         stale_after=stale_after)
+                         stale_after=stale_after, fingerprints=task.get("fingerprints"))
     return run_one(task["config"], run_id=task["run_id"], retry_failed=retry_failed,
-                   stale_after=stale_after)
+                   stale_after=stale_after, fingerprint=task.get("fingerprint"))
 
 
 # The event log, disk_status and FINISHED live in claiming and records; re-exported here, where

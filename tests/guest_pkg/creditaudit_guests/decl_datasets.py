@@ -64,3 +64,58 @@ class TwoFilesOneName(NpyNormalised):
 
     def files(self):
         return [("x", self.folder() / "x.npy", None), ("x", self.folder() / "y.npy", None)]
+
+
+class ProvenanceWithoutArgs(_Generated):
+    """provenance() without its generator's arguments under "args" (a KeyError inside
+    creditaudit's identity, blamed on the plugin as its own)."""
+
+    name, label = "decl-provenance-without-args", "provenance without args"
+
+    def provenance(self, seed):
+        return {"generator": self.name, "seed": seed}
+
+
+class NumpyProvenance(_Generated):
+    """A numpy int among its generator's arguments (json's TypeError, at encoder.py)."""
+
+    name, label = "decl-numpy-provenance", "numpy provenance"
+
+    def provenance(self, seed):
+        provenance = super().provenance(seed)
+        provenance["args"]["n_train"] = np.int64(self.options.n_train)
+        return provenance
+
+
+class NaNProvenance(_Generated):
+    """A NaN among its generator's arguments (told as an identity() that is not
+    deterministic: NaN != NaN)."""
+
+    name, label = "decl-nan-provenance", "NaN provenance"
+
+    def provenance(self, seed):
+        provenance = super().provenance(seed)
+        provenance["args"]["noise"] = float("nan")
+        return provenance
+
+
+class NoFiles(NpyNormalised):
+    """files() lists nothing: every folder's data would have one fingerprint, one run id."""
+
+    name, label = "decl-no-files", "no files"
+
+    def files(self):
+        return []
+
+
+def _as_text(path):
+    return path.read_bytes().hex()
+
+
+class TextDecoder(NpyNormalised):
+    """A decoder that returns str, not bytes (hashlib's TypeError, at identity.py)."""
+
+    name, label = "decl-text-decoder", "text decoder"
+
+    def files(self):
+        return [(name, path, _as_text) for name, path, _ in super().files()]

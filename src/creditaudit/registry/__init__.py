@@ -33,7 +33,6 @@ it is imported, which the registry does on first use.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import logging
 import re
@@ -48,12 +47,19 @@ from creditaudit.guests import Guest, make_guest, plugin_sources
 from creditaudit.registry.component import (
     Component,
     NoOptions,
+    check_options,
     defines,
     hook,
     older_hook,
     options_parameters,
 )
-from creditaudit.registry.entry_points import group_entries, malformed
+from creditaudit.registry.entry_points import (
+    described,
+    dist_text,
+    group_entries,
+    import_failure,
+    malformed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +142,7 @@ class Registry(Generic[C]):
                 or cls.id_version < 0:
             raise ConfigError(f"{source} ({name}) needs an integer `id_version` >= 0, got "
                               f"{cls.id_version!r}")
-        _check_options(cls, source)
+        check_options(cls, source)
         if self.validator is not None:
             self.validator(cls, source)
         return cls
@@ -181,7 +187,7 @@ class Registry(Generic[C]):
         if len(entries) > 1:  # neither is imported: the one found last would win
             self._broken[name] = (
                 f"{self.noun} {name!r} is registered by {len(entries)} installed "
-                f"distributions ({'; '.join(_described(e) for e in entries)}; entry-point "
+                f"distributions ({'; '.join(described(e) for e in entries)}; entry-point "
                 f"group {self.group}), so which one runs would depend on the order of "
                 "sys.path; uninstall all but one of them")
             return
@@ -197,7 +203,7 @@ class Registry(Generic[C]):
         if entries:
             log.warning("warning: %s's %s %r (%s; entry-point group %s) is shadowed by the "
                         "built-in %s and ignored; rename the plugin's entry point and "
-                        "`name` to use it", " and ".join(_dist_text(e) for e in entries),
+                        "`name` to use it", " and ".join(dist_text(e) for e in entries),
                         self.noun, name, "; ".join(e.value for e in entries), self.group,
                         self.noun)
 
@@ -208,7 +214,7 @@ class Registry(Generic[C]):
                   f"group {self.group}{where})")
         try:
             with contextlib.redirect_stdout(sys.stderr):  # what it prints is not our output
-                cls = self.validate(_load(entry), source)
+                cls = self.validate(entry.load(), source)
         except KeyboardInterrupt:
             raise
         except ConfigError as err:  # the checks' own one line already names the plugin
@@ -217,7 +223,7 @@ class Registry(Generic[C]):
                                         else f"{source} cannot be used: {text}")
             return
         except BaseException as err:  # noqa: BLE001 - a broken plugin must not break the tool
-            self._broken[entry.name] = f"{source} cannot be used: {_reason(err)}"
+            self._broken[entry.name] = f"{source} cannot be used: {import_failure(err)}"
             return
         if cls.name != entry.name:
             self._broken[entry.name] = (f"{source} names its class {cls.name!r}; the entry "
@@ -338,53 +344,6 @@ def own_rank(cls: type) -> int:
     beside its parent)."""
     rank = cls.__dict__.get("rank", Component.rank)
     return rank if isinstance(rank, int) else Component.rank
-
-
-def _dist_text(entry: metadata.EntryPoint) -> str:
-    """``dist==version`` of the distribution that registered ``entry`` (``?`` unknown)."""
-    dist = getattr(entry, "dist", None)
-    return f"{dist.name}=={dist.version}" if dist is not None else "?"
-
-
-def _described(entry: metadata.EntryPoint) -> str:
-    """``dist==version: module:Class`` of ``entry``."""
-    return f"{_dist_text(entry)}: {entry.value}"
-
-
-def _load(entry: metadata.EntryPoint) -> Any:
-    return entry.load()
-
-
-def _reason(err: BaseException) -> str:
-    if isinstance(err, SystemExit):
-        return f"it called sys.exit({err.code!r}) while being imported"
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-def _check_options(cls: type, source: str) -> None:
-    """``Options`` must be a dataclass whose every field has a default and help text,
-    declared once: the parameter of its base (``CreditRule[MyOptions]``) or the class
-    body's ``Options``, not two that disagree."""
-    options = getattr(cls, "Options", None)
-    if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
-        raise ConfigError(f"{source} ({cls.name}): `Options` must be a dataclass")
-    named = options_parameters(cls)
-    if len(named) > 1:
-        raise ConfigError(f"{source} ({cls.name}) names {len(named)} Options types as "
-                          f"parameters of its bases ({', '.join(t.__qualname__ for t in named)})"
-                          "; name one")
-    if named and not issubclass(options, named[0]):
-        raise ConfigError(f"{source} ({cls.name}) sets Options = {options.__qualname__} but "
-                          f"its base is parameterised by {named[0].__qualname__}; declare "
-                          "the options once, as that parameter")
-    for f in dataclasses.fields(options):
-        missing = (f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING)
-        if missing or not f.metadata.get("help"):
-            raise ConfigError(f"{source} ({cls.name}): option {f.name!r} needs a default and "
-                              "help text: declare it with creditaudit.config.opt(default, "
-                              "help, …)")
 
 
 RULES: Registry[Any] = Registry("rules", "creditaudit.rules", noun="credit rule",

@@ -26,6 +26,8 @@ from typing import (
     overload,
 )
 
+from creditaudit.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class NoOptions:
@@ -218,4 +220,29 @@ def defines(cls: type, name: str, base: type) -> bool:
     return False
 
 
-__all__ = ["Component", "NoOptions", "hook", "older_hook", "defines", "options_parameters"]
+def check_options(cls: type, source: str) -> None:
+    """``Options`` must be a dataclass whose every field has a default and help text,
+    declared once: the parameter of its base (``CreditRule[MyOptions]``) or the class
+    body's ``Options``, not two that disagree."""
+    options = getattr(cls, "Options", None)
+    if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
+        raise ConfigError(f"{source} ({cls.name}): `Options` must be a dataclass")
+    named = options_parameters(cls)
+    if len(named) > 1:
+        raise ConfigError(f"{source} ({cls.name}) names {len(named)} Options types as "
+                          f"parameters of its bases ({', '.join(t.__qualname__ for t in named)})"
+                          "; name one")
+    if named and not issubclass(options, named[0]):
+        raise ConfigError(f"{source} ({cls.name}) sets Options = {options.__qualname__} but "
+                          f"its base is parameterised by {named[0].__qualname__}; declare "
+                          "the options once, as that parameter")
+    for f in dataclasses.fields(options):
+        missing = (f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING)
+        if missing or not f.metadata.get("help"):
+            raise ConfigError(f"{source} ({cls.name}): option {f.name!r} needs a default and "
+                              "help text: declare it with creditaudit.config.opt(default, "
+                              "help, …)")
+
+__all__ = ["Component", "NoOptions", "hook", "older_hook", "defines", "options_parameters",
+           "check_options"]

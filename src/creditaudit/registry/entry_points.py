@@ -64,3 +64,23 @@ def _dist_text(dist: metadata.Distribution | None) -> str:
         return f"{dist.metadata['Name'] or '?'}=={dist.version or '?'}"
     except Exception:  # noqa: BLE001 - unreadable metadata is named as unknown
         return "?"
+
+
+def dist_text(entry: metadata.EntryPoint) -> str:
+    """``dist==version`` of the distribution that registered ``entry`` (``?`` unknown)."""
+    dist = getattr(entry, "dist", None)
+    return f"{dist.name}=={dist.version}" if dist is not None else "?"
+
+
+def described(entry: metadata.EntryPoint) -> str:
+    """``dist==version: module:Class`` of ``entry``."""
+    return f"{dist_text(entry)}: {entry.value}"
+
+
+def import_failure(err: BaseException) -> str:
+    """How a plugin that failed to import is said: its exception's type and first line, or
+    the ``sys.exit`` it called."""
+    if isinstance(err, SystemExit):
+        return f"it called sys.exit({err.code!r}) while being imported"
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

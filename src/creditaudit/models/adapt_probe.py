@@ -340,7 +340,7 @@ class AdaptProbe:
     def _find_segments(self, x: Tensor) -> None:
         named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
         names, params = [name for name, _ in named], [p for _, p in named]
-        outputs, logits = self._trace(x, detach=True, leaf=False)
+        outputs, logits = self._trace(x, detach=True, leaf=False, detached_leaves=True)
 
         def reached(out: Tensor) -> list[str]:
             if not out.requires_grad:

@@ -263,8 +263,13 @@ class AdaptedModel(AdaptProbe, nn.Module):
                 handle.remove()
 
     def _trace(self, x: Tensor, *, detach: bool, leaf: bool, order: list[int] | None = None,
-               only: int | None = None) -> tuple[list[Tensor], Tensor]:
-        """(states, logits) of ``net(x)``; ``only``: [state ``only``] alone is captured."""
+               only: int | None = None, detached_leaves: bool = False
+               ) -> tuple[list[Tensor], Tensor]:
+        """(states, logits) of ``net(x)``; ``only``: [state ``only``] alone is captured.
+        ``detached_leaves`` (with ``detach``): the rest of the network reads each state as a
+        leaf that requires a gradient, so the module reading it is given a gradient for its
+        input (a user's full backward hook then never sees None there), though none flows
+        between segments."""
         outputs: list[Any] = [None] * len(self.state_names)
         versions = [0] * len(self.state_names)
 
@@ -284,7 +289,9 @@ class AdaptedModel(AdaptProbe, nn.Module):
             outputs[index], versions[index] = output, output._version
             if order is not None:
                 order.append(index)
-            return output.detach() if detach else output
+            if not detach:
+                return output
+            return output.detach().requires_grad_(detached_leaves and output.requires_grad)
 
         with self._hooked(capture, only):
             logits = self._run(x)

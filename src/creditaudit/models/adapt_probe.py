@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
-from creditaudit.models.adapt_arguments import checkpoint_cause
+from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
 from creditaudit.models.direct_uses import DirectUses
 
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
@@ -88,9 +88,10 @@ class AdaptProbe:
         except ModelContractError:
             raise
         except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
-            checkpointed = checkpoint_cause(type(self.net).__name__, err)
-            if checkpointed:
-                raise ModelContractError(checkpointed) from None
+            cause = (checkpoint_cause(type(self.net).__name__, err)
+                     or backward_hook_cause(self.net, err, _first_line(err)))
+            if cause:
+                raise ModelContractError(cause) from None
             raise ModelContractError(
                 f"{type(self.net).__name__} raised {type(err).__name__} while adapt() probed "
                 f"it on {source}: {_first_line(err)}") from None
@@ -340,7 +341,7 @@ class AdaptProbe:
     def _find_segments(self, x: Tensor) -> None:
         named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
         names, params = [name for name, _ in named], [p for _, p in named]
-        outputs, logits = self._trace(x, detach=True, leaf=False, detached_leaves=True)
+        outputs, logits = self._trace(x, detach=True, leaf=False)
 
         def reached(out: Tensor) -> list[str]:
             if not out.requires_grad:

@@ -263,13 +263,8 @@ class AdaptedModel(AdaptProbe, nn.Module):
                 handle.remove()
 
     def _trace(self, x: Tensor, *, detach: bool, leaf: bool, order: list[int] | None = None,
-               only: int | None = None, detached_leaves: bool = False
-               ) -> tuple[list[Tensor], Tensor]:
-        """(states, logits) of ``net(x)``; ``only``: [state ``only``] alone is captured.
-        ``detached_leaves`` (with ``detach``): the rest of the network reads each state as a
-        leaf that requires a gradient, so the module reading it is given a gradient for its
-        input (a user's full backward hook then never sees None there), though none flows
-        between segments."""
+               only: int | None = None) -> tuple[list[Tensor], Tensor]:
+        """(states, logits) of ``net(x)``; ``only``: [state ``only``] alone is captured."""
         outputs: list[Any] = [None] * len(self.state_names)
         versions = [0] * len(self.state_names)
 
@@ -289,9 +284,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
             outputs[index], versions[index] = output, output._version
             if order is not None:
                 order.append(index)
-            if not detach:
-                return output
-            return output.detach().requires_grad_(detached_leaves and output.requires_grad)
+            return output.detach() if detach else output
 
         with self._hooked(capture, only):
             logits = self._run(x)

@@ -433,7 +433,7 @@ def test_the_recorder_writes_the_command_lines_record_from_your_loop(tmp_path, c
     assert main(["audit", str(out / "resnet-dfa")]) == 2
     assert "trained in its own loop (creditaudit.Recorder)" in one_line(capsys)
     assert main(["train", "--config", str(out / "resnet-dfa" / "record.json")]) == 2
-    assert "data.name='my-images' is not a known dataset" in one_line(capsys)
+    assert "trained in its own loop (creditaudit.Recorder)" in one_line(capsys)
 
 
 def test_recording_changes_nothing_of_training(tmp_path):
@@ -550,6 +550,33 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     assert [e.epoch for e in load_record(tmp_path / "run").log] == [1]
     Recorder(trained, x, y, out=tmp_path, name="run", overwrite=True)
     assert load_record(tmp_path / "run").log == []
+
+
+@pytest.mark.parametrize("given", ["record.json", "folder"])
+def test_train_resume_of_an_own_loop_record_says_it_trained_in_its_own_loop(small, tmp_path,
+                                                                            capsys, given):
+    """Its data (own-data) is no dataset a config names: the line is audit's, not the
+    config's first unknown value."""
+    trained, x, y = small
+    rec = Recorder(trained, x, y, out=tmp_path, name="run", progress=False,
+                   config={"diagnostics.end_of_run": False})
+    rec.epoch(1, test_acc=0.5)
+    path = tmp_path / "run" / ("record.json" if given == "record.json" else "")
+    capsys.readouterr()
+    for argv in (["train", "--resume", "--config", str(path)], ["train", "--config", str(path)]):
+        assert main(argv) == 2
+        assert one_line(capsys) == (
+            f"creditaudit: error: cannot rebuild {tmp_path / 'run'}: it was trained in its own "
+            "loop (creditaudit.Recorder), and only runs the command line trained can be "
+            "rebuilt; audit it in that loop with creditaudit.diagnose")
+
+
+def test_a_config_that_is_no_record_keeps_its_own_error(tmp_path, capsys):
+    (tmp_path / "c.toml").write_text('[data]\nname = "own-data"\n')
+    assert main(["train", "--config", str(tmp_path / "c.toml")]) == 2
+    assert "data.name='own-data' is not a known dataset" in one_line(capsys)
+    assert main(["train", "--config", str(tmp_path)]) == 2
+    assert "is a folder, not a file" in one_line(capsys)
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])

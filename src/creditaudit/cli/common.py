@@ -141,10 +141,39 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                              "data.n_train); see docs/configuration.md")
 
 
-def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+def config_file(path: str) -> RunConfig:
+    """The config of ``--config PATH`` (:func:`~creditaudit.records.load_config_file`).
+    When that fails on a run record (or its folder) of a run that cannot be rebuilt — one
+    recorded from a user's own loop, whose data (``own-data``) no config names — the line
+    says so, as audit's does, instead of the config's first unreadable key."""
     from creditaudit.records import load_config_file
 
-    config = load_config_file(args.config) if args.config else (base or RunConfig())
+    try:
+        return load_config_file(path)
+    except ConfigError:
+        refusal = _rebuild_refusal(path)
+        if refusal is None:
+            raise
+        raise ConfigError(refusal) from None
+
+
+def _rebuild_refusal(path: str) -> str | None:
+    """:func:`~creditaudit.run.setup.rebuild_refusal` of the run record at ``path`` (a
+    record.json or its folder); None for anything else."""
+    from creditaudit.errors import RunRecordError
+    from creditaudit.records import load_record
+    from creditaudit.records.files import record_path
+    from creditaudit.run.setup import rebuild_refusal
+
+    try:
+        record = load_record(path, check_content=False)
+    except RunRecordError:
+        return None
+    return rebuild_refusal(record, record_path(path).parent)
+
+
+def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    config = config_file(args.config) if args.config else (base or RunConfig())
     flags = {key: flag for flag, key, _ in SHORTCUTS}
     flags.update({key: flag for flag, key, _, _ in SWITCHES})
     flags["run.progress"] = "--no-progress/-q"

@@ -74,6 +74,7 @@ from creditaudit.measures.reference_modules import (
     _recorded,
     _scan,
 )
+from creditaudit.measures.reference_training import check_in_training
 from creditaudit.measures.user_models import ForwardFrom, check_forward_from
 
 PROBE_POOL = 32  # samples whose loss picks the probes
@@ -139,6 +140,7 @@ def check_reference(model: nn.Module, states_fn: StatesFn, x: Tensor, y: Tensor,
     check = _check_states(work, x64, ys)
     if check.how == "states":  # verified state by state: is that the backward in use?
         detail = check_as_used(states_fn, work, x, y, keep, xs, x64)
+        detail += check_in_training(lambda: model_copy(work, F64), x64, ys)
         check = dataclasses.replace(check, detail=check.detail + detail)
     return check
 

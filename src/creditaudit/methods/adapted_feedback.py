@@ -18,7 +18,8 @@ convolutions, ``nn.Bilinear``, the recurrent layers ``nn.RNN``/``LSTM``/``GRU`` 
 cells, whose weights carry the signal down through the sequence too), subclasses with a
 forward of their own, and layers the probe of :func:`creditaudit.adapt` did not see called
 are refused in one line when the rule is bound (:mod:`creditaudit.methods.replaceable`)
-rather than left exact or replaced wrongly.
+rather than left exact or replaced wrongly; so is a parameter the forward multiplies its
+signal by outside these layers (``x @ self.W``: :mod:`creditaudit.models.direct_uses`).
 """
 
 from __future__ import annotations
@@ -38,13 +39,12 @@ from torch.overrides import TorchFunctionMode
 from creditaudit.errors import ModelContractError
 from creditaudit.methods.replaceable import check_own_forward, did_not_run, used_directly
 from creditaudit.models.adapted import AdaptedModel
+from creditaudit.models.direct_uses import UNSUPPORTED, direct_use_refusal
 
 # B as a tensor, or as the function that builds it when the backward pass needs it.
 Feedback = Tensor | Callable[[], Tensor]
 # (x, W, b, B) -> x·Wᵀ + b whose backward passes δ·B down: linear_feedback's _FeedbackLinear.
 FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Feedback], Tensor]
-UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
-               nn.Bilinear, nn.RNNBase, nn.RNNCellBase)
 _ATTENTION_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 
@@ -88,6 +88,10 @@ def feedback_sites(model: AdaptedModel, rule: str) -> list[tuple[str, Any]]:
                                  f"nn.MultiheadAttention layers; {type(model.net).__name__} "
                                  "has none")
     check_called(model, sites, rule)
+    if model.probe_direct_uses:
+        module, parameter = model.probe_direct_uses[0]
+        cls = type(model.net.get_submodule(module)).__name__
+        raise ModelContractError(direct_use_refusal(rule, module, parameter, cls))
     return sites
 
 

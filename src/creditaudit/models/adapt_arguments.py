@@ -138,5 +138,32 @@ def checkpoint_cause(name: str, err: BaseException) -> str | None:
     return None
 
 
+def backward_hook_cause(net: nn.Module, err: BaseException, error: str) -> str | None:
+    """The line for ``err`` (its text ``error``) when a backward hook of a module of
+    ``net`` (``register_full_backward_hook`` or ``register_full_backward_pre_hook``) raised
+    it, else None. adapt()'s probe reads each state detached to find the segments, as the
+    local rules (dfa, drtp, local-ce) read them in training, so a hook on a module reading a
+    state is given ``None`` for its input's gradient there, though end-to-end training
+    never gives it one: the line says so, and how to make the hook safe."""
+    hooks = {}
+    for name, module in net.named_modules():
+        for hook in [*module._backward_hooks.values(), *module._backward_pre_hooks.values()]:
+            code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+            if code is not None:
+                hooks.setdefault(code, name)
+    frame = err.__traceback__
+    while frame is not None and frame.tb_frame.f_code not in hooks:
+        frame = frame.tb_next
+    if frame is None:
+        return None
+    module = hooks[frame.tb_frame.f_code]
+    return (f"the backward hook {frame.tb_frame.f_code.co_name!r} on {module!r} of "
+            f"{type(net).__name__} raised {type(err).__name__} while adapt() probed it "
+            f"({error}): the probe reads each state detached, as the local rules (dfa, "
+            "drtp, local-ce) do in training, so a hook on a module reading a state may be "
+            "given None for its input's gradient (end-to-end training never gives it one); "
+            "make the hook pass None through (if grad_input[0] is None: return None)")
+
+
 __all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
-           "input_shape_of", "describe_value", "checkpoint_cause"]
+           "input_shape_of", "describe_value", "checkpoint_cause", "backward_hook_cause"]

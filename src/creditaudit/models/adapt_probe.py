@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
-from creditaudit.models.adapt_arguments import checkpoint_cause
+from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
+from creditaudit.models.direct_uses import DirectUses
 
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
 # (the tolerance diagnose() holds a user's forward_from to).
@@ -51,9 +52,12 @@ class AdaptProbe:
 
     ``probe_calls``: the names of the submodules called in the probe's eval-mode forward
     with gradients on, as the diagnostics' credits run it (None on the meta device, where
-    nothing runs) — what a rule that replaces layers checks when it is bound."""
+    nothing runs) — what a rule that replaces layers checks when it is bound, with
+    ``probe_direct_uses``: (module, parameter) multiplied directly in that forward
+    (:class:`~creditaudit.models.direct_uses.DirectUses`; empty on the meta device)."""
 
     probe_calls: frozenset[str] | None
+    probe_direct_uses: tuple[tuple[str, str], ...] = ()
 
     def _probe(self, x: Tensor, source: str, n_classes: int | None) -> None:
         """Learn the shapes and segments on ``x`` (``source``: what the caller passed, for
@@ -84,9 +88,10 @@ class AdaptProbe:
         except ModelContractError:
             raise
         except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
-            checkpointed = checkpoint_cause(type(self.net).__name__, err)
-            if checkpointed:
-                raise ModelContractError(checkpointed) from None
+            cause = (checkpoint_cause(type(self.net).__name__, err)
+                     or backward_hook_cause(self.net, err, _first_line(err)))
+            if cause:
+                raise ModelContractError(cause) from None
             raise ModelContractError(
                 f"{type(self.net).__name__} raised {type(err).__name__} while adapt() probed "
                 f"it on {source}: {_first_line(err)}") from None
@@ -161,15 +166,9 @@ class AdaptProbe:
         neither PyTorch's attention fast path nor a fused detached-input path skips a
         submodule the credits' pass calls)."""
         order: list[int] = []
-        called: set[str] = set()
-        handles = [module.register_forward_pre_hook(functools.partial(_record_call, called, name))
-                   for name, module in self.net.named_modules()]
-        try:
+        with DirectUses(self.net, x) as probe:
             states, logits = self._trace(x, detach=False, leaf=True, order=order)
-        finally:
-            for handle in handles:
-                handle.remove()
-        self.probe_calls = frozenset(called)
+        self.probe_calls, self.probe_direct_uses = frozenset(probe.called), tuple(probe.found)
         if order != sorted(order):
             first, second = (self.state_names[i] for i in _first_inversion(order))
             raise ModelContractError(
@@ -236,7 +235,7 @@ class AdaptProbe:
         self.state_widths = tuple(int(h.shape[1] if h.dim() == 4 else h.shape[-1])
                                   for h in states)
         self.n_classes = int(logits.shape[1])
-        self.probe_calls = None
+        self.probe_calls, self.probe_direct_uses = None, ()
         self._check_classes(n_classes)
 
     def _readout_is_scale_invariant(self, x: Tensor) -> bool:
@@ -372,10 +371,6 @@ class AdaptProbe:
                 f"readout: parameter {missing[0]!r} also acts after the last state "
                 f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
                 "(it is then everything after the last state)")
-
-
-def _record_call(called: set[str], name: str, module: nn.Module, args: Any) -> None:
-    called.add(name)
 
 
 def _first_line(err: BaseException) -> str:

@@ -185,6 +185,16 @@ class RebuiltRun:
     entry: EpochEntry
 
 
+def rebuild_refusal(record: RunRecord, run_dir: Path) -> str | None:
+    """The one line refusing to rebuild (audit, resume, train) the run of ``record`` in
+    ``run_dir`` whose architecture cannot be built again (a run recorded from a user's own
+    loop); None for one that can."""
+    arch = ARCHITECTURES.find(record.config.model.arch)
+    if arch is None or not arch.unbuildable:
+        return None
+    return f"cannot rebuild {run_dir}: {arch.unbuildable}"
+
+
 def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
                 ) -> RebuiltRun:
     """The run in ``run_dir`` at its checkpointed epoch, on the CPU.
@@ -200,9 +210,9 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     code changed, and ConfigError when a component it used is not installed here.
     """
     config = record.config
-    arch = ARCHITECTURES.find(config.model.arch)
-    if arch is not None and arch.unbuildable:  # e.g. a run recorded from a user's own loop
-        raise RunRecordError(f"cannot rebuild {run_dir}: {arch.unbuildable}")
+    refusal = rebuild_refusal(record, run_dir)
+    if refusal is not None:
+        raise RunRecordError(refusal)
     checkpoint = run_dir / CHECKPOINT_FILE
     if not checkpoint.exists():
         raise RunRecordError(f"no checkpoint at {checkpoint}: {missing_checkpoint(record)}")

@@ -1,0 +1,120 @@
+"""Is the backward of training mode the gradient too?
+
+The reference check (:mod:`creditaudit.measures.reference_check`) verifies the backward in
+eval mode, where the diagnostics run. Training runs in training mode, and a model may change
+its backward there only (``if self.training: h.register_hook(lambda g: 3 * g)``): bp, and
+every rule's step, would then train with another gradient while the record says bp. So the
+check goes on in training mode, on a float64 copy: the directional derivative of the summed
+loss at the probes' inputs, ⟨∂ΣCE/∂x, v⟩, against its central differences, along the
+gradient's own direction and :data:`RANDOM_DIRECTIONS` random ones over the whole batch
+(BatchNorm mixes the samples in training mode, so the batch moves as one point).
+
+Dropout and other randomness in the forward would make two passes two functions: every
+forward runs from the same RNG state (:data:`TRAINING_SEED`, the caller's RNG untouched), so
+each draws the same masks and the passes compute one function, whose gradient autograd's
+backward must be. Judged as the eval-mode check is
+(:mod:`creditaudit.measures.central_differences`). Integer inputs (token ids) cannot be
+moved: training mode is then not checked, and the detail does not claim it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from creditaudit.measures.central_differences import F64, ROUNDING_ULPS, _compared, _disagree
+from creditaudit.measures.directions import unit_directions
+from creditaudit.measures.reference_modules import FIX, ReferenceGradientError, _error_text
+
+TRAINING_SEED = 0  # the RNG state every training-mode forward of the check starts from
+RANDOM_DIRECTIONS = 3  # beside the gradient's own direction
+
+
+class _StatesModule(Protocol):
+    def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]: ...
+
+    def train(self, mode: bool = True) -> nn.Module: ...
+
+
+def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor) -> str:
+    """Check the training-mode backward (module docstring) on ``copy_of()``, a float64 copy
+    of the model (put in training mode here), at the probes ``x64`` ``(k, …)``, labels ``y``
+    ``(k,)``. Returns what was compared, to end the check's detail ("" when nothing was:
+    integer inputs, a model that cannot be copied or whose training-mode forward fails —
+    those are training's to report). Raises :class:`ReferenceGradientError` when the
+    backward disagrees with the forward."""
+    if not x64.is_floating_point():
+        return ""
+    try:
+        twin = copy_of()
+        twin.train()
+        backward, difference = _comparisons(twin, x64, y)
+    except ReferenceGradientError:
+        raise
+    except Exception:  # noqa: BLE001 — the model's training-mode forward: training reports it
+        return ""
+    verdicts = _compared(backward, difference)
+    if _disagree(verdicts):
+        raise ReferenceGradientError(
+            "the model's backward in training mode is not the gradient of its forward "
+            "(along the probes' inputs it disagrees with float64 central differences of the "
+            "loss, dropout masks held fixed), though in eval mode it is: a gradient hook or "
+            "a hand-written backward active only in training (if self.training: "
+            "h.register_hook(…))? bp and every rule would train with another gradient; "
+            f"make the backward the same in both modes, or {FIX}", where="training mode")
+    if not bool((verdicts > 0).any()):
+        return ""
+    return ("; in training mode (dropout masks held fixed) ∂CE/∂x agrees with them at the "
+            "probes' inputs")
+
+
+def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor
+                 ) -> tuple[Tensor, Callable[[float, Tensor], tuple[Tensor, Tensor]]]:
+    """(⟨∂ΣCE/∂x, v_j⟩ per direction ``(M,)``, the central difference of direction j at a
+    relative step δ) for :func:`~creditaudit.measures.central_differences._compared`."""
+    devices = [x.device] if x.device.type == "cuda" else []
+
+    def loss(inputs: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(TRAINING_SEED)
+            logits = twin.forward_states(inputs)[1]
+        return F.cross_entropy(logits, y, reduction="sum"), logits
+
+    with torch.enable_grad():
+        moved = x.detach().clone().requires_grad_(True)
+        total, logits = loss(moved)
+        try:
+            (g,) = torch.autograd.grad(total, moved)
+        except Exception as err:  # noqa: BLE001 — the model's own backward
+            raise ReferenceGradientError(
+                f"the reference gradient cannot be computed in training mode: the backward "
+                f"raised {_error_text(err)}; {FIX}", where="training mode") from None
+    flat_g = g.flatten().to(F64)
+    own = (flat_g / flat_g.norm().clamp_min(torch.finfo(F64).tiny)).view(1, 1, -1)
+    generator = torch.Generator().manual_seed(TRAINING_SEED)
+    random = unit_directions(1, RANDOM_DIRECTIONS, tuple(x.shape), generator=generator,
+                             dtype=F64, device=x.device)
+    directions = torch.cat([own, random], dim=1)[0]  # (M, k·D), unit rows
+    backward = (directions @ flat_g).cpu()
+    floor = ROUNDING_ULPS * torch.finfo(F64).eps * float(
+        total.detach().abs() + logits.detach().abs().amax(dim=1).sum())
+    x_norm = float(x.norm()) or 1.0
+
+    def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
+        step = delta * x_norm
+        values = []
+        with torch.no_grad():
+            for j in which.tolist():
+                v = directions[j].view_as(x).to(x.dtype)
+                values.append(float(loss(x + step * v)[0] - loss(x - step * v)[0]) / (2 * step))
+        return (torch.tensor(values, dtype=F64),
+                torch.full((len(values),), floor / step, dtype=F64))
+
+    return backward, difference
+
+
+__all__ = ["check_in_training", "TRAINING_SEED"]

@@ -1,0 +1,116 @@
+"""Parameters an adapted network's forward multiplies its signal by outside any weight layer.
+
+The per-layer feedback rules (``fa-linear``, ``usf``, ``brsf``, ``frsf``, ``kp``) replace the
+backward of nn.Linear, nn.Conv2d and nn.MultiheadAttention. A forward that multiplies its
+signal by a parameter itself (``x @ self.W``, ``F.linear(x, self.W)``, ``torch.einsum(…,
+self.W)``, a tied readout ``F.linear(h, self.embed.weight)``) passes the signal down through
+W exactly while the record names the rule, so such a use must be refused.
+:class:`DirectUses`, active during :func:`~creditaudit.adapt`'s probe forward, finds them:
+a matrix product or convolution (:data:`PRODUCTS`) one of whose arguments depends on the
+input batch and another on a parameter of the network alone (the parameter, or a tensor
+computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``), called while no weight
+layer's own forward (:data:`LAYERS`) is running. Elementwise uses of parameters (a scale
+vector, a positional embedding added, a class token concatenated, a norm's affine, an
+Embedding lookup) are no products and stay accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+# Layers whose forward a per-layer rule replaces, or refuses by its type: what happens
+# inside them is theirs (a Conv1d's or an LSTM's own products are refused as the layer).
+REPLACED = (nn.Linear, nn.Conv2d, nn.MultiheadAttention)
+UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+               nn.Bilinear, nn.RNNBase, nn.RNNCellBase)
+LAYERS = REPLACED + UNSUPPORTED
+# The calls that multiply a signal by a weight (Tensor.__matmul__ and friends included).
+PRODUCTS = frozenset({
+    F.linear, F.bilinear, torch.matmul, torch.mm, torch.bmm, torch.mv, torch.addmm,
+    torch.baddbmm, torch.addbmm, torch.addmv, torch.einsum, torch.tensordot, torch.inner,
+    torch.outer, torch.chain_matmul, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d,
+    F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, Tensor.__matmul__,
+    Tensor.__rmatmul__, Tensor.matmul, Tensor.mm, Tensor.bmm, Tensor.mv, Tensor.addmm,
+})
+
+
+class DirectUses(TorchFunctionMode):
+    """Within ``with DirectUses(net, x):`` a forward of ``net`` on ``x``: ``found`` lists
+    (module, parameter) — the innermost module running (``""``: the network's own forward)
+    and the parameter's name in ``net.named_parameters()`` — for each product that
+    multiplies the input's signal by a parameter outside every :data:`LAYERS` module;
+    ``called`` names every module called (``""``: the network)."""
+
+    def __init__(self, net: nn.Module, x: Tensor) -> None:
+        super().__init__()
+        self.found: list[tuple[str, str]] = []
+        self.called: set[str] = set()
+        self._parameters = {id(p): name for name, p in net.named_parameters()}
+        self._data: set[int] = {id(x)}
+        self._derived: dict[int, str] = {}  # id of a tensor computed from parameters alone
+        self._alive: list[Tensor] = [x]  # keeps the ids above from being reused
+        self._running: list[str] = []
+        self._inside_layers = 0
+        named = list(net.named_modules())
+        self._handles = [h for name, m in named for h in (
+            m.register_forward_pre_hook(functools.partial(self._started, name, m)),
+            m.register_forward_hook(functools.partial(self._ended, m), always_call=True))]
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        super().__exit__(*exc)
+
+    def _started(self, name: str, module: nn.Module, *_: Any) -> None:
+        self._running.append(name)
+        self.called.add(name)
+        self._inside_layers += isinstance(module, LAYERS)
+
+    def _ended(self, module: nn.Module, *_: Any) -> None:
+        self._running.pop()
+        self._inside_layers -= isinstance(module, LAYERS)
+
+    def _weight(self, tensor: Tensor) -> str | None:
+        return self._parameters.get(id(tensor)) or self._derived.get(id(tensor))
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        data = any(id(t) in self._data for t in tensors)
+        weight = next((w for t in tensors if (w := self._weight(t)) is not None), None)
+        if data and weight is not None and func in PRODUCTS and not self._inside_layers:
+            found = (self._running[-1] if self._running else "", weight)
+            if found not in self.found:
+                self.found.append(found)
+        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
+        for out in outputs:
+            if data:
+                self._data.add(id(out))
+            elif weight is not None and id(out) not in self._parameters:
+                self._derived[id(out)] = weight
+        if data or weight is not None:
+            self._alive += outputs
+        return result
+
+
+def direct_use_refusal(rule: str, module: str, parameter: str, cls: str) -> str:
+    """The one-line refusal of a per-layer rule for a parameter multiplied directly."""
+    where = f"module {module!r} ({cls})" if module else f"the forward of {cls}"
+    return (f"--method {rule} cannot replace the backward of parameter {parameter!r}: "
+            f"{where} multiplies its signal by it directly (x @ W, F.linear, einsum, bmm…) "
+            "rather than through an nn.Linear or nn.Conv2d, so the signal would go down "
+            "through it exactly while the record names the rule; wrap it in nn.Linear "
+            "(or nn.Conv2d), or train with bp")
+
+
+__all__ = ["REPLACED", "UNSUPPORTED", "LAYERS", "PRODUCTS", "DirectUses",
+           "direct_use_refusal"]

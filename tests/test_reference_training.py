@@ -1,0 +1,77 @@
+"""The reference check goes on in training mode: a model that alters its gradient only while
+training (``if self.training: h.register_hook(lambda g: 3 * g)``) passes the eval-mode
+check, yet bp and every rule would train with that gradient while the record says bp. On a
+float64 copy, every forward from the same RNG state (dropout masks held fixed), ∂ΣCE/∂x is
+compared with central differences of the loss; Dropout and BatchNorm in training mode are
+no reason to refuse, and the caller's model and RNG stay as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from creditaudit import adapt
+from creditaudit.measures.reference_check import check_reference, checked_reference
+from creditaudit.measures.reference_modules import ReferenceGradientError
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+IN_TRAINING = "in training mode (dropout masks held fixed) ∂CE/∂x agrees with them"
+
+
+class Block(nn.Module):
+    def __init__(self, hook: bool) -> None:
+        super().__init__()
+        self.linear, self.norm, self.drop = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.3)
+        self.hook = hook
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.drop(torch.tanh(self.norm(self.linear(x))))
+        if self.hook and self.training and h.requires_grad:
+            h.register_hook(lambda g: 3 * g)  # the gradient altered in training only
+        return h
+
+
+class Net(nn.Module):
+    def __init__(self, hook: bool = False) -> None:
+        super().__init__()
+        self.inp, self.b1, self.b2 = nn.Linear(6, 8), Block(hook), Block(False)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.b2(self.b1(self.inp(x))))
+
+
+def adapted(hook: bool):
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    model = adapt(Net(hook), ["inp", "b1", "b2"], example=x[:8])
+    model.eval()  # as the diagnostics run it
+    return model, x, y
+
+
+def test_a_gradient_altered_only_in_training_is_refused():
+    model, x, y = adapted(hook=True)
+    with pytest.raises(ReferenceGradientError) as error:
+        check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("the model's backward in training mode is not the gradient of "
+                              "its forward"), message
+    assert "if self.training: h.register_hook(…)" in message
+    found = checked_reference(model, model.forward_states, x, y,
+                              forward_from=model.forward_from, allow=True)
+    assert (found.verified, found.how, found.where) == (False, "failed", "training mode")
+
+
+def test_dropout_and_batchnorm_in_training_mode_pass_and_nothing_changes():
+    model, x, y = adapted(hook=False)
+    buffers = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    check = check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+    assert check.verified and check.how == "states"
+    assert check.detail.endswith(IN_TRAINING + " at the probes' inputs"), check.detail
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, buffers[k]) for k, v in model.state_dict().items())
+    assert not any(m.training for m in model.modules())

@@ -160,6 +160,17 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         release_claim(run.claim)
 
 
+def _ended_before(run: ClaimedRun) -> bool:
+    """Whether ``run``'s record says it ended (completed, diverged) before its stack
+    stopped on another run's error (the shared step's, an interrupt): its outcome is then
+    its record's, not that error."""
+    status, error = disk_status(run.run_dir)
+    if status not in FINISHED:
+        return False
+    run.outcome.update(status=status, error=error)
+    return True
+
+
 def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
               retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER
               ) -> list[Outcome]:
@@ -188,15 +199,18 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                         run.outcome.update(status=result.status, error=result.record.error)
             except DiskFullError as err:  # as in run_one: the runs resume once space is freed
                 for run in runs:
-                    run.outcome.update(status="interrupted",
-                                       error=f"{type(err).__name__}: {err}")
+                    if not _ended_before(run):
+                        run.outcome.update(status="interrupted",
+                                           error=f"{type(err).__name__}: {err}")
             except (Exception, SystemExit) as err:  # noqa: BLE001 — as in run_one
                 for run in runs:
-                    _failed(run, err)
+                    if not _ended_before(run):
+                        _failed(run, err)
             except KeyboardInterrupt:
                 for run in runs:
-                    run.outcome.update(status="interrupted")
-                    run.event("end", status="interrupted")
+                    if not _ended_before(run):
+                        run.outcome.update(status="interrupted")
+                    run.event("end", status=run.outcome["status"])
                 raise
             for run in runs:
                 _end(run, started)

@@ -86,14 +86,19 @@ def test_an_unreadable_summary_is_replaced(tmp_path):
 
 def test_an_earlier_entry_says_what_the_folder_holds_now(tmp_path):
     """An earlier invocation's entry is read again from its folder: a run deleted since is
-    not started (it was still listed as completed), a run a live claim holds is busy, and
-    a busy run whose holder left no record and no claim is not started."""
+    not started (it was still listed as completed), one whose record a process killed
+    since left running is interrupted (it was still completed), a run a live claim holds
+    is busy, and a busy run whose holder left no record and no claim is not started."""
+    from creditaudit.records import load_record, save_record
     from creditaudit.records.claims import release_claim, try_claim
     from creditaudit.sweep.summary_file import write_summary
 
-    first = run_sweep(prepare_configs([tiny(tmp_path, **{"run.seed": 1})], threads=1),
-                      InlineExecutor())
-    deleted = first.outcomes[0]["run_id"]
+    first = run_sweep(prepare_configs([tiny(tmp_path, **{"run.seed": s}) for s in (1, 2)],
+                                      threads=1), InlineExecutor())
+    deleted, retrained = (outcome["run_id"] for outcome in first.outcomes)
+    record = load_record(tmp_path / retrained)  # trained again since, and killed
+    record.status = "running"
+    save_record(tmp_path / retrained, record)
     for path in sorted((tmp_path / deleted).iterdir()):
         path.unlink()
     (tmp_path / deleted).rmdir()
@@ -111,6 +116,6 @@ def test_an_earlier_entry_says_what_the_folder_holds_now(tmp_path):
         release_claim(claim)
     merged = json.loads((tmp_path / SUMMARY_FILE).read_text())
     status = {run["run_id"]: run["status"] for run in merged["runs"]}
-    assert status == {deleted: "not started", "held-run": "busy",
+    assert status == {deleted: "not started", retrained: "interrupted", "held-run": "busy",
                       "gone-holder": "not started", "own": "failed"}
-    assert merged["counts"] == {"not started": 2, "busy": 1, "failed": 1}
+    assert merged["counts"] == {"not started": 2, "interrupted": 1, "busy": 1, "failed": 1}

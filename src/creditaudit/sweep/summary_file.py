@@ -51,7 +51,8 @@ def _as_recorded(entry: dict[str, Any], out_dir: Path, status_of: StatusFn
     holds now: ``busy`` while a live claim holds an unfinished run; ``not started`` without
     a record (deleted since, or never written by a holder that has gone), unless the entry
     is a failure its sweep saw without one; ``interrupted`` for a record left ``running``
-    by a process that has gone; else as ``status_of`` reads the record."""
+    by a process that has gone (``failed`` where the entry says its run failed there);
+    else as ``status_of`` reads the record."""
     run_id = entry["run_id"]
     if Path(run_id).name != run_id or run_id in ("", ".", ".."):
         return entry  # not a run folder's name: as it was written
@@ -65,8 +66,11 @@ def _as_recorded(entry: dict[str, Any], out_dir: Path, status_of: StatusFn
         if entry.get("status") == "failed":  # e.g. refused by its worker, never scheduled
             return entry
         return {**entry, "status": "not started", "error": None}
-    # no process holds it now: a "busy" of then is no longer true
-    said = None if entry.get("status") == "busy" else entry.get("status")
+    # No process holds it now: a "busy" of then is no longer true, and a record left
+    # "running" since is a run stopped (unless the entry says how that run ended).
+    said = entry.get("status")
+    if said == "busy" or (recorded == "running" and said not in ("failed", "interrupted")):
+        said = None
     status = status_of(recorded, {**entry, "status": said})
     return {**entry, "status": "interrupted" if status == "running" else status,
             "error": error}

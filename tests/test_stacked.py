@@ -609,6 +609,50 @@ def test_a_stack_whose_step_fails_records_every_run_failed(tmp_path, monkeypatch
         assert record.status == "failed" and "step exploded" in record.error
 
 
+def test_a_run_that_ended_before_its_stack_failed_keeps_its_own_outcome(tmp_path,
+                                                                        monkeypatch):
+    """A run that diverged, then the shared step of the others failed: the diverged run's
+    outcome said 'failed' with the others' error (the progress line counted it failed, and
+    sweep_summary.json gave its entry that error)."""
+    from creditaudit.methods.stacked import StackedStep
+    from creditaudit.sweep.worker import run_group
+
+    original = StackedStep.forward_backward
+
+    def boom_once_one_left(self, x, y):
+        if len(self.members) == 2:  # the diverged run has left the stack
+            raise RuntimeError("step exploded")
+        return original(self, x, y)
+
+    monkeypatch.setattr(StackedStep, "forward_backward", boom_once_one_left)
+    runs = configs(tmp_path, "dfa", **{"optim.epochs": 3})
+    runs[1] = runs[1].replace(**{"optim.lr": 1e300})
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=[run_id(c) for c in runs])
+    assert [o["status"] for o in outcomes] == ["failed", "diverged", "failed"]
+    assert outcomes[1]["error"] is None
+    assert "step exploded" in outcomes[0]["error"]
+    assert load_record(Path(runs[1].run.out_dir) / run_id(runs[1])).status == "diverged"
+
+
+def test_a_run_whose_loggers_cannot_start_fails_alone_in_its_stack(tmp_path):
+    """One run's TensorBoard folder blocked by a file: it failed every run of the stack
+    with that run's error (its loggers were built outside the per-run guard), and, failed
+    before its first record, it was recorded nowhere (alone it is recorded failed)."""
+    from creditaudit.sweep.worker import run_group
+
+    runs = [c.replace(**{"run.tensorboard": str(tmp_path / "tb")})
+            for c in configs(tmp_path / "runs", "bp", **{"optim.epochs": 1})]
+    ids = [run_id(c) for c in runs]
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / ids[0]).write_text("a file where the run's TensorBoard folder goes")
+    outcomes = run_group([c.to_dict() for c in runs], run_ids=ids)
+    assert [o["status"] for o in outcomes] == ["failed", "completed", "completed"]
+    assert "TensorBoard folder" in outcomes[0]["error"]
+    assert outcomes[1]["error"] is None and outcomes[2]["error"] is None
+    record = load_record(tmp_path / "runs" / ids[0])
+    assert record.status == "failed" and "TensorBoard folder" in record.error
+
+
 def test_a_full_disk_interrupts_a_stack_as_it_interrupts_a_run_alone(tmp_path, monkeypatch):
     """No space for a checkpoint: every run of the stack is recorded 'interrupted' (as a run
     trained alone is, docs/reliability.md), not 'failed', so the next sweep resumes them

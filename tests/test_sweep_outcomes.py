@@ -99,3 +99,18 @@ def test_a_run_whose_ray_worker_is_shut_down_is_interrupted_not_failed(tmp_path:
     (run_dir,) = [path.parent for path in tmp_path.glob("*/record.json")]
     assert load_record(run_dir).status == "interrupted"
     assert not (run_dir / "claim.json").exists()
+
+
+def test_a_folder_holding_another_runs_record_has_no_row(tmp_path: Path):
+    """A run folder copied by hand under another run's name is refused, but the table
+    showed the copied record's numbers (and its 'completed') on the refused run's row."""
+    import shutil
+
+    first = sweep(tmp_path / "a", ["run.seed"], {"run.seed": 1})
+    other = sweep(tmp_path / "b", ["run.seed"], {"run.seed": 2}).plans[0]
+    shutil.rmtree(other.run_dir)
+    shutil.copytree(first.plans[0].run_dir, tmp_path / "b" / other.run_id)
+    result = sweep(tmp_path / "b", ["run.seed"], {"run.seed": 2})
+    assert [o["status"] for o in result.outcomes] == ["refused"]
+    assert format_sweep_table(result.plans, ["run.seed"],
+                              {other.run_id: "refused"}) == "no run has a record yet"

@@ -86,12 +86,14 @@ class SweepProgress:
 # --- tables ------------------------------------------------------------------------------
 def format_sweep_table(plans: list[Any], grid_keys: list[str],
                        statuses: Mapping[str, str] | None = None) -> str:
-    """format_run_summary of the runs (their plans) that have a record, each row led by its
-    grid values (which name it in the lines under the table too). ``statuses``: run id →
+    """format_run_summary of the runs (their plans) that have a record of their own, each row
+    led by its grid values (which name it in the lines under the table too); a folder
+    holding another run's record has no row (the sweep lists it as refused). ``statuses``: run id →
     the status the sweep reports (sweep_summary.json's): shown for a record left
     ``running`` by a run that ended (:func:`as_reported`)."""
     from creditaudit.records import RECORD_FILE, load_record
     from creditaudit.report import format_run_summary
+    from creditaudit.run.resume import other_runs_record
     from creditaudit.sweep import run_labels
 
     records, labels = [], []
@@ -102,6 +104,8 @@ def format_sweep_table(plans: list[Any], grid_keys: list[str],
                 record = load_record(path)
             except CreditAuditError:  # an unreadable record is listed below, not fatal
                 continue
+            if other_runs_record(record, plan.run_id, path) is not None:
+                continue  # another run's numbers, not this row's: listed below as refused
             records.append(as_reported(record, (statuses or {}).get(plan.run_id)))
             labels.append(plain_line(label))  # grid values: one table line, no escapes
     if not records:

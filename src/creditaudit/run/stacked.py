@@ -195,14 +195,15 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
     logger_errors: list[Exception] = []  # raised once every run has ended (the first)
     try:
         for index, trainer, resume_run in list(stacked):
-            trainer.loggers = build_loggers(trainer.config, trainer.run_id)
-            trainer.loggers.loggers.extend(loggers)
             with _own_rng(rng, trainer):
                 try:
+                    # its loggers (a TensorBoard folder it cannot write, say), its checkpoint
+                    trainer.loggers = build_loggers(trainer.config, trainer.run_id)
+                    trainer.loggers.loggers.extend(loggers)
                     trainer.start(resume_run)
                 except (KeyboardInterrupt, DiskFullError):
                     raise
-                except Exception as err:  # noqa: BLE001 — its checkpoint, say: it fails alone
+                except Exception as err:  # noqa: BLE001 — it fails alone
                     results[index] = _failed_start(trainer, err)
                     stacked.remove((index, trainer, resume_run))
                     continue

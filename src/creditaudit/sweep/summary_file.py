@@ -5,7 +5,7 @@ folder, merged — two invocations on one folder (two experiments, an experiment
 The file is read, merged and replaced under a lock on the folder
 (:func:`~creditaudit.files.folder_lock.folder_lock`), atomically: the runs an invocation
 wrote replace their own entries, the entries of other runs stay — their status read again
-from their records, as :func:`~creditaudit.sweep.runner.reported_status` reads it — and
+from their records and claims (:func:`_as_recorded`) — and
 ``n_runs`` and ``counts`` are of all of them. The other top-level fields (``updated``,
 ``sweep_file`` or ``experiments``, ``scale``) are the last writer's.
 """
@@ -20,7 +20,10 @@ from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
 from creditaudit.files.folder_lock import folder_lock
 from creditaudit.files.safe_files import atomic_write_json, read_text
+from creditaudit.records import FINISHED
+from creditaudit.records.claim_files import claim_state
 from creditaudit.sweep.claiming import disk_status
+from creditaudit.sweep.outcome import FOREIGN, NEWER
 
 # (recorded status, outcome) → the status to report (runner.reported_status)
 StatusFn = Callable[[str | None, Mapping[str, Any]], str]
@@ -44,14 +47,33 @@ def _earlier_runs(path: Path, schema: str) -> list[dict[str, Any]]:
 
 def _as_recorded(entry: dict[str, Any], out_dir: Path, status_of: StatusFn
                  ) -> dict[str, Any]:
-    """An earlier invocation's ``entry`` with its status read again from its record."""
+    """An earlier invocation's ``entry`` with its status read again from what its folder
+    holds now: ``busy`` while a live claim holds an unfinished run; ``not started`` without
+    a record (deleted since, or never written by a holder that has gone), unless the entry
+    is a failure its sweep saw without one; ``interrupted`` for a record left ``running``
+    by a process that has gone (``failed`` where the entry says its run failed there);
+    else as ``status_of`` reads the record."""
     run_id = entry["run_id"]
     if Path(run_id).name != run_id or run_id in ("", ".", ".."):
         return entry  # not a run folder's name: as it was written
-    recorded, error = disk_status(out_dir / run_id)
-    status = status_of(recorded, entry)
-    return {**entry, "status": status,
-            "error": error if recorded is not None else entry.get("error")}
+    run_dir = out_dir / run_id
+    recorded, error = disk_status(run_dir)
+    claim = claim_state(run_dir)
+    if claim is not None and claim.stale is None \
+            and recorded not in (*FINISHED, NEWER, FOREIGN):
+        return {**entry, "status": "busy", "error": None}  # another process holds it now
+    if recorded is None:
+        if entry.get("status") == "failed":  # e.g. refused by its worker, never scheduled
+            return entry
+        return {**entry, "status": "not started", "error": None}
+    # No process holds it now: a "busy" of then is no longer true, and a record left
+    # "running" since is a run stopped (unless the entry says how that run ended).
+    said = entry.get("status")
+    if said == "busy" or (recorded == "running" and said not in ("failed", "interrupted")):
+        said = None
+    status = status_of(recorded, {**entry, "status": said})
+    return {**entry, "status": "interrupted" if status == "running" else status,
+            "error": error}
 
 
 def merged_summary(summary: dict[str, Any], earlier: list[dict[str, Any]], out_dir: Path,

@@ -79,15 +79,20 @@ def _failed(run: ClaimedRun, err: Exception | SystemExit) -> None:
 
         error += (f" (in a sweep: delete {run.run_dir / CHECKPOINT_FILE} and rerun the sweep "
                   "with --retry-failed to start this run over)")
-    if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):  # not "newer"
-        # Not even a failed record can replace a folder named record.json: the
-        # outcome still says why the run failed.
-        try:
-            write_failed_record(run.plan.config, run.run_dir, error)
-        except OutputError as write_error:
-            error += f"; {UNRECORDED}: {write_error}"
     run.outcome.update(status="failed", error=error)
+    if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):  # not "newer"
+        _record_failure(run, error)
     log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
+
+
+def _record_failure(run: ClaimedRun, error: str) -> None:
+    """Write ``run``'s failed record, saying ``error`` (its outcome's). Not even a failed
+    record can replace a folder named record.json: the outcome still says why the run
+    failed, and why it was not recorded."""
+    try:
+        write_failed_record(run.plan.config, run.run_dir, error)
+    except OutputError as write_error:
+        run.outcome["error"] = f"{error}; {UNRECORDED}: {write_error}"
 
 
 def ended_by_ray(err: BaseException) -> bool:
@@ -162,6 +167,17 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
         release_claim(run.claim)
 
 
+def _ended_before(run: ClaimedRun) -> bool:
+    """Whether ``run``'s record says it ended (completed, diverged) before its stack
+    stopped on another run's error (the shared step's, an interrupt): its outcome is then
+    its record's, not that error."""
+    status, error = disk_status(run.run_dir)
+    if status not in FINISHED:
+        return False
+    run.outcome.update(status=status, error=error)
+    return True
+
+
 def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
               retry_failed: bool = False, stale_after: float = DEFAULT_STALE_AFTER,
               fingerprints: list[str] | None = None) -> list[Outcome]:
@@ -190,17 +206,23 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                     # a run taken over in the stack failed there, writing nothing: busy
                     if result.record.is_finished or not _taken_over(run):
                         run.outcome.update(status=result.status, error=result.record.error)
+                        if result.status == "failed" and disk_status(run.run_dir)[0] is None:
+                            # failed before its first record: recorded, as alone
+                            _record_failure(run, str(result.record.error))
             except DiskFullError as err:  # as in run_one: the runs resume once space is freed
                 for run in runs:
-                    run.outcome.update(status="interrupted",
-                                       error=f"{type(err).__name__}: {err}")
+                    if not _ended_before(run):
+                        run.outcome.update(status="interrupted",
+                                           error=f"{type(err).__name__}: {err}")
             except (Exception, SystemExit) as err:  # noqa: BLE001 — as in run_one
                 for run in runs:
-                    _failed(run, err)
+                    if not _ended_before(run):
+                        _failed(run, err)
             except KeyboardInterrupt:
                 for run in runs:
-                    run.outcome.update(status="interrupted")
-                    run.event("end", status="interrupted")
+                    if not _ended_before(run):
+                        run.outcome.update(status="interrupted")
+                    run.event("end", status=run.outcome["status"])
                 raise
             for run in runs:
                 _end(run, started)

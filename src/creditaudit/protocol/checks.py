@@ -214,3 +214,33 @@ def cross_batch_stability(grad: Tensor, batch_size: int = 128) -> tuple[float, i
     gram = units @ units.T
     rows, cols = torch.triu_indices(k, k, offset=1)
     return float(gram[rows, cols].mean()), k
+
+
+# (c)'s batches look sorted by class when their class mix is at least this far from the
+# set's (mean total-variation distance) and this many times as far as shuffled batches'.
+SORTED_DISTANCE, SORTED_RATIO = 0.2, 1.5
+
+
+def batch_class_mix(labels: Tensor, batch_size: int, k: int, draws: int = 8
+                    ) -> tuple[float, float]:
+    """(how far the class mix of the first ``k`` consecutive batches of ``batch_size``
+    ``labels`` ``(N,)`` is from that of all ``k·batch_size``, the same for those labels
+    shuffled): each the mean over batches of the total-variation distance between a batch's
+    class shares and the set's (0: every batch mixed like the set; 1 − 1/C for a
+    balanced set of C classes sorted by class). The shuffled distance is the mean of
+    ``draws`` shuffles drawn from a generator of its own (seed 0: the global RNG is
+    untouched, the value reproducible): what chance alone gives batches of this size."""
+    used = labels[: k * batch_size].reshape(-1)
+    _, index = torch.unique(used, return_inverse=True)
+    n_classes, n = int(index.max()) + 1, index.numel()
+    overall = torch.bincount(index, minlength=n_classes).double() / n
+    batch = torch.arange(k).repeat_interleave(batch_size)
+
+    def distance(order: Tensor) -> float:
+        counts = torch.bincount(batch * n_classes + order, minlength=k * n_classes)
+        shares = counts.reshape(k, n_classes).double() / batch_size
+        return float(0.5 * (shares - overall).abs().sum(dim=1).mean())
+
+    generator = torch.Generator().manual_seed(0)
+    shuffled = [distance(index[torch.randperm(n, generator=generator)]) for _ in range(draws)]
+    return distance(index), sum(shuffled) / draws

@@ -46,8 +46,11 @@ from creditaudit.protocol.checks import (
     NO_FROZEN_REASON,
     NOT_EVALUATED,
     PASSED,
+    SORTED_DISTANCE,
+    SORTED_RATIO,
     DiagnosticResult,
     Thresholds,
+    batch_class_mix,
     block_growths,
     cross_batch_stability,
     embed_growth,
@@ -294,6 +297,9 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
             return self.result(None, NOT_EVALUATED,
                                f"gradients at state {layer} are NaN/Inf (diverged model)",
                                **details)
+        sorted_by_class = _sorted_by_class(evidence.labels, grad.shape[0], size, full)
+        if sorted_by_class is not None:
+            return self.result(None, NOT_EVALUATED, sorted_by_class, **details)
         value, k = cross_batch_stability(grad, size)
         details["n_batches"] = k
         if k < self.options.stability_batches:
@@ -308,6 +314,23 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
         return self.result(value, PASSED,
                            f"mean pairwise cos {value:.3f} at state {layer} over {k} batches "
                            f"(≤ {limit:g})", **details)
+
+
+def _sorted_by_class(labels: torch.Tensor | None, n: int, size: int, k: int) -> str | None:
+    """Why (c) cannot judge batches of an evaluation set sorted by class, or None: its
+    ``k`` consecutive batches of ``size`` then hold a class mix far from the set's
+    (:func:`~creditaudit.protocol.checks.batch_class_mix`), and their mean gradients differ
+    by class rather than by what (c) measures. None when the labels are unknown or are not
+    one per sample (``n``)."""
+    if labels is None or tuple(labels.shape) != (n,):
+        return None
+    seen, shuffled = batch_class_mix(labels, size, k)
+    if seen < SORTED_DISTANCE or seen <= SORTED_RATIO * shuffled:
+        return None
+    return (f"the evaluation samples look sorted by class: the class mix of its {k} "
+            f"consecutive batches of {size} is far from the set's (mean total-variation "
+            f"distance {seen:.2f}, {shuffled:.2f} when shuffled); shuffle them (x, y = x[p], "
+            "y[p] with p = torch.randperm(len(y)))")
 
 
 @register

@@ -52,6 +52,7 @@ from creditaudit.protocol.checks import (
     Thresholds,
     batch_class_mix,
     block_growths,
+    check_threshold,
     cross_batch_stability,
     embed_growth,
     margin_pp,
@@ -60,32 +61,52 @@ from creditaudit.protocol.checks import (
 
 
 # --- the four built-ins ---------------------------------------------------------------------
+def _check_ranges(options: Any, diagnostic: str) -> None:
+    """Every field of a built-in's ``options`` in its range
+    (:func:`~creditaudit.protocol.checks.check_threshold`), named by its config key
+    ``diagnostics.<diagnostic>.<field>``."""
+    for name in options.__dataclass_fields__:
+        check_threshold(f"diagnostics.{diagnostic}.{name}", name, getattr(options, name))
+
+
 @dataclass
 class GrowthOptions:
     growth: float = opt(50.0, "(a) fires when one block grows the median ‖h‖ by more than "
-                        "this factor", min=0.0)
+                        "this factor (>= 1)")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "a")
 
 
 @dataclass
 class ReferenceOptions:
     grad_floor: float = opt(REFERENCE_FLOOR, "(b) fires when the median ‖g_L‖ (1/128 scale) "
-                            "is below this floor", min=0.0)
+                            "is below this floor (> 0)")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "b")
 
 
 @dataclass
 class StabilityOptions:
     stability: float = opt(0.30, "(c) fires when the mean pairwise cosine of batch-mean "
-                           "gradients exceeds this", min=-1.0, max=1.0)
-    stability_batches: int = opt(8, "(c) the fewest disjoint evaluation batches it accepts",
-                                 min=2)
+                           "gradients exceeds this (in [-1, 1))")
+    stability_batches: int = opt(8, "(c) the fewest disjoint evaluation batches it accepts "
+                                 "(>= 2)")
     stability_batch_size: int = opt(128, "(c) the size of those batches (the calibration "
-                                    "used 128)", min=1)
+                                    "used 128; >= 1)")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "c")
 
 
 @dataclass
 class DepthOptions:
     margin_pp: float = opt(2.0, "(d) fires when headline − frozen-blocks accuracy is below "
-                           "this margin (percentage points)")
+                           "this margin (percentage points, in (-100, 100])")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "d")
 
 
 @register

@@ -274,3 +274,26 @@ def test_a_run_diverged_in_its_first_epoch_says_why_no_other_diagnostic_is_judge
     note = diverged_text(record)
     assert "the protocol never judged it" in note and "network at initialisation" in note
     assert note in format_run_summary([record])
+
+
+def test_a_record_with_a_threshold_out_of_todays_range_stays_readable(untrained_run, tmp_path):
+    """Earlier versions accepted a stability of 1 (and a floor of 0, …): such a record is
+    read, reported and audited with the thresholds its run used, never refused."""
+    import shutil
+
+    from creditaudit.records.files import CONTENT_KEY, content_digest
+
+    run_dir = tmp_path / untrained_run.name
+    shutil.copytree(untrained_run, run_dir)
+    path = run_dir / "record.json"
+    stored = json.loads(path.read_text())
+    stored["config"]["diagnostics"]["c"]["stability"] = 1.0
+    stored["config"]["diagnostics"]["b"]["grad_floor"] = 0.0
+    stored["protocol"]["report"]["metadata"]["thresholds"]["stability"] = 1.0
+    stored[CONTENT_KEY] = content_digest(stored)
+    path.write_text(json.dumps(stored))
+    record = load_record(run_dir)
+    assert record.config.diagnostics.c.stability == 1.0
+    assert record_report(record, frozen_acc=0.5).thresholds.stability == 1.0
+    assert set(record_verdict(record).statuses) == {"a", "b", "c", "d"}
+    assert audit_run(run_dir, metrics=False).diagnostic("c").threshold == 1.0

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from creditaudit.config.validation import as_recorded, reading_a_record
 from creditaudit.descriptions import max_block_growth
 from creditaudit.errors import ConfigError
 from creditaudit.measures.gradients import REFERENCE_BATCH, REFERENCE_FLOOR
@@ -74,7 +75,7 @@ def check_threshold(key: str, name: str, value: Any) -> None:
     if not math.isfinite(value):
         raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
     text, within, why = THRESHOLD_RANGES[name]
-    if not within(value):
+    if not within(value) and not reading_a_record():  # a record keeps what its run used
         raise ConfigError(f"{key}={value!r} is out of range: it must be {text} ({why})")
 
 
@@ -105,6 +106,14 @@ class Thresholds:
         NaN threshold never fires, nor does an out-of-range one (a stability above 1)."""
         for f in dataclasses.fields(self):
             check_threshold(f"Thresholds.{f.name}", f.name, getattr(self, f.name))
+
+    @classmethod
+    def as_recorded(cls, values: Mapping[str, Any]) -> Thresholds:
+        """The thresholds a record or an options instance holds, kept even where out of
+        the range checked now (an earlier version accepted a stability of 1): what its run
+        was judged with."""
+        with as_recorded():
+            return cls(**values)
 
     def to_dict(self) -> dict[str, float | int]:
         return dataclasses.asdict(self)

@@ -141,7 +141,7 @@ class DiagnosticReport:
 
     @property
     def thresholds(self) -> Thresholds:
-        return Thresholds(**self.metadata.get("thresholds", {}))
+        return Thresholds.as_recorded(self.metadata.get("thresholds", {}))
 
     def __str__(self) -> str:
         """The verdict in words; :func:`creditaudit.report.render` gives the full tables."""

@@ -149,6 +149,18 @@ DIAGNOSE = [
      "Thresholds.stability must be a number, got '0.3'"),
     ("a fractional batch count", lambda: Thresholds(stability_batches=8.5),
      "Thresholds.stability_batches must be an integer, got 8.5"),
+    # out of its range a threshold keeps its diagnostic from ever firing (or always fires)
+    ("a stability above 1", lambda: diagnose(adapted(), X, Y,
+                                             thresholds=Thresholds(stability=1.5)),
+     "Thresholds.stability=1.5 is out of range: it must be in [-1, 1)"),
+    ("a negative gradient floor", lambda: Thresholds(grad_floor=-1e-7),
+     "Thresholds.grad_floor=-1e-07 is out of range: it must be > 0"),
+    ("a growth of 0", lambda: Thresholds(growth=0.0),
+     "Thresholds.growth=0.0 is out of range: it must be >= 1"),
+    ("a margin past 100 pp", lambda: Thresholds(margin_pp=-150.0),
+     "Thresholds.margin_pp=-150.0 is out of range: it must be in (-100, 100]"),
+    ("one batch for (c)", lambda: Thresholds(stability_batches=1),
+     "Thresholds.stability_batches=1 is out of range: it must be >= 2"),
     ("no ρ directions", lambda: diagnose(adapted(), X, Y, metric_options={"rho_directions": 0}),
      "metric_options['rho_directions'] must be an integer ≥ 1, got int 0"),
     ("negative ρ samples", lambda: diagnose(adapted(), X, Y, metric_options={"rho_samples": -1}),
@@ -231,3 +243,23 @@ def test_diagnose_refuses_a_percentage_before_the_metrics_run(accuracies):
                  metric_options={"rho_samples": 8, "rho_directions": 2, "null_draws": 2,
                                  "etas": [0.01]}, **accuracies)
     assert stages == []
+
+
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("diagnostics.c.stability", 1.5, "in [-1, 1)"),
+    ("diagnostics.c.stability", 1.0, "in [-1, 1)"),
+    ("diagnostics.b.grad_floor", -1e-7, "> 0"),
+    ("diagnostics.b.grad_floor", 0.0, "> 0"),
+    ("diagnostics.a.growth", 0.5, ">= 1"),
+    ("diagnostics.d.margin_pp", 101.0, "in (-100, 100]"),
+])
+def test_a_config_refuses_a_threshold_out_of_its_range_as_python_does(key, value, said):
+    """The config accepted stability 1 (max inclusive), a grad_floor of 0, a growth below 1
+    and any margin: each keeps its diagnostic from ever firing, or fires it always."""
+    from creditaudit.config import RunConfig
+
+    with pytest.raises(CreditAuditError) as err:
+        RunConfig().replace(**{key: value})
+    message = str(err.value)
+    assert message.startswith(f"{key}={value!r} is out of range: it must be {said} (")
+    assert "\n" not in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -161,6 +162,42 @@ def test_stability_reads_state_l_half_and_needs_eight_batches():
     c = short.diagnostic("c")
     assert c.status == "not evaluated" and c.value is None
     assert "8 full batches" in c.reason and "not evaluated" in short.verdict_text
+
+
+@pytest.mark.parametrize("n_classes", [2, 10, 100])
+def test_stability_on_samples_sorted_by_class_is_not_evaluated(n_classes):
+    """(c)'s batches are consecutive samples: sorted by class, each batch holds one class (or
+    a few) and its mean gradient differs by class. Not judged; the reason says to shuffle."""
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, n_classes, (1024,), generator=gen)
+    shuffled = evaluate_protocol(dataclasses.replace(make_sg(common_at=2), labels=labels),
+                                 headline_acc=None, frozen_acc=None).diagnostic("c")
+    unlabelled = evaluate_protocol(make_sg(common_at=2), headline_acc=None,
+                                   frozen_acc=None).diagnostic("c")
+    assert shuffled == unlabelled and shuffled.status == "fired"
+    ordered = dataclasses.replace(make_sg(common_at=2), labels=labels.sort().values)
+    c = evaluate_protocol(ordered, headline_acc=None, frozen_acc=None).diagnostic("c")
+    assert c.status == "not evaluated" and c.value is None
+    assert "look sorted by class" in c.reason and "shuffle them" in c.reason
+
+
+def test_diagnose_on_an_evaluation_set_sorted_by_class_leaves_c_not_evaluated():
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=8, d=8, n_classes=4, n_blocks=2)
+    x, y = torch.randn(1024, 8), torch.randint(0, 4, (1024,))
+    assert diagnose(model, x, y).diagnostic("c").status in ("passed", "fired")
+    order = y.argsort(stable=True)
+    c = diagnose(model, x[order], y[order]).diagnostic("c")
+    assert c.status == "not evaluated" and "look sorted by class" in c.reason
+
+
+def test_an_imbalanced_shuffled_set_is_not_called_sorted():
+    """One class in a hundred: a batch of 128 often holds one class by chance alone."""
+    gen = torch.Generator().manual_seed(0)
+    labels = (torch.rand(1024, generator=gen) < 0.01).long()
+    c = evaluate_protocol(dataclasses.replace(make_sg(), labels=labels), headline_acc=None,
+                          frozen_acc=None).diagnostic("c")
+    assert c.status == "passed"
 
 
 def test_overflowed_states_fire_a_and_leave_b_c_not_evaluated():

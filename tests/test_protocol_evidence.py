@@ -33,6 +33,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.checks import unsaturated_share
 from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import load_record
+from creditaudit.report.runs import diverged_text, format_run_summary
 from creditaudit.run.trainer import train
 from test_protocol import make_sg, tiny_config
 
@@ -237,16 +238,62 @@ def test_a_record_that_judged_d_at_epoch_0_reads_it_not_evaluated(untrained_run)
     assert "d" not in report.fired
 
 
-def test_audit_of_a_run_diverged_in_its_first_epoch_judges_d_as_its_record_does(tmp_path):
+@pytest.fixture(scope="module")
+def first_epoch_diverged(tmp_path_factory):
+    """A run that diverged in its first epoch: its last finite epoch is 0."""
+    out = tmp_path_factory.mktemp("diverged")
+    return train(tiny_config(out, **{"method.name": "fa", "optim.lr": 1e9,
+                                     "data.n_test": 256, "optim.epochs": 1,
+                                     "diagnostics.eval_samples": 256,
+                                     "diagnostics.end_of_run": False})).run_dir
+
+
+def test_audit_of_a_run_diverged_in_its_first_epoch_judges_d_as_its_record_does(
+        first_epoch_diverged):
     """Its checkpoint is of epoch 0, the last finite one: `audit` said (d) not evaluated
     (untrained network), where the record, `report` and docs judge (d) on epoch 0's
     numbers — the run did train."""
-    run_dir = train(tiny_config(tmp_path, **{"method.name": "fa", "optim.lr": 1e9,
-                                             "data.n_test": 256, "optim.epochs": 1,
-                                             "diagnostics.eval_samples": 256,
-                                             "diagnostics.end_of_run": False})).run_dir
+    run_dir = first_epoch_diverged
     record = load_record(run_dir)
     assert record.status == "diverged" and record.numbers_epoch == 0
     d = audit_run(run_dir, frozen="0.5", metrics=False).diagnostic("d")
     assert d.status == "fired" and d.value == pytest.approx(100 * (record.final_acc - 0.5))
     assert record_verdict(record, frozen_acc=0.5).statuses["d"] == "fired"
+
+
+def test_a_run_diverged_in_its_first_epoch_says_why_no_other_diagnostic_is_judged(
+        first_epoch_diverged):
+    """No trained epoch was finite, so the protocol never ran: (a)–(c) are not evaluated,
+    the verdict "—", and its note said only which epoch its numbers are of; the docs said
+    (a)–(c) were judged on epoch 0's numbers."""
+    record = load_record(first_epoch_diverged)
+    assert record.protocol.epoch is None and record.numbers_epoch == 0
+    verdict = record_verdict(record, frozen_acc=0.5)
+    assert [verdict.statuses[i] for i in "abc"] == [NOT_EVALUATED] * 3
+    assert verdict.statuses["d"] == "fired"
+    note = diverged_text(record)
+    assert "the protocol never judged it" in note and "network at initialisation" in note
+    assert note in format_run_summary([record])
+
+
+def test_a_record_with_a_threshold_out_of_todays_range_stays_readable(untrained_run, tmp_path):
+    """Earlier versions accepted a stability of 1 (and a floor of 0, …): such a record is
+    read, reported and audited with the thresholds its run used, never refused."""
+    import shutil
+
+    from creditaudit.records.files import CONTENT_KEY, content_digest
+
+    run_dir = tmp_path / untrained_run.name
+    shutil.copytree(untrained_run, run_dir)
+    path = run_dir / "record.json"
+    stored = json.loads(path.read_text())
+    stored["config"]["diagnostics"]["c"]["stability"] = 1.0
+    stored["config"]["diagnostics"]["b"]["grad_floor"] = 0.0
+    stored["protocol"]["report"]["metadata"]["thresholds"]["stability"] = 1.0
+    stored[CONTENT_KEY] = content_digest(stored)
+    path.write_text(json.dumps(stored))
+    record = load_record(run_dir)
+    assert record.config.diagnostics.c.stability == 1.0
+    assert record_report(record, frozen_acc=0.5).thresholds.stability == 1.0
+    assert set(record_verdict(record).statuses) == {"a", "b", "c", "d"}
+    assert audit_run(run_dir, metrics=False).diagnostic("c").threshold == 1.0

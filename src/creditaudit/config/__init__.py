@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ from creditaudit.config.sections import (
     opt,
 )
 from creditaudit.config.validation import (
+    as_recorded,
     check_overrides_read,
     coerce,
     nested_values,
@@ -110,8 +112,9 @@ def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
     if unknown:
         raise ConfigError(f"unknown config section {sorted(unknown)[0]!r}; allowed sections: "
                           f"{', '.join(SECTION_TYPES)}")
-    sections = {name: section_from_dict(name, raw.get(name, {}), strict, dropped)
-                for name in SECTION_TYPES}
+    with as_recorded() if not strict else nullcontext():  # a record: values as written
+        sections = {name: section_from_dict(name, raw.get(name, {}), strict, dropped)
+                    for name in SECTION_TYPES}
     config = RunConfig(**sections)
     _check_consistency(config)
     return config

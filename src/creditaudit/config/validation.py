@@ -16,6 +16,8 @@ import math
 import os
 import typing
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from creditaudit.caller import set_key
@@ -155,6 +157,27 @@ def _quote_hint(key: str, value: Any) -> str:
     flag = set_key(f"--set '{key}=\"{text}\"'", key, text)
     return (f"; quote it to mean the text: {flag} (in a config file, "
             f"{name} = \"{text}\" under [{table}])")
+
+
+# While a record is read its values are kept as its run wrote them where a range this
+# version checks in an options class is narrower than an earlier one's (a threshold).
+_AS_RECORDED: ContextVar[bool] = ContextVar("as_recorded", default=False)
+
+
+@contextmanager
+def as_recorded() -> Iterator[None]:
+    """Within it, options classes keep values out of the ranges they check
+    (:func:`reading_a_record`): a record stays readable."""
+    token = _AS_RECORDED.set(True)
+    try:
+        yield
+    finally:
+        _AS_RECORDED.reset(token)
+
+
+def reading_a_record() -> bool:
+    """Whether values are being read as a record holds them (:func:`as_recorded`)."""
+    return _AS_RECORDED.get()
 
 
 def options_table(key: str, options: type, value: Any) -> Any:

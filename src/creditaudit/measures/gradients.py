@@ -31,7 +31,8 @@ class StateGradients:
 
     ``states[l]`` and ``grads[l]`` are ``(N, d)`` (CLS token / pooled for other layouts);
     ``grads`` follow the 1/128 scale convention; ``losses`` is the per-sample CE ``(N,)``;
-    ``logits`` is ``(N, C)``.
+    ``logits`` is ``(N, C)``; ``labels`` the class indices ``(N,)`` the losses were taken
+    against, in the samples' order (None when the maker did not give them).
     """
 
     states: list[Tensor]
@@ -39,6 +40,7 @@ class StateGradients:
     logits: Tensor
     losses: Tensor
     layout: str = "vectors"
+    labels: Tensor | None = None
 
     @property
     def n_layers(self) -> int:
@@ -73,6 +75,7 @@ def state_gradients(states_fn: StatesFn, x: Tensor, y: Tensor, *, chunk: int = 5
         logits=torch.cat([p[2] for p in parts]),
         losses=torch.cat([p[3] for p in parts]),
         layout=layout,
+        labels=y.detach(),
     )
 
 

@@ -41,8 +41,9 @@ class Evidence:
     ``hidden_norms[l]``/``grad_norms[l]``: median per-sample ‖h_l‖ and ‖g_l‖ (1/128 scale),
     l = 0 … L; ``g_L_zero_fraction``/``g_L_nonzero_median``: the share of samples whose
     g_L is exactly 0 and the median over the others; ``grads``: the per-sample gradient
-    summaries ``(N, d)`` per layer, ``logits`` ``(N, C)`` and ``losses``, the per-sample
-    cross-entropy ``(N,)`` (None when a record is judged again from its stored numbers);
+    summaries ``(N, d)`` per layer, ``logits`` ``(N, C)``, ``labels``, the samples' class
+    indices ``(N,)``, and ``losses``, the per-sample cross-entropy ``(N,)`` — row i of each
+    is the same sample (None when a record is judged again from its stored numbers);
     accuracies are fractions; ``terminal_ln``: whether the model ends in a LayerNorm (None =
     unknown); ``initial_hidden_norms``: ``hidden_norms`` of
     the same network at initialisation on the same evaluation set (a run's epoch 0), when

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from creditaudit.config.validation import as_recorded, reading_a_record
 from creditaudit.descriptions import max_block_growth
 from creditaudit.errors import ConfigError
 from creditaudit.measures.gradients import REFERENCE_BATCH, REFERENCE_FLOOR
@@ -44,6 +45,40 @@ UNTRAINED_REASON = "untrained network (it means nothing before any training step
 HEADLINE_GAMMA = "samples_then_layers"
 
 
+# Each threshold's meaningful range, in words and as a test, and what lies outside it:
+# a threshold out of its range keeps its diagnostic from ever firing, or makes it always fire.
+THRESHOLD_RANGES: dict[str, tuple[str, Callable[[float], bool], str]] = {
+    "growth": (">= 1", lambda v: v >= 1,
+               "a growth factor: below 1 (a) fires on any stream that does not shrink"),
+    "grad_floor": ("> 0", lambda v: v > 0,
+                   "a floor under a norm: at 0 or below (b) never fires"),
+    "stability": ("in [-1, 1)", lambda v: -1 <= v < 1,
+                  "a mean cosine: at 1 or above (c) never fires, below -1 it always does"),
+    "margin_pp": ("in (-100, 100]", lambda v: -100 < v <= 100,
+                  "an accuracy difference in percentage points: at -100 or below (d) never "
+                  "fires, above 100 it always does"),
+    "stability_batches": (">= 2", lambda v: v >= 2, "(c) compares pairs of batches"),
+    "stability_batch_size": (">= 1", lambda v: v >= 1, "a batch holds at least one sample"),
+}
+INTEGER_THRESHOLDS = frozenset({"stability_batches", "stability_batch_size"})
+
+
+def check_threshold(key: str, name: str, value: Any) -> None:
+    """A one-line ConfigError naming ``key`` unless ``value`` is a finite number (an integer
+    for the batching fields) in the range of the threshold ``name``
+    (:data:`THRESHOLD_RANGES`); the Python path (:class:`Thresholds`, the built-ins'
+    ``Options``) and the config path (``[diagnostics.a] growth``) alike."""
+    whole = name in INTEGER_THRESHOLDS
+    if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+        raise ConfigError(f"{key} must be {'an integer' if whole else 'a number'}, "
+                          f"got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
+    text, within, why = THRESHOLD_RANGES[name]
+    if not within(value) and not reading_a_record():  # a record keeps what its run used
+        raise ConfigError(f"{key}={value!r} is out of range: it must be {text} ({why})")
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """Firing thresholds (science.md §5 defaults) and the batching of diagnostic (c): the
@@ -66,19 +101,19 @@ class Thresholds:
     stability_batch_size: int = 128
 
     def __post_init__(self) -> None:
-        """Each threshold a finite number (the batching fields integers), else a one-line
-        ConfigError: a NaN threshold never fires — (a) passed every stream, (d) every
-        margin. (Ranges are left to configs: a conformance check moves a threshold past its
-        range to flip a status.)"""
+        """Each threshold a finite number in its range (:data:`THRESHOLD_RANGES`; the
+        batching fields integers), else a one-line ConfigError naming it and its range: a
+        NaN threshold never fires, nor does an out-of-range one (a stability above 1)."""
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            whole = f.type in (int, "int")
-            if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
-                raise ConfigError(f"Thresholds.{f.name} must be "
-                                  f"{'an integer' if whole else 'a number'}, got {value!r}")
-            if not math.isfinite(value):
-                raise ConfigError(f"Thresholds.{f.name}={value!r} is not a finite number; "
-                                  "give a finite value")
+            check_threshold(f"Thresholds.{f.name}", f.name, getattr(self, f.name))
+
+    @classmethod
+    def as_recorded(cls, values: Mapping[str, Any]) -> Thresholds:
+        """The thresholds a record or an options instance holds, kept even where out of
+        the range checked now (an earlier version accepted a stability of 1): what its run
+        was judged with."""
+        with as_recorded():
+            return cls(**values)
 
     def to_dict(self) -> dict[str, float | int]:
         return dataclasses.asdict(self)
@@ -214,3 +249,33 @@ def cross_batch_stability(grad: Tensor, batch_size: int = 128) -> tuple[float, i
     gram = units @ units.T
     rows, cols = torch.triu_indices(k, k, offset=1)
     return float(gram[rows, cols].mean()), k
+
+
+# (c)'s batches look sorted by class when their class mix is at least this far from the
+# set's (mean total-variation distance) and this many times as far as shuffled batches'.
+SORTED_DISTANCE, SORTED_RATIO = 0.2, 1.5
+
+
+def batch_class_mix(labels: Tensor, batch_size: int, k: int, draws: int = 8
+                    ) -> tuple[float, float]:
+    """(how far the class mix of the first ``k`` consecutive batches of ``batch_size``
+    ``labels`` ``(N,)`` is from that of all ``k·batch_size``, the same for those labels
+    shuffled): each the mean over batches of the total-variation distance between a batch's
+    class shares and the set's (0: every batch mixed like the set; 1 − 1/C for a
+    balanced set of C classes sorted by class). The shuffled distance is the mean of
+    ``draws`` shuffles drawn from a generator of its own (seed 0: the global RNG is
+    untouched, the value reproducible): what chance alone gives batches of this size."""
+    used = labels[: k * batch_size].reshape(-1)
+    _, index = torch.unique(used, return_inverse=True)
+    n_classes, n = int(index.max()) + 1, index.numel()
+    overall = torch.bincount(index, minlength=n_classes).double() / n
+    batch = torch.arange(k).repeat_interleave(batch_size)
+
+    def distance(order: Tensor) -> float:
+        counts = torch.bincount(batch * n_classes + order, minlength=k * n_classes)
+        shares = counts.reshape(k, n_classes).double() / batch_size
+        return float(0.5 * (shares - overall).abs().sum(dim=1).mean())
+
+    generator = torch.Generator().manual_seed(0)
+    shuffled = [distance(index[torch.randperm(n, generator=generator)]) for _ in range(draws)]
+    return distance(index), sum(shuffled) / draws

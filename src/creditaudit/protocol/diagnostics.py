@@ -46,9 +46,13 @@ from creditaudit.protocol.checks import (
     NO_FROZEN_REASON,
     NOT_EVALUATED,
     PASSED,
+    SORTED_DISTANCE,
+    SORTED_RATIO,
     DiagnosticResult,
     Thresholds,
+    batch_class_mix,
     block_growths,
+    check_threshold,
     cross_batch_stability,
     embed_growth,
     margin_pp,
@@ -57,32 +61,52 @@ from creditaudit.protocol.checks import (
 
 
 # --- the four built-ins ---------------------------------------------------------------------
+def _check_ranges(options: Any, diagnostic: str) -> None:
+    """Every field of a built-in's ``options`` in its range
+    (:func:`~creditaudit.protocol.checks.check_threshold`), named by its config key
+    ``diagnostics.<diagnostic>.<field>``."""
+    for name in options.__dataclass_fields__:
+        check_threshold(f"diagnostics.{diagnostic}.{name}", name, getattr(options, name))
+
+
 @dataclass
 class GrowthOptions:
     growth: float = opt(50.0, "(a) fires when one block grows the median ‖h‖ by more than "
-                        "this factor", min=0.0)
+                        "this factor (>= 1)")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "a")
 
 
 @dataclass
 class ReferenceOptions:
     grad_floor: float = opt(REFERENCE_FLOOR, "(b) fires when the median ‖g_L‖ (1/128 scale) "
-                            "is below this floor", min=0.0)
+                            "is below this floor (> 0)")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "b")
 
 
 @dataclass
 class StabilityOptions:
     stability: float = opt(0.30, "(c) fires when the mean pairwise cosine of batch-mean "
-                           "gradients exceeds this", min=-1.0, max=1.0)
-    stability_batches: int = opt(8, "(c) the fewest disjoint evaluation batches it accepts",
-                                 min=2)
+                           "gradients exceeds this (in [-1, 1))")
+    stability_batches: int = opt(8, "(c) the fewest disjoint evaluation batches it accepts "
+                                 "(>= 2)")
     stability_batch_size: int = opt(128, "(c) the size of those batches (the calibration "
-                                    "used 128)", min=1)
+                                    "used 128; >= 1)")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "c")
 
 
 @dataclass
 class DepthOptions:
     margin_pp: float = opt(2.0, "(d) fires when headline − frozen-blocks accuracy is below "
-                           "this margin (percentage points)")
+                           "this margin (percentage points, in (-100, 100])")
+
+    def __post_init__(self) -> None:
+        _check_ranges(self, "d")
 
 
 @register
@@ -294,6 +318,9 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
             return self.result(None, NOT_EVALUATED,
                                f"gradients at state {layer} are NaN/Inf (diverged model)",
                                **details)
+        sorted_by_class = _sorted_by_class(evidence.labels, grad.shape[0], size, full)
+        if sorted_by_class is not None:
+            return self.result(None, NOT_EVALUATED, sorted_by_class, **details)
         value, k = cross_batch_stability(grad, size)
         details["n_batches"] = k
         if k < self.options.stability_batches:
@@ -308,6 +335,23 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
         return self.result(value, PASSED,
                            f"mean pairwise cos {value:.3f} at state {layer} over {k} batches "
                            f"(≤ {limit:g})", **details)
+
+
+def _sorted_by_class(labels: torch.Tensor | None, n: int, size: int, k: int) -> str | None:
+    """Why (c) cannot judge batches of an evaluation set sorted by class, or None: its
+    ``k`` consecutive batches of ``size`` then hold a class mix far from the set's
+    (:func:`~creditaudit.protocol.checks.batch_class_mix`), and their mean gradients differ
+    by class rather than by what (c) measures. None when the labels are unknown or are not
+    one per sample (``n``)."""
+    if labels is None or tuple(labels.shape) != (n,):
+        return None
+    seen, shuffled = batch_class_mix(labels, size, k)
+    if seen < SORTED_DISTANCE or seen <= SORTED_RATIO * shuffled:
+        return None
+    return (f"the evaluation samples look sorted by class: the class mix of its {k} "
+            f"consecutive batches of {size} is far from the set's (mean total-variation "
+            f"distance {seen:.2f}, {shuffled:.2f} when shuffled); shuffle them (x, y = x[p], "
+            "y[p] with p = torch.randperm(len(y)))")
 
 
 @register

@@ -141,7 +141,7 @@ class DiagnosticReport:
 
     @property
     def thresholds(self) -> Thresholds:
-        return Thresholds(**self.metadata.get("thresholds", {}))
+        return Thresholds.as_recorded(self.metadata.get("thresholds", {}))
 
     def __str__(self) -> str:
         """The verdict in words; :func:`creditaudit.report.render` gives the full tables."""
@@ -208,7 +208,7 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
                                          measures.g_L_nonzero_median)
     evidence = Evidence(hidden_norms=hidden, grad_norms=grads, g_L_zero_fraction=zero_fraction,
                         g_L_nonzero_median=nonzero_median, grads=sg.grads, logits=sg.logits,
-                        losses=sg.losses,
+                        labels=sg.labels, losses=sg.losses,
                         headline_acc=headline_acc, frozen_acc=frozen_acc,
                         terminal_ln=terminal_ln,
                         initial_hidden_norms=(None if initial_hidden_norms is None

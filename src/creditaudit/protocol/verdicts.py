@@ -233,7 +233,7 @@ class Protocol:
             for name in d.option_names():
                 if name in Thresholds.__dataclass_fields__:
                     values[name] = getattr(d.options, name)
-        return Thresholds(**values)
+        return Thresholds.as_recorded(values)  # its options were checked when built
 
     @property
     def names(self) -> list[str]:

@@ -90,6 +90,12 @@ def diverged_text(record: RunRecord) -> str | None:
     if protocol is not None and protocol != epoch:  # the protocol judged a later network
         text += (f"; its verdict and diagnostics are of epoch {protocol}, the protocol's "
                  "last evaluation")
+    if protocol is None and epoch == 0:  # diverged in its first epoch
+        text += (f"; no trained epoch was finite, so the protocol never judged it: every "
+                 f"diagnostic but {DepthUtility.id_label()} is not evaluated (epoch 0 is the "
+                 "network at initialisation, which shows nothing of the rule), and "
+                 f"{DepthUtility.id_label()} compares epoch 0's accuracy with a frozen-blocks "
+                 "baseline when one is given")
     return text
 
 

@@ -176,11 +176,21 @@ def threshold_decides_the_status(cls: type[ProtocolDiagnostic[Any]],
             continue
         above = result.status == FIRED if cls.operator == ">" else result.status == PASSED
         moved = value + abs(value) + 1.0 if above else value - abs(value) - 1.0
-        flipped = diagnostic.with_threshold(moved).evaluate(evidence_cases()[case])
+        flipped = _past_its_range(diagnostic, moved).evaluate(evidence_cases()[case])
         want = PASSED if result.status == FIRED else FIRED
         assert flipped.status == want, \
             f"on {case} evidence the value {value:g} {result.status} at threshold " \
             f"{result.threshold:g}, and is still {flipped.status!r} at {moved:g}"
+
+
+def _past_its_range(diagnostic: ProtocolDiagnostic[Any], threshold: float
+                    ) -> ProtocolDiagnostic[Any]:
+    """``diagnostic`` with its threshold option set to ``threshold`` on a copy of its
+    options, unchecked: the threshold moved past the statistic may lie outside the range
+    its options accept (a stability above 1), which is what flipping the status needs."""
+    options = copy.copy(diagnostic.options)
+    object.__setattr__(options, diagnostic.threshold, threshold)  # frozen ones too
+    return type(diagnostic)(options)
 
 
 def never_passes_without_evidence(cls: type[ProtocolDiagnostic[Any]],

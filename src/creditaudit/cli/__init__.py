@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import logging
 import os
@@ -48,6 +49,40 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, except that arguments no parser knows are refused by the parser of
+        the command they were given to (``see creditaudit train --help``, not the top
+        level's help), with the closest option of that command when one is close
+        (``--epoks``: did you mean --epochs?)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self.subcommand_parser(getattr(parsed, "command", None)) or self
+            parser.error(f"unrecognized arguments: {' '.join(extras)}"
+                         f"{closest_option(parser, extras)}")
+        return parsed
+
+    def subcommand_parser(self, command: str | None) -> argparse.ArgumentParser | None:
+        """The parser of subcommand ``command`` (None when there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command is not None:
+                return action.choices.get(command)
+        return None
+
+
+def closest_option(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """``; did you mean --epochs?`` for the first unknown option in ``extras`` that is
+    close to one of ``parser``'s options; empty when none is."""
+    options = [s for action in parser._actions for s in action.option_strings
+               if s.startswith("--")]
+    for word in extras:
+        if not word.startswith("--"):
+            continue
+        match = difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.7)
+        if match:
+            return f"; did you mean {match[0]}?"
+    return ""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
@@ -62,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in SUBCOMMANDS:
         importlib.import_module(f"creditaudit.cli.{name}").add_parser(sub)
+        # also after the command, where the advice "rerun with --verbose" is usually
+        # followed; not given there, it leaves the top level's value alone
+        sub.choices[name].add_argument("-v", "--verbose", action="store_true",
+                                       default=argparse.SUPPRESS, help="log debug messages "
+                                       "and show the traceback of an unexpected error")
     return parser
 
 

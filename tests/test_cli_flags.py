@@ -1,0 +1,71 @@
+"""The command line's flags as a user types them: where they may stand, what a misspelled
+one is told, and flags a command would otherwise accept and silently drop."""
+
+from __future__ import annotations
+
+import pytest
+
+from creditaudit.cli import main
+from integrity_support import assert_one_line_error
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--print-config", "--verbose"],
+    ["train", "-v", "--print-config"],
+    ["-v", "train", "--print-config"],
+])
+def test_verbose_is_taken_after_the_command_too(argv, capsys):
+    """"rerun with --verbose for the traceback" (an internal error's advice) was a usage
+    error when appended to the command: -v/--verbose was the top level's only."""
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("[data]")
+
+
+def test_verbose_after_the_command_shows_the_traceback(monkeypatch):
+    """--verbose after the command does what it does before it: the traceback of an
+    unexpected error is raised, not folded into one line."""
+    import creditaudit.cli.train as train_cli
+
+    def broken(args):  # noqa: ANN001, ANN202 - a bug of ours
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(train_cli, "run", broken)
+    assert main(["train"]) == 1  # one line asking for a report
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["train", "--verbose"])
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["train", "--epoks", "1"], ["unrecognized arguments: --epoks 1",
+                                 "did you mean --epochs?", "see creditaudit train --help"]),
+    (["sweep", "x.toml", "--dryrun"], ["did you mean --dry-run?",
+                                       "see creditaudit sweep --help"]),
+    (["audit", "r", "--formt=json"], ["did you mean --format?",
+                                      "see creditaudit audit --help"]),
+    (["train", "--zzz"], ["unrecognized arguments: --zzz", "see creditaudit train --help"]),
+])
+def test_an_unknown_flag_is_told_its_commands_help_and_the_closest_flag(argv, fragments,
+                                                                         capsys):
+    """A misspelled flag of a subcommand pointed at the top level's help (which lists no
+    flag of the subcommand) and suggested nothing."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err, *fragments)
+    if argv[-1] == "--zzz":
+        assert "did you mean" not in line
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--executor", "ray", "--workers", "2"], "--workers is for the local executor; Ray"),
+    (["--executor", "inline", "--workers", "2"], "--workers 2 is for the local executor"),
+    (["--executor", "inline", "--workers", "-1", "--no-train"], "--workers must be >= 0"),
+])
+def test_experiment_refuses_workers_its_executor_drops(flags, fragment, tmp_path, capsys):
+    """experiment --executor ray/inline --workers N trained with the executor's own count
+    and never said N was dropped (sweep refuses --workers with Ray); a negative count
+    passed when nothing was left to train."""
+    argv = ["experiment", "fresh_null", "--scale", "smoke", "--out", str(tmp_path), *flags]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, fragment)
+    assert not (tmp_path / "experiments").exists()

@@ -69,3 +69,18 @@ def test_experiment_refuses_workers_its_executor_drops(flags, fragment, tmp_path
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err, fragment)
     assert not (tmp_path / "experiments").exists()
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--epochs", "-1"], "argument --epochs: -1 is out of range; it must be >= 0"),
+    (["--n-train", "0"], "argument --n-train: 0 is out of range; it must be >= 1"),
+    (["--seed", "-1"], "argument --seed: -1 is out of range"),
+])
+def test_demo_refuses_its_flags_by_their_names(flags, fragment, tmp_path, capsys):
+    """demo --epochs -1 was refused as 'optim.epochs=-1 is out of range': a config key the
+    demo has no flag for (it takes no --set), not the flag the user gave."""
+    assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err, fragment)
+    assert "optim." not in line and "data." not in line and "run." not in line
+    assert not (tmp_path / "d").exists()

@@ -34,6 +34,25 @@ def finite_float(text: str) -> float:
     return value
 
 
+def whole_number(minimum: int, maximum: int | None = None) -> Any:
+    """argparse type of an integer option with the bounds of the config key it sets, for a
+    command without ``--set`` (``demo --epochs``): a value out of them is refused naming
+    the flag, not a config key the command has no flag for."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"in {minimum} … {maximum}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range; it must be {bounds}")
+        return value
+
+    parse.__name__ = "whole number"  # argparse's "invalid whole number value: …"
+    return parse
+
+
 def folder(text: str) -> str:
     """argparse type of an output folder: not empty (an empty path silently means the
     current folder), no NUL character (no file path holds one)."""

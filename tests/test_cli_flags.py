@@ -84,3 +84,22 @@ def test_demo_refuses_its_flags_by_their_names(flags, fragment, tmp_path, capsys
     line = assert_one_line_error(captured.out, captured.err, fragment)
     assert "optim." not in line and "data." not in line and "run." not in line
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flags, start", [
+    (["--width", "0"], "--width 0: model.d=0 is out of range"),
+    (["--epochs", "-1"], "--epochs -1: optim.epochs=-1 is out of range"),
+    (["--arch", "student", "--width", "4"], "--width 4: model.d is not read by student"),
+    (["--arch", "student", "--no-out-ln"], "--no-out-ln: model.out_ln is not read by student"),
+    (["--arch", "resmlp:pkg.mod:f"], "--arch resmlp:pkg.mod:f: model.factory is not read"),
+    (["--out", ""], "--out '': run.out_dir='' is an empty path"),
+])
+def test_a_flags_refused_value_is_named_by_the_flag(flags, start, capsys):
+    """train --width 0 was refused as 'model.d=0 is out of range' alone, naming a key the
+    command line had not spelled; a --set value is still named by its key."""
+    assert main(["train", *flags, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err)
+    assert line.startswith(f"creditaudit: error: {start}"), line
+    assert main(["train", "--set", "model.d=0", "--print-config"]) == 2
+    assert capsys.readouterr().err.startswith("creditaudit: error: model.d=0 is out of range")

@@ -103,3 +103,14 @@ def test_a_flags_refused_value_is_named_by_the_flag(flags, start, capsys):
     assert line.startswith(f"creditaudit: error: {start}"), line
     assert main(["train", "--set", "model.d=0", "--print-config"]) == 2
     assert capsys.readouterr().err.startswith("creditaudit: error: model.d=0 is out of range")
+
+
+def test_experiment_list_with_a_name_lists_that_one(capsys):
+    """experiment NAME --list listed every experiment and ignored NAME, also a misspelled
+    one."""
+    assert main(["experiment", "fresh_null", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fresh_null\n") and "\naudit_table" not in out
+    assert main(["experiment", "fresh_nul", "--list"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "unknown experiment 'fresh_nul'")

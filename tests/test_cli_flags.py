@@ -114,3 +114,17 @@ def test_experiment_list_with_a_name_lists_that_one(capsys):
     assert main(["experiment", "fresh_nul", "--list"]) == 2
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err, "unknown experiment 'fresh_nul'")
+
+
+def test_creditaudit_set_comes_after_sweeps_out_as_after_trains(tmp_path, monkeypatch,
+                                                                capsys):
+    """docs/configuration.md: CREDITAUDIT_SET is applied after the flags. train did so;
+    sweep let its --out beat a run.out_dir of CREDITAUDIT_SET."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[base]\ndata.n_train = 64\ndata.n_test = 64\nmodel.d = 8\n'
+                     '[grid]\nrun.seed = [1, 2]\n')
+    monkeypatch.setenv("CREDITAUDIT_SET", f"run.out_dir={tmp_path / 'env'}")
+    assert main(["train", "--out", str(tmp_path / "flag"), "--print-config"]) == 0
+    assert f'out_dir = "{tmp_path / "env"}"' in capsys.readouterr().out
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "flag"), "--dry-run"]) == 0
+    assert f"(results in {tmp_path / 'env'})" in capsys.readouterr().out

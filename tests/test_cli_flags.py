@@ -128,3 +128,19 @@ def test_creditaudit_set_comes_after_sweeps_out_as_after_trains(tmp_path, monkey
     assert f'out_dir = "{tmp_path / "env"}"' in capsys.readouterr().out
     assert main(["sweep", str(sweep), "--out", str(tmp_path / "flag"), "--dry-run"]) == 0
     assert f"(results in {tmp_path / 'env'})" in capsys.readouterr().out
+
+
+def test_a_sweep_file_given_to_train_is_named_as_one(tmp_path, capsys):
+    """train --config SWEEP.toml said "unknown config section 'base'", as if a section
+    were misspelled, not that the file is a sweep file for creditaudit sweep."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[base]\nmodel.d = 8\n[grid]\nrun.seed = [1, 2]\n')
+    assert main(["train", "--config", str(sweep), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "is a sweep file ([base], [grid])",
+                          f"run it with creditaudit sweep {sweep}")
+    from creditaudit.config import load_config
+    from creditaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"creditaudit\.sweep\.load_sweep\("):
+        load_config(sweep)  # a Python caller is told the Python call

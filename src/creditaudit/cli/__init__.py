@@ -59,7 +59,7 @@ class Parser(argparse.ArgumentParser):
         if extras:
             parser = self.subcommand_parser(getattr(parsed, "command", None)) or self
             parser.error(f"unrecognized arguments: {' '.join(extras)}"
-                         f"{closest_option(parser, extras)}")
+                         f"{closest_option([parser, self], extras)}")
         return parsed
 
     def subcommand_parser(self, command: str | None) -> argparse.ArgumentParser | None:
@@ -70,11 +70,12 @@ class Parser(argparse.ArgumentParser):
         return None
 
 
-def closest_option(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+def closest_option(parsers: Sequence[argparse.ArgumentParser], extras: Sequence[str]) -> str:
     """``; did you mean --epochs?`` for the first unknown option in ``extras`` that is
-    close to one of ``parser``'s options; empty when none is."""
-    options = [s for action in parser._actions for s in action.option_strings
-               if s.startswith("--")]
+    close to an option of one of ``parsers`` (a command's, the top level's); empty when
+    none is."""
+    options = [s for parser in parsers for action in parser._actions
+               for s in action.option_strings if s.startswith("--")]
     for word in extras:
         if not word.startswith("--"):
             continue

@@ -44,6 +44,7 @@ def test_verbose_after_the_command_shows_the_traceback(monkeypatch):
                                       "see creditaudit audit --help"]),
     (["train", "--zzz"], ["unrecognized arguments: --zzz", "see creditaudit train --help"]),
     (["--versoin", "train"], ["did you mean --version?"]),  # a flag of the top level's
+    (["trian"], ["invalid choice: 'trian'; did you mean train?"]),
 ])
 def test_an_unknown_flag_is_told_its_commands_help_and_the_closest_flag(argv, fragments,
                                                                          capsys):

@@ -26,7 +26,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
 from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
@@ -61,6 +61,17 @@ class Parser(argparse.ArgumentParser):
             parser.error(f"unrecognized arguments: {' '.join(extras)}"
                          f"{closest_option([parser, self], extras)}")
         return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's, except that a misspelled command is told the closest one
+        (``trian``: did you mean train?)."""
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            close = difflib.get_close_matches(str(value), list(action.choices), n=1)
+            if close:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r}; did you "
+                                                     f"mean {close[0]}? (choose from "
+                                                     f"{', '.join(action.choices)})")
+        super()._check_value(action, value)
 
     def subcommand_parser(self, command: str | None) -> argparse.ArgumentParser | None:
         """The parser of subcommand ``command`` (None when there is none)."""

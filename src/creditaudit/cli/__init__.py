@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import logging
 import os
@@ -25,7 +26,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
 from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
@@ -48,6 +49,52 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, except that arguments no parser knows are refused by the parser of
+        the command they were given to (``see creditaudit train --help``, not the top
+        level's help), with the closest option of that command when one is close
+        (``--epoks``: did you mean --epochs?)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self.subcommand_parser(getattr(parsed, "command", None)) or self
+            parser.error(f"unrecognized arguments: {' '.join(extras)}"
+                         f"{closest_option([parser, self], extras)}")
+        return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's, except that a misspelled command is told the closest one
+        (``trian``: did you mean train?)."""
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            close = difflib.get_close_matches(str(value), list(action.choices), n=1)
+            if close:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r}; did you "
+                                                     f"mean {close[0]}? (choose from "
+                                                     f"{', '.join(action.choices)})")
+        super()._check_value(action, value)
+
+    def subcommand_parser(self, command: str | None) -> argparse.ArgumentParser | None:
+        """The parser of subcommand ``command`` (None when there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command is not None:
+                return action.choices.get(command)
+        return None
+
+
+def closest_option(parsers: Sequence[argparse.ArgumentParser], extras: Sequence[str]) -> str:
+    """``; did you mean --epochs?`` for the first unknown option in ``extras`` that is
+    close to an option of one of ``parsers`` (a command's, the top level's); empty when
+    none is."""
+    options = [s for parser in parsers for action in parser._actions
+               for s in action.option_strings if s.startswith("--")]
+    for word in extras:
+        if not word.startswith("--"):
+            continue
+        match = difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.7)
+        if match:
+            return f"; did you mean {match[0]}?"
+    return ""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
@@ -62,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in SUBCOMMANDS:
         importlib.import_module(f"creditaudit.cli.{name}").add_parser(sub)
+        # also after the command, where the advice "rerun with --verbose" is usually
+        # followed; not given there, it leaves the top level's value alone
+        sub.choices[name].add_argument("-v", "--verbose", action="store_true",
+                                       default=argparse.SUPPRESS, help="log debug messages "
+                                       "and show the traceback of an unexpected error")
     return parser
 
 

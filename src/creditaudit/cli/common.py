@@ -34,6 +34,25 @@ def finite_float(text: str) -> float:
     return value
 
 
+def whole_number(minimum: int, maximum: int | None = None) -> Any:
+    """argparse type of an integer option with the bounds of the config key it sets, for a
+    command without ``--set`` (``demo --epochs``): a value out of them is refused naming
+    the flag, not a config key the command has no flag for."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"in {minimum} … {maximum}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range; it must be {bounds}")
+        return value
+
+    parse.__name__ = "whole number"  # argparse's "invalid whole number value: …"
+    return parse
+
+
 def folder(text: str) -> str:
     """argparse type of an output folder: not empty (an empty path silently means the
     current folder), no NUL character (no file path holds one)."""
@@ -182,19 +201,37 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     for _, key, _, _ in SWITCHES:
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
+    # what each flag given sets, as the command line spelled it (for a refusal of its value)
+    shortcuts = {key for _, key, _ in SHORTCUTS}
+    given = {key: f"{flags[key]} {shlex.quote(str(value))}" if key in shortcuts else flags[key]
+             for key, value in overrides.items()}
     arch = overrides.get("model.arch")
     if isinstance(arch, str) and ":" in arch:  # --arch module:package.module:factory
         overrides["model.arch"], _, overrides["model.factory"] = arch.partition(":")
         flags["model.factory"] = "--arch"
+        given["model.factory"] = given["model.arch"]
     for item in args.set:
         key, value = parse_override(item)
         if key in overrides and key in flags and not _same_value(overrides[key], value):
             raise ConfigError(f"{flags[key]} and --set {item.strip()} give {key} two values "
                               f"({overrides[key]!r} and {value!r}); give one of them")
         set_last(overrides, key, value)
-    config = apply_overrides(config, overrides)
+    try:
+        config = apply_overrides(config, overrides)
+    except ConfigError as err:
+        raise ConfigError(named_by_flag(str(err), given)) from None
     shrink = env_overrides()
     return apply_where_read(config, shrink) if shrink else config
+
+
+def named_by_flag(message: str, given: dict[str, str]) -> str:
+    """``message``, a refusal of a config key's value, prefixed with the flag that gave it
+    (``--width 0: model.d=0 is out of range …``) when a flag of ``given`` (config key →
+    the flag as the command line spelled it) set that key; else as it is."""
+    for key, flag in given.items():
+        if message.startswith((f"{key}=", f"{key} ")):
+            return f"{flag}: {message}"
+    return message
 
 
 def set_last(overrides: dict[str, Any], key: str, value: Any) -> None:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from creditaudit.cli.common import add_device_options, env_overrides, folder
+from creditaudit.cli.common import add_device_options, env_overrides, folder, whole_number
 from creditaudit.cli.run_watch import RunWatch
 from creditaudit.cli.sweep_output import as_reported
-from creditaudit.config import RunConfig, apply_where_read, device_overrides
+from creditaudit.config import MAX_SEED, RunConfig, apply_where_read, device_overrides
 from creditaudit.errors import ConfigError
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
@@ -79,12 +79,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="results folder (default runs/demo)")
     parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default="mnist1d",
                         help="mnist1d (default) or synthetic (the teacher–student task)")
-    parser.add_argument("--epochs", type=int, default=None,
+    parser.add_argument("--epochs", type=whole_number(0), default=None,
                         help="epochs per method (default 8)")
-    parser.add_argument("--n-train", type=int, default=None,
+    parser.add_argument("--n-train", type=whole_number(1), default=None,
                         help="training samples (default 32000 for mnist1d, 20000 for "
                              "synthetic)")
-    parser.add_argument("--seed", type=int, default=42, help="seed (default 42)")
+    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=42,
+                        help="seed (default 42)")
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most "
                              "4); 0: one run after another in this process, as in sweep")

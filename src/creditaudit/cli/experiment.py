@@ -48,9 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="results folder: runs in OUT/RUN_ID/, summaries in "
                              "OUT/experiments/ (default: results)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="worker processes, one torch thread each (default: the number of "
-                             "CPUs; 0 = train in this process; smoke scale trains in this "
-                             "process unless N is given)")
+                        help="local executor: worker processes, one torch thread each "
+                             "(default: the number of CPUs; 0 = train in this process; smoke "
+                             "scale trains in this process unless N is given)")
     parser.add_argument("--executor", choices=("local", "inline", "ray"), default="local",
                         help="local worker processes (default), inline (this process) or one "
                              "Ray task per run")
@@ -64,8 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="no progress lines while runs train (summaries, errors and "
                              "waits for runs another process holds are still printed)")
     parser.add_argument("--list", action="store_true",
-                        help="list the experiments and what each answers (with --scale: how "
-                             "many runs each needs and how many are finished in --out)")
+                        help="list the experiments (with NAME: that one) and what each "
+                             "answers (with --scale: how many runs each needs and how many are "
+                             "finished in --out)")
     parser.set_defaults(handler=run)
 
 
@@ -90,7 +91,9 @@ def _list(args: argparse.Namespace) -> int:
     from creditaudit.study.experiments import experiment_names, get_experiment
     from creditaudit.study.experiments.registry import OPTIONS
 
-    for name in experiment_names():
+    # NAME with --list: that experiment only (an unknown name is refused, not ignored)
+    names = experiment_names() if args.name in (None, "all") else [args.name]
+    for name in names:
         experiment = get_experiment(name)
         alone = "" if experiment.in_all else " (run by name only: not part of all)"
         print(f"{name}{alone}\n    {experiment.question}\n    runs: {experiment.needs}")

@@ -243,9 +243,9 @@ def run(args: argparse.Namespace) -> int:
     max_runs = DEFAULT_MAX_RUNS if args.max_runs is None else args.max_runs
     sweep = load_sweep(args.sweep_file, max_runs=max_runs, validate=False)
     overrides = device_overrides(args.device, args.precision)
-    overrides.update(env_overrides())
     if args.out is not None:
         overrides["run.out_dir"] = args.out
+    overrides.update(env_overrides())  # after every flag, as train and demo apply it
     expansion = sweep.expand(overrides, max_runs=max_runs)
     # one count for every run, which the executor reserves and sets (flag, file's, else 1)
     args.threads_per_worker, warning = sweep_threads(expansion.configs, args.threads_per_worker)

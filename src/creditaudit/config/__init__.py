@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from creditaudit.caller import on_command_line
 from creditaudit.config.composed import (
     SELECTORS,
     bind,
@@ -169,6 +170,12 @@ def load_config(path: str | Path) -> RunConfig:
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a "
                           "config") from None
+    if {"base", "grid"} & set(raw) and not set(raw) & set(SECTION_TYPES):
+        run_it = (f"creditaudit sweep {path}" if on_command_line()
+                  else f"creditaudit.sweep.load_sweep({str(path)!r})")
+        raise ConfigError(f"config file {path} is a sweep file ([base], [grid]), not a run "
+                          f"config: run it with {run_it}, or give a run config ([data], "
+                          "[model], … sections; a run folder's config.toml)")
     return config_from_dict(raw)
 
 

@@ -105,19 +105,34 @@ def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str,
     return legacy if (meta.get("scale"), meta.get("dataset")) == (scale, dataset) else None
 
 
-def _executor(kind: str, scale: str, workers: int | None, device: str | None = None) -> Any:
-    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
-
+def check_executor(kind: str, workers: int | None) -> None:
+    """Refuse, before anything is planned, an executor that is none of :data:`EXECUTORS`
+    and a ``workers`` it would not use (the Ray and inline executors start no worker
+    processes: a count given to them was silently dropped) or that is negative."""
     if kind not in EXECUTORS:
         raise ConfigError(f"executor {kind!r} is not one of {', '.join(EXECUTORS)}")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"{argument('workers')} must be >= 0, got {workers}")
+    if kind == "ray" and workers is not None:
+        raise ConfigError(f"{argument('workers')} is for the local executor; Ray runs as many "
+                          f"runs as the cluster has CPUs: drop {argument('workers')}")
+    if kind == "inline" and workers:
+        raise ConfigError(f"{argument('workers')} {workers} is for the local executor; the "
+                          "inline one trains one run after another in this process: drop "
+                          f"{argument('workers')}, or use the local executor")
+
+
+def _executor(kind: str, scale: str, workers: int | None, device: str | None = None) -> Any:
+    """The executor of ``kind`` (checked by :func:`check_executor`) for ``workers``."""
+    from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
+
+    check_executor(kind, workers)
     if kind == "ray":
         # A CUDA run reserves a GPU, so Ray places it on a GPU node (and the resource
         # check refuses a cluster without one) instead of failing on a CPU node.
         return RayExecutor(num_cpus_per_run=1, num_gpus_per_run=1.0 if device == "cuda" else 0.0)
     if kind == "inline" or workers == 0 or (scale == "smoke" and workers is None):
         return InlineExecutor(threads=1)
-    if workers is not None and workers < 0:
-        raise ConfigError(f"{argument('workers')} must be >= 0, got {workers}")
     return LocalExecutor(workers=workers, threads_per_worker=1)
 
 
@@ -263,6 +278,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     from creditaudit.sweep import plan_runs, prepare_configs, run_sweep
 
     get_scale(scale)
+    check_executor(executor, workers)  # also when every run is finished already
     experiments = [get_experiment(name) for name in names]
     if choices.given() and len(experiments) != 1:
         raise ConfigError(f"{chosen(choices.given()[0])} applies to one experiment: name it "

@@ -1,0 +1,148 @@
+"""The command line's flags as a user types them: where they may stand, what a misspelled
+one is told, and flags a command would otherwise accept and silently drop."""
+
+from __future__ import annotations
+
+import pytest
+
+from creditaudit.cli import main
+from integrity_support import assert_one_line_error
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--print-config", "--verbose"],
+    ["train", "-v", "--print-config"],
+    ["-v", "train", "--print-config"],
+])
+def test_verbose_is_taken_after_the_command_too(argv, capsys):
+    """"rerun with --verbose for the traceback" (an internal error's advice) was a usage
+    error when appended to the command: -v/--verbose was the top level's only."""
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("[data]")
+
+
+def test_verbose_after_the_command_shows_the_traceback(monkeypatch):
+    """--verbose after the command does what it does before it: the traceback of an
+    unexpected error is raised, not folded into one line."""
+    import creditaudit.cli.train as train_cli
+
+    def broken(args):  # noqa: ANN001, ANN202 - a bug of ours
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(train_cli, "run", broken)
+    assert main(["train"]) == 1  # one line asking for a report
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["train", "--verbose"])
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["train", "--epoks", "1"], ["unrecognized arguments: --epoks 1",
+                                 "did you mean --epochs?", "see creditaudit train --help"]),
+    (["sweep", "x.toml", "--dryrun"], ["did you mean --dry-run?",
+                                       "see creditaudit sweep --help"]),
+    (["audit", "r", "--formt=json"], ["did you mean --format?",
+                                      "see creditaudit audit --help"]),
+    (["train", "--zzz"], ["unrecognized arguments: --zzz", "see creditaudit train --help"]),
+    (["--versoin", "train"], ["did you mean --version?"]),  # a flag of the top level's
+    (["trian"], ["invalid choice: 'trian'; did you mean train?"]),
+])
+def test_an_unknown_flag_is_told_its_commands_help_and_the_closest_flag(argv, fragments,
+                                                                         capsys):
+    """A misspelled flag of a subcommand pointed at the top level's help (which lists no
+    flag of the subcommand) and suggested nothing."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err, *fragments)
+    if argv[-1] == "--zzz":
+        assert "did you mean" not in line
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--executor", "ray", "--workers", "2"], "--workers is for the local executor; Ray"),
+    (["--executor", "inline", "--workers", "2"], "--workers 2 is for the local executor"),
+    (["--executor", "inline", "--workers", "-1", "--no-train"], "--workers must be >= 0"),
+])
+def test_experiment_refuses_workers_its_executor_drops(flags, fragment, tmp_path, capsys):
+    """experiment --executor ray/inline --workers N trained with the executor's own count
+    and never said N was dropped (sweep refuses --workers with Ray); a negative count
+    passed when nothing was left to train."""
+    argv = ["experiment", "fresh_null", "--scale", "smoke", "--out", str(tmp_path), *flags]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, fragment)
+    assert not (tmp_path / "experiments").exists()
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--epochs", "-1"], "argument --epochs: -1 is out of range; it must be >= 0"),
+    (["--n-train", "0"], "argument --n-train: 0 is out of range; it must be >= 1"),
+    (["--seed", "-1"], "argument --seed: -1 is out of range"),
+])
+def test_demo_refuses_its_flags_by_their_names(flags, fragment, tmp_path, capsys):
+    """demo --epochs -1 was refused as 'optim.epochs=-1 is out of range': a config key the
+    demo has no flag for (it takes no --set), not the flag the user gave."""
+    assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err, fragment)
+    assert "optim." not in line and "data." not in line and "run." not in line
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flags, start", [
+    (["--width", "0"], "--width 0: model.d=0 is out of range"),
+    (["--epochs", "-1"], "--epochs -1: optim.epochs=-1 is out of range"),
+    (["--arch", "student", "--width", "4"], "--width 4: model.d is not read by student"),
+    (["--arch", "student", "--no-out-ln"], "--no-out-ln: model.out_ln is not read by student"),
+    (["--arch", "resmlp:pkg.mod:f"], "--arch resmlp:pkg.mod:f: model.factory is not read"),
+    (["--out", ""], "--out '': run.out_dir='' is an empty path"),
+])
+def test_a_flags_refused_value_is_named_by_the_flag(flags, start, capsys):
+    """train --width 0 was refused as 'model.d=0 is out of range' alone, naming a key the
+    command line had not spelled; a --set value is still named by its key."""
+    assert main(["train", *flags, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err)
+    assert line.startswith(f"creditaudit: error: {start}"), line
+    assert main(["train", "--set", "model.d=0", "--print-config"]) == 2
+    assert capsys.readouterr().err.startswith("creditaudit: error: model.d=0 is out of range")
+
+
+def test_experiment_list_with_a_name_lists_that_one(capsys):
+    """experiment NAME --list listed every experiment and ignored NAME, also a misspelled
+    one."""
+    assert main(["experiment", "fresh_null", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fresh_null\n") and "\naudit_table" not in out
+    assert main(["experiment", "fresh_nul", "--list"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "unknown experiment 'fresh_nul'")
+
+
+def test_creditaudit_set_comes_after_sweeps_out_as_after_trains(tmp_path, monkeypatch,
+                                                                capsys):
+    """docs/configuration.md: CREDITAUDIT_SET is applied after the flags. train did so;
+    sweep let its --out beat a run.out_dir of CREDITAUDIT_SET."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[base]\ndata.n_train = 64\ndata.n_test = 64\nmodel.d = 8\n'
+                     '[grid]\nrun.seed = [1, 2]\n')
+    monkeypatch.setenv("CREDITAUDIT_SET", f"run.out_dir={tmp_path / 'env'}")
+    assert main(["train", "--out", str(tmp_path / "flag"), "--print-config"]) == 0
+    assert f'out_dir = "{tmp_path / "env"}"' in capsys.readouterr().out
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "flag"), "--dry-run"]) == 0
+    assert f"(results in {tmp_path / 'env'})" in capsys.readouterr().out
+
+
+def test_a_sweep_file_given_to_train_is_named_as_one(tmp_path, capsys):
+    """train --config SWEEP.toml said "unknown config section 'base'", as if a section
+    were misspelled, not that the file is a sweep file for creditaudit sweep."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[base]\nmodel.d = 8\n[grid]\nrun.seed = [1, 2]\n')
+    assert main(["train", "--config", str(sweep), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "is a sweep file ([base], [grid])",
+                          f"run it with creditaudit sweep {sweep}")
+    from creditaudit.config import load_config
+    from creditaudit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"creditaudit\.sweep\.load_sweep\("):
+        load_config(sweep)  # a Python caller is told the Python call

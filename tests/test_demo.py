@@ -216,3 +216,18 @@ def test_runs_made_one_by_creditaudit_set_are_trained_and_shown_once(
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("training bp (1 epoch each") for line in lines), lines
     assert sum(line.startswith("bp ") for line in lines) == 1, lines
+
+
+def test_the_demo_names_the_folder_creditaudit_set_sends_its_records_to(
+        tmp_path: Path, capsys, monkeypatch):
+    """CREDITAUDIT_SET="run.out_dir=…" moved the records, but the closing "records:" line
+    and the audit hint still named --out, where nothing was written."""
+    there = tmp_path / "there"
+    monkeypatch.setenv("CREDITAUDIT_SET", f"{TINY_SYNTHETIC} run.out_dir={there}")
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path / "asked")]) == 0
+    out = capsys.readouterr().out
+    assert f"records: {there}/<run id>/record.json" in out
+    audit = next(line for line in out.splitlines() if "creditaudit audit " in line)
+    assert str(there) in audit and "asked" not in out
+    assert len(list(there.glob("*/record.json"))) == 4

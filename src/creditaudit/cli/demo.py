@@ -207,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
     if shrink:
         configs = [apply_where_read(config, shrink) for config in configs]
     data = configs[0].data
+    # where the records go: --out, or run.out_dir when CREDITAUDIT_SET gives it
+    out = Path(configs[0].run.out_dir)
     check_sample_counts(args, data, shrink)
     if data.name == "mnist1d" and data.data_seed is None and args.seed > MAX_DATA_SEED:
         # the plan's advice (--set data.data_seed=0) is no flag of the demo's
@@ -217,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.run.setup import resolve_device
 
     resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
-    ensure_folder(Path(args.out))           # before any data is generated
+    ensure_folder(out)                      # before any data is generated
     # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
     # makes the four one run, trained and shown once).
     plans = unique_plans(plan_runs(configs, ("method.name",)))
@@ -230,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     plan.load_data()
     # One single-thread process per run: on two cores, two 1-thread runs beat one 2-thread.
     if not args.quiet:
-        print("\n".join(start_lines(plans, executor, args.out, plan.dataset.label)),
+        print("\n".join(start_lines(plans, executor, str(out), plan.dataset.label)),
               flush=True)
 
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
@@ -270,12 +272,12 @@ def run(args: argparse.Namespace) -> int:
     if any(outcome["status"] == "interrupted" for outcome in failed):
         print("interrupted runs resume from their last finished epoch: run the same demo "
               "command again")
-    print(f"\nrecords: {args.out}/<run id>/record.json  "
+    print(f"\nrecords: {out}/<run id>/record.json  "
           f"({time.perf_counter() - started:.0f} s)")
     pick = audit_pick(records)
     if pick is not None:
         print(f"audit the {pick.method} run from its checkpoint ((d) uses the frozen run "
-              f"beside it):\n  creditaudit audit {shell_word(Path(args.out) / pick.run_id)}")
+              f"beside it):\n  creditaudit audit {shell_word(out / pick.run_id)}")
     return 1 if failed else 0
 
 

@@ -225,6 +225,7 @@ def watching(plans: list[Any], grid_keys: list[str], say: Any) -> Iterator[None]
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.sweep import (
+        AFTER_THE_RECORD,
         DEFAULT_MAX_RUNS,
         DEFAULT_STALE_AFTER,
         check_devices,
@@ -290,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
                                summary_extra={"sweep_file": str(args.sweep_file),
                                               "executor": executor.name,
                                               "grid_keys": grid_keys},
-                               stack=args.stack)
+                               stack=args.stack, written_by=str(args.sweep_file))
     except KeyboardInterrupt:
         if progress is not None:
             progress.close()
@@ -305,7 +306,10 @@ def run(args: argparse.Namespace) -> int:
                                                 for run in result.summary["runs"]}))
     problems = [run for run in result.summary["runs"]
                 if run["status"] not in ("completed", "diverged")]
-    for entry in problems:
+    noted = [run for run in result.summary["runs"]  # a logger failed after its final record
+             if run["status"] in ("completed", "diverged")
+             and AFTER_THE_RECORD in (run["error"] or "")]
+    for entry in problems + noted:
         print(f"{entry['status']}: {entry['run_id']}"
               + (f": {entry['error']}" if entry["error"] else ""))
     skipped_failed = [o for o in result.outcomes

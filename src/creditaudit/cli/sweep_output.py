@@ -50,7 +50,8 @@ class SweepProgress:
         if self.bar is not None:
             self.bar.n = state.ended
             self.bar.set_postfix_str(self.status(state), refresh=True)
-            if outcome is not None and outcome["status"] not in ("completed", "busy"):
+            if outcome is not None and outcome["status"] != "busy" and (
+                    outcome["status"] != "completed" or outcome.get("error")):
                 self.bar.write(self.describe(outcome), file=self.stream)
             return
         line = f"sweep: {state.ended}/{state.total} | {self.status(state)}"
@@ -122,9 +123,15 @@ def as_reported(record: Any, reported: str | None) -> Any:
     """``record`` (a RunRecord) as a sweep's table shows it: with the status the sweep
     reports (``reported``, sweep_summary.json's;
     :func:`creditaudit.sweep.runner.reported_status`) where its record was left
-    ``running`` by a run that ended; the file is not changed."""
+    ``running`` by a run that ended, or where the sweep refused the run its record
+    describes (an interrupted run whose checkpoint is gone: why is said below the table);
+    the file is not changed."""
     import dataclasses
 
+    from creditaudit.sweep.outcome import FOREIGN
+
+    if reported == FOREIGN and record.status != FOREIGN:
+        return dataclasses.replace(record, status=reported)
     if record.status != "running" or reported in (None, "running", "busy"):
         return record
     return dataclasses.replace(record, status=reported)
@@ -156,7 +163,8 @@ def describe_plan(sweep: Any, expansion: Any, out_dir: Path, n_runs: int | None 
 
 def describe_stacks(plans: list[Any], size: int) -> str:
     """``6 runs in 2 stacks of up to 4, 1 run alone``: how --stack groups the runs (their
-    plans, one per run id: those to train, as the sweep groups only those)."""
+    plans, one per run id: those to train, as the sweep groups only those);
+    ``nothing to stack: 1 run alone`` where no two runs stack."""
     from creditaudit.run.stacked import stack_groups
 
     if not plans:
@@ -164,6 +172,8 @@ def describe_stacks(plans: list[Any], size: int) -> str:
     groups = stack_groups(plans, size)
     stacks = [g for g in groups if len(g) > 1]
     alone = len(groups) - len(stacks)
+    if not stacks:  # not "0 runs in 0 stacks of up to K"
+        return f"nothing to stack: {alone} run{'s' if alone != 1 else ''} alone"
     text = (f"{sum(map(len, stacks))} runs in {len(stacks)} stack"
             f"{'s' if len(stacks) != 1 else ''} of up to {size}")
     return text + (f", {alone} run{'s' if alone != 1 else ''} alone" if alone else "")

@@ -93,7 +93,13 @@ from creditaudit.sweep.runner import (
     sweep_summary,
     sweep_threads,
 )
-from creditaudit.sweep.worker import SWEEP_LOG_FILE, disk_status, run_one, run_task
+from creditaudit.sweep.worker import (
+    AFTER_THE_RECORD,
+    SWEEP_LOG_FILE,
+    disk_status,
+    run_one,
+    run_task,
+)
 
 __all__ = [
     "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
@@ -103,5 +109,5 @@ __all__ = [
     "sweep_summary", "sweep_threads",
     "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
     "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",
-    "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status",
+    "SUMMARY_FILE", "SWEEP_LOG_FILE", "DEFAULT_STALE_AFTER", "disk_status", "AFTER_THE_RECORD",
 ]

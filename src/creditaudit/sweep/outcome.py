@@ -18,7 +18,7 @@ class Outcome(TypedDict):
     its folder holds another run's record: :data:`FOREIGN`; None before the worker knows
     it); ``action`` what the call did (trained, resumed, restarted, skipped, refused — a
     newer version's run, or another run's record, is always refused: :func:`left_alone` —,
-    busy, interrupted); ``seconds`` the wall time of the call;
+    busy, interrupted, :data:`TAKEN_OVER`); ``seconds`` the wall time of the call;
     ``pid`` and ``host`` the worker process that made it (None when the worker died);
     ``holder`` (busy runs only) the claim of the process that holds the run.
     """
@@ -42,6 +42,12 @@ NEWER = "newer"
 FOREIGN = "refused"
 
 
+# The action of a call that trained a run until another process broke its claim (this one
+# was stopped past that one's --stale-after) and took the run over: the run is the other
+# process's since, which writes its summary entry (summary_file.merged_summary).
+TAKEN_OVER = "taken over"
+
+
 def left_alone(status: str | None) -> str:
     """The action of a sweep that does not train a run whose record says ``status``:
     ``refused`` for a newer version's run (the sweep cannot read it and must not replace
@@ -57,4 +63,4 @@ def new_outcome(run_id: str | None, *, status: str | None = None,
             "seconds": 0.0, "pid": os.getpid(), "host": socket.gethostname()}
 
 
-__all__ = ["FOREIGN", "NEWER", "Outcome", "left_alone", "new_outcome"]
+__all__ = ["FOREIGN", "NEWER", "TAKEN_OVER", "Outcome", "left_alone", "new_outcome"]

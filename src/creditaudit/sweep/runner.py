@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,10 @@ from creditaudit.records import FINISHED
 from creditaudit.records.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.executors import Executor
-from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
+from creditaudit.sweep.outcome import FOREIGN, NEWER, TAKEN_OVER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
 from creditaudit.sweep.summary_file import write_summary
-from creditaudit.sweep.worker import disk_status, run_task, task_ids
+from creditaudit.sweep.worker import AFTER_THE_RECORD, disk_status, run_task, task_ids
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
               wait_for_others: bool = True, poll_seconds: float = 1.0,
               grid_keys: list[str] | None = None,
               on_progress: Callable[[SweepState, Outcome | None], None] | None = None,
-              summary_extra: dict[str, Any] | None = None, stack: int = 1) -> SweepResult:
+              summary_extra: dict[str, Any] | None = None, stack: int = 1,
+              written_by: str | Mapping[str, str] | None = None) -> SweepResult:
     """Run every run not finished yet; write ``OUT/sweep_summary.json`` (merged with the
     runs other sweeps and experiments listed in it: :mod:`~creditaudit.sweep.summary_file`;
     the result's ``summary`` is this sweep's runs only).
@@ -214,6 +215,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     to that many runs of one shape as one stacked model in one worker
     (:func:`creditaudit.run.stacked.stack_groups`; not with Ray). Each worker plans its run
     once from its config and refuses it when its run id differs from the plan's.
+    ``written_by`` names, in each summary entry, what wrote it (the sweep file as given,
+    ``experiment NAME``; by run id, or one for all; None: nothing named).
     """
     import functools
 
@@ -247,10 +250,15 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
 
     def skipped(row: dict[str, Any]) -> None:
         """A run another process held, finished (or failed) now: skipped here (refused,
-        if a newer version wrote it or another run's record is in its folder)."""
-        outcome = new_outcome(row["run_id"], status=row["status"],
-                              action=left_alone(row["status"]))
-        outcome["error"] = row["error"]
+        if a newer version wrote it or another run's record is in its folder); one taken
+        over from this sweep keeps what it did here (:data:`TAKEN_OVER`, its seconds)."""
+        before = outcomes.get(row["run_id"])
+        if before is not None and before.get("action") == TAKEN_OVER:
+            outcome: Outcome = {**before, "status": row["status"]}
+        else:
+            outcome = new_outcome(row["run_id"], status=row["status"],
+                                  action=left_alone(row["status"]))
+            outcome["error"] = row["error"]
         outcomes[row["run_id"]] = outcome
         state.busy -= 1
         state.count(row["status"])
@@ -293,7 +301,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     ordered = [outcomes.get(plan.run_id, {"run_id": plan.run_id, "status": None,
                                           "action": "not started", "error": None})
                for plan in plans]
-    summary = sweep_summary(plans, ordered, grid_keys or [], extra=summary_extra)
+    summary = sweep_summary(plans, ordered, grid_keys or [], extra=summary_extra,
+                            written_by=written_by)
     path = out_dir / SUMMARY_FILE
     # merged with the runs other sweeps and experiments listed in it (run at once, or before)
     write_summary(path, summary, reported_status)
@@ -359,21 +368,26 @@ def reported_status(recorded: str | None, outcome: Outcome | dict[str, Any]) -> 
 
 
 def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: list[str],
-                  *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                  *, extra: dict[str, Any] | None = None,
+                  written_by: str | Mapping[str, str] | None = None) -> dict[str, Any]:
     """The content of sweep_summary.json: one entry per run, status read from its record
-    (:func:`reported_status`)."""
+    (:func:`reported_status`), ``written_by`` naming what wrote it (:func:`run_sweep`)."""
     runs = []
     counts: dict[str, int] = {}
     for plan, outcome in zip(plans, outcomes):
         run_dir = plan.run_dir
         status, error = disk_status(run_dir)
         status = reported_status(status, outcome)
-        error = error if error is not None else outcome.get("error")
+        said = outcome.get("error")
+        if error is None or (said or "").startswith(AFTER_THE_RECORD):
+            error = said if error is None else f"{error}; {said}"
         counts[status] = counts.get(status, 0) + 1
         runs.append({"run_id": run_dir.name,
                      # as the user wrote them (trainable_blocks=2, not the default's None)
                      "grid": {key: config_value(plan.as_given(), key) for key in grid_keys},
                      "status": status, "error": error, "action": outcome.get("action"),
+                     "written_by": (written_by if written_by is None or isinstance(
+                         written_by, str) else written_by.get(run_dir.name)),
                      "seconds": round(float(outcome.get("seconds") or 0.0), 3),
                      "record": str(run_dir / "record.json")})
     return {"schema": SUMMARY_SCHEMA, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -4,10 +4,13 @@ folder, merged — two invocations on one folder (two experiments, an experiment
 
 The file is read, merged and replaced under a lock on the folder
 (:func:`~creditaudit.files.folder_lock.folder_lock`), atomically: the runs an invocation
-wrote replace their own entries, the entries of other runs stay — their status read again
-from their records and claims (:func:`_as_recorded`) — and
-``n_runs`` and ``counts`` are of all of them. The other top-level fields (``updated``,
-``sweep_file`` or ``experiments``, ``scale``) are the last writer's.
+ended or left replace their own entries (a run taken over from it keeps the entry of the
+process that took it over: :func:`merged_summary`), the entries of other runs stay — their
+status read again from their records and claims (:func:`_as_recorded`) — and
+``n_runs`` and ``counts`` are of all of them. Each entry's ``written_by`` names the
+invocation that wrote it (none in entries written before it was added); the other
+top-level fields (``updated``, ``sweep_file`` or ``experiments``, ``scale``) are the last
+writer's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from creditaudit.files.safe_files import atomic_write_json, read_text
 from creditaudit.records import FINISHED
 from creditaudit.records.claim_files import claim_state
 from creditaudit.sweep.claiming import disk_status
-from creditaudit.sweep.outcome import FOREIGN, NEWER
+from creditaudit.sweep.outcome import FOREIGN, NEWER, TAKEN_OVER
 
 # (recorded status, outcome) → the status to report (runner.reported_status)
 StatusFn = Callable[[str | None, Mapping[str, Any]], str]
@@ -79,10 +82,18 @@ def _as_recorded(entry: dict[str, Any], out_dir: Path, status_of: StatusFn
 def merged_summary(summary: dict[str, Any], earlier: list[dict[str, Any]], out_dir: Path,
                    status_of: StatusFn) -> dict[str, Any]:
     """``summary`` (one invocation's) with the ``earlier`` entries of other runs kept, in
-    their order, before its own; ``n_runs`` and ``counts`` of all."""
-    own = {run["run_id"] for run in summary["runs"]}
+    their order, before its own; ``n_runs`` and ``counts`` of all. An invocation writes the
+    entries of the runs it ended or left: a run another process took over from it
+    (:data:`~creditaudit.sweep.outcome.TAKEN_OVER`) keeps the entry that process (or an
+    earlier invocation) wrote, its status read again; this invocation's only where there
+    is none."""
+    listed = {run["run_id"] for run in earlier}
+    yielded = {run["run_id"] for run in summary["runs"]
+               if run.get("action") == TAKEN_OVER and run["run_id"] in listed}
+    own = {run["run_id"] for run in summary["runs"]} - yielded
     runs = [_as_recorded(run, out_dir, status_of) for run in earlier
-            if run["run_id"] not in own] + list(summary["runs"])
+            if run["run_id"] not in own] + [run for run in summary["runs"]
+                                            if run["run_id"] not in yielded]
     counts: dict[str, int] = {}
     for run in runs:
         counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1

@@ -33,7 +33,7 @@ from creditaudit.sweep.claiming import (
     begin_run,
     disk_status,
 )
-from creditaudit.sweep.outcome import Outcome, new_outcome
+from creditaudit.sweep.outcome import TAKEN_OVER, Outcome, new_outcome
 from creditaudit.sweep.worker_process import WORKER_STATE
 
 log = logging.getLogger(__name__)
@@ -55,14 +55,21 @@ def write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
     save_record(run_dir, record)
 
 
+# How a run's outcome notes an error raised after its record was final (a logger's finish
+# or close): the run is counted as its record says, the error is said, not counted failed.
+AFTER_THE_RECORD = "its record is final; raised after it"
+
+
 def _taken_over(run: ClaimedRun) -> bool:
     """Whether another process broke the run's claim (this worker was stopped for longer
-    than that one's --stale-after): the run is then that process's, ``busy`` in the outcome,
-    and nothing more is written to its folder."""
+    than that one's --stale-after): the run is then that process's, ``busy`` in the outcome
+    (action :data:`TAKEN_OVER`, with the seconds trained here), and nothing more is written
+    to its folder."""
     message = lost_claim(run.run_dir)
     if message is None:
         return False
-    run.outcome.update(status="busy", error=message, holder=read_claim(run.claim.path)[0])
+    run.outcome.update(status="busy", action=TAKEN_OVER, error=message,
+                       holder=read_claim(run.claim.path)[0])
     return True
 
 
@@ -70,7 +77,9 @@ def _failed(run: ClaimedRun, err: Exception | SystemExit) -> None:
     """A run that raised (or whose guest called ``sys.exit``): its outcome, and a failed
     record where none says more. The outcome names the cause first, then a failed record
     that could not be written (a full disk): the write's error never replaces the cause. A
-    run another process took over (:func:`_taken_over`) is busy, and nothing is written."""
+    run another process took over (:func:`_taken_over`) is busy, and nothing is written. A
+    run whose record was final before the error (a logger's ``finish`` or ``close`` raised)
+    keeps its record's status: the error is noted, after :data:`AFTER_THE_RECORD`."""
     if _taken_over(run):
         return
     error = guest_failure(err) or f"{type(err).__name__}: {err}"
@@ -79,8 +88,12 @@ def _failed(run: ClaimedRun, err: Exception | SystemExit) -> None:
 
         error += (f" (in a sweep: delete {run.run_dir / CHECKPOINT_FILE} and rerun the sweep "
                   "with --retry-failed to start this run over)")
+    recorded = disk_status(run.run_dir)[0]
+    if recorded in FINISHED:  # its record was final (a logger's finish/close raised after)
+        run.outcome.update(status=recorded, error=f"{AFTER_THE_RECORD}: {error}")
+        return
     run.outcome.update(status="failed", error=error)
-    if disk_status(run.run_dir)[0] in (None, "running", "corrupt"):  # not "newer"
+    if recorded in (None, "running", "corrupt"):  # not "newer"
         _record_failure(run, error)
     log.debug("run %s failed", run.outcome["run_id"], exc_info=True)
 
@@ -305,6 +318,6 @@ def _run_task(task: dict[str, Any], *, retry_failed: bool, stale_after: float
 
 # The event log, disk_status and FINISHED live in claiming and records; re-exported here, where
 # callers import them from
-__all__ = ["FINISHED", "SWEEP_LOG_FILE", "RunFn", "append_event", "disk_status",
+__all__ = ["AFTER_THE_RECORD", "FINISHED", "SWEEP_LOG_FILE", "RunFn", "append_event", "disk_status",
            "ended_by_ray", "failed_outcome", "interrupted_outcome", "pool_call", "run_group",
            "run_one", "run_task", "task_ids", "write_failed_record"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from creditaudit.sweep.outcome import TAKEN_OVER
+
 # What a sweep did to a run it trained (from its start, on from a checkpoint, over again).
 TRAINING_ACTIONS = ("trained", "resumed", "restarted")
 # The counts of a summary's ``meta.execution``, in the order the closing line names them.
@@ -23,6 +25,8 @@ def count_of(outcome: Mapping[str, Any]) -> str | None:
     action, status = outcome.get("action"), outcome.get("status")
     if action in TRAINING_ACTIONS:
         return _TRAINED_TO.get(status, "failed")
+    if action == TAKEN_OVER:  # trained here until another process took it over
+        return "busy"
     return action if action in COUNTS else None
 
 

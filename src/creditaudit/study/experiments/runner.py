@@ -318,7 +318,8 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
                 result = run_sweep(todo, runner,
                                    retry_failed=retry_failed, on_progress=on_progress,
                                    summary_extra={"experiments": list(per_experiment),
-                                                  "scale": scale})
+                                                  "scale": scale},
+                                   written_by=_written_by(per_plans))
         finally:
             torch.set_num_threads(threads)  # the inline executor sets 1 thread
         outcomes.update({o["run_id"]: o for o in result.outcomes})
@@ -337,6 +338,19 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
         raise OutputError("; ".join(unwritten) + written + ": the runs are kept; free the "
                           f"files and {SUMMARISE_AGAIN} to summarise them")
     return summaries
+
+
+def _written_by(per_plans: dict[str, list[Any]]) -> dict[str, str]:
+    """Run id → ``experiment NAME`` (``experiments A, B`` for a run they share): what the
+    sweep summary names as having written its entry."""
+    names: dict[str, list[str]] = {}
+    for name, plans in per_plans.items():
+        for plan in plans:
+            names.setdefault(plan.run_id, [])
+            if name not in names[plan.run_id]:
+                names[plan.run_id].append(name)
+    return {run_id: ("experiment " if len(these) == 1 else "experiments ") + ", ".join(these)
+            for run_id, these in names.items()}
 
 
 def run_experiment(name: str, *, scale: str, out_dir: str | Path, dataset: str | None = None,

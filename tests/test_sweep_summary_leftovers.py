@@ -1,0 +1,162 @@
+"""Where what a sweep says of a run disagreed with what happened: a run taken over from the
+sweep was summarised ``skipped`` (0 s), replacing the entry of the process that took it
+over; a run whose logger raised after its final record was ``failed`` on the progress line
+and ``completed`` in the summary; a refused run's row in the closing table showed its
+record's ``interrupted``; merged entries did not say which invocation wrote them; and a
+``--stack`` with nothing to stack read "0 runs in 0 stacks"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.cli.sweep_output import describe_stacks
+from creditaudit.config import RunConfig
+from creditaudit.errors import GuestError
+from creditaudit.records import CLAIM_FILE
+from creditaudit.run.plan import plan_run
+from creditaudit.sweep import SUMMARY_FILE, InlineExecutor, plan_runs, prepare_configs, run_sweep
+from creditaudit.sweep.runner import SUMMARY_SCHEMA, reported_status
+from creditaudit.sweep.summary_file import write_summary
+from sweep_files import TINY_SWEEP_BASE, write_tiny_sweep
+from test_taken_over_runs import OTHER_PID, taken_over_in_epoch
+
+TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False,
+        "run.threads": 1, "diagnostics.end_of_run": False}
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(out: Path, **overrides: object) -> RunConfig:
+    return prepare_configs([RunConfig().replace(**{**TINY, "run.out_dir": str(out),
+                                                   **overrides})], threads=1)[0]
+
+
+# --- 1. a run taken over ------------------------------------------------------------------
+def _sweep_taken_over(tmp_path, monkeypatch, *, holder_writes: bool):
+    """A 3-epoch sweep of one run, taken over in epoch 2 by "another process", which then
+    finishes it (here, resuming it) and, with ``holder_writes``, writes its summary entry
+    (``resumed``) before this sweep writes its own."""
+    from creditaudit.run.trainer import train
+
+    config = tiny(tmp_path, **{"optim.epochs": 3})
+    run_dir = plan_run(config).run_dir
+    taken_over_in_epoch(monkeypatch, [run_dir])
+
+    def the_other_process(state, outcome):
+        if outcome is None or outcome["status"] != "busy":
+            return
+        (run_dir / CLAIM_FILE).unlink()  # it resumes the run, and releases it
+        train(config, resume=True)
+        if holder_writes:
+            write_summary(tmp_path / SUMMARY_FILE, {"schema": SUMMARY_SCHEMA, "runs": [
+                {"run_id": run_dir.name, "status": "completed", "error": None,
+                 "action": "resumed", "seconds": 1.5, "written_by": "other.toml"}]},
+                reported_status)
+
+    states = []
+    result = run_sweep([config], InlineExecutor(), poll_seconds=0.01,
+                       on_progress=lambda state, o: (states.append(state.done),
+                                                     the_other_process(state, o)))
+    return result, json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"], states
+
+
+def test_a_run_taken_over_says_so_and_keeps_the_holders_entry(tmp_path, monkeypatch):
+    result, runs, states = _sweep_taken_over(tmp_path, monkeypatch, holder_writes=True)
+    [own] = result.summary["runs"]
+    assert own["action"] == "taken over" and own["seconds"] > 0, own  # was skipped, 0 s
+    assert own["status"] == "completed"  # read from the record on disk
+    assert f"pid {OTHER_PID}" in own["error"]
+    assert states[-1] == 1
+    [entry] = runs  # the holder's entry, not replaced by this sweep's
+    assert (entry["action"], entry["written_by"], entry["status"]) == (
+        "resumed", "other.toml", "completed")
+
+
+def test_a_run_taken_over_is_listed_as_taken_over_until_its_holder_writes(
+        tmp_path, monkeypatch):
+    _, runs, _ = _sweep_taken_over(tmp_path, monkeypatch, holder_writes=False)
+    [entry] = runs
+    assert (entry["action"], entry["status"]) == ("taken over", "completed")
+    assert entry["seconds"] > 0
+
+
+# --- 2. a logger failing after the record is final ----------------------------------------
+def test_a_logger_failing_after_the_final_record_counts_completed_everywhere(
+        tmp_path, monkeypatch, capsys):
+    import creditaudit.run.trainer as trainer
+
+    original = trainer.train
+
+    def train(*args, **kwargs):
+        original(*args, **kwargs)
+        raise GuestError("logger Boom.finish raised ValueError: no (an error in its code)")
+
+    monkeypatch.setattr(trainer, "train", train)
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out")
+    assert main(["sweep", str(sweep), "--workers", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "done 1, running 0, failed 0" in captured.err, captured.err  # was failed 1
+    assert "logger Boom.finish raised ValueError" in captured.err
+    assert "1 runs (1 completed)" in captured.out
+    [entry] = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["runs"]
+    assert entry["status"] == "completed"
+    assert entry["error"].startswith("its record is final; raised after it: logger Boom")
+    assert f"completed: {entry['run_id']}: its record is final" in captured.out
+
+
+# --- 3. a refused run's row -----------------------------------------------------------------
+def test_the_table_row_of_a_refused_run_says_refused(tmp_path, capsys):
+    from test_sweep_lost_checkpoint import _lost_checkpoint
+
+    sweep, run_dir, _ = _lost_checkpoint(tmp_path)
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--workers", "0", "-q"]) == 1
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.split()[1:2] == ["bp"]]
+    assert row.split()[2] == "refused", out  # was the record's "interrupted"
+    assert f"refused: {run_dir.name}: " in out  # why, below the table
+
+
+# --- 4. who wrote each entry --------------------------------------------------------------
+def test_each_entry_names_the_sweep_file_that_wrote_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    old = {"run_id": "an-old-entry", "status": "completed", "error": None,
+           "action": "trained", "seconds": 1.0}  # written before entries named their writer
+    out.mkdir()
+    (out / SUMMARY_FILE).write_text(json.dumps({"schema": SUMMARY_SCHEMA, "runs": [old]}))
+    first = write_tiny_sweep(tmp_path / "a.toml", out, '[grid]\n"run.seed" = [1]\n')
+    second = write_tiny_sweep(tmp_path / "b.toml", out, '[grid]\n"run.seed" = [2]\n')
+    assert main(["sweep", str(first), "--workers", "0", "-q"]) == 0
+    assert main(["sweep", str(second), "--workers", "0", "-q"]) == 0
+    runs = json.loads((out / SUMMARY_FILE).read_text())["runs"]
+    assert [run.get("written_by") for run in runs] == [None, str(first), str(second)]
+    assert runs[0]["run_id"] == "an-old-entry"  # kept, as it was written
+    assert runs[0]["status"] == "not started"  # no folder of that name
+
+
+def test_an_experiments_entries_name_it(tmp_path):
+    from creditaudit.study.experiments.runner import _written_by
+
+    [plan] = plan_runs([tiny(tmp_path)], [])
+    assert _written_by({"a": [plan]}) == {plan.run_id: "experiment a"}
+    assert _written_by({"a": [plan], "b": [plan]}) == {plan.run_id: "experiments a, b"}
+    result = run_sweep([plan], InlineExecutor(), written_by=_written_by({"a": [plan]}))
+    assert result.summary["runs"][0]["written_by"] == "experiment a"
+
+
+# --- 5. nothing to stack ------------------------------------------------------------------
+def test_the_stacks_of_runs_that_do_not_stack_are_said_plainly(tmp_path):
+    plans = plan_runs([tiny(tmp_path, **{"method.name": "bp"}),
+                       tiny(tmp_path, **{"method.name": "fa-linear"})], [])
+    assert describe_stacks(plans[:1], 3) == "nothing to stack: 1 run alone"
+    assert describe_stacks(plans, 3) == "nothing to stack: 2 runs alone"

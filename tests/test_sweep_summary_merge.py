@@ -82,3 +82,25 @@ def test_an_unreadable_summary_is_replaced(tmp_path):
                    "runs": [{"run_id": "r", "status": "busy", "error": None}]},
                   reported_status)
     assert json.loads((tmp_path / SUMMARY_FILE).read_text())["n_runs"] == 1
+
+
+def test_an_earlier_run_whose_record_is_gone_is_not_counted_as_finished(tmp_path):
+    """An earlier invocation's entry kept its written status when its run's folder was
+    deleted since: the merged summary counted a run without a record as completed (found by
+    p49)."""
+    import shutil
+
+    first = run_sweep(prepare_configs([tiny(tmp_path, **{"run.seed": 1})], threads=1),
+                      InlineExecutor())
+    gone = first.outcomes[0]["run_id"]
+    shutil.rmtree(tmp_path / gone)
+    from creditaudit.sweep.summary_file import write_summary
+
+    write_summary(tmp_path / SUMMARY_FILE,
+                  {"schema": SUMMARY_SCHEMA, "n_runs": 1, "counts": {"busy": 1},
+                   "runs": [{"run_id": "r", "status": "busy", "error": None}]},
+                  reported_status)
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
+    assert [(run["run_id"], run["status"]) for run in summary["runs"]] == [
+        (gone, "not started"), ("r", "busy")]
+    assert summary["counts"] == {"not started": 1, "busy": 1}

@@ -6,7 +6,8 @@ The file is read, merged and replaced under a lock on the folder
 (:func:`~creditaudit.files.folder_lock.folder_lock`), atomically: the runs an invocation
 wrote replace their own entries, the entries of other runs stay — their status read again
 from their records, as :func:`~creditaudit.sweep.runner.reported_status` reads it — and
-``n_runs`` and ``counts`` are of all of them. The other top-level fields (``updated``,
+``n_runs`` and ``counts`` are of all of them (a run whose record is gone since reads
+``not started``). The other top-level fields (``updated``,
 ``sweep_file`` or ``experiments``, ``scale``) are the last writer's.
 """
 
@@ -20,8 +21,12 @@ from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
 from creditaudit.files.folder_lock import folder_lock
 from creditaudit.files.safe_files import atomic_write_json, read_text
+from creditaudit.records import STATUSES
 from creditaudit.sweep.claiming import disk_status
+from creditaudit.sweep.outcome import NEWER
 
+# Statuses only a record on disk gives a run (its own, or an unreadable or newer one's)
+_FROM_A_RECORD = (*STATUSES, "corrupt", NEWER)
 # (recorded status, outcome) → the status to report (runner.reported_status)
 StatusFn = Callable[[str | None, Mapping[str, Any]], str]
 
@@ -49,6 +54,9 @@ def _as_recorded(entry: dict[str, Any], out_dir: Path, status_of: StatusFn
     if Path(run_id).name != run_id or run_id in ("", ".", ".."):
         return entry  # not a run folder's name: as it was written
     recorded, error = disk_status(out_dir / run_id)
+    if recorded is None and entry.get("status") in _FROM_A_RECORD:
+        # its record was deleted (or the folder moved) since: it has no result now
+        return {**entry, "status": "not started", "error": None}
     status = status_of(recorded, entry)
     return {**entry, "status": status,
             "error": error if recorded is not None else entry.get("error")}

@@ -322,6 +322,8 @@ WRONG_KIND = [
     ("diagnostics/cosine_table/0", {"k": 0.5}, "diagnostics.cosine_table[0] has no 'cos'"),
     ("final/test_acc", [0.5], "final.test_acc must be a number, got [0.5]"),
     ("log/1/acc_eval", {"a": 0.5}, "log[1].acc_eval must be a number"),
+    ("diagnostics/rho_measurable", 0.5, "diagnostics.rho_measurable must be a list"),
+    ("diagnostics/nudging", {"0.1": 0.5}, "diagnostics.nudging.0.1 must be a list"),
 ]
 
 

@@ -40,6 +40,8 @@ def check_domains(part: Any, where: str, prefix: str = "") -> None:
     record PATH``), ``prefix`` names the part (``final.``, ``log[3].``)."""
     for name, domain, shape in _field_domains(type(part)):
         _check_domain(getattr(part, name), domain, where, prefix + name, shape)
+    for name, shape in _field_shapes(type(part)):  # no domain: read as their type says
+        _check_shape(getattr(part, name), shape, where, prefix + name)
     for name in _inline_fields(type(part)):  # written as keys of ``part``: named so too
         inner = getattr(part, name)
         if inner is not None:
@@ -75,6 +77,32 @@ def _field_domains(cls: type) -> tuple[tuple[str, FieldDomain, Shape | None], ..
 
 
 @functools.cache
+def _field_shapes(cls: type) -> tuple[tuple[str, Shape], ...]:
+    """(name, shape) of the fields of dataclass ``cls`` without a domain whose type has a
+    :data:`Shape` (lists, objects, numbers)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, shape) for f in dataclasses.fields(cls)
+                 if f.metadata.get("domain") is None and not f.metadata.get("inline")
+                 and (shape := _shape(hints[f.name])) is not None)
+
+
+def _check_shape(value: Any, shape: Shape | None, where: str, name: str) -> None:
+    """Raise RunRecordError when ``value`` (None aside) is not of ``shape``."""
+    if value is None or shape is None:
+        return
+    kind, text = _KINDS[shape[0]]
+    if not isinstance(value, kind) or (shape[0] == "number" and isinstance(value, bool)):
+        raise RunRecordError(f"{where}: {name} must be {text}, got {reprlib.repr(value)}; the "
+                             "record was not written by creditaudit as it is")
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_shape(item, shape[1], where, f"{name}[{index}]")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_shape(item, shape[1], where, f"{name}.{key}")
+
+
+@functools.cache
 def _inline_fields(cls: type) -> tuple[str, ...]:
     """The fields of dataclass ``cls`` whose own fields are keys of its object."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("inline"))
@@ -88,10 +116,7 @@ def _check_domain(value: Any, domain: FieldDomain, where: str, name: str,
     if value is None:
         return
     if shape is not None:
-        kind, text = _KINDS[shape[0]]
-        if not isinstance(value, kind) or (shape[0] == "number" and isinstance(value, bool)):
-            raise RunRecordError(f"{where}: {name} must be {text}, got {reprlib.repr(value)}"
-                                 "; the record was not written by creditaudit as it is")
+        _check_shape(value, (shape[0], None), where, name)
     items = None if shape is None else shape[1]
     if type(value) is float and isinstance(domain, Domain) and domain.admits(value):
         return

@@ -378,3 +378,32 @@ def test_a_checkpoint_that_is_no_regular_file_is_not_called_missing(tmp_path, pl
     with pytest.raises(RunRecordError, match="is not a regular file") as refused:
         load_checkpoint(path)
     assert "missing" not in str(refused.value)
+
+
+# --- 7. a payload calling into a module torch blocks (os, sys, posix, nt) ------------------
+class _BlockedPayload:
+    """Unpickling calls ``os.remove(path)`` (torch's weights-only reader blocks the os
+    module outright, with another message than for a class it does not allow)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):  # noqa: ANN204 - pickle protocol
+        return (os.remove, (self.path,))
+
+
+@pytest.mark.parametrize("name", [CHECKPOINT_FILE, INIT_FILE])
+def test_a_payload_of_a_blocked_module_is_named_as_objects_not_as_a_corrupt_file(tmp_path,
+                                                                                 name):
+    from creditaudit.records import load_checkpoint
+    from creditaudit.records.checkpoint import load_parameters
+
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    path = tmp_path / name
+    torch.save({"model": _BlockedPayload(victim)}, path)
+    load = load_checkpoint if name == CHECKPOINT_FILE else load_parameters
+    with pytest.raises(RunRecordError, match="never unpickles") as refused:
+        load(path)
+    assert "not a file torch.save wrote" not in str(refused.value)
+    assert victim.exists()

@@ -308,6 +308,22 @@ WRONG_KIND = [
     ("log/1/cos_per_layer", {"a": 1}, "cos_per_layer must be a list"),
     ("environment", 1.5, "'environment' must be an object"),
     ("environment", "linux", "'environment' must be an object"),
+    # a field's type was not checked, only the numbers in it: report and the record's
+    # headline_gamma then failed with an internal error (found by p49)
+    ("diagnostics/gamma", 0.5, "diagnostics.gamma must be an object, got 0.5"),
+    ("diagnostics/gamma", [0.5], "diagnostics.gamma must be an object, got [0.5]"),
+    ("diagnostics/bp_cosine", 0.5, "diagnostics.bp_cosine must be a list, got 0.5"),
+    ("diagnostics/bp_cosine", [[0.5]], "diagnostics.bp_cosine[0] must be a number"),
+    ("diagnostics/bp_cosine/0", {"k": 0.5}, "diagnostics.bp_cosine[0] must be a number"),
+    ("diagnostics/cosine_controls", {"bp": 0.5},
+     "diagnostics.cosine_controls.bp must be a list"),
+    ("diagnostics/cosine_table", {"k": 0.5}, "diagnostics.cosine_table must be a list"),
+    ("diagnostics/cosine_table/0", 0.5, "diagnostics.cosine_table[0] must be an object"),
+    ("diagnostics/cosine_table/0", {"k": 0.5}, "diagnostics.cosine_table[0] has no 'cos'"),
+    ("final/test_acc", [0.5], "final.test_acc must be a number, got [0.5]"),
+    ("log/1/acc_eval", {"a": 0.5}, "log[1].acc_eval must be a number"),
+    ("diagnostics/rho_measurable", 0.5, "diagnostics.rho_measurable must be a list"),
+    ("diagnostics/nudging", {"0.1": 0.5}, "diagnostics.nudging.0.1 must be a list"),
 ]
 
 

@@ -55,7 +55,10 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        if "Unsupported global" in str(err):  # the file names a class or function
+        if "unsupported global" in str(err).lower():  # the file names a class or function
+            # (torch says "Unsupported global: GLOBAL x" of a class it does not allow, and
+            # "Trying to load unsupported GLOBAL os.system whose module os is blocked" of one
+            # of sys, os, posix or nt: the classic payload)
             raise RunRecordError(
                 f"{what} {path} holds objects other than tensors and plain containers; "
                 "creditaudit never unpickles such files (they can run code): it is not a "

@@ -68,7 +68,9 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
     ("The reference gradient (`reference`)", ReferenceState,
      "Checked once when the run started, on the model as built (float64 central differences "
      "of its forward on four evaluation samples, then the model's own backward — its dtype, "
-     "a batch of up to 512 samples — against that verified one; docs/protocol.md). A model "
+     "a batch of up to 512 samples — against that verified one, and, where inputs are "
+     "floating, the backward in training mode with dropout masks held fixed; "
+     "docs/protocol.md). A model "
      "whose backward is not the gradient of its forward is refused before the run's folder "
      "is written, unless `diagnostics.allow_unverified_reference` is on; then `how` is "
      "`failed`, the verdict is *unverified* and every cosine, Γ and (b) is shown marked "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import reprlib
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,19 +38,68 @@ def check_domains(part: Any, where: str, prefix: str = "") -> None:
     """Raise RunRecordError when a number of a field of dataclass ``part`` lies outside the
     field's ``domain`` (or is not a number at all). ``where`` starts the message (``run
     record PATH``), ``prefix`` names the part (``final.``, ``log[3].``)."""
-    for name, domain in _field_domains(type(part)):
-        _check_domain(getattr(part, name), domain, where, prefix + name)
+    for name, domain, shape in _field_domains(type(part)):
+        _check_domain(getattr(part, name), domain, where, prefix + name, shape)
+    for name, shape in _field_shapes(type(part)):  # no domain: read as their type says
+        _check_shape(getattr(part, name), shape, where, prefix + name)
     for name in _inline_fields(type(part)):  # written as keys of ``part``: named so too
         inner = getattr(part, name)
         if inner is not None:
             check_domains(inner, where, prefix)
 
 
+# What a field's type says its JSON value is: ("list", items), ("dict", values) or
+# ("number", None); None: anything (the domain alone is checked).
+Shape = tuple[str, "Shape | None"]
+_KINDS = {"list": (list, "a list"), "dict": (Mapping, "an object"),
+          "number": ((int, float), "a number")}
+
+
+def _shape(hint: Any) -> Shape | None:
+    """The :data:`Shape` of a type hint (``list[float] | None`` → ("list", ("number", None)))."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _shape(kinds[0]) if len(kinds) == 1 else None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list and args:
+        return ("list", _shape(args[0]))
+    if origin is dict and len(args) == 2:
+        return ("dict", _shape(args[1]))
+    return ("number", None) if hint in (int, float) else None
+
+
 @functools.cache
-def _field_domains(cls: type) -> tuple[tuple[str, FieldDomain], ...]:
-    """(name, domain) of the fields of dataclass ``cls`` that declare a domain."""
-    return tuple((f.name, f.metadata["domain"]) for f in dataclasses.fields(cls)
-                 if f.metadata.get("domain") is not None)
+def _field_domains(cls: type) -> tuple[tuple[str, FieldDomain, Shape | None], ...]:
+    """(name, domain, shape) of the fields of dataclass ``cls`` that declare a domain."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, f.metadata["domain"], _shape(hints[f.name]))
+                 for f in dataclasses.fields(cls) if f.metadata.get("domain") is not None)
+
+
+@functools.cache
+def _field_shapes(cls: type) -> tuple[tuple[str, Shape], ...]:
+    """(name, shape) of the fields of dataclass ``cls`` without a domain whose type has a
+    :data:`Shape` (lists, objects, numbers)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, shape) for f in dataclasses.fields(cls)
+                 if f.metadata.get("domain") is None and not f.metadata.get("inline")
+                 and (shape := _shape(hints[f.name])) is not None)
+
+
+def _check_shape(value: Any, shape: Shape | None, where: str, name: str) -> None:
+    """Raise RunRecordError when ``value`` (None aside) is not of ``shape``."""
+    if value is None or shape is None:
+        return
+    kind, text = _KINDS[shape[0]]
+    if not isinstance(value, kind) or (shape[0] == "number" and isinstance(value, bool)):
+        raise RunRecordError(f"{where}: {name} must be {text}, got {reprlib.repr(value)}; the "
+                             "record was not written by creditaudit as it is")
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_shape(item, shape[1], where, f"{name}[{index}]")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_shape(item, shape[1], where, f"{name}.{key}")
 
 
 @functools.cache
@@ -58,9 +108,17 @@ def _inline_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("inline"))
 
 
-def _check_domain(value: Any, domain: FieldDomain, where: str, name: str) -> None:
-    if value is None or (type(value) is float and isinstance(domain, Domain)
-                         and domain.admits(value)):
+def _check_domain(value: Any, domain: FieldDomain, where: str, name: str,
+                  shape: Shape | None = None) -> None:
+    """Raise RunRecordError when ``value`` is not of ``shape`` (a list where an object
+    should be, a list of lists, …: readers index it as its field's type says) or a number
+    in it lies outside ``domain``."""
+    if value is None:
+        return
+    if shape is not None:
+        _check_shape(value, (shape[0], None), where, name)
+    items = None if shape is None else shape[1]
+    if type(value) is float and isinstance(domain, Domain) and domain.admits(value):
         return
     if isinstance(value, list):
         suspects: Iterable[int] = range(len(value))
@@ -68,14 +126,16 @@ def _check_domain(value: Any, domain: FieldDomain, where: str, name: str) -> Non
             low, high = domain.low - DOMAIN_TOLERANCE, domain.high + DOMAIN_TOLERANCE
             suspects = [index for index, item in enumerate(value)
                         if not (type(item) is float and (low <= item <= high or item != item))]
+        if items is not None and items[0] != "number":
+            suspects = range(len(value))
         for index in suspects:
-            _check_domain(value[index], domain, where, f"{name}[{index}]")
+            _check_domain(value[index], domain, where, f"{name}[{index}]", items)
         return
     if isinstance(value, Mapping):
         for key, item in value.items():
             inner = domain if isinstance(domain, Domain) else domain.get(key)
             if inner is not None:
-                _check_domain(item, inner, where, f"{name}.{key}")
+                _check_domain(item, inner, where, f"{name}.{key}", items)
         return
     number = as_number(value)
     if not isinstance(domain, Domain):
@@ -227,9 +287,9 @@ def _measures(raw: Mapping[str, Any], where: str, record: str, prefix: str
                                  "by creditaudit as it is")
     missing = [name for name in _REQUIRED_MEASURES if name not in measured]
     if missing:
-        for name, domain in _field_domains(EpochMeasures):
+        for name, domain, shape in _field_domains(EpochMeasures):
             if name in measured:
-                _check_domain(measured[name], domain, record, prefix + name)
+                _check_domain(measured[name], domain, record, prefix + name, shape)
         raise RunRecordError(f"{where} holds diagnostics without {', '.join(missing)}; the "
                              "record was not written by creditaudit as it is")
     _check_invalid(measured.get("cos_invalid"), measured.get("cos_valid"), where)

@@ -135,9 +135,13 @@ def _keys(value: Any, where: str) -> list[str]:
 
 
 def _check_table_reasons(table: Any, where: str) -> None:
-    """The end-of-run cosine table's ``cos_invalid`` per row: absent (records from before
-    it), null or one of :data:`COSINE_INVALID`."""
+    """The end-of-run cosine table's rows: each with its ``cos`` (readers index it), and
+    ``cos_invalid`` absent (records from before it), null or one of
+    :data:`COSINE_INVALID`."""
     for index, row in enumerate(table if isinstance(table, list) else []):
+        if isinstance(row, dict) and "cos" not in row:
+            raise RunRecordError(f"run record {where}: diagnostics.cosine_table[{index}] has no "
+                                 "'cos'; the record was not written by creditaudit as it is")
         reason = row.get("cos_invalid") if isinstance(row, dict) else None
         if reason is not None and reason not in COSINE_INVALID:
             raise RunRecordError(

@@ -209,7 +209,8 @@ class ReferenceState:
                    HOW_NOT_CHECKED)
     where: str | None = doc("`failed`: the module (`blocks.1.w2`) or the segment (`between "
                             "h_2 and h_3`) whose backward is not the gradient, when it "
-                            "could be placed")
+                            "could be placed; `training mode` for a backward that is the "
+                            "gradient only in eval mode")
     detail: str = doc("one line: what was compared, or what was found", UNCHECKED_DETAIL)
 
     @property

@@ -94,3 +94,15 @@ def test_defaults_given_are_no_conflict(tmp_path, capsys):
     """A flag given at its default value changes nothing, as in argparse's groups."""
     assert main(["experiment", "fresh_null", "--list", "--scale", "smoke", "--out",
                  str(tmp_path), "--executor", "local"]) == 0
+
+
+@pytest.mark.parametrize("flags", [[], ["--dataset", "mnist1d"]])
+@pytest.mark.parametrize("mode", [["fresh_null", "--no-train"], ["fresh_null", "--list"]])
+def test_experiment_refuses_a_data_dir_for_generated_data(mode, flags, tmp_path, capsys):
+    """experiment --data-dir with a generated dataset (smoke's synthetic, mnist1d) was
+    accepted and ignored; train refuses it."""
+    refused(capsys, ["experiment", *mode, "--scale", "smoke", "--out", str(tmp_path),
+                     "--data-dir", str(tmp_path), *flags],
+            f"--data-dir {tmp_path}: the dataset", "is generated from its seed",
+            "drop --data-dir")
+    assert not (tmp_path / "experiments").exists()

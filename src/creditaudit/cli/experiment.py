@@ -43,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "see --list)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="dataset folder (CIFAR python batches or IDX files); "
-                             "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist")
+                             "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist; "
+                             "refused for a generated dataset (synthetic, mnist1d)")
     parser.add_argument("--out", default="results", metavar="DIR", type=folder,
                         help="results folder: runs in OUT/RUN_ID/, summaries in "
                              "OUT/experiments/ (default: results)")
@@ -100,6 +101,20 @@ def choices_of(args: argparse.Namespace):  # noqa: ANN201 - a Choices
     return Choices(rules=names_list(args.rules, "rules"), archs=names_list(args.arch, "arch"))
 
 
+def check_data_dir(args: argparse.Namespace) -> None:
+    """Refuse --data-dir for a generated dataset (the scale's or --dataset's), which reads no
+    folder — the experiment ignored it; train refuses it the same way."""
+    if args.data_dir is None or args.scale is None:
+        return
+    from creditaudit.data import dataset_spec
+    from creditaudit.study.experiments.configs import scale_dataset
+
+    name = scale_dataset(args.scale, args.dataset)
+    if dataset_spec(name).kind == "generated":
+        raise ConfigError(f"--data-dir {args.data_dir}: the dataset {name} is generated from "
+                          "its seed, not read from a folder: drop --data-dir")
+
+
 def _list(args: argparse.Namespace) -> int:
     from creditaudit.study.experiments import experiment_names, get_experiment
     from creditaudit.study.experiments.registry import OPTIONS
@@ -108,6 +123,7 @@ def _list(args: argparse.Namespace) -> int:
     # NAME with --list: that experiment only (an unknown name is refused, not ignored)
     names = experiment_names() if args.name in (None, "all") else [args.name]
     choices = choices_of(args)
+    check_data_dir(args)
     if args.scale:  # counted as the run would be: one experiment only, refused as it refuses
         check_choices(choices, len(names))
     for name in names:
@@ -238,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("name an experiment (or 'all'); see creditaudit experiment --list")
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
+    check_data_dir(args)
     names = all_names() if args.name == "all" else [get_experiment(args.name).name]
     choices = choices_of(args)
     progress = _LazyProgress(quiet=args.quiet)

@@ -60,7 +60,7 @@ def test_an_unknown_flag_is_told_its_commands_help_and_the_closest_flag(argv, fr
 @pytest.mark.parametrize("flags, fragment", [
     (["--executor", "ray", "--workers", "2"], "--workers is for the local executor; Ray"),
     (["--executor", "inline", "--workers", "2"], "--workers 2 is for the local executor"),
-    (["--executor", "inline", "--workers", "-1", "--no-train"], "--workers must be >= 0"),
+    (["--executor", "inline", "--workers", "-1"], "--workers must be >= 0"),
 ])
 def test_experiment_refuses_workers_its_executor_drops(flags, fragment, tmp_path, capsys):
     """experiment --executor ray/inline --workers N trained with the executor's own count

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
+from creditaudit.cli.common import refused_together
 from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.formatting import plain_line
@@ -54,12 +55,17 @@ class Parser(argparse.ArgumentParser):
         """argparse's, except that arguments no parser knows are refused by the parser of
         the command they were given to (``see creditaudit train --help``, not the top
         level's help), with the closest option of that command when one is close
-        (``--epoks``: did you mean --epochs?)."""
+        (``--epoks``: did you mean --epochs?); and two flags the command would ignore one of
+        when given together (:func:`~creditaudit.cli.common.refuse_together`) are refused
+        as argparse refuses two of a mutually exclusive group."""
         parsed, extras = self.parse_known_args(args, namespace)
+        parser = self.subcommand_parser(getattr(parsed, "command", None)) or self
         if extras:
-            parser = self.subcommand_parser(getattr(parsed, "command", None)) or self
             parser.error(f"unrecognized arguments: {' '.join(extras)}"
                          f"{closest_option([parser, self], extras)}")
+        conflict = refused_together(parser, parsed)  # flags one would ignore with the other
+        if conflict is not None:
+            parser.error(conflict)
         return parsed
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:

@@ -116,6 +116,39 @@ def add_device_options(parser: argparse.ArgumentParser, *, precision: bool = Tru
                                  "trains under autocast, diagnostics stay fp32")
 
 
+REFUSED_TOGETHER = "refused_together"  # the attribute of a parser that holds its pairs
+
+
+def refuse_together(parser: argparse.ArgumentParser, flag: str, others: tuple[str, ...], *,
+                    unless: str | None = None) -> None:
+    """Refuse each of ``others`` given with ``flag`` (each is accepted alone, and ``flag``
+    would ignore it) as argparse refuses two flags of a mutually exclusive group: a usage
+    error, ``argument OTHER: not allowed with argument FLAG`` (exit 2). With ``unless`` (a
+    flag), only when ``unless`` is not given (the line then ends ``without UNLESS``). A flag
+    at its default value is not given, as in argparse's groups. Checked by
+    :func:`refused_together` once the command line is parsed."""
+    pairs = getattr(parser, REFUSED_TOGETHER, [])
+    pairs.extend((flag, other, unless) for other in others)
+    setattr(parser, REFUSED_TOGETHER, pairs)
+
+
+def refused_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The usage error of the first pair :func:`refuse_together` declared on ``parser``
+    that ``args`` gives both flags of; None when there is none."""
+    for flag, other, unless in getattr(parser, REFUSED_TOGETHER, ()):
+        if _given(parser, args, flag) and _given(parser, args, other) and not (
+                unless is not None and _given(parser, args, unless)):
+            return (f"argument {other}: not allowed with argument {flag}"
+                    + (f" without {unless}" if unless is not None else ""))
+    return None
+
+
+def _given(parser: argparse.ArgumentParser, args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``flag`` of ``parser`` holds a value other than its default in ``args``."""
+    action = next(a for a in parser._actions if flag in a.option_strings)
+    return getattr(args, action.dest, action.default) != action.default
+
+
 class OneConfig(argparse.Action):
     """``--config FILE``, given once: a second file would silently replace the first (the
     files are not merged)."""

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from creditaudit.cli.common import add_device_options, folder
+from creditaudit.cli.common import add_device_options, folder, refuse_together
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
@@ -43,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "see --list)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="dataset folder (CIFAR python batches or IDX files); "
-                             "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist")
+                             "Fashion-MNIST defaults to /usr/share/datasets/fashion-mnist; "
+                             "refused for a generated dataset (synthetic, mnist1d)")
     parser.add_argument("--out", default="results", metavar="DIR", type=folder,
                         help="results folder: runs in OUT/RUN_ID/, summaries in "
                              "OUT/experiments/ (default: results)")
@@ -59,15 +60,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_device_options(parser)
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: summarise the runs already finished in --out "
-                             "(missing ones are listed)")
+                             "(missing ones are listed); not with --retry-failed, --workers, "
+                             "--executor or --device, which only say how to train")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress lines while runs train (summaries, errors and "
                              "waits for runs another process holds are still printed)")
     parser.add_argument("--list", action="store_true",
                         help="list the experiments (with NAME: that one) and what each "
                              "answers (with --scale: how many runs each needs and how many are "
-                             "finished in --out)")
+                             "finished in --out, counted with --dataset, --data-dir, "
+                             "--precision, --rules and --arch, which need --scale here); not "
+                             "with --retry-failed, --workers, --executor or --device")
+    refuse_together(parser, "--no-train", TRAINING_FLAGS)
+    refuse_together(parser, "--list", TRAINING_FLAGS)
+    refuse_together(parser, "--list", COUNTED_FLAGS, unless="--scale")
     parser.set_defaults(handler=run)
+
+
+# Flags that only say how to train (the device is no part of a run's id): nothing is trained
+# with --no-train or --list.
+TRAINING_FLAGS = ("--retry-failed", "--workers", "--executor", "--device")
+# Flags that shape the runs: --list applies them to the counts of --scale (none without it).
+COUNTED_FLAGS = ("--dataset", "--data-dir", "--out", "--precision", "--rules", "--arch")
 
 
 def names_list(text: str | None, option: str) -> tuple[str, ...] | None:
@@ -87,12 +101,31 @@ def choices_of(args: argparse.Namespace):  # noqa: ANN201 - a Choices
     return Choices(rules=names_list(args.rules, "rules"), archs=names_list(args.arch, "arch"))
 
 
+def check_data_dir(args: argparse.Namespace) -> None:
+    """Refuse --data-dir for a generated dataset (the scale's or --dataset's), which reads no
+    folder — the experiment ignored it; train refuses it the same way."""
+    if args.data_dir is None or args.scale is None:
+        return
+    from creditaudit.data import dataset_spec
+    from creditaudit.study.experiments.configs import scale_dataset
+
+    name = scale_dataset(args.scale, args.dataset)
+    if dataset_spec(name).kind == "generated":
+        raise ConfigError(f"--data-dir {args.data_dir}: the dataset {name} is generated from "
+                          "its seed, not read from a folder: drop --data-dir")
+
+
 def _list(args: argparse.Namespace) -> int:
     from creditaudit.study.experiments import experiment_names, get_experiment
     from creditaudit.study.experiments.registry import OPTIONS
+    from creditaudit.study.experiments.runner import check_choices
 
     # NAME with --list: that experiment only (an unknown name is refused, not ignored)
     names = experiment_names() if args.name in (None, "all") else [args.name]
+    choices = choices_of(args)
+    check_data_dir(args)
+    if args.scale:  # counted as the run would be: one experiment only, refused as it refuses
+        check_choices(choices, len(names))
     for name in names:
         experiment = get_experiment(name)
         alone = "" if experiment.in_all else " (run by name only: not part of all)"
@@ -102,22 +135,24 @@ def _list(args: argparse.Namespace) -> int:
                   for option in OPTIONS if option not in experiment.takes]
         print(f"    {'; '.join(takes)}")
         if args.scale:
-            print(f"    {args.scale}: {_count(experiment, args)}")
+            print(f"    {args.scale}: {_count(experiment, args, choices)}")
     return 0
 
 
-def _count(experiment, args: argparse.Namespace) -> str:  # noqa: ANN001 - an Experiment
-    """"N runs, M finished in OUT" (finished runs are found by run id, which needs the data's
-    fingerprint: without the data, only the number of runs)."""
+def _count(experiment, args: argparse.Namespace,  # noqa: ANN001 - an Experiment
+           choices) -> str:  # noqa: ANN001 - a Choices
+    """"N runs, M finished in OUT" of the runs ``args`` asks for (``choices``: its --rules
+    and --arch), as the experiment would train them (finished runs are found by run id,
+    which needs the data's fingerprint: without the data, only the number of runs)."""
     from creditaudit.config import device_overrides
     from creditaudit.run.plan import plan_run
     from creditaudit.study.experiments.runner import run_state
 
-    overrides = device_overrides(args.device, args.precision)  # the precision is in the id
+    overrides = device_overrides(None, args.precision)  # the precision is in the id
 
     def configs(data_dir: str | None) -> list:
         found = experiment.configs(args.scale, dataset=args.dataset, data_dir=data_dir,
-                                   out_dir=Path(args.out).resolve())  # the experiment's own
+                                   out_dir=Path(args.out).resolve(), choices=choices)
         return [c.replace(**overrides) for c in found] if overrides else found
 
     try:
@@ -219,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("name an experiment (or 'all'); see creditaudit experiment --list")
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
+    check_data_dir(args)
     names = all_names() if args.name == "all" else [get_experiment(args.name).name]
     choices = choices_of(args)
     progress = _LazyProgress(quiet=args.quiet)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from creditaudit.cli.common import add_config_options, config_from_args
+from creditaudit.cli.common import add_config_options, config_from_args, refuse_together
 from creditaudit.config import config_to_toml
 from creditaudit.report import format_run_summary
 
@@ -28,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                "checkpoint are deleted)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config of the given flags as TOML (what "
-                             "--config reads back) and exit without training")
+                             "--config reads back) and exit without training (not with "
+                             "--resume or --force, which it would ignore)")
+    refuse_together(parser, "--print-config", ("--resume", "--force"))
     parser.set_defaults(handler=run)
 
 

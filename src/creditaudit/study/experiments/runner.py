@@ -122,6 +122,14 @@ def check_executor(kind: str, workers: int | None) -> None:
                           f"{argument('workers')}, or use the local executor")
 
 
+def check_choices(choices: Choices, experiments: int) -> None:
+    """Refuse ``choices`` (rules, architectures) for more than one experiment."""
+    if choices.given() and experiments != 1:
+        raise ConfigError(f"{chosen(choices.given()[0])} applies to one experiment: name it "
+                          "instead of running several (each takes its own options; see "
+                          f"{LIST})")
+
+
 def _executor(kind: str, scale: str, workers: int | None, device: str | None = None) -> Any:
     """The executor of ``kind`` (checked by :func:`check_executor`) for ``workers``."""
     from creditaudit.sweep import InlineExecutor, LocalExecutor, RayExecutor
@@ -280,10 +288,7 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     get_scale(scale)
     check_executor(executor, workers)  # also when every run is finished already
     experiments = [get_experiment(name) for name in names]
-    if choices.given() and len(experiments) != 1:
-        raise ConfigError(f"{chosen(choices.given()[0])} applies to one experiment: name it "
-                          "instead of running several (each takes its own options; see "
-                          f"{LIST})")
+    check_choices(choices, len(experiments))
     out_dir = Path(out_dir).resolve()
     overrides = device_overrides(device, precision)
     per_experiment = {e.name: [c.replace(**overrides) if overrides else c

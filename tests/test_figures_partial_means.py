@@ -1,7 +1,8 @@
 """A mean across seeds that some of its method's runs hold no number for (a diverged run's
 end-of-run block has no metrics) says over how many runs it is, and a method drawn from
 one run says its error bar of 0 measures no spread — as the report's ``(2 of 3 runs)`` and
-``(1 run)`` do; titles give the seeds each method ran, not the most any ran."""
+``(1 run)`` do; titles give the seeds each method ran, not the most any ran. A per-epoch
+norm a diverged run logged as NaN/inf, which no axis draws, is counted on its panel."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from creditaudit.config import RunConfig
-from creditaudit.figures import RunIndex
+from creditaudit.figures import RunIndex, run_curves
 from creditaudit.run.trainer import Trainer, train
-from creditaudit.study.figures import hero, summary
+from creditaudit.study.figures import hero, lambda_sweep, summary, temporal
 from integrity_support import nan_weights_after
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -26,15 +27,16 @@ TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory) -> Path:
     """BP at seeds 42 and 123 and diverged in epoch 2 at seed 8 (no end-of-run metrics);
-    FA, DFA and the bridges at seed 42 alone."""
+    FA, DFA, DFA λ=0.01, the bridges and frozen blocks at seed 42 alone."""
     out = tmp_path_factory.mktemp("partial_means")
 
-    def run(method: str, seed: int = 42) -> None:
+    def run(method: str, seed: int = 42, penalty: float = 0.0) -> None:
         train(RunConfig().replace(**{**TINY, "method.name": method, "run.seed": seed,
-                                     "run.out_dir": str(out)}))
+                                     "method.penalty": penalty, "run.out_dir": str(out)}))
 
-    for method in ("bp", "fa", "dfa", "state-bridge", "credit-bridge"):
+    for method in ("bp", "fa", "dfa", "state-bridge", "credit-bridge", "frozen"):
         run(method)
+    run("dfa", penalty=0.01)
     run("bp", 123)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trainer, "train_epoch", nan_weights_after(2))
@@ -65,3 +67,17 @@ def test_fig5_notes_partial_means_and_titles_give_each_methods_seeds(mixed):
     assert "One run, so no spread" in note(figs["fig5e_final_accuracy"])
     assert "1–3 seeds" in figs["fig5a_accuracy"]._suptitle.get_text()
     assert "(1–3 seeds)" in figs["fig5e_final_accuracy"].axes[0].get_title()
+
+
+def test_a_norm_a_diverged_run_logged_nan_is_counted_on_its_panel(mixed):
+    """The NaN ‖h_L‖ and ‖g_L‖ of BP seed 8's overflowed epoch left no trace: the curves
+    (per run in Figure 8, a mean in Figures 2 and 4) just stopped or averaged fewer runs."""
+    index = RunIndex.from_dir(mixed)
+    for fig in (run_curves.build(index)[run_curves.NAME], temporal.build(index)[temporal.NAME]):
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        for name in ("‖h_L‖", "‖g_L‖"):
+            [text] = [t for t in texts if name in t]
+            assert text.startswith("1 of ") and text.endswith(
+                f"runs logged {name} NaN/inf at some epoch (diverged), not drawn")
+    figure = lambda_sweep.build(index)[lambda_sweep.NAME]  # no diverged DFA run: no note
+    assert not [t for ax in figure.axes for t in ax.texts if "NaN/inf" in t.get_text()]

@@ -139,10 +139,16 @@ def _why_no_runs(index: RunIndex, *, given: bool) -> str:
 
 
 def describe_recipe(record: RunRecord) -> str:
+    """``synthetic, ResMLP d=16 L=2, 2 epochs`` — with ``bf16`` or ``float64`` where the
+    run trained in another precision or holds its parameters in another dtype than float32
+    (part of the recipe: such runs are never drawn with float32 ones)."""
     c = record.config
     model = model_description(record)
     label = model.label if model is not None else c.model.arch
-    return f"{c.data.name}, {label}, {c.optim.epochs} epochs"
+    held = [c.run.precision] if c.run.precision != "fp32" else []
+    dtype = model.dtype if model is not None else None
+    held += [dtype] if dtype not in (None, "float32") else []
+    return ", ".join([c.data.name, label, *held, f"{c.optim.epochs} epochs"])
 
 
 def need_methods(group: Sequence[RunRecord], wants: Sequence[tuple[str, Predicate, str]]

@@ -270,14 +270,22 @@ PLAIN_NAMES = {"h_L_norm": "‖h_L‖", "g_L_norm": "‖g_L‖", "g_2_norm": "�
 
 def log_panel_note(ax: Any, runs: list[RunRecord], key: str) -> None:
     """Say on a log panel of per-epoch ``key`` how many of ``runs`` logged it ≤ 0 (a log
-    axis drops such epochs: a ‖g_L‖ collapsed to exactly 0 would leave no trace): in its
+    axis drops such epochs: a ‖g_L‖ collapsed to exactly 0 would leave no trace) and how
+    many logged it NaN/inf (a diverged run's overflowed epoch, which no axis draws): in its
     middle when no run has a value it can draw, else in its corner."""
-    hidden = [run for run in runs if any(v <= 0 for v in run.series(key)[1])]
-    if not hidden:
+    name = PLAIN_NAMES[key]
+    zero = [run for run in runs if any(v <= 0 for v in run.series(key)[1])]
+    overflowed = [run for run in runs
+                  if any(not math.isfinite(v) for v in run.series(key)[1])]
+    parts = [f"{len(zero)} of {len(runs)} runs logged {name} ≤ 0 at some epoch, which a "
+             "log axis cannot show"] if zero else []
+    if overflowed:
+        parts.append(f"{len(overflowed)} of {len(runs)} runs logged {name} NaN/inf at some "
+                     "epoch (diverged), not drawn")
+    if not parts:
         return
     drawn = any(v > 0 and math.isfinite(v) for run in runs for v in run.series(key)[1])
-    what = (f"{len(hidden)} of {len(runs)} runs logged {PLAIN_NAMES[key]} ≤ 0 at some "
-            "epoch, which a log axis cannot show")
+    what = "; ".join(parts)
     if drawn:
         ax.text(0.99, 0.02, literal(what), transform=ax.transAxes, ha="right", va="bottom",
                 fontsize=7, color="gray", gid="not_drawable")

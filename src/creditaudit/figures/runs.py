@@ -139,10 +139,16 @@ def _why_no_runs(index: RunIndex, *, given: bool) -> str:
 
 
 def describe_recipe(record: RunRecord) -> str:
+    """``synthetic, ResMLP d=16 L=2, 2 epochs`` — with ``bf16`` or ``float64`` where the
+    run trained in another precision or holds its parameters in another dtype than float32
+    (part of the recipe: such runs are never drawn with float32 ones)."""
     c = record.config
     model = model_description(record)
     label = model.label if model is not None else c.model.arch
-    return f"{c.data.name}, {label}, {c.optim.epochs} epochs"
+    held = [c.run.precision] if c.run.precision != "fp32" else []
+    dtype = model.dtype if model is not None else None
+    held += [dtype] if dtype not in (None, "float32") else []
+    return ", ".join([c.data.name, label, *held, f"{c.optim.epochs} epochs"])
 
 
 def need_methods(group: Sequence[RunRecord], wants: Sequence[tuple[str, Predicate, str]]
@@ -207,3 +213,42 @@ def epoch_mean_std(runs: Sequence[RunRecord], key: str, index: int | None = None
     stats = [mean_std(values[e]) for e in epochs]
     return (np.array(epochs, dtype=float), np.array([s[0] for s in stats]),
             np.array([s[1] for s in stats]))
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` (a number, or a per-layer list) holds only finite numbers."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_finite(v) for v in value)
+    return value is not None and bool(np.isfinite(as_float(value)))
+
+
+def partial_means_note(chosen: dict[str, Sequence[RunRecord]],
+                       values: dict[str, Callable[[RunRecord], Any]]) -> str | None:
+    """``Means over fewer runs (the others hold no finite value: …): Γ of BP over 2 of 3
+    runs; …`` for each mean across seeds (``values``: what it is → the run's value) that
+    leaves some of a method's runs out, as the report's ``(2 of 3 runs)`` does; then
+    ``One run, no spread: State Bridge.`` for the methods drawn from one run (its error bar
+    of 0 measures no spread). None when every mean is over at least two runs, all of them."""
+    partial = []
+    for what, value in values.items():
+        for method, runs in chosen.items():
+            held = sum(_finite(value(r)) for r in runs)
+            if runs and held < len(runs):
+                partial.append(f"{what} of {method_label(method)} over {held} of "
+                               f"{len(runs)} runs")
+    single = [method_label(m) for m, runs in chosen.items() if len(runs) == 1]
+    notes = []
+    if partial:
+        notes.append("Means over fewer runs (the others hold none, or none finite: a "
+                     "diverged model's end-of-run block has no metrics, a run with "
+                     "diagnostics.end_of_run=false no block): " + "; ".join(partial) + ".")
+    if single:
+        notes.append("One run, so no spread (error bar 0): " + ", ".join(single) + ".")
+    return " ".join(notes) or None
+
+
+def seeds_text(chosen: dict[str, Sequence[RunRecord]]) -> str:
+    """``3 seeds``, or ``1–6 seeds`` where the methods ran different numbers of seeds."""
+    counts = [len(runs) for runs in chosen.values() if runs]
+    low, high = min(counts, default=0), max(counts, default=0)
+    return f"{low} seed{'s' if high != 1 else ''}" if low == high else f"{low}–{high} seeds"

@@ -43,6 +43,7 @@ from creditaudit.figures.runs import (
     layer_mean_std,
     need_methods,
     other_options_note,
+    partial_means_note,
     reference_verified,
     seed_runs,
     valid_layers,
@@ -116,6 +117,14 @@ def build(index: RunIndex) -> dict[str, Figure]:
         notes["diverged"] = diverged
     if other:
         notes["other_options"] = other
+    partial = partial_means_note(chosen, {
+        "final accuracy": lambda r: r.final_acc,
+        **({"Γ": lambda r: r.headline_gamma} if _reporting_pair in panels else {}),
+        **({"per-layer cosine": lambda r: r.diagnostics.bp_cosine}
+           if _layer_cosines in panels else {}),
+        "last-epoch ‖g_l‖": lambda r: r.headline_value("bp_grad_norms_per_sample_med")})
+    if partial:
+        notes["partial"] = partial
     notes_below(fig, axes[0], notes, width=40 * len(panels))
     return {NAME: fig}
 

@@ -21,6 +21,7 @@ from creditaudit.figures.common import (
     integer_x,
     legend_below,
     literal,
+    log_panel_note,
     log_scale,
     mean_line,
     method_color,
@@ -91,6 +92,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
                       marker=None if p == 0 else "o", ms=3, gid=f"{key}:{p:g}")
         if key != "acc_eval":
             log_scale(ax)
+            log_panel_note(ax, [r for runs in chosen["lambdas"].values() for r in runs], key)
         if key == "g_2_norm":
             floor_line(ax)
         if key == "acc_eval":

@@ -47,7 +47,9 @@ from creditaudit.figures.runs import (
     layer_mean_std,
     need_methods,
     other_options_note,
+    partial_means_note,
     seed_runs,
+    seeds_text,
     valid_layers,
 )
 from creditaudit.protocol.records import model_description
@@ -102,7 +104,6 @@ def drift_keys(run: RunRecord) -> list[str]:
 def build(index: RunIndex) -> dict[str, Figure]:
     chosen = select(index)
     where = literal(describe_recipe(next(iter(chosen.values()))[0]))
-    n_seeds = max(len(runs) for runs in chosen.values())
     figures: dict[str, Figure] = {}
     # 5b–5e show end-of-run values: their means leave out the runs that stopped early.
     curves = chosen
@@ -126,7 +127,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
         ax.set_ylabel(title)
         ax.set_title(title)
         add_grid(ax)
-    fig.suptitle(f"Accuracy, mean ± std over {n_seeds} seed(s) — {where}", y=1.02)
+    fig.suptitle(f"Accuracy, mean ± std over {seeds_text(curves)} — {where}", y=1.02)
     legend_below(fig, list(axes[0]))
     figures["fig5a_accuracy"] = fig
 
@@ -241,14 +242,24 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax.set_xticks(np.arange(len(methods)))
     ax.set_xticklabels([rule_text(m) for m in methods])
     ax.set_ylabel("test accuracy")
-    n_ended = max(len(runs) for runs in chosen.values())
-    ax.set_title(f"Final test accuracy ({n_ended} seed(s)) — {where}")
+    ax.set_title(f"Final test accuracy ({seeds_text(chosen)}) — {where}")
     add_grid(ax)
     figures["fig5e_final_accuracy"] = fig
+    final_acc = {"final accuracy": lambda r: r.final_acc}
+    partial = {NAMES[0]: partial_means_note(curves, {}),
+               NAMES[1]: partial_means_note(credited, {
+                   "per-layer cosine": lambda r: r.diagnostics.bp_cosine,
+                   "ρ": lambda r: r.diagnostics.perturbation_rho,
+                   "nudging": lambda r: (r.diagnostics.nudging or {}).get(eta)}),
+               NAMES[2]: partial_means_note(chosen, {"drift": lambda r: [
+                   (r.diagnostics.drift or {}).get(k) for k in drift_keys(r)]}),
+               NAMES[3]: partial_means_note(
+                   {m: chosen[m] for m in BRIDGE_COMPARISON if m in chosen}, final_acc),
+               NAMES[4]: partial_means_note(chosen, final_acc)}
     for name in NAMES:
         notes = {"stopped_early": stopped if name != NAMES[0] else None,
                  "diverged": diverged if name != NAMES[0] else None,
-                 "other_options": other}
+                 "partial": partial[name], "other_options": other}
         notes = {gid: text for gid, text in notes.items() if text}
         if notes:
             notes_below(figures[name], figures[name].axes, notes)

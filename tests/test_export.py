@@ -465,3 +465,41 @@ def test_a_legacy_diverged_record_is_not_said_to_end_on_a_finite_epoch(copies, t
     entries = [e for e in manifest(tmp_path / "out")["written"] if e["runs"]]
     assert entries and all(v.startswith(note) for e in entries for v in e["diverged"].values())
     assert "its last finite epoch is 2" not in result.format()
+
+
+def test_runs_no_file_can_hold_are_listed_with_why(tmp_path, capsys, single_thread):
+    """Own-loop Recorder runs of creditaudit's own ResidualMLP wrote 0 files, and every
+    skipped file advised `creditaudit experiment audit_table` without a word on why the runs
+    present did not count: each is now listed, in the output and the manifest, with why."""
+    import torch
+
+    from creditaudit import Recorder, rule
+    from creditaudit.models import ResidualMLP
+
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(64) % 4
+    for method in ("bp", "dfa"):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            network = ResidualMLP(8, 16, 4, 2)
+        with Recorder(rule(method, network), x, y, out=tmp_path / "runs", progress=False,
+                      config={"optim.epochs": 1, "diagnostics.end_of_run": False}) as rec:
+            rec.epoch(0)
+            rec.epoch(1)
+    assert main(["export", str(tmp_path / "runs"), str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    entries = manifest(tmp_path / "out")["not_exported"]
+    assert not manifest(tmp_path / "out")["written"] and len(entries) == 2
+    own_loop = "trained in its own loop (creditaudit.Recorder), its network ResidualMLP"
+    for entry in entries:
+        assert entry["reason"].startswith(own_loop)
+        assert entry["reason"].endswith("the original study's layout holds only runs "
+                                        "creditaudit trained itself (creditaudit train or "
+                                        "experiment) of ResidualMLP (with or without "
+                                        "out_ln), ViT-Mini or StudentNet, with a residual "
+                                        "stream, every block trainable, real labels and "
+                                        "feedback drawn from the run seed")
+        assert f"  not exported {entry['run_id']}: {entry['reason']}" in printed
+    [dfa] = [e for e in entries if e["run_id"].startswith("dfa-")]
+    assert "; feedback drawn from method.feedback_seed=0, not the run seed:" in dfa["reason"]
+    assert printed.startswith("read 0 finished run records")

@@ -7,6 +7,8 @@ end-of-run numbers are of epoch 0, though the recipe trains 2 epochs.
 
 from __future__ import annotations
 
+import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,24 @@ def test_no_line_where_no_run_diverged(diverged_results):
         run.status = "completed"
     assert diverged_note(runs) is None
     assert not notes(hero.build(RunIndex.from_records(runs))[hero.NAME])
+
+
+def test_fig3a_counts_the_nan_norms_of_both_its_axes_in_one_note(diverged_results):
+    """Figure 3 (a) draws ‖h_L‖ and ‖g_L‖ on two y axes of one panel: the NaN/inf epochs
+    of the diverged DFA runs vanished from it without a word, where the other log panels
+    count them. Now one note, a line per norm, says it (two notes would cover each other).
+    The DFA runs get the epoch-1 entry a run that overflowed after logging it holds (edited
+    here: these runs stopped before logging it)."""
+    runs = [load_record(p) for p in sorted(diverged_results.rglob("record.json"))]
+    for run in [r for r in runs if r.method == "dfa"]:
+        entry = copy.deepcopy(run.log[0])
+        entry.epoch = 1
+        entry.measures.hidden_norms[-1] = math.nan
+        entry.measures.bp_grad_norms_per_sample_med[-1] = math.inf
+        run.log.append(entry)
+    fig = penalty.build(RunIndex.from_records(runs))[penalty.NAME]
+    panel = fig.axes[0].get_position().bounds  # (a) and its twin y axis
+    notes_a = [t.get_text() for ax in fig.axes if ax.get_position().bounds == panel
+               for t in ax.texts if t.get_gid() == "not_drawable"]
+    assert notes_a == ["2 of 2 runs logged ‖h_L‖ NaN/inf at some epoch (diverged), not drawn\n"
+                       "2 of 2 runs logged ‖g_L‖ NaN/inf at some epoch (diverged), not drawn"]

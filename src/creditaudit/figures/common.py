@@ -268,11 +268,9 @@ def notes_below(fig: Figure, axes: Sequence[Any], notes: dict[str, str],
 PLAIN_NAMES = {"h_L_norm": "‖h_L‖", "g_L_norm": "‖g_L‖", "g_2_norm": "‖g_2‖"}
 
 
-def log_panel_note(ax: Any, runs: list[RunRecord], key: str) -> None:
-    """Say on a log panel of per-epoch ``key`` how many of ``runs`` logged it ≤ 0 (a log
-    axis drops such epochs: a ‖g_L‖ collapsed to exactly 0 would leave no trace) and how
-    many logged it NaN/inf (a diverged run's overflowed epoch, which no axis draws): in its
-    middle when no run has a value it can draw, else in its corner."""
+def _undrawable(runs: list[RunRecord], key: str) -> list[str]:
+    """How many of ``runs`` logged per-epoch ``key`` ≤ 0, and how many NaN/inf, in words
+    (nothing for a count of 0)."""
     name = PLAIN_NAMES[key]
     zero = [run for run in runs if any(v <= 0 for v in run.series(key)[1])]
     overflowed = [run for run in runs
@@ -282,15 +280,28 @@ def log_panel_note(ax: Any, runs: list[RunRecord], key: str) -> None:
     if overflowed:
         parts.append(f"{len(overflowed)} of {len(runs)} runs logged {name} NaN/inf at some "
                      "epoch (diverged), not drawn")
-    if not parts:
+    return parts
+
+
+def log_panel_note(ax: Any, runs: list[RunRecord], key: str | Sequence[str]) -> None:
+    """Say on a log panel of per-epoch ``key`` how many of ``runs`` logged it ≤ 0 (a log
+    axis drops such epochs: a ‖g_L‖ collapsed to exactly 0 would leave no trace) and how
+    many logged it NaN/inf (a diverged run's overflowed epoch, which no axis draws): in its
+    middle when no run has a value it can draw, else in its corner. A panel drawing several
+    norms (on twin y axes) passes their ``key``s: one note, a line per norm, so no two notes
+    cover each other."""
+    keys = [key] if isinstance(key, str) else list(key)
+    lines = ["; ".join(parts) for k in keys if (parts := _undrawable(runs, k))]
+    if not lines:
         return
-    drawn = any(v > 0 and math.isfinite(v) for run in runs for v in run.series(key)[1])
-    what = "; ".join(parts)
+    drawn = any(v > 0 and math.isfinite(v)
+                for k in keys for run in runs for v in run.series(k)[1])
     if drawn:
-        ax.text(0.99, 0.02, literal(what), transform=ax.transAxes, ha="right", va="bottom",
-                fontsize=7, color="gray", gid="not_drawable")
+        ax.text(0.99, 0.02, "\n".join(literal(line) for line in lines),
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="gray",
+                gid="not_drawable")
     else:
-        empty_note(ax, what)
+        empty_note(ax, " ".join(f"{line}." for line in lines) if len(lines) > 1 else lines[0])
 
 
 END_OF_RUN_HINT = ("runs with end-of-run metrics (diagnostics.end_of_run = true, the default) "

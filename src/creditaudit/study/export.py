@@ -29,7 +29,9 @@ files), all blocks trainable, real labels — for the no-LN and ViT files the sa
 architectures (the ViT files from ViT-Mini runs on whichever image dataset has them: CIFAR,
 MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32), for the synthetic files
 StudentNet. ConvMixer runs have no file in this layout (the original study had no
-ConvMixer). When several families of such runs exist
+ConvMixer), nor have runs of a user's own loop (``Recorder``) or adapted network, whatever
+their class: each run no file can hold is listed under ``not_exported`` with why
+(:func:`~creditaudit.study.export_runs.why_not_exported`). When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
 one family fills a whole group of files: the preferred dataset (CIFAR-10, CIFAR-100,
 Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most of the needed runs,
@@ -89,8 +91,8 @@ from creditaudit.study.export_runs import (
     choose_family,
     dataset_rank,
     file_variant,
-    is_canonical,
     results_fill,
+    why_not_exported,
 )
 
 log = logging.getLogger(__name__)
@@ -169,8 +171,13 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     result = ExportResult(out=out)
     found = RecordSet.from_folder(results_dir)
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
-    # 0-epoch (random-init) runs have no trajectory to export.
-    records = [r for r in found.finished if is_canonical(r) and r.epochs > 0]
+    # Control variants, architectures the layout has no file of, runs of a user's own loop
+    # or adapted network and 0-epoch (random-init) runs fill no file: each is listed, why.
+    for record in found.finished:
+        reason = why_not_exported(record)
+        if reason is not None:
+            result.not_exported.append({"run_id": record.run_id, "reason": reason})
+    records = [r for r in found.finished if why_not_exported(r) is None]
     if dataset is not None:
         _check_dataset(dataset, found, results_dir)
         # StudentNet runs on the teacher–student task whatever the dataset asked for.

@@ -35,12 +35,14 @@ class ExportResult:
     records_read: int = 0
     unreadable: list[str] = field(default_factory=list)
     unverified: list[dict[str, str]] = field(default_factory=list)
+    not_exported: list[dict[str, str]] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
                 "unreadable": self.unreadable, "written": self.written,
-                "skipped": self.skipped, "unverified": self.unverified}
+                "skipped": self.skipped, "unverified": self.unverified,
+                "not_exported": self.not_exported}
 
     def format(self) -> str:
         lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
@@ -61,6 +63,8 @@ class ExportResult:
                     lines.append(f"    {key}: left out {copy['run_id']}: {copy['why']}")
         for entry in self.unverified:
             lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
+        for entry in self.not_exported:
+            lines.append(f"  not exported {entry['run_id']}: {entry['reason']}")
         for entry in self.skipped:
             lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
         for path in self.removed:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from creditaudit.protocol.records import arch_variant, draws_default_feedback, model_description
 from creditaudit.records import RunRecord
+from creditaudit.registry import ARCHITECTURES
 
 DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
 
@@ -27,13 +28,45 @@ def file_variant(record: RunRecord) -> str:
     return arch_variant(record, residual_suffix=None)
 
 
-def is_canonical(record: RunRecord) -> bool:
-    """Residual stream, all blocks trainable, real labels, feedback from the run seed."""
+# The architectures (as :func:`file_variant` names them) the layout has files of.
+LAYOUT_VARIANTS = ("resmlp", "resmlp-noLN", "vit", "student")
+LAYOUT_HOLDS = ("the original study's layout holds only runs creditaudit trained itself "
+                "(creditaudit train or experiment) of ResidualMLP (with or without out_ln), "
+                "ViT-Mini or StudentNet, with a residual stream, every block trainable, real "
+                "labels and feedback drawn from the run seed")
+
+
+def why_not_exported(record: RunRecord) -> str | None:
+    """Why no file of the layout can hold ``record`` (each of what the layout asks of
+    a run that it fails: residual stream, every block trainable, real labels, feedback from
+    the run seed, an architecture the layout has files of, a trained epoch), ending with what
+    the layout holds; None when it may fill a file."""
     config = record.config
     model = model_description(record)
-    return ((model is None or model.residual is not False)
-            and record.trains_every_block
-            and not config.data.random_targets and draws_default_feedback(record))
+    reasons = []
+    arch = ARCHITECTURES.find(config.model.arch)
+    variant = file_variant(record)
+    if arch is not None and arch.name == "own-loop":
+        reasons.append(f"trained in its own loop (creditaudit.Recorder), its network "
+                       f"{variant} adapted rather than built by creditaudit")
+    elif arch is not None and arch.adapted:
+        reasons.append(f"its network {variant} is adapted from a module "
+                       f"(model.arch={config.model.arch})")
+    elif variant not in LAYOUT_VARIANTS:
+        reasons.append(f"architecture {variant}, which the original study did not train")
+    if model is not None and model.residual is False:
+        reasons.append("no residual stream (model.residual=false)")
+    if not record.trains_every_block:
+        reasons.append(f"not every block trainable (method.trainable_blocks="
+                       f"{config.method.trainable_blocks})")
+    if config.data.random_targets:
+        reasons.append("random labels (data.random_targets)")
+    if not draws_default_feedback(record):
+        reasons.append(f"feedback drawn from method.feedback_seed="
+                       f"{config.method.feedback_seed}, not the run seed")
+    if record.epochs == 0:
+        reasons.append("no trained epoch (optim.epochs=0): no trajectory")
+    return f"{'; '.join(reasons)}: {LAYOUT_HOLDS}" if reasons else None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Figure 3, penalty rescue and the 2×2 capacity-cost control.
 
 (a) ‖h_L‖ (left axis) and ‖g_L‖ (right axis, with the 1e-7 floor) per epoch for vanilla DFA
-and DFA with the residual-branch penalty λ; (b) deep cos and deep ρ (means over layers
+and DFA with the residual-branch penalty λ (one note counts the runs whose ≤ 0 or NaN/inf
+epochs a log axis cannot draw); (b) deep cos and deep ρ (means over layers
 l ≥ 1, end of run) across conditions: vanilla DFA, each penalised DFA, the fresh-B null
 (cosine only: every draw of every seed pooled), a random-credit negative control and the
 BP-gradient positive control measured on the penalised models; error bars ± std across
@@ -30,6 +31,7 @@ from creditaudit.figures.common import (
     integer_x,
     legend_below,
     literal,
+    log_panel_note,
     log_scale,
     mean_line,
     method_color,
@@ -161,6 +163,7 @@ def build(index: RunIndex) -> dict[str, Figure]:
     fig.subplots_adjust(wspace=0.45)
 
     # (a) trajectories
+    drawn = [*chosen["dfa"], *chosen["dfa_penalised"][lam]]  # (a)'s curves
     ax = axes[0, 0]
     ax2 = ax.twinx()
     pen_color = PENALTY_COLORS[0]
@@ -183,6 +186,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
     ax2.tick_params(axis="y", labelcolor="gray")
     ax.set_title("(a) penalty contains the residual stream")
     add_grid(ax, log_scale=True)
+    # One note for both axes (on the twin, drawn above the other): epochs a log axis drops.
+    log_panel_note(ax2, drawn, ("h_L_norm", "g_L_norm"))
     axis_a = (ax, ax2)
 
     # (b) deep cos / deep ρ bars
@@ -243,7 +248,6 @@ def build(index: RunIndex) -> dict[str, Figure]:
     legend_below(fig, [axes[0, 0]], ncol=2, handles=unique_handles(axis_a))
     legend_below(fig, [axes[0, 1]], ncol=2)
     legend_below(fig, [axes[0, 2]], ncol=1)
-    drawn = [*chosen["dfa"], *chosen["dfa_penalised"][lam]]  # (a)'s curves
     stopped = stopped_early_note(_all_runs(chosen), curves=drawn)
     other = other_options_note(index, _all_runs(chosen))
     # (b), (c) and the frozen line keep a diverged run, with its last finite epoch's numbers.

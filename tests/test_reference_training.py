@@ -75,3 +75,31 @@ def test_dropout_and_batchnorm_in_training_mode_pass_and_nothing_changes():
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(v, buffers[k]) for k, v in model.state_dict().items())
     assert not any(m.training for m in model.modules())
+
+
+class Growing(nn.Module):
+    """A scale that grows with every training-mode forward (a buffer updated in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.b1, self.head = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.register_buffer("gain", torch.ones(()))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            self.gain.mul_(1.5)
+        return self.head(torch.tanh(self.b1(self.inp(x) * self.gain)))
+
+
+def test_a_forward_that_updates_its_buffers_in_training_is_one_function_per_pass():
+    """Each central difference's forward grew the scale again, so the passes computed other
+    functions and a plain backward was refused as not the gradient (the GrowingStem runs of
+    test_stream_growth)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    model = adapt(Growing(), ["inp", "b1"], example=x[:8])
+    model.eval()
+    gain = dict(model.named_buffers())["net.gain"].clone()
+    check = check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+    assert check.verified and check.detail.endswith(IN_TRAINING + " at the probes' inputs")
+    assert torch.equal(dict(model.named_buffers())["net.gain"], gain)  # the caller's model

@@ -10,16 +10,17 @@ gradient's own direction and :data:`RANDOM_DIRECTIONS` random ones over the whol
 (BatchNorm mixes the samples in training mode, so the batch moves as one point).
 
 Dropout and other randomness in the forward would make two passes two functions: every
-forward runs from the same RNG state (:data:`TRAINING_SEED`, the caller's RNG untouched), so
-each draws the same masks and the passes compute one function, whose gradient autograd's
-backward must be. Judged as the eval-mode check is
+forward runs from the same RNG state (:data:`TRAINING_SEED`, the caller's RNG untouched) and
+the same buffers (a training-mode forward may update them: BatchNorm's running statistics, a
+scale that grows each step), so each draws the same masks and the passes compute one
+function, whose gradient autograd's backward must be. Judged as the eval-mode check is
 (:mod:`creditaudit.measures.central_differences`). Integer inputs (token ids) cannot be
 moved: training mode is then not checked, and the detail does not claim it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -38,6 +39,8 @@ class _StatesModule(Protocol):
     def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]: ...
 
     def train(self, mode: bool = True) -> nn.Module: ...
+
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]: ...
 
 
 def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor) -> str:
@@ -78,7 +81,15 @@ def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor
     relative step δ) for :func:`~creditaudit.measures.central_differences._compared`."""
     devices = [x.device] if x.device.type == "cuda" else []
 
+    # A training-mode forward may update buffers (BatchNorm's running statistics, a scale
+    # that grows with every step): each forward starts from the buffers the copy was made
+    # with, so every pass computes one function.
+    buffers = {name: buffer.detach().clone() for name, buffer in twin.named_buffers()}
+
     def loss(inputs: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.no_grad():
+            for name, buffer in twin.named_buffers():
+                buffer.copy_(buffers[name])
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(TRAINING_SEED)
             logits = twin.forward_states(inputs)[1]

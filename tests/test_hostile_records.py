@@ -368,6 +368,16 @@ def test_a_cosine_table_row_of_the_wrong_kind_is_one_line_in_report(world, tmp_p
     assert "diagnostics.cosine_table[1].cos must be a number" in done.stderr
 
 
+def test_a_fresh_null_missing_keys_is_reported_not_an_internal_error(world, tmp_path, plant):
+    """Each key of ``fresh_b_null`` is optional when read: report formatted
+    ``null['training_value']`` and failed with an internal error (KeyError) on a record
+    without it; the missing numbers are shown as —."""
+    plant(tmp_path / "results" / "partial-null" / RECORD_FILE,
+          _modified(world.good, _set("diagnostics/fresh_b_null", {"mean": 0.1})))
+    done = cli("report", tmp_path / "results")
+    assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr
+
+
 def test_a_fresh_null_of_the_right_kinds_loads(world, tmp_path, plant):
     """``fresh_b_null.values`` is a list of cosines: a record holding one loads."""
     null = {"mean": 0.1, "std": 0.05, "values": [0.05, 0.15], "training_value": 0.4,

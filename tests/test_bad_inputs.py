@@ -280,6 +280,13 @@ CASES = [
         t, "c.toml", b"[optim]\nlr = 0.1 # \xff\xfe\n"))], ["c.toml", "not UTF-8"]),
     ("config-bad-toml", lambda w, t: ["train", "--config", str(file_in(t, "c.toml", "[optim\n"))],
      ["not valid TOML"]),
+    # a file that sets nothing trained the all-defaults run without a word (found by a probe)
+    ("config-empty", lambda w, t: ["train", "--config", str(file_in(t, "c.toml", ""))],
+     ["c.toml sets nothing", "to train the defaults omit --config"]),
+    ("config-only-comments", lambda w, t: ["train", "--config", str(file_in(
+        t, "c.toml", "# epochs = 3\n\n"))], ["c.toml sets nothing", "omit --config"]),
+    ("config-only-empty-tables", lambda w, t: ["train", "--print-config", "--config", str(
+        file_in(t, "c.toml", "[optim]\n[data]\n"))], ["c.toml sets nothing", "omit --config"]),
     ("config-unknown-section", lambda w, t: ["train", "--config", str(file_in(
         t, "c.toml", "[optimizer]\nlr = 1\n"))], ["unknown config section 'optimizer'"]),
     ("config-unknown-key", lambda w, t: ["train", "--config", str(file_in(
@@ -514,6 +521,13 @@ CASES = [
      ["s.toml", "not UTF-8"]),
     ("sweep-file-bad-toml", lambda w, t: ["sweep", str(file_in(t, "s.toml", "[grid\n"))],
      ["not valid TOML"]),
+    ("sweep-file-empty", lambda w, t: ["sweep", str(file_in(t, "s.toml", "")), "--dry-run"],
+     ["s.toml sets nothing", "creditaudit train"]),
+    ("sweep-file-only-comments", lambda w, t: ["sweep", str(file_in(
+        t, "s.toml", "# [grid]\n")), "--dry-run"], ["s.toml sets nothing", "creditaudit train"]),
+    ("sweep-file-only-empty-tables", lambda w, t: ["sweep", str(file_in(
+        t, "s.toml", "[base]\n[base.optim]\n[grid]\n")), "--dry-run"],
+     ["s.toml sets nothing", "[base] and [grid]"]),
     ("sweep-unknown-table", lambda w, t: ["sweep", str(file_in(t, "s.toml", "[runs]\nx = 1\n"))],
      ["unknown table 'runs'"]),
     ("sweep-grid-key-not-a-field", lambda w, t: ["sweep", str(sweep_file(

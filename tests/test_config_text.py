@@ -99,3 +99,21 @@ def test_a_dotted_key_below_a_table_is_a_nested_table_as_in_toml(tmp_path):
     toml.write_text('[model]\narch = "module"\nfactory = "creditaudit.testing.zoo:resnet20"\n'
                     '[model.args]\nt.u = 3\nt.v = 4\n[diagnostics.a]\ngrowth = 9\n')
     assert load_config(toml).model.args == flags.model.args
+
+
+def test_a_file_that_sets_nothing_is_refused_and_one_key_is_enough(tmp_path: Path):
+    """An empty config or sweep file (or one of comments only) was read as the all-defaults
+    run and trained it without a word; a file that sets one key is a config."""
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing here yet\n")
+    for read in (load_config, load_config_file, load_sweep):
+        with pytest.raises(ConfigError, match="empty.toml sets nothing"):
+            read(empty)
+    with pytest.raises(ConfigError, match="use RunConfig"):  # said for the caller
+        load_config(empty)
+    one = tmp_path / "one.toml"
+    one.write_text("# only the seed\n[run]\nseed = 7\n")
+    assert load_config_file(one) == RunConfig().replace(**{"run.seed": 7})
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text("[base.run]\nseed = 7\n")
+    assert [c.run.seed for c in load_sweep(sweep, validate=False).configs()] == [7]

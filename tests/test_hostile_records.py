@@ -324,6 +324,24 @@ WRONG_KIND = [
     ("log/1/acc_eval", {"a": 0.5}, "log[1].acc_eval must be a number"),
     ("diagnostics/rho_measurable", 0.5, "diagnostics.rho_measurable must be a list"),
     ("diagnostics/nudging", {"0.1": 0.5}, "diagnostics.nudging.0.1 must be a list"),
+    # a key inside a cosine-table row was checked for its domain only: a list or an object
+    # of numbers in it passed, and report failed with an internal error (found by a probe)
+    ("diagnostics/cosine_table/1/cos", [0.5],
+     "diagnostics.cosine_table[1].cos must be a number, got [0.5]"),
+    ("diagnostics/cosine_table/1/cos", {"a": 0.5},
+     "diagnostics.cosine_table[1].cos must be a number, got {'a': 0.5}"),
+    ("diagnostics/cosine_table/1/defined", [1.0],
+     "diagnostics.cosine_table[1].defined must be a number, got [1.0]"),
+    ("diagnostics/cosine_table/0/g_norm", {"a": 1.0},
+     "diagnostics.cosine_table[0].g_norm must be a number"),
+    ("diagnostics/cosine_table/1/valid_reference", [True],
+     "diagnostics.cosine_table[1].valid_reference must be true or false, got [True]"),
+    ("diagnostics/fresh_b_null", {"mean": [0.1], "values": [0.1, 0.2]},
+     "diagnostics.fresh_b_null.mean must be a number, got [0.1]"),
+    ("diagnostics/fresh_b_null", {"mean": 0.1, "values": 0.2},
+     "diagnostics.fresh_b_null.values must be a list, got 0.2"),
+    ("diagnostics/fresh_b_null", {"z": "3", "values": [0.1]},
+     "diagnostics.fresh_b_null.z must be a number, got '3'"),
 ]
 
 
@@ -334,6 +352,39 @@ def test_a_value_of_the_wrong_kind_is_one_line(world, tmp_path, plant, pointer, 
     with pytest.raises(RunRecordError) as caught:
         load_record(path)
     assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_cosine_table_row_of_the_wrong_kind_is_one_line_in_report(world, tmp_path, plant):
+    """``creditaudit report`` names a record whose cosine-table row holds a list where a
+    number belongs in one line (record, row and key), beside the good runs it reports."""
+    bad = plant(tmp_path / "results" / "bad-row" / RECORD_FILE,
+                _modified(world.good, _set("diagnostics/cosine_table/1/cos", [0.5])))
+    good = tmp_path / "results" / "good" / RECORD_FILE
+    good.parent.mkdir()
+    good.write_text(as_written(world.good))
+    done = cli("report", tmp_path / "results")
+    assert done.returncode == 0, done.stderr
+    assert_each_named_once(done.stderr, [bad], "")
+    assert "diagnostics.cosine_table[1].cos must be a number" in done.stderr
+
+
+def test_a_fresh_null_missing_keys_is_reported_not_an_internal_error(world, tmp_path, plant):
+    """Each key of ``fresh_b_null`` is optional when read: report formatted
+    ``null['training_value']`` and failed with an internal error (KeyError) on a record
+    without it; the missing numbers are shown as —."""
+    plant(tmp_path / "results" / "partial-null" / RECORD_FILE,
+          _modified(world.good, _set("diagnostics/fresh_b_null", {"mean": 0.1})))
+    done = cli("report", tmp_path / "results")
+    assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr
+
+
+def test_a_fresh_null_of_the_right_kinds_loads(world, tmp_path, plant):
+    """``fresh_b_null.values`` is a list of cosines: a record holding one loads."""
+    null = {"mean": 0.1, "std": 0.05, "values": [0.05, 0.15], "training_value": 0.4,
+            "z": 6.0, "n": 2, "seed": 7}
+    path = plant(tmp_path / RECORD_FILE,
+                 _modified(world.good, _set("diagnostics/fresh_b_null", null)))
+    assert load_record(path).diagnostics.fresh_b_null == null
 
 
 def test_a_report_copy_placed_outside_its_object_is_one_line(world, tmp_path, plant):

@@ -176,7 +176,19 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"config file {path} is a sweep file ([base], [grid]), not a run "
                           f"config: run it with {run_it}, or give a run config ([data], "
                           "[model], … sections; a run folder's config.toml)")
+    if sets_nothing(raw):  # an empty file, or the wrong one: not a request for the defaults
+        defaults = ("omit --config" if on_command_line()
+                    else "use RunConfig() instead of load_config")
+        raise ConfigError(f"config file {path} sets nothing (it is empty, or holds only "
+                          f"comments or empty tables): to train the defaults {defaults}; "
+                          "else give the config that sets the run's keys")
     return config_from_dict(raw)
+
+
+def sets_nothing(raw: dict[str, Any]) -> bool:
+    """Whether a parsed TOML file holds no key outside empty tables (an empty file, one of
+    comments only, ``[data]`` with nothing under it)."""
+    return all(isinstance(value, dict) and sets_nothing(value) for value in raw.values())
 
 
 def apply_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
@@ -226,7 +238,8 @@ __all__ = [
     "SCHEDULES",
     "LEGACY_DEFAULTS", "DataConfig", "DiagnosticsConfig", "MethodConfig", "ModelConfig",
     "OptimConfig", "RunSettings", "opt", "RunConfig", "config_from_dict", "config_to_toml",
-    "load_config", "parse_value", "parse_override", "device_overrides", "apply_overrides",
+    "load_config", "sets_nothing", "parse_value", "parse_override", "device_overrides",
+    "apply_overrides",
     "merge_overrides", "apply_where_read", "with_absolute_data_paths", "split_key",
     "semantic_dict", "config_help",
     "component_help", "SECTIONS", "SECTION_TYPES", "role", "keys_with_role", "non_semantic",

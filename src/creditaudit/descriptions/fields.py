@@ -35,9 +35,10 @@ class Domain:
 
     @property
     def text(self) -> str:
-        """``[0, 1]``, ``[−1, 1]``, ``≥ 0``: the interval as docs/records.md states it."""
+        """``[0, 1]``, ``[−1, 1]``, ``≥ 0``, ``any number``: the interval as docs/records.md
+        states it."""
         if math.isinf(self.high):
-            return f"≥ {self.low:g}"
+            return "any number" if math.isinf(self.low) else f"≥ {self.low:g}"
         return f"[{self.low:g}, {self.high:g}]".replace("-", "−")
 
     def admits(self, number: float) -> bool:
@@ -52,9 +53,38 @@ CORRELATION = Domain(-1.0, 1.0, "a correlation")
 NONNEGATIVE = Domain(0.0, math.inf, "a norm, ratio, count or duration")
 DEGREES = Domain(0.0, 180.0, "an angle in degrees")
 
+REAL = Domain(-math.inf, math.inf, "a real number (a z-score)")
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A key of an object (in a per-key domain) whose value is a list of numbers, each in
+    ``domain`` (``fresh_b_null.values``); a bare :class:`Domain` there is one number."""
+
+    domain: Domain
+
+    @property
+    def text(self) -> str:
+        return f"a list, each {self.domain.text}"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A key of an object (in a per-key domain) whose value is true or false
+    (``valid_reference`` of a cosine-table row)."""
+
+    @property
+    def text(self) -> str:
+        return "true or false"
+
+
+FLAG = Flag()
+# What one key of an object holds: a number in a Domain, a list of them, or a flag.
+KeyDomain = Domain | ListOf | Flag
 # A field's domain: one Domain for every number in its value, or, for objects holding
-# numbers of several kinds (rows of the cosine table), a Domain per key (others unchecked).
-FieldDomain = Domain | Mapping[str, Domain]
+# values of several kinds (rows of the cosine table), what each key holds (keys not named:
+# unchecked), so a value of the wrong kind under a key is refused.
+FieldDomain = Domain | Mapping[str, KeyDomain]
 
 
 def doc(text: str, default: Any = None, *, factory: Any = None,

@@ -28,6 +28,9 @@ from creditaudit.descriptions.fields import (
     NONNEGATIVE,
     Domain,
     FieldDomain,
+    Flag,
+    KeyDomain,
+    ListOf,
     as_number,
     doc,
 )
@@ -133,9 +136,10 @@ def _check_domain(value: Any, domain: FieldDomain, where: str, name: str,
         return
     if isinstance(value, Mapping):
         for key, item in value.items():
-            inner = domain if isinstance(domain, Domain) else domain.get(key)
-            if inner is not None:
-                _check_domain(item, inner, where, f"{name}.{key}", items)
+            if isinstance(domain, Domain):
+                _check_domain(item, domain, where, f"{name}.{key}", items)
+            else:
+                _check_key(item, domain.get(key), where, f"{name}.{key}")
         return
     number = as_number(value)
     if not isinstance(domain, Domain):
@@ -149,6 +153,24 @@ def _check_domain(value: Any, domain: FieldDomain, where: str, name: str,
         return
     raise RunRecordError(f"{where}: {problem}; the record was not written by creditaudit as "
                          "it is")
+
+
+def _check_key(value: Any, kind: KeyDomain | None, where: str, name: str) -> None:
+    """Raise RunRecordError when ``value``, held by a key of an object whose domain names
+    each key's kind (a cosine-table row), is not of that kind (a list where one number
+    should be: readers format or compare it) or a number in it lies outside its domain.
+    A key the domain does not name, and null, are not checked."""
+    if kind is None or value is None:
+        return
+    if isinstance(kind, Flag):
+        if not isinstance(value, bool):
+            raise RunRecordError(f"{where}: {name} must be {kind.text}, got "
+                                 f"{reprlib.repr(value)}; the record was not written by "
+                                 "creditaudit as it is")
+    elif isinstance(kind, ListOf):
+        _check_domain(value, kind.domain, where, name, ("list", ("number", None)))
+    else:
+        _check_domain(value, kind, where, name, ("number", None))
 
 
 # --- one epoch ----------------------------------------------------------------------------

@@ -18,8 +18,11 @@ from creditaudit.descriptions.fields import (
     ACCURACY,
     CORRELATION,
     COSINE,
+    FLAG,
     FRACTION,
     NONNEGATIVE,
+    REAL,
+    ListOf,
     doc,
 )
 from creditaudit.errors import RunRecordError
@@ -69,7 +72,8 @@ class EndOfRun:
         "(the fraction of samples the cosine averages over: a zero credit has no direction) "
         "and `cos_invalid` (why the cosine is not valid, null where it is: as the epochs' "
         "`cos_invalid`; rows from before it lack it)",
-        domain={"cos": COSINE, "g_norm": NONNEGATIVE, "defined": FRACTION})
+        domain={"layer": NONNEGATIVE, "cos": COSINE, "g_norm": NONNEGATIVE,
+                "valid_reference": FLAG, "defined": FRACTION})
     cosine_controls: dict[str, list[float]] | None = doc(
         "cosines of the BP credit (`bp`, = 1) and a random credit (`random`)", domain=COSINE)
     gamma: dict[str, float] | None = doc(
@@ -108,8 +112,8 @@ class EndOfRun:
     fresh_b_null: dict[str, Any] | None = doc(
         "rules with fixed random feedback: deep cosine with n freshly drawn feedback sets "
         "(mean, std, values) against the training feedback (training_value, z)",
-        domain={"mean": COSINE, "std": NONNEGATIVE, "values": COSINE,
-                "training_value": COSINE})
+        domain={"mean": COSINE, "std": NONNEGATIVE, "values": ListOf(COSINE),
+                "training_value": COSINE, "z": REAL, "n": NONNEGATIVE})
     drift: dict[str, float] | None = doc("‖W_final − W_init‖/‖W_init‖ per parameter",
                                          domain=NONNEGATIVE)
     credit_quality_error: str | None = doc("why the block is missing (e.g. diverged model)")

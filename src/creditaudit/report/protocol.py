@@ -329,11 +329,11 @@ def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = Non
         lines.append(f"  nudging η={eta}  Δ {[fmt(v, '+.2e') for v in deltas]}  BP "
                      f"{[fmt(v, '+.2e') for v in bp or []]}")
     null = metrics.get("fresh_b_null")
-    if null:
-        lines.append(f"  fresh-B null    deep cos {mark(format(null['training_value'], '+.4f'))}"
+    if null:  # a key a record lacks (or an undefined value) is shown as —
+        lines.append(f"  fresh-B null    deep cos {mark(fmt(null.get('training_value'), '+.4f'))}"
                      " (training B) vs "
-                     f"{null['mean']:+.4f} ± {null['std']:.4f} over {null['n']} draws "
-                     f"(z = {null['z']:.1f})")
+                     f"{fmt(null.get('mean'), '+.4f')} ± {fmt(null.get('std'), '.4f')} over "
+                     f"{fmt(null.get('n'), '')} draws (z = {fmt(null.get('z'), '.1f')})")
     return lines
 
 

@@ -382,7 +382,8 @@ def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS,
     """Read and validate a sweep TOML file: its tables, and with ``validate`` every run (if
     it has at most ``max_runs``). ``validate=False`` suits a caller that expands the sweep
     next (:meth:`Sweep.expand` validates the same, and its warnings are then said once)."""
-    from creditaudit.config import tomllib
+    from creditaudit.caller import on_command_line
+    from creditaudit.config import sets_nothing, tomllib
     from creditaudit.files.safe_files import read_text
 
     path = Path(path)
@@ -393,6 +394,11 @@ def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS,
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ConfigError(f"sweep file {path} nests arrays or tables too deeply to be a "
                           "sweep file") from None
+    if sets_nothing(raw):  # an empty file, or the wrong one: not a request for the defaults
+        train = "creditaudit train" if on_command_line() else "creditaudit.train(RunConfig())"
+        raise ConfigError(f"sweep file {path} sets nothing (it is empty, or holds only "
+                          "comments or empty tables): give its [base] and [grid], or train "
+                          f"the defaults' one run with {train}")
     sweep = sweep_from_dict(raw, source=str(path))
     if validate:  # every combination, before anything runs
         sweep.configs(max_runs=max_runs)

@@ -171,23 +171,25 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     result = ExportResult(out=out)
     found = RecordSet.from_folder(results_dir)
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
-    # Control variants, architectures the layout has no file of, runs of a user's own loop
-    # or adapted network and 0-epoch (random-init) runs fill no file: each is listed, why.
-    for record in found.finished:
-        reason = why_not_exported(record)
-        if reason is not None:
-            result.not_exported.append({"run_id": record.run_id, "reason": reason})
-    records = [r for r in found.finished if why_not_exported(r) is None]
+    records = list(found.finished)
     if dataset is not None:
         _check_dataset(dataset, found, results_dir)
         # StudentNet runs on the teacher–student task whatever the dataset asked for.
         records = [r for r in records if r.dataset == dataset or file_variant(r) == "student"]
+    # A run whose reference failed is listed unverified (whatever else keeps it out);
+    # control variants, architectures the layout has no file of, runs of a user's own loop
+    # or adapted network and 0-epoch (random-init) runs fill no file: each is listed, why.
     for record in [r for r in records if r.reference.failed]:
         judged = found.verdict(record).judgement
         result.unverified.append({"run_id": record.run_id, "reason": (
             f"{judged.reference_note}, so its cosines, Γ and (b) measure nothing; the "
             "original layout cannot mark them")})
     records = [r for r in records if not r.reference.failed]
+    for record in records:
+        reason = why_not_exported(record)
+        if reason is not None:
+            result.not_exported.append({"run_id": record.run_id, "reason": reason})
+    records = [r for r in records if why_not_exported(r) is None]
     result.records_read = len(records)
     seeds = sorted({r.seed for r in records}) or list(DEFAULT_SEEDS)
     by_variant: dict[str, list[RunRecord]] = {}

@@ -117,3 +117,16 @@ def test_a_file_that_sets_nothing_is_refused_and_one_key_is_enough(tmp_path: Pat
     sweep = tmp_path / "sweep.toml"
     sweep.write_text("[base.run]\nseed = 7\n")
     assert [c.run.seed for c in load_sweep(sweep, validate=False).configs()] == [7]
+
+
+def test_an_empty_table_of_an_unknown_name_is_said_as_unknown(tmp_path: Path):
+    """A misspelled empty table ([methd] in a config, [grids] in a sweep file) is an unknown
+    name, not a file that sets nothing."""
+    config = tmp_path / "config.toml"
+    config.write_text("[methd]\n")
+    with pytest.raises(ConfigError, match="unknown config section 'methd'"):
+        load_config(config)
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text("[grids]\n")
+    with pytest.raises(ConfigError, match="unknown table 'grids'"):
+        load_sweep(sweep)

@@ -177,6 +177,7 @@ def load_config(path: str | Path) -> RunConfig:
                           f"config: run it with {run_it}, or give a run config ([data], "
                           "[model], … sections; a run folder's config.toml)")
     if sets_nothing(raw):  # an empty file, or the wrong one: not a request for the defaults
+        config_from_dict(raw)  # an unknown section ([methd]) is said as such first
         defaults = ("omit --config" if on_command_line()
                     else "use RunConfig() instead of load_config")
         raise ConfigError(f"config file {path} sets nothing (it is empty, or holds only "

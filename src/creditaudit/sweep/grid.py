@@ -348,7 +348,9 @@ def load_sweep(path: str | Path, *, max_runs: int | None = DEFAULT_MAX_RUNS,
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ConfigError(f"sweep file {path} nests arrays or tables too deeply to be a "
                           "sweep file") from None
-    if sets_nothing(raw):  # an empty file, or the wrong one: not a request for the defaults
+    # An empty file, or the wrong one, is no request for the defaults; an unknown table
+    # ([grids] left empty) is said as such by sweep_from_dict.
+    if sets_nothing(raw) and set(raw) <= set(SWEEP_TABLES):
         train = "creditaudit train" if on_command_line() else "creditaudit.train(RunConfig())"
         raise ConfigError(f"sweep file {path} sets nothing (it is empty, or holds only "
                           "comments or empty tables): give its [base] and [grid], or train "

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from creditaudit.config import RunConfig
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
 from creditaudit.sweep import CLAIM_FILE
 from integrity_support import sweep_toml
@@ -22,6 +23,14 @@ TINY_SWEEP_BASE: dict[str, object] = {
     "data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "model.d": 16,
     "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
 }
+
+
+def tiny_sweep_run(out: Path, **overrides: object) -> RunConfig:
+    """The tiny run of :data:`TINY_SWEEP_BASE` as a RunConfig writing into ``out`` (128
+    evaluation samples, no progress line), with the dotted keys of ``overrides``."""
+    return RunConfig().replace(**{**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128,
+                                  "run.progress": False, "run.out_dir": str(out),
+                                  **overrides})
 
 
 def write_tiny_sweep(path: Path, out: Path, body: str = "", *, epochs: int = 1,

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from creditaudit.cli import main
 from creditaudit.cli.sweep_output import describe_stacks
@@ -22,22 +21,15 @@ from creditaudit.run.plan import plan_run
 from creditaudit.sweep import SUMMARY_FILE, InlineExecutor, plan_runs, prepare_configs, run_sweep
 from creditaudit.sweep.runner import SUMMARY_SCHEMA, reported_status
 from creditaudit.sweep.summary_file import write_summary
-from sweep_files import TINY_SWEEP_BASE, write_tiny_sweep
+from sweep_files import tiny_sweep_run, write_tiny_sweep
 from test_taken_over_runs import OTHER_PID, taken_over_in_epoch
 
-TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False,
-        "run.threads": 1, "diagnostics.end_of_run": False}
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny(out: Path, **overrides: object) -> RunConfig:
-    return prepare_configs([RunConfig().replace(**{**TINY, "run.out_dir": str(out),
+    return prepare_configs([tiny_sweep_run(out, **{"run.threads": 1,
+                                                   "diagnostics.end_of_run": False,
                                                    **overrides})], threads=1)[0]
 
 

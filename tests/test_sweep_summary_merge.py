@@ -6,28 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
-import torch
 
-from creditaudit.config import RunConfig
 from creditaudit.sweep import SUMMARY_FILE, InlineExecutor, prepare_configs, run_sweep
 from creditaudit.sweep.runner import SUMMARY_SCHEMA, reported_status
-from sweep_files import TINY_SWEEP_BASE
+from sweep_files import tiny_sweep_run as tiny
 
-TINY = {**TINY_SWEEP_BASE, "diagnostics.eval_samples": 128, "run.progress": False}
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny(out: Path, **overrides: object) -> RunConfig:
-    return RunConfig().replace(**{**TINY, "run.out_dir": str(out), **overrides})
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_a_second_sweep_into_one_folder_keeps_the_first_ones_runs(tmp_path):

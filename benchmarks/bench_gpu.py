@@ -4,17 +4,20 @@
    with CIFAR-shaped flattened inputs (in_dim 3072, d=256, L=4) and of BP/DFA on ViT-Mini,
    in fp32 and under bf16 autocast. Each time is the median of ``--repeats`` blocks of
    ``--steps`` steps, with ``torch.cuda.synchronize()`` around every block.
-2. One real training epoch of the ``paper`` scale (50 000 CIFAR-shaped uint8 images,
-   random crop + flip, per-epoch diagnostics on 1280 samples) through :class:`Trainer`, per
-   method: the record's per-epoch seconds (training + diagnostics) and the end-of-run
-   credit-quality block, turned into the expected wall time of a 100-epoch run. The images
+2. Real training epochs (``--epochs``, default 2) of the ``paper`` scale (50 000
+   CIFAR-shaped uint8 images, random crop + flip, per-epoch diagnostics on 1280 samples)
+   through :class:`Trainer`, per method: the record's seconds of the last epoch (training +
+   diagnostics; the first one also pays for warming up and capturing the step), the first
+   epoch's extra and the end-of-run credit-quality block, turned into the expected wall time
+   of a 100-epoch run. The images
    are random (CIFAR-10 cannot be downloaded where this was written; the cost of a step does
    not depend on pixel values), written as a CIFAR-10 folder so the real loader reads them.
    The record's ``execution`` says whether the data sat on the GPU and the step was captured
    (``run.cuda_graphs``).
 
 Usage: python benchmarks/bench_gpu.py [--repeats 5] [--steps 30] [--epoch-methods bp dfa ...]
-       [--skip-epochs] [--skip-steps] [--out FILE]. Needs a CUDA device.
+       [--precisions fp32 bf16] [--skip-epochs] [--skip-steps] [--out FILE]. Needs a CUDA
+       device; ``--device cpu --n-train 1280`` dry-runs it on a CPU (numbers meaningless).
 """
 
 from __future__ import annotations
@@ -107,32 +110,36 @@ def write_random_cifar(parent: Path, n_train: int = 50_000, n_test: int = 10_000
     return parent
 
 
-def paper_config(method: str, arch: str, precision: str, data_dir: Path, out: str
-                 ) -> RunConfig:
-    """The paper scale's config of one rule on the random CIFAR-10 folder, 1 epoch."""
+def paper_config(method: str, arch: str, precision: str, data_dir: Path, out: str,
+                 epochs: int = 1) -> RunConfig:
+    """The paper scale's config of one rule on the random CIFAR-10 folder."""
     return base_config("paper", dataset="cifar10", data_dir=str(data_dir),
                        out_dir=out).replace(**{
-        "method.name": method, "model.arch": arch, "optim.epochs": 1, "run.device": DEVICE,
-        "run.precision": precision, "run.progress": False})
+        "method.name": method, "model.arch": arch, "optim.epochs": epochs,
+        "run.device": DEVICE, "run.precision": precision, "run.progress": False})
 
 
-def paper_epoch(method: str, arch: str, precision: str, data_dir: Path, dataset: Dataset
-                ) -> dict[str, Any]:
-    """Seconds of one paper-scale epoch (train + diagnostics) and of the end-of-run block.
+def paper_epoch(method: str, arch: str, precision: str, data_dir: Path, dataset: Dataset,
+                epochs: int = 2) -> dict[str, Any]:
+    """Seconds of the last of ``epochs`` paper-scale epochs (train + diagnostics), the
+    first epoch's extra (warm-up, capture) and the rest of the run (set-up, end-of-run
+    block), and from them the expected minutes of a 100-epoch run.
 
     ``dataset``: the folder's data, loaded once (``train(config, dataset=…)`` skips
     reading it again for every run)."""
     with tempfile.TemporaryDirectory() as out:
-        config = paper_config(method, arch, precision, data_dir, out)
+        config = paper_config(method, arch, precision, data_dir, out, epochs)
         started = time.perf_counter()
         result = train(config, dataset=dataset)
         total = time.perf_counter() - started
         record = result.record
-    epoch = next(e for e in record.log if e.epoch == 1)
-    end_of_run = total - sum(e.seconds or 0.0 for e in record.log)
+    seconds = [e.seconds or 0.0 for e in record.log if e.epoch >= 1]
+    epoch, first_extra = seconds[-1], seconds[0] - seconds[-1]
+    rest = total - sum(e.seconds or 0.0 for e in record.log)
     return {"method": method, "arch": arch, "precision": precision,
-            "status": record.status, "epoch_s": epoch.seconds, "run_1_epoch_s": total,
-            "expected_100_epochs_min": (PAPER_EPOCHS * epoch.seconds + end_of_run) / 60,
+            "status": record.status, "epoch_s": epoch, "first_epoch_extra_s": first_extra,
+            "run_s": total, "epochs": epochs,
+            "expected_100_epochs_min": (PAPER_EPOCHS * epoch + first_extra + rest) / 60,
             "execution": record.environment.get("execution")}
 
 
@@ -145,15 +152,26 @@ def main() -> int:
     parser.add_argument("--skip-epochs", action="store_true")
     parser.add_argument("--skip-steps", action="store_true",
                         help="only the paper-scale epochs (part 2)")
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="epochs per run in part 2 (the last one is timed)")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"],
+                        choices=("fp32", "bf16"), help="precisions of the epochs (part 2)")
+    parser.add_argument("--n-train", type=int, default=50_000,
+                        help="training images of the epochs (the paper scale's 50 000)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: a dry run of the script (its numbers mean nothing)")
     parser.add_argument("--out", default=None, help="also write the results as JSON")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device; run it on a GPU machine", file=sys.stderr)
         return 1
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-          f"python {platform.python_version()}", flush=True)
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name(0),
-                               "torch": torch.__version__, "steps": [], "epochs": []}
+    name = torch.cuda.get_device_name(0) if DEVICE == "cuda" else platform.machine()
+    print(f"{name}, torch {torch.__version__}, python {platform.python_version()}",
+          flush=True)
+    results: dict[str, Any] = {"device": name, "torch": torch.__version__, "steps": [],
+                               "epochs": []}
     print(f"\nms per train step, batch {BATCH} (median of {args.repeats}×{args.steps})")
     print(f"{'arch':8} {'method':14} {'fp32':>8} {'bf16':>8} {'bf16/fp32':>9}")
     plan = [] if args.skip_steps else (
@@ -167,18 +185,20 @@ def main() -> int:
     if not args.skip_epochs:
         data_root = Path(tempfile.mkdtemp(prefix="bench_gpu_cifar_"))
         atexit.register(shutil.rmtree, data_root, ignore_errors=True)
-        data_dir = write_random_cifar(data_root)
+        data_dir = write_random_cifar(data_root, n_train=args.n_train)
         dataset = plan_run(paper_config("bp", "resmlp", "fp32", data_dir, "unused")).load_data()
-        print("\npaper scale (50k CIFAR-shaped images, batch 128): one epoch through Trainer")
-        print(f"{'arch':8} {'method':14} {'prec':5} {'epoch s':>8} {'1-epoch run s':>13} "
-              f"{'100 epochs (min)':>16}")
+        print(f"\npaper scale ({args.n_train} CIFAR-shaped images, batch 128): one epoch "
+              "through Trainer")
+        print(f"{'arch':8} {'method':14} {'prec':5} {'epoch s':>8} {'run s':>8} "
+              f"{'100 epochs (min)':>16}  execution")
         for item in args.epoch_methods:
             arch, method = item.split(":") if ":" in item else ("resmlp", item)
-            for precision in ("fp32", "bf16"):
-                row = paper_epoch(method, arch, precision, data_dir, dataset)
+            for precision in args.precisions:
+                row = paper_epoch(method, arch, precision, data_dir, dataset, args.epochs)
                 results["epochs"].append(row)
-                print(f"{arch:8} {method:14} {precision:5} {row['epoch_s']:8.1f} "
-                      f"{row['run_1_epoch_s']:13.1f} {row['expected_100_epochs_min']:16.1f}"
+                print(f"{arch:8} {method:14} {precision:5} {row['epoch_s']:8.2f} "
+                      f"{row['run_s']:8.1f} {row['expected_100_epochs_min']:16.1f}  "
+                      f"{row['execution']}"
                       + ("" if row["status"] == "completed" else f"  ({row['status']})"),
                       flush=True)
     if args.out:

@@ -17,7 +17,9 @@
 #      --stack 4 — whose run records (no checkpoints) go to $OUT/records.tar.gz, to compare
 #      with each other and with the same sweep trained on a CPU
 #      (scripts/compare_records.py);
-#   5. how far a step is from the GPU's peak (benchmarks/bench_gpu_peak.py, short; last).
+#   5. how far a step is from the GPU's peak (benchmarks/bench_gpu_peak.py, short; last);
+#   6. (only when PARTS names it) the whole test suite, where every run that does not name
+#      its device trains on the GPU: one line per test in $LOGS/suite.txt.
 #
 # The summary goes to $OUT/report.txt (default gpu_out/), each part's output to $LOGS (default
 # $OUT; another folder is also packed into $OUT/logs.tar.gz after every part). PARTS="1 4" runs
@@ -125,6 +127,15 @@ if wanted 5; then
     timeout 40 $PY benchmarks/bench_gpu_peak.py --repeats 3 --steps 30 --runs 8 \
         --skip-compile --skip-processes 2>&1 | tee "$LOGS/bench_gpu_peak.txt" \
         | grep -E "^\||FLOP|Error" | tee -a "$REPORT"
+fi
+
+if wanted 6; then
+    part "6. the whole test suite on this machine (runs default to the GPU)" 200
+    timeout 200 $PY -m pytest -v -p no:cacheprovider -n 14 -W ignore::UserWarning \
+        --tb=line tests > "$LOGS/suite.txt" 2>&1
+    echo "pytest exit $?" | tee -a "$REPORT"
+    grep -E "^FAILED|^ERROR" "$LOGS/suite.txt" | head -n 40 | tee -a "$REPORT"
+    tail -n 1 "$LOGS/suite.txt" | tee -a "$REPORT"
 fi
 
 part "done" 0

@@ -378,3 +378,35 @@ def test_the_device_stream_is_saved_and_restored_for_a_model_on_cuda(monkeypatch
     assert calls[-1] == ("set", torch.device("cuda", 1))
     rng.restore_rng_states(on_cpu, model, generator)  # a checkpoint without one: left seeded
     assert len(calls) == 2
+
+
+@needs_cuda
+def test_the_batch_class_mix_of_labels_on_the_gpu() -> None:
+    """(c)'s class-sorting check drew its shuffles on the CPU and counted the labels where
+    they lay: every CUDA run failed at its protocol evaluation ("Expected all tensors to be
+    on the same device"). Found by the first run of scripts/gpu_checks.sh."""
+    from creditaudit.protocol.checks import batch_class_mix
+
+    labels = torch.arange(10).repeat_interleave(64)
+    assert batch_class_mix(labels.cuda(), 64, 10) == batch_class_mix(labels, 64, 10)
+
+
+@needs_cuda
+@pytest.mark.parametrize("stacked", [False, True], ids=["alone", "stacked"])
+def test_a_rate_beyond_float32_diverges_eagerly_on_the_gpu(tmp_path: Path, stacked: bool
+                                                          ) -> None:
+    """lr 1e300 cannot sit in the captured optimiser's float32 rate: the run (and a stack
+    holding it) trains eagerly, diverges as on the CPU, and its record says why."""
+    from creditaudit.run.stacked import train_stacked
+
+    configs = [RunConfig().replace(**{**TINY, "run.device": "cuda", "run.seed": seed,
+                                      "run.out_dir": str(tmp_path), "optim.lr": lr})
+               for seed, lr in ((1, 1e-3), (2, 1e300))]
+    results = (train_stacked(configs) if stacked
+               else [Trainer(c).run() for c in configs])
+    records = [load_record(r.run_dir) for r in results]
+    assert records[1].status == "diverged"
+    graphs = [r.environment["execution"]["cuda_graphs"] for r in records]
+    assert graphs[1].startswith("off (learning rate 1e+300 is beyond float32")
+    assert graphs[0] == ("off (stacked with a run whose step cannot be captured)"
+                         if stacked else "on")

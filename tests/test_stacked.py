@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from creditaudit.config import RunConfig
+from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.data import Dataset
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.errors import ConfigError
@@ -449,7 +449,7 @@ def test_device_data_trains_the_run_of_the_host_path(tmp_path):
         "data.name": "cifar10", "data.data_dir": str(tmp_path / "data"),
         "data.random_targets": True, "model.d": 8, "model.n_blocks": 2, "optim.epochs": 2,
         "optim.batch_size": 32, "diagnostics.eval_samples": 32,
-        "diagnostics.end_of_run": False, "run.progress": False})
+        "diagnostics.end_of_run": False, "run.progress": False, "run.device": "cpu"})
     host = Trainer(config.replace(**{"run.out_dir": str(tmp_path / "a")}))
     device = Trainer(config.replace(**{"run.out_dir": str(tmp_path / "b"),
                                        "run.device_data": "on"}))
@@ -463,7 +463,7 @@ def test_device_data_trains_the_run_of_the_host_path(tmp_path):
 
 def test_cuda_graphs_resolve_to_off_on_the_cpu_and_say_so(tmp_path):
     result = train(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
-                                          "optim.epochs": 1}))
+                                          "optim.epochs": 1, "run.device": "cpu"}))
     execution = load_record(result.run_dir).environment["execution"]
     assert execution == {"device_data": False, "cuda_graphs": "off (not a CUDA run)",
                          "stacked_runs": 1}
@@ -472,11 +472,30 @@ def test_cuda_graphs_resolve_to_off_on_the_cpu_and_say_so(tmp_path):
     assert off.cuda_graphs.text == "off (run.cuda_graphs = off)"
 
 
+def test_a_learning_rate_beyond_float32_is_not_captured_and_says_why(monkeypatch):
+    """The captured optimiser holds the rate in a float32 tensor: a run with lr 1e300 (one
+    that is meant to diverge) failed on a GPU with "value cannot be converted to type float
+    without overflow" where the eager run diverged; it now trains eagerly, saying why."""
+    from creditaudit.methods import build_rule
+    from creditaudit.models import ResidualMLP
+    from creditaudit.run.steps.stepping import cuda_graphs_decision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rule = build_rule(ResidualMLP(8, 16, 3, 2), MethodConfig(name="bp"), n_classes=3, seed=0)
+    cuda = torch.device("cuda")
+    assert cuda_graphs_decision("auto", cuda, rule, 1e-3).on
+    assert cuda_graphs_decision("auto", cuda, rule, 3e38).on
+    decision = cuda_graphs_decision("auto", cuda, rule, 1e300)
+    assert not decision.on
+    assert decision.text == ("off (learning rate 1e+300 is beyond float32, in which a "
+                             "captured step holds it)")
+
+
 def test_the_records_doc_describes_the_execution_block_as_written(tmp_path):
     """docs/records.md said `device_data` and `cuda_graphs` both hold "on, or off and why",
     but `device_data` is written as true or false."""
     result = train(RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
-                                          "optim.epochs": 1}))
+                                          "optim.epochs": 1, "run.device": "cpu"}))
     execution = load_record(result.run_dir).environment["execution"]
     assert execution["device_data"] is False and execution["cuda_graphs"].startswith("off (")
     text = (Path(__file__).parents[1] / "docs" / "records.md").read_text()

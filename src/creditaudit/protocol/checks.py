@@ -264,8 +264,9 @@ def batch_class_mix(labels: Tensor, batch_size: int, k: int, draws: int = 8
     class shares and the set's (0: every batch mixed like the set; 1 − 1/C for a
     balanced set of C classes sorted by class). The shuffled distance is the mean of
     ``draws`` shuffles drawn from a generator of its own (seed 0: the global RNG is
-    untouched, the value reproducible): what chance alone gives batches of this size."""
-    used = labels[: k * batch_size].reshape(-1)
+    untouched, the value reproducible): what chance alone gives batches of this size.
+    ``labels`` may sit on any device; they are counted on the CPU."""
+    used = labels[: k * batch_size].reshape(-1).cpu()
     _, index = torch.unique(used, return_inverse=True)
     n_classes, n = int(index.max()) + 1, index.numel()
     overall = torch.bincount(index, minlength=n_classes).double() / n

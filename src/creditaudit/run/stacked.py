@@ -38,6 +38,7 @@ from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.setup import caller_process
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.epochs import StackedEpochs
+from creditaudit.run.steps.stepping import STACKED_WITH_UNCAPTURED
 from creditaudit.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -212,8 +213,12 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
         # ran on).
         for start, threads in sorted({(t.start_epoch, t.threads) for _, t, _ in stacked}):
             group = [t for _, t, _ in stacked if (t.start_epoch, t.threads) == (start, threads)]
+            uncaptured = not all(t.cuda_graphs.on for t in group)
             for trainer in group:
                 trainer.environment["execution"]["stacked_runs"] = len(group)
+                if uncaptured and trainer.cuda_graphs.on:  # the stack trains eagerly
+                    trainer.cuda_graphs = STACKED_WITH_UNCAPTURED
+                    trainer.environment["execution"]["cuda_graphs"] = trainer.cuda_graphs.text
             torch.set_num_threads(threads)
             for trainer, result in zip(group, _train_group(group, rng, logger_errors),
                                        strict=True):
@@ -295,12 +300,12 @@ class AloneEpochs:
 
 def epoch_runner(group: list[Trainer]) -> StackedEpochs | AloneEpochs:
     """The group's epoch runner: a run left alone takes its own step; a stack is captured
-    on CUDA where the first run's decision says so, else eager, checked every step on the
+    on CUDA where every run's decision says so, else eager, checked every step on the
     CPU (a read costs nothing there) and once per epoch on a GPU."""
     first = group[0]
     if len(group) == 1:
         return AloneEpochs(first)
-    if first.cuda_graphs.on:
+    if all(t.cuda_graphs.on for t in group):
         return CapturedEpochs(group)
     return StackedEpochs(group, check="step" if first.device.type == "cpu" else "epoch")
 

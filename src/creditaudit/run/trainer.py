@@ -136,7 +136,8 @@ class Trainer(RecordKeeping):
                                  run_id=self.run_id, model=self.model.describe(),
                                  code=plan.code.to_dict())
         self.record.reference = self.reference
-        self.cuda_graphs = cuda_graphs_decision(config.run.cuda_graphs, self.device, self.rule)
+        self.cuda_graphs = cuda_graphs_decision(config.run.cuda_graphs, self.device, self.rule,
+                                                config.optim.lr)
         self.record.environment["execution"] = {
             "device_data": self.device_data, "cuda_graphs": self.cuda_graphs.text,
             "stacked_runs": 1}

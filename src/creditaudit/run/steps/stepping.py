@@ -39,14 +39,25 @@ class GraphDecision:
     text: str
 
 
-def cuda_graphs_decision(setting: str, device: torch.device, rule: CreditRule
-                         ) -> GraphDecision:
+# The captured optimiser holds the learning rate in a float32 device tensor.
+LARGEST_CAPTURED_RATE = torch.finfo(torch.float32).max
+# What a run whose step could be captured records when a run stacked with it cannot be.
+STACKED_WITH_UNCAPTURED = GraphDecision(
+    False, "off (stacked with a run whose step cannot be captured)")
+
+
+def cuda_graphs_decision(setting: str, device: torch.device, rule: CreditRule,
+                         lr: float = 0.0) -> GraphDecision:
     """Whether the run's training step is captured in a CUDA graph (``auto``: on for CUDA
-    runs whose step can be captured), with the reason when it is not."""
+    runs whose step can be captured), with the reason when it is not. ``lr``: the run's
+    largest learning rate (``optim.lr``; the schedules only lower it)."""
     if setting == "off":
         return GraphDecision(False, "off (run.cuda_graphs = off)")
     if device.type != "cuda" or not torch.cuda.is_available():
         return GraphDecision(False, "off (not a CUDA run)")
+    if not abs(lr) <= LARGEST_CAPTURED_RATE:
+        return GraphDecision(False, f"off (learning rate {lr:g} is beyond float32, in which "
+                                    "a captured step holds it)")
     refusal = stack_refusal(rule)
     if refusal is not None:
         return GraphDecision(False, f"off ({refusal})")
@@ -71,4 +82,5 @@ class StackMember(Protocol):
 
 
 __all__ = ["stacked_rule_names", "StackedStep", "StepTensors", "StackMember",
-           "GraphDecision", "stack_refusal", "uses_device_data", "cuda_graphs_decision"]
+           "GraphDecision", "STACKED_WITH_UNCAPTURED", "stack_refusal", "uses_device_data",
+           "cuda_graphs_decision"]

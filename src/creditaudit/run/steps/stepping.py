@@ -10,11 +10,12 @@ move.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.methods import CreditRule
@@ -39,8 +40,13 @@ class GraphDecision:
     text: str
 
 
-# The captured optimiser holds the learning rate in a float32 device tensor.
-LARGEST_CAPTURED_RATE = torch.finfo(torch.float32).max
+
+def captured_rate_dtype(params: Iterable[Tensor]) -> torch.dtype:
+    """The dtype in which a captured step holds the learning rate: float64 when a parameter
+    is float64 (as the eager step's Python float), else float32."""
+    return (torch.float64 if any(p.dtype == torch.float64 for p in params)
+            else torch.float32)
+
 # What a run whose step could be captured records when a run stacked with it cannot be.
 STACKED_WITH_UNCAPTURED = GraphDecision(
     False, "off (stacked with a run whose step cannot be captured)")
@@ -55,8 +61,10 @@ def cuda_graphs_decision(setting: str, device: torch.device, rule: CreditRule,
         return GraphDecision(False, "off (run.cuda_graphs = off)")
     if device.type != "cuda" or not torch.cuda.is_available():
         return GraphDecision(False, "off (not a CUDA run)")
-    if not abs(lr) <= LARGEST_CAPTURED_RATE:
-        return GraphDecision(False, f"off (learning rate {lr:g} is beyond float32, in which "
+    dtype = captured_rate_dtype(rule.trainable_parameters())
+    if not abs(lr) <= torch.finfo(dtype).max:
+        name = str(dtype).removeprefix("torch.")
+        return GraphDecision(False, f"off (learning rate {lr:g} is beyond {name}, in which "
                                     "a captured step holds it)")
     refusal = stack_refusal(rule)
     if refusal is not None:
@@ -82,5 +90,5 @@ class StackMember(Protocol):
 
 
 __all__ = ["stacked_rule_names", "StackedStep", "StepTensors", "StackMember",
-           "GraphDecision", "STACKED_WITH_UNCAPTURED", "stack_refusal", "uses_device_data",
-           "cuda_graphs_decision"]
+           "GraphDecision", "STACKED_WITH_UNCAPTURED", "captured_rate_dtype", "stack_refusal",
+           "uses_device_data", "cuda_graphs_decision"]

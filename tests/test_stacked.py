@@ -473,13 +473,13 @@ def test_cuda_graphs_resolve_to_off_on_the_cpu_and_say_so(tmp_path):
 
 
 def test_a_learning_rate_beyond_float32_is_not_captured_and_says_why(monkeypatch):
-    """The captured optimiser holds the rate in a tensor of the parameters' precision: a
-    float32 run with lr 1e300 (one meant to diverge) failed on a GPU with "value cannot be
-    converted to type float without overflow" where the eager run diverged; it now trains
-    eagerly, saying why. (Both found by the first run of scripts/gpu_checks.sh.)"""
+    """The captured optimiser holds the rate in a float32 tensor: a run with lr 1e300 (one
+    meant to diverge) failed on a GPU with "value cannot be converted to type float without
+    overflow" where the eager run diverged; it now trains eagerly, saying why. (Both found
+    by scripts/gpu_checks.sh on an H200.)"""
     from creditaudit.methods import build_rule
     from creditaudit.models import ResidualMLP
-    from creditaudit.run.steps.stepping import captured_rate_dtype, cuda_graphs_decision
+    from creditaudit.run.steps.stepping import cuda_graphs_decision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     rule = build_rule(ResidualMLP(8, 16, 3, 2), MethodConfig(name="bp"), n_classes=3, seed=0)
@@ -490,13 +490,15 @@ def test_a_learning_rate_beyond_float32_is_not_captured_and_says_why(monkeypatch
     assert not decision.on
     assert decision.text == ("off (learning rate 1e+300 is beyond float32, in which a "
                              "captured step holds it)")
-    # A float64 run's captured rate is float64 (as the eager step's Python float): a float32
-    # one rounded lr 1e-3 by 4.7e-8, and a captured float64 run left its eager twin by that.
+    # The fused kernel reads the rate from a float32 tensor (a float64 one: "expected scalar
+    # type Float but found Double"), which rounds lr 1e-3 by 4.7e-8: a captured float64 run
+    # left its eager twin by that on a GPU. Float64 runs train eagerly there.
     double = build_rule(ResidualMLP(8, 16, 3, 2).double(), MethodConfig(name="bp"),
                         n_classes=3, seed=0)
-    assert captured_rate_dtype(double.trainable_parameters()) == torch.float64
-    assert captured_rate_dtype(rule.trainable_parameters()) == torch.float32
-    assert cuda_graphs_decision("auto", cuda, double, 1e300).on
+    decision = cuda_graphs_decision("auto", cuda, double, 1e-3)
+    assert not decision.on
+    assert decision.text == ("off (a float64 run: the captured step holds its learning rate "
+                             "in float32)")
 
 
 def test_the_records_doc_describes_the_execution_block_as_written(tmp_path):

@@ -28,7 +28,7 @@ from torch import Tensor
 from creditaudit.methods.stacked import StepTensors
 from creditaudit.run.setup import make_schedule
 from creditaudit.run.steps.epochs import StackedEpochs
-from creditaudit.run.steps.stepping import StackMember, captured_rate_dtype
+from creditaudit.run.steps.stepping import StackMember
 
 # Eager steps (real training steps, on a side stream) before the capture, as the CUDA-graph
 # documentation asks: autograd and the libraries allocate their workspaces there.
@@ -37,17 +37,15 @@ WARMUP_STEPS = 3
 
 class CapturableAdamW(torch.optim.AdamW):
     """Fused AdamW whose step can be captured: ``capturable=True`` and the learning rate a
-    device tensor that the schedule fills, in the parameters' precision
-    (:func:`captured_rate_dtype`: the eager step's rate is a Python float, a float32 one
-    would round a float64 run's). Its state dict is the eager optimiser's (a float learning
-    rate, ``capturable`` false), so checkpoints resume with or without graphs."""
+    float32 device tensor that the schedule fills (the fused kernel reads no other, so
+    float64 runs are not captured: ``cuda_graphs_decision``). Its state dict is the eager
+    optimiser's (a float learning rate, ``capturable`` false), so checkpoints resume with or
+    without graphs."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], *, lr: float,
                  weight_decay: float, device: torch.device) -> None:
-        params = list(params)
-        rate = torch.tensor(lr, dtype=captured_rate_dtype(params), device=device)
-        super().__init__(params, lr=rate, weight_decay=weight_decay, fused=True,
-                         capturable=True)
+        super().__init__(params, lr=torch.tensor(lr, dtype=torch.float32, device=device),
+                         weight_decay=weight_decay, fused=True, capturable=True)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -10,12 +10,11 @@ move.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.methods import CreditRule
@@ -41,12 +40,8 @@ class GraphDecision:
 
 
 
-def captured_rate_dtype(params: Iterable[Tensor]) -> torch.dtype:
-    """The dtype in which a captured step holds the learning rate: float64 when a parameter
-    is float64 (as the eager step's Python float), else float32."""
-    return (torch.float64 if any(p.dtype == torch.float64 for p in params)
-            else torch.float32)
-
+# The captured optimiser's fused kernel reads the learning rate from a float32 tensor.
+LARGEST_CAPTURED_RATE = torch.finfo(torch.float32).max
 # What a run whose step could be captured records when a run stacked with it cannot be.
 STACKED_WITH_UNCAPTURED = GraphDecision(
     False, "off (stacked with a run whose step cannot be captured)")
@@ -61,10 +56,12 @@ def cuda_graphs_decision(setting: str, device: torch.device, rule: CreditRule,
         return GraphDecision(False, "off (run.cuda_graphs = off)")
     if device.type != "cuda" or not torch.cuda.is_available():
         return GraphDecision(False, "off (not a CUDA run)")
-    dtype = captured_rate_dtype(rule.trainable_parameters())
-    if not abs(lr) <= torch.finfo(dtype).max:
-        name = str(dtype).removeprefix("torch.")
-        return GraphDecision(False, f"off (learning rate {lr:g} is beyond {name}, in which "
+    if any(p.dtype == torch.float64 for p in rule.trainable_parameters()):
+        # The eager step's rate is a Python float; a float32 one would round lr 1e-3 by 4.7e-8.
+        return GraphDecision(False, "off (a float64 run: the captured step holds its "
+                                    "learning rate in float32)")
+    if not abs(lr) <= LARGEST_CAPTURED_RATE:
+        return GraphDecision(False, f"off (learning rate {lr:g} is beyond float32, in which "
                                     "a captured step holds it)")
     refusal = stack_refusal(rule)
     if refusal is not None:
@@ -90,5 +87,5 @@ class StackMember(Protocol):
 
 
 __all__ = ["stacked_rule_names", "StackedStep", "StepTensors", "StackMember",
-           "GraphDecision", "STACKED_WITH_UNCAPTURED", "captured_rate_dtype", "stack_refusal",
+           "GraphDecision", "STACKED_WITH_UNCAPTURED", "stack_refusal",
            "uses_device_data", "cuda_graphs_decision"]

@@ -187,8 +187,8 @@ def test_own_module_metrics_on_cuda_match_cpu() -> None:
 
 
 # --- captured steps, stacked runs and data on the GPU (run.steps.capture, .stepping) ----
-# Written in a session without a GPU: these have not run yet (scripts/gpu_checks.sh runs
-# them). The captured step replays the kernels of the eager stacked step, so on the same
+# Run by scripts/gpu_checks.sh (first on an H200, torch 2.11, 2026-11-30: all passed). The
+# captured step replays the kernels of the eager stacked step, so on the same
 # optimiser (CapturableAdamW) the two should agree bit for bit; the tolerance only allows
 # for a cuBLAS algorithm chosen differently under capture.
 CAPTURED_RULES = ("bp", "frozen", "fa", "dfa", "drtp")

@@ -175,8 +175,8 @@ class RunSettings:
                            "= on for CUDA)", choices=DEVICE_DATA, role="place")
     cuda_graphs: str = opt("auto", "capture the training step in a CUDA graph and replay it "
                            "(auto = on for CUDA runs of rules whose step can be captured, "
-                           "which each rule declares: its stacked_step; the record says what "
-                           "was used; not yet verified on a GPU)",
+                           "which each rule declares: its stacked_step; float32 runs only; "
+                           "the record says what was used)",
                            choices=CUDA_GRAPHS, role="place")
     tensorboard: str | None = opt(None, "log every epoch, the protocol, the end-of-run metrics "
                                   "and the config to this TensorBoard folder (DIR/RUN_ID/)",

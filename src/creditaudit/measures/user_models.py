@@ -194,7 +194,8 @@ def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: 
 
 
 def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) -> None:
-    """A credit function must return one tensor per state, shaped like the state."""
+    """A credit function must return one tensor per state, shaped like the state and on
+    its device (a credit moved to the CPU met the GPU's gradients in torch's own error)."""
     out = credit(x[:PROBE], y[:PROBE])
     if not isinstance(out, list | tuple) or len(out) != len(states):
         raise ModelContractError(f"credit(x, y) must return {len(states)} tensors [a_0, …, "
@@ -203,6 +204,10 @@ def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) 
         if not isinstance(a, Tensor) or a.shape != h.shape:
             raise ModelContractError(f"credit(x, y)[{index}] must have the shape of h_{index} "
                                      f"{tuple(h.shape)}, got {_describe(a)}")
+        if a.device != h.device:
+            raise ModelContractError(f"credit(x, y)[{index}] is on {a.device} but h_{index} "
+                                     f"is on {h.device}: return each credit on its state's "
+                                     f"device (a.to({str(h.device)!r}))")
 
 
 def _describe(value: Any) -> str:

@@ -586,3 +586,16 @@ def test_batch_by_batch_draws_for_data_off_the_host_are_made_on_the_host(
     batches = list(loader)
     assert len(batches) == 3
     assert all(a.device.type == b.device.type == "meta" for a, b in batches)
+
+
+def test_diagnose_refuses_an_evaluation_set_on_another_device_than_the_model() -> None:
+    """Runs everywhere (the meta device stands in for a GPU model given CPU data): one
+    line, as Recorder says it, not torch's device error from inside the first forward."""
+    from creditaudit import diagnose
+    from creditaudit.errors import ConfigError
+
+    model = ResidualMLP(12, 16, 10, 2, out_ln=True).to("meta")
+    x, y = torch.randn(64, 12), torch.randint(0, 10, (64,))
+    with pytest.raises(ConfigError, match=r"eval_x and eval_y are on cpu and cpu but the model "
+                                          r"is on meta: move them with \.to\('meta'\)"):
+        diagnose(model, x, y, metrics=False)

@@ -274,7 +274,10 @@ def test_capturable_adamw_checkpoints_as_the_eager_optimiser() -> None:
 
 
 @needs_cuda
-def test_data_on_the_gpu_gives_the_host_batches() -> None:
+@pytest.mark.parametrize("per_epoch", [None, False], ids=["per-epoch", "batch-by-batch"])
+def test_data_on_the_gpu_gives_the_host_batches(per_epoch: bool | None) -> None:
+    """Both ways of drawing: up front (the default for data on a GPU) and batch by batch
+    (``draw_per_epoch=False``, whose draws a CPU generator made on the GPU: refused)."""
     from creditaudit.data.loader import InMemoryLoader
 
     gen = torch.Generator().manual_seed(0)
@@ -285,7 +288,7 @@ def test_data_on_the_gpu_gives_the_host_batches() -> None:
         loader = InMemoryLoader(x.to(device), y.to(device), 64, shuffle=True, augment=True,
                                 generator=torch.Generator().manual_seed(3),
                                 mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2),
-                                random_targets=10)
+                                random_targets=10, draw_per_epoch=per_epoch)
         return [(a.cpu(), b.cpu()) for a, b in loader]
 
     for (a, b), (c, d) in zip(batches("cpu"), batches("cuda"), strict=True):
@@ -410,3 +413,189 @@ def test_a_rate_beyond_float32_diverges_eagerly_on_the_gpu(tmp_path: Path, stack
     assert graphs[1].startswith("off (learning rate 1e+300 is beyond float32")
     assert graphs[0] == ("off (stacked with a run whose step cannot be captured)"
                          if stacked else "on")
+
+
+# --- a user's own loop with a model already on the GPU --------------------------------------
+# Reviewed for CPU tensors meeting GPU ones after the class-mix defect: a rule bound to a
+# model on the GPU kept what binding drew (fa-linear's B, the bridges' nets) on the CPU.
+BOUND_RULES = (*RULES, "local-ce", "frozen")
+
+
+def _bound_on(device: str, method: str) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """``method`` bound (no ``rule.to``) to a float64 ResidualMLP built on ``device``, and a
+    batch there."""
+    torch.manual_seed(0)
+    model = ResidualMLP(12, 32, 10, 3, out_ln=True).double().to(device)
+    rule = build_rule(model, MethodConfig(name=method), n_classes=10, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 12, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 10, (64,), generator=gen)
+    return rule, x.to(device), y.to(device)
+
+
+@needs_cuda
+@pytest.mark.parametrize("method", BOUND_RULES)
+def test_a_rule_bound_to_a_gpu_model_credits_and_steps_there(method: str) -> None:
+    """``rule(name, model.cuda())``, the own-loop order: fa-linear's backward met its CPU
+    feedback, credit-bridge's and state-bridge's nets stayed on the CPU."""
+    from creditaudit.methods.footprint import _tensors
+
+    on_cpu, x, y = _bound_on("cpu", method)
+    on_gpu, xg, yg = _bound_on("cuda", method)
+    held = [t for t in _tensors(on_gpu.state_dict()) if t.is_floating_point()]
+    assert all(t.device.type == "cuda" for t in held), method
+    for layer, (a, b) in enumerate(zip(on_cpu.credits(x, y), on_gpu.credits(xg, yg),
+                                       strict=True)):
+        error = float((b.cpu() - a).norm() / a.norm().clamp_min(1e-300))
+        assert error < 1e-9, f"{method} layer {layer}: relative difference {error:.2e}"
+    optimizer = torch.optim.AdamW(on_gpu.trainable_parameters(), lr=1e-3)
+    on_gpu.model.train()
+    assert on_gpu.train_step(xg, yg, optimizer).finite
+
+
+OWN_NET = '''
+from torch import nn
+
+
+def net():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                         nn.Linear(16, 10))
+'''
+
+
+def _own_loop_record(tmp_path: Path, device: str, method: str):
+    """A user's loop (docs/your_model.md) on ``device``: adapt() of a network there, the rule
+    bound to it, a Recorder with the evaluation set there, two epochs and the end-of-run
+    block. Returns the finished record."""
+    from torch import nn
+
+    from creditaudit import Recorder, adapt, rule
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                        nn.Linear(16, 10)).to(device)
+    model = adapt(net, states=["1", "3"], input_shape=(8,))
+    bound = rule(method, model)
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(256, 8, generator=gen), torch.randint(0, 10, (256,), generator=gen)
+    x, y = x.to(device), y.to(device)
+    optimizer = torch.optim.AdamW(bound.trainable_parameters(), lr=1e-3)
+    options = {"diagnostics.rho_samples": 32, "diagnostics.rho_directions": 4,
+               "diagnostics.null_draws": 3, "optim.epochs": 2}
+    with Recorder(bound, x, y, out=tmp_path, config=options, progress=False) as rec:
+        rec.epoch(0)
+        for epoch in (1, 2):
+            net.train()
+            for start in range(0, 256, 64):
+                bound.train_step(x[start:start + 64], y[start:start + 64], optimizer)
+            rec.epoch(epoch, test_acc=0.5)
+    return rec.record
+
+
+@needs_cuda
+@pytest.mark.parametrize("method", ("dfa", "fa-linear", "kp", "local-ce"))
+def test_own_loop_recorder_on_the_gpu(tmp_path: Path, method: str) -> None:
+    """adapt() of a GPU network, a rule bound to it, Recorder epochs with the protocol and
+    the end-of-run block, all on the GPU (nothing tested the own loop there)."""
+    record = _own_loop_record(tmp_path, "cuda", method)
+    assert record.status == "completed", record.error
+    assert record.environment["device"].startswith("cuda")
+    assert record.log[-1].verdict is not None
+    assert record.diagnostics.cosine_table
+
+
+@needs_cuda
+def test_a_cuda_run_audits_with_its_metrics_on_the_gpu(tmp_path: Path) -> None:
+    """`creditaudit audit RUN --device cuda` with the credit-quality block (ρ, nudging, the
+    fresh-feedback null) and the CLI's own path, on a run trained on the GPU."""
+    from creditaudit.audit import audit_run
+    from creditaudit.cli import main
+
+    config = RunConfig().replace(**{**TINY, "method.name": "fa", "run.out_dir": str(tmp_path),
+                                    "run.device": "cuda"})
+    result = Trainer(config).run()
+    report = audit_run(str(result.run_dir), device="cuda", metrics=True)
+    assert report.metrics and report.metrics["fresh_b_null"]["n"] == 3
+    assert main(["audit", str(result.run_dir), "--device", "cuda", "--no-metrics", "-q"]) == 0
+
+
+def test_a_rule_bound_to_a_model_off_the_cpu_is_moved_there(monkeypatch) -> None:
+    """Runs everywhere: binding moves the rule to its model's device (the CUDA device stands
+    in here), as a run's ``rule.to(device)`` does; on the CPU (and the meta device a run
+    plan sizes on) nothing moves."""
+    import creditaudit.methods as methods
+    from creditaudit.methods import CreditBridge
+
+    moved: list[torch.device] = []
+    monkeypatch.setattr(CreditBridge, "to", lambda self, device: moved.append(device) or self)
+    methods.rule("credit-bridge", ResidualMLP(12, 16, 10, 2, out_ln=True))
+    assert not moved
+    monkeypatch.setattr(methods, "accelerator_device", lambda model: torch.device("cuda", 1))
+    methods.rule("credit-bridge", ResidualMLP(12, 16, 10, 2, out_ln=True))
+    assert moved == [torch.device("cuda", 1)]
+    monkeypatch.undo()
+    assert methods.accelerator_device(ResidualMLP(12, 16, 10, 2)) is None
+    assert methods.accelerator_device(ResidualMLP(12, 16, 10, 2).to("meta")) is None
+
+
+def test_a_credit_function_on_another_device_than_the_states_is_refused() -> None:
+    """Runs everywhere (the meta device stands in for the CPU copy of a GPU model's
+    credit): one line naming the credit and both devices, not torch's device error from
+    inside the cosines."""
+    from creditaudit import diagnose
+    from creditaudit.errors import ModelContractError
+
+    torch.manual_seed(0)
+    model = ResidualMLP(12, 16, 10, 2, out_ln=True)
+    x, y = torch.randn(64, 12), torch.randint(0, 10, (64,))
+
+    def elsewhere(xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
+        states, _ = model.forward_states(xb)
+        return [torch.zeros_like(h, device="meta") for h in states]
+
+    with pytest.raises(ModelContractError, match=r"credit\(x, y\)\[0\] is on meta but h_0 "
+                                                 r"is on cpu"):
+        diagnose(model, x, y, credit=elsewhere, metrics=False)
+
+
+@pytest.mark.parametrize("images", [False, True], ids=["features", "images"])
+def test_batch_by_batch_draws_for_data_off_the_host_are_made_on_the_host(
+        monkeypatch, images: bool) -> None:
+    """Runs everywhere: a loader over data on another device (meta stands in for a GPU)
+    drawing batch by batch (``draw_per_epoch=False``) draws from its CPU generator on the
+    CPU — torch refuses a CPU generator's draw on a GPU, which the stand-in enforces."""
+    from creditaudit.data.loader import InMemoryLoader
+
+    def strict(real):  # noqa: ANN001, ANN202 - a torch factory, wrapped
+        def draw(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            generator, device = kwargs.get("generator"), kwargs.get("device")
+            if generator is not None and device is not None \
+                    and torch.device(device).type != generator.device.type:
+                raise RuntimeError(f"Expected a '{torch.device(device).type}' device type "
+                                   f"for generator but found '{generator.device.type}'")
+            return real(*args, **kwargs)
+        return draw
+
+    for name in ("randperm", "randint", "rand"):
+        monkeypatch.setattr(torch, name, strict(getattr(torch, name)))
+    x = (torch.zeros(10, 3, 8, 8, dtype=torch.uint8) if images else torch.zeros(10, 4))
+    loader = InMemoryLoader(x.to("meta"), torch.zeros(10, dtype=torch.int64, device="meta"),
+                            4, shuffle=True, augment=images,
+                            generator=torch.Generator().manual_seed(0), random_targets=10,
+                            draw_per_epoch=False)
+    batches = list(loader)
+    assert len(batches) == 3
+    assert all(a.device.type == b.device.type == "meta" for a, b in batches)
+
+
+def test_diagnose_refuses_an_evaluation_set_on_another_device_than_the_model() -> None:
+    """Runs everywhere (the meta device stands in for a GPU model given CPU data): one
+    line, as Recorder says it, not torch's device error from inside the first forward."""
+    from creditaudit import diagnose
+    from creditaudit.errors import ConfigError
+
+    model = ResidualMLP(12, 16, 10, 2, out_ln=True).to("meta")
+    x, y = torch.randn(64, 12), torch.randint(0, 10, (64,))
+    with pytest.raises(ConfigError, match=r"eval_x and eval_y are on cpu and cpu but the model "
+                                          r"is on meta: move them with \.to\('meta'\)"):
+        diagnose(model, x, y, metrics=False)

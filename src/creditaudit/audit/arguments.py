@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.measures.gradients import StatesFn
-from creditaudit.measures.user_models import ForwardFrom, check_inputs
+from creditaudit.measures.user_models import ForwardFrom, check_inputs, check_same_device
 from creditaudit.methods.base import CreditRule
 from creditaudit.protocol import CreditFn, Protocol, Thresholds
 from creditaudit.protocol.evaluate import check_fraction
@@ -73,6 +73,7 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                 "([h_0, …, h_L], logits) to diagnose()")
         states_fn = model.forward_states  # type: ignore[assignment]
     check_inputs(model, eval_x, eval_y)
+    check_same_device(model, eval_x, eval_y)
     if isinstance(credit, CreditRule) and credit.model is not model:
         raise ModelContractError(
             f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "

@@ -166,8 +166,10 @@ class InMemoryLoader:
         if self.draw_per_epoch:
             yield from self._iter_drawn(self.epoch_draws())
             return
+        # Drawn on the host (the generator's device) and moved: a CPU generator cannot draw
+        # on a GPU, and the numbers are the CPU path's.
         order = (
-            torch.randperm(self.n_samples, generator=self.generator, device=self.x.device)
+            torch.randperm(self.n_samples, generator=self.generator).to(self.x.device)
             if self.shuffle
             else None
         )
@@ -181,7 +183,8 @@ class InMemoryLoader:
                 xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
             xb = self._prepare(xb)
             if self.random_targets is not None:
-                yb = torch.randint(0, self.random_targets, yb.shape, generator=self.generator)
+                yb = torch.randint(0, self.random_targets, yb.shape,
+                                   generator=self.generator).to(yb.device)
             yield xb, yb
 
     def epoch_draws(self) -> EpochDraws:
@@ -225,7 +228,8 @@ class InMemoryLoader:
         if not self._images:
             return xb
         if self.augment:
-            rows, cols, flips = self._crop_draws(xb.shape[0], xb.device)
+            rows, cols, flips = (t.to(xb.device) for t in
+                                 self._crop_draws(xb.shape[0], torch.device("cpu")))
             xb = crop_flip(xb, rows, cols, flips, self.crop_padding)
         return self._normalize(xb)
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from creditaudit.errors import ModelContractError
+from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.measures.gradients import StatesFn
 from creditaudit.models.adapt_probe import REPRODUCE_RTOL
 from creditaudit.models.adapted import AdaptedModel
@@ -75,6 +75,15 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
                                  f"eval_x.to(torch.{dtype_name(reference.dtype)})")
     if eval_x.is_floating_point() and not bool(torch.isfinite(eval_x).all()):
         raise ModelContractError("eval_x holds NaN/Inf: the diagnostics need finite inputs")
+
+
+def check_same_device(model: nn.Module, eval_x: Tensor, eval_y: Tensor) -> None:
+    """One-line ConfigError unless ``eval_x`` and ``eval_y`` are on the device of ``model``'s
+    (first) parameters: on another, the first forward fails with torch's device error."""
+    device = next((p.device for p in model.parameters()), eval_x.device)
+    if eval_x.device != device or eval_y.device != device:
+        raise ConfigError(f"eval_x and eval_y are on {eval_x.device} and {eval_y.device} "
+                          f"but the model is on {device}: move them with .to({str(device)!r})")
 
 
 def check_token_ids(model: AdaptedModel, eval_x: Tensor) -> None:
@@ -194,7 +203,8 @@ def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: 
 
 
 def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) -> None:
-    """A credit function must return one tensor per state, shaped like the state."""
+    """A credit function must return one tensor per state, shaped like the state and on
+    its device (a credit moved to the CPU met the GPU's gradients in torch's own error)."""
     out = credit(x[:PROBE], y[:PROBE])
     if not isinstance(out, list | tuple) or len(out) != len(states):
         raise ModelContractError(f"credit(x, y) must return {len(states)} tensors [a_0, …, "
@@ -203,6 +213,10 @@ def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) 
         if not isinstance(a, Tensor) or a.shape != h.shape:
             raise ModelContractError(f"credit(x, y)[{index}] must have the shape of h_{index} "
                                      f"{tuple(h.shape)}, got {_describe(a)}")
+        if a.device != h.device:
+            raise ModelContractError(f"credit(x, y)[{index}] is on {a.device} but h_{index} "
+                                     f"is on {h.device}: return each credit on its state's "
+                                     f"device (a.to({str(h.device)!r}))")
 
 
 def _describe(value: Any) -> str:

@@ -11,6 +11,7 @@ import importlib
 import pkgutil
 from typing import Any
 
+import torch
 from torch import nn
 
 from creditaudit.config import MethodConfig, config_from_dict
@@ -137,7 +138,23 @@ def build_rule(model: ResidualNet, config: MethodConfig, *, n_classes: int, seed
     # (CreditRule.frozen_outside), which a record must say.
     bound.frozen_by_binding = frozenset(id(p) for p in model.parameters()
                                         if id(p) in trainable and not p.requires_grad)
+    device = accelerator_device(model)
+    if device is not None:  # what binding drew on the CPU goes where the model is
+        bound.to(device)
     return bound
+
+
+def accelerator_device(model: nn.Module) -> torch.device | None:
+    """The one device other than the CPU (and PyTorch's meta device) that every parameter
+    and buffer of ``model`` is on, else None: where :func:`build_rule` moves what binding
+    made on the CPU (feedback matrices, auxiliary nets), as a run's ``rule.to(device)``
+    does — a rule bound to a model already on a GPU otherwise kept them on the CPU, and its
+    step or credits failed ("Expected all tensors to be on the same device")."""
+    devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    if len(devices) != 1:
+        return None
+    device = devices.pop()
+    return None if device.type in ("cpu", "meta") else device
 
 
 def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int = 0,

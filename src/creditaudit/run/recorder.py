@@ -44,7 +44,7 @@ from creditaudit.files.safe_files import ensure_folder
 from creditaudit.formatting import duration
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.progress import Say, say_to
-from creditaudit.measures.user_models import check_inputs
+from creditaudit.measures.user_models import check_inputs, check_same_device
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import measurement_mode, parameter_snapshot
 from creditaudit.models.packages import network_packages
@@ -155,10 +155,8 @@ class Recorder:
                               "pass creditaudit.rule(name, adapt(net, states=[…]))")
         model = rule.model
         check_inputs(model, eval_x, eval_y)
-        device = next((p.device for p in model.parameters()), eval_x.device)
-        if eval_x.device != device or eval_y.device != device:
-            raise ConfigError(f"eval_x and eval_y are on {eval_x.device} and {eval_y.device} "
-                              f"but the model is on {device}: move them with .to({str(device)!r})")
+        check_same_device(model, eval_x, eval_y)
+        device = eval_x.device
         if eval_y.numel() and not 0 <= int(eval_y.min()) <= int(eval_y.max()) < rule.n_classes:
             raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
                               f"classes of the rule's {rule.n_classes} logits")

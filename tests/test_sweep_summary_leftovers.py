@@ -82,6 +82,59 @@ def test_a_run_taken_over_is_listed_as_taken_over_until_its_holder_writes(
     assert entry["seconds"] > 0
 
 
+def _held_by_another_process(tmp_path: Path) -> tuple[RunConfig, Path]:
+    """A 1-epoch run whose folder "another process" (:data:`OTHER_PID`, alive) has claimed,
+    its entry (``trained``, by other.toml) in the summary file."""
+    import socket
+
+    config = tiny(tmp_path)
+    run_dir = plan_run(config).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / CLAIM_FILE).write_text(json.dumps({"pid": OTHER_PID,
+                                                  "host": socket.gethostname(),
+                                                  "time": "now", "token": "the-other"}))
+    write_summary(tmp_path / SUMMARY_FILE, {"schema": SUMMARY_SCHEMA, "runs": [
+        {"run_id": run_dir.name, "status": "running", "error": None, "action": "trained",
+         "seconds": 0.0, "written_by": "other.toml"}]}, reported_status)
+    return config, run_dir
+
+
+def test_a_run_held_elsewhere_for_the_whole_sweep_keeps_the_holders_entry(tmp_path):
+    """Busy here until its holder finished it: the sweep wrote ``skipped`` (0 s, by
+    itself) over the entry of the process that trained it."""
+    from creditaudit.run.trainer import train
+
+    config, run_dir = _held_by_another_process(tmp_path)
+
+    def the_other_process(state, outcome):
+        if outcome is None or outcome["status"] != "busy":
+            return
+        (run_dir / CLAIM_FILE).unlink()  # it trains the run, and releases it
+        train(config, force=True)
+        write_summary(tmp_path / SUMMARY_FILE, {"schema": SUMMARY_SCHEMA, "runs": [
+            {"run_id": run_dir.name, "status": "completed", "error": None,
+             "action": "trained", "seconds": 1.5, "written_by": "other.toml"}]},
+            reported_status)
+
+    result = run_sweep([config], InlineExecutor(), poll_seconds=0.01,
+                       on_progress=the_other_process, written_by="mine.toml")
+    [own] = result.summary["runs"]
+    assert (own["action"], own["status"]) == ("skipped", "completed")  # what it did here
+    [entry] = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
+    assert (entry["action"], entry["written_by"], entry["status"], entry["seconds"]) == (
+        "trained", "other.toml", "completed", 1.5)
+
+
+def test_a_run_still_held_when_the_sweep_ends_keeps_the_holders_entry_as_busy(tmp_path):
+    config, run_dir = _held_by_another_process(tmp_path)
+    result = run_sweep([config], InlineExecutor(), wait_for_others=False,
+                       written_by="mine.toml")
+    assert result.summary["runs"][0]["status"] == "busy"
+    [entry] = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
+    assert (entry["action"], entry["written_by"], entry["status"]) == (
+        "trained", "other.toml", "busy")
+
+
 # --- 2. a logger failing after the record is final ----------------------------------------
 def test_a_logger_failing_after_the_final_record_counts_completed_everywhere(
         tmp_path, monkeypatch, capsys):

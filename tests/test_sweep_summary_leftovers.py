@@ -205,3 +205,58 @@ def test_the_stacks_of_runs_that_do_not_stack_are_said_plainly(tmp_path):
                        tiny(tmp_path, **{"method.name": "fa-linear"})], [])
     assert describe_stacks(plans[:1], 3) == "nothing to stack: 1 run alone"
     assert describe_stacks(plans, 3) == "nothing to stack: 2 runs alone"
+
+
+# --- 6. a stacked run's logger failing after the record is final -------------------------
+def test_a_stacked_runs_logger_failing_after_its_final_record_is_noted(tmp_path, monkeypatch):
+    """In a --stack, the logger's error of a run whose record was final was lost: the run
+    was completed with no error (as the others), where a run trained alone notes it."""
+    import creditaudit.run.stacked as stacked
+    from creditaudit.run.plan import run_id
+    from test_stacked import configs
+    from test_stacked_loggers import BreaksOnce
+
+    runs = configs(tmp_path, "dfa")
+    failing = run_id(runs[1])
+    build = stacked.build_loggers
+
+    def with_a_broken_logger(config, rid):  # noqa: ANN001, ANN202
+        built = build(config, rid)
+        if rid == failing:
+            built.loggers.append(BreaksOnce("finish"))
+        return built
+
+    monkeypatch.setattr(stacked, "build_loggers", with_a_broken_logger)
+    result = run_sweep(runs, InlineExecutor(), stack=3)
+    by_id = {o["run_id"]: o for o in result.outcomes}
+    assert [o["status"] for o in result.outcomes] == ["completed"] * 3
+    said = "its record is final; raised after it: logger BreaksOnce.finish raised ValueError"
+    assert by_id[failing]["error"].startswith(said), by_id[failing]
+    assert all(o["error"] is None for i, o in by_id.items() if i != failing)
+    entries = {e["run_id"]: e for e in json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]}
+    assert entries[failing]["status"] == "completed"
+    assert entries[failing]["error"].startswith(said)
+
+
+def test_a_run_alone_in_a_stack_whose_logger_fails_after_its_record_is_not_failed(
+        tmp_path, monkeypatch):
+    """A run of a stack that steps alone (here: every run, as for a model with buffers)
+    whose logger raised after its final record came back ``failed`` (its record:
+    completed), where a stacked run's error is raised once every run has ended, or kept in
+    ``after_record``."""
+    import creditaudit.run.stacked as stacked
+    from creditaudit.run.plan import run_id
+    from creditaudit.run.stacked import train_stacked
+    from test_stacked import configs
+    from test_stacked_loggers import BreaksOnce
+
+    monkeypatch.setattr(stacked, "stack_refusal", lambda rule: "it steps alone (the test)")
+    runs = configs(tmp_path / "a", "dfa")[:2]
+    with pytest.raises(GuestError, match=r"^logger BreaksOnce\.finish raised ValueError"):
+        train_stacked(runs, loggers=[BreaksOnce("finish")])
+    runs = configs(tmp_path / "b", "dfa")[:2]
+    kept: dict = {}
+    results = train_stacked(runs, loggers=[BreaksOnce("finish")], after_record=kept)
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert list(kept) == [run_id(runs[0])]
+    assert str(kept[run_id(runs[0])]).startswith("logger BreaksOnce.finish raised ValueError")

@@ -10,11 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from creditaudit.cli.common import add_device_options, env_overrides, folder, whole_number
+from creditaudit.cli.common import (
+    FlagsGiven,
+    add_device_options,
+    env_overrides,
+    folder,
+    in_flags,
+    whole_number,
+)
 from creditaudit.cli.run_watch import RunWatch
 from creditaudit.cli.sweep_output import as_reported
 from creditaudit.config import MAX_SEED, RunConfig, apply_where_read, device_overrides
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
@@ -145,6 +152,20 @@ def check_sample_counts(args: argparse.Namespace, data: DataConfig,
                     fix=f"use a smaller --n-train (the demo also tests on {data.n_test:,})")
 
 
+# (flag, the argparse attribute, the config key it sets) of the demo's flags that set one.
+DEMO_FLAGS = (("--dataset", "dataset", "data.name"), ("--epochs", "epochs", "optim.epochs"),
+              ("--n-train", "n_train", "data.n_train"), ("--seed", "seed", "run.seed"),
+              ("--device", "device", "run.device"), ("--precision", "precision",
+                                                     "run.precision"))
+
+
+def demo_flags(args: argparse.Namespace) -> FlagsGiven:
+    """The config keys the demo's flags set, with their values and spelling (``"run.seed":
+    (7, "--seed 7")``), by which a refusal of its planning names them."""
+    return {key: (value, f"{flag} {value}") for flag, attr, key in DEMO_FLAGS
+            if (value := getattr(args, attr, None)) is not None}
+
+
 def demo_executor(workers: int | None, n_runs: int) -> Any:
     """The executor of ``--workers``: ``workers`` single-thread worker processes (default:
     one per core, at most one per run); 0 runs them one after another in this process, one
@@ -218,11 +239,15 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.files.safe_files import ensure_folder
     from creditaudit.run.setup import resolve_device
 
-    resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
-    ensure_folder(out)                      # before any data is generated
-    # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
-    # makes the four one run, trained and shown once).
-    plans = unique_plans(plan_runs(configs, ("method.name",)))
+    try:  # planning's refusals name config keys: say the demo's flags instead
+        resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one
+        ensure_folder(out)                     # line, before any data is generated
+        # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
+        # makes the four one run, trained and shown once).
+        plans = unique_plans(plan_runs(configs, ("method.name",)))
+    except CreditAuditError as err:
+        err.args = (in_flags(str(err), demo_flags(args)), *err.args[1:])
+        raise
     # Load (generate) the data once here, not in every worker: generated data are cached,
     # so the parallel runs read the cache.
     plan = plans[0]

@@ -153,10 +153,10 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     which run a call is for) fails that run alone; a logger's error in ``finish`` or
     ``close`` of a run that completed is raised once every run has ended — or, with an
     ``after_record`` dict, kept there under its run's id (the first of each run) and not
-    raised. ConfigError when the configs differ in more than :data:`VARYING` or list one run twice; RunRecordError as
-    :func:`train` raises it; both before anything trains. Torch's settings are as
-    :func:`train` has them; the caller's settings, thread count and random streams are back
-    afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError while
+    raised. ConfigError when the configs differ in more than :data:`VARYING` or list one
+    run twice; RunRecordError as :func:`train` raises it; both before anything trains.
+    Torch's settings are as :func:`train` has them; the caller's settings, thread count and
+    random streams are back afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError while
     another process holds one, before anything trains).
     """
     first = configs[0] if configs else None

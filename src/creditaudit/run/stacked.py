@@ -156,8 +156,8 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     raised. ConfigError when the configs differ in more than :data:`VARYING` or list one
     run twice; RunRecordError as :func:`train` raises it; both before anything trains.
     Torch's settings are as :func:`train` has them; the caller's settings, thread count and
-    random streams are back afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError while
-    another process holds one, before anything trains).
+    random streams are back afterwards. Each run's folder is held as :func:`train` holds it
+    (RunBusyError while another process holds one, before anything trains).
     """
     first = configs[0] if configs else None
     device = first.config.run.device if isinstance(first, RunPlan) else (

@@ -198,3 +198,4 @@ def test_a_flags_value_is_replaced_only_where_the_message_gives_that_value():
                     "model.arch='resmlp', model.d=30.", typed) == (
         "--width 30 and model.d=300, model.d=30.5; --arch vit, model.arch='resmlp', "
         "--width 30.")
+

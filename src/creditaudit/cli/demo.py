@@ -73,6 +73,10 @@ def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: i
     return RunConfig().replace(**overrides)
 
 
+# The demo's flags that have a default value (the others: None, not given).
+DEFAULTS: dict[str, Any] = {"dataset": "mnist1d", "seed": 42}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo", help=f"BP, FA, DFA and frozen blocks on MNIST-1D ({MEASURED_SECONDS} s on 2 "
@@ -84,14 +88,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "method's margin over frozen blocks (diagnostic (d)).")
     parser.add_argument("--out", default="runs/demo", type=folder,
                         help="results folder (default runs/demo)")
-    parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default="mnist1d",
+    parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default=DEFAULTS["dataset"],
                         help="mnist1d (default) or synthetic (the teacher–student task)")
     parser.add_argument("--epochs", type=whole_number(0), default=None,
                         help="epochs per method (default 8)")
     parser.add_argument("--n-train", type=whole_number(1), default=None,
                         help="training samples (default 32000 for mnist1d, 20000 for "
                              "synthetic)")
-    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=42,
+    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=DEFAULTS["seed"],
                         help="seed (default 42)")
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most "
@@ -160,10 +164,11 @@ DEMO_FLAGS = (("--dataset", "dataset", "data.name"), ("--epochs", "epochs", "opt
 
 
 def demo_flags(args: argparse.Namespace) -> FlagsGiven:
-    """The config keys the demo's flags set, with their values and spelling (``"run.seed":
-    (7, "--seed 7")``), by which a refusal of its planning names them."""
+    """The config keys the demo's flags given set (a flag at its default is not given),
+    with their values and spelling (``"run.seed": (7, "--seed 7")``), by which a refusal of
+    its planning names them."""
     return {key: (value, f"{flag} {value}") for flag, attr, key in DEMO_FLAGS
-            if (value := getattr(args, attr, None)) is not None}
+            if (value := getattr(args, attr, None)) not in (None, DEFAULTS.get(attr))}
 
 
 def demo_executor(workers: int | None, n_runs: int) -> Any:

@@ -146,3 +146,56 @@ def test_a_sweep_file_given_to_train_is_named_as_one(tmp_path, capsys):
 
     with pytest.raises(ConfigError, match=r"creditaudit\.sweep\.load_sweep\("):
         load_config(sweep)  # a Python caller is told the Python call
+
+
+# --- refusals of the run's planning name the flag typed, not its config key -----------------
+@pytest.mark.parametrize(("argv", "said", "kept"), [
+    (["--arch", "vit", "--width", "30", "--set", "data.in_dim=3072"],
+     "error: --width 30 is not divisible by model.heads=4", None),
+    (["--arch", "vit", "--dataset", "synthetic"],
+     "error: --arch vit needs images", "such as model.arch='resmlp'; --dataset synthetic: "),
+    (["--seed", "5000000000", "--dataset", "mnist1d"],
+     "error: --seed 5000000000 is also the data seed", None),
+])
+def test_train_names_the_flag_in_a_refusal_of_its_planning(argv, said, kept, tmp_path,
+                                                           capsys):
+    """Refused once the config was built (while the run is planned), the line named the
+    config key (model.d=30, model.arch='vit', run.seed=…) the user never typed."""
+    assert main(["train", *argv, "--epochs", "1", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    line = assert_one_line_error(captured.out, captured.err, said)
+    assert kept is None or kept in line  # advice of another value keeps the key
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_python_api_still_names_the_config_key(tmp_path):
+    from creditaudit import RunConfig, train
+    from creditaudit.errors import ConfigError
+
+    config = RunConfig().replace(**{"model.arch": "vit", "model.d": 30, "data.in_dim": 3072,
+                                    "run.out_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"^model\.d=30 is not divisible by model\.heads=4"):
+        train(config)
+
+
+@pytest.mark.parametrize("command", [["train"], ["demo", "--workers", "0", "-q"]])
+def test_a_missing_gpu_names_the_device_flag(command, tmp_path, capsys, monkeypatch):
+    """``--device cuda`` on a machine without CUDA: run.device='cuda' (the key) before."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([*command, "--device", "cuda", "--epochs", "1", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err,
+                          "error: --device cuda but no CUDA device is available")
+
+
+def test_a_flags_value_is_replaced_only_where_the_message_gives_that_value():
+    from creditaudit.cli.common import in_flags
+
+    typed = {"model.d": (30, "--width 30"), "model.arch": ("vit", "--arch vit")}
+    assert in_flags("model.d=30 and model.d=300, model.d=30.5; model.arch='vit', "
+                    "model.arch='resmlp', model.d=30.", typed) == (
+        "--width 30 and model.d=300, model.d=30.5; --arch vit, model.arch='resmlp', "
+        "--width 30.")
+

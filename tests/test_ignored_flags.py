@@ -106,3 +106,35 @@ def test_experiment_refuses_a_data_dir_for_generated_data(mode, flags, tmp_path,
             f"--data-dir {tmp_path}: the dataset", "is generated from its seed",
             "drop --data-dir")
     assert not (tmp_path / "experiments").exists()
+
+
+# --- the same refusals from Python ----------------------------------------------------------
+@pytest.mark.parametrize("call", [{"retry_failed": True}, {"workers": 1},
+                                  {"executor": "inline"}, {"device": "cpu"}])
+def test_run_experiment_with_train_false_refuses_training_options(call, tmp_path):
+    """run_experiment(train=False, retry_failed=True) (or workers, executor, device)
+    summarised and ignored the option, which the command line refuses with --no-train."""
+    from creditaudit.errors import ConfigError
+    from creditaudit.study.experiments import run_experiment
+
+    [name] = call
+    with pytest.raises(ConfigError, match=rf"^{name} only says how to train, and "
+                                          rf"train=False trains nothing: drop {name}$"):
+        run_experiment("fresh_null", scale="smoke", out_dir=tmp_path, train=False, **call)
+    assert not (tmp_path / "experiments").exists()
+
+
+@pytest.mark.parametrize("dataset", [None, "mnist1d"])
+@pytest.mark.parametrize("train", [False, True])
+def test_run_experiment_refuses_a_data_dir_for_generated_data(dataset, train, tmp_path):
+    """run_experiment(data_dir=…) with a generated dataset (smoke's synthetic, mnist1d)
+    trained and summarised, ignoring it; the command line refuses --data-dir there."""
+    from creditaudit.errors import ConfigError
+    from creditaudit.study.experiments import run_experiment
+
+    with pytest.raises(ConfigError, match=rf"^data_dir {re.escape(str(tmp_path))}: the "
+                                          r"dataset \w+ is generated from its seed, not read "
+                                          r"from a folder: drop data_dir$"):
+        run_experiment("fresh_null", scale="smoke", out_dir=tmp_path, dataset=dataset,
+                       data_dir=str(tmp_path), train=train)
+    assert not (tmp_path / "experiments").exists()

@@ -595,7 +595,8 @@ MODULES = [
     C("a factory callable that does not exist", MODULE, REFUSED, factory("no_such_net"),
       "no_such_net"),
     C("a factory path without a callable", MODULE, REFUSED, train(
-        args=("--arch", f"module:{FACTORIES}"), **MODULE_RUN), "model.factory"),
+        args=("--arch", f"module:{FACTORIES}"), **MODULE_RUN),
+      f"--arch module:{FACTORIES} is a module"),  # the flag typed, not model.factory
     C("a factory that is not callable", MODULE, REFUSED, factory("STATES"), "STATES"),
     C("model.args the factory does not take", MODULE, REFUSED, factory(
         "good", **{"model.args.width": 16}), factory_named("good"), "width"),

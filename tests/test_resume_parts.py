@@ -89,7 +89,8 @@ def test_resume_refuses_another_explicit_thread_count(tmp_path, capsys, kill_run
     code = main(["train", "--config", str(path), "--resume", "--threads", "2"])
     out, err = capsys.readouterr()
     assert code == 2
-    assert_one_line_error(out, err, "cannot resume", "run.threads=2", "ran on 1 torch thread",
+    assert_one_line_error(out, err, "cannot resume", "with --threads 2: its epochs",  # typed
+                          "ran on 1 torch thread",
                           "--threads 1", "--force")
     with pytest.raises(RunRecordError, match="ran on 1 torch thread"):
         Trainer(config.replace(**{"run.threads": 2})).run(resume=True)  # the Python API too

@@ -82,6 +82,59 @@ def test_a_run_taken_over_is_listed_as_taken_over_until_its_holder_writes(
     assert entry["seconds"] > 0
 
 
+def _held_by_another_process(tmp_path: Path) -> tuple[RunConfig, Path]:
+    """A 1-epoch run whose folder "another process" (:data:`OTHER_PID`, alive) has claimed,
+    its entry (``trained``, by other.toml) in the summary file."""
+    import socket
+
+    config = tiny(tmp_path)
+    run_dir = plan_run(config).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / CLAIM_FILE).write_text(json.dumps({"pid": OTHER_PID,
+                                                  "host": socket.gethostname(),
+                                                  "time": "now", "token": "the-other"}))
+    write_summary(tmp_path / SUMMARY_FILE, {"schema": SUMMARY_SCHEMA, "runs": [
+        {"run_id": run_dir.name, "status": "running", "error": None, "action": "trained",
+         "seconds": 0.0, "written_by": "other.toml"}]}, reported_status)
+    return config, run_dir
+
+
+def test_a_run_held_elsewhere_for_the_whole_sweep_keeps_the_holders_entry(tmp_path):
+    """Busy here until its holder finished it: the sweep wrote ``skipped`` (0 s, by
+    itself) over the entry of the process that trained it."""
+    from creditaudit.run.trainer import train
+
+    config, run_dir = _held_by_another_process(tmp_path)
+
+    def the_other_process(state, outcome):
+        if outcome is None or outcome["status"] != "busy":
+            return
+        (run_dir / CLAIM_FILE).unlink()  # it trains the run, and releases it
+        train(config, force=True)
+        write_summary(tmp_path / SUMMARY_FILE, {"schema": SUMMARY_SCHEMA, "runs": [
+            {"run_id": run_dir.name, "status": "completed", "error": None,
+             "action": "trained", "seconds": 1.5, "written_by": "other.toml"}]},
+            reported_status)
+
+    result = run_sweep([config], InlineExecutor(), poll_seconds=0.01,
+                       on_progress=the_other_process, written_by="mine.toml")
+    [own] = result.summary["runs"]
+    assert (own["action"], own["status"]) == ("skipped", "completed")  # what it did here
+    [entry] = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
+    assert (entry["action"], entry["written_by"], entry["status"], entry["seconds"]) == (
+        "trained", "other.toml", "completed", 1.5)
+
+
+def test_a_run_still_held_when_the_sweep_ends_keeps_the_holders_entry_as_busy(tmp_path):
+    config, run_dir = _held_by_another_process(tmp_path)
+    result = run_sweep([config], InlineExecutor(), wait_for_others=False,
+                       written_by="mine.toml")
+    assert result.summary["runs"][0]["status"] == "busy"
+    [entry] = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
+    assert (entry["action"], entry["written_by"], entry["status"]) == (
+        "trained", "other.toml", "busy")
+
+
 # --- 2. a logger failing after the record is final ----------------------------------------
 def test_a_logger_failing_after_the_final_record_counts_completed_everywhere(
         tmp_path, monkeypatch, capsys):
@@ -152,3 +205,58 @@ def test_the_stacks_of_runs_that_do_not_stack_are_said_plainly(tmp_path):
                        tiny(tmp_path, **{"method.name": "fa-linear"})], [])
     assert describe_stacks(plans[:1], 3) == "nothing to stack: 1 run alone"
     assert describe_stacks(plans, 3) == "nothing to stack: 2 runs alone"
+
+
+# --- 6. a stacked run's logger failing after the record is final -------------------------
+def test_a_stacked_runs_logger_failing_after_its_final_record_is_noted(tmp_path, monkeypatch):
+    """In a --stack, the logger's error of a run whose record was final was lost: the run
+    was completed with no error (as the others), where a run trained alone notes it."""
+    import creditaudit.run.stacked as stacked
+    from creditaudit.run.plan import run_id
+    from test_stacked import configs
+    from test_stacked_loggers import BreaksOnce
+
+    runs = configs(tmp_path, "dfa")
+    failing = run_id(runs[1])
+    build = stacked.build_loggers
+
+    def with_a_broken_logger(config, rid):  # noqa: ANN001, ANN202
+        built = build(config, rid)
+        if rid == failing:
+            built.loggers.append(BreaksOnce("finish"))
+        return built
+
+    monkeypatch.setattr(stacked, "build_loggers", with_a_broken_logger)
+    result = run_sweep(runs, InlineExecutor(), stack=3)
+    by_id = {o["run_id"]: o for o in result.outcomes}
+    assert [o["status"] for o in result.outcomes] == ["completed"] * 3
+    said = "its record is final; raised after it: logger BreaksOnce.finish raised ValueError"
+    assert by_id[failing]["error"].startswith(said), by_id[failing]
+    assert all(o["error"] is None for i, o in by_id.items() if i != failing)
+    entries = {e["run_id"]: e for e in json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]}
+    assert entries[failing]["status"] == "completed"
+    assert entries[failing]["error"].startswith(said)
+
+
+def test_a_run_alone_in_a_stack_whose_logger_fails_after_its_record_is_not_failed(
+        tmp_path, monkeypatch):
+    """A run of a stack that steps alone (here: every run, as for a model with buffers)
+    whose logger raised after its final record came back ``failed`` (its record:
+    completed), where a stacked run's error is raised once every run has ended, or kept in
+    ``after_record``."""
+    import creditaudit.run.stacked as stacked
+    from creditaudit.run.plan import run_id
+    from creditaudit.run.stacked import train_stacked
+    from test_stacked import configs
+    from test_stacked_loggers import BreaksOnce
+
+    monkeypatch.setattr(stacked, "stack_refusal", lambda rule: "it steps alone (the test)")
+    runs = configs(tmp_path / "a", "dfa")[:2]
+    with pytest.raises(GuestError, match=r"^logger BreaksOnce\.finish raised ValueError"):
+        train_stacked(runs, loggers=[BreaksOnce("finish")])
+    runs = configs(tmp_path / "b", "dfa")[:2]
+    kept: dict = {}
+    results = train_stacked(runs, loggers=[BreaksOnce("finish")], after_record=kept)
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert list(kept) == [run_id(runs[0])]
+    assert str(kept[run_id(runs[0])]).startswith("logger BreaksOnce.finish raised ValueError")

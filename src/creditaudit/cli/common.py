@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from creditaudit.config import (
@@ -224,7 +226,21 @@ def _rebuild_refusal(path: str) -> str | None:
     return rebuild_refusal(record, record_path(path).parent)
 
 
+# Config key → (the value a flag gave it, the flag as the command line spelled it:
+# ``"model.d": (30, "--width 30")``), for the keys the command line's flags set.
+FlagsGiven = Mapping[str, tuple[Any, str]]
+
+
 def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    """The run config of ``args`` (``--config``, the flags, ``--set``, then
+    ``CREDITAUDIT_SET``); a refusal of a value a flag gave names the flag."""
+    return config_and_flags(args, base)[0]
+
+
+def config_and_flags(args: argparse.Namespace, base: RunConfig | None = None
+                     ) -> tuple[RunConfig, FlagsGiven]:
+    """:func:`config_from_args`, and the keys its flags set (:data:`FlagsGiven`), by which
+    :func:`in_flags` spells a later refusal (one raised while the run is planned)."""
     config = config_file(args.config) if args.config else (base or RunConfig())
     flags = {key: flag for flag, key, _ in SHORTCUTS}
     flags.update({key: flag for flag, key, _, _ in SWITCHES})
@@ -243,6 +259,7 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
         overrides["model.arch"], _, overrides["model.factory"] = arch.partition(":")
         flags["model.factory"] = "--arch"
         given["model.factory"] = given["model.arch"]
+    typed = {key: (overrides[key], flag) for key, flag in given.items()}
     for item in args.set:
         key, value = parse_override(item)
         if key in overrides and key in flags and not _same_value(overrides[key], value):
@@ -254,7 +271,19 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None) ->
     except ConfigError as err:
         raise ConfigError(named_by_flag(str(err), given)) from None
     shrink = env_overrides()
-    return apply_where_read(config, shrink) if shrink else config
+    return (apply_where_read(config, shrink) if shrink else config), typed
+
+
+def in_flags(message: str, typed: FlagsGiven) -> str:
+    """``message``, a refusal raised once the config was built (while its run is planned),
+    with each ``key=value`` that a flag of ``typed`` gave spelled as that flag
+    (``model.d=30 is not divisible …`` → ``--width 30 is not divisible …``); a key with
+    another value (advice: ``such as model.arch='resmlp'``) is left as it is."""
+    for key, (value, flag) in typed.items():
+        for spelled in dict.fromkeys((repr(value), str(value))):
+            message = re.sub(re.escape(f"{key}={spelled}") + r"(?!\w|\.\d)",
+                             lambda _, flag=flag: flag, message)
+    return message
 
 
 def named_by_flag(message: str, given: dict[str, str]) -> str:

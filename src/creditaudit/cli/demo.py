@@ -10,11 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from creditaudit.cli.common import add_device_options, env_overrides, folder, whole_number
+from creditaudit.cli.common import (
+    FlagsGiven,
+    add_device_options,
+    env_overrides,
+    folder,
+    in_flags,
+    whole_number,
+)
 from creditaudit.cli.run_watch import RunWatch
 from creditaudit.cli.sweep_output import as_reported
 from creditaudit.config import MAX_SEED, RunConfig, apply_where_read, device_overrides
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 from creditaudit.report import format_run_summary
 
@@ -66,6 +73,10 @@ def demo_config(method: str, *, epochs: int, n_train: int, out_dir: str, seed: i
     return RunConfig().replace(**overrides)
 
 
+# The demo's flags that have a default value (the others: None, not given).
+DEFAULTS: dict[str, Any] = {"dataset": "mnist1d", "seed": 42}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo", help=f"BP, FA, DFA and frozen blocks on MNIST-1D ({MEASURED_SECONDS} s on 2 "
@@ -77,14 +88,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "method's margin over frozen blocks (diagnostic (d)).")
     parser.add_argument("--out", default="runs/demo", type=folder,
                         help="results folder (default runs/demo)")
-    parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default="mnist1d",
+    parser.add_argument("--dataset", choices=tuple(DEMO_TASKS), default=DEFAULTS["dataset"],
                         help="mnist1d (default) or synthetic (the teacher–student task)")
     parser.add_argument("--epochs", type=whole_number(0), default=None,
                         help="epochs per method (default 8)")
     parser.add_argument("--n-train", type=whole_number(1), default=None,
                         help="training samples (default 32000 for mnist1d, 20000 for "
                              "synthetic)")
-    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=42,
+    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=DEFAULTS["seed"],
                         help="seed (default 42)")
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel single-thread runs (default: number of cores, at most "
@@ -143,6 +154,21 @@ def check_sample_counts(args: argparse.Namespace, data: DataConfig,
     spec = dataset_spec(data.name)(data)
     check_data_fits(task.label, spec.sizes(), spec.input_shape(),
                     fix=f"use a smaller --n-train (the demo also tests on {data.n_test:,})")
+
+
+# (flag, the argparse attribute, the config key it sets) of the demo's flags that set one.
+DEMO_FLAGS = (("--dataset", "dataset", "data.name"), ("--epochs", "epochs", "optim.epochs"),
+              ("--n-train", "n_train", "data.n_train"), ("--seed", "seed", "run.seed"),
+              ("--device", "device", "run.device"), ("--precision", "precision",
+                                                     "run.precision"))
+
+
+def demo_flags(args: argparse.Namespace) -> FlagsGiven:
+    """The config keys the demo's flags given set (a flag at its default is not given),
+    with their values and spelling (``"run.seed": (7, "--seed 7")``), by which a refusal of
+    its planning names them."""
+    return {key: (value, f"{flag} {value}") for flag, attr, key in DEMO_FLAGS
+            if (value := getattr(args, attr, None)) not in (None, DEFAULTS.get(attr))}
 
 
 def demo_executor(workers: int | None, n_runs: int) -> Any:
@@ -218,11 +244,15 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.files.safe_files import ensure_folder
     from creditaudit.run.setup import resolve_device
 
-    resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one line,
-    ensure_folder(out)                      # before any data is generated
-    # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
-    # makes the four one run, trained and shown once).
-    plans = unique_plans(plan_runs(configs, ("method.name",)))
+    try:  # planning's refusals name config keys: say the demo's flags instead
+        resolve_device(configs[0].run.device)  # a missing GPU or a file in the way: one
+        ensure_folder(out)                     # line, before any data is generated
+        # Every run planned before any trains; one per run id (CREDITAUDIT_SET=method.name=bp
+        # makes the four one run, trained and shown once).
+        plans = unique_plans(plan_runs(configs, ("method.name",)))
+    except CreditAuditError as err:
+        err.args = (in_flags(str(err), demo_flags(args)), *err.args[1:])
+        raise
     # Load (generate) the data once here, not in every worker: generated data are cached,
     # so the parallel runs read the cache.
     plan = plans[0]

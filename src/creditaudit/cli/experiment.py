@@ -104,15 +104,11 @@ def choices_of(args: argparse.Namespace):  # noqa: ANN201 - a Choices
 def check_data_dir(args: argparse.Namespace) -> None:
     """Refuse --data-dir for a generated dataset (the scale's or --dataset's), which reads no
     folder — the experiment ignored it; train refuses it the same way."""
-    if args.data_dir is None or args.scale is None:
+    if args.scale is None:
         return
-    from creditaudit.data import dataset_spec
-    from creditaudit.study.experiments.configs import scale_dataset
+    from creditaudit.study.experiments.runner import check_data_dir as refuse_data_dir
 
-    name = scale_dataset(args.scale, args.dataset)
-    if dataset_spec(name).kind == "generated":
-        raise ConfigError(f"--data-dir {args.data_dir}: the dataset {name} is generated from "
-                          "its seed, not read from a folder: drop --data-dir")
+    refuse_data_dir(args.scale, args.dataset, args.data_dir)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from creditaudit.cli.common import add_config_options, config_from_args, refuse_together
+from creditaudit.cli.common import add_config_options, config_and_flags, in_flags, refuse_together
 from creditaudit.config import config_to_toml
+from creditaudit.errors import CreditAuditError
 from creditaudit.report import format_run_summary
 
 
@@ -37,11 +38,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from creditaudit.run.trainer import train
 
-    config = config_from_args(args)
+    config, typed = config_and_flags(args)
     if args.print_config:
         print(config_to_toml(config), end="")
         return 0
-    result = train(config, resume=args.resume, force=args.force)
+    try:
+        result = train(config, resume=args.resume, force=args.force)
+    except CreditAuditError as err:  # planning's refusals name keys: say the flags typed
+        err.args = (in_flags(str(err), typed), *err.args[1:])
+        raise
     print(format_run_summary([result.record]))
     print(f"record: {result.run_dir / 'record.json'}")
     return 0 if result.status in ("completed", "diverged") else 1

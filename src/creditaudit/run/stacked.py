@@ -135,7 +135,8 @@ def _own_rng(states: dict[int, torch.Tensor], trainer: Trainer) -> Iterator[None
 
 def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = False,
                   force: bool | Sequence[bool] = False,
-                  loggers: Sequence[RunLogger] = ()) -> list[RunResult]:
+                  loggers: Sequence[RunLogger] = (),
+                  after_record: dict[str, Exception] | None = None) -> list[RunResult]:
     """Train ``configs`` as one stack; one result per config, in order. Each is a run's
     config, or its plan (a sweep worker's: not planned again).
 
@@ -150,13 +151,13 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     run's start (its checkpoint read), its evaluation or end-of-run block, or its loggers
     (``loggers`` go to every run: :func:`~creditaudit.loggers.current_run_id` tells them
     which run a call is for) fails that run alone; a logger's error in ``finish`` or
-    ``close`` of a run that completed is raised once every run has ended. ConfigError when
-    the configs
-    differ in more than :data:`VARYING` or list one run twice; RunRecordError as
-    :func:`train` raises it; both before anything trains. Torch's settings are as
-    :func:`train` has them; the caller's settings, thread count and random streams are back
-    afterwards. Each run's folder is held as :func:`train` holds it (RunBusyError while
-    another process holds one, before anything trains).
+    ``close`` of a run that completed is raised once every run has ended — or, with an
+    ``after_record`` dict, kept there under its run's id (the first of each run) and not
+    raised. ConfigError when the configs differ in more than :data:`VARYING` or list one
+    run twice; RunRecordError as :func:`train` raises it; both before anything trains.
+    Torch's settings are as :func:`train` has them; the caller's settings, thread count and
+    random streams are back afterwards. Each run's folder is held as :func:`train` holds it
+    (RunBusyError while another process holds one, before anything trains).
     """
     first = configs[0] if configs else None
     device = first.config.run.device if isinstance(first, RunPlan) else (
@@ -168,12 +169,13 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
         with ExitStack() as held:
             for plan in plans:
                 held.enter_context(holding_run(plan.run_dir))
-            return _train_stacked(plans, resume=resume, force=force, loggers=loggers)
+            return _train_stacked(plans, resume=resume, force=force, loggers=loggers,
+                                  after_record=after_record)
 
 
 def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
-                   force: bool | Sequence[bool], loggers: Sequence[RunLogger]
-                   ) -> list[RunResult]:
+                   force: bool | Sequence[bool], loggers: Sequence[RunLogger],
+                   after_record: dict[str, Exception] | None) -> list[RunResult]:
     n = len(plans)
     resumes = [resume] * n if isinstance(resume, bool) else list(resume)
     forces = [force] * n if isinstance(force, bool) else list(force)
@@ -193,7 +195,9 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
              or len(t.train_loader) != len(trainers[0][1].train_loader)]
     stacked = [item for item in trainers if item not in alone]
     started: list[Trainer] = []
-    logger_errors: list[Exception] = []  # raised once every run has ended (the first)
+    # (run id, error) of loggers that raised after a final record: raised once every run
+    # has ended (the first), or handed to after_record
+    logger_errors: list[tuple[str, Exception]] = []
     try:
         for index, trainer, resume_run in list(stacked):
             with _own_rng(rng, trainer):
@@ -237,9 +241,15 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
             except DiskFullError:
                 raise
             except Exception as err:  # noqa: BLE001 — recorded by run(); the rest train on
-                results[index] = _failed(trainer, err)
-    if logger_errors:
-        raise logger_errors[0]
+                if trainer.record.is_finished:  # a logger's finish or close, after it
+                    logger_errors.append((trainer.run_id, err))
+                    results[index] = RunResult(trainer.run_dir, trainer.record, trainer.rule)
+                else:
+                    results[index] = _failed(trainer, err)
+    if logger_errors and after_record is None:
+        raise logger_errors[0][1]
+    for run_id, err in logger_errors:
+        after_record.setdefault(run_id, err)  # type: ignore[union-attr]
     return [results[i] for i in range(n)]
 
 
@@ -311,7 +321,7 @@ def epoch_runner(group: list[Trainer]) -> StackedEpochs | AloneEpochs:
 
 
 def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
-                 logger_errors: list[Exception]) -> list[RunResult]:
+                 logger_errors: list[tuple[str, Exception]]) -> list[RunResult]:
     """Train runs that all start at the same epoch (their ``_start`` done). A logger's
     error in ``finish`` or ``close`` of a run that ended goes to ``logger_errors``: the
     run's record is final, and the others train on."""
@@ -334,12 +344,12 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
             trainer.loggers.finish(trainer.record)
         except Exception as err:  # noqa: BLE001 — kept for the caller, as train() raises it
             trainer.loggers.close_quietly()
-            logger_errors.append(err)
+            logger_errors.append((trainer.run_id, err))
             return
         try:
             trainer.loggers.close()
         except Exception as err:  # noqa: BLE001 — as above
-            logger_errors.append(err)
+            logger_errors.append((trainer.run_id, err))
 
     try:
         for epoch in range(group[0].start_epoch, group[0].config.optim.epochs + 1):

@@ -231,6 +231,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     by_id = {plan.run_id: plan for plan in plans}
     outcomes: dict[str, Outcome] = {}
+    # runs another process held for the whole sweep: their summary entries are the holder's
+    held: set[str] = set()
     state = SweepState(total=len(plans), slots=executor.slots)
 
     def report(outcome: Outcome | None) -> None:
@@ -256,6 +258,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
         if before is not None and before.get("action") == TAKEN_OVER:
             outcome: Outcome = {**before, "status": row["status"]}
         else:
+            held.add(row["run_id"])  # busy here until its holder finished it
             outcome = new_outcome(row["run_id"], status=row["status"],
                                   action=left_alone(row["status"]))
             outcome["error"] = row["error"]
@@ -305,7 +308,8 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                             written_by=written_by)
     path = out_dir / SUMMARY_FILE
     # merged with the runs other sweeps and experiments listed in it (run at once, or before)
-    write_summary(path, summary, reported_status)
+    held.update(o["run_id"] for o in ordered if o["action"] == "busy" and o["run_id"])
+    write_summary(path, summary, reported_status, held)
     return SweepResult(ordered, summary, path, plans)
 
 

@@ -5,7 +5,8 @@ folder, merged — two invocations on one folder (two experiments, an experiment
 The file is read, merged and replaced under a lock on the folder
 (:func:`~creditaudit.files.folder_lock.folder_lock`), atomically: the runs an invocation
 ended or left replace their own entries (a run taken over from it keeps the entry of the
-process that took it over: :func:`merged_summary`), the entries of other runs stay — their
+process that took it over, and a run another process held all along that process's entry:
+:func:`merged_summary`), the entries of other runs stay — their
 status read again from their records and claims (:func:`_as_recorded`) — and
 ``n_runs`` and ``counts`` are of all of them. Each entry's ``written_by`` names the
 invocation that wrote it (none in entries written before it was added); the other
@@ -15,7 +16,7 @@ writer's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,16 +81,18 @@ def _as_recorded(entry: dict[str, Any], out_dir: Path, status_of: StatusFn
 
 
 def merged_summary(summary: dict[str, Any], earlier: list[dict[str, Any]], out_dir: Path,
-                   status_of: StatusFn) -> dict[str, Any]:
+                   status_of: StatusFn, held: Collection[str] = ()) -> dict[str, Any]:
     """``summary`` (one invocation's) with the ``earlier`` entries of other runs kept, in
     their order, before its own; ``n_runs`` and ``counts`` of all. An invocation writes the
     entries of the runs it ended or left: a run another process took over from it
-    (:data:`~creditaudit.sweep.outcome.TAKEN_OVER`) keeps the entry that process (or an
-    earlier invocation) wrote, its status read again; this invocation's only where there
-    is none."""
+    (:data:`~creditaudit.sweep.outcome.TAKEN_OVER`), or one of ``held`` (run ids another
+    process held for the whole invocation, which never claimed them), keeps the entry that
+    process (or an earlier invocation) wrote, its status read again; this invocation's only
+    where there is none."""
     listed = {run["run_id"] for run in earlier}
     yielded = {run["run_id"] for run in summary["runs"]
-               if run.get("action") == TAKEN_OVER and run["run_id"] in listed}
+               if (run.get("action") == TAKEN_OVER or run["run_id"] in held)
+               and run["run_id"] in listed}
     own = {run["run_id"] for run in summary["runs"]} - yielded
     runs = [_as_recorded(run, out_dir, status_of) for run in earlier
             if run["run_id"] not in own] + [run for run in summary["runs"]
@@ -100,13 +103,15 @@ def merged_summary(summary: dict[str, Any], earlier: list[dict[str, Any]], out_d
     return {**summary, "n_runs": len(runs), "counts": counts, "runs": runs}
 
 
-def write_summary(path: Path, summary: dict[str, Any], status_of: StatusFn) -> None:
+def write_summary(path: Path, summary: dict[str, Any], status_of: StatusFn,
+                  held: Collection[str] = ()) -> None:
     """Write ``summary`` (one invocation's: ``schema``, ``runs``, …) into the summary file
-    at ``path``, merged with the runs already listed there (:func:`merged_summary`), under
-    a lock on its folder and atomically."""
+    at ``path``, merged with the runs already listed there (:func:`merged_summary`; ``held``:
+    the runs another process held all along), under a lock on its folder and atomically."""
     with folder_lock(path.parent):
         earlier = _earlier_runs(path, summary["schema"])
-        atomic_write_json(path, merged_summary(summary, earlier, path.parent, status_of))
+        atomic_write_json(path, merged_summary(summary, earlier, path.parent, status_of,
+                                               held))
 
 
 __all__ = ["merged_summary", "write_summary"]

@@ -60,6 +60,13 @@ def write_failed_record(config: RunConfig, run_dir: Path, error: str) -> None:
 AFTER_THE_RECORD = "its record is final; raised after it"
 
 
+def after_the_record(err: BaseException) -> str:
+    """The outcome's error of a stacked run whose record was final when ``err`` was raised
+    (a logger's ``finish`` or ``close``), as :func:`_failed` notes it for a run alone:
+    :data:`AFTER_THE_RECORD`, then the guest it came out of, or its type and message."""
+    return f"{AFTER_THE_RECORD}: {guest_failure(err) or f'{type(err).__name__}: {err}'}"
+
+
 def _taken_over(run: ClaimedRun) -> bool:
     """Whether another process broke the run's claim (this worker was stopped for longer
     than that one's --stale-after): the run is then that process's, ``busy`` in the outcome
@@ -205,6 +212,7 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                        fingerprint=f) for c, r, f in zip(config_dicts, run_ids, prints,
                                                           strict=True)]
     runs = [run for _, run in begun if run is not None]
+    after_record: dict[str, Exception] = {}  # a logger's error once the run's record was final
     try:
         if runs:
             try:
@@ -214,11 +222,15 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                     results = train_stacked(
                         [run.plan for run in runs],
                         resume=[run.kwargs.get("resume", False) for run in runs],
-                        force=[run.kwargs.get("force", False) for run in runs])
+                        force=[run.kwargs.get("force", False) for run in runs],
+                        after_record=after_record)
                 for run, result in zip(runs, results, strict=True):
                     # a run taken over in the stack failed there, writing nothing: busy
                     if result.record.is_finished or not _taken_over(run):
                         run.outcome.update(status=result.status, error=result.record.error)
+                        if run.plan.run_id in after_record:  # noted, as for a run alone
+                            run.outcome["error"] = after_the_record(
+                                after_record[run.plan.run_id])
                         if result.status == "failed" and disk_status(run.run_dir)[0] is None:
                             # failed before its first record: recorded, as alone
                             _record_failure(run, str(result.record.error))

@@ -15,6 +15,8 @@ CHOICES_FIELD = {"rules": "rules", "arch": "archs"}
 # How to summarise the runs again without training any.
 SUMMARISE_AGAIN = Option("run the same command with --no-train",
                          "call it again with train=False")
+# Summarising only, training nothing.
+NO_TRAIN = Option("--no-train", "train=False")
 LIST = Option("creditaudit experiment --list",
               "get_experiment(name).takes and .refuses")
 
@@ -30,9 +32,9 @@ def chosen(option: str, names: Sequence[str] | None = None) -> str:
 
 
 def argument(name: str) -> str:
-    """A plain option of the command (``dataset``, ``workers``), as the caller spells it:
-    ``--workers``, or the argument's name ``workers``."""
-    return f"--{name}" if on_command_line() else name
+    """A plain option of the command (``dataset``, ``data_dir``), as the caller spells it:
+    ``--data-dir``, or the argument's name ``data_dir``."""
+    return f"--{name.replace('_', '-')}" if on_command_line() else name
 
 
-__all__ = ["CHOICES_FIELD", "LIST", "SUMMARISE_AGAIN", "argument", "chosen"]
+__all__ = ["CHOICES_FIELD", "LIST", "NO_TRAIN", "SUMMARISE_AGAIN", "argument", "chosen"]

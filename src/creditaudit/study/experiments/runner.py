@@ -36,7 +36,13 @@ from creditaudit.run.resume import other_runs_record
 from creditaudit.study.experiments.aggregate import aggregate
 from creditaudit.study.experiments.configs import scale_dataset
 from creditaudit.study.experiments.execution import execution_counts
-from creditaudit.study.experiments.options import LIST, SUMMARISE_AGAIN, argument, chosen
+from creditaudit.study.experiments.options import (
+    LIST,
+    NO_TRAIN,
+    SUMMARISE_AGAIN,
+    argument,
+    chosen,
+)
 from creditaudit.study.experiments.registry import (
     NO_CHOICES,
     Choices,
@@ -120,6 +126,36 @@ def check_executor(kind: str, workers: int | None) -> None:
         raise ConfigError(f"{argument('workers')} {workers} is for the local executor; the "
                           "inline one trains one run after another in this process: drop "
                           f"{argument('workers')}, or use the local executor")
+
+
+def check_training_options(train: bool, *, retry_failed: bool, workers: int | None,
+                           executor: str, device: str | None) -> None:
+    """Refuse, when nothing trains (``train=False``), an option that only says how to train
+    (``retry_failed``, ``workers``, an ``executor`` other than local, ``device``): it would
+    be ignored. The command line refuses the same flags with --no-train."""
+    if train:
+        return
+    given = [name for name, on in (("retry_failed", retry_failed),
+                                   ("workers", workers is not None),
+                                   ("executor", executor != "local"),
+                                   ("device", device is not None)) if on]
+    if given:
+        raise ConfigError(f"{argument(given[0])} only says how to train, and {NO_TRAIN} "
+                          f"trains nothing: drop {argument(given[0])}")
+
+
+def check_data_dir(scale: str, dataset: str | None, data_dir: str | None) -> None:
+    """Refuse a ``data_dir`` for a generated dataset (the scale's or ``dataset``), which
+    reads no folder: it would be ignored (train refuses it the same way)."""
+    if data_dir is None:
+        return
+    from creditaudit.data import dataset_spec
+
+    name = scale_dataset(scale, dataset)
+    if dataset_spec(name).kind == "generated":
+        raise ConfigError(f"{argument('data_dir')} {data_dir}: the dataset {name} is "
+                          "generated from its seed, not read from a folder: drop "
+                          f"{argument('data_dir')}")
 
 
 def check_choices(choices: Choices, experiments: int) -> None:
@@ -287,6 +323,9 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
 
     get_scale(scale)
     check_executor(executor, workers)  # also when every run is finished already
+    check_training_options(train, retry_failed=retry_failed, workers=workers,
+                           executor=executor, device=device)
+    check_data_dir(scale, dataset, data_dir)
     experiments = [get_experiment(name) for name in names]
     check_choices(choices, len(experiments))
     out_dir = Path(out_dir).resolve()

@@ -12,7 +12,8 @@ train it, checkpoint and resume it, and record it.
 - :mod:`~creditaudit.run.recorder`, :mod:`~creditaudit.run.recorder_config`,
   :mod:`~creditaudit.run.recorder_inputs`, :mod:`~creditaudit.run.recorder_finish`: the
   record a run writes, from the command line or from the user's own loop;
-- :mod:`~creditaudit.run.stacked`: several runs of one recipe trained as one stack;
+- :mod:`~creditaudit.run.stacked`: several runs of one recipe trained as one stack
+  (:mod:`~creditaudit.run.stack_groups`: which runs can);
 - :mod:`creditaudit.run.steps`: the stepping both trainers use — stacked steps, epochs of
   them, and steps captured once and replayed (CUDA graphs).
 """

@@ -269,6 +269,14 @@ def test_the_terminal_ln_messages_say_which_way_the_declaration_is_wrong():
         check_model(HidesLN)
 
 
+@pytest.mark.parametrize("name", ["resmlp", "vit", "convmixer"])
+def test_a_built_in_whose_h_L_starts_at_zero_passes_the_terminal_ln_check(name):
+    """residual=False, w2_std=0 and no terminal LayerNorm: every state after h_0 is exactly 0
+    at init, which scaling leaves as it is; the suite read the readout as hiding a LayerNorm."""
+    options = {"residual": False, "out_ln": False, "w2_std": 0.0}
+    check_model(ARCHITECTURES.get(name), options)
+
+
 def test_image_architectures_refuse_flat_features_with_a_config_error():
     for name in ("vit", "convmixer"):
         cls = ARCHITECTURES.get(name)

@@ -144,6 +144,33 @@ def test_a_declared_terminal_ln_is_kept_when_the_probe_agrees_and_must_be_a_bool
         adapt(net, ["embed", "block"], input_shape=(6,), terminal_ln="yes")
 
 
+class ZeroLastState(nn.Module):
+    """h_L is the output of a zero-initialised Linear (no skip): exactly 0 at init; the head
+    is a plain Linear, or reads h_L through a LayerNorm."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.embed, self.block = nn.Linear(6, 8), nn.Linear(8, 8)
+        nn.init.zeros_(self.block.weight)
+        nn.init.zeros_(self.block.bias)
+        self.norm, self.head = norm, nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.norm(self.block(torch.relu(self.embed(x)))))
+
+
+@pytest.mark.parametrize("norm,expected", [(nn.Identity(), False), (nn.LayerNorm(8), True)])
+def test_terminal_ln_is_probed_where_h_L_starts_at_exactly_zero(norm, expected):
+    """A zero h_L scales to itself: the probe read every such readout as normalising h_L (a
+    record saying terminal_ln true of a network without a LayerNorm, and a declared
+    terminal_ln=False refused)."""
+    net = seeded(lambda: ZeroLastState(norm))
+    model = adapt(net, ["embed", "block"], input_shape=(6,))
+    assert model.terminal_ln is expected and model.describe().terminal_ln is expected
+    assert adapt(net, ["embed", "block"], input_shape=(6,),
+                 terminal_ln=expected).terminal_ln is expected
+
+
 def test_on_the_meta_device_adapt_learns_the_shapes_without_values():
     real = adapt(resnet(), RESNET_STATES, input_shape=IMAGE).describe()
     with torch.device("meta"):

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
 from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
+from creditaudit.models.contract import without_zero_samples
 from creditaudit.models.direct_uses import DirectUses
 
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
@@ -240,11 +241,12 @@ class AdaptProbe:
 
     def _readout_is_scale_invariant(self, x: Tensor) -> bool:
         """Whether the logits stay put when h_L is scaled by 4: a readout that normalises
-        h_L. Each sample's h_L is first brought to unit RMS, where a LayerNorm's eps is
+        h_L. Each sample's h_L (a fixed random one where it is exactly zero, which scaling
+        leaves as it is) is first brought to unit RMS, where a LayerNorm's eps is
         negligible (~1e-5) and a saturating nonlinearity (tanh) is not saturated yet."""
         with torch.no_grad():
             states, _ = self._trace(x, detach=True, leaf=False)
-            h = states[-1]
+            h = without_zero_samples(states[-1])
             rms = h.flatten(1).pow(2).mean(dim=1).sqrt().clamp_min(1e-12)
             h = h / rms.view(-1, *([1] * (h.dim() - 1)))
             base = self.forward_from(self.n_blocks, h)

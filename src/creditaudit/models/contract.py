@@ -125,6 +125,20 @@ def summary_vectors(state: Tensor) -> Tensor:
     )
 
 
+def without_zero_samples(h: Tensor) -> Tensor:
+    """``h`` ``(B, …)`` with each sample whose values are all exactly zero replaced by a fixed
+    standard-normal draw (its own generator: no random stream moves). A zero state scales to
+    itself, so a probe of what the readout does with a scaled h_L learns nothing from it: a
+    network whose h_L starts at exactly zero (a zero-initialised last layer, no skip) would
+    read as one whose readout normalises h_L."""
+    zero = h.flatten(1).eq(0).all(dim=1)
+    if not bool(zero.any()):
+        return h
+    generator = torch.Generator(device=h.device).manual_seed(0)
+    drawn = torch.randn(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+    return torch.where(zero.view(-1, *([1] * (h.dim() - 1))), drawn, h)
+
+
 def feature_rows(state: Tensor) -> Tensor:
     """The state with its feature axis last: ``(B, d)`` and ``(B, T, d)`` unchanged,
     ``(B, d, H, W)`` maps → ``(B, H·W, d)`` (one row of d features per position)."""

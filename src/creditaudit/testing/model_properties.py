@@ -19,6 +19,7 @@ from creditaudit.models.contract import (
     feature_rows,
     readout_parameters,
     split_branch,
+    without_zero_samples,
 )
 from creditaudit.models.registry import build_architecture
 from creditaudit.testing.common import (
@@ -227,7 +228,7 @@ def terminal_ln_is_what_the_readout_does(cls: type[Architecture], options: Any,
     model = _build(cls, options, input_shape).eval()
     with torch.no_grad():
         states, _ = model.forward_states(_inputs(model))
-        h = states[-1]
+        h = without_zero_samples(states[-1])
         # A large scale makes a LayerNorm's eps negligible (relative effect ~1e-11).
         c = 1e3 / float(h.abs().max().clamp_min(1e-12))
         base, scaled = model.readout(c * h), model.readout(4.0 * c * h)

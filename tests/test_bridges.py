@@ -578,3 +578,21 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, kill_run_at, meth
                    weights_only=False)
     assert_nested_equal(a["model"], b["model"])
     assert_nested_equal(a["rule"], b["rule"])
+
+
+@pytest.mark.parametrize("name", ["state-bridge", "credit-bridge"])
+def test_a_training_step_is_one_step_of_the_auxiliary_net(name):
+    """One AdamW step of ψ / φ per batch and, for the Credit Bridge, one EMA update of V̄:
+    a step that fitted twice would train the bridge at another rate than the recorded
+    bridge_lr / ema_decay, with its credits still the ones it trains on, so no conformance
+    check can tell."""
+    options = {"ema_decay": 0.9} if name == "credit-bridge" else {}
+    rule = rule_for(mlp(), name, **options)
+    (optimizer,) = rule.optimizers().values()
+    target = [p.clone() for p in rule.target.parameters()] if name == "credit-bridge" else []
+    x, y = batch()
+    assert rule.train_step(x, y, torch.optim.SGD(rule.trainable_parameters(), lr=0.0)).finite
+    assert {float(state["step"]) for state in optimizer.state.values()} == {1.0}
+    if target:
+        for p_bar, before, p in zip(rule.target.parameters(), target, rule.value.parameters()):
+            assert torch.allclose(p_bar, 0.9 * before + 0.1 * p, rtol=1e-12, atol=1e-15)

@@ -274,11 +274,13 @@ def frozen_blocks_stay_untouched(cls: type[CreditRule], arch: str = "resmlp") ->
             assert p.grad is None, f"frozen parameter {name} got a gradient"
 
 
-def output_layer_errors(rule: CreditRule, x: Tensor, y: Tensor) -> dict[str, float]:
+def output_layer_errors(rule: CreditRule, x: Tensor, y: Tensor, *, weights: bool = True
+                        ) -> dict[str, float]:
     """After one zero-lr step on ``(x, y)``: for each trainable block whose branch ends in one
     ``nn.Linear``, the relative error of that layer's weight and bias gradients against
     Σ_b a_{l+1,b} ⊗ u_b and Σ_b a_{l+1,b} (see ``blocks_train_on_the_reported_credit``),
-    by parameter name; 1.0 for a gradient the step left out."""
+    by parameter name; 1.0 for a gradient the step left out. ``weights=False``: the biases
+    only."""
     _zero_lr_step(rule, x, y)
     # After the step: a rule that draws per step (brSF) reports the draw that step used.
     credits = rule.credits(x, y)
@@ -294,7 +296,7 @@ def output_layer_errors(rule: CreditRule, x: Tensor, y: Tensor) -> dict[str, flo
             u = hidden(states[index])
             u = u[0] if isinstance(u, tuple) else u
             a = credits[index + 1].to(u.dtype)
-            wants = [(last.weight, torch.einsum("...o,...i->oi", a, u))]
+            wants = [(last.weight, torch.einsum("...o,...i->oi", a, u))] if weights else []
             if last.bias is not None:
                 wants.append((last.bias, a.reshape(-1, a.shape[-1]).sum(0)))
             for param, want in wants:
@@ -312,6 +314,19 @@ def blocks_train_on_the_reported_credit(cls: type[CreditRule], arch: str = "resm
         "the training step does not train the blocks with the credit the rule reports: "
         + ", ".join(f"{name} differs from Σ_b a ⊗ u by {error:.2e} (rel.)"
                     for name, error in list(wrong.items())[:3]))
+
+
+def block_biases_train_on_the_reported_credit(cls: type[CreditRule], arch: str = "resmlp"
+                                              ) -> None:
+    rule = make_rule(cls, arch=arch)
+    errors = output_layer_errors(rule, *tiny_batch(arch=arch), weights=False)
+    wrong = {name: error for name, error in errors.items() if not error < TOLERANCE}
+    assert not wrong, (
+        "the training step does not train the blocks with the credit the rule reports: "
+        + ", ".join(f"{name} differs from Σ_b a by {error:.2e} (rel.)"
+                    for name, error in list(wrong.items())[:3])
+        + " (a bias gradient is the credit summed over the batch, whatever the states the "
+        "step reads)")
 
 
 def _parts(model: Any) -> list[tuple[str, list[Tensor], int]]:

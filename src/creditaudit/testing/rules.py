@@ -49,6 +49,10 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   A rule that reports one credit and trains its blocks with another — or not at all —
   fails it; without it the audit would score a credit that never trained anything. (EP
   declares it an expected failure: it trains at its nudged states, O(β) away);
+- ``block_biases_train_on_the_reported_credit`` (where the check above runs): its bias part
+  alone — the last layer's bias gradient equals Σ_b a_{l+1,b}, which reads no state, so it
+  is exact for EP too. A rule that declares the check above may still not train a block on
+  another credit than it reports (EP's step nudged with −β, or block l fed a_l);
 - ``credited_parts_are_trained`` (every rule, every architecture): after one
   zero-learning-rate step, each trainable part — the embedding, each block; an adapted
   model's segments — whose state the rule reports a non-zero credit for got a non-zero
@@ -159,6 +163,7 @@ from creditaudit.testing.rule_lifecycle import (
     state_dict_round_trips_and_resumes,
 )
 from creditaudit.testing.rule_properties import (
+    block_biases_train_on_the_reported_credit,
     blocks_train_on_the_reported_credit,
     credited_parts_are_trained,
     credits_are_detached_and_shaped_like_the_states,
@@ -179,9 +184,10 @@ from creditaudit.testing.rule_steps import (
 CHECKS: tuple[Callable[..., None], ...] = (
     credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
     local_update_is_the_surrogate_gradient, blocks_train_on_the_reported_credit,
-    credited_parts_are_trained, step_reports_its_batch, step_is_one_optimizer_step,
-    frozen_blocks_stay_untouched, state_dict_round_trips_and_resumes, moves_to_a_device,
-    bf16_step_is_finite, fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
+    block_biases_train_on_the_reported_credit, credited_parts_are_trained,
+    step_reports_its_batch, step_is_one_optimizer_step, frozen_blocks_stay_untouched,
+    state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
+    fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
     stacked_step_is_the_rule_step, local_update_follows_its_options, credits_are_per_sample,
     credits_are_seeded, learned_feedback_is_trained, credits_ignore_batch_position,
     training_ignores_batch_order)
@@ -205,6 +211,8 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
     local_update_follows_its_options:
         lambda cls, arch: cls.local and not tiny_arch(arch).adapted,
     blocks_train_on_the_reported_credit:
+        lambda cls, arch: not cls.local and _has_split_block(arch),
+    block_biases_train_on_the_reported_credit:
         lambda cls, arch: not cls.local and _has_split_block(arch),
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",
     fixed_feedback_stays_fixed: lambda cls, arch: cls.feedback_kind == "fixed_random",

@@ -696,3 +696,21 @@ def test_a_relaxation_that_moves_no_state_is_said_and_has_no_update_cosine(tmp_p
     text = render(audit_run(str(result.run_dir)), "text")
     assert "EP weight update vs BP: cos — (embed, blocks: [—, —, —]" in text
     assert "no relaxation moved a state: every nudged phase returned the free states" in text
+
+
+def test_a_nudge_beyond_float32s_reach_is_refused_and_old_records_keep_theirs() -> None:
+    """ep_beta had no upper bound: at 1e300 a run stopped with "internal error: RuntimeError:
+    value cannot be converted to type float without overflow", at 1e30 it completed with
+    zero credits. Now at most 100, refused in one line; a record keeps what its run used."""
+    from creditaudit.config import config_from_dict
+
+    with pytest.raises(ConfigError, match=r"method\.ep_beta=1e\+300 is out of range; it must "
+                                          r"be <= 100"):
+        RunConfig().replace(**{"method.name": "ep", "method.ep_beta": 1e300})
+    assert RunConfig().replace(**{"method.name": "ep",
+                                  "method.ep_beta": 100.0}).method.ep_beta == 100.0
+    raw = RunConfig().replace(**{"method.name": "ep"}).to_dict()
+    raw["method"]["ep_beta"] = 1e300
+    with pytest.raises(ConfigError, match="out of range"):
+        config_from_dict(raw)
+    assert config_from_dict(raw, strict=False).method.ep_beta == 1e300

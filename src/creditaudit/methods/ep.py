@@ -178,8 +178,9 @@ class EPOptions(RuleOptions):
     ep_beta: float = opt(0.01, "EP: nudging strength β of the cross-entropy term (the credit's "
                          "bias grows with β: at 0.1 even a converged relaxation's weight update "
                          "has cosine ≈ 0.99 with BP's on a fresh d=256 L=4 net, at 0.01 ≈ 0.9999; "
-                         "0.957 on one trained 20 epochs on Fashion-MNIST)",
-                         min=1e-12)
+                         "0.957 on one trained 20 epochs on Fashion-MNIST; at most 100: far "
+                         "larger nudges overflow the float32 relaxation)",
+                         min=1e-12, max=100.0)
     ep_steps: int = opt(20, "EP: steps of the nudged relaxation (each one forward and "
                         "input-gradient pass through the blocks); at least 2 with the CG "
                         "solvers, whose first step is the free states' gradient (at 1 no "

@@ -599,3 +599,31 @@ def test_diagnose_refuses_an_evaluation_set_on_another_device_than_the_model() -
     with pytest.raises(ConfigError, match=r"eval_x and eval_y are on cpu and cpu but the model "
                                           r"is on meta: move them with \.to\('meta'\)"):
         diagnose(model, x, y, metrics=False)
+
+
+@needs_cuda
+def test_a_plugin_diagnostic_reads_a_cuda_runs_evidence_on_the_cpu(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """A plugin that works on CPU tensors only, as the conformance suite gave them (it adds a
+    CPU tensor to the losses and reads the logits through NumPy), in a CUDA run's protocol
+    and its audit on the GPU: it was handed the GPU evidence and failed mid-run."""
+    from creditaudit.audit import audit_run
+    from creditaudit.registry import DIAGNOSTICS, Origin
+    from test_protocol_evidence import HostOnly
+
+    DIAGNOSTICS.names()
+    monkeypatch.setitem(DIAGNOSTICS._plugins, HostOnly.name,
+                        DIAGNOSTICS.validate(HostOnly, "test"))
+    monkeypatch.setitem(DIAGNOSTICS._origins, HostOnly.name,
+                        Origin(builtin=False, distribution="tests"))
+    config = RunConfig().replace(**{
+        **TINY, "method.name": "dfa", "optim.epochs": 1, "run.out_dir": str(tmp_path),
+        "run.device": "cuda", "diagnostics.end_of_run": False,
+        "diagnostics.protocol": ["a", "b", "c", "d", HostOnly.name]})
+    result = Trainer(config).run()
+    assert result.status == "completed", result.record.error
+    seen = result.record.protocol.report["diagnostics"][HostOnly.name]
+    assert seen["status"] == "passed" and seen["details"]["devices"] == ["cpu"]
+    audited = audit_run(str(result.run_dir), device="cuda", metrics=False)
+    assert audited.diagnostic(HostOnly.name).details["devices"] == ["cpu"]
+    assert audited.diagnostic(HostOnly.name).value == pytest.approx(seen["value"], rel=1e-4)

@@ -4,6 +4,7 @@ the contrastive energy difference, block updates are local, and runs resume exac
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -696,6 +697,27 @@ def test_a_relaxation_that_moves_no_state_is_said_and_has_no_update_cosine(tmp_p
     text = render(audit_run(str(result.run_dir)), "text")
     assert "EP weight update vs BP: cos — (embed, blocks: [—, —, —]" in text
     assert "no relaxation moved a state: every nudged phase returned the free states" in text
+
+
+def test_a_relaxation_not_finite_on_the_evaluation_set_is_an_error_not_a_missing_cosine():
+    """A nudged phase that came back NaN made EP's update NaN, and the cosine with BP's None:
+    recorded as "the update had no direction". Now an ep_update_error says why."""
+    from creditaudit.report.protocol import ep_convergence_lines
+
+    def nan_relax(*args, **kwargs):
+        relaxation = relax(*args, **kwargs)
+        relaxation.residuals = [torch.full_like(r, math.nan) for r in relaxation.residuals]
+        return relaxation
+
+    model, (x, y) = mlp(), batch()
+    out = update_agreement(model, x, y, beta=0.01, steps=20, step_size=0.25,
+                           solver="residual-cg", relaxer=nan_relax)
+    assert "ep_update_cos" not in out
+    assert out == {"ep_update_error": "the nudged relaxation on the evaluation set is not "
+                                      "finite (NaN/Inf states or residuals)"}
+    assert ep_convergence_lines(out) == ["EP weight update vs BP: not measured (the nudged "
+                                         "relaxation on the evaluation set is not finite "
+                                         "(NaN/Inf states or residuals))"]
 
 
 def test_a_nudge_beyond_float32s_reach_is_refused_and_old_records_keep_theirs() -> None:

@@ -1,19 +1,22 @@
 """The protocol says no more than its evidence: (b) names LN cancellation only for a stream
 that grew (by the run's own (a) threshold), a saturated softmax only where the logits show
 one, and says in words when every gradient is 0; (d) is not evaluated on an untrained
-network (a 0-epoch run), in the record, `audit`, `report` and `depth_utility_diagnostic`."""
+network (a 0-epoch run), in the record, `audit`, `report` and `depth_utility_diagnostic`; a
+plugin diagnostic reads the evidence on the CPU, as the conformance suite checked it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from creditaudit.audit.checkpoint import audit_run
 from creditaudit.audit.diagnose import diagnose
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, opt
 from creditaudit.models import ResidualMLP
 from creditaudit.protocol import (
     CAUSE_FLOOR,
@@ -23,8 +26,10 @@ from creditaudit.protocol import (
     CAUSE_SATURATION_NO_LN,
     CAUSE_WEAK_HEAD,
     NOT_EVALUATED,
+    DirectionStability,
     Evidence,
     Protocol,
+    ProtocolDiagnostic,
     ReferenceValidity,
     Thresholds,
     depth_utility_diagnostic,
@@ -297,3 +302,102 @@ def test_a_record_with_a_threshold_out_of_todays_range_stays_readable(untrained_
     assert record_report(record, frozen_acc=0.5).thresholds.stability == 1.0
     assert set(record_verdict(record).statuses) == {"a", "b", "c", "d"}
     assert audit_run(run_dir, metrics=False).diagnostic("c").threshold == 1.0
+
+
+# --- a plugin reads its evidence on the CPU -------------------------------------------------
+@dataclass
+class HostOptions:
+    limit: float = opt(1e9, "(h) fires when the summed losses exceed this", min=0.0)
+
+
+class HostOnly(ProtocolDiagnostic[HostOptions]):
+    """A plugin that works on the CPU only (as the conformance suite ran it): it adds a CPU
+    tensor to the evidence's losses and reads its logits through NumPy."""
+
+    name = "h"
+    label = "host only"
+    statistic = "summed losses"
+    operator, threshold = ">", "limit"
+    hint = "never fires"
+    rank = 70
+
+    def __init__(self, options: HostOptions | None = None) -> None:
+        super().__init__(options)
+        self.seen: list[Evidence] = []
+
+    def evaluate(self, evidence):
+        self.seen.append(evidence)
+        value = float((torch.zeros(evidence.losses.shape) + evidence.losses).sum())
+        evidence.logits.numpy()
+        return self.judge(value, f"{value:g}", devices=sorted(
+            {t.device.type for t in (*evidence.grads, evidence.logits, evidence.labels,
+                                     evidence.losses)}))
+
+
+def _evidence(device: str, n: int = 16) -> Evidence:
+    """Evidence of ``n`` samples (too few for (c)'s batches) whose tensors are on
+    ``device``."""
+    tensors = {"logits": torch.zeros(n, 4), "labels": torch.zeros(n, dtype=torch.long),
+               "losses": torch.ones(n)}
+    return Evidence([1.0, 1.1, 1.2], [1e-3, 1e-3, 1e-3], g_L_zero_fraction=0.0,
+                    g_L_nonzero_median=1e-3,
+                    grads=[torch.ones(n, 3, device=device) for _ in range(3)],
+                    **{k: v.to(device) for k, v in tensors.items()},
+                    headline_acc=0.9, frozen_acc=0.5, terminal_ln=True,
+                    initial_hidden_norms=[1.0, 1.0, 1.0])
+
+
+def test_a_plugin_reads_evidence_off_the_cpu_moved_there_once_and_the_builtins_theirs(
+        monkeypatch):
+    """In a CUDA run the protocol handed plugins its GPU evidence: a plugin that passed the
+    conformance suite (CPU evidence) then failed mid-run. The meta device stands in for the
+    GPU, and a stand-in move gives CPU tensors of the same shapes."""
+    import creditaudit.protocol.base as base
+
+    moved: list[torch.Tensor] = []
+
+    def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
+        moved.append(tensor)
+        return torch.ones(tensor.shape, dtype=tensor.dtype)
+
+    monkeypatch.setattr(base, "_to_cpu", to_cpu, raising=False)
+    builtin_seen: list[Evidence] = []
+    real = vars(DirectionStability)["evaluate"]
+
+    def seen_by_c(self, evidence):  # noqa: ANN001, ANN202 - (c)'s own evaluate, watched
+        builtin_seen.append(evidence)
+        return real.__get__(self, DirectionStability)(evidence)
+
+    monkeypatch.setattr(DirectionStability, "evaluate", seen_by_c)
+    first, second = HostOnly(), HostOnly()
+    second.name = "i"
+    protocol = Protocol((*Protocol.default().diagnostics, first, second))
+    evidence = _evidence("meta")
+    results = {r.id: r for r in protocol.evaluate(evidence)}
+    assert results["h"].status == results["i"].status == "passed"
+    assert results["h"].value == 16.0 and results["h"].details["devices"] == ["cpu"]
+    (given,) = builtin_seen  # the built-ins read the evidence as it was
+    assert given.grads is evidence.grads and given.logits is evidence.logits
+    assert given.logits.device.type == "meta"
+    assert first.seen[0] is second.seen[0]  # moved once, for every plugin
+    assert len(moved) == 3 + 3  # the three grads, logits, labels, losses: each once
+    on_cpu = first.seen[0]
+    for name in ("hidden_norms", "grad_norms", "initial_hidden_norms"):
+        assert getattr(on_cpu, name) is getattr(evidence, name)  # non-tensors kept as given
+    assert (on_cpu.headline_acc, on_cpu.terminal_ln, on_cpu.growth_limit) == (0.9, True, 50.0)
+    assert on_cpu.labels.dtype == torch.long and evidence.logits.device.type == "meta"
+
+
+def test_evidence_already_on_the_cpu_is_not_copied_for_a_plugin(monkeypatch):
+    import creditaudit.protocol.base as base
+
+    monkeypatch.setattr(base, "_to_cpu", lambda t: pytest.fail("moved a CPU tensor"),
+                        raising=False)
+    plugin = HostOnly()
+    protocol = Protocol((*Protocol.default().diagnostics, plugin))
+    evidence = _evidence("cpu")
+    protocol.evaluate(evidence)
+    assert plugin.seen[0].grads is evidence.grads and plugin.seen[0].logits is evidence.logits
+    assert evidence.on_cpu() is evidence
+    partly = dataclasses.replace(evidence, grads=None, logits=None)
+    assert partly.on_cpu() is partly

@@ -123,7 +123,9 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
     where either update is exactly zero, which has no direction (a relaxation that moved
     no state gives EP none) — and
     ``ep_eval_relax_grad_ratio`` (‖∇_ρF‖ end / start, mean over the chunks); or
-    ``ep_update_error`` when the model's states are not finite. Leaves ``model`` alone.
+    ``ep_update_error`` when the model's states, or a relaxation's nudged states or
+    residuals, are not finite (EP's update then is no number, not one without direction).
+    Leaves ``model`` alone.
     ``relaxer`` relaxes each chunk, called with :func:`relax`'s arguments (benchmarks pass a
     reference solver).
     """
@@ -146,6 +148,10 @@ def update_agreement(model: ResidualNet, x: Tensor, y: Tensor, *, beta: float, s
             return {"ep_update_error": "non-finite states on the evaluation set"}
         relaxation = relaxer(twin, states, ys, beta=beta, steps=steps, step_size=step_size,
                              solver=solver)
+        if not all(bool(torch.isfinite(t).all())
+                   for t in (*relaxation.deltas, *relaxation.residuals)):
+            return {"ep_update_error": "the nudged relaxation on the evaluation set is not "
+                                       "finite (NaN/Inf states or residuals)"}
         ratios.append(relaxation.grad_ratio)
         credits = credits_from(relaxation, ys.shape[0], beta)
         objective = contrastive_objective(twin, xs, relaxation, credits) * weight

@@ -9,6 +9,7 @@ package derives from :class:`ProtocolDiagnostic` and registers through the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -68,6 +69,35 @@ class Evidence:
     initial_hidden_norms: list[float] | None = None
     trained: bool = True
     growth_limit: float | None = None
+
+    def on_cpu(self) -> Evidence:
+        """This evidence with every tensor on the CPU, as a plugin diagnostic receives it:
+        itself when they all are there already, otherwise a shallow copy whose tensor fields
+        (``grads``' tensors, ``logits``, ``labels``, ``losses``) are moved and whose other
+        fields are the same objects."""
+        moved: dict[str, Any] = {}
+        for name in (f.name for f in dataclasses.fields(self)):
+            value = getattr(self, name)
+            if isinstance(value, Tensor) and _elsewhere(value):
+                moved[name] = _to_cpu(value)
+            elif isinstance(value, list) and any(isinstance(t, Tensor) and _elsewhere(t)
+                                                 for t in value):
+                moved[name] = [_to_cpu(t) if isinstance(t, Tensor) else t for t in value]
+        if not moved:
+            return self
+        copied = copy.copy(self)
+        for name, value in moved.items():
+            setattr(copied, name, value)
+        return copied
+
+
+def _elsewhere(tensor: Tensor) -> bool:
+    return tensor.device.type != "cpu"
+
+
+def _to_cpu(tensor: Tensor) -> Tensor:
+    """``tensor`` on the CPU (itself when it is there)."""
+    return tensor.cpu()
 
 
 OptionsT = TypeVar("OptionsT", covariant=True)

@@ -247,13 +247,21 @@ class Protocol:
         (``evidence.trained`` False) a diagnostic that means nothing before training is not
         evaluated (:meth:`ProtocolDiagnostic.assess`). (b) calls the stream grown by this
         protocol's (a) threshold (``evidence.growth_limit``, unless the evidence sets it), so
-        the two never disagree."""
+        the two never disagree. The built-ins read ``evidence`` as it is; every other
+        diagnostic (a plugin) reads it on the CPU (:meth:`Evidence.on_cpu`), as the
+        conformance suite checked it: in a CUDA run its tensors are moved once, for them."""
         if evidence.growth_limit is None:
             evidence = dataclasses.replace(evidence, growth_limit=self.growth_limit())
+        builtins = DIAGNOSTICS.builtin_classes()
+        on_cpu: Evidence | None = None
         results = []
         for d in self.diagnostics:
+            if type(d) in builtins:
+                given = evidence
+            else:
+                on_cpu = given = evidence.on_cpu() if on_cpu is None else on_cpu
             with blame(DIAGNOSTICS.guest(d.name)):
-                results.append(d.assess(evidence))
+                results.append(d.assess(given))
         return results
 
     def growth_limit(self) -> float:

@@ -88,7 +88,7 @@ SLOW = [
      "--quick size (each also runs alone in CI)"),
     (r"creditaudit sweep examples/sweeps/penalty_grid.toml --workers",
      "39 runs even at CREDITAUDIT_SET size"),
-    (r"^creditaudit experiment all --scale (smoke|cpu)", "66 runs at smoke scale"),
+    (r"^creditaudit experiment all --scale (smoke|cpu)", "142 runs at smoke scale"),
     (r"^creditaudit (figures|report) RESULTS_DIR", "draws every figure of 16 runs, twice "
      "(README's figures and report commands run in CI)"),
 ]

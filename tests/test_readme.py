@@ -77,3 +77,51 @@ def test_records_doc_is_generated_from_the_typed_classes():
     assert MARKER in text, "docs/records.md lost its <!-- generated --> marker"
     assert text.split(MARKER)[1] == render_record_docs().split(MARKER)[1], \
         "docs/records.md is stale: run python scripts/gen_records_doc.py"
+
+
+def test_the_commands_the_readme_says_take_q_are_those_that_do():
+    """README's "`-q` silences progress on every command …" names the commands: a command
+    the docs send a user to with `-q` that refuses it (once: figures, report, export) fails."""
+    import argparse
+
+    from creditaudit.cli import build_parser
+
+    sentence = re.search(r"`-q` silences progress on every\s+command that shows it \(([^)]*)\);"
+                         r"([^.]*)\.", (ROOT / "README.md").read_text())
+    assert sentence, "README.md lost its sentence on -q"
+    named, without = (set(re.findall(r"`(\w+)`", part)) for part in sentence.groups())
+    commands = next(a for a in build_parser()._actions
+                    if isinstance(a, argparse._SubParsersAction)).choices
+    taking_q = {name for name, parser in commands.items()
+                if any("-q" in a.option_strings for a in parser._actions)}
+    assert named == taking_q and without == set(commands) - taking_q, (named, without, taking_q)
+
+
+# Lab notes: what only the people who built the tool can read (an issue, a work session, a
+# revision "this" one replaced, a fix's date, a helper's name, the spec beside the repo).
+LAB_NOTES = [
+    (r"(?<![\w./(-])#\d+\b", "an issue number"),
+    (r"\b(?:the|per the|an?) issue\b", "an internal issue"),
+    (r"\bthis (?:session|revision)\b|\b(?:an )?older revision\b", "a revision of the work"),
+    (r"\(fixed \d{4}-\d\d-\d\d\)|\bused to allow\b", "a fix's history"),
+    (r"\b[pm]\d{2}\b", "a helper's name"),
+    (r"\bSPEC(?:\.md)?\b|/work/shared", "a file a user does not have"),
+]
+
+
+def test_the_docs_speak_to_users_not_in_lab_notes():
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            found += [f"{doc.relative_to(ROOT)}:{number}: {what}: {line.strip()[:80]}"
+                      for pattern, what in LAB_NOTES if re.search(pattern, line)]
+    assert not found, "say what the tool does now, for its users:\n" + "\n".join(found)
+
+
+def test_the_readme_describes_the_demo_it_runs():
+    from creditaudit.cli.demo import DEMO_TASKS
+
+    task = DEMO_TASKS["mnist1d"]
+    said = " ".join((ROOT / "README.md").read_text().split())
+    assert f"{task.epochs} epochs of {task.n_train:,} samples per method".replace(",", " ") \
+        in said, "README's first paragraph after the commands says other demo sizes"

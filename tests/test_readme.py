@@ -125,3 +125,38 @@ def test_the_readme_describes_the_demo_it_runs():
     said = " ".join((ROOT / "README.md").read_text().split())
     assert f"{task.epochs} epochs of {task.n_train:,} samples per method".replace(",", " ") \
         in said, "README's first paragraph after the commands says other demo sizes"
+
+
+def github_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings (lower case, punctuation dropped, spaces
+    to hyphens, ``-1``, ``-2`` … on repeats), and any ``<a id=…>``/``<a name=…>``."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    anchors: set[str] = set(re.findall(r'<a (?:name|id)="([^"]+)"', text))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_links_to_a_section_name_one_that_exists():
+    """`[…](page.md#section)` and `[…](#section)`: a renamed heading leaves the link landing
+    at the top of the page (GitHub says nothing); the file check above cannot see it."""
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", doc.read_text(), flags=re.S))
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or "#" not in target:
+                continue
+            name, anchor = target.split("#", 1)
+            page = (doc.parent / name).resolve() if name else doc
+            if page.suffix == ".md" and page.exists() and anchor not in github_anchors(page):
+                broken.append(f"{doc.relative_to(ROOT)} → {target}")
+    assert not broken, "links to no section: " + ", ".join(broken)
+
+
+def test_section_anchors_are_github_s():
+    page = ROOT / "docs" / "science.md"
+    assert "7-reference-results-of-the-published-study" in github_anchors(page)
+    assert "2-notation-scale-convention-and-the-model-contract" in github_anchors(page)

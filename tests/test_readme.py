@@ -160,3 +160,15 @@ def test_section_anchors_are_github_s():
     page = ROOT / "docs" / "science.md"
     assert "7-reference-results-of-the-published-study" in github_anchors(page)
     assert "2-notation-scale-convention-and-the-model-contract" in github_anchors(page)
+
+
+def test_the_readme_layout_names_the_packages_there_are():
+    """README's Layout block names every package of src/creditaudit (``name/``) and no
+    package that is not there (it once listed diagnostics/, experiments/ and a zoo)."""
+    block = re.search(r"## Layout\n\n```text\n(.*?)```", (ROOT / "README.md").read_text(),
+                      flags=re.S).group(1)
+    src_part = block.split("\ntests/")[0]
+    named = set(re.findall(r"(?<![\w/])(\w+)/(?!\w)", src_part.split(None, 1)[1]))
+    packages = {p.parent.name for p in (ROOT / "src" / "creditaudit").glob("*/__init__.py")}
+    assert named == packages, (f"named, not packages: {sorted(named - packages)}; "
+                               f"packages not named: {sorted(packages - named)}")

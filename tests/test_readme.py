@@ -172,3 +172,27 @@ def test_the_readme_layout_names_the_packages_there_are():
     packages = {p.parent.name for p in (ROOT / "src" / "creditaudit").glob("*/__init__.py")}
     assert named == packages, (f"named, not packages: {sorted(named - packages)}; "
                                f"packages not named: {sorted(packages - named)}")
+
+
+def test_every_flag_of_train_is_in_the_configuration_table_with_its_key():
+    """docs/configuration.md's flag table against the parser: `--blocks` was documented in
+    `--help` alone."""
+    import argparse
+
+    from creditaudit.cli import build_parser
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    train = next(a for a in build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    missing = []
+    for action in train._actions:
+        flag = next((o for o in action.option_strings if o.startswith("--")), None)
+        if flag is None or flag in ("--help", "--verbose", "--quiet"):
+            continue
+        if "." in action.dest:  # a config key: its row names it
+            row = re.search(rf"^\| `{re.escape(flag)}[ `].*$", text, flags=re.M)
+            if not row or f"`{action.dest}" not in row.group(0):
+                missing.append(f"{flag} → {action.dest}")
+        elif f"`{flag}" not in text:
+            missing.append(flag)
+    assert not missing, f"docs/configuration.md's flag table lacks: {missing}"

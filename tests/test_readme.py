@@ -198,3 +198,14 @@ def test_every_flag_of_train_is_in_the_configuration_table_with_its_key():
         elif f"`{flag}" not in text:
             missing.append(flag)
     assert not missing, f"docs/configuration.md's flag table lacks: {missing}"
+
+
+def test_the_cpu_build_hint_installs_the_torch_the_setup_pins():
+    """PyPI's Linux torch is a CUDA build (the README once said pinning it first avoided
+    that): the README gives the CPU index for the set-up's own torch release."""
+    pinned = {re.search(r"pip install (torch==[\d.]+) ", c).group(1) for c in readme_commands()}
+    assert len(pinned) == 1, pinned
+    said = " ".join((ROOT / "README.md").read_text().split())
+    assert f"pip install {pinned.pop()} --index-url https://download.pytorch.org/whl/cpu" \
+        in said
+    assert "never pulls a CUDA build" not in said

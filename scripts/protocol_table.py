@@ -11,6 +11,7 @@ fired, the cause (b) names.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from creditaudit.config import RunConfig
@@ -88,4 +89,7 @@ def main(out: str = "runs/protocol_table") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", default="runs/protocol_table",
+                        help="results folder of the runs (default runs/protocol_table)")
+    main(parser.parse_args().out)

@@ -199,3 +199,16 @@ def test_a_flags_value_is_replaced_only_where_the_message_gives_that_value():
         "--width 30 and model.d=300, model.d=30.5; --arch vit, model.arch='resmlp', "
         "--width 30.")
 
+
+
+def test_the_stack_help_says_what_sweeps_md_and_the_refusal_say():
+    """`--stack` is refused with the Ray executor, and its help said it was not yet measured
+    on a GPU, where docs/benchmarks.md has the stacked runs' table."""
+    import argparse
+
+    from creditaudit.cli import build_parser
+
+    sweep = next(a for a in build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["sweep"]
+    stack = next(a for a in sweep._actions if "--stack" in a.option_strings)
+    assert "local executor only" in stack.help and "not yet measured" not in stack.help

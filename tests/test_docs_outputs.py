@@ -106,6 +106,8 @@ def test_experiment_run_counts_in_the_docs():
             assert int(count) == runs_needed(scale, names), (name, scale, count)
     assert f"The audit table's {runs_needed('cpu', ['audit_table'])} runs" in doc(
         "docs/results.md")
+    smoke = runs_needed("smoke", all_names())
+    assert f"every experiment, {smoke} tiny runs" in doc("README.md")  # its command's comment
 
 
 def test_sweep_run_counts_in_the_docs():

@@ -88,7 +88,7 @@ SLOW = [
      "--quick size (each also runs alone in CI)"),
     (r"creditaudit sweep examples/sweeps/penalty_grid.toml --workers",
      "39 runs even at CREDITAUDIT_SET size"),
-    (r"^creditaudit experiment all --scale (smoke|cpu)", "66 runs at smoke scale"),
+    (r"^creditaudit experiment all --scale (smoke|cpu)", "142 runs at smoke scale"),
     (r"^creditaudit (figures|report) RESULTS_DIR", "draws every figure of 16 runs, twice "
      "(README's figures and report commands run in CI)"),
 ]
@@ -579,3 +579,32 @@ def test_a_fenced_block_inside_a_list_item_is_read(tmp_path, monkeypatch):
     blocks = doc_blocks([page])
     assert [(b.lang, b.text) for b in blocks] == [("bash", "creditaudit demo\n"),
                                                   ("", "plain\n")]
+
+
+def inline_commands() -> list[tuple[str, list[str]]]:
+    """(doc, words) of every `creditaudit …` code span in the prose of README.md and docs/
+    (spans broken over a line joined; a pipe's tail dropped)."""
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for span in re.findall(r"`(creditaudit [^`]+)`", re.sub(r"\s*\n\s*", " ", prose)):
+            found.append((doc.name, span.split(" | ")[0].split()))
+    return found
+
+
+def test_every_command_in_the_prose_names_a_command_and_its_flags():
+    """The blocks' commands are parsed above; one a sentence names (`creditaudit demo
+    --dataset synthetic`) is typed as well: its command and each flag must exist there."""
+    commands_ = next(a for a in build_parser()._actions
+                     if isinstance(a, argparse._SubParsersAction)).choices
+    wrong = []
+    for doc, words in inline_commands():
+        if words[1] not in commands_:
+            if words[1] not in ("…", "--help", "--version"):
+                wrong.append(f"{doc}: no command {words[1]!r} in {' '.join(words)}")
+            continue
+        options = {o for a in commands_[words[1]]._actions for o in a.option_strings}
+        wrong += [f"{doc}: {words[1]} has no {flag} ({' '.join(words)})"
+                  for flag in (w.split("=")[0] for w in words[2:] if w.startswith("-"))
+                  if flag not in options]
+    assert not wrong, "\n".join(wrong)

@@ -73,9 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="train up to K runs that differ only in seeds, learning rates, "
                              "weight decay, λ, feedback seeds/scales or diagnostics settings "
                              "as one stacked model in one worker, each with its own folder "
-                             "and record (rules that declare a stacked step; default 1: every run "
-                             "alone). Meant for a GPU (not yet measured there); on a CPU "
-                             "it does not pay (docs/benchmarks.md)")
+                             "and record (rules that declare a stacked step; local executor "
+                             "only; default 1: every run alone). Meant for a GPU, where 8 "
+                             "stacked runs took about half the time per run; on a CPU it "
+                             "does not pay (docs/benchmarks.md)")
     parser.add_argument("--out", default=None, metavar="DIR", type=folder,
                         help="results folder, overrides run.out_dir of the sweep file")
     add_device_options(parser)

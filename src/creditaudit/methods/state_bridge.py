@@ -15,7 +15,7 @@ states, all layers l < L in one batch; the mean error over an epoch is logged as
 
 Predictor (``BridgePredictor``, defaults): input [LN(h_l) (no affine), a learned 32-d
 embedding of l, e] → 2 hidden layers × ``bridge_hidden`` (256) with GELU → d, the output
-being the prediction G = MLP(…) itself (the issue's design, and the default). With
+being the prediction G = MLP(…) itself (the recipe's design, and the default). With
 ``bridge_skip`` the MLP is instead a scaled correction of the current state,
 G = h_l + RMS(h_l)·MLP(…), whose last layer starts at zero: G then starts as the identity —
 the exact map of a residual net whose branches are zero, close to the N(0, 0.01) init of

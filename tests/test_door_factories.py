@@ -40,7 +40,7 @@ def test_a_three_channel_network_on_one_channel_images_is_one_line_saying_how_to
                *cli_args(tmp_path / "runs", **image_run(data, **{
                    "model.none_args": ["weights"]})), cwd=tmp_path)
     line = error_line(done)
-    assert (f"model.factory='{FACTORIES}:three_channel_net': the network's first layer "
+    assert (f"--arch module:{FACTORIES}:three_channel_net: the network's first layer "
             "'stem.0' (Conv2d) expects 3 input channels, but the data's samples are 1×28×28"
             ) in line
     assert "--set model.args.in_channels=1" in line and "wraps the network" in line

@@ -806,7 +806,7 @@ def test_wandb_refused_project_name_says_to_choose_another(tmp_path, offline_wan
     assert main(cli_args(tmp_path / "runs", "--wandb", "a/b c")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "run.wandb_project='a/b c' is not a project name Weights & Biases accepts" in err
+    assert "--wandb 'a/b c' is not a project name Weights & Biases accepts" in err
     assert "choose another name" in err
     assert "wandb login" not in err and "WANDB_MODE" not in err
     assert not (tmp_path / "runs").exists()

@@ -36,6 +36,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.optim import optimizer_state_mismatch
 from creditaudit.records import RunRecord, structure_mismatch
+from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run.rng import restore_rng_states
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,36 @@ def check_same_code(record: RunRecord, guests: Mapping[str, Guest]) -> None:
                     "before creditaudit kept them), so that code is rebuilt as it is now, "
                     "unchecked against the code the run trained with", record.run_id,
                     " and ".join(unchecked))
+
+
+def check_installed(record: RunRecord) -> None:
+    """One-line RunRecordError naming the plugin a component of ``record``'s run came from
+    (``environment.components``: its ``origin``, ``dist==version``) when nothing installed
+    here registers that component any more: the run can be rebuilt only with it (choosing
+    another rule, architecture or dataset would be another run). A plugin installed but
+    broken is left to its registry's own message."""
+    components = record.environment.get("components")
+    if not isinstance(components, dict):
+        return  # a record from before the block: the registry's message says what is missing
+    entries: list[tuple[Registry[Any], Any]] = [
+        (RULES, components.get("method")), (ARCHITECTURES, components.get("model")),
+        (DATASETS, components.get("data"))]
+    diagnostics = components.get("diagnostics")
+    if isinstance(diagnostics, list):
+        entries += [(DIAGNOSTICS, entry) for entry in diagnostics]
+    for registry, entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        name, origin = entry.get("name"), entry.get("origin")
+        if not isinstance(name, str) or not isinstance(origin, str) or origin == "creditaudit":
+            continue
+        if registry.find(name) is None and name not in registry.broken():
+            how = (f"pip install '{origin}'" if "?" not in origin
+                   else "the package that registered it")
+            raise RunRecordError(
+                f"{record.run_id} was trained with the {registry.noun} {name!r} of the "
+                f"plugin {origin}, which is not installed here: install it ({how}) to "
+                "rebuild the run")
 
 
 def recorded_code_digests(record: RunRecord) -> dict[str, str]:

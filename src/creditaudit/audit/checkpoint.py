@@ -48,6 +48,7 @@ from creditaudit.records import (
     record_path,
 )
 from creditaudit.records.compare import recipe_difference
+from creditaudit.report.runs import status_text
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.setup import rebuild_run, resolve_device
 
@@ -220,6 +221,10 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     run.rule.to(target)
     metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,
                                 "status": record.status}
+    # a ``running`` record's process may be gone (killed): its claim says which
+    held = status_text(record, run.run_dir)
+    if held != record.status:
+        metadata["status_text"] = held
     if is_frozen_baseline(record):
         # The baseline of (d) itself: judged on (d) only as trained (config's frozen_acc),
         # as reports of its record judge it; against a frozen run, its margin is ~0.

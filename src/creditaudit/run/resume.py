@@ -104,16 +104,22 @@ def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
         raise RunRecordError(f"{fact}: {force_hint()}")
 
 
-def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
+# How to point at a run's data folder when its files differ (``audit`` has its --data-dir).
+FOLDER_FIX = "point data.data_dir at the run's data"
+
+
+def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str, *,
+                    folder_fix: str = FOLDER_FIX) -> None:
     """One-line RunRecordError when the data loaded now is not the data the run trained on:
     another fingerprint (files or generator arguments), or — the fingerprint equal — other
     arrays (``identity``: of the data loaded, :meth:`~creditaudit.run.plan.RunPlan.data_identity`).
     A record from before array digests is checked by its fingerprint only, said in one
-    warning."""
+    warning. ``folder_fix``: how the caller points at the run's data folder (``audit``
+    has its ``--data-dir``)."""
     if record.data is None or not record.data.fingerprint:
         return  # records written before data fingerprints existed
     if record.data.fingerprint != identity.fingerprint:
-        why, fix = data_change(record.data, identity)
+        why, fix = data_change(record.data, identity, folder_fix=folder_fix)
         raise RunRecordError(
             f"{path}: the run trained on {record.data.name} data with fingerprint "
             f"{record.data.fingerprint[:12]}…, but the data found now has "
@@ -150,7 +156,8 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             "trained on")
 
 
-def data_change(then: DataIdentity, now: DataIdentity) -> tuple[str, str]:
+def data_change(then: DataIdentity, now: DataIdentity, *, folder_fix: str = FOLDER_FIX
+                ) -> tuple[str, str]:
     """(why, what to do) for data whose fingerprint (``now``'s) is not the fingerprint of
     the data a run trained on (``then``'s), said in one line: files that changed, or — a
     generated dataset, whose provenance holds its generator's ``args`` — a generator that
@@ -161,8 +168,7 @@ def data_change(then: DataIdentity, now: DataIdentity) -> tuple[str, str]:
         changed = changed_files(before, after)
         verb = "differs" if len(changed) == 1 else "differ"
         which = f": {', '.join(changed)} {verb}" if changed else ""
-        return (f"the files changed or another folder holds other data{which}",
-                "point data.data_dir at the run's data")
+        return (f"the files changed or another folder holds other data{which}", folder_fix)
     args_then, args_now = before["args"], after.get("args")
     args_now = args_now if isinstance(args_now, dict) else {}
     differ = [f"{key} {before.get(key)!r} then, {after.get(key)!r} now"

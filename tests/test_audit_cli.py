@@ -364,3 +364,16 @@ def test_a_report_that_cannot_be_written_is_printed_not_lost(runs, capsys, tmp_p
     assert captured.out.startswith("| method |") and "| (d) | depth utility |" in captured.out
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and "the report is printed above instead" in err
+
+
+@pytest.mark.parametrize("named", [".", "record.json"])
+def test_audit_from_inside_the_run_folder_finds_the_frozen_runs_beside_it(runs, capsys,
+                                                                         monkeypatch, named):
+    """``cd RUN && creditaudit audit .``: the results folder was looked for as the parent
+    of "." (itself), so the frozen-blocks run beside was missed and (d) silently not
+    evaluated — another verdict than ``audit RUN`` for the same run."""
+    monkeypatch.chdir(runs["dfa"].run_dir)
+    assert main(["audit", named, "--format", "json", "--no-metrics", "-q"]) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert metadata["frozen_from_runs"] == 1
+    assert metadata["frozen_acc"] == runs["frozen"].record.final_acc

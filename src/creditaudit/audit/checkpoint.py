@@ -238,7 +238,8 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
         frozen_acc = frozen_accuracy(frozen, record)
     else:
         frozen_acc = config.diagnostics.frozen_acc
-        baseline = (frozen_baseline_beside(record, record_path(path).parent.parent)
+        # beside the folder as named (absolute: "." of a run's own folder has no parent)
+        baseline = (frozen_baseline_beside(record, run.run_dir.absolute().parent)
                     if frozen_from_runs else None)
         if baseline is not None:
             frozen_acc, metadata["frozen_from_runs"] = baseline

@@ -122,7 +122,7 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
         where = "" if Path(folder).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
         state = "is not a folder" if Path(folder).expanduser().exists() else "does not exist"
         given = (f"{Option('--data-dir', 'data_dir')}" if data_dir is not None
-                 else f"run {path.parent.name} trained on")
+                 else f"run {path.absolute().parent.name} trained on")  # "." has no name
         raise DataError(f"{given} data folder {folder}{where} {state}: pass {DATA_DIR_FIX} "
                         "pointing at the run's data (checked against its recorded digests)")
     return replace(record, config=config) if config is not record.config else record

@@ -377,3 +377,11 @@ def test_audit_from_inside_the_run_folder_finds_the_frozen_runs_beside_it(runs, 
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["frozen_from_runs"] == 1
     assert metadata["frozen_acc"] == runs["frozen"].record.final_acc
+
+
+def test_audit_refuses_an_empty_output_path(runs, capsys):
+    """``--output ''`` was taken as no --output: the report was printed and exit 0, as if
+    written (docs/reliability.md §7: an empty path is refused)."""
+    code = main(["audit", str(runs["dfa"].run_dir), "--no-metrics", "-q", "--output", ""])
+    assert code == 2
+    assert "--output" in _one_line_error(capsys)

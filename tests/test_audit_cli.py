@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
-from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE
+from creditaudit.records import CHECKPOINT_FILE, CLAIM_FILE, RECORD_FILE
 
 TINY = {"data.n_train": 256, "data.n_test": 1024, "data.in_dim": 16, "model.d": 16,
         "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
@@ -220,6 +222,15 @@ def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, c
         f"creditaudit: error: --frozen run {frozen} is interrupted (1 of 2 epochs done), so "
         f"it has no final test accuracy: finish it with creditaudit train --config {config} "
         "--resume, then audit again")
+    # trained again by a live process now (its claim): a --resume would be refused as busy
+    claim = frozen / CLAIM_FILE
+    claim.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(),
+                                 "time": "now", "token": "another-process"}))
+    assert main(["audit", dfa, "--frozen", str(frozen), "--no-metrics"]) == 2
+    line = _one_line_error(capsys)
+    assert f"is interrupted (being trained again by pid {os.getppid()} on " in line
+    assert line.endswith("wait for it to finish, then audit again") and "--resume" not in line
+    claim.unlink()
     # without --frozen the unfinished run is not a baseline either: (d) is not evaluated
     assert main(["audit", dfa, "--no-metrics", "--format", "json"]) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]

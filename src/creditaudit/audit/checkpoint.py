@@ -47,6 +47,7 @@ from creditaudit.records import (
     load_records,
     record_path,
 )
+from creditaudit.records.claim_files import claim_state
 from creditaudit.records.compare import recipe_difference
 from creditaudit.report.runs import status_text
 from creditaudit.run.plan import RunPlan
@@ -153,11 +154,15 @@ def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
                              f"(e.g. 0.349) nor a frozen run: {err}") from None
     if not frozen.is_finished:  # as the runs looked up beside RUN: completed or diverged
         done = frozen.log[-1].epoch if frozen.log else 0
-        config = record_path(text).parent / CONFIG_FILE
-        raise RunRecordError(f"--frozen run {text} is {frozen.status} ({done} of {frozen.epochs} "
-                             f"epochs done), so it has no final test accuracy: finish it "
-                             f"with {train_again(str(config))}, then audit "
-                             "again")
+        folder = record_path(text).parent
+        # a process that trains it now would refuse a --resume: wait for it instead
+        claim = claim_state(folder)
+        finish = ("wait for it to finish" if claim is not None and claim.stale is None
+                  else f"finish it with {train_again(str(folder / CONFIG_FILE))}")
+        raise RunRecordError(f"--frozen run {text} is {status_text(frozen, folder)} ({done} "
+                             f"of {frozen.epochs} "
+                             f"epochs done), so it has no final test accuracy: {finish}, "
+                             "then audit again")
     difference = recipe_difference(frozen, record)
     if difference is not None:
         raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "

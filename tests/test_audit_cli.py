@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
-from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE
+from creditaudit.records import CHECKPOINT_FILE, CLAIM_FILE, RECORD_FILE
 
 TINY = {"data.n_train": 256, "data.n_test": 1024, "data.in_dim": 16, "model.d": 16,
         "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
@@ -220,6 +222,15 @@ def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, c
         f"creditaudit: error: --frozen run {frozen} is interrupted (1 of 2 epochs done), so "
         f"it has no final test accuracy: finish it with creditaudit train --config {config} "
         "--resume, then audit again")
+    # trained again by a live process now (its claim): a --resume would be refused as busy
+    claim = frozen / CLAIM_FILE
+    claim.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(),
+                                 "time": "now", "token": "another-process"}))
+    assert main(["audit", dfa, "--frozen", str(frozen), "--no-metrics"]) == 2
+    line = _one_line_error(capsys)
+    assert f"is interrupted (being trained again by pid {os.getppid()} on " in line
+    assert line.endswith("wait for it to finish, then audit again") and "--resume" not in line
+    claim.unlink()
     # without --frozen the unfinished run is not a baseline either: (d) is not evaluated
     assert main(["audit", dfa, "--no-metrics", "--format", "json"]) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
@@ -364,3 +375,24 @@ def test_a_report_that_cannot_be_written_is_printed_not_lost(runs, capsys, tmp_p
     assert captured.out.startswith("| method |") and "| (d) | depth utility |" in captured.out
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and "the report is printed above instead" in err
+
+
+@pytest.mark.parametrize("named", [".", "record.json"])
+def test_audit_from_inside_the_run_folder_finds_the_frozen_runs_beside_it(runs, capsys,
+                                                                         monkeypatch, named):
+    """``cd RUN && creditaudit audit .``: the results folder was looked for as the parent
+    of "." (itself), so the frozen-blocks run beside was missed and (d) silently not
+    evaluated — another verdict than ``audit RUN`` for the same run."""
+    monkeypatch.chdir(runs["dfa"].run_dir)
+    assert main(["audit", named, "--format", "json", "--no-metrics", "-q"]) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert metadata["frozen_from_runs"] == 1
+    assert metadata["frozen_acc"] == runs["frozen"].record.final_acc
+
+
+def test_audit_refuses_an_empty_output_path(runs, capsys):
+    """``--output ''`` was taken as no --output: the report was printed and exit 0, as if
+    written (docs/reliability.md §7: an empty path is refused)."""
+    code = main(["audit", str(runs["dfa"].run_dir), "--no-metrics", "-q", "--output", ""])
+    assert code == 2
+    assert "--output" in _one_line_error(capsys)

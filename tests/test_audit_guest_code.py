@@ -199,3 +199,18 @@ def test_resume_after_the_factory_changed_names_the_run_of_the_old_code(tmp_path
     line = _one_line_error(cli(None, *argv, "--resume", cwd=tmp_path))
     assert str(run_dir) in line and "other code of its model" in line
     assert "restore the code the run was trained with" in line
+
+
+def test_a_run_whose_plugins_were_uninstalled_names_them_and_how_to_install(tmp_path):
+    # The run's rule and data came from a plugin package since uninstalled: audit names the
+    # package to install again (before: "not a known credit rule; choose one of bp, …",
+    # advice no finished run can follow).
+    with guests(tmp_path / "site", "fx2-bp", "door-mixture"):
+        result = train(tiny_config(tmp_path / "runs", **{"method.name": "fx2-bp"}))
+    assert result.status == "completed"
+    with pytest.raises(RunRecordError) as err:
+        audit_run(result.run_dir, metrics=False)
+    message = str(err.value)
+    assert "\n" not in message and result.run_dir.name in message
+    assert "credit rule 'fx2-bp' of the plugin creditaudit-guests==0.1.0" in message
+    assert "pip install 'creditaudit-guests==0.1.0'" in message and "choose one" not in message

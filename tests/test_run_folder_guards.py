@@ -110,6 +110,11 @@ def test_audit_finds_moved_data_with_data_dir_and_checks_it(finished, tmp_path, 
     assert code == 2
     line = assert_one_line_error(out, err, "mnist", f"relative to {tmp_path}", "--data-dir")
     assert "apt-get" not in line and "pip install" not in line
+    with monkeypatch.context() as inside:  # from inside its folder it said "run  trained on"
+        inside.chdir(run_dir)
+        code, out, err = run_cli(capsys, ["audit", ".", "--no-metrics", "-q"])
+    assert code == 2
+    assert_one_line_error(out, err, f"run {run_dir.name} trained on data folder mnist")
     code, out, err = run_cli(capsys, [*argv, "--data-dir", str(finished.data)])
     assert code == 0, err
     assert "verdict" in out.lower()

@@ -234,6 +234,31 @@ def test_an_audit_between_a_training_runs_checkpoint_and_record_writes_says_it_t
     assert "audited at its last checkpoint, epoch 1" in out
 
 
+def test_an_audit_of_a_killed_run_says_no_process_holds_it(interrupted, capsys):
+    """A run killed with kill -9 keeps ``running`` in its record and a claim of a process
+    that is gone. Before: its audit said ``run status running`` as of a run still training
+    (report says ``running (no process holds it: …)``); a live holder is named too."""
+    run_dir = plan_run(interrupted).run_dir
+    record = load_record(run_dir)
+    record.status = "running"  # as kill -9 leaves it
+    save_record(run_dir, record)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    for pid, said in [(gone.pid, f"running (no process holds it: interrupted? pid {gone.pid} "
+                                 f"on {host} is gone)"),
+                      (os.getppid(), f"running (held by pid {os.getppid()} on {host})")]:
+        write_claim(run_dir, pid)
+        capsys.readouterr()
+        for form in ("text", "md"):
+            assert main(["audit", str(run_dir), "--no-metrics", "-q", "--format", form]) == 0
+            assert (f"run status {said}: audited at its last checkpoint, epoch 1"
+                    in capsys.readouterr().out.splitlines())
+        assert main(["audit", str(run_dir), "--no-metrics", "-q", "--format", "json"]) == 0
+        metadata = json.loads(capsys.readouterr().out)["metadata"]
+        assert (metadata["status"], metadata["status_text"]) == ("running", said)
+
+
 def test_a_finished_run_in_a_folder_that_cannot_be_written_is_served_unfinished_not(
         tmp_path, monkeypatch):
     """A read-only copy of a lab's results: its finished run is served (nothing is written

@@ -47,7 +47,9 @@ from creditaudit.records import (
     load_records,
     record_path,
 )
+from creditaudit.records.claim_files import claim_state
 from creditaudit.records.compare import recipe_difference
+from creditaudit.report.runs import status_text
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.setup import rebuild_run, resolve_device
 
@@ -82,7 +84,8 @@ def load_run(path: str | Path, *, data_dir: str | Path | None = None) -> LoadedR
     must still be the data the run trained on (its recorded fingerprint and digests)."""
     record_file = record_path(path)
     record = load_record(record_file)
-    rebuilt = rebuild_run(with_data_dir(record, record_file, data_dir), record_file.parent)
+    rebuilt = rebuild_run(with_data_dir(record, record_file, data_dir), record_file.parent,
+                          folder_fix=f"pass {DATA_DIR_FIX} pointing at the run's data")
     check_finite_state(rebuilt.rule, record_file.parent / CHECKPOINT_FILE)
     return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan,
                      rebuilt.entry, record_file.parent)
@@ -120,7 +123,7 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
         where = "" if Path(folder).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
         state = "is not a folder" if Path(folder).expanduser().exists() else "does not exist"
         given = (f"{Option('--data-dir', 'data_dir')}" if data_dir is not None
-                 else f"run {path.parent.name} trained on")
+                 else f"run {path.absolute().parent.name} trained on")  # "." has no name
         raise DataError(f"{given} data folder {folder}{where} {state}: pass {DATA_DIR_FIX} "
                         "pointing at the run's data (checked against its recorded digests)")
     return replace(record, config=config) if config is not record.config else record
@@ -151,11 +154,15 @@ def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
                              f"(e.g. 0.349) nor a frozen run: {err}") from None
     if not frozen.is_finished:  # as the runs looked up beside RUN: completed or diverged
         done = frozen.log[-1].epoch if frozen.log else 0
-        config = record_path(text).parent / CONFIG_FILE
-        raise RunRecordError(f"--frozen run {text} is {frozen.status} ({done} of {frozen.epochs} "
-                             f"epochs done), so it has no final test accuracy: finish it "
-                             f"with {train_again(str(config))}, then audit "
-                             "again")
+        folder = record_path(text).parent
+        # a process that trains it now would refuse a --resume: wait for it instead
+        claim = claim_state(folder)
+        finish = ("wait for it to finish" if claim is not None and claim.stale is None
+                  else f"finish it with {train_again(str(folder / CONFIG_FILE))}")
+        raise RunRecordError(f"--frozen run {text} is {status_text(frozen, folder)} ({done} "
+                             f"of {frozen.epochs} "
+                             f"epochs done), so it has no final test accuracy: {finish}, "
+                             "then audit again")
     difference = recipe_difference(frozen, record)
     if difference is not None:
         raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
@@ -220,6 +227,10 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     run.rule.to(target)
     metadata: dict[str, Any] = {**record_metadata(record), "epoch": run.epoch,
                                 "status": record.status}
+    # a ``running`` record's process may be gone (killed): its claim says which
+    held = status_text(record, run.run_dir)
+    if held != record.status:
+        metadata["status_text"] = held
     if is_frozen_baseline(record):
         # The baseline of (d) itself: judged on (d) only as trained (config's frozen_acc),
         # as reports of its record judge it; against a frozen run, its margin is ~0.
@@ -232,7 +243,8 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
         frozen_acc = frozen_accuracy(frozen, record)
     else:
         frozen_acc = config.diagnostics.frozen_acc
-        baseline = (frozen_baseline_beside(record, record_path(path).parent.parent)
+        # beside the folder as named (absolute: "." of a run's own folder has no parent)
+        baseline = (frozen_baseline_beside(record, run.run_dir.absolute().parent)
                     if frozen_from_runs else None)
         if baseline is not None:
             frozen_acc, metadata["frozen_from_runs"] = baseline

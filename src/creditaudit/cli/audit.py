@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from creditaudit.cli.common import folder
+from creditaudit.cli.common import folder, output_file
 from creditaudit.config import DEVICES
 from creditaudit.report.protocol import FORMATS, render_latex
 
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="report format: text table, md (reporting template), json, or "
                              "latex (a tabular: header row and the run); default text")
-    parser.add_argument("--output", metavar="FILE", default=None,
+    parser.add_argument("--output", metavar="FILE", default=None, type=output_file,
                         help="write the report(s) to FILE (atomically) instead of printing "
                              "them")
     parser.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,

@@ -67,6 +67,15 @@ def folder(text: str) -> str:
     return text
 
 
+def output_file(text: str) -> str:
+    """argparse type of an output file: not empty (an empty path names no file: the report
+    would be printed instead, as if the option were not given)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file; give a file to write "
+                                         "(or leave the option out to print)")
+    return text
+
+
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method.name", {"registry": RULES, "help": "credit rule"}),

@@ -69,10 +69,13 @@ def checkpoint_line(metadata: dict[str, Any]) -> str | None:
     """``run status diverged: audited at its last checkpoint, epoch 2`` for a report of
     ``creditaudit audit`` on a run that did not complete (its numbers are not of the run's
     last logged epoch), else None (a completed run's checkpoint is its last epoch; reports
-    of ``diagnose`` or of a record carry no status)."""
+    of ``diagnose`` or of a record carry no status). A running run's status says whether a
+    process holds it (``status_text``: ``running (no process holds it: interrupted? …)``)."""
     status, epoch = metadata.get("status"), metadata.get("epoch")
     if status in (None, "completed") or epoch is None:
         return None
+    # whether a process holds a running run (``running (no process holds it: …)``)
+    status = metadata.get("status_text") or status
     return f"run status {status}: audited at its last checkpoint, epoch {epoch}"
 
 

@@ -67,7 +67,7 @@ from creditaudit.records.run_ids import RunCode, compute_run_id
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 from creditaudit.run.defaults import explicit_defaults, with_all_blocks_default, with_defaults
 from creditaudit.run.memory import available_memory, check_data_fits, check_fits
-from creditaudit.run.resume import check_same_code
+from creditaudit.run.resume import check_installed, check_same_code
 from creditaudit.run.run_code import admit, code_version, dataset_at_fault, guests_of, run_code
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,8 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     The plan's config names its data folder by an absolute path (the run id does not cover
     it): a record written from it finds its data from any folder."""
     config = given = with_absolute_data_paths(config)
+    if trained is not None:  # a plugin it used, uninstalled since: named, not "choose one"
+        check_installed(trained)
     rule = rule_class(config.method.name)
     if trained is None:
         with blame(RULES.guest(rule.name)):

@@ -36,6 +36,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.optim import optimizer_state_mismatch
 from creditaudit.records import RunRecord, structure_mismatch
+from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run.rng import restore_rng_states
 
 log = logging.getLogger(__name__)
@@ -103,16 +104,22 @@ def check_same_run(record: RunRecord, run_id: str, path: Path | str) -> None:
         raise RunRecordError(f"{fact}: {force_hint()}")
 
 
-def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str) -> None:
+# How to point at a run's data folder when its files differ (``audit`` has its --data-dir).
+FOLDER_FIX = "point data.data_dir at the run's data"
+
+
+def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str, *,
+                    folder_fix: str = FOLDER_FIX) -> None:
     """One-line RunRecordError when the data loaded now is not the data the run trained on:
     another fingerprint (files or generator arguments), or — the fingerprint equal — other
     arrays (``identity``: of the data loaded, :meth:`~creditaudit.run.plan.RunPlan.data_identity`).
     A record from before array digests is checked by its fingerprint only, said in one
-    warning."""
+    warning. ``folder_fix``: how the caller points at the run's data folder (``audit``
+    has its ``--data-dir``)."""
     if record.data is None or not record.data.fingerprint:
         return  # records written before data fingerprints existed
     if record.data.fingerprint != identity.fingerprint:
-        why, fix = data_change(record.data, identity)
+        why, fix = data_change(record.data, identity, folder_fix=folder_fix)
         raise RunRecordError(
             f"{path}: the run trained on {record.data.name} data with fingerprint "
             f"{record.data.fingerprint[:12]}…, but the data found now has "
@@ -149,7 +156,8 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str)
             "trained on")
 
 
-def data_change(then: DataIdentity, now: DataIdentity) -> tuple[str, str]:
+def data_change(then: DataIdentity, now: DataIdentity, *, folder_fix: str = FOLDER_FIX
+                ) -> tuple[str, str]:
     """(why, what to do) for data whose fingerprint (``now``'s) is not the fingerprint of
     the data a run trained on (``then``'s), said in one line: files that changed, or — a
     generated dataset, whose provenance holds its generator's ``args`` — a generator that
@@ -160,8 +168,7 @@ def data_change(then: DataIdentity, now: DataIdentity) -> tuple[str, str]:
         changed = changed_files(before, after)
         verb = "differs" if len(changed) == 1 else "differ"
         which = f": {', '.join(changed)} {verb}" if changed else ""
-        return (f"the files changed or another folder holds other data{which}",
-                "point data.data_dir at the run's data")
+        return (f"the files changed or another folder holds other data{which}", folder_fix)
     args_then, args_now = before["args"], after.get("args")
     args_now = args_now if isinstance(args_now, dict) else {}
     differ = [f"{key} {before.get(key)!r} then, {after.get(key)!r} now"
@@ -204,6 +211,36 @@ def check_same_code(record: RunRecord, guests: Mapping[str, Guest]) -> None:
                     "before creditaudit kept them), so that code is rebuilt as it is now, "
                     "unchecked against the code the run trained with", record.run_id,
                     " and ".join(unchecked))
+
+
+def check_installed(record: RunRecord) -> None:
+    """One-line RunRecordError naming the plugin a component of ``record``'s run came from
+    (``environment.components``: its ``origin``, ``dist==version``) when nothing installed
+    here registers that component any more: the run can be rebuilt only with it (choosing
+    another rule, architecture or dataset would be another run). A plugin installed but
+    broken is left to its registry's own message."""
+    components = record.environment.get("components")
+    if not isinstance(components, dict):
+        return  # a record from before the block: the registry's message says what is missing
+    entries: list[tuple[Registry[Any], Any]] = [
+        (RULES, components.get("method")), (ARCHITECTURES, components.get("model")),
+        (DATASETS, components.get("data"))]
+    diagnostics = components.get("diagnostics")
+    if isinstance(diagnostics, list):
+        entries += [(DIAGNOSTICS, entry) for entry in diagnostics]
+    for registry, entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        name, origin = entry.get("name"), entry.get("origin")
+        if not isinstance(name, str) or not isinstance(origin, str) or origin == "creditaudit":
+            continue
+        if registry.find(name) is None and name not in registry.broken():
+            how = (f"pip install '{origin}'" if "?" not in origin
+                   else "the package that registered it")
+            raise RunRecordError(
+                f"{record.run_id} was trained with the {registry.noun} {name!r} of the "
+                f"plugin {origin}, which is not installed here: install it ({how}) to "
+                "rebuild the run")
 
 
 def recorded_code_digests(record: RunRecord) -> dict[str, str]:

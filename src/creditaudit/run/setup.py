@@ -36,7 +36,13 @@ from creditaudit.records import (
 from creditaudit.records.claim_files import claim_state
 from creditaudit.registry import ARCHITECTURES
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.resume import check_same_data, check_same_run, load_into, saved_record
+from creditaudit.run.resume import (
+    FOLDER_FIX,
+    check_same_data,
+    check_same_run,
+    load_into,
+    saved_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +201,8 @@ def rebuild_refusal(record: RunRecord, run_dir: Path) -> str | None:
     return f"cannot rebuild {run_dir}: {arch.unbuildable}"
 
 
-def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None
-                ) -> RebuiltRun:
+def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None,
+                folder_fix: str = FOLDER_FIX) -> RebuiltRun:
     """The run in ``run_dir`` at its checkpointed epoch, on the CPU.
 
     Checks that each guest's code is the code the run trained with (its digest; guests
@@ -208,6 +214,7 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     (the random init that the checkpoint overwrites is forked). Raises RunRecordError for
     a run without a checkpoint, one that does not fit or is another run's, or whose guest's
     code changed, and ConfigError when a component it used is not installed here.
+    ``folder_fix``: how the caller points at the run's data when its files differ.
     """
     config = record.config
     refusal = rebuild_refusal(record, run_dir)
@@ -223,7 +230,8 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     plan = plan_run(config, trained=record)
     if dataset is not None:
         plan.use_data(dataset)
-    check_same_data(record, plan.data_identity(), run_dir / RECORD_FILE)
+    check_same_data(record, plan.data_identity(), run_dir / RECORD_FILE,
+                    folder_fix=folder_fix)
     with torch.random.fork_rng(devices=[]):
         model = plan.build_model()
         rule = plan.build_rule(model)

@@ -3,10 +3,11 @@
 For every run id in both folders (``A/RUN_ID/record.json``), the numbers of the per-epoch
 log, the final block and the end-of-run diagnostics are paired leaf by leaf; the script
 prints, per run, the largest absolute and relative difference and where it is, and every
-leaf that is not a number and differs (a verdict, a status). Timings, dates, the
-environment and digests of the record itself are left out: they differ between any two
-runs. Used to compare a run captured in a CUDA graph or stacked with the same run trained
-eager, or on the GPU with the CPU (``scripts/gpu_checks.sh`` part 5).
+leaf that is not a number and differs (a verdict, a status). What differs between any two
+runs (timings, dates, the environment) is left out as
+:func:`creditaudit.records.comparable` leaves it out. Used to compare a run captured in a
+CUDA graph or stacked with the same run trained eager, or on the GPU with the CPU
+(``scripts/gpu_checks.sh`` part 4).
 
 Usage: python scripts/compare_records.py A B [--tolerance 1e-4]
 Exit 0 when every paired number is within ``--tolerance`` (relative, or absolute below 1)
@@ -23,17 +24,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-IGNORED = {"seconds", "created", "updated", "started", "finished", "environment",
-           "content_sha256", "wall_seconds", "timings"}
+from creditaudit.records import comparable
+
 COMPARED = ("status", "log", "final", "diagnostics", "protocol")
 
 
 def leaves(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted path, leaf) of a record's JSON, ignored keys left out."""
+    """(dotted path, leaf) of a record's JSON."""
     if isinstance(value, dict):
         for key, item in value.items():
-            if key not in IGNORED:
-                yield from leaves(item, f"{path}.{key}" if path else key)
+            yield from leaves(item, f"{path}.{key}" if path else key)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from leaves(item, f"{path}[{index}]")
@@ -47,14 +47,13 @@ def is_number(value: Any) -> bool:
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str, list[str]]:
     """(largest scaled difference, where, other differing leaves) of two records."""
+    a, b = comparable(a), comparable(b)
     left = dict(leaves({key: a.get(key) for key in COMPARED}))
     right = dict(leaves({key: b.get(key) for key in COMPARED}))
     worst, where, others = 0.0, "", []
     for path in sorted(left.keys() | right.keys()):
         x, y = left.get(path), right.get(path)
         if is_number(x) and is_number(y):
-            if math.isnan(x) and math.isnan(y):
-                continue
             scaled = abs(x - y) / max(1.0, abs(x), abs(y))
             if scaled > worst or math.isnan(scaled):
                 worst, where = scaled, f"{path}: {x!r} vs {y!r}"

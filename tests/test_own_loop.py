@@ -171,6 +171,40 @@ def test_terminal_ln_is_probed_where_h_L_starts_at_exactly_zero(norm, expected):
                  terminal_ln=expected).terminal_ln is expected
 
 
+class Scale(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h * self.scale
+
+
+class ScaledLastState(nn.Module):
+    """h_L is a Linear's output times ``scale`` (1e-20: its squares underflow in float32;
+    1e20: they overflow); the head is a plain Linear, or reads h_L through a LayerNorm."""
+
+    def __init__(self, scale: float, norm: nn.Module) -> None:
+        super().__init__()
+        self.embed, self.block = nn.Linear(6, 8), nn.Sequential(nn.Linear(8, 8), Scale(scale))
+        self.norm, self.head = norm, nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.norm(self.block(torch.relu(self.embed(x)))))
+
+
+@pytest.mark.parametrize("scale,norm,expected", [
+    (1e-20, nn.Identity(), False), (1e-30, nn.Identity(), False), (1e20, nn.Identity(), False),
+    (1e-20, nn.LayerNorm(8), True), (1e-30, nn.LayerNorm(8), True)])
+def test_terminal_ln_is_probed_where_h_L_is_far_from_unit_scale(scale, norm, expected):
+    """The probe brought h_L to unit RMS through its squares: at 1e-20 they underflowed (h_L
+    was left ~1e-10, the head's bias hid it) and at 1e20 overflowed (h_L became 0), and a
+    plain Linear head read as normalising h_L. (A LayerNorm of an h_L of 1e20 overflows
+    itself: adapt refuses that network.)"""
+    net = seeded(lambda: ScaledLastState(scale, norm))
+    assert adapt(net, ["embed", "block"], input_shape=(6,)).terminal_ln is expected
+
+
 def test_on_the_meta_device_adapt_learns_the_shapes_without_values():
     real = adapt(resnet(), RESNET_STATES, input_shape=IMAGE).describe()
     with torch.device("meta"):

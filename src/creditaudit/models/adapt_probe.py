@@ -243,12 +243,15 @@ class AdaptProbe:
         """Whether the logits stay put when h_L is scaled by 4: a readout that normalises
         h_L. Each sample's h_L (a fixed random one where it is exactly zero, which scaling
         leaves as it is) is first brought to unit RMS, where a LayerNorm's eps is
-        negligible (~1e-5) and a saturating nonlinearity (tanh) is not saturated yet."""
+        negligible (~1e-5) and a saturating nonlinearity (tanh) is not saturated yet. It is
+        divided by its largest magnitude before its RMS is taken, so that squaring an h_L of
+        1e-25 or 1e25 neither underflows nor overflows."""
         with torch.no_grad():
             states, _ = self._trace(x, detach=True, leaf=False)
             h = without_zero_samples(states[-1])
-            rms = h.flatten(1).pow(2).mean(dim=1).sqrt().clamp_min(1e-12)
-            h = h / rms.view(-1, *([1] * (h.dim() - 1)))
+            per_sample = (-1, *([1] * (h.dim() - 1)))
+            h = h / h.flatten(1).abs().amax(dim=1).view(per_sample)
+            h = h / h.flatten(1).pow(2).mean(dim=1).sqrt().view(per_sample)
             base = self.forward_from(self.n_blocks, h)
             scaled = self.forward_from(self.n_blocks, 4.0 * h)
         change = float((scaled - base).norm()) / max(float(base.norm()), 1e-30)

@@ -259,6 +259,29 @@ def test_a_backward_wrong_only_in_the_models_dtype_or_batch_is_refused(exact, dt
         in check["detail"], check
 
 
+class LoudSkipMLP(ResidualMLP):
+    """A ResidualMLP whose residual adds 1e25 × the branch: its states pass float32's
+    largest value by the third, where float64 holds them."""
+
+    def next_state(self, h: Tensor, branch: Tensor) -> Tensor:
+        return h + 1e25 * branch
+
+
+def test_a_float32_backward_that_is_not_finite_is_not_said_to_agree():
+    """Every comparison with NaN is False: a NaN float32 forward and backward was recorded
+    as giving "the same gradients" as the verified float64 one."""
+    torch.manual_seed(0)
+    model = LoudSkipMLP(6, 8, 4, 3)
+    x, y = tiny_batch(dtype=torch.float32)
+    assert not bool(model.forward_states(x)[1].isfinite().all())
+    check = check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+    assert check.how == "states", check
+    assert "gives the same gradients" not in check.detail, check
+    assert (f"its own float32 forward on a batch of {x.shape[0]} samples is not finite (it "
+            "overflows), so its backward, which the diagnostics use, was not compared"
+            ) in check.detail, check
+
+
 class BatchMeanShift(nn.Module):
     """Subtracts half the batch mean in eval mode too: samples interact, so the model
     computes another function on another batch (its backward is autograd's)."""

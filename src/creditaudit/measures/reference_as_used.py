@@ -67,11 +67,12 @@ def _precision(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 def _relative(a: Tensor, b: Tensor) -> Tensor:
     """‖a_i − b_i‖ / ‖b_i‖ per row ``(k,)`` (inf where b_i = 0 and a_i ≠ 0, 0 where both
-    are 0)."""
+    are 0, inf where a_i or b_i is not finite: NaN would compare as agreeing)."""
     gap = torch.linalg.vector_norm(a - b, dim=1)
     size = torch.linalg.vector_norm(b, dim=1)
-    return torch.where(size > 0, gap / size.clamp_min(torch.finfo(torch.float64).tiny),
-                       torch.where(gap > 0, torch.inf, 0.0))
+    relative = torch.where(size > 0, gap / size.clamp_min(torch.finfo(torch.float64).tiny),
+                           torch.where(gap > 0, torch.inf, 0.0))
+    return relative.nan_to_num(nan=torch.inf)
 
 
 def check_as_used(states_fn: StatesFn, work: _Float64States, x: Tensor, y: Tensor,
@@ -95,12 +96,15 @@ def check_as_used(states_fn: StatesFn, work: _Float64States, x: Tensor, y: Tenso
     dtype = used_logits.dtype
     precision = _precision(dtype, used_logits.device)
     tolerance = TOLERANCE.get(precision, TOLERANCE[torch.bfloat16])
+    kind = str(dtype).removeprefix("torch.")
+    if not bool(used_logits.isfinite().all()):
+        return (f"; its own {kind} forward on a batch of {n} samples is not finite (it "
+                "overflows), so its backward, which the diagnostics use, was not compared")
     if bool((_relative(used_logits.double().cpu()[rows], logits64.cpu()) > tolerance).any()):
         return ""  # another function on this batch (module docstring): nothing to compare
     resolved = losses64 > RESOLVED * torch.finfo(precision).eps / tolerance
     if not bool(resolved.any()):
         return ""
-    kind = str(dtype).removeprefix("torch.")
     for name, got, want in zip(("h_0", "h_L"), used, reference, strict=True):
         off = _relative(got[rows][resolved], want[resolved])
         bad = int((off > tolerance).sum())

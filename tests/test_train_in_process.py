@@ -127,6 +127,21 @@ def test_a_run_trained_in_another_default_dtype_is_another_run(tmp_path):
     assert numbers(train(config).record) == numbers(single.record)
 
 
+def test_bf16_is_refused_for_a_float64_run(tmp_path):
+    """bf16 autocast casts float32 tensors only: a float64 run's bf16 steps would be its fp32
+    steps bit for bit, under another id and a record saying bf16. Refused in one line,
+    before anything is written."""
+    config = tiny(tmp_path).replace(**{"run.precision": "bf16"})
+    with setting(torch.set_default_dtype, torch.float64, torch.float32), \
+            pytest.raises(ConfigError) as error:
+        train(config)
+    message = str(error.value)
+    assert "run.precision='bf16'" in message and "float64" in message \
+        and "\n" not in message, message
+    assert not any(tmp_path.rglob("record.json"))
+    assert train(config).record.config.run.precision == "bf16"  # a float32 run trains
+
+
 def test_an_older_float64_run_under_a_float32_id_is_refused_naming_the_dtype(tmp_path,
                                                                             monkeypatch):
     """A run trained in float64 before the dtype joined the run id holds the float32 id: a

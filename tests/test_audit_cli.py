@@ -396,3 +396,27 @@ def test_audit_refuses_an_empty_output_path(runs, capsys):
     code = main(["audit", str(runs["dfa"].run_dir), "--no-metrics", "-q", "--output", ""])
     assert code == 2
     assert "--output" in _one_line_error(capsys)
+
+
+def test_audit_of_a_float64_run_says_how_to_audit_it(tmp_path, capsys):
+    """A run a Python caller made in float64: the command line (float32) refuses it in one
+    line naming what audits it — not --force, which audit has no such flag for — and a
+    float64 Python caller audits it."""
+    import torch
+
+    from creditaudit.audit.checkpoint import audit_run
+    from creditaudit.errors import RunRecordError
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        run = _train(tmp_path, **{"method.name": "dfa", "diagnostics.end_of_run": False})
+        assert audit_run(run.run_dir).verdict  # audited in its own dtype
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert main(["audit", str(run.run_dir), "-q"]) == 2
+    err = _one_line_error(capsys)
+    assert "default dtype float64" in err and "--force" not in err
+    assert "torch.set_default_dtype(torch.float64)" in err and "audit_run" in err
+    with pytest.raises(RunRecordError, match=r"set_default_dtype\(torch.float64\) first to "
+                                             r"audit it$"):
+        audit_run(run.run_dir)

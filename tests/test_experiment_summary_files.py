@@ -59,3 +59,30 @@ def test_files_written_as_a_set_are_all_old_when_one_cannot_be_written(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no temporary file
     atomic_write_files({tmp_path / "a": b"new a", tmp_path / "c": b"c"})
     assert (tmp_path / "a").read_bytes() == b"new a" and (tmp_path / "c").read_bytes() == b"c"
+
+
+def test_a_summary_of_float64_runs_has_its_own_file(tmp_path):
+    """A Python caller's float64 default dtype makes other runs (the dtype is in the run id):
+    their summary replaced the float32 one under its name, its meta saying nothing of it."""
+    from pathlib import Path
+
+    import torch
+
+    from creditaudit.study.experiments.runner import find_summary, run_experiment
+
+    single = run_experiment("capacity_cost", scale="smoke", out_dir=tmp_path, train=False)
+    fp32 = Path(single["meta"]["files"][0])
+    before = fp32.read_bytes()
+    torch.set_default_dtype(torch.float64)
+    try:
+        double = run_experiment("capacity_cost", scale="smoke", out_dir=tmp_path, train=False)
+        assert find_summary(tmp_path, "capacity_cost", "smoke", "synthetic") == \
+            Path(double["meta"]["files"][0])
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert fp32.read_bytes() == before
+    assert double["meta"]["files"][0].endswith("capacity_cost.smoke.synthetic.float64.json")
+    assert double["meta"]["dtype"] == "float64" and "dtype" not in single["meta"]
+    assert "parameters in `float64`" in Path(double["meta"]["files"][1]).read_text()
+    assert double["meta"]["run_ids"] != single["meta"]["run_ids"]
+    assert find_summary(tmp_path, "capacity_cost", "smoke", "synthetic") == fp32

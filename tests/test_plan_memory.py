@@ -92,3 +92,22 @@ def test_generated_data_too_large_for_the_machine_is_one_line_exit_2(tmp_path, c
                           "available; use fewer samples (data.n_train, data.n_test)")
     assert not any(tmp_path.iterdir())
     plan_run(_config(tmp_path, **{"data.n_train": 1_000_000}))  # 1 GiB fits
+
+
+def test_a_float64_run_counts_its_parameters_in_float64(tmp_path, monkeypatch):
+    """A Python caller's float64 default dtype makes float64 parameters: weight, gradient and
+    moments take twice a float32 run's memory, so a model that fits in float32 only is
+    refused in float64, in one line, rather than failing inside training."""
+    import torch
+
+    config = _config(tmp_path, **{"method.name": "bp", "model.d": 256, "model.n_blocks": 4})
+    model = build_model(config.model, input_shape=(16,), n_classes=10)
+    float32_bytes = sum(p.numel() for p in model.parameters()) * TRAINING_BYTES_PER_PARAMETER
+    monkeypatch.setattr(memory, "available_memory", lambda: int(1.5 * float32_bytes))
+    plan_run(config)  # fits in float32
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(ConfigError, match="training needs about"):
+            plan_run(config)
+    finally:
+        torch.set_default_dtype(torch.float32)

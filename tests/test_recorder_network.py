@@ -220,6 +220,11 @@ def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp
     told = record(network(torch.bfloat16), "bp", tmp_path / "bf16", dtype=torch.bfloat16,
                   config={"run.precision": "bf16"})
     assert told.config.run.precision == "bf16" and told.model.dtype == "bfloat16"
+    # bf16 autocast leaves float64 weights' arithmetic in float64: a record of bf16 would lie
+    with pytest.raises(ConfigError, match=r"run.precision='bf16' trains under bf16 autocast"):
+        record(network(torch.float64), "bp", tmp_path / "f64", dtype=torch.float64,
+               config={"run.precision": "bf16"})
+    assert not (tmp_path / "f64").exists()
 
 
 def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):

@@ -127,6 +127,44 @@ def test_a_run_trained_in_another_default_dtype_is_another_run(tmp_path):
     assert numbers(train(config).record) == numbers(single.record)
 
 
+def test_bf16_is_refused_for_a_float64_run(tmp_path):
+    """bf16 autocast casts float32 tensors only: a float64 run's bf16 steps would be its fp32
+    steps bit for bit, under another id and a record saying bf16. Refused in one line,
+    before anything is written."""
+    config = tiny(tmp_path).replace(**{"run.precision": "bf16"})
+    with setting(torch.set_default_dtype, torch.float64, torch.float32), \
+            pytest.raises(ConfigError) as error:
+        train(config)
+    message = str(error.value)
+    assert "run.precision='bf16'" in message and "float64" in message \
+        and "\n" not in message, message
+    assert not any(tmp_path.rglob("record.json"))
+    assert train(config).record.config.run.precision == "bf16"  # a float32 run trains
+
+
+def test_a_float64_runs_diagnostics_run_in_float64_as_run_precision_says(tmp_path,
+                                                                        monkeypatch):
+    """run.precision's help said 'diagnostics always fp32'; a float64 run's measure in
+    float64 (never bf16), which it now says."""
+    import creditaudit.measures.epoch as epoch
+    from creditaudit.config.sections import RunSettings
+
+    seen = set()
+    measured = epoch.state_gradients
+
+    def state_gradients(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = measured(*args, **kwargs)
+        seen.update(g.dtype for g in out.grads)
+        return out
+
+    monkeypatch.setattr(epoch, "state_gradients", state_gradients)
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        train(tiny(tmp_path, **{"diagnostics.end_of_run": False}))
+    assert seen == {torch.float64}
+    help_text = RunSettings.__dataclass_fields__["precision"].metadata["help"]
+    assert "always fp32" not in help_text and "float64" in help_text, help_text
+
+
 def test_an_older_float64_run_under_a_float32_id_is_refused_naming_the_dtype(tmp_path,
                                                                             monkeypatch):
     """A run trained in float64 before the dtype joined the run id holds the float32 id: a

@@ -85,7 +85,8 @@ def load_run(path: str | Path, *, data_dir: str | Path | None = None) -> LoadedR
     record_file = record_path(path)
     record = load_record(record_file)
     rebuilt = rebuild_run(with_data_dir(record, record_file, data_dir), record_file.parent,
-                          folder_fix=f"pass {DATA_DIR_FIX} pointing at the run's data")
+                          folder_fix=f"pass {DATA_DIR_FIX} pointing at the run's data",
+                          audit=True)
     check_finite_state(rebuilt.rule, record_file.parent / CHECKPOINT_FILE)
     return LoadedRun(record, rebuilt.rule, rebuilt.data, rebuilt.epoch, rebuilt.plan,
                      rebuilt.entry, record_file.parent)

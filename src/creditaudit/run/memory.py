@@ -20,7 +20,8 @@ from creditaudit.models.meta import on_meta_device
 from creditaudit.registry import RULES
 
 log = logging.getLogger(__name__)
-# Bytes per parameter a training step holds: fp32 weight, gradient and AdamW's two moments.
+# Bytes per parameter a training step holds: fp32 weight, gradient and AdamW's two moments
+# (twice as many for float64 parameters: :func:`training_bytes_per_parameter`).
 TRAINING_BYTES_PER_PARAMETER = 16
 
 
@@ -33,7 +34,7 @@ def check_fits(description: ModelDescription, model: nn.Module, rule: type[Credi
     available = available_memory()
     if available is None:
         return
-    own = (description.parameters or 0) * TRAINING_BYTES_PER_PARAMETER
+    own = (description.parameters or 0) * training_bytes_per_parameter(model)
     aux = 0 if own > available else rule_on_meta_bytes(rule, model, config, n_classes)
     needed = own + aux
     if needed <= available:
@@ -45,6 +46,14 @@ def check_fits(description: ModelDescription, model: nn.Module, rule: type[Credi
                       f"(weights, gradients, optimiser state) but this machine has "
                       f"{available / 2**30:,.1f} GiB available; choose a smaller model"
                       f"{' or smaller method options' if aux else ''}")
+
+
+def training_bytes_per_parameter(model: nn.Module) -> int:
+    """Bytes per parameter a training step of ``model`` holds: weight, gradient and AdamW's
+    two moments, each in the parameters' dtype (the widest, when they differ; a float64
+    run's, made in a caller's float64 default dtype, twice a float32 run's)."""
+    widest = max((p.element_size() for p in model.parameters()), default=4)
+    return TRAINING_BYTES_PER_PARAMETER * widest // 4
 
 
 def check_data_fits(name: str, sizes: tuple[int, int] | None,
@@ -104,4 +113,4 @@ def available_memory() -> int | None:
 
 
 __all__ = ["check_fits", "check_data_fits", "rule_on_meta_bytes", "available_memory",
-           "TRAINING_BYTES_PER_PARAMETER"]
+           "TRAINING_BYTES_PER_PARAMETER", "training_bytes_per_parameter"]

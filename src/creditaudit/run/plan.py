@@ -212,6 +212,8 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
     config = given = with_absolute_data_paths(config)
     if trained is not None:  # a plugin it used, uninstalled since: named, not "choose one"
         check_installed(trained)
+    else:
+        check_precision(config.run.precision)
     rule = rule_class(config.method.name)
     if trained is None:
         with blame(RULES.guest(rule.name)):
@@ -280,6 +282,19 @@ def run_id(config: RunConfig) -> str:
     return plan_run(config).run_id
 
 
+def check_precision(precision: str, dtype: str | None = None) -> None:
+    """Refuse ``run.precision='bf16'`` for float64 parameters (``dtype``, e.g. ``"float64"``;
+    None: torch's default dtype, in which a run makes its features and parameters): bf16
+    autocast casts float32 tensors only, so every step would run in float64, as the fp32
+    run's, while the record said bf16 (under another run id)."""
+    dtype = str(torch.get_default_dtype()).removeprefix("torch.") if dtype is None else dtype
+    if precision == "bf16" and dtype == "float64":
+        raise ConfigError("run.precision='bf16' trains under bf16 autocast, which leaves "
+                          "float64 parameters and features in float64 (every step would be "
+                          "the float64 run's): leave run.precision out (the record says the "
+                          "parameters' dtype, model.dtype), or train float32 parameters")
+
+
 def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
                       input_shape: tuple[int, ...], n_classes: int
                       ) -> tuple[ModelDescription, nn.Module]:
@@ -337,4 +352,4 @@ def fit_eval_samples(config: RunConfig, dataset: str, n_test: int, *, say: bool 
 
 
 # code_version lives in run_code; re-exported here, where the recorders import it from
-__all__ = ["RunPlan", "plan_run", "run_id", "available_memory", "code_version"]
+__all__ = ["RunPlan", "plan_run", "run_id", "check_precision", "available_memory", "code_version"]

@@ -50,7 +50,7 @@ from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records.run_ids import CodeVersion
 from creditaudit.registry import DATASETS, DIAGNOSTICS, RULES
 from creditaudit.run import door
-from creditaudit.run.plan import code_version
+from creditaudit.run.plan import check_precision, code_version
 from creditaudit.version import OWN_PACKAGE
 
 # What data= names when the caller says nothing about the data.
@@ -129,6 +129,7 @@ def _recorder_config(rule: CreditRule, data: str | Mapping[str, Any] | None,
         raise ConfigError(f"config sets run.precision='fp32', but the network's parameters "
                           f"are {held}: leave run.precision out (the record keeps the "
                           "parameters' dtype as model.dtype)")
+    check_precision(resolved.run.precision, held)
     if spec is None:  # data of the user's own: a section of no installed dataset
         resolved = dataclasses.replace(resolved, data=rebuild_section("data", data_section))
     return resolved, spec, given

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from creditaudit.caller import FORCE
+from creditaudit.caller import FORCE, on_command_line
 from creditaudit.config import RunConfig, keys_with_role
 from creditaudit.data.identity import changed_files
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
@@ -109,13 +109,14 @@ FOLDER_FIX = "point data.data_dir at the run's data"
 
 
 def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str, *,
-                    folder_fix: str = FOLDER_FIX) -> None:
+                    folder_fix: str = FOLDER_FIX, audit: bool = False) -> None:
     """One-line RunRecordError when the data loaded now is not the data the run trained on:
     another fingerprint (files or generator arguments), or — the fingerprint equal — other
     arrays (``identity``: of the data loaded, :meth:`~creditaudit.run.plan.RunPlan.data_identity`).
     A record from before array digests is checked by its fingerprint only, said in one
     warning. ``folder_fix``: how the caller points at the run's data folder (``audit``
-    has its ``--data-dir``)."""
+    has its ``--data-dir``); ``audit``: the caller audits the run (it neither serves nor
+    trains it: a run of another default dtype is audited from Python)."""
     if record.data is None or not record.data.fingerprint:
         return  # records written before data fingerprints existed
     if record.data.fingerprint != identity.fingerprint:
@@ -143,11 +144,17 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str,
         default = str(torch.get_default_dtype()).removeprefix("torch.")
         if held in ("float32", "float64") and held != default:
             # features load in torch's default dtype: the caller's differs from the run's
+            fix = (f"call torch.set_default_dtype(torch.{held}) first to serve or resume it, "
+                   f"or train it again in {default} with {FORCE}")
+            if audit and on_command_line():  # a command's torch is float32: Python audits it
+                fix = (f"audit it from Python after torch.set_default_dtype(torch.{held}) "
+                       "(creditaudit.audit.checkpoint.audit_run)")
+            elif audit:
+                fix = f"call torch.set_default_dtype(torch.{held}) first to audit it"
             raise RunRecordError(
                 f"{path}: the run trained with torch's default dtype {held} (its features "
                 f"and parameters), but this process has {default}, so its data loads as "
-                f"other arrays; call torch.set_default_dtype(torch.{held}) first to serve or "
-                f"resume it, or train it again in {default} with {FORCE}")
+                f"other arrays; {fix}")
         raise RunRecordError(
             f"{path}: the data changed: {record.data.name} loads arrays with digest "
             f"{loaded[:12]}… now, but the run trained on {arrays[:12]}… (same fingerprint: "

@@ -202,7 +202,7 @@ def rebuild_refusal(record: RunRecord, run_dir: Path) -> str | None:
 
 
 def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = None,
-                folder_fix: str = FOLDER_FIX) -> RebuiltRun:
+                folder_fix: str = FOLDER_FIX, audit: bool = False) -> RebuiltRun:
     """The run in ``run_dir`` at its checkpointed epoch, on the CPU.
 
     Checks that each guest's code is the code the run trained with (its digest; guests
@@ -214,7 +214,8 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     (the random init that the checkpoint overwrites is forked). Raises RunRecordError for
     a run without a checkpoint, one that does not fit or is another run's, or whose guest's
     code changed, and ConfigError when a component it used is not installed here.
-    ``folder_fix``: how the caller points at the run's data when its files differ.
+    ``folder_fix``: how the caller points at the run's data when its files differ;
+    ``audit``: the caller audits the run (:func:`~creditaudit.run.resume.check_same_data`).
     """
     config = record.config
     refusal = rebuild_refusal(record, run_dir)
@@ -231,7 +232,7 @@ def rebuild_run(record: RunRecord, run_dir: Path, *, dataset: Dataset | None = N
     if dataset is not None:
         plan.use_data(dataset)
     check_same_data(record, plan.data_identity(), run_dir / RECORD_FILE,
-                    folder_fix=folder_fix)
+                    folder_fix=folder_fix, audit=audit)
     with torch.random.fork_rng(devices=[]):
         model = plan.build_model()
         rule = plan.build_rule(model)

@@ -172,6 +172,8 @@ class Experiment:
             precision = meta.get("precision")
             if precision not in (None, RunConfig().run.precision):  # other runs than fp32's
                 lists += f", precision `{precision}`"
+            if meta.get("dtype"):  # runs made in a Python caller's float64
+                lists += f", parameters in `{meta['dtype']}`"
             lines.append(f"Scale `{meta['scale']}`, dataset `{meta['dataset']}`{lists}; "
                          f"{meta['runs_found']} of {meta['runs_needed']} runs have finished "
                          f"records in `{meta['out_dir']}`.")

@@ -14,6 +14,8 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from creditaudit.config import RunConfig, device_overrides
 from creditaudit.errors import (
     ChangedRecordError,
@@ -70,15 +72,24 @@ RUN_KEYS = ("model.arch", "data.name", "method.name", "method.penalty",
 DEFAULT_PRECISION = RunConfig().run.precision
 
 
+def other_dtype() -> str | None:
+    """Torch's default dtype when it is not float32 (``"float64"``: a Python caller's, in
+    which its runs are made — other runs, under other ids), else None."""
+    dtype = str(torch.get_default_dtype()).removeprefix("torch.")
+    return None if dtype == "float32" else dtype
+
+
 def summary_stem(name: str, scale: str, dataset: str, choices: Choices = NO_CHOICES,
                  precision: str | None = None) -> str:
     """File stem of an experiment's summary in OUT/experiments/: ``NAME.SCALE.DATASET``
     (``.rules=…`` and ``.arch=…`` appended for lists a user chose, then the precision when
-    it is not the default fp32: ``.bf16``, whose runs are other runs), so every scale,
-    dataset, choice and precision of one experiment can share a results folder."""
+    it is not the default fp32: ``.bf16``, whose runs are other runs, then torch's default
+    dtype when it is not float32: ``.float64``), so every scale, dataset, choice, precision
+    and dtype of one experiment can share a results folder."""
     stem = f"{name}.{get_scale(scale).name}.{dataset}"
     stem = f"{stem}.{choices.tag()}" if choices.tag() else stem
-    return stem if precision in (None, DEFAULT_PRECISION) else f"{stem}.{precision}"
+    stem = stem if precision in (None, DEFAULT_PRECISION) else f"{stem}.{precision}"
+    return stem if other_dtype() is None else f"{stem}.{other_dtype()}"
 
 
 def legacy_summary_stem(name: str, scale: str, dataset: str) -> str:
@@ -98,8 +109,8 @@ def find_summary(out_dir: str | Path, name: str, scale: str, dataset: str,
     current = folder / f"{summary_stem(name, scale, dataset, choices, precision)}.json"
     if current.is_file():
         return current
-    if choices.tag() or precision not in (None, DEFAULT_PRECISION):
-        return None  # older versions took no --rules/--arch and named no precision
+    if choices.tag() or precision not in (None, DEFAULT_PRECISION) or other_dtype():
+        return None  # older versions took no --rules/--arch and named no precision or dtype
     legacy = folder / f"{legacy_summary_stem(name, scale, dataset)}.json"
     if not legacy.is_file():
         return None
@@ -235,6 +246,8 @@ def summarise_experiment(experiment: Experiment, plans: Sequence[RunPlan], *,
         "execution": {**execution_counts(outcomes or {}, ids), "wall_seconds": wall_seconds},
         "epoch_seconds": _epoch_seconds(records),
     }
+    if other_dtype() is not None:  # the runs' features and parameters
+        summary["meta"]["dtype"] = other_dtype()
     folder = out_dir / EXPERIMENTS_DIR
     stem = summary_stem(experiment.name, scale, dataset, choices, precision)
     summary["meta"]["files"] = [str(folder / f"{stem}.json"), str(folder / f"{stem}.md")]
@@ -264,8 +277,6 @@ def run_experiments(names: Sequence[str], *, scale: str, out_dir: str | Path,
     ``watch(plans)``: a context manager held while ``plans`` (the runs to train) train — the
     command line's per-epoch progress, read from their records. Returns ``{name: summary}``.
     """
-    import torch
-
     from creditaudit.sweep import plan_runs, prepare_configs, run_sweep
 
     get_scale(scale)

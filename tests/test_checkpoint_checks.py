@@ -228,6 +228,23 @@ def test_audit_of_a_record_behind_its_checkpoint_reads_the_checkpointed_epoch(tm
                    "record.json nor the record it holds logs that epoch", "--force")
 
 
+def test_audit_of_a_completed_run_with_an_older_checkpoint_warns(tmp_path, capsys, monkeypatch,
+                                                                  caplog):
+    """A completed run's checkpoint of an earlier epoch (an older file copied over it) was
+    audited at that epoch, said only as metadata.epoch in the JSON."""
+    config, folder = stopped_after_epoch_1(tmp_path, capsys, monkeypatch)
+    older = (folder / CHECKPOINT_FILE).read_bytes()
+    assert cli(capsys, "train", "-q", "--config", str(config), "--resume")[0] == 0
+    assert load_record(folder).status == "completed"
+    (folder / CHECKPOINT_FILE).write_bytes(older)
+    caplog.clear()
+    code, out, err = cli(capsys, "audit", str(folder), "--no-metrics", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["metadata"]["epoch"] == 1
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "logs a completed run up to epoch 2, but its checkpoint is of epoch 1" in warning
+
+
 def test_a_run_whose_record_is_behind_its_first_trained_checkpoint_resumes_from_it(
         tmp_path, capsys, monkeypatch, caplog):
     """Stopped between writing checkpoint(1) and rewriting record.json (which still logs only

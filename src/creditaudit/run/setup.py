@@ -267,14 +267,18 @@ def checkpointed_entry(record: RunRecord, saved: RunRecord, epoch: int, run_dir:
     run read while it trains, between its checkpoint's write and its record's. One-line
     RunRecordError when neither has it."""
     entry = record.entry(epoch)
+    last = record.log[-1].epoch if record.log else None
     if entry is not None:
+        if record.status == "completed" and last is not None and epoch < last:
+            log.warning("%s logs a completed run up to epoch %s, but its checkpoint is of "
+                        "epoch %d (an older file copied over it?): the weights and numbers "
+                        "used are epoch %d's", run_dir / RECORD_FILE, last, epoch, epoch)
         return entry
     entry = saved.entry(epoch)
     if entry is None:
         raise RunRecordError(f"{run_dir / CHECKPOINT_FILE} is of epoch {epoch}, but neither "
                              f"{RECORD_FILE} nor the record it holds logs that epoch: the "
                              f"checkpoint is damaged; start the run again with {FORCE}")
-    last = record.log[-1].epoch if record.log else None
     claim = claim_state(run_dir)
     if claim is not None and claim.stale is None:  # training now: the write is under way
         log.info("%s logs epochs up to %s while the run trains (%s holds it): epoch %d's "

@@ -304,7 +304,7 @@ class Trainer(RecordKeeping):
             # is freed.
             self.record_stop("interrupted", disk_full=True)
             raise
-        except Exception as err:
+        except BaseException as err:  # an Exception, or a guest's sys.exit or BaseException
             self.record_stop("failed", err)
             raise
         self.loggers.finish(self.record)

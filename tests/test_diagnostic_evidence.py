@@ -1,0 +1,36 @@
+"""A plugin diagnostic is handed its own copy of the evidence: what it changes in it — past
+the conformance suite's tiny cases, on a run's own evidence — reaches neither the record's
+numbers (the norms, the per-layer cosines computed from the same gradients) nor another
+diagnostic."""
+
+from __future__ import annotations
+
+import torch
+
+from creditaudit.protocol import Evidence, Protocol
+from door_support import guests
+
+EATER = "p57_evidence_eater"
+
+
+def _evidence() -> Evidence:
+    """A 3-state run's evidence (the eater changes evidence of any depth but the suite's 5)."""
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(16, 4, generator=generator, dtype=torch.float64) for _ in range(3)]
+    return Evidence(hidden_norms=[1.0, 1.5, 2.0], grad_norms=[1e-3, 1e-3, 1e-3],
+                    g_L_zero_fraction=0.0, g_L_nonzero_median=1e-3, grads=grads,
+                    logits=torch.randn(16, 4, generator=generator),
+                    labels=torch.arange(16) % 4, headline_acc=0.8, terminal_ln=True)
+
+
+def test_a_diagnostic_that_changes_its_evidence_changes_nothing_else(tmp_path):
+    evidence = _evidence()
+    norms, grad_norms = list(evidence.hidden_norms), list(evidence.grad_norms)
+    grads = [g.clone() for g in evidence.grads]
+    with guests(tmp_path / "site", EATER):
+        built = Protocol.of(["a", "b", EATER]).diagnostics
+        twice = Protocol((*built, type(built[-1])(built[-1].options)))  # the second eater
+        first, second = twice.evaluate(evidence)[-2:]  # sees a copy of its own too
+    assert evidence.hidden_norms == norms and evidence.grad_norms == grad_norms
+    assert all(torch.equal(g, before) for g, before in zip(evidence.grads, grads, strict=True))
+    assert first.value == second.value == 2.0

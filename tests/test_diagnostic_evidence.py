@@ -1,13 +1,16 @@
-"""A plugin diagnostic is handed its own copy of the evidence: what it changes in it — past
-the conformance suite's tiny cases, on a run's own evidence — reaches neither the record's
-numbers (the norms, the per-layer cosines computed from the same gradients) nor another
-diagnostic."""
+"""What a plugin diagnostic is handed and what it hands back, past the conformance suite's
+tiny cases, on a run's own evidence: its own copy of the evidence — what it changes in it
+reaches neither the record's numbers (the norms, the per-layer cosines computed from the
+same gradients) nor another diagnostic —; details a record cannot hold (numpy, tensors)
+make its result "not evaluated", saying why, not a run that cannot write its record."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
-from creditaudit.protocol import Evidence, Protocol
+from creditaudit.protocol import NOT_EVALUATED, DiagnosticResult, Evidence, Protocol
 from door_support import guests
 
 EATER = "p57_evidence_eater"
@@ -34,3 +37,17 @@ def test_a_diagnostic_that_changes_its_evidence_changes_nothing_else(tmp_path):
     assert evidence.hidden_norms == norms and evidence.grad_norms == grad_norms
     assert all(torch.equal(g, before) for g, before in zip(evidence.grads, grads, strict=True))
     assert first.value == second.value == 2.0
+
+
+def test_details_a_record_cannot_hold_are_not_evaluated(tmp_path):
+    with guests(tmp_path / "site", "p57_numpy_details"):
+        protocol = Protocol.of(["a", "p57_numpy_details"])
+        result = protocol.evaluate(_evidence())[-1]
+        odd = protocol.diagnostics[-1].checked(DiagnosticResult(
+            "p57_numpy_details", "Numpy details", 2.0, 1.0, "fired", "grown", None))
+    assert result.status == NOT_EVALUATED and result.value is None
+    assert result.reason.startswith("its details are not plain JSON (Object of type bool"), \
+        result.reason
+    assert result.reason.endswith("(it said 'fired': largest norm 2)")
+    assert json.loads(json.dumps(result.to_dict()))["details"] == {"claimed": "fired"}
+    assert odd.status == NOT_EVALUATED and "a NoneType, not a dict" in odd.reason

@@ -379,16 +379,18 @@ def test_a_plugin_reads_evidence_off_the_cpu_moved_there_once_and_the_builtins_t
     (given,) = builtin_seen  # the built-ins read the evidence as it was
     assert given.grads is evidence.grads and given.logits is evidence.logits
     assert given.logits.device.type == "meta"
-    assert first.seen[0] is second.seen[0]  # moved once, for every plugin
-    assert len(moved) == 3 + 3  # the three grads, logits, labels, losses: each once
+    assert first.seen[0] is not second.seen[0]  # each plugin its own copy …
+    assert len(moved) == 3 + 3  # … of tensors moved once: three grads, logits, labels, losses
     on_cpu = first.seen[0]
+    assert torch.equal(on_cpu.logits, second.seen[0].logits)
     for name in ("hidden_norms", "grad_norms", "initial_hidden_norms"):
-        assert getattr(on_cpu, name) is getattr(evidence, name)  # non-tensors kept as given
+        assert getattr(on_cpu, name) == getattr(evidence, name)  # copies of what was given
+        assert getattr(on_cpu, name) is not getattr(evidence, name)
     assert (on_cpu.headline_acc, on_cpu.terminal_ln, on_cpu.growth_limit) == (0.9, True, 50.0)
     assert on_cpu.labels.dtype == torch.long and evidence.logits.device.type == "meta"
 
 
-def test_evidence_already_on_the_cpu_is_not_copied_for_a_plugin(monkeypatch):
+def test_evidence_already_on_the_cpu_is_not_moved_for_a_plugin(monkeypatch):
     import creditaudit.protocol.base as base
 
     monkeypatch.setattr(base, "_to_cpu", lambda t: pytest.fail("moved a CPU tensor"),
@@ -397,7 +399,8 @@ def test_evidence_already_on_the_cpu_is_not_copied_for_a_plugin(monkeypatch):
     protocol = Protocol((*Protocol.default().diagnostics, plugin))
     evidence = _evidence("cpu")
     protocol.evaluate(evidence)
-    assert plugin.seen[0].grads is evidence.grads and plugin.seen[0].logits is evidence.logits
+    given = plugin.seen[0]  # a copy of its own (tests/test_diagnostic_evidence.py), not moved
+    assert torch.equal(given.logits, evidence.logits) and given.logits is not evidence.logits
     assert evidence.on_cpu() is evidence
     partly = dataclasses.replace(evidence, grads=None, logits=None)
     assert partly.on_cpu() is partly

@@ -197,6 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               "rerun with --verbose for the traceback and please report it"
               f"{_one_line(unrecorded_note(err))}", file=sys.stderr)
         return 1
+    except BaseException as err:  # not an Exception: a guest's own BaseException subclass
+        blamed = None if args.verbose else guest_failure(err)
+        if blamed is None:
+            raise
+        print(f"creditaudit: error: {_one_line(blamed + unrecorded_note(err))}",
+              file=sys.stderr)
+        return 2
 
 
 def stdout_closed() -> bool:

@@ -61,11 +61,11 @@ def blame(guest: Guest | str | None) -> Iterator[None]:
     try:
         with contextlib.redirect_stdout(sys.stderr), settings_kept(what):
             yield
-    except (CreditAuditError, KeyboardInterrupt):
+    except (CreditAuditError, KeyboardInterrupt, GeneratorExit):
         raise
     except SystemExit as err:
         raise GuestError(exit_message(what, err)) from None
-    except Exception as err:  # noqa: BLE001 - whatever the guest raised is named as its own
+    except BaseException as err:  # noqa: BLE001 - whatever the guest raised is named as its own
         raise GuestError(failure_message(what, err, _innermost(err.__traceback__, guest)
                                          )) from err
 

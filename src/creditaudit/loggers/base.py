@@ -275,9 +275,10 @@ def _call(logger: RunLogger, method: str, *args: object) -> None:
         return
     try:
         getattr(logger, method)(*copy.deepcopy(args))
-    except (CreditAuditError, KeyboardInterrupt):
+    except (CreditAuditError, KeyboardInterrupt, GeneratorExit):
         raise
-    except (Exception, SystemExit) as err:  # noqa: BLE001 — the guest's, named as its own
+    except BaseException as err:  # noqa: BLE001 — the guest's (an Exception, a sys.exit, a
+        # BaseException subclass of its own), named as its own
         raise guest_error(f"logger {type(logger).__qualname__}.{method}", err) from err
 
 

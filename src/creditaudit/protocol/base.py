@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -235,11 +236,27 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
         if why is None and result.status == FIRED and math.isinf(result.value) \
                 and not self.fires(result.value):
             why = f"its statistic is {result.value}, which does not fire"
-        if why is None:
+        details = result.details
+        unplain = _unplain(details)  # a record holds it: numpy and tensors cannot be written
+        if why is None and unplain is None:
             return result
+        if unplain is not None:
+            why, details = why or f"its details are not plain JSON ({unplain})", {}
         return self.result(None, NOT_EVALUATED,
                            f"{why} (it said {result.status!r}: {result.reason})",
-                           **{**result.details, "claimed": result.status})
+                           **{**details, "claimed": result.status})
+
+
+def _unplain(details: Any) -> str | None:
+    """Why ``details`` (a result's) cannot go into a record as they are — not a dict of
+    plain JSON (a numpy bool or array, a tensor) — or None when they can."""
+    if not isinstance(details, dict):
+        return f"a {type(details).__name__}, not a dict"
+    try:
+        json.dumps(details)
+    except (TypeError, ValueError) as err:
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    return None
 
 
 # A diagnostic's options are the table [diagnostics.NAME]: no name may be a common key.

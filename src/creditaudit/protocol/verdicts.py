@@ -13,6 +13,7 @@ cannot be evaluated is never counted as passed. Reports (:attr:`DiagnosticReport
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -249,7 +250,9 @@ class Protocol:
         protocol's (a) threshold (``evidence.growth_limit``, unless the evidence sets it), so
         the two never disagree. The built-ins read ``evidence`` as it is; every other
         diagnostic (a plugin) reads it on the CPU (:meth:`Evidence.on_cpu`), as the
-        conformance suite checked it: in a CUDA run its tensors are moved once, for them."""
+        conformance suite checked it: in a CUDA run its tensors are moved once, for them —
+        each gets a copy of its own, so one that changes its evidence (which the suite
+        checks only on its tiny cases) changes neither the record's numbers nor another's."""
         if evidence.growth_limit is None:
             evidence = dataclasses.replace(evidence, growth_limit=self.growth_limit())
         builtins = DIAGNOSTICS.builtin_classes()
@@ -258,8 +261,9 @@ class Protocol:
         for d in self.diagnostics:
             if type(d) in builtins:
                 given = evidence
-            else:
-                on_cpu = given = evidence.on_cpu() if on_cpu is None else on_cpu
+            else:  # its own copy: what it changes reaches no other diagnostic, nor the record
+                on_cpu = evidence.on_cpu() if on_cpu is None else on_cpu
+                given = copy.deepcopy(on_cpu)
             with blame(DIAGNOSTICS.guest(d.name)):
                 results.append(d.assess(given))
         return results

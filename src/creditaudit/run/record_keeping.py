@@ -60,7 +60,7 @@ class RecordKeeping:
         return (f"run {self.run_id} stopped before its first epoch finished (nothing trained "
                 "is saved): run the same command again to start it")
 
-    def record_stop(self, status: str, err: Exception | None = None, *,
+    def record_stop(self, status: str, err: BaseException | None = None, *,
                  disk_full: bool = False) -> None:
         """The run stopped on an interrupt or an error: record why and tell the loggers.
         On a full disk the write may fail again; the record then keeps its last state,

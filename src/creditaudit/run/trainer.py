@@ -46,6 +46,7 @@ from creditaudit.records import (
 from creditaudit.records.claims import check_held
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
+from creditaudit.run.data_writes import data_left_alone, measured_data, run_suspects
 from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, holding_for_train, prepare_run
 from creditaudit.run.init_file import write_initial
@@ -203,7 +204,8 @@ class Trainer(RecordKeeping):
         mode: BatchNorm uses (and leaves) its running statistics, so the test set never moves
         them and every diagnostic is per sample.
         """
-        with measurement_mode(self.model):
+        with measurement_mode(self.model), data_left_alone(
+                measured_data(self), run_suspects(self.plan), f"epoch {epoch} was measured"):
             return self._measure(epoch)
 
     def _measure(self, epoch: int) -> EpochEntry:
@@ -304,7 +306,7 @@ class Trainer(RecordKeeping):
             # is freed.
             self.record_stop("interrupted", disk_full=True)
             raise
-        except Exception as err:
+        except BaseException as err:  # an Exception, or a guest's sys.exit or BaseException
             self.record_stop("failed", err)
             raise
         self.loggers.finish(self.record)

@@ -1,0 +1,58 @@
+"""A run's data is read, never written: a network's forward (or a rule's ``credits``) that
+writes its input in place, on a batch that is a view of the data (an unshuffled split's
+slice: every evaluation), would change the data itself, and every later accuracy and
+diagnostic would be of other data than the record names. The conformance suite checks
+a guest's forward on its tiny inputs only; this catches the run's own, at no cost: an
+in-place write bumps the version counter torch keeps per tensor storage, which its views
+share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from creditaudit.errors import GuestError
+from creditaudit.registry import ARCHITECTURES, RULES
+
+
+@contextlib.contextmanager
+def data_left_alone(tensors: Sequence[Tensor], suspects: str, when: str) -> Iterator[None]:
+    """Run the block; GuestError (one line naming ``suspects``, the code that ran on the
+    data, and ``when``) when it wrote any of ``tensors`` in place."""
+    versions = [t._version for t in tensors]
+    yield
+    if any(t._version != v for t, v in zip(tensors, versions, strict=True)):
+        raise GuestError(
+            f"the run's data changed in place while {when}: {suspects} wrote its input, so "
+            "the numbers would be of other data than the record names and the run stops; a "
+            "forward (and credits()) must not write the batch it is given — fix that code "
+            "or report it to its authors")
+
+
+def measured_data(trainer: Any) -> tuple[Tensor, ...]:
+    """The tensors a :class:`~creditaudit.run.trainer.Trainer`'s measurement reads: the
+    dataset's four, the evaluation subset and the test loaders' own copies."""
+    data = trainer.dataset
+    loaders = (trainer.test_evaluation.rest, trainer.full_evaluation.rest)
+    return (data.train_x, data.train_y, data.test_x, data.test_y, trainer.eval_x,
+            *(loader.x for loader in loaders))
+
+
+def run_suspects(plan: Any) -> str:
+    """How :func:`data_left_alone` names the code that ran on a run's data (``plan``: its
+    :class:`~creditaudit.run.plan.RunPlan`): the network and the credit rule, with the
+    guests among them."""
+    arch, method = plan.architecture, plan.rule
+    guests = [g.what for g in (RULES.guest(method.name),
+                                arch.guest_code() or ARCHITECTURES.guest(arch.name))
+              if g is not None]
+    code = f" ({'; '.join(guests)})" if guests else ""
+    return (f"the network (model.arch={arch.name!r}) or the credit rule "
+            f"(method.name={method.name!r}){code}")
+
+
+__all__ = ["data_left_alone", "measured_data", "run_suspects"]

@@ -1,0 +1,53 @@
+"""What a plugin diagnostic is handed and what it hands back, past the conformance suite's
+tiny cases, on a run's own evidence: its own copy of the evidence — what it changes in it
+reaches neither the record's numbers (the norms, the per-layer cosines computed from the
+same gradients) nor another diagnostic —; details a record cannot hold (numpy, tensors)
+make its result "not evaluated", saying why, not a run that cannot write its record."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from creditaudit.protocol import NOT_EVALUATED, DiagnosticResult, Evidence, Protocol
+from door_support import guests
+
+EATER = "p57_evidence_eater"
+
+
+def _evidence() -> Evidence:
+    """A 3-state run's evidence (the eater changes evidence of any depth but the suite's 5)."""
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(16, 4, generator=generator, dtype=torch.float64) for _ in range(3)]
+    return Evidence(hidden_norms=[1.0, 1.5, 2.0], grad_norms=[1e-3, 1e-3, 1e-3],
+                    g_L_zero_fraction=0.0, g_L_nonzero_median=1e-3, grads=grads,
+                    logits=torch.randn(16, 4, generator=generator),
+                    labels=torch.arange(16) % 4, headline_acc=0.8, terminal_ln=True)
+
+
+def test_a_diagnostic_that_changes_its_evidence_changes_nothing_else(tmp_path):
+    evidence = _evidence()
+    norms, grad_norms = list(evidence.hidden_norms), list(evidence.grad_norms)
+    grads = [g.clone() for g in evidence.grads]
+    with guests(tmp_path / "site", EATER):
+        built = Protocol.of(["a", "b", EATER]).diagnostics
+        twice = Protocol((*built, type(built[-1])(built[-1].options)))  # the second eater
+        first, second = twice.evaluate(evidence)[-2:]  # sees a copy of its own too
+    assert evidence.hidden_norms == norms and evidence.grad_norms == grad_norms
+    assert all(torch.equal(g, before) for g, before in zip(evidence.grads, grads, strict=True))
+    assert first.value == second.value == 2.0
+
+
+def test_details_a_record_cannot_hold_are_not_evaluated(tmp_path):
+    with guests(tmp_path / "site", "p57_numpy_details"):
+        protocol = Protocol.of(["a", "p57_numpy_details"])
+        result = protocol.evaluate(_evidence())[-1]
+        odd = protocol.diagnostics[-1].checked(DiagnosticResult(
+            "p57_numpy_details", "Numpy details", 2.0, 1.0, "fired", "grown", None))
+    assert result.status == NOT_EVALUATED and result.value is None
+    assert result.reason.startswith("its details are not plain JSON (Object of type bool"), \
+        result.reason
+    assert result.reason.endswith("(it said 'fired': largest norm 2)")
+    assert json.loads(json.dumps(result.to_dict()))["details"] == {"claimed": "fired"}
+    assert odd.status == NOT_EVALUATED and "a NoneType, not a dict" in odd.reason

@@ -25,3 +25,20 @@ def test_a_forward_that_writes_the_evaluation_data_stops_the_run(tmp_path):
         "the run's data changed in place while epoch 0 was measured: the network "
         "(model.arch='p57-halves-its-input') or the credit rule (method.name='bp') "
         f"(architecture plugin 'p57-halves-its-input' ({ORIGIN})) wrote its input"), err.value
+
+
+def test_tensors_made_in_inference_mode_are_left_out_of_the_watch():
+    """A dataset loaded under torch.inference_mode() keeps no version counter (reading it
+    raises): the watch skips it rather than fail the run, and still sees the others."""
+    import torch
+
+    from creditaudit.run.data_writes import data_left_alone
+
+    with torch.inference_mode():
+        frozen = torch.ones(4)
+    watched = torch.ones(4)
+    with data_left_alone([frozen, watched], "the network", "epoch 0 was measured"):
+        pass
+    with pytest.raises(GuestError, match="the network wrote its input"), \
+            data_left_alone([frozen, watched], "the network", "epoch 0 was measured"):
+        watched[0:2].mul_(0.5)

@@ -132,6 +132,24 @@ def test_a_sweep_resumes_a_run_on_its_own_thread_count(tmp_path, kill_run_at, th
     assert record.resumed[0].environment["torch_threads"] == 1
 
 
+def test_a_sweep_starting_over_a_run_killed_in_epoch_1_records_the_sweeps_count(
+        tmp_path, kill_run_at):
+    # Killed in epoch 1, its checkpoint holds only the initial weights: the sweep starts it
+    # over, and its record equals the uninterrupted run's, run.threads included (it recorded
+    # None, as if the sweep had resumed it on the count of its earlier epochs).
+    straight = run_sweep(prepare_configs([tiny(tmp_path / "a")], threads=1),
+                         InlineExecutor(threads=1))
+    config = prepare_configs([tiny(tmp_path / "b")], threads=1)[0]
+    kill_run_at(config, epoch=1)
+    result = run_sweep(prepare_configs([tiny(tmp_path / "b")], threads=1),
+                       InlineExecutor(threads=1))
+    assert [o["status"] for o in result.outcomes] == ["completed"]
+    twin = load_record(tmp_path / "a" / straight.outcomes[0]["run_id"])
+    record = load_record(tmp_path / "b" / result.outcomes[0]["run_id"])
+    assert record.config.run.threads == twin.config.run.threads == 1
+    assert comparable(record) == comparable(twin)
+
+
 def test_the_record_keeps_each_part_s_environment(tmp_path, kill_run_at, monkeypatch):
     straight = train(tiny(tmp_path / "a", **{"run.threads": 1}))
     config = tiny(tmp_path / "b", **{"run.threads": 1})

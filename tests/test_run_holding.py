@@ -92,6 +92,31 @@ def test_a_dead_holders_claim_is_broken_and_train_releases_its_own(interrupted):
     assert not (run_dir / CLAIM_FILE).exists()
 
 
+def test_a_run_killed_before_its_first_file_starts_over_with_resume(tmp_path, capsys):
+    """kill -9 while ``train`` loaded the data or checked the model, before it wrote any
+    file of the run, leaves only its claim: ``train --resume`` starts the run over, as
+    for a kill before the first record (before: "cannot resume: no run at …", exit 2)."""
+    straight = train(tiny(tmp_path / "straight"))
+    config = tiny(tmp_path / "out")
+    run_dir = plan_run(config).run_dir
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_claim(run_dir, dead.pid)
+    (run_dir / ".config.toml.k3naa1x_.tmp").write_text("half a file")
+    capsys.readouterr()
+    assert main(["train", "--config", str(straight.run_dir / "config.toml"), "--resume",
+                 "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    record = load_record(run_dir)
+    assert record.status == "completed" and not record.resumed
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        p.name for p in straight.run_dir.iterdir())
+    # No claim broken: a folder the run never wrote to still holds no run to resume.
+    (tmp_path / "none" / run_dir.name).mkdir(parents=True)
+    assert main(["train", "--config", str(straight.run_dir / "config.toml"), "--resume",
+                 "--out", str(tmp_path / "none")]) == 2
+    assert "cannot resume: no run at" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
 def test_train_holds_the_run_while_it_trains_and_releases_it_however_it_ends(
         tmp_path, monkeypatch, stop):

@@ -58,11 +58,13 @@ BREAK_LOCK_STALE = 60.0
 class Claim:
     """A held claim on one run folder; ``lost`` once another process broke it (this one
     made no heartbeat for longer than that one's ``stale_after``): the run is then the
-    other's, and this process writes nothing more to it."""
+    other's, and this process writes nothing more to it. ``broke``: taking it broke the
+    claim of a dead (or stale) process, which was at work on the run when it stopped."""
 
     path: Path
     token: str
     lost: bool = False
+    broke: bool = False
 
 
 def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
@@ -108,6 +110,7 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "unix_time": time.time(),
                        "token": token}).encode()
     holder: dict[str, Any] | None = None
+    broke = False
     for _ in range(5):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -122,6 +125,7 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
                 if events is not None:
                     events("break_claim", reason=reason, holder=holder)
                 log.warning("broke the %s claim on %s (%s)", reason, run_dir, holder)
+                broke = True
                 continue
             time.sleep(0.05)
             continue
@@ -136,7 +140,7 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
             path.unlink(missing_ok=True)
             raise write_error(err)(f"cannot write {describe_os_error(err, path)}") from None
         os.close(fd)
-        claim = Claim(path, token)
+        claim = Claim(path, token, broke=broke)
         _HELD[run_dir.resolve()] = claim
         return claim, None
     return None, holder
@@ -211,6 +215,13 @@ def _who(holder: dict[str, Any] | None) -> str:
     """The process a claim names, in words (``holder``: the claim, None while written)."""
     return ("another process (its claim is being written)" if holder is None else
             f"{holder_name(holder)} (since {holder.get('time', '?')})")
+
+
+def broke_a_claim(run_dir: Path) -> bool:
+    """Whether this process's claim on ``run_dir`` broke that of a process that had stopped
+    (killed while it held the run)."""
+    claim = _HELD.get(Path(run_dir).resolve())
+    return claim is not None and claim.broke
 
 
 def lost_claim(run_dir: Path) -> str | None:

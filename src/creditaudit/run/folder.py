@@ -38,7 +38,7 @@ from creditaudit.records import (
     RunRecord,
     load_record,
 )
-from creditaudit.records.claims import holding_run
+from creditaudit.records.claims import broke_a_claim, holding_run
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.resume import (
     check_same_data,
@@ -178,7 +178,9 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
                                  f"{hint}: {advice}")
     elif resume and not record_path.exists():
-        if not started_without_record(run_dir):
+        # A process killed before it wrote a file of the run (while it loaded the data or
+        # checked the model) leaves only its claim, which holding the folder broke.
+        if not (started_without_record(run_dir) or broke_a_claim(run_dir)):
             raise no_run_to_resume(config, run_dir, identity, plan.code.to_dict())
         log.info("run %s stopped before its first record was written; starting it over",
                  plan.run_id)

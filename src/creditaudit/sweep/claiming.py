@@ -31,6 +31,7 @@ from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import FINISHED
 from creditaudit.records.claims import Claim, release_claim, try_claim
 from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.unresumable import checkpointed_epoch
 from creditaudit.sweep.outcome import FOREIGN, NEWER, Outcome, left_alone, new_outcome
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,12 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
     elif status in ("running", "interrupted", "failed") and has_checkpoint:
         action, kwargs = "resumed", {"resume": True}
         # The sweep's thread count is for the runs it starts: a resumed run goes on with the
-        # count its epochs ran on (another would change the last bits of its numbers).
-        plan = dataclasses.replace(plan, config=plan.config.replace(**{"run.threads": None}))
+        # count its epochs ran on (another would change the last bits of its numbers). One
+        # whose checkpoint holds only its initial weights starts over (``restartable``),
+        # recording the sweep's count as its uninterrupted twin does.
+        if checkpointed_epoch(run_dir) != 0:
+            plan = dataclasses.replace(plan,
+                                       config=plan.config.replace(**{"run.threads": None}))
     else:  # corrupt record, or died before its first checkpoint: start over
         action, kwargs = "restarted", {"force": True}
         if status == "corrupt":

@@ -49,6 +49,13 @@ def network(dtype: torch.dtype = torch.float32) -> nn.Sequential:
                              nn.Linear(16, 3)).to(dtype)
 
 
+class Float64Head(nn.Linear):
+    """A float64 readout behind float32 layers (a network of mixed parameter dtypes)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
 def samples(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
     return (torch.randn(64, 8, generator=generator).to(dtype),
@@ -224,6 +231,12 @@ def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp
     with pytest.raises(ConfigError, match=r"run.precision='bf16' trains under bf16 autocast"):
         record(network(torch.float64), "bp", tmp_path / "f64", dtype=torch.float64,
                config={"run.precision": "bf16"})
+    # some float64 weights: theirs too (the record said bf16 beside float32+float64)
+    mixed = network()
+    mixed[3] = Float64Head(16, 3, dtype=torch.float64)
+    with pytest.raises(ConfigError, match=r"parameters are float32\+float64: its float64 "):
+        record(mixed, "bp", tmp_path / "mixed", config={"run.precision": "bf16"})
+    assert not (tmp_path / "mixed").exists()
     assert not (tmp_path / "f64").exists()
 
 

@@ -240,6 +240,36 @@ def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp
     assert not (tmp_path / "f64").exists()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_network_is_measured_in_its_dtype_and_says_so(dtype, tmp_path,
+                                                                     monkeypatch):
+    """A Recorder never casts the caller's network: one held in bf16 or fp16 is measured in
+    that dtype, while run.precision's help said diagnostics never run in bf16 and the
+    report's settings left the dtype out."""
+    import creditaudit.measures.epoch as epoch
+    from creditaudit.config.sections import RunSettings
+    from creditaudit.report.tables import run_settings
+
+    seen = set()
+    measured = epoch.state_gradients
+
+    def state_gradients(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = measured(*args, **kwargs)
+        seen.update(g.dtype for g in out.grads)
+        return out
+
+    monkeypatch.setattr(epoch, "state_gradients", state_gradients)
+    net = network(dtype)
+    done = record(net, "bp", tmp_path, dtype=dtype)
+    name = str(dtype).removeprefix("torch.")
+    assert seen == {dtype} and {p.dtype for p in net.parameters()} == {dtype}
+    assert done.model.dtype == name and "run.precision" in done.not_recorded
+    assert run_settings(load_record(tmp_path / done.run_id))["model dtype"] == name
+    assert "model dtype" not in run_settings(record(network(), "bp", tmp_path))
+    help_text = RunSettings.__dataclass_fields__["precision"].metadata["help"]
+    assert "Recorder's network held in bf16 or fp16: that dtype" in help_text, help_text
+
+
 def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):
     held = record(frozen_block(), "bp", tmp_path)
     path = tmp_path / held.run_id / RECORD_FILE

@@ -178,13 +178,20 @@ def test_the_python_api_still_names_the_config_key(tmp_path):
         train(config)
 
 
-@pytest.mark.parametrize("command", [["train"], ["demo", "--workers", "0", "-q"]])
+@pytest.mark.parametrize("command", [
+    ["train", "--epochs", "1"], ["demo", "--workers", "0", "-q", "--epochs", "1"],
+    ["sweep", "SWEEP", "--workers", "0"], ["experiment", "fresh_null", "--scale", "smoke"]])
 def test_a_missing_gpu_names_the_device_flag(command, tmp_path, capsys, monkeypatch):
-    """``--device cuda`` on a machine without CUDA: run.device='cuda' (the key) before."""
+    """``--device cuda`` on a machine without CUDA: run.device='cuda' (the key) before;
+    sweep and experiment said so after train and demo named the flag."""
     import torch
 
+    from sweep_files import write_tiny_sweep
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main([*command, "--device", "cuda", "--epochs", "1", "--out", str(tmp_path)]) == 2
+    sweep_file = str(write_tiny_sweep(tmp_path / "s.toml", tmp_path / "runs"))
+    command = [sweep_file if word == "SWEEP" else word for word in command]
+    assert main([*command, "--device", "cuda", "--out", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err,
                           "error: --device cuda but no CUDA device is available")

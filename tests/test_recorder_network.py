@@ -49,6 +49,13 @@ def network(dtype: torch.dtype = torch.float32) -> nn.Sequential:
                              nn.Linear(16, 3)).to(dtype)
 
 
+class Float64Head(nn.Linear):
+    """A float64 readout behind float32 layers (a network of mixed parameter dtypes)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
 def samples(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
     return (torch.randn(64, 8, generator=generator).to(dtype),
@@ -224,7 +231,43 @@ def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp
     with pytest.raises(ConfigError, match=r"run.precision='bf16' trains under bf16 autocast"):
         record(network(torch.float64), "bp", tmp_path / "f64", dtype=torch.float64,
                config={"run.precision": "bf16"})
+    # some float64 weights: theirs too (the record said bf16 beside float32+float64)
+    mixed = network()
+    mixed[3] = Float64Head(16, 3, dtype=torch.float64)
+    with pytest.raises(ConfigError, match=r"parameters are float32\+float64: its float64 "):
+        record(mixed, "bp", tmp_path / "mixed", config={"run.precision": "bf16"})
+    assert not (tmp_path / "mixed").exists()
     assert not (tmp_path / "f64").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_network_is_measured_in_its_dtype_and_says_so(dtype, tmp_path,
+                                                                     monkeypatch):
+    """A Recorder never casts the caller's network: one held in bf16 or fp16 is measured in
+    that dtype, while run.precision's help said diagnostics never run in bf16 and the
+    report's settings left the dtype out."""
+    import creditaudit.measures.epoch as epoch
+    from creditaudit.config.sections import RunSettings
+    from creditaudit.report.tables import run_settings
+
+    seen = set()
+    measured = epoch.state_gradients
+
+    def state_gradients(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = measured(*args, **kwargs)
+        seen.update(g.dtype for g in out.grads)
+        return out
+
+    monkeypatch.setattr(epoch, "state_gradients", state_gradients)
+    net = network(dtype)
+    done = record(net, "bp", tmp_path, dtype=dtype)
+    name = str(dtype).removeprefix("torch.")
+    assert seen == {dtype} and {p.dtype for p in net.parameters()} == {dtype}
+    assert done.model.dtype == name and "run.precision" in done.not_recorded
+    assert run_settings(load_record(tmp_path / done.run_id))["model dtype"] == name
+    assert "model dtype" not in run_settings(record(network(), "bp", tmp_path))
+    help_text = RunSettings.__dataclass_fields__["precision"].metadata["help"]
+    assert "Recorder's network held in bf16 or fp16: that dtype" in help_text, help_text
 
 
 def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):

@@ -164,6 +164,32 @@ def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
     assert not (tmp_path / "raised" / CLAIM_FILE).exists()
 
 
+LEFT_UNFINISHED = """
+import sys
+from creditaudit import Recorder, rule
+from integrity_support import tiny_own_loop
+net, x, y = tiny_own_loop()
+rec = Recorder(rule("bp", net), x, y, out=sys.argv[1], name="left", progress=False,
+               config={"diagnostics.end_of_run": False})
+rec.epoch(0)
+"""
+
+
+def test_a_recorder_left_unfinished_releases_its_claim_quietly_at_exit(tmp_path):
+    """A script that never calls finish(): its claim was released from the claim's
+    generator finalised at interpreter shutdown, which failed there ("Exception ignored …
+    holding_run … sys.meta_path is None") and left the claim behind."""
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [os.environ.get("PYTHONPATH"), tests]))}
+    done = subprocess.run([sys.executable, "-c", LEFT_UNFINISHED, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+    assert (tmp_path / "left" / RECORD_FILE).exists()
+    assert not (tmp_path / "left" / CLAIM_FILE).exists()
+
+
 IN_EPOCH_2 = """
 import json, sys, time
 from pathlib import Path

@@ -154,6 +154,21 @@ def test_a_run_that_diverges_in_a_stack_stops_where_it_stops_alone(tmp_path, flo
         assert checkpoint_gap(a.run_dir, s.run_dir) < TOLERANCE
 
 
+def test_a_stack_a_run_left_records_the_smaller_stack_it_trained_in(tmp_path):
+    """A stack of 3 whose second run diverges in epoch 1: the others' epoch 2 trained in a
+    stack of 2, while their records said stacked_runs = 3 and nothing more."""
+    runs = configs(tmp_path, "dfa")
+    runs[1] = runs[1].replace(**{"optim.lr": 1e300})
+    results = train_stacked(runs)
+    assert [r.status for r in results] == ["completed", "diverged", "completed"]
+    for result, later in zip(results, ([{"epoch": 2, "stacked_runs": 2}], None,
+                                       [{"epoch": 2, "stacked_runs": 2}]), strict=True):
+        for record in (result.record, load_record(result.run_dir)):
+            execution = record.environment["execution"]
+            assert execution["stacked_runs"] == 3
+            assert execution.get("stacked_runs_from") == later
+
+
 def test_the_once_per_epoch_check_trains_a_diverged_epoch_again_bit_for_bit(tmp_path,
                                                                              float64):
     """check="epoch" reads the device buffers once per epoch; an epoch in which a run turned

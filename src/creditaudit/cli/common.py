@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from creditaudit.config import (
@@ -20,7 +21,7 @@ from creditaudit.config import (
     config_help,
     parse_override,
 )
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES, Registry
 
 
@@ -293,6 +294,25 @@ def in_flags(message: str, typed: FlagsGiven) -> str:
             message = re.sub(re.escape(f"{key}={spelled}") + r"(?!\w|\.\d)",
                              lambda _, flag=flag: flag, message)
     return message
+
+
+def device_flags(args: argparse.Namespace) -> FlagsGiven:
+    """The keys ``--device`` and ``--precision`` (:func:`add_device_options`) set, as
+    :data:`FlagsGiven` (a flag not given is left out)."""
+    pairs = (("run.device", "--device", getattr(args, "device", None)),
+             ("run.precision", "--precision", getattr(args, "precision", None)))
+    return {key: (value, f"{flag} {value}") for key, flag, value in pairs if value is not None}
+
+
+@contextlib.contextmanager
+def refusals_in_flags(typed: FlagsGiven) -> Iterator[None]:
+    """Within: a refusal (CreditAuditError) names the flags of ``typed`` it is about, as
+    :func:`in_flags` spells them (``run.device='cuda' but …`` → ``--device cuda but …``)."""
+    try:
+        yield
+    except CreditAuditError as err:
+        err.args = (in_flags(str(err), typed), *err.args[1:])
+        raise
 
 
 def named_by_flag(message: str, given: dict[str, str]) -> str:

@@ -8,7 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from creditaudit.cli.common import add_device_options, folder, refuse_together
+from creditaudit.cli.common import (
+    add_device_options,
+    device_flags,
+    folder,
+    refusals_in_flags,
+    refuse_together,
+)
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.formatting import duration
 
@@ -256,13 +262,15 @@ def run(args: argparse.Namespace) -> int:
     progress = _LazyProgress(quiet=args.quiet)
     started = time.perf_counter()
     try:
-        summaries = run_experiments(names, scale=args.scale, out_dir=args.out,
-                                    dataset=args.dataset, data_dir=args.data_dir,
-                                    workers=args.workers, executor=args.executor,
-                                    on_progress=progress, retry_failed=args.retry_failed,
-                                    device=args.device, precision=args.precision,
-                                    train=not args.no_train, choices=choices,
-                                    watch=progress.watch)
+        with refusals_in_flags(device_flags(args)):  # --device cuda, not run.device='cuda'
+            summaries = run_experiments(names, scale=args.scale, out_dir=args.out,
+                                        dataset=args.dataset, data_dir=args.data_dir,
+                                        workers=args.workers, executor=args.executor,
+                                        on_progress=progress,
+                                        retry_failed=args.retry_failed,
+                                        device=args.device, precision=args.precision,
+                                        train=not args.no_train, choices=choices,
+                                        watch=progress.watch)
     except KeyboardInterrupt:
         progress.close()
         print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "

@@ -19,7 +19,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from creditaudit.cli.common import add_device_options, env_overrides, finite_float, folder
+from creditaudit.cli.common import (
+    add_device_options,
+    device_flags,
+    env_overrides,
+    finite_float,
+    folder,
+    refusals_in_flags,
+)
 from creditaudit.cli.sweep_executor import (
     build_executor,
     check_flags,
@@ -256,8 +263,9 @@ def run(args: argparse.Namespace) -> int:
     grid_keys = sweep.grid_keys
     # Every run planned before any trains: a run that cannot (a rule that cannot train the
     # model, missing data) stops the sweep here, and its dry run, in one line naming it.
-    plans = plan_runs(configs, grid_keys)
-    check_devices(plans, args.executor)  # a missing GPU: the dry run says so too
+    with refusals_in_flags(device_flags(args)):  # --device cuda, not run.device='cuda'
+        plans = plan_runs(configs, grid_keys)
+        check_devices(plans, args.executor)  # a missing GPU: the dry run says so too
     results_folder(plans)  # runs in two folders: the dry run says so too
     if args.dry_run:
         return _dry_run(sweep, expansion, plans, args, stale_after)

@@ -162,8 +162,10 @@ class RunSettings:
                        path=True)
     device: str = opt("auto", "device (auto = cuda if available)", choices=DEVICES,
                       role="place")
-    precision: str = opt("fp32", "training precision; diagnostics never in bf16 (fp32; a "
-                         "Python caller's float64 run: float64)", choices=PRECISIONS)
+    precision: str = opt("fp32", "training precision; diagnostics run in the parameters' "
+                         "dtype, never under bf16 autocast (fp32; a Python caller's float64 "
+                         "run: float64; a Recorder's network held in bf16 or fp16: that "
+                         "dtype, model.dtype)", choices=PRECISIONS)
     threads: int | None = opt(None, "torch CPU threads of the run (None = the process's "
                               "count, torch's default in a command; train() puts the caller's "
                               "count, torch settings and random streams back after the run); "

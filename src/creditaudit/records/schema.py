@@ -80,7 +80,9 @@ class RunRecord(RecordAccessors):
         "(`device_data`: true or false, whether the train and test sets were kept on the "
         "run's device with each epoch's draws made up front (`run.device_data`; on the CPU "
         "only when set to on); `cuda_graphs`: on, or off and why; `stacked_runs`: how many "
-        "runs trained in its stack) — of the part that started the run: a resumed run lists "
+        "runs trained in its stack as it started; `stacked_runs_from`, once the stack shrank "
+        "(a member diverged or stopped early): each change, `epoch` on in a stack of "
+        "`stacked_runs` (1: alone)) — of the part that started the run: a resumed run lists "
         "its other parts' in `resumed`", factory=dict)
     resumed: list[ResumedPart] = doc(
         "one entry per time the run was resumed, in order: the epoch that part went on from, "

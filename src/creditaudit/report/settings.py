@@ -24,6 +24,7 @@ SHOWN_SETTINGS = frozenset({"method.name", "method.penalty", "model.arch", "mode
                             "model.n_blocks", "model.out_ln", "data.name", "run.seed"})
 DATA_SOURCE = "data source"
 MODEL_CODE = "model code"
+MODEL_DTYPE = "model dtype"  # parameters held in another dtype than float32 (model.dtype)
 
 
 def setting_text(value: Any) -> str:
@@ -38,7 +39,8 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     the config values its run id covers (output folder, threads, device, … left out; "not
     recorded" for those a run from a user's own loop was not told) and, as ``data
     source`` and ``model code``, what identifies its data apart from the seed and its
-    network's code where it is not creditaudit's (hash prefixes)."""
+    network's code where it is not creditaudit's (hash prefixes); ``model dtype``, the
+    parameters' dtype where it is not float32 (its diagnostics ran in it)."""
     skip = non_semantic(run.config)
     unknown = set(run.not_recorded)
     settings: dict[str, str] = {}
@@ -59,6 +61,9 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     code = run.model_code_digest
     if code is not None:  # a network of the user's own code: two scripts' Nets
         settings[MODEL_CODE] = code[:12]
+    dtype = run.model.dtype if run.model is not None else None
+    if dtype not in (None, "float32"):  # trained and measured in it (a Recorder's bf16 net)
+        settings[MODEL_DTYPE] = dtype
     return settings
 
 

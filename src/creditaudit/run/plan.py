@@ -283,16 +283,21 @@ def run_id(config: RunConfig) -> str:
 
 
 def check_precision(precision: str, dtype: str | None = None) -> None:
-    """Refuse ``run.precision='bf16'`` for float64 parameters (``dtype``, e.g. ``"float64"``;
-    None: torch's default dtype, in which a run makes its features and parameters): bf16
-    autocast casts float32 tensors only, so every step would run in float64, as the fp32
-    run's, while the record said bf16 (under another run id)."""
+    """Refuse ``run.precision='bf16'`` for float64 parameters, all or some (``dtype``, e.g.
+    ``"float64"`` or a Recorder's network's ``"float32+float64"``, as
+    :func:`~creditaudit.models.structure.parameter_dtype` names them; None: torch's
+    default dtype, in which a run makes its features and parameters): bf16 autocast casts
+    float32 tensors only, so the float64 parameters' arithmetic would stay float64 (every
+    step the fp32 run's, for a float64 network) while the record said bf16."""
     dtype = str(torch.get_default_dtype()).removeprefix("torch.") if dtype is None else dtype
-    if precision == "bf16" and dtype == "float64":
+    if precision == "bf16" and "float64" in dtype.split("+"):
+        steps = ("every step would be the float64 run's" if dtype == "float64" else
+                 f"the network's parameters are {dtype}: its float64 ones would train in "
+                 "float64, not bf16")
         raise ConfigError("run.precision='bf16' trains under bf16 autocast, which leaves "
-                          "float64 parameters and features in float64 (every step would be "
-                          "the float64 run's): leave run.precision out (the record says the "
-                          "parameters' dtype, model.dtype), or train float32 parameters")
+                          f"float64 parameters and features in float64 ({steps}): leave "
+                          "run.precision out (the record says the parameters' dtype, "
+                          "model.dtype), or train float32 parameters")
 
 
 def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,10 @@ class Recorder:
         self._since = time.perf_counter()
         # Held until the run ends (finish(), the with-block's end, a failed write here).
         self._held = claim_folder(self.run_dir, overwrite)
+        # A Recorder left unfinished releases its claim when it is collected or, alive at
+        # the interpreter's exit, then (atexit, while Python still runs): not from its
+        # claim's generator finalised at shutdown, which failed there and left the claim.
+        weakref.finalize(self, self._held.close)
         with released_on_error(self._held):
             ensure_folder(self.run_dir)
             if self.checkpointing:

@@ -304,6 +304,8 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
                 break
             if len(remaining) != len(live):
                 live, runner = remaining, epoch_runner(remaining)
+                if epoch < group[0].config.optim.epochs:
+                    _record_smaller_stack(live, epoch + 1)
         else:
             for trainer in live:
                 if id(trainer) not in results:
@@ -321,6 +323,16 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
                 trainer.loggers.close_quietly()
         raise
     return [results[id(t)] for t in group]
+
+
+def _record_smaller_stack(live: list[Trainer], epoch: int) -> None:
+    """Say in each record of ``live`` (the runs of a stack that a member left, by diverging
+    or stopping early) that from ``epoch`` on it trained in a stack of ``len(live)`` (1:
+    alone, its own step): ``environment.execution.stacked_runs`` is the stack it started
+    in, ``stacked_runs_from`` lists each change."""
+    for trainer in live:
+        changes = trainer.environment["execution"].setdefault("stacked_runs_from", [])
+        changes.append({"epoch": epoch, "stacked_runs": len(live)})
 
 
 def _interrupt(trainers: list[Trainer], stop: BaseException) -> None:

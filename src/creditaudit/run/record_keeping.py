@@ -20,6 +20,7 @@ from creditaudit.errors import OutputError, note_unrecorded
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import save_record
 from creditaudit.records.claims import check_held, lost_claim
+from creditaudit.run.data_writes import data_left_alone, measured_data, run_suspects
 from creditaudit.run.init_file import read_initial
 from creditaudit.run.results import end_of_run_metrics, final_results, note_end_of_run_credits
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from creditaudit.methods import CreditRule
     from creditaudit.models import ResidualNet
     from creditaudit.records import RunRecord
+    from creditaudit.run.plan import RunPlan
 
 
 class RecordKeeping:
@@ -36,6 +38,7 @@ class RecordKeeping:
     it reads (below)."""
 
     config: RunConfig
+    plan: RunPlan  # what names the network and the rule when they write the run's data
     record: RunRecord
     run_id: str
     run_dir: Path
@@ -100,10 +103,13 @@ class RecordKeeping:
             initial = read_initial(self.run_dir, self.model, self.init_digest,
                                    doing="cannot compute the end-of-run drift",
                                    map_location=self.device)
-            self.record.diagnostics.update(end_of_run_metrics(
-                self.rule, self.eval_x, self.eval_y, initial=initial,
-                settings=self.config.diagnostics, seed=self.config.run.seed,
-                progress=self.loggers.log_stage))
+            with data_left_alone(measured_data(self), run_suspects(self.plan),
+                                 "the end-of-run metrics were measured"):
+                metrics = end_of_run_metrics(
+                    self.rule, self.eval_x, self.eval_y, initial=initial,
+                    settings=self.config.diagnostics, seed=self.config.run.seed,
+                    progress=self.loggers.log_stage)
+            self.record.diagnostics.update(metrics)
             note_end_of_run_credits(self.record, self.rule)
         self._write()
 

@@ -130,7 +130,8 @@ class Trainer(RecordKeeping):
         # not the gradient is refused here (every cosine would be its own credit).
         self.reference = reference_at_start(
             self.model, self.eval_x, self.eval_y,
-            allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX)
+            allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX,
+            suspects=run_suspects(plan))
         refuse_one_sample_batch(self.model, self.eval_x, self.dataset.train_y.shape[0],
                                 config.optim.batch_size)
         self.record = new_record(config, device=str(self.device), data=self.data_identity,

@@ -1,4 +1,5 @@
-"""How a trainer's run ends, in its record: finished (final results, end-of-run metrics), or
+"""How a trainer's run ends, in its record: finished (final results, end-of-run metrics; early,
+when its protocol verdict turns to walk-back and it was asked to stop there), or
 stopped by an interrupt, a full disk or an error (what the record keeps, and the one line
 the command line adds to say what to do next).
 
@@ -18,6 +19,7 @@ import torch
 from creditaudit.caller import RESUME
 from creditaudit.errors import OutputError, note_unrecorded
 from creditaudit.guests.blame import guest_failure
+from creditaudit.protocol import WALK_BACK, labels
 from creditaudit.records import save_record
 from creditaudit.records.claims import check_held, lost_claim
 from creditaudit.run.data_writes import data_left_alone, measured_data, run_suspects
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from creditaudit.loggers import LoggerGroup
     from creditaudit.methods import CreditRule
     from creditaudit.models import ResidualNet
-    from creditaudit.records import RunRecord
+    from creditaudit.records import EpochEntry, RunRecord
     from creditaudit.run.plan import RunPlan
 
 
@@ -93,6 +95,18 @@ class RecordKeeping:
                 raise
             note_unrecorded(err, write_error)
         self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
+
+    def walkback_stop(self, entry: EpochEntry) -> bool:
+        """With ``diagnostics.stop_on_walkback``: whether the run stops at ``entry`` (its
+        protocol verdict turned to walk-back), recorded as ``record.stopped_early`` (the
+        epoch, and the diagnostics that fired)."""
+        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK):
+            return False
+        fired = [i for i, status in (entry.protocol or {}).items() if status == "fired"]
+        self.record.stopped_early = {
+            "epoch": entry.epoch,
+            "reason": f"protocol verdict needs walk-back: {labels(fired)}"}
+        return True
 
     def finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""

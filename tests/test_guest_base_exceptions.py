@@ -59,3 +59,59 @@ def test_a_rules_base_exception_in_training_is_one_line_and_recorded(tmp_path):
     record = json.loads((out / run_dir_name(out) / "record.json").read_text())
     assert record["status"] == "failed", record["status"]
     assert "p57-step-aborts" in record["error"], record["error"]
+
+
+def stack_of_two(out):
+    """Two tiny backprop runs (seeds 1 and 2) that train as one stack."""
+    from creditaudit.config import RunConfig
+    from test_stacked import TINY
+
+    return [RunConfig().replace(**{**TINY, "run.out_dir": str(out), "method.name": "bp",
+                                   "run.seed": seed}) for seed in (1, 2)]
+
+
+def aborting(original, seed: int):
+    """``original`` (a Trainer method of the epoch, or of none), raising Abort — as a guest's
+    forward or rule would — in run ``seed``'s epoch 1, or its finish."""
+    def method(self, *epoch):
+        if self.config.run.seed == seed and epoch in ((), (1,)):
+            raise Abort("the forward gave up")
+        return original(self, *epoch)
+    return method
+
+
+@pytest.mark.parametrize("where", ["measure", "finish"])
+def test_a_base_exception_in_one_stacked_run_fails_it_as_alone(tmp_path, monkeypatch, where):
+    """A stacked run's evaluation or end of run that raises a guest's own BaseException is
+    recorded failed, as the run alone records it, and the other run trains on (it was left
+    'running', and the error ended the whole stack)."""
+    from creditaudit.run.stacked import train_stacked
+    from creditaudit.run.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, where, aborting(getattr(Trainer, where), seed=2))
+    with pytest.raises(Abort):
+        train(stack_of_two(tmp_path / "alone")[1])
+    alone = load_record(next((tmp_path / "alone").iterdir()))
+    first, second = train_stacked(stack_of_two(tmp_path / "stacked"))
+    assert (first.status, second.status) == ("completed", "failed")
+    record = load_record(second.run_dir)
+    assert (record.status, record.error) == ("failed", alone.error) == (
+        "failed", "Abort: the forward gave up"), record.error
+
+
+def test_a_base_exception_in_the_shared_step_fails_every_run_of_the_stack(tmp_path,
+                                                                        monkeypatch):
+    """The shared step raising a guest's own BaseException fails each run still training
+    (recorded, not left 'running') and is raised, as an Exception there is."""
+    from creditaudit.run.stacked import train_stacked
+    from creditaudit.run.steps.epochs import StackedEpochs
+
+    def train_epoch(self, epoch):
+        raise Abort("the step gave up")
+
+    monkeypatch.setattr(StackedEpochs, "train_epoch", train_epoch)
+    with pytest.raises(Abort):
+        train_stacked(stack_of_two(tmp_path))
+    records = [load_record(folder) for folder in sorted(tmp_path.iterdir())]
+    assert [(r.status, r.error) for r in records] == [
+        ("failed", "Abort: the step gave up")] * 2

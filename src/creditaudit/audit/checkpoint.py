@@ -50,6 +50,7 @@ from creditaudit.records import (
 from creditaudit.records.claim_files import claim_state
 from creditaudit.records.compare import recipe_difference
 from creditaudit.report.runs import status_text
+from creditaudit.run.data_writes import data_left_alone, run_suspects
 from creditaudit.run.plan import RunPlan
 from creditaudit.run.setup import rebuild_run, resolve_device
 
@@ -268,21 +269,25 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     # Epoch 0 measured the network at initialisation on this evaluation set: (a) compares
     # ‖h_0‖ with it, to see growth before the first state.
     start = record.entry(0)
-    report = diagnose(run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
-                      frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
-                      metadata=metadata, progress=say, protocol=protocol,
-                      allow_unverified_reference=bool(
-                          config.diagnostics.allow_unverified_reference
-                          if allow_unverified_reference is None
-                          else allow_unverified_reference),
-                      reference_fix=AUDIT_FIX,
-                      initial_hidden_norms=(start.measures.hidden_norms
-                                            if start is not None and start.measures else None),
-                      # epoch 0: the network at initialisation — but a run that diverged
-                      # in its first epoch did train, and is judged on epoch 0's numbers
-                      # (d) included, as its record is (protocol.records.untrained)
-                      trained=run.epoch > 0 or record.status == "diverged")
-    fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
+    # The network and the rule read the evaluation set (a view of the run's test split): one
+    # that writes it stops the audit in one line rather than report numbers of other data.
+    with data_left_alone((eval_x, eval_y), run_suspects(run.plan),
+                         f"audit measured epoch {run.epoch}"):
+        report = diagnose(
+            run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
+            frozen_acc=frozen_acc, metrics=metrics, metric_options=options,
+            metadata=metadata, progress=say, protocol=protocol,
+            allow_unverified_reference=bool(config.diagnostics.allow_unverified_reference
+                                            if allow_unverified_reference is None
+                                            else allow_unverified_reference),
+            reference_fix=AUDIT_FIX,
+            initial_hidden_norms=(start.measures.hidden_norms
+                                  if start is not None and start.measures else None),
+            # epoch 0: the network at initialisation — but a run that diverged in its
+            # first epoch did train, and is judged on epoch 0's numbers (d) included, as
+            # its record is (protocol.records.untrained)
+            trained=run.epoch > 0 or record.status == "diverged")
+        fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}
     return with_frozen_hint(report, frozen_hint)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from creditaudit.errors import GuestError
 from creditaudit.registry import ARCHITECTURES, RULES
+from creditaudit.run.recorder_config import user_network
 
 
 @contextlib.contextmanager
@@ -56,4 +57,17 @@ def run_suspects(plan: Any) -> str:
             f"(method.name={method.name!r}){code}")
 
 
-__all__ = ["data_left_alone", "measured_data", "run_suspects"]
+def own_loop_suspects(rule: Any) -> str:
+    """How :func:`data_left_alone` names the code a :class:`~creditaudit.run.recorder.Recorder`
+    runs on the user's evaluation data (``rule``: its credit rule, bound to the user's
+    network): the network as the record's ``model.module`` names it, and the rule as its
+    ``method.name`` does, a plugin rule's guest code with it."""
+    net = user_network(rule.model)
+    module = f"{type(net).__module__}:{type(net).__qualname__}"
+    guest = RULES.guest(rule.name)
+    code = f" ({guest.what})" if guest is not None else ""
+    return (f"the network (model.module={module!r}) or the credit rule "
+            f"(method.name={rule.name!r}){code}")
+
+
+__all__ = ["data_left_alone", "measured_data", "own_loop_suspects", "run_suspects"]

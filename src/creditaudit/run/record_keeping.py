@@ -1,4 +1,5 @@
-"""How a trainer's run ends, in its record: finished (final results, end-of-run metrics), or
+"""How a trainer's run ends, in its record: finished (final results, end-of-run metrics; early,
+when its protocol verdict turns to walk-back and it was asked to stop there), or
 stopped by an interrupt, a full disk or an error (what the record keeps, and the one line
 the command line adds to say what to do next).
 
@@ -18,8 +19,10 @@ import torch
 from creditaudit.caller import RESUME
 from creditaudit.errors import OutputError, note_unrecorded
 from creditaudit.guests.blame import guest_failure
+from creditaudit.protocol import WALK_BACK, labels
 from creditaudit.records import save_record
 from creditaudit.records.claims import check_held, lost_claim
+from creditaudit.run.data_writes import data_left_alone, measured_data, run_suspects
 from creditaudit.run.init_file import read_initial
 from creditaudit.run.results import end_of_run_metrics, final_results, note_end_of_run_credits
 
@@ -28,7 +31,8 @@ if TYPE_CHECKING:
     from creditaudit.loggers import LoggerGroup
     from creditaudit.methods import CreditRule
     from creditaudit.models import ResidualNet
-    from creditaudit.records import RunRecord
+    from creditaudit.records import EpochEntry, RunRecord
+    from creditaudit.run.plan import RunPlan
 
 
 class RecordKeeping:
@@ -36,6 +40,7 @@ class RecordKeeping:
     it reads (below)."""
 
     config: RunConfig
+    plan: RunPlan  # what names the network and the rule when they write the run's data
     record: RunRecord
     run_id: str
     run_dir: Path
@@ -91,6 +96,18 @@ class RecordKeeping:
             note_unrecorded(err, write_error)
         self.loggers.finish_quietly(self.record, saved_through=self.checkpointed)
 
+    def walkback_stop(self, entry: EpochEntry) -> bool:
+        """With ``diagnostics.stop_on_walkback``: whether the run stops at ``entry`` (its
+        protocol verdict turned to walk-back), recorded as ``record.stopped_early`` (the
+        epoch, and the diagnostics that fired)."""
+        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK):
+            return False
+        fired = [i for i, status in (entry.protocol or {}).items() if status == "fired"]
+        self.record.stopped_early = {
+            "epoch": entry.epoch,
+            "reason": f"protocol verdict needs walk-back: {labels(fired)}"}
+        return True
+
     def finish(self) -> None:
         """Final results and end-of-run metrics for completed or diverged runs."""
         self.record.final = final_results(self.record.log)
@@ -100,10 +117,13 @@ class RecordKeeping:
             initial = read_initial(self.run_dir, self.model, self.init_digest,
                                    doing="cannot compute the end-of-run drift",
                                    map_location=self.device)
-            self.record.diagnostics.update(end_of_run_metrics(
-                self.rule, self.eval_x, self.eval_y, initial=initial,
-                settings=self.config.diagnostics, seed=self.config.run.seed,
-                progress=self.loggers.log_stage))
+            with data_left_alone(measured_data(self), run_suspects(self.plan),
+                                 "the end-of-run metrics were measured"):
+                metrics = end_of_run_metrics(
+                    self.rule, self.eval_x, self.eval_y, initial=initial,
+                    settings=self.config.diagnostics, seed=self.config.run.seed,
+                    progress=self.loggers.log_stage)
+            self.record.diagnostics.update(metrics)
             note_end_of_run_credits(self.record, self.rule)
         self._write()
 

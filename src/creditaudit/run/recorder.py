@@ -64,6 +64,7 @@ from creditaudit.records import (
 from creditaudit.records.claims import check_held, lost_claim
 from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
 from creditaudit.registry import DATASETS
+from creditaudit.run.data_writes import data_left_alone, own_loop_suspects
 from creditaudit.run.plan import code_version
 from creditaudit.run.recorder_config import (
     OWN_DATA,
@@ -163,6 +164,7 @@ class Recorder:
                               f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
         self._eval_versions = tensor_versions(eval_x, eval_y)
+        self._suspects = own_loop_suspects(rule)  # who wrote eval_x while it was measured
         self._layout = network_layout(user_network(model))
         self._say = _Says(progress)
         self.checkpointing = bool(checkpoint)
@@ -181,7 +183,7 @@ class Recorder:
         # gradient is refused (every cosine would be its own credit), unless allowed.
         reference = reference_at_start(model, eval_x, eval_y,
                                        allow=settings.allow_unverified_reference,
-                                       fix=RECORDER_FIX)
+                                       fix=RECORDER_FIX, suspects=self._suspects)
         identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
         description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name,
                                           frozen_parameters=rule.frozen_outside())
@@ -268,7 +270,8 @@ class Recorder:
             kept = {**own, **kept}
         model = self.rule.model
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
-        with measurement_mode(model):
+        with measurement_mode(model), data_left_alone(
+                (self.eval_x, self.eval_y), self._suspects, f"epoch {epoch} was measured"):
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
         note_credit_not_finite(self.record, self.rule, epoch, measures.cos_invalid)
         entry = EpochEntry(epoch=epoch, test_loss=numbers["test_loss"],
@@ -304,8 +307,10 @@ class Recorder:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
         self._check_unchanged()
-        finish_record(self.record, self.rule, self.eval_x, self.eval_y, config=self.config,
-                      initial=self.initial, say=self._say.line, started=started)
+        with data_left_alone((self.eval_x, self.eval_y), self._suspects,
+                             "the end-of-run metrics were measured"):
+            finish_record(self.record, self.rule, self.eval_x, self.eval_y, config=self.config,
+                          initial=self.initial, say=self._say.line, started=started)
         self.finished = True
         with self._held:  # released, written or not
             self._write()

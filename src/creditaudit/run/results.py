@@ -49,6 +49,7 @@ from creditaudit.records import (
 from creditaudit.records.copies import final_from_entry
 from creditaudit.registry import RULES
 from creditaudit.report.runs import credit_not_finite_text
+from creditaudit.run.data_writes import data_left_alone
 from creditaudit.run.recorder_inputs import recordable_number
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,19 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
 
 
 def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: torch.Tensor,
-                       *, allow: bool, fix: str) -> ReferenceState:
+                       *, allow: bool, fix: str, suspects: str = "the network"
+                       ) -> ReferenceState:
     """The reference check of a run as it starts, on ``model`` as built (a contract model:
     ``forward_states``/``forward_from``) and the evaluation set ``(N, …)``, ``(N,)`` (its
     first samples): in eval mode under a forked RNG, on a float64 copy or on detached
     inputs, so training is the same with and without it. A backward that is not the
     gradient raises the one-line refusal naming the module, whose way out is ``fix``;
-    ``allow`` (``diagnostics.allow_unverified_reference``) records it instead."""
+    ``allow`` (``diagnostics.allow_unverified_reference``) records it instead. A forward
+    that writes the evaluation set in place stops it in one line naming ``suspects``
+    (:func:`~creditaudit.run.data_writes.data_left_alone`)."""
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), measurement_mode(model):
+    with torch.random.fork_rng(devices=devices), measurement_mode(model), data_left_alone(
+            (eval_x, eval_y), suspects, "the reference gradient was checked"):
         check = checked_reference(model, model.forward_states, eval_x, eval_y,
                                   forward_from=model.forward_from, allow=allow, fix=fix)
     return ReferenceState(verified=check.verified, how=check.how, where=check.where,

@@ -48,6 +48,11 @@ from creditaudit.run.steps.stepping import STACKED_WITH_UNCAPTURED
 from creditaudit.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
+# What no run's failure is: an interrupt and a full disk stop every run (resumable), a
+# generator's close passes; anything else a run raises — an Exception, a guest's sys.exit or
+# BaseException of its own — fails that run, recorded as a run alone records it.
+NOT_A_FAILURE = (KeyboardInterrupt, GeneratorExit, DiskFullError)
+
 
 @contextmanager
 def _own_rng(states: dict[int, torch.Tensor], trainer: Trainer) -> Iterator[None]:
@@ -77,7 +82,9 @@ def train_stacked(configs: Sequence[Run], *, resume: bool | Sequence[bool] = Fal
     the shared step fails every run still training in the stack (and is raised); one in a
     run's start (its checkpoint read), its evaluation or end-of-run block, or its loggers
     (``loggers`` go to every run: :func:`~creditaudit.loggers.current_run_id` tells them
-    which run a call is for) fails that run alone; a logger's error in ``finish`` or
+    which run a call is for) fails that run alone — an error being anything but an
+    interrupt or a full disk (:data:`NOT_A_FAILURE`: a guest's ``sys.exit`` or own
+    ``BaseException`` too), recorded as the run alone records it; a logger's error in ``finish`` or
     ``close`` of a run that completed is raised once every run has ended — or, with an
     ``after_record`` dict, kept there under its run's id (the first of each run) and not
     raised. ConfigError when the configs differ in more than :data:`VARYING` or list one
@@ -133,9 +140,9 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
                     trainer.loggers = build_loggers(trainer.config, trainer.run_id)
                     trainer.loggers.loggers.extend(loggers)
                     trainer.start(resume_run)
-                except (KeyboardInterrupt, DiskFullError):
+                except NOT_A_FAILURE:
                     raise
-                except Exception as err:  # noqa: BLE001 — it fails alone
+                except BaseException as err:  # noqa: BLE001 — it fails alone
                     results[index] = _failed_start(trainer, err)
                     stacked.remove((index, trainer, resume_run))
                     continue
@@ -165,10 +172,12 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
         with _own_rng(rng, trainer):
             try:
                 results[index] = trainer.run(resume=resume_run, loggers=loggers)
-            except DiskFullError:
+            except NOT_A_FAILURE:
                 raise
-            except Exception as err:  # noqa: BLE001 — recorded by run(); the rest train on
+            except BaseException as err:  # noqa: BLE001 — recorded by run(); the rest train on
                 if trainer.record.is_finished:  # a logger's finish or close, after it
+                    if not isinstance(err, Exception):  # (a guest logger's is a GuestError)
+                        raise
                     logger_errors.append((trainer.run_id, err))
                     results[index] = RunResult(trainer.run_dir, trainer.record, trainer.rule)
                 else:
@@ -191,7 +200,7 @@ def _refuse_repeated_runs(plans: list[RunPlan]) -> None:
         first[plan.run_id] = index
 
 
-def _failed_start(trainer: Trainer, err: Exception) -> RunResult:
+def _failed_start(trainer: Trainer, err: BaseException) -> RunResult:
     """The result of a run whose start (its checkpoint read, its epoch-0 record) raised
     ``err``: failed, with the other runs of its stack training on. Its folder keeps what
     it held when nothing of this part was recorded yet, as when it runs alone."""
@@ -200,7 +209,7 @@ def _failed_start(trainer: Trainer, err: Exception) -> RunResult:
     return _failed(trainer, err)
 
 
-def _failed(trainer: Trainer, err: Exception) -> RunResult:
+def _failed(trainer: Trainer, err: BaseException) -> RunResult:
     """The failed result of ``trainer``'s run, ended by ``err`` (recorded where its record
     could say it: :meth:`Trainer.record_stop`)."""
     record = trainer.record
@@ -260,9 +269,9 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
         with _own_rng(rng, trainer):
             try:
                 trainer.finish()
-            except DiskFullError:
-                raise  # no run of the stack can write: all stop, resumable (below)
-            except Exception as err:  # noqa: BLE001 — one run's failure ends it alone
+            except NOT_A_FAILURE:
+                raise  # e.g. no run of the stack can write: all stop, resumable (below)
+            except BaseException as err:  # noqa: BLE001 — one run's failure ends it alone
                 trainer.record_stop("failed", err)
                 results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
                 return
@@ -291,9 +300,9 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
                             raise run_stats
                         if trainer.close_epoch(epoch, run_stats, time.perf_counter() - share):
                             ended.append(trainer)
-                    except DiskFullError:
+                    except NOT_A_FAILURE:
                         raise
-                    except Exception as err:  # noqa: BLE001 — fails this run only
+                    except BaseException as err:  # noqa: BLE001 — fails this run only
                         trainer.record_stop("failed", err)
                         trainer.loggers.close_quietly()
                         results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
@@ -316,7 +325,9 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
         # trained alone does (a full disk is 'interrupted', not 'failed').
         _interrupt([t for t in live if id(t) not in results], stop)
         raise
-    except Exception as err:
+    except GeneratorExit:
+        raise
+    except BaseException as err:  # the shared step's (a guest's own BaseException too)
         for trainer in live:
             if id(trainer) not in results:
                 trainer.record_stop("failed", err)

@@ -31,10 +31,6 @@ from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import measurement_mode
 from creditaudit.optim import make_adamw
-from creditaudit.protocol import (
-    WALK_BACK,
-    labels,
-)
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -130,7 +126,8 @@ class Trainer(RecordKeeping):
         # not the gradient is refused here (every cosine would be its own credit).
         self.reference = reference_at_start(
             self.model, self.eval_x, self.eval_y,
-            allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX)
+            allow=config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX,
+            suspects=run_suspects(plan))
         refuse_one_sample_batch(self.model, self.eval_x, self.dataset.train_y.shape[0],
                                 config.optim.batch_size)
         self.record = new_record(config, device=str(self.device), data=self.data_identity,
@@ -229,16 +226,6 @@ class Trainer(RecordKeeping):
     def _protocol_due(self, epoch: int) -> bool:
         return protocol_due(epoch, self.config.diagnostics.protocol_every,
                             self.config.optim.epochs)
-
-    def _walkback_stop(self, entry: EpochEntry) -> bool:
-        """With stop_on_walkback: mark the run stopped once the verdict turns."""
-        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK):
-            return False
-        fired = [i for i, status in (entry.protocol or {}).items() if status == "fired"]
-        self.record.stopped_early = {
-            "epoch": entry.epoch,
-            "reason": f"protocol verdict needs walk-back: {labels(fired)}"}
-        return True
 
     def train_epoch(self, epoch: int) -> dict[str, Any] | None:
         """Train one epoch; returns the epoch's training stats, or None on divergence."""
@@ -355,7 +342,7 @@ class Trainer(RecordKeeping):
             self.loggers.log_epoch(entry)  # leaves a run to resume, not a bare 'diverged'
             self.record.status = "diverged"
             return True
-        stop = self._walkback_stop(entry)
+        stop = self.walkback_stop(entry)
         self.checkpoint(epoch)
         self._write()
         self.loggers.log_epoch(entry)

@@ -13,7 +13,7 @@ import torch
 from creditaudit.protocol import NOT_EVALUATED, DiagnosticResult, Evidence, Protocol
 from door_support import guests
 
-EATER = "p57_evidence_eater"
+EATER = "late_evidence_eater"
 
 
 def _evidence() -> Evidence:
@@ -40,11 +40,11 @@ def test_a_diagnostic_that_changes_its_evidence_changes_nothing_else(tmp_path):
 
 
 def test_details_a_record_cannot_hold_are_not_evaluated(tmp_path):
-    with guests(tmp_path / "site", "p57_numpy_details"):
-        protocol = Protocol.of(["a", "p57_numpy_details"])
+    with guests(tmp_path / "site", "late_numpy_details"):
+        protocol = Protocol.of(["a", "late_numpy_details"])
         result = protocol.evaluate(_evidence())[-1]
         odd = protocol.diagnostics[-1].checked(DiagnosticResult(
-            "p57_numpy_details", "Numpy details", 2.0, 1.0, "fired", "grown", None))
+            "late_numpy_details", "Numpy details", 2.0, 1.0, "fired", "grown", None))
     assert result.status == NOT_EVALUATED and result.value is None
     assert result.reason.startswith("its details are not plain JSON (Object of type bool"), \
         result.reason

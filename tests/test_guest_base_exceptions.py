@@ -49,16 +49,16 @@ def test_a_logger_raising_a_base_exception_is_named_and_the_run_failed(tmp_path)
 
 @pytest.mark.slow  # a tiny run in a subprocess: about 11 s
 def test_a_rules_base_exception_in_training_is_one_line_and_recorded(tmp_path):
-    site = site_with(tmp_path, "p57-step-aborts", "door-mixture")
+    site = site_with(tmp_path, "late-step-aborts", "door-mixture")
     out = tmp_path / "runs"
-    done = cli(site, "train", *cli_args(out, **{"method.name": "p57-step-aborts"}),
+    done = cli(site, "train", *cli_args(out, **{"method.name": "late-step-aborts"}),
                cwd=tmp_path)
     line = error_line(done)
-    assert line.startswith(f"creditaudit: error: credit rule plugin 'p57-step-aborts' "
-                           f"({ORIGIN}) raised Abort: the step gave up (at p57_guests.py:"), line
+    assert line.startswith(f"creditaudit: error: credit rule plugin 'late-step-aborts' "
+                           f"({ORIGIN}) raised Abort: the step gave up (at late_guests.py:"), line
     record = json.loads((out / run_dir_name(out) / "record.json").read_text())
     assert record["status"] == "failed", record["status"]
-    assert "p57-step-aborts" in record["error"], record["error"]
+    assert "late-step-aborts" in record["error"], record["error"]
 
 
 def stack_of_two(out):

@@ -13,8 +13,8 @@ from door_support import ORIGIN, guests, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SUSPECTS = ("the network (model.arch='p57-halves-its-input') or the credit rule "
-            f"(method.name='bp') (architecture plugin 'p57-halves-its-input' ({ORIGIN})) "
+SUSPECTS = ("the network (model.arch='late-halves-its-input') or the credit rule "
+            f"(method.name='bp') (architecture plugin 'late-halves-its-input' ({ORIGIN})) "
             "wrote its input")
 
 
@@ -36,8 +36,8 @@ def test_a_forward_that_writes_the_evaluation_data_is_refused_before_the_run_sta
     """The reference check, as the trainer is built, runs the network on the evaluation
     set's first 32 samples: the first place the guest writes them (before, its epoch 0 was
     of data already halved there), and nothing of the run is written."""
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"):
-        config = tiny_config(tmp_path / "runs", **{"model.arch": "p57-halves-its-input"})
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
+        config = tiny_config(tmp_path / "runs", **{"model.arch": "late-halves-its-input"})
         with pytest.raises(GuestError) as err:
             train(config)
     assert str(err.value).startswith(
@@ -49,8 +49,8 @@ def test_a_forward_that_writes_the_evaluation_data_is_refused_before_the_run_sta
 @pytest.mark.slow  # the door and a tiny run: about 7 s
 def test_a_forward_that_writes_the_evaluation_data_stops_the_run(tmp_path, monkeypatch):
     watch_off(monkeypatch, "results")  # the reference check's
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"):
-        config = tiny_config(tmp_path / "runs", **{"model.arch": "p57-halves-its-input",
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
+        config = tiny_config(tmp_path / "runs", **{"model.arch": "late-halves-its-input",
                                                    "optim.epochs": 2})
         with pytest.raises(GuestError) as err:
             train(config)
@@ -66,8 +66,8 @@ def test_a_forward_that_writes_the_evaluation_data_at_the_end_of_the_run_stops_i
     from creditaudit.records import load_record
 
     watch_off(monkeypatch, "results", "trainer")  # the reference check's, the epochs'
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"):
-        config = tiny_config(tmp_path / "runs", **{"model.arch": "p57-halves-its-input"})
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
+        config = tiny_config(tmp_path / "runs", **{"model.arch": "late-halves-its-input"})
         with pytest.raises(GuestError) as err:
             train(config)
     assert str(err.value).startswith(
@@ -84,8 +84,8 @@ def test_a_forward_that_writes_the_evaluation_data_stops_its_audit(tmp_path, mon
     data. The run is trained with the watch switched off, as before the watch existed."""
     from creditaudit.audit import audit_run
 
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"):
-        config = tiny_config(tmp_path / "runs", **{"model.arch": "p57-halves-its-input",
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
+        config = tiny_config(tmp_path / "runs", **{"model.arch": "late-halves-its-input",
                                                    "diagnostics.end_of_run": False})
         with monkeypatch.context() as patch:
             watch_off(patch, "results", "trainer", "record_keeping")
@@ -127,10 +127,10 @@ def recorder_of(tmp_path, net, **config):
 
 
 def halving_network(armed: bool):
-    """p57's network that halves its input (in eval mode, on batches larger than 16), armed
+    """The network that halves its input (in eval mode, on batches larger than 16), armed
     from the start or only once ``net.armed = True``."""
     import torch
-    from creditaudit_guests.p57_guests import HalvingMLP
+    from creditaudit_guests.late_guests import HalvingMLP
 
     from creditaudit.models import ResidualMLP
 
@@ -155,7 +155,7 @@ def test_a_network_that_writes_the_evaluation_data_is_refused_by_a_recorder(tmp_
     """The Recorder's reference check, as it is created, runs the network on eval_x's first
     32 samples: one that writes them is refused there, before the record is written (it
     was accepted, and the next epoch() blamed the caller's loop for changing eval_x)."""
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"), \
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"), \
             pytest.raises(GuestError) as err:
         recorder_of(tmp_path, halving_network(armed=True))
     assert str(err.value).startswith(
@@ -168,7 +168,7 @@ def test_a_network_that_writes_the_evaluation_data_stops_a_recorders_epoch(tmp_p
     """A Recorder measures each epoch on the user's eval_x: a network writing it there stops
     the epoch in one line naming the network as the record's model.module does, and the
     rule, instead of recording numbers of other data."""
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"):
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
         net = halving_network(armed=False)
         recorder = recorder_of(tmp_path, net, **{"diagnostics.end_of_run": False})
         net.armed = True
@@ -181,7 +181,7 @@ def test_a_network_that_writes_the_evaluation_data_stops_a_recorders_epoch(tmp_p
 
 
 def test_a_network_that_writes_the_evaluation_data_stops_a_recorders_finish(tmp_path):
-    with guests(tmp_path / "site", "door-mixture", "p57-halves-its-input"):
+    with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
         net = halving_network(armed=False)
         recorder = recorder_of(tmp_path, net, **{
             "diagnostics.rho_samples": 8, "diagnostics.rho_directions": 2,

@@ -1,9 +1,11 @@
-"""p57 guests (tests/test_guest_base_exceptions.py, tests/test_diagnostic_evidence.py).
+"""Guests that pass the door and misbehave at a run's sizes
+(tests/test_guest_base_exceptions.py, tests/test_diagnostic_evidence.py,
+tests/test_guest_writes_data.py).
 
-- ``p57-step-aborts``: backprop whose training step raises ``Abort``, a ``BaseException``
+- ``late-step-aborts``: backprop whose training step raises ``Abort``, a ``BaseException``
   subclass that is neither an interrupt nor a ``sys.exit``, on batches larger than the
   suite's;
-- ``p57_evidence_eater``: a diagnostic that conforms on the suite's evidence (5 states),
+- ``late_evidence_eater``: a diagnostic that conforms on the suite's evidence (5 states),
   but on a run's own evidence of another depth zeroes, in place, the norms and
   gradient summaries it is handed (what the record stores and the cosines are computed
   from) before it passes.
@@ -24,7 +26,7 @@ class Abort(BaseException):
 
 
 class StepAborts(BP):
-    name = "p57-step-aborts"
+    name = "late-step-aborts"
     label = "Step aborts"
 
     def train_step(self, x, y, optimizer):
@@ -39,7 +41,7 @@ class LimitOptions:
 
 
 class EvidenceEater(ProtocolDiagnostic[LimitOptions]):
-    name, label = "p57_evidence_eater", "Evidence eater"
+    name, label = "late_evidence_eater", "Evidence eater"
     statistic = "the largest state norm"
     operator, threshold = ">", "limit"
     hint = "never"
@@ -58,10 +60,10 @@ class EvidenceEater(ProtocolDiagnostic[LimitOptions]):
 
 
 class NumpyDetails(ProtocolDiagnostic[LimitOptions]):
-    """``p57_numpy_details``: plain JSON details on the suite's evidence (5 states), numpy
+    """``late_numpy_details``: plain JSON details on the suite's evidence (5 states), numpy
     ones (a ``numpy.bool_``, an array) on a run's own."""
 
-    name, label = "p57_numpy_details", "Numpy details"
+    name, label = "late_numpy_details", "Numpy details"
     statistic = "the largest state norm"
     operator, threshold = ">", "limit"
     hint = "never"
@@ -79,7 +81,6 @@ class NumpyDetails(ProtocolDiagnostic[LimitOptions]):
                           norms=np.asarray(norms))
 
 
-
 class HalvingMLP(ResidualMLP):
     """Halves its input in place, in eval mode, on batches larger than the suite's."""
 
@@ -90,11 +91,11 @@ class HalvingMLP(ResidualMLP):
 
 
 class HalvesItsInput(ResMLPArchitecture):
-    """``p57-halves-its-input``: a ResidualMLP whose forward halves its input in place, on
+    """``late-halves-its-input``: a ResidualMLP whose forward halves its input in place, on
     evaluation batches larger than the suite's: each evaluation of an unshuffled split
     changes the split itself."""
 
-    name, label, rank = "p57-halves-its-input", "Halves its input", 100
+    name, label, rank = "late-halves-its-input", "Halves its input", 100
 
     @classmethod
     def build(cls, options, *, input_shape, n_classes):

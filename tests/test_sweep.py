@@ -762,6 +762,28 @@ def test_a_run_whose_worker_died_does_not_count_as_a_run_of_no_seconds_in_the_et
 
 
 
+def test_a_factory_raising_its_own_base_exception_fails_its_run_not_the_sweep(tmp_path,
+                                                                              monkeypatch):
+    """A BaseException of the guest's own (neither an Exception, an interrupt nor a
+    sys.exit) in one grid point's forward went past the worker's handlers and ended the
+    whole sweep; that run fails, named as the factory's, and the sweep goes on."""
+    (tmp_path / "aborting.py").write_text(
+        "class Abort(BaseException):\n    pass\n\n\n"
+        "def now():\n    raise Abort('the forward gave up')\n")
+    (tmp_path / "aborting_net.py").write_text(exiting_net_source("aborting.now()", once=False))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = {key: value for key, value in TINY.items() if not key.startswith("model.")}
+    configs = [RunConfig().replace(**{
+        **base, "optim.epochs": 2, "run.out_dir": str(tmp_path / "out"),
+        "model.arch": "module", "model.factory": "aborting_net:Net",
+        "model.states": ["l1", "l2"], "model.args": {"exit_at": exit_at}})
+        for exit_at in (6, 0)]
+    result = sweep(configs)
+    assert [o["status"] for o in result.outcomes] == ["failed", "completed"]
+    record = load_record(result.plans[0].run_dir)
+    assert record.status == "failed" and "Abort: the forward gave up" in record.error, record.error
+
+
 # An MLP whose forward calls sys.exit(3) from its exit_at-th training batch on.
 EXITING_NET = exiting_net_source('sys.exit(3)', once=False)
 

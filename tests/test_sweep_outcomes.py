@@ -101,6 +101,28 @@ def test_a_run_whose_ray_worker_is_shut_down_is_interrupted_not_failed(tmp_path:
     assert not (run_dir / "claim.json").exists()
 
 
+def test_a_stack_whose_ray_worker_is_shut_down_is_interrupted_not_failed(tmp_path: Path,
+                                                                         monkeypatch):
+    """The same for the runs of a stack (run_group): each was recorded 'failed: SystemExit'."""
+    raylet = pytest.importorskip("ray._raylet")
+    from creditaudit.run.steps.epochs import StackedEpochs
+    from creditaudit.sweep.worker import run_group
+
+    def shut_down(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raylet.raise_sys_exit_with_custom_error_message("worker shut down", 1)
+
+    monkeypatch.setattr(StackedEpochs, "train_epoch", shut_down)
+    configs = prepare_configs([RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
+                                                      "run.seed": seed}) for seed in (1, 2)],
+                              threads=1)
+    with pytest.raises(SystemExit):
+        run_group([c.to_dict() for c in configs], run_ids=[None, None])
+    folders = [path.parent for path in tmp_path.glob("*/record.json")]
+    assert len(folders) == 2
+    assert [load_record(f).status for f in folders] == ["interrupted", "interrupted"]
+    assert not any((f / "claim.json").exists() for f in folders)
+
+
 def test_a_folder_holding_another_runs_record_has_no_row(tmp_path: Path):
     """A run folder copied by hand under another run's name is refused, but the table
     showed the copied record's numbers (and its 'completed') on the refused run's row."""

@@ -32,6 +32,7 @@ from creditaudit.methods.stacked import stack_refusal
 from creditaudit.records.claims import holding_run
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.record_keeping import ended_by_ray
 from creditaudit.run.setup import caller_process
 from creditaudit.run.stack_groups import (  # noqa: F401 — importable from here as before
     VARYING,
@@ -143,6 +144,8 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
                 except NOT_A_FAILURE:
                     raise
                 except BaseException as err:  # noqa: BLE001 — it fails alone
+                    if ended_by_ray(err):
+                        raise
                     results[index] = _failed_start(trainer, err)
                     stacked.remove((index, trainer, resume_run))
                     continue
@@ -175,6 +178,8 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
             except NOT_A_FAILURE:
                 raise
             except BaseException as err:  # noqa: BLE001 — recorded by run(); the rest train on
+                if ended_by_ray(err):
+                    raise
                 if trainer.record.is_finished:  # a logger's finish or close, after it
                     if not isinstance(err, Exception):  # (a guest logger's is a GuestError)
                         raise
@@ -272,6 +277,8 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
             except NOT_A_FAILURE:
                 raise  # e.g. no run of the stack can write: all stop, resumable (below)
             except BaseException as err:  # noqa: BLE001 — one run's failure ends it alone
+                if ended_by_ray(err):
+                    raise
                 trainer.record_stop("failed", err)
                 results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
                 return
@@ -303,6 +310,8 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
                     except NOT_A_FAILURE:
                         raise
                     except BaseException as err:  # noqa: BLE001 — fails this run only
+                        if ended_by_ray(err):
+                            raise
                         trainer.record_stop("failed", err)
                         trainer.loggers.close_quietly()
                         results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
@@ -328,6 +337,8 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
     except GeneratorExit:
         raise
     except BaseException as err:  # the shared step's (a guest's own BaseException too)
+        if ended_by_ray(err):  # a worker shut down: its sweep says interrupted
+            raise
         for trainer in live:
             if id(trainer) not in results:
                 trainer.record_stop("failed", err)

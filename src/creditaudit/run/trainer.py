@@ -47,7 +47,7 @@ from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, holding_for_train, prepare_run
 from creditaudit.run.init_file import write_initial
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.record_keeping import RecordKeeping
+from creditaudit.run.record_keeping import RecordKeeping, ended_by_ray
 from creditaudit.run.results import (
     finite_entry,
     note_credit_not_finite,
@@ -294,7 +294,8 @@ class Trainer(RecordKeeping):
             self.record_stop("interrupted", disk_full=True)
             raise
         except BaseException as err:  # an Exception, or a guest's sys.exit or BaseException
-            self.record_stop("failed", err)
+            if not ended_by_ray(err):  # a worker shut down: its sweep says interrupted
+                self.record_stop("failed", err)
             raise
         self.loggers.finish(self.record)
         return RunResult(self.run_dir, self.record, self.rule)

@@ -26,6 +26,7 @@ from creditaudit.records.claims import (
     read_claim,
     release_claim,
 )
+from creditaudit.run.record_keeping import ended_by_ray
 from creditaudit.sweep.claiming import (
     SWEEP_LOG_FILE,
     ClaimedRun,
@@ -80,7 +81,7 @@ def _taken_over(run: ClaimedRun) -> bool:
     return True
 
 
-def _failed(run: ClaimedRun, err: Exception | SystemExit) -> None:
+def _failed(run: ClaimedRun, err: BaseException) -> None:
     """A run that raised (or whose guest called ``sys.exit``): its outcome, and a failed
     record where none says more. The outcome names the cause first, then a failed record
     that could not be written (a full disk): the write's error never replaces the cause. A
@@ -113,13 +114,6 @@ def _record_failure(run: ClaimedRun, error: str) -> None:
         write_failed_record(run.plan.config, run.run_dir, error)
     except OutputError as write_error:
         run.outcome["error"] = f"{error}; {UNRECORDED}: {write_error}"
-
-
-def ended_by_ray(err: BaseException) -> bool:
-    """Whether ``err`` is the ``SystemExit`` Ray raises in a worker it shuts down (a sweep
-    interrupted past its unwind time, a cluster stopped): the run was stopped, it did not
-    fail, so it is recorded ``interrupted`` and resumes, as after a Ctrl-C."""
-    return isinstance(err, SystemExit) and hasattr(err, "ray_terminate_msg")
 
 
 def _stopped(run: ClaimedRun) -> None:
@@ -171,17 +165,19 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
             outcome.update(status=result.status, error=result.record.error)
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
             outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
-        except (Exception, SystemExit) as err:  # noqa: BLE001
-            if ended_by_ray(err):
-                _stopped(run)
-                raise
-            # One failing run must not stop the sweep, nor a guest's sys.exit in it (a
-            # factory's forward): the run fails, named as the guest's.
-            _failed(run, err)
         except KeyboardInterrupt:
             outcome.update(status="interrupted")
             run.event("end", status="interrupted")
             raise
+        except GeneratorExit:
+            raise
+        except BaseException as err:  # noqa: BLE001
+            if ended_by_ray(err):
+                _stopped(run)
+                raise
+            # One failing run must not stop the sweep, nor a guest's sys.exit or own
+            # BaseException in it (a factory's forward): the run fails, named as the guest's.
+            _failed(run, err)
         return _end(run, started)
     finally:
         release_claim(run.claim)
@@ -239,16 +235,22 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                     if not _ended_before(run):
                         run.outcome.update(status="interrupted",
                                            error=f"{type(err).__name__}: {err}")
-            except (Exception, SystemExit) as err:  # noqa: BLE001 — as in run_one
-                for run in runs:
-                    if not _ended_before(run):
-                        _failed(run, err)
             except KeyboardInterrupt:
                 for run in runs:
                     if not _ended_before(run):
                         run.outcome.update(status="interrupted")
                     run.event("end", status=run.outcome["status"])
                 raise
+            except GeneratorExit:
+                raise
+            except BaseException as err:  # noqa: BLE001 — as in run_one
+                for run in runs:
+                    if ended_by_ray(err):
+                        _stopped(run)
+                    elif not _ended_before(run):
+                        _failed(run, err)
+                if ended_by_ray(err):
+                    raise
             for run in runs:
                 _end(run, started)
         return [outcome for outcome, _ in begun]
@@ -331,5 +333,5 @@ def _run_task(task: dict[str, Any], *, retry_failed: bool, stale_after: float
 # The event log, disk_status and FINISHED live in claiming and records; re-exported here, where
 # callers import them from
 __all__ = ["AFTER_THE_RECORD", "FINISHED", "SWEEP_LOG_FILE", "RunFn", "append_event", "disk_status",
-           "ended_by_ray", "failed_outcome", "interrupted_outcome", "pool_call", "run_group",
+           "failed_outcome", "interrupted_outcome", "pool_call", "run_group",
            "run_one", "run_task", "task_ids", "write_failed_record"]

@@ -23,6 +23,7 @@ from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, RunBusyError
 from creditaudit.records import CLAIM_FILE, RECORD_FILE, load_record, save_record
+from creditaudit.records.claim_files import claim_state
 from creditaudit.report.runs import status_text
 from creditaudit.run.plan import plan_run
 from creditaudit.run.stacked import train_stacked
@@ -89,6 +90,25 @@ def test_a_dead_holders_claim_is_broken_and_train_releases_its_own(interrupted):
     dead.wait()
     write_claim(run_dir, dead.pid)
     assert train(interrupted, resume=True).status == "completed"
+    assert not (run_dir / CLAIM_FILE).exists()
+
+
+def test_a_claim_whose_pid_now_belongs_to_a_later_process_is_broken(interrupted):
+    """A claim of a process killed with kill -9 whose pid another process took since (a
+    restarted container, a reboot) blocks nothing either: that process started after the
+    claim was written (before: the run read as held, and train --resume was refused until
+    the claim went stale, 15 minutes)."""
+    run_dir = plan_run(interrupted).run_dir
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = write_claim(run_dir, later.pid)
+        claim = json.loads(path.read_text())
+        path.write_text(json.dumps({**claim, "unix_time": time.time() - 60}))
+        assert claim_state(run_dir).stale == "dead process"
+        assert train(interrupted, resume=True).status == "completed"
+    finally:
+        later.kill()
+        later.wait()
     assert not (run_dir / CLAIM_FILE).exists()
 
 

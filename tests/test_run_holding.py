@@ -184,6 +184,27 @@ def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
     assert not (tmp_path / "raised" / CLAIM_FILE).exists()
 
 
+def test_a_child_forked_while_a_recorder_holds_its_run_leaves_the_claim_alone(tmp_path):
+    """A child forked by the loop (os.fork) that ends normally runs the Recorder's release
+    at its exit: it removed the parent's claim, and the parent's next epoch stopped as
+    taken over, the run lost."""
+    net, x, y = tiny_own_loop()
+    rec = Recorder(rule("bp", net), x, y, out=tmp_path, name="forked", progress=False,
+                   config={"diagnostics.end_of_run": False})
+    rec.epoch(0)
+    child = os.fork()
+    if child == 0:  # what the child's exit does (weakref.finalize at atexit), then gone
+        try:
+            rec._held.close()
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    assert (tmp_path / "forked" / CLAIM_FILE).exists()
+    rec.epoch(1, test_acc=0.5)
+    assert rec.finish().status == "completed"
+    assert not (tmp_path / "forked" / CLAIM_FILE).exists()
+
+
 LEFT_UNFINISHED = """
 import sys
 from creditaudit import Recorder, rule

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +59,15 @@ class Claim:
     """A held claim on one run folder; ``lost`` once another process broke it (this one
     made no heartbeat for longer than that one's ``stale_after``): the run is then the
     other's, and this process writes nothing more to it. ``broke``: taking it broke the
-    claim of a dead (or stale) process, which was at work on the run when it stopped."""
+    claim of a dead (or stale) process, which was at work on the run when it stopped.
+    ``pid``: the process that took it, the only one that releases it (a child forked while
+    it was held shares it, and ends without touching it)."""
 
     path: Path
     token: str
     lost: bool = False
     broke: bool = False
+    pid: int = field(default_factory=os.getpid)
 
 
 def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
@@ -147,11 +150,12 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
 
 
 def release_claim(claim: Claim) -> None:
-    """Remove the claim file if it is still ours."""
+    """Remove the claim file if it is still ours (and this is the process that took it: a
+    forked child that ends leaves its parent's claim alone)."""
     folder = claim.path.parent.resolve()
     if _HELD.get(folder) is claim:
         del _HELD[folder]
-    if claim.lost:  # another process's claim stands there now
+    if claim.lost or claim.pid != os.getpid():  # another process's claim stands there now
         return
     holder, _, _ = read_claim(claim.path)
     if holder is not None and holder.get("token") == claim.token:

@@ -43,7 +43,7 @@ from creditaudit.records.claim_files import (  # what a claim says: read by repo
 
 log = logging.getLogger(__name__)
 
-HOLD_BEAT = 5.0  # seconds between the heartbeats of a claim holding_run takes
+HOLD_BEAT = 5.0  # most seconds between the heartbeats of any claim this process holds
 # The claims this process holds (run folder, resolved → claim): a run this process has
 # claimed (a sweep's worker) trains under that claim (:func:`holding_run`).
 _HELD: dict[Path, Claim] = {}
@@ -163,8 +163,10 @@ def release_claim(claim: Claim) -> None:
 
 
 def beat_every(stale_after: float) -> float:
-    """Seconds between a held claim's heartbeats: well within ``stale_after``."""
-    return max(1.0, min(60.0, stale_after / 4))
+    """Seconds between a held claim's heartbeats: well within ``stale_after``, and never
+    more than :data:`HOLD_BEAT`, whatever ``stale_after`` (that of this process): another
+    process's shorter ``--stale-after`` (above ``HOLD_BEAT``) never breaks a live claim."""
+    return max(1.0, min(HOLD_BEAT, stale_after / 4))
 
 
 def _refresh(claim: Claim) -> bool:
@@ -286,7 +288,7 @@ def holding_run(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER) -> I
         raise RunBusyError(busy_message(run_dir, holder))
     try:
         # Often: a sweep on the same folder may break claims older than its --stale-after.
-        with heartbeat(claim, every=min(HOLD_BEAT, beat_every(stale_after))):
+        with heartbeat(claim, every=beat_every(stale_after)):
             yield
     finally:
         release_claim(claim)

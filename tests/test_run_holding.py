@@ -112,6 +112,27 @@ def test_a_claim_whose_pid_now_belongs_to_a_later_process_is_broken(interrupted)
     assert not (run_dir / CLAIM_FILE).exists()
 
 
+def test_a_folder_named_claim_json_is_no_claim_and_no_crash(interrupted, capsys):
+    """A folder where a run's claim.json should be: reading it raised IsADirectoryError
+    ("3: it is a folder, not a file", the descriptor for a path) in train --resume, a
+    sweep's worker and a report of the whole results folder; now it reads as an unreadable
+    claim (stale once old) and train says, in one line, to remove it."""
+    run_dir = plan_run(interrupted).run_dir
+    (run_dir / CLAIM_FILE).mkdir()
+    old = time.time() - 3600
+    os.utime(run_dir / CLAIM_FILE, (old, old))
+    assert claim_state(run_dir).stale == "stale"
+    record = load_record(run_dir / RECORD_FILE)
+    record.status = "running"  # as a run killed mid-epoch leaves it
+    save_record(run_dir, record)
+    assert status_text(record, run_dir).startswith("running (no process holds it")
+    capsys.readouterr()
+    assert main(["train", "--config", str(run_dir / "config.toml"), "--resume"]) != 0
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, str(run_dir / CLAIM_FILE), "it is a folder",
+                          "remove it by hand")
+
+
 def test_a_run_killed_before_its_first_file_starts_over_with_resume(tmp_path, capsys):
     """kill -9 while ``train`` loaded the data or checked the model, before it wrote any
     file of the run, leaves only its claim: ``train --resume`` starts the run over, as

@@ -84,10 +84,12 @@ def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float |
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return None, None, None
-    with os.fdopen(fd, "rb") as handle:
+    try:  # not os.fdopen, which refuses a folder there (read as unreadable, as a pipe)
         info = os.fstat(fd)
-        raw = handle.read(MAX_CLAIM_BYTES) if stat.S_ISREG(info.st_mode) else b""
+        raw = os.read(fd, MAX_CLAIM_BYTES) if stat.S_ISREG(info.st_mode) else b""
         mtime = info.st_mtime
+    finally:
+        os.close(fd)
     try:
         holder = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):

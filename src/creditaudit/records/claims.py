@@ -89,7 +89,12 @@ def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
         if raw is None:
             return True
         if raw == seen and claim_is_stale(holder, time.time() - mtime, stale_after):
-            path.unlink()
+            try:
+                path.unlink()
+            except OSError as err:  # a folder stands there: no claim can be taken
+                raise write_error(err)(f"cannot remove the stale claim "
+                                       f"{describe_os_error(err, path)}: remove it by hand"
+                                       ) from None
             return True
         return False
     finally:

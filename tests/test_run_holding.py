@@ -23,6 +23,7 @@ from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, RunBusyError
 from creditaudit.records import CLAIM_FILE, RECORD_FILE, load_record, save_record
+from creditaudit.records.claim_files import claim_state
 from creditaudit.report.runs import status_text
 from creditaudit.run.plan import plan_run
 from creditaudit.run.stacked import train_stacked
@@ -90,6 +91,46 @@ def test_a_dead_holders_claim_is_broken_and_train_releases_its_own(interrupted):
     write_claim(run_dir, dead.pid)
     assert train(interrupted, resume=True).status == "completed"
     assert not (run_dir / CLAIM_FILE).exists()
+
+
+def test_a_claim_whose_pid_now_belongs_to_a_later_process_is_broken(interrupted):
+    """A claim of a process killed with kill -9 whose pid another process took since (a
+    restarted container, a reboot) blocks nothing either: that process started after the
+    claim was written (before: the run read as held, and train --resume was refused until
+    the claim went stale, 15 minutes)."""
+    run_dir = plan_run(interrupted).run_dir
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = write_claim(run_dir, later.pid)
+        claim = json.loads(path.read_text())
+        path.write_text(json.dumps({**claim, "unix_time": time.time() - 60}))
+        assert claim_state(run_dir).stale == "dead process"
+        assert train(interrupted, resume=True).status == "completed"
+    finally:
+        later.kill()
+        later.wait()
+    assert not (run_dir / CLAIM_FILE).exists()
+
+
+def test_a_folder_named_claim_json_is_no_claim_and_no_crash(interrupted, capsys):
+    """A folder where a run's claim.json should be: reading it raised IsADirectoryError
+    ("3: it is a folder, not a file", the descriptor for a path) in train --resume, a
+    sweep's worker and a report of the whole results folder; now it reads as an unreadable
+    claim (stale once old) and train says, in one line, to remove it."""
+    run_dir = plan_run(interrupted).run_dir
+    (run_dir / CLAIM_FILE).mkdir()
+    old = time.time() - 3600
+    os.utime(run_dir / CLAIM_FILE, (old, old))
+    assert claim_state(run_dir).stale == "stale"
+    record = load_record(run_dir / RECORD_FILE)
+    record.status = "running"  # as a run killed mid-epoch leaves it
+    save_record(run_dir, record)
+    assert status_text(record, run_dir).startswith("running (no process holds it")
+    capsys.readouterr()
+    assert main(["train", "--config", str(run_dir / "config.toml"), "--resume"]) != 0
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, str(run_dir / CLAIM_FILE), "it is a folder",
+                          "remove it by hand")
 
 
 def test_a_run_killed_before_its_first_file_starts_over_with_resume(tmp_path, capsys):
@@ -162,6 +203,27 @@ def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
         raise ValueError("the loop failed")
     assert load_record(tmp_path / "raised").status == "failed"
     assert not (tmp_path / "raised" / CLAIM_FILE).exists()
+
+
+def test_a_child_forked_while_a_recorder_holds_its_run_leaves_the_claim_alone(tmp_path):
+    """A child forked by the loop (os.fork) that ends normally runs the Recorder's release
+    at its exit: it removed the parent's claim, and the parent's next epoch stopped as
+    taken over, the run lost."""
+    net, x, y = tiny_own_loop()
+    rec = Recorder(rule("bp", net), x, y, out=tmp_path, name="forked", progress=False,
+                   config={"diagnostics.end_of_run": False})
+    rec.epoch(0)
+    child = os.fork()
+    if child == 0:  # what the child's exit does (weakref.finalize at atexit), then gone
+        try:
+            rec._held.close()
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    assert (tmp_path / "forked" / CLAIM_FILE).exists()
+    rec.epoch(1, test_acc=0.5)
+    assert rec.finish().status == "completed"
+    assert not (tmp_path / "forked" / CLAIM_FILE).exists()
 
 
 LEFT_UNFINISHED = """

@@ -22,8 +22,9 @@ import pytest
 from creditaudit import Recorder, rule
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.errors import RunBusyError
-from creditaudit.records import CLAIM_FILE, RECORD_FILE, load_record
-from creditaudit.records.claims import heartbeat, release_claim, try_claim
+from creditaudit.records import CLAIM_FILE, RECORD_FILE, claims, load_record
+from creditaudit.records.claim_files import DEFAULT_STALE_AFTER
+from creditaudit.records.claims import beat_every, heartbeat, release_claim, try_claim
 from creditaudit.run.plan import plan_run
 from creditaudit.run.trainer import Trainer, train
 from creditaudit.sweep.worker import run_group, run_one
@@ -239,3 +240,17 @@ def test_a_stopped_train_whose_run_was_taken_over_stops_without_writing(tmp_path
     whole = train(tiny(tmp_path / "whole")).record
     assert [(e.test_loss, e.train_loss) for e in resumed.log] == \
         [(e.test_loss, e.train_loss) for e in whole.log]
+
+
+def test_a_sweep_workers_claim_beats_as_often_as_a_trains(tmp_path, monkeypatch):
+    """A sweep's worker (default --stale-after 900) refreshed its claim every 60 s, so a
+    second sweep on the folder with --stale-after 30 broke the live worker's claim and
+    trained its run beside it; now every holder beats at least every HOLD_BEAT seconds."""
+    monkeypatch.setattr(claims, "HOLD_BEAT", 1.0)
+    claim, _ = try_claim(tmp_path / "run")
+    old = time.time() - 100
+    os.utime(claim.path, (old, old))
+    with heartbeat(claim, every=beat_every(DEFAULT_STALE_AFTER)):
+        wait_until(lambda: claim.path.stat().st_mtime > old + 50, seconds=3.0)
+    assert claim.path.stat().st_mtime > old + 50
+    release_claim(claim)

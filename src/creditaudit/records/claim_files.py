@@ -4,8 +4,8 @@ The process that trains a run — a sweep's worker, ``creditaudit train``, a loo
 (``Recorder``) — holds ``RUN_DIR/claim.json`` (pid, host, time, token) while it trains the
 run, refreshes its mtime (a heartbeat) and removes it at the end
 (:mod:`creditaudit.records.claims` takes, breaks and releases claims). A claim whose process
-is gone (same host, pid not alive) or whose mtime is older than ``stale_after`` seconds
-holds nothing.
+is gone (same host, pid not alive or now another process's, started after the claim) or
+whose mtime is older than ``stale_after`` seconds holds nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ DEFAULT_STALE_AFTER = 900.0  # seconds without a heartbeat after which a claim h
 # A claim file that is empty or unreadable is being written right now, unless it is older.
 UNREADABLE_CLAIM_GRACE = 30.0
 MAX_CLAIM_BYTES = 1 << 16  # a claim is ~150 bytes; more is read as unreadable
+# A claim's pid that belongs to a process started this many seconds after the claim was
+# written was reused: the claim's process is gone (the start time is known to about 1 s).
+PID_REUSE_MARGIN = 2.0
 
 
 def process_alive(pid: int) -> bool:
@@ -47,6 +50,31 @@ def process_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def process_started(pid: int) -> float | None:
+    """When process ``pid`` of this host started (unix time, to about a second), or None
+    where that cannot be told (no /proc: macOS; the process is gone)."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def holder_gone(holder: dict[str, Any]) -> bool:
+    """Whether the process a claim of this host names is gone: not alive, or its pid now
+    belongs to a process that started after the claim was written (the pid was reused: a
+    restarted container, a reboot, many processes since)."""
+    pid = holder["pid"]
+    if not process_alive(pid):
+        return True
+    written = holder.get("unix_time")
+    started = process_started(pid)
+    return (isinstance(written, int | float) and started is not None
+            and started > written + PID_REUSE_MARGIN)
+
+
 def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float | None]:
     """(parsed claim or None if unreadable, raw bytes, mtime); (None, None, None) if gone
     (or if a file stands where the run's folder should be: no claim can be there)."""
@@ -56,10 +84,12 @@ def read_claim(path: Path) -> tuple[dict[str, Any] | None, bytes | None, float |
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return None, None, None
-    with os.fdopen(fd, "rb") as handle:
+    try:  # not os.fdopen, which refuses a folder there (read as unreadable, as a pipe)
         info = os.fstat(fd)
-        raw = handle.read(MAX_CLAIM_BYTES) if stat.S_ISREG(info.st_mode) else b""
+        raw = os.read(fd, MAX_CLAIM_BYTES) if stat.S_ISREG(info.st_mode) else b""
         mtime = info.st_mtime
+    finally:
+        os.close(fd)
     try:
         holder = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -75,7 +105,7 @@ def claim_is_stale(holder: dict[str, Any] | None, age: float, stale_after: float
     if holder is None:
         return "stale" if age > min(UNREADABLE_CLAIM_GRACE, stale_after) else None
     if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
-            and not process_alive(holder["pid"]):
+            and holder_gone(holder):
         return "dead process"
     if age > stale_after:
         return "stale"
@@ -123,4 +153,5 @@ def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> Clai
 
 
 __all__ = ["ClaimState", "DEFAULT_STALE_AFTER", "UNREADABLE_CLAIM_GRACE", "claim_is_stale",
-           "claim_state", "holder_name", "process_alive", "read_claim"]
+           "claim_state", "holder_gone", "holder_name", "process_alive", "process_started",
+           "read_claim"]

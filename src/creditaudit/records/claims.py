@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from creditaudit.records.claim_files import (  # what a claim says: read by repo
 
 log = logging.getLogger(__name__)
 
-HOLD_BEAT = 5.0  # seconds between the heartbeats of a claim holding_run takes
+HOLD_BEAT = 5.0  # most seconds between the heartbeats of any claim this process holds
 # The claims this process holds (run folder, resolved → claim): a run this process has
 # claimed (a sweep's worker) trains under that claim (:func:`holding_run`).
 _HELD: dict[Path, Claim] = {}
@@ -59,12 +59,15 @@ class Claim:
     """A held claim on one run folder; ``lost`` once another process broke it (this one
     made no heartbeat for longer than that one's ``stale_after``): the run is then the
     other's, and this process writes nothing more to it. ``broke``: taking it broke the
-    claim of a dead (or stale) process, which was at work on the run when it stopped."""
+    claim of a dead (or stale) process, which was at work on the run when it stopped.
+    ``pid``: the process that took it, the only one that releases it (a child forked while
+    it was held shares it, and ends without touching it)."""
 
     path: Path
     token: str
     lost: bool = False
     broke: bool = False
+    pid: int = field(default_factory=os.getpid)
 
 
 def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
@@ -86,7 +89,12 @@ def _break_claim(path: Path, seen: bytes | None, stale_after: float) -> bool:
         if raw is None:
             return True
         if raw == seen and claim_is_stale(holder, time.time() - mtime, stale_after):
-            path.unlink()
+            try:
+                path.unlink()
+            except OSError as err:  # a folder stands there: no claim can be taken
+                raise write_error(err)(f"cannot remove the stale claim "
+                                       f"{describe_os_error(err, path)}: remove it by hand"
+                                       ) from None
             return True
         return False
     finally:
@@ -147,11 +155,12 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
 
 
 def release_claim(claim: Claim) -> None:
-    """Remove the claim file if it is still ours."""
+    """Remove the claim file if it is still ours (and this is the process that took it: a
+    forked child that ends leaves its parent's claim alone)."""
     folder = claim.path.parent.resolve()
     if _HELD.get(folder) is claim:
         del _HELD[folder]
-    if claim.lost:  # another process's claim stands there now
+    if claim.lost or claim.pid != os.getpid():  # another process's claim stands there now
         return
     holder, _, _ = read_claim(claim.path)
     if holder is not None and holder.get("token") == claim.token:
@@ -159,8 +168,10 @@ def release_claim(claim: Claim) -> None:
 
 
 def beat_every(stale_after: float) -> float:
-    """Seconds between a held claim's heartbeats: well within ``stale_after``."""
-    return max(1.0, min(60.0, stale_after / 4))
+    """Seconds between a held claim's heartbeats: well within ``stale_after``, and never
+    more than :data:`HOLD_BEAT`, whatever ``stale_after`` (that of this process): another
+    process's shorter ``--stale-after`` (above ``HOLD_BEAT``) never breaks a live claim."""
+    return max(1.0, min(HOLD_BEAT, stale_after / 4))
 
 
 def _refresh(claim: Claim) -> bool:
@@ -282,7 +293,7 @@ def holding_run(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER) -> I
         raise RunBusyError(busy_message(run_dir, holder))
     try:
         # Often: a sweep on the same folder may break claims older than its --stale-after.
-        with heartbeat(claim, every=min(HOLD_BEAT, beat_every(stale_after))):
+        with heartbeat(claim, every=beat_every(stale_after)):
             yield
     finally:
         release_claim(claim)

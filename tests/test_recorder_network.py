@@ -163,6 +163,32 @@ def test_parameters_frozen_after_the_recorder_was_created_are_refused(tmp_path):
     assert rec.finish().status == "completed"
 
 
+def test_parameters_the_rule_froze_unfrozen_by_the_loop_are_refused(tmp_path):
+    """Progressive unfreezing of what binding froze: a `frozen` run (the baseline of (d))
+    whose loop unfroze its blocks trained them with an optimiser holding every parameter,
+    and was recorded as a completed frozen-blocks run."""
+    x, y = samples()
+    for name, options, unfrozen in (("frozen", {}, "0.weight, 0.bias, 1.0.weight …"),
+                                    ("bp", {"trainable_blocks": 1}, "1.0.weight, 1.0.bias")):
+        model = adapt(network(), states=["0", "1", "2"], example=x[:8])
+        bound = rule(name, model, **options)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(bound, x, y, out=tmp_path, name=name, data="mine", progress=False,
+                       config=OFF)
+        rec.epoch(0, test_acc=0.4)
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
+        bound.train_step(x, y, optimizer)
+        with pytest.raises(ConfigError) as refused:
+            rec.epoch(1, test_acc=0.5)
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith(unfrozen)
+        assert f"frozen by binding {name!r}, no longer frozen" in message
+        with pytest.raises(ConfigError, match="no longer frozen"):
+            rec.finish()
+        assert load_record(rec.run_dir).status != "completed"
+
+
 CHANGES = {  # a change made to network() after its Recorder was created → what is named
     "layer added": (lambda net: net.add_module("4", nn.Linear(3, 3)), "module '4' added"),
     "parameter swapped": (lambda net: setattr(net[1][0], "weight", nn.Parameter(

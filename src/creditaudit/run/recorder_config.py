@@ -329,7 +329,17 @@ def check_frozen_as_recorded(recorded: Mapping[str, int] | None, rule: CreditRul
     """ConfigError (one line) when the parameters frozen outside ``rule`` now
     (:meth:`~creditaudit.methods.CreditRule.frozen_outside`) are not those the record lists
     (``recorded``, taken when the Recorder was created): the run id and the recipe cover
-    them, so a parameter frozen or unfrozen since would leave the record untrue."""
+    them, so a parameter frozen or unfrozen since would leave the record untrue. So is one
+    that binding the rule froze (``frozen``, ``trainable_blocks``) and the loop unfroze: an
+    optimiser holding it trains it, and a frozen-blocks run would train its blocks."""
+    if unfrozen := [name for name, p in user_network(rule.model).named_parameters()
+                    if id(p) in rule.frozen_by_binding and p.requires_grad]:
+        raise ConfigError(f"{', '.join(unfrozen[:3])}{' …' if len(unfrozen) > 3 else ''}, "
+                          f"frozen by binding {rule.name!r}, no longer frozen since the "
+                          "Recorder was created: the record says the rule does not train "
+                          "them; keep them frozen (requires_grad=False) for the whole run (a "
+                          "loop that unfreezes them is another run: record it with a rule "
+                          "bound to train them)")
     now, before = rule.frozen_outside(), dict(recorded or {})
     if now == before:
         return

@@ -101,6 +101,20 @@ def test_an_epoch_retried_after_a_refusal_keeps_the_rules_fields(tmp_path):
         assert load_record(tmp_path / credit.name).log[-1].extras == kept
 
 
+def test_extras_that_are_no_mapping_of_names_are_refused_in_one_line(tmp_path):
+    """A list of pairs raised AttributeError from inside epoch(); keys 1 and "1" were both
+    written as "1", one of the two numbers lost."""
+    x, y = data()
+    rec = Recorder(bridge(warmup_fraction=0.0), x, y, out=tmp_path, name="pairs",
+                   progress=False, config=OFF)
+    with pytest.raises(ConfigError, match=r"^extras must be a mapping of names to numbers, "
+                                          r".* got list$"):
+        rec.epoch(0, extras=[("val_acc", 0.9)])
+    with pytest.raises(ConfigError, match=r"^extras key 1 \(int\) is not a name: "):
+        rec.epoch(0, extras={1: 0.1, "1": 0.2})
+    assert rec.epoch(0, extras={"1": 0.2}).extras == {"1": 0.2}
+
+
 def test_extras_named_like_a_record_key_are_refused_in_one_line(tmp_path):
     """extras are written last, so one named like the entry's own key replaced it in
     record.json (the file said train_loss 9.0 where the loop said 0.5)."""

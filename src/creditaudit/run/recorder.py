@@ -81,11 +81,11 @@ from creditaudit.run.recorder_finish import finish_record
 from creditaudit.run.recorder_inputs import (
     check_epoch_number,
     check_network_unchanged,
+    checked_extras,
     checked_number,
     claim_folder,
     folder_name,
     network_layout,
-    refuse_record_keys,
     released_on_error,
     tensor_versions,
 )
@@ -258,8 +258,7 @@ class Recorder:
                    "test_loss": checked_number("test_loss", test_loss, loss=True),
                    "train_loss": checked_number("train_loss", train_loss),
                    "train_acc": checked_number("train_acc", train_acc, fraction=True)}
-        kept = {str(k): checked_number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
-        refuse_record_keys(kept)
+        kept = checked_extras(extras)
         if epoch >= 1:  # the rule's end of a trained epoch, as `creditaudit train` ends it
             if self._ended[0] != epoch:  # once: a retried epoch(n) keeps its fields
                 self._ended = (epoch, rule_extras(self.rule, self.rule.end_epoch(

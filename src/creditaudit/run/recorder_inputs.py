@@ -169,7 +169,26 @@ def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool 
     return number
 
 
-def refuse_record_keys(extras: Mapping[str, float]) -> None:
+def checked_extras(extras: Any) -> dict[str, float | None]:
+    """An epoch's ``extras`` (None or a mapping of names to numbers) as the floats a record
+    holds (:func:`checked_number`); ConfigError (one line) for another object (a list of
+    pairs raised AttributeError), a key that is not a string (``1`` and ``"1"`` were both
+    written as ``"1"``, one number lost), or a name the entry writes itself
+    (:func:`refuse_record_keys`)."""
+    if extras is None:
+        return {}
+    if not isinstance(extras, Mapping):
+        raise ConfigError(f"extras must be a mapping of names to numbers, e.g. "
+                          f"{{'val_acc': 0.91}}, got {type(extras).__name__}")
+    if odd := [key for key in extras if not isinstance(key, str)]:
+        raise ConfigError(f"extras key {odd[0]!r} ({type(odd[0]).__name__}) is not a name: "
+                          "name each number with a string, e.g. {'val_acc': 0.91}")
+    kept = {key: checked_number(f"extras[{key!r}]", value) for key, value in extras.items()}
+    refuse_record_keys(kept)
+    return kept
+
+
+def refuse_record_keys(extras: Mapping[str, float | None]) -> None:
     """ConfigError (one line) when an extra is named like a key the epoch entry writes
     itself (:data:`~creditaudit.records.RECORD_KEYS`): record.json would hold the extra in
     its place."""
@@ -190,4 +209,4 @@ _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
 __all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions",
-           "refuse_record_keys", "recordable_number"]
+           "checked_extras", "refuse_record_keys", "recordable_number"]

@@ -20,6 +20,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
 from creditaudit.config import (
@@ -161,7 +162,10 @@ def in_callers_words(err: CreditAuditError) -> CreditAuditError:
 
 
 def _dotted(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Dotted keys of ``config`` (dotted already, or nested sections)."""
+    """Dotted keys of ``config`` (dotted already, or nested sections), a numpy number as the
+    Python number it holds (``run.seed=np.int64(3)`` from ``np.arange`` was refused as no
+    integer); one key given twice (``{"optim": {"lr": …}, "optim.lr": …}``) is refused, where
+    one value was kept silently."""
     if config is None:
         return {}
     if not isinstance(config, Mapping):
@@ -169,10 +173,13 @@ def _dotted(config: Mapping[str, Any] | None) -> dict[str, Any]:
                           f"{type(config).__name__}")
     out: dict[str, Any] = {}
     for key, value in config.items():
-        if key in SECTION_TYPES and isinstance(value, Mapping):
-            out.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            out[str(key)] = value
+        pairs = ([(f"{key}.{k}", v) for k, v in value.items()]
+                 if key in SECTION_TYPES and isinstance(value, Mapping) else [(str(key), value)])
+        for dotted, given in pairs:
+            if dotted in out:
+                raise ConfigError(f"config gives {dotted} twice ({out[dotted]!r} and "
+                                  f"{given!r}): give it once")
+            out[dotted] = given.item() if isinstance(given, np.generic) else given
     return out
 
 
@@ -180,7 +187,7 @@ def _data_section(data: str | Mapping[str, Any] | None
                   ) -> tuple[dict[str, Any], type[DatasetSpec] | None]:
     """(the [data] section, its dataset when creditaudit knows it)."""
     section = {"name": OWN_DATA} if data is None else (
-        {"name": data} if isinstance(data, str) else dict(data) if isinstance(data, Mapping)
+        {"name": data} if isinstance(data, str) else _dotted(data) if isinstance(data, Mapping)
         else None)
     if section is None:
         raise ConfigError(f"data must be a dataset name or its [data] section as a mapping, "

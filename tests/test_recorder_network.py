@@ -219,6 +219,22 @@ def test_a_network_changed_after_the_recorder_was_created_is_refused(case, tmp_p
     assert not rec.finished and [e.epoch for e in load_record(rec.run_dir).log] == [0]
 
 
+def test_a_network_moved_to_another_device_is_named_so():
+    """``.to(device)`` keeps the parameter objects, shapes and dtypes: the check saw no
+    change and the epoch ran the moved network on evaluation arrays left where they were
+    (torch's device error). On a machine with one device the move is written into the
+    layout the Recorder took (tests/test_cuda.py moves a network for real)."""
+    from creditaudit.run.recorder_inputs import check_network_unchanged, network_layout
+
+    net = network()
+    modules, tensors = network_layout(net)
+    elsewhere = {name: (*entry[:3], "cuda:0") for name, entry in tensors.items()}
+    with pytest.raises(ConfigError) as refused:
+        check_network_unchanged((modules, elsewhere), net)
+    assert "'0.weight' moved from cuda:0 to cpu" in str(refused.value)
+    check_network_unchanged(network_layout(net), net)
+
+
 def test_training_and_in_place_changes_keep_the_network_recorded(tmp_path):
     """Steps, load_state_dict and BatchNorm's running statistics change values in place."""
     net = network()

@@ -219,6 +219,13 @@ class TupleOutNet(DetachedNet):
         return self.head(self.block(h)), h
 
 
+class MaskedNet(DetachedNet):
+    """Takes a mask beside its input, as many published networks do."""
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x * mask)))
+
+
 class InPlaceNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -310,6 +317,11 @@ REFUSALS = [
     ("tuple out", TupleOutNet, ["embed", "block"], {"input_shape": (4,)},
      "TupleOutNet's output must be (batch, classes) logits, got a tuple of 2: adapt a module "
      "of your own whose forward returns them"),
+    # the line said "… missing 1 required positional argument: 'mask'; pass inputs its
+    # forward takes", which neither adapt()'s caller nor the command line can
+    ("several inputs", MaskedNet, ["embed", "block"], {"input_shape": (4,)},
+     "MaskedNet's forward takes 2 inputs (x, mask), but the rules and the diagnostics call a "
+     "network on one batch tensor: wrap it in a module whose forward takes one"),
     ("in place", InPlaceNet, ["embed", "norm"], {"input_shape": (4,)},
      "state 'norm' is modified in place"),
     ("one state", resnet, ["stem"], {}, "name at least two"),

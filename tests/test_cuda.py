@@ -505,6 +505,27 @@ def test_own_loop_recorder_on_the_gpu(tmp_path: Path, method: str) -> None:
 
 
 @needs_cuda
+def test_a_recorder_network_moved_to_the_gpu_mid_run_is_refused(tmp_path: Path) -> None:
+    """.to('cuda') keeps the parameter objects, so the Recorder's check saw no change, and
+    the epoch ran the GPU network on the CPU evaluation set: torch's device error."""
+    from torch import nn
+
+    from creditaudit import Recorder, adapt, rule
+    from creditaudit.errors import ConfigError
+
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                        nn.Linear(16, 10))
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(64, 8, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    rec = Recorder(rule("dfa", adapt(net, states=["1", "3"], input_shape=(8,))), x, y,
+                   out=tmp_path, progress=False, config={"diagnostics.end_of_run": False})
+    rec.epoch(0)
+    net.to("cuda")
+    with pytest.raises(ConfigError, match=r"'0.weight' moved from cpu to cuda:0"):
+        rec.epoch(1)
+
+
+@needs_cuda
 def test_a_cuda_run_audits_with_its_metrics_on_the_gpu(tmp_path: Path) -> None:
     """`creditaudit audit RUN --device cuda` with the credit-quality block (ρ, nudging, the
     fresh-feedback null) and the CLI's own path, on a run trained on the GPU."""

@@ -163,6 +163,32 @@ def test_parameters_frozen_after_the_recorder_was_created_are_refused(tmp_path):
     assert rec.finish().status == "completed"
 
 
+def test_parameters_the_rule_froze_unfrozen_by_the_loop_are_refused(tmp_path):
+    """Progressive unfreezing of what binding froze: a `frozen` run (the baseline of (d))
+    whose loop unfroze its blocks trained them with an optimiser holding every parameter,
+    and was recorded as a completed frozen-blocks run."""
+    x, y = samples()
+    for name, options, unfrozen in (("frozen", {}, "0.weight, 0.bias, 1.0.weight …"),
+                                    ("bp", {"trainable_blocks": 1}, "1.0.weight, 1.0.bias")):
+        model = adapt(network(), states=["0", "1", "2"], example=x[:8])
+        bound = rule(name, model, **options)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(bound, x, y, out=tmp_path, name=name, data="mine", progress=False,
+                       config=OFF)
+        rec.epoch(0, test_acc=0.4)
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
+        bound.train_step(x, y, optimizer)
+        with pytest.raises(ConfigError) as refused:
+            rec.epoch(1, test_acc=0.5)
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith(unfrozen)
+        assert f"frozen by binding {name!r}, no longer frozen" in message
+        with pytest.raises(ConfigError, match="no longer frozen"):
+            rec.finish()
+        assert load_record(rec.run_dir).status != "completed"
+
+
 CHANGES = {  # a change made to network() after its Recorder was created → what is named
     "layer added": (lambda net: net.add_module("4", nn.Linear(3, 3)), "module '4' added"),
     "parameter swapped": (lambda net: setattr(net[1][0], "weight", nn.Parameter(
@@ -191,6 +217,22 @@ def test_a_network_changed_after_the_recorder_was_created_is_refused(case, tmp_p
         assert "\n" not in message and named in message
         assert "the network changed after the Recorder was created" in message
     assert not rec.finished and [e.epoch for e in load_record(rec.run_dir).log] == [0]
+
+
+def test_a_network_moved_to_another_device_is_named_so():
+    """``.to(device)`` keeps the parameter objects, shapes and dtypes: the check saw no
+    change and the epoch ran the moved network on evaluation arrays left where they were
+    (torch's device error). On a machine with one device the move is written into the
+    layout the Recorder took (tests/test_cuda.py moves a network for real)."""
+    from creditaudit.run.recorder_inputs import check_network_unchanged, network_layout
+
+    net = network()
+    modules, tensors = network_layout(net)
+    elsewhere = {name: (*entry[:3], "cuda:0") for name, entry in tensors.items()}
+    with pytest.raises(ConfigError) as refused:
+        check_network_unchanged((modules, elsewhere), net)
+    assert "'0.weight' moved from cuda:0 to cpu" in str(refused.value)
+    check_network_unchanged(network_layout(net), net)
 
 
 def test_training_and_in_place_changes_keep_the_network_recorded(tmp_path):

@@ -78,6 +78,43 @@ def test_extras_of_the_rules_own_names_are_refused(tmp_path):
         rec.epoch(1, extras={"bridge_warmup": 1.0, "mine": 2.0})
 
 
+def test_an_epoch_retried_after_a_refusal_keeps_the_rules_fields(tmp_path):
+    """The rule's epoch was ended before the user's extras were refused; the retried
+    epoch(1) ended it again, with no step since: the record said state_pred_error NaN, and
+    a Credit Bridge's epoch 1 bridge_warmup 0.0 (its sums restarted), for a trained epoch."""
+    x, y = data()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = ResidualMLP(8, 16, 4, 2)
+    for credit, field in ((rule("state-bridge", model), "state_pred_error"),
+                          (bridge(warmup_fraction=0.5), "bridge_warmup")):
+        optimizer = torch.optim.AdamW(credit.trainable_parameters(), lr=1e-3)
+        rec = Recorder(credit, x, y, out=tmp_path, name=credit.name, progress=False,
+                       config={"optim.epochs": 2, **OFF})
+        credit.train_step(x, y, optimizer)
+        with pytest.raises(ConfigError, match="own per-epoch fields"):
+            rec.epoch(1, extras={field: 1.0})
+        kept = rec.epoch(1, extras={"mine": 1.0}).extras
+        assert kept["mine"] == 1.0 and kept[field] == kept[field]  # not NaN
+        if field == "bridge_warmup":
+            assert kept[field] == 1.0  # its one step was a warm-up step
+        assert load_record(tmp_path / credit.name).log[-1].extras == kept
+
+
+def test_extras_that_are_no_mapping_of_names_are_refused_in_one_line(tmp_path):
+    """A list of pairs raised AttributeError from inside epoch(); keys 1 and "1" were both
+    written as "1", one of the two numbers lost."""
+    x, y = data()
+    rec = Recorder(bridge(warmup_fraction=0.0), x, y, out=tmp_path, name="pairs",
+                   progress=False, config=OFF)
+    with pytest.raises(ConfigError, match=r"^extras must be a mapping of names to numbers, "
+                                          r".* got list$"):
+        rec.epoch(0, extras=[("val_acc", 0.9)])
+    with pytest.raises(ConfigError, match=r"^extras key 1 \(int\) is not a name: "):
+        rec.epoch(0, extras={1: 0.1, "1": 0.2})
+    assert rec.epoch(0, extras={"1": 0.2}).extras == {"1": 0.2}
+
+
 def test_extras_named_like_a_record_key_are_refused_in_one_line(tmp_path):
     """extras are written last, so one named like the entry's own key replaced it in
     record.json (the file said train_loss 9.0 where the loop said 0.5)."""

@@ -112,6 +112,25 @@ def test_a_recorder_refuses_an_evaluation_set_size_it_did_not_measure(tmp_path):
         Recorder(bound(x), x, y, out=tmp_path, config={"diagnostics.eval_samples": 1280})
 
 
+def test_a_recorder_takes_numpy_numbers_and_refuses_a_key_given_twice(tmp_path):
+    """``for seed in np.arange(3)``: run.seed=np.int64(0) was refused as "must be an
+    integer", and data's train_subset=np.int64(…) too; a key given both nested and dotted
+    kept one of the two values silently."""
+    import numpy as np
+
+    x, y = random_set()
+    rec = Recorder(bound(x), x, y, out=tmp_path, name="np", progress=False,
+                   data={"name": "mine", "train_subset": np.int64(24)},
+                   config={"run.seed": np.int64(3), "optim": {"lr": np.float32(0.5)}, **OFF})
+    assert rec.config.run.seed == 3 and type(rec.config.run.seed) is int
+    assert rec.config.optim.lr == 0.5 and rec.config.data.train_subset == 24
+    with pytest.raises(ConfigError, match=r"^config gives optim.lr twice \(0.001 and 0.002\): "
+                                          r"give it once$"):
+        Recorder(bound(x), x, y, out=tmp_path, name="twice", progress=False,
+                 config={"optim": {"lr": 1e-3}, "optim.lr": 2e-3})
+    assert not (tmp_path / "twice").exists()
+
+
 @pytest.mark.parametrize(("config", "fix"), [
     ({"run.device": "cuda"}, "environment.device"),
     ({"run": {"threads": 7}}, "environment.torch_threads"),

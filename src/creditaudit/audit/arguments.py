@@ -80,6 +80,9 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
             f"the {type(model).__name__} given: its credits would not be this model's; pass "
             "the rule's own model (credit.model) or a rule bound to this one")
     initial = check_norms("initial_hidden_norms", initial_hidden_norms)
+    if metric_options is not None and not isinstance(metric_options, Mapping):
+        raise ConfigError(f"metric_options= must be a dict of options (e.g. "
+                          f"{{'rho_samples': 64}}) or None, got {type(metric_options).__name__}")
     options = dict(metric_options or {})
     unknown = sorted(set(options) - set(METRIC_OPTIONS))
     if unknown:

@@ -7,6 +7,7 @@ or one input's shape. Each refusal is a one-line :class:`~creditaudit.errors.Mod
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -165,5 +166,30 @@ def backward_hook_cause(net: nn.Module, err: BaseException, error: str) -> str |
             "make the hook pass None through (if grad_input[0] is None: return None)")
 
 
+def several_inputs_cause(net: nn.Module, err: BaseException) -> str | None:
+    """The line for ``err`` when ``net``'s forward needs more than one argument (a mask, a
+    second modality), else None: adapt()'s probe, the rules and the diagnostics call the
+    network on one batch tensor, so torch's "missing 1 required positional argument" was
+    answered with "pass inputs its forward takes", which no caller can."""
+    if not isinstance(err, TypeError) or "required" not in str(err):
+        return None
+    try:
+        signature = inspect.signature(net.forward)
+    except (TypeError, ValueError):
+        return None
+    needed = [name for name, p in signature.parameters.items()
+              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                     p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if len(needed) < 2:
+        return None
+    name = type(net).__name__
+    return (f"{name}'s forward takes {len(needed)} inputs ({', '.join(needed)}), but the "
+            "rules and the diagnostics call a network on one batch tensor: wrap it in a "
+            "module whose forward takes one (forward(self, x): return self.net(x, …) with "
+            "the other inputs made or kept inside) and adapt that, or return that from your "
+            "model.factory")
+
+
 __all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
-           "input_shape_of", "describe_value", "checkpoint_cause", "backward_hook_cause"]
+           "input_shape_of", "describe_value", "checkpoint_cause", "backward_hook_cause",
+           "several_inputs_cause"]

@@ -6,8 +6,8 @@ training and raises one-line :class:`~creditaudit.errors.ModelContractError`\\ s
 (B, T, d) or (B, C, H, W), a state module called twice or not at all, states listed out of
 order, a state that does not reach the output, a state that is not a cut, a forward that
 changes its input batch in place, and a model that mixes samples in eval mode (the
-diagnostics run there and need per-sample independence) —
-and, before these, a network that fails on the probe inputs (named with its error), gives
+diagnostics run there and need per-sample independence) — and, before these, a network
+that fails on the probe inputs (named with its error; one whose forward needs several), gives
 NaN/Inf logits (the parameter holding NaN/Inf named), or replaces its parameters on every
 forward (BioTorch's uSF/brSF layers). It also learns the states' shapes, the segments, the
 classes and whether the readout ends in a LayerNorm — the fact the protocol's diagnosis of
@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
+from creditaudit.models import adapt_arguments
 from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
 from creditaudit.models.contract import without_zero_samples
 from creditaudit.models.direct_uses import DirectUses
@@ -111,10 +112,10 @@ class AdaptProbe:
             with torch.no_grad():
                 logits = self.net(x)
         except Exception as err:  # noqa: BLE001 — the user's network on the user's input
-            raise ModelContractError(
+            raise ModelContractError(adapt_arguments.several_inputs_cause(self.net, err) or (
                 f"adapt() ran {name} on {source} ({_dtype(x)}, shape {tuple(x.shape)}) and it "
                 f"raised {type(err).__name__}: {_first_line(err)}; pass inputs its forward "
-                "takes") from None
+                "takes")) from None
         after = dict(self.net.named_parameters())
         replaced = next((n for n, p in before if after.get(n) is not p), None)
         if replaced is not None:

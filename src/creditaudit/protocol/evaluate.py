@@ -8,6 +8,7 @@ the per-layer cosine table and Γ under its four aggregations.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,13 +160,17 @@ def _not_evaluated(result: DiagnosticResult) -> DiagnosticResult:
 # --- running it ---------------------------------------------------------------------------
 def check_fraction(name: str, value: float | None) -> float | None:
     """``value`` as a float; a one-line ConfigError naming ``name`` unless it is None or an
-    accuracy fraction in [0, 1]."""
+    accuracy fraction in [0, 1]: a Python or numpy number, or a one-element tensor (what a
+    loop's ``(pred == y).float().mean()`` gives, which the Recorder takes too)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+    number = (value.detach().item() if isinstance(value, Tensor) and value.numel() == 1
+              else value)
+    if isinstance(number, bool) or not isinstance(number, numbers.Real) \
+            or not 0 <= number <= 1:
         raise ConfigError(f"{name}={value!r} must be an accuracy fraction in [0, 1] "
                           "(e.g. 0.349 for 34.9%)")
-    return float(value)
+    return float(number)
 
 
 def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,

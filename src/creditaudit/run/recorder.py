@@ -82,11 +82,11 @@ from creditaudit.run.recorder_finish import finish_record
 from creditaudit.run.recorder_inputs import (
     check_epoch_number,
     check_network_unchanged,
+    checked_extras,
     checked_number,
     claim_folder,
     folder_name,
     network_layout,
-    refuse_record_keys,
     released_on_error,
     tensor_versions,
 )
@@ -216,6 +216,7 @@ class Recorder:
         self.record.reference = reference
         self.initial = parameter_snapshot(model)
         self.finished = False
+        self._ended: tuple[int, dict[str, float]] = (0, {})  # the rule's last ended epoch
         self._since = time.perf_counter()
         # Held until the run ends (finish(), the with-block's end, a failed write here).
         self._held = claim_folder(self.run_dir, overwrite)
@@ -259,11 +260,12 @@ class Recorder:
                    "test_loss": checked_number("test_loss", test_loss, loss=True),
                    "train_loss": checked_number("train_loss", train_loss),
                    "train_acc": checked_number("train_acc", train_acc, fraction=True)}
-        kept = {str(k): checked_number(f"extras[{k!r}]", v) for k, v in (extras or {}).items()}
-        refuse_record_keys(kept)
+        kept = checked_extras(extras)
         if epoch >= 1:  # the rule's end of a trained epoch, as `creditaudit train` ends it
-            own = rule_extras(self.rule, self.rule.end_epoch(
-                epoch, self.config.optim.epochs if self._epochs_given else epoch))
+            if self._ended[0] != epoch:  # once: a retried epoch(n) keeps its fields
+                self._ended = (epoch, rule_extras(self.rule, self.rule.end_epoch(
+                    epoch, self.config.optim.epochs if self._epochs_given else epoch)))
+            own = self._ended[1]
             if clash := sorted(own.keys() & kept.keys()):
                 raise ConfigError(f"extras {clash} are {self.rule.name}'s own per-epoch "
                                   "fields: give yours other names")
@@ -283,7 +285,7 @@ class Recorder:
                         optim.epochs if self._epochs_given else None):
             record_protocol(self.record, entry, sg, protocol=self.protocol,
                             frozen_acc=settings.frozen_acc,
-                            terminal_ln=_terminal_ln(model))
+                            terminal_ln=ln if isinstance(ln := model.terminal_ln, bool) else None)
         now = time.perf_counter()
         self._say.epoch_ends(epoch, now - measuring, entry.verdict)
         entry.seconds, self._since = now - self._since, now
@@ -393,11 +395,6 @@ class _Says:
             self.line(f"epoch {epoch} recorded in {duration(seconds)}"
                       + (f" ({verdict})" if verdict else ""))
         self.last = seconds
-
-
-def _terminal_ln(model: Any) -> bool | None:
-    value = model.terminal_ln
-    return value if isinstance(value, bool) else None
 
 
 __all__ = ["Recorder", "array_fingerprint", "OWN_DATA"]

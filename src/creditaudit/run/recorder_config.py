@@ -20,6 +20,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
 from creditaudit.config import (
@@ -161,7 +162,10 @@ def in_callers_words(err: CreditAuditError) -> CreditAuditError:
 
 
 def _dotted(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Dotted keys of ``config`` (dotted already, or nested sections)."""
+    """Dotted keys of ``config`` (dotted already, or nested sections), a numpy number as the
+    Python number it holds (``run.seed=np.int64(3)`` from ``np.arange`` was refused as no
+    integer); one key given twice (``{"optim": {"lr": …}, "optim.lr": …}``) is refused, where
+    one value was kept silently."""
     if config is None:
         return {}
     if not isinstance(config, Mapping):
@@ -169,10 +173,13 @@ def _dotted(config: Mapping[str, Any] | None) -> dict[str, Any]:
                           f"{type(config).__name__}")
     out: dict[str, Any] = {}
     for key, value in config.items():
-        if key in SECTION_TYPES and isinstance(value, Mapping):
-            out.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            out[str(key)] = value
+        pairs = ([(f"{key}.{k}", v) for k, v in value.items()]
+                 if key in SECTION_TYPES and isinstance(value, Mapping) else [(str(key), value)])
+        for dotted, given in pairs:
+            if dotted in out:
+                raise ConfigError(f"config gives {dotted} twice ({out[dotted]!r} and "
+                                  f"{given!r}): give it once")
+            out[dotted] = given.item() if isinstance(given, np.generic) else given
     return out
 
 
@@ -180,7 +187,7 @@ def _data_section(data: str | Mapping[str, Any] | None
                   ) -> tuple[dict[str, Any], type[DatasetSpec] | None]:
     """(the [data] section, its dataset when creditaudit knows it)."""
     section = {"name": OWN_DATA} if data is None else (
-        {"name": data} if isinstance(data, str) else dict(data) if isinstance(data, Mapping)
+        {"name": data} if isinstance(data, str) else _dotted(data) if isinstance(data, Mapping)
         else None)
     if section is None:
         raise ConfigError(f"data must be a dataset name or its [data] section as a mapping, "
@@ -329,7 +336,17 @@ def check_frozen_as_recorded(recorded: Mapping[str, int] | None, rule: CreditRul
     """ConfigError (one line) when the parameters frozen outside ``rule`` now
     (:meth:`~creditaudit.methods.CreditRule.frozen_outside`) are not those the record lists
     (``recorded``, taken when the Recorder was created): the run id and the recipe cover
-    them, so a parameter frozen or unfrozen since would leave the record untrue."""
+    them, so a parameter frozen or unfrozen since would leave the record untrue. So is one
+    that binding the rule froze (``frozen``, ``trainable_blocks``) and the loop unfroze: an
+    optimiser holding it trains it, and a frozen-blocks run would train its blocks."""
+    if unfrozen := [name for name, p in user_network(rule.model).named_parameters()
+                    if id(p) in rule.frozen_by_binding and p.requires_grad]:
+        raise ConfigError(f"{', '.join(unfrozen[:3])}{' …' if len(unfrozen) > 3 else ''}, "
+                          f"frozen by binding {rule.name!r}, no longer frozen since the "
+                          "Recorder was created: the record says the rule does not train "
+                          "them; keep them frozen (requires_grad=False) for the whole run (a "
+                          "loop that unfreezes them is another run: record it with a rule "
+                          "bound to train them)")
     now, before = rule.frozen_outside(), dict(recorded or {})
     if now == before:
         return

@@ -32,17 +32,18 @@ def tensor_versions(*tensors: Tensor) -> tuple[int | None, ...]:
     return tuple(versions)
 
 
-# (name → class) per module, (name → (id, shape, dtype)) per parameter and buffer
-NetworkLayout = tuple[dict[str, str], dict[str, tuple[int, tuple[int, ...], str]]]
+# (name → class) per module, (name → (id, shape, dtype, device)) per parameter and buffer
+NetworkLayout = tuple[dict[str, str], dict[str, tuple[int, tuple[int, ...], str, str]]]
 
 
 def network_layout(net: nn.Module) -> NetworkLayout:
     """What :func:`check_network_unchanged` compares: each module's class and each
-    parameter's object, shape and dtype (a buffer's shape and dtype: BatchNorm updates its
-    statistics in place, a buffer may be reassigned)."""
+    parameter's object, shape, dtype and device (a buffer's shape, dtype and device:
+    BatchNorm updates its statistics in place, a buffer may be reassigned)."""
     modules = {name: type(module).__qualname__ for name, module in net.named_modules()}
-    tensors = {name: (id(p), tuple(p.shape), str(p.dtype)) for name, p in net.named_parameters()}
-    tensors |= {f"{name} (buffer)": (0, tuple(b.shape), str(b.dtype))
+    tensors = {name: (id(p), tuple(p.shape), str(p.dtype), str(p.device))
+               for name, p in net.named_parameters()}
+    tensors |= {f"{name} (buffer)": (0, tuple(b.shape), str(b.dtype), str(b.device))
                 for name, b in net.named_buffers()}
     return modules, tensors
 
@@ -51,8 +52,8 @@ def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
     """ConfigError (one line, naming the first change) when ``net`` is no longer the network
     whose ``before`` layout the Recorder took: a module added, removed or replaced by one of
     another class, a parameter replaced by a new object (the optimiser steps the old one),
-    resized or cast. The record (its model, parameter count and dtype, run id) describes the
-    network as it was then."""
+    resized, cast or moved to another device. The record (its model, parameter count, dtype
+    and device, run id) describes the network as it was then."""
     (modules, tensors), (now_modules, now_tensors) = before, network_layout(net)
     changes = [f"module {n!r} {what}" for n, what in (
         *((n, "added") for n in now_modules if n not in modules),
@@ -62,7 +63,7 @@ def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
     changes += [f"{n!r} {what}" for n, what in (
         *((n, "added") for n in now_tensors if n not in tensors),
         *((n, "removed") for n in tensors if n not in now_tensors),
-        *((n, "replaced" if now_tensors[n][0] != tensors[n][0] else "resized or cast")
+        *((n, _tensor_change(tensors[n], now_tensors[n]))
           for n in tensors if n in now_tensors and now_tensors[n] != tensors[n]))]
     if changes:
         raise ConfigError(
@@ -70,6 +71,16 @@ def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
             "which its record and run id would not say: build the network completely before "
             "creating the Recorder and change its weights in place only (load_state_dict, "
             "not new nn.Parameter objects), or start a new Recorder for the new network")
+
+
+def _tensor_change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    """How one parameter or buffer changed (its layout entries ``before`` and ``now``)."""
+    if now[0] != before[0]:
+        return "replaced"
+    if now[1:3] != before[1:3]:
+        return "resized or cast"
+    # .to(device) keeps the parameter objects: the evaluation arrays stay where they were
+    return f"moved from {before[3]} to {now[3]}"
 
 
 def check_epoch_number(epoch: Any, last: int | None, *, epochs: int | None,
@@ -169,7 +180,26 @@ def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool 
     return number
 
 
-def refuse_record_keys(extras: Mapping[str, float]) -> None:
+def checked_extras(extras: Any) -> dict[str, float | None]:
+    """An epoch's ``extras`` (None or a mapping of names to numbers) as the floats a record
+    holds (:func:`checked_number`); ConfigError (one line) for another object (a list of
+    pairs raised AttributeError), a key that is not a string (``1`` and ``"1"`` were both
+    written as ``"1"``, one number lost), or a name the entry writes itself
+    (:func:`refuse_record_keys`)."""
+    if extras is None:
+        return {}
+    if not isinstance(extras, Mapping):
+        raise ConfigError(f"extras must be a mapping of names to numbers, e.g. "
+                          f"{{'val_acc': 0.91}}, got {type(extras).__name__}")
+    if odd := [key for key in extras if not isinstance(key, str)]:
+        raise ConfigError(f"extras key {odd[0]!r} ({type(odd[0]).__name__}) is not a name: "
+                          "name each number with a string, e.g. {'val_acc': 0.91}")
+    kept = {key: checked_number(f"extras[{key!r}]", value) for key, value in extras.items()}
+    refuse_record_keys(kept)
+    return kept
+
+
+def refuse_record_keys(extras: Mapping[str, float | None]) -> None:
     """ConfigError (one line) when an extra is named like a key the epoch entry writes
     itself (:data:`~creditaudit.records.RECORD_KEYS`): record.json would hold the extra in
     its place."""
@@ -190,4 +220,4 @@ _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
 __all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions",
-           "refuse_record_keys", "recordable_number"]
+           "checked_extras", "refuse_record_keys", "recordable_number"]

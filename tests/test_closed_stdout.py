@@ -4,9 +4,12 @@ quietly: no "error: … Broken pipe" line, no traceback, the exit status of a cl
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+
+import pytest
 
 from creditaudit.cli import CLOSED_STDOUT_EXIT
 
@@ -34,3 +37,65 @@ def test_a_read_stdout_is_unaffected():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.splitlines()[0].startswith("audit_table")
+
+
+TINY_TRAIN = ("train", "--method", "dfa", "--epochs", "2", "--threads", "1",
+              "--set", "data.n_train=128", "--set", "data.n_test=64", "--set", "data.in_dim=8",
+              "--set", "data.teacher_width=16", "--set", "model.d=8",
+              "--set", "model.n_blocks=2", "--set", "optim.batch_size=64",
+              "--set", "diagnostics.eval_samples=64", "--set", "diagnostics.end_of_run=false")
+
+
+@pytest.mark.slow
+def test_a_run_whose_stdout_reader_has_gone_trains_on(tmp_path):
+    """``creditaudit train … | head -1``: the console's epoch lines meet the closed pipe;
+    the run trains to its end (completed) and the command ends quietly. Before, the first
+    line's BrokenPipeError failed the run (its record said ``failed: BrokenPipeError``)."""
+    from creditaudit.records import load_record
+
+    done = _run_with_stdout_closed(*TINY_TRAIN, "--out", str(tmp_path))
+    assert done.stderr == ""
+    assert done.returncode == CLOSED_STDOUT_EXIT
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert load_record(run_dir).status == "completed"
+
+
+@pytest.mark.slow
+def test_a_run_without_stdout_trains_and_exits_cleanly(tmp_path):
+    """stdout closed before the command starts (``>&-``: ``sys.stdout`` is None): the run
+    trains to its end, with and without progress, and exits 0. Before, the console logger
+    (and, with ``-q``, the summary's print) stopped it with an internal AttributeError."""
+    from creditaudit.records import load_record
+
+    for quiet, out in (((), tmp_path / "a"), (("-q",), tmp_path / "b")):
+        done = subprocess.run([sys.executable, "-m", "creditaudit", *TINY_TRAIN, *quiet,
+                               "--out", str(out)], stdin=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, timeout=300,
+                              preexec_fn=lambda: os.close(1))  # noqa: PLW1509
+        assert (done.returncode, done.stderr) == (0, "")
+        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+        assert load_record(run_dir).status == "completed"
+
+
+class _ReaderGone(io.StringIO):
+    """A stdout whose reader has gone: every write raises BrokenPipeError."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("stdout", [_ReaderGone, None], ids=["reader gone", "closed"])
+def test_the_console_of_a_run_without_a_stdout_is_silent(tmp_path, monkeypatch, stdout):
+    """In process, the quick twin of the two above: the console logger on a stdout whose
+    reader has gone, or on none (``sys.stdout`` None), prints nothing and the run completes
+    (before: failed with BrokenPipeError, or an AttributeError before it started)."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    config = RunConfig().replace(**{
+        "method.name": "dfa", "optim.epochs": 2, "run.threads": 1, "data.n_train": 128,
+        "data.n_test": 64, "data.in_dim": 8, "data.teacher_width": 16, "model.d": 8,
+        "model.n_blocks": 2, "optim.batch_size": 64, "diagnostics.eval_samples": 64,
+        "diagnostics.end_of_run": False, "run.out_dir": str(tmp_path), "run.progress": True})
+    monkeypatch.setattr(sys, "stdout", stdout() if stdout else None)
+    assert train(config).record.status == "completed"

@@ -136,3 +136,37 @@ def test_a_loggers_step_error_in_a_group_of_one_fails_only_that_run(tmp_path, mo
     for a, b in zip(plain[1:], results[1:], strict=True):
         assert comparable(a.record) == comparable(b.record)
         assert checkpoint_gap(a.run_dir, b.run_dir) == 0.0
+
+
+def test_an_epoch_trained_again_after_the_once_per_epoch_check_logs_its_steps_once(tmp_path):
+    """check="epoch" (a stack on a GPU, captured steps): an epoch in which a run turned
+    non-finite is trained again with per-step checks; the loggers heard its steps in the
+    first pass, and hear them no second time (they heard every step of it twice: a
+    progress bar went past its end, and named the wrong epoch from then on). A logger's
+    step error of the first pass still fails its run."""
+    from creditaudit.loggers import LoggerGroup
+    from creditaudit.run.steps.epochs import StackedEpochs
+    from creditaudit.run.trainer import Trainer
+
+    runs = configs(tmp_path, "bp")
+    runs[0] = runs[0].replace(**{"optim.lr": 1e300})
+
+    class Broken(RunLogger):
+        def log_step(self, loss):  # noqa: ANN001
+            raise ValueError("no")
+
+    def steps_heard(check: str) -> tuple[list[int], list]:
+        trainers = [Trainer(c) for c in runs]
+        heard = [PerRun() for _ in trainers]
+        for trainer, logger in zip(trainers, heard, strict=True):
+            trainer.loggers = LoggerGroup([logger])
+        trainers[2].loggers.loggers.append(Broken())
+        runner = StackedEpochs(trainers, check=check)
+        stats = [runner.train_epoch(1), runner.train_epoch(2)]
+        return [sum(logger.steps.values()) for logger in heard], stats
+
+    (per_step, step_stats), (per_epoch, epoch_stats) = steps_heard("step"), steps_heard("epoch")
+    assert per_epoch[1] == per_step[1] == 2 * len(Trainer(runs[1]).train_loader)
+    assert epoch_stats[0][0] is None  # run 0 diverged in epoch 1
+    for stats in (step_stats, epoch_stats):
+        assert isinstance(stats[0][2], GuestError)

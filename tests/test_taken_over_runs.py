@@ -176,6 +176,41 @@ def test_a_stacked_run_taken_over_stops_alone(tmp_path, monkeypatch):
         [e.test_loss for e in alone.log], rel=1e-6)
 
 
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_taken_over_while_it_started_opens_no_logger(tmp_path, monkeypatch, kill_run_at,
+                                                           resume):
+    """Taken over while it started (its checkpoint read, say), the run stops before its
+    loggers start: it used to start them first — a new TensorBoard event file in the other
+    process's folder, whose restart mark (at epoch 0, or the epoch resumed after) drops
+    that process's points — and only then find the run taken over."""
+    pytest.importorskip("tensorboard")
+    config = tiny(tmp_path / "out", **{"run.tensorboard": str(tmp_path / "tb")})
+    run_dir = plan_run(config).run_dir
+    if resume:
+        kill_run_at(config, epoch=2)
+        original = Trainer.restore
+
+        def restore(self):
+            original(self)
+            take_over(self.run_dir)
+
+        monkeypatch.setattr(Trainer, "restore", restore)
+    else:
+        monkeypatch.setattr(Trainer, "restore", lambda self: None)
+        original_start = Trainer.start
+
+        def start(self, resuming):
+            take_over(self.run_dir)
+            original_start(self, resuming)
+
+        monkeypatch.setattr(Trainer, "start", start)
+    tb = tmp_path / "tb" / run_dir.name
+    before = sorted(tb.glob("*"))
+    with pytest.raises(RunBusyError, match=f"pid {OTHER_PID}"):
+        train(config, resume=resume)
+    assert sorted(tb.glob("*")) == before
+
 # --- real processes -----------------------------------------------------------------------
 PAUSED_IN_EPOCH_2 = """
 import sys, time

@@ -157,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with for_command_line(), sigterm_interrupts(), guest_output_to_stderr():
             code = int(args.handler(args) or 0)
-            sys.stdout.flush()  # a reader that closed stdout is met here, not at exit
+            if sys.stdout is not None:  # None: stdout closed (``>&-``), nothing printed
+                sys.stdout.flush()  # a reader that closed stdout is met here, not at exit
             return code
     except BrokenPipeError as err:
         if not stdout_closed():

@@ -230,6 +230,9 @@ def _guest_on_stack(frame: FrameType | None) -> bool:
 def guest_output_to_stderr() -> Iterator[None]:
     """Route guest writes to stdout to stderr while active (module docstring)."""
     previous = sys.stdout
+    if previous is None:  # stdout closed (``>&-``): print() writes nothing, guests' included
+        yield
+        return
     sys.stdout = GuestAwareStdout(previous)
     try:
         yield

@@ -71,7 +71,8 @@ class RunLogger:
     - ``start(run)`` once, before the first epoch it logs;
     - ``log_epoch(entry)`` for every evaluated epoch (epoch 0 — the untrained network — of
       a fresh run included), after the epoch's diagnostics and protocol are in ``entry``;
-    - ``log_step(loss)`` after every optimiser step (training cross-entropy, nats);
+    - ``log_step(loss)`` after every optimiser step (training cross-entropy, nats; NaN
+      where it is not read back: a stack on a GPU, captured steps);
     - ``log_stage(text)`` as each end-of-run stage starts (ρ, nudging, the null: minutes on
       a large run);
     - ``finish(record)`` once the record is final (completed, diverged, failed or

@@ -51,8 +51,10 @@ class ConsoleLogger(RunLogger):
 
     def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None,
                  bar_stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stdout
-        self.terminal = self.stream.isatty() if terminal is None else terminal
+        # None: stdout closed (``>&-``), or its reader gone (``| head``): nothing is printed
+        self.stream: TextIO | None = stream or sys.stdout
+        self.terminal = (self.stream is not None and self.stream.isatty()
+                         if terminal is None else terminal)
         self.bar_stream = bar_stream or sys.stderr
         self.bar: Any = None
         self.run: RunStart | None = None
@@ -150,4 +152,11 @@ class ConsoleLogger(RunLogger):
             self.bar = None
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        """Print one line; a stdout whose reader has gone (``creditaudit train … | head``)
+        silences the console, and the run trains on."""
+        if self.stream is None:
+            return
+        try:
+            print(text, file=self.stream, flush=True)
+        except (OSError, ValueError):  # BrokenPipeError, or a stream closed
+            self.stream = None

@@ -306,6 +306,10 @@ class Trainer(RecordKeeping):
         self.resuming = resume
         if resume:
             self.restore()
+        # another process took the run over (this one was stopped while it started): touch
+        # nothing, its loggers' folders included (a TensorBoard restart mark would drop
+        # that process's points)
+        check_held(self.run_dir)
         self.loggers.start(RunStart(
             config=self.config, run_id=self.run_id, run_dir=self.run_dir,
             first_epoch=self.start_epoch, epochs=self.config.optim.epochs,
@@ -313,7 +317,6 @@ class Trainer(RecordKeeping):
             elapsed_before=sum(e.seconds or 0.0 for e in self.record.log),
             reference=self.record.reference.to_dict(),
             resumed_after=self.record.log[-1] if resume and self.record.log else None))
-        check_held(self.run_dir)  # another process took the run over: touch nothing
         ensure_folder(self.run_dir)
         remove_leftovers(self.run_dir, RUN_FILES)  # temporary files of writes killed (-9)
         if not resume:

@@ -99,7 +99,7 @@ class CapturedEpochs(StackedEpochs):
 
     def train_epoch(self, epoch: int) -> list[dict[str, Any] | Exception | None]:
         stats = super().train_epoch(epoch)
-        if any(s is None for s in stats):
+        if self.trained_again:
             # Trained again after a restore: the optimisers' state tensors are new ones.
             self.graph, self.static, self.warmed = None, None, 0
         return stats

@@ -54,6 +54,8 @@ class StackedEpochs:
             raise ValueError(f"stacked runs need equal batches per epoch, got {sorted(sizes)}")
         self.check = check
         self.step = self._make_step()
+        self._failed: dict[int, Exception] = {}  # the last pass's loggers' errors, by run
+        self.trained_again = False  # the last epoch was trained again from its start
 
     def _make_step(self) -> StackedStep:
         return StackedStep(self.members)
@@ -64,13 +66,17 @@ class StackedEpochs:
         in ``log_step`` (that run fails, alone)."""
         if self.check == "step":
             return self._epoch(epoch, check_steps=True)
+        self.trained_again = False  # set when the epoch is trained again (restored first)
         snapshots = [self._snapshot(m) for m in self.members]
         stats = self._epoch(epoch, check_steps=False)
         if all(s is not None for s in stats):
             return stats
+        failed = self._failed  # the first pass's: its loggers heard every step once
+        self.trained_again = True
         for member, snapshot in zip(self.members, snapshots):
             self._restore(member, snapshot)
-        return self._epoch(epoch, check_steps=True)
+        retried = self._epoch(epoch, check_steps=True, log_steps=False)
+        return [failed.get(k, run_stats) for k, run_stats in enumerate(retried)]
 
     def _batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Every run's batch, stacked: (K, B, …) inputs and (K, B) labels on the device."""
@@ -86,8 +92,11 @@ class StackedEpochs:
         self.step.optimize(range(self.step.size))
         return out
 
-    def _epoch(self, epoch: int, *, check_steps: bool
+    def _epoch(self, epoch: int, *, check_steps: bool, log_steps: bool = True
                ) -> list[dict[str, Any] | Exception | None]:
+        """One pass over the epoch's batches; ``log_steps`` false: the loggers hear none of
+        its steps (an epoch trained again, whose steps they heard). The loggers' errors are
+        kept in ``self._failed`` too (run index → error)."""
         size = len(self.members)
         device = self.step.device
         loss_sum = torch.zeros(size, dtype=torch.float64, device=device)
@@ -95,6 +104,7 @@ class StackedEpochs:
         first_bad = torch.full((size,), -1, dtype=torch.int64, device=device)
         live = list(range(size))
         failed: dict[int, Exception] = {}  # a run whose loggers raised in log_step
+        self._failed = failed
         n = 0
         for member in self.members:
             member.model.train()
@@ -121,7 +131,7 @@ class StackedEpochs:
                 loss_sum += out.loss.double() * batch
                 correct += out.correct
                 n += batch
-                for k in live:
+                for k in live if log_steps else ():
                     if k not in failed:
                         failed.update(self._log_step(k, losses[k]))
         finally:

@@ -5,6 +5,7 @@ stops is recorded failed, not left 'running'."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -115,3 +116,24 @@ def test_a_base_exception_in_the_shared_step_fails_every_run_of_the_stack(tmp_pa
     records = [load_record(folder) for folder in sorted(tmp_path.iterdir())]
     assert [(r.status, r.error) for r in records] == [
         ("failed", "Abort: the step gave up")] * 2
+
+
+def test_rays_worker_shutdown_inside_guest_code_passes_as_ray_raised_it():
+    """Ray shuts a sweep's worker down with a SystemExit raised wherever the worker is — in a
+    plugin's code (a diagnostic, a dataset's load) or a user's logger too: blame() and a
+    logger's call named it the guest's 'sys.exit(1)', so the run was recorded failed, its
+    plugin blamed, where the trainer and the sweep keep it interrupted, to resume."""
+    raylet = pytest.importorskip("ray._raylet")
+    from creditaudit.loggers.base import LoggerGroup
+
+    with pytest.raises(SystemExit) as shut, blame("my plugin"):
+        raylet.raise_sys_exit_with_custom_error_message("worker shut down", 1)
+    assert hasattr(shut.value, "ray_terminate_msg")  # Ray's own, unchanged
+
+    class ShutDownLogger(RunLogger):
+        def log_epoch(self, entry):  # noqa: ANN001
+            raylet.raise_sys_exit_with_custom_error_message("worker shut down", 1)
+
+    with pytest.raises(SystemExit) as shut:
+        LoggerGroup([ShutDownLogger()]).log_epoch(SimpleNamespace(epoch=1))
+    assert hasattr(shut.value, "ray_terminate_msg")  # Ray's own, unchanged

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,7 +24,8 @@ from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError, RunBusyError
 from creditaudit.records import CLAIM_FILE, RECORD_FILE, load_record, save_record
-from creditaudit.records.claim_files import claim_state
+from creditaudit.records.claim_files import claim_state, process_start_ticks
+from creditaudit.records.claims import release_claim, try_claim
 from creditaudit.report.runs import status_text
 from creditaudit.run.plan import plan_run
 from creditaudit.run.stacked import train_stacked
@@ -131,6 +133,49 @@ def test_a_folder_named_claim_json_is_no_claim_and_no_crash(interrupted, capsys)
     out, err = capsys.readouterr()
     assert_one_line_error(out, err, str(run_dir / CLAIM_FILE), "it is a folder",
                           "remove it by hand")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_a_live_holders_claim_holds_after_the_wall_clock_stepped_forward(tmp_path, monkeypatch):
+    """The wall clock stepped forward after a process took its claim (NTP correcting a
+    drifted clock, a VM or WSL resumed) moves /proc/stat's btime with it, so the holder's
+    start time read from /proc moves past the claim's unix_time: its live claim read as a
+    reused pid's ('dead process') and a second sweep or train --resume broke it and
+    trained the run beside it. The holder's start in clock ticks since boot, which no clock
+    step moves, tells a reused pid."""
+    run_dir = tmp_path / "run"
+    claim, _ = try_claim(run_dir)
+    assert claim is not None
+    real = Path.read_text
+
+    def clock_stepped(self: Path, *args: object, **kwargs: object) -> str:
+        text = real(self, *args, **kwargs)
+        if str(self) == "/proc/stat":  # btime = the clock now − the time since boot
+            text = re.sub(r"^btime (\d+)", lambda m: f"btime {int(m[1]) + 600}", text,
+                          flags=re.MULTILINE)
+        return text
+
+    try:
+        monkeypatch.setattr(Path, "read_text", clock_stepped)
+        assert claim_state(run_dir).stale is None
+    finally:
+        monkeypatch.undo()
+        release_claim(claim)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_a_claim_whose_pid_started_at_another_tick_is_a_dead_process(tmp_path):
+    """A claim that says its process's start (clock ticks since boot) names a pid reused
+    when the live process there started at another tick, whatever the claim's time."""
+    run_dir = tmp_path / "run"
+    ticks = process_start_ticks(os.getpid())
+    assert ticks is not None
+    path = write_claim(run_dir, os.getpid())
+    claim = json.loads(path.read_text())
+    path.write_text(json.dumps({**claim, "unix_time": time.time(), "start_ticks": ticks + 1}))
+    assert claim_state(run_dir).stale == "dead process"
+    path.write_text(json.dumps({**claim, "unix_time": 0.0, "start_ticks": ticks}))
+    assert claim_state(run_dir).stale is None
 
 
 def test_a_run_killed_before_its_first_file_starts_over_with_resume(tmp_path, capsys):

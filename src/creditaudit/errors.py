@@ -84,6 +84,15 @@ def unrecorded_note(err: BaseException) -> str:
     return "".join(f"; {note}" for note in notes if note.startswith(UNRECORDED))
 
 
+def ended_by_ray(err: BaseException) -> bool:
+    """Whether ``err`` is the ``SystemExit`` Ray raises in a worker it shuts down (a sweep
+    interrupted past its unwind time, a cluster stopped), wherever the worker was — in
+    creditaudit's code or a guest's: the run was stopped, it did not fail, and no guest
+    called ``sys.exit``; its record is left for the sweep's worker to say ``interrupted``,
+    and it resumes, as after a Ctrl-C."""
+    return isinstance(err, SystemExit) and hasattr(err, "ray_terminate_msg")
+
+
 class GuestError(CreditAuditError):
     """Code creditaudit runs but did not write — a plugin, a model factory — failed, or
     failed its conformance checks: the message names it (``credit rule plugin 'x'

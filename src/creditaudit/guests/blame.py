@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TextIO
 
-from creditaudit.errors import CreditAuditError, GuestError
+from creditaudit.errors import CreditAuditError, GuestError, ended_by_ray
 from creditaudit.guests.code import Guest, guests_owning, known_paths, resolved
 from creditaudit.guests.settings import settings_kept
 
@@ -64,6 +64,8 @@ def blame(guest: Guest | str | None) -> Iterator[None]:
     except (CreditAuditError, KeyboardInterrupt, GeneratorExit):
         raise
     except SystemExit as err:
+        if ended_by_ray(err):  # Ray shut the worker down here: no guest's sys.exit
+            raise
         raise GuestError(exit_message(what, err)) from None
     except BaseException as err:  # noqa: BLE001 - whatever the guest raised is named as its own
         raise GuestError(failure_message(what, err, _innermost(err.__traceback__, guest)

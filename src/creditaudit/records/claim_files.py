@@ -1,11 +1,12 @@
 """Reading a run folder's claim: whether a process holds the run now.
 
 The process that trains a run — a sweep's worker, ``creditaudit train``, a loop of one's own
-(``Recorder``) — holds ``RUN_DIR/claim.json`` (pid, host, time, token) while it trains the
-run, refreshes its mtime (a heartbeat) and removes it at the end
-(:mod:`creditaudit.records.claims` takes, breaks and releases claims). A claim whose process
-is gone (same host, pid not alive or now another process's, started after the claim) or
-whose mtime is older than ``stale_after`` seconds holds nothing.
+(``Recorder``) — holds ``RUN_DIR/claim.json`` (pid, host, time, its process's start in
+clock ticks since boot, token) while it trains the run, refreshes its mtime (a heartbeat)
+and removes it at the end (:mod:`creditaudit.records.claims` takes, breaks and releases
+claims). A claim whose process is gone (same host, pid not alive or now another process's,
+which started at another tick) or whose mtime is older than ``stale_after`` seconds holds
+nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ UNREADABLE_CLAIM_GRACE = 30.0
 MAX_CLAIM_BYTES = 1 << 16  # a claim is ~150 bytes; more is read as unreadable
 # A claim's pid that belongs to a process started this many seconds after the claim was
 # written was reused: the claim's process is gone (the start time is known to about 1 s).
+# Only for a claim that does not say its process's start_ticks (written before they were).
 PID_REUSE_MARGIN = 2.0
 
 
@@ -50,25 +52,42 @@ def process_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def process_started(pid: int) -> float | None:
-    """When process ``pid`` of this host started (unix time, to about a second), or None
-    where that cannot be told (no /proc: macOS; the process is gone)."""
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` of this host started, in clock ticks since the host booted
+    (/proc/PID/stat's starttime: no step of the wall clock moves it), or None where that
+    cannot be told (no /proc: macOS; the process is gone)."""
     try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_started(pid: int) -> float | None:
+    """When process ``pid`` of this host started (unix time, to about a second, as the wall
+    clock reads now: a step of the clock since moves it), or None where that cannot be told
+    (no /proc: macOS; the process is gone)."""
+    ticks = process_start_ticks(pid)
+    try:
         boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                     if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+    return None if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def holder_gone(holder: dict[str, Any]) -> bool:
     """Whether the process a claim of this host names is gone: not alive, or its pid now
-    belongs to a process that started after the claim was written (the pid was reused: a
-    restarted container, a reboot, many processes since)."""
+    belongs to another process (the pid was reused: a restarted container, a reboot, many
+    processes since): one whose start in clock ticks since boot is not the claim's
+    ``start_ticks``, or — a claim that does not say them — one that started after the claim
+    was written (``unix_time``; a step of the wall clock since can mislead this)."""
     pid = holder["pid"]
     if not process_alive(pid):
         return True
+    ticks = holder.get("start_ticks")
+    if isinstance(ticks, int) and not isinstance(ticks, bool):
+        now = process_start_ticks(pid)
+        return now is not None and now != ticks
     written = holder.get("unix_time")
     started = process_started(pid)
     return (isinstance(written, int | float) and started is not None
@@ -153,5 +172,5 @@ def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> Clai
 
 
 __all__ = ["ClaimState", "DEFAULT_STALE_AFTER", "UNREADABLE_CLAIM_GRACE", "claim_is_stale",
-           "claim_state", "holder_gone", "holder_name", "process_alive", "process_started",
-           "read_claim"]
+           "claim_state", "holder_gone", "holder_name", "process_alive", "process_start_ticks",
+           "process_started", "read_claim"]

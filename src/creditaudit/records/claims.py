@@ -38,6 +38,7 @@ from creditaudit.records.claim_files import (  # what a claim says: read by repo
     MAX_CLAIM_BYTES,
     claim_is_stale,
     holder_name,
+    process_start_ticks,
     read_claim,
 )
 
@@ -116,6 +117,8 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
     token = uuid.uuid4().hex
     body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "unix_time": time.time(),
+                       # a reused pid is told by these, which no step of the clock moves
+                       "start_ticks": process_start_ticks(os.getpid()),
                        "token": token}).encode()
     holder: dict[str, Any] | None = None
     broke = False

@@ -35,14 +35,6 @@ if TYPE_CHECKING:
     from creditaudit.run.plan import RunPlan
 
 
-def ended_by_ray(err: BaseException) -> bool:
-    """Whether ``err`` is the ``SystemExit`` Ray raises in a worker it shuts down (a sweep
-    interrupted past its unwind time, a cluster stopped): the run was stopped, it did not
-    fail; its record is left for the sweep's worker to say ``interrupted``, and it resumes,
-    as after a Ctrl-C."""
-    return isinstance(err, SystemExit) and hasattr(err, "ray_terminate_msg")
-
-
 class RecordKeeping:
     """Writes, finishes and stops a run's record; mixed into the trainer, which sets what
     it reads (below)."""

@@ -25,14 +25,13 @@ from typing import Any
 
 import torch
 
-from creditaudit.errors import ConfigError, DiskFullError
+from creditaudit.errors import ConfigError, DiskFullError, ended_by_ray
 from creditaudit.guests.blame import guest_failure
 from creditaudit.loggers import RunLogger, build_loggers
 from creditaudit.methods.stacked import stack_refusal
 from creditaudit.records.claims import holding_run
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.record_keeping import ended_by_ray
 from creditaudit.run.setup import caller_process
 from creditaudit.run.stack_groups import (  # noqa: F401 — importable from here as before
     VARYING,

@@ -24,7 +24,7 @@ import torch
 
 from creditaudit.config import RunConfig, config_to_toml
 from creditaudit.data import Dataset
-from creditaudit.errors import ConfigError, DiskFullError
+from creditaudit.errors import ConfigError, DiskFullError, ended_by_ray
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder, remove_leftovers
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -47,7 +47,7 @@ from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
 from creditaudit.run.folder import RunResult, holding_for_train, prepare_run
 from creditaudit.run.init_file import write_initial
 from creditaudit.run.plan import RunPlan, plan_run
-from creditaudit.run.record_keeping import RecordKeeping, ended_by_ray
+from creditaudit.run.record_keeping import RecordKeeping
 from creditaudit.run.results import (
     finite_entry,
     note_credit_not_finite,

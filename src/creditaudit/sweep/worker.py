@@ -15,7 +15,13 @@ import torch
 
 from creditaudit.caller import FORCE, for_command_line
 from creditaudit.config import RunConfig
-from creditaudit.errors import UNRECORDED, DiskFullError, OutputError, RunRecordError
+from creditaudit.errors import (
+    UNRECORDED,
+    DiskFullError,
+    OutputError,
+    RunRecordError,
+    ended_by_ray,
+)
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import FINISHED
 from creditaudit.records.claims import (
@@ -26,7 +32,6 @@ from creditaudit.records.claims import (
     read_claim,
     release_claim,
 )
-from creditaudit.run.record_keeping import ended_by_ray
 from creditaudit.sweep.claiming import (
     SWEEP_LOG_FILE,
     ClaimedRun,

@@ -137,3 +137,21 @@ def test_rays_worker_shutdown_inside_guest_code_passes_as_ray_raised_it():
     with pytest.raises(SystemExit) as shut:
         LoggerGroup([ShutDownLogger()]).log_epoch(SimpleNamespace(epoch=1))
     assert hasattr(shut.value, "ray_terminate_msg")  # Ray's own, unchanged
+
+
+def test_pytest_skip_inside_guest_code_passes_as_pytest_raised_it():
+    """pytest.skip and pytest.fail are BaseExceptions: a user's test that skips inside a
+    factory or plugin (no GPU there) was failed with a GuestError instead of skipped."""
+    from creditaudit.loggers.base import LoggerGroup
+
+    with pytest.raises(pytest.skip.Exception), blame("my plugin"):
+        pytest.skip("no GPU here")
+    with pytest.raises(pytest.fail.Exception), blame("my plugin"):
+        pytest.fail("the plugin's own test failed")
+
+    class SkippingLogger(RunLogger):
+        def log_epoch(self, entry):  # noqa: ANN001
+            pytest.skip("no GPU here")
+
+    with pytest.raises(pytest.skip.Exception):
+        LoggerGroup([SkippingLogger()]).log_epoch(SimpleNamespace(epoch=1))

@@ -93,6 +93,14 @@ def ended_by_ray(err: BaseException) -> bool:
     return isinstance(err, SystemExit) and hasattr(err, "ray_terminate_msg")
 
 
+def pytest_outcome(err: BaseException) -> bool:
+    """Whether ``err`` is a test runner's control flow (``pytest.skip``, ``pytest.fail``,
+    pytest-timeout's ``Failed``: BaseExceptions of ``_pytest.outcomes``) raised in guest code
+    that a user's test suite runs: it is the test's outcome, not the guest's failure, and
+    passes as raised."""
+    return any(cls.__module__.startswith("_pytest.") for cls in type(err).__mro__)
+
+
 class GuestError(CreditAuditError):
     """Code creditaudit runs but did not write — a plugin, a model factory — failed, or
     failed its conformance checks: the message names it (``credit rule plugin 'x'

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TextIO
 
-from creditaudit.errors import CreditAuditError, GuestError, ended_by_ray
+from creditaudit.errors import CreditAuditError, GuestError, ended_by_ray, pytest_outcome
 from creditaudit.guests.code import Guest, guests_owning, known_paths, resolved
 from creditaudit.guests.settings import settings_kept
 
@@ -68,6 +68,8 @@ def blame(guest: Guest | str | None) -> Iterator[None]:
             raise
         raise GuestError(exit_message(what, err)) from None
     except BaseException as err:  # noqa: BLE001 - whatever the guest raised is named as its own
+        if pytest_outcome(err):  # pytest.skip in a guest a user's test runs
+            raise
         raise GuestError(failure_message(what, err, _innermost(err.__traceback__, guest)
                                          )) from err
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig
-from creditaudit.errors import CreditAuditError, GuestError, ended_by_ray
+from creditaudit.errors import CreditAuditError, GuestError, ended_by_ray, pytest_outcome
 from creditaudit.guests.blame import guest_error
 from creditaudit.records import EpochEntry, RunRecord
 
@@ -280,7 +280,7 @@ def _call(logger: RunLogger, method: str, *args: object) -> None:
         raise
     except BaseException as err:  # noqa: BLE001 — the guest's (an Exception, a sys.exit, a
         # BaseException subclass of its own), named as its own
-        if ended_by_ray(err):  # Ray shut the worker down while the logger ran
+        if ended_by_ray(err) or pytest_outcome(err):  # Ray's shutdown; pytest.skip
             raise
         raise guest_error(f"logger {type(logger).__qualname__}.{method}", err) from err
 

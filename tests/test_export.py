@@ -503,3 +503,22 @@ def test_runs_no_file_can_hold_are_listed_with_why(tmp_path, capsys, single_thre
     [dfa] = [e for e in entries if e["run_id"].startswith("dfa-")]
     assert "; feedback drawn from method.feedback_seed=0, not the run seed:" in dfa["reason"]
     assert printed.startswith("read 0 finished run records")
+
+
+def test_the_advice_for_data_no_installed_dataset_loads_names_no_command(copies, tmp_path):
+    """``export --dataset teacher-student`` of a folder with a Recorder run on data its loop
+    named so advised ``creditaudit experiment audit_table --dataset teacher-student``, which
+    refuses the name (no such dataset): the advice says no experiment trains it."""
+    from creditaudit.records import save_record
+
+    folder, runs = copies
+    record = load_record(folder / runs["full"].run_id)
+    record.config.data.name = "teacher-student"  # as a Recorder's data="teacher-student"
+    save_record(tmp_path / "runs" / record.run_id, record)
+    result = export(tmp_path / "runs", tmp_path / "out", dataset="teacher-student")
+    needs = [e["needs"] for e in (*result.skipped, *result.written)
+             if "results_teacher-student" in e["path"] and e.get("needs")]
+    assert needs
+    for text in needs:
+        assert "--dataset teacher-student" not in text, text
+        assert "no experiment trains it: teacher-student is no dataset installed here" in text

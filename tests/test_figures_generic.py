@@ -175,3 +175,19 @@ def test_runs_of_other_rule_options_with_as_many_seeds_give_way_to_the_defaults(
     for runs in (scaled + default, default + scaled):
         drawn = hero.select(RunIndex.from_records([*runs, _run("bp", 1), _run("fa", 1)]))
         assert [r.config.method.feedback_scale for r in drawn["dfa"]] == [1.0, 1.0]
+
+
+def test_per_run_curves_mark_an_epoch_no_line_can_draw():
+    """A run that diverged in its first epoch keeps only epoch 0: its curve was a line
+    through one point, which draws nothing (an empty row, the run's numbers of the report's
+    table nowhere); such points are marked, the series drawn as before."""
+    from creditaudit.records import EpochEntry
+
+    diverged = RunRecord(config=RunConfig().replace(**{"method.name": "dfa"}),
+                         status="diverged", log=[EpochEntry(epoch=0, acc_eval=0.125)])
+    fig = run_curves.build(RunIndex.from_records([diverged]))[run_curves.NAME]
+    (_, line), = _lines(fig, "acc_eval")
+    assert list(line.get_xdata()) == [0] and list(line.get_ydata()) == [0.125]
+    assert line.get_marker() not in ("None", None, "") and line.get_markevery() == [0]
+    assert run_curves.lone_points([0.1, float("nan"), 0.2, 0.3, float("nan")]) == [0]
+    assert run_curves.lone_points([float("nan"), 0.2, float("nan"), 0.4]) == [1, 3]

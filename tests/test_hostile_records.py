@@ -342,6 +342,13 @@ WRONG_KIND = [
      "diagnostics.fresh_b_null.values must be a list, got 0.2"),
     ("diagnostics/fresh_b_null", {"z": "3", "values": [0.1]},
      "diagnostics.fresh_b_null.z must be a number, got '3'"),
+    # the model's and data's fields were not checked: report and figures joined a dtype of
+    # 7 or a label of 5 into their texts (internal error), a data source of 3 was indexed
+    ("model/dtype", 7, "model.dtype has the wrong type (int)"),
+    ("model/label", 5, "model.label has the wrong type (int)"),
+    ("model/d", "16", "model.d has the wrong type (str)"),
+    ("data/source", 3, "data.source has the wrong type (int)"),
+    ("data/name", ["mnist"], "data.name has the wrong type (list)"),
 ]
 
 
@@ -352,6 +359,16 @@ def test_a_value_of_the_wrong_kind_is_one_line(world, tmp_path, plant, pointer, 
     with pytest.raises(RunRecordError) as caught:
         load_record(path)
     assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_components_that_are_no_mapping_declare_no_failure(world, tmp_path, plant):
+    """environment is free-form: components given as a list (no plugin's declared
+    failures) are no internal error in report's notes (``.items()`` of a list was)."""
+    from creditaudit.report.notes import declared_failure_notes
+
+    path = plant(tmp_path / RECORD_FILE,
+                 _modified(world.good, _set("environment/components", [1])))
+    assert declared_failure_notes([load_record(path)]) == []
 
 
 def test_a_cosine_table_row_of_the_wrong_kind_is_one_line_in_report(world, tmp_path, plant):

@@ -5,11 +5,13 @@ One row per recipe (runs that share data, model, optimiser and precision), three
 epoch — test accuracy, ‖h_L‖ (log) and ‖g_L‖ (log, with the 1e-7 floor of diagnostic (b)) —
 and one line per run, coloured by its rule (λ in the label), so a plugin's runs, a control
 variant's and a built-in's are drawn alike. Nothing is averaged: a seed that diverged stops
-where its record stops.
+where its record stops; an epoch drawn with no finite neighbour (a run that diverged in its
+first epoch keeps only epoch 0) is marked, as a line through one point draws nothing.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -71,6 +73,14 @@ def _row_label(run: RunRecord, rows: dict[str, list[RunRecord]]) -> str:
     return label if not same else f"{label} (recipe {same + 1})"
 
 
+def lone_points(values: list[float]) -> list[int]:
+    """Indices of the finite ``values`` whose neighbours in the series are not finite or
+    absent: a line draws nothing there, so they get a marker."""
+    finite = [math.isfinite(v) for v in values]
+    return [i for i, ok in enumerate(finite)
+            if ok and not (i > 0 and finite[i - 1]) and not (i + 1 < len(finite) and finite[i + 1])]
+
+
 def build(index: RunIndex) -> dict[str, Figure]:
     rows = select(index)
     fig, axes = new_figure(len(rows), len(COLUMNS), figsize=(10.5, 2.8 * len(rows) + 0.8))
@@ -86,7 +96,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
                 order = kin[(run.method, run.penalty)].index(run)
                 epochs, values = run.series(key)
                 ax.plot(epochs, values, color=method_color(run.method), lw=1.3,
-                        ls=LINESTYLES[order % len(LINESTYLES)],
+                        ls=LINESTYLES[order % len(LINESTYLES)], marker="o", ms=3,
+                        markevery=lone_points(values),
                         label=rule_text(run.method, run.penalty),
                         gid=f"{row}:{key}:{run.run_id}")
             if key != "acc_eval":

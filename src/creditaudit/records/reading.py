@@ -77,9 +77,11 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
                  else read_final(raw["final"], log, f"run record {where}") if current
                  else FinalResults(**raw["final"]))
         data = raw.get("data")
-        data = None if data is None else DataIdentity(**data)
+        data = None if data is None else _typed(DataIdentity(**data), DATA_KINDS,
+                                                f"run record {where}: data")
         model = raw.get("model")
-        model = None if model is None else ModelDescription(**model)
+        model = None if model is None else _typed(ModelDescription(**model), MODEL_KINDS,
+                                                  f"run record {where}: model")
         protocol = (read_protocol(raw["protocol"], log, f"run record {where}") if current
                     else ProtocolState(**raw["protocol"]))
         reference = ReferenceState.from_dict(raw.get("reference"), f"run record {where}",
@@ -105,6 +107,33 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
         divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
         credit_not_finite=_credit_not_finite(raw.get("credit_not_finite"), where),
         not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
+
+
+_OPTIONAL_INT, _OPTIONAL_STR = (int, type(None)), (str, type(None))
+# What each field of the record's ``model`` and ``data`` holds: reports, figures and exports
+# join their texts and index their lists (a label of 5 was an internal error there).
+MODEL_KINDS: dict[str, Any] = {
+    "arch": str, "label": str, "terminal_ln": (bool, type(None)), "d": _OPTIONAL_INT,
+    "n_blocks": _OPTIONAL_INT, "residual": (bool, type(None)), "input_shape": (list, type(None)),
+    "layout": _OPTIONAL_STR, "parameters": _OPTIONAL_INT, "dtype": _OPTIONAL_STR,
+    "frozen_parameters": (dict, type(None)),
+}
+DATA_KINDS: dict[str, Any] = {
+    "name": str, "fingerprint": str, "source": str, "n_train": _OPTIONAL_INT,
+    "n_test": _OPTIONAL_INT, "n_classes": _OPTIONAL_INT, "input_shape": (list, type(None)),
+    "provenance": dict, "arrays_sha256": _OPTIONAL_STR, "eval_samples": _OPTIONAL_INT,
+}
+
+
+def _typed(part: Any, kinds: dict[str, Any], where: str) -> Any:
+    """``part`` (the record's model description or data identity), each field of the kind
+    ``kinds`` names; a one-line RunRecordError naming ``where`` and the field otherwise."""
+    for name, kind in kinds.items():
+        value = getattr(part, name)
+        if not isinstance(value, kind):
+            raise RunRecordError(f"{where}.{name} has the wrong type ({type(value).__name__}): "
+                                 "the record was not written by creditaudit as it is")
+    return part
 
 
 def _newer(schema: Any) -> bool:

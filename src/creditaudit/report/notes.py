@@ -87,8 +87,9 @@ def declared_failure_notes(runs: Sequence[Any]) -> list[str]:
     not claim what that check checks, which no table shows."""
     notes = []
     for run in runs:
-        components = (run.environment or {}).get("components") or {}
-        for axis, entries in components.items():
+        components = (run.environment or {}).get("components")
+        # a record's environment is free-form: components that are no mapping declare none
+        for axis, entries in (components.items() if isinstance(components, dict) else ()):
             for entry in entries if isinstance(entries, list) else [entries]:
                 declared = entry.get("declared_failures") if isinstance(entry, dict) else None
                 if not isinstance(declared, dict):

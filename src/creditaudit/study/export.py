@@ -137,9 +137,13 @@ def _needs(variant: str, slot: Slot, dataset: str | None, extra: str = "") -> st
 
 def _not_trained(variant: str, dataset: str) -> str | None:
     """Why no experiment trains ``variant`` on ``dataset`` (an image architecture on
-    MNIST-1D's signals), or None when the advised one does."""
+    MNIST-1D's signals; data no installed dataset loads, such as a ``Recorder`` loop's
+    ``data="teacher-student"``), or None when the advised one does."""
     from creditaudit.study.experiments.configs import arch_of, image_view
 
+    if dataset not in DATASETS.names(warn=False):  # experiment --dataset would refuse it
+        return (f"{dataset} is no dataset installed here (a Recorder loop's name for its "
+                "data, or a plugin's not installed)")
     try:  # image_view: any scale, the dataset decides
         if arch_of(variant)[0].input_kind == "image" and image_view("cpu", dataset) is None:
             return f"{dataset} holds no images for it to read; export an image dataset's files"

@@ -114,6 +114,15 @@ def test_a_claim_whose_pid_now_belongs_to_a_later_process_is_broken(interrupted)
     assert not (run_dir / CLAIM_FILE).exists()
 
 
+def test_a_claim_whose_time_is_no_number_is_not_read_as_a_reused_pid(tmp_path):
+    """unix_time true (a bool is an int to isinstance) read as 1 s after 1970: a live
+    holder, started long after, was a 'dead process' and its claim broken."""
+    path = write_claim(tmp_path / "run", os.getpid())
+    claim = json.loads(path.read_text())
+    path.write_text(json.dumps({**claim, "unix_time": True}))
+    assert claim_state(tmp_path / "run").stale is None
+
+
 def test_a_folder_named_claim_json_is_no_claim_and_no_crash(interrupted, capsys):
     """A folder where a run's claim.json should be: reading it raised IsADirectoryError
     ("3: it is a folder, not a file", the descriptor for a path) in train --resume, a

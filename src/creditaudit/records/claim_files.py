@@ -90,7 +90,8 @@ def holder_gone(holder: dict[str, Any]) -> bool:
         return now is not None and now != ticks
     written = holder.get("unix_time")
     started = process_started(pid)
-    return (isinstance(written, int | float) and started is not None
+    return (isinstance(written, int | float) and not isinstance(written, bool)
+            and started is not None
             and started > written + PID_REUSE_MARGIN)
 
 

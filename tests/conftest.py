@@ -134,6 +134,24 @@ def default_ctrl_c():
         signal.signal(signum, handler)
 
 
+@pytest.fixture
+def measured_dtypes(monkeypatch) -> set:
+    """The dtypes of the reference gradients the per-epoch diagnostics take (filled as
+    runs measure: measures.epoch.state_gradients spied on)."""
+    import creditaudit.measures.epoch as epoch
+
+    seen: set = set()
+    measured = epoch.state_gradients
+
+    def state_gradients(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = measured(*args, **kwargs)
+        seen.update(g.dtype for g in out.grads)
+        return out
+
+    monkeypatch.setattr(epoch, "state_gradients", state_gradients)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def figure_results(tmp_path_factory) -> Path:
     """Tiny runs of every method a figure draws (tests/figure_support.py), trained once."""

@@ -284,23 +284,14 @@ def test_the_parameters_dtype_is_recorded_and_fp32_refused_for_other_weights(tmp
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_low_precision_network_is_measured_in_its_dtype_and_says_so(dtype, tmp_path,
-                                                                     monkeypatch):
+                                                                     measured_dtypes):
     """A Recorder never casts the caller's network: one held in bf16 or fp16 is measured in
     that dtype, while run.precision's help said diagnostics never run in bf16 and the
     report's settings left the dtype out."""
-    import creditaudit.measures.epoch as epoch
     from creditaudit.config.sections import RunSettings
     from creditaudit.report.tables import run_settings
 
-    seen = set()
-    measured = epoch.state_gradients
-
-    def state_gradients(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        out = measured(*args, **kwargs)
-        seen.update(g.dtype for g in out.grads)
-        return out
-
-    monkeypatch.setattr(epoch, "state_gradients", state_gradients)
+    seen = measured_dtypes
     net = network(dtype)
     done = record(net, "bp", tmp_path, dtype=dtype)
     name = str(dtype).removeprefix("torch.")

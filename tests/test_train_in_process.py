@@ -143,21 +143,12 @@ def test_bf16_is_refused_for_a_float64_run(tmp_path):
 
 
 def test_a_float64_runs_diagnostics_run_in_float64_as_run_precision_says(tmp_path,
-                                                                        monkeypatch):
+                                                                        measured_dtypes):
     """run.precision's help said 'diagnostics always fp32'; a float64 run's measure in
     float64 (never bf16), which it now says."""
-    import creditaudit.measures.epoch as epoch
     from creditaudit.config.sections import RunSettings
 
-    seen = set()
-    measured = epoch.state_gradients
-
-    def state_gradients(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        out = measured(*args, **kwargs)
-        seen.update(g.dtype for g in out.grads)
-        return out
-
-    monkeypatch.setattr(epoch, "state_gradients", state_gradients)
+    seen = measured_dtypes
     with setting(torch.set_default_dtype, torch.float64, torch.float32):
         train(tiny(tmp_path, **{"diagnostics.end_of_run": False}))
     assert seen == {torch.float64}

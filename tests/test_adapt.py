@@ -415,6 +415,25 @@ def test_adapt_refuses_what_cannot_work_in_one_line(make, states, options, fragm
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_factorys_network_returning_a_tuple_in_training_names_the_factorys_fix():
+    """A network that returns (logits, aux) in training mode only passes adapt()'s probe;
+    built by the command line's factory (its origin), the refusal in training says to make
+    the factory return a wrapper: 'adapt a module of your own' is no fix there."""
+
+    class TupleInTraining(TupleOutNet):
+        def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+            out = super().forward(x)
+            return out if self.training else out[0]
+
+    net = TupleInTraining().eval()
+    model = adapt(net, ["embed", "block"], input_shape=(4,))
+    model.origin = "model factory 'nets:aux'"
+    net.train()
+    with pytest.raises(ModelContractError, match=r"got a tuple of 2: make the model factory "
+                                                 r"'nets:aux' return a module that wraps"):
+        model.forward_states(torch.randn(3, 4))
+
+
 def test_adapt_needs_a_probe_and_accepts_a_correct_readout():
     with pytest.raises(ModelContractError, match="needs example="):
         adapt(resnet(), RESNET_STATES)

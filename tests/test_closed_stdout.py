@@ -84,18 +84,54 @@ class _ReaderGone(io.StringIO):
         raise BrokenPipeError(32, "Broken pipe")
 
 
-@pytest.mark.parametrize("stdout", [_ReaderGone, None], ids=["reader gone", "closed"])
-def test_the_console_of_a_run_without_a_stdout_is_silent(tmp_path, monkeypatch, stdout):
-    """In process, the quick twin of the two above: the console logger on a stdout whose
-    reader has gone, or on none (``sys.stdout`` None), prints nothing and the run completes
-    (before: failed with BrokenPipeError, or an AttributeError before it started)."""
-    from creditaudit.config import RunConfig
-    from creditaudit.run.trainer import train
+class _Terminal(io.StringIO):
+    """A stdout that is a terminal: the console draws its bar on stderr."""
 
-    config = RunConfig().replace(**{
+    def isatty(self) -> bool:
+        return True
+
+
+def _closed() -> io.StringIO:
+    stream = io.StringIO()
+    stream.close()
+    return stream
+
+
+def _tiny_console_run(tmp_path):  # noqa: ANN202 — a RunConfig
+    from creditaudit.config import RunConfig
+
+    return RunConfig().replace(**{
         "method.name": "dfa", "optim.epochs": 2, "run.threads": 1, "data.n_train": 128,
         "data.n_test": 64, "data.in_dim": 8, "data.teacher_width": 16, "model.d": 8,
         "model.n_blocks": 2, "optim.batch_size": 64, "diagnostics.eval_samples": 64,
-        "diagnostics.end_of_run": False, "run.out_dir": str(tmp_path), "run.progress": True})
-    monkeypatch.setattr(sys, "stdout", stdout() if stdout else None)
-    assert train(config).record.status == "completed"
+        "diagnostics.end_of_run": True,
+        "run.out_dir": str(tmp_path), "run.progress": True})
+
+
+@pytest.mark.parametrize("stdout", [_ReaderGone, lambda: None, _closed],
+                         ids=["reader gone", "none", "closed"])
+def test_the_console_of_a_run_without_a_stdout_is_silent(tmp_path, monkeypatch, stdout):
+    """In process, the quick twin of the two above: the console logger on a stdout whose
+    reader has gone, on none (``sys.stdout`` None) or on one closed (in Python), prints
+    nothing and the run completes (before: failed with BrokenPipeError, or an
+    AttributeError or a ValueError from isatty before it started)."""
+    from creditaudit.run.trainer import train
+
+    monkeypatch.setattr(sys, "stdout", stdout())
+    assert train(_tiny_console_run(tmp_path)).record.status == "completed"
+
+
+@pytest.mark.parametrize("stderr", [_ReaderGone, lambda: None, _closed],
+                         ids=["reader gone", "none", "closed"])
+def test_the_bar_of_a_run_without_a_stderr_is_silent(tmp_path, monkeypatch, stderr):
+    """stdout a terminal, so the console draws its bar on stderr, which is closed
+    (``2>&-``: None; closed in Python) or has no reader: no bar, no epoch lines, and the
+    run completes (before: it failed with a BrokenPipeError, an AttributeError or a
+    ValueError)."""
+    from creditaudit.run.trainer import train
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", stderr())
+    assert train(_tiny_console_run(tmp_path)).record.status == "completed"
+    assert terminal.getvalue() == ""

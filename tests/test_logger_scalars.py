@@ -86,3 +86,16 @@ def test_a_diagnostic_named_like_the_verdicts_tags_does_not_replace_them(tmp_pat
     assert scalars["protocol/diagnostics/verdict"] == 0.0
     assert "protocol/verdict" not in scalars  # W&B's verdict text
     assert scalars["protocol/a"] == 0.0
+
+
+def test_an_extra_named_extras_slash_a_tool_name_keeps_a_tag_of_its_own(tmp_path):
+    """``loss`` is logged as ``train/extras/loss``; an extra named ``extras/loss`` took
+    that tag too, and one number overwrote the other."""
+    entry = train(RunConfig().replace(**{**TINY, "method.name": "dfa",
+                                         "run.out_dir": str(tmp_path)})).record.log[-1]
+    mine = {"loss": 9.0, "extras/loss": 8.0, "extras/extras/loss": 7.0, "extras": 6.0}
+    scalars = epoch_scalars(dataclasses.replace(entry, extras=mine))
+    assert {tag: scalars[tag] for tag in scalars if tag.startswith("train/extras")} == {
+        "train/extras/loss": 9.0, "train/extras/extras/loss": 8.0,
+        "train/extras/extras/extras/loss": 7.0, "train/extras": 6.0}
+    assert scalars["train/loss"] == entry.train_loss

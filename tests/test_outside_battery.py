@@ -517,7 +517,9 @@ MODULES = [
       "Net returns 3 logits but the data has 10 classes", "model.args"),
     C("factory extra_dim", MODULE, REFUSED, factory("extra_dim"),
       "ExtraDim's output must be (batch, classes) logits"),
-    C("factory tuple_out", MODULE, REFUSED, factory("tuple_out"), "TupleOut's output"),
+    # the fix is on the command line: a factory returning a wrapper (not adapt(): Python)
+    C("factory tuple_out", MODULE, REFUSED, factory("tuple_out"), "TupleOut's output",
+      "make the model factory", "tuple_out' return a module that wraps the network"),
     C("factory dict_out", MODULE, REFUSED, factory("dict_out"), "DictOut's output"),
     C("factory reuses_a_state", MODULE, REFUSED, factory("reuses_a_state"),
       "state 'b1' is called more than once"),

@@ -171,3 +171,40 @@ def test_extras_of_numpy_and_tensor_numbers_are_kept_and_others_refused(tmp_path
     extras = load_record(tmp_path / "numbers").log[0].extras
     assert extras["f32"] == 0.5 and extras["i64"] == 3.0 and extras["grad"] == 4.0
     assert extras["nan"] != extras["nan"]
+
+
+def test_a_recorder_on_a_rule_another_recorder_took_since_records_no_more_epochs(tmp_path):
+    """Each Recorder ends the rule's epochs: two recording one loop ended each epoch twice,
+    and the second recorded the bridge's errors as NaN (no step since the first ended it).
+    The last Recorder created on the rule records it; the one before is refused in one line
+    (re-running a notebook's cell that creates the Recorder takes the rule over)."""
+    credit = bridge(warmup_fraction=0.0)
+    x, y = data()
+    optimizer = torch.optim.AdamW(credit.trainable_parameters(), lr=1e-3)
+    first = Recorder(credit, x, y, out=tmp_path, name="first", progress=False, config=OFF)
+    second = Recorder(credit, x, y, out=tmp_path, name="second", progress=False, config=OFF)
+    credit.train_step(x, y, optimizer)
+    entry = second.epoch(1)
+    assert entry.extras["bridge_consistency_error"] == entry.extras["bridge_consistency_error"]
+    with pytest.raises(ConfigError, match=r"^Recorder 'second' was created on this "
+                                          r"credit-bridge rule since, .* one Recorder"):
+        first.epoch(1)
+    assert load_record(tmp_path / "first").log == []
+    second.finish()
+    with pytest.raises(ConfigError, match="Recorder 'second' was created"):
+        first.epoch(1)  # second ended epoch 1: first would end it again
+
+
+def test_a_0d_numpy_array_is_a_number(tmp_path):
+    """``np.array(0.5)`` (what ``np.asarray`` of a loop's accuracy gives) was refused as no
+    number though numpy scalars and one-element tensors were taken."""
+    import numpy as np
+
+    x, y = data()
+    rec = Recorder(bridge(warmup_fraction=0.0), x, y, out=tmp_path, name="arrays",
+                   progress=False, config=OFF)
+    entry = rec.epoch(0, test_acc=np.array(0.5), test_loss=np.array([1.5], dtype=np.float32),
+                      extras={"mine": np.array(3)})
+    assert (entry.acc_eval, entry.test_loss, entry.extras["mine"]) == (0.5, 1.5, 3.0)
+    with pytest.raises(ConfigError, match=r"^extras\['two'\] must be a number, got ndarray"):
+        rec.epoch(1, extras={"two": np.array([1.0, 2.0])})

@@ -211,6 +211,23 @@ def test_a_run_taken_over_while_it_started_opens_no_logger(tmp_path, monkeypatch
         train(config, resume=resume)
     assert sorted(tb.glob("*")) == before
 
+def test_a_run_refused_before_its_loggers_start_leaves_no_tensorboard_folder(tmp_path,
+                                                                            monkeypatch):
+    """A run taken over while it started is refused before its loggers start, and its
+    TensorBoard logger made no ``DIR/RUN_ID`` folder for it: the constructor used to."""
+    pytest.importorskip("tensorboard")
+    config = tiny(tmp_path / "out", **{"run.tensorboard": str(tmp_path / "tb")})
+    original_start = Trainer.start
+
+    def start(self, resuming):
+        take_over(self.run_dir)
+        original_start(self, resuming)
+
+    monkeypatch.setattr(Trainer, "start", start)
+    with pytest.raises(RunBusyError, match=f"pid {OTHER_PID}"):
+        train(config)
+    assert not (tmp_path / "tb").exists()
+
 # --- real processes -----------------------------------------------------------------------
 PAUSED_IN_EPOCH_2 = """
 import sys, time

@@ -67,6 +67,22 @@ def ensure_folder(path: Path) -> None:
         raise OutputError(f"cannot create folder {describe_os_error(err, path)}") from None
 
 
+def check_output_folder(path: Path) -> None:
+    """Refuse, before any work and creating nothing, a folder :func:`ensure_folder` could not
+    create: a file where it or a folder above it is needed, or a folder above it that this
+    process cannot write to (its nearest existing one)."""
+    for folder in (path, *path.parents):
+        if not folder.exists():
+            continue
+        if not folder.is_dir():
+            raise OutputError(f"{folder}: a file stands where a folder is needed; move it away "
+                              "or choose another output folder")
+        if folder != path and not os.access(folder, os.W_OK | os.X_OK):
+            raise OutputError(f"cannot create folder {path}: {folder}: permission denied: "
+                              "choose a folder you can write to")
+        return
+
+
 def check_output_file(path: Path) -> None:
     """Refuse, before any work, an output file that cannot be written: a folder, or a path
     below a file. (Read-only folders and full disks still surface when writing.)"""

@@ -16,9 +16,11 @@ when ``--stop-on-walkback`` stopped it early.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from creditaudit.formatting import duration, fmt
@@ -26,6 +28,22 @@ from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import verdict_text
 from creditaudit.records import EpochEntry, RunRecord
 from creditaudit.report.runs import stopped_early_text
+
+
+def _open_or_none(stream: TextIO | None) -> TextIO | None:
+    """``stream``, or None when it is None or closed (nothing can be printed there)."""
+    try:
+        return None if stream is None or stream.closed else stream
+    except (AttributeError, OSError, ValueError):  # a stand-in without ``closed``
+        return stream
+
+
+def _is_terminal(stream: TextIO | None) -> bool:
+    """Whether ``stream`` is a terminal (False for None, or a stream closed meanwhile)."""
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 def terminal_bar(total: int | None, stream: TextIO, **options: Any) -> Any:
@@ -47,15 +65,16 @@ def terminal_bar(total: int | None, stream: TextIO, **options: Any) -> Any:
 class ConsoleLogger(RunLogger):
     """Console progress of one run. ``stream`` (default stdout) receives the epoch lines;
     ``terminal`` (default: whether ``stream`` is a TTY) picks the bar instead, drawn on
-    ``bar_stream`` (default stderr)."""
+    ``bar_stream`` (default stderr). A stream closed (``>&-``, ``2>&-``, closed in Python)
+    or whose reader has gone (``| head``) silences what it would show, and the run trains
+    on."""
 
     def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None,
                  bar_stream: TextIO | None = None) -> None:
-        # None: stdout closed (``>&-``), or its reader gone (``| head``): nothing is printed
-        self.stream: TextIO | None = stream or sys.stdout
-        self.terminal = (self.stream is not None and self.stream.isatty()
-                         if terminal is None else terminal)
-        self.bar_stream = bar_stream or sys.stderr
+        # None: nothing is printed there
+        self.stream: TextIO | None = _open_or_none(stream or sys.stdout)
+        self.terminal = _is_terminal(self.stream) if terminal is None else terminal
+        self.bar_stream: TextIO | None = _open_or_none(bar_stream or sys.stderr)
         self.bar: Any = None
         self.run: RunStart | None = None
         self.verdict = "no verdict yet"  # the latest: epochs between protocol runs keep it
@@ -68,9 +87,11 @@ class ConsoleLogger(RunLogger):
         epochs_left = max(0, run.epochs - run.first_epoch + 1)
         if self.terminal:
             first = "" if run.resumed else " epoch 0: evaluation and diagnostics"
-            self.bar = terminal_bar(epochs_left * run.steps_per_epoch, self.bar_stream,
-                                    desc=run.config.method.name + first, unit="step",
-                                    leave=False)
+            with self._bar_drawn():
+                if self.bar_stream is not None:
+                    self.bar = terminal_bar(epochs_left * run.steps_per_epoch,
+                                            self.bar_stream, desc=run.config.method.name
+                                            + first, unit="step", leave=False)
         else:
             what = (f"resuming at epoch {run.first_epoch}" if run.resumed
                     else f"{run.epochs} epochs of {run.steps_per_epoch} steps")
@@ -81,12 +102,14 @@ class ConsoleLogger(RunLogger):
     def log_step(self, loss: float) -> None:
         if self.bar is None or self.run is None:
             return
-        self.bar.update(1)
-        steps = self.run.steps_per_epoch
-        if steps and self.bar.n % steps == 0:  # the epoch's steps are done: its evaluation
-            epoch = self.run.first_epoch - 1 + self.bar.n // steps  # runs with the bar full
-            self.bar.set_description_str(f"{self.run.config.method.name} epoch {epoch}: "
-                                         "evaluation and diagnostics", refresh=True)
+        with self._bar_drawn():
+            self.bar.update(1)
+            steps = self.run.steps_per_epoch
+            if steps and self.bar.n % steps == 0:  # the epoch's steps are done: its
+                epoch = self.run.first_epoch - 1 + self.bar.n // steps  # evaluation runs
+                self.bar.set_description_str(  # with the bar full
+                    f"{self.run.config.method.name} epoch {epoch}: evaluation and "
+                    "diagnostics", refresh=True)
 
     def log_epoch(self, entry: EpochEntry) -> None:
         if self.run is None:
@@ -97,11 +120,13 @@ class ConsoleLogger(RunLogger):
         now = time.perf_counter()
         if entry.epoch < self.run.first_epoch:  # epoch 0: training starts after it
             self.training_started = now
-        if self.bar is not None:
-            self.bar.set_description_str(self.run.config.method.name, refresh=False)
-            self.bar.set_postfix_str(f"epoch {entry.epoch}/{self.run.epochs}, test acc "
-                                     f"{fmt(entry.acc_eval, '.3f')}, {self.verdict}",
-                                     refresh=True)
+        if self.terminal:
+            with self._bar_drawn():
+                if self.bar is not None:
+                    self.bar.set_description_str(self.run.config.method.name, refresh=False)
+                    self.bar.set_postfix_str(f"epoch {entry.epoch}/{self.run.epochs}, test "
+                                             f"acc {fmt(entry.acc_eval, '.3f')}, "
+                                             f"{self.verdict}", refresh=True)
             return
         self._print(self.epoch_line(entry, now))
 
@@ -128,10 +153,12 @@ class ConsoleLogger(RunLogger):
         if self.run is None:
             return
         line = f"{self.run.config.method.name} end of run: {text}"
-        if self.bar is not None:  # a line of its own above the full bar: a postfix at the
-            self.bar.write(line, file=self.bar_stream)  # end of a long bar is cut off
-            self.bar.set_description_str(f"{self.run.config.method.name} end of run",
-                                         refresh=True)
+        if self.terminal:
+            with self._bar_drawn():
+                if self.bar is not None:  # a line of its own above the full bar: a postfix
+                    self.bar.write(line, file=self.bar_stream)  # at its end is cut off
+                    self.bar.set_description_str(f"{self.run.config.method.name} end of run",
+                                                 refresh=True)
         else:
             self._print(line)
 
@@ -148,8 +175,18 @@ class ConsoleLogger(RunLogger):
 
     def _close_bar(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            with self._bar_drawn():
+                self.bar.close()
             self.bar = None
+
+    @contextlib.contextmanager
+    def _bar_drawn(self) -> Iterator[None]:
+        """Draw the bar in the block; a bar stream closed or without a reader (``2>&-``,
+        ``2>&1 | head``) drops the bar — the console is silent from then on."""
+        try:
+            yield
+        except (OSError, ValueError):  # BrokenPipeError, or a stream closed
+            self.bar = self.bar_stream = None
 
     def _print(self, text: str) -> None:
         """Print one line; a stdout whose reader has gone (``creditaudit train … | head``)

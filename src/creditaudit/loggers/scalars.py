@@ -2,7 +2,8 @@
 
 - ``train/``: ``loss``, ``acc`` (training, over the epoch), ``test_loss``, ``test_acc`` (the
   whole test split), ``lr``, ``seconds`` and the rule's own per-epoch values
-  (``train/state_pred_error``, …; one named like those six, ``train/extras/NAME``);
+  (``train/state_pred_error``, …; one named like those six, or ``extras/…``, as
+  ``train/extras/NAME``);
 - ``norms/``: ``h_L``, ``g_L``, ``g_2`` (median per-sample norms; gradients in the
   1/128 convention), ``max_block_growth``, ``g_L_zero_fraction``, ``g_L_nonzero_median``,
   and per state ``hidden/l{l}``, ``grad/l{l}``;
@@ -51,12 +52,23 @@ def _per_layer(out: dict[str, float], prefix: str, values: Sequence[Any] | None,
         _put(out, f"{prefix}/l{first + offset}", value)
 
 
-# The tool's own ``train/`` tags; a rule's or a loop's extra of one of these names is logged
-# as ``train/extras/NAME``.
+# The tool's own ``train/`` tags; a rule's or a loop's extra of one of these names (or one
+# named ``extras/…``) is logged as ``train/extras/NAME``.
 TRAIN_NAMES = ("loss", "acc", "test_loss", "test_acc", "lr", "seconds")
 # The verdict's ``protocol/`` tags (``verdict``: W&B's text); a plugin diagnostic of one of
-# these names is logged as ``protocol/diagnostics/NAME``.
+# these names is logged as ``protocol/diagnostics/NAME`` (a diagnostic's name is an
+# identifier: never ``diagnostics/…``).
 PROTOCOL_NAMES = ("walk_back", "verdict")
+
+
+def _guest_tag(group: str, name: str, taken: Sequence[str], aside: str) -> str:
+    """The tag of a value named by a guest (a rule's or a loop's extra, a plugin
+    diagnostic): ``GROUP/NAME``, or ``GROUP/ASIDE/NAME`` when ``name`` is one of the tool's
+    own (``taken``) or itself starts with ``ASIDE/`` — so no two names share a tag (``loss``
+    is ``train/extras/loss``, ``extras/loss`` is ``train/extras/extras/loss``)."""
+    if name in taken or name.startswith(f"{aside}/"):
+        return f"{group}/{aside}/{name}"
+    return f"{group}/{name}"
 
 
 def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
@@ -87,11 +99,10 @@ def epoch_scalars(entry: EpochEntry) -> dict[str, float]:
             _put(out, f"credit/feedback_angle/{layer}", angle)
             _put(out, f"credit/feedback_norm_ratio/{layer}", ratio)
     for key, value in entry.extras.items():  # never in place of the tool's own numbers
-        _put(out, f"train/extras/{key}" if key in TRAIN_NAMES else f"train/{key}", value)
+        _put(out, _guest_tag("train", key, TRAIN_NAMES, "extras"), value)
     for diagnostic, status in (entry.protocol or {}).items():
-        if status in (FIRED, PASSED):
-            tag = (f"protocol/diagnostics/{diagnostic}" if diagnostic in PROTOCOL_NAMES
-                   else f"protocol/{diagnostic}")  # never in place of the verdict's tags
+        if status in (FIRED, PASSED):  # never in place of the verdict's tags
+            tag = _guest_tag("protocol", diagnostic, PROTOCOL_NAMES, "diagnostics")
             out[tag] = 1.0 if status == FIRED else 0.0
     if entry.verdict is not None:
         out["protocol/walk_back"] = 1.0 if entry.verdict == WALK_BACK else 0.0

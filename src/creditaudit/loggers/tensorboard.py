@@ -22,14 +22,16 @@ that epoch before logging it, and may have been killed in between.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from creditaudit.config import config_to_toml
 from creditaudit.errors import ConfigError, OutputError
-from creditaudit.files.safe_files import ensure_folder
+from creditaudit.files.safe_files import check_output_folder, ensure_folder
 from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import (
     end_of_run_scalars,
@@ -56,12 +58,10 @@ class TensorBoardLogger(RunLogger):
             raise ConfigError("--tensorboard needs the tensorboard package: pip install "
                               "'creditaudit[tensorboard]'") from None
         self.log_dir = Path(folder) / run_id
-        try:  # an unusable folder is one line before the run starts
-            ensure_folder(self.log_dir)
-        except OutputError as err:
-            raise OutputError(f"TensorBoard folder (--tensorboard, run.tensorboard): {err}"
-                              ) from None
-        self.held_run = any(self.log_dir.glob("events.out.tfevents.*"))
+        # An unusable folder is one line before the run starts; the folder itself is made by
+        # start(), so a run refused before its loggers start leaves none behind.
+        with _named_folder():
+            check_output_folder(self.log_dir)
         self.writer: Any = None  # opened by start(), unless a replay would duplicate
         self.reference: dict[str, Any] | None = None
         self.first_step = 0
@@ -70,7 +70,9 @@ class TensorBoardLogger(RunLogger):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-        if run.replayed and self.held_run and _holds_finished_run(self.log_dir):
+        with _named_folder():
+            ensure_folder(self.log_dir)
+        if run.replayed and _holds_finished_run(self.log_dir):
             log.info("TensorBoard folder %s already holds run %s: not replayed into it",
                      self.log_dir, run.run_id)
             return
@@ -115,6 +117,16 @@ class TensorBoardLogger(RunLogger):
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+@contextlib.contextmanager
+def _named_folder() -> Iterator[None]:
+    """An OutputError in the block names the option that gave the folder."""
+    try:
+        yield
+    except OutputError as err:
+        raise OutputError(f"TensorBoard folder (--tensorboard, run.tensorboard): {err}"
+                          ) from None
 
 
 def _first_step(run: RunStart) -> int:

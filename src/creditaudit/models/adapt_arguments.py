@@ -166,6 +166,29 @@ def backward_hook_cause(net: nn.Module, err: BaseException, error: str) -> str |
             "make the hook pass None through (if grad_input[0] is None: return None)")
 
 
+class NotLogitsError(ModelContractError):
+    """A network's output is not (batch, classes) logits (:func:`not_logits_line`);
+    ``net_name`` and ``got`` (what it returned, in words) let a caller that knows where the
+    network came from say how to fix it there."""
+
+    def __init__(self, net_name: str, got: str, origin: str | None = None) -> None:
+        self.net_name, self.got = net_name, got
+        super().__init__(not_logits_line(net_name, got, origin))
+
+
+def not_logits_line(net_name: str, got: str, origin: str | None = None) -> str:
+    """The line for a network ``net_name`` whose output was ``got``, not (batch, classes)
+    logits: adapt a module of one's own that returns them or, for a network built by
+    ``origin`` (the command line's ``model factory '…'``), make the factory return one."""
+    head = f"{net_name}'s output must be (batch, classes) logits, got {got}: "
+    if origin is None:
+        return head + ("adapt a module of your own whose forward returns them (e.g. "
+                       "`return self.net(x)[0]` or `self.net(x).logits`)")
+    return head + (f"make the {origin} return a module that wraps the network and whose "
+                   "forward returns them (forward(self, x): return self.net(x)[0], or "
+                   "self.net(x).logits)")
+
+
 def several_inputs_cause(net: nn.Module, err: BaseException) -> str | None:
     """The line for ``err`` when ``net``'s forward needs more than one argument (a mask, a
     second modality), else None: adapt()'s probe, the rules and the diagnostics call the
@@ -192,4 +215,4 @@ def several_inputs_cause(net: nn.Module, err: BaseException) -> str | None:
 
 __all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
            "input_shape_of", "describe_value", "checkpoint_cause", "backward_hook_cause",
-           "several_inputs_cause"]
+           "several_inputs_cause", "NotLogitsError", "not_logits_line"]

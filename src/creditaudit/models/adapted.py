@@ -36,6 +36,7 @@ from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
 from creditaudit.guests.blame import mark_network_failure
 from creditaudit.models.adapt_arguments import (
+    NotLogitsError,
     check_eager,
     check_example,
     check_names,
@@ -304,10 +305,7 @@ class AdaptedModel(AdaptProbe, nn.Module):
                 "make it not in place")
         if not (isinstance(logits, Tensor) and logits.dim() == 2
                 and logits.shape[0] == x.shape[0]):
-            raise ModelContractError(
-                f"{type(self.net).__name__}'s output must be (batch, classes) logits, got "
-                f"{describe_value(logits)}: adapt a module of your own whose forward returns "
-                "them (e.g. `return self.net(x)[0]` or `self.net(x).logits`)")
+            raise NotLogitsError(type(self.net).__name__, describe_value(logits), self.origin)
         return outputs, logits
 
 

@@ -27,10 +27,11 @@ from torch import nn
 
 from creditaudit.caller import set_key
 from creditaudit.config import opt
-from creditaudit.errors import ConfigError, CreditAuditError, GuestError
+from creditaudit.errors import ConfigError, CreditAuditError, GuestError, ModelContractError
 from creditaudit.guests import Guest, make_guest, own_sources
 from creditaudit.guests.blame import blame, exit_message
 from creditaudit.guests.settings import settings_kept
+from creditaudit.models.adapt_arguments import NotLogitsError, not_logits_line
 from creditaudit.models.adapted import AdaptedModel, adapt
 from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
 
@@ -210,6 +211,8 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
             with blame(what):
                 model = adapt(net, options.states, options.readout, input_shape=input_shape,
                               terminal_ln=options.terminal_ln)
+        except NotLogitsError as err:  # the fix is the factory's, on the command line
+            raise ModelContractError(not_logits_line(err.net_name, err.got, what)) from None
         except GuestError as err:
             mismatch = first_layer_mismatch(net, input_shape)
             if mismatch is None:

@@ -82,10 +82,12 @@ from creditaudit.run.recorder_finish import finish_record
 from creditaudit.run.recorder_inputs import (
     check_epoch_number,
     check_network_unchanged,
+    check_rule_held,
     checked_extras,
     checked_number,
     claim_folder,
     folder_name,
+    hold_rule,
     network_layout,
     released_on_error,
     tensor_versions,
@@ -229,6 +231,7 @@ class Recorder:
             if self.checkpointing:
                 atomic_torch_save(self.run_dir / INIT_FILE, self.initial)
             self._write()
+        hold_rule(rule, self, self.run_dir.name)  # the one Recorder ending its epochs now
 
     # --- per epoch ----------------------------------------------------------------------
     def epoch(self, epoch: int, *, test_acc: float | None = None,
@@ -256,6 +259,7 @@ class Recorder:
                            every_epoch=self._needs_length and f"{self.rule.name} ends each "
                            f"epoch ({self._needs_length})")
         self._check_unchanged()
+        check_rule_held(self.rule, self)
         numbers = {"test_acc": checked_number("test_acc", test_acc, fraction=True),
                    "test_loss": checked_number("test_loss", test_loss, loss=True),
                    "train_loss": checked_number("train_loss", train_loss),

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch import Tensor, nn
 
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
@@ -144,14 +146,38 @@ def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
     return held
 
 
+# A rule → the last Recorder created on it (weakly) and that Recorder's run name.
+_RULE_HOLDERS: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], str]] = \
+    weakref.WeakKeyDictionary()
+
+
+def hold_rule(rule: Any, recorder: Any, name: str) -> None:
+    """``recorder`` (recording run ``name``) now records ``rule``: the Recorder created on
+    it before, if any, may record no more epochs (:func:`check_rule_held`)."""
+    _RULE_HOLDERS[rule] = (weakref.ref(recorder), name)
+
+
+def check_rule_held(rule: Any, recorder: Any) -> None:
+    """ConfigError (one line) when a Recorder was created on ``rule`` after ``recorder``:
+    each Recorder ends the rule's epochs, so the two would end each twice (the second time
+    with no step since: a bridge's errors NaN, a warm-up's sums restarted)."""
+    holder, name = _RULE_HOLDERS.get(rule, (None, ""))
+    if holder is not None and holder() is not recorder:
+        raise ConfigError(f"Recorder {name!r} was created on this {rule.name} rule since, and "
+                          "each Recorder ends the rule's epochs: record every epoch with one "
+                          "Recorder (the last created), or bind a new rule (creditaudit.rule) "
+                          "for each run")
+
+
 def recordable_number(value: Any) -> float | None:
     """``value`` as the float a record holds, when it is a number: a Python or numpy int or
-    float, or a one-element tensor of one (its grad left behind); NaN and ±inf kept. None for
-    anything else (a bool, a string, a list, a tensor of several elements)."""
+    float, or a one-element tensor (its grad left behind) or numpy array (0-d:
+    ``np.array(0.5)``) of one; NaN and ±inf kept. None for anything else (a bool, a string,
+    a list, a tensor or array of several elements)."""
     if isinstance(value, Tensor):
-        if value.numel() != 1:
-            return None
-        value = value.detach().item()
+        value = value.detach().item() if value.numel() == 1 else None
+    elif isinstance(value, np.ndarray):
+        value = value.item() if value.size == 1 else None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     return float(value)
@@ -219,5 +245,6 @@ def refuse_record_keys(extras: Mapping[str, float | None]) -> None:
 _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
-__all__ = ["folder_name", "claim_folder", "released_on_error", "checked_number", "tensor_versions",
-           "checked_extras", "refuse_record_keys", "recordable_number"]
+__all__ = ["folder_name", "hold_rule", "check_rule_held", "claim_folder", "released_on_error",
+           "checked_number", "tensor_versions", "checked_extras", "refuse_record_keys",
+           "recordable_number"]

@@ -42,9 +42,8 @@ from torch import Tensor
 from creditaudit.data.registry import digest_text
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
-from creditaudit.formatting import duration
 from creditaudit.measures.epoch import epoch_diagnostics
-from creditaudit.measures.progress import Say, say_to
+from creditaudit.measures.progress import Say
 from creditaudit.measures.user_models import check_inputs, check_same_device
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import measurement_mode, parameter_snapshot
@@ -92,6 +91,7 @@ from creditaudit.run.recorder_inputs import (
     released_on_error,
     tensor_versions,
 )
+from creditaudit.run.recorder_progress import RecorderProgress
 from creditaudit.run.results import (
     note_credit_not_finite,
     protocol_due,
@@ -168,7 +168,7 @@ class Recorder:
         self._eval_versions = tensor_versions(eval_x, eval_y)
         self._suspects = own_loop_suspects(rule)  # who wrote eval_x while it was measured
         self._layout = network_layout(user_network(model))
-        self._say = _Says(progress)
+        self._say = RecorderProgress(progress)
         self.checkpointing = bool(checkpoint)
         self.config, spec, given = recorder_config(rule, data, config, int(eval_x.shape[0]))
         self._epochs_given = ("optim", "epochs") in given
@@ -370,35 +370,6 @@ class Recorder:
             "format": CHECKPOINT_FORMAT, "method": self.rule.name, "epoch": epoch,
             "model": self.rule.model.state_dict(), "rule": self.rule.state_dict(),
             "record": self.record.to_dict()})
-
-
-class _Says:
-    """The recorder's progress lines: an epoch's diagnostics are announced when they may
-    take a while (the first epoch, and any after one that took ``SLOW_SECONDS`` or more,
-    with that time as the estimate) and their time said when they did."""
-
-    SLOW_SECONDS = 2.0
-
-    def __init__(self, progress: bool | Say) -> None:
-        self.say = say_to(progress)  # ConfigError for a wrong progress= at once
-        self.prefix = "Recorder: "
-        self.last: float | None = None
-
-    def line(self, text: str) -> None:
-        if self.say is not None:
-            self.say(self.prefix + text)
-
-    def epoch_starts(self, epoch: int, samples: int) -> float:
-        if self.last is None or self.last >= self.SLOW_SECONDS:
-            about = "" if self.last is None else f", about {duration(self.last)}"
-            self.line(f"epoch {epoch}: diagnostics on {samples} samples{about} …")
-        return time.perf_counter()
-
-    def epoch_ends(self, epoch: int, seconds: float, verdict: str | None) -> None:
-        if seconds >= self.SLOW_SECONDS:
-            self.line(f"epoch {epoch} recorded in {duration(seconds)}"
-                      + (f" ({verdict})" if verdict else ""))
-        self.last = seconds
 
 
 __all__ = ["Recorder", "array_fingerprint", "OWN_DATA"]

@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 from creditaudit.cli import experiment as experiment_cli
@@ -61,7 +62,7 @@ def test_quiet_experiment_says_which_run_it_waits_for_and_when_it_stops(tmp_path
         held.run_dir.mkdir(parents=True)
         (held.run_dir / CLAIM_FILE).write_text(json.dumps(
             {"pid": holder.pid, "host": socket.gethostname(), "time": "then",
-             "unix_time": 0.0, "token": "someone-else"}))
+             "unix_time": time.time(), "token": "someone-else"}))
         report = experiment_cli._LazyProgress.__call__
 
         def reported(self, state, outcome) -> None:  # noqa: ANN001

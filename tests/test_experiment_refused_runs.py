@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -94,7 +95,7 @@ def test_no_train_says_which_runs_another_process_trains_and_which_were_killed(t
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CLAIM_FILE).write_text(json.dumps(
             {"pid": pid, "host": socket.gethostname(), "time": "then",
-             "unix_time": 0.0, "token": "someone-else"}))
+             "unix_time": time.time(), "token": "someone-else"}))
 
     claim(held.run_dir, os.getpid())  # alive: training it now
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

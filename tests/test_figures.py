@@ -207,10 +207,10 @@ def test_penalty_values_come_from_records(index, records):
            mean([deep(r["diagnostics"]["rho_controls"]["random"]) for r in pen]),
            mean([deep(r["diagnostics"]["rho_controls"]["bp"]) for r in pen])]
     np.testing.assert_allclose(bar_heights(fig, "b:rho"), rho, rtol=1e-12)
-    # The error bars of (b) are the std across seeds.
+    # The error bars of (b) are the sample std across seeds, as the report's ±.
     rows = penalty.conditions(penalty.select(index))
     np.testing.assert_allclose(rows[0]["cos"][1],
-                               np.std([r["diagnostics"]["deep_cos"] for r in vanilla]))
+                               np.std([r["diagnostics"]["deep_cos"] for r in vanilla], ddof=1))
     plain = [mean([final_acc(r) for r in pick(records, m)]) for m in ("bp", "dfa")]
     pens = [mean([final_acc(r) for r in pick(records, m, 0.01)]) for m in ("bp", "dfa")]
     np.testing.assert_allclose(bar_heights(fig, "c:plain"), plain, rtol=1e-12)

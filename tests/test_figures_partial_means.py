@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from creditaudit.config import RunConfig
 from creditaudit.figures import RunIndex, run_curves
+from creditaudit.figures.runs import layer_mean_std
+from creditaudit.results import mean_std
 from creditaudit.run.trainer import Trainer, train
 from creditaudit.study.figures import hero, lambda_sweep, summary, temporal
 from integrity_support import nan_weights_after
@@ -81,3 +84,14 @@ def test_a_norm_a_diverged_run_logged_nan_is_counted_on_its_panel(mixed):
                 f"runs logged {name} NaN/inf at some epoch (diverged), not drawn")
     figure = lambda_sweep.build(index)[lambda_sweep.NAME]  # no diverged DFA run: no note
     assert not [t for ax in figure.axes for t in ax.texts if "NaN/inf" in t.get_text()]
+
+
+def test_error_bars_are_the_sample_std_and_one_run_draws_none():
+    """Error bars and bands were the population std while the report and the experiments
+    give the sample std (ddof=1): the same seeds drew a narrower spread. A layer or value
+    that one run holds still draws no bar (0), as documented."""
+    assert mean_std([0.2, 0.4, None]) == pytest.approx((0.3, 0.1414213562))
+    assert mean_std([0.5]) == (0.5, 0.0)
+    mean, std = layer_mean_std([[0.2, 1.0, None], [0.4, None, None]])
+    assert mean[:2] == pytest.approx([0.3, 1.0]) and np.isnan(mean[2])
+    assert std[:2] == pytest.approx([0.1414213562, 0.0]) and np.isnan(std[2])

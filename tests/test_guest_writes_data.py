@@ -193,3 +193,29 @@ def test_a_network_that_writes_the_evaluation_data_stops_a_recorders_finish(tmp_
     assert str(err.value).startswith(
         "the run's data changed in place while the end-of-run metrics were measured: "
         + RECORDER_SUSPECTS), err.value
+
+
+def test_a_network_that_writes_the_evaluation_data_stops_diagnose():
+    """diagnose() from Python was not watched: a model whose forward writes its input
+    returned numbers of other data, silently. It raises one line naming the model's class
+    and the credit rule now (audit keeps its own words: the test above)."""
+    import torch
+
+    from creditaudit import diagnose, rule
+    from creditaudit.models import ResidualMLP
+
+    class WritesItsInput(ResidualMLP):
+        def forward_states(self, x):
+            return super().forward_states(x.mul_(1.0))  # same values, but a write
+
+    torch.manual_seed(0)
+    net = WritesItsInput(8, 16, 4, 2)
+    eval_x, eval_y = torch.randn(64, 8), torch.arange(64) % 4
+    with pytest.raises(GuestError) as err:
+        diagnose(net, eval_x, eval_y, credit=rule("dfa", net), verify_reference=False)
+    assert str(err.value).startswith(
+        "eval_x or eval_y changed in place while diagnose() measured them: the model "
+        "(test_guest_writes_data:test_a_network_that_writes_the_evaluation_data_stops_"
+        "diagnose.<locals>.WritesItsInput) or the credit rule ('dfa') wrote its input, so "
+        "its numbers would be of other data than those given and diagnose() stops;"), err.value
+    assert "\n" not in str(err.value)

@@ -289,6 +289,8 @@ def test_a_low_precision_network_is_measured_in_its_dtype_and_says_so(dtype, tmp
     that dtype, while run.precision's help said diagnostics never run in bf16 and the
     report's settings left the dtype out."""
     from creditaudit.config.sections import RunSettings
+    from creditaudit.records import RunRecord
+    from creditaudit.report.settings import differing_settings, setting_cells
     from creditaudit.report.tables import run_settings
 
     seen = measured_dtypes
@@ -297,8 +299,19 @@ def test_a_low_precision_network_is_measured_in_its_dtype_and_says_so(dtype, tmp
     name = str(dtype).removeprefix("torch.")
     assert seen == {dtype} and {p.dtype for p in net.parameters()} == {dtype}
     assert done.model.dtype == name and "run.precision" in done.not_recorded
-    assert run_settings(load_record(tmp_path / done.run_id))["model dtype"] == name
-    assert "model dtype" not in run_settings(record(network(), "bp", tmp_path))
+    low = load_record(tmp_path / done.run_id)
+    assert run_settings(low)["model dtype"] == name
+    # A float32 network beside it said "—" in the model dtype column, as if not recorded.
+    full = record(network(), "bp", tmp_path)
+    assert run_settings(full)["model dtype"] == "float32"
+    assert "model dtype" in differing_settings([low, full])
+    assert setting_cells(run_settings(full), ["model dtype"]) == {"model dtype": "float32"}
+    # A record from before model.dtype was kept held float32: "—", and no column beside one.
+    raw = full.to_dict()
+    del raw["model"]["dtype"]
+    legacy = RunRecord.from_dict(raw)
+    assert setting_cells(run_settings(legacy), ["model dtype"]) == {"model dtype": "—"}
+    assert "model dtype" not in differing_settings([legacy, full])
     help_text = RunSettings.__dataclass_fields__["precision"].metadata["help"]
     assert "Recorder's network held in bf16 or fp16: that dtype" in help_text, help_text
 

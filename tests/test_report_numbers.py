@@ -17,6 +17,7 @@ from creditaudit.report import format_run_summary
 from creditaudit.report.folder import audit_table, render_report_markdown, summary_table
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
+from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -76,6 +77,18 @@ def test_a_summary_row_of_one_seed_shows_no_spread(runs):
     assert row["test acc"] == f"{run.final_acc:.3f} (1 run)"
     assert row["deep cos"] == f"{run.deep_cos:+.3f} (1 run)"
     assert "±" not in row["Γ"] and row["Γ"].endswith("(1 run)")
+
+
+def test_a_summary_row_shows_the_sample_std_as_the_experiments_do(runs):
+    """The report's ± was the population std while the experiments' summaries gave the
+    sample std (ddof=1): the same runs read "0.154 ± 0.010" in one and "± 0.014" in the
+    other. Both show the sample std now, what papers report across seeds."""
+    first, second = variant(runs["dfa"], "dfa-1", 1), variant(runs["dfa"], "dfa-2", 2)
+    first["final"]["test_acc"], second["final"]["test_acc"] = 0.2, 0.4
+    index = index_of([first, second])
+    [row] = summary_table(index, index.runs).rows
+    assert row["test acc"].startswith("0.300 ± 0.141")  # population std: ± 0.100
+    assert format_aggregate(aggregate([0.2, 0.4])) == "0.300 ± 0.141 (n=2)"
 
 
 def test_a_mean_over_fewer_runs_than_its_row_says_over_how_many(runs):

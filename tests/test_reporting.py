@@ -423,6 +423,41 @@ def test_an_interrupted_run_a_live_process_holds_is_said_to_be_trained_again(res
     assert any("| interrupted |" in line and "dfa-left" in line for line in rows.values())
 
 
+def test_a_claim_not_readable_yet_names_no_pid(results, tmp_path):
+    """A claim just created that is a folder, or empty, is being written for its 30 s of
+    grace: the run read "being trained again by pid ? on ?". It says what is known now, and
+    a claim that names no pid or host does not make one up."""
+    import os
+
+    from creditaudit.records import CLAIM_FILE
+    from creditaudit.report.runs import status_text
+
+    dfa = first(results, "dfa")
+    claims = {"dfa-folder": None, "dfa-empty": "", "dfa-hostless": '{"pid": 7}',
+              "dfa-old": ""}
+    texts = {}
+    for run_id, claim in claims.items():
+        raw = variant(dfa, run_id)
+        raw.update(status="running" if run_id == "dfa-old" else "interrupted", final=None,
+                   protocol={})
+        folder = tmp_path / "runs" / run_id
+        folder.mkdir(parents=True)
+        (folder / "record.json").write_text(as_written(raw))
+        path = folder / CLAIM_FILE
+        path.mkdir() if claim is None else path.write_text(claim)
+        if run_id == "dfa-old":
+            os.utime(path, (path.stat().st_mtime - 90,) * 2)
+        texts[run_id] = status_text(RunRecord.from_dict(raw), folder)
+    assert texts["dfa-folder"] == ("interrupted (being trained again by a process whose "
+                                   "claim is being written)")
+    assert texts["dfa-empty"] == texts["dfa-folder"]
+    assert texts["dfa-hostless"] == "interrupted (being trained again by pid 7 (its host " \
+        "not named))"
+    assert texts["dfa-old"] == ("running (no process holds it: interrupted? its claim has "
+                                "been unreadable for 90 s)")
+    assert not any("?" in text.split("interrupted?")[-1] for text in texts.values())
+
+
 def test_verdicts_are_coloured_by_meaning_and_spelled_out():
     """Each verdict's colour class is its judgement's kind (never read back from its words);
     four colours apart in every colour vision, text on each readable."""

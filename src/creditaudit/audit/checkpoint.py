@@ -270,7 +270,8 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     # ‖h_0‖ with it, to see growth before the first state.
     start = record.entry(0)
     # The network and the rule read the evaluation set (a view of the run's test split): one
-    # that writes it stops the audit in one line rather than report numbers of other data.
+    # that writes it stops the audit in one line rather than report numbers of other data
+    # (this watch, naming the run's network and rule, is diagnose's: it watches none).
     with data_left_alone((eval_x, eval_y), run_suspects(run.plan),
                          f"audit measured epoch {run.epoch}"):
         report = diagnose(
@@ -286,7 +287,7 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
             # epoch 0: the network at initialisation — but a run that diverged in its
             # first epoch did train, and is judged on epoch 0's numbers (d) included, as
             # its record is (protocol.records.untrained)
-            trained=run.epoch > 0 or record.status == "diverged")
+            trained=run.epoch > 0 or record.status == "diverged", watch_data=False)
         fields = rule_fields(run.rule, entry, eval_x, eval_y, metrics=metrics)
     if fields:
         report.metrics = {**(report.metrics or {}), **fields}

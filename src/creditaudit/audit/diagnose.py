@@ -18,6 +18,7 @@ Steps 2–5 run in eval mode under a forked RNG. ``creditaudit.diagnose`` is thi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,8 @@ from creditaudit.protocol import (
     Thresholds,
     evaluate_protocol,
 )
+from creditaudit.registry import RULES
+from creditaudit.run.data_writes import data_left_alone
 
 
 def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
@@ -70,7 +73,7 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
              verify_reference: bool = True, protocol: Protocol | None = None,
              allow_unverified_reference: bool = False, reference_fix: str = FIX,
              initial_hidden_norms: Sequence[float] | None = None,
-             trained: bool = True) -> DiagnosticReport:
+             trained: bool = True, watch_data: bool = True) -> DiagnosticReport:
     """Run the four-diagnostic protocol on ``model`` over a held-out evaluation set.
 
     ``eval_x`` ``(N, …)`` model inputs, ``eval_y`` ``(N,)`` integer class labels; use
@@ -113,7 +116,11 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     out the refusal names (a caller's own option). Leaves every
     parameter, buffer, ``.grad`` field and RNG state (global CPU, and CUDA when the inputs
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
-    states only, and restores every submodule's training flag.
+    states only, and restores every submodule's training flag. Leaves ``eval_x`` and
+    ``eval_y`` unchanged too: a model or credit that writes them in place (its input) raises
+    a one-line GuestError naming the model's class and the credit, rather than return
+    numbers of other data; ``watch_data=False`` is for a caller that watches them itself
+    (``creditaudit audit``, naming the run's network and rule).
     """
     args = checked_arguments(model, eval_x, eval_y, credit=credit, states_fn=states_fn,
                              forward_from=forward_from, thresholds=thresholds,
@@ -121,7 +128,12 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                              initial_hidden_norms=initial_hidden_norms,
                              headline_acc=headline_acc, frozen_acc=frozen_acc)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    with measurement_mode(model), torch.random.fork_rng(devices=devices):
+    watch = (data_left_alone((eval_x, eval_y), _suspects(model, credit, args),
+                             "diagnose() measured them", data="eval_x or eval_y",
+                             stops="its numbers would be of other data than those given and "
+                                   "diagnose() stops")
+             if watch_data else contextlib.nullcontext())
+    with measurement_mode(model), torch.random.fork_rng(devices=devices), watch:
         logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)
         reference = (checked_reference(model, args.states_fn, eval_x, eval_y,
                                        forward_from=args.forward_from,
@@ -134,6 +146,31 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     return _report(measured, meta, terminal_ln, reference, args, quality=quality,
                    headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol,
                    trained=trained)
+
+
+def _suspects(model: nn.Module, credit: CreditRule | CreditFn | None, args: Arguments
+              ) -> str:
+    """How a write to the evaluation data names the code that ran on it: the model by its
+    class, the credit rule by its name (a plugin's guest code with it) or the credit
+    function by its own, and ``states_fn``/``forward_from`` where they are the caller's."""
+    names = [f"the model ({type(model).__module__}:{type(model).__qualname__})"]
+    if isinstance(credit, CreditRule):
+        guest = RULES.guest(credit.name)
+        names.append(f"the credit rule ({credit.name!r})"
+                     + (f" ({guest.what})" if guest is not None else ""))
+    elif credit is not None:
+        names.append(f"the credit function ({_qualname(credit)})")
+    for what, fn, own in (("states_fn", args.states_fn, "forward_states"),
+                          ("forward_from", args.forward_from, "forward_from")):
+        if fn is not None and fn != getattr(model, own, None):
+            names.append(f"{what} ({_qualname(fn)})")
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+def _qualname(fn: Any) -> str:
+    """``module:qualname`` of a function (of its class, for a callable object)."""
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}:{named.__qualname__}"
 
 
 def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor,

@@ -26,6 +26,7 @@ from creditaudit.results import (
     figure_recipe,
     mean_std,
     method_label,
+    seed_std,
 )
 from creditaudit.results.runs import matches
 
@@ -177,14 +178,15 @@ def valid_layers(runs: Sequence[RunRecord]) -> list[bool]:
 
 
 def layer_mean_std(rows: Sequence[Sequence[Any] | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-layer mean and std across seeds of per-layer lists (shortest length kept)."""
+    """Per-layer mean and sample std (:func:`~creditaudit.results.seed_std`) across seeds
+    of per-layer lists (shortest length kept)."""
     rows = [r for r in rows if r]
     if not rows:
         return np.array([]), np.array([])
     n = min(len(r) for r in rows)
     arr = np.array([[as_float(v) for v in r[:n]] for r in rows], dtype=float)
     with np.errstate(all="ignore"), _quiet_nan():
-        return np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
+        return np.nanmean(arr, axis=0), seed_std(arr, axis=0)
 
 
 class _quiet_nan:

@@ -132,11 +132,25 @@ def claim_is_stale(holder: dict[str, Any] | None, age: float, stale_after: float
     return None
 
 
+BEING_WRITTEN = "a process whose claim is being written"
+
+
 def holder_name(holder: dict[str, Any] | None) -> str:
-    """The process a claim names, in words: ``pid 123 on host-a`` (``?`` for what the claim
-    does not say)."""
-    holder = holder or {}
-    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    """The process a claim names, in words, saying only what is known: ``pid 123 on
+    host-a``; ``a process whose claim is being written`` for a claim not readable yet
+    (None: empty, partly written, or no file, within :data:`UNREADABLE_CLAIM_GRACE`); ``pid
+    123 (its host not named)``, ``a process on host-a (its pid not named)`` or ``a process
+    its claim does not name`` for a claim without them."""
+    if holder is None:
+        return BEING_WRITTEN
+    pid, host = holder.get("pid"), holder.get("host")
+    if pid is not None and host is not None:
+        return f"pid {pid} on {host}"
+    if pid is not None:
+        return f"pid {pid} (its host not named)"
+    if host is not None:
+        return f"a process on {host} (its pid not named)"
+    return "a process its claim does not name"
 
 
 @dataclass(frozen=True)
@@ -156,10 +170,18 @@ class ClaimState:
 
     def why_not_held(self) -> str:
         """Why a stale claim holds nothing, in words: ``pid 123 on host-a is gone``, or
-        ``the claim of pid 123 on host-a has had no heartbeat for 20 min``."""
+        ``the claim of pid 123 on host-a has had no heartbeat for 20 min``; ``its claim has
+        been unreadable for 2 min`` for one never readable."""
         if self.stale == "dead process":
             return f"{self.who} is gone"
+        if self.holder is None:
+            return f"its claim has been unreadable for {_duration(self.age)}"
         return f"the claim of {self.who} has had no heartbeat for {self.age / 60:.0f} min"
+
+
+def _duration(seconds: float) -> str:
+    """``45 s`` under two minutes, else ``20 min``."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> ClaimState | None:
@@ -172,6 +194,6 @@ def claim_state(run_dir: Path, stale_after: float = DEFAULT_STALE_AFTER) -> Clai
     return ClaimState(holder, age, claim_is_stale(holder, age, stale_after))
 
 
-__all__ = ["ClaimState", "DEFAULT_STALE_AFTER", "UNREADABLE_CLAIM_GRACE", "claim_is_stale",
-           "claim_state", "holder_gone", "holder_name", "process_alive", "process_start_ticks",
-           "process_started", "read_claim"]
+__all__ = ["BEING_WRITTEN", "ClaimState", "DEFAULT_STALE_AFTER", "UNREADABLE_CLAIM_GRACE",
+           "claim_is_stale", "claim_state", "holder_gone", "holder_name", "process_alive",
+           "process_start_ticks", "process_started", "read_claim"]

@@ -24,7 +24,9 @@ SHOWN_SETTINGS = frozenset({"method.name", "method.penalty", "model.arch", "mode
                             "model.n_blocks", "model.out_ln", "data.name", "run.seed"})
 DATA_SOURCE = "data source"
 MODEL_CODE = "model code"
-MODEL_DTYPE = "model dtype"  # parameters held in another dtype than float32 (model.dtype)
+MODEL_DTYPE = "model dtype"  # the dtype the parameters were held in (model.dtype)
+# What a record without model.dtype held (those before it was kept), as its recipe reads it.
+LEGACY_DTYPE = "float32"
 
 
 def setting_text(value: Any) -> str:
@@ -40,7 +42,7 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     recorded" for those a run from a user's own loop was not told) and, as ``data
     source`` and ``model code``, what identifies its data apart from the seed and its
     network's code where it is not creditaudit's (hash prefixes); ``model dtype``, the
-    parameters' dtype where it is not float32 (its diagnostics ran in it)."""
+    parameters' dtype (its diagnostics ran in it) where the record has one."""
     skip = non_semantic(run.config)
     unknown = set(run.not_recorded)
     settings: dict[str, str] = {}
@@ -62,7 +64,7 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     if code is not None:  # a network of the user's own code: two scripts' Nets
         settings[MODEL_CODE] = code[:12]
     dtype = run.model.dtype if run.model is not None else None
-    if dtype not in (None, "float32"):  # trained and measured in it (a Recorder's bf16 net)
+    if dtype is not None:  # trained and measured in it (a Recorder's bf16 net); float32 too
         settings[MODEL_DTYPE] = dtype
     return settings
 
@@ -70,11 +72,17 @@ def run_settings(run: RunRecord) -> dict[str, str]:
 def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     """The settings whose text differs between ``runs`` and that no fixed column shows, in
     config order. The data source (model code) counts only where no ``data.*``
-    (``model.*``) setting differs (else it differs because they do)."""
+    (``model.*``) setting differs (else it differs because they do); a record without a
+    model dtype (before it was kept) held float32, as its recipe says, so it differs only
+    from another dtype."""
     table = [run_settings(run) for run in runs]
     keys = list(dict.fromkeys(key for settings in table for key in settings))
+
+    def text(settings: dict[str, str], key: str) -> str:
+        return settings.get(key, LEGACY_DTYPE if key == MODEL_DTYPE else "—")
+
     differ = [key for key in keys if key not in SHOWN_SETTINGS
-              and len({settings.get(key, "—") for settings in table}) > 1]
+              and len({text(settings, key) for settings in table}) > 1]
     if any(key.startswith("data.") for key in differ):
         differ = [key for key in differ if key != DATA_SOURCE]
     if any(key.startswith("model.") for key in differ):

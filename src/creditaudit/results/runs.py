@@ -15,6 +15,7 @@ figures and tables that need NaN there (a gap, a —) convert with :func:`as_flo
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -275,16 +276,32 @@ def diverged_note(runs: Iterable[RunRecord], *, lead: str = DIVERGED) -> str | N
                                     for r in diverged) + ".")
 
 
+def seed_std(values: np.ndarray, axis: int | None = None) -> Any:
+    """The spread across seeds every mean ± std shows (report, figures, experiments): the
+    sample standard deviation (ddof=1, what papers report across seeds) of ``values``, NaN
+    left out, along ``axis`` (all values when None); 0 where one value is left (one seed
+    measures no spread: the report and the experiments' summaries show no ± then, a figure
+    no error bar), NaN where none is. A float for ``axis=None``, else an array."""
+    values = np.asarray(values, dtype=float)
+    count = np.sum(~np.isnan(values), axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column with < 2 values
+        std = np.nanstd(values, axis=axis, ddof=1)
+    std = np.where(count > 1, std, np.where(count == 1, 0.0, math.nan))
+    return float(std) if axis is None else std
+
+
 def mean_std(values: Iterable[Any]) -> tuple[float, float]:
-    """Mean and (population) std across seeds, NaN values left out; (NaN, NaN) if none."""
+    """Mean and sample std (:func:`seed_std`) across seeds, NaN values left out; (NaN, NaN)
+    if none."""
     arr = np.array([as_float(v) for v in values], dtype=float)
     arr = arr[~np.isnan(arr)]
     if arr.size == 0:
         return math.nan, math.nan
     with np.errstate(invalid="ignore"):  # an overflowed (inf) run gives an undefined std
-        return float(arr.mean()), float(arr.std())
+        return float(arr.mean()), seed_std(arr)
 
 
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
            "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
-           "matches", "stopped_early_note", "stopped_early_text", "terminal_ln"]
+           "matches", "seed_std", "stopped_early_note", "stopped_early_text", "terminal_ln"]

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from creditaudit.results import seed_std
+
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
@@ -55,7 +57,8 @@ def bootstrap_ci(values: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLE
 def aggregate(values: Iterable[Any]) -> dict[str, float | int]:
     """``{"mean", "std", "n", "ci_low", "ci_high"}`` of the finite values in ``values``.
 
-    ``std`` is the sample standard deviation (ddof=1): NaN for n = 1. The CI is the 95%
+    ``std`` is the sample standard deviation (ddof=1, :func:`creditaudit.results.seed_std`,
+    as the report and figures show): NaN for n = 1. The CI is the 95%
     percentile bootstrap of the mean (:func:`bootstrap_ci`): the value itself for n = 1.
     None, NaN and ±inf (e.g. a diverged run's norm) are left out and not counted in ``n``;
     with no value left every statistic is NaN and n = 0.
@@ -66,7 +69,7 @@ def aggregate(values: Iterable[Any]) -> dict[str, float | int]:
         return {"mean": math.nan, "std": math.nan, "n": 0, "ci_low": math.nan,
                 "ci_high": math.nan}
     arr = np.asarray(x, dtype=np.float64)
-    std = float(arr.std(ddof=1)) if n > 1 else math.nan
+    std = seed_std(arr) if n > 1 else math.nan
     low, high = bootstrap_ci(x)
     return {"mean": float(arr.mean()), "std": std, "n": n, "ci_low": low, "ci_high": high}
 

@@ -209,9 +209,16 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
 
     started = time.perf_counter()
     prints = fingerprints or [None] * len(run_ids)
-    begun = [begin_run(c, r, retry_failed=retry_failed, stale_after=stale_after,
-                       fingerprint=f) for c, r, f in zip(config_dicts, run_ids, prints,
-                                                          strict=True)]
+    begun: list[tuple[Outcome, ClaimedRun | None]] = []
+    try:
+        for c, r, f in zip(config_dicts, run_ids, prints, strict=True):
+            begun.append(begin_run(c, r, retry_failed=retry_failed, stale_after=stale_after,
+                                   fingerprint=f))
+    except BaseException:  # an interrupt while one is planned: the runs claimed are not held
+        for _, run in begun:
+            if run is not None:
+                release_claim(run.claim)
+        raise
     runs = [run for _, run in begun if run is not None]
     after_record: dict[str, Exception] = {}  # a logger's error once the run's record was final
     try:

@@ -79,6 +79,15 @@ def ray_exit_code(detail: str) -> int | None:
     return None
 
 
+def ray_task_reason(err: BaseException) -> str:
+    """Why a Ray task failed, in one line: what the task raised (a RayTaskError's ``cause``,
+    e.g. a full disk's DiskFullError), else the first line of Ray's error (whose first line
+    of a RayTaskError names only Ray's function, its pid and node, in terminal colours)."""
+    cause = getattr(err, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, Exception) else str(err)
+    return (text.strip().splitlines() or [type(err).__name__])[0]
+
+
 def ray_death_cause(pid: int | None, reason: str) -> str:
     """Why a Ray worker that had started a run died, in the words of :func:`death_cause`
     (``pid``: the worker's, from the task's start marker; ``reason``: Ray's error line).

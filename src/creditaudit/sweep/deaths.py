@@ -160,12 +160,20 @@ def _runs(task: dict[str, Any]) -> list[tuple[str, dict[str, Any], Path]]:
 
 def held_by_dead(task: dict[str, Any], dead: Collection[int]) -> dict[str, int]:
     """run id → pid for the task's runs whose claim names a dead worker (pid in ``dead``)
-    of this machine."""
+    of this machine. A run whose record was final before its worker died (a stacked
+    group's run that ended before the next one's code ended the process: the group
+    releases its claims at its end) is not one: its dead claim is cleared."""
     held = {}
     for run_id, _, run_dir in _runs(task):
         holder, _, _ = read_claim(run_dir / CLAIM_FILE)
         if holder is not None and holder.get("host") == socket.gethostname() \
                 and holder.get("pid") in dead:
+            if disk_status(run_dir)[0] in FINISHED:
+                with contextlib.suppress(OutputError):
+                    claim, _ = try_claim(run_dir)  # breaks the dead worker's claim
+                    if claim is not None:
+                        release_claim(claim)
+                continue
             held[run_id] = holder["pid"]
     return held
 

@@ -136,3 +136,48 @@ def test_a_folder_holding_another_runs_record_has_no_row(tmp_path: Path):
     assert [o["status"] for o in result.outcomes] == ["refused"]
     assert format_sweep_table(result.plans, ["run.seed"],
                               {other.run_id: "refused"}) == "no run has a record yet"
+
+
+def test_an_interrupt_while_a_run_is_begun_releases_its_claim(tmp_path: Path, monkeypatch):
+    """A worker interrupted after claiming a run but before training it (the SIGTERM a
+    broken pool sends its other workers, a Ctrl-C) left the run's claim.json naming itself:
+    the sweep then counted the run as one whose worker died, saying its code ended the
+    process, and a second such break recorded it failed."""
+    from creditaudit.sweep import claiming
+    from creditaudit.sweep.worker import run_one
+
+    def interrupted(out_dir: Path, event: str, run_id: str, **fields: object) -> None:
+        if event == "start":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(claiming, "append_event", interrupted)
+    (config,) = prepare_configs([RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path)})],
+                                threads=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_one(config.to_dict())
+    assert list(tmp_path.glob("*/claim.json")) == []
+
+
+def test_an_interrupt_while_a_stack_is_begun_releases_the_claims_taken(tmp_path: Path,
+                                                                       monkeypatch):
+    """run_group claims its runs one after another (each planned first: seconds): an
+    interrupt while the second was begun left the first's claim behind."""
+    from creditaudit.sweep import worker
+    from creditaudit.sweep.worker import run_group
+
+    begin = worker.begin_run
+    calls = []
+
+    def second_interrupted(*args, **kwargs):  # noqa: ANN002, ANN003
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return begin(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "begin_run", second_interrupted)
+    configs = prepare_configs([RunConfig().replace(**{**TINY, "run.out_dir": str(tmp_path),
+                                                      "run.seed": seed}) for seed in (1, 2)],
+                              threads=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_group([config.to_dict() for config in configs], run_ids=[None, None])
+    assert list(tmp_path.glob("*/claim.json")) == []

@@ -197,6 +197,31 @@ def test_a_run_whose_ray_worker_dies_is_recorded_failed_with_the_cause(ray_2cpu,
 
 
 @needs_ray
+def test_what_a_ray_task_raised_is_its_outcome_in_one_line(ray_2cpu, tmp_path):
+    """A run that a guest's KeyboardInterrupt stopped (recorded 'interrupted' by run_one,
+    which raises it on) was reported failed with Ray's first line, 'Ray task failed:
+    \x1b[36mray::_run_streaming()\x1b[39m (pid=…, ip=…)' (the progress line counting it
+    failed, the summary interrupted), and so was a full disk as a run was claimed: the
+    error said nothing of the disk. Now interrupted as in a local worker, and the error
+    the task raised."""
+    from creditaudit.sweep import RayExecutor
+
+    def raises(task: dict) -> dict:
+        from creditaudit.errors import DiskFullError
+
+        if task["run_id"] == "a":
+            raise KeyboardInterrupt
+        raise DiskFullError("cannot claim the run: no space left on the device")
+
+    tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": name} for name in "ab"]
+    outcomes = {o["run_id"]: o for o in RayExecutor(poll_seconds=0.1).map(raises, tasks)}
+    assert outcomes["a"]["status"] == "interrupted"
+    assert outcomes["b"]["status"] == "failed"
+    assert outcomes["b"]["error"] == ("Ray task failed: DiskFullError: cannot claim the run: "
+                                      "no space left on the device")
+
+
+@needs_ray
 def test_an_interrupt_waits_at_most_unwind_seconds_for_a_run_that_does_not_stop(ray_2cpu):
     """Ctrl-C while a run hangs in a call that Ray's cancel does not interrupt (a guest
     blocked in C code: the cancel's KeyboardInterrupt waits for it to return): the sweep

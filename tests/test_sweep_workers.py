@@ -315,3 +315,73 @@ def test_a_run_whose_worker_exits_with_code_0_is_failed_as_a_death(tmp_path):
     assert not (tmp_path / "a" / CLAIM_FILE).exists()
     assert load_record(tmp_path / "a").status == "failed"
     assert [e["deaths"] for e in _log(tmp_path) if e["event"] == "worker_died"] == [1, 2]
+
+
+def _stopped_once(task: dict) -> dict:
+    """Run 'a' is interrupted by a SIGTERM to its worker alone (``kill PID``); the others
+    complete."""
+    from creditaudit.sweep.outcome import new_outcome
+
+    if task["run_id"] == "a":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises KeyboardInterrupt here
+    return new_outcome(task["run_id"], status="completed", action="trained")
+
+
+def test_a_worker_told_to_stop_starts_no_run_and_the_sweep_goes_on(monkeypatch):
+    """A worker that got SIGTERM (a signal to it alone) answered every task it took after
+    its run as 'interrupted' without starting it: the sweep, going on with its other
+    workers, reported runs it never started as interrupted and trained none of them. The
+    worker now leaves at its next task, which a new worker takes."""
+    from creditaudit.sweep import worker
+
+    left = []
+    monkeypatch.setitem(worker.WORKER_STATE, "terminating", True)
+    monkeypatch.setattr(os, "_exit", lambda code: left.append(code) or sys.exit(code))
+    with pytest.raises(SystemExit):
+        worker.pool_call(lambda task: pytest.fail("started a run"), {"run_id": "b"})
+    assert left == [0]
+
+
+@pytest.mark.slow
+def test_runs_queued_behind_a_worker_told_to_stop_are_trained(tmp_path):
+    from creditaudit.sweep import LocalExecutor
+
+    tasks = [{"config": {"run": {"out_dir": str(tmp_path)}}, "run_id": name}
+             for name in ("a", "b", "c")]
+    outcomes = {o["run_id"]: o for o in LocalExecutor(workers=1).map(_stopped_once, tasks)}
+    assert outcomes["a"]["status"] == "interrupted"
+    assert [outcomes[run]["status"] for run in "bc"] == ["completed", "completed"]
+
+
+def _first_ends_then_exit(task: dict) -> None:
+    """A stacked group's task whose first run ends (completed, its claim held until the
+    group ends) before the second run's code ends the worker with ``os._exit``."""
+    from creditaudit.config import config_from_dict
+    from creditaudit.records import new_record, save_record
+    from creditaudit.records.claims import try_claim
+
+    for run_id, config in zip(task["run_ids"], task["configs"], strict=True):
+        run_dir = Path(config["run"]["out_dir"]) / run_id
+        try_claim(run_dir)
+        if run_id == "a" and not (run_dir / RECORD_FILE).exists():
+            record = new_record(config_from_dict(config), device="cpu", run_id=run_id)
+            record.status = "completed"
+            save_record(run_dir, record)
+    os._exit(3)
+
+
+def test_a_run_that_ended_before_its_worker_died_is_not_its_death(tmp_path):
+    """The completed first run of a stack whose second run's code ended the worker was
+    counted as a run whose worker died under it: a 'worker_died' event and a warning
+    that it 'goes on in a new worker from its last checkpoint', its claim left behind."""
+    from creditaudit.config import RunConfig
+    from creditaudit.sweep import LocalExecutor
+
+    config = RunConfig().replace(**{"run.out_dir": str(tmp_path)}).to_dict()
+    task = {"configs": [config, config], "run_ids": ["a", "b"]}
+    outcomes = {o["run_id"]: o for o in LocalExecutor(workers=1).map(_first_ends_then_exit,
+                                                                       [task])}
+    assert (outcomes["a"]["status"], outcomes["b"]["status"]) == ("completed", "failed")
+    assert {e["run_id"] for e in _log(tmp_path) if e["event"] == "worker_died"} == {"b"}
+    assert not (tmp_path / "a" / CLAIM_FILE).exists()

@@ -166,28 +166,32 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
         event("busy", holder=holder)
         outcome.update(status="busy", action="busy", holder=holder)
         return outcome, None
-    if skip_reason():  # finished by another process between our check and our claim
-        event("skip", status=outcome["status"])
+    try:
+        if skip_reason():  # finished by another process between our check and our claim
+            event("skip", status=outcome["status"])
+            release_claim(claim)
+            return outcome, None
+        status, reason = disk_status(run_dir)
+        has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
+        if status is None:
+            action, kwargs = "trained", {"force": has_checkpoint}
+        elif status in ("running", "interrupted", "failed") and has_checkpoint:
+            action, kwargs = "resumed", {"resume": True}
+            # The sweep's thread count is for the runs it starts: a resumed run goes on with the
+            # count its epochs ran on (another would change the last bits of its numbers). One
+            # whose checkpoint holds only its initial weights starts over (``restartable``),
+            # recording the sweep's count as its uninterrupted twin does.
+            if checkpointed_epoch(run_dir) != 0:
+                plan = dataclasses.replace(plan,
+                                           config=plan.config.replace(**{"run.threads": None}))
+        else:  # corrupt record, or died before its first checkpoint: start over
+            action, kwargs = "restarted", {"force": True}
+            if status == "corrupt":
+                log.warning("warning: starting %s over, replacing its record: %s", own_id,
+                            reason)
+        outcome["action"] = action
+        event("start", action=action)
+    except BaseException:  # an interrupt (a broken pool's SIGTERM): the run is not held
         release_claim(claim)
-        return outcome, None
-    status, reason = disk_status(run_dir)
-    has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
-    if status is None:
-        action, kwargs = "trained", {"force": has_checkpoint}
-    elif status in ("running", "interrupted", "failed") and has_checkpoint:
-        action, kwargs = "resumed", {"resume": True}
-        # The sweep's thread count is for the runs it starts: a resumed run goes on with the
-        # count its epochs ran on (another would change the last bits of its numbers). One
-        # whose checkpoint holds only its initial weights starts over (``restartable``),
-        # recording the sweep's count as its uninterrupted twin does.
-        if checkpointed_epoch(run_dir) != 0:
-            plan = dataclasses.replace(plan,
-                                       config=plan.config.replace(**{"run.threads": None}))
-    else:  # corrupt record, or died before its first checkpoint: start over
-        action, kwargs = "restarted", {"force": True}
-        if status == "corrupt":
-            log.warning("warning: starting %s over, replacing its record: %s", own_id,
-                        reason)
-    outcome["action"] = action
-    event("start", action=action)
+        raise
     return outcome, ClaimedRun(plan, run_dir, claim, kwargs, event, outcome)

@@ -79,6 +79,15 @@ def ray_exit_code(detail: str) -> int | None:
     return None
 
 
+def ray_task_reason(err: BaseException) -> str:
+    """Why a Ray task failed, in one line: what the task raised (a RayTaskError's ``cause``,
+    e.g. a full disk's DiskFullError), else the first line of Ray's error (whose first line
+    of a RayTaskError names only Ray's function, its pid and node, in terminal colours)."""
+    cause = getattr(err, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, Exception) else str(err)
+    return (text.strip().splitlines() or [type(err).__name__])[0]
+
+
 def ray_death_cause(pid: int | None, reason: str) -> str:
     """Why a Ray worker that had started a run died, in the words of :func:`death_cause`
     (``pid``: the worker's, from the task's start marker; ``reason``: Ray's error line).
@@ -151,12 +160,20 @@ def _runs(task: dict[str, Any]) -> list[tuple[str, dict[str, Any], Path]]:
 
 def held_by_dead(task: dict[str, Any], dead: Collection[int]) -> dict[str, int]:
     """run id → pid for the task's runs whose claim names a dead worker (pid in ``dead``)
-    of this machine."""
+    of this machine. A run whose record was final before its worker died (a stacked
+    group's run that ended before the next one's code ended the process: the group
+    releases its claims at its end) is not one: its dead claim is cleared."""
     held = {}
     for run_id, _, run_dir in _runs(task):
         holder, _, _ = read_claim(run_dir / CLAIM_FILE)
         if holder is not None and holder.get("host") == socket.gethostname() \
                 and holder.get("pid") in dead:
+            if disk_status(run_dir)[0] in FINISHED:
+                with contextlib.suppress(OutputError):
+                    claim, _ = try_claim(run_dir)  # breaks the dead worker's claim
+                    if claim is not None:
+                        release_claim(claim)
+                continue
             held[run_id] = holder["pid"]
     return held
 

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
-from creditaudit.sweep.deaths import left_outcomes, ray_death_cause, record_lost
+from creditaudit.sweep.deaths import left_outcomes, ray_death_cause, ray_task_reason, record_lost
 from creditaudit.sweep.outcome import Outcome
-from creditaudit.sweep.worker import failed_outcome
+from creditaudit.sweep.worker import failed_outcome, pool_call
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ RunFn = Callable[[dict[str, Any]], Outcome]
 
 def _run_streaming(fn: RunFn, task: dict[str, Any]) -> Iterator[Any]:
     """The Ray task body: a marker as soon as a worker runs it (``(STARTED, pid, host)``:
-    which process runs it), then the run's outcome."""
+    which process runs it), then the run's outcome (interrupted as in a local worker)."""
     yield STARTED, os.getpid(), socket.gethostname()
-    yield fn(task)
+    yield pool_call(fn, task)
 
 
 def _import_ray() -> Any:
@@ -372,7 +372,7 @@ class RayExecutor:
         except StopIteration:
             return failed_outcome(task, "Ray task ended without an outcome")
         except ray.exceptions.RayError as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = ray_task_reason(err)
             error = f"Ray task failed: {reason}"
             # killed, crashed, its node lost, or ended by Ray's memory monitor (it says so)
             lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -209,9 +210,16 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
 
     started = time.perf_counter()
     prints = fingerprints or [None] * len(run_ids)
-    begun = [begin_run(c, r, retry_failed=retry_failed, stale_after=stale_after,
-                       fingerprint=f) for c, r, f in zip(config_dicts, run_ids, prints,
-                                                          strict=True)]
+    begun: list[tuple[Outcome, ClaimedRun | None]] = []
+    try:
+        for c, r, f in zip(config_dicts, run_ids, prints, strict=True):
+            begun.append(begin_run(c, r, retry_failed=retry_failed, stale_after=stale_after,
+                                   fingerprint=f))
+    except BaseException:  # an interrupt while one is planned: the runs claimed are not held
+        for _, run in begun:
+            if run is not None:
+                release_claim(run.claim)
+        raise
     runs = [run for _, run in begun if run is not None]
     after_record: dict[str, Exception] = {}  # a logger's error once the run's record was final
     try:
@@ -280,9 +288,13 @@ def task_ids(task: dict[str, Any]) -> list[str]:
 
 
 def pool_call(fn: RunFn, task: dict[str, Any]) -> Outcome | list[Outcome]:
-    """A task in a LocalExecutor worker: after an interrupt, queued runs are not started."""
+    """A task in a LocalExecutor worker. A worker told to stop (SIGTERM or SIGINT: the
+    sweep's Ctrl-C, or a signal to this worker alone) starts no more runs: it leaves at
+    its next task, which breaks the pool, so a sweep that goes on gives the task to a new
+    worker (:mod:`creditaudit.sweep.deaths`; it holds no claim, so no run is blamed) and a
+    sweep that stops reports it as the runs it never started."""
     if WORKER_STATE["terminating"]:
-        return interrupted_outcome(task)
+        os._exit(0)  # a normal exit could hang joining the pool's queues
     WORKER_STATE["in_run"] = True
     try:
         return fn(task)

@@ -40,8 +40,10 @@ class LimitOptions:
     limit: float = opt(1.0, "fires above this", min=0.0)
 
 
-class EvidenceEater(ProtocolDiagnostic[LimitOptions]):
-    name, label = "late_evidence_eater", "Evidence eater"
+class LargestNorm(ProtocolDiagnostic[LimitOptions]):
+    """Fires when the largest state norm passes ``limit``; what each guest below does
+    besides is in ``besides(evidence, value)``."""
+
     statistic = "the largest state norm"
     operator, threshold = ">", "limit"
     hint = "never"
@@ -50,7 +52,14 @@ class EvidenceEater(ProtocolDiagnostic[LimitOptions]):
         norms = evidence.hidden_norms
         if not norms or not all(math.isfinite(n) for n in norms):
             return self.result(None, NOT_EVALUATED, "no finite state norms")
-        value = max(norms)
+        return self.besides(evidence, max(norms))
+
+
+class EvidenceEater(LargestNorm):
+    name, label = "late_evidence_eater", "Evidence eater"
+
+    def besides(self, evidence, value):
+        norms = evidence.hidden_norms
         if len(norms) != 5:  # a run's evidence, not the suite's
             norms[:] = [0.0] * len(norms)
             evidence.grad_norms[:] = [0.0] * len(evidence.grad_norms)
@@ -59,22 +68,16 @@ class EvidenceEater(ProtocolDiagnostic[LimitOptions]):
         return self.judge(value, f"largest norm {value:.3g}")
 
 
-class NumpyDetails(ProtocolDiagnostic[LimitOptions]):
+class NumpyDetails(LargestNorm):
     """``late_numpy_details``: plain JSON details on the suite's evidence (5 states), numpy
     ones (a ``numpy.bool_``, an array) on a run's own."""
 
     name, label = "late_numpy_details", "Numpy details"
-    statistic = "the largest state norm"
-    operator, threshold = ">", "limit"
-    hint = "never"
 
-    def evaluate(self, evidence):
+    def besides(self, evidence, value):
         import numpy as np
 
         norms = evidence.hidden_norms
-        if not norms or not all(math.isfinite(n) for n in norms):
-            return self.result(None, NOT_EVALUATED, "no finite state norms")
-        value = max(norms)
         if len(norms) == 5:
             return self.judge(value, f"largest norm {value:.3g}")
         return self.judge(value, f"largest norm {value:.3g}", grew=np.bool_(value > 1.0),

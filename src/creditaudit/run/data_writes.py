@@ -18,6 +18,7 @@ from torch import Tensor
 from creditaudit.errors import GuestError
 from creditaudit.registry import ARCHITECTURES, RULES
 from creditaudit.run.recorder_config import user_network
+from creditaudit.run.recorder_inputs import tensor_versions
 
 RUN_STOPS = "the numbers would be of other data than the record names and the run stops"
 
@@ -27,10 +28,9 @@ def data_left_alone(tensors: Sequence[Tensor], suspects: str, when: str, *,
                     data: str = "the run's data", stops: str = RUN_STOPS) -> Iterator[None]:
     """Run the block; GuestError (one line naming ``data``, ``suspects``, the code that ran
     on it, ``when`` and what that ``stops``) when it wrote any of ``tensors`` in place."""
-    watched = [t for t in tensors if not t.is_inference()]  # these keep no version counter
-    versions = [t._version for t in watched]
+    versions = tensor_versions(*tensors)  # None for an inference tensor: not watched
     yield
-    if any(t._version != v for t, v in zip(watched, versions, strict=True)):
+    if tensor_versions(*tensors) != versions:
         raise GuestError(
             f"{data} changed in place while {when}: {suspects} wrote its input, so {stops}; "
             "a forward (and credits()) must not write the batch it is given — fix that code "

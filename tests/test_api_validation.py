@@ -232,18 +232,19 @@ def test_train_refuses_resume_and_force_together(tmp_path):
 
 
 def test_diagnose_takes_the_accuracy_a_loop_computes_and_refuses_no_dict_of_options():
-    """A numpy or one-element tensor accuracy (np.float32(0.5), (pred == y).float().mean())
-    was refused as "must be an accuracy fraction in [0, 1]" though it was one, and the
-    Recorder takes it; metric_options=[…] raised TypeError from dict()."""
+    """A numpy or one-element tensor or array accuracy (np.float32(0.5),
+    (pred == y).float().mean(), np.array(0.5)) was refused as "must be an accuracy fraction
+    in [0, 1]" though it was one, and the Recorder takes it; metric_options=[…] raised
+    TypeError from dict()."""
     import numpy as np
 
     model = adapted()
-    for value in (np.float32(0.5), torch.tensor(0.5)):
+    for value in (np.float32(0.5), torch.tensor(0.5), np.array(0.5), np.array([0.5])):
         report = diagnose(model, X, Y, credit=rule("dfa", model), headline_acc=value,
                           frozen_acc=np.float64(0.25))
         assert report.metadata["headline_acc"] == 0.5
         assert type(report.metadata["headline_acc"]) is float
-    for value in (float("nan"), torch.tensor([0.5, 0.5]), True):
+    for value in (float("nan"), torch.tensor([0.5, 0.5]), np.array([0.5, 0.5]), True):
         with pytest.raises(ConfigError, match="must be an accuracy fraction in"):
             diagnose(model, X, Y, headline_acc=value)
     with pytest.raises(ConfigError, match=r"^metric_options= must be a dict of options .* "

@@ -8,7 +8,6 @@ the per-layer cosine table and Γ under its four aggregations.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from creditaudit.protocol.checks import (
 )
 from creditaudit.protocol.diagnostics import Evidence
 from creditaudit.protocol.verdicts import Judgement, Protocol, judge, statuses_of
+from creditaudit.scalar_values import recordable_number
 
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
 DEFAULT_THRESHOLDS = Thresholds()  # frozen: one shared default instance is safe
@@ -160,14 +160,13 @@ def _not_evaluated(result: DiagnosticResult) -> DiagnosticResult:
 # --- running it ---------------------------------------------------------------------------
 def check_fraction(name: str, value: float | None) -> float | None:
     """``value`` as a float; a one-line ConfigError naming ``name`` unless it is None or an
-    accuracy fraction in [0, 1]: a Python or numpy number, or a one-element tensor (what a
-    loop's ``(pred == y).float().mean()`` gives, which the Recorder takes too)."""
+    accuracy fraction in [0, 1]: a Python or numpy number, or a one-element tensor or array
+    (what a loop's ``(pred == y).float().mean()`` gives; :func:`recordable_number`, as the
+    Recorder takes them)."""
     if value is None:
         return None
-    number = (value.detach().item() if isinstance(value, Tensor) and value.numel() == 1
-              else value)
-    if isinstance(number, bool) or not isinstance(number, numbers.Real) \
-            or not 0 <= number <= 1:
+    number = recordable_number(value)
+    if number is None or not 0 <= number <= 1:
         raise ConfigError(f"{name}={value!r} must be an accuracy fraction in [0, 1] "
                           "(e.g. 0.349 for 34.9%)")
     return float(number)

@@ -6,20 +6,19 @@ in place since, and the network's modules and parameters, which must stay those 
 from __future__ import annotations
 
 import math
-import numbers
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch import Tensor, nn
 
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import RECORD_FILE, RECORD_KEYS, RUN_FILES
 from creditaudit.records.claims import holding_run
+from creditaudit.scalar_values import recordable_number
 
 
 def tensor_versions(*tensors: Tensor) -> tuple[int | None, ...]:
@@ -167,20 +166,6 @@ def check_rule_held(rule: Any, recorder: Any) -> None:
                           "each Recorder ends the rule's epochs: record every epoch with one "
                           "Recorder (the last created), or bind a new rule (creditaudit.rule) "
                           "for each run")
-
-
-def recordable_number(value: Any) -> float | None:
-    """``value`` as the float a record holds, when it is a number: a Python or numpy int or
-    float, or a one-element tensor (its grad left behind) or numpy array (0-d:
-    ``np.array(0.5)``) of one; NaN and ±inf kept. None for anything else (a bool, a string,
-    a list, a tensor or array of several elements)."""
-    if isinstance(value, Tensor):
-        value = value.detach().item() if value.numel() == 1 else None
-    elif isinstance(value, np.ndarray):
-        value = value.item() if value.size == 1 else None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    return float(value)
 
 
 def checked_number(name: str, value: Any, *, fraction: bool = False, loss: bool = False

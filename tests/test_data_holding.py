@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from creditaudit import RunConfig
-from creditaudit.data import Dataset
+from creditaudit.data import Dataset, check_loaded
 from creditaudit.data.identity import tensor_digest
+from creditaudit.errors import LoadedDataError
 from creditaudit.run.plan import plan_run
 from door_support import TINY
 from plugin_support import one_module_plugin
@@ -19,9 +20,42 @@ from plugin_support import one_module_plugin
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
+class _Spec:
+    """What check_loaded asks of a dataset: its name, sample shape and classes."""
+
+    name = "tiny"
+
+    def input_shape(self) -> tuple[int, ...]:
+        return (3,)
+
+    def n_classes(self) -> int:
+        return 2
+
+
 def _data() -> Dataset:
     x, y = torch.arange(18.0).reshape(6, 3), torch.arange(6) % 2
     return Dataset("tiny", x[:4], y[:4], x[4:], y[4:], n_classes=2)
+
+
+@pytest.mark.parametrize(("array", "how", "says"), [
+    ("train_x", lambda a: a.to_sparse(), "the training samples of tiny are a sparse tensor "
+                                         "(torch.sparse_coo), but every batch is indexed from "
+                                         "dense arrays: give dense tensors (.to_dense())"),
+    ("train_y", lambda a: a.to_sparse(), "the training labels of tiny are a sparse tensor"),
+    ("test_x", lambda a: a.to("meta"), "the test samples of tiny are on the meta device, "
+                                       "which holds shapes but no values: give tensors "
+                                       "holding the data (on the CPU)"),
+    ("test_y", lambda a: a.to("meta"), "the test labels of tiny are on the meta device"),
+], ids=["sparse-samples", "sparse-labels", "meta-samples", "meta-labels"])
+def test_arrays_holding_no_readable_values_are_refused_in_one_line(array, how, says):
+    """Before: torch's NotImplementedError (a screen of backends) or 'Tensor.item() cannot
+    be called on meta tensors', raised from creditaudit's finiteness and label checks."""
+    data = _data()
+    setattr(data, array, how(getattr(data, array)))
+    with pytest.raises(LoadedDataError) as error:
+        check_loaded(_Spec(), data)
+    assert str(error.value).startswith(says), str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_inference_tensors_are_digested_on_every_call():

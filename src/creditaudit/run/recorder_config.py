@@ -238,6 +238,7 @@ def _data_identity(spec_class: type[DatasetSpec[Any]] | None, config: RunConfig,
             raise ConfigError(f"the rule's model has {n_classes} logits, but {spec.label} has "
                               f"{classes} classes: record it with data of your own "
                               "(data='my-data'), or a model with one logit per class")
+        dataset_admission(spec)  # a plugin's data is checked before it is loaded
         with dataset_at_fault(spec, "declares what"):
             seed = spec.data_seed(config.run.seed)
             identity = spec.identity(seed)
@@ -255,6 +256,14 @@ def _data_identity(spec_class: type[DatasetSpec[Any]] | None, config: RunConfig,
         provenance={"evaluation_arrays": arrays, "identifies": (
             "the evaluation arrays (eval_x, eval_y) only: the training data of the loop is "
             "not fingerprinted")})
+
+
+def dataset_admission(spec: DatasetSpec[Any]) -> door.Admission | None:
+    """What the door admitted of ``spec`` (a dataset instance holding its options) when it
+    is a plugin, checked as a command's run checks it (remembered once passed); None for a
+    built-in. GuestError (one line) when it fails a conformance check."""
+    guest = DATASETS.guest(spec.name)
+    return None if guest is None else door.dataset_door(spec, guest)
 
 
 def array_fingerprint(*arrays: Tensor) -> str:

@@ -108,6 +108,18 @@ def check_declared(spec: DatasetSpec[Any]) -> tuple[tuple[int, ...], int]:
     return tuple(shape), classes
 
 
+def _holding_problem(array: torch.Tensor) -> str | None:
+    """Why ``array`` holds no values the loader and the checks can read (a sparse layout,
+    the meta device), as the end of a sentence with its fix; None when it holds them."""
+    if array.layout != torch.strided:
+        return (f"a sparse tensor ({array.layout}), but every batch is indexed from dense "
+                "arrays: give dense tensors (.to_dense())")
+    if array.is_meta:
+        return ("on the meta device, which holds shapes but no values: give tensors "
+                "holding the data (on the CPU)")
+    return None
+
+
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when what ``spec`` (a dataset holding its options)
     declares is not whole numbers (:func:`check_declared`), or the loaded arrays are not
@@ -129,6 +141,8 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
                 raise wrong(f"the {split} {what} of {spec.name} are a {kind.__module__}."
                             f"{kind.__qualname__}, not a torch.Tensor: give tensors "
                             "(torch.from_numpy(array))")
+            if (held := _holding_problem(array)) is not None:  # no value could be read
+                raise wrong(f"the {split} {what} of {spec.name} are {held}")
         if x.shape[0] == 0:
             raise wrong(f"the {split} split of {spec.name} holds 0 samples: nothing to train "
                         "or evaluate on")

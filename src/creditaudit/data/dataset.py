@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.data import transforms
-from creditaudit.data.identity import tensor_digest
+from creditaudit.data.identity import tensor_digest, tensor_versions
 from creditaudit.data.loader import InMemoryLoader
 from creditaudit.errors import ConfigError
 
@@ -42,18 +42,19 @@ class Dataset:
     augment_padding: int = transforms.CROP_PADDING
     augment_flip: bool = True
     # (the arrays hashed, their versions, their digest): hashed once while they stay put
-    _digest: tuple[tuple[Tensor, ...], tuple[int, ...], str] | None = field(
+    _digest: tuple[tuple[Tensor, ...], tuple[int | None, ...], str] | None = field(
         default=None, init=False, repr=False, compare=False)
 
     def content_digest(self) -> str:
         """sha256 of the four arrays as held now (train_x, train_y, test_x, test_y: dtype,
         shape and bytes; :func:`~creditaudit.data.identity.tensor_digest`) — what a run
         record says it trained and evaluated on. Computed once while the arrays stay the
-        same objects, unmodified."""
+        same objects, unmodified (an inference-mode tensor keeps no version counter, so
+        arrays holding one are hashed on every call)."""
         arrays = (self.train_x, self.train_y, self.test_x, self.test_y)
-        versions = tuple(a._version for a in arrays)
+        versions = tensor_versions(*arrays)
         held = self._digest
-        if held is None or held[1] != versions or any(
+        if held is None or None in versions or held[1] != versions or any(
                 a is not b for a, b in zip(held[0], arrays)):
             held = self._digest = (arrays, versions, tensor_digest(*arrays))
         return held[2]

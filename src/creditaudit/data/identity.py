@@ -138,3 +138,15 @@ def tensor_digest(*tensors: Tensor) -> str:
         digest.update(f"{flat.dtype}{tuple(tensor.shape)}".encode())
         digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()
+
+
+def tensor_versions(*tensors: Tensor) -> tuple[int | None, ...]:
+    """Each tensor's version counter (bumped by every in-place change; None for an
+    inference-mode tensor, which keeps none)."""
+    versions: list[int | None] = []
+    for tensor in tensors:
+        try:
+            versions.append(tensor._version)
+        except RuntimeError:
+            versions.append(None)
+    return tuple(versions)

@@ -70,6 +70,7 @@ from creditaudit.run.recorder_config import (
     array_fingerprint,
     check_frozen_as_recorded,
     data_identity,
+    dataset_admission,
     distribution,
     guest_code,
     network_identity,
@@ -196,10 +197,11 @@ class Recorder:
         digest, identified = network_identity(network)
         self.protocol = Protocol.from_config(self.config.diagnostics)
         method, diagnostics = guest_code(type(rule), self.protocol)
+        data_code = CodeVersion(identity.name) if spec is None else code_version(
+            DATASETS, spec, admission=dataset_admission(spec(self.config.data)))
         code = RunCode(method=method,
                        model=CodeVersion(OwnLoopArchitecture.name, digest=digest),
-                       data=(code_version(DATASETS, spec) if spec is not None
-                             else CodeVersion(identity.name)), diagnostics=diagnostics)
+                       data=data_code, diagnostics=diagnostics)
         if name is None:  # the config names the class, not its sizes: add the description
             name = compute_run_id(self.config, digest_text(
                 {"data": identity.fingerprint, "model": description.identity()}), code)

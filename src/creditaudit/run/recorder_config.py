@@ -36,7 +36,7 @@ from creditaudit.config import (
 )
 from creditaudit.config.composed import rebuild_section
 from creditaudit.config.sections import COMPONENT_NAME
-from creditaudit.data import DatasetSpec, check_same_files, load_dataset
+from creditaudit.data import DatasetSpec, check_declared, check_same_files, load_dataset
 from creditaudit.data.identity import tensor_digest
 from creditaudit.data.registry import digest_text
 from creditaudit.data.rows import check_test_rows
@@ -52,6 +52,7 @@ from creditaudit.records.run_ids import CodeVersion
 from creditaudit.registry import DATASETS, DIAGNOSTICS, RULES
 from creditaudit.run import door
 from creditaudit.run.plan import check_precision, code_version
+from creditaudit.run.run_code import dataset_at_fault
 from creditaudit.version import OWN_PACKAGE
 
 # What data= names when the caller says nothing about the data.
@@ -229,17 +230,21 @@ def _data_identity(spec_class: type[DatasetSpec[Any]] | None, config: RunConfig,
               "x": f"{str(eval_x.dtype).removeprefix('torch.')} {tuple(eval_x.shape)}",
               "y": f"{str(eval_y.dtype).removeprefix('torch.')} {tuple(eval_y.shape)}"}
     if spec_class is not None:
-        spec = spec_class(config.data)
-        spec.check()
-        classes = spec.n_classes()
+        with dataset_at_fault(spec_class, "declares what"):
+            spec = spec_class(config.data)
+            spec.check()
+            classes = check_declared(spec)[1]
         if classes != n_classes:
             raise ConfigError(f"the rule's model has {n_classes} logits, but {spec.label} has "
                               f"{classes} classes: record it with data of your own "
                               "(data='my-data'), or a model with one logit per class")
-        seed = spec.data_seed(config.run.seed)
-        identity = spec.identity(seed)
-        loaded = load_dataset(config.data, seed=config.run.seed, spec=spec)
-        check_same_files(spec, identity, seed)
+        dataset_admission(spec)  # a plugin's data is checked before it is loaded
+        with dataset_at_fault(spec, "declares what"):
+            seed = spec.data_seed(config.run.seed)
+            identity = spec.identity(seed)
+        with dataset_at_fault(spec, "loaded data"):
+            loaded = load_dataset(config.data, seed=config.run.seed, spec=spec)
+            check_same_files(spec, identity, seed)
         check_test_rows(loaded, eval_x, eval_y, spec.label)
         arrays["checked"] = f"rows of the {spec.label} test split as loaded with these options"
         identity.provenance = {**identity.provenance, "evaluation_arrays": arrays}
@@ -251,6 +256,14 @@ def _data_identity(spec_class: type[DatasetSpec[Any]] | None, config: RunConfig,
         provenance={"evaluation_arrays": arrays, "identifies": (
             "the evaluation arrays (eval_x, eval_y) only: the training data of the loop is "
             "not fingerprinted")})
+
+
+def dataset_admission(spec: DatasetSpec[Any]) -> door.Admission | None:
+    """What the door admitted of ``spec`` (a dataset instance holding its options) when it
+    is a plugin, checked as a command's run checks it (remembered once passed); None for a
+    built-in. GuestError (one line) when it fails a conformance check."""
+    guest = DATASETS.guest(spec.name)
+    return None if guest is None else door.dataset_door(spec, guest)
 
 
 def array_fingerprint(*arrays: Tensor) -> str:

@@ -14,24 +14,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from creditaudit.data.identity import tensor_versions
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import RECORD_FILE, RECORD_KEYS, RUN_FILES
 from creditaudit.records.claims import holding_run
 from creditaudit.scalar_values import recordable_number
-
-
-def tensor_versions(*tensors: Tensor) -> tuple[int | None, ...]:
-    """Each tensor's version counter (bumped by every in-place change; None for an
-    inference-mode tensor, which keeps none)."""
-    versions: list[int | None] = []
-    for tensor in tensors:
-        try:
-            versions.append(tensor._version)
-        except RuntimeError:
-            versions.append(None)
-    return tuple(versions)
-
 
 # (name → class) per module, (name → (id, shape, dtype, device)) per parameter and buffer
 NetworkLayout = tuple[dict[str, str], dict[str, tuple[int, tuple[int, ...], str, str]]]

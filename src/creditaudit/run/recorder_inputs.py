@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from creditaudit.data.identity import tensor_versions
 from creditaudit.errors import ConfigError, OutputError, RunRecordError

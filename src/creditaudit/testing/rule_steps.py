@@ -9,6 +9,14 @@ A run records the training loss and accuracy the step reports, trains with the o
 null of (b): a rule that misreports the batch, steps twice, changes the optimizer's settings
 or learns (or re-draws) its fixed feedback would leave every number recorded and still pass
 the checks of the credit itself.
+
+The readout trains on its exact cross-entropy in every rule (science.md; EP, the feedback
+rules and the local ones alike); the checks of the blocks' updates leave it out, and the
+surrogate check covers it for local rules only. :func:`readout_trains_on_its_cross_entropy`
+holds the output layer — the ``nn.Linear`` whose output is the logits — of every rule to it:
+its weight gradient is ∂CE/∂logits ⊗ its input whatever feedback the rule sends further
+down, so it is exact for every built-in (a terminal LayerNorm below it is not: a
+linear-feedback rule sends it the error through a feedback matrix).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.methods.base import CreditRule, StepResult
-from creditaudit.testing.common import flat_state, same, tiny_batch
+from creditaudit.testing.common import TOLERANCE, flat_state, relative_error, same, tiny_batch
 from creditaudit.testing.rule_properties import REAL_STEP_LR, make_rule
 
 # Relative tolerance of the reported loss against the cross-entropy of the step's own
@@ -148,5 +156,54 @@ def fixed_feedback_stays_fixed(cls: type[CreditRule], arch: str = "resmlp") -> N
         "'learned')")
 
 
+def _output_layer(model: nn.Module, x: Tensor) -> str | None:
+    """The name of the last ``nn.Linear`` of ``model`` whose output is its logits for ``x``
+    (a forward without grad; buffers may move: call it on a copy), or None."""
+    outputs: dict[str, Tensor] = {}
+    hooks = [module.register_forward_hook(
+        lambda module, args, out, name=name: outputs.__setitem__(name, out))
+        for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    try:
+        with torch.no_grad():
+            _, logits = model.forward_states(x)  # type: ignore[operator]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    found = [name for name, out in outputs.items()
+             if isinstance(out, Tensor) and out.shape == logits.shape and torch.equal(out, logits)]
+    return found[-1] if found else None
+
+
+def readout_trains_on_its_cross_entropy(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    rule = make_rule(cls, arch=arch)
+    x, y = tiny_batch(arch=arch)
+    rule.model.train()  # as the trainer steps
+    twin = copy.deepcopy(rule.model)  # the step's forward, BatchNorm statistics kept apart
+    name = _output_layer(copy.deepcopy(twin), x)
+    if name is None:
+        return
+    params = [(key, p) for key, p in twin.get_submodule(name).named_parameters()
+              if p.requires_grad]
+    if not params:
+        return
+    with torch.enable_grad():
+        _, logits = twin.forward_states(x)
+        wants = torch.autograd.grad(F.cross_entropy(logits, y), [p for _, p in params])
+    assert rule.train_step(x, y, torch.optim.SGD(rule.trainable_parameters(), lr=0.0)).finite, \
+        "a training step on a tiny float64 net was not finite"
+    layer = rule.model.get_submodule(name)
+    for (key, _), want in zip(params, wants):
+        grad = getattr(layer, key).grad
+        error = 1.0 if grad is None else relative_error(grad, want)
+        assert error < TOLERANCE, (
+            f"the training step gives the output layer's {name}.{key} "
+            + ("no gradient" if grad is None else f"another gradient than the batch-mean "
+               f"cross-entropy's (by {error:.2e} rel.)") + ": "
+            "the readout trains on its exact cross-entropy in every rule, so a head left "
+            "untrained, detached or scaled would record the rule's accuracy for a network "
+            "trained otherwise (train the readout on CE(readout(h_L), y))")
+
+
 __all__ = ["step_reports_its_batch", "step_is_one_optimizer_step",
+           "readout_trains_on_its_cross_entropy",
            "fixed_feedback_stays_fixed"]

@@ -130,7 +130,17 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   optimisers as it runs them), the first on a batch in order or reversed, give the same
   weights and credits (to 1e-6) — its own learning step included (local classifiers, the
   bridges' nets), which the check above cannot see. A rule whose step draws from its
-  generator is passed (noise drawn per sample in batch order follows the order).
+  generator is passed (noise drawn per sample in batch order follows the order);
+- ``symmetric_credits_follow_the_gradient`` (``feedback_kind == "symmetric"``): after two
+  training steps, each state's credit has a positive cosine with backprop's gradient
+  ∂CE/∂h_l — a rule that computes its credit with the forward weights (BP, EP) estimates
+  it, and an EP whose nudge sign is flipped consistently reports −g and trains on it,
+  ascending the loss, though every other check holds (it trains on the credit it reports);
+- ``readout_trains_on_its_cross_entropy``: after one zero-learning-rate step, the output
+  layer (the ``nn.Linear`` whose output is the logits) has the gradient of the batch-mean
+  cross-entropy — exact for every rule, whatever feedback it sends below. An end-to-end
+  rule whose head is detached, left untrained or trained on a scaled error passes every
+  check of the blocks and would record its accuracy for a network trained otherwise.
 """
 
 from __future__ import annotations
@@ -154,6 +164,7 @@ from creditaudit.testing.common import (
 from creditaudit.testing.rule_credits import (
     credits_ignore_batch_position,
     learned_feedback_is_trained,
+    symmetric_credits_follow_the_gradient,
     training_ignores_batch_order,
 )
 from creditaudit.testing.rule_lifecycle import (
@@ -177,6 +188,7 @@ from creditaudit.testing.rule_properties import (
 from creditaudit.testing.rule_stacking import stacked_step_is_the_rule_step, stacks_on
 from creditaudit.testing.rule_steps import (
     fixed_feedback_stays_fixed,
+    readout_trains_on_its_cross_entropy,
     step_is_one_optimizer_step,
     step_reports_its_batch,
 )
@@ -190,7 +202,8 @@ CHECKS: tuple[Callable[..., None], ...] = (
     fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
     stacked_step_is_the_rule_step, local_update_follows_its_options, credits_are_per_sample,
     credits_are_seeded, learned_feedback_is_trained, credits_ignore_batch_position,
-    training_ignores_batch_order)
+    training_ignores_batch_order, symmetric_credits_follow_the_gradient,
+    readout_trains_on_its_cross_entropy)
 
 
 def _has_split_block(arch: str) -> bool:
@@ -217,6 +230,8 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",
     fixed_feedback_stays_fixed: lambda cls, arch: cls.feedback_kind == "fixed_random",
     learned_feedback_is_trained: lambda cls, arch: cls.feedback_kind == "learned",
+    symmetric_credits_follow_the_gradient:
+        lambda cls, arch: cls.feedback_kind == "symmetric",
     stacked_step_is_the_rule_step: lambda cls, arch: (cls.stacks_as() is not None
                                                       and stacks_on(arch)),
 }

@@ -149,6 +149,23 @@ class ReseedsNumpy(SyntheticData):
         return super().load(seed)
 
 
+class EditsWhatItKept(SyntheticData):
+    """Keeps the arrays it returned and shifts them in place on every later load: two loads
+    compared after the second are the same objects, equal, though the first run's data was
+    changed under it (passed while the check compared them only then)."""
+
+    name, label = "edits-kept", "Edits kept"
+    kept: dict = {}
+
+    def load(self, seed):
+        key = (repr(self.options), seed)
+        if key in self.kept:
+            self.kept[key].train_x.add_(1.0)
+        else:
+            self.kept[key] = super().load(seed)
+        return self.kept[key]
+
+
 class MiscountsItsSizes(SyntheticData):
     name, label = "miscounts", "Miscounts"
 
@@ -224,6 +241,7 @@ class UnhashedFiles(MNIST):
     (LabelsOutOfRange, "loads_what_it_declares"),
     (DrawsFromTheGlobalRNG, "load_is_deterministic_and_leaves_global_rngs_untouched"),
     (ReseedsNumpy, "load_is_deterministic_and_leaves_global_rngs_untouched"),
+    (EditsWhatItKept, "load_is_deterministic_and_leaves_global_rngs_untouched"),
     (MiscountsItsSizes, "sizes_match_what_was_loaded"),
     (SeedInTheSource, "identity_follows_the_seed"),
     (UnhashedFiles, "identity_follows_the_data"),

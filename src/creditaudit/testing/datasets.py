@@ -39,8 +39,10 @@ The checks:
   a record's fingerprint says which data the run trained on (and ``identity_follows_the_
   data`` runs only when the caller gives other options, which the door does not);
 - ``load_is_deterministic_and_leaves_global_rngs_untouched``: two loads give identical arrays,
-  and neither ``load`` nor ``identity`` moves (or reseeds) torch's, numpy's or Python's
-  global RNG — training draws from them after the data is loaded.
+  the second leaves the first's arrays as they were (a load that keeps what it returned and
+  edits it in place would change a run's data under it), and neither ``load`` nor
+  ``identity`` moves (or reseeds) torch's, numpy's or Python's global RNG — training draws
+  from them after the data is loaded.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from typing import Any
 import torch
 
 from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
+from creditaudit.data.identity import tensor_digest
 from creditaudit.data.rows import HELD_OUT_SHARE, shared_samples
 from creditaudit.descriptions import DataIdentity
 from creditaudit.testing.common import (
@@ -217,12 +220,18 @@ def load_is_deterministic_and_leaves_global_rngs_untouched(cls: type[DatasetSpec
                                                            options: Any, other: Any) -> None:
     with watched_global_rngs() as states:
         first = _load(cls, options)
+        # its content now: a load that hands back arrays it keeps and edits in place on the
+        # next load would compare the same objects after
+        first_digest = tensor_digest(*_arrays(first))
         cls(options).identity(SEED)
         again = _load(cls, options)
         moved = moved_rngs(states)
     assert not moved, (f"load() or identity() moved {' and '.join(moved)} global RNG (use a "
                        "generator of its own)")
     assert _same_arrays(first, again), "two loads with the same options and seed differ"
+    assert tensor_digest(*_arrays(first)) == first_digest, (
+        "a second load() changed the arrays the first one returned (they are kept and edited "
+        "in place): return arrays of each load's own, or leave returned arrays alone")
 
 
 DATASET_CHECKS = (

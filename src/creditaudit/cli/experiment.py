@@ -162,8 +162,11 @@ def _count(experiment, args: argparse.Namespace,  # noqa: ANN001 - an Experiment
         done = sum(run_state(plan_run(c))[0] in ("completed", "diverged") for c in found)
         return f"{len(found)} runs, {done} finished in {args.out}"
     except CreditAuditError as err:  # no data here: count the runs without reading it
-        return f"{len(configs(args.data_dir or 'DATA_DIR'))} runs (finished ones not " \
-               f"counted: {err})"
+        try:
+            count = len(configs(args.data_dir or "DATA_DIR"))
+        except CreditAuditError as unplanned:  # no folder at all for some of its data
+            return f"runs not counted: {unplanned}"
+        return f"{count} runs (finished ones not counted: {err})"
 
 
 class _LazyProgress:

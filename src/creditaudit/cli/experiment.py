@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         progress.close()
-    missing = 0
+    missing: dict[str, dict] = {}  # run id → its entry: a run experiments share, named once
     for name, summary in summaries.items():
         meta = summary["meta"]
         json_file, md_file = meta["files"]
@@ -289,9 +289,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"→ {json_file} and {Path(md_file).name} "
               f"({meta['runs_found']}/{meta['runs_needed']} runs, "
               f"{execution_text(meta['execution'])})\n")
-        missing += len(meta["missing"])
-        for entry in meta["missing"]:
-            print(f"missing: {entry['run_id']} ({entry['status']})"
-                  + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
+        missing.update((entry["run_id"], entry) for entry in meta["missing"]
+                       if entry["run_id"] not in missing)
+    for entry in missing.values():
+        print(f"missing: {entry['run_id']} ({entry['status']})"
+              + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
     print(f"{len(summaries)} experiment(s) in {duration(time.perf_counter() - started)}")
     return 1 if missing else 0

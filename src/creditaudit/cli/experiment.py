@@ -162,8 +162,11 @@ def _count(experiment, args: argparse.Namespace,  # noqa: ANN001 - an Experiment
         done = sum(run_state(plan_run(c))[0] in ("completed", "diverged") for c in found)
         return f"{len(found)} runs, {done} finished in {args.out}"
     except CreditAuditError as err:  # no data here: count the runs without reading it
-        return f"{len(configs(args.data_dir or 'DATA_DIR'))} runs (finished ones not " \
-               f"counted: {err})"
+        try:
+            count = len(configs(args.data_dir or "DATA_DIR"))
+        except CreditAuditError as unplanned:  # no folder at all for some of its data
+            return f"runs not counted: {unplanned}"
+        return f"{count} runs (finished ones not counted: {err})"
 
 
 class _LazyProgress:
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         progress.close()
-    missing = 0
+    missing: dict[str, dict] = {}  # run id → its entry: a run experiments share, named once
     for name, summary in summaries.items():
         meta = summary["meta"]
         json_file, md_file = meta["files"]
@@ -286,9 +289,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"→ {json_file} and {Path(md_file).name} "
               f"({meta['runs_found']}/{meta['runs_needed']} runs, "
               f"{execution_text(meta['execution'])})\n")
-        missing += len(meta["missing"])
-        for entry in meta["missing"]:
-            print(f"missing: {entry['run_id']} ({entry['status']})"
-                  + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
+        missing.update((entry["run_id"], entry) for entry in meta["missing"]
+                       if entry["run_id"] not in missing)
+    for entry in missing.values():
+        print(f"missing: {entry['run_id']} ({entry['status']})"
+              + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
     print(f"{len(summaries)} experiment(s) in {duration(time.perf_counter() - started)}")
     return 1 if missing else 0

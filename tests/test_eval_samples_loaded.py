@@ -51,16 +51,23 @@ def test_a_chosen_value_past_the_loaded_test_split_is_refused_and_ids_stay_apart
 
 
 @pytest.mark.parametrize("declared", [True, False])
-def test_the_shrunk_default_is_said_once(tmp_path, caplog, declared):
+def test_the_shrunk_default_is_said_once(tmp_path, caplog, monkeypatch, declared):
     """Fitted twice — to the declared sizes when planned, to the loaded split when loaded —
-    and said once: the generator declares its sizes, the files' folder does not."""
+    and said once: the generator declares its sizes, the files' folder does not. Once per
+    process, too: an experiment planning twelve runs of one dataset said it twelve times."""
     import logging
 
+    from creditaudit.run import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "_SAID_FITTED", set(), raising=False)  # a fresh process
     config = (RunConfig().replace(**{"data.name": "mnist1d", "data.n_train": 250,
                                      "data.n_test": 500})
               if declared else fashion(tmp_path))
     with caplog.at_level(logging.INFO, logger="creditaudit.run.plan"):
         plan = plan_run(config)
         plan.load_data()
+        again = plan_run(config.replace(**{"run.seed": 1}))
+        again.load_data()
     said = [r for r in caplog.records if "evaluating on all" in r.getMessage()]
     assert len(said) == 1 and plan.eval_samples == (500 if declared else N_TEST)
+    assert again.eval_samples == plan.eval_samples

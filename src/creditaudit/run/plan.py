@@ -338,17 +338,22 @@ def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:
     return fit_eval_samples(config, spec.name, sizes[1])
 
 
+# (dataset, test samples) whose fitted default was said in this process
+_SAID_FITTED: set[tuple[str, int]] = set()
+
+
 def fit_eval_samples(config: RunConfig, dataset: str, n_test: int, *, say: bool = True) -> int:
     """``diagnostics.eval_samples``, or the whole test split of ``n_test`` samples when the
-    default 1280 exceeds it (said in one log line, unless ``say`` is False); ConfigError
-    when a value the user chose exceeds it. The shrunk default needs no place in the run
-    id: ``n_test`` follows from what the id holds (the generator's options, the files'
-    content)."""
+    default 1280 exceeds it (said in one log line, once per dataset and process, unless
+    ``say`` is False); ConfigError when a value the user chose exceeds it. The shrunk
+    default needs no place in the run id: ``n_test`` follows from what the id holds (the
+    generator's options, the files' content)."""
     wanted = config.diagnostics.eval_samples
     if wanted <= n_test:
         return wanted
     if wanted == type(config.diagnostics)().eval_samples:
-        if say:
+        if say and (dataset, n_test) not in _SAID_FITTED:  # once: a sweep plans many runs
+            _SAID_FITTED.add((dataset, n_test))
             log.info("diagnostics.eval_samples: the default %d exceeds the %d test samples of "
                      "%s; evaluating on all %d", wanted, n_test, dataset, n_test)
         return n_test

@@ -205,18 +205,26 @@ def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: 
 def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) -> None:
     """A credit function must return one tensor per state, shaped like the state and on
     its device (a credit moved to the CPU met the GPU's gradients in torch's own error)."""
-    out = credit(x[:PROBE], y[:PROBE])
+    check_credit_output(credit(x[:PROBE], y[:PROBE]), [(h.shape, h.device) for h in states])
+
+
+def check_credit_output(out: Any, states: Sequence[tuple[tuple[int, ...], torch.device]],
+                        *, batch: str = "") -> None:
+    """What a credit function returned must be one tensor per state, of that state's
+    ``(shape, device)`` in ``states``; else a one-line ModelContractError naming the credit
+    (``batch``: which call it was, when not the two-sample probe)."""
     if not isinstance(out, list | tuple) or len(out) != len(states):
-        raise ModelContractError(f"credit(x, y) must return {len(states)} tensors [a_0, …, "
-                                 f"a_{len(states) - 1}], one per state, got {_describe(out)}")
-    for index, (a, h) in enumerate(zip(out, states)):
-        if not isinstance(a, Tensor) or a.shape != h.shape:
-            raise ModelContractError(f"credit(x, y)[{index}] must have the shape of h_{index} "
-                                     f"{tuple(h.shape)}, got {_describe(a)}")
-        if a.device != h.device:
-            raise ModelContractError(f"credit(x, y)[{index}] is on {a.device} but h_{index} "
-                                     f"is on {h.device}: return each credit on its state's "
-                                     f"device (a.to({str(h.device)!r}))")
+        raise ModelContractError(f"credit(x, y){batch} must return {len(states)} tensors "
+                                 f"[a_0, …, a_{len(states) - 1}], one per state, got "
+                                 f"{_describe(out)}")
+    for index, (a, (shape, device)) in enumerate(zip(out, states)):
+        if not isinstance(a, Tensor) or a.shape != shape:
+            raise ModelContractError(f"credit(x, y)[{index}]{batch} must have the shape of "
+                                     f"h_{index} {tuple(shape)}, got {_describe(a)}")
+        if a.device != device:
+            raise ModelContractError(f"credit(x, y)[{index}]{batch} is on {a.device} but "
+                                     f"h_{index} is on {device}: return each credit on its "
+                                     f"state's device (a.to({str(device)!r}))")
 
 
 def _describe(value: Any) -> str:

@@ -1,0 +1,103 @@
+"""diagnose() on what a caller's own code does beyond its two-sample probe: a credit
+function whose tensors change shape on the evaluation set is named in one line (not torch's
+error deep in the cosines), and a plugin diagnostic that draws from the global RNG leaves
+the caller's random stream as it was (diagnose promises every RNG state unchanged)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from creditaudit import diagnose
+from creditaudit.config import opt
+from creditaudit.errors import ModelContractError
+from creditaudit.protocol import Protocol, ProtocolDiagnostic
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class _Net(nn.Module):
+    """A two-block residual MLP on 10 inputs, width 16, 3 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(10, 16)
+        self.blocks = nn.ModuleList([nn.Linear(16, 16) for _ in range(2)])
+        self.head = nn.Linear(16, 3)
+
+    def states(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        h = self.inp(x)
+        hs = [h]
+        for block in self.blocks:
+            h = h + torch.tanh(block(h))
+            hs.append(h)
+        return hs, self.head(h)
+
+
+def _data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(n, 10, generator=generator), torch.randint(0, 3, (n,),
+                                                                  generator=generator)
+
+
+def test_a_credit_shaped_right_on_the_probe_only_is_named_in_one_line():
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+
+    def credit(xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
+        width = 16 if xb.shape[0] <= 2 else 8  # right on the two-sample probe only
+        return [torch.zeros(xb.shape[0], width) for _ in range(3)]
+
+    with pytest.raises(ModelContractError) as caught:
+        diagnose(net, x, y, states_fn=net.states, credit=credit)
+    text = str(caught.value)
+    assert "\n" not in text
+    assert text.startswith("credit(x, y)[0] on a batch of 64 samples must have the shape of "
+                           "h_0 (64, 16), got a tensor of shape (64, 8)")
+
+
+def test_a_credit_returning_a_generator_after_the_probe_is_named():
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+
+    def credit(xb: torch.Tensor, yb: torch.Tensor):  # noqa: ANN202 - a generator, on purpose
+        made = (torch.zeros(xb.shape[0], 16) for _ in range(3))
+        return list(made) if xb.shape[0] <= 2 else made
+
+    with pytest.raises(ModelContractError, match=r"credit\(x, y\) on a batch of 64 samples "
+                                                 r"must return 3 tensors .* got generator"):
+        diagnose(net, x, y, states_fn=net.states, credit=credit)
+
+
+@dataclass
+class _DrawOptions:
+    cap: float = opt(2.0, "(r) fires above this", min=0.0)
+
+
+class _Draws(ProtocolDiagnostic[_DrawOptions]):
+    """A plugin diagnostic whose statistic draws from the global RNG."""
+
+    name = "r"
+    label = "random draw"
+    statistic = "a uniform draw"
+    operator, threshold = ">", "cap"
+    hint = "never fires"
+
+    def evaluate(self, evidence):  # noqa: ANN001, ANN201 - a plugin's evaluate
+        return self.judge(float(torch.rand(())), "drew one number")
+
+
+def test_a_plugin_diagnostic_drawing_from_the_rng_leaves_the_callers_stream():
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+    protocol = Protocol((*Protocol.default().diagnostics, _Draws()))
+    before = torch.get_rng_state()
+    report = diagnose(net, x, y, states_fn=net.states, protocol=protocol)
+    assert report.diagnostic("r").status == "passed"
+    assert torch.equal(torch.get_rng_state(), before)

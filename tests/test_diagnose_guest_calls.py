@@ -101,3 +101,34 @@ def test_a_plugin_diagnostic_drawing_from_the_rng_leaves_the_callers_stream():
     report = diagnose(net, x, y, states_fn=net.states, protocol=protocol)
     assert report.diagnostic("r").status == "passed"
     assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("copy", [lambda h: h.clone(), lambda h: h.double()],
+                         ids=["clone", "cast"])
+def test_a_state_the_logits_are_not_computed_from_is_named_not_judged(copy):
+    """A states_fn returning a copy of a state: no gradient reaches the copy, and (b) fired
+    on its zero gradients as "zero or dead weights between h_L and the logits"."""
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+
+    def states(xb: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        hs, logits = net.states(xb)
+        return [*hs[:-1], copy(hs[-1])], logits
+
+    with pytest.raises(ModelContractError, match=r"^states_fn returned h_2, which the logits "
+                                                 r"are not computed from \(a copy"):
+        diagnose(net, x, y, states_fn=states)
+
+
+def test_detached_logits_are_named():
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+
+    def states(xb: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        hs, logits = net.states(xb)
+        return hs, logits.detach()
+
+    with pytest.raises(ModelContractError, match=r"^states_fn returned logits without a graph"):
+        diagnose(net, x, y, states_fn=states)

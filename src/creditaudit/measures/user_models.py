@@ -165,6 +165,7 @@ def probe_states(states_fn: StatesFn, x: Tensor, y: Tensor
     if logits.dim() != 2 or logits.shape[0] != xb.shape[0]:
         raise ModelContractError(f"states_fn must return logits of shape (batch, classes), "
                                  f"got {tuple(logits.shape)}")
+    check_states_reach_logits(states, logits)
     if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
         raise ModelContractError("states_fn gives NaN/Inf logits on the first evaluation "
                                  "samples (finite inputs): the model's weights hold NaN/Inf or "
@@ -176,6 +177,42 @@ def probe_states(states_fn: StatesFn, x: Tensor, y: Tensor
                                  f"{n_classes} logits: labels must be class indices "
                                  f"0 … {n_classes - 1}")
     return states, logits
+
+
+def check_states_reach_logits(states: list[Tensor], logits: Tensor) -> None:
+    """Every state must be a tensor the logits are computed from: a copy (``h.clone()``,
+    ``h.float()``, ``h.to(device)``) is in a graph but no gradient of the loss reaches it,
+    and (b) would fire on its zero gradients, blaming the network's weights. Read from the
+    autograd graph's nodes (no backward runs: the model's own is checked later)."""
+    if not logits.requires_grad:
+        raise ModelContractError(
+            "states_fn returned logits without a graph (detached): return the logits of the "
+            "forward pass itself (no .detach(), no torch.no_grad())")
+    nodes, leaves = _graph_below(logits.grad_fn)
+    for index, h in enumerate(states):
+        if (id(h) not in leaves) if h.grad_fn is None else (h.grad_fn not in nodes):
+            raise ModelContractError(
+                f"states_fn returned h_{index}, which the logits are not computed from (a "
+                "copy such as h.clone(), h.float() or h.to(device)?): return the tensors the "
+                "forward pass itself computes the logits from")
+
+
+def _graph_below(root: Any) -> tuple[set[Any], set[int]]:
+    """(the autograd nodes the node ``root`` is computed from, itself included; the ids of
+    the leaf tensors it accumulates into)."""
+    nodes: set[Any] = set()
+    leaves: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or node in nodes:
+            continue
+        nodes.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf tensor
+        if isinstance(variable, Tensor):
+            leaves.add(id(variable))
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return nodes, leaves
 
 
 def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: Tensor

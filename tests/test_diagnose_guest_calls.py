@@ -13,7 +13,7 @@ from torch import nn
 
 from creditaudit import diagnose
 from creditaudit.config import opt
-from creditaudit.errors import ModelContractError
+from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.protocol import Protocol, ProtocolDiagnostic
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -132,3 +132,27 @@ def test_detached_logits_are_named():
 
     with pytest.raises(ModelContractError, match=r"^states_fn returned logits without a graph"):
         diagnose(net, x, y, states_fn=states)
+
+
+def test_diagnose_inside_inference_mode_says_so_not_that_the_states_are_detached():
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+    with torch.inference_mode(), pytest.raises(ConfigError, match=r"^diagnose\(\) takes "
+                                                                  r"gradients of the loss, "
+                                                                  r"which torch.inference_mode"):
+        diagnose(net, x, y, states_fn=net.states)
+
+
+@pytest.mark.parametrize("made_inside", ["eval_x", "eval_y"])
+def test_evaluation_tensors_made_in_inference_mode_are_named(made_inside):
+    """They failed in torch's own RuntimeError from the first backward."""
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+    with torch.inference_mode():
+        inside = (x if made_inside == "eval_x" else y).clone()
+    given = {"eval_x": x, "eval_y": y, made_inside: inside}
+    with pytest.raises(ConfigError, match=rf"^{made_inside} was made inside "
+                                          r"torch.inference_mode\(\).*\.clone\(\)"):
+        diagnose(net, given["eval_x"], given["eval_y"], states_fn=net.states)

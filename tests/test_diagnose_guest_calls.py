@@ -156,3 +156,28 @@ def test_evaluation_tensors_made_in_inference_mode_are_named(made_inside):
     with pytest.raises(ConfigError, match=rf"^{made_inside} was made inside "
                                           r"torch.inference_mode\(\).*\.clone\(\)"):
         diagnose(net, given["eval_x"], given["eval_y"], states_fn=net.states)
+
+
+def test_metadata_naming_what_the_report_measures_is_refused():
+    """metadata={"frozen_acc": 0.3} put 0.300 in the report's frozen-acc column while (d)
+    said no frozen-blocks accuracy was given; n_samples named a count never evaluated."""
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+    for key, fix in (("frozen_acc", "pass frozen_acc="), ("n_samples", "the report measures")):
+        with pytest.raises(ConfigError, match=rf"^metadata\['{key}'\] is what the report "
+                                              rf"states itself \({fix}"):
+            diagnose(net, x, y, states_fn=net.states, headline_acc=0.5,
+                     metadata={"arch": "Net", key: 0.3})
+
+
+@pytest.mark.parametrize("metadata", [{"epoch": torch.tensor(3)}, {"terminal_ln": "yes"},
+                                      ["arch"]], ids=["tensor", "terminal_ln", "list"])
+def test_metadata_a_report_cannot_hold_is_refused_before_the_work(metadata):
+    """A tensor or numpy value made the report's JSON fail after the work was done, a
+    non-bool terminal_ln its text; a list was a ValueError from dict.update."""
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+    with pytest.raises(ConfigError, match=r"^metadata"):
+        diagnose(net, x, y, states_fn=net.states, metadata=metadata)

@@ -102,6 +102,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     in its own precision (the report's ``metrics_precision`` says which).
     ``metric_options`` are passed to :func:`diagnostics.quality.credit_quality`;
     ``progress`` (e.g. ``print``) receives one line as each metric stage starts.
+    ``metadata``: plain JSON values the report keeps (``{"arch": …, "dataset": …}``; a
+    ``terminal_ln`` bool overrides the model's own); a key the report states itself
+    (``headline_acc``, ``frozen_acc``, ``n_samples``, ``thresholds``, …) is refused.
 
     Bad arguments raise a one-line ModelContractError or ConfigError naming the argument,
     from a two-sample probe before any real work; an exception your own ``credit`` or
@@ -128,7 +131,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                              forward_from=forward_from, thresholds=thresholds,
                              protocol=protocol, metrics=metrics, metric_options=metric_options,
                              initial_hidden_norms=initial_hidden_norms,
-                             headline_acc=headline_acc, frozen_acc=frozen_acc)
+                             headline_acc=headline_acc, frozen_acc=frozen_acc,
+                             metadata=metadata)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     watch = (data_left_alone((eval_x, eval_y), _suspects(model, credit, args),
                              "diagnose() measured them", data="eval_x or eval_y",

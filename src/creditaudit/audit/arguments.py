@@ -8,12 +8,14 @@ Each check raises a one-line :class:`~creditaudit.errors.ConfigError` or
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ConfigError, ModelContractError
@@ -48,11 +50,13 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                       metric_options: dict[str, Any] | None,
                       initial_hidden_norms: Sequence[float] | None,
                       headline_acc: float | None = None,
-                      frozen_acc: float | None = None) -> Arguments:
+                      frozen_acc: float | None = None,
+                      metadata: Mapping[str, Any] | None = None) -> Arguments:
     """``diagnose``'s arguments (as it documents them) checked, with their defaults."""
     # the accuracies before the metrics' minutes, not when the report is assembled
     check_fraction("headline_acc", headline_acc)
     check_fraction("frozen_acc", frozen_acc)
+    check_metadata(metadata)
     if protocol is not None and not isinstance(protocol, Protocol):
         raise ConfigError(f"protocol= must be a creditaudit.protocol.Protocol (e.g. "
                           f"Protocol.from_config(config.diagnostics)) or None for the built-in "
@@ -74,6 +78,7 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
         states_fn = model.forward_states  # type: ignore[assignment]
     check_inputs(model, eval_x, eval_y)
     check_same_device(model, eval_x, eval_y)
+    check_gradients_possible(eval_x, eval_y)
     if isinstance(credit, CreditRule) and credit.model is not model:
         raise ModelContractError(
             f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "
@@ -143,6 +148,57 @@ def check_metric_option(name: str, value: Any) -> None:
     if not valid(value):
         raise ConfigError(f"metric_options[{name!r}] must be {want}, got "
                           f"{type(value).__name__} {value!r:.40}")
+
+
+# Metadata the report states of what it measured: a caller's value would contradict it
+# (metadata={"frozen_acc": 0.3} showed a frozen accuracy that (d) was never given).
+MEASURED_METADATA = {"headline_acc": "pass headline_acc=", "frozen_acc": "pass frozen_acc=",
+                     "thresholds": "pass thresholds=", "protocol": "pass protocol="}
+MEASURED_METADATA.update({key: "the report measures it" for key in (
+    "n_samples", "layout", "headline_gamma_aggregation", "reference_check",
+    "metrics_precision")})
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> None:
+    """A one-line ConfigError unless ``metadata`` is a dict of plain JSON values (what a
+    report's JSON holds) naming none of what the report measures itself, with
+    ``terminal_ln`` (when given) True, False or None."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        raise ConfigError(f"metadata= must be a dict of names to plain values (e.g. "
+                          f"{{'arch': 'MyNet d=128'}}) or None, got {metadata!r:.60}")
+    for key, value in metadata.items():
+        if key in MEASURED_METADATA:
+            raise ConfigError(f"metadata[{key!r}] is what the report states itself "
+                              f"({MEASURED_METADATA[key]}): leave it out of metadata=")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"metadata[{key!r}] must be a plain JSON value (a str, number, "
+                              f"bool, None, list or dict of them: the report's JSON holds "
+                              f"it; e.g. float(value)), got {type(value).__name__} "
+                              f"{value!r:.40}") from None
+    terminal_ln = metadata.get("terminal_ln")
+    if terminal_ln is not None and not isinstance(terminal_ln, bool):
+        raise ConfigError(f"metadata['terminal_ln'] must be True, False or None (whether the "
+                          f"model ends in a LayerNorm), got {metadata['terminal_ln']!r:.40}")
+
+
+def check_gradients_possible(eval_x: Tensor, eval_y: Tensor) -> None:
+    """A one-line ConfigError unless autograd can take gradients here: not inside
+    ``torch.inference_mode()`` (a states_fn's states would come back without a graph), nor
+    of evaluation tensors made inside it (torch refuses to save them for backward)."""
+    if torch.is_inference_mode_enabled():
+        raise ConfigError("diagnose() takes gradients of the loss, which torch.inference_mode() "
+                          "turns off: call it outside inference mode (torch.no_grad() around "
+                          "it is fine)")
+    for name, tensor in (("eval_x", eval_x), ("eval_y", eval_y)):
+        if tensor.is_inference():
+            raise ConfigError(f"{name} was made inside torch.inference_mode(), and autograd "
+                              f"cannot take gradients through such a tensor: pass "
+                              f"{name}.clone() made outside inference mode (or make it under "
+                              "torch.no_grad() instead)")
 
 
 def check_norms(name: str, norms: Sequence[float] | None) -> list[float] | None:

@@ -13,7 +13,8 @@
 5. **metrics** — optionally the credit-quality block (ρ, nudging, the fresh-feedback null);
 6. **report** — the protocol evaluated on them (:func:`creditaudit.protocol.evaluate_protocol`).
 
-Steps 2–5 run in eval mode under a forked RNG. ``creditaudit.diagnose`` is this function.
+Steps 2–5 run in eval mode under a forked RNG, step 6 under one too (a plugin diagnostic
+may draw from it). ``creditaudit.diagnose`` is this function.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from creditaudit.measures.reference_check import (
 from creditaudit.measures.reference_modules import FIX
 from creditaudit.measures.user_models import (
     ForwardFrom,
+    check_credit_output,
     check_credits,
     check_forward_from,
     dtype_name,
@@ -100,6 +102,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     in its own precision (the report's ``metrics_precision`` says which).
     ``metric_options`` are passed to :func:`diagnostics.quality.credit_quality`;
     ``progress`` (e.g. ``print``) receives one line as each metric stage starts.
+    ``metadata``: plain JSON values the report keeps (``{"arch": …, "dataset": …}``; a
+    ``terminal_ln`` bool overrides the model's own); a key the report states itself
+    (``headline_acc``, ``frozen_acc``, ``n_samples``, ``thresholds``, …) is refused.
 
     Bad arguments raise a one-line ModelContractError or ConfigError naming the argument,
     from a two-sample probe before any real work; an exception your own ``credit`` or
@@ -126,7 +131,8 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                              forward_from=forward_from, thresholds=thresholds,
                              protocol=protocol, metrics=metrics, metric_options=metric_options,
                              initial_hidden_norms=initial_hidden_norms,
-                             headline_acc=headline_acc, frozen_acc=frozen_acc)
+                             headline_acc=headline_acc, frozen_acc=frozen_acc,
+                             metadata=metadata)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     watch = (data_left_alone((eval_x, eval_y), _suspects(model, credit, args),
                              "diagnose() measured them", data="eval_x or eval_y",
@@ -134,18 +140,20 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                                    "diagnose() stops")
              if watch_data else contextlib.nullcontext())
     with measurement_mode(model), torch.random.fork_rng(devices=devices), watch:
-        logits = _probe(args, credit, eval_x, eval_y, metrics=metrics)
+        logits, layout = _probe(args, credit, eval_x, eval_y, metrics=metrics)
         reference = (checked_reference(model, args.states_fn, eval_x, eval_y,
                                        forward_from=args.forward_from,
                                        allow=allow_unverified_reference, fix=reference_fix)
                      if verify_reference else SKIPPED)
-        measured = _credit(model, credit, args, eval_x, eval_y)
+        measured = _credit(model, credit, args, eval_x, eval_y, layout)
         quality, precision = (_metrics(measured, logits, args, eval_x, eval_y, progress)
                               if metrics else (None, None))
     meta, terminal_ln = _metadata(model, measured.rule, precision, metadata)
-    return _report(measured, meta, terminal_ln, reference, args, quality=quality,
-                   headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol,
-                   trained=trained)
+    # under the forked RNG too: a plugin diagnostic may draw from it
+    with torch.random.fork_rng(devices=devices):
+        return _report(measured, meta, terminal_ln, reference, args, quality=quality,
+                       headline_acc=headline_acc, frozen_acc=frozen_acc, protocol=protocol,
+                       trained=trained)
 
 
 def _suspects(model: nn.Module, credit: CreditRule | CreditFn | None, args: Arguments
@@ -174,9 +182,10 @@ def _qualname(fn: Any) -> str:
 
 
 def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor,
-           eval_y: Tensor, *, metrics: bool) -> Tensor:
+           eval_y: Tensor, *, metrics: bool) -> tuple[Tensor, list[tuple[Any, Any]]]:
     """Step 2: the user's functions on two samples (one-line errors naming the one at
-    fault); returns the probe's logits ``(2, C)``, whose dtype is the model's precision."""
+    fault); returns the probe's logits ``(2, C)``, whose dtype is the model's precision,
+    and each state's one-sample shape and device (what a credit function must return)."""
     states, logits = probe_states(args.states_fn, eval_x, eval_y)
     if args.initial is not None and len(args.initial) != len(states):
         raise ConfigError(f"initial_hidden_norms holds {len(args.initial)} norms but the model "
@@ -186,19 +195,26 @@ def _probe(args: Arguments, credit: CreditRule | CreditFn | None, eval_x: Tensor
         check_forward_from(args.forward_from, states, logits)
     if credit is not None and not isinstance(credit, CreditRule):
         check_credits(credit, eval_x, eval_y, states)
-    return logits
+    return logits, [(h.shape[1:], h.device) for h in states]
 
 
 class _FunctionCredit:
-    """Adapts a credit function ``(x, y) -> [a_0 … a_L]`` to the rule interface."""
+    """Adapts a credit function ``(x, y) -> [a_0 … a_L]`` to the rule interface; what it
+    returns on every batch is checked against ``layout`` (each state's one-sample shape and
+    device, as probed), as it was on the probe's two samples."""
 
     name = "custom"
 
-    def __init__(self, model: nn.Module, fn: CreditFn) -> None:
-        self.model, self.fn = model, fn
+    def __init__(self, model: nn.Module, fn: CreditFn, layout: list[tuple[Any, Any]]
+                 ) -> None:
+        self.model, self.fn, self.layout = model, fn, layout
 
     def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
-        return [a.detach() for a in self.fn(x, y)]
+        out = self.fn(x, y)
+        check_credit_output(out, [((x.shape[0], *shape), device)
+                                  for shape, device in self.layout],
+                            batch=f" on a batch of {x.shape[0]} samples")
+        return [a.detach() for a in out]
 
 
 @dataclass
@@ -214,9 +230,9 @@ class _Measured:
 
 
 def _credit(model: nn.Module, credit: CreditRule | CreditFn | None, args: Arguments,
-            eval_x: Tensor, eval_y: Tensor) -> _Measured:
+            eval_x: Tensor, eval_y: Tensor, layout: list[tuple[Any, Any]]) -> _Measured:
     """Step 4: the state gradients g_l, and the credit a_l as a rule with its summaries."""
-    rule, work = _credit_and_model(model, credit, args.states_fn, args.forward_from)
+    rule, work = _credit_and_model(model, credit, args.states_fn, args.forward_from, layout)
     sg = state_gradients(args.states_fn, eval_x, eval_y)
     summaries = None
     if isinstance(rule, CreditRule):
@@ -227,8 +243,8 @@ def _credit(model: nn.Module, credit: CreditRule | CreditFn | None, args: Argume
 
 
 def _credit_and_model(model: nn.Module, credit: CreditRule | CreditFn | None,
-                      states_fn: StatesFn, forward_from: ForwardFrom | None
-                      ) -> tuple[Any, nn.Module]:
+                      states_fn: StatesFn, forward_from: ForwardFrom | None,
+                      layout: list[tuple[Any, Any]]) -> tuple[Any, nn.Module]:
     """(the credit as a rule, the module the metrics run): the model itself when it is a
     contract model run through its own methods, else the model behind a StatesNet."""
     if isinstance(credit, CreditRule):
@@ -238,7 +254,7 @@ def _credit_and_model(model: nn.Module, credit: CreditRule | CreditFn | None,
     work: nn.Module = model
     if not own and forward_from is not None:
         work = StatesNet(model, states_fn, forward_from)
-    return (_FunctionCredit(work, credit) if credit is not None else None), work
+    return (_FunctionCredit(work, credit, layout) if credit is not None else None), work
 
 
 def _metrics(measured: _Measured, logits: Tensor, args: Arguments, eval_x: Tensor,

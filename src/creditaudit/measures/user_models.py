@@ -165,6 +165,7 @@ def probe_states(states_fn: StatesFn, x: Tensor, y: Tensor
     if logits.dim() != 2 or logits.shape[0] != xb.shape[0]:
         raise ModelContractError(f"states_fn must return logits of shape (batch, classes), "
                                  f"got {tuple(logits.shape)}")
+    check_states_reach_logits(states, logits)
     if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
         raise ModelContractError("states_fn gives NaN/Inf logits on the first evaluation "
                                  "samples (finite inputs): the model's weights hold NaN/Inf or "
@@ -176,6 +177,42 @@ def probe_states(states_fn: StatesFn, x: Tensor, y: Tensor
                                  f"{n_classes} logits: labels must be class indices "
                                  f"0 … {n_classes - 1}")
     return states, logits
+
+
+def check_states_reach_logits(states: list[Tensor], logits: Tensor) -> None:
+    """Every state must be a tensor the logits are computed from: a copy (``h.clone()``,
+    ``h.float()``, ``h.to(device)``) is in a graph but no gradient of the loss reaches it,
+    and (b) would fire on its zero gradients, blaming the network's weights. Read from the
+    autograd graph's nodes (no backward runs: the model's own is checked later)."""
+    if not logits.requires_grad:
+        raise ModelContractError(
+            "states_fn returned logits without a graph (detached): return the logits of the "
+            "forward pass itself (no .detach(), no torch.no_grad())")
+    nodes, leaves = _graph_below(logits.grad_fn)
+    for index, h in enumerate(states):
+        if (id(h) not in leaves) if h.grad_fn is None else (h.grad_fn not in nodes):
+            raise ModelContractError(
+                f"states_fn returned h_{index}, which the logits are not computed from (a "
+                "copy such as h.clone(), h.float() or h.to(device)?): return the tensors the "
+                "forward pass itself computes the logits from")
+
+
+def _graph_below(root: Any) -> tuple[set[Any], set[int]]:
+    """(the autograd nodes the node ``root`` is computed from, itself included; the ids of
+    the leaf tensors it accumulates into)."""
+    nodes: set[Any] = set()
+    leaves: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or node in nodes:
+            continue
+        nodes.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf tensor
+        if isinstance(variable, Tensor):
+            leaves.add(id(variable))
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return nodes, leaves
 
 
 def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: Tensor
@@ -205,18 +242,26 @@ def check_forward_from(forward_from: ForwardFrom, states: list[Tensor], logits: 
 def check_credits(credit: CreditFn, x: Tensor, y: Tensor, states: list[Tensor]) -> None:
     """A credit function must return one tensor per state, shaped like the state and on
     its device (a credit moved to the CPU met the GPU's gradients in torch's own error)."""
-    out = credit(x[:PROBE], y[:PROBE])
+    check_credit_output(credit(x[:PROBE], y[:PROBE]), [(h.shape, h.device) for h in states])
+
+
+def check_credit_output(out: Any, states: Sequence[tuple[tuple[int, ...], torch.device]],
+                        *, batch: str = "") -> None:
+    """What a credit function returned must be one tensor per state, of that state's
+    ``(shape, device)`` in ``states``; else a one-line ModelContractError naming the credit
+    (``batch``: which call it was, when not the two-sample probe)."""
     if not isinstance(out, list | tuple) or len(out) != len(states):
-        raise ModelContractError(f"credit(x, y) must return {len(states)} tensors [a_0, …, "
-                                 f"a_{len(states) - 1}], one per state, got {_describe(out)}")
-    for index, (a, h) in enumerate(zip(out, states)):
-        if not isinstance(a, Tensor) or a.shape != h.shape:
-            raise ModelContractError(f"credit(x, y)[{index}] must have the shape of h_{index} "
-                                     f"{tuple(h.shape)}, got {_describe(a)}")
-        if a.device != h.device:
-            raise ModelContractError(f"credit(x, y)[{index}] is on {a.device} but h_{index} "
-                                     f"is on {h.device}: return each credit on its state's "
-                                     f"device (a.to({str(h.device)!r}))")
+        raise ModelContractError(f"credit(x, y){batch} must return {len(states)} tensors "
+                                 f"[a_0, …, a_{len(states) - 1}], one per state, got "
+                                 f"{_describe(out)}")
+    for index, (a, (shape, device)) in enumerate(zip(out, states)):
+        if not isinstance(a, Tensor) or a.shape != shape:
+            raise ModelContractError(f"credit(x, y)[{index}]{batch} must have the shape of "
+                                     f"h_{index} {tuple(shape)}, got {_describe(a)}")
+        if a.device != device:
+            raise ModelContractError(f"credit(x, y)[{index}]{batch} is on {a.device} but "
+                                     f"h_{index} is on {device}: return each credit on its "
+                                     f"state's device (a.to({str(device)!r}))")
 
 
 def _describe(value: Any) -> str:

@@ -130,3 +130,15 @@ def test_an_empty_table_of_an_unknown_name_is_said_as_unknown(tmp_path: Path):
     sweep.write_text("[grids]\n")
     with pytest.raises(ConfigError, match="unknown table 'grids'"):
         load_sweep(sweep)
+
+
+def test_a_toml_config_named_json_is_read_as_toml(tmp_path: Path):
+    """--config FILE.json holding TOML was refused as "is JSON but not a readable run record
+    (… not JSON …)": a JSON file it is not; a config it is."""
+    config = RunConfig().replace(**{"method.name": "dfa", "optim.epochs": 2})
+    path = tmp_path / "my_run.json"
+    path.write_text(config_to_toml(config))
+    assert load_config_file(path) == config
+    path.write_text('{"config": ')  # a cut record stays a record's error
+    with pytest.raises(ConfigError, match="not a readable creditaudit run record"):
+        load_config_file(path)

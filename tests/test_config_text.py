@@ -142,3 +142,11 @@ def test_a_toml_config_named_json_is_read_as_toml(tmp_path: Path):
     path.write_text('{"config": ')  # a cut record stays a record's error
     with pytest.raises(ConfigError, match="not a readable creditaudit run record"):
         load_config_file(path)
+
+
+def test_a_diagnostics_table_set_to_none_is_told_it_is_a_table():
+    """``--set diagnostics.a=none`` was told "must be a GrowthOptions": a Python class name
+    no config shows; the key is a table of options."""
+    with pytest.raises(ConfigError, match=r"^diagnostics\.a must be a table of options, "
+                                          r"got none$"):
+        apply_overrides(RunConfig(), {"diagnostics.a": None})

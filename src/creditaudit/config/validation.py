@@ -48,6 +48,8 @@ _KINDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "
 
 def _type_name(tp: Any) -> str:
     """``tp`` (a field's type, not optional) as a refusal names it: "an integer", …"""
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # [diagnostics.a]'s options
+        return "a table of options"
     name = getattr(typing.get_origin(tp) or tp, "__name__", str(tp))
     return _KINDS.get(name, f"a {name}")
 

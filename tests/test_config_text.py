@@ -150,3 +150,24 @@ def test_a_diagnostics_table_set_to_none_is_told_it_is_a_table():
     with pytest.raises(ConfigError, match=r"^diagnostics\.a must be a table of options, "
                                           r"got none$"):
         apply_overrides(RunConfig(), {"diagnostics.a": None})
+
+
+@pytest.mark.parametrize("key", ["optim.lr", "method.penalty", "diagnostics.a.growth"])
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_an_integer_past_a_float_is_not_a_finite_number(key: str, sign: str):
+    """TOML reads integers of any length: ``--set optim.lr=1000…0`` (400 digits) was an
+    internal OverflowError converting it to a float."""
+    _, value = parse_override(f"{key}={sign}1{'0' * 400}")
+    with pytest.raises(ConfigError, match=r"is not a finite number; give a finite value$"):
+        apply_overrides(RunConfig(), {key: value})
+
+
+@pytest.mark.parametrize("key", ["model.d", "data.in_dim", "data.n_train", "optim.epochs"])
+def test_an_integer_past_64_bits_is_refused(key: str):
+    """Past TOML's 64-bit integers (which torch's sizes are too) ``data.n_train`` and
+    ``data.in_dim`` were internal errors (an OverflowError, a TypeError of torch) once the
+    run was planned; a 64-bit value stays accepted."""
+    _, value = parse_override(f"{key}={2**63}")
+    with pytest.raises(ConfigError, match=r"is out of range; it must be a 64-bit integer"):
+        apply_overrides(RunConfig(), {key: value})
+    assert apply_overrides(RunConfig(), {"optim.epochs": 2**63 - 1}).optim.epochs == 2**63 - 1

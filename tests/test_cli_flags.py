@@ -242,3 +242,12 @@ def test_a_record_of_stop_on_walkback_without_the_protocol_still_reads():
     raw = RunConfig().to_dict()
     raw["diagnostics"].update(stop_on_walkback=True, protocol_every=0)
     assert config_from_dict(raw, strict=False).diagnostics.stop_on_walkback is True
+
+
+def test_demo_refuses_a_count_past_64_bits_naming_its_flag(capsys, tmp_path):
+    """``demo --epochs 10**30`` has no upper bound of its own: it reached the config and was
+    refused naming optim.epochs, a key demo has no flag for (before the 64-bit bound, it
+    was accepted and the demo trained its runs on for ever)."""
+    assert main(["demo", "--epochs", str(10**30), "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "argument --epochs: ", "is out of range")

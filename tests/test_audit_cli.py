@@ -261,12 +261,16 @@ def test_load_run_names_the_folder_it_read_not_the_one_recorded(runs, tmp_path):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
-def test_audit_on_a_missing_gpu_names_its_own_option(tmp_path, capsys):
+def test_audit_on_a_missing_gpu_names_its_own_option(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["audit", str(tmp_path), "--device", "cuda"]) == 2
     out, err = capsys.readouterr()
     (line,) = [text for text in (out + err).splitlines() if text.strip()]
-    assert "device='cuda' but no CUDA device is available; use --device cpu" in line
-    assert "run.device" not in line
+    # the flag as the command line spells it, not audit_run's argument device='cuda'
+    assert "--device cuda but no CUDA device is available; use --device cpu" in line
+    assert "run.device" not in line and "device='cuda'" not in line
 
 
 @pytest.mark.parametrize("method, options", [

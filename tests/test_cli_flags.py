@@ -219,3 +219,35 @@ def test_the_stack_help_says_what_sweeps_md_and_the_refusal_say():
                  if isinstance(a, argparse._SubParsersAction)).choices["sweep"]
     stack = next(a for a in sweep._actions if "--stack" in a.option_strings)
     assert "local executor only" in stack.help and "not yet measured" not in stack.help
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--stop-on-walkback", "--set", "diagnostics.protocol_every=0"], "--stop-on-walkback: "),
+    (["--set", "diagnostics.stop_on_walkback=true", "--set", "diagnostics.protocol_every=0"],
+     "error: diagnostics.stop_on_walkback=true"),
+])
+def test_stop_on_walkback_without_the_protocol_is_refused(argv, flag, capsys):
+    """With the protocol off (protocol_every=0) no verdict is ever reached: the run was
+    trained to the end under another run id, the stop asked for accepted and never acted
+    on."""
+    assert main(["train", *argv, "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, flag, "diagnostics.protocol_every=0 turns the protocol off")
+
+
+def test_a_record_of_stop_on_walkback_without_the_protocol_still_reads():
+    """The refusal is a config's: a run recorded with the pair before it stays readable."""
+    from creditaudit.config import RunConfig, config_from_dict
+
+    raw = RunConfig().to_dict()
+    raw["diagnostics"].update(stop_on_walkback=True, protocol_every=0)
+    assert config_from_dict(raw, strict=False).diagnostics.stop_on_walkback is True
+
+
+def test_demo_refuses_a_count_past_64_bits_naming_its_flag(capsys, tmp_path):
+    """``demo --epochs 10**30`` has no upper bound of its own: it reached the config and was
+    refused naming optim.epochs, a key demo has no flag for (before the 64-bit bound, it
+    was accepted and the demo trained its runs on for ever)."""
+    assert main(["demo", "--epochs", str(10**30), "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "argument --epochs: ", "is out of range")

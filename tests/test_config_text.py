@@ -130,3 +130,44 @@ def test_an_empty_table_of_an_unknown_name_is_said_as_unknown(tmp_path: Path):
     sweep.write_text("[grids]\n")
     with pytest.raises(ConfigError, match="unknown table 'grids'"):
         load_sweep(sweep)
+
+
+def test_a_toml_config_named_json_is_read_as_toml(tmp_path: Path):
+    """--config FILE.json holding TOML was refused as "is JSON but not a readable run record
+    (… not JSON …)": a JSON file it is not; a config it is."""
+    config = RunConfig().replace(**{"method.name": "dfa", "optim.epochs": 2})
+    path = tmp_path / "my_run.json"
+    path.write_text(config_to_toml(config))
+    assert load_config_file(path) == config
+    path.write_text('{"config": ')  # a cut record stays a record's error
+    with pytest.raises(ConfigError, match="not a readable creditaudit run record"):
+        load_config_file(path)
+
+
+def test_a_diagnostics_table_set_to_none_is_told_it_is_a_table():
+    """``--set diagnostics.a=none`` was told "must be a GrowthOptions": a Python class name
+    no config shows; the key is a table of options."""
+    with pytest.raises(ConfigError, match=r"^diagnostics\.a must be a table of options, "
+                                          r"got none$"):
+        apply_overrides(RunConfig(), {"diagnostics.a": None})
+
+
+@pytest.mark.parametrize("key", ["optim.lr", "method.penalty", "diagnostics.a.growth"])
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_an_integer_past_a_float_is_not_a_finite_number(key: str, sign: str):
+    """TOML reads integers of any length: ``--set optim.lr=1000…0`` (400 digits) was an
+    internal OverflowError converting it to a float."""
+    _, value = parse_override(f"{key}={sign}1{'0' * 400}")
+    with pytest.raises(ConfigError, match=r"is not a finite number; give a finite value$"):
+        apply_overrides(RunConfig(), {key: value})
+
+
+@pytest.mark.parametrize("key", ["model.d", "data.in_dim", "data.n_train", "optim.epochs"])
+def test_an_integer_past_64_bits_is_refused(key: str):
+    """Past TOML's 64-bit integers (which torch's sizes are too) ``data.n_train`` and
+    ``data.in_dim`` were internal errors (an OverflowError, a TypeError of torch) once the
+    run was planned; a 64-bit value stays accepted."""
+    _, value = parse_override(f"{key}={2**63}")
+    with pytest.raises(ConfigError, match=r"is out of range; it must be a 64-bit integer"):
+        apply_overrides(RunConfig(), {key: value})
+    assert apply_overrides(RunConfig(), {"optim.epochs": 2**63 - 1}).optim.epochs == 2**63 - 1

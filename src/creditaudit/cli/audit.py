@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from creditaudit.cli.common import folder, output_file
+from creditaudit.cli.common import folder, output_file, refusals_in_flags
 from creditaudit.config import DEVICES
 from creditaudit.report.protocol import FORMATS, render_latex
 
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(Path(args.output))
         check_not_run_file(args.output)
     several = len(args.run_paths) > 1
+    device_flag = {"device": (args.device, f"--device {args.device}")}
 
     def progress(text: str) -> None:
         print(f"audit: {text}", file=sys.stderr, flush=True)
@@ -86,11 +87,14 @@ def run(args: argparse.Namespace) -> int:
         if several and not args.quiet:
             progress(f"run {run_path}")
         try:
-            report = audit_run(run_path, frozen=args.frozen,
-                               frozen_from_runs=args.frozen_from_runs, metrics=args.metrics,
-                               device=args.device, progress=None if args.quiet else progress,
-                               allow_unverified_reference=args.allow_unverified_reference,
-                               frozen_hint="pass --frozen RUN_OR_ACC", data_dir=args.data_dir)
+            with refusals_in_flags(device_flag):  # --device cuda, not device='cuda'
+                report = audit_run(run_path, frozen=args.frozen,
+                                   frozen_from_runs=args.frozen_from_runs,
+                                   metrics=args.metrics, device=args.device,
+                                   progress=None if args.quiet else progress,
+                                   allow_unverified_reference=args.allow_unverified_reference,
+                                   frozen_hint="pass --frozen RUN_OR_ACC",
+                                   data_dir=args.data_dir)
         except CreditAuditError as err:
             if not several:
                 raise

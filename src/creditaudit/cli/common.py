@@ -21,6 +21,7 @@ from creditaudit.config import (
     config_help,
     parse_override,
 )
+from creditaudit.config.validation import INT64
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES, Registry
 
@@ -40,15 +41,17 @@ def finite_float(text: str) -> float:
 def whole_number(minimum: int, maximum: int | None = None) -> Any:
     """argparse type of an integer option with the bounds of the config key it sets, for a
     command without ``--set`` (``demo --epochs``): a value out of them is refused naming
-    the flag, not a config key the command has no flag for."""
+    the flag, not a config key the command has no flag for. Without ``maximum``, a config's
+    largest integer (64 bits) is the bound."""
+    maximum = INT64 if maximum is None else maximum
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            bounds = f">= {minimum}" if maximum is None else f"in {minimum} … {maximum}"
+        if value < minimum or value > maximum:
+            bounds = f">= {minimum}" if value < minimum else f"in {minimum} … {maximum}"
             raise argparse.ArgumentTypeError(f"{value} is out of range; it must be {bounds}")
         return value
 

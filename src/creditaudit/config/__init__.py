@@ -117,18 +117,26 @@ def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
         sections = {name: section_from_dict(name, raw.get(name, {}), strict, dropped)
                     for name in SECTION_TYPES}
     config = RunConfig(**sections)
-    _check_consistency(config)
+    _check_consistency(config, strict)
     return config
 
 
-def _check_consistency(config: RunConfig) -> None:
+def _check_consistency(config: RunConfig, strict: bool = True) -> None:
     """Cross-field rules that single-field validation cannot see (a component's own rules
-    are checked where the component is resolved: :func:`creditaudit.run.plan.plan_run`)."""
+    are checked where the component is resolved: :func:`creditaudit.run.plan.plan_run`).
+    ``strict`` (a config given now, not a record): also refuse a value the run would accept
+    and never act on."""
     tb = config.method.trainable_blocks
     n_blocks = getattr(config.model, "n_blocks", None)
     if tb is not None and isinstance(n_blocks, int) and tb > n_blocks:
         raise ConfigError(f"method.trainable_blocks={tb} exceeds model.n_blocks={n_blocks}; "
                           f"use 0…{n_blocks}")
+    diagnostics = config.diagnostics
+    if strict and diagnostics.stop_on_walkback and diagnostics.protocol_every == 0:
+        raise ConfigError("diagnostics.stop_on_walkback=true stops on the protocol's verdict, "
+                          "but diagnostics.protocol_every=0 turns the protocol off, so the "
+                          "run would never stop early: set diagnostics.protocol_every to 1 "
+                          "or more, or drop stop_on_walkback")
 
 
 def config_to_toml(config: RunConfig) -> str:

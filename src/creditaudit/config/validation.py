@@ -48,9 +48,14 @@ _KINDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "
 
 def _type_name(tp: Any) -> str:
     """``tp`` (a field's type, not optional) as a refusal names it: "an integer", …"""
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # [diagnostics.a]'s options
+        return "a table of options"
     name = getattr(typing.get_origin(tp) or tp, "__name__", str(tp))
     return _KINDS.get(name, f"a {name}")
 
+
+# The largest integer a config holds: TOML's integers are 64-bit, and so are torch's sizes.
+INT64 = 2**63 - 1
 
 _HINTS: dict[type, dict[str, Any]] = {}
 
@@ -90,10 +95,16 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     elif base is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
+        if not -INT64 - 1 <= value <= INT64:  # TOML's integers (its reader takes any length)
+            raise ConfigError(f"{key}={value!r} is out of range; it must be a 64-bit integer "
+                              f"({-INT64 - 1} … {INT64})")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past float's range (TOML reads any length)
+            value = math.inf if value > 0 else -math.inf
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
     elif base is str and not isinstance(value, str):

@@ -189,8 +189,8 @@ def load_config_file(path: Path | str) -> RunConfig:
     config)."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
-    if path.suffix != ".json" and not text.lstrip().startswith("{"):
-        return load_config(path)
+    if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()):
+        return load_config(path)  # a TOML config, whatever its name (a .json that is not JSON)
     try:
         load_record(path, check_content=False)
     except NewerRecordError as err:  # a record, of a version that can read it

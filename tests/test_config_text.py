@@ -130,3 +130,18 @@ def test_an_empty_table_of_an_unknown_name_is_said_as_unknown(tmp_path: Path):
     sweep.write_text("[grids]\n")
     with pytest.raises(ConfigError, match="unknown table 'grids'"):
         load_sweep(sweep)
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("[optim]\nepochs = 1" + "0" * 400, "optim.epochs=100"),
+    ("[optim]\nlr = 1" + "0" * 400, "optim.lr=inf is not a finite number"),
+    ("[data]\nn_train = 99999999999999999999", "data.n_train=99999999999999999999 is out of"),
+])
+def test_an_integer_past_any_count_is_one_line_not_an_overflow(tmp_path: Path, line, said):
+    """TOML integers have no bound: 10**400 as optim.epochs or optim.lr was an internal
+    OverflowError (int too large to convert to float) once the run started, or at once."""
+    path = tmp_path / "config.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=said) as refused:
+        load_config(path)
+    assert len(str(refused.value)) < 300

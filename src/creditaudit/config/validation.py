@@ -14,6 +14,7 @@ import datetime
 import logging
 import math
 import os
+import reprlib
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from creditaudit.config.composed import (
 )
 from creditaudit.config.sections import (
     COMPONENT_NAME,
+    MAX_SEED,
     RETIRED_KEYS,
     SECTION_TYPES,
     legacy_default,
@@ -90,10 +92,13 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     elif base is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
+        if abs(value) > MAX_SEED:  # no count or seed is larger; 10**400 overflowed later
+            raise ConfigError(f"{key}={reprlib.repr(value)} is out of range; it must be at "
+                              f"most {MAX_SEED} (2**63 - 1) in size")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")
-        value = float(value)
+        value = float(value) if abs(value) <= 2**1023 else math.inf  # an int past float's
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
     elif base is str and not isinstance(value, str):

@@ -171,3 +171,18 @@ def test_an_integer_past_64_bits_is_refused(key: str):
     with pytest.raises(ConfigError, match=r"is out of range; it must be a 64-bit integer"):
         apply_overrides(RunConfig(), {key: value})
     assert apply_overrides(RunConfig(), {"optim.epochs": 2**63 - 1}).optim.epochs == 2**63 - 1
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("[optim]\nepochs = 1" + "0" * 400, "optim.epochs=100"),
+    ("[optim]\nlr = 1" + "0" * 400, "optim.lr=inf is not a finite number"),
+    ("[data]\nn_train = 99999999999999999999", "data.n_train=99999999999999999999 is out of"),
+])
+def test_an_integer_past_any_count_is_one_line_not_an_overflow(tmp_path: Path, line, said):
+    """TOML integers have no bound: 10**400 as optim.epochs or optim.lr was an internal
+    OverflowError (int too large to convert to float) once the run started, or at once."""
+    path = tmp_path / "config.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=said) as refused:
+        load_config(path)
+    assert len(str(refused.value)) < 300

@@ -356,7 +356,8 @@ def fake_record(method, seed, *, acc, gamma=0.5, fired="", growth=1.2, g_last=4e
     return RunRecord.from_dict({
         "schema": SCHEMA, "run_id": f"{method}-{penalty}-s{seed}", "config": config,
         "status": "completed", "log": [{"epoch": 0, "acc_eval": 0.1}, entry],
-        "final": {"test_acc": acc}, "diagnostics": {"gamma": {"samples_then_layers": gamma}},
+        "final": {"epochs_completed": 1, "test_acc": acc},
+        "diagnostics": {"gamma": {"samples_then_layers": gamma}},
         "protocol": {"epoch": 1, "verdict": verdict, "fired": fired_ids,
                      "report": report.to_dict()},
         "reference": VERIFIED})

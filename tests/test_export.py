@@ -332,11 +332,13 @@ def test_a_run_that_stopped_early_is_named_in_the_manifest_and_the_output(copies
     Recorder finished early) filled the files as if it were a whole run's: the manifest and
     the output name it, in the report's words."""
     from creditaudit.records import save_record
+    from creditaudit.run.results import final_results
 
     folder, runs = copies
     record = load_record(folder / runs["full"].run_id)
     record.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (a)"}
     record.log = [entry for entry in record.log if entry.epoch <= 1]
+    record.final = final_results(record.log)  # of its last epoch, as a stopped run's is
     save_record(tmp_path / "runs" / record.run_id, record)
     result = export(tmp_path / "runs", tmp_path / "out")
     note = (f"{record.run_id} stopped early at epoch 1: protocol verdict needs walk-back: "

@@ -60,7 +60,8 @@ def _record(method: str, extra: DiagnosticResult | None = None, model: str | Non
              "protocol": {r.id: r.status for r in results}}
     return RunRecord.from_dict(copy.deepcopy({
         "schema": SCHEMA, "run_id": f"{method}-s42", "config": config, "status": "completed",
-        "log": [{"epoch": 0, "acc_eval": 0.1}, entry], "final": {"test_acc": 0.5},
+        "log": [{"epoch": 0, "acc_eval": 0.1}, entry],
+        "final": {"epochs_completed": 1, "test_acc": 0.5},
         "diagnostics": {"gamma": {"samples_then_layers": 0.5}},
         "protocol": {"epoch": 1, "verdict": verdict, "fired": fired,
                      "report": report.to_dict()},

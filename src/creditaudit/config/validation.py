@@ -14,6 +14,7 @@ import datetime
 import logging
 import math
 import os
+import reprlib
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from creditaudit.config.composed import (
 )
 from creditaudit.config.sections import (
     COMPONENT_NAME,
+    MAX_SEED,
     RETIRED_KEYS,
     SECTION_TYPES,
     legacy_default,
@@ -54,8 +56,9 @@ def _type_name(tp: Any) -> str:
     return _KINDS.get(name, f"a {name}")
 
 
-# The largest integer a config holds: TOML's integers are 64-bit, and so are torch's sizes.
-INT64 = 2**63 - 1
+# The largest integer a config holds: TOML's integers are 64-bit, and so are torch's sizes
+# and seeds.
+INT64 = MAX_SEED
 
 _HINTS: dict[type, dict[str, Any]] = {}
 
@@ -96,8 +99,8 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         if not -INT64 - 1 <= value <= INT64:  # TOML's integers (its reader takes any length)
-            raise ConfigError(f"{key}={value!r} is out of range; it must be a 64-bit integer "
-                              f"({-INT64 - 1} … {INT64})")
+            raise ConfigError(f"{key}={reprlib.repr(value)} is out of range; it must be a "
+                              f"64-bit integer ({-INT64 - 1} … {INT64})")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")

@@ -107,6 +107,21 @@ class TooDeep(ValueError):
     """A JSON document nested deeper than the parser is allowed to go."""
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice (parsers disagree on which value counts)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for :func:`json.loads`: the object, or :class:`DuplicateKey`
+    when it names a key twice (Python keeps the last value, other readers the first)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"names the key {key!r} twice in one object")
+        out[key] = value
+    return out
+
+
 def nesting_depth(text: str) -> int:
     """How deeply arrays and objects nest in JSON ``text`` (0 for a bare value): the largest
     number of brackets open at once, brackets inside strings left out. Malformed text is

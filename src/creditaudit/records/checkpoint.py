@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,11 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
         kind = ("a folder" if path.is_dir() else "not a regular file (creditaudit reads only "
                 "regular files)" if path.exists() else "missing")
         raise RunRecordError(f"{what} {path} is {kind}")
+    inflated = _compressed_bytes(path)
+    if inflated:
+        raise RunRecordError(f"{what} {path} holds compressed entries ({inflated} bytes once "
+                             "inflated), which torch.save never writes: it is not a creditaudit "
+                             f"file; delete it or start the run again with {FORCE}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -72,6 +78,22 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
         raise RunRecordError(f"{what} {path} cannot be read ({reason[:120]}); it is "
                              "truncated or not a creditaudit file: start the run again with "
                              f"{FORCE}") from None
+
+
+def _compressed_bytes(path: Path) -> int:
+    """How many bytes the compressed entries of the zip archive at ``path`` inflate to (0
+    for none, or for a file that is not a zip archive: torch's reader says what is wrong
+    with it). torch.save stores every entry as it is, so a compressed one is another
+    tool's, and torch would inflate it in memory before finding it the wrong size (a
+    600 KB file can hold 512 MiB of zeros)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return 0
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist()
+                       if info.compress_type != zipfile.ZIP_STORED)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return 0
 
 
 def load_checkpoint(path: Path | str, *, map_location: Any = "cpu") -> dict[str, Any]:

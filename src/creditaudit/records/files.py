@@ -163,7 +163,10 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
         raise RunRecordError(f"run record {path} {err}; it was not written by creditaudit"
                              ) from None
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=strict_json.unique_keys)
+    except strict_json.DuplicateKey as err:
+        raise RunRecordError(f"run record {path} {err}; it was not written by creditaudit as "
+                             "it is") from None
     except ValueError as err:
         raise RunRecordError(f"run record {path} is truncated or not JSON ({err})"
                              ) from None

@@ -141,7 +141,12 @@ def _check_domain(value: Any, domain: FieldDomain, where: str, name: str,
             else:
                 _check_key(item, domain.get(key), where, f"{name}.{key}")
         return
-    number = as_number(value)
+    try:
+        number = as_number(value)
+    except OverflowError:  # an integer past float's range (10**400): no number we write
+        raise RunRecordError(f"{where}: {name} = {reprlib.repr(value)} is too large to be a "
+                             "number creditaudit wrote; the record was not written by "
+                             "creditaudit as it is") from None
     if not isinstance(domain, Domain):
         problem = f"{name} must be an object, got {reprlib.repr(value)}"
     elif number is None:

@@ -10,6 +10,7 @@ stored the copies and are read as they are.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from creditaudit.config import config_from_dict
@@ -90,6 +91,12 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
                                                  getattr(config.model, "factory", None)))
     except TypeError as err:
         raise RunRecordError(f"run record {where} has an unexpected field ({err})") from None
+    _check_epochs(log, final, raw["status"], config.optim.epochs, where)
+    for key, kind in _OPTIONAL.items():
+        if not isinstance(raw.get(key), kind):
+            raise RunRecordError(f"run record {where}: {key!r} has the wrong type "
+                                 f"({type(raw[key]).__name__}); the record was not written "
+                                 "by creditaudit as it is")
     diagnostics = EndOfRun.from_dict(raw["diagnostics"])
     _check_table_reasons(diagnostics.cosine_table, where)
     parts = [*((entry, f"log[{i}].") for i, entry in enumerate(log)), (final, "final."),
@@ -110,6 +117,12 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
 
 
 _OPTIONAL_INT, _OPTIONAL_STR = (int, type(None)), (str, type(None))
+# Keys a record may lack (absent reads as null), each of its kind: readers join the texts
+# and ask the objects for their keys (a list as ``stopped_early`` was an internal error).
+_OPTIONAL: dict[str, Any] = {
+    "created": _OPTIONAL_STR, "updated": _OPTIONAL_STR, "error": _OPTIONAL_STR,
+    "divergence": (dict, type(None)), "stopped_early": (dict, type(None)),
+}
 # What each field of the record's ``model`` and ``data`` holds: reports, figures and exports
 # join their texts and index their lists (a label of 5 was an internal error there).
 MODEL_KINDS: dict[str, Any] = {
@@ -134,6 +147,37 @@ def _typed(part: Any, kinds: dict[str, Any], where: str) -> Any:
             raise RunRecordError(f"{where}.{name} has the wrong type ({type(value).__name__}): "
                                  "the record was not written by creditaudit as it is")
     return part
+
+
+def _check_epochs(log: list[EpochEntry], final: FinalResults | None, status: str,
+                  epochs: int, where: str) -> None:
+    """The log's epochs each once, in increasing order, none past the run's ``epochs``
+    (``optim.epochs``); ``final`` of the last of them, its numbers from that epoch, or, for
+    a diverged run, from an earlier logged one: a record that says otherwise would show
+    another epoch's numbers as the run's."""
+    problem = None
+    numbers = [entry.epoch for entry in log]
+    later = next((i for i in range(1, len(numbers)) if numbers[i] <= numbers[i - 1]), None)
+    if later is not None:
+        problem = (f"log[{later}] is epoch {reprlib.repr(numbers[later])}, after epoch "
+                   f"{reprlib.repr(numbers[later - 1])}: each epoch is logged once, in order")
+    elif numbers and numbers[-1] > epochs:
+        problem = (f"log holds epoch {reprlib.repr(numbers[-1])}, past the run's "
+                   f"optim.epochs = {epochs}")
+    elif final is not None and numbers and final.epochs_completed != numbers[-1]:
+        problem = (f"final.epochs_completed = {reprlib.repr(final.epochs_completed)}, but the "
+                   f"last logged epoch is {numbers[-1]}")
+    elif final is not None and final.from_epoch is not None and status != "diverged":
+        problem = (f"final's numbers are from epoch {reprlib.repr(final.from_epoch)}, not the "
+                   f"last, though the run is {status} (only a diverged run's numbers come from "
+                   "an earlier epoch)")
+    elif final is not None and final.from_epoch is not None \
+            and final.from_epoch not in numbers[:-1]:
+        problem = (f"final's numbers are from epoch {reprlib.repr(final.from_epoch)}, which is "
+                   "not a logged epoch before the last")
+    if problem is not None:
+        raise RunRecordError(f"run record {where}: {problem}; the record was not written by "
+                             "creditaudit as it is")
 
 
 def _newer(schema: Any) -> bool:

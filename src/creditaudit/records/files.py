@@ -182,15 +182,16 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     return record
 
 
-def load_config_file(path: Path | str) -> RunConfig:
+def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
     """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
     config is taken, checked as a config file's; the record is validated like any other, but
     may have been edited: only its config is used, and the run it gives gets the id of that
-    config)."""
+    config). ``checked``: as :func:`~creditaudit.config.config_from_dict`'s."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
     if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()):
-        return load_config(path)  # a TOML config, whatever its name (a .json that is not JSON)
+        # a TOML config, whatever its name (a .json that is not JSON)
+        return load_config(path, checked=checked)
     try:
         load_record(path, check_content=False)
     except NewerRecordError as err:  # a record, of a version that can read it
@@ -203,7 +204,7 @@ def load_config_file(path: Path | str) -> RunConfig:
     # its keys are checked as a config file's (an edited key the rule does not read, or a
     # misspelt one, is refused, not dropped without a word).
     try:
-        return config_from_dict(strict_json.loads(text)["config"])
+        return config_from_dict(strict_json.loads(text)["config"], checked=checked)
     except ConfigError as err:
         raise ConfigError(f"config file {path} (a run record): {err}") from None
 

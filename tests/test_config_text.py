@@ -168,6 +168,20 @@ def test_an_integer_past_64_bits_is_refused(key: str):
     ``data.in_dim`` were internal errors (an OverflowError, a TypeError of torch) once the
     run was planned; a 64-bit value stays accepted."""
     _, value = parse_override(f"{key}={2**63}")
-    with pytest.raises(ConfigError, match=r"is out of range; it must be a 64-bit integer"):
+    with pytest.raises(ConfigError, match=r"is out of range; it must be <= "
+                       rf"{2**63 - 1} \(a 64-bit integer\)$"):
         apply_overrides(RunConfig(), {key: value})
     assert apply_overrides(RunConfig(), {"optim.epochs": 2**63 - 1}).optim.epochs == 2**63 - 1
+
+
+@pytest.mark.parametrize("key, value, bound", [
+    ("run.seed", 2**63, f"<= {2**63 - 1}"), ("run.seed", -(2**70), ">= 0"),
+    ("data.data_seed", -(2**64), ">= 0"), ("method.feedback_seed", 2**64, f"<= {2**63 - 1}"),
+])
+def test_an_integer_past_64_bits_is_told_its_keys_own_range(key: str, value: int, bound: str):
+    """A seed past 64 bits was told it 'must be a 64-bit integer (−9223372036854775808 …
+    9223372036854775807)', a range of negative seeds the key refuses next: the key's own
+    bounds are said first."""
+    with pytest.raises(ConfigError, match=rf"{key}={value} is out of range; it must be "
+                                          rf"{bound}$"):
+        apply_overrides(RunConfig(), {"method.name": "fa", key: value})

@@ -185,3 +185,13 @@ def test_an_integer_past_64_bits_is_told_its_keys_own_range(key: str, value: int
     with pytest.raises(ConfigError, match=rf"{key}={value} is out of range; it must be "
                                           rf"{bound}$"):
         apply_overrides(RunConfig(), {"method.name": "fa", key: value})
+
+
+def test_json_not_an_object_named_json_is_told_it_is_no_run_record(tmp_path: Path):
+    """A .json file of JSON that is not an object ([1, 2]) was read as TOML since TOML
+    configs named .json are, and told "is not valid TOML: Expected ']' …" — of a JSON file."""
+    path = tmp_path / "results.json"
+    path.write_text("[1, 2]\n")
+    with pytest.raises(ConfigError, match=r"is JSON but not a readable creditaudit run record "
+                                          r"\(run record .* must be a JSON object\)"):
+        load_config_file(path)

@@ -189,7 +189,8 @@ def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
     config). ``checked``: as :func:`~creditaudit.config.config_from_dict`'s."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
-    if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()):
+    if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()) \
+            and not (path.suffix == ".json" and _is_json(text)):
         # a TOML config, whatever its name (a .json that is not JSON)
         return load_config(path, checked=checked)
     try:
@@ -207,6 +208,16 @@ def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
         return config_from_dict(strict_json.loads(text)["config"], checked=checked)
     except ConfigError as err:
         raise ConfigError(f"config file {path} (a run record): {err}") from None
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``text`` parses as JSON (a .json file holding ``[1, 2]`` is told it is not a
+    run record, not that it is invalid TOML)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 _CACHE: dict[str, tuple[tuple[int, int, int], RunRecord]] = {}

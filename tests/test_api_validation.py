@@ -253,6 +253,18 @@ def test_diagnose_takes_the_accuracy_a_loop_computes_and_refuses_no_dict_of_opti
                  metric_options=[("rho_samples", 8)])
 
 
+def test_an_accuracy_on_the_meta_device_is_refused_in_one_line():
+    """A meta tensor holds no value: diagnose(headline_acc=…) (and the Recorder's numbers,
+    read alike) raised torch's RuntimeError 'Tensor.item() cannot be called on meta
+    tensors'."""
+    from creditaudit.scalar_values import recordable_number
+
+    meta = torch.tensor(0.5, device="meta")
+    assert recordable_number(meta) is None
+    with pytest.raises(ConfigError, match="must be an accuracy fraction in"):
+        diagnose(adapted(), X, Y, headline_acc=meta)
+
+
 @pytest.mark.parametrize("accuracies", [{"headline_acc": 74.1}, {"frozen_acc": 34.9}])
 def test_diagnose_refuses_a_percentage_before_the_metrics_run(accuracies):
     """An accuracy given in percent was refused only once the report was assembled, after

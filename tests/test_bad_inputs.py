@@ -730,3 +730,21 @@ def test_the_battery_is_large_and_covers_every_subcommand():
                "experiment", "export", "figures", "report", "demo", "train", "device"}
     assert covered <= firsts
     assert set(SUBCOMMANDS) <= firsts | {"train"}
+
+
+def test_a_record_of_stop_on_walkback_without_the_protocol_is_rerun_amended(world, tmp_path,
+                                                                            capsys):
+    """An earlier run recorded with --stop-on-walkback and protocol_every=0 (accepted then):
+    --config RUN/record.json is refused as the pair, and was refused all the same with the
+    amendment the refusal asks for; with it, the run's config is taken."""
+    def edit(record: dict) -> dict:
+        record["config"]["diagnostics"].update(stop_on_walkback=True, protocol_every=0)
+        return record
+
+    record = str(with_record(world, tmp_path, edit) / RECORD_FILE)
+    assert main(["train", "--config", record, "--print-config"]) == 2
+    assert "protocol_every=0 turns the protocol off" in capsys.readouterr().err
+    assert main(["train", "--config", record, "--set", "diagnostics.protocol_every=1",
+                 "--print-config"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "protocol_every = 1" in out and "stop_on_walkback = true" in out

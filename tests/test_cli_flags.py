@@ -235,6 +235,33 @@ def test_stop_on_walkback_without_the_protocol_is_refused(argv, flag, capsys):
     assert_one_line_error(out, err, flag, "diagnostics.protocol_every=0 turns the protocol off")
 
 
+@pytest.mark.parametrize("fix, want", [
+    ("diagnostics.protocol_every=1", "protocol_every = 1"),
+    ("diagnostics.stop_on_walkback=false", "stop_on_walkback = false"),
+])
+def test_a_config_file_with_stop_on_walkback_and_no_protocol_is_amended_by_set(
+        fix, want, tmp_path, capsys):
+    """The refusal says to set protocol_every or drop stop_on_walkback; a config file with
+    the pair (an earlier run's config.toml) amended with --set doing just that was refused
+    all the same, the file checked before the flags were laid over it."""
+    path = tmp_path / "config.toml"
+    path.write_text("[diagnostics]\nstop_on_walkback = true\nprotocol_every = 0\n")
+    assert main(["train", "--config", str(path), "--set", fix, "--print-config"]) == 0
+    assert want in capsys.readouterr().out.splitlines()
+    assert main(["train", "--config", str(path), "--print-config"]) == 2  # unamended
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "diagnostics.protocol_every=0 turns the protocol off")
+
+
+def test_a_config_file_past_its_blocks_is_amended_by_a_flag(tmp_path, capsys):
+    """method.trainable_blocks above model.n_blocks in the file, --blocks raising n_blocks:
+    the config the run gets is checked, not the file before the flag."""
+    path = tmp_path / "config.toml"
+    path.write_text("[method]\ntrainable_blocks = 6\n")
+    assert main(["train", "--config", str(path), "--blocks", "6", "--print-config"]) == 0
+    assert "trainable_blocks = 6" in capsys.readouterr().out.splitlines()
+
+
 def test_a_record_of_stop_on_walkback_without_the_protocol_still_reads():
     """The refusal is a config's: a run recorded with the pair before it stays readable."""
     from creditaudit.config import RunConfig, config_from_dict

@@ -168,7 +168,8 @@ def test_an_integer_past_64_bits_is_refused(key: str):
     ``data.in_dim`` were internal errors (an OverflowError, a TypeError of torch) once the
     run was planned; a 64-bit value stays accepted."""
     _, value = parse_override(f"{key}={2**63}")
-    with pytest.raises(ConfigError, match=r"is out of range; it must be a 64-bit integer"):
+    with pytest.raises(ConfigError, match=r"is out of range; it must be <= "
+                       rf"{2**63 - 1} \(a 64-bit integer\)$"):
         apply_overrides(RunConfig(), {key: value})
     assert apply_overrides(RunConfig(), {"optim.epochs": 2**63 - 1}).optim.epochs == 2**63 - 1
 
@@ -186,3 +187,26 @@ def test_an_integer_past_any_count_is_one_line_not_an_overflow(tmp_path: Path, l
     with pytest.raises(ConfigError, match=said) as refused:
         load_config(path)
     assert len(str(refused.value)) < 300
+
+
+@pytest.mark.parametrize("key, value, bound", [
+    ("run.seed", 2**63, f"<= {2**63 - 1}"), ("run.seed", -(2**70), ">= 0"),
+    ("data.data_seed", -(2**64), ">= 0"), ("method.feedback_seed", 2**64, f"<= {2**63 - 1}"),
+])
+def test_an_integer_past_64_bits_is_told_its_keys_own_range(key: str, value: int, bound: str):
+    """A seed past 64 bits was told it 'must be a 64-bit integer (−9223372036854775808 …
+    9223372036854775807)', a range of negative seeds the key refuses next: the key's own
+    bounds are said first."""
+    with pytest.raises(ConfigError, match=rf"{key}={value} is out of range; it must be "
+                                          rf"{bound}$"):
+        apply_overrides(RunConfig(), {"method.name": "fa", key: value})
+
+
+def test_json_not_an_object_named_json_is_told_it_is_no_run_record(tmp_path: Path):
+    """A .json file of JSON that is not an object ([1, 2]) was read as TOML since TOML
+    configs named .json are, and told "is not valid TOML: Expected ']' …" — of a JSON file."""
+    path = tmp_path / "results.json"
+    path.write_text("[1, 2]\n")
+    with pytest.raises(ConfigError, match=r"is JSON but not a readable creditaudit run record "
+                                          r"\(run record .* must be a JSON object\)"):
+        load_config_file(path)

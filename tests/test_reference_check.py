@@ -483,6 +483,35 @@ def test_a_correct_backward_on_real_images_with_a_constant_background_is_verifie
                                forward_from=model.forward_from).verified
 
 
+class _LeNet(nn.Module):
+    """conv → relu → 2×2 max-pool (h_0) → conv → relu → 2×2 max-pool (h_1) → linear, with
+    ``states`` and no ``forward_from``: the reference is checked module by module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.c2 = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(4 * 2 * 2, 3)
+
+    def states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        h0 = self.c1(x)
+        h1 = self.c2(h0)
+        return [h0, h1], self.head(h1.flatten(1))
+
+
+def test_a_max_pool_after_a_relu_is_verified_module_by_module():
+    """A ReLU's zeros tie the max-pool windows after it whatever the input (moving the
+    probes off ties moved the network's input only): a plain conv → ReLU → max-pool net
+    given with states_fn alone was refused as "the backward of module c2.2 (MaxPool2d) is
+    not the gradient of its forward"."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = _LeNet().eval()
+        x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 3, (16,))
+    check = check_reference(model, model.states, x, y)
+    assert check.verified and check.how == "modules", check
+
+
 def old_style_normed(kind: str) -> nn.Sequential:
     """A network with torch.nn.utils.weight_norm or spectral_norm on its middle Linear: its
     ``weight`` is a plain attribute the pre-hook recomputes before every forward."""

@@ -209,14 +209,17 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_file(path: str) -> RunConfig:
-    """The config of ``--config PATH`` (:func:`~creditaudit.records.load_config_file`).
+    """The config of ``--config PATH`` (:func:`~creditaudit.records.load_config_file`), its
+    rules between keys left to the flags and ``--set`` laid over it (``apply_overrides``
+    checks the config they give: a file's stop_on_walkback with protocol_every=0 is
+    amended by ``--set diagnostics.protocol_every=1``, as the refusal says).
     When that fails on a run record (or its folder) of a run that cannot be rebuilt — one
     recorded from a user's own loop, whose data (``own-data``) no config names — the line
     says so, as audit's does, instead of the config's first unreadable key."""
     from creditaudit.records import load_config_file
 
     try:
-        return load_config_file(path)
+        return load_config_file(path, checked=False)
     except ConfigError:
         refusal = _rebuild_refusal(path)
         if refusal is None:

@@ -96,7 +96,7 @@ SECTIONS = SECTION_TYPES
 
 
 def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
-                     dropped: list[str] | None = None) -> RunConfig:
+                     dropped: list[str] | None = None, checked: bool = True) -> RunConfig:
     """Build and validate a RunConfig from nested dicts (missing keys take defaults).
 
     ``strict`` (configs a user gives): every component must be installed and every key read
@@ -106,6 +106,8 @@ def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
     (sweeps): a list that collects, instead of refusing them, the keys that are options of
     another component than the one selected; the sweep decides (a grid value that some
     runs' rule does not read is left out of those runs, a ``[base]`` value is refused).
+    ``checked=False``: the rules between keys are left to :func:`apply_overrides`, which the
+    caller applies next (a config file that ``--set`` amends: the amended config is checked).
     """
     if not isinstance(raw, dict):
         raise ConfigError(f"a config must be a table of sections, got {type(raw).__name__}")
@@ -117,7 +119,8 @@ def config_from_dict(raw: dict[str, Any], *, strict: bool = True,
         sections = {name: section_from_dict(name, raw.get(name, {}), strict, dropped)
                     for name in SECTION_TYPES}
     config = RunConfig(**sections)
-    _check_consistency(config, strict)
+    if checked:
+        _check_consistency(config, strict)
     return config
 
 
@@ -165,10 +168,10 @@ def _refuse_inner_none(key: str, value: Any) -> None:
                               "list it in model.none_args")
 
 
-def load_config(path: str | Path) -> RunConfig:
+def load_config(path: str | Path, *, checked: bool = True) -> RunConfig:
     """Read a TOML config file (sections [data], [model], [method], …; e.g. a run folder's
     ``config.toml``). A run's ``record.json`` is read by
-    :func:`creditaudit.records.load_config_file`."""
+    :func:`creditaudit.records.load_config_file`. ``checked``: as :func:`config_from_dict`'s."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
     try:
@@ -191,7 +194,7 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"config file {path} sets nothing (it is empty, or holds only "
                           f"comments or empty tables): to train the defaults {defaults}; "
                           "else give the config that sets the run's keys")
-    return config_from_dict(raw)
+    return config_from_dict(raw, checked=checked)
 
 
 def sets_nothing(raw: dict[str, Any]) -> bool:

@@ -98,9 +98,6 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     elif base is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
-        if not -INT64 - 1 <= value <= INT64:  # TOML's integers (its reader takes any length)
-            raise ConfigError(f"{key}={reprlib.repr(value)} is out of range; it must be a "
-                              f"64-bit integer ({-INT64 - 1} … {INT64})")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")
@@ -130,13 +127,19 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     if meta.get("choices") and value not in meta["choices"]:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of "
                           f"{', '.join(map(str, meta['choices']))}")
+    shown = reprlib.repr(value)  # an integer of 400 digits (TOML reads any length) shortened
     if meta.get("min") is not None and value < meta["min"]:
-        raise ConfigError(f"{key}={value!r} is out of range; it must be >= {meta['min']}")
+        raise ConfigError(f"{key}={shown} is out of range; it must be >= {meta['min']}")
     if meta.get("above") is not None and value <= meta["above"]:
-        raise ConfigError(f"{key}={value!r} is out of range; it must be > {meta['above']}")
+        raise ConfigError(f"{key}={shown} is out of range; it must be > {meta['above']}")
     if meta.get("max") is not None and value > meta["max"] and not reading_a_record():
         # (a record keeps what its run used: an earlier version may have had no bound)
-        raise ConfigError(f"{key}={value!r} is out of range; it must be <= {meta['max']}")
+        raise ConfigError(f"{key}={shown} is out of range; it must be <= {meta['max']}")
+    if base is int and not -INT64 - 1 <= value <= INT64:  # after the key's own bounds, which
+        # say its range better (run.seed: 0 … 2**63−1); TOML's reader takes any length
+        bound = f"<= {INT64}" if value > 0 else f">= {-INT64 - 1}"
+        raise ConfigError(f"{key}={shown} is out of range; it must be {bound} (a 64-bit "
+                          "integer)")
     return value
 
 

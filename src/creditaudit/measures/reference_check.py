@@ -73,6 +73,7 @@ from creditaudit.measures.reference_modules import (
     _raise_for_segment,
     _recorded,
     _scan,
+    off_ties,
 )
 from creditaudit.measures.reference_training import check_in_training
 from creditaudit.measures.user_models import ForwardFrom, check_forward_from
@@ -166,14 +167,11 @@ def _off_ties(xs: Tensor) -> Tensor:
     its central difference is the mean of two one-sided slopes, autograd's value one
     subgradient — so the comparison would refuse a correct backward. Whether a backward is
     the gradient of its forward is a property of the code, checked as well at a point just
-    beside the data where every tie is broken. Integer inputs (token ids) stay as they are.
+    beside the data where every tie is broken (:func:`~creditaudit.measures.
+    reference_modules.off_ties`; each module's own inputs are moved alike, as ties a ReLU
+    makes inside the network — its zeros into a max-pool — do not move with the input).
     """
-    if not xs.is_floating_point() or xs.numel() == 0:
-        return xs
-    generator = torch.Generator(device=xs.device).manual_seed(0)
-    noise = torch.randn(xs.shape, generator=generator, device=xs.device, dtype=xs.dtype)
-    scale = xs.detach().float().pow(2).mean().sqrt().clamp_min(1e-12).to(xs.dtype)
-    return xs + PROBE_JITTER * scale * noise
+    return off_ties(xs, PROBE_JITTER)
 
 
 # --- the working copy ------------------------------------------------------------------------

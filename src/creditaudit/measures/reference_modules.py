@@ -27,6 +27,8 @@ from creditaudit.measures.central_differences import F64, ROUNDING_ULPS, STEPS, 
 from creditaudit.measures.directions import unit_directions
 
 FIX = "pass verify_reference=False to audit it unverified"  # the way out every refusal names
+# A module's recorded inputs are moved off ties by this much of their RMS (:func:`off_ties`).
+MODULE_JITTER = 1e-3
 Key = int | str  # a positional argument's index or a keyword argument's name
 
 
@@ -135,12 +137,25 @@ class _BackwardRaised(Exception):
         self.text = text
 
 
+def off_ties(xs: Tensor, jitter: float) -> Tensor:
+    """``xs`` moved by ``jitter`` of its RMS along a fixed random direction (integer or
+    empty tensors as they are): a point beside ``xs`` where no two entries are tied and none
+    sits at a ReLU's 0 (:func:`~creditaudit.measures.reference_check._off_ties`)."""
+    if not xs.is_floating_point() or xs.numel() == 0:
+        return xs
+    generator = torch.Generator(device=xs.device).manual_seed(0)
+    noise = torch.randn(xs.shape, generator=generator, device=xs.device, dtype=xs.dtype)
+    scale = xs.detach().float().pow(2).mean().sqrt().clamp_min(1e-12).to(xs.dtype)
+    return xs + jitter * scale * noise
+
+
 def _module_verdict(module: nn.Module, call: _Call, generator: torch.Generator) -> int:
     """+1, −1 or 0 (as :func:`~creditaudit.measures.central_differences._verdicts`)
-    for the module's backward on the call's inputs: two random input directions w, each
-    with u = J·w / ‖J·w‖; it disagrees only if both do (a ReLU kink crossed at every step is
-    one direction's bad luck, not a wrong backward)."""
-    inputs = {key: _as64(call.value(key)) for key in call.inputs}
+    for the module's backward on the call's inputs moved off ties (:func:`off_ties`: a
+    ReLU's zeros into a max-pool tie its windows, whatever the network's input): two random
+    input directions w, each with u = J·w / ‖J·w‖; it disagrees only if both do (a ReLU
+    kink crossed at every step is one direction's bad luck, not a wrong backward)."""
+    inputs = {key: off_ties(_as64(call.value(key)), MODULE_JITTER) for key in call.inputs}
     verdicts = []
     for _ in range(2):
         verdicts.append(_module_direction(module, call, inputs, generator))

@@ -185,15 +185,17 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     return record
 
 
-def load_config_file(path: Path | str) -> RunConfig:
+def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
     """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
     config is taken, checked as a config file's; the record is validated like any other, but
     may have been edited: only its config is used, and the run it gives gets the id of that
-    config)."""
+    config). ``checked``: as :func:`~creditaudit.config.config_from_dict`'s."""
     path = Path(path)
     text = read_text(path, "config file", ConfigError)
-    if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()):
-        return load_config(path)  # a TOML config, whatever its name (a .json that is not JSON)
+    if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()) \
+            and not (path.suffix == ".json" and _is_json(text)):
+        # a TOML config, whatever its name (a .json that is not JSON)
+        return load_config(path, checked=checked)
     try:
         load_record(path, check_content=False)
     except NewerRecordError as err:  # a record, of a version that can read it
@@ -206,9 +208,19 @@ def load_config_file(path: Path | str) -> RunConfig:
     # its keys are checked as a config file's (an edited key the rule does not read, or a
     # misspelt one, is refused, not dropped without a word).
     try:
-        return config_from_dict(strict_json.loads(text)["config"])
+        return config_from_dict(strict_json.loads(text)["config"], checked=checked)
     except ConfigError as err:
         raise ConfigError(f"config file {path} (a run record): {err}") from None
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``text`` parses as JSON (a .json file holding ``[1, 2]`` is told it is not a
+    run record, not that it is invalid TOML)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 _CACHE: dict[str, tuple[tuple[int, int, int], RunRecord]] = {}

@@ -274,7 +274,7 @@ def config_and_flags(args: argparse.Namespace, base: RunConfig | None = None
         given["model.factory"] = given["model.arch"]
     typed = {key: (overrides[key], flag) for key, flag in given.items()}
     for item in args.set:
-        key, value = parse_override(item)
+        key, value = parse_override(item, given_as="--set")
         if key in overrides and key in flags and not _same_value(overrides[key], value):
             raise ConfigError(f"{flags[key]} and --set {item.strip()} give {key} two values "
                               f"({overrides[key]!r} and {value!r}); give one of them")

@@ -333,6 +333,15 @@ CASES = [
      ["must look like section.key=value"]),
     ("set-unknown-section", lambda w, t: train_args(w, "--set", "optimizer.lr=1"),
      ["override key 'optimizer.lr'"]),
+    # an empty key part: an argument named '' reached the factory, whose TypeError was blamed
+    ("set-empty-key-part", lambda w, t: [
+        "train", "--arch", "module:creditaudit.testing.zoo:resnet20", "--set",
+        "model.args..d=3", "--print-config"],
+     ["--set model.args..d=3: the key 'model.args..d' has an empty part"]),
+    ("set-key-ending-in-a-dot", lambda w, t: [
+        "train", "--arch", "module:creditaudit.testing.zoo:resnet20", "--set",
+        "model.args.=3", "--print-config"],
+     ["--set model.args.=3: the key 'model.args.' has an empty part"]),
     ("set-unknown-key", lambda w, t: train_args(w, "--set", "optim.learning_rate=1"),
      ["unknown key optim.learning_rate"]),
     ("set-float-for-int", lambda w, t: train_args(w, "--set", "optim.epochs=1.5"),

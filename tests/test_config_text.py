@@ -3,6 +3,7 @@ key."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,15 @@ def test_a_dotted_key_below_a_table_is_a_nested_table_as_in_toml(tmp_path):
     toml.write_text('[model]\narch = "module"\nfactory = "creditaudit.testing.zoo:resnet20"\n'
                     '[model.args]\nt.u = 3\nt.v = 4\n[diagnostics.a]\ngrowth = 9\n')
     assert load_config(toml).model.args == flags.model.args
+
+
+@pytest.mark.parametrize("key", ["model.args..d", "model.args.", "model..d"])
+def test_an_empty_key_part_is_refused_not_a_key_named_nothing(key):
+    """``model.args..d`` set an argument named '' for the factory (a TypeError blamed on it)."""
+    base = RunConfig().replace(**{"model.arch": "module",
+                                  "model.factory": "creditaudit.testing.zoo:resnet20"})
+    with pytest.raises(ConfigError, match=f"override key '{re.escape(key)}' has an empty part"):
+        apply_overrides(base, {key: 3})
 
 
 def test_a_file_that_sets_nothing_is_refused_and_one_key_is_enough(tmp_path: Path):

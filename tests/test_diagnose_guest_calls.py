@@ -13,7 +13,7 @@ from torch import nn
 
 from creditaudit import diagnose
 from creditaudit.config import opt
-from creditaudit.errors import ConfigError, ModelContractError
+from creditaudit.errors import ConfigError, GuestError, ModelContractError
 from creditaudit.protocol import Protocol, ProtocolDiagnostic
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -181,3 +181,103 @@ def test_metadata_a_report_cannot_hold_is_refused_before_the_work(metadata):
     x, y = _data()
     with pytest.raises(ConfigError, match=r"^metadata"):
         diagnose(net, x, y, states_fn=net.states, metadata=metadata)
+
+
+class _Switches(ProtocolDiagnostic[_DrawOptions]):
+    """A caller's own diagnostic that switches torch's gradients off and leaves them so."""
+
+    name = "s"
+    label = "switch"
+    statistic = "nothing"
+    operator, threshold = ">", "cap"
+    hint = "never fires"
+
+    def evaluate(self, evidence):  # noqa: ANN001, ANN201 - a plugin's evaluate
+        torch.set_grad_enabled(False)
+        return self.judge(0.0, "switched gradients off")
+
+
+def _settings() -> tuple:
+    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_num_threads(),
+            torch.are_deterministic_algorithms_enabled())
+
+
+def test_a_diagnostic_that_changes_a_torch_setting_is_named_and_the_setting_put_back():
+    net = _Net()
+    x, y = _data()
+    before = _settings()
+    with pytest.raises(GuestError) as caught:
+        diagnose(net, x, y, states_fn=net.states,
+                 protocol=Protocol((*Protocol.default().diagnostics, _Switches())))
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("diagnostic 's' (") \
+        and "_Switches) changed torch's grad mode from True to False" in text, text
+    assert _settings() == before
+
+
+def _threads(fn):  # noqa: ANN001, ANN202 - wraps any callable
+    def changing(*args):  # noqa: ANN002, ANN202
+        torch.set_num_threads(torch.get_num_threads() + 1)
+        return fn(*args)
+    return changing
+
+
+def _deterministic(fn):  # noqa: ANN001, ANN202
+    def changing(*args):  # noqa: ANN002, ANN202
+        torch.use_deterministic_algorithms(True)
+        return fn(*args)
+    return changing
+
+
+def _float64(fn):  # noqa: ANN001, ANN202
+    def changing(*args):  # noqa: ANN002, ANN202
+        torch.set_default_dtype(torch.float64)
+        return fn(*args)
+    return changing
+
+
+@pytest.mark.parametrize("change", [_threads, _deterministic, _float64],
+                         ids=["threads", "deterministic", "dtype"])
+@pytest.mark.parametrize("where", ["credit", "states_fn", "forward_from"])
+def test_a_caller_function_that_changes_a_torch_setting_leaves_the_callers_settings(
+        where, change):
+    """On return (refused, naming the suspects) and on an error alike, the caller's torch
+    settings are as they were before diagnose()."""
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+
+    def forward_from(layer: int, h: torch.Tensor) -> torch.Tensor:
+        for block in net.blocks[layer:]:
+            h = h + torch.tanh(block(h))
+        return net.head(h)
+
+    functions = {"credit": lambda xb, yb: [h.detach() for h in net.states(xb)[0]],
+                 "states_fn": net.states, "forward_from": forward_from}
+    functions[where] = change(functions[where])
+    before = _settings()
+    with pytest.raises(GuestError) as caught:
+        diagnose(net, x, y, metrics=True, metric_options={"rho_samples": 8,
+                                                          "rho_directions": 2},
+                 **functions)
+    assert _settings() == before
+    text = str(caught.value)
+    assert "\n" not in text and "changed torch's" in text and where in text, text
+
+
+def test_a_credit_that_changes_a_setting_and_raises_leaves_the_callers_settings():
+    """Its own error stands (the caller's code, the caller's traceback); the setting is back."""
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data()
+
+    def credit(xb: torch.Tensor, yb: torch.Tensor) -> list[torch.Tensor]:
+        torch.set_default_dtype(torch.float64)
+        if xb.shape[0] > 2:
+            raise ValueError("the credit's own error")
+        return [h.detach() for h in net.states(xb)[0]]
+
+    before = _settings()
+    with pytest.raises(ValueError, match="the credit's own error"):
+        diagnose(net, x, y, states_fn=net.states, credit=credit)
+    assert _settings() == before

@@ -74,3 +74,26 @@ def test_one_count_for_every_run(threads, given, expected, warned):
     assert (warning is None) == (warned is None)
     if warned is not None:
         assert warning.startswith(warned) and "\n" not in warning
+
+
+def test_a_count_past_64_bits_is_refused_naming_the_flag(tmp_path, capsys):
+    """It was refused as run.threads=…, a key the command line never typed."""
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out")
+    huge = str(10**30)
+    assert main(["sweep", str(sweep), "--workers", "0", "--threads-per-worker", huge,
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --threads-per-worker {huge} is out of range" in err, err
+    assert "run.threads" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_flag_overriding_creditaudit_set_names_the_variable(tmp_path, capsys,
+                                                                 monkeypatch):
+    """The run.threads it overrides was CREDITAUDIT_SET's, not the sweep file's."""
+    sweep = write_tiny_sweep(tmp_path / "s.toml", tmp_path / "out")
+    monkeypatch.setenv("CREDITAUDIT_SET", "run.threads=3")
+    assert main(["sweep", str(sweep), "--workers", "0", "--threads-per-worker", "1",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: --threads-per-worker 1 overrides CREDITAUDIT_SET's run.threads=3" in out
+    assert "the sweep's run.threads" not in out

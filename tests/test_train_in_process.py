@@ -156,6 +156,20 @@ def test_a_float64_runs_diagnostics_run_in_float64_as_run_precision_says(tmp_pat
     assert "always fp32" not in help_text and "float64" in help_text, help_text
 
 
+@pytest.mark.parametrize("command", ["train", "demo", "sweep", "experiment"])
+def test_the_precision_flags_help_says_what_the_diagnostics_run_in(command, capsys):
+    """--precision's help said 'diagnostics stay fp32' while run.precision's key says the
+    parameters' dtype (and the end-of-run ρ and nudging run on a float64 copy)."""
+    from creditaudit.cli import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "stay fp32" not in text
+    assert "the diagnostics run in the parameters' dtype" in text, text
+    assert "never under autocast" in text and "ρ and nudging in float64" in text
+
+
 def test_an_older_float64_run_under_a_float32_id_is_refused_naming_the_dtype(tmp_path,
                                                                             monkeypatch):
     """A run trained in float64 before the dtype joined the run id holds the float32 id: a

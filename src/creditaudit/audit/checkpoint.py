@@ -30,6 +30,7 @@ from creditaudit.audit.diagnose import diagnose, with_frozen_hint
 from creditaudit.caller import FORCE, Option, train_again
 from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, DataError, RunRecordError
+from creditaudit.guests.settings import settings_kept
 from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
 from creditaudit.protocol.records import (
@@ -271,9 +272,11 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     start = record.entry(0)
     # The network and the rule read the evaluation set (a view of the run's test split): one
     # that writes it stops the audit in one line rather than report numbers of other data
-    # (this watch, naming the run's network and rule, is diagnose's: it watches none).
-    with data_left_alone((eval_x, eval_y), run_suspects(run.plan),
-                         f"audit measured epoch {run.epoch}"):
+    # (this watch, naming the run's network and rule, is diagnose's: it watches none). A
+    # torch setting their code changes is put back and refused, naming them, as diagnose's.
+    suspects = run_suspects(run.plan)
+    with settings_kept(suspects), \
+            data_left_alone((eval_x, eval_y), suspects, f"audit measured epoch {run.epoch}"):
         report = diagnose(
             run.rule.model, eval_x, eval_y, credit=run.rule, headline_acc=headline,
             frozen_acc=frozen_acc, metrics=metrics, metric_options=options,

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from creditaudit.audit.arguments import METRIC_OPTIONS, Arguments, checked_arguments
 from creditaudit.errors import ConfigError
+from creditaudit.guests.settings import settings_kept
 from creditaudit.measures.epoch import rule_credits
 from creditaudit.measures.gradients import StateGradients, StatesFn, state_gradients
 from creditaudit.measures.quality import credit_quality
@@ -121,7 +122,11 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     out the refusal names (a caller's own option). Leaves every
     parameter, buffer, ``.grad`` field and RNG state (global CPU, and CUDA when the inputs
     are on a GPU) unchanged: runs in eval mode under a forked RNG, takes gradients w.r.t.
-    states only, and restores every submodule's training flag. Leaves ``eval_x`` and
+    states only, and restores every submodule's training flag. Leaves torch's settings
+    (grad mode, default dtype and device, thread count, deterministic mode, …) as the caller
+    had them, on return and on every error: a model, credit, ``states_fn``,
+    ``forward_from`` or diagnostic that changes one is refused in one line naming it (the
+    setting put back). Leaves ``eval_x`` and
     ``eval_y`` unchanged too: a model or credit that writes them in place (its input) raises
     a one-line GuestError naming the model's class and the credit, rather than return
     numbers of other data; ``watch_data=False`` is for a caller that watches them itself
@@ -134,12 +139,16 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                              headline_acc=headline_acc, frozen_acc=frozen_acc,
                              metadata=metadata)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    watch = (data_left_alone((eval_x, eval_y), _suspects(model, credit, args),
+    suspects = _suspects(model, credit, args)
+    watch = (data_left_alone((eval_x, eval_y), suspects,
                              "diagnose() measured them", data="eval_x or eval_y",
                              stops="its numbers would be of other data than those given and "
                                    "diagnose() stops")
              if watch_data else contextlib.nullcontext())
-    with measurement_mode(model), torch.random.fork_rng(devices=devices), watch:
+    # torch's settings (grad mode, default dtype, threads, …) are the caller's afterwards,
+    # also after an error: code of the model or the credit that changed one is refused
+    with settings_kept(suspects), measurement_mode(model), \
+            torch.random.fork_rng(devices=devices), watch:
         logits, layout = _probe(args, credit, eval_x, eval_y, metrics=metrics)
         reference = (checked_reference(model, args.states_fn, eval_x, eval_y,
                                        forward_from=args.forward_from,

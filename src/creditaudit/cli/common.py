@@ -80,6 +80,11 @@ def output_file(text: str) -> str:
     return text
 
 
+# What --precision changes (run.precision): the training steps only (CreditRule.autocast);
+# the diagnostics compute credits without it, the end-of-run ρ and nudging on a float64 copy.
+PRECISION_EFFECT = ("bf16 steps run under bf16 autocast; the diagnostics run in the "
+                    "parameters' dtype (float32 from the command line), never under "
+                    "autocast, and the end-of-run ρ and nudging in float64")
 # (flag, dotted config key, help) for the most used fields; everything else via --set.
 SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method.name", {"registry": RULES, "help": "credit rule"}),
@@ -95,7 +100,7 @@ SHORTCUTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--out", "run.out_dir", {"help": "results folder (each run gets OUT/RUN_ID/)"}),
     ("--device", "run.device", {"choices": DEVICES, "help": "device"}),
     ("--precision", "run.precision", {"choices": PRECISIONS,
-                                      "help": "training precision (diagnostics stay fp32)"}),
+                                      "help": f"training precision: {PRECISION_EFFECT}"}),
     ("--threads", "run.threads", {"type": int, "help": "torch CPU threads"}),
     ("--tensorboard", "run.tensorboard", {
         "metavar": "DIR", "help": "log every epoch, the protocol, the end-of-run metrics and "
@@ -127,8 +132,8 @@ def add_device_options(parser: argparse.ArgumentParser, *, precision: bool = Tru
                         help="device of every run (run.device; auto = cuda if available)")
     if precision:
         parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                            help="training precision of every run (run.precision); bf16 "
-                                 "trains under autocast, diagnostics stay fp32")
+                            help="training precision of every run (run.precision): "
+                                 + PRECISION_EFFECT)
 
 
 REFUSED_TOGETHER = "refused_together"  # the attribute of a parser that holds its pairs
@@ -277,7 +282,7 @@ def config_and_flags(args: argparse.Namespace, base: RunConfig | None = None
         given["model.factory"] = given["model.arch"]
     typed = {key: (overrides[key], flag) for key, flag in given.items()}
     for item in args.set:
-        key, value = parse_override(item)
+        key, value = parse_override(item, given_as="--set")
         if key in overrides and key in flags and not _same_value(overrides[key], value):
             raise ConfigError(f"{flags[key]} and --set {item.strip()} give {key} two values "
                               f"({overrides[key]!r} and {value!r}); give one of them")

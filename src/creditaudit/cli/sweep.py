@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from creditaudit.cli.common import (
+    ENV_OVERRIDES,
     add_device_options,
     device_flags,
     env_overrides,
@@ -254,12 +255,19 @@ def run(args: argparse.Namespace) -> int:
     overrides = device_overrides(args.device, args.precision)
     if args.out is not None:
         overrides["run.out_dir"] = args.out
-    overrides.update(env_overrides())  # after every flag, as train and demo apply it
+    shrink = env_overrides()
+    overrides.update(shrink)  # after every flag, as train and demo apply it
     expansion = sweep.expand(overrides, max_runs=max_runs)
     # one count for every run, which the executor reserves and sets (flag, file's, else 1)
-    args.threads_per_worker, warning = sweep_threads(expansion.configs, args.threads_per_worker)
+    threads_flag = ({"run.threads": (args.threads_per_worker,
+                                     f"--threads-per-worker {args.threads_per_worker}")}
+                    if args.threads_per_worker is not None else {})
+    args.threads_per_worker, warning = sweep_threads(
+        expansion.configs, args.threads_per_worker,
+        set_by=ENV_OVERRIDES if "run.threads" in shrink else None)
     expansion.warnings.extend([warning] if warning else [])
-    configs = prepare_configs(expansion.configs, threads=args.threads_per_worker)
+    with refusals_in_flags(threads_flag):  # --threads-per-worker 10**30, not run.threads=…
+        configs = prepare_configs(expansion.configs, threads=args.threads_per_worker)
     grid_keys = sweep.grid_keys
     # Every run planned before any trains: a run that cannot (a rule that cannot train the
     # model, missing data) stops the sweep here, and its dry run, in one line naming it.

@@ -49,13 +49,19 @@ def _ends_in_comment(text: str) -> bool:
     return True
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"method.penalty=1e-2"`` → ``("method.penalty", 0.01)``."""
+def parse_override(item: str, *, given_as: str | None = None) -> tuple[str, Any]:
+    """``"method.penalty=1e-2"`` → ``("method.penalty", 0.01)``. ``given_as``: how a refusal
+    names the item (``"--set"``: ``--set ITEM``; None: ``override 'ITEM'``)."""
+    named = f"{given_as} {item.strip()}" if given_as else f"override {item!r}"
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. "
+        raise ConfigError(f"{named} must look like section.key=value, e.g. "
                           "method.penalty=0.01")
     key, text = item.split("=", 1)
-    return key.strip(), parse_value(text.strip())
+    key = key.strip()
+    if "" in key.split("."):  # model.args..d, model.args.: a key named '' in a table
+        raise ConfigError(f"{named}: the key {key!r} has an empty part (two dots in a row, or "
+                          "a dot at an end); write section.key=value, e.g. model.args.d=3")
+    return key, parse_value(text.strip())
 
 
 def device_overrides(device: str | None = None, precision: str | None = None
@@ -68,6 +74,9 @@ def device_overrides(device: str | None = None, precision: str | None = None
 def split_key(key: str) -> tuple[str, str]:
     """``"method.penalty"`` → ``("method", "penalty")``; ConfigError for anything else."""
     section, _, name = key.partition(".")
+    if section in SECTION_TYPES and name and "" in name.split("."):
+        raise ConfigError(f"override key {key!r} has an empty part (two dots in a row, or a "
+                          "dot at an end): write section.key, e.g. model.args.d")
     if section not in SECTION_TYPES or not name:
         raise ConfigError(f"override key {key!r} must be section.key with section one of "
                           f"{', '.join(SECTION_TYPES)}")

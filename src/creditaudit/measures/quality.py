@@ -63,7 +63,11 @@ def check_finite(model: nn.Module) -> None:
 
 
 def _random_like(tensors: Sequence[Tensor], generator: torch.Generator) -> list[Tensor]:
-    return [torch.randn(t.shape, generator=generator).to(t.device) for t in tensors]
+    """Gaussian tensors of ``tensors``' shapes and devices, drawn on the CPU in float64 for
+    float64 tensors, else float32 (never torch's default dtype, which is the caller's)."""
+    return [torch.randn(t.shape, generator=generator,
+                        dtype=torch.float64 if t.dtype == torch.float64 else torch.float32
+                        ).to(t.device) for t in tensors]
 
 
 def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,

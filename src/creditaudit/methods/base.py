@@ -284,7 +284,8 @@ class CreditRule(Component, Generic[OptionsT]):
         self.precision, self.device_type = precision, device_type
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The autocast context of training steps (credits for diagnostics stay fp32)."""
+        """The autocast context of training steps (credits for diagnostics are computed
+        without it, in the parameters' dtype)."""
         if getattr(self, "precision", "fp32") == "bf16":
             return torch.autocast(self.device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()

@@ -7,12 +7,12 @@ from torch import Tensor
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import FeedbackOptions
+from creditaudit.methods.feedback import aux_dtype
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
     SignFeedback,
     draw_layer_feedback,
     sign_feedback,
-    weight_shapes,
 )
 from creditaudit.methods.registry import register
 from creditaudit.models.contract import ResidualNet
@@ -40,9 +40,11 @@ class BRSF(LinearFeedbackRule[FeedbackOptions]):
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
         self.generator = generator
-        # Each step's draw goes into these (float32, CPU): fresh W-sized tensors every step
-        # cost more than drawing them (large blocks are faulted in again each time).
-        self.draws = [torch.empty(shape) for shape in weight_shapes(self.layers)]
+        # Each step's draw goes into these (CPU, each layer's aux_dtype): fresh W-sized
+        # tensors every step cost more than drawing them (large blocks are faulted in again
+        # each time).
+        self.draws = [torch.empty(tuple(layer.weight.shape), dtype=aux_dtype(layer))
+                      for _, layer in self.layers]
         self.magnitudes = self.draw_magnitudes()
 
     def draw_magnitudes(self) -> list[Tensor]:

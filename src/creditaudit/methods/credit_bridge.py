@@ -54,14 +54,13 @@ from creditaudit.methods.base import (
     output_error,
     step_result,
 )
-from creditaudit.methods.feedback import draw_feedback, state_width
+from creditaudit.methods.feedback import aux_dtype, draw_feedback, state_width
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.state_bridge import (
     AUX_WEIGHT_DECAY,
     BridgeInput,
     BridgeOptions,
-    aux_dtype,
     mlp,
     seeded_init,
     split_rows,
@@ -155,9 +154,10 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         # Not called ``feedback``: after the warm-up the credit no longer depends on these
         # matrices, so the fresh-B null of FA/DFA does not apply.
         self.warmup_feedback = draw_feedback([(n_classes, d)] * n_states,
-                                             scale=self.options.feedback_scale, generator=generator)
+                                             scale=self.options.feedback_scale, generator=generator,
+                                             dtype=self.dtype)
         if value is None:
-            with seeded_init(generator):
+            with seeded_init(generator, self.dtype):
                 value = ValueNet(d, n_states, n_classes, hidden=self.options.bridge_hidden)
         self.value = value.to(self.dtype)
         self.target = copy.deepcopy(self.value).requires_grad_(False)

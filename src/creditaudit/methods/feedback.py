@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import CreditRule, FeedbackOptions, LocalOptions
@@ -36,22 +36,40 @@ def feedback_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
+def aux_dtype(model: nn.Module) -> torch.dtype:
+    """Dtype of a rule's own tensors (feedback draws, auxiliary nets) for ``model`` (or a
+    layer): its floating dtype, at least float32 — never torch's default dtype, so a caller's
+    ``torch.set_default_dtype`` does not change a float32 model's feedback.
+
+    Under bf16 autocast the model's parameters stay fp32, so bridges train in fp32; a
+    float64 model (tests, a caller's float64 run) gets float64 feedback and bridges, so
+    identities hold to rounding.
+    """
+    for param in model.parameters():
+        if param.is_floating_point():
+            return torch.float64 if param.dtype == torch.float64 else torch.float32
+    return torch.float32
+
+
 def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator,
+                  dtype: torch.dtype | Sequence[torch.dtype],
                   fans: Sequence[int] | None = None, out: Sequence[Tensor] | None = None
                   ) -> list[Tensor]:
-    """Fixed random feedback matrices, entries N(0, scale²/fan_in), drawn in order.
+    """Fixed random feedback matrices, entries N(0, scale²/fan_in), drawn in order on the CPU.
 
-    fan_in is ``fans[i]`` where given, else ``shape[0]`` (the fan-in of δ_in = δ_out·B for a
-    matrix B of shape (out, in)). ``out``: float32 CPU tensors of those shapes to draw into
-    (the same numbers; for a rule that draws every step, see brSF).
+    ``dtype``: the draws' dtype (:func:`aux_dtype` of what they pair with), one for all or
+    one per shape. fan_in is ``fans[i]`` where given, else ``shape[0]`` (the fan-in of
+    δ_in = δ_out·B for a matrix B of shape (out, in)). ``out``: CPU tensors of those shapes
+    and dtypes to draw into (the same numbers; for a rule that draws every step, see brSF).
     """
     if fans is None:
         fans = [shape[0] for shape in shapes]
+    dtypes = [dtype] * len(shapes) if isinstance(dtype, torch.dtype) else list(dtype)
     if out is not None:
-        return [torch.randn(shape, generator=generator, out=o).mul_(scale / fan ** 0.5)
-                for shape, fan, o in zip(shapes, fans, out, strict=True)]
-    return [torch.randn(*shape, generator=generator) * (scale / fan ** 0.5)
-            for shape, fan in zip(shapes, fans, strict=True)]
+        return [torch.randn(shape, generator=generator, dtype=kind, out=o).mul_(scale / fan ** 0.5)
+                for shape, fan, kind, o in zip(shapes, fans, dtypes, out, strict=True)]
+    return [torch.randn(*shape, generator=generator, dtype=kind) * (scale / fan ** 0.5)
+            for shape, fan, kind in zip(shapes, fans, dtypes, strict=True)]
 
 
 def state_width(model: ResidualNet) -> int:
@@ -93,7 +111,7 @@ class FixedFeedbackRule(CreditRule[FeedbackT]):
 
     def draw_feedback(self, generator: torch.Generator) -> list[Tensor]:
         return draw_feedback(self.feedback_shapes(), scale=self.options.feedback_scale,
-                             generator=generator)
+                             generator=generator, dtype=aux_dtype(self.model))
 
     @contextlib.contextmanager
     def using_feedback(self, feedback: list[Tensor]) -> Iterator[None]:

@@ -36,9 +36,8 @@ from torch import Tensor, nn
 from creditaudit.config import MethodConfig, opt
 from creditaudit.methods import adapted
 from creditaudit.methods.base import CreditRule, LocalOptions, StepResult, output_error
-from creditaudit.methods.feedback import state_width
+from creditaudit.methods.feedback import aux_dtype, state_width
 from creditaudit.methods.registry import register
-from creditaudit.methods.state_bridge import aux_dtype
 from creditaudit.methods.surrogate import state_credit_shape
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.contract import ResidualNet

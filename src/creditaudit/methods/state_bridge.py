@@ -50,7 +50,7 @@ from creditaudit.methods.base import (
     output_error,
     step_result,
 )
-from creditaudit.methods.feedback import state_width
+from creditaudit.methods.feedback import aux_dtype, state_width
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import local_backward, local_forward
@@ -67,31 +67,26 @@ Predictor = Callable[[Tensor, "int | Tensor", Tensor], Tensor]
 
 
 # --- shared by both bridges ---------------------------------------------------------------
-def aux_dtype(model: nn.Module) -> torch.dtype:
-    """Dtype of the auxiliary nets: the model's floating dtype, at least float32.
-
-    Under bf16 autocast the model's parameters stay fp32, so bridges train in fp32; a
-    float64 model (tests) gets float64 bridges, so identities hold to rounding.
-    """
-    for param in model.parameters():
-        if param.is_floating_point():
-            return torch.float64 if param.dtype == torch.float64 else torch.float32
-    return torch.float32
-
-
 @contextlib.contextmanager
-def seeded_init(generator: torch.Generator) -> Iterator[None]:
-    """Initialise auxiliary nets from the rule's own generator, not torch's global RNG.
+def seeded_init(generator: torch.Generator, dtype: torch.dtype) -> Iterator[None]:
+    """Initialise auxiliary nets from the rule's own generator, not torch's global RNG, in
+    ``dtype`` (:func:`aux_dtype`), not the caller's default dtype.
 
     The global CPU stream is forked and reseeded from ``generator`` inside the block, so
-    building a rule never moves the random stream that training and data use.
+    building a rule never moves the random stream that training and data use; torch's
+    default dtype is ``dtype`` inside and the caller's after.
     """
     # on the generator's own device, also where tensors default to another (a run plan
     # sizes the rule on the meta device)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    before = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        yield
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(before)
 
 
 def layer_ids(layer: int | Tensor, n: int, device: torch.device) -> Tensor:
@@ -215,7 +210,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
         self.generator = generator
         self.dtype = aux_dtype(model)
         if predictor is None:
-            with seeded_init(generator):
+            with seeded_init(generator, self.dtype):
                 predictor = BridgePredictor(state_width(model), model.n_blocks, n_classes,
                                             hidden=self.options.bridge_hidden,
                                             skip=self.options.bridge_skip).to(self.dtype)

@@ -13,6 +13,7 @@ cannot be evaluated is never counted as passed. Reports (:attr:`DiagnosticReport
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditaudit.guests.blame import blame
+from creditaudit.guests.settings import settings_kept
 from creditaudit.protocol.checks import (
     FIRED,
     INCOMPLETE,
@@ -244,15 +246,18 @@ class Protocol:
         """Every diagnostic's result on ``evidence``, in protocol order; a result that
         claims what its statistic cannot show is not evaluated
         (:meth:`ProtocolDiagnostic.checked`), and what a plugin's ``evaluate`` raises is one
-        line naming it (:func:`creditaudit.guests.blame.blame`). On an untrained network
-        (``evidence.trained`` False) a diagnostic that means nothing before training is not
-        evaluated (:meth:`ProtocolDiagnostic.assess`). (b) calls the stream grown by this
-        protocol's (a) threshold (``evidence.growth_limit``, unless the evidence sets it), so
-        the two never disagree. The built-ins read ``evidence`` as it is; every other
-        diagnostic (a plugin) reads it on the CPU (:meth:`Evidence.on_cpu`), as the
-        conformance suite checked it: in a CUDA run its tensors are moved once, for them —
-        each gets a copy of its own, so one that changes its evidence (which the suite
-        checks only on its tiny cases) changes neither the record's numbers nor another's."""
+        line naming it (:func:`creditaudit.guests.blame.blame`); a torch setting one changes
+        (a plugin's, or a diagnostic of the caller's own) is put back and it is refused in
+        one line naming it (:func:`creditaudit.guests.settings.settings_kept`). On an
+        untrained network (``evidence.trained`` False) a diagnostic that means nothing
+        before training is not evaluated (:meth:`ProtocolDiagnostic.assess`). (b) calls the
+        stream grown by this protocol's (a) threshold (``evidence.growth_limit``, unless the
+        evidence sets it), so the two never disagree. The built-ins read ``evidence`` as it
+        is; every other diagnostic (a plugin) reads it on the CPU (:meth:`Evidence.on_cpu`),
+        as the conformance suite checked it: in a CUDA run its tensors are moved once, for
+        them — each gets a copy of its own, so one that changes its evidence (which the
+        suite checks only on its tiny cases) changes neither the record's numbers nor
+        another's."""
         if evidence.growth_limit is None:
             evidence = dataclasses.replace(evidence, growth_limit=self.growth_limit())
         builtins = DIAGNOSTICS.builtin_classes()
@@ -264,7 +269,12 @@ class Protocol:
             else:  # its own copy: what it changes reaches no other diagnostic, nor the record
                 on_cpu = evidence.on_cpu() if on_cpu is None else on_cpu
                 given = copy.deepcopy(on_cpu)
-            with blame(DIAGNOSTICS.guest(d.name)):
+            guest = DIAGNOSTICS.guest(d.name)
+            # a caller's own diagnostic (no plugin) leaves torch's settings as a plugin must
+            kept = (contextlib.nullcontext() if guest is not None or type(d) in builtins else
+                    settings_kept(f"diagnostic {d.name!r} "
+                                  f"({type(d).__module__}:{type(d).__qualname__})"))
+            with blame(guest), kept:
                 results.append(d.assess(given))
         return results
 

@@ -142,19 +142,23 @@ def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[Ru
 DEFAULT_THREADS = 1
 
 
-def sweep_threads(configs: Sequence[RunConfig], given: int | None) -> tuple[int, str | None]:
+def sweep_threads(configs: Sequence[RunConfig], given: int | None, *,
+                  set_by: str | None = None) -> tuple[int, str | None]:
     """(torch threads per run, a one-line warning or None) of a sweep of ``configs``:
     ``given`` (``--threads-per-worker``) when given, else the ``run.threads`` every run
     sets alike (the sweep file's), else :data:`DEFAULT_THREADS`. The warning names the
     ``run.threads`` not followed: one that ``given`` overrides, or one that only some runs
-    set or that differs between runs (a sweep trains every run on one count). The count is
-    no part of a run id: no choice here changes one."""
+    set or that differs between runs (a sweep trains every run on one count). ``set_by``:
+    where the runs' ``run.threads`` came from when not the sweep file (``CREDITAUDIT_SET``),
+    as the warning names it. The count is no part of a run id: no choice here changes one."""
     asked = sorted({c.run.threads for c in configs if c.run.threads is not None})
     counts = ", ".join(map(str, asked))
     if given is not None:
-        overridden = [t for t in asked if t != given]
-        return given, (f"--threads-per-worker {given} overrides the sweep's run.threads = "
-                       f"{', '.join(map(str, overridden))}" if overridden else None)
+        overridden = ", ".join(str(t) for t in asked if t != given)
+        whose = f"{set_by}'s run.threads={overridden}" if set_by else \
+            f"the sweep's run.threads = {overridden}"
+        return given, (f"--threads-per-worker {given} overrides {whose}"
+                       if overridden else None)
     if len(asked) == 1 and all(c.run.threads == asked[0] for c in configs):
         return asked[0], None
     if asked:

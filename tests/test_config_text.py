@@ -173,6 +173,15 @@ def test_an_integer_past_64_bits_is_refused(key: str):
     assert apply_overrides(RunConfig(), {"optim.epochs": 2**63 - 1}).optim.epochs == 2**63 - 1
 
 
+@pytest.mark.parametrize(("key", "bounds"), [("optim.epochs", f"0 … {2**63 - 1}"),
+                                             ("model.d", f"1 … {2**63 - 1}")])
+def test_an_integer_past_64_bits_is_told_the_fields_own_bounds(key: str, bounds: str):
+    """optim.epochs=10**30 was told it must be in -9223372036854775808 … 9223372036854775807,
+    a range of negative epochs the next message refuses."""
+    with pytest.raises(ConfigError, match=f"must be a 64-bit integer in {bounds}$"):
+        apply_overrides(RunConfig(), {key: 10**30})
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("[optim]\nepochs = 1" + "0" * 400, "optim.epochs=100"),
     ("[optim]\nlr = 1" + "0" * 400, "optim.lr=inf is not a finite number"),

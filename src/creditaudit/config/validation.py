@@ -77,6 +77,19 @@ def _field_types(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+def _integer_bounds(meta: Any) -> tuple[int, int]:
+    """The smallest and largest value an integer field takes: its ``min``/``above`` and
+    ``max`` within 64 bits (optim.epochs: 0 … 2**63 − 1, not from −2**63)."""
+    low, high = -INT64 - 1, INT64
+    if meta.get("min") is not None:
+        low = max(low, math.ceil(meta["min"]))
+    if meta.get("above") is not None:
+        low = max(low, math.floor(meta["above"]) + 1)
+    if meta.get("max") is not None:
+        high = min(high, math.floor(meta["max"]))
+    return low, high
+
+
 def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     """``value`` checked against the field's type and its :func:`opt` metadata; one-line
     ConfigError naming ``key`` otherwise."""
@@ -99,8 +112,9 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         if not -INT64 - 1 <= value <= INT64:  # TOML's integers (its reader takes any length)
+            low, high = _integer_bounds(f.metadata)
             raise ConfigError(f"{key}={reprlib.repr(value)} is out of range; it must be a "
-                              f"64-bit integer ({-INT64 - 1} … {INT64})")
+                              f"64-bit integer in {low} … {high}")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")

@@ -129,6 +129,11 @@ DIAGNOSE = [
     ("inputs of another shape", lambda: diagnose(adapted(), torch.randn(32, 9), Y),
      "eval_x holds samples of shape (9,) but the model takes (8,)"),
     ("no samples", lambda: diagnose(adapted(), X[:0], Y[:0]), "eval_x holds no samples"),
+    # one sample without its batch dimension was told its labels were wrong
+    ("one sample unbatched", lambda: diagnose(adapted(), X[0], Y[:1]),
+     "eval_x is one sample of shape (8,), not a batch: pass inputs (N, 8), the batch first"),
+    ("a contract model's sample unbatched", lambda: diagnose(contract_model(), X[0], Y[:1]),
+     "eval_x is one sample of shape (8,), not a batch"),
     ("not a tensor", lambda: diagnose(adapted(), X.tolist(), Y),
      "eval_x must be a tensor of model inputs (N, …), got list"),
     ("NaN inputs", lambda: diagnose(adapted(), X.clone().fill_(float("nan")), Y),

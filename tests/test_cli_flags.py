@@ -132,6 +132,26 @@ def test_creditaudit_set_comes_after_sweeps_out_as_after_trains(tmp_path, monkey
     assert f"(results in {tmp_path / 'env'})" in capsys.readouterr().out
 
 
+def test_an_experiment_says_creditaudit_set_does_not_shrink_its_runs(monkeypatch, capsys):
+    """docs/configuration.md: CREDITAUDIT_SET shrinks the runs of train, sweep and demo. An
+    experiment ignored it without a word, so `CREDITAUDIT_SET=… creditaudit experiment
+    audit_table --scale cpu`, meant as a quick try, trained hours of full-size runs."""
+    import creditaudit.study.experiments as experiments
+
+    asked = []
+    monkeypatch.setattr(experiments, "run_experiments",
+                        lambda names, **options: asked.append(options["scale"]) or {})
+    monkeypatch.setenv("CREDITAUDIT_SET", "optim.epochs=1")
+    assert main(["experiment", "fresh_null", "--scale", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: CREDITAUDIT_SET is not applied to an experiment's runs" in err
+    assert "--scale cpu runs" in err and asked == ["cpu"]
+    assert main(["experiment", "fresh_null", "--scale", "cpu", "--no-train"]) == 0
+    assert "CREDITAUDIT_SET" not in capsys.readouterr().err  # nothing trains: nothing to say
+    monkeypatch.delenv("CREDITAUDIT_SET")
+    assert main(["experiment", "fresh_null", "--scale", "cpu"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
 def test_a_sweep_file_given_to_train_is_named_as_one(tmp_path, capsys):
     """train --config SWEEP.toml said "unknown config section 'base'", as if a section
     were misspelled, not that the file is a sweep file for creditaudit sweep."""

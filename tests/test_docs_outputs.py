@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -120,6 +121,35 @@ def test_sweep_run_counts_in_the_docs():
     own = sum(len(load_sweep(ROOT / f"examples/sweeps/own_{name}.toml").configs())
               for name in ("resnet20_fashion", "transformer_mnist1d"))
     assert f"the {own} runs of section 3" in doc("docs/results.md")
+
+
+# The door of each axis as benchmarks/bench_door.py sets it up, with ``door.admit`` counting
+# the checks it is handed instead of running them; printed as one JSON list, in that order.
+DOOR_COUNTS = """\
+import json, sys, tempfile
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from creditaudit.run import door
+door.admit = lambda guest, axis, checked_with, make_checks: len(make_checks())
+import bench_door
+print(json.dumps([count() for count in bench_door.doors(Path(tempfile.mkdtemp())).values()]))
+"""
+
+
+def test_the_door_cost_table_counts_the_checks_each_door_runs(tmp_path):
+    """docs/extending.md's table of what the door costs says how many checks each guest
+    passes; a check added to a suite (the rule suite's readout and symmetric-credit checks)
+    changes the count the benchmark prints, and the table must say so."""
+    table = doc("docs/extending.md").split("What the door costs", 1)[1]
+    shown = [int(n) for n in re.findall(r"^\| [^|]+\| (\d+) \|", table, flags=re.M)]
+    env = {**os.environ, "CREDITAUDIT_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", DOOR_COUNTS, str(ROOT / "benchmarks"),
+                           str(ROOT / "tests")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counted = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shown == counted, f"the table says {shown} checks, the doors run {counted}"
 
 
 # --- error messages -----------------------------------------------------------------------------

@@ -104,6 +104,7 @@ LAB_NOTES = [  # a space in a pattern is any white space: a phrase may break ove
     (r"\b(?:the|per the|an?) issue\b", "an internal issue"),
     (r"\bthis (?:session|revision)\b|\bolder revision\b", "a revision of the work"),
     (r"\(fixed \d{4}-\d\d-\d\d\)|\bused to allow\b", "a fix's history"),
+    (r"\b(?:before|until) \d{4}-\d\d-\d\d\b", "the date of a change (say: earlier versions)"),
     (r"\b[pm]\d{2}\b", "a helper's name"),
     (r"(?-i:\bSPEC(?:\.md)?\b)|/work/shared", "a file a user does not have"),
 ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
 
 from creditaudit.cli.common import (
+    ENV_OVERRIDES,
     add_device_options,
     device_flags,
     folder,
@@ -260,6 +262,11 @@ def run(args: argparse.Namespace) -> int:
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
     check_data_dir(args)
+    if os.environ.get(ENV_OVERRIDES, "").strip() and not args.no_train:
+        # train, sweep and demo shrink every run by it; an experiment's runs are its scale's
+        print(f"creditaudit: warning: {ENV_OVERRIDES} is not applied to an experiment's runs, "
+              f"which --scale sizes: these are --scale {args.scale} runs (--scale smoke: tiny "
+              "ones)", file=sys.stderr)
     names = all_names() if args.name == "all" else [get_experiment(args.name).name]
     choices = choices_of(args)
     progress = _LazyProgress(quiet=args.quiet)

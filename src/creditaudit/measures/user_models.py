@@ -49,12 +49,16 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
     if eval_x.dim() < 1 or eval_x.shape[0] == 0:
         raise ModelContractError(f"eval_x holds no samples (shape {tuple(eval_x.shape)}): pass "
                                  "N ≥ 1 inputs (N ≥ 1024 for diagnostic (c))")
-    check_labels(eval_x, eval_y)
     shape, floating = _model_inputs(model)
+    if shape and tuple(eval_x.shape) == shape:  # before the labels, which it would blame
+        raise ModelContractError(f"eval_x is one sample of shape {shape}, not a batch: pass "
+                                 f"inputs (N, {', '.join(map(str, shape))}), the batch first "
+                                 "(one sample: eval_x.unsqueeze(0))")
     if shape and tuple(eval_x.shape[1:]) != shape:
         raise ModelContractError(f"eval_x holds samples of shape {tuple(eval_x.shape[1:])} but "
                                  f"the model takes {shape}: pass inputs as the model reads "
                                  "them (flattened or not, as it was built or adapted)")
+    check_labels(eval_x, eval_y)
     reference = next((p for p in model.parameters() if p.is_floating_point()), None)
     if floating and not eval_x.is_floating_point() and reference is not None:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "

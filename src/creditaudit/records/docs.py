@@ -140,7 +140,7 @@ def render_record_docs() -> str:
            "key `content_sha256` is the digest of everything else "
            "(`creditaudit.records.content_digest`, blind to key order and indentation): a "
            "record changed after it was written is refused when read (records written "
-           "before 2026-11-29 have none).", "",
+           "by earlier versions of creditaudit have none).", "",
            "A record with a number outside its field's *domain* (each number of a list or "
            "object field, or of the keys named) is refused when read. NaN (undefined) is "
            "allowed in every domain, +inf only in `≥ 0`; the bounds have a rounding slack "

@@ -73,7 +73,7 @@ class RunRecord(RecordAccessors):
         "it declares it fails by design, with their reasons); for a `Recorder` run the "
         "`code_digest` of the user's network and `code_digest_of`: `source+structure` (its "
         "source files and module tree, each kept as `source_digest` and `structure_digest`; "
-        "`source` in records before 2026-11-29) or `structure` (its module tree, for a "
+        "`source` in records of earlier versions) or `structure` (its module tree, for a "
         "network of installed classes only) — "
         "null with `code_digest_reason` when its class has no source file), device, threads, "
         "`execution` "

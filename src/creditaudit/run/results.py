@@ -13,6 +13,7 @@ the same record. :func:`epoch_record` is an epoch's diagnostic fields in one cal
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -151,7 +152,7 @@ def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Ten
         out["credit_quality_error"] = str(err)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
-        out.update(rule.run_metrics(eval_x, eval_y))
+        out.update(rule_metrics(rule, rule.run_metrics(eval_x, eval_y)))
     return out
 
 
@@ -234,6 +235,51 @@ def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
     if not guest:
         raise RuntimeError(f"{what}: end_epoch() {problem}")
     raise GuestError(f"{what}: end_epoch() {problem}; {VALUE_ADVICE}")
+
+
+def rule_metrics(rule: CreditRule, values: Any) -> Any:
+    """``values``, what ``rule.run_metrics`` returned, once no object in it names two keys
+    that JSON spells alike (``1`` and ``"1"``, ``True`` and ``"true"``): record.json would
+    hold the key twice, one value lost, and reading the record back refuses it. One line
+    naming the rule: a GuestError for a plugin's or your own class's, RuntimeError
+    (creditaudit's own fault) for a built-in's."""
+    clash = _keys_spelled_alike(values)
+    if clash is None:
+        return values
+    (first, second), spelled = clash
+    problem = (f"run_metrics() returned the keys {first!r} and {second!r} in one object, which "
+               f"JSON spells alike ({spelled!r}), so one value would be lost: name each value "
+               "with a string of its own")
+    what, guest = rule_named(rule)
+    if not guest:
+        raise RuntimeError(f"{what}: {problem}")
+    raise GuestError(f"{what}: {problem}; {VALUE_ADVICE}")
+
+
+def _keys_spelled_alike(value: Any) -> tuple[tuple[Any, Any], str] | None:
+    """The first two keys of one object in ``value`` (nested mappings and lists searched)
+    that ``json.dumps`` writes as one string, with that string; None when there are none."""
+    if isinstance(value, Mapping):
+        seen: dict[str, Any] = {}
+        for key in value:
+            spelled = key if isinstance(key, str) else _json_key(key)
+            if spelled is not None and spelled in seen:
+                return (seen[spelled], key), spelled
+            seen.setdefault(spelled, key)
+        inner: Any = value.values()
+    elif isinstance(value, list | tuple):
+        inner = value
+    else:
+        return None
+    return next((clash for item in inner if (clash := _keys_spelled_alike(item))), None)
+
+
+def _json_key(key: Any) -> str | None:
+    """How ``json.dumps`` spells a key that is no string (None: it cannot be a key)."""
+    try:
+        return next(iter(json.loads(json.dumps({key: None}))))
+    except (TypeError, ValueError):
+        return None
 
 
 def _shown(value: Any) -> str:

@@ -13,7 +13,6 @@ the same record. :func:`epoch_record` is an epoch's diagnostic fields in one cal
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -25,6 +24,7 @@ from torch import nn
 from creditaudit.config import DiagnosticsConfig
 from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
 from creditaudit.errors import GuestError
+from creditaudit.files import strict_json
 from creditaudit.guests.blame import VALUE_ADVICE, blame
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -243,7 +243,7 @@ def rule_metrics(rule: CreditRule, values: Any) -> Any:
     hold the key twice, one value lost, and reading the record back refuses it. One line
     naming the rule: a GuestError for a plugin's or your own class's, RuntimeError
     (creditaudit's own fault) for a built-in's."""
-    clash = _keys_spelled_alike(values)
+    clash = strict_json.keys_spelled_alike(values)
     if clash is None:
         return values
     (first, second), spelled = clash
@@ -254,32 +254,6 @@ def rule_metrics(rule: CreditRule, values: Any) -> Any:
     if not guest:
         raise RuntimeError(f"{what}: {problem}")
     raise GuestError(f"{what}: {problem}; {VALUE_ADVICE}")
-
-
-def _keys_spelled_alike(value: Any) -> tuple[tuple[Any, Any], str] | None:
-    """The first two keys of one object in ``value`` (nested mappings and lists searched)
-    that ``json.dumps`` writes as one string, with that string; None when there are none."""
-    if isinstance(value, Mapping):
-        seen: dict[str, Any] = {}
-        for key in value:
-            spelled = key if isinstance(key, str) else _json_key(key)
-            if spelled is not None and spelled in seen:
-                return (seen[spelled], key), spelled
-            seen.setdefault(spelled, key)
-        inner: Any = value.values()
-    elif isinstance(value, list | tuple):
-        inner = value
-    else:
-        return None
-    return next((clash for item in inner if (clash := _keys_spelled_alike(item))), None)
-
-
-def _json_key(key: Any) -> str | None:
-    """How ``json.dumps`` spells a key that is no string (None: it cannot be a key)."""
-    try:
-        return next(iter(json.loads(json.dumps({key: None}))))
-    except (TypeError, ValueError):
-        return None
 
 
 def _shown(value: Any) -> str:

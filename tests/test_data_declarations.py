@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from creditaudit.data import dataset_spec
-from creditaudit.errors import GuestError
+from creditaudit.data.spec import check_provenance
+from creditaudit.errors import GuestError, LoadedDataError
 from creditaudit.run.plan import plan_run
 from creditaudit.testing import check_dataset
 from door_support import ORIGIN, cli_args, error_line, guests, site_with, tiny_config
@@ -124,3 +125,12 @@ def test_files_that_cannot_fingerprint_the_data_are_refused_naming_the_plugin(tm
     assert str(error.value) == (f"dataset plugin '{name}' ({ORIGIN}) declares what creditaudit "
                                 f"cannot use: {says.format(folder=folder.resolve())}")
     assert not (tmp_path / "runs").exists()
+
+
+def test_provenance_naming_one_key_twice_in_json_is_refused():
+    """``{1: …, "1": …}`` passes json.dumps, which writes the key "1" twice: the record would
+    lose a value and be refused on reading as not written by creditaudit."""
+    with pytest.raises(LoadedDataError, match=r"^provenance\(\) of mine holds the keys 1 and "
+                                              r"'1' in one object, which JSON writes alike"):
+        check_provenance("mine", {"generator": "g", "args": {"sizes": {1: 3, "1": 4}}})
+    check_provenance("mine", {"generator": "g", "args": {"sizes": {1: 3, 2: 4}}})  # as before

@@ -51,3 +51,19 @@ def test_details_a_record_cannot_hold_are_not_evaluated(tmp_path):
     assert result.reason.endswith("(it said 'fired': largest norm 2)")
     assert json.loads(json.dumps(result.to_dict()))["details"] == {"claimed": "fired"}
     assert odd.status == NOT_EVALUATED and "a NoneType, not a dict" in odd.reason
+
+
+def test_details_naming_one_key_twice_in_json_are_not_evaluated():
+    """``{1: …, "1": …}`` is plain JSON to json.dumps, which writes the key "1" twice: the
+    record would lose a number and be refused on reading as not written by creditaudit."""
+    from creditaudit.files import strict_json
+
+    diagnostic = Protocol.of(["a"]).diagnostics[0]
+    result = diagnostic.checked(DiagnosticResult(
+        diagnostic.name, "Scale", 2.0, 1.0, "fired", "grown", {"per_state": {1: 0.5, "1": 0.7}}))
+    assert result.status == NOT_EVALUATED and result.value is None
+    assert result.reason.startswith("its details are not plain JSON (the keys 1 and '1' of one "
+                                    "object are both written '1')"), result.reason
+    text = json.dumps(result.to_dict())
+    assert json.loads(text, object_pairs_hook=strict_json.unique_keys)["details"] == {
+        "claimed": "fired"}

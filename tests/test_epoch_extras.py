@@ -96,3 +96,34 @@ def test_your_own_rules_value_is_its_own_failure():
     with pytest.raises(GuestError, match=r"under the key 3, a int: name each value"):
         rule_extras(rule, {3: 1.0})
     assert rule_extras(rule, {"a": np.float32(1.5), "b": None}) == {"a": 1.5, "b": None}
+
+
+# --- the end-of-run metrics of a rule: keys JSON spells alike ------------------------------
+def test_run_metrics_keys_json_spells_alike_fail_the_run_naming_the_rule(tmp_path, monkeypatch):
+    """``{1: …, "1": …}`` from ``run_metrics`` was written as ``"1"`` twice: one number lost,
+    and the run's own record.json then refused on reading as not written by creditaudit."""
+    monkeypatch.setattr(DFA, "run_metrics", lambda self, x, y: {"mine": {1: 0.5, "1": 0.7}})
+    config = configs(tmp_path, "dfa", **{"optim.epochs": 1, "diagnostics.end_of_run": True,
+                                         "diagnostics.rho_samples": 16,
+                                         "diagnostics.rho_directions": 2,
+                                         "diagnostics.null_draws": 2})[0]
+    with pytest.raises(RuntimeError, match=r"^credit rule 'dfa': run_metrics\(\) returned the "
+                                           r"keys 1 and '1' in one object, which JSON spells "
+                                           r"alike \('1'\)"):
+        train(config)
+    record = load_record(tmp_path / run_id(config))  # readable, and says why it failed
+    assert record.status == "failed" and "run_metrics()" in record.error
+
+
+def test_run_metrics_of_your_own_rule_is_its_own_failure():
+    from creditaudit.run.results import rule_metrics
+
+    class Mine(DFA):
+        pass
+
+    rule = Mine.__new__(Mine)
+    with pytest.raises(GuestError, match=r"\(your own class\): run_metrics\(\) returned the keys "
+                                         r"True and 'true'.* not in creditaudit"):
+        rule_metrics(rule, {"per_layer": [{"a": 1.0}, {True: 1.0, "true": 2.0}]})
+    fine = {"a": {1: 0.5, 2: 0.7}, "b": [1.0, {"c": None}]}  # "1", "2": no value lost
+    assert rule_metrics(rule, fine) is fine

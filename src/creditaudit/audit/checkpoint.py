@@ -53,6 +53,7 @@ from creditaudit.records.compare import recipe_difference
 from creditaudit.report.runs import status_text
 from creditaudit.run.data_writes import data_left_alone, run_suspects
 from creditaudit.run.plan import RunPlan
+from creditaudit.run.results import rule_metrics
 from creditaudit.run.setup import rebuild_run, resolve_device
 
 log = logging.getLogger(__name__)
@@ -307,5 +308,5 @@ def rule_fields(rule: CreditRule, entry: EpochEntry | None, eval_x: torch.Tensor
     if metrics:
         devices = [eval_x.device] if eval_x.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            fields.update(rule.run_metrics(eval_x, eval_y))
+            fields.update(rule_metrics(rule, rule.run_metrics(eval_x, eval_y)))
     return fields

@@ -29,6 +29,7 @@ from creditaudit.data.dataset import Dataset
 from creditaudit.data.identity import file_digest
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError, DataError, LoadedDataError
+from creditaudit.files import strict_json
 from creditaudit.registry import DATASETS, Component, defines
 
 KINDS = ("generated", "files")
@@ -188,7 +189,8 @@ class GeneratedDataset(DatasetSpec[GeneratedOptionsT]):
 def check_provenance(name: str, provenance: Any) -> None:
     """LoadedDataError (one line) unless ``provenance`` — what a generated dataset ``name``
     returns from ``provenance()`` — is a dict holding its generator's arguments as a dict
-    under ``"args"``, all strict JSON: it is hashed into the run id and kept in the record."""
+    under ``"args"``, all strict JSON, no two keys of one object written alike (``1`` and
+    ``"1"``): it is hashed into the run id and kept in the record."""
     shape = ("{'generator': ..., 'version': ..., 'args': {every argument that determines "
              "the arrays, the seed included}}")
     if not isinstance(provenance, dict) or not isinstance(provenance.get("args"), dict):
@@ -202,6 +204,12 @@ def check_provenance(name: str, provenance: Any) -> None:
                               "goes into the run id and the record: give Python ints, finite "
                               "floats, strings, lists and dicts (int() or float() of a numpy "
                               "number)") from None
+    clash = strict_json.keys_spelled_alike(provenance)  # written twice, the record unreadable
+    if clash is not None:
+        (first, second), spelled = clash
+        raise LoadedDataError(f"provenance() of {name} holds the keys {first!r} and {second!r} "
+                              f"in one object, which JSON writes alike ({spelled!r}), so the "
+                              "record would lose one value: name each with a string of its own")
 
 
 class FileDataset(DatasetSpec[FileOptionsT]):

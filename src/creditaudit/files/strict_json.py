@@ -122,6 +122,35 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def keys_spelled_alike(value: Any) -> tuple[tuple[Any, Any], str] | None:
+    """The first two keys of one object in ``value`` (nested dicts, lists and tuples searched)
+    that ``json.dumps`` writes as one string (``1`` and ``"1"``: a JSON object would name the
+    key twice, one value lost), with that string; None when there are none."""
+    if isinstance(value, dict):
+        seen: dict[str, Any] = {}
+        for key in value:
+            spelled = key if isinstance(key, str) else _json_key(key)
+            if spelled is None:
+                continue
+            if spelled in seen:
+                return (seen[spelled], key), spelled
+            seen[spelled] = key
+        inner: Any = value.values()
+    elif isinstance(value, list | tuple):
+        inner = value
+    else:
+        return None
+    return next((clash for item in inner if (clash := keys_spelled_alike(item))), None)
+
+
+def _json_key(key: Any) -> str | None:
+    """How ``json.dumps`` spells a key that is no string (None: it cannot be a key)."""
+    try:
+        return next(iter(json.loads(json.dumps({key: None}))))
+    except (TypeError, ValueError):
+        return None
+
+
 def nesting_depth(text: str) -> int:
     """How deeply arrays and objects nest in JSON ``text`` (0 for a bare value): the largest
     number of brackets open at once, brackets inside strings left out. Malformed text is

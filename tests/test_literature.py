@@ -149,7 +149,7 @@ def test_rules_keep_their_rows_and_the_baselines():
     assert {c.data.name for c in built} == {"synthetic"}  # MNIST-1D has no DFA row: left out
 
 
-def test_cpu_scale_plans_the_published_recipes():
+def test_cpu_scale_plans_the_published_recipes(mnist_folder_named):
     built = configs("cpu", dataset=None, data_dir=None, out_dir="x")
     lenet = [c for c in built if c.model.factory.endswith(":lenet_mnist")]
     assert {c.data.name for c in lenet} == {"mnist", "fashion-mnist"}
@@ -166,7 +166,7 @@ def test_cpu_scale_plans_the_published_recipes():
     assert [c.data.name for c in built[:48]] == ["mnist"] * 24 + ["fashion-mnist"] * 24
 
 
-def test_local_loss_table_trains_the_source_recipe():
+def test_local_loss_table_trains_the_source_recipe(mnist_folder_named):
     """Nøkland & Eidnes's MLP: BP and local-ce at Adam's 5e-4 without decay, each column
     with the source's augmentation (±2 px; flips on Fashion-MNIST only), the local rule with
     its raw local gradient, every row on one network (the frozen baseline's)."""

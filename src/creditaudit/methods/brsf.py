@@ -7,7 +7,7 @@ from torch import Tensor
 
 from creditaudit.config import MethodConfig
 from creditaudit.methods.base import FeedbackOptions
-from creditaudit.methods.feedback import aux_dtype
+from creditaudit.methods.feedback import draw_dtype
 from creditaudit.methods.linear_feedback import (
     LinearFeedbackRule,
     SignFeedback,
@@ -40,10 +40,10 @@ class BRSF(LinearFeedbackRule[FeedbackOptions]):
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
         self.generator = generator
-        # Each step's draw goes into these (CPU, each layer's aux_dtype): fresh W-sized
+        # Each step's draw goes into these (CPU, each weight's draw_dtype): fresh W-sized
         # tensors every step cost more than drawing them (large blocks are faulted in again
         # each time).
-        self.draws = [torch.empty(tuple(layer.weight.shape), dtype=aux_dtype(layer))
+        self.draws = [torch.empty(tuple(layer.weight.shape), dtype=draw_dtype(layer.weight))
                       for _, layer in self.layers]
         self.magnitudes = self.draw_magnitudes()
 

@@ -47,8 +47,14 @@ def aux_dtype(model: nn.Module) -> torch.dtype:
     """
     for param in model.parameters():
         if param.is_floating_point():
-            return torch.float64 if param.dtype == torch.float64 else torch.float32
+            return draw_dtype(param)
     return torch.float32
+
+
+def draw_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype a rule draws in for ``weight`` (a layer's, an attention projection's, which
+    is no module): float64 for a float64 weight, else float32 (:func:`aux_dtype`)."""
+    return torch.float64 if weight.dtype == torch.float64 else torch.float32
 
 
 def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: torch.Generator,

@@ -46,7 +46,7 @@ from creditaudit.methods.base import (
     loss_precision,
 )
 from creditaudit.methods.bp import end_to_end_step
-from creditaudit.methods.feedback import aux_dtype, draw_feedback
+from creditaudit.methods.feedback import draw_dtype, draw_feedback
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.replaceable import LayersNotCalled, not_called_cause
 from creditaudit.methods.replaced_backward import (
@@ -119,11 +119,11 @@ def draw_layer_feedback(layers: Sequence[tuple[str, FeedbackLayer]], *, scale: f
                         generator: torch.Generator, out: Sequence[Tensor] | None = None
                         ) -> list[Tensor]:
     """A random B per layer, W's shape, entries N(0, scale²/n), n = :func:`backward_fan_in`
-    (on the CPU, in the layer's :func:`~creditaudit.methods.feedback.aux_dtype`: float32, or
+    (on the CPU, in the :func:`~creditaudit.methods.feedback.draw_dtype` of its weight: float32, or
     float64 for a float64 layer; drawn in layer order from ``generator``, into ``out`` if
     given)."""
     return draw_feedback(weight_shapes(layers), scale=scale, generator=generator,
-                         dtype=[aux_dtype(layer) for _, layer in layers],
+                         dtype=[draw_dtype(layer.weight) for _, layer in layers],
                          fans=[backward_fan_in(layer) for _, layer in layers], out=out)
 
 

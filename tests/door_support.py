@@ -10,6 +10,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+from torch import nn
+
 from creditaudit import RunConfig
 from plugin_support import GUESTS, plugins_on_path
 
@@ -84,3 +87,15 @@ def error_line(done) -> str:  # noqa: ANN001 - a CompletedProcess
     line = last_line(done.stderr)
     assert line.startswith("creditaudit: error: "), done.stderr[-2000:]
     return line
+
+
+class Net(nn.Module):
+    """A user's network of 8 features and 4 classes (the door-mixture's, the Recorder tests'
+    data), adapted at ``stem`` and ``b1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.b1, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.b1(torch.relu(self.stem(x)))))

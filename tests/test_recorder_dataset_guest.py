@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from creditaudit import Recorder, adapt, rule
 from creditaudit.config import bind
 from creditaudit.data import dataset_spec
 from creditaudit.errors import GuestError
+from door_support import Net
 from plugin_support import one_module_plugin
 
 DATASETS = '''
@@ -86,15 +86,6 @@ ENTRIES = "\n".join(f"rec-{name.lower()} = rec_datasets:{name}" for name in (
     "Mixture", "Raising", "Exiting", "NaNs", "Held"))
 ORIGIN = "one-module==0.1.0"
 SIZES = {"n_train": 64, "n_test": 32}
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem, self.b1, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.b1(torch.relu(self.stem(x)))))
 
 
 def record_on(name: str, out, **sizes: int) -> Recorder:  # noqa: ANN001

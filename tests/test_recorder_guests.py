@@ -6,26 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from creditaudit import Recorder, adapt, rule
 from creditaudit.errors import GuestError
 from creditaudit.records import load_record
 from creditaudit.registry import DIAGNOSTICS
-from door_support import ORIGIN, guests
+from door_support import ORIGIN, Net, guests
 from plugin_support import one_module_plugin
 
 X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 Y = torch.randint(0, 4, (64,), generator=torch.Generator().manual_seed(2))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem, self.b1, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.b1(torch.relu(self.stem(x)))))
 
 
 def recorder(out, diagnostic: str) -> Recorder:  # noqa: ANN001

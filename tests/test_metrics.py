@@ -26,7 +26,7 @@ from creditaudit.measures.perturbation import (
     rho_per_layer,
     rho_table,
 )
-from creditaudit.measures.quality import credit_quality
+from creditaudit.measures.quality import credit_quality, full_credits
 from creditaudit.methods import bp_state_gradients, build_rule
 from creditaudit.models import ResidualMLP
 from creditaudit.models.contract import ResidualNet
@@ -308,6 +308,24 @@ def test_rho_does_not_depend_on_how_the_samples_are_chunked(trained_tiny, monkey
     whole, single = table(1 << 23), table(1)  # 48 samples in one chunk / 1 per chunk
     for key in ("rho", "bp", "random"):
         assert whole[key] == pytest.approx(single[key], abs=1e-12)
+
+
+@pytest.mark.parametrize("method", ["bp", "fa"])
+def test_a_batch_mean_credit_keeps_one_scale_across_a_short_last_chunk(trained_tiny, method):
+    """Credits on the batch-mean scale, taken in chunks of 512, must not put a short last
+    chunk's samples on another scale: ρ pools samples, so BP's own credit over 600 samples
+    (chunks of 512 and 88) read ρ ≈ 0.71 against its control's 1.0."""
+    model, x, y = trained_tiny
+    rule = build_rule(copy.deepcopy(model), MethodConfig(name=method), n_classes=10, seed=0)
+    x, y = x[:600], y[:600]
+    chunked = full_credits(rule, x, y, chunk=512)
+    tail = rule.credits(x[88:], y[88:])  # the last 88 samples inside a batch of 512
+    for got, want in zip(chunked, tail):
+        torch.testing.assert_close(got[512:], want[-88:], rtol=1e-4, atol=1e-9)
+    quality = credit_quality(rule, x, y, rho_directions=8, null_draws=2)
+    if method == "bp":
+        assert quality["perturbation_rho"] == pytest.approx(quality["rho_controls"]["bp"],
+                                                            abs=1e-6)
 
 
 def test_rho_float64_survives_an_exploded_model_where_fp32_fails(trained_tiny):

@@ -4,6 +4,7 @@ and the --dry-run plan that explains every run that collapses into another."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 import types
 from pathlib import Path
@@ -269,6 +270,27 @@ def test_dry_run_names_the_ray_executor_without_contacting_it(tmp_path, capsys):
                  "10.0.0.1:6379", "--threads-per-worker", "2", "--gpus-per-run", "0.25"]) == 0
     assert ("executor: ray executor on the Ray cluster at 10.0.0.1:6379, each run asking for 2 "
             "CPU, 0.25 GPU (--dry-run does not contact Ray)") in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_the_default_workers_fill_the_cpus_this_process_may_use(tmp_path, capsys, monkeypatch):
+    """Without --workers, a local sweep starts as many workers as the CPUs this process may
+    run on (its affinity: taskset, a Slurm job's cpuset) hold with --threads-per-worker
+    threads each. It counted every CPU of the machine (os.cpu_count): in a 2-CPU job on a
+    64-CPU node it started 64 workers, each importing torch, on 2 CPUs."""
+    from creditaudit.sweep import LocalExecutor
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5})
+    path = sweep_file(tmp_path, '[grid]\n"run.seed" = [1, 2, 3, 4]\n')
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    assert "executor: local executor, 2 worker processes × 1 thread" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--dry-run", "--threads-per-worker", "2"]) == 0
+    assert "executor: local executor, 1 worker process × 2 threads" in capsys.readouterr().out
+    assert LocalExecutor().workers == 2
+    assert LocalExecutor(threads_per_worker=2).workers == 1
+    assert LocalExecutor(threads_per_worker=4).workers == 1  # at least one
+    assert LocalExecutor(workers=8).workers == 8  # as asked
 
 
 def test_a_grid_varies_a_factory_argument_as_set_does(tmp_path):

@@ -106,6 +106,37 @@ def test_a_record_that_is_no_json_file_reads_as_not_started(tmp_path):
     assert epochs_done(zero) is None
 
 
+def test_a_record_is_read_again_only_once_it_changed(tmp_path, monkeypatch):
+    """A sweep's watch polls every record every 2 s: it parsed each one every time, and a
+    thousand finished 100-epoch runs (130 kB each) took 2 s a poll, a core of the sweep's
+    process for as long as it ran. An unchanged file is not read again."""
+    import creditaudit.cli.run_watch as run_watch
+
+    reads: list[Path] = []
+
+    def counted(path: Path) -> tuple[int, str] | None:
+        reads.append(path)
+        return epochs_done(path)
+
+    monkeypatch.setattr(run_watch, "epochs_done", counted)
+    runs = {f"seed={s}": tmp_path / f"{s}" / "record.json" for s in range(3)}
+    write_record(runs["seed=0"], 2, "completed")
+    write_record(runs["seed=1"], 1)
+    watch = RunWatch(runs, epochs=2, say=print)
+    assert watch.counts() == {"seed=0": 2, "seed=1": 1, "seed=2": None}
+    reads.clear()
+    for _ in range(3):
+        assert watch.counts() == {"seed=0": 2, "seed=1": 1, "seed=2": None}
+    assert reads == []  # nothing changed: nothing parsed again
+    replaced = runs["seed=1"].with_name("new.json")  # replaced atomically, as a run does
+    write_record(replaced, 2)
+    replaced.replace(runs["seed=1"])
+    assert watch.counts() == {"seed=0": 2, "seed=1": 2, "seed=2": None}
+    assert reads == [runs["seed=1"]]
+    write_record(runs["seed=1"], 2, "failed")  # rewritten in place: its size changed
+    assert watch.counts()["seed=1"] == 2 and watch.failed == {"seed=1"}
+
+
 def test_a_sweeps_line_lists_the_runs_training_now_and_counts_the_others(tmp_path):
     runs = {f"seed={s}": tmp_path / f"{s}" / "progress.json" for s in range(8)}
     write_record(runs["seed=0"], 2, "completed")  # finished before the watch: no ETA pace

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import time
 from dataclasses import dataclass
@@ -98,8 +97,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=DEFAULTS["seed"],
                         help="seed (default 42)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="parallel single-thread runs (default: number of cores, at most "
-                             "4); 0: one run after another in this process, as in sweep")
+                        help="parallel single-thread runs (default: the CPUs this process "
+                             "may run on, at most 4); 0: one run after another in this "
+                             "process, as in sweep")
     add_device_options(parser)
     parser.add_argument("--end-of-run", action="store_true",
                         help="also compute the end-of-run credit-quality metrics (ρ, nudging, "
@@ -173,16 +173,17 @@ def demo_flags(args: argparse.Namespace) -> FlagsGiven:
 
 def demo_executor(workers: int | None, n_runs: int) -> Any:
     """The executor of ``--workers``: ``workers`` single-thread worker processes (default:
-    one per core, at most one per run); 0 runs them one after another in this process, one
-    thread each, as ``sweep --workers 0`` does."""
+    one per CPU this process may use, at most one per run); 0 runs them one after another
+    in this process, one thread each, as ``sweep --workers 0`` does."""
     from creditaudit.sweep import InlineExecutor, LocalExecutor
+    from creditaudit.sweep.executors import default_workers
 
     if workers is not None and workers < 0:
         raise ConfigError(f"--workers must be >= 0 (0 = one run after another in this "
                           f"process), got {workers}")
     if workers == 0:
         return InlineExecutor(threads=1)
-    return LocalExecutor(workers=workers or min(n_runs, os.cpu_count() or 1))
+    return LocalExecutor(workers=workers or min(n_runs, default_workers()))
 
 
 def start_lines(plans: list[Any], executor: Any, out: str, data_label: str) -> list[str]:

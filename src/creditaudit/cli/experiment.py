@@ -58,8 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "OUT/experiments/ (default: results)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="local executor: worker processes, one torch thread each "
-                             "(default: the number of CPUs; 0 = train in this process; smoke "
-                             "scale trains in this process unless N is given)")
+                             "(default: the CPUs this process may run on; 0 = train in this "
+                             "process; smoke scale trains in this process unless N is given)")
     parser.add_argument("--executor", choices=("local", "inline", "ray"), default="local",
                         help="local worker processes (default), inline (this process) or one "
                              "Ray task per run")

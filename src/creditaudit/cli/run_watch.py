@@ -55,7 +55,9 @@ class RunWatch:
     first. A failed run reads ``failed`` at the epochs it did, and its epochs left are no
     longer waited for. Past :data:`MAX_LISTED` runs the line lists the runs training now
     and counts the others. A ``say`` that fails (stdout closed by its reader) ends the
-    thread quietly: the command meets the closed stdout itself at its next write.
+    thread quietly: the command meets the closed stdout itself at its next write. A record
+    is read again only once its file changed (:meth:`_epochs_done`): a sweep's finished
+    runs are not parsed at every poll.
     """
 
     def __init__(self, runs: dict[str, Path], epochs: int | Mapping[str, int], say: Say, *,
@@ -71,6 +73,8 @@ class RunWatch:
             = None
         self.finishing: set[str] = set()
         self.failed: set[str] = set()
+        # record file → (its stat when read, what it said): read again once it changed
+        self.read: dict[Path, tuple[tuple[int, ...], tuple[int, str] | None]] = {}
         # Epochs done before the watch began (runs finished earlier) do not pace the ETA.
         self.done_before = sum(c or 0 for c in self.counts().values())
         self._stop = threading.Event()
@@ -83,7 +87,7 @@ class RunWatch:
         out: dict[str, int | None] = {}
         self.finishing, self.failed = set(), set()
         for label, path in self.runs.items():
-            done = epochs_done(path)
+            done = self._epochs_done(path)
             if done is None:
                 out[label] = None
                 continue
@@ -95,6 +99,22 @@ class RunWatch:
             elif status not in ("completed", "diverged") and epoch >= total:
                 self.finishing.add(label)
         return out
+
+    def _epochs_done(self, path: Path) -> tuple[int, str] | None:
+        """:func:`epochs_done` of ``path``, read again only when its file changed (another
+        file, size or time: a run replaces its record atomically at each epoch), so a
+        sweep's finished runs cost one ``stat`` per poll, not a parse of their records."""
+        try:
+            stat = path.stat()
+        except OSError:  # none yet
+            return None
+        key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        seen = self.read.get(path)
+        if seen is not None and seen[0] == key:
+            return seen[1]
+        done = epochs_done(path)
+        self.read[path] = (key, done)
+        return done
 
     def line(self, counts: dict[str, int | None], now: float) -> str:
         done = sum(c or 0 for c in counts.values())

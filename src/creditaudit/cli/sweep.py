@@ -60,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="local: worker processes on this machine (default); ray: one "
                              "Ray task per run")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="local executor: worker processes (default: number of CPUs; "
+                        help="local executor: worker processes (default: the CPUs this "
+                             "process may run on ÷ --threads-per-worker; "
                              "0 = run in this process, one after another)")
     parser.add_argument("--threads-per-worker", type=int, default=None, metavar="T",
                         help="torch CPU threads per run (default: the sweep file's "

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from creditaudit.cli.sweep_output import at_once
@@ -85,7 +84,9 @@ def describe_planned_executor(args: argparse.Namespace, tasks: list[int]) -> str
                 f"{gpus_per_run(args):g} GPU (--dry-run does not contact Ray)")
     if args.workers == 0:
         return f"inline executor: one run after another in this process, {per_run}"
-    workers = min(args.workers or os.cpu_count() or 1, len(tasks))
+    from creditaudit.sweep.executors import default_workers
+
+    workers = min(args.workers or default_workers(threads), len(tasks))
     if not workers:
         return "local executor, no worker process (nothing to train)"
     return (f"local executor, {workers} worker process{'es' if workers != 1 else ''} × "

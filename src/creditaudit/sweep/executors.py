@@ -30,6 +30,21 @@ RunFn = Callable[[dict[str, Any]], Outcome]
 UNWIND_SECONDS = 30.0
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its CPU affinity (``taskset``, a Slurm job's or a
+    container's cpuset), not every CPU of the machine, which ``os.cpu_count()`` counts."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity to read (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def default_workers(threads_per_worker: int = 1) -> int:
+    """The worker processes a local sweep starts when not told: as many as fill the usable
+    CPUs (:func:`usable_cpus`) with ``threads_per_worker`` torch threads each, at least 1."""
+    return max(1, usable_cpus() // max(1, threads_per_worker))
+
+
 def _shut_down(pool: Any, processes: list[Any], seconds: float, *,
                patient: bool = False) -> bool:
     """``pool.shutdown`` once the interrupted worker ``processes`` are done; those still
@@ -106,16 +121,16 @@ class InlineExecutor:
 
 class LocalExecutor:
     """``workers`` spawned processes on this machine, each with ``threads_per_worker`` torch
-    threads (workers × threads should not exceed the cores)."""
+    threads (workers × threads should not exceed the cores; None: :func:`default_workers`)."""
 
     name = "local"
 
     def __init__(self, workers: int | None = None, threads_per_worker: int = 1) -> None:
-        workers = (os.cpu_count() or 1) if workers is None else workers
-        if workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {workers}")
         if threads_per_worker < 1:
             raise ConfigError(f"--threads-per-worker must be >= 1, got {threads_per_worker}")
+        workers = default_workers(threads_per_worker) if workers is None else workers
+        if workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {workers}")
         self.workers, self.threads = workers, threads_per_worker
         self.slots = workers
 

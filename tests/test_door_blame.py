@@ -200,7 +200,23 @@ def test_running_out_of_memory_in_a_factory_network_is_not_blamed_on_it(error):
     with pytest.raises(type(error)) as caught:
         net(torch.zeros(2, 3))
     mark_network_failure(caught.value, "model factory 'm:f'", net)
-    assert guest_failure(caught.value) is None
+    line = guest_failure(caught.value)
+    assert line.startswith("out of memory (") and "model factory" not in line, line
+
+
+def test_running_out_of_memory_in_a_factorys_own_forward_is_not_blamed_on_its_code(tmp_path):
+    """The allocator's refusal raised in the factory's file (its forward holds the frame):
+    one line saying memory ran out and what to shrink, not 'an error in its code'; the
+    record says the same."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    done = cli(site_with(tmp_path), "train", "--arch", f"module:{FACTORIES}:out_of_memory_net",
+               *cli_args(tmp_path / "runs", **image_run(data)), cwd=tmp_path)
+    line = error_line(done)
+    assert done.returncode == 2, done.stderr
+    assert line.startswith("creditaudit: error: out of memory (RuntimeError: "), line
+    assert "optim.batch_size" in line and "not in creditaudit" not in line, line
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/record.json")]
+    assert record["status"] == "failed" and record["error"].startswith("out of memory ("), record
 
 
 def test_a_factory_raising_during_training_in_a_sweep_is_named_in_its_record(tmp_path):

@@ -68,10 +68,33 @@ def blame(guest: Guest | str | None) -> Iterator[None]:
             raise
         raise GuestError(exit_message(what, err)) from None
     except BaseException as err:  # noqa: BLE001 - whatever the guest raised is named as its own
-        if pytest_outcome(err):  # pytest.skip in a guest a user's test runs
+        # pytest.skip in a guest a user's test runs; running out of memory is no one's code
+        # (guest_failure says so where it is caught)
+        if pytest_outcome(err) or out_of_memory(err):
             raise
         raise GuestError(failure_message(what, err, _innermost(err.__traceback__, guest)
                                          )) from err
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is the host or a device running out of memory (Python's
+    ``MemoryError``, torch's ``OutOfMemoryError``, its CPU allocator's ``RuntimeError``):
+    the size of what ran, not a fault of the code it ran in."""
+    import torch  # only on a failure path
+
+    if isinstance(err, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text
+                                              or "out of memory" in text.lower())
+
+
+def memory_message(err: BaseException) -> str:
+    """One line for running out of memory: what torch said, and what to shrink."""
+    text = str(err).strip().splitlines()
+    said = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    return (f"out of memory ({said}); make the model, the batch (optim.batch_size) or the "
+            "evaluation set (diagnostics.eval_samples) smaller, or free memory, then run again")
 
 
 def exit_message(what: str, err: SystemExit) -> str:
@@ -110,9 +133,12 @@ def value_message(what: str, detail: str) -> str:
 def guest_failure(err: BaseException) -> str | None:
     """One line naming the guest ``err`` came out of (the innermost frame of its traceback
     that lies in a known guest's files), or None when no guest's code is on it. A
-    :class:`GuestError` already is that line."""
+    :class:`GuestError` already is that line. Running out of memory, wherever it happened, is
+    no one's code: :func:`memory_message` says what to shrink."""
     if isinstance(err, GuestError):
         return str(err)
+    if out_of_memory(err):
+        return memory_message(err)
     found = None
     for frame, line in traceback.walk_tb(err.__traceback__):
         owners = guests_owning(frame.f_code.co_filename)
@@ -134,10 +160,7 @@ def mark_network_failure(err: BaseException, what: str, net: Any) -> None:
     creditaudit's error); :func:`guest_failure` then names ``what`` and the innermost module
     of ``net`` whose ``forward`` was running. Running out of memory (host or device) is
     no one's code: not marked."""
-    import torch  # only on this failure path
-
-    if isinstance(err, CreditAuditError | KeyboardInterrupt | MemoryError
-                  | torch.OutOfMemoryError):
+    if isinstance(err, CreditAuditError | KeyboardInterrupt) or out_of_memory(err):
         return
     frames = list(traceback.walk_tb(err.__traceback__))[1:]  # the caller's frame left out
     if not frames or any(resolved(frame.f_code.co_filename).startswith(OWN_FOLDER)

@@ -80,6 +80,18 @@ def forward_raises_net(n_classes=10):
     return ForwardRaises(n_classes=n_classes)
 
 
+class ForwardOutOfMemory(ImageNet):
+    def forward(self, x):
+        if self.training and x.shape[0] > 4:  # a training step: as torch's allocator says it
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: "
+                               "can't allocate memory: you tried to allocate 10000000000 bytes")
+        return super().forward(x)
+
+
+def out_of_memory_net(n_classes=10):
+    return ForwardOutOfMemory(n_classes=n_classes)
+
+
 def torch_layers_net(n_classes=10):
     """Only torch's own classes, no code of the factory's on the traceback: its
     InstanceNorm1d, which keeps running statistics, normalises a single spatial element,

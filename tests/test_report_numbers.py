@@ -89,6 +89,11 @@ def test_a_summary_row_shows_the_sample_std_as_the_experiments_do(runs):
     [row] = summary_table(index, index.runs).rows
     assert row["test acc"].startswith("0.300 ± 0.141")  # population std: ± 0.100
     assert format_aggregate(aggregate([0.2, 0.4])) == "0.300 ± 0.141 (n=2)"
+    # The line under the table says which std it is: it said "(population)" after the
+    # numbers became the sample std.
+    note = next(line for line in render_report_markdown(index).splitlines()
+                if line.startswith("Mean ± std"))
+    assert "sample std, ddof=1" in note and "population" not in note
 
 
 def test_a_mean_over_fewer_runs_than_its_row_says_over_how_many(runs):

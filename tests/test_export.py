@@ -499,8 +499,9 @@ def test_runs_no_file_can_hold_are_listed_with_why(tmp_path, capsys, single_thre
                                         "creditaudit trained itself (creditaudit train or "
                                         "experiment) of ResidualMLP (with or without "
                                         "out_ln), ViT-Mini or StudentNet, with a residual "
-                                        "stream, every block trainable, real labels and "
-                                        "feedback drawn from the run seed")
+                                        "stream, every block trainable, real labels, "
+                                        "the rule's default options and feedback drawn "
+                                        "from the run seed")
         assert f"  not exported {entry['run_id']}: {entry['reason']}" in printed
     [dfa] = [e for e in entries if e["run_id"].startswith("dfa-")]
     assert "; feedback drawn from method.feedback_seed=0, not the run seed:" in dfa["reason"]
@@ -524,3 +525,33 @@ def test_the_advice_for_data_no_installed_dataset_loads_names_no_command(copies,
     for text in needs:
         assert "--dataset teacher-student" not in text, text
         assert "no experiment trains it: teacher-student is no dataset installed here" in text
+
+
+def test_a_run_of_other_rule_options_fills_no_file(copies, tmp_path):
+    """A DFA run with method.feedback_scale=100 (an ablation) of the recipe, seed and λ of
+    the default DFA run filled the study's dfa_log and dfa keys in its place (the smaller
+    run id), the default run listed as 'a copy of the run of' it that 'fills as much': the
+    original files name a run by rule and seed alone, and its scripts read the rule as the
+    study trained it. Such a run now fills no file and is listed with why."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    folder, runs = copies
+    root = tmp_path / "runs"
+    for key in ("bp", "full"):
+        shutil.copytree(folder / runs[key].run_id, root / runs[key].run_id)
+    scaled = train(RunConfig().replace(**{**TINY, "method.name": "dfa",
+                                          "method.feedback_scale": 100.0,
+                                          "run.out_dir": str(root)})).record
+    assert scaled.recipe_key == runs["full"].recipe_key and scaled.seed == runs["full"].seed
+    result = export(root, tmp_path / "out")
+    for entry in result.written:
+        assert scaled.run_id not in entry["runs"].values()
+        assert "left_out" not in entry
+    snapshot = next(e for e in result.written if "snapshot_evolution_s42" in e["path"])
+    assert snapshot["runs"]["dfa_log"] == runs["full"].run_id
+    [listed] = manifest(tmp_path / "out")["not_exported"]
+    assert listed["run_id"] == scaled.run_id
+    assert listed["reason"].startswith("rule options other than its defaults "
+                                       "(method.feedback_scale=100.0 where the default is "
+                                       "1.0): ")

@@ -129,6 +129,30 @@ def test_a_figure_never_averages_seeds_of_a_rule_run_with_other_options():
         note.replace("\n", " ")
 
 
+def _of_code(run: RunRecord, digest: str) -> RunRecord:
+    """``run`` as a run of a plugin rule whose code has the digest ``digest``."""
+    run.environment = {"components": {"method": {"name": run.method, "origin": "mine==1.0",
+                                                 "code_digest": digest}}}
+    return run
+
+
+def test_a_figure_never_averages_seeds_of_a_rule_whose_code_changed_between_them():
+    """Seed 1 of a plugin rule before its code was edited, seeds 1 and 2 after: one rule
+    name and options, one recipe, yet two rules. The hero's DFA mean took one run per seed
+    whatever its code (seed 1 of the old code, seed 2 of the new) and named no run left
+    out; it draws the seeds of one code now, and names the other under the figure."""
+    old = _of_code(_run("dfa", 1), "a" * 64)
+    new = [_of_code(_run("dfa", seed), "b" * 64) for seed in (1, 2)]
+    index = RunIndex.from_records([old, *new, _run("bp", 1), _run("fa", 1)])
+    drawn = hero.select(index)["dfa"]
+    assert [run.seed for run in drawn] == [1, 2]
+    assert all(run is not old for run in drawn)
+    fig = hero.build(index)[hero.NAME]
+    note = next(t.get_text() for t in fig.texts if t.get_gid() == "other_options")
+    assert (f"DFA seed 1 (rule code {'a' * 12} where the drawn runs' is {'b' * 12})"
+            in note.replace("\n", " "))
+
+
 def test_audit_panels_draw_each_runs_own_threshold_where_runs_differ(tmp_path):
     # Two DFA seeds judged against other (a) thresholds: no point is drawn against a line
     # at the other run's threshold.

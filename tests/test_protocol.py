@@ -34,6 +34,7 @@ from creditaudit.protocol import (
 )
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.report import render, render_markdown, render_text
+from creditaudit.report.protocol import value_text
 from creditaudit.study.experiments.decision_utility import seed_decisions
 from creditaudit.study.experiments.temporal import depth_utility_trace
 
@@ -241,6 +242,27 @@ def test_depth_utility_margin_of_exactly_the_threshold_passes(headline, frozen):
     # the temporal experiment's per-epoch (d) margin reads the same
     record = SimpleNamespace(series=lambda key: ([1], [headline]))
     assert depth_utility_trace(record, {1: frozen})["margins"] == {1: 2.0}
+
+
+def test_a_value_rounded_onto_its_threshold_is_shown_with_the_digits_that_tell_its_status():
+    """A margin of 1.997 pp (against the mean of three frozen runs) fires (d) at < 2 pp,
+    yet every table showed it as ``+2.00 pp``, which reads as a margin the threshold
+    passes; a growth of 50.04 fired (a) at > 50× reading ``50``. The value now carries the
+    digits that tell its status; one its format already tells is shown as before."""
+    from creditaudit.report.tables import diagnostic_cell
+
+    frozen = (0.50 + 0.50 + 0.5001) / 3  # three frozen runs on 10 000 test samples
+    report = evaluate_protocol(make_sg(), headline_acc=0.52, frozen_acc=frozen)
+    d = report.diagnostic("d")
+    assert d.status == "fired" and 1.99 < d.value < 2.0
+    assert diagnostic_cell(report, "d") == "**fired** +1.997 pp"
+    assert "| (d) | depth utility | +1.997 pp | < 2 pp | fired |" in render_markdown(report)
+    assert "+1.997 pp" in render_text(report)
+    a = dataclasses.replace(report.diagnostic("a"), value=50.04, status="fired")
+    assert value_text(a) == "50.04"
+    assert value_text(dataclasses.replace(a, value=694.2)) == "694"
+    passed = evaluate_protocol(make_sg(), headline_acc=0.52, frozen_acc=0.50)
+    assert diagnostic_cell(passed, "d") == "passed +2.00 pp"
 
 
 def test_decision_utility_accuracy_exactly_2pp_above_chance_is_not_at_chance():

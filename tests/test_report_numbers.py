@@ -89,6 +89,11 @@ def test_a_summary_row_shows_the_sample_std_as_the_experiments_do(runs):
     [row] = summary_table(index, index.runs).rows
     assert row["test acc"].startswith("0.300 ± 0.141")  # population std: ± 0.100
     assert format_aggregate(aggregate([0.2, 0.4])) == "0.300 ± 0.141 (n=2)"
+    # The line under the table says which std it is: it said "(population)" after the
+    # numbers became the sample std.
+    note = next(line for line in render_report_markdown(index).splitlines()
+                if line.startswith("Mean ± std"))
+    assert "sample std, ddof=1" in note and "population" not in note
 
 
 def test_a_mean_over_fewer_runs_than_its_row_says_over_how_many(runs):
@@ -202,6 +207,31 @@ def test_runs_of_two_networks_of_the_users_own_code_read_apart(runs):
     # One network's code for every run: no column.
     same = index_of([with_code(seed, "a" * 64) for seed in (1, 2)])
     assert "model code" not in summary_table(same, same.runs).columns
+
+
+def test_seeds_of_a_plugin_rule_whose_code_changed_are_not_averaged(runs):
+    """Seed 1 of a plugin rule trained before its code was edited, seed 2 after: the
+    summary averaged them in one row (accuracy 0.500 ± 0.566 of 0.9 and 0.1) as seeds of
+    one rule. The rule's code splits the row and a column shows it, as the network's code
+    does; rows of two rules (whose codes differ because the rules do) get no column."""
+    def with_code(seed: int, digest: str, acc: float) -> dict:
+        record = variant(runs["dfa"], f"mine-{digest[0]}-{seed}", seed)
+        components = record["environment"].setdefault("components", {})
+        components["method"] = {**components.get("method", {}), "code_digest": digest,
+                                "origin": "mine==1.0"}
+        record["final"]["test_acc"] = acc
+        return record
+
+    index = index_of([with_code(1, "a" * 64, 0.9), with_code(2, "b" * 64, 0.1)])
+    table = summary_table(index, index.runs)
+    assert "rule code" in table.columns
+    assert sorted((row["rule code"], row["seeds"], row["test acc"]) for row in table.rows) \
+        == [("a" * 12, "1", "0.900 (1 run)"), ("b" * 12, "2", "0.100 (1 run)")]
+    assert "rule code" in audit_table(index, index.runs).columns
+    # One code for every seed: one row, no column; beside a built-in rule's runs, none.
+    same = index_of([with_code(seed, "a" * 64, 0.5) for seed in (1, 2)] + [runs["frozen"]])
+    table = summary_table(same, same.runs)
+    assert "rule code" not in table.columns and len(table.rows) == 2
 
 
 def test_a_diverged_row_says_its_verdict_is_of_a_later_epoch_than_its_numbers(runs):

@@ -51,29 +51,40 @@ def by_seed(runs: Iterable[RunRecord]) -> list[RunRecord]:
     return [out[key] for key in sorted(out)]
 
 
+# What a key of rule_options and other_options_note call a plugin rule's code (its digest).
+RULE_CODE = "rule code"
+
+
+def _options(config: RunConfig) -> dict[str, Any]:
+    """The credit-rule options of ``config``: its ``method`` section but λ."""
+    return {k: v for k, v in config.to_dict()["method"].items() if k != "penalty"}
+
+
 def rule_options(run: RunRecord) -> str:
-    """The run's credit-rule options (its config's ``method`` section but λ) as a key: runs
-    of one rule whose options differ (``method.feedback_scale``, ``method.ep_beta``, …)
+    """The run's credit-rule options (its config's ``method`` section but λ) and, for a
+    plugin rule, the digest of its code, as a key: runs of one rule whose options differ
+    (``method.feedback_scale``, ``method.ep_beta``, …) or whose code changed between them
     are not seeds of one another, whatever their recipe."""
-    options = {k: v for k, v in run.config.to_dict()["method"].items() if k != "penalty"}
-    return json.dumps(options, sort_keys=True, default=str)
+    return json.dumps({**_options(run.config), RULE_CODE: run.rule_code_digest},
+                      sort_keys=True, default=str)
 
 
 def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
               ) -> list[RunRecord]:
     """One run per seed of ``method`` at ``penalty`` within a recipe group, all with the
-    same rule options (:func:`rule_options`): where the group's runs of the rule differ in
-    them, those of the options most seeds ran (on a tie the rule's defaults, else the first
-    in index order), so a mean across seeds never mixes settings."""
+    same rule options and code (:func:`rule_options`): where the group's runs of the rule
+    differ in them, those of the options most seeds ran (on a tie the rule's defaults, else
+    the first in index order), so a mean across seeds never mixes settings."""
     options: dict[str, list[RunRecord]] = {}
     for run in group:
         if run.method == method and matches(run.penalty, penalty):
             options.setdefault(rule_options(run), []).append(run)
-    default = rule_options(RunRecord(config=RunConfig().replace(**{"method.name": method})))
+    default = _options(RunConfig().replace(**{"method.name": method}))
     # Ties go to the rule's default options (max keeps the first of equals: index order).
-    most = max(options.items(), key=lambda item: (len(by_seed(item[1])), item[0] == default),
-               default=("", []))
-    return by_seed(most[1])
+    most = max(options.values(), key=lambda runs: (len(by_seed(runs)),
+                                                   _options(runs[0].config) == default),
+               default=[])
+    return by_seed(most)
 
 
 def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:
@@ -89,12 +100,21 @@ def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | Non
         if like is None or id(run) in ids or rule_options(run) == rule_options(like):
             continue
         own, theirs = run.config.to_dict()["method"], like.config.to_dict()["method"]
-        differ = ", ".join(f"method.{key} {own.get(key)} where the drawn runs have "
-                           f"{theirs.get(key)}" for key in sorted({*own, *theirs})
-                           if own.get(key) != theirs.get(key))
+        parts = [f"method.{key} {own.get(key)} where the drawn runs have {theirs.get(key)}"
+                 for key in sorted({*own, *theirs}) if own.get(key) != theirs.get(key)]
+        if run.rule_code_digest != like.rule_code_digest:
+            parts.append(f"{RULE_CODE} {_digest(run.rule_code_digest)} where the drawn runs' "
+                         f"is {_digest(like.rule_code_digest)}")
+        differ = ", ".join(parts)
         left.append(f"{method_label(run.method, run.penalty)} seed {run.seed} ({differ})")
     return ("Not drawn (a mean across seeds holds runs of one set of rule options): "
             + "; ".join(left) + ".") if left else None
+
+
+def _digest(digest: str | None) -> str:
+    """A code digest as the report's columns show it (its first 12 digits), ``—`` for
+    none."""
+    return "—" if digest is None else digest[:12]
 
 
 def penalties(group: Sequence[RunRecord], method: str) -> list[float]:

@@ -224,9 +224,22 @@ class RunRecord(RecordAccessors):
         factory's, a plugin architecture's, a ``Recorder`` run's network):
         ``environment.components.model.code_digest``; None for built-ins and records
         without it."""
+        return self._code_digest("model")
+
+    @property
+    def rule_code_digest(self) -> str | None:
+        """The digest of the credit rule's code where it is not creditaudit's (a plugin
+        rule's): ``environment.components.method.code_digest``; None for built-ins and
+        records without it. Runs of one rule name whose code differs are not seeds of one
+        another."""
+        return self._code_digest("method")
+
+    def _code_digest(self, axis: str) -> str | None:
+        """``environment.components.<axis>.code_digest`` when it is a digest (the
+        environment block is free-form), else None."""
         components = self.environment.get("components")
-        model = components.get("model") if isinstance(components, dict) else None
-        digest = model.get("code_digest") if isinstance(model, dict) else None
+        entry = components.get(axis) if isinstance(components, dict) else None
+        digest = entry.get("code_digest") if isinstance(entry, dict) else None
         return digest if isinstance(digest, str) and digest else None
 
     # --- serialisation ----------------------------------------------------------------------

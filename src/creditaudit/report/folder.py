@@ -164,10 +164,11 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         lines += ["## Summary across seeds", ""]
         summary = summary_table(index, finished)
         lines += summary.lines()
-        lines += ["", "Mean ± std (population) over the seeds of each row (runs that differ "
-                      "only in the seed; a mean of one run has no ± part: one seed measures "
-                      "no spread); walked back = runs whose verdict needs walk-back / "
-                      "runs with a protocol block. A mark of one run marks its row's mean.",
+        lines += ["", "Mean ± std (the sample std, ddof=1) over the seeds of each row (runs "
+                      "that differ only in the seed; a mean of one run has no ± part: one "
+                      "seed measures no spread); walked back = runs whose verdict needs "
+                      "walk-back / runs with a protocol block. A mark of one run marks its "
+                      "row's mean.",
                   ""]
         partial = partial_means_note(summary)
         lines += [partial, ""] if partial else []

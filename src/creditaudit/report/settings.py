@@ -24,6 +24,7 @@ SHOWN_SETTINGS = frozenset({"method.name", "method.penalty", "model.arch", "mode
                             "model.n_blocks", "model.out_ln", "data.name", "run.seed"})
 DATA_SOURCE = "data source"
 MODEL_CODE = "model code"
+RULE_CODE = "rule code"  # a plugin rule's code digest: edited between seeds, two rules
 MODEL_DTYPE = "model dtype"  # the dtype the parameters were held in (model.dtype)
 # What a record without model.dtype held (those before it was kept), as its recipe reads it.
 LEGACY_DTYPE = "float32"
@@ -41,8 +42,10 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     the config values its run id covers (output folder, threads, device, … left out; "not
     recorded" for those a run from a user's own loop was not told) and, as ``data
     source`` and ``model code``, what identifies its data apart from the seed and its
-    network's code where it is not creditaudit's (hash prefixes); ``model dtype``, the
-    parameters' dtype (its diagnostics ran in it) where the record has one."""
+    network's code where it is not creditaudit's (hash prefixes); ``rule code``, the
+    credit rule's where it is not creditaudit's (a plugin rule: seeds trained before and
+    after its code changed are no seeds of one rule); ``model dtype``, the parameters'
+    dtype (its diagnostics ran in it) where the record has one."""
     skip = non_semantic(run.config)
     unknown = set(run.not_recorded)
     settings: dict[str, str] = {}
@@ -63,6 +66,9 @@ def run_settings(run: RunRecord) -> dict[str, str]:
     code = run.model_code_digest
     if code is not None:  # a network of the user's own code: two scripts' Nets
         settings[MODEL_CODE] = code[:12]
+    rule_code = run.rule_code_digest
+    if rule_code is not None:
+        settings[RULE_CODE] = rule_code[:12]
     dtype = run.model.dtype if run.model is not None else None
     if dtype is not None:  # trained and measured in it (a Recorder's bf16 net); float32 too
         settings[MODEL_DTYPE] = dtype
@@ -72,9 +78,10 @@ def run_settings(run: RunRecord) -> dict[str, str]:
 def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     """The settings whose text differs between ``runs`` and that no fixed column shows, in
     config order. The data source (model code) counts only where no ``data.*``
-    (``model.*``) setting differs (else it differs because they do); a record without a
-    model dtype (before it was kept) held float32, as its recipe says, so it differs only
-    from another dtype."""
+    (``model.*``) setting differs (else it differs because they do), the rule code only
+    where runs of one rule differ in it (two rules' codes differ because the rules do); a
+    record without a model dtype (before it was kept) held float32, as its recipe says, so
+    it differs only from another dtype."""
     table = [run_settings(run) for run in runs]
     keys = list(dict.fromkeys(key for settings in table for key in settings))
 
@@ -87,6 +94,11 @@ def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
         differ = [key for key in differ if key != DATA_SOURCE]
     if any(key.startswith("model.") for key in differ):
         differ = [key for key in differ if key != MODEL_CODE]
+    rule_codes: dict[str, set[str]] = {}
+    for run, settings in zip(runs, table):
+        rule_codes.setdefault(run.method, set()).add(text(settings, RULE_CODE))
+    if all(len(codes) == 1 for codes in rule_codes.values()):
+        differ = [key for key in differ if key != RULE_CODE]
     return differ
 
 
@@ -125,6 +137,6 @@ def setting_cells(values: dict[str, str], keys: Sequence[str]) -> dict[str, str]
     return cells
 
 
-__all__ = ["SHOWN_SETTINGS", "DATA_SOURCE", "MODEL_CODE", "setting_text", "run_settings",
-           "differing_settings", "MAX_SETTING_COLUMNS", "SETTINGS_COLUMN", "setting_columns",
-           "setting_cells"]
+__all__ = ["SHOWN_SETTINGS", "DATA_SOURCE", "MODEL_CODE", "RULE_CODE", "setting_text",
+           "run_settings", "differing_settings", "MAX_SETTING_COLUMNS", "SETTINGS_COLUMN",
+           "setting_columns", "setting_cells"]

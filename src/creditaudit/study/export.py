@@ -25,10 +25,11 @@ per-epoch lists over the trained epochs 1 … E: ``epoch``, ``train_loss``, ``tr
 […]}, …) and ``drift`` (parameter name → relative change).
 
 Which run fills a file: ResidualMLP runs with terminal LN, no penalty (except the penalty
-files), all blocks trainable, real labels — for the no-LN and ViT files the same on those
-architectures (the ViT files from ViT-Mini runs on whichever image dataset has them: CIFAR,
-MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32), for the synthetic files
-StudentNet. ConvMixer runs have no file in this layout (the original study had no
+files), all blocks trainable, real labels, the rule's default options (an ablation such as
+``method.feedback_scale=100`` is no run of the study's) — for the no-LN and ViT files the
+same on those architectures (the ViT files from ViT-Mini runs on whichever image dataset
+has them: CIFAR, MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32), for the
+synthetic files StudentNet. ConvMixer runs have no file in this layout (the original study had no
 ConvMixer), nor have runs of a user's own loop (``Recorder``) or adapted network, whatever
 their class: each run no file can hold is listed under ``not_exported`` with why
 (:func:`~creditaudit.study.export_runs.why_not_exported`). When several families of such runs exist

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from creditaudit.config import RunConfig
 from creditaudit.protocol.records import arch_variant, draws_default_feedback, model_description
 from creditaudit.records import RunRecord
-from creditaudit.registry import ARCHITECTURES
+from creditaudit.registry import ARCHITECTURES, RULES
 
 DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
 
@@ -33,14 +35,31 @@ LAYOUT_VARIANTS = ("resmlp", "resmlp-noLN", "vit", "student")
 LAYOUT_HOLDS = ("the original study's layout holds only runs creditaudit trained itself "
                 "(creditaudit train or experiment) of ResidualMLP (with or without out_ln), "
                 "ViT-Mini or StudentNet, with a residual stream, every block trainable, real "
-                "labels and feedback drawn from the run seed")
+                "labels, the rule's default options and feedback drawn from the run seed")
+# The rule's settings why_not_exported judges apart (λ has files of its own).
+OWN_REASONS = ("name", "penalty", "trainable_blocks", "feedback_seed")
+
+
+def changed_rule_options(record: RunRecord) -> dict[str, tuple[Any, Any]]:
+    """The rule's own options of ``record`` (its config's ``method`` section but those of
+    :data:`OWN_REASONS`) set to another value than the rule's default, by name, as (value,
+    default): ``{"feedback_scale": (100.0, 1.0)}``. The original study trained each rule
+    with its defaults, and its files name a run by rule and seed alone, so such a run (an
+    ablation of the rule) is no run of theirs. Empty for a rule not installed here."""
+    if RULES.find(record.method) is None:
+        return {}
+    own = record.config.to_dict()["method"]
+    default = RunConfig().replace(**{"method.name": record.method}).to_dict()["method"]
+    return {key: (own[key], value) for key, value in default.items()
+            if key not in OWN_REASONS and key in own and own[key] != value}
 
 
 def why_not_exported(record: RunRecord) -> str | None:
     """Why no file of the layout can hold ``record`` (each of what the layout asks of
     a run that it fails: residual stream, every block trainable, real labels, feedback from
-    the run seed, an architecture the layout has files of, a trained epoch), ending with what
-    the layout holds; None when it may fill a file."""
+    the run seed, the rule's default options (:func:`changed_rule_options`), an
+    architecture the layout has files of, a trained epoch), ending with what the layout
+    holds; None when it may fill a file."""
     config = record.config
     model = model_description(record)
     reasons = []
@@ -64,6 +83,11 @@ def why_not_exported(record: RunRecord) -> str | None:
     if not draws_default_feedback(record):
         reasons.append(f"feedback drawn from method.feedback_seed="
                        f"{config.method.feedback_seed}, not the run seed")
+    changed = changed_rule_options(record)
+    if changed:
+        reasons.append("rule options other than its defaults (" + ", ".join(
+            f"method.{key}={value} where the default is {default}"
+            for key, (value, default) in changed.items()) + ")")
     if record.epochs == 0:
         reasons.append("no trained epoch (optim.epochs=0): no trajectory")
     return f"{'; '.join(reasons)}: {LAYOUT_HOLDS}" if reasons else None

@@ -265,6 +265,16 @@ def test_a_value_rounded_onto_its_threshold_is_shown_with_the_digits_that_tell_i
     assert diagnostic_cell(passed, "d") == "passed +2.00 pp"
 
 
+def test_a_reason_states_a_value_rounded_onto_its_threshold_with_the_digits_that_tell():
+    """The reason a record keeps said ``margin +2.00 pp (< 2 pp)`` for a fired margin of
+    1.997 pp: it now carries the same digits as the tables."""
+    frozen = (0.50 + 0.50 + 0.5001) / 3
+    d = evaluate_protocol(make_sg(), headline_acc=0.52, frozen_acc=frozen).diagnostic("d")
+    assert d.status == "fired" and "margin +1.997 pp (< 2 pp)" in d.reason, d.reason
+    passed = evaluate_protocol(make_sg(), headline_acc=0.52, frozen_acc=0.50).diagnostic("d")
+    assert "margin +2.00 pp (≥ 2 pp)" in passed.reason, passed.reason
+
+
 def test_decision_utility_accuracy_exactly_2pp_above_chance_is_not_at_chance():
     record = SimpleNamespace(final_acc=0.12, chance=0.1, headline_gamma=0.5, seed=42,
                              run_id="r")

@@ -28,6 +28,31 @@ def fmt(value: Any, spec: str = ".3g") -> str:
     return format(value, spec)
 
 
+# A format spec with a precision: ``+.2f``, ``.3g``, ``.0%``.
+_PRECISION = re.compile(r"^(?P<head>[^.]*)\.(?P<digits>\d+)(?P<kind>[efgEFG%])$")
+MORE_DIGITS = 6  # telling_number adds at most this many digits
+
+
+def telling_number(value: float, spec: str, operator: str, threshold: float) -> str:
+    """``value`` formatted with ``spec``, with as many more digits (at most
+    :data:`MORE_DIGITS`) as it takes for the number shown to lie on the same side of
+    ``threshold`` (``operator`` ``>`` or ``<`` says which side fires) as ``value`` does: a
+    margin of 1.997 below 2 reads ``+1.997``, not ``+2.00``; a growth of 50.04 above 50
+    reads ``50.04``, not ``50``. Every other value reads as ``spec`` formats it, and so does
+    any value where ``spec`` has no precision or either number is not finite."""
+    text = f"{value:{spec}}"
+    match = _PRECISION.match(spec)
+    if match is None or not (math.isfinite(value) and math.isfinite(threshold)):
+        return text
+    fires = value > threshold if operator == ">" else value < threshold
+    for extra in range(MORE_DIGITS + 1):
+        number = f"{value:{match['head']}.{int(match['digits']) + extra}{match['kind']}}"
+        shown = float(number.rstrip("%")) / (100 if match["kind"] == "%" else 1)
+        if (shown > threshold if operator == ">" else shown < threshold) == fires:
+            return number
+    return text
+
+
 def duration(seconds: float | None) -> str:
     """``83.2`` → ``1m23s``, ``7325`` → ``2h02m``; None → ``?`` (e.g. no ETA yet)."""
     if seconds is None:

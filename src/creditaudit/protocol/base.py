@@ -23,6 +23,7 @@ from creditaudit.config.composed import check_distinct
 from creditaudit.config.sections import DiagnosticsConfig
 from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
+from creditaudit.formatting import telling_number
 from creditaudit.protocol.checks import (
     FIRED,
     NOT_EVALUATED,
@@ -183,12 +184,21 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
         return self.result(value, status, reason, **details)
 
     @classmethod
-    def value_text(cls, value: float | None) -> str:
-        """``694``, ``+1.23 pp``, ``—`` for a missing value."""
+    def value_text(cls, value: float | None, threshold: float | None = None) -> str:
+        """``694``, ``+1.23 pp``, ``—`` for a missing value; with ``threshold``, with the
+        digits it takes to tell which side of it the value lies (:func:`telling_number`:
+        ``+1.997 pp`` below 2 pp, not ``+2.00 pp``)."""
         if value is None:
             return "—"
         unit = cls.unit if cls.value_unit is None else cls.value_unit
-        return f"{value:{cls.value_format}}{unit}"
+        if threshold is None:
+            return f"{value:{cls.value_format}}{unit}"
+        return telling_number(value, cls.value_format, cls.operator, threshold) + unit
+
+    def shown(self, value: float) -> str:
+        """``value`` as a reason states it: the diagnostic's format, with the digits that
+        tell which side of the threshold it lies (:func:`telling_number`), no unit."""
+        return telling_number(value, self.value_format, self.operator, self.limit())
 
     @classmethod
     def threshold_text(cls, threshold: float) -> str:

@@ -18,14 +18,11 @@ declares its own, the one source every reader uses).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from creditaudit.config import opt
 from creditaudit.descriptions import max_block_growth
-from creditaudit.measures.gradients import REFERENCE_FLOOR
 from creditaudit.protocol.base import (
     OPERATORS,
     SCALES,
@@ -34,6 +31,12 @@ from creditaudit.protocol.base import (
     default_names,
     protocol,
     register,
+)
+from creditaudit.protocol.builtin_options import (
+    DepthOptions,
+    GrowthOptions,
+    ReferenceOptions,
+    StabilityOptions,
 )
 from creditaudit.protocol.checks import (
     CAUSE_FLOOR,
@@ -52,7 +55,6 @@ from creditaudit.protocol.checks import (
     Thresholds,
     batch_class_mix,
     block_growths,
-    check_threshold,
     cross_batch_stability,
     embed_growth,
     margin_pp,
@@ -61,54 +63,6 @@ from creditaudit.protocol.checks import (
 
 
 # --- the four built-ins ---------------------------------------------------------------------
-def _check_ranges(options: Any, diagnostic: str) -> None:
-    """Every field of a built-in's ``options`` in its range
-    (:func:`~creditaudit.protocol.checks.check_threshold`), named by its config key
-    ``diagnostics.<diagnostic>.<field>``."""
-    for name in options.__dataclass_fields__:
-        check_threshold(f"diagnostics.{diagnostic}.{name}", name, getattr(options, name))
-
-
-@dataclass
-class GrowthOptions:
-    growth: float = opt(50.0, "(a) fires when one block grows the median ‖h‖ by more than "
-                        "this factor (>= 1)")
-
-    def __post_init__(self) -> None:
-        _check_ranges(self, "a")
-
-
-@dataclass
-class ReferenceOptions:
-    grad_floor: float = opt(REFERENCE_FLOOR, "(b) fires when the median ‖g_L‖ (1/128 scale) "
-                            "is below this floor (> 0)")
-
-    def __post_init__(self) -> None:
-        _check_ranges(self, "b")
-
-
-@dataclass
-class StabilityOptions:
-    stability: float = opt(0.30, "(c) fires when the mean pairwise cosine of batch-mean "
-                           "gradients exceeds this (in [-1, 1))")
-    stability_batches: int = opt(8, "(c) the fewest disjoint evaluation batches it accepts "
-                                 "(>= 2)")
-    stability_batch_size: int = opt(128, "(c) the size of those batches (the calibration "
-                                    "used 128; >= 1)")
-
-    def __post_init__(self) -> None:
-        _check_ranges(self, "c")
-
-
-@dataclass
-class DepthOptions:
-    margin_pp: float = opt(2.0, "(d) fires when headline − frozen-blocks accuracy is below "
-                           "this margin (percentage points, in (-100, 100])")
-
-    def __post_init__(self) -> None:
-        _check_ranges(self, "d")
-
-
 @register
 class ResidualStreamScale(ProtocolDiagnostic[GrowthOptions]):
     """(a): the largest growth of the stream anywhere in the network.
@@ -154,17 +108,18 @@ class ResidualStreamScale(ProtocolDiagnostic[GrowthOptions]):
         details = {"block_growth": growths, "block": block, "embed_growth": embed}
         value = max(v for v in (largest, embed) if v is not None)
         if embed is not None and (largest is None or embed > largest):
-            where = f"‖h_0‖ grew {embed:.3g}× since initialisation (before the first state)"
+            where = f"‖h_0‖ grew {self.shown(embed)}× since initialisation (before the first state)"
         else:
-            where = f"block {block} grows the residual stream {value:.3g}×"
-        before = ("" if embed is None else f"; ‖h_0‖ {embed:.3g}× its initial value")
+            where = f"block {block} grows the residual stream {self.shown(value)}×"
+        before = ("" if embed is None else f"; ‖h_0‖ {self.shown(embed)}× its initial value")
         if self.fires(value):
             return self.result(value, FIRED,
                                f"{where} (> {limit:g}×); ‖h_L‖ = {hidden[-1]:.3g}", **details)
         if largest is None:
-            text = f"‖h_0‖ {embed:.3g}× its initial value (≤ {limit:g}×)"
+            text = f"‖h_0‖ {self.shown(embed)}× its initial value (≤ {limit:g}×)"
         else:
-            text = f"largest block growth {largest:.3g}× at block {block}{before} (≤ {limit:g}×)"
+            text = (f"largest block growth {self.shown(largest)}× at block {block}{before} "
+                    f"(≤ {limit:g}×)")
         if embed is None:
             text += "; ‖h_0‖ at initialisation not known: the segment before h_0 is not judged"
         return self.result(value, PASSED, text, **details)
@@ -217,8 +172,9 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
             return self.result(None, NOT_EVALUATED, OVERFLOWED_STATES, **details)
         if value >= floor:
             return self.result(value, PASSED,
-                               f"median ‖g_L‖ = {value:.3g} (≥ {floor:.0e}); {zero_text} of "
-                               "samples have an exactly-zero gradient", **details)
+                               f"median ‖g_L‖ = {self.shown(value)} (≥ {floor:.0e}); "
+                               f"{zero_text} of samples have an exactly-zero gradient",
+                               **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
             if not _mostly_unsaturated(evidence, 0.0):
                 cause = CAUSE_SATURATION
@@ -246,7 +202,7 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         if cause == CAUSE_FLOOR and evidence.terminal_ln:
             cause += f" (the stream did not grow by more than {growth:g}×: not LN cancellation)"
         return self.result(value, FIRED,
-                           f"median ‖g_L‖ = {value:.3g} (< {floor:.0e}): {cause}; zero "
+                           f"median ‖g_L‖ = {self.shown(value)} (< {floor:.0e}): {cause}; zero "
                            f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
 
 
@@ -330,11 +286,11 @@ class DirectionStability(ProtocolDiagnostic[StabilityOptions]):
         if self.fires(value):
             return self.result(value, FIRED,
                                f"batch-mean gradients at state {layer} share one direction "
-                               f"(mean pairwise cos {value:.3f} > {limit:g} over {k} batches): "
-                               "drift sub-mode", **details)
+                               f"(mean pairwise cos {self.shown(value)} > {limit:g} over {k} "
+                               "batches): drift sub-mode", **details)
         return self.result(value, PASSED,
-                           f"mean pairwise cos {value:.3f} at state {layer} over {k} batches "
-                           f"(≤ {limit:g})", **details)
+                           f"mean pairwise cos {self.shown(value)} at state {layer} over {k} "
+                           f"batches (≤ {limit:g})", **details)
 
 
 def _sorted_by_class(labels: torch.Tensor | None, n: int, size: int, k: int) -> str | None:
@@ -385,11 +341,11 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
         if self.fires(margin):
             return self.result(margin, FIRED,
                                f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "
-                               f"{margin:+.2f} pp (< {limit:g} pp), the trained blocks add too "
-                               "little", **details)
+                               f"{self.shown(margin)} pp (< {limit:g} pp), the trained blocks "
+                               "add too little", **details)
         return self.result(margin, PASSED,
                            f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "
-                           f"{margin:+.2f} pp (≥ {limit:g} pp)", **details)
+                           f"{self.shown(margin)} pp (≥ {limit:g} pp)", **details)
 
 
 def depth_utility(headline_acc: float | None, frozen_acc: float | None,

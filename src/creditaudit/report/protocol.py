@@ -59,32 +59,13 @@ def value_text(result: DiagnosticResult, judged: Judgement | None = None) -> str
     return judged.mark(text) if judged is not None and reads_reference(result.id) else text
 
 
-_PRECISION = re.compile(r"^(?P<head>[^.]*)\.(?P<digits>\d+)(?P<kind>[efgEFG%])$")  # +.2f
-MORE_DIGITS = 6  # at most this many digits are added to tell a status
-
-
 def decisive_text(diagnostic: Any, result: DiagnosticResult) -> str:
-    """``diagnostic.value_text(value)`` of ``result``, with more digits where the number as
-    rounded there would read as the other status: a (d) margin of 1.996 pp fired at
-    ``< 2 pp`` reads ``+1.996 pp``, not ``+2.00 pp``, and a growth of 50.04 fired at
-    ``> 50×`` reads ``50.04``, not ``50``. Otherwise (not a finite number, not evaluated,
-    a format without a precision) as the diagnostic shows it."""
-    value, limit = result.value, result.threshold
-    text = diagnostic.value_text(value)
-    match = _PRECISION.match(diagnostic.value_format)
-    if (match is None or result.status not in (FIRED, PASSED)
-            or not isinstance(value, int | float) or not isinstance(limit, int | float)
-            or not math.isfinite(value) or not math.isfinite(limit)):
-        return text
-    unit = text.removeprefix(f"{value:{diagnostic.value_format}}")
-    digits = int(match["digits"])
-    for extra in range(MORE_DIGITS + 1):
-        number = f"{value:{match['head']}.{digits + extra}{match['kind']}}"
-        shown = float(number.rstrip("%")) / (100 if match["kind"] == "%" else 1)
-        fires = shown > limit if diagnostic.operator == ">" else shown < limit
-        if fires == (result.status == FIRED):
-            return number + unit if extra else text
-    return text
+    """``diagnostic.value_text`` of ``result``'s value, with more digits where the number as
+    rounded there would read as the other status (fired or passed against its threshold):
+    a (d) margin of 1.996 pp fired at ``< 2 pp`` reads ``+1.996 pp``, not ``+2.00 pp``, and a
+    growth of 50.04 fired at ``> 50×`` reads ``50.04``, not ``50``."""
+    judged = result.status in (FIRED, PASSED) and isinstance(result.threshold, int | float)
+    return diagnostic.value_text(result.value, result.threshold if judged else None)
 
 
 def reference_line(judged: Judgement) -> str | None:

@@ -247,6 +247,34 @@ def test_state_bridge_fits_its_predictor_and_logs_the_error():
     assert math.isnan(rule.end_epoch(2, 3)["state_pred_error"])  # reset: no steps since
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["state-bridge", "credit-bridge"])
+def test_a_network_held_below_float32_trains_with_its_readout_in_its_own_dtype(name, dtype):
+    """A network cast with .to(torch.bfloat16) (which a Recorder records as such): the
+    bridges fed its readout their float32 states and predictions, and the first step failed
+    with PyTorch's "mixed dtype (CPU): expect parameter to have scalar type of Float". The
+    readout now runs in its parameters' dtype; credits and auxiliary nets stay float32."""
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=6, d=10, n_classes=C, n_blocks=3, w2_std=0.3).to(dtype)
+    rule = rule_for(model, name, warmup_fraction=0.0)  # the value net's credit at once
+    x, y = batch()
+    x = x.to(dtype)
+    grads = block_grads_after_step(rule, x, y)
+    assert all(g is not None and g.dtype == dtype and bool(torch.isfinite(g).all())
+               for g in grads.values())
+    (optimizer,) = rule.optimizers().values()
+    assert {float(state["step"]) for state in optimizer.state.values()} == {1.0}
+    fields = rule.end_epoch(1, 1)
+    assert all(math.isfinite(value) for value in fields.values()), fields
+    credits = rule.credits(x, y)
+    assert [a.dtype for a in credits] == [torch.float32] * 4
+    assert all(bool(torch.isfinite(a).all()) and a.abs().sum() > 0 for a in credits)
+    if name == "state-bridge":  # a_L: the readout's own gradient, in its dtype
+        h = model.forward_states(x)[0][-1].detach().requires_grad_(True)
+        (top,) = torch.autograd.grad(F.cross_entropy(model.readout(h), y), h)
+        assert torch.equal(credits[-1], top.float())
+
+
 @pytest.mark.parametrize("name", ["state-bridge", "credit-bridge"])
 def test_auxiliary_nets_train_with_the_fused_adamw(name):
     """The predictor / value net steps with the fused kernel, like the model: torch's

@@ -736,3 +736,26 @@ def test_a_nudge_beyond_float32s_reach_is_refused_and_old_records_keep_theirs() 
     with pytest.raises(ConfigError, match="out of range"):
         config_from_dict(raw)
     assert config_from_dict(raw, strict=False).method.ep_beta == 1e300
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_network_held_below_float32_is_refused_in_one_line(dtype):
+    """A network cast with .to(torch.bfloat16) (which a Recorder records as such) was bound,
+    and its first step failed with PyTorch's "mixed dtype (CPU): expect parameter to have
+    scalar type of Float": the relaxation runs the blocks and the readout on float32 states.
+    Binding now refuses it, naming the dtype and the way out."""
+    from creditaudit import rule
+    from creditaudit.errors import ModelContractError
+
+    model = mlp().to(dtype)
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(ModelContractError) as error:
+        rule("ep", model)
+    assert str(error.value) == (
+        f"ep relaxes the states through the blocks and the readout in float32 or float64 "
+        f"({name} cannot resolve the nudge β·∂CE/∂h), but ResidualMLP's parameters are "
+        f"{name}: keep the network in float32 (model.float()) to train it with ep")
+    kept = model.float()  # the way out: in float32 it binds and steps
+    x, y = batch()
+    assert ep_rule(kept).train_step(x.float(), y, torch.optim.SGD(kept.parameters(),
+                                                                 lr=0.0)).finite

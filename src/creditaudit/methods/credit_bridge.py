@@ -62,6 +62,7 @@ from creditaudit.methods.state_bridge import (
     BridgeInput,
     BridgeOptions,
     mlp,
+    readout_dtype,
     seeded_init,
     split_rows,
 )
@@ -262,13 +263,13 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         batch, n_low = e.shape[0], len(states) - 1
         top = states[-1].detach().to(self.dtype).requires_grad_(True)
         with torch.enable_grad():
-            h = top.detach().requires_grad_(True)
+            h = states[-1].detach().to(readout_dtype(self.model)).requires_grad_(True)
             ce = F.cross_entropy(self.model.readout(h), y, reduction="sum")
             (g_top,) = torch.autograd.grad(ce, h)
         ce_rows = F.cross_entropy(logits.detach().to(self.dtype), y, reduction="none")
         v_top = self.value(top, n_low, e.to(self.dtype))
         (grad_v,) = torch.autograd.grad(v_top.sum(), top, create_graph=True)
-        cos = unit_cosine(grad_v, g_top.detach())
+        cos = unit_cosine(grad_v, g_top.detach().to(self.dtype))
         losses = {"anchor": (v_top - ce_rows).pow(2).mean(),
                   "terminal_cos": cos.detach().mean(),
                   "match": (1.0 - cos).mean()}

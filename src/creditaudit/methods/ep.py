@@ -66,8 +66,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.config import MethodConfig, opt
+from creditaudit.errors import ModelContractError
 from creditaudit.methods.base import CreditRule, RuleOptions, StepResult, step_result
-from creditaudit.methods.ep_relax import EP_SOLVERS, Relaxation, relax
+from creditaudit.methods.ep_relax import EP_SOLVERS, Relaxation, relax, relaxation_dtype
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import branch_penalty, per_sample_dot
@@ -179,6 +180,22 @@ def _cosine(a: list[Tensor], b: list[Tensor]) -> float | None:
     return float(flat_a @ flat_b) / norms if norms > 0 else None
 
 
+def check_relaxation_dtype(model: ResidualNet) -> None:
+    """ModelContractError (one line) for a network held in a dtype below float32 (cast with
+    ``.to(torch.bfloat16)``): the relaxation runs its blocks and readout on states in at
+    least float32 (:func:`~creditaudit.methods.ep_relax.relaxation_dtype`; bfloat16 cannot
+    resolve the nudge), which such parameters cannot take."""
+    low = {p.dtype for p in model.parameters()
+           if p.is_floating_point() and relaxation_dtype(p.dtype) != p.dtype}
+    if low:
+        names = ", ".join(sorted(str(dtype).removeprefix("torch.") for dtype in low))
+        raise ModelContractError(
+            f"ep relaxes the states through the blocks and the readout in float32 or float64 "
+            f"({names} cannot resolve the nudge β·∂CE/∂h), but {type(model).__name__}'s "
+            f"parameters are {names}: keep the network in float32 (model.float()) to train "
+            "it with ep")
+
+
 @dataclass
 class EPOptions(RuleOptions):
     ep_beta: float = opt(0.01, "EP: nudging strength β of the cross-entropy term (the credit's "
@@ -244,6 +261,7 @@ class EP(CreditRule[EPOptions]):
     def __init__(self, model: ResidualNet, config: MethodConfig, *, n_classes: int,
                  generator: torch.Generator) -> None:
         super().__init__(model, config, n_classes=n_classes, generator=generator)
+        check_relaxation_dtype(model)
         self.beta, self.steps = self.options.ep_beta, self.options.ep_steps
         self.step_size, self.solver = self.options.ep_step_size, self.options.ep_solver
         self.ratio_sum, self.ratio_count, self.backoffs = 0.0, 0, 0

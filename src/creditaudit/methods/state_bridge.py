@@ -54,7 +54,12 @@ from creditaudit.methods.feedback import aux_dtype, state_width
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import local_backward, local_forward
-from creditaudit.models.contract import ResidualNet, feature_rows, from_feature_rows
+from creditaudit.models.contract import (
+    ResidualNet,
+    feature_rows,
+    from_feature_rows,
+    readout_parameters,
+)
 from creditaudit.optim import make_adamw
 
 LAYER_EMBED_DIM = 32
@@ -136,9 +141,20 @@ def split_rows(stacked: Tensor, batch: int) -> list[Tensor]:
     return list(stacked.split(batch))
 
 
+def readout_dtype(model: ResidualNet) -> torch.dtype:
+    """The dtype the readout computes in: its parameters' (``bfloat16`` for a network cast
+    with ``.to(torch.bfloat16)``, below the bridges' own dtype, :func:`aux_dtype`, which is
+    at least float32); :func:`aux_dtype` for a readout without parameters."""
+    for param in readout_parameters(model):
+        if param.is_floating_point():
+            return param.dtype
+    return aux_dtype(model)
+
+
 def exact_top_credit(model: ResidualNet, h_last: Tensor, y: Tensor) -> Tensor:
-    """a_L = ∂CE/∂h_L (batch-mean CE) through the readout (h_L's dtype); no param .grad."""
-    h = h_last.detach().requires_grad_(True)
+    """a_L = ∂CE/∂h_L (batch-mean CE) through the readout, in its dtype
+    (:func:`readout_dtype`); no param .grad."""
+    h = h_last.detach().to(readout_dtype(model)).requires_grad_(True)
     with torch.enable_grad():
         ce = F.cross_entropy(checked_logits(model, model.readout(h), y), y)
         (grad,) = torch.autograd.grad(ce, h)
@@ -264,7 +280,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
         if n_low > 0:
             stacked, predicted = self.predict_low(states, e)
             with torch.enable_grad():
-                logits = self.model.readout(predicted)
+                logits = self.model.readout(predicted.to(readout_dtype(self.model)))
                 labels = y.repeat(n_low)
                 ce = F.cross_entropy(checked_logits(self.model, logits, labels), labels,
                                      reduction="sum") / batch
@@ -272,7 +288,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
             credits = split_rows(grad.detach(), batch)
             if keep_prediction:
                 self.kept_prediction = predicted
-        credits.append(exact_top_credit(self.model, states[-1].to(self.dtype), y))
+        credits.append(exact_top_credit(self.model, states[-1], y).to(self.dtype))
         return credits
 
     @torch.no_grad()

@@ -138,7 +138,7 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
     name = "credit-bridge"
     residual_reason = "its value net reads states of one width d along the residual stream"
     label = "Credit Bridge"
-    credit_formula = "a_l = ∇_{h_l} V(h_l, l, e)"
+    credit_formula = "a_l = ∇_{h_l} V(h_l, l, e); B_l^T e in the DFA warm-up"
     feedback_kind = "learned"
     local = True
     color, marker = "#5289C7", "P"

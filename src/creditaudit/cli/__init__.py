@@ -15,6 +15,7 @@ as ``python -m`` puts it there, so a factory in a file beside the config is foun
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import difflib
 import importlib
@@ -145,6 +146,7 @@ def sigterm_interrupts() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    any_encoding()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -205,6 +207,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"creditaudit: error: {_one_line(blamed + unrecorded_note(err))}",
               file=sys.stderr)
         return 2
+
+
+def _u_escape(err: UnicodeError) -> tuple[str, int]:
+    """An encoding error handler writing each character the stream cannot encode as
+    ``\\uXXXX`` (a UTF-16 surrogate pair past U+FFFF): readable on a terminal, and within
+    a JSON string the same character again (``audit --format json`` stays JSON)."""
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    units = err.object[err.start:err.end].encode("utf-16-be")
+    return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}"
+                   for i in range(0, len(units), 2)), err.end
+
+
+ESCAPES = "creditaudit-u-escape"
+codecs.register_error(ESCAPES, _u_escape)
+
+
+def any_encoding() -> None:
+    """Let stdout and stderr write what they cannot encode as ``\\uXXXX`` escapes
+    (:func:`_u_escape`): a terminal or pipe set to ASCII or Latin-1
+    (``PYTHONIOENCODING=ascii``) would otherwise end any command at its first ‖ or σ with an
+    internal UnicodeEncodeError. Files are written in UTF-8 whatever the terminal's."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and getattr(stream, "errors", None) == "strict" \
+                and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):  # closed, or not a text stream
+                stream.reconfigure(errors=ESCAPES)
 
 
 def stdout_closed() -> bool:

@@ -172,6 +172,31 @@ def test_loader_images_without_stats_scale_to_unit_interval() -> None:
     assert torch.equal(xb, x.float() / 255)
 
 
+@pytest.mark.parametrize("stats", [True, False], ids=["normalised", "scaled"])
+def test_images_become_inputs_in_the_default_dtype_models_are_built_in(stats: bool) -> None:
+    """A caller's float64 default dtype builds float64 models, and features must be float64
+    then: images come out of the loader (and of normalize()) in it too (they were float32,
+    and a float64 run on any image dataset stopped at its first forward with torch's
+    'mat1 and mat2 must have the same dtype'), to float64 rounding of the formula."""
+    x = _images(n=6, c=3, h=4, w=4)
+    given = {"mean": CIFAR10_MEAN, "std": CIFAR10_STD} if stats else {}
+    exact = x.double() / 255
+    if stats:
+        exact = (exact - torch.tensor(CIFAR10_MEAN, dtype=torch.float64).view(1, -1, 1, 1)) \
+            / torch.tensor(CIFAR10_STD, dtype=torch.float64).view(1, -1, 1, 1)
+    torch.set_default_dtype(torch.float64)
+    try:
+        ((xb, _),) = list(InMemoryLoader(x, _labels(6), 6, shuffle=False, **given))
+        inputs = [xb, normalize(x, CIFAR10_MEAN, CIFAR10_STD)] if stats else [xb]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for got in inputs:
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, exact, rtol=0, atol=1e-13)
+    ((xb32, _),) = list(InMemoryLoader(x, _labels(6), 6, shuffle=False, **given))
+    assert xb32.dtype == torch.float32  # float32 models' inputs, as before
+
+
 def test_loader_same_seed_same_batches_and_global_rng_untouched() -> None:
     x = _images(n=40, h=8, w=8)
     y = _labels(40)

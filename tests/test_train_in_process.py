@@ -16,6 +16,7 @@ import torch
 from creditaudit import RunConfig, train
 from creditaudit.errors import ConfigError, RunRecordError
 from creditaudit.records import RunRecord, load_record
+from integrity_support import write_idx_dataset
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -125,6 +126,25 @@ def test_a_run_trained_in_another_default_dtype_is_another_run(tmp_path):
     with setting(torch.set_default_dtype, torch.float64, torch.float32):
         assert numbers(train(config).record) == numbers(double.record)  # served
     assert numbers(train(config).record) == numbers(single.record)
+
+
+@pytest.mark.parametrize("arch", ["resmlp", "convmixer"])
+def test_a_float64_run_trains_on_images(tmp_path, arch):
+    """Images (MNIST's layout here; Fashion-MNIST at the experiments' cpu scale, CIFAR)
+    become model inputs in the default dtype, as features do: a caller's float64 run on
+    them stopped at its first forward with torch's 'mat1 and mat2 must have the same
+    dtype' (a float32 batch into float64 parameters)."""
+    data = write_idx_dataset(tmp_path / "mnist")
+    settings = {key: value for key, value in TINY.items() if not key.startswith("data.")}
+    config = RunConfig().replace(**{
+        **settings, "run.out_dir": str(tmp_path / "runs"), "data.name": "mnist",
+        "data.data_dir": str(data), "data.augment": True, "diagnostics.eval_samples": 32,
+        "model.arch": arch, **({"model.patch": 7, "model.kernel": 3}
+                               if arch == "convmixer" else {})})
+    with setting(torch.set_default_dtype, torch.float64, torch.float32):
+        trained = train(config)
+    assert trained.status == "completed", trained.record.error
+    assert trained.record.model.dtype == "float64"
 
 
 def test_bf16_is_refused_for_a_float64_run(tmp_path):

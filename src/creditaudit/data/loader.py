@@ -65,8 +65,9 @@ class InMemoryLoader:
 
     * uint8 images (N, C, H, W): each batch is optionally augmented with
       :func:`random_crop_flip` (zero padding ``crop_padding`` pixels; horizontal flips
-      unless ``flip`` is False), then converted to float32 — standardised with ``mean``/``std``
-      when given, else scaled to [0, 1] — and flattened to (B, C·H·W) when ``flatten``.
+      unless ``flip`` is False), then converted to torch's default dtype (float32 unless a
+      caller changed it) — standardised with ``mean``/``std`` when given, else scaled to
+      [0, 1] — and flattened to (B, C·H·W) when ``flatten``.
     * features (N, D) in torch's default dtype: batches pass through unchanged (``augment``,
       ``mean`` and ``std`` are not allowed).
 
@@ -148,6 +149,9 @@ class InMemoryLoader:
         self.random_targets = random_targets
         self.draw_per_epoch = (x.device.type != "cpu" if draw_per_epoch is None
                                else draw_per_epoch)
+        # Images become model inputs in the dtype models are built in (torch's default, as
+        # features must already be: samples_problem), fixed when the loader is made.
+        self._dtype = torch.get_default_dtype()
         # Kept on the data's device: a batch then copies nothing from the host.
         self._normalization = None if self.mean is None or self.std is None else tuple(
             t.to(x.device) for t in normalization(self.mean, self.std, x.shape[1]))
@@ -224,7 +228,7 @@ class InMemoryLoader:
             yield self._normalize(xb), yb
 
     def _prepare(self, xb: Tensor) -> Tensor:
-        """Turn one raw batch into model input: (B, C, H, W) uint8 → float32 (B, ...)."""
+        """Turn one raw batch into model input: (B, C, H, W) uint8 → floats (B, ...)."""
         if not self._images:
             return xb
         if self.augment:
@@ -241,12 +245,12 @@ class InMemoryLoader:
         return rows, cols, flips if self.flip else torch.zeros_like(flips)
 
     def _normalize(self, xb: Tensor) -> Tensor:
-        """uint8 (B, C, H, W) → float32 model input (standardised or scaled to [0, 1],
-        flattened when asked); features pass unchanged."""
+        """uint8 (B, C, H, W) → model input in torch's default dtype (standardised or scaled
+        to [0, 1], flattened when asked); features pass unchanged."""
         if not self._images:
             return xb
         if self._normalization is not None:
             out = apply_normalization(xb, *self._normalization)
         else:
-            out = xb.to(torch.float32).div_(255.0)
+            out = xb.to(self._dtype).div_(255.0)
         return out.reshape(out.shape[0], -1) if self.flatten else out

@@ -39,7 +39,8 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
         std: C per-channel standard deviations of the [0, 1]-scaled pixels (finite, > 0).
 
     Returns:
-        (B, C, H, W) float32 ``(x / 255 - mean[c]) / std[c]`` (to float32 rounding).
+        (B, C, H, W) ``(x / 255 - mean[c]) / std[c]`` in torch's default dtype, the dtype
+        models are built in (float32 unless a caller changed it), to its rounding.
     """
     _check_images(x_uint8, "x_uint8")
     if x_uint8.dtype != torch.uint8:
@@ -50,8 +51,10 @@ def normalize(x_uint8: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
 
 def normalization(mean: Sequence[float], std: Sequence[float], n_channels: int
                   ) -> tuple[Tensor, Tensor]:
-    """(scale, shift), each (1, C, 1, 1) float32 on the CPU, with
-    ``x·scale + shift = (x / 255 − mean) / std`` to float32 rounding (:func:`normalize`).
+    """(scale, shift), each (1, C, 1, 1) on the CPU in torch's default dtype (the dtype
+    models are built in, and so the dtype of model inputs: float32, or a caller's float64),
+    with ``x·scale + shift = (x / 255 − mean) / std`` to that dtype's rounding
+    (:func:`normalize`).
 
     A loader that keeps its data on a GPU computes them once and keeps them there, so a
     batch costs no host-to-device copy.
@@ -66,19 +69,20 @@ def normalization(mean: Sequence[float], std: Sequence[float], n_channels: int
         raise ValueError(f"std must be positive and finite, got {tuple(std)}")
     mean_t = torch.tensor(mean, dtype=torch.float64)
     std_t = torch.tensor(std, dtype=torch.float64)
-    # Folded into one affine map (computed in float64, so only the final float32 rounding
-    # differs from the textbook formula): two in-place passes over the float copy instead of
-    # three.
-    scale = (1.0 / (255.0 * std_t)).to(torch.float32).view(1, -1, 1, 1)
-    shift = (-mean_t / std_t).to(torch.float32).view(1, -1, 1, 1)
+    # Folded into one affine map (computed in float64, so only the final rounding to the
+    # default dtype differs from the textbook formula): two in-place passes over the float
+    # copy instead of three.
+    dtype = torch.get_default_dtype()
+    scale = (1.0 / (255.0 * std_t)).to(dtype).view(1, -1, 1, 1)
+    shift = (-mean_t / std_t).to(dtype).view(1, -1, 1, 1)
     return scale, shift
 
 
 def apply_normalization(x_uint8: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-    """(B, C, H, W) float32 ``x·scale + shift`` of uint8 pixels (:func:`normalization`'s
-    scale and shift, on ``x``'s device)."""
+    """(B, C, H, W) ``x·scale + shift`` of uint8 pixels, in the dtype of ``scale``
+    (:func:`normalization`'s scale and shift, on ``x``'s device)."""
     # Converting first matters: a mixed uint8 × float32 mul is ~15x slower on CPU.
-    return x_uint8.to(torch.float32).mul_(scale).add_(shift)
+    return x_uint8.to(scale.dtype).mul_(scale).add_(shift)
 
 
 def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = CROP_PADDING) -> Tensor:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from creditaudit import Recorder, adapt, rule
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RECORD_FILE, load_record, recipe_key
 from creditaudit.records.compare import recipe_difference
@@ -375,3 +375,37 @@ def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):
     assert old.model.dtype is None and old.model.frozen_parameters is None
     assert old.recipe_key == recipe_key(old.config, old.data.source, old.not_recorded,
                                         old.model_code_digest)
+
+
+class FloatInput(nn.Module):
+    """A network fed uint8 images that casts them itself: x.float() / 255."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = network()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x.float() / 255)
+
+
+def test_a_forward_that_casts_its_input_is_said_before_training_not_at_finish(tmp_path):
+    """Recorder(…) raised torch's RuntimeError ('mat1 and mat2 must have the same dtype')
+    from the reference check's float64 copy; allowed unverified, the same error came from
+    finish(), after the loop had trained (the end-of-run block's float64 copy)."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 256, (64, 8), generator=generator, dtype=torch.uint8)
+    y = torch.randint(0, 3, (64,), generator=generator)
+    model = adapt(FloatInput(), states=["body.0", "body.1", "body.2"], example=x[:8])
+    bound = rule("dfa", model)
+    with pytest.raises(ModelContractError, match="^cannot verify the reference gradient: the "
+                       "check runs a float64 copy of FloatInput, whose forward fails there"):
+        Recorder(bound, x, y, out=tmp_path, name="checked", progress=False)
+    with pytest.raises(ModelContractError, match=r"^the end-of-run metrics \(ρ, nudging\) run "
+                       "a float64 copy of FloatInput"):
+        Recorder(bound, x, y, out=tmp_path, name="unverified", progress=False,
+                 allow_unverified_reference=True)
+    rec = Recorder(bound, x, y, out=tmp_path, name="without", progress=False,
+                   allow_unverified_reference=True, config={"diagnostics.end_of_run": False})
+    rec.epoch(0, test_acc=0.5)
+    record = rec.finish()
+    assert record.status == "completed" and not record.reference.verified

@@ -434,6 +434,50 @@ def test_a_factorys_network_returning_a_tuple_in_training_names_the_factorys_fix
         model.forward_states(torch.randn(3, 4))
 
 
+class ChainNet(nn.Module):
+    """embed → block → head, written out in its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x)))
+
+
+def small_adapted() -> tuple[ChainNet, AdaptedModel]:
+    net = seeded(ChainNet)
+    return net, adapt(net, ["embed", "block"], input_shape=(8,))
+
+
+def test_a_network_compiled_after_adapt_is_named_where_its_states_go_missing():
+    """A graph compiled from the network runs the hooks it was compiled with: one compiled
+    before the states' hooks existed (here, a hook-free copy standing for it) left them
+    "not called in the forward pass: name submodules that the model's forward runs"."""
+    net, model = small_adapted()
+    graph = copy.deepcopy(net)
+    net._compiled_call_impl = lambda *args, **kwargs: graph(*args, **kwargs)
+    dfa = rule("dfa", model)
+    with pytest.raises(ModelContractError, match=r"^the model is compiled with torch\.compile "
+                                                 r"\(ChainNet\)"):
+        dfa.train_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 3]),
+                       torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.slow
+def test_a_network_compiled_in_place_with_inductor_after_adapt_is_named():
+    """Compiled with torch.compile's default backend, the states' version counters moved:
+    every step said "state 'embed' is modified in place after its module returns it (e.g. by
+    nn.ReLU(inplace=True))", which the network does not do (about 20 s to compile)."""
+    net, model = small_adapted()
+    net.compile()
+    dfa = rule("dfa", model)
+    with pytest.raises(ModelContractError, match=r"^the model is compiled with torch\.compile"):
+        dfa.train_step(torch.randn(64, 8), torch.arange(64) % 4,
+                       torch.optim.SGD(model.parameters(), lr=0.1))
+
+
 def test_adapt_needs_a_probe_and_accepts_a_correct_readout():
     with pytest.raises(ModelContractError, match="needs example="):
         adapt(resnet(), RESNET_STATES)

@@ -13,9 +13,11 @@ network and the rule, not assumed:
   id would not say, are refused by the next ``epoch()`` or ``finish()`` in one line naming
   them;
 - a network changed after the Recorder was created — a module added or replaced, a
-  parameter replaced by a new object (the optimiser steps the old one), resized or cast —
-  is refused by the next ``epoch()`` or ``finish()`` in one line naming it: the record's
-  model, parameter count and run id are of the network as it was;
+  parameter replaced by a new object (the optimiser steps the old one), resized or cast, a
+  hook added or removed (a backward hook's gradients were taken for the reference the
+  Recorder had checked without it), the network compiled — is refused by the next
+  ``epoch()`` or ``finish()`` in one line naming it: the record's model, parameter count and
+  run id are of the network as it was;
 - records without these fields (written before them) load, and runs of float32 networks
   with nothing frozen keep the run ids and recipes they had.
 """
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 from creditaudit import Recorder, adapt, rule
-from creditaudit.errors import ConfigError
+from creditaudit.errors import ConfigError, ModelContractError
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RECORD_FILE, load_record, recipe_key
 from creditaudit.records.compare import recipe_difference
@@ -198,6 +200,19 @@ CHANGES = {  # a change made to network() after its Recorder was created → wha
     "activation swapped": (lambda net: net[2].__setitem__(1, nn.ReLU()),
                            "module '2.1' replaced by a ReLU"),
     "cast": (lambda net: net[3].double(), "'3.weight' resized or cast"),
+    # the reference check ran without them: a backward hook's gradient was taken for the
+    # reference (bp's cosines +1.000 of a backward that was no gradient), a forward hook
+    # or a compiled graph is a network the run id does not name
+    "backward hook": (lambda net: net[2].register_full_backward_hook(
+        lambda module, grad_in, grad_out: (3 * grad_in[0],)),
+        "a backward hook added to module '2'"),
+    "backward pre-hook": (lambda net: net[1].register_full_backward_pre_hook(
+        lambda module, grad_out: (grad_out[0].sign(),)),
+        "a backward pre-hook added to module '1'"),
+    "forward hook": (lambda net: net[1].register_forward_hook(
+        lambda module, args, out: 2 * out), "a forward hook added to module '1'"),
+    "compiled": (lambda net: net.compile(backend="eager"),
+                 "the network (Sequential) compiled with torch.compile"),
 }
 
 
@@ -219,6 +234,39 @@ def test_a_network_changed_after_the_recorder_was_created_is_refused(case, tmp_p
     assert not rec.finished and [e.epoch for e in load_record(rec.run_dir).log] == [0]
 
 
+def test_a_backward_hook_for_every_module_added_since_is_refused(tmp_path):
+    """A global module backward hook (register_module_full_backward_hook) added after the
+    Recorder checked the reference: bp recorded cos +1.000 at every state against the
+    hook's gradients, the record saying the reference was verified."""
+    net = network()
+    rec = recorder(net, tmp_path / "run")
+    rec.epoch(0, test_acc=0.5)
+    handle = nn.modules.module.register_module_full_backward_hook(
+        lambda module, grad_in, grad_out: None)
+    try:
+        with pytest.raises(ConfigError, match=r"\(a backward hook added to every module "
+                           r"\(torch\.nn\.modules\.module\.register_module_full_backward_hook"):
+            rec.epoch(1, test_acc=0.5)
+    finally:
+        handle.remove()
+    rec.epoch(1, test_acc=0.5)
+
+
+def test_hooks_there_when_the_recorder_was_created_or_removed_since_are_kept(tmp_path):
+    """A loop may hook a module while it evaluates and remove the hook after; one the
+    network had from the start stays (the reference check ran with it)."""
+    net = network()
+    net[1].register_forward_hook(lambda module, args, out: None)
+    rec = recorder(net, tmp_path / "run")
+    rec.epoch(0, test_acc=0.5)
+    seen = []
+    handle = net[2].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    net(samples()[0])
+    handle.remove()
+    rec.epoch(1, test_acc=0.5)
+    assert seen and rec.finish().status == "completed"
+
+
 def test_a_network_moved_to_another_device_is_named_so():
     """``.to(device)`` keeps the parameter objects, shapes and dtypes: the check saw no
     change and the epoch ran the moved network on evaluation arrays left where they were
@@ -227,10 +275,10 @@ def test_a_network_moved_to_another_device_is_named_so():
     from creditaudit.run.recorder_inputs import check_network_unchanged, network_layout
 
     net = network()
-    modules, tensors = network_layout(net)
+    modules, tensors, hooks = network_layout(net)
     elsewhere = {name: (*entry[:3], "cuda:0") for name, entry in tensors.items()}
     with pytest.raises(ConfigError) as refused:
-        check_network_unchanged((modules, elsewhere), net)
+        check_network_unchanged((modules, elsewhere, hooks), net)
     assert "'0.weight' moved from cuda:0 to cpu" in str(refused.value)
     check_network_unchanged(network_layout(net), net)
 
@@ -327,3 +375,37 @@ def test_records_without_the_fields_load_and_keep_their_recipe(tmp_path):
     assert old.model.dtype is None and old.model.frozen_parameters is None
     assert old.recipe_key == recipe_key(old.config, old.data.source, old.not_recorded,
                                         old.model_code_digest)
+
+
+class FloatInput(nn.Module):
+    """A network fed uint8 images that casts them itself: x.float() / 255."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = network()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x.float() / 255)
+
+
+def test_a_forward_that_casts_its_input_is_said_before_training_not_at_finish(tmp_path):
+    """Recorder(…) raised torch's RuntimeError ('mat1 and mat2 must have the same dtype')
+    from the reference check's float64 copy; allowed unverified, the same error came from
+    finish(), after the loop had trained (the end-of-run block's float64 copy)."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 256, (64, 8), generator=generator, dtype=torch.uint8)
+    y = torch.randint(0, 3, (64,), generator=generator)
+    model = adapt(FloatInput(), states=["body.0", "body.1", "body.2"], example=x[:8])
+    bound = rule("dfa", model)
+    with pytest.raises(ModelContractError, match="^cannot verify the reference gradient: the "
+                       "check runs a float64 copy of FloatInput, whose forward fails there"):
+        Recorder(bound, x, y, out=tmp_path, name="checked", progress=False)
+    with pytest.raises(ModelContractError, match=r"^the end-of-run metrics \(ρ, nudging\) run "
+                       "a float64 copy of FloatInput"):
+        Recorder(bound, x, y, out=tmp_path, name="unverified", progress=False,
+                 allow_unverified_reference=True)
+    rec = Recorder(bound, x, y, out=tmp_path, name="without", progress=False,
+                   allow_unverified_reference=True, config={"diagnostics.end_of_run": False})
+    rec.epoch(0, test_acc=0.5)
+    record = rec.finish()
+    assert record.status == "completed" and not record.reference.verified

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit import adapt, diagnose, rule
+from creditaudit.errors import ModelContractError
 from creditaudit.measures.reference_check import ReferenceGradientError, check_reference
 from creditaudit.models import ResidualMLP
 from creditaudit.report import metrics_lines, render
@@ -559,3 +560,49 @@ def test_a_backward_hook_on_a_state_module_of_an_adapted_network_is_named():
         warnings.simplefilter("ignore")  # the hook fires on outputs whose inputs need no grad
         message = refused(model, x, y)
     assert "module `net.2` (Sequential) has a backward hook" in message, message
+
+
+class CastsItsInput(nn.Module):
+    """A float32 network whose forward casts its input (uint8 images: x.float() / 255)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Linear(6, 8), nn.Linear(8, CLASSES)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x.float())))
+
+
+class CastsItsLogits(CastsItsInput):
+    """A float32 network that hands back float32 logits, as mixed-precision code does."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x))).float()
+
+
+@pytest.mark.parametrize("net,found", [
+    (CastsItsInput, "whose forward fails there (RuntimeError: mat1 and mat2 must have the "
+                    "same dtype"),
+    (CastsItsLogits, "whose forward computes its logits in float32")])
+def test_a_forward_that_casts_to_its_own_dtype_cannot_be_verified_and_says_so(net, found):
+    """The check runs a float64 copy. A forward casting its input raised torch's
+    RuntimeError from deep inside diagnose() (and a Recorder); one casting its logits
+    left float32 roundings the central differences read as a wrong backward: "the backward
+    between h_1 and the logits is not the gradient of the forward" of a plain network.
+    Checking module by module instead would pass a torch.autograd.Function the forward
+    applies between two modules, so neither is verified: one line says why and the fix."""
+    torch.manual_seed(0)
+    x, y = tiny_batch(dtype=torch.float32)
+    model = adapt(net(), ["embed", "block"], example=x[:4])
+    message = refused(model, x, y)
+    assert message.startswith("cannot verify the reference gradient: the check runs a float64 "
+                              f"copy of {net.__name__}, {found}"), message
+    assert "make the forward keep the dtype of its parameters" in message
+    report = diagnose(model, x, y, verify_reference=False)  # unverified, as it says
+    assert report.metadata["reference_check"]["verified"] is False
+    if net is CastsItsInput:  # the end-of-run metrics' float64 copy fails the same way
+        with pytest.raises(ModelContractError, match=r"^the end-of-run metrics \(ρ, nudging\) "
+                           r"run a float64 copy of CastsItsInput, and its forward fails there"):
+            diagnose(model, x, y, credit=rule("dfa", model), verify_reference=False,
+                     metrics=True, metric_options={"rho_samples": 4, "null_draws": 2})

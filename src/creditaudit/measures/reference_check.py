@@ -52,7 +52,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from creditaudit.errors import ModelContractError
+from creditaudit.errors import CreditAuditError, ModelContractError
+from creditaudit.guests.blame import out_of_memory
 from creditaudit.measures.central_differences import (
     F64,
     ROUNDING_ULPS,
@@ -241,7 +242,12 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
                       x64: Tensor, dtype: torch.dtype) -> StatesNet | None:
     """The model with its two functions in float64 (a copy unless it already is), or None
     when they cannot be copied (closures) or ``forward_from`` does not reproduce the logits
-    on the probes ``x64`` (float64 when floating, as the copy takes them)."""
+    on the probes ``x64`` (float64 when floating, as the copy takes them).
+    ReferenceGradientError (cannot verify) when the copy does not compute in float64: its
+    forward casts to a dtype of its own (``x.float()`` at its input fails on float64
+    weights; ``.float()`` on its logits leaves float32 roundings, which the central
+    differences would read as a backward that disagrees, and the module-by-module check
+    does not see a ``torch.autograd.Function`` the forward applies between modules)."""
     net = StatesNet(model, states_fn, forward_from)
     if dtype != F64:
         if not net.copyable:
@@ -250,13 +256,36 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
             net = model_copy(net, F64)
         except Exception:  # noqa: BLE001 — any module may refuse deepcopy: check modules then
             return None
-    with torch.enable_grad():
-        states, logits = net.forward_states(x64)
+    try:
+        with torch.enable_grad():
+            states, logits = net.forward_states(x64)
+    except Exception as err:  # it ran in its own dtype (_probes): the copy's dtype failed
+        if dtype == F64 or isinstance(err, CreditAuditError) or out_of_memory(err):
+            raise
+        raise _not_float64(model, f"fails there ({_error_text(err)})") from None
+    kept = [str(t.dtype).removeprefix("torch.") for t in (*states, logits) if t.dtype != F64]
+    if kept:
+        raise _not_float64(model, f"computes {'its logits' if logits.dtype != F64 else 'a state'}"
+                           f" in {kept[-1]}")
     try:
         check_forward_from(net.forward_from, states, logits)
     except ModelContractError:  # it was not asked for (metrics=False): check modules instead
         return None
     return net
+
+
+# The way out for a forward that casts to a dtype of its own, which a copy cannot run in float64.
+KEEP_DTYPE = ("make the forward keep the dtype of its parameters (x.to(self.layer.weight.dtype),"
+              " logits without .float())")
+
+
+def _not_float64(model: nn.Module, what: str) -> ReferenceGradientError:
+    """The refusal of a model whose float64 copy ``what`` (fails, computes in float32)."""
+    name = type(getattr(model, "net", model)).__name__
+    return ReferenceGradientError(
+        f"cannot verify the reference gradient: the check runs a float64 copy of {name}, "
+        f"whose forward {what}, as a forward that casts to a dtype of its own does "
+        f"(x.float()): {KEEP_DTYPE}, or {FIX}")
 
 
 # --- state by state ----------------------------------------------------------------------------

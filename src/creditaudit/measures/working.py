@@ -11,6 +11,7 @@ measures the model's bytes per sample on a few samples (:class:`Footprint`), and
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from creditaudit.errors import CreditAuditError, ModelContractError
+from creditaudit.guests.blame import out_of_memory
 from creditaudit.measures.gradients import StatesFn
-from creditaudit.measures.reference_check import model_copy
+from creditaudit.measures.reference_check import KEEP_DTYPE, model_copy
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import ResidualNet
 
@@ -97,6 +100,35 @@ def _cast_input(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype) if x.is_floating_point() else x
 
 
+@contextlib.contextmanager
+def copy_runs(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
+    """Run the block, the first forward of ``model``'s copy in ``dtype`` (None: the model
+    itself); a one-line ModelContractError naming the network when that copy's forward
+    fails where the model's own ran — a forward that casts to its own dtype (``x.float()``
+    on float64 weights) — instead of torch's error from deep inside it."""
+    try:
+        yield
+    except Exception as err:
+        if dtype is None or isinstance(err, CreditAuditError) or out_of_memory(err):
+            raise
+        kind = str(dtype).removeprefix("torch.")
+        raise ModelContractError(
+            f"the end-of-run metrics (ρ, nudging) run a {kind} copy of "
+            f"{type(getattr(model, 'net', model)).__name__}, and its forward fails there "
+            f"({type(err).__name__}: {' '.join(str(err).split())}): {KEEP_DTYPE}, or leave "
+            "the end-of-run metrics out (diagnostics.end_of_run=false; diagnose(…, "
+            "metrics=False))") from None
+
+
+def check_copy_runs(model: nn.Module, x: Tensor, dtype: torch.dtype = torch.float64) -> None:
+    """:func:`copy_runs` ahead of time, on one sample of ``x`` ``(N, …)``: for a caller that
+    would otherwise find out only after training (a Recorder's ``finish()``). Under a
+    forked RNG, on a copy: the model and every random stream are left as they were."""
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), copy_runs(model, dtype), torch.no_grad():
+        model_copy(model, dtype).forward_states(_cast_input(x[:1], dtype))
+
+
 @dataclass
 class WorkingPart:
     """Samples ``start … stop − 1`` of a :class:`WorkingCopy`'s pass: ``states``
@@ -167,7 +199,8 @@ class WorkingCopy:
         computed chunks are kept within half of ``memory_bytes``.
         """
         copy_ = cls.of(model, x, y, dtype)
-        footprint = measure_footprint(copy_.model.forward_states, copy_.x, y)
+        with copy_runs(model, dtype):  # the copy's first forward
+            footprint = measure_footprint(copy_.model.forward_states, copy_.x, y)
         chunk = footprint.samples_within(memory_bytes, copies=3, backward=True)
         copy_.chunk = max(1, min(chunk, copy_.n))
         copy_.max_rows = footprint.samples_within(memory_bytes)

@@ -49,7 +49,7 @@ def check_eager(net: nn.Module) -> None:
             "no forward hooks, and adapt() reads the states with them: adapt the eager "
             "nn.Module (before torch.jit.script or torch.jit.trace)")
     compiled = next(((name, module) for name, module in net.named_modules()
-                     if _compiled(module)), None)
+                     if is_compiled(module)), None)
     if compiled is not None:
         name, module = compiled
         where = f"{type(net).__name__}'s submodule {name!r}" if name else "the model"
@@ -62,7 +62,7 @@ def check_eager(net: nn.Module) -> None:
             f"eager network ({eager})")
 
 
-def _compiled(module: nn.Module) -> bool:
+def is_compiled(module: nn.Module) -> bool:
     """Whether ``module`` is torch.compile's wrapper or was compiled in place."""
     return (hasattr(module, "_orig_mod") and hasattr(module, "dynamo_ctx")
             or getattr(module, "_compiled_call_impl", None) is not None)
@@ -213,6 +213,6 @@ def several_inputs_cause(net: nn.Module, err: BaseException) -> str | None:
             "model.factory")
 
 
-__all__ = ["check_eager", "check_shapes_taken", "check_names", "check_example",
+__all__ = ["check_eager", "is_compiled", "check_shapes_taken", "check_names", "check_example",
            "input_shape_of", "describe_value", "checkpoint_cause", "backward_hook_cause",
            "several_inputs_cause", "NotLogitsError", "not_logits_line"]

@@ -293,11 +293,13 @@ class AdaptedModel(AdaptProbe, nn.Module):
             outputs, versions = outputs[only:only + 1], versions[only:only + 1]
         names = self.state_names if only is None else self.state_names[only:only + 1]
         missing = [name for name, out in zip(names, outputs) if out is None]
+        changed = [name for name, out, version in zip(names, outputs, versions)
+                   if out is not None and out._version != version]
+        if missing or changed:  # a graph compiled since adapt() runs hooks of its own
+            check_eager(self.net)
         if missing:
             raise ModelContractError(f"state {missing[0]!r} was not called in the forward "
                                      "pass: name submodules that the model's forward runs")
-        changed = [name for name, out, version in zip(names, outputs, versions)
-                   if out._version != version]
         if changed:
             raise ModelContractError(
                 f"state {changed[0]!r} is modified in place after its module returns it (e.g. "

@@ -45,6 +45,7 @@ from creditaudit.files.safe_files import ensure_folder
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.progress import Say
 from creditaudit.measures.user_models import check_inputs, check_same_device
+from creditaudit.measures.working import check_copy_runs
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import measurement_mode, parameter_snapshot
 from creditaudit.models.packages import network_packages
@@ -187,6 +188,8 @@ class Recorder:
         reference = reference_at_start(model, eval_x, eval_y,
                                        allow=settings.allow_unverified_reference,
                                        fix=RECORDER_FIX, suspects=self._suspects)
+        if settings.end_of_run:  # finish() runs a float64 copy: say now if it cannot run
+            check_copy_runs(model, eval_x)
         identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
         description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name,
                                           frozen_parameters=rule.frozen_outside())

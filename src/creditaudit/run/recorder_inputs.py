@@ -12,43 +12,77 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from creditaudit.data.identity import tensor_versions
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
+from creditaudit.models.adapt_arguments import is_compiled
 from creditaudit.records import RECORD_FILE, RECORD_KEYS, RUN_FILES
 from creditaudit.records.claims import holding_run
 from creditaudit.scalar_values import recordable_number
 
-# (name → class) per module, (name → (id, shape, dtype, device)) per parameter and buffer
-NetworkLayout = tuple[dict[str, str], dict[str, tuple[int, tuple[int, ...], str, str]]]
+# What may change a module's forward or its backward besides its class and its tensors:
+# the hooks torch runs around it (attribute of nn.Module → what the message calls one).
+HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+              "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+# (class, compiled with torch.compile, its hooks as (kind, id of the hook)) of one module
+ModuleEntry = tuple[str, bool, tuple[tuple[str, int], ...]]
+# (name → entry) per module, (name → (id, shape, dtype, device)) per parameter and buffer,
+# the module backward hooks registered for every module (as (kind, id))
+NetworkLayout = tuple[dict[str, ModuleEntry],
+                      dict[str, tuple[int, tuple[int, ...], str, str]],
+                      tuple[tuple[str, int], ...]]
 
 
 def network_layout(net: nn.Module) -> NetworkLayout:
-    """What :func:`check_network_unchanged` compares: each module's class and each
-    parameter's object, shape, dtype and device (a buffer's shape, dtype and device:
-    BatchNorm updates its statistics in place, a buffer may be reassigned)."""
-    modules = {name: type(module).__qualname__ for name, module in net.named_modules()}
+    """What :func:`check_network_unchanged` compares: each module's class, whether it is
+    compiled and its hooks, each parameter's object, shape, dtype and device (a buffer's
+    shape, dtype and device: BatchNorm updates its statistics in place, a buffer may be
+    reassigned), and the backward hooks torch runs for every module."""
+    modules = {name: (type(module).__qualname__, is_compiled(module),
+                      _hooks(module, HOOK_KINDS)) for name, module in net.named_modules()}
     tensors = {name: (id(p), tuple(p.shape), str(p.dtype), str(p.device))
                for name, p in net.named_parameters()}
     tensors |= {f"{name} (buffer)": (0, tuple(b.shape), str(b.dtype), str(b.device))
                 for name, b in net.named_buffers()}
-    return modules, tensors
+    return modules, tensors, _hooks(torch.nn.modules.module, GLOBAL_BACKWARD_HOOKS)
+
+
+# torch's backward hooks for every module (register_module_full_backward_hook, _pre_hook)
+GLOBAL_BACKWARD_HOOKS = {"_global_backward_pre_hooks": "backward pre-hook",
+                         "_global_backward_hooks": "backward hook"}
+
+
+def _hooks(owner: Any, kinds: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    """The hooks ``owner`` (a module, or torch's module of global hooks) keeps in its
+    dictionaries ``kinds``, as (what one is called, the hook's id)."""
+    return tuple((what, id(hook)) for kind, what in kinds.items()
+                 for hook in getattr(owner, kind).values())
 
 
 def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
     """ConfigError (one line, naming the first change) when ``net`` is no longer the network
     whose ``before`` layout the Recorder took: a module added, removed or replaced by one of
-    another class, a parameter replaced by a new object (the optimiser steps the old one),
-    resized, cast or moved to another device. The record (its model, parameter count, dtype
-    and device, run id) describes the network as it was then."""
-    (modules, tensors), (now_modules, now_tensors) = before, network_layout(net)
+    another class, compiled with torch.compile, a hook added to or removed from a module (or
+    a module backward hook for every module), a parameter replaced by a new object (the
+    optimiser steps the old one), resized, cast or moved to another device. The record (its
+    model, parameter count, dtype and device, run id) describes the network as it was then,
+    and its reference check ran on it: a backward hook added since may return another
+    gradient than autograd's, which every cosine would then take for the reference."""
+    (modules, tensors, hooks), (now_modules, now_tensors, now_hooks) = before, \
+        network_layout(net)
     changes = [f"module {n!r} {what}" for n, what in (
         *((n, "added") for n in now_modules if n not in modules),
         *((n, "removed") for n in modules if n not in now_modules),
-        *((n, f"replaced by a {now_modules[n]}") for n in modules
-          if n in now_modules and now_modules[n] != modules[n]))]
+        *((n, f"replaced by a {now_modules[n][0]}") for n in modules
+          if n in now_modules and now_modules[n][0] != modules[n][0]))]
+    changes += [change for n in modules if n in now_modules
+                and now_modules[n][0] == modules[n][0]
+                for change in _module_changes(_module_name(n, net), modules[n], now_modules[n])]
+    changes += _hook_changes(hooks, now_hooks, "every module (torch.nn.modules.module."
+                             "register_module_full_backward_hook)")
     changes += [f"{n!r} {what}" for n, what in (
         *((n, "added") for n in now_tensors if n not in tensors),
         *((n, "removed") for n in tensors if n not in now_tensors),
@@ -57,9 +91,24 @@ def check_network_unchanged(before: NetworkLayout, net: nn.Module) -> None:
     if changes:
         raise ConfigError(
             f"the network changed after the Recorder was created ({'; '.join(changes[:3])}), "
-            "which its record and run id would not say: build the network completely before "
-            "creating the Recorder and change its weights in place only (load_state_dict, "
-            "not new nn.Parameter objects), or start a new Recorder for the new network")
+            "which its record, run id and reference check would not say: build the network "
+            "completely, its hooks too, before creating the Recorder, keep it eager (the "
+            "states are read with hooks a torch.compile graph may skip), and change its "
+            "weights in place only (load_state_dict, not new nn.Parameter objects), or start "
+            "a new Recorder for the new network")
+
+
+def _module_name(name: str, net: nn.Module) -> str:
+    """How a message names module ``name`` of ``net`` (the network itself for ``''``)."""
+    return f"module {name!r}" if name else f"the network ({type(net).__name__})"
+
+
+def _module_changes(where: str, before: ModuleEntry, now: ModuleEntry) -> list[str]:
+    """How one module of an unchanged class changed (its layout entries): compiled since,
+    or no longer, and hooks added or removed."""
+    compiled = [] if now[1] == before[1] else [
+        f"{where} {'compiled with torch.compile' if now[1] else 'no longer compiled'}"]
+    return compiled + _hook_changes(before[2], now[2], where)
 
 
 def _tensor_change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
@@ -70,6 +119,14 @@ def _tensor_change(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
         return "resized or cast"
     # .to(device) keeps the parameter objects: the evaluation arrays stay where they were
     return f"moved from {before[3]} to {now[3]}"
+
+
+def _hook_changes(before: tuple[tuple[str, int], ...], now: tuple[tuple[str, int], ...],
+                  where: str) -> list[str]:
+    """The hooks of ``where`` added or removed between two layouts."""
+    return [*(f"a {what} added to {where}" for what, hook in now if (what, hook) not in before),
+            *(f"a {what} removed from {where}" for what, hook in before
+              if (what, hook) not in now)]
 
 
 def check_epoch_number(epoch: Any, last: int | None, *, epochs: int | None,

@@ -497,7 +497,8 @@ def test_runs_no_file_can_hold_are_listed_with_why(tmp_path, capsys, single_thre
         assert entry["reason"].startswith(own_loop)
         assert entry["reason"].endswith("the original study's layout holds only runs "
                                         "creditaudit trained itself (creditaudit train or "
-                                        "experiment) of ResidualMLP (with or without "
+                                        "experiment) of bp, dfa, fa or the bridges on "
+                                        "ResidualMLP (with or without "
                                         "out_ln), ViT-Mini or StudentNet, with a residual "
                                         "stream, every block trainable, real labels, "
                                         "the rule's default options and feedback drawn "
@@ -505,7 +506,28 @@ def test_runs_no_file_can_hold_are_listed_with_why(tmp_path, capsys, single_thre
         assert f"  not exported {entry['run_id']}: {entry['reason']}" in printed
     [dfa] = [e for e in entries if e["run_id"].startswith("dfa-")]
     assert "; feedback drawn from method.feedback_seed=0, not the run seed:" in dfa["reason"]
-    assert printed.startswith("read 0 finished run records")
+    assert printed.startswith("read 2 finished run records (0 of them of the layout's kind)")
+
+
+def test_a_run_of_a_rule_the_layout_has_no_file_of_is_listed_with_why(copies, tmp_path,
+                                                                       capsys):
+    """An EP run (or a plugin rule's, or frozen's) fills no file of the layout, and the
+    export said nothing of it: 'read 0 finished run records; wrote 0 file(s)'. It is now
+    listed under not_exported, and the first line counts it as read."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    root = tmp_path / "runs"
+    ep = train(RunConfig().replace(**{**TINY, "method.name": "ep", "optim.epochs": 1,
+                                      "run.out_dir": str(root)})).record
+    capsys.readouterr()
+    assert main(["export", str(root), str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    [listed] = manifest(tmp_path / "out")["not_exported"]
+    assert listed["run_id"] == ep.run_id
+    assert listed["reason"].startswith("rule ep, which has no file in the layout (it holds "
+                                       "bp, dfa, fa, state-bridge, credit-bridge): ")
+    assert printed.startswith("read 1 finished run records (0 of them of the layout's kind)")
 
 
 def test_the_advice_for_data_no_installed_dataset_loads_names_no_command(copies, tmp_path):

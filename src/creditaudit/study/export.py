@@ -177,6 +177,7 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     found = RecordSet.from_folder(results_dir)
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     records = list(found.finished)
+    result.records_found = len(records)
     if dataset is not None:
         _check_dataset(dataset, found, results_dir)
         # StudentNet runs on the teacher–student task whatever the dataset asked for.

@@ -32,7 +32,8 @@ class ExportResult:
     out: Path
     written: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
-    records_read: int = 0
+    records_read: int = 0  # the finished records that may fill a file (the manifest's)
+    records_found: int = 0  # every finished record read below the folder (printed)
     unreadable: list[str] = field(default_factory=list)
     unverified: list[dict[str, str]] = field(default_factory=list)
     not_exported: list[dict[str, str]] = field(default_factory=list)
@@ -45,8 +46,10 @@ class ExportResult:
                 "not_exported": self.not_exported}
 
     def format(self) -> str:
-        lines = [f"read {self.records_read} finished run records; wrote {len(self.written)} "
-                 f"file(s) under {self.out}"]
+        used = ("" if self.records_found == self.records_read
+                else f" ({self.records_read} of them of the layout's kind)")
+        lines = [f"read {self.records_found} finished run records{used}; wrote "
+                 f"{len(self.written)} file(s) under {self.out}"]
         for entry in self.written:
             extra = (f" (partial: missing {', '.join(entry['missing'])})"
                      if entry.get("missing") else "")

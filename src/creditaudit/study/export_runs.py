@@ -33,9 +33,12 @@ def file_variant(record: RunRecord) -> str:
 # The architectures (as :func:`file_variant` names them) the layout has files of.
 LAYOUT_VARIANTS = ("resmlp", "resmlp-noLN", "vit", "student")
 LAYOUT_HOLDS = ("the original study's layout holds only runs creditaudit trained itself "
-                "(creditaudit train or experiment) of ResidualMLP (with or without out_ln), "
+                "(creditaudit train or experiment) of bp, dfa, fa or the bridges on "
+                "ResidualMLP (with or without out_ln), "
                 "ViT-Mini or StudentNet, with a residual stream, every block trainable, real "
                 "labels, the rule's default options and feedback drawn from the run seed")
+# The rules the layout has files of (its logs: bp, dfa, fa; results_*.json: the bridges).
+LAYOUT_RULES = ("bp", "dfa", "fa", "state-bridge", "credit-bridge")
 # The rule's settings why_not_exported judges apart (λ has files of its own).
 OWN_REASONS = ("name", "penalty", "trainable_blocks", "feedback_seed")
 
@@ -57,7 +60,8 @@ def changed_rule_options(record: RunRecord) -> dict[str, tuple[Any, Any]]:
 def why_not_exported(record: RunRecord) -> str | None:
     """Why no file of the layout can hold ``record`` (each of what the layout asks of
     a run that it fails: residual stream, every block trainable, real labels, feedback from
-    the run seed, the rule's default options (:func:`changed_rule_options`), an
+    the run seed, a rule the layout has files of, the rule's default options
+    (:func:`changed_rule_options`), an
     architecture the layout has files of, a trained epoch), ending with what the layout
     holds; None when it may fill a file."""
     config = record.config
@@ -83,6 +87,9 @@ def why_not_exported(record: RunRecord) -> str | None:
     if not draws_default_feedback(record):
         reasons.append(f"feedback drawn from method.feedback_seed="
                        f"{config.method.feedback_seed}, not the run seed")
+    if record.method not in LAYOUT_RULES:
+        reasons.append(f"rule {record.method}, which has no file in the layout (it holds "
+                       f"{', '.join(LAYOUT_RULES)})")
     changed = changed_rule_options(record)
     if changed:
         reasons.append("rule options other than its defaults (" + ", ".join(

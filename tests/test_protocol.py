@@ -275,6 +275,18 @@ def test_a_reason_states_a_value_rounded_onto_its_threshold_with_the_digits_that
     assert "margin +2.00 pp (≥ 2 pp)" in passed.reason, passed.reason
 
 
+def test_a_value_format_with_grouping_or_fill_tells_its_status_too():
+    """A plugin diagnostic's ``value_format = ",.0f"`` made every table of a judged value
+    raise ValueError (the digits were read back with float('1,234')): the number shown is now
+    read back without the spec's grouping, sign or fill."""
+    from creditaudit.formatting import telling_number
+
+    assert telling_number(1234.4, ",.0f", ">", 1234.0) == "1,234.4"
+    assert telling_number(98765.0, ",.0f", ">", 1000.0) == "98,765"
+    assert telling_number(1.997, "*>+9.2f", "<", 2.0) == "***+1.997"
+    assert telling_number(0.4996, ".1%", "<", 0.5) == "49.96%"
+
+
 def test_decision_utility_accuracy_exactly_2pp_above_chance_is_not_at_chance():
     record = SimpleNamespace(final_acc=0.12, chance=0.1, headline_gamma=0.5, seed=42,
                              run_id="r")

@@ -32,11 +32,13 @@ from creditaudit.protocol import (
     cross_batch_stability,
     evaluate_protocol,
 )
+from creditaudit.protocol.diagnostics import ReferenceOptions, ReferenceValidity
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.report import render, render_markdown, render_text
 from creditaudit.report.protocol import value_text
 from creditaudit.study.experiments.decision_utility import seed_decisions
 from creditaudit.study.experiments.temporal import depth_utility_trace
+from creditaudit.testing.diagnostics import evidence_cases
 
 
 def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
@@ -273,6 +275,35 @@ def test_a_reason_states_a_value_rounded_onto_its_threshold_with_the_digits_that
     assert d.status == "fired" and "margin +1.997 pp (< 2 pp)" in d.reason, d.reason
     passed = evaluate_protocol(make_sg(), headline_acc=0.52, frozen_acc=0.50).diagnostic("d")
     assert "margin +2.00 pp (≥ 2 pp)" in passed.reason, passed.reason
+
+
+def test_a_value_format_with_grouping_or_fill_tells_its_status_too():
+    """A plugin diagnostic's ``value_format = ",.0f"`` made every table of a judged value
+    raise ValueError (the digits were read back with float('1,234')): the number shown is now
+    read back without the spec's grouping, sign or fill."""
+    from creditaudit.formatting import telling_number
+
+    assert telling_number(1234.4, ",.0f", ">", 1234.0) == "1,234.4"
+    assert telling_number(98765.0, ",.0f", ">", 1000.0) == "98,765"
+    assert telling_number(1.997, "*>+9.2f", "<", 2.0) == "***+1.997"
+    assert telling_number(0.4996, ".1%", "<", 0.5) == "49.96%"
+
+
+def test_a_reference_floor_of_more_than_one_digit_is_stated_as_it_is():
+    """(b)'s floor was written with ``.0e``: diagnostics.b.grad_floor = 1.5e-7 read
+    ``1e-07`` in its threshold column and in the reason a record keeps, so a median ‖g_L‖ of
+    1.2e-07 fired reading ``1.2e-07 (< 1e-07)``. The floor now has the digits it holds; the
+    default 1e-07 reads as before."""
+    floor = 1.5e-7
+    b = ReferenceValidity(ReferenceOptions(grad_floor=floor))
+    typical = evidence_cases()["typical"]
+    for value, sign in ((1.2e-7, "<"), (1.6e-7, "≥")):
+        evidence = dataclasses.replace(typical, grad_norms=[*typical.grad_norms[:-1], value])
+        result = b.evaluate(evidence)
+        assert f"median ‖g_L‖ = {value:.2g} ({sign} 1.5e-07)" in result.reason, result.reason
+    assert b.threshold_text(floor) == "< 1.5e-07"
+    assert ReferenceValidity.threshold_text(1e-7) == "< 1e-07"
+    assert ReferenceValidity.threshold_text(1e-4) == "< 1e-04"
 
 
 def test_decision_utility_accuracy_exactly_2pp_above_chance_is_not_at_chance():

@@ -45,12 +45,27 @@ def telling_number(value: float, spec: str, operator: str, threshold: float) -> 
     if match is None or not (math.isfinite(value) and math.isfinite(threshold)):
         return text
     fires = value > threshold if operator == ">" else value < threshold
+    kind = match["kind"]
     for extra in range(MORE_DIGITS + 1):
-        number = f"{value:{match['head']}.{int(match['digits']) + extra}{match['kind']}}"
-        shown = float(number.rstrip("%")) / (100 if match["kind"] == "%" else 1)
+        digits = int(match["digits"]) + extra
+        # The number shown, read back without the spec's sign, grouping or fill (a plugin's
+        # ``,.0f`` writes 1,234, which float() does not read).
+        shown = float(f"{value:.{digits}{kind}}".rstrip("%")) / (100 if kind == "%" else 1)
         if (shown > threshold if operator == ">" else shown < threshold) == fires:
-            return number
+            return f"{value:{match['head']}.{digits}{kind}}"
     return text
+
+
+def exact_exponent(value: float) -> str:
+    """``value`` in exponent notation with the fewest digits that give it back exactly:
+    ``1e-07`` for 1e-7, ``1.5e-07`` for 1.5e-7 (which ``.0e`` writes ``1e-07``)."""
+    if not math.isfinite(value):
+        return f"{value:e}"
+    for digits in range(17):
+        text = f"{value:.{digits}e}"
+        if float(text) == value:
+            return text
+    return f"{value:.16e}"
 
 
 def duration(seconds: float | None) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from creditaudit.descriptions import max_block_growth
+from creditaudit.formatting import exact_exponent
 from creditaudit.protocol.base import (
     OPERATORS,
     SCALES,
@@ -140,7 +141,7 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
 
     @classmethod
     def threshold_text(cls, threshold: float) -> str:
-        return f"{cls.operator} {threshold:.0e}"
+        return f"{cls.operator} {exact_exponent(threshold)}"
 
     def evaluate(self, evidence: Evidence) -> DiagnosticResult:
         floor = self.limit()
@@ -172,9 +173,9 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
             return self.result(None, NOT_EVALUATED, OVERFLOWED_STATES, **details)
         if value >= floor:
             return self.result(value, PASSED,
-                               f"median ‖g_L‖ = {self.shown(value)} (≥ {floor:.0e}); "
-                               f"{zero_text} of samples have an exactly-zero gradient",
-                               **details)
+                               f"median ‖g_L‖ = {self.shown(value)} "
+                               f"(≥ {exact_exponent(floor)}); {zero_text} of samples have an "
+                               "exactly-zero gradient", **details)
         if zero_fraction is not None and zero_fraction >= 0.5:
             if not _mostly_unsaturated(evidence, 0.0):
                 cause = CAUSE_SATURATION
@@ -202,8 +203,9 @@ class ReferenceValidity(ProtocolDiagnostic[ReferenceOptions]):
         if cause == CAUSE_FLOOR and evidence.terminal_ln:
             cause += f" (the stream did not grow by more than {growth:g}×: not LN cancellation)"
         return self.result(value, FIRED,
-                           f"median ‖g_L‖ = {self.shown(value)} (< {floor:.0e}): {cause}; zero "
-                           f"fraction {zero_text}{_nonzero_text(nonzero_median)}", **details)
+                           f"median ‖g_L‖ = {self.shown(value)} (< {exact_exponent(floor)}): "
+                           f"{cause}; zero fraction {zero_text}"
+                           f"{_nonzero_text(nonzero_median)}", **details)
 
 
 # (b) and (c) on a network whose stream overflowed: its gradients are taken at NaN/Inf.

@@ -79,8 +79,9 @@ def check_finite(model: nn.Module) -> None:
 
 def _random_like(tensors: Sequence[Tensor], generator: torch.Generator) -> list[Tensor]:
     """Gaussian tensors of ``tensors``' shapes and devices, drawn on the CPU in float64 for
-    float64 tensors, else float32 (never torch's default dtype, which is the caller's)."""
-    return [torch.randn(t.shape, generator=generator,
+    float64 tensors, else float32 (never torch's default dtype or device, which are the
+    caller's)."""
+    return [torch.randn(t.shape, generator=generator, device="cpu",
                         dtype=torch.float64 if t.dtype == torch.float64 else torch.float32
                         ).to(t.device) for t in tensors]
 

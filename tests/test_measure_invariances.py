@@ -1,25 +1,33 @@
-"""The measures do not depend on the caller's torch settings: ``credit_quality``, an epoch's
-measures and a ``Recorder`` in the caller's loop record the same numbers under its
-``torch.no_grad()``, inference mode, autocast, default dtype or default device, draw
-nothing from its random stream, and leave every setting as it was.
+"""The measures do not depend on the caller's torch settings, nor on how their random draws
+are made: ``credit_quality``, an epoch's measures and a ``Recorder`` in the caller's loop
+record the same numbers under its ``torch.no_grad()``, inference mode, autocast, default
+dtype or default device, draw nothing from its random stream, and leave every setting as
+it was; a sample's directions of ρ do not depend on how many samples one draw takes, and a
+float32 network's block (random controls included) is its float64 twin's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
-from torch import Tensor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
 
 import creditaudit
 from creditaudit.errors import ConfigError
+from creditaudit.measures import perturbation
+from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.epoch import epoch_diagnostics
+from creditaudit.measures.perturbation import rho_table
 from creditaudit.measures.quality import credit_quality
-from creditaudit.methods import DFA
+from creditaudit.methods import DFA, BackpropRule, bp_state_gradients
 from creditaudit.models.contract import measurement_mode
 from creditaudit.testing import make_rule, tiny_batch
 
@@ -27,12 +35,40 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 F64 = torch.float64
 OPTIONS = {"rho_samples": 27, "rho_directions": 3, "null_draws": 3, "rho_flops": None}
+FEW = settings(max_examples=8, deadline=None)
 
 
 def _samples(arch: str = "resmlp", dtype: torch.dtype = F64) -> tuple[Tensor, Tensor]:
     """27 samples (three tiny batches): chunks of 2, 4, 8 … never divide them."""
     parts = [tiny_batch(seed=seed, arch=arch, dtype=dtype) for seed in (1, 2, 3)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+class NoisyGradient:
+    """A credit whose samples are independent: each sample's BP gradient plus a fixed
+    function of its input (so ρ and the cosines lie well inside (0, 1), where a mixed scale
+    or a misplaced sample shows), times ``scale``; divided by the batch size when
+    ``batch_mean`` (the convention of ∂ mean CE/∂h)."""
+
+    name = "noisy-gradient"
+
+    def __init__(self, model: nn.Module, *, batch_mean: bool = True, scale: float = 1.0
+                 ) -> None:
+        self.model, self.batch_mean, self.scale = model, batch_mean, scale
+
+    def credits(self, x: Tensor, y: Tensor) -> list[Tensor]:
+        grads = bp_state_gradients(self.model, x, y)  # ∂ mean CE/∂h: per-sample / B
+        b = x.shape[0]
+        out = []
+        for layer, g in enumerate(grads):
+            per_sample = g.flatten(1) * b
+            inputs = x.flatten(1).to(g.dtype)
+            mix = torch.sin(inputs @ torch.ones(inputs.shape[1], per_sample.shape[1],
+                                                dtype=g.dtype) * (layer + 1)
+                            + torch.arange(per_sample.shape[1], dtype=g.dtype))
+            a = (per_sample + 0.05 * mix).view_as(g) * self.scale
+            out.append(a / b if self.batch_mean else a)
+        return out
 
 
 def _gap(a: Any, b: Any, tol: float = 1e-9, path: str = "") -> list[str]:
@@ -160,3 +196,60 @@ def test_a_recorder_refuses_evaluation_tensors_made_in_inference_mode(tmp_path, 
                                                       r"torch.inference_mode\(\).*\.clone\(\)"):
         creditaudit.Recorder(make_rule(DFA), given["eval_x"], given["eval_y"],
                              out=str(tmp_path), name="r", data="mine", progress=False)
+
+
+# --- random draws: how many samples one takes, in what dtype ----------------------------
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 9), width=st.integers(1, 12),
+       sizes=st.lists(st.integers(1, 5), min_size=1, max_size=4))
+def test_a_samples_directions_do_not_depend_on_the_draw_it_is_in(m, width, sizes):
+    """Drawn alone or with others, in any slices: sample i gets the same directions (torch
+    draws normals in blocks of 16, and m·width need not be a multiple of it)."""
+    def draw(generator: torch.Generator, b: int) -> Tensor:
+        return unit_directions(b, m, (width,), generator=generator, dtype=F64,
+                               device=torch.device("cpu"))
+
+    whole = draw(torch.Generator().manual_seed(3), sum(sizes))
+    generator = torch.Generator().manual_seed(3)
+    sliced = torch.cat([draw(generator, b) for b in sizes])
+    assert torch.equal(whole, sliced)
+
+
+@FEW
+@given(directions=st.integers(1, 7), max_elements=st.sampled_from([1, 24, 100, 1 << 19]))
+def test_rho_does_not_depend_on_how_many_samples_one_draw_takes(directions, max_elements):
+    """ρ's block of samples per draw (MAX_ELEMENTS) bounds memory only: with M·d not a
+    multiple of 16 (M odd, d = 8) it drew other directions, and ρ moved by up to 0.34."""
+    rule, x, y, _ = (make_rule(BackpropRule), *_samples(), None)
+    credit = NoisyGradient(rule.model).credits(x, y)
+
+    def table(elements: int) -> dict[str, Any]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(perturbation, "MAX_ELEMENTS", elements)
+            out = rho_table(rule.model, x, y, credit, n_directions=directions, n_samples=16,
+                            seed=4)
+        return {key: out[key] for key in ("rho", "se", "bp", "random")}
+
+    assert not _gap(table(1 << 23), table(max_elements))
+
+
+def test_a_float32_model_measures_as_its_float64_twin():
+    """The block of a float32 network, measured in its float64 working copy, is its float64
+    twin's up to float32 rounding — the random controls included (they were drawn in the
+    credit's dtype: another draw, 0.17 apart in cosine, for the same network)."""
+    rule64 = make_rule(BackpropRule)
+    rule32 = make_rule(BackpropRule, dtype=torch.float32)
+    x, y = _samples()
+    twin = credit_quality(rule64, x, y, **OPTIONS)
+    single = credit_quality(rule32, x.float(), y, **OPTIONS)
+    for key in ("bp_cosine", "gamma", "perturbation_rho", "rho_se", "rho_controls",
+                "nudging", "nudging_controls", "cosine_controls"):
+        assert not _gap(twin[key], single[key], tol=1e-5), key
+
+
+def test_the_twin_models_of_the_dtype_test_are_one_network():
+    """The float32 and float64 tiny models are the same weights (the dtype test compares
+    one network measured two ways, not two networks)."""
+    a, b = make_rule(BackpropRule).model, make_rule(BackpropRule, dtype=torch.float32).model
+    for p, q in zip(a.parameters(), copy.deepcopy(b).double().parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)

@@ -1,9 +1,14 @@
-"""The measures do not depend on the caller's torch settings, nor on how their random draws
-are made: ``credit_quality``, an epoch's measures and a ``Recorder`` in the caller's loop
-record the same numbers under its ``torch.no_grad()``, inference mode, autocast, default
-dtype or default device, draw nothing from its random stream, and leave every setting as
-it was; a sample's directions of ρ do not depend on how many samples one draw takes, and a
-float32 network's block (random controls included) is its float64 twin's.
+"""Every recorded measure is invariant, up to rounding, to what is not part of its definition.
+
+Property tests on tiny float64 networks: the per-layer cosines, Γ, the cosine table, ρ with
+its error and controls, nudging with its controls, the fresh-feedback null and the epoch's
+measures do not change with the chunk sizes and memory cap (chunks that do not divide N
+included), a uniform rescaling of the credit (batch-mean or per-sample, ×1e-8, ×1e8), the
+evaluation samples beyond those a measure uses, the model's dtype (a float32 model measured
+in its float64 working copy), the order of the samples a per-sample credit is called on,
+and the caller's torch settings (default dtype and device, grad and inference mode, global
+random stream) — which every measure leaves as they were. BP's own credit scores the
+positive controls through every public entry point.
 """
 
 from __future__ import annotations
@@ -19,16 +24,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 import creditaudit
 from creditaudit.errors import ConfigError
-from creditaudit.measures import perturbation
+from creditaudit.measures import perturbation, quality
 from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.perturbation import rho_table
 from creditaudit.measures.quality import credit_quality
+from creditaudit.measures.working import measure_footprint
 from creditaudit.methods import DFA, BackpropRule, bp_state_gradients
 from creditaudit.models.contract import measurement_mode
+from creditaudit.registry import RULES
 from creditaudit.testing import make_rule, tiny_batch
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -95,6 +103,11 @@ def dfa() -> tuple[Any, Tensor, Tensor, dict[str, Any]]:
     rule = make_rule(DFA)
     x, y = _samples()
     return rule, x, y, credit_quality(rule, x, y, **OPTIONS)
+
+
+def _per_sample_bytes(model: nn.Module, x: Tensor, y: Tensor) -> int:
+    footprint = measure_footprint(model.forward_states, x, y)
+    return 2 * footprint.graph_bytes + 3 * footprint.state_bytes
 
 
 # --- the caller's torch settings ----------------------------------------------------------
@@ -253,3 +266,155 @@ def test_the_twin_models_of_the_dtype_test_are_one_network():
     a, b = make_rule(BackpropRule).model, make_rule(BackpropRule, dtype=torch.float32).model
     for p, q in zip(a.parameters(), copy.deepcopy(b).double().parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+# --- chunks and memory cap ----------------------------------------------------------------
+@FEW
+@given(samples_per_chunk=st.integers(1, 30), cosine_chunk=st.sampled_from([1, 2, 4, 8, 512]))
+def test_no_chunking_changes_a_value_of_the_block(dfa, samples_per_chunk, cosine_chunk):
+    """The memory cap (chunks of the float64 pass, perturbed rows) and the cosines' chunk,
+    dividing the 27 samples or not, change no value of the block beyond rounding."""
+    rule, x, y, whole = dfa
+    memory_gb = samples_per_chunk * _per_sample_bytes(rule.model, x, y) / 1e9
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quality, "COSINE_CHUNK", cosine_chunk)
+        chunked = credit_quality(rule, x, y, memory_gb=memory_gb, **OPTIONS)
+    assert not _gap(whole, chunked)
+
+
+# --- the credit's scale -------------------------------------------------------------------
+@FEW
+@given(scale=st.sampled_from([1e-8, 1.0, 1e8]), batch_mean=st.booleans(),
+       samples_per_chunk=st.sampled_from([3, 5, 100]))
+def test_a_uniform_rescaling_of_the_credit_changes_no_value(scale, batch_mean,
+                                                            samples_per_chunk):
+    """Batch-mean or per-sample, ×1e-8 or ×1e8, in chunks that do not divide N: the
+    cosines, Γ, the table, ρ with its error and nudging are those of the credit itself."""
+    model = make_rule(BackpropRule).model
+    x, y = _samples()
+    memory_gb = samples_per_chunk * _per_sample_bytes(model, x, y) / 1e9
+    base = credit_quality(NoisyGradient(model), x, y, **OPTIONS)
+    scaled = credit_quality(NoisyGradient(model, batch_mean=batch_mean, scale=scale), x, y,
+                            memory_gb=memory_gb, **OPTIONS)
+    assert not _gap(base, scaled)
+    assert min(base["perturbation_rho"]) > 0.2 and max(base["perturbation_rho"]) < 0.999
+
+
+# --- the samples a measure uses -----------------------------------------------------------
+@FEW
+@given(n=st.integers(8, 27))
+def test_rho_on_fewer_samples_than_given_is_rho_on_those_samples(n):
+    model = make_rule(BackpropRule).model
+    x, y = _samples()
+    credit = NoisyGradient(model)
+    fewer = credit_quality(credit, x, y, **{**OPTIONS, "rho_samples": n})
+    alone = credit_quality(credit, x[:n], y[:n], **{**OPTIONS, "rho_samples": n})
+    for key in ("perturbation_rho", "rho_se", "rho_controls", "rho_samples"):
+        assert not _gap(fewer[key], alone[key]), key
+
+
+@pytest.mark.parametrize("name", [n for n in RULES.names() if n != "local-ce"])
+def test_a_built_in_rules_credits_follow_their_samples(name):
+    """Every built-in rule's credit of a sample depends on that sample alone, up to the
+    batch's one scale: reordered, or in a batch padded with repeats (what the credit
+    passes do to keep one scale), a sample gets the same direction and every sample the
+    same factor. (local-ce gives no credit to the states: all zero.)"""
+    rule = make_rule(RULES.find(name))
+    rule.model.eval()
+    x, y = _samples()
+    order = torch.randperm(27, generator=torch.Generator().manual_seed(2))
+    padded = torch.cat([torch.arange(27), torch.arange(10)])
+    plain = rule.credits(x, y)
+    for index, kept in ((order, 27), (padded, 27)):
+        other = rule.credits(x[index], y[index])
+        for a, b in zip(plain, other):
+            a, b = a[index[:kept]].flatten(1), b[:kept].flatten(1)
+            ratio = torch.linalg.vector_norm(b, dim=1) / torch.linalg.vector_norm(a, dim=1)
+            torch.testing.assert_close(ratio, ratio[:1].expand_as(ratio))
+            torch.testing.assert_close(b, a * ratio[:1], rtol=1e-9, atol=1e-15)
+
+
+# --- BP's own credit: the positive controls through every entry point ----------------------
+def _positive(block: dict[str, Any]) -> None:
+    """BP's credit scores its own positive controls: cos 1, ρ = its control, nudging = its
+    control."""
+    assert block["bp_cosine"] == pytest.approx([1.0] * len(block["bp_cosine"]), abs=1e-12)
+    assert block["perturbation_rho"] == pytest.approx(block["rho_controls"]["bp"], abs=1e-9)
+    for eta, values in block["nudging"].items():
+        assert values == pytest.approx(block["nudging_controls"]["bp"][eta], rel=1e-7,
+                                       abs=1e-12)
+
+
+@pytest.mark.parametrize("samples_per_chunk", [2, 5, 1000])
+def test_bps_credit_scores_its_controls_in_credit_quality(samples_per_chunk):
+    rule = make_rule(BackpropRule)
+    x, y = _samples()
+    memory_gb = samples_per_chunk * _per_sample_bytes(rule.model, x, y) / 1e9
+    _positive(credit_quality(rule, x, y, memory_gb=memory_gb, **OPTIONS))
+
+
+class _Net(nn.Module):
+    """A user's residual network with its own states and forward-from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, 8)
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 4)
+
+    def states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        h = self.inp(x)
+        hs = [h]
+        for block in self.blocks:
+            h = h + torch.tanh(block(h))
+            hs.append(h)
+        return hs, self.head(h)
+
+    def forward_from(self, layer: int, h: Tensor) -> Tensor:
+        for block in self.blocks[layer:]:
+            h = h + torch.tanh(block(h))
+        return self.head(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.states(x)[1]
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_bps_credit_scores_its_controls_in_diagnose_of_a_users_module(dtype):
+    """A user's module and a credit function returning ∂ mean CE/∂h (batch-mean), on 37
+    samples in chunks that do not divide them."""
+    torch.manual_seed(0)
+    net = _Net().to(dtype)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 6, generator=generator, dtype=dtype)
+    y = torch.randint(0, 4, (37,), generator=generator)
+
+    def credit(xb: Tensor, yb: Tensor) -> list[Tensor]:
+        with torch.enable_grad():
+            hs, logits = net.states(xb)
+            return list(torch.autograd.grad(F.cross_entropy(logits, yb), hs))
+
+    per_sample = _per_sample_bytes(creditaudit.measures.reference_check.StatesNet(
+        net, net.states, net.forward_from), x, y)
+    report = creditaudit.diagnose(net, x, y, credit=credit, states_fn=net.states,
+                                  forward_from=net.forward_from, metrics=True,
+                                  metric_options={**OPTIONS, "rho_samples": 37,
+                                                  "memory_gb": 5 * per_sample / 1e9})
+    assert report.metadata["metrics_precision"] == "float64"
+    _positive(report.metrics)
+
+
+def test_bps_credit_scores_its_controls_at_the_end_of_a_run(tmp_path):
+    """The end-of-run block of `train` on 600 evaluation samples (chunks of 512 and 88)."""
+    config = creditaudit.RunConfig().replace(**{
+        "data.n_train": 128, "data.n_test": 600, "data.in_dim": 8, "data.teacher_width": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
+        "method.name": "bp", "diagnostics.eval_samples": 600, "diagnostics.rho_samples": 600,
+        "diagnostics.rho_directions": 3, "diagnostics.null_draws": 2, "run.progress": False,
+        "run.out_dir": str(tmp_path)})
+    record = creditaudit.train(config).record
+    block = record.diagnostics
+    _positive({"bp_cosine": block.bp_cosine, "perturbation_rho": block.perturbation_rho,
+               "rho_controls": block.rho_controls, "nudging": block.nudging,
+               "nudging_controls": block.nudging_controls})
+    assert record.log[-1].measures.cos_per_layer == pytest.approx([1.0] * 3, abs=1e-12)

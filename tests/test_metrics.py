@@ -260,8 +260,10 @@ def test_rho_batches_all_directions_in_one_forward_and_matches_a_loop(trained_ti
     assert n <= SAMPLE_CHUNK and calls == [n, n * m]  # base + ONE pass for all directions
     # The same quantity by an explicit loop over samples and directions.
     work = copy.deepcopy(model).double()
-    v = torch.randn((n * m, 24), generator=torch.Generator().manual_seed(9),
-                    dtype=torch.float32).double()  # drawn in float32, used in float64
+    # Drawn in float32, used in float64; each sample's m·24 = 120 entries as whole blocks of
+    # torch's 16 normals (128, the last 8 dropped).
+    v = torch.randn((n, 128), generator=torch.Generator().manual_seed(9), dtype=torch.float32)
+    v = v[:, :m * 24].reshape(n * m, 24).double()
     v = v / v.norm(dim=1, keepdim=True)
     pred, true = [], []
     with torch.no_grad():
@@ -294,10 +296,9 @@ def test_rho_table_shares_directions_across_layers_without_changing_any_layers_r
 
 def test_rho_does_not_depend_on_how_the_samples_are_chunked(trained_tiny, monkeypatch):
     """The sample chunk only bounds memory: directions come from one generator stream in
-    sample order, so 1-sample chunks and one chunk of every sample give the same ρ.
-
-    (torch draws normals in blocks of 16, so this holds when a sample's M·D direction
-    entries are a multiple of 16 — here 8 × 24; with the default M = 32, always.)"""
+    sample order, so 1-sample chunks and one chunk of every sample give the same ρ (for
+    any M: a sample's M·D entries are drawn as whole blocks of torch's 16 normals;
+    tests/test_measure_invariances.py draws M·D that are not multiples of 16)."""
     model, x, y = trained_tiny
     grads = bp_state_gradients(model, x[:48], y[:48])
 

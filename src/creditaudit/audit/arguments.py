@@ -76,9 +76,9 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                 f"{type(model).__name__} has no forward_states: pass states_fn=lambda x: "
                 "([h_0, …, h_L], logits) to diagnose()")
         states_fn = model.forward_states  # type: ignore[assignment]
+    check_gradients_possible()
     check_inputs(model, eval_x, eval_y)
     check_same_device(model, eval_x, eval_y)
-    check_gradients_possible(eval_x, eval_y)
     if isinstance(credit, CreditRule) and credit.model is not model:
         raise ModelContractError(
             f"credit= is a rule bound to another model ({type(credit.model).__name__}), not "
@@ -185,20 +185,15 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> None:
                           f"model ends in a LayerNorm), got {metadata['terminal_ln']!r:.40}")
 
 
-def check_gradients_possible(eval_x: Tensor, eval_y: Tensor) -> None:
+def check_gradients_possible() -> None:
     """A one-line ConfigError unless autograd can take gradients here: not inside
-    ``torch.inference_mode()`` (a states_fn's states would come back without a graph), nor
-    of evaluation tensors made inside it (torch refuses to save them for backward)."""
+    ``torch.inference_mode()`` (a states_fn's states would come back without a graph).
+    Evaluation tensors made inside it are refused by
+    :func:`~creditaudit.measures.user_models.check_inputs`."""
     if torch.is_inference_mode_enabled():
         raise ConfigError("diagnose() takes gradients of the loss, which torch.inference_mode() "
                           "turns off: call it outside inference mode (torch.no_grad() around "
                           "it is fine)")
-    for name, tensor in (("eval_x", eval_x), ("eval_y", eval_y)):
-        if tensor.is_inference():
-            raise ConfigError(f"{name} was made inside torch.inference_mode(), and autograd "
-                              f"cannot take gradients through such a tensor: pass "
-                              f"{name}.clone() made outside inference mode (or make it under "
-                              "torch.no_grad() instead)")
 
 
 def check_norms(name: str, norms: Sequence[float] | None) -> list[float] | None:

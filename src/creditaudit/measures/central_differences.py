@@ -54,9 +54,9 @@ def _compared(backward: Tensor, difference: Difference) -> Tensor:
     of adjacent steps agrees, and leaves the running (so a healthy model costs two or three
     steps); one that disagrees at every precise pair disagrees: a kink of ReLU or max
     crossed by the larger steps spoils those, not the smaller ones."""
-    agreed = torch.zeros(backward.shape, dtype=torch.bool)
-    disagreed = torch.zeros(backward.shape, dtype=torch.bool)
-    running = torch.arange(backward.shape[0])
+    agreed = torch.zeros(backward.shape, dtype=torch.bool, device=backward.device)
+    disagreed = torch.zeros_like(agreed)
+    running = torch.arange(backward.shape[0], device=backward.device)
     previous = difference(STEPS[0], running)
     for delta in STEPS[1:]:
         current = difference(delta, running)

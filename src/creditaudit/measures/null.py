@@ -82,7 +82,7 @@ def fresh_feedback_null(rule: CreditRule, x: Tensor, y: Tensor, n: int = 20,
             summaries[index].append([summary_vectors(a) for a in draw_credits])
         progress_.update(min(start + chunk, total), clock())
     values = [deep_mean(reference.cosines(_joined(parts))) for parts in summaries]
-    tensor = torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device="cpu")
     mean, std = float(tensor.mean()), float(tensor.std(unbiased=True))
     z = (training_value - mean) / std if std > 0 and math.isfinite(std) else float("nan")
     return {"mean": mean, "std": std, "values": values, "training_value": training_value,

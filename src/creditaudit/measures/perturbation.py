@@ -300,11 +300,14 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     used = perturbed.samples
     if controls:
         # The random control's noise is drawn for the samples used, layer by layer, as a
-        # pass with n_samples = used draws it; its directions are drawn again.
+        # pass with n_samples = used draws it; its directions are drawn again. It is drawn
+        # in float64 on the CPU, whatever the working dtype and the caller's default device.
         like = w.part(0, min(1, used)).states[layers[0]]
         noise_gen = torch.Generator().manual_seed(seed + 1)
         noise = {layer: torch.randn((used, *perturbed.shapes[layer]), generator=noise_gen,
-                                    dtype=like.dtype).to(like.device) for layer in layers}
+                                    dtype=torch.float64, device="cpu"
+                                    ).to(device=like.device, dtype=like.dtype)
+                 for layer in layers}
         replay = torch.Generator().set_state(start_state)
         predicted = _replay_predicted(perturbed, layers, noise, n_directions=n_directions,
                                       eps=eps, generator=replay, like=like)

@@ -78,10 +78,10 @@ def check_finite(model: nn.Module) -> None:
 
 
 def _random_like(tensors: Sequence[Tensor], generator: torch.Generator) -> list[Tensor]:
-    """Gaussian tensors of ``tensors``' shapes and devices, drawn on the CPU in float64 for
-    float64 tensors, else float32 (never torch's default dtype, which is the caller's)."""
-    return [torch.randn(t.shape, generator=generator,
-                        dtype=torch.float64 if t.dtype == torch.float64 else torch.float32
+    """Gaussian float32 tensors of ``tensors``' shapes on their devices, drawn on the CPU
+    whatever their dtype (never in torch's default dtype or on its default device, which
+    are the caller's): a float64 model's random control is its float32 twin's."""
+    return [torch.randn(t.shape, generator=generator, dtype=torch.float32, device="cpu"
                         ).to(t.device) for t in tensors]
 
 

@@ -214,11 +214,11 @@ def _module_direction(module: nn.Module, call: _Call, inputs: dict[Key, Tensor],
     def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
         change = cache.pop(delta) if delta in cache else output_difference(delta)
         value = float(sum((c * d).sum() for c, d in zip(u, change)))
-        return (torch.tensor([value], dtype=F64),
-                torch.tensor([rounding / delta], dtype=F64))
+        return (torch.tensor([value], dtype=F64, device="cpu"),
+                torch.tensor([rounding / delta], dtype=F64, device="cpu"))
 
     try:
-        return int(_compared(torch.tensor([backward], dtype=F64), difference)[0])
+        return int(_compared(torch.tensor([backward], dtype=F64, device="cpu"), difference)[0])
     except Exception:  # noqa: BLE001 — as above
         return 0
 

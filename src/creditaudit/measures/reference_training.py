@@ -122,8 +122,8 @@ def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor
             for j in which.tolist():
                 v = directions[j].view_as(x).to(x.dtype)
                 values.append(float(loss(x + step * v)[0] - loss(x - step * v)[0]) / (2 * step))
-        return (torch.tensor(values, dtype=F64),
-                torch.full((len(values),), floor / step, dtype=F64))
+        return (torch.tensor(values, dtype=F64, device="cpu"),
+                torch.full((len(values),), floor / step, dtype=F64, device="cpu"))
 
     return backward, difference
 

@@ -41,8 +41,9 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
     evaluation set: ``eval_x`` a tensor of N ≥ 1 finite inputs of the shape and dtype the
     model takes — as an adapted model was probed (``input_shape``, and its parameters' dtype
     for floating inputs) or a built contract model declares (``input_shape``) — and
-    ``eval_y`` (N,) integer labels (:func:`check_labels`). One-line ModelContractError
-    otherwise, before any of it reaches the model."""
+    ``eval_y`` (N,) integer labels (:func:`check_labels`), neither made inside
+    ``torch.inference_mode()`` (:func:`check_not_inference`). One-line ModelContractError
+    (ConfigError for an inference tensor) otherwise, before any of it reaches the model."""
     if not isinstance(eval_x, Tensor):
         raise ModelContractError(f"eval_x must be a tensor of model inputs (N, …), got "
                                  f"{type(eval_x).__name__}")
@@ -59,6 +60,7 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
                                  f"the model takes {shape}: pass inputs as the model reads "
                                  "them (flattened or not, as it was built or adapted)")
     check_labels(eval_x, eval_y)
+    check_not_inference(eval_x, eval_y)
     reference = next((p for p in model.parameters() if p.is_floating_point()), None)
     if floating and not eval_x.is_floating_point() and reference is not None:
         raise ModelContractError(f"eval_x is {dtype_name(eval_x.dtype)} but the model takes "
@@ -79,6 +81,18 @@ def check_inputs(model: nn.Module, eval_x: Any, eval_y: Any) -> None:
                                  f"eval_x.to(torch.{dtype_name(reference.dtype)})")
     if eval_x.is_floating_point() and not bool(torch.isfinite(eval_x).all()):
         raise ModelContractError("eval_x holds NaN/Inf: the diagnostics need finite inputs")
+
+
+def check_not_inference(eval_x: Tensor, eval_y: Tensor) -> None:
+    """One-line ConfigError for an evaluation tensor made inside ``torch.inference_mode()``:
+    autograd refuses to save one for the backward every diagnostic takes (torch's own
+    RuntimeError from deep inside the first state gradient otherwise)."""
+    for name, tensor in (("eval_x", eval_x), ("eval_y", eval_y)):
+        if tensor.is_inference():
+            raise ConfigError(f"{name} was made inside torch.inference_mode(), and autograd "
+                              f"cannot take gradients through such a tensor: pass "
+                              f"{name}.clone() made outside inference mode (or make it under "
+                              "torch.no_grad() instead)")
 
 
 def check_same_device(model: nn.Module, eval_x: Tensor, eval_y: Tensor) -> None:

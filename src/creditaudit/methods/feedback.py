@@ -74,8 +74,8 @@ def draw_feedback(shapes: list[tuple[int, ...]], *, scale: float, generator: tor
     if out is not None:
         return [torch.randn(shape, generator=generator, dtype=kind, out=o).mul_(scale / fan ** 0.5)
                 for shape, fan, kind, o in zip(shapes, fans, dtypes, out, strict=True)]
-    return [torch.randn(*shape, generator=generator, dtype=kind) * (scale / fan ** 0.5)
-            for shape, fan, kind in zip(shapes, fans, dtypes, strict=True)]
+    return [torch.randn(*shape, generator=generator, dtype=kind, device="cpu")
+            * (scale / fan ** 0.5) for shape, fan, kind in zip(shapes, fans, dtypes, strict=True)]
 
 
 def state_width(model: ResidualNet) -> int:

@@ -154,20 +154,25 @@ def from_feature_rows(rows: Tensor, like: Tensor) -> Tensor:
 
 @contextlib.contextmanager
 def measurement_mode(model: nn.Module) -> Iterator[None]:
-    """Run the block as every measurement runs: ``model`` in eval mode and in fp32 (no
-    autocast from the caller), then restore each submodule's own training flag.
+    """Run the block as every measurement runs: ``model`` in eval mode, in fp32 (no
+    autocast from the caller) and outside inference mode (the measures take gradients of the
+    loss), then restore each submodule's own training flag.
 
     In eval mode BatchNorm applies its running statistics (no op mixes samples, nothing is
     updated); the other layers of the contract models act the same in both modes. Each
     module's flag is put back as it was — a BatchNorm the user holds in eval mode inside a
     training network stays held, and a network the user put in eval mode under an
     :func:`~creditaudit.adapt` wrapper stays there. An autocast the caller opened (a user's
-    bf16 loop) is closed inside: diagnostics are always computed in the model's own dtype.
+    bf16 loop) is closed inside: diagnostics are always computed in the model's own dtype;
+    so is a ``torch.inference_mode()`` (a user's evaluation block), under which no
+    gradient could be taken. Grad mode itself is each measure's own (``torch.enable_grad``
+    where it takes gradients).
     """
     flags = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode(False))
             for device_type in ("cpu", "cuda"):
                 if torch.is_autocast_enabled(device_type):
                     stack.enter_context(torch.autocast(device_type, enabled=False))

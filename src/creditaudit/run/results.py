@@ -151,7 +151,9 @@ def end_of_run_metrics(rule: CreditRule, eval_x: torch.Tensor, eval_y: torch.Ten
     except NonFiniteModelError as err:
         out["credit_quality_error"] = str(err)
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # e.g. EP's update cosine with BP
+    # e.g. EP's update cosine with BP, which takes gradients: never in the caller's
+    # inference mode (a Recorder's finish() inside the loop's evaluation block)
+    with torch.random.fork_rng(devices=devices), torch.inference_mode(False):
         out.update(rule_metrics(rule, rule.run_metrics(eval_x, eval_y)))
     return out
 

@@ -624,3 +624,21 @@ def test_a_training_step_is_one_step_of_the_auxiliary_net(name):
     if target:
         for p_bar, before, p in zip(rule.target.parameters(), target, rule.value.parameters()):
             assert torch.allclose(p_bar, 0.9 * before + 0.1 * p, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("method", ["state-bridge", "credit-bridge"])
+def test_building_a_bridge_leaves_the_cuda_random_streams_alone(method, monkeypatch):
+    """Its auxiliary nets are initialised under a fork of the CPU stream only; reseeding with
+    torch.manual_seed inside it also reseeded every CUDA stream, which no fork put back (a
+    GPU run's CUDA draws then followed the bridge's seed). Without a GPU: no CUDA seeding is
+    asked for at all, and the CPU stream is left as it was."""
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: seeded.append(seed))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: seeded.append(seed))
+    torch.manual_seed(0)
+    model = ResidualMLP(8, 16, 4, 2)
+    seeded.clear()
+    before = torch.get_rng_state()
+    build_rule(model, MethodConfig(name=method), n_classes=4, seed=1)
+    assert seeded == []
+    assert torch.equal(torch.get_rng_state(), before)

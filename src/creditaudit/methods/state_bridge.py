@@ -78,15 +78,16 @@ def seeded_init(generator: torch.Generator, dtype: torch.dtype) -> Iterator[None
     ``dtype`` (:func:`aux_dtype`), not the caller's default dtype.
 
     The global CPU stream is forked and reseeded from ``generator`` inside the block, so
-    building a rule never moves the random stream that training and data use; torch's
-    default dtype is ``dtype`` inside and the caller's after.
+    building a rule never moves the random stream that training and data use; the CUDA
+    streams are not touched (``torch.manual_seed`` would reseed them too, outside the
+    fork); torch's default dtype is ``dtype`` inside and the caller's after.
     """
     # on the generator's own device, also where tensors default to another (a run plan
     # sizes the rule on the meta device)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     before = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         torch.set_default_dtype(dtype)
         try:
             yield

@@ -19,9 +19,9 @@ import pytest
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
-from creditaudit.data import load_dataset
+from creditaudit.data import Dataset, load_dataset
 from creditaudit.data.identity import tensor_digest
-from creditaudit.errors import DataError, RunRecordError
+from creditaudit.errors import ConfigError, DataError, RunRecordError
 from creditaudit.records import RECORD_FILE, load_record
 from creditaudit.registry import reload_plugins
 from creditaudit.run.plan import plan_run
@@ -90,6 +90,28 @@ def test_the_record_keeps_the_digest_of_the_arrays_trained_on(tmp_path):
                                  data.test_y)
     data.test_y[0] = (data.test_y[0] + 1) % 10  # one label changed in place
     assert data.content_digest() != whole
+
+
+def test_data_handed_to_train_must_be_what_its_config_loads(tmp_path):
+    """train(config, dataset=…) records the run under the id its config names: arrays loaded
+    for another seed or options, edited since, or built by hand are refused, not recorded
+    as the config's data."""
+    config = RunConfig().replace(**SYNTHETIC, **{"run.out_dir": str(tmp_path)})
+    data = load_dataset(config.data, seed=config.run.seed)
+    trained = train(config, dataset=data)
+    assert trained.record.data.arrays_sha256 == data.content_digest()
+    other_seed = load_dataset(config.data, seed=7)
+    fewer = load_dataset(config.replace(**{"data.n_train": 128}).data, seed=config.run.seed)
+    by_hand = Dataset("synthetic", data.train_x, data.train_y, data.test_x, data.test_y,
+                      n_classes=10)
+    for handed, why in ((other_seed, "loaded for other data"), (fewer, "loaded for other data"),
+                        (by_hand, "not loaded by load_dataset")):
+        with pytest.raises(ConfigError, match=why):
+            train(config.replace(**{"run.out_dir": str(tmp_path / "other")}), dataset=handed)
+    data.train_y[0] = (data.train_y[0] + 1) % 10
+    with pytest.raises(ConfigError, match="changed after it was loaded"):
+        train(config.replace(**{"run.out_dir": str(tmp_path / "edited")}), dataset=data)
+    assert not (tmp_path / "other").exists() and not (tmp_path / "edited").exists()
 
 
 def test_other_arrays_under_one_fingerprint_are_never_served_resumed_or_audited(

@@ -7,6 +7,9 @@ feature datasets (synthetic, mnist1d) are float32 ``(N, D)``.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import torch
@@ -45,10 +48,8 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     """
     if spec is None:
         spec = dataset_spec(options.name)(options)
-        spec.check()
-        spec.identity(spec.data_seed(seed))
-    else:
-        spec.check()
+    spec.check()
+    identity = spec.identity(spec.data_seed(seed))
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
     check_sizes(spec, dataset)
@@ -56,7 +57,35 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
         check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
+    dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest())
     return dataset
+
+
+def _loading(options: Any, fingerprint: str) -> str:
+    """What a load was asked for: the data options (a config's data section) and the
+    fingerprint of the data they name."""
+    asked = {"options": dataclasses.asdict(options), "fingerprint": fingerprint}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_handed(dataset: Dataset, options: Any, fingerprint: str) -> None:
+    """ConfigError (one line) unless ``dataset`` — handed to a run (``train(config,
+    dataset=…)``) instead of loaded by it — is what the run would load: returned by
+    :func:`load_dataset` for the same data options (``options``: the run's data section;
+    ``fingerprint``: its data's) and unchanged since. The run's id and record name the data
+    its config names; other arrays under that name would be a record of data it never saw."""
+    fix = ("pass what load_dataset(config.data, seed=config.run.seed) returns for this "
+           "config, unchanged, or leave dataset= out (other data: register it as a dataset)")
+    if dataset.loaded_as is None:
+        raise ConfigError(f"the data handed to the run ({dataset.name}) was not loaded by "
+                          f"load_dataset: {fix}")
+    asked, digest = dataset.loaded_as
+    if asked != _loading(options, fingerprint):
+        raise ConfigError(f"the data handed to the run ({dataset.name}) was loaded for other "
+                          f"data than the run's (another dataset, data option or seed): {fix}")
+    if dataset.content_digest() != digest:
+        raise ConfigError(f"the data handed to the run ({dataset.name}) changed after it was "
+                          f"loaded (its arrays were replaced or edited): {fix}")
 
 
 def check_same_files(spec: DatasetSpec[Any], identity: DataIdentity, seed: int) -> None:
@@ -245,5 +274,6 @@ def data_dir(options: Any) -> Any:
 
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
-           "check_sizes", "check_train_subset", "check_same_files", "check_normalisation",
+           "check_sizes", "check_train_subset", "check_same_files", "check_handed",
+           "check_normalisation",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

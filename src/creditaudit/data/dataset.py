@@ -44,6 +44,10 @@ class Dataset:
     # (the arrays hashed, their versions, their digest): hashed once while they stay put
     _digest: tuple[tuple[Tensor, ...], tuple[int | None, ...], str] | None = field(
         default=None, init=False, repr=False, compare=False)
+    # (what load_dataset was asked for: its data options and the data's fingerprint, the
+    # arrays' digest then): a run handed these arrays checks they are what it would load
+    loaded_as: tuple[str, str] | None = field(default=None, init=False, repr=False,
+                                              compare=False)
 
     def content_digest(self) -> str:
         """sha256 of the four arrays as held now (train_x, train_y, test_x, test_y: dtype,

@@ -36,6 +36,7 @@ from creditaudit.data import (
     Dataset,
     DatasetSpec,
     check_declared,
+    check_handed,
     check_same_files,
     check_train_subset,
     dataset_spec,
@@ -129,7 +130,10 @@ class RunPlan:
         return self._data
 
     def use_data(self, dataset: Dataset) -> None:
-        """Train on ``dataset`` (already loaded by the caller) instead of loading it."""
+        """Train on ``dataset`` (already loaded by the caller) instead of loading it:
+        ConfigError unless it is what the plan would load
+        (:func:`~creditaudit.data.check_handed`)."""
+        check_handed(dataset, self.config.data, self.identity.fingerprint)
         self._data = dataset
         self._fit_eval_samples(dataset)
 

@@ -363,7 +363,9 @@ class Trainer(RecordKeeping):
 def train(config: RunConfig | RunPlan, *, resume: bool = False, force: bool = False,
           dataset: Dataset | None = None, loggers: Sequence[RunLogger] = ()) -> RunResult:
     """Train one run and return its folder and record (``config``: the run's config, or its
-    :class:`~creditaudit.run.plan.RunPlan`, which is then not planned again).
+    :class:`~creditaudit.run.plan.RunPlan`, which is then not planned again; ``dataset``: the
+    data :func:`~creditaudit.data.load_dataset` returned for this config, to spare loading it
+    again — other data is refused, ConfigError).
 
     A completed run with the same config and data (same run id) is not rerun: its record is
     returned, and replayed into the loggers asked for (``loggers``, TensorBoard, W&B). An

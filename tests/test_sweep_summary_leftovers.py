@@ -19,8 +19,7 @@ from creditaudit.errors import GuestError
 from creditaudit.records import CLAIM_FILE
 from creditaudit.run.plan import plan_run
 from creditaudit.sweep import SUMMARY_FILE, InlineExecutor, plan_runs, prepare_configs, run_sweep
-from creditaudit.sweep.runner import SUMMARY_SCHEMA, reported_status
-from creditaudit.sweep.summary_file import write_summary
+from creditaudit.sweep.summary_file import SUMMARY_SCHEMA, reported_status, write_summary
 from sweep_files import tiny_sweep_run, write_tiny_sweep
 from test_taken_over_runs import OTHER_PID, taken_over_in_epoch
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from creditaudit.sweep import SUMMARY_FILE, InlineExecutor, prepare_configs, run_sweep
-from creditaudit.sweep.runner import SUMMARY_SCHEMA, reported_status
+from creditaudit.sweep.summary_file import SUMMARY_SCHEMA, reported_status
 from sweep_files import tiny_sweep_run as tiny
 
 pytestmark = pytest.mark.usefixtures("single_thread")

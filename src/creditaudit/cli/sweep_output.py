@@ -122,7 +122,7 @@ def format_sweep_table(plans: list[Any], grid_keys: list[str],
 def as_reported(record: Any, reported: str | None) -> Any:
     """``record`` (a RunRecord) as a sweep's table shows it: with the status the sweep
     reports (``reported``, sweep_summary.json's;
-    :func:`creditaudit.sweep.runner.reported_status`) where its record was left
+    :func:`creditaudit.sweep.summary_file.reported_status`) where its record was left
     ``running`` by a run that ended, or where the sweep refused the run its record
     describes (an interrupted run whose checkpoint is gone: why is said below the table);
     the file is not changed."""

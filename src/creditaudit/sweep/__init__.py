@@ -82,7 +82,6 @@ from creditaudit.sweep.grid import (
 )
 from creditaudit.sweep.plans import plan_runs, run_labels, unique_plans
 from creditaudit.sweep.runner import (
-    SUMMARY_FILE,
     SweepResult,
     SweepState,
     check_devices,
@@ -90,9 +89,9 @@ from creditaudit.sweep.runner import (
     results_folder,
     run_states,
     run_sweep,
-    sweep_summary,
     sweep_threads,
 )
+from creditaudit.sweep.summary_file import SUMMARY_FILE, sweep_summary
 from creditaudit.sweep.worker import (
     AFTER_THE_RECORD,
     SWEEP_LOG_FILE,

@@ -1,4 +1,5 @@
-"""Running a sweep: what is left to do, progress counts, and ``sweep_summary.json``."""
+"""Running a sweep: what is left to do, progress counts, and when to write
+``sweep_summary.json`` (:mod:`~creditaudit.sweep.summary_file`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 
 from creditaudit.caller import OUT, on_command_line
-from creditaudit.config import RunConfig, apply_overrides, config_value
+from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.records import FINISHED
@@ -21,13 +22,16 @@ from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import FOREIGN, NEWER, TAKEN_OVER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
-from creditaudit.sweep.summary_file import write_summary
-from creditaudit.sweep.worker import AFTER_THE_RECORD, disk_status, run_task, task_ids
+from creditaudit.sweep.summary_file import (
+    SUMMARY_FILE,
+    reported_status,
+    sweep_summary,
+    write_summary,
+)
+from creditaudit.sweep.worker import disk_status, run_task, task_ids
 
 log = logging.getLogger(__name__)
 
-SUMMARY_FILE = "sweep_summary.json"
-SUMMARY_SCHEMA = "creditaudit.sweep/1"
 
 
 # --- the sweep ---------------------------------------------------------------------------
@@ -359,46 +363,3 @@ def _tasks(plans: list[RunPlan], stack: int) -> list[dict[str, Any]]:
                           "run_ids": [plans[i].run_id for i in group],
                           "fingerprints": [plans[i].identity.fingerprint for i in group]})
     return tasks
-
-
-def reported_status(recorded: str | None, outcome: Outcome | dict[str, Any]) -> str:
-    """A run's status after the sweep: its record's (``recorded``; None without one), except
-    ``busy`` for an unfinished run another process holds, and the sweep's own ``outcome``
-    for a record left ``running`` by a run that ended (a record says running only while a
-    process holds its claim; one whose worker died, or whose last record write failed on a
-    full disk, could not be updated)."""
-    said = outcome.get("status")
-    if said == "busy" and recorded not in FINISHED:
-        return "busy"  # another process holds it right now
-    if recorded == "running" and said is not None and said != "running":
-        return said
-    return recorded or said or "not started"
-
-
-def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: list[str],
-                  *, extra: dict[str, Any] | None = None,
-                  written_by: str | Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The content of sweep_summary.json: one entry per run, status read from its record
-    (:func:`reported_status`), ``written_by`` naming what wrote it (:func:`run_sweep`)."""
-    runs = []
-    counts: dict[str, int] = {}
-    for plan, outcome in zip(plans, outcomes):
-        run_dir = plan.run_dir
-        status, error = disk_status(run_dir)
-        status = reported_status(status, outcome)
-        said = outcome.get("error")
-        if error is None or (said or "").startswith(AFTER_THE_RECORD):
-            error = said if error is None else f"{error}; {said}"
-        counts[status] = counts.get(status, 0) + 1
-        runs.append({"run_id": run_dir.name,
-                     # as the user wrote them (trainable_blocks=2, not the default's None)
-                     "grid": {key: config_value(plan.as_given(), key) for key in grid_keys},
-                     "status": status, "error": error, "action": outcome.get("action"),
-                     "written_by": (written_by if written_by is None or isinstance(
-                         written_by, str) else written_by.get(run_dir.name)),
-                     "seconds": round(float(outcome.get("seconds") or 0.0), 3),
-                     "record": str(run_dir / "record.json")})
-    return {"schema": SUMMARY_SCHEMA, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "n_runs": len(runs), "counts": counts, **(extra or {}), "runs": runs}
-
-

@@ -16,10 +16,12 @@ writer's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from creditaudit.config import config_value
 from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
 from creditaudit.files.folder_lock import folder_lock
@@ -27,9 +29,16 @@ from creditaudit.files.safe_files import atomic_write_json, read_text
 from creditaudit.records import FINISHED
 from creditaudit.records.claim_files import claim_state
 from creditaudit.sweep.claiming import disk_status
-from creditaudit.sweep.outcome import FOREIGN, NEWER, TAKEN_OVER
+from creditaudit.sweep.outcome import FOREIGN, NEWER, TAKEN_OVER, Outcome
+from creditaudit.sweep.worker import AFTER_THE_RECORD
 
-# (recorded status, outcome) → the status to report (runner.reported_status)
+if TYPE_CHECKING:
+    from creditaudit.run.plan import RunPlan
+
+SUMMARY_FILE = "sweep_summary.json"
+SUMMARY_SCHEMA = "creditaudit.sweep/1"
+
+# (recorded status, outcome) → the status to report (reported_status)
 StatusFn = Callable[[str | None, Mapping[str, Any]], str]
 
 
@@ -114,4 +123,46 @@ def write_summary(path: Path, summary: dict[str, Any], status_of: StatusFn,
                                                held))
 
 
-__all__ = ["merged_summary", "write_summary"]
+def reported_status(recorded: str | None, outcome: Outcome | dict[str, Any]) -> str:
+    """A run's status after the sweep: its record's (``recorded``; None without one), except
+    ``busy`` for an unfinished run another process holds, and the sweep's own ``outcome``
+    for a record left ``running`` by a run that ended (a record says running only while a
+    process holds its claim; one whose worker died, or whose last record write failed on a
+    full disk, could not be updated)."""
+    said = outcome.get("status")
+    if said == "busy" and recorded not in FINISHED:
+        return "busy"  # another process holds it right now
+    if recorded == "running" and said is not None and said != "running":
+        return said
+    return recorded or said or "not started"
+
+
+def sweep_summary(plans: Sequence[RunPlan], outcomes: list[Outcome], grid_keys: list[str],
+                  *, extra: dict[str, Any] | None = None,
+                  written_by: str | Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The content of sweep_summary.json: one entry per run, status read from its record
+    (:func:`reported_status`), ``written_by`` naming what wrote it (:func:`run_sweep`)."""
+    runs = []
+    counts: dict[str, int] = {}
+    for plan, outcome in zip(plans, outcomes):
+        run_dir = plan.run_dir
+        status, error = disk_status(run_dir)
+        status = reported_status(status, outcome)
+        said = outcome.get("error")
+        if error is None or (said or "").startswith(AFTER_THE_RECORD):
+            error = said if error is None else f"{error}; {said}"
+        counts[status] = counts.get(status, 0) + 1
+        runs.append({"run_id": run_dir.name,
+                     # as the user wrote them (trainable_blocks=2, not the default's None)
+                     "grid": {key: config_value(plan.as_given(), key) for key in grid_keys},
+                     "status": status, "error": error, "action": outcome.get("action"),
+                     "written_by": (written_by if written_by is None or isinstance(
+                         written_by, str) else written_by.get(run_dir.name)),
+                     "seconds": round(float(outcome.get("seconds") or 0.0), 3),
+                     "record": str(run_dir / "record.json")})
+    return {"schema": SUMMARY_SCHEMA, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "n_runs": len(runs), "counts": counts, **(extra or {}), "runs": runs}
+
+
+__all__ = ["SUMMARY_FILE", "SUMMARY_SCHEMA", "merged_summary", "reported_status",
+           "sweep_summary", "write_summary"]

@@ -4,6 +4,7 @@ must."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,8 +50,9 @@ def interrupt_sweep(process: subprocess.Popen, run_dirs: Sequence[Path], signum:
     and a record (at most 120 s), to its whole process group with ``to_group`` (as a
     terminal sends Ctrl-C), and check that it ends as an interrupted sweep must: exit code
     130 within 45 s, a last line that says so, each run recorded 'interrupted' with its
-    checkpoint kept and its claim released. The process must run in a session of its own
-    (``start_new_session=True``) with text pipes; its group is killed if anything fails."""
+    checkpoint kept and its claim released, and so listed in its summary. The process must
+    run in a session of its own (``start_new_session=True``) with text pipes; its group is
+    killed if anything fails."""
     try:
         deadline = time.monotonic() + 120
         while not all((d / CHECKPOINT_FILE).exists() and (d / RECORD_FILE).exists()
@@ -71,6 +73,9 @@ def interrupt_sweep(process: subprocess.Popen, run_dirs: Sequence[Path], signum:
     assert process.returncode == 130, err
     assert time.monotonic() - interrupted < 45
     assert err.strip().splitlines()[-1].startswith("creditaudit: sweep interrupted")
+    summary = json.loads((run_dirs[0].parent / "sweep_summary.json").read_text())
+    said = {entry["run_id"]: (entry["status"], entry["action"]) for entry in summary["runs"]}
     for run_dir in run_dirs:
         assert load_record(run_dir).status == "interrupted"  # resumes from its checkpoint
         assert (run_dir / CHECKPOINT_FILE).exists() and not (run_dir / CLAIM_FILE).exists()
+        assert said[run_dir.name] == ("interrupted", "interrupted")  # the summary says so

@@ -259,3 +259,32 @@ def test_a_run_alone_in_a_stack_whose_logger_fails_after_its_record_is_not_faile
     assert [r.status for r in results] == ["completed", "completed"]
     assert list(kept) == [run_id(runs[0])]
     assert str(kept[run_id(runs[0])]).startswith("logger BreaksOnce.finish raised ValueError")
+
+
+# --- an interrupted sweep ----------------------------------------------------------------
+def test_an_interrupted_sweep_writes_its_summary_of_where_each_run_stopped(
+        tmp_path, monkeypatch):
+    """Ctrl-C in the second run of three: the summary lists the first completed, the second
+    interrupted (resumable) and the third not started, and the interrupt goes on."""
+    from creditaudit.run.trainer import Trainer, train
+
+    configs = [tiny(tmp_path, **{"method.name": name, "optim.epochs": 2})
+               for name in ("bp", "dfa", "fa")]
+    run_dirs = [plan_run(config).run_dir for config in configs]
+    original = Trainer.train_epoch
+
+    def ctrl_c_in_dfa(self, epoch):
+        if self.config.method.name == "dfa" and epoch == 2:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", ctrl_c_in_dfa)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(configs, InlineExecutor())
+    runs = {entry["run_id"]: entry
+            for entry in json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]}
+    said = [(runs[d.name]["status"], runs[d.name]["action"]) for d in run_dirs]
+    assert said == [("completed", "trained"), ("interrupted", "interrupted"),
+                    ("not started", "not started")]
+    monkeypatch.setattr(Trainer, "train_epoch", original)
+    assert train(configs[1], resume=True).status == "completed"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from creditaudit.caller import OUT, on_command_line
 from creditaudit.config import RunConfig, apply_overrides
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
-from creditaudit.records import FINISHED
+from creditaudit.records import FINISHED, RECORD_FILE
 from creditaudit.records.claims import CLAIM_FILE, DEFAULT_STALE_AFTER, claim_is_stale, read_claim
 from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.executors import Executor
@@ -237,6 +237,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                           "drop --stack, or use --executor local")
     check_devices(plans, executor.name)
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
+    began = time.time()
     by_id = {plan.run_id: plan for plan in plans}
     outcomes: dict[str, Outcome] = {}
     # runs another process held for the whole sweep: their summary entries are the holder's
@@ -280,45 +281,78 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     fn = functools.partial(run_task, retry_failed=retry_failed, stale_after=stale_after,
                            command_line=on_command_line(),
                            dtype=str(torch.get_default_dtype()).removeprefix("torch."))
-    while todo:
-        state.outstanding, state.busy = len(todo), 0
-        tasks = _tasks([by_id[run_id] for run_id in todo], stack)
-        state.tasks = [task_ids(task) for task in tasks]
-        busy = []
-        stream = (outcome for item in executor.map(fn, tasks)
-                  for outcome in (item if isinstance(item, list) else [item]))
-        state.slots = executor.slots
-        report(None)
-        for outcome in stream:
+    mapped: Iterator[Any] | None = None
+    try:
+        while todo:
+            state.outstanding, state.busy = len(todo), 0
+            tasks = _tasks([by_id[run_id] for run_id in todo], stack)
+            state.tasks = [task_ids(task) for task in tasks]
+            busy = []
+            mapped = executor.map(fn, tasks)
+            stream = (outcome for item in mapped
+                      for outcome in (item if isinstance(item, list) else [item]))
             state.slots = executor.slots
-            state.started = getattr(executor, "running", None)
-            state.outstanding -= 1
-            state.task_ended(outcome["run_id"])
-            outcomes[outcome["run_id"]] = outcome
-            if outcome["status"] == "busy":
-                busy.append(outcome["run_id"])
-                state.busy += 1
-            else:
-                state.count(outcome["status"])
-            if outcome["action"] in ("trained", "resumed", "restarted") \
-                    and outcome["status"] in (*FINISHED, "failed") \
-                    and outcome.get("pid") is not None:  # timed by its worker (not one that died)
-                state.run_seconds.append(outcome["seconds"])
-            report(outcome)
-        if not busy or not wait_for_others:
-            break
-        todo = _await_release(busy, by_id, poll_seconds, retry_failed=retry_failed,
-                              stale_after=stale_after, skipped=skipped)
+            report(None)
+            for outcome in stream:
+                state.slots = executor.slots
+                state.started = getattr(executor, "running", None)
+                state.outstanding -= 1
+                state.task_ended(outcome["run_id"])
+                outcomes[outcome["run_id"]] = outcome
+                if outcome["status"] == "busy":
+                    busy.append(outcome["run_id"])
+                    state.busy += 1
+                else:
+                    state.count(outcome["status"])
+                if outcome["action"] in ("trained", "resumed", "restarted") \
+                        and outcome["status"] in (*FINISHED, "failed") \
+                        and outcome.get("pid") is not None:  # timed by its worker
+                    state.run_seconds.append(outcome["seconds"])
+                report(outcome)
+            if not busy or not wait_for_others:
+                break
+            todo = _await_release(busy, by_id, poll_seconds, retry_failed=retry_failed,
+                                  stale_after=stale_after, skipped=skipped)
+    except KeyboardInterrupt:
+        # Ctrl-C (SIGTERM): the executor stops its workers, which record their runs
+        # 'interrupted'; the summary then says where each run stopped, and the interrupt
+        # goes on to the caller.
+        getattr(mapped, "close", lambda: None)()
+        for run_id in (run_id for task in state.tasks for run_id in task):
+            if run_id not in outcomes and written_since(by_id[run_id].run_dir, began):
+                outcomes[run_id] = {**new_outcome(run_id, action="interrupted"),
+                                    "pid": None, "host": None}  # in a worker
+        _summarise(plans, outcomes, held, out_dir, grid_keys, summary_extra, written_by)
+        raise
+    ordered, summary, path = _summarise(plans, outcomes, held, out_dir, grid_keys,
+                                        summary_extra, written_by)
+    return SweepResult(ordered, summary, path, plans)
+
+
+def written_since(run_dir: Path, began: float) -> bool:
+    """Whether the run's record was written since ``began`` (a ``time.time()``)."""
+    try:
+        return (run_dir / RECORD_FILE).stat().st_mtime >= began
+    except OSError:
+        return False
+
+
+def _summarise(plans: list[RunPlan], outcomes: dict[str, Outcome], held: set[str],
+               out_dir: Path, grid_keys: list[str] | None, extra: dict[str, Any] | None,
+               written_by: str | Mapping[str, str] | None
+               ) -> tuple[list[Outcome], dict[str, Any], Path]:
+    """Write ``OUT/sweep_summary.json`` for the sweep's ``outcomes`` so far (a run without
+    one: not started), merged with the runs other sweeps and experiments listed in it (run
+    at once, or before); returns the outcomes in sweep order, the summary and its path."""
     ordered = [outcomes.get(plan.run_id, {"run_id": plan.run_id, "status": None,
                                           "action": "not started", "error": None})
                for plan in plans]
-    summary = sweep_summary(plans, ordered, grid_keys or [], extra=summary_extra,
+    summary = sweep_summary(plans, ordered, grid_keys or [], extra=extra,
                             written_by=written_by)
     path = out_dir / SUMMARY_FILE
-    # merged with the runs other sweeps and experiments listed in it (run at once, or before)
     held.update(o["run_id"] for o in ordered if o["action"] == "busy" and o["run_id"])
     write_summary(path, summary, reported_status, held)
-    return SweepResult(ordered, summary, path, plans)
+    return ordered, summary, path
 
 
 def _await_release(busy: list[str], by_id: dict[str, RunPlan], poll_seconds: float, *,

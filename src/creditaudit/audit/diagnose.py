@@ -32,13 +32,9 @@ from creditaudit.errors import ConfigError
 from creditaudit.guests.settings import settings_kept
 from creditaudit.measures.epoch import rule_credits
 from creditaudit.measures.gradients import StateGradients, StatesFn, state_gradients
+from creditaudit.measures.model_copies import StatesNet
 from creditaudit.measures.quality import credit_quality
-from creditaudit.measures.reference_check import (
-    SKIPPED,
-    ReferenceCheck,
-    StatesNet,
-    checked_reference,
-)
+from creditaudit.measures.reference_check import SKIPPED, ReferenceCheck, checked_reference
 from creditaudit.measures.reference_modules import FIX
 from creditaudit.measures.user_models import (
     ForwardFrom,

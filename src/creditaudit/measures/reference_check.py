@@ -28,12 +28,9 @@ FA by 0.4–0.6 along the gradient's own direction. The probes are the samples w
 largest loss (the least saturated) among the first :data:`PROBE_POOL`, moved off the ties of
 real data (:func:`_off_ties`).
 
-The working copy: :func:`model_copy` copies a model to another dtype (the caller's model
-is never changed), and :class:`StatesNet` carries a user's ``states_fn`` and
-``forward_from`` as a module's methods, so that a copy runs them on the copied weights. The
-state-by-state check runs on a float64 copy (:func:`_float64_contract`); the
-credit-quality metrics copy the same way
-(:class:`~creditaudit.measures.working.WorkingCopy`).
+The state-by-state check runs on a float64 copy of the model
+(:mod:`creditaudit.measures.model_copies`; :func:`_float64_contract`); the credit-quality
+metrics copy the same way (:class:`~creditaudit.measures.working.WorkingCopy`).
 
 Cost: a few forward passes of four samples per state (or per module), against the
 diagnostics' passes over the whole evaluation set.
@@ -41,12 +38,10 @@ diagnostics' passes over the whole evaluation set.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +58,7 @@ from creditaudit.measures.central_differences import (
 )
 from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.gradients import StatesFn
+from creditaudit.measures.model_copies import KEEP_DTYPE, StatesNet, model_copy
 from creditaudit.measures.reference_as_used import check_as_used
 from creditaudit.measures.reference_modules import (
     FIX,
@@ -84,7 +80,6 @@ PROBE_SAMPLES = 4  # the probes: the largest-loss samples of the pool
 RANDOM_DIRECTIONS = 3  # per probe and state, beside the claimed gradient's direction
 PROBE_JITTER = 1e-3  # the probes' move off ties, relative to their RMS (:func:`_off_ties`)
 
-Module = TypeVar("Module", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -175,69 +170,6 @@ def _off_ties(xs: Tensor) -> Tensor:
     return off_ties(xs, PROBE_JITTER)
 
 
-# --- the working copy ------------------------------------------------------------------------
-def model_copy(model: Module, dtype: torch.dtype) -> Module:
-    """An eval-mode copy of ``model`` in ``dtype``, of its type (the caller's model stays as
-    it is)."""
-    clone = copy.deepcopy(model, graph_attributes_detached(model))
-    clone.to(dtype=dtype)
-    clone.eval()
-    return clone
-
-
-def graph_attributes_detached(model: Module) -> dict[int, Any]:
-    """A ``copy.deepcopy`` memo giving each tensor that a module of ``model`` keeps as a plain
-    attribute and that is the output of a graph a detached copy: such a tensor — the
-    ``weight`` of ``torch.nn.utils.weight_norm``/``spectral_norm``, which their pre-hook
-    recomputes from the parameters before every forward — refuses deepcopy once a forward
-    ran with gradients."""
-    return {id(value): value.detach().clone() for module in model.modules()
-            for value in vars(module).values()
-            if isinstance(value, Tensor) and not value.is_leaf}
-
-
-class StatesNet(nn.Module):
-    """A user's module seen through the contract the metrics use: ``forward_states`` is
-    ``states_fn``, ``forward_from`` is the given function.
-
-    The reference check and the metrics work on float64 copies (:func:`model_copy`).
-    A copy can re-point the functions at the copied module only when they are bound
-    methods of it (``model.states``, ``model.run_from``): then :attr:`copyable` is True.
-    Lambdas and other closures keep calling the original module, so for them the metrics
-    run on the module as it is, in its own precision.
-    """
-
-    def __init__(self, net: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom) -> None:
-        super().__init__()
-        self.net = net
-        self._states_fn = states_fn
-        self._forward_from = forward_from
-        self.train(net.training)  # a new module trains; this one mirrors the net's mode
-
-    @property
-    def copyable(self) -> bool:
-        return all(getattr(fn, "__self__", None) is self.net
-                   for fn in (self._states_fn, self._forward_from))
-
-    def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
-        states, logits = self._states_fn(x)
-        return list(states), logits
-
-    def forward_from(self, layer: int, h: Tensor) -> Tensor:
-        return self._forward_from(layer, h)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_states(x)[1]
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> StatesNet:
-        if not self.copyable:
-            raise ModelContractError("states_fn and forward_from are not bound methods of the "
-                                     "model, so a copy of it cannot run them")
-        net = copy.deepcopy(self.net, memo)
-        return StatesNet(net, types.MethodType(self._states_fn.__func__, net),  # type: ignore[attr-defined]
-                         types.MethodType(self._forward_from.__func__, net))  # type: ignore[attr-defined]
-
-
 def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: ForwardFrom,
                       x64: Tensor, dtype: torch.dtype) -> StatesNet | None:
     """The model with its two functions in float64 (a copy unless it already is), or None
@@ -272,11 +204,6 @@ def _float64_contract(model: nn.Module, states_fn: StatesFn, forward_from: Forwa
     except ModelContractError:  # it was not asked for (metrics=False): check modules instead
         return None
     return net
-
-
-# The way out for a forward that casts to a dtype of its own, which a copy cannot run in float64.
-KEEP_DTYPE = ("make the forward keep the dtype of its parameters (x.to(self.layer.weight.dtype),"
-              " logits without .float())")
 
 
 def _not_float64(model: nn.Module, what: str) -> ReferenceGradientError:

@@ -34,7 +34,7 @@ Key = int | str  # a positional argument's index or a keyword argument's name
 
 class _Working(Protocol):
     """The float64 working copy the state-by-state check runs
-    (:class:`~creditaudit.measures.reference_check.StatesNet`): the user's module ``net``
+    (:class:`~creditaudit.measures.model_copies.StatesNet`): the user's module ``net``
     and the network run on from a state."""
 
     net: nn.Module

@@ -10,7 +10,7 @@ A user's ``nn.Module`` needs two functions beside it:
 Each check raises a one-line :class:`~creditaudit.errors.ModelContractError` that names the
 argument at fault, on a two-sample probe before any real work. The module the reference
 check and the metrics run the two functions on is
-:class:`~creditaudit.measures.reference_check.StatesNet`.
+:class:`~creditaudit.measures.model_copies.StatesNet`.
 """
 
 from __future__ import annotations

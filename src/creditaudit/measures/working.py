@@ -1,7 +1,7 @@
 """The working copy ρ and nudging perturb, and its pass over the samples under a memory cap.
 
 The end-of-run measures run on a float64 *copy* of the model
-(:func:`~creditaudit.measures.reference_check.model_copy`, the copy the reference check runs
+(:func:`~creditaudit.measures.model_copies.model_copy`, the copy the reference check runs
 on too; the caller's model is never changed). Its pass over the samples — states h_l, logits and BP
 gradients g_l — runs in chunks, and the perturbed forwards in slices of rows, each sized so
 that what autograd saves for it stays under ``memory_bytes``: :func:`measure_footprint`
@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from creditaudit.errors import CreditAuditError, ModelContractError
 from creditaudit.guests.blame import out_of_memory
 from creditaudit.measures.gradients import StatesFn
-from creditaudit.measures.reference_check import KEEP_DTYPE, model_copy
+from creditaudit.measures.model_copies import KEEP_DTYPE, model_copy
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.models.contract import ResidualNet
 

@@ -298,3 +298,19 @@ def test_demo_refuses_a_count_past_64_bits_naming_its_flag(capsys, tmp_path):
     assert main(["demo", "--epochs", str(10**30), "--out", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
     assert_one_line_error(out, err, "argument --epochs: ", "is out of range")
+
+
+def test_of_two_sets_of_a_key_with_a_flag_the_last_counts(capsys):
+    """docs/configuration.md: of two --set of one key, the last counts. For a key a named
+    flag also sets (optim.epochs, model.d, run.seed, …) the second --set was refused as
+    '--epochs and --set optim.epochs=3 give optim.epochs two values' with no --epochs given;
+    a flag given is still held against every --set of its key."""
+    assert main(["train", "--set", "optim.epochs=2", "--set", "optim.epochs=3",
+                 "--set", "model.d=8", "--set", "model.d=16", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "epochs = 3\n" in out and "d = 16\n" in out
+    assert main(["train", "--epochs", "2", "--set", "optim.epochs=2", "--set",
+                 "optim.epochs=3", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "--epochs and --set optim.epochs=3 give "
+                                                      "optim.epochs two values (2 and 3)")

@@ -314,3 +314,14 @@ def test_of_two_sets_of_a_key_with_a_flag_the_last_counts(capsys):
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err, "--epochs and --set optim.epochs=3 give "
                                                       "optim.epochs two values (2 and 3)")
+
+
+def test_a_misspelt_experiment_is_told_so_before_the_scale_is_asked_for(capsys):
+    """experiment audit_tabel (no --scale) said 'choose --scale smoke, cpu or paper': the
+    user added a scale only to be told then that the name was wrong."""
+    assert main(["experiment", "audit_tabel"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "unknown experiment 'audit_tabel'")
+    assert main(["experiment", "audit_table"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "choose --scale smoke, cpu or paper")

@@ -325,3 +325,17 @@ def test_a_misspelt_experiment_is_told_so_before_the_scale_is_asked_for(capsys):
     assert main(["experiment", "audit_table"]) == 2
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err, "choose --scale smoke, cpu or paper")
+
+
+def test_a_run_folder_given_to_config_is_told_the_file_to_pass(tmp_path, capsys):
+    """audit takes a run's folder; train --config RUN said only that RUN 'is a folder, not a
+    file: creditaudit reads only regular files', not which file of the folder to pass."""
+    run = tmp_path / "bp-resmlp-synthetic-s42-0123456789"
+    run.mkdir()
+    (run / "config.toml").write_text("[optim]\nepochs = 1\n")
+    assert main(["train", "--config", str(run), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err,
+                          f"config file {run} is a run folder, not a file: pass the run's "
+                          f"config in it, {run / 'config.toml'}")
+    assert main(["train", "--config", str(run / "config.toml"), "--print-config"]) == 0

@@ -193,6 +193,10 @@ def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
     may have been edited: only its config is used, and the run it gives gets the id of that
     config). ``checked``: as :func:`~creditaudit.config.config_from_dict`'s."""
     path = Path(path)
+    inside = [path / name for name in (CONFIG_FILE, RECORD_FILE) if (path / name).is_file()]
+    if path.is_dir() and inside:  # a run's folder, as audit takes it: name its file
+        raise ConfigError(f"config file {path} is a run folder, not a file: pass the run's "
+                          f"config in it, {inside[0]}")
     text = read_text(path, "config file", ConfigError)
     if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()) \
             and not (path.suffix == ".json" and _is_json(text)):

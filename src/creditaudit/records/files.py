@@ -154,8 +154,10 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     """
     path = record_path(path)
     if not path.exists():
-        raise RunRecordError(f"no run record at {path}: pass a run folder that holds "
-                             f"{RECORD_FILE} or the file itself")
+        raise RunRecordError(f"no run record at {path}: "
+                             + (path.name == RECORD_FILE and _runs_below(path.parent)
+                                or f"pass a run folder that holds {RECORD_FILE} or the file "
+                                   "itself"))
     text = read_text(path, "run record")
     try:
         strict_json.check_depth(text)
@@ -185,6 +187,20 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
             "no longer matches its content), so its numbers may not be its run's",
             f"restore the file, or train the run again with {FORCE}")
     return record
+
+
+def _runs_below(folder: Path) -> str:
+    """For a results folder named where a run's folder was meant (``audit runs/``): the
+    number of run folders in it and one of them, as the end of a refusal; empty for any
+    other folder."""
+    try:
+        runs = sorted(found.parent for found in folder.glob(f"*/{RECORD_FILE}"))
+    except OSError:
+        return ""
+    if not runs:
+        return ""
+    return (f"{folder} is a results folder of {len(runs)} run(s), not a run's folder: pass "
+            f"a run's folder (e.g. {runs[0]}), or several")
 
 
 def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:

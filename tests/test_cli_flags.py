@@ -339,3 +339,26 @@ def test_a_run_folder_given_to_config_is_told_the_file_to_pass(tmp_path, capsys)
                           f"config file {run} is a run folder, not a file: pass the run's "
                           f"config in it, {run / 'config.toml'}")
     assert main(["train", "--config", str(run / "config.toml"), "--print-config"]) == 0
+
+
+@pytest.mark.parametrize("item, said", [
+    ("model.epochs=3", "unknown key model.epochs for resmlp (model.arch); did you mean "
+                       "optim.epochs? allowed keys in [model]: arch, d,"),
+    ("run.lr=0.1", "unknown key run.lr; did you mean optim.lr? allowed keys in [run]:"),
+    ("model.ep_beta=0.5", "did you mean method.ep_beta? allowed keys in [model]:"),
+    ("run.name=x", "did you mean data.name or method.name? allowed keys in [run]:"),
+    ("optim.nope=1", "unknown key optim.nope; allowed keys in [optim]:"),
+])
+def test_a_key_of_another_section_is_told_where_it_is(item, said, tmp_path, capsys):
+    """A key set in the wrong section (--set model.epochs=3, [model] epochs = 3) was refused
+    with the section's allowed keys alone, not the section the key is in."""
+    assert main(["train", "--set", item, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, said)
+    section, _, rest = item.partition(".")
+    key, _, value = rest.partition("=")
+    path = tmp_path / "c.toml"
+    path.write_text(f"[{section}]\n{key} = {value if value != 'x' else repr(value)}\n")
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, said)

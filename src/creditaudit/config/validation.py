@@ -284,9 +284,20 @@ def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
             raise ConfigError(f"{section}.{key} is not read by {what}: it is an option of "
                               f"{', '.join(owners)}; drop it (allowed keys in [{section}]: "
                               f"{allowed})")
-        raise ConfigError(f"unknown key {section}.{key} for {what}; allowed keys in "
-                          f"[{section}]: {allowed}")
-    raise ConfigError(f"unknown key {section}.{key}; allowed keys in [{section}]: {allowed}")
+        raise ConfigError(f"unknown key {section}.{key} for {what}{_elsewhere(section, key)}"
+                          f"allowed keys in [{section}]: {allowed}")
+    raise ConfigError(f"unknown key {section}.{key}{_elsewhere(section, key)}allowed keys in "
+                      f"[{section}]: {allowed}")
+
+
+def _elsewhere(section: str, key: str) -> str:
+    """The words between an unknown key and its section's allowed keys: ``; did you mean
+    optim.epochs? `` for a key of another section (``model.epochs``: a key every config has
+    there, or an option of a component of its axis), else ``; ``."""
+    found = [f"{other}.{key}" for other, cls in SECTION_TYPES.items() if other != section and (
+        key in {f.name for f in dataclasses.fields(cls)}
+        or (other in SELECTORS and _owners(other, key)))]
+    return f"; did you mean {' or '.join(found)}? " if found else "; "
 
 
 def check_overrides_read(config: Any, overrides: dict[str, Any]) -> None:

@@ -362,3 +362,16 @@ def test_a_key_of_another_section_is_told_where_it_is(item, said, tmp_path, caps
     assert main(["train", "--config", str(path), "--print-config"]) == 2
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err, said)
+
+
+@pytest.mark.parametrize("value, said", [
+    (".001", "optim.lr must be a number, got '.001' (TOML needs a digit each side of the "
+             "point: 0.001)"),
+    ("3.", "got '3.' (TOML needs a digit each side of the point: 3.0)"),
+])
+def test_a_number_toml_cannot_read_is_told_how_to_write_it(value, said, capsys):
+    """--set optim.lr=.001 read as the text '.001' (TOML wants 0.001) and was refused as
+    'optim.lr must be a number, got '.001'', a number to the eye of whoever typed it."""
+    assert main(["train", "--set", f"optim.lr={value}", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, said)

@@ -100,7 +100,7 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
             raise ConfigError(f"{key} must be an integer, got {value!r}")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
+            raise ConfigError(f"{key} must be a number, got {value!r}{_toml_number(value)}")
         try:
             value = float(value)
         except OverflowError:  # an integer past float's range (TOML reads any length)
@@ -163,6 +163,18 @@ def _refuse_dates(key: str, value: Any) -> None:
             text = item.isoformat()
             raise ConfigError(f"{where}={text} is a TOML date or time, which no config key "
                               f"takes; quote it to mean the text: \"{text}\"")
+
+
+def _toml_number(value: Any) -> str:
+    """For a text Python reads as a number and TOML does not (``.001``, ``1.``: no digit
+    on one side of the point), how to write it: it came as a text, so it was refused as
+    one."""
+    try:
+        number = float(value) if isinstance(value, str) and "." in value else math.nan
+    except ValueError:
+        return ""
+    return (f" (TOML needs a digit each side of the point: {number!r})"
+            if math.isfinite(number) else "")
 
 
 def _quote_hint(key: str, value: Any) -> str:

@@ -407,6 +407,16 @@ def test_audit_from_inside_the_run_folder_finds_the_frozen_runs_beside_it(runs, 
     assert metadata["frozen_acc"] == runs["frozen"].record.final_acc
 
 
+def test_audit_output_dash_prints_the_report(runs, capsys, tmp_path, monkeypatch):
+    """--output - wrote the report to a file named '-' in the working folder (and said
+    'report: -'), not to stdout as - means."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["audit", str(runs["dfa"].run_dir), "--output", "-", "--format", "json",
+                 "--no-metrics", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"]
+    assert not (tmp_path / "-").exists()
+
+
 def test_audit_refuses_an_empty_output_path(runs, capsys):
     """``--output ''`` was taken as no --output: the report was printed and exit 0, as if
     written (docs/reliability.md §7: an empty path is refused)."""

@@ -168,6 +168,19 @@ def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):
     assert "no run record" in _one_line_error(capsys)
 
 
+def test_audit_of_a_results_folder_names_its_runs(runs, capsys):
+    """audit RESULTS (the --out of train/sweep, a folder of many runs) said only 'no run
+    record at RESULTS/record.json: pass a run folder that holds record.json', as for a path
+    holding nothing; it now says the folder holds runs and names one."""
+    results = runs["dfa"].run_dir.parent
+    found = sorted(path.parent for path in results.glob(f"*/{RECORD_FILE}"))
+    assert len(found) >= 3
+    assert main(["audit", str(results)]) == 2
+    line = _one_line_error(capsys)
+    assert f"{results} is a results folder of {len(found)} run(s), not a run's folder: pass " \
+           f"a run's folder (e.g. {found[0]}), or several" in line, line
+
+
 def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, capsys, plant):
     import shutil
 
@@ -392,6 +405,16 @@ def test_audit_from_inside_the_run_folder_finds_the_frozen_runs_beside_it(runs, 
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["frozen_from_runs"] == 1
     assert metadata["frozen_acc"] == runs["frozen"].record.final_acc
+
+
+def test_audit_output_dash_prints_the_report(runs, capsys, tmp_path, monkeypatch):
+    """--output - wrote the report to a file named '-' in the working folder (and said
+    'report: -'), not to stdout as - means."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["audit", str(runs["dfa"].run_dir), "--output", "-", "--format", "json",
+                 "--no-metrics", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"]
+    assert not (tmp_path / "-").exists()
 
 
 def test_audit_refuses_an_empty_output_path(runs, capsys):

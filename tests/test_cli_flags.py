@@ -298,3 +298,80 @@ def test_demo_refuses_a_count_past_64_bits_naming_its_flag(capsys, tmp_path):
     assert main(["demo", "--epochs", str(10**30), "--out", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
     assert_one_line_error(out, err, "argument --epochs: ", "is out of range")
+
+
+def test_of_two_sets_of_a_key_with_a_flag_the_last_counts(capsys):
+    """docs/configuration.md: of two --set of one key, the last counts. For a key a named
+    flag also sets (optim.epochs, model.d, run.seed, …) the second --set was refused as
+    '--epochs and --set optim.epochs=3 give optim.epochs two values' with no --epochs given;
+    a flag given is still held against every --set of its key."""
+    assert main(["train", "--set", "optim.epochs=2", "--set", "optim.epochs=3",
+                 "--set", "model.d=8", "--set", "model.d=16", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "epochs = 3\n" in out and "d = 16\n" in out
+    assert main(["train", "--epochs", "2", "--set", "optim.epochs=2", "--set",
+                 "optim.epochs=3", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "--epochs and --set optim.epochs=3 give "
+                                                      "optim.epochs two values (2 and 3)")
+
+
+def test_a_misspelt_experiment_is_told_so_before_the_scale_is_asked_for(capsys):
+    """experiment audit_tabel (no --scale) said 'choose --scale smoke, cpu or paper': the
+    user added a scale only to be told then that the name was wrong."""
+    assert main(["experiment", "audit_tabel"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "unknown experiment 'audit_tabel'")
+    assert main(["experiment", "audit_table"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, "choose --scale smoke, cpu or paper")
+
+
+def test_a_run_folder_given_to_config_is_told_the_file_to_pass(tmp_path, capsys):
+    """audit takes a run's folder; train --config RUN said only that RUN 'is a folder, not a
+    file: creditaudit reads only regular files', not which file of the folder to pass."""
+    run = tmp_path / "bp-resmlp-synthetic-s42-0123456789"
+    run.mkdir()
+    (run / "config.toml").write_text("[optim]\nepochs = 1\n")
+    assert main(["train", "--config", str(run), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err,
+                          f"config file {run} is a run folder, not a file: pass the run's "
+                          f"config in it, {run / 'config.toml'}")
+    assert main(["train", "--config", str(run / "config.toml"), "--print-config"]) == 0
+
+
+@pytest.mark.parametrize("item, said", [
+    ("model.epochs=3", "unknown key model.epochs for resmlp (model.arch); did you mean "
+                       "optim.epochs? allowed keys in [model]: arch, d,"),
+    ("run.lr=0.1", "unknown key run.lr; did you mean optim.lr? allowed keys in [run]:"),
+    ("model.ep_beta=0.5", "did you mean method.ep_beta? allowed keys in [model]:"),
+    ("run.name=x", "did you mean data.name or method.name? allowed keys in [run]:"),
+    ("optim.nope=1", "unknown key optim.nope; allowed keys in [optim]:"),
+])
+def test_a_key_of_another_section_is_told_where_it_is(item, said, tmp_path, capsys):
+    """A key set in the wrong section (--set model.epochs=3, [model] epochs = 3) was refused
+    with the section's allowed keys alone, not the section the key is in."""
+    assert main(["train", "--set", item, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, said)
+    section, _, rest = item.partition(".")
+    key, _, value = rest.partition("=")
+    path = tmp_path / "c.toml"
+    path.write_text(f"[{section}]\n{key} = {value if value != 'x' else repr(value)}\n")
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, said)
+
+
+@pytest.mark.parametrize("value, said", [
+    (".001", "optim.lr must be a number, got '.001' (TOML needs a digit each side of the "
+             "point: 0.001)"),
+    ("3.", "got '3.' (TOML needs a digit each side of the point: 3.0)"),
+])
+def test_a_number_toml_cannot_read_is_told_how_to_write_it(value, said, capsys):
+    """--set optim.lr=.001 read as the text '.001' (TOML wants 0.001) and was refused as
+    'optim.lr must be a number, got '.001'', a number to the eye of whoever typed it."""
+    assert main(["train", "--set", f"optim.lr={value}", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert_one_line_error(captured.out, captured.err, said)

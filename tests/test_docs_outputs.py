@@ -155,7 +155,8 @@ def test_the_door_cost_table_counts_the_checks_each_door_runs(tmp_path):
 # --- error messages -----------------------------------------------------------------------------
 def test_config_errors_read_as_the_docs_show(tmp_path):
     shown = block_after("docs/configuration.md", "names the problem in one line").splitlines()
-    causes = ["model.widht=3", "optim.lr=fast", "method.name=xfa", "method.trainable_blocks=6"]
+    causes = ["model.widht=3", "model.epochs=3", "optim.lr=fast", "method.name=xfa",
+              "method.trainable_blocks=6"]
     assert len(shown) == len(causes)
     for cause, line in zip(causes, shown):
         code, _, err = cli(["train", "--set", cause, "--print-config"], tmp_path)

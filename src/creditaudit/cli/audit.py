@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "latex (a tabular: header row and the run); default text")
     parser.add_argument("--output", metavar="FILE", default=None, type=output_file,
                         help="write the report(s) to FILE (atomically) instead of printing "
-                             "them")
+                             "them (- prints them, as without --output)")
     parser.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
                         help="include the credit-quality metrics (per-layer cosine, Γ "
                              "aggregations, ρ, nudging, fresh-feedback null, each with BP and "
@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from creditaudit.records import check_not_run_file
     from creditaudit.report import render
 
+    if args.output == "-":  # stdout, as the convention goes: not a file named '-'
+        args.output = None
     if args.output:  # before the audit's minutes of work
         check_output_file(Path(args.output))
         check_not_run_file(args.output)

@@ -283,9 +283,10 @@ def config_and_flags(args: argparse.Namespace, base: RunConfig | None = None
     typed = {key: (overrides[key], flag) for key, flag in given.items()}
     for item in args.set:
         key, value = parse_override(item, given_as="--set")
-        if key in overrides and key in flags and not _same_value(overrides[key], value):
+        # against the flag's own value: of two --set of one key the last counts, flag or not
+        if key in typed and not _same_value(typed[key][0], value):
             raise ConfigError(f"{flags[key]} and --set {item.strip()} give {key} two values "
-                              f"({overrides[key]!r} and {value!r}); give one of them")
+                              f"({typed[key][0]!r} and {value!r}); give one of them")
         set_last(overrides, key, value)
     try:
         config = apply_overrides(config, overrides)

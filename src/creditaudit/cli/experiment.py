@@ -259,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
         return _list(args)
     if args.name is None:
         raise ConfigError("name an experiment (or 'all'); see creditaudit experiment --list")
+    # the name before the scale: a misspelt one is told so, not to add a --scale first
+    names = all_names() if args.name == "all" else [get_experiment(args.name).name]
     if args.scale is None:
         raise ConfigError("choose --scale smoke, cpu or paper")
     check_data_dir(args)
@@ -267,7 +269,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"creditaudit: warning: {ENV_OVERRIDES} is not applied to an experiment's runs, "
               f"which --scale sizes: these are --scale {args.scale} runs (--scale smoke: tiny "
               "ones)", file=sys.stderr)
-    names = all_names() if args.name == "all" else [get_experiment(args.name).name]
     choices = choices_of(args)
     progress = _LazyProgress(quiet=args.quiet)
     started = time.perf_counter()

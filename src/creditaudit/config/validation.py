@@ -100,7 +100,7 @@ def coerce(key: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
             raise ConfigError(f"{key} must be an integer, got {value!r}")
     elif base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
+            raise ConfigError(f"{key} must be a number, got {value!r}{_toml_number(value)}")
         try:
             value = float(value)
         except OverflowError:  # an integer past float's range (TOML reads any length)
@@ -163,6 +163,18 @@ def _refuse_dates(key: str, value: Any) -> None:
             text = item.isoformat()
             raise ConfigError(f"{where}={text} is a TOML date or time, which no config key "
                               f"takes; quote it to mean the text: \"{text}\"")
+
+
+def _toml_number(value: Any) -> str:
+    """For a text Python reads as a number and TOML does not (``.001``, ``1.``: no digit
+    on one side of the point), how to write it: it came as a text, so it was refused as
+    one."""
+    try:
+        number = float(value) if isinstance(value, str) and "." in value else math.nan
+    except ValueError:
+        return ""
+    return (f" (TOML needs a digit each side of the point: {number!r})"
+            if math.isfinite(number) else "")
 
 
 def _quote_hint(key: str, value: Any) -> str:
@@ -284,9 +296,20 @@ def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,
             raise ConfigError(f"{section}.{key} is not read by {what}: it is an option of "
                               f"{', '.join(owners)}; drop it (allowed keys in [{section}]: "
                               f"{allowed})")
-        raise ConfigError(f"unknown key {section}.{key} for {what}; allowed keys in "
-                          f"[{section}]: {allowed}")
-    raise ConfigError(f"unknown key {section}.{key}; allowed keys in [{section}]: {allowed}")
+        raise ConfigError(f"unknown key {section}.{key} for {what}{_elsewhere(section, key)}"
+                          f"allowed keys in [{section}]: {allowed}")
+    raise ConfigError(f"unknown key {section}.{key}{_elsewhere(section, key)}allowed keys in "
+                      f"[{section}]: {allowed}")
+
+
+def _elsewhere(section: str, key: str) -> str:
+    """The words between an unknown key and its section's allowed keys: ``; did you mean
+    optim.epochs? `` for a key of another section (``model.epochs``: a key every config has
+    there, or an option of a component of its axis), else ``; ``."""
+    found = [f"{other}.{key}" for other, cls in SECTION_TYPES.items() if other != section and (
+        key in {f.name for f in dataclasses.fields(cls)}
+        or (other in SELECTORS and _owners(other, key)))]
+    return f"; did you mean {' or '.join(found)}? " if found else "; "
 
 
 def check_overrides_read(config: Any, overrides: dict[str, Any]) -> None:

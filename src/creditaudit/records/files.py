@@ -154,8 +154,10 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     """
     path = record_path(path)
     if not path.exists():
-        raise RunRecordError(f"no run record at {path}: pass a run folder that holds "
-                             f"{RECORD_FILE} or the file itself")
+        raise RunRecordError(f"no run record at {path}: "
+                             + (path.name == RECORD_FILE and _runs_below(path.parent)
+                                or f"pass a run folder that holds {RECORD_FILE} or the file "
+                                   "itself"))
     text = read_text(path, "run record")
     try:
         strict_json.check_depth(text)
@@ -187,12 +189,30 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     return record
 
 
+def _runs_below(folder: Path) -> str:
+    """For a results folder named where a run's folder was meant (``audit runs/``): the
+    number of run folders in it and one of them, as the end of a refusal; empty for any
+    other folder."""
+    try:
+        runs = sorted(found.parent for found in folder.glob(f"*/{RECORD_FILE}"))
+    except OSError:
+        return ""
+    if not runs:
+        return ""
+    return (f"{folder} is a results folder of {len(runs)} run(s), not a run's folder: pass "
+            f"a run's folder (e.g. {runs[0]}), or several")
+
+
 def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
     """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
     config is taken, checked as a config file's; the record is validated like any other, but
     may have been edited: only its config is used, and the run it gives gets the id of that
     config). ``checked``: as :func:`~creditaudit.config.config_from_dict`'s."""
     path = Path(path)
+    inside = [path / name for name in (CONFIG_FILE, RECORD_FILE) if (path / name).is_file()]
+    if path.is_dir() and inside:  # a run's folder, as audit takes it: name its file
+        raise ConfigError(f"config file {path} is a run folder, not a file: pass the run's "
+                          f"config in it, {inside[0]}")
     text = read_text(path, "config file", ConfigError)
     if not text.lstrip().startswith("{") and (path.suffix != ".json" or text.strip()) \
             and not (path.suffix == ".json" and _is_json(text)):

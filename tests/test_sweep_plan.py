@@ -293,6 +293,37 @@ def test_the_default_workers_fill_the_cpus_this_process_may_use(tmp_path, capsys
     assert LocalExecutor(workers=8).workers == 8  # as asked
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_the_default_workers_stay_within_the_cpu_quota(tmp_path, monkeypatch):
+    """A container's CPU quota (docker run --cpus 2, a Kubernetes limit) caps the default
+    workers as the affinity does: with 64 CPUs in its affinity a 2-CPU container started
+    64 workers, each importing torch. cgroup v2 and v1, the smallest limit on the path."""
+    from creditaudit.sweep import LocalExecutor, executors
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    root, proc = tmp_path / "cgroup", tmp_path / "proc_cgroup"
+    monkeypatch.setattr(executors, "CGROUP_ROOT", root)
+    monkeypatch.setattr(executors, "PROC_CGROUP", proc)
+    job = root / "jobs" / "one"
+    job.mkdir(parents=True)
+    proc.write_text("0::/jobs/one\n")
+    (root / "cpu.max").write_text("max 100000\n")
+    assert executors.cpu_quota(root, proc) is None and LocalExecutor().workers == 64
+    (root / "jobs" / "cpu.max").write_text("800000 100000\n")
+    (job / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2 workers, rounded up
+    assert executors.cpu_quota(root, proc) == 1.5 and LocalExecutor().workers == 2
+    v1 = root / "cpu,cpuacct"
+    v1.mkdir()
+    proc.write_text("4:memory:/x\n2:cpu,cpuacct:/\n")
+    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert LocalExecutor().workers == 3
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert LocalExecutor().workers == 64
+    proc.unlink()  # no cgroups to read (not Linux): the affinity alone
+    assert LocalExecutor().workers == 64
+
+
 def test_a_grid_varies_a_factory_argument_as_set_does(tmp_path):
     """``model.args.d`` is a grid key as it is a --set key: each run gets its own value in
     the factory's arguments (and its own id), and the sweep's labels say which."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 from creditaudit.errors import ConfigError
@@ -30,13 +32,72 @@ RunFn = Callable[[dict[str, Any]], Outcome]
 UNWIND_SECONDS = 30.0
 
 
+# Where Linux shows the process's control groups, and their CPU limits.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on: its CPU affinity (``taskset``, a Slurm job's or a
-    container's cpuset), not every CPU of the machine, which ``os.cpu_count()`` counts."""
+    container's cpuset), not every CPU of the machine, which ``os.cpu_count()`` counts —
+    and no more than its CPU quota allows (:func:`cpu_quota`: ``docker run --cpus``, a
+    Kubernetes CPU limit), rounded up."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity to read (macOS, Windows)
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    quota = cpu_quota()
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def cpu_quota(root: Path | None = None, proc: Path | None = None) -> float | None:
+    """The CPUs' worth of time per second the process's control groups grant it (quota /
+    period, the smallest along its group's path and at ``root``, the group a container
+    sees as its own), or None where none is set or none can be read: cgroup v2's
+    ``cpu.max`` ("max 100000" or "200000 100000"), v1's ``cpu.cfs_quota_us`` (-1: none)
+    over ``cpu.cfs_period_us``. ``root``, ``proc``: where to read them (default
+    :data:`CGROUP_ROOT`, :data:`PROC_CGROUP`)."""
+    root = CGROUP_ROOT if root is None else root
+    try:
+        lines = (PROC_CGROUP if proc is None else proc).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2: one tree
+            base, read = root, _v2_limit
+        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's tree
+            base, read = root / controllers, _v1_limit
+        else:
+            continue
+        folder = base / path.lstrip("/")
+        for where in (folder, *folder.parents):
+            if where == base or base in where.parents:
+                limit = read(where)
+                if limit is not None:
+                    limits.append(limit)
+    return min(limits) if limits else None
+
+
+def _v2_limit(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_limit(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
 
 
 def default_workers(threads_per_worker: int = 1) -> int:

@@ -181,7 +181,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         # A process killed before it wrote a file of the run (while it loaded the data or
         # checked the model) leaves only its claim, which holding the folder broke.
         if not (started_without_record(run_dir) or broke_a_claim(run_dir)):
-            raise no_run_to_resume(config, run_dir, identity, plan.code.to_dict())
+            raise no_run_to_resume(config, run_dir, identity, plan.code)
         log.info("run %s stopped before its first record was written; starting it over",
                  plan.run_id)
         force = True

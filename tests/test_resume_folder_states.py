@@ -1,6 +1,7 @@
-"""What ``train`` and ``--resume`` make of a run folder that does not hold a run as a kill
-leaves it (docs/reliability.md §2): a run planned under another torch default dtype
-(another run id)."""
+"""What ``train`` and ``--resume`` make of a run folder without the record.json a run's
+epochs leave (docs/reliability.md §2): one whose record.json is gone but whose checkpoint
+holds trained epochs, and a run planned under another torch default dtype, whose folder is
+another run id's."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ import torch
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.errors import RunRecordError
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    RECORD_FILE,
+    comparable,
+    load_checkpoint,
+    load_record,
+)
 from creditaudit.run.plan import run_id
 from creditaudit.run.trainer import train
-from integrity_support import assert_one_line_error, toml_of
+from integrity_support import assert_one_line_error, snapshot, toml_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -34,6 +42,40 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+def test_a_run_whose_record_is_gone_resumes_from_its_checkpoint_and_is_never_trained_over(
+        tmp_path, kill_run_at):
+    # record.json deleted (or left out of a copy), checkpoint.pt of epoch 2 beside it: a
+    # plain `train` trained the run again from scratch over that checkpoint without a word,
+    # and `train --resume` said "cannot resume: no run at …"
+    straight = train(RunConfig().replace(**tiny(tmp_path / "a")))
+    config = RunConfig().replace(**tiny(tmp_path / "b"))
+    kill_run_at(config, epoch=3)
+    run_dir = tmp_path / "b" / run_id(config)
+    (run_dir / RECORD_FILE).unlink()
+    assert load_checkpoint(run_dir / CHECKPOINT_FILE)["epoch"] == 2
+    before = snapshot(run_dir)
+    with pytest.raises(RunRecordError, match=r"has no record\.json, but its checkpoint\.pt "
+                       r"holds trained epoch 2 .*resume=True .*force=True"):
+        train(config)
+    assert snapshot(run_dir) == before
+    resumed = train(config, resume=True)
+    assert comparable(resumed.record) == comparable(straight.record)
+    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+    a, b = load_checkpoint(straight.run_dir / CHECKPOINT_FILE), load_checkpoint(
+        run_dir / CHECKPOINT_FILE)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_train_without_record_and_checkpoint_of_epoch_0_still_starts_over(tmp_path,
+                                                                          kill_run_at):
+    # killed in epoch 1: nothing trained is saved, so losing record.json loses nothing
+    config = RunConfig().replace(**tiny(tmp_path))
+    kill_run_at(config, epoch=1)
+    run_dir = tmp_path / run_id(config)
+    (run_dir / RECORD_FILE).unlink()
+    assert train(config).status == "completed"
 
 
 def test_resume_of_a_run_planned_in_another_default_dtype_names_it(tmp_path, capsys,

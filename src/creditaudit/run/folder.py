@@ -4,9 +4,11 @@
 the same arrays (their digest: the data is loaded to check it), is not rerun, ``resume`` or not (its
 :class:`RunResult`, its record replayed into the loggers asked for now); an unfinished one
 is resumed (``resume``: with the options its record's epochs used, on the torch thread count
-they ran on) or started over (``force``, its files removed); any other case — other arrays
-included — is one RunRecordError line. :func:`creditaudit.run.trainer.train` and
-the stacked runs of :mod:`creditaudit.run.stacked` start here.
+they ran on) or started over (``force``, its files removed) — one whose record.json is gone
+but whose checkpoint holds a trained epoch (and the record as of it) too, never trained over
+without ``force``; any other case — other arrays included — is one RunRecordError line.
+:func:`creditaudit.run.trainer.train` and the stacked runs of :mod:`creditaudit.run.stacked`
+start here.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ from creditaudit.run.resume import (
     resume_threads,
 )
 from creditaudit.run.setup import missing_checkpoint, rebuild_run
-from creditaudit.run.unresumable import no_run_to_resume, restartable, started_without_record
+from creditaudit.run.unresumable import (
+    checkpointed_epoch,
+    no_run_to_resume,
+    restartable,
+    started_without_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,11 +184,21 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                       f"no {CHECKPOINT_FILE}: {missing_checkpoint(existing)}")
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
                                  f"{hint}: {advice}")
+    elif not force and (trained := checkpointed_epoch(run_dir) or 0) > 0:
+        # No record.json (deleted, a folder copied without it), but a checkpoint of a trained
+        # epoch, which holds the record as of it: resumed from there, never trained over
+        if not resume:
+            raise RunRecordError(
+                f"run {run_dir} has no {RECORD_FILE}, but its {CHECKPOINT_FILE} holds trained "
+                f"epoch {trained} and the record as of it: pass {RESUME} to continue it from "
+                f"there, or {FORCE} to start over")
+        log.info("run %s has no %s: resuming it from its checkpoint of epoch %d, which holds "
+                 "the record as of it", plan.run_id, RECORD_FILE, trained)
     elif resume and not record_path.exists():
         # A process killed before it wrote a file of the run (while it loaded the data or
         # checked the model) leaves only its claim, which holding the folder broke.
         if not (started_without_record(run_dir) or broke_a_claim(run_dir)):
-            raise no_run_to_resume(config, run_dir, identity, plan.code.to_dict())
+            raise no_run_to_resume(config, run_dir, identity, plan.code)
         log.info("run %s stopped before its first record was written; starting it over",
                  plan.run_id)
         force = True

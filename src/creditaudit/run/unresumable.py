@@ -5,9 +5,9 @@ An unfinished run that trained nothing (killed before its first trained epoch wa
 :func:`restartable`, :func:`started_without_record`) can start over — that loses nothing
 and gives the same run. A ``--resume`` that finds no run in its folder ends in one
 :class:`~creditaudit.errors.RunRecordError` (:func:`no_run_to_resume`) naming the run of the
-same config on other data or other guest code, or else the nearest run of another config,
-with the values that differ. What a checkpoint found there must pass before it is loaded is
-:mod:`creditaudit.run.resume`'s job.
+same config on other data, other guest code or another torch default dtype, or else the
+nearest run of another config, with the values that differ. What a checkpoint found there
+must pass before it is loaded is :mod:`creditaudit.run.resume`'s job.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from creditaudit.caller import RESUME, train_again
+import torch
+
+from creditaudit.caller import RESUME, on_command_line, train_again
 from creditaudit.config import RunConfig, config_value, semantic_dict
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import RunRecordError
@@ -29,6 +31,7 @@ from creditaudit.records import (
     load_checkpoint,
     load_record,
 )
+from creditaudit.records.run_ids import RunCode, compute_run_id
 from creditaudit.run.resume import code_digests, data_change, recorded_code_digests
 
 
@@ -76,14 +79,15 @@ def checkpointed_epoch(run_dir: Path) -> int | None:
 
 
 def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
-                     code: Mapping[str, Any] | None = None) -> RunRecordError:
+                     code: RunCode | None = None) -> RunRecordError:
     """The error for ``--resume`` when ``run_dir`` (the config's run id on the data found
-    now and the guests' ``code`` now, a run plan's ``code.to_dict()``) holds no run: it
+    now, the ``code`` now — a run plan's — and torch's default dtype now) holds no run: it
     names the run of the same config on other data, if there is one — the data changed
     since that run started —, or trained with other code of a guest (a factory edited
-    since), else the run of the same method, architecture, dataset and seed whose config
-    differs least (e.g. ``--epochs`` raised to extend it: the schedule spans every epoch, so
-    that is another run), with the values that differ."""
+    since), or planned under another torch default dtype (a float64 run resumed from a
+    float32 process, such as any command), else the run of the same method, architecture,
+    dataset and seed whose config differs least (e.g. ``--epochs`` raised to extend it: the
+    schedule spans every epoch, so that is another run), with the values that differ."""
     label = run_dir.name.rsplit("-", 1)[0]  # method-arch-dataset-sSEED
     wanted = semantic_dict(config)
     nearest: tuple[int, Path, RunRecord, list[str]] | None = None  # of another config
@@ -100,7 +104,7 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
                 f"{record.data.name} data with fingerprint {record.data.fingerprint[:12]}…, "
                 f"and the data found now ({identity.fingerprint[:12]}…) is not that data any "
                 f"more ({why}; no run at {run_dir.name}); {fix}, or train without {RESUME}")
-        changed = _changed_code(record, code)
+        changed = _changed_code(record, None if code is None else code.to_dict())
         if semantic_dict(record.config) == wanted and changed:
             return RunRecordError(
                 f"cannot resume: {path.parent} has this config but was trained with other "
@@ -108,6 +112,13 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
                 f"is now is another run: no run at {run_dir.name}); restore the code the run "
                 "was trained with to resume it, or train the code as it is now without "
                 f"{RESUME}")
+        dtype = _planned_dtype(record, config, identity, code)
+        if semantic_dict(record.config) == wanted and dtype is not None:
+            return RunRecordError(
+                f"cannot resume: {path.parent} has this config but was trained with torch's "
+                f"default dtype {dtype}, and this process has {_default_dtype()} (the dtype "
+                f"is part of the run id: no run at {run_dir.name}); {_dtype_fix(dtype)}, or "
+                f"train it in {_default_dtype()} without {RESUME}")
         differ = _differing_keys(semantic_dict(record.config), wanted)
         if differ and (nearest is None or len(differ) < nearest[0]):
             nearest = (len(differ), path.parent, record, differ)
@@ -132,6 +143,34 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
         f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
         f"another run (the run id covers every option that changes what is computed"
         f"{covers}): {advice}train this config without {RESUME}")
+
+
+def _default_dtype() -> str:
+    """torch's default dtype now, as run ids and records name it (``float32``)."""
+    return str(torch.get_default_dtype()).removeprefix("torch.")
+
+
+def _planned_dtype(record: RunRecord, config: RunConfig, identity: DataIdentity,
+                   code: RunCode | None) -> str | None:
+    """The torch default dtype other than this process's under which ``record``'s run was
+    planned, when its run id is the one ``config`` on the data ``identity`` and the
+    ``code`` now get under that dtype (the id says it, whatever the parameters' dtype the
+    record's model block holds); None otherwise."""
+    if code is None:
+        return None
+    for dtype in ("float64", "float32", "float16", "bfloat16"):
+        if dtype != _default_dtype() and record.run_id == compute_run_id(
+                config, identity.fingerprint, code, dtype=dtype):
+            return dtype
+    return None
+
+
+def _dtype_fix(dtype: str) -> str:
+    """How to resume a run planned under torch's default dtype ``dtype``: a command's torch
+    is float32, so from Python."""
+    call = f"torch.set_default_dtype(torch.{dtype})"
+    return (f"resume it from Python after {call}" if on_command_line()
+            else f"call {call} first to resume it")
 
 
 def _changed_code(record: RunRecord, code: Mapping[str, Any] | None) -> str | None:

@@ -1,0 +1,104 @@
+"""What ``train`` and ``--resume`` make of a run folder without the record.json a run's
+epochs leave (docs/reliability.md §2): one whose record.json is gone but whose checkpoint
+holds trained epochs, and a run planned under another torch default dtype, whose folder is
+another run id's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit.cli import main
+from creditaudit.config import RunConfig
+from creditaudit.errors import RunRecordError
+from creditaudit.records import (
+    CHECKPOINT_FILE,
+    RECORD_FILE,
+    comparable,
+    load_checkpoint,
+    load_record,
+)
+from creditaudit.run.plan import run_id
+from creditaudit.run.trainer import train
+from integrity_support import assert_one_line_error, snapshot, toml_of
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = {"data.n_train": 256, "data.n_test": 128, "data.in_dim": 8, "data.teacher_width": 16,
+        "model.d": 16, "model.n_blocks": 2, "optim.epochs": 3, "optim.batch_size": 64,
+        "diagnostics.eval_samples": 128, "diagnostics.end_of_run": False,
+        "run.progress": False, "method.name": "dfa"}
+
+
+def tiny(out: Path) -> dict[str, object]:
+    return {**TINY, "run.out_dir": str(out)}
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_a_run_whose_record_is_gone_resumes_from_its_checkpoint_and_is_never_trained_over(
+        tmp_path, kill_run_at):
+    # record.json deleted (or left out of a copy), checkpoint.pt of epoch 2 beside it: a
+    # plain `train` trained the run again from scratch over that checkpoint without a word,
+    # and `train --resume` said "cannot resume: no run at …"
+    straight = train(RunConfig().replace(**tiny(tmp_path / "a")))
+    config = RunConfig().replace(**tiny(tmp_path / "b"))
+    kill_run_at(config, epoch=3)
+    run_dir = tmp_path / "b" / run_id(config)
+    (run_dir / RECORD_FILE).unlink()
+    assert load_checkpoint(run_dir / CHECKPOINT_FILE)["epoch"] == 2
+    before = snapshot(run_dir)
+    with pytest.raises(RunRecordError, match=r"has no record\.json, but its checkpoint\.pt "
+                       r"holds trained epoch 2 .*resume=True .*force=True"):
+        train(config)
+    assert snapshot(run_dir) == before
+    resumed = train(config, resume=True)
+    assert comparable(resumed.record) == comparable(straight.record)
+    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+    a, b = load_checkpoint(straight.run_dir / CHECKPOINT_FILE), load_checkpoint(
+        run_dir / CHECKPOINT_FILE)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_train_without_record_and_checkpoint_of_epoch_0_still_starts_over(tmp_path,
+                                                                          kill_run_at):
+    # killed in epoch 1: nothing trained is saved, so losing record.json loses nothing
+    config = RunConfig().replace(**tiny(tmp_path))
+    kill_run_at(config, epoch=1)
+    run_dir = tmp_path / run_id(config)
+    (run_dir / RECORD_FILE).unlink()
+    assert train(config).status == "completed"
+
+
+def test_resume_of_a_run_planned_in_another_default_dtype_names_it(tmp_path, capsys,
+                                                                  kill_run_at, float64):
+    # a float64 run (torch.set_default_dtype in the caller's code) killed, then resumed
+    # from float32: "cannot resume: no run at …" though the run was there
+    overrides = tiny(tmp_path / "out")
+    config = RunConfig().replace(**overrides)
+    kill_run_at(config, epoch=2)
+    held = tmp_path / "out" / run_id(config)
+    torch.set_default_dtype(torch.float32)
+    with pytest.raises(RunRecordError) as raised:
+        train(config, resume=True)
+    message = str(raised.value)
+    assert f"{held} has this config but was trained with torch's default dtype float64" \
+        in message, message
+    assert "call torch.set_default_dtype(torch.float64) first to resume it" in message
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(toml_of(overrides))
+    capsys.readouterr()
+    assert main(["train", "--config", str(config_file), "--resume"]) == 2
+    assert_one_line_error(*capsys.readouterr(), "default dtype float64",
+                          "resume it from Python after torch.set_default_dtype(torch.float64)",
+                          "or train it in float32 without --resume")
+    torch.set_default_dtype(torch.float64)  # as the message says: it resumes
+    assert train(config, resume=True).status == "completed"

@@ -68,6 +68,22 @@ def test_a_run_whose_record_is_gone_resumes_from_its_checkpoint_and_is_never_tra
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+def test_a_sweep_resumes_a_run_whose_record_is_gone_from_its_checkpoint(tmp_path,
+                                                                       kill_run_at):
+    # the sweep trained such a folder over, from scratch (force), losing its trained epochs
+    from creditaudit.sweep import InlineExecutor, prepare_configs, run_sweep
+
+    straight = train(RunConfig().replace(**tiny(tmp_path / "a")))
+    [config] = prepare_configs([RunConfig().replace(**tiny(tmp_path / "b"))], threads=1)
+    kill_run_at(config, epoch=3)
+    run_dir = tmp_path / "b" / run_id(config)
+    (run_dir / RECORD_FILE).unlink()
+    [outcome] = run_sweep([config], InlineExecutor()).outcomes
+    assert (outcome["action"], outcome["status"]) == ("resumed", "completed")
+    assert comparable(load_record(run_dir)) == comparable(straight.record)
+    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+
+
 def test_train_without_record_and_checkpoint_of_epoch_0_still_starts_over(tmp_path,
                                                                           kill_run_at):
     # killed in epoch 1: nothing trained is saved, so losing record.json loses nothing

@@ -173,9 +173,11 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
             return outcome, None
         status, reason = disk_status(run_dir)
         has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
-        if status is None:
+        # No record.json but a checkpoint of a trained epoch (the record as of it): resumed
+        trained = status is None and has_checkpoint and (checkpointed_epoch(run_dir) or 0) > 0
+        if status is None and not trained:
             action, kwargs = "trained", {"force": has_checkpoint}
-        elif status in ("running", "interrupted", "failed") and has_checkpoint:
+        elif (status in ("running", "interrupted", "failed") or trained) and has_checkpoint:
             action, kwargs = "resumed", {"resume": True}
             # The sweep's thread count is for the runs it starts: a resumed run goes on with the
             # count its epochs ran on (another would change the last bits of its numbers). One

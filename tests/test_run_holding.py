@@ -8,6 +8,7 @@ Readers say a run its process holds is running, and one whose process is gone in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -84,15 +85,19 @@ def test_a_run_another_live_process_holds_is_refused_and_left_untouched(interrup
     assert folder_bytes(run_dir) == before
 
 
-def test_a_dead_holders_claim_is_broken_and_train_releases_its_own(interrupted):
+def test_a_dead_holders_claim_is_broken_and_train_releases_its_own(interrupted, caplog):
     """A claim left by a process killed with kill -9 blocks nothing; the run's own claim is
-    gone once it ends (before: the dead claim stayed, and reports read the run as held)."""
+    gone once it ends (before: the dead claim stayed, and reports read the run as held). The
+    warning names the dead process in words (it printed the claim's raw dict)."""
     run_dir = plan_run(interrupted).run_dir
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     write_claim(run_dir, dead.pid)
-    assert train(interrupted, resume=True).status == "completed"
+    with caplog.at_level(logging.WARNING, logger="creditaudit.records.claims"):
+        assert train(interrupted, resume=True).status == "completed"
     assert not (run_dir / CLAIM_FILE).exists()
+    [said] = [r.getMessage() for r in caplog.records if "broke the" in r.getMessage()]
+    assert f"(pid {dead.pid} on " in said and "{" not in said, said
 
 
 def test_a_claim_whose_pid_now_belongs_to_a_later_process_is_broken(interrupted):

@@ -135,7 +135,8 @@ def try_claim(run_dir: Path, *, stale_after: float = DEFAULT_STALE_AFTER,
             if _break_claim(path, raw, stale_after):
                 if events is not None:
                     events("break_claim", reason=reason, holder=holder)
-                log.warning("broke the %s claim on %s (%s)", reason, run_dir, holder)
+                log.warning("broke the %s claim on %s (%s)", reason, run_dir,
+                            holder_name(holder))
                 broke = True
                 continue
             time.sleep(0.05)

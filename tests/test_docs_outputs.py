@@ -130,7 +130,7 @@ import json, sys, tempfile
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from creditaudit.run import door
-door.admit = lambda guest, axis, checked_with, make_checks: len(make_checks())
+door.admit = lambda guest, axis, checked_with, make_checks, under="": len(make_checks())
 import bench_door
 print(json.dumps([count() for count in bench_door.doors(Path(tempfile.mkdtemp())).values()]))
 """

@@ -78,11 +78,12 @@ def suites_digest() -> str:
 
 
 def admit(guest: Guest, axis: str, checked_with: Mapping[str, Any],
-          make_checks: Callable[[], list[Any]]) -> Admission:
+          make_checks: Callable[[], list[Any]], under: str = "") -> Admission:
     """Run the checks ``make_checks()`` gives (:class:`creditaudit.testing.Check` objects)
     for ``guest`` of ``axis`` unless a pass of the same identity is remembered; GuestError
-    naming the first check that fails. ``checked_with``: what else the checks depend on
-    (options, input shape), plain JSON."""
+    naming the first check that fails (and ``under``, the settings it ran under, when the
+    refusal should say them). ``checked_with``: what else the checks depend on (options,
+    input shape), plain JSON."""
     identity = {"axis": axis, "guest": guest.what, "code": guest.digest,
                 "suites": suites_digest(), "with": checked_with}
     # -0.0 is 0.0, as in run ids: JSON spelled them apart, and the pass went unfound
@@ -102,7 +103,7 @@ def admit(guest: Guest, axis: str, checked_with: Mapping[str, Any],
         for check in make_checks():
             outcome = check.run()
             if outcome.status == FAILED:
-                raise GuestError(_refusal(guest, outcome.id, outcome.message))
+                raise GuestError(_refusal(guest, outcome.id, outcome.message, under))
             if outcome.status == PASSED:
                 passed.append(outcome.id)
             elif outcome.status == EXPECTED_FAILURE:
@@ -115,11 +116,12 @@ def admit(guest: Guest, axis: str, checked_with: Mapping[str, Any],
     return admission
 
 
-def _refusal(guest: Guest, check: str, message: str) -> str:
+def _refusal(guest: Guest, check: str, message: str, under: str = "") -> str:
     text = " ".join(message.split())
     if len(text) > MESSAGE_CHARS:
         text = text[:MESSAGE_CHARS - 1] + "…"
-    return (f"{guest.what} fails the conformance check {check}: {text}; its numbers would "
+    where = f" under {under}" if under else ""
+    return (f"{guest.what} fails the conformance check {check}{where}: {text}; its numbers would "
             "not mean what they claim, so nothing runs (fix it, or report it to its "
             "authors: creditaudit.testing has the check)")
 
@@ -160,13 +162,17 @@ def _values(cls: type, options: Any) -> dict[str, Any]:
     return dataclasses.asdict(cls.options_from(options))
 
 
-def rule_door(cls: type, guest: Guest, arch: str | None = None) -> Admission:
-    """``check_rule`` with the rule's default options on a tiny ResidualMLP, on the tiny
+def rule_door(cls: type, guest: Guest, arch: str | None = None, options: Any = None
+              ) -> Admission:
+    """``check_rule`` with the run's own options of the rule (those its ``[method]``
+    section ``options`` holds; the defaults when None) on a tiny ResidualMLP, on the tiny
     version of the run's architecture ``arch`` when the suite has one (a ViT-Mini run's
     rule is checked on token states, its stacked step on a stacked ViT-Mini), and on an
-    adapted ResNet when the rule declares ``adapted_models``."""
+    adapted ResNet when the rule declares ``adapted_models``. ``feedback_seed`` is left
+    out: the checks seed the rule's generator themselves, so a sweep over seeds is checked
+    once."""
     from creditaudit.testing.common import TINY_ARCHS
-    from creditaudit.testing.rules import rule_checks
+    from creditaudit.testing.rules import own_options, rule_checks
 
     archs = ("resmlp",)
     if arch is not None and arch != "resmlp" and arch in TINY_ARCHS \
@@ -174,7 +180,13 @@ def rule_door(cls: type, guest: Guest, arch: str | None = None) -> Admission:
         archs += (arch,)
     if cls.adapted_models:
         archs += ("adapted-resnet",)
-    return admit(guest, "rules", {"archs": archs}, lambda: rule_checks(cls, archs))
+    values = {key: value for key, value in own_options(cls, options).items()
+              if key != "feedback_seed"}
+    defaults = own_options(cls, {})
+    under = ", ".join(f"method.{key}={json.dumps(value)}" for key, value in values.items()
+                      if value != defaults.get(key))
+    return admit(guest, "rules", {"archs": archs, "options": values},
+                 lambda: rule_checks(cls, archs, options=values), under)
 
 
 def architecture_door(arch: Any, guest: Guest, input_shape: tuple[int, ...]) -> Admission:

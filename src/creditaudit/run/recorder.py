@@ -199,7 +199,7 @@ class Recorder:
         network = user_network(model)
         digest, identified = network_identity(network)
         self.protocol = Protocol.from_config(self.config.diagnostics)
-        method, diagnostics = guest_code(type(rule), self.protocol)
+        method, diagnostics = guest_code(rule, self.protocol)
         data_code = CodeVersion(identity.name) if spec is None else code_version(
             DATASETS, spec, admission=dataset_admission(spec(self.config.data)))
         code = RunCode(method=method,

@@ -272,21 +272,22 @@ def array_fingerprint(*arrays: Tensor) -> str:
     return tensor_digest(*arrays)
 
 
-def guest_code(rule: type[CreditRule], protocol: Protocol
+def guest_code(rule: CreditRule, protocol: Protocol
                ) -> tuple[CodeVersion, tuple[CodeVersion, ...]]:
-    """The code versions of a Recorder's credit rule and protocol diagnostics, as a run
-    plan's are (:func:`~creditaudit.run.plan.code_version`): a plugin's distribution and
-    code digest, for the run id and the record, once it passed the door
-    (:mod:`creditaudit.run.door`; a plugin that fails is refused in one line before any
-    file is written)."""
-    guest = RULES.guest(rule.name)
-    admitted = door.rule_door(rule, guest) if guest is not None else None
+    """The code versions of a Recorder's credit rule (bound, with its options) and protocol
+    diagnostics, as a run plan's are (:func:`~creditaudit.run.plan.code_version`): a
+    plugin's distribution and code digest, for the run id and the record, once it passed
+    the door under the rule's options (:mod:`creditaudit.run.door`; a plugin that fails is
+    refused in one line before any file is written)."""
+    cls = type(rule)
+    guest = RULES.guest(cls.name)
+    admitted = door.rule_door(cls, guest, options=rule.options) if guest is not None else None
     diagnostics = []
     for diagnostic in protocol.diagnostics:
         found = DIAGNOSTICS.guest(diagnostic.name)
         admission = door.diagnostic_door(diagnostic, found) if found is not None else None
         diagnostics.append(code_version(DIAGNOSTICS, type(diagnostic), found, admission))
-    return code_version(RULES, rule, guest, admitted), tuple(diagnostics)
+    return code_version(RULES, cls, guest, admitted), tuple(diagnostics)
 
 
 def user_network(model: Any) -> Any:

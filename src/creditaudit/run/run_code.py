@@ -99,7 +99,7 @@ def admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
     its component in the record's code block; built-ins pass without checks."""
     admitted: dict[str, door.Admission] = {}
     if (guest := RULES.guest(rule.name)) is not None:
-        admitted["method"] = door.rule_door(rule, guest, arch.name)
+        admitted["method"] = door.rule_door(rule, guest, arch.name, config.method)
     if (guest := ARCHITECTURES.guest(arch.name)) is not None:
         admitted["model"] = door.architecture_door(arch, guest, input_shape)
     elif factory is not None:

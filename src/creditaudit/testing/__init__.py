@@ -41,7 +41,7 @@ from creditaudit.testing.datasets import check_dataset, dataset_checks
 from creditaudit.testing.diagnostics import check_diagnostic, diagnostic_checks
 from creditaudit.testing.models import check_model, model_checks
 from creditaudit.testing.modules import check_module, module_checks
-from creditaudit.testing.rule_properties import make_rule
+from creditaudit.testing.rule_binding import make_rule
 from creditaudit.testing.rules import CHECKS, check_rule, rule_checks
 
 __all__ = ["check_rule", "rule_checks", "check_model", "model_checks", "check_dataset",

@@ -50,10 +50,10 @@ from torch import Tensor
 from creditaudit.methods.base import CreditRule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.testing.common import TOLERANCE, relative_error, tiny_batch
+from creditaudit.testing.rule_binding import make_rule
 from creditaudit.testing.rule_properties import (
     REAL_STEP_LR,
     copied_buffers,
-    make_rule,
     trained_for_credits,
 )
 

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from creditaudit.methods.base import CreditRule
 from creditaudit.testing.common import flat_state, tiny_batch
-from creditaudit.testing.rule_properties import copied_buffers, copied_parameters, make_rule
+from creditaudit.testing.rule_binding import make_rule
+from creditaudit.testing.rule_properties import copied_buffers, copied_parameters
 
 
 def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resmlp") -> None:

@@ -2,7 +2,8 @@
 function each: ``check(RuleClass, arch)`` returns when the rule conforms on the tiny
 architecture ``arch`` and raises AssertionError saying what is wrong otherwise.
 :mod:`creditaudit.testing.rules` says what each check asserts and why, when it applies, and
-runs them; :func:`make_rule` binds a rule to a tiny model, as every check does.
+runs them; :func:`~creditaudit.testing.rule_binding.make_rule` binds a rule to a tiny model,
+as every check does.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from creditaudit.config import bind
-from creditaudit.methods.adapted import set_trainable
 from creditaudit.methods.base import CreditRule
 from creditaudit.methods.surrogate import rms_normalise
 from creditaudit.models.adapted import AdaptedModel
@@ -23,28 +22,13 @@ from creditaudit.models.contract import block_is_trainable, split_branch
 from creditaudit.testing.common import (
     BLOCKS,
     CLASSES,
-    F64,
     TOLERANCE,
     flat_state,
     relative_error,
     same,
     tiny_batch,
-    tiny_model,
 )
-
-
-def make_rule(cls: type[CreditRule], *, seed: int = 0, dtype: torch.dtype = F64,
-              arch: str = "resmlp", draw: int = 7, generator: torch.Generator | None = None,
-              **options: Any) -> CreditRule:
-    """``cls`` bound to a fresh tiny model of ``arch`` (``options``: MethodConfig fields),
-    its weights drawn under ``seed``, the rule's generator (feedback, auxiliary nets)
-    seeded with ``draw`` (or ``generator`` itself, for a check that watches it)."""
-    model = tiny_model(seed, dtype, arch)
-    config = bind(cls, "method", **options)
-    set_trainable(model, config.trainable_blocks)
-    return cls(model, config, n_classes=CLASSES,
-               generator=torch.Generator().manual_seed(draw) if generator is None
-               else generator)
+from creditaudit.testing.rule_binding import checked_section, make_rule
 
 
 def _zero_lr_step(rule: CreditRule, x: Tensor, y: Tensor) -> None:
@@ -78,6 +62,20 @@ def credits_are_detached_and_shaped_like_the_states(cls: type[CreditRule],
             f"credit {layer} has shape {tuple(a.shape)}, its state {tuple(h.shape)}"
         assert not a.requires_grad, f"credit {layer} carries an autograd graph (detach it)"
         assert bool(torch.isfinite(a).all()), f"credit {layer} is not finite"
+    # A batch of one sample, in eval mode as the diagnostics call credits(): an evaluation
+    # set's last chunk may hold one sample, and a squeeze() that drops its batch dimension
+    # gives credits no measure can compare with the states.
+    rule.model.eval()
+    one = rule.credits(x[:1], y[:1])
+    states, _ = rule.model.forward_states(x[:1])
+    assert len(one) == len(states), \
+        f"credits() returned {len(one)} credits for {len(states)} states of a batch of one"
+    for layer, (a, h) in enumerate(zip(one, states)):
+        assert isinstance(a, Tensor) and tuple(a.shape) == tuple(h.shape), (
+            f"for a batch of one sample credit {layer} has shape "
+            f"{tuple(a.shape) if isinstance(a, Tensor) else type(a).__name__}, its state "
+            f"{tuple(h.shape)} (a squeeze() or a reshape by the batch size drops its batch "
+            "dimension): keep every credit shaped like its state whatever the batch size")
 
 
 def credits_have_no_side_effects(cls: type[CreditRule], arch: str = "resmlp") -> None:
@@ -181,18 +179,18 @@ def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "r
 
 
 # The settings local_update_follows_its_options checks the step under: a penalty λ, the
-# other normalisation than the rule's default, and the first block frozen (the depth ladder's
+# other normalisation than the one under check, and the first block frozen (the depth ladder's
 # and (d)'s partly trainable networks).
 OPTIONS_PENALTY = 0.01
 OPTIONS_TRAINABLE_BLOCKS = BLOCKS - 1
 
 
 def local_update_follows_its_options(cls: type[CreditRule], arch: str = "resmlp") -> None:
-    defaults = bind(cls, "method")
+    checked = checked_section(cls)
     options: dict[str, Any] = {"penalty": OPTIONS_PENALTY,
-                               "normalise_credit": not defaults.normalise_credit,
+                               "normalise_credit": not checked.normalise_credit,
                                "trainable_blocks": OPTIONS_TRAINABLE_BLOCKS}
-    ignored = cls.ignored_options(bind(cls, "method", **options))
+    ignored = cls.ignored_options(checked_section(cls, **options))
     options = {key: value for key, value in options.items() if key not in ignored}
     try:
         local_update_is_the_surrogate_gradient(cls, arch, **options)

@@ -29,7 +29,7 @@ from torch import Tensor
 from creditaudit.methods.base import CreditRule, StepResult
 from creditaudit.methods.stacked import StackedStep, model_stack_refusal
 from creditaudit.testing.common import relative_error, same_state, tiny_batch, tiny_model
-from creditaudit.testing.rule_properties import make_rule
+from creditaudit.testing.rule_binding import make_rule
 
 COPIES = 2
 # Each copy's penalty λ: one without, one with (stacks may differ in λ).

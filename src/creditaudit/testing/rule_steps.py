@@ -29,8 +29,17 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit.methods.base import CreditRule, StepResult
-from creditaudit.testing.common import TOLERANCE, flat_state, relative_error, same, tiny_batch
-from creditaudit.testing.rule_properties import REAL_STEP_LR, make_rule
+from creditaudit.testing.common import (
+    TOLERANCE,
+    flat_state,
+    moved_rngs,
+    relative_error,
+    same,
+    tiny_batch,
+    watched_global_rngs,
+)
+from creditaudit.testing.rule_binding import make_rule
+from creditaudit.testing.rule_properties import REAL_STEP_LR
 
 # Relative tolerance of the reported loss against the cross-entropy of the step's own
 # forward pass, in float64 (a rule may order the forward's sums its own way).
@@ -53,7 +62,13 @@ def step_reports_its_batch(cls: type[CreditRule], arch: str = "resmlp") -> None:
     want_correct = int((logits.argmax(dim=1) == y).sum())
     x_before, y_before, modes = x.clone(), y.clone(), _modes(rule.model)
     optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=0.0)
-    result = rule.train_step(x, y, optimizer)
+    with watched_global_rngs() as rngs:
+        result = rule.train_step(x, y, optimizer)
+        moved = moved_rngs(rngs)
+    assert not moved, (
+        f"train_step() moved or reseeded {' and '.join(moved)} global RNG: a user's network "
+        "draws its dropout from it, so the rule's draws or seeds would change them (a "
+        "reseed repeats one mask every step) — draw from the generator the rule is given")
     assert isinstance(result, StepResult), \
         f"train_step() returned a {type(result).__name__}, not a StepResult"
     assert torch.equal(x, x_before), \

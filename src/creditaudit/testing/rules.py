@@ -16,6 +16,10 @@ raises one AssertionError listing every check that failed. Use it in a rule's ow
     def test_conformance(check):               # one test per check and architecture
         check()
 
+    check_rule(MyRule, options={"sigma": 0.5})  # under other options than its defaults
+
+(the door checks a plugin rule under its run's options).
+
 A check the rule fails by design is declared, with the reason, in the class attribute
 ``expected_failures`` (``{check name: reason}``, or ``"name[arch]"`` for one architecture)
 or the ``expected_failures`` argument: it is reported as an expected failure, and an error
@@ -25,7 +29,8 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
 :mod:`creditaudit.testing.rule_lifecycle` for the state, device, bf16 and feedback checks):
 
 - ``credits_are_detached_and_shaped_like_the_states``: L + 1 finite credits, no graph, each
-  shaped like its state — every diagnostic compares them with the states' gradients;
+  shaped like its state, for a batch of one sample too (an evaluation set's last chunk may
+  hold one) — every diagnostic compares them with the states' gradients;
 - ``credits_have_no_side_effects``: computing credits in eval mode, as every diagnostic does,
   changes no parameter, no buffer (BatchNorm statistics), no ``.grad``, no global RNG state
   and not the rule's own state, and gives the same credits twice — diagnostics must never
@@ -65,7 +70,8 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
 - ``step_reports_its_batch``: a training step (train mode, zero learning rate) reports
   the batch size, the number its model's logits classify correctly and their cross-entropy
   (to 1e-9 in float64) — the run records them as training loss and accuracy — and leaves
-  its input batch, its labels and every module's train/eval mode as it found them;
+  its input batch, its labels, every module's train/eval mode and torch's, numpy's and
+  Python's global random streams as it found them (a network's dropout draws from torch's);
 - ``step_is_one_optimizer_step``: one step with ``SGD(lr=0.1)`` moves every model
   parameter by exactly −lr·(the gradient it leaves), and no parameter without one, and
   leaves the optimizer's param groups and settings (lr, weight decay, …) as it found them:
@@ -145,7 +151,10 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from creditaudit.methods.base import CreditRule
 from creditaudit.methods.registry import validate_rule_class
@@ -157,10 +166,12 @@ from creditaudit.testing.common import (
     Report,
     declared_failures,
     reason_for,
+    resolve_options,
     run_checks,
     tiny_arch,
     tiny_model,
 )
+from creditaudit.testing.rule_binding import checked_with
 from creditaudit.testing.rule_credits import (
     credits_ignore_batch_position,
     learned_feedback_is_trained,
@@ -237,34 +248,64 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
 }
 
 
+def own_options(cls: type[CreditRule], options: Mapping[str, Any] | Any = None
+                ) -> dict[str, Any]:
+    """``cls``'s own options (its ``Options`` fields) by name, from ``options`` — a mapping
+    (ConfigError naming a key ``cls`` does not declare; the defaults for those it lacks),
+    an ``Options`` instance or a ``[method]`` section; {} for None."""
+    if options is None:
+        return {}
+    return dataclasses.asdict(cls.options_from(resolve_options(cls, options)))
+
+
+def _under(check: Callable[..., None], options: Mapping[str, Any]) -> Callable[..., None]:
+    """``check`` run with every rule it makes bound with ``options`` (:func:`checked_with`)."""
+    if not options:
+        return check
+
+    @functools.wraps(check)
+    def run(cls: type[CreditRule], arch: str = "resmlp") -> None:
+        with checked_with(options):
+            check(cls, arch)
+
+    return run
+
+
 def rule_checks(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS,
-                expected_failures: Mapping[str, str] | None = None) -> list[Check]:
+                expected_failures: Mapping[str, str] | None = None,
+                options: Mapping[str, Any] | Any = None) -> list[Check]:
     """The checks that apply to ``cls``, once per tiny architecture in ``archs``: each a
     no-argument callable named like its check (``.arch`` and ``.id`` say which run it is,
     ``.expected_failure`` the reason a declared one fails). ``expected_failures``
-    (``{check name: reason}``) adds to the class's own."""
+    (``{check name: reason}``) adds to the class's own. ``options``: the rule's own options
+    to check it with (``{"sigma": 0.5}``, an ``Options`` instance or a run's ``[method]``
+    section; the defaults for those not given) — a check that sets one itself (the other
+    ``normalise_credit``) still does."""
     validate_rule_class(cls, cls.__qualname__)
     failures = declared_failures(cls, expected_failures, (c.__name__ for c in CHECKS))
     for arch in archs:
         tiny_arch(arch)  # ValueError naming the tiny architectures
-    return [Check(check, cls, arch, variant=arch,
+    values = own_options(cls, options)
+    return [Check(_under(check, values), cls, arch, variant=arch,
                   expected_failure=reason_for(failures, check, arch))
             for arch in archs for check in CHECKS
             if _runs_on(cls, arch) and CONDITIONS.get(check, lambda c, a: True)(cls, arch)]
 
 
 def check_rule(cls: type[CreditRule], archs: Sequence[str] = TINY_ARCHS,
-               expected_failures: Mapping[str, str] | None = None) -> Report:
+               expected_failures: Mapping[str, str] | None = None,
+               options: Mapping[str, Any] | Any = None) -> Report:
     """Run every check that applies to ``cls`` on each tiny architecture in ``archs``;
     AssertionError listing every check that failed (and every declared failure that
     passed), else the :class:`~creditaudit.testing.common.Report`.
 
     ``expected_failures``: ``{check name: reason}`` (or ``"name[arch]"``) of checks the rule
     fails by design, merged with the class attribute ``expected_failures``; each needs a
-    reason (ConfigError otherwise).
+    reason (ConfigError otherwise). ``options``: the rule's own options to check it with
+    (:func:`rule_checks`; its defaults when None).
     """
-    return run_checks(rule_checks(cls, archs, expected_failures), f"{cls.__name__} "
-                      f"({cls.name})")
+    return run_checks(rule_checks(cls, archs, expected_failures, options),
+                      f"{cls.__name__} ({cls.name})")
 
 
-__all__ = ["check_rule", "rule_checks", "CHECKS", "CONDITIONS"]
+__all__ = ["check_rule", "rule_checks", "own_options", "CHECKS", "CONDITIONS"]

@@ -84,6 +84,16 @@ def single_thread():
 
 
 @pytest.fixture
+def float64():
+    """torch's default dtype float64 for the test (a caller's torch.set_default_dtype),
+    restored after it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture
 def kill_run_at(monkeypatch):
     """``kill_run_at(config, epoch=2)``: train ``config`` and interrupt it as a kill would
     (KeyboardInterrupt when ``epoch`` starts), leaving an interrupted run to resume."""

@@ -36,14 +36,6 @@ def tiny(out: Path) -> dict[str, object]:
     return {**TINY, "run.out_dir": str(out)}
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def test_a_run_whose_record_is_gone_resumes_from_its_checkpoint_and_is_never_trained_over(
         tmp_path, kill_run_at):
     # record.json deleted (or left out of a copy), checkpoint.pt of epoch 2 beside it: a

@@ -46,14 +46,6 @@ VARIANTS = ({"run.seed": 1}, {"run.seed": 2, "optim.lr": 3e-3, "method.penalty":
             {"run.seed": 3, "optim.lr": 1e-2, "method.feedback_seed": 9})
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def configs(out: Path, method: str, **extra: Any) -> list[RunConfig]:
     """The three :data:`VARIANTS` of a tiny run (the feedback seed only where the rule has
     one, the penalty only where a block trains)."""

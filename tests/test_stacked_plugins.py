@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import GuestError
@@ -26,14 +25,6 @@ from test_stacked import TINY, TOLERANCE, relative_gap
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 GUESTS = ("h5-stacked-dfa", "h5-sign-dfa", "h5-waived-sign-dfa")
-
-
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
 
 
 def configs(out, method):

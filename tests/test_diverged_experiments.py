@@ -10,6 +10,7 @@ not evaluated — never as "never fired", never as a pass.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -98,6 +99,22 @@ def test_temporal_counts_only_the_seeds_that_evaluated_a_diagnostic(records):
     # dfa seed 7 has no frozen run of its seed: (d) per epoch was evaluated for seed 42 only
     dfa = next(r for r in table if r["method"] == "dfa")
     assert dfa["(d) first epoch"].endswith("not evaluated in 1)")
+
+
+def test_trajectories_stop_at_a_diverged_runs_last_finite_epoch(records):
+    """The median trajectories (penalty_sweep's, temporal's) read a run that diverged in
+    epoch 2 up to epoch 1: epoch 2 holds the NaN network's measures, its accuracy the share
+    of one class, which used to enter the median."""
+    dfa = {r.seed: r for r in records if r.method == "dfa"}
+    assert dfa[7].status == "diverged" and dfa[7].numbers_epoch == 1
+    assert dfa[7].entry(2).has_diagnostics and math.isfinite(dfa[7].entry(2).acc_eval)
+    for name in ("penalty_sweep", "temporal"):
+        summary, _ = render(name, records)
+        row = next(r for r in summary["rows"] if r["method"] == "dfa")
+        path = row["trajectory"]
+        assert path["acc_eval"][path["epoch"].index(2)] == dfa[42].entry(2).acc_eval, name
+        assert path["acc_eval"][path["epoch"].index(1)] == pytest.approx(
+            (dfa[42].entry(1).acc_eval + dfa[7].entry(1).acc_eval) / 2), name
 
 
 def test_random_init_passes_no_run_that_evaluated_nothing(records):

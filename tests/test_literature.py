@@ -300,6 +300,29 @@ def test_figure_draws_the_published_rows(smoke, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_figure_says_which_panels_are_not_at_the_published_setting(smoke):
+    """The tables compute no Δ for a column off the published setting (smoke: stand-in data,
+    MNIST-1D on 400 / 260 samples); the figure, which draws the published numbers beside the
+    runs all the same, said nothing of it. Its titles and a line under it now say so."""
+    import copy
+
+    from creditaudit.study.figures.literature import published_panels, published_vs_reproduced
+
+    fig = published_vs_reproduced(smoke[1])
+    assert all(title.endswith("not the published setting")
+               for title, _ in published_panels(smoke[1]))
+    note = next(t.get_text() for t in fig.texts if t.get_gid() == "not_compared_note")
+    assert "not compared" in note and "400 train / 260 test samples" in " ".join(note.split())
+    assert "trained on synthetic teacher–student, not MNIST" in " ".join(note.split())
+    compared = copy.deepcopy(smoke[1])
+    for table in compared["tables"]:
+        for column in table["columns"]:
+            column["not_compared"] = None
+    plain = published_vs_reproduced(compared)
+    assert not any(t.get_gid() == "not_compared_note" for t in plain.texts)
+    assert not any(title.endswith("setting") for title, _ in published_panels(compared))
+
+
 def test_figure_rings_a_seed_that_stopped_early_and_writes_the_summarys_line(smoke):
     import copy
 
@@ -390,6 +413,39 @@ def test_a_diverged_seed_is_named_and_its_mark_explained(tmp_path, single_thread
     assert "Diverged: MLP seed 123 diverged in epoch 1" in markdown
     assert "is not in the row's means" in markdown
     assert "‡ of a diverged run" in markdown
+
+
+def test_a_seed_diverged_after_a_finite_epoch_counts_that_epoch(tmp_path, single_thread,
+                                                               monkeypatch):
+    """A seed whose last epoch overflowed (finite steps, NaN weights after them): its
+    last-epoch error, the error curve and the best epoch are of its epochs up to the last
+    finite one, as the ‡ under the table says — not of the NaN network, whose "accuracy" is
+    the share of one class (it used to be the seed's last-epoch error)."""
+    from creditaudit import train
+    from creditaudit.run.trainer import Trainer
+    from creditaudit.study.experiments.literature import EXPERIMENT, run_config
+    from creditaudit.study.experiments.literature_tables import MNIST1D
+    from integrity_support import nan_weights_after
+
+    column, (mlp, frozen) = MNIST1D.columns[0], (MNIST1D.rows[0], MNIST1D.rows[2])
+    records = []
+    for seed, row in ((42, mlp), (123, mlp), (42, frozen)):
+        config = run_config(MNIST1D, column, row, seed, scale="smoke", dataset=None,
+                            data_dir=None, out_dir=str(tmp_path))
+        with monkeypatch.context() as patch:
+            if seed == 123:
+                patch.setattr(Trainer, "train_epoch", nan_weights_after(2))
+            records.append(train(config).record)
+    diverged = records[1]
+    assert diverged.status == "diverged" and diverged.numbers_epoch == 1
+    assert math.isfinite(diverged.entry(2).acc_eval)  # the NaN network's share of one class
+    assert epoch_errors(diverged) == [(1, pytest.approx(100 * (1 - diverged.final_acc)))]
+    cell = EXPERIMENT.summarise(records)["tables"][0]["columns"][0]["rows"][0]
+    seed = next(s for s in cell["seeds"] if s["seed"] == 123)
+    assert seed["last_error"] == pytest.approx(100 * (1 - diverged.final_acc))
+    lasts = [100 * (1 - r.final_acc) for r in records[:2]]
+    assert cell["last_error"]["mean"] == pytest.approx(sum(lasts) / 2)
+    assert cell["curve"][-1] == [2, pytest.approx(lasts[0])]  # seed 42's alone
 
 
 @pytest.mark.parametrize("dataset, rules, words", [

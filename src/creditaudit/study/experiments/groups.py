@@ -221,15 +221,19 @@ TRAJECTORY_KEYS = ("acc_eval", "h_L_norm", "g_L_norm", "g_2_norm", "max_block_gr
 def trajectory(members: Sequence[RunRecord], keys: Sequence[str] = TRAJECTORY_KEYS
                ) -> dict[str, list[Any]]:
     """Per-epoch median over seeds of each log ``key`` (medians: the norms span orders of
-    magnitude across seeds); ``epoch`` lists the epochs with diagnostics."""
-    epochs = sorted({e.epoch for r in members for e in r.log if e.has_diagnostics})
+    magnitude across seeds); ``epoch`` lists the epochs with diagnostics. Each run counts up
+    to the epoch of its headline numbers
+    (:meth:`~creditaudit.records.RunRecord.headline_entries`): the epoch a diverged run
+    overflowed in holds the NaN network's measures (its accuracy the share of one class)."""
+    logs = [{e.epoch: e for e in r.headline_entries()} for r in members]
+    epochs = sorted({epoch for log in logs for epoch, e in log.items() if e.has_diagnostics})
     out: dict[str, list[Any]] = {"epoch": epochs}
     for key in keys:
         column = []
         for epoch in epochs:
             values = []
-            for record in members:
-                entry = record.entry(epoch)
+            for log in logs:
+                entry = log.get(epoch)
                 value = entry.value(key) if entry is not None else None
                 if isinstance(value, int | float) and not math.isnan(value):
                     values.append(float(value))

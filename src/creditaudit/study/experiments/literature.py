@@ -195,9 +195,12 @@ def cell_records(table: Table, column: Column, row: Row, records: list[RunRecord
 
 
 def epoch_errors(record: RunRecord) -> list[tuple[int, float]]:
-    """(epoch, test error %) of every trained epoch with a finite test accuracy."""
+    """(epoch, test error %) of every trained epoch with a finite test accuracy, up to the
+    epoch of the run's headline numbers (:meth:`~creditaudit.records.RunRecord.headline_entries`):
+    the epoch a diverged run overflowed in logs the NaN network's share of one class, which
+    is no accuracy."""
     out = []
-    for entry in record.log:
+    for entry in record.headline_entries():
         acc = entry.acc_eval
         if entry.epoch >= 1 and acc is not None and math.isfinite(acc):
             out.append((entry.epoch, 100.0 * (1.0 - acc)))

@@ -5,8 +5,11 @@ the published error (black diamond), creditaudit's best-epoch error per seed (do
 mean ± sd (bar), and the last-epoch mean (open circle); a row the protocol walks back in any
 seed is drawn in the walk-back colour. A seed that stopped early (its best epoch is of a
 shorter run, and the means leave it out) is ringed, and the summary's line naming it is
-written under the figure. Reads the summary dict only (``OUT/experiments/
-literature.SCALE.DATASET.json``), so the figure is regenerated from files.
+written under the figure. A column whose runs are not at the setting its numbers were
+published at (the summary's ``not_compared``: the smoke scale's stand-in data, other sizes,
+another epoch budget) says so in its title, and a line under the figure says why. Reads
+the summary dict only (``OUT/experiments/literature.SCALE.DATASET.json``), so the figure is
+regenerated from files.
 """
 
 from __future__ import annotations
@@ -25,18 +28,35 @@ from creditaudit.formatting import PASS_COLOR, WALK_BACK_COLOR
 PUBLISHED_COLOR = "#000000"
 PANELS_PER_ROW = 4
 TITLE_WIDTH = 46  # characters per line of a panel title
+OFF_SETTING = "not the published setting"
 
 
 def published_panels(summary: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """(panel title, rows with a published number) for every column that has such rows."""
+    """(panel title, rows with a published number) for every column that has such rows; the
+    title of a column whose runs are not at the setting its numbers were published at (its
+    ``not_compared``: another dataset, other sizes, another epoch budget) says so."""
     panels = []
     for table in summary["tables"]:
         for column in table["columns"]:
             rows = [r for r in column["rows"] if r["published"] is not None]
             if rows:
                 title = "\n".join(textwrap.wrap(table["title"], TITLE_WIDTH))
-                panels.append((f"{title}\n{column['label']}", rows))
+                off = f"\n{OFF_SETTING}" if column.get("not_compared") else ""
+                panels.append((f"{title}\n{column['label']}{off}", rows))
     return panels
+
+
+def off_setting_note(summary: dict[str, Any]) -> str | None:
+    """The line naming each drawn column whose runs are not at the published setting and
+    why (as its table says, where no Δ is computed); None when every one is."""
+    off = [f"{table['title']}, {column['label']}: {column['not_compared']}"
+           for table in summary["tables"] for column in table["columns"]
+           if column.get("not_compared")
+           and any(r["published"] is not None for r in column["rows"])]
+    if not off:
+        return None
+    return (f"{OFF_SETTING.capitalize()}: the published numbers are drawn for reference, "
+            "not compared (the summary computes no Δ): " + "; ".join(off) + ".")
 
 
 def _finite(value: Any) -> bool:
@@ -95,8 +115,10 @@ def published_vs_reproduced(summary: dict[str, Any]) -> Figure:
                               markersize=8, label="seed that stopped early (ringed)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7,
                frameon=False, bbox_to_anchor=(0.5, -0.08 / n_rows))
-    if stopped:
-        notes_below(fig, [ax for ax in cells if ax.get_visible()], {"stopped_early_note": stopped})
+    notes = {"not_compared_note": off_setting_note(summary), "stopped_early_note": stopped}
+    notes = {gid: text for gid, text in notes.items() if text}
+    if notes:
+        notes_below(fig, [ax for ax in cells if ax.get_visible()], notes)
     return fig
 
 
@@ -107,4 +129,5 @@ def save_literature_figure(summary: dict[str, Any], out_dir: str | Path,
     return save(published_vs_reproduced(summary), out_dir, name)
 
 
-__all__ = ["published_panels", "published_vs_reproduced", "save_literature_figure"]
+__all__ = ["off_setting_note", "published_panels", "published_vs_reproduced",
+           "save_literature_figure"]

@@ -7,7 +7,8 @@
 
 Every experiment builds its runs from :func:`scales.base_config` (so equal settings give
 equal run ids, shared between experiments and sweeps), trains what is missing through
-:func:`creditaudit.sweep.run_sweep`, and writes ``OUT/experiments/NAME.json`` and ``.md``.
+:func:`creditaudit.sweep.run_sweep`, and writes ``OUT/experiments/NAME.SCALE.DATASET.json``
+and ``.md``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
@@ -112,6 +113,18 @@ def test_data_handed_to_train_must_be_what_its_config_loads(tmp_path):
     with pytest.raises(ConfigError, match="changed after it was loaded"):
         train(config.replace(**{"run.out_dir": str(tmp_path / "edited")}), dataset=data)
     assert not (tmp_path / "other").exists() and not (tmp_path / "edited").exists()
+
+
+def test_a_device_copy_of_loaded_data_may_be_handed_to_train(tmp_path):
+    """Dataset.to(device) is the same data: a run handed the copy (data loaded once, put on
+    the GPU, shared by many runs) trains as with the data loaded, not refused as data
+    load_dataset never returned."""
+    config = RunConfig().replace(**SYNTHETIC, **{"run.out_dir": str(tmp_path)})
+    data = load_dataset(config.data, seed=config.run.seed)
+    moved = data.to(torch.device("cpu"))
+    assert moved.loaded_as == data.loaded_as
+    trained = train(config, dataset=moved)
+    assert trained.record.data.arrays_sha256 == data.content_digest()
 
 
 def test_other_arrays_under_one_fingerprint_are_never_served_resumed_or_audited(

@@ -288,3 +288,28 @@ def test_an_interrupted_sweep_writes_its_summary_of_where_each_run_stopped(
                     ("not started", "not started")]
     monkeypatch.setattr(Trainer, "train_epoch", original)
     assert train(configs[1], resume=True).status == "completed"
+
+
+def test_a_run_interrupted_after_its_holder_let_it_go_is_not_summarised_busy(
+        tmp_path, monkeypatch):
+    """Busy in the first round, released by its holder, then trained here and interrupted:
+    the summary said it was busy (held by another process: the holder's entry kept), though
+    no process held it and its record says interrupted."""
+    from creditaudit.run.trainer import Trainer
+
+    config, run_dir = _held_by_another_process(tmp_path)
+
+    def the_other_process_lets_go(state, outcome):
+        if outcome is not None and outcome["status"] == "busy":
+            (run_dir / CLAIM_FILE).unlink()  # it stops without training the run
+
+    def ctrl_c(self, epoch):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train_epoch", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep([config], InlineExecutor(), poll_seconds=0.01,
+                  on_progress=the_other_process_lets_go, written_by="mine.toml")
+    [entry] = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
+    assert (entry["status"], entry["action"], entry["written_by"]) == (
+        "interrupted", "interrupted", "mine.toml")

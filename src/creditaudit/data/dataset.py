@@ -93,9 +93,12 @@ class Dataset:
         )
 
     def to(self, device: torch.device) -> Dataset:
-        """The same data with its four tensors on ``device`` (not copied where they are)."""
-        return replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
-                       test_x=self.test_x.to(device), test_y=self.test_y.to(device))
+        """The same data with its four tensors on ``device`` (not copied where they are):
+        as loaded as these (:attr:`loaded_as`), so a run may be handed the copy."""
+        moved = replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
+                        test_x=self.test_x.to(device), test_y=self.test_y.to(device))
+        moved.loaded_as = self.loaded_as
+        return moved
 
     def test_loader(self, batch_size: int, *, flatten: bool, exclude: Tensor | None = None
                     ) -> InMemoryLoader:

@@ -237,7 +237,6 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                           "drop --stack, or use --executor local")
     check_devices(plans, executor.name)
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
-    began = time.time()
     by_id = {plan.run_id: plan for plan in plans}
     outcomes: dict[str, Outcome] = {}
     # runs another process held for the whole sweep: their summary entries are the holder's
@@ -282,8 +281,14 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
                            command_line=on_command_line(),
                            dtype=str(torch.get_default_dtype()).removeprefix("torch."))
     mapped: Iterator[Any] | None = None
+    began = time.time()  # when the round of tasks being run began
     try:
         while todo:
+            # this round's runs: what an earlier round saw of them (busy: held elsewhere,
+            # since released) is not where they stop if the sweep is interrupted now
+            began = time.time()
+            for run_id in todo:
+                outcomes.pop(run_id, None)
             state.outstanding, state.busy = len(todo), 0
             tasks = _tasks([by_id[run_id] for run_id in todo], stack)
             state.tasks = [task_ids(task) for task in tasks]

@@ -284,11 +284,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
     began = time.time()  # when the round of tasks being run began
     try:
         while todo:
-            # this round's runs: what an earlier round saw of them (busy: held elsewhere,
-            # since released) is not where they stop if the sweep is interrupted now
             began = time.time()
-            for run_id in todo:
-                outcomes.pop(run_id, None)
             state.outstanding, state.busy = len(todo), 0
             tasks = _tasks([by_id[run_id] for run_id in todo], stack)
             state.tasks = [task_ids(task) for task in tasks]
@@ -323,8 +319,10 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
         # 'interrupted'; the summary then says where each run stopped, and the interrupt
         # goes on to the caller.
         getattr(mapped, "close", lambda: None)()
+        # this round's runs without an outcome yet: what an earlier round saw of one (busy:
+        # held elsewhere, since released) is not where it stopped if this round trained it
         for run_id in (run_id for task in state.tasks for run_id in task):
-            if run_id not in outcomes and written_since(by_id[run_id].run_dir, began):
+            if written_since(by_id[run_id].run_dir, began):
                 outcomes[run_id] = {**new_outcome(run_id, action="interrupted"),
                                     "pid": None, "host": None}  # in a worker
         _summarise(plans, outcomes, held, out_dir, grid_keys, summary_extra, written_by)

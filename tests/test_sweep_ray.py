@@ -222,19 +222,27 @@ def test_what_a_ray_task_raised_is_its_outcome_in_one_line(ray_2cpu, tmp_path):
 
 
 @needs_ray
-def test_an_interrupt_waits_at_most_unwind_seconds_for_a_run_that_does_not_stop(ray_2cpu):
+def test_an_interrupt_waits_at_most_unwind_seconds_for_a_run_that_does_not_stop(ray_2cpu,
+                                                                               tmp_path):
     """Ctrl-C while a run hangs in a call that Ray's cancel does not interrupt (a guest
     blocked in C code: the cancel's KeyboardInterrupt waits for it to return): the sweep
     stops waiting after unwind_seconds, not when the task ends."""
     from creditaudit.sweep import RayExecutor
 
     def task(task: dict) -> dict:
+        done = Path(task["quick_done"])
         if task["run_id"] == "hangs":
+            while not done.exists():  # 'quick' ends first, however slow a worker starts
+                time.sleep(0.05)
             time.sleep(12)  # one blocking call
+        else:
+            done.write_text("1")
         return {"run_id": task["run_id"], "status": "completed"}
 
     executor = RayExecutor(num_cpus_per_run=1, poll_seconds=0.1, unwind_seconds=2)
-    outcomes = executor.map(task, [{"run_id": "hangs"}, {"run_id": "quick"}])
+    marker = str(tmp_path / "quick_done")
+    outcomes = executor.map(task, [{"run_id": "hangs", "quick_done": marker},
+                                   {"run_id": "quick", "quick_done": marker}])
     assert next(outcomes)["run_id"] == "quick"
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

@@ -181,6 +181,24 @@ def test_audit_of_a_results_folder_names_its_runs(runs, capsys):
            f"a run's folder (e.g. {found[0]}), or several" in line, line
 
 
+@pytest.mark.parametrize("name", [CHECKPOINT_FILE, "config.toml", "init.pt"])
+def test_audit_of_a_run_s_other_file_names_its_folder(runs, capsys, name):
+    """audit RUN/checkpoint.pt (or its config.toml, init.pt: a tab-completed path) read the
+    file as a record and refused it as "not UTF-8 text (a binary file?)" or "truncated or
+    not JSON", blaming a file that is fine; it now names the run's folder to pass, for the
+    run audited and for --frozen alike."""
+    run_dir = runs["dfa"].run_dir
+    assert main(["audit", str(run_dir / name), "-q"]) == 2
+    line = _one_line_error(capsys)
+    assert f"{run_dir / name} is one of the run's own files, not its record: pass the " \
+           f"run's folder {run_dir} (or its {RECORD_FILE})" in line, line
+    frozen = runs["frozen"].run_dir
+    assert main(["audit", str(run_dir), "-q", "--frozen", str(frozen / name)]) == 2
+    line = _one_line_error(capsys)
+    assert f"--frozen {frozen / name} is neither" in line
+    assert f"pass the run's folder {frozen} (or its {RECORD_FILE})" in line, line
+
+
 def test_audit_missing_checkpoint_or_malformed_record_exits_2(runs, tmp_path, capsys, plant):
     import shutil
 

@@ -134,6 +134,27 @@ def test_an_edited_plugin_rule_is_refused_by_audit_and_by_a_rebuilt_result(plugi
             rebuild()
 
 
+def test_a_plugin_rule_whose_load_state_dict_fails_is_named_not_its_checkpoint(plugin_run,
+                                                                             monkeypatch):
+    """A plugin rule's load_state_dict that raised on its own run's checkpoint (whose state
+    fits the rule's, and is of this run) was reported as "checkpoint … cannot be loaded into
+    this run (RuntimeError: …); it belongs to another run: start this one again with
+    --force": the file blamed, and advice that throws the run away. The plugin is named."""
+    from creditaudit.registry import RULES
+
+    _, run_dir = plugin_run
+
+    def broken(self, state):
+        raise RuntimeError("no such buffer")
+
+    monkeypatch.setattr(RULES.find("fx2-bp"), "load_state_dict", broken)
+    with pytest.raises(GuestError, match=r"^credit rule plugin 'fx2-bp' "
+                                         r"\(creditaudit-guests==0\.1\.0\) raised RuntimeError: "
+                                         r"no such buffer") as caught:
+        audit_run(run_dir, metrics=False)
+    assert "--force" not in str(caught.value) and "checkpoint" not in str(caught.value)
+
+
 @pytest.mark.parametrize("components", [False, True], ids=["no-digests", "no-code-block"])
 def test_a_record_from_before_code_digests_is_audited_with_a_warning(plugin_run, caplog,
                                                                      components):

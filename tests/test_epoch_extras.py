@@ -127,3 +127,39 @@ def test_run_metrics_of_your_own_rule_is_its_own_failure():
         rule_metrics(rule, {"per_layer": [{"a": 1.0}, {True: 1.0, "true": 2.0}]})
     fine = {"a": {1: 0.5, 2: 0.7}, "b": [1.0, {"c": None}]}  # "1", "2": no value lost
     assert rule_metrics(rule, fine) is fine
+
+
+# --- the end-of-run metrics of a rule: values a record cannot hold --------------------------
+def test_run_metrics_a_record_cannot_hold_fail_the_run_naming_the_rule(tmp_path, monkeypatch):
+    """A tensor (or numpy float32) among ``run_metrics``' values failed the record's write at
+    the end of the run as creditaudit's "internal error: TypeError: Object of type Tensor is
+    not JSON serializable", the record left ``running``; ``audit --format json`` of a run of
+    such a rule failed alike. The run now fails in one line naming the rule."""
+    monkeypatch.setattr(DFA, "run_metrics", lambda self, x, y: {"cos": torch.tensor(0.5)})
+    config = configs(tmp_path, "dfa", **{"optim.epochs": 1, "diagnostics.end_of_run": True,
+                                         "diagnostics.rho_samples": 16,
+                                         "diagnostics.rho_directions": 2,
+                                         "diagnostics.null_draws": 2})[0]
+    with pytest.raises(RuntimeError, match=r"^credit rule 'dfa': run_metrics\(\) returned a "
+                                           r"value a record cannot hold \(Object of type "
+                                           r"Tensor is not JSON serializable\): return plain"):
+        train(config)
+    record = load_record(tmp_path / run_id(config))
+    assert record.status == "failed" and "run_metrics()" in record.error
+
+
+def test_run_metrics_of_your_own_rule_must_be_a_dict_of_plain_values():
+    from creditaudit.run.results import rule_metrics
+
+    class Mine(DFA):
+        pass
+
+    rule = Mine.__new__(Mine)
+    with pytest.raises(GuestError, match=r"\(your own class\): run_metrics\(\) returned a value "
+                                         r"a record cannot hold \(Object of type float32 .*"
+                                         r"not in creditaudit"):
+        rule_metrics(rule, {"per_layer": [np.float32(0.5)]})
+    with pytest.raises(GuestError, match=r"run_metrics\(\) returned a list, not a dict"):
+        rule_metrics(rule, [0.5])
+    fine = {"a": math.nan, "b": [math.inf, {"c": None}], "d": np.float64(0.5)}
+    assert rule_metrics(rule, fine) is fine

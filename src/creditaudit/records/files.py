@@ -158,6 +158,7 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
                              + (path.name == RECORD_FILE and _runs_below(path.parent)
                                 or f"pass a run folder that holds {RECORD_FILE} or the file "
                                    "itself"))
+    _check_not_a_sibling(path)
     text = read_text(path, "run record")
     try:
         strict_json.check_depth(text)
@@ -187,6 +188,16 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
             "no longer matches its content), so its numbers may not be its run's",
             f"restore the file, or train the run again with {FORCE}")
     return record
+
+
+def _check_not_a_sibling(path: Path) -> None:
+    """RunRecordError (one line) when ``path`` is another of a run folder's own files
+    (``audit runs/…/checkpoint.pt``): read as a record it would be refused as a damaged or
+    binary file, blaming a file that is fine; the run's folder is what was meant."""
+    if path.name in RUN_FOLDER_FILES and path.name != RECORD_FILE \
+            and (path.parent / RECORD_FILE).is_file():
+        raise RunRecordError(f"{path} is one of the run's own files, not its record: pass "
+                             f"the run's folder {path.parent} (or its {RECORD_FILE})")
 
 
 def _runs_below(folder: Path) -> str:

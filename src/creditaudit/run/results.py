@@ -13,6 +13,7 @@ the same record. :func:`epoch_record` is an epoch's diagnostic fields in one cal
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -240,22 +241,42 @@ def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
 
 
 def rule_metrics(rule: CreditRule, values: Any) -> Any:
-    """``values``, what ``rule.run_metrics`` returned, once no object in it names two keys
-    that JSON spells alike (``1`` and ``"1"``, ``True`` and ``"true"``): record.json would
-    hold the key twice, one value lost, and reading the record back refuses it. One line
-    naming the rule: a GuestError for a plugin's or your own class's, RuntimeError
-    (creditaudit's own fault) for a built-in's."""
-    clash = strict_json.keys_spelled_alike(values)
-    if clash is None:
+    """``values``, what ``rule.run_metrics`` returned, once it is a dict of plain JSON values
+    (record.json and a report's JSON hold them: a tensor or a numpy float32 among them failed
+    the record's write at the end of the run, as creditaudit's "internal error") and no
+    object in it names two keys that JSON spells alike (``1`` and ``"1"``, ``True`` and
+    ``"true"``): record.json would hold the key twice, one value lost, and reading the
+    record back refuses it. One line naming the rule: a GuestError for a plugin's or your
+    own class's, RuntimeError (creditaudit's own fault) for a built-in's."""
+    problem = _not_plain_json(values)
+    clash = strict_json.keys_spelled_alike(values) if problem is None else None
+    if problem is None and clash is None:
         return values
-    (first, second), spelled = clash
-    problem = (f"run_metrics() returned the keys {first!r} and {second!r} in one object, which "
-               f"JSON spells alike ({spelled!r}), so one value would be lost: name each value "
-               "with a string of its own")
+    if clash is not None:
+        (first, second), spelled = clash
+        problem = (f"run_metrics() returned the keys {first!r} and {second!r} in one object, "
+                   f"which JSON spells alike ({spelled!r}), so one value would be lost: name "
+                   "each value with a string of its own")
     what, guest = rule_named(rule)
     if not guest:
         raise RuntimeError(f"{what}: {problem}")
     raise GuestError(f"{what}: {problem}; {VALUE_ADVICE}")
+
+
+def _not_plain_json(values: Any) -> str | None:
+    """Why ``values`` (what ``run_metrics`` returned) cannot be a record's fields, or None:
+    not a dict, or a value JSON cannot write (non-finite floats are fine: the record marks
+    them)."""
+    if not isinstance(values, dict):
+        return (f"run_metrics() returned {_shown(values)}, not a dict of its metrics (return "
+                "{} for none)")
+    try:
+        json.dumps(strict_json.encode(values)[0], allow_nan=False)
+    except (TypeError, ValueError) as err:
+        return (f"run_metrics() returned a value a record cannot hold ({err}): return plain "
+                "JSON values (str, int, float, bool, None, lists and dicts of them; e.g. "
+                "float(x) of a tensor or numpy number)")
+    return None
 
 
 def _shown(value: Any) -> str:

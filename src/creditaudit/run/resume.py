@@ -32,6 +32,7 @@ from creditaudit.data.identity import changed_files
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
 from creditaudit.guests import Guest
+from creditaudit.guests.blame import blame
 from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.optim import optimizer_state_mismatch
@@ -370,7 +371,11 @@ def load_into(state: dict[str, Any], path: Path, config: RunConfig, *, saved: Ru
                                  f"{sorted(expected)}); {force_hint()}")
     try:
         model.load_state_dict(state["model"])
-        rule.load_state_dict(state["rule"])
+        # the saved state fits the rule's own (checked above): a plugin's load_state_dict
+        # that fails on it is its code's fault, named so, not a checkpoint "of another run"
+        # whose --force would throw the run away
+        with blame(RULES.guest(rule.name)):
+            rule.load_state_dict(state["rule"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None:

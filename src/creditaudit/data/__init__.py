@@ -8,8 +8,6 @@ feature datasets (synthetic, mnist1d) are float32 ``(N, D)``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from typing import Any
 
 import torch
@@ -25,6 +23,7 @@ from creditaudit.data.registry import (
     dataset_spec,
     register,
 )
+from creditaudit.data.spec import digest_text
 from creditaudit.data.synthetic import make_teacher_student
 from creditaudit.data.transforms import normalization
 from creditaudit.descriptions import DataIdentity
@@ -64,8 +63,7 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
 def _loading(options: Any, fingerprint: str) -> str:
     """What a load was asked for: the data options (a config's data section) and the
     fingerprint of the data they name."""
-    asked = {"options": dataclasses.asdict(options), "fingerprint": fingerprint}
-    return hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()
+    return digest_text({"options": dataclasses.asdict(options), "fingerprint": fingerprint})
 
 
 def check_handed(dataset: Dataset, options: Any, fingerprint: str) -> None:

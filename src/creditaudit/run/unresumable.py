@@ -22,6 +22,7 @@ from creditaudit.caller import RESUME, on_command_line, train_again
 from creditaudit.config import RunConfig, config_value, semantic_dict
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import RunRecordError
+from creditaudit.measures.user_models import dtype_name
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -147,7 +148,7 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
 
 def _default_dtype() -> str:
     """torch's default dtype now, as run ids and records name it (``float32``)."""
-    return str(torch.get_default_dtype()).removeprefix("torch.")
+    return dtype_name(torch.get_default_dtype())
 
 
 def _planned_dtype(record: RunRecord, config: RunConfig, identity: DataIdentity,

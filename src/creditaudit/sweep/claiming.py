@@ -173,17 +173,18 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
             return outcome, None
         status, reason = disk_status(run_dir)
         has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
+        epoch = checkpointed_epoch(run_dir) if has_checkpoint else None  # read once
         # No record.json but a checkpoint of a trained epoch (the record as of it): resumed
-        trained = status is None and has_checkpoint and (checkpointed_epoch(run_dir) or 0) > 0
+        trained = status is None and (epoch or 0) > 0
         if status is None and not trained:
             action, kwargs = "trained", {"force": has_checkpoint}
-        elif (status in ("running", "interrupted", "failed") or trained) and has_checkpoint:
+        elif trained or (status in ("running", "interrupted", "failed") and has_checkpoint):
             action, kwargs = "resumed", {"resume": True}
             # The sweep's thread count is for the runs it starts: a resumed run goes on with the
             # count its epochs ran on (another would change the last bits of its numbers). One
             # whose checkpoint holds only its initial weights starts over (``restartable``),
             # recording the sweep's count as its uninterrupted twin does.
-            if checkpointed_epoch(run_dir) != 0:
+            if epoch != 0:
                 plan = dataclasses.replace(plan,
                                            config=plan.config.replace(**{"run.threads": None}))
         else:  # corrupt record, or died before its first checkpoint: start over

@@ -60,6 +60,26 @@ def test_a_run_whose_record_is_gone_resumes_from_its_checkpoint_and_is_never_tra
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+def test_another_runs_checkpoint_in_a_folder_without_record_is_named_not_resumed(
+        tmp_path, kill_run_at):
+    # a dfa run's checkpoint copied into a bp run's folder that holds no record.json:
+    # `train` said "pass --resume to continue it", and --resume then refused it
+    import shutil
+
+    other = train(RunConfig().replace(**tiny(tmp_path / "a")))
+    config = RunConfig().replace(**{**tiny(tmp_path / "b"), "method.name": "bp"})
+    kill_run_at(config, epoch=3)
+    run_dir = tmp_path / "b" / run_id(config)
+    (run_dir / RECORD_FILE).unlink()
+    shutil.copy(other.run_dir / CHECKPOINT_FILE, run_dir / CHECKPOINT_FILE)
+    before = snapshot(run_dir)
+    with pytest.raises(RunRecordError, match=rf"holds the record of run {other.record.run_id}"
+                       r", not of .*belongs to another run: .*force=True") as raised:
+        train(config)
+    assert "resume=True" not in str(raised.value)
+    assert snapshot(run_dir) == before
+
+
 def test_a_sweep_resumes_a_run_whose_record_is_gone_from_its_checkpoint(tmp_path,
                                                                        kill_run_at):
     # the sweep trained such a folder over, from scratch (force), losing its trained epochs

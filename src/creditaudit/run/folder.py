@@ -51,6 +51,7 @@ from creditaudit.run.resume import (
 )
 from creditaudit.run.setup import missing_checkpoint, rebuild_run
 from creditaudit.run.unresumable import (
+    check_saved_run,
     checkpointed_epoch,
     no_run_to_resume,
     restartable,
@@ -186,7 +187,9 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                                  f"{hint}: {advice}")
     elif not force and (trained := checkpointed_epoch(run_dir) or 0) > 0:
         # No record.json (deleted, a folder copied without it), but a checkpoint of a trained
-        # epoch, which holds the record as of it: resumed from there, never trained over
+        # epoch, which holds the record as of it: resumed from there, never trained over.
+        # Another run's checkpoint (copied in by hand) is named first: --resume refuses it.
+        check_saved_run(run_dir, plan.run_id)
         if not resume:
             raise RunRecordError(
                 f"run {run_dir} has no {RECORD_FILE}, but its {CHECKPOINT_FILE} holds trained "

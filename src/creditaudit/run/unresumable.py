@@ -33,7 +33,13 @@ from creditaudit.records import (
     load_record,
 )
 from creditaudit.records.run_ids import RunCode, compute_run_id
-from creditaudit.run.resume import code_digests, data_change, recorded_code_digests
+from creditaudit.run.resume import (
+    check_same_run,
+    code_digests,
+    data_change,
+    recorded_code_digests,
+    saved_record,
+)
 
 
 def restartable(record: RunRecord, run_dir: Path, *, resume: bool) -> bool:
@@ -77,6 +83,14 @@ def checkpointed_epoch(run_dir: Path) -> int | None:
         return int(load_checkpoint(path)["epoch"])
     except RunRecordError:
         return None
+
+
+def check_saved_run(run_dir: Path, run_id: str) -> None:
+    """One-line RunRecordError when the checkpoint in ``run_dir`` (one that
+    :func:`checkpointed_epoch` read) holds the record of another run than ``run_id``: a
+    file copied from another run's folder, which ``--resume`` would refuse too."""
+    path = run_dir / CHECKPOINT_FILE
+    check_same_run(saved_record(load_checkpoint(path), path), run_id, path)
 
 
 def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,

@@ -281,3 +281,19 @@ def test_a_credit_that_changes_a_setting_and_raises_leaves_the_callers_settings(
     with pytest.raises(ValueError, match="the credit's own error"):
         diagnose(net, x, y, states_fn=net.states, credit=credit)
     assert _settings() == before
+
+
+def test_inputs_left_requiring_grad_are_measured_as_data_without_a_warning():
+    # diagnose(x.requires_grad_()) printed torch's "Converting a tensor with
+    # requires_grad=True to a scalar" warning from the reference check, and the report
+    # equals the one on the same data not requiring grad
+    import warnings
+
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = _data(128)
+    plain = diagnose(net, x, y, states_fn=net.states)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        asked = diagnose(net, x.clone().requires_grad_(), y, states_fn=net.states)
+    assert asked.to_dict() == plain.to_dict()

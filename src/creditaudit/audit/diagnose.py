@@ -134,6 +134,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
                              initial_hidden_norms=initial_hidden_norms,
                              headline_acc=headline_acc, frozen_acc=frozen_acc,
                              metadata=metadata)
+    # inputs a caller left requiring grad (``x.requires_grad_()``) are measured as data:
+    # every gradient here is taken w.r.t. states, and the reference check's own copy
+    eval_x = eval_x.detach()  # the same storage: the watch below still sees writes to it
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     suspects = _suspects(model, credit, args)
     watch = (data_left_alone((eval_x, eval_y), suspects,

@@ -315,7 +315,8 @@ REFUSALS = [
      "be measured at it: to keep what it computes from training, remove the torch.no_grad() "
      "and freeze its parameters"),
     ("tuple out", TupleOutNet, ["embed", "block"], {"input_shape": (4,)},
-     "TupleOutNet's output must be (batch, classes) logits, got a tuple of 2: adapt a module "
+     "TupleOutNet's output must be (batch, classes) logits, got a tuple of 2 for a batch of 4: "
+     "adapt a module "
      "of your own whose forward returns them"),
     # the line said "… missing 1 required positional argument: 'mask'; pass inputs its
     # forward takes", which neither adapt()'s caller nor the command line can
@@ -429,8 +430,9 @@ def test_a_factorys_network_returning_a_tuple_in_training_names_the_factorys_fix
     model = adapt(net, ["embed", "block"], input_shape=(4,))
     model.origin = "model factory 'nets:aux'"
     net.train()
-    with pytest.raises(ModelContractError, match=r"got a tuple of 2: make the model factory "
-                                                 r"'nets:aux' return a module that wraps"):
+    with pytest.raises(ModelContractError, match=r"got a tuple of 2 for a batch of 3: make the "
+                                                 r"model factory 'nets:aux' return a module "
+                                                 r"that wraps"):
         model.forward_states(torch.randn(3, 4))
 
 

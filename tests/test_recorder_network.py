@@ -409,3 +409,30 @@ def test_a_forward_that_casts_its_input_is_said_before_training_not_at_finish(tm
     rec.epoch(0, test_acc=0.5)
     record = rec.finish()
     assert record.status == "completed" and not record.reference.verified
+
+
+class _Squeezed(nn.Module):
+    """A network whose forward ``.squeeze()``s its logits: (1, 3) → (3,) for one sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = network()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze()
+
+
+def test_a_network_that_squeezes_one_samples_logits_is_told_so(tmp_path):
+    # the Recorder's check of the end-of-run block's float64 copy runs one sample, and the
+    # line said "got a float64 tensor of shape (3,)": the dtype was named, the batch of one
+    # that the squeeze() broke was not
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    model = adapt(_Squeezed(), states=["net.0", "net.1"], example=x[:8])
+    with pytest.raises(ModelContractError) as raised:
+        Recorder(rule("dfa", model), x, y, out=tmp_path, data="mine",
+                 config={"run.seed": 0})
+    text = str(raised.value)
+    assert "\n" not in text
+    assert "got a float64 tensor of shape (3,) for a batch of 1 (a squeeze() that drops " \
+           "the batch dimension of a one-sample batch? squeeze only the dimension you mean" \
+           in text, text

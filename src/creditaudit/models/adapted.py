@@ -307,8 +307,20 @@ class AdaptedModel(AdaptProbe, nn.Module):
                 "make it not in place")
         if not (isinstance(logits, Tensor) and logits.dim() == 2
                 and logits.shape[0] == x.shape[0]):
-            raise NotLogitsError(type(self.net).__name__, describe_value(logits), self.origin)
+            raise NotLogitsError(type(self.net).__name__, _output_in_words(logits, x),
+                                 self.origin)
         return outputs, logits
+
+
+def _output_in_words(logits: object, x: Tensor) -> str:
+    """What a forward returned for the batch ``x``, not (batch, classes) logits: a batch of
+    one sample whose batch dimension a ``squeeze()`` dropped is named as such (the
+    diagnostics run one-sample batches: a chunk's last, a float64 copy's check)."""
+    got = f"{describe_value(logits)} for a batch of {x.shape[0]}"
+    if x.shape[0] == 1 and isinstance(logits, Tensor) and logits.dim() == 1:
+        got += (" (a squeeze() that drops the batch dimension of a one-sample batch? "
+                "squeeze only the dimension you mean, e.g. .squeeze(-1))")
+    return got
 
 
 def adapt(model: nn.Module, states: Sequence[str], readout: str | Sequence[str] | None = None,

@@ -373,3 +373,37 @@ def test_feedback_left_out_of_the_state_is_caught():
     # feedback without the file
     with pytest.raises(AssertionError, match="diverges"):
         state_dict_round_trips_and_resumes(UnsavedDFA)
+
+
+class TensorMetricsDFA(DFA):
+    """DFA whose end-of-run metrics hold a tensor, which no record can hold."""
+
+    name = "tensor-metrics-dfa"
+
+    def run_metrics(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        return {"mean_credit": self.credits(x, y)[0].abs().mean()}
+
+
+class ReadoutZeroingDFA(DFA):
+    """DFA whose end-of-run metrics zero the readout's bias as they measure."""
+
+    name = "readout-zeroing-dfa"
+
+    def run_metrics(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        with torch.no_grad():
+            list(self.model.parameters())[-1].zero_()
+        return {}
+
+
+def test_run_metrics_that_no_record_holds_or_that_move_the_weights_are_caught():
+    # run_metrics() was first called at the end of a run: a plugin returning a tensor
+    # failed the finished run there, after every epoch had trained
+    from creditaudit.testing.rule_lifecycle import run_metrics_are_recordable
+
+    with pytest.raises(AssertionError, match=r"run_metrics\(\) returned a value a record "
+                                             r"cannot hold .*Tensor"):
+        run_metrics_are_recordable(TensorMetricsDFA)
+    with pytest.raises(AssertionError, match=r"run_metrics\(\) changed "):
+        run_metrics_are_recordable(ReadoutZeroingDFA)
+    run_metrics_are_recordable(DFA)
+    run_metrics_are_recordable(EP)

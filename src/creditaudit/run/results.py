@@ -13,7 +13,6 @@ the same record. :func:`epoch_record` is an epoch's diagnostic fields in one cal
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -25,8 +24,8 @@ from torch import nn
 from creditaudit.config import DiagnosticsConfig
 from creditaudit.descriptions import CREDIT_NOT_FINITE, EpochMeasures
 from creditaudit.errors import GuestError
-from creditaudit.files import strict_json
 from creditaudit.guests.blame import VALUE_ADVICE, blame
+from creditaudit.guests.returned import metrics_problem, shown
 from creditaudit.measures.drift import feature_drift
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
@@ -226,7 +225,7 @@ def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
                 problem = (f"returned a per-epoch value under the key {key!r}, a "
                            f"{type(key).__name__}: name each value with a string")
             elif number is None and value is not None:
-                problem = (f"returned {_shown(value)} as the per-epoch value {key!r}, which a "
+                problem = (f"returned {shown(value)} as the per-epoch value {key!r}, which a "
                            "record cannot hold: return a number (a float, an int, a numpy or "
                            "one-element tensor number)")
             if problem is not None:
@@ -248,42 +247,13 @@ def rule_metrics(rule: CreditRule, values: Any) -> Any:
     ``"true"``): record.json would hold the key twice, one value lost, and reading the
     record back refuses it. One line naming the rule: a GuestError for a plugin's or your
     own class's, RuntimeError (creditaudit's own fault) for a built-in's."""
-    problem = _not_plain_json(values)
-    clash = strict_json.keys_spelled_alike(values) if problem is None else None
-    if problem is None and clash is None:
+    problem = metrics_problem(values)
+    if problem is None:
         return values
-    if clash is not None:
-        (first, second), spelled = clash
-        problem = (f"run_metrics() returned the keys {first!r} and {second!r} in one object, "
-                   f"which JSON spells alike ({spelled!r}), so one value would be lost: name "
-                   "each value with a string of its own")
     what, guest = rule_named(rule)
     if not guest:
         raise RuntimeError(f"{what}: {problem}")
     raise GuestError(f"{what}: {problem}; {VALUE_ADVICE}")
-
-
-def _not_plain_json(values: Any) -> str | None:
-    """Why ``values`` (what ``run_metrics`` returned) cannot be a record's fields, or None:
-    not a dict, or a value JSON cannot write (non-finite floats are fine: the record marks
-    them)."""
-    if not isinstance(values, dict):
-        return (f"run_metrics() returned {_shown(values)}, not a dict of its metrics (return "
-                "{} for none)")
-    try:
-        json.dumps(strict_json.encode(values)[0], allow_nan=False)
-    except (TypeError, ValueError) as err:
-        return (f"run_metrics() returned a value a record cannot hold ({err}): return plain "
-                "JSON values (str, int, float, bool, None, lists and dicts of them; e.g. "
-                "float(x) of a tensor or numpy number)")
-    return None
-
-
-def _shown(value: Any) -> str:
-    """How a refused per-epoch value is named: its type, and its shape for a tensor."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
 
 
 def note_end_of_run_credits(record: RunRecord, rule: CreditRule) -> None:

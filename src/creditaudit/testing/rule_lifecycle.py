@@ -1,19 +1,26 @@
 """The rule conformance suite's checks of a rule's life around its steps, one function each
 like :mod:`creditaudit.testing.rule_properties`: its state saved and restored mid-run, moved to
-a device, stepped under bf16 autocast, and its feedback swapped for a fresh draw.
+a device, stepped under bf16 autocast, its feedback swapped for a fresh draw, and its
+end-of-run metrics.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 
 import torch
 from torch import Tensor
 
+from creditaudit.guests.returned import metrics_problem
 from creditaudit.methods.base import CreditRule
-from creditaudit.testing.common import flat_state, tiny_batch
+from creditaudit.testing.common import flat_state, same, tiny_batch
 from creditaudit.testing.rule_binding import make_rule
-from creditaudit.testing.rule_properties import copied_buffers, copied_parameters
+from creditaudit.testing.rule_properties import (
+    copied_buffers,
+    copied_parameters,
+    trained_for_credits,
+)
 
 
 def state_dict_round_trips_and_resumes(cls: type[CreditRule], arch: str = "resmlp") -> None:
@@ -131,3 +138,24 @@ def fresh_feedback_is_swappable(cls: type[CreditRule], arch: str = "resmlp") -> 
                                        msg=f"credits_under() differs at credit {layer}")
     for layer, (a, b) in enumerate(zip(before, rule.credits(x, y))):
         assert torch.equal(a, b), f"credit {layer} changed after credits_under() returned"
+
+
+def run_metrics_are_recordable(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    """``run_metrics()`` returns fields a record holds and leaves the rule as it was: asked
+    before a run trains, not at its end, where a bad value failed the finished run."""
+    rule = trained_for_credits(cls, arch)
+    x, y = tiny_batch(seed=3, arch=arch)
+    for p in rule.model.parameters():
+        p.grad = None
+    weights, buffers = copied_parameters(rule), copied_buffers(rule)
+    state = flat_state(copy.deepcopy(rule.state_dict()))
+    problem = metrics_problem(rule.run_metrics(x, y))
+    assert problem is None, problem
+    for name, p in rule.model.named_parameters():
+        assert torch.equal(p.detach(), weights[name]), f"run_metrics() changed {name}"
+        assert p.grad is None, f"run_metrics() left a .grad on {name}"
+    for name, b in rule.model.named_buffers():
+        assert torch.equal(b, buffers[name]), f"run_metrics() changed the buffer {name}"
+    after = flat_state(rule.state_dict())
+    changed = [k for k in state if not same(state[k], after.get(k))]
+    assert not changed, f"run_metrics() changed the rule's state: {', '.join(changed[:3])}"

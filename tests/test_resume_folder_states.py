@@ -80,6 +80,42 @@ def test_another_runs_checkpoint_in_a_folder_without_record_is_named_not_resumed
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.parametrize("damage", ["truncated", "edited"])
+def test_a_damaged_record_beside_a_trained_checkpoint_is_resumed_not_trained_over(
+        tmp_path, kill_run_at, damage):
+    # record.json cut short (a disk that filled mid-copy) or edited by hand, checkpoint.pt of
+    # epoch 2 beside it: `train --resume` refused it ("pass --force to start this run
+    # over"), and a sweep started it over, losing its trained epochs; the checkpoint holds
+    # the record as of its epoch, as when record.json is gone
+    from creditaudit.sweep import InlineExecutor, prepare_configs, run_sweep
+
+    straight = train(RunConfig().replace(**tiny(tmp_path / "a")))
+    for out in ("b", "c"):
+        [config] = prepare_configs([RunConfig().replace(**tiny(tmp_path / out))], threads=1)
+        kill_run_at(config, epoch=3)
+        path = tmp_path / out / run_id(config) / RECORD_FILE
+        text = path.read_text()
+        path.write_text(text[:len(text) // 2] if damage == "truncated"
+                        else text.replace('"interrupted"', '"completed"'))
+    config = RunConfig().replace(**tiny(tmp_path / "b"))
+    run_dir = tmp_path / "b" / run_id(config)
+    before = snapshot(run_dir)
+    with pytest.raises(RunRecordError, match=r"its checkpoint\.pt holds trained epoch 2 and "
+                       r"the record as of it: pass resume=True to continue it from there, "
+                       r"or force=True"):
+        train(config)
+    assert snapshot(run_dir) == before
+    resumed = train(config, resume=True)
+    assert comparable(resumed.record) == comparable(straight.record)
+    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+    [config] = prepare_configs([RunConfig().replace(**tiny(tmp_path / "c"))], threads=1)
+    [outcome] = run_sweep([config], InlineExecutor()).outcomes
+    assert (outcome["action"], outcome["status"]) == ("resumed", "completed")
+    run_dir = tmp_path / "c" / run_id(config)
+    assert comparable(load_record(run_dir)) == comparable(straight.record)
+    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+
+
 def test_a_sweep_resumes_a_run_whose_record_is_gone_from_its_checkpoint(tmp_path,
                                                                        kill_run_at):
     # the sweep trained such a folder over, from scratch (force), losing its trained epochs

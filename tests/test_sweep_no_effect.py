@@ -139,10 +139,11 @@ def test_the_table_and_summary_keep_the_value_the_user_gave(tmp_path, capsys):
 
 
 # --- a record changed after it was written: the sweep starts the run over ----------------
-def test_a_sweep_says_it_starts_a_changed_record_over_without_load_records_advice(
+def test_a_sweep_says_it_resumes_a_changed_record_without_load_records_advice(
         tmp_path, capsys, caplog):
     """load_record's advice (restore the file, or train again with --force) is for a
-    command that stops there; the sweep starts the run over itself and says so."""
+    command that stops there; the sweep resumes the run from its checkpoint itself (which
+    holds the record as of its epoch: the trained epochs are kept) and says so."""
     path = tiny_sweep(tmp_path, '[grid]\n"method.name" = ["bp"]\n')
     assert main(["sweep", str(path), "--workers", "0", "-q"]) == 0
     (run_dir,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir()]
@@ -153,11 +154,13 @@ def test_a_sweep_says_it_starts_a_changed_record_over_without_load_records_advic
     assert main(["sweep", str(path), "--dry-run"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith(run_dir.name))
-    assert "to restart" in row and "changed after creditaudit wrote it" in row
+    assert "to resume from its checkpoint of epoch" in row, row
+    assert "changed after creditaudit wrote it" in row
     assert "--force" not in row and "restore the file" not in row
     with caplog.at_level(logging.WARNING):
         assert main(["sweep", str(path), "--workers", "0", "-q"]) == 0
     (warning,) = [r.getMessage() for r in caplog.records if "changed after" in r.getMessage()]
-    assert warning.startswith(f"warning: starting {run_dir.name} over, replacing its record")
+    assert warning.startswith(f"warning: resuming {run_dir.name} from its checkpoint of "
+                              "epoch "), warning
     assert "--force" not in warning and "restore the file" not in warning
     assert json.loads((run_dir / "record.json").read_text())["log"][-1]["acc_eval"] != 0.99

@@ -117,6 +117,7 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
     """Print what the sweep would do with its ``plans`` (one per config, before run ids
     are deduplicated: a run of two data folders is shown on both rows)."""
     from creditaudit.run.defaults import why_default
+    from creditaudit.run.unresumable import checkpointed_epoch
     from creditaudit.sweep import results_folder, run_labels, run_states
     from creditaudit.sweep.plans import same_run_reasons
 
@@ -143,6 +144,9 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
     print(f"\n{'run':<{width}}  {'run id':<{id_width}}  state")
     for index, (label, row) in enumerate(zip(labels, rows)):
         status = row["status"]
+        # no readable record, but a checkpoint of a trained epoch: the sweep resumes it
+        trained = (checkpointed_epoch(plans[index].run_dir) or 0
+                   if status in (None, "corrupt") else 0)
         if first[row["run_id"]] != index:
             earlier = first[row["run_id"]]
             why = "; ".join(same_run_reasons(plans[index], plans[earlier]))
@@ -159,6 +163,10 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
             state = "to resume (interrupted)"
         elif status in ("newer", "refused"):  # a newer version's, or another run's record
             state = f"refused: {row['error']}"
+        elif trained > 0:
+            missing = ("no record" if status is None
+                       else f"unreadable record: {row['error']}")
+            state = f"to resume from its checkpoint of epoch {trained} ({missing})"
         elif status == "corrupt":
             state = f"to restart (unreadable record: {row['error']})"
         else:

@@ -151,6 +151,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
     identity = plan.identity
     run_dir = plan.run_dir
     record_path = run_dir / RECORD_FILE
+    damaged = None  # why record.json cannot be read, when its checkpoint can stand in
     if record_path.exists() and not force:
         try:
             existing = load_record(record_path)
@@ -158,8 +159,12 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             raise NewerRecordError(f"{err} ({FORCE} would delete it and train the run again "
                                    "with this version)") from None
         except RunRecordError as err:
-            advice = "" if FORCE.named_in(str(err)) else f"; pass {FORCE} to start this run over"
-            raise RunRecordError(f"{err}{advice}") from None
+            if (checkpointed_epoch(run_dir) or 0) <= 0:  # nothing trained is kept elsewhere
+                advice = ("" if FORCE.named_in(str(err))
+                          else f"; pass {FORCE} to start this run over")
+                raise RunRecordError(f"{err}{advice}") from None
+            damaged = getattr(err, "fact", str(err))
+    if record_path.exists() and not force and damaged is None:
         check_same_run(existing, plan.run_id, record_path)
         # Served, resumed or restarted only on the arrays it trained on: load them now
         # (training would load them next anyway; the plan keeps them).
@@ -186,17 +191,21 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
                                  f"{hint}: {advice}")
     elif not force and (trained := checkpointed_epoch(run_dir) or 0) > 0:
-        # No record.json (deleted, a folder copied without it), but a checkpoint of a trained
-        # epoch, which holds the record as of it: resumed from there, never trained over.
-        # Another run's checkpoint (copied in by hand) is named first: --resume refuses it.
+        # No readable record.json (deleted, a folder copied without it, cut short, edited),
+        # but a checkpoint of a trained epoch, which holds the record as of it: resumed from
+        # there — the resumed run writes record.json anew —, never trained over. Another
+        # run's checkpoint (copied in by hand) is named first: --resume refuses it.
         check_saved_run(run_dir, plan.run_id)
+        what = f"has no {RECORD_FILE}" if damaged is None else f"has a damaged {RECORD_FILE}"
         if not resume:
+            fact = f"{damaged}, " if damaged is not None else f"run {run_dir} {what}, "
             raise RunRecordError(
-                f"run {run_dir} has no {RECORD_FILE}, but its {CHECKPOINT_FILE} holds trained "
-                f"epoch {trained} and the record as of it: pass {RESUME} to continue it from "
-                f"there, or {FORCE} to start over")
-        log.info("run %s has no %s: resuming it from its checkpoint of epoch %d, which holds "
-                 "the record as of it", plan.run_id, RECORD_FILE, trained)
+                f"{fact}but its {CHECKPOINT_FILE} holds trained epoch {trained} and the "
+                f"record as of it: pass {RESUME} to continue it from there, or {FORCE} to "
+                "start over")
+        log.log(logging.INFO if damaged is None else logging.WARNING,
+                "run %s %s: resuming it from its checkpoint of epoch %d, which holds the "
+                "record as of it", plan.run_id, what, trained)
     elif resume and not record_path.exists():
         # A process killed before it wrote a file of the run (while it loaded the data or
         # checked the model) leaves only its claim, which holding the folder broke.

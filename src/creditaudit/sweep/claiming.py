@@ -174,8 +174,9 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
         status, reason = disk_status(run_dir)
         has_checkpoint = (run_dir / CHECKPOINT_FILE).exists()
         epoch = checkpointed_epoch(run_dir) if has_checkpoint else None  # read once
-        # No record.json but a checkpoint of a trained epoch (the record as of it): resumed
-        trained = status is None and (epoch or 0) > 0
+        # No readable record.json (gone, cut short, edited) but a checkpoint of a trained
+        # epoch, which holds the record as of it: resumed, never trained over
+        trained = status in (None, "corrupt") and (epoch or 0) > 0
         if status is None and not trained:
             action, kwargs = "trained", {"force": has_checkpoint}
         elif trained or (status in ("running", "interrupted", "failed") and has_checkpoint):
@@ -187,11 +188,15 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
             if epoch != 0:
                 plan = dataclasses.replace(plan,
                                            config=plan.config.replace(**{"run.threads": None}))
-        else:  # corrupt record, or died before its first checkpoint: start over
+        else:  # corrupt record and nothing trained kept, or died before its first
+            # checkpoint: start over
             action, kwargs = "restarted", {"force": True}
             if status == "corrupt":
                 log.warning("warning: starting %s over, replacing its record: %s", own_id,
                             reason)
+        if status == "corrupt" and action == "resumed":
+            log.warning("warning: resuming %s from its checkpoint of epoch %s, replacing its "
+                        "record: %s", own_id, epoch, reason)
         outcome["action"] = action
         event("start", action=action)
     except BaseException:  # an interrupt (a broken pool's SIGTERM): the run is not held

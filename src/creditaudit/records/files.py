@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from creditaudit.caller import FORCE, OUT
+from creditaudit.caller import FORCE, OUT, RESUME
 from creditaudit.config import RunConfig, config_from_dict, load_config
 from creditaudit.descriptions import DataIdentity, ModelDescription
 from creditaudit.errors import (
@@ -186,7 +186,8 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
         raise ChangedRecordError(
             f"run record {path} was changed after creditaudit wrote it (its {CONTENT_KEY} "
             "no longer matches its content), so its numbers may not be its run's",
-            f"restore the file, or train the run again with {FORCE}")
+            f"restore the file, rebuild it from the run's checkpoint with {RESUME}, or "
+            f"train the run again with {FORCE}")
     return record
 
 

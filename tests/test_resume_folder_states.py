@@ -116,6 +116,23 @@ def test_a_damaged_record_beside_a_trained_checkpoint_is_resumed_not_trained_ove
     assert [part.epoch for part in load_record(run_dir).resumed] == [3]
 
 
+def test_an_edited_record_with_nothing_trained_saved_is_not_sent_to_resume(tmp_path,
+                                                                           kill_run_at):
+    # killed in epoch 1 (its checkpoint holds the initial weights), then record.json
+    # edited: --resume cannot rebuild it, so the line offers --force alone
+    config = RunConfig().replace(**tiny(tmp_path))
+    kill_run_at(config, epoch=1)
+    path = tmp_path / run_id(config) / RECORD_FILE
+    path.write_text(path.read_text().replace('"interrupted"', '"completed"'))
+    for resume in (False, True):
+        with pytest.raises(RunRecordError) as raised:
+            train(config, resume=resume)
+        text = str(raised.value)
+        assert "changed after creditaudit wrote it" in text
+        assert "resume=True" not in text and text.endswith(
+            "; pass force=True to start this run over"), text
+
+
 def test_a_sweep_resumes_a_run_whose_record_is_gone_from_its_checkpoint(tmp_path,
                                                                        kill_run_at):
     # the sweep trained such a folder over, from scratch (force), losing its trained epochs

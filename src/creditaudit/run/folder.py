@@ -159,11 +159,11 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             raise NewerRecordError(f"{err} ({FORCE} would delete it and train the run again "
                                    "with this version)") from None
         except RunRecordError as err:
+            damaged = getattr(err, "fact", str(err))  # without load_record's advice
             if (checkpointed_epoch(run_dir) or 0) <= 0:  # nothing trained is kept elsewhere
-                advice = ("" if FORCE.named_in(str(err))
+                advice = ("" if FORCE.named_in(damaged)
                           else f"; pass {FORCE} to start this run over")
-                raise RunRecordError(f"{err}{advice}") from None
-            damaged = getattr(err, "fact", str(err))
+                raise RunRecordError(f"{damaged}{advice}") from None
     if record_path.exists() and not force and damaged is None:
         check_same_run(existing, plan.run_id, record_path)
         # Served, resumed or restarted only on the arrays it trained on: load them now

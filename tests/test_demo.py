@@ -231,3 +231,16 @@ def test_the_demo_names_the_folder_creditaudit_set_sends_its_records_to(
     audit = next(line for line in out.splitlines() if "creditaudit audit " in line)
     assert str(there) in audit and "asked" not in out
     assert len(list(there.glob("*/record.json"))) == 4
+
+
+def test_untrained_runs_get_no_depth_utility_heading_without_margins(
+        tmp_path: Path, capsys, monkeypatch):
+    """`creditaudit demo --epochs 0` printed the "(d) depth utility: margin over frozen
+    blocks …" heading with no method under it ((d) is not evaluated on an untrained
+    network); the table's verdicts already say (d) not evaluated."""
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    assert main(["demo", "--epochs", "0", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(d) not evaluated" in out
+    assert "margin over frozen blocks" not in out, out

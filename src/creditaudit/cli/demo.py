@@ -270,10 +270,16 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(start_lines(plans, executor, str(out), plan.dataset.label)),
               flush=True)
 
+    # The progress lines' "elapsed" counts from here, as the RunWatch's lines do: from the
+    # start of training, not of the command (whose total, data preparation included, the
+    # last lines say).
+    training_started = time.perf_counter()
+
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
             print(f"  {outcome['run_id']}: {outcome['status']} ({state.ended}/{state.total}"
-                  f", {duration(time.perf_counter() - started)} elapsed)", flush=True)
+                  f", {duration(time.perf_counter() - training_started)} elapsed)",
+                  flush=True)
 
     watch = None
     if not args.quiet:  # the workers say nothing until a run ends: read their records

@@ -223,6 +223,10 @@ def test_audit_help_documents_every_option(capsys):
     text = capsys.readouterr().out
     for option in ("--frozen", "--format", "--output", "--metrics", "--no-metrics", "RUN"):
         assert option in text
+    # --device said the diagnostics "always run in fp32", while ρ and nudging run on a
+    # float64 copy (the report's metadata.metrics_precision says float64)
+    assert "always run in fp32" not in text
+    assert "ρ and nudging on a float64 copy" in " ".join(text.split())
 
 
 def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, capsys,

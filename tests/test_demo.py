@@ -231,3 +231,41 @@ def test_the_demo_names_the_folder_creditaudit_set_sends_its_records_to(
     audit = next(line for line in out.splitlines() if "creditaudit audit " in line)
     assert str(there) in audit and "asked" not in out
     assert len(list(there.glob("*/record.json"))) == 4
+
+
+def test_untrained_runs_get_no_depth_utility_heading_without_margins(
+        tmp_path: Path, capsys, monkeypatch):
+    """`creditaudit demo --epochs 0` printed the "(d) depth utility: margin over frozen
+    blocks …" heading with no method under it ((d) is not evaluated on an untrained
+    network); the table's verdicts already say (d) not evaluated."""
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    assert main(["demo", "--epochs", "0", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(d) not evaluated" in out
+    assert "margin over frozen blocks" not in out, out
+
+
+def test_progress_lines_count_elapsed_time_from_one_start(tmp_path: Path, capsys,
+                                                          monkeypatch):
+    """A run's "completed (1/4, 0m23s elapsed)" line counted from the command's start
+    (data preparation included) while the epoch lines between them counted from the start
+    of training, so elapsed time went back from one line to the next ("… 0m20s elapsed")."""
+    import time as real_time
+    from types import SimpleNamespace
+
+    import creditaudit.cli.demo as demo
+
+    calls = []
+
+    def perf_counter() -> float:  # the command's start is 100 s earlier: a slow data step
+        calls.append(None)
+        return real_time.perf_counter() - (100.0 if len(calls) == 1 else 0.0)
+
+    monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setenv("CREDITAUDIT_SET", TINY_SYNTHETIC)
+    assert main(["demo", "--epochs", "1", "--n-train", "200", "--workers", "0",
+                 "--out", str(tmp_path)]) == 0
+    ended = [line for line in capsys.readouterr().out.splitlines()
+             if line.endswith(" elapsed)")]
+    assert len(ended) == 4 and not any("1m" in line for line in ended), ended

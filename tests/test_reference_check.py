@@ -412,6 +412,16 @@ def test_rho_below_its_bp_control_is_shown_invalid_with_the_reason():
     assert "[+0.512, +0.300, -0.200]" in metrics_lines(metrics)[2]
 
 
+def test_nudging_rows_read_as_numbers_not_as_a_python_list_of_strings():
+    """The nudging line shows its Δ and BP rows as the other rows do ([+1.00e-03, …]); it
+    printed Python's repr of a list of strings (['+1.00e-03', …]) before."""
+    metrics = {"bp_cosine": [1.0, 1.0], "cosine_controls": {"random": [0.0, 0.0]},
+               "nudging": {"0.1": [0.001, -0.0025]},
+               "nudging_controls": {"bp": {"0.1": [-0.25, -0.125]}}}
+    line = next(line for line in metrics_lines(metrics) if "nudging" in line)
+    assert line == "  nudging η=0.1  Δ [+1.00e-03, -2.50e-03]  BP [-2.50e-01, -1.25e-01]"
+
+
 # --- untouched --------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["states", "modules"])
 def test_the_check_leaves_parameters_buffers_grads_hooks_and_rng_untouched(path):

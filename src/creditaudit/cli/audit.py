@@ -55,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "(default: on)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="device the diagnostics run on (default cpu; auto = cuda if "
-                             "available); they always run in fp32")
+                             "available); the four diagnostics and the cosines run in fp32, "
+                             "ρ and nudging on a float64 copy of the model")
     parser.add_argument("--allow-unverified-reference", action="store_true", default=None,
                         help="audit a model whose backward is not the gradient of its forward "
                              "(refused otherwise, unless the run was trained with "

@@ -113,7 +113,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def depth_utility_lines(records: list[RunRecord]) -> list[str]:
     """Diagnostic (d) of every trained method: its margin over the frozen run; none for a
     run whose protocol was never evaluated after training (a run that diverged in its first
-    epoch: its verdict in the table is "—", and its accuracy is the untrained network's)."""
+    epoch: its verdict in the table is "—", and its accuracy is the untrained network's) or
+    whose (d) was not evaluated (``--epochs 0``: an untrained network). No lines at all,
+    not even the heading, when no run has a margin: the table says (d) not evaluated."""
     from creditaudit.protocol import DepthUtility
     from creditaudit.protocol.records import RecordSet, is_frozen_baseline
 
@@ -122,8 +124,7 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
     if frozen is None or frozen.final_acc is None:
         return []
     d = DepthUtility
-    lines = [f"{d.id_label()} {d.label}: margin over frozen blocks (test acc "
-             f"{frozen.final_acc:.3f}); fires below {d().limit():g} pp"]
+    lines = []
     for record in records:
         verdict = index.verdict(record)
         if is_frozen_baseline(record) or record.protocol.epoch is None \
@@ -131,7 +132,10 @@ def depth_utility_lines(records: list[RunRecord]) -> list[str]:
             continue
         lines.append(f"  {record.method:<12}{verdict.margin_pp:+7.1f} pp  "
                      f"{verdict.statuses[d.name]}")
-    return lines
+    if not lines:
+        return []
+    return [f"{d.id_label()} {d.label}: margin over frozen blocks (test acc "
+            f"{frozen.final_acc:.3f}); fires below {d().limit():g} pp", *lines]
 
 
 def check_sample_counts(args: argparse.Namespace, data: DataConfig,
@@ -266,10 +270,16 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(start_lines(plans, executor, str(out), plan.dataset.label)),
               flush=True)
 
+    # The progress lines' "elapsed" counts from here, as the RunWatch's lines do: from the
+    # start of training, not of the command (whose total, data preparation included, the
+    # last lines say).
+    training_started = time.perf_counter()
+
     def progress(state, outcome) -> None:  # noqa: ANN001 - sweep callback
         if outcome is not None:
             print(f"  {outcome['run_id']}: {outcome['status']} ({state.ended}/{state.total}"
-                  f", {duration(time.perf_counter() - started)} elapsed)", flush=True)
+                  f", {duration(time.perf_counter() - training_started)} elapsed)",
+                  flush=True)
 
     watch = None
     if not args.quiet:  # the workers say nothing until a run ends: read their records

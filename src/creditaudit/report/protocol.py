@@ -311,8 +311,8 @@ def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = Non
     def mark(text: str) -> str:
         return judged.mark(text) if judged is not None else text
 
-    def row(values: Sequence[float] | None) -> str:
-        return "[" + ", ".join(fmt(v, "+.3f") for v in values or []) + "]"
+    def row(values: Sequence[float] | None, spec: str = "+.3f") -> str:
+        return "[" + ", ".join(fmt(v, spec) for v in values or []) + "]"
 
     lines = ep_convergence_lines(metrics)
     if "bp_cosine" not in metrics:  # only a rule's own fields (audit --no-metrics)
@@ -341,8 +341,7 @@ def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = Non
                 "nothing about the credit there")
     for eta, deltas in metrics.get("nudging", {}).items():
         bp = metrics.get("nudging_controls", {}).get("bp", {}).get(eta)
-        lines.append(f"  nudging η={eta}  Δ {[fmt(v, '+.2e') for v in deltas]}  BP "
-                     f"{[fmt(v, '+.2e') for v in bp or []]}")
+        lines.append(f"  nudging η={eta}  Δ {row(deltas, '+.2e')}  BP {row(bp, '+.2e')}")
     null = metrics.get("fresh_b_null")
     if null:  # a key a record lacks (or an undefined value) is shown as —
         lines.append(f"  fresh-B null    deep cos {mark(fmt(null.get('training_value'), '+.4f'))}"

@@ -293,3 +293,12 @@ def test_the_sweep_table_marks_every_number_that_reads_an_unverified_reference(
     for row in rows:
         assert row[:g_at].endswith(UNVERIFIED_MARK), row
         assert row.count(UNVERIFIED_MARK) == 2  # ‖g_L‖ and deep cos; ‖h_L‖ reads no gradient
+
+
+def test_one_run_record_is_counted_in_the_singular():
+    # the report, figures and report commands said "1 run records"
+    from creditaudit.formatting import counted
+
+    assert counted(1, "run record") == "1 run record"
+    assert counted(0, "run record") == "0 run records"
+    assert counted(2, "finished run record") == "2 finished run records"

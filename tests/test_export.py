@@ -527,7 +527,7 @@ def test_a_run_of_a_rule_the_layout_has_no_file_of_is_listed_with_why(copies, tm
     assert listed["run_id"] == ep.run_id
     assert listed["reason"].startswith("rule ep, which has no file in the layout (it holds "
                                        "bp, dfa, fa, state-bridge, credit-bridge): ")
-    assert printed.startswith("read 1 finished run records (0 of them of the layout's kind)")
+    assert printed.startswith("read 1 finished run record (0 of them of the layout's kind)")
 
 
 def test_the_advice_for_data_no_installed_dataset_loads_names_no_command(copies, tmp_path):

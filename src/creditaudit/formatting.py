@@ -78,6 +78,11 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def counted(n: int, noun: str) -> str:
+    """``1, "run record"`` → ``1 run record``, ``2, "run record"`` → ``2 run records``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_lambda(value: float) -> str:
     """``1e-2`` style for penalties (``0`` for none, ``2.5e-3`` keeps its mantissa)."""
     if value == 0:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from creditaudit.cli.common import folder
+from creditaudit.formatting import counted
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                               frozen_from_runs=args.frozen_from_runs)
     out = Path(args.out) if args.out else Path(args.results) / "figures"
     ensure_folder(out)  # a file in the way is one line before any figure is drawn
-    print(f"{len(index)} run records in {args.results} ({len(index.runs)} completed or "
+    print(f"{counted(len(index), 'run record')} in {args.results} ({len(index.runs)} completed or "
           "diverged)")
     rendered, missing = render_all(index, out)
     for figure in rendered:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from creditaudit.cli.common import folder
 from creditaudit.cli.figures import add_index_options
+from creditaudit.formatting import counted
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     # The report embeds the figures drawn here; report and figures know nothing of each other.
     rendered, missing = render_all(index, out / FIGURES_DIR)
     files = write_report(index, out, rendered=rendered, missing=missing)
-    print(f"{len(index)} run records; {len(files.rendered)} figure(s) drawn, "
+    print(f"{counted(len(index), 'run record')}; {len(files.rendered)} figure(s) drawn, "
           f"{len(files.missing)} missing")
     for module, err in files.missing:
         print(f"missing {module.TITLE}: needs " + "; ".join(err.needs))

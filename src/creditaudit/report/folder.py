@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.files.safe_files import atomic_write_files
-from creditaudit.formatting import markdown_text
+from creditaudit.formatting import counted, markdown_text
 from creditaudit.protocol import (
     FIRED,
     INCOMPLETE,
@@ -124,7 +124,8 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
         status = status_count_text(run, index.folder(run))
         statuses[status] = statuses.get(status, 0) + 1
     status_text = ", ".join(f"{n} {markdown_text(s)}" for s, n in sorted(statuses.items()))
-    lines.append(f"{len(runs)} run records{where}" + (f" ({status_text})." if runs else "."))
+    lines.append(f"{counted(len(runs), 'run record')}{where}"
+                 + (f" ({status_text})." if runs else "."))
     lines.append("")
     lines += code_notes(runs)
     lines += declared_failure_notes(runs)

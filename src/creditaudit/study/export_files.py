@@ -15,6 +15,7 @@ from typing import Any
 
 from creditaudit.errors import OutputError
 from creditaudit.files.safe_files import atomic_write_bytes, describe_os_error
+from creditaudit.formatting import counted
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.results import stopped_early_text
@@ -48,7 +49,7 @@ class ExportResult:
     def format(self) -> str:
         used = ("" if self.records_found == self.records_read
                 else f" ({self.records_read} of them of the layout's kind)")
-        lines = [f"read {self.records_found} finished run records{used}; wrote "
+        lines = [f"read {counted(self.records_found, 'finished run record')}{used}; wrote "
                  f"{len(self.written)} file(s) under {self.out}"]
         for entry in self.written:
             extra = (f" (partial: missing {', '.join(entry['missing'])})"

@@ -407,3 +407,24 @@ def test_run_metrics_that_no_record_holds_or_that_move_the_weights_are_caught():
         run_metrics_are_recordable(ReadoutZeroingDFA)
     run_metrics_are_recordable(DFA)
     run_metrics_are_recordable(EP)
+
+
+class ReseedingDFA(DFA):
+    """DFA that reseeds torch's global RNG as it binds (a 'reproducible' plugin)."""
+
+    name = "reseeding-dfa"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        torch.manual_seed(0)
+
+
+def test_a_rule_that_reseeds_the_global_rng_as_it_binds_is_caught():
+    # the door watched the global RNGs during a step, not while the rule was built: a
+    # torch.manual_seed(0) in __init__ gave every run seed one dropout stream
+    from creditaudit.testing.rule_lifecycle import binding_leaves_global_rngs_untouched
+
+    with pytest.raises(AssertionError, match=r"binding the rule \(its __init__\) moved or "
+                                             r"reseeded torch's global RNG"):
+        binding_leaves_global_rngs_untouched(ReseedingDFA)
+    binding_leaves_global_rngs_untouched(DFA)

@@ -1,7 +1,7 @@
 """The rule conformance suite's checks of a rule's life around its steps, one function each
 like :mod:`creditaudit.testing.rule_properties`: its state saved and restored mid-run, moved to
-a device, stepped under bf16 autocast, its feedback swapped for a fresh draw, and its
-end-of-run metrics.
+a device, stepped under bf16 autocast, its feedback swapped for a fresh draw, its end-of-run
+metrics, and its binding to a model.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from torch import Tensor
 
 from creditaudit.guests.returned import metrics_problem
 from creditaudit.methods.base import CreditRule
-from creditaudit.testing.common import flat_state, same, tiny_batch
+from creditaudit.testing.common import (
+    flat_state,
+    moved_rngs,
+    same,
+    tiny_batch,
+    watched_global_rngs,
+)
 from creditaudit.testing.rule_binding import make_rule
 from creditaudit.testing.rule_properties import (
     copied_buffers,
@@ -159,3 +165,17 @@ def run_metrics_are_recordable(cls: type[CreditRule], arch: str = "resmlp") -> N
     after = flat_state(rule.state_dict())
     changed = [k for k in state if not same(state[k], after.get(k))]
     assert not changed, f"run_metrics() changed the rule's state: {', '.join(changed[:3])}"
+
+
+def binding_leaves_global_rngs_untouched(cls: type[CreditRule], arch: str = "resmlp") -> None:
+    """Binding the rule to a model (its ``__init__``) neither draws from nor reseeds torch's,
+    numpy's or Python's global RNG: a run builds the rule after seeding them, and a reseed
+    there gives every seed of a study one dropout stream (a draw, feedback that
+    ``method.feedback_seed`` does not set)."""
+    with watched_global_rngs() as rngs:
+        make_rule(cls, arch=arch)
+        moved = moved_rngs(rngs)
+    assert not moved, (
+        f"binding the rule (its __init__) moved or reseeded {' and '.join(moved)} global "
+        "RNG: a run seeds them before it builds the rule, and a reseed there gives every run "
+        "seed one dropout stream — draw from the generator the rule is given")

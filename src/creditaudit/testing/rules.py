@@ -180,6 +180,7 @@ from creditaudit.testing.rule_credits import (
 )
 from creditaudit.testing.rule_lifecycle import (
     bf16_step_is_finite,
+    binding_leaves_global_rngs_untouched,
     fresh_feedback_is_swappable,
     moves_to_a_device,
     run_metrics_are_recordable,
@@ -215,7 +216,8 @@ CHECKS: tuple[Callable[..., None], ...] = (
     stacked_step_is_the_rule_step, local_update_follows_its_options, credits_are_per_sample,
     credits_are_seeded, learned_feedback_is_trained, credits_ignore_batch_position,
     training_ignores_batch_order, symmetric_credits_follow_the_gradient,
-    readout_trains_on_its_cross_entropy, run_metrics_are_recordable)
+    readout_trains_on_its_cross_entropy, run_metrics_are_recordable,
+    binding_leaves_global_rngs_untouched)
 
 
 def _has_split_block(arch: str) -> bool:

@@ -525,6 +525,23 @@ def test_stop_on_walkback_ends_after_first_firing_epoch(tmp_path):
     assert record["protocol"]["first_fired"]["d"] == 1
 
 
+def test_a_walk_back_at_the_last_epoch_is_no_early_stop(tmp_path):
+    """A run that trained every epoch of its recipe did not stop early, walk-back or not: it
+    was recorded as stopped early at its last epoch, left out of the end-of-run means and,
+    a frozen-blocks run, out of (d)'s baselines ("no frozen baseline of (d): stopped
+    early")."""
+    from creditaudit.protocol.records import baseline_runs, not_a_baseline
+    from creditaudit.run.trainer import train
+
+    done = train(tiny_config(tmp_path, **{
+        "optim.epochs": 1, "method.name": "frozen", "diagnostics.frozen_acc": 1.0,
+        "diagnostics.stop_on_walkback": True})).record
+    assert done.status == "completed" and [e.epoch for e in done.log] == [0, 1]
+    assert done.log[-1].verdict == "needs walk-back"
+    assert done.stopped_early is None and not_a_baseline(done) is None
+    assert baseline_runs(done, [done]) == [done]
+
+
 def test_training_is_bit_identical_with_and_without_diagnostics(tmp_path):
     from creditaudit.run.trainer import train
 

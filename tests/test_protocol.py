@@ -62,6 +62,30 @@ def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
     return StateGradients(states=states, grads=grads, logits=logits, losses=torch.zeros(n))
 
 
+def test_a_report_records_the_thresholds_its_protocol_judged_by():
+    """Given a protocol only, the report records its thresholds, not the defaults: (b) at a
+    floor of 1 fires on ‖g_L‖ = 1e-3 and the per-layer table flags the same norms
+    (:func:`render` reads ``report.thresholds``); given both and apart: one line."""
+    from creditaudit.protocol import Protocol, Thresholds
+
+    protocol = Protocol.default(Thresholds(grad_floor=1.0, growth=20.0))
+    report = evaluate_protocol(make_sg(n=16), headline_acc=None, frozen_acc=None,
+                               protocol=protocol, credits=make_sg(n=16).grads)
+    assert report.diagnostic("b").status == "fired"
+    assert report.thresholds == protocol.thresholds()
+    assert report.metadata["thresholds"]["grad_floor"] == 1.0
+    assert all(not row["valid_reference"] for row in report.layer_cosines)
+    same = evaluate_protocol(make_sg(n=16), headline_acc=None, frozen_acc=None,
+                             protocol=protocol, thresholds=Thresholds(grad_floor=1.0,
+                                                                      growth=20.0))
+    assert same.thresholds == report.thresholds
+    with pytest.raises(ConfigError, match=r"^thresholds= and protocol= disagree: growth=50.0 "
+                                          r"\(its \(a\) holds 20.0\), grad_floor=1e-07 \(its "
+                                          r"\(b\) holds 1.0\); give"):
+        evaluate_protocol(make_sg(n=16), headline_acc=None, frozen_acc=None,
+                          protocol=protocol, thresholds=Thresholds())
+
+
 # --- the statistics by hand ---------------------------------------------------------------
 def test_growth_and_norms_match_hand_computation():
     # Sample i at layer l is s_l · k_i · [1, 2, 2, 0]: per-sample norm 3·s_l·k_i.

@@ -112,3 +112,18 @@ def test_a_status_its_threshold_contradicts_is_not_evaluated():
         assert result.reason == (f"its statistic {5 if said == 'passed' else 0.5} {does} at "
                                  f"its threshold > 1 (it said {said!r}: all good)")
         assert result.details == {"claimed": said}
+
+
+class _Judges(_Contradicts):
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        return self.judge(5.0, "judged")
+
+
+def test_a_non_finite_threshold_judges_nothing():
+    """A plugin's own ``Options`` are not checked in Python as a config's table is: at a
+    NaN threshold ``fires`` is never true, at ``> inf`` neither — every statistic passed."""
+    for limit in (float("nan"), float("inf")):
+        result = Protocol((_Judges(_LimitOptions(limit)),)).evaluate(_evidence())[0]
+        assert result.status == NOT_EVALUATED and result.value is None, result
+        assert result.reason == (f"its threshold limit={limit} is not a finite number "
+                                 "(options _LimitOptions) (it said 'passed': judged)")

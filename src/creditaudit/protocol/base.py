@@ -234,7 +234,8 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
         not a :class:`DiagnosticResult` of this diagnostic, or a status its statistic cannot
         carry (:func:`~creditaudit.protocol.checks.unfounded`) or its threshold contradicts
         (fired or passed where :meth:`fires` says otherwise: a "pass" of 5 at "> 1", which
-        threshold sensitivity and :meth:`status_of` read as fired). Then it is *not
+        threshold sensitivity and :meth:`status_of` read as fired; or at a NaN/infinite
+        threshold, which a plugin's own ``Options`` may hold in Python). Then it is *not
         evaluated*, the reason naming what was wrong and what it claimed: never a silent
         pass."""
         if not isinstance(result, DiagnosticResult):
@@ -247,6 +248,11 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
                                f"({self.name})")
         why = unfounded(result.status, result.value)
         if why is None and result.status != NOT_EVALUATED \
+                and not math.isfinite(self.limit()):
+            # fires() is then never (NaN, or "> inf") or always true: no test of the run
+            why = (f"its threshold {self.threshold}={self.limit()} is not a finite number "
+                   f"(options {type(self.options).__name__})")
+        elif why is None and result.status != NOT_EVALUATED \
                 and self.fires(result.value) != (result.status == FIRED):
             # verdicts read the status, threshold sensitivity the value: they must agree
             does = "fires" if self.fires(result.value) else "does not fire"

@@ -203,6 +203,16 @@ class Protocol:
 
     diagnostics: tuple[ProtocolDiagnostic[Any], ...]
 
+    def __post_init__(self) -> None:
+        """A one-line ConfigError for a protocol of no diagnostic (``Protocol.of([])``):
+        its verdict would be *trustworthy* with nothing evaluated, as a config's
+        ``diagnostics.protocol = []`` is refused for."""
+        if not self.diagnostics:
+            example = ", ".join(f'"{name}"' for name in default_names()[:2])
+            raise ConfigError(f"a protocol of no diagnostic judges nothing (its verdict would "
+                              f"be trustworthy): name at least one, e.g. Protocol.of([{example}"
+                              "]), or take Protocol.default()")
+
     @classmethod
     def default(cls, thresholds: Thresholds | None = None) -> Protocol:
         """The four built-ins with ``thresholds`` (default: the calibrated ones)."""

@@ -293,12 +293,12 @@ class Recorder:
                            train_acc=numbers["train_acc"], extras=kept,
                            measures=measures)
         settings, optim = self.config.diagnostics, self.config.optim
-        # kept until the next epoch: a run that ends here is judged on it by finish()
-        self._unjudged = None if protocol_due(
-            epoch, settings.protocol_every,
-            optim.epochs if self._epochs_given else None) else sg
-        if self._unjudged is None:
+        due = protocol_due(epoch, settings.protocol_every,
+                           optim.epochs if self._epochs_given else None)
+        if due:
             self._judge(entry, sg)
+        # kept until the next epoch: a run that ends here is judged on it by finish()
+        self._unjudged = None if due or settings.protocol_every == 0 else sg
         now = time.perf_counter()
         self._say.epoch_ends(epoch, now - measuring, entry.verdict)
         entry.seconds, self._since = now - self._since, now
@@ -325,7 +325,7 @@ class Recorder:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
         self._check_unchanged()
-        if self._unjudged is not None and self.config.diagnostics.protocol_every > 0:
+        if self._unjudged is not None:
             # its last epoch, judged as `creditaudit train` judges the last: the verdict is
             # of the epoch whose accuracy is the run's final one
             self._judge(self.record.log[-1], self._unjudged)

@@ -14,7 +14,7 @@ from torch import nn
 from creditaudit import Recorder, adapt, diagnose, rule
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.models import PlainMLP, ResidualMLP
-from creditaudit.protocol import Thresholds
+from creditaudit.protocol import Protocol, Thresholds
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -155,6 +155,10 @@ DIAGNOSE = [
     ("a fractional batch count", lambda: Thresholds(stability_batches=8.5),
      "Thresholds.stability_batches must be an integer, got 8.5"),
     # out of its range a threshold keeps its diagnostic from ever firing (or always fires)
+    # given both, the protocol judges by its own: the report would record the others
+    ("thresholds the protocol contradicts", lambda: diagnose(
+        adapted(), X, Y, thresholds=Thresholds(growth=100.0), protocol=Protocol.default()),
+     "thresholds= and protocol= disagree: growth=100.0 (its (a) holds 50.0)"),
     ("a stability above 1", lambda: diagnose(adapted(), X, Y,
                                              thresholds=Thresholds(stability=1.5)),
      "Thresholds.stability=1.5 is out of range: it must be in [-1, 1)"),

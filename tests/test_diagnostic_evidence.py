@@ -7,10 +7,20 @@ make its result "not evaluated", saying why, not a run that cannot write its rec
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import torch
 
-from creditaudit.protocol import NOT_EVALUATED, DiagnosticResult, Evidence, Protocol
+from creditaudit.config import opt
+from creditaudit.protocol import (
+    FIRED,
+    NOT_EVALUATED,
+    PASSED,
+    DiagnosticResult,
+    Evidence,
+    Protocol,
+    ProtocolDiagnostic,
+)
 from door_support import guests
 
 EATER = "late_evidence_eater"
@@ -60,10 +70,60 @@ def test_details_naming_one_key_twice_in_json_are_not_evaluated():
 
     diagnostic = Protocol.of(["a"]).diagnostics[0]
     result = diagnostic.checked(DiagnosticResult(
-        diagnostic.name, "Scale", 2.0, 1.0, "fired", "grown", {"per_state": {1: 0.5, "1": 0.7}}))
+        diagnostic.name, "Scale", 60.0, 50.0, "fired", "grown", {"per_state": {1: 0.5, "1": 0.7}}))
     assert result.status == NOT_EVALUATED and result.value is None
     assert result.reason.startswith("its details are not plain JSON (the keys 1 and '1' of one "
                                     "object are both written '1')"), result.reason
     text = json.dumps(result.to_dict())
     assert json.loads(text, object_pairs_hook=strict_json.unique_keys)["details"] == {
         "claimed": "fired"}
+
+
+@dataclass
+class _LimitOptions:
+    limit: float = opt(1.0, "fires when the statistic exceeds this")
+
+
+class _Contradicts(ProtocolDiagnostic[_LimitOptions]):
+    """Says the opposite of what its statistic and threshold say (a pass of 5 at "> 1")."""
+
+    name, label, statistic, hint = "contradicts", "contradicts", "five", "never fires"
+    operator, threshold = ">", "limit"
+    status = PASSED
+
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        return self.result(5.0 if self.status == PASSED else 0.5, self.status, "all good")
+
+
+class _FiresBelow(_Contradicts):
+    status = FIRED
+
+
+def test_a_status_its_threshold_contradicts_is_not_evaluated():
+    """Verdicts read a result's status, threshold sensitivity and re-judging read its value
+    (``status_of``): a diagnostic whose "passed" its own threshold calls fired would be a
+    silently recorded pass that every other reading contradicts."""
+    evidence = _evidence()
+    for cls, said, does in ((_Contradicts, "passed", "fires"),
+                            (_FiresBelow, "fired", "does not fire")):
+        diagnostic = cls(_LimitOptions())
+        result = Protocol((diagnostic,)).evaluate(evidence)[0]
+        assert result.status == NOT_EVALUATED and result.value is None, result
+        assert result.reason == (f"its statistic {5 if said == 'passed' else 0.5} {does} at "
+                                 f"its threshold > 1 (it said {said!r}: all good)")
+        assert result.details == {"claimed": said}
+
+
+class _Judges(_Contradicts):
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        return self.judge(5.0, "judged")
+
+
+def test_a_non_finite_threshold_judges_nothing():
+    """A plugin's own ``Options`` are not checked in Python as a config's table is: at a
+    NaN threshold ``fires`` is never true, at ``> inf`` neither — every statistic passed."""
+    for limit in (float("nan"), float("inf")):
+        result = Protocol((_Judges(_LimitOptions(limit)),)).evaluate(_evidence())[0]
+        assert result.status == NOT_EVALUATED and result.value is None, result
+        assert result.reason == (f"its threshold limit={limit} is not a finite number "
+                                 "(options _LimitOptions) (it said 'passed': judged)")

@@ -62,6 +62,30 @@ def make_sg(*, n: int = 1024, d: int = 32, h_norms=(5.0, 5.0, 5.0, 5.0, 5.0),
     return StateGradients(states=states, grads=grads, logits=logits, losses=torch.zeros(n))
 
 
+def test_a_report_records_the_thresholds_its_protocol_judged_by():
+    """Given a protocol only, the report records its thresholds, not the defaults: (b) at a
+    floor of 1 fires on ‖g_L‖ = 1e-3 and the per-layer table flags the same norms
+    (:func:`render` reads ``report.thresholds``); given both and apart: one line."""
+    from creditaudit.protocol import Protocol, Thresholds
+
+    protocol = Protocol.default(Thresholds(grad_floor=1.0, growth=20.0))
+    report = evaluate_protocol(make_sg(n=16), headline_acc=None, frozen_acc=None,
+                               protocol=protocol, credits=make_sg(n=16).grads)
+    assert report.diagnostic("b").status == "fired"
+    assert report.thresholds == protocol.thresholds()
+    assert report.metadata["thresholds"]["grad_floor"] == 1.0
+    assert all(not row["valid_reference"] for row in report.layer_cosines)
+    same = evaluate_protocol(make_sg(n=16), headline_acc=None, frozen_acc=None,
+                             protocol=protocol, thresholds=Thresholds(grad_floor=1.0,
+                                                                      growth=20.0))
+    assert same.thresholds == report.thresholds
+    with pytest.raises(ConfigError, match=r"^thresholds= and protocol= disagree: growth=50.0 "
+                                          r"\(its \(a\) holds 20.0\), grad_floor=1e-07 \(its "
+                                          r"\(b\) holds 1.0\); give"):
+        evaluate_protocol(make_sg(n=16), headline_acc=None, frozen_acc=None,
+                          protocol=protocol, thresholds=Thresholds())
+
+
 # --- the statistics by hand ---------------------------------------------------------------
 def test_growth_and_norms_match_hand_computation():
     # Sample i at layer l is s_l · k_i · [1, 2, 2, 0]: per-sample norm 3·s_l·k_i.
@@ -523,6 +547,23 @@ def test_stop_on_walkback_ends_after_first_firing_epoch(tmp_path):
     assert record["stopped_early"]["epoch"] == 1
     assert "(d)" in record["stopped_early"]["reason"]
     assert record["protocol"]["first_fired"]["d"] == 1
+
+
+def test_a_walk_back_at_the_last_epoch_is_no_early_stop(tmp_path):
+    """A run that trained every epoch of its recipe did not stop early, walk-back or not: it
+    was recorded as stopped early at its last epoch, left out of the end-of-run means and,
+    a frozen-blocks run, out of (d)'s baselines ("no frozen baseline of (d): stopped
+    early")."""
+    from creditaudit.protocol.records import baseline_runs, not_a_baseline
+    from creditaudit.run.trainer import train
+
+    done = train(tiny_config(tmp_path, **{
+        "optim.epochs": 1, "method.name": "frozen", "diagnostics.frozen_acc": 1.0,
+        "diagnostics.stop_on_walkback": True})).record
+    assert done.status == "completed" and [e.epoch for e in done.log] == [0, 1]
+    assert done.log[-1].verdict == "needs walk-back"
+    assert done.stopped_early is None and not_a_baseline(done) is None
+    assert baseline_runs(done, [done]) == [done]
 
 
 def test_training_is_bit_identical_with_and_without_diagnostics(tmp_path):

@@ -117,3 +117,15 @@ def test_the_cli_trains_a_subset_and_refuses_an_empty_one(tmp_path, capsys):
     code = main(["train", *TINY, "--out", out, "--set", "diagnostics.protocol=[]"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == f"creditaudit: error: {EMPTY}"
+
+
+def test_an_empty_protocol_is_refused_in_python():
+    """``Protocol.of([])`` judged nothing and called the run trustworthy (``diagnose(…,
+    protocol=Protocol.of([]))`` said so of any model), where the config's ``protocol = []``
+    is refused."""
+    for make in (lambda: Protocol.of([]), lambda: Protocol(())):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert str(err.value) == (
+            'a protocol of no diagnostic judges nothing (its verdict would be trustworthy): '
+            'name at least one, e.g. Protocol.of(["a", "b"]), or take Protocol.default()')

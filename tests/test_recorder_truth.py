@@ -242,3 +242,23 @@ def test_a_frozen_run_stopped_early_is_no_baseline_and_reports_say_it_stopped(tm
     # the whole frozen run of that recipe is its baseline
     recorded(tmp_path, "frozen-full", "frozen", 3)
     assert RunIndex.from_dir(tmp_path).records.frozen_baseline(full) == (pytest.approx(0.3), 1)
+
+
+def test_a_loop_ending_off_the_protocol_beat_is_judged_at_its_last_epoch(tmp_path):
+    """``protocol_every=3`` and no ``optim.epochs``: the loop's 4th epoch, its last, was
+    never judged, and the record's verdict — (d) passed on epoch 3's accuracy 0.30 against
+    the frozen 0.10 — stood beside the run's final accuracy 0.05 (−5 pp): "no walk-back"."""
+    x, y = random_set()
+    bound_rule = bound(x)
+    optimizer = torch.optim.SGD(bound_rule.trainable_parameters(), lr=1e-3)
+    config = {"diagnostics.protocol_every": 3, "diagnostics.frozen_acc": 0.1, **OFF}
+    with Recorder(bound_rule, x, y, out=tmp_path, name="off-beat", config=config) as rec:
+        rec.epoch(0, test_acc=0.1)
+        for epoch, acc in enumerate((0.3, 0.3, 0.3, 0.05), start=1):
+            bound_rule.train_step(x, y, optimizer)
+            rec.epoch(epoch, test_acc=acc)
+        assert rec.record.log[-1].verdict is None  # not the protocol's epoch: none yet
+    record = load_record(tmp_path / "off-beat")
+    assert [e.epoch for e in record.log if e.verdict is not None] == [3, 4]
+    assert record.protocol.epoch == 4 and record.final_acc == 0.05
+    assert record.log[-1].protocol["d"] == "fired" and record.protocol.fired == ["d"]

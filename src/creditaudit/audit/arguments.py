@@ -33,8 +33,9 @@ METRIC_OPTIONS = ("rho_samples", "rho_directions", "eps", "null_draws", "null_se
 class Arguments:
     """What ``diagnose`` runs with once its arguments are checked: the ``states_fn`` and
     ``forward_from`` (the model's own methods unless given; ``forward_from`` None where the
-    model has none and no metrics were asked for), the ``thresholds`` (the protocol's, else
-    the defaults), the ``initial`` hidden norms as floats, and the ``metric_options``."""
+    model has none and no metrics were asked for), the ``thresholds`` (the protocol's —
+    refused where ``thresholds=`` sets one apart —, else those given, else the defaults),
+    the ``initial`` hidden norms as floats, and the ``metric_options``."""
 
     states_fn: StatesFn
     forward_from: ForwardFrom | None
@@ -68,8 +69,10 @@ def checked_arguments(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
         raise ConfigError(f"thresholds= must be a creditaudit.protocol.Thresholds (e.g. "
                           f"Thresholds(growth=100.0)) or None for the defaults, got "
                           f"{type(thresholds).__name__} {thresholds!r:.40}")
-    if thresholds is None:
-        thresholds = protocol.thresholds() if protocol is not None else Thresholds()
+    if protocol is not None:
+        thresholds = protocol.agreeing(thresholds)
+    elif thresholds is None:
+        thresholds = Thresholds()
     if states_fn is None:
         if not hasattr(model, "forward_states"):
             raise ModelContractError(

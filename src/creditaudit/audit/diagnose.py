@@ -84,8 +84,9 @@ def diagnose(model: nn.Module, eval_x: Tensor, eval_y: Tensor, *,
     fractions for (d); ``thresholds`` default to :class:`Thresholds` (). ``protocol``: the
     diagnostics to run and their options (e.g. ``Protocol.from_config(config.diagnostics)``,
     which adds the diagnostics a config lists; default: the built-in four with
-    ``thresholds``). ``initial_hidden_norms``: the ``hidden_norms`` of a report on the same
-    network at initialisation, on the same evaluation set; with them (a) also judges the
+    ``thresholds``; given both, a threshold they set apart is refused in one line).
+    ``initial_hidden_norms``: the ``hidden_norms`` of a report on the same network at
+    initialisation, on the same evaluation set; with them (a) also judges the
     segment before h_0 (embedding, stem), which no ratio of two states sees. ``trained``:
     False for a network before any training step, on which (d) is not evaluated (it would
     compare an untrained network with a trained baseline).

@@ -232,9 +232,12 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
     def checked(self, result: Any) -> DiagnosticResult:
         """``result`` as :meth:`evaluate` gave it — unless it claims what it cannot show:
         not a :class:`DiagnosticResult` of this diagnostic, or a status its statistic cannot
-        carry (:func:`~creditaudit.protocol.checks.unfounded`; an infinite statistic fires
-        only where the threshold says so). Then it is *not evaluated*, the reason naming
-        what was wrong and what it claimed: never a silent pass."""
+        carry (:func:`~creditaudit.protocol.checks.unfounded`) or its threshold contradicts
+        (fired or passed where :meth:`fires` says otherwise: a "pass" of 5 at "> 1", which
+        threshold sensitivity and :meth:`status_of` read as fired; or at a NaN/infinite
+        threshold, which a plugin's own ``Options`` may hold in Python). Then it is *not
+        evaluated*, the reason naming what was wrong and what it claimed: never a silent
+        pass."""
         if not isinstance(result, DiagnosticResult):
             return self.result(None, NOT_EVALUATED,
                                f"evaluate() returned {type(result).__name__}, not a "
@@ -244,9 +247,17 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
                                f"evaluate() returned the result of ({result.id}), not "
                                f"({self.name})")
         why = unfounded(result.status, result.value)
-        if why is None and result.status == FIRED and math.isinf(result.value) \
-                and not self.fires(result.value):
-            why = f"its statistic is {result.value}, which does not fire"
+        if why is None and result.status != NOT_EVALUATED \
+                and not math.isfinite(self.limit()):
+            # fires() is then never (NaN, or "> inf") or always true: no test of the run
+            why = (f"its threshold {self.threshold}={self.limit()} is not a finite number "
+                   f"(options {type(self.options).__name__})")
+        elif why is None and result.status != NOT_EVALUATED \
+                and self.fires(result.value) != (result.status == FIRED):
+            # verdicts read the status, threshold sensitivity the value: they must agree
+            does = "fires" if self.fires(result.value) else "does not fire"
+            why = (f"its statistic {result.value:g} {does} at its threshold "
+                   f"{self.operator} {self.limit():g}")
         details = result.details
         unplain = _unplain(details)  # a record holds it: numpy and tensors cannot be written
         if why is None and unplain is None:

@@ -31,7 +31,6 @@ from creditaudit.protocol.verdicts import Judgement, Protocol, judge, statuses_o
 from creditaudit.scalar_values import recordable_number
 
 CreditFn = Callable[[Tensor, Tensor], list[Tensor]]
-DEFAULT_THRESHOLDS = Thresholds()  # frozen: one shared default instance is safe
 
 
 @dataclass
@@ -173,7 +172,7 @@ def check_fraction(name: str, value: float | None) -> float | None:
 
 
 def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
-                      frozen_acc: float | None, thresholds: Thresholds = DEFAULT_THRESHOLDS,
+                      frozen_acc: float | None, thresholds: Thresholds | None = None,
                       terminal_ln: bool | None = None, credits: Sequence[Tensor] | None = None,
                       metrics: dict[str, Any] | None = None,
                       metadata: dict[str, Any] | None = None,
@@ -191,9 +190,11 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     ``terminal_ln``: whether the model ends in a LayerNorm (None = unknown, used only to
     name (b)'s cause); ``credits``: optional ``(N, d)`` credit summaries per layer for the
     per-layer cosine table and Γ; ``protocol``: the diagnostics and their thresholds
-    (default: the four built-ins with ``thresholds``); ``reference``: how the reference
-    gradient of ``sg`` was checked (a check's ``to_dict()``; kept as
-    ``metadata["reference_check"]`` and judged with the diagnostics — None: not stated);
+    (default: the four built-ins with ``thresholds``, default the calibrated ones; given
+    both, they must agree — a one-line ConfigError names a threshold they set apart);
+    ``reference``: how the reference gradient of ``sg`` was checked (a check's
+    ``to_dict()``; kept as ``metadata["reference_check"]`` and judged with the diagnostics
+    — None: not stated);
     ``initial_hidden_norms``: the median ‖h_l‖ of the same network at initialisation on the
     same set, which lets (a) judge the segment before h_0; ``trained``: False for a network
     before any training step (a run's epoch 0), on which (d) — every diagnostic whose
@@ -201,7 +202,9 @@ def evaluate_protocol(sg: StateGradients, *, headline_acc: float | None,
     """
     headline_acc = check_fraction("headline_acc", headline_acc)
     frozen_acc = check_fraction("frozen_acc", frozen_acc)
-    protocol = protocol or Protocol.default(thresholds)
+    if protocol is None:
+        protocol = Protocol.default(thresholds)
+    thresholds = protocol.agreeing(thresholds)  # what it judges by is what the report says
     if measures is None:
         hidden, grads = median_norms(sg.states), median_norms(sg.grads)
         zero_fraction, nonzero_median = zero_gradient_stats(sg.grads[-1])

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from creditaudit.errors import ConfigError
 from creditaudit.guests.blame import blame
 from creditaudit.guests.settings import settings_kept
 from creditaudit.protocol.checks import (
@@ -202,6 +203,16 @@ class Protocol:
 
     diagnostics: tuple[ProtocolDiagnostic[Any], ...]
 
+    def __post_init__(self) -> None:
+        """A one-line ConfigError for a protocol of no diagnostic (``Protocol.of([])``):
+        its verdict would be *trustworthy* with nothing evaluated, as a config's
+        ``diagnostics.protocol = []`` is refused for."""
+        if not self.diagnostics:
+            example = ", ".join(f'"{name}"' for name in default_names()[:2])
+            raise ConfigError(f"a protocol of no diagnostic judges nothing (its verdict would "
+                              f"be trustworthy): name at least one, e.g. Protocol.of([{example}"
+                              "]), or take Protocol.default()")
+
     @classmethod
     def default(cls, thresholds: Thresholds | None = None) -> Protocol:
         """The four built-ins with ``thresholds`` (default: the calibrated ones)."""
@@ -237,6 +248,28 @@ class Protocol:
                 if name in Thresholds.__dataclass_fields__:
                     values[name] = getattr(d.options, name)
         return Thresholds.as_recorded(values)  # its options were checked when built
+
+    def agreeing(self, thresholds: Thresholds | None) -> Thresholds:
+        """The thresholds this protocol judges by (:meth:`thresholds`), with ``thresholds``'
+        fields that none of its diagnostics holds (the floor of a cosine table whose
+        protocol has no (b)): what a report of it records. ConfigError (one line) when
+        ``thresholds`` sets a field one of its diagnostics holds otherwise — given both, the
+        protocol judges by its own, and the report would record the other."""
+        if thresholds is None:
+            return self.thresholds()
+        held, clash = {}, []
+        for d in self.diagnostics:
+            for name in d.option_names():
+                if name in Thresholds.__dataclass_fields__:
+                    held[name] = mine = getattr(d.options, name)
+                    if getattr(thresholds, name) != mine:
+                        clash.append(f"{name}={getattr(thresholds, name)!r} (its ({d.name}) "
+                                     f"holds {mine!r})")
+        if clash:
+            raise ConfigError(f"thresholds= and protocol= disagree: {', '.join(clash)}; give "
+                              "the thresholds in the protocol's options (Protocol.default("
+                              "thresholds)) and leave thresholds= out")
+        return Thresholds.as_recorded({**thresholds.to_dict(), **held})
 
     @property
     def names(self) -> list[str]:

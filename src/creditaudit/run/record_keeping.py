@@ -98,9 +98,13 @@ class RecordKeeping:
 
     def walkback_stop(self, entry: EpochEntry) -> bool:
         """With ``diagnostics.stop_on_walkback``: whether the run stops at ``entry`` (its
-        protocol verdict turned to walk-back), recorded as ``record.stopped_early`` (the
-        epoch, and the diagnostics that fired)."""
-        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK):
+        protocol verdict turned to walk-back) before its last epoch, recorded as
+        ``record.stopped_early`` (the epoch, and the diagnostics that fired). At its last
+        epoch (``optim.epochs``) a run ends anyway: it trained every epoch of its recipe and
+        is no run stopped early — readers leave those out of end-of-run means and of (d)'s
+        frozen baselines."""
+        if not (self.config.diagnostics.stop_on_walkback and entry.verdict == WALK_BACK
+                and entry.epoch < self.config.optim.epochs):
             return False
         fired = [i for i, status in (entry.protocol or {}).items() if status == "fired"]
         self.record.stopped_early = {

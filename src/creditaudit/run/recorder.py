@@ -43,6 +43,7 @@ from creditaudit.data.registry import digest_text
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.measures.epoch import epoch_diagnostics
+from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.progress import Say
 from creditaudit.measures.user_models import check_inputs, check_same_device
 from creditaudit.measures.working import check_copy_runs
@@ -224,6 +225,7 @@ class Recorder:
         self.initial = parameter_snapshot(model)
         self.finished = False
         self._ended: tuple[int, dict[str, float]] = (0, {})  # the rule's last ended epoch
+        self._unjudged: StateGradients | None = None  # the last epoch's, when not judged
         self._since = time.perf_counter()
         # Held until the run ends (finish(), the with-block's end, a failed write here).
         self._held = claim_folder(self.run_dir, overwrite)
@@ -253,8 +255,9 @@ class Recorder:
         its fields — bridge errors, EP's relaxation ratios — join ``extras``; call it after
         each trained epoch, with the epoch's number). Measures the diagnostics on the
         evaluation set and, every ``diagnostics.protocol_every`` epochs (and at
-        ``optim.epochs`` when the config gives it), the protocol; writes the record (and
-        the checkpoint when asked). Returns the entry.
+        ``optim.epochs`` when the config gives it; an epoch between that ends the run is
+        judged by :meth:`finish`), the protocol; writes the record (and the checkpoint when
+        asked). Returns the entry.
         """
         if self.finished:
             raise ConfigError("epoch() after finish(): the run is finished; start a new "
@@ -290,11 +293,12 @@ class Recorder:
                            train_acc=numbers["train_acc"], extras=kept,
                            measures=measures)
         settings, optim = self.config.diagnostics, self.config.optim
-        if protocol_due(epoch, settings.protocol_every,
-                        optim.epochs if self._epochs_given else None):
-            record_protocol(self.record, entry, sg, protocol=self.protocol,
-                            frozen_acc=settings.frozen_acc,
-                            terminal_ln=ln if isinstance(ln := model.terminal_ln, bool) else None)
+        due = protocol_due(epoch, settings.protocol_every,
+                           optim.epochs if self._epochs_given else None)
+        if due:
+            self._judge(entry, sg)
+        # kept until the next epoch: a run that ends here is judged on it by finish()
+        self._unjudged = None if due or settings.protocol_every == 0 else sg
         now = time.perf_counter()
         self._say.epoch_ends(epoch, now - measuring, entry.verdict)
         entry.seconds, self._since = now - self._since, now
@@ -309,8 +313,11 @@ class Recorder:
     def finish(self) -> RunRecord:
         """End the run: status ``completed`` (``diverged`` when the last epoch's numbers
         or state norms are NaN/Inf; a run finished before the ``optim.epochs`` its config
-        gives is recorded as stopped early at its last epoch), the final results and, unless
-        ``diagnostics.end_of_run`` is off, the end-of-run block. Returns the record."""
+        gives is recorded as stopped early at its last epoch), the protocol on the last
+        epoch when :meth:`epoch` did not run it there (a loop that ends off the
+        ``protocol_every`` beat: the verdict is of the final accuracy's epoch), the final
+        results and, unless ``diagnostics.end_of_run`` is off, the end-of-run block.
+        Returns the record."""
         if self.finished:
             return self.record
         started = time.perf_counter()
@@ -318,6 +325,10 @@ class Recorder:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
                               "(rec.epoch(0) before training records the initial network)")
         self._check_unchanged()
+        if self._unjudged is not None:
+            # its last epoch, judged as `creditaudit train` judges the last: the verdict is
+            # of the epoch whose accuracy is the run's final one
+            self._judge(self.record.log[-1], self._unjudged)
         with data_left_alone((self.eval_x, self.eval_y), self._suspects,
                              "the end-of-run metrics were measured"):
             finish_record(self.record, self.rule, self.eval_x, self.eval_y, config=self.config,
@@ -326,6 +337,13 @@ class Recorder:
         with self._held:  # released, written or not
             self._write()
         return self.record
+
+    def _judge(self, entry: EpochEntry, sg: StateGradients) -> None:
+        """The protocol on ``entry`` and its epoch's state gradients ``sg``."""
+        ln = self.rule.model.terminal_ln
+        record_protocol(self.record, entry, sg, protocol=self.protocol,
+                        frozen_acc=self.config.diagnostics.frozen_acc,
+                        terminal_ln=ln if isinstance(ln, bool) else None)
 
     def _check_unchanged(self) -> None:
         """ConfigError (one line) when the network (its modules, parameters, what is frozen)

@@ -564,6 +564,15 @@ def test_a_walk_back_at_the_last_epoch_is_no_early_stop(tmp_path):
     assert done.log[-1].verdict == "needs walk-back"
     assert done.stopped_early is None and not_a_baseline(done) is None
     assert baseline_runs(done, [done]) == [done]
+    # records written before this fix said stopped early at the last epoch: read as not
+    from creditaudit.records import load_record, save_record
+
+    done.stopped_early = {"epoch": 1, "reason": "protocol verdict needs walk-back: (d)"}
+    save_record(tmp_path / "old", done)
+    assert load_record(tmp_path / "old").stopped_early is None
+    done.stopped_early = {"epoch": 0, "reason": "protocol verdict needs walk-back: (d)"}
+    save_record(tmp_path / "earlier", done)
+    assert load_record(tmp_path / "earlier").stopped_early == done.stopped_early
 
 
 def test_training_is_bit_identical_with_and_without_diagnostics(tmp_path):

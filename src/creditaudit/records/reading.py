@@ -111,9 +111,21 @@ def record_parts(raw: Any, where: str) -> dict[str, Any]:
         environment=dict(raw.get("environment") or {}),
         resumed=_resumed(raw.get("resumed", []), where), created=raw.get("created"),
         updated=raw.get("updated"), error=raw.get("error"),
-        divergence=raw.get("divergence"), stopped_early=raw.get("stopped_early"),
+        divergence=raw.get("divergence"),
+        stopped_early=_stopped_early(raw.get("stopped_early"), config.optim.epochs),
         credit_not_finite=_credit_not_finite(raw.get("credit_not_finite"), where),
         not_recorded=_keys(raw.get("not_recorded", []), where), schema=SCHEMA)
+
+
+def _stopped_early(stopped: dict[str, Any] | None, epochs: int) -> dict[str, Any] | None:
+    """``stopped_early`` as read: None for one at the run's last epoch (``epochs``), which
+    creditaudit before 2026-11-30 wrote for a walk-back verdict first reached there — the
+    run trained every epoch of its recipe, and readers would leave it out of end-of-run
+    means and (d)'s frozen baselines as a run stopped early."""
+    if stopped is not None and isinstance(stopped.get("epoch"), int) \
+            and stopped["epoch"] >= epochs:
+        return None
+    return stopped
 
 
 _OPTIONAL_INT, _OPTIONAL_STR = (int, type(None)), (str, type(None))

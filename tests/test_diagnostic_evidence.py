@@ -127,3 +127,18 @@ def test_a_non_finite_threshold_judges_nothing():
         assert result.status == NOT_EVALUATED and result.value is None, result
         assert result.reason == (f"its threshold limit={limit} is not a finite number "
                                  "(options _LimitOptions) (it said 'passed': judged)")
+
+
+class _StatesAnother(_Contradicts):
+    """Judges at its options' threshold but states another one in its result."""
+
+    def evaluate(self, evidence: Evidence) -> DiagnosticResult:
+        return DiagnosticResult(self.name, self.label, 0.5, 0.1, PASSED, "below 0.1?")
+
+
+def test_a_result_stating_another_threshold_than_it_judges_at_is_not_evaluated():
+    # a passed 0.5 recorded beside "threshold 0.1": the record read as 0.5 > 0.1 passing
+    result = Protocol((_StatesAnother(_LimitOptions()),)).evaluate(_evidence())[0]
+    assert result.status == NOT_EVALUATED and result.value is None, result
+    assert result.reason.startswith("it states the threshold 0.1, but it judges at limit=1 "
+                                    "(build results with self.result() or self.judge())")

@@ -235,7 +235,8 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
         carry (:func:`~creditaudit.protocol.checks.unfounded`) or its threshold contradicts
         (fired or passed where :meth:`fires` says otherwise: a "pass" of 5 at "> 1", which
         threshold sensitivity and :meth:`status_of` read as fired; or at a NaN/infinite
-        threshold, which a plugin's own ``Options`` may hold in Python). Then it is *not
+        threshold, which a plugin's own ``Options`` may hold in Python), or stating another
+        threshold than the one it judges at (a record would show it). Then it is *not
         evaluated*, the reason naming what was wrong and what it claimed: never a silent
         pass."""
         if not isinstance(result, DiagnosticResult):
@@ -258,6 +259,13 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
             does = "fires" if self.fires(result.value) else "does not fire"
             why = (f"its statistic {result.value:g} {does} at its threshold "
                    f"{self.operator} {self.limit():g}")
+        elif why is None and result.status != NOT_EVALUATED \
+                and result.threshold != self.limit():
+            # records and reports show the result's threshold beside a status judged at
+            # the options' one
+            why = (f"it states the threshold {result.threshold!r}, but it judges at "
+                   f"{self.threshold}={self.limit():g} (build results with self.result() "
+                   "or self.judge())")
         details = result.details
         unplain = _unplain(details)  # a record holds it: numpy and tensors cannot be written
         if why is None and unplain is None:

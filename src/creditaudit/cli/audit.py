@@ -13,6 +13,7 @@ from typing import Any
 
 from creditaudit.cli.common import folder, output_file, refusals_in_flags
 from creditaudit.config import DEVICES
+from creditaudit.formatting import plain_line
 from creditaudit.report.protocol import FORMATS, render_latex
 
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     device_flag = {"device": (args.device, f"--device {args.device}")}
 
     def progress(text: str) -> None:
-        print(f"audit: {text}", file=sys.stderr, flush=True)
+        print(f"audit: {plain_line(text)}", file=sys.stderr, flush=True)
 
     reports, failed = [], 0
     for run_path in args.run_paths:
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             if not several:
                 raise
             # One bad run among several: say which and why, and audit the others.
-            print(f"creditaudit: error: {run_path}: {' '.join(str(err).split())}",
+            print(f"creditaudit: error: {' '.join(plain_line(f'{run_path}: {err}').split())}",
                   file=sys.stderr)
             failed += 1
             continue

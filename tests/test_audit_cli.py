@@ -11,6 +11,7 @@ import pytest
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
 from creditaudit.records import CHECKPOINT_FILE, CLAIM_FILE, RECORD_FILE
+from creditaudit.report.html import markdown_fragment
 
 TINY = {"data.n_train": 256, "data.n_test": 1024, "data.in_dim": 16, "model.d": 16,
         "model.n_blocks": 2, "optim.epochs": 1, "optim.batch_size": 64,
@@ -469,3 +470,30 @@ def test_audit_of_a_float64_run_says_how_to_audit_it(tmp_path, capsys):
     with pytest.raises(RunRecordError, match=r"set_default_dtype\(torch.float64\) first to "
                                              r"audit it$"):
         audit_run(run.run_dir)
+
+
+def test_several_runs_are_named_by_their_folders_as_plain_text(runs, tmp_path, capsys):
+    """``audit A B`` names each run by the path it was given: a folder named with a line
+    break ended the LaTeX comment naming it (the rest of the name was LaTeX to compile),
+    split the text and Markdown title lines, and a Markdown link or an escape sequence in
+    it was rendered as such."""
+    import shutil
+
+    source = runs["dfa"].run_dir
+    odd = str(tmp_path / "r\n\\input{secret}\x1b[2J")
+    linked = str(tmp_path / "[x](javascript:y) <b>")
+    shutil.copytree(source, odd)
+    shutil.copytree(source, linked)
+    flat = odd.replace("\n", " ").replace("\x1b", " ")
+    capsys.readouterr()
+    outs = {}
+    for form in ("latex", "md", "text"):
+        assert main(["audit", odd, linked, "--no-metrics", "-q", "--format", form]) == 0
+        outs[form] = capsys.readouterr().out
+        assert "\x1b" not in outs[form]
+    assert not any(line.startswith("\\input") for line in outs["latex"].splitlines())
+    assert f"% {flat}" in outs["latex"].splitlines()
+    assert f"== {flat} ==" in outs["text"].splitlines()
+    page = markdown_fragment(outs["md"])
+    assert "<a " not in page and "<b>" not in page and "\\input{secret}" in page
+    assert page.count("<h3>") == 2 and "[x](javascript:y) &lt;b&gt;</h3>" in page

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import io
 import re
+from pathlib import Path
 
 import pytest
 from matplotlib.text import Text
@@ -209,3 +210,50 @@ def test_report_html_badges_only_the_verdict_cells():
     assert badges == [verdict] * 4, badges
     assert page.count(f"<td>{verdict}</td>") >= 4  # the method, dataset and error cells
     assert page.count(f'<strong class="pass">Verdict: {verdict}</strong>') == 2
+
+
+def test_a_warning_naming_a_folder_carries_no_terminal_escape_sequence(tmp_path):
+    """The command's log lines (``warning: skipping an unreadable record: PATH``) name what
+    they read: a folder called ``bad\\x1b[2J…`` cleared the terminal and a carriage return
+    overwrote the line. Run as a process: the command's own log handler is what prints."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "runs" / f"bad{ESCAPE}[2J\rover"
+    bad.mkdir(parents=True)
+    (bad / "record.json").write_text('{"schema": "nonsense"}')
+    done = subprocess.run([sys.executable, "-m", "creditaudit", "figures",
+                           str(tmp_path / "runs"), "--out", str(tmp_path / "figs")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if "unreadable record" in line]
+    assert len(warning) == 1 and ESCAPE not in done.stderr and "\r" not in done.stderr
+    assert "bad [2J over" in warning[0]
+
+
+def test_audit_of_several_runs_names_a_bad_one_without_its_escape_sequences(tmp_path,
+                                                                           capsys):
+    """``audit A B``: the line naming a run that failed (and the progress line naming each
+    run) keep a folder's or a guest's escape sequences off the terminal, as the one-run
+    error line does."""
+    from creditaudit.cli import main
+
+    bad = tmp_path / f"bad{ESCAPE}[31m"
+    bad.mkdir()
+    (bad / "record.json").write_text('{"schema": "nonsense"}')
+    assert main(["audit", str(bad), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert ESCAPE not in err
+    assert err.count("creditaudit: error: ") == 2 and err.count("audit: run ") == 2
+
+
+def test_the_export_summary_keeps_a_run_id_on_its_line():
+    """``export`` prints the runs it left out by their ids: a Recorder's ``name=`` (any
+    folder name) reaches the terminal plain."""
+    from creditaudit.study.export_files import ExportResult
+
+    result = ExportResult(out=Path("out"))
+    result.not_exported.append({"run_id": f"mine{ESCAPE}[31m\r# x", "reason": "own loop"})
+    text = result.format()
+    assert ESCAPE not in text and "\r" not in text
+    assert "  not exported mine [31m # x: own loop" in text.splitlines()

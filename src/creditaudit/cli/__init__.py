@@ -145,6 +145,20 @@ def sigterm_interrupts() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+class PlainFormatter(logging.Formatter):
+    """The command's log lines as the terminal gets them: a message on one line with no
+    control character (:func:`plain_line`), a ``--verbose`` traceback each of its lines
+    so. A warning names what it read — a record's path, a run id, a plugin's origin — and
+    a folder name or a guest's text may hold terminal escape sequences (``\\x1b[2J``
+    cleared the screen) or a carriage return that overwrote the line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 — logging's
+        return plain_line(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 — logging's name
+        return "\n".join(map(plain_line, super().formatException(ei).splitlines()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     any_encoding()
     parser = build_parser()
@@ -153,8 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"creditaudit: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    handler = logging.StreamHandler()
+    handler.setFormatter(PlainFormatter("%(message)s"))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(message)s")
+                        handlers=[handler])
     working_folder_on_path()
     try:
         with for_command_line(), sigterm_interrupts(), guest_output_to_stderr():

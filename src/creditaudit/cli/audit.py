@@ -13,6 +13,7 @@ from typing import Any
 
 from creditaudit.cli.common import folder, output_file, refusals_in_flags
 from creditaudit.config import DEVICES
+from creditaudit.formatting import markdown_text, plain_line
 from creditaudit.report.protocol import FORMATS, render_latex
 
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     device_flag = {"device": (args.device, f"--device {args.device}")}
 
     def progress(text: str) -> None:
-        print(f"audit: {text}", file=sys.stderr, flush=True)
+        print(f"audit: {plain_line(text)}", file=sys.stderr, flush=True)
 
     reports, failed = [], 0
     for run_path in args.run_paths:
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             if not several:
                 raise
             # One bad run among several: say which and why, and audit the others.
-            print(f"creditaudit: error: {run_path}: {' '.join(str(err).split())}",
+            print(f"creditaudit: error: {' '.join(plain_line(f'{run_path}: {err}').split())}",
                   file=sys.stderr)
             failed += 1
             continue
@@ -134,7 +135,8 @@ def _joined(reports: list[tuple[str, str]], form: str, *, several: bool) -> str:
     if form == "json":
         return "[\n" + ",\n".join(text for _, text in reports) + "\n]"
     title = {"text": "== {} ==", "md": "### {}"}[form]
-    return "\n\n".join(f"{title.format(path)}\n{text}" for path, text in reports)
+    name = markdown_text if form == "md" else plain_line  # a folder's name, read as itself
+    return "\n\n".join(f"{title.format(name(path))}\n{text}" for path, text in reports)
 
 
 def _latex_table(reports: list[tuple[str, Any]]) -> str:
@@ -143,5 +145,8 @@ def _latex_table(reports: list[tuple[str, Any]]) -> str:
         return ""
     lines = render_latex([report for _, report in reports]).splitlines()
     head, rows, tail = lines[:4], lines[4:4 + len(reports)], lines[4 + len(reports):]
-    named = [line for (path, _), row in zip(reports, rows) for line in (f"% {path}", row)]
+    # On the comment's line: a line break in a folder's name would end the comment and
+    # make the rest of the name LaTeX to compile.
+    named = [line for (path, _), row in zip(reports, rows)
+             for line in (f"% {plain_line(path)}", row)]
     return "\n".join([*head, *named, *tail])

@@ -15,7 +15,7 @@ from typing import Any
 
 from creditaudit.errors import OutputError
 from creditaudit.files.safe_files import atomic_write_bytes, describe_os_error
-from creditaudit.formatting import counted
+from creditaudit.formatting import counted, plain_line
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
 from creditaudit.results import stopped_early_text
@@ -76,7 +76,7 @@ class ExportResult:
                          "this one has no run for it")
         for path in self.unreadable:
             lines.append(f"  unreadable record: {path}")
-        return "\n".join(lines)
+        return "\n".join(map(plain_line, lines))  # run ids and reasons: a guest's words
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -257,3 +257,14 @@ def test_the_export_summary_keeps_a_run_id_on_its_line():
     text = result.format()
     assert ESCAPE not in text and "\r" not in text
     assert "  not exported mine [31m # x: own loop" in text.splitlines()
+
+
+def test_a_bidirectional_override_in_a_name_does_not_reverse_the_line():
+    # a run id holding U+202E (right-to-left override) showed the rest of its line
+    # reversed in the terminal, report.md and report.html: "r\u202eevil" read as "rlive"
+    from creditaudit.formatting import markdown_text, plain_line
+
+    for name in ("r\u202eevil", "r\u2066evil\u2069", "r\u202bevil\u202c"):
+        assert plain_line(name).replace(" ", "") == "revil"
+        assert markdown_text(name).replace(" ", "") == "revil"
+    assert plain_line("👩\u200d💻") == "👩\u200d💻"  # a zero-width joiner stays

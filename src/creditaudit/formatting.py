@@ -98,12 +98,20 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).splitlines())
 
 
+# Unicode's bidirectional embeddings, overrides and isolates (U+202A–U+202E,
+# U+2066–U+2069): a run id holding U+202E shows its end reversed, other text after it too.
+# Zero-width joiners and other format characters stay (emoji need them).
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def plain_line(text: Any) -> str:
     """``text`` (a guest's: a plugin's label, an exception's message, a record's string) on
     one line (:func:`one_line`) and with every other control character (``\\x1b``,
-    ``\\t``, ``\\x00``, …) as a space: no terminal runs its escape sequences, no font
-    needs a glyph for it, and LaTeX and HTML accept it."""
-    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in one_line(text))
+    ``\\t``, ``\\x00``, …) and every bidirectional override (``\\u202e``, …) as a space:
+    no terminal runs its escape sequences, no text reads reversed, no font needs a glyph for
+    it, and LaTeX and HTML accept it."""
+    return "".join(" " if c in _BIDI or unicodedata.category(c) == "Cc" else c
+                   for c in one_line(text))
 
 
 # What could make text read as Markdown markup rather than as itself: backslash escapes,

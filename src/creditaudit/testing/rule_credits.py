@@ -51,11 +51,8 @@ from creditaudit.methods.base import CreditRule
 from creditaudit.methods.bp import bp_state_gradients
 from creditaudit.testing.common import TOLERANCE, relative_error, tiny_batch
 from creditaudit.testing.rule_binding import make_rule
-from creditaudit.testing.rule_properties import (
-    REAL_STEP_LR,
-    copied_buffers,
-    trained_for_credits,
-)
+from creditaudit.testing.rule_properties import REAL_STEP_LR, trained_for_credits
+from creditaudit.testing.rule_state import copied_buffers
 
 # Epochs of one training step each that learned feedback gets before its credits are compared
 # with an untrained twin's (as fixed_feedback_stays_fixed trains fixed feedback).

@@ -6,7 +6,6 @@ metrics, and its binding to a model.
 
 from __future__ import annotations
 
-import copy
 import io
 
 import torch
@@ -17,15 +16,16 @@ from creditaudit.methods.base import CreditRule
 from creditaudit.testing.common import (
     flat_state,
     moved_rngs,
-    same,
     tiny_batch,
     watched_global_rngs,
 )
 from creditaudit.testing.rule_binding import make_rule
-from creditaudit.testing.rule_properties import (
+from creditaudit.testing.rule_properties import trained_for_credits
+from creditaudit.testing.rule_state import (
+    assert_left_alone,
     copied_buffers,
     copied_parameters,
-    trained_for_credits,
+    rule_snapshot,
 )
 
 
@@ -153,18 +153,10 @@ def run_metrics_are_recordable(cls: type[CreditRule], arch: str = "resmlp") -> N
     x, y = tiny_batch(seed=3, arch=arch)
     for p in rule.model.parameters():
         p.grad = None
-    weights, buffers = copied_parameters(rule), copied_buffers(rule)
-    state = flat_state(copy.deepcopy(rule.state_dict()))
+    before = rule_snapshot(rule)
     problem = metrics_problem(rule.run_metrics(x, y))
     assert problem is None, problem
-    for name, p in rule.model.named_parameters():
-        assert torch.equal(p.detach(), weights[name]), f"run_metrics() changed {name}"
-        assert p.grad is None, f"run_metrics() left a .grad on {name}"
-    for name, b in rule.model.named_buffers():
-        assert torch.equal(b, buffers[name]), f"run_metrics() changed the buffer {name}"
-    after = flat_state(rule.state_dict())
-    changed = [k for k in state if not same(state[k], after.get(k))]
-    assert not changed, f"run_metrics() changed the rule's state: {', '.join(changed[:3])}"
+    assert_left_alone(rule, before, "run_metrics()")
 
 
 def binding_leaves_global_rngs_untouched(cls: type[CreditRule], arch: str = "resmlp") -> None:

@@ -23,28 +23,20 @@ from creditaudit.testing.common import (
     BLOCKS,
     CLASSES,
     TOLERANCE,
-    flat_state,
     relative_error,
-    same,
     tiny_batch,
 )
 from creditaudit.testing.rule_binding import checked_section, make_rule
+from creditaudit.testing.rule_state import (
+    assert_left_alone,
+    rule_snapshot,
+)
 
 
 def _zero_lr_step(rule: CreditRule, x: Tensor, y: Tensor) -> None:
     optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=0.0)
     result = rule.train_step(x, y, optimizer)
     assert result.finite, "a training step on a tiny float64 net was not finite"
-
-
-def copied_parameters(rule: CreditRule) -> dict[str, Tensor]:
-    """A copy of each of the rule's model parameters, by name."""
-    return {name: p.detach().clone() for name, p in rule.model.named_parameters()}
-
-
-def copied_buffers(rule: CreditRule) -> dict[str, Tensor]:
-    """A copy of each of the rule's model buffers, by name."""
-    return {name: b.detach().clone() for name, b in rule.model.named_buffers()}
 
 
 # --- the checks ---------------------------------------------------------------------------
@@ -85,22 +77,14 @@ def credits_have_no_side_effects(cls: type[CreditRule], arch: str = "resmlp") ->
     for p in rule.model.parameters():
         p.grad = None
     rule.model.eval()  # as every diagnostic calls credits()
-    before_params, before_buffers = copied_parameters(rule), copied_buffers(rule)
-    before_state = flat_state(copy.deepcopy(rule.state_dict()))
+    before = rule_snapshot(rule)
     rng = torch.get_rng_state()
     first = rule.credits(x, y)
     second = rule.credits(x, y)
     assert torch.equal(torch.get_rng_state(), rng), \
         "credits() moved the global torch RNG (use a generator of the rule's own)"
     assert not rule.model.training, "credits() put the model in training mode"
-    for name, p in rule.model.named_parameters():
-        assert torch.equal(p.detach(), before_params[name]), f"credits() changed {name}"
-        assert p.grad is None, f"credits() left a .grad on {name}"
-    for name, b in rule.model.named_buffers():
-        assert torch.equal(b, before_buffers[name]), f"credits() changed the buffer {name}"
-    after_state = flat_state(rule.state_dict())
-    changed = [k for k in before_state if not same(before_state[k], after_state.get(k))]
-    assert not changed, f"credits() changed the rule's state: {', '.join(changed[:3])}"
+    assert_left_alone(rule, before, "credits()")
     for layer, (a, b) in enumerate(zip(first, second)):
         assert torch.equal(a, b), f"two calls of credits() differ at state {layer}"
 

@@ -47,14 +47,8 @@ def test_a_run_whose_record_is_gone_resumes_from_its_checkpoint_and_is_never_tra
     run_dir = tmp_path / "b" / run_id(config)
     (run_dir / RECORD_FILE).unlink()
     assert load_checkpoint(run_dir / CHECKPOINT_FILE)["epoch"] == 2
-    before = snapshot(run_dir)
-    with pytest.raises(RunRecordError, match=r"has no record\.json, but its checkpoint\.pt "
-                       r"holds trained epoch 2 .*resume=True .*force=True"):
-        train(config)
-    assert snapshot(run_dir) == before
-    resumed = train(config, resume=True)
-    assert comparable(resumed.record) == comparable(straight.record)
-    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+    _refused_then_resumed(config, run_dir, straight, r"has no record\.json, but its "
+                          r"checkpoint\.pt holds trained epoch 2 .*resume=True .*force=True")
     a, b = load_checkpoint(straight.run_dir / CHECKPOINT_FILE), load_checkpoint(
         run_dir / CHECKPOINT_FILE)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -87,7 +81,7 @@ def test_a_damaged_record_beside_a_trained_checkpoint_is_resumed_not_trained_ove
     # epoch 2 beside it: `train --resume` refused it ("pass --force to start this run
     # over"), and a sweep started it over, losing its trained epochs; the checkpoint holds
     # the record as of its epoch, as when record.json is gone
-    from creditaudit.sweep import InlineExecutor, prepare_configs, run_sweep
+    from creditaudit.sweep import prepare_configs
 
     straight = train(RunConfig().replace(**tiny(tmp_path / "a")))
     for out in ("b", "c"):
@@ -99,21 +93,11 @@ def test_a_damaged_record_beside_a_trained_checkpoint_is_resumed_not_trained_ove
                         else text.replace('"interrupted"', '"completed"'))
     config = RunConfig().replace(**tiny(tmp_path / "b"))
     run_dir = tmp_path / "b" / run_id(config)
-    before = snapshot(run_dir)
-    with pytest.raises(RunRecordError, match=r"its checkpoint\.pt holds trained epoch 2 and "
-                       r"the record as of it: pass resume=True to continue it from there, "
-                       r"or force=True"):
-        train(config)
-    assert snapshot(run_dir) == before
-    resumed = train(config, resume=True)
-    assert comparable(resumed.record) == comparable(straight.record)
-    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+    _refused_then_resumed(config, run_dir, straight,
+                          r"its checkpoint\.pt holds trained epoch 2 and the record as of it: "
+                          r"pass resume=True to continue it from there, or force=True")
     [config] = prepare_configs([RunConfig().replace(**tiny(tmp_path / "c"))], threads=1)
-    [outcome] = run_sweep([config], InlineExecutor()).outcomes
-    assert (outcome["action"], outcome["status"]) == ("resumed", "completed")
-    run_dir = tmp_path / "c" / run_id(config)
-    assert comparable(load_record(run_dir)) == comparable(straight.record)
-    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+    _swept_to(config, straight)
 
 
 def test_an_edited_record_with_nothing_trained_saved_is_not_sent_to_resume(tmp_path,
@@ -136,15 +120,36 @@ def test_an_edited_record_with_nothing_trained_saved_is_not_sent_to_resume(tmp_p
 def test_a_sweep_resumes_a_run_whose_record_is_gone_from_its_checkpoint(tmp_path,
                                                                        kill_run_at):
     # the sweep trained such a folder over, from scratch (force), losing its trained epochs
-    from creditaudit.sweep import InlineExecutor, prepare_configs, run_sweep
+    from creditaudit.sweep import prepare_configs
 
     straight = train(RunConfig().replace(**tiny(tmp_path / "a")))
     [config] = prepare_configs([RunConfig().replace(**tiny(tmp_path / "b"))], threads=1)
     kill_run_at(config, epoch=3)
     run_dir = tmp_path / "b" / run_id(config)
     (run_dir / RECORD_FILE).unlink()
+    _swept_to(config, straight)
+
+
+def _refused_then_resumed(config: RunConfig, run_dir: Path, straight,  # noqa: ANN001
+                          refusal: str) -> None:
+    """``train`` refuses ``config`` (killed at epoch 3) with ``refusal``, touching nothing;
+    ``--resume`` then ends it with ``straight``'s record."""
+    before = snapshot(run_dir)
+    with pytest.raises(RunRecordError, match=refusal):
+        train(config)
+    assert snapshot(run_dir) == before
+    resumed = train(config, resume=True)
+    assert comparable(resumed.record) == comparable(straight.record)
+    assert [part.epoch for part in load_record(run_dir).resumed] == [3]
+
+
+def _swept_to(config: RunConfig, straight) -> None:  # noqa: ANN001 - a RunResult
+    """A sweep of ``config`` (killed at epoch 3) resumes it to ``straight``'s record."""
+    from creditaudit.sweep import InlineExecutor, run_sweep
+
     [outcome] = run_sweep([config], InlineExecutor()).outcomes
     assert (outcome["action"], outcome["status"]) == ("resumed", "completed")
+    run_dir = Path(config.run.out_dir) / run_id(config)
     assert comparable(load_record(run_dir)) == comparable(straight.record)
     assert [part.epoch for part in load_record(run_dir).resumed] == [3]
 

@@ -262,3 +262,40 @@ def test_a_loop_ending_off_the_protocol_beat_is_judged_at_its_last_epoch(tmp_pat
     assert [e.epoch for e in record.log if e.verdict is not None] == [3, 4]
     assert record.protocol.epoch == 4 and record.final_acc == 0.05
     assert record.log[-1].protocol["d"] == "fired" and record.protocol.fired == ["d"]
+
+
+def test_an_off_beat_epochs_kept_gradients_go_before_the_next_epoch_is_measured(
+        tmp_path, monkeypatch):
+    """The state gradients an off-beat epoch keeps for finish() (its N×d per-sample
+    gradients of every state) were still held while the next epoch measured its own: two
+    sets at once, twice the peak memory the measurement needs, on a GPU the loop shares."""
+    import gc
+    import weakref
+
+    from creditaudit.run import recorder as recorder_module
+
+    measured = recorder_module.epoch_diagnostics
+    taken: list[weakref.ref] = []
+    alive_while_measuring: list[int] = []
+
+    def watched(*args, **kwargs):
+        gc.collect()
+        alive_while_measuring.append(sum(ref() is not None for ref in taken))
+        measures, sg = measured(*args, **kwargs)
+        taken.append(weakref.ref(sg))
+        return measures, sg
+
+    monkeypatch.setattr(recorder_module, "epoch_diagnostics", watched)
+    x, y = random_set()
+    bound_rule = bound(x)
+    optimizer = torch.optim.SGD(bound_rule.trainable_parameters(), lr=1e-3)
+    config = {"diagnostics.protocol_every": 3, "diagnostics.frozen_acc": 0.1, **OFF}
+    with Recorder(bound_rule, x, y, out=tmp_path, name="kept", config=config) as rec:
+        rec.epoch(0, test_acc=0.1)
+        for epoch in (1, 2, 3, 4):
+            bound_rule.train_step(x, y, optimizer)
+            rec.epoch(epoch, test_acc=0.3)
+    assert alive_while_measuring == [0] * 5
+    # and the last, off-beat epoch is still judged by finish()
+    record = load_record(tmp_path / "kept")
+    assert [e.epoch for e in record.log if e.verdict is not None] == [3, 4]

@@ -283,6 +283,9 @@ class Recorder:
                                   "fields: give yours other names")
             kept = {**own, **kept}
         model = self.rule.model
+        # the previous epoch is not the last: its state gradients, kept for finish(), go
+        # before this epoch's are taken (two sets at once would double the peak memory)
+        self._unjudged = None
         measuring = self._say.epoch_starts(epoch, len(self.eval_y))
         with measurement_mode(model), data_left_alone(
                 (self.eval_x, self.eval_y), self._suspects, f"epoch {epoch} was measured"):

@@ -115,6 +115,14 @@ def test_an_edited_record_with_nothing_trained_saved_is_not_sent_to_resume(tmp_p
         assert "changed after creditaudit wrote it" in text
         assert "resume=True" not in text and text.endswith(
             "; pass force=True to start this run over"), text
+    # a reader (report, audit) names --resume only beside a checkpoint to rebuild from
+    from creditaudit.errors import ChangedRecordError
+
+    (path.parent / CHECKPOINT_FILE).unlink()
+    with pytest.raises(ChangedRecordError) as raised:
+        load_record(path)
+    assert str(raised.value).endswith(": restore the file, or train the run again with "
+                                      "force=True"), str(raised.value)
 
 
 def test_a_sweep_resumes_a_run_whose_record_is_gone_from_its_checkpoint(tmp_path,

@@ -186,9 +186,17 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
         raise ChangedRecordError(
             f"run record {path} was changed after creditaudit wrote it (its {CONTENT_KEY} "
             "no longer matches its content), so its numbers may not be its run's",
-            f"restore the file, rebuild it from the run's checkpoint with {RESUME}, or "
-            f"train the run again with {FORCE}")
+            _changed_record_advice(path))
     return record
+
+
+def _changed_record_advice(path: Path) -> str:
+    """How to get back a run whose record ``path`` changed after it was written: restore
+    it, rebuild it from the run's checkpoint when there is one (a run saved without
+    checkpoints — a Recorder's default — has none), or train the run again."""
+    rebuild = (f"rebuild it from the run's checkpoint with {RESUME}, "
+               if (path.parent / CHECKPOINT_FILE).is_file() else "")
+    return f"restore the file, {rebuild}or train the run again with {FORCE}"
 
 
 def _check_not_a_sibling(path: Path) -> None:

@@ -9,7 +9,6 @@ from creditaudit.guests.code import (
     Guest,
     file_sha256,
     guests_owning,
-    has_source_file,
     known_paths,
     loaded_sources,
     main_module_name,
@@ -19,8 +18,9 @@ from creditaudit.guests.code import (
     plugin_sources,
     resolved,
     source_digest,
+    unread_source,
 )
 
 __all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
            "file_sha256", "resolved", "plugin_sources", "loaded_sources", "module_sources",
-           "own_sources", "main_module_name", "has_source_file"]
+           "own_sources", "main_module_name", "unread_source"]

@@ -218,12 +218,36 @@ def main_module_name(name: str) -> str:
     return spec_name if isinstance(spec_name, str) and spec_name != "__main__" else name
 
 
-def has_source_file(name: str) -> bool:
-    """Whether the imported module ``name`` was loaded from a file or a folder (a notebook's
-    or the interpreter's ``__main__`` was not; nor is a module no longer imported)."""
-    module = sys.modules.get(main_module_name(name))
-    return isinstance(getattr(module, "__file__", None), str) or bool(
-        getattr(module, "__path__", None))
+def unread_source(name: str) -> str | None:
+    """Why the code of the imported module ``name`` is not covered by a digest of its
+    source file, as a clause (``'nets' was loaded from nets.zip, …``); None when it is: its
+    ``.py`` file is there to read, or it lies in the standard library or an installed
+    distribution (whose version names it). A module defined without a file (a notebook,
+    the interpreter prompt, ``exec`` into a new module), loaded from a zip archive, a
+    compiled extension or a ``.pyc`` alone, or whose file was deleted since, is not."""
+    name = main_module_name(name)
+    module = sys.modules.get(name)
+    if module is None or name in sys.builtin_module_names:
+        return None  # not a module imported (own_sources skips it), or the interpreter's
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        if getattr(module, "__path__", None):
+            return None  # a namespace package: no code of its own
+        return (f"module {name!r} has no source file (it was defined in a notebook, at the "
+                "interpreter prompt or by exec)")
+    path = Path(file).resolve()
+    if _is_installed_folder(path.parent):
+        return None
+    if path.suffix != ".py":
+        return (f"module {name!r} was loaded from {file}, not from a .py source file "
+                "creditaudit can read (a compiled extension, bytecode)")
+    if not path.is_file():
+        inside = next((f for f in path.parents if f.is_file()), None)
+        if inside is not None:
+            return (f"module {name!r} was loaded from inside {inside}, an archive, not from "
+                    "a source file creditaudit can read")
+        return f"module {name!r} was loaded from {file}, which no longer exists"
+    return None
 
 
 def module_sources(name: str) -> tuple[Path, list[Path]]:
@@ -333,4 +357,4 @@ def _imports(path: Path, package: str) -> list[str]:
 
 __all__ = ["Guest", "make_guest", "guests_owning", "known_paths", "source_digest",
            "file_sha256", "resolved", "plugin_sources", "loaded_sources", "module_sources",
-           "own_sources", "main_module_name", "has_source_file"]
+           "own_sources", "main_module_name", "unread_source"]

@@ -28,12 +28,13 @@ from torch import nn
 from creditaudit.caller import set_key
 from creditaudit.config import opt
 from creditaudit.errors import ConfigError, CreditAuditError, GuestError, ModelContractError
-from creditaudit.guests import Guest, make_guest, own_sources
+from creditaudit.guests import Guest, make_guest, own_sources, unread_source
 from creditaudit.guests.blame import blame, exit_message
 from creditaudit.guests.settings import settings_kept
 from creditaudit.models.adapt_arguments import NotLogitsError, not_logits_line
 from creditaudit.models.adapted import AdaptedModel, adapt
 from creditaudit.models.registry import READOUT_HELP, STATES_HELP, AdaptedArchitecture, register
+from creditaudit.version import OWN_PACKAGE
 
 # The layers whose input shape says what a network reads (first_layer_mismatch).
 FIRST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -96,11 +97,18 @@ def factory_guest(path: str) -> Guest | None:
     defines the callable (they differ for a re-export), each with every module of its own
     code it imports (:func:`creditaudit.guests.own_sources`); creditaudit's own modules
     (``creditaudit.testing.zoo``) are left out, as its version names their code: None when nothing
-    else is left."""
+    else is left. A GuestError (one line) when the code of one of those modules cannot be
+    read (:func:`creditaudit.guests.unread_source`: a notebook's, a zip archive's)."""
     factory = load_factory(path)
     named = path.partition(":")[0] if ":" in path else path.rpartition(".")[0]
     defining = getattr(factory, "__module__", None)
-    found = own_sources(m for m in (named, defining) if isinstance(m, str))
+    modules = [m for m in (named, defining) if isinstance(m, str)]
+    for module in modules:  # its digest would leave that code out: an edit to it, unseen
+        if module.split(".")[0] != OWN_PACKAGE and (why := unread_source(module)):
+            raise GuestError(f"model factory {path!r}: {why}, so the run id cannot tell its "
+                             "code from other code; define the factory in a .py file in a "
+                             "folder on sys.path (or install its package)")
+    found = own_sources(modules)
     if found is None:
         return None
     return make_guest(f"model factory {path!r}", *found)

@@ -52,7 +52,13 @@ class CodeVersion:
     ``checks``: the conformance checks the guest passed at the door (recorded, not part of
     the run id); None for built-ins, which the test suite checks. ``declared_failures``:
     ``(check, reason)`` of the checks it failed there that it declares it fails by design
-    (``expected_failures``; recorded, so a reader sees what its numbers do not claim)."""
+    (``expected_failures``; recorded, so a reader sees what its numbers do not claim).
+    ``structure``: for a model guest, the digest of the module tree its code built
+    (:func:`~creditaudit.models.structure.structure_digest`; recorded as
+    ``structure_digest``, not part of the run id): what a factory reads besides its code (a
+    JSON of settings) can build another network from the same code, which a finished run
+    is then not served for, nor resumed or audited with
+    (:func:`creditaudit.run.run_code.check_same_network`)."""
 
     name: str
     id_version: int = 0
@@ -60,12 +66,15 @@ class CodeVersion:
     digest: str | None = None
     checks: tuple[str, ...] | None = None
     declared_failures: tuple[tuple[str, str], ...] = ()
+    structure: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "id_version": self.id_version,
                                "origin": self.plugin or "creditaudit"}
         if self.digest is not None:
             out["code_digest"] = self.digest
+        if self.structure is not None:
+            out["structure_digest"] = self.structure
         if self.checks is not None:
             out["checks"] = list(self.checks)
         if self.declared_failures:

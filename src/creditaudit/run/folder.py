@@ -49,6 +49,7 @@ from creditaudit.run.resume import (
     check_same_run,
     resume_threads,
 )
+from creditaudit.run.run_code import check_same_network
 from creditaudit.run.setup import missing_checkpoint, rebuild_run
 from creditaudit.run.unresumable import (
     check_saved_run,
@@ -169,6 +170,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         # Served, resumed or restarted only on the arrays it trained on: load them now
         # (training would load them next anyway; the plan keeps them).
         check_same_data(existing, plan.data_identity(), record_path)
+        check_same_network(existing, plan.code, plan.architecture, record_path)
         if existing.is_finished:  # with --resume too: there is nothing left to continue
             check_same_record(existing, config, run_dir)
             _replay_finished(config, existing, run_dir, loggers)

@@ -62,6 +62,7 @@ from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.images import image_view
 from creditaudit.models.meta import on_meta_device
 from creditaudit.models.registry import build_architecture
+from creditaudit.models.structure import structure_digest
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import RunCode, compute_run_id
@@ -69,7 +70,14 @@ from creditaudit.registry import ARCHITECTURES, DATASETS, RULES
 from creditaudit.run.defaults import explicit_defaults, with_all_blocks_default, with_defaults
 from creditaudit.run.memory import available_memory, check_data_fits, check_fits
 from creditaudit.run.resume import check_installed, check_same_code
-from creditaudit.run.run_code import admit, code_version, dataset_at_fault, guests_of, run_code
+from creditaudit.run.run_code import (
+    admit,
+    check_same_network,
+    code_version,
+    dataset_at_fault,
+    guests_of,
+    run_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +278,11 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         seed = spec.data_seed(config.run.seed)
         identity = spec.identity(seed)
     admitted = admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory)
-    code = run_code(rule, arch, spec, protocol, guests, admitted)
+    # what a model guest's code built: a file it reads can change it, not the run id
+    structure = structure_digest(built) if "model" in guests else None
+    code = run_code(rule, arch, spec, protocol, guests, admitted, structure)
+    if trained is not None:
+        check_same_network(trained, code, arch, trained.run_id)
     # Features and parameters are made in torch's default dtype (a caller's float64 is
     # another computation, under another id)
     run_id = compute_run_id(config, identity.fingerprint, code,

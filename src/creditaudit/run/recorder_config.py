@@ -42,7 +42,7 @@ from creditaudit.data.registry import digest_text
 from creditaudit.data.rows import check_test_rows
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError, CreditAuditError
-from creditaudit.guests import has_source_file, main_module_name, own_sources, source_digest
+from creditaudit.guests import main_module_name, own_sources, source_digest, unread_source
 from creditaudit.methods import CreditRule
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.registry import OwnLoopArchitecture
@@ -303,18 +303,18 @@ def network_code(net: Any) -> tuple[str | None, str | None]:
     as a ``module`` factory's are (:func:`creditaudit.guests.own_sources`). (None, None)
     when no such file is the user's: creditaudit's classes (its version names their code)
     and installed distributions' (``module_packages`` names their versions). (None,
-    reason) when a class was defined where there is no source file (a notebook, the
-    interpreter prompt): the code is not identified."""
+    reason) when a class's source file cannot be read (:func:`creditaudit.guests.unread_source`:
+    a notebook, the interpreter prompt, a zip archive): the code is not identified."""
     classes: dict[str, type] = {}
     for module in net.modules():  # the network first: each module named by its outermost class
         classes.setdefault(type(module).__module__, type(module))
     modules = [m for m in classes if main_module_name(m).partition(".")[0] != OWN_PACKAGE]
-    sourceless = [classes[m] for m in modules if not has_source_file(m)]
-    if sourceless:
-        cls = sourceless[0]
-        return None, (f"{cls.__module__}:{cls.__qualname__} has no source file (a notebook or "
-                      "the interpreter prompt), so the run id cannot tell its code from other "
-                      "code: pass name= to tell such runs apart")
+    for module in modules:
+        if (why := unread_source(module)) is not None:
+            cls = classes[module]
+            return None, (f"the code of {cls.__module__}:{cls.__qualname__} cannot be read: "
+                          f"{why}, so the run id cannot tell its code from other code: pass "
+                          "name= to tell such runs apart")
     found = own_sources(modules)
     if found is None or not found[1]:
         return None, None

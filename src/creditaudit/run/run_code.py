@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
+import torch
+
+from creditaudit.caller import FORCE
 from creditaudit.config import RunConfig
 from creditaudit.data import DatasetSpec
-from creditaudit.errors import GuestError, LoadedDataError
+from creditaudit.errors import GuestError, LoadedDataError, RunRecordError
 from creditaudit.guests import Guest
 from creditaudit.guests.blame import blame
 from creditaudit.methods import CreditRule
 from creditaudit.models import Architecture
 from creditaudit.protocol.verdicts import Protocol
+from creditaudit.records import RunRecord
 from creditaudit.records.run_ids import CodeVersion, RunCode
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES, Registry
 from creditaudit.run import door
@@ -47,20 +52,52 @@ def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
 
 def run_code(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],
              protocol: Protocol, guests: dict[str, Guest],
-             admitted: dict[str, door.Admission]) -> RunCode:
+             admitted: dict[str, door.Admission], structure: str | None = None) -> RunCode:
     """The record's code block: the code identity (:func:`code_version`) of the rule, the
     architecture, the dataset and each diagnostic, with their guests (:func:`guests_of`)
-    and what the door admitted of them (:func:`admit`)."""
+    and what the door admitted of them (:func:`admit`); ``structure``: the module tree
+    digest of the network built (kept for a model guest's code, see
+    :func:`check_same_network`)."""
     diagnostics = tuple(
         code_version(DIAGNOSTICS, d, guests.get(f"diagnostic:{d.name}"),
                      admitted.get(f"diagnostic:{d.name}"))
         for d in protocol.diagnostics)
     return RunCode(method=code_version(RULES, rule, guests.get("method"),
                                        admitted.get("method")),
-                   model=code_version(ARCHITECTURES, arch, guests.get("model"),
-                                      admitted.get("model")),
+                   model=replace(code_version(ARCHITECTURES, arch, guests.get("model"),
+                                              admitted.get("model")),
+                                 structure=structure if "model" in guests else None),
                    data=code_version(DATASETS, spec, guests.get("data"), admitted.get("data")),
                    diagnostics=diagnostics)
+
+
+def check_same_network(record: RunRecord, code: RunCode, arch: Architecture[Any],
+                       where: object) -> None:
+    """One-line RunRecordError when the model guest's code (the same code: its digest was
+    checked) builds another network now than the one ``record``'s run trained — another
+    module tree digest (``structure_digest``, :class:`~creditaudit.records.run_ids.CodeVersion`)
+    than the record keeps: a file or a variable its code reads (a JSON of widths, an
+    environment variable) changed, which the run id does not cover, so the finished run is
+    not served, resumed or audited as this network's. Records without the digest (before
+    it was kept, built-in architectures) pass, and so do runs of another torch version,
+    whose modules may keep other settings. ``arch``: the architecture (its guest is
+    named); ``where``: the run's folder or record."""
+    components = record.environment.get("components")
+    model = components.get("model") if isinstance(components, dict) else None
+    then = model.get("structure_digest") if isinstance(model, dict) else None
+    now = code.model.structure
+    if (not isinstance(then, str) or now is None or then == now
+            or model.get("code_digest_of") is not None  # a Recorder's: in its run id
+            or record.environment.get("torch") != torch.__version__):
+        return  # another torch may keep other settings in the same modules: not a change
+    guest = arch.guest_code() or ARCHITECTURES.guest(arch.name)
+    raise RunRecordError(
+        f"{where}: {'its architecture' if guest is None else guest.what} builds another "
+        f"network than the run trained (module tree {then[:12]}… then, {now[:12]}… now) "
+        "from the same code: something it reads besides its code changed (a file, an "
+        "environment variable), which the run id does not cover; restore it to use this "
+        f"run, or train the new network as a new run (give such values in model.args, or "
+        f"pass {FORCE} to train it over this one)")
 
 
 @contextlib.contextmanager
@@ -113,4 +150,5 @@ def admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
     return admitted
 
 
-__all__ = ["code_version", "run_code", "dataset_at_fault", "guests_of", "admit"]
+__all__ = ["code_version", "run_code", "check_same_network", "dataset_at_fault",
+           "guests_of", "admit"]

@@ -74,7 +74,7 @@ def test_another_runs_checkpoint_in_a_folder_without_record_is_named_not_resumed
     assert snapshot(run_dir) == before
 
 
-@pytest.mark.parametrize("damage", ["truncated", "edited"])
+@pytest.mark.parametrize("damage", ["truncated", "edited", "duplicate key"])
 def test_a_damaged_record_beside_a_trained_checkpoint_is_resumed_not_trained_over(
         tmp_path, kill_run_at, damage):
     # record.json cut short (a disk that filled mid-copy) or edited by hand, checkpoint.pt of
@@ -89,8 +89,12 @@ def test_a_damaged_record_beside_a_trained_checkpoint_is_resumed_not_trained_ove
         kill_run_at(config, epoch=3)
         path = tmp_path / out / run_id(config) / RECORD_FILE
         text = path.read_text()
-        path.write_text(text[:len(text) // 2] if damage == "truncated"
-                        else text.replace('"interrupted"', '"completed"'))
+        path.write_text({
+            "truncated": text[:len(text) // 2],
+            "edited": text.replace('"interrupted"', '"completed"'),
+            "duplicate key": text.replace('"status": "interrupted"',
+                                          '"status": "interrupted", "status": "completed"'),
+        }[damage])
     config = RunConfig().replace(**tiny(tmp_path / "b"))
     run_dir = tmp_path / "b" / run_id(config)
     _refused_then_resumed(config, run_dir, straight,
@@ -143,8 +147,10 @@ def _refused_then_resumed(config: RunConfig, run_dir: Path, straight,  # noqa: A
     """``train`` refuses ``config`` (killed at epoch 3) with ``refusal``, touching nothing;
     ``--resume`` then ends it with ``straight``'s record."""
     before = snapshot(run_dir)
-    with pytest.raises(RunRecordError, match=refusal):
+    with pytest.raises(RunRecordError, match=refusal) as raised:
         train(config)
+    text = str(raised.value)  # one advice, in the caller's spelling
+    assert text.count("force=True") == 1 and "--force" not in text, text
     assert snapshot(run_dir) == before
     resumed = train(config, resume=True)
     assert comparable(resumed.record) == comparable(straight.record)

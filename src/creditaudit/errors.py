@@ -30,17 +30,19 @@ class ModelContractError(CreditAuditError):
 
 
 class RunRecordError(CreditAuditError):
-    """A run record or checkpoint is missing, malformed, truncated or of another schema."""
-
-
-class ChangedRecordError(RunRecordError):
-    """A run record changed after creditaudit wrote it (its content digest no longer
-    matches). ``fact``: what is wrong, without the advice the message ends with, for a
-    caller that acts on it itself (a sweep starts the run over)."""
+    """A run record or checkpoint is missing, malformed, truncated or of another schema.
+    ``fact``: what is wrong, without the ``advice`` the message ends with (when it was
+    given apart), for a caller that acts on it itself (a sweep resumes or starts the run
+    over; ``train`` offers what its checkpoint allows)."""
 
     def __init__(self, fact: str, advice: str = "") -> None:
         super().__init__(f"{fact}: {advice}" if advice else fact)
         self.fact = fact
+
+
+class ChangedRecordError(RunRecordError):
+    """A run record changed after creditaudit wrote it (its content digest no longer
+    matches)."""
 
 
 class NewerRecordError(RunRecordError):

@@ -168,10 +168,11 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     try:
         raw = json.loads(text, object_pairs_hook=strict_json.unique_keys)
     except strict_json.DuplicateKey as err:
-        raise RunRecordError(f"run record {path} {err}, so JSON readers disagree on its value: "
-                             "it was edited by hand, or written by an earlier creditaudit from "
-                             "a guest's numbers keyed 1 and '1' alike; keep the one value you "
-                             "trust, or train the run again with --force") from None
+        raise RunRecordError(f"run record {path} {err}, so JSON readers disagree on its value "
+                             "(it was edited by hand, or written by an earlier creditaudit "
+                             "from a guest's numbers keyed 1 and '1' alike)",
+                             f"keep the one value you trust, or train the run again with "
+                             f"{FORCE}") from None
     except ValueError as err:
         raise RunRecordError(f"run record {path} is truncated or not JSON ({err})"
                              ) from None

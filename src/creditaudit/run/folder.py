@@ -160,7 +160,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             raise NewerRecordError(f"{err} ({FORCE} would delete it and train the run again "
                                    "with this version)") from None
         except RunRecordError as err:
-            damaged = getattr(err, "fact", str(err))  # without load_record's advice
+            damaged = err.fact  # without load_record's advice
             if (checkpointed_epoch(run_dir) or 0) <= 0:  # nothing trained is kept elsewhere
                 advice = ("" if FORCE.named_in(damaged)
                           else f"; pass {FORCE} to start this run over")

@@ -18,7 +18,6 @@ from typing import Any
 
 from creditaudit.config import config_from_dict
 from creditaudit.errors import (
-    ChangedRecordError,
     ConfigError,
     CreditAuditError,
     DataError,
@@ -77,12 +76,10 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
         return None, None
     try:
         record = load_record(path)
-    except ChangedRecordError as err:
-        return "corrupt", err.fact
     except NewerRecordError as err:
         return NEWER, str(err)
-    except RunRecordError as err:
-        return "corrupt", str(err)
+    except RunRecordError as err:  # without load_record's advice: the sweep acts itself
+        return "corrupt", err.fact
     foreign = other_runs_record(record, run_dir.name, path)
     if foreign is not None:
         return FOREIGN, f"{foreign}: move it away, then run again"

@@ -18,11 +18,11 @@ import torch
 
 from creditaudit.config import RunConfig, device_overrides
 from creditaudit.errors import (
-    ChangedRecordError,
     ConfigError,
     CreditAuditError,
     NewerRecordError,
     OutputError,
+    RunRecordError,
 )
 from creditaudit.files import strict_json
 from creditaudit.files.safe_files import atomic_write_files, json_bytes, read_text
@@ -149,10 +149,10 @@ def run_state(plan: RunPlan) -> tuple[str | None, RunRecord | None, str | None]:
         return None, None, None
     try:
         record = load_record_cached(path)
-    except ChangedRecordError as err:  # the fact: the experiment's sweep starts it over
-        return "corrupt", None, err.fact
     except NewerRecordError as err:
         return NEWER, None, str(err)
+    except RunRecordError as err:  # the fact: the experiment's sweep resumes or restarts it
+        return "corrupt", None, err.fact
     except (CreditAuditError, OSError) as err:
         return "corrupt", None, str(err)
     foreign = other_runs_record(record, plan.run_id, path)

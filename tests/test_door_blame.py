@@ -110,6 +110,28 @@ def test_nan_features_in_a_plugin_datasets_run_load_name_the_plugin(tmp_path):
         "at index 150)")
 
 
+def test_a_plugin_test_split_cut_from_its_training_split_at_a_runs_sizes_is_refused(tmp_path):
+    """Held out at the door's tiny sizes, the training split's first samples past them: the
+    run's own load refuses it naming the plugin, not a run recording memorisation as test
+    accuracy; a dataset declaring the check an expected failure trains."""
+    from creditaudit.data.rows import HELD_OUT_CHECK
+    from creditaudit.testing.datasets import test_split_is_held_out
+
+    assert test_split_is_held_out.__name__ == HELD_OUT_CHECK  # the declared name's check
+    site = site_with(tmp_path, "door-late-overlap")
+    done = cli(site, "train", *cli_args(tmp_path / "runs", **{
+        "data.name": "door-late-overlap"}), cwd=tmp_path)
+    line = error_line(done)
+    assert line.startswith(f"creditaudit: error: dataset plugin 'door-late-overlap' "
+                           f"({ORIGIN}) loaded data creditaudit cannot use: the data "
+                           "door-late-overlap loaded: 256 of the 256 test samples (inputs and "
+                           "labels) are also training samples"), line
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    with guests(tmp_path / "api", "door-repeats"):
+        plan = plan_run(tiny_config(tmp_path / "runs", **{"data.name": "door-repeats"}))
+        assert plan.load_data().test_x.shape[0] == 256
+
+
 def test_a_plugin_datasets_sizes_that_disagree_with_its_run_load_name_the_plugin(tmp_path):
     """sizes() says 256 training samples, the run's own load gives 100 (the door's tiny load
     gives what sizes() says): refused at the load, naming the plugin."""

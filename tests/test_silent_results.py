@@ -52,6 +52,7 @@ from integrity_support import (
     toml_of,
     write_idx_dataset,
 )
+from test_data_decoders import READS, counted_read
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -243,12 +244,9 @@ def test_fingerprint_cache_entries_are_signed_verified_and_recomputed_quietly(
         fingerprints, tmp_path, monkeypatch, caplog):
     path = tmp_path / "data.bin"
     path.write_bytes(b"\x01\x02\x03")
-    reads: list[Path] = []
-
-    def decode(p: Path) -> bytes:
-        reads.append(p)
-        return p.read_bytes()
-
+    reads = READS  # counted_read's: a module's function is what a digest is cached under
+    reads.clear()
+    decode = counted_read
     digest = identity.file_digest(path, decode)
     entry = next(iter(json.loads(fingerprints.read_text()).values()))
     assert entry["sha256"] == digest and len(entry["mac"]) == 64

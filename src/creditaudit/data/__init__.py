@@ -23,6 +23,7 @@ from creditaudit.data.registry import (
     dataset_spec,
     register,
 )
+from creditaudit.data.rows import HELD_OUT_CHECK, held_out_problem
 from creditaudit.data.spec import digest_text
 from creditaudit.data.synthetic import make_teacher_student
 from creditaudit.data.transforms import normalization
@@ -56,6 +57,7 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
         check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
+    check_held_out_split(spec, dataset)
     dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest())
     return dataset
 
@@ -210,6 +212,21 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     check_normalisation(spec, dataset)
 
 
+def check_held_out_split(spec: DatasetSpec[Any], dataset: Dataset) -> None:
+    """LoadedDataError (one line) when the test split of ``dataset`` (as ``spec`` loaded it
+    for a run, after ``data.train_subset``) is not held out from its training split
+    (:func:`~creditaudit.data.rows.held_out_problem`), unless ``spec`` declares that by
+    design (``expected_failures``): the door checks it at tiny sizes only, and a test
+    split cut from the training arrays at a run's sizes would record memorisation as test
+    accuracy."""
+    if HELD_OUT_CHECK in getattr(spec, "expected_failures", {}):
+        return
+    problem = held_out_problem(dataset.train_x, dataset.train_y, dataset.test_x,
+                               dataset.test_y)
+    if problem is not None:
+        raise LoadedDataError(f"the data {spec.name} loaded: {problem}")
+
+
 def check_sizes(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when ``spec.sizes()`` declares (training, test) sizes that
     the arrays ``dataset`` holds are not: a run plan fits the evaluation set and the
@@ -273,5 +290,5 @@ def data_dir(options: Any) -> Any:
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
            "check_sizes", "check_train_subset", "check_same_files", "check_handed",
-           "check_normalisation",
+           "check_normalisation", "check_held_out_split",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

@@ -24,7 +24,9 @@ in memory and in ``fingerprints.json`` of the user cache folder (see
 :func:`creditaudit.files.cache.cache_dir`), keyed by the file's resolved path, size, inode,
 modification time and status-change time and by how it is read (raw, or the decoder's
 name: a file hashed gunzipped is not served as its raw bytes' digest), so an unchanged file
-is hashed once per machine.
+is hashed once per machine. Only a module's own function is a name that says what it returns:
+a closure or a method may read a dataset's options, so what they decode is hashed every time
+(:func:`reader_name`).
 The status-change time (ctime) cannot be set by programs, so a file rewritten with its old
 modification time restored (``cp -p``, ``touch -r``, ``os.utime``) is hashed again; and a
 file changed in the last few seconds is never cached, because two writes within one tick of
@@ -39,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,14 +62,17 @@ _MEMORY: dict[tuple[str, int, int, int, int, str], str] = {}
 
 def reader_name(decode: Callable[[Path], bytes] | None) -> str | None:
     """How a file is read, as its cached digest is keyed: ``"raw"``, a decoder's
-    ``module.qualname``, or None for a decoder without a name of its own (a lambda, a
-    ``functools.partial``), whose digests are not cached."""
+    ``module.qualname``, or None for a decoder whose name does not say what it returns, whose
+    digests are not cached: a lambda or a ``functools.partial`` (no name of its own), a
+    bound method or a callable object (it reads its instance), a function defined in
+    another (it may read what it encloses, e.g. a dataset's options) — one name, other
+    content for each dataset holding other options."""
     if decode is None:
         return "raw"
-    qualname = getattr(decode, "__qualname__", None)
-    if not isinstance(qualname, str) or qualname.endswith("<lambda>"):
+    if not isinstance(decode, types.FunctionType) or decode.__closure__ is not None \
+            or "<" in decode.__qualname__:  # <lambda>, <locals>
         return None
-    return f"{getattr(decode, '__module__', None)}.{qualname}"
+    return f"{decode.__module__}.{decode.__qualname__}"
 
 
 def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> str:

@@ -38,6 +38,9 @@ CANDIDATES = 4  # nearest test samples compared in full (duplicates in a test sp
 # The share of test samples that may also be training samples (exact duplicates of input and
 # label): real datasets hold a few, a test split that is (part of) the training split more.
 HELD_OUT_SHARE = 0.5
+# The conformance check of it, by its name (what a dataset declares in expected_failures
+# when its inputs repeat by design).
+HELD_OUT_CHECK = "test_split_is_held_out"
 
 
 def shared_samples(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor) -> int:
@@ -45,6 +48,20 @@ def shared_samples(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Ten
     input bytes and the same label (x: ``(N, …)``, y: ``(N,)``)."""
     seen = set(_sample_keys(train_x, train_y))
     return sum(key in seen for key in _sample_keys(test_x, test_y))
+
+
+def held_out_problem(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor
+                     ) -> str | None:
+    """Why the test split is not held out — more than :data:`HELD_OUT_SHARE` of its samples
+    are also training samples (:func:`shared_samples`) — as a sentence with its fix; None
+    when it is."""
+    shared, n_test = shared_samples(train_x, train_y, test_x, test_y), int(test_x.shape[0])
+    if shared <= HELD_OUT_SHARE * n_test:
+        return None
+    return (f"{shared} of the {n_test} test samples (inputs and labels) are also training "
+            "samples: the test accuracy would measure memorisation, not generalisation; load "
+            "the held-out split as the test split (a dataset whose inputs repeat by design "
+            f"declares {HELD_OUT_CHECK} in expected_failures)")
 
 
 def _sample_keys(x: Tensor, y: Tensor) -> list[tuple[int, int]]:
@@ -116,4 +133,4 @@ def check_test_rows(dataset: Dataset, x: Tensor, y: Tensor, label: str) -> None:
 
 
 __all__ = ["check_test_rows", "standardised", "MATCH_TOLERANCE", "HELD_OUT_SHARE",
-           "shared_samples", "check_held_out"]
+           "shared_samples", "check_held_out", "held_out_problem", "HELD_OUT_CHECK"]

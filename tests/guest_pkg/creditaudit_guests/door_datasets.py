@@ -10,7 +10,11 @@ Each is a small Gaussian-mixture-like generated dataset of 8 features and 4 clas
 - ``door-load-raises``: ``load()`` raises for more than 100 training samples;
 - ``door-late-nan``: one NaN feature once more than 100 training samples are asked for;
 - ``door-capped``: at most 100 training samples, whatever ``sizes()`` (``data.n_train``)
-  says — right at the door's tiny sizes, wrong at a run's.
+  says — right at the door's tiny sizes, wrong at a run's;
+- ``door-late-overlap``: its test split is the first training samples once more than 100
+  training samples are asked for (held out at the door's tiny sizes);
+- ``door-repeats``: ``door-late-overlap`` declaring ``test_split_is_held_out`` an
+  expected failure (inputs that repeat by design).
 """
 
 import itertools
@@ -115,3 +119,21 @@ class Capped(Mixture):
         dataset = super().load(options, seed)
         dataset.train_x, dataset.train_y = dataset.train_x[:100], dataset.train_y[:100]
         return dataset
+
+
+class LateOverlap(Mixture):
+    name, label = "door-late-overlap", "Late overlap"
+
+    @classmethod
+    def load(cls, options, seed):
+        dataset = super().load(options, seed)
+        if options.n_train > 100:
+            n = options.n_test
+            dataset.test_x = dataset.train_x[:n].clone()
+            dataset.test_y = dataset.train_y[:n].clone()
+        return dataset
+
+
+class Repeats(LateOverlap):
+    name, label = "door-repeats", "Repeats"
+    expected_failures = {"test_split_is_held_out": "its samples repeat by design"}

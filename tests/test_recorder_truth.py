@@ -244,20 +244,29 @@ def test_a_frozen_run_stopped_early_is_no_baseline_and_reports_say_it_stopped(tm
     assert RunIndex.from_dir(tmp_path).records.frozen_baseline(full) == (pytest.approx(0.3), 1)
 
 
-def test_a_loop_ending_off_the_protocol_beat_is_judged_at_its_last_epoch(tmp_path):
-    """``protocol_every=3`` and no ``optim.epochs``: the loop's 4th epoch, its last, was
-    never judged, and the record's verdict — (d) passed on epoch 3's accuracy 0.30 against
-    the frozen 0.10 — stood beside the run's final accuracy 0.05 (−5 pp): "no walk-back"."""
+def _off_beat_loop(tmp_path, name: str, accuracies: tuple[float, ...]) -> Recorder:
+    """A Recorder loop with ``protocol_every=3`` and no ``optim.epochs`` (frozen 0.10):
+    epoch 0 at accuracy 0.1, then one step and one ``epoch()`` per accuracy; finished."""
     x, y = random_set()
     bound_rule = bound(x)
     optimizer = torch.optim.SGD(bound_rule.trainable_parameters(), lr=1e-3)
     config = {"diagnostics.protocol_every": 3, "diagnostics.frozen_acc": 0.1, **OFF}
-    with Recorder(bound_rule, x, y, out=tmp_path, name="off-beat", config=config) as rec:
+    with Recorder(bound_rule, x, y, out=tmp_path, name=name, config=config) as rec:
         rec.epoch(0, test_acc=0.1)
-        for epoch, acc in enumerate((0.3, 0.3, 0.3, 0.05), start=1):
+        for epoch, acc in enumerate(accuracies, start=1):
             bound_rule.train_step(x, y, optimizer)
             rec.epoch(epoch, test_acc=acc)
-        assert rec.record.log[-1].verdict is None  # not the protocol's epoch: none yet
+            if epoch == len(accuracies) and epoch % 3:
+                assert rec.record.log[-1].verdict is None  # not the protocol's epoch
+    return rec
+
+
+def test_a_loop_ending_off_the_protocol_beat_is_judged_at_its_last_epoch(tmp_path):
+    """``protocol_every=3`` and no ``optim.epochs``: the loop's 4th epoch, its last, was
+    never judged, and the record's verdict — (d) passed on epoch 3's accuracy 0.30 against
+    the frozen 0.10 — stood beside the run's final accuracy 0.05 (−5 pp): "no walk-back"."""
+    rec = _off_beat_loop(tmp_path, "off-beat", (0.3, 0.3, 0.3, 0.05))
+    assert rec.record.log[-1].verdict is not None  # judged by finish(), not by epoch(4)
     record = load_record(tmp_path / "off-beat")
     assert [e.epoch for e in record.log if e.verdict is not None] == [3, 4]
     assert record.protocol.epoch == 4 and record.final_acc == 0.05
@@ -286,15 +295,7 @@ def test_an_off_beat_epochs_kept_gradients_go_before_the_next_epoch_is_measured(
         return measures, sg
 
     monkeypatch.setattr(recorder_module, "epoch_diagnostics", watched)
-    x, y = random_set()
-    bound_rule = bound(x)
-    optimizer = torch.optim.SGD(bound_rule.trainable_parameters(), lr=1e-3)
-    config = {"diagnostics.protocol_every": 3, "diagnostics.frozen_acc": 0.1, **OFF}
-    with Recorder(bound_rule, x, y, out=tmp_path, name="kept", config=config) as rec:
-        rec.epoch(0, test_acc=0.1)
-        for epoch in (1, 2, 3, 4):
-            bound_rule.train_step(x, y, optimizer)
-            rec.epoch(epoch, test_acc=0.3)
+    _off_beat_loop(tmp_path, "kept", (0.3, 0.3, 0.3, 0.3))
     assert alive_while_measuring == [0] * 5
     # and the last, off-beat epoch is still judged by finish()
     record = load_record(tmp_path / "kept")

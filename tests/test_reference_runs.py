@@ -243,15 +243,23 @@ def test_resume_keeps_a_correct_reference_block(tmp_path, kill_run_at):
 
 def test_resume_refuses_a_model_whose_backward_changed(guests, tmp_path, kill_run_at,
                                                        monkeypatch):
-    """Resume re-checks the model as built: the plain factory's run, resumed with the
-    doubled backward in its place, is refused in one line."""
+    """Resume re-checks the model as built: the plain factory's run, resumed with a
+    doubled backward in its residual block's forward (the same module tree), is refused in
+    one line; resumed with the doubled factory in its place (another module tree: an extra
+    module) it is refused as another network before any check runs."""
     config = guest_config("doubled", tmp_path, **{"model.factory": f"{FACTORY}:plain",
                                                   "optim.epochs": 2})
     kill_run_at(config, epoch=2)
     import creditaudit_guests.ref_factories as factories
 
-    monkeypatch.setattr(factories, "plain", factories.doubled_backward)
-    with pytest.raises(ReferenceGradientError, match="net.res.f.2"):
+    with monkeypatch.context() as patched:
+        patched.setattr(factories, "plain", factories.doubled_backward)
+        with pytest.raises(RunRecordError, match="builds another network than the run "
+                                                 "trained"):
+            train(config, resume=True)
+    monkeypatch.setattr(factories.Residual, "forward",
+                        lambda self, h: h + factories.DoubledGradient.apply(self.f(h)))
+    with pytest.raises(ReferenceGradientError, match="net.res"):
         train(config, resume=True)
 
 

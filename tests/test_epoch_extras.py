@@ -95,6 +95,9 @@ def test_your_own_rules_value_is_its_own_failure():
         rule_extras(rule, {"mine": "x"})
     with pytest.raises(GuestError, match=r"under the key 3, a int: name each value"):
         rule_extras(rule, {3: 1.0})
+    # an empty key was logged as the bare tag "train/"
+    with pytest.raises(GuestError, match=r"under the key '', no name: name each value"):
+        rule_extras(rule, {"": 1.0})
     assert rule_extras(rule, {"a": np.float32(1.5), "b": None}) == {"a": 1.5, "b": None}
 
 

@@ -112,6 +112,8 @@ def test_extras_that_are_no_mapping_of_names_are_refused_in_one_line(tmp_path):
         rec.epoch(0, extras=[("val_acc", 0.9)])
     with pytest.raises(ConfigError, match=r"^extras key 1 \(int\) is not a name: "):
         rec.epoch(0, extras={1: 0.1, "1": 0.2})
+    with pytest.raises(ConfigError, match=r"^extras key ' ' is not a name: "):
+        rec.epoch(0, extras={" ": 0.1})  # it was logged as the bare tag "train/ "
     assert rec.epoch(0, extras={"1": 0.2}).extras == {"1": 0.2}
 
 

@@ -240,7 +240,8 @@ def checked_extras(extras: Any) -> dict[str, float | None]:
     """An epoch's ``extras`` (None or a mapping of names to numbers) as the floats a record
     holds (:func:`checked_number`); ConfigError (one line) for another object (a list of
     pairs raised AttributeError), a key that is not a string (``1`` and ``"1"`` were both
-    written as ``"1"``, one number lost), or a name the entry writes itself
+    written as ``"1"``, one number lost), an empty or blank key (logged as the bare tag
+    ``train/``), or a name the entry writes itself
     (:func:`refuse_record_keys`)."""
     if extras is None:
         return {}
@@ -250,6 +251,9 @@ def checked_extras(extras: Any) -> dict[str, float | None]:
     if odd := [key for key in extras if not isinstance(key, str)]:
         raise ConfigError(f"extras key {odd[0]!r} ({type(odd[0]).__name__}) is not a name: "
                           "name each number with a string, e.g. {'val_acc': 0.91}")
+    if blank := [key for key in extras if not key.strip()]:  # logged as the tag "train/"
+        raise ConfigError(f"extras key {blank[0]!r} is not a name: name each number with "
+                          "a string that says what it is, e.g. {'val_acc': 0.91}")
     kept = {key: checked_number(f"extras[{key!r}]", value) for key, value in extras.items()}
     refuse_record_keys(kept)
     return kept

@@ -221,9 +221,10 @@ def rule_extras(rule: CreditRule, values: Any) -> dict[str, float]:
         extras: dict[str, Any] = {}
         for key, value in values.items():
             number = None if value is None else recordable_number(value)
-            if not isinstance(key, str):
-                problem = (f"returned a per-epoch value under the key {key!r}, a "
-                           f"{type(key).__name__}: name each value with a string")
+            if not isinstance(key, str) or not key.strip():
+                kind = f"a {type(key).__name__}" if not isinstance(key, str) else "no name"
+                problem = (f"returned a per-epoch value under the key {key!r}, {kind}: name "
+                           "each value with a string that says what it is")
             elif number is None and value is not None:
                 problem = (f"returned {shown(value)} as the per-epoch value {key!r}, which a "
                            "record cannot hold: return a number (a float, an int, a numpy or "

@@ -242,12 +242,14 @@ class Protocol:
 
     def thresholds(self) -> Thresholds:
         """The built-ins' thresholds of this protocol (defaults where one is not in it)."""
-        values: dict[str, Any] = {}
-        for d in self.diagnostics:
-            for name in d.option_names():
-                if name in Thresholds.__dataclass_fields__:
-                    values[name] = getattr(d.options, name)
+        values = {name: value for name, (value, _) in self._held().items()}
         return Thresholds.as_recorded(values)  # its options were checked when built
+
+    def _held(self) -> dict[str, tuple[Any, str]]:
+        """The :class:`Thresholds` fields its diagnostics' options hold: their values and
+        the diagnostic holding each."""
+        return {name: (getattr(d.options, name), d.name) for d in self.diagnostics
+                for name in d.option_names() if name in Thresholds.__dataclass_fields__}
 
     def agreeing(self, thresholds: Thresholds | None) -> Thresholds:
         """The thresholds this protocol judges by (:meth:`thresholds`), with ``thresholds``'
@@ -257,19 +259,15 @@ class Protocol:
         protocol judges by its own, and the report would record the other."""
         if thresholds is None:
             return self.thresholds()
-        held, clash = {}, []
-        for d in self.diagnostics:
-            for name in d.option_names():
-                if name in Thresholds.__dataclass_fields__:
-                    held[name] = mine = getattr(d.options, name)
-                    if getattr(thresholds, name) != mine:
-                        clash.append(f"{name}={getattr(thresholds, name)!r} (its ({d.name}) "
-                                     f"holds {mine!r})")
+        held = self._held()
+        clash = [f"{name}={getattr(thresholds, name)!r} (its ({holder}) holds {mine!r})"
+                 for name, (mine, holder) in held.items() if getattr(thresholds, name) != mine]
         if clash:
             raise ConfigError(f"thresholds= and protocol= disagree: {', '.join(clash)}; give "
                               "the thresholds in the protocol's options (Protocol.default("
                               "thresholds)) and leave thresholds= out")
-        return Thresholds.as_recorded({**thresholds.to_dict(), **held})
+        return Thresholds.as_recorded({**thresholds.to_dict(),
+                                       **{name: value for name, (value, _) in held.items()}})
 
     @property
     def names(self) -> list[str]:

@@ -248,24 +248,8 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
                                f"evaluate() returned the result of ({result.id}), not "
                                f"({self.name})")
         why = unfounded(result.status, result.value)
-        if why is None and result.status != NOT_EVALUATED \
-                and not math.isfinite(self.limit()):
-            # fires() is then never (NaN, or "> inf") or always true: no test of the run
-            why = (f"its threshold {self.threshold}={self.limit()} is not a finite number "
-                   f"(options {type(self.options).__name__})")
-        elif why is None and result.status != NOT_EVALUATED \
-                and self.fires(result.value) != (result.status == FIRED):
-            # verdicts read the status, threshold sensitivity the value: they must agree
-            does = "fires" if self.fires(result.value) else "does not fire"
-            why = (f"its statistic {result.value:g} {does} at its threshold "
-                   f"{self.operator} {self.limit():g}")
-        elif why is None and result.status != NOT_EVALUATED \
-                and result.threshold != self.limit():
-            # records and reports show the result's threshold beside a status judged at
-            # the options' one
-            why = (f"it states the threshold {result.threshold!r}, but it judges at "
-                   f"{self.threshold}={self.limit():g} (build results with self.result() "
-                   "or self.judge())")
+        if why is None and result.status != NOT_EVALUATED:
+            why = self._contradiction(result)
         details = result.details
         unplain = _unplain(details)  # a record holds it: numpy and tensors cannot be written
         if why is None and unplain is None:
@@ -276,6 +260,24 @@ class ProtocolDiagnostic(Component, Generic[OptionsT]):
                            f"{why} (it said {result.status!r}: {result.reason})",
                            **{**details, "claimed": result.status})
 
+    def _contradiction(self, result: DiagnosticResult) -> str | None:
+        """Why a fired or passed ``result`` (its statistic a real number) disagrees with
+        this diagnostic's threshold, or None: a NaN or infinite threshold (``fires`` is then
+        never, or always, true: no test of the run); a status ``fires`` contradicts
+        (verdicts read the status, threshold sensitivity the value); another threshold
+        stated than the one judged at (records and reports show the result's)."""
+        if not math.isfinite(self.limit()):
+            return (f"its threshold {self.threshold}={self.limit()} is not a finite number "
+                    f"(options {type(self.options).__name__})")
+        if self.fires(result.value) != (result.status == FIRED):
+            does = "fires" if self.fires(result.value) else "does not fire"
+            return (f"its statistic {result.value:g} {does} at its threshold "
+                    f"{self.operator} {self.limit():g}")
+        if result.threshold != self.limit():
+            return (f"it states the threshold {result.threshold!r}, but it judges at "
+                    f"{self.threshold}={self.limit():g} (build results with self.result() "
+                    "or self.judge())")
+        return None
 
 def _unplain(details: Any) -> str | None:
     """Why ``details`` (a result's) cannot go into a record as they are — not a dict of

@@ -52,11 +52,10 @@ from creditaudit.run.resume import (
 from creditaudit.run.run_code import check_same_network
 from creditaudit.run.setup import missing_checkpoint, rebuild_run
 from creditaudit.run.unresumable import (
-    check_saved_run,
-    checkpointed_epoch,
     no_run_to_resume,
     restartable,
     started_without_record,
+    trained_epoch,
 )
 
 log = logging.getLogger(__name__)
@@ -153,6 +152,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
     run_dir = plan.run_dir
     record_path = run_dir / RECORD_FILE
     damaged = None  # why record.json cannot be read, when its checkpoint can stand in
+    trained = None  # the trained epoch of the folder's checkpoint, once read
     if record_path.exists() and not force:
         try:
             existing = load_record(record_path)
@@ -161,7 +161,8 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                                    "with this version)") from None
         except RunRecordError as err:
             damaged = err.fact  # without load_record's advice
-            if (checkpointed_epoch(run_dir) or 0) <= 0:  # nothing trained is kept elsewhere
+            trained = trained_epoch(run_dir, plan.run_id)
+            if trained <= 0:  # nothing trained is kept elsewhere
                 advice = ("" if FORCE.named_in(damaged)
                           else f"; pass {FORCE} to start this run over")
                 raise RunRecordError(f"{damaged}{advice}") from None
@@ -192,12 +193,13 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                       f"no {CHECKPOINT_FILE}: {missing_checkpoint(existing)}")
             raise RunRecordError(f"run {run_dir} exists with status {existing.status!r}"
                                  f"{hint}: {advice}")
-    elif not force and (trained := checkpointed_epoch(run_dir) or 0) > 0:
+    elif not force and (trained := trained if trained is not None
+                        else trained_epoch(run_dir, plan.run_id)) > 0:
         # No readable record.json (deleted, a folder copied without it, cut short, edited),
         # but a checkpoint of a trained epoch, which holds the record as of it: resumed from
         # there — the resumed run writes record.json anew —, never trained over. Another
-        # run's checkpoint (copied in by hand) is named first: --resume refuses it.
-        check_saved_run(run_dir, plan.run_id)
+        # run's checkpoint (copied in by hand) is named first (trained_epoch): --resume
+        # refuses it.
         what = f"has no {RECORD_FILE}" if damaged is None else f"has a damaged {RECORD_FILE}"
         if not resume:
             fact = f"{damaged}, " if damaged is not None else f"run {run_dir} {what}, "

@@ -85,12 +85,22 @@ def checkpointed_epoch(run_dir: Path) -> int | None:
         return None
 
 
-def check_saved_run(run_dir: Path, run_id: str) -> None:
-    """One-line RunRecordError when the checkpoint in ``run_dir`` (one that
-    :func:`checkpointed_epoch` read) holds the record of another run than ``run_id``: a
-    file copied from another run's folder, which ``--resume`` would refuse too."""
+def trained_epoch(run_dir: Path, run_id: str) -> int:
+    """The trained epoch of the checkpoint in ``run_dir`` — 0 without one, for one of the
+    initial weights, or for one that cannot be read — read once. One-line RunRecordError
+    when a checkpoint of a trained epoch holds the record of another run than ``run_id``:
+    a file copied from another run's folder, which ``--resume`` would refuse too."""
     path = run_dir / CHECKPOINT_FILE
-    check_same_run(saved_record(load_checkpoint(path), path), run_id, path)
+    if not path.exists():
+        return 0
+    try:
+        state = load_checkpoint(path)
+    except RunRecordError:
+        return 0
+    epoch = int(state["epoch"])
+    if epoch > 0:
+        check_same_run(saved_record(state, path), run_id, path)
+    return epoch
 
 
 def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,

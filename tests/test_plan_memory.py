@@ -111,3 +111,16 @@ def test_a_float64_run_counts_its_parameters_in_float64(tmp_path, monkeypatch):
             plan_run(config)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("key", ["data.in_dim", "model.d"])
+def test_sizes_no_tensor_can_address_are_one_line_exit_2(tmp_path, capsys, key):
+    """A size whose bytes overflow 64 bits fails the meta build and any CPU build alike:
+    the options' fault, said in one line (it was reported as an internal error)."""
+    args = ["train", "--method", "bp", "--dataset", "synthetic", "--set", f"{key}={2**62}",
+            "--epochs", "1", "-q", "--out", str(tmp_path)]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert_one_line_error(out, err, "model.arch='resmlp'", "too large to address",
+                          "choose a smaller model")
+    assert not any(tmp_path.iterdir())

@@ -329,6 +329,10 @@ def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
     except Exception as err:  # noqa: BLE001 - code that cannot run on meta (BioTorch frsf)
         if isinstance(err, ConfigError | ModelContractError):
             raise  # the options' fault, on any device
+        if _too_large_to_address(err):  # a CPU build would overflow the same way
+            raise ConfigError(f"model.arch={arch.name!r} with these options asks for a "
+                              f"tensor too large to address ({err}); choose a smaller model "
+                              "or input (model.* sizes, data.in_dim)") from None
         # described from a real build instead; a fault of the model itself fails that too,
         # and is reported from there, as any run would meet it
         log.debug("building %s on the meta device failed (%s: %s); describing a CPU build",
@@ -341,6 +345,13 @@ def _describe_on_meta(arch: Architecture[Any], rule: type[CreditRule],
         raise ConfigError(f"method.name={rule.name!r} cannot train model.arch="
                           f"{arch.name!r}: {err}") from None
     return model.describe(), model
+
+
+def _too_large_to_address(err: BaseException) -> bool:
+    """Whether ``err`` is PyTorch's refusal of a tensor whose size in bytes overflows a
+    64-bit integer (``Storage size calculation overflowed with sizes=[…]``): sizes no
+    machine can hold, refused before the memory check can weigh them."""
+    return isinstance(err, RuntimeError) and "size calculation overflowed" in str(err)
 
 
 def _eval_samples(config: RunConfig, spec: DatasetSpec[Any]) -> int:

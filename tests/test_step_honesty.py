@@ -33,6 +33,8 @@ LIARS = [
     ("step-redraws-each-epoch", "fixed_feedback_stays_fixed", "(in train_step or end_epoch)"),
     ("step-decays-its-lr", "step_is_one_optimizer_step", "changed 'lr' (0.1 -> 0.05)"),
     ("step-nan-but-finite", "step_reports_its_batch", "reports loss nan (finite=True)"),
+    ("step-clears-optimizer-state", "step_is_one_optimizer_step",
+     "step count going from 1 to 1"),
 ]
 
 

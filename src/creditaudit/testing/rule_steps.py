@@ -121,6 +121,37 @@ def step_is_one_optimizer_step(cls: type[CreditRule], arch: str = "resmlp") -> N
             f"one training step with SGD (lr {REAL_STEP_LR}) moves {name} by "
             f"{_ratio(moved, want)} its −lr·gradient: the step must apply the optimizer it "
             "is handed once, to the gradients it leaves (no second step, no own update)")
+    _keeps_optimizer_state(cls, arch)
+
+
+def _keeps_optimizer_state(cls: type[CreditRule], arch: str) -> None:
+    """AssertionError when a second step with AdamW moves a parameter whose optimizer
+    state did not carry over from the first (its step count not one more): a step that
+    clears or replaces the optimizer's state trains with moments restarted every batch while
+    the record says AdamW."""
+    rule = make_rule(cls, arch=arch)
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-3)
+    assert rule.train_step(*tiny_batch(seed=0, arch=arch), optimizer).finite
+    counts = {id(p): _step_count(optimizer, p) for p in rule.trainable_parameters()}
+    before = {id(p): p.detach().clone() for p in rule.trainable_parameters()}
+    assert rule.train_step(*tiny_batch(seed=1, arch=arch), optimizer).finite
+    names = {id(p): name for name, p in rule.model.named_parameters()}
+    for p in rule.trainable_parameters():
+        if torch.equal(p.detach(), before[id(p)]):
+            continue  # not stepped this time (no gradient)
+        was, now = counts[id(p)], _step_count(optimizer, p)
+        assert now == was + 1, (
+            f"a second training step with AdamW moved "
+            f"{names.get(id(p), f'a parameter of shape {tuple(p.shape)}')} with the "
+            f"optimizer's step count going from {was} to {now}: train_step() cleared or "
+            "replaced the optimizer's state, so its moments restart every batch while the "
+            "run records the optimizer of its config (leave optimizer.state alone)")
+
+
+def _step_count(optimizer: torch.optim.Optimizer, p: Tensor) -> int:
+    """How many steps ``optimizer`` has taken on ``p`` (its state's ``step``; 0 for none)."""
+    step = optimizer.state.get(p, {}).get("step", 0)
+    return int(step.item() if isinstance(step, Tensor) else step)
 
 
 def _same_settings(before: list[dict[str, object]], after: list[dict[str, object]]) -> None:

@@ -74,9 +74,11 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   Python's global random streams as it found them (a network's dropout draws from torch's);
 - ``step_is_one_optimizer_step``: one step with ``SGD(lr=0.1)`` moves every model
   parameter by exactly −lr·(the gradient it leaves), and no parameter without one, and
-  leaves the optimizer's param groups and settings (lr, weight decay, …) as it found them:
-  the optimizer the run hands the step is applied once, nothing else writes the weights,
-  and the step runs no schedule or regulariser of its own beside the run's recorded one;
+  leaves the optimizer's param groups and settings (lr, weight decay, …) as it found them,
+  and a second step with ``AdamW`` continues the first's state (each parameter it moves one
+  step further in its count): the optimizer the run hands the step is applied once, nothing
+  else writes the weights or clears the optimizer's moments, and the step runs no schedule
+  or regulariser of its own beside the run's recorded one;
 - ``frozen_blocks_stay_untouched``: with ``trainable_blocks=1`` the other blocks keep their
   initial weights and get no gradient over several steps (the depth ladder and the (d)
   baseline rely on it);

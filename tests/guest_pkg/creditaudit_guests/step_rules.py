@@ -11,6 +11,8 @@ Each computes a correct update; what is wrong is beside it:
 - ``step-decays-its-lr``: halves the optimizer's learning rate after every step (a schedule
   of its own, beside the run's);
 - ``step-nan-but-finite``: reports a NaN loss as finite;
+- ``step-clears-optimizer-state``: clears the optimizer's state (its moments and step
+  counts) before every step;
 - ``step-miscounts-past-the-door``: reports twice the batch size on batches larger than the
   door's (it passes the conformance suite, and meets the trainer's check);
 - ``step-nan-past-the-door``: reports a NaN loss as finite on those batches.
@@ -113,6 +115,14 @@ class NaNButFinite(BP):
     def train_step(self, x, y, optimizer):
         result = super().train_step(x, y, optimizer)
         return dataclasses.replace(result, loss=float("nan"), finite=True)
+
+
+class ClearsOptimizerState(DFA):
+    name, label = "step-clears-optimizer-state", "Clears optimizer state"
+
+    def train_step(self, x, y, optimizer):
+        optimizer.state.clear()
+        return super().train_step(x, y, optimizer)
 
 
 class MiscountsPastTheDoor(BP):

@@ -313,3 +313,36 @@ def test_a_run_interrupted_after_its_holder_let_it_go_is_not_summarised_busy(
     [entry] = json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]
     assert (entry["status"], entry["action"], entry["written_by"]) == (
         "interrupted", "interrupted", "mine.toml")
+
+
+def test_a_run_another_process_trains_when_the_sweep_is_interrupted_is_summarised_busy(
+        tmp_path, monkeypatch):
+    """Ctrl-C in this sweep's first run, while another process (a second sweep on the
+    folder) trains the second run of this sweep's round: the summary said this sweep had
+    interrupted that run, with status ``running`` (its live record's), though it never
+    touched it; the run is the other process's, busy."""
+    import socket
+
+    from creditaudit.records import new_record, save_record
+    from creditaudit.run.trainer import Trainer
+
+    configs = [tiny(tmp_path, **{"method.name": name, "optim.epochs": 2})
+               for name in ("bp", "dfa")]
+    other = plan_run(configs[1]).run_dir
+
+    def ctrl_c_as_the_other_process_trains(self, epoch):
+        other.mkdir(parents=True, exist_ok=True)  # it claims the run and writes its record
+        (other / CLAIM_FILE).write_text(json.dumps({"pid": OTHER_PID,
+                                                    "host": socket.gethostname(),
+                                                    "time": "now", "token": "the-other"}))
+        save_record(other, new_record(configs[1], device="cpu", run_id=other.name))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train_epoch", ctrl_c_as_the_other_process_trains)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(configs, InlineExecutor())
+    runs = {entry["run_id"]: entry
+            for entry in json.loads((tmp_path / SUMMARY_FILE).read_text())["runs"]}
+    assert (runs[other.name]["status"], runs[other.name]["action"]) == ("busy", "busy")
+    mine = plan_run(configs[0]).run_dir.name
+    assert (runs[mine]["status"], runs[mine]["action"]) == ("interrupted", "interrupted")

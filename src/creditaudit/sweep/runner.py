@@ -320,9 +320,15 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
         # goes on to the caller.
         getattr(mapped, "close", lambda: None)()
         # this round's runs without an outcome yet: what an earlier round saw of one (busy:
-        # held elsewhere, since released) is not where it stopped if this round trained it
-        for run_id in (run_id for task in state.tasks for run_id in task):
-            if written_since(by_id[run_id].run_dir, began):
+        # held elsewhere, since released) is not where it stopped if this round trained it.
+        # Its workers have stopped and let their runs go: a run still held is another
+        # process's (a second sweep on the folder), busy, whatever its record's time says.
+        left = [by_id[run_id] for task in state.tasks for run_id in task]
+        for row in run_states(left, retry_failed=retry_failed, stale_after=stale_after):
+            run_id = row["run_id"]
+            if row["holder"] is not None:
+                outcomes[run_id] = new_outcome(run_id, status="busy", action="busy")
+            elif written_since(by_id[run_id].run_dir, began):
                 outcomes[run_id] = {**new_outcome(run_id, action="interrupted"),
                                     "pid": None, "host": None}  # in a worker
         _summarise(plans, outcomes, held, out_dir, grid_keys, summary_extra, written_by)

@@ -608,6 +608,31 @@ def test_cli_dry_run_lists_runs_and_which_are_done(tmp_path, capsys):
     assert len(events(out, "start")) == 1  # the dry run trained nothing
 
 
+def test_cli_dry_run_counts_a_run_another_process_trains_apart(tmp_path, capsys):
+    """A run held by a live claim of another process (a second sweep on the folder) is
+    waited for, not trained by this sweep: its row said "running now" while the count
+    line put it among the runs to run."""
+    from creditaudit.cli import main
+    from creditaudit.records import CLAIM_FILE
+    from test_taken_over_runs import OTHER_PID
+
+    out = tmp_path / "out"
+    path = write_sweep(tmp_path / "s.toml", out, """
+        [grid]
+        "method.name" = ["bp", "dfa"]
+    """)
+    held = out / run_id(load_sweep(path).configs()[1])
+    held.mkdir(parents=True)
+    (held / CLAIM_FILE).write_text(json.dumps({"pid": OTHER_PID, "host": socket.gethostname(),
+                                               "time": "now", "token": "the-other"}))
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if held.name in line][0].endswith(f"(pid {OTHER_PID} on "
+                                                                     f"{socket.gethostname()})")
+    assert lines[-1].startswith("2 runs: 0 done or skipped, 1 to run, 1 running now "
+                                "elsewhere (waited for)")
+
+
 def test_cli_sweep_writes_table_and_summary(tmp_path, capsys):
     from creditaudit.cli import main
 

@@ -174,8 +174,11 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
         print(f"{label:<{width}}  {row['run_id']:<{id_width}}  {state}")
     unique = {row["run_id"]: row for row in rows}.values()
     n_todo = sum(row["todo"] for row in unique)
+    # held by another process: the sweep waits for it, and trains it only if it is let go
+    n_held = sum(row["todo"] and row["holder"] is not None for row in unique)
+    held = f", {n_held} running now elsewhere (waited for)" if n_held else ""
     print(f"\n{len(unique)} run{'s' if len(unique) != 1 else ''}: {len(unique) - n_todo} "
-          f"done or skipped, {n_todo} to run "
+          f"done or skipped, {n_todo - n_held} to run{held} "
           f"(results in {out_dir})")
     return 0
 

@@ -1,5 +1,6 @@
 """The per-layer feedback rules on adapted networks of shapes and habits a researcher's own
-modules have: a token Linear followed by an in-place op. Gradients are checked against a
+modules have: a token Linear followed by an in-place op, and a model
+converted to float64 after the rule was bound. Gradients are checked against a
 hand-written reference in float64: each layer's forward written as F.linear(x, B) −
 F.linear(x, B).detach() + F.linear(x.detach(), W, b), whose input gradient goes through B
 and whose weight and bias gradients are exact.
@@ -85,3 +86,38 @@ def test_an_in_place_op_after_a_token_linear_trains_the_rule(method, residual_ad
     credits = bound.credits(x, y)
     assert all(bool(torch.isfinite(c).all()) for c in credits)
 
+
+class MLP(nn.Module):
+    """x (B, 5) → Linear → tanh → Linear → tanh → head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.act = nn.Linear(5, 6), nn.Tanh()
+        self.mid, self.out = nn.Linear(6, 6), nn.Tanh()
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.out(self.mid(self.act(self.inp(x)))))
+
+
+@pytest.mark.parametrize("method", PER_LAYER)
+def test_a_model_converted_to_float64_after_binding_trains_the_rule(method):
+    # brSF drew each step's magnitudes into float32 buffers made when it was bound and
+    # raised "dtype Double does not match dtype of out parameter (Float)" on its first step
+    # once the model was float64; the other rules trained on.
+    torch.manual_seed(0)
+    net = MLP()
+    x, y = torch.randn(6, 5, dtype=F64), torch.randint(0, 3, (6,))
+    bound = rule(method, adapt(net, states=["act", "out"], example=x[:4].float()), penalty=0.0)
+    net.to(F64)
+    before = copy.deepcopy(net)
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.0)
+    used = [b.clone() for b in bound.feedback_matrices()]  # kp's B mirrors the step after it
+    assert bound.train_step(x, y, optimizer).finite
+    if method == "brsf":  # its magnitudes are drawn for the step
+        used = bound.feedback_matrices()
+    feedback = dict(zip([name for name, _ in bound.layers], used, strict=True))
+    expected = reference_gradients(before, feedback, x, y)
+    for name, p in net.named_parameters():
+        assert p.grad.dtype == F64
+        assert torch.allclose(p.grad, expected[name], rtol=1e-12, atol=1e-14), name

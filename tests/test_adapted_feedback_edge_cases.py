@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from creditaudit import adapt, rule
+from creditaudit.errors import ModelContractError
 
 F64 = torch.float64
 PER_LAYER = ["fa-linear", "usf", "brsf", "frsf", "kp"]
@@ -121,3 +122,55 @@ def test_a_model_converted_to_float64_after_binding_trains_the_rule(method):
     for name, p in net.named_parameters():
         assert p.grad.dtype == F64
         assert torch.allclose(p.grad, expected[name], rtol=1e-12, atol=1e-14), name
+
+
+class OwnAttention(nn.MultiheadAttention):
+    """Attention of its own on the packed projection (scaled_dot_product_attention), or
+    nn.MultiheadAttention's through ``super().forward`` when ``inherited``."""
+
+    inherited = False
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                **kwargs: object) -> tuple[Tensor, None]:
+        if self.inherited:
+            return super().forward(query, key, value, need_weights=False)
+        q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        return self.out_proj(F.scaled_dot_product_attention(q, k, v)), None
+
+
+class AttentionNet(nn.Module):
+    """x (B, T, 5) → Linear → tanh → OwnAttention → mean over T → head."""
+
+    def __init__(self, inherited: bool) -> None:
+        super().__init__()
+        self.inp, self.act = nn.Linear(5, 8), nn.Tanh()
+        self.attention = OwnAttention(8, 1, batch_first=True)
+        self.attention.inherited = inherited
+        self.out, self.head = nn.Identity(), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.inp(x))
+        return self.head(self.out(self.attention(h, h, h)[0]).mean(dim=1))
+
+
+@pytest.mark.parametrize("method", ["fa-linear", "usf"])
+def test_an_attention_subclass_with_a_forward_of_its_own_is_named_as_such(method):
+    # It ran, but without F.multi_head_attention_forward, so its projections kept their
+    # exact backward: the step was refused with "… was not run in the forward pass …
+    # remove unused attention layers", which was untrue.
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 4, 5), torch.randint(0, 3, (6,))
+    bound = rule(method, adapt(AttentionNet(inherited=False), states=["act", "out"],
+                               example=x[:4]))
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+    with pytest.raises(ModelContractError) as error:
+        bound.train_step(x, y, optimizer)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("an nn.MultiheadAttention (OwnAttention with embed_dim=8) ran "
+                              "without nn.MultiheadAttention's own attention"), message
+    assert "super().forward(…)" in message
+    inherited = rule(method, adapt(AttentionNet(inherited=True), states=["act", "out"],
+                                   example=x[:4]))
+    optimizer = torch.optim.SGD(inherited.trainable_parameters(), lr=0.1)
+    assert inherited.train_step(x, y, optimizer).finite

@@ -278,6 +278,12 @@ class EditsItsInputNet(nn.Module):
         return self.head(self.block(self.embed(x.mul_(2.0))))
 
 
+def shared_block_net() -> nn.Sequential:
+    """One Linear + Tanh block registered (and run) twice in a Sequential."""
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    return nn.Sequential(nn.Linear(4, 4), nn.Sequential(block, block), nn.Linear(4, 3))
+
+
 def batch_stat_resnet() -> CifarResNet:
     net = resnet()
     net.layer2[0].bn1 = nn.BatchNorm2d(32, track_running_stats=False)
@@ -287,6 +293,12 @@ def batch_stat_resnet() -> CifarResNet:
 REFUSALS = [
     ("unknown name", resnet, ["stem", "layer1.O"], {}, "'layer1.O' is not a submodule of "
      "CifarResNet; did you mean 'layer1.0'"),
+    # one block registered twice (ALBERT-style sharing): '1.1' is a submodule, but the
+    # line said "'1.1' is not a submodule of Sequential; did you mean '1.0.1', '1.0'?"
+    ("registered twice", shared_block_net, ["0", "1.1"], {"input_shape": (4,)},
+     "states: '1.1' is the module '1.0' registered a second time (the same object under "
+     "both names), and adapt() reads a module by the name model.named_modules() gives it: "
+     "name it '1.0'"),
     ("not a tensor", transformer, ["encoder.layers.0.self_attn", "encoder.layers.1"], {},
      "'encoder.layers.0.self_attn' returns a tuple of 2, not one floating tensor"),
     ("not a cut", resnet, ["stem", "layer1.0.conv1", "layer2.0"], {},

@@ -45,6 +45,18 @@ class Mixer(nn.Module):
             h = F.linear(h, self.W)
         elif self.use == "bmm":
             h = torch.bmm(h, self.W.expand(h.shape[0], -1, -1))
+        # spellings the refusal missed, training W's exact backward under the rule's name:
+        elif self.use == "linalg.matmul":  # not the object torch.matmul is
+            h = torch.linalg.matmul(h, self.W)
+        elif self.use == "inner":
+            h = h.inner(self.W)
+        elif self.use == "vecdot":
+            h = torch.linalg.vecdot(h.unsqueeze(-2), self.W)
+        elif self.use == "Tensor.baddbmm":
+            h = torch.zeros_like(h).baddbmm(h, self.W.expand(h.shape[0], -1, -1))
+        elif self.use == "Tensor.addmm_":
+            flat = h.flatten(0, 1)
+            h = torch.zeros_like(flat).addmm_(flat, self.W).view_as(h)
         return torch.tanh(self.norm(h) * self.scale)  # elementwise uses: accepted
 
 
@@ -76,7 +88,9 @@ def adapted(net: nn.Module):
     return adapt(net, ["a", "mix", "b"], example=token_ids())
 
 
-@pytest.mark.parametrize("use", ["matmul", "transposed", "einsum", "linear", "bmm"])
+@pytest.mark.parametrize("use", ["matmul", "transposed", "einsum", "linear", "bmm",
+                                 "linalg.matmul", "inner", "vecdot", "Tensor.baddbmm",
+                                 "Tensor.addmm_"])
 def test_a_parameter_multiplied_directly_is_refused_naming_module_and_parameter(use):
     model = adapted(TokenNet(use))
     with pytest.raises(ModelContractError) as error:

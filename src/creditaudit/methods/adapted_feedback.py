@@ -37,7 +37,12 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from creditaudit.errors import ModelContractError
-from creditaudit.methods.replaceable import check_own_forward, did_not_run, used_directly
+from creditaudit.methods.replaceable import (
+    OTHER_RULES,
+    check_own_forward,
+    did_not_run,
+    used_directly,
+)
 from creditaudit.models.adapted import AdaptedModel
 from creditaudit.models.direct_uses import UNSUPPORTED, direct_use_refusal
 
@@ -155,16 +160,18 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
     feedback (module docstring); PyTorch's fused fast path, which would bypass them, is off.
 
     Graphs built inside keep their feedback after the block. ModelContractError when an
-    attention was not run (its backward would not have been replaced).
+    attention was not run, or ran without F.multi_head_attention_forward (a subclass with a
+    forward of its own): its backward would not have been replaced.
     """
     called: set[int] = set()
+    entered: set[int] = set()  # attentions whose forward ran, whether or not called it
     own = [a.attention.__dict__.get("forward") for a in attentions]
     fast_path = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     for entry, previous in zip(attentions, own):
         run = previous or type(entry.attention).forward.__get__(entry.attention)
         entry.attention.forward = functools.partial(  # type: ignore[method-assign]
-            _attention_forward, run, entry, linear, called)
+            _attention_forward, run, entry, linear, called, entered)
     try:
         yield
     finally:
@@ -173,12 +180,20 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
             del entry.attention.forward
             if previous is not None:
                 entry.attention.forward = previous  # type: ignore[method-assign]
-    skipped = [a for a in attentions if id(a.attention) not in called]
+    skipped = [a.attention for a in attentions if id(a.attention) not in called]
     if skipped:
-        raise ModelContractError(
-            f"an nn.MultiheadAttention ({type(skipped[0].attention).__name__} with "
-            f"embed_dim={skipped[0].attention.embed_dim}) was not run in the forward pass, so "
-            "its backward could not be replaced; remove unused attention layers")
+        attention = skipped[0]
+        what = (f"an nn.MultiheadAttention ({type(attention).__name__} with "
+                f"embed_dim={attention.embed_dim})")
+        if id(attention) in entered:
+            raise ModelContractError(
+                f"{what} ran without nn.MultiheadAttention's own attention "
+                "(F.multi_head_attention_forward), whose projections the rule replaces: its "
+                "forward is its own, so its backward could not be replaced; let its forward "
+                "call nn.MultiheadAttention.forward (super().forward(…)), "
+                f"{OTHER_RULES}")
+        raise ModelContractError(f"{what} was not run in the forward pass, so its backward "
+                                 "could not be replaced; remove unused attention layers")
 
 
 class _ProjectedAttention(TorchFunctionMode):
@@ -199,8 +214,9 @@ class _ProjectedAttention(TorchFunctionMode):
 
 
 def _attention_forward(run: Callable[..., Any], entry: AttentionFeedback,
-                       linear: FeedbackLinear, called: set[int], *args: Any,
-                       **kwargs: Any) -> Any:
+                       linear: FeedbackLinear, called: set[int], entered: set[int],
+                       *args: Any, **kwargs: Any) -> Any:
+    entered.add(id(entry.attention))
     with _ProjectedAttention(entry, linear, called):
         return run(*args, **kwargs)
 

@@ -49,7 +49,11 @@ class BRSF(LinearFeedbackRule[FeedbackOptions]):
 
     def draw_magnitudes(self) -> list[Tensor]:
         """A fresh |M| per layer from the rule's generator (W's dtype and device); on the CPU
-        in float32 the tensors are the draw buffers, overwritten by the next draw."""
+        in float32 the tensors are the draw buffers, overwritten by the next draw. A buffer
+        whose dtype is no longer its weight's draw dtype (the model converted with
+        ``.to(torch.float64)`` after the rule was bound) is made anew in that dtype."""
+        self.draws = [d if d.dtype == draw_dtype(w) else torch.empty_like(d, dtype=draw_dtype(w))
+                      for d, w in zip(self.draws, self.weights(), strict=True)]
         drawn = draw_layer_feedback(self.layers, scale=self.options.feedback_scale,
                                     generator=self.generator, out=self.draws)
         return [m.abs_().to(device=w.device, dtype=w.dtype)

@@ -53,6 +53,14 @@ def _as_dtype(tensor: Tensor, dtype: torch.dtype | None) -> Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
+def _not_a_view(out: Tensor) -> Tensor:
+    """``out`` as a tensor of its own rather than a view: F.linear of a (…, in) input with a
+    bias returns a view of its 2-D product, and autograd forbids changing a view made inside
+    a Function in place — a ``ReLU(inplace=True)`` or ``h += x`` after a token Linear raised.
+    The same memory and values (ATen's own matmul hands out its products this way)."""
+    return torch.ops.aten._unsafe_view(out, out.shape) if out._is_view() else out
+
+
 def _save_feedback(ctx: FunctionCtx, x: Tensor, weight: Tensor, feedback: Feedback) -> None:
     """Save x and B — or, for B given as the function that builds it (:class:`SignFeedback`),
     x and W (of B's shape: a convolution's backward needs a kernel of that shape for δW)."""
@@ -81,7 +89,7 @@ class _FeedbackLinear(torch.autograd.Function):
         _save_feedback(ctx, x, weight, feedback)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         # Under autocast this linear runs in bf16 exactly as nn.Linear's would.
-        return F.linear(x, weight, bias)
+        return _not_a_view(F.linear(x, weight, bias))
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad_out: Tensor

@@ -101,13 +101,34 @@ def check_names(net: nn.Module, names: Sequence[str], argument: str) -> None:
     """One-line ModelContractError for the first of ``names`` (given as ``argument``) that is
     not a submodule of ``net``, with the closest names it has."""
     known = [name for name, _ in net.named_modules() if name]
+    canonical = {id(module): name for name, module in net.named_modules()}
     for name in names:
+        first = _registered_first(net, name, canonical)
+        if first is not None:
+            raise ModelContractError(
+                f"{argument}: {name!r} is the module {first!r} registered a second time (the "
+                f"same object under both names), and adapt() reads a module by the name "
+                f"model.named_modules() gives it: name it {first!r}")
         if not isinstance(name, str) or name not in known:
             close = difflib.get_close_matches(str(name), known, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else (
                 "; names are those of model.named_modules()")
             raise ModelContractError(f"{argument}: {name!r} is not a submodule of "
                                      f"{type(net).__name__}{hint}")
+
+
+def _registered_first(net: nn.Module, name: Any, canonical: dict[int, str]) -> str | None:
+    """The name ``named_modules()`` lists for the submodule at path ``name`` when that is
+    another path — the module is registered under both (``self.alias = self.enc``, one block
+    in a ModuleList twice) and named_modules() gives each module once — else None."""
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        module = net.get_submodule(name)
+    except AttributeError:
+        return None
+    first = canonical.get(id(module))
+    return first if first is not None and first != name else None
 
 
 def describe_value(value: Any) -> str:

@@ -31,13 +31,19 @@ REPLACED = (nn.Linear, nn.Conv2d, nn.MultiheadAttention)
 UNSUPPORTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
                nn.Bilinear, nn.RNNBase, nn.RNNCellBase)
 LAYERS = REPLACED + UNSUPPORTED
-# The calls that multiply a signal by a weight (Tensor.__matmul__ and friends included).
+# The calls that multiply a signal by a weight: the torch functions, their torch.linalg
+# spellings (distinct objects: torch.linalg.matmul is not torch.matmul) and the Tensor
+# methods, in-place ones included (zeros.addmm_(x, W), zeros.baddbmm(x, W)).
 PRODUCTS = frozenset({
     F.linear, F.bilinear, torch.matmul, torch.mm, torch.bmm, torch.mv, torch.addmm,
-    torch.baddbmm, torch.addbmm, torch.addmv, torch.einsum, torch.tensordot, torch.inner,
-    torch.outer, torch.chain_matmul, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d,
+    torch.baddbmm, torch.addbmm, torch.addmv, torch.addr, torch.dot, torch.vdot, torch.einsum,
+    torch.tensordot, torch.inner, torch.outer, torch.chain_matmul, torch.linalg.matmul,
+    torch.linalg.vecdot, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d, F.conv_tbc,
     F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, Tensor.__matmul__,
-    Tensor.__rmatmul__, Tensor.matmul, Tensor.mm, Tensor.bmm, Tensor.mv, Tensor.addmm,
+    Tensor.__rmatmul__, Tensor.matmul, Tensor.mm, Tensor.bmm, Tensor.mv, Tensor.dot,
+    Tensor.vdot, Tensor.inner, Tensor.outer, Tensor.addmm, Tensor.addmm_, Tensor.addmv,
+    Tensor.addmv_, Tensor.addbmm, Tensor.addbmm_, Tensor.baddbmm, Tensor.baddbmm_,
+    Tensor.addr, Tensor.addr_,
 })
 
 

@@ -4,9 +4,11 @@ architecture and dataset.
 One row per recipe (runs that share data, model, optimiser and precision), three columns per
 epoch — test accuracy, ‖h_L‖ (log) and ‖g_L‖ (log, with the 1e-7 floor of diagnostic (b)) —
 and one line per run, coloured by its rule (λ in the label), so a plugin's runs, a control
-variant's and a built-in's are drawn alike. Nothing is averaged: a seed that diverged stops
-where its record stops; an epoch drawn with no finite neighbour (a run that diverged in its
-first epoch keeps only epoch 0) is marked, as a line through one point draws nothing.
+variant's and a built-in's are drawn alike; the runs of one rule and λ differ in line style
+(and past four of them in marker too), and each row's legend names every line's run.
+Nothing is averaged: a seed that diverged stops where its record stops; an epoch drawn with
+no finite neighbour (a run that diverged in its first epoch keeps only epoch 0) is marked, as
+a line through one point draws nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from creditaudit.figures.common import (
     add_grid,
     floor_line,
     integer_x,
-    legend_below,
+    legend_right,
     literal,
     log_panel_note,
     log_scale,
@@ -31,7 +33,7 @@ from creditaudit.figures.common import (
 )
 from creditaudit.figures.runs import MissingRuns, describe_recipe
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex
+from creditaudit.results import RunIndex, seed_text
 
 NAME = "fig8_run_curves"
 TITLE = "Figure 8 — per-run curves"
@@ -41,6 +43,10 @@ requirements = ("any completed or diverged run that logged at least one epoch �
 COLUMNS = (("acc_eval", "test accuracy"), ("h_L_norm", r"$\|h_L\|_2$ (residual norm)"),
            ("g_L_norm", r"$\|g_L\|_2$ (BP gradient at $h_L$)"))
 LINESTYLES = ("-", "--", ":", "-.")  # the seeds of one rule and λ, in seed order
+# Past four runs of one rule and λ in a row, each line style again with a marker on every point.
+MARKERS = (None, "s", "^", "v", "D", "x")
+# (line style, marker) of the n-th run of one rule and λ in a row: all distinct up to this many.
+STYLES = tuple((ls, marker) for marker in MARKERS for ls in LINESTYLES)
 
 
 def logged(run: RunRecord) -> bool:
@@ -73,6 +79,20 @@ def _row_label(run: RunRecord, rows: dict[str, list[RunRecord]]) -> str:
     return label if not same else f"{label} (recipe {same + 1})"
 
 
+def line_labels(runs: list[RunRecord]) -> dict[int, str]:
+    """The legend text of each of one row's ``runs`` (by ``id``): ``FA seed 2``; where two
+    runs of the row would read alike (a rule's other options, a plugin's other code), each
+    with its run id."""
+    labels = {id(run): f"{rule_text(run.method, run.penalty)} seed {literal(seed_text(run))}"
+              for run in runs}
+    counts: dict[str, int] = {}
+    for text in labels.values():
+        counts[text] = counts.get(text, 0) + 1
+    return {key: text if counts[text] == 1 else
+            f"{text} ({literal(run.run_id)})"
+            for (key, text), run in zip(labels.items(), runs)}
+
+
 def lone_points(values: list[float]) -> list[int]:
     """Indices of the finite ``values`` whose neighbours in the series are not finite or
     absent: a line draws nothing there, so they get a marker."""
@@ -90,16 +110,17 @@ def build(index: RunIndex) -> dict[str, Figure]:
         kin: dict[tuple[str, float], list[RunRecord]] = {}
         for run in runs:
             kin.setdefault((run.method, run.penalty), []).append(run)
+        labels = line_labels(runs)
         for col, (key, title) in enumerate(COLUMNS):
             ax = axes[row, col]
             for run in runs:
                 order = kin[(run.method, run.penalty)].index(run)
                 epochs, values = run.series(key)
-                ax.plot(epochs, values, color=method_color(run.method), lw=1.3,
-                        ls=LINESTYLES[order % len(LINESTYLES)], marker="o", ms=3,
-                        markevery=lone_points(values),
-                        label=rule_text(run.method, run.penalty),
-                        gid=f"{row}:{key}:{run.run_id}")
+                ls, marker = STYLES[order % len(STYLES)]
+                ax.plot(epochs, values, color=method_color(run.method), lw=1.3, ls=ls,
+                        marker=marker or "o", ms=3,
+                        markevery=None if marker else lone_points(values),
+                        label=labels[id(run)], gid=f"{row}:{key}:{run.run_id}")
             if key != "acc_eval":
                 log_scale(ax)
                 log_panel_note(ax, runs, key)
@@ -113,7 +134,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
                             ha="left", va="bottom", fontweight="bold")
             integer_x(ax)
             add_grid(ax, log_scale=key != "acc_eval")
-    legend_below(fig, list(axes.flat))
+        # Each row's runs named beside it: a style means another run in every row.
+        legend_right(axes[row, -1])
     return {NAME: fig}
 
 

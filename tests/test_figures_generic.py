@@ -248,3 +248,22 @@ def test_per_run_curves_name_every_line_of_a_row_in_its_legend():
         if text in by_label:
             assert (handle.get_linestyle(), handle.get_color()) == \
                 (by_label[text].get_linestyle(), by_label[text].get_color())
+
+
+def test_per_run_curves_say_how_recipes_that_read_alike_differ():
+    """Two recipes differing only in the learning rate read alike (``synthetic, ResMLP
+    d=256 L=4, 10 epochs``); the second row was ``… (recipe 2)``, which says nothing of
+    which runs it holds. Each such row is numbered and says how it differs from the
+    first."""
+    from creditaudit.records import EpochEntry
+
+    def logged_run(lr: float) -> RunRecord:
+        config = RunConfig().replace(**{"method.name": "dfa", "optim.lr": lr})
+        return RunRecord(config=config, status="completed",
+                         log=[EpochEntry(epoch=0, acc_eval=0.1)])
+
+    rows = list(run_curves.select(RunIndex.from_records([logged_run(1e-3), logged_run(0.5)])))
+    base = "synthetic, ResMLP d=256 L=4, 10 epochs"
+    assert rows[0] == f"{base} (recipe 1)"
+    assert rows[1] in (f"{base} (recipe 2: differs from recipe 1 in optim.lr: 0.5 vs 0.001)",
+                       f"{base} (recipe 2: differs from recipe 1 in optim.lr: 0.001 vs 0.5)")

@@ -33,6 +33,7 @@ from creditaudit.figures.common import (
 )
 from creditaudit.figures.runs import MissingRuns, describe_recipe
 from creditaudit.records import RunRecord
+from creditaudit.records.compare import recipe_difference
 from creditaudit.results import RunIndex, seed_text
 
 NAME = "fig8_run_curves"
@@ -56,27 +57,41 @@ def logged(run: RunRecord) -> bool:
 
 
 def select(index: RunIndex) -> dict[str, list[RunRecord]]:
-    """{recipe description: its runs that logged an epoch}, recipes in the index's order."""
-    rows: dict[str, list[RunRecord]] = {}
-    for group in index.recipes(index.select(standard=None)).values():
-        runs = [r for r in group if logged(r)]
-        if runs:
-            rows.setdefault(_row_label(runs[0], rows), runs)
-    if not rows:
+    """{recipe description: its runs that logged an epoch}, recipes in the index's order;
+    recipes that read alike are numbered, each after the first saying how it differs from
+    it (:func:`row_labels`)."""
+    groups = [runs for group in index.recipes(index.select(standard=None)).values()
+              if (runs := [r for r in group if logged(r)])]
+    if not groups:
         finished = len(index.runs)
         why = ("the results folder holds no completed or diverged run records" if not finished
                else f"none of the {finished} completed or diverged runs here logged an epoch")
         raise MissingRuns(TITLE, [f"runs that logged at least one epoch (optim.epochs ≥ 1) "
                                   f"— {why}"])
-    return rows
+    return dict(zip(row_labels([runs[0] for runs in groups]), groups, strict=True))
 
 
-def _row_label(run: RunRecord, rows: dict[str, list[RunRecord]]) -> str:
-    """The recipe's description; numbered when two recipes read alike (they differ in a
-    setting the description leaves out)."""
-    label = describe_recipe(run)
-    same = sum(1 for key in rows if key == label or key.startswith(f"{label} (recipe "))
-    return label if not same else f"{label} (recipe {same + 1})"
+def row_labels(firsts: list[RunRecord]) -> list[str]:
+    """The row label of each recipe (``firsts``: one run of each): its description
+    (:func:`describe_recipe`); where several read alike (they differ in a setting the
+    description leaves out: a learning rate, the data's content, the trainable blocks),
+    ``… (recipe 1)``, ``… (recipe 2: differs from recipe 1 in optim.lr: 1.0 vs 0.001)``."""
+    labels = [describe_recipe(run) for run in firsts]
+    out = []
+    for i, (label, run) in enumerate(zip(labels, firsts)):
+        alike = [j for j, other in enumerate(labels) if other == label]
+        if len(alike) == 1:
+            out.append(label)
+            continue
+        n, first = alike.index(i) + 1, firsts[alike[0]]
+        if n == 1:
+            out.append(f"{label} (recipe 1)")
+            continue
+        differs = recipe_difference(run, first) or (
+            f"method.trainable_blocks: {run.config.method.trainable_blocks!r} vs "
+            f"{first.config.method.trainable_blocks!r}")
+        out.append(f"{label} (recipe {n}: differs from recipe 1 in {differs})")
+    return out
 
 
 def line_labels(runs: list[RunRecord]) -> dict[int, str]:

@@ -115,6 +115,8 @@ def test_log_axes_over_narrow_ranges_are_labelled_with_plain_numbers(figures):
     ((2.25, 2.31), ["2.26", "2.28", "2.3"]),
     ((0.5, 0.9), ["0.5", "0.6", "0.7", "0.8", "0.9"]),
     ((1e-8, 3.5e-8), ["1e-8", "2e-8", "3e-8"]),
+    # ‖h_L‖ of a one-epoch run: four digits wrote several ticks 2.213 and 2.214
+    ((2.2130, 2.2142), ["2.2132", "2.2136", "2.214"]),
 ])
 def test_readable_log_formatter_on_narrow_ranges(values, expected):
     fig, axes = new_figure(1, 1, figsize=(3, 3))
@@ -126,6 +128,7 @@ def test_readable_log_formatter_on_narrow_ranges(values, expected):
     labels = visible_tick_labels(ax, "y")
     plt.close(fig)
     assert set(expected) <= set(labels), labels
+    assert len(set(labels)) == len(labels), labels  # no two ticks read alike
 
 
 def test_wide_log_ranges_keep_powers_of_ten():

@@ -195,3 +195,19 @@ def test_empty_panels_name_the_missing_runs(figures, bare):
     full = {ax.get_title()[:3]: ax for ax in figures[audit_panels.NAME].axes}
     assert not notes(full["(a)"]) and not notes(full["(c)"])  # panels with data: no note
     assert summary.NAMES[1] in bare
+
+
+def test_an_epoch_axis_of_one_epoch_has_integer_ticks():
+    """A row whose runs all diverged in their first epoch holds only epoch 0: its epoch
+    axis was labelled −0.045, −0.030, … 0.045, epochs no run has."""
+    from creditaudit.figures.common import integer_x
+
+    fig, axes = new_figure(1, 1, figsize=(3, 3))
+    ax = axes[0, 0]
+    ax.plot([0], [0.1], "o")
+    integer_x(ax)
+    fig.canvas.draw()
+    labels = visible_tick_labels(ax, "x")
+    plt.close(fig)
+    assert labels and all(float(label.replace("−", "-")).is_integer() for label in labels), \
+        labels

@@ -126,10 +126,12 @@ def add_grid(ax: Any, log_scale: bool = False) -> None:
 
 
 def integer_x(ax: Any) -> None:
-    """Integer ticks on the x axis (epochs, layers, blocks)."""
+    """Integer ticks on the x axis (epochs, layers, blocks), also where the data hold one
+    value (a run that diverged in its first epoch keeps only epoch 0), which matplotlib's
+    default of two ticks at least labelled −0.045 … 0.045."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 # --- log axes -------------------------------------------------------------------------------

@@ -211,3 +211,18 @@ def test_an_epoch_axis_of_one_epoch_has_integer_ticks():
     plt.close(fig)
     assert labels and all(float(label.replace("−", "-")).is_integer() for label in labels), \
         labels
+
+
+def test_final_accuracy_bar_labels_stay_inside_their_axes(figures):
+    """Figure 5e writes each bar's mean above its error bar: the highest label sat above
+    the axes, across the title (a folder of smoke runs: EP's 15.6% over its title)."""
+    fig = figures["fig5e_final_accuracy"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    box = ax.get_window_extent(renderer)
+    labels = [t for t in ax.texts if t.get_text().endswith("%")]  # the bars' means
+    assert labels
+    for label in labels:
+        extent = label.get_window_extent(renderer)
+        assert extent.y1 <= box.y1 and extent.y0 >= box.y0, label.get_text()

@@ -115,6 +115,8 @@ def test_log_axes_over_narrow_ranges_are_labelled_with_plain_numbers(figures):
     ((2.25, 2.31), ["2.26", "2.28", "2.3"]),
     ((0.5, 0.9), ["0.5", "0.6", "0.7", "0.8", "0.9"]),
     ((1e-8, 3.5e-8), ["1e-8", "2e-8", "3e-8"]),
+    # ‖h_L‖ of a one-epoch run: four digits wrote several ticks 2.213 and 2.214
+    ((2.2130, 2.2142), ["2.2132", "2.2136", "2.214"]),
 ])
 def test_readable_log_formatter_on_narrow_ranges(values, expected):
     fig, axes = new_figure(1, 1, figsize=(3, 3))
@@ -126,6 +128,7 @@ def test_readable_log_formatter_on_narrow_ranges(values, expected):
     labels = visible_tick_labels(ax, "y")
     plt.close(fig)
     assert set(expected) <= set(labels), labels
+    assert len(set(labels)) == len(labels), labels  # no two ticks read alike
 
 
 def test_wide_log_ranges_keep_powers_of_ten():
@@ -192,3 +195,34 @@ def test_empty_panels_name_the_missing_runs(figures, bare):
     full = {ax.get_title()[:3]: ax for ax in figures[audit_panels.NAME].axes}
     assert not notes(full["(a)"]) and not notes(full["(c)"])  # panels with data: no note
     assert summary.NAMES[1] in bare
+
+
+def test_an_epoch_axis_of_one_epoch_has_integer_ticks():
+    """A row whose runs all diverged in their first epoch holds only epoch 0: its epoch
+    axis was labelled −0.045, −0.030, … 0.045, epochs no run has."""
+    from creditaudit.figures.common import integer_x
+
+    fig, axes = new_figure(1, 1, figsize=(3, 3))
+    ax = axes[0, 0]
+    ax.plot([0], [0.1], "o")
+    integer_x(ax)
+    fig.canvas.draw()
+    labels = visible_tick_labels(ax, "x")
+    plt.close(fig)
+    assert labels and all(float(label.replace("−", "-")).is_integer() for label in labels), \
+        labels
+
+
+def test_final_accuracy_bar_labels_stay_inside_their_axes(figures):
+    """Figure 5e writes each bar's mean above its error bar: the highest label sat above
+    the axes, across the title (a folder of smoke runs: EP's 15.6% over its title)."""
+    fig = figures["fig5e_final_accuracy"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    box = ax.get_window_extent(renderer)
+    labels = [t for t in ax.texts if t.get_text().endswith("%")]  # the bars' means
+    assert labels
+    for label in labels:
+        extent = label.get_window_extent(renderer)
+        assert extent.y1 <= box.y1 and extent.y0 >= box.y0, label.get_text()

@@ -215,3 +215,55 @@ def test_per_run_curves_mark_an_epoch_no_line_can_draw():
     assert line.get_marker() not in ("None", None, "") and line.get_markevery() == [0]
     assert run_curves.lone_points([0.1, float("nan"), 0.2, 0.3, float("nan")]) == [0]
     assert run_curves.lone_points([float("nan"), 0.2, float("nan"), 0.4]) == [1, 3]
+
+
+def test_per_run_curves_name_every_line_of_a_row_in_its_legend():
+    """Each seed of a rule was drawn in a line style the legend did not explain (it showed
+    the rule once, in the first seed's style), and a fifth seed took the first one's style
+    again: two runs read as one. Each row's legend now names every line's run, and up to
+    24 runs of one rule and λ are drawn in distinct styles."""
+    from creditaudit.records import EpochEntry
+
+    def logged_run(method: str, seed: int, acc: float) -> RunRecord:
+        config = RunConfig().replace(**{"method.name": method, "run.seed": seed})
+        return RunRecord(config=config, status="completed",
+                         log=[EpochEntry(epoch=0, acc_eval=acc),
+                              EpochEntry(epoch=1, acc_eval=acc + 0.1)])
+
+    runs = [logged_run("dfa", seed, 0.1 + seed / 100) for seed in range(1, 7)]
+    runs.append(logged_run("bp", 1, 0.5))
+    fig = run_curves.build(RunIndex.from_records(runs))[run_curves.NAME]
+    lines = [line for _, line in _lines(fig, "acc_eval")]
+    assert len(lines) == 7
+    looks = {(line.get_color(), line.get_linestyle(), line.get_marker()
+              if line.get_markevery() is None else None) for line in lines}
+    assert len(looks) == 7  # no two runs of the row drawn alike
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 1  # the row's, beside it
+    texts = [t.get_text() for t in legends[0].get_texts()]
+    assert set(texts) == {*(f"DFA seed {s}" for s in range(1, 7)), "BP seed 1", "floor 1e-07"}
+    # each legend entry is drawn as its run's line
+    by_label = {line.get_label(): line for line in lines}
+    for handle, text in zip(legends[0].legend_handles, texts):
+        if text in by_label:
+            assert (handle.get_linestyle(), handle.get_color()) == \
+                (by_label[text].get_linestyle(), by_label[text].get_color())
+
+
+def test_per_run_curves_say_how_recipes_that_read_alike_differ():
+    """Two recipes differing only in the learning rate read alike (``synthetic, ResMLP
+    d=256 L=4, 10 epochs``); the second row was ``… (recipe 2)``, which says nothing of
+    which runs it holds. Each such row is numbered and says how it differs from the
+    first."""
+    from creditaudit.records import EpochEntry
+
+    def logged_run(lr: float) -> RunRecord:
+        config = RunConfig().replace(**{"method.name": "dfa", "optim.lr": lr})
+        return RunRecord(config=config, status="completed",
+                         log=[EpochEntry(epoch=0, acc_eval=0.1)])
+
+    rows = list(run_curves.select(RunIndex.from_records([logged_run(1e-3), logged_run(0.5)])))
+    base = "synthetic, ResMLP d=256 L=4, 10 epochs"
+    assert rows[0] == f"{base} (recipe 1)"
+    assert rows[1] in (f"{base} (recipe 2: differs from recipe 1 in optim.lr: 0.5 vs 0.001)",
+                       f"{base} (recipe 2: differs from recipe 1 in optim.lr: 0.001 vs 0.5)")

@@ -126,22 +126,25 @@ def add_grid(ax: Any, log_scale: bool = False) -> None:
 
 
 def integer_x(ax: Any) -> None:
-    """Integer ticks on the x axis (epochs, layers, blocks)."""
+    """Integer ticks on the x axis (epochs, layers, blocks), also where the data hold one
+    value (a run that diverged in its first epoch keeps only epoch 0), which matplotlib's
+    default of two ticks at least labelled −0.045 … 0.045."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 # --- log axes -------------------------------------------------------------------------------
 NARROW_DECADES = 2.0  # a log axis spanning fewer decades is labelled with plain numbers
 
 
-def plain_number(value: float) -> str:
-    """A tick value as people write it: ``2.3``, ``0.0005``, ``1500``, ``2.5e-08`` → ``2.5e-8``."""
+def plain_number(value: float, digits: int = 4) -> str:
+    """A tick value as people write it: ``2.3``, ``0.0005``, ``1500``, ``2.5e-08`` → ``2.5e-8``
+    (between 1e-3 and 1e5 with up to ``digits`` significant digits)."""
     if value == 0:
         return "0"
     if 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4g}"
+        return f"{value:.{digits}g}"
     mantissa, _, exponent = f"{value:.2g}".partition("e")
     return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
@@ -154,6 +157,12 @@ class ReadableLogFormatter(LogFormatterSciNotation):
     ``3.25×10⁰``; this writes them as plain numbers (``3.25``) instead.
     """
 
+    _locs: Sequence[float] = ()
+
+    def set_locs(self, locs: Sequence[float] | None = None) -> None:
+        self._locs = () if locs is None else list(locs)
+        super().set_locs(locs)
+
     def __call__(self, x: float, pos: int | None = None) -> str:
         label = super().__call__(x, pos)
         if not label or self.axis is None:
@@ -161,7 +170,17 @@ class ReadableLogFormatter(LogFormatterSciNotation):
         low, high = sorted(abs(v) for v in self.axis.get_view_interval())
         if low <= 0 or math.log10(high / low) >= NARROW_DECADES:
             return label
-        return plain_number(x)
+        return plain_number(x, self._digits(low, high))
+
+    def _digits(self, low: float, high: float) -> int:
+        """The fewest significant digits (4 at least) that write the ticks in view
+        (``low`` … ``high``) as different numbers: over a range as narrow as 2.2131 … 2.2142
+        four digits label several ticks ``2.213``."""
+        ticks = {v for v in self._locs if low <= v <= high and v > 0}
+        digits = 4
+        while digits < 12 and len({f"{v:.{digits}g}" for v in ticks}) < len(ticks):
+            digits += 1
+        return digits
 
 
 def log_scale(ax: Any, axis: str = "y") -> None:

@@ -4,9 +4,11 @@ architecture and dataset.
 One row per recipe (runs that share data, model, optimiser and precision), three columns per
 epoch — test accuracy, ‖h_L‖ (log) and ‖g_L‖ (log, with the 1e-7 floor of diagnostic (b)) —
 and one line per run, coloured by its rule (λ in the label), so a plugin's runs, a control
-variant's and a built-in's are drawn alike. Nothing is averaged: a seed that diverged stops
-where its record stops; an epoch drawn with no finite neighbour (a run that diverged in its
-first epoch keeps only epoch 0) is marked, as a line through one point draws nothing.
+variant's and a built-in's are drawn alike; the runs of one rule and λ differ in line style
+(and past four of them in marker too), and each row's legend names every line's run.
+Nothing is averaged: a seed that diverged stops where its record stops; an epoch drawn with
+no finite neighbour (a run that diverged in its first epoch keeps only epoch 0) is marked, as
+a line through one point draws nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from creditaudit.figures.common import (
     add_grid,
     floor_line,
     integer_x,
-    legend_below,
+    legend_right,
     literal,
     log_panel_note,
     log_scale,
@@ -31,7 +33,8 @@ from creditaudit.figures.common import (
 )
 from creditaudit.figures.runs import MissingRuns, describe_recipe
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex
+from creditaudit.records.compare import recipe_difference
+from creditaudit.results import RunIndex, seed_text
 
 NAME = "fig8_run_curves"
 TITLE = "Figure 8 — per-run curves"
@@ -41,6 +44,10 @@ requirements = ("any completed or diverged run that logged at least one epoch �
 COLUMNS = (("acc_eval", "test accuracy"), ("h_L_norm", r"$\|h_L\|_2$ (residual norm)"),
            ("g_L_norm", r"$\|g_L\|_2$ (BP gradient at $h_L$)"))
 LINESTYLES = ("-", "--", ":", "-.")  # the seeds of one rule and λ, in seed order
+# Past four runs of one rule and λ in a row, each line style again with a marker on every point.
+MARKERS = (None, "s", "^", "v", "D", "x")
+# (line style, marker) of the n-th run of one rule and λ in a row: all distinct up to this many.
+STYLES = tuple((ls, marker) for marker in MARKERS for ls in LINESTYLES)
 
 
 def logged(run: RunRecord) -> bool:
@@ -50,27 +57,55 @@ def logged(run: RunRecord) -> bool:
 
 
 def select(index: RunIndex) -> dict[str, list[RunRecord]]:
-    """{recipe description: its runs that logged an epoch}, recipes in the index's order."""
-    rows: dict[str, list[RunRecord]] = {}
-    for group in index.recipes(index.select(standard=None)).values():
-        runs = [r for r in group if logged(r)]
-        if runs:
-            rows.setdefault(_row_label(runs[0], rows), runs)
-    if not rows:
+    """{recipe description: its runs that logged an epoch}, recipes in the index's order;
+    recipes that read alike are numbered, each after the first saying how it differs from
+    it (:func:`row_labels`)."""
+    groups = [runs for group in index.recipes(index.select(standard=None)).values()
+              if (runs := [r for r in group if logged(r)])]
+    if not groups:
         finished = len(index.runs)
         why = ("the results folder holds no completed or diverged run records" if not finished
                else f"none of the {finished} completed or diverged runs here logged an epoch")
         raise MissingRuns(TITLE, [f"runs that logged at least one epoch (optim.epochs ≥ 1) "
                                   f"— {why}"])
-    return rows
+    return dict(zip(row_labels([runs[0] for runs in groups]), groups, strict=True))
 
 
-def _row_label(run: RunRecord, rows: dict[str, list[RunRecord]]) -> str:
-    """The recipe's description; numbered when two recipes read alike (they differ in a
-    setting the description leaves out)."""
-    label = describe_recipe(run)
-    same = sum(1 for key in rows if key == label or key.startswith(f"{label} (recipe "))
-    return label if not same else f"{label} (recipe {same + 1})"
+def row_labels(firsts: list[RunRecord]) -> list[str]:
+    """The row label of each recipe (``firsts``: one run of each): its description
+    (:func:`describe_recipe`); where several read alike (they differ in a setting the
+    description leaves out: a learning rate, the data's content, the trainable blocks),
+    ``… (recipe 1)``, ``… (recipe 2: differs from recipe 1 in optim.lr: 1.0 vs 0.001)``."""
+    labels = [describe_recipe(run) for run in firsts]
+    out = []
+    for i, (label, run) in enumerate(zip(labels, firsts)):
+        alike = [j for j, other in enumerate(labels) if other == label]
+        if len(alike) == 1:
+            out.append(label)
+            continue
+        n, first = alike.index(i) + 1, firsts[alike[0]]
+        if n == 1:
+            out.append(f"{label} (recipe 1)")
+            continue
+        differs = recipe_difference(run, first) or (
+            f"method.trainable_blocks: {run.config.method.trainable_blocks!r} vs "
+            f"{first.config.method.trainable_blocks!r}")
+        out.append(f"{label} (recipe {n}: differs from recipe 1 in {differs})")
+    return out
+
+
+def line_labels(runs: list[RunRecord]) -> dict[int, str]:
+    """The legend text of each of one row's ``runs`` (by ``id``): ``FA seed 2``; where two
+    runs of the row would read alike (a rule's other options, a plugin's other code), each
+    with its run id."""
+    labels = {id(run): f"{rule_text(run.method, run.penalty)} seed {literal(seed_text(run))}"
+              for run in runs}
+    counts: dict[str, int] = {}
+    for text in labels.values():
+        counts[text] = counts.get(text, 0) + 1
+    return {key: text if counts[text] == 1 else
+            f"{text} ({literal(run.run_id)})"
+            for (key, text), run in zip(labels.items(), runs)}
 
 
 def lone_points(values: list[float]) -> list[int]:
@@ -90,16 +125,17 @@ def build(index: RunIndex) -> dict[str, Figure]:
         kin: dict[tuple[str, float], list[RunRecord]] = {}
         for run in runs:
             kin.setdefault((run.method, run.penalty), []).append(run)
+        labels = line_labels(runs)
         for col, (key, title) in enumerate(COLUMNS):
             ax = axes[row, col]
             for run in runs:
                 order = kin[(run.method, run.penalty)].index(run)
                 epochs, values = run.series(key)
-                ax.plot(epochs, values, color=method_color(run.method), lw=1.3,
-                        ls=LINESTYLES[order % len(LINESTYLES)], marker="o", ms=3,
-                        markevery=lone_points(values),
-                        label=rule_text(run.method, run.penalty),
-                        gid=f"{row}:{key}:{run.run_id}")
+                ls, marker = STYLES[order % len(STYLES)]
+                ax.plot(epochs, values, color=method_color(run.method), lw=1.3, ls=ls,
+                        marker=marker or "o", ms=3,
+                        markevery=None if marker else lone_points(values),
+                        label=labels[id(run)], gid=f"{row}:{key}:{run.run_id}")
             if key != "acc_eval":
                 log_scale(ax)
                 log_panel_note(ax, runs, key)
@@ -113,7 +149,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
                             ha="left", va="bottom", fontweight="bold")
             integer_x(ax)
             add_grid(ax, log_scale=key != "acc_eval")
-    legend_below(fig, list(axes.flat))
+        # Each row's runs named beside it: a style means another run in every row.
+        legend_right(axes[row, -1])
     return {NAME: fig}
 
 

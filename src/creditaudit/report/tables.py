@@ -29,7 +29,7 @@ from creditaudit.protocol import (
     in_order,
 )
 from creditaudit.protocol.records import is_frozen_baseline, model_description, not_a_baseline
-from creditaudit.records import NOT_RECORDED, RunRecord
+from creditaudit.records import RunRecord
 from creditaudit.report.protocol import VERDICT_COLUMN, value_text
 from creditaudit.report.runs import (
     ACC,
@@ -59,6 +59,7 @@ from creditaudit.results import (
     full_length,
     mean_std,
     method_label,
+    seed_text,
     sort_methods,
     terminal_ln,
 )
@@ -79,12 +80,6 @@ UNFINISHED_HEAD = ("run", "method", "λ", "arch", "dataset", "seed")
 UNFINISHED_TAIL = ("status", "epochs logged", "error")
 RECOMPUTED_MARK = "†"
 ERROR_CHARS = 300
-
-
-def seed_text(run: RunRecord) -> str:
-    """The run's seed as cell text; "not recorded" for a run from a user's own loop that
-    was not told its seed (its config holds only the default)."""
-    return NOT_RECORDED if "run.seed" in run.not_recorded else str(run.seed)
 
 
 # --- table rows ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from creditaudit.results.runs import (
     full_length,
     mean_std,
     seed_std,
+    seed_text,
     stopped_early_note,
     stopped_early_text,
     terminal_ln,
@@ -32,5 +33,5 @@ from creditaudit.results.runs import (
 
 __all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean",
            "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
-           "method_label", "method_rank", "seed_std", "sort_methods", "stopped_early_note",
-           "stopped_early_text", "terminal_ln"]
+           "method_label", "method_rank", "seed_std", "seed_text", "sort_methods",
+           "stopped_early_note", "stopped_early_text", "terminal_ln"]

@@ -26,7 +26,7 @@ import numpy as np
 from creditaudit.deep_layers import deep_mean
 from creditaudit.protocol import DiagnosticReport, default_names, in_order
 from creditaudit.protocol.records import RecordSet, arch_variant, model_description
-from creditaudit.records import Copies, RunRecord
+from creditaudit.records import NOT_RECORDED, Copies, RunRecord
 from creditaudit.results.labels import method_label, method_rank
 
 
@@ -45,6 +45,12 @@ def terminal_ln(record: RunRecord) -> bool:
     """Whether the model has a terminal LayerNorm (as built; unknown reads as True)."""
     model = model_description(record)
     return model is None or model.terminal_ln is not False
+
+
+def seed_text(record: RunRecord) -> str:
+    """The run's seed as text; "not recorded" for a run from a user's own loop that was
+    not told its seed (its config holds only the default)."""
+    return NOT_RECORDED if "run.seed" in record.not_recorded else str(record.seed)
 
 
 def figure_recipe(record: RunRecord) -> str:
@@ -304,4 +310,5 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
 
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
            "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
-           "matches", "seed_std", "stopped_early_note", "stopped_early_text", "terminal_ln"]
+           "matches", "seed_std", "seed_text", "stopped_early_note", "stopped_early_text",
+           "terminal_ln"]

@@ -237,8 +237,12 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for bar, (mean, std) in zip(bars, stats):
         if np.isnan(mean):  # no run of it trained all its epochs (or none recorded one)
             continue
-        ax.text(bar.get_x() + bar.get_width() / 2, mean + std + 0.005, f"{mean:.1%}",
-                ha="center", va="bottom", fontweight="bold")
+        ax.annotate(f"{mean:.1%}", (bar.get_x() + bar.get_width() / 2, mean + std),
+                    xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                    fontweight="bold", gid="final_acc_label")
+    tops = [mean + std for mean, std in stats if not np.isnan(mean)]
+    if tops:  # room above the highest error bar for its label, inside the axes
+        ax.set_ylim(top=max(ax.get_ylim()[1], max(tops) * 1.12))
     ax.set_xticks(np.arange(len(methods)))
     ax.set_xticklabels([rule_text(m) for m in methods])
     ax.set_ylabel("test accuracy")

@@ -129,6 +129,22 @@ def test_a_figure_never_averages_seeds_of_a_rule_run_with_other_options():
         note.replace("\n", " ")
 
 
+@pytest.mark.parametrize("figure", [hero, summary])
+def test_a_paper_figure_says_which_of_recipes_that_read_alike_it_drew(figure):
+    """Two complete recipes that differ only in the learning rate: the title
+    (``synthetic, ResMLP d=256 L=4, … epochs``) reads the same for both, and nothing said
+    which one the figure drew."""
+    methods = ("bp", "fa", "dfa", "state-bridge", "credit-bridge")
+    index = RunIndex.from_records([_run(m, 1, **{"optim.lr": lr})
+                                   for lr in (1e-3, 1e-2) for m in methods])
+    assert len(index.recipes()) == 2
+    fig = figure.build(index)[hero.NAME if figure is hero else summary.NAMES[0]]
+    note = next(t.get_text() for t in fig.texts if t.get_gid() == "other_options")
+    assert "Drawn: one of 2 recipes here that read 'synthetic" in note.replace("\n", " ")
+    assert "the other differs from it in optim.lr: 0.001 vs 0.01 (drawn vs not drawn)" in \
+        note.replace("\n", " ")
+
+
 def _of_code(run: RunRecord, digest: str) -> RunRecord:
     """``run`` as a run of a plugin rule whose code has the digest ``digest``."""
     run.environment = {"components": {"method": {"name": run.method, "origin": "mine==1.0",

@@ -19,6 +19,7 @@ from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
+from creditaudit.records.compare import recipe_difference
 from creditaudit.results import (
     Predicate,
     RunIndex,
@@ -90,7 +91,8 @@ def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
 def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:
     """``Not drawn (…): DFA seed 42 (method.feedback_scale 1 where the drawn runs have
     100)``, naming each run of a drawn run's recipe, rule and λ that :func:`seed_runs` left
-    out for its other rule options; None when there is none."""
+    out for its other rule options, and the recipes a drawn one's title reads alike
+    (:func:`_alike_recipes`); None when there is none."""
     drawn = list(drawn)
     ids = {id(run) for run in drawn}
     kinds = {(figure_recipe(run), run.method, run.penalty): run for run in drawn}
@@ -107,8 +109,31 @@ def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | Non
                          f"is {_digest(like.rule_code_digest)}")
         differ = ", ".join(parts)
         left.append(f"{method_label(run.method, run.penalty)} seed {run.seed} ({differ})")
-    return ("Not drawn (a mean across seeds holds runs of one set of rule options): "
-            + "; ".join(left) + ".") if left else None
+    notes = [f"Not drawn (a mean across seeds holds runs of one set of rule options): "
+             f"{'; '.join(left)}."] if left else []
+    notes += _alike_recipes(index, drawn)
+    return " ".join(notes) or None
+
+
+def _alike_recipes(index: RunIndex, drawn: list[RunRecord]) -> list[str]:
+    """For each recipe drawn, the other recipes of the folder its title would describe
+    alike (:func:`describe_recipe` leaves a learning rate, the data's content, … out), with
+    the setting they differ in: which of them the figure drew is otherwise not said."""
+    groups = list(index.recipes().values())  # the recipes a paper figure compares
+    drawn_keys = {figure_recipe(run) for run in drawn}
+    notes = []
+    for first in {figure_recipe(run): run for run in drawn}.values():
+        label = describe_recipe(first)
+        others = [recipe_difference(first, group[0]) for group in groups
+                  if figure_recipe(group[0]) not in drawn_keys
+                  and describe_recipe(group[0]) == label]
+        if others:
+            who = "the other differs" if len(others) == 1 else "the others differ"
+            notes.append(f"Drawn: one of {len(others) + 1} recipes here that read "
+                         f"'{label}'; {who} from it in "
+                         f"{'; '.join(d or 'another setting' for d in others)} "
+                         "(drawn vs not drawn).")
+    return notes
 
 
 def _digest(digest: str | None) -> str:

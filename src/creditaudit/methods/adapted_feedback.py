@@ -27,6 +27,7 @@ signal by outside these layers (``x @ self.W``: :mod:`creditaudit.models.direct_
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,11 @@ Feedback = Tensor | Callable[[], Tensor]
 # (x, W, b, B) -> x·Wᵀ + b whose backward passes δ·B down: linear_feedback's _FeedbackLinear.
 FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Feedback], Tensor]
 _ATTENTION_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+# Set while PyTorch's attention runs between projections already replaced (:func:`_projected`):
+# an attention around this one (a subclass whose forward calls another attention) leaves
+# that call alone, as it is no call of its own.
+_BETWEEN_PROJECTIONS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "creditaudit_between_projections", default=False)
 
 
 class ProjectionWeight:
@@ -209,7 +215,7 @@ class _ProjectedAttention(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.multi_head_attention_forward:
+        if func is F.multi_head_attention_forward and not _BETWEEN_PROJECTIONS.get():
             self.called.add(id(self.entry.attention))
             return _projected(self.entry, self.linear, *args, **kwargs)
         return func(*args, **kwargs)
@@ -245,7 +251,11 @@ def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,
     a.update(query=q, key=k, value=v, in_proj_weight=None, in_proj_bias=None,
              use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
              v_proj_weight=eye, out_proj_weight=eye, out_proj_bias=None)
-    attended, attention_weights = F.multi_head_attention_forward(**a)
+    between = _BETWEEN_PROJECTIONS.set(True)
+    try:
+        attended, attention_weights = F.multi_head_attention_forward(**a)
+    finally:
+        _BETWEEN_PROJECTIONS.reset(between)
     return linear(attended, out_weight, out_bias, entry.output), attention_weights
 
 

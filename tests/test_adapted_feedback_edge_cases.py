@@ -221,3 +221,43 @@ def test_an_attention_run_inside_another_attention_gets_its_own_feedback():
 
     for nested, sequential in zip(gradients(True), gradients(False), strict=True):
         assert torch.allclose(nested, sequential, rtol=1e-12, atol=1e-14)
+
+
+class ShortcutAttention(nn.MultiheadAttention):
+    """nn.MultiheadAttention's attention on its first call in a forward pass, an attention
+    of its own on the second (a shortcut such as a cache)."""
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                **kwargs: object) -> tuple[Tensor, None]:
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls % 2:
+            return super().forward(query, key, value, need_weights=False)
+        q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        return self.out_proj(F.scaled_dot_product_attention(q, k, v)), None
+
+
+class TwiceAttentionNet(AttentionNet):
+    """AttentionNet with its ShortcutAttention applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__(inherited=True)
+        self.attention = ShortcutAttention(8, 1, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.inp(x))
+        h = self.attention(h, h, h)[0]
+        return self.head(self.out(self.attention(h, h, h)[0]).mean(dim=1))
+
+
+@pytest.mark.parametrize("method", ["fa-linear", "usf"])
+def test_an_attention_that_runs_its_own_attention_on_some_calls_is_named_as_such(method):
+    # Its second call's projections kept their exact backward: the step trained, half the
+    # attention's signal going down through W while the record named the rule.
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 4, 5), torch.randint(0, 3, (6,))
+    bound = rule(method, adapt(TwiceAttentionNet(), states=["act", "out"], example=x[:4]))
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+    with pytest.raises(ModelContractError, match=(
+            r"^an nn.MultiheadAttention \(ShortcutAttention with embed_dim=8\) ran without "
+            r"nn.MultiheadAttention's own attention")):
+        bound.train_step(x, y, optimizer)

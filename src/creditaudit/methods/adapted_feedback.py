@@ -168,18 +168,19 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
     feedback (module docstring); PyTorch's fused fast path, which would bypass them, is off.
 
     Graphs built inside keep their feedback after the block. ModelContractError when an
-    attention was not run, or ran without F.multi_head_attention_forward (a subclass with a
-    forward of its own): its backward would not have been replaced.
+    attention was not run, or ran once without F.multi_head_attention_forward (a subclass
+    with a forward of its own, on every call or on some): its backward would not have been
+    replaced.
     """
     called: set[int] = set()
-    entered: set[int] = set()  # attentions whose forward ran, whether or not called it
+    bypassed: set[int] = set()  # attentions a forward of which ran without it
     own = [a.attention.__dict__.get("forward") for a in attentions]
     fast_path = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     for entry, previous in zip(attentions, own):
         run = previous or type(entry.attention).forward.__get__(entry.attention)
         entry.attention.forward = functools.partial(  # type: ignore[method-assign]
-            _attention_forward, run, entry, linear, called, entered)
+            _attention_forward, run, entry, linear, called, bypassed)
     try:
         yield
     finally:
@@ -188,12 +189,13 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
             del entry.attention.forward
             if previous is not None:
                 entry.attention.forward = previous  # type: ignore[method-assign]
-    skipped = [a.attention for a in attentions if id(a.attention) not in called]
+    skipped = [a.attention for a in attentions if id(a.attention) in bypassed] or [
+        a.attention for a in attentions if id(a.attention) not in called]
     if skipped:
         attention = skipped[0]
         what = (f"an nn.MultiheadAttention ({type(attention).__name__} with "
                 f"embed_dim={attention.embed_dim})")
-        if id(attention) in entered:
+        if id(attention) in bypassed:
             raise ModelContractError(
                 f"{what} ran without nn.MultiheadAttention's own attention "
                 "(F.multi_head_attention_forward), whose projections the rule replaces: its "
@@ -211,22 +213,27 @@ class _ProjectedAttention(TorchFunctionMode):
                  called: set[int]) -> None:
         super().__init__()
         self.entry, self.linear, self.called = entry, linear, called
+        self.projected = False  # whether this forward's attention went through _projected
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.multi_head_attention_forward and not _BETWEEN_PROJECTIONS.get():
             self.called.add(id(self.entry.attention))
+            self.projected = True
             return _projected(self.entry, self.linear, *args, **kwargs)
         return func(*args, **kwargs)
 
 
 def _attention_forward(run: Callable[..., Any], entry: AttentionFeedback,
-                       linear: FeedbackLinear, called: set[int], entered: set[int],
+                       linear: FeedbackLinear, called: set[int], bypassed: set[int],
                        *args: Any, **kwargs: Any) -> Any:
-    entered.add(id(entry.attention))
-    with _ProjectedAttention(entry, linear, called):
-        return run(*args, **kwargs)
+    mode = _ProjectedAttention(entry, linear, called)
+    with mode:
+        out = run(*args, **kwargs)
+    if not mode.projected:
+        bypassed.add(id(entry.attention))
+    return out
 
 
 def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,

@@ -168,12 +168,12 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
     feedback (module docstring); PyTorch's fused fast path, which would bypass them, is off.
 
     Graphs built inside keep their feedback after the block. ModelContractError when an
-    attention was not run, or ran once without F.multi_head_attention_forward (a subclass
-    with a forward of its own, on every call or on some): its backward would not have been
-    replaced.
+    attention was not run, or any call of it ran without F.multi_head_attention_forward (a
+    subclass with a forward of its own, on every call or on some): its backward would not
+    have been replaced.
     """
     called: set[int] = set()
-    bypassed: set[int] = set()  # attentions a forward of which ran without it
+    bypassed: set[int] = set()  # attentions with a call that ran without it
     own = [a.attention.__dict__.get("forward") for a in attentions]
     fast_path = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)

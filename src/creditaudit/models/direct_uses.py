@@ -6,8 +6,9 @@ signal by a parameter itself (``x @ self.W``, ``F.linear(x, self.W)``, ``torch.e
 self.W)``, a tied readout ``F.linear(h, self.embed.weight)``) passes the signal down through
 W exactly while the record names the rule, so such a use must be refused.
 :class:`DirectUses`, active during :func:`~creditaudit.adapt`'s probe forward, finds them:
-a matrix product or convolution (:data:`PRODUCTS`) one of whose arguments depends on the
-input batch and another on a parameter of the network alone (the parameter, or a tensor
+a matrix product or convolution (:data:`PRODUCTS`) one of whose factors (an ``addmm``'s
+added term is none: :data:`ADDED_TO`) depends on the input batch and another on a parameter
+of the network alone (the parameter, or a tensor
 computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``), called while no weight
 layer's own forward (:data:`LAYERS`) is running. Elementwise uses of parameters (a scale
 vector, a positional embedding added, a class token concatenated, a norm's affine, an

@@ -133,3 +133,44 @@ def test_builtin_and_zoo_architectures_multiply_no_parameter_directly(arch):
     with torch.enable_grad(), DirectUses(net, x) as probe:
         net(x)
     assert probe.found == [] and "" in probe.called
+
+
+class ScoredMixer(nn.Module):
+    """Attention of the tokens over each other whose scores start from a learned bias
+    (``use``: how the product is added to it), or of a learned query the tokens' mean is
+    added to in place (``query+=``): products of two activations, no parameter's."""
+
+    def __init__(self, use: str) -> None:
+        super().__init__()
+        self.use = use
+        self.bias = nn.Parameter(torch.zeros(1, 5, 5))
+        self.query = nn.Parameter(torch.zeros(1, 1, WIDTH))
+
+    def forward(self, h: Tensor) -> Tensor:
+        bias, keys = self.bias.expand(h.shape[0], -1, -1), h.transpose(1, 2)
+        if self.use == "torch.baddbmm":
+            scores = torch.baddbmm(bias, h, keys)
+        elif self.use == "input=":
+            scores = torch.baddbmm(input=bias, batch1=h, batch2=keys)
+        elif self.use == "Tensor.baddbmm":
+            scores = bias.baddbmm(h, keys)
+        elif self.use == "Tensor.baddbmm_":
+            scores = bias.clone().baddbmm_(h, keys)
+        else:  # "query+="
+            query = self.query.expand(h.shape[0], -1, -1).clone()
+            query += h.mean(1, keepdim=True)
+            return h + (query @ keys).softmax(-1) @ h
+        return scores.softmax(-1) @ h
+
+
+@pytest.mark.parametrize("use", ["torch.baddbmm", "input=", "Tensor.baddbmm",
+                                 "Tensor.baddbmm_", "query+="])
+def test_a_parameter_added_to_a_product_of_activations_is_accepted(use):
+    """torch.baddbmm(self.bias, q, kᵀ) adds the bias; it multiplies nothing by it (it was
+    refused as 'multiplies its signal by it directly', the rule's backward untouched by it
+    either way), and so does a learned query once the signal is added to it in place."""
+    net = TokenNet()
+    net.mix = ScoredMixer(use)
+    model = adapted(net)
+    assert model.probe_direct_uses == ()
+    rule("fa-linear", model)

@@ -174,3 +174,90 @@ def test_an_attention_subclass_with_a_forward_of_its_own_is_named_as_such(method
                                    example=x[:4]))
     optimizer = torch.optim.SGD(inherited.trainable_parameters(), lr=0.1)
     assert inherited.train_step(x, y, optimizer).finite
+
+
+class NestingAttention(nn.MultiheadAttention):
+    """An attention whose forward first runs an inner nn.MultiheadAttention on its input,
+    then its own (``super().forward``); ``nest=False``: its own only."""
+
+    nest = True
+
+    def __init__(self, embed_dim: int) -> None:
+        super().__init__(embed_dim, 2, batch_first=True, dtype=F64)
+        self.inner = nn.MultiheadAttention(embed_dim, 1, batch_first=True, dtype=F64)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                **kwargs: object) -> tuple[Tensor, Tensor | None]:
+        if self.nest:
+            query = key = value = self.inner(query, key, value, need_weights=False)[0]
+        return super().forward(query, key, value, need_weights=False)
+
+
+def test_an_attention_run_inside_another_attention_gets_its_own_feedback():
+    """PyTorch's attention between an inner attention's replaced projections was taken
+    for a call of the outer attention's own, whose feedback it then used (a ValueError
+    traceback, zip() argument 4 is shorter…). The gradients are those of the same two
+    attentions run one after the other."""
+    from creditaudit.methods.adapted_feedback import (
+        AttentionFeedback,
+        replaced_attention_backward,
+    )
+    from creditaudit.methods.replaced_backward import _FeedbackLinear
+
+    torch.manual_seed(0)
+    outer = NestingAttention(4)
+    entries = [AttentionFeedback(a, [torch.randn_like(a.in_proj_weight)],
+                                 torch.randn_like(a.out_proj.weight))
+               for a in (outer, outer.inner)]
+    x = torch.randn(2, 3, 4, dtype=F64)
+
+    def gradients(nest: bool) -> list[Tensor]:
+        outer.nest = nest
+        h = x.clone().requires_grad_(True)
+        with replaced_attention_backward(entries, _FeedbackLinear.apply):
+            z = h if nest else outer.inner(h, h, h, need_weights=False)[0]
+            y = outer(z, z, z)[0]
+        return torch.autograd.grad(y.square().sum(), [h, *outer.parameters()])
+
+    for nested, sequential in zip(gradients(True), gradients(False), strict=True):
+        assert torch.allclose(nested, sequential, rtol=1e-12, atol=1e-14)
+
+
+class ShortcutAttention(nn.MultiheadAttention):
+    """nn.MultiheadAttention's attention on its first call in a forward pass, an attention
+    of its own on the second (a shortcut such as a cache)."""
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                **kwargs: object) -> tuple[Tensor, None]:
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls % 2:
+            return super().forward(query, key, value, need_weights=False)
+        q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        return self.out_proj(F.scaled_dot_product_attention(q, k, v)), None
+
+
+class TwiceAttentionNet(AttentionNet):
+    """AttentionNet with its ShortcutAttention applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__(inherited=True)
+        self.attention = ShortcutAttention(8, 1, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.inp(x))
+        h = self.attention(h, h, h)[0]
+        return self.head(self.out(self.attention(h, h, h)[0]).mean(dim=1))
+
+
+@pytest.mark.parametrize("method", ["fa-linear", "usf"])
+def test_an_attention_that_runs_its_own_attention_on_some_calls_is_named_as_such(method):
+    # Its second call's projections kept their exact backward: the step trained, half the
+    # attention's signal going down through W while the record named the rule.
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 4, 5), torch.randint(0, 3, (6,))
+    bound = rule(method, adapt(TwiceAttentionNet(), states=["act", "out"], example=x[:4]))
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+    with pytest.raises(ModelContractError, match=(
+            r"^an nn.MultiheadAttention \(ShortcutAttention with embed_dim=8\) ran without "
+            r"nn.MultiheadAttention's own attention")):
+        bound.train_step(x, y, optimizer)

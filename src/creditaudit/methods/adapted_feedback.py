@@ -5,8 +5,8 @@ On an adapted model every ``nn.Linear`` and ``nn.Conv2d`` gets one, as BioTorch 
 them — the first layer too: when its input is the data, what it passes down trains nothing
 and every update is the same either way (a layer with parameters below it, a LayerNorm's
 affine before the first Linear, trains through B, as under BioTorch's conversion).
-``nn.MultiheadAttention`` (inside PyTorch's ``nn.TransformerEncoderLayer``, for one) does
-not call modules for its projections: it uses
+``nn.MultiheadAttention`` (inside PyTorch's ``nn.TransformerEncoderLayer``, for one) does not
+call modules for its projections: it uses
 ``in_proj_weight`` (q, k and v packed, (3E, E)) — or ``q/k/v_proj_weight`` when the key and
 value widths differ — and ``out_proj.weight`` directly, so swapping modules (BioTorch's way)
 leaves its backward exact. Here they are weight layers like the others: within
@@ -27,6 +27,7 @@ signal by outside these layers (``x @ self.W``: :mod:`creditaudit.models.direct_
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,11 @@ Feedback = Tensor | Callable[[], Tensor]
 # (x, W, b, B) -> x·Wᵀ + b whose backward passes δ·B down: linear_feedback's _FeedbackLinear.
 FeedbackLinear = Callable[[Tensor, Tensor, Tensor | None, Feedback], Tensor]
 _ATTENTION_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+# Set while PyTorch's attention runs between projections already replaced (:func:`_projected`):
+# an attention around this one (a subclass whose forward calls another attention) leaves
+# that call alone, as it is no call of its own.
+_BETWEEN_PROJECTIONS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "creditaudit_between_projections", default=False)
 
 
 class ProjectionWeight:
@@ -162,18 +168,19 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
     feedback (module docstring); PyTorch's fused fast path, which would bypass them, is off.
 
     Graphs built inside keep their feedback after the block. ModelContractError when an
-    attention was not run, or ran without F.multi_head_attention_forward (a subclass with a
-    forward of its own): its backward would not have been replaced.
+    attention was not run, or any call of it ran without F.multi_head_attention_forward (a
+    subclass with a forward of its own, on every call or on some): its backward would not
+    have been replaced.
     """
     called: set[int] = set()
-    entered: set[int] = set()  # attentions whose forward ran, whether or not called it
+    bypassed: set[int] = set()  # attentions with a call that ran without it
     own = [a.attention.__dict__.get("forward") for a in attentions]
     fast_path = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     for entry, previous in zip(attentions, own):
         run = previous or type(entry.attention).forward.__get__(entry.attention)
         entry.attention.forward = functools.partial(  # type: ignore[method-assign]
-            _attention_forward, run, entry, linear, called, entered)
+            _attention_forward, run, entry, linear, called, bypassed)
     try:
         yield
     finally:
@@ -182,12 +189,13 @@ def replaced_attention_backward(attentions: Sequence[AttentionFeedback],
             del entry.attention.forward
             if previous is not None:
                 entry.attention.forward = previous  # type: ignore[method-assign]
-    skipped = [a.attention for a in attentions if id(a.attention) not in called]
+    skipped = [a.attention for a in attentions if id(a.attention) in bypassed] or [
+        a.attention for a in attentions if id(a.attention) not in called]
     if skipped:
         attention = skipped[0]
         what = (f"an nn.MultiheadAttention ({type(attention).__name__} with "
                 f"embed_dim={attention.embed_dim})")
-        if id(attention) in entered:
+        if id(attention) in bypassed:
             raise ModelContractError(
                 f"{what} ran without nn.MultiheadAttention's own attention "
                 "(F.multi_head_attention_forward), whose projections the rule replaces: its "
@@ -205,22 +213,27 @@ class _ProjectedAttention(TorchFunctionMode):
                  called: set[int]) -> None:
         super().__init__()
         self.entry, self.linear, self.called = entry, linear, called
+        self.projected = False  # whether this forward's attention went through _projected
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.multi_head_attention_forward:
+        if func is F.multi_head_attention_forward and not _BETWEEN_PROJECTIONS.get():
             self.called.add(id(self.entry.attention))
+            self.projected = True
             return _projected(self.entry, self.linear, *args, **kwargs)
         return func(*args, **kwargs)
 
 
 def _attention_forward(run: Callable[..., Any], entry: AttentionFeedback,
-                       linear: FeedbackLinear, called: set[int], entered: set[int],
+                       linear: FeedbackLinear, called: set[int], bypassed: set[int],
                        *args: Any, **kwargs: Any) -> Any:
-    entered.add(id(entry.attention))
-    with _ProjectedAttention(entry, linear, called):
-        return run(*args, **kwargs)
+    mode = _ProjectedAttention(entry, linear, called)
+    with mode:
+        out = run(*args, **kwargs)
+    if not mode.projected:
+        bypassed.add(id(entry.attention))
+    return out
 
 
 def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,
@@ -245,7 +258,11 @@ def _projected(entry: AttentionFeedback, linear: FeedbackLinear, *args: Any,
     a.update(query=q, key=k, value=v, in_proj_weight=None, in_proj_bias=None,
              use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
              v_proj_weight=eye, out_proj_weight=eye, out_proj_bias=None)
-    attended, attention_weights = F.multi_head_attention_forward(**a)
+    between = _BETWEEN_PROJECTIONS.set(True)
+    try:
+        attended, attention_weights = F.multi_head_attention_forward(**a)
+    finally:
+        _BETWEEN_PROJECTIONS.reset(between)
     return linear(attended, out_weight, out_bias, entry.output), attention_weights
 
 

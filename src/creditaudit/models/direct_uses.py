@@ -6,8 +6,9 @@ signal by a parameter itself (``x @ self.W``, ``F.linear(x, self.W)``, ``torch.e
 self.W)``, a tied readout ``F.linear(h, self.embed.weight)``) passes the signal down through
 W exactly while the record names the rule, so such a use must be refused.
 :class:`DirectUses`, active during :func:`~creditaudit.adapt`'s probe forward, finds them:
-a matrix product or convolution (:data:`PRODUCTS`) one of whose arguments depends on the
-input batch and another on a parameter of the network alone (the parameter, or a tensor
+a matrix product or convolution (:data:`PRODUCTS`) one of whose factors (an ``addmm``'s
+added term is none: :data:`ADDED_TO`) depends on the input batch and another on a parameter
+of the network alone (the parameter, or a tensor
 computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``), called while no weight
 layer's own forward (:data:`LAYERS`) is running. Elementwise uses of parameters (a scale
 vector, a positional embedding added, a class token concatenated, a norm's affine, an
@@ -44,6 +45,14 @@ PRODUCTS = frozenset({
     Tensor.vdot, Tensor.inner, Tensor.outer, Tensor.addmm, Tensor.addmm_, Tensor.addmv,
     Tensor.addmv_, Tensor.addbmm, Tensor.addbmm_, Tensor.baddbmm, Tensor.baddbmm_,
     Tensor.addr, Tensor.addr_,
+})
+# The products that add a term to the product (β·input + α·mat1·mat2, ``input`` the first
+# argument, or ``self`` of the method): the term is added, not multiplied, so a parameter
+# there (a learned attention bias, ``torch.baddbmm(self.bias, q, kᵀ)``) is no direct use.
+ADDED_TO = frozenset({
+    torch.addmm, torch.baddbmm, torch.addbmm, torch.addmv, torch.addr, Tensor.addmm,
+    Tensor.addmm_, Tensor.addmv, Tensor.addmv_, Tensor.addbmm, Tensor.addbmm_, Tensor.baddbmm,
+    Tensor.baddbmm_, Tensor.addr, Tensor.addr_,
 })
 
 
@@ -90,22 +99,39 @@ class DirectUses(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        tensors = _tensors(args, kwargs)
         data = any(id(t) in self._data for t in tensors)
         weight = next((w for t in tensors if (w := self._weight(t)) is not None), None)
-        if data and weight is not None and func in PRODUCTS and not self._inside_layers:
-            found = (self._running[-1] if self._running else "", weight)
-            if found not in self.found:
-                self.found.append(found)
+        if func in PRODUCTS and not self._inside_layers:
+            self._product(*(_factors(args, kwargs) if func in ADDED_TO else tensors))
         outputs = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
         for out in outputs:
-            if data:
+            if data:  # an in-place op's output may be a tensor computed from weights alone
                 self._data.add(id(out))
+                self._derived.pop(id(out), None)
             elif weight is not None and id(out) not in self._parameters:
                 self._derived[id(out)] = weight
         if data or weight is not None:
             self._alive += outputs
         return result
+
+    def _product(self, *factors: Tensor) -> None:
+        """Record a product of ``factors`` that multiplies the signal by a parameter."""
+        weight = next((w for t in factors if (w := self._weight(t)) is not None), None)
+        if weight is not None and any(id(t) in self._data for t in factors):
+            found = (self._running[-1] if self._running else "", weight)
+            if found not in self.found:
+                self.found.append(found)
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[Tensor]:
+    return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+
+
+def _factors(args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors an :data:`ADDED_TO` product multiplies: all but its added term (the
+    first argument, or ``input=``)."""
+    return _tensors(args[1:], {k: v for k, v in kwargs.items() if k not in ("input", "self")})
 
 
 def direct_use_refusal(rule: str, module: str, parameter: str, cls: str) -> str:
@@ -118,5 +144,5 @@ def direct_use_refusal(rule: str, module: str, parameter: str, cls: str) -> str:
             "(or nn.Conv2d), or train with bp")
 
 
-__all__ = ["REPLACED", "UNSUPPORTED", "LAYERS", "PRODUCTS", "DirectUses",
+__all__ = ["REPLACED", "UNSUPPORTED", "LAYERS", "PRODUCTS", "ADDED_TO", "DirectUses",
            "direct_use_refusal"]

@@ -381,14 +381,23 @@ class Recorder:
         with self._held:  # the run's folder is released however the block ended
             if kind is None:
                 if self.record.log:
-                    self.finish()
+                    try:
+                        self.finish()
+                    except BaseException as err:  # its end-of-run block: out of memory, ^C
+                        self._failed(type(err), err)
+                        raise
                 return
-            if lost_claim(self.run_dir) is not None:  # another process's run now
-                return
-            self.record.status = ("interrupted" if issubclass(kind, KeyboardInterrupt)
-                                  else "failed")
-            self.record.error = f"{kind.__name__}: {error}"
-            self._write()
+            self._failed(kind, error)
+
+    def _failed(self, kind: type[BaseException], error: BaseException | None) -> None:
+        """Record the run ``interrupted`` (Ctrl-C) or ``failed`` with ``error``, unless it
+        finished or another process's run holds the folder now."""
+        if self.finished or lost_claim(self.run_dir) is not None:
+            return
+        self.record.status = ("interrupted" if issubclass(kind, KeyboardInterrupt)
+                              else "failed")
+        self.record.error = f"{kind.__name__}: {error}"
+        self._write()
 
     # --- files --------------------------------------------------------------------------
     def _write(self) -> None:

@@ -7,6 +7,7 @@ Readers say a run its process holds is running, and one whose process is gone in
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from creditaudit import Recorder, rule
 from creditaudit.cli import main
@@ -262,6 +264,68 @@ def test_a_recorder_holds_its_folder_until_its_run_ends(tmp_path):
         raise ValueError("the loop failed")
     assert load_record(tmp_path / "raised").status == "failed"
     assert not (tmp_path / "raised" / CLAIM_FILE).exists()
+
+
+@pytest.mark.parametrize(("raised", "status"), [(torch.OutOfMemoryError, "failed"),
+                                                 (KeyboardInterrupt, "interrupted")])
+def test_a_with_block_whose_end_of_run_block_raises_records_why(tmp_path, monkeypatch,
+                                                                raised, status):
+    """The block finish() runs at a with-block's clean end (minutes, a float64 copy: out of
+    memory, Ctrl-C) left the record 'running' with no error, read as still running; and a
+    finish() that raised left the record 'completed' in memory, written so by a later
+    epoch() while the run went on."""
+    import creditaudit.run.recorder_finish as finishing
+
+    def block(*args: object, **kwargs: object) -> dict:
+        raise raised("the end-of-run block's own error")
+
+    monkeypatch.setattr(finishing, "end_of_run_metrics", block)
+    net, x, y = tiny_own_loop()
+    with pytest.raises(raised), Recorder(  # noqa: PT012
+            rule("bp", net), x, y, out=tmp_path, name="ended", progress=False,
+            config={"optim.epochs": 3}) as rec:
+        rec.epoch(0)
+        rec.epoch(1, test_acc=0.5)
+    record = load_record(tmp_path / "ended")
+    assert (record.status, record.error) == (
+        status, f"{raised.__name__}: the end-of-run block's own error")
+    assert record.stopped_early is None
+    assert not (tmp_path / "ended" / CLAIM_FILE).exists()
+    rec = Recorder(rule("bp", net), x, y, out=tmp_path, name="went-on", progress=False)
+    rec.epoch(0)
+    with pytest.raises(raised):
+        rec.finish()
+    rec.epoch(1, test_acc=0.5)
+    assert load_record(tmp_path / "went-on").status == "running"
+
+
+def test_a_recorder_created_again_on_its_folder_with_overwrite_holds_it_alone(tmp_path):
+    """A notebook cell run again (``rec = Recorder(…, overwrite=True)`` while the first
+    Recorder is unfinished): the claim was the first one's, released when it was collected,
+    so the new run went on unclaimed; and the first, kept alive, wrote its epochs over the
+    new run's record (its failed record at its with-block's end too)."""
+    net, x, y = tiny_own_loop()
+    first = Recorder(rule("bp", net), x, y, out=tmp_path, name="again", progress=False,
+                     config={"diagnostics.end_of_run": False})
+    first.epoch(0)
+    first.epoch(1, test_acc=0.5)
+    second = Recorder(rule("bp", net), x, y, out=tmp_path, name="again", progress=False,
+                      config={"diagnostics.end_of_run": False}, overwrite=True)
+    with pytest.raises(ConfigError, match="overwrite=True replaced this one's run in "):
+        first.epoch(2)
+    with pytest.raises(ConfigError, match="overwrite=True replaced this one's run in "):
+        first.finish()
+    with pytest.raises(ValueError), first:
+        raise ValueError("the first loop's end")
+    assert load_record(tmp_path / "again").log == []
+    del first
+    gc.collect()
+    claim = json.loads((tmp_path / "again" / CLAIM_FILE).read_text())
+    assert claim["pid"] == os.getpid()
+    second.epoch(0)
+    assert second.finish().status == "completed"
+    assert [e.epoch for e in load_record(tmp_path / "again").log] == [0]
+    assert not (tmp_path / "again" / CLAIM_FILE).exists()
 
 
 def test_a_child_forked_while_a_recorder_holds_its_run_leaves_the_claim_alone(tmp_path):

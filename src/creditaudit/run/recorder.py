@@ -83,6 +83,7 @@ from creditaudit.run.recorder_config import (
 from creditaudit.run.recorder_finish import finish_record
 from creditaudit.run.recorder_inputs import (
     check_epoch_number,
+    check_folder_written,
     check_network_unchanged,
     check_rule_held,
     checked_extras,
@@ -92,7 +93,9 @@ from creditaudit.run.recorder_inputs import (
     hold_rule,
     network_layout,
     released_on_error,
+    take_over_folder,
     tensor_versions,
+    write_folder,
 )
 from creditaudit.run.recorder_progress import RecorderProgress
 from creditaudit.run.results import (
@@ -137,7 +140,8 @@ class Recorder:
     ``diagnostics.eval_samples`` is N.
     ``checkpoint``: also save the model's and the rule's state (and the initial parameters)
     beside the record each epoch. ``overwrite``: replace a record already at ``out/name``
-    (refused otherwise). ``allow_unverified_reference`` (or the config key
+    (refused otherwise; an unfinished Recorder of this process writing it records no
+    more). ``allow_unverified_reference`` (or the config key
     ``diagnostics.allow_unverified_reference``): record a model whose backward is not the
     gradient of its forward, which is otherwise refused. ``progress``: where the recorder says what
     it measures while it takes seconds (an epoch's diagnostics, each end-of-run stage with
@@ -227,6 +231,8 @@ class Recorder:
         self._ended: tuple[int, dict[str, float]] = (0, {})  # the rule's last ended epoch
         self._unjudged: StateGradients | None = None  # the last epoch's, when not judged
         self._since = time.perf_counter()
+        self.replaced = False  # by a Recorder created since on its folder (overwrite=True)
+        take_over_folder(self.run_dir, overwrite)
         # Held until the run ends (finish(), the with-block's end, a failed write here).
         self._held = claim_folder(self.run_dir, overwrite)
         # A Recorder left unfinished releases its claim when it is collected or, alive at
@@ -238,6 +244,7 @@ class Recorder:
             if self.checkpointing:
                 atomic_torch_save(self.run_dir / INIT_FILE, self.initial)
             self._write()
+        write_folder(self.run_dir, self)
         hold_rule(rule, self, self.run_dir.name)  # the one Recorder ending its epochs now
 
     # --- per epoch ----------------------------------------------------------------------
@@ -262,6 +269,7 @@ class Recorder:
         if self.finished:
             raise ConfigError("epoch() after finish(): the run is finished; start a new "
                               "Recorder for another run")
+        check_folder_written(self)
         check_epoch_number(epoch, self.record.log[-1].epoch if self.record.log else None,
                            epochs=self.config.optim.epochs if self._epochs_given else None,
                            every_epoch=self._needs_length and f"{self.rule.name} ends each "
@@ -323,6 +331,7 @@ class Recorder:
         Returns the record."""
         if self.finished:
             return self.record
+        check_folder_written(self)
         started = time.perf_counter()
         if not self.record.log:
             raise ConfigError("finish() before any epoch(): record at least one epoch "
@@ -367,19 +376,28 @@ class Recorder:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: Any) -> None:
-        if self.finished:
+        if self.finished or self.replaced:  # a replaced run's folder is another's now
             return
         with self._held:  # the run's folder is released however the block ended
             if kind is None:
                 if self.record.log:
-                    self.finish()
+                    try:
+                        self.finish()
+                    except BaseException as err:  # its end-of-run block: out of memory, ^C
+                        self._failed(type(err), err)
+                        raise
                 return
-            if lost_claim(self.run_dir) is not None:  # another process's run now
-                return
-            self.record.status = ("interrupted" if issubclass(kind, KeyboardInterrupt)
-                                  else "failed")
-            self.record.error = f"{kind.__name__}: {error}"
-            self._write()
+            self._failed(kind, error)
+
+    def _failed(self, kind: type[BaseException], error: BaseException | None) -> None:
+        """Record the run ``interrupted`` (Ctrl-C) or ``failed`` with ``error``, unless it
+        finished or another process's run holds the folder now."""
+        if self.finished or lost_claim(self.run_dir) is not None:
+            return
+        self.record.status = ("interrupted" if issubclass(kind, KeyboardInterrupt)
+                              else "failed")
+        self.record.error = f"{kind.__name__}: {error}"
+        self._write()
 
     # --- files --------------------------------------------------------------------------
     def _write(self) -> None:

@@ -32,7 +32,18 @@ def finish_record(record: RunRecord, rule: CreditRule, eval_x: Tensor, eval_y: T
     its final results, and, unless ``config.diagnostics.end_of_run`` is off, the end-of-run
     block on the evaluation set ``eval_x`` ``(N, …)``, ``eval_y`` ``(N,)``, with drift from
     the ``initial`` parameters. ``say``: a progress line per stage; ``started``: the
-    ``time.perf_counter()`` the finish began at, for the block's closing line."""
+    ``time.perf_counter()`` the finish began at, for the block's closing line. The status
+    and results are set once the block is measured: a block that raises (out of memory,
+    Ctrl-C) leaves the record as it was."""
+    if config.diagnostics.end_of_run:
+        say(f"end of run: credit-quality block on {len(eval_y)} samples (cosines "
+            "and Γ, then ρ, nudging, the fresh-feedback null; diagnostics.end_of_run="
+            "False skips it) …")
+        record.diagnostics.update(end_of_run_metrics(
+            rule, eval_x, eval_y, initial=initial, settings=config.diagnostics,
+            seed=config.run.seed, progress=lambda text: say(f"end of run: {text}")))
+        note_end_of_run_credits(record, rule)
+        say(f"end of run: done in {duration(time.perf_counter() - started)}")
     last = record.log[-1]
     record.status = "completed" if finite_entry(last) else "diverged"
     if record.status == "diverged":
@@ -43,12 +54,3 @@ def finish_record(record: RunRecord, rule: CreditRule, eval_x: Tensor, eval_y: T
             "epoch": last.epoch,
             "reason": f"finish() after epoch {last.epoch} of optim.epochs={epochs}"}
     record.final = final_results(record.log)
-    if config.diagnostics.end_of_run:
-        say(f"end of run: credit-quality block on {len(eval_y)} samples (cosines "
-            "and Γ, then ρ, nudging, the fresh-feedback null; diagnostics.end_of_run="
-            "False skips it) …")
-        record.diagnostics.update(end_of_run_metrics(
-            rule, eval_x, eval_y, initial=initial, settings=config.diagnostics,
-            seed=config.run.seed, progress=lambda text: say(f"end of run: {text}")))
-        note_end_of_run_credits(record, rule)
-        say(f"end of run: done in {duration(time.perf_counter() - started)}")

@@ -190,6 +190,36 @@ def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
     return held
 
 
+# A run folder (resolved) → the Recorder of this process that writes it (weakly).
+_FOLDER_WRITERS: weakref.WeakValueDictionary[Path, Any] = weakref.WeakValueDictionary()
+
+
+def take_over_folder(run_dir: Path, overwrite: bool) -> None:
+    """Before a Recorder claims ``run_dir``: with ``overwrite``, an unfinished Recorder of
+    this process writing it (the cell of a notebook run again, a loop restarted after it
+    raised) is stopped — its claim released, its later writes refused
+    (:func:`check_folder_written`) — so that the new run holds the folder alone. Without
+    ``overwrite`` it is left alone (:func:`claim_folder` refuses the folder's record)."""
+    earlier = _FOLDER_WRITERS.get(run_dir.resolve())
+    if overwrite and earlier is not None and not earlier.finished:
+        earlier.replaced = True
+        earlier._held.close()
+
+
+def write_folder(run_dir: Path, recorder: Any) -> None:
+    """``recorder`` now writes ``run_dir`` (:func:`take_over_folder`)."""
+    _FOLDER_WRITERS[run_dir.resolve()] = recorder
+
+
+def check_folder_written(recorder: Any) -> None:
+    """ConfigError (one line) when a Recorder created since with ``overwrite=True`` on the
+    same folder replaced ``recorder``'s run: its epochs would be written over that run's."""
+    if recorder.replaced:
+        raise ConfigError(f"a Recorder created since with overwrite=True replaced this one's "
+                          f"run in {recorder.run_dir}: record its epochs with that Recorder, "
+                          "or give each run its own name=")
+
+
 # A rule → the last Recorder created on it (weakly) and that Recorder's run name.
 _RULE_HOLDERS: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], str]] = \
     weakref.WeakKeyDictionary()
@@ -279,6 +309,7 @@ def refuse_record_keys(extras: Mapping[str, float | None]) -> None:
 _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
-__all__ = ["folder_name", "hold_rule", "check_rule_held", "claim_folder", "released_on_error",
+__all__ = ["folder_name", "take_over_folder", "write_folder", "check_folder_written",
+           "hold_rule", "check_rule_held", "claim_folder", "released_on_error",
            "checked_number", "tensor_versions", "checked_extras", "refuse_record_keys",
            "recordable_number"]

@@ -300,3 +300,42 @@ def test_an_off_beat_epochs_kept_gradients_go_before_the_next_epoch_is_measured(
     # and the last, off-beat epoch is still judged by finish()
     record = load_record(tmp_path / "kept")
     assert [e.epoch for e in record.log if e.verdict is not None] == [3, 4]
+
+
+def test_an_eval_set_left_requiring_grad_is_recorded_as_data_without_a_warning(tmp_path):
+    """Recorder(rule, x.requires_grad_(), y) printed torch's "Converting a tensor with
+    requires_grad=True to a scalar" warning from the reference check (once per process,
+    so in a process of its own here), and records what the same data not requiring grad
+    gives."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import json, torch
+        from torch import nn
+        from creditaudit import Recorder, adapt, rule
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+                            nn.Linear(8, 3))
+        x, y = torch.randn(32, 6), torch.arange(32) % 3
+        dfa = rule("dfa", adapt(net, ["1", "3"], example=x[:4]))
+        records = []
+        for name, eval_x in (("plain", x), ("asked", x.clone().requires_grad_())):
+            rec = Recorder(dfa, eval_x, y, out={str(tmp_path)!r}, name=name, progress=False,
+                           config={{"diagnostics.end_of_run": False}})
+            rec.epoch(0)
+            records.append(rec.finish().to_dict())
+        a, b = (dict(r, config=None, run_id=None, environment=None, content_sha256=None)
+                for r in records)
+        for r in (a, b):  # what differs by name and wall clock
+            r["created"] = r["updated"] = r["protocol"]["report"]["metadata"]["run_id"] = None
+            for entry in r["log"]:
+                entry["seconds"] = None
+        print(json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "requires_grad" not in done.stderr, done.stderr

@@ -167,6 +167,9 @@ class Recorder:
         model = rule.model
         check_inputs(model, eval_x, eval_y)
         check_same_device(model, eval_x, eval_y)
+        # an eval set left requiring grad is data, as in diagnose(): the same storage and
+        # version counter, so the watch on writes to it still sees them
+        eval_x = eval_x.detach()
         device = eval_x.device
         if eval_y.numel() and not 0 <= int(eval_y.min()) <= int(eval_y.max()) < rule.n_classes:
             raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "

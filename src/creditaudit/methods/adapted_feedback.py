@@ -1,19 +1,18 @@
 """The per-layer feedback rules (``fa-linear``, ``usf``, ``brsf``, ``frsf``, ``kp``) on adapted
 models: which weights get a feedback matrix, and attention's replaced backward.
 
-On an adapted model every ``nn.Linear`` and ``nn.Conv2d`` gets one, as BioTorch converts
-them — the first layer too: when its input is the data, what it passes down trains nothing
-and every update is the same either way (a layer with parameters below it, a LayerNorm's
-affine before the first Linear, trains through B, as under BioTorch's conversion).
-``nn.MultiheadAttention`` (inside PyTorch's ``nn.TransformerEncoderLayer``, for one) does not
-call modules for its projections: it uses
-``in_proj_weight`` (q, k and v packed, (3E, E)) — or ``q/k/v_proj_weight`` when the key and
-value widths differ — and ``out_proj.weight`` directly, so swapping modules (BioTorch's way)
-leaves its backward exact. Here they are weight layers like the others: within
+On an adapted model every ``nn.Linear`` and ``nn.Conv2d`` gets one, as BioTorch converts them —
+the first layer too: when its input is the data, what it passes down trains nothing and every
+update is the same either way (a layer with parameters below it, a LayerNorm's affine before the
+first Linear, trains through B, as under BioTorch's conversion). ``nn.MultiheadAttention``
+(inside PyTorch's ``nn.TransformerEncoderLayer``, for one) does not call modules for its
+projections: it uses ``in_proj_weight`` (q, k and v packed, (3E, E)) — or ``q/k/v_proj_weight``
+when the key and value widths differ — and ``out_proj.weight`` directly, so swapping modules
+(BioTorch's way) leaves its backward exact. Here they are weight layers like the others: within
 :func:`replaced_attention_backward` the attention computes q, k, v and its output projection
 with the rule's feedback linear and runs PyTorch's own attention between them (identity
-projections inside, which are exact), so masks, dropout and the attention itself stay
-PyTorch's. A packed projection's B is (3E, E), its fan-in 3E, as for a Linear of that shape.
+projections inside, which are exact), so masks, dropout and the attention itself stay PyTorch's.
+A packed projection's B is (3E, E), its fan-in 3E, as for a Linear of that shape.
 
 Layers whose weights act on an input but which this cannot replace (Conv1d/3d, transposed
 convolutions, ``nn.Bilinear``, the recurrent layers ``nn.RNN``/``LSTM``/``GRU`` and their

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from creditaudit import Recorder
 from creditaudit.config import MethodConfig, RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.methods import DFA, build_rule, rms_normalise, rule_names
@@ -282,6 +283,33 @@ def test_auxiliary_nets_train_with_the_fused_adamw(name):
     rule = rule_for(mlp(), name)
     optimizer = rule.predictor_optimizer if name == "state-bridge" else rule.value_optimizer
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"]
+
+
+@pytest.mark.parametrize("name", ["state-bridge", "credit-bridge"])
+def test_an_epoch_ended_twice_keeps_its_fields_and_its_warmup(tmp_path, name):
+    """A loop that ends each epoch itself (rule.end_epoch, as it must without a Recorder)
+    and then records it with rec.epoch, which ends it again: the second call returned the
+    fields of an empty epoch, so the record held NaN errors and bridge_warmup 0 for the
+    warm-up epoch. The same epoch ended again with no step since now gives its fields again
+    and counts nothing more for the warm-up."""
+    torch.manual_seed(0)
+    model = ResidualMLP(in_dim=6, d=10, n_classes=C, n_blocks=2).double()
+    rule = rule_for(model, name, warmup_fraction=0.5)
+    x, y = batch(n=32)
+    optimizer = torch.optim.SGD(rule.trainable_parameters(), lr=0.0)
+    rec = Recorder(rule, x, y, out=tmp_path, name="twice", data="mine",
+                   config={"optim.epochs": 4, "diagnostics.end_of_run": False})
+    rec.epoch(0)
+    ended = []
+    for epoch in (1, 2, 3):
+        assert rule.train_step(x, y, optimizer).finite
+        ended.append(rule.end_epoch(epoch, 4))
+        assert rule.end_epoch(epoch, 4) == ended[-1]  # again: the same fields
+        rec.epoch(epoch, test_acc=0.5, test_loss=1.0)
+    assert all(math.isfinite(value) for fields in ended for value in fields.values())
+    assert [entry.extras for entry in rec.record.log[1:]] == ended
+    if name == "credit-bridge":  # ceil(0.5 × 4) = 2 warm-up epochs, whoever ends them
+        assert [fields["bridge_warmup"] for fields in ended] == [1.0, 1.0, 0.0]
 
 
 # --- Credit Bridge credits ----------------------------------------------------------------

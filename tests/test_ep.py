@@ -320,6 +320,21 @@ def test_recorded_grad_ratio_is_the_residual_gradient_end_over_start(solver):
     assert fields["ep_backoff_fraction"] == sum(backed_off) / 3
 
 
+def test_an_epoch_ended_twice_keeps_its_relaxation_fields():
+    """A loop that calls rule.end_epoch itself and then rec.epoch, which ends the epoch
+    again: the second call gave ep_relax_grad_ratio and ep_backoff_fraction NaN (an epoch
+    of no steps), which the record kept as the epoch's convergence. Ended again with no
+    step since, the epoch now gives its fields again; a step starts the next epoch's."""
+    rule = ep_rule(mlp())
+    grads_after_step(rule, *batch())
+    fields = rule.end_epoch(1, 3)
+    assert math.isfinite(fields["ep_relax_grad_ratio"])
+    assert rule.end_epoch(1, 3) == fields
+    assert math.isnan(rule.end_epoch(2, 3)["ep_relax_grad_ratio"])  # no step in epoch 2
+    grads_after_step(rule, *batch(seed=2))
+    assert rule.end_epoch(2, 3)["ep_relax_grad_ratio"] != fields["ep_relax_grad_ratio"]
+
+
 def test_residual_energy_gradient_and_forward_substitution():
     """ResidualEnergy: ∇_ρF against central differences of the literal F(ρ), and the
     displacements it returns have exactly the residuals ρ."""

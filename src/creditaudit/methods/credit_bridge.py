@@ -54,6 +54,7 @@ from creditaudit.methods.base import (
     output_error,
     step_result,
 )
+from creditaudit.methods.epoch_fields import EndedEpoch
 from creditaudit.methods.feedback import aux_dtype, draw_feedback, state_width
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
@@ -167,6 +168,7 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         self.epochs_done = 0
         self.n_epochs: int | None = None
         self.sums = self._empty_sums()
+        self.ended = EndedEpoch()
 
     @staticmethod
     def _empty_sums() -> dict[str, float]:
@@ -318,7 +320,12 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         return result
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
+        """The epoch's means of V's losses and ``bridge_warmup``; counts the epoch for the
+        warm-up. The same epoch ended again with no step since gives its fields again and
+        counts nothing (:class:`EndedEpoch`)."""
         steps = self.sums["steps"]
+        if (again := self.ended.again(epoch, steps)) is not None:
+            return again
 
         def mean(key: str) -> float:
             return self.sums[key] / steps if steps else float("nan")
@@ -329,7 +336,7 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
                "bridge_warmup": 1.0 if steps and self.sums["warmup_steps"] == steps else 0.0}
         self.epochs_done, self.n_epochs = epoch, n_epochs
         self.sums = self._empty_sums()
-        return out
+        return self.ended.keep(epoch, out)
 
     # --- persistence --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -353,6 +360,7 @@ class CreditBridge(CreditRule[CreditBridgeOptions]):
         self.generator.set_state(state["generator"].cpu())
         self.epochs_done, self.n_epochs = state["epochs_done"], state["n_epochs"]
         self.sums = dict(state["sums"])
+        self.ended = EndedEpoch()
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.value_optimizer}

@@ -69,6 +69,7 @@ from creditaudit.config import MethodConfig, opt
 from creditaudit.errors import ModelContractError
 from creditaudit.methods.base import CreditRule, RuleOptions, StepResult, step_result
 from creditaudit.methods.ep_relax import EP_SOLVERS, Relaxation, relax, relaxation_dtype
+from creditaudit.methods.epoch_fields import EndedEpoch
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
 from creditaudit.methods.surrogate import branch_penalty, per_sample_dot
@@ -265,6 +266,7 @@ class EP(CreditRule[EPOptions]):
         self.beta, self.steps = self.options.ep_beta, self.options.ep_steps
         self.step_size, self.solver = self.options.ep_step_size, self.options.ep_solver
         self.ratio_sum, self.ratio_count, self.backoffs = 0.0, 0, 0
+        self.ended = EndedEpoch()
 
     # --- credit -------------------------------------------------------------------------
     def relax(self, states: list[Tensor], y: Tensor, *, beta: float | None = None,
@@ -354,12 +356,15 @@ class EP(CreditRule[EPOptions]):
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
         """``ep_relax_grad_ratio``: ‖∇_ρF‖ end / start of the nudged phase, mean over the
-        epoch's steps; ``ep_backoff_fraction``: share of its steps that halved η."""
+        epoch's steps; ``ep_backoff_fraction``: share of its steps that halved η. The same
+        epoch ended again with no step since gives its fields again (:class:`EndedEpoch`)."""
+        if (again := self.ended.again(epoch, self.ratio_count)) is not None:
+            return again
         count = self.ratio_count
         fields = {"ep_relax_grad_ratio": self.ratio_sum / count if count else float("nan"),
                   "ep_backoff_fraction": self.backoffs / count if count else float("nan")}
         self.ratio_sum, self.ratio_count, self.backoffs = 0.0, 0, 0
-        return fields
+        return self.ended.keep(epoch, fields)
 
     def run_metrics(self, x: Tensor, y: Tensor) -> dict[str, Any]:
         """EP/BP weight-update cosines on ``(x, y)`` with the run's relaxation settings
@@ -375,6 +380,7 @@ class EP(CreditRule[EPOptions]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ratio_sum, self.ratio_count = state["ratio_sum"], state["ratio_count"]
         self.backoffs = state["backoffs"]
+        self.ended = EndedEpoch()
 
 
 __all__ = ["EP", "Relaxation", "contrastive_objective", "credits_from", "relax",

@@ -50,6 +50,7 @@ from creditaudit.methods.base import (
     output_error,
     step_result,
 )
+from creditaudit.methods.epoch_fields import EndedEpoch
 from creditaudit.methods.feedback import aux_dtype, state_width
 from creditaudit.methods.logits import checked_logits
 from creditaudit.methods.registry import register
@@ -235,6 +236,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
         self.predictor_optimizer: torch.optim.Optimizer | None = None
         self.set_predictor(predictor)
         self.error_sum, self.error_count = 0.0, 0
+        self.ended = EndedEpoch()
         # the step's predictor forward, handed from step_credits to fit_predictor
         self.kept_prediction: Tensor | None = None
 
@@ -355,9 +357,13 @@ class StateBridge(CreditRule[StateBridgeOptions]):
         return result
 
     def end_epoch(self, epoch: int, n_epochs: int) -> dict[str, float]:
+        """``state_pred_error``: the mean prediction error of the epoch's steps (the same
+        epoch ended again with no step since gives it again: :class:`EndedEpoch`)."""
+        if (again := self.ended.again(epoch, self.error_count)) is not None:
+            return again
         error = self.error_sum / self.error_count if self.error_count else float("nan")
         self.error_sum, self.error_count = 0.0, 0
-        return {"state_pred_error": error}
+        return self.ended.keep(epoch, {"state_pred_error": error})
 
     # --- persistence --------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -379,6 +385,7 @@ class StateBridge(CreditRule[StateBridgeOptions]):
             self.predictor_optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.generator.set_state(state["generator"].cpu())
         self.error_sum, self.error_count = state["error_sum"], state["error_count"]
+        self.ended = EndedEpoch()
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         optimizer = self.predictor_optimizer  # None when the predictor is fixed

@@ -156,6 +156,14 @@ class ScoredMixer(nn.Module):
             scores = bias.baddbmm(h, keys)
         elif self.use == "Tensor.baddbmm_":
             scores = bias.clone().baddbmm_(h, keys)
+        elif self.use == "F.linear bias":  # the bias of a product of two activations
+            scores = torch.stack([F.linear(one, one, self.bias[0, 0]) for one in h])
+        elif self.use == "F.conv1d bias=":  # a dynamic convolution: its kernel from h
+            out = []
+            for one in h:  # (T, WIDTH): a kernel (WIDTH, WIDTH, 1) of the sample's own
+                kernel = torch.outer(one.mean(0), one.mean(0)).unsqueeze(-1)
+                out.append(F.conv1d(one.t().unsqueeze(0), kernel, bias=self.query[0, 0]))
+            return h + torch.cat(out).transpose(1, 2)
         else:  # "query+="
             query = self.query.expand(h.shape[0], -1, -1).clone()
             query += h.mean(1, keepdim=True)
@@ -164,11 +172,14 @@ class ScoredMixer(nn.Module):
 
 
 @pytest.mark.parametrize("use", ["torch.baddbmm", "input=", "Tensor.baddbmm",
-                                 "Tensor.baddbmm_", "query+="])
+                                 "Tensor.baddbmm_", "query+=", "F.linear bias",
+                                 "F.conv1d bias="])
 def test_a_parameter_added_to_a_product_of_activations_is_accepted(use):
     """torch.baddbmm(self.bias, q, kᵀ) adds the bias; it multiplies nothing by it (it was
     refused as 'multiplies its signal by it directly', the rule's backward untouched by it
-    either way), and so does a learned query once the signal is added to it in place."""
+    either way), and so does a learned query once the signal is added to it in place, and
+    the bias of F.linear or a convolution whose weight is computed from the signal (both
+    were refused the same way)."""
     net = TokenNet()
     net.mix = ScoredMixer(use)
     model = adapted(net)

@@ -10,7 +10,8 @@ a matrix product or convolution (:data:`PRODUCTS`) one of whose factors (the ter
 ``addmm`` adds is none, :data:`ADDED_TO`, nor the ``bias`` of ``F.linear`` or
 ``F.conv2d``, :data:`BIASED`) depends on the input batch and another on a parameter
 of the network alone (the parameter, or a tensor
-computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``), called while no weight
+computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``, a buffer ``W`` is
+written into: ``buf[:k, :k] = W``, ``x.new_zeros(d, d).copy_(W)``), called while no weight
 layer's own forward (:data:`LAYERS`) is running. Elementwise uses of parameters (a scale
 vector, a positional embedding added, a class token concatenated, a norm's affine, an
 Embedding lookup) are no products and stay accepted.
@@ -61,6 +62,15 @@ ADDED_TO = frozenset({
 BIASED = {F.linear: 2, F.conv1d: 2, F.conv2d: 2, F.conv3d: 2, F.conv_transpose1d: 2,
           F.conv_transpose2d: 2, F.conv_transpose3d: 2, F.conv_tbc: 2, F.bilinear: 3}
 
+# Calls whose output takes only a shape, dtype or device from their tensor arguments, none
+# of their values: a buffer made so (x.new_zeros(d, d), torch.zeros_like(x)) is neither
+# signal nor weight until something is written into it.
+SHAPED_LIKE = frozenset({
+    torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
+    torch.randn_like, torch.randint_like, Tensor.new_zeros, Tensor.new_ones,
+    Tensor.new_empty, Tensor.new_full,
+})
+
 
 class DirectUses(TorchFunctionMode):
     """Within ``with DirectUses(net, x):`` a forward of ``net`` on ``x``: ``found`` lists
@@ -105,12 +115,16 @@ class DirectUses(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        if func in SHAPED_LIKE:
+            return result
         tensors = _tensors(args, kwargs)
         data = any(id(t) in self._data for t in tensors)
         weight = next((w for t in tensors if (w := self._weight(t)) is not None), None)
         if func in PRODUCTS and not self._inside_layers:
             self._product(*_factors(func, args, kwargs))
-        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
+        # buf[i] = v writes into buf, and returns None
+        outputs = [args[0]] if func is Tensor.__setitem__ else [
+            t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
         for out in outputs:
             if data:  # an in-place op's output may be a tensor computed from weights alone
                 self._data.add(id(out))
@@ -158,4 +172,4 @@ def direct_use_refusal(rule: str, module: str, parameter: str, cls: str) -> str:
 
 
 __all__ = ["REPLACED", "UNSUPPORTED", "LAYERS", "PRODUCTS", "ADDED_TO", "BIASED",
-           "DirectUses", "direct_use_refusal"]
+           "SHAPED_LIKE", "DirectUses", "direct_use_refusal"]

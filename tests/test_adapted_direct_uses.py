@@ -57,6 +57,15 @@ class Mixer(nn.Module):
         elif self.use == "Tensor.addmm_":
             flat = h.flatten(0, 1)
             h = torch.zeros_like(flat).addmm_(flat, self.W).view_as(h)
+        # a weight built in the forward by writing W into a buffer (block-diagonal, …):
+        elif self.use == "buf[:k] = W":
+            half = WIDTH // 2
+            weight = torch.zeros(WIDTH, WIDTH, device=h.device)
+            weight[:half, :half] = self.W[:half, :half]
+            weight[half:, half:] = self.W[half:, half:]
+            h = h @ weight
+        elif self.use == "new_zeros().copy_(W)":  # a buffer shaped by the signal
+            h = h @ h.new_zeros(WIDTH, WIDTH).copy_(self.W)
         return torch.tanh(self.norm(h) * self.scale)  # elementwise uses: accepted
 
 
@@ -90,7 +99,7 @@ def adapted(net: nn.Module):
 
 @pytest.mark.parametrize("use", ["matmul", "transposed", "einsum", "linear", "bmm",
                                  "linalg.matmul", "inner", "vecdot", "Tensor.baddbmm",
-                                 "Tensor.addmm_"])
+                                 "Tensor.addmm_", "buf[:k] = W", "new_zeros().copy_(W)"])
 def test_a_parameter_multiplied_directly_is_refused_naming_module_and_parameter(use):
     model = adapted(TokenNet(use))
     with pytest.raises(ModelContractError) as error:
@@ -156,19 +165,33 @@ class ScoredMixer(nn.Module):
             scores = bias.baddbmm(h, keys)
         elif self.use == "Tensor.baddbmm_":
             scores = bias.clone().baddbmm_(h, keys)
-        else:  # "query+="
+        elif self.use == "F.linear bias":  # the bias of a product of two activations
+            scores = torch.stack([F.linear(one, one, self.bias[0, 0]) for one in h])
+        elif self.use == "F.conv1d bias=":  # a dynamic convolution: its kernel from h
+            out = []
+            for one in h:  # (T, WIDTH): a kernel (WIDTH, WIDTH, 1) of the sample's own
+                kernel = torch.outer(one.mean(0), one.mean(0)).unsqueeze(-1)
+                out.append(F.conv1d(one.t().unsqueeze(0), kernel, bias=self.query[0, 0]))
+            return h + torch.cat(out).transpose(1, 2)
+        else:  # "query+=", "query[:, 0] ="
             query = self.query.expand(h.shape[0], -1, -1).clone()
-            query += h.mean(1, keepdim=True)
+            if self.use == "query+=":
+                query += h.mean(1, keepdim=True)
+            else:  # the signal written over the learned query
+                query[:, 0] = h.mean(1)
             return h + (query @ keys).softmax(-1) @ h
         return scores.softmax(-1) @ h
 
 
 @pytest.mark.parametrize("use", ["torch.baddbmm", "input=", "Tensor.baddbmm",
-                                 "Tensor.baddbmm_", "query+="])
+                                 "Tensor.baddbmm_", "query+=", "query[:, 0] =", "F.linear bias",
+                                 "F.conv1d bias="])
 def test_a_parameter_added_to_a_product_of_activations_is_accepted(use):
     """torch.baddbmm(self.bias, q, kᵀ) adds the bias; it multiplies nothing by it (it was
     refused as 'multiplies its signal by it directly', the rule's backward untouched by it
-    either way), and so does a learned query once the signal is added to it in place."""
+    either way), and so does a learned query once the signal is added to it in place, and
+    the bias of F.linear or a convolution whose weight is computed from the signal (both
+    were refused the same way)."""
     net = TokenNet()
     net.mix = ScoredMixer(use)
     model = adapted(net)

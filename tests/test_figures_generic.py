@@ -16,7 +16,8 @@ from creditaudit.figures import (
     run_curves,
     weight_alignment,
 )
-from creditaudit.records import RunRecord
+from creditaudit.figures.runs import other_options_note
+from creditaudit.records import EpochEntry, EpochMeasures, RunRecord
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
 from creditaudit.study.figures import hero, lambda_sweep, penalty, summary
@@ -143,6 +144,43 @@ def test_a_paper_figure_says_which_of_recipes_that_read_alike_it_drew(figure):
     assert "Drawn: one of 2 recipes here that read 'synthetic" in note.replace("\n", " ")
     assert "the other differs from it in optim.lr: 0.001 vs 0.01 (drawn vs not drawn)" in \
         note.replace("\n", " ")
+
+
+def _aligned(method: str, **settings) -> RunRecord:
+    """A completed per-layer feedback run whose record holds two epochs of alignment."""
+    run = _run(method, 1, **settings)
+    run.log = [EpochEntry(epoch=epoch, measures=EpochMeasures(
+        hidden_norms=[1.0], bp_grad_norms_per_sample_med=[0.1], g_L_zero_fraction=0.0,
+        g_L_nonzero_median=0.1, cos_per_layer=[1.0], feedback_layers=["a", "b"],
+        feedback_angle=[40.0, 50.0], feedback_norm_ratio=[1.0, 1.0])) for epoch in (0, 1)]
+    return run
+
+
+@pytest.mark.parametrize("drawn", ["standard", "control"])
+@pytest.mark.parametrize(("key", "value", "standard"), [("data.random_targets", True, False),
+                                                        ("method.trainable_blocks", 1,
+                                                         "every block")])
+def test_figure_7_names_a_control_variant_whose_title_reads_as_its_recipe(
+        drawn, key, value, standard):
+    """Figure 7 draws control variants too (random labels, a depth-ladder step), whose
+    title reads as the standard recipe's: the note that says which of two such recipes it
+    drew looked only among standard recipes, so it said nothing when the standard one was
+    drawn, and 'another setting' for a depth-ladder step."""
+    rules = {"standard": ("fa-linear", "kp"), "control": ("fa-linear",)}  # more rules: drawn
+    if drawn == "control":
+        rules = {"standard": ("fa-linear",), "control": ("fa-linear", "kp")}
+    index = RunIndex.from_records([*(_aligned(m) for m in rules["standard"]),
+                                   *(_aligned(m, **{key: value}) for m in rules["control"])])
+    assert len(weight_alignment.select(index)) == 2
+    fig = weight_alignment.build(index)[weight_alignment.NAME]
+    note = " ".join(t.get_text() for t in fig.texts
+                    if t.get_gid() == "other_options").replace("\n", " ")
+    assert "Drawn: one of 2 recipes here that read 'synthetic" in note
+    pair = (value, standard) if drawn == "control" else (standard, value)
+    assert f"the other differs from it in {key}: {pair[0]} vs {pair[1]} (drawn vs not drawn)" \
+        in note
+    # the figures that draw standard recipes only leave the control variants unsaid
+    assert other_options_note(index, [_aligned("fa-linear")]) is None
 
 
 def _of_code(run: RunRecord, digest: str) -> RunRecord:

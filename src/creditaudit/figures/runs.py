@@ -29,7 +29,7 @@ from creditaudit.results import (
     method_label,
     seed_std,
 )
-from creditaudit.results.runs import matches
+from creditaudit.results.runs import matches, trained_blocks
 
 
 class MissingRuns(CreditAuditError):
@@ -88,11 +88,13 @@ def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
     return by_seed(most)
 
 
-def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | None:
+def other_options_note(index: RunIndex, drawn: Iterable[RunRecord],
+                       among: Sequence[RunRecord] | None = None) -> str | None:
     """``Not drawn (…): DFA seed 42 (method.feedback_scale 1 where the drawn runs have
     100)``, naming each run of a drawn run's recipe, rule and λ that :func:`seed_runs` left
-    out for its other rule options, and the recipes a drawn one's title reads alike
-    (:func:`_alike_recipes`); None when there is none."""
+    out for its other rule options, and the recipes of ``among`` — the runs the figure
+    chose its recipes from (default: those that are no control variant) — a drawn one's
+    title reads alike (:func:`_alike_recipes`); None when there is none."""
     drawn = list(drawn)
     ids = {id(run) for run in drawn}
     kinds = {(figure_recipe(run), run.method, run.penalty): run for run in drawn}
@@ -111,29 +113,40 @@ def other_options_note(index: RunIndex, drawn: Iterable[RunRecord]) -> str | Non
         left.append(f"{method_label(run.method, run.penalty)} seed {run.seed} ({differ})")
     notes = [f"Not drawn (a mean across seeds holds runs of one set of rule options): "
              f"{'; '.join(left)}."] if left else []
-    notes += _alike_recipes(index, drawn)
+    notes += _alike_recipes(index, drawn, among)
     return " ".join(notes) or None
 
 
-def _alike_recipes(index: RunIndex, drawn: list[RunRecord]) -> list[str]:
-    """For each recipe drawn, the other recipes of the folder its title would describe
-    alike (:func:`describe_recipe` leaves a learning rate, the data's content, … out), with
-    the setting they differ in: which of them the figure drew is otherwise not said."""
-    groups = list(index.recipes().values())  # the recipes a paper figure compares
+def _alike_recipes(index: RunIndex, drawn: list[RunRecord],
+                   among: Sequence[RunRecord] | None) -> list[str]:
+    """For each recipe drawn, the other recipes of ``among`` (default: the index's runs
+    that are no control variant) its title would describe alike (:func:`describe_recipe`
+    leaves a learning rate, the data's content, the trained blocks … out), with the setting
+    they differ in: which of them the figure drew is otherwise not said."""
+    groups = list(index.recipes(among).values())
     drawn_keys = {figure_recipe(run) for run in drawn}
     notes = []
     for first in {figure_recipe(run): run for run in drawn}.values():
         label = describe_recipe(first)
-        others = [recipe_difference(first, group[0]) for group in groups
+        others = [_setting(first, group[0]) for group in groups
                   if figure_recipe(group[0]) not in drawn_keys
                   and describe_recipe(group[0]) == label]
         if others:
             who = "the other differs" if len(others) == 1 else "the others differ"
             notes.append(f"Drawn: one of {len(others) + 1} recipes here that read "
                          f"'{label}'; {who} from it in "
-                         f"{'; '.join(d or 'another setting' for d in others)} "
-                         "(drawn vs not drawn).")
+                         f"{'; '.join(others)} (drawn vs not drawn).")
     return notes
+
+
+def _setting(drawn: RunRecord, other: RunRecord) -> str:
+    """The setting a run of another figure recipe differs from ``drawn`` in: the first
+    recipe field (:func:`recipe_difference`), else the blocks a depth-ladder step trains."""
+    blocks = [trained_blocks(run) for run in (drawn, other)]
+    if (found := recipe_difference(drawn, other)) is None and blocks[0] != blocks[1]:
+        found = "method.trainable_blocks: " + " vs ".join(
+            "every block" if n is None else str(n) for n in blocks)
+    return found or "another setting"
 
 
 def _digest(digest: str | None) -> str:

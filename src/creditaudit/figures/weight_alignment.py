@@ -55,14 +55,19 @@ def _missing(group: list[RunRecord]) -> list[str]:
     return [] if any(has_alignment(r) for r in group) else [NEED]
 
 
+def _candidates(index: RunIndex) -> list[RunRecord]:
+    """The runs the figure chooses its recipe from: any run of such a rule, on any model (a
+    plain MLP without skips too), control variants included: the alignment of its feedback
+    with its weights is the run's own, whatever the recipe is a variant of."""
+    return index.select(standard=None)
+
+
 def select(index: RunIndex) -> dict[tuple[str, float], list[RunRecord]]:
     """{(method, penalty): one run per seed} of the rules with alignment records."""
-    # Any run of such a rule, on any model (a plain MLP without skips too): the alignment of
-    # its feedback with its weights is the run's own, whatever the recipe is a variant of.
     group = choose_group(index, TITLE, _missing,
                          prefer=lambda g: (len({r.method for r in g if has_alignment(r)}),
                                            g[0].epochs, len(g)),
-                         runs=index.select(standard=None))
+                         runs=_candidates(index))
     aligned = [r for r in group if has_alignment(r)]
     columns = {}
     for method in sort_methods(r.method for r in aligned):
@@ -107,7 +112,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
             top.set_ylabel(r"$\angle(B, W)$ (degrees)")
             bottom.set_ylabel(r"$\|B\| / \|W\|$")
     legend_right(axes[0, -1], title="layer", title_fontsize=7)
-    other = other_options_note(index, (run for runs in columns.values() for run in runs))
+    other = other_options_note(index, (run for runs in columns.values() for run in runs),
+                               among=_candidates(index))
     if other:
         notes_below(fig, list(axes.flat), {"other_options": other})
     return {NAME: fig}

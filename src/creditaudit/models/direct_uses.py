@@ -6,10 +6,12 @@ signal by a parameter itself (``x @ self.W``, ``F.linear(x, self.W)``, ``torch.e
 self.W)``, a tied readout ``F.linear(h, self.embed.weight)``) passes the signal down through
 W exactly while the record names the rule, so such a use must be refused.
 :class:`DirectUses`, active during :func:`~creditaudit.adapt`'s probe forward, finds them:
-a matrix product or convolution (:data:`PRODUCTS`) one of whose factors (an ``addmm``'s
-added term is none: :data:`ADDED_TO`) depends on the input batch and another on a parameter
+a matrix product or convolution (:data:`PRODUCTS`) one of whose factors (the term an
+``addmm`` adds is none, :data:`ADDED_TO`, nor the ``bias`` of ``F.linear`` or
+``F.conv2d``, :data:`BIASED`) depends on the input batch and another on a parameter
 of the network alone (the parameter, or a tensor
-computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``), called while no weight
+computed from parameters only: ``W.t()``, ``W * mask``, ``U @ V``, a buffer ``W`` is
+written into: ``buf[:k, :k] = W``, ``x.new_zeros(d, d).copy_(W)``), called while no weight
 layer's own forward (:data:`LAYERS`) is running. Elementwise uses of parameters (a scale
 vector, a positional embedding added, a class token concatenated, a norm's affine, an
 Embedding lookup) are no products and stay accepted.
@@ -53,6 +55,20 @@ ADDED_TO = frozenset({
     torch.addmm, torch.baddbmm, torch.addbmm, torch.addmv, torch.addr, Tensor.addmm,
     Tensor.addmm_, Tensor.addmv, Tensor.addmv_, Tensor.addbmm, Tensor.addbmm_, Tensor.baddbmm,
     Tensor.baddbmm_, Tensor.addr, Tensor.addr_,
+})
+# The products that add a ``bias`` to the product, by the bias's place among the positional
+# arguments: a parameter there (a dynamic convolution's learned bias, its kernel computed
+# from the signal: F.conv2d(x, kernel, self.bias)) is added, no direct use either.
+BIASED = {F.linear: 2, F.conv1d: 2, F.conv2d: 2, F.conv3d: 2, F.conv_transpose1d: 2,
+          F.conv_transpose2d: 2, F.conv_transpose3d: 2, F.conv_tbc: 2, F.bilinear: 3}
+
+# Calls whose output takes only a shape, dtype or device from their tensor arguments, none
+# of their values: a buffer made so (x.new_zeros(d, d), torch.zeros_like(x)) is neither
+# signal nor weight until something is written into it.
+SHAPED_LIKE = frozenset({
+    torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
+    torch.randn_like, torch.randint_like, Tensor.new_zeros, Tensor.new_ones,
+    Tensor.new_empty, Tensor.new_full,
 })
 
 
@@ -99,12 +115,16 @@ class DirectUses(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        if func in SHAPED_LIKE:
+            return result
         tensors = _tensors(args, kwargs)
         data = any(id(t) in self._data for t in tensors)
         weight = next((w for t in tensors if (w := self._weight(t)) is not None), None)
         if func in PRODUCTS and not self._inside_layers:
-            self._product(*(_factors(args, kwargs) if func in ADDED_TO else tensors))
-        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
+            self._product(*_factors(func, args, kwargs))
+        # buf[i] = v writes into buf, and returns None
+        outputs = [args[0]] if func is Tensor.__setitem__ else [
+            t for t in tree_flatten(result)[0] if isinstance(t, Tensor)]
         for out in outputs:
             if data:  # an in-place op's output may be a tensor computed from weights alone
                 self._data.add(id(out))
@@ -128,10 +148,17 @@ def _tensors(args: tuple, kwargs: dict) -> list[Tensor]:
     return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
 
 
-def _factors(args: tuple, kwargs: dict) -> list[Tensor]:
-    """The tensors an :data:`ADDED_TO` product multiplies: all but its added term (the
-    first argument, or ``input=``)."""
-    return _tensors(args[1:], {k: v for k, v in kwargs.items() if k not in ("input", "self")})
+def _factors(func: Any, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors a :data:`PRODUCTS` call ``func`` multiplies: all but the term it adds
+    (an :data:`ADDED_TO` form's first argument or ``input=``, a :data:`BIASED` one's
+    ``bias``)."""
+    if func in ADDED_TO:
+        return _tensors(args[1:], {k: v for k, v in kwargs.items()
+                                   if k not in ("input", "self")})
+    if (at := BIASED.get(func)) is not None:
+        return _tensors(args[:at] + args[at + 1:],
+                        {k: v for k, v in kwargs.items() if k != "bias"})
+    return _tensors(args, kwargs)
 
 
 def direct_use_refusal(rule: str, module: str, parameter: str, cls: str) -> str:
@@ -144,5 +171,5 @@ def direct_use_refusal(rule: str, module: str, parameter: str, cls: str) -> str:
             "(or nn.Conv2d), or train with bp")
 
 
-__all__ = ["REPLACED", "UNSUPPORTED", "LAYERS", "PRODUCTS", "ADDED_TO", "DirectUses",
-           "direct_use_refusal"]
+__all__ = ["REPLACED", "UNSUPPORTED", "LAYERS", "PRODUCTS", "ADDED_TO", "BIASED",
+           "SHAPED_LIKE", "DirectUses", "direct_use_refusal"]

@@ -53,11 +53,16 @@ def seed_text(record: RunRecord) -> str:
     return NOT_RECORDED if "run.seed" in record.not_recorded else str(record.seed)
 
 
+def trained_blocks(record: RunRecord) -> int | None:
+    """The blocks a depth-ladder step trains (``method.trainable_blocks``); None when the
+    run trains every block."""
+    return None if record.trains_every_block else record.config.method.trainable_blocks
+
+
 def figure_recipe(record: RunRecord) -> str:
     """The record's recipe key plus the trainable blocks: the runs a figure compares (a
     depth-ladder step is its own figure group)."""
-    blocks = None if record.trains_every_block else record.config.method.trainable_blocks
-    return f"{record.recipe_key}|{blocks}"
+    return f"{record.recipe_key}|{trained_blocks(record)}"
 
 
 def matches(value: Any, wanted: Any) -> bool:
@@ -311,4 +316,4 @@ def mean_std(values: Iterable[Any]) -> tuple[float, float]:
 __all__ = ["RunIndex", "Predicate", "SELECT_KEYS", "arch_label", "as_float", "deep_mean",
            "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
            "matches", "seed_std", "seed_text", "stopped_early_note", "stopped_early_text",
-           "terminal_ln"]
+           "terminal_ln", "trained_blocks"]

@@ -146,6 +146,21 @@ def test_a_paper_figure_says_which_of_recipes_that_read_alike_it_drew(figure):
         note.replace("\n", " ")
 
 
+def test_recipes_that_differ_alike_from_the_drawn_one_are_counted_not_repeated():
+    """A sweep's recipes that read alike may differ from the drawn one in the same first
+    setting: it was written once per recipe ("the data; the data; …")."""
+    methods = ("bp", "fa", "dfa")
+    settings = [{"optim.lr": 1e-3}, {"optim.lr": 1e-2},
+                {"optim.lr": 1e-2, "optim.weight_decay": 0.5}]
+    index = RunIndex.from_records([_run(m, 1, **given) for given in settings
+                                   for m in methods])
+    fig = hero.build(index)[hero.NAME]
+    note = next(t.get_text() for t in fig.texts
+                if t.get_gid() == "other_options").replace("\n", " ")
+    assert "Drawn: one of 3 recipes here" in note
+    assert note.count("optim.lr:") == 1 and "(2 recipes)" in note, note
+
+
 def _aligned(method: str, **settings) -> RunRecord:
     """A completed per-layer feedback run whose record holds two epochs of alignment."""
     run = _run(method, 1, **settings)

@@ -10,6 +10,7 @@ Values a record lacks are None; the statistics read them as NaN (figures draw ga
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -133,9 +134,11 @@ def _alike_recipes(index: RunIndex, drawn: list[RunRecord],
                   and describe_recipe(group[0]) == label]
         if others:
             who = "the other differs" if len(others) == 1 else "the others differ"
+            counts = Counter(others)  # a sweep's recipes may differ alike: each said once
+            settings = "; ".join(setting if n == 1 else f"{setting} ({n} recipes)"
+                                 for setting, n in counts.items())
             notes.append(f"Drawn: one of {len(others) + 1} recipes here that read "
-                         f"'{label}'; {who} from it in "
-                         f"{'; '.join(others)} (drawn vs not drawn).")
+                         f"'{label}'; {who} from it in {settings} (drawn vs not drawn).")
     return notes
 
 

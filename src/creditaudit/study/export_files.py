@@ -46,6 +46,13 @@ class ExportResult:
                 "skipped": self.skipped, "unverified": self.unverified,
                 "not_exported": self.not_exported}
 
+    def run_ids(self) -> set[str]:
+        """The run ids the written files name: those that fill a key and the copies left
+        out beside them."""
+        return {*(run_id for entry in self.written for run_id in entry["runs"].values()),
+                *(copy["run_id"] for entry in self.written
+                  for copies in entry.get("left_out", {}).values() for copy in copies)}
+
     def format(self) -> str:
         used = ("" if self.records_found == self.records_read
                 else f" ({self.records_read} of them of the layout's kind)")

@@ -34,7 +34,8 @@ ConvMixer), nor have runs of a user's own loop (``Recorder``) or adapted network
 their class: each run no file can hold is listed under ``not_exported`` with why
 (:func:`~creditaudit.study.export_runs.why_not_exported`), as is a run that fills no file
 because another family filled its group or no file holds its rule with its λ
-(:func:`~creditaudit.study.export_runs.why_unused`). When several families of such runs exist
+(:func:`~creditaudit.study.export_runs.why_unused`); a run that did not finish is listed
+under ``unfinished`` with its status and epochs done. When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
 one family fills a whole group of files: the preferred dataset (CIFAR-10, CIFAR-100,
 Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most of the needed runs,
@@ -87,6 +88,7 @@ from creditaudit.study.export_files import (
     results_gaps,
     results_log,
     snapshot_log,
+    unfinished_entry,
     write_json,
 )
 from creditaudit.study.export_runs import (
@@ -181,6 +183,9 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     records = list(found.finished)
     result.records_found = len(records)
+    result.unfinished = [unfinished_entry(record, path)
+                         for path, record in zip(found.paths, found.records)
+                         if not record.is_finished]
     if dataset is not None:
         _check_dataset(dataset, found, results_dir)
         # StudentNet runs on the teacher–student task whatever the dataset asked for.

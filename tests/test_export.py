@@ -577,3 +577,65 @@ def test_a_run_of_other_rule_options_fills_no_file(copies, tmp_path):
     assert listed["reason"].startswith("rule options other than its defaults "
                                        "(method.feedback_scale=100.0 where the default is "
                                        "1.0): ")
+
+
+def test_a_run_no_file_took_is_listed_with_why(copies, tmp_path, capsys):
+    """A DFA run of another recipe (1 epoch) beside the copies' family, and a BP run with a
+    penalty, were read ('of the layout's kind') but neither filled a file nor was named in
+    the output or the manifest: the researcher saw 'skipped …: needs …' for runs they had.
+    Each is now listed under not_exported with why."""
+    from creditaudit.config import RunConfig
+    from creditaudit.run.trainer import train
+
+    folder, runs = copies
+    root = tmp_path / "runs"
+    for key in ("bp", "fa", "full"):
+        shutil.copytree(folder / runs[key].run_id, root / runs[key].run_id)
+    longer = train(RunConfig().replace(**{**TINY, "method.name": "dfa", "optim.epochs": 1,
+                                          "diagnostics.end_of_run": False,
+                                          "run.out_dir": str(root)})).record
+    penalised = train(RunConfig().replace(**{**TINY, "method.name": "bp", "method.penalty": 0.01,
+                                             "diagnostics.end_of_run": False,
+                                             "run.out_dir": str(root)})).record
+    capsys.readouterr()
+    assert main(["export", str(root), str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    listed = {e["run_id"]: e["reason"] for e in manifest(tmp_path / "out")["not_exported"]}
+    assert set(listed) == {longer.run_id, penalised.run_id}
+    assert listed[longer.run_id].startswith(
+        f"of another recipe than {runs['full'].run_id} (optim.epochs: 1 vs 2), whose family "
+        "fills the files it could fill")
+    assert listed[penalised.run_id].startswith("no file of the layout holds bp with λ=0.01 on "
+                                               "resmlp")
+    for run_id, reason in listed.items():
+        assert f"  not exported {run_id}: {reason}" in printed
+
+
+def test_a_run_that_did_not_finish_is_named_not_dropped(copies, tmp_path, capsys):
+    """A run that failed (or was interrupted, or still runs) was left out of every count and
+    list: 'read 0 finished run records; wrote 0 file(s)' and every file 'skipped: needs …',
+    not a word of the run the folder held. It is now listed, in the output and under the
+    manifest's unfinished, with its status and how far it got."""
+    import torch
+
+    from creditaudit import Recorder, rule
+    from creditaudit.models import ResidualMLP
+
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(64) % 4
+    network = ResidualMLP(8, 16, 4, 2)
+    with pytest.raises(RuntimeError, match="loop broke"), \
+            Recorder(rule("dfa", network), x, y, out=tmp_path / "runs", progress=False,
+                     config={"optim.epochs": 3, "diagnostics.end_of_run": False}) as rec:
+        rec.epoch(0)
+        rec.epoch(1)
+        raise RuntimeError("loop broke")
+    [run_dir] = (tmp_path / "runs").iterdir()
+    failed = load_record(run_dir)
+    assert failed.status == "failed"
+    assert main(["export", str(tmp_path / "runs"), str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert manifest(tmp_path / "out")["unfinished"] == [
+        {"run_id": failed.run_id, "status": "failed", "epochs": "1 of 3"}]
+    assert (f"  not finished {failed.run_id}: failed (1 of 3 epochs done): only a completed "
+            "or diverged run fills a file; export again once it has finished") in printed

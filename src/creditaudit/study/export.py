@@ -32,7 +32,10 @@ has them: CIFAR, MNIST, Fashion-MNIST or the synthetic task viewed as 3×32×32)
 synthetic files StudentNet. ConvMixer runs have no file in this layout (the original study had no
 ConvMixer), nor have runs of a user's own loop (``Recorder``) or adapted network, whatever
 their class: each run no file can hold is listed under ``not_exported`` with why
-(:func:`~creditaudit.study.export_runs.why_not_exported`). When several families of such runs exist
+(:func:`~creditaudit.study.export_runs.why_not_exported`), as is a run that fills no file
+because another family filled its group or no file holds its rule with its λ
+(:func:`~creditaudit.study.export_runs.why_unused`); a run that did not finish is listed
+under ``unfinished`` with its status and epochs done. When several families of such runs exist
 (same config but for method and seed: e.g. 100-epoch audit runs and 30-epoch control runs),
 one family fills a whole group of files: the preferred dataset (CIFAR-10, CIFAR-100,
 Fashion-MNIST, MNIST, MNIST-1D, synthetic), then the family with the most of the needed runs,
@@ -85,6 +88,7 @@ from creditaudit.study.export_files import (
     results_gaps,
     results_log,
     snapshot_log,
+    unfinished_entry,
     write_json,
 )
 from creditaudit.study.export_runs import (
@@ -94,6 +98,7 @@ from creditaudit.study.export_runs import (
     file_variant,
     results_fill,
     why_not_exported,
+    why_unused,
 )
 
 log = logging.getLogger(__name__)
@@ -178,6 +183,9 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     records = list(found.finished)
     result.records_found = len(records)
+    result.unfinished = [unfinished_entry(record, path)
+                         for path, record in zip(found.paths, found.records)
+                         if not record.is_finished]
     if dataset is not None:
         _check_dataset(dataset, found, results_dir)
         # StudentNet runs on the teacher–student task whatever the dataset asked for.
@@ -282,6 +290,12 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
                                                         for key, record in found.items()}},
                         lambda s, d=name: _needs("resmlp", s, d), gaps=results_gaps,
                         entries=False)
+    # A run of the layout's kind that no file took (another recipe's family filled its
+    # group, or no file holds its rule with its λ) is listed, with why, as any other.
+    used = result.run_ids()
+    taken = [r for r in records if r.run_id in used]
+    result.not_exported += [{"run_id": r.run_id, "reason": why_unused(r, taken)}
+                            for r in records if r.run_id not in used]
     remove_stale(out, previous, result)
     write_json(out / MANIFEST_FILE, result.to_dict())
     return result

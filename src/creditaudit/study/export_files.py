@@ -17,7 +17,8 @@ from creditaudit.errors import OutputError
 from creditaudit.files.safe_files import atomic_write_bytes, describe_os_error
 from creditaudit.formatting import counted, plain_line
 from creditaudit.protocol.records import RecordSet
-from creditaudit.records import RunRecord
+from creditaudit.records import RunRecord, record_path
+from creditaudit.report.runs import status_text
 from creditaudit.results import stopped_early_text
 from creditaudit.study.export_runs import Family, Slot, end_of_run_parts, why_left_out
 
@@ -38,13 +39,26 @@ class ExportResult:
     unreadable: list[str] = field(default_factory=list)
     unverified: list[dict[str, str]] = field(default_factory=list)
     not_exported: list[dict[str, str]] = field(default_factory=list)
+    # runs that did not finish (running, interrupted, failed): no file reads them; ``status``
+    # as their record says, ``printed`` as the output says it (a running one: whether a
+    # process still holds it, which the manifest, of the records only, leaves out)
+    unfinished: list[dict[str, str]] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layout": "faeval", "out": str(self.out), "records_read": self.records_read,
                 "unreadable": self.unreadable, "written": self.written,
                 "skipped": self.skipped, "unverified": self.unverified,
-                "not_exported": self.not_exported}
+                "not_exported": self.not_exported,
+                "unfinished": [{key: entry[key] for key in ("run_id", "status", "epochs")}
+                               for entry in self.unfinished]}
+
+    def run_ids(self) -> set[str]:
+        """The run ids the written files name: those that fill a key and the copies left
+        out beside them."""
+        return {*(run_id for entry in self.written for run_id in entry["runs"].values()),
+                *(copy["run_id"] for entry in self.written
+                  for copies in entry.get("left_out", {}).values() for copy in copies)}
 
     def format(self) -> str:
         used = ("" if self.records_found == self.records_read
@@ -69,6 +83,10 @@ class ExportResult:
             lines.append(f"  left out {entry['run_id']}: {entry['reason']}")
         for entry in self.not_exported:
             lines.append(f"  not exported {entry['run_id']}: {entry['reason']}")
+        for entry in self.unfinished:
+            lines.append(f"  not finished {entry['run_id']}: {entry['printed']} "
+                         f"({entry['epochs']} epochs done): only a completed or diverged run "
+                         "fills a file; export again once it has finished")
         for entry in self.skipped:
             lines.append(f"  skipped {entry['path']}: needs {entry['needs']}")
         for path in self.removed:
@@ -77,6 +95,16 @@ class ExportResult:
         for path in self.unreadable:
             lines.append(f"  unreadable record: {path}")
         return "\n".join(map(plain_line, lines))  # run ids and reasons: a guest's words
+
+
+def unfinished_entry(record: RunRecord, path: Path) -> dict[str, Any]:
+    """What the export says of an unfinished run read at ``path`` (its folder or
+    record.json): its id, its status as recorded and as its claim tells it (a ``running``
+    one's process alive or gone), and its epochs done of its recipe's (``"3 of 10"``)."""
+    done = record.log[-1].epoch if record.log else 0
+    return {"run_id": record.run_id, "status": record.status,
+            "printed": status_text(record, record_path(path).parent),
+            "epochs": f"{done} of {record.epochs}"}
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from creditaudit.config import RunConfig
 from creditaudit.protocol.records import arch_variant, draws_default_feedback, model_description
 from creditaudit.records import RunRecord
+from creditaudit.records.compare import recipe_difference
 from creditaudit.registry import ARCHITECTURES, RULES
 
 DATASET_PREFERENCE = ("cifar10", "cifar100", "fashion-mnist", "mnist", "mnist1d", "synthetic")
@@ -98,6 +99,30 @@ def why_not_exported(record: RunRecord) -> str | None:
     if record.epochs == 0:
         reasons.append("no trained epoch (optim.epochs=0): no trajectory")
     return f"{'; '.join(reasons)}: {LAYOUT_HOLDS}" if reasons else None
+
+
+
+def why_unused(record: RunRecord, taken: Sequence[RunRecord]) -> str:
+    """Why ``record``, a run of the layout's kind (:func:`why_not_exported` None), fills no
+    file although ``taken`` fill them: no file holds its rule with its λ on its
+    architecture, or its group of files was filled from another recipe's runs (one family
+    fills a group, :func:`choose_family`)."""
+    variant = file_variant(record)
+    penalised = float(record.penalty) != 0 and (variant, record.method) != ("resmlp", "dfa")
+    if penalised or (record.method in ("state-bridge", "credit-bridge") and variant != "resmlp"):
+        return (f"no file of the layout holds {record.method} with λ={record.penalty:g} on "
+                f"{variant} (the bridges fill results files of ResidualMLP with out_ln, a "
+                f"penalised run only dfa's penalty files): {LAYOUT_HOLDS}")
+    rivals = [r for r in taken if file_variant(r) == variant]
+    if not rivals:
+        return f"no family of its recipe was chosen for a file: {LAYOUT_HOLDS}"
+    rival = min(rivals, key=lambda r: (r.method != record.method, r.seed != record.seed,
+                                       r.dataset != record.dataset, r.run_id))
+    difference = recipe_difference(record, rival) or "its recipe"
+    return (f"of another recipe than {rival.run_id} ({difference}), whose family fills the "
+            "files it could fill: one recipe fills a group of files (the preferred dataset, "
+            "then the most of the needed runs, then the most epochs); export a folder "
+            "holding only its recipe's runs for its files")
 
 
 @dataclass

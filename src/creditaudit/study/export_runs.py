@@ -101,7 +101,6 @@ def why_not_exported(record: RunRecord) -> str | None:
     return f"{'; '.join(reasons)}: {LAYOUT_HOLDS}" if reasons else None
 
 
-
 def why_unused(record: RunRecord, taken: Sequence[RunRecord]) -> str:
     """Why ``record``, a run of the layout's kind (:func:`why_not_exported` None), fills no
     file although ``taken`` fill them: no file holds its rule with its λ on its

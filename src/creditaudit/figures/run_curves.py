@@ -31,9 +31,8 @@ from creditaudit.figures.common import (
     rule_text,
     save_all,
 )
-from creditaudit.figures.runs import MissingRuns, describe_recipe
+from creditaudit.figures.runs import MissingRuns, describe_recipe, setting_difference
 from creditaudit.records import RunRecord
-from creditaudit.records.compare import recipe_difference
 from creditaudit.results import RunIndex, seed_text
 
 NAME = "fig8_run_curves"
@@ -87,9 +86,7 @@ def row_labels(firsts: list[RunRecord]) -> list[str]:
         if n == 1:
             out.append(f"{label} (recipe 1)")
             continue
-        differs = recipe_difference(run, first) or (
-            f"method.trainable_blocks: {run.config.method.trainable_blocks!r} vs "
-            f"{first.config.method.trainable_blocks!r}")
+        differs = setting_difference(run, first)
         out.append(f"{label} (recipe {n}: differs from recipe 1 in {differs})")
     return out
 

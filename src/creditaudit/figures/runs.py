@@ -129,7 +129,7 @@ def _alike_recipes(index: RunIndex, drawn: list[RunRecord],
     notes = []
     for first in {figure_recipe(run): run for run in drawn}.values():
         label = describe_recipe(first)
-        others = [_setting(first, group[0]) for group in groups
+        others = [setting_difference(first, group[0]) for group in groups
                   if figure_recipe(group[0]) not in drawn_keys
                   and describe_recipe(group[0]) == label]
         if others:
@@ -142,9 +142,10 @@ def _alike_recipes(index: RunIndex, drawn: list[RunRecord],
     return notes
 
 
-def _setting(drawn: RunRecord, other: RunRecord) -> str:
-    """The setting a run of another figure recipe differs from ``drawn`` in: the first
-    recipe field (:func:`recipe_difference`), else the blocks a depth-ladder step trains."""
+def setting_difference(drawn: RunRecord, other: RunRecord) -> str:
+    """The setting a run of another figure recipe differs from ``drawn`` in
+    (``optim.lr: 0.01 vs 0.001``, ``drawn``'s value first): the first recipe field
+    (:func:`recipe_difference`), else the blocks a depth-ladder step trains."""
     blocks = [trained_blocks(run) for run in (drawn, other)]
     if (found := recipe_difference(drawn, other)) is None and blocks[0] != blocks[1]:
         found = "method.trainable_blocks: " + " vs ".join(

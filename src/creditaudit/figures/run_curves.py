@@ -14,6 +14,7 @@ a line through one point draws nothing.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -95,14 +96,11 @@ def line_labels(runs: list[RunRecord]) -> dict[int, str]:
     """The legend text of each of one row's ``runs`` (by ``id``): ``FA seed 2``; where two
     runs of the row would read alike (a rule's other options, a plugin's other code), each
     with its run id."""
-    labels = {id(run): f"{rule_text(run.method, run.penalty)} seed {literal(seed_text(run))}"
-              for run in runs}
-    counts: dict[str, int] = {}
-    for text in labels.values():
-        counts[text] = counts.get(text, 0) + 1
-    return {key: text if counts[text] == 1 else
-            f"{text} ({literal(run.run_id)})"
-            for (key, text), run in zip(labels.items(), runs)}
+    texts = [f"{rule_text(run.method, run.penalty)} seed {literal(seed_text(run))}"
+             for run in runs]
+    counts = Counter(texts)
+    return {id(run): text if counts[text] == 1 else f"{text} ({literal(run.run_id)})"
+            for run, text in zip(runs, texts, strict=True)}
 
 
 def lone_points(values: list[float]) -> list[int]:

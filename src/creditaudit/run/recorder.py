@@ -93,7 +93,7 @@ from creditaudit.run.recorder_inputs import (
     hold_rule,
     network_layout,
     released_on_error,
-    take_over_folder,
+    replaced_writer,
     tensor_versions,
     write_folder,
 )
@@ -235,7 +235,8 @@ class Recorder:
         self._unjudged: StateGradients | None = None  # the last epoch's, when not judged
         self._since = time.perf_counter()
         self.replaced = False  # by a Recorder created since on its folder (overwrite=True)
-        take_over_folder(self.run_dir, overwrite)
+        if (earlier := replaced_writer(self.run_dir, overwrite)) is not None:
+            earlier._replace()
         # Held until the run ends (finish(), the with-block's end, a failed write here).
         self._held = claim_folder(self.run_dir, overwrite)
         # A Recorder left unfinished releases its claim when it is collected or, alive at
@@ -391,6 +392,12 @@ class Recorder:
                         raise
                 return
             self._failed(kind, error)
+
+    def _replace(self) -> None:
+        """Stop this unfinished run for a Recorder created on its folder with
+        ``overwrite=True``: its claim is released and its later writes are refused."""
+        self.replaced = True
+        self._held.close()
 
     def _failed(self, kind: type[BaseException], error: BaseException | None) -> None:
         """Record the run ``interrupted`` (Ctrl-C) or ``failed`` with ``error``, unless it

@@ -194,20 +194,19 @@ def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
 _FOLDER_WRITERS: weakref.WeakValueDictionary[Path, Any] = weakref.WeakValueDictionary()
 
 
-def take_over_folder(run_dir: Path, overwrite: bool) -> None:
-    """Before a Recorder claims ``run_dir``: with ``overwrite``, an unfinished Recorder of
+def replaced_writer(run_dir: Path, overwrite: bool) -> Any:
+    """Before a Recorder claims ``run_dir``: with ``overwrite``, the unfinished Recorder of
     this process writing it (the cell of a notebook run again, a loop restarted after it
-    raised) is stopped — its claim released, its later writes refused
-    (:func:`check_folder_written`) — so that the new run holds the folder alone. Without
-    ``overwrite`` it is left alone (:func:`claim_folder` refuses the folder's record)."""
+    raised), which the new one stops — its claim released, its later writes refused
+    (:func:`check_folder_written`) — so that the new run holds the folder alone; None when
+    there is none, or without ``overwrite`` (:func:`claim_folder` refuses the folder's
+    record)."""
     earlier = _FOLDER_WRITERS.get(run_dir.resolve())
-    if overwrite and earlier is not None and not earlier.finished:
-        earlier.replaced = True
-        earlier._held.close()
+    return earlier if overwrite and earlier is not None and not earlier.finished else None
 
 
 def write_folder(run_dir: Path, recorder: Any) -> None:
-    """``recorder`` now writes ``run_dir`` (:func:`take_over_folder`)."""
+    """``recorder`` now writes ``run_dir`` (:func:`replaced_writer`)."""
     _FOLDER_WRITERS[run_dir.resolve()] = recorder
 
 
@@ -309,7 +308,7 @@ def refuse_record_keys(extras: Mapping[str, float | None]) -> None:
 _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
-__all__ = ["folder_name", "take_over_folder", "write_folder", "check_folder_written",
+__all__ = ["folder_name", "replaced_writer", "write_folder", "check_folder_written",
            "hold_rule", "check_rule_held", "claim_folder", "released_on_error",
            "checked_number", "tensor_versions", "checked_extras", "refuse_record_keys",
            "recordable_number"]

@@ -261,3 +261,23 @@ def test_an_attention_that_runs_its_own_attention_on_some_calls_is_named_as_such
             r"^an nn.MultiheadAttention \(ShortcutAttention with embed_dim=8\) ran without "
             r"nn.MultiheadAttention's own attention")):
         bound.train_step(x, y, optimizer)
+
+
+def test_kp_feedback_follows_a_model_converted_to_float64_after_binding():
+    # kp kept the float32 B it was bound with after net.to(float64): every mirror step
+    # B ← W + (1 − lr·wd)(B − W_old) was computed and stored in float32 while the run was
+    # float64, so B drifted from W's float64 updates by float32 round-off.
+    torch.manual_seed(0)
+    net = MLP()
+    x, y = torch.randn(6, 5, dtype=F64), torch.randint(0, 3, (6,))
+    bound = rule("kp", adapt(net, states=["act", "out"], example=x[:4].float()), penalty=0.0)
+    net.to(F64)
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1, weight_decay=0.01)
+    before_b = [b.to(F64) for b in bound.feedback_matrices()]
+    before_w = [w.detach().clone() for w in bound.weights()]
+    assert bound.train_step(x, y, optimizer).finite
+    for b_old, w_old, b, w in zip(before_b, before_w, bound.feedback_matrices(),
+                                  bound.weights(), strict=True):
+        assert b.dtype == F64
+        expected = w.detach() + (1 - 0.1 * 0.01) * (b_old - w_old)
+        assert torch.allclose(b, expected, rtol=0, atol=1e-15)

@@ -81,11 +81,21 @@ class KolenPollack(LinearFeedbackRule[FeedbackOptions]):
         return self.feedback
 
     def train_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer) -> StepResult:
+        self.follow_weights()
         gaps = self.gaps_before_step(optimizer)
         result = super().train_step(x, y, optimizer)
         if result.finite:
             self.mirror_step(gaps, optimizer)
         return result
+
+    def follow_weights(self) -> None:
+        """Each B in its W's dtype and on its device: a model converted after the rule was
+        bound (``net.to(torch.float64)``) would otherwise keep float32 B and round every mirror
+        step to float32 while the run is float64. Converting up is exact; nothing changes when
+        the dtypes already agree."""
+        self.feedback = [b if (b.dtype, b.device) == (w.dtype, w.device)
+                         else b.to(device=w.device, dtype=w.dtype)
+                         for b, w in zip(self.feedback, self.weights(), strict=True)]
 
     @torch.no_grad()
     def gaps_before_step(self, optimizer: torch.optim.Optimizer) -> list[Tensor | None]:

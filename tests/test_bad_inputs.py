@@ -405,6 +405,10 @@ CASES = [
     # --- run records (audit) ---------------------------------------------------------------
     ("record-missing", lambda w, t: ["audit", str(t / "nope")], ["no run record"]),
     ("record-folder-without-record", lambda w, t: ["audit", str(t)], ["no run record"]),
+    # a folder holding only the claim of a run killed before its first record said no more
+    ("record-folder-with-only-a-claim", lambda w, t: [
+        "audit", str(file_in(t / "run", "claim.json", "{}").parent)],
+     ["no run record", "holds claim.json of a run that has not written its record yet"]),
     ("record-not-json", lambda w, t: ["audit", str(with_record(w, t, lambda r: b"{not json"))],
      ["truncated or not JSON"]),
     ("record-empty", lambda w, t: ["audit", str(with_record(w, t, lambda r: b""))],
@@ -446,11 +450,13 @@ CASES = [
     ("checkpoint-empty", lambda w, t: ["audit", str(with_checkpoint(w, t, b""))],
      ["cannot be read"]),
     ("checkpoint-is-a-folder", lambda w, t: ["audit", str(checkpoint_folder(w, t))],
-     ["is a folder"]),
+     ["is a folder", "start the run again with --force once the folder is removed"]),
     ("checkpoint-garbage", lambda w, t: ["audit", str(with_checkpoint(w, t, b"garbage!"))],
      ["cannot be read"]),
     ("checkpoint-truncated", lambda w, t: ["audit", str(with_checkpoint(
-        w, t, (w.run_dir / CHECKPOINT_FILE).read_bytes()[:4000]))], ["cannot be read"]),
+        w, t, (w.run_dir / CHECKPOINT_FILE).read_bytes()[:4000]))],
+     ["cannot be read (PytorchStreamReader failed reading zip archive: failed finding "
+      "central directory); it is truncated"]),  # torch's sentences on miniz cut mid-word
     # a text file (torch's reader raised IndexError) and a cut legacy pickle (struct.error)
     # used to end in "internal error"
     ("checkpoint-text", lambda w, t: ["audit", str(with_checkpoint(

@@ -50,9 +50,11 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
     """``torch.load(weights_only=True)`` with every failure as one RunRecordError line."""
     path = Path(path)
     if not path.is_file():
-        kind = ("a folder" if path.is_dir() else "not a regular file (creditaudit reads only "
-                "regular files)" if path.exists() else "missing")
-        raise RunRecordError(f"{what} {path} is {kind}")
+        kind = ("a folder, not a file torch.save wrote" if path.is_dir() else
+                "not a regular file (creditaudit reads only regular files)" if path.exists()
+                else "missing")
+        raise RunRecordError(f"{what} {path} is {kind}: start the run again with {FORCE}"
+                             + (" once the folder is removed" if path.is_dir() else ""))
     inflated = _compressed_bytes(path)
     if inflated:
         raise RunRecordError(f"{what} {path} holds compressed entries ({inflated} bytes once "
@@ -74,7 +76,8 @@ def safe_load(path: Path | str, what: str, *, map_location: Any = "cpu") -> Any:
                              f"with {FORCE}") from None
     except Exception as err:  # noqa: BLE001 - whatever the bytes make torch's reader raise
         # (IndexError, struct.error, … for a text file or a truncated legacy pickle)
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        # (the first sentence: torch's zip reader goes on about miniz and its bug tracker)
+        reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
         raise RunRecordError(f"{what} {path} cannot be read ({reason[:120]}); it is "
                              "truncated or not a creditaudit file: start the run again with "
                              f"{FORCE}") from None

@@ -155,7 +155,8 @@ def load_record(path: Path | str, *, check_content: bool = True) -> RunRecord:
     path = record_path(path)
     if not path.exists():
         raise RunRecordError(f"no run record at {path}: "
-                             + (path.name == RECORD_FILE and _runs_below(path.parent)
+                             + (path.name == RECORD_FILE and (_runs_below(path.parent)
+                                                              or _run_without_record(path.parent))
                                 or f"pass a run folder that holds {RECORD_FILE} or the file "
                                    "itself"))
     _check_not_a_sibling(path)
@@ -222,6 +223,21 @@ def _runs_below(folder: Path) -> str:
         return ""
     return (f"{folder} is a results folder of {len(runs)} run(s), not a run's folder: pass "
             f"a run's folder (e.g. {runs[0]}), or several")
+
+
+def _run_without_record(folder: Path) -> str:
+    """For a run's folder that holds some of a run's files but no record yet (a run starting
+    now in another process, or one killed before its first record was written): what it is,
+    as the end of a refusal; empty for any other folder."""
+    try:
+        held = [name for name in RUN_FOLDER_FILES if (folder / name).exists()]
+    except OSError:
+        return ""
+    if not held:
+        return ""
+    return (f"{folder} holds {', '.join(held)} of a run that has not written its record yet "
+            "(one starting now in another process, or one killed before it got that far): "
+            "wait for it, or start that run again")
 
 
 def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:

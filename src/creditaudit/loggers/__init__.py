@@ -5,7 +5,7 @@ Every backend implements one small interface, :class:`RunLogger` (``start``,
 run's config asks for:
 
 - ``run.progress`` (default on; ``-q`` turns it off): :class:`ConsoleLogger` — a run-level
-  bar in a terminal, one line per epoch when stdout is piped to a file;
+  bar in a terminal, one line per epoch when stdout (or stderr) goes to a file;
 - ``run.tensorboard = DIR``: :class:`TensorBoardLogger` (``pip install
   'creditaudit[tensorboard]'``);
 - ``run.wandb_project = NAME``: :class:`WandbLogger` (``pip install 'creditaudit[wandb]'``).

@@ -1,8 +1,9 @@
 """Progress on the console: a run-level bar in a terminal, one line per epoch otherwise.
 
-In a terminal (stdout is a TTY) a tqdm bar over every optimiser step of the run shows the
-run's ETA, with the epoch, accuracy and verdict beside it. Piped to a file (a cluster job),
-a bar would print nothing useful until it ends, so each evaluated epoch prints one line::
+In a terminal (stdout and stderr are TTYs) a tqdm bar on stderr over every optimiser step
+of the run shows the run's ETA, with the epoch, accuracy and verdict beside it. Piped to a
+file (a cluster job; or stderr alone, ``2> err.log``), a bar would print nothing useful
+until it ends, so each evaluated epoch prints one line on stdout::
 
     dfa epoch 3/10 | train loss 1.52 | test loss 1.61 | test acc 0.412 | ‖h_L‖ 3.1e+05 |
     ‖g_L‖ 2.4e-07 | needs walk-back (a) | 0m41s elapsed, ETA 1m36s
@@ -64,17 +65,22 @@ def terminal_bar(total: int | None, stream: TextIO, **options: Any) -> Any:
 
 class ConsoleLogger(RunLogger):
     """Console progress of one run. ``stream`` (default stdout) receives the epoch lines;
-    ``terminal`` (default: whether ``stream`` is a TTY) picks the bar instead, drawn on
-    ``bar_stream`` (default stderr). A stream closed (``>&-``, ``2>&-``, closed in Python)
-    or whose reader has gone (``| head``) silences what it would show, and the run trains
-    on."""
+    ``terminal`` picks the bar instead, drawn on ``bar_stream`` (default stderr). By default
+    the bar is drawn when ``stream`` is a TTY and so is ``bar_stream``: with stderr sent to a
+    file or a pipe (``2> err.log``, ``2>/dev/null``) a bar would fill it with frames and show
+    nothing in the terminal, so the epoch lines are printed there instead. A stream closed
+    (``>&-``, ``2>&-``, closed in Python) or whose reader has gone (``| head``) silences
+    what it would show, and the run trains on."""
 
     def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None,
                  bar_stream: TextIO | None = None) -> None:
         # None: nothing is printed there
         self.stream: TextIO | None = _open_or_none(stream or sys.stdout)
-        self.terminal = _is_terminal(self.stream) if terminal is None else terminal
         self.bar_stream: TextIO | None = _open_or_none(bar_stream or sys.stderr)
+        if terminal is None:  # a closed stderr (None) hides the bar: it leaves it chosen
+            terminal = _is_terminal(self.stream) and (
+                self.bar_stream is None or _is_terminal(self.bar_stream))
+        self.terminal = terminal
         self.bar: Any = None
         self.run: RunStart | None = None
         self.verdict = "no verdict yet"  # the latest: epochs between protocol runs keep it

@@ -91,6 +91,13 @@ class _Terminal(io.StringIO):
         return True
 
 
+class _TerminalGone(_ReaderGone):
+    """A terminal whose reader has gone (a closed ssh session): every write raises."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def _closed() -> io.StringIO:
     stream = io.StringIO()
     stream.close()
@@ -121,7 +128,7 @@ def test_the_console_of_a_run_without_a_stdout_is_silent(tmp_path, monkeypatch, 
     assert train(_tiny_console_run(tmp_path)).record.status == "completed"
 
 
-@pytest.mark.parametrize("stderr", [_ReaderGone, lambda: None, _closed],
+@pytest.mark.parametrize("stderr", [_TerminalGone, lambda: None, _closed],
                          ids=["reader gone", "none", "closed"])
 def test_the_bar_of_a_run_without_a_stderr_is_silent(tmp_path, monkeypatch, stderr):
     """stdout a terminal, so the console draws its bar on stderr, which is closed
@@ -135,3 +142,19 @@ def test_the_bar_of_a_run_without_a_stderr_is_silent(tmp_path, monkeypatch, stde
     monkeypatch.setattr(sys, "stderr", stderr())
     assert train(_tiny_console_run(tmp_path)).record.status == "completed"
     assert terminal.getvalue() == ""
+
+
+def test_a_terminal_with_stderr_sent_to_a_file_shows_the_epoch_lines(tmp_path, monkeypatch):
+    """`creditaudit train … 2> err.log` in a terminal: the bar went to err.log (frame after
+    frame, lines of carriage returns) and the terminal showed nothing until the run ended.
+    Now the epoch lines are printed on stdout, as when it is piped, and err.log gets no bar."""
+    from creditaudit.run.trainer import train
+
+    terminal, log_file = _Terminal(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", log_file)
+    assert train(_tiny_console_run(tmp_path)).record.status == "completed"
+    lines = terminal.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines if " epoch " in line] == [
+        "dfa epoch 0/2", "dfa epoch 1/2", "dfa epoch 2/2"]
+    assert "\r" not in log_file.getvalue() and "%|" not in log_file.getvalue()

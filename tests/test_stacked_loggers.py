@@ -170,3 +170,17 @@ def test_an_epoch_trained_again_after_the_once_per_epoch_check_logs_its_steps_on
     assert epoch_stats[0][0] is None  # run 0 diverged in epoch 1
     for stats in (step_stats, epoch_stats):
         assert isinstance(stats[0][2], GuestError)
+
+
+def test_the_console_lines_of_a_stack_say_which_run_they_are(tmp_path, capsys):
+    """`train_stacked` with progress on printed K interleaved lines per epoch, each led by
+    the method name alone (`dfa epoch 1/2 | …` three times): no line said which run's
+    accuracy and verdict it was. Each now leads with its run id."""
+    runs = [c.replace(**{"run.progress": True}) for c in configs(tmp_path, "dfa")]
+    train_stacked(runs)
+    ids = [run_id(c) for c in runs]
+    lines = capsys.readouterr().out.splitlines()
+    epoch_lines = [line.split(" | ")[0] for line in lines if " epoch " in line]
+    assert sorted(epoch_lines) == sorted(f"{i} epoch {e}/2" for i in ids for e in (0, 1, 2))
+    assert {line.split(":")[0] for line in lines if "completed after" in line} == {
+        f"run {i}" for i in ids}

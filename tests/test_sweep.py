@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from creditaudit.config import RunConfig
-from creditaudit.errors import ConfigError, DataError
+from creditaudit.errors import ConfigError, DataError, OutputError
 from creditaudit.records import CHECKPOINT_FILE, RECORD_FILE, load_record
 from creditaudit.run.plan import run_id
 from creditaudit.sweep import (
@@ -767,6 +767,38 @@ def test_the_dry_run_of_a_sweep_on_a_missing_gpu_says_so(tmp_path, capsys):
         captured = capsys.readouterr()
         assert captured.out == "", captured.out
         assert "no CUDA device is available; use --device cpu" in captured.err
+    assert not out.exists()
+
+
+def test_a_tensorboard_folder_that_is_a_file_fails_the_sweep_up_front(tmp_path):
+    """Before, every run started, failed on it and left a failed record (to be retried with
+    --retry-failed once the folder was fixed)."""
+    (tmp_path / "tb").write_text("not a folder")
+    configs = [tiny(tmp_path / "out", **{"run.seed": seed,
+                                         "run.tensorboard": str(tmp_path / "tb")})
+               for seed in (1, 2)]
+    with pytest.raises(OutputError, match="TensorBoard folder .* a file stands where a folder"):
+        run_sweep(configs, InlineExecutor(threads=1))
+    assert not (tmp_path / "out").exists()  # no run was recorded as failed
+
+
+def test_a_sweep_asking_for_wandb_without_it_says_so_before_any_run(tmp_path, capsys,
+                                                                    monkeypatch):
+    """Before, the dry run listed every run 'to run', and the sweep failed each run in turn
+    on the missing package, each leaving a failed record."""
+    from creditaudit.cli import main
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "s.toml", out, '[grid]\n"run.seed" = [1, 2]\n',
+                            base={**TINY, "run.wandb_project": "p"})
+    for extra in (["--dry-run"], ["--workers", "0"]):
+        assert main(["sweep", str(path), *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "", captured.out
+        assert captured.err.strip().splitlines() == [
+            "creditaudit: error: run.wandb_project needs the wandb package: pip install "
+            "'creditaudit[wandb]'"]
     assert not out.exists()
 
 

@@ -250,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         DEFAULT_MAX_RUNS,
         DEFAULT_STALE_AFTER,
         check_devices,
+        check_loggers,
         load_sweep,
         plan_runs,
         prepare_configs,
@@ -286,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
     with refusals_in_flags(device_flags(args)):  # --device cuda, not run.device='cuda'
         plans = plan_runs(configs, grid_keys)
         check_devices(plans, args.executor)  # a missing GPU: the dry run says so too
+        check_loggers(plans, args.executor)  # wandb missing, a file as the TensorBoard folder
     results_folder(plans)  # runs in two folders: the dry run says so too
     if args.dry_run:
         return _dry_run(sweep, expansion, plans, args, stale_after)

@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "derived from the config and the data, so the same config finds the "
                     "same folder. Progress: a run-level bar with ETA in a terminal, one line "
                     "per epoch (loss, accuracy, ‖h_L‖, ‖g_L‖, verdict, elapsed, ETA) when "
-                    "stdout is piped to a file; -q for none.")
+                    "stdout (or stderr) goes to a file; -q for none.")
     add_config_options(parser)
     # one or the other: --force deletes the checkpoint --resume would continue from
     existing = parser.add_mutually_exclusive_group()

@@ -187,7 +187,7 @@ class RunSettings:
                                     "(WANDB_MODE=offline writes it to disk)", role="place",
                                     name=True)
     progress: bool = opt(True, "console progress: a run-level bar in a terminal, one line "
-                         "per epoch when stdout is not a terminal", role="place")
+                         "per epoch when stdout or stderr is not one", role="place")
 
 
 # The values earlier versions wrote for keys that are now a component's own option. A config

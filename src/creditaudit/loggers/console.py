@@ -1,8 +1,9 @@
 """Progress on the console: a run-level bar in a terminal, one line per epoch otherwise.
 
-In a terminal (stdout is a TTY) a tqdm bar over every optimiser step of the run shows the
-run's ETA, with the epoch, accuracy and verdict beside it. Piped to a file (a cluster job),
-a bar would print nothing useful until it ends, so each evaluated epoch prints one line::
+In a terminal (stdout and stderr are TTYs) a tqdm bar on stderr over every optimiser step
+of the run shows the run's ETA, with the epoch, accuracy and verdict beside it. Piped to a
+file (a cluster job; or stderr alone, ``2> err.log``), a bar would print nothing useful
+until it ends, so each evaluated epoch prints one line on stdout::
 
     dfa epoch 3/10 | train loss 1.52 | test loss 1.61 | test acc 0.412 | ‖h_L‖ 3.1e+05 |
     ‖g_L‖ 2.4e-07 | needs walk-back (a) | 0m41s elapsed, ETA 1m36s
@@ -64,21 +65,40 @@ def terminal_bar(total: int | None, stream: TextIO, **options: Any) -> Any:
 
 class ConsoleLogger(RunLogger):
     """Console progress of one run. ``stream`` (default stdout) receives the epoch lines;
-    ``terminal`` (default: whether ``stream`` is a TTY) picks the bar instead, drawn on
-    ``bar_stream`` (default stderr). A stream closed (``>&-``, ``2>&-``, closed in Python)
-    or whose reader has gone (``| head``) silences what it would show, and the run trains
-    on."""
+    ``terminal`` picks the bar instead, drawn on ``bar_stream`` (default stderr). By default
+    the bar is drawn when ``stream`` is a TTY and so is ``bar_stream``: with stderr sent to a
+    file or a pipe (``2> err.log``, ``2>/dev/null``) a bar would fill it with frames and show
+    nothing in the terminal, so the epoch lines are printed there instead. A stream closed
+    (``>&-``, ``2>&-``, closed in Python) or whose reader has gone (``| head``) silences
+    what it would show, and the run trains on.
+
+    ``label`` leads every line and the bar: by default the run's method name; the runs of
+    one stack, whose lines interleave, are labelled by their run ids
+    (:func:`~creditaudit.loggers.build_loggers`)."""
 
     def __init__(self, stream: TextIO | None = None, *, terminal: bool | None = None,
-                 bar_stream: TextIO | None = None) -> None:
+                 bar_stream: TextIO | None = None, label: str | None = None) -> None:
         # None: nothing is printed there
         self.stream: TextIO | None = _open_or_none(stream or sys.stdout)
-        self.terminal = _is_terminal(self.stream) if terminal is None else terminal
         self.bar_stream: TextIO | None = _open_or_none(bar_stream or sys.stderr)
+        if terminal is None:  # a closed stderr (None) hides the bar: it leaves it chosen
+            terminal = _is_terminal(self.stream) and (
+                self.bar_stream is None or _is_terminal(self.bar_stream))
+        self.terminal = terminal
         self.bar: Any = None
+        self.label = label
         self.run: RunStart | None = None
         self.verdict = "no verdict yet"  # the latest: epochs between protocol runs keep it
         self.started = self.training_started = time.perf_counter()
+
+    @property
+    def name(self) -> str:
+        """What leads each line: the label, else the run's method name."""
+        return self.label or (self.run.config.method.name if self.run is not None else "")
+
+    def _run_words(self, run_id: str) -> str:
+        """``dfa run RUN_ID``; ``run RUN_ID`` when the label is the run id."""
+        return f"run {run_id}" if self.name == run_id else f"{self.name} run {run_id}"
 
     def start(self, run: RunStart) -> None:
         self.run = run
@@ -90,12 +110,12 @@ class ConsoleLogger(RunLogger):
             with self._bar_drawn():
                 if self.bar_stream is not None:
                     self.bar = terminal_bar(epochs_left * run.steps_per_epoch,
-                                            self.bar_stream, desc=run.config.method.name
-                                            + first, unit="step", leave=False)
+                                            self.bar_stream, desc=self.name + first,
+                                            unit="step", leave=False)
         else:
             what = (f"resuming at epoch {run.first_epoch}" if run.resumed
                     else f"{run.epochs} epochs of {run.steps_per_epoch} steps")
-            self._print(f"{run.config.method.name} run {run.run_id}: {what} → {run.run_dir}")
+            self._print(f"{self._run_words(run.run_id)}: {what} → {run.run_dir}")
         if run.resumed_after is not None:  # where it goes on from, and the verdict so far
             self.log_epoch(run.resumed_after)
 
@@ -108,7 +128,7 @@ class ConsoleLogger(RunLogger):
             if steps and self.bar.n % steps == 0:  # the epoch's steps are done: its
                 epoch = self.run.first_epoch - 1 + self.bar.n // steps  # evaluation runs
                 self.bar.set_description_str(  # with the bar full
-                    f"{self.run.config.method.name} epoch {epoch}: evaluation and "
+                    f"{self.name} epoch {epoch}: evaluation and "
                     "diagnostics", refresh=True)
 
     def log_epoch(self, entry: EpochEntry) -> None:
@@ -123,7 +143,7 @@ class ConsoleLogger(RunLogger):
         if self.terminal:
             with self._bar_drawn():
                 if self.bar is not None:
-                    self.bar.set_description_str(self.run.config.method.name, refresh=False)
+                    self.bar.set_description_str(self.name, refresh=False)
                     self.bar.set_postfix_str(f"epoch {entry.epoch}/{self.run.epochs}, test "
                                              f"acc {fmt(entry.acc_eval, '.3f')}, "
                                              f"{self.verdict}", refresh=True)
@@ -138,7 +158,7 @@ class ConsoleLogger(RunLogger):
         eta = None
         if trained >= 1:
             eta = (now - self.training_started) / trained * (run.epochs - entry.epoch)
-        parts = [f"{run.config.method.name} epoch {entry.epoch}/{run.epochs}"]
+        parts = [f"{self.name} epoch {entry.epoch}/{run.epochs}"]
         if entry.train_loss is not None:
             parts.append(f"train loss {fmt(entry.train_loss, '.4g')}")
         parts += [f"test loss {fmt(entry.test_loss, '.4g')}",
@@ -152,12 +172,12 @@ class ConsoleLogger(RunLogger):
     def log_stage(self, text: str) -> None:
         if self.run is None:
             return
-        line = f"{self.run.config.method.name} end of run: {text}"
+        line = f"{self.name} end of run: {text}"
         if self.terminal:
             with self._bar_drawn():
                 if self.bar is not None:  # a line of its own above the full bar: a postfix
                     self.bar.write(line, file=self.bar_stream)  # at its end is cut off
-                    self.bar.set_description_str(f"{self.run.config.method.name} end of run",
+                    self.bar.set_description_str(f"{self.name} end of run",
                                                  refresh=True)
         else:
             self._print(line)
@@ -166,7 +186,7 @@ class ConsoleLogger(RunLogger):
         self._close_bar()
         if self.run is not None and not self.terminal:
             stopped = stopped_early_text(record)
-            self._print(f"{record.config.method.name} run {record.run_id}: {record.status} "
+            self._print(f"{self._run_words(record.run_id)}: {record.status} "
                         f"after {duration(time.perf_counter() - self.started)}"
                         + (f", {stopped}" if stopped else ""))
 

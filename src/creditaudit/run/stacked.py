@@ -137,7 +137,8 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
             with _own_rng(rng, trainer):
                 try:
                     # its loggers (a TensorBoard folder it cannot write, say), its checkpoint
-                    trainer.loggers = build_loggers(trainer.config, trainer.run_id)
+                    trainer.loggers = build_loggers(trainer.config, trainer.run_id,
+                                                    stacked=len(stacked) > 1)
                     trainer.loggers.loggers.extend(loggers)
                     trainer.start(resume_run)
                 except NOT_A_FAILURE:

@@ -85,6 +85,7 @@ from creditaudit.sweep.runner import (
     SweepResult,
     SweepState,
     check_devices,
+    check_loggers,
     prepare_configs,
     results_folder,
     run_states,
@@ -103,8 +104,8 @@ from creditaudit.sweep.worker import (
 __all__ = [
     "Sweep", "load_sweep", "sweep_from_dict", "expand_grid", "flatten_keys", "config_value",
     "dedupe", "count_runs", "DEFAULT_MAX_RUNS", "plan_runs", "unique_plans", "run_labels",
-    "run_one", "run_task", "run_sweep", "run_states", "check_devices", "prepare_configs",
-    "results_folder",
+    "run_one", "run_task", "run_sweep", "run_states", "check_devices", "check_loggers",
+    "prepare_configs", "results_folder",
     "sweep_summary", "sweep_threads",
     "LocalExecutor", "RayExecutor", "InlineExecutor", "Executor", "try_claim",
     "release_claim", "claim_is_stale", "Claim", "SweepState", "SweepResult", "CLAIM_FILE",

@@ -184,6 +184,22 @@ def check_devices(plans: Sequence[RunPlan], executor: str) -> None:
         resolve_device(device)
 
 
+def check_loggers(plans: Sequence[RunPlan], executor: str) -> None:
+    """ConfigError or OutputError, in one line, when runs that train on this machine (every
+    executor but ``ray``, whose workers may have other packages and folders) ask for a logger
+    that cannot start: its package missing (``run.wandb_project`` without wandb), its folder
+    unusable (``run.tensorboard`` naming a file), a project name W&B refuses. As
+    :func:`check_devices`: one error before the sweep starts, and in its dry run, not a
+    failed record per run. The loggers are built and closed unstarted, which opens nothing
+    (:func:`~creditaudit.loggers.build_loggers`)."""
+    if executor == "ray":
+        return
+    from creditaudit.loggers import build_loggers
+
+    for plan in plans:
+        build_loggers(plan.config, plan.run_id, console=False).close()
+
+
 def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,
                stale_after: float = DEFAULT_STALE_AFTER) -> list[dict[str, Any]]:
     """What a sweep would do with each run now: ``{"run_id", "status", "todo", "holder"}``.
@@ -236,6 +252,7 @@ def run_sweep(runs: Sequence[RunConfig | RunPlan], executor: Executor, *,
         raise ConfigError("--stack is for the local executor; Ray runs one run per task: "
                           "drop --stack, or use --executor local")
     check_devices(plans, executor.name)
+    check_loggers(plans, executor.name)
     ensure_folder(out_dir)  # a file in the way is one line before any worker starts
     by_id = {plan.run_id: plan for plan in plans}
     outcomes: dict[str, Outcome] = {}

@@ -115,6 +115,24 @@ def test_data_handed_to_train_must_be_what_its_config_loads(tmp_path):
     assert not (tmp_path / "other").exists() and not (tmp_path / "edited").exists()
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("mean", (0.9,)), ("std", (0.01,)), ("augment", True), ("augment_flip", False),
+    ("augment_padding", 3), ("n_classes", 12), ("name", "fashion-mnist"),
+    ("provenance", {"content_sha256": "0" * 64})])
+def test_data_handed_to_train_with_other_handling_is_refused(tmp_path, field, value):
+    """Arrays unchanged, but normalised, augmented, counted or described otherwise than as
+    loaded: the run would train on other inputs (or record another provenance) under the
+    id and record its config names, so it is refused like edited arrays. (Before, a
+    normalisation or augmentation set on loaded data trained under the config's run id.)"""
+    folder = write_idx_dataset(tmp_path / "data")
+    config = RunConfig().replace(**tiny_config(folder, tmp_path / "runs"))
+    data = load_dataset(config.data, seed=config.run.seed)
+    setattr(data, field, value)
+    with pytest.raises(ConfigError, match=rf"changed after it was loaded \(its {field} edited\)"):
+        train(config, dataset=data)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_device_copy_of_loaded_data_may_be_handed_to_train(tmp_path):
     """Dataset.to(device) is the same data: a run handed the copy (data loaded once, put on
     the GPU, shared by many runs) trains as with the data loaded, not refused as data

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from creditaudit.data.idx import load_idx_dataset, read_idx
-from creditaudit.errors import DataError
+from creditaudit.config import RunConfig
+from creditaudit.data.idx import idx_sizes, load_idx_dataset, read_idx
+from creditaudit.errors import ConfigError, DataError
+from creditaudit.run.plan import plan_run
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 _CODES = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C}
@@ -306,3 +308,33 @@ def test_a_raw_and_a_gzip_copy_of_other_data_in_one_folder_are_refused(tmp_path:
         f"mnist folder {tmp_path} holds both train-labels-idx1-ubyte and "
         "train-labels-idx1-ubyte.gz, and they hold other data: delete the one that is not "
         "the data you mean")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_the_headers_give_the_sizes_a_run_plan_knows_before_loading(tmp_path: Path,
+                                                                      gz: bool) -> None:
+    """idx_sizes reads the image files' headers only: what load_idx_dataset then loads;
+    None (loading says why) for a missing file or a damaged header."""
+    _write_dataset(tmp_path, n_train=5, n_test=3, gz=gz)
+    assert idx_sizes(tmp_path, "mnist") == (5, 3)
+    (tmp_path / "t10k-images-idx3-ubyte").write_bytes(b"\0\0\x08")  # a header cut short
+    assert idx_sizes(tmp_path, "mnist") is None
+    (tmp_path / "t10k-images-idx3-ubyte").unlink()
+    assert idx_sizes(tmp_path, "mnist") is None
+
+
+def test_train_subset_of_every_training_image_is_the_default_run(tmp_path: Path) -> None:
+    """docs/configuration.md: data.train_subset equal to the whole training set names the
+    default's run. On IDX data the plan knew no sizes before loading, so it was another run
+    id (another folder, record and recipe for the same computation); and a subset larger
+    than the files is refused at planning, before any image is loaded."""
+    _write_dataset(tmp_path / "data", n_train=5, n_test=3)
+    base = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path / "data"),
+                                  "run.out_dir": str(tmp_path / "runs")})
+    whole = plan_run(base.replace(**{"data.train_subset": 5}))
+    assert whole.run_id == plan_run(base).run_id
+    assert whole.config.data.train_subset is None
+    assert plan_run(base.replace(**{"data.train_subset": 4})).run_id != whole.run_id
+    with pytest.raises(ConfigError, match=r"^data.train_subset=6 exceeds the 5 training samples "
+                       "of mnist; use at most 5$"):
+        plan_run(base.replace(**{"data.train_subset": 6}))

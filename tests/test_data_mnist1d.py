@@ -200,7 +200,8 @@ def test_cached_arrays_equal_freshly_generated(cache, seed42):
         np.testing.assert_array_equal(tensor.numpy(), array)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "half", "wrong-shape"])
+@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "half", "wrong-shape",
+                                    "one-array"])
 def test_corrupt_cache_file_is_regenerated(cache, generator_calls, caplog, damage):
     config = data_config()
     original = load_dataset(config, seed=42)
@@ -214,6 +215,9 @@ def test_corrupt_cache_file_is_regenerated(cache, generator_calls, caplog, damag
         path.write_bytes(good[:-100])
     elif damage == "half":
         path.write_bytes(good[: len(good) // 2])
+    elif damage == "one-array":  # a .npy file: np.load returns the array, not an archive
+        with path.open("wb") as f:
+            np.save(f, np.zeros((3, 40), np.float32))
     else:
         np.savez(path, train_x=np.zeros((3, 40), np.float32), train_y=np.zeros(3, np.int64),
                  test_x=np.zeros((1, 40), np.float32), test_y=np.zeros(1, np.int64))

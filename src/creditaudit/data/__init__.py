@@ -7,6 +7,7 @@ feature datasets (synthetic, mnist1d) are float32 ``(N, D)``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -58,8 +59,30 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
     check_held_out_split(spec, dataset)
-    dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest())
+    dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest(),
+                         _handling(dataset))
     return dataset
+
+
+# What a Dataset holds besides its arrays that a run reads: how its batches become model
+# inputs (normalisation, augmentation), its classes, and what its record says of it.
+HANDLING = ("name", "n_classes", "mean", "std", "augment", "augment_padding", "augment_flip",
+            "provenance")
+
+
+def _handling(dataset: Dataset) -> dict[str, Any]:
+    """The :data:`HANDLING` fields of ``dataset``, copied (a later edit leaves them)."""
+    return copy.deepcopy({key: getattr(dataset, key) for key in HANDLING})
+
+
+def _same(value: Any, loaded: Any) -> bool:
+    """Whether a :data:`HANDLING` field still holds the value it was loaded with (a value a
+    caller put there that ``==`` cannot compare, e.g. a tensor of several numbers, is
+    another value)."""
+    try:
+        return bool(value == loaded)
+    except (RuntimeError, TypeError, ValueError):
+        return False
 
 
 def _loading(options: Any, fingerprint: str) -> str:
@@ -72,20 +95,26 @@ def check_handed(dataset: Dataset, options: Any, fingerprint: str) -> None:
     """ConfigError (one line) unless ``dataset`` — handed to a run (``train(config,
     dataset=…)``) instead of loaded by it — is what the run would load: returned by
     :func:`load_dataset` for the same data options (``options``: the run's data section;
-    ``fingerprint``: its data's) and unchanged since. The run's id and record name the data
-    its config names; other arrays under that name would be a record of data it never saw."""
+    ``fingerprint``: its data's) and unchanged since, its arrays and its :data:`HANDLING`
+    fields alike. The run's id and record name the data its config names; other arrays, or
+    the same ones normalised or augmented otherwise, under that name would be a record of
+    data it never saw."""
     fix = ("pass what load_dataset(config.data, seed=config.run.seed) returns for this "
            "config, unchanged, or leave dataset= out (other data: register it as a dataset)")
     if dataset.loaded_as is None:
         raise ConfigError(f"the data handed to the run ({dataset.name}) was not loaded by "
                           f"load_dataset: {fix}")
-    asked, digest = dataset.loaded_as
+    asked, digest, handling = dataset.loaded_as
     if asked != _loading(options, fingerprint):
         raise ConfigError(f"the data handed to the run ({dataset.name}) was loaded for other "
                           f"data than the run's (another dataset, data option or seed): {fix}")
     if dataset.content_digest() != digest:
         raise ConfigError(f"the data handed to the run ({dataset.name}) changed after it was "
                           f"loaded (its arrays were replaced or edited): {fix}")
+    edited = [key for key, loaded in handling.items() if not _same(getattr(dataset, key), loaded)]
+    if edited:  # same arrays, other inputs or another record under the config's run id
+        raise ConfigError(f"the data handed to the run ({dataset.name}) changed after it was "
+                          f"loaded (its {', '.join(edited)} edited): {fix}")
 
 
 def check_same_files(spec: DatasetSpec[Any], identity: DataIdentity, seed: int) -> None:

@@ -45,9 +45,10 @@ class Dataset:
     _digest: tuple[tuple[Tensor, ...], tuple[int | None, ...], str] | None = field(
         default=None, init=False, repr=False, compare=False)
     # (what load_dataset was asked for: its data options and the data's fingerprint, the
-    # arrays' digest then): a run handed these arrays checks they are what it would load
-    loaded_as: tuple[str, str] | None = field(default=None, init=False, repr=False,
-                                              compare=False)
+    # arrays' digest then, the other fields a run reads then: creditaudit.data.HANDLING):
+    # a run handed this Dataset checks it is what it would load
+    loaded_as: tuple[str, str, dict[str, Any]] | None = field(default=None, init=False,
+                                                              repr=False, compare=False)
 
     def content_digest(self) -> str:
         """sha256 of the four arrays as held now (train_x, train_y, test_x, test_y: dtype,

@@ -206,6 +206,37 @@ def idx_files(root: str | Path, name: str) -> list[tuple[str, Path]]:
     return [(stem, _find_file(folder, stem, name)) for stem in _IDX_FILES]
 
 
+def idx_items(path: Path) -> int | None:
+    """How many items (the first dimension) the header of IDX file ``path`` declares, from
+    its first 8 bytes (gunzipped when it is gzip; the rest is not read); None when they are
+    no IDX header (loading the file then says why)."""
+    try:
+        with path.open("rb") as raw:
+            packed = raw.read(2) == _GZIP_MAGIC
+        with (gzip.open(path, "rb") if packed else path.open("rb")) as stream:
+            header = stream.read(8)
+    except (OSError, EOFError, zlib.error):
+        return None
+    if len(header) < 8 or header[:2] != b"\0\0" or header[2] not in _DTYPES or not header[3]:
+        return None
+    (items,) = struct.unpack(">i", header[4:8])
+    return items
+
+
+def idx_sizes(root: str | Path, name: str) -> tuple[int, int] | None:
+    """(training, test) images the headers of the two IDX image files in ``root`` declare
+    (:func:`idx_items`): what :func:`load_idx_dataset` loads, known before it reads them;
+    None when a file is missing or a header unreadable or empty (loading then says why)."""
+    try:
+        paths = dict(idx_files(root, name))
+    except DataError:
+        return None
+    train, test = (idx_items(paths[stem]) for stem in (_IDX_FILES[0], _IDX_FILES[2]))
+    if train is None or test is None or min(train, test) < 1:
+        return None
+    return train, test
+
+
 def load_idx_dataset(root: str | Path, *, name: str, side: int | None = None
                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Load an MNIST-style data set from the four IDX files in ``root``.

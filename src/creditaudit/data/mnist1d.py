@@ -186,7 +186,10 @@ def _read_cache(path: Path, args: dict[str, Any]) -> Arrays | None:
         return None
     shapes = _expected_shapes(args)
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy file: one array
+            raise ValueError(f"it holds a single {type(loaded).__name__}, not an .npz archive")
+        with loaded as npz:
             arrays = {key: npz[key] for key in _KEYS}
         for key, array in arrays.items():
             dtype = np.int64 if key.endswith("_y") else np.float32

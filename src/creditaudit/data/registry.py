@@ -31,6 +31,7 @@ from creditaudit.data.spec import (
 )
 from creditaudit.descriptions import DataIdentity
 from creditaudit.errors import ConfigError
+from creditaudit.registry import defines
 
 
 # --- the built-ins --------------------------------------------------------------------------
@@ -118,8 +119,23 @@ class MNIST1D(GeneratedDataset[GeneratedOptions]):
 class IDXDataset(FileDataset[FileOptions]):
     """MNIST-format IDX files (raw or gzip): 60 000 + 10 000 grey 28×28 images."""
 
+    # The hooks whose own code sizes() takes the headers to describe (not a subclass's).
+    READS: ClassVar[tuple[str, ...]] = ("folder", "files", "arrays", "load")
+
     def input_shape(self) -> tuple[int, ...]:
         return (1, 28, 28)
+
+    def sizes(self) -> tuple[int, int] | None:
+        """(training, test) images, as the image files' headers declare them (a few bytes
+        read: a run plan knows them before loading, so ``data.train_subset`` equal to the
+        whole training split is the default's run); None without a readable folder, and
+        for a subclass that reads or loads otherwise (it declares its own sizes)."""
+        from creditaudit.data.idx import idx_sizes
+
+        if self.options.data_dir is None or any(
+                defines(type(self), hook, IDXDataset) for hook in self.READS):
+            return None
+        return idx_sizes(self.folder(), self.name)
 
     def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         from creditaudit.data.idx import idx_files, read_idx_bytes

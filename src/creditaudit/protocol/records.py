@@ -275,7 +275,10 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
     if own:
         report.metrics = {**(report.metrics or {}), **own}
     if frozen_acc is not None and not is_frozen_baseline(record):
-        headline = report.metadata.get("headline_acc")
+        # a diverged run's headline is its last finite accuracy (an earlier version judged
+        # the diverged epoch's own, the share of the one class an overflowed net predicts)
+        headline = (record.final_acc if record.status == "diverged"
+                    else report.metadata.get("headline_acc"))
         if headline is None:
             headline = record.final_acc
         d = depth_utility(headline, frozen_acc, thresholds or report.thresholds,

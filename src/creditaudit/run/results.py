@@ -77,14 +77,22 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
     baseline of (d) (a fraction, None = not evaluated); ``terminal_ln``: whether the model
     ends in a LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
     initialisation, when recorded) let (a) judge the growth before h_0; at epoch 0 itself
-    (a 0-epoch run) the network is untrained, and (d) is not evaluated."""
+    (a 0-epoch run) the network is untrained, and (d) is not evaluated. An epoch whose
+    numbers are not finite (a diverged one, :func:`finite_entry`) has (d) judge the
+    accuracy of the last finite epoch before it — the run's headline accuracy
+    (:func:`final_results`), which ``audit`` of its checkpoint judges too — not its own
+    (the share of the one class an overflowed network predicts)."""
     epoch, measures = entry.epoch, entry.measures
     if measures is None:
         raise ValueError(f"epoch {epoch}: the protocol is evaluated on a measured epoch")
     start = entry if epoch == 0 else record.entry(0)
     initial = None if start is None or start.measures is None else start.measures.hidden_norms
+    headline = entry
+    if not finite_entry(entry):
+        headline = last_finite([e for e in record.log if e.epoch < epoch])
     report = evaluate_protocol(
-        sg, headline_acc=entry.acc_eval, frozen_acc=frozen_acc, terminal_ln=terminal_ln,
+        sg, headline_acc=None if headline is None else headline.acc_eval,
+        frozen_acc=frozen_acc, terminal_ln=terminal_ln,
         measures=measures, protocol=protocol, thresholds=protocol.thresholds(),
         metadata={**record_metadata(record), "epoch": epoch},
         reference=record.reference.to_dict(),
@@ -127,7 +135,7 @@ def final_results(log: Sequence[EpochEntry]) -> FinalResults:
     that class's share, measures nothing); ``from_epoch`` says which epoch when it is not
     the last."""
     last = log[-1]
-    kept = next((e for e in reversed(log) if finite_entry(e)), None)
+    kept = last_finite(log)
     if kept is None:
         return FinalResults(epochs_completed=last.epoch)
     return final_from_entry(kept, last.epoch)
@@ -263,6 +271,12 @@ def note_end_of_run_credits(record: RunRecord, rule: CreditRule) -> None:
     table = record.diagnostics.cosine_table or []
     note_credit_not_finite(record, rule, record.log[-1].epoch,
                            [row.get("cos_invalid") for row in table])
+
+
+def last_finite(log: Sequence[EpochEntry]) -> EpochEntry | None:
+    """The last entry of ``log`` whose numbers are finite (:func:`finite_entry`), or None:
+    the epoch whose accuracy is a diverged run's headline."""
+    return next((e for e in reversed(log) if finite_entry(e)), None)
 
 
 def finite_entry(entry: EpochEntry) -> bool:

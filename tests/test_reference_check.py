@@ -523,6 +523,48 @@ def test_a_max_pool_after_a_relu_is_verified_module_by_module():
     assert check.verified and check.how == "modules", check
 
 
+@pytest.mark.parametrize("after", ["max-pool", "relu"])
+def test_a_state_at_a_relus_zeros_before_a_kink_is_verified_state_by_state(after):
+    """States at ReLU outputs (VGG's conv → ReLU → max-pool, adapted with the ReLUs as
+    states) hold exact zeros whatever the input, so the next max-pool's windows or ReLU sit
+    on a kink at the data: a plain autograd network was refused as "the backward between
+    h_0 and … is not the gradient of the forward (… a torch.autograd.Function with its own
+    backward …?)". The states are checked just beside the data too, as the inputs are."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        kink = nn.MaxPool2d(2) if after == "max-pool" else nn.ReLU()
+        side = 2 if after == "max-pool" else 4
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), kink,
+                            nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(8 * side * side, CLASSES))
+        x, y = torch.randn(16, 3, 4, 4), torch.randint(0, CLASSES, (16,))
+    model = adapt(net, ["1", "4"], example=x[:4])
+    check = check_reference(model, model.forward_states, x, y,
+                            forward_from=model.forward_from)
+    assert check.verified and check.how == "states", check
+
+
+def test_a_hook_on_the_states_path_only_is_still_refused_beside_a_kink():
+    """The second look beside a kinked state runs the network on from it: it is taken only
+    where that backward is the states' own at the data, so a gradient hook that
+    forward_states applies and forward_from does not is still placed between its states
+    (not blamed on training mode by the later check of ∂CE/∂x)."""
+
+    class HookedStates(ResidualMLP):
+        def forward_states(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+            states, logits = super().forward_states(x)
+            if states[1].requires_grad:
+                states[1].register_hook(lambda g: 3 * g)
+            return states, logits
+
+    torch.manual_seed(0)
+    model = HookedStates(6, 8, CLASSES, 3).double()
+    x, y = tiny_batch()
+    with pytest.raises(ReferenceGradientError, match="the backward between h_0 and h_1 is "
+                       "not the gradient of the forward"):
+        check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+
+
 def old_style_normed(kind: str) -> nn.Sequential:
     """A network with torch.nn.utils.weight_norm or spectral_norm on its middle Linear: its
     ``weight`` is a plain attribute the pre-hook recomputes before every forward."""

@@ -26,7 +26,9 @@ Finite differences are judged by their own accuracy
 the best step agrees to 1e-9 or better; a wrong backward disagrees by far more: BioTorch's
 FA by 0.4–0.6 along the gradient's own direction. The probes are the samples with the
 largest loss (the least saturated) among the first :data:`PROBE_POOL`, moved off the ties of
-real data (:func:`_off_ties`).
+real data (:func:`_off_ties`); a state that disagrees is checked again just beside it where
+it sits on a kink itself (states at a ReLU's zeros), through ``forward_from``, when that
+backward at the state is the one ``states_fn`` gives (:func:`_same_backward`).
 
 The state-by-state check runs on a float64 copy of the model
 (:mod:`creditaudit.measures.model_copies`; :func:`_float64_contract`); the credit-quality
@@ -242,11 +244,19 @@ def _check_states(work: StatesNet, x64: Tensor, ys: Tensor) -> ReferenceCheck:
         """(whether the backward at h_layer disagrees, whether any comparison there said
         something)."""
         g = grads[layer]
-        g = torch.zeros_like(states[layer]) if g is None else g
-        own, random = _state_verdicts(work, layer, states[layer].detach(), g, ys, floor,
-                                      generator)
-        return (_disagree(own) or _disagree(random),
-                bool((own != 0).any()) or bool((random != 0).any()))
+        h = states[layer].detach()
+        g = torch.zeros_like(h) if g is None else g
+        own, random = _state_verdicts(work, layer, h, g, ys, floor, generator)
+        disagrees = _disagree(own) or _disagree(random)
+        if disagrees and _same_backward(g, _gradient_from(work, layer, h, ys)):
+            # A state may sit on a kink of what follows it (a ReLU's zeros into a max-pool
+            # or another ReLU), as real inputs do: check just beside it too.
+            moved = off_ties(h, PROBE_JITTER)
+            own_, random_ = _state_verdicts(work, layer, moved,
+                                            _gradient_from(work, layer, moved, ys), ys,
+                                            floor, generator)
+            disagrees = _disagree(own_) or _disagree(random_)
+        return disagrees, bool((own != 0).any()) or bool((random != 0).any())
 
     ends = {layer: verdict(layer) for layer in sorted({0, last})}
     if any(disagrees for disagrees, _ in ends.values()):
@@ -257,6 +267,27 @@ def _check_states(work: StatesNet, x64: Tensor, ys: Tensor) -> ReferenceCheck:
         return _scan_or_raise(work, lambda: work.forward_states(x64), "")
     return ReferenceCheck(True, "states", "∂CE/∂h_l agrees with float64 central differences "
                           "of the loss at h_0 and h_L")
+
+
+def _gradient_from(work: StatesNet, layer: int, h: Tensor, y: Tensor) -> Tensor:
+    """∂CE/∂h of the network run on from state ``h`` ``(k, …)`` at ``layer`` (labels ``y``)
+    through ``work.forward_from``: zero where the loss does not depend on it."""
+    with torch.enable_grad():
+        h = h.detach().requires_grad_(True)
+        loss = F.cross_entropy(work.forward_from(layer, h), y, reduction="sum")
+        (g,) = torch.autograd.grad(loss, [h], allow_unused=True)
+    return torch.zeros_like(h) if g is None else g.detach()
+
+
+def _same_backward(g: Tensor, other: Tensor) -> bool:
+    """Whether two float64 gradients ``(k, …)`` at the same state are the same backward's,
+    per probe up to rounding (1e-9 of the larger norm): ``forward_states``' and
+    ``forward_from``'s, which a hook or a ``torch.autograd.Function`` in one only would set
+    apart. NaN/Inf anywhere is not the same."""
+    diff = torch.linalg.vector_norm((g - other).flatten(1), dim=1)
+    scale = torch.maximum(torch.linalg.vector_norm(g.flatten(1), dim=1),
+                          torch.linalg.vector_norm(other.flatten(1), dim=1))
+    return bool((diff <= 1e-9 * scale).all())
 
 
 def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor,

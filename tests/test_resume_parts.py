@@ -182,6 +182,29 @@ def test_the_record_keeps_each_part_s_environment(tmp_path, kill_run_at, monkeyp
     assert not [x for x in format_run_summary([same]).splitlines() if "version" in x]
 
 
+def test_a_run_resumed_on_another_torch_says_so(tmp_path, kill_run_at, monkeypatch):
+    # killed on one torch, resumed on another (an environment upgraded between the two):
+    # the record kept both versions in its parts, but the summary and the report said
+    # nothing, so numbers of two torch builds read as one run's
+    config = tiny(tmp_path, **{"run.threads": 1})
+    installed = str(torch.__version__)
+    monkeypatch.setattr(torch, "__version__", "2.3.0")
+    kill_run_at(config)
+    monkeypatch.setattr(torch, "__version__", installed)
+    resumed = train(config, resume=True)
+    record = load_record(resumed.run_dir)
+    assert record.environment["torch"] == "2.3.0"
+    assert record.resumed[0].environment["torch"] == installed
+    [line] = [x for x in format_run_summary([record]).splitlines() if "torch" in x]
+    assert "with torch 2.3.0, from epoch 2 on" in line
+    assert line.endswith(f"with torch {installed})")
+    markdown = render_report_markdown(RunIndex.from_dir(tmp_path))
+    assert "with torch 2.3.0" in markdown and installed in markdown
+    # one torch throughout: no torch named
+    record.resumed[0].environment["torch"] = "2.3.0"
+    assert "torch" not in format_run_summary([record])
+
+
 def test_a_second_resume_adds_a_second_part(tmp_path, kill_run_at):
     config = tiny(tmp_path, **{"run.threads": 1, "optim.epochs": 4})
     kill_run_at(config, epoch=2)

@@ -213,6 +213,40 @@ def test_a_killed_stack_resumes_to_the_uninterrupted_result(tmp_path, float64, m
     assert [comparable(r.record) for r in again] == [comparable(r.record) for r in resumed]
 
 
+def test_a_stack_killed_while_it_measures_resumes_as_one_stack(tmp_path, monkeypatch):
+    # Ctrl-C (or a kill) while the second run of the stack measured its epoch 2: the stack
+    # closed its runs one after the other, so the first was checkpointed at epoch 2 and the
+    # second at epoch 1; resumed, each trained on in a stack of its own, whose step differs
+    # in the last bits from the stacked one (float32: the weights and the records differed
+    # from the uninterrupted stack's at ~1e-8). Now every run is measured before any is
+    # checkpointed: both resume from epoch 1, as one stack, bit for bit.
+    options = {"optim.epochs": 3, "diagnostics.end_of_run": True,
+               "diagnostics.rho_samples": 8, "diagnostics.rho_directions": 2,
+               "diagnostics.null_draws": 2}
+    straight = train_stacked(configs(tmp_path / "a", "dfa", **options)[:2])
+    killed = configs(tmp_path / "b", "dfa", **options)[:2]
+    second = run_id(killed[1])
+    original = Trainer.measure
+
+    def interrupted(self, epoch):  # noqa: ANN001, ANN202
+        if epoch == 2 and self.run_id == second:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(killed)
+    monkeypatch.setattr(Trainer, "measure", original)
+    dirs = [Path(c.run.out_dir) / run_id(c) for c in killed]
+    assert [load_checkpoint(d / CHECKPOINT_FILE)["epoch"] for d in dirs] == [1, 1]
+    assert [[e.epoch for e in load_record(d).log] for d in dirs] == [[0, 1], [0, 1]]
+    resumed = train_stacked(killed, resume=True)
+    for a, r in zip(straight, resumed, strict=True):
+        assert r.record.resumed[0].environment["execution"]["stacked_runs"] == 2
+        assert comparable(a.record) == comparable(r.record)
+        assert checkpoint_gap(a.run_dir, r.run_dir) == 0.0
+
+
 def test_a_run_whose_resume_fails_fails_alone_and_the_stack_trains_on(tmp_path, monkeypatch):
     """One run's damaged checkpoint fails that run, as alone; the others of its stack resume
     and finish instead of failing with it (in a sweep, on every rerun)."""

@@ -111,15 +111,15 @@ def taken_over_in_epoch(monkeypatch, run_dirs: list[Path], epoch: int = 2
     trained, before it is recorded; returns, filled then, each folder's state just after
     the take-over."""
     seen: dict[Path, dict[str, tuple[bytes, int]]] = {}
-    original = Trainer.close_epoch
+    original = Trainer.measure_epoch
 
-    def close_epoch(self, current, *args):
+    def measure_epoch(self, current, *args):
         if current == epoch and self.run_dir in run_dirs and self.run_dir not in seen:
             take_over(self.run_dir)
             seen[self.run_dir] = folder_state(self.run_dir)
         return original(self, current, *args)
 
-    monkeypatch.setattr(Trainer, "close_epoch", close_epoch)
+    monkeypatch.setattr(Trainer, "measure_epoch", measure_epoch)
     return seen
 
 

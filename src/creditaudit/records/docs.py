@@ -80,8 +80,9 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "One object per time the run was resumed, in order; absent for a run that never was "
      "(and in records written before the parts were kept). A resumed run goes on with the "
      "torch thread count its epochs ran on, so its numbers equal the uninterrupted run's; "
-     "when `source` differs between parts, its numbers come from more than one version of "
-     "creditaudit, and `creditaudit train`'s summary and `creditaudit report` say so."),
+     "when `source` or `torch` differs between parts, its numbers come from more than one "
+     "version of creditaudit or torch, and `creditaudit train`'s summary and "
+     "`creditaudit report` say so."),
     ("Data identity (`data`)", DataIdentity, ""),
     ("The model as built (`model`)", ModelDescription,
      "Asked of the model itself when the run started; records before schema 3 lack it "

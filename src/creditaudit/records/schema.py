@@ -172,15 +172,20 @@ class RunRecord(RecordAccessors):
         return threads
 
     def code_versions(self) -> list[tuple[int, str]]:
-        """(first epoch, creditaudit code) of each part that ran other code than the part
-        before it: one entry when the whole run ran one version. The code is named by its
-        source commit (``+dirty``: with changes), or ``creditaudit VERSION`` for an
-        installed package."""
+        """(first epoch, code) of each part that ran other code than the part before it:
+        one entry when the whole run ran one version. The code is creditaudit's, named by
+        its source commit (``+dirty``: with changes) or ``creditaudit VERSION`` for an
+        installed package, followed by ``with torch VERSION`` when the parts ran on more
+        than one torch version (its kernels compute the numbers too)."""
+        parts = self.parts()
+        torch_versions = {str(environment.get("torch")) for _, environment in parts}
         out: list[tuple[int, str]] = []
-        for epoch, environment in self.parts():
+        for epoch, environment in parts:
             code = environment.get("source") or (
                 f"creditaudit {environment['creditaudit']}" if environment.get("creditaudit")
                 else "unknown")
+            if len(torch_versions) > 1:
+                code = f"{code} with torch {environment.get('torch') or 'unknown'}"
             if not out or out[-1][1] != code:
                 out.append((epoch, str(code)))
         return out

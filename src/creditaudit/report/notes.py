@@ -68,13 +68,14 @@ def deep_cos_notes(runs: Sequence[Any]) -> list[str]:
 
 
 def code_notes(runs: Sequence[Any]) -> list[str]:
-    """One line per run resumed on another version of creditaudit than its first part."""
+    """One line per run resumed on another version of creditaudit or torch than its first
+    part."""
     notes = [f"- {markdown_text(run.run_id)} {markdown_text(text)}" for run in runs
              if (text := code_versions_text(run)) is not None]
     if not notes:
         return []
-    return ["Runs resumed on another version of creditaudit (the commit changed between an "
-            "interruption and the resume):", "", *notes, ""]
+    return ["Runs resumed on another version of creditaudit or torch (the commit or the "
+            "torch install changed between an interruption and the resume):", "", *notes, ""]
 
 
 # A declared failure's reason is a guest's text: one line, this long at most.

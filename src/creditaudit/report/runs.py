@@ -124,19 +124,27 @@ def credit_not_finite_text(record: RunRecord) -> str | None:
 
 
 def code_versions_text(record: RunRecord) -> str | None:
-    """``resumed on other code: … from epoch 1 on aaaaaaaaaaaa, from epoch 3 on
-    bbbbbbbbbbbb+dirty`` for a run whose parts ran different versions of creditaudit (the
-    commit changed between an interruption and its resume), else None."""
+    """``was resumed on another version of creditaudit or torch: … from epoch 1 on
+    aaaaaaaaaaaa, from epoch 3 on bbbbbbbbbbbb+dirty`` for a run whose parts ran different
+    versions of creditaudit or of torch (the commit or the torch install changed between
+    an interruption and its resume), else None."""
     versions = record.code_versions()
     if len(versions) < 2:
         return None
     parts = ", ".join(f"from epoch {epoch} on {_short(code)}" for epoch, code in versions)
-    return (f"was resumed on another version of creditaudit: its numbers come from "
+    return (f"was resumed on another version of creditaudit or torch: its numbers come from "
             f"{len(versions)} versions of the code ({parts})")
 
 
 def _short(code: str) -> str:
-    """A 40-digit commit cut to 12 (``+dirty`` kept); other names as they are."""
+    """A 40-digit commit cut to 12 (``+dirty`` and a ``with torch VERSION`` kept); other
+    names as they are."""
+    code, with_torch, torch_version = code.partition(" with torch ")
+    return _short_commit(code) + with_torch + torch_version
+
+
+def _short_commit(code: str) -> str:
+    """A 40-digit commit (``+dirty`` kept) cut to 12; other names as they are."""
     commit, plus, rest = code.partition("+")
     if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
         return commit[:12] + plus + rest

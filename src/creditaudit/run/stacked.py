@@ -299,22 +299,7 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
             started = time.perf_counter()
             stats = runner.train_epoch(epoch)
             share = (time.perf_counter() - started) / len(live)  # each run's part of it
-            ended = []
-            for trainer, run_stats in zip(live, stats, strict=True):
-                with _own_rng(rng, trainer):
-                    try:
-                        if isinstance(run_stats, Exception):  # its loggers' (log_step)
-                            raise run_stats
-                        if trainer.close_epoch(epoch, run_stats, time.perf_counter() - share):
-                            ended.append(trainer)
-                    except NOT_A_FAILURE:
-                        raise
-                    except BaseException as err:  # noqa: BLE001 — fails this run only
-                        if ended_by_ray(err):
-                            raise
-                        trainer.record_stop("failed", err)
-                        trainer.loggers.close_quietly()
-                        results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
+            ended = _close_epoch(live, epoch, stats, share, rng, results)
             for trainer in ended:
                 finish(trainer)
             remaining = [t for t in live if id(t) not in results]
@@ -345,6 +330,54 @@ def _train_group(group: list[Trainer], rng: dict[int, torch.Tensor],
                 trainer.loggers.close_quietly()
         raise
     return [results[id(t)] for t in group]
+
+
+def _close_epoch(live: list[Trainer], epoch: int, stats: list[dict[str, Any] | Exception | None],
+                 share: float, rng: dict[int, torch.Tensor], results: dict[int, RunResult]
+                 ) -> list[Trainer]:
+    """Close trained epoch ``epoch`` of every run of the stack (``stats``: each run's, from
+    its runner; ``share``: each run's part of the epoch's seconds), each step for all runs
+    before the next: measure them all, then checkpoint them all, then write and log. An
+    interrupt or a kill while any of them measures (the long part) then leaves every run
+    checkpointed at the same epoch, so they resume as one stack, bit for bit the stack
+    left alone; closed one run after the other, the runs measured last resumed an epoch
+    behind the others, each in a stack of its own, whose step differs in the last bits. A
+    run whose close raises fails alone (``results``). The runs that end here."""
+    def alone(trainer: Trainer, err: BaseException) -> None:
+        if isinstance(err, NOT_A_FAILURE) or ended_by_ray(err):
+            raise err
+        trainer.record_stop("failed", err)
+        trainer.loggers.close_quietly()
+        results[id(trainer)] = RunResult(trainer.run_dir, trainer.record)
+
+    measured = []
+    for trainer, run_stats in zip(live, stats, strict=True):
+        with _own_rng(rng, trainer):
+            try:
+                if isinstance(run_stats, Exception):  # its loggers' (log_step)
+                    raise run_stats
+                entry = trainer.measure_epoch(epoch, run_stats, time.perf_counter() - share)
+                measured.append((trainer, entry))
+            except BaseException as err:  # noqa: BLE001 — fails this run only
+                alone(trainer, err)
+    saved = []
+    for trainer, entry in measured:
+        with _own_rng(rng, trainer):  # the checkpoint keeps the run's own torch stream
+            try:
+                saved.append((trainer, entry, trainer.save_epoch(entry)))
+            except BaseException as err:  # noqa: BLE001 — fails this run only
+                alone(trainer, err)
+    ended = []
+    for trainer, entry, ending in saved:
+        with _own_rng(rng, trainer):
+            try:
+                if entry is not None:
+                    trainer.publish_epoch(entry, ending)
+                if ending is not None:
+                    ended.append(trainer)
+            except BaseException as err:  # noqa: BLE001 — fails this run only
+                alone(trainer, err)
+    return ended
 
 
 def _record_smaller_stack(live: list[Trainer], epoch: int) -> None:

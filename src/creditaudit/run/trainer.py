@@ -332,27 +332,49 @@ class Trainer(RecordKeeping):
         """Record trained epoch ``epoch`` (``stats`` from :meth:`train_epoch`, None when it
         diverged; ``started``: its perf_counter start): evaluate, check, checkpoint, write,
         log. True when the run ends here (status set: diverged, or completed when the
-        protocol verdict stops it)."""
+        protocol verdict stops it). A stack runs each step for all its runs before the
+        next (:func:`~creditaudit.run.stacked.train_stacked`)."""
+        entry = self.measure_epoch(epoch, stats, started)
+        ending = self.save_epoch(entry)
+        if entry is not None:
+            self.publish_epoch(entry, ending)
+        return ending is not None
+
+    def measure_epoch(self, epoch: int, stats: dict[str, Any] | None, started: float
+                      ) -> EpochEntry | None:
+        """Trained epoch ``epoch``'s entry, evaluated and measured (None: it diverged in
+        training); nothing of it saved yet."""
         if stats is None:
-            self.record.status = "diverged"
-            return True
+            return None
         entry = replace(self.measure(epoch), **stats)
-        self.record.log.append(self._with_lr(entry, time.perf_counter() - started))
+        return self._with_lr(entry, time.perf_counter() - started)
+
+    def save_epoch(self, entry: EpochEntry | None) -> str | None:
+        """Add ``entry`` (:meth:`measure_epoch`'s) to the record, check it and checkpoint
+        its epoch; the status the run ends with once the entry is written ('diverged', or
+        'completed' when the protocol verdict stops it), None when it goes on."""
+        if entry is None:
+            self.record.status = "diverged"
+            return "diverged"
+        self.record.log.append(entry)
         reason = ("non-finite evaluation loss or state norms" if not finite_entry(entry)
                   else training_state_fault(self.model, self.optimizer))
         if reason is not None:
-            self.record.divergence = {"epoch": epoch, "reason": reason}
-            self._write()  # 'running' until finish() writes its results: a kill between
-            self.loggers.log_epoch(entry)  # leaves a run to resume, not a bare 'diverged'
-            self.record.status = "diverged"
-            return True
+            # no checkpoint; 'running' until finish() writes its results: a kill between
+            # leaves a run to resume, not a bare 'diverged'
+            self.record.divergence = {"epoch": entry.epoch, "reason": reason}
+            return "diverged"
         stop = self.walkback_stop(entry)
-        self.checkpoint(epoch)
+        self.checkpoint(entry.epoch)
+        return "completed" if stop else None
+
+    def publish_epoch(self, entry: EpochEntry, ending: str | None) -> None:
+        """Write the record holding ``entry`` and log it; then set the status the run ends
+        with (``ending``, :meth:`save_epoch`'s)."""
         self._write()
         self.loggers.log_epoch(entry)
-        if stop:
-            self.record.status = "completed"
-        return stop
+        if ending is not None:
+            self.record.status = ending
 
     def _with_lr(self, entry: EpochEntry, seconds: float) -> EpochEntry:
         entry.lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor when captured

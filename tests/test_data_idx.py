@@ -338,3 +338,26 @@ def test_train_subset_of_every_training_image_is_the_default_run(tmp_path: Path)
     with pytest.raises(ConfigError, match=r"^data.train_subset=6 exceeds the 5 training samples "
                        "of mnist; use at most 5$"):
         plan_run(base.replace(**{"data.train_subset": 6}))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("claimed", [2**31 - 1, 4, 6])
+def test_a_header_the_file_does_not_hold_declares_no_sizes(tmp_path: Path, gz: bool,
+                                                           claimed: int) -> None:
+    """A damaged header claiming other than the 5 images its file holds gave the plan its
+    count: 2**31 − 1 of them was refused as too large for the machine's memory ("use fewer
+    samples (data.n_train, data.n_test)", options mnist has not), 4 made train_subset=4 the
+    default's run. It declares no sizes now, and loading says the file is corrupt."""
+    _write_dataset(tmp_path / "data", n_train=5, n_test=3)
+    images = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    damaged = bytearray(_idx_bytes(images))
+    damaged[4:8] = claimed.to_bytes(4, "big")
+    path = tmp_path / "data" / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(bytes(damaged)) if gz else bytes(damaged))
+    assert idx_sizes(tmp_path / "data", "mnist") is None
+    base = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path / "data"),
+                                  "run.out_dir": str(tmp_path / "runs")})
+    plan = plan_run(base.replace(**{"data.train_subset": 4}))
+    assert plan.config.data.train_subset == 4
+    with pytest.raises(DataError, match="truncated or corrupt IDX file"):
+        plan.load_data()

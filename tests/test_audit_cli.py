@@ -497,3 +497,19 @@ def test_several_runs_are_named_by_their_folders_as_plain_text(runs, tmp_path, c
     page = markdown_fragment(outs["md"])
     assert "<a " not in page and "<b>" not in page and "\\input{secret}" in page
     assert page.count("<h3>") == 2 and "[x](javascript:y) &lt;b&gt;</h3>" in page
+
+
+def test_a_folder_holding_only_its_own_config_toml_is_no_run_starting(tmp_path, capsys):
+    """`creditaudit audit proj` on a researcher's folder holding their own config.toml (no
+    run ever there) said "proj holds config.toml of a run that has not written its record
+    yet (one starting now in another process, or one killed …): wait for it": untrue. Only
+    a run's own files (its claim, init.pt, checkpoint.pt) say a run is or was there."""
+    (tmp_path / "config.toml").write_text("[optim]\nepochs = 1\n")
+    assert main(["audit", str(tmp_path)]) == 2
+    error = _one_line_error(capsys)
+    assert "of a run that has not written its record yet" not in error
+    assert f"pass a run folder that holds {RECORD_FILE}" in error
+    (tmp_path / CLAIM_FILE).write_text("{}")
+    assert main(["audit", str(tmp_path)]) == 2
+    assert (f"holds config.toml, {CLAIM_FILE} of a run that has not written its record yet"
+            in _one_line_error(capsys))

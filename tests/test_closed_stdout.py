@@ -158,3 +158,34 @@ def test_a_terminal_with_stderr_sent_to_a_file_shows_the_epoch_lines(tmp_path, m
     assert [line.split(" | ")[0] for line in lines if " epoch " in line] == [
         "dfa epoch 0/2", "dfa epoch 1/2", "dfa epoch 2/2"]
     assert "\r" not in log_file.getvalue() and "%|" not in log_file.getvalue()
+
+
+class _WriteOnly:
+    """A stand-in stream that only writes, as a researcher's ``sys.stderr = Tee(...)``."""
+
+    def __init__(self) -> None:
+        self.text = io.StringIO()
+
+    def write(self, text: str) -> int:
+        return self.text.write(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("replaced", ["stdout", "stderr"])
+def test_a_stream_replaced_by_an_object_without_isatty_is_no_terminal(tmp_path, monkeypatch,
+                                                                       replaced):
+    """train() in a terminal with sys.stderr (or sys.stdout) replaced by a writer without
+    isatty stopped with AttributeError: 'Tee' object has no attribute 'isatty' (for
+    stderr since the bar needs both streams to be terminals). Such a stream is no
+    terminal: the run trains and prints its epoch lines."""
+    from creditaudit.run.trainer import train
+
+    streams = {"stdout": _Terminal(), "stderr": _Terminal(), replaced: _WriteOnly()}
+    monkeypatch.setattr(sys, "stdout", streams["stdout"])
+    monkeypatch.setattr(sys, "stderr", streams["stderr"])
+    assert train(_tiny_console_run(tmp_path)).record.status == "completed"
+    stdout = streams["stdout"]
+    printed = (stdout.text if isinstance(stdout, _WriteOnly) else stdout).getvalue()
+    assert "dfa epoch 2/2 | " in printed

@@ -133,6 +133,20 @@ def test_data_handed_to_train_with_other_handling_is_refused(tmp_path, field, va
     assert not (tmp_path / "runs").exists()
 
 
+def test_data_loaded_by_an_earlier_version_is_refused_in_one_line(tmp_path):
+    """A Dataset kept from an earlier creditaudit (pickled, or cached by joblib.Memory
+    around load_dataset) holds the 2-tuple loaded_as that version wrote: train() stopped
+    with ValueError: not enough values to unpack (expected 3, got 2). It is refused in one
+    line saying what to do."""
+    config = RunConfig().replace(**SYNTHETIC, **{"run.out_dir": str(tmp_path)})
+    data = load_dataset(config.data, seed=config.run.seed)
+    data.loaded_as = data.loaded_as[:2]  # what ea9c677's load_dataset left
+    with pytest.raises(ConfigError, match=r"^the data handed to the run \(synthetic\) was "
+                       "loaded by another version of creditaudit .*: pass what load_dataset"):
+        train(config, dataset=data)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_device_copy_of_loaded_data_may_be_handed_to_train(tmp_path):
     """Dataset.to(device) is the same data: a run handed the copy (data loaded once, put on
     the GPU, shared by many runs) trains as with the data loaded, not refused as data

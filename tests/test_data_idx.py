@@ -338,3 +338,62 @@ def test_train_subset_of_every_training_image_is_the_default_run(tmp_path: Path)
     with pytest.raises(ConfigError, match=r"^data.train_subset=6 exceeds the 5 training samples "
                        "of mnist; use at most 5$"):
         plan_run(base.replace(**{"data.train_subset": 6}))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("claimed", [2**31 - 1, 4, 6])
+def test_a_header_the_file_does_not_hold_declares_no_sizes(tmp_path: Path, gz: bool,
+                                                           claimed: int) -> None:
+    """A damaged header claiming other than the 5 images its file holds gave the plan its
+    count: 2**31 − 1 of them was refused as too large for the machine's memory ("use fewer
+    samples (data.n_train, data.n_test)", options mnist has not), 4 made train_subset=4 the
+    default's run. It declares no sizes now, and loading says the file is corrupt."""
+    _write_dataset(tmp_path / "data", n_train=5, n_test=3)
+    images = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    damaged = bytearray(_idx_bytes(images))
+    damaged[4:8] = claimed.to_bytes(4, "big")
+    path = tmp_path / "data" / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(bytes(damaged)) if gz else bytes(damaged))
+    assert idx_sizes(tmp_path / "data", "mnist") is None
+    base = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path / "data"),
+                                  "run.out_dir": str(tmp_path / "runs")})
+    plan = plan_run(base.replace(**{"data.train_subset": 4}))
+    assert plan.config.data.train_subset == 4
+    with pytest.raises(DataError, match="truncated or corrupt IDX file"):
+        plan.load_data()
+
+
+def test_a_whole_split_run_an_earlier_version_started_is_named_on_resume(tmp_path: Path,
+                                                                         monkeypatch,
+                                                                         kill_run_at) -> None:
+    """A run with data.train_subset equal to the whole training split, started before the
+    IDX headers gave the plan the split's size, lies in a folder of its own run id; this
+    version plans the default's. `train --resume` said it was "another run" and to "resume
+    that run with its own config (creditaudit train --config …/config.toml --resume)",
+    which plans the default's id again: the same refusal, round and round. It now says the
+    run is this config's, named otherwise by the version that started it."""
+    from creditaudit.data.registry import IDXDataset
+    from creditaudit.errors import RunRecordError
+    from creditaudit.records import load_config_file
+    from creditaudit.run.trainer import train
+
+    _write_dataset(tmp_path / "data", n_train=5, n_test=3)
+    config = RunConfig().replace(**{
+        "data.name": "mnist", "data.data_dir": str(tmp_path / "data"),
+        "data.train_subset": 5, "run.out_dir": str(tmp_path / "runs"), "optim.epochs": 3,
+        "optim.batch_size": 5, "model.d": 8, "model.n_blocks": 1,
+        "diagnostics.end_of_run": False, "run.progress": False})
+    with monkeypatch.context() as earlier:  # the sizes ea9c677 declared: none
+        earlier.setattr(IDXDataset, "sizes", lambda self: None)
+        kill_run_at(config, epoch=2)
+    (started,) = (tmp_path / "runs").iterdir()
+    planned = plan_run(config).run_id
+    assert planned != started.name
+    for again in (config, load_config_file(started / "config.toml")):
+        with pytest.raises(RunRecordError, match=(
+                rf"^cannot resume: {started} is interrupted, and it is the run of this "
+                rf"config: its data.train_subset computes what the default does, so this "
+                rf"version of creditaudit names it {planned}, and the version that started it "
+                rf"named it {started.name}; resume it with that version, or train this "
+                "config without")):
+            train(again, resume=True)

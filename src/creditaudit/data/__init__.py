@@ -104,6 +104,10 @@ def check_handed(dataset: Dataset, options: Any, fingerprint: str) -> None:
     if dataset.loaded_as is None:
         raise ConfigError(f"the data handed to the run ({dataset.name}) was not loaded by "
                           f"load_dataset: {fix}")
+    if not (isinstance(dataset.loaded_as, tuple) and len(dataset.loaded_as) == 3):
+        raise ConfigError(f"the data handed to the run ({dataset.name}) was loaded by another "
+                          "version of creditaudit (a copy kept since, e.g. pickled or cached), "
+                          f"which left no record this one can check: {fix}")
     asked, digest, handling = dataset.loaded_as
     if asked != _loading(options, fingerprint):
         raise ConfigError(f"the data handed to the run ({dataset.name}) was loaded for other "

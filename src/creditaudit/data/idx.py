@@ -207,26 +207,40 @@ def idx_files(root: str | Path, name: str) -> list[tuple[str, Path]]:
 
 
 def idx_items(path: Path) -> int | None:
-    """How many items (the first dimension) the header of IDX file ``path`` declares, from
-    its first 8 bytes (gunzipped when it is gzip; the rest is not read); None when they are
-    no IDX header (loading the file then says why)."""
+    """How many items (the first dimension) the header of IDX file ``path`` declares, read
+    from its header alone (gunzipped when it is gzip; the data are not read); None when it
+    is no IDX header, or one the file's size belies (a damaged or truncated file: loading
+    it then says why). The size checked is the file's own for a raw file and, for a gzip
+    one, the uncompressed size its trailer records (modulo 2**32, as gzip keeps it)."""
     try:
         with path.open("rb") as raw:
             packed = raw.read(2) == _GZIP_MAGIC
+            if packed:
+                raw.seek(-4, 2)
+                (size,) = struct.unpack("<I", raw.read(4))
+            else:
+                size = raw.seek(0, 2)
         with (gzip.open(path, "rb") if packed else path.open("rb")) as stream:
-            header = stream.read(8)
-    except (OSError, EOFError, zlib.error):
+            header = stream.read(4)
+            if len(header) < 4 or header[:2] != b"\0\0" or header[2] not in _DTYPES:
+                return None
+            dims = stream.read(4 * header[3])
+    except (OSError, EOFError, zlib.error, struct.error):
         return None
-    if len(header) < 8 or header[:2] != b"\0\0" or header[2] not in _DTYPES or not header[3]:
+    if not header[3] or len(dims) < 4 * header[3]:
         return None
-    (items,) = struct.unpack(">i", header[4:8])
-    return items
+    shape = struct.unpack(f">{header[3]}i", dims)
+    if min(shape) < 0:
+        return None
+    expected = 4 + len(dims) + math.prod(shape) * _DTYPES[header[2]].itemsize
+    return shape[0] if size == (expected % 2**32 if packed else expected) else None
 
 
 def idx_sizes(root: str | Path, name: str) -> tuple[int, int] | None:
     """(training, test) images the headers of the two IDX image files in ``root`` declare
     (:func:`idx_items`): what :func:`load_idx_dataset` loads, known before it reads them;
-    None when a file is missing or a header unreadable or empty (loading then says why)."""
+    None when a file is missing or a header unreadable, empty or belied by its file's size
+    (loading then says why)."""
     try:
         paths = dict(idx_files(root, name))
     except DataError:

@@ -40,10 +40,11 @@ def _open_or_none(stream: TextIO | None) -> TextIO | None:
 
 
 def _is_terminal(stream: TextIO | None) -> bool:
-    """Whether ``stream`` is a terminal (False for None, or a stream closed meanwhile)."""
+    """Whether ``stream`` is a terminal (False for None, a stream closed meanwhile, or a
+    stand-in without ``isatty``: a ``sys.stderr = Tee(...)`` object that only writes)."""
     try:
         return stream is not None and stream.isatty()
-    except (OSError, ValueError):
+    except (AttributeError, OSError, ValueError):
         return False
 
 

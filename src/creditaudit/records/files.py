@@ -228,12 +228,13 @@ def _runs_below(folder: Path) -> str:
 def _run_without_record(folder: Path) -> str:
     """For a run's folder that holds some of a run's files but no record yet (a run starting
     now in another process, or one killed before its first record was written): what it is,
-    as the end of a refusal; empty for any other folder."""
+    as the end of a refusal; empty for any other folder. A ``config.toml`` alone is no sign
+    of a run: it is also what a researcher names their own config file."""
     try:
         held = [name for name in RUN_FOLDER_FILES if (folder / name).exists()]
     except OSError:
         return ""
-    if not held:
+    if not set(held) - {CONFIG_FILE}:
         return ""
     return (f"{folder} holds {', '.join(held)} of a run that has not written its record yet "
             "(one starting now in another process, or one killed before it got that far): "

@@ -5,8 +5,9 @@ An unfinished run that trained nothing (killed before its first trained epoch wa
 :func:`restartable`, :func:`started_without_record`) can start over — that loses nothing
 and gives the same run. A ``--resume`` that finds no run in its folder ends in one
 :class:`~creditaudit.errors.RunRecordError` (:func:`no_run_to_resume`) naming the run of the
-same config on other data, other guest code or another torch default dtype, or else the
-nearest run of another config, with the values that differ. What a checkpoint found there
+same config on other data, other guest code or another torch default dtype, the run of
+this config an earlier version named by another run id, or else the nearest run of another
+config, with the values that differ. What a checkpoint found there
 must pass before it is loaded is :mod:`creditaudit.run.resume`'s job.
 """
 
@@ -151,6 +152,13 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
         return RunRecordError(f"cannot resume: no run at {run_dir}")
     # e.g. --epochs raised to extend a run: another schedule, so another run id
     _, other, record, differ = nearest
+    if not record.is_finished and _same_run_now(record, run_dir.name):
+        return RunRecordError(
+            f"cannot resume: {other} is {record.status}, and it is the run of this config: "
+            f"its {', '.join(differ)} computes what the default does, so this version of "
+            f"creditaudit names it {run_dir.name}, and the version that started it named it "
+            f"{other.name}; resume it with that version, or train this config without "
+            f"{RESUME}")
     values = ", ".join(f"{key}={config_value(record.config, key)!r} "
                        f"(not {config_value(config, key)!r})" for key in differ)
     data = record.data
@@ -168,6 +176,18 @@ def no_run_to_resume(config: RunConfig, run_dir: Path, identity: DataIdentity,
         f"cannot resume: no run at {run_dir}; {other} is {record.status} with {values}, "
         f"another run (the run id covers every option that changes what is computed"
         f"{covers}): {advice}train this config without {RESUME}")
+
+
+def _same_run_now(record: RunRecord, run_id: str) -> bool:
+    """Whether ``record``'s config, planned now, is the run ``run_id``: a run an earlier
+    version named otherwise (e.g. ``data.train_subset`` equal to the whole training split,
+    a run of its own before the IDX headers gave the split's size)."""
+    from creditaudit.run.plan import plan_run
+
+    try:
+        return plan_run(record.config).run_id == run_id
+    except Exception:  # noqa: BLE001 - a config that cannot be planned now is another run
+        return False
 
 
 def _default_dtype() -> str:

@@ -199,6 +199,25 @@ def nan_weights_after(epoch: int):  # noqa: ANN201 - a Trainer.train_epoch repla
     return overflow
 
 
+def nan_weights_before(epoch: int):  # noqa: ANN201 - a Trainer.train_epoch replacement
+    """A ``Trainer.train_epoch`` that fills every weight with NaN as epoch ``epoch`` starts:
+    its first step's loss is not finite, so the run diverges there, unevaluated."""
+    import torch
+
+    from creditaudit.run.trainer import Trainer
+
+    original = Trainer.train_epoch
+
+    def overflow(self, n):  # noqa: ANN001, ANN202
+        if n == epoch:
+            with torch.no_grad():
+                for parameter in self.model.parameters():
+                    parameter.fill_(float("nan"))
+        return original(self, n)
+
+    return overflow
+
+
 def interrupted_at(monkeypatch, epoch: int) -> None:  # noqa: ANN001 - pytest's MonkeyPatch
     """Ctrl-C when the trainer starts epoch ``epoch`` (a KeyboardInterrupt out of
     ``Trainer.train_epoch``)."""

@@ -13,7 +13,7 @@ from creditaudit.protocol.checks import margin_pp
 from creditaudit.protocol.records import record_report, record_verdict
 from creditaudit.records import load_record
 from creditaudit.run.trainer import Trainer, train
-from integrity_support import nan_weights_after
+from integrity_support import nan_weights_after, nan_weights_before
 from test_protocol import tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -56,3 +56,27 @@ def test_report_rejudges_d_of_an_earlier_record_on_the_last_finite_accuracy(
     d = record_report(record, frozen_acc=0.3, frozen_runs=1).diagnostic("d")
     assert d.value == margin_pp(record.final_acc, 0.3)
     assert record_verdict(record, frozen_acc=0.3, frozen_runs=1).margin_pp == d.value
+
+
+def test_report_rejudges_d_of_a_protocol_epoch_before_the_divergence_on_its_own_accuracy(
+        tmp_path):
+    """protocol_every=2 of 5 epochs, diverged in epoch 4's steps: the protocol last judged
+    epoch 2 (finite), and the run's headline accuracy is epoch 3's. `report` against
+    frozen-blocks runs re-judged (d) on epoch 3's accuracy beside epoch 2's (a)-(c) and
+    accuracy column: the same baseline as diagnostics.frozen_acc gave another margin."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch", nan_weights_before(4))
+        result = train(tiny_config(tmp_path, **{
+            "optim.epochs": 5, "diagnostics.protocol_every": 2,
+            "diagnostics.frozen_acc": 0.2, "diagnostics.end_of_run": False}))
+    record = load_record(result.run_dir)
+    assert record.status == "diverged"
+    assert (record.protocol.epoch, record.numbers_epoch) == (2, 3)
+    judged = record.entry(2).acc_eval
+    assert judged != record.final_acc
+    recorded = record.protocol.report["diagnostics"]["d"]["value"]
+    assert recorded == margin_pp(judged, 0.2)
+    report = record_report(record, frozen_acc=0.2, frozen_runs=1)
+    assert report.metadata["headline_acc"] == judged
+    assert report.diagnostic("d").value == recorded
+    assert record_verdict(record, frozen_acc=0.2, frozen_runs=1).margin_pp == recorded

@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -523,6 +524,18 @@ def test_a_max_pool_after_a_relu_is_verified_module_by_module():
     assert check.verified and check.how == "modules", check
 
 
+def kinked(kink: nn.Module, side: int) -> tuple[nn.Module, Tensor, Tensor]:
+    """(conv → ReLU → ``kink`` → conv → ReLU → linear adapted with the ReLUs as states, x, y):
+    ``side`` is the width of ``kink``'s output (4 ×4 inputs)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), kink,
+                            nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(8 * side * side, CLASSES))
+        x, y = torch.randn(16, 3, 4, 4), torch.randint(0, CLASSES, (16,))
+    return adapt(net, ["1", "4"], example=x[:4]), x, y
+
+
 @pytest.mark.parametrize("after", ["max-pool", "relu"])
 def test_a_state_at_a_relus_zeros_before_a_kink_is_verified_state_by_state(after):
     """States at ReLU outputs (VGG's conv → ReLU → max-pool, adapted with the ReLUs as
@@ -530,18 +543,75 @@ def test_a_state_at_a_relus_zeros_before_a_kink_is_verified_state_by_state(after
     on a kink at the data: a plain autograd network was refused as "the backward between
     h_0 and … is not the gradient of the forward (… a torch.autograd.Function with its own
     backward …?)". The states are checked just beside the data too, as the inputs are."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        kink = nn.MaxPool2d(2) if after == "max-pool" else nn.ReLU()
-        side = 2 if after == "max-pool" else 4
-        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), kink,
-                            nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
-                            nn.Linear(8 * side * side, CLASSES))
-        x, y = torch.randn(16, 3, 4, 4), torch.randint(0, CLASSES, (16,))
-    model = adapt(net, ["1", "4"], example=x[:4])
+    model, x, y = kinked(nn.MaxPool2d(2) if after == "max-pool" else nn.ReLU(),
+                         2 if after == "max-pool" else 4)
     check = check_reference(model, model.forward_states, x, y,
                             forward_from=model.forward_from)
     assert check.verified and check.how == "states", check
+
+
+class TiedMaxPool(torch.autograd.Function):
+    """2×2 max-pool whose backward gives each window's gradient to every input equal to its
+    max (``dx = (x == max) * dy``, as code written from scratch does): the gradient where no
+    window is tied, 4× it in a window of zeros."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        out = F.max_pool2d(x, 2)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        x, out = ctx.saved_tensors
+        spread = {"scale_factor": 2, "mode": "nearest"}
+        return (x == F.interpolate(out, **spread)).to(x.dtype) * F.interpolate(grad, **spread)
+
+
+class ReluAtZero(torch.autograd.Function):
+    """ReLU whose backward at an input exactly 0 is ``slope`` × the output's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, slope: float) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.slope = slope
+        return x.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return grad * ((x > 0).to(x.dtype) + ctx.slope * (x == 0).to(x.dtype)), None
+
+
+class Applied(nn.Module):
+    def __init__(self, function: type[torch.autograd.Function], *args: float) -> None:
+        super().__init__()
+        self.function, self.args = function, args
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.function.apply(x, *self.args)
+
+
+@pytest.mark.parametrize(("kink", "side", "gradient"), [
+    (Applied(TiedMaxPool), 2, False), (Applied(ReluAtZero, 6.0), 4, False),
+    (Applied(ReluAtZero, -2.0), 4, False), (Applied(ReluAtZero, 1.0), 4, True)],
+    ids=["tied-max-pool", "relu-6x-at-0", "relu-minus-2x-at-0", "relu-1-at-0"])
+def test_a_backward_wrong_only_at_a_states_zeros_is_refused(kink, side, gradient):
+    """The second look beside a state at a ReLU's zeros verified a backward that is the
+    gradient everywhere but on those zeros — where the data puts every one of them: a
+    hand-written max-pool giving every tied 0 its window's gradient (∂CE/∂h_0 at cos 0.92
+    with torch's), a ReLU Function whose backward at 0 is 6× or −2× the output's. At the
+    zeros a backward must be one side's slope along them; a ReLU's backward of 1 at 0 (the
+    upper side's, a subgradient as torch's 0 is) is verified."""
+    model, x, y = kinked(kink, side)
+    if gradient:
+        check = check_reference(model, model.forward_states, x, y,
+                                forward_from=model.forward_from)
+        assert check.verified and check.how == "states", check
+        return
+    with pytest.raises(ReferenceGradientError, match="the backward between h_0 and h_1 is "
+                       "not the gradient of the forward"):
+        check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
 
 
 def test_a_hook_on_the_states_path_only_is_still_refused_beside_a_kink():

@@ -28,7 +28,8 @@ FA by 0.4–0.6 along the gradient's own direction. The probes are the samples w
 largest loss (the least saturated) among the first :data:`PROBE_POOL`, moved off the ties of
 real data (:func:`_off_ties`); a state that disagrees is checked again just beside it where
 it sits on a kink itself (states at a ReLU's zeros), through ``forward_from``, when that
-backward at the state is the one ``states_fn`` gives (:func:`_same_backward`).
+backward at the state is the one ``states_fn`` gives (:func:`_same_backward`), and on the
+state along its zeros against the slope of each side (:func:`_zeros_verdicts`).
 
 The state-by-state check runs on a float64 copy of the model
 (:mod:`creditaudit.measures.model_copies`; :func:`_float64_contract`); the credit-quality
@@ -62,6 +63,12 @@ from creditaudit.measures.directions import unit_directions
 from creditaudit.measures.gradients import StatesFn
 from creditaudit.measures.model_copies import KEEP_DTYPE, StatesNet, model_copy
 from creditaudit.measures.reference_as_used import check_as_used
+from creditaudit.measures.reference_kinks import (
+    _gradient_from,
+    _same_backward,
+    _step_scale,
+    _zeros_verdicts,
+)
 from creditaudit.measures.reference_modules import (
     FIX,
     ReferenceGradientError,
@@ -255,7 +262,11 @@ def _check_states(work: StatesNet, x64: Tensor, ys: Tensor) -> ReferenceCheck:
             own_, random_ = _state_verdicts(work, layer, moved,
                                             _gradient_from(work, layer, moved, ys), ys,
                                             floor, generator)
-            disagrees = _disagree(own_) or _disagree(random_)
+            # beside it the backward is the gradient; on the kink it must be one of its
+            # sides' (a hand-written max-pool giving every tied zero its window's gradient
+            # is the gradient beside the zeros, not on them)
+            disagrees = (_disagree(own_) or _disagree(random_)
+                         or _disagree(_zeros_verdicts(work, layer, h, g, ys, floor)))
         return disagrees, bool((own != 0).any()) or bool((random != 0).any())
 
     ends = {layer: verdict(layer) for layer in sorted({0, last})}
@@ -267,27 +278,6 @@ def _check_states(work: StatesNet, x64: Tensor, ys: Tensor) -> ReferenceCheck:
         return _scan_or_raise(work, lambda: work.forward_states(x64), "")
     return ReferenceCheck(True, "states", "∂CE/∂h_l agrees with float64 central differences "
                           "of the loss at h_0 and h_L")
-
-
-def _gradient_from(work: StatesNet, layer: int, h: Tensor, y: Tensor) -> Tensor:
-    """∂CE/∂h of the network run on from state ``h`` ``(k, …)`` at ``layer`` (labels ``y``)
-    through ``work.forward_from``: zero where the loss does not depend on it."""
-    with torch.enable_grad():
-        h = h.detach().requires_grad_(True)
-        loss = F.cross_entropy(work.forward_from(layer, h), y, reduction="sum")
-        (g,) = torch.autograd.grad(loss, [h], allow_unused=True)
-    return torch.zeros_like(h) if g is None else g.detach()
-
-
-def _same_backward(g: Tensor, other: Tensor) -> bool:
-    """Whether two float64 gradients ``(k, …)`` at the same state are the same backward's,
-    per probe up to rounding (1e-9 of the larger norm): ``forward_states``' and
-    ``forward_from``'s, which a hook or a ``torch.autograd.Function`` in one only would set
-    apart. NaN/Inf anywhere is not the same."""
-    diff = torch.linalg.vector_norm((g - other).flatten(1), dim=1)
-    scale = torch.maximum(torch.linalg.vector_norm(g.flatten(1), dim=1),
-                          torch.linalg.vector_norm(other.flatten(1), dim=1))
-    return bool((diff <= 1e-9 * scale).all())
 
 
 def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor,
@@ -305,8 +295,7 @@ def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor
     backward = torch.einsum("kd,kmd->km", flat_g, v).flatten()
     sample = torch.arange(k, device=h.device).repeat_interleave(m)  # each comparison's probe
     directions = v.flatten(0, 1)
-    h_norm = torch.linalg.vector_norm(flat_h, dim=1)
-    h_norm = torch.where(h_norm > 0, h_norm, torch.ones_like(h_norm))  # a zero state: absolute
+    h_norm = _step_scale(flat_h)
 
     def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
         probe = sample[which.to(h.device)]

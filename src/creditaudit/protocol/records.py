@@ -47,6 +47,15 @@ def untrained(record: RunRecord) -> bool:
     return epoch == 0 and record.status != "diverged"
 
 
+def judged_diverged_epoch(record: RunRecord) -> bool:
+    """Whether ``record``'s protocol last judged the epoch its run diverged in (past the
+    last finite one, :attr:`~creditaudit.records.RunRecord.numbers_epoch`), whose (d)
+    judges that last finite accuracy; one judged before (``protocol_every`` > 1) its own."""
+    epoch = record.protocol.epoch
+    return (record.status == "diverged" and epoch is not None
+            and (record.numbers_epoch is None or epoch > record.numbers_epoch))
+
+
 def before_training(result: DiagnosticResult) -> DiagnosticResult:
     """``result`` as judged on an untrained network (a run's epoch 0): not evaluated when
     its diagnostic means nothing before training (``before_training`` False), as records
@@ -275,9 +284,7 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
     if own:
         report.metrics = {**(report.metrics or {}), **own}
     if frozen_acc is not None and not is_frozen_baseline(record):
-        # a diverged run's headline is its last finite accuracy (an earlier version judged
-        # the diverged epoch's own, the share of the one class an overflowed net predicts)
-        headline = (record.final_acc if record.status == "diverged"
+        headline = (record.final_acc if judged_diverged_epoch(record)
                     else report.metadata.get("headline_acc"))
         if headline is None:
             headline = record.final_acc

@@ -28,8 +28,8 @@ FA by 0.4–0.6 along the gradient's own direction. The probes are the samples w
 largest loss (the least saturated) among the first :data:`PROBE_POOL`, moved off the ties of
 real data (:func:`_off_ties`); a state that disagrees is checked again just beside it where
 it sits on a kink itself (states at a ReLU's zeros), through ``forward_from``, when that
-backward at the state is the one ``states_fn`` gives (:func:`_same_backward`), and on the
-state along its zeros against the slope of each side (:func:`_zeros_verdicts`).
+backward at the state is the one ``states_fn`` gives (:func:`same_backward`), and on the
+state along its zeros against the slope of each side (:func:`zeros_verdicts`).
 
 The state-by-state check runs on a float64 copy of the model
 (:mod:`creditaudit.measures.model_copies`; :func:`_float64_contract`); the credit-quality
@@ -64,10 +64,10 @@ from creditaudit.measures.gradients import StatesFn
 from creditaudit.measures.model_copies import KEEP_DTYPE, StatesNet, model_copy
 from creditaudit.measures.reference_as_used import check_as_used
 from creditaudit.measures.reference_kinks import (
-    _gradient_from,
-    _same_backward,
-    _step_scale,
-    _zeros_verdicts,
+    gradient_from,
+    same_backward,
+    step_scale,
+    zeros_verdicts,
 )
 from creditaudit.measures.reference_modules import (
     FIX,
@@ -255,18 +255,18 @@ def _check_states(work: StatesNet, x64: Tensor, ys: Tensor) -> ReferenceCheck:
         g = torch.zeros_like(h) if g is None else g
         own, random = _state_verdicts(work, layer, h, g, ys, floor, generator)
         disagrees = _disagree(own) or _disagree(random)
-        if disagrees and _same_backward(g, _gradient_from(work, layer, h, ys)):
+        if disagrees and same_backward(g, gradient_from(work, layer, h, ys)):
             # A state may sit on a kink of what follows it (a ReLU's zeros into a max-pool
             # or another ReLU), as real inputs do: check just beside it too.
             moved = off_ties(h, PROBE_JITTER)
             own_, random_ = _state_verdicts(work, layer, moved,
-                                            _gradient_from(work, layer, moved, ys), ys,
+                                            gradient_from(work, layer, moved, ys), ys,
                                             floor, generator)
             # beside it the backward is the gradient; on the kink it must be one of its
             # sides' (a hand-written max-pool giving every tied zero its window's gradient
             # is the gradient beside the zeros, not on them)
             disagrees = (_disagree(own_) or _disagree(random_)
-                         or _disagree(_zeros_verdicts(work, layer, h, g, ys, floor)))
+                         or _disagree(zeros_verdicts(work, layer, h, g, ys, floor)))
         return disagrees, bool((own != 0).any()) or bool((random != 0).any())
 
     ends = {layer: verdict(layer) for layer in sorted({0, last})}
@@ -295,7 +295,7 @@ def _state_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor
     backward = torch.einsum("kd,kmd->km", flat_g, v).flatten()
     sample = torch.arange(k, device=h.device).repeat_interleave(m)  # each comparison's probe
     directions = v.flatten(0, 1)
-    h_norm = _step_scale(flat_h)
+    h_norm = step_scale(flat_h)
 
     def difference(delta: float, which: Tensor) -> tuple[Tensor, Tensor]:
         probe = sample[which.to(h.device)]

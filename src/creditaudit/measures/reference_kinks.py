@@ -2,9 +2,9 @@
 (:mod:`creditaudit.measures.reference_check`): states taken at ReLU outputs hold exact
 zeros whatever the input, and the max-pool or ReLU after them is tied there. Beside the
 state the backward is compared with central differences through ``forward_from`` (once
-that backward at the state is the one ``states_fn`` gives: :func:`_same_backward`); on the
+that backward at the state is the one ``states_fn`` gives: :func:`same_backward`); on the
 state itself, along its zeros, with the slope of each side of the kink
-(:func:`_zeros_verdicts`)."""
+(:func:`zeros_verdicts`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from creditaudit.measures.central_differences import _compared
 from creditaudit.measures.model_copies import StatesNet
 
 
-def _gradient_from(work: StatesNet, layer: int, h: Tensor, y: Tensor) -> Tensor:
+def gradient_from(work: StatesNet, layer: int, h: Tensor, y: Tensor) -> Tensor:
     """∂CE/∂h of the network run on from state ``h`` ``(k, …)`` at ``layer`` (labels ``y``)
     through ``work.forward_from``: zero where the loss does not depend on it."""
     with torch.enable_grad():
@@ -26,7 +26,7 @@ def _gradient_from(work: StatesNet, layer: int, h: Tensor, y: Tensor) -> Tensor:
     return torch.zeros_like(h) if g is None else g.detach()
 
 
-def _same_backward(g: Tensor, other: Tensor) -> bool:
+def same_backward(g: Tensor, other: Tensor) -> bool:
     """Whether two float64 gradients ``(k, …)`` at the same state are the same backward's,
     per probe up to rounding (1e-9 of the larger norm): ``forward_states``' and
     ``forward_from``'s, which a hook or a ``torch.autograd.Function`` in one only would set
@@ -37,14 +37,14 @@ def _same_backward(g: Tensor, other: Tensor) -> bool:
     return bool((diff <= 1e-9 * scale).all())
 
 
-def _step_scale(flat_h: Tensor) -> Tensor:
+def step_scale(flat_h: Tensor) -> Tensor:
     """What the relative steps of a state ``(k, D)`` scale with, per probe ``(k,)``: its
     norm, or 1 for a zero state (steps absolute)."""
     h_norm = torch.linalg.vector_norm(flat_h, dim=1)
     return torch.where(h_norm > 0, h_norm, torch.ones_like(h_norm))
 
 
-def _zeros_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor,
+def zeros_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor,
                     floor: Tensor) -> Tensor:
     """Verdicts ``(k,)`` of the backward ``g`` at state ``h`` ``(k, …)`` along w, the unit
     direction that moves its exact zeros alike (0 for a probe without any): a kink there
@@ -57,7 +57,7 @@ def _zeros_verdicts(work: StatesNet, layer: int, h: Tensor, g: Tensor, y: Tensor
     count = zeros.sum(dim=1)
     w = (zeros / count.clamp_min(1).sqrt().unsqueeze(1)).view_as(h)
     backward = (g * w).flatten(1).sum(dim=1).cpu()
-    h_norm = _step_scale(flat_h)
+    h_norm = step_scale(flat_h)
     with torch.no_grad():
         at_h = F.cross_entropy(work.forward_from(layer, h), y, reduction="none")
 

@@ -240,6 +240,10 @@ def test_a_stack_killed_while_it_measures_resumes_as_one_stack(tmp_path, monkeyp
     dirs = [Path(c.run.out_dir) / run_id(c) for c in killed]
     assert [load_checkpoint(d / CHECKPOINT_FILE)["epoch"] for d in dirs] == [1, 1]
     assert [[e.epoch for e in load_record(d).log] for d in dirs] == [[0, 1], [0, 1]]
+    # and each record says what its checkpoint holds: the first run, measured before the
+    # interrupt, kept in its record the protocol state of its epoch 2, which neither its
+    # log nor its checkpoint holds (protocol.epoch 2 beside a log ending at epoch 1)
+    assert [load_record(d).protocol.epoch for d in dirs] == [1, 1]
     resumed = train_stacked(killed, resume=True)
     for a, r in zip(straight, resumed, strict=True):
         assert r.record.resumed[0].environment["execution"]["stacked_runs"] == 2

@@ -36,7 +36,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.methods.base import all_finite
 from creditaudit.methods.footprint import nonfinite_part
 from creditaudit.models.contract import measurement_mode
-from creditaudit.protocol import evaluate_protocol
+from creditaudit.protocol import DiagnosticReport, evaluate_protocol
 from creditaudit.protocol.records import record_metadata
 from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import (
@@ -70,10 +70,18 @@ def protocol_due(epoch: int, every: int, last_epoch: int | None) -> bool:
 def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
                     protocol: Protocol, frozen_acc: float | None,
                     terminal_ln: bool | None) -> None:
+    """:func:`judge_protocol`, then :func:`note_protocol` in ``record``."""
+    note_protocol(record, entry.epoch, judge_protocol(
+        record, entry, sg, protocol=protocol, frozen_acc=frozen_acc, terminal_ln=terminal_ln))
+
+
+def judge_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
+                   protocol: Protocol, frozen_acc: float | None,
+                   terminal_ln: bool | None) -> DiagnosticReport:
     """Evaluate the protocol on an epoch's own measures (``entry.measures``) and gradients
     ``sg`` (no second backward): its statuses and verdict (judged with
-    ``record.reference``, the check made when the run started) go into ``entry``, the report
-    and the first epoch each diagnostic fired into ``record.protocol``. ``frozen_acc``: the
+    ``record.reference``, the check made when the run started) go into ``entry``; the report
+    is returned, for :func:`note_protocol` (``record`` is only read). ``frozen_acc``: the
     baseline of (d) (a fraction, None = not evaluated); ``terminal_ln``: whether the model
     ends in a LayerNorm, as the model says. The norms of the run's epoch 0 (the network at
     initialisation, when recorded) let (a) judge the growth before h_0; at epoch 0 itself
@@ -99,6 +107,13 @@ def record_protocol(record: RunRecord, entry: EpochEntry, sg: StateGradients, *,
         initial_hidden_norms=initial, trained=epoch > 0)
     entry.protocol = {r.id: r.status for r in report.diagnostics}
     entry.verdict = report.verdict
+    return report
+
+
+def note_protocol(record: RunRecord, epoch: int, report: DiagnosticReport) -> None:
+    """Keep epoch ``epoch``'s protocol ``report`` (:func:`judge_protocol`'s) in
+    ``record.protocol``: the latest report and verdict, and the first epoch each diagnostic
+    fired."""
     state = record.protocol
     if not state.first_fired:
         state.first_fired = dict.fromkeys(r.id for r in report.diagnostics)

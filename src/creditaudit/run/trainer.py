@@ -16,8 +16,9 @@ run's folder says before training (finished, resume, start over) from
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -50,9 +51,10 @@ from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.record_keeping import RecordKeeping
 from creditaudit.run.results import (
     finite_entry,
+    judge_protocol,
     note_credit_not_finite,
+    note_protocol,
     protocol_due,
-    record_protocol,
     reference_at_start,
     rule_extras,
     training_state_fault,
@@ -148,6 +150,11 @@ class Trainer(RecordKeeping):
         self.init_digest: str | None = None  # init.pt's, kept in every checkpoint
         self.loggers = LoggerGroup([])
         self.resuming = False  # set by start()
+        # What measuring an epoch found for the record as a whole (its protocol state, the
+        # first epoch of non-finite credits), noted in it with the epoch's entry: a run
+        # interrupted in between (a stack's, while another run measures) records nothing
+        # of an epoch its log and checkpoint lack
+        self._found: list[Callable[[], None]] = []
 
     # --- persistence --------------------------------------------------------------------
     @property
@@ -209,19 +216,29 @@ class Trainer(RecordKeeping):
         every = self.config.diagnostics.every
         protocol_due = self._protocol_due(epoch)
         known = sg = measures = None
+        self._found = []
         if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
             measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
-            note_credit_not_finite(self.record, self.rule, epoch, measures.cos_invalid)
+            self._found.append(partial(note_credit_not_finite, self.record, self.rule, epoch,
+                                       measures.cos_invalid))
             known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
         evaluation = self.test_evaluation if known is not None else self.full_evaluation
         test_loss, test_acc = evaluation.run(self.model, self.device, known)
         entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc,
                            measures=measures)
         if protocol_due and sg is not None:
-            record_protocol(self.record, entry, sg, protocol=self.protocol,
-                            frozen_acc=self.config.diagnostics.frozen_acc,
-                            terminal_ln=self.model.terminal_ln)
+            report = judge_protocol(self.record, entry, sg, protocol=self.protocol,
+                                    frozen_acc=self.config.diagnostics.frozen_acc,
+                                    terminal_ln=self.model.terminal_ln)
+            self._found.append(partial(note_protocol, self.record, epoch, report))
         return entry
+
+    def _log_measured(self, entry: EpochEntry) -> None:
+        """Add :meth:`measure`'s ``entry`` to the record's log, with what it found."""
+        self.record.log.append(entry)
+        for note in self._found:
+            note()
+        self._found = []
 
     def _protocol_due(self, epoch: int) -> bool:
         return protocol_due(epoch, self.config.diagnostics.protocol_every,
@@ -323,7 +340,7 @@ class Trainer(RecordKeeping):
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
                                config_to_toml(self.config).encode())
             self.init_digest = write_initial(self.run_dir, self.model)
-            self.record.log.append(self._with_lr(self.measure(0), seconds=0.0))
+            self._log_measured(self._with_lr(self.measure(0), seconds=0.0))
             self._write()
             self.checkpoint(0)
             self.loggers.log_epoch(self.record.log[-1])
@@ -356,7 +373,7 @@ class Trainer(RecordKeeping):
         if entry is None:
             self.record.status = "diverged"
             return "diverged"
-        self.record.log.append(entry)
+        self._log_measured(entry)
         reason = ("non-finite evaluation loss or state norms" if not finite_entry(entry)
                   else training_state_fault(self.model, self.optimizer))
         if reason is not None:

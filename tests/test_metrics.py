@@ -223,6 +223,23 @@ def test_rho_positive_and_negative_controls(trained_tiny):
     assert controls["bp"][0] >= 0.99 and abs(controls["random"][0]) < 0.05
 
 
+def test_rho_of_a_credit_zero_at_every_sample_is_not_measurable(trained_tiny):
+    """A layer whose credit is exactly zero (a block a rule leaves untrained) has ρ NaN — a
+    zero credit predicts no loss change — while its BP control passes; the record said
+    rho_measurable True there, so nothing said why ρ was NaN. It is now not measurable, and
+    the other layers' ρ and every control are what they were."""
+    model, x, y = trained_tiny
+    grads = bp_state_gradients(model, x, y)
+    zeroed = [torch.zeros_like(g) if layer == 1 else g for layer, g in enumerate(grads)]
+    table = rho_table(model, x, y, zeroed, n_directions=4, n_samples=64, seed=3)
+    full = rho_table(model, x, y, grads, n_directions=4, n_samples=64, seed=3)
+    assert math.isnan(table["rho"][1]) and table["bp"][1] >= 0.99
+    assert table["measurable"] == [True, False, True]
+    assert table["rho"][0::2] == full["rho"][0::2] and table["bp"] == full["bp"]
+    assert rho_table(model, x, y, None, n_directions=4, n_samples=64,
+                     seed=3)["measurable"] == [True, True, True]  # controls alone
+
+
 @pytest.mark.parametrize("scale", [1e-200, 1e200])
 def test_rho_and_its_error_are_scale_free_at_float64_extremes(scale):
     # a float64 credit of 1e200 scored ρ = 0.0 (its sums of squares overflowed), one of

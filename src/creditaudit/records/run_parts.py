@@ -83,7 +83,12 @@ class EndOfRun:
         "perturbation correlation ρ_l of the credit (float64)", domain=CORRELATION)
     rho_controls: dict[str, list[float]] | None = doc("ρ of the BP and of a random credit",
                                                       domain=CORRELATION)
-    rho_measurable: list[bool] | None = doc("per state: BP control ρ ≥ 0.9")
+    rho_measurable: list[bool] | None = doc(
+        "per state: whether perturbation_rho measures the credit there: the BP control's ρ "
+        "≥ 0.9 (else the precision or the reference fails) and the credit's ρ is a number "
+        "(a credit zero at every sample, as at a block the rule leaves untrained, predicts "
+        "no loss change: its ρ is NaN); records from before the second condition state "
+        "only the first")
     rho_samples: int | None = doc(
         "samples used for ρ: rho_samples_asked, or ⌊rho_budget_flops / rho_sample_flops⌋ "
         "where that is fewer (never below 8)", domain=NONNEGATIVE)

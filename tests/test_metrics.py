@@ -17,7 +17,7 @@ from creditaudit.measures import null as null_module
 from creditaudit.measures import perturbation
 from creditaudit.measures.alignment import gamma_aggregations, layer_cosine_table
 from creditaudit.measures.drift import feature_drift
-from creditaudit.measures.nudging import nudging_deltas
+from creditaudit.measures.nudging import nudging_deltas, nudging_table
 from creditaudit.measures.null import fresh_feedback_null
 from creditaudit.measures.perturbation import (
     SAMPLE_CHUNK,
@@ -154,6 +154,29 @@ def test_nudging_is_scale_free_and_a_zero_credit_does_not_move():
     moved = nudging_deltas(model, x, y, [a, a, zero_row], etas=(0.1,))["0.1"][1]
     assert moved == pytest.approx(base[1])
     assert nudging_deltas(model, x, y, [a, a * 0, a * 0], etas=(0.1,))["0.1"] == [0.0, 0.0]
+
+
+def test_nudging_below_the_precisions_resolution_is_not_measurable_not_zero():
+    """A float64 readout scaled by 1e-150: every step moves the mean loss by far less than
+    a float64 step of it, and Δ read 0.0 — a measured "no change" — for the credit and its
+    BP control alike. Where even the BP step is not resolved every credit's Δ is NaN; a
+    zero credit (which truly does not move) beside a resolved BP step still reads 0.0."""
+    from creditaudit.measures.perturbation import BP_CREDIT
+
+    torch.manual_seed(0)
+    model = ResidualMLP(4, 4, 3, 2, out_ln=False).double().eval()  # no LN to rescale it
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    a = torch.randn(6, 4, dtype=torch.float64)
+    credits, zero = [a, a, a], [a * 0] * 3
+    rule, bp, still = nudging_table(model, x, y, [credits, BP_CREDIT, zero], (0.1,))
+    assert all(math.isfinite(v) and v != 0 for v in rule["0.1"])
+    assert all(v < 0 for v in bp["0.1"]) and still["0.1"] == [0.0, 0.0]
+    with torch.no_grad():
+        model.out_head.weight.mul_(1e-150)
+        model.out_head.bias.zero_()
+    assert nudging_deltas(model, x, y, credits, etas=(0.1,))["0.1"] == [0.0, 0.0]  # alone
+    for deltas in nudging_table(model, x, y, [credits, BP_CREDIT, zero], (0.1,)):
+        assert all(math.isnan(v) for v in deltas["0.1"])
 
 
 def test_nudging_is_the_same_for_any_chunking_of_the_evaluation_set():

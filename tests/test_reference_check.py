@@ -430,6 +430,20 @@ def test_rho_of_a_credit_without_a_direction_is_shown_invalid_with_its_own_reaso
     assert len(lines) == 4 and "BP control" not in lines[3]
 
 
+def test_nudging_not_measurable_is_shown_with_the_reason():
+    """Nudging NaN where even the BP step is below the precision's resolution (it read 0.0,
+    a measured no-change, before) is named as not measurable, per η and layer."""
+    metrics = {"bp_cosine": [1.0, 1.0, 1.0], "cosine_controls": {"random": [0.0, 0.0, 0.0]},
+               "nudging": {"0.01": [math.nan, -1e-3], "0.1": [-2e-2, -1e-2]},
+               "nudging_controls": {"bp": {"0.01": [math.nan, -2e-3], "0.1": [-3e-2, -2e-2]}}}
+    lines = metrics_lines(metrics)
+    assert lines[2] == "  nudging η=0.01  Δ [—, -1.00e-03]  BP [—, -2.00e-03]"
+    assert lines[3].startswith("  nudging η=0.01 not measurable at layer 1: there even the "
+                               "BP step changes the loss by less than the working precision "
+                               "resolves")
+    assert lines[4].startswith("  nudging η=0.1  Δ") and len(lines) == 5
+
+
 def test_nudging_rows_read_as_numbers_not_as_a_python_list_of_strings():
     """The nudging line shows its Δ and BP rows as the other rows do ([+1.00e-03, …]); it
     printed Python's repr of a list of strings (['+1.00e-03', …]) before."""

@@ -355,6 +355,15 @@ def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = Non
     for eta, deltas in metrics.get("nudging", {}).items():
         bp = metrics.get("nudging_controls", {}).get("bp", {}).get(eta)
         lines.append(f"  nudging η={eta}  Δ {row(deltas, '+.2e')}  BP {row(bp, '+.2e')}")
+        # Δ per deep layer 1 … L: NaN with the BP control's NaN is not measurable
+        unresolved = [str(layer) for layer, (value, control)
+                      in enumerate(zip(deltas or [], bp or []), start=1)
+                      if finite_number(value) is None and finite_number(control) is None]
+        if unresolved:
+            lines.append(
+                f"  nudging η={eta} not measurable at layer {', '.join(unresolved)}: there "
+                "even the BP step changes the loss by less than the working precision "
+                "resolves, so no Δ there says anything about the credit — not a Δ of 0")
     null = metrics.get("fresh_b_null")
     if null:  # a key a record lacks (or an undefined value) is shown as —
         lines.append(f"  fresh-B null    deep cos {mark(fmt(null.get('training_value'), '+.4f'))}"

@@ -17,7 +17,7 @@ from creditaudit.measures import null as null_module
 from creditaudit.measures import perturbation
 from creditaudit.measures.alignment import gamma_aggregations, layer_cosine_table
 from creditaudit.measures.drift import feature_drift
-from creditaudit.measures.nudging import nudging_deltas
+from creditaudit.measures.nudging import nudging_deltas, nudging_table
 from creditaudit.measures.null import fresh_feedback_null
 from creditaudit.measures.perturbation import (
     SAMPLE_CHUNK,
@@ -156,6 +156,29 @@ def test_nudging_is_scale_free_and_a_zero_credit_does_not_move():
     assert nudging_deltas(model, x, y, [a, a * 0, a * 0], etas=(0.1,))["0.1"] == [0.0, 0.0]
 
 
+def test_nudging_below_the_precisions_resolution_is_not_measurable_not_zero():
+    """A float64 readout scaled by 1e-150: every step moves the mean loss by far less than
+    a float64 step of it, and Δ read 0.0 — a measured "no change" — for the credit and its
+    BP control alike. Where even the BP step is not resolved every credit's Δ is NaN; a
+    zero credit (which truly does not move) beside a resolved BP step still reads 0.0."""
+    from creditaudit.measures.perturbation import BP_CREDIT
+
+    torch.manual_seed(0)
+    model = ResidualMLP(4, 4, 3, 2, out_ln=False).double().eval()  # no LN to rescale it
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    a = torch.randn(6, 4, dtype=torch.float64)
+    credits, zero = [a, a, a], [a * 0] * 3
+    rule, bp, still = nudging_table(model, x, y, [credits, BP_CREDIT, zero], (0.1,))
+    assert all(math.isfinite(v) and v != 0 for v in rule["0.1"])
+    assert all(v < 0 for v in bp["0.1"]) and still["0.1"] == [0.0, 0.0]
+    with torch.no_grad():
+        model.out_head.weight.mul_(1e-150)
+        model.out_head.bias.zero_()
+    assert nudging_deltas(model, x, y, credits, etas=(0.1,))["0.1"] == [0.0, 0.0]  # alone
+    for deltas in nudging_table(model, x, y, [credits, BP_CREDIT, zero], (0.1,)):
+        assert all(math.isnan(v) for v in deltas["0.1"])
+
+
 def test_nudging_is_the_same_for_any_chunking_of_the_evaluation_set():
     # A rule's credits follow the batch-mean convention: computed in chunks of B they scale
     # with 1/B per sample. The nudging value must not depend on B.
@@ -221,6 +244,23 @@ def test_rho_positive_and_negative_controls(trained_tiny):
     assert abs(perturbation_rho(model, x, y, noise, 1)) < 0.02
     controls = rho_controls(model, x, y, layers=[2], n_directions=4, n_samples=256, seed=3)
     assert controls["bp"][0] >= 0.99 and abs(controls["random"][0]) < 0.05
+
+
+def test_rho_of_a_credit_zero_at_every_sample_is_not_measurable(trained_tiny):
+    """A layer whose credit is exactly zero (a block a rule leaves untrained) has ρ NaN — a
+    zero credit predicts no loss change — while its BP control passes; the record said
+    rho_measurable True there, so nothing said why ρ was NaN. It is now not measurable, and
+    the other layers' ρ and every control are what they were."""
+    model, x, y = trained_tiny
+    grads = bp_state_gradients(model, x, y)
+    zeroed = [torch.zeros_like(g) if layer == 1 else g for layer, g in enumerate(grads)]
+    table = rho_table(model, x, y, zeroed, n_directions=4, n_samples=64, seed=3)
+    full = rho_table(model, x, y, grads, n_directions=4, n_samples=64, seed=3)
+    assert math.isnan(table["rho"][1]) and table["bp"][1] >= 0.99
+    assert table["measurable"] == [True, False, True]
+    assert table["rho"][0::2] == full["rho"][0::2] and table["bp"] == full["bp"]
+    assert rho_table(model, x, y, None, n_directions=4, n_samples=64,
+                     seed=3)["measurable"] == [True, True, True]  # controls alone
 
 
 @pytest.mark.parametrize("scale", [1e-200, 1e200])

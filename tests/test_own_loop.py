@@ -18,7 +18,13 @@ from torch import Tensor, nn
 from creditaudit import Recorder, RunConfig, adapt, diagnose, load_record, rule
 from creditaudit.cli import main
 from creditaudit.data import load_dataset
-from creditaudit.errors import ConfigError, CreditAuditError, ModelContractError, RunRecordError
+from creditaudit.errors import (
+    ConfigError,
+    CreditAuditError,
+    ModelContractError,
+    OutputError,
+    RunRecordError,
+)
 from creditaudit.figures import RunIndex
 from creditaudit.figures.audit_panels import category
 from creditaudit.loggers import RunLogger
@@ -609,6 +615,13 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
     with pytest.raises(ConfigError, match="after the last recorded epoch 1"):
         rec.epoch(1)
     assert [e.epoch for e in load_record(tmp_path / "run").log] == [1]
+    (tmp_path / "run" / CHECKPOINT_FILE).mkdir()  # a folder under a run file's name
+    with pytest.raises(OutputError, match=f"{CHECKPOINT_FILE} is a folder where the run keeps "
+                                          "its own .* file: move it away, then create the "
+                                          "Recorder again, or pass another name="):
+        Recorder(trained, x, y, out=tmp_path, name="run", overwrite=True)
+    assert [e.epoch for e in load_record(tmp_path / "run").log] == [1]  # removed nothing
+    (tmp_path / "run" / CHECKPOINT_FILE).rmdir()
     Recorder(trained, x, y, out=tmp_path, name="run", overwrite=True)
     assert load_record(tmp_path / "run").log == []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import warnings
 from typing import Any
@@ -411,6 +412,36 @@ def test_rho_below_its_bp_control_is_shown_invalid_with_the_reason():
     metrics["rho_measurable"] = [True, True, True]
     assert len(metrics_lines(metrics)) == 3
     assert "[+0.512, +0.300, -0.200]" in metrics_lines(metrics)[2]
+
+
+@pytest.mark.parametrize("measurable", [[True, False, True], [True, True, True]])
+def test_rho_of_a_credit_without_a_direction_is_shown_invalid_with_its_own_reason(measurable):
+    """ρ NaN at a layer whose credit is zero at every sample (its BP control passes) was
+    shown as a bare "—" with nothing saying why; a record from before rho_measurable said
+    so (all True) too. Both now read invalid there, with that reason, not the BP control's."""
+    metrics = {"bp_cosine": [1.0, 1.0, 1.0], "cosine_controls": {"random": [0.0, 0.0, 0.0]},
+               "perturbation_rho": [0.512, math.nan, 0.3],
+               "rho_controls": {"bp": [0.99, 0.99, 0.99], "random": [0.0, 0.0, 0.0]},
+               "rho_measurable": measurable}
+    lines = metrics_lines(metrics)
+    assert "  ρ per layer     [+0.512, invalid, +0.300]  BP [+0.990, +0.990, +0.990]" in lines[2]
+    assert lines[3].startswith("  ρ invalid at layer 1: the credit there predicts no loss "
+                               "change (it is zero at every sample")
+    assert len(lines) == 4 and "BP control" not in lines[3]
+
+
+def test_nudging_not_measurable_is_shown_with_the_reason():
+    """Nudging NaN where even the BP step is below the precision's resolution (it read 0.0,
+    a measured no-change, before) is named as not measurable, per η and layer."""
+    metrics = {"bp_cosine": [1.0, 1.0, 1.0], "cosine_controls": {"random": [0.0, 0.0, 0.0]},
+               "nudging": {"0.01": [math.nan, -1e-3], "0.1": [-2e-2, -1e-2]},
+               "nudging_controls": {"bp": {"0.01": [math.nan, -2e-3], "0.1": [-3e-2, -2e-2]}}}
+    lines = metrics_lines(metrics)
+    assert lines[2] == "  nudging η=0.01  Δ [—, -1.00e-03]  BP [—, -2.00e-03]"
+    assert lines[3].startswith("  nudging η=0.01 not measurable at layer 1: there even the "
+                               "BP step changes the loss by less than the working precision "
+                               "resolves")
+    assert lines[4].startswith("  nudging η=0.1  Δ") and len(lines) == 5
 
 
 def test_nudging_rows_read_as_numbers_not_as_a_python_list_of_strings():

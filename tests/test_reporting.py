@@ -592,6 +592,21 @@ def test_dataset_without_runs_is_refused_naming_those_held(results, tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize("held", [(), ("config.toml",), ("init.pt",)])
+def test_a_folder_holding_no_run_records_is_refused_writing_nothing(tmp_path, capsys, held):
+    """`creditaudit report DIR` of a folder holding no runs (none, a researcher's own
+    config.toml, a starting run's init.pt) once wrote DIR/report/report.html of "0 run
+    records"; now one line says there is nothing to report, and why, and writes nothing."""
+    for name in held:
+        (tmp_path / name).write_text("x\n")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{tmp_path} holds no run records (record.json below it)" in err
+    assert ("of a run that has not written its record yet" in err) == ("init.pt" in held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(held)
+
+
 @pytest.mark.parametrize("command", ["report", "figures"])
 def test_empty_or_file_results_path_is_refused(tmp_path, capsys, monkeypatch, command):
     """An empty RESULTS_DIR once read the current folder silently."""

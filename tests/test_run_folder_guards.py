@@ -209,6 +209,29 @@ def test_a_record_changed_after_it_was_written_is_never_served_audited_or_report
     assert result.record.run_id == finished.run.run_dir.name
 
 
+@pytest.mark.parametrize("name", ["checkpoint.pt", "init.pt", "config.toml"])
+def test_force_refuses_a_folder_named_as_a_run_file_before_removing_anything(
+        finished, tmp_path, name):
+    """A folder standing where a run keeps one of its files: `train … --force` once deleted
+    record.json and then stopped with "checkpoint.pt: it is a folder, not a file" and no
+    advice. Now one line says what to move away and how to go on; nothing is removed (the
+    folder and what it holds are no run's file)."""
+    from creditaudit.errors import OutputError
+    from creditaudit.run.trainer import train
+
+    run_dir = copy_run(finished, tmp_path)
+    (run_dir / name).unlink()
+    (run_dir / name).mkdir()
+    (run_dir / name / "notes.txt").write_text("mine\n")
+    before = snapshot(run_dir)
+    config = RunConfig().replace(**{**finished.overrides, "run.out_dir": str(run_dir.parent)})
+    with pytest.raises(OutputError) as err:
+        train(config, force=True)
+    assert str(err.value) == (f"{run_dir / name} is a folder where the run keeps its own "
+                              f"{name} file: move it away, then pass force=True again")
+    assert snapshot(run_dir) == before and (run_dir / "record.json").is_file()
+
+
 def test_a_record_reformatted_or_without_a_digest_reads_and_an_edited_one_is_a_config(
         finished, tmp_path):
     from creditaudit.records import load_record

@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "column for every setting the runs differ in), the runs that did not "
                     "finish, every figure the runs support (embedded in the HTML as PNG) and "
                     "the reporting-template rows of each run. The HTML's tables sort and "
-                    "filter; it needs no other file. Everything comes from the records.")
+                    "filter; it needs no other file. Everything comes from the records; a folder "
+                    "holding none is refused.")
     add_index_options(parser)
     parser.add_argument("--out", metavar="DIR", default=None, type=folder,
                         help="report folder (default: RESULTS_DIR/report); figures go to "
@@ -30,13 +31,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import creditaudit.study  # noqa: F401  (the paper's figures register with render_all)
+    from creditaudit.errors import ConfigError
     from creditaudit.figures import render_all
     from creditaudit.files.safe_files import ensure_folder
+    from creditaudit.records.files import no_runs_in
     from creditaudit.report.folder import FIGURES_DIR, write_report
     from creditaudit.results import RunIndex
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
+    if not len(index) and not index.skipped:  # unreadable records are reported, by path
+        raise ConfigError(no_runs_in(Path(args.results)))
     out = Path(args.out) if args.out else Path(args.results) / "report"
     ensure_folder(out)  # a file in the way is one line before any figure is drawn
     # The report embeds the figures drawn here; report and figures know nothing of each other.

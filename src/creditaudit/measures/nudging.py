@@ -4,16 +4,18 @@ At each deep state the credit is used as a descent direction: h_l ← h_l − η
 â = a/RMS(a) the credit's per-sample unit-RMS direction (RMS over the sample's entries, no eps
 floor; a sample whose credit is exactly 0 does not move), and the network is run on from
 state l. A useful credit lowers the mean loss (negative Δ); a random one leaves it unchanged
-to first order. The same direction is used for a rule's credit and for its BP and random
-controls, so Δ depends on the credit's direction only: it is the same for any positive
-rescaling of the credit and for any chunking of the evaluation set into batches (credits in
-the batch-mean convention scale with 1/batch). Computed on a float64 copy of the model by
-default, because on a grown residual stream an η = 0.01 step changes the loss by less than
-fp32 resolves.
+to first order. Where even the BP control's step changes the loss by less than the working
+precision resolves, Δ is NaN for every credit (not measurable, as ρ below its control). The
+same direction is used for a rule's credit and for its BP and random controls, so Δ depends
+on the credit's direction only: it is the same for any positive rescaling of the credit and
+for any chunking of the evaluation set into batches (credits in the batch-mean convention
+scale with 1/batch). Computed on a float64 copy of the model by default, because on a grown
+residual stream an η = 0.01 step changes the loss by less than fp32 resolves.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -26,6 +28,11 @@ from creditaudit.measures.progress import Clock, Say, StageProgress
 from creditaudit.measures.working import DEFAULT_MEMORY_GB, WorkingCopy
 
 DEFAULT_ETAS = (0.01, 0.1)
+# A step's Δ is resolved where the BP control's step moves the mean loss by more than this
+# many of the loss's float steps (eps·|loss|): the mean over N per-sample losses rounds by
+# far fewer, and a real step moves it by many more (a head scaled by 1e-150 in float64 moved
+# it by exactly 0, which the record then held as a measured Δ of 0.0 for every credit).
+RESOLVED_STEPS = 1024
 
 
 def unit_rms(a: Tensor) -> Tensor:
@@ -84,6 +91,11 @@ def nudging_table(model: nn.Module, x: Tensor, y: Tensor,
     one chunk the means are taken over it at once, with several they are summed per chunk,
     which changes only the rounding. ``progress`` (e.g. ``print``) gets the samples done
     and the ETA at most every ``PROGRESS_SECONDS``. Returns one dict per credit.
+
+    With BP among ``credits``, a step (η, layer) at which even the BP step moves the mean
+    loss by no more than :data:`RESOLVED_STEPS` of its float steps is not measurable: every
+    credit's Δ there is NaN, not a 0.0 (or a few rounding steps) that would read as a
+    measured change — as ρ below its BP control is not measurable.
     """
     w = working or WorkingCopy.planned(model, x, y, dtype, memory_bytes=memory_bytes)
     n = w.n if n_samples is None else min(n_samples, w.n)
@@ -121,5 +133,14 @@ def nudging_table(model: nn.Module, x: Tensor, y: Tensor,
         return values[0] if one_pass else sum(values) / n  # type: ignore[return-value]
 
     base = mean(before)
-    return [{eta_key(eta): [float(mean(after[(k, e, layer)]) - base) for layer in layers]
+    deltas = {key: float(mean(values) - base) for key, values in after.items()}
+    if need_bp:  # the positive control says where the precision resolves Δ
+        bp = next(k for k, credit in enumerate(credits) if credit is BP_CREDIT)
+        floor = RESOLVED_STEPS * torch.finfo(base.dtype).eps * abs(float(base))
+        for e in range(len(etas)):
+            for layer in layers:
+                if not abs(deltas[(bp, e, layer)]) > floor:
+                    for k in range(len(credits)):
+                        deltas[(k, e, layer)] = math.nan
+    return [{eta_key(eta): [deltas[(k, e, layer)] for layer in layers]
              for e, eta in enumerate(etas)} for k in range(len(credits))]

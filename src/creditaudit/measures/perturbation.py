@@ -10,7 +10,8 @@ Precision: on an exploded model (‖h‖ ~ 1e5 and more) an ε = 1e-3 step moves
 ~1e-9, below fp32 resolution, and even the exact gradient scores ρ ≈ 0 in fp32. Everything
 is therefore computed on a float64 *copy* of the model by default; the caller's model is
 never changed. The BP positive control (credit = g_l, ρ ≈ 1) is reported beside every ρ;
-below :data:`MEASURABLE_BP_RHO` the ρ column is *unmeasurable*, not "no credit".
+below :data:`MEASURABLE_BP_RHO` the ρ column is *unmeasurable*, not "no credit"; so is the
+ρ of a credit that is zero at every sample (no direction, so no correlation: NaN).
 
 Token states (ViT, ``(B, T, d)``): v is a unit vector in the space of the *whole* token
 tensor (all T·d entries) and ⟨a, v⟩ runs over all of them, so ρ is the directional
@@ -264,8 +265,12 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
     ``budget_flops``). ``bp`` is the positive control (credit = exact g_l, computed on the
     working-dtype copy), ``random`` the negative control (Gaussian credit from a generator
     seeded ``seed + 1``), and ``measurable[l]`` is True when ``bp[l] >= 0.9`` — below that no
-    ρ on this model means anything. Directions are the same for all three credits (a paired
-    comparison). ``dtype=None`` runs the caller's model as it is (in eval mode) instead of a copy.
+    ρ on this model means anything — and, with ``credits``, ``rho[l]`` is a number: a credit
+    that predicts the same loss change for every sample and direction (zero at every sample,
+    as at a block a rule leaves untrained) has no correlation to measure, and its NaN is
+    not measurable there, whatever the control says. Directions are the same for all three
+    credits (a paired comparison). ``dtype=None`` runs the caller's model as it is (in eval
+    mode) instead of a copy.
     ``working``: a :class:`WorkingCopy` of ``model`` on ``x`` to reuse (``dtype`` and
     ``memory_bytes`` are then ignored); else one is planned for ``memory_bytes``.
 
@@ -328,5 +333,6 @@ def rho_table(model: nn.Module, x: Tensor, y: Tensor, credits: Sequence[Tensor] 
             bp, random = (pearson(p, t) for p, t in pairs)
             out["bp"].append(bp)
             out["random"].append(random)
-            out["measurable"].append(bool(bp >= MEASURABLE_BP_RHO))
+            defined = credits is None or math.isfinite(out["rho"][-1])
+            out["measurable"].append(bool(bp >= MEASURABLE_BP_RHO) and defined)
     return out

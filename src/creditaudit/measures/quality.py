@@ -105,8 +105,9 @@ def credit_quality(rule: CreditRule, x: Tensor, y: Tensor, *,
       ``cosine_controls``: ``{"bp": …, "random": …}``.
     - ``gamma``: the four Γ aggregations (:func:`gamma_aggregations`).
     - ``perturbation_rho``: ρ_l of the credit (float64); ``rho_se``: its jackknife standard
-      error; ``rho_controls``: ``{"bp", "random"}``; ``rho_measurable``: BP control ≥ 0.9
-      per layer; ``rho_samples`` (used), ``rho_directions``; ``rho_samples_asked``,
+      error; ``rho_controls``: ``{"bp", "random"}``; ``rho_measurable``: per layer, BP
+      control ≥ 0.9 and ρ a number (a credit zero at every sample has none);
+      ``rho_samples`` (used), ``rho_directions``; ``rho_samples_asked``,
       ``rho_sample_flops`` and ``rho_budget_flops``: why ρ used that many (below).
     - ``nudging``: ``{"0.01": [Δ mean CE per deep layer 1 … L], …}`` (nats, negative =
       useful; each sample steps along its credit's unit-RMS direction a/RMS(a));

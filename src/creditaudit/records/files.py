@@ -241,6 +241,15 @@ def _run_without_record(folder: Path) -> str:
             "wait for it, or start that run again")
 
 
+def no_runs_in(folder: Path) -> str:
+    """The one-line refusal for a results folder below which no record lies (``report`` of
+    a folder holding only a researcher's config.toml, or only a starting run's init.pt)."""
+    why = _run_without_record(folder)
+    return (f"{folder} holds no run records ({RECORD_FILE} below it), so there is nothing to "
+            "report" + (f": {why}" if why else ": pass the folder your runs were written to "
+                                                 "(the --out of train or sweep)"))
+
+
 def load_config_file(path: Path | str, *, checked: bool = True) -> RunConfig:
     """The config of ``--config FILE``: a TOML config, or a run's ``record.json`` (its
     config is taken, checked as a config file's; the record is validated like any other, but

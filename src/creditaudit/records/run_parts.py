@@ -83,7 +83,12 @@ class EndOfRun:
         "perturbation correlation ρ_l of the credit (float64)", domain=CORRELATION)
     rho_controls: dict[str, list[float]] | None = doc("ρ of the BP and of a random credit",
                                                       domain=CORRELATION)
-    rho_measurable: list[bool] | None = doc("per state: BP control ρ ≥ 0.9")
+    rho_measurable: list[bool] | None = doc(
+        "per state: whether perturbation_rho measures the credit there: the BP control's ρ "
+        "≥ 0.9 (else the precision or the reference fails) and the credit's ρ is a number "
+        "(a credit zero at every sample, as at a block the rule leaves untrained, predicts "
+        "no loss change: its ρ is NaN); records from before the second condition state "
+        "only the first")
     rho_samples: int | None = doc(
         "samples used for ρ: rho_samples_asked, or ⌊rho_budget_flops / rho_sample_flops⌋ "
         "where that is fewer (never below 8)", domain=NONNEGATIVE)
@@ -103,9 +108,12 @@ class EndOfRun:
         "none)", domain=NONNEGATIVE)
     nudging: dict[str, list[float]] | None = doc(
         "Δ mean loss after h_l ← h_l − η·a_l/RMS(a_l), per η (key) and deep state 1 … L "
-        "(nats; negative = the credit is a descent direction)")
+        "(nats; negative = the credit is a descent direction; NaN = not measurable: even "
+        "the BP step moved the mean loss by no more than 1024 of its float steps, which the "
+        "working precision does not resolve — not a Δ of 0)")
     nudging_controls: dict[str, dict[str, list[float]]] | None = doc(
-        "the same for the BP credit (`bp`) and a random credit (`random`)")
+        "the same for the BP credit (`bp`) and a random credit (`random`), NaN where "
+        "`nudging` is not measurable")
     nudging_samples: int | None = doc(
         "samples the nudging means run over: every evaluation sample, or ρ's when ρ's "
         "compute budget held fewer than asked", domain=NONNEGATIVE)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.descriptions import CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
+from creditaudit.descriptions.fields import finite_number
 from creditaudit.formatting import fmt, markdown_text, one_line, plain_line
 from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
@@ -324,24 +325,45 @@ def metrics_lines(metrics: dict[str, Any] | None, judged: Judgement | None = Non
         from creditaudit.measures.perturbation import MEASURABLE_BP_RHO
 
         controls = metrics.get("rho_controls", {})
-        # A layer whose BP control is below the bar has no valid ρ: shown as such, not as
-        # a number a reader would take for the credit's.
-        invalid = [layer for layer, ok in enumerate(metrics.get("rho_measurable") or [])
-                   if not ok]
+        bp_rho = controls.get("bp") or []
+        # A layer whose ρ the record marks not measurable — its BP control below the bar,
+        # or no ρ of the credit at all (NaN: records from before that mark say it only so)
+        # — is shown as such, not as a number a reader would take for the credit's.
+        measurable = metrics.get("rho_measurable") or []
+        invalid = [layer for layer, value in enumerate(metrics["perturbation_rho"])
+                   if (layer < len(measurable) and not measurable[layer])
+                   or finite_number(value) is None]
         rho = ["invalid" if layer in invalid else fmt(value, "+.3f")
                for layer, value in enumerate(metrics["perturbation_rho"])]
         lines.append(f"  ρ per layer     [{', '.join(rho)}]  BP "
                      f"{row(controls.get('bp'))}  random {row(controls.get('random'))}")
-        if invalid:
+        unresolved = [layer for layer in invalid if not (
+            layer < len(bp_rho) and (finite_number(bp_rho[layer]) or 0.0) >= MEASURABLE_BP_RHO)]
+        undefined = [layer for layer in invalid if layer not in unresolved]
+        if unresolved:
             lines.append(
-                f"  ρ invalid at layer {', '.join(map(str, invalid))}: there even the "
+                f"  ρ invalid at layer {', '.join(map(str, unresolved))}: there even the "
                 f"reference gradient as credit (the BP control) scores ρ < "
                 f"{MEASURABLE_BP_RHO:g}, so either the working precision does not resolve "
                 "the loss changes or the reference is not the model's gradient; ρ says "
                 "nothing about the credit there")
+        if undefined:
+            lines.append(
+                f"  ρ invalid at layer {', '.join(map(str, undefined))}: the credit there "
+                "predicts no loss change (it is zero at every sample, as at a block the "
+                "rule leaves untrained), so it has no correlation to measure — not a ρ of 0")
     for eta, deltas in metrics.get("nudging", {}).items():
         bp = metrics.get("nudging_controls", {}).get("bp", {}).get(eta)
         lines.append(f"  nudging η={eta}  Δ {row(deltas, '+.2e')}  BP {row(bp, '+.2e')}")
+        # Δ per deep layer 1 … L: NaN with the BP control's NaN is not measurable
+        unresolved = [str(layer) for layer, (value, control)
+                      in enumerate(zip(deltas or [], bp or []), start=1)
+                      if finite_number(value) is None and finite_number(control) is None]
+        if unresolved:
+            lines.append(
+                f"  nudging η={eta} not measurable at layer {', '.join(unresolved)}: there "
+                "even the BP step changes the loss by less than the working precision "
+                "resolves, so no Δ there says anything about the credit — not a Δ of 0")
     null = metrics.get("fresh_b_null")
     if null:  # a key a record lacks (or an undefined value) is shown as —
         lines.append(f"  fresh-B null    deep cos {mark(fmt(null.get('training_value'), '+.4f'))}"

@@ -36,12 +36,12 @@ from creditaudit.models import ResidualNet
 from creditaudit.records import (
     CHECKPOINT_FILE,
     RECORD_FILE,
-    RUN_FILES,
     RunRecord,
     load_record,
 )
 from creditaudit.records.claims import broke_a_claim, holding_run
 from creditaudit.run.plan import RunPlan, plan_run
+from creditaudit.run.recorder_inputs import clear_run_files
 from creditaudit.run.resume import (
     check_same_data,
     check_same_question,
@@ -219,7 +219,6 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
                  plan.run_id)
         force = True
     if force and run_dir.exists():
-        for name in RUN_FILES:
-            (run_dir / name).unlink(missing_ok=True)
+        clear_run_files(run_dir, again=f"then pass {FORCE} again")
         resume = False
     return plan, resume

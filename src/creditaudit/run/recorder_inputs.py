@@ -181,13 +181,26 @@ def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
         if (run_dir / RECORD_FILE).exists() and not overwrite:
             raise RunRecordError(f"{run_dir} holds a run record already: pass another name= "
                                  "or overwrite=True to replace it")
-        for file in RUN_FILES:
-            try:
-                (run_dir / file).unlink(missing_ok=True)
-            except OSError as err:
-                raise OutputError(f"cannot clear {describe_os_error(err, run_dir / file)}: "
-                                  "remove it, or pass another name=") from None
+        clear_run_files(run_dir, again="then create the Recorder again, or pass another name=")
     return held
+
+
+def clear_run_files(run_dir: Path, *, again: str) -> None:
+    """Remove ``run_dir``'s run files (:data:`~creditaudit.records.RUN_FILES`) to start its
+    run over. A folder standing under one of their names (never a run's: the run writes
+    files) is refused before anything is removed — neither the old record nor what the
+    folder holds is lost — and so is a file that cannot be removed: OutputError (one line,
+    ending in ``again``: how to start over once it is out of the way)."""
+    for file in RUN_FILES:
+        if (run_dir / file).is_dir():
+            raise OutputError(f"{run_dir / file} is a folder where the run keeps its own "
+                              f"{file} file: move it away, {again}")
+    for file in RUN_FILES:
+        try:
+            (run_dir / file).unlink(missing_ok=True)
+        except OSError as err:
+            raise OutputError(f"cannot clear {describe_os_error(err, run_dir / file)}: "
+                              f"remove it, {again}") from None
 
 
 # A run folder (resolved) → the Recorder of this process that writes it (weakly).
@@ -309,6 +322,6 @@ _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
 __all__ = ["folder_name", "replaced_writer", "write_folder", "check_folder_written",
-           "hold_rule", "check_rule_held", "claim_folder", "released_on_error",
+           "hold_rule", "check_rule_held", "claim_folder", "clear_run_files", "released_on_error",
            "checked_number", "tensor_versions", "checked_extras", "refuse_record_keys",
            "recordable_number"]

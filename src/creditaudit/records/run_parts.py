@@ -109,7 +109,7 @@ class EndOfRun:
     nudging: dict[str, list[float]] | None = doc(
         "Δ mean loss after h_l ← h_l − η·a_l/RMS(a_l), per η (key) and deep state 1 … L "
         "(nats; negative = the credit is a descent direction; NaN = not measurable: even "
-        "the BP step moved the mean loss by no more than 1024 of its float steps, which the "
+        "the BP step moved the mean loss by no more than 64 of its float steps, which the "
         "working precision does not resolve — not a Δ of 0)")
     nudging_controls: dict[str, dict[str, list[float]]] | None = doc(
         "the same for the BP credit (`bp`) and a random credit (`random`), NaN where "

@@ -219,8 +219,8 @@ def test_a_stacked_runs_logger_failing_after_its_final_record_is_noted(tmp_path,
     failing = run_id(runs[1])
     build = stacked.build_loggers
 
-    def with_a_broken_logger(config, rid):  # noqa: ANN001, ANN202
-        built = build(config, rid)
+    def with_a_broken_logger(config, rid, **options):  # noqa: ANN001, ANN202, ANN003
+        built = build(config, rid, **options)
         if rid == failing:
             built.loggers.append(BreaksOnce("finish"))
         return built

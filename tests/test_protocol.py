@@ -626,3 +626,18 @@ def test_metadata_shows_the_feedback_seed_of_every_rule_that_draws_from_it(metho
         return
     config = config.replace(**{"method.feedback_seed": 3})
     assert record_metadata(RunRecord(config=config))["feedback_seed"] == 3
+
+
+def test_a_margin_of_exactly_the_threshold_between_float32_accuracies_passes():
+    """A loop of the user's own computes its accuracy as a float32 mean, as the docs' own
+    Recorder examples did: 415/500 and 405/500 read 0.8299999833 and 0.8100000024, a margin
+    of 1.999998 pp, and (d) fired on a run whose blocks add exactly the 2 pp it asks for
+    (the margin was rounded to 1e-9 pp, which mends float64's rounding only)."""
+    headline = float((torch.arange(500) < 415).float().mean())
+    frozen = float((torch.arange(500) < 405).float().mean())
+    assert 100 * (headline - frozen) < 2.0  # what float32 made of them
+    d = evaluate_protocol(make_sg(), headline_acc=headline, frozen_acc=frozen).diagnostic("d")
+    assert d.value == 2.0 and d.status == "passed"
+    one_below = float((torch.arange(500) < 414).float().mean())  # 1.8 pp still fires
+    assert evaluate_protocol(make_sg(), headline_acc=one_below,
+                             frozen_acc=frozen).diagnostic("d").status == "fired"

@@ -103,3 +103,67 @@ def test_a_forward_that_updates_its_buffers_in_training_is_one_function_per_pass
     check = check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
     assert check.verified and check.detail.endswith(IN_TRAINING + " at the probes' inputs")
     assert torch.equal(dict(model.named_buffers())["net.gain"], gain)  # the caller's model
+
+
+class _Rounded(torch.autograd.Function):
+    """A straight-through estimator: rounds in the forward, passes the gradient on as is."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # noqa: ANN001 - autograd's context
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:  # noqa: ANN001
+        return g
+
+
+class _TanhNoSlope(torch.autograd.Function):
+    """tanh whose backward forgets tanh's slope."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # noqa: ANN001
+        return torch.tanh(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:  # noqa: ANN001
+        return g
+
+
+class Applied(nn.Module):
+    def __init__(self, function: type[torch.autograd.Function]) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.function.apply(x)
+
+
+def _wrong_before_first_state(function: type[torch.autograd.Function]) -> ReferenceGradientError:
+    """The refusal of a network whose first state ('1') is a Function with its own backward."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    net = nn.Sequential(nn.Linear(6, 8), Applied(function), nn.Linear(8, 8), nn.Tanh(),
+                        nn.Linear(8, 3))
+    model = adapt(net, ["1", "3"], example=x[:8])
+    model.eval()
+    with pytest.raises(ReferenceGradientError) as error:
+        check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+    return error.value
+
+
+def test_a_backward_wrong_before_the_first_state_in_both_modes_is_not_blamed_on_training():
+    """The eval-mode check compares at the states, after the wrong backward; the
+    training-mode one, at the inputs, found it and said 'though in eval mode it is: a hook
+    active only in training?' — sending the user after a self.training branch the model
+    does not have. Now the module is named, or the place before h_0 when none can be."""
+    named = _wrong_before_first_state(_TanhNoSlope)
+    assert str(named).startswith("the backward of module `net.1` (Applied) is not the "
+                                 "gradient"), named
+    assert named.where == "net.1"
+    placed = _wrong_before_first_state(_Rounded)  # round's slope is 0: no module to judge
+    message = str(placed)
+    assert "\n" not in message and "training mode" not in message
+    assert message.startswith("the model's backward before h_0 is not the gradient of its "
+                              "forward"), message
+    assert "in eval mode as in training" in message
+    assert placed.where == "before h_0"

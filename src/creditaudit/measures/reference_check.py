@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
@@ -146,7 +146,8 @@ def check_reference(model: nn.Module, states_fn: StatesFn, x: Tensor, y: Tensor,
     check = _check_states(work, x64, ys)
     if check.how == "states":  # verified state by state: is that the backward in use?
         detail = check_as_used(states_fn, work, x, y, keep, xs, x64)
-        detail += check_in_training(lambda: model_copy(work, F64), x64, ys)
+        detail += check_in_training(lambda: model_copy(work, F64), x64, ys,
+                                    before_first_state=lambda: _before_first_state(work, x64))
         check = dataclasses.replace(check, detail=check.detail + detail)
     return check
 
@@ -348,10 +349,26 @@ def _check_modules(model: nn.Module, states_fn: StatesFn, xs: Tensor) -> Referen
     return _module_check(model, calls, dict(twin.named_modules()), "")
 
 
-def _scan_or_raise(work: StatesNet, run: Callable[[], Any], failure: str) -> ReferenceCheck:
+def _before_first_state(work: StatesNet, x64: Tensor) -> NoReturn:
+    """Raise for a backward that disagrees at the inputs in eval mode as in training while
+    ∂CE/∂h_l agrees at the states: it is wrong before h_0. Names the module at fault when
+    the module-by-module check finds one (a straight-through estimator's)."""
+    _scan_or_raise(work, lambda: work.forward_states(x64),
+                   "the model's backward before h_0 is not the gradient of its forward (at the "
+                   "probes' inputs it disagrees with float64 central differences of the loss, "
+                   "in eval mode as in training, though ∂CE/∂h_l agrees at the states): a "
+                   "torch.autograd.Function with its own backward or a tensor hook "
+                   "(Tensor.register_hook) in the layers before the first state? bp and every "
+                   f"rule would train them with another gradient; make it plain autograd, or "
+                   f"{FIX}", where="before h_0")
+    raise AssertionError("unreachable")  # _scan_or_raise raises when given a failure
+
+
+def _scan_or_raise(work: StatesNet, run: Callable[[], Any], failure: str, *,
+                   where: str | None = None) -> ReferenceCheck:
     """The module-by-module check of the float64 ``work`` model over the modules ``run``
     calls. ``failure``: the line to raise when no module is at fault ("" to return the
-    check instead)."""
+    check instead), with ``where`` as its place."""
     with torch.enable_grad(), _recorded(work) as calls:
         run()
     if not failure:
@@ -360,6 +377,6 @@ def _scan_or_raise(work: StatesNet, run: Callable[[], Any], failure: str) -> Ref
     if found is not None:
         raise ReferenceGradientError(_module_message(work.net, found, "net."),
                                      where=_module_name(found, "net."))
-    raise ReferenceGradientError(failure)
+    raise ReferenceGradientError(failure, where=where)
 
 

@@ -16,12 +16,18 @@ scale that grows each step), so each draws the same masks and the passes compute
 function, whose gradient autograd's backward must be. Judged as the eval-mode check is
 (:mod:`creditaudit.measures.central_differences`). Integer inputs (token ids) cannot be
 moved: training mode is then not checked, and the detail does not claim it.
+
+The eval-mode check compares gradients at the states, so a backward that is wrong below h_0
+in both modes (a straight-through estimator or another ``torch.autograd.Function`` in the
+layers before the first state) first shows here, at the inputs. Such a disagreement is
+compared in eval mode too before training mode is blamed: wrong there as well, it is the
+caller's ``before_first_state`` to name (the module at fault, when one is).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -43,13 +49,15 @@ class _StatesModule(Protocol):
     def named_buffers(self) -> Iterator[tuple[str, Tensor]]: ...
 
 
-def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor) -> str:
+def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor, *,
+                      before_first_state: Callable[[], NoReturn]) -> str:
     """Check the training-mode backward (module docstring) on ``copy_of()``, a float64 copy
     of the model (put in training mode here), at the probes ``x64`` ``(k, …)``, labels ``y``
     ``(k,)``. Returns what was compared, to end the check's detail ("" when nothing was:
     integer inputs, a model that cannot be copied or whose training-mode forward fails —
     those are training's to report). Raises :class:`ReferenceGradientError` when the
-    backward disagrees with the forward."""
+    backward disagrees with the forward: ``before_first_state()`` raises it when the
+    eval-mode backward disagrees at the inputs too (module docstring)."""
     if not x64.is_floating_point():
         return ""
     try:
@@ -62,6 +70,8 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
         return ""
     verdicts = _compared(backward, difference)
     if _disagree(verdicts):
+        if _disagrees_in_eval(copy_of, x64, y):
+            before_first_state()
         raise ReferenceGradientError(
             "the model's backward in training mode is not the gradient of its forward "
             "(along the probes' inputs it disagrees with float64 central differences of the "
@@ -73,6 +83,17 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
         return ""
     return ("; in training mode (dropout masks held fixed) ∂CE/∂x agrees with them at the "
             "probes' inputs")
+
+
+def _disagrees_in_eval(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> bool:
+    """Whether the eval-mode backward of a fresh ``copy_of()`` disagrees at the inputs ``x``
+    too (False where that cannot be said: the copy or its forward fails)."""
+    try:
+        twin = copy_of()
+        twin.train(False)
+        return _disagree(_compared(*_comparisons(twin, x, y)))
+    except Exception:  # noqa: BLE001 — the training-mode refusal stands as it was
+        return False
 
 
 def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor

@@ -339,7 +339,7 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
             return self.result(None, NOT_EVALUATED, NO_FROZEN_REASON, **details)
         if math.isnan(headline) or math.isnan(frozen):
             return self.result(None, NOT_EVALUATED, "an accuracy is NaN", **details)
-        margin = margin_pp(headline, frozen)
+        margin = margin_pp(headline, frozen, limit)
         if self.fires(margin):
             return self.result(margin, FIRED,
                                f"accuracy {headline:.3f} vs frozen blocks {frozen:.3f}: margin "

@@ -68,7 +68,7 @@ def seed_decisions(record: RunRecord, statuses: dict[str, str],
     thresholds = thresholds or Thresholds()
     plan = strategies(in_order(statuses) or default_names()) if plan is None else plan
     acc, gamma = record.final_acc, record.headline_gamma
-    above = None if acc is None else margin_pp(acc, record.chance)
+    above = None if acc is None else margin_pp(acc, record.chance, thresholds.margin_pp)
     acc_fails = above is None or above < thresholds.margin_pp
     gamma_fails = gamma is not None and not gamma > 0
     walked = {}

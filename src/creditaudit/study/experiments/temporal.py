@@ -86,7 +86,7 @@ def depth_utility_trace(record: RunRecord, frozen: dict[int, float] | None,
     epoch was evaluated."""
     depth = DepthUtility(options)
     own = {epoch: acc for epoch, acc in _accs(record).items() if epoch >= 1}
-    margins = {epoch: margin_pp(acc, frozen[epoch]) for epoch, acc in own.items()
+    margins = {epoch: margin_pp(acc, frozen[epoch], depth.limit()) for epoch, acc in own.items()
                if frozen and epoch in frozen and math.isfinite(frozen[epoch])
                and math.isfinite(acc)}
     fired = [epoch for epoch, m in sorted(margins.items()) if depth.fires(m)]

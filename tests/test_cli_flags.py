@@ -375,3 +375,24 @@ def test_a_number_toml_cannot_read_is_told_how_to_write_it(value, said, capsys):
     assert main(["train", "--set", f"optim.lr={value}", "--print-config"]) == 2
     captured = capsys.readouterr()
     assert_one_line_error(captured.out, captured.err, said)
+
+
+def test_an_architecture_that_builds_nothing_is_offered_nowhere(tmp_path, capsys):
+    """`own-loop` only describes a Recorder's run and `train --arch own-loop` refuses it, yet
+    `train --help` and the refusal of a misspelt architecture offered it as a choice."""
+    import argparse
+
+    from creditaudit.cli import build_parser
+
+    train = next(a for a in build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    arch = next(a for a in train._actions if "--arch" in a.option_strings)
+    assert "resmlp, vit, convmixer, student, module (model.arch)" in arch.help
+    assert "own-loop" not in arch.help
+
+    assert main(["train", "--arch", "resmpl", "--print-config"]) == 2
+    line = assert_one_line_error(*capsys.readouterr(), "choose one of resmlp, vit")
+    assert "own-loop" not in line
+    assert main(["train", "--arch", "own-loop", "--out", str(tmp_path), "-q"]) == 2  # why
+    assert_one_line_error(*capsys.readouterr(), "--arch own-loop: it was trained in its own "
+                          "loop")

@@ -415,3 +415,24 @@ def test_literature_section_quotes_the_shipped_summary():
     quoted = re.findall(r"\d+\.\d\d ± \d+\.\d\d|[-+]\d+\.\d\d \([-+]\d+\.\d sd\)", section)
     assert len(quoted) > 40
     assert not [q for q in quoted if q not in summary]
+
+
+def test_a_run_a_sweep_experiment_or_demo_trained_keeps_its_progress_off(tmp_path, capsys):
+    """configuration.md: the config of a run `sweep`, `experiment` or `demo` trained holds
+    run.progress = false, so `train --config` of it is silent unless the key is set again
+    (a newcomer repeating a demo run with another seed saw no bar and no epoch line)."""
+    from creditaudit import RunConfig
+    from creditaudit.cli.demo import demo_config
+    from creditaudit.config import config_to_toml
+    from creditaudit.study.experiments.scales import base_config
+    from creditaudit.sweep import prepare_configs
+
+    assert "`--set run.progress=true` is added" in " ".join(doc("docs/configuration.md").split())
+    demo = demo_config("dfa", epochs=1, n_train=100, out_dir=str(tmp_path), seed=1)
+    swept = prepare_configs([RunConfig()], threads=None)[0]
+    for config in (demo, swept, base_config("smoke"), base_config("cpu")):
+        assert config.run.progress is False
+    (tmp_path / "config.toml").write_text(config_to_toml(demo))
+    assert main(["train", "--config", str(tmp_path / "config.toml"), "--set",
+                 "run.progress=true", "--print-config"]) == 0
+    assert "progress = true" in capsys.readouterr().out

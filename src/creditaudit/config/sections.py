@@ -71,8 +71,9 @@ class DataConfig:
 class ModelConfig:
     """The key every architecture reads; the selected architecture adds its own options."""
 
-    arch: str = opt("resmlp", "architecture: a built-in (resmlp, vit, convmixer, student) or "
-                    "one an installed package registers; its own options follow below")
+    arch: str = opt("resmlp", "architecture: a built-in (resmlp, vit, convmixer, student; "
+                    "module: any nn.Module that model.factory builds) or one an installed "
+                    "package registers; its own options follow below")
 
 
 @dataclass

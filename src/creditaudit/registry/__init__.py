@@ -276,9 +276,13 @@ class Registry(Generic[C]):
 
     def listed_names(self) -> list[str]:
         """The built-ins in listing order, then the names installed plugins register, without
-        importing any plugin (for help texts)."""
+        importing any plugin (for help texts and the choices of an unknown name). A built-in
+        that builds nothing (an architecture's ``unbuildable``: ``own-loop`` only describes
+        a Recorder's run) is no choice, so it is not listed."""
         self._load_builtins()
-        builtins = sorted(self._builtin, key=lambda n: (own_rank(self._builtin[n]), n))
+        builtins = sorted((n for n, cls in self._builtin.items()
+                           if not getattr(cls, "unbuildable", "")),
+                          key=lambda n: (own_rank(self._builtin[n]), n))
         return builtins + sorted(n for n in self._entries() if n not in self._builtin)
 
     def classes(self) -> list[type[C]]:

@@ -28,6 +28,7 @@ CASES = [(name, check) for name in rule_names() for check in rule_checks(rule_cl
 NEW_CHECK = "blocks_train_on_the_reported_credit"
 TRAINED = "credited_parts_are_trained"
 BIASES = "block_biases_train_on_the_reported_credit"
+EMBEDDING = "embedding_trains_on_the_reported_credit"
 
 
 @pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c.id}" for n, c in CASES])
@@ -141,10 +142,12 @@ def test_a_rule_that_trains_only_the_readout_fails_only_the_credit_checks():
     with pytest.raises(AssertionError) as err:
         check_rule(ReadoutOnlyBP)
     message = str(err.value)
-    # Σ a ⊗ u and Σ a (the last layer's bias) on resmlp and vit; a credited part without
-    # gradient on all three; nothing else
-    assert "fails 7 conformance check(s)" in message
+    # Σ a ⊗ u, Σ a (the last layer's bias) and the embedding's ∂⟨h_0, a_0⟩/∂θ on resmlp and
+    # vit (ConvMixer's stem holds a BatchNorm); a credited part without gradient on all
+    # three; nothing else
+    assert "fails 9 conformance check(s)" in message
     assert f"{NEW_CHECK}[resmlp]" in message and f"{NEW_CHECK}[vit]" in message
+    assert f"{EMBEDDING}[resmlp]" in message and f"{EMBEDDING}[vit]" in message
     assert f"{BIASES}[resmlp]" in message and f"{BIASES}[vit]" in message
     assert "blocks.0.w2.weight" in message
     # ConvMixer's blocks end in a convolution: only the credited-part check holds it there
@@ -237,15 +240,16 @@ def test_declared_failures_are_reported_and_must_keep_failing():
     report = check_rule(ReadoutOnlyBP, archs=("resmlp",),
                         expected_failures={NEW_CHECK: "fixture: trains the readout only",
                                            BIASES: "fixture: trains the readout only",
+                                           EMBEDDING: "fixture: trains the readout only",
                                            TRAINED: "fixture: trains the readout only"})
     assert list(report.expected_failures) == [f"{NEW_CHECK}[resmlp]", f"{BIASES}[resmlp]",
-                                              f"{TRAINED}[resmlp]"]
+                                              f"{EMBEDDING}[resmlp]", f"{TRAINED}[resmlp]"]
     assert f"{NEW_CHECK}[resmlp]" not in report.passed
     # one architecture only: the other keeps the check
     with pytest.raises(AssertionError, match=rf"{NEW_CHECK}\[vit\]"):
         check_rule(ReadoutOnlyBP, archs=("resmlp", "vit"),
                    expected_failures={f"{NEW_CHECK}[resmlp]": "fixture", BIASES: "fixture",
-                                      TRAINED: "fixture"})
+                                      EMBEDDING: "fixture", TRAINED: "fixture"})
     with pytest.raises(AssertionError, match=f"expected failure {NEW_CHECK}.resmlp. passed: "
                                              "remove it"):
         check_rule(BP, archs=("resmlp",), expected_failures={NEW_CHECK: "it does not fail"})

@@ -38,6 +38,8 @@ LIARS = [
      "builds_a_contract_model", "n_classes=12"),
     ("door-hidden-ln", "architecture", {"model.arch": "door-hidden-ln"},
      "terminal_ln_is_what_the_readout_does", "hides a terminal LayerNorm"),
+    ("door-mlp-head", "architecture", {"model.arch": "door-mlp-head"},
+     "readout_is_a_linear_head", "hides layers the blocks do not declare"),
     ("door-nan-features", "dataset", {"data.name": "door-nan-features"},
      "loads_what_it_declares", "NaN or infinite values"),
     ("door-shifting", "dataset", {"data.name": "door-shifting"},
@@ -49,6 +51,7 @@ LIARS = [
      "results_are_its_own_and_consistent", "NaN"),
 ]
 NEEDS = {"door-twelve-logits": ["door-mixture"], "door-hidden-ln": ["door-mixture"],
+         "door-mlp-head": ["door-mixture"],
          "door-readout-liar": ["door-mixture"], "door_nan": ["door-mixture"]}
 
 

@@ -21,7 +21,8 @@ class Doubled(BP):
     name = "declared-doubled"
     label = "Declared doubled"
     expected_failures = {"blocks_train_on_the_reported_credit": "reports twice g_l",
-                         "block_biases_train_on_the_reported_credit": "reports twice g_l"}
+                         "block_biases_train_on_the_reported_credit": "reports twice g_l",
+                         "embedding_trains_on_the_reported_credit": "reports twice g_0"}
 
     def credits(self, x, y):
         return [2 * c for c in super().credits(x, y)]
@@ -39,5 +40,6 @@ def test_a_failure_declared_by_design_is_recorded_with_its_reason(tmp_path):
         method = plan_run(config).code.to_dict()["method"]
     assert method["declared_failures"] == {
         "blocks_train_on_the_reported_credit[resmlp]": "reports twice g_l",
-        "block_biases_train_on_the_reported_credit[resmlp]": "reports twice g_l"}
+        "block_biases_train_on_the_reported_credit[resmlp]": "reports twice g_l",
+        "embedding_trains_on_the_reported_credit[resmlp]": "reports twice g_0"}
     assert "blocks_train_on_the_reported_credit[resmlp]" not in method["checks"]

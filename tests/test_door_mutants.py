@@ -1,7 +1,8 @@
 """Plugin rules wrong only where the door did not look (tests/guest_pkg's opts_rules): under
-an option of their own the run sets, for a batch of one sample, and in their step's use of
-torch's global random stream. The suite catches each, and the door refuses each in one line
-naming the plugin, before anything is recorded."""
+an option of their own the run sets, for a batch of one sample, in their step's use of
+torch's global random stream, from their second step on, and at the embedding. The suite
+catches each, and the door refuses each in one line naming the plugin, before anything is
+recorded."""
 
 from __future__ import annotations
 
@@ -76,6 +77,11 @@ MUTANTS = [
     ("opts-squeezed", "credits_are_detached_and_shaped_like_the_states",
      "for a batch of one sample credit 0 has shape (8,), its state (1, 8)"),
     ("opts-reseeds", "step_reports_its_batch", "train_step() moved or reseeded torch's global RNG"),
+    ("opts-second-step-flips", "blocks_train_on_the_reported_credit",
+     "blocks.0.w2.weight differs from Σ_b a ⊗ u by 2.00e+00 (rel.)"),
+    ("opts-negated-embedding", "embedding_trains_on_the_reported_credit",
+     "the training step gives the embedding's embed.weight another gradient than the "
+     "credit it reports for h_0 implies (by 2.00e+00 rel.)"),
 ]
 
 

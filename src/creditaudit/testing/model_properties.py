@@ -17,6 +17,7 @@ from creditaudit.models.contract import (
     LAYOUTS,
     check_contract,
     feature_rows,
+    from_feature_rows,
     readout_parameters,
     split_branch,
     without_zero_samples,
@@ -242,6 +243,41 @@ def terminal_ln_is_what_the_readout_does(cls: type[Architecture], options: Any,
         assert not invariant, (
             "terminal_ln is False, but the readout is invariant to scaling h_L: it hides a "
             "terminal LayerNorm (declare terminal_ln = True)")
+
+
+# Where on the circle h(t) = cos t·u + sin t·v the readout is read: three points fix the
+# affine map, the others test it.
+CIRCLE = (0.0, torch.pi / 2, torch.pi, 1.0, 2.5, 4.0)
+READOUT_TOLERANCE = 1e-8  # float64, relative
+
+
+def readout_is_a_linear_head(cls: type[Architecture], options: Any,
+                             input_shape: tuple[int, ...]) -> None:
+    model = _build(cls, options, input_shape).eval()
+    with torch.no_grad():
+        states, _ = model.forward_states(_inputs(model))
+        rows = feature_rows(states[-1][:1])  # (1, positions, d) or (1, d)
+        d = rows.shape[-1]
+        generator = torch.Generator().manual_seed(2)
+        u, v = torch.randn(2, d, generator=generator, dtype=F64)
+        u, v = u - u.mean(), v - v.mean()
+        v = v - (v @ u) / (u @ u) * u  # zero mean, orthogonal, equal norms (√d): every
+        u, v = u * d ** 0.5 / u.norm(), v * d ** 0.5 / v.norm()  # point has one variance
+        t = torch.tensor(CIRCLE, dtype=F64)[:, None]
+        points = (t.cos() * u + t.sin() * v)  # (6, d), each a feature row a LayerNorm scales
+        circle = points.view(len(CIRCLE), *[1] * (rows.dim() - 2), d).expand(
+            len(CIRCLE), *rows.shape[1:])  # every position of a sample holds its point
+        logits = model.readout(from_feature_rows(circle, states[-1][:1].expand(
+            len(CIRCLE), *states[-1].shape[1:])))
+    centre = (logits[0] + logits[2]) / 2
+    cos_part, sin_part = (logits[0] - logits[2]) / 2, logits[1] - centre
+    want = centre + t.cos() * cos_part + t.sin() * sin_part
+    error = relative_error(logits[3:], want[3:])
+    assert error < READOUT_TOLERANCE, (
+        f"the readout is not a linear head after an optional terminal LayerNorm (on states "
+        f"whose feature vectors keep one mean and variance its logits are not affine in them: "
+        f"rel. {error:.2e}): it hides layers the blocks do not declare, which every rule "
+        "would train by backprop and no diagnostic measures (make them blocks)")
 
 
 def description_matches_the_model(cls: type[Architecture], options: Any,

@@ -46,6 +46,12 @@ The checks:
   is invariant to scaling h_L by c > 0 (as a LayerNorm makes it) — the protocol's diagnosis
   of (b) rests on it, so a model claiming a LayerNorm it does not have, or hiding one,
   fails;
+- ``readout_is_a_linear_head``: the readout is an optional terminal LayerNorm followed by a
+  linear head (pooling allowed), as the model contract says — on states whose feature
+  vectors lie on a circle cos t·u + sin t·v of zero-mean vectors of one norm, where a
+  LayerNorm is linear, the logits are affine in (cos t, sin t). A hidden layer in the
+  readout is a layer no block declares: every rule would train it by backprop on the exact
+  cross-entropy, and no diagnostic would measure its credit;
 - ``description_matches_the_model``: ``describe()`` says what was built — ``d`` the width
   of the states' feature axis, ``n_blocks`` = len(blocks), the layout, the parameter count,
   ``terminal_ln``, ``residual``, the architecture's name and the input shape — records and
@@ -89,6 +95,7 @@ from creditaudit.testing.model_properties import (
     forward_leaves_its_input_alone,
     forward_leaves_the_model_alone,
     parameters_belong_to_one_part,
+    readout_is_a_linear_head,
     samples_are_independent_in_eval_mode,
     states_are_the_residual_chain,
     states_follow_the_declared_layout,
@@ -99,7 +106,8 @@ MODEL_CHECKS = (
     builds_a_contract_model, states_follow_the_declared_layout, states_are_the_residual_chain,
     samples_are_independent_in_eval_mode, forward_leaves_its_input_alone,
     forward_leaves_the_model_alone, branch_split_adds_up_to_the_block,
-    terminal_ln_is_what_the_readout_does, description_matches_the_model,
+    terminal_ln_is_what_the_readout_does, readout_is_a_linear_head,
+    description_matches_the_model,
     parameters_belong_to_one_part, check_refuses_what_build_cannot_build,
     building_is_deterministic_under_a_seed)
 

@@ -132,20 +132,32 @@ def _adapted_surrogate_gradients(model: AdaptedModel, x: Tensor, y: Tensor,
     return out
 
 
-# The batches (tiny_batch seeds) a rule trains on before the surrogate check's step on
-# tiny_batch(): other batches than the checked one.
+# The batches (tiny_batch seeds) a rule trains on before the checks of what its step trains
+# on, whose step is on tiny_batch(): other batches than the checked one.
 WARM_UP_BATCHES = (2, 3)
+
+
+def warmed_up(cls: type[CreditRule], arch: str = "resmlp", **options: Any) -> CreditRule:
+    """A fresh rule of ``cls`` after two AdamW steps on other batches than ``tiny_batch()``.
+
+    Learned feedback may start degenerate (local-ce's zero classifiers give zero credits,
+    which any step matches), and a step that trains on a credit it kept from an earlier step
+    or batch, or that trains on its reported credit only on its first step (a step count
+    that flips or rescales an update from the second on), matches only on its first step.
+    """
+    rule = make_rule(cls, arch=arch, **options)
+    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
+    for seed in WARM_UP_BATCHES:
+        assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
+    # The checked step's gradients alone: one the optimizer is not handed (credited_parts_are_
+    # trained names that) would otherwise hold the warm-up's too.
+    rule.model.zero_grad(set_to_none=True)
+    return rule
 
 
 def local_update_is_the_surrogate_gradient(cls: type[CreditRule], arch: str = "resmlp",
                                            **options: Any) -> None:
-    rule = make_rule(cls, arch=arch, **options)
-    # Two steps on other batches first: learned feedback may start degenerate (local-ce's
-    # zero classifiers give zero credits, which any step matches), and a step that trains
-    # on a credit it kept from an earlier step or batch matches only on its first step.
-    optimizer = torch.optim.AdamW(rule.trainable_parameters(), lr=1e-2)
-    for seed in WARM_UP_BATCHES:
-        assert rule.train_step(*tiny_batch(seed=seed, arch=arch), optimizer).finite
+    rule = warmed_up(cls, arch, **options)
     x, y = tiny_batch(arch=arch)
     credits = rule.credits(x, y)
     expected = _surrogate_gradients(rule, x, y, credits)
@@ -289,7 +301,7 @@ def output_layer_errors(rule: CreditRule, x: Tensor, y: Tensor, *, weights: bool
 
 
 def blocks_train_on_the_reported_credit(cls: type[CreditRule], arch: str = "resmlp") -> None:
-    rule = make_rule(cls, arch=arch)
+    rule = warmed_up(cls, arch)
     errors = output_layer_errors(rule, *tiny_batch(arch=arch))
     wrong = {name: error for name, error in errors.items() if not error < TOLERANCE}
     assert not wrong, (
@@ -300,7 +312,7 @@ def blocks_train_on_the_reported_credit(cls: type[CreditRule], arch: str = "resm
 
 def block_biases_train_on_the_reported_credit(cls: type[CreditRule], arch: str = "resmlp"
                                               ) -> None:
-    rule = make_rule(cls, arch=arch)
+    rule = warmed_up(cls, arch)
     errors = output_layer_errors(rule, *tiny_batch(arch=arch), weights=False)
     wrong = {name: error for name, error in errors.items() if not error < TOLERANCE}
     assert not wrong, (

@@ -39,7 +39,7 @@ from creditaudit.testing.common import (
     watched_global_rngs,
 )
 from creditaudit.testing.rule_binding import make_rule
-from creditaudit.testing.rule_properties import REAL_STEP_LR
+from creditaudit.testing.rule_properties import REAL_STEP_LR, warmed_up
 
 # Relative tolerance of the reported loss against the cross-entropy of the step's own
 # forward pass, in float64 (a rule may order the forward's sums its own way).
@@ -250,6 +250,34 @@ def readout_trains_on_its_cross_entropy(cls: type[CreditRule], arch: str = "resm
             "trained otherwise (train the readout on CE(readout(h_L), y))")
 
 
+def embedding_trains_on_the_reported_credit(cls: type[CreditRule], arch: str = "resmlp"
+                                            ) -> None:
+    rule = warmed_up(cls, arch)
+    x, y = tiny_batch(arch=arch)
+    params = [(name, p) for name, p in rule.model.embed.named_parameters() if p.requires_grad]
+    if not params or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                         for m in rule.model.embed.modules()):
+        return  # a BatchNorm's batch statistics: differentiated through (BP) or held (EP)
+    twin = copy.deepcopy(rule.model)  # the step's forward, BatchNorm statistics kept apart
+    assert rule.train_step(x, y, torch.optim.SGD(rule.trainable_parameters(), lr=0.0)).finite, \
+        "a training step on a tiny float64 net was not finite"
+    # After the step, as the blocks' check reads them: a rule that draws per step reports
+    # the draw that step used.
+    credit = rule.credits(x, y)[0]
+    with torch.enable_grad():
+        h0 = twin.forward_states(x)[0][0]  # type: ignore[operator]
+        wants = torch.autograd.grad(h0, [p for _, p in twin.embed.named_parameters()
+                                         if p.requires_grad], grad_outputs=credit.to(h0.dtype))
+    for (name, p), want in zip(params, wants):
+        error = 1.0 if p.grad is None else relative_error(p.grad, want)
+        assert error < TOLERANCE, (
+            f"the training step gives the embedding's embed.{name} "
+            + ("no gradient" if p.grad is None else
+               f"another gradient than the credit it reports for h_0 implies (by {error:.2e} "
+               "rel.)") + ": the audit would score a credit of state 0 the embedding does not "
+            "train on (train the embedding on ∂⟨h_0, a_0⟩/∂θ, the credit credits() reports)")
+
+
 __all__ = ["step_reports_its_batch", "step_is_one_optimizer_step",
-           "readout_trains_on_its_cross_entropy",
+           "readout_trains_on_its_cross_entropy", "embedding_trains_on_the_reported_credit",
            "fixed_feedback_stays_fixed"]

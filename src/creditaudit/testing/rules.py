@@ -45,19 +45,29 @@ The checks (functions of :mod:`creditaudit.testing.rule_properties`, and of
   a credit kept from an earlier step or batch fails);
 - ``blocks_train_on_the_reported_credit`` (rules with ``local = False``, on architectures
   with a block whose branch ends in one ``nn.Linear``:
-  :func:`~creditaudit.models.contract.split_branch`): after one zero-learning-rate step,
-  that last layer's weight gradient equals Σ_b a_{l+1,b} ⊗ u_b and its bias gradient
-  Σ_b a_{l+1,b} (u = the block's hidden activation ``hidden(h_l)``, a the reported credit,
-  batch-mean scale, read after the step so a rule that draws its feedback per step reports
-  the step's draw). This is the gradient the rule's own credit implies for that layer,
-  exact for backprop and every per-layer feedback rule (their weight gradients are exact).
-  A rule that reports one credit and trains its blocks with another — or not at all —
-  fails it; without it the audit would score a credit that never trained anything. (EP
-  declares it an expected failure: it trains at its nudged states, O(β) away);
+  :func:`~creditaudit.models.contract.split_branch`): after two training steps on other
+  batches (as above: a step that counts its steps and trains on another credit from the
+  second on matches on its first only) and one zero-learning-rate step, that last layer's
+  weight gradient equals Σ_b a_{l+1,b} ⊗ u_b and its bias gradient Σ_b a_{l+1,b} (u = the
+  block's hidden activation ``hidden(h_l)``, a the reported credit, batch-mean scale, read
+  after the step so a rule that draws its feedback per step reports the step's draw). This
+  is the gradient the rule's own credit implies for that layer, exact for backprop and every
+  per-layer feedback rule (their weight gradients are exact). A rule that reports one credit
+  and trains its blocks with another — or not at all — fails it; without it the audit would
+  score a credit that never trained anything. (EP declares it an expected failure: it trains
+  at its nudged states, O(β) away);
 - ``block_biases_train_on_the_reported_credit`` (where the check above runs): its bias part
   alone — the last layer's bias gradient equals Σ_b a_{l+1,b}, which reads no state, so it
   is exact for EP too. A rule that declares the check above may still not train a block on
   another credit than it reports (EP's step nudged with −β, or block l fed a_l);
+- ``embedding_trains_on_the_reported_credit`` (rules with ``local = False``, on the
+  networks that are not adapted): after the same two steps and a zero-learning-rate one,
+  the embedding's parameter gradients equal ∂⟨h_0, a_0⟩/∂θ of the credit a_0 it reports
+  for h_0 — exact for backprop, EP and every per-layer feedback rule on a one-layer
+  embedding. The checks above see the blocks only: a rule whose step trains the embedding
+  with backprop while it reports another a_0 (negated, zero, another draw) would be
+  audited at h_0 on a credit nothing trains on. An embedding with a BatchNorm is passed
+  (its batch statistics are differentiated through by backprop, held by EP);
 - ``credited_parts_are_trained`` (every rule, every architecture): after one
   zero-learning-rate step, each trainable part — the embedding, each block; an adapted
   model's segments — whose state the rule reports a non-zero credit for got a non-zero
@@ -202,6 +212,7 @@ from creditaudit.testing.rule_properties import (
 )
 from creditaudit.testing.rule_stacking import stacked_step_is_the_rule_step, stacks_on
 from creditaudit.testing.rule_steps import (
+    embedding_trains_on_the_reported_credit,
     fixed_feedback_stays_fixed,
     readout_trains_on_its_cross_entropy,
     step_is_one_optimizer_step,
@@ -211,7 +222,8 @@ from creditaudit.testing.rule_steps import (
 CHECKS: tuple[Callable[..., None], ...] = (
     credits_are_detached_and_shaped_like_the_states, credits_have_no_side_effects,
     local_update_is_the_surrogate_gradient, blocks_train_on_the_reported_credit,
-    block_biases_train_on_the_reported_credit, credited_parts_are_trained,
+    block_biases_train_on_the_reported_credit, embedding_trains_on_the_reported_credit,
+    credited_parts_are_trained,
     step_reports_its_batch, step_is_one_optimizer_step, frozen_blocks_stay_untouched,
     state_dict_round_trips_and_resumes, moves_to_a_device, bf16_step_is_finite,
     fresh_feedback_is_swappable, fixed_feedback_stays_fixed,
@@ -243,6 +255,8 @@ CONDITIONS: dict[Callable[..., None], Callable[[type[CreditRule], str], bool]] =
         lambda cls, arch: not cls.local and _has_split_block(arch),
     block_biases_train_on_the_reported_credit:
         lambda cls, arch: not cls.local and _has_split_block(arch),
+    embedding_trains_on_the_reported_credit:
+        lambda cls, arch: not cls.local and not tiny_arch(arch).adapted,
     fresh_feedback_is_swappable: lambda cls, arch: cls.feedback_kind == "fixed_random",
     fixed_feedback_stays_fixed: lambda cls, arch: cls.feedback_kind == "fixed_random",
     learned_feedback_is_trained: lambda cls, arch: cls.feedback_kind == "learned",

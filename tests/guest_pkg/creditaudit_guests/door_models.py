@@ -3,6 +3,9 @@
 - ``door-twelve-logits``: a ResidualMLP with a 12-way head whatever the data's classes;
 - ``door-hidden-ln``: its readout normalises h_L with a LayerNorm, but it declares
   ``terminal_ln = False`` (diagnostic (b) would name the wrong cause);
+- ``door-mlp-head``: its readout is a hidden Linear + ReLU before the head (no terminal
+  LayerNorm, as it declares), a layer no block declares (every rule would train it by
+  backprop, no diagnostic measures it);
 - ``door-build-raises``: conforms on the suite's tiny inputs, but ``build()`` raises for
   wider ones (the error must name the plugin, not creditaudit);
 - ``door-chatty``: a well-behaved ResidualMLP whose forward prints (on stdout);
@@ -49,6 +52,25 @@ class HiddenLN(ResMLPArchitecture):
                                 n_classes, options.n_blocks, out_ln=False,
                                 residual=options.residual, w2_std=options.w2_std)
         return model
+
+
+class HiddenLayerHead(ResidualMLP):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hidden_head = nn.Linear(self.d, self.d)
+
+    def readout(self, h):
+        return super().readout(torch.relu(self.hidden_head(h)))
+
+
+class MLPHead(ResMLPArchitecture):
+    name, label, rank = "door-mlp-head", "MLP head", 100
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        return HiddenLayerHead(ResMLPArchitecture.flat_dim(input_shape), options.d,
+                               n_classes, options.n_blocks, out_ln=False,
+                               residual=options.residual, w2_std=options.w2_std)
 
 
 class BuildRaises(ResMLPArchitecture):

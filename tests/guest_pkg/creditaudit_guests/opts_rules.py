@@ -8,7 +8,12 @@ step does to torch's global random stream.
 - ``opts-squeezed``: backprop whose credits are squeezed, so a batch of one sample loses its
   batch dimension;
 - ``opts-reseeds``: backprop whose step reseeds torch's global RNG (a network's dropout then
-  draws one mask at every step).
+  draws one mask at every step);
+- ``opts-second-step-flips``: backprop whose steps from the second on train the first block
+  on its gradient negated (a step count saved with its state), while its credits stay
+  backprop's;
+- ``opts-negated-embedding``: backprop (declared ``feedback_kind = "none"``) whose credit
+  of h_0 is negated, while its step trains the embedding with backprop.
 """
 
 from dataclasses import dataclass
@@ -54,3 +59,38 @@ class Reseeds(BP):
     def train_step(self, x, y, optimizer):
         torch.manual_seed(0)
         return super().train_step(x, y, optimizer)
+
+
+class SecondStepFlips(BP):
+    name, label = "opts-second-step-flips", "Second step flips"
+    stacked_step = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps = 0
+
+    def train_step(self, x, y, optimizer):
+        self.steps += 1
+        params = [p for p in self.model.blocks[0].parameters() if p.requires_grad]
+        hooks = [p.register_hook(torch.neg) for p in params] if self.steps > 1 else []
+        try:
+            return super().train_step(x, y, optimizer)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = int(state["steps"])
+
+
+class NegatedEmbedding(BP):
+    name, label = "opts-negated-embedding", "Negated embedding"
+    feedback_kind = "none"
+    stacked_step = None
+
+    def credits(self, x, y):
+        credits = super().credits(x, y)
+        return [-credits[0], *credits[1:]]

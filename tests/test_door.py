@@ -198,3 +198,35 @@ def test_a_rule_is_checked_on_the_tiny_version_of_the_runs_own_architecture(tmp_
         with pytest.raises(GuestError, match=re.escape(
                 "the conformance check blocks_train_on_the_reported_credit[vit]:")):
             plan_run(vit)
+
+
+def test_a_rule_on_a_plugin_architecture_is_checked_on_states_of_its_layout(tmp_path):
+    """A plugin rule honest on flat states but lying on token states is refused at the door
+    of a run on a plugin architecture with token states (no tiny version of its own): it is
+    checked on the tiny architecture of the built model's layout, ViT-Mini's."""
+    with guests(tmp_path / "site", "door-token-liar", "door-own-vit"):
+        vit = tiny_config(tmp_path / "runs", **{
+            "method.name": "door-token-liar", "model.arch": "door-own-vit", "model.heads": 2,
+            "data.name": "synthetic", "data.in_dim": 3072})
+        with pytest.raises(GuestError, match=re.escape(
+                "the conformance check blocks_train_on_the_reported_credit[vit]:")):
+            plan_run(vit)
+
+
+def test_a_recorders_plugin_rule_is_checked_on_states_of_its_models_layout(tmp_path):
+    """A Recorder's plugin rule bound to a ViT-Mini is checked on token states too."""
+    import torch
+
+    from creditaudit import Recorder, rule
+    from creditaudit.models import ViTMini
+
+    with guests(tmp_path / "site", "door-token-liar"):
+        torch.manual_seed(0)
+        model = ViTMini(n_classes=4, d=8, n_blocks=2, heads=2, mlp_ratio=2, patch=4,
+                        image_shape=(2, 8, 8))
+        x = torch.randn(16, 2, 8, 8, generator=torch.Generator().manual_seed(1))
+        y = torch.randint(0, 4, (16,), generator=torch.Generator().manual_seed(2))
+        with pytest.raises(GuestError, match=re.escape(
+                "the conformance check blocks_train_on_the_reported_credit[vit]:")):
+            Recorder(rule("door-token-liar", model), x, y, out=tmp_path / "runs",
+                     progress=False)

@@ -281,7 +281,9 @@ def guest_code(rule: CreditRule, protocol: Protocol
     refused in one line before any file is written)."""
     cls = type(rule)
     guest = RULES.guest(cls.name)
-    admitted = door.rule_door(cls, guest, options=rule.options) if guest is not None else None
+    admitted = (door.rule_door(cls, guest, options=rule.options,
+                                layout=rule.model.describe().layout)
+                if guest is not None else None)
     diagnostics = []
     for diagnostic in protocol.diagnostics:
         found = DIAGNOSTICS.guest(diagnostic.name)

@@ -10,14 +10,16 @@
   wider ones (the error must name the plugin, not creditaudit);
 - ``door-chatty``: a well-behaved ResidualMLP whose forward prints (on stdout);
 - ``door-wide-logits``, ``door-half-logits``: right logits on the door's batch, a class too
-  many or half the rows for batches of more than 64.
+  many or half the rows for batches of more than 64;
+- ``door-own-vit``: an honest ViT under a plugin's name (token states on an architecture
+  the rule suite has no tiny version of).
 """
 
 import torch
 from torch import nn
 
 from creditaudit.models import ResidualMLP
-from creditaudit.models.registry import ResidualOptions, ResMLPArchitecture
+from creditaudit.models.registry import ResidualOptions, ResMLPArchitecture, ViTArchitecture
 
 
 def _mlp(options, input_shape, n_classes, **overrides):
@@ -139,3 +141,7 @@ class HalfLogits(WideLogits):
 
     name, label = "door-half-logits", "Half logits"
     network = HalfRows
+
+
+class OwnViT(ViTArchitecture):
+    name, label, rank = "door-own-vit", "Own ViT", 100

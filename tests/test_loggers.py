@@ -131,6 +131,18 @@ def test_console_eta_is_mean_epoch_time_times_epochs_left(monkeypatch):
     assert lines[3].endswith("0m50s elapsed, ETA 1m00s")  # 20 s/epoch × 3 left
 
 
+@pytest.mark.parametrize(("epochs", "steps", "said"), [
+    (1, 1, "1 epoch of 1 step"), (2, 1, "2 epochs of 1 step"), (1, 3, "1 epoch of 3 steps")])
+def test_console_start_line_counts_in_the_singular_for_one(epochs, steps, said):
+    """The start line of `train` said "1 steps" (and "1 epochs") for one: it counts as
+    every other count of the tool does (creditaudit.formatting.counted)."""
+    stream = io.StringIO()
+    ConsoleLogger(stream, terminal=False).start(RunStart(
+        RunConfig(), "rid", Path("runs/rid"), first_epoch=1, epochs=epochs,
+        steps_per_epoch=steps))
+    assert f"run rid: {said} → " in stream.getvalue()
+
+
 def test_resumed_run_elapsed_time_counts_the_earlier_epochs(monkeypatch):
     from creditaudit.loggers import console
     from creditaudit.records import EpochEntry

@@ -43,7 +43,7 @@ from creditaudit.cli.sweep_output import (
     task_sizes,
 )
 from creditaudit.config import device_overrides
-from creditaudit.formatting import duration
+from creditaudit.formatting import counted, duration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -346,8 +346,8 @@ def run(args: argparse.Namespace) -> int:
     skipped_failed = [o for o in result.outcomes
                       if o.get("action") == "skipped" and o.get("status") == "failed"]
     if skipped_failed:
-        print(f"{len(skipped_failed)} run(s) failed before and were skipped: run the same "
-              "command with --retry-failed to train them again")
+        print(f"skipped {counted(len(skipped_failed), 'run')} that failed before: run the "
+              "same command with --retry-failed to train failed runs again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
     print(f"\n{len(plans)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
           f"summary: {result.summary_path}")

@@ -301,6 +301,8 @@ def test_report_of_a_run_diverged_in_its_first_epoch_shows_the_d_audit_judges(
     assert diagnostic_cell(report, "d").startswith("**fired**")
     assert report.metadata["headline_acc"] == record.final_acc
     assert record_verdict(record, frozen_acc=0.5, frozen_runs=1).judgement == report.judgement
+    unfinished = dataclasses.replace(record, status="interrupted")  # its table says "— (run …)"
+    assert record_report(unfinished, frozen_acc=0.5, frozen_runs=1) is None
 
 
 def test_a_record_with_a_threshold_out_of_todays_range_stays_readable(untrained_run, tmp_path):

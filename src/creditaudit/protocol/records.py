@@ -276,12 +276,13 @@ def unjudged_report(record: RunRecord) -> DiagnosticReport:
 
 def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0,
                   thresholds: Thresholds | None = None) -> DiagnosticReport | None:
-    """The run's last protocol report (where the record holds none, and ``frozen_acc`` is
-    given, :func:`unjudged_report` — else None), with Γ, per-layer cosines and the credit-quality
-    metrics filled in from the end-of-run block and the epoch's own fields
-    (:func:`epoch_fields`), the record's reference check as ``metadata["reference_check"]``,
-    and (d) re-evaluated against ``frozen_acc`` when given (``metadata["frozen_from_runs"]``
-    = ``frozen_runs``; at ``thresholds``, default the report's own)."""
+    """The run's last protocol report (for a finished run whose record holds none, with
+    ``frozen_acc`` given, :func:`unjudged_report`; else None), with Γ, per-layer cosines
+    and the credit-quality metrics filled in from the end-of-run block and the epoch's own
+    fields (:func:`epoch_fields`), the record's reference check as
+    ``metadata["reference_check"]``, and (d) re-evaluated against ``frozen_acc`` when given
+    (``metadata["frozen_from_runs"]`` = ``frozen_runs``; at ``thresholds``, default the
+    report's own)."""
     entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
     measures = entry.measures if entry is not None else None
     if record.protocol.report:
@@ -289,7 +290,7 @@ def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_run
             json.loads(json.dumps(record.protocol.report)),
             hidden_norms=measures.hidden_norms if measures is not None else None,
             grad_norms=measures.bp_grad_norms_per_sample_med if measures is not None else None)
-    elif frozen_acc is not None and not is_frozen_baseline(record):
+    elif frozen_acc is not None and record.is_finished and not is_frozen_baseline(record):
         report = unjudged_report(record)  # (d) is judged below, as in every other record
     else:
         return None

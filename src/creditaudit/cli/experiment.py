@@ -162,7 +162,7 @@ def _count(experiment, args: argparse.Namespace,  # noqa: ANN001 - an Experiment
     try:
         found = configs(args.data_dir)  # None: the scale's default folder
         done = sum(run_state(plan_run(c))[0] in ("completed", "diverged") for c in found)
-        return f"{len(found)} runs, {done} finished in {args.out}"
+        return f"{counted(len(found), 'run')}, {done} finished in {args.out}"
     except CreditAuditError as err:  # no data here: count the runs without reading it
         try:
             count = len(configs(args.data_dir or "DATA_DIR"))

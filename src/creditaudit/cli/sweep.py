@@ -308,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
             with exit_on_signal("sweep interrupted while joining the executor; no run had "
                                 "started"):
                 stack.enter_context(executor)
-            print(f"sweep {args.sweep_file}: {len(plans)} runs, {len(to_train)} to train → "
+            print(f"sweep {args.sweep_file}: {counted(len(plans), 'run')}, {len(to_train)} to "
+                  "train → "
                   f"{plans[0].config.run.out_dir} "
                   f"({describe_executor(executor, tasks, args.threads_per_worker)}"
                   + (f"; {describe_stacks(to_train, args.stack)}" if args.stack > 1 else "")
@@ -349,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {counted(len(skipped_failed), 'run')} that failed before: run the "
               "same command with --retry-failed to train failed runs again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
-    print(f"\n{len(plans)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
+    took = duration(time.perf_counter() - started)
+    print(f"\n{counted(len(plans), 'run')} ({counts}) in {took}; "
           f"summary: {result.summary_path}")
     return 1 if problems else 0

@@ -355,8 +355,8 @@ class RayExecutor:
                             counted(len(pending), "cancelled Ray task"),
                             self.unwind_seconds)
         except KeyboardInterrupt:
-            log.warning("stopped waiting for %d cancelled Ray task(s); their runs resume "
-                        "from their last checkpoint next time", len(pending))
+            log.warning("stopped waiting for %s; their runs resume from their last "
+                        "checkpoint next time", counted(len(pending), "cancelled Ray task"))
         except Exception:  # noqa: BLE001 — the interrupt being handled matters, not this
             log.debug("waiting for cancelled Ray tasks failed", exc_info=True)
 

@@ -178,7 +178,7 @@ def test_audit_of_a_results_folder_names_its_runs(runs, capsys):
     assert len(found) >= 3
     assert main(["audit", str(results)]) == 2
     line = _one_line_error(capsys)
-    assert f"{results} is a results folder of {len(found)} run(s), not a run's folder: pass " \
+    assert f"{results} is a results folder of {len(found)} runs, not a run's folder: pass " \
            f"a run's folder (e.g. {found[0]}), or several" in line, line
 
 

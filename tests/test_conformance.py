@@ -145,7 +145,7 @@ def test_a_rule_that_trains_only_the_readout_fails_only_the_credit_checks():
     # Σ a ⊗ u, Σ a (the last layer's bias) and the embedding's ∂⟨h_0, a_0⟩/∂θ on resmlp and
     # vit (ConvMixer's stem holds a BatchNorm); a credited part without gradient on all
     # three; nothing else
-    assert "fails 9 conformance check(s)" in message
+    assert "fails 9 conformance checks" in message
     assert f"{NEW_CHECK}[resmlp]" in message and f"{NEW_CHECK}[vit]" in message
     assert f"{EMBEDDING}[resmlp]" in message and f"{EMBEDDING}[vit]" in message
     assert f"{BIASES}[resmlp]" in message and f"{BIASES}[vit]" in message
@@ -186,7 +186,7 @@ def test_a_rule_whose_real_step_leaves_credited_parts_still_fails_the_suite(
         check_rule(rule_class(name))
     message = str(err.value)
     # that check and the optimizer step's, on every architecture
-    assert "fails 6 conformance check(s)" in message
+    assert "fails 6 conformance checks" in message
     assert all(f"{check}[{arch}]" in message for arch in ("resmlp", "vit", "convmixer")
                for check in (TRAINED, "step_is_one_optimizer_step"))
     first = message.splitlines()[1]

@@ -254,7 +254,7 @@ def test_the_suite_catches_datasets_that_break_their_declarations(cls, check, tm
         folders("idx", tmp_path)
     with pytest.raises(AssertionError) as err:
         check_dataset(cls, options, other=other)
-    assert "fails 1 conformance check(s)" in str(err.value)  # that one, and only that one
+    assert "fails 1 conformance check:" in str(err.value)  # that one, and only that one
     assert f"- {check}:" in str(err.value)
 
 

@@ -82,7 +82,7 @@ def test_a_rule_declaring_a_stacked_step_it_does_not_take_fails_the_check(bad, d
     with pytest.raises(AssertionError) as err:
         check_rule(bad)
     message = str(err.value)
-    assert message.startswith(f"{bad.__name__} ({bad.name}) fails 2 conformance check(s)")
+    assert message.startswith(f"{bad.__name__} ({bad.name}) fails 2 conformance checks")
     assert f"{CHECK}[resmlp]: " in message and f"{CHECK}[vit]: " in message
     assert f"{bad.label} declares stacked_step {declared!r}, but its train_step updates" \
         in message

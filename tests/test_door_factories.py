@@ -179,7 +179,7 @@ def test_a_factory_whose_eval_forward_changes_a_buffer_is_refused(tmp_path, monk
         check_module({"factory": "counting_nets:net", "states": ["1", "2"]},
                      input_shape=(1, 3, 4), n_classes=10)
     message = str(err.value)
-    assert "fails 1 conformance check(s)" in message, message
+    assert "fails 1 conformance check:" in message, message
     assert ("eval_forward_leaves_the_network_alone: an eval-mode forward of the network "
             "changed 1.calls") in message
 

@@ -104,7 +104,7 @@ def test_cli_renders_every_figure_png_and_pdf(results, tmp_path, capsys, monkeyp
     out = tmp_path / "figs"
     assert main(["figures", str(results), "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"{len(FIGURES)} figure(s) drawn, 0 missing" in text
+    assert f"{len(FIGURES)} figures drawn, 0 missing" in text
     names = [hero.NAME, temporal.NAME, penalty.NAME, lambda_sweep.NAME, *summary.NAMES,
              audit_panels.NAME, weight_alignment.NAME]
     for name in names:
@@ -456,7 +456,7 @@ def test_missing_runs_name_what_is_needed(results, index):
 def test_cli_empty_folder_lists_missing_and_exits_0(tmp_path, capsys):
     assert main(["figures", str(tmp_path), "--out", str(tmp_path / "f")]) == 0
     out = capsys.readouterr().out
-    assert "0 figure(s) drawn" in out
+    assert "0 figures drawn" in out
     assert out.count("missing ") == len(FIGURES)
     assert "runs it reads:" in out
 

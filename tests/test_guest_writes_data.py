@@ -65,7 +65,7 @@ def test_a_forward_that_writes_the_evaluation_data_at_the_end_of_the_run_stops_i
     are; the run is recorded failed, naming the guest."""
     from creditaudit.records import load_record
 
-    watch_off(monkeypatch, "results", "trainer")  # the reference check's, the epochs'
+    watch_off(monkeypatch, "results", "epoch_measurement")  # the reference check's, the epochs'
     with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
         config = tiny_config(tmp_path / "runs", **{"model.arch": "late-halves-its-input"})
         with pytest.raises(GuestError) as err:
@@ -88,7 +88,7 @@ def test_a_forward_that_writes_the_evaluation_data_stops_its_audit(tmp_path, mon
         config = tiny_config(tmp_path / "runs", **{"model.arch": "late-halves-its-input",
                                                    "diagnostics.end_of_run": False})
         with monkeypatch.context() as patch:
-            watch_off(patch, "results", "trainer", "record_keeping")
+            watch_off(patch, "results", "epoch_measurement", "record_keeping")
             result = train(config)
         assert result.status == "completed"
         with pytest.raises(GuestError) as err:

@@ -4,6 +4,7 @@ that is bit-identical with and without them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import io
@@ -129,6 +130,18 @@ def test_console_eta_is_mean_epoch_time_times_epochs_left(monkeypatch):
     assert lines[1].endswith("0m10s elapsed, ETA ?")
     assert lines[2].endswith("0m30s elapsed, ETA 1m20s")  # 20 s/epoch × 4 left
     assert lines[3].endswith("0m50s elapsed, ETA 1m00s")  # 20 s/epoch × 3 left
+
+
+@pytest.mark.parametrize(("epochs", "steps", "said"), [
+    (1, 1, "1 epoch of 1 step"), (2, 1, "2 epochs of 1 step"), (1, 3, "1 epoch of 3 steps")])
+def test_console_start_line_counts_in_the_singular_for_one(epochs, steps, said):
+    """The start line of `train` said "1 steps" (and "1 epochs") for one: it counts as
+    every other count of the tool does (creditaudit.formatting.counted)."""
+    stream = io.StringIO()
+    ConsoleLogger(stream, terminal=False).start(RunStart(
+        RunConfig(), "rid", Path("runs/rid"), first_epoch=1, epochs=epochs,
+        steps_per_epoch=steps))
+    assert f"run rid: {said} → " in stream.getvalue()
 
 
 def test_resumed_run_elapsed_time_counts_the_earlier_epochs(monkeypatch):
@@ -710,6 +723,48 @@ def test_wandb_holds_an_epoch_saved_before_an_interrupt_once(tmp_path, offline_w
     killed_between_saving_and_logging(monkeypatch, config, 1, [])
     train(config, resume=True)
     assert wandb_parts(offline_wandb) == [([0, 1], 1), ([2, 3], 0)]
+
+
+def session_end_statuses(folder: Path) -> list[int]:
+    """The hparams session-end statuses (1 success, 2 failure) of the events under ``folder``."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    return [HParamsPluginData.FromString(value.metadata.plugin_data.content)
+            .session_end_info.status
+            for path in sorted(folder.rglob("events.out.tfevents.*"))
+            for event in EventFileLoader(str(path)).Load() for value in event.summary.value
+            if value.tag == "_hparams_/session_end_info"]
+
+
+@needs_wandb
+@needs_tensorboard
+@pytest.mark.parametrize(("status", "ended_well"), [("diverged", True), ("interrupted", False)])
+def test_tensorboard_and_wandb_end_a_run_alike(tmp_path, offline_wandb, status, ended_well):
+    """A diverged run is a finished run (`train` exits 0): it ended its W&B run with exit
+    code 0 but its TensorBoard session as failed; an interrupted run's session end was
+    never written (TensorBoard has no "aborted" status: it raised). Both loggers now end a
+    finished run (completed or diverged) as a success, any other as a failure."""
+    from integrity_support import nan_weights_before
+
+    config = tiny(tmp_path / "runs", **{"run.wandb_project": "creditaudit-test",
+                                        "run.tensorboard": str(tmp_path / "tb"),
+                                        "diagnostics.end_of_run": False})
+    original = Trainer.train_epoch
+
+    def interrupted(self, n):  # noqa: ANN001, ANN202
+        if n == 2:
+            raise KeyboardInterrupt
+        return original(self, n)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch",
+                      nan_weights_before(1) if status == "diverged" else interrupted)
+        with contextlib.suppress(KeyboardInterrupt):
+            train(config)
+    assert load_record(Path(config.run.out_dir) / run_id(config)).status == status
+    assert [code for _, code in wandb_parts(offline_wandb)] == [0 if ended_well else 1]
+    assert session_end_statuses(tmp_path / "tb") == [1 if ended_well else 2]
 
 
 @needs_wandb

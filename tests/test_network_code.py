@@ -188,7 +188,7 @@ def test_two_scripts_with_a_net_of_one_name_are_two_runs_and_two_recipes(tmp_pat
     assert main(["report", str(out)]) == 0
     capsys.readouterr()
     report = (out / "report" / "report.md").read_text()
-    assert "re-evaluated against" in report and "1 run(s)." in report
+    assert "re-evaluated against" in report and "1 run." in report
     sections = {part.split("\n", 1)[0].strip(): part for part in report.split("### ")[1:]}
     against = {run_id: "vs frozen blocks" in sections[run_id] for run_id in loaded}
     assert against == {frozen.run_id: False, tanh.run_id: True, relu.run_id: False}

@@ -630,19 +630,23 @@ def test_the_recorder_refuses_what_it_cannot_record(small, tmp_path):
 def test_train_resume_of_an_own_loop_record_says_it_trained_in_its_own_loop(small, tmp_path,
                                                                             capsys, given):
     """Its data (own-data) is no dataset a config names: the line is audit's, not the
-    config's first unknown value."""
+    config's first unknown value — and says how its record reaches TensorBoard (it said
+    nothing of it, and the way in, creditaudit.loggers.replay, was documented nowhere)."""
     trained, x, y = small
     rec = Recorder(trained, x, y, out=tmp_path, name="run", progress=False,
                    config={"diagnostics.end_of_run": False})
     rec.epoch(1, test_acc=0.5)
     path = tmp_path / "run" / ("record.json" if given == "record.json" else "")
     capsys.readouterr()
-    for argv in (["train", "--resume", "--config", str(path)], ["train", "--config", str(path)]):
+    for argv in (["train", "--resume", "--config", str(path)], ["train", "--config", str(path)],
+                 ["train", "--config", str(path), "--tensorboard", str(tmp_path / "tb")]):
         assert main(argv) == 2
         assert one_line(capsys) == (
             f"creditaudit: error: cannot rebuild {tmp_path / 'run'}: it was trained in its own "
             "loop (creditaudit.Recorder), and only runs the command line trained can be "
-            "rebuilt; audit it in that loop with creditaudit.diagnose")
+            "rebuilt; audit it in that loop with creditaudit.diagnose; to log its record to "
+            "TensorBoard or W&B, replay it with creditaudit.loggers.replay (docs/logging.md)")
+    assert not (tmp_path / "tb").exists()
 
 
 def test_a_config_that_is_no_record_keeps_its_own_error(tmp_path, capsys):

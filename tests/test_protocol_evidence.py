@@ -281,6 +281,30 @@ def test_a_run_diverged_in_its_first_epoch_says_why_no_other_diagnostic_is_judge
     assert note in format_run_summary([record])
 
 
+def test_report_of_a_run_diverged_in_its_first_epoch_shows_the_d_audit_judges(
+        first_epoch_diverged):
+    """Its record holds no protocol block, so `report` had no report of it: its (d) column
+    and verdict read "—" against a frozen baseline, where `audit` of the same run judged
+    (d) (and the verdict behind the table did too). The report now judges (d) as `audit`
+    does, (a)–(c) not evaluated; without a baseline there is still nothing to judge."""
+    from creditaudit.report.tables import diagnostic_cell
+
+    record = load_record(first_epoch_diverged)
+    assert not record.protocol.report
+    assert record_report(record) is None
+    report = record_report(record, frozen_acc=0.5, frozen_runs=1)
+    assert report is not None
+    audited = audit_run(first_epoch_diverged, frozen="0.5", metrics=False).diagnostic("d")
+    d = report.diagnostic("d")
+    assert (d.value, d.status) == (audited.value, audited.status) == (d.value, "fired")
+    assert [report.diagnostic(i).status for i in "abc"] == [NOT_EVALUATED] * 3
+    assert diagnostic_cell(report, "d").startswith("**fired**")
+    assert report.metadata["headline_acc"] == record.final_acc
+    assert record_verdict(record, frozen_acc=0.5, frozen_runs=1).judgement == report.judgement
+    unfinished = dataclasses.replace(record, status="interrupted")  # its table says "— (run …)"
+    assert record_report(unfinished, frozen_acc=0.5, frozen_runs=1) is None
+
+
 def test_a_record_with_a_threshold_out_of_todays_range_stays_readable(untrained_run, tmp_path):
     """Earlier versions accepted a stability of 1 (and a floor of 0, …): such a record is
     read, reported and audited with the thresholds its run used, never refused."""

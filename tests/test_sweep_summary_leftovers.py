@@ -151,7 +151,7 @@ def test_a_logger_failing_after_the_final_record_counts_completed_everywhere(
     captured = capsys.readouterr()
     assert "done 1, running 0, failed 0" in captured.err, captured.err  # was failed 1
     assert "logger Boom.finish raised ValueError" in captured.err
-    assert "1 runs (1 completed)" in captured.out
+    assert "1 run (1 completed)" in captured.out
     [entry] = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["runs"]
     assert entry["status"] == "completed"
     assert entry["error"].startswith("its record is final; raised after it: logger Boom")

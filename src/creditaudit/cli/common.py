@@ -220,7 +220,9 @@ def config_file(path: str) -> RunConfig:
     amended by ``--set diagnostics.protocol_every=1``, as the refusal says).
     When that fails on a run record (or its folder) of a run that cannot be rebuilt — one
     recorded from a user's own loop, whose data (``own-data``) no config names — the line
-    says so, as audit's does, instead of the config's first unreadable key."""
+    says so, as audit's does, instead of the config's first unreadable key, and names the
+    way such a record reaches TensorBoard or W&B (what ``train --tensorboard`` on a
+    finished run does): :func:`creditaudit.loggers.replay`."""
     from creditaudit.records import load_config_file
 
     try:
@@ -229,7 +231,8 @@ def config_file(path: str) -> RunConfig:
         refusal = _rebuild_refusal(path)
         if refusal is None:
             raise
-        raise ConfigError(refusal) from None
+        raise ConfigError(f"{refusal}; to log its record to TensorBoard or W&B, replay it "
+                          "with creditaudit.loggers.replay (docs/logging.md)") from None
 
 
 def _rebuild_refusal(path: str) -> str | None:

@@ -18,7 +18,7 @@ from creditaudit.cli.common import (
     refuse_together,
 )
 from creditaudit.errors import ConfigError, CreditAuditError
-from creditaudit.formatting import duration
+from creditaudit.formatting import counted, duration
 
 SCALE_HELP = ("smoke: seconds, tiny synthetic runs (tests); cpu: sized for a 2-core machine "
               "(Fashion-MNIST, 20 epochs, 3 seeds: hours); paper: the published CIFAR-10 "
@@ -162,7 +162,7 @@ def _count(experiment, args: argparse.Namespace,  # noqa: ANN001 - an Experiment
     try:
         found = configs(args.data_dir)  # None: the scale's default folder
         done = sum(run_state(plan_run(c))[0] in ("completed", "diverged") for c in found)
-        return f"{len(found)} runs, {done} finished in {args.out}"
+        return f"{counted(len(found), 'run')}, {done} finished in {args.out}"
     except CreditAuditError as err:  # no data here: count the runs without reading it
         try:
             count = len(configs(args.data_dir or "DATA_DIR"))
@@ -302,5 +302,5 @@ def run(args: argparse.Namespace) -> int:
     for entry in missing.values():
         print(f"missing: {entry['run_id']} ({entry['status']})"
               + (f": {entry['error']}" if entry["error"] else ""), file=sys.stderr)
-    print(f"{len(summaries)} experiment(s) in {duration(time.perf_counter() - started)}")
+    print(f"{counted(len(summaries), 'experiment')} in {duration(time.perf_counter() - started)}")
     return 1 if missing else 0

@@ -57,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
     for module, err in missing:
         print(f"missing {module.TITLE}: needs " + "; ".join(err.needs))
         print(f"    runs it reads: {module.requirements}")
-    print(f"{len(rendered)} figure(s) drawn, {len(missing)} missing")
+    print(f"{counted(len(rendered), 'figure')} drawn, {len(missing)} missing")
     return 0

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     # The report embeds the figures drawn here; report and figures know nothing of each other.
     rendered, missing = render_all(index, out / FIGURES_DIR)
     files = write_report(index, out, rendered=rendered, missing=missing)
-    print(f"{counted(len(index), 'run record')}; {len(files.rendered)} figure(s) drawn, "
+    print(f"{counted(len(index), 'run record')}; {counted(len(files.rendered), 'figure')} drawn, "
           f"{len(files.missing)} missing")
     for module, err in files.missing:
         print(f"missing {module.TITLE}: needs " + "; ".join(err.needs))

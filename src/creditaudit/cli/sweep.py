@@ -43,7 +43,7 @@ from creditaudit.cli.sweep_output import (
     task_sizes,
 )
 from creditaudit.config import device_overrides
-from creditaudit.formatting import duration
+from creditaudit.formatting import counted, duration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -308,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
             with exit_on_signal("sweep interrupted while joining the executor; no run had "
                                 "started"):
                 stack.enter_context(executor)
-            print(f"sweep {args.sweep_file}: {len(plans)} runs, {len(to_train)} to train → "
+            print(f"sweep {args.sweep_file}: {counted(len(plans), 'run')}, {len(to_train)} to "
+                  "train → "
                   f"{plans[0].config.run.out_dir} "
                   f"({describe_executor(executor, tasks, args.threads_per_worker)}"
                   + (f"; {describe_stacks(to_train, args.stack)}" if args.stack > 1 else "")
@@ -346,9 +347,10 @@ def run(args: argparse.Namespace) -> int:
     skipped_failed = [o for o in result.outcomes
                       if o.get("action") == "skipped" and o.get("status") == "failed"]
     if skipped_failed:
-        print(f"{len(skipped_failed)} run(s) failed before and were skipped: run the same "
-              "command with --retry-failed to train them again")
+        print(f"skipped {counted(len(skipped_failed), 'run')} that failed before: run the "
+              "same command with --retry-failed to train failed runs again")
     counts = ", ".join(f"{n} {status}" for status, n in result.summary["counts"].items())
-    print(f"\n{len(plans)} runs ({counts}) in {duration(time.perf_counter() - started)}; "
+    took = duration(time.perf_counter() - started)
+    print(f"\n{counted(len(plans), 'run')} ({counts}) in {took}; "
           f"summary: {result.summary_path}")
     return 1 if problems else 0

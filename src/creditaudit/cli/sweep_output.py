@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from creditaudit.errors import CreditAuditError
-from creditaudit.formatting import duration, plain_line
+from creditaudit.formatting import counted, duration, plain_line
 
 
 # --- progress ------------------------------------------------------------------------------
@@ -154,11 +154,11 @@ def describe_plan(sweep: Any, expansion: Any, out_dir: Path, n_runs: int | None 
     else:
         text += "the [base] run"
     if expansion.n_include:
-        text += f" + {expansion.n_include} [[include]] run{'s' if expansion.n_include != 1 else ''}"
+        text += f" + {counted(expansion.n_include, '[[include]] run')}"
     n_configs = len(expansion.configs)
     n_runs = n_configs if n_runs is None else n_runs
-    configs = f"{n_configs} config{'s' if n_configs != 1 else ''}, " if n_runs < n_configs else ""
-    return text + f" → {configs}{n_runs} run{'s' if n_runs != 1 else ''} in {out_dir}"
+    configs = f"{counted(n_configs, 'config')}, " if n_runs < n_configs else ""
+    return text + f" → {configs}{counted(n_runs, 'run')} in {out_dir}"
 
 
 def describe_stacks(plans: list[Any], size: int) -> str:
@@ -173,10 +173,9 @@ def describe_stacks(plans: list[Any], size: int) -> str:
     stacks = [g for g in groups if len(g) > 1]
     alone = len(groups) - len(stacks)
     if not stacks:  # not "0 runs in 0 stacks of up to K"
-        return f"nothing to stack: {alone} run{'s' if alone != 1 else ''} alone"
-    text = (f"{sum(map(len, stacks))} runs in {len(stacks)} stack"
-            f"{'s' if len(stacks) != 1 else ''} of up to {size}")
-    return text + (f", {alone} run{'s' if alone != 1 else ''} alone" if alone else "")
+        return f"nothing to stack: {counted(alone, 'run')} alone"
+    text = f"{sum(map(len, stacks))} runs in {counted(len(stacks), 'stack')} of up to {size}"
+    return text + (f", {counted(alone, 'run')} alone" if alone else "")
 
 
 def at_once(tasks: list[int], slots: int) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
+from creditaudit.formatting import counted
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
 from creditaudit.records.compare import recipe_difference
@@ -315,4 +316,4 @@ def seeds_text(chosen: dict[str, Sequence[RunRecord]]) -> str:
     """``3 seeds``, or ``1–6 seeds`` where the methods ran different numbers of seeds."""
     counts = [len(runs) for runs in chosen.values() if runs]
     low, high = min(counts, default=0), max(counts, default=0)
-    return f"{low} seed{'s' if high != 1 else ''}" if low == high else f"{low}–{high} seeds"
+    return counted(low, "seed") if low == high else f"{low}–{high} seeds"

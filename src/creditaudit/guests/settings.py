@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from creditaudit.errors import GuestError
+from creditaudit.formatting import counted
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def settings_kept(what: str) -> Iterator[None]:
                 changed.append((setting, value, now))
         if changed and not raised:
             setting, value, now = changed[0]
-            more = f" (and {len(changed) - 1} more setting(s))" if len(changed) > 1 else ""
+            more = f" (and {counted(len(changed) - 1, 'more setting')})" if len(changed) > 1 else ""
             raise GuestError(
                 f"{what} changed torch's {setting.name} from {_name(value)} to {_name(now)}"
                 f"{more} and left it so, which would change every number computed after it "

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from creditaudit.formatting import duration, fmt
+from creditaudit.formatting import counted, duration, fmt
 from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import verdict_text
 from creditaudit.records import EpochEntry, RunRecord
@@ -114,8 +114,8 @@ class ConsoleLogger(RunLogger):
                                             self.bar_stream, desc=self.name + first,
                                             unit="step", leave=False)
         else:
-            what = (f"resuming at epoch {run.first_epoch}" if run.resumed
-                    else f"{run.epochs} epochs of {run.steps_per_epoch} steps")
+            what = (f"resuming at epoch {run.first_epoch}" if run.resumed else
+                    f"{counted(run.epochs, 'epoch')} of {counted(run.steps_per_epoch, 'step')}")
             self._print(f"{self._run_words(run.run_id)}: {what} → {run.run_dir}")
         if run.resumed_after is not None:  # where it goes on from, and the verdict so far
             self.log_epoch(run.resumed_after)

@@ -111,7 +111,7 @@ class TensorBoardLogger(RunLogger):
         for tag, value in end_of_run_scalars(record).items():
             self.writer.add_scalar(tag, value, step)
         self.writer.add_text("run/status", status_text(record), step)
-        self.writer.file_writer.add_summary(_session_end(record.status), step)
+        self.writer.file_writer.add_summary(_session_end(record.is_finished), step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -185,9 +185,10 @@ def _holds_finished_run(log_dir: Path) -> bool:
     return any(text.split(":")[0].split(",")[0] in FINISHED for text in statuses.values())
 
 
-def _session_end(status: str) -> Any:
-    """The hparams plugin's end-of-session summary: success for completed runs, aborted for
-    interrupted ones, failure for diverged and failed ones."""
+def _session_end(finished: bool) -> Any:
+    """The hparams plugin's end-of-session summary: success for a finished run (completed or
+    diverged: ``RunRecord.is_finished``, as the W&B run's exit code 0 says), failure for a
+    failed or interrupted one."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.plugins.hparams.api_pb2 import Status
     from tensorboard.plugins.hparams.metadata import (
@@ -197,9 +198,8 @@ def _session_end(status: str) -> Any:
     )
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
 
-    code = {"completed": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}.get(
-        status, "STATUS_FAILURE")
-    data = HParamsPluginData(session_end_info=SessionEndInfo(status=Status.Value(code)),
+    code = Status.STATUS_SUCCESS if finished else Status.STATUS_FAILURE
+    data = HParamsPluginData(session_end_info=SessionEndInfo(status=code),
                              version=PLUGIN_DATA_VERSION)
     meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(
         plugin_name=PLUGIN_NAME, content=data.SerializeToString()))

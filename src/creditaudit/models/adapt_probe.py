@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
+from creditaudit.formatting import counted
 from creditaudit.models import adapt_arguments
 from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
 from creditaudit.models.contract import without_zero_samples
@@ -262,7 +263,7 @@ class AdaptProbe:
         """Eval-mode outputs must be the same on a second pass over the same batch, and
         sample 0's must not move when the other samples change."""
         if x.shape[0] < 2:
-            raise ModelContractError(f"the probe batch has {x.shape[0]} sample(s): give "
+            raise ModelContractError(f"the probe batch has {counted(x.shape[0], 'sample')}: give "
                                      "adapt() at least 2 (example=x[:8])")
         rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
         with torch.no_grad():

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from creditaudit.descriptions import ModelDescription
 from creditaudit.errors import ModelContractError
+from creditaudit.formatting import counted
 from creditaudit.guests.blame import mark_network_failure
 from creditaudit.models.adapt_arguments import (
     NotLogitsError,
@@ -84,8 +85,9 @@ class AdaptedModel(AdaptProbe, nn.Module):
         check_names(net, self.state_names, "states")
         if len(self.state_names) < 2:
             raise ModelContractError(
-                f"states={list(self.state_names)} names {len(self.state_names)} module(s): "
-                "name at least two (h_0 … h_L, L ≥ 1), in the order the forward computes them")
+                f"states={list(self.state_names)} names "
+                f"{counted(len(self.state_names), 'module')}: name at least two (h_0 … h_L, "
+                "L ≥ 1), in the order the forward computes them")
         repeated = sorted({n for n in self.state_names if self.state_names.count(n) > 1})
         if repeated:
             raise ModelContractError(f"states names {repeated[0]!r} twice: each state is one "

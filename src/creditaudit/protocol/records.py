@@ -32,7 +32,7 @@ from creditaudit.protocol.checks import (
 )
 from creditaudit.protocol.diagnostics import DepthUtility, default_names, depth_utility
 from creditaudit.protocol.evaluate import DiagnosticReport
-from creditaudit.protocol.verdicts import Judgement, judge, statuses_of
+from creditaudit.protocol.verdicts import Judgement, Protocol, judge, statuses_of
 from creditaudit.records import Copies, EndOfRun, EpochEntry, RunRecord, find_runs, results_folder
 from creditaudit.records.recipes import NOT_RECORDED
 from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES
@@ -218,13 +218,8 @@ def record_verdict(record: RunRecord, frozen_acc: float | None = None, frozen_ru
     statuses = recorded_statuses(record)
     for i in default_names():
         statuses.setdefault(i, NOT_EVALUATED)
-    margin = record.recorded_value(DepthUtility.name)
-    if frozen_acc is not None and not is_frozen_baseline(record):
-        d = depth_utility(record.final_acc, frozen_acc, thresholds or Thresholds(),
-                          trained=not untrained(record))
-        statuses[d.id], margin = d.status, d.value
-    return Verdict(statuses, judge(statuses, record.reference.to_dict()), margin, frozen_acc,
-                   frozen_runs)
+    return Verdict(statuses, judge(statuses, record.reference.to_dict()),
+                   record.recorded_value(DepthUtility.name), frozen_acc, frozen_runs)
 
 
 def recorded_statuses(record: RunRecord) -> dict[str, str]:
@@ -251,21 +246,54 @@ def epoch_fields(entry: EpochEntry | None) -> dict[str, float]:
     return {key: value for key, value in entry.extras.items() if key not in reserved}
 
 
+def not_judged_reason(record: RunRecord) -> str:
+    """Why ``record`` holds no protocol evaluation: the diagnostics' reason in
+    :func:`unjudged_report` and wherever its statistics are read."""
+    epoch = (record.divergence or {}).get("epoch")
+    if record.status == "diverged" and epoch is not None:
+        return f"diverged in epoch {epoch}, before the protocol's first evaluation"
+    return "no protocol evaluation recorded"
+
+
+def unjudged_report(record: RunRecord) -> DiagnosticReport:
+    """A report of ``record``'s protocol (``diagnostics.protocol``, its thresholds) on its
+    last finite epoch with every diagnostic not evaluated: what :func:`record_report`
+    judges (d) in against a frozen baseline where the record holds no protocol evaluation
+    (a run that diverged in its first epoch's steps) — as ``audit`` of its checkpoint does."""
+    protocol = Protocol.from_config(record.config.diagnostics)
+    why = not_judged_reason(record)
+    results = [DiagnosticResult(d.name, d.label, None, d.limit(), NOT_EVALUATED, why)
+               for d in protocol.diagnostics]
+    last = record.entry(record.numbers_epoch) if record.numbers_epoch is not None else None
+    measures = last.measures if last is not None else None
+    return DiagnosticReport(
+        list(measures.hidden_norms) if measures else [],
+        list(measures.bp_grad_norms_per_sample_med) if measures else [], results, "", [], [],
+        metadata={**record_metadata(record), "headline_acc": record.final_acc,
+                  "n_samples": record.data.eval_samples if record.data else None,
+                  "thresholds": protocol.thresholds().to_dict()})
+
+
 def record_report(record: RunRecord, frozen_acc: float | None = None, frozen_runs: int = 0,
                   thresholds: Thresholds | None = None) -> DiagnosticReport | None:
-    """The run's last protocol report, with Γ, per-layer cosines and the credit-quality
-    metrics filled in from the end-of-run block and the epoch's own fields
-    (:func:`epoch_fields`), the record's reference check as ``metadata["reference_check"]``,
-    and (d) re-evaluated against ``frozen_acc`` when given (``metadata["frozen_from_runs"]``
-    = ``frozen_runs``; at ``thresholds``, default the report's own)."""
-    if not record.protocol.report:
-        return None
+    """The run's last protocol report (for a finished run whose record holds none, with
+    ``frozen_acc`` given, :func:`unjudged_report`; else None), with Γ, per-layer cosines
+    and the credit-quality metrics filled in from the end-of-run block and the epoch's own
+    fields (:func:`epoch_fields`), the record's reference check as
+    ``metadata["reference_check"]``, and (d) re-evaluated against ``frozen_acc`` when given
+    (``metadata["frozen_from_runs"]`` = ``frozen_runs``; at ``thresholds``, default the
+    report's own)."""
     entry = record.entry(record.protocol.epoch) if record.protocol.epoch is not None else None
     measures = entry.measures if entry is not None else None
-    report = DiagnosticReport.from_dict(
-        json.loads(json.dumps(record.protocol.report)),
-        hidden_norms=measures.hidden_norms if measures is not None else None,
-        grad_norms=measures.bp_grad_norms_per_sample_med if measures is not None else None)
+    if record.protocol.report:
+        report = DiagnosticReport.from_dict(
+            json.loads(json.dumps(record.protocol.report)),
+            hidden_norms=measures.hidden_norms if measures is not None else None,
+            grad_norms=measures.bp_grad_norms_per_sample_med if measures is not None else None)
+    elif frozen_acc is not None and record.is_finished and not is_frozen_baseline(record):
+        report = unjudged_report(record)  # (d) is judged below, as in every other record
+    else:
+        return None
     # Judged with the run's reference check, as every reading of the record is.
     report.metadata["reference_check"] = record.reference.to_dict()
     if untrained(record):  # a 0-epoch run
@@ -404,5 +432,6 @@ class RecordSet:
 
 
 __all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "recorded_statuses",
-           "baseline_runs", "not_a_baseline", "frozen_baseline", "is_frozen_baseline",
-           "model_description", "record_metadata", "arch_variant", "draws_default_feedback"]
+           "not_judged_reason", "unjudged_report", "baseline_runs", "not_a_baseline",
+           "frozen_baseline", "is_frozen_baseline", "model_description", "record_metadata",
+           "arch_variant", "draws_default_feedback"]

@@ -42,6 +42,7 @@ from creditaudit.files.safe_files import (
     describe_os_error,
     read_text,
 )
+from creditaudit.formatting import counted
 from creditaudit.records.duplicates import Copies, distinct_runs
 from creditaudit.records.schema import RunRecord
 
@@ -221,8 +222,8 @@ def _runs_below(folder: Path) -> str:
         return ""
     if not runs:
         return ""
-    return (f"{folder} is a results folder of {len(runs)} run(s), not a run's folder: pass "
-            f"a run's folder (e.g. {runs[0]}), or several")
+    return (f"{folder} is a results folder of {counted(len(runs), 'run')}, not a run's "
+            f"folder: pass a run's folder (e.g. {runs[0]}), or several")
 
 
 def _run_without_record(folder: Path) -> str:

@@ -180,8 +180,8 @@ def report_parts(index: RunIndex, *, rendered: Sequence[Any] = (),
 
     if unfinished:
         lines += ["## Runs that did not finish", "",
-                  f"{len(unfinished)} run(s) failed, were interrupted or are still running; "
-                  "they are left out of the tables above and of the figures.", ""]
+                  f"{counted(len(unfinished), 'run')} did not finish (failed, interrupted or still "
+                  "running): left out of the tables above and of the figures.", ""]
         lines += unfinished_table(unfinished, index).lines()
         lines.append("")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from creditaudit.formatting import markdown_text, one_line
+from creditaudit.formatting import counted, markdown_text, one_line
 from creditaudit.protocol import NOT_EVALUATED, UNVERIFIED_MARK, DepthUtility
 from creditaudit.protocol.records import is_frozen_baseline
 from creditaudit.records import RunRecord
@@ -59,7 +59,7 @@ def reference_notes(index: RunIndex, runs: Sequence[Any]) -> list[str]:
         return []
     return [f"{UNVERIFIED_MARK}: the number was measured against a reference gradient that "
             "is not verified, so a cosine, Γ, (b) or (c) there need not measure anything "
-            f"(the verdict says why): {len(why)} run(s).", ""]
+            f"(the verdict says why): {counted(len(why), 'run')}.", ""]
 
 
 def deep_cos_notes(runs: Sequence[Any]) -> list[str]:
@@ -118,7 +118,7 @@ def frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
                      "the frozen-blocks runs of the same recipe (same data, network and its "
                      "code, optimiser and precision; the default, `--no-frozen-from-runs` "
                      f"turns it off), not the record's own {d}; the verdict follows. "
-                     f"{len(recomputed)} run(s).")
+                     f"{counted(len(recomputed), 'run')}.")
     elif not index.frozen_from_runs:
         could = [run for run in index.runs if not is_frozen_baseline(run)
                  and index.frozen_baseline(run) is not None
@@ -126,10 +126,10 @@ def frozen_notes(index: RunIndex, rows: Sequence[dict[str, str]]) -> list[str]:
                  and any(r.id == DepthUtility.name and r.status == NOT_EVALUATED
                          for r in report.diagnostics)]
         if could:
-            notes.append(f"{len(could)} run(s) have {d} not evaluated although frozen-blocks "
-                         "runs of their recipe exist: run `creditaudit report` without "
-                         f"`--no-frozen-from-runs` (by default it evaluates {d} against "
-                         "them).")
+            notes.append(f"{d} is not evaluated in {counted(len(could), 'run')} although "
+                         "frozen-blocks runs of their recipe exist: run `creditaudit "
+                         f"report` without `--no-frozen-from-runs` (by default it evaluates "
+                         f"{d} against them).")
     return [*notes, ""] if notes else []
 
 

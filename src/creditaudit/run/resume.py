@@ -31,6 +31,7 @@ from creditaudit.config import RunConfig, keys_with_role
 from creditaudit.data.identity import changed_files
 from creditaudit.descriptions import CONTENT_DIGEST, DataIdentity
 from creditaudit.errors import RunRecordError
+from creditaudit.formatting import counted
 from creditaudit.guests import Guest
 from creditaudit.guests.blame import blame
 from creditaudit.methods import CreditRule
@@ -327,10 +328,9 @@ def resume_threads(record: RunRecord, config: RunConfig, path: Path | str) -> in
     if recorded is None:
         return asked
     if asked is not None and asked != recorded:
-        plural = "s" if recorded != 1 else ""
         raise RunRecordError(
             f"cannot resume {path} with run.threads={asked}: its epochs so far ran on "
-            f"{recorded} torch thread{plural}, and another count adds up every sum in another "
+            f"{counted(recorded, 'torch thread')}, and another count adds up every sum in another "
             "order (other last bits than the uninterrupted run); resume without --threads "
             f"(it goes on with {recorded}) or with --threads {recorded}, or start the run "
             f"over with {FORCE}")

@@ -5,8 +5,10 @@ checkpoint next to it. A killed run resumes from its last checkpoint to the same
 record (wall-clock fields aside); a run whose loss or states turn NaN/Inf ends with status
 ``diverged`` and keeps every record so far.
 
-What a record holds beyond training — the protocol of an epoch, the final results, the
-end-of-run metrics — comes from :mod:`creditaudit.run.results`, which
+How an epoch is measured for the record (evaluation, diagnostics, the protocol when due)
+is :mod:`creditaudit.run.epoch_measurement`'s. What a record holds beyond training — the
+protocol of an epoch, the final results, the end-of-run metrics — comes from
+:mod:`creditaudit.run.results`, which
 :class:`creditaudit.run.recorder.Recorder` shares for runs trained in a user's own loop; what a
 run's folder says before training (finished, resume, start over) from
 :mod:`creditaudit.run.folder`; how the record ends (finished, interrupted, failed) from
@@ -16,9 +18,8 @@ run's folder says before training (finished, resume, start over) from
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import torch
@@ -28,9 +29,7 @@ from creditaudit.data import Dataset
 from creditaudit.errors import ConfigError, DiskFullError, ended_by_ray
 from creditaudit.files.safe_files import atomic_write_bytes, ensure_folder, remove_leftovers
 from creditaudit.loggers import LoggerGroup, RunLogger, RunStart, build_loggers
-from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.methods import CreditRule
-from creditaudit.models.contract import measurement_mode
 from creditaudit.optim import make_adamw
 from creditaudit.records import (
     CHECKPOINT_FILE,
@@ -43,18 +42,15 @@ from creditaudit.records import (
 from creditaudit.records.claims import check_held
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
-from creditaudit.run.data_writes import data_left_alone, measured_data, run_suspects
-from creditaudit.run.evaluation import KnownPredictions, TestEvaluation
+from creditaudit.run.data_writes import run_suspects
+from creditaudit.run.epoch_measurement import EpochMeasurement
+from creditaudit.run.evaluation import TestEvaluation
 from creditaudit.run.folder import RunResult, holding_for_train, prepare_run
 from creditaudit.run.init_file import write_initial
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.record_keeping import RecordKeeping
 from creditaudit.run.results import (
     finite_entry,
-    judge_protocol,
-    note_credit_not_finite,
-    note_protocol,
-    protocol_due,
     reference_at_start,
     rule_extras,
     training_state_fault,
@@ -74,7 +70,7 @@ TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverif
              "to train it with every cosine, Γ and (b) marked unverified")
 
 
-class Trainer(RecordKeeping):
+class Trainer(EpochMeasurement, RecordKeeping):
     """Owns one run: its model, rule, optimiser, schedule, data streams and record.
 
     Constructing it checks the reference gradient on the model as built
@@ -150,11 +146,7 @@ class Trainer(RecordKeeping):
         self.init_digest: str | None = None  # init.pt's, kept in every checkpoint
         self.loggers = LoggerGroup([])
         self.resuming = False  # set by start()
-        # What measuring an epoch found for the record as a whole (its protocol state, the
-        # first epoch of non-finite credits), noted in it with the epoch's entry: a run
-        # interrupted in between (a stack's, while another run measures) records nothing
-        # of an epoch its log and checkpoint lack
-        self._found: list[Callable[[], None]] = []
+        self._found = []  # what measuring an epoch found (EpochMeasurement)
 
     # --- persistence --------------------------------------------------------------------
     @property
@@ -200,50 +192,6 @@ class Trainer(RecordKeeping):
         self.init_digest = restored.init_digest
 
     # --- one epoch ----------------------------------------------------------------------
-    def measure(self, epoch: int) -> EpochEntry:
-        """Evaluation and diagnostics for the record of ``epoch`` (never changes training).
-
-        When the diagnostics run, their forward pass over the evaluation subset also gives
-        those samples' test predictions, so the evaluation forwards only the rest. In eval
-        mode: BatchNorm uses (and leaves) its running statistics, so the test set never moves
-        them and every diagnostic is per sample.
-        """
-        with measurement_mode(self.model), data_left_alone(
-                measured_data(self), run_suspects(self.plan), f"epoch {epoch} was measured"):
-            return self._measure(epoch)
-
-    def _measure(self, epoch: int) -> EpochEntry:
-        every = self.config.diagnostics.every
-        protocol_due = self._protocol_due(epoch)
-        known = sg = measures = None
-        self._found = []
-        if epoch % every == 0 or epoch == self.config.optim.epochs or protocol_due:
-            measures, sg = epoch_diagnostics(self.rule, self.eval_x, self.eval_y)
-            self._found.append(partial(note_credit_not_finite, self.record, self.rule, epoch,
-                                       measures.cos_invalid))
-            known = KnownPredictions.from_logits(self.eval_indices, sg.logits, self.eval_y)
-        evaluation = self.test_evaluation if known is not None else self.full_evaluation
-        test_loss, test_acc = evaluation.run(self.model, self.device, known)
-        entry = EpochEntry(epoch=epoch, test_loss=test_loss, acc_eval=test_acc,
-                           measures=measures)
-        if protocol_due and sg is not None:
-            report = judge_protocol(self.record, entry, sg, protocol=self.protocol,
-                                    frozen_acc=self.config.diagnostics.frozen_acc,
-                                    terminal_ln=self.model.terminal_ln)
-            self._found.append(partial(note_protocol, self.record, epoch, report))
-        return entry
-
-    def _log_measured(self, entry: EpochEntry) -> None:
-        """Add :meth:`measure`'s ``entry`` to the record's log, with what it found."""
-        self.record.log.append(entry)
-        for note in self._found:
-            note()
-        self._found = []
-
-    def _protocol_due(self, epoch: int) -> bool:
-        return protocol_due(epoch, self.config.diagnostics.protocol_every,
-                            self.config.optim.epochs)
-
     def train_epoch(self, epoch: int) -> dict[str, Any] | None:
         """Train one epoch; returns the epoch's training stats, or None on divergence."""
         if self.cuda_graphs.on:  # the step captured once and replayed (run.steps.capture)

@@ -64,7 +64,7 @@ class ExportResult:
         used = ("" if self.records_found == self.records_read
                 else f" ({self.records_read} of them of the layout's kind)")
         lines = [f"read {counted(self.records_found, 'finished run record')}{used}; wrote "
-                 f"{len(self.written)} file(s) under {self.out}"]
+                 f"{counted(len(self.written), 'file')} under {self.out}"]
         for entry in self.written:
             extra = (f" (partial: missing {', '.join(entry['missing'])})"
                      if entry.get("missing") else "")

@@ -14,6 +14,7 @@ from typing import Any
 from creditaudit.config import RunConfig, apply_where_read, config_value, semantic_dict
 from creditaudit.config.keys import data_path_options, signless_zeros
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import counted
 
 
 def count_runs(grid: dict[str, list[Any]], include: Sequence[Any] = ()) -> int:
@@ -73,8 +74,7 @@ class AxisCollapse:
 
     @property
     def message(self) -> str:
-        gives = (f"its {self.n_values} values give {self.n_runs} "
-                 f"run{'s' if self.n_runs != 1 else ''}")
+        gives = f"its {self.n_values} values give {counted(self.n_runs, 'run')}"
         if self.reason == "overridden":
             return (f"grid axis {self.key} is set for every run by the command line "
                     f"({self.key}={self.detail}): {gives}")

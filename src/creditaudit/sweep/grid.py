@@ -21,6 +21,7 @@ from creditaudit.config import (
     semantic_dict,
 )
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import counted
 from creditaudit.guests.blame import blame
 from creditaudit.methods import no_effect_options
 from creditaudit.registry import RULES
@@ -203,8 +204,7 @@ def _every_run(base: RunConfig | dict[str, Any], grid: dict[str, list[Any]],
                                                for c in configs[:n_grid]}) == 1:
             raise ConfigError(f"grid axis {key} changes nothing in any run ({whys[0]}): its "
                               f"{len(grid[key])} values give 1 run; drop the axis")
-        more = (f" (and {len(whys) - 1} more run{'s' if len(whys) > 2 else ''})"
-                if len(whys) > 1 else "")
+        more = f" (and {counted(len(whys) - 1, 'more run')})" if len(whys) > 1 else ""
         log.warning("warning: %s changes nothing in some runs: left out of those runs (and "
                     "of their run ids): %s%s", key, whys[0], more)
     for key, names in sorted(not_read.items()):

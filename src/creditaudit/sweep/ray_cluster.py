@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import counted
 from creditaudit.sweep.deaths import left_outcomes, ray_death_cause, ray_task_reason, record_lost
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.worker import failed_outcome, pool_call
@@ -349,12 +350,13 @@ class RayExecutor:
                 _, pending = ray.wait(pending, num_returns=len(pending),
                                       timeout=min(left, 0.5), fetch_local=False)
             if pending:
-                log.warning("%d cancelled Ray task(s) did not end within %.0f s; their runs "
-                            "resume from their last checkpoint next time", len(pending),
+                log.warning("%s did not end within %.0f s; their runs "
+                            "resume from their last checkpoint next time",
+                            counted(len(pending), "cancelled Ray task"),
                             self.unwind_seconds)
         except KeyboardInterrupt:
-            log.warning("stopped waiting for %d cancelled Ray task(s); their runs resume "
-                        "from their last checkpoint next time", len(pending))
+            log.warning("stopped waiting for %s; their runs resume from their last "
+                        "checkpoint next time", counted(len(pending), "cancelled Ray task"))
         except Exception:  # noqa: BLE001 — the interrupt being handled matters, not this
             log.debug("waiting for cancelled Ray tasks failed", exc_info=True)
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import counted
 from creditaudit.models import ResidualNet, architecture
 from creditaudit.models.registry import build_architecture
 
@@ -276,7 +277,7 @@ def run_checks(checks: Iterable[Check], what: str) -> Report:
         else:
             failures.append(f"{outcome.id}: {outcome.message}")
     if failures:
-        raise AssertionError(f"{what} fails {len(failures)} conformance check(s):\n- "
+        raise AssertionError(f"{what} fails {counted(len(failures), 'conformance check')}:\n- "
                              + "\n- ".join(failures))
     return Report(passed, expected)
 

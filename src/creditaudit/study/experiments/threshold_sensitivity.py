@@ -28,7 +28,7 @@ from creditaudit.protocol import (
     default_names,
     in_order,
 )
-from creditaudit.protocol.records import RecordSet, is_frozen_baseline
+from creditaudit.protocol.records import RecordSet, is_frozen_baseline, not_judged_reason
 from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
@@ -43,22 +43,13 @@ def default_threshold(diagnostic: type[ProtocolDiagnostic]) -> float:
     return diagnostic().limit()
 
 
-def _no_report_reason(record: RunRecord) -> str:
-    """Why a run has no protocol report to read its statistics from."""
-    divergence = record.divergence or {}
-    if record.status == "diverged" and divergence.get("epoch") is not None:
-        return (f"diverged in epoch {divergence['epoch']}, before the protocol's first "
-                "evaluation")
-    return "no protocol evaluation recorded"
-
-
 def run_statistics(record: RunRecord, index: RecordSet) -> dict[str, Any]:
     """Each diagnostic's stored statistic (None where it was not evaluated), status and, where
     not evaluated, why — at the run's last protocol evaluation, (d) against its recipe's
-    frozen runs. A run with no protocol report (one that diverged before the first
-    evaluation) is read as its verdict reads it in every other table
-    (:meth:`RecordSet.verdict`: (d) against the frozen runs, the rest not evaluated), so it
-    is counted as decision_utility counts it."""
+    frozen runs. A run with no protocol evaluation (one that diverged before the first) is
+    read as every other table reads it (:meth:`RecordSet.protocol_report`: (d) against the
+    frozen runs, the rest not evaluated; without frozen runs, its verdict), so it is
+    counted as decision_utility counts it."""
     report = index.protocol_report(record)
     if report is not None:
         results = report.diagnostics
@@ -66,7 +57,7 @@ def run_statistics(record: RunRecord, index: RecordSet) -> dict[str, Any]:
                 "statuses": {r.id: r.status for r in results},
                 "reasons": {r.id: r.reason for r in results if r.status == NOT_EVALUATED}}
     verdict = index.verdict(record)
-    why = _no_report_reason(record)
+    why = not_judged_reason(record)
     return {"values": {DepthUtility.name: verdict.margin_pp},
             "statuses": dict(verdict.statuses),
             "reasons": {i: why for i, status in verdict.statuses.items()

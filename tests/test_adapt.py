@@ -219,6 +219,13 @@ class TupleOutNet(DetachedNet):
         return self.head(self.block(h)), h
 
 
+class PredictionsNet(DetachedNet):
+    """Returns the predicted classes (int64), not the logits."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x))).argmax(dim=1)
+
+
 class MaskedNet(DetachedNet):
     """Takes a mask beside its input, as many published networks do."""
 
@@ -330,6 +337,9 @@ REFUSALS = [
      "TupleOutNet's output must be (batch, classes) logits, got a tuple of 2 for a batch of 4: "
      "adapt a module "
      "of your own whose forward returns them"),
+    ("predictions out", PredictionsNet, ["embed", "block"], {"input_shape": (4,)},
+     "PredictionsNet's output must be (batch, classes) logits, got an int64 tensor of shape "
+     "(4,) for a batch of 4"),
     # the line said "… missing 1 required positional argument: 'mask'; pass inputs its
     # forward takes", which neither adapt()'s caller nor the command line can
     ("several inputs", MaskedNet, ["embed", "block"], {"input_shape": (4,)},

@@ -134,10 +134,16 @@ def _registered_first(net: nn.Module, name: Any, canonical: dict[int, str]) -> s
 def describe_value(value: Any) -> str:
     """What ``value`` is, for messages: ``a float32 tensor of shape (4, 8)``, ``a tuple of 2``."""
     if isinstance(value, Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+        return _a(f"{str(value.dtype).removeprefix('torch.')} tensor of shape "
+                  f"{tuple(value.shape)}")
     if isinstance(value, list | tuple):
         return f"a {type(value).__name__} of {len(value)}"
-    return f"a {type(value).__name__}"
+    return _a(type(value).__name__)
+
+
+def _a(words: str) -> str:
+    """``words`` after its indefinite article: ``an int64 tensor``, ``a float32 tensor``."""
+    return f"an {words}" if words[:1].lower() in "aeio" else f"a {words}"
 
 
 def checkpoint_cause(name: str, err: BaseException) -> str | None:

@@ -396,3 +396,17 @@ def test_an_architecture_that_builds_nothing_is_offered_nowhere(tmp_path, capsys
     assert main(["train", "--arch", "own-loop", "--out", str(tmp_path), "-q"]) == 2  # why
     assert_one_line_error(*capsys.readouterr(), "--arch own-loop: it was trained in its own "
                           "loop")
+
+
+@pytest.mark.parametrize("key, said", [
+    ("model.states", "model.states is not read by resmlp (model.arch): it is an option of "
+                     "module; drop it"),
+    ("model.module", "unknown key model.module for resmlp (model.arch); allowed keys"),
+])
+def test_an_option_of_an_architecture_that_builds_nothing_offers_no_choice(key, said, capsys):
+    """A key of another architecture is refused naming the architectures that read it — and
+    named own-loop ('it is an option of module, own-loop'; model.module: 'of own-loop'),
+    which train refuses: it only describes a Recorder's run."""
+    assert main(["train", "--arch", "resmlp", "--set", f"{key}=a", "--print-config"]) == 2
+    line = assert_one_line_error(*capsys.readouterr(), said)
+    assert "own-loop" not in line

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from creditaudit.cli import main
 from creditaudit.config import RunConfig
@@ -20,11 +21,14 @@ from creditaudit.protocol import (
     FIRED,
     NOT_EVALUATED,
     PASSED,
+    DepthUtility,
     DiagnosticReport,
     DiagnosticResult,
+    Evidence,
     protocol,
     verdict_of,
 )
+from creditaudit.protocol.builtin_options import DepthOptions
 from creditaudit.protocol.records import record_verdict
 from creditaudit.records import RECORD_FILE, SCHEMA, RunRecord, load_record, save_record
 from creditaudit.study.experiments import (
@@ -802,3 +806,19 @@ def test_a_groups_verdict_counts_the_seeds_that_evaluated_each_diagnostic():
         "evaluated in 1/3 seeds; (d) not evaluated in 2/3 seeds")
     assert verdict_overview([no_d, no_d])["text"] == \
         "no walk-back in (a)–(c) (2/2 seeds); (d) not evaluated"
+
+
+def test_threshold_sensitivity_judges_a_float32_margin_of_exactly_a_swept_threshold_as_d():
+    """(d) recorded a float32 margin at its default 2 pp (margin_pp snaps only a margin
+    within float32's rounding of that threshold); the sweep re-judged the stored 0.999999 pp
+    of a run exactly 1 pp above its frozen baseline (410/500 vs 405/500 as float32 means) at
+    1 pp and counted it fired, where (d) judged at 1 pp passes it."""
+    acc = float((torch.arange(500) < 410).float().mean())
+    frozen = float((torch.arange(500) < 405).float().mean())
+    assert 100 * (acc - frozen) < 1.0  # what float32 made of them
+    records = [fake_record("bp", 1, acc=acc), fake_record("frozen", 1, acc=frozen)]
+    summary = get_experiment("threshold_sensitivity").summarise(records)
+    rows = {r["threshold"]: r["n_fired"] for r in summary["diagnostics"]["d"]["rows"]}
+    assert (rows[0.5], rows[1.0], rows[2.0]) == (0, 0, 1)
+    assert DepthUtility(DepthOptions(margin_pp=1.0)).assess(Evidence(
+        [], [], headline_acc=acc, frozen_acc=frozen)).status == PASSED

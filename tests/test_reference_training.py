@@ -12,7 +12,11 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit import adapt
-from creditaudit.measures.reference_check import check_reference, checked_reference
+from creditaudit.measures.reference_check import (
+    ReferenceCheck,
+    check_reference,
+    checked_reference,
+)
 from creditaudit.measures.reference_modules import ReferenceGradientError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -167,3 +171,55 @@ def test_a_backward_wrong_before_the_first_state_in_both_modes_is_not_blamed_on_
                               "forward"), message
     assert "in eval mode as in training" in message
     assert placed.where == "before h_0"
+
+
+class _FrozenStem(nn.Module):
+    """A frozen feature extractor run under torch.no_grad(), before the first state."""
+
+    def __init__(self, detach_in_training_only: bool = False) -> None:
+        super().__init__()
+        self.lin, self.only_in_training = nn.Linear(6, 8), detach_in_training_only
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.only_in_training and not self.training:
+            return self.lin(x)
+        with torch.no_grad():
+            return self.lin(x)
+
+
+def _stem_check(stem: nn.Module) -> ReferenceCheck:
+    """The check of a network whose first state ('1') follows ``stem``."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    net = nn.Sequential(stem, nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    model = adapt(net, ["1", "3"], example=x[:8])
+    model.eval()
+    return check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+
+
+def test_a_stem_without_gradients_before_the_first_state_is_not_blamed_on_training():
+    """A backbone run under torch.no_grad() before h_0: the training-mode check's own
+    gradient at the inputs failed, and the model was refused with 'the reference gradient
+    cannot be computed in training mode: the backward raised RuntimeError: The
+    differentiated Tensor at index 0 appears to not have been used in the graph' — a
+    training-mode fault the model does not have, and no way out. Now the layers before h_0
+    are named, with the fix adapt gives a state computed so (freeze the parameters instead,
+    which then passes); a stop of the gradient active only in training is still refused as
+    training mode's."""
+    with pytest.raises(ReferenceGradientError) as error:
+        _stem_check(_FrozenStem())
+    message = str(error.value)
+    assert error.value.where == "before h_0" and "\n" not in message
+    assert message.startswith("the loss does not reach the model's inputs through autograd, "
+                              "in eval mode as in training"), message
+    assert "freeze their parameters (p.requires_grad_(False)) instead, which the record then " \
+        "lists, or pass verify_reference=False" in message
+    frozen = nn.Linear(6, 8).requires_grad_(False)
+    assert _stem_check(frozen).verified  # the fix it names
+    with pytest.raises(ReferenceGradientError) as error:
+        _stem_check(_FrozenStem(detach_in_training_only=True))
+    message = str(error.value)
+    assert error.value.where == "training mode" and "\n" not in message
+    assert message.startswith("in training mode the loss does not reach the model's inputs "
+                              "through autograd, though in eval mode it does"), message
+    assert "not been used in the graph" not in message

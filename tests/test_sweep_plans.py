@@ -95,6 +95,23 @@ def test_the_plugin_architecture_of_the_issue_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+
+def test_a_base_value_only_own_loop_reads_offers_no_architecture(tmp_path, capsys):
+    """own-loop builds nothing (a Recorder's run), yet a [base] key only it has
+    (model.module) was refused with '(it is an option of own-loop): set it only for the
+    runs that read it' — runs no sweep can train; model.states named 'module, own-loop'."""
+    grid = '[grid]\n"model.arch" = ["resmlp", "student"]\n'
+    path = tiny_sweep(tmp_path, grid, **{"model.module": "x"})
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    line = assert_one_line_error(*capsys.readouterr(), "[base] model.module='x' is not read "
+                                 "by resmlp", "nor by any architecture a run can select: drop "
+                                 "it from [base]")
+    assert "own-loop" not in line
+    path = tiny_sweep(tmp_path, grid, **{"model.states": ["a"]})
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    line = assert_one_line_error(*capsys.readouterr(), "(it is an option of module): set it")
+    assert "own-loop" not in line
+
 # --- a rule that cannot train a run's model -----------------------------------------------------
 def test_a_rule_that_cannot_bind_to_a_module_model_is_refused_before_any_run_trains(
         tmp_path, capsys):

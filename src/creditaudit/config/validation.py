@@ -257,9 +257,11 @@ def _section_class(section: str, given: dict[str, Any], strict: bool) -> type:
 
 
 def _owners(section: str, key: str) -> list[str]:
-    """Names of the registered components of ``section``'s axis that have option ``key``."""
+    """Names of the registered components of ``section``'s axis that have option ``key``
+    and that a config may choose (not ``own-loop``, which builds nothing: its options are
+    no run's to read, and an error naming an option's readers offers them as choices)."""
     _, registry = SELECTORS[section]
-    return [cls.name for cls in registry.classes() if key in cls.option_names()]
+    return [cls.name for cls in registry.offered_classes() if key in cls.option_names()]
 
 
 def _unknown_key(section: str, cls: type, key: str, value: Any, strict: bool,

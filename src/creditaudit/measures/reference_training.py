@@ -21,7 +21,10 @@ The eval-mode check compares gradients at the states, so a backward that is wron
 in both modes (a straight-through estimator or another ``torch.autograd.Function`` in the
 layers before the first state) first shows here, at the inputs. Such a disagreement is
 compared in eval mode too before training mode is blamed: wrong there as well, it is the
-caller's ``before_first_state`` to name (the module at fault, when one is).
+caller's ``before_first_state`` to name (the module at fault, when one is). A loss that
+does not reach the inputs through autograd (a stem under ``torch.no_grad()``) leaves nothing
+to compare there: refused as the layers before h_0's where eval mode's does not either, as
+training mode's where it does.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
         backward, difference = _comparisons(twin, x64, y)
     except ReferenceGradientError:
         raise
+    except _InputsUnused:
+        _unused_inputs(copy_of, x64, y)
     except Exception:  # noqa: BLE001 — the model's training-mode forward: training reports it
         return ""
     verdicts = _compared(backward, difference)
@@ -83,6 +88,37 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
         return ""
     return ("; in training mode (dropout masks held fixed) ∂CE/∂x agrees with them at the "
             "probes' inputs")
+
+
+class _InputsUnused(Exception):
+    """The loss does not reach the inputs through autograd (no gradient there to check)."""
+
+
+def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> NoReturn:
+    """Refuse a model whose training-mode loss does not reach the inputs ``x`` through
+    autograd: as training mode's where the eval-mode loss does; else as the layers before
+    h_0's (a stem under ``torch.no_grad()``: its parameters, listed as trained, get no
+    gradient — adapt refuses a state computed so, with the same fix)."""
+    try:
+        twin = copy_of()
+        twin.train(False)
+        _comparisons(twin, x, y)
+    except _InputsUnused:
+        raise ReferenceGradientError(
+            "the loss does not reach the model's inputs through autograd, in eval mode as in "
+            "training (torch.no_grad() or .detach() before h_0, or a backward that returns "
+            "None): the layers before the first state get no gradient, though their "
+            "parameters count as trained; to keep them from training, remove the "
+            "torch.no_grad() and freeze their parameters (p.requires_grad_(False)) instead, "
+            f"which the record then lists, or {FIX}", where="before h_0") from None
+    except Exception:  # noqa: BLE001 — eval mode was checked already; training's is refused
+        pass
+    raise ReferenceGradientError(
+        "in training mode the loss does not reach the model's inputs through autograd, though "
+        "in eval mode it does: a .detach() or torch.no_grad() active only in training (if "
+        "self.training: x = x.detach())? bp and every rule would train the layers before h_0 "
+        f"with another gradient; make the backward the same in both modes, or {FIX}",
+        where="training mode")
 
 
 def _disagrees_in_eval(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> bool:
@@ -119,12 +155,16 @@ def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor
     with torch.enable_grad():
         moved = x.detach().clone().requires_grad_(True)
         total, logits = loss(moved)
+        if not total.requires_grad:
+            raise _InputsUnused
         try:
-            (g,) = torch.autograd.grad(total, moved)
+            (g,) = torch.autograd.grad(total, moved, allow_unused=True)
         except Exception as err:  # noqa: BLE001 — the model's own backward
             raise ReferenceGradientError(
                 f"the reference gradient cannot be computed in training mode: the backward "
                 f"raised {_error_text(err)}; {FIX}", where="training mode") from None
+        if g is None:
+            raise _InputsUnused
     flat_g = g.flatten().to(F64)
     own = (flat_g / flat_g.norm().clamp_min(torch.finfo(F64).tiny)).view(1, 1, -1)
     generator = torch.Generator().manual_seed(TRAINING_SEED)

@@ -178,9 +178,16 @@ def margin_pp(accuracy: float, baseline: float, threshold: float | None = None) 
     margin up to :data:`FLOAT32_MARGIN_PP` off: a margin that close to ``threshold`` (the
     one it is judged against, when given) is the threshold."""
     margin = round(100.0 * (accuracy - baseline), MARGIN_DECIMALS)
-    if threshold is not None and abs(margin - threshold) <= FLOAT32_MARGIN_PP:
-        return float(threshold)
-    return margin
+    return margin if threshold is None else at_threshold(margin, threshold)
+
+
+def at_threshold(margin: float, threshold: float) -> float:
+    """``margin`` (pp), or ``threshold`` where the margin lies within float32's rounding of
+    it (:data:`FLOAT32_MARGIN_PP`). What (d) compares with its threshold — so that a stored
+    margin re-judged at another threshold (threshold sensitivity's sweep) reads as
+    :func:`margin_pp` would have recorded it at that one: a float32 margin of exactly 1 pp
+    (0.999999 pp) passes at 1 pp as it would had (d) been judged there."""
+    return float(threshold) if abs(margin - threshold) <= FLOAT32_MARGIN_PP else margin
 
 
 def block_growths(hidden_norms: Sequence[float]) -> list[float]:

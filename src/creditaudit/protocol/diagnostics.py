@@ -54,6 +54,7 @@ from creditaudit.protocol.checks import (
     SORTED_RATIO,
     DiagnosticResult,
     Thresholds,
+    at_threshold,
     batch_class_mix,
     block_growths,
     cross_batch_stability,
@@ -327,6 +328,12 @@ class DepthUtility(ProtocolDiagnostic[DepthOptions]):
     before_training = False
     needs = ("frozen-blocks runs (--method frozen) of the same recipe (read unless "
              "--no-frozen-from-runs), or runs trained with diagnostics.frozen_acc,")
+
+    def fires(self, value: float) -> bool:
+        """Below the threshold by more than float32's rounding of a margin
+        (:func:`~creditaudit.protocol.checks.at_threshold`): a stored margin re-judged at
+        another threshold than the one it was recorded at is judged as (d) judges it there."""
+        return super().fires(at_threshold(value, self.limit()))
 
     def evaluate(self, evidence: Evidence) -> DiagnosticResult:
         limit = self.limit()

@@ -88,6 +88,12 @@ C = TypeVar("C", bound=Component)
 Validator = Callable[[type[C], str], None]
 
 
+def _builds(cls: type) -> bool:
+    """Whether a config may choose ``cls``: not one that only describes runs and builds
+    nothing (an architecture's ``unbuildable``: ``own-loop``, a Recorder's run)."""
+    return not getattr(cls, "unbuildable", "")
+
+
 class Registry(Generic[C]):
     """The classes of one axis: built-ins plus the installed plugins of ``group``.
 
@@ -280,8 +286,7 @@ class Registry(Generic[C]):
         that builds nothing (an architecture's ``unbuildable``: ``own-loop`` only describes
         a Recorder's run) is no choice, so it is not listed."""
         self._load_builtins()
-        builtins = sorted((n for n, cls in self._builtin.items()
-                           if not getattr(cls, "unbuildable", "")),
+        builtins = sorted((n for n, cls in self._builtin.items() if _builds(cls)),
                           key=lambda n: (own_rank(self._builtin[n]), n))
         return builtins + sorted(n for n in self._entries() if n not in self._builtin)
 
@@ -289,6 +294,12 @@ class Registry(Generic[C]):
         """Every usable class, in listing order (imports every plugin of the axis)."""
         members = self._all()
         return [members[name] for name in self.names(warn=False)]
+
+    def offered_classes(self) -> list[type[C]]:
+        """:meth:`classes` less those that build nothing (left out of :meth:`listed_names`
+        too): the components an error may offer as a choice, e.g. as the readers of an
+        option."""
+        return [cls for cls in self.classes() if _builds(cls)]
 
     def builtin_classes(self) -> list[type[C]]:
         """The built-in classes, in listing order (no plugin is imported)."""

@@ -72,13 +72,17 @@ def _refuse_unread_base(raw: dict[str, Any], given: set[str], config: RunConfig,
                               "it only for the runs that list it, or drop it from [base]")
         selector = SELECTORS[section][0]
         component = getattr(getattr(config, section), selector)
-        owners = [cls.name for cls in SELECTORS[section][1].classes()
-                  if name in cls.option_names()]
+        registry = SELECTORS[section][1]
+        owners = [cls.name for cls in registry.offered_classes() if name in cls.option_names()]
         chooser = where if f"{section}.{selector}" in overrides else "[base]"
-        raise ConfigError(f"[base] {key}={raw[section][name]!r} is not read by {component} "
-                          f"({section}.{selector}), which {chooser} selects (it is an option of "
-                          f"{', '.join(owners)}): set it only for the runs that read it (a "
-                          "grid axis or [[include]] runs), or drop it from [base]")
+        said = (f"[base] {key}={raw[section][name]!r} is not read by {component} "
+                f"({section}.{selector}), which {chooser} selects")
+        if not owners:  # an option of a component that builds nothing (own-loop)
+            raise ConfigError(f"{said}, nor by any {registry.noun} a run can select: drop it "
+                              "from [base]")
+        raise ConfigError(f"{said} (it is an option of {', '.join(owners)}): set it only for "
+                          "the runs that read it (a grid axis or [[include]] runs), or drop it "
+                          "from [base]")
 
 
 def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any],

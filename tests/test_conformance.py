@@ -155,6 +155,35 @@ def test_a_rule_that_trains_only_the_readout_fails_only_the_credit_checks():
     assert "gives the embedding, which writes that state, no gradient" in message
 
 
+class FrozenEmbeddingBP(BP):
+    """An honest non-local rule: backprop on the blocks, the embedding left untrained, and
+    a_0 = 0 reported for h_0 (no credit, none trained on)."""
+
+    name = "frozen-embedding-bp"
+    feedback_kind = "none"  # its a_0 is not backprop's
+    stacked_step = None
+
+    def credits(self, x, y):
+        credits = super().credits(x, y)
+        return [torch.zeros_like(credits[0]), *credits[1:]]
+
+    def train_step(self, x, y, optimizer):
+        embedding = list(self.model.embed.parameters())
+        for p in embedding:
+            p.requires_grad_(False)
+        try:
+            return super().train_step(x, y, optimizer)
+        finally:
+            for p in embedding:
+                p.requires_grad_(True)
+
+
+def test_an_untrained_embedding_with_a_zero_credit_passes_the_embedding_check():
+    """The embedding check read no gradient as a wrong one, though a_0 = 0 implies none: the
+    rule was refused ("gives the embedding's embed.weight no gradient")."""
+    check_rule(FrozenEmbeddingBP, archs=("resmlp", "vit"))
+
+
 def test_a_readout_only_liar_on_blocks_without_a_linear_end_is_caught():
     """On ConvMixer (blocks end in a 1×1 convolution) the Σ a ⊗ u check has nothing to
     compare: the suite without credited_parts_are_trained passed the liar there."""

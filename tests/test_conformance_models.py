@@ -11,6 +11,7 @@ from torch import nn
 
 from creditaudit.errors import ConfigError
 from creditaudit.models import ARCHITECTURES, ResidualMLP
+from creditaudit.models.convmixer import ConvMixer
 from creditaudit.models.registry import ConvMixerArchitecture, ResMLPArchitecture
 from creditaudit.models.resmlp import MLPBlock
 from creditaudit.testing import check_model, model_checks
@@ -283,3 +284,43 @@ def test_image_architectures_refuse_flat_features_with_a_config_error():
         options = cls.Options(d=8, n_blocks=1, patch=2)
         with pytest.raises(ConfigError, match="needs images"):
             cls(options).check((40,))
+
+
+class GroupNormMLP(ResidualMLP):
+    terminal_ln = True  # type: ignore[assignment]
+
+    def readout(self, h):
+        return self.out_head(nn.functional.group_norm(h, 2))
+
+
+class GroupNormHeadMLP(ResMLPArchitecture):
+    name, label = "group-norm-mlp", "GroupNorm MLP"
+
+    @classmethod
+    def build(cls, options, *, input_shape, n_classes):
+        return _mlp(GroupNormMLP, options, input_shape, n_classes, out_ln=False)
+
+
+class GroupNormMixer(ConvMixer):
+    terminal_ln = True  # type: ignore[assignment]
+
+    def readout(self, h):
+        return self.out_head(nn.functional.group_norm(h, 2).mean(dim=(2, 3)))
+
+
+class GroupNormHeadMixer(ConvMixerArchitecture):
+    name, label = "group-norm-mixer", "GroupNorm mixer"
+
+    def build(self, *, input_shape, n_classes):
+        model = super().build(input_shape=input_shape, n_classes=n_classes)
+        model.__class__, model.out_ln = GroupNormMixer, None
+        return model
+
+
+@pytest.mark.parametrize("cls", [GroupNormHeadMLP, GroupNormHeadMixer], ids=lambda c: c.name)
+def test_a_group_norm_before_a_linear_head_is_a_linear_head(cls):
+    """A terminal GroupNorm of two groups of channels (declared as the terminal
+    normalisation) before pooling and a linear head hides no layer: the readout check's
+    circle kept one mean and variance over the whole state only, not over each group, and
+    refused it (rel. 0.25)."""
+    check_model(cls)

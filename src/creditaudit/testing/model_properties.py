@@ -249,6 +249,24 @@ def terminal_ln_is_what_the_readout_does(cls: type[Architecture], options: Any,
 # affine map, the others test it.
 CIRCLE = (0.0, torch.pi / 2, torch.pi, 1.0, 2.5, 4.0)
 READOUT_TOLERANCE = 1e-8  # float64, relative
+# The run of features on each of which u and v have zero mean, equal norms and are orthogonal
+# (where the width is a multiple of it): a GroupNorm's groups of 4k channels see a circle too.
+CIRCLE_CHUNK = 4
+
+
+def _circle_axes(d: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """u, v (d,) float64 of norm √d, orthogonal with zero mean and equal norms on every
+    run of :data:`CIRCLE_CHUNK` features (on the whole vector when ``d`` is no multiple of
+    it): every point cos t·u + sin t·v has one mean and variance over the whole vector and
+    over any group of whole runs — where a LayerNorm, RMSNorm or GroupNorm is linear."""
+    chunk = CIRCLE_CHUNK if d % CIRCLE_CHUNK == 0 else d
+    u, v = torch.randn(2, d // chunk, chunk, generator=generator, dtype=F64)
+    u, v = u - u.mean(-1, keepdim=True), v - v.mean(-1, keepdim=True)
+    v = v - (v * u).sum(-1, keepdim=True) / (u * u).sum(-1, keepdim=True) * u
+    scale = 0.5 + torch.rand(d // chunk, 1, generator=generator, dtype=F64)  # runs differ
+    u, v = (u / u.norm(dim=-1, keepdim=True) * scale).flatten(), \
+        (v / v.norm(dim=-1, keepdim=True) * scale).flatten()
+    return u * d ** 0.5 / u.norm(), v * d ** 0.5 / v.norm()
 
 
 def readout_is_a_linear_head(cls: type[Architecture], options: Any,
@@ -258,11 +276,7 @@ def readout_is_a_linear_head(cls: type[Architecture], options: Any,
         states, _ = model.forward_states(_inputs(model))
         rows = feature_rows(states[-1][:1])  # (1, positions, d) or (1, d)
         d = rows.shape[-1]
-        generator = torch.Generator().manual_seed(2)
-        u, v = torch.randn(2, d, generator=generator, dtype=F64)
-        u, v = u - u.mean(), v - v.mean()
-        v = v - (v @ u) / (u @ u) * u  # zero mean, orthogonal, equal norms (√d): every
-        u, v = u * d ** 0.5 / u.norm(), v * d ** 0.5 / v.norm()  # point has one variance
+        u, v = _circle_axes(d, torch.Generator().manual_seed(2))
         t = torch.tensor(CIRCLE, dtype=F64)[:, None]
         points = (t.cos() * u + t.sin() * v)  # (6, d), each a feature row a LayerNorm scales
         circle = points.view(len(CIRCLE), *[1] * (rows.dim() - 2), d).expand(

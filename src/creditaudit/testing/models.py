@@ -48,8 +48,9 @@ The checks:
   fails;
 - ``readout_is_a_linear_head``: the readout is an optional terminal LayerNorm followed by a
   linear head (pooling allowed), as the model contract says — on states whose feature
-  vectors lie on a circle cos t·u + sin t·v of zero-mean vectors of one norm, where a
-  LayerNorm is linear, the logits are affine in (cos t, sin t). A hidden layer in the
+  vectors lie on a circle cos t·u + sin t·v of zero-mean vectors of one norm (on each run
+  of 4 channels too), where a LayerNorm, RMSNorm or GroupNorm of groups of 4k channels is
+  linear, the logits are affine in (cos t, sin t). A hidden layer in the
   readout is a layer no block declares: every rule would train it by backprop on the exact
   cross-entropy, and no diagnostic would measure its credit;
 - ``description_matches_the_model``: ``describe()`` says what was built — ``d`` the width

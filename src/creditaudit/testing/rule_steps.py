@@ -269,7 +269,9 @@ def embedding_trains_on_the_reported_credit(cls: type[CreditRule], arch: str = "
         wants = torch.autograd.grad(h0, [p for _, p in twin.embed.named_parameters()
                                          if p.requires_grad], grad_outputs=credit.to(h0.dtype))
     for (name, p), want in zip(params, wants):
-        error = 1.0 if p.grad is None else relative_error(p.grad, want)
+        # No gradient is a zero one: right where the reported a_0 implies none (a rule that
+        # leaves the embedding untrained and reports a_0 = 0 says so).
+        error = relative_error(torch.zeros_like(want) if p.grad is None else p.grad, want)
         assert error < TOLERANCE, (
             f"the training step gives the embedding's embed.{name} "
             + ("no gradient" if p.grad is None else

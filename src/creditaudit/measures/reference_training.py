@@ -22,9 +22,10 @@ in both modes (a straight-through estimator or another ``torch.autograd.Function
 layers before the first state) first shows here, at the inputs. Such a disagreement is
 compared in eval mode too before training mode is blamed: wrong there as well, it is the
 caller's ``before_first_state`` to name (the module at fault, when one is). A loss that
-does not reach the inputs through autograd (a stem under ``torch.no_grad()``) leaves nothing
-to compare there: refused as the layers before h_0's where eval mode's does not either, as
-training mode's where it does.
+does not reach the inputs through autograd leaves nothing to compare there: refused as
+training mode's where eval mode's does; where it does not either, refused as the layers
+before h_0's when a trainable parameter gets no gradient (a stem under ``torch.no_grad()``),
+else not checked (a parameterless normalisation of the inputs under ``torch.no_grad()``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class _StatesModule(Protocol):
 
     def named_buffers(self) -> Iterator[tuple[str, Tensor]]: ...
 
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
 
 def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor, *,
                       before_first_state: Callable[[], NoReturn]) -> str:
@@ -70,7 +73,7 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
     except ReferenceGradientError:
         raise
     except _InputsUnused:
-        _unused_inputs(copy_of, x64, y)
+        return _unused_inputs(copy_of, x64, y)
     except Exception:  # noqa: BLE001 — the model's training-mode forward: training reports it
         return ""
     verdicts = _compared(backward, difference)
@@ -94,23 +97,30 @@ class _InputsUnused(Exception):
     """The loss does not reach the inputs through autograd (no gradient there to check)."""
 
 
-def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> NoReturn:
-    """Refuse a model whose training-mode loss does not reach the inputs ``x`` through
-    autograd: as training mode's where the eval-mode loss does; else as the layers before
-    h_0's (a stem under ``torch.no_grad()``: its parameters, listed as trained, get no
-    gradient — adapt refuses a state computed so, with the same fix)."""
+def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> str:
+    """What the check says of a model whose training-mode loss does not reach the inputs
+    ``x`` through autograd: refused as training mode's where the eval-mode loss does; else
+    nothing is compared ("": a parameterless step under ``torch.no_grad()`` before h_0,
+    such as a normalisation of the inputs, leaves every parameter its gradient), unless a
+    parameter counted as trained gets no gradient (a stem under ``torch.no_grad()``): refused
+    as the layers before h_0's, naming it — adapt refuses a state computed so, with the same
+    fix."""
     try:
         twin = copy_of()
         twin.train(False)
         _comparisons(twin, x, y)
     except _InputsUnused:
+        ungraded = _ungraded_parameters(copy_of, x, y)
+        if not ungraded:
+            return ""
         raise ReferenceGradientError(
-            "the loss does not reach the model's inputs through autograd, in eval mode as in "
-            "training (torch.no_grad() or .detach() before h_0, or a backward that returns "
-            "None): the layers before the first state get no gradient, though their "
-            "parameters count as trained; to keep them from training, remove the "
-            "torch.no_grad() and freeze their parameters (p.requires_grad_(False)) instead, "
-            f"which the record then lists, or {FIX}", where="before h_0") from None
+            f"the loss does not reach the model's inputs through autograd, in eval mode as in "
+            f"training, and parameter {ungraded[0].removeprefix('net.')!r} gets no gradient "
+            "though it counts as "
+            "trained (torch.no_grad() or .detach() before h_0, or a backward that returns "
+            "None): to keep it from training, remove the torch.no_grad() and freeze its "
+            "parameters (p.requires_grad_(False)) instead, which the record then lists, or "
+            f"{FIX}", where="before h_0") from None
     except Exception:  # noqa: BLE001 — eval mode was checked already; training's is refused
         pass
     raise ReferenceGradientError(
@@ -119,6 +129,23 @@ def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -
         "self.training: x = x.detach())? bp and every rule would train the layers before h_0 "
         f"with another gradient; make the backward the same in both modes, or {FIX}",
         where="training mode")
+
+
+def _ungraded_parameters(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor
+                         ) -> list[str]:
+    """The names of the trainable parameters of a training-mode ``copy_of()`` that the loss
+    on ``x``, ``y`` gives no gradient."""
+    twin = copy_of()
+    twin.train()
+    named = [(name, p) for name, p in twin.named_parameters() if p.requires_grad]
+    with torch.enable_grad(), torch.random.fork_rng(
+            devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(TRAINING_SEED)
+        total = F.cross_entropy(twin.forward_states(x)[1], y, reduction="sum")
+        if not total.requires_grad:
+            return [name for name, _ in named]
+        grads = torch.autograd.grad(total, [p for _, p in named], allow_unused=True)
+    return [name for (name, _), g in zip(named, grads) if g is None]
 
 
 def _disagrees_in_eval(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> bool:

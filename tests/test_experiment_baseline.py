@@ -95,3 +95,16 @@ def test_capacity_cost_effects_compare_cells_over_the_seeds_both_have():
     markdown = experiment.to_markdown(summary)
     assert "penalty cost for BP: +0.0 pp (over seed 42: the seeds both cells have)" in markdown
     assert "penalty gain for DFA: +0.0 pp\n" in markdown
+
+
+def test_temporal_final_accuracy_says_over_how_many_seeds():
+    """Temporal's "final acc" cell was the bare mean, the one accuracy of the experiments'
+    tables without its spread and n: with a seed missing, "0.400" read as a mean over
+    seeds. It is written as every other table writes an accuracy over seeds."""
+    runs = [fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.5),
+            fake_record("bp", 42, acc=0.4),
+            fake_record("frozen", 42, acc=BASELINE), fake_record("frozen", 123, acc=BASELINE)]
+    experiment = get_experiment("temporal")
+    markdown = experiment.to_markdown(experiment.summarise_fn(runs, NO_CHOICES))
+    assert "| bp | 0.400 (n=1) |" in markdown
+    assert "| dfa | 0.400 ± 0.141 (n=2) |" in markdown

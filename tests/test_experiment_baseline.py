@@ -71,3 +71,40 @@ def test_runs_of_recipes_with_different_baselines_print_none():
     margins = {s["run_id"]: s["margin_pp"] for row in summary["rows"] for s in row["seeds"]}
     assert margins["dfa-0.0-s42"] == pytest.approx(100 * (0.3 - BASELINE))
     assert margins["dfa-longer"] == pytest.approx(100 * (0.3 - 0.9))
+
+
+def test_capacity_cost_effects_compare_cells_over_the_seeds_both_have():
+    """The effects were the difference of two cells' means over whatever seeds each had:
+    with BP+λ's seed 123 missing (failed, or not trained yet) and the penalty changing no
+    run, "penalty cost for BP" read −10 pp — seed 123's own accuracy, not the penalty's
+    cost. They are over the seeds both cells have, and the line names them."""
+    runs = [fake_record("bp", 42, acc=0.5), fake_record("bp", 123, acc=0.7),
+            fake_record("bp", 42, acc=0.5, penalty=1e-2),
+            fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.4),
+            fake_record("dfa", 42, acc=0.3, penalty=1e-2),
+            fake_record("dfa", 123, acc=0.4, penalty=1e-2),
+            fake_record("frozen", 42, acc=BASELINE), fake_record("frozen", 123, acc=BASELINE)]
+    experiment = get_experiment("capacity_cost")
+    summary = experiment.summarise_fn(runs, NO_CHOICES)
+    effects = summary["effects_pp"]
+    assert effects["bp_penalty_cost"] == pytest.approx(0.0)
+    assert effects["dfa_penalty_gain"] == pytest.approx(0.0)
+    assert effects["credit_quality_gap"] == pytest.approx(100 * (0.5 - 0.3))
+    assert summary["effects_seeds"] == {"bp_penalty_cost": [42], "dfa_penalty_gain": [42, 123],
+                                        "credit_quality_gap": [42]}
+    markdown = experiment.to_markdown(summary)
+    assert "penalty cost for BP: +0.0 pp (over seed 42: the seeds both cells have)" in markdown
+    assert "penalty gain for DFA: +0.0 pp\n" in markdown
+
+
+def test_temporal_final_accuracy_says_over_how_many_seeds():
+    """Temporal's "final acc" cell was the bare mean, the one accuracy of the experiments'
+    tables without its spread and n: with a seed missing, "0.400" read as a mean over
+    seeds. It is written as every other table writes an accuracy over seeds."""
+    runs = [fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.5),
+            fake_record("bp", 42, acc=0.4),
+            fake_record("frozen", 42, acc=BASELINE), fake_record("frozen", 123, acc=BASELINE)]
+    experiment = get_experiment("temporal")
+    markdown = experiment.to_markdown(experiment.summarise_fn(runs, NO_CHOICES))
+    assert "| bp | 0.400 (n=1) |" in markdown
+    assert "| dfa | 0.400 ± 0.141 (n=2) |" in markdown

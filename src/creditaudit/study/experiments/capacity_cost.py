@@ -8,6 +8,7 @@ BP .585 / .532, DFA .301 / .360 (no penalty / penalty); frozen .349.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from creditaudit.config import RunConfig
@@ -72,6 +73,27 @@ def _pp(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else 100.0 * (a - b)
 
 
+def _accuracies(cell: dict[str, Any] | None) -> dict[int, float]:
+    """Seed → final accuracy of the runs a cell's mean averages (not stopped early, finite)."""
+    return {s["seed"]: s["test_acc"] for s in (cell or {}).get("seeds", ())
+            if not s["stopped_early"] and s["test_acc"] is not None
+            and math.isfinite(s["test_acc"])}
+
+
+def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None
+            ) -> tuple[float | None, list[int]]:
+    """(mean accuracy of cell ``a`` − that of cell ``b``, in pp, the seeds it is over): over
+    the seeds both cells have, so that a seed one cell lacks (failed, missing, stopped early)
+    does not read as an effect of the penalty or the rule. With the same seeds in both,
+    the difference of the cells' means."""
+    acc_a, acc_b = _accuracies(a), _accuracies(b)
+    seeds = sorted(set(acc_a) & set(acc_b))
+    if not seeds:
+        return None, []
+    return (100.0 * (sum(acc_a[s] for s in seeds) - sum(acc_b[s] for s in seeds))
+            / len(seeds), seeds)
+
+
 def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[str, Any]:
     cells: dict[str, dict[str, Any]] = {}
     # The runs whose accuracies each cell's mean averages (:func:`full_length`).
@@ -94,6 +116,10 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     bp0, bp1 = _mean(cell("bp", 0.0)), _mean(cell("bp", PENALTY))
     dfa0, dfa1 = _mean(cell("dfa", 0.0)), _mean(cell("dfa", PENALTY))
     frozen_mean = frozen["mean"] if frozen and frozen["n"] else None
+    # Between cells: over the seeds both have (a seed one of them lacks is no effect).
+    paired = {"bp_penalty_cost": _paired(cell("bp", PENALTY), cell("bp", 0.0)),
+              "dfa_penalty_gain": _paired(cell("dfa", PENALTY), cell("dfa", 0.0)),
+              "credit_quality_gap": _paired(cell("bp", PENALTY), cell("dfa", PENALTY))}
     return {
         "penalty": PENALTY,
         "cells": cells,
@@ -101,12 +127,12 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
                   "dfa": {"no_penalty": dfa0, "penalty": dfa1}},
         "frozen_acc": frozen,
         "effects_pp": {
-            "bp_penalty_cost": _pp(bp1, bp0),
-            "dfa_penalty_gain": _pp(dfa1, dfa0),
-            "credit_quality_gap": _pp(bp1, dfa1),
+            **{name: value for name, (value, _) in paired.items()},
             "dfa_penalty_over_frozen": _pp(dfa1, frozen_mean),
             "bp_penalty_over_frozen": _pp(bp1, frozen_mean),
         },
+        # the seeds each between-cell effect is over (both cells' runs of those seeds)
+        "effects_seeds": {name: seeds for name, (_, seeds) in paired.items()},
         "effects_marks": {
             "bp_penalty_cost": effect_marks(f"bp|{PENALTY:g}", "bp|0"),
             "dfa_penalty_gain": effect_marks(f"dfa|{PENALTY:g}", "dfa|0"),
@@ -115,6 +141,18 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "bp_penalty_over_frozen": effect_marks(f"bp|{PENALTY:g}", "frozen"),
         },
     }
+
+
+def _over(seeds: list[int] | None, cells: dict[str, Any]) -> str:
+    """`` (over seed 42: the seeds both cells have)`` where an effect is over fewer
+    seeds than a cell has; "" where it is over every seed of both."""
+    if not seeds:
+        return ""
+    every = {s["seed"] for cell in cells.values() for s in cell["seeds"]}
+    if set(seeds) == every:
+        return ""
+    return f" (over seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: the " \
+           "seeds both cells have)"
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
@@ -131,16 +169,19 @@ def to_markdown(summary: dict[str, Any]) -> str:
     table = markdown_table(header, rows)
     e, e_marks = summary["effects_pp"], summary.get("effects_marks") or {}
 
+    seeds_of = summary.get("effects_seeds") or {}  # none in summaries of older versions
+
     def effect(name: str) -> str:
-        return mark(fmt(e[name], "+.1f"), {"marks": e_marks.get(name)}, ACC)
+        text = mark(fmt(e[name], "+.1f"), {"marks": e_marks.get(name)}, ACC)
+        return f"{text} pp" + _over(seeds_of.get(name), summary["cells"])
 
     frozen = mark(format_aggregate(summary["frozen_acc"]), summary["frozen_acc"], ACC)
     return (table + f"\n\nFrozen baseline: {frozen}." + mark.notes_text() + "\n\n"
-            f"- penalty cost for BP: {effect('bp_penalty_cost')} pp\n"
-            f"- penalty gain for DFA: {effect('dfa_penalty_gain')} pp\n"
+            f"- penalty cost for BP: {effect('bp_penalty_cost')}\n"
+            f"- penalty gain for DFA: {effect('dfa_penalty_gain')}\n"
             f"- credit-quality gap at equal constraint (BP+λ − DFA+λ): "
-            f"{effect('credit_quality_gap')} pp\n"
-            f"- DFA+λ over frozen: {effect('dfa_penalty_over_frozen')} pp\n\n"
+            f"{effect('credit_quality_gap')}\n"
+            f"- DFA+λ over frozen: {effect('dfa_penalty_over_frozen')}\n\n"
             + published_text() + "\n")
 
 

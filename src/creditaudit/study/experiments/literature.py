@@ -345,13 +345,20 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             "sweeps": {d: threshold_sweep(d, cells) for d in SWEEPS}}
 
 
+def tables_needed() -> str:
+    """The runs, in words, from :data:`TABLES` themselves (a hand-kept list left tables
+    out): the title of every table, by the scales that run it."""
+    by_scale = {scale: [t.title for t in TABLES if scale in t.scales]
+                for scale in ("cpu", "paper")}
+    return (f"every row of each table, every seed: "
+            f"{'; '.join(by_scale['cpu'])} (paper scale: {'; '.join(by_scale['paper'])})")
+
+
 EXPERIMENT = register(Experiment(
     name="literature",
     question="Do training recipes built from creditaudit's rules land where the field's "
              "published tables say, and what does the protocol say about those runs?",
-    needs="BioTorch's LeNet-5 table (BP, FA, uSF, brSF, frSF, DFA, normalised DFA, frozen) on "
-          "MNIST and Fashion-MNIST, MNIST-1D's MLP and CNN, ResNet-20 BP and frozen on "
-          "Fashion-MNIST; every seed (paper scale: BioTorch's CIFAR-10 LeNet and ResNet-20)",
+    needs=tables_needed(),
     build_configs=configs,
     summarise_fn=summarise,
     markdown_fn=to_markdown,

@@ -32,7 +32,7 @@ from creditaudit.protocol.records import (
 from creditaudit.records import RunRecord
 from creditaudit.report.runs import ACC
 from creditaudit.results import full_length, method_rank, stopped_early_text
-from creditaudit.study.experiments.aggregate import aggregate
+from creditaudit.study.experiments.aggregate import aggregate, format_aggregate
 from creditaudit.study.experiments.configs import (
     ARCH_VARIANTS,
     arch_config,
@@ -45,7 +45,6 @@ from creditaudit.study.experiments.groups import (
     evaluated_in_training,
     evaluated_seeds,
     first_fired_cell,
-    fmt,
     group_records,
     markdown_table,
     trajectory,
@@ -204,7 +203,7 @@ def _cell(spread: dict[str, Any], at_end: int) -> str:
 def to_markdown(summary: dict[str, Any]) -> str:
     ids = summary["diagnostics"]
     mark = TableMarks(summary)
-    rows = [[row["arch"], row["method"], mark(fmt(row["test_acc"]["mean"], ".3f"), row, ACC),
+    rows = [[row["arch"], row["method"], mark(format_aggregate(row["test_acc"]), row, ACC),
              *(_cell(row["first_fired"][i], row["fires_at_end"][i]) for i in ids)]
             for row in summary["rows"]]
     table = markdown_table(["architecture", "method", "final acc",

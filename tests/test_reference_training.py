@@ -287,3 +287,17 @@ def test_a_training_only_hook_is_found_where_the_loss_reaches_no_input(detached:
     assert error.value.where == "training mode"
     assert str(error.value).startswith("the model's backward in training mode is not the "
                                        "gradient of its forward (along h_0 it disagrees")
+
+
+def test_a_spare_head_is_no_stem_under_no_grad():
+    """A parameter the forward never uses (a spare head) gets no gradient wherever the
+    inputs are: with inputs centred under torch.no_grad() the model was refused, the spare
+    head named as a stem before h_0 run under torch.no_grad() — the same model with plain
+    inputs passes. Only parameters of modules the forward calls are asked about."""
+
+    class SpareHead(_CentredInputs):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare = nn.Linear(8, 3)
+
+    assert _stem_check(SpareHead()).verified

@@ -41,7 +41,12 @@ from torch.nn import functional as F
 
 from creditaudit.measures.central_differences import F64, ROUNDING_ULPS, _compared, _disagree
 from creditaudit.measures.directions import unit_directions
-from creditaudit.measures.reference_modules import FIX, ReferenceGradientError, _error_text
+from creditaudit.measures.reference_modules import (
+    FIX,
+    ReferenceGradientError,
+    _error_text,
+    _recorded,
+)
 
 TRAINING_SEED = 0  # the RNG state every training-mode forward of the check starts from
 RANDOM_DIRECTIONS = 3  # beside the gradient's own direction
@@ -175,16 +180,21 @@ def _training_mode_differs(where: str) -> ReferenceGradientError:
 def _ungraded_parameters(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor
                          ) -> list[str]:
     """The names of the trainable parameters of a training-mode ``copy_of()`` that the loss
-    on ``x``, ``y`` gives no gradient."""
+    on ``x``, ``y`` gives no gradient, of the modules its forward calls (a spare head the
+    forward never calls gets none wherever the inputs are, which is no stem's doing)."""
     twin = copy_of()
     twin.train()
-    named = [(name, p) for name, p in twin.named_parameters() if p.requires_grad]
     with torch.enable_grad(), torch.random.fork_rng(
-            devices=[x.device] if x.device.type == "cuda" else []):
+            devices=[x.device] if x.device.type == "cuda" else []), \
+            _recorded(twin) as calls:  # type: ignore[arg-type]
         torch.manual_seed(TRAINING_SEED)
         total = F.cross_entropy(twin.forward_states(x)[1], y, reduction="sum")
-        if not total.requires_grad:
-            return [name for name, _ in named]
+    called = {call.name for call in calls}
+    named = [(name, p) for name, p in twin.named_parameters()
+             if p.requires_grad and name.rpartition(".")[0] in called]
+    if not named or not total.requires_grad:
+        return [name for name, _ in named]
+    with torch.enable_grad():
         grads = torch.autograd.grad(total, [p for _, p in named], allow_unused=True)
     return [name for (name, _), g in zip(named, grads) if g is None]
 

@@ -230,3 +230,36 @@ def test_a_recorders_plugin_rule_is_checked_on_states_of_its_models_layout(tmp_p
                 "the conformance check blocks_train_on_the_reported_credit[vit]:")):
             Recorder(rule("door-token-liar", model), x, y, out=tmp_path / "runs",
                      progress=False)
+
+
+def test_a_recorders_plugin_rule_is_checked_on_every_layout_of_an_adapted_models_states(
+        tmp_path):
+    """An adapted model whose token states are pooled into a vector state has no one layout
+    (describe().layout is None): its plugin rule was checked on flat states and an adapted
+    ResNet's only, so a rule lying on token states was admitted. It is checked on the tiny
+    architecture of each layout its states have: ViT-Mini's for the tokens."""
+    import torch
+    from torch import nn
+
+    from creditaudit import Recorder, adapt, rule
+
+    class Pooled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.mix = nn.Linear(4, 8), nn.Linear(8, 8)
+            self.pool, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = torch.tanh(self.mix(self.embed(x)))  # (B, T, 8) tokens
+            return self.head(torch.tanh(self.pool(h.mean(dim=1))))  # (B, 8) vector
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 5, 4, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2))
+    model = adapt(Pooled(), ["embed", "mix", "pool"], example=x[:4])
+    assert model.describe().layout is None
+    with guests(tmp_path / "site", "door-token-state-liar"), pytest.raises(
+            GuestError, match=re.escape(
+                "the conformance check blocks_train_on_the_reported_credit[vit]:")):
+        Recorder(rule("door-token-state-liar", model), x, y, out=tmp_path / "runs",
+                 progress=False)

@@ -108,3 +108,34 @@ def test_temporal_final_accuracy_says_over_how_many_seeds():
     markdown = experiment.to_markdown(experiment.summarise_fn(runs, NO_CHOICES))
     assert "| bp | 0.400 (n=1) |" in markdown
     assert "| dfa | 0.400 ± 0.141 (n=2) |" in markdown
+
+
+def test_capacity_cost_effect_marks_are_of_the_seeds_the_effect_is_over():
+    """An effect over the seeds both cells have carried the marks of every run of both
+    cells: with BP's seed 123 diverged and BP+λ's seed 123 missing, 'penalty cost for BP:
+    +0.0‡ pp (over seed 42 …)' marked as of a diverged run a number no diverged run is in.
+    And the line named its seeds wherever any cell had another seed, though both of its
+    own cells had just those."""
+    diverged = fake_record("bp", 123, acc=0.7)
+    diverged.status, diverged.divergence = "diverged", {"epoch": 1, "reason": "non-finite"}
+    runs = [fake_record("bp", 42, acc=0.5), diverged,
+            fake_record("bp", 42, acc=0.5, penalty=1e-2),
+            fake_record("dfa", 42, acc=0.3), fake_record("dfa", 123, acc=0.4),
+            fake_record("dfa", 7, acc=0.4),
+            fake_record("dfa", 42, acc=0.3, penalty=1e-2),
+            fake_record("dfa", 123, acc=0.4, penalty=1e-2),
+            fake_record("frozen", 42, acc=BASELINE), fake_record("frozen", 123, acc=BASELINE)]
+    experiment = get_experiment("capacity_cost")
+    summary = experiment.summarise_fn(runs, NO_CHOICES)
+    assert summary["effects_marks"]["bp_penalty_cost"] == {}
+    markdown = experiment.to_markdown(summary)
+    assert "penalty cost for BP: +0.0 pp (over seed 42: the seeds both cells have)" in markdown
+    # DFA's cells: seeds 7, 42, 123 without the penalty, 42 and 123 with it
+    assert "penalty gain for DFA: +0.0 pp (over seeds 42, 123: the seeds both" in markdown
+    # the diverged run is in BP's no-penalty mean and in nothing else the effects are over
+    assert summary["effects_marks"]["credit_quality_gap"] == {}
+    # BP's cells with every seed of theirs: no seeds named, though DFA's has another
+    runs[1] = fake_record("bp", 123, acc=0.7)
+    runs.append(fake_record("bp", 123, acc=0.7, penalty=1e-2))
+    markdown = experiment.to_markdown(experiment.summarise_fn(runs, NO_CHOICES))
+    assert "penalty cost for BP: +0.0 pp\n" in markdown

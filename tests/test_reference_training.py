@@ -247,4 +247,57 @@ def test_a_parameterless_step_under_no_grad_before_the_stem_is_verified():
     and the eval-mode check at the states verifies the reference."""
     check = _stem_check(_CentredInputs())
     assert check.verified
-    assert "in training mode" not in check.detail
+    assert check.detail.endswith("in training mode (dropout masks held fixed) ∂CE/∂h_0 agrees "
+                                 "with them at the probes' h_0 (the loss reaches no input)"), \
+        check.detail
+
+
+class _HookedInTraining(nn.Module):
+    """A layer whose gradient is tripled in training mode only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.lin(x))
+        if self.training and h.requires_grad:
+            h.register_hook(lambda g: 3 * g)
+        return h
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_a_training_only_hook_is_found_where_the_loss_reaches_no_input(detached: bool):
+    """Inputs centred under torch.no_grad() (or x.detach()) before a trained stem, and a
+    gradient tripled in training mode only above h_0: with nothing to compare at the inputs
+    training mode went unchecked, and the model was recorded verified while bp trained with
+    the tripled gradient. Training mode is now compared at h_0."""
+
+    class Stem(_CentredInputs):
+        def forward(self, x: Tensor) -> Tensor:
+            return self.lin(x.detach()) if detached else super().forward(x)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    net = nn.Sequential(Stem(), nn.Tanh(), _HookedInTraining(), nn.Linear(8, 3))
+    model = adapt(net, ["1", "2"], example=x[:8])
+    model.eval()
+    with pytest.raises(ReferenceGradientError) as error:
+        check_reference(model, model.forward_states, x, y, forward_from=model.forward_from)
+    assert error.value.where == "training mode"
+    assert str(error.value).startswith("the model's backward in training mode is not the "
+                                       "gradient of its forward (along h_0 it disagrees")
+
+
+def test_a_spare_head_is_no_stem_under_no_grad():
+    """A parameter the forward never uses (a spare head) gets no gradient wherever the
+    inputs are: with inputs centred under torch.no_grad() the model was refused, the spare
+    head named as a stem before h_0 run under torch.no_grad() — the same model with plain
+    inputs passes. Only parameters of modules the forward calls are asked about."""
+
+    class SpareHead(_CentredInputs):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare = nn.Linear(8, 3)
+
+    assert _stem_check(SpareHead()).verified

@@ -25,7 +25,9 @@ caller's ``before_first_state`` to name (the module at fault, when one is). A lo
 does not reach the inputs through autograd leaves nothing to compare there: refused as
 training mode's where eval mode's does; where it does not either, refused as the layers
 before h_0's when a trainable parameter gets no gradient (a stem under ``torch.no_grad()``),
-else not checked (a parameterless normalisation of the inputs under ``torch.no_grad()``).
+else compared at h_0 instead (a parameterless normalisation of the inputs under
+``torch.no_grad()``): the same comparison, through ``forward_from(0, h_0)`` in training mode,
+so a training-only hook above h_0 is still found.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ from torch.nn import functional as F
 
 from creditaudit.measures.central_differences import F64, ROUNDING_ULPS, _compared, _disagree
 from creditaudit.measures.directions import unit_directions
-from creditaudit.measures.reference_modules import FIX, ReferenceGradientError, _error_text
+from creditaudit.measures.reference_modules import (
+    FIX,
+    ReferenceGradientError,
+    _error_text,
+    _recorded,
+)
 
 TRAINING_SEED = 0  # the RNG state every training-mode forward of the check starts from
 RANDOM_DIRECTIONS = 3  # beside the gradient's own direction
@@ -53,6 +60,8 @@ class _StatesModule(Protocol):
     def named_buffers(self) -> Iterator[tuple[str, Tensor]]: ...
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def forward_from(self, layer: int, h: Tensor) -> Tensor: ...
 
 
 def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor, *,
@@ -80,13 +89,7 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
     if _disagree(verdicts):
         if _disagrees_in_eval(copy_of, x64, y):
             before_first_state()
-        raise ReferenceGradientError(
-            "the model's backward in training mode is not the gradient of its forward "
-            "(along the probes' inputs it disagrees with float64 central differences of the "
-            "loss, dropout masks held fixed), though in eval mode it is: a gradient hook or "
-            "a hand-written backward active only in training (if self.training: "
-            "h.register_hook(…))? bp and every rule would train with another gradient; "
-            f"make the backward the same in both modes, or {FIX}", where="training mode")
+        raise _training_mode_differs("the probes' inputs")
     if not bool((verdicts > 0).any()):
         return ""
     return ("; in training mode (dropout masks held fixed) ∂CE/∂x agrees with them at the "
@@ -112,7 +115,7 @@ def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -
     except _InputsUnused:
         ungraded = _ungraded_parameters(copy_of, x, y)
         if not ungraded:
-            return ""
+            return _at_first_state(copy_of, x, y)
         raise ReferenceGradientError(
             f"the loss does not reach the model's inputs through autograd, in eval mode as in "
             f"training, and parameter {ungraded[0].removeprefix('net.')!r} gets no gradient "
@@ -131,19 +134,67 @@ def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -
         where="training mode")
 
 
+def _at_first_state(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -> str:
+    """The training-mode comparison at h_0 rather than at the inputs ``x`` (which the loss
+    does not reach, every parameter getting its gradient): h_0 of a training-mode forward of
+    ``copy_of()`` on ``x``, moved through ``forward_from(0, ·)``. "" where nothing could be
+    compared; ReferenceGradientError (training mode's) where the backward disagrees — the
+    eval-mode check found it right at h_0."""
+    try:
+        twin = copy_of()
+        twin.train()
+        with torch.no_grad(), torch.random.fork_rng(
+                devices=[x.device] if x.device.type == "cuda" else []):
+            buffers = {name: b.detach().clone() for name, b in twin.named_buffers()}
+            torch.manual_seed(TRAINING_SEED)
+            h0 = twin.forward_states(x)[0][0].detach()
+            for name, buffer in twin.named_buffers():
+                buffer.copy_(buffers[name])
+        backward, difference = _comparisons(twin, h0, y,
+                                            forward=lambda h: twin.forward_from(0, h))
+    except ReferenceGradientError:
+        raise
+    except Exception:  # noqa: BLE001 — the model's training-mode forward: training reports it
+        return ""
+    verdicts = _compared(backward, difference)
+    if _disagree(verdicts):
+        raise _training_mode_differs("h_0")
+    if not bool((verdicts > 0).any()):
+        return ""
+    return ("; in training mode (dropout masks held fixed) ∂CE/∂h_0 agrees with them at the "
+            "probes' h_0 (the loss reaches no input)")
+
+
+def _training_mode_differs(where: str) -> ReferenceGradientError:
+    """The refusal of a training-mode backward that disagrees with the forward along
+    ``where`` ("the probes' inputs", "h_0") though the eval-mode one agrees."""
+    return ReferenceGradientError(
+        "the model's backward in training mode is not the gradient of its forward "
+        f"(along {where} it disagrees with float64 central differences of the "
+        "loss, dropout masks held fixed), though in eval mode it is: a gradient hook or "
+        "a hand-written backward active only in training (if self.training: "
+        "h.register_hook(…))? bp and every rule would train with another gradient; "
+        f"make the backward the same in both modes, or {FIX}", where="training mode")
+
+
 def _ungraded_parameters(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor
                          ) -> list[str]:
     """The names of the trainable parameters of a training-mode ``copy_of()`` that the loss
-    on ``x``, ``y`` gives no gradient."""
+    on ``x``, ``y`` gives no gradient, of the modules its forward calls (a spare head the
+    forward never calls gets none wherever the inputs are, which is no stem's doing)."""
     twin = copy_of()
     twin.train()
-    named = [(name, p) for name, p in twin.named_parameters() if p.requires_grad]
     with torch.enable_grad(), torch.random.fork_rng(
-            devices=[x.device] if x.device.type == "cuda" else []):
+            devices=[x.device] if x.device.type == "cuda" else []), \
+            _recorded(twin) as calls:  # type: ignore[arg-type]
         torch.manual_seed(TRAINING_SEED)
         total = F.cross_entropy(twin.forward_states(x)[1], y, reduction="sum")
-        if not total.requires_grad:
-            return [name for name, _ in named]
+    called = {call.name for call in calls}
+    named = [(name, p) for name, p in twin.named_parameters()
+             if p.requires_grad and name.rpartition(".")[0] in called]
+    if not named or not total.requires_grad:
+        return [name for name, _ in named]
+    with torch.enable_grad():
         grads = torch.autograd.grad(total, [p for _, p in named], allow_unused=True)
     return [name for (name, _), g in zip(named, grads) if g is None]
 
@@ -159,10 +210,13 @@ def _disagrees_in_eval(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tenso
         return False
 
 
-def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor
+def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor,
+                 forward: Callable[[Tensor], Tensor] | None = None
                  ) -> tuple[Tensor, Callable[[float, Tensor], tuple[Tensor, Tensor]]]:
     """(⟨∂ΣCE/∂x, v_j⟩ per direction ``(M,)``, the central difference of direction j at a
-    relative step δ) for :func:`~creditaudit.measures.central_differences._compared`."""
+    relative step δ) for :func:`~creditaudit.measures.central_differences._compared`; ``x``
+    goes through ``forward`` (the logits of ``twin.forward_states`` unless given)."""
+    run = forward if forward is not None else (lambda inputs: twin.forward_states(inputs)[1])
     devices = [x.device] if x.device.type == "cuda" else []
 
     # A training-mode forward may update buffers (BatchNorm's running statistics, a scale
@@ -176,7 +230,7 @@ def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor
                 buffer.copy_(buffers[name])
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(TRAINING_SEED)
-            logits = twin.forward_states(inputs)[1]
+            logits = run(inputs)
         return F.cross_entropy(logits, y, reduction="sum"), logits
 
     with torch.enable_grad():

@@ -116,8 +116,8 @@ class AdaptedModel(AdaptProbe, nn.Module):
         whatever lies between its states; ``dtype`` the parameters' own."""
         low, high = min(self.state_widths), max(self.state_widths)
         width = f"{low}" if low == high else f"{low}–{high}"
-        dims = {len(shape) for shape in self.state_shapes}  # (d,), (T, d) or (C, H, W)
-        layout = LAYOUTS[dims.pop() - 1] if len(dims) == 1 else None
+        layouts = self.state_layouts
+        layout = layouts[0] if len(layouts) == 1 else None
         arch = self.architecture.name if self.architecture is not None else "adapted"
         packages = network_packages(self.net)
         origin = f" ({', '.join(packages)})" if packages else ""
@@ -130,6 +130,13 @@ class AdaptedModel(AdaptProbe, nn.Module):
             dtype=parameter_dtype(self.net))
 
     # --- the contract ---------------------------------------------------------------------
+    @property
+    def state_layouts(self) -> tuple[str, ...]:
+        """The layouts of its states, each once, from h_0 on: ``("maps", "vectors")`` for
+        feature maps pooled into a vector state."""
+        # (d,), (T, d) or (C, H, W)
+        return tuple(dict.fromkeys(LAYOUTS[len(shape) - 1] for shape in self.state_shapes))
+
     @property
     def n_blocks(self) -> int:
         return len(self.state_names) - 1

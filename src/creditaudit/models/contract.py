@@ -55,6 +55,11 @@ class ResidualNet(nn.Module):
     input_shape: tuple[int, ...] = ()
 
     @property
+    def state_layouts(self) -> tuple[str, ...]:
+        """The layouts of its states (one: :attr:`state_layout`)."""
+        return (self.state_layout,)
+
+    @property
     def terminal_ln(self) -> bool:
         """Whether the readout applies a LayerNorm to h_L (declare it in a subclass)."""
         raise ModelContractError(f"{type(self).__name__} must declare `terminal_ln`: whether "

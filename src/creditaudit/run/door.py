@@ -168,23 +168,24 @@ LAYOUT_TINY_ARCHS = {"vectors": "resmlp", "tokens": "vit", "maps": "convmixer"}
 
 
 def rule_door(cls: type, guest: Guest, arch: str | None = None, options: Any = None, *,
-              layout: str | None = None) -> Admission:
+              layouts: tuple[str, ...] = ()) -> Admission:
     """``check_rule`` with the run's own options of the rule (those its ``[method]``
     section ``options`` holds; the defaults when None) on a tiny ResidualMLP, on the tiny
     version of the run's architecture ``arch`` when the suite has one (a ViT-Mini run's
     rule is checked on token states, its stacked step on a stacked ViT-Mini) — else on the
-    tiny architecture of the run's state ``layout`` (:data:`LAYOUT_TINY_ARCHS`: a plugin
-    architecture's map states are checked on ConvMixer's) — and on an adapted ResNet when
+    tiny architecture of each of the run's state ``layouts`` (:data:`LAYOUT_TINY_ARCHS`: a
+    plugin architecture's map states are checked on ConvMixer's; an adapted model's token
+    states pooled into a vector, on ViT-Mini's) — and on an adapted ResNet when
     the rule declares ``adapted_models``. ``feedback_seed`` is left out: the checks seed the
     rule's generator themselves, so a sweep over seeds is checked once."""
     from creditaudit.testing.common import TINY_ARCHS
     from creditaudit.testing.rules import own_options, rule_checks
 
-    shaped = (arch if arch is not None and arch in TINY_ARCHS and not TINY_ARCHS[arch].adapted
-              else LAYOUT_TINY_ARCHS.get(layout or ""))
-    archs = ("resmlp",)
-    if shaped is not None and shaped != "resmlp":
-        archs += (shaped,)
+    shaped = ((arch,) if arch is not None and arch in TINY_ARCHS
+              and not TINY_ARCHS[arch].adapted
+              else tuple(LAYOUT_TINY_ARCHS[layout] for layout in layouts
+                         if layout in LAYOUT_TINY_ARCHS))
+    archs = ("resmlp", *(name for name in dict.fromkeys(shaped) if name != "resmlp"))
     if cls.adapted_models:
         archs += ("adapted-resnet",)
     values = {key: value for key, value in own_options(cls, options).items()

@@ -278,7 +278,7 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
         seed = spec.data_seed(config.run.seed)
         identity = spec.identity(seed)
     admitted = admit(config, rule, arch, spec, protocol, input_shape, n_classes, factory,
-                     model.layout)
+                     built.state_layouts)
     # what a model guest's code built: a file it reads can change it, not the run id
     structure = structure_digest(built) if "model" in guests else None
     code = run_code(rule, arch, spec, protocol, guests, admitted, structure)

@@ -282,7 +282,7 @@ def guest_code(rule: CreditRule, protocol: Protocol
     cls = type(rule)
     guest = RULES.guest(cls.name)
     admitted = (door.rule_door(cls, guest, options=rule.options,
-                                layout=rule.model.describe().layout)
+                                layouts=rule.model.state_layouts)
                 if guest is not None else None)
     diagnostics = []
     for diagnostic in protocol.diagnostics:

@@ -131,15 +131,15 @@ def guests_of(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec
 
 def admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
           spec: DatasetSpec[Any], protocol: Protocol, input_shape: tuple[int, ...],
-          n_classes: int, factory: Guest | None, layout: str | None = None
+          n_classes: int, factory: Guest | None, layouts: tuple[str, ...] = ()
           ) -> dict[str, door.Admission]:
     """Every guest of the run through the door (:mod:`creditaudit.run.door`), by the key of
-    its component in the record's code block; built-ins pass without checks. ``layout``:
-    the built model's state layout (a plugin rule is checked on states shaped so)."""
+    its component in the record's code block; built-ins pass without checks. ``layouts``:
+    the built model's state layouts (a plugin rule is checked on states shaped so)."""
     admitted: dict[str, door.Admission] = {}
     if (guest := RULES.guest(rule.name)) is not None:
         admitted["method"] = door.rule_door(rule, guest, arch.name, config.method,
-                                            layout=layout)
+                                            layouts=layouts)
     if (guest := ARCHITECTURES.guest(arch.name)) is not None:
         admitted["model"] = door.architecture_door(arch, guest, input_shape)
     elif factory is not None:

@@ -3,7 +3,9 @@
 - ``door-readout-liar``: trains its readout alone (blocks and embedding never move) but
   reports backprop's gradients as its credit — audited, it would score cos +1.000;
 - ``door-step-raises``: conforms on the suite's tiny networks, but its training step raises
-  on batches larger than the suite's (the error must name the plugin, not creditaudit).
+  on batches larger than the suite's (the error must name the plugin, not creditaudit);
+- ``door-token-state-liar``: backprop, for adapted models too, except on a model with token
+  states, where it trains its readout alone (a lie only states of that layout show).
 """
 
 import torch
@@ -59,6 +61,24 @@ class TokenLiar(BP):
 
     def train_step(self, x, y, optimizer):
         if x.dim() == 2:
+            return super().train_step(x, y, optimizer)
+        return ReadoutLiar.train_step(self, x, y, optimizer)
+
+    def trainable_parameters(self):
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+class TokenStateLiar(BP):
+    """``door-token-state-liar``: backprop on vector and map states (adapted models
+    included); on a model with token states, its readout alone, with backprop's gradients
+    reported as its credit."""
+
+    name = "door-token-state-liar"
+    label = "Token-state liar"
+
+    def train_step(self, x, y, optimizer):
+        shapes = getattr(self.model, "state_shapes", ())  # an adapted model's
+        if self.model.describe().layout != "tokens" and all(len(s) != 2 for s in shapes):
             return super().train_step(x, y, optimizer)
         return ReadoutLiar.train_step(self, x, y, optimizer)
 

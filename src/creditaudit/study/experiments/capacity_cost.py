@@ -36,6 +36,11 @@ from creditaudit.study.experiments.scales import get_scale
 
 PENALTY = 1e-2
 CELLS = (("bp", 0.0), ("bp", PENALTY), ("dfa", 0.0), ("dfa", PENALTY))
+# The effects between two cells (cell a − cell b, by the summary's cell keys), each over the
+# seeds both cells have.
+PAIRS = {"bp_penalty_cost": (f"bp|{PENALTY:g}", "bp|0"),
+         "dfa_penalty_gain": (f"dfa|{PENALTY:g}", "dfa|0"),
+         "credit_quality_gap": (f"bp|{PENALTY:g}", f"dfa|{PENALTY:g}")}
 # The published 2×2 (science.md §7; CIFAR-10, 30 epochs): test accuracy without → with the
 # penalty, and the frozen line. The effects the summary quotes are computed from these.
 PUBLISHED = {"bp": (0.585, 0.532), "dfa": (0.301, 0.360), "frozen": 0.349}
@@ -106,9 +111,11 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
             runs[f"{key[0]}|{key[1]:g}"] = full_length(members)
     index = RecordSet(records)
 
-    def effect_marks(a: str, b: str) -> dict[str, str]:
-        """The marks of a difference of two cells' accuracies: those of both cells' runs."""
-        return marks_of([*runs.get(a, []), *runs.get(b, [])], index)
+    def effect_marks(a: str, b: str, seeds: list[int] | None = None) -> dict[str, str]:
+        """The marks of a difference of two cells' accuracies: those of both cells' runs
+        (of ``seeds`` only, where given: the seeds the difference is over)."""
+        return marks_of([r for r in (*runs.get(a, []), *runs.get(b, []))
+                         if seeds is None or r.seed in seeds], index)
 
     def cell(method: str, lam: float) -> dict[str, Any] | None:
         return cells.get(f"{method}|{lam:g}")
@@ -117,9 +124,7 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
     dfa0, dfa1 = _mean(cell("dfa", 0.0)), _mean(cell("dfa", PENALTY))
     frozen_mean = frozen["mean"] if frozen and frozen["n"] else None
     # Between cells: over the seeds both have (a seed one of them lacks is no effect).
-    paired = {"bp_penalty_cost": _paired(cell("bp", PENALTY), cell("bp", 0.0)),
-              "dfa_penalty_gain": _paired(cell("dfa", PENALTY), cell("dfa", 0.0)),
-              "credit_quality_gap": _paired(cell("bp", PENALTY), cell("dfa", PENALTY))}
+    paired = {name: _paired(cells.get(a), cells.get(b)) for name, (a, b) in PAIRS.items()}
     return {
         "penalty": PENALTY,
         "cells": cells,
@@ -134,21 +139,20 @@ def summarise(records: list[RunRecord], choices: Choices = NO_CHOICES) -> dict[s
         # the seeds each between-cell effect is over (both cells' runs of those seeds)
         "effects_seeds": {name: seeds for name, (_, seeds) in paired.items()},
         "effects_marks": {
-            "bp_penalty_cost": effect_marks(f"bp|{PENALTY:g}", "bp|0"),
-            "dfa_penalty_gain": effect_marks(f"dfa|{PENALTY:g}", "dfa|0"),
-            "credit_quality_gap": effect_marks(f"bp|{PENALTY:g}", f"dfa|{PENALTY:g}"),
+            # each over the runs its number is over
+            **{name: effect_marks(a, b, paired[name][1]) for name, (a, b) in PAIRS.items()},
             "dfa_penalty_over_frozen": effect_marks(f"dfa|{PENALTY:g}", "frozen"),
             "bp_penalty_over_frozen": effect_marks(f"bp|{PENALTY:g}", "frozen"),
         },
     }
 
 
-def _over(seeds: list[int] | None, cells: dict[str, Any]) -> str:
+def _over(seeds: list[int] | None, pair: tuple[dict[str, Any] | None, ...]) -> str:
     """`` (over seed 42: the seeds both cells have)`` where an effect is over fewer
-    seeds than a cell has; "" where it is over every seed of both."""
+    seeds than one of its two cells (``pair``) has; "" where it is over every seed of both."""
     if not seeds:
         return ""
-    every = {s["seed"] for cell in cells.values() for s in cell["seeds"]}
+    every = {s["seed"] for cell in pair for s in (cell or {}).get("seeds", ())}
     if set(seeds) == every:
         return ""
     return f" (over seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: the " \
@@ -173,7 +177,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
 
     def effect(name: str) -> str:
         text = mark(fmt(e[name], "+.1f"), {"marks": e_marks.get(name)}, ACC)
-        return f"{text} pp" + _over(seeds_of.get(name), summary["cells"])
+        pair = tuple(summary["cells"].get(key) for key in PAIRS.get(name, ()))
+        return f"{text} pp" + _over(seeds_of.get(name), pair)
 
     frozen = mark(format_aggregate(summary["frozen_acc"]), summary["frozen_acc"], ACC)
     return (table + f"\n\nFrozen baseline: {frozen}." + mark.notes_text() + "\n\n"

@@ -350,7 +350,7 @@ def tables_needed() -> str:
     out): the title of every table, by the scales that run it."""
     by_scale = {scale: [t.title for t in TABLES if scale in t.scales]
                 for scale in ("cpu", "paper")}
-    return (f"every row of each table, every seed: "
+    return (f"every row of each table, every seed unless its title says one: "
             f"{'; '.join(by_scale['cpu'])} (paper scale: {'; '.join(by_scale['paper'])})")
 
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from creditaudit.errors import RunRecordError
+from creditaudit.errors import CreditAuditError
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.records.checkpoint import load_checkpoint
 
@@ -78,7 +78,7 @@ def _epoch(path: Path) -> int | None:
     """The epoch the checkpoint at ``path`` holds; None when it cannot be read."""
     try:
         return int(load_checkpoint(path)["epoch"])
-    except (RunRecordError, OSError):
+    except (CreditAuditError, OSError):  # a damaged file: its run's start says so
         return None
 
 

@@ -231,6 +231,15 @@ def test_results_folder_that_is_a_file_or_empty_is_refused(tmp_path, capsys):
     assert main(["export", "", str(tmp_path / "out")]) == 2
     assert "empty path" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    # a folder holding no record (a mistyped one) once wrote a manifest of every file
+    # skipped and exited 0; now, as report and figures, one line, nothing written
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert (f"{tmp_path / 'empty'} holds no run records (record.json below it), so there "
+            "is nothing to export: pass the folder your runs were written to") in err
+    assert not (tmp_path / "out").exists()
 
 
 # --- copies of one run, empty end-of-run blocks, diverged runs -------------------------------
@@ -639,3 +648,21 @@ def test_a_run_that_did_not_finish_is_named_not_dropped(copies, tmp_path, capsys
         {"run_id": failed.run_id, "status": "failed", "epochs": "1 of 3"}]
     assert (f"  not finished {failed.run_id}: failed (1 of 3 epochs done): only a completed "
             "or diverged run fills a file; export again once it has finished") in printed
+
+
+def test_an_unreadable_record_is_named_once(copies, tmp_path, capsys, caplog, plant):
+    """A broken record.json in a sweep folder was named twice by `creditaudit export`: in
+    the readers' warning and again (its path twice over) in the printed list. Now the
+    warning names it, with why; the output counts it and the manifest lists it."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(copies[0], folder)
+    broken = sorted(folder.glob(f"*/{RECORD_FILE}"))[0]
+    plant(broken, '{"broken')
+    with caplog.at_level("WARNING"):
+        assert main(["export", str(folder), str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    said = [r.getMessage() for r in caplog.records] + [captured.out, captured.err]
+    assert sum(text.count(str(broken)) for text in said) == 1, said
+    assert "is truncated or not JSON" in " ".join(said)
+    assert "left out 1 unreadable record (named in the warnings above" in captured.out
+    assert [str(broken) in entry for entry in manifest(tmp_path / "out")["unreadable"]] == [True]

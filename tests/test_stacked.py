@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +252,53 @@ def test_a_stack_killed_while_it_measures_resumes_as_one_stack(tmp_path, monkeyp
         assert r.record.resumed[0].environment["execution"]["stacked_runs"] == 2
         assert comparable(a.record) == comparable(r.record)
         assert checkpoint_gap(a.run_dir, r.run_dir) == 0.0
+
+
+# A stack SIGKILLed right after the first of its runs wrote its checkpoint of epoch 2.
+KILLED_BETWEEN_CHECKPOINTS = """
+import json, os, signal, sys
+from creditaudit.config import RunConfig
+from creditaudit.run.stacked import train_stacked
+from creditaudit.run.trainer import Trainer
+original = Trainer.checkpoint
+def checkpoint(self, epoch):
+    original(self, epoch)
+    if epoch == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+Trainer.checkpoint = checkpoint
+train_stacked([RunConfig().replace(**o) for o in json.loads(sys.argv[1])])
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_stack_killed_between_its_checkpoint_writes_resumes_as_one_stack(tmp_path):
+    """A stack killed (-9) between two of its runs' checkpoint writes of epoch 2 left the
+    first checkpointed at epoch 2, the second at epoch 1: resumed, each trained on in a stack
+    of its own (the second from epoch 2, the first from 3), and both ended other than the
+    uninterrupted stack (the records' losses and norms, the weights: in the last bits). Now
+    the stack's checkpoints are one commit: both resume from epoch 1, as one stack, bit for
+    bit, and no kept checkpoint is left in their folders."""
+    def overrides(out: Path) -> list[dict[str, Any]]:
+        return [{**TINY, "method.name": "dfa", "optim.epochs": 3, "run.out_dir": str(out),
+                 **variant} for variant in VARIANTS[:2]]
+
+    straight = train_stacked([RunConfig().replace(**o) for o in overrides(tmp_path / "a")])
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_CHECKPOINTS,
+                             json.dumps(overrides(tmp_path / "b"))],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    runs = [RunConfig().replace(**o) for o in overrides(tmp_path / "b")]
+    dirs = [tmp_path / "b" / run_id(c) for c in runs]
+    assert [load_checkpoint(d / CHECKPOINT_FILE)["epoch"] for d in dirs] == [2, 1]
+    resumed = train_stacked(runs, resume=True)
+    for a, r in zip(straight, resumed, strict=True):
+        assert r.status == "completed"
+        assert [(p.epoch, p.environment["execution"]["stacked_runs"])
+                for p in r.record.resumed] == [(2, 2)]
+        assert comparable(a.record) == comparable(r.record)
+        assert checkpoint_gap(a.run_dir, r.run_dir) == 0.0
+        assert sorted(p.name for p in r.run_dir.iterdir()) == sorted(
+            p.name for p in a.run_dir.iterdir())
 
 
 def test_a_run_whose_resume_fails_fails_alone_and_the_stack_trains_on(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from creditaudit.cli.common import folder
 
@@ -15,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "results/dfa_residual_penalty/…, results/cifar10/results_cifar10.json, …) "
                     "under OUT. Only files whose runs exist are written; the list of written "
                     "and skipped files (with the runs each missing file needs) is printed and "
-                    "saved as OUT/export_manifest.json. See docs/experiments.md.")
+                    "saved as OUT/export_manifest.json; a RESULTS_DIR holding no run records is "
+                    "refused. See docs/experiments.md.")
     parser.add_argument("results_dir", metavar="RESULTS_DIR", type=folder,
                         help="folder holding run folders (the --out of train/sweep/experiment)")
     parser.add_argument("out", metavar="OUT", type=folder, help="folder to write the layout into")
@@ -29,8 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from creditaudit.errors import ConfigError
+    from creditaudit.records.files import find_records, no_runs_in, results_folder
     from creditaudit.study.export import export
 
+    if not find_records(results_folder(args.results_dir)):  # a mistyped one: nothing written
+        raise ConfigError(no_runs_in(Path(args.results_dir), "export"))
     result = export(args.results_dir, args.out, layout=args.layout, dataset=args.dataset)
     print(result.format())
     return 0

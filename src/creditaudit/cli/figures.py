@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from creditaudit.cli.common import folder
 from creditaudit.formatting import counted
+
+if TYPE_CHECKING:
+    from creditaudit.results import RunIndex
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read every run record below RESULTS_DIR and draw each figure "
                     "whose runs exist (PNG and PDF, from the records only — no model is "
                     "loaded). For each figure that cannot be drawn, list the runs it needs. "
-                    "Nothing to draw is not an error (exit 0). See docs/figures.md.")
+                    "Nothing to draw is not an error (exit 0), but a folder holding no "
+                    "run records is. See docs/figures.md.")
     add_index_options(parser)
     parser.add_argument("--out", metavar="DIR", default=None, type=folder,
                         help="folder for the figure files (default: RESULTS_DIR/figures)")
@@ -39,14 +44,28 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
                              "keeps each record's own (d))")
 
 
-def run(args: argparse.Namespace) -> int:
-    import creditaudit.study  # noqa: F401  (the paper's figures register with render_all)
-    from creditaudit.figures import render_all
-    from creditaudit.files.safe_files import ensure_folder
+def read_index(args: argparse.Namespace, doing: str) -> RunIndex:
+    """The runs below RESULTS_DIR as the index options ask (shared with ``creditaudit
+    report``); a folder below which no record lies — readable or not — is refused in one line
+    (ConfigError) before anything is written: a mistyped folder is not "nothing to
+    ``doing``"."""
+    from creditaudit.errors import ConfigError
+    from creditaudit.records.files import no_runs_in
     from creditaudit.results import RunIndex
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
+    if not len(index) and not index.skipped:  # unreadable records are reported, by path
+        raise ConfigError(no_runs_in(Path(args.results), doing))
+    return index
+
+
+def run(args: argparse.Namespace) -> int:
+    import creditaudit.study  # noqa: F401  (the paper's figures register with render_all)
+    from creditaudit.figures import render_all
+    from creditaudit.files.safe_files import ensure_folder
+
+    index = read_index(args, "draw")
     out = Path(args.out) if args.out else Path(args.results) / "figures"
     ensure_folder(out)  # a file in the way is one line before any figure is drawn
     print(f"{counted(len(index), 'run record')} in {args.results} ({len(index.runs)} completed or "

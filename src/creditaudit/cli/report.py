@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from creditaudit.cli.common import folder
-from creditaudit.cli.figures import add_index_options
+from creditaudit.cli.figures import add_index_options, read_index
 from creditaudit.formatting import counted
 
 
@@ -31,17 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import creditaudit.study  # noqa: F401  (the paper's figures register with render_all)
-    from creditaudit.errors import ConfigError
     from creditaudit.figures import render_all
     from creditaudit.files.safe_files import ensure_folder
-    from creditaudit.records.files import no_runs_in
     from creditaudit.report.folder import FIGURES_DIR, write_report
-    from creditaudit.results import RunIndex
 
-    index = RunIndex.from_dir(args.results, dataset=args.dataset,
-                              frozen_from_runs=args.frozen_from_runs)
-    if not len(index) and not index.skipped:  # unreadable records are reported, by path
-        raise ConfigError(no_runs_in(Path(args.results)))
+    index = read_index(args, "report")
     out = Path(args.out) if args.out else Path(args.results) / "report"
     ensure_folder(out)  # a file in the way is one line before any figure is drawn
     # The report embeds the figures drawn here; report and figures know nothing of each other.

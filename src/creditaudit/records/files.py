@@ -242,12 +242,14 @@ def _run_without_record(folder: Path) -> str:
             "wait for it, or start that run again")
 
 
-def no_runs_in(folder: Path) -> str:
-    """The one-line refusal for a results folder below which no record lies (``report`` of
-    a folder holding only a researcher's config.toml, or only a starting run's init.pt)."""
+def no_runs_in(folder: Path, doing: str = "report") -> str:
+    """The one-line refusal for a results folder below which no record lies (``report``,
+    ``figures`` or ``export`` of an empty folder, a mistyped one, one holding only a
+    researcher's config.toml, or only a starting run's init.pt); ``doing``: what there is
+    nothing to do ("report", "draw", "export")."""
     why = _run_without_record(folder)
     return (f"{folder} holds no run records ({RECORD_FILE} below it), so there is nothing to "
-            "report" + (f": {why}" if why else ": pass the folder your runs were written to "
+            f"{doing}" + (f": {why}" if why else ": pass the folder your runs were written to "
                                                  "(the --out of train or sweep)"))
 
 

@@ -33,6 +33,7 @@ from creditaudit.records.claims import holding_run
 from creditaudit.run.folder import RunResult, prepare_run
 from creditaudit.run.plan import RunPlan, plan_run
 from creditaudit.run.setup import caller_process
+from creditaudit.run.stack_checkpoints import drop_previous, keep_previous, resume_together
 from creditaudit.run.stack_groups import (  # noqa: F401 — importable from here as before
     VARYING,
     VARYING_SECTIONS,
@@ -113,6 +114,7 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
     n = len(plans)
     resumes = [resume] * n if isinstance(resume, bool) else list(resume)
     forces = [force] * n if isinstance(force, bool) else list(force)
+    resume_together([plan.run_dir for plan in plans])  # killed between two checkpoint writes
     ready = [prepare_run(p, resume=r, force=f, loggers=loggers)
              for p, r, f in zip(plans, resumes, forces, strict=True)]
     results: dict[int, RunResult] = {i: r for i, r in enumerate(ready)
@@ -341,8 +343,10 @@ def _close_epoch(live: list[Trainer], epoch: int, stats: list[dict[str, Any] | E
     interrupt or a kill while any of them measures (the long part) then leaves every run
     checkpointed at the same epoch, so they resume as one stack, bit for bit the stack
     left alone; closed one run after the other, the runs measured last resumed an epoch
-    behind the others, each in a stack of its own, whose step differs in the last bits. A
-    run whose close raises fails alone (``results``). The runs that end here."""
+    behind the others, each in a stack of its own, whose step differs in the last bits. The
+    checkpoints are one commit (:mod:`~creditaudit.run.stack_checkpoints`): a kill between
+    two of them resumes the stack from the epoch before. A run whose close raises fails
+    alone (``results``). The runs that end here."""
     def alone(trainer: Trainer, err: BaseException) -> None:
         if isinstance(err, NOT_A_FAILURE) or ended_by_ray(err):
             raise err
@@ -361,12 +365,16 @@ def _close_epoch(live: list[Trainer], epoch: int, stats: list[dict[str, Any] | E
             except BaseException as err:  # noqa: BLE001 — fails this run only
                 alone(trainer, err)
     saved = []
+    # one commit: a kill between two writes resumes every run from the epoch before
+    in_commit = [trainer.run_dir for trainer, _ in measured] if len(live) > 1 else []
+    keep_previous(in_commit)
     for trainer, entry in measured:
         with _own_rng(rng, trainer):  # the checkpoint keeps the run's own torch stream
             try:
                 saved.append((trainer, entry, trainer.save_epoch(entry)))
             except BaseException as err:  # noqa: BLE001 — fails this run only
                 alone(trainer, err)
+    drop_previous(in_commit)
     ended = []
     for trainer, entry, ending in saved:
         with _own_rng(rng, trainer):

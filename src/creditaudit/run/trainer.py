@@ -62,6 +62,7 @@ from creditaudit.run.setup import (
     refuse_one_sample_batch,
     resolve_device,
 )
+from creditaudit.run.stack_checkpoints import drop_previous
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.reported import checked_step
 from creditaudit.run.steps.stepping import cuda_graphs_decision, uses_device_data
@@ -284,6 +285,7 @@ class Trainer(EpochMeasurement, RecordKeeping):
             resumed_after=self.record.log[-1] if resume and self.record.log else None))
         ensure_folder(self.run_dir)
         remove_leftovers(self.run_dir, RUN_FILES)  # temporary files of writes killed (-9)
+        drop_previous([self.run_dir])  # a stack's kept checkpoint, its resume decided
         if not resume:
             atomic_write_bytes(self.run_dir / CONFIG_FILE,
                                config_to_toml(self.config).encode())

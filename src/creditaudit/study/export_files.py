@@ -92,8 +92,9 @@ class ExportResult:
         for path in self.removed:
             lines.append(f"  removed {path}: the previous export into {self.out} wrote it, "
                          "this one has no run for it")
-        for path in self.unreadable:
-            lines.append(f"  unreadable record: {path}")
+        if self.unreadable:  # each already named, with why, in its reader's one warning
+            lines.append(f"  left out {counted(len(self.unreadable), 'unreadable record')} "
+                         "(named in the warnings above; listed in the manifest)")
         return "\n".join(map(plain_line, lines))  # run ids and reasons: a guest's words
 
 

@@ -33,7 +33,7 @@ so a training-only hook above h_0 is still found.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import NoReturn, Protocol
+from typing import NoReturn, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +64,41 @@ class _StatesModule(Protocol):
     def forward_from(self, layer: int, h: Tensor) -> Tensor: ...
 
 
+_Out = TypeVar("_Out")
+
+
+class _Twin:
+    """A copy of the model, ``copy_of()`` put in training mode or not (``training``), whose
+    every forward (:meth:`run`) starts from one RNG state (:data:`TRAINING_SEED`, the
+    caller's RNG untouched) and the buffers the copy was made with: a training-mode forward
+    may update them (BatchNorm's running statistics, a scale that grows with every step), and
+    dropout draws its masks, so this makes every pass compute one function.
+
+    The buffers are snapshot once, here, and restored before each forward, never after: a
+    forward's graph may have saved a buffer (``x * self.gain``), and restoring it in place
+    then would break the backward."""
+
+    def __init__(self, copy_of: Callable[[], _StatesModule], *, training: bool) -> None:
+        self.model = copy_of()
+        self.model.train(training)
+        self._buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+
+    def run(self, forward: Callable[[Tensor], _Out], inputs: Tensor) -> _Out:
+        """``forward(inputs)`` from the copy's first buffers, under a fork of the RNG seeded
+        with :data:`TRAINING_SEED` (of ``inputs``' CUDA device too, when they are on one)."""
+        with torch.no_grad():
+            for name, buffer in self.model.named_buffers():
+                buffer.copy_(self._buffers[name])
+        with torch.random.fork_rng(
+                devices=[inputs.device] if inputs.device.type == "cuda" else []):
+            torch.manual_seed(TRAINING_SEED)
+            return forward(inputs)
+
+    def logits(self, inputs: Tensor) -> Tensor:
+        """The copy's logits on ``inputs`` (a plain forward: :meth:`run` it)."""
+        return self.model.forward_states(inputs)[1]
+
+
 def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tensor, *,
                       before_first_state: Callable[[], NoReturn]) -> str:
     """Check the training-mode backward (module docstring) on ``copy_of()``, a float64 copy
@@ -76,9 +111,7 @@ def check_in_training(copy_of: Callable[[], _StatesModule], x64: Tensor, y: Tens
     if not x64.is_floating_point():
         return ""
     try:
-        twin = copy_of()
-        twin.train()
-        backward, difference = _comparisons(twin, x64, y)
+        backward, difference = _comparisons(_Twin(copy_of, training=True), x64, y)
     except ReferenceGradientError:
         raise
     except _InputsUnused:
@@ -109,9 +142,7 @@ def _unused_inputs(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) -
     as the layers before h_0's, naming it — adapt refuses a state computed so, with the same
     fix."""
     try:
-        twin = copy_of()
-        twin.train(False)
-        _comparisons(twin, x, y)
+        _comparisons(_Twin(copy_of, training=False), x, y)
     except _InputsUnused:
         ungraded = _ungraded_parameters(copy_of, x, y)
         if not ungraded:
@@ -141,17 +172,11 @@ def _at_first_state(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tensor) 
     compared; ReferenceGradientError (training mode's) where the backward disagrees — the
     eval-mode check found it right at h_0."""
     try:
-        twin = copy_of()
-        twin.train()
-        with torch.no_grad(), torch.random.fork_rng(
-                devices=[x.device] if x.device.type == "cuda" else []):
-            buffers = {name: b.detach().clone() for name, b in twin.named_buffers()}
-            torch.manual_seed(TRAINING_SEED)
-            h0 = twin.forward_states(x)[0][0].detach()
-            for name, buffer in twin.named_buffers():
-                buffer.copy_(buffers[name])
+        twin = _Twin(copy_of, training=True)
+        with torch.no_grad():
+            h0 = twin.run(lambda inputs: twin.model.forward_states(inputs)[0][0], x).detach()
         backward, difference = _comparisons(twin, h0, y,
-                                            forward=lambda h: twin.forward_from(0, h))
+                                            forward=lambda h: twin.model.forward_from(0, h))
     except ReferenceGradientError:
         raise
     except Exception:  # noqa: BLE001 — the model's training-mode forward: training reports it
@@ -182,15 +207,11 @@ def _ungraded_parameters(copy_of: Callable[[], _StatesModule], x: Tensor, y: Ten
     """The names of the trainable parameters of a training-mode ``copy_of()`` that the loss
     on ``x``, ``y`` gives no gradient, of the modules its forward calls (a spare head the
     forward never calls gets none wherever the inputs are, which is no stem's doing)."""
-    twin = copy_of()
-    twin.train()
-    with torch.enable_grad(), torch.random.fork_rng(
-            devices=[x.device] if x.device.type == "cuda" else []), \
-            _recorded(twin) as calls:  # type: ignore[arg-type]
-        torch.manual_seed(TRAINING_SEED)
-        total = F.cross_entropy(twin.forward_states(x)[1], y, reduction="sum")
+    twin = _Twin(copy_of, training=True)
+    with torch.enable_grad(), _recorded(twin.model) as calls:  # type: ignore[arg-type]
+        total = F.cross_entropy(twin.run(twin.logits, x), y, reduction="sum")
     called = {call.name for call in calls}
-    named = [(name, p) for name, p in twin.named_parameters()
+    named = [(name, p) for name, p in twin.model.named_parameters()
              if p.requires_grad and name.rpartition(".")[0] in called]
     if not named or not total.requires_grad:
         return [name for name, _ in named]
@@ -203,34 +224,22 @@ def _disagrees_in_eval(copy_of: Callable[[], _StatesModule], x: Tensor, y: Tenso
     """Whether the eval-mode backward of a fresh ``copy_of()`` disagrees at the inputs ``x``
     too (False where that cannot be said: the copy or its forward fails)."""
     try:
-        twin = copy_of()
-        twin.train(False)
-        return _disagree(_compared(*_comparisons(twin, x, y)))
+        return _disagree(_compared(*_comparisons(_Twin(copy_of, training=False), x, y)))
     except Exception:  # noqa: BLE001 — the training-mode refusal stands as it was
         return False
 
 
-def _comparisons(twin: _StatesModule, x: Tensor, y: Tensor,
+def _comparisons(twin: _Twin, x: Tensor, y: Tensor,
                  forward: Callable[[Tensor], Tensor] | None = None
                  ) -> tuple[Tensor, Callable[[float, Tensor], tuple[Tensor, Tensor]]]:
     """(⟨∂ΣCE/∂x, v_j⟩ per direction ``(M,)``, the central difference of direction j at a
     relative step δ) for :func:`~creditaudit.measures.central_differences._compared`; ``x``
-    goes through ``forward`` (the logits of ``twin.forward_states`` unless given)."""
-    run = forward if forward is not None else (lambda inputs: twin.forward_states(inputs)[1])
-    devices = [x.device] if x.device.type == "cuda" else []
-
-    # A training-mode forward may update buffers (BatchNorm's running statistics, a scale
-    # that grows with every step): each forward starts from the buffers the copy was made
-    # with, so every pass computes one function.
-    buffers = {name: buffer.detach().clone() for name, buffer in twin.named_buffers()}
+    goes through ``forward`` (:meth:`_Twin.logits` unless given), every pass a
+    :meth:`_Twin.run`, so that all compute one function."""
+    run = forward if forward is not None else twin.logits
 
     def loss(inputs: Tensor) -> tuple[Tensor, Tensor]:
-        with torch.no_grad():
-            for name, buffer in twin.named_buffers():
-                buffer.copy_(buffers[name])
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(TRAINING_SEED)
-            logits = run(inputs)
+        logits = twin.run(run, inputs)
         return F.cross_entropy(logits, y, reduction="sum"), logits
 
     with torch.enable_grad():

@@ -4,6 +4,7 @@
   labels and Markdown tables;
 - :mod:`.protocol` — one protocol report as text, Markdown (the reporting template), LaTeX
   (JSON is the report's own serialisation): :func:`render`;
+- :mod:`.run_metrics` — a run's end-of-run metrics in plain lines: :func:`metrics_lines`;
 - :mod:`.runs` — the one-line-per-run summary the CLI prints after training;
 - :mod:`.folder` — ``report.md`` / ``report.html`` of a results folder;
 - :mod:`.html` — Markdown to a self-contained HTML page.
@@ -14,12 +15,12 @@ from __future__ import annotations
 from creditaudit.formatting import fmt, format_lambda, markdown_table
 from creditaudit.report.protocol import (
     FORMATS,
-    metrics_lines,
     render,
     render_latex,
     render_markdown,
     render_text,
 )
+from creditaudit.report.run_metrics import metrics_lines
 from creditaudit.report.runs import format_run_summary
 
 __all__ = ["FORMATS", "render", "render_text", "render_markdown", "render_latex",

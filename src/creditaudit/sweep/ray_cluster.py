@@ -13,13 +13,9 @@ wait — other jobs hold the resources, or the nodes that had them left — for 
 the reason (what each run asks for, what the cluster has and what is free). They have not
 started, so the next sweep trains them.
 
-Joining a cluster never waits for a head that is gone: ``ray.init`` retries such a head for
-about 13 minutes without reacting to Ctrl-C, so the address it would use (``--address``,
-``RAY_ADDRESS``, or the cluster file a ``ray start`` left, e.g. /tmp/ray/ray_current_cluster)
-is first checked to accept a connection. Ray replaces the process's SIGTERM handler (with an
-abort); the handlers are put back, so SIGTERM interrupts a sweep like Ctrl-C: the running
-tasks are cancelled and given ``UNWIND_SECONDS`` to record 'interrupted' and release their
-claims.
+Joining a cluster never waits for a head that is gone, and SIGTERM still interrupts a sweep
+like Ctrl-C (:mod:`creditaudit.sweep.ray_joining`): the running tasks are cancelled and
+given ``UNWIND_SECONDS`` to record 'interrupted' and release their claims.
 """
 
 from __future__ import annotations
@@ -28,9 +24,7 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,6 +33,7 @@ from creditaudit.errors import ConfigError
 from creditaudit.formatting import counted
 from creditaudit.sweep.deaths import left_outcomes, ray_death_cause, ray_task_reason, record_lost
 from creditaudit.sweep.outcome import Outcome
+from creditaudit.sweep.ray_joining import check_address_answers, keep_signal_handlers
 from creditaudit.sweep.worker import failed_outcome, pool_call
 
 log = logging.getLogger(__name__)
@@ -51,8 +46,6 @@ POLL_SECONDS = 1.0
 # Say why the sweep waits once it has waited this long (or the deadline, if shorter).
 WARN_AFTER = 30.0
 STARTED = "creditaudit: run started"
-# How long the address ray.init would join may take to accept a TCP connection.
-PROBE_SECONDS = 5.0
 # After an interrupt: how long the cancelled runs may take to record 'interrupted' and
 # release their claims before Ray is shut down under them (a second interrupt stops waiting).
 UNWIND_SECONDS = 30.0
@@ -73,63 +66,6 @@ def _import_ray() -> Any:
     except ImportError:
         raise ConfigError(RAY_MISSING) from None
     return ray
-
-
-def _address_answers(address: str, timeout: float = PROBE_SECONDS) -> str | None:
-    """None when something accepts a TCP connection at ``host:port``, else why not
-    (``"Connection refused"``). An address of another form is left to ``ray.init``."""
-    host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():
-        return None
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return None
-    except OSError as err:
-        return err.strerror or str(err) or type(err).__name__
-
-
-def _cluster_file() -> str | None:
-    """Where ``ray start`` records the head that ``ray.init()`` joins (Ray's own lookup:
-    RAY_TMPDIR, TMPDIR or /tmp, then ray/ray_current_cluster); None if Ray moved it."""
-    try:
-        from ray._common.utils import get_ray_address_file
-    except ImportError:
-        return None
-    return get_ray_address_file(None)
-
-
-def check_address_answers(address: str | None) -> None:
-    """Raise ConfigError (one line, with the fix) when the Ray head that ``ray.init(address)``
-    would join does not accept a connection: ``address`` itself, else RAY_ADDRESS, else the
-    address in the cluster file a ``ray start`` left (``None`` starts a new local Ray only
-    when there is no such file)."""
-    if address and address != "auto":
-        why = _address_answers(address)
-        if why:
-            raise ConfigError(f"the Ray cluster at {address} does not answer ({why}): check "
-                              "--address, or start its head there with `ray start --head`")
-        return
-    env = os.environ.get("RAY_ADDRESS")
-    if env:
-        why = _address_answers(env)
-        if why:
-            raise ConfigError(f"RAY_ADDRESS={env} names a Ray cluster that does not answer "
-                              f"({why}): start it, or unset RAY_ADDRESS")
-        return
-    path = _cluster_file()
-    if path is None:
-        return
-    try:
-        with open(path, encoding="utf-8") as file:
-            recorded = file.read().strip()
-    except OSError:  # no file: ray.init starts a local Ray (or finds one, for "auto")
-        return
-    why = _address_answers(recorded) if recorded else None
-    if why:
-        raise ConfigError(f"Ray's cluster file {path} names a head at {recorded} that does not "
-                          f"answer ({why}): a Ray started with `ray start` ended without `ray "
-                          "stop`. Run `ray stop` (it removes the file) or delete the file, "
-                          "then run again; or give --address")
 
 
 def describe_resources(resources: dict[str, float]) -> str:
@@ -163,23 +99,6 @@ def check_one_run_fits(total: dict[str, float], num_cpus: float, num_gpus: float
             f"each run asks for {num_cpus:g} CPU (--threads-per-worker) but the Ray cluster"
             f"{where} has {total.get('CPU', 0.0):g} CPU ({have}): lower --threads-per-worker "
             "or add nodes")
-
-
-@contextlib.contextmanager
-def keep_signal_handlers() -> Iterator[None]:
-    """Restore SIGINT's and SIGTERM's handlers after the body: ``ray.init`` installs its own
-    (SIGTERM → SystemExit, then an abort in Ray's core), which would end a sweep without
-    cancelling its runs or saying why."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers can only be set, and Ray only sets them, in the main thread
-        return
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            if handler is not None:  # None: set outside Python, cannot be put back
-                signal.signal(signum, handler)
 
 
 class RayExecutor:

@@ -58,3 +58,32 @@ def test_ctrl_c_elsewhere_claims_no_checkpoint(tmp_path, capsys, monkeypatch):
     code, err = run(capsys, ["report", str(tmp_path / "runs")])
     assert code == 130
     assert err.strip() == "creditaudit: interrupted", err
+
+
+def test_ctrl_c_while_a_resume_starts_the_run_over_leaves_it_resumable(tmp_path, capsys,
+                                                                        monkeypatch):
+    """A run stopped in its first epoch is started over by ``--resume``, which clears its
+    files; Ctrl-C before the restarted run wrote one left its folder empty, and the same
+    ``--resume`` then refused it: 'cannot resume: no run at …'. The folder keeps the run's
+    config.toml until the run writes its own, so the same command starts it over."""
+    from creditaudit.run.trainer import Trainer
+
+    config = tmp_path / "run.toml"
+    config.write_text(toml_of({**TINY, "run.out_dir": str(tmp_path / "runs")}))
+    argv = ["train", "--config", str(config), "--resume"]
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, 1)
+        assert run(capsys, ["train", "--config", str(config)])[0] == 130
+
+    def interrupt(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "run", interrupt)
+        assert run(capsys, argv)[0] == 130
+    (folder,) = (tmp_path / "runs").iterdir()
+    # cleared to start over (it was left empty), nothing written since
+    assert [path.name for path in folder.iterdir()] == ["config.toml"]
+    code, err = run(capsys, argv)  # the same command again
+    assert code == 0, err
+    assert load_record(folder).status == "completed"

@@ -372,6 +372,21 @@ def assert_one_point_per_step(folder: Path) -> dict[str, list[int]]:
 
 
 @needs_tensorboard
+def test_tensorboard_first_asked_for_on_resume_gets_the_earlier_epochs(tmp_path, kill_run_at):
+    """A run interrupted in epoch 2 without --tensorboard, resumed with it: the folder held
+    epochs 1–2 only (the resumed part's), epoch 0 was missing. It gets every epoch of the
+    record once."""
+    config = tiny(tmp_path / "runs", **{"diagnostics.end_of_run": False})
+    kill_run_at(config, epoch=2)
+    logged = config.replace(**{"run.tensorboard": str(tmp_path / "tb")})
+    record = train(logged, resume=True).record
+    folder = tmp_path / "tb" / record.run_id
+    assert tensorboard_values(folder)["train/test_loss"] == {
+        entry.epoch: pytest.approx(entry.test_loss) for entry in record.log}
+    assert sorted(assert_one_point_per_step(folder)["train/test_loss"]) == [0, 1, 2]
+
+
+@needs_tensorboard
 def test_tensorboard_of_a_run_started_over_holds_each_point_once(tmp_path, kill_run_at):
     """Killed in epoch 1 (epoch 0 logged), the run is started over into the same folder:
     TensorBoard shows the new run's points only, epoch 0 once."""

@@ -134,6 +134,28 @@ def test_killing_the_sweep_while_its_workers_start_leaves_nothing_running(
     assert not list(out.glob("*/*")), "a worker of the dead sweep claimed or trained a run"
 
 
+def test_ctrl_c_while_the_workers_start_prints_no_traceback(data, tmp_path, started):
+    """Ctrl-C reaches the sweep and its workers (one process group); a worker still
+    importing creditaudit printed a KeyboardInterrupt traceback out of multiprocessing's
+    spawn_main under the sweep's one line. It now leaves quietly once it has started. The
+    SIGINT goes to the workers alone: the sweep's own share of a Ctrl-C SIGTERMs them at
+    once, which decides the race only sometimes."""
+    sweep, out = _sweep(tmp_path, data, '[grid]\n"run.seed" = [1, 2]\n', "--workers", "2")
+    started.append(sweep.pid)
+    workers = _wait(lambda: len(_spawned_workers(sweep.pid)) == 2 and
+                    _spawned_workers(sweep.pid), 60, "two workers were spawned", sweep)
+    started.extend(workers)
+    time.sleep(0.2)  # the workers are importing (seconds): none has run its initializer
+    assert not list(out.glob(f"*/{RECORD_FILE}")), "a run started before the Ctrl-C"
+    for worker in workers:
+        os.kill(worker, signal.SIGINT)
+    _wait(lambda: not any(map(alive, workers)), 60, "the workers ended")
+    os.killpg(sweep.pid, signal.SIGKILL)
+    err = _end(sweep, tmp_path)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not list(out.glob(f"*/{RECORD_FILE}")), "a worker trained after its Ctrl-C"
+
+
 # --- a worker that dies -----------------------------------------------------------------
 def test_one_dead_worker_does_not_end_the_sweep(data, tmp_path, started):
     sweep, out = _sweep(tmp_path, data, '[grid]\n"method.name" = ["bp", "dfa"]\n'

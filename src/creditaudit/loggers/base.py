@@ -47,6 +47,9 @@ class RunStart:
     checkpoint saved; None otherwise). It is not passed to ``log_epoch``: the earlier part
     saved it before logging it and may have been stopped in between, so it may hold it or
     not; a backend that can replace an earlier part's points (TensorBoard) logs it again.
+    ``logged_before``: for a resumed part, the record's epochs before ``resumed_after``,
+    which the earlier parts logged if they had this logger: TensorBoard logs them into a
+    folder that lacks them (the run resumed with ``--tensorboard`` first asked for then).
     """
 
     config: RunConfig
@@ -59,6 +62,7 @@ class RunStart:
     replayed: bool = False
     reference: dict[str, Any] | None = None
     resumed_after: EpochEntry | None = None
+    logged_before: tuple[EpochEntry, ...] = ()
 
     @property
     def resumed(self) -> bool:

@@ -17,7 +17,9 @@ part write into the folder that holds the earlier part: each part's event file s
 a restart mark at the first epoch it logs (``SummaryWriter``'s ``purge_step``), so
 TensorBoard drops every earlier point from that epoch on — one point per tag and step. A
 resumed part starts at the epoch it resumes after and logs it again: the part before saved
-that epoch before logging it, and may have been killed in between.
+that epoch before logging it, and may have been killed in between. Into a folder that lacks
+the record's earlier epochs (``--tensorboard`` first asked for on the resume) it logs them
+too, its restart mark at epoch 0.
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ class TensorBoardLogger(RunLogger):
         # may have been stopped before it logged it). An earlier part's points from there on
         # (a run started over, a part killed after it logged) are dropped by the restart mark.
         self.first_step = _first_step(run)
+        earlier = [entry for entry in run.logged_before if entry.epoch < self.first_step]
+        if earlier and not _holds_steps(self.log_dir, {entry.epoch for entry in earlier}):
+            # Resumed with --tensorboard first asked for now (or a folder that lost them):
+            # the record's earlier epochs go in too, behind a restart mark at their first.
+            self.first_step = earlier[0].epoch
+        else:
+            earlier = []
         _wait_for_a_later_second(self.log_dir)
         self.writer = SummaryWriter(str(self.log_dir), purge_step=self.first_step)
         config = run.config
@@ -91,6 +100,8 @@ class TensorBoardLogger(RunLogger):
         self.writer.file_writer.add_summary(session_start, self.first_step)
         self.writer.add_text("run/config", "```toml\n" + config_to_toml(config) + "```",
                              self.first_step)
+        for entry in earlier:
+            self.log_epoch(entry)
         if run.resumed_after is not None:
             self.log_epoch(run.resumed_after)
 
@@ -161,28 +172,43 @@ def _wait_for_a_later_second(log_dir: Path) -> None:
         time.sleep(min(1.0, max(0.0, max(seconds) + 1 - time.time())))
 
 
-def _holds_finished_run(log_dir: Path) -> bool:
-    """Whether the event files in ``log_dir``, read as TensorBoard reads them (in order, a
-    restart mark dropping the points from its step on), keep a ``run/status`` of a finished
-    run (completed or diverged): the run was logged there to its end."""
+def _kept_points(log_dir: Path, tag: str) -> dict[int, Any]:
+    """step → the last point of ``tag`` that the event files in ``log_dir`` keep, read as
+    TensorBoard reads them (in order, a restart mark dropping the points from its step on);
+    a damaged file adds none."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.compat.proto.event_pb2 import SessionLog
 
-    statuses: dict[int, str] = {}
+    points: dict[int, Any] = {}
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
         try:
             for event in EventFileLoader(str(path)).Load():
                 if (event.HasField("session_log")
                         and event.session_log.status == SessionLog.START):
-                    statuses = {step: text for step, text in statuses.items()
-                                if step < event.step}
+                    points = {step: value for step, value in points.items()
+                              if step < event.step}
                 for value in event.summary.value:
-                    if value.tag == "run/status/text_summary" and value.tensor.string_val:
-                        statuses[event.step] = value.tensor.string_val[0].decode()
-        except Exception:  # noqa: BLE001 — a damaged file holds no finished run we can trust
+                    if value.tag == tag:
+                        points[event.step] = value
+        except Exception:  # noqa: BLE001 — a damaged file holds no point we can trust
             log.debug("cannot read TensorBoard file %s", path, exc_info=True)
+    return points
+
+
+def _holds_finished_run(log_dir: Path) -> bool:
+    """Whether the event files in ``log_dir`` keep a ``run/status`` of a finished run
+    (completed or diverged): the run was logged there to its end."""
+    statuses = [value.tensor.string_val[0].decode() for value in
+                _kept_points(log_dir, "run/status/text_summary").values()
+                if value.tensor.string_val]
     # status_text: the status first, then ", stopped early …" or ": ERROR"
-    return any(text.split(":")[0].split(",")[0] in FINISHED for text in statuses.values())
+    return any(text.split(":")[0].split(",")[0] in FINISHED for text in statuses)
+
+
+def _holds_steps(log_dir: Path, steps: set[int]) -> bool:
+    """Whether the event files in ``log_dir`` keep an epoch's point (``train/test_loss``,
+    which every evaluated epoch logs) at each of ``steps``."""
+    return steps <= set(_kept_points(log_dir, "train/test_loss"))
 
 
 def _session_end(finished: bool) -> Any:

@@ -35,6 +35,7 @@ from creditaudit.methods import CreditRule
 from creditaudit.models import ResidualNet
 from creditaudit.records import (
     CHECKPOINT_FILE,
+    CONFIG_FILE,
     RECORD_FILE,
     RunRecord,
     load_record,
@@ -153,6 +154,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
     record_path = run_dir / RECORD_FILE
     damaged = None  # why record.json cannot be read, when its checkpoint can stand in
     trained = None  # the trained epoch of the folder's checkpoint, once read
+    restart = False  # started over because it trained nothing (not asked with --force)
     if record_path.exists() and not force:
         try:
             existing = load_record(record_path)
@@ -179,7 +181,7 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
         if restartable(existing, run_dir, resume=resume):
             log.info("run %s stopped before it saved a trained epoch (status %s); starting "
                      "it over", existing.run_id, existing.status)
-            force = True
+            force = restart = True
         elif resume:
             check_same_question(existing.config, config, record_path)
             resume_threads(existing, config, record_path)
@@ -217,8 +219,12 @@ def prepare_run(config: RunConfig | RunPlan, *, resume: bool = False, force: boo
             raise no_run_to_resume(config, run_dir, identity, plan.code)
         log.info("run %s stopped before its first record was written; starting it over",
                  plan.run_id)
-        force = True
+        force = restart = True
     if force and run_dir.exists():
-        clear_run_files(run_dir, again=f"then pass {FORCE} again")
+        # A run started over keeps its config.toml (this run's, rewritten as it starts):
+        # stopped (Ctrl-C) before it writes a file, its folder still reads as a run started
+        # that trained nothing, which --resume starts over — an empty one, as no run.
+        clear_run_files(run_dir, again=f"then pass {FORCE} again",
+                        keep=(CONFIG_FILE,) if restart else ())
         resume = False
     return plan, resume

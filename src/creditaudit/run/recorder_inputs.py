@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -185,17 +185,18 @@ def claim_folder(run_dir: Path, overwrite: bool) -> ExitStack:
     return held
 
 
-def clear_run_files(run_dir: Path, *, again: str) -> None:
-    """Remove ``run_dir``'s run files (:data:`~creditaudit.records.RUN_FILES`) to start its
-    run over. A folder standing under one of their names (never a run's: the run writes
-    files) is refused before anything is removed — neither the old record nor what the
-    folder holds is lost — and so is a file that cannot be removed: OutputError (one line,
-    ending in ``again``: how to start over once it is out of the way)."""
+def clear_run_files(run_dir: Path, *, again: str, keep: Collection[str] = ()) -> None:
+    """Remove ``run_dir``'s run files (:data:`~creditaudit.records.RUN_FILES`, but those
+    named in ``keep``) to start its run over. A folder standing under one of their names
+    (never a run's: the run writes files) is refused before anything is removed — neither
+    the old record nor what the folder holds is lost — and so is a file that cannot be
+    removed: OutputError (one line, ending in ``again``: how to start over once it is out
+    of the way)."""
     for file in RUN_FILES:
         if (run_dir / file).is_dir():
             raise OutputError(f"{run_dir / file} is a folder where the run keeps its own "
                               f"{file} file: move it away, {again}")
-    for file in RUN_FILES:
+    for file in (file for file in RUN_FILES if file not in keep):
         try:
             (run_dir / file).unlink(missing_ok=True)
         except OSError as err:

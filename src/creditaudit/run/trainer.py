@@ -282,7 +282,8 @@ class Trainer(EpochMeasurement, RecordKeeping):
             steps_per_epoch=len(self.train_loader),
             elapsed_before=sum(e.seconds or 0.0 for e in self.record.log),
             reference=self.record.reference.to_dict(),
-            resumed_after=self.record.log[-1] if resume and self.record.log else None))
+            resumed_after=self.record.log[-1] if resume and self.record.log else None,
+            logged_before=tuple(self.record.log[:-1]) if resume else ()))
         ensure_folder(self.run_dir)
         remove_leftovers(self.run_dir, RUN_FILES)  # temporary files of writes killed (-9)
         drop_previous([self.run_dir])  # a stack's kept checkpoint, its resume decided

@@ -21,7 +21,7 @@ from creditaudit.sweep.deaths import MAX_DEATHS, after_break, death_cause, left_
 from creditaudit.sweep.outcome import Outcome
 from creditaudit.sweep.ray_cluster import RayExecutor
 from creditaudit.sweep.worker import pool_call
-from creditaudit.sweep.worker_process import init_worker
+from creditaudit.sweep.worker_process import init_worker, sigint_held
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,9 @@ class LocalExecutor:
         unfinished: set[int] = set()
         ended = 0
         try:
-            futures = {pool.submit(pool_call, fn, task): i for i, task in enumerate(tasks)}
+            with sigint_held():  # a Ctrl-C reaches the workers once they can take it
+                futures = {pool.submit(pool_call, fn, task): i
+                           for i, task in enumerate(tasks)}
             # Every worker is spawned by now (one per submit up to max_workers).
             processes = list(getattr(pool, "_processes", {}).values())
             for future in as_completed(futures):

@@ -5,11 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
 
-# Per worker process: set by SIGTERM/SIGINT, so a worker stops after its current run.
-WORKER_STATE = {"terminating": False, "in_run": False}
+# Per worker process: set by SIGTERM/SIGINT, so a worker stops after its current run;
+# "starting" until its initializer has its signal handlers in place.
+WORKER_STATE = {"terminating": False, "in_run": False, "starting": True}
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold SIGINT off this thread while the block spawns a sweep's workers: they inherit
+    the blocked signal, so a Ctrl-C while they import (seconds) waits until
+    :func:`init_worker` can end them quietly, instead of a KeyboardInterrupt traceback out of
+    the import; this process gets it when the block ends (the spawning takes milliseconds)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def init_worker(threads: int, parent: int) -> None:
@@ -18,9 +34,8 @@ def init_worker(threads: int, parent: int) -> None:
     ``parent`` is the pid of the sweep that started this worker, passed by the sweep: a
     worker whose sweep died while it was starting (``kill -9``: it is re-parented, so its
     own ``getppid()`` already names another process) leaves at once, before it could take
-    a task still queued in the pipe, so it claims and trains nothing."""
-    import signal
-
+    a task still queued in the pipe, so it claims and trains nothing. A Ctrl-C while it
+    started (SIGINT, held off by :func:`sigint_held` until here) ends it, quietly."""
     _leave_if_orphaned(parent)  # before the torch import: seconds on a busy machine
     import torch
 
@@ -29,6 +44,8 @@ def init_worker(threads: int, parent: int) -> None:
         torch.set_num_interop_threads(threads)
 
     def terminate(signum: int, frame: object) -> None:
+        if WORKER_STATE["starting"]:
+            os._exit(0)  # no run yet; SystemExit out of an initializer prints a traceback
         if WORKER_STATE["terminating"]:
             # Already stopping: Ctrl-C reaches the workers with the sweep (one process
             # group), then the sweep's SIGTERM follows; a second KeyboardInterrupt would cut
@@ -42,6 +59,8 @@ def init_worker(threads: int, parent: int) -> None:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one ends it here
+    WORKER_STATE["starting"] = False
     _leave_if_orphaned(parent)  # the sweep may have died during the imports
     _watch_parent(parent)
 
@@ -66,7 +85,6 @@ def _watch_parent(parent: int) -> None:
     claim, so the next sweep resumes it. Then the worker exits at once — waiting for the
     next task would wait forever, as nobody is left to send one, and a normal interpreter
     exit can hang joining the pool's queue threads."""
-    import signal
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -81,4 +99,4 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="creditaudit-parent-watch", daemon=True).start()
 
 
-__all__ = ["init_worker", "WORKER_STATE"]
+__all__ = ["init_worker", "sigint_held", "WORKER_STATE"]

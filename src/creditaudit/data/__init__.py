@@ -158,7 +158,9 @@ def _whole(value: Any) -> bool:
 def check_declared(spec: DatasetSpec[Any]) -> tuple[tuple[int, ...], int]:
     """The sample shape and the number of classes ``spec`` declares (``input_shape()``,
     ``n_classes()``); LoadedDataError (one line) unless they are Python ints >= 1 — the
-    model is sized by them and every record holds them as JSON."""
+    model is sized by them and every record holds them as JSON — and the classes at least
+    2: the cross-entropy of one class is 0 whatever the network computes, so no credit
+    reaches a layer and a run would record every rule's verdicts on zero gradients."""
     shape, classes = spec.input_shape(), spec.n_classes()
     if not (isinstance(shape, tuple | list) and shape and all(map(_whole, shape))):
         raise LoadedDataError(f"input_shape() of {spec.name} is {shape!r}: return a "
@@ -167,6 +169,10 @@ def check_declared(spec: DatasetSpec[Any]) -> tuple[tuple[int, ...], int]:
     if not _whole(classes):
         raise LoadedDataError(f"n_classes() of {spec.name} is {classes!r}: return a "
                               "Python int >= 1 (int() of a numpy or float number)")
+    if classes < 2:
+        raise LoadedDataError(f"n_classes() of {spec.name} is 1: the cross-entropy of one "
+                              "class is 0 whatever the network computes, so no credit reaches "
+                              "any layer; give labels of at least 2 classes")
     return tuple(shape), classes
 
 

@@ -14,9 +14,10 @@ import torch
 
 from creditaudit.config import bind
 from creditaudit.data import load_dataset
-from creditaudit.data.registry import MNIST1D, FashionMNIST, SyntheticData
+from creditaudit.data.registry import MNIST, MNIST1D, FashionMNIST, SyntheticData
 from creditaudit.data.rows import HELD_OUT_CHECK, held_out_problem, near_copies
 from creditaudit.errors import LoadedDataError
+from integrity_support import idx_bytes
 
 REAL_FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -64,6 +65,24 @@ def test_images_a_grey_level_off_their_training_images_are_near_copies():
     assert "near copies" in held_out_problem(train_x, train_y, copies, train_y)
     # relabelled copies are no memorisation to report
     assert near_copies(train_x, train_y, copies, (train_y + 1) % 10) == (0, 64)
+
+
+def test_a_folder_whose_test_files_are_its_training_images_a_grey_level_off_is_refused(
+        tmp_path):
+    """MNIST's t10k files holding the training images, each pixel moved by a grey level
+    (docs/reliability.md): refused when loaded, not a run recording memorisation."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (200, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 200).astype(np.uint8)
+    moved = np.clip(images.astype(np.int16) + rng.integers(-1, 2, images.shape), 0, 255)
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name, array in (("train-images", images), ("train-labels", labels),
+                        ("t10k-images", moved.astype(np.uint8)), ("t10k-labels", labels)):
+        (folder / f"{name}-idx{array.ndim}-ubyte").write_bytes(idx_bytes(array))
+    data = bind(MNIST, "data", data_dir=str(folder))
+    with pytest.raises(LoadedDataError, match="near copies of training samples"):
+        load_dataset(data, seed=0)
 
 
 @pytest.mark.parametrize("cls,options", [

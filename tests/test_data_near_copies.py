@@ -15,7 +15,7 @@ import torch
 from creditaudit.config import bind
 from creditaudit.data import load_dataset
 from creditaudit.data.registry import MNIST, MNIST1D, FashionMNIST, SyntheticData
-from creditaudit.data.rows import HELD_OUT_CHECK, held_out_problem, near_copies
+from creditaudit.data.rows import HELD_OUT_CHECK, NEAR_SAMPLE, held_out_problem, near_copies
 from creditaudit.errors import LoadedDataError
 from integrity_support import idx_bytes
 
@@ -50,8 +50,8 @@ def test_a_run_load_refuses_a_test_split_of_noisy_training_samples():
     with pytest.raises(LoadedDataError) as error:
         _load(NoisyCopies, n_train=500, n_test=200, in_dim=32)
     assert str(error.value).startswith(
-        "the data noisy-copies loaded: 64 of 64 test samples checked are near copies of "
-        "training samples"), error.value
+        f"the data noisy-copies loaded: {NEAR_SAMPLE} of {NEAR_SAMPLE} test samples checked "
+        "are near copies of training samples"), error.value
     assert _load(DeclaredNoisyCopies, n_train=500, n_test=200, in_dim=32).test_x.shape[0] == 200
 
 
@@ -61,10 +61,10 @@ def test_images_a_grey_level_off_their_training_images_are_near_copies():
     train_y = torch.randint(0, 10, (300,), generator=generator)
     step = torch.randint(-1, 2, train_x.shape, generator=generator)
     copies = (train_x.short() + step).clamp(0, 255).to(torch.uint8)
-    assert near_copies(train_x, train_y, copies, train_y) == (64, 64)
+    assert near_copies(train_x, train_y, copies, train_y) == (NEAR_SAMPLE, NEAR_SAMPLE)
     assert "near copies" in held_out_problem(train_x, train_y, copies, train_y)
     # relabelled copies are no memorisation to report
-    assert near_copies(train_x, train_y, copies, (train_y + 1) % 10) == (0, 64)
+    assert near_copies(train_x, train_y, copies, (train_y + 1) % 10) == (0, NEAR_SAMPLE)
 
 
 def test_a_folder_whose_test_files_are_its_training_images_a_grey_level_off_is_refused(
@@ -89,19 +89,22 @@ def test_a_folder_whose_test_files_are_its_training_images_a_grey_level_off_is_r
     (SyntheticData, {"n_train": 2000, "n_test": 500}),
     (SyntheticData, {"n_train": 2000, "n_test": 500, "in_dim": 2}),  # dense: close rows
     (SyntheticData, {"n_train": 2, "n_test": 20, "in_dim": 12}),
+    # 50 000 values of one feature, neighbours ~5e-5 apart: float32 distances lost them
+    (SyntheticData, {"in_dim": 1}),
     (MNIST1D, {"n_train": 4000, "n_test": 1000}),
-], ids=["synthetic", "synthetic-2d", "two-training-samples", "mnist1d"])
+], ids=["synthetic", "synthetic-2d", "two-training-samples", "synthetic-1d", "mnist1d"])
 def test_honest_generated_splits_are_held_out(cls, options):
-    dataset = _load(cls, **options)
-    arrays = dataset.train_x, dataset.train_y, dataset.test_x, dataset.test_y
-    assert near_copies(*arrays)[0] <= 0.05 * near_copies(*arrays)[1]
+    dataset = _load(cls, **options)  # not refused
+    near, checked = near_copies(dataset.train_x, dataset.train_y, dataset.test_x,
+                                dataset.test_y)
+    assert near <= 0.2 * checked  # 1-D: 11 % (a Poisson process: 13 %); others 0–2 %
 
 
 @pytest.mark.skipif(not REAL_FASHION.is_dir(), reason="no Fashion-MNIST files on this machine")
 def test_real_fashion_mnist_is_held_out():
     dataset = _load(FashionMNIST, data_dir=str(REAL_FASHION))
     assert near_copies(dataset.train_x, dataset.train_y, dataset.test_x,
-                       dataset.test_y) == (0, 64)
+                       dataset.test_y) == (0, NEAR_SAMPLE)
 
 
 def test_features_far_from_zero_are_compared_at_their_own_scale():
@@ -109,7 +112,7 @@ def test_features_far_from_zero_are_compared_at_their_own_scale():
     matrix-product form, uncentred, loses such distances)."""
     x = torch.randn(3000, 50, generator=torch.Generator().manual_seed(0)) + 1e4
     y = torch.zeros(3000, dtype=torch.int64)
-    assert near_copies(x[:2000], y[:2000], x[2000:], y[2000:]) == (0, 64)
+    assert near_copies(x[:2000], y[:2000], x[2000:], y[2000:]) == (0, NEAR_SAMPLE)
 
 
 def test_the_check_leaves_the_global_rngs_alone():

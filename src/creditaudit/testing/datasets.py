@@ -22,7 +22,7 @@ The checks:
 - ``sizes_match_what_was_loaded``: ``sizes()``, when not None, is (training, test)
   samples as loaded — a run plan checks the evaluation set against it before loading;
 - ``test_split_is_held_out``: at most half the test samples (input and label, exactly) are
-  also training samples, and at most half of 64 drawn test samples are near copies of one
+  also training samples, and at most half of 32 drawn test samples are near copies of one
   (a training sample of the same label far nearer than training samples lie to each other:
   :func:`~creditaudit.data.rows.near_copies`) — a test split loaded from the training
   files, cut from the training arrays or made of them with noise added would report

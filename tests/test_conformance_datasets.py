@@ -205,6 +205,35 @@ class ReadsTrainingFilesAsTest(MNIST):
         return dataset
 
 
+class NoisyTrainingAsTest(SyntheticData):
+    """Its test split is the first training samples plus 1e-6 noise: no test sample is a
+    training sample byte for byte (passed while the check compared bytes only)."""
+
+    name, label = "tests-on-noisy-training", "Tests on noisy training"
+
+    def load(self, seed):
+        dataset = super().load(seed)
+        n, noise = dataset.test_x.shape[0], torch.Generator().manual_seed(seed)
+        dataset.test_x = dataset.train_x[:n] + 1e-6 * torch.randn(
+            dataset.train_x[:n].shape, generator=noise)
+        dataset.test_y = dataset.train_y[:n].clone()
+        return dataset
+
+
+class ReadsNoisyTrainingFilesAsTest(MNIST):
+    """Reads the training images, each pixel moved by a grey level, as its test split."""
+
+    name, label = "tests-on-noisy-training-files", "Tests on noisy training files"
+
+    def load(self, seed):
+        dataset = super().load(seed)
+        step = torch.randint(-1, 2, dataset.train_x.shape,
+                             generator=torch.Generator().manual_seed(0))
+        dataset.test_x = (dataset.train_x.short() + step).clamp(0, 255).to(torch.uint8)
+        dataset.test_y = dataset.train_y.clone()
+        return dataset
+
+
 class UnhashedAlpha(SyntheticData):
     """Generates with data.alpha but leaves it out of its provenance, so of its fingerprint:
     runs on two teachers' data would record one fingerprint (without ``other`` options, as
@@ -247,6 +276,8 @@ class UnhashedFiles(MNIST):
     (UnhashedFiles, "identity_follows_the_data"),
     (HoldsOutNothing, "test_split_is_held_out"),
     (ReadsTrainingFilesAsTest, "test_split_is_held_out"),
+    (NoisyTrainingAsTest, "test_split_is_held_out"),
+    (ReadsNoisyTrainingFilesAsTest, "test_split_is_held_out"),
     (UnhashedAlpha, "identity_follows_every_option"),
 ], ids=lambda v: v if isinstance(v, str) else v.name)
 def test_the_suite_catches_datasets_that_break_their_declarations(cls, check, tmp_path):

@@ -1,4 +1,5 @@
-"""A dataset plugin that declares its sample shape or classes with numpy or float numbers,
+"""A dataset plugin that declares its sample shape or classes with numpy or float numbers
+(or one class only, which gives no gradient),
 or loads a ``Dataset`` whose class count or mean/std are not the Python values the loader
 and the records take, is refused in one line naming it — before a run folder exists where
 the plan can tell — never an internal error (a numpy int in a record's JSON, a float class
@@ -26,6 +27,8 @@ DECLARED = [
                                             "return a Python int >= 1"),
     ("decl-numpy-shape", "declares what", "input_shape() of decl-numpy-shape is "
                                           "(np.int64(8),): return a tuple of Python ints"),
+    ("decl-one-class", "declares what", "n_classes() of decl-one-class is 1: the "
+                                        "cross-entropy of one class is 0 whatever"),
 ]
 # What a generated dataset's provenance() returns is hashed into the run id and recorded.
 PROVENANCE = [

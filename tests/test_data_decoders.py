@@ -5,7 +5,7 @@ A closure made in ``files()`` or a bound method reads its dataset's options unde
 its digests were cached, so the second of two datasets holding other options got the first's
 fingerprint (a run id that depended on what this machine hashed first), and the door refused
 a plugin doing what docs/extending.md asks (identity_follows_every_option, "put the option in
-what identity() hashes").
+what identity() hashes"). A raw file (no decoder) is hashed a block at a time.
 """
 
 from __future__ import annotations
@@ -129,3 +129,25 @@ def test_a_file_dataset_hashing_its_option_in_a_closure_passes_its_checks(
     first = {s: ScaledRows(bind(ScaledRows, "data", data_dir=str(folder), scale=s))
              .identity(0).fingerprint for s in (2, 1)}
     assert first[1] != first[2]
+
+
+def test_a_raw_file_is_hashed_a_block_at_a_time(tmp_path, monkeypatch):
+    """A raw data file's digest (its sha256, as before) is taken without holding the file
+    in memory: a dataset may map a file larger than the memory free and read it in part."""
+    import hashlib
+    import tracemalloc
+
+    monkeypatch.setenv("CREDITAUDIT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "big.bin"
+    content = bytes(range(256)) * (32 << 12)  # 32 MiB
+    path.write_bytes(content)
+    expected = hashlib.sha256(content).hexdigest()
+    del content
+    tracemalloc.start()
+    try:
+        digest = identity.file_digest(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest == expected
+    assert peak < 8 << 20, f"hashing a 32 MiB file held {peak >> 20} MiB"

@@ -158,7 +158,9 @@ def _whole(value: Any) -> bool:
 def check_declared(spec: DatasetSpec[Any]) -> tuple[tuple[int, ...], int]:
     """The sample shape and the number of classes ``spec`` declares (``input_shape()``,
     ``n_classes()``); LoadedDataError (one line) unless they are Python ints >= 1 — the
-    model is sized by them and every record holds them as JSON."""
+    model is sized by them and every record holds them as JSON — and the classes at least
+    2: the cross-entropy of one class is 0 whatever the network computes, so no credit
+    reaches a layer and a run would record every rule's verdicts on zero gradients."""
     shape, classes = spec.input_shape(), spec.n_classes()
     if not (isinstance(shape, tuple | list) and shape and all(map(_whole, shape))):
         raise LoadedDataError(f"input_shape() of {spec.name} is {shape!r}: return a "
@@ -167,6 +169,10 @@ def check_declared(spec: DatasetSpec[Any]) -> tuple[tuple[int, ...], int]:
     if not _whole(classes):
         raise LoadedDataError(f"n_classes() of {spec.name} is {classes!r}: return a "
                               "Python int >= 1 (int() of a numpy or float number)")
+    if classes < 2:
+        raise LoadedDataError(f"n_classes() of {spec.name} is 1: the cross-entropy of one "
+                              "class is 0 whatever the network computes, so no credit reaches "
+                              "any layer; give labels of at least 2 classes")
     return tuple(shape), classes
 
 
@@ -209,9 +215,12 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
             raise wrong(f"the {split} split of {spec.name} holds 0 samples: nothing to train "
                         "or evaluate on")
         if tuple(x.shape[1:]) != declared:
+            channels_last = (len(declared) == 3 and x.dim() == 4
+                             and tuple(x.shape[1:]) == (*declared[1:], declared[0]))
             raise wrong(f"the {split} samples of {spec.name} have shape {tuple(x.shape[1:])}, "
-                        f"but {spec.name} declares {declared}: point data.data_dir at the "
-                        "dataset's own files")
+                        f"but {spec.name} declares {declared}: "
+                        + (CHANNELS_FIRST if channels_last else
+                           "point data.data_dir at the dataset's own files"))
         if y.shape != (x.shape[0],):
             raise wrong(f"the {split} labels of {spec.name} have shape {tuple(y.shape)} for "
                         f"{x.shape[0]} samples")
@@ -276,6 +285,11 @@ def check_sizes(spec: DatasetSpec[Any], dataset: Dataset) -> None:
             "when the sizes are known only once loaded)")
 
 
+# How images given channels-last are fixed (what check_loaded and check_normalisation say).
+CHANNELS_FIRST = ("give images as (N, C, H, W) — x.permute(0, 3, 1, 2) of (N, H, W, C) "
+                  "arrays — and declare input_shape() (C, H, W)")
+
+
 def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) unless ``dataset`` turns its samples into model inputs the
     way the loader can: uint8 images with a mean and a positive std per channel (every batch
@@ -300,6 +314,8 @@ def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         try:
             normalization(mean, std, channels)
         except (ValueError, TypeError) as err:  # TypeError: a value that is no number
+            if len(mean) == dataset.train_x.shape[-1] != channels:  # (N, H, W, C) arrays
+                fix = f"its images look channels-last, (N, H, W, {len(mean)}): {CHANNELS_FIRST}"
             raise wrong(f"{name} loaded {channels}-channel images with {given}: {err}; "
                         f"{fix}") from None
         return

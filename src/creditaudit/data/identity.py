@@ -58,6 +58,7 @@ FINGERPRINT_CACHE = "fingerprints.json"
 # A file whose timestamps are this recent may still change without changing them.
 RACY_SECONDS = 2.0
 _MEMORY: dict[tuple[str, int, int, int, int, str], str] = {}
+READ_BLOCK = 1 << 20  # bytes of a raw file read and hashed at a time
 
 
 def reader_name(decode: Callable[[Path], bytes] | None) -> str | None:
@@ -85,7 +86,7 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
         raise DataError(f"cannot read data file {path}: {err.strerror}") from None
     reader = reader_name(decode)
     if reader is None:
-        return hashlib.sha256(_content(path, decode)).hexdigest()
+        return _sha256(path, decode)
     key = (str(path), stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, reader)
     if key in _MEMORY:
         return _MEMORY[key]
@@ -99,7 +100,7 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
             _MEMORY[key] = digest
             return digest
         log.debug("fingerprint cache entry for %s does not verify; hashing the file", path)
-    digest = hashlib.sha256(_content(path, decode)).hexdigest()
+    digest = _sha256(path, decode)
     if time.time() - max(stat.st_mtime, stat.st_ctime) > RACY_SECONDS:
         _MEMORY[key] = digest
         mac = sign(FINGERPRINT_CACHE, disk_key, digest)
@@ -109,8 +110,10 @@ def file_digest(path: Path, decode: Callable[[Path], bytes] | None = None) -> st
     return digest
 
 
-def _content(path: Path, decode: Callable[[Path], bytes] | None) -> bytes:
-    """The bytes a file is hashed by: ``decode(path)``, else its raw content."""
+def _sha256(path: Path, decode: Callable[[Path], bytes] | None) -> str:
+    """sha256 (hex) of the bytes a file is hashed by: ``decode(path)``, else its raw
+    content, read in blocks of :data:`READ_BLOCK` bytes (a file larger than the memory free
+    is hashed too: a dataset may map a file it reads only in part)."""
     if decode is not None:
         content = decode(path)
         if not isinstance(content, bytes):  # what sha256 takes, and what it means
@@ -118,11 +121,15 @@ def _content(path: Path, decode: Callable[[Path], bytes] | None) -> bytes:
             raise LoadedDataError(f"the decoder {how} of data file {path} returned a "
                                   f"{type(content).__name__}, not bytes: return the decoded "
                                   "content as bytes")
-        return content
+        return hashlib.sha256(content).hexdigest()
+    digest = hashlib.sha256()
     try:
-        return path.read_bytes()
+        with path.open("rb") as file:
+            while block := file.read(READ_BLOCK):
+                digest.update(block)
     except OSError as err:
         raise DataError(f"cannot read data file {path}: {err.strerror}") from None
+    return digest.hexdigest()
 
 
 def changed_files(then: Any, now: Any) -> list[str]:

@@ -24,6 +24,21 @@ class FloatClasses(_Generated):
         return float(CLASSES)
 
 
+class OneClass(_Generated):
+    """Declares (and loads) one class: a loss of 0, no gradient to compare."""
+
+    name, label = "decl-one-class", "one class"
+
+    def n_classes(self):
+        return 1
+
+    def load(self, seed):
+        dataset = super().load(seed)
+        dataset.train_y, dataset.test_y = dataset.train_y * 0, dataset.test_y * 0
+        dataset.n_classes = 1
+        return dataset
+
+
 class NumpyShape(_Generated):
     name, label = "decl-numpy-shape", "numpy shape"
 

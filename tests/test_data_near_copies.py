@@ -1,0 +1,133 @@
+"""A test split that is the training split with a little noise added is not held out
+(creditaudit.data.rows.near_copies): refused at the door and at a run's own load, while
+honest splits — real Fashion-MNIST, MNIST-1D, the teacher–student task, dense
+low-dimensional data — pass, and the check leaves the global RNGs where they were."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from creditaudit.config import bind
+from creditaudit.data import load_dataset
+from creditaudit.data.registry import MNIST, MNIST1D, FashionMNIST, SyntheticData
+from creditaudit.data.rows import HELD_OUT_CHECK, NEAR_SAMPLE, held_out_problem, near_copies
+from creditaudit.errors import LoadedDataError
+from integrity_support import idx_bytes
+
+REAL_FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+class NoisyCopies(SyntheticData):
+    """Its test split is training samples plus 1e-6 noise, at every size."""
+
+    name, label = "noisy-copies", "Noisy copies"
+
+    def load(self, seed):
+        dataset = super().load(seed)
+        n = dataset.test_x.shape[0]
+        noise = 1e-6 * torch.randn(dataset.train_x[:n].shape,
+                                   generator=torch.Generator().manual_seed(1))
+        dataset.test_x, dataset.test_y = dataset.train_x[:n] + noise, dataset.train_y[:n]
+        return dataset
+
+
+class DeclaredNoisyCopies(NoisyCopies):
+    name = "declared-noisy-copies"
+    expected_failures = {HELD_OUT_CHECK: "augmented views of the training samples"}
+
+
+def _load(cls, **options):
+    data = bind(cls, "data", **options)
+    return load_dataset(data, seed=0, spec=cls(data))
+
+
+def test_a_run_load_refuses_a_test_split_of_noisy_training_samples():
+    with pytest.raises(LoadedDataError) as error:
+        _load(NoisyCopies, n_train=500, n_test=200, in_dim=32)
+    assert str(error.value).startswith(
+        f"the data noisy-copies loaded: {NEAR_SAMPLE} of {NEAR_SAMPLE} test samples checked "
+        "are near copies of training samples"), error.value
+    assert _load(DeclaredNoisyCopies, n_train=500, n_test=200, in_dim=32).test_x.shape[0] == 200
+
+
+def test_images_a_grey_level_off_their_training_images_are_near_copies():
+    generator = torch.Generator().manual_seed(0)
+    train_x = torch.randint(0, 256, (300, 1, 28, 28), dtype=torch.uint8, generator=generator)
+    train_y = torch.randint(0, 10, (300,), generator=generator)
+    step = torch.randint(-1, 2, train_x.shape, generator=generator)
+    copies = (train_x.short() + step).clamp(0, 255).to(torch.uint8)
+    assert near_copies(train_x, train_y, copies, train_y) == (NEAR_SAMPLE, NEAR_SAMPLE)
+    assert "near copies" in held_out_problem(train_x, train_y, copies, train_y)
+    # relabelled copies are no memorisation to report
+    assert near_copies(train_x, train_y, copies, (train_y + 1) % 10) == (0, NEAR_SAMPLE)
+
+
+def test_a_folder_whose_test_files_are_its_training_images_a_grey_level_off_is_refused(
+        tmp_path):
+    """MNIST's t10k files holding the training images, each pixel moved by a grey level
+    (docs/reliability.md): refused when loaded, not a run recording memorisation."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (200, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 200).astype(np.uint8)
+    moved = np.clip(images.astype(np.int16) + rng.integers(-1, 2, images.shape), 0, 255)
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name, array in (("train-images", images), ("train-labels", labels),
+                        ("t10k-images", moved.astype(np.uint8)), ("t10k-labels", labels)):
+        (folder / f"{name}-idx{array.ndim}-ubyte").write_bytes(idx_bytes(array))
+    data = bind(MNIST, "data", data_dir=str(folder))
+    with pytest.raises(LoadedDataError, match="near copies of training samples"):
+        load_dataset(data, seed=0)
+
+
+@pytest.mark.parametrize("cls,options", [
+    (SyntheticData, {"n_train": 2000, "n_test": 500}),
+    (SyntheticData, {"n_train": 2000, "n_test": 500, "in_dim": 2}),  # dense: close rows
+    (SyntheticData, {"n_train": 2, "n_test": 20, "in_dim": 12}),
+    # 50 000 values of one feature, neighbours ~5e-5 apart: float32 distances lost them
+    (SyntheticData, {"in_dim": 1}),
+    (MNIST1D, {"n_train": 4000, "n_test": 1000}),
+], ids=["synthetic", "synthetic-2d", "two-training-samples", "synthetic-1d", "mnist1d"])
+def test_honest_generated_splits_are_held_out(cls, options):
+    dataset = _load(cls, **options)  # not refused
+    near, checked = near_copies(dataset.train_x, dataset.train_y, dataset.test_x,
+                                dataset.test_y)
+    assert near <= 0.2 * checked  # 1-D: 11 % (a Poisson process: 13 %); others 0–2 %
+
+
+@pytest.mark.skipif(not REAL_FASHION.is_dir(), reason="no Fashion-MNIST files on this machine")
+def test_real_fashion_mnist_is_held_out():
+    dataset = _load(FashionMNIST, data_dir=str(REAL_FASHION))
+    assert near_copies(dataset.train_x, dataset.train_y, dataset.test_x,
+                       dataset.test_y) == (0, NEAR_SAMPLE)
+
+
+def test_features_far_from_zero_are_compared_at_their_own_scale():
+    """Features offset by 1e4 (unit spread): no honest row reads as a copy (cdist's
+    matrix-product form, uncentred, loses such distances)."""
+    x = torch.randn(3000, 50, generator=torch.Generator().manual_seed(0)) + 1e4
+    y = torch.zeros(3000, dtype=torch.int64)
+    assert near_copies(x[:2000], y[:2000], x[2000:], y[2000:]) == (0, NEAR_SAMPLE)
+
+
+def test_the_check_leaves_the_global_rngs_alone():
+    """A run draws from them after its data is loaded: the check must not move them."""
+    x = torch.randn(300, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.zeros(300, dtype=torch.int64)
+    states = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    held_out_problem(x[:200], y[:200], x[200:], y[200:])
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert np.array_equal(np.random.get_state()[1], states[1])
+    assert random.getstate() == states[2]
+
+
+def test_nan_features_and_a_single_training_sample_are_left_to_other_checks():
+    x = torch.full((10, 4), float("nan"))
+    y = torch.zeros(10, dtype=torch.int64)
+    assert near_copies(x, y, x, y) == (0, 0)
+    assert near_copies(x[:1].nan_to_num(), y[:1], x.nan_to_num(), y) == (0, 0)

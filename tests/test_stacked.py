@@ -822,3 +822,21 @@ def test_an_interrupt_while_a_stack_starts_leaves_no_run_recorded_running(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         train_stacked(runs)
     assert [load_record(tmp_path / run_id(c)).status for c in runs[:2]] == ["interrupted"] * 2
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_stack_killed_between_its_checkpoint_writes_keeps_an_epoch_no_resume_needs(tmp_path):
+    """Killed between its runs' checkpoint writes of epoch 2, then the run behind started
+    over (``force``): the run ahead is not put back to the epoch of a run that does not
+    resume from it (it trained epoch 2 for nothing): it goes on from its epoch 2."""
+    out = tmp_path / "b"
+    overrides = [{**TINY, "method.name": "dfa", "optim.epochs": 3, "run.out_dir": str(out),
+                  **variant} for variant in VARIANTS[:2]]
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_CHECKPOINTS,
+                             json.dumps(overrides)], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    runs = [RunConfig().replace(**o) for o in overrides]
+    ahead, behind = train_stacked(runs, resume=[True, False], force=[False, True])
+    assert [ahead.status, behind.status] == ["completed", "completed"]
+    assert [p.epoch for p in ahead.record.resumed] == [3]
+    assert behind.record.resumed == []

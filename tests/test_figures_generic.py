@@ -20,7 +20,7 @@ from creditaudit.figures.runs import other_options_note
 from creditaudit.records import EpochEntry, EpochMeasures, RunRecord
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
-from creditaudit.study.figures import hero, lambda_sweep, penalty, summary
+from creditaudit.study.figures import hero, lambda_sweep, penalty, summary, temporal
 from figure_support import collapse_g_l_norms
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -89,6 +89,19 @@ def test_per_run_curves_draw_every_run_as_its_record_logged_it(runs):
     dfa = [line for gid, line in _lines(fig, "acc_eval") if "dfa" in gid]
     assert len({line.get_color() for line in dfa}) == 1
     assert len({line.get_linestyle() for line in dfa}) == 2
+
+
+def test_norm_curves_name_the_statistic_and_scale_they_draw(runs):
+    """Figures 2 and 8 drew the records' median ‖g_L‖ (1/128 scale) under a bare
+    "‖g_L‖₂ (BP gradient at h_L)", while Figures 1 and 6 and every table name the same
+    numbers "median ‖g_L‖ (1/128 scale)": read as raw per-sample gradients they are 128×
+    too small. Every panel of those numbers now says median and, for ‖g_L‖, the scale."""
+    fig = run_curves.build(runs)[run_curves.NAME]
+    titles = {ax.get_title() for ax in fig.axes}
+    assert r"median $\|g_L\|$ (BP gradient at $h_L$, 1/128 scale)" in titles
+    assert r"median $\|h_L\|$ (residual norm)" in titles
+    assert dict(temporal.COLUMNS) == {key: title for key, title in run_curves.COLUMNS
+                                      if key != "acc_eval"} | {"acc_eval": "test accuracy"}
 
 
 def _lines(fig, key):

@@ -102,3 +102,31 @@ def test_a_broken_plugin_is_one_line_not_a_traceback(tmp_path, monkeypatch):
                cwd=tmp_path)
     assert fine.returncode == 0, fine.stderr
     assert "no_such_module" not in fine.stderr and "Traceback" not in fine.stderr
+
+
+def test_figures_and_report_read_a_plugin_rule_run_after_the_plugin_is_gone(plugin_site,
+                                                                            tmp_path):
+    """A folder where a plugin rule ran beside BP, FA and DFA, read where the plugin is not
+    installed (a colleague's machine, or after `pip uninstall`): `figures` and `report`
+    stopped with "method.name='noisy-bp' is not a known credit rule" (Figure 1 asked the
+    rule for its default options) although a record of a plugin not installed is still
+    read. Now both draw and tabulate the plugin's runs from what they recorded."""
+    out = tmp_path / "runs"
+    sweep_file = tmp_path / "grid.toml"
+    sweep_file.write_text(f'[base.run]\nout_dir = "{out}"\n[base.optim]\nepochs = 1\n'
+                          '[base.data]\nn_train = 256\nn_test = 256\nin_dim = 8\n'
+                          '[base.model]\nd = 16\nn_blocks = 2\n'
+                          '[base.diagnostics]\neval_samples = 256\nrho_samples = 32\n'
+                          '[grid]\n"method.name" = ["bp", "fa", "dfa", "noisy-bp"]\n')
+    swept = cli(plugin_site, "sweep", str(sweep_file), "--workers", "0", cwd=tmp_path)
+    assert swept.returncode == 0, swept.stderr
+    gone = tmp_path / "empty-site"  # nothing installed there: the plugin is not found
+    gone.mkdir()
+    drawn = cli(gone, "figures", str(out), "--out", str(tmp_path / "figures"), cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr
+    assert "drew Figure 1 — audit hero" in drawn.stdout
+    reported = cli(gone, "report", str(out), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    rows = [line for line in (tmp_path / "report" / "report.md").read_text().splitlines()
+            if line.startswith("| noisy-bp-")]
+    assert len(rows) == 1 and "| completed |" in rows[0]

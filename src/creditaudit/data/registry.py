@@ -137,6 +137,11 @@ class IDXDataset(FileDataset[FileOptions]):
             return None
         return idx_sizes(self.folder(), self.name)
 
+    def folder_hint(self) -> str:
+        from creditaudit.data.idx import folder_hint
+
+        return folder_hint(self.name)
+
     def files(self) -> list[tuple[str, Path, Callable[[Path], bytes] | None]]:
         from creditaudit.data.idx import idx_files, read_idx_bytes
 

@@ -233,11 +233,17 @@ class FileDataset(DatasetSpec[FileOptionsT]):
         augment = self.options.augment
         return self.augment_default if augment is None else augment
 
+    def folder_hint(self) -> str:
+        """Where this dataset's files are found or got, said by the error that asks for a
+        folder ("" when there is nothing to say)."""
+        return ""
+
     def check(self) -> None:
         if self.options.data_dir is None:
             flag = " (--data-dir)" if on_command_line() else ""
+            hint = self.folder_hint()
             raise ConfigError(f"data.name={self.name!r} needs data.data_dir{flag} "
-                              "pointing at the dataset folder")
+                              f"pointing at the dataset folder{f'; {hint}' if hint else ''}")
         self.check_augmentation()
 
     def check_augmentation(self) -> None:

@@ -241,6 +241,10 @@ def notes_below(fig: Figure, axes: Sequence[Any], notes: dict[str, str],
 
 # The per-epoch norms drawn on log axes, as notes name them.
 PLAIN_NAMES = {"h_L_norm": "‖h_L‖", "g_L_norm": "‖g_L‖", "g_2_norm": "‖g_2‖"}
+# Panel titles of the per-epoch norm curves (Figures 2 and 8): medians over the evaluation
+# samples, ‖g_L‖ in the 1/128 scale every other figure and table names.
+H_L_TITLE = r"median $\|h_L\|$ (residual norm)"
+G_L_TITLE = r"median $\|g_L\|$ (BP gradient at $h_L$, 1/128 scale)"
 
 
 def _undrawable(runs: list[RunRecord], key: str) -> list[str]:

@@ -20,6 +20,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from creditaudit.figures.common import (
+    G_L_TITLE,
+    H_L_TITLE,
     add_grid,
     floor_line,
     integer_x,
@@ -41,8 +43,8 @@ TITLE = "Figure 8 — per-run curves"
 requirements = ("any completed or diverged run that logged at least one epoch — every rule, "
                 "architecture and dataset, control variants included; each recipe becomes a "
                 "row, each run a line.")
-COLUMNS = (("acc_eval", "test accuracy"), ("h_L_norm", r"$\|h_L\|_2$ (residual norm)"),
-           ("g_L_norm", r"$\|g_L\|_2$ (BP gradient at $h_L$)"))
+COLUMNS = (("acc_eval", "test accuracy"), ("h_L_norm", H_L_TITLE),
+           ("g_L_norm", G_L_TITLE))
 LINESTYLES = ("-", "--", ":", "-.")  # the seeds of one rule and λ, in seed order
 # Past four runs of one rule and λ in a row, each line style again with a marker on every point.
 MARKERS = (None, "s", "^", "v", "D", "x")

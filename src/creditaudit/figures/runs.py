@@ -19,6 +19,7 @@ import numpy as np
 from creditaudit.config import RunConfig
 from creditaudit.errors import CreditAuditError
 from creditaudit.formatting import counted
+from creditaudit.methods import find_rule
 from creditaudit.protocol.records import model_description
 from creditaudit.records import RunRecord
 from creditaudit.records.compare import recipe_difference
@@ -63,6 +64,14 @@ def _options(config: RunConfig) -> dict[str, Any]:
     return {k: v for k, v in config.to_dict()["method"].items() if k != "penalty"}
 
 
+def _default_options(method: str) -> dict[str, Any] | None:
+    """The credit-rule options rule ``method`` has by default; None for a rule not
+    installed here (a record of a plugin since uninstalled): its defaults are unknown."""
+    if find_rule(method) is None:
+        return None
+    return _options(RunConfig().replace(**{"method.name": method}))
+
+
 def rule_options(run: RunRecord) -> str:
     """The run's credit-rule options (its config's ``method`` section but λ) and, for a
     plugin rule, the digest of its code, as a key: runs of one rule whose options differ
@@ -77,12 +86,13 @@ def seed_runs(group: Sequence[RunRecord], method: str, penalty: Predicate = 0.0
     """One run per seed of ``method`` at ``penalty`` within a recipe group, all with the
     same rule options and code (:func:`rule_options`): where the group's runs of the rule
     differ in them, those of the options most seeds ran (on a tie the rule's defaults, else
-    the first in index order), so a mean across seeds never mixes settings."""
+    the first in index order: a rule not installed here has no known defaults), so a mean
+    across seeds never mixes settings."""
     options: dict[str, list[RunRecord]] = {}
     for run in group:
         if run.method == method and matches(run.penalty, penalty):
             options.setdefault(rule_options(run), []).append(run)
-    default = _options(RunConfig().replace(**{"method.name": method}))
+    default = _default_options(method)
     # Ties go to the rule's default options (max keeps the first of equals: index order).
     most = max(options.values(), key=lambda runs: (len(by_seed(runs)),
                                                    _options(runs[0].config) == default),

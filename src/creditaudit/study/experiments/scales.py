@@ -14,11 +14,11 @@ from typing import Any
 
 from creditaudit.config import DataConfig, ModelConfig, RunConfig, split_key
 from creditaudit.data import dataset_spec
+from creditaudit.data.idx import FASHION_MNIST_DIR
 from creditaudit.errors import ConfigError
 from creditaudit.registry import ARCHITECTURES
 
 SCALES = ("smoke", "cpu", "paper")
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # Where a dataset's files are found when no data folder is given (Debian's package).
 DEFAULT_DATA_DIRS = {"fashion-mnist": FASHION_MNIST_DIR}
 # Per (scale, dataset) sizes that replace the scale's: MNIST-1D generates equally many

@@ -16,6 +16,8 @@ from creditaudit.figures.common import (
     ARCH_LABELS,
     ARCH_ROWS,
     FLOOR,
+    G_L_TITLE,
+    H_L_TITLE,
     add_grid,
     floor_line,
     integer_x,
@@ -50,8 +52,8 @@ requirements = ("for at least one architecture among ResMLP, ViT-Mini (--arch vi
                 "becomes a row.")
 REQUIRED = (("bp", 0.0, "BP runs (λ = 0)"), ("fa", 0.0, "FA runs (λ = 0)"),
             ("dfa", 0.0, "DFA runs (λ = 0)"))
-COLUMNS = (("h_L_norm", r"$\|h_L\|$ (residual norm)"),
-           ("g_L_norm", r"$\|g_L\|$ (BP gradient at $h_L$)"),
+COLUMNS = (("h_L_norm", H_L_TITLE),
+           ("g_L_norm", G_L_TITLE),
            ("acc_eval", "test accuracy"))
 
 

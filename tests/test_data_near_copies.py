@@ -22,6 +22,7 @@ from creditaudit.data.rows import (
     by_chance,
     held_out_problem,
     near_copies,
+    shared_samples,
 )
 from creditaudit.errors import LoadedDataError
 from integrity_support import idx_bytes
@@ -158,3 +159,18 @@ def test_a_few_test_samples_all_noisy_copies_are_still_refused():
     assert by_chance(17, 32) < NEAR_FALSE_ALARM  # 32 rows: more than half, as before
     with pytest.raises(LoadedDataError, match="5 of 5 test samples checked are near copies"):
         _load(NoisyCopies, n_train=495, n_test=5, in_dim=32)
+
+
+def test_bag_of_words_rows_repeating_in_both_splits_are_judged_by_the_exact_count():
+    """Binary bag-of-words rows (50 words, ~2.5 a row) repeat honestly: 386 of 1000 test
+    rows are training rows exactly, which the exact check (over the whole split) allows; the
+    near-copy sample counted them again and read 18 of 32 as near copies, refusing the
+    data. The near copies are looked for among the rows that are no exact copy."""
+    x = (torch.rand(3000, 50, generator=torch.Generator().manual_seed(15)) < 0.05).float()
+    y = (x[:, :5].sum(dim=1) > 0).long()
+    split = x[:2000], y[:2000], x[2000:], y[2000:]
+    assert shared_samples(*split) == 386
+    assert held_out_problem(*split) is None
+    # training rows exactly (a third) and with noise added (the rest): refused
+    copies = torch.cat([x[:300], x[300:1000] + 1e-3])
+    assert "near copies" in held_out_problem(x[:2000], y[:2000], copies, y[:1000])

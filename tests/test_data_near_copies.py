@@ -15,7 +15,15 @@ import torch
 from creditaudit.config import bind
 from creditaudit.data import load_dataset
 from creditaudit.data.registry import MNIST, MNIST1D, FashionMNIST, SyntheticData
-from creditaudit.data.rows import HELD_OUT_CHECK, NEAR_SAMPLE, held_out_problem, near_copies
+from creditaudit.data.rows import (
+    HELD_OUT_CHECK,
+    NEAR_FALSE_ALARM,
+    NEAR_SAMPLE,
+    by_chance,
+    held_out_problem,
+    near_copies,
+    shared_samples,
+)
 from creditaudit.errors import LoadedDataError
 from integrity_support import idx_bytes
 
@@ -131,3 +139,38 @@ def test_nan_features_and_a_single_training_sample_are_left_to_other_checks():
     y = torch.zeros(10, dtype=torch.int64)
     assert near_copies(x, y, x, y) == (0, 0)
     assert near_copies(x[:1].nan_to_num(), y[:1], x.nan_to_num(), y) == (0, 0)
+
+
+@pytest.mark.parametrize("seed,n_train,n_test", [(4, 1999, 1), (26, 2000, 4)])
+def test_a_few_honest_test_samples_near_a_training_sample_by_chance_are_not_refused(
+        seed, n_train, n_test):
+    """One-dimensional teacher features: each honest test row lies within 0.2 × the
+    neighbour distance of a training row of its label with probability ~1/5, so a run with
+    data.n_test=1 was refused one seed in five ("1 of 1 test samples checked are near
+    copies"); a split of few rows is judged on more near copies than chance gives."""
+    dataset = _load(SyntheticData, n_train=n_train, n_test=n_test, in_dim=1, data_seed=seed)
+    near, checked = near_copies(dataset.train_x, dataset.train_y, dataset.test_x,
+                                dataset.test_y)
+    assert checked == n_test and near > checked / 2  # what was refused; not now
+
+
+def test_a_few_test_samples_all_noisy_copies_are_still_refused():
+    assert by_chance(5, 5) < NEAR_FALSE_ALARM <= by_chance(4, 4)
+    assert by_chance(17, 32) < NEAR_FALSE_ALARM  # 32 rows: more than half, as before
+    with pytest.raises(LoadedDataError, match="5 of 5 test samples checked are near copies"):
+        _load(NoisyCopies, n_train=495, n_test=5, in_dim=32)
+
+
+def test_bag_of_words_rows_repeating_in_both_splits_are_judged_by_the_exact_count():
+    """Binary bag-of-words rows (50 words, ~2.5 a row) repeat honestly: 386 of 1000 test
+    rows are training rows exactly, which the exact check (over the whole split) allows; the
+    near-copy sample counted them again and read 18 of 32 as near copies, refusing the
+    data. The near copies are looked for among the rows that are no exact copy."""
+    x = (torch.rand(3000, 50, generator=torch.Generator().manual_seed(15)) < 0.05).float()
+    y = (x[:, :5].sum(dim=1) > 0).long()
+    split = x[:2000], y[:2000], x[2000:], y[2000:]
+    assert shared_samples(*split) == 386
+    assert held_out_problem(*split) is None
+    # training rows exactly (a third) and with noise added (the rest): refused
+    copies = torch.cat([x[:300], x[300:1000] + 1e-3])
+    assert "near copies" in held_out_problem(x[:2000], y[:2000], copies, y[:1000])

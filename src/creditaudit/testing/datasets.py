@@ -22,11 +22,12 @@ The checks:
 - ``sizes_match_what_was_loaded``: ``sizes()``, when not None, is (training, test)
   samples as loaded — a run plan checks the evaluation set against it before loading;
 - ``test_split_is_held_out``: at most half the test samples (input and label, exactly) are
-  also training samples, and at most half of 32 drawn test samples are near copies of one
-  (a training sample of the same label far nearer than training samples lie to each other:
-  :func:`~creditaudit.data.rows.near_copies`) — a test split loaded from the training
-  files, cut from the training arrays or made of them with noise added would report
-  memorisation as test accuracy;
+  also training samples, and at most half are those or near copies of one (judged on 32
+  drawn test samples of the others: a training sample of the same label far nearer than
+  training samples lie to each other: :func:`~creditaudit.data.rows.near_copies`), or no
+  more than chance puts that near (:func:`~creditaudit.data.rows.by_chance`) — a test split
+  loaded from the training files, cut from the training arrays or made of them with noise
+  added would report memorisation as test accuracy;
 - ``identity_is_deterministic``: two calls of ``identity`` agree, name the dataset, declare
   its classes and sample shape, carry a fingerprint and a source (equal for file datasets)
   and a provenance that strict JSON can hold — it is part of every run id and record;

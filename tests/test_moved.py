@@ -5,6 +5,7 @@ before the move."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import warnings
@@ -16,6 +17,8 @@ from creditaudit.config import RunConfig
 from creditaudit.moved import MOVED, new_path, pre_move_path
 from creditaudit.records.run_ids import pre_move_spelling
 from creditaudit.run.plan import run_id
+
+LEGACY = Path(__file__).parent / "legacy_records"
 
 ROOT = Path(__file__).resolve().parents[1]
 # Submodules of moved packages, spelled the old way.
@@ -120,7 +123,12 @@ def test_in_a_fresh_process_old_paths_work_and_the_toolkit_imports_no_study(tmp_
     """Nothing imported beforehand: the hook alone finds an old path; the toolkit's packages
     import no study module and draw only the generic figures; `creditaudit figures` imports
     the study, whose figures register before the generic ones (the order they are drawn and
-    listed in). One process, to keep the suite's time."""
+    listed in). One process, to keep the suite's time. The folder holds one interrupted
+    run, which no figure reads (a folder of no records is refused)."""
+    record = json.loads((LEGACY / "run1_dfa.json").read_text())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "record.json").write_text(json.dumps({**record,
+                                                              "status": "interrupted"}))
     out = _fresh(
         "import sys, warnings\n"
         "warnings.simplefilter('error', DeprecationWarning)\n"

@@ -174,3 +174,14 @@ def test_bag_of_words_rows_repeating_in_both_splits_are_judged_by_the_exact_coun
     # training rows exactly (a third) and with noise added (the rest): refused
     copies = torch.cat([x[:300], x[300:1000] + 1e-3])
     assert "near copies" in held_out_problem(x[:2000], y[:2000], copies, y[:1000])
+
+
+def test_bfloat16_samples_are_compared_by_their_bytes():
+    """numpy has no bfloat16: the exact check read such inputs through .numpy() and raised
+    TypeError, so a plugin loading bfloat16 arrays had its held-out check crash."""
+    train = torch.randn(40, 6).bfloat16()
+    test = torch.cat([train[:30], torch.randn(10, 6).bfloat16()])
+    labels = torch.arange(40) % 4
+    assert shared_samples(train, labels, test, labels) == 30
+    assert held_out_problem(train, labels, test, labels).startswith("30 of the 40 test")
+    assert held_out_problem(train, labels, torch.randn(10, 6).bfloat16(), labels[:10]) is None

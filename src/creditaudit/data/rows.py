@@ -172,8 +172,10 @@ def held_out_problem(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: T
 
 
 def _sample_keys(x: Tensor, y: Tensor) -> list[tuple[int, int]]:
-    """One hash per sample: of its input's bytes, and its label."""
-    rows = x.detach().cpu().reshape(x.shape[0], math.prod(x.shape[1:])).contiguous().numpy()
+    """One hash per sample: of its input's bytes (read as bytes: numpy has no bfloat16), and
+    its label."""
+    rows = x.detach().cpu().reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
+    rows = rows.view(torch.uint8).numpy()
     return [(hash(row.tobytes()), int(label)) for row, label in zip(rows, y.tolist())]
 
 

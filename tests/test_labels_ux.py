@@ -190,3 +190,16 @@ def test_a_network_built_from_a_package_is_named_by_that_package(outside_network
     components = rec.record.environment["components"]["model"]
     assert components["module_packages"] == ["ux-netpkg==1.2"]
     assert "Wrapper" in components["module"]  # the class path alone names no package
+
+
+def test_a_table_whose_d_is_judged_against_its_frozen_runs_says_so(tmp_path):
+    """A sweep's table judges (d) against the frozen-blocks runs among its rows, where the
+    record of the same run (and `train`'s own table) may say "(d) not evaluated": the table
+    said nothing of it. Now a line under it says which (d) it shows."""
+    tiny = {**TINY, "run.out_dir": str(tmp_path)}
+    frozen = train(RunConfig().replace(**{**tiny, "method.name": "frozen"})).record
+    dfa = train(RunConfig().replace(**{**tiny, "method.name": "dfa"})).record
+    note = "(d) of 1 run: against the mean final accuracy of the frozen-blocks runs"
+    assert note in format_run_summary([frozen, dfa])
+    assert note not in format_run_summary([dfa])
+    assert note not in format_run_summary([frozen, dfa], use_frozen_runs=False)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from creditaudit.descriptions import BELOW_FLOOR, CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
-from creditaudit.formatting import fmt, plain_line
+from creditaudit.formatting import counted, fmt, plain_line
 from creditaudit.guests.blame import value_message
 from creditaudit.protocol import (
     FIRED,
@@ -185,9 +185,10 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
 
     Diagnostic (d) is evaluated against the frozen-blocks runs of the same recipe among
     ``records`` (unless ``use_frozen_runs`` is off); the frozen runs themselves are labelled
-    as the baseline. "trustworthy" is printed only when all four diagnostics were evaluated
-    and the reference gradient was verified; a number measured against a reference that was
-    not (deep cos, ‖g_L‖: (b)'s) is marked "(unverified)", with the reason under the table.
+    as the baseline, and a line under the table counts the runs judged so. "trustworthy" is
+    printed only when all four diagnostics were evaluated and the reference gradient was
+    verified; a number measured against a reference that was not (deep cos, ‖g_L‖: (b)'s)
+    is marked "(unverified)", with the reason under the table.
     Every number is marked by :func:`headline_cell`, as in the report's tables. Every line
     is one line of plain text (:func:`~creditaudit.formatting.plain_line`): a guest's name
     or note cannot break the table or reach the terminal as an escape sequence.
@@ -246,9 +247,23 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         lines.append(unverified_note)
     if "†" in footnotes:
         lines.append(footnotes["†"])
+    judged_here = _judged_against_frozen_runs(index)
+    if judged_here:
+        d = DepthUtility.id_label()
+        lines.append(f"{d} of {counted(judged_here, 'run')}: against the mean final accuracy "
+                     "of the frozen-blocks runs of the same recipe in this table, as `creditaudit "
+                     f"report` judges it (a record's own {d} may differ)")
     # Names, labels and notes may be a guest's (a plugin's label, a sweep's grid values): one
     # table line each, no terminal escape sequence.
     return "\n".join(map(plain_line, lines))
+
+
+def _judged_against_frozen_runs(index: RecordSet) -> int:
+    """How many runs of ``index`` with a protocol evaluation have (d) judged against the
+    frozen-blocks runs of their recipe among its records, not as their records hold it."""
+    return sum(1 for record in index if index.use_frozen_runs
+               and not is_frozen_baseline(record) and record.protocol.epoch is not None
+               and index.frozen_baseline(record) is not None)
 
 
 def _not_finite(record: RunRecord) -> list[str]:

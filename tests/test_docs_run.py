@@ -114,6 +114,7 @@ SETUP = {
     ("docs/protocol.md", "creditaudit audit"): ["creditaudit train --method dfa",
                                                 "creditaudit train --method frozen"],
     ("docs/extending.md", "creditaudit train --method noisy-bp"): ["install noisy-bp"],
+    ("docs/extending.md", "creditaudit train --method sparse-fa"): ["install sparse-fa"],
     ("docs/extending.md", "creditaudit train --method noisy-bp --arch plain-mlp"): [
         "install test plugins"],
     ("docs/records.md", "from pathlib"): ["creditaudit train --method dfa"],
@@ -143,8 +144,11 @@ eval_x, eval_y = load_dataset(config.data, seed=42).eval_subset(1280, flatten=Tr
 # Source named by a block's "# continued from SOURCE: …" line → its prelude (None: the
 # earlier blocks of the same page, back to the one that starts it).
 PRELUDES = {"docs/examples/audit_own_model.py": OWN_MODEL, "a train() run": TRAINED_RUN,
-            "the class NoisyBP above": None, "the class PlainMLPArchitecture above": None,
+            "the class NoisyBP above": None, "the class SparseFA above": None,
+            "the class PlainMLPArchitecture above": None,
             "the class GaussianMixture above": None, "the class SoftmaxSaturation above": None}
+# The rules of docs/examples/ that docs/extending.md installs: name → (module, class).
+EXAMPLE_RULES = {"noisy-bp": ("noisy_bp", "NoisyBP"), "sparse-fa": ("sparse_fa", "SparseFA")}
 CONTINUED = re.compile(r"^\s*# continued from (.+?)(?::|$)")
 
 
@@ -263,17 +267,20 @@ def run_setup(step: str, folder: Path) -> None:
         toml = next(b for b in doc_blocks() if b.lang == "toml"
                     and b.first_line == "# my_run.toml")
         (folder / "my_run.toml").write_text(toml.text)
-    elif step == "install noisy-bp":  # what `pip install` of the example package leaves
-        site = folder / "site"
+    elif step.removeprefix("install ") in EXAMPLE_RULES:  # what `pip install` of the
+        # example package leaves
+        name = step.removeprefix("install ")
+        module, cls = EXAMPLE_RULES[name]
+        site = folder / f"site-{name}"
         if not site.exists():
             site.mkdir()
-            shutil.copy(ROOT / "docs" / "examples" / "noisy_bp.py", site)
-            info = site / "noisy_bp_rule-0.1.dist-info"
+            shutil.copy(ROOT / "docs" / "examples" / f"{module}.py", site)
+            info = site / f"{module}_rule-0.1.dist-info"
             info.mkdir()
-            (info / "METADATA").write_text("Metadata-Version: 2.1\nName: noisy-bp-rule\n"
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-rule\n"
                                            "Version: 0.1\n")
             (info / "entry_points.txt").write_text(
-                "[creditaudit.rules]\nnoisy-bp = noisy_bp:NoisyBP\n")
+                f"[creditaudit.rules]\n{name} = {module}:{cls}\n")
         if str(site) not in sys.path:
             sys.path.insert(0, str(site))
         registry.reload_plugins()
@@ -292,12 +299,14 @@ def noisy_bp_plugin(workdirs):
     """The docs/extending.md plugins, uninstalled again after the test."""
     yield
     folder = workdirs("docs/extending.md")
-    installed = [str(folder / name) for name in ("site", "site-plugins")
+    installed = [str(folder / name) for name in (*(f"site-{n}" for n in EXAMPLE_RULES),
+                                                 "site-plugins")
                  if str(folder / name) in sys.path]
     for site in installed:
         sys.path.remove(site)
     if installed:
-        sys.modules.pop("noisy_bp", None)
+        for module, _ in EXAMPLE_RULES.values():
+            sys.modules.pop(module, None)
         forget_test_plugins()
         registry.reload_plugins()
 
@@ -386,8 +395,9 @@ def test_every_command_parses(block, workdirs, noisy_bp_plugin):
     for command in commands(block):
         if command.is_creditaudit:
             argv = filled(command.argv, block)
-            if "noisy-bp" in argv:
-                run_setup("install noisy-bp", workdirs(block.doc))
+            for name in EXAMPLE_RULES:
+                if name in argv:
+                    run_setup(f"install {name}", workdirs(block.doc))
             parse(argv)
             continue
         # Scripts of this repository (not a git revision's file, nor a scratch copy in /tmp).
@@ -608,3 +618,11 @@ def test_every_command_in_the_prose_names_a_command_and_its_flags():
                   for flag in (w.split("=")[0] for w in words[2:] if w.startswith("-"))
                   if flag not in options]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_sparse_fa_example_is_the_code_the_page_shows():
+    """docs/examples/sparse_fa.py, which the `creditaudit train --method sparse-fa` command
+    installs, is the class docs/extending.md shows and checks (its docstring aside)."""
+    code = (ROOT / "docs" / "examples" / "sparse_fa.py").read_text().split('"""\n\n', 1)[1]
+    assert any(b.doc == "docs/extending.md" and b.text == code for b in PYTHON), \
+        "docs/examples/sparse_fa.py and its block in docs/extending.md differ: make them one"

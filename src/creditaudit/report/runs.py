@@ -202,6 +202,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     rows = []
     unverified: list[str] = []  # why a run's reference is not verified, for the footnote
     notes: list[str] = []
+    judged_here = 0  # runs whose (d) is judged against the frozen runs among ``records``
     for record, name in named:
         run_verdict = index.verdict(record)
         judged, statuses = run_verdict.judgement, run_verdict.statuses
@@ -212,6 +213,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
             verdict = "—"
         else:
             verdict = judged.text
+            judged_here += run_verdict.frozen_acc is not None  # (d) against frozen runs here
             note = reference_growth_text(record, statuses)
             if note is not None:
                 notes.append(f"{name}: {note}")
@@ -247,7 +249,6 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         lines.append(unverified_note)
     if "†" in footnotes:
         lines.append(footnotes["†"])
-    judged_here = _judged_against_frozen_runs(index)
     if judged_here:
         d = DepthUtility.id_label()
         lines.append(f"{d} of {counted(judged_here, 'run')}: against the mean final accuracy "
@@ -256,14 +257,6 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
     # Names, labels and notes may be a guest's (a plugin's label, a sweep's grid values): one
     # table line each, no terminal escape sequence.
     return "\n".join(map(plain_line, lines))
-
-
-def _judged_against_frozen_runs(index: RecordSet) -> int:
-    """How many runs of ``index`` with a protocol evaluation have (d) judged against the
-    frozen-blocks runs of their recipe among its records, not as their records hold it."""
-    return sum(1 for record in index if index.use_frozen_runs
-               and not is_frozen_baseline(record) and record.protocol.epoch is not None
-               and index.frozen_baseline(record) is not None)
 
 
 def _not_finite(record: RunRecord) -> list[str]:

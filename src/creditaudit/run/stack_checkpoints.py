@@ -65,10 +65,10 @@ def resume_together(run_dirs: Sequence[Path]) -> None:
         (behind if same else ahead).append(run_dir)
     if not ahead or not behind:
         return
-    epochs = {run_dir: _epoch(run_dir / CHECKPOINT_FILE) for run_dir in behind}
-    if len(set(epochs.values())) != 1 or None in epochs.values():
+    epochs = {_epoch(run_dir / CHECKPOINT_FILE) for run_dir in behind}
+    if len(epochs) != 1 or None in epochs:
         return
-    epoch = next(iter(epochs.values()))
+    (epoch,) = epochs
     for run_dir in ahead:
         if _epoch(run_dir / PREVIOUS_FILE) == epoch:
             os.replace(run_dir / PREVIOUS_FILE, run_dir / CHECKPOINT_FILE)

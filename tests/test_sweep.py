@@ -573,8 +573,9 @@ def test_killed_sweep_resumes_where_it_stopped(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_ends_the_sweep_promptly_with_its_runs_resumable(tmp_path, workers, signum):
     """Ctrl-C (to the whole process group, as a terminal sends it) or SIGTERM (to the sweep
-    alone) while runs train, in this process or in worker processes: exit 130 within
-    seconds, each started run 'interrupted' with its checkpoint, no claim left."""
+    alone) while runs train, in this process or in worker processes: exit 130 (SIGINT) or
+    143 (SIGTERM, which exited 130, Ctrl-C's code) within seconds, each started run
+    'interrupted' with its checkpoint, no claim left."""
     out = tmp_path / "out"
     path = write_sweep(tmp_path / "s.toml", out, """
         [grid]

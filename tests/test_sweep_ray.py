@@ -373,7 +373,7 @@ def test_ctrl_c_ends_a_sweep_while_ray_init_hangs(tmp_path, default_ctrl_c):
 def test_sigterm_ends_a_ray_sweep_with_its_runs_resumable(ray_2cpu, tmp_path):
     """SIGTERM to a sweep on a running cluster: Ray's own handler would abort the process
     (core dump, runs left 'running' with their claims); the sweep cancels its tasks, each
-    run records 'interrupted' and releases its claim, and the sweep exits 130."""
+    run records 'interrupted' and releases its claim, and the sweep exits 143."""
     path, out = sweep_file(tmp_path, epochs=500)
     configs = prepare_configs(load_sweep(path).configs(), threads=1)
     run_dirs = [out / run_id(config) for config in configs]

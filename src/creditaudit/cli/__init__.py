@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
 from creditaudit.cli.common import Terminated, interrupted_exit_code, refused_together
-from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
+from creditaudit.errors import CreditAuditError, GuestError, error_line, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.formatting import plain_line
 from creditaudit.guests.blame import guest_failure, guest_output_to_stderr
@@ -187,8 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CreditAuditError as err:
         if args.verbose and isinstance(err, GuestError) and err.__cause__ is not None:
             traceback.print_exception(err.__cause__, file=sys.stderr)
-        print(f"creditaudit: error: {_one_line(str(err) + unrecorded_note(err))}",
-              file=sys.stderr)
+        print(f"creditaudit: error: {_one_line(error_line(err))}", file=sys.stderr)
         return 2
     except SystemExit as err:
         blamed = guest_failure(err)

@@ -25,6 +25,7 @@ from creditaudit.errors import (
     NewerRecordError,
     OutputError,
     RunRecordError,
+    error_line,
 )
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import FINISHED
@@ -130,7 +131,7 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
     except CreditAuditError as err:
         if run_id is None:
             raise
-        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
+        outcome.update(status="failed", action="refused", error=error_line(err))
         return outcome, None
     outcome["run_id"] = own_id
     out_dir = Path(plan.config.run.out_dir)
@@ -156,7 +157,7 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
     except DiskFullError:
         raise  # no run can be written: the sweep stops, and the next one goes on from here
     except OutputError as err:  # this run's folder cannot be claimed; the others go on
-        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
+        outcome.update(status="failed", action="refused", error=error_line(err))
         event("end", status="failed", error=outcome["error"])
         return outcome, None
     if claim is None:

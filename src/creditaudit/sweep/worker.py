@@ -22,6 +22,7 @@ from creditaudit.errors import (
     OutputError,
     RunRecordError,
     ended_by_ray,
+    error_line,
 )
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import FINISHED
@@ -170,7 +171,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
                 result = train(run.plan, **run.kwargs)
             outcome.update(status=result.status, error=result.record.error)
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
-            outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
+            outcome.update(status="interrupted", error=error_line(err))
         except KeyboardInterrupt:
             outcome.update(status="interrupted")
             run.event("end", status="interrupted")
@@ -246,8 +247,7 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
             except DiskFullError as err:  # as in run_one: the runs resume once space is freed
                 for run in runs:
                     if not _ended_before(run):
-                        run.outcome.update(status="interrupted",
-                                           error=f"{type(err).__name__}: {err}")
+                        run.outcome.update(status="interrupted", error=error_line(err))
             except KeyboardInterrupt:
                 for run in runs:
                     if not _ended_before(run):

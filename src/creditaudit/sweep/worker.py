@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from creditaudit.caller import FORCE, for_command_line
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import (
     UNRECORDED,
     DiskFullError,
@@ -34,12 +34,14 @@ from creditaudit.records.claims import (
     read_claim,
     release_claim,
 )
+from creditaudit.run.stack_checkpoints import resume_together
 from creditaudit.sweep.claiming import (
     SWEEP_LOG_FILE,
     ClaimedRun,
     append_event,
     begin_run,
     disk_status,
+    on_threads,
 )
 from creditaudit.sweep.outcome import TAKEN_OVER, Outcome, new_outcome
 from creditaudit.sweep.worker_process import WORKER_STATE
@@ -222,6 +224,15 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                 release_claim(run.claim)
         raise
     runs = [run for _, run in begun if run is not None]
+    # Killed between the stack's checkpoint writes: the runs ahead go back to the epoch of
+    # the others now (train_stacked would, after their threads were chosen), and one put
+    # back to its initial weights starts over on the sweep's count, as its twin does.
+    sweep_threads = {run.run_dir: config_from_dict(c).run.threads
+                     for c, (_, run) in zip(config_dicts, begun, strict=True) if run is not None}
+    put_back = resume_together([run.run_dir for run in runs if run.kwargs.get("resume")])
+    for run in runs:
+        if run.run_dir in put_back:
+            run.plan = on_threads(run.plan, sweep_threads[run.run_dir], put_back[run.run_dir])
     after_record: dict[str, Exception] = {}  # a logger's error once the run's record was final
     try:
         if runs:
